@@ -107,6 +107,75 @@ typedef struct { unsigned char pending[8]; int n_pending; } llm_detok;
 int  llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, int cap); /* bytes written */
 int  llm_detok_flush(llm_detok *d, char *out, int cap);  /* end of stream: what is held back, as U+FFFD */
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * Model
+ * ------------------------------------------------------------------------------------------------------------- */
+enum llm_arch { LLM_ARCH_LLAMA, LLM_ARCH_QWEN2, LLM_ARCH_QWEN3 };
+
+typedef struct {
+    int arch;                 /* enum llm_arch */
+    int dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size, context_length;
+    int rope_dim;             /* leading dims of each head that RoPE rotates (usually head_dim) */
+    int rope_neox;            /* 1: rotate x[i] with x[i + rope_dim/2] (qwen); 0: adjacent pairs (llama) */
+    float rope_base, rms_eps;
+} llm_config;
+
+typedef struct { const void *data; uint32_t type; int64_t rows, cols; } llm_weight; /* rows of cols values */
+
+typedef struct {
+    llm_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm;   /* b*, *_norm: data NULL when absent */
+    llm_weight ffn_norm, w_gate, w_up, w_down;
+} llm_layer;
+
+typedef struct llm_model {
+    llm_config cfg;
+    char name[128];
+    llm_gguf gguf;            /* the mapped file (zeroed for a dummy model) */
+    llm_tokenizer *tok;       /* NULL for a dummy model: it takes token ids only */
+    llm_weight tok_embd, output_norm, output;
+    llm_layer *layers;
+    void *owned;              /* weights we allocated (dummy models) */
+} llm_model;
+
+int  llm_model_load(llm_model *m, const char *path, char *err);
+/* A model of a real architecture's shape with random weights and no file, like vLLM's dummy load format.
+ * Presets: see llm_dummy_presets in the implementation ("tiny", "tinyllama-1.1b", "llama-3.2-1b", "qwen2.5-0.5b"). */
+int  llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err);
+const char *llm_dummy_preset_names(void);
+void llm_model_free(llm_model *m);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Paged KV cache and the forward pass over a batch
+ * The cache is a pool of blocks of block_size token slots (per layer, K and V). A sequence owns a list of blocks,
+ * its block table: the token at position p lives in block block_table[p / block_size], slot p % block_size.
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef struct {
+    int num_blocks, block_size;
+    int n_layers, n_kv_heads, head_dim;
+    float *k, *v;             /* [layer][block][slot][kv_head][head_dim] */
+} llm_kv_cache;
+
+int  llm_kv_cache_init(llm_kv_cache *kv, const llm_config *cfg, int num_blocks, int block_size, char *err);
+void llm_kv_cache_free(llm_kv_cache *kv);
+size_t llm_kv_bytes_per_block(const llm_config *cfg, int block_size);
+
+/* One forward call: the new tokens of several sequences, flattened. Sequence s owns tokens
+ * [seq_start[s], seq_start[s+1]), at consecutive positions; each token attends to its sequence's positions
+ * 0..its own, read from the cache through the sequence's block table (earlier positions must be there already:
+ * computed in an earlier step, or shared from the prefix cache). Logits come out for the rows listed in
+ * logit_rows, in that order. */
+typedef struct {
+    int n_tokens;
+    const int32_t *tokens, *positions;
+    int n_seqs;
+    const int32_t *seq_start;               /* n_seqs + 1 entries */
+    const int32_t *const *block_tables;     /* per sequence */
+    int n_logits;
+    const int32_t *logit_rows;
+} llm_batch;
+
+int llm_forward_cpu(const llm_model *m, llm_kv_cache *kv, const llm_batch *b, float *logits, char *err);
+
 #ifdef __cplusplus
 }
 #endif
@@ -386,9 +455,409 @@ double llm_gguf_arr_float(const llm_gguf_kv *kv, uint64_t i) {
 }
 
 /* =============================================================================================================
+ * 2. Model: configuration from the metadata, weights as typed pointers into the mapped file
+ * =========================================================================================================== */
+static const char *llm_arch_names[] = {"llama", "qwen2", "qwen3"};
+
+/* Weights stay in the file's type; the forward pass converts one row at a time (llm_dequant_row). */
+static int llm_model_weight(llm_model *m, llm_weight *w, const char *name, int64_t cols, int64_t rows, int required, char *err) {
+    const llm_gguf_tensor *t = llm_gguf_tensor_find(&m->gguf, name);
+    memset(w, 0, sizeof *w);
+    if (!t) return required ? llm_fail(err, "model file is missing tensor '%s'", name) : 0;
+    int64_t want_rows = rows ? rows : 1;
+    if ((int64_t)t->ne[0] != cols || (int64_t)(t->ne[1] * t->ne[2] * t->ne[3]) != want_rows)
+        return llm_fail(err, "tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]", name,
+                        (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (long long)cols, (long long)want_rows);
+    if (t->type == LLM_Q4_K || t->type == LLM_Q6_K)
+        return llm_fail(err, "tensor '%s' has type %s, which this engine cannot compute with yet", name, llm_dtype_name(t->type));
+    if (rows == 0 && t->type != LLM_F32) /* norms and biases are small: we read them as f32 directly */
+        return llm_fail(err, "tensor '%s' has type %s; norm and bias tensors must be f32", name, llm_dtype_name(t->type));
+    w->data = t->data; w->type = t->type; w->rows = want_rows; w->cols = cols;
+    return 0;
+}
+
+static int llm_model_read_config(llm_model *m, char *err) {
+    llm_gguf *g = &m->gguf;
+    llm_config *c = &m->cfg;
+    llm_str arch = llm_gguf_string(g, "general.architecture");
+    if (!arch.ptr) return llm_fail(err, "model file has no general.architecture key");
+    c->arch = -1;
+    for (int i = 0; i < 3; i++) if (llm_str_eq(arch, llm_arch_names[i])) c->arch = i;
+    if (c->arch < 0) return llm_fail(err, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3)", (int)arch.len, arch.ptr);
+    char key[128];
+#define LLM_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", llm_arch_names[c->arch], suffix), key)
+    c->dim = (int)llm_gguf_int(g, LLM_KEY("embedding_length"), 0);
+    c->n_layers = (int)llm_gguf_int(g, LLM_KEY("block_count"), 0);
+    c->ffn_dim = (int)llm_gguf_int(g, LLM_KEY("feed_forward_length"), 0);
+    c->n_heads = (int)llm_gguf_int(g, LLM_KEY("attention.head_count"), 0);
+    c->n_kv_heads = (int)llm_gguf_int(g, LLM_KEY("attention.head_count_kv"), c->n_heads);
+    c->context_length = (int)llm_gguf_int(g, LLM_KEY("context_length"), 2048);
+    c->rms_eps = (float)llm_gguf_float(g, LLM_KEY("attention.layer_norm_rms_epsilon"), 1e-5);
+    c->rope_base = (float)llm_gguf_float(g, LLM_KEY("rope.freq_base"), 10000.0);
+    if (c->dim <= 0 || c->n_layers <= 0 || c->ffn_dim <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
+        c->n_heads % c->n_kv_heads || c->context_length <= 0)
+        return llm_fail(err, "model metadata is incomplete or inconsistent: %s.embedding_length=%d block_count=%d "
+                        "feed_forward_length=%d attention.head_count=%d head_count_kv=%d", llm_arch_names[c->arch],
+                        c->dim, c->n_layers, c->ffn_dim, c->n_heads, c->n_kv_heads);
+    c->head_dim = (int)llm_gguf_int(g, LLM_KEY("attention.key_length"), c->dim / c->n_heads);
+    c->rope_dim = (int)llm_gguf_int(g, LLM_KEY("rope.dimension_count"), c->head_dim);
+#undef LLM_KEY
+    if (c->head_dim <= 0 || c->rope_dim <= 0 || c->rope_dim > c->head_dim || c->rope_dim % 2)
+        return llm_fail(err, "model metadata is inconsistent: head dim %d, rope dims %d", c->head_dim, c->rope_dim);
+    c->rope_neox = c->arch != LLM_ARCH_LLAMA;
+    const llm_gguf_tensor *emb = llm_gguf_tensor_find(g, "token_embd.weight");
+    if (!emb) return llm_fail(err, "model file is missing tensor 'token_embd.weight'");
+    c->vocab_size = (int)emb->ne[1];
+    return 0;
+}
+
+static int llm_model_bind_weights(llm_model *m, char *err) {
+    llm_config *c = &m->cfg;
+    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    if (llm_model_weight(m, &m->tok_embd, "token_embd.weight", c->dim, c->vocab_size, 1, err) ||
+        llm_model_weight(m, &m->output_norm, "output_norm.weight", c->dim, 0, 1, err) ||
+        llm_model_weight(m, &m->output, "output.weight", c->dim, c->vocab_size, 0, err)) return -1;
+    if (!m->output.data) m->output = m->tok_embd; /* tied output embedding */
+    m->layers = (llm_layer *)calloc((size_t)c->n_layers, sizeof(llm_layer));
+    if (!m->layers) return llm_fail(err, "out of memory");
+    for (int l = 0; l < c->n_layers; l++) {
+        llm_layer *L = &m->layers[l];
+        char name[96];
+        int qwen2 = c->arch == LLM_ARCH_QWEN2, qwen3 = c->arch == LLM_ARCH_QWEN3;
+#define LLM_W(field, suffix, cols, rows, req) \
+        (snprintf(name, sizeof name, "blk.%d.%s", l, suffix), llm_model_weight(m, &L->field, name, cols, rows, req, err))
+        if (LLM_W(attn_norm, "attn_norm.weight", c->dim, 0, 1) || LLM_W(wq, "attn_q.weight", c->dim, q_dim, 1) ||
+            LLM_W(wk, "attn_k.weight", c->dim, kv_dim, 1) || LLM_W(wv, "attn_v.weight", c->dim, kv_dim, 1) ||
+            LLM_W(wo, "attn_output.weight", q_dim, c->dim, 1) ||
+            LLM_W(bq, "attn_q.bias", q_dim, 0, qwen2) || LLM_W(bk, "attn_k.bias", kv_dim, 0, qwen2) ||
+            LLM_W(bv, "attn_v.bias", kv_dim, 0, qwen2) ||
+            LLM_W(q_norm, "attn_q_norm.weight", c->head_dim, 0, qwen3) || LLM_W(k_norm, "attn_k_norm.weight", c->head_dim, 0, qwen3) ||
+            LLM_W(ffn_norm, "ffn_norm.weight", c->dim, 0, 1) || LLM_W(w_gate, "ffn_gate.weight", c->dim, c->ffn_dim, 1) ||
+            LLM_W(w_up, "ffn_up.weight", c->dim, c->ffn_dim, 1) || LLM_W(w_down, "ffn_down.weight", c->ffn_dim, c->dim, 1))
+            return -1;
+#undef LLM_W
+    }
+    return 0;
+}
+
+int llm_model_load(llm_model *m, const char *path, char *err) {
+    memset(m, 0, sizeof *m);
+    if (llm_gguf_open(&m->gguf, path, err) != 0) return -1;
+    if (llm_model_read_config(m, err) != 0 || llm_model_bind_weights(m, err) != 0) { llm_model_free(m); return -1; }
+    m->tok = llm_tokenizer_load(&m->gguf, err);
+    if (!m->tok) { llm_model_free(m); return -1; }
+    if (llm_vocab_size(m->tok) > m->cfg.vocab_size) {
+        llm_fail(err, "tokenizer has %d tokens but the embedding only %d rows", llm_vocab_size(m->tok), m->cfg.vocab_size);
+        llm_model_free(m); return -1;
+    }
+    llm_str name = llm_gguf_string(&m->gguf, "general.name");
+    snprintf(m->name, sizeof m->name, "%.*s", name.ptr ? (int)name.len : 0, name.ptr ? name.ptr : "");
+    return 0;
+}
+
+/* Dummy models: the shapes of real checkpoints (from their config.json), random f16 weights. */
+typedef struct { const char *name; int arch, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab, ctx; float rope_base; } llm_dummy_preset;
+static const llm_dummy_preset llm_dummy_presets[] = {
+    {"tiny",           LLM_ARCH_LLAMA, 256,   4,  8, 4,  32,  768,  32000,  4096, 10000.0f},
+    {"tinyllama-1.1b", LLM_ARCH_LLAMA, 2048, 22, 32, 4,  64,  5632, 32000,  2048, 10000.0f},
+    {"llama-3.2-1b",   LLM_ARCH_LLAMA, 2048, 16, 32, 8,  64,  8192, 128256, 8192, 500000.0f},
+    {"qwen2.5-0.5b",   LLM_ARCH_QWEN2, 896,  24, 14, 2,  64,  4864, 151936, 4096, 1000000.0f},
+};
+
+const char *llm_dummy_preset_names(void) { return "tiny, tinyllama-1.1b, llama-3.2-1b, qwen2.5-0.5b"; }
+
+static uint64_t llm_splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull; z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float llm_rand_uniform(uint64_t *state) { return (float)(llm_splitmix64(state) >> 40) * (1.0f / 16777216.0f); }
+
+static uint16_t llm_f32_to_f16(float f) {
+    uint32_t x; memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff, mant = x & 0x7fffff;
+    if (exp == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+    int e = (int)exp - 127 + 15;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00);
+    if (e <= 0) { /* subnormal or zero */
+        if (e < -10) return (uint16_t)sign;
+        mant |= 0x800000;
+        uint32_t shift = (uint32_t)(14 - e), half = mant >> shift, rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = sign | ((uint32_t)e << 10) | (mant >> 13), rem = mant & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++; /* round to nearest even; may carry into exp */
+    return (uint16_t)half;
+}
+
+int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) {
+    memset(m, 0, sizeof *m);
+    const llm_dummy_preset *p = NULL;
+    for (size_t i = 0; i < sizeof llm_dummy_presets / sizeof *llm_dummy_presets; i++)
+        if (!strcmp(llm_dummy_presets[i].name, preset)) p = &llm_dummy_presets[i];
+    if (!p) return llm_fail(err, "unknown dummy model '%s' (presets: %s)", preset, llm_dummy_preset_names());
+    llm_config *c = &m->cfg;
+    c->arch = p->arch; c->dim = p->dim; c->n_layers = p->n_layers; c->n_heads = p->n_heads; c->n_kv_heads = p->n_kv_heads;
+    c->head_dim = p->head_dim; c->rope_dim = p->head_dim; c->ffn_dim = p->ffn_dim; c->vocab_size = p->vocab;
+    c->context_length = p->ctx; c->rope_base = p->rope_base; c->rms_eps = 1e-6f; c->rope_neox = p->arch != LLM_ARCH_LLAMA;
+    snprintf(m->name, sizeof m->name, "dummy:%s", p->name);
+    int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    /* one allocation: matrices as f16, then the f32 norm weights and biases */
+    int64_t per_layer_mat = q_dim * c->dim * 2 + kv_dim * c->dim * 2 + (int64_t)c->ffn_dim * c->dim * 3;
+    int64_t n_mat = (int64_t)c->vocab_size * c->dim + per_layer_mat * c->n_layers;
+    int64_t per_layer_vec = 2 * c->dim + q_dim + 2 * kv_dim + 2 * c->head_dim;
+    int64_t n_vec = c->dim + per_layer_vec * c->n_layers;
+    uint16_t *mat = (uint16_t *)malloc((size_t)n_mat * 2 + (size_t)n_vec * 4);
+    m->layers = (llm_layer *)calloc((size_t)c->n_layers, sizeof(llm_layer));
+    if (!mat || !m->layers) { free(mat); free(m->layers); m->layers = NULL; return llm_fail(err, "out of memory for dummy model %s", p->name); }
+    m->owned = mat;
+    float *vec = (float *)(mat + n_mat);
+    uint64_t rng = seed;
+    /* a small table of random f16 values, tiled: filling billions of weights one by one would take longer than
+     * the benchmark; the scale keeps activations bounded like a trained model's */
+    uint16_t table[4096];
+    for (int i = 0; i < 4096; i++) table[i] = llm_f32_to_f16((llm_rand_uniform(&rng) * 2 - 1) * 0.05f);
+    for (int64_t i = 0; i < n_mat; i += 4096) {
+        int64_t n = n_mat - i < 4096 ? n_mat - i : 4096, shift = (int64_t)(llm_splitmix64(&rng) % 4096);
+        for (int64_t j = 0; j < n; j++) mat[i + j] = table[(j + shift) % 4096];
+    }
+    for (int64_t i = 0; i < n_vec; i++) vec[i] = 1.0f;
+#define LLM_TAKE_MAT(w, r, cl) (w.data = mat, w.type = LLM_F16, w.rows = (r), w.cols = (cl), mat += (r) * (cl))
+#define LLM_TAKE_VEC(w, n) (w.data = vec, w.type = LLM_F32, w.rows = 1, w.cols = (n), vec += (n))
+    LLM_TAKE_MAT(m->tok_embd, c->vocab_size, c->dim); m->output = m->tok_embd;
+    LLM_TAKE_VEC(m->output_norm, c->dim);
+    for (int l = 0; l < c->n_layers; l++) {
+        llm_layer *L = &m->layers[l];
+        LLM_TAKE_MAT(L->wq, q_dim, c->dim); LLM_TAKE_MAT(L->wk, kv_dim, c->dim); LLM_TAKE_MAT(L->wv, kv_dim, c->dim);
+        LLM_TAKE_MAT(L->wo, c->dim, q_dim); LLM_TAKE_MAT(L->w_gate, c->ffn_dim, c->dim);
+        LLM_TAKE_MAT(L->w_up, c->ffn_dim, c->dim); LLM_TAKE_MAT(L->w_down, c->dim, c->ffn_dim);
+        LLM_TAKE_VEC(L->attn_norm, c->dim); LLM_TAKE_VEC(L->ffn_norm, c->dim);
+        if (c->arch == LLM_ARCH_QWEN2) {
+            LLM_TAKE_VEC(L->bq, q_dim); LLM_TAKE_VEC(L->bk, kv_dim); LLM_TAKE_VEC(L->bv, kv_dim);
+            for (int64_t i = 0; i < q_dim + 2 * kv_dim; i++) vec[i - q_dim - 2 * kv_dim] = 0.0f;
+        }
+    }
+#undef LLM_TAKE_MAT
+#undef LLM_TAKE_VEC
+    return 0;
+}
+
+void llm_model_free(llm_model *m) {
+    if (m->tok) llm_tokenizer_free(m->tok);
+    free(m->layers); free(m->owned);
+    if (m->gguf.base) llm_gguf_close(&m->gguf);
+    memset(m, 0, sizeof *m);
+}
+
+/* =============================================================================================================
  * 3. Tokenizer
  * =========================================================================================================== */
 #include "tokenizer.inc.h" /* @@TOKENIZER@@ (being written; folded in here when done) */
+
+/* =============================================================================================================
+ * 5. Forward pass on the CPU (the reference: the CUDA kernels are checked against it)
+ * =========================================================================================================== */
+size_t llm_kv_bytes_per_block(const llm_config *cfg, int block_size) {
+    return (size_t)2 * cfg->n_layers * block_size * cfg->n_kv_heads * cfg->head_dim * sizeof(float);
+}
+
+int llm_kv_cache_init(llm_kv_cache *kv, const llm_config *cfg, int num_blocks, int block_size, char *err) {
+    memset(kv, 0, sizeof *kv);
+    if (num_blocks <= 0 || block_size <= 0) return llm_fail(err, "KV cache needs at least one block of one slot");
+    kv->num_blocks = num_blocks; kv->block_size = block_size;
+    kv->n_layers = cfg->n_layers; kv->n_kv_heads = cfg->n_kv_heads; kv->head_dim = cfg->head_dim;
+    size_t n = llm_kv_bytes_per_block(cfg, block_size) / 2 / sizeof(float) * (size_t)num_blocks;
+    kv->k = (float *)calloc(n, sizeof(float));
+    kv->v = (float *)calloc(n, sizeof(float));
+    if (!kv->k || !kv->v) { llm_kv_cache_free(kv); return llm_fail(err, "out of memory for %d KV blocks", num_blocks); }
+    return 0;
+}
+
+void llm_kv_cache_free(llm_kv_cache *kv) { free(kv->k); free(kv->v); memset(kv, 0, sizeof *kv); }
+
+/* One row of a weight matrix as f32. Block formats: see the GGUF notes (value = q * d, or q * d + m). */
+static void llm_dequant_row(uint32_t type, const void *row, float *out, int64_t n) {
+    const uint8_t *p = (const uint8_t *)row;
+    switch (type) {
+    case LLM_F32: memcpy(out, row, (size_t)n * sizeof(float)); break;
+    case LLM_F16: for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, p + 2 * i, 2); out[i] = llm_f16_to_f32(h); } break;
+    case LLM_BF16: for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, p + 2 * i, 2); out[i] = llm_bf16_to_f32(h); } break;
+    case LLM_Q8_0:
+        for (int64_t b = 0; b < n / 32; b++, p += 34) {
+            uint16_t h; memcpy(&h, p, 2); float d = llm_f16_to_f32(h);
+            for (int j = 0; j < 32; j++) out[b * 32 + j] = (float)(int8_t)p[2 + j] * d;
+        }
+        break;
+    case LLM_Q4_0: case LLM_Q4_1: {
+        int has_min = type == LLM_Q4_1, bytes = has_min ? 20 : 18;
+        for (int64_t b = 0; b < n / 32; b++, p += bytes) {
+            uint16_t h; memcpy(&h, p, 2); float d = llm_f16_to_f32(h), mn = 0;
+            if (has_min) { memcpy(&h, p + 2, 2); mn = llm_f16_to_f32(h); }
+            const uint8_t *q = p + (has_min ? 4 : 2);
+            for (int j = 0; j < 16; j++) {
+                int lo = q[j] & 15, hi = q[j] >> 4;
+                out[b * 32 + j]      = has_min ? lo * d + mn : (lo - 8) * d;
+                out[b * 32 + j + 16] = has_min ? hi * d + mn : (hi - 8) * d;
+            }
+        }
+        break;
+    }
+    }
+}
+
+static size_t llm_row_bytes(uint32_t type, int64_t n) { uint64_t bb = 4, bv = 1; llm_dtype_info(type, &bb, &bv); return (size_t)(n / bv * bb); }
+
+static float llm_dot(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0}; /* eight running sums: the compiler keeps them in one vector register */
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+    float s = 0;
+    for (; i < n; i++) s += a[i] * b[i];
+    return s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* out[t][r] = sum_c W[r][c] * x[t][c] for the T rows of x. Each weight row is converted once and used for all
+ * T inputs, so a prefill of many tokens reads the weights once: that is what batching buys on any hardware. */
+static void llm_matmul(float *out, const float *x, const llm_weight *w, int T) {
+    int64_t rows = w->rows, cols = w->cols;
+    size_t row_bytes = llm_row_bytes(w->type, cols);
+    #pragma omp parallel
+    {
+        float *tmp = w->type == LLM_F32 ? NULL : (float *)malloc((size_t)cols * sizeof(float));
+        #pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const void *row = (const uint8_t *)w->data + (size_t)r * row_bytes;
+            const float *wr = (const float *)row;
+            if (tmp) { llm_dequant_row(w->type, row, tmp, cols); wr = tmp; }
+            for (int t = 0; t < T; t++) out[(size_t)t * rows + r] = llm_dot(wr, x + (size_t)t * cols, cols);
+        }
+        free(tmp);
+    }
+}
+
+static void llm_rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
+    double ss = 0; /* in double, as llama.cpp does: the mean of squares of thousands of values */
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * weight[i];
+}
+
+/* Rotate the first rope_dim values of one head by position pos. The angle of pair i is pos * base^(-2i/rope_dim),
+ * built by repeated multiplication as llama.cpp does, so that greedy outputs match it bit for bit more often. */
+static void llm_rope(float *x, int pos, const llm_config *c) {
+    float theta_scale = powf(c->rope_base, -2.0f / (float)c->rope_dim), theta = (float)pos;
+    int half = c->rope_dim / 2;
+    for (int i = 0; i < half; i++, theta *= theta_scale) {
+        float cs = cosf(theta), sn = sinf(theta);
+        int a = c->rope_neox ? i : 2 * i, b = c->rope_neox ? i + half : 2 * i + 1;
+        float x0 = x[a], x1 = x[b];
+        x[a] = x0 * cs - x1 * sn;
+        x[b] = x0 * sn + x1 * cs;
+    }
+}
+
+static float *llm_kv_slot(const llm_kv_cache *kv, float *base, int layer, const int32_t *block_table, int pos) {
+    size_t slot = (size_t)block_table[pos / kv->block_size] * kv->block_size + (size_t)(pos % kv->block_size);
+    size_t per_slot = (size_t)kv->n_kv_heads * kv->head_dim;
+    return base + ((size_t)layer * kv->num_blocks * kv->block_size + slot) * per_slot;
+}
+
+int llm_forward_cpu(const llm_model *m, llm_kv_cache *kv, const llm_batch *b, float *logits, char *err) {
+    const llm_config *c = &m->cfg;
+    int T = b->n_tokens, D = c->dim, hd = c->head_dim;
+    int q_dim = c->n_heads * hd, kv_dim = c->n_kv_heads * hd, group = c->n_heads / c->n_kv_heads;
+    if (T <= 0) return 0;
+    if (kv->n_kv_heads != c->n_kv_heads || kv->head_dim != hd || kv->n_layers != c->n_layers)
+        return llm_fail(err, "KV cache shape does not match the model");
+    int max_ctx = 0;
+    int32_t *tok_seq = (int32_t *)malloc((size_t)T * sizeof(int32_t)); /* which sequence each token belongs to */
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int i = b->seq_start[s]; i < b->seq_start[s + 1]; i++) {
+            tok_seq[i] = s;
+            if (b->positions[i] + 1 > max_ctx) max_ctx = b->positions[i] + 1;
+        }
+    for (int i = 0; i < T; i++)
+        if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab_size) { free(tok_seq); return llm_fail(err, "token id %d outside the vocabulary", b->tokens[i]); }
+    int H = c->ffn_dim > q_dim ? c->ffn_dim : q_dim;
+    float *x = (float *)malloc((size_t)T * D * sizeof(float)), *xn = (float *)malloc((size_t)T * (D > q_dim ? D : q_dim) * sizeof(float));
+    float *q = (float *)malloc((size_t)T * q_dim * sizeof(float)), *k = (float *)malloc((size_t)T * kv_dim * sizeof(float));
+    float *v = (float *)malloc((size_t)T * kv_dim * sizeof(float)), *att = (float *)malloc((size_t)T * q_dim * sizeof(float));
+    float *h1 = (float *)malloc((size_t)T * H * sizeof(float)), *h2 = (float *)malloc((size_t)T * H * sizeof(float));
+    float *xo = (float *)malloc((size_t)T * D * sizeof(float));
+    if (!x || !xn || !q || !k || !v || !att || !h1 || !h2 || !xo) {
+        free(tok_seq); free(x); free(xn); free(q); free(k); free(v); free(att); free(h1); free(h2); free(xo);
+        return llm_fail(err, "out of memory in the forward pass (%d tokens)", T);
+    }
+    for (int t = 0; t < T; t++)
+        llm_dequant_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + llm_row_bytes(m->tok_embd.type, D) * (size_t)b->tokens[t], x + (size_t)t * D, D);
+
+    for (int l = 0; l < c->n_layers; l++) {
+        const llm_layer *L = &m->layers[l];
+        for (int t = 0; t < T; t++) llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->attn_norm.data, D, c->rms_eps);
+        llm_matmul(q, xn, &L->wq, T); llm_matmul(k, xn, &L->wk, T); llm_matmul(v, xn, &L->wv, T);
+        for (int t = 0; t < T; t++) {
+            float *qt = q + (size_t)t * q_dim, *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
+            if (L->bq.data) {
+                for (int i = 0; i < q_dim; i++) qt[i] += ((const float *)L->bq.data)[i];
+                for (int i = 0; i < kv_dim; i++) kt[i] += ((const float *)L->bk.data)[i];
+                for (int i = 0; i < kv_dim; i++) vt[i] += ((const float *)L->bv.data)[i];
+            }
+            for (int h = 0; h < c->n_heads; h++) {
+                if (L->q_norm.data) llm_rmsnorm(qt + h * hd, qt + h * hd, (const float *)L->q_norm.data, hd, c->rms_eps);
+                llm_rope(qt + h * hd, b->positions[t], c);
+            }
+            for (int h = 0; h < c->n_kv_heads; h++) {
+                if (L->k_norm.data) llm_rmsnorm(kt + h * hd, kt + h * hd, (const float *)L->k_norm.data, hd, c->rms_eps);
+                llm_rope(kt + h * hd, b->positions[t], c);
+            }
+            const int32_t *bt = b->block_tables[tok_seq[t]];
+            memcpy(llm_kv_slot(kv, kv->k, l, bt, b->positions[t]), kt, (size_t)kv_dim * sizeof(float));
+            memcpy(llm_kv_slot(kv, kv->v, l, bt, b->positions[t]), vt, (size_t)kv_dim * sizeof(float));
+        }
+        /* attention: every (token, head) pair is independent once this step's K/V are in the cache */
+        float scale = 1.0f / sqrtf((float)hd);
+        #pragma omp parallel
+        {
+            float *scores = (float *)malloc((size_t)max_ctx * sizeof(float));
+            #pragma omp for schedule(dynamic, 4)
+            for (int th = 0; th < T * c->n_heads; th++) {
+                int t = th / c->n_heads, h = th % c->n_heads, kvh = h / group, n_ctx = b->positions[t] + 1;
+                const int32_t *bt = b->block_tables[tok_seq[t]];
+                const float *qh = q + (size_t)t * q_dim + h * hd;
+                float mx = -INFINITY;
+                for (int p = 0; p < n_ctx; p++) {
+                    scores[p] = llm_dot(qh, llm_kv_slot(kv, kv->k, l, bt, p) + kvh * hd, hd) * scale;
+                    if (scores[p] > mx) mx = scores[p];
+                }
+                float sum = 0;
+                for (int p = 0; p < n_ctx; p++) { scores[p] = expf(scores[p] - mx); sum += scores[p]; }
+                float *out = att + (size_t)t * q_dim + h * hd;
+                memset(out, 0, (size_t)hd * sizeof(float));
+                for (int p = 0; p < n_ctx; p++) {
+                    const float *vp = llm_kv_slot(kv, kv->v, l, bt, p) + kvh * hd;
+                    float w = scores[p] / sum;
+                    for (int i = 0; i < hd; i++) out[i] += w * vp[i];
+                }
+            }
+            free(scores);
+        }
+        llm_matmul(xo, att, &L->wo, T);
+        for (size_t i = 0; i < (size_t)T * D; i++) x[i] += xo[i];
+
+        for (int t = 0; t < T; t++) llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->ffn_norm.data, D, c->rms_eps);
+        llm_matmul(h1, xn, &L->w_gate, T); llm_matmul(h2, xn, &L->w_up, T);
+        for (size_t i = 0; i < (size_t)T * c->ffn_dim; i++) h1[i] = h1[i] / (1.0f + expf(-h1[i])) * h2[i];
+        llm_matmul(xo, h1, &L->w_down, T);
+        for (size_t i = 0; i < (size_t)T * D; i++) x[i] += xo[i];
+    }
+    /* logits only for the rows that need them: a prefill of 500 tokens samples once */
+    for (int i = 0; i < b->n_logits; i++)
+        llm_rmsnorm(xn + (size_t)i * D, x + (size_t)b->logit_rows[i] * D, (const float *)m->output_norm.data, D, c->rms_eps);
+    llm_matmul(logits, xn, &m->output, b->n_logits);
+    free(tok_seq); free(x); free(xn); free(q); free(k); free(v); free(att); free(h1); free(h2); free(xo);
+    return 0;
+}
 
 #endif /* LLM_IMPLEMENTATION_DONE */
 #endif /* LLM_IMPLEMENTATION */
