@@ -102,7 +102,9 @@ int  llm_token_is_eog(const llm_tokenizer *t, int32_t id);   /* end of generatio
 int  llm_token_to_piece(const llm_tokenizer *t, int32_t id, int special, char *buf, int cap);
 
 /* Streaming detokenizer: feed ids one at a time; it writes only whole UTF-8 characters, holding back the bytes
- * of a character that is not complete yet. Bytes that can never form a valid character come out as U+FFFD. */
+ * of a character that is not complete yet. Bytes that can never form a valid character come out as U+FFFD.
+ * Start from a zeroed llm_detok. A push writes at most 3 x (piece length + 3) bytes; given less room than its
+ * output needs, it writes nothing, keeps its state and returns the room needed (> cap). */
 typedef struct { unsigned char pending[8]; int n_pending; } llm_detok;
 int  llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, int cap); /* bytes written */
 int  llm_detok_flush(llm_detok *d, char *out, int cap);  /* end of stream: what is held back, as U+FFFD */
@@ -175,6 +177,152 @@ typedef struct {
 } llm_batch;
 
 int llm_forward_cpu(const llm_model *m, llm_kv_cache *kv, const llm_batch *b, float *logits, char *err);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Sampling
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef struct {
+    int n;                          /* parallel samples of one prompt (they share the prompt's KV blocks) */
+    float temperature;              /* 0: greedy */
+    int top_k;                      /* 0: off */
+    float top_p;                    /* 1: off */
+    float min_p;                    /* 0: off; keep tokens with p >= min_p * p_max */
+    float repetition_penalty;       /* 1: off; prompt and output tokens (vLLM's definition) */
+    float presence_penalty, frequency_penalty;  /* 0: off; output tokens only */
+    int64_t seed;                   /* -1: a random seed; sample i of a request uses seed + i */
+    int max_tokens;                 /* 0: until the context is full */
+    int ignore_eos;
+    int logprobs;                   /* -1: none; 0: the sampled token's; K: also the top K alternatives */
+    const char *const *stop;        /* stop strings (copied by add_request); not included in the output */
+    int n_stop;
+    const int32_t *stop_token_ids;  /* copied */
+    int n_stop_token_ids;
+} llm_sampling_params;
+
+llm_sampling_params llm_sampling_defaults(void);
+/* The tokens sampling may pick after temperature, top-k, top-p and min-p, most likely first, with their
+ * renormalised probabilities; returns how many. ids and probs need room for n_vocab entries. */
+int llm_sampler_candidates(const llm_sampling_params *p, const float *logits, int n_vocab, int32_t *ids, float *probs);
+/* Picks the next token. logits are modified (penalties). history: the prompt then the output so far. */
+int32_t llm_sample(const llm_sampling_params *p, float *logits, int n_vocab, const int32_t *history, int n_prompt,
+                   int n_history, uint64_t *rng_state);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Block manager: the KV pool's bookkeeping (the memory itself is in the backend)
+ * Free blocks sit in one list in least-recently-freed order. A full block of prompt or output is named by a hash
+ * of (its predecessor's hash, its token ids); when freed it keeps its contents and its name, so a later request
+ * with the same prefix takes it back (automatic prefix caching) until allocation needs it and evicts it.
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef struct {
+    int ref_count;
+    int prev_free, next_free;       /* links in the free list; -1 at the ends */
+    int in_free_list;
+    uint64_t hash;                  /* valid when hashed */
+    int hashed;
+} llm_block;
+
+typedef struct { uint64_t key; int value; } llm_block_hash_entry;
+
+typedef struct {
+    int num_blocks, block_size;
+    llm_block *blocks;
+    int free_head, free_tail, num_free_blocks;
+    llm_block_hash_entry *cached;   /* stb_ds hash map: block hash -> block id */
+    int enable_prefix_caching;
+    int64_t evictions;
+} llm_block_manager;
+
+int  llm_block_manager_init(llm_block_manager *bm, int num_blocks, int block_size, int enable_prefix_caching, char *err);
+void llm_block_manager_free(llm_block_manager *bm);
+int  llm_block_alloc(llm_block_manager *bm);          /* a block with ref_count 1, or -1 when none is free */
+void llm_block_release(llm_block_manager *bm, int id); /* ref_count - 1; at 0 it joins the free list */
+uint64_t llm_block_hash(uint64_t prev_hash, const int32_t *tokens, int n);
+int  llm_block_lookup(llm_block_manager *bm, uint64_t hash);  /* cached block id (ref taken) or -1 */
+void llm_block_set_hash(llm_block_manager *bm, int id, uint64_t hash);
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Backend: where the forward pass runs and the KV memory lives. The CPU one is below; llm.cu adds CUDA.
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef struct llm_backend {
+    const char *name;
+    void *ctx;
+    int num_blocks, block_size;
+    int (*forward)(struct llm_backend *be, const llm_model *m, const llm_batch *b, float *logits, char *err);
+    int (*copy_block)(struct llm_backend *be, int src, int dst, char *err);   /* copy-on-write of a shared block */
+    void (*destroy)(struct llm_backend *be);
+} llm_backend;
+
+llm_backend *llm_cpu_backend_create(const llm_model *m, int num_blocks, int block_size, char *err);
+#ifdef LLM_CUDA
+/* llm.cu: NULL with a message when no GPU is usable; kv_bytes 0: a fraction of free device memory */
+llm_backend *llm_cuda_backend_create(const llm_model *m, int num_blocks, size_t kv_bytes, int block_size, char *err);
+#endif
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Engine: requests in, tokens and text out, one step at a time
+ *
+ * Threads: llm_engine_add_request and llm_engine_abort may be called from any thread at any time (they take the
+ * engine's lock and leave the request in an inbox); everything else, llm_engine_step above all, belongs to the
+ * one thread that drives the engine. The server runs llm_engine_step in a loop on its own thread and hands
+ * requests in from its connection threads; the outputs of a step stay valid until the next step.
+ * ------------------------------------------------------------------------------------------------------------- */
+typedef struct {
+    const char *model_path;         /* a GGUF file, or: */
+    const char *dummy;              /* a dummy preset name (random weights, token ids only) */
+    uint64_t dummy_seed;
+    int block_size;                 /* 16 */
+    int num_blocks;                 /* KV pool size in blocks; 0: from kv_bytes */
+    size_t kv_bytes;                /* KV pool size in bytes; 0: the backend's default (CPU: 4 GiB at most) */
+    int max_num_seqs;               /* 256 */
+    int max_num_batched_tokens;     /* per-step token budget: 2048 */
+    int max_model_len;              /* 0: the model's context length */
+    int disable_prefix_caching;
+    int static_batching;            /* no one joins until the whole batch has finished (for comparison) */
+    int cpu;                        /* force the CPU backend */
+} llm_engine_config;
+
+enum llm_finish { LLM_FINISH_NONE, LLM_FINISH_STOP, LLM_FINISH_LENGTH, LLM_FINISH_ABORT };
+const char *llm_finish_reason_name(int reason);   /* "stop", "length", "abort" */
+
+typedef struct {
+    uint64_t request_id;
+    int index;                      /* which of the request's n samples */
+    const int32_t *token_ids;       /* new tokens this step */
+    int n_tokens;
+    const char *text;               /* new text this step (text that may begin a stop string is held back) */
+    int text_len;
+    const float *logprobs;          /* when asked: per new token, its log-probability */
+    const int32_t *top_ids;         /* when logprobs = K > 0: per new token K alternatives ... */
+    const float *top_logprobs;      /* ... and their log-probabilities */
+    int n_top;
+    int finish_reason;              /* LLM_FINISH_NONE while it runs */
+    int n_prompt_tokens, n_cached_tokens, n_generated;
+} llm_output;
+
+typedef struct {
+    int running, waiting;
+    int num_blocks, num_free_blocks, num_cached_blocks;
+    int64_t prefix_cache_queries, prefix_cache_hits;  /* in tokens */
+    int64_t kv_tokens;              /* tokens whose K/V the running sequences hold */
+    int64_t preemptions, prompt_tokens_computed, generation_tokens, steps, requests_finished;
+} llm_engine_stats;
+
+typedef struct llm_engine llm_engine;
+
+llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err);
+void llm_engine_destroy(llm_engine *e);
+const llm_model *llm_engine_model(const llm_engine *e);
+const char *llm_engine_backend_name(const llm_engine *e);
+/* Returns the request id (> 0), or 0 with a message when the request can never run (prompt longer than the
+ * context or the KV pool, bad parameters). Give text, or token ids (prompt_ids non-NULL). */
+uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids, int n_prompt_ids,
+                                const llm_sampling_params *p, char *err);
+void llm_engine_abort(llm_engine *e, uint64_t request_id);
+/* One scheduler step and one forward call. Returns the number of outputs (one per sample that produced
+ * something or finished), -1 on a backend error. */
+int  llm_engine_step(llm_engine *e, const llm_output **outputs, char *err);
+int  llm_engine_has_work(llm_engine *e);
+llm_engine_stats llm_engine_get_stats(llm_engine *e);
 
 #ifdef __cplusplus
 }
@@ -412,6 +560,7 @@ const llm_gguf_tensor *llm_gguf_tensor_find(const llm_gguf *g, const char *name)
 
 static int llm_gguf_scalar(uint32_t type, const uint8_t *p, int64_t *iv, double *fv) {
     union { uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32; float f32; uint64_t u64; int64_t i64; double f64; } v;
+    *iv = 0; *fv = 0;
     if (type >= LLM_GGUF_NTYPES || !llm_gguf_type_size[type]) return 0;
     memcpy(&v, p, llm_gguf_type_size[type]);
     switch (type) {
@@ -449,7 +598,7 @@ int64_t llm_gguf_arr_int(const llm_gguf_kv *kv, uint64_t i) {
     return iv;
 }
 double llm_gguf_arr_float(const llm_gguf_kv *kv, uint64_t i) {
-    int64_t iv; double fv = 0;
+    int64_t iv = 0; double fv = 0;
     if (i < kv->arr_len) llm_gguf_scalar(kv->arr_type, kv->data + i * llm_gguf_type_size[kv->arr_type], &iv, &fv);
     return fv;
 }
@@ -555,10 +704,11 @@ int llm_model_load(llm_model *m, const char *path, char *err) {
     return 0;
 }
 
-/* Dummy models: the shapes of real checkpoints (from their config.json), random f16 weights. */
+/* Dummy models: the shapes of real checkpoints (from their config.json), random weights: f16, or f32 for the
+ * small CPU one ("tiny", a model the size of stories260K's big brothers, quick enough to benchmark on a laptop). */
 typedef struct { const char *name; int arch, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab, ctx; float rope_base; } llm_dummy_preset;
 static const llm_dummy_preset llm_dummy_presets[] = {
-    {"tiny",           LLM_ARCH_LLAMA, 256,   4,  8, 4,  32,  768,  32000,  4096, 10000.0f},
+    {"tiny",           LLM_ARCH_LLAMA, 128,   2,  4, 2,  32,  256,  2048,   2048, 10000.0f},
     {"tinyllama-1.1b", LLM_ARCH_LLAMA, 2048, 22, 32, 4,  64,  5632, 32000,  2048, 10000.0f},
     {"llama-3.2-1b",   LLM_ARCH_LLAMA, 2048, 16, 32, 8,  64,  8192, 128256, 8192, 500000.0f},
     {"qwen2.5-0.5b",   LLM_ARCH_QWEN2, 896,  24, 14, 2,  64,  4864, 151936, 4096, 1000000.0f},
@@ -603,27 +753,33 @@ int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) 
     c->context_length = p->ctx; c->rope_base = p->rope_base; c->rms_eps = 1e-6f; c->rope_neox = p->arch != LLM_ARCH_LLAMA;
     snprintf(m->name, sizeof m->name, "dummy:%s", p->name);
     int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
-    /* one allocation: matrices as f16, then the f32 norm weights and biases */
+    /* one allocation: the matrices, then the f32 norm weights and biases */
     int64_t per_layer_mat = q_dim * c->dim * 2 + kv_dim * c->dim * 2 + (int64_t)c->ffn_dim * c->dim * 3;
     int64_t n_mat = (int64_t)c->vocab_size * c->dim + per_layer_mat * c->n_layers;
     int64_t per_layer_vec = 2 * c->dim + q_dim + 2 * kv_dim + 2 * c->head_dim;
     int64_t n_vec = c->dim + per_layer_vec * c->n_layers;
-    uint16_t *mat = (uint16_t *)malloc((size_t)n_mat * 2 + (size_t)n_vec * 4);
+    uint32_t mat_type = n_mat < ((int64_t)64 << 20) ? LLM_F32 : LLM_F16;
+    size_t esize = mat_type == LLM_F32 ? 4 : 2;
+    uint8_t *mat = (uint8_t *)malloc((size_t)n_mat * esize + (size_t)n_vec * 4);
     m->layers = (llm_layer *)calloc((size_t)c->n_layers, sizeof(llm_layer));
     if (!mat || !m->layers) { free(mat); free(m->layers); m->layers = NULL; return llm_fail(err, "out of memory for dummy model %s", p->name); }
     m->owned = mat;
-    float *vec = (float *)(mat + n_mat);
+    float *vec = (float *)(mat + (size_t)n_mat * esize);
     uint64_t rng = seed;
     /* a small table of random f16 values, tiled: filling billions of weights one by one would take longer than
      * the benchmark; the scale keeps activations bounded like a trained model's */
-    uint16_t table[4096];
-    for (int i = 0; i < 4096; i++) table[i] = llm_f32_to_f16((llm_rand_uniform(&rng) * 2 - 1) * 0.05f);
+    float table[4096];
+    uint16_t table16[4096];
+    for (int i = 0; i < 4096; i++) { table[i] = (llm_rand_uniform(&rng) * 2 - 1) * 0.05f; table16[i] = llm_f32_to_f16(table[i]); }
     for (int64_t i = 0; i < n_mat; i += 4096) {
         int64_t n = n_mat - i < 4096 ? n_mat - i : 4096, shift = (int64_t)(llm_splitmix64(&rng) % 4096);
-        for (int64_t j = 0; j < n; j++) mat[i + j] = table[(j + shift) % 4096];
+        for (int64_t j = 0; j < n; j++) {
+            if (mat_type == LLM_F32) ((float *)mat)[i + j] = table[(j + shift) % 4096];
+            else ((uint16_t *)mat)[i + j] = table16[(j + shift) % 4096];
+        }
     }
     for (int64_t i = 0; i < n_vec; i++) vec[i] = 1.0f;
-#define LLM_TAKE_MAT(w, r, cl) (w.data = mat, w.type = LLM_F16, w.rows = (r), w.cols = (cl), mat += (r) * (cl))
+#define LLM_TAKE_MAT(w, r, cl) (w.data = mat, w.type = mat_type, w.rows = (r), w.cols = (cl), mat += (size_t)(r) * (cl) * esize)
 #define LLM_TAKE_VEC(w, n) (w.data = vec, w.type = LLM_F32, w.rows = 1, w.cols = (n), vec += (n))
     LLM_TAKE_MAT(m->tok_embd, c->vocab_size, c->dim); m->output = m->tok_embd;
     LLM_TAKE_VEC(m->output_norm, c->dim);
@@ -654,6 +810,80 @@ void llm_model_free(llm_model *m) {
  * 3. Tokenizer
  * =========================================================================================================== */
 #include "tokenizer.inc.h" /* @@TOKENIZER@@ (being written; folded in here when done) */
+
+/* =============================================================================================================
+ * 4. Block manager: KV blocks handed out from a free list, named by hash for prefix caching
+ * =========================================================================================================== */
+int llm_block_manager_init(llm_block_manager *bm, int num_blocks, int block_size, int enable_prefix_caching, char *err) {
+    memset(bm, 0, sizeof *bm);
+    if (num_blocks <= 0 || block_size <= 0) return llm_fail(err, "the KV pool needs at least one block");
+    bm->blocks = (llm_block *)calloc((size_t)num_blocks, sizeof(llm_block));
+    if (!bm->blocks) return llm_fail(err, "out of memory for %d block records", num_blocks);
+    bm->num_blocks = num_blocks; bm->block_size = block_size; bm->enable_prefix_caching = enable_prefix_caching;
+    for (int i = 0; i < num_blocks; i++) {
+        bm->blocks[i].prev_free = i - 1; bm->blocks[i].next_free = i + 1 < num_blocks ? i + 1 : -1;
+        bm->blocks[i].in_free_list = 1;
+    }
+    bm->free_head = 0; bm->free_tail = num_blocks - 1; bm->num_free_blocks = num_blocks;
+    return 0;
+}
+
+void llm_block_manager_free(llm_block_manager *bm) { free(bm->blocks); hmfree(bm->cached); memset(bm, 0, sizeof *bm); }
+
+static void llm_free_list_remove(llm_block_manager *bm, int id) {
+    llm_block *b = &bm->blocks[id];
+    if (b->prev_free >= 0) bm->blocks[b->prev_free].next_free = b->next_free; else bm->free_head = b->next_free;
+    if (b->next_free >= 0) bm->blocks[b->next_free].prev_free = b->prev_free; else bm->free_tail = b->prev_free;
+    b->prev_free = b->next_free = -1; b->in_free_list = 0;
+    bm->num_free_blocks--;
+}
+
+/* Take the least recently freed block. If it still holds a cached prefix, that cache entry dies now. */
+int llm_block_alloc(llm_block_manager *bm) {
+    int id = bm->free_head;
+    if (id < 0) return -1;
+    llm_free_list_remove(bm, id);
+    llm_block *b = &bm->blocks[id];
+    if (b->hashed) {
+        (void)hmdel(bm->cached, b->hash);
+        b->hashed = 0; bm->evictions++;
+    }
+    b->ref_count = 1;
+    return id;
+}
+
+void llm_block_release(llm_block_manager *bm, int id) {
+    llm_block *b = &bm->blocks[id];
+    if (--b->ref_count > 0) return;
+    b->ref_count = 0;
+    b->prev_free = bm->free_tail; b->next_free = -1; b->in_free_list = 1;  /* to the tail: evicted last */
+    if (bm->free_tail >= 0) bm->blocks[bm->free_tail].next_free = id; else bm->free_head = id;
+    bm->free_tail = id;
+    bm->num_free_blocks++;
+}
+
+uint64_t llm_block_hash(uint64_t prev_hash, const int32_t *tokens, int n) {
+    uint64_t h = prev_hash ^ 0x243f6a8885a308d3ull;
+    for (int i = 0; i < n; i++) { uint64_t s = h ^ (uint32_t)tokens[i]; h = llm_splitmix64(&s); }
+    return h ? h : 1;
+}
+
+int llm_block_lookup(llm_block_manager *bm, uint64_t hash) {
+    if (!bm->enable_prefix_caching) return -1;
+    ptrdiff_t i = hmgeti(bm->cached, hash);
+    if (i < 0) return -1;
+    int id = bm->cached[i].value;
+    if (bm->blocks[id].in_free_list) llm_free_list_remove(bm, id);
+    bm->blocks[id].ref_count++;
+    return id;
+}
+
+void llm_block_set_hash(llm_block_manager *bm, int id, uint64_t hash) {
+    if (!bm->enable_prefix_caching || bm->blocks[id].hashed) return;
+    if (hmgeti(bm->cached, hash) >= 0) return; /* the same content is cached in another block already */
+    bm->blocks[id].hash = hash; bm->blocks[id].hashed = 1;
+    hmput(bm->cached, hash, id);
+}
 
 /* =============================================================================================================
  * 5. Forward pass on the CPU (the reference: the CUDA kernels are checked against it)
@@ -857,6 +1087,677 @@ int llm_forward_cpu(const llm_model *m, llm_kv_cache *kv, const llm_batch *b, fl
     llm_matmul(logits, xn, &m->output, b->n_logits);
     free(tok_seq); free(x); free(xn); free(q); free(k); free(v); free(att); free(h1); free(h2); free(xo);
     return 0;
+}
+
+/* =============================================================================================================
+ * 6. Sampler
+ * =========================================================================================================== */
+llm_sampling_params llm_sampling_defaults(void) {
+    llm_sampling_params p;
+    memset(&p, 0, sizeof p);
+    p.n = 1; p.temperature = 1.0f; p.top_p = 1.0f; p.repetition_penalty = 1.0f; p.seed = -1; p.logprobs = -1;
+    return p;
+}
+
+static int llm_argmax(const float *x, int n) { int best = 0; for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i; return best; }
+
+typedef struct { float p; int32_t id; } llm_prob_id;
+static int llm_prob_desc(const void *a, const void *b) {
+    const llm_prob_id *x = (const llm_prob_id *)a, *y = (const llm_prob_id *)b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return x->id - y->id;  /* ties in id order, so that a seed always gives the same choice */
+}
+
+int llm_sampler_candidates(const llm_sampling_params *p, const float *logits, int n_vocab, int32_t *ids, float *probs) {
+    if (p->temperature <= 0.0f || p->top_k == 1) { ids[0] = llm_argmax(logits, n_vocab); probs[0] = 1.0f; return 1; }
+    llm_prob_id *c = (llm_prob_id *)malloc((size_t)n_vocab * sizeof *c);
+    if (!c) { ids[0] = llm_argmax(logits, n_vocab); probs[0] = 1.0f; return 1; }
+    float mx = logits[llm_argmax(logits, n_vocab)], inv_t = 1.0f / p->temperature;
+    double sum = 0;
+    for (int i = 0; i < n_vocab; i++) { c[i].id = i; c[i].p = expf((logits[i] - mx) * inv_t); sum += c[i].p; }
+    int n = n_vocab;
+    int need_order = (p->top_k > 0 && p->top_k < n_vocab) || p->top_p < 1.0f;
+    if (need_order) qsort(c, (size_t)n, sizeof *c, llm_prob_desc);
+    if (p->top_k > 0 && p->top_k < n) {
+        n = p->top_k; sum = 0;
+        for (int i = 0; i < n; i++) sum += c[i].p;
+    }
+    if (p->top_p < 1.0f) { /* the smallest head of the distribution whose mass reaches top_p */
+        double cum = 0; int keep = n;
+        for (int i = 0; i < n; i++) { cum += c[i].p / sum; if (cum >= p->top_p) { keep = i + 1; break; } }
+        n = keep; sum = 0;
+        for (int i = 0; i < n; i++) sum += c[i].p;
+    }
+    if (p->min_p > 0.0f) { /* relative to the most likely token, whose weight exp(0) is 1 */
+        int keep = 0; double s = 0;
+        for (int i = 0; i < n; i++) if (c[i].p >= p->min_p) { c[keep++] = c[i]; s += c[i].p; }
+        n = keep; sum = s;
+    }
+    for (int i = 0; i < n; i++) { ids[i] = c[i].id; probs[i] = (float)(c[i].p / sum); }
+    free(c);
+    return n;
+}
+
+static void llm_apply_penalties(const llm_sampling_params *p, float *logits, int n_vocab, const int32_t *history, int n_prompt, int n_history) {
+    if (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f) return;
+    int *count = (int *)calloc((size_t)n_vocab, sizeof(int));  /* occurrences in the output */
+    unsigned char *seen = (unsigned char *)calloc((size_t)n_vocab, 1); /* in prompt or output */
+    if (!count || !seen) { free(count); free(seen); return; }
+    for (int i = 0; i < n_history; i++) {
+        int32_t t = history[i];
+        if (t < 0 || t >= n_vocab) continue;
+        seen[t] = 1;
+        if (i >= n_prompt) count[t]++;
+    }
+    for (int t = 0; t < n_vocab; t++) {
+        if (seen[t] && p->repetition_penalty != 1.0f)
+            logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty : logits[t] * p->repetition_penalty;
+        if (count[t]) logits[t] -= p->presence_penalty + p->frequency_penalty * (float)count[t];
+    }
+    free(count); free(seen);
+}
+
+int32_t llm_sample(const llm_sampling_params *p, float *logits, int n_vocab, const int32_t *history, int n_prompt,
+                   int n_history, uint64_t *rng_state) {
+    llm_apply_penalties(p, logits, n_vocab, history, n_prompt, n_history);
+    if (p->temperature <= 0.0f || p->top_k == 1) return llm_argmax(logits, n_vocab);
+    int32_t *ids = (int32_t *)malloc((size_t)n_vocab * sizeof(int32_t));
+    float *probs = (float *)malloc((size_t)n_vocab * sizeof(float));
+    if (!ids || !probs) { free(ids); free(probs); return llm_argmax(logits, n_vocab); }
+    int n = llm_sampler_candidates(p, logits, n_vocab, ids, probs);
+    float u = llm_rand_uniform(rng_state), cum = 0;
+    int32_t pick = ids[n - 1];
+    for (int i = 0; i < n; i++) { cum += probs[i]; if (u < cum) { pick = ids[i]; break; } }
+    free(ids); free(probs);
+    return pick;
+}
+
+/* =============================================================================================================
+ * 7. Engine: requests, the scheduler, stop conditions, outputs
+ * A request of n samples starts as one sequence; when its prompt is computed it forks into n sequences that
+ * share the prompt's blocks. Every sequence goes the same way: its tokens [0, n_computed) have K/V in the cache;
+ * each step computes the next chunk of the rest (a prompt chunk, or the one newest token), and when a step
+ * reaches the end of its tokens, samples one more. Prefill, chunked prefill, decode and recompute after
+ * preemption are all this one loop.
+ * =========================================================================================================== */
+#include <pthread.h>
+#include <time.h>
+
+typedef struct llm_request {
+    uint64_t id;
+    llm_sampling_params params;     /* stop strings and stop ids point at the copies below */
+    char **stop_copies;
+    int32_t *stop_ids_copy;
+    int max_stop_len;
+    int n_prompt;
+    int refs;                       /* sequences still pointing here */
+} llm_request;
+
+enum { LLM_SEQ_WAITING, LLM_SEQ_RUNNING, LLM_SEQ_FINISHED };
+
+typedef struct llm_seq {
+    llm_request *req;
+    int index;
+    int32_t *tokens;                /* stb_ds array: prompt, then generated tokens */
+    int n_computed;
+    int32_t *block_table;           /* stb_ds array */
+    int n_hashed_blocks;            /* leading full blocks that carry their prefix hash */
+    uint64_t last_hash;
+    uint64_t rng;
+    int fork_pending;               /* n > 1 and the prompt is not computed yet */
+    int n_cached_tokens;
+    int finish_reason;
+    int status;
+    llm_detok detok;
+    char *held_text;                /* stb_ds array: decoded text not yet emitted (could begin a stop string) */
+    int32_t *out_tokens; char *out_text; float *out_logprobs; int32_t *out_top_ids; float *out_top_logprobs;
+} llm_seq;
+
+struct llm_engine {
+    llm_engine_config cfg;
+    llm_model model;
+    llm_backend *backend;
+    llm_block_manager bm;
+    int max_model_len;
+    llm_seq **waiting, **running;   /* stb_ds arrays; waiting is served from the front */
+    llm_seq **finished;             /* finished last step: freed at the start of the next */
+    int static_batch_open;
+    pthread_mutex_t lock;           /* guards the inbox and next_id */
+    llm_seq **inbox;
+    uint64_t *inbox_abort;
+    uint64_t next_id;
+    llm_engine_stats stats;
+    /* per-step scratch */
+    int32_t *b_tokens, *b_positions, *b_seq_start, *b_logit_rows;
+    const int32_t **b_tables;
+    llm_seq **sched; int *sched_new;
+    float *logits, *logits_copy;
+    int logits_rows;
+    llm_output *outputs;
+};
+
+const char *llm_finish_reason_name(int reason) {
+    switch (reason) { case LLM_FINISH_STOP: return "stop"; case LLM_FINISH_LENGTH: return "length"; case LLM_FINISH_ABORT: return "abort"; }
+    return NULL;
+}
+
+/* ---- the CPU backend: the KV cache in host memory and llm_forward_cpu ---- */
+static int llm_cpu_forward(llm_backend *be, const llm_model *m, const llm_batch *b, float *logits, char *err) {
+    return llm_forward_cpu(m, (llm_kv_cache *)be->ctx, b, logits, err);
+}
+static int llm_cpu_copy_block(llm_backend *be, int src, int dst, char *err) {
+    (void)err;
+    llm_kv_cache *kv = (llm_kv_cache *)be->ctx;
+    size_t per_block = (size_t)kv->block_size * kv->n_kv_heads * kv->head_dim;
+    for (int l = 0; l < kv->n_layers; l++) {
+        size_t layer = (size_t)l * kv->num_blocks * per_block;
+        memcpy(kv->k + layer + (size_t)dst * per_block, kv->k + layer + (size_t)src * per_block, per_block * sizeof(float));
+        memcpy(kv->v + layer + (size_t)dst * per_block, kv->v + layer + (size_t)src * per_block, per_block * sizeof(float));
+    }
+    return 0;
+}
+static void llm_cpu_destroy(llm_backend *be) { llm_kv_cache_free((llm_kv_cache *)be->ctx); free(be->ctx); free(be); }
+
+llm_backend *llm_cpu_backend_create(const llm_model *m, int num_blocks, int block_size, char *err) {
+    llm_backend *be = (llm_backend *)calloc(1, sizeof *be);
+    llm_kv_cache *kv = (llm_kv_cache *)calloc(1, sizeof *kv);
+    if (!be || !kv || llm_kv_cache_init(kv, &m->cfg, num_blocks, block_size, err) != 0) {
+        if (!be || !kv) llm_fail(err, "out of memory");
+        free(be); free(kv); return NULL;
+    }
+    be->name = "cpu"; be->ctx = kv; be->num_blocks = num_blocks; be->block_size = block_size;
+    be->forward = llm_cpu_forward; be->copy_block = llm_cpu_copy_block; be->destroy = llm_cpu_destroy;
+    return be;
+}
+
+/* ---- creation ---- */
+llm_engine *llm_engine_create(const llm_engine_config *cfg_in, char *err) {
+    llm_engine *e = (llm_engine *)calloc(1, sizeof *e);
+    if (!e) { llm_fail(err, "out of memory"); return NULL; }
+    e->cfg = *cfg_in;
+    llm_engine_config *cfg = &e->cfg;
+    if (cfg->block_size <= 0) cfg->block_size = 16;
+    if (cfg->max_num_seqs <= 0) cfg->max_num_seqs = 256;
+    if (cfg->max_num_batched_tokens <= 0) cfg->max_num_batched_tokens = 2048;
+    pthread_mutex_init(&e->lock, NULL);
+    e->next_id = 1;
+    int rc = cfg->dummy ? llm_model_dummy(&e->model, cfg->dummy, cfg->dummy_seed, err)
+           : cfg->model_path ? llm_model_load(&e->model, cfg->model_path, err)
+           : llm_fail(err, "no model given");
+    if (rc != 0) { pthread_mutex_destroy(&e->lock); free(e); return NULL; }
+    e->max_model_len = e->model.cfg.context_length;
+    if (cfg->max_model_len > 0 && cfg->max_model_len < e->max_model_len) e->max_model_len = cfg->max_model_len;
+    size_t per_block = llm_kv_bytes_per_block(&e->model.cfg, cfg->block_size);
+#ifdef LLM_CUDA
+    if (!cfg->cpu) {
+        char cuda_err[LLM_ERR_LEN];
+        e->backend = llm_cuda_backend_create(&e->model, cfg->num_blocks, cfg->kv_bytes, cfg->block_size, cuda_err);
+        if (!e->backend) fprintf(stderr, "llm: %s; running on the CPU\n", cuda_err);
+    }
+#endif
+    if (!e->backend) {
+        int num_blocks = cfg->num_blocks;
+        if (num_blocks <= 0) {
+            /* enough for max_num_seqs full contexts, at most kv_bytes (default 4 GiB, as vLLM's CPU backend) */
+            size_t budget = cfg->kv_bytes ? cfg->kv_bytes : ((size_t)4 << 30);
+            size_t want = (size_t)cfg->max_num_seqs * ((e->max_model_len + cfg->block_size - 1) / cfg->block_size);
+            num_blocks = (int)(budget / per_block < want ? budget / per_block : want);
+        }
+        e->backend = llm_cpu_backend_create(&e->model, num_blocks, cfg->block_size, err);
+        if (!e->backend) { llm_model_free(&e->model); pthread_mutex_destroy(&e->lock); free(e); return NULL; }
+    }
+    if (llm_block_manager_init(&e->bm, e->backend->num_blocks, cfg->block_size, !cfg->disable_prefix_caching, err) != 0) {
+        llm_engine_destroy(e); return NULL;
+    }
+    e->static_batch_open = 1;
+    return e;
+}
+
+const llm_model *llm_engine_model(const llm_engine *e) { return &e->model; }
+const char *llm_engine_backend_name(const llm_engine *e) { return e->backend->name; }
+
+static void llm_request_unref(llm_request *r) {
+    if (--r->refs > 0) return;
+    for (int i = 0; i < r->params.n_stop; i++) free(r->stop_copies[i]);
+    free(r->stop_copies); free(r->stop_ids_copy); free(r);
+}
+
+static void llm_seq_free(llm_seq *s) {
+    arrfree(s->tokens); arrfree(s->block_table); arrfree(s->held_text);
+    arrfree(s->out_tokens); arrfree(s->out_text); arrfree(s->out_logprobs); arrfree(s->out_top_ids); arrfree(s->out_top_logprobs);
+    llm_request_unref(s->req);
+    free(s);
+}
+
+static void llm_seq_release_blocks(llm_engine *e, llm_seq *s) {
+    for (int i = 0; i < arrlen(s->block_table); i++) llm_block_release(&e->bm, s->block_table[i]);
+    arrsetlen(s->block_table, 0);
+    s->n_computed = 0; s->n_hashed_blocks = 0; s->last_hash = 0;
+}
+
+void llm_engine_destroy(llm_engine *e) {
+    if (!e) return;
+    llm_seq **all[4] = {e->waiting, e->running, e->finished, e->inbox};
+    for (int k = 0; k < 4; k++) for (int i = 0; i < arrlen(all[k]); i++) llm_seq_free(all[k][i]);
+    arrfree(e->waiting); arrfree(e->running); arrfree(e->finished); arrfree(e->inbox); arrfree(e->inbox_abort);
+    arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows); arrfree(e->b_tables);
+    arrfree(e->sched); arrfree(e->sched_new); arrfree(e->outputs);
+    free(e->logits); free(e->logits_copy);
+    if (e->backend) e->backend->destroy(e->backend);
+    llm_block_manager_free(&e->bm);
+    llm_model_free(&e->model);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}
+
+/* ---- admission ---- */
+static uint64_t llm_seed_mix(int64_t seed, int index) {
+    uint64_t s = seed >= 0 ? (uint64_t)seed : ((uint64_t)time(NULL) ^ ((uint64_t)clock() << 20) ^ (uint64_t)(uintptr_t)&seed);
+    s += 0x632be59bd9b4e019ull * (uint64_t)(index + 1);
+    return llm_splitmix64(&s);
+}
+
+uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids, int n_prompt_ids,
+                                const llm_sampling_params *p, char *err) {
+    const llm_config *c = &e->model.cfg;
+    if (p->n < 1 || p->n > 128) { llm_fail(err, "n must be between 1 and 128, got %d", p->n); return 0; }
+    if (!(p->temperature >= 0.0f)) { llm_fail(err, "temperature must be >= 0"); return 0; }
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) { llm_fail(err, "top_p must be in (0, 1]"); return 0; }
+    if (p->top_k < 0) { llm_fail(err, "top_k must be >= 0 (0 disables it)"); return 0; }
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) { llm_fail(err, "min_p must be in [0, 1]"); return 0; }
+    if (!(p->repetition_penalty > 0.0f)) { llm_fail(err, "repetition_penalty must be > 0"); return 0; }
+    if (!(fabsf(p->presence_penalty) <= 2.0f && fabsf(p->frequency_penalty) <= 2.0f)) { llm_fail(err, "presence_penalty and frequency_penalty must be in [-2, 2]"); return 0; }
+    if (p->max_tokens < 0) { llm_fail(err, "max_tokens must be >= 0"); return 0; }
+    if (p->logprobs > 20) { llm_fail(err, "logprobs must be at most 20"); return 0; }
+    if (p->n_stop < 0 || p->n_stop > 16 || p->n_stop_token_ids < 0) { llm_fail(err, "at most 16 stop strings"); return 0; }
+    int32_t *ids = NULL;
+    if (prompt_ids) {
+        for (int i = 0; i < n_prompt_ids; i++)
+            if (prompt_ids[i] < 0 || prompt_ids[i] >= c->vocab_size) { llm_fail(err, "prompt token id %d is outside the vocabulary (0..%d)", prompt_ids[i], c->vocab_size - 1); return 0; }
+        arrsetlen(ids, n_prompt_ids);
+        if (n_prompt_ids) memcpy(ids, prompt_ids, (size_t)n_prompt_ids * sizeof(int32_t));
+    } else {
+        if (!e->model.tok) { llm_fail(err, "this model has no tokenizer: give prompt token ids"); return 0; }
+        const char *text = prompt ? prompt : "";
+        size_t len = strlen(text);
+        int cap = (int)len + 8, bos = llm_tokenizer_adds_bos(e->model.tok);
+        arrsetlen(ids, cap);
+        int n = llm_tokenize(e->model.tok, text, len, bos, 1, ids, cap);
+        if (n > cap) { arrsetlen(ids, n); n = llm_tokenize(e->model.tok, text, len, bos, 1, ids, n); }
+        if (n < 0) { arrfree(ids); llm_fail(err, "could not tokenize the prompt"); return 0; }
+        arrsetlen(ids, n);
+    }
+    int n_prompt = (int)arrlen(ids);
+    int blocks_needed = (n_prompt + 1 + e->cfg.block_size - 1) / e->cfg.block_size;
+    if (n_prompt == 0) { arrfree(ids); llm_fail(err, "the prompt is empty"); return 0; }
+    if (n_prompt >= e->max_model_len) {
+        arrfree(ids);
+        llm_fail(err, "the prompt has %d tokens, but this model's context is %d tokens (the prompt and at least one new token must fit)", n_prompt, e->max_model_len);
+        return 0;
+    }
+    if (blocks_needed > e->bm.num_blocks) {
+        arrfree(ids);
+        llm_fail(err, "the prompt needs %d KV blocks but the whole pool has %d", blocks_needed, e->bm.num_blocks);
+        return 0;
+    }
+    llm_request *r = (llm_request *)calloc(1, sizeof *r);
+    llm_seq *s = (llm_seq *)calloc(1, sizeof *s);
+    if (!r || !s) { free(r); free(s); arrfree(ids); llm_fail(err, "out of memory"); return 0; }
+    r->params = *p; r->n_prompt = n_prompt; r->refs = 1;
+    r->params.stop = NULL; r->params.stop_token_ids = NULL;
+    if (p->n_stop) {
+        r->stop_copies = (char **)calloc((size_t)p->n_stop, sizeof(char *));
+        for (int i = 0; i < p->n_stop; i++) {
+            r->stop_copies[i] = strdup(p->stop[i] ? p->stop[i] : "");
+            int len = (int)strlen(r->stop_copies[i]);
+            if (len > r->max_stop_len) r->max_stop_len = len;
+        }
+        r->params.stop = (const char *const *)r->stop_copies;
+    }
+    if (p->n_stop_token_ids) {
+        r->stop_ids_copy = (int32_t *)malloc((size_t)p->n_stop_token_ids * sizeof(int32_t));
+        memcpy(r->stop_ids_copy, p->stop_token_ids, (size_t)p->n_stop_token_ids * sizeof(int32_t));
+        r->params.stop_token_ids = r->stop_ids_copy;
+    }
+    s->req = r; s->tokens = ids; s->rng = llm_seed_mix(p->seed, 0); s->fork_pending = p->n > 1;
+    s->status = LLM_SEQ_WAITING;
+    pthread_mutex_lock(&e->lock);
+    r->id = e->next_id++;
+    arrput(e->inbox, s);
+    pthread_mutex_unlock(&e->lock);
+    return r->id;
+}
+
+void llm_engine_abort(llm_engine *e, uint64_t request_id) {
+    pthread_mutex_lock(&e->lock);
+    arrput(e->inbox_abort, request_id);
+    pthread_mutex_unlock(&e->lock);
+}
+
+int llm_engine_has_work(llm_engine *e) {
+    pthread_mutex_lock(&e->lock);
+    int n = (int)(arrlen(e->inbox) + arrlen(e->inbox_abort));
+    pthread_mutex_unlock(&e->lock);
+    return n > 0 || arrlen(e->waiting) > 0 || arrlen(e->running) > 0;
+}
+
+llm_engine_stats llm_engine_get_stats(llm_engine *e) {
+    llm_engine_stats s = e->stats;
+    s.running = (int)arrlen(e->running); s.waiting = (int)arrlen(e->waiting);
+    s.num_blocks = e->bm.num_blocks; s.num_free_blocks = e->bm.num_free_blocks;
+    s.num_cached_blocks = (int)hmlen(e->bm.cached);
+    for (int i = 0; i < arrlen(e->running); i++) s.kv_tokens += e->running[i]->n_computed;
+    return s;
+}
+
+/* ---- stop conditions and text ---- */
+static void llm_seq_finish(llm_engine *e, llm_seq *s, int reason) {
+    s->finish_reason = reason; s->status = LLM_SEQ_FINISHED;
+    llm_seq_release_blocks(e, s);
+    e->stats.requests_finished++;
+}
+
+/* The longest tail of text that is the beginning of a stop string: it must wait for the next token. */
+static int llm_stop_holdback(const llm_request *r, const char *text, int len) {
+    int hold = 0;
+    for (int i = 0; i < r->params.n_stop; i++) {
+        const char *stop = r->params.stop[i];
+        int sl = (int)strlen(stop);
+        for (int k = sl - 1 < len ? sl - 1 : len; k > hold; k--)
+            if (memcmp(text + len - k, stop, (size_t)k) == 0) { hold = k; break; }
+    }
+    return hold;
+}
+
+/* Append a token's text to what is held; emit what can no longer be part of a stop string. */
+static void llm_seq_add_text(llm_seq *s, int32_t token, const llm_tokenizer *tok, int finishing) {
+    if (tok) { /* a detok step writes at most 3 bytes (U+FFFD) per byte of the piece and of what it held */
+        int piece = llm_token_to_piece(tok, token, 0, NULL, 0);
+        if (piece < 0) piece = 0;
+        int cap = 3 * (piece + 8) + 16;
+        char *buf = (char *)malloc((size_t)cap);
+        int n = token >= 0 ? llm_detok_push(tok, &s->detok, token, buf, cap) : 0;
+        if (finishing) n += llm_detok_flush(&s->detok, buf + n, cap - n);
+        memcpy(arraddnptr(s->held_text, n), buf, (size_t)n);
+        free(buf);
+    }
+    llm_request *r = s->req;
+    int len = (int)arrlen(s->held_text);
+    for (int i = 0; i < r->params.n_stop; i++) {
+        const char *stop = r->params.stop[i];
+        int sl = (int)strlen(stop);
+        if (sl == 0) continue;
+        for (int at = 0; at + sl <= len; at++)
+            if (memcmp(s->held_text + at, stop, (size_t)sl) == 0) { len = at; s->finish_reason = LLM_FINISH_STOP; break; }
+    }
+    int emit = s->finish_reason || finishing ? len : len - llm_stop_holdback(r, s->held_text, len);
+    memcpy(arraddnptr(s->out_text, emit), s->held_text, (size_t)emit);
+    if (s->finish_reason) arrsetlen(s->held_text, 0);
+    else { memmove(s->held_text, s->held_text + emit, (size_t)(arrlen(s->held_text) - emit)); arrsetlen(s->held_text, arrlen(s->held_text) - emit); }
+}
+
+/* One sampled token: logprobs, stop conditions, text. Returns 1 when the sequence finished. */
+static int llm_seq_accept(llm_engine *e, llm_seq *s, float *logits) {
+    const llm_sampling_params *p = &s->req->params;
+    int V = e->model.cfg.vocab_size;
+    float lse = 0;
+    if (p->logprobs >= 0) { /* from the model's own distribution, before penalties and temperature (as vLLM) */
+        float mx = logits[llm_argmax(logits, V)]; double sum = 0;
+        for (int i = 0; i < V; i++) sum += exp((double)(logits[i] - mx));
+        lse = mx + (float)log(sum);
+        int K = p->logprobs < V ? p->logprobs : V;
+        int32_t *top = arraddnptr(s->out_top_ids, K);
+        float *top_lp = arraddnptr(s->out_top_logprobs, K);
+        int have = 0;
+        for (int i = 0; i < V && K > 0; i++) { /* insertion into a sorted list of K: K is small */
+            if (have == K && logits[i] <= logits[top[K - 1]]) continue;
+            int j = have < K ? have++ : K - 1;
+            while (j > 0 && logits[top[j - 1]] < logits[i]) { top[j] = top[j - 1]; j--; }
+            top[j] = i;
+        }
+        for (int k = 0; k < K; k++) top_lp[k] = logits[top[k]] - lse;
+        if (!e->logits_copy) e->logits_copy = (float *)malloc((size_t)V * sizeof(float));
+        memcpy(e->logits_copy, logits, (size_t)V * sizeof(float));
+    }
+    int32_t token = llm_sample(p, logits, V, s->tokens, s->req->n_prompt, (int)arrlen(s->tokens), &s->rng);
+    if (p->logprobs >= 0) arrput(s->out_logprobs, e->logits_copy[token] - lse);
+    arrput(s->tokens, token); arrput(s->out_tokens, token);
+    e->stats.generation_tokens++;
+    int n_generated = (int)arrlen(s->tokens) - s->req->n_prompt;
+    int reason = LLM_FINISH_NONE;
+    const llm_tokenizer *tok = e->model.tok;
+    if ((!p->ignore_eos && tok && llm_token_is_eog(tok, token))) reason = LLM_FINISH_STOP;
+    for (int i = 0; i < p->n_stop_token_ids; i++) if (p->stop_token_ids[i] == token) reason = LLM_FINISH_STOP;
+    if (!reason && ((p->max_tokens > 0 && n_generated >= p->max_tokens) || arrlen(s->tokens) >= e->max_model_len))
+        reason = LLM_FINISH_LENGTH;
+    /* the stop token's own text is not output */
+    llm_seq_add_text(s, reason == LLM_FINISH_STOP ? -1 : token, tok, reason != LLM_FINISH_NONE);
+    if (s->finish_reason) reason = s->finish_reason;  /* a stop string */
+    if (reason) { llm_seq_finish(e, s, reason); return 1; }
+    return 0;
+}
+
+/* ---- scheduling ---- */
+/* Blocks for positions [0, n_total), a private copy of any shared block about to be written. */
+static int llm_seq_reserve(llm_engine *e, llm_seq *s, int n_total, char *err) {
+    int bs = e->cfg.block_size;
+    for (int b = s->n_computed / bs; b < arrlen(s->block_table) && b * bs < n_total; b++) {
+        int old = s->block_table[b];
+        if (e->bm.blocks[old].ref_count <= 1) continue;
+        int fresh = llm_block_alloc(&e->bm);
+        if (fresh < 0) return 0;
+        if (e->backend->copy_block(e->backend, old, fresh, err) != 0) { llm_block_release(&e->bm, fresh); return -1; }
+        llm_block_release(&e->bm, old);
+        s->block_table[b] = fresh;
+    }
+    while (arrlen(s->block_table) * bs < n_total) {
+        int id = llm_block_alloc(&e->bm);
+        if (id < 0) return 0;
+        arrput(s->block_table, id);
+    }
+    return 1;
+}
+
+/* The longest run of whole cached blocks at the start of the tokens, leaving at least one token to compute. */
+static void llm_seq_take_cached_prefix(llm_engine *e, llm_seq *s) {
+    int bs = e->cfg.block_size, n = (int)arrlen(s->tokens);
+    e->stats.prefix_cache_queries += n;
+    if (!e->bm.enable_prefix_caching) return;
+    uint64_t h = 0;
+    for (int b = 0; (b + 1) * bs <= n - 1; b++) {
+        uint64_t hb = llm_block_hash(h, s->tokens + b * bs, bs);
+        int id = llm_block_lookup(&e->bm, hb);
+        if (id < 0) break;
+        arrput(s->block_table, id);
+        h = hb; s->n_hashed_blocks = b + 1; s->last_hash = hb; s->n_computed = (b + 1) * bs;
+    }
+    e->stats.prefix_cache_hits += s->n_computed;
+    if (s->n_cached_tokens == 0) s->n_cached_tokens = s->n_computed;
+}
+
+static void llm_preempt(llm_engine *e, llm_seq *s) {
+    llm_seq_release_blocks(e, s);
+    s->status = LLM_SEQ_WAITING;
+    arrins(e->waiting, 0, s);
+    e->stats.preemptions++;
+}
+
+static void llm_schedule(llm_engine *e, char *err) {
+    int budget = e->cfg.max_num_batched_tokens, preempted = 0;
+    arrsetlen(e->sched, 0); arrsetlen(e->sched_new, 0);
+    for (int i = 0; i < arrlen(e->running) && budget > 0; i++) {
+        llm_seq *s = e->running[i];
+        int n_new = (int)arrlen(s->tokens) - s->n_computed;
+        if (n_new > budget) n_new = budget;
+        int ok;
+        while ((ok = llm_seq_reserve(e, s, s->n_computed + n_new, err)) == 0) {
+            /* out of blocks: the youngest running sequence gives its blocks back and waits to be recomputed */
+            llm_seq *victim = arrpop(e->running);
+            llm_preempt(e, victim);
+            preempted = 1;
+            if (victim == s) break;
+        }
+        if (ok != 1) { if (ok < 0) return; break; }
+        arrput(e->sched, s); arrput(e->sched_new, n_new);
+        budget -= n_new;
+    }
+    if (preempted) return;
+    if (e->cfg.static_batching) {
+        if (arrlen(e->running) == 0) e->static_batch_open = 1;
+        if (!e->static_batch_open) return;
+    }
+    while (arrlen(e->waiting) > 0 && budget > 0) {
+        llm_seq *s = e->waiting[0];
+        int width = s->fork_pending ? s->req->params.n : 1;
+        if (arrlen(e->running) > 0 && arrlen(e->running) + width > e->cfg.max_num_seqs) break;
+        if (s->n_computed == 0 && arrlen(s->block_table) == 0) llm_seq_take_cached_prefix(e, s);
+        int n_new = (int)arrlen(s->tokens) - s->n_computed;
+        if (n_new > budget) n_new = budget;
+        int ok = llm_seq_reserve(e, s, s->n_computed + n_new, err);
+        if (ok != 1) { llm_seq_release_blocks(e, s); if (ok < 0) return; break; } /* first come, first served: wait */
+        arrdel(e->waiting, 0);
+        s->status = LLM_SEQ_RUNNING;
+        arrput(e->running, s);
+        arrput(e->sched, s); arrput(e->sched_new, n_new);
+        budget -= n_new;
+    }
+    if (e->cfg.static_batching && (arrlen(e->waiting) == 0 || arrlen(e->running) >= e->cfg.max_num_seqs || budget > 0))
+        e->static_batch_open = 0; /* full, or stopped by something other than this step's token budget */
+}
+
+/* Name each newly completed block by its prefix, so later requests can share it. */
+static void llm_seq_hash_blocks(llm_engine *e, llm_seq *s) {
+    int bs = e->cfg.block_size;
+    while ((s->n_hashed_blocks + 1) * bs <= s->n_computed) {
+        int b = s->n_hashed_blocks;
+        s->last_hash = llm_block_hash(s->last_hash, s->tokens + b * bs, bs);
+        llm_block_set_hash(&e->bm, s->block_table[b], s->last_hash);
+        s->n_hashed_blocks++;
+    }
+}
+
+/* n > 1: the other samples start from the computed prompt, sharing all its blocks. */
+static void llm_seq_fork(llm_engine *e, llm_seq *s) { /* the children go to the end of the running list */
+    s->fork_pending = 0;
+    for (int i = 1; i < s->req->params.n; i++) {
+        llm_seq *c = (llm_seq *)calloc(1, sizeof *c);
+        *c = *s;
+        c->index = i; c->rng = llm_seed_mix(s->req->params.seed, i);
+        c->tokens = NULL; c->block_table = NULL; c->held_text = NULL;
+        c->out_tokens = NULL; c->out_text = NULL; c->out_logprobs = NULL; c->out_top_ids = NULL; c->out_top_logprobs = NULL;
+        memcpy(arraddnptr(c->tokens, arrlen(s->tokens)), s->tokens, (size_t)arrlen(s->tokens) * sizeof(int32_t));
+        memcpy(arraddnptr(c->block_table, arrlen(s->block_table)), s->block_table, (size_t)arrlen(s->block_table) * sizeof(int32_t));
+        for (int b = 0; b < arrlen(c->block_table); b++) e->bm.blocks[c->block_table[b]].ref_count++;
+        s->req->refs++;
+        arrput(e->running, c);
+    }
+}
+
+static void llm_emit(llm_engine *e, llm_seq *s) {
+    llm_output o;
+    memset(&o, 0, sizeof o);
+    o.request_id = s->req->id; o.index = s->index;
+    o.token_ids = s->out_tokens; o.n_tokens = (int)arrlen(s->out_tokens);
+    o.text = s->out_text; o.text_len = (int)arrlen(s->out_text);
+    if (s->req->params.logprobs >= 0) {
+        o.logprobs = s->out_logprobs; o.n_top = s->req->params.logprobs;
+        o.top_ids = s->out_top_ids; o.top_logprobs = s->out_top_logprobs;
+    }
+    o.finish_reason = s->finish_reason;
+    o.n_prompt_tokens = s->req->n_prompt; o.n_cached_tokens = s->n_cached_tokens;
+    o.n_generated = (int)arrlen(s->tokens) - s->req->n_prompt;
+    arrput(e->outputs, o);
+}
+
+static void llm_take_inbox(llm_engine *e) {
+    pthread_mutex_lock(&e->lock);
+    for (int i = 0; i < arrlen(e->inbox); i++) arrput(e->waiting, e->inbox[i]);
+    arrsetlen(e->inbox, 0);
+    uint64_t *aborts = e->inbox_abort; e->inbox_abort = NULL;
+    pthread_mutex_unlock(&e->lock);
+    for (int a = 0; a < arrlen(aborts); a++) {
+        llm_seq **lists[2] = {e->waiting, e->running};
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < arrlen(lists[k]); i++) {
+                llm_seq *s = lists[k][i];
+                if (s->req->id != aborts[a]) continue;
+                llm_seq_finish(e, s, LLM_FINISH_ABORT);
+                llm_emit(e, s);
+                arrput(e->finished, s);
+                arrdel(lists[k], i); i--;
+            }
+        e->waiting = lists[0]; e->running = lists[1];
+    }
+    arrfree(aborts);
+}
+
+int llm_engine_step(llm_engine *e, const llm_output **outputs, char *err) {
+    for (int i = 0; i < arrlen(e->finished); i++) llm_seq_free(e->finished[i]);
+    arrsetlen(e->finished, 0); arrsetlen(e->outputs, 0);
+    for (int i = 0; i < arrlen(e->running); i++) {
+        llm_seq *s = e->running[i];
+        arrsetlen(s->out_tokens, 0); arrsetlen(s->out_text, 0); arrsetlen(s->out_logprobs, 0);
+        arrsetlen(s->out_top_ids, 0); arrsetlen(s->out_top_logprobs, 0);
+    }
+    llm_take_inbox(e);
+    llm_schedule(e, err);
+    int n_sched = (int)arrlen(e->sched);
+    if (n_sched > 0) {
+        /* flatten the scheduled chunks into one batch */
+        arrsetlen(e->b_tokens, 0); arrsetlen(e->b_positions, 0); arrsetlen(e->b_logit_rows, 0);
+        arrsetlen(e->b_seq_start, 0); arrsetlen(e->b_tables, 0);
+        for (int i = 0; i < n_sched; i++) {
+            llm_seq *s = e->sched[i];
+            arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
+            arrput(e->b_tables, s->block_table);
+            for (int j = 0; j < e->sched_new[i]; j++) {
+                arrput(e->b_tokens, s->tokens[s->n_computed + j]);
+                arrput(e->b_positions, s->n_computed + j);
+            }
+            if (s->n_computed + e->sched_new[i] == arrlen(s->tokens)) arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
+        }
+        arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
+        llm_batch b = {(int)arrlen(e->b_tokens), e->b_tokens, e->b_positions, n_sched, e->b_seq_start,
+                       e->b_tables, (int)arrlen(e->b_logit_rows), e->b_logit_rows};
+        int V = e->model.cfg.vocab_size;
+        if (b.n_logits > e->logits_rows) {
+            free(e->logits);
+            e->logits_rows = b.n_logits;
+            e->logits = (float *)malloc((size_t)b.n_logits * (size_t)V * sizeof(float));
+            if (!e->logits) { e->logits_rows = 0; return llm_fail(err, "out of memory for logits"); }
+        }
+        if (e->backend->forward(e->backend, &e->model, &b, e->logits, err) != 0) return -1;
+        e->stats.steps++;
+        int row = 0;
+        for (int i = 0; i < n_sched; i++) {
+            llm_seq *s = e->sched[i];
+            int start = s->n_computed, end = start + e->sched_new[i];
+            if (start < s->req->n_prompt) e->stats.prompt_tokens_computed += (end < s->req->n_prompt ? end : s->req->n_prompt) - start;
+            s->n_computed = end;
+            llm_seq_hash_blocks(e, s);
+            if (end < arrlen(s->tokens)) continue;  /* a prompt chunk: nothing to sample yet */
+            float *logits = e->logits + (size_t)row++ * V;
+            if (s->fork_pending) {
+                int first_child = (int)arrlen(e->running);
+                llm_seq_fork(e, s);
+                float *copy = (float *)malloc((size_t)V * sizeof(float)); /* each sample draws from the prompt's logits */
+                for (int k = first_child; k < arrlen(e->running); k++) {
+                    memcpy(copy, logits, (size_t)V * sizeof(float));
+                    llm_seq_accept(e, e->running[k], copy);
+                }
+                free(copy);
+            }
+            llm_seq_accept(e, s, logits);
+        }
+    }
+    /* outputs, and finished sequences leave the running list at once */
+    for (int i = 0; i < arrlen(e->running); i++) {
+        llm_seq *s = e->running[i];
+        if (arrlen(s->out_tokens) || arrlen(s->out_text) || s->status == LLM_SEQ_FINISHED) llm_emit(e, s);
+        if (s->status == LLM_SEQ_FINISHED) { arrput(e->finished, s); arrdel(e->running, i); i--; }
+    }
+    *outputs = e->outputs;
+    return (int)arrlen(e->outputs);
 }
 
 #endif /* LLM_IMPLEMENTATION_DONE */

@@ -25,11 +25,26 @@ static char *read_file(const char *path, size_t *len) {
 }
 
 #include "tokenizer_tests.inc.c"
+#ifdef LLM_CUDA
+#include "gpu_tests.inc.c"   /* run_gpu_tests(): CUDA kernels against the CPU reference */
+#endif
 
 int main(int argc, char **argv) {
-    if (argc > 1) shared_dir = argv[1];
+    int gpu = argc > 1 && !strcmp(argv[1], "--gpu");
+    if (argc > 1 + gpu) shared_dir = argv[1 + gpu];
+#ifdef LLM_CUDA
+    if (gpu) {
+        run_gpu_tests();
+        printf("%d passed, %d failed\n", n_passed, n_failed);
+        return n_failed ? 1 : 0;
+    }
+#endif
     test_tokenizer_fixtures();
     test_detokenizer_streaming();
+    test_tokenizer_api();
+    test_tokenizer_odd_vocabularies();
+    test_pretokenizers();
+    test_detokenizer_references();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
 }

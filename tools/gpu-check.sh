@@ -1,0 +1,36 @@
+#!/bin/bash
+# tools/gpu-check.sh - the CUDA backend on a machine with an NVIDIA GPU: build, check every kernel and the whole
+# forward pass against the CPU, then benchmark (kernels, the backend's forward pass, and `llm bench`).
+#
+#   tools/gpu-check.sh            (from anywhere; STB_INC: where stb/stb_ds.h is, SHARED: the test data folder
+#                                  with models/*.gguf; both default to .deps when it exists, as on the device machine)
+# Prints everything to stdout and saves the same in $LOG_DIR/DATE-GPU-gpu-check.log (LOG_DIR: $OUT when set, as on
+# the device machine, else results/). Exit status: the checks' (0 when all passed).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+DEPS=.deps
+STB_INC=${STB_INC:-$([ -d $DEPS/stb ] && echo $DEPS || echo /usr/include)}
+SHARED=${SHARED:-$([ -d $DEPS/models ] && echo $DEPS || echo ../shared)}
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z ' 'a-z-' | sed 's/[^a-z0-9-]//g; s/^nvidia-//')
+LOG_DIR=${LOG_DIR:-${OUT:-results}}
+mkdir -p "$LOG_DIR"
+LOG="$LOG_DIR/$(date +%Y-%m-%d)-${GPU:-gpu}-gpu-check.log"
+exec > >(tee "$LOG") 2>&1
+
+echo "== $(date -u '+%Y-%m-%d %H:%M UTC') $(git rev-parse --short HEAD 2>/dev/null) + working tree; log: $LOG"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.sm --format=csv 2>&1
+nvcc --version | tail -1
+
+echo "== build"
+make CUDA=1 STB_INC="$STB_INC" llm llm_cuda.o 2>&1 || { echo "BUILD FAILED"; exit 1; }
+
+echo "== GPU checks and kernel / forward benchmarks (test-gpu)"
+LLM_GPU_BENCH=1 timeout 420 make CUDA=1 STB_INC="$STB_INC" SHARED="$SHARED" test-gpu
+status=$?
+echo "test-gpu exit status: $status"
+
+echo "== llm bench (engine end to end, GPU)"
+for model in tinyllama-1.1b llama-3.2-1b; do
+    timeout ${BENCH_TIMEOUT:-150} ./llm bench --dummy $model --num-prompts ${NUM_PROMPTS:-256} 2>&1 || echo "llm bench --dummy $model: exit $?"
+done
+exit $status
