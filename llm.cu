@@ -1037,6 +1037,7 @@ extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, int num_bloc
         if (e != cudaSuccess) { cuda_fail(err, e, "cudaDeviceSynchronize", __LINE__); goto bad; }
     }
     be->name = "cuda"; be->ctx = c; be->num_blocks = num_blocks; be->block_size = block_size;
+    be->kv_bytes_per_block = (size_t)2 * m->cfg.n_layers * m->cfg.n_kv_heads * block_size * m->cfg.head_dim * sizeof(bf16);
     be->forward = cuda_forward; be->copy_block = cuda_copy_block; be->destroy = cuda_destroy;
     return be;
 bad:
@@ -1045,7 +1046,7 @@ bad:
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
- * Entry points for the GPU tests (gpu_tests.inc.c) and the kernel benchmarks: each kernel alone, on inputs the
+ * Entry points for the GPU tests (llm-test --gpu, in test.c) and the kernel benchmarks: each kernel alone, on inputs the
  * caller gives in plain f32 host arrays.
  * ------------------------------------------------------------------------------------------------------------- */
 static cuda_ctx *test_ctx(const llm_config *cf, char *err) {

@@ -247,6 +247,7 @@ typedef struct llm_backend {
     const char *name;
     void *ctx;
     int num_blocks, block_size;
+    size_t kv_bytes_per_block;      /* K and V of all layers for one block, in the backend's storage type */
     int (*forward)(struct llm_backend *be, const llm_model *m, const llm_batch *b, float *logits, char *err);
     int (*copy_block)(struct llm_backend *be, int src, int dst, char *err);   /* copy-on-write of a shared block */
     void (*destroy)(struct llm_backend *be);
@@ -313,6 +314,7 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err);
 void llm_engine_destroy(llm_engine *e);
 const llm_model *llm_engine_model(const llm_engine *e);
 const char *llm_engine_backend_name(const llm_engine *e);
+size_t llm_engine_kv_bytes_per_block(const llm_engine *e);   /* what one KV block costs on this backend */
 /* Returns the request id (> 0), or 0 with a message when the request can never run (prompt longer than the
  * context or the KV pool, bad parameters). Give text, or token ids (prompt_ids non-NULL). */
 uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids, int n_prompt_ids,
@@ -323,6 +325,10 @@ void llm_engine_abort(llm_engine *e, uint64_t request_id);
 int  llm_engine_step(llm_engine *e, const llm_output **outputs, char *err);
 int  llm_engine_has_work(llm_engine *e);
 llm_engine_stats llm_engine_get_stats(llm_engine *e);
+/* Audits the block bookkeeping (for tests): every block's ref_count equals the number of block tables holding
+ * it, free blocks are exactly those with ref_count 0, and the prefix-cache map names blocks that carry that hash.
+ * 0 when consistent, else -1 and what is wrong. Call it between steps, from the engine's thread. */
+int  llm_engine_check_blocks(llm_engine *e, char *err);
 
 #ifdef __cplusplus
 }
@@ -437,7 +443,7 @@ int llm_gguf_parse(llm_gguf *g, const void *data, uint64_t size, char *err) {
     if (r.failed) return -1;
     /* each kv takes at least 12 bytes and each tensor info at least 24: a count beyond that is corrupt */
     if (n_kv > size / 12 || n_tensors > size / 24)
-        return llm_fail(err, "corrupt GGUF header: %llu tensors, %llu metadata keys in a %llu-byte file",
+        return llm_fail(err, "GGUF file truncated or corrupt: its header counts %llu tensors and %llu metadata keys, more than a %llu-byte file holds",
                         (unsigned long long)n_tensors, (unsigned long long)n_kv, (unsigned long long)size);
     g->n_kv = (int64_t)n_kv; g->n_tensors = (int64_t)n_tensors;
     g->kv = (llm_gguf_kv *)calloc(n_kv ? n_kv : 1, sizeof *g->kv);
@@ -809,7 +815,878 @@ void llm_model_free(llm_model *m) {
 /* =============================================================================================================
  * 3. Tokenizer
  * =========================================================================================================== */
-#include "tokenizer.inc.h" /* @@TOKENIZER@@ (being written; folded in here when done) */
+/* =============================================================================================================
+ * 3. Tokenizer
+ * Two kinds of vocabulary, told apart by tokenizer.ggml.model; both give the ids llama.cpp gives.
+ *  - "llama": SentencePiece BPE. Every space becomes U+2581 (and one goes in front of the text); the text starts
+ *    as single characters, and the adjacent pair whose concatenation is the highest-scoring token merges first.
+ *    What never becomes a token is spelled out as <0xNN> byte tokens.
+ *  - "gpt2": byte-level BPE. A pre-tokenizer (the model's split regex, written out by hand) cuts the text into
+ *    words; a word starts as single bytes, each a token spelled with GPT-2's printable stand-in for that byte,
+ *    and the pair listed earliest in tokenizer.ggml.merges merges first.
+ * One merge loop serves both: a linked list of symbols and a heap of candidate pairs, so a long text costs
+ * n log n. Special tokens are cut out of the text first, when the caller asks for them. Lookups go through
+ * stb_ds hash maps (token text -> id, pair of ids -> merge) that are only read after loading, so several
+ * threads may tokenize with one tokenizer at once.
+ * =========================================================================================================== */
+enum { LLM_VOCAB_SPM, LLM_VOCAB_BPE };
+enum { LLM_PRE_GPT2, LLM_PRE_LLAMA3, LLM_PRE_QWEN2, LLM_PRE_SMOLLM };
+/* token kinds, numbered as tokenizer.ggml.token_type numbers them */
+enum { LLM_TOKEN_NORMAL = 1, LLM_TOKEN_UNKNOWN, LLM_TOKEN_CONTROL, LLM_TOKEN_USER, LLM_TOKEN_UNUSED, LLM_TOKEN_BYTE };
+
+typedef struct { char *key; int value; } llm_tok_entry;             /* token text -> id */
+typedef struct { int rank, id; } llm_merge;                          /* place in the merges list, merged token */
+typedef struct { uint64_t key; llm_merge value; } llm_merge_entry; /* left id << 32 | right id -> merge */
+
+struct llm_tokenizer {
+    int kind;                   /* LLM_VOCAB_SPM or LLM_VOCAB_BPE */
+    int pre;                    /* LLM_PRE_*: how a BPE vocabulary splits text into words */
+    int n_vocab;
+    const llm_str *text;        /* token texts, in the GGUF file */
+    float *score;               /* SPM: merge priority of each token */
+    uint8_t *type;              /* LLM_TOKEN_* of each token */
+    llm_tok_entry *ids;         /* stb_ds string map */
+    llm_merge_entry *merges;    /* stb_ds map, BPE only */
+    int *special;               /* stb_ds array: control and user-defined tokens, longest text first */
+    uint8_t special_start[256]; /* first bytes of the special tokens: most text positions need no search */
+    int *eog;                   /* stb_ds array: ids that end generation */
+    int byte_token[256];        /* SPM: the <0xNN> token; BPE: the token of the byte's stand-in; -1 if none */
+    uint16_t byte_char[256];    /* BPE: GPT-2's stand-in code point for each byte */
+    int16_t char_byte[324];     /* ... and back, for the code points below 324; -1 if not a stand-in */
+    int bos, eos, eot, eom, unk;
+    int add_bos, add_eos, add_space_prefix;
+    int ignore_merges;          /* llama-bpe: a word that is a token is taken whole */
+    size_t max_len;             /* the longest token text, in bytes: longer strings need no lookup */
+};
+
+/* ---- Unicode: character classes for the pre-tokenizers, and UTF-8 ------------------------------------------ */
+typedef struct { uint32_t lo, hi; char cls; } llm_uni_range;
+
+/* Generated by `python3 tools/gen_unicode.py` from UnicodeData.txt (Unicode 15.0.0): to change it, run that again. */
+static const llm_uni_range llm_uni_ranges[806] = {
+    {0x9,0xD,'S'}, {0x20,0x20,'S'}, {0x30,0x39,'N'}, {0x41,0x5A,'L'}, {0x61,0x7A,'L'}, {0x85,0x85,'S'},
+    {0xA0,0xA0,'S'}, {0xAA,0xAA,'L'}, {0xB2,0xB3,'N'}, {0xB5,0xB5,'L'}, {0xB9,0xB9,'N'}, {0xBA,0xBA,'L'},
+    {0xBC,0xBE,'N'}, {0xC0,0xD6,'L'}, {0xD8,0xF6,'L'}, {0xF8,0x2C1,'L'}, {0x2C6,0x2D1,'L'}, {0x2E0,0x2E4,'L'},
+    {0x2EC,0x2EC,'L'}, {0x2EE,0x2EE,'L'}, {0x370,0x374,'L'}, {0x376,0x377,'L'}, {0x37A,0x37D,'L'},
+    {0x37F,0x37F,'L'}, {0x386,0x386,'L'}, {0x388,0x38A,'L'}, {0x38C,0x38C,'L'}, {0x38E,0x3A1,'L'},
+    {0x3A3,0x3F5,'L'}, {0x3F7,0x481,'L'}, {0x48A,0x52F,'L'}, {0x531,0x556,'L'}, {0x559,0x559,'L'},
+    {0x560,0x588,'L'}, {0x5D0,0x5EA,'L'}, {0x5EF,0x5F2,'L'}, {0x620,0x64A,'L'}, {0x660,0x669,'N'},
+    {0x66E,0x66F,'L'}, {0x671,0x6D3,'L'}, {0x6D5,0x6D5,'L'}, {0x6E5,0x6E6,'L'}, {0x6EE,0x6EF,'L'},
+    {0x6F0,0x6F9,'N'}, {0x6FA,0x6FC,'L'}, {0x6FF,0x6FF,'L'}, {0x710,0x710,'L'}, {0x712,0x72F,'L'},
+    {0x74D,0x7A5,'L'}, {0x7B1,0x7B1,'L'}, {0x7C0,0x7C9,'N'}, {0x7CA,0x7EA,'L'}, {0x7F4,0x7F5,'L'},
+    {0x7FA,0x7FA,'L'}, {0x800,0x815,'L'}, {0x81A,0x81A,'L'}, {0x824,0x824,'L'}, {0x828,0x828,'L'},
+    {0x840,0x858,'L'}, {0x860,0x86A,'L'}, {0x870,0x887,'L'}, {0x889,0x88E,'L'}, {0x8A0,0x8C9,'L'},
+    {0x904,0x939,'L'}, {0x93D,0x93D,'L'}, {0x950,0x950,'L'}, {0x958,0x961,'L'}, {0x966,0x96F,'N'},
+    {0x971,0x980,'L'}, {0x985,0x98C,'L'}, {0x98F,0x990,'L'}, {0x993,0x9A8,'L'}, {0x9AA,0x9B0,'L'},
+    {0x9B2,0x9B2,'L'}, {0x9B6,0x9B9,'L'}, {0x9BD,0x9BD,'L'}, {0x9CE,0x9CE,'L'}, {0x9DC,0x9DD,'L'},
+    {0x9DF,0x9E1,'L'}, {0x9E6,0x9EF,'N'}, {0x9F0,0x9F1,'L'}, {0x9F4,0x9F9,'N'}, {0x9FC,0x9FC,'L'},
+    {0xA05,0xA0A,'L'}, {0xA0F,0xA10,'L'}, {0xA13,0xA28,'L'}, {0xA2A,0xA30,'L'}, {0xA32,0xA33,'L'},
+    {0xA35,0xA36,'L'}, {0xA38,0xA39,'L'}, {0xA59,0xA5C,'L'}, {0xA5E,0xA5E,'L'}, {0xA66,0xA6F,'N'},
+    {0xA72,0xA74,'L'}, {0xA85,0xA8D,'L'}, {0xA8F,0xA91,'L'}, {0xA93,0xAA8,'L'}, {0xAAA,0xAB0,'L'},
+    {0xAB2,0xAB3,'L'}, {0xAB5,0xAB9,'L'}, {0xABD,0xABD,'L'}, {0xAD0,0xAD0,'L'}, {0xAE0,0xAE1,'L'},
+    {0xAE6,0xAEF,'N'}, {0xAF9,0xAF9,'L'}, {0xB05,0xB0C,'L'}, {0xB0F,0xB10,'L'}, {0xB13,0xB28,'L'},
+    {0xB2A,0xB30,'L'}, {0xB32,0xB33,'L'}, {0xB35,0xB39,'L'}, {0xB3D,0xB3D,'L'}, {0xB5C,0xB5D,'L'},
+    {0xB5F,0xB61,'L'}, {0xB66,0xB6F,'N'}, {0xB71,0xB71,'L'}, {0xB72,0xB77,'N'}, {0xB83,0xB83,'L'},
+    {0xB85,0xB8A,'L'}, {0xB8E,0xB90,'L'}, {0xB92,0xB95,'L'}, {0xB99,0xB9A,'L'}, {0xB9C,0xB9C,'L'},
+    {0xB9E,0xB9F,'L'}, {0xBA3,0xBA4,'L'}, {0xBA8,0xBAA,'L'}, {0xBAE,0xBB9,'L'}, {0xBD0,0xBD0,'L'},
+    {0xBE6,0xBF2,'N'}, {0xC05,0xC0C,'L'}, {0xC0E,0xC10,'L'}, {0xC12,0xC28,'L'}, {0xC2A,0xC39,'L'},
+    {0xC3D,0xC3D,'L'}, {0xC58,0xC5A,'L'}, {0xC5D,0xC5D,'L'}, {0xC60,0xC61,'L'}, {0xC66,0xC6F,'N'},
+    {0xC78,0xC7E,'N'}, {0xC80,0xC80,'L'}, {0xC85,0xC8C,'L'}, {0xC8E,0xC90,'L'}, {0xC92,0xCA8,'L'},
+    {0xCAA,0xCB3,'L'}, {0xCB5,0xCB9,'L'}, {0xCBD,0xCBD,'L'}, {0xCDD,0xCDE,'L'}, {0xCE0,0xCE1,'L'},
+    {0xCE6,0xCEF,'N'}, {0xCF1,0xCF2,'L'}, {0xD04,0xD0C,'L'}, {0xD0E,0xD10,'L'}, {0xD12,0xD3A,'L'},
+    {0xD3D,0xD3D,'L'}, {0xD4E,0xD4E,'L'}, {0xD54,0xD56,'L'}, {0xD58,0xD5E,'N'}, {0xD5F,0xD61,'L'},
+    {0xD66,0xD78,'N'}, {0xD7A,0xD7F,'L'}, {0xD85,0xD96,'L'}, {0xD9A,0xDB1,'L'}, {0xDB3,0xDBB,'L'},
+    {0xDBD,0xDBD,'L'}, {0xDC0,0xDC6,'L'}, {0xDE6,0xDEF,'N'}, {0xE01,0xE30,'L'}, {0xE32,0xE33,'L'},
+    {0xE40,0xE46,'L'}, {0xE50,0xE59,'N'}, {0xE81,0xE82,'L'}, {0xE84,0xE84,'L'}, {0xE86,0xE8A,'L'},
+    {0xE8C,0xEA3,'L'}, {0xEA5,0xEA5,'L'}, {0xEA7,0xEB0,'L'}, {0xEB2,0xEB3,'L'}, {0xEBD,0xEBD,'L'},
+    {0xEC0,0xEC4,'L'}, {0xEC6,0xEC6,'L'}, {0xED0,0xED9,'N'}, {0xEDC,0xEDF,'L'}, {0xF00,0xF00,'L'},
+    {0xF20,0xF33,'N'}, {0xF40,0xF47,'L'}, {0xF49,0xF6C,'L'}, {0xF88,0xF8C,'L'}, {0x1000,0x102A,'L'},
+    {0x103F,0x103F,'L'}, {0x1040,0x1049,'N'}, {0x1050,0x1055,'L'}, {0x105A,0x105D,'L'}, {0x1061,0x1061,'L'},
+    {0x1065,0x1066,'L'}, {0x106E,0x1070,'L'}, {0x1075,0x1081,'L'}, {0x108E,0x108E,'L'}, {0x1090,0x1099,'N'},
+    {0x10A0,0x10C5,'L'}, {0x10C7,0x10C7,'L'}, {0x10CD,0x10CD,'L'}, {0x10D0,0x10FA,'L'}, {0x10FC,0x1248,'L'},
+    {0x124A,0x124D,'L'}, {0x1250,0x1256,'L'}, {0x1258,0x1258,'L'}, {0x125A,0x125D,'L'}, {0x1260,0x1288,'L'},
+    {0x128A,0x128D,'L'}, {0x1290,0x12B0,'L'}, {0x12B2,0x12B5,'L'}, {0x12B8,0x12BE,'L'}, {0x12C0,0x12C0,'L'},
+    {0x12C2,0x12C5,'L'}, {0x12C8,0x12D6,'L'}, {0x12D8,0x1310,'L'}, {0x1312,0x1315,'L'}, {0x1318,0x135A,'L'},
+    {0x1369,0x137C,'N'}, {0x1380,0x138F,'L'}, {0x13A0,0x13F5,'L'}, {0x13F8,0x13FD,'L'}, {0x1401,0x166C,'L'},
+    {0x166F,0x167F,'L'}, {0x1680,0x1680,'S'}, {0x1681,0x169A,'L'}, {0x16A0,0x16EA,'L'}, {0x16EE,0x16F0,'N'},
+    {0x16F1,0x16F8,'L'}, {0x1700,0x1711,'L'}, {0x171F,0x1731,'L'}, {0x1740,0x1751,'L'}, {0x1760,0x176C,'L'},
+    {0x176E,0x1770,'L'}, {0x1780,0x17B3,'L'}, {0x17D7,0x17D7,'L'}, {0x17DC,0x17DC,'L'}, {0x17E0,0x17E9,'N'},
+    {0x17F0,0x17F9,'N'}, {0x1810,0x1819,'N'}, {0x1820,0x1878,'L'}, {0x1880,0x1884,'L'}, {0x1887,0x18A8,'L'},
+    {0x18AA,0x18AA,'L'}, {0x18B0,0x18F5,'L'}, {0x1900,0x191E,'L'}, {0x1946,0x194F,'N'}, {0x1950,0x196D,'L'},
+    {0x1970,0x1974,'L'}, {0x1980,0x19AB,'L'}, {0x19B0,0x19C9,'L'}, {0x19D0,0x19DA,'N'}, {0x1A00,0x1A16,'L'},
+    {0x1A20,0x1A54,'L'}, {0x1A80,0x1A89,'N'}, {0x1A90,0x1A99,'N'}, {0x1AA7,0x1AA7,'L'}, {0x1B05,0x1B33,'L'},
+    {0x1B45,0x1B4C,'L'}, {0x1B50,0x1B59,'N'}, {0x1B83,0x1BA0,'L'}, {0x1BAE,0x1BAF,'L'}, {0x1BB0,0x1BB9,'N'},
+    {0x1BBA,0x1BE5,'L'}, {0x1C00,0x1C23,'L'}, {0x1C40,0x1C49,'N'}, {0x1C4D,0x1C4F,'L'}, {0x1C50,0x1C59,'N'},
+    {0x1C5A,0x1C7D,'L'}, {0x1C80,0x1C88,'L'}, {0x1C90,0x1CBA,'L'}, {0x1CBD,0x1CBF,'L'}, {0x1CE9,0x1CEC,'L'},
+    {0x1CEE,0x1CF3,'L'}, {0x1CF5,0x1CF6,'L'}, {0x1CFA,0x1CFA,'L'}, {0x1D00,0x1DBF,'L'}, {0x1E00,0x1F15,'L'},
+    {0x1F18,0x1F1D,'L'}, {0x1F20,0x1F45,'L'}, {0x1F48,0x1F4D,'L'}, {0x1F50,0x1F57,'L'}, {0x1F59,0x1F59,'L'},
+    {0x1F5B,0x1F5B,'L'}, {0x1F5D,0x1F5D,'L'}, {0x1F5F,0x1F7D,'L'}, {0x1F80,0x1FB4,'L'}, {0x1FB6,0x1FBC,'L'},
+    {0x1FBE,0x1FBE,'L'}, {0x1FC2,0x1FC4,'L'}, {0x1FC6,0x1FCC,'L'}, {0x1FD0,0x1FD3,'L'}, {0x1FD6,0x1FDB,'L'},
+    {0x1FE0,0x1FEC,'L'}, {0x1FF2,0x1FF4,'L'}, {0x1FF6,0x1FFC,'L'}, {0x2000,0x200A,'S'}, {0x2028,0x2029,'S'},
+    {0x202F,0x202F,'S'}, {0x205F,0x205F,'S'}, {0x2070,0x2070,'N'}, {0x2071,0x2071,'L'}, {0x2074,0x2079,'N'},
+    {0x207F,0x207F,'L'}, {0x2080,0x2089,'N'}, {0x2090,0x209C,'L'}, {0x2102,0x2102,'L'}, {0x2107,0x2107,'L'},
+    {0x210A,0x2113,'L'}, {0x2115,0x2115,'L'}, {0x2119,0x211D,'L'}, {0x2124,0x2124,'L'}, {0x2126,0x2126,'L'},
+    {0x2128,0x2128,'L'}, {0x212A,0x212D,'L'}, {0x212F,0x2139,'L'}, {0x213C,0x213F,'L'}, {0x2145,0x2149,'L'},
+    {0x214E,0x214E,'L'}, {0x2150,0x2182,'N'}, {0x2183,0x2184,'L'}, {0x2185,0x2189,'N'}, {0x2460,0x249B,'N'},
+    {0x24EA,0x24FF,'N'}, {0x2776,0x2793,'N'}, {0x2C00,0x2CE4,'L'}, {0x2CEB,0x2CEE,'L'}, {0x2CF2,0x2CF3,'L'},
+    {0x2CFD,0x2CFD,'N'}, {0x2D00,0x2D25,'L'}, {0x2D27,0x2D27,'L'}, {0x2D2D,0x2D2D,'L'}, {0x2D30,0x2D67,'L'},
+    {0x2D6F,0x2D6F,'L'}, {0x2D80,0x2D96,'L'}, {0x2DA0,0x2DA6,'L'}, {0x2DA8,0x2DAE,'L'}, {0x2DB0,0x2DB6,'L'},
+    {0x2DB8,0x2DBE,'L'}, {0x2DC0,0x2DC6,'L'}, {0x2DC8,0x2DCE,'L'}, {0x2DD0,0x2DD6,'L'}, {0x2DD8,0x2DDE,'L'},
+    {0x2E2F,0x2E2F,'L'}, {0x3000,0x3000,'S'}, {0x3005,0x3006,'L'}, {0x3007,0x3007,'N'}, {0x3021,0x3029,'N'},
+    {0x3031,0x3035,'L'}, {0x3038,0x303A,'N'}, {0x303B,0x303C,'L'}, {0x3041,0x3096,'L'}, {0x309D,0x309F,'L'},
+    {0x30A1,0x30FA,'L'}, {0x30FC,0x30FF,'L'}, {0x3105,0x312F,'L'}, {0x3131,0x318E,'L'}, {0x3192,0x3195,'N'},
+    {0x31A0,0x31BF,'L'}, {0x31F0,0x31FF,'L'}, {0x3220,0x3229,'N'}, {0x3248,0x324F,'N'}, {0x3251,0x325F,'N'},
+    {0x3280,0x3289,'N'}, {0x32B1,0x32BF,'N'}, {0x3400,0x4DBF,'L'}, {0x4E00,0xA48C,'L'}, {0xA4D0,0xA4FD,'L'},
+    {0xA500,0xA60C,'L'}, {0xA610,0xA61F,'L'}, {0xA620,0xA629,'N'}, {0xA62A,0xA62B,'L'}, {0xA640,0xA66E,'L'},
+    {0xA67F,0xA69D,'L'}, {0xA6A0,0xA6E5,'L'}, {0xA6E6,0xA6EF,'N'}, {0xA717,0xA71F,'L'}, {0xA722,0xA788,'L'},
+    {0xA78B,0xA7CA,'L'}, {0xA7D0,0xA7D1,'L'}, {0xA7D3,0xA7D3,'L'}, {0xA7D5,0xA7D9,'L'}, {0xA7F2,0xA801,'L'},
+    {0xA803,0xA805,'L'}, {0xA807,0xA80A,'L'}, {0xA80C,0xA822,'L'}, {0xA830,0xA835,'N'}, {0xA840,0xA873,'L'},
+    {0xA882,0xA8B3,'L'}, {0xA8D0,0xA8D9,'N'}, {0xA8F2,0xA8F7,'L'}, {0xA8FB,0xA8FB,'L'}, {0xA8FD,0xA8FE,'L'},
+    {0xA900,0xA909,'N'}, {0xA90A,0xA925,'L'}, {0xA930,0xA946,'L'}, {0xA960,0xA97C,'L'}, {0xA984,0xA9B2,'L'},
+    {0xA9CF,0xA9CF,'L'}, {0xA9D0,0xA9D9,'N'}, {0xA9E0,0xA9E4,'L'}, {0xA9E6,0xA9EF,'L'}, {0xA9F0,0xA9F9,'N'},
+    {0xA9FA,0xA9FE,'L'}, {0xAA00,0xAA28,'L'}, {0xAA40,0xAA42,'L'}, {0xAA44,0xAA4B,'L'}, {0xAA50,0xAA59,'N'},
+    {0xAA60,0xAA76,'L'}, {0xAA7A,0xAA7A,'L'}, {0xAA7E,0xAAAF,'L'}, {0xAAB1,0xAAB1,'L'}, {0xAAB5,0xAAB6,'L'},
+    {0xAAB9,0xAABD,'L'}, {0xAAC0,0xAAC0,'L'}, {0xAAC2,0xAAC2,'L'}, {0xAADB,0xAADD,'L'}, {0xAAE0,0xAAEA,'L'},
+    {0xAAF2,0xAAF4,'L'}, {0xAB01,0xAB06,'L'}, {0xAB09,0xAB0E,'L'}, {0xAB11,0xAB16,'L'}, {0xAB20,0xAB26,'L'},
+    {0xAB28,0xAB2E,'L'}, {0xAB30,0xAB5A,'L'}, {0xAB5C,0xAB69,'L'}, {0xAB70,0xABE2,'L'}, {0xABF0,0xABF9,'N'},
+    {0xAC00,0xD7A3,'L'}, {0xD7B0,0xD7C6,'L'}, {0xD7CB,0xD7FB,'L'}, {0xF900,0xFA6D,'L'}, {0xFA70,0xFAD9,'L'},
+    {0xFB00,0xFB06,'L'}, {0xFB13,0xFB17,'L'}, {0xFB1D,0xFB1D,'L'}, {0xFB1F,0xFB28,'L'}, {0xFB2A,0xFB36,'L'},
+    {0xFB38,0xFB3C,'L'}, {0xFB3E,0xFB3E,'L'}, {0xFB40,0xFB41,'L'}, {0xFB43,0xFB44,'L'}, {0xFB46,0xFBB1,'L'},
+    {0xFBD3,0xFD3D,'L'}, {0xFD50,0xFD8F,'L'}, {0xFD92,0xFDC7,'L'}, {0xFDF0,0xFDFB,'L'}, {0xFE70,0xFE74,'L'},
+    {0xFE76,0xFEFC,'L'}, {0xFF10,0xFF19,'N'}, {0xFF21,0xFF3A,'L'}, {0xFF41,0xFF5A,'L'}, {0xFF66,0xFFBE,'L'},
+    {0xFFC2,0xFFC7,'L'}, {0xFFCA,0xFFCF,'L'}, {0xFFD2,0xFFD7,'L'}, {0xFFDA,0xFFDC,'L'}, {0x10000,0x1000B,'L'},
+    {0x1000D,0x10026,'L'}, {0x10028,0x1003A,'L'}, {0x1003C,0x1003D,'L'}, {0x1003F,0x1004D,'L'},
+    {0x10050,0x1005D,'L'}, {0x10080,0x100FA,'L'}, {0x10107,0x10133,'N'}, {0x10140,0x10178,'N'},
+    {0x1018A,0x1018B,'N'}, {0x10280,0x1029C,'L'}, {0x102A0,0x102D0,'L'}, {0x102E1,0x102FB,'N'},
+    {0x10300,0x1031F,'L'}, {0x10320,0x10323,'N'}, {0x1032D,0x10340,'L'}, {0x10341,0x10341,'N'},
+    {0x10342,0x10349,'L'}, {0x1034A,0x1034A,'N'}, {0x10350,0x10375,'L'}, {0x10380,0x1039D,'L'},
+    {0x103A0,0x103C3,'L'}, {0x103C8,0x103CF,'L'}, {0x103D1,0x103D5,'N'}, {0x10400,0x1049D,'L'},
+    {0x104A0,0x104A9,'N'}, {0x104B0,0x104D3,'L'}, {0x104D8,0x104FB,'L'}, {0x10500,0x10527,'L'},
+    {0x10530,0x10563,'L'}, {0x10570,0x1057A,'L'}, {0x1057C,0x1058A,'L'}, {0x1058C,0x10592,'L'},
+    {0x10594,0x10595,'L'}, {0x10597,0x105A1,'L'}, {0x105A3,0x105B1,'L'}, {0x105B3,0x105B9,'L'},
+    {0x105BB,0x105BC,'L'}, {0x10600,0x10736,'L'}, {0x10740,0x10755,'L'}, {0x10760,0x10767,'L'},
+    {0x10780,0x10785,'L'}, {0x10787,0x107B0,'L'}, {0x107B2,0x107BA,'L'}, {0x10800,0x10805,'L'},
+    {0x10808,0x10808,'L'}, {0x1080A,0x10835,'L'}, {0x10837,0x10838,'L'}, {0x1083C,0x1083C,'L'},
+    {0x1083F,0x10855,'L'}, {0x10858,0x1085F,'N'}, {0x10860,0x10876,'L'}, {0x10879,0x1087F,'N'},
+    {0x10880,0x1089E,'L'}, {0x108A7,0x108AF,'N'}, {0x108E0,0x108F2,'L'}, {0x108F4,0x108F5,'L'},
+    {0x108FB,0x108FF,'N'}, {0x10900,0x10915,'L'}, {0x10916,0x1091B,'N'}, {0x10920,0x10939,'L'},
+    {0x10980,0x109B7,'L'}, {0x109BC,0x109BD,'N'}, {0x109BE,0x109BF,'L'}, {0x109C0,0x109CF,'N'},
+    {0x109D2,0x109FF,'N'}, {0x10A00,0x10A00,'L'}, {0x10A10,0x10A13,'L'}, {0x10A15,0x10A17,'L'},
+    {0x10A19,0x10A35,'L'}, {0x10A40,0x10A48,'N'}, {0x10A60,0x10A7C,'L'}, {0x10A7D,0x10A7E,'N'},
+    {0x10A80,0x10A9C,'L'}, {0x10A9D,0x10A9F,'N'}, {0x10AC0,0x10AC7,'L'}, {0x10AC9,0x10AE4,'L'},
+    {0x10AEB,0x10AEF,'N'}, {0x10B00,0x10B35,'L'}, {0x10B40,0x10B55,'L'}, {0x10B58,0x10B5F,'N'},
+    {0x10B60,0x10B72,'L'}, {0x10B78,0x10B7F,'N'}, {0x10B80,0x10B91,'L'}, {0x10BA9,0x10BAF,'N'},
+    {0x10C00,0x10C48,'L'}, {0x10C80,0x10CB2,'L'}, {0x10CC0,0x10CF2,'L'}, {0x10CFA,0x10CFF,'N'},
+    {0x10D00,0x10D23,'L'}, {0x10D30,0x10D39,'N'}, {0x10E60,0x10E7E,'N'}, {0x10E80,0x10EA9,'L'},
+    {0x10EB0,0x10EB1,'L'}, {0x10F00,0x10F1C,'L'}, {0x10F1D,0x10F26,'N'}, {0x10F27,0x10F27,'L'},
+    {0x10F30,0x10F45,'L'}, {0x10F51,0x10F54,'N'}, {0x10F70,0x10F81,'L'}, {0x10FB0,0x10FC4,'L'},
+    {0x10FC5,0x10FCB,'N'}, {0x10FE0,0x10FF6,'L'}, {0x11003,0x11037,'L'}, {0x11052,0x1106F,'N'},
+    {0x11071,0x11072,'L'}, {0x11075,0x11075,'L'}, {0x11083,0x110AF,'L'}, {0x110D0,0x110E8,'L'},
+    {0x110F0,0x110F9,'N'}, {0x11103,0x11126,'L'}, {0x11136,0x1113F,'N'}, {0x11144,0x11144,'L'},
+    {0x11147,0x11147,'L'}, {0x11150,0x11172,'L'}, {0x11176,0x11176,'L'}, {0x11183,0x111B2,'L'},
+    {0x111C1,0x111C4,'L'}, {0x111D0,0x111D9,'N'}, {0x111DA,0x111DA,'L'}, {0x111DC,0x111DC,'L'},
+    {0x111E1,0x111F4,'N'}, {0x11200,0x11211,'L'}, {0x11213,0x1122B,'L'}, {0x1123F,0x11240,'L'},
+    {0x11280,0x11286,'L'}, {0x11288,0x11288,'L'}, {0x1128A,0x1128D,'L'}, {0x1128F,0x1129D,'L'},
+    {0x1129F,0x112A8,'L'}, {0x112B0,0x112DE,'L'}, {0x112F0,0x112F9,'N'}, {0x11305,0x1130C,'L'},
+    {0x1130F,0x11310,'L'}, {0x11313,0x11328,'L'}, {0x1132A,0x11330,'L'}, {0x11332,0x11333,'L'},
+    {0x11335,0x11339,'L'}, {0x1133D,0x1133D,'L'}, {0x11350,0x11350,'L'}, {0x1135D,0x11361,'L'},
+    {0x11400,0x11434,'L'}, {0x11447,0x1144A,'L'}, {0x11450,0x11459,'N'}, {0x1145F,0x11461,'L'},
+    {0x11480,0x114AF,'L'}, {0x114C4,0x114C5,'L'}, {0x114C7,0x114C7,'L'}, {0x114D0,0x114D9,'N'},
+    {0x11580,0x115AE,'L'}, {0x115D8,0x115DB,'L'}, {0x11600,0x1162F,'L'}, {0x11644,0x11644,'L'},
+    {0x11650,0x11659,'N'}, {0x11680,0x116AA,'L'}, {0x116B8,0x116B8,'L'}, {0x116C0,0x116C9,'N'},
+    {0x11700,0x1171A,'L'}, {0x11730,0x1173B,'N'}, {0x11740,0x11746,'L'}, {0x11800,0x1182B,'L'},
+    {0x118A0,0x118DF,'L'}, {0x118E0,0x118F2,'N'}, {0x118FF,0x11906,'L'}, {0x11909,0x11909,'L'},
+    {0x1190C,0x11913,'L'}, {0x11915,0x11916,'L'}, {0x11918,0x1192F,'L'}, {0x1193F,0x1193F,'L'},
+    {0x11941,0x11941,'L'}, {0x11950,0x11959,'N'}, {0x119A0,0x119A7,'L'}, {0x119AA,0x119D0,'L'},
+    {0x119E1,0x119E1,'L'}, {0x119E3,0x119E3,'L'}, {0x11A00,0x11A00,'L'}, {0x11A0B,0x11A32,'L'},
+    {0x11A3A,0x11A3A,'L'}, {0x11A50,0x11A50,'L'}, {0x11A5C,0x11A89,'L'}, {0x11A9D,0x11A9D,'L'},
+    {0x11AB0,0x11AF8,'L'}, {0x11C00,0x11C08,'L'}, {0x11C0A,0x11C2E,'L'}, {0x11C40,0x11C40,'L'},
+    {0x11C50,0x11C6C,'N'}, {0x11C72,0x11C8F,'L'}, {0x11D00,0x11D06,'L'}, {0x11D08,0x11D09,'L'},
+    {0x11D0B,0x11D30,'L'}, {0x11D46,0x11D46,'L'}, {0x11D50,0x11D59,'N'}, {0x11D60,0x11D65,'L'},
+    {0x11D67,0x11D68,'L'}, {0x11D6A,0x11D89,'L'}, {0x11D98,0x11D98,'L'}, {0x11DA0,0x11DA9,'N'},
+    {0x11EE0,0x11EF2,'L'}, {0x11F02,0x11F02,'L'}, {0x11F04,0x11F10,'L'}, {0x11F12,0x11F33,'L'},
+    {0x11F50,0x11F59,'N'}, {0x11FB0,0x11FB0,'L'}, {0x11FC0,0x11FD4,'N'}, {0x12000,0x12399,'L'},
+    {0x12400,0x1246E,'N'}, {0x12480,0x12543,'L'}, {0x12F90,0x12FF0,'L'}, {0x13000,0x1342F,'L'},
+    {0x13441,0x13446,'L'}, {0x14400,0x14646,'L'}, {0x16800,0x16A38,'L'}, {0x16A40,0x16A5E,'L'},
+    {0x16A60,0x16A69,'N'}, {0x16A70,0x16ABE,'L'}, {0x16AC0,0x16AC9,'N'}, {0x16AD0,0x16AED,'L'},
+    {0x16B00,0x16B2F,'L'}, {0x16B40,0x16B43,'L'}, {0x16B50,0x16B59,'N'}, {0x16B5B,0x16B61,'N'},
+    {0x16B63,0x16B77,'L'}, {0x16B7D,0x16B8F,'L'}, {0x16E40,0x16E7F,'L'}, {0x16E80,0x16E96,'N'},
+    {0x16F00,0x16F4A,'L'}, {0x16F50,0x16F50,'L'}, {0x16F93,0x16F9F,'L'}, {0x16FE0,0x16FE1,'L'},
+    {0x16FE3,0x16FE3,'L'}, {0x17000,0x187F7,'L'}, {0x18800,0x18CD5,'L'}, {0x18D00,0x18D08,'L'},
+    {0x1AFF0,0x1AFF3,'L'}, {0x1AFF5,0x1AFFB,'L'}, {0x1AFFD,0x1AFFE,'L'}, {0x1B000,0x1B122,'L'},
+    {0x1B132,0x1B132,'L'}, {0x1B150,0x1B152,'L'}, {0x1B155,0x1B155,'L'}, {0x1B164,0x1B167,'L'},
+    {0x1B170,0x1B2FB,'L'}, {0x1BC00,0x1BC6A,'L'}, {0x1BC70,0x1BC7C,'L'}, {0x1BC80,0x1BC88,'L'},
+    {0x1BC90,0x1BC99,'L'}, {0x1D2C0,0x1D2D3,'N'}, {0x1D2E0,0x1D2F3,'N'}, {0x1D360,0x1D378,'N'},
+    {0x1D400,0x1D454,'L'}, {0x1D456,0x1D49C,'L'}, {0x1D49E,0x1D49F,'L'}, {0x1D4A2,0x1D4A2,'L'},
+    {0x1D4A5,0x1D4A6,'L'}, {0x1D4A9,0x1D4AC,'L'}, {0x1D4AE,0x1D4B9,'L'}, {0x1D4BB,0x1D4BB,'L'},
+    {0x1D4BD,0x1D4C3,'L'}, {0x1D4C5,0x1D505,'L'}, {0x1D507,0x1D50A,'L'}, {0x1D50D,0x1D514,'L'},
+    {0x1D516,0x1D51C,'L'}, {0x1D51E,0x1D539,'L'}, {0x1D53B,0x1D53E,'L'}, {0x1D540,0x1D544,'L'},
+    {0x1D546,0x1D546,'L'}, {0x1D54A,0x1D550,'L'}, {0x1D552,0x1D6A5,'L'}, {0x1D6A8,0x1D6C0,'L'},
+    {0x1D6C2,0x1D6DA,'L'}, {0x1D6DC,0x1D6FA,'L'}, {0x1D6FC,0x1D714,'L'}, {0x1D716,0x1D734,'L'},
+    {0x1D736,0x1D74E,'L'}, {0x1D750,0x1D76E,'L'}, {0x1D770,0x1D788,'L'}, {0x1D78A,0x1D7A8,'L'},
+    {0x1D7AA,0x1D7C2,'L'}, {0x1D7C4,0x1D7CB,'L'}, {0x1D7CE,0x1D7FF,'N'}, {0x1DF00,0x1DF1E,'L'},
+    {0x1DF25,0x1DF2A,'L'}, {0x1E030,0x1E06D,'L'}, {0x1E100,0x1E12C,'L'}, {0x1E137,0x1E13D,'L'},
+    {0x1E140,0x1E149,'N'}, {0x1E14E,0x1E14E,'L'}, {0x1E290,0x1E2AD,'L'}, {0x1E2C0,0x1E2EB,'L'},
+    {0x1E2F0,0x1E2F9,'N'}, {0x1E4D0,0x1E4EB,'L'}, {0x1E4F0,0x1E4F9,'N'}, {0x1E7E0,0x1E7E6,'L'},
+    {0x1E7E8,0x1E7EB,'L'}, {0x1E7ED,0x1E7EE,'L'}, {0x1E7F0,0x1E7FE,'L'}, {0x1E800,0x1E8C4,'L'},
+    {0x1E8C7,0x1E8CF,'N'}, {0x1E900,0x1E943,'L'}, {0x1E94B,0x1E94B,'L'}, {0x1E950,0x1E959,'N'},
+    {0x1EC71,0x1ECAB,'N'}, {0x1ECAD,0x1ECAF,'N'}, {0x1ECB1,0x1ECB4,'N'}, {0x1ED01,0x1ED2D,'N'},
+    {0x1ED2F,0x1ED3D,'N'}, {0x1EE00,0x1EE03,'L'}, {0x1EE05,0x1EE1F,'L'}, {0x1EE21,0x1EE22,'L'},
+    {0x1EE24,0x1EE24,'L'}, {0x1EE27,0x1EE27,'L'}, {0x1EE29,0x1EE32,'L'}, {0x1EE34,0x1EE37,'L'},
+    {0x1EE39,0x1EE39,'L'}, {0x1EE3B,0x1EE3B,'L'}, {0x1EE42,0x1EE42,'L'}, {0x1EE47,0x1EE47,'L'},
+    {0x1EE49,0x1EE49,'L'}, {0x1EE4B,0x1EE4B,'L'}, {0x1EE4D,0x1EE4F,'L'}, {0x1EE51,0x1EE52,'L'},
+    {0x1EE54,0x1EE54,'L'}, {0x1EE57,0x1EE57,'L'}, {0x1EE59,0x1EE59,'L'}, {0x1EE5B,0x1EE5B,'L'},
+    {0x1EE5D,0x1EE5D,'L'}, {0x1EE5F,0x1EE5F,'L'}, {0x1EE61,0x1EE62,'L'}, {0x1EE64,0x1EE64,'L'},
+    {0x1EE67,0x1EE6A,'L'}, {0x1EE6C,0x1EE72,'L'}, {0x1EE74,0x1EE77,'L'}, {0x1EE79,0x1EE7C,'L'},
+    {0x1EE7E,0x1EE7E,'L'}, {0x1EE80,0x1EE89,'L'}, {0x1EE8B,0x1EE9B,'L'}, {0x1EEA1,0x1EEA3,'L'},
+    {0x1EEA5,0x1EEA9,'L'}, {0x1EEAB,0x1EEBB,'L'}, {0x1F100,0x1F10C,'N'}, {0x1FBF0,0x1FBF9,'N'},
+    {0x20000,0x2A6DF,'L'}, {0x2A700,0x2B739,'L'}, {0x2B740,0x2B81D,'L'}, {0x2B820,0x2CEA1,'L'},
+    {0x2CEB0,0x2EBE0,'L'}, {0x2F800,0x2FA1D,'L'}, {0x30000,0x3134A,'L'}, {0x31350,0x323AF,'L'},
+};
+
+/* The pre-tokenizer class of a code point: 'L' letter (\p{L}), 'N' number (\p{N}), 'S' white space (\s), 0
+ * anything else. */
+static int llm_uni_class(uint32_t c) {
+    if (c < 0x80) { /* most text is ASCII: skip the search */
+        if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return 'L';
+        if (c >= '0' && c <= '9') return 'N';
+        return c == ' ' || (c >= 0x09 && c <= 0x0D) ? 'S' : 0;
+    }
+    int lo = 0, hi = (int)(sizeof llm_uni_ranges / sizeof llm_uni_ranges[0]) - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (c < llm_uni_ranges[mid].lo) hi = mid - 1;
+        else if (c > llm_uni_ranges[mid].hi) lo = mid + 1;
+        else return llm_uni_ranges[mid].cls;
+    }
+    return 0;
+}
+
+/* Looks at the UTF-8 at s (n > 0 bytes there). Returns the length of the character that starts there; 0 when the
+ * n bytes are a good start of a character that needs more bytes; -k when the first k bytes can never begin a
+ * character (Unicode's "maximal subpart": a stray continuation byte, a byte that is never in UTF-8, or a lead
+ * byte with the wrong follower). Overlong forms, surrogates and code points past U+10FFFF count as broken. */
+static int llm_utf8_check(const unsigned char *s, size_t n) {
+    unsigned c = s[0], lo = 0x80, hi = 0xBF; /* the range allowed for the next byte */
+    int len;
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) { len = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+    else if (c >= 0xF0 && c <= 0xF4) { len = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+    else return -1;
+    for (int i = 1; i < len; i++) {
+        if ((size_t)i >= n) return 0;
+        if (s[i] < lo || s[i] > hi) return -i;
+        lo = 0x80; hi = 0xBF;
+    }
+    return len;
+}
+
+static uint32_t llm_utf8_decode(const unsigned char *s, int len) { /* of a character llm_utf8_check passed */
+    uint32_t c = len == 1 ? s[0] : s[0] & (0x7Fu >> len);
+    for (int i = 1; i < len; i++) c = c << 6 | (s[i] & 0x3Fu);
+    return c;
+}
+
+static int llm_utf8_encode(uint32_t c, char *out) {
+    if (c < 0x80) { out[0] = (char)c; return 1; }
+    if (c < 0x800) { out[0] = (char)(0xC0 | c >> 6); out[1] = (char)(0x80 | (c & 0x3F)); return 2; }
+    int len = c < 0x10000 ? 3 : 4;
+    out[0] = (char)(len == 3 ? 0xE0 | c >> 12 : 0xF0 | c >> 18);
+    for (int i = 1; i < len; i++) out[i] = (char)(0x80 | (c >> 6 * (len - 1 - i) & 0x3F));
+    return len;
+}
+
+/* ---- Lookups ------------------------------------------------------------------------------------------------ */
+/* The id of the token whose text is s[0..n), or -1. */
+static int llm_tok_find(const llm_tokenizer *t, const char *s, size_t n) {
+    /* stb_ds keys are C strings: a string with a NUL byte, or longer than every token, can be no token */
+    if (n == 0 || n > t->max_len || memchr(s, 0, n)) return -1;
+    char small[256], *key = n < sizeof small ? small : (char *)malloc(n + 1);
+    if (!key) return -1;
+    memcpy(key, s, n); key[n] = 0;
+    /* the thread-safe lookup: it keeps its result out of the map's header (stb_ds has no shgeti_ts macro) */
+    llm_tok_entry *ids = t->ids;
+    ptrdiff_t i = -1;
+    if (ids) stbds_hmget_key_ts(ids, sizeof *ids, key, sizeof ids->key, &i, STBDS_HM_STRING);
+    if (key != small) free(key);
+    return i >= 0 ? ids[i].value : -1;
+}
+
+static int llm_merge_find(const llm_tokenizer *t, int left, int right, llm_merge *m) {
+    llm_merge_entry *map = t->merges;
+    uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
+    ptrdiff_t i;
+    if (!map) return 0;
+    hmgeti_ts(map, key, i);
+    if (i < 0) return 0;
+    *m = map[i].value;
+    return 1;
+}
+
+/* ---- The merge loop, for both kinds ----------------------------------------------------------------------- */
+typedef struct { int start, len, prev, next, id; } llm_sym;         /* a run of bytes of the text being merged */
+typedef struct { double score; int left, right, len, id; } llm_pair; /* two adjacent symbols that could merge */
+
+/* The order both llama.cpp queues pop in: higher score first (BPE scores are minus the rank), then leftmost. */
+static int llm_pair_first(const llm_pair *a, const llm_pair *b) {
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+static void llm_heap_push(llm_pair **heap, llm_pair p) {
+    arrput(*heap, p);
+    llm_pair *h = *heap;
+    for (ptrdiff_t i = arrlen(h) - 1; i > 0 && llm_pair_first(&h[i], &h[(i - 1) / 2]); i = (i - 1) / 2) {
+        llm_pair tmp = h[i]; h[i] = h[(i - 1) / 2]; h[(i - 1) / 2] = tmp;
+    }
+}
+
+static llm_pair llm_heap_pop(llm_pair **heap) {
+    llm_pair *h = *heap, top = h[0], last = arrpop(h);
+    ptrdiff_t n = arrlen(h), i = 0;
+    if (n == 0) return top;
+    h[0] = last;
+    for (;;) {
+        ptrdiff_t best = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && llm_pair_first(&h[l], &h[best])) best = l;
+        if (r < n && llm_pair_first(&h[r], &h[best])) best = r;
+        if (best == i) return top;
+        llm_pair tmp = h[i]; h[i] = h[best]; h[best] = tmp;
+        i = best;
+    }
+}
+
+/* Can symbols a and b (adjacent, a first) merge? If so fill *p. */
+static int llm_pair_make(const llm_tokenizer *t, const char *text, const llm_sym *sym, int a, int b, llm_pair *p) {
+    if (a < 0 || b < 0) return 0;
+    if (t->kind == LLM_VOCAB_SPM) {
+        /* SentencePiece: any pair whose concatenation is a token, best score first */
+        int id = llm_tok_find(t, text + sym[a].start, (size_t)(sym[a].len + sym[b].len));
+        if (id < 0) return 0;
+        p->score = t->score[id]; p->id = id;
+    } else {
+        /* byte-level BPE: only the pairs in the merges list, in its order */
+        llm_merge m;
+        if (sym[a].id < 0 || sym[b].id < 0 || !llm_merge_find(t, sym[a].id, sym[b].id, &m)) return 0;
+        p->score = -(double)m.rank; p->id = m.id;
+    }
+    p->left = a; p->right = b; p->len = sym[a].len + sym[b].len;
+    return 1;
+}
+
+/* Merges the n symbols (a linked list over text, in order) until no pair can merge. */
+static void llm_merge_symbols(const llm_tokenizer *t, const char *text, llm_sym *sym, int n) {
+    llm_pair *heap = NULL, p;
+    for (int i = 1; i < n; i++) if (llm_pair_make(t, text, sym, i - 1, i, &p)) llm_heap_push(&heap, p);
+    while (arrlen(heap) > 0) {
+        p = llm_heap_pop(&heap);
+        llm_sym *l = &sym[p.left], *r = &sym[p.right];
+        /* pairs stay in the heap when a neighbour merges first: skip one whose symbols are not as they were */
+        if (l->len == 0 || r->len == 0 || l->next != p.right || l->len + r->len != p.len) continue;
+        l->len += r->len; l->id = p.id; l->next = r->next; r->len = 0;
+        if (r->next >= 0) sym[r->next].prev = p.left;
+        int at = p.left;
+        if (llm_pair_make(t, text, sym, l->prev, at, &p)) llm_heap_push(&heap, p);
+        if (llm_pair_make(t, text, sym, at, l->next, &p)) llm_heap_push(&heap, p);
+    }
+    arrfree(heap);
+}
+
+/* ---- Output ------------------------------------------------------------------------------------------------ */
+typedef struct { int32_t *ids; int cap, n, failed; } llm_out; /* counts every id, stores the first cap */
+
+static void llm_out_put(llm_out *o, int id) {
+    if (id < 0) return;
+    if (o->n < o->cap) o->ids[o->n] = id;
+    o->n++;
+}
+
+/* ---- SentencePiece ----------------------------------------------------------------------------------------- */
+static void llm_tokenize_spm(const llm_tokenizer *t, const char *text, size_t len, int space_prefix, llm_out *o) {
+    static const char space[] = "\xE2\x96\x81"; /* U+2581, SentencePiece's visible space */
+    size_t n = space_prefix ? 3 : 0;
+    for (size_t i = 0; i < len; i++) n += text[i] == ' ' ? 3 : 1;
+    char *s = (char *)malloc(n ? n : 1);
+    llm_sym *sym = (llm_sym *)malloc((n ? n : 1) * sizeof *sym);
+    if (!s || !sym) { free(s); free(sym); o->failed = 1; return; }
+    n = 0;
+    if (space_prefix) { memcpy(s, space, 3); n = 3; }
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == ' ') { memcpy(s + n, space, 3); n += 3; }
+        else s[n++] = text[i];
+    }
+    /* start from single characters; a broken UTF-8 byte is a symbol of its own */
+    int ns = 0;
+    for (size_t i = 0; i < n; ns++) {
+        int k = llm_utf8_check((const unsigned char *)s + i, n - i), clen = k > 0 ? k : 1;
+        llm_sym x = {(int)i, clen, ns - 1, i + clen < n ? ns + 1 : -1, llm_tok_find(t, s + i, (size_t)clen)};
+        sym[ns] = x;
+        i += (size_t)clen;
+    }
+    llm_merge_symbols(t, s, sym, ns);
+    for (int i = ns ? 0 : -1; i >= 0; i = sym[i].next) {
+        if (sym[i].id >= 0) { llm_out_put(o, sym[i].id); continue; }
+        /* a character that is no token: its bytes as <0xNN> tokens */
+        for (int j = 0; j < sym[i].len; j++) {
+            int b = t->byte_token[(unsigned char)s[sym[i].start + j]];
+            llm_out_put(o, b >= 0 ? b : t->unk);
+        }
+    }
+    free(s); free(sym);
+}
+
+/* ---- Byte-level BPE: pre-tokenizers ------------------------------------------------------------------------- */
+/* Each returns the end of the word that starts at character i; n ends the text. They take the alternatives of
+ * the regex in its order, as a regex engine would: the first that matches at i wins. cls[] is llm_uni_class. */
+
+/* gpt2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+static int llm_pretok_gpt2(const uint32_t *cp, const char *cls, int i, int n) {
+    if (cp[i] == '\'' && i + 1 < n) {
+        uint32_t a = cp[i + 1], b = i + 2 < n ? cp[i + 2] : 0;
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+    }
+    /* a run of letters, of digits, or of anything else but space, perhaps after one space */
+    int j = i + (cp[i] == ' ' && i + 1 < n && cls[i + 1] != 'S');
+    if (cls[j] != 'S') {
+        char c = cls[j];
+        while (j < n && cls[j] == c) j++;
+        return j;
+    }
+    /* white space: to the end of the text; else up to the last one, which goes with the word after it (one
+     * alone stays alone) */
+    for (j = i; j < n && cls[j] == 'S'; j++) {}
+    return j == n || j - i == 1 ? j : j - 1;
+}
+
+static uint32_t llm_ascii_lower(uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
+
+/* llama-bpe (max_digits 3) and qwen2 (max_digits 1):
+ * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
+static int llm_pretok_llama3(const uint32_t *cp, const char *cls, int i, int n, int max_digits) {
+    if (cp[i] == '\'' && i + 1 < n) {
+        uint32_t a = llm_ascii_lower(cp[i + 1]), b = i + 2 < n ? llm_ascii_lower(cp[i + 2]) : 0;
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+    }
+    /* letters, perhaps after one character that is not a letter, digit or line break */
+    int j = i + (cls[i] != 'L' && cls[i] != 'N' && cp[i] != '\r' && cp[i] != '\n');
+    if (j < n && cls[j] == 'L') {
+        while (j < n && cls[j] == 'L') j++;
+        return j;
+    }
+    if (cls[i] == 'N') {
+        for (j = i; j < n && j - i < max_digits && cls[j] == 'N'; j++) {}
+        return j;
+    }
+    /* punctuation and symbols, perhaps after a space, with the line breaks right after them */
+    j = i + (cp[i] == ' ');
+    if (j < n && cls[j] == 0) {
+        while (j < n && cls[j] == 0) j++;
+        while (j < n && (cp[j] == '\r' || cp[j] == '\n')) j++;
+        return j;
+    }
+    /* white space (all that is left): up to its last line break if it has one, else as gpt2 takes it */
+    int last_break = -1;
+    for (j = i; j < n && cls[j] == 'S'; j++) if (cp[j] == '\r' || cp[j] == '\n') last_break = j;
+    if (last_break >= 0) return last_break + 1;
+    return j == n || j - i == 1 ? j : j - 1;
+}
+
+/* The end of the word that starts at character i, for pre-tokenizer pre. *run_end is smollm's memory of where
+ * the current run between digits ends (start it at 0). */
+static int llm_pretok_next(int pre, const uint32_t *cp, const char *cls, int i, int n, int *run_end) {
+    if (pre == LLM_PRE_LLAMA3) return llm_pretok_llama3(cp, cls, i, n, 3);
+    if (pre == LLM_PRE_QWEN2) return llm_pretok_llama3(cp, cls, i, n, 1);
+    if (pre == LLM_PRE_SMOLLM) { /* every digit is a word; the runs between digits split as gpt2 splits a text */
+        if (cls[i] == 'N') return i + 1;
+        if (*run_end <= i) for (*run_end = i; *run_end < n && cls[*run_end] != 'N'; ++*run_end) {}
+        return llm_pretok_gpt2(cp, cls, i, *run_end);
+    }
+    return llm_pretok_gpt2(cp, cls, i, n);
+}
+
+/* Decodes text[0..len) into code points, their classes and their byte offsets (off has room for one more, the
+ * end); returns the number of characters. A broken UTF-8 byte is a character of its own, of no class; it keeps
+ * its byte through BPE (llama.cpp would put U+FFFD in its place). */
+static int llm_decode_text(const char *text, size_t len, uint32_t *cp, char *cls, int *off) {
+    int nc = 0;
+    for (size_t i = 0; i < len; nc++) {
+        int k = llm_utf8_check((const unsigned char *)text + i, len - i);
+        off[nc] = (int)i;
+        cp[nc] = k > 0 ? llm_utf8_decode((const unsigned char *)text + i, k) : 0xFFFD;
+        cls[nc] = k > 0 ? (char)llm_uni_class(cp[nc]) : 0;
+        i += k > 0 ? (size_t)k : 1;
+    }
+    off[nc] = (int)len;
+    return nc;
+}
+
+/* ---- Byte-level BPE: words -------------------------------------------------------------------------------- */
+/* Tokenizes one word w[0..n) (raw bytes). sym has room for n symbols, buf for 2 * t->max_len bytes. */
+static void llm_bpe_word(const llm_tokenizer *t, const char *w, int n, llm_sym *sym, char *buf, llm_out *o) {
+    if (t->ignore_merges && (size_t)n <= t->max_len) {
+        /* a word that is itself a token is taken whole, even where the merges would split it differently */
+        size_t m = 0;
+        for (int i = 0; i < n; i++) m += (size_t)llm_utf8_encode(t->byte_char[(unsigned char)w[i]], buf + m);
+        int id = llm_tok_find(t, buf, m);
+        if (id >= 0) { llm_out_put(o, id); return; }
+    }
+    for (int i = 0; i < n; i++) {
+        llm_sym x = {i, 1, i - 1, i + 1 < n ? i + 1 : -1, t->byte_token[(unsigned char)w[i]]};
+        sym[i] = x;
+    }
+    llm_merge_symbols(t, w, sym, n);
+    /* a symbol is a token unless the vocabulary lacks one of the 256 bytes: then <unk> if it has one */
+    for (int i = n ? 0 : -1; i >= 0; i = sym[i].next) llm_out_put(o, sym[i].id >= 0 ? sym[i].id : t->unk);
+}
+
+static void llm_tokenize_bpe(const llm_tokenizer *t, const char *text, size_t len, llm_out *o) {
+    if (len == 0) return;
+    uint32_t *cp = (uint32_t *)malloc(len * sizeof *cp);
+    char *cls = (char *)malloc(len);
+    int *off = (int *)malloc((len + 1) * sizeof *off);
+    llm_sym *sym = (llm_sym *)malloc(len * sizeof *sym);
+    char *buf = (char *)malloc(2 * t->max_len + 1);
+    if (cp && cls && off && sym && buf) {
+        int nc = llm_decode_text(text, len, cp, cls, off), run_end = 0;
+        for (int i = 0, end; i < nc; i = end) {
+            end = llm_pretok_next(t->pre, cp, cls, i, nc, &run_end);
+            llm_bpe_word(t, text + off[i], off[end] - off[i], sym, buf, o);
+        }
+    } else o->failed = 1;
+    free(cp); free(cls); free(off); free(sym); free(buf);
+}
+
+/* ---- Public: tokenize -------------------------------------------------------------------------------------- */
+/* The longest special token at s, or -1. */
+static int llm_special_at(const llm_tokenizer *t, const char *s, size_t n, size_t *len) {
+    for (ptrdiff_t k = 0; k < arrlen(t->special); k++) {
+        llm_str x = t->text[t->special[k]];
+        if (x.len <= n && memcmp(x.ptr, s, x.len) == 0) { *len = x.len; return t->special[k]; }
+    }
+    return -1;
+}
+
+static void llm_tokenize_text(const llm_tokenizer *t, const char *s, size_t n, llm_out *o) {
+    /* every part of the text starts the text or follows a special token: either way llama.cpp gives it
+     * SentencePiece's space prefix */
+    if (t->kind == LLM_VOCAB_SPM) llm_tokenize_spm(t, s, n, t->add_space_prefix, o);
+    else llm_tokenize_bpe(t, s, n, o);
+}
+
+/* add_bos also appends EOS when the vocabulary asks for that (add_eos_token), as llama.cpp's add_special does. */
+int llm_tokenize(const llm_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special, int32_t *out, int cap) {
+    if (!t || (!text && len) || cap < 0 || (!out && cap > 0)) return -1;
+    if (len > (size_t)INT32_MAX / 4) return -1; /* offsets are ints: tokenize such a text in parts */
+    llm_out o = {out, cap, 0, 0};
+    if (add_bos) llm_out_put(&o, t->bos);
+    /* text between special tokens is tokenized on its own, as if each part were a whole text */
+    size_t start = 0;
+    for (size_t i = 0; parse_special && i < len && !o.failed;) {
+        size_t n = 0;
+        int id = t->special_start[(unsigned char)text[i]] ? llm_special_at(t, text + i, len - i, &n) : -1;
+        if (id < 0) { i++; continue; }
+        if (i > start) llm_tokenize_text(t, text + start, i - start, &o);
+        llm_out_put(&o, id);
+        start = i += n;
+    }
+    if (len > start && !o.failed) llm_tokenize_text(t, text + start, len - start, &o);
+    if (add_bos && t->add_eos) llm_out_put(&o, t->eos);
+    return o.failed ? -1 : o.n;
+}
+
+/* ---- Loading ------------------------------------------------------------------------------------------------ */
+static int llm_tok_id_key(const llm_gguf *g, const char *key, int fallback, int n_vocab) {
+    int64_t v = llm_gguf_int(g, key, fallback); /* absent ids are stored as -1 or as 2^32 - 1 */
+    return v >= 0 && v < n_vocab ? (int)v : -1;
+}
+
+typedef struct { size_t len; int id; } llm_special_sort;
+static int llm_special_cmp(const void *a, const void *b) { /* longest text first, then lowest id */
+    const llm_special_sort *x = (const llm_special_sort *)a, *y = (const llm_special_sort *)b;
+    if (x->len != y->len) return x->len > y->len ? -1 : 1;
+    return x->id - y->id;
+}
+
+static void llm_add_eog(llm_tokenizer *t, int id) {
+    if (id < 0) return;
+    for (ptrdiff_t i = 0; i < arrlen(t->eog); i++) if (t->eog[i] == id) return;
+    arrput(t->eog, id);
+}
+
+llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
+    llm_str model = llm_gguf_string(g, "tokenizer.ggml.model"), pre = llm_gguf_string(g, "tokenizer.ggml.pre");
+    const llm_gguf_kv *tokens = llm_gguf_find(g, "tokenizer.ggml.tokens");
+    const llm_gguf_kv *scores = llm_gguf_find(g, "tokenizer.ggml.scores");
+    const llm_gguf_kv *types = llm_gguf_find(g, "tokenizer.ggml.token_type");
+    const llm_gguf_kv *merges = llm_gguf_find(g, "tokenizer.ggml.merges");
+    int kind, pre_kind = LLM_PRE_GPT2;
+    char *key = NULL;
+
+    if (!model.ptr) { llm_fail(err, "the GGUF file has no tokenizer (no tokenizer.ggml.model)"); return NULL; }
+    if (llm_str_eq(model, "llama")) kind = LLM_VOCAB_SPM;
+    else if (llm_str_eq(model, "gpt2")) kind = LLM_VOCAB_BPE;
+    else {
+        llm_fail(err, "unsupported tokenizer.ggml.model '%.*s' (supported: llama, gpt2)", (int)model.len, model.ptr);
+        return NULL;
+    }
+    if (!tokens || tokens->type != LLM_GGUF_ARRAY || tokens->arr_type != LLM_GGUF_STRING || tokens->arr_len == 0 ||
+        tokens->arr_len > INT32_MAX) {
+        llm_fail(err, "tokenizer.ggml.tokens is missing or is not a list of strings"); return NULL;
+    }
+    uint64_t n = tokens->arr_len;
+    if (scores && (scores->type != LLM_GGUF_ARRAY || scores->arr_type == LLM_GGUF_STRING || scores->arr_len != n)) {
+        llm_fail(err, "tokenizer.ggml.scores is not a list of %llu numbers", (unsigned long long)n); return NULL;
+    }
+    if (types && (types->type != LLM_GGUF_ARRAY || types->arr_type == LLM_GGUF_STRING || types->arr_len != n)) {
+        llm_fail(err, "tokenizer.ggml.token_type is not a list of %llu numbers", (unsigned long long)n); return NULL;
+    }
+    if (kind == LLM_VOCAB_BPE) {
+        if (!merges || merges->type != LLM_GGUF_ARRAY || merges->arr_type != LLM_GGUF_STRING) {
+            llm_fail(err, "a gpt2 tokenizer needs tokenizer.ggml.merges (a list of strings)"); return NULL;
+        }
+        if (!pre.ptr || llm_str_eq(pre, "default") || llm_str_eq(pre, "gpt2") || llm_str_eq(pre, "gpt-2"))
+            pre_kind = LLM_PRE_GPT2;
+        else if (llm_str_eq(pre, "llama-bpe") || llm_str_eq(pre, "llama3") || llm_str_eq(pre, "llama-v3"))
+            pre_kind = LLM_PRE_LLAMA3;
+        else if (llm_str_eq(pre, "qwen2")) pre_kind = LLM_PRE_QWEN2;
+        else if (llm_str_eq(pre, "smollm")) pre_kind = LLM_PRE_SMOLLM;
+        else {
+            /* a wrong split gives wrong ids without a word of warning: refuse instead */
+            llm_fail(err, "unsupported tokenizer.ggml.pre '%.*s' (supported: default, gpt2, llama-bpe, qwen2, smollm)",
+                     (int)pre.len, pre.ptr);
+            return NULL;
+        }
+    }
+
+    llm_tokenizer *t = (llm_tokenizer *)calloc(1, sizeof *t);
+    if (!t) { llm_fail(err, "out of memory loading the tokenizer"); return NULL; }
+    t->kind = kind; t->pre = pre_kind; t->n_vocab = (int)n; t->text = tokens->strs;
+    t->score = (float *)calloc(n, sizeof *t->score);
+    t->type = (uint8_t *)malloc(n);
+    if (!t->score || !t->type) goto oom;
+    for (uint64_t i = 0; i < n; i++) {
+        int64_t ty = types ? llm_gguf_arr_int(types, i) : LLM_TOKEN_NORMAL;
+        t->type[i] = ty >= LLM_TOKEN_NORMAL && ty <= LLM_TOKEN_BYTE ? (uint8_t)ty : LLM_TOKEN_NORMAL;
+        if (scores) t->score[i] = (float)llm_gguf_arr_float(scores, i);
+        if (t->text[i].len > t->max_len) t->max_len = t->text[i].len;
+    }
+
+    /* token text -> id; where a text repeats, the last id wins, as in llama.cpp */
+    if (!(key = (char *)malloc(t->max_len + 1))) goto oom;
+    sh_new_arena(t->ids);
+    for (uint64_t i = 0; i < n; i++) {
+        llm_str s = t->text[i];
+        if (s.len == 0 || memchr(s.ptr, 0, s.len)) continue; /* no C-string key for these: never looked up */
+        memcpy(key, s.ptr, s.len); key[s.len] = 0;
+        shput(t->ids, key, (int)i);
+    }
+
+    /* GPT-2 gives every byte a printable stand-in so that no token has spaces or control bytes in it: the
+     * printable Latin-1 bytes stand for themselves, the other 68 take U+0100 onwards in byte order */
+    for (int c = 0; c < 324; c++) t->char_byte[c] = -1;
+    for (int b = 0, extra = 0; b < 256; b++) {
+        int printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+        t->byte_char[b] = (uint16_t)(printable ? b : 256 + extra++);
+        t->char_byte[t->byte_char[b]] = (int16_t)b;
+    }
+    for (int b = 0; b < 256; b++) {
+        char s[8];
+        if (kind == LLM_VOCAB_SPM) {
+            /* SentencePiece's byte fallback tokens; failing those, a token that is the byte itself */
+            snprintf(s, sizeof s, "<0x%02X>", b);
+            t->byte_token[b] = llm_tok_find(t, s, 6);
+            if (t->byte_token[b] < 0) { s[0] = (char)b; t->byte_token[b] = llm_tok_find(t, s, 1); }
+        } else {
+            t->byte_token[b] = llm_tok_find(t, s, (size_t)llm_utf8_encode(t->byte_char[b], s));
+        }
+    }
+    if (kind == LLM_VOCAB_SPM && !types) /* with no types given, the <0xNN> tokens still decode as bytes */
+        for (int b = 0; b < 256; b++)
+            if (t->byte_token[b] >= 0 && t->text[t->byte_token[b]].len == 6) t->type[t->byte_token[b]] = LLM_TOKEN_BYTE;
+
+    /* merges: "left right", rank = line number. We keep them by the ids of the two halves; a line whose halves
+     * or whole are no tokens could never apply to our symbols (which are always tokens) and is dropped. Going
+     * from the last line up lets a pair that is listed twice keep its first rank without a lookup first. */
+    if (kind == LLM_VOCAB_BPE) {
+        for (uint64_t i = merges->arr_len < INT32_MAX ? merges->arr_len : INT32_MAX; i-- > 0;) {
+            llm_str m = merges->strs[i];
+            const char *sp = m.len > 1 ? (const char *)memchr(m.ptr + 1, ' ', m.len - 1) : NULL;
+            if (!sp) continue;
+            size_t la = (size_t)(sp - m.ptr), lb = m.len - la - 1;
+            if (la + lb > t->max_len) continue;
+            int a = llm_tok_find(t, m.ptr, la), b = llm_tok_find(t, sp + 1, lb);
+            memcpy(key, m.ptr, la); memcpy(key + la, sp + 1, lb);
+            int ab = llm_tok_find(t, key, la + lb);
+            if (a < 0 || b < 0 || ab < 0) continue;
+            uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+            llm_merge v = {(int)i, ab};
+            hmput(t->merges, k, v);
+        }
+        /* llama-bpe takes a word that is a token whole (llama.cpp's ignore_merges) */
+        t->ignore_merges = pre_kind == LLM_PRE_LLAMA3;
+    }
+
+    /* special tokens, matched in the text when the caller asks: longest first, so that "<|im_end|>" is not
+     * taken for a shorter token that is a prefix of it */
+    llm_special_sort *sp = NULL;
+    for (uint64_t i = 0; i < n; i++) {
+        if ((t->type[i] == LLM_TOKEN_CONTROL || t->type[i] == LLM_TOKEN_USER) && t->text[i].len > 0) {
+            llm_special_sort x = {t->text[i].len, (int)i};
+            arrput(sp, x);
+        }
+    }
+    if (arrlen(sp) > 1) qsort(sp, (size_t)arrlen(sp), sizeof *sp, llm_special_cmp);
+    for (ptrdiff_t i = 0; i < arrlen(sp); i++) {
+        arrput(t->special, sp[i].id);
+        t->special_start[(unsigned char)t->text[sp[i].id].ptr[0]] = 1;
+    }
+    arrfree(sp);
+
+    /* the special ids; llama.cpp's defaults for SentencePiece where the file gives none */
+    int spm = kind == LLM_VOCAB_SPM;
+    t->bos = llm_tok_id_key(g, "tokenizer.ggml.bos_token_id", spm ? 1 : -1, t->n_vocab);
+    t->eos = llm_tok_id_key(g, "tokenizer.ggml.eos_token_id", spm ? 2 : -1, t->n_vocab);
+    t->unk = llm_tok_id_key(g, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1, t->n_vocab);
+    t->eot = llm_tok_id_key(g, "tokenizer.ggml.eot_token_id", -1, t->n_vocab);
+    t->eom = llm_tok_id_key(g, "tokenizer.ggml.eom_token_id", -1, t->n_vocab);
+    /* BOS by default for SentencePiece and, as llama.cpp does, for llama-bpe; the file's key overrides */
+    t->add_bos = llm_gguf_int(g, "tokenizer.ggml.add_bos_token", spm || pre_kind == LLM_PRE_LLAMA3) != 0;
+    t->add_eos = llm_gguf_int(g, "tokenizer.ggml.add_eos_token", 0) != 0;
+    t->add_space_prefix = llm_gguf_int(g, "tokenizer.ggml.add_space_prefix", spm) != 0;
+
+    /* end of generation: eos, eot, eom, and the control tokens chat models end their turns with */
+    static const char *const eog_texts[] = {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end_of_text|>",
+                                            "<|endoftext|>", "<end_of_turn>", "</s>", "<|end|>"};
+    llm_add_eog(t, t->eos); llm_add_eog(t, t->eot); llm_add_eog(t, t->eom);
+    for (ptrdiff_t i = 0; i < arrlen(t->special); i++) {
+        int id = t->special[i];
+        if (t->type[id] != LLM_TOKEN_CONTROL) continue;
+        for (size_t k = 0; k < sizeof eog_texts / sizeof eog_texts[0]; k++)
+            if (llm_str_eq(t->text[id], eog_texts[k])) llm_add_eog(t, id);
+    }
+    free(key);
+    return t;
+oom:
+    free(key);
+    llm_tokenizer_free(t);
+    llm_fail(err, "out of memory loading the tokenizer");
+    return NULL;
+}
+
+void llm_tokenizer_free(llm_tokenizer *t) {
+    if (!t) return;
+    free(t->score); free(t->type);
+    shfree(t->ids); hmfree(t->merges);
+    arrfree(t->special); arrfree(t->eog);
+    free(t);
+}
+
+int llm_vocab_size(const llm_tokenizer *t) { return t ? t->n_vocab : 0; }
+int llm_token_bos(const llm_tokenizer *t) { return t ? t->bos : -1; }
+int llm_token_eos(const llm_tokenizer *t) { return t ? t->eos : -1; }
+int llm_tokenizer_adds_bos(const llm_tokenizer *t) { return t ? t->add_bos : 0; }
+
+int llm_token_is_eog(const llm_tokenizer *t, int32_t id) {
+    if (!t || id < 0) return 0;
+    for (ptrdiff_t i = 0; i < arrlen(t->eog); i++) if (t->eog[i] == id) return 1;
+    return 0;
+}
+
+/* ---- Detokenizing ------------------------------------------------------------------------------------------ */
+static int llm_hex_digit(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+static void llm_put_byte(char *buf, size_t cap, size_t *n, int byte) { /* counts every byte, stores the first cap */
+    if (*n < cap) buf[*n] = (char)byte;
+    (*n)++;
+}
+
+/* The text of each kind of token, as llama.cpp gives it: control and unknown tokens only when asked for;
+ * user-defined tokens as written; byte tokens as their byte; unused tokens as nothing; normal tokens with
+ * U+2581 as space (SPM) or with each stand-in character back to its byte (BPE). */
+int llm_token_to_piece(const llm_tokenizer *t, int32_t id, int special, char *buf, int cap) {
+    if (!t || id < 0 || id >= t->n_vocab) return -1;
+    if (!buf || cap < 0) cap = 0;
+    const unsigned char *s = (const unsigned char *)t->text[id].ptr;
+    size_t len = t->text[id].len, n = 0, i = 0;
+    int type = t->type[id];
+    if (type == LLM_TOKEN_UNUSED || ((type == LLM_TOKEN_CONTROL || type == LLM_TOKEN_UNKNOWN) && !special)) return 0;
+    if (type == LLM_TOKEN_BYTE && len == 6 && llm_hex_digit(s[3]) >= 0 && llm_hex_digit(s[4]) >= 0) {
+        llm_put_byte(buf, (size_t)cap, &n, llm_hex_digit(s[3]) * 16 + llm_hex_digit(s[4]));
+    } else if (type != LLM_TOKEN_NORMAL && type != LLM_TOKEN_BYTE) {
+        for (; i < len; i++) llm_put_byte(buf, (size_t)cap, &n, s[i]);
+    } else if (t->kind == LLM_VOCAB_SPM) {
+        while (i < len) {
+            int space = i + 3 <= len && s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81;
+            llm_put_byte(buf, (size_t)cap, &n, space ? ' ' : s[i]);
+            i += space ? 3 : 1;
+        }
+    } else {
+        while (i < len) {
+            int k = llm_utf8_check(s + i, len - i);
+            uint32_t c = k > 0 ? llm_utf8_decode(s + i, k) : 0xFFFFFFFF;
+            size_t clen = k > 0 ? (size_t)k : 1;
+            if (k > 0 && c < 324 && t->char_byte[c] >= 0) llm_put_byte(buf, (size_t)cap, &n, t->char_byte[c]);
+            else for (size_t j = 0; j < clen; j++) llm_put_byte(buf, (size_t)cap, &n, s[i + j]); /* not a stand-in */
+            i += clen;
+        }
+    }
+    return n > INT32_MAX ? INT32_MAX : (int)n;
+}
+
+/* Copies in[0..n) to out (when out is not NULL) with each broken sequence replaced by U+FFFD and the incomplete
+ * character at the end, if any, left out; returns the bytes that make and sets *keep to the bytes left out. */
+static size_t llm_utf8_clean(const unsigned char *in, size_t n, char *out, size_t *keep) {
+    size_t i = 0, m = 0;
+    *keep = 0;
+    while (i < n) {
+        int k = llm_utf8_check(in + i, n - i);
+        if (k == 0) { *keep = n - i; break; }
+        if (k > 0) { if (out) memcpy(out + m, in + i, (size_t)k); m += (size_t)k; i += (size_t)k; }
+        else { if (out) memcpy(out + m, "\xEF\xBF\xBD", 3); m += 3; i += (size_t)-k; }
+    }
+    return m;
+}
+
+/* Writes all of its output or none of it: when the output would not fit in cap bytes, it writes nothing, keeps
+ * its state and returns the room needed (more than cap), so the caller can call again with that much. The
+ * output is at most 3 x (held bytes + piece bytes) <= 3 x piece length + 9 (every byte could turn into U+FFFD),
+ * so a buffer of 3 x the longest token + 9 always suffices. Ids outside the vocabulary add nothing. */
+int llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, int cap) {
+    if (!t || !d) return 0;
+    if (!out || cap < 0) cap = 0;
+    if (d->n_pending < 0 || d->n_pending > 3) d->n_pending = 0; /* never more than 3: not a state we made */
+    int n = llm_token_to_piece(t, id, 0, NULL, 0);
+    if (n <= 0) return 0;
+    size_t total = (size_t)d->n_pending + (size_t)n, keep;
+    unsigned char small[512], *buf = total <= sizeof small ? small : (unsigned char *)malloc(total);
+    if (!buf) return 0;
+    memcpy(buf, d->pending, (size_t)d->n_pending);
+    llm_token_to_piece(t, id, 0, (char *)buf + d->n_pending, n);
+    size_t m = llm_utf8_clean(buf, total, NULL, &keep);
+    if (m <= (size_t)cap) {
+        llm_utf8_clean(buf, total, out, &keep);
+        memcpy(d->pending, buf + total - keep, keep);
+        d->n_pending = (int)keep;
+    }
+    if (buf != small) free(buf);
+    return (int)m;
+}
+
+int llm_detok_flush(llm_detok *d, char *out, int cap) {
+    if (!d) return 0;
+    if (d->n_pending <= 0 || d->n_pending > 3) { d->n_pending = 0; return 0; }
+    /* what is held is the start of a character that never finished: one U+FFFD for all of it */
+    if (!out || cap < 3) return 3;
+    memcpy(out, "\xEF\xBF\xBD", 3);
+    d->n_pending = 0;
+    return 3;
+}
 
 /* =============================================================================================================
  * 4. Block manager: KV blocks handed out from a free list, named by hash for prefix caching
@@ -1266,6 +2143,7 @@ llm_backend *llm_cpu_backend_create(const llm_model *m, int num_blocks, int bloc
         free(be); free(kv); return NULL;
     }
     be->name = "cpu"; be->ctx = kv; be->num_blocks = num_blocks; be->block_size = block_size;
+    be->kv_bytes_per_block = llm_kv_bytes_per_block(&m->cfg, block_size);
     be->forward = llm_cpu_forward; be->copy_block = llm_cpu_copy_block; be->destroy = llm_cpu_destroy;
     return be;
 }
@@ -1315,6 +2193,7 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg_in, char *err) {
 
 const llm_model *llm_engine_model(const llm_engine *e) { return &e->model; }
 const char *llm_engine_backend_name(const llm_engine *e) { return e->backend->name; }
+size_t llm_engine_kv_bytes_per_block(const llm_engine *e) { return e->backend->kv_bytes_per_block; }
 
 static void llm_request_unref(llm_request *r) {
     if (--r->refs > 0) return;
@@ -1450,6 +2329,44 @@ llm_engine_stats llm_engine_get_stats(llm_engine *e) {
     return s;
 }
 
+int llm_engine_check_blocks(llm_engine *e, char *err) {
+    llm_block_manager *bm = &e->bm;
+    int *refs = (int *)calloc((size_t)bm->num_blocks, sizeof(int)), rc = 0;
+    if (!refs) return llm_fail(err, "out of memory");
+    llm_seq **lists[2] = {e->running, e->waiting};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < arrlen(lists[k]); i++)
+            for (int b = 0; b < arrlen(lists[k][i]->block_table); b++) {
+                int id = lists[k][i]->block_table[b];
+                if (id < 0 || id >= bm->num_blocks) { rc = llm_fail(err, "block table holds block %d, outside the pool", id); goto done; }
+                refs[id]++;
+            }
+    int n_free = 0;
+    for (int id = 0; id < bm->num_blocks; id++) {
+        if (bm->blocks[id].ref_count != refs[id]) {
+            rc = llm_fail(err, "block %d has ref_count %d but %d block tables hold it", id, bm->blocks[id].ref_count, refs[id]); goto done;
+        }
+        if ((refs[id] == 0) != (bm->blocks[id].in_free_list != 0)) {
+            rc = llm_fail(err, "block %d: ref_count %d but %s the free list", id, refs[id], bm->blocks[id].in_free_list ? "in" : "not in"); goto done;
+        }
+        n_free += refs[id] == 0;
+    }
+    int walked = 0;
+    for (int id = bm->free_head; id >= 0 && walked <= bm->num_blocks; id = bm->blocks[id].next_free) walked++;
+    if (n_free != bm->num_free_blocks || walked != n_free) {
+        rc = llm_fail(err, "%d blocks are unreferenced, num_free_blocks says %d, the free list links %d", n_free, bm->num_free_blocks, walked); goto done;
+    }
+    for (ptrdiff_t i = 0; i < hmlen(bm->cached); i++) {
+        int id = bm->cached[i].value;
+        if (id < 0 || id >= bm->num_blocks || !bm->blocks[id].hashed || bm->blocks[id].hash != bm->cached[i].key) {
+            rc = llm_fail(err, "the prefix cache names block %d for a hash it does not carry", id); goto done;
+        }
+    }
+done:
+    free(refs);
+    return rc;
+}
+
 /* ---- stop conditions and text ---- */
 static void llm_seq_finish(llm_engine *e, llm_seq *s, int reason) {
     s->finish_reason = reason; s->status = LLM_SEQ_FINISHED;
@@ -1478,7 +2395,7 @@ static void llm_seq_add_text(llm_seq *s, int32_t token, const llm_tokenizer *tok
         char *buf = (char *)malloc((size_t)cap);
         int n = token >= 0 ? llm_detok_push(tok, &s->detok, token, buf, cap) : 0;
         if (finishing) n += llm_detok_flush(&s->detok, buf + n, cap - n);
-        memcpy(arraddnptr(s->held_text, n), buf, (size_t)n);
+        if (n > 0) memcpy(arraddnptr(s->held_text, n), buf, (size_t)n);
         free(buf);
     }
     llm_request *r = s->req;
@@ -1491,9 +2408,9 @@ static void llm_seq_add_text(llm_seq *s, int32_t token, const llm_tokenizer *tok
             if (memcmp(s->held_text + at, stop, (size_t)sl) == 0) { len = at; s->finish_reason = LLM_FINISH_STOP; break; }
     }
     int emit = s->finish_reason || finishing ? len : len - llm_stop_holdback(r, s->held_text, len);
-    memcpy(arraddnptr(s->out_text, emit), s->held_text, (size_t)emit);
+    if (emit > 0) memcpy(arraddnptr(s->out_text, emit), s->held_text, (size_t)emit);
     if (s->finish_reason) arrsetlen(s->held_text, 0);
-    else { memmove(s->held_text, s->held_text + emit, (size_t)(arrlen(s->held_text) - emit)); arrsetlen(s->held_text, arrlen(s->held_text) - emit); }
+    else if (emit > 0) arrdeln(s->held_text, 0, emit);
 }
 
 /* One sampled token: logprobs, stop conditions, text. Returns 1 when the sequence finished. */
@@ -1528,7 +2445,9 @@ static int llm_seq_accept(llm_engine *e, llm_seq *s, float *logits) {
     const llm_tokenizer *tok = e->model.tok;
     if ((!p->ignore_eos && tok && llm_token_is_eog(tok, token))) reason = LLM_FINISH_STOP;
     for (int i = 0; i < p->n_stop_token_ids; i++) if (p->stop_token_ids[i] == token) reason = LLM_FINISH_STOP;
-    if (!reason && ((p->max_tokens > 0 && n_generated >= p->max_tokens) || arrlen(s->tokens) >= e->max_model_len))
+    /* out of room: the model's context, or (a tiny pool) the whole KV pool, which the next token could not fit */
+    if (!reason && ((p->max_tokens > 0 && n_generated >= p->max_tokens) || arrlen(s->tokens) >= e->max_model_len ||
+                    arrlen(s->tokens) > (ptrdiff_t)e->bm.num_blocks * e->cfg.block_size))
         reason = LLM_FINISH_LENGTH;
     /* the stop token's own text is not output */
     llm_seq_add_text(s, reason == LLM_FINISH_STOP ? -1 : token, tok, reason != LLM_FINISH_NONE);

@@ -192,7 +192,7 @@ static int bench(args_t *a) {
     int max_model_len = a->engine.max_model_len > 0 && a->engine.max_model_len < m->cfg.context_length ? a->engine.max_model_len : m->cfg.context_length;
     llm_engine_stats st0 = llm_engine_get_stats(e);
     int bs = a->engine.block_size > 0 ? a->engine.block_size : 16;
-    double kv_token_bytes = (double)llm_kv_bytes_per_block(&m->cfg, bs) / bs;
+    double kv_token_bytes = (double)llm_engine_kv_bytes_per_block(e) / bs;
     fprintf(stderr, "llm bench: %s on %s, loaded in %.2f s; KV pool %d blocks of %d tokens (%.1f MiB), %s batching\n",
             m->name, llm_engine_backend_name(e), now_s() - t_load, st0.num_blocks, bs,
             st0.num_blocks * bs * kv_token_bytes / (1 << 20), a->engine.static_batching ? "static" : "continuous");
