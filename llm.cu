@@ -45,59 +45,12 @@ __host__ __device__ static inline int round_up(int x, int m) { return (x + m - 1
 __host__ __device__ static inline int cdiv(int a, int b) { return (a + b - 1) / b; }
 
 /* ---------------------------------------------------------------------------------------------------------------
- * Host-side conversion of weights to bf16 (once, at load)
+ * Host-side conversion of weights to bf16 (once, at load; llm.h's llm_dequant_row reads the file's formats)
  * ------------------------------------------------------------------------------------------------------------- */
-static float host_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-    if (exp == 0) {
-        if (mant == 0) bits = sign;
-        else { exp = 127 - 15 + 1; while (!(mant & 0x400)) { mant <<= 1; exp--; } bits = sign | (exp << 23) | ((mant & 0x3ff) << 13); }
-    } else if (exp == 31) bits = sign | 0x7f800000 | (mant << 13);
-    else bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-    float f; memcpy(&f, &bits, 4); return f;
-}
 static uint16_t host_f32_to_bf16(float f) { /* round to nearest even; NaN stays NaN */
     uint32_t x; memcpy(&x, &f, 4);
     if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40);
     return (uint16_t)((x + 0x7fff + ((x >> 16) & 1)) >> 16);
-}
-static size_t host_row_bytes(uint32_t type, int64_t n) {
-    switch (type) {
-    case LLM_F32: return (size_t)n * 4;
-    case LLM_F16: case LLM_BF16: return (size_t)n * 2;
-    case LLM_Q8_0: return (size_t)(n / 32) * 34;
-    case LLM_Q4_0: return (size_t)(n / 32) * 18;
-    case LLM_Q4_1: return (size_t)(n / 32) * 20;
-    default: return 0;
-    }
-}
-/* one row of n values of a file type to f32 (the same formats llm.h's llm_dequant_row reads) */
-static void host_dequant_row(uint32_t type, const uint8_t *p, float *out, int64_t n) {
-    switch (type) {
-    case LLM_F32: memcpy(out, p, (size_t)n * 4); break;
-    case LLM_F16: for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, p + 2 * i, 2); out[i] = host_f16_to_f32(h); } break;
-    case LLM_BF16: for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, p + 2 * i, 2); uint32_t b = (uint32_t)h << 16; memcpy(&out[i], &b, 4); } break;
-    case LLM_Q8_0:
-        for (int64_t b = 0; b < n / 32; b++, p += 34) {
-            uint16_t h; memcpy(&h, p, 2); float d = host_f16_to_f32(h);
-            for (int j = 0; j < 32; j++) out[b * 32 + j] = (float)(int8_t)p[2 + j] * d;
-        }
-        break;
-    case LLM_Q4_0: case LLM_Q4_1: {
-        int has_min = type == LLM_Q4_1, bytes = has_min ? 20 : 18;
-        for (int64_t b = 0; b < n / 32; b++, p += bytes) {
-            uint16_t h; memcpy(&h, p, 2); float d = host_f16_to_f32(h), mn = 0;
-            if (has_min) { memcpy(&h, p + 2, 2); mn = host_f16_to_f32(h); }
-            const uint8_t *q = p + (has_min ? 4 : 2);
-            for (int j = 0; j < 16; j++) {
-                int lo = q[j] & 15, hi = q[j] >> 4;
-                out[b * 32 + j] = has_min ? lo * d + mn : (lo - 8) * d;
-                out[b * 32 + j + 16] = has_min ? hi * d + mn : (hi - 8) * d;
-            }
-        }
-        break;
-    }
-    }
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -587,7 +540,7 @@ static int upload_stacked(cuda_ctx *c, dmat *out, const llm_weight *const *ws, i
     for (int i = 0; i < n; i++) {
         uint32_t t = ws[i]->type;
         if (ws[i]->cols != cols) return fail(err, "stacked weights differ in width");
-        if (!host_row_bytes(t, cols)) { snprintf(err, LLM_ERR_LEN, "the CUDA backend cannot use weights of type %s", llm_dtype_name(t)); return -1; }
+        if (!llm_row_bytes(t, cols) || t == LLM_Q4_K || t == LLM_Q6_K) { snprintf(err, LLM_ERR_LEN, "the CUDA backend cannot use weights of type %s", llm_dtype_name(t)); return -1; }
         rows += (int)ws[i]->rows;
     }
     out->rows = rows; out->cols = cols; out->ld = ld;
@@ -599,7 +552,7 @@ static int upload_stacked(cuda_ctx *c, dmat *out, const llm_weight *const *ws, i
     int row0 = 0, rc = 0;
     for (int i = 0; i < n && !rc; i++) {
         const llm_weight *w = ws[i];
-        size_t rb = host_row_bytes(w->type, cols);
+        size_t rb = llm_row_bytes(w->type, cols);
         for (int r0 = 0; r0 < w->rows && !rc; r0 += slab) {
             int nr = (int)(w->rows - r0 < slab ? w->rows - r0 : slab);
             #pragma omp parallel
@@ -607,7 +560,7 @@ static int upload_stacked(cuda_ctx *c, dmat *out, const llm_weight *const *ws, i
                 float *tmp = (float *)malloc((size_t)cols * sizeof(float));
                 #pragma omp for schedule(static)
                 for (int r = 0; r < nr; r++) {
-                    if (tmp) host_dequant_row(w->type, (const uint8_t *)w->data + (size_t)(r0 + r) * rb, tmp, cols);
+                    if (tmp) llm_dequant_row(w->type, (const uint8_t *)w->data + (size_t)(r0 + r) * rb, tmp, cols);
                     for (int k = 0; k < ld; k++) hbuf[(size_t)r * ld + k] = k < cols && tmp ? host_f32_to_bf16(tmp[k]) : 0;
                 }
                 free(tmp);
@@ -1004,7 +957,7 @@ static int upload_model(cuda_ctx *c, const llm_model *m, char *err) {
     return 0;
 }
 
-extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, int num_blocks, size_t kv_bytes, int block_size, char *err) {
+extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, int num_blocks, size_t kv_bytes, double kv_fraction, int block_size, char *err) {
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
     llm_backend *be = (llm_backend *)calloc(1, sizeof *be);
     if (!c || !be) { free(c); free(be); fail(err, "out of host memory"); return NULL; }
@@ -1016,14 +969,14 @@ extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, int num_bloc
         if (num_blocks <= 0) {
             size_t budget = kv_bytes;
             if (!budget) {
-                /* like vLLM's gpu_memory_utilization: 90% of what the weights left free, minus room for the
-                 * activations of a large batch (2048 tokens) and the logits of 256 rows */
+                /* like vLLM's gpu_memory_utilization: kv_fraction (default 90%) of what the weights left free,
+                 * minus room for the activations of a large batch (2048 tokens) and the logits of 256 rows */
                 size_t free_b = 0, total_b = 0;
                 cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
                 if (e != cudaSuccess) { cuda_fail(err, e, "cudaMemGetInfo", __LINE__); goto bad; }
                 size_t act = (size_t)2048 * ((size_t)cf->dim * 4 * 2 + (size_t)(cf->n_heads + 2 * cf->n_kv_heads) * cf->head_dim * 4 * 2 +
                                              (size_t)cf->ffn_dim * 4 * 3) + (size_t)256 * cf->vocab_size * 4 + ((size_t)256 << 20);
-                budget = (size_t)(free_b * 0.9);
+                budget = (size_t)(free_b * (kv_fraction > 0 && kv_fraction <= 1 ? kv_fraction : 0.9));
                 budget = budget > act ? budget - act : 0;
             }
             size_t nb = budget / per_block;

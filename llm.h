@@ -123,6 +123,10 @@ typedef struct {
 } llm_config;
 
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; } llm_weight; /* rows of cols values */
+/* One row of n values as stored (f32, f16, bf16, q8_0, q4_0, q4_1) to f32, and the bytes such a row takes
+ * (0 for a type this engine does not know). The CPU forward pass and the CUDA upload both convert through these. */
+void   llm_dequant_row(uint32_t type, const void *row, float *out, int64_t n);
+size_t llm_row_bytes(uint32_t type, int64_t n);
 
 typedef struct {
     llm_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm;   /* b*, *_norm: data NULL when absent */
@@ -255,8 +259,9 @@ typedef struct llm_backend {
 
 llm_backend *llm_cpu_backend_create(const llm_model *m, int num_blocks, int block_size, char *err);
 #ifdef LLM_CUDA
-/* llm.cu: NULL with a message when no GPU is usable; kv_bytes 0: a fraction of free device memory */
-llm_backend *llm_cuda_backend_create(const llm_model *m, int num_blocks, size_t kv_bytes, int block_size, char *err);
+/* llm.cu: NULL with a message when no GPU is usable. The KV pool: num_blocks, else kv_bytes, else kv_fraction
+ * (default 0.9) of the device memory left free after the weights and room for activations. */
+llm_backend *llm_cuda_backend_create(const llm_model *m, int num_blocks, size_t kv_bytes, double kv_fraction, int block_size, char *err);
 #endif
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -273,7 +278,10 @@ typedef struct {
     uint64_t dummy_seed;
     int block_size;                 /* 16 */
     int num_blocks;                 /* KV pool size in blocks; 0: from kv_bytes */
-    size_t kv_bytes;                /* KV pool size in bytes; 0: the backend's default (CPU: 4 GiB at most) */
+    size_t kv_bytes;                /* KV pool size in bytes; 0: from kv_fraction */
+    double kv_fraction;             /* KV pool as a fraction of the memory free after the weights (GPU: device memory,
+                                     * default 0.9, like vLLM's gpu_memory_utilization; CPU: available RAM). 0 on the
+                                     * CPU: room for max_num_seqs full contexts, 4 GiB at most */
     int max_num_seqs;               /* 256 */
     int max_num_batched_tokens;     /* per-step token budget: 2048 */
     int max_model_len;              /* 0: the model's context length */
@@ -1784,7 +1792,7 @@ int llm_kv_cache_init(llm_kv_cache *kv, const llm_config *cfg, int num_blocks, i
 void llm_kv_cache_free(llm_kv_cache *kv) { free(kv->k); free(kv->v); memset(kv, 0, sizeof *kv); }
 
 /* One row of a weight matrix as f32. Block formats: see the GGUF notes (value = q * d, or q * d + m). */
-static void llm_dequant_row(uint32_t type, const void *row, float *out, int64_t n) {
+void llm_dequant_row(uint32_t type, const void *row, float *out, int64_t n) {
     const uint8_t *p = (const uint8_t *)row;
     switch (type) {
     case LLM_F32: memcpy(out, row, (size_t)n * sizeof(float)); break;
@@ -1813,7 +1821,7 @@ static void llm_dequant_row(uint32_t type, const void *row, float *out, int64_t 
     }
 }
 
-static size_t llm_row_bytes(uint32_t type, int64_t n) { uint64_t bb = 4, bv = 1; llm_dtype_info(type, &bb, &bv); return (size_t)(n / bv * bb); }
+size_t llm_row_bytes(uint32_t type, int64_t n) { uint64_t bb, bv; return llm_dtype_info(type, &bb, &bv) ? (size_t)(n / bv * bb) : 0; }
 
 static float llm_dot(const float *a, const float *b, int64_t n) {
     float acc[8] = {0}; /* eight running sums: the compiler keeps them in one vector register */
@@ -2157,6 +2165,10 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg_in, char *err) {
     if (cfg->block_size <= 0) cfg->block_size = 16;
     if (cfg->max_num_seqs <= 0) cfg->max_num_seqs = 256;
     if (cfg->max_num_batched_tokens <= 0) cfg->max_num_batched_tokens = 2048;
+    if (cfg->kv_fraction < 0 || cfg->kv_fraction > 1 || cfg->block_size > 1024) {
+        llm_fail(err, cfg->block_size > 1024 ? "block_size %d is too large (at most 1024)" : "kv_fraction must be in (0, 1]", cfg->block_size);
+        free(e); return NULL;
+    }
     pthread_mutex_init(&e->lock, NULL);
     e->next_id = 1;
     int rc = cfg->dummy ? llm_model_dummy(&e->model, cfg->dummy, cfg->dummy_seed, err)
@@ -2169,17 +2181,23 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg_in, char *err) {
 #ifdef LLM_CUDA
     if (!cfg->cpu) {
         char cuda_err[LLM_ERR_LEN];
-        e->backend = llm_cuda_backend_create(&e->model, cfg->num_blocks, cfg->kv_bytes, cfg->block_size, cuda_err);
+        e->backend = llm_cuda_backend_create(&e->model, cfg->num_blocks, cfg->kv_bytes, cfg->kv_fraction, cfg->block_size, cuda_err);
         if (!e->backend) fprintf(stderr, "llm: %s; running on the CPU\n", cuda_err);
     }
 #endif
     if (!e->backend) {
         int num_blocks = cfg->num_blocks;
         if (num_blocks <= 0) {
-            /* enough for max_num_seqs full contexts, at most kv_bytes (default 4 GiB, as vLLM's CPU backend) */
-            size_t budget = cfg->kv_bytes ? cfg->kv_bytes : ((size_t)4 << 30);
+            /* kv_bytes, or kv_fraction of the RAM not in use; by default enough for max_num_seqs full contexts,
+             * 4 GiB at most (as vLLM's CPU backend) */
             size_t want = (size_t)cfg->max_num_seqs * ((e->max_model_len + cfg->block_size - 1) / cfg->block_size);
-            num_blocks = (int)(budget / per_block < want ? budget / per_block : want);
+            size_t budget = cfg->kv_bytes;
+            if (!budget && cfg->kv_fraction > 0)
+                budget = (size_t)(cfg->kv_fraction * (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE));
+            else if (!budget) budget = want * per_block < ((size_t)4 << 30) ? want * per_block : ((size_t)4 << 30);
+            num_blocks = budget / per_block > (1u << 30) ? (1 << 30) : (int)(budget / per_block);
+            if (num_blocks <= 0) { llm_model_free(&e->model); pthread_mutex_destroy(&e->lock); free(e);
+                                   llm_fail(err, "the KV pool of %zu bytes holds no block of %zu bytes", budget, per_block); return NULL; }
         }
         e->backend = llm_cpu_backend_create(&e->model, num_blocks, cfg->block_size, err);
         if (!e->backend) { llm_model_free(&e->model); pthread_mutex_destroy(&e->lock); free(e); return NULL; }

@@ -34,7 +34,9 @@ static const char *usage =
     "engine options (all modes):\n"
     "  --block-size N         KV cache block size in tokens (default 16)\n"
     "  --num-blocks N         KV pool size in blocks (default: from --kv-gib)\n"
-    "  --kv-gib G             KV pool size in GiB (default: CPU 4 at most; GPU 90%% of free memory)\n"
+    "  --kv-gib G             KV pool size in GiB\n"
+    "  --kv-fraction F        KV pool as a fraction of the memory free after loading the weights (GPU default 0.9;\n"
+    "                         CPU default: room for --max-num-seqs full contexts, 4 GiB at most)\n"
     "  --max-num-seqs N       sequences per step (default 256)\n"
     "  --max-num-batched-tokens N   token budget per step (default 2048)\n"
     "  --max-model-len N      context length (default: the model's)\n"
@@ -102,6 +104,7 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         else if (FLAG("--block-size")) { NEED(); a->engine.block_size = atoi(v); }
         else if (FLAG("--num-blocks")) { NEED(); a->engine.num_blocks = atoi(v); }
         else if (FLAG("--kv-gib")) { NEED(); a->engine.kv_bytes = (size_t)(atof(v) * (1 << 30)); }
+        else if (FLAG("--kv-fraction")) { NEED(); a->engine.kv_fraction = atof(v); }
         else if (FLAG("--max-num-seqs")) { NEED(); a->engine.max_num_seqs = atoi(v); }
         else if (FLAG("--max-num-batched-tokens")) { NEED(); a->engine.max_num_batched_tokens = atoi(v); }
         else if (FLAG("--max-model-len")) { NEED(); a->engine.max_model_len = atoi(v); }
@@ -158,7 +161,7 @@ static int repl(llm_engine *e, args_t *a) {
         if (!fgets(line, sizeof line, stdin)) break;
         line[strcspn(line, "\n")] = 0;
         if (!line[0]) break;
-        generate(e, a, line, 1);
+        generate(e, a, line, 0);  /* the line is on the screen already: print only its continuation */
         printf("\n");
     }
     return 0;

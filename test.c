@@ -674,6 +674,7 @@ static void test_detokenizer_references(void) {
 typedef struct {
     uint64_t id[RUN_MAX];
     int32_t tokens[RUN_MAX][4][600];    /* per request, per sample */
+    float logprobs[RUN_MAX][4][600];    /* when the request asked for them */
     int n_tokens[RUN_MAX][4];
     char text[RUN_MAX][4][4096];
     int text_len[RUN_MAX][4];
@@ -714,7 +715,10 @@ static void run_engine(llm_engine *e, run_result *r) {
         for (int i = 0; i < n; i++) {
             int slot = run_slot(r, out[i].request_id), k = out[i].index;
             if (slot < 0 || k < 0 || k >= 4) { CHECK(0, "output for an unknown request %llu/%d", (unsigned long long)out[i].request_id, k); continue; }
-            for (int t = 0; t < out[i].n_tokens && r->n_tokens[slot][k] < 600; t++) r->tokens[slot][k][r->n_tokens[slot][k]++] = out[i].token_ids[t];
+            for (int t = 0; t < out[i].n_tokens && r->n_tokens[slot][k] < 600; t++) {
+                if (out[i].logprobs) r->logprobs[slot][k][r->n_tokens[slot][k]] = out[i].logprobs[t];
+                r->tokens[slot][k][r->n_tokens[slot][k]++] = out[i].token_ids[t];
+            }
             if (out[i].text_len > 0 && r->text_len[slot][k] + out[i].text_len < 4096) memcpy(r->text[slot][k] + r->text_len[slot][k], out[i].text, (size_t)out[i].text_len);
             r->text_len[slot][k] += out[i].text_len;
             if (r->stop_probe && out[i].text_len && memmem(out[i].text, (size_t)out[i].text_len, r->stop_probe, strlen(r->stop_probe))) r->text_chunks_with_stop++;
@@ -1262,7 +1266,7 @@ static void test_parallel_sampling(void) {
     run_result *r = (run_result *)calloc(2, sizeof *r);
     for (int round = 0; round < 2; round++) {
         llm_sampling_params p = llm_sampling_defaults();
-        p.n = 3; p.seed = 1234; p.max_tokens = 12; p.ignore_eos = 1;
+        p.n = 3; p.seed = 1234; p.max_tokens = 12; p.ignore_eos = 1; p.logprobs = 0;
         run_add(e, &r[round], NULL, ids, P, &p);
         if (round == 0) {   /* watch the blocks during the first two steps */
             const llm_output *out;
@@ -1272,13 +1276,20 @@ static void test_parallel_sampling(void) {
             CHECK(n == 3 && st.running == 3 && st.num_blocks - st.num_free_blocks == 3,
                   "n=3 after the prompt: %d outputs, %d running, %d blocks used (expected 3: the prompt's, shared)", n,
                   st.running, st.num_blocks - st.num_free_blocks);
-            for (int i = 0; i < n; i++) { r[0].tokens[0][out[i].index][0] = out[i].token_ids[0]; r[0].n_tokens[0][out[i].index] = 1; }
+            for (int i = 0; i < n; i++) {
+                r[0].tokens[0][out[i].index][0] = out[i].token_ids[0]; r[0].logprobs[0][out[i].index][0] = out[i].logprobs[0];
+                r[0].n_tokens[0][out[i].index] = 1;
+            }
             n = llm_engine_step(e, &out, err);
             st = llm_engine_get_stats(e);
             /* position 40 lands in the shared third block: two samples copy it, the last keeps it */
             CHECK(n == 3 && st.num_blocks - st.num_free_blocks == 5, "n=3 after one decode: %d blocks used (expected 2 shared + 3)",
                   st.num_blocks - st.num_free_blocks);
-            for (int i = 0; i < n; i++) r[0].tokens[0][out[i].index][r[0].n_tokens[0][out[i].index]++] = out[i].token_ids[0];
+            for (int i = 0; i < n; i++) {
+                int k = out[i].index;
+                r[0].logprobs[0][k][r[0].n_tokens[0][k]] = out[i].logprobs[0];
+                r[0].tokens[0][k][r[0].n_tokens[0][k]++] = out[i].token_ids[0];
+            }
             CHECK(llm_engine_check_blocks(e, err) == 0, "n=3 audit: %s", err);
         }
         run_engine(e, &r[round]);
@@ -1290,6 +1301,35 @@ static void test_parallel_sampling(void) {
         for (int j = 0; j < k; j++) distinct += memcmp(r[0].tokens[0][k], r[0].tokens[0][j], 12 * 4) != 0;
     }
     CHECK(distinct >= 2, "the three samples are not all the same (%d differing pairs)", distinct);
+    /* each sample's K/V were its own: the log-probabilities the engine reported equal those of the prompt and that
+     * sample run through the forward pass alone (a shared block written without a copy would change them) */
+    llm_model alone;
+    char err[LLM_ERR_LEN];
+    if (llm_model_load(&alone, model_path("stories260K.gguf"), err) == 0) {
+        int T = P + 12, V = alone.cfg.vocab_size;
+        llm_kv_cache kv;
+        llm_kv_cache_init(&kv, &alone.cfg, 1, 64, err);
+        float *logits = (float *)malloc((size_t)T * V * sizeof(float));
+        double worst = 0;
+        for (int k = 0; k < 3; k++) {
+            int32_t seq[64], pos[64], rows[64], block[1] = {0}, start[2] = {0, T};
+            const int32_t *tables[1] = {block};
+            memcpy(seq, ids, (size_t)P * 4); memcpy(seq + P, r[0].tokens[0][k], 12 * 4);
+            for (int i = 0; i < T; i++) { pos[i] = i; rows[i] = i; }
+            llm_batch b = {T, seq, pos, 1, start, tables, T, rows};
+            llm_forward_cpu(&alone, &kv, &b, logits, err);
+            for (int i = 0; i < 12; i++) {
+                const float *row = logits + (size_t)(P - 1 + i) * V;
+                double mx = row[0], sum = 0;
+                for (int v = 1; v < V; v++) if (row[v] > mx) mx = row[v];
+                for (int v = 0; v < V; v++) sum += exp(row[v] - mx);
+                double lp = row[seq[P + i]] - mx - log(sum), d = fabs(lp - r[0].logprobs[0][k][i]);
+                if (d > worst) worst = d;
+            }
+        }
+        CHECK(worst < 1e-4, "n=3: reported logprobs differ from each sample run alone by %g", worst);
+        free(logits); llm_kv_cache_free(&kv); llm_model_free(&alone);
+    } else CHECK(0, "load stories260K: %s", err);
     CHECK(all_blocks_free(e) && r[0].bad_audits == 0 && r[1].bad_audits == 0, "n=3: blocks back");
     llm_engine_destroy(e);
     free(r);
@@ -1457,6 +1497,62 @@ static void test_logprobs(void) {
     }
     CHECK(ok && steps == 10, "logprobs: greedy token is the top one, sorted, mass <= 1 (%d tokens)", steps);
     llm_engine_destroy(e);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Requests handed in from another thread while the engine steps (as the server does)
+ * ------------------------------------------------------------------------------------------------------------- */
+#include <pthread.h>
+typedef struct { llm_engine *e; const ref_case *cases; int n_cases, n_requests; uint64_t ids[16]; int which[16]; } feeder_args;
+
+static void *feeder(void *arg) {
+    feeder_args *f = (feeder_args *)arg;
+    for (int i = 0; i < f->n_requests; i++) {
+        char err[LLM_ERR_LEN];
+        f->which[i] = i % f->n_cases;
+        llm_sampling_params p = greedy(f->cases[f->which[i]].max_tokens);
+        f->ids[i] = llm_engine_add_request(f->e, f->cases[f->which[i]].prompt, NULL, 0, &p, err);
+        struct timespec ts = {0, 2000000};  /* 2 ms apart: they land between and during steps */
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+static void test_threads(void) {
+    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
+    int n = load_ref_cases("stories260K-greedy.json", cases, 4);
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    llm_engine *e = engine_new(&cfg);
+    if (!e || n < 1) { free(cases); llm_engine_destroy(e); return; }
+    feeder_args f = {e, cases, n, 12, {0}, {0}};
+    run_result *r = (run_result *)calloc(1, sizeof *r);
+    pthread_t th;
+    pthread_create(&th, NULL, feeder, &f);
+    int finished = 0, steps = 0;
+    char err[LLM_ERR_LEN];
+    while (finished < f.n_requests && steps < 100000) {
+        const llm_output *out;
+        int k = llm_engine_step(e, &out, err);
+        steps++;
+        for (int i = 0; i < k; i++) {
+            int slot = (int)out[i].request_id - 1;   /* ids count from 1 in the order they were added */
+            if (slot < 0 || slot >= 16) continue;
+            for (int t = 0; t < out[i].n_tokens && r->n_tokens[slot][0] < 600; t++) r->tokens[slot][0][r->n_tokens[slot][0]++] = out[i].token_ids[t];
+            if (out[i].finish_reason) { r->finish[slot][0] = out[i].finish_reason; finished++; }
+        }
+        if (k == 0) { struct timespec ts = {0, 200000}; nanosleep(&ts, NULL); }
+    }
+    pthread_join(th, NULL);
+    int bad = 0;
+    for (int i = 0; i < f.n_requests; i++) {
+        const ref_case *c = &cases[f.which[i]];
+        int slot = (int)f.ids[i] - 1;
+        bad += slot < 0 || slot >= 16 || r->n_tokens[slot][0] != c->n_ids || memcmp(r->tokens[slot][0], c->ids, (size_t)c->n_ids * 4) != 0;
+    }
+    CHECK(finished == f.n_requests && bad == 0, "requests from another thread: %d of %d finished, %d differ from llama.cpp's", finished, f.n_requests, bad);
+    CHECK(all_blocks_free(e), "threads: blocks back");
+    llm_engine_destroy(e);
+    free(r); free(cases);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -1956,6 +2052,7 @@ int main(int argc, char **argv) {
         {"sampler", test_sampler}, {"block manager", test_block_manager}, {"batch invariance", test_batch_invariance},
         {"prefix cache", test_prefix_cache}, {"parallel sampling", test_parallel_sampling},
         {"stop conditions", test_stop_conditions}, {"abort and limits", test_abort_and_limits}, {"logprobs", test_logprobs},
+        {"requests from a thread", test_threads},
         {"llm command", test_cli},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
