@@ -879,6 +879,127 @@ static void test_paged_forward(const char *model) {
     llm_model_free(&m);
 }
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * Weight types: exact values of hand-made rows, then stories260K with its weights stored as f16, bf16, q8_0,
+ * q4_0 and q4_1 gives logits close to f32's
+ * ------------------------------------------------------------------------------------------------------------- */
+static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+/* x quantized to type, n values (a multiple of 32), written to out; returns the bytes written. */
+static size_t quantize_row(uint32_t type, const float *x, int64_t n, uint8_t *out) {
+    size_t o = 0;
+    for (int64_t i = 0; i < n && (type == LLM_F16 || type == LLM_BF16); i++, o += 2)
+        put16(out + o, type == LLM_F16 ? llm_f32_to_f16(x[i]) : (uint16_t)(((union { float f; uint32_t u; }){x[i]}.u + 0x8000u) >> 16));
+    for (int64_t b = 0; b < n / 32 && type == LLM_Q8_0; b++, o += 34) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+        uint16_t dh = llm_f32_to_f16(amax / 127);
+        float d = llm_f16_to_f32(dh);
+        put16(out + o, dh);
+        for (int j = 0; j < 32; j++) out[o + 2 + j] = (uint8_t)(int8_t)(d ? lrintf(x[b * 32 + j] / d) : 0);
+    }
+    for (int64_t b = 0; b < n / 32 && (type == LLM_Q4_0 || type == LLM_Q4_1); b++) {
+        const float *xb = x + b * 32;
+        float lo = xb[0], hi = xb[0];
+        for (int j = 1; j < 32; j++) { lo = fminf(lo, xb[j]); hi = fmaxf(hi, xb[j]); }
+        float d, m = 0;
+        if (type == LLM_Q4_1) { d = (hi - lo) / 15; m = lo; put16(out + o, llm_f32_to_f16(d)); put16(out + o + 2, llm_f32_to_f16(m)); }
+        else { d = fmaxf(fabsf(lo), fabsf(hi)) / 7; put16(out + o, llm_f32_to_f16(d)); }
+        d = llm_f16_to_f32(llm_f32_to_f16(d)); m = llm_f16_to_f32(llm_f32_to_f16(m));
+        uint8_t *q = out + o + (type == LLM_Q4_1 ? 4 : 2);
+        for (int j = 0; j < 16; j++) {
+            int a = (int)lrintf(d ? (xb[j] - m) / d : 0) + (type == LLM_Q4_0 ? 8 : 0), c = (int)lrintf(d ? (xb[j + 16] - m) / d : 0) + (type == LLM_Q4_0 ? 8 : 0);
+            a = a < 0 ? 0 : a > 15 ? 15 : a; c = c < 0 ? 0 : c > 15 ? 15 : c;
+            q[j] = (uint8_t)(a | c << 4);
+        }
+        o += type == LLM_Q4_1 ? 20 : 18;
+    }
+    return o;
+}
+
+static void test_weight_types(void) {
+    /* exact values */
+    uint8_t row[64];
+    float out[32];
+    put16(row, 0x3C00); put16(row + 2, 0xC000); put16(row + 4, 0x7BFF); put16(row + 6, 0x0001);   /* 1 -2 65504 2^-24 */
+    llm_dequant_row(LLM_F16, row, out, 4);
+    CHECK(out[0] == 1.0f && out[1] == -2.0f && out[2] == 65504.0f && out[3] == ldexpf(1, -24), "f16 values: %g %g %g %g", out[0], out[1], out[2], out[3]);
+    put16(row, 0x3F80); put16(row + 2, 0xC0A0);                                                     /* 1 -5 */
+    llm_dequant_row(LLM_BF16, row, out, 2);
+    CHECK(out[0] == 1.0f && out[1] == -5.0f, "bf16 values: %g %g", out[0], out[1]);
+    put16(row, 0x3800);                                                                              /* d = 0.5 */
+    for (int j = 0; j < 32; j++) row[2 + j] = (uint8_t)(int8_t)(j - 16);
+    llm_dequant_row(LLM_Q8_0, row, out, 32);
+    CHECK(out[0] == -8.0f && out[16] == 0.0f && out[31] == 7.5f, "q8_0 values: %g %g %g", out[0], out[16], out[31]);
+    put16(row, 0x4000);                                                                              /* d = 2 */
+    for (int j = 0; j < 16; j++) row[2 + j] = (uint8_t)(j | (15 - j) << 4);
+    llm_dequant_row(LLM_Q4_0, row, out, 32);
+    CHECK(out[0] == -16.0f && out[15] == 14.0f && out[16] == 14.0f && out[31] == -16.0f, "q4_0 values: %g %g %g %g", out[0], out[15], out[16], out[31]);
+    put16(row, 0x3C00); put16(row + 2, 0xBC00);                                                      /* d = 1, m = -1 */
+    for (int j = 0; j < 16; j++) row[4 + j] = (uint8_t)(j | (15 - j) << 4);
+    llm_dequant_row(LLM_Q4_1, row, out, 32);
+    CHECK(out[0] == -1.0f && out[15] == 14.0f && out[16] == 14.0f && out[31] == -1.0f, "q4_1 values: %g %g %g %g", out[0], out[15], out[16], out[31]);
+    CHECK(llm_row_bytes(LLM_Q8_0, 64) == 68 && llm_row_bytes(LLM_Q4_0, 64) == 36 && llm_row_bytes(LLM_Q4_1, 64) == 40 &&
+          llm_row_bytes(LLM_F16, 64) == 128 && llm_row_bytes(77, 64) == 0, "row sizes");
+
+    /* the model with converted weights: logits of a prompt against f32's */
+    llm_model m;
+    char err[LLM_ERR_LEN];
+    if (llm_model_load(&m, model_path("stories260K.gguf"), err) != 0) { CHECK(0, "load: %s", err); return; }
+    static const uint32_t types[] = {LLM_F16, LLM_BF16, LLM_Q8_0, LLM_Q4_1, LLM_Q4_0};
+    static const double tolerance[] = {0.005, 0.03, 0.05, 0.4, 0.6};  /* of the largest logit's size (measured: 0.0008 0.006 0.017 0.22 0.37) */
+    enum { T = 24 };
+    int V = m.cfg.vocab_size;
+    int32_t toks[T], pos[T], rows[T], block[1] = {0}, start[2] = {0, T};
+    const int32_t *tables[1] = {block};
+    for (int i = 0; i < T; i++) { toks[i] = (int32_t)(1 + i * 37 % (V - 1)); pos[i] = i; rows[i] = i; }
+    llm_batch b = {T, toks, pos, 1, start, tables, T, rows};
+    float *ref = (float *)malloc((size_t)T * V * sizeof(float)), *got = (float *)malloc((size_t)T * V * sizeof(float));
+    llm_kv_cache kv;
+    llm_kv_cache_init(&kv, &m.cfg, 1, 32, err);
+    llm_forward_cpu(&m, &kv, &b, ref, err);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        llm_model q = m;   /* the same model, its matrices converted (norms stay f32) */
+        llm_layer *layers = (llm_layer *)malloc((size_t)m.cfg.n_layers * sizeof(llm_layer));
+        memcpy(layers, m.layers, (size_t)m.cfg.n_layers * sizeof(llm_layer));
+        q.layers = layers;
+        llm_weight *mats[64];
+        int n_mats = 0;
+        mats[n_mats++] = &q.tok_embd;
+        for (int l = 0; l < m.cfg.n_layers; l++) {
+            llm_layer *L = &layers[l];
+            llm_weight *w[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+            for (int k = 0; k < 7; k++) mats[n_mats++] = w[k];
+        }
+        int same_output = m.output.data == m.tok_embd.data;
+        if (!same_output) mats[n_mats++] = &q.output;
+        void *bufs[64];
+        for (int k = 0; k < n_mats; k++) {
+            llm_weight *w = mats[k];
+            bufs[k] = NULL;
+            if (w->cols % 32 && types[ti] != LLM_F16 && types[ti] != LLM_BF16) continue;  /* stays f32, as llama.cpp keeps it */
+            uint8_t *buf = (uint8_t *)malloc(llm_row_bytes(types[ti], w->cols) * (size_t)w->rows);
+            for (int64_t r = 0; r < w->rows; r++)
+                quantize_row(types[ti], (const float *)w->data + r * w->cols, w->cols, buf + (size_t)r * llm_row_bytes(types[ti], w->cols));
+            w->data = buf; w->type = types[ti]; bufs[k] = buf;
+        }
+        if (same_output) q.output = q.tok_embd;
+        llm_forward_cpu(&q, &kv, &b, got, err);
+        double worst = 0;
+        for (int i = 0; i < T; i++) {
+            double mx = 0, d = 0;
+            for (int v = 0; v < V; v++) { mx = fmax(mx, fabs(ref[(size_t)i * V + v])); d = fmax(d, fabs(ref[(size_t)i * V + v] - got[(size_t)i * V + v])); }
+            worst = fmax(worst, d / mx);
+        }
+        CHECK(worst > 0 && worst < tolerance[ti], "stories260K as %s: logits within %g of f32's (got %g)", llm_dtype_name(types[ti]), tolerance[ti], worst);
+        for (int k = 0; k < n_mats; k++) free(bufs[k]);
+        free(layers);
+    }
+    llm_kv_cache_free(&kv);
+    free(ref); free(got);
+    llm_model_free(&m);
+}
+
 static void test_paged_forward_models(void) {
     test_paged_forward("stories260K.gguf");
     test_paged_forward("random-qwen3-qknorm.gguf");
@@ -2049,6 +2170,7 @@ int main(int argc, char **argv) {
         {"pre-tokenizers", test_pretokenizers}, {"detokenizer on references", test_detokenizer_references},
         {"gguf errors", test_gguf_errors}, {"stories260K references", test_stories_reference},
         {"random model references", test_random_models_reference}, {"paged forward", test_paged_forward_models},
+        {"weight types", test_weight_types},
         {"sampler", test_sampler}, {"block manager", test_block_manager}, {"batch invariance", test_batch_invariance},
         {"prefix cache", test_prefix_cache}, {"parallel sampling", test_parallel_sampling},
         {"stop conditions", test_stop_conditions}, {"abort and limits", test_abort_and_limits}, {"logprobs", test_logprobs},
