@@ -1129,6 +1129,73 @@ static size_t tensor_type_offset(const llm_gguf *g, const char *name) {
     return t ? (size_t)((const uint8_t *)t->name.ptr - g->base) + t->name.len + 4 + 8 * t->n_dims : 0;
 }
 
+/* A GGUF file of every metadata value type, two tensors and a 64-byte alignment, written by hand: each value
+ * reads back as written, in version 2 and 3 alike. */
+static void test_gguf_values(void) {
+    static uint8_t buf[1024];
+    for (int version = 2; version <= 3; version++) {
+        size_t n = 0;
+#define PUT(p, len) (memcpy(buf + n, (p), (len)), n += (len))
+#define PUT_U32(v) do { uint32_t x_ = (uint32_t)(v); PUT(&x_, 4); } while (0)
+#define PUT_U64(v) do { uint64_t x_ = (uint64_t)(v); PUT(&x_, 8); } while (0)
+#define PUT_KEY(k, type) do { PUT_U64(strlen(k)); PUT(k, strlen(k)); PUT_U32(type); } while (0)
+        PUT("GGUF", 4); PUT_U32(version); PUT_U64(2); PUT_U64(16);
+        uint8_t u8 = 200; int8_t i8 = -100; uint16_t u16 = 60000; int16_t i16 = -30000; uint32_t u32 = 4000000000u;
+        int32_t i32 = -2000000000; float f32 = 1.5f; uint8_t bl = 1; uint64_t u64 = 1ull << 40; int64_t i64 = -(1ll << 40); double f64 = -0.25;
+        PUT_KEY("a.u8", LLM_GGUF_U8); PUT(&u8, 1);       PUT_KEY("a.i8", LLM_GGUF_I8); PUT(&i8, 1);
+        PUT_KEY("a.u16", LLM_GGUF_U16); PUT(&u16, 2);    PUT_KEY("a.i16", LLM_GGUF_I16); PUT(&i16, 2);
+        PUT_KEY("a.u32", LLM_GGUF_U32); PUT(&u32, 4);    PUT_KEY("a.i32", LLM_GGUF_I32); PUT(&i32, 4);
+        PUT_KEY("a.f32", LLM_GGUF_F32); PUT(&f32, 4);    PUT_KEY("a.bool", LLM_GGUF_BOOL); PUT(&bl, 1);
+        PUT_KEY("a.u64", LLM_GGUF_U64); PUT(&u64, 8);    PUT_KEY("a.i64", LLM_GGUF_I64); PUT(&i64, 8);
+        PUT_KEY("a.f64", LLM_GGUF_F64); PUT(&f64, 8);
+        PUT_KEY("a.str", LLM_GGUF_STRING); PUT_U64(5); PUT("héll", 5);
+        PUT_KEY("a.ints", LLM_GGUF_ARRAY); PUT_U32(LLM_GGUF_I16); PUT_U64(3); int16_t ints[3] = {-1, 2, -3}; PUT(ints, 6);
+        PUT_KEY("a.floats", LLM_GGUF_ARRAY); PUT_U32(LLM_GGUF_F64); PUT_U64(2); double fl[2] = {0.5, -8}; PUT(fl, 16);
+        PUT_KEY("a.strs", LLM_GGUF_ARRAY); PUT_U32(LLM_GGUF_STRING); PUT_U64(2); PUT_U64(1); PUT("x", 1); PUT_U64(0);
+        PUT_KEY("general.alignment", LLM_GGUF_U32); PUT_U32(64);
+        /* tensors: t0 f32 [4, 2] at 0, t1 f16 [8] at 64 */
+        PUT_U64(2); PUT("t0", 2); PUT_U32(2); PUT_U64(4); PUT_U64(2); PUT_U32(LLM_F32); PUT_U64(0);
+        PUT_U64(2); PUT("t1", 2); PUT_U32(1); PUT_U64(8); PUT_U32(LLM_F16); PUT_U64(64);
+        size_t data = (n + 63) / 64 * 64;
+        memset(buf + n, 0, data + 128 - n);
+        for (int i = 0; i < 8; i++) { float v = (float)i; memcpy(buf + data + 4 * i, &v, 4); }
+        n = data + 64 + 16;
+#undef PUT
+#undef PUT_U32
+#undef PUT_U64
+#undef PUT_KEY
+        llm_gguf g;
+        char err[LLM_ERR_LEN] = "";
+        int ok = llm_gguf_parse(&g, buf, n, err) == 0;
+        CHECK(ok, "hand-written GGUF v%d parses: %s", version, err);
+        if (!ok) continue;
+        CHECK(llm_gguf_int(&g, "a.u8", 0) == 200 && llm_gguf_int(&g, "a.i8", 0) == -100 && llm_gguf_int(&g, "a.u16", 0) == 60000 &&
+              llm_gguf_int(&g, "a.i16", 0) == -30000 && llm_gguf_int(&g, "a.u32", 0) == 4000000000ll && llm_gguf_int(&g, "a.i32", 0) == -2000000000 &&
+              llm_gguf_int(&g, "a.bool", 0) == 1 && llm_gguf_int(&g, "a.u64", 0) == (1ll << 40) && llm_gguf_int(&g, "a.i64", 0) == -(1ll << 40),
+              "v%d integers read back", version);
+        CHECK(llm_gguf_float(&g, "a.f32", 0) == 1.5 && llm_gguf_float(&g, "a.f64", 0) == -0.25 && llm_gguf_float(&g, "a.u8", 0) == 200.0 &&
+              llm_gguf_float(&g, "missing", 7.0) == 7.0 && llm_gguf_int(&g, "a.str", -5) == -5, "v%d floats and fallbacks", version);
+        llm_str s = llm_gguf_string(&g, "a.str");
+        CHECK(s.len == 5 && !memcmp(s.ptr, "héll", 5) && !llm_gguf_string(&g, "a.u8").ptr, "v%d string", version);
+        const llm_gguf_kv *ai = llm_gguf_find(&g, "a.ints"), *af = llm_gguf_find(&g, "a.floats"), *as = llm_gguf_find(&g, "a.strs");
+        CHECK(ai && ai->arr_len == 3 && llm_gguf_arr_int(ai, 0) == -1 && llm_gguf_arr_int(ai, 2) == -3 && llm_gguf_arr_int(ai, 3) == 0,
+              "v%d integer array", version);
+        CHECK(af && af->arr_len == 2 && llm_gguf_arr_float(af, 0) == 0.5 && llm_gguf_arr_float(af, 1) == -8.0, "v%d float array", version);
+        CHECK(as && as->arr_len == 2 && as->strs[0].len == 1 && as->strs[0].ptr[0] == 'x' && as->strs[1].len == 0, "v%d string array", version);
+        const llm_gguf_tensor *t0 = llm_gguf_tensor_find(&g, "t0"), *t1 = llm_gguf_tensor_find(&g, "t1");
+        CHECK(g.alignment == 64 && t0 && t1 && t0->ne[0] == 4 && t0->ne[1] == 2 && t0->nbytes == 32 && t1->nbytes == 16 &&
+              (const uint8_t *)t0->data == buf + data && (const uint8_t *)t1->data == buf + data + 64 && ((const float *)t0->data)[7] == 7.0f,
+              "v%d tensors at their aligned offsets", version);
+        llm_gguf_close(&g);
+        /* a tensor offset that is not a multiple of the alignment */
+        uint64_t off = 32;
+        size_t at = data - 1;
+        while (at > 8 && memcmp(buf + at, "t1", 2)) at--;
+        memcpy(buf + at + 2 + 4 + 8 + 4, &off, 8);
+        CHECK(llm_gguf_parse(&g, buf, n, err) != 0 && strstr(err, "t1"), "misaligned tensor: \"%s\"", err);
+    }
+}
+
 static void test_gguf_errors(void) {
     size_t n;
     char *file = read_file(model_path("stories260K.gguf"), &n);
@@ -2168,7 +2235,7 @@ int main(int argc, char **argv) {
         {"tokenizer fixtures", test_tokenizer_fixtures}, {"streaming detokenizer", test_detokenizer_streaming},
         {"tokenizer api", test_tokenizer_api}, {"odd vocabularies", test_tokenizer_odd_vocabularies},
         {"pre-tokenizers", test_pretokenizers}, {"detokenizer on references", test_detokenizer_references},
-        {"gguf errors", test_gguf_errors}, {"stories260K references", test_stories_reference},
+        {"gguf values", test_gguf_values}, {"gguf errors", test_gguf_errors}, {"stories260K references", test_stories_reference},
         {"random model references", test_random_models_reference}, {"paged forward", test_paged_forward_models},
         {"weight types", test_weight_types},
         {"sampler", test_sampler}, {"block manager", test_block_manager}, {"batch invariance", test_batch_invariance},
