@@ -218,11 +218,9 @@ int32_t llm_sample(const llm_sampling_params *p, float *logits, int n_vocab, con
  * with the same prefix takes it back (automatic prefix caching) until allocation needs it and evicts it.
  * ------------------------------------------------------------------------------------------------------------- */
 typedef struct {
-    int ref_count;
+    int ref_count;                  /* 0: the block is in the free list */
     int prev_free, next_free;       /* links in the free list; -1 at the ends */
-    int in_free_list;
-    uint64_t hash;                  /* valid when hashed */
-    int hashed;
+    uint64_t hash;                  /* its name in the prefix cache; 0: none (llm_block_hash never gives 0) */
 } llm_block;
 
 typedef struct { uint64_t key; int value; } llm_block_hash_entry;
@@ -820,9 +818,6 @@ void llm_model_free(llm_model *m) {
     memset(m, 0, sizeof *m);
 }
 
-/* =============================================================================================================
- * 3. Tokenizer
- * =========================================================================================================== */
 /* =============================================================================================================
  * 3. Tokenizer
  * Two kinds of vocabulary, told apart by tokenizer.ggml.model; both give the ids llama.cpp gives.
@@ -1707,7 +1702,6 @@ int llm_block_manager_init(llm_block_manager *bm, int num_blocks, int block_size
     bm->num_blocks = num_blocks; bm->block_size = block_size; bm->enable_prefix_caching = enable_prefix_caching;
     for (int i = 0; i < num_blocks; i++) {
         bm->blocks[i].prev_free = i - 1; bm->blocks[i].next_free = i + 1 < num_blocks ? i + 1 : -1;
-        bm->blocks[i].in_free_list = 1;
     }
     bm->free_head = 0; bm->free_tail = num_blocks - 1; bm->num_free_blocks = num_blocks;
     return 0;
@@ -1719,7 +1713,7 @@ static void llm_free_list_remove(llm_block_manager *bm, int id) {
     llm_block *b = &bm->blocks[id];
     if (b->prev_free >= 0) bm->blocks[b->prev_free].next_free = b->next_free; else bm->free_head = b->next_free;
     if (b->next_free >= 0) bm->blocks[b->next_free].prev_free = b->prev_free; else bm->free_tail = b->prev_free;
-    b->prev_free = b->next_free = -1; b->in_free_list = 0;
+    b->prev_free = b->next_free = -1;
     bm->num_free_blocks--;
 }
 
@@ -1729,9 +1723,9 @@ int llm_block_alloc(llm_block_manager *bm) {
     if (id < 0) return -1;
     llm_free_list_remove(bm, id);
     llm_block *b = &bm->blocks[id];
-    if (b->hashed) {
+    if (b->hash) {
         (void)hmdel(bm->cached, b->hash);
-        b->hashed = 0; bm->evictions++;
+        b->hash = 0; bm->evictions++;
     }
     b->ref_count = 1;
     return id;
@@ -1741,7 +1735,7 @@ void llm_block_release(llm_block_manager *bm, int id) {
     llm_block *b = &bm->blocks[id];
     if (--b->ref_count > 0) return;
     b->ref_count = 0;
-    b->prev_free = bm->free_tail; b->next_free = -1; b->in_free_list = 1;  /* to the tail: evicted last */
+    b->prev_free = bm->free_tail; b->next_free = -1;  /* to the tail: evicted last */
     if (bm->free_tail >= 0) bm->blocks[bm->free_tail].next_free = id; else bm->free_head = id;
     bm->free_tail = id;
     bm->num_free_blocks++;
@@ -1758,15 +1752,15 @@ int llm_block_lookup(llm_block_manager *bm, uint64_t hash) {
     ptrdiff_t i = hmgeti(bm->cached, hash);
     if (i < 0) return -1;
     int id = bm->cached[i].value;
-    if (bm->blocks[id].in_free_list) llm_free_list_remove(bm, id);
+    if (bm->blocks[id].ref_count == 0) llm_free_list_remove(bm, id);
     bm->blocks[id].ref_count++;
     return id;
 }
 
 void llm_block_set_hash(llm_block_manager *bm, int id, uint64_t hash) {
-    if (!bm->enable_prefix_caching || bm->blocks[id].hashed) return;
+    if (!bm->enable_prefix_caching || bm->blocks[id].hash) return;
     if (hmgeti(bm->cached, hash) >= 0) return; /* the same content is cached in another block already */
-    bm->blocks[id].hash = hash; bm->blocks[id].hashed = 1;
+    bm->blocks[id].hash = hash;
     hmput(bm->cached, hash, id);
 }
 
@@ -2073,7 +2067,6 @@ typedef struct llm_request {
     llm_sampling_params params;     /* stop strings and stop ids point at the copies below */
     char **stop_copies;
     int32_t *stop_ids_copy;
-    int max_stop_len;
     int n_prompt;
     int refs;                       /* sequences still pointing here */
 } llm_request;
@@ -2306,8 +2299,6 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
         r->stop_copies = (char **)calloc((size_t)p->n_stop, sizeof(char *));
         for (int i = 0; i < p->n_stop; i++) {
             r->stop_copies[i] = strdup(p->stop[i] ? p->stop[i] : "");
-            int len = (int)strlen(r->stop_copies[i]);
-            if (len > r->max_stop_len) r->max_stop_len = len;
         }
         r->params.stop = (const char *const *)r->stop_copies;
     }
@@ -2364,19 +2355,20 @@ int llm_engine_check_blocks(llm_engine *e, char *err) {
         if (bm->blocks[id].ref_count != refs[id]) {
             rc = llm_fail(err, "block %d has ref_count %d but %d block tables hold it", id, bm->blocks[id].ref_count, refs[id]); goto done;
         }
-        if ((refs[id] == 0) != (bm->blocks[id].in_free_list != 0)) {
-            rc = llm_fail(err, "block %d: ref_count %d but %s the free list", id, refs[id], bm->blocks[id].in_free_list ? "in" : "not in"); goto done;
-        }
         n_free += refs[id] == 0;
     }
+    /* the free list links exactly the unreferenced blocks, each once (refs[] now marks the ones walked) */
     int walked = 0;
-    for (int id = bm->free_head; id >= 0 && walked <= bm->num_blocks; id = bm->blocks[id].next_free) walked++;
+    for (int id = bm->free_head; id >= 0 && walked <= bm->num_blocks; id = bm->blocks[id].next_free, walked++) {
+        if (refs[id] != 0) { rc = llm_fail(err, "block %d is in the free list but %s", id, refs[id] > 0 ? "referenced" : "linked twice"); goto done; }
+        refs[id] = -1;
+    }
     if (n_free != bm->num_free_blocks || walked != n_free) {
         rc = llm_fail(err, "%d blocks are unreferenced, num_free_blocks says %d, the free list links %d", n_free, bm->num_free_blocks, walked); goto done;
     }
     for (ptrdiff_t i = 0; i < hmlen(bm->cached); i++) {
         int id = bm->cached[i].value;
-        if (id < 0 || id >= bm->num_blocks || !bm->blocks[id].hashed || bm->blocks[id].hash != bm->cached[i].key) {
+        if (id < 0 || id >= bm->num_blocks || bm->blocks[id].hash != bm->cached[i].key) {
             rc = llm_fail(err, "the prefix cache names block %d for a hash it does not carry", id); goto done;
         }
     }
@@ -2406,15 +2398,14 @@ static int llm_stop_holdback(const llm_request *r, const char *text, int len) {
 
 /* Append a token's text to what is held; emit what can no longer be part of a stop string. */
 static void llm_seq_add_text(llm_seq *s, int32_t token, const llm_tokenizer *tok, int finishing) {
-    if (tok) { /* a detok step writes at most 3 bytes (U+FFFD) per byte of the piece and of what it held */
-        int piece = llm_token_to_piece(tok, token, 0, NULL, 0);
-        if (piece < 0) piece = 0;
-        int cap = 3 * (piece + 8) + 16;
-        char *buf = (char *)malloc((size_t)cap);
-        int n = token >= 0 ? llm_detok_push(tok, &s->detok, token, buf, cap) : 0;
-        if (finishing) n += llm_detok_flush(&s->detok, buf + n, cap - n);
+    if (tok) { /* a push that needs more room writes nothing and says how much: then once more, on the heap */
+        char small[512], *buf = small;
+        int n = token >= 0 ? llm_detok_push(tok, &s->detok, token, small, (int)sizeof small - 3) : 0;
+        if (n > (int)sizeof small - 3 && (buf = (char *)malloc((size_t)n + 3)) != NULL) n = llm_detok_push(tok, &s->detok, token, buf, n);
+        if (!buf) { buf = small; n = 0; }
+        if (finishing) n += llm_detok_flush(&s->detok, buf + n, 3);
         if (n > 0) memcpy(arraddnptr(s->held_text, n), buf, (size_t)n);
-        free(buf);
+        if (buf != small) free(buf);
     }
     llm_request *r = s->req;
     int len = (int)arrlen(s->held_text);
@@ -2451,11 +2442,15 @@ static int llm_seq_accept(llm_engine *e, llm_seq *s, float *logits) {
             top[j] = i;
         }
         for (int k = 0; k < K; k++) top_lp[k] = logits[top[k]] - lse;
+    }
+    /* penalties change logits in place: keep the model's own for the sampled token's logprob (only then) */
+    const float *raw = logits;
+    if (p->logprobs >= 0 && (p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f)) {
         if (!e->logits_copy) e->logits_copy = (float *)malloc((size_t)V * sizeof(float));
-        memcpy(e->logits_copy, logits, (size_t)V * sizeof(float));
+        if (e->logits_copy) { memcpy(e->logits_copy, logits, (size_t)V * sizeof(float)); raw = e->logits_copy; }
     }
     int32_t token = llm_sample(p, logits, V, s->tokens, s->req->n_prompt, (int)arrlen(s->tokens), &s->rng);
-    if (p->logprobs >= 0) arrput(s->out_logprobs, e->logits_copy[token] - lse);
+    if (p->logprobs >= 0) arrput(s->out_logprobs, raw[token] - lse);
     arrput(s->tokens, token); arrput(s->out_tokens, token);
     e->stats.generation_tokens++;
     int n_generated = (int)arrlen(s->tokens) - s->req->n_prompt;
@@ -2498,7 +2493,6 @@ static int llm_seq_reserve(llm_engine *e, llm_seq *s, int n_total, char *err) {
 /* The longest run of whole cached blocks at the start of the tokens, leaving at least one token to compute. */
 static void llm_seq_take_cached_prefix(llm_engine *e, llm_seq *s) {
     int bs = e->cfg.block_size, n = (int)arrlen(s->tokens);
-    e->stats.prefix_cache_queries += n;
     if (!e->bm.enable_prefix_caching) return;
     uint64_t h = 0;
     for (int b = 0; (b + 1) * bs <= n - 1; b++) {
@@ -2508,8 +2502,6 @@ static void llm_seq_take_cached_prefix(llm_engine *e, llm_seq *s) {
         arrput(s->block_table, id);
         h = hb; s->n_hashed_blocks = b + 1; s->last_hash = hb; s->n_computed = (b + 1) * bs;
     }
-    e->stats.prefix_cache_hits += s->n_computed;
-    if (s->n_cached_tokens == 0) s->n_cached_tokens = s->n_computed;
 }
 
 static void llm_preempt(llm_engine *e, llm_seq *s) {
@@ -2553,6 +2545,9 @@ static void llm_schedule(llm_engine *e, char *err) {
         int ok = llm_seq_reserve(e, s, s->n_computed + n_new, err);
         if (ok != 1) { llm_seq_release_blocks(e, s); if (ok < 0) return; break; } /* first come, first served: wait */
         arrdel(e->waiting, 0);
+        /* counted once admitted: a request that waits at the head looks the cache up again every step */
+        e->stats.prefix_cache_queries += arrlen(s->tokens); e->stats.prefix_cache_hits += s->n_computed;
+        if (s->n_cached_tokens == 0) s->n_cached_tokens = s->n_computed;
         s->status = LLM_SEQ_RUNNING;
         arrput(e->running, s);
         arrput(e->sched, s); arrput(e->sched_new, n_new);
