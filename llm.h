@@ -1994,10 +1994,18 @@ int llm_sampler_candidates(const llm_sampling_params *p, const float *logits, in
     float mx = logits[llm_argmax(logits, n_vocab)], inv_t = 1.0f / p->temperature;
     double sum = 0;
     for (int i = 0; i < n_vocab; i++) { c[i].id = i; c[i].p = expf((logits[i] - mx) * inv_t); sum += c[i].p; }
-    int n = n_vocab;
-    int need_order = (p->top_k > 0 && p->top_k < n_vocab) || p->top_p < 1.0f;
-    if (need_order) qsort(c, (size_t)n, sizeof *c, llm_prob_desc);
-    if (p->top_k > 0 && p->top_k < n) {
+    int n = n_vocab, top_k_on = p->top_k > 0 && p->top_k < n_vocab;
+    if (p->top_p < 1.0f && !top_k_on) {
+        /* the head that top_p keeps never reaches a token whose weight is under (1 - top_p) / n_vocab of the
+         * total: all such tokens together weigh less than 1 - top_p. Drop them before the sort (most of a
+         * vocabulary of 150k, every token). */
+        double floor_w = (1.0 - p->top_p) * sum / n_vocab;
+        int kept = 0;
+        for (int i = 0; i < n; i++) if (c[i].p >= floor_w) c[kept++] = c[i];
+        n = kept;
+    }
+    if (top_k_on || p->top_p < 1.0f) qsort(c, (size_t)n, sizeof *c, llm_prob_desc);
+    if (top_k_on) {
         n = p->top_k; sum = 0;
         for (int i = 0; i < n; i++) sum += c[i].p;
     }
