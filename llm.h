@@ -1,22 +1,90 @@
-/* llm.h - a small LLM serving engine in one header: GGUF loader, tokenizer, paged KV cache, continuous-batching
- * scheduler, sampler and a plain-C reference forward pass.
+/* llm.h - a small LLM serving engine in one header, written to be read top to bottom: what vLLM does, in C.
  *
- * stb style: include it anywhere for the declarations; in exactly one C file write
+ * A GGUF model file goes in. Prompts come in as requests, from any thread. Each step the scheduler picks the
+ * sequences to compute and how many tokens each (continuous batching, chunked prefill) within the KV-cache
+ * blocks that are free (a paged KV cache with prefix caching and copy-on-write; when blocks run out the youngest
+ * sequence is preempted and recomputed later), one forward pass computes them all, the sampler picks each
+ * sequence's next token, and text streams out. The plain-C forward pass here is the CPU backend and the
+ * reference the CUDA backend (llm.cu) is checked against.
+ *
+ * Use it stb style: include llm.h anywhere for the declarations, and in exactly one C file write
  *     #define LLM_IMPLEMENTATION
  *     #include "llm.h"
- * The implementation uses stb_ds.h (Debian: libstb-dev); it defines STB_DS_IMPLEMENTATION there too unless you
- * define LLM_NO_STB_DS_IMPLEMENTATION because your program already has it.
  *
- * The data's path, and the order of the sections below:
- *   1. GGUF file        -> llm_gguf      (memory-mapped, every offset bounds-checked)
- *   2. model            -> llm_model     (config from metadata, weight pointers into the map)
- *   3. text             -> token ids     (llm_tokenizer: SentencePiece BPE or GPT-2 byte-level BPE)
- *   4. requests         -> a batch       (scheduler, block manager with prefix cache)
- *   5. batch            -> logits        (forward pass over the paged KV cache)
- *   6. logits           -> next token    (sampler)
- *   7. token ids        -> text          (streaming detokenizer, stop strings)
- * Errors are returned (0 ok, -1 failed, with a message in a caller's buffer), never exit()ed.
+ * Compile options
+ *   LLM_IMPLEMENTATION            compile the implementation here (in one C file only)
+ *   LLM_NO_STB_DS_IMPLEMENTATION  your program defines STB_DS_IMPLEMENTATION itself, elsewhere
+ *   LLM_CUDA                      link llm.cu (built with nvcc): the engine runs on the GPU when one answers
+ *   -fopenmp                      the CPU forward pass uses every core (without it, one)
+ * The implementation needs libc, libm, pthreads and stb_ds.h (Debian: libstb-dev; included as <stb/stb_ds.h>).
+ * Errors are returned (0 ok, -1 failed, with a message in the caller's char err[LLM_ERR_LEN]), never exit()ed.
+ *
+ * The data's path, and the order of the sections below, in the declarations and in the implementation:
+ *   1. GGUF         a file -> metadata and tensors       llm_gguf: memory-mapped, every offset checked
+ *   2. Model        tensors -> weights and a config      llm_model: typed pointers into the file
+ *   3. Tokenizer    text -> token ids                    llm_tokenizer: SentencePiece and byte-level BPE
+ *   4. Requests     token ids -> a step's plan           the scheduler: admission, budget, preemption
+ *   5. Blocks       sequences -> KV-cache blocks         llm_block_manager: free list, ref counts, prefix cache
+ *   6. Forward      a batch -> logits                    llm_backend: the CPU one here, CUDA in llm.cu
+ *   7. Sampler      logits -> the next token             llm_sampler: temperature, top-k/p, min-p, penalties
+ *   8. Detokenizer  token ids -> text, stop strings      llm_detok: only whole UTF-8 characters come out
+ *   9. Engine       all of the above, one step at a time llm_engine: requests in, outputs out
+ *   Appendix        the Unicode table the tokenizer's pre-tokenizers read
+ *
+ * The engine: what a program that serves a model calls
+ *   llm_engine_defaults   llm_engine_create   llm_engine_destroy           a model, a backend, a KV pool
+ *   llm_sampling_defaults   llm_engine_add_request   llm_engine_abort      requests in, from any thread
+ *   llm_engine_step   llm_engine_wait   llm_engine_has_work                 the loop, on one thread
+ *   llm_engine_get_stats   llm_engine_model   llm_finish_reason_name   llm_engine_check_blocks
+ * The parts: each section's own functions, for tools, tests and programs that take one piece
+ *   GGUF: llm_gguf_open, _parse, _close, _find, _tensor_find, _int, _float, _string, _arr_int, _arr_float;
+ *         llm_dtype_name, llm_dtype_row_bytes, llm_dtype_dequant_row
+ *   model: llm_model_load, llm_model_dummy, llm_model_dummy_names, llm_model_free
+ *   tokenizer: llm_tokenizer_load, llm_tokenizer_free, llm_tokenize, llm_tokenizer_n_vocab, _bos, _eos,
+ *         _adds_bos, _is_eog
+ *   blocks: llm_block_manager_init, llm_block_manager_free, llm_block_alloc, llm_block_release,
+ *         llm_block_hash, llm_block_lookup, llm_block_set_hash
+ *   forward: llm_cpu_backend_create (and with LLM_CUDA: llm_cuda_backend_create, llm_cuda_run_gemm,
+ *         llm_cuda_run_attention)
+ *   sampler: llm_sampler_create, llm_sampler_free, llm_sampler_penalize, llm_sampler_candidates,
+ *         llm_sampler_sample
+ *   detokenizer: llm_tokenizer_piece, llm_detok_push, llm_detok_flush
+ *
+ * An example: the greedy continuation of a prompt, streamed to stdout. A server runs the same loop on its own
+ * thread, sleeping in llm_engine_wait while there is no work, and tells its requests apart by the user pointer
+ * that add_request took and every output gives back. (`make test` compiles this example and runs it.)
  */
+#if 0 /* LLM_EXAMPLE: usage: example MODEL.gguf PROMPT MAX_TOKENS */
+#define LLM_IMPLEMENTATION
+#include "llm.h"
+#include <stdio.h>
+#include <stdlib.h>
+
+int main(int argc, char **argv) {
+    char err[LLM_ERR_LEN];
+    if (argc != 4) { fprintf(stderr, "usage: example MODEL.gguf PROMPT MAX_TOKENS\n"); return 2; }
+    llm_engine_config cfg = llm_engine_defaults();
+    cfg.model_path = argv[1];
+    llm_engine *engine = llm_engine_create(&cfg, err);
+    if (!engine) { fprintf(stderr, "%s\n", err); return 1; }
+    llm_sampling_params params = llm_sampling_defaults();
+    params.temperature = 0;                  // greedy
+    params.max_tokens = atoi(argv[3]);
+    int failed = !llm_engine_add_request(engine, argv[2], NULL, 0, &params, NULL, err);
+    if (failed) fprintf(stderr, "%s\n", err);
+    while (llm_engine_has_work(engine)) {
+        const llm_output *out;
+        int n = llm_engine_step(engine, &out); // one forward pass for every running request
+        for (int i = 0; i < n; i++) {
+            fwrite(out[i].text, 1, (size_t)out[i].text_len, stdout);
+            if (out[i].finish_reason == LLM_FINISH_ERROR) { fprintf(stderr, "%s\n", out[i].error); failed = 1; }
+        }
+        fflush(stdout);
+    }
+    llm_engine_destroy(engine);
+    return failed;
+}
+#endif /* LLM_EXAMPLE */
 #ifndef LLM_H
 #define LLM_H
 
@@ -29,9 +97,9 @@ extern "C" {
 
 #define LLM_ERR_LEN 256
 
-/* ---------------------------------------------------------------------------------------------------------------
- * GGUF
- * ------------------------------------------------------------------------------------------------------------- */
+/* -----------------------------------------------------------------------------------------------------------
+ * 1. GGUF: the file's metadata and tensors, as pointers into the mapped file
+ * -------------------------------------------------------------------------------------------------------- */
 enum llm_gguf_type { /* metadata value types, as numbered in the file */
     LLM_GGUF_U8, LLM_GGUF_I8, LLM_GGUF_U16, LLM_GGUF_I16, LLM_GGUF_U32, LLM_GGUF_I32, LLM_GGUF_F32, LLM_GGUF_BOOL,
     LLM_GGUF_STRING, LLM_GGUF_ARRAY, LLM_GGUF_U64, LLM_GGUF_I64, LLM_GGUF_F64, LLM_GGUF_NTYPES
@@ -70,48 +138,26 @@ typedef struct {
     llm_gguf_tensor *tensors;
 } llm_gguf;
 
-int  llm_gguf_open(llm_gguf *g, const char *path, char *err);                       /* mmap a file and parse it */
-int  llm_gguf_parse(llm_gguf *g, const void *data, uint64_t size, char *err);       /* parse bytes in memory */
+int  llm_gguf_open(llm_gguf *g, const char *path, char *err);                   /* map a file and parse it */
+int  llm_gguf_parse(llm_gguf *g, const void *data, uint64_t size, char *err);   /* parse bytes in memory */
 void llm_gguf_close(llm_gguf *g);
 const llm_gguf_kv *llm_gguf_find(const llm_gguf *g, const char *key);
 const llm_gguf_tensor *llm_gguf_tensor_find(const llm_gguf *g, const char *name);
-int64_t llm_gguf_int(const llm_gguf *g, const char *key, int64_t fallback);          /* any integer or bool type */
-double  llm_gguf_float(const llm_gguf *g, const char *key, double fallback);         /* any numeric type */
-llm_str llm_gguf_string(const llm_gguf *g, const char *key);                        /* {NULL,0} when absent */
+int64_t llm_gguf_int(const llm_gguf *g, const char *key, int64_t fallback);      /* any integer or bool type */
+double  llm_gguf_float(const llm_gguf *g, const char *key, double fallback);     /* any numeric type */
+llm_str llm_gguf_string(const llm_gguf *g, const char *key);                    /* {NULL,0} when absent */
 int64_t llm_gguf_arr_int(const llm_gguf_kv *kv, uint64_t i);
 double  llm_gguf_arr_float(const llm_gguf_kv *kv, uint64_t i);
+
 const char *llm_dtype_name(uint32_t type);
+/* The bytes a row of n values of a type takes (0 for a type this engine cannot compute with), and such a row as
+ * f32 (f32, f16, bf16, q8_0, q4_0, q4_1): the CPU forward pass and the CUDA upload both read weights so. */
+size_t llm_dtype_row_bytes(uint32_t type, int64_t n);
+void   llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n);
 
-/* ---------------------------------------------------------------------------------------------------------------
- * Tokenizer (built from the GGUF vocabulary; keeps pointers into the llm_gguf, which must outlive it)
- * ------------------------------------------------------------------------------------------------------------- */
-typedef struct llm_tokenizer llm_tokenizer;
-
-llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err);   /* NULL and a message on error */
-void llm_tokenizer_free(llm_tokenizer *t);
-/* Text to ids. Returns the number of ids (which may exceed cap: then only cap were written; call again with
- * more room), or -1 on error. parse_special: text like "<|im_end|>" becomes that control token. */
-int  llm_tokenize(const llm_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special, int32_t *out, int cap);
-int  llm_vocab_size(const llm_tokenizer *t);
-int  llm_token_bos(const llm_tokenizer *t);            /* -1 when the vocabulary has none */
-int  llm_token_eos(const llm_tokenizer *t);
-int  llm_tokenizer_adds_bos(const llm_tokenizer *t);   /* tokenizer.ggml.add_bos_token, or the model type's default */
-int  llm_token_is_eog(const llm_tokenizer *t, int32_t id);   /* end of generation: eos, eot, <|im_end|>, ... */
-/* The raw bytes a token stands for (may be part of a UTF-8 character); control tokens give "" unless special.
- * Returns the byte count (which may exceed cap), -1 for an id outside the vocabulary. */
-int  llm_token_to_piece(const llm_tokenizer *t, int32_t id, int special, char *buf, int cap);
-
-/* Streaming detokenizer: feed ids one at a time; it writes only whole UTF-8 characters, holding back the bytes
- * of a character that is not complete yet. Bytes that can never form a valid character come out as U+FFFD.
- * Start from a zeroed llm_detok. A push writes at most 3 x (piece length + 3) bytes; given less room than its
- * output needs, it writes nothing, keeps its state and returns the room needed (> cap). */
-typedef struct { unsigned char pending[8]; int n_pending; } llm_detok;
-int  llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, int cap); /* bytes written */
-int  llm_detok_flush(llm_detok *d, char *out, int cap);  /* end of stream: what is held back, as U+FFFD */
-
-/* ---------------------------------------------------------------------------------------------------------------
- * Model
- * ------------------------------------------------------------------------------------------------------------- */
+/* -----------------------------------------------------------------------------------------------------------
+ * 2. Model: the configuration from the metadata, and the weights
+ * -------------------------------------------------------------------------------------------------------- */
 enum llm_arch { LLM_ARCH_LLAMA, LLM_ARCH_QWEN2, LLM_ARCH_QWEN3 };
 
 typedef struct {
@@ -123,15 +169,13 @@ typedef struct {
 } llm_config;
 
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; } llm_weight; /* rows of cols values */
-/* One row of n values as stored (f32, f16, bf16, q8_0, q4_0, q4_1) to f32, and the bytes such a row takes
- * (0 for a type this engine does not know). The CPU forward pass and the CUDA upload both convert through these. */
-void   llm_dequant_row(uint32_t type, const void *row, float *out, int64_t n);
-size_t llm_row_bytes(uint32_t type, int64_t n);
 
 typedef struct {
     llm_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm;   /* b*, *_norm: data NULL when absent */
     llm_weight ffn_norm, w_gate, w_up, w_down;
 } llm_layer;
+
+typedef struct llm_tokenizer llm_tokenizer;
 
 typedef struct llm_model {
     llm_config cfg;
@@ -144,47 +188,32 @@ typedef struct llm_model {
 } llm_model;
 
 int  llm_model_load(llm_model *m, const char *path, char *err);
-/* A model of a real architecture's shape with random weights and no file, like vLLM's dummy load format.
- * Presets: see llm_dummy_presets in the implementation ("tiny", "tinyllama-1.1b", "llama-3.2-1b", "qwen2.5-0.5b"). */
+/* A model of a real checkpoint's shape with random weights and no file, like vLLM's dummy load format; the
+ * presets are named by llm_model_dummy_names ("tiny", "tinyllama-1.1b", "llama-3.2-1b", "qwen2.5-0.5b"). */
 int  llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err);
-const char *llm_dummy_preset_names(void);
+const char *llm_model_dummy_names(void);
 void llm_model_free(llm_model *m);
 
-/* ---------------------------------------------------------------------------------------------------------------
- * Paged KV cache and the forward pass over a batch
- * The cache is a pool of blocks of block_size token slots (per layer, K and V). A sequence owns a list of blocks,
- * its block table: the token at position p lives in block block_table[p / block_size], slot p % block_size.
- * ------------------------------------------------------------------------------------------------------------- */
-typedef struct {
-    int num_blocks, block_size;
-    int n_layers, n_kv_heads, head_dim;
-    float *k, *v;             /* [layer][block][slot][kv_head][head_dim] */
-} llm_kv_cache;
+/* -----------------------------------------------------------------------------------------------------------
+ * 3. Tokenizer: text to token ids (built from the GGUF vocabulary; it points into the llm_gguf, which must outlive
+ *    it). Several threads may tokenize with one tokenizer at once.
+ * -------------------------------------------------------------------------------------------------------- */
+llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err);   /* NULL and a message on error */
+void llm_tokenizer_free(llm_tokenizer *t);
+/* Text to ids. Returns the number of ids (which may exceed cap: then only cap were written; call again with more
+ * room), or -1 on error. parse_special: text like "<|im_end|>" becomes that control token. */
+int  llm_tokenize(const llm_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special,
+                  int32_t *out, int cap);
+int  llm_tokenizer_n_vocab(const llm_tokenizer *t);
+int  llm_tokenizer_bos(const llm_tokenizer *t);          /* -1 when the vocabulary has none */
+int  llm_tokenizer_eos(const llm_tokenizer *t);
+int  llm_tokenizer_adds_bos(const llm_tokenizer *t);     /* tokenizer.ggml.add_bos_token, or the type's default */
+int  llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id);   /* end of generation: eos, eot, <|im_end|> ... */
 
-int  llm_kv_cache_init(llm_kv_cache *kv, const llm_config *cfg, int num_blocks, int block_size, char *err);
-void llm_kv_cache_free(llm_kv_cache *kv);
-size_t llm_kv_bytes_per_block(const llm_config *cfg, int block_size);
-
-/* One forward call: the new tokens of several sequences, flattened. Sequence s owns tokens
- * [seq_start[s], seq_start[s+1]), at consecutive positions; each token attends to its sequence's positions
- * 0..its own, read from the cache through the sequence's block table (earlier positions must be there already:
- * computed in an earlier step, or shared from the prefix cache). Logits come out for the rows listed in
- * logit_rows, in that order. */
-typedef struct {
-    int n_tokens;
-    const int32_t *tokens, *positions;
-    int n_seqs;
-    const int32_t *seq_start;               /* n_seqs + 1 entries */
-    const int32_t *const *block_tables;     /* per sequence */
-    int n_logits;
-    const int32_t *logit_rows;
-} llm_batch;
-
-int llm_forward_cpu(const llm_model *m, llm_kv_cache *kv, const llm_batch *b, float *logits, char *err);
-
-/* ---------------------------------------------------------------------------------------------------------------
- * Sampling
- * ------------------------------------------------------------------------------------------------------------- */
+/* -----------------------------------------------------------------------------------------------------------
+ * 4. Requests: what a request asks for. (The scheduler that turns requests into each step's plan is private to
+ *    the implementation: see its section 4.)
+ * -------------------------------------------------------------------------------------------------------- */
 typedef struct {
     int n;                          /* parallel samples of one prompt (they share the prompt's KV blocks) */
     float temperature;              /* 0: greedy */
@@ -204,19 +233,13 @@ typedef struct {
 } llm_sampling_params;
 
 llm_sampling_params llm_sampling_defaults(void);
-/* The tokens sampling may pick after temperature, top-k, top-p and min-p, most likely first, with their
- * renormalised probabilities; returns how many. ids and probs need room for n_vocab entries. */
-int llm_sampler_candidates(const llm_sampling_params *p, const float *logits, int n_vocab, int32_t *ids, float *probs);
-/* Picks the next token. logits are modified (penalties). history: the prompt then the output so far. */
-int32_t llm_sample(const llm_sampling_params *p, float *logits, int n_vocab, const int32_t *history, int n_prompt,
-                   int n_history, uint64_t *rng_state);
 
-/* ---------------------------------------------------------------------------------------------------------------
- * Block manager: the KV pool's bookkeeping (the memory itself is in the backend)
+/* -----------------------------------------------------------------------------------------------------------
+ * 5. Blocks: the KV pool's bookkeeping (the memory itself is the backend's)
  * Free blocks sit in one list in least-recently-freed order. A full block of prompt or output is named by a hash
  * of (its predecessor's hash, its token ids); when freed it keeps its contents and its name, so a later request
  * with the same prefix takes it back (automatic prefix caching) until allocation needs it and evicts it.
- * ------------------------------------------------------------------------------------------------------------- */
+ * -------------------------------------------------------------------------------------------------------- */
 typedef struct {
     int ref_count;                  /* 0: the block is in the free list */
     int prev_free, next_free;       /* links in the free list; -1 at the ends */
@@ -234,65 +257,159 @@ typedef struct {
     int64_t evictions;
 } llm_block_manager;
 
-int  llm_block_manager_init(llm_block_manager *bm, int num_blocks, int block_size, int enable_prefix_caching, char *err);
+int  llm_block_manager_init(llm_block_manager *bm, int num_blocks, int block_size, int enable_prefix_caching,
+                            char *err);
 void llm_block_manager_free(llm_block_manager *bm);
-int  llm_block_alloc(llm_block_manager *bm);          /* a block with ref_count 1, or -1 when none is free */
-void llm_block_release(llm_block_manager *bm, int id); /* ref_count - 1; at 0 it joins the free list */
+int  llm_block_alloc(llm_block_manager *bm);            /* a block with ref_count 1, or -1 when none is free */
+void llm_block_release(llm_block_manager *bm, int id);  /* ref_count - 1; at 0 it joins the free list */
 uint64_t llm_block_hash(uint64_t prev_hash, const int32_t *tokens, int n);
 int  llm_block_lookup(llm_block_manager *bm, uint64_t hash);  /* cached block id (ref taken) or -1 */
 void llm_block_set_hash(llm_block_manager *bm, int id, uint64_t hash);
 
-/* ---------------------------------------------------------------------------------------------------------------
- * Backend: where the forward pass runs and the KV memory lives. The CPU one is below; llm.cu adds CUDA.
- * ------------------------------------------------------------------------------------------------------------- */
+/* -----------------------------------------------------------------------------------------------------------
+ * 6. Forward: a batch through the model, over the paged KV cache, on a backend
+ * The cache is a pool of blocks of block_size token slots (per layer, K and V). A sequence owns a list of blocks,
+ * its block table: the token at position p lives in block block_table[p / block_size], slot p % block_size.
+ * -------------------------------------------------------------------------------------------------------- */
+/* One forward call: the new tokens of several sequences, flattened. Each token attends to its sequence's
+ * positions 0..its own, read from the cache through the sequence's block table (earlier positions must be there
+ * already: computed in an earlier step, or shared from the prefix cache). */
+typedef struct {
+    int n_tokens;
+    const int32_t *tokens, *positions;      /* [n_tokens]: a sequence's tokens are at consecutive positions */
+    int n_seqs;
+    const int32_t *seq_start;               /* [n_seqs + 1]: sequence s owns tokens [seq_start[s], seq_start[s+1]) */
+    const int32_t *const *block_tables;     /* [n_seqs] */
+    int n_logits;
+    const int32_t *logit_rows;              /* [n_logits]: the tokens whose logits come out, in this order */
+    int n_copies;
+    const int32_t *copy_src, *copy_dst;     /* [n_copies]: blocks copied first (copy-on-write of shared blocks) */
+} llm_batch;
+
+/* A backend starts from a loaded model (the CPU reads the weights where they are, so the model must outlive it;
+ * CUDA copies them to the GPU), says what a KV value costs it and how much memory it has; the engine sizes the
+ * KV pool from that and calls alloc_kv once. Then each step is one forward call. */
 typedef struct llm_backend {
     const char *name;
-    void *ctx;
-    int num_blocks, block_size;
-    size_t kv_bytes_per_block;      /* K and V of all layers for one block, in the backend's storage type */
-    int (*forward)(struct llm_backend *be, const llm_model *m, const llm_batch *b, float *logits, char *err);
-    int (*copy_block)(struct llm_backend *be, int src, int dst, char *err);   /* copy-on-write of a shared block */
+    int kv_value_bytes;             /* bytes per cached K or V value: 4 on the CPU (f32), 2 on CUDA (bf16) */
+    size_t free_memory;             /* bytes left for the KV pool after the weights and room for activations */
+    double default_kv_fraction;     /* the pool when the config gives no size: this fraction of free_memory
+                                     * (0: room for max_num_seqs full contexts, 4 GiB at most) */
+    int  (*alloc_kv)(struct llm_backend *be, int num_blocks, int block_size, char *err);
+    /* logits: [n_logits][vocab_size], written for the batch's logit rows */
+    int  (*forward)(struct llm_backend *be, const llm_batch *b, float *logits, char *err);
     void (*destroy)(struct llm_backend *be);
+    void *ctx;
 } llm_backend;
 
-llm_backend *llm_cpu_backend_create(const llm_model *m, int num_blocks, int block_size, char *err);
+llm_backend *llm_cpu_backend_create(const llm_model *m, char *err);
 #ifdef LLM_CUDA
-/* llm.cu: NULL with a message when no GPU is usable. The KV pool: num_blocks, else kv_bytes, else kv_fraction
- * (default 0.9) of the device memory left free after the weights and room for activations. */
-llm_backend *llm_cuda_backend_create(const llm_model *m, int num_blocks, size_t kv_bytes, double kv_fraction, int block_size, char *err);
+llm_backend *llm_cuda_backend_create(const llm_model *m, char *err);   /* NULL and why, when no GPU answers */
+
+/* llm.cu's kernels one at a time on plain f32 host arrays, as the forward pass launches them: for test.c's GPU
+ * checks and kernel benchmarks. With reps > 0 the call also times reps more runs (CUDA events) and gives the mean
+ * in seconds. A NULL input is filled on the device instead (a constant pattern: what the benchmarks use, whose
+ * sizes would make host copies slow); a NULL output is not read back. */
+typedef struct {
+    int M, N, K;
+    const float *A, *W;             /* [M][K], [N][K]: rounded to bf16 on upload, as the weights are */
+    float *C;                       /* [M][N]: C = A W^T, or C += A W^T with accumulate */
+    int accumulate, reps;
+    double seconds;
+} llm_cuda_gemm_run;
+int llm_cuda_run_gemm(llm_cuda_gemm_run *r, char *err);
+
+/* The QKV preparation (bias, q/k norm, RoPE, K/V written to the cache) and paged attention of one layer. */
+typedef struct {
+    const llm_config *cfg;
+    const llm_batch *batch;         /* positions and block tables (its tokens are not read) */
+    int num_blocks, block_size, part_size;  /* part_size: attention partition length, a multiple of 32 */
+    const float *qkv;               /* [n_tokens][q_dim + 2 kv_dim]: the QKV projection's output */
+    const float *bias, *q_norm, *k_norm;    /* NULL when absent */
+    float *k_cache, *v_cache;       /* in and out: [block][slot][kv_head][head_dim], llm.h's CPU layout (f32,
+                                     * rounded to bf16 on the way in); the new tokens' K/V come back written */
+    float *q_out, *att_out;         /* [n_tokens][q_dim]: q after norm and RoPE; the attention output */
+    int reps;
+    double seconds;
+} llm_cuda_attention_run;
+int llm_cuda_run_attention(llm_cuda_attention_run *r, char *err);
 #endif
 
-/* ---------------------------------------------------------------------------------------------------------------
- * Engine: requests in, tokens and text out, one step at a time
+/* -----------------------------------------------------------------------------------------------------------
+ * 7. Sampler: the next token from a row of logits. It only reads the logits (so logprobs and the n samples of a
+ *    request read the same row); its scratch is its own, made once for a vocabulary size. One per thread.
+ * -------------------------------------------------------------------------------------------------------- */
+typedef struct llm_sampler llm_sampler;
+
+llm_sampler *llm_sampler_create(int n_vocab, char *err);
+void llm_sampler_free(llm_sampler *s);
+/* The logits with the repetition, presence and frequency penalties applied (a copy in the sampler's scratch), or
+ * logits itself when no penalty is on. history: the prompt's n_prompt tokens, then the output so far. */
+const float *llm_sampler_penalize(llm_sampler *s, const llm_sampling_params *p, const float *logits,
+                                  const int32_t *history, int n_prompt, int n_history);
+/* The tokens sampling may pick after temperature, top-k, top-p and min-p, most likely first, with their
+ * renormalised probabilities (in the sampler's scratch, valid until its next call); returns how many. */
+int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const float *logits,
+                           const int32_t **ids, const float **probs);
+/* Penalties, then the candidates, then one draw from *rng_state (greedy: the argmax). -1 when there is no
+ * candidate (logits that are not numbers). */
+int32_t llm_sampler_sample(llm_sampler *s, const llm_sampling_params *p, const float *logits,
+                           const int32_t *history, int n_prompt, int n_history, uint64_t *rng_state);
+
+/* -----------------------------------------------------------------------------------------------------------
+ * 8. Detokenizer: token ids back to text
+ * -------------------------------------------------------------------------------------------------------- */
+/* The raw bytes a token stands for (may be part of a UTF-8 character); control tokens give "" unless special.
+ * Returns the byte count (which may exceed cap), -1 for an id outside the vocabulary. */
+int  llm_tokenizer_piece(const llm_tokenizer *t, int32_t id, int special, char *buf, int cap);
+
+/* Streaming: feed ids one at a time; only whole UTF-8 characters come out, the bytes of a character that is not
+ * complete yet are held back, and bytes that can never form a valid character come out as U+FFFD. Start from a
+ * zeroed llm_detok. A push writes at most 3 x (piece length + 3) bytes; given less room than its output needs, it
+ * writes nothing, keeps its state and returns the room needed (> cap). */
+typedef struct { unsigned char pending[8]; int n_pending; } llm_detok;
+int  llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, int cap); /* bytes written */
+int  llm_detok_flush(llm_detok *d, char *out, int cap);  /* end of stream: what is held back, as U+FFFD */
+
+/* -----------------------------------------------------------------------------------------------------------
+ * 9. Engine: requests in, tokens and text out, one step at a time
  *
  * Threads: llm_engine_add_request and llm_engine_abort may be called from any thread at any time (they take the
- * engine's lock and leave the request in an inbox); everything else, llm_engine_step above all, belongs to the
- * one thread that drives the engine. The server runs llm_engine_step in a loop on its own thread and hands
- * requests in from its connection threads; the outputs of a step stay valid until the next step.
- * ------------------------------------------------------------------------------------------------------------- */
+ * engine's lock and leave the request in an inbox, and wake llm_engine_wait); everything else belongs to the one
+ * thread that drives the engine. A server runs wait and step in a loop on its own thread and hands requests in
+ * from its connection threads; the outputs of a step stay valid until the next step.
+ *
+ * Errors in a step: when the backend fails (or memory runs out), every sequence that step was computing finishes
+ * with LLM_FINISH_ERROR and the message in its output's error; their blocks go back to the pool. Requests that
+ * were not in that step are untouched, and the engine goes on: a backend that cannot recover (a GPU fault) fails
+ * each later step's sequences the same way, so every request still gets its one finish.
+ * -------------------------------------------------------------------------------------------------------- */
 typedef struct {
     const char *model_path;         /* a GGUF file, or: */
     const char *dummy;              /* a dummy preset name (random weights, token ids only) */
     uint64_t dummy_seed;
-    int block_size;                 /* 16 */
-    int num_blocks;                 /* KV pool size in blocks; 0: from kv_bytes */
-    size_t kv_bytes;                /* KV pool size in bytes; 0: from kv_fraction */
-    double kv_fraction;             /* KV pool as a fraction of the memory free after the weights (GPU: device memory,
-                                     * default 0.9, like vLLM's gpu_memory_utilization; CPU: available RAM). 0 on the
-                                     * CPU: room for max_num_seqs full contexts, 4 GiB at most */
-    int max_num_seqs;               /* 256 */
-    int max_num_batched_tokens;     /* per-step token budget: 2048 */
+    /* NULL: the first backend that starts, of CUDA (when built in) and the CPU; or e.g. llm_cpu_backend_create */
+    llm_backend *(*create_backend)(const llm_model *m, char *err);
+    int block_size;                 /* tokens per KV block: 16 */
+    int num_blocks;                 /* the KV pool in blocks; 0: from kv_bytes */
+    size_t kv_bytes;                /* the KV pool in bytes; 0: from kv_fraction */
+    double kv_fraction;             /* the KV pool as a fraction of the backend's free memory (like vLLM's
+                                     * gpu_memory_utilization); 0: the backend's default (llm_backend) */
+    int max_num_seqs;               /* sequences in one step: 256 */
+    int max_num_batched_tokens;     /* tokens in one step (the budget): 2048 */
     int max_model_len;              /* 0: the model's context length */
-    int disable_prefix_caching;
-    int static_batching;            /* no one joins until the whole batch has finished (for comparison) */
-    int cpu;                        /* force the CPU backend */
+    int enable_prefix_caching;      /* 1 */
+    int static_batching;            /* no one joins until the whole batch has finished (for comparison): 0 */
 } llm_engine_config;
 
-enum llm_finish { LLM_FINISH_NONE, LLM_FINISH_STOP, LLM_FINISH_LENGTH, LLM_FINISH_ABORT };
-const char *llm_finish_reason_name(int reason);   /* "stop", "length", "abort" */
+llm_engine_config llm_engine_defaults(void);
+
+enum llm_finish { LLM_FINISH_NONE, LLM_FINISH_STOP, LLM_FINISH_LENGTH, LLM_FINISH_ABORT, LLM_FINISH_ERROR };
+const char *llm_finish_reason_name(int reason);   /* "stop", "length", "abort", "error"; NULL for none */
 
 typedef struct {
     uint64_t request_id;
+    void *user;                     /* what add_request was given */
     int index;                      /* which of the request's n samples */
     const int32_t *token_ids;       /* new tokens this step */
     int n_tokens;
@@ -303,10 +420,15 @@ typedef struct {
     const float *top_logprobs;      /* ... and their log-probabilities */
     int n_top;
     int finish_reason;              /* LLM_FINISH_NONE while it runs */
+    const char *error;              /* LLM_FINISH_ERROR: what went wrong */
     int n_prompt_tokens, n_cached_tokens, n_generated;
 } llm_output;
 
 typedef struct {
+    const char *backend;            /* "cpu", "cuda" */
+    const char *backend_note;       /* why the backends before it did not start ("" when none was passed over) */
+    int block_size, max_model_len;
+    size_t kv_bytes_per_block;      /* K and V of every layer for one block, as the backend stores them */
     int running, waiting;
     int num_blocks, num_free_blocks, num_cached_blocks;
     int64_t prefix_cache_queries, prefix_cache_hits;  /* in tokens */
@@ -318,21 +440,23 @@ typedef struct llm_engine llm_engine;
 
 llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err);
 void llm_engine_destroy(llm_engine *e);
-const llm_model *llm_engine_model(const llm_engine *e);
-const char *llm_engine_backend_name(const llm_engine *e);
-size_t llm_engine_kv_bytes_per_block(const llm_engine *e);   /* what one KV block costs on this backend */
 /* Returns the request id (> 0), or 0 with a message when the request can never run (prompt longer than the
- * context or the KV pool, bad parameters). Give text, or token ids (prompt_ids non-NULL). */
+ * context or the KV pool, bad parameters). Give text, or token ids (prompt_ids non-NULL). user comes back in
+ * every output of the request. */
 uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids, int n_prompt_ids,
-                                const llm_sampling_params *p, char *err);
-void llm_engine_abort(llm_engine *e, uint64_t request_id);
-/* One scheduler step and one forward call. Returns the number of outputs (one per sample that produced
- * something or finished), -1 on a backend error. */
-int  llm_engine_step(llm_engine *e, const llm_output **outputs, char *err);
-int  llm_engine_has_work(llm_engine *e);
+                                const llm_sampling_params *p, void *user, char *err);
+void llm_engine_abort(llm_engine *e, uint64_t request_id);    /* every sample finishes with LLM_FINISH_ABORT */
+/* One scheduler step and one forward call. Returns the number of outputs: one per sample that produced something
+ * or finished (with an error, too: see above). */
+int  llm_engine_step(llm_engine *e, const llm_output **outputs);
+/* Sleeps until there is work (requests waiting or running, or an add or abort from another thread) or timeout_ms
+ * passes (-1: no limit). Returns 1 when there is work, 0 when there is none. */
+int  llm_engine_wait(llm_engine *e, int timeout_ms);
+int  llm_engine_has_work(llm_engine *e);                      /* llm_engine_wait(e, 0) */
 llm_engine_stats llm_engine_get_stats(llm_engine *e);
-/* Audits the block bookkeeping (for tests): every block's ref_count equals the number of block tables holding
- * it, free blocks are exactly those with ref_count 0, and the prefix-cache map names blocks that carry that hash.
+const llm_model *llm_engine_model(const llm_engine *e);
+/* Audits the block bookkeeping (for tests): every block's ref_count equals the number of block tables holding it,
+ * free blocks are exactly those with ref_count 0, and the prefix-cache map names blocks that carry that hash.
  * 0 when consistent, else -1 and what is wrong. Call it between steps, from the engine's thread. */
 int  llm_engine_check_blocks(llm_engine *e, char *err);
 
@@ -341,9 +465,9 @@ int  llm_engine_check_blocks(llm_engine *e, char *err);
 #endif
 #endif /* LLM_H */
 
-/* =============================================================================================================
+/* ===========================================================================================================
  * Implementation
- * =========================================================================================================== */
+ * ======================================================================================================== */
 #ifdef LLM_IMPLEMENTATION
 #ifndef LLM_IMPLEMENTATION_DONE
 #define LLM_IMPLEMENTATION_DONE
@@ -351,25 +475,32 @@ int  llm_engine_check_blocks(llm_engine *e, char *err);
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #ifndef LLM_NO_STB_DS_IMPLEMENTATION
 #define STB_DS_IMPLEMENTATION
 #endif
 #include <stb/stb_ds.h>
 
+/* ---- Preamble: helpers every section uses -------------------------------------------------------------- */
 static int llm_fail(char *err, const char *fmt, ...) {
     if (err) { va_list ap; va_start(ap, fmt); vsnprintf(err, LLM_ERR_LEN, fmt, ap); va_end(ap); }
     return -1;
 }
 
-static int llm_str_eq(llm_str s, const char *c) { size_t n = strlen(c); return s.len == n && memcmp(s.ptr, c, n) == 0; }
+static int llm_str_eq(llm_str s, const char *c) {
+    size_t n = strlen(c);
+    return s.len == n && memcmp(s.ptr, c, n) == 0;
+}
 
+/* Half-precision floats, as GGUF stores f16 and bf16 weights and scales. */
 static float llm_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
     if (exp == 0) {
@@ -384,13 +515,53 @@ static float llm_f16_to_f32(uint16_t h) {
     float f; memcpy(&f, &bits, 4); return f;
 }
 
-static float llm_bf16_to_f32(uint16_t h) { uint32_t bits = (uint32_t)h << 16; float f; memcpy(&f, &bits, 4); return f; }
+static float llm_bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f; memcpy(&f, &bits, 4); return f;
+}
 
-/* =============================================================================================================
- * 1. GGUF reader
+static uint16_t llm_f32_to_f16(float f) { /* round to nearest even */
+    uint32_t x; memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff, mant = x & 0x7fffff;
+    if (exp == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+    int e = (int)exp - 127 + 15;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00);
+    if (e <= 0) { /* subnormal or zero */
+        if (e < -10) return (uint16_t)sign;
+        mant |= 0x800000;
+        uint32_t shift = (uint32_t)(14 - e), half = mant >> shift, rem = mant & ((1u << shift) - 1);
+        uint32_t mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = sign | ((uint32_t)e << 10) | (mant >> 13), rem = mant & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++; /* may carry into the exponent: still right */
+    return (uint16_t)half;
+}
+
+/* splitmix64: the random numbers of dummy weights and of sampling, and the mixing step of block hashes */
+static uint64_t llm_splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float llm_rand_uniform(uint64_t *state) { /* [0, 1), 24 bits */
+    return (float)(llm_splitmix64(state) >> 40) * (1.0f / 16777216.0f);
+}
+
+static int llm_argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* ===========================================================================================================
+ * 1. GGUF
  * A GGUF file is a header, key/value metadata, a table of tensor infos, then the aligned tensor data. We map the
  * file and keep pointers into it; every read goes through llm_rd, which refuses to step past the end.
- * =========================================================================================================== */
+ * ======================================================================================================== */
 typedef struct { const uint8_t *p, *end; char *err; int failed; } llm_rd;
 
 static const uint8_t *llm_rd_take(llm_rd *r, uint64_t n, const char *what) {
@@ -401,8 +572,16 @@ static const uint8_t *llm_rd_take(llm_rd *r, uint64_t n, const char *what) {
     }
     const uint8_t *p = r->p; r->p += n; return p;
 }
-static uint32_t llm_rd_u32(llm_rd *r, const char *what) { const uint8_t *p = llm_rd_take(r, 4, what); uint32_t v = 0; if (p) memcpy(&v, p, 4); return v; }
-static uint64_t llm_rd_u64(llm_rd *r, const char *what) { const uint8_t *p = llm_rd_take(r, 8, what); uint64_t v = 0; if (p) memcpy(&v, p, 8); return v; }
+static uint32_t llm_rd_u32(llm_rd *r, const char *what) {
+    const uint8_t *p = llm_rd_take(r, 4, what); uint32_t v = 0;
+    if (p) memcpy(&v, p, 4);
+    return v;
+}
+static uint64_t llm_rd_u64(llm_rd *r, const char *what) {
+    const uint8_t *p = llm_rd_take(r, 8, what); uint64_t v = 0;
+    if (p) memcpy(&v, p, 8);
+    return v;
+}
 static llm_str llm_rd_str(llm_rd *r, const char *what) {
     llm_str s = {0, 0}; uint64_t n = llm_rd_u64(r, what);
     const uint8_t *p = llm_rd_take(r, n, what);
@@ -429,10 +608,76 @@ static int llm_dtype_info(uint32_t type, uint64_t *block_bytes, uint64_t *block_
 
 const char *llm_dtype_name(uint32_t type) {
     switch (type) {
-    case LLM_F32: return "f32"; case LLM_F16: return "f16"; case LLM_BF16: return "bf16"; case LLM_Q8_0: return "q8_0";
-    case LLM_Q4_0: return "q4_0"; case LLM_Q4_1: return "q4_1"; case LLM_Q4_K: return "q4_K"; case LLM_Q6_K: return "q6_K";
+    case LLM_F32: return "f32";   case LLM_F16: return "f16";   case LLM_BF16: return "bf16";
+    case LLM_Q8_0: return "q8_0"; case LLM_Q4_0: return "q4_0"; case LLM_Q4_1: return "q4_1";
+    case LLM_Q4_K: return "q4_K"; case LLM_Q6_K: return "q6_K";
     default: return "unknown";
     }
+}
+
+/* The metadata: each value stays in the file; arrays of strings get an index of their elements. */
+static int llm_gguf_parse_kv(llm_gguf_kv *kv, llm_rd *r, char *err) {
+    kv->key = llm_rd_str(r, "metadata key");
+    kv->type = llm_rd_u32(r, "metadata type");
+    if (r->failed) return -1;
+    int klen = (int)kv->key.len;
+    if (kv->type >= LLM_GGUF_NTYPES)
+        return llm_fail(err, "corrupt GGUF metadata: key '%.*s' has unknown value type %u", klen, kv->key.ptr,
+                        kv->type);
+    kv->data = r->p;
+    if (kv->type == LLM_GGUF_STRING) { llm_rd_str(r, "metadata string"); return r->failed ? -1 : 0; }
+    if (kv->type != LLM_GGUF_ARRAY) {
+        llm_rd_take(r, llm_gguf_type_size[kv->type], "metadata value");
+        return r->failed ? -1 : 0;
+    }
+    kv->arr_type = llm_rd_u32(r, "metadata array");
+    kv->arr_len = llm_rd_u64(r, "metadata array");
+    if (r->failed) return -1;
+    if (kv->arr_type >= LLM_GGUF_NTYPES || kv->arr_type == LLM_GGUF_ARRAY)
+        return llm_fail(err, "corrupt GGUF metadata: array '%.*s' has unsupported element type %u", klen,
+                        kv->key.ptr, kv->arr_type);
+    kv->data = r->p;
+    /* a string takes 8 bytes at least: a count beyond what is left is corrupt (and would not fit in memory) */
+    uint64_t min_size = kv->arr_type == LLM_GGUF_STRING ? 8 : llm_gguf_type_size[kv->arr_type];
+    if (kv->arr_len > (uint64_t)(r->end - r->p) / min_size)
+        return llm_fail(err, "GGUF file truncated: array '%.*s' runs past the end of the file", klen, kv->key.ptr);
+    if (kv->arr_type != LLM_GGUF_STRING) {
+        llm_rd_take(r, kv->arr_len * min_size, "metadata array");
+        return r->failed ? -1 : 0;
+    }
+    kv->strs = (llm_str *)malloc((kv->arr_len ? kv->arr_len : 1) * sizeof(llm_str));
+    if (!kv->strs) return llm_fail(err, "out of memory indexing '%.*s'", klen, kv->key.ptr);
+    for (uint64_t j = 0; j < kv->arr_len && !r->failed; j++) kv->strs[j] = llm_rd_str(r, "metadata string array");
+    return r->failed ? -1 : 0;
+}
+
+/* A tensor info: name, shape, type, offset. The size follows from the shape and the type's blocks. */
+static int llm_gguf_parse_tensor(llm_gguf_tensor *t, llm_rd *r, char *err) {
+    t->name = llm_rd_str(r, "tensor info");
+    t->n_dims = llm_rd_u32(r, "tensor info");
+    if (r->failed) return -1;
+    int nlen = (int)t->name.len;
+    if (t->n_dims == 0 || t->n_dims > 4)
+        return llm_fail(err, "corrupt tensor '%.*s': %u dimensions", nlen, t->name.ptr, t->n_dims);
+    for (int d = 0; d < 4; d++) t->ne[d] = 1;
+    for (uint32_t d = 0; d < t->n_dims; d++) t->ne[d] = llm_rd_u64(r, "tensor info");
+    t->type = llm_rd_u32(r, "tensor info");
+    t->offset = llm_rd_u64(r, "tensor info");
+    if (r->failed) return -1;
+    uint64_t bb, bv;
+    if (!llm_dtype_info(t->type, &bb, &bv))
+        return llm_fail(err, "tensor '%.*s' has unknown or unsupported tensor type %u", nlen, t->name.ptr, t->type);
+    uint64_t n = 1;
+    for (int d = 0; d < 4; d++) {
+        if (t->ne[d] == 0 || t->ne[d] > ((uint64_t)1 << 40) || n > ((uint64_t)1 << 50) / t->ne[d])
+            return llm_fail(err, "corrupt tensor '%.*s': bad dimensions", nlen, t->name.ptr);
+        n *= t->ne[d];
+    }
+    if (t->ne[0] % bv)
+        return llm_fail(err, "corrupt tensor '%.*s': row of %llu values is not a whole number of %s blocks", nlen,
+                        t->name.ptr, (unsigned long long)t->ne[0], llm_dtype_name(t->type));
+    t->nbytes = n / bv * bb;
+    return 0;
 }
 
 int llm_gguf_parse(llm_gguf *g, const void *data, uint64_t size, char *err) {
@@ -449,93 +694,43 @@ int llm_gguf_parse(llm_gguf *g, const void *data, uint64_t size, char *err) {
     if (r.failed) return -1;
     /* each kv takes at least 12 bytes and each tensor info at least 24: a count beyond that is corrupt */
     if (n_kv > size / 12 || n_tensors > size / 24)
-        return llm_fail(err, "GGUF file truncated or corrupt: its header counts %llu tensors and %llu metadata keys, more than a %llu-byte file holds",
-                        (unsigned long long)n_tensors, (unsigned long long)n_kv, (unsigned long long)size);
+        return llm_fail(err, "GGUF file truncated or corrupt: its header counts %llu tensors and %llu metadata "
+                        "keys, more than a %llu-byte file holds", (unsigned long long)n_tensors,
+                        (unsigned long long)n_kv, (unsigned long long)size);
     g->n_kv = (int64_t)n_kv; g->n_tensors = (int64_t)n_tensors;
     g->kv = (llm_gguf_kv *)calloc(n_kv ? n_kv : 1, sizeof *g->kv);
     g->tensors = (llm_gguf_tensor *)calloc(n_tensors ? n_tensors : 1, sizeof *g->tensors);
     if (!g->kv || !g->tensors) { llm_gguf_close(g); return llm_fail(err, "out of memory reading GGUF header"); }
 
-    for (uint64_t i = 0; i < n_kv; i++) {
-        llm_gguf_kv *kv = &g->kv[i];
-        kv->key = llm_rd_str(&r, "metadata key");
-        kv->type = llm_rd_u32(&r, "metadata type");
-        if (r.failed) goto fail;
-        if (kv->type >= LLM_GGUF_NTYPES) {
-            llm_fail(err, "corrupt GGUF metadata: key '%.*s' has unknown value type %u", (int)kv->key.len, kv->key.ptr, kv->type);
-            goto fail;
-        }
-        kv->data = r.p;
-        if (kv->type == LLM_GGUF_STRING) { llm_rd_str(&r, "metadata string"); continue; }
-        if (kv->type != LLM_GGUF_ARRAY) { llm_rd_take(&r, llm_gguf_type_size[kv->type], "metadata value"); continue; }
-        kv->arr_type = llm_rd_u32(&r, "metadata array");
-        kv->arr_len = llm_rd_u64(&r, "metadata array");
-        if (r.failed) goto fail;
-        if (kv->arr_type >= LLM_GGUF_NTYPES || kv->arr_type == LLM_GGUF_ARRAY) {
-            llm_fail(err, "corrupt GGUF metadata: array '%.*s' has unsupported element type %u", (int)kv->key.len, kv->key.ptr, kv->arr_type);
-            goto fail;
-        }
-        kv->data = r.p;
-        if (kv->arr_type == LLM_GGUF_STRING) {
-            if (kv->arr_len > (uint64_t)(r.end - r.p) / 8) { llm_fail(err, "GGUF file truncated: array '%.*s' runs past the end of the file", (int)kv->key.len, kv->key.ptr); goto fail; }
-            kv->strs = (llm_str *)malloc((kv->arr_len ? kv->arr_len : 1) * sizeof(llm_str));
-            if (!kv->strs) { llm_fail(err, "out of memory indexing '%.*s'", (int)kv->key.len, kv->key.ptr); goto fail; }
-            for (uint64_t j = 0; j < kv->arr_len && !r.failed; j++) kv->strs[j] = llm_rd_str(&r, "metadata string array");
-        } else {
-            uint64_t esz = llm_gguf_type_size[kv->arr_type];
-            if (kv->arr_len > (uint64_t)(r.end - r.p) / esz) { llm_fail(err, "GGUF file truncated: array '%.*s' runs past the end of the file", (int)kv->key.len, kv->key.ptr); goto fail; }
-            llm_rd_take(&r, kv->arr_len * esz, "metadata array");
-        }
-        if (r.failed) goto fail;
-    }
-    const llm_gguf_kv *align = llm_gguf_find(g, "general.alignment");
-    if (align) {
+    for (uint64_t i = 0; i < n_kv; i++)
+        if (llm_gguf_parse_kv(&g->kv[i], &r, err) != 0) { llm_gguf_close(g); return -1; }
+    if (llm_gguf_find(g, "general.alignment")) {
         int64_t a = llm_gguf_int(g, "general.alignment", 32);
-        if (a <= 0 || (a & (a - 1))) { llm_fail(err, "corrupt GGUF metadata: general.alignment %lld is not a power of two", (long long)a); goto fail; }
+        if (a <= 0 || (a & (a - 1))) {
+            llm_gguf_close(g);
+            return llm_fail(err, "corrupt GGUF metadata: general.alignment %lld is not a power of two", (long long)a);
+        }
         g->alignment = (uint64_t)a;
     }
+    for (uint64_t i = 0; i < n_tensors; i++)
+        if (llm_gguf_parse_tensor(&g->tensors[i], &r, err) != 0) { llm_gguf_close(g); return -1; }
 
-    for (uint64_t i = 0; i < n_tensors; i++) {
-        llm_gguf_tensor *t = &g->tensors[i];
-        t->name = llm_rd_str(&r, "tensor info");
-        t->n_dims = llm_rd_u32(&r, "tensor info");
-        if (r.failed) goto fail;
-        if (t->n_dims == 0 || t->n_dims > 4) { llm_fail(err, "corrupt tensor '%.*s': %u dimensions", (int)t->name.len, t->name.ptr, t->n_dims); goto fail; }
-        for (int d = 0; d < 4; d++) t->ne[d] = 1;
-        for (uint32_t d = 0; d < t->n_dims; d++) t->ne[d] = llm_rd_u64(&r, "tensor info");
-        t->type = llm_rd_u32(&r, "tensor info");
-        t->offset = llm_rd_u64(&r, "tensor info");
-        if (r.failed) goto fail;
-        uint64_t bb, bv;
-        if (!llm_dtype_info(t->type, &bb, &bv)) {
-            llm_fail(err, "tensor '%.*s' has unknown or unsupported tensor type %u", (int)t->name.len, t->name.ptr, t->type);
-            goto fail;
-        }
-        uint64_t n = 1;
-        for (int d = 0; d < 4; d++) {
-            if (t->ne[d] == 0 || t->ne[d] > ((uint64_t)1 << 40) || n > ((uint64_t)1 << 50) / t->ne[d]) {
-                llm_fail(err, "corrupt tensor '%.*s': bad dimensions", (int)t->name.len, t->name.ptr); goto fail;
-            }
-            n *= t->ne[d];
-        }
-        if (t->ne[0] % bv) { llm_fail(err, "corrupt tensor '%.*s': row of %llu values is not a whole number of %s blocks", (int)t->name.len, t->name.ptr, (unsigned long long)t->ne[0], llm_dtype_name(t->type)); goto fail; }
-        t->nbytes = n / bv * bb;
-    }
+    /* the data section starts at the next multiple of the alignment; each tensor must lie inside the file */
     uint64_t data_start = (uint64_t)(r.p - g->base);
     data_start = (data_start + g->alignment - 1) / g->alignment * g->alignment;
     for (int64_t i = 0; i < g->n_tensors; i++) {
         llm_gguf_tensor *t = &g->tensors[i];
-        if (t->offset % g->alignment || t->offset > size || data_start > size - t->offset || t->nbytes > size - data_start - t->offset) {
+        if (t->offset % g->alignment || t->offset > size || data_start > size - t->offset ||
+            t->nbytes > size - data_start - t->offset) {
             llm_fail(err, "tensor '%.*s' points past the end of the file (offset %llu, %llu bytes, file %llu bytes)",
-                     (int)t->name.len, t->name.ptr, (unsigned long long)t->offset, (unsigned long long)t->nbytes, (unsigned long long)size);
-            goto fail;
+                     (int)t->name.len, t->name.ptr, (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                     (unsigned long long)size);
+            llm_gguf_close(g);
+            return -1;
         }
         t->data = g->base + data_start + t->offset;
     }
     return 0;
-fail:
-    llm_gguf_close(g);
-    return -1;
 }
 
 int llm_gguf_open(llm_gguf *g, const char *path, char *err) {
@@ -543,8 +738,14 @@ int llm_gguf_open(llm_gguf *g, const char *path, char *err) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return llm_fail(err, "cannot open model file '%s': %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) { close(fd); return llm_fail(err, "'%s' is not a regular file", path); }
-    if (st.st_size < 4) { close(fd); return llm_fail(err, "GGUF file truncated: '%s' has %lld bytes", path, (long long)st.st_size); }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return llm_fail(err, "'%s' is not a regular file", path);
+    }
+    if (st.st_size < 4) {
+        close(fd);
+        return llm_fail(err, "GGUF file truncated: '%s' has %lld bytes", path, (long long)st.st_size);
+    }
     void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED) return llm_fail(err, "cannot map '%s': %s", path, strerror(errno));
@@ -570,8 +771,12 @@ const llm_gguf_tensor *llm_gguf_tensor_find(const llm_gguf *g, const char *name)
     return NULL;
 }
 
+/* One value of a numeric type, as an integer and as a double. 0 for strings and arrays. */
 static int llm_gguf_scalar(uint32_t type, const uint8_t *p, int64_t *iv, double *fv) {
-    union { uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32; float f32; uint64_t u64; int64_t i64; double f64; } v;
+    union {
+        uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32; float f32;
+        uint64_t u64; int64_t i64; double f64;
+    } v;
     *iv = 0; *fv = 0;
     if (type >= LLM_GGUF_NTYPES || !llm_gguf_type_size[type]) return 0;
     memcpy(&v, p, llm_gguf_type_size[type]);
@@ -601,7 +806,10 @@ double llm_gguf_float(const llm_gguf *g, const char *key, double fallback) {
 }
 llm_str llm_gguf_string(const llm_gguf *g, const char *key) {
     const llm_gguf_kv *kv = llm_gguf_find(g, key); llm_str s = {NULL, 0};
-    if (kv && kv->type == LLM_GGUF_STRING) { uint64_t n; memcpy(&n, kv->data, 8); s.ptr = (const char *)kv->data + 8; s.len = n; }
+    if (kv && kv->type == LLM_GGUF_STRING) {
+        uint64_t n; memcpy(&n, kv->data, 8);
+        s.ptr = (const char *)kv->data + 8; s.len = n;
+    }
     return s;
 }
 int64_t llm_gguf_arr_int(const llm_gguf_kv *kv, uint64_t i) {
@@ -615,24 +823,71 @@ double llm_gguf_arr_float(const llm_gguf_kv *kv, uint64_t i) {
     return fv;
 }
 
-/* =============================================================================================================
- * 2. Model: configuration from the metadata, weights as typed pointers into the mapped file
- * =========================================================================================================== */
+/* ---- Tensor data: a row of a weight as f32 ------------------------------------------------------------- */
+size_t llm_dtype_row_bytes(uint32_t type, int64_t n) {
+    uint64_t bb, bv;
+    if (type == LLM_Q4_K || type == LLM_Q6_K || !llm_dtype_info(type, &bb, &bv)) return 0; /* no dequant yet */
+    return (size_t)(n / bv * bb);
+}
+
+/* Block formats (see the GGUF notes): q8_0 is a f16 scale d and 32 int8 (value q * d); q4_0 a scale and 16 bytes
+ * of two 4-bit values each, value j in the low nibble of byte j and value j + 16 in the high one ((q - 8) * d);
+ * q4_1 adds a f16 minimum m (q * d + m). */
+void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n) {
+    const uint8_t *p = (const uint8_t *)row;
+    uint16_t h;
+    switch (type) {
+    case LLM_F32: memcpy(out, row, (size_t)n * sizeof(float)); break;
+    case LLM_F16: for (int64_t i = 0; i < n; i++) { memcpy(&h, p + 2 * i, 2); out[i] = llm_f16_to_f32(h); } break;
+    case LLM_BF16: for (int64_t i = 0; i < n; i++) { memcpy(&h, p + 2 * i, 2); out[i] = llm_bf16_to_f32(h); } break;
+    case LLM_Q8_0:
+        for (int64_t b = 0; b < n / 32; b++, p += 34) {
+            memcpy(&h, p, 2);
+            float d = llm_f16_to_f32(h);
+            for (int j = 0; j < 32; j++) out[b * 32 + j] = (float)(int8_t)p[2 + j] * d;
+        }
+        break;
+    case LLM_Q4_0: case LLM_Q4_1: {
+        int has_min = type == LLM_Q4_1, bytes = has_min ? 20 : 18;
+        for (int64_t b = 0; b < n / 32; b++, p += bytes) {
+            memcpy(&h, p, 2);
+            float d = llm_f16_to_f32(h), mn = 0;
+            if (has_min) { memcpy(&h, p + 2, 2); mn = llm_f16_to_f32(h); }
+            const uint8_t *q = p + (has_min ? 4 : 2);
+            for (int j = 0; j < 16; j++) {
+                int lo = q[j] & 15, hi = q[j] >> 4;
+                out[b * 32 + j]      = has_min ? lo * d + mn : (lo - 8) * d;
+                out[b * 32 + j + 16] = has_min ? hi * d + mn : (hi - 8) * d;
+            }
+        }
+        break;
+    }
+    }
+}
+
+/* ===========================================================================================================
+ * 2. Model: the configuration from the metadata, the weights as typed pointers into the mapped file
+ * ======================================================================================================== */
 static const char *llm_arch_names[] = {"llama", "qwen2", "qwen3"};
 
-/* Weights stay in the file's type; the forward pass converts one row at a time (llm_dequant_row). */
-static int llm_model_weight(llm_model *m, llm_weight *w, const char *name, int64_t cols, int64_t rows, int required, char *err) {
+/* Weights stay in the file's type; the forward pass converts one row at a time (llm_dtype_dequant_row). rows 0:
+ * a vector (a norm or a bias), which must be f32. */
+static int llm_model_weight(llm_model *m, llm_weight *w, const char *name, int64_t cols, int64_t rows, int required,
+                            char *err) {
     const llm_gguf_tensor *t = llm_gguf_tensor_find(&m->gguf, name);
     memset(w, 0, sizeof *w);
     if (!t) return required ? llm_fail(err, "model file is missing tensor '%s'", name) : 0;
     int64_t want_rows = rows ? rows : 1;
     if ((int64_t)t->ne[0] != cols || (int64_t)(t->ne[1] * t->ne[2] * t->ne[3]) != want_rows)
         return llm_fail(err, "tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]", name,
-                        (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (long long)cols, (long long)want_rows);
-    if (t->type == LLM_Q4_K || t->type == LLM_Q6_K)
-        return llm_fail(err, "tensor '%s' has type %s, which this engine cannot compute with yet", name, llm_dtype_name(t->type));
+                        (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (long long)cols,
+                        (long long)want_rows);
+    if (!llm_dtype_row_bytes(t->type, cols))
+        return llm_fail(err, "tensor '%s' has type %s, which this engine cannot compute with yet", name,
+                        llm_dtype_name(t->type));
     if (rows == 0 && t->type != LLM_F32) /* norms and biases are small: we read them as f32 directly */
-        return llm_fail(err, "tensor '%s' has type %s; norm and bias tensors must be f32", name, llm_dtype_name(t->type));
+        return llm_fail(err, "tensor '%s' has type %s; norm and bias tensors must be f32", name,
+                        llm_dtype_name(t->type));
     w->data = t->data; w->type = t->type; w->rows = want_rows; w->cols = cols;
     return 0;
 }
@@ -644,7 +899,10 @@ static int llm_model_read_config(llm_model *m, char *err) {
     if (!arch.ptr) return llm_fail(err, "model file has no general.architecture key");
     c->arch = -1;
     for (int i = 0; i < 3; i++) if (llm_str_eq(arch, llm_arch_names[i])) c->arch = i;
-    if (c->arch < 0) return llm_fail(err, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3)", (int)arch.len, arch.ptr);
+    if (c->arch < 0)
+        return llm_fail(err, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3)", (int)arch.len,
+                        arch.ptr);
+    /* keys are prefixed by the architecture: llama.embedding_length, qwen2.block_count, ... */
     char key[128];
 #define LLM_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", llm_arch_names[c->arch], suffix), key)
     c->dim = (int)llm_gguf_int(g, LLM_KEY("embedding_length"), 0);
@@ -681,10 +939,10 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
     if (!m->output.data) m->output = m->tok_embd; /* tied output embedding */
     m->layers = (llm_layer *)calloc((size_t)c->n_layers, sizeof(llm_layer));
     if (!m->layers) return llm_fail(err, "out of memory");
+    int qwen2 = c->arch == LLM_ARCH_QWEN2, qwen3 = c->arch == LLM_ARCH_QWEN3;
     for (int l = 0; l < c->n_layers; l++) {
         llm_layer *L = &m->layers[l];
         char name[96];
-        int qwen2 = c->arch == LLM_ARCH_QWEN2, qwen3 = c->arch == LLM_ARCH_QWEN3;
 #define LLM_W(field, suffix, cols, rows, req) \
         (snprintf(name, sizeof name, "blk.%d.%s", l, suffix), llm_model_weight(m, &L->field, name, cols, rows, req, err))
         if (LLM_W(attn_norm, "attn_norm.weight", c->dim, 0, 1) || LLM_W(wq, "attn_q.weight", c->dim, q_dim, 1) ||
@@ -692,9 +950,12 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
             LLM_W(wo, "attn_output.weight", q_dim, c->dim, 1) ||
             LLM_W(bq, "attn_q.bias", q_dim, 0, qwen2) || LLM_W(bk, "attn_k.bias", kv_dim, 0, qwen2) ||
             LLM_W(bv, "attn_v.bias", kv_dim, 0, qwen2) ||
-            LLM_W(q_norm, "attn_q_norm.weight", c->head_dim, 0, qwen3) || LLM_W(k_norm, "attn_k_norm.weight", c->head_dim, 0, qwen3) ||
-            LLM_W(ffn_norm, "ffn_norm.weight", c->dim, 0, 1) || LLM_W(w_gate, "ffn_gate.weight", c->dim, c->ffn_dim, 1) ||
-            LLM_W(w_up, "ffn_up.weight", c->dim, c->ffn_dim, 1) || LLM_W(w_down, "ffn_down.weight", c->ffn_dim, c->dim, 1))
+            LLM_W(q_norm, "attn_q_norm.weight", c->head_dim, 0, qwen3) ||
+            LLM_W(k_norm, "attn_k_norm.weight", c->head_dim, 0, qwen3) ||
+            LLM_W(ffn_norm, "ffn_norm.weight", c->dim, 0, 1) ||
+            LLM_W(w_gate, "ffn_gate.weight", c->dim, c->ffn_dim, 1) ||
+            LLM_W(w_up, "ffn_up.weight", c->dim, c->ffn_dim, 1) ||
+            LLM_W(w_down, "ffn_down.weight", c->ffn_dim, c->dim, 1))
             return -1;
 #undef LLM_W
     }
@@ -707,8 +968,9 @@ int llm_model_load(llm_model *m, const char *path, char *err) {
     if (llm_model_read_config(m, err) != 0 || llm_model_bind_weights(m, err) != 0) { llm_model_free(m); return -1; }
     m->tok = llm_tokenizer_load(&m->gguf, err);
     if (!m->tok) { llm_model_free(m); return -1; }
-    if (llm_vocab_size(m->tok) > m->cfg.vocab_size) {
-        llm_fail(err, "tokenizer has %d tokens but the embedding only %d rows", llm_vocab_size(m->tok), m->cfg.vocab_size);
+    if (llm_tokenizer_n_vocab(m->tok) > m->cfg.vocab_size) {
+        llm_fail(err, "tokenizer has %d tokens but the embedding only %d rows", llm_tokenizer_n_vocab(m->tok),
+                 m->cfg.vocab_size);
         llm_model_free(m); return -1;
     }
     llm_str name = llm_gguf_string(&m->gguf, "general.name");
@@ -716,9 +978,14 @@ int llm_model_load(llm_model *m, const char *path, char *err) {
     return 0;
 }
 
-/* Dummy models: the shapes of real checkpoints (from their config.json), random weights: f16, or f32 for the
- * small CPU one ("tiny", a model the size of stories260K's big brothers, quick enough to benchmark on a laptop). */
-typedef struct { const char *name; int arch, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab, ctx; float rope_base; } llm_dummy_preset;
+/* Dummy models: the shapes of real checkpoints (from their config.json), random weights: f16, or f32 for the small
+ * CPU one ("tiny", a model the size of stories260K's big brothers, quick enough to benchmark on a laptop). */
+typedef struct {
+    const char *name;
+    int arch, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab, ctx;
+    float rope_base;
+} llm_dummy_preset;
+
 static const llm_dummy_preset llm_dummy_presets[] = {
     {"tiny",           LLM_ARCH_LLAMA, 128,   2,  4, 2,  32,  256,  2048,   2048, 10000.0f},
     {"tinyllama-1.1b", LLM_ARCH_LLAMA, 2048, 22, 32, 4,  64,  5632, 32000,  2048, 10000.0f},
@@ -726,43 +993,19 @@ static const llm_dummy_preset llm_dummy_presets[] = {
     {"qwen2.5-0.5b",   LLM_ARCH_QWEN2, 896,  24, 14, 2,  64,  4864, 151936, 4096, 1000000.0f},
 };
 
-const char *llm_dummy_preset_names(void) { return "tiny, tinyllama-1.1b, llama-3.2-1b, qwen2.5-0.5b"; }
-
-static uint64_t llm_splitmix64(uint64_t *state) {
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull; z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static float llm_rand_uniform(uint64_t *state) { return (float)(llm_splitmix64(state) >> 40) * (1.0f / 16777216.0f); }
-
-static uint16_t llm_f32_to_f16(float f) {
-    uint32_t x; memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff, mant = x & 0x7fffff;
-    if (exp == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
-    int e = (int)exp - 127 + 15;
-    if (e >= 31) return (uint16_t)(sign | 0x7c00);
-    if (e <= 0) { /* subnormal or zero */
-        if (e < -10) return (uint16_t)sign;
-        mant |= 0x800000;
-        uint32_t shift = (uint32_t)(14 - e), half = mant >> shift, rem = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
-        if (rem > mid || (rem == mid && (half & 1))) half++;
-        return (uint16_t)(sign | half);
-    }
-    uint32_t half = sign | ((uint32_t)e << 10) | (mant >> 13), rem = mant & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++; /* round to nearest even; may carry into exp */
-    return (uint16_t)half;
-}
+const char *llm_model_dummy_names(void) { return "tiny, tinyllama-1.1b, llama-3.2-1b, qwen2.5-0.5b"; }
 
 int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) {
     memset(m, 0, sizeof *m);
     const llm_dummy_preset *p = NULL;
     for (size_t i = 0; i < sizeof llm_dummy_presets / sizeof *llm_dummy_presets; i++)
         if (!strcmp(llm_dummy_presets[i].name, preset)) p = &llm_dummy_presets[i];
-    if (!p) return llm_fail(err, "unknown dummy model '%s' (presets: %s)", preset, llm_dummy_preset_names());
+    if (!p) return llm_fail(err, "unknown dummy model '%s' (presets: %s)", preset, llm_model_dummy_names());
     llm_config *c = &m->cfg;
-    c->arch = p->arch; c->dim = p->dim; c->n_layers = p->n_layers; c->n_heads = p->n_heads; c->n_kv_heads = p->n_kv_heads;
-    c->head_dim = p->head_dim; c->rope_dim = p->head_dim; c->ffn_dim = p->ffn_dim; c->vocab_size = p->vocab;
-    c->context_length = p->ctx; c->rope_base = p->rope_base; c->rms_eps = 1e-6f; c->rope_neox = p->arch != LLM_ARCH_LLAMA;
+    c->arch = p->arch; c->dim = p->dim; c->n_layers = p->n_layers; c->n_heads = p->n_heads;
+    c->n_kv_heads = p->n_kv_heads; c->head_dim = p->head_dim; c->rope_dim = p->head_dim; c->ffn_dim = p->ffn_dim;
+    c->vocab_size = p->vocab; c->context_length = p->ctx; c->rope_base = p->rope_base; c->rms_eps = 1e-6f;
+    c->rope_neox = p->arch != LLM_ARCH_LLAMA;
     snprintf(m->name, sizeof m->name, "dummy:%s", p->name);
     int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
     /* one allocation: the matrices, then the f32 norm weights and biases */
@@ -774,7 +1017,10 @@ int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) 
     size_t esize = mat_type == LLM_F32 ? 4 : 2;
     uint8_t *mat = (uint8_t *)malloc((size_t)n_mat * esize + (size_t)n_vec * 4);
     m->layers = (llm_layer *)calloc((size_t)c->n_layers, sizeof(llm_layer));
-    if (!mat || !m->layers) { free(mat); free(m->layers); m->layers = NULL; return llm_fail(err, "out of memory for dummy model %s", p->name); }
+    if (!mat || !m->layers) {
+        free(mat); free(m->layers); m->layers = NULL;
+        return llm_fail(err, "out of memory for dummy model %s", p->name);
+    }
     m->owned = mat;
     float *vec = (float *)(mat + (size_t)n_mat * esize);
     uint64_t rng = seed;
@@ -782,7 +1028,10 @@ int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) 
      * the benchmark; the scale keeps activations bounded like a trained model's */
     float table[4096];
     uint16_t table16[4096];
-    for (int i = 0; i < 4096; i++) { table[i] = (llm_rand_uniform(&rng) * 2 - 1) * 0.05f; table16[i] = llm_f32_to_f16(table[i]); }
+    for (int i = 0; i < 4096; i++) {
+        table[i] = (llm_rand_uniform(&rng) * 2 - 1) * 0.05f;
+        table16[i] = llm_f32_to_f16(table[i]);
+    }
     for (int64_t i = 0; i < n_mat; i += 4096) {
         int64_t n = n_mat - i < 4096 ? n_mat - i : 4096, shift = (int64_t)(llm_splitmix64(&rng) % 4096);
         for (int64_t j = 0; j < n; j++) {
@@ -791,7 +1040,8 @@ int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) 
         }
     }
     for (int64_t i = 0; i < n_vec; i++) vec[i] = 1.0f;
-#define LLM_TAKE_MAT(w, r, cl) (w.data = mat, w.type = mat_type, w.rows = (r), w.cols = (cl), mat += (size_t)(r) * (cl) * esize)
+#define LLM_TAKE_MAT(w, r, cl) \
+    (w.data = mat, w.type = mat_type, w.rows = (r), w.cols = (cl), mat += (size_t)(r) * (cl) * esize)
 #define LLM_TAKE_VEC(w, n) (w.data = vec, w.type = LLM_F32, w.rows = 1, w.cols = (n), vec += (n))
     LLM_TAKE_MAT(m->tok_embd, c->vocab_size, c->dim); m->output = m->tok_embd;
     LLM_TAKE_VEC(m->output_norm, c->dim);
@@ -801,7 +1051,7 @@ int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) 
         LLM_TAKE_MAT(L->wo, c->dim, q_dim); LLM_TAKE_MAT(L->w_gate, c->ffn_dim, c->dim);
         LLM_TAKE_MAT(L->w_up, c->ffn_dim, c->dim); LLM_TAKE_MAT(L->w_down, c->dim, c->ffn_dim);
         LLM_TAKE_VEC(L->attn_norm, c->dim); LLM_TAKE_VEC(L->ffn_norm, c->dim);
-        if (c->arch == LLM_ARCH_QWEN2) {
+        if (c->arch == LLM_ARCH_QWEN2) { /* zero biases */
             LLM_TAKE_VEC(L->bq, q_dim); LLM_TAKE_VEC(L->bk, kv_dim); LLM_TAKE_VEC(L->bv, kv_dim);
             for (int64_t i = 0; i < q_dim + 2 * kv_dim; i++) vec[i - q_dim - 2 * kv_dim] = 0.0f;
         }
@@ -817,28 +1067,30 @@ void llm_model_free(llm_model *m) {
     if (m->gguf.base) llm_gguf_close(&m->gguf);
     memset(m, 0, sizeof *m);
 }
-
-/* =============================================================================================================
+/* ===========================================================================================================
  * 3. Tokenizer
  * Two kinds of vocabulary, told apart by tokenizer.ggml.model; both give the ids llama.cpp gives.
- *  - "llama": SentencePiece BPE. Every space becomes U+2581 (and one goes in front of the text); the text starts
- *    as single characters, and the adjacent pair whose concatenation is the highest-scoring token merges first.
- *    What never becomes a token is spelled out as <0xNN> byte tokens.
- *  - "gpt2": byte-level BPE. A pre-tokenizer (the model's split regex, written out by hand) cuts the text into
- *    words; a word starts as single bytes, each a token spelled with GPT-2's printable stand-in for that byte,
- *    and the pair listed earliest in tokenizer.ggml.merges merges first.
+ *  - "llama": SentencePiece BPE. Every space becomes U+2581 (and one goes in front of the text); the
+ *    text starts as single characters, and the adjacent pair whose concatenation is the highest-scoring
+ *    token merges first. What never becomes a token is spelled out as <0xNN> byte tokens.
+ *  - "gpt2": byte-level BPE. A pre-tokenizer (the model's split regex, written out by hand) cuts the text
+ *    into words; a word starts as single bytes, each a token spelled with GPT-2's printable stand-in for
+ *    that byte, and the pair listed earliest in tokenizer.ggml.merges merges first.
  * One merge loop serves both: a linked list of symbols and a heap of candidate pairs, so a long text costs
  * n log n. Special tokens are cut out of the text first, when the caller asks for them. Lookups go through
  * stb_ds hash maps (token text -> id, pair of ids -> merge) that are only read after loading, so several
  * threads may tokenize with one tokenizer at once.
- * =========================================================================================================== */
+ * ======================================================================================================== */
 enum { LLM_VOCAB_SPM, LLM_VOCAB_BPE };
 enum { LLM_PRE_GPT2, LLM_PRE_LLAMA3, LLM_PRE_QWEN2, LLM_PRE_SMOLLM };
 /* token kinds, numbered as tokenizer.ggml.token_type numbers them */
-enum { LLM_TOKEN_NORMAL = 1, LLM_TOKEN_UNKNOWN, LLM_TOKEN_CONTROL, LLM_TOKEN_USER, LLM_TOKEN_UNUSED, LLM_TOKEN_BYTE };
+enum {
+    LLM_TOKEN_NORMAL = 1, LLM_TOKEN_UNKNOWN, LLM_TOKEN_CONTROL, LLM_TOKEN_USER, LLM_TOKEN_UNUSED,
+    LLM_TOKEN_BYTE
+};
 
 typedef struct { char *key; int value; } llm_tok_entry;             /* token text -> id */
-typedef struct { int rank, id; } llm_merge;                          /* place in the merges list, merged token */
+typedef struct { int rank, id; } llm_merge;                        /* rank in the merges list, merged token */
 typedef struct { uint64_t key; llm_merge value; } llm_merge_entry; /* left id << 32 | right id -> merge */
 
 struct llm_tokenizer {
@@ -862,10 +1114,1978 @@ struct llm_tokenizer {
     size_t max_len;             /* the longest token text, in bytes: longer strings need no lookup */
 };
 
-/* ---- Unicode: character classes for the pre-tokenizers, and UTF-8 ------------------------------------------ */
+/* ---- UTF-8, and the classes of characters the pre-tokenizers split by ---------------------------------- */
+/* 'L' letter (\p{L}), 'N' number (\p{N}), 'S' white space (\s), 0 anything else: in the appendix, with its
+ * table. */
+static int llm_uni_class(uint32_t c);
+
+/* Looks at the UTF-8 at s (n > 0 bytes there). Returns the length of the character that starts there; 0 when
+ * the n bytes are a good start of a character that needs more bytes; -k when the first k bytes can never
+ * begin a character (Unicode's "maximal subpart": a stray continuation byte, a byte that is never in UTF-8,
+ * or a lead byte with the wrong follower). Overlong forms, surrogates and code points past U+10FFFF count as
+ * broken. */
+static int llm_utf8_check(const unsigned char *s, size_t n) {
+    unsigned c = s[0], lo = 0x80, hi = 0xBF; /* the range allowed for the next byte */
+    int len;
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) { len = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
+    else if (c >= 0xF0 && c <= 0xF4) { len = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
+    else return -1;
+    for (int i = 1; i < len; i++) {
+        if ((size_t)i >= n) return 0;
+        if (s[i] < lo || s[i] > hi) return -i;
+        lo = 0x80; hi = 0xBF;
+    }
+    return len;
+}
+
+static uint32_t llm_utf8_decode(const unsigned char *s, int len) { /* of a character llm_utf8_check passed */
+    uint32_t c = len == 1 ? s[0] : s[0] & (0x7Fu >> len);
+    for (int i = 1; i < len; i++) c = c << 6 | (s[i] & 0x3Fu);
+    return c;
+}
+
+static int llm_utf8_encode(uint32_t c, char *out) {
+    if (c < 0x80) { out[0] = (char)c; return 1; }
+    if (c < 0x800) { out[0] = (char)(0xC0 | c >> 6); out[1] = (char)(0x80 | (c & 0x3F)); return 2; }
+    int len = c < 0x10000 ? 3 : 4;
+    out[0] = (char)(len == 3 ? 0xE0 | c >> 12 : 0xF0 | c >> 18);
+    for (int i = 1; i < len; i++) out[i] = (char)(0x80 | (c >> 6 * (len - 1 - i) & 0x3F));
+    return len;
+}
+
+/* ---- Lookups ------------------------------------------------------------------------------------------- */
+/* The id of the token whose text is s[0..n), or -1. */
+static int llm_tok_find(const llm_tokenizer *t, const char *s, size_t n) {
+    /* stb_ds keys are C strings: a string with a NUL byte, or longer than every token, can be no token */
+    if (n == 0 || n > t->max_len || memchr(s, 0, n)) return -1;
+    char small[256], *key = n < sizeof small ? small : (char *)malloc(n + 1);
+    if (!key) return -1;
+    memcpy(key, s, n); key[n] = 0;
+    /* the thread-safe lookup: it keeps its result out of the map's header (stb_ds has no shgeti_ts macro) */
+    llm_tok_entry *ids = t->ids;
+    ptrdiff_t i = -1;
+    if (ids) stbds_hmget_key_ts(ids, sizeof *ids, key, sizeof ids->key, &i, STBDS_HM_STRING);
+    if (key != small) free(key);
+    return i >= 0 ? ids[i].value : -1;
+}
+
+static int llm_merge_find(const llm_tokenizer *t, int left, int right, llm_merge *m) {
+    llm_merge_entry *map = t->merges;
+    uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
+    ptrdiff_t i;
+    if (!map) return 0;
+    hmgeti_ts(map, key, i);
+    if (i < 0) return 0;
+    *m = map[i].value;
+    return 1;
+}
+
+/* ---- The merge loop, for both kinds -------------------------------------------------------------------- */
+typedef struct { int start, len, prev, next, id; } llm_sym;          /* a run of bytes of the text, merged */
+typedef struct { double score; int left, right, len, id; } llm_pair; /* adjacent symbols that could merge */
+
+/* The order llama.cpp's queues pop in: higher score first (BPE scores are minus the rank), then leftmost. */
+static int llm_pair_first(const llm_pair *a, const llm_pair *b) {
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+static void llm_heap_push(llm_pair **heap, llm_pair p) {
+    arrput(*heap, p);
+    llm_pair *h = *heap;
+    for (ptrdiff_t i = arrlen(h) - 1; i > 0 && llm_pair_first(&h[i], &h[(i - 1) / 2]); i = (i - 1) / 2) {
+        llm_pair tmp = h[i]; h[i] = h[(i - 1) / 2]; h[(i - 1) / 2] = tmp;
+    }
+}
+
+static llm_pair llm_heap_pop(llm_pair **heap) {
+    llm_pair *h = *heap, top = h[0], last = arrpop(h);
+    ptrdiff_t n = arrlen(h), i = 0;
+    if (n == 0) return top;
+    h[0] = last;
+    for (;;) {
+        ptrdiff_t best = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && llm_pair_first(&h[l], &h[best])) best = l;
+        if (r < n && llm_pair_first(&h[r], &h[best])) best = r;
+        if (best == i) return top;
+        llm_pair tmp = h[i]; h[i] = h[best]; h[best] = tmp;
+        i = best;
+    }
+}
+
+/* Can symbols a and b (adjacent, a first) merge? If so fill *p. */
+static int llm_pair_make(const llm_tokenizer *t, const char *text, const llm_sym *sym, int a, int b,
+                         llm_pair *p) {
+    if (a < 0 || b < 0) return 0;
+    if (t->kind == LLM_VOCAB_SPM) {
+        /* SentencePiece: any pair whose concatenation is a token, best score first */
+        int id = llm_tok_find(t, text + sym[a].start, (size_t)(sym[a].len + sym[b].len));
+        if (id < 0) return 0;
+        p->score = t->score[id]; p->id = id;
+    } else {
+        /* byte-level BPE: only the pairs in the merges list, in its order */
+        llm_merge m;
+        if (sym[a].id < 0 || sym[b].id < 0 || !llm_merge_find(t, sym[a].id, sym[b].id, &m)) return 0;
+        p->score = -(double)m.rank; p->id = m.id;
+    }
+    p->left = a; p->right = b; p->len = sym[a].len + sym[b].len;
+    return 1;
+}
+
+/* Merges the n symbols (a linked list over text, in order) until no pair can merge. */
+static void llm_merge_symbols(const llm_tokenizer *t, const char *text, llm_sym *sym, int n) {
+    llm_pair *heap = NULL, p;
+    for (int i = 1; i < n; i++) if (llm_pair_make(t, text, sym, i - 1, i, &p)) llm_heap_push(&heap, p);
+    while (arrlen(heap) > 0) {
+        p = llm_heap_pop(&heap);
+        llm_sym *l = &sym[p.left], *r = &sym[p.right];
+        /* pairs stay in the heap when a neighbour merges first: skip one whose symbols changed since */
+        if (l->len == 0 || r->len == 0 || l->next != p.right || l->len + r->len != p.len) continue;
+        l->len += r->len; l->id = p.id; l->next = r->next; r->len = 0;
+        if (r->next >= 0) sym[r->next].prev = p.left;
+        int at = p.left;
+        if (llm_pair_make(t, text, sym, l->prev, at, &p)) llm_heap_push(&heap, p);
+        if (llm_pair_make(t, text, sym, at, l->next, &p)) llm_heap_push(&heap, p);
+    }
+    arrfree(heap);
+}
+
+/* ---- Output -------------------------------------------------------------------------------------------- */
+typedef struct { int32_t *ids; int cap, n, failed; } llm_out; /* counts every id, stores the first cap */
+
+static void llm_out_put(llm_out *o, int id) {
+    if (id < 0) return;
+    if (o->n < o->cap) o->ids[o->n] = id;
+    o->n++;
+}
+
+/* ---- SentencePiece ------------------------------------------------------------------------------------- */
+static void llm_tokenize_spm(const llm_tokenizer *t, const char *text, size_t len, int space_prefix,
+                             llm_out *o) {
+    static const char space[] = "\xE2\x96\x81"; /* U+2581, SentencePiece's visible space */
+    size_t n = space_prefix ? 3 : 0;
+    for (size_t i = 0; i < len; i++) n += text[i] == ' ' ? 3 : 1;
+    char *s = (char *)malloc(n ? n : 1);
+    llm_sym *sym = (llm_sym *)malloc((n ? n : 1) * sizeof *sym);
+    if (!s || !sym) { free(s); free(sym); o->failed = 1; return; }
+    n = 0;
+    if (space_prefix) { memcpy(s, space, 3); n = 3; }
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == ' ') { memcpy(s + n, space, 3); n += 3; }
+        else s[n++] = text[i];
+    }
+    /* start from single characters; a broken UTF-8 byte is a symbol of its own */
+    int ns = 0;
+    for (size_t i = 0; i < n; ns++) {
+        int k = llm_utf8_check((const unsigned char *)s + i, n - i), clen = k > 0 ? k : 1;
+        llm_sym x = {(int)i, clen, ns - 1, i + clen < n ? ns + 1 : -1, llm_tok_find(t, s + i, (size_t)clen)};
+        sym[ns] = x;
+        i += (size_t)clen;
+    }
+    llm_merge_symbols(t, s, sym, ns);
+    for (int i = ns ? 0 : -1; i >= 0; i = sym[i].next) {
+        if (sym[i].id >= 0) { llm_out_put(o, sym[i].id); continue; }
+        /* a character that is no token: its bytes as <0xNN> tokens */
+        for (int j = 0; j < sym[i].len; j++) {
+            int b = t->byte_token[(unsigned char)s[sym[i].start + j]];
+            llm_out_put(o, b >= 0 ? b : t->unk);
+        }
+    }
+    free(s); free(sym);
+}
+
+/* ---- Byte-level BPE: pre-tokenizers -------------------------------------------------------------------- */
+/* Each returns the end of the word that starts at character i; n ends the text. They take the alternatives of
+ * the regex in its order, as a regex engine would: the first that matches at i wins. cls[] is
+ * llm_uni_class. */
+
+/* gpt2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+static int llm_pretok_gpt2(const uint32_t *cp, const char *cls, int i, int n) {
+    if (cp[i] == '\'' && i + 1 < n) {
+        uint32_t a = cp[i + 1], b = i + 2 < n ? cp[i + 2] : 0;
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+    }
+    /* a run of letters, of digits, or of anything else but space, perhaps after one space */
+    int j = i + (cp[i] == ' ' && i + 1 < n && cls[i + 1] != 'S');
+    if (cls[j] != 'S') {
+        char c = cls[j];
+        while (j < n && cls[j] == c) j++;
+        return j;
+    }
+    /* white space: to the end of the text; else up to the last one, which goes with the word after it (one
+     * alone stays alone) */
+    for (j = i; j < n && cls[j] == 'S'; j++) {}
+    return j == n || j - i == 1 ? j : j - 1;
+}
+
+static uint32_t llm_ascii_lower(uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
+
+/* llama-bpe (max_digits 3) and qwen2 (max_digits 1):
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+ *   \s*[\r\n]+|\s+(?!\S)|\s+ */
+static int llm_pretok_llama3(const uint32_t *cp, const char *cls, int i, int n, int max_digits) {
+    if (cp[i] == '\'' && i + 1 < n) {
+        uint32_t a = llm_ascii_lower(cp[i + 1]), b = i + 2 < n ? llm_ascii_lower(cp[i + 2]) : 0;
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+    }
+    /* letters, perhaps after one character that is not a letter, digit or line break */
+    int j = i + (cls[i] != 'L' && cls[i] != 'N' && cp[i] != '\r' && cp[i] != '\n');
+    if (j < n && cls[j] == 'L') {
+        while (j < n && cls[j] == 'L') j++;
+        return j;
+    }
+    if (cls[i] == 'N') {
+        for (j = i; j < n && j - i < max_digits && cls[j] == 'N'; j++) {}
+        return j;
+    }
+    /* punctuation and symbols, perhaps after a space, with the line breaks right after them */
+    j = i + (cp[i] == ' ');
+    if (j < n && cls[j] == 0) {
+        while (j < n && cls[j] == 0) j++;
+        while (j < n && (cp[j] == '\r' || cp[j] == '\n')) j++;
+        return j;
+    }
+    /* white space (all that is left): up to its last line break if it has one, else as gpt2 takes it */
+    int last_break = -1;
+    for (j = i; j < n && cls[j] == 'S'; j++) if (cp[j] == '\r' || cp[j] == '\n') last_break = j;
+    if (last_break >= 0) return last_break + 1;
+    return j == n || j - i == 1 ? j : j - 1;
+}
+
+/* The end of the word that starts at character i, for pre-tokenizer pre. *run_end is smollm's memory of where
+ * the current run between digits ends (start it at 0). */
+static int llm_pretok_next(int pre, const uint32_t *cp, const char *cls, int i, int n, int *run_end) {
+    if (pre == LLM_PRE_LLAMA3) return llm_pretok_llama3(cp, cls, i, n, 3);
+    if (pre == LLM_PRE_QWEN2) return llm_pretok_llama3(cp, cls, i, n, 1);
+    if (pre == LLM_PRE_SMOLLM) { /* every digit is a word; the runs between digits split as gpt2 splits */
+        if (cls[i] == 'N') return i + 1;
+        if (*run_end <= i) for (*run_end = i; *run_end < n && cls[*run_end] != 'N'; ++*run_end) {}
+        return llm_pretok_gpt2(cp, cls, i, *run_end);
+    }
+    return llm_pretok_gpt2(cp, cls, i, n);
+}
+
+/* Decodes text[0..len) into code points, their classes and their byte offsets (off has room for one more, the
+ * end); returns the number of characters. A broken UTF-8 byte is a character of its own, of no class; it
+ * keeps its byte through BPE (llama.cpp would put U+FFFD in its place). */
+static int llm_decode_text(const char *text, size_t len, uint32_t *cp, char *cls, int *off) {
+    int nc = 0;
+    for (size_t i = 0; i < len; nc++) {
+        int k = llm_utf8_check((const unsigned char *)text + i, len - i);
+        off[nc] = (int)i;
+        cp[nc] = k > 0 ? llm_utf8_decode((const unsigned char *)text + i, k) : 0xFFFD;
+        cls[nc] = k > 0 ? (char)llm_uni_class(cp[nc]) : 0;
+        i += k > 0 ? (size_t)k : 1;
+    }
+    off[nc] = (int)len;
+    return nc;
+}
+
+/* ---- Byte-level BPE: words ----------------------------------------------------------------------------- */
+/* Tokenizes one word w[0..n) (raw bytes). sym has room for n symbols, buf for 2 * t->max_len bytes. */
+static void llm_bpe_word(const llm_tokenizer *t, const char *w, int n, llm_sym *sym, char *buf, llm_out *o) {
+    if (t->ignore_merges && (size_t)n <= t->max_len) {
+        /* a word that is itself a token is taken whole, even where the merges would split it differently */
+        size_t m = 0;
+        for (int i = 0; i < n; i++) m += (size_t)llm_utf8_encode(t->byte_char[(unsigned char)w[i]], buf + m);
+        int id = llm_tok_find(t, buf, m);
+        if (id >= 0) { llm_out_put(o, id); return; }
+    }
+    for (int i = 0; i < n; i++) {
+        llm_sym x = {i, 1, i - 1, i + 1 < n ? i + 1 : -1, t->byte_token[(unsigned char)w[i]]};
+        sym[i] = x;
+    }
+    llm_merge_symbols(t, w, sym, n);
+    /* a symbol is a token unless the vocabulary lacks one of the 256 bytes: then <unk> if it has one */
+    for (int i = n ? 0 : -1; i >= 0; i = sym[i].next) llm_out_put(o, sym[i].id >= 0 ? sym[i].id : t->unk);
+}
+
+static void llm_tokenize_bpe(const llm_tokenizer *t, const char *text, size_t len, llm_out *o) {
+    if (len == 0) return;
+    uint32_t *cp = (uint32_t *)malloc(len * sizeof *cp);
+    char *cls = (char *)malloc(len);
+    int *off = (int *)malloc((len + 1) * sizeof *off);
+    llm_sym *sym = (llm_sym *)malloc(len * sizeof *sym);
+    char *buf = (char *)malloc(2 * t->max_len + 1);
+    if (cp && cls && off && sym && buf) {
+        int nc = llm_decode_text(text, len, cp, cls, off), run_end = 0;
+        for (int i = 0, end; i < nc; i = end) {
+            end = llm_pretok_next(t->pre, cp, cls, i, nc, &run_end);
+            llm_bpe_word(t, text + off[i], off[end] - off[i], sym, buf, o);
+        }
+    } else o->failed = 1;
+    free(cp); free(cls); free(off); free(sym); free(buf);
+}
+
+/* ---- Public: tokenize ---------------------------------------------------------------------------------- */
+/* The longest special token at s, or -1. */
+static int llm_special_at(const llm_tokenizer *t, const char *s, size_t n, size_t *len) {
+    for (ptrdiff_t k = 0; k < arrlen(t->special); k++) {
+        llm_str x = t->text[t->special[k]];
+        if (x.len <= n && memcmp(x.ptr, s, x.len) == 0) { *len = x.len; return t->special[k]; }
+    }
+    return -1;
+}
+
+static void llm_tokenize_text(const llm_tokenizer *t, const char *s, size_t n, llm_out *o) {
+    /* every part of the text starts the text or follows a special token: either way llama.cpp gives it
+     * SentencePiece's space prefix */
+    if (t->kind == LLM_VOCAB_SPM) llm_tokenize_spm(t, s, n, t->add_space_prefix, o);
+    else llm_tokenize_bpe(t, s, n, o);
+}
+
+/* add_bos also appends EOS when the vocabulary asks for it (add_eos_token), as llama.cpp's add_special does */
+int llm_tokenize(const llm_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special,
+                 int32_t *out, int cap) {
+    if (!t || (!text && len) || cap < 0 || (!out && cap > 0)) return -1;
+    if (len > (size_t)INT32_MAX / 4) return -1; /* offsets are ints: tokenize such a text in parts */
+    llm_out o = {out, cap, 0, 0};
+    if (add_bos) llm_out_put(&o, t->bos);
+    /* text between special tokens is tokenized on its own, as if each part were a whole text */
+    size_t start = 0;
+    for (size_t i = 0; parse_special && i < len && !o.failed;) {
+        size_t n = 0;
+        int id = t->special_start[(unsigned char)text[i]] ? llm_special_at(t, text + i, len - i, &n) : -1;
+        if (id < 0) { i++; continue; }
+        if (i > start) llm_tokenize_text(t, text + start, i - start, &o);
+        llm_out_put(&o, id);
+        start = i += n;
+    }
+    if (len > start && !o.failed) llm_tokenize_text(t, text + start, len - start, &o);
+    if (add_bos && t->add_eos) llm_out_put(&o, t->eos);
+    return o.failed ? -1 : o.n;
+}
+
+/* ---- Loading ------------------------------------------------------------------------------------------- */
+static int llm_tok_id_key(const llm_gguf *g, const char *key, int fallback, int n_vocab) {
+    int64_t v = llm_gguf_int(g, key, fallback); /* absent ids are stored as -1 or as 2^32 - 1 */
+    return v >= 0 && v < n_vocab ? (int)v : -1;
+}
+
+typedef struct { size_t len; int id; } llm_special_sort;
+static int llm_special_cmp(const void *a, const void *b) { /* longest text first, then lowest id */
+    const llm_special_sort *x = (const llm_special_sort *)a, *y = (const llm_special_sort *)b;
+    if (x->len != y->len) return x->len > y->len ? -1 : 1;
+    return x->id - y->id;
+}
+
+static void llm_add_eog(llm_tokenizer *t, int id) {
+    if (id < 0) return;
+    for (ptrdiff_t i = 0; i < arrlen(t->eog); i++) if (t->eog[i] == id) return;
+    arrput(t->eog, id);
+}
+
+llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
+    llm_str model = llm_gguf_string(g, "tokenizer.ggml.model");
+    llm_str pre = llm_gguf_string(g, "tokenizer.ggml.pre");
+    const llm_gguf_kv *tokens = llm_gguf_find(g, "tokenizer.ggml.tokens");
+    const llm_gguf_kv *scores = llm_gguf_find(g, "tokenizer.ggml.scores");
+    const llm_gguf_kv *types = llm_gguf_find(g, "tokenizer.ggml.token_type");
+    const llm_gguf_kv *merges = llm_gguf_find(g, "tokenizer.ggml.merges");
+    int kind, pre_kind = LLM_PRE_GPT2;
+    char *key = NULL;
+
+    if (!model.ptr) {
+        llm_fail(err, "the GGUF file has no tokenizer (no tokenizer.ggml.model)");
+        return NULL;
+    }
+    if (llm_str_eq(model, "llama")) kind = LLM_VOCAB_SPM;
+    else if (llm_str_eq(model, "gpt2")) kind = LLM_VOCAB_BPE;
+    else {
+        llm_fail(err, "unsupported tokenizer.ggml.model '%.*s' (supported: llama, gpt2)", (int)model.len,
+                 model.ptr);
+        return NULL;
+    }
+    if (!tokens || tokens->type != LLM_GGUF_ARRAY || tokens->arr_type != LLM_GGUF_STRING ||
+        tokens->arr_len == 0 || tokens->arr_len > INT32_MAX) {
+        llm_fail(err, "tokenizer.ggml.tokens is missing or is not a list of strings"); return NULL;
+    }
+    uint64_t n = tokens->arr_len;
+    if (scores && (scores->type != LLM_GGUF_ARRAY || scores->arr_type == LLM_GGUF_STRING ||
+                   scores->arr_len != n)) {
+        llm_fail(err, "tokenizer.ggml.scores is not a list of %llu numbers", (unsigned long long)n);
+        return NULL;
+    }
+    if (types && (types->type != LLM_GGUF_ARRAY || types->arr_type == LLM_GGUF_STRING ||
+                  types->arr_len != n)) {
+        llm_fail(err, "tokenizer.ggml.token_type is not a list of %llu numbers", (unsigned long long)n);
+        return NULL;
+    }
+    if (kind == LLM_VOCAB_BPE) {
+        if (!merges || merges->type != LLM_GGUF_ARRAY || merges->arr_type != LLM_GGUF_STRING) {
+            llm_fail(err, "a gpt2 tokenizer needs tokenizer.ggml.merges (a list of strings)"); return NULL;
+        }
+        if (!pre.ptr || llm_str_eq(pre, "default") || llm_str_eq(pre, "gpt2") || llm_str_eq(pre, "gpt-2"))
+            pre_kind = LLM_PRE_GPT2;
+        else if (llm_str_eq(pre, "llama-bpe") || llm_str_eq(pre, "llama3") || llm_str_eq(pre, "llama-v3"))
+            pre_kind = LLM_PRE_LLAMA3;
+        else if (llm_str_eq(pre, "qwen2")) pre_kind = LLM_PRE_QWEN2;
+        else if (llm_str_eq(pre, "smollm")) pre_kind = LLM_PRE_SMOLLM;
+        else {
+            /* a wrong split gives wrong ids without a word of warning: refuse instead */
+            llm_fail(err, "unsupported tokenizer.ggml.pre '%.*s' (supported: default, gpt2, llama-bpe, "
+                     "qwen2, smollm)",
+                     (int)pre.len, pre.ptr);
+            return NULL;
+        }
+    }
+
+    llm_tokenizer *t = (llm_tokenizer *)calloc(1, sizeof *t);
+    if (!t) { llm_fail(err, "out of memory loading the tokenizer"); return NULL; }
+    t->kind = kind; t->pre = pre_kind; t->n_vocab = (int)n; t->text = tokens->strs;
+    t->score = (float *)calloc(n, sizeof *t->score);
+    t->type = (uint8_t *)malloc(n);
+    if (!t->score || !t->type) goto oom;
+    for (uint64_t i = 0; i < n; i++) {
+        int64_t ty = types ? llm_gguf_arr_int(types, i) : LLM_TOKEN_NORMAL;
+        t->type[i] = ty >= LLM_TOKEN_NORMAL && ty <= LLM_TOKEN_BYTE ? (uint8_t)ty : LLM_TOKEN_NORMAL;
+        if (scores) t->score[i] = (float)llm_gguf_arr_float(scores, i);
+        if (t->text[i].len > t->max_len) t->max_len = t->text[i].len;
+    }
+
+    /* token text -> id; where a text repeats, the last id wins, as in llama.cpp */
+    if (!(key = (char *)malloc(t->max_len + 1))) goto oom;
+    sh_new_arena(t->ids);
+    for (uint64_t i = 0; i < n; i++) {
+        llm_str s = t->text[i];
+        if (s.len == 0 || memchr(s.ptr, 0, s.len)) continue; /* no C-string key for these: never looked up */
+        memcpy(key, s.ptr, s.len); key[s.len] = 0;
+        shput(t->ids, key, (int)i);
+    }
+
+    /* GPT-2 gives every byte a printable stand-in so that no token has spaces or control bytes in it: the
+     * printable Latin-1 bytes stand for themselves, the other 68 take U+0100 onwards in byte order */
+    for (int c = 0; c < 324; c++) t->char_byte[c] = -1;
+    for (int b = 0, extra = 0; b < 256; b++) {
+        int printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+        t->byte_char[b] = (uint16_t)(printable ? b : 256 + extra++);
+        t->char_byte[t->byte_char[b]] = (int16_t)b;
+    }
+    for (int b = 0; b < 256; b++) {
+        char s[8];
+        if (kind == LLM_VOCAB_SPM) {
+            /* SentencePiece's byte fallback tokens; failing those, a token that is the byte itself */
+            snprintf(s, sizeof s, "<0x%02X>", b);
+            t->byte_token[b] = llm_tok_find(t, s, 6);
+            if (t->byte_token[b] < 0) { s[0] = (char)b; t->byte_token[b] = llm_tok_find(t, s, 1); }
+        } else {
+            t->byte_token[b] = llm_tok_find(t, s, (size_t)llm_utf8_encode(t->byte_char[b], s));
+        }
+    }
+    if (kind == LLM_VOCAB_SPM && !types) /* with no types given, the <0xNN> tokens still decode as bytes */
+        for (int b = 0; b < 256; b++)
+            if (t->byte_token[b] >= 0 && t->text[t->byte_token[b]].len == 6)
+                t->type[t->byte_token[b]] = LLM_TOKEN_BYTE;
+
+    /* merges: "left right", rank = line number. We keep them by the ids of the two halves; a line whose
+     * halves or whole are no tokens could never apply to our symbols (which are always tokens) and is
+     * dropped. Going from the last line up lets a pair listed twice keep its first rank without a lookup. */
+    if (kind == LLM_VOCAB_BPE) {
+        for (uint64_t i = merges->arr_len < INT32_MAX ? merges->arr_len : INT32_MAX; i-- > 0;) {
+            llm_str m = merges->strs[i];
+            const char *sp = m.len > 1 ? (const char *)memchr(m.ptr + 1, ' ', m.len - 1) : NULL;
+            if (!sp) continue;
+            size_t la = (size_t)(sp - m.ptr), lb = m.len - la - 1;
+            if (la + lb > t->max_len) continue;
+            int a = llm_tok_find(t, m.ptr, la), b = llm_tok_find(t, sp + 1, lb);
+            memcpy(key, m.ptr, la); memcpy(key + la, sp + 1, lb);
+            int ab = llm_tok_find(t, key, la + lb);
+            if (a < 0 || b < 0 || ab < 0) continue;
+            uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+            llm_merge v = {(int)i, ab};
+            hmput(t->merges, k, v);
+        }
+        /* llama-bpe takes a word that is a token whole (llama.cpp's ignore_merges) */
+        t->ignore_merges = pre_kind == LLM_PRE_LLAMA3;
+    }
+
+    /* special tokens, matched in the text when the caller asks: longest first, so that "<|im_end|>" is not
+     * taken for a shorter token that is a prefix of it */
+    llm_special_sort *sp = NULL;
+    for (uint64_t i = 0; i < n; i++) {
+        if ((t->type[i] == LLM_TOKEN_CONTROL || t->type[i] == LLM_TOKEN_USER) && t->text[i].len > 0) {
+            llm_special_sort x = {t->text[i].len, (int)i};
+            arrput(sp, x);
+        }
+    }
+    if (arrlen(sp) > 1) qsort(sp, (size_t)arrlen(sp), sizeof *sp, llm_special_cmp);
+    for (ptrdiff_t i = 0; i < arrlen(sp); i++) {
+        arrput(t->special, sp[i].id);
+        t->special_start[(unsigned char)t->text[sp[i].id].ptr[0]] = 1;
+    }
+    arrfree(sp);
+
+    /* the special ids; llama.cpp's defaults for SentencePiece where the file gives none */
+    int spm = kind == LLM_VOCAB_SPM;
+    t->bos = llm_tok_id_key(g, "tokenizer.ggml.bos_token_id", spm ? 1 : -1, t->n_vocab);
+    t->eos = llm_tok_id_key(g, "tokenizer.ggml.eos_token_id", spm ? 2 : -1, t->n_vocab);
+    t->unk = llm_tok_id_key(g, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1, t->n_vocab);
+    t->eot = llm_tok_id_key(g, "tokenizer.ggml.eot_token_id", -1, t->n_vocab);
+    t->eom = llm_tok_id_key(g, "tokenizer.ggml.eom_token_id", -1, t->n_vocab);
+    /* BOS by default for SentencePiece and, as llama.cpp does, for llama-bpe; the file's key overrides */
+    t->add_bos = llm_gguf_int(g, "tokenizer.ggml.add_bos_token", spm || pre_kind == LLM_PRE_LLAMA3) != 0;
+    t->add_eos = llm_gguf_int(g, "tokenizer.ggml.add_eos_token", 0) != 0;
+    t->add_space_prefix = llm_gguf_int(g, "tokenizer.ggml.add_space_prefix", spm) != 0;
+
+    /* end of generation: eos, eot, eom, and the control tokens chat models end their turns with */
+    static const char *const eog_texts[] = {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end_of_text|>",
+                                            "<|endoftext|>", "<end_of_turn>", "</s>", "<|end|>"};
+    llm_add_eog(t, t->eos); llm_add_eog(t, t->eot); llm_add_eog(t, t->eom);
+    for (ptrdiff_t i = 0; i < arrlen(t->special); i++) {
+        int id = t->special[i];
+        if (t->type[id] != LLM_TOKEN_CONTROL) continue;
+        for (size_t k = 0; k < sizeof eog_texts / sizeof eog_texts[0]; k++)
+            if (llm_str_eq(t->text[id], eog_texts[k])) llm_add_eog(t, id);
+    }
+    free(key);
+    return t;
+oom:
+    free(key);
+    llm_tokenizer_free(t);
+    llm_fail(err, "out of memory loading the tokenizer");
+    return NULL;
+}
+
+void llm_tokenizer_free(llm_tokenizer *t) {
+    if (!t) return;
+    free(t->score); free(t->type);
+    shfree(t->ids); hmfree(t->merges);
+    arrfree(t->special); arrfree(t->eog);
+    free(t);
+}
+
+int llm_tokenizer_n_vocab(const llm_tokenizer *t) { return t ? t->n_vocab : 0; }
+int llm_tokenizer_bos(const llm_tokenizer *t) { return t ? t->bos : -1; }
+int llm_tokenizer_eos(const llm_tokenizer *t) { return t ? t->eos : -1; }
+int llm_tokenizer_adds_bos(const llm_tokenizer *t) { return t ? t->add_bos : 0; }
+
+int llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id) {
+    if (!t || id < 0) return 0;
+    for (ptrdiff_t i = 0; i < arrlen(t->eog); i++) if (t->eog[i] == id) return 1;
+    return 0;
+}
+
+
+/* ===========================================================================================================
+ * 4. Requests and the scheduler
+ * A request of n samples starts as one sequence; when its prompt is computed it forks into n sequences that
+ * share the prompt's blocks. Every sequence goes the same way: its tokens [0, n_computed) have K/V in the cache;
+ * each step computes the next chunk of the rest (a prompt chunk, or the one newest token), and when a step
+ * reaches the end of its tokens, samples one more. Prefill, chunked prefill, decode and recompute after
+ * preemption are all this one loop.
+ * The scheduler plans each step (vLLM's Scheduler.schedule): running sequences first, oldest first, each given
+ * the blocks for its next chunk; when the pool runs out, the youngest running sequence is preempted (its blocks
+ * go back; its tokens will be computed again). Then waiting sequences, first come first served, while the
+ * step's token budget, max_num_seqs and the pool allow. The plan is a list of (sequence, new tokens) and the
+ * block copies that copy-on-write needs before the forward pass.
+ * ======================================================================================================== */
+llm_sampling_params llm_sampling_defaults(void) {
+    llm_sampling_params p;
+    memset(&p, 0, sizeof p);
+    p.n = 1; p.temperature = 1.0f; p.top_p = 1.0f; p.repetition_penalty = 1.0f; p.seed = -1; p.logprobs = -1;
+    return p;
+}
+
+typedef struct llm_request {
+    uint64_t id;
+    void *user;
+    llm_sampling_params params;     /* its stop strings and stop ids point at the copies below */
+    char **stop_copies;
+    int32_t *stop_ids_copy;
+    int n_prompt;
+    int refs;                       /* sequences still pointing here */
+} llm_request;
+
+enum { LLM_SEQ_WAITING, LLM_SEQ_RUNNING, LLM_SEQ_FINISHED };
+
+typedef struct llm_seq {
+    llm_request *req;
+    int index;                      /* which of the request's n samples */
+    int status;
+    int32_t *tokens;                /* stb_ds array: the prompt, then the generated tokens */
+    int n_computed;                 /* tokens [0, n_computed) have their K/V in the cache */
+    int32_t *block_table;           /* stb_ds array: the blocks that hold them, in position order */
+    int n_hashed_blocks;            /* leading full blocks named in the prefix cache ... */
+    uint64_t last_hash;             /* ... and the name of the last of them */
+    int fork_pending;               /* n > 1 and the prompt is not computed yet: this one stands for all n */
+    int n_cached_tokens;            /* prompt tokens the prefix cache had at admission */
+    uint64_t rng;
+    int finish_reason;
+    const char *error;              /* LLM_FINISH_ERROR: what went wrong */
+    llm_detok detok;
+    char *held_text;                /* stb_ds array: text decoded but not emitted (it may begin a stop string) */
+    /* this step's output (stb_ds arrays, emptied at the start of each step) */
+    int32_t *out_tokens; char *out_text; float *out_logprobs; int32_t *out_top_ids; float *out_top_logprobs;
+} llm_seq;
+
+typedef struct {
+    int max_num_seqs, max_num_batched_tokens, static_batching;
+    llm_block_manager *bm;
+    llm_seq **waiting, **running;   /* stb_ds arrays, in order of arrival; waiting is served from the front */
+    int static_batch_open;          /* static batching: the batch may take new sequences */
+    /* the plan of this step: scheduled[i] computes n_new[i] tokens from its n_computed on, after the copies */
+    llm_seq **scheduled;
+    int *n_new;
+    int32_t *copy_src, *copy_dst;
+    int64_t preemptions, prefix_cache_queries, prefix_cache_hits;
+} llm_scheduler;
+
+static void llm_seq_release_blocks(llm_block_manager *bm, llm_seq *s) {
+    for (int i = 0; i < arrlen(s->block_table); i++) llm_block_release(bm, s->block_table[i]);
+    arrsetlen(s->block_table, 0);
+    s->n_computed = 0; s->n_hashed_blocks = 0; s->last_hash = 0;
+}
+
+/* Gives s the blocks for positions [0, n_total), with a private copy of any shared block it is about to write
+ * (copy-on-write), and returns 1; or, when the pool has not that many free blocks, changes nothing and
+ * returns 0. */
+static int llm_seq_reserve(llm_scheduler *sch, llm_seq *s, int n_total) {
+    llm_block_manager *bm = sch->bm;
+    int bs = bm->block_size, first = s->n_computed / bs, have = (int)arrlen(s->block_table);
+    int want = (n_total + bs - 1) / bs, need = want > have ? want - have : 0;
+    for (int b = first; b < have && b * bs < n_total; b++) need += bm->blocks[s->block_table[b]].ref_count > 1;
+    if (need > bm->num_free_blocks) return 0;
+    for (int b = first; b < have && b * bs < n_total; b++) {
+        int shared = s->block_table[b];
+        if (bm->blocks[shared].ref_count <= 1) continue;
+        int copy = llm_block_alloc(bm);
+        arrput(sch->copy_src, shared); arrput(sch->copy_dst, copy);
+        llm_block_release(bm, shared);
+        s->block_table[b] = copy;
+    }
+    while (arrlen(s->block_table) < want) arrput(s->block_table, llm_block_alloc(bm));
+    return 1;
+}
+
+/* The longest run of whole cached blocks at the start of the tokens, leaving at least one token to compute
+ * (the step that computes it gives the logits to sample from). */
+static void llm_seq_take_cached_prefix(llm_block_manager *bm, llm_seq *s) {
+    int bs = bm->block_size, n = (int)arrlen(s->tokens);
+    if (!bm->enable_prefix_caching) return;
+    uint64_t h = 0;
+    for (int b = 0; (b + 1) * bs <= n - 1; b++) {
+        uint64_t hb = llm_block_hash(h, s->tokens + b * bs, bs);
+        int id = llm_block_lookup(bm, hb);
+        if (id < 0) break;
+        arrput(s->block_table, id);
+        h = hb; s->n_hashed_blocks = b + 1; s->last_hash = hb; s->n_computed = (b + 1) * bs;
+    }
+}
+
+/* Preemption by recompute: the sequence gives its blocks back and waits at the head of the queue. */
+static void llm_preempt(llm_scheduler *sch, llm_seq *s) {
+    llm_seq_release_blocks(sch->bm, s);
+    s->status = LLM_SEQ_WAITING;
+    arrins(sch->waiting, 0, s);
+    sch->preemptions++;
+}
+
+static void llm_schedule_add(llm_scheduler *sch, llm_seq *s, int n_new, int *budget) {
+    arrput(sch->scheduled, s); arrput(sch->n_new, n_new);
+    *budget -= n_new;
+}
+
+static void llm_schedule(llm_scheduler *sch) {
+    int budget = sch->max_num_batched_tokens, preempted = 0;
+    arrsetlen(sch->scheduled, 0); arrsetlen(sch->n_new, 0);
+    arrsetlen(sch->copy_src, 0); arrsetlen(sch->copy_dst, 0);
+    /* running sequences first, oldest first */
+    for (int i = 0; i < arrlen(sch->running) && budget > 0; i++) {
+        llm_seq *s = sch->running[i];
+        int n_new = (int)arrlen(s->tokens) - s->n_computed, ok;
+        if (n_new > budget) n_new = budget;
+        while (!(ok = llm_seq_reserve(sch, s, s->n_computed + n_new))) {
+            /* out of blocks: the youngest running sequence gives its blocks back (perhaps s itself) */
+            llm_seq *victim = arrpop(sch->running);
+            llm_preempt(sch, victim);
+            preempted = 1;
+            if (victim == s) break;
+        }
+        if (!ok) break;
+        llm_schedule_add(sch, s, n_new, &budget);
+    }
+    if (preempted) return; /* the pool is short: nobody new until the preempted are back */
+    if (sch->static_batching) {
+        if (arrlen(sch->running) == 0) sch->static_batch_open = 1;
+        if (!sch->static_batch_open) return;
+    }
+    /* then waiting sequences, first come first served: the first that does not fit stops the rest */
+    while (arrlen(sch->waiting) > 0 && budget > 0) {
+        llm_seq *s = sch->waiting[0];
+        int width = s->fork_pending ? s->req->params.n : 1;
+        if (arrlen(sch->running) > 0 && arrlen(sch->running) + width > sch->max_num_seqs) break;
+        if (s->n_computed == 0 && arrlen(s->block_table) == 0) llm_seq_take_cached_prefix(sch->bm, s);
+        int n_new = (int)arrlen(s->tokens) - s->n_computed;
+        if (n_new > budget) n_new = budget;
+        if (!llm_seq_reserve(sch, s, s->n_computed + n_new)) { llm_seq_release_blocks(sch->bm, s); break; }
+        arrdel(sch->waiting, 0);
+        /* counted at admission: a request that waits at the head looks the cache up again every step */
+        sch->prefix_cache_queries += arrlen(s->tokens); sch->prefix_cache_hits += s->n_computed;
+        if (s->n_cached_tokens == 0) s->n_cached_tokens = s->n_computed;
+        s->status = LLM_SEQ_RUNNING;
+        arrput(sch->running, s);
+        llm_schedule_add(sch, s, n_new, &budget);
+    }
+    /* static batching closes the batch once it is full, or was stopped by something other than the budget */
+    if (sch->static_batching &&
+        (arrlen(sch->waiting) == 0 || arrlen(sch->running) >= sch->max_num_seqs || budget > 0))
+        sch->static_batch_open = 0;
+}
+
+/* ---- Sequences: made from a request, forked, named in the prefix cache, freed -------------------------- */
+/* Rejects parameters that could never run, with the reason. */
+static int llm_request_check(const llm_sampling_params *p, char *err) {
+    if (p->n < 1 || p->n > 128) return llm_fail(err, "n must be between 1 and 128, got %d", p->n);
+    if (!(p->temperature >= 0.0f)) return llm_fail(err, "temperature must be >= 0");
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) return llm_fail(err, "top_p must be in (0, 1]");
+    if (p->top_k < 0) return llm_fail(err, "top_k must be >= 0 (0 disables it)");
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) return llm_fail(err, "min_p must be in [0, 1]");
+    if (!(p->repetition_penalty > 0.0f)) return llm_fail(err, "repetition_penalty must be > 0");
+    if (!(fabsf(p->presence_penalty) <= 2.0f && fabsf(p->frequency_penalty) <= 2.0f))
+        return llm_fail(err, "presence_penalty and frequency_penalty must be in [-2, 2]");
+    if (p->max_tokens < 0) return llm_fail(err, "max_tokens must be >= 0");
+    if (p->logprobs > 20) return llm_fail(err, "logprobs must be at most 20");
+    if (p->n_stop < 0 || p->n_stop > 16 || (p->n_stop && !p->stop)) return llm_fail(err, "at most 16 stop strings");
+    if (p->n_stop_token_ids < 0 || (p->n_stop_token_ids && !p->stop_token_ids))
+        return llm_fail(err, "n_stop_token_ids without stop_token_ids");
+    return 0;
+}
+
+/* The generator of sample `index` of a request: seed + index, or the clock when the seed is -1 */
+static uint64_t llm_seed_mix(int64_t seed, int index) {
+    uint64_t s = seed >= 0 ? (uint64_t)seed
+                           : ((uint64_t)time(NULL) ^ ((uint64_t)clock() << 20) ^ (uint64_t)(uintptr_t)&seed);
+    s += 0x632be59bd9b4e019ull * (uint64_t)(index + 1);
+    return llm_splitmix64(&s);
+}
+
+static void llm_request_unref(llm_request *r) {
+    if (--r->refs > 0) return;
+    for (int i = 0; i < r->params.n_stop; i++) free(r->stop_copies[i]);
+    free(r->stop_copies); free(r->stop_ids_copy); free(r);
+}
+
+static void llm_seq_free(llm_seq *s) {
+    arrfree(s->tokens); arrfree(s->block_table); arrfree(s->held_text);
+    arrfree(s->out_tokens); arrfree(s->out_text); arrfree(s->out_logprobs);
+    arrfree(s->out_top_ids); arrfree(s->out_top_logprobs);
+    llm_request_unref(s->req);
+    free(s);
+}
+
+/* A request and its first sequence, which takes the prompt's ids (an stb_ds array). The caller's stop strings
+ * and stop ids are copied: the request outlives the call. NULL when out of memory (ids freed). */
+static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *user) {
+    llm_request *r = (llm_request *)calloc(1, sizeof *r);
+    llm_seq *s = (llm_seq *)calloc(1, sizeof *s);
+    if (r) {
+        r->params = *p; r->user = user; r->n_prompt = (int)arrlen(ids); r->refs = 1;
+        r->params.stop = NULL; r->params.stop_token_ids = NULL; r->params.n_stop = 0;
+        r->stop_copies = (char **)calloc((size_t)p->n_stop + 1, sizeof(char *));
+        r->stop_ids_copy = (int32_t *)malloc(((size_t)p->n_stop_token_ids + 1) * sizeof(int32_t));
+    }
+    int ok = s && r && r->stop_copies && r->stop_ids_copy;
+    for (int i = 0; ok && i < p->n_stop; i++, r->params.n_stop++)
+        ok = (r->stop_copies[i] = strdup(p->stop[i] ? p->stop[i] : "")) != NULL;
+    if (!ok) {
+        if (r) { r->refs = 1; llm_request_unref(r); }
+        free(s); arrfree(ids);
+        return NULL;
+    }
+    if (p->n_stop_token_ids)
+        memcpy(r->stop_ids_copy, p->stop_token_ids, (size_t)p->n_stop_token_ids * sizeof(int32_t));
+    r->params.stop = (const char *const *)r->stop_copies;
+    r->params.stop_token_ids = r->stop_ids_copy;
+    s->req = r; s->tokens = ids; s->rng = llm_seed_mix(p->seed, 0); s->fork_pending = p->n > 1;
+    s->status = LLM_SEQ_WAITING;
+    return s;
+}
+
+/* n > 1, when the prompt is computed: samples 1..n-1 start from it, sharing all its blocks (a block is copied
+ * only when a sample writes into it), each with its own generator. They join the end of the running list. -1 when
+ * out of memory (then nothing changed). */
+static int llm_seq_fork(llm_scheduler *sch, llm_seq *s) {
+    int n = s->req->params.n;
+    llm_seq **children = (llm_seq **)calloc((size_t)n, sizeof *children);
+    int ok = children != NULL;
+    for (int i = 1; ok && i < n; i++) ok = (children[i] = (llm_seq *)calloc(1, sizeof(llm_seq))) != NULL;
+    if (!ok) {
+        for (int i = 1; children && i < n; i++) free(children[i]);
+        free(children);
+        return -1;
+    }
+    s->fork_pending = 0;
+    for (int i = 1; i < n; i++) {
+        llm_seq *c = children[i];
+        c->req = s->req; c->index = i; c->status = s->status; c->n_computed = s->n_computed;
+        c->n_hashed_blocks = s->n_hashed_blocks; c->last_hash = s->last_hash; c->n_cached_tokens = s->n_cached_tokens;
+        c->rng = llm_seed_mix(s->req->params.seed, i);
+        memcpy(arraddnptr(c->tokens, arrlen(s->tokens)), s->tokens, (size_t)arrlen(s->tokens) * sizeof(int32_t));
+        memcpy(arraddnptr(c->block_table, arrlen(s->block_table)), s->block_table,
+               (size_t)arrlen(s->block_table) * sizeof(int32_t));
+        for (int b = 0; b < arrlen(c->block_table); b++) sch->bm->blocks[c->block_table[b]].ref_count++;
+        s->req->refs++;
+        arrput(sch->running, c);
+    }
+    free(children);
+    return 0;
+}
+
+/* Names each newly completed block by its prefix, so that later requests can share it. */
+static void llm_seq_hash_blocks(llm_block_manager *bm, llm_seq *s) {
+    int bs = bm->block_size;
+    while ((s->n_hashed_blocks + 1) * bs <= s->n_computed) {
+        int b = s->n_hashed_blocks;
+        s->last_hash = llm_block_hash(s->last_hash, s->tokens + b * bs, bs);
+        llm_block_set_hash(bm, s->block_table[b], s->last_hash);
+        s->n_hashed_blocks++;
+    }
+}
+
+/* ===========================================================================================================
+ * 5. Blocks: KV blocks handed out from a free list, named by hash for prefix caching
+ * ======================================================================================================== */
+int llm_block_manager_init(llm_block_manager *bm, int num_blocks, int block_size, int enable_prefix_caching,
+                           char *err) {
+    memset(bm, 0, sizeof *bm);
+    if (num_blocks <= 0 || block_size <= 0) return llm_fail(err, "the KV pool needs at least one block");
+    bm->blocks = (llm_block *)calloc((size_t)num_blocks, sizeof(llm_block));
+    if (!bm->blocks) return llm_fail(err, "out of memory for %d block records", num_blocks);
+    bm->num_blocks = num_blocks; bm->block_size = block_size;
+    bm->enable_prefix_caching = enable_prefix_caching;
+    for (int i = 0; i < num_blocks; i++) {
+        bm->blocks[i].prev_free = i - 1;
+        bm->blocks[i].next_free = i + 1 < num_blocks ? i + 1 : -1;
+    }
+    bm->free_head = 0; bm->free_tail = num_blocks - 1; bm->num_free_blocks = num_blocks;
+    return 0;
+}
+
+void llm_block_manager_free(llm_block_manager *bm) {
+    free(bm->blocks); hmfree(bm->cached);
+    memset(bm, 0, sizeof *bm);
+}
+
+static void llm_free_list_remove(llm_block_manager *bm, int id) {
+    llm_block *b = &bm->blocks[id];
+    if (b->prev_free >= 0) bm->blocks[b->prev_free].next_free = b->next_free;
+    else bm->free_head = b->next_free;
+    if (b->next_free >= 0) bm->blocks[b->next_free].prev_free = b->prev_free;
+    else bm->free_tail = b->prev_free;
+    b->prev_free = b->next_free = -1;
+    bm->num_free_blocks--;
+}
+
+/* Take the least recently freed block. If it still holds a cached prefix, that cache entry dies now. */
+int llm_block_alloc(llm_block_manager *bm) {
+    int id = bm->free_head;
+    if (id < 0) return -1;
+    llm_free_list_remove(bm, id);
+    llm_block *b = &bm->blocks[id];
+    if (b->hash) {
+        (void)hmdel(bm->cached, b->hash);
+        b->hash = 0; bm->evictions++;
+    }
+    b->ref_count = 1;
+    return id;
+}
+
+void llm_block_release(llm_block_manager *bm, int id) {
+    llm_block *b = &bm->blocks[id];
+    if (--b->ref_count > 0) return;
+    b->ref_count = 0;
+    b->prev_free = bm->free_tail; b->next_free = -1;  /* to the tail: evicted last */
+    if (bm->free_tail >= 0) bm->blocks[bm->free_tail].next_free = id; else bm->free_head = id;
+    bm->free_tail = id;
+    bm->num_free_blocks++;
+}
+
+uint64_t llm_block_hash(uint64_t prev_hash, const int32_t *tokens, int n) {
+    uint64_t h = prev_hash ^ 0x243f6a8885a308d3ull;
+    for (int i = 0; i < n; i++) { uint64_t s = h ^ (uint32_t)tokens[i]; h = llm_splitmix64(&s); }
+    return h ? h : 1;
+}
+
+int llm_block_lookup(llm_block_manager *bm, uint64_t hash) {
+    if (!bm->enable_prefix_caching) return -1;
+    ptrdiff_t i = hmgeti(bm->cached, hash);
+    if (i < 0) return -1;
+    int id = bm->cached[i].value;
+    if (bm->blocks[id].ref_count == 0) llm_free_list_remove(bm, id);
+    bm->blocks[id].ref_count++;
+    return id;
+}
+
+void llm_block_set_hash(llm_block_manager *bm, int id, uint64_t hash) {
+    if (!bm->enable_prefix_caching || bm->blocks[id].hash) return;
+    if (hmgeti(bm->cached, hash) >= 0) return; /* the same content is cached in another block already */
+    bm->blocks[id].hash = hash;
+    hmput(bm->cached, hash, id);
+}
+
+/* ===========================================================================================================
+ * 6. Forward: the model over a batch, reading and writing the paged KV cache. The CPU backend, which is the
+ *    reference the CUDA kernels are checked against; llm.cu has the CUDA one behind the same llm_backend.
+ * ======================================================================================================== */
+/* K and V of every layer for one block: what one block of the pool costs a backend */
+static size_t llm_kv_bytes_per_block(const llm_config *c, int block_size, int value_bytes) {
+    return (size_t)2 * c->n_layers * block_size * c->n_kv_heads * c->head_dim * value_bytes;
+}
+
+/* ---- The math ------------------------------------------------------------------------------------------ */
+static float llm_dot(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0}; /* eight running sums: the compiler keeps them in one vector register */
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
+    float s = 0;
+    for (; i < n; i++) s += a[i] * b[i];
+    return s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* out[t][r] = sum_c W[r][c] * x[t][c] for the T rows of x. Each weight row is converted once and used for all
+ * T inputs, so a prefill of many tokens reads the weights once: that is what batching buys on any hardware.
+ * -1 when a thread had no memory for the row it converts (its rows are left undone). */
+static int llm_matmul(float *out, const float *x, const llm_weight *w, int T) {
+    int64_t rows = w->rows, cols = w->cols;
+    size_t row_bytes = llm_dtype_row_bytes(w->type, cols);
+    int failed = 0;
+    #pragma omp parallel
+    {
+        float *tmp = NULL;
+        if (w->type != LLM_F32 && !(tmp = (float *)malloc((size_t)cols * sizeof(float)))) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const void *row = (const uint8_t *)w->data + (size_t)r * row_bytes;
+            const float *wr = (const float *)row;
+            if (w->type != LLM_F32) {
+                if (!tmp) continue;
+                llm_dtype_dequant_row(w->type, row, tmp, cols);
+                wr = tmp;
+            }
+            for (int t = 0; t < T; t++) out[(size_t)t * rows + r] = llm_dot(wr, x + (size_t)t * cols, cols);
+        }
+        free(tmp);
+    }
+    return failed ? -1 : 0;
+}
+
+static void llm_rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
+    double ss = 0; /* in double, as llama.cpp does: the mean of squares of thousands of values */
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * weight[i];
+}
+
+/* Rotate the first rope_dim values of one head by position pos. The angle of pair i is
+ * pos * base^(-2i/rope_dim), built by repeated multiplication as llama.cpp does, so that greedy outputs match
+ * it bit for bit more often. */
+static void llm_rope(float *x, int pos, const llm_config *c) {
+    float theta_scale = powf(c->rope_base, -2.0f / (float)c->rope_dim), theta = (float)pos;
+    int half = c->rope_dim / 2;
+    for (int i = 0; i < half; i++, theta *= theta_scale) {
+        float cs = cosf(theta), sn = sinf(theta);
+        int a = c->rope_neox ? i : 2 * i, b = c->rope_neox ? i + half : 2 * i + 1;
+        float x0 = x[a], x1 = x[b];
+        x[a] = x0 * cs - x1 * sn;
+        x[b] = x0 * sn + x1 * cs;
+    }
+}
+
+/* ---- The CPU backend ----------------------------------------------------------------------------------- */
+/* Its state: the model (weights read where they are), and the KV cache in host memory as f32, K and V each laid
+ * out [layer][block][slot][kv_head][head_dim]: for one layer, the K of a sequence's position p is the
+ * n_kv_heads * head_dim values at slot block_table[p / block_size] * block_size + p % block_size. */
+typedef struct {
+    const llm_model *model;
+    int num_blocks, block_size;
+    float *k, *v;
+} llm_cpu;
+
+static float *llm_cpu_kv_at(const llm_cpu *c, float *cache, int layer, const int32_t *block_table, int pos) {
+    size_t slot = (size_t)block_table[pos / c->block_size] * c->block_size + (size_t)(pos % c->block_size);
+    size_t per_slot = (size_t)c->model->cfg.n_kv_heads * c->model->cfg.head_dim;
+    return cache + ((size_t)layer * c->num_blocks * c->block_size + slot) * per_slot;
+}
+
+static int llm_cpu_alloc_kv(llm_backend *be, int num_blocks, int block_size, char *err) {
+    llm_cpu *c = (llm_cpu *)be->ctx;
+    if (num_blocks <= 0 || block_size <= 0) return llm_fail(err, "KV cache needs at least one block of one slot");
+    size_t n = llm_kv_bytes_per_block(&c->model->cfg, block_size, sizeof(float)) / 2 / sizeof(float);
+    free(c->k); free(c->v);
+    c->k = (float *)calloc(n * (size_t)num_blocks, sizeof(float));
+    c->v = (float *)calloc(n * (size_t)num_blocks, sizeof(float));
+    c->num_blocks = num_blocks; c->block_size = block_size;
+    if (!c->k || !c->v) {
+        free(c->k); free(c->v); c->k = c->v = NULL;
+        return llm_fail(err, "out of memory for %d KV blocks", num_blocks);
+    }
+    return 0;
+}
+
+/* Copy-on-write: block dst becomes a copy of block src, in every layer, for K and V. */
+static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
+    size_t per_block = (size_t)c->block_size * c->model->cfg.n_kv_heads * c->model->cfg.head_dim;
+    for (int l = 0; l < c->model->cfg.n_layers; l++) {
+        size_t layer = (size_t)l * c->num_blocks * per_block;
+        memcpy(c->k + layer + (size_t)dst * per_block, c->k + layer + (size_t)src * per_block,
+               per_block * sizeof(float));
+        memcpy(c->v + layer + (size_t)dst * per_block, c->v + layer + (size_t)src * per_block,
+               per_block * sizeof(float));
+    }
+}
+
+/* Paged attention for one query head of one token at position pos: softmax over the scores q . k_p / sqrt(hd)
+ * of its sequence's positions p = 0..pos, then the weighted sum of their v_p; K and V are read through the block
+ * table. kv_head: the K/V head this query head shares with the rest of its group (grouped-query attention).
+ * scores: room for pos + 1 values. */
+static void llm_cpu_attention(const llm_cpu *c, int layer, const int32_t *block_table, int pos, int kv_head,
+                              const float *q, float *scores, float *out) {
+    int hd = c->model->cfg.head_dim, n_ctx = pos + 1;
+    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY, sum = 0;
+    for (int p = 0; p < n_ctx; p++) {
+        scores[p] = llm_dot(q, llm_cpu_kv_at(c, c->k, layer, block_table, p) + kv_head * hd, hd) * scale;
+        if (scores[p] > mx) mx = scores[p];
+    }
+    for (int p = 0; p < n_ctx; p++) { scores[p] = expf(scores[p] - mx); sum += scores[p]; }
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int p = 0; p < n_ctx; p++) {
+        const float *vp = llm_cpu_kv_at(c, c->v, layer, block_table, p) + kv_head * hd;
+        float w = scores[p] / sum;
+        for (int i = 0; i < hd; i++) out[i] += w * vp[i];
+    }
+}
+
+static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, char *err) {
+    llm_cpu *c = (llm_cpu *)be->ctx;
+    const llm_model *m = c->model;
+    const llm_config *cf = &m->cfg;
+    int T = b->n_tokens, D = cf->dim, hd = cf->head_dim, F = cf->ffn_dim;
+    int q_dim = cf->n_heads * hd, kv_dim = cf->n_kv_heads * hd, group = cf->n_heads / cf->n_kv_heads;
+    if (!c->k) return llm_fail(err, "the CPU backend has no KV cache (alloc_kv was not called)");
+    for (int i = 0; i < b->n_copies; i++) {
+        int src = b->copy_src[i], dst = b->copy_dst[i];
+        if (src < 0 || dst < 0 || src >= c->num_blocks || dst >= c->num_blocks)
+            return llm_fail(err, "block copy %d -> %d: outside the KV pool of %d blocks", src, dst, c->num_blocks);
+        llm_cpu_copy_block(c, src, dst);
+    }
+    if (T <= 0) return 0;
+    for (int i = 0; i < T; i++)
+        if (b->tokens[i] < 0 || b->tokens[i] >= cf->vocab_size)
+            return llm_fail(err, "token id %d outside the vocabulary", b->tokens[i]);
+
+    /* Scratch, one row per token of the batch:
+     *   x         [T][D]      the residual stream: the token's embedding, plus the output of every block
+     *   xn        [T][D]      x normalised: the input of the next matrix products (later, of the logits)
+     *   q         [T][q_dim]  queries, heads side by side; k, v [T][kv_dim] this step's keys and values
+     *   att       [T][q_dim]  the attention output, heads side by side
+     *   gate, up  [T][F]      the feed-forward's two projections; gate becomes silu(gate) * up
+     *   delta     [T][D]      a block's last matrix product, added to x
+     *   seq_of    [T]         the sequence each token belongs to (whose block table it reads) */
+    size_t n_floats = (size_t)T * (3 * (size_t)D + 2 * (size_t)q_dim + 2 * (size_t)kv_dim + 2 * (size_t)F);
+    float *x = (float *)malloc(n_floats * sizeof(float));
+    int32_t *seq_of = (int32_t *)malloc((size_t)T * sizeof(int32_t));
+    if (!x || !seq_of) {
+        free(x); free(seq_of);
+        return llm_fail(err, "out of memory in the forward pass (%d tokens)", T);
+    }
+    float *xn = x + (size_t)T * D, *q = xn + (size_t)T * D, *k = q + (size_t)T * q_dim, *v = k + (size_t)T * kv_dim;
+    float *att = v + (size_t)T * kv_dim, *gate = att + (size_t)T * q_dim, *up = gate + (size_t)T * F;
+    float *delta = up + (size_t)T * F;
+    int max_ctx = 0, failed = 0;
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int i = b->seq_start[s]; i < b->seq_start[s + 1]; i++) {
+            seq_of[i] = s;
+            if (b->positions[i] + 1 > max_ctx) max_ctx = b->positions[i] + 1;
+        }
+
+    /* the embedding of each token */
+    size_t emb_row = llm_dtype_row_bytes(m->tok_embd.type, D);
+    for (int t = 0; t < T; t++)
+        llm_dtype_dequant_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + emb_row * (size_t)b->tokens[t],
+                              x + (size_t)t * D, D);
+
+    for (int l = 0; l < cf->n_layers; l++) {
+        const llm_layer *L = &m->layers[l];
+        /* attention block: the normalised stream projected to queries, keys and values */
+        for (int t = 0; t < T; t++)
+            llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->attn_norm.data, D, cf->rms_eps);
+        failed |= llm_matmul(q, xn, &L->wq, T) | llm_matmul(k, xn, &L->wk, T) | llm_matmul(v, xn, &L->wv, T);
+        /* per token: the biases (qwen2), an RMS norm of each q and k head (qwen3), RoPE at the token's position;
+         * then its k and v go into the cache at its slot, where this step and later ones read them */
+        for (int t = 0; t < T; t++) {
+            float *qt = q + (size_t)t * q_dim, *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
+            if (L->bq.data) {
+                for (int i = 0; i < q_dim; i++) qt[i] += ((const float *)L->bq.data)[i];
+                for (int i = 0; i < kv_dim; i++) kt[i] += ((const float *)L->bk.data)[i];
+                for (int i = 0; i < kv_dim; i++) vt[i] += ((const float *)L->bv.data)[i];
+            }
+            for (int h = 0; h < cf->n_heads; h++) {
+                if (L->q_norm.data)
+                    llm_rmsnorm(qt + h * hd, qt + h * hd, (const float *)L->q_norm.data, hd, cf->rms_eps);
+                llm_rope(qt + h * hd, b->positions[t], cf);
+            }
+            for (int h = 0; h < cf->n_kv_heads; h++) {
+                if (L->k_norm.data)
+                    llm_rmsnorm(kt + h * hd, kt + h * hd, (const float *)L->k_norm.data, hd, cf->rms_eps);
+                llm_rope(kt + h * hd, b->positions[t], cf);
+            }
+            const int32_t *bt = b->block_tables[seq_of[t]];
+            memcpy(llm_cpu_kv_at(c, c->k, l, bt, b->positions[t]), kt, (size_t)kv_dim * sizeof(float));
+            memcpy(llm_cpu_kv_at(c, c->v, l, bt, b->positions[t]), vt, (size_t)kv_dim * sizeof(float));
+        }
+        /* attention: every (token, query head) pair is independent once this step's K/V are in the cache */
+        #pragma omp parallel
+        {
+            float *scores = (float *)malloc((size_t)max_ctx * sizeof(float));
+            if (!scores) {
+                #pragma omp atomic write
+                failed = 1;
+            }
+            #pragma omp for schedule(dynamic, 4)
+            for (int th = 0; th < T * cf->n_heads; th++) {
+                int t = th / cf->n_heads, h = th % cf->n_heads;
+                if (scores)
+                    llm_cpu_attention(c, l, b->block_tables[seq_of[t]], b->positions[t], h / group,
+                                      q + (size_t)t * q_dim + h * hd, scores, att + (size_t)t * q_dim + h * hd);
+            }
+            free(scores);
+        }
+        /* the output projection, added to the residual stream */
+        failed |= llm_matmul(delta, att, &L->wo, T);
+        for (size_t i = 0; i < (size_t)T * D; i++) x[i] += delta[i];
+
+        /* feed-forward block (SwiGLU): down(silu(gate(xn)) * up(xn)), added to the residual stream */
+        for (int t = 0; t < T; t++)
+            llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->ffn_norm.data, D, cf->rms_eps);
+        failed |= llm_matmul(gate, xn, &L->w_gate, T) | llm_matmul(up, xn, &L->w_up, T);
+        for (size_t i = 0; i < (size_t)T * F; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+        failed |= llm_matmul(delta, gate, &L->w_down, T);
+        for (size_t i = 0; i < (size_t)T * D; i++) x[i] += delta[i];
+    }
+    /* the final norm and the output matrix, only for the rows that need logits: a prefill of 500 tokens
+     * samples once */
+    for (int i = 0; i < b->n_logits; i++)
+        llm_rmsnorm(xn + (size_t)i * D, x + (size_t)b->logit_rows[i] * D, (const float *)m->output_norm.data, D,
+                    cf->rms_eps);
+    failed |= llm_matmul(logits, xn, &m->output, b->n_logits);
+    free(x); free(seq_of);
+    return failed ? llm_fail(err, "out of memory in the forward pass (%d tokens)", T) : 0;
+}
+
+static void llm_cpu_destroy(llm_backend *be) {
+    llm_cpu *c = (llm_cpu *)be->ctx;
+    free(c->k); free(c->v); free(c);
+    free(be);
+}
+
+llm_backend *llm_cpu_backend_create(const llm_model *m, char *err) {
+    llm_backend *be = (llm_backend *)calloc(1, sizeof *be);
+    llm_cpu *c = (llm_cpu *)calloc(1, sizeof *c);
+    if (!be || !c) { free(be); free(c); llm_fail(err, "out of memory"); return NULL; }
+    c->model = m;
+    be->name = "cpu"; be->ctx = c;
+    be->kv_value_bytes = sizeof(float);
+    be->free_memory = (size_t)sysconf(_SC_AVPHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+    be->default_kv_fraction = 0; /* vLLM's CPU backend sizes its KV cache by the workload, not the RAM */
+    be->alloc_kv = llm_cpu_alloc_kv; be->forward = llm_cpu_forward; be->destroy = llm_cpu_destroy;
+    return be;
+}
+
+/* ===========================================================================================================
+ * 7. Sampler
+ * The order is vLLM's: penalties on the raw logits, then temperature, then top-k, top-p and min-p keep a head of
+ * the distribution, renormalised, and one uniform draw picks from it. The logits are only read; what changes
+ * is copied into the sampler's scratch.
+ * ======================================================================================================== */
+typedef struct { float p; int32_t id; } llm_prob_id;
+
+struct llm_sampler {
+    int n_vocab;
+    float *penalized;               /* [n_vocab] the logits with penalties applied */
+    int *count;                     /* [n_vocab] occurrences of each token in the output */
+    unsigned char *seen;            /* [n_vocab] 1 for tokens of the prompt or the output */
+    llm_prob_id *cand;              /* [n_vocab] candidates while they are filtered */
+    int32_t *ids;                   /* [n_vocab] the candidates that are left ... */
+    float *probs;                   /* [n_vocab] ... and their probabilities */
+};
+
+llm_sampler *llm_sampler_create(int n_vocab, char *err) {
+    llm_sampler *s = (llm_sampler *)calloc(1, sizeof *s);
+    if (s && n_vocab > 0) {
+        size_t n = (size_t)n_vocab;
+        s->n_vocab = n_vocab;
+        s->penalized = (float *)malloc(n * sizeof(float)); s->count = (int *)malloc(n * sizeof(int));
+        s->seen = (unsigned char *)malloc(n); s->cand = (llm_prob_id *)malloc(n * sizeof(llm_prob_id));
+        s->ids = (int32_t *)malloc(n * sizeof(int32_t)); s->probs = (float *)malloc(n * sizeof(float));
+        if (s->penalized && s->count && s->seen && s->cand && s->ids && s->probs) return s;
+    }
+    llm_sampler_free(s);
+    llm_fail(err, n_vocab > 0 ? "out of memory for the sampler" : "the sampler needs a vocabulary");
+    return NULL;
+}
+
+void llm_sampler_free(llm_sampler *s) {
+    if (!s) return;
+    free(s->penalized); free(s->count); free(s->seen); free(s->cand); free(s->ids); free(s->probs);
+    free(s);
+}
+
+/* vLLM's definitions: the repetition penalty divides a positive logit (multiplies a negative one) of every token
+ * seen in the prompt or the output; presence and frequency penalties subtract, for tokens of the output, once
+ * and once per occurrence. */
+const float *llm_sampler_penalize(llm_sampler *s, const llm_sampling_params *p, const float *logits,
+                                  const int32_t *history, int n_prompt, int n_history) {
+    if (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f) return logits;
+    int V = s->n_vocab;
+    memset(s->count, 0, (size_t)V * sizeof(int));
+    memset(s->seen, 0, (size_t)V);
+    for (int i = 0; i < n_history; i++) {
+        int32_t t = history[i];
+        if (t < 0 || t >= V) continue;
+        s->seen[t] = 1;
+        if (i >= n_prompt) s->count[t]++;
+    }
+    float *x = s->penalized;
+    memcpy(x, logits, (size_t)V * sizeof(float));
+    for (int t = 0; t < V; t++) {
+        if (s->seen[t] && p->repetition_penalty != 1.0f)
+            x[t] = x[t] > 0 ? x[t] / p->repetition_penalty : x[t] * p->repetition_penalty;
+        if (s->count[t]) x[t] -= p->presence_penalty + p->frequency_penalty * (float)s->count[t];
+    }
+    return x;
+}
+
+static int llm_prob_desc(const void *a, const void *b) {
+    const llm_prob_id *x = (const llm_prob_id *)a, *y = (const llm_prob_id *)b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return x->id - y->id;  /* ties in id order, so that a seed always gives the same choice */
+}
+
+int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const float *logits,
+                           const int32_t **ids, const float **probs) {
+    int V = s->n_vocab;
+    llm_prob_id *c = s->cand;
+    *ids = s->ids; *probs = s->probs;
+    if (p->temperature <= 0.0f || p->top_k == 1) {
+        s->ids[0] = llm_argmax(logits, V); s->probs[0] = 1.0f;
+        return 1;
+    }
+    /* weights exp((logit - max) / T): the most likely token weighs 1 */
+    float mx = logits[llm_argmax(logits, V)], inv_t = 1.0f / p->temperature;
+    double sum = 0;
+    for (int i = 0; i < V; i++) { c[i].id = i; c[i].p = expf((logits[i] - mx) * inv_t); sum += c[i].p; }
+    int n = V, top_k_on = p->top_k > 0 && p->top_k < V;
+    if (p->top_p < 1.0f && !top_k_on) {
+        /* the head that top_p keeps never reaches a token whose weight is under (1 - top_p) / V of the total:
+         * all such tokens together weigh less than 1 - top_p. Drop them before the sort (most of a vocabulary
+         * of 150k, every step). */
+        double floor_w = (1.0 - p->top_p) * sum / V;
+        int kept = 0;
+        for (int i = 0; i < n; i++) if (c[i].p >= floor_w) c[kept++] = c[i];
+        n = kept;
+    }
+    if (top_k_on || p->top_p < 1.0f) qsort(c, (size_t)n, sizeof *c, llm_prob_desc);
+    if (top_k_on) {
+        n = p->top_k; sum = 0;
+        for (int i = 0; i < n; i++) sum += c[i].p;
+    }
+    if (p->top_p < 1.0f) { /* the smallest head of the distribution whose mass reaches top_p */
+        double cum = 0; int keep = n;
+        for (int i = 0; i < n; i++) { cum += c[i].p / sum; if (cum >= p->top_p) { keep = i + 1; break; } }
+        n = keep; sum = 0;
+        for (int i = 0; i < n; i++) sum += c[i].p;
+    }
+    if (p->min_p > 0.0f) { /* relative to the most likely token, whose weight is 1 */
+        int keep = 0; double kept_sum = 0;
+        for (int i = 0; i < n; i++) if (c[i].p >= p->min_p) { c[keep++] = c[i]; kept_sum += c[i].p; }
+        n = keep; sum = kept_sum;
+    }
+    for (int i = 0; i < n; i++) { s->ids[i] = c[i].id; s->probs[i] = (float)(c[i].p / sum); }
+    return n;
+}
+
+int32_t llm_sampler_sample(llm_sampler *s, const llm_sampling_params *p, const float *logits,
+                           const int32_t *history, int n_prompt, int n_history, uint64_t *rng_state) {
+    const float *x = llm_sampler_penalize(s, p, logits, history, n_prompt, n_history);
+    if (p->temperature <= 0.0f || p->top_k == 1) return llm_argmax(x, s->n_vocab);
+    const int32_t *ids; const float *probs;
+    int n = llm_sampler_candidates(s, p, x, &ids, &probs);
+    if (n <= 0) return -1;
+    float u = llm_rand_uniform(rng_state), cum = 0;
+    for (int i = 0; i < n; i++) { cum += probs[i]; if (u < cum) return ids[i]; }
+    return ids[n - 1]; /* u beyond the rounded sum of the probabilities */
+}
+
+/* The log-probabilities that logprobs reports: from the model's own distribution, before penalties and
+ * temperature (as vLLM). Writes the k most likely tokens and theirs, and returns log(sum exp(logits)). */
+static float llm_logprobs_top(const float *logits, int n, int k, int32_t *top_ids, float *top_logprobs) {
+    float mx = logits[llm_argmax(logits, n)];
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)(logits[i] - mx));
+    float lse = mx + (float)log(sum);
+    int have = 0;
+    for (int i = 0; i < n && k > 0; i++) { /* insertion into a sorted list of k: k is small */
+        if (have == k && logits[i] <= logits[top_ids[k - 1]]) continue;
+        int j = have < k ? have++ : k - 1;
+        while (j > 0 && logits[top_ids[j - 1]] < logits[i]) { top_ids[j] = top_ids[j - 1]; j--; }
+        top_ids[j] = i;
+    }
+    for (int j = 0; j < k; j++) top_logprobs[j] = logits[top_ids[j]] - lse;
+    return lse;
+}
+
+/* ===========================================================================================================
+ * 8. Detokenizer and stop conditions: token ids back to text, and where the text must stop
+ * ======================================================================================================== */
+static int llm_hex_digit(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+static void llm_put_byte(char *buf, size_t cap, size_t *n, int byte) { /* counts every byte, stores the first cap */
+    if (*n < cap) buf[*n] = (char)byte;
+    (*n)++;
+}
+
+/* The text of each kind of token, as llama.cpp gives it: control and unknown tokens only when asked for;
+ * user-defined tokens as written; byte tokens as their byte; unused tokens as nothing; normal tokens with
+ * U+2581 as space (SPM) or with each stand-in character back to its byte (BPE). */
+int llm_tokenizer_piece(const llm_tokenizer *t, int32_t id, int special, char *buf, int cap) {
+    if (!t || id < 0 || id >= t->n_vocab) return -1;
+    if (!buf || cap < 0) cap = 0;
+    const unsigned char *s = (const unsigned char *)t->text[id].ptr;
+    size_t len = t->text[id].len, n = 0, i = 0;
+    int type = t->type[id];
+    if (type == LLM_TOKEN_UNUSED || ((type == LLM_TOKEN_CONTROL || type == LLM_TOKEN_UNKNOWN) && !special)) return 0;
+    if (type == LLM_TOKEN_BYTE && len == 6 && llm_hex_digit(s[3]) >= 0 && llm_hex_digit(s[4]) >= 0) {
+        llm_put_byte(buf, (size_t)cap, &n, llm_hex_digit(s[3]) * 16 + llm_hex_digit(s[4]));
+    } else if (type != LLM_TOKEN_NORMAL && type != LLM_TOKEN_BYTE) {
+        for (; i < len; i++) llm_put_byte(buf, (size_t)cap, &n, s[i]);
+    } else if (t->kind == LLM_VOCAB_SPM) {
+        while (i < len) {
+            int space = i + 3 <= len && s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81;
+            llm_put_byte(buf, (size_t)cap, &n, space ? ' ' : s[i]);
+            i += space ? 3 : 1;
+        }
+    } else {
+        while (i < len) {
+            int k = llm_utf8_check(s + i, len - i);
+            uint32_t c = k > 0 ? llm_utf8_decode(s + i, k) : 0xFFFFFFFF;
+            size_t clen = k > 0 ? (size_t)k : 1;
+            if (k > 0 && c < 324 && t->char_byte[c] >= 0) llm_put_byte(buf, (size_t)cap, &n, t->char_byte[c]);
+            else for (size_t j = 0; j < clen; j++) llm_put_byte(buf, (size_t)cap, &n, s[i + j]); /* not a stand-in */
+            i += clen;
+        }
+    }
+    return n > INT32_MAX ? INT32_MAX : (int)n;
+}
+
+/* Copies in[0..n) to out (when out is not NULL) with each broken sequence replaced by U+FFFD and the incomplete
+ * character at the end, if any, left out; returns the bytes that make and sets *keep to the bytes left out. */
+static size_t llm_utf8_clean(const unsigned char *in, size_t n, char *out, size_t *keep) {
+    size_t i = 0, m = 0;
+    *keep = 0;
+    while (i < n) {
+        int k = llm_utf8_check(in + i, n - i);
+        if (k == 0) { *keep = n - i; break; }
+        if (k > 0) { if (out) memcpy(out + m, in + i, (size_t)k); m += (size_t)k; i += (size_t)k; }
+        else { if (out) memcpy(out + m, "\xEF\xBF\xBD", 3); m += 3; i += (size_t)-k; }
+    }
+    return m;
+}
+
+/* Writes all of its output or none of it: when the output would not fit in cap bytes, it writes nothing, keeps
+ * its state and returns the room needed (more than cap), so the caller can call again with that much. The
+ * output is at most 3 x (held bytes + piece bytes) <= 3 x piece length + 9 (every byte could turn into U+FFFD),
+ * so a buffer of 3 x the longest token + 9 always suffices. Ids outside the vocabulary add nothing. */
+int llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, int cap) {
+    if (!t || !d) return 0;
+    if (!out || cap < 0) cap = 0;
+    if (d->n_pending < 0 || d->n_pending > 3) d->n_pending = 0; /* never more than 3: not a state we made */
+    int n = llm_tokenizer_piece(t, id, 0, NULL, 0);
+    if (n <= 0) return 0;
+    size_t total = (size_t)d->n_pending + (size_t)n, keep;
+    unsigned char small[512], *buf = total <= sizeof small ? small : (unsigned char *)malloc(total);
+    if (!buf) return 0;
+    memcpy(buf, d->pending, (size_t)d->n_pending);
+    llm_tokenizer_piece(t, id, 0, (char *)buf + d->n_pending, n);
+    size_t m = llm_utf8_clean(buf, total, NULL, &keep);
+    if (m <= (size_t)cap) {
+        llm_utf8_clean(buf, total, out, &keep);
+        memcpy(d->pending, buf + total - keep, keep);
+        d->n_pending = (int)keep;
+    }
+    if (buf != small) free(buf);
+    return (int)m;
+}
+
+int llm_detok_flush(llm_detok *d, char *out, int cap) {
+    if (!d) return 0;
+    if (d->n_pending <= 0 || d->n_pending > 3) { d->n_pending = 0; return 0; }
+    /* what is held is the start of a character that never finished: one U+FFFD for all of it */
+    if (!out || cap < 3) return 3;
+    memcpy(out, "\xEF\xBF\xBD", 3);
+    d->n_pending = 0;
+    return 3;
+}
+
+/* ---- Stop strings -------------------------------------------------------------------------------------- */
+/* Where the first of the stop strings begins in text[0..len), or -1. */
+static int llm_stop_find(const llm_sampling_params *p, const char *text, int len) {
+    int first = -1;
+    for (int i = 0; i < p->n_stop; i++) {
+        int sl = (int)strlen(p->stop[i]);
+        if (sl == 0) continue;
+        for (int at = 0; at + sl <= len && (first < 0 || at < first); at++)
+            if (memcmp(text + at, p->stop[i], (size_t)sl) == 0) { first = at; break; }
+    }
+    return first;
+}
+
+/* The longest tail of text[0..len) that is the beginning of a stop string: it must wait for the next token. */
+static int llm_stop_holdback(const llm_sampling_params *p, const char *text, int len) {
+    int hold = 0;
+    for (int i = 0; i < p->n_stop; i++) {
+        const char *stop = p->stop[i];
+        int sl = (int)strlen(stop);
+        for (int k = sl - 1 < len ? sl - 1 : len; k > hold; k--)
+            if (memcmp(text + len - k, stop, (size_t)k) == 0) { hold = k; break; }
+    }
+    return hold;
+}
+
+/* A sequence's new token (-1: none) becomes text: decoded into what is held back, then emitted up to what could
+ * still begin a stop string. A stop string found ends the sequence (finish "stop") without its text; finishing
+ * releases all that is held. */
+static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *tok, int finishing) {
+    if (tok) { /* a push that needs more room writes nothing and says how much: then once more, on the heap */
+        char small[512], *buf = small;
+        int n = token >= 0 ? llm_detok_push(tok, &s->detok, token, small, (int)sizeof small - 3) : 0;
+        if (n > (int)sizeof small - 3) {
+            buf = (char *)malloc((size_t)n + 3);
+            n = buf ? llm_detok_push(tok, &s->detok, token, buf, n) : 0;
+            if (!buf) buf = small;
+        }
+        if (finishing) n += llm_detok_flush(&s->detok, buf + n, 3);
+        if (n > 0) memcpy(arraddnptr(s->held_text, n), buf, (size_t)n);
+        if (buf != small) free(buf);
+    }
+    const llm_sampling_params *p = &s->req->params;
+    int len = (int)arrlen(s->held_text), stop_at = llm_stop_find(p, s->held_text, len);
+    if (stop_at >= 0) { len = stop_at; s->finish_reason = LLM_FINISH_STOP; }
+    int emit = s->finish_reason || finishing ? len : len - llm_stop_holdback(p, s->held_text, len);
+    if (emit > 0) memcpy(arraddnptr(s->out_text, emit), s->held_text, (size_t)emit);
+    if (s->finish_reason) arrsetlen(s->held_text, 0);
+    else if (emit > 0) arrdeln(s->held_text, 0, emit);
+}
+
+/* ===========================================================================================================
+ * 9. Engine
+ * The engine owns the model, the backend and its KV pool, the block manager, the scheduler and the sampler.
+ * llm_engine_step runs, in this order (and so do the functions below): what the last step handed out is freed;
+ * new requests and aborts come in from the inbox; the scheduler plans the step; the plan becomes one batch and
+ * one forward call; each sequence that reached the end of its tokens samples the next one, which goes through
+ * the stop conditions and the detokenizer; every sequence with news gives an output, and finished ones leave.
+ * ======================================================================================================== */
+struct llm_engine {
+    llm_engine_config cfg;
+    llm_model model;
+    llm_backend *backend;
+    char backend_note[LLM_ERR_LEN]; /* why the backends before it did not start */
+    llm_block_manager bm;
+    llm_scheduler sched;
+    llm_sampler *sampler;
+    int max_model_len;
+    llm_engine_stats stats;         /* the engine's own counters; llm_engine_get_stats adds the rest */
+    /* the inbox, filled from any thread */
+    pthread_mutex_t lock;           /* guards the inbox, the aborts and next_id */
+    pthread_cond_t work_added;      /* add_request and abort signal it: it wakes llm_engine_wait */
+    llm_seq **inbox;
+    uint64_t *inbox_abort;
+    uint64_t next_id;
+    /* one step's scratch (stb_ds arrays) */
+    llm_seq **finished;             /* finished this step, freed at the start of the next: outputs point in */
+    int32_t *b_tokens, *b_positions, *b_seq_start, *b_logit_rows;
+    const int32_t **b_tables;
+    float *logits;                  /* [logits_rows][vocab_size] */
+    int logits_rows;
+    char step_error[LLM_ERR_LEN];   /* why this step's forward pass failed: the error of its outputs */
+    llm_output *outputs;
+};
+
+llm_engine_config llm_engine_defaults(void) {
+    llm_engine_config c;
+    memset(&c, 0, sizeof c);
+    c.block_size = 16; c.max_num_seqs = 256; c.max_num_batched_tokens = 2048; c.enable_prefix_caching = 1;
+    return c;
+}
+
+const char *llm_finish_reason_name(int reason) {
+    switch (reason) {
+    case LLM_FINISH_STOP: return "stop"; case LLM_FINISH_LENGTH: return "length";
+    case LLM_FINISH_ABORT: return "abort"; case LLM_FINISH_ERROR: return "error";
+    }
+    return NULL;
+}
+
+/* ---- Creation: the model, a backend, the KV pool ------------------------------------------------------- */
+/* The backends the engine tries in this order, when the config names none */
+static const struct { const char *name; llm_backend *(*create)(const llm_model *m, char *err); } llm_backends[] = {
+#ifdef LLM_CUDA
+    {"cuda", llm_cuda_backend_create},
+#endif
+    {"cpu", llm_cpu_backend_create},
+};
+
+static int llm_engine_check_config(const llm_engine_config *c, char *err) {
+    if (c->block_size <= 0 || c->block_size > 1024)
+        return llm_fail(err, "block_size must be between 1 and 1024, got %d", c->block_size);
+    if (c->max_num_seqs <= 0) return llm_fail(err, "max_num_seqs must be at least 1, got %d", c->max_num_seqs);
+    if (c->max_num_batched_tokens <= 0)
+        return llm_fail(err, "max_num_batched_tokens must be at least 1, got %d", c->max_num_batched_tokens);
+    if (c->num_blocks < 0 || c->max_model_len < 0) return llm_fail(err, "num_blocks and max_model_len must be >= 0");
+    if (!(c->kv_fraction >= 0 && c->kv_fraction <= 1)) return llm_fail(err, "kv_fraction must be in (0, 1]");
+    return 0;
+}
+
+static int llm_engine_start_backend(llm_engine *e, char *err) {
+    if (e->cfg.create_backend) return (e->backend = e->cfg.create_backend(&e->model, err)) != NULL ? 0 : -1;
+    for (size_t i = 0; i < sizeof llm_backends / sizeof llm_backends[0] && !e->backend; i++) {
+        e->backend = llm_backends[i].create(&e->model, err);
+        if (!e->backend) {
+            size_t at = strlen(e->backend_note);
+            snprintf(e->backend_note + at, sizeof e->backend_note - at, "%s%s: %s", at ? "; " : "",
+                     llm_backends[i].name, err);
+        }
+    }
+    return e->backend ? 0 : -1;
+}
+
+/* The KV pool in blocks, one policy for every backend: num_blocks; else kv_bytes; else kv_fraction of the
+ * memory the backend has free; else the backend's default fraction of it; and a backend with none (the CPU,
+ * like vLLM's) gets room for max_num_seqs full contexts, 4 GiB at most. */
+static int llm_kv_pool_blocks(const llm_engine *e, size_t block_bytes, char *err) {
+    const llm_engine_config *c = &e->cfg;
+    if (c->num_blocks > 0) return c->num_blocks;
+    double fraction = c->kv_fraction > 0 ? c->kv_fraction : e->backend->default_kv_fraction;
+    size_t bytes = c->kv_bytes;
+    if (!bytes && fraction > 0) bytes = (size_t)(fraction * (double)e->backend->free_memory);
+    if (!bytes) {
+        size_t full_contexts = (size_t)c->max_num_seqs * (size_t)((e->max_model_len + c->block_size - 1) / c->block_size);
+        bytes = full_contexts * block_bytes < ((size_t)4 << 30) ? full_contexts * block_bytes : ((size_t)4 << 30);
+    }
+    size_t n = bytes / block_bytes;
+    if (n == 0) return llm_fail(err, "the KV pool of %zu bytes holds no block of %zu bytes", bytes, block_bytes);
+    return n > (1u << 30) ? (1 << 30) : (int)n; /* block ids are ints; the block manager keeps a record each */
+}
+
+llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
+    if (llm_engine_check_config(cfg, err) != 0) return NULL;
+    llm_engine *e = (llm_engine *)calloc(1, sizeof *e);
+    if (!e) { llm_fail(err, "out of memory"); return NULL; }
+    e->cfg = *cfg;
+    e->next_id = 1;
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_condattr_t attr; /* timed waits on the monotonic clock: a change of the wall clock does not matter */
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->work_added, &attr);
+    pthread_condattr_destroy(&attr);
+    int rc = cfg->dummy ? llm_model_dummy(&e->model, cfg->dummy, cfg->dummy_seed, err)
+           : cfg->model_path ? llm_model_load(&e->model, cfg->model_path, err)
+           : llm_fail(err, "no model given");
+    if (rc != 0) { llm_engine_destroy(e); return NULL; }
+    e->max_model_len = e->model.cfg.context_length;
+    if (cfg->max_model_len > 0 && cfg->max_model_len < e->max_model_len) e->max_model_len = cfg->max_model_len;
+    if (llm_engine_start_backend(e, err) != 0) { llm_engine_destroy(e); return NULL; }
+    size_t block_bytes = llm_kv_bytes_per_block(&e->model.cfg, cfg->block_size, e->backend->kv_value_bytes);
+    int num_blocks = llm_kv_pool_blocks(e, block_bytes, err);
+    if (num_blocks < 0 || e->backend->alloc_kv(e->backend, num_blocks, cfg->block_size, err) != 0 ||
+        llm_block_manager_init(&e->bm, num_blocks, cfg->block_size, cfg->enable_prefix_caching, err) != 0 ||
+        !(e->sampler = llm_sampler_create(e->model.cfg.vocab_size, err))) {
+        llm_engine_destroy(e); return NULL;
+    }
+    llm_scheduler *sch = &e->sched;
+    sch->bm = &e->bm; sch->max_num_seqs = cfg->max_num_seqs; sch->max_num_batched_tokens = cfg->max_num_batched_tokens;
+    sch->static_batching = cfg->static_batching; sch->static_batch_open = 1;
+    return e;
+}
+
+void llm_engine_destroy(llm_engine *e) {
+    if (!e) return;
+    llm_seq **all[4] = {e->sched.waiting, e->sched.running, e->finished, e->inbox};
+    for (int k = 0; k < 4; k++) for (int i = 0; i < arrlen(all[k]); i++) llm_seq_free(all[k][i]);
+    arrfree(e->sched.waiting); arrfree(e->sched.running); arrfree(e->sched.scheduled); arrfree(e->sched.n_new);
+    arrfree(e->sched.copy_src); arrfree(e->sched.copy_dst);
+    arrfree(e->finished); arrfree(e->inbox); arrfree(e->inbox_abort);
+    arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows);
+    arrfree(e->b_tables); arrfree(e->outputs);
+    free(e->logits);
+    llm_sampler_free(e->sampler);
+    if (e->backend) e->backend->destroy(e->backend);
+    llm_block_manager_free(&e->bm);
+    llm_model_free(&e->model);
+    pthread_cond_destroy(&e->work_added);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}
+
+const llm_model *llm_engine_model(const llm_engine *e) { return &e->model; }
+
+/* ---- Requests in, from any thread ---------------------------------------------------------------------- */
+uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids, int n_prompt_ids,
+                                const llm_sampling_params *p, void *user, char *err) {
+    const llm_config *c = &e->model.cfg;
+    if (llm_request_check(p, err) != 0) return 0;
+    /* the prompt's ids: as given, or the text tokenized (BOS as the vocabulary asks, special tokens parsed) */
+    int32_t *ids = NULL;
+    if (prompt_ids) {
+        if (n_prompt_ids < 0) { llm_fail(err, "n_prompt_ids is negative (%d)", n_prompt_ids); return 0; }
+        for (int i = 0; i < n_prompt_ids; i++)
+            if (prompt_ids[i] < 0 || prompt_ids[i] >= c->vocab_size) {
+                llm_fail(err, "prompt token id %d is outside the vocabulary (0..%d)", prompt_ids[i], c->vocab_size - 1);
+                return 0;
+            }
+        if (n_prompt_ids) memcpy(arraddnptr(ids, n_prompt_ids), prompt_ids, (size_t)n_prompt_ids * sizeof(int32_t));
+    } else {
+        if (!e->model.tok) { llm_fail(err, "this model has no tokenizer: give prompt token ids"); return 0; }
+        const char *text = prompt ? prompt : "";
+        size_t len = strlen(text);
+        int cap = len < INT32_MAX / 2 ? (int)len + 8 : INT32_MAX / 2, bos = llm_tokenizer_adds_bos(e->model.tok);
+        arrsetlen(ids, cap);
+        int n = llm_tokenize(e->model.tok, text, len, bos, 1, ids, cap);
+        if (n > cap) { arrsetlen(ids, n); n = llm_tokenize(e->model.tok, text, len, bos, 1, ids, n); }
+        if (n < 0) { arrfree(ids); llm_fail(err, "could not tokenize the prompt"); return 0; }
+        arrsetlen(ids, n);
+    }
+    int n_prompt = (int)arrlen(ids), blocks_needed = (n_prompt + 1 + e->cfg.block_size - 1) / e->cfg.block_size;
+    if (n_prompt == 0) { arrfree(ids); llm_fail(err, "the prompt is empty"); return 0; }
+    if (n_prompt >= e->max_model_len) {
+        arrfree(ids);
+        llm_fail(err, "the prompt has %d tokens, but this model's context is %d tokens (the prompt and at least one "
+                 "new token must fit)", n_prompt, e->max_model_len);
+        return 0;
+    }
+    if (blocks_needed > e->bm.num_blocks) {
+        arrfree(ids);
+        llm_fail(err, "the prompt needs %d KV blocks but the whole pool has %d", blocks_needed, e->bm.num_blocks);
+        return 0;
+    }
+    llm_seq *s = llm_seq_new(ids, p, user);
+    if (!s) { llm_fail(err, "out of memory"); return 0; }
+    pthread_mutex_lock(&e->lock);
+    uint64_t id = s->req->id = e->next_id++;
+    arrput(e->inbox, s);
+    pthread_cond_signal(&e->work_added);
+    pthread_mutex_unlock(&e->lock);
+    return id; /* not s->req->id: once the lock is let go, the engine thread may finish and free the request */
+}
+
+void llm_engine_abort(llm_engine *e, uint64_t request_id) {
+    pthread_mutex_lock(&e->lock);
+    arrput(e->inbox_abort, request_id);
+    pthread_cond_signal(&e->work_added);
+    pthread_mutex_unlock(&e->lock);
+}
+
+/* Work: something in the inbox, or sequences waiting or running. Called with the lock held. */
+static int llm_engine_work_locked(llm_engine *e) {
+    return arrlen(e->inbox) > 0 || arrlen(e->inbox_abort) > 0 || arrlen(e->sched.waiting) > 0 ||
+           arrlen(e->sched.running) > 0;
+}
+
+int llm_engine_wait(llm_engine *e, int timeout_ms) {
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    if (timeout_ms > 0) {
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
+    }
+    pthread_mutex_lock(&e->lock);
+    int work;
+    while (!(work = llm_engine_work_locked(e)) && timeout_ms != 0) {
+        int rc = timeout_ms < 0 ? pthread_cond_wait(&e->work_added, &e->lock)
+                                : pthread_cond_timedwait(&e->work_added, &e->lock, &until);
+        if (rc == ETIMEDOUT) { work = llm_engine_work_locked(e); break; }
+    }
+    pthread_mutex_unlock(&e->lock);
+    return work;
+}
+
+int llm_engine_has_work(llm_engine *e) { return llm_engine_wait(e, 0); }
+
+/* ---- One step, in the order llm_engine_step runs it ---------------------------------------------------- */
+/* 1. What the last step handed out is done with: its finished sequences are freed, the others' output emptied. */
+static void llm_engine_begin_step(llm_engine *e) {
+    for (int i = 0; i < arrlen(e->finished); i++) llm_seq_free(e->finished[i]);
+    arrsetlen(e->finished, 0); arrsetlen(e->outputs, 0);
+    e->step_error[0] = 0;
+    llm_seq **lists[2] = {e->sched.running, e->sched.waiting};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < arrlen(lists[k]); i++) {
+            llm_seq *s = lists[k][i];
+            arrsetlen(s->out_tokens, 0); arrsetlen(s->out_text, 0); arrsetlen(s->out_logprobs, 0);
+            arrsetlen(s->out_top_ids, 0); arrsetlen(s->out_top_logprobs, 0);
+        }
+}
+
+/* A sequence is done: its blocks go back at once; its output says why at the end of the step. */
+static void llm_seq_finish(llm_engine *e, llm_seq *s, int reason, const char *error) {
+    s->finish_reason = reason; s->error = error; s->status = LLM_SEQ_FINISHED;
+    llm_seq_release_blocks(&e->bm, s);
+}
+
+/* The output of a sequence for this step. A sequence that finishes before its prompt was computed (aborted, or
+ * failed) still stands for all n samples of its request: each gets its finish. */
+static void llm_emit(llm_engine *e, llm_seq *s) {
+    llm_output o;
+    memset(&o, 0, sizeof o);
+    o.request_id = s->req->id; o.user = s->req->user; o.index = s->index;
+    o.token_ids = s->out_tokens; o.n_tokens = (int)arrlen(s->out_tokens);
+    o.text = s->out_text; o.text_len = (int)arrlen(s->out_text);
+    if (s->req->params.logprobs >= 0) {
+        o.logprobs = s->out_logprobs; o.n_top = s->req->params.logprobs;
+        o.top_ids = s->out_top_ids; o.top_logprobs = s->out_top_logprobs;
+    }
+    o.finish_reason = s->finish_reason; o.error = s->error;
+    o.n_prompt_tokens = s->req->n_prompt; o.n_cached_tokens = s->n_cached_tokens;
+    o.n_generated = (int)arrlen(s->tokens) - s->req->n_prompt;
+    int copies = s->finish_reason && s->fork_pending ? s->req->params.n : 1;
+    for (int i = 0; i < copies; i++) {
+        o.index = s->index + i;
+        arrput(e->outputs, o);
+        if (o.finish_reason) e->stats.requests_finished++;
+    }
+}
+
+/* 2. The inbox: new requests join the waiting queue; aborted requests finish at once, wherever they are. */
+static void llm_engine_take_inbox(llm_engine *e) {
+    pthread_mutex_lock(&e->lock);
+    for (int i = 0; i < arrlen(e->inbox); i++) arrput(e->sched.waiting, e->inbox[i]);
+    arrsetlen(e->inbox, 0);
+    uint64_t *aborts = e->inbox_abort;
+    e->inbox_abort = NULL;
+    pthread_mutex_unlock(&e->lock);
+    for (int a = 0; a < arrlen(aborts); a++) {
+        llm_seq ***lists[2] = {&e->sched.waiting, &e->sched.running};
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < arrlen(*lists[k]); i++) {
+                llm_seq *s = (*lists[k])[i];
+                if (s->req->id != aborts[a]) continue;
+                llm_seq_finish(e, s, LLM_FINISH_ABORT, NULL);
+                llm_emit(e, s);
+                arrput(e->finished, s);
+                arrdel(*lists[k], i);
+                i--;
+            }
+    }
+    arrfree(aborts);
+}
+
+/* 3. The scheduler plans the step: llm_schedule (section 4). */
+
+/* 4. The plan as one batch: each scheduled sequence's next n_new tokens, flattened, with its block table; logits
+ *    for the sequences whose chunk reaches the end of their tokens; the copy-on-write copies first. */
+static int llm_engine_forward(llm_engine *e, char *err) {
+    llm_scheduler *sch = &e->sched;
+    int n_seqs = (int)arrlen(sch->scheduled), V = e->model.cfg.vocab_size;
+    arrsetlen(e->b_tokens, 0); arrsetlen(e->b_positions, 0); arrsetlen(e->b_logit_rows, 0);
+    arrsetlen(e->b_seq_start, 0); arrsetlen(e->b_tables, 0);
+    for (int i = 0; i < n_seqs; i++) {
+        llm_seq *s = sch->scheduled[i];
+        arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
+        arrput(e->b_tables, s->block_table);
+        for (int j = 0; j < sch->n_new[i]; j++) {
+            arrput(e->b_tokens, s->tokens[s->n_computed + j]);
+            arrput(e->b_positions, s->n_computed + j);
+        }
+        if (s->n_computed + sch->n_new[i] == arrlen(s->tokens))
+            arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
+    }
+    arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
+    llm_batch b;
+    memset(&b, 0, sizeof b);
+    b.n_tokens = (int)arrlen(e->b_tokens); b.tokens = e->b_tokens; b.positions = e->b_positions;
+    b.n_seqs = n_seqs; b.seq_start = e->b_seq_start; b.block_tables = e->b_tables;
+    b.n_logits = (int)arrlen(e->b_logit_rows); b.logit_rows = e->b_logit_rows;
+    b.n_copies = (int)arrlen(sch->copy_src); b.copy_src = sch->copy_src; b.copy_dst = sch->copy_dst;
+    if (b.n_logits > e->logits_rows) {
+        free(e->logits);
+        e->logits_rows = b.n_logits;
+        e->logits = (float *)malloc((size_t)b.n_logits * (size_t)V * sizeof(float));
+        if (!e->logits) { e->logits_rows = 0; return llm_fail(err, "out of memory for %d rows of logits", b.n_logits); }
+    }
+    return e->backend->forward(e->backend, &b, e->logits, err);
+}
+
+/* 4, when the forward pass failed: every sequence of the step finishes with the error; nothing else changes. */
+static void llm_engine_fail_step(llm_engine *e) {
+    for (int i = 0; i < arrlen(e->sched.scheduled); i++)
+        llm_seq_finish(e, e->sched.scheduled[i], LLM_FINISH_ERROR, e->step_error);
+}
+
+/* 5. One sampled token for s, from its row of logits: the logprobs asked for, the token, then the stop conditions
+ *    (end of generation, stop ids, max_tokens, the context, the pool) and its text. */
+static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
+    const llm_sampling_params *p = &s->req->params;
+    int V = e->model.cfg.vocab_size, n_prompt = s->req->n_prompt;
+    int32_t token = llm_sampler_sample(e->sampler, p, logits, s->tokens, n_prompt, (int)arrlen(s->tokens), &s->rng);
+    if (token < 0) {
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "sampling found no token to pick: the model's logits are not numbers");
+        return;
+    }
+    if (p->logprobs >= 0) {
+        int K = p->logprobs < V ? p->logprobs : V;
+        int32_t *top_ids = arraddnptr(s->out_top_ids, K);
+        float *top_logprobs = arraddnptr(s->out_top_logprobs, K);
+        float lse = llm_logprobs_top(logits, V, K, top_ids, top_logprobs);
+        arrput(s->out_logprobs, logits[token] - lse);
+    }
+    arrput(s->tokens, token); arrput(s->out_tokens, token);
+    e->stats.generation_tokens++;
+    int n_tokens = (int)arrlen(s->tokens), reason = LLM_FINISH_NONE;
+    const llm_tokenizer *tok = e->model.tok;
+    if (!p->ignore_eos && tok && llm_tokenizer_is_eog(tok, token)) reason = LLM_FINISH_STOP;
+    for (int i = 0; i < p->n_stop_token_ids; i++) if (p->stop_token_ids[i] == token) reason = LLM_FINISH_STOP;
+    /* out of room: max_tokens, the model's context, or (a tiny pool) the whole KV pool, which the next token could
+     * not fit in */
+    if (!reason && ((p->max_tokens > 0 && n_tokens - n_prompt >= p->max_tokens) || n_tokens >= e->max_model_len ||
+                    n_tokens > e->bm.num_blocks * e->cfg.block_size))
+        reason = LLM_FINISH_LENGTH;
+    llm_seq_push_text(s, reason == LLM_FINISH_STOP ? -1 : token, tok, reason != LLM_FINISH_NONE); /* the stop
+                                                                          * token's own text is not output */
+    if (s->finish_reason) reason = s->finish_reason; /* a stop string */
+    if (reason) llm_seq_finish(e, s, reason, NULL);
+}
+
+/* 5. The step's tokens are computed: full blocks are named for the prefix cache, and each sequence at the end of
+ *    its tokens samples the next one (n > 1: the prompt forks first, and every sample draws from its logits). */
+static void llm_engine_sample(llm_engine *e) {
+    llm_scheduler *sch = &e->sched;
+    int row = 0, V = e->model.cfg.vocab_size;
+    for (int i = 0; i < arrlen(sch->scheduled); i++) {
+        llm_seq *s = sch->scheduled[i];
+        int start = s->n_computed, end = start + sch->n_new[i], n_prompt = s->req->n_prompt;
+        if (start < n_prompt) e->stats.prompt_tokens_computed += (end < n_prompt ? end : n_prompt) - start;
+        s->n_computed = end;
+        llm_seq_hash_blocks(&e->bm, s);
+        if (end < arrlen(s->tokens)) continue; /* a prompt chunk: nothing to sample yet */
+        const float *logits = e->logits + (size_t)row++ * V;
+        if (s->fork_pending) {
+            int first_child = (int)arrlen(sch->running);
+            if (llm_seq_fork(sch, s) != 0) {
+                llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the samples of a request");
+                continue;
+            }
+            for (int k = first_child; k < arrlen(sch->running); k++) llm_seq_accept(e, sch->running[k], logits);
+        }
+        llm_seq_accept(e, s, logits);
+    }
+}
+
+/* 6. Outputs: every running sequence with something new, or finished, gives one; the finished leave now. */
+static void llm_engine_collect(llm_engine *e) {
+    llm_scheduler *sch = &e->sched;
+    for (int i = 0; i < arrlen(sch->running); i++) {
+        llm_seq *s = sch->running[i];
+        if (arrlen(s->out_tokens) || arrlen(s->out_text) || s->status == LLM_SEQ_FINISHED) llm_emit(e, s);
+        if (s->status == LLM_SEQ_FINISHED) { arrput(e->finished, s); arrdel(sch->running, i); i--; }
+    }
+}
+
+int llm_engine_step(llm_engine *e, const llm_output **outputs) {
+    llm_engine_begin_step(e);
+    llm_engine_take_inbox(e);
+    llm_schedule(&e->sched);
+    if (arrlen(e->sched.scheduled) > 0) {
+        if (llm_engine_forward(e, e->step_error) == 0) { e->stats.steps++; llm_engine_sample(e); }
+        else llm_engine_fail_step(e);
+    }
+    llm_engine_collect(e);
+    *outputs = e->outputs;
+    return (int)arrlen(e->outputs);
+}
+
+/* ---- Looking inside ------------------------------------------------------------------------------------ */
+llm_engine_stats llm_engine_get_stats(llm_engine *e) {
+    llm_engine_stats s = e->stats;
+    s.backend = e->backend->name; s.backend_note = e->backend_note;
+    s.block_size = e->cfg.block_size; s.max_model_len = e->max_model_len;
+    s.kv_bytes_per_block = llm_kv_bytes_per_block(&e->model.cfg, e->cfg.block_size, e->backend->kv_value_bytes);
+    s.running = (int)arrlen(e->sched.running); s.waiting = (int)arrlen(e->sched.waiting);
+    s.num_blocks = e->bm.num_blocks; s.num_free_blocks = e->bm.num_free_blocks;
+    s.num_cached_blocks = (int)hmlen(e->bm.cached);
+    s.preemptions = e->sched.preemptions;
+    s.prefix_cache_queries = e->sched.prefix_cache_queries; s.prefix_cache_hits = e->sched.prefix_cache_hits;
+    for (int i = 0; i < arrlen(e->sched.running); i++) s.kv_tokens += e->sched.running[i]->n_computed;
+    return s;
+}
+
+int llm_engine_check_blocks(llm_engine *e, char *err) {
+    llm_block_manager *bm = &e->bm;
+    int *refs = (int *)calloc((size_t)bm->num_blocks, sizeof(int)), rc = 0;
+    if (!refs) return llm_fail(err, "out of memory");
+    llm_seq **lists[2] = {e->sched.running, e->sched.waiting};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < arrlen(lists[k]); i++)
+            for (int b = 0; b < arrlen(lists[k][i]->block_table); b++) {
+                int id = lists[k][i]->block_table[b];
+                if (id < 0 || id >= bm->num_blocks) {
+                    rc = llm_fail(err, "block table holds block %d, outside the pool", id);
+                    goto done;
+                }
+                refs[id]++;
+            }
+    int n_free = 0;
+    for (int id = 0; id < bm->num_blocks; id++) {
+        if (bm->blocks[id].ref_count != refs[id]) {
+            rc = llm_fail(err, "block %d has ref_count %d but %d block tables hold it", id, bm->blocks[id].ref_count,
+                          refs[id]);
+            goto done;
+        }
+        n_free += refs[id] == 0;
+    }
+    /* the free list links exactly the unreferenced blocks, each once (refs[] now marks the ones walked) */
+    int walked = 0;
+    for (int id = bm->free_head; id >= 0 && walked <= bm->num_blocks; id = bm->blocks[id].next_free, walked++) {
+        if (refs[id] != 0) {
+            rc = llm_fail(err, "block %d is in the free list but %s", id, refs[id] > 0 ? "referenced" : "linked twice");
+            goto done;
+        }
+        refs[id] = -1;
+    }
+    if (n_free != bm->num_free_blocks || walked != n_free) {
+        rc = llm_fail(err, "%d blocks are unreferenced, num_free_blocks says %d, the free list links %d", n_free,
+                      bm->num_free_blocks, walked);
+        goto done;
+    }
+    for (ptrdiff_t i = 0; i < hmlen(bm->cached); i++) {
+        int id = bm->cached[i].value;
+        if (id < 0 || id >= bm->num_blocks || bm->blocks[id].hash != bm->cached[i].key) {
+            rc = llm_fail(err, "the prefix cache names block %d for a hash it does not carry", id);
+            goto done;
+        }
+    }
+done:
+    free(refs);
+    return rc;
+}
+
+/* ===========================================================================================================
+ * Appendix: the Unicode classes of the pre-tokenizers (section 3)
+ * ======================================================================================================== */
 typedef struct { uint32_t lo, hi; char cls; } llm_uni_range;
 
-/* Generated by `python3 tools/gen_unicode.py` from UnicodeData.txt (Unicode 15.0.0): to change it, run that again. */
+/* Generated by `python3 tools/gen_unicode.py` from UnicodeData.txt (Unicode 15.0.0): to change it, run that
+ * again. */
 static const llm_uni_range llm_uni_ranges[806] = {
     {0x9,0xD,'S'}, {0x20,0x20,'S'}, {0x30,0x39,'N'}, {0x41,0x5A,'L'}, {0x61,0x7A,'L'}, {0x85,0x85,'S'},
     {0xA0,0xA0,'S'}, {0xAA,0xAA,'L'}, {0xB2,0xB3,'N'}, {0xB5,0xB5,'L'}, {0xB9,0xB9,'N'}, {0xBA,0xBA,'L'},
@@ -1047,8 +3267,8 @@ static const llm_uni_range llm_uni_ranges[806] = {
     {0x2CEB0,0x2EBE0,'L'}, {0x2F800,0x2FA1D,'L'}, {0x30000,0x3134A,'L'}, {0x31350,0x323AF,'L'},
 };
 
-/* The pre-tokenizer class of a code point: 'L' letter (\p{L}), 'N' number (\p{N}), 'S' white space (\s), 0
- * anything else. */
+/* The pre-tokenizer class of a code point: 'L' letter (\p{L}), 'N' number (\p{N}), 'S' white space (\s),
+ * 0 anything else. */
 static int llm_uni_class(uint32_t c) {
     if (c < 0x80) { /* most text is ASCII: skip the search */
         if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return 'L';
@@ -1063,1641 +3283,6 @@ static int llm_uni_class(uint32_t c) {
         else return llm_uni_ranges[mid].cls;
     }
     return 0;
-}
-
-/* Looks at the UTF-8 at s (n > 0 bytes there). Returns the length of the character that starts there; 0 when the
- * n bytes are a good start of a character that needs more bytes; -k when the first k bytes can never begin a
- * character (Unicode's "maximal subpart": a stray continuation byte, a byte that is never in UTF-8, or a lead
- * byte with the wrong follower). Overlong forms, surrogates and code points past U+10FFFF count as broken. */
-static int llm_utf8_check(const unsigned char *s, size_t n) {
-    unsigned c = s[0], lo = 0x80, hi = 0xBF; /* the range allowed for the next byte */
-    int len;
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) { len = 3; if (c == 0xE0) lo = 0xA0; if (c == 0xED) hi = 0x9F; }
-    else if (c >= 0xF0 && c <= 0xF4) { len = 4; if (c == 0xF0) lo = 0x90; if (c == 0xF4) hi = 0x8F; }
-    else return -1;
-    for (int i = 1; i < len; i++) {
-        if ((size_t)i >= n) return 0;
-        if (s[i] < lo || s[i] > hi) return -i;
-        lo = 0x80; hi = 0xBF;
-    }
-    return len;
-}
-
-static uint32_t llm_utf8_decode(const unsigned char *s, int len) { /* of a character llm_utf8_check passed */
-    uint32_t c = len == 1 ? s[0] : s[0] & (0x7Fu >> len);
-    for (int i = 1; i < len; i++) c = c << 6 | (s[i] & 0x3Fu);
-    return c;
-}
-
-static int llm_utf8_encode(uint32_t c, char *out) {
-    if (c < 0x80) { out[0] = (char)c; return 1; }
-    if (c < 0x800) { out[0] = (char)(0xC0 | c >> 6); out[1] = (char)(0x80 | (c & 0x3F)); return 2; }
-    int len = c < 0x10000 ? 3 : 4;
-    out[0] = (char)(len == 3 ? 0xE0 | c >> 12 : 0xF0 | c >> 18);
-    for (int i = 1; i < len; i++) out[i] = (char)(0x80 | (c >> 6 * (len - 1 - i) & 0x3F));
-    return len;
-}
-
-/* ---- Lookups ------------------------------------------------------------------------------------------------ */
-/* The id of the token whose text is s[0..n), or -1. */
-static int llm_tok_find(const llm_tokenizer *t, const char *s, size_t n) {
-    /* stb_ds keys are C strings: a string with a NUL byte, or longer than every token, can be no token */
-    if (n == 0 || n > t->max_len || memchr(s, 0, n)) return -1;
-    char small[256], *key = n < sizeof small ? small : (char *)malloc(n + 1);
-    if (!key) return -1;
-    memcpy(key, s, n); key[n] = 0;
-    /* the thread-safe lookup: it keeps its result out of the map's header (stb_ds has no shgeti_ts macro) */
-    llm_tok_entry *ids = t->ids;
-    ptrdiff_t i = -1;
-    if (ids) stbds_hmget_key_ts(ids, sizeof *ids, key, sizeof ids->key, &i, STBDS_HM_STRING);
-    if (key != small) free(key);
-    return i >= 0 ? ids[i].value : -1;
-}
-
-static int llm_merge_find(const llm_tokenizer *t, int left, int right, llm_merge *m) {
-    llm_merge_entry *map = t->merges;
-    uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
-    ptrdiff_t i;
-    if (!map) return 0;
-    hmgeti_ts(map, key, i);
-    if (i < 0) return 0;
-    *m = map[i].value;
-    return 1;
-}
-
-/* ---- The merge loop, for both kinds ----------------------------------------------------------------------- */
-typedef struct { int start, len, prev, next, id; } llm_sym;         /* a run of bytes of the text being merged */
-typedef struct { double score; int left, right, len, id; } llm_pair; /* two adjacent symbols that could merge */
-
-/* The order both llama.cpp queues pop in: higher score first (BPE scores are minus the rank), then leftmost. */
-static int llm_pair_first(const llm_pair *a, const llm_pair *b) {
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
-}
-
-static void llm_heap_push(llm_pair **heap, llm_pair p) {
-    arrput(*heap, p);
-    llm_pair *h = *heap;
-    for (ptrdiff_t i = arrlen(h) - 1; i > 0 && llm_pair_first(&h[i], &h[(i - 1) / 2]); i = (i - 1) / 2) {
-        llm_pair tmp = h[i]; h[i] = h[(i - 1) / 2]; h[(i - 1) / 2] = tmp;
-    }
-}
-
-static llm_pair llm_heap_pop(llm_pair **heap) {
-    llm_pair *h = *heap, top = h[0], last = arrpop(h);
-    ptrdiff_t n = arrlen(h), i = 0;
-    if (n == 0) return top;
-    h[0] = last;
-    for (;;) {
-        ptrdiff_t best = i, l = 2 * i + 1, r = l + 1;
-        if (l < n && llm_pair_first(&h[l], &h[best])) best = l;
-        if (r < n && llm_pair_first(&h[r], &h[best])) best = r;
-        if (best == i) return top;
-        llm_pair tmp = h[i]; h[i] = h[best]; h[best] = tmp;
-        i = best;
-    }
-}
-
-/* Can symbols a and b (adjacent, a first) merge? If so fill *p. */
-static int llm_pair_make(const llm_tokenizer *t, const char *text, const llm_sym *sym, int a, int b, llm_pair *p) {
-    if (a < 0 || b < 0) return 0;
-    if (t->kind == LLM_VOCAB_SPM) {
-        /* SentencePiece: any pair whose concatenation is a token, best score first */
-        int id = llm_tok_find(t, text + sym[a].start, (size_t)(sym[a].len + sym[b].len));
-        if (id < 0) return 0;
-        p->score = t->score[id]; p->id = id;
-    } else {
-        /* byte-level BPE: only the pairs in the merges list, in its order */
-        llm_merge m;
-        if (sym[a].id < 0 || sym[b].id < 0 || !llm_merge_find(t, sym[a].id, sym[b].id, &m)) return 0;
-        p->score = -(double)m.rank; p->id = m.id;
-    }
-    p->left = a; p->right = b; p->len = sym[a].len + sym[b].len;
-    return 1;
-}
-
-/* Merges the n symbols (a linked list over text, in order) until no pair can merge. */
-static void llm_merge_symbols(const llm_tokenizer *t, const char *text, llm_sym *sym, int n) {
-    llm_pair *heap = NULL, p;
-    for (int i = 1; i < n; i++) if (llm_pair_make(t, text, sym, i - 1, i, &p)) llm_heap_push(&heap, p);
-    while (arrlen(heap) > 0) {
-        p = llm_heap_pop(&heap);
-        llm_sym *l = &sym[p.left], *r = &sym[p.right];
-        /* pairs stay in the heap when a neighbour merges first: skip one whose symbols are not as they were */
-        if (l->len == 0 || r->len == 0 || l->next != p.right || l->len + r->len != p.len) continue;
-        l->len += r->len; l->id = p.id; l->next = r->next; r->len = 0;
-        if (r->next >= 0) sym[r->next].prev = p.left;
-        int at = p.left;
-        if (llm_pair_make(t, text, sym, l->prev, at, &p)) llm_heap_push(&heap, p);
-        if (llm_pair_make(t, text, sym, at, l->next, &p)) llm_heap_push(&heap, p);
-    }
-    arrfree(heap);
-}
-
-/* ---- Output ------------------------------------------------------------------------------------------------ */
-typedef struct { int32_t *ids; int cap, n, failed; } llm_out; /* counts every id, stores the first cap */
-
-static void llm_out_put(llm_out *o, int id) {
-    if (id < 0) return;
-    if (o->n < o->cap) o->ids[o->n] = id;
-    o->n++;
-}
-
-/* ---- SentencePiece ----------------------------------------------------------------------------------------- */
-static void llm_tokenize_spm(const llm_tokenizer *t, const char *text, size_t len, int space_prefix, llm_out *o) {
-    static const char space[] = "\xE2\x96\x81"; /* U+2581, SentencePiece's visible space */
-    size_t n = space_prefix ? 3 : 0;
-    for (size_t i = 0; i < len; i++) n += text[i] == ' ' ? 3 : 1;
-    char *s = (char *)malloc(n ? n : 1);
-    llm_sym *sym = (llm_sym *)malloc((n ? n : 1) * sizeof *sym);
-    if (!s || !sym) { free(s); free(sym); o->failed = 1; return; }
-    n = 0;
-    if (space_prefix) { memcpy(s, space, 3); n = 3; }
-    for (size_t i = 0; i < len; i++) {
-        if (text[i] == ' ') { memcpy(s + n, space, 3); n += 3; }
-        else s[n++] = text[i];
-    }
-    /* start from single characters; a broken UTF-8 byte is a symbol of its own */
-    int ns = 0;
-    for (size_t i = 0; i < n; ns++) {
-        int k = llm_utf8_check((const unsigned char *)s + i, n - i), clen = k > 0 ? k : 1;
-        llm_sym x = {(int)i, clen, ns - 1, i + clen < n ? ns + 1 : -1, llm_tok_find(t, s + i, (size_t)clen)};
-        sym[ns] = x;
-        i += (size_t)clen;
-    }
-    llm_merge_symbols(t, s, sym, ns);
-    for (int i = ns ? 0 : -1; i >= 0; i = sym[i].next) {
-        if (sym[i].id >= 0) { llm_out_put(o, sym[i].id); continue; }
-        /* a character that is no token: its bytes as <0xNN> tokens */
-        for (int j = 0; j < sym[i].len; j++) {
-            int b = t->byte_token[(unsigned char)s[sym[i].start + j]];
-            llm_out_put(o, b >= 0 ? b : t->unk);
-        }
-    }
-    free(s); free(sym);
-}
-
-/* ---- Byte-level BPE: pre-tokenizers ------------------------------------------------------------------------- */
-/* Each returns the end of the word that starts at character i; n ends the text. They take the alternatives of
- * the regex in its order, as a regex engine would: the first that matches at i wins. cls[] is llm_uni_class. */
-
-/* gpt2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-static int llm_pretok_gpt2(const uint32_t *cp, const char *cls, int i, int n) {
-    if (cp[i] == '\'' && i + 1 < n) {
-        uint32_t a = cp[i + 1], b = i + 2 < n ? cp[i + 2] : 0;
-        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
-        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
-    }
-    /* a run of letters, of digits, or of anything else but space, perhaps after one space */
-    int j = i + (cp[i] == ' ' && i + 1 < n && cls[i + 1] != 'S');
-    if (cls[j] != 'S') {
-        char c = cls[j];
-        while (j < n && cls[j] == c) j++;
-        return j;
-    }
-    /* white space: to the end of the text; else up to the last one, which goes with the word after it (one
-     * alone stays alone) */
-    for (j = i; j < n && cls[j] == 'S'; j++) {}
-    return j == n || j - i == 1 ? j : j - 1;
-}
-
-static uint32_t llm_ascii_lower(uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
-
-/* llama-bpe (max_digits 3) and qwen2 (max_digits 1):
- * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
-static int llm_pretok_llama3(const uint32_t *cp, const char *cls, int i, int n, int max_digits) {
-    if (cp[i] == '\'' && i + 1 < n) {
-        uint32_t a = llm_ascii_lower(cp[i + 1]), b = i + 2 < n ? llm_ascii_lower(cp[i + 2]) : 0;
-        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
-        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
-    }
-    /* letters, perhaps after one character that is not a letter, digit or line break */
-    int j = i + (cls[i] != 'L' && cls[i] != 'N' && cp[i] != '\r' && cp[i] != '\n');
-    if (j < n && cls[j] == 'L') {
-        while (j < n && cls[j] == 'L') j++;
-        return j;
-    }
-    if (cls[i] == 'N') {
-        for (j = i; j < n && j - i < max_digits && cls[j] == 'N'; j++) {}
-        return j;
-    }
-    /* punctuation and symbols, perhaps after a space, with the line breaks right after them */
-    j = i + (cp[i] == ' ');
-    if (j < n && cls[j] == 0) {
-        while (j < n && cls[j] == 0) j++;
-        while (j < n && (cp[j] == '\r' || cp[j] == '\n')) j++;
-        return j;
-    }
-    /* white space (all that is left): up to its last line break if it has one, else as gpt2 takes it */
-    int last_break = -1;
-    for (j = i; j < n && cls[j] == 'S'; j++) if (cp[j] == '\r' || cp[j] == '\n') last_break = j;
-    if (last_break >= 0) return last_break + 1;
-    return j == n || j - i == 1 ? j : j - 1;
-}
-
-/* The end of the word that starts at character i, for pre-tokenizer pre. *run_end is smollm's memory of where
- * the current run between digits ends (start it at 0). */
-static int llm_pretok_next(int pre, const uint32_t *cp, const char *cls, int i, int n, int *run_end) {
-    if (pre == LLM_PRE_LLAMA3) return llm_pretok_llama3(cp, cls, i, n, 3);
-    if (pre == LLM_PRE_QWEN2) return llm_pretok_llama3(cp, cls, i, n, 1);
-    if (pre == LLM_PRE_SMOLLM) { /* every digit is a word; the runs between digits split as gpt2 splits a text */
-        if (cls[i] == 'N') return i + 1;
-        if (*run_end <= i) for (*run_end = i; *run_end < n && cls[*run_end] != 'N'; ++*run_end) {}
-        return llm_pretok_gpt2(cp, cls, i, *run_end);
-    }
-    return llm_pretok_gpt2(cp, cls, i, n);
-}
-
-/* Decodes text[0..len) into code points, their classes and their byte offsets (off has room for one more, the
- * end); returns the number of characters. A broken UTF-8 byte is a character of its own, of no class; it keeps
- * its byte through BPE (llama.cpp would put U+FFFD in its place). */
-static int llm_decode_text(const char *text, size_t len, uint32_t *cp, char *cls, int *off) {
-    int nc = 0;
-    for (size_t i = 0; i < len; nc++) {
-        int k = llm_utf8_check((const unsigned char *)text + i, len - i);
-        off[nc] = (int)i;
-        cp[nc] = k > 0 ? llm_utf8_decode((const unsigned char *)text + i, k) : 0xFFFD;
-        cls[nc] = k > 0 ? (char)llm_uni_class(cp[nc]) : 0;
-        i += k > 0 ? (size_t)k : 1;
-    }
-    off[nc] = (int)len;
-    return nc;
-}
-
-/* ---- Byte-level BPE: words -------------------------------------------------------------------------------- */
-/* Tokenizes one word w[0..n) (raw bytes). sym has room for n symbols, buf for 2 * t->max_len bytes. */
-static void llm_bpe_word(const llm_tokenizer *t, const char *w, int n, llm_sym *sym, char *buf, llm_out *o) {
-    if (t->ignore_merges && (size_t)n <= t->max_len) {
-        /* a word that is itself a token is taken whole, even where the merges would split it differently */
-        size_t m = 0;
-        for (int i = 0; i < n; i++) m += (size_t)llm_utf8_encode(t->byte_char[(unsigned char)w[i]], buf + m);
-        int id = llm_tok_find(t, buf, m);
-        if (id >= 0) { llm_out_put(o, id); return; }
-    }
-    for (int i = 0; i < n; i++) {
-        llm_sym x = {i, 1, i - 1, i + 1 < n ? i + 1 : -1, t->byte_token[(unsigned char)w[i]]};
-        sym[i] = x;
-    }
-    llm_merge_symbols(t, w, sym, n);
-    /* a symbol is a token unless the vocabulary lacks one of the 256 bytes: then <unk> if it has one */
-    for (int i = n ? 0 : -1; i >= 0; i = sym[i].next) llm_out_put(o, sym[i].id >= 0 ? sym[i].id : t->unk);
-}
-
-static void llm_tokenize_bpe(const llm_tokenizer *t, const char *text, size_t len, llm_out *o) {
-    if (len == 0) return;
-    uint32_t *cp = (uint32_t *)malloc(len * sizeof *cp);
-    char *cls = (char *)malloc(len);
-    int *off = (int *)malloc((len + 1) * sizeof *off);
-    llm_sym *sym = (llm_sym *)malloc(len * sizeof *sym);
-    char *buf = (char *)malloc(2 * t->max_len + 1);
-    if (cp && cls && off && sym && buf) {
-        int nc = llm_decode_text(text, len, cp, cls, off), run_end = 0;
-        for (int i = 0, end; i < nc; i = end) {
-            end = llm_pretok_next(t->pre, cp, cls, i, nc, &run_end);
-            llm_bpe_word(t, text + off[i], off[end] - off[i], sym, buf, o);
-        }
-    } else o->failed = 1;
-    free(cp); free(cls); free(off); free(sym); free(buf);
-}
-
-/* ---- Public: tokenize -------------------------------------------------------------------------------------- */
-/* The longest special token at s, or -1. */
-static int llm_special_at(const llm_tokenizer *t, const char *s, size_t n, size_t *len) {
-    for (ptrdiff_t k = 0; k < arrlen(t->special); k++) {
-        llm_str x = t->text[t->special[k]];
-        if (x.len <= n && memcmp(x.ptr, s, x.len) == 0) { *len = x.len; return t->special[k]; }
-    }
-    return -1;
-}
-
-static void llm_tokenize_text(const llm_tokenizer *t, const char *s, size_t n, llm_out *o) {
-    /* every part of the text starts the text or follows a special token: either way llama.cpp gives it
-     * SentencePiece's space prefix */
-    if (t->kind == LLM_VOCAB_SPM) llm_tokenize_spm(t, s, n, t->add_space_prefix, o);
-    else llm_tokenize_bpe(t, s, n, o);
-}
-
-/* add_bos also appends EOS when the vocabulary asks for that (add_eos_token), as llama.cpp's add_special does. */
-int llm_tokenize(const llm_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special, int32_t *out, int cap) {
-    if (!t || (!text && len) || cap < 0 || (!out && cap > 0)) return -1;
-    if (len > (size_t)INT32_MAX / 4) return -1; /* offsets are ints: tokenize such a text in parts */
-    llm_out o = {out, cap, 0, 0};
-    if (add_bos) llm_out_put(&o, t->bos);
-    /* text between special tokens is tokenized on its own, as if each part were a whole text */
-    size_t start = 0;
-    for (size_t i = 0; parse_special && i < len && !o.failed;) {
-        size_t n = 0;
-        int id = t->special_start[(unsigned char)text[i]] ? llm_special_at(t, text + i, len - i, &n) : -1;
-        if (id < 0) { i++; continue; }
-        if (i > start) llm_tokenize_text(t, text + start, i - start, &o);
-        llm_out_put(&o, id);
-        start = i += n;
-    }
-    if (len > start && !o.failed) llm_tokenize_text(t, text + start, len - start, &o);
-    if (add_bos && t->add_eos) llm_out_put(&o, t->eos);
-    return o.failed ? -1 : o.n;
-}
-
-/* ---- Loading ------------------------------------------------------------------------------------------------ */
-static int llm_tok_id_key(const llm_gguf *g, const char *key, int fallback, int n_vocab) {
-    int64_t v = llm_gguf_int(g, key, fallback); /* absent ids are stored as -1 or as 2^32 - 1 */
-    return v >= 0 && v < n_vocab ? (int)v : -1;
-}
-
-typedef struct { size_t len; int id; } llm_special_sort;
-static int llm_special_cmp(const void *a, const void *b) { /* longest text first, then lowest id */
-    const llm_special_sort *x = (const llm_special_sort *)a, *y = (const llm_special_sort *)b;
-    if (x->len != y->len) return x->len > y->len ? -1 : 1;
-    return x->id - y->id;
-}
-
-static void llm_add_eog(llm_tokenizer *t, int id) {
-    if (id < 0) return;
-    for (ptrdiff_t i = 0; i < arrlen(t->eog); i++) if (t->eog[i] == id) return;
-    arrput(t->eog, id);
-}
-
-llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
-    llm_str model = llm_gguf_string(g, "tokenizer.ggml.model"), pre = llm_gguf_string(g, "tokenizer.ggml.pre");
-    const llm_gguf_kv *tokens = llm_gguf_find(g, "tokenizer.ggml.tokens");
-    const llm_gguf_kv *scores = llm_gguf_find(g, "tokenizer.ggml.scores");
-    const llm_gguf_kv *types = llm_gguf_find(g, "tokenizer.ggml.token_type");
-    const llm_gguf_kv *merges = llm_gguf_find(g, "tokenizer.ggml.merges");
-    int kind, pre_kind = LLM_PRE_GPT2;
-    char *key = NULL;
-
-    if (!model.ptr) { llm_fail(err, "the GGUF file has no tokenizer (no tokenizer.ggml.model)"); return NULL; }
-    if (llm_str_eq(model, "llama")) kind = LLM_VOCAB_SPM;
-    else if (llm_str_eq(model, "gpt2")) kind = LLM_VOCAB_BPE;
-    else {
-        llm_fail(err, "unsupported tokenizer.ggml.model '%.*s' (supported: llama, gpt2)", (int)model.len, model.ptr);
-        return NULL;
-    }
-    if (!tokens || tokens->type != LLM_GGUF_ARRAY || tokens->arr_type != LLM_GGUF_STRING || tokens->arr_len == 0 ||
-        tokens->arr_len > INT32_MAX) {
-        llm_fail(err, "tokenizer.ggml.tokens is missing or is not a list of strings"); return NULL;
-    }
-    uint64_t n = tokens->arr_len;
-    if (scores && (scores->type != LLM_GGUF_ARRAY || scores->arr_type == LLM_GGUF_STRING || scores->arr_len != n)) {
-        llm_fail(err, "tokenizer.ggml.scores is not a list of %llu numbers", (unsigned long long)n); return NULL;
-    }
-    if (types && (types->type != LLM_GGUF_ARRAY || types->arr_type == LLM_GGUF_STRING || types->arr_len != n)) {
-        llm_fail(err, "tokenizer.ggml.token_type is not a list of %llu numbers", (unsigned long long)n); return NULL;
-    }
-    if (kind == LLM_VOCAB_BPE) {
-        if (!merges || merges->type != LLM_GGUF_ARRAY || merges->arr_type != LLM_GGUF_STRING) {
-            llm_fail(err, "a gpt2 tokenizer needs tokenizer.ggml.merges (a list of strings)"); return NULL;
-        }
-        if (!pre.ptr || llm_str_eq(pre, "default") || llm_str_eq(pre, "gpt2") || llm_str_eq(pre, "gpt-2"))
-            pre_kind = LLM_PRE_GPT2;
-        else if (llm_str_eq(pre, "llama-bpe") || llm_str_eq(pre, "llama3") || llm_str_eq(pre, "llama-v3"))
-            pre_kind = LLM_PRE_LLAMA3;
-        else if (llm_str_eq(pre, "qwen2")) pre_kind = LLM_PRE_QWEN2;
-        else if (llm_str_eq(pre, "smollm")) pre_kind = LLM_PRE_SMOLLM;
-        else {
-            /* a wrong split gives wrong ids without a word of warning: refuse instead */
-            llm_fail(err, "unsupported tokenizer.ggml.pre '%.*s' (supported: default, gpt2, llama-bpe, qwen2, smollm)",
-                     (int)pre.len, pre.ptr);
-            return NULL;
-        }
-    }
-
-    llm_tokenizer *t = (llm_tokenizer *)calloc(1, sizeof *t);
-    if (!t) { llm_fail(err, "out of memory loading the tokenizer"); return NULL; }
-    t->kind = kind; t->pre = pre_kind; t->n_vocab = (int)n; t->text = tokens->strs;
-    t->score = (float *)calloc(n, sizeof *t->score);
-    t->type = (uint8_t *)malloc(n);
-    if (!t->score || !t->type) goto oom;
-    for (uint64_t i = 0; i < n; i++) {
-        int64_t ty = types ? llm_gguf_arr_int(types, i) : LLM_TOKEN_NORMAL;
-        t->type[i] = ty >= LLM_TOKEN_NORMAL && ty <= LLM_TOKEN_BYTE ? (uint8_t)ty : LLM_TOKEN_NORMAL;
-        if (scores) t->score[i] = (float)llm_gguf_arr_float(scores, i);
-        if (t->text[i].len > t->max_len) t->max_len = t->text[i].len;
-    }
-
-    /* token text -> id; where a text repeats, the last id wins, as in llama.cpp */
-    if (!(key = (char *)malloc(t->max_len + 1))) goto oom;
-    sh_new_arena(t->ids);
-    for (uint64_t i = 0; i < n; i++) {
-        llm_str s = t->text[i];
-        if (s.len == 0 || memchr(s.ptr, 0, s.len)) continue; /* no C-string key for these: never looked up */
-        memcpy(key, s.ptr, s.len); key[s.len] = 0;
-        shput(t->ids, key, (int)i);
-    }
-
-    /* GPT-2 gives every byte a printable stand-in so that no token has spaces or control bytes in it: the
-     * printable Latin-1 bytes stand for themselves, the other 68 take U+0100 onwards in byte order */
-    for (int c = 0; c < 324; c++) t->char_byte[c] = -1;
-    for (int b = 0, extra = 0; b < 256; b++) {
-        int printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-        t->byte_char[b] = (uint16_t)(printable ? b : 256 + extra++);
-        t->char_byte[t->byte_char[b]] = (int16_t)b;
-    }
-    for (int b = 0; b < 256; b++) {
-        char s[8];
-        if (kind == LLM_VOCAB_SPM) {
-            /* SentencePiece's byte fallback tokens; failing those, a token that is the byte itself */
-            snprintf(s, sizeof s, "<0x%02X>", b);
-            t->byte_token[b] = llm_tok_find(t, s, 6);
-            if (t->byte_token[b] < 0) { s[0] = (char)b; t->byte_token[b] = llm_tok_find(t, s, 1); }
-        } else {
-            t->byte_token[b] = llm_tok_find(t, s, (size_t)llm_utf8_encode(t->byte_char[b], s));
-        }
-    }
-    if (kind == LLM_VOCAB_SPM && !types) /* with no types given, the <0xNN> tokens still decode as bytes */
-        for (int b = 0; b < 256; b++)
-            if (t->byte_token[b] >= 0 && t->text[t->byte_token[b]].len == 6) t->type[t->byte_token[b]] = LLM_TOKEN_BYTE;
-
-    /* merges: "left right", rank = line number. We keep them by the ids of the two halves; a line whose halves
-     * or whole are no tokens could never apply to our symbols (which are always tokens) and is dropped. Going
-     * from the last line up lets a pair that is listed twice keep its first rank without a lookup first. */
-    if (kind == LLM_VOCAB_BPE) {
-        for (uint64_t i = merges->arr_len < INT32_MAX ? merges->arr_len : INT32_MAX; i-- > 0;) {
-            llm_str m = merges->strs[i];
-            const char *sp = m.len > 1 ? (const char *)memchr(m.ptr + 1, ' ', m.len - 1) : NULL;
-            if (!sp) continue;
-            size_t la = (size_t)(sp - m.ptr), lb = m.len - la - 1;
-            if (la + lb > t->max_len) continue;
-            int a = llm_tok_find(t, m.ptr, la), b = llm_tok_find(t, sp + 1, lb);
-            memcpy(key, m.ptr, la); memcpy(key + la, sp + 1, lb);
-            int ab = llm_tok_find(t, key, la + lb);
-            if (a < 0 || b < 0 || ab < 0) continue;
-            uint64_t k = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
-            llm_merge v = {(int)i, ab};
-            hmput(t->merges, k, v);
-        }
-        /* llama-bpe takes a word that is a token whole (llama.cpp's ignore_merges) */
-        t->ignore_merges = pre_kind == LLM_PRE_LLAMA3;
-    }
-
-    /* special tokens, matched in the text when the caller asks: longest first, so that "<|im_end|>" is not
-     * taken for a shorter token that is a prefix of it */
-    llm_special_sort *sp = NULL;
-    for (uint64_t i = 0; i < n; i++) {
-        if ((t->type[i] == LLM_TOKEN_CONTROL || t->type[i] == LLM_TOKEN_USER) && t->text[i].len > 0) {
-            llm_special_sort x = {t->text[i].len, (int)i};
-            arrput(sp, x);
-        }
-    }
-    if (arrlen(sp) > 1) qsort(sp, (size_t)arrlen(sp), sizeof *sp, llm_special_cmp);
-    for (ptrdiff_t i = 0; i < arrlen(sp); i++) {
-        arrput(t->special, sp[i].id);
-        t->special_start[(unsigned char)t->text[sp[i].id].ptr[0]] = 1;
-    }
-    arrfree(sp);
-
-    /* the special ids; llama.cpp's defaults for SentencePiece where the file gives none */
-    int spm = kind == LLM_VOCAB_SPM;
-    t->bos = llm_tok_id_key(g, "tokenizer.ggml.bos_token_id", spm ? 1 : -1, t->n_vocab);
-    t->eos = llm_tok_id_key(g, "tokenizer.ggml.eos_token_id", spm ? 2 : -1, t->n_vocab);
-    t->unk = llm_tok_id_key(g, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1, t->n_vocab);
-    t->eot = llm_tok_id_key(g, "tokenizer.ggml.eot_token_id", -1, t->n_vocab);
-    t->eom = llm_tok_id_key(g, "tokenizer.ggml.eom_token_id", -1, t->n_vocab);
-    /* BOS by default for SentencePiece and, as llama.cpp does, for llama-bpe; the file's key overrides */
-    t->add_bos = llm_gguf_int(g, "tokenizer.ggml.add_bos_token", spm || pre_kind == LLM_PRE_LLAMA3) != 0;
-    t->add_eos = llm_gguf_int(g, "tokenizer.ggml.add_eos_token", 0) != 0;
-    t->add_space_prefix = llm_gguf_int(g, "tokenizer.ggml.add_space_prefix", spm) != 0;
-
-    /* end of generation: eos, eot, eom, and the control tokens chat models end their turns with */
-    static const char *const eog_texts[] = {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end_of_text|>",
-                                            "<|endoftext|>", "<end_of_turn>", "</s>", "<|end|>"};
-    llm_add_eog(t, t->eos); llm_add_eog(t, t->eot); llm_add_eog(t, t->eom);
-    for (ptrdiff_t i = 0; i < arrlen(t->special); i++) {
-        int id = t->special[i];
-        if (t->type[id] != LLM_TOKEN_CONTROL) continue;
-        for (size_t k = 0; k < sizeof eog_texts / sizeof eog_texts[0]; k++)
-            if (llm_str_eq(t->text[id], eog_texts[k])) llm_add_eog(t, id);
-    }
-    free(key);
-    return t;
-oom:
-    free(key);
-    llm_tokenizer_free(t);
-    llm_fail(err, "out of memory loading the tokenizer");
-    return NULL;
-}
-
-void llm_tokenizer_free(llm_tokenizer *t) {
-    if (!t) return;
-    free(t->score); free(t->type);
-    shfree(t->ids); hmfree(t->merges);
-    arrfree(t->special); arrfree(t->eog);
-    free(t);
-}
-
-int llm_vocab_size(const llm_tokenizer *t) { return t ? t->n_vocab : 0; }
-int llm_token_bos(const llm_tokenizer *t) { return t ? t->bos : -1; }
-int llm_token_eos(const llm_tokenizer *t) { return t ? t->eos : -1; }
-int llm_tokenizer_adds_bos(const llm_tokenizer *t) { return t ? t->add_bos : 0; }
-
-int llm_token_is_eog(const llm_tokenizer *t, int32_t id) {
-    if (!t || id < 0) return 0;
-    for (ptrdiff_t i = 0; i < arrlen(t->eog); i++) if (t->eog[i] == id) return 1;
-    return 0;
-}
-
-/* ---- Detokenizing ------------------------------------------------------------------------------------------ */
-static int llm_hex_digit(int c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
-static void llm_put_byte(char *buf, size_t cap, size_t *n, int byte) { /* counts every byte, stores the first cap */
-    if (*n < cap) buf[*n] = (char)byte;
-    (*n)++;
-}
-
-/* The text of each kind of token, as llama.cpp gives it: control and unknown tokens only when asked for;
- * user-defined tokens as written; byte tokens as their byte; unused tokens as nothing; normal tokens with
- * U+2581 as space (SPM) or with each stand-in character back to its byte (BPE). */
-int llm_token_to_piece(const llm_tokenizer *t, int32_t id, int special, char *buf, int cap) {
-    if (!t || id < 0 || id >= t->n_vocab) return -1;
-    if (!buf || cap < 0) cap = 0;
-    const unsigned char *s = (const unsigned char *)t->text[id].ptr;
-    size_t len = t->text[id].len, n = 0, i = 0;
-    int type = t->type[id];
-    if (type == LLM_TOKEN_UNUSED || ((type == LLM_TOKEN_CONTROL || type == LLM_TOKEN_UNKNOWN) && !special)) return 0;
-    if (type == LLM_TOKEN_BYTE && len == 6 && llm_hex_digit(s[3]) >= 0 && llm_hex_digit(s[4]) >= 0) {
-        llm_put_byte(buf, (size_t)cap, &n, llm_hex_digit(s[3]) * 16 + llm_hex_digit(s[4]));
-    } else if (type != LLM_TOKEN_NORMAL && type != LLM_TOKEN_BYTE) {
-        for (; i < len; i++) llm_put_byte(buf, (size_t)cap, &n, s[i]);
-    } else if (t->kind == LLM_VOCAB_SPM) {
-        while (i < len) {
-            int space = i + 3 <= len && s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81;
-            llm_put_byte(buf, (size_t)cap, &n, space ? ' ' : s[i]);
-            i += space ? 3 : 1;
-        }
-    } else {
-        while (i < len) {
-            int k = llm_utf8_check(s + i, len - i);
-            uint32_t c = k > 0 ? llm_utf8_decode(s + i, k) : 0xFFFFFFFF;
-            size_t clen = k > 0 ? (size_t)k : 1;
-            if (k > 0 && c < 324 && t->char_byte[c] >= 0) llm_put_byte(buf, (size_t)cap, &n, t->char_byte[c]);
-            else for (size_t j = 0; j < clen; j++) llm_put_byte(buf, (size_t)cap, &n, s[i + j]); /* not a stand-in */
-            i += clen;
-        }
-    }
-    return n > INT32_MAX ? INT32_MAX : (int)n;
-}
-
-/* Copies in[0..n) to out (when out is not NULL) with each broken sequence replaced by U+FFFD and the incomplete
- * character at the end, if any, left out; returns the bytes that make and sets *keep to the bytes left out. */
-static size_t llm_utf8_clean(const unsigned char *in, size_t n, char *out, size_t *keep) {
-    size_t i = 0, m = 0;
-    *keep = 0;
-    while (i < n) {
-        int k = llm_utf8_check(in + i, n - i);
-        if (k == 0) { *keep = n - i; break; }
-        if (k > 0) { if (out) memcpy(out + m, in + i, (size_t)k); m += (size_t)k; i += (size_t)k; }
-        else { if (out) memcpy(out + m, "\xEF\xBF\xBD", 3); m += 3; i += (size_t)-k; }
-    }
-    return m;
-}
-
-/* Writes all of its output or none of it: when the output would not fit in cap bytes, it writes nothing, keeps
- * its state and returns the room needed (more than cap), so the caller can call again with that much. The
- * output is at most 3 x (held bytes + piece bytes) <= 3 x piece length + 9 (every byte could turn into U+FFFD),
- * so a buffer of 3 x the longest token + 9 always suffices. Ids outside the vocabulary add nothing. */
-int llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, int cap) {
-    if (!t || !d) return 0;
-    if (!out || cap < 0) cap = 0;
-    if (d->n_pending < 0 || d->n_pending > 3) d->n_pending = 0; /* never more than 3: not a state we made */
-    int n = llm_token_to_piece(t, id, 0, NULL, 0);
-    if (n <= 0) return 0;
-    size_t total = (size_t)d->n_pending + (size_t)n, keep;
-    unsigned char small[512], *buf = total <= sizeof small ? small : (unsigned char *)malloc(total);
-    if (!buf) return 0;
-    memcpy(buf, d->pending, (size_t)d->n_pending);
-    llm_token_to_piece(t, id, 0, (char *)buf + d->n_pending, n);
-    size_t m = llm_utf8_clean(buf, total, NULL, &keep);
-    if (m <= (size_t)cap) {
-        llm_utf8_clean(buf, total, out, &keep);
-        memcpy(d->pending, buf + total - keep, keep);
-        d->n_pending = (int)keep;
-    }
-    if (buf != small) free(buf);
-    return (int)m;
-}
-
-int llm_detok_flush(llm_detok *d, char *out, int cap) {
-    if (!d) return 0;
-    if (d->n_pending <= 0 || d->n_pending > 3) { d->n_pending = 0; return 0; }
-    /* what is held is the start of a character that never finished: one U+FFFD for all of it */
-    if (!out || cap < 3) return 3;
-    memcpy(out, "\xEF\xBF\xBD", 3);
-    d->n_pending = 0;
-    return 3;
-}
-
-/* =============================================================================================================
- * 4. Block manager: KV blocks handed out from a free list, named by hash for prefix caching
- * =========================================================================================================== */
-int llm_block_manager_init(llm_block_manager *bm, int num_blocks, int block_size, int enable_prefix_caching, char *err) {
-    memset(bm, 0, sizeof *bm);
-    if (num_blocks <= 0 || block_size <= 0) return llm_fail(err, "the KV pool needs at least one block");
-    bm->blocks = (llm_block *)calloc((size_t)num_blocks, sizeof(llm_block));
-    if (!bm->blocks) return llm_fail(err, "out of memory for %d block records", num_blocks);
-    bm->num_blocks = num_blocks; bm->block_size = block_size; bm->enable_prefix_caching = enable_prefix_caching;
-    for (int i = 0; i < num_blocks; i++) {
-        bm->blocks[i].prev_free = i - 1; bm->blocks[i].next_free = i + 1 < num_blocks ? i + 1 : -1;
-    }
-    bm->free_head = 0; bm->free_tail = num_blocks - 1; bm->num_free_blocks = num_blocks;
-    return 0;
-}
-
-void llm_block_manager_free(llm_block_manager *bm) { free(bm->blocks); hmfree(bm->cached); memset(bm, 0, sizeof *bm); }
-
-static void llm_free_list_remove(llm_block_manager *bm, int id) {
-    llm_block *b = &bm->blocks[id];
-    if (b->prev_free >= 0) bm->blocks[b->prev_free].next_free = b->next_free; else bm->free_head = b->next_free;
-    if (b->next_free >= 0) bm->blocks[b->next_free].prev_free = b->prev_free; else bm->free_tail = b->prev_free;
-    b->prev_free = b->next_free = -1;
-    bm->num_free_blocks--;
-}
-
-/* Take the least recently freed block. If it still holds a cached prefix, that cache entry dies now. */
-int llm_block_alloc(llm_block_manager *bm) {
-    int id = bm->free_head;
-    if (id < 0) return -1;
-    llm_free_list_remove(bm, id);
-    llm_block *b = &bm->blocks[id];
-    if (b->hash) {
-        (void)hmdel(bm->cached, b->hash);
-        b->hash = 0; bm->evictions++;
-    }
-    b->ref_count = 1;
-    return id;
-}
-
-void llm_block_release(llm_block_manager *bm, int id) {
-    llm_block *b = &bm->blocks[id];
-    if (--b->ref_count > 0) return;
-    b->ref_count = 0;
-    b->prev_free = bm->free_tail; b->next_free = -1;  /* to the tail: evicted last */
-    if (bm->free_tail >= 0) bm->blocks[bm->free_tail].next_free = id; else bm->free_head = id;
-    bm->free_tail = id;
-    bm->num_free_blocks++;
-}
-
-uint64_t llm_block_hash(uint64_t prev_hash, const int32_t *tokens, int n) {
-    uint64_t h = prev_hash ^ 0x243f6a8885a308d3ull;
-    for (int i = 0; i < n; i++) { uint64_t s = h ^ (uint32_t)tokens[i]; h = llm_splitmix64(&s); }
-    return h ? h : 1;
-}
-
-int llm_block_lookup(llm_block_manager *bm, uint64_t hash) {
-    if (!bm->enable_prefix_caching) return -1;
-    ptrdiff_t i = hmgeti(bm->cached, hash);
-    if (i < 0) return -1;
-    int id = bm->cached[i].value;
-    if (bm->blocks[id].ref_count == 0) llm_free_list_remove(bm, id);
-    bm->blocks[id].ref_count++;
-    return id;
-}
-
-void llm_block_set_hash(llm_block_manager *bm, int id, uint64_t hash) {
-    if (!bm->enable_prefix_caching || bm->blocks[id].hash) return;
-    if (hmgeti(bm->cached, hash) >= 0) return; /* the same content is cached in another block already */
-    bm->blocks[id].hash = hash;
-    hmput(bm->cached, hash, id);
-}
-
-/* =============================================================================================================
- * 5. Forward pass on the CPU (the reference: the CUDA kernels are checked against it)
- * =========================================================================================================== */
-size_t llm_kv_bytes_per_block(const llm_config *cfg, int block_size) {
-    return (size_t)2 * cfg->n_layers * block_size * cfg->n_kv_heads * cfg->head_dim * sizeof(float);
-}
-
-int llm_kv_cache_init(llm_kv_cache *kv, const llm_config *cfg, int num_blocks, int block_size, char *err) {
-    memset(kv, 0, sizeof *kv);
-    if (num_blocks <= 0 || block_size <= 0) return llm_fail(err, "KV cache needs at least one block of one slot");
-    kv->num_blocks = num_blocks; kv->block_size = block_size;
-    kv->n_layers = cfg->n_layers; kv->n_kv_heads = cfg->n_kv_heads; kv->head_dim = cfg->head_dim;
-    size_t n = llm_kv_bytes_per_block(cfg, block_size) / 2 / sizeof(float) * (size_t)num_blocks;
-    kv->k = (float *)calloc(n, sizeof(float));
-    kv->v = (float *)calloc(n, sizeof(float));
-    if (!kv->k || !kv->v) { llm_kv_cache_free(kv); return llm_fail(err, "out of memory for %d KV blocks", num_blocks); }
-    return 0;
-}
-
-void llm_kv_cache_free(llm_kv_cache *kv) { free(kv->k); free(kv->v); memset(kv, 0, sizeof *kv); }
-
-/* One row of a weight matrix as f32. Block formats: see the GGUF notes (value = q * d, or q * d + m). */
-void llm_dequant_row(uint32_t type, const void *row, float *out, int64_t n) {
-    const uint8_t *p = (const uint8_t *)row;
-    switch (type) {
-    case LLM_F32: memcpy(out, row, (size_t)n * sizeof(float)); break;
-    case LLM_F16: for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, p + 2 * i, 2); out[i] = llm_f16_to_f32(h); } break;
-    case LLM_BF16: for (int64_t i = 0; i < n; i++) { uint16_t h; memcpy(&h, p + 2 * i, 2); out[i] = llm_bf16_to_f32(h); } break;
-    case LLM_Q8_0:
-        for (int64_t b = 0; b < n / 32; b++, p += 34) {
-            uint16_t h; memcpy(&h, p, 2); float d = llm_f16_to_f32(h);
-            for (int j = 0; j < 32; j++) out[b * 32 + j] = (float)(int8_t)p[2 + j] * d;
-        }
-        break;
-    case LLM_Q4_0: case LLM_Q4_1: {
-        int has_min = type == LLM_Q4_1, bytes = has_min ? 20 : 18;
-        for (int64_t b = 0; b < n / 32; b++, p += bytes) {
-            uint16_t h; memcpy(&h, p, 2); float d = llm_f16_to_f32(h), mn = 0;
-            if (has_min) { memcpy(&h, p + 2, 2); mn = llm_f16_to_f32(h); }
-            const uint8_t *q = p + (has_min ? 4 : 2);
-            for (int j = 0; j < 16; j++) {
-                int lo = q[j] & 15, hi = q[j] >> 4;
-                out[b * 32 + j]      = has_min ? lo * d + mn : (lo - 8) * d;
-                out[b * 32 + j + 16] = has_min ? hi * d + mn : (hi - 8) * d;
-            }
-        }
-        break;
-    }
-    }
-}
-
-size_t llm_row_bytes(uint32_t type, int64_t n) { uint64_t bb, bv; return llm_dtype_info(type, &bb, &bv) ? (size_t)(n / bv * bb) : 0; }
-
-static float llm_dot(const float *a, const float *b, int64_t n) {
-    float acc[8] = {0}; /* eight running sums: the compiler keeps them in one vector register */
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
-    float s = 0;
-    for (; i < n; i++) s += a[i] * b[i];
-    return s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
-/* out[t][r] = sum_c W[r][c] * x[t][c] for the T rows of x. Each weight row is converted once and used for all
- * T inputs, so a prefill of many tokens reads the weights once: that is what batching buys on any hardware. */
-static void llm_matmul(float *out, const float *x, const llm_weight *w, int T) {
-    int64_t rows = w->rows, cols = w->cols;
-    size_t row_bytes = llm_row_bytes(w->type, cols);
-    #pragma omp parallel
-    {
-        float *tmp = w->type == LLM_F32 ? NULL : (float *)malloc((size_t)cols * sizeof(float));
-        #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            const void *row = (const uint8_t *)w->data + (size_t)r * row_bytes;
-            const float *wr = (const float *)row;
-            if (tmp) { llm_dequant_row(w->type, row, tmp, cols); wr = tmp; }
-            for (int t = 0; t < T; t++) out[(size_t)t * rows + r] = llm_dot(wr, x + (size_t)t * cols, cols);
-        }
-        free(tmp);
-    }
-}
-
-static void llm_rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
-    double ss = 0; /* in double, as llama.cpp does: the mean of squares of thousands of values */
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
-    for (int i = 0; i < n; i++) out[i] = x[i] * scale * weight[i];
-}
-
-/* Rotate the first rope_dim values of one head by position pos. The angle of pair i is pos * base^(-2i/rope_dim),
- * built by repeated multiplication as llama.cpp does, so that greedy outputs match it bit for bit more often. */
-static void llm_rope(float *x, int pos, const llm_config *c) {
-    float theta_scale = powf(c->rope_base, -2.0f / (float)c->rope_dim), theta = (float)pos;
-    int half = c->rope_dim / 2;
-    for (int i = 0; i < half; i++, theta *= theta_scale) {
-        float cs = cosf(theta), sn = sinf(theta);
-        int a = c->rope_neox ? i : 2 * i, b = c->rope_neox ? i + half : 2 * i + 1;
-        float x0 = x[a], x1 = x[b];
-        x[a] = x0 * cs - x1 * sn;
-        x[b] = x0 * sn + x1 * cs;
-    }
-}
-
-static float *llm_kv_slot(const llm_kv_cache *kv, float *base, int layer, const int32_t *block_table, int pos) {
-    size_t slot = (size_t)block_table[pos / kv->block_size] * kv->block_size + (size_t)(pos % kv->block_size);
-    size_t per_slot = (size_t)kv->n_kv_heads * kv->head_dim;
-    return base + ((size_t)layer * kv->num_blocks * kv->block_size + slot) * per_slot;
-}
-
-int llm_forward_cpu(const llm_model *m, llm_kv_cache *kv, const llm_batch *b, float *logits, char *err) {
-    const llm_config *c = &m->cfg;
-    int T = b->n_tokens, D = c->dim, hd = c->head_dim;
-    int q_dim = c->n_heads * hd, kv_dim = c->n_kv_heads * hd, group = c->n_heads / c->n_kv_heads;
-    if (T <= 0) return 0;
-    if (kv->n_kv_heads != c->n_kv_heads || kv->head_dim != hd || kv->n_layers != c->n_layers)
-        return llm_fail(err, "KV cache shape does not match the model");
-    int max_ctx = 0;
-    int32_t *tok_seq = (int32_t *)malloc((size_t)T * sizeof(int32_t)); /* which sequence each token belongs to */
-    for (int s = 0; s < b->n_seqs; s++)
-        for (int i = b->seq_start[s]; i < b->seq_start[s + 1]; i++) {
-            tok_seq[i] = s;
-            if (b->positions[i] + 1 > max_ctx) max_ctx = b->positions[i] + 1;
-        }
-    for (int i = 0; i < T; i++)
-        if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab_size) { free(tok_seq); return llm_fail(err, "token id %d outside the vocabulary", b->tokens[i]); }
-    int H = c->ffn_dim > q_dim ? c->ffn_dim : q_dim;
-    float *x = (float *)malloc((size_t)T * D * sizeof(float)), *xn = (float *)malloc((size_t)T * (D > q_dim ? D : q_dim) * sizeof(float));
-    float *q = (float *)malloc((size_t)T * q_dim * sizeof(float)), *k = (float *)malloc((size_t)T * kv_dim * sizeof(float));
-    float *v = (float *)malloc((size_t)T * kv_dim * sizeof(float)), *att = (float *)malloc((size_t)T * q_dim * sizeof(float));
-    float *h1 = (float *)malloc((size_t)T * H * sizeof(float)), *h2 = (float *)malloc((size_t)T * H * sizeof(float));
-    float *xo = (float *)malloc((size_t)T * D * sizeof(float));
-    if (!x || !xn || !q || !k || !v || !att || !h1 || !h2 || !xo) {
-        free(tok_seq); free(x); free(xn); free(q); free(k); free(v); free(att); free(h1); free(h2); free(xo);
-        return llm_fail(err, "out of memory in the forward pass (%d tokens)", T);
-    }
-    for (int t = 0; t < T; t++)
-        llm_dequant_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + llm_row_bytes(m->tok_embd.type, D) * (size_t)b->tokens[t], x + (size_t)t * D, D);
-
-    for (int l = 0; l < c->n_layers; l++) {
-        const llm_layer *L = &m->layers[l];
-        for (int t = 0; t < T; t++) llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->attn_norm.data, D, c->rms_eps);
-        llm_matmul(q, xn, &L->wq, T); llm_matmul(k, xn, &L->wk, T); llm_matmul(v, xn, &L->wv, T);
-        for (int t = 0; t < T; t++) {
-            float *qt = q + (size_t)t * q_dim, *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
-            if (L->bq.data) {
-                for (int i = 0; i < q_dim; i++) qt[i] += ((const float *)L->bq.data)[i];
-                for (int i = 0; i < kv_dim; i++) kt[i] += ((const float *)L->bk.data)[i];
-                for (int i = 0; i < kv_dim; i++) vt[i] += ((const float *)L->bv.data)[i];
-            }
-            for (int h = 0; h < c->n_heads; h++) {
-                if (L->q_norm.data) llm_rmsnorm(qt + h * hd, qt + h * hd, (const float *)L->q_norm.data, hd, c->rms_eps);
-                llm_rope(qt + h * hd, b->positions[t], c);
-            }
-            for (int h = 0; h < c->n_kv_heads; h++) {
-                if (L->k_norm.data) llm_rmsnorm(kt + h * hd, kt + h * hd, (const float *)L->k_norm.data, hd, c->rms_eps);
-                llm_rope(kt + h * hd, b->positions[t], c);
-            }
-            const int32_t *bt = b->block_tables[tok_seq[t]];
-            memcpy(llm_kv_slot(kv, kv->k, l, bt, b->positions[t]), kt, (size_t)kv_dim * sizeof(float));
-            memcpy(llm_kv_slot(kv, kv->v, l, bt, b->positions[t]), vt, (size_t)kv_dim * sizeof(float));
-        }
-        /* attention: every (token, head) pair is independent once this step's K/V are in the cache */
-        float scale = 1.0f / sqrtf((float)hd);
-        #pragma omp parallel
-        {
-            float *scores = (float *)malloc((size_t)max_ctx * sizeof(float));
-            #pragma omp for schedule(dynamic, 4)
-            for (int th = 0; th < T * c->n_heads; th++) {
-                int t = th / c->n_heads, h = th % c->n_heads, kvh = h / group, n_ctx = b->positions[t] + 1;
-                const int32_t *bt = b->block_tables[tok_seq[t]];
-                const float *qh = q + (size_t)t * q_dim + h * hd;
-                float mx = -INFINITY;
-                for (int p = 0; p < n_ctx; p++) {
-                    scores[p] = llm_dot(qh, llm_kv_slot(kv, kv->k, l, bt, p) + kvh * hd, hd) * scale;
-                    if (scores[p] > mx) mx = scores[p];
-                }
-                float sum = 0;
-                for (int p = 0; p < n_ctx; p++) { scores[p] = expf(scores[p] - mx); sum += scores[p]; }
-                float *out = att + (size_t)t * q_dim + h * hd;
-                memset(out, 0, (size_t)hd * sizeof(float));
-                for (int p = 0; p < n_ctx; p++) {
-                    const float *vp = llm_kv_slot(kv, kv->v, l, bt, p) + kvh * hd;
-                    float w = scores[p] / sum;
-                    for (int i = 0; i < hd; i++) out[i] += w * vp[i];
-                }
-            }
-            free(scores);
-        }
-        llm_matmul(xo, att, &L->wo, T);
-        for (size_t i = 0; i < (size_t)T * D; i++) x[i] += xo[i];
-
-        for (int t = 0; t < T; t++) llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->ffn_norm.data, D, c->rms_eps);
-        llm_matmul(h1, xn, &L->w_gate, T); llm_matmul(h2, xn, &L->w_up, T);
-        for (size_t i = 0; i < (size_t)T * c->ffn_dim; i++) h1[i] = h1[i] / (1.0f + expf(-h1[i])) * h2[i];
-        llm_matmul(xo, h1, &L->w_down, T);
-        for (size_t i = 0; i < (size_t)T * D; i++) x[i] += xo[i];
-    }
-    /* logits only for the rows that need them: a prefill of 500 tokens samples once */
-    for (int i = 0; i < b->n_logits; i++)
-        llm_rmsnorm(xn + (size_t)i * D, x + (size_t)b->logit_rows[i] * D, (const float *)m->output_norm.data, D, c->rms_eps);
-    llm_matmul(logits, xn, &m->output, b->n_logits);
-    free(tok_seq); free(x); free(xn); free(q); free(k); free(v); free(att); free(h1); free(h2); free(xo);
-    return 0;
-}
-
-/* =============================================================================================================
- * 6. Sampler
- * =========================================================================================================== */
-llm_sampling_params llm_sampling_defaults(void) {
-    llm_sampling_params p;
-    memset(&p, 0, sizeof p);
-    p.n = 1; p.temperature = 1.0f; p.top_p = 1.0f; p.repetition_penalty = 1.0f; p.seed = -1; p.logprobs = -1;
-    return p;
-}
-
-static int llm_argmax(const float *x, int n) { int best = 0; for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i; return best; }
-
-typedef struct { float p; int32_t id; } llm_prob_id;
-static int llm_prob_desc(const void *a, const void *b) {
-    const llm_prob_id *x = (const llm_prob_id *)a, *y = (const llm_prob_id *)b;
-    if (x->p != y->p) return x->p > y->p ? -1 : 1;
-    return x->id - y->id;  /* ties in id order, so that a seed always gives the same choice */
-}
-
-int llm_sampler_candidates(const llm_sampling_params *p, const float *logits, int n_vocab, int32_t *ids, float *probs) {
-    if (p->temperature <= 0.0f || p->top_k == 1) { ids[0] = llm_argmax(logits, n_vocab); probs[0] = 1.0f; return 1; }
-    llm_prob_id *c = (llm_prob_id *)malloc((size_t)n_vocab * sizeof *c);
-    if (!c) { ids[0] = llm_argmax(logits, n_vocab); probs[0] = 1.0f; return 1; }
-    float mx = logits[llm_argmax(logits, n_vocab)], inv_t = 1.0f / p->temperature;
-    double sum = 0;
-    for (int i = 0; i < n_vocab; i++) { c[i].id = i; c[i].p = expf((logits[i] - mx) * inv_t); sum += c[i].p; }
-    int n = n_vocab, top_k_on = p->top_k > 0 && p->top_k < n_vocab;
-    if (p->top_p < 1.0f && !top_k_on) {
-        /* the head that top_p keeps never reaches a token whose weight is under (1 - top_p) / n_vocab of the
-         * total: all such tokens together weigh less than 1 - top_p. Drop them before the sort (most of a
-         * vocabulary of 150k, every token). */
-        double floor_w = (1.0 - p->top_p) * sum / n_vocab;
-        int kept = 0;
-        for (int i = 0; i < n; i++) if (c[i].p >= floor_w) c[kept++] = c[i];
-        n = kept;
-    }
-    if (top_k_on || p->top_p < 1.0f) qsort(c, (size_t)n, sizeof *c, llm_prob_desc);
-    if (top_k_on) {
-        n = p->top_k; sum = 0;
-        for (int i = 0; i < n; i++) sum += c[i].p;
-    }
-    if (p->top_p < 1.0f) { /* the smallest head of the distribution whose mass reaches top_p */
-        double cum = 0; int keep = n;
-        for (int i = 0; i < n; i++) { cum += c[i].p / sum; if (cum >= p->top_p) { keep = i + 1; break; } }
-        n = keep; sum = 0;
-        for (int i = 0; i < n; i++) sum += c[i].p;
-    }
-    if (p->min_p > 0.0f) { /* relative to the most likely token, whose weight exp(0) is 1 */
-        int keep = 0; double s = 0;
-        for (int i = 0; i < n; i++) if (c[i].p >= p->min_p) { c[keep++] = c[i]; s += c[i].p; }
-        n = keep; sum = s;
-    }
-    for (int i = 0; i < n; i++) { ids[i] = c[i].id; probs[i] = (float)(c[i].p / sum); }
-    free(c);
-    return n;
-}
-
-static void llm_apply_penalties(const llm_sampling_params *p, float *logits, int n_vocab, const int32_t *history, int n_prompt, int n_history) {
-    if (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f) return;
-    int *count = (int *)calloc((size_t)n_vocab, sizeof(int));  /* occurrences in the output */
-    unsigned char *seen = (unsigned char *)calloc((size_t)n_vocab, 1); /* in prompt or output */
-    if (!count || !seen) { free(count); free(seen); return; }
-    for (int i = 0; i < n_history; i++) {
-        int32_t t = history[i];
-        if (t < 0 || t >= n_vocab) continue;
-        seen[t] = 1;
-        if (i >= n_prompt) count[t]++;
-    }
-    for (int t = 0; t < n_vocab; t++) {
-        if (seen[t] && p->repetition_penalty != 1.0f)
-            logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty : logits[t] * p->repetition_penalty;
-        if (count[t]) logits[t] -= p->presence_penalty + p->frequency_penalty * (float)count[t];
-    }
-    free(count); free(seen);
-}
-
-int32_t llm_sample(const llm_sampling_params *p, float *logits, int n_vocab, const int32_t *history, int n_prompt,
-                   int n_history, uint64_t *rng_state) {
-    llm_apply_penalties(p, logits, n_vocab, history, n_prompt, n_history);
-    if (p->temperature <= 0.0f || p->top_k == 1) return llm_argmax(logits, n_vocab);
-    int32_t *ids = (int32_t *)malloc((size_t)n_vocab * sizeof(int32_t));
-    float *probs = (float *)malloc((size_t)n_vocab * sizeof(float));
-    if (!ids || !probs) { free(ids); free(probs); return llm_argmax(logits, n_vocab); }
-    int n = llm_sampler_candidates(p, logits, n_vocab, ids, probs);
-    float u = llm_rand_uniform(rng_state), cum = 0;
-    int32_t pick = ids[n - 1];
-    for (int i = 0; i < n; i++) { cum += probs[i]; if (u < cum) { pick = ids[i]; break; } }
-    free(ids); free(probs);
-    return pick;
-}
-
-/* =============================================================================================================
- * 7. Engine: requests, the scheduler, stop conditions, outputs
- * A request of n samples starts as one sequence; when its prompt is computed it forks into n sequences that
- * share the prompt's blocks. Every sequence goes the same way: its tokens [0, n_computed) have K/V in the cache;
- * each step computes the next chunk of the rest (a prompt chunk, or the one newest token), and when a step
- * reaches the end of its tokens, samples one more. Prefill, chunked prefill, decode and recompute after
- * preemption are all this one loop.
- * =========================================================================================================== */
-#include <pthread.h>
-#include <time.h>
-
-typedef struct llm_request {
-    uint64_t id;
-    llm_sampling_params params;     /* stop strings and stop ids point at the copies below */
-    char **stop_copies;
-    int32_t *stop_ids_copy;
-    int n_prompt;
-    int refs;                       /* sequences still pointing here */
-} llm_request;
-
-enum { LLM_SEQ_WAITING, LLM_SEQ_RUNNING, LLM_SEQ_FINISHED };
-
-typedef struct llm_seq {
-    llm_request *req;
-    int index;
-    int32_t *tokens;                /* stb_ds array: prompt, then generated tokens */
-    int n_computed;
-    int32_t *block_table;           /* stb_ds array */
-    int n_hashed_blocks;            /* leading full blocks that carry their prefix hash */
-    uint64_t last_hash;
-    uint64_t rng;
-    int fork_pending;               /* n > 1 and the prompt is not computed yet */
-    int n_cached_tokens;
-    int finish_reason;
-    int status;
-    llm_detok detok;
-    char *held_text;                /* stb_ds array: decoded text not yet emitted (could begin a stop string) */
-    int32_t *out_tokens; char *out_text; float *out_logprobs; int32_t *out_top_ids; float *out_top_logprobs;
-} llm_seq;
-
-struct llm_engine {
-    llm_engine_config cfg;
-    llm_model model;
-    llm_backend *backend;
-    llm_block_manager bm;
-    int max_model_len;
-    llm_seq **waiting, **running;   /* stb_ds arrays; waiting is served from the front */
-    llm_seq **finished;             /* finished last step: freed at the start of the next */
-    int static_batch_open;
-    pthread_mutex_t lock;           /* guards the inbox and next_id */
-    llm_seq **inbox;
-    uint64_t *inbox_abort;
-    uint64_t next_id;
-    llm_engine_stats stats;
-    /* per-step scratch */
-    int32_t *b_tokens, *b_positions, *b_seq_start, *b_logit_rows;
-    const int32_t **b_tables;
-    llm_seq **sched; int *sched_new;
-    float *logits, *logits_copy;
-    int logits_rows;
-    llm_output *outputs;
-};
-
-const char *llm_finish_reason_name(int reason) {
-    switch (reason) { case LLM_FINISH_STOP: return "stop"; case LLM_FINISH_LENGTH: return "length"; case LLM_FINISH_ABORT: return "abort"; }
-    return NULL;
-}
-
-/* ---- the CPU backend: the KV cache in host memory and llm_forward_cpu ---- */
-static int llm_cpu_forward(llm_backend *be, const llm_model *m, const llm_batch *b, float *logits, char *err) {
-    return llm_forward_cpu(m, (llm_kv_cache *)be->ctx, b, logits, err);
-}
-static int llm_cpu_copy_block(llm_backend *be, int src, int dst, char *err) {
-    (void)err;
-    llm_kv_cache *kv = (llm_kv_cache *)be->ctx;
-    size_t per_block = (size_t)kv->block_size * kv->n_kv_heads * kv->head_dim;
-    for (int l = 0; l < kv->n_layers; l++) {
-        size_t layer = (size_t)l * kv->num_blocks * per_block;
-        memcpy(kv->k + layer + (size_t)dst * per_block, kv->k + layer + (size_t)src * per_block, per_block * sizeof(float));
-        memcpy(kv->v + layer + (size_t)dst * per_block, kv->v + layer + (size_t)src * per_block, per_block * sizeof(float));
-    }
-    return 0;
-}
-static void llm_cpu_destroy(llm_backend *be) { llm_kv_cache_free((llm_kv_cache *)be->ctx); free(be->ctx); free(be); }
-
-llm_backend *llm_cpu_backend_create(const llm_model *m, int num_blocks, int block_size, char *err) {
-    llm_backend *be = (llm_backend *)calloc(1, sizeof *be);
-    llm_kv_cache *kv = (llm_kv_cache *)calloc(1, sizeof *kv);
-    if (!be || !kv || llm_kv_cache_init(kv, &m->cfg, num_blocks, block_size, err) != 0) {
-        if (!be || !kv) llm_fail(err, "out of memory");
-        free(be); free(kv); return NULL;
-    }
-    be->name = "cpu"; be->ctx = kv; be->num_blocks = num_blocks; be->block_size = block_size;
-    be->kv_bytes_per_block = llm_kv_bytes_per_block(&m->cfg, block_size);
-    be->forward = llm_cpu_forward; be->copy_block = llm_cpu_copy_block; be->destroy = llm_cpu_destroy;
-    return be;
-}
-
-/* ---- creation ---- */
-llm_engine *llm_engine_create(const llm_engine_config *cfg_in, char *err) {
-    llm_engine *e = (llm_engine *)calloc(1, sizeof *e);
-    if (!e) { llm_fail(err, "out of memory"); return NULL; }
-    e->cfg = *cfg_in;
-    llm_engine_config *cfg = &e->cfg;
-    if (cfg->block_size <= 0) cfg->block_size = 16;
-    if (cfg->max_num_seqs <= 0) cfg->max_num_seqs = 256;
-    if (cfg->max_num_batched_tokens <= 0) cfg->max_num_batched_tokens = 2048;
-    if (cfg->kv_fraction < 0 || cfg->kv_fraction > 1 || cfg->block_size > 1024) {
-        llm_fail(err, cfg->block_size > 1024 ? "block_size %d is too large (at most 1024)" : "kv_fraction must be in (0, 1]", cfg->block_size);
-        free(e); return NULL;
-    }
-    pthread_mutex_init(&e->lock, NULL);
-    e->next_id = 1;
-    int rc = cfg->dummy ? llm_model_dummy(&e->model, cfg->dummy, cfg->dummy_seed, err)
-           : cfg->model_path ? llm_model_load(&e->model, cfg->model_path, err)
-           : llm_fail(err, "no model given");
-    if (rc != 0) { pthread_mutex_destroy(&e->lock); free(e); return NULL; }
-    e->max_model_len = e->model.cfg.context_length;
-    if (cfg->max_model_len > 0 && cfg->max_model_len < e->max_model_len) e->max_model_len = cfg->max_model_len;
-    size_t per_block = llm_kv_bytes_per_block(&e->model.cfg, cfg->block_size);
-#ifdef LLM_CUDA
-    if (!cfg->cpu) {
-        char cuda_err[LLM_ERR_LEN];
-        e->backend = llm_cuda_backend_create(&e->model, cfg->num_blocks, cfg->kv_bytes, cfg->kv_fraction, cfg->block_size, cuda_err);
-        if (!e->backend) fprintf(stderr, "llm: %s; running on the CPU\n", cuda_err);
-    }
-#endif
-    if (!e->backend) {
-        int num_blocks = cfg->num_blocks;
-        if (num_blocks <= 0) {
-            /* kv_bytes, or kv_fraction of the RAM not in use; by default enough for max_num_seqs full contexts,
-             * 4 GiB at most (as vLLM's CPU backend) */
-            size_t want = (size_t)cfg->max_num_seqs * ((e->max_model_len + cfg->block_size - 1) / cfg->block_size);
-            size_t budget = cfg->kv_bytes;
-            if (!budget && cfg->kv_fraction > 0)
-                budget = (size_t)(cfg->kv_fraction * (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE));
-            else if (!budget) budget = want * per_block < ((size_t)4 << 30) ? want * per_block : ((size_t)4 << 30);
-            num_blocks = budget / per_block > (1u << 30) ? (1 << 30) : (int)(budget / per_block);
-            if (num_blocks <= 0) { llm_model_free(&e->model); pthread_mutex_destroy(&e->lock); free(e);
-                                   llm_fail(err, "the KV pool of %zu bytes holds no block of %zu bytes", budget, per_block); return NULL; }
-        }
-        e->backend = llm_cpu_backend_create(&e->model, num_blocks, cfg->block_size, err);
-        if (!e->backend) { llm_model_free(&e->model); pthread_mutex_destroy(&e->lock); free(e); return NULL; }
-    }
-    if (llm_block_manager_init(&e->bm, e->backend->num_blocks, cfg->block_size, !cfg->disable_prefix_caching, err) != 0) {
-        llm_engine_destroy(e); return NULL;
-    }
-    e->static_batch_open = 1;
-    return e;
-}
-
-const llm_model *llm_engine_model(const llm_engine *e) { return &e->model; }
-const char *llm_engine_backend_name(const llm_engine *e) { return e->backend->name; }
-size_t llm_engine_kv_bytes_per_block(const llm_engine *e) { return e->backend->kv_bytes_per_block; }
-
-static void llm_request_unref(llm_request *r) {
-    if (--r->refs > 0) return;
-    for (int i = 0; i < r->params.n_stop; i++) free(r->stop_copies[i]);
-    free(r->stop_copies); free(r->stop_ids_copy); free(r);
-}
-
-static void llm_seq_free(llm_seq *s) {
-    arrfree(s->tokens); arrfree(s->block_table); arrfree(s->held_text);
-    arrfree(s->out_tokens); arrfree(s->out_text); arrfree(s->out_logprobs); arrfree(s->out_top_ids); arrfree(s->out_top_logprobs);
-    llm_request_unref(s->req);
-    free(s);
-}
-
-static void llm_seq_release_blocks(llm_engine *e, llm_seq *s) {
-    for (int i = 0; i < arrlen(s->block_table); i++) llm_block_release(&e->bm, s->block_table[i]);
-    arrsetlen(s->block_table, 0);
-    s->n_computed = 0; s->n_hashed_blocks = 0; s->last_hash = 0;
-}
-
-void llm_engine_destroy(llm_engine *e) {
-    if (!e) return;
-    llm_seq **all[4] = {e->waiting, e->running, e->finished, e->inbox};
-    for (int k = 0; k < 4; k++) for (int i = 0; i < arrlen(all[k]); i++) llm_seq_free(all[k][i]);
-    arrfree(e->waiting); arrfree(e->running); arrfree(e->finished); arrfree(e->inbox); arrfree(e->inbox_abort);
-    arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows); arrfree(e->b_tables);
-    arrfree(e->sched); arrfree(e->sched_new); arrfree(e->outputs);
-    free(e->logits); free(e->logits_copy);
-    if (e->backend) e->backend->destroy(e->backend);
-    llm_block_manager_free(&e->bm);
-    llm_model_free(&e->model);
-    pthread_mutex_destroy(&e->lock);
-    free(e);
-}
-
-/* ---- admission ---- */
-static uint64_t llm_seed_mix(int64_t seed, int index) {
-    uint64_t s = seed >= 0 ? (uint64_t)seed : ((uint64_t)time(NULL) ^ ((uint64_t)clock() << 20) ^ (uint64_t)(uintptr_t)&seed);
-    s += 0x632be59bd9b4e019ull * (uint64_t)(index + 1);
-    return llm_splitmix64(&s);
-}
-
-uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids, int n_prompt_ids,
-                                const llm_sampling_params *p, char *err) {
-    const llm_config *c = &e->model.cfg;
-    if (p->n < 1 || p->n > 128) { llm_fail(err, "n must be between 1 and 128, got %d", p->n); return 0; }
-    if (!(p->temperature >= 0.0f)) { llm_fail(err, "temperature must be >= 0"); return 0; }
-    if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) { llm_fail(err, "top_p must be in (0, 1]"); return 0; }
-    if (p->top_k < 0) { llm_fail(err, "top_k must be >= 0 (0 disables it)"); return 0; }
-    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) { llm_fail(err, "min_p must be in [0, 1]"); return 0; }
-    if (!(p->repetition_penalty > 0.0f)) { llm_fail(err, "repetition_penalty must be > 0"); return 0; }
-    if (!(fabsf(p->presence_penalty) <= 2.0f && fabsf(p->frequency_penalty) <= 2.0f)) { llm_fail(err, "presence_penalty and frequency_penalty must be in [-2, 2]"); return 0; }
-    if (p->max_tokens < 0) { llm_fail(err, "max_tokens must be >= 0"); return 0; }
-    if (p->logprobs > 20) { llm_fail(err, "logprobs must be at most 20"); return 0; }
-    if (p->n_stop < 0 || p->n_stop > 16 || p->n_stop_token_ids < 0) { llm_fail(err, "at most 16 stop strings"); return 0; }
-    int32_t *ids = NULL;
-    if (prompt_ids) {
-        for (int i = 0; i < n_prompt_ids; i++)
-            if (prompt_ids[i] < 0 || prompt_ids[i] >= c->vocab_size) { llm_fail(err, "prompt token id %d is outside the vocabulary (0..%d)", prompt_ids[i], c->vocab_size - 1); return 0; }
-        arrsetlen(ids, n_prompt_ids);
-        if (n_prompt_ids) memcpy(ids, prompt_ids, (size_t)n_prompt_ids * sizeof(int32_t));
-    } else {
-        if (!e->model.tok) { llm_fail(err, "this model has no tokenizer: give prompt token ids"); return 0; }
-        const char *text = prompt ? prompt : "";
-        size_t len = strlen(text);
-        int cap = (int)len + 8, bos = llm_tokenizer_adds_bos(e->model.tok);
-        arrsetlen(ids, cap);
-        int n = llm_tokenize(e->model.tok, text, len, bos, 1, ids, cap);
-        if (n > cap) { arrsetlen(ids, n); n = llm_tokenize(e->model.tok, text, len, bos, 1, ids, n); }
-        if (n < 0) { arrfree(ids); llm_fail(err, "could not tokenize the prompt"); return 0; }
-        arrsetlen(ids, n);
-    }
-    int n_prompt = (int)arrlen(ids);
-    int blocks_needed = (n_prompt + 1 + e->cfg.block_size - 1) / e->cfg.block_size;
-    if (n_prompt == 0) { arrfree(ids); llm_fail(err, "the prompt is empty"); return 0; }
-    if (n_prompt >= e->max_model_len) {
-        arrfree(ids);
-        llm_fail(err, "the prompt has %d tokens, but this model's context is %d tokens (the prompt and at least one new token must fit)", n_prompt, e->max_model_len);
-        return 0;
-    }
-    if (blocks_needed > e->bm.num_blocks) {
-        arrfree(ids);
-        llm_fail(err, "the prompt needs %d KV blocks but the whole pool has %d", blocks_needed, e->bm.num_blocks);
-        return 0;
-    }
-    llm_request *r = (llm_request *)calloc(1, sizeof *r);
-    llm_seq *s = (llm_seq *)calloc(1, sizeof *s);
-    if (!r || !s) { free(r); free(s); arrfree(ids); llm_fail(err, "out of memory"); return 0; }
-    r->params = *p; r->n_prompt = n_prompt; r->refs = 1;
-    r->params.stop = NULL; r->params.stop_token_ids = NULL;
-    if (p->n_stop) {
-        r->stop_copies = (char **)calloc((size_t)p->n_stop, sizeof(char *));
-        for (int i = 0; i < p->n_stop; i++) {
-            r->stop_copies[i] = strdup(p->stop[i] ? p->stop[i] : "");
-        }
-        r->params.stop = (const char *const *)r->stop_copies;
-    }
-    if (p->n_stop_token_ids) {
-        r->stop_ids_copy = (int32_t *)malloc((size_t)p->n_stop_token_ids * sizeof(int32_t));
-        memcpy(r->stop_ids_copy, p->stop_token_ids, (size_t)p->n_stop_token_ids * sizeof(int32_t));
-        r->params.stop_token_ids = r->stop_ids_copy;
-    }
-    s->req = r; s->tokens = ids; s->rng = llm_seed_mix(p->seed, 0); s->fork_pending = p->n > 1;
-    s->status = LLM_SEQ_WAITING;
-    pthread_mutex_lock(&e->lock);
-    r->id = e->next_id++;
-    arrput(e->inbox, s);
-    pthread_mutex_unlock(&e->lock);
-    return r->id;
-}
-
-void llm_engine_abort(llm_engine *e, uint64_t request_id) {
-    pthread_mutex_lock(&e->lock);
-    arrput(e->inbox_abort, request_id);
-    pthread_mutex_unlock(&e->lock);
-}
-
-int llm_engine_has_work(llm_engine *e) {
-    pthread_mutex_lock(&e->lock);
-    int n = (int)(arrlen(e->inbox) + arrlen(e->inbox_abort));
-    pthread_mutex_unlock(&e->lock);
-    return n > 0 || arrlen(e->waiting) > 0 || arrlen(e->running) > 0;
-}
-
-llm_engine_stats llm_engine_get_stats(llm_engine *e) {
-    llm_engine_stats s = e->stats;
-    s.running = (int)arrlen(e->running); s.waiting = (int)arrlen(e->waiting);
-    s.num_blocks = e->bm.num_blocks; s.num_free_blocks = e->bm.num_free_blocks;
-    s.num_cached_blocks = (int)hmlen(e->bm.cached);
-    for (int i = 0; i < arrlen(e->running); i++) s.kv_tokens += e->running[i]->n_computed;
-    return s;
-}
-
-int llm_engine_check_blocks(llm_engine *e, char *err) {
-    llm_block_manager *bm = &e->bm;
-    int *refs = (int *)calloc((size_t)bm->num_blocks, sizeof(int)), rc = 0;
-    if (!refs) return llm_fail(err, "out of memory");
-    llm_seq **lists[2] = {e->running, e->waiting};
-    for (int k = 0; k < 2; k++)
-        for (int i = 0; i < arrlen(lists[k]); i++)
-            for (int b = 0; b < arrlen(lists[k][i]->block_table); b++) {
-                int id = lists[k][i]->block_table[b];
-                if (id < 0 || id >= bm->num_blocks) { rc = llm_fail(err, "block table holds block %d, outside the pool", id); goto done; }
-                refs[id]++;
-            }
-    int n_free = 0;
-    for (int id = 0; id < bm->num_blocks; id++) {
-        if (bm->blocks[id].ref_count != refs[id]) {
-            rc = llm_fail(err, "block %d has ref_count %d but %d block tables hold it", id, bm->blocks[id].ref_count, refs[id]); goto done;
-        }
-        n_free += refs[id] == 0;
-    }
-    /* the free list links exactly the unreferenced blocks, each once (refs[] now marks the ones walked) */
-    int walked = 0;
-    for (int id = bm->free_head; id >= 0 && walked <= bm->num_blocks; id = bm->blocks[id].next_free, walked++) {
-        if (refs[id] != 0) { rc = llm_fail(err, "block %d is in the free list but %s", id, refs[id] > 0 ? "referenced" : "linked twice"); goto done; }
-        refs[id] = -1;
-    }
-    if (n_free != bm->num_free_blocks || walked != n_free) {
-        rc = llm_fail(err, "%d blocks are unreferenced, num_free_blocks says %d, the free list links %d", n_free, bm->num_free_blocks, walked); goto done;
-    }
-    for (ptrdiff_t i = 0; i < hmlen(bm->cached); i++) {
-        int id = bm->cached[i].value;
-        if (id < 0 || id >= bm->num_blocks || bm->blocks[id].hash != bm->cached[i].key) {
-            rc = llm_fail(err, "the prefix cache names block %d for a hash it does not carry", id); goto done;
-        }
-    }
-done:
-    free(refs);
-    return rc;
-}
-
-/* ---- stop conditions and text ---- */
-static void llm_seq_finish(llm_engine *e, llm_seq *s, int reason) {
-    s->finish_reason = reason; s->status = LLM_SEQ_FINISHED;
-    llm_seq_release_blocks(e, s);
-    e->stats.requests_finished++;
-}
-
-/* The longest tail of text that is the beginning of a stop string: it must wait for the next token. */
-static int llm_stop_holdback(const llm_request *r, const char *text, int len) {
-    int hold = 0;
-    for (int i = 0; i < r->params.n_stop; i++) {
-        const char *stop = r->params.stop[i];
-        int sl = (int)strlen(stop);
-        for (int k = sl - 1 < len ? sl - 1 : len; k > hold; k--)
-            if (memcmp(text + len - k, stop, (size_t)k) == 0) { hold = k; break; }
-    }
-    return hold;
-}
-
-/* Append a token's text to what is held; emit what can no longer be part of a stop string. */
-static void llm_seq_add_text(llm_seq *s, int32_t token, const llm_tokenizer *tok, int finishing) {
-    if (tok) { /* a push that needs more room writes nothing and says how much: then once more, on the heap */
-        char small[512], *buf = small;
-        int n = token >= 0 ? llm_detok_push(tok, &s->detok, token, small, (int)sizeof small - 3) : 0;
-        if (n > (int)sizeof small - 3 && (buf = (char *)malloc((size_t)n + 3)) != NULL) n = llm_detok_push(tok, &s->detok, token, buf, n);
-        if (!buf) { buf = small; n = 0; }
-        if (finishing) n += llm_detok_flush(&s->detok, buf + n, 3);
-        if (n > 0) memcpy(arraddnptr(s->held_text, n), buf, (size_t)n);
-        if (buf != small) free(buf);
-    }
-    llm_request *r = s->req;
-    int len = (int)arrlen(s->held_text);
-    for (int i = 0; i < r->params.n_stop; i++) {
-        const char *stop = r->params.stop[i];
-        int sl = (int)strlen(stop);
-        if (sl == 0) continue;
-        for (int at = 0; at + sl <= len; at++)
-            if (memcmp(s->held_text + at, stop, (size_t)sl) == 0) { len = at; s->finish_reason = LLM_FINISH_STOP; break; }
-    }
-    int emit = s->finish_reason || finishing ? len : len - llm_stop_holdback(r, s->held_text, len);
-    if (emit > 0) memcpy(arraddnptr(s->out_text, emit), s->held_text, (size_t)emit);
-    if (s->finish_reason) arrsetlen(s->held_text, 0);
-    else if (emit > 0) arrdeln(s->held_text, 0, emit);
-}
-
-/* One sampled token: logprobs, stop conditions, text. Returns 1 when the sequence finished. */
-static int llm_seq_accept(llm_engine *e, llm_seq *s, float *logits) {
-    const llm_sampling_params *p = &s->req->params;
-    int V = e->model.cfg.vocab_size;
-    float lse = 0;
-    if (p->logprobs >= 0) { /* from the model's own distribution, before penalties and temperature (as vLLM) */
-        float mx = logits[llm_argmax(logits, V)]; double sum = 0;
-        for (int i = 0; i < V; i++) sum += exp((double)(logits[i] - mx));
-        lse = mx + (float)log(sum);
-        int K = p->logprobs < V ? p->logprobs : V;
-        int32_t *top = arraddnptr(s->out_top_ids, K);
-        float *top_lp = arraddnptr(s->out_top_logprobs, K);
-        int have = 0;
-        for (int i = 0; i < V && K > 0; i++) { /* insertion into a sorted list of K: K is small */
-            if (have == K && logits[i] <= logits[top[K - 1]]) continue;
-            int j = have < K ? have++ : K - 1;
-            while (j > 0 && logits[top[j - 1]] < logits[i]) { top[j] = top[j - 1]; j--; }
-            top[j] = i;
-        }
-        for (int k = 0; k < K; k++) top_lp[k] = logits[top[k]] - lse;
-    }
-    /* penalties change logits in place: keep the model's own for the sampled token's logprob (only then) */
-    const float *raw = logits;
-    if (p->logprobs >= 0 && (p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f)) {
-        if (!e->logits_copy) e->logits_copy = (float *)malloc((size_t)V * sizeof(float));
-        if (e->logits_copy) { memcpy(e->logits_copy, logits, (size_t)V * sizeof(float)); raw = e->logits_copy; }
-    }
-    int32_t token = llm_sample(p, logits, V, s->tokens, s->req->n_prompt, (int)arrlen(s->tokens), &s->rng);
-    if (p->logprobs >= 0) arrput(s->out_logprobs, raw[token] - lse);
-    arrput(s->tokens, token); arrput(s->out_tokens, token);
-    e->stats.generation_tokens++;
-    int n_generated = (int)arrlen(s->tokens) - s->req->n_prompt;
-    int reason = LLM_FINISH_NONE;
-    const llm_tokenizer *tok = e->model.tok;
-    if ((!p->ignore_eos && tok && llm_token_is_eog(tok, token))) reason = LLM_FINISH_STOP;
-    for (int i = 0; i < p->n_stop_token_ids; i++) if (p->stop_token_ids[i] == token) reason = LLM_FINISH_STOP;
-    /* out of room: the model's context, or (a tiny pool) the whole KV pool, which the next token could not fit */
-    if (!reason && ((p->max_tokens > 0 && n_generated >= p->max_tokens) || arrlen(s->tokens) >= e->max_model_len ||
-                    arrlen(s->tokens) > (ptrdiff_t)e->bm.num_blocks * e->cfg.block_size))
-        reason = LLM_FINISH_LENGTH;
-    /* the stop token's own text is not output */
-    llm_seq_add_text(s, reason == LLM_FINISH_STOP ? -1 : token, tok, reason != LLM_FINISH_NONE);
-    if (s->finish_reason) reason = s->finish_reason;  /* a stop string */
-    if (reason) { llm_seq_finish(e, s, reason); return 1; }
-    return 0;
-}
-
-/* ---- scheduling ---- */
-/* Blocks for positions [0, n_total), a private copy of any shared block about to be written. */
-static int llm_seq_reserve(llm_engine *e, llm_seq *s, int n_total, char *err) {
-    int bs = e->cfg.block_size;
-    for (int b = s->n_computed / bs; b < arrlen(s->block_table) && b * bs < n_total; b++) {
-        int old = s->block_table[b];
-        if (e->bm.blocks[old].ref_count <= 1) continue;
-        int fresh = llm_block_alloc(&e->bm);
-        if (fresh < 0) return 0;
-        if (e->backend->copy_block(e->backend, old, fresh, err) != 0) { llm_block_release(&e->bm, fresh); return -1; }
-        llm_block_release(&e->bm, old);
-        s->block_table[b] = fresh;
-    }
-    while (arrlen(s->block_table) * bs < n_total) {
-        int id = llm_block_alloc(&e->bm);
-        if (id < 0) return 0;
-        arrput(s->block_table, id);
-    }
-    return 1;
-}
-
-/* The longest run of whole cached blocks at the start of the tokens, leaving at least one token to compute. */
-static void llm_seq_take_cached_prefix(llm_engine *e, llm_seq *s) {
-    int bs = e->cfg.block_size, n = (int)arrlen(s->tokens);
-    if (!e->bm.enable_prefix_caching) return;
-    uint64_t h = 0;
-    for (int b = 0; (b + 1) * bs <= n - 1; b++) {
-        uint64_t hb = llm_block_hash(h, s->tokens + b * bs, bs);
-        int id = llm_block_lookup(&e->bm, hb);
-        if (id < 0) break;
-        arrput(s->block_table, id);
-        h = hb; s->n_hashed_blocks = b + 1; s->last_hash = hb; s->n_computed = (b + 1) * bs;
-    }
-}
-
-static void llm_preempt(llm_engine *e, llm_seq *s) {
-    llm_seq_release_blocks(e, s);
-    s->status = LLM_SEQ_WAITING;
-    arrins(e->waiting, 0, s);
-    e->stats.preemptions++;
-}
-
-static void llm_schedule(llm_engine *e, char *err) {
-    int budget = e->cfg.max_num_batched_tokens, preempted = 0;
-    arrsetlen(e->sched, 0); arrsetlen(e->sched_new, 0);
-    for (int i = 0; i < arrlen(e->running) && budget > 0; i++) {
-        llm_seq *s = e->running[i];
-        int n_new = (int)arrlen(s->tokens) - s->n_computed;
-        if (n_new > budget) n_new = budget;
-        int ok;
-        while ((ok = llm_seq_reserve(e, s, s->n_computed + n_new, err)) == 0) {
-            /* out of blocks: the youngest running sequence gives its blocks back and waits to be recomputed */
-            llm_seq *victim = arrpop(e->running);
-            llm_preempt(e, victim);
-            preempted = 1;
-            if (victim == s) break;
-        }
-        if (ok != 1) { if (ok < 0) return; break; }
-        arrput(e->sched, s); arrput(e->sched_new, n_new);
-        budget -= n_new;
-    }
-    if (preempted) return;
-    if (e->cfg.static_batching) {
-        if (arrlen(e->running) == 0) e->static_batch_open = 1;
-        if (!e->static_batch_open) return;
-    }
-    while (arrlen(e->waiting) > 0 && budget > 0) {
-        llm_seq *s = e->waiting[0];
-        int width = s->fork_pending ? s->req->params.n : 1;
-        if (arrlen(e->running) > 0 && arrlen(e->running) + width > e->cfg.max_num_seqs) break;
-        if (s->n_computed == 0 && arrlen(s->block_table) == 0) llm_seq_take_cached_prefix(e, s);
-        int n_new = (int)arrlen(s->tokens) - s->n_computed;
-        if (n_new > budget) n_new = budget;
-        int ok = llm_seq_reserve(e, s, s->n_computed + n_new, err);
-        if (ok != 1) { llm_seq_release_blocks(e, s); if (ok < 0) return; break; } /* first come, first served: wait */
-        arrdel(e->waiting, 0);
-        /* counted once admitted: a request that waits at the head looks the cache up again every step */
-        e->stats.prefix_cache_queries += arrlen(s->tokens); e->stats.prefix_cache_hits += s->n_computed;
-        if (s->n_cached_tokens == 0) s->n_cached_tokens = s->n_computed;
-        s->status = LLM_SEQ_RUNNING;
-        arrput(e->running, s);
-        arrput(e->sched, s); arrput(e->sched_new, n_new);
-        budget -= n_new;
-    }
-    if (e->cfg.static_batching && (arrlen(e->waiting) == 0 || arrlen(e->running) >= e->cfg.max_num_seqs || budget > 0))
-        e->static_batch_open = 0; /* full, or stopped by something other than this step's token budget */
-}
-
-/* Name each newly completed block by its prefix, so later requests can share it. */
-static void llm_seq_hash_blocks(llm_engine *e, llm_seq *s) {
-    int bs = e->cfg.block_size;
-    while ((s->n_hashed_blocks + 1) * bs <= s->n_computed) {
-        int b = s->n_hashed_blocks;
-        s->last_hash = llm_block_hash(s->last_hash, s->tokens + b * bs, bs);
-        llm_block_set_hash(&e->bm, s->block_table[b], s->last_hash);
-        s->n_hashed_blocks++;
-    }
-}
-
-/* n > 1: the other samples start from the computed prompt, sharing all its blocks. */
-static void llm_seq_fork(llm_engine *e, llm_seq *s) { /* the children go to the end of the running list */
-    s->fork_pending = 0;
-    for (int i = 1; i < s->req->params.n; i++) {
-        llm_seq *c = (llm_seq *)calloc(1, sizeof *c);
-        *c = *s;
-        c->index = i; c->rng = llm_seed_mix(s->req->params.seed, i);
-        c->tokens = NULL; c->block_table = NULL; c->held_text = NULL;
-        c->out_tokens = NULL; c->out_text = NULL; c->out_logprobs = NULL; c->out_top_ids = NULL; c->out_top_logprobs = NULL;
-        memcpy(arraddnptr(c->tokens, arrlen(s->tokens)), s->tokens, (size_t)arrlen(s->tokens) * sizeof(int32_t));
-        memcpy(arraddnptr(c->block_table, arrlen(s->block_table)), s->block_table, (size_t)arrlen(s->block_table) * sizeof(int32_t));
-        for (int b = 0; b < arrlen(c->block_table); b++) e->bm.blocks[c->block_table[b]].ref_count++;
-        s->req->refs++;
-        arrput(e->running, c);
-    }
-}
-
-static void llm_emit(llm_engine *e, llm_seq *s) {
-    llm_output o;
-    memset(&o, 0, sizeof o);
-    o.request_id = s->req->id; o.index = s->index;
-    o.token_ids = s->out_tokens; o.n_tokens = (int)arrlen(s->out_tokens);
-    o.text = s->out_text; o.text_len = (int)arrlen(s->out_text);
-    if (s->req->params.logprobs >= 0) {
-        o.logprobs = s->out_logprobs; o.n_top = s->req->params.logprobs;
-        o.top_ids = s->out_top_ids; o.top_logprobs = s->out_top_logprobs;
-    }
-    o.finish_reason = s->finish_reason;
-    o.n_prompt_tokens = s->req->n_prompt; o.n_cached_tokens = s->n_cached_tokens;
-    o.n_generated = (int)arrlen(s->tokens) - s->req->n_prompt;
-    arrput(e->outputs, o);
-}
-
-static void llm_take_inbox(llm_engine *e) {
-    pthread_mutex_lock(&e->lock);
-    for (int i = 0; i < arrlen(e->inbox); i++) arrput(e->waiting, e->inbox[i]);
-    arrsetlen(e->inbox, 0);
-    uint64_t *aborts = e->inbox_abort; e->inbox_abort = NULL;
-    pthread_mutex_unlock(&e->lock);
-    for (int a = 0; a < arrlen(aborts); a++) {
-        llm_seq **lists[2] = {e->waiting, e->running};
-        for (int k = 0; k < 2; k++)
-            for (int i = 0; i < arrlen(lists[k]); i++) {
-                llm_seq *s = lists[k][i];
-                if (s->req->id != aborts[a]) continue;
-                llm_seq_finish(e, s, LLM_FINISH_ABORT);
-                llm_emit(e, s);
-                arrput(e->finished, s);
-                arrdel(lists[k], i); i--;
-            }
-        e->waiting = lists[0]; e->running = lists[1];
-    }
-    arrfree(aborts);
-}
-
-int llm_engine_step(llm_engine *e, const llm_output **outputs, char *err) {
-    for (int i = 0; i < arrlen(e->finished); i++) llm_seq_free(e->finished[i]);
-    arrsetlen(e->finished, 0); arrsetlen(e->outputs, 0);
-    for (int i = 0; i < arrlen(e->running); i++) {
-        llm_seq *s = e->running[i];
-        arrsetlen(s->out_tokens, 0); arrsetlen(s->out_text, 0); arrsetlen(s->out_logprobs, 0);
-        arrsetlen(s->out_top_ids, 0); arrsetlen(s->out_top_logprobs, 0);
-    }
-    llm_take_inbox(e);
-    llm_schedule(e, err);
-    int n_sched = (int)arrlen(e->sched);
-    if (n_sched > 0) {
-        /* flatten the scheduled chunks into one batch */
-        arrsetlen(e->b_tokens, 0); arrsetlen(e->b_positions, 0); arrsetlen(e->b_logit_rows, 0);
-        arrsetlen(e->b_seq_start, 0); arrsetlen(e->b_tables, 0);
-        for (int i = 0; i < n_sched; i++) {
-            llm_seq *s = e->sched[i];
-            arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
-            arrput(e->b_tables, s->block_table);
-            for (int j = 0; j < e->sched_new[i]; j++) {
-                arrput(e->b_tokens, s->tokens[s->n_computed + j]);
-                arrput(e->b_positions, s->n_computed + j);
-            }
-            if (s->n_computed + e->sched_new[i] == arrlen(s->tokens)) arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
-        }
-        arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
-        llm_batch b = {(int)arrlen(e->b_tokens), e->b_tokens, e->b_positions, n_sched, e->b_seq_start,
-                       e->b_tables, (int)arrlen(e->b_logit_rows), e->b_logit_rows};
-        int V = e->model.cfg.vocab_size;
-        if (b.n_logits > e->logits_rows) {
-            free(e->logits);
-            e->logits_rows = b.n_logits;
-            e->logits = (float *)malloc((size_t)b.n_logits * (size_t)V * sizeof(float));
-            if (!e->logits) { e->logits_rows = 0; return llm_fail(err, "out of memory for logits"); }
-        }
-        if (e->backend->forward(e->backend, &e->model, &b, e->logits, err) != 0) return -1;
-        e->stats.steps++;
-        int row = 0;
-        for (int i = 0; i < n_sched; i++) {
-            llm_seq *s = e->sched[i];
-            int start = s->n_computed, end = start + e->sched_new[i];
-            if (start < s->req->n_prompt) e->stats.prompt_tokens_computed += (end < s->req->n_prompt ? end : s->req->n_prompt) - start;
-            s->n_computed = end;
-            llm_seq_hash_blocks(e, s);
-            if (end < arrlen(s->tokens)) continue;  /* a prompt chunk: nothing to sample yet */
-            float *logits = e->logits + (size_t)row++ * V;
-            if (s->fork_pending) {
-                int first_child = (int)arrlen(e->running);
-                llm_seq_fork(e, s);
-                float *copy = (float *)malloc((size_t)V * sizeof(float)); /* each sample draws from the prompt's logits */
-                for (int k = first_child; k < arrlen(e->running); k++) {
-                    memcpy(copy, logits, (size_t)V * sizeof(float));
-                    llm_seq_accept(e, e->running[k], copy);
-                }
-                free(copy);
-            }
-            llm_seq_accept(e, s, logits);
-        }
-    }
-    /* outputs, and finished sequences leave the running list at once */
-    for (int i = 0; i < arrlen(e->running); i++) {
-        llm_seq *s = e->running[i];
-        if (arrlen(s->out_tokens) || arrlen(s->out_text) || s->status == LLM_SEQ_FINISHED) llm_emit(e, s);
-        if (s->status == LLM_SEQ_FINISHED) { arrput(e->finished, s); arrdel(e->running, i); i--; }
-    }
-    *outputs = e->outputs;
-    return (int)arrlen(e->outputs);
 }
 
 #endif /* LLM_IMPLEMENTATION_DONE */

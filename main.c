@@ -81,7 +81,7 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         const char *v = has ? argv[i + 1] : NULL;
 #define FLAG(name) (!strcmp(f, name))
 #define NEED() do { if (!has) { fprintf(stderr, "llm: %s needs a value\n", f); return -1; } i++; } while (0)
-        if (FLAG("-h") || FLAG("--help")) { printf(usage, llm_dummy_preset_names()); exit(0); }
+        if (FLAG("-h") || FLAG("--help")) { printf(usage, llm_model_dummy_names()); exit(0); }
         else if (FLAG("-m") || FLAG("--model")) { NEED(); a->engine.model_path = v; }
         else if (FLAG("-p") || FLAG("--prompt")) { NEED(); a->prompt = v; }
         else if (FLAG("-n") || FLAG("--max-tokens")) { NEED(); a->sampling.max_tokens = atoi(v); }
@@ -92,7 +92,11 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         else if (FLAG("--repeat-penalty")) { NEED(); a->sampling.repetition_penalty = (float)atof(v); }
         else if (FLAG("--presence-penalty")) { NEED(); a->sampling.presence_penalty = (float)atof(v); }
         else if (FLAG("--frequency-penalty")) { NEED(); a->sampling.frequency_penalty = (float)atof(v); }
-        else if (FLAG("--seed")) { NEED(); a->sampling.seed = strtoll(v, NULL, 10); a->bench_seed = strtoull(v, NULL, 10); }
+        else if (FLAG("--seed")) {
+            NEED();
+            a->sampling.seed = strtoll(v, NULL, 10);
+            a->bench_seed = strtoull(v, NULL, 10);
+        }
         else if (FLAG("--ignore-eos")) a->sampling.ignore_eos = 1;
         else if (FLAG("--stop")) {
             NEED();
@@ -108,12 +112,18 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         else if (FLAG("--max-num-seqs")) { NEED(); a->engine.max_num_seqs = atoi(v); }
         else if (FLAG("--max-num-batched-tokens")) { NEED(); a->engine.max_num_batched_tokens = atoi(v); }
         else if (FLAG("--max-model-len")) { NEED(); a->engine.max_model_len = atoi(v); }
-        else if (FLAG("--no-prefix-caching")) a->engine.disable_prefix_caching = 1;
-        else if (FLAG("--cpu")) a->engine.cpu = 1;
+        else if (FLAG("--no-prefix-caching")) a->engine.enable_prefix_caching = 0;
+        else if (FLAG("--cpu")) a->engine.create_backend = llm_cpu_backend_create;
         else if (FLAG("--dummy")) { NEED(); a->engine.dummy = v; }
         else if (FLAG("--num-prompts")) { NEED(); a->num_prompts = atoi(v); }
-        else if (FLAG("--input-len")) { NEED(); if (parse_range(v, &a->in_min, &a->in_max)) { fprintf(stderr, "llm: --input-len wants MIN:MAX\n"); return -1; } }
-        else if (FLAG("--output-len")) { NEED(); if (parse_range(v, &a->out_min, &a->out_max)) { fprintf(stderr, "llm: --output-len wants MIN:MAX\n"); return -1; } }
+        else if (FLAG("--input-len") || FLAG("--output-len")) {
+            NEED();
+            int in = FLAG("--input-len");
+            if (parse_range(v, in ? &a->in_min : &a->out_min, in ? &a->in_max : &a->out_max)) {
+                fprintf(stderr, "llm: %s wants MIN:MAX\n", f);
+                return -1;
+            }
+        }
         else if (FLAG("--static")) a->engine.static_batching = 1;
         else if (f[0] == '-' && f[1]) { fprintf(stderr, "llm: unknown option %s (see llm --help)\n", f); return -1; }
         else return i;
@@ -128,21 +138,24 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
 static int generate(llm_engine *e, args_t *a, const char *prompt, int echo_prompt) {
     char err[LLM_ERR_LEN];
     double t0 = now_s();
-    uint64_t id = llm_engine_add_request(e, prompt, NULL, 0, &a->sampling, err);
-    if (!id) { fprintf(stderr, "llm: %s\n", err); return 1; }
+    if (!llm_engine_add_request(e, prompt, NULL, 0, &a->sampling, NULL, err)) {
+        fprintf(stderr, "llm: %s\n", err);
+        return 1;
+    }
     if (echo_prompt && !a->ids_only) { fputs(prompt, stdout); fflush(stdout); }
     double t_first = 0;
-    int n_prompt = 0, n_gen = 0, first_id = 1;
+    int n_prompt = 0, n_gen = 0, first_id = 1, rc = 0;
     while (llm_engine_has_work(e)) {
         const llm_output *out;
-        int n = llm_engine_step(e, &out, err);
-        if (n < 0) { fprintf(stderr, "llm: %s\n", err); return 1; }
+        int n = llm_engine_step(e, &out);
         for (int i = 0; i < n; i++) {
             if (out[i].n_tokens && !t_first) t_first = now_s();
             n_prompt = out[i].n_prompt_tokens; n_gen = out[i].n_generated;
-            if (a->ids_only) for (int j = 0; j < out[i].n_tokens; j++) { printf(first_id ? "%d" : " %d", out[i].token_ids[j]); first_id = 0; }
-            else fwrite(out[i].text, 1, (size_t)out[i].text_len, stdout);
+            for (int j = 0; a->ids_only && j < out[i].n_tokens; j++, first_id = 0)
+                printf(first_id ? "%d" : " %d", out[i].token_ids[j]);
+            if (!a->ids_only) fwrite(out[i].text, 1, (size_t)out[i].text_len, stdout);
             fflush(stdout);
+            if (out[i].finish_reason == LLM_FINISH_ERROR) { fprintf(stderr, "\nllm: %s\n", out[i].error); rc = 1; }
         }
     }
     if (a->ids_only) printf("\n");
@@ -150,7 +163,7 @@ static int generate(llm_engine *e, args_t *a, const char *prompt, int echo_promp
     if (!t_first) t_first = t1;
     fprintf(stderr, "\nllm: prompt %d tokens, %.1f tok/s; generated %d tokens, %.1f tok/s\n", n_prompt,
             n_prompt / (t_first - t0 + 1e-9), n_gen, n_gen > 1 ? (n_gen - 1) / (t1 - t_first + 1e-9) : 0.0);
-    return 0;
+    return rc;
 }
 
 static int repl(llm_engine *e, args_t *a) {
@@ -187,22 +200,24 @@ static int tokenize_cmd(args_t *a, const char *text) {
 /* ---- bench: offline throughput ---- */
 static int bench(args_t *a) {
     char err[LLM_ERR_LEN];
-    if (!a->engine.model_path && !a->engine.dummy) { fprintf(stderr, "llm bench: give -m MODEL.gguf or --dummy NAME\n"); return 1; }
+    if (!a->engine.model_path && !a->engine.dummy) {
+        fprintf(stderr, "llm bench: give -m MODEL.gguf or --dummy NAME\n");
+        return 1;
+    }
     double t_load = now_s();
     llm_engine *e = llm_engine_create(&a->engine, err);
     if (!e) { fprintf(stderr, "llm: %s\n", err); return 1; }
     const llm_model *m = llm_engine_model(e);
-    int max_model_len = a->engine.max_model_len > 0 && a->engine.max_model_len < m->cfg.context_length ? a->engine.max_model_len : m->cfg.context_length;
-    llm_engine_stats st0 = llm_engine_get_stats(e);
-    int bs = a->engine.block_size > 0 ? a->engine.block_size : 16;
-    double kv_token_bytes = (double)llm_engine_kv_bytes_per_block(e) / bs;
+    llm_engine_stats st = llm_engine_get_stats(e);
+    int bs = st.block_size, max_model_len = st.max_model_len;
+    double kv_token_bytes = (double)st.kv_bytes_per_block / bs, mib = kv_token_bytes / (1 << 20);
     fprintf(stderr, "llm bench: %s on %s, loaded in %.2f s; KV pool %d blocks of %d tokens (%.1f MiB), %s batching\n",
-            m->name, llm_engine_backend_name(e), now_s() - t_load, st0.num_blocks, bs,
-            st0.num_blocks * bs * kv_token_bytes / (1 << 20), a->engine.static_batching ? "static" : "continuous");
+            m->name, st.backend, now_s() - t_load, st.num_blocks, bs, st.num_blocks * bs * mib,
+            a->engine.static_batching ? "static" : "continuous");
 
     /* the workload: uniform lengths from a fixed seed, so --static runs exactly the same requests */
     uint64_t rng = a->bench_seed * 0x9e3779b97f4a7c15ull + 12345;
-    int64_t total_in = 0, total_out_asked = 0;
+    int64_t total_in = 0;
     int rejected = 0;
     double t0 = now_s();
     for (int r = 0; r < a->num_prompts; r++) {
@@ -210,22 +225,26 @@ static int bench(args_t *a) {
         int out_len = a->out_min + (int)(llm_splitmix64(&rng) % (uint64_t)(a->out_max - a->out_min + 1));
         if (in_len >= max_model_len) in_len = max_model_len - 1;
         int32_t *ids = (int32_t *)malloc((size_t)in_len * sizeof(int32_t));
+        if (!ids) { fprintf(stderr, "llm bench: out of memory\n"); llm_engine_destroy(e); return 1; }
         for (int i = 0; i < in_len; i++) ids[i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)m->cfg.vocab_size);
         llm_sampling_params p = llm_sampling_defaults();
         p.temperature = 0; p.ignore_eos = 1; p.max_tokens = out_len;
-        if (!llm_engine_add_request(e, NULL, ids, in_len, &p, err)) { fprintf(stderr, "llm bench: request rejected: %s\n", err); rejected++; }
-        else { total_in += in_len; total_out_asked += out_len; }
+        if (llm_engine_add_request(e, NULL, ids, in_len, &p, NULL, err)) total_in += in_len;
+        else { fprintf(stderr, "llm bench: request rejected: %s\n", err); rejected++; }
         free(ids);
     }
-    int64_t total_out = 0, done = 0, samples = 0;
+    int64_t total_out = 0, done = 0, failed = 0, samples = 0;
     double sum_usage = 0, sum_running = 0, sum_kv_tokens = 0, sum_blocks_used = 0, last_progress = 0;
     int peak_running = 0;
     while (llm_engine_has_work(e)) {
         const llm_output *out;
-        int n = llm_engine_step(e, &out, err);
-        if (n < 0) { fprintf(stderr, "llm bench: %s\n", err); llm_engine_destroy(e); return 1; }
-        for (int i = 0; i < n; i++) { total_out += out[i].n_tokens; done += out[i].finish_reason != LLM_FINISH_NONE; }
-        llm_engine_stats st = llm_engine_get_stats(e);
+        int n = llm_engine_step(e, &out);
+        for (int i = 0; i < n; i++) {
+            total_out += out[i].n_tokens;
+            done += out[i].finish_reason != LLM_FINISH_NONE;
+            if (out[i].finish_reason == LLM_FINISH_ERROR && failed++ == 0) fprintf(stderr, "llm bench: %s\n", out[i].error);
+        }
+        st = llm_engine_get_stats(e);
         if (st.running > 0) { /* the memory picture, sampled at every step that has work */
             int used = st.num_blocks - st.num_free_blocks;
             sum_usage += (double)used / st.num_blocks; sum_blocks_used += used;
@@ -234,38 +253,48 @@ static int bench(args_t *a) {
         }
         double t = now_s();
         if (t - last_progress > 0.5) {
-            fprintf(stderr, "\r[bench] %lld/%d done, %d running, %d waiting, KV %.0f%% used, %.0f tok/s   ", (long long)done,
-                    a->num_prompts - rejected, st.running, st.waiting, 100.0 * (st.num_blocks - st.num_free_blocks) / st.num_blocks, total_out / (t - t0));
+            fprintf(stderr, "\r[bench] %lld/%d done, %d running, %d waiting, KV %.0f%% used, %.0f tok/s   ",
+                    (long long)done, a->num_prompts - rejected, st.running, st.waiting,
+                    100.0 * (st.num_blocks - st.num_free_blocks) / st.num_blocks, total_out / (t - t0));
             last_progress = t;
         }
     }
     double elapsed = now_s() - t0;
-    llm_engine_stats st = llm_engine_get_stats(e);
+    st = llm_engine_get_stats(e);
     fprintf(stderr, "\r%100s\r", "");
     printf("requests: %lld in %.2f s, %.2f requests/s\n", (long long)done, elapsed, done / elapsed);
+    if (failed) printf("failed: %lld requests (the first error is above)\n", (long long)failed);
     printf("output throughput: %.1f tok/s\n", total_out / elapsed);
-    printf("total throughput: %.1f tok/s (prompt %lld + output %lld tokens)\n", (total_in + total_out) / elapsed, (long long)total_in, (long long)total_out);
+    printf("total throughput: %.1f tok/s (prompt %lld + output %lld tokens)\n", (total_in + total_out) / elapsed,
+           (long long)total_in, (long long)total_out);
     printf("mean KV usage: %.1f%%, peak running: %d, steps: %lld, preemptions: %lld, prompt tokens computed: %lld\n",
-           samples ? 100.0 * sum_usage / samples : 0.0, peak_running, (long long)st.steps, (long long)st.preemptions, (long long)st.prompt_tokens_computed);
+           samples ? 100.0 * sum_usage / samples : 0.0, peak_running, (long long)st.steps, (long long)st.preemptions,
+           (long long)st.prompt_tokens_computed);
 
     /* The waste table of the vLLM paper: reserving max_model_len contiguous slots per request against paging. */
-    double R = samples ? sum_running / samples : 0, T = samples ? sum_kv_tokens / samples : 0, B = samples ? sum_blocks_used / samples : 0;
-    double reserve_tokens = R * max_model_len, paged_tokens = B * bs, mib = kv_token_bytes / (1 << 20);
-    double mean_len = done ? (double)(total_in + total_out) / done : 1;
-    printf("\nKV cache memory, mean over steps (%.1f running requests holding %.0f tokens of K/V, %.3f MiB per 1k tokens):\n", R, T, kv_token_bytes * 1000 / (1 << 20));
+    double R = samples ? sum_running / samples : 0, T = samples ? sum_kv_tokens / samples : 0;
+    double reserve_tokens = R * max_model_len, paged_tokens = (samples ? sum_blocks_used / samples : 0) * bs;
+    double mean_len = done ? (double)(total_in + total_out) / done : 1, pool_tokens = (double)st.num_blocks * bs;
+    printf("\nKV cache memory, mean over steps (%.1f running requests holding %.0f tokens of K/V, %.3f MiB per 1k "
+           "tokens):\n", R, T, kv_token_bytes * 1000 / (1 << 20));
     printf("  %-38s %12s %10s\n", "scheme", "memory MiB", "wasted");
-    printf("  %-38s %12.1f %9.1f%%\n", "contiguous, max_model_len per request", reserve_tokens * mib, reserve_tokens > 0 ? 100.0 * (1 - T / reserve_tokens) : 0.0);
-    printf("  %-38s %12.1f %9.1f%%\n", "paged, blocks of 16 tokens", paged_tokens * mib, paged_tokens > 0 ? 100.0 * (1 - T / paged_tokens) : 0.0);
-    double pool_tokens = (double)st.num_blocks * bs;
-    printf("requests that fit in this pool (%d blocks, %.1f MiB): contiguous %d (max_model_len %d each), paged about %d (mean final length %.0f tokens)\n",
-           st.num_blocks, pool_tokens * mib, (int)(pool_tokens / max_model_len), max_model_len, (int)(pool_tokens / mean_len), mean_len);
+    printf("  %-38s %12.1f %9.1f%%\n", "contiguous, max_model_len per request", reserve_tokens * mib,
+           reserve_tokens > 0 ? 100.0 * (1 - T / reserve_tokens) : 0.0);
+    char paged[64];
+    snprintf(paged, sizeof paged, "paged, blocks of %d tokens", bs);
+    printf("  %-38s %12.1f %9.1f%%\n", paged, paged_tokens * mib,
+           paged_tokens > 0 ? 100.0 * (1 - T / paged_tokens) : 0.0);
+    printf("requests that fit in this pool (%d blocks, %.1f MiB): contiguous %d (max_model_len %d each), paged about %d "
+           "(mean final length %.0f tokens)\n", st.num_blocks, pool_tokens * mib, (int)(pool_tokens / max_model_len),
+           max_model_len, (int)(pool_tokens / mean_len), mean_len);
     llm_engine_destroy(e);
-    return 0;
+    return failed ? 1 : 0;
 }
 
 int main(int argc, char **argv) {
     args_t a;
     memset(&a, 0, sizeof a);
+    a.engine = llm_engine_defaults();
     a.sampling = llm_sampling_defaults();
     a.sampling.temperature = 0.8f; a.sampling.top_k = 40; a.sampling.top_p = 0.95f; a.sampling.min_p = 0.05f;
     a.sampling.max_tokens = 128;
@@ -287,7 +316,9 @@ int main(int argc, char **argv) {
     double t0 = now_s();
     llm_engine *e = llm_engine_create(&a.engine, err);
     if (!e) { fprintf(stderr, "llm: %s\n", err); return 1; }
-    fprintf(stderr, "llm: loaded %s (%s) in %.3f s on the %s\n", a.engine.model_path, llm_engine_model(e)->name, now_s() - t0, llm_engine_backend_name(e));
+    llm_engine_stats st = llm_engine_get_stats(e);
+    fprintf(stderr, "llm: loaded %s (%s) in %.3f s on the %s%s%s%s\n", a.engine.model_path, llm_engine_model(e)->name,
+            now_s() - t0, st.backend, st.backend_note[0] ? " (" : "", st.backend_note, st.backend_note[0] ? ")" : "");
     int rc = a.prompt ? generate(e, &a, a.prompt, 1) : repl(e, &a);
     llm_engine_destroy(e);
     return rc;

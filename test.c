@@ -181,7 +181,7 @@ static void test_tokenizer_fixtures(void) {
         CHECK(line == NULL || *line == 0, "%s: more lines of ids than texts", names[f]);
         CHECK(bad_chunks == 0, "%s: the streaming detokenizer wrote %d chunks that are not valid UTF-8", names[f], bad_chunks);
         printf("tokenizer %-28s %d tokens, loaded in %.0f ms: %d/%d cases give llama.cpp's ids, %d/%d detokenize back\n",
-               names[f], llm_vocab_size(t), ms, tok_ok, cases, detok_ok, cases);
+               names[f], llm_tokenizer_n_vocab(t), ms, tok_ok, cases, detok_ok, cases);
         free(inp); free(outp);
         llm_tokenizer_free(t);
         llm_gguf_close(&g);
@@ -200,7 +200,7 @@ static void tok_push_expect(const llm_tokenizer *t, llm_detok *d, int32_t id, co
 /* Checks that id's piece is exactly the bytes want[0..n). */
 static void tok_piece_expect(const llm_tokenizer *t, int32_t id, const char *want, int n) {
     char buf[64];
-    int k = llm_token_to_piece(t, id, 0, buf, (int)sizeof buf);
+    int k = llm_tokenizer_piece(t, id, 0, buf, (int)sizeof buf);
     CHECK(k == n && memcmp(buf, want, (size_t)n) == 0, "token %d: piece of %d bytes, expected %d", id, k, n);
 }
 
@@ -244,8 +244,8 @@ static void test_detokenizer_streaming(void) {
         tok_push_expect(t, &d, 15043, " Hello", 6, "push again with room");
         /* control tokens show nothing in the stream, and their text only when asked; ids out of range nothing */
         tok_push_expect(t, &d, 2, "", 0, "</s>");
-        CHECK(llm_token_to_piece(t, 2, 1, out, (int)sizeof out) == 4 && memcmp(out, "</s>", 4) == 0, "</s> as special");
-        CHECK(llm_token_to_piece(t, 2, 0, out, (int)sizeof out) == 0, "</s> not special");
+        CHECK(llm_tokenizer_piece(t, 2, 1, out, (int)sizeof out) == 4 && memcmp(out, "</s>", 4) == 0, "</s> as special");
+        CHECK(llm_tokenizer_piece(t, 2, 0, out, (int)sizeof out) == 0, "</s> not special");
         tok_push_expect(t, &d, 32000, "", 0, "id past the vocabulary");
         tok_push_expect(t, &d, -1, "", 0, "id -1");
         llm_tokenizer_free(t); llm_gguf_close(&g);
@@ -280,9 +280,9 @@ static void test_tokenizer_api(void) {
     llm_gguf g;
     llm_tokenizer *t = tok_load(&g, "ggml-vocab-llama-spm.gguf", NULL);
     if (t) {
-        CHECK(llm_token_bos(t) == 1 && llm_token_eos(t) == 2 && llm_tokenizer_adds_bos(t) == 1, "llama-spm bos/eos/add_bos");
-        CHECK(llm_token_is_eog(t, 2) && !llm_token_is_eog(t, 1) && !llm_token_is_eog(t, 15043), "llama-spm end of generation");
-        CHECK(llm_vocab_size(t) == 32000, "llama-spm vocab size %d", llm_vocab_size(t));
+        CHECK(llm_tokenizer_bos(t) == 1 && llm_tokenizer_eos(t) == 2 && llm_tokenizer_adds_bos(t) == 1, "llama-spm bos/eos/add_bos");
+        CHECK(llm_tokenizer_is_eog(t, 2) && !llm_tokenizer_is_eog(t, 1) && !llm_tokenizer_is_eog(t, 15043), "llama-spm end of generation");
+        CHECK(llm_tokenizer_n_vocab(t) == 32000, "llama-spm vocab size %d", llm_tokenizer_n_vocab(t));
         const int32_t bos_hello[] = {1, 15043, 3186}, bos_only[] = {1};
         tok_expect(t, "Hello world", 1, 0, bos_hello, 3);
         tok_expect(t, "", 1, 0, bos_only, 1);
@@ -302,16 +302,16 @@ static void test_tokenizer_api(void) {
         CHECK(llm_tokenize(t, "Hello", 5, 0, 0, NULL, 0) == 1, "tokenize with no buffer counts");
         /* pieces: -1 out of range; the whole length even when cap is smaller */
         char buf[8] = "xxxxxxx";
-        CHECK(llm_token_to_piece(t, -1, 0, buf, 8) == -1 && llm_token_to_piece(t, 32000, 0, buf, 8) == -1, "piece of a bad id");
-        CHECK(llm_token_to_piece(t, 15043, 0, buf, 3) == 6 && memcmp(buf, " He", 3) == 0 && buf[3] == 'x', "piece into a small buffer");
+        CHECK(llm_tokenizer_piece(t, -1, 0, buf, 8) == -1 && llm_tokenizer_piece(t, 32000, 0, buf, 8) == -1, "piece of a bad id");
+        CHECK(llm_tokenizer_piece(t, 15043, 0, buf, 3) == 6 && memcmp(buf, " He", 3) == 0 && buf[3] == 'x', "piece into a small buffer");
         llm_tokenizer_free(t); llm_gguf_close(&g);
     }
 
     t = tok_load(&g, "ggml-vocab-llama-bpe.gguf", NULL);
     if (t) {
         /* llama.cpp adds BOS for llama-bpe vocabularies that do not say */
-        CHECK(llm_token_bos(t) == 128000 && llm_token_eos(t) == 128001 && llm_tokenizer_adds_bos(t) == 1, "llama-bpe bos/eos/add_bos");
-        CHECK(llm_token_is_eog(t, 128001) && llm_token_is_eog(t, 128009) && !llm_token_is_eog(t, 128000) && !llm_token_is_eog(t, 9906),
+        CHECK(llm_tokenizer_bos(t) == 128000 && llm_tokenizer_eos(t) == 128001 && llm_tokenizer_adds_bos(t) == 1, "llama-bpe bos/eos/add_bos");
+        CHECK(llm_tokenizer_is_eog(t, 128001) && llm_tokenizer_is_eog(t, 128009) && !llm_tokenizer_is_eog(t, 128000) && !llm_tokenizer_is_eog(t, 9906),
               "llama-bpe end of generation");
         const int32_t special[] = {128000, 9906, 1917, 128009};
         tok_expect(t, "<|begin_of_text|>Hello world<|eot_id|>", 0, 1, special, 4);
@@ -324,8 +324,8 @@ static void test_tokenizer_api(void) {
 
     t = tok_load(&g, "ggml-vocab-qwen2.gguf", NULL);
     if (t) {
-        CHECK(llm_token_bos(t) == 151643 && llm_token_eos(t) == 151645 && llm_tokenizer_adds_bos(t) == 0, "qwen2 bos/eos/add_bos");
-        CHECK(llm_token_is_eog(t, 151645) && llm_token_is_eog(t, 151643) && !llm_token_is_eog(t, 151644), "qwen2 end of generation");
+        CHECK(llm_tokenizer_bos(t) == 151643 && llm_tokenizer_eos(t) == 151645 && llm_tokenizer_adds_bos(t) == 0, "qwen2 bos/eos/add_bos");
+        CHECK(llm_tokenizer_is_eog(t, 151645) && llm_tokenizer_is_eog(t, 151643) && !llm_tokenizer_is_eog(t, 151644), "qwen2 end of generation");
         const int32_t chat[] = {151644, 872, 198, 13048, 151645};
         tok_expect(t, "<|im_start|>user\nHi<|im_end|>", 0, 1, chat, 5);
         llm_tokenizer_free(t); llm_gguf_close(&g);
@@ -353,9 +353,9 @@ static void test_tokenizer_api(void) {
             int n = llm_tokenize(t, text, len, 0, 0, ids, 256);
             if (n < 0 || n > 256) { bad_ids++; continue; }
             for (int i = 0; i < n; i++) {
-                if (ids[i] < 0 || ids[i] >= llm_vocab_size(t)) { bad_ids++; break; }
+                if (ids[i] < 0 || ids[i] >= llm_tokenizer_n_vocab(t)) { bad_ids++; break; }
                 int room = n_back < sizeof back ? (int)(sizeof back - n_back) : 0;
-                n_back += (size_t)llm_token_to_piece(t, ids[i], 0, room ? back + n_back : NULL, room);
+                n_back += (size_t)llm_tokenizer_piece(t, ids[i], 0, room ? back + n_back : NULL, room);
             }
             if (t->kind == LLM_VOCAB_SPM && len > 0) expect[n_expect++] = ' ';
             for (size_t i = 0; i < len; i++) {
@@ -444,7 +444,7 @@ static void test_tokenizer_odd_vocabularies(void) {
         tok_expect(t, "ba", 0, 0, ba, 2);
         tok_expect(t, "ab", 1, 1, ab, 1); /* no BOS to add; "<|end|>" is no special token without types */
         tok_expect(t, "c d\xFF", 0, 0, NULL, 0); /* bytes with no token and no <unk>: nothing */
-        CHECK(llm_token_bos(t) == -1 && llm_token_eos(t) == -1 && !llm_tokenizer_adds_bos(t) && !llm_token_is_eog(t, 3),
+        CHECK(llm_tokenizer_bos(t) == -1 && llm_tokenizer_eos(t) == -1 && !llm_tokenizer_adds_bos(t) && !llm_tokenizer_is_eog(t, 3),
               "made-up BPE vocabulary: no special ids");
         llm_tokenizer_free(t); llm_gguf_close(&g);
     }
@@ -684,10 +684,9 @@ typedef struct {
 } run_result;
 
 static llm_engine_config engine_config(const char *model) {
-    llm_engine_config cfg;
-    memset(&cfg, 0, sizeof cfg);
+    llm_engine_config cfg = llm_engine_defaults();
     cfg.model_path = model_path(model);
-    cfg.cpu = 1;
+    cfg.create_backend = llm_cpu_backend_create;
     return cfg;
 }
 
@@ -708,9 +707,11 @@ static void run_engine(llm_engine *e, run_result *r) {
     char err[LLM_ERR_LEN] = "";
     while (llm_engine_has_work(e)) {
         const llm_output *out;
-        int n = llm_engine_step(e, &out, err);
-        CHECK(n >= 0, "engine step: %s", err);
-        if (n < 0) return;
+        int n = llm_engine_step(e, &out);
+        const char *error = NULL;   /* the step failed: its sequences finished with an error */
+        for (int i = 0; i < n && !error; i++) if (out[i].finish_reason == LLM_FINISH_ERROR) error = out[i].error;
+        CHECK(!error, "engine step: %s", error);
+        if (error) return;
         r->steps++;
         for (int i = 0; i < n; i++) {
             int slot = run_slot(r, out[i].request_id), k = out[i].index;
@@ -730,7 +731,7 @@ static void run_engine(llm_engine *e, run_result *r) {
 
 static int run_add(llm_engine *e, run_result *r, const char *prompt, const int32_t *ids, int n_ids, const llm_sampling_params *p) {
     char err[LLM_ERR_LEN] = "";
-    uint64_t id = llm_engine_add_request(e, prompt, ids, n_ids, p, err);
+    uint64_t id = llm_engine_add_request(e, prompt, ids, n_ids, p, NULL, err);
     CHECK(id > 0, "add_request: %s", err);
     if (!id || r->n_requests >= RUN_MAX) return -1;
     r->id[r->n_requests] = id;
@@ -765,7 +766,7 @@ static void test_stories_reference(void) {
     int n = load_ref_cases("stories260K-greedy.json", cases, 8);
     CHECK(n == 3, "stories260K-greedy.json: %d cases", n);
     llm_engine_config cfg = engine_config("stories260K.gguf");
-    cfg.disable_prefix_caching = 1;
+    cfg.enable_prefix_caching = 0;
     run_result *r = (run_result *)calloc(1, sizeof *r);
     llm_engine *e = engine_new(&cfg);
     if (!e) { free(r); free(cases); return; }
@@ -817,6 +818,15 @@ static void test_random_models_reference(void) {
  * The paged forward pass: any block size, scattered blocks, several sequences in one call, prefill in chunks,
  * gives the logits of one sequence run alone in one contiguous block
  * ------------------------------------------------------------------------------------------------------------- */
+/* The CPU backend on model m with a KV pool of num_blocks blocks of block_size: what the engine would make */
+static llm_backend *cpu_backend(const llm_model *m, int num_blocks, int block_size) {
+    char err[LLM_ERR_LEN] = "";
+    llm_backend *be = llm_cpu_backend_create(m, err);
+    if (be && be->alloc_kv(be, num_blocks, block_size, err) != 0) { be->destroy(be); be = NULL; }
+    CHECK(be != NULL, "cpu backend: %s", err);
+    return be;
+}
+
 static void test_paged_forward(const char *model) {
     llm_model m;
     char err[LLM_ERR_LEN] = "";
@@ -828,20 +838,20 @@ static void test_paged_forward(const char *model) {
     for (int s = 0; s < S; s++) for (int i = 0; i < LEN; i++) toks[s][i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)V);
     /* reference: sequence 0 alone, one block of 128, every position's logits in one call */
     float *ref = (float *)malloc((size_t)LEN * V * sizeof(float)), *got = (float *)malloc((size_t)S * LEN * V * sizeof(float));
-    llm_kv_cache kv;
     int32_t pos[S * LEN], rows[S * LEN], one_block[1] = {0}, start[S + 1];
     for (int i = 0; i < LEN; i++) { pos[i] = i; rows[i] = i; }
     const int32_t *tables1[1] = {one_block};
     int32_t start1[2] = {0, LEN};
-    llm_kv_cache_init(&kv, &m.cfg, 1, 128, err);
-    llm_batch b1 = {LEN, toks[0], pos, 1, start1, tables1, LEN, rows};
-    CHECK(llm_forward_cpu(&m, &kv, &b1, ref, err) == 0, "forward alone: %s", err);
-    llm_kv_cache_free(&kv);
+    llm_backend *be = cpu_backend(&m, 1, 128);
+    llm_batch b1 = {.n_tokens = LEN, .tokens = toks[0], .positions = pos, .n_seqs = 1,
+                        .seq_start = start1, .block_tables = tables1, .n_logits = LEN, .logit_rows = rows};
+    CHECK(be && be->forward(be, &b1, ref, err) == 0, "forward alone: %s", err);
+    if (be) be->destroy(be);
 
     static const int block_sizes[] = {1, 16, 64};
     for (int bi = 0; bi < 3; bi++) {
         int bs = block_sizes[bi], per_seq = (LEN + bs - 1) / bs, nb = S * per_seq + 5;
-        llm_kv_cache_init(&kv, &m.cfg, nb, bs, err);
+        be = cpu_backend(&m, nb, bs);
         /* the blocks of all sequences interleaved in a shuffled order */
         int32_t *perm = (int32_t *)malloc((size_t)nb * sizeof(int32_t)), *tables[S];
         for (int i = 0; i < nb; i++) perm[i] = i;
@@ -858,8 +868,9 @@ static void test_paged_forward(const char *model) {
             }
             start[S] = n;
             const int32_t *tbl[S] = {tables[0], tables[1], tables[2]};
-            llm_batch b = {n, bt_tok, pos, S, start, tbl, nl, rows};
-            ok = llm_forward_cpu(&m, &kv, &b, got + (size_t)cuts[0][call] * V, err) == 0;
+            llm_batch b = {.n_tokens = n, .tokens = bt_tok, .positions = pos, .n_seqs = S,
+                                .seq_start = start, .block_tables = tbl, .n_logits = nl, .logit_rows = rows};
+            ok = be && be->forward(be, &b, got + (size_t)cuts[0][call] * V, err) == 0;
             CHECK(ok, "paged forward, block size %d: %s", bs, err);
         }
         double worst = 0;
@@ -873,7 +884,7 @@ static void test_paged_forward(const char *model) {
         }
         CHECK(ok && worst <= 1e-5, "%s block size %d: logits differ from the sequence alone by %g (relative)", model, bs, worst);
         free(perm);
-        llm_kv_cache_free(&kv);
+        if (be) be->destroy(be);
     }
     free(ref); free(got);
     llm_model_free(&m);
@@ -922,25 +933,25 @@ static void test_weight_types(void) {
     uint8_t row[64];
     float out[32];
     put16(row, 0x3C00); put16(row + 2, 0xC000); put16(row + 4, 0x7BFF); put16(row + 6, 0x0001);   /* 1 -2 65504 2^-24 */
-    llm_dequant_row(LLM_F16, row, out, 4);
+    llm_dtype_dequant_row(LLM_F16, row, out, 4);
     CHECK(out[0] == 1.0f && out[1] == -2.0f && out[2] == 65504.0f && out[3] == ldexpf(1, -24), "f16 values: %g %g %g %g", out[0], out[1], out[2], out[3]);
     put16(row, 0x3F80); put16(row + 2, 0xC0A0);                                                     /* 1 -5 */
-    llm_dequant_row(LLM_BF16, row, out, 2);
+    llm_dtype_dequant_row(LLM_BF16, row, out, 2);
     CHECK(out[0] == 1.0f && out[1] == -5.0f, "bf16 values: %g %g", out[0], out[1]);
     put16(row, 0x3800);                                                                              /* d = 0.5 */
     for (int j = 0; j < 32; j++) row[2 + j] = (uint8_t)(int8_t)(j - 16);
-    llm_dequant_row(LLM_Q8_0, row, out, 32);
+    llm_dtype_dequant_row(LLM_Q8_0, row, out, 32);
     CHECK(out[0] == -8.0f && out[16] == 0.0f && out[31] == 7.5f, "q8_0 values: %g %g %g", out[0], out[16], out[31]);
     put16(row, 0x4000);                                                                              /* d = 2 */
     for (int j = 0; j < 16; j++) row[2 + j] = (uint8_t)(j | (15 - j) << 4);
-    llm_dequant_row(LLM_Q4_0, row, out, 32);
+    llm_dtype_dequant_row(LLM_Q4_0, row, out, 32);
     CHECK(out[0] == -16.0f && out[15] == 14.0f && out[16] == 14.0f && out[31] == -16.0f, "q4_0 values: %g %g %g %g", out[0], out[15], out[16], out[31]);
     put16(row, 0x3C00); put16(row + 2, 0xBC00);                                                      /* d = 1, m = -1 */
     for (int j = 0; j < 16; j++) row[4 + j] = (uint8_t)(j | (15 - j) << 4);
-    llm_dequant_row(LLM_Q4_1, row, out, 32);
+    llm_dtype_dequant_row(LLM_Q4_1, row, out, 32);
     CHECK(out[0] == -1.0f && out[15] == 14.0f && out[16] == 14.0f && out[31] == -1.0f, "q4_1 values: %g %g %g %g", out[0], out[15], out[16], out[31]);
-    CHECK(llm_row_bytes(LLM_Q8_0, 64) == 68 && llm_row_bytes(LLM_Q4_0, 64) == 36 && llm_row_bytes(LLM_Q4_1, 64) == 40 &&
-          llm_row_bytes(LLM_F16, 64) == 128 && llm_row_bytes(77, 64) == 0, "row sizes");
+    CHECK(llm_dtype_row_bytes(LLM_Q8_0, 64) == 68 && llm_dtype_row_bytes(LLM_Q4_0, 64) == 36 && llm_dtype_row_bytes(LLM_Q4_1, 64) == 40 &&
+          llm_dtype_row_bytes(LLM_F16, 64) == 128 && llm_dtype_row_bytes(77, 64) == 0, "row sizes");
 
     /* the model with converted weights: logits of a prompt against f32's */
     llm_model m;
@@ -953,11 +964,12 @@ static void test_weight_types(void) {
     int32_t toks[T], pos[T], rows[T], block[1] = {0}, start[2] = {0, T};
     const int32_t *tables[1] = {block};
     for (int i = 0; i < T; i++) { toks[i] = (int32_t)(1 + i * 37 % (V - 1)); pos[i] = i; rows[i] = i; }
-    llm_batch b = {T, toks, pos, 1, start, tables, T, rows};
+    llm_batch b = {.n_tokens = T, .tokens = toks, .positions = pos, .n_seqs = 1,
+                        .seq_start = start, .block_tables = tables, .n_logits = T, .logit_rows = rows};
     float *ref = (float *)malloc((size_t)T * V * sizeof(float)), *got = (float *)malloc((size_t)T * V * sizeof(float));
-    llm_kv_cache kv;
-    llm_kv_cache_init(&kv, &m.cfg, 1, 32, err);
-    llm_forward_cpu(&m, &kv, &b, ref, err);
+    llm_backend *be = cpu_backend(&m, 1, 32);
+    CHECK(be && be->forward(be, &b, ref, err) == 0, "f32 forward: %s", err);
+    if (be) be->destroy(be);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         llm_model q = m;   /* the same model, its matrices converted (norms stay f32) */
         llm_layer *layers = (llm_layer *)malloc((size_t)m.cfg.n_layers * sizeof(llm_layer));
@@ -978,13 +990,15 @@ static void test_weight_types(void) {
             llm_weight *w = mats[k];
             bufs[k] = NULL;
             if (w->cols % 32 && types[ti] != LLM_F16 && types[ti] != LLM_BF16) continue;  /* stays f32, as llama.cpp keeps it */
-            uint8_t *buf = (uint8_t *)malloc(llm_row_bytes(types[ti], w->cols) * (size_t)w->rows);
+            uint8_t *buf = (uint8_t *)malloc(llm_dtype_row_bytes(types[ti], w->cols) * (size_t)w->rows);
             for (int64_t r = 0; r < w->rows; r++)
-                quantize_row(types[ti], (const float *)w->data + r * w->cols, w->cols, buf + (size_t)r * llm_row_bytes(types[ti], w->cols));
+                quantize_row(types[ti], (const float *)w->data + r * w->cols, w->cols, buf + (size_t)r * llm_dtype_row_bytes(types[ti], w->cols));
             w->data = buf; w->type = types[ti]; bufs[k] = buf;
         }
         if (same_output) q.output = q.tok_embd;
-        llm_forward_cpu(&q, &kv, &b, got, err);
+        be = cpu_backend(&q, 1, 32);
+        CHECK(be && be->forward(be, &b, got, err) == 0, "%s forward: %s", llm_dtype_name(types[ti]), err);
+        if (be) be->destroy(be);
         double worst = 0;
         for (int i = 0; i < T; i++) {
             double mx = 0, d = 0;
@@ -995,7 +1009,6 @@ static void test_weight_types(void) {
         for (int k = 0; k < n_mats; k++) free(bufs[k]);
         free(layers);
     }
-    llm_kv_cache_free(&kv);
     free(ref); free(got);
     llm_model_free(&m);
 }
@@ -1011,13 +1024,16 @@ static void test_paged_forward_models(void) {
  * ------------------------------------------------------------------------------------------------------------- */
 /* The candidate set of p on the distribution probs (given as logits log p), as a sorted bitmask of ids. */
 static unsigned candidate_mask(const llm_sampling_params *p, const float *probs, int n) {
-    float logits[16]; int32_t ids[16]; float out[16];
+    float logits[16];
+    const int32_t *ids; const float *out;
     for (int i = 0; i < n; i++) logits[i] = logf(probs[i]);
-    int k = llm_sampler_candidates(p, logits, n, ids, out);
+    llm_sampler *s = llm_sampler_create(n, NULL);
+    int k = s ? llm_sampler_candidates(s, p, logits, &ids, &out) : 0;
     unsigned mask = 0;
     float sum = 0;
     for (int i = 0; i < k; i++) { mask |= 1u << ids[i]; sum += out[i]; }
     CHECK(k > 0 && fabsf(sum - 1.0f) < 1e-5f, "candidates renormalised: sum %f", sum);
+    llm_sampler_free(s);
     return mask;
 }
 
@@ -1045,7 +1061,8 @@ static void test_sampler(void) {
 
     /* random logits over a vocabulary of 1000: top-k 1 is greedy; a seed repeats; different seeds differ */
     enum { V = 1000, N = 200 };
-    float *logits = (float *)malloc(V * sizeof(float)), *work = (float *)malloc(V * sizeof(float));
+    float *logits = (float *)malloc(V * sizeof(float));
+    llm_sampler *smp = llm_sampler_create(V, NULL);
     uint64_t rng = 99;
     int32_t hist[N];
     int greedy_ok = 1, differs = 0, repeats = 1;
@@ -1058,13 +1075,11 @@ static void test_sampler(void) {
             for (int v = 0; v < V; v++) logits[v] = 4.0f * llm_rand_uniform(&lr);
             if (run == 0) {
                 llm_sampling_params k1 = s; k1.top_k = 1;
-                memcpy(work, logits, V * sizeof(float));
                 int best = 0; for (int v = 1; v < V; v++) if (logits[v] > logits[best]) best = v;
                 uint64_t st = rng;
-                greedy_ok &= llm_sample(&k1, work, V, NULL, 0, 0, &st) == best;
+                greedy_ok &= llm_sampler_sample(smp, &k1, logits, NULL, 0, 0, &st) == best;
             }
-            memcpy(work, logits, V * sizeof(float));
-            int32_t t = llm_sample(&s, work, V, NULL, 0, 0, &state);
+            int32_t t = llm_sampler_sample(smp, &s, logits, NULL, 0, 0, &state);
             if (run == 0) hist[i] = t;
             else if (run == 1) repeats &= t == hist[i];
             else differs += t != hist[i];
@@ -1077,24 +1092,32 @@ static void test_sampler(void) {
     /* penalties, on logits 2 1 0.5 -1: repetition 2 on token 0 (seen in the prompt) halves it below token 1;
      * presence 1.5 and frequency 0.5 subtract from tokens of the output only */
     {
-        float lg[4] = {2.0f, 1.0f, 0.5f, -1.0f};
+        const float lg[4] = {2.0f, 1.0f, 0.5f, -1.0f};
         int32_t history[4] = {0, 3, 1, 1};   /* prompt {0, 3}, output {1, 1} */
         llm_sampling_params s = llm_sampling_defaults();
         s.temperature = 0; s.repetition_penalty = 2.0f;
         uint64_t st = 1;
-        float w[4]; memcpy(w, lg, sizeof w);
-        int32_t t = llm_sample(&s, w, 4, history, 2, 2, &st);
+        llm_sampler *smp4 = llm_sampler_create(4, NULL);
+        const float *w = llm_sampler_penalize(smp4, &s, lg, history, 2, 2);
+        int32_t t = llm_sampler_sample(smp4, &s, lg, history, 2, 2, &st);
         CHECK(w[0] == 1.0f && w[1] == 1.0f && w[2] == 0.5f && w[3] == -2.0f, "repetition penalty: %g %g %g %g", w[0], w[1], w[2], w[3]);
         CHECK(t == 0, "repetition penalty: a tie goes to the lower id, got %d", t);
-        memcpy(w, lg, sizeof w);            /* with the output in the history too, token 1 is penalised as well */
-        t = llm_sample(&s, w, 4, history, 2, 4, &st);
+        /* with the output in the history too, token 1 is penalised as well */
+        w = llm_sampler_penalize(smp4, &s, lg, history, 2, 4);
+        t = llm_sampler_sample(smp4, &s, lg, history, 2, 4, &st);
         CHECK(w[0] == 1.0f && w[1] == 0.5f && t == 0, "repetition penalty on output tokens: %g %g", w[0], w[1]);
         s.repetition_penalty = 1.0f; s.presence_penalty = 1.5f; s.frequency_penalty = 0.5f;
-        memcpy(w, lg, sizeof w);
-        t = llm_sample(&s, w, 4, history, 2, 4, &st);
+        w = llm_sampler_penalize(smp4, &s, lg, history, 2, 4);
+        t = llm_sampler_sample(smp4, &s, lg, history, 2, 4, &st);
         CHECK(w[1] == 1.0f - 1.5f - 1.0f && w[0] == 2.0f && w[3] == -1.0f && t == 0, "presence/frequency penalties: %g %g %g %g", w[0], w[1], w[2], w[3]);
+        /* the sampler only reads the logits it is given: the penalised ones are its own copy */
+        CHECK(lg[0] == 2.0f && lg[1] == 1.0f && lg[2] == 0.5f && lg[3] == -1.0f && w != lg,
+              "penalties leave the caller's logits as they were");
+        s.presence_penalty = s.frequency_penalty = 0;
+        CHECK(llm_sampler_penalize(smp4, &s, lg, history, 2, 4) == lg, "no penalty: the logits themselves, no copy");
+        llm_sampler_free(smp4);
     }
-    free(logits); free(work);
+    free(logits); llm_sampler_free(smp);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -1330,7 +1353,7 @@ static void test_batch_invariance(void) {
     run_result *alone = (run_result *)calloc(1, sizeof *alone), *r = (run_result *)calloc(1, sizeof *r);
     llm_engine_config cfg = engine_config("stories260K.gguf");
     cfg.model_path = eos_model;
-    cfg.disable_prefix_caching = 1;
+    cfg.enable_prefix_caching = 0;
     /* alone: each request by itself */
     llm_engine *e = engine_new(&cfg);
     if (!e) { free(alone); free(r); return; }
@@ -1397,7 +1420,7 @@ static void test_batch_invariance(void) {
     llm_engine_destroy(e);
 
     /* max_num_seqs 3 and static batching: the same tokens again */
-    cfg.max_num_batched_tokens = 0; cfg.max_num_seqs = 3; cfg.static_batching = 1;
+    cfg.max_num_batched_tokens = llm_engine_defaults().max_num_batched_tokens; cfg.max_num_seqs = 3; cfg.static_batching = 1;
     e = engine_new(&cfg);
     memset(r, 0, sizeof *r);
     mixed_requests(e, r);
@@ -1459,7 +1482,7 @@ static void test_parallel_sampling(void) {
         if (round == 0) {   /* watch the blocks during the first two steps */
             const llm_output *out;
             char err[LLM_ERR_LEN];
-            int n = llm_engine_step(e, &out, err);
+            int n = llm_engine_step(e, &out);
             llm_engine_stats st = llm_engine_get_stats(e);
             CHECK(n == 3 && st.running == 3 && st.num_blocks - st.num_free_blocks == 3,
                   "n=3 after the prompt: %d outputs, %d running, %d blocks used (expected 3: the prompt's, shared)", n,
@@ -1468,7 +1491,7 @@ static void test_parallel_sampling(void) {
                 r[0].tokens[0][out[i].index][0] = out[i].token_ids[0]; r[0].logprobs[0][out[i].index][0] = out[i].logprobs[0];
                 r[0].n_tokens[0][out[i].index] = 1;
             }
-            n = llm_engine_step(e, &out, err);
+            n = llm_engine_step(e, &out);
             st = llm_engine_get_stats(e);
             /* position 40 lands in the shared third block: two samples copy it, the last keeps it */
             CHECK(n == 3 && st.num_blocks - st.num_free_blocks == 5, "n=3 after one decode: %d blocks used (expected 2 shared + 3)",
@@ -1495,8 +1518,7 @@ static void test_parallel_sampling(void) {
     char err[LLM_ERR_LEN];
     if (llm_model_load(&alone, model_path("stories260K.gguf"), err) == 0) {
         int T = P + 12, V = alone.cfg.vocab_size;
-        llm_kv_cache kv;
-        llm_kv_cache_init(&kv, &alone.cfg, 1, 64, err);
+        llm_backend *be = cpu_backend(&alone, 1, 64);
         float *logits = (float *)malloc((size_t)T * V * sizeof(float));
         double worst = 0;
         for (int k = 0; k < 3; k++) {
@@ -1504,8 +1526,9 @@ static void test_parallel_sampling(void) {
             const int32_t *tables[1] = {block};
             memcpy(seq, ids, (size_t)P * 4); memcpy(seq + P, r[0].tokens[0][k], 12 * 4);
             for (int i = 0; i < T; i++) { pos[i] = i; rows[i] = i; }
-            llm_batch b = {T, seq, pos, 1, start, tables, T, rows};
-            llm_forward_cpu(&alone, &kv, &b, logits, err);
+            llm_batch b = {.n_tokens = T, .tokens = seq, .positions = pos, .n_seqs = 1,
+                                .seq_start = start, .block_tables = tables, .n_logits = T, .logit_rows = rows};
+            if (!be || be->forward(be, &b, logits, err) != 0) { worst = INFINITY; break; }
             for (int i = 0; i < 12; i++) {
                 const float *row = logits + (size_t)(P - 1 + i) * V;
                 double mx = row[0], sum = 0;
@@ -1516,7 +1539,8 @@ static void test_parallel_sampling(void) {
             }
         }
         CHECK(worst < 1e-4, "n=3: reported logprobs differ from each sample run alone by %g", worst);
-        free(logits); llm_kv_cache_free(&kv); llm_model_free(&alone);
+        free(logits); llm_model_free(&alone);
+        if (be) be->destroy(be);
     } else CHECK(0, "load stories260K: %s", err);
     CHECK(all_blocks_free(e) && r[0].bad_audits == 0 && r[1].bad_audits == 0, "n=3: blocks back");
     llm_engine_destroy(e);
@@ -1604,15 +1628,15 @@ static void test_abort_and_limits(void) {
     char err[LLM_ERR_LEN] = "";
     llm_sampling_params p = greedy(200);
     p.ignore_eos = 1;
-    uint64_t a = llm_engine_add_request(e, "Once upon a time", NULL, 0, &p, err);
-    uint64_t b = llm_engine_add_request(e, "Lily and Ben were", NULL, 0, &p, err);
+    uint64_t a = llm_engine_add_request(e, "Once upon a time", NULL, 0, &p, NULL, err);
+    uint64_t b = llm_engine_add_request(e, "Lily and Ben were", NULL, 0, &p, NULL, err);
     const llm_output *out;
-    for (int i = 0; i < 40; i++) llm_engine_step(e, &out, err);
+    for (int i = 0; i < 40; i++) llm_engine_step(e, &out);
     llm_engine_stats st = llm_engine_get_stats(e);
     int used_two = st.num_blocks - st.num_free_blocks;
     CHECK(st.running == 2 && used_two >= 6, "two running, %d blocks held", used_two);
     llm_engine_abort(e, a);
-    int n = llm_engine_step(e, &out, err), saw_abort = 0;
+    int n = llm_engine_step(e, &out), saw_abort = 0;
     for (int i = 0; i < n; i++) if (out[i].request_id == a) saw_abort = out[i].finish_reason == LLM_FINISH_ABORT;
     st = llm_engine_get_stats(e);
     /* what is still held is exactly the other request's blocks: one per 16 tokens it has computed */
@@ -1622,27 +1646,27 @@ static void test_abort_and_limits(void) {
     CHECK(llm_engine_check_blocks(e, err) == 0, "abort audit: %s", err);
     llm_engine_abort(e, b);
     llm_engine_abort(e, 987654);   /* an unknown id: nothing happens */
-    llm_engine_step(e, &out, err);
+    llm_engine_step(e, &out);
     CHECK(all_blocks_free(e) && !llm_engine_has_work(e), "abort: all blocks back");
 
     /* rejected at admission, with the reason */
     int32_t *ids = (int32_t *)calloc(4096, sizeof(int32_t));
     int ctx = llm_engine_model(e)->cfg.context_length;
     for (int i = 0; i < 4096; i++) ids[i] = 100 + i % 300;
-    CHECK(llm_engine_add_request(e, NULL, ids, ctx, &p, err) == 0 && strstr(err, "context"), "prompt of the whole context: \"%s\"", err);
+    CHECK(llm_engine_add_request(e, NULL, ids, ctx, &p, NULL, err) == 0 && strstr(err, "context"), "prompt of the whole context: \"%s\"", err);
     ids[3] = 99999;
-    CHECK(llm_engine_add_request(e, NULL, ids, 10, &p, err) == 0 && strstr(err, "outside the vocabulary"), "bad token id: \"%s\"", err);
+    CHECK(llm_engine_add_request(e, NULL, ids, 10, &p, NULL, err) == 0 && strstr(err, "outside the vocabulary"), "bad token id: \"%s\"", err);
     ids[3] = 5;
     llm_sampling_params bad = p; bad.top_p = 0;
-    CHECK(llm_engine_add_request(e, NULL, ids, 10, &bad, err) == 0 && strstr(err, "top_p"), "top_p 0: \"%s\"", err);
+    CHECK(llm_engine_add_request(e, NULL, ids, 10, &bad, NULL, err) == 0 && strstr(err, "top_p"), "top_p 0: \"%s\"", err);
     bad = p; bad.temperature = -1;
-    CHECK(llm_engine_add_request(e, NULL, ids, 10, &bad, err) == 0 && strstr(err, "temperature"), "temperature -1: \"%s\"", err);
+    CHECK(llm_engine_add_request(e, NULL, ids, 10, &bad, NULL, err) == 0 && strstr(err, "temperature"), "temperature -1: \"%s\"", err);
     llm_engine_destroy(e);
 
     /* a pool of 4 blocks (64 tokens): a longer prompt is rejected; a sequence that outgrows it ends with length */
     cfg.num_blocks = 4;
     e = engine_new(&cfg);
-    CHECK(llm_engine_add_request(e, NULL, ids, 100, &p, err) == 0 && strstr(err, "pool"), "prompt bigger than the pool: \"%s\"", err);
+    CHECK(llm_engine_add_request(e, NULL, ids, 100, &p, NULL, err) == 0 && strstr(err, "pool"), "prompt bigger than the pool: \"%s\"", err);
     run_result *r = (run_result *)calloc(1, sizeof *r);
     run_add(e, r, NULL, ids, 10, &p);
     run_engine(e, r);
@@ -1672,11 +1696,11 @@ static void test_logprobs(void) {
     llm_sampling_params p = greedy(10);
     p.logprobs = 3;
     char err[LLM_ERR_LEN];
-    llm_engine_add_request(e, "Once upon a time", NULL, 0, &p, err);
+    llm_engine_add_request(e, "Once upon a time", NULL, 0, &p, NULL, err);
     int ok = 1, steps = 0;
     while (llm_engine_has_work(e)) {
         const llm_output *out;
-        int n = llm_engine_step(e, &out, err);
+        int n = llm_engine_step(e, &out);
         for (int i = 0; i < n; i++) for (int t = 0; t < out[i].n_tokens; t++) {
             const float *top = out[i].top_logprobs + t * 3;
             float mass = expf(top[0]) + expf(top[1]) + expf(top[2]);
@@ -1701,7 +1725,7 @@ static void *feeder(void *arg) {
         char err[LLM_ERR_LEN];
         f->which[i] = i % f->n_cases;
         llm_sampling_params p = greedy(f->cases[f->which[i]].max_tokens);
-        f->ids[i] = llm_engine_add_request(f->e, f->cases[f->which[i]].prompt, NULL, 0, &p, err);
+        f->ids[i] = llm_engine_add_request(f->e, f->cases[f->which[i]].prompt, NULL, 0, &p, NULL, err);
         struct timespec ts = {0, 2000000};  /* 2 ms apart: they land between and during steps */
         nanosleep(&ts, NULL);
     }
@@ -1719,10 +1743,9 @@ static void test_threads(void) {
     pthread_t th;
     pthread_create(&th, NULL, feeder, &f);
     int finished = 0, steps = 0;
-    char err[LLM_ERR_LEN];
     while (finished < f.n_requests && steps < 100000) {
         const llm_output *out;
-        int k = llm_engine_step(e, &out, err);
+        int k = llm_engine_step(e, &out);
         steps++;
         for (int i = 0; i < k; i++) {
             int slot = (int)out[i].request_id - 1;   /* ids count from 1 in the order they were added */
