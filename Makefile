@@ -28,7 +28,7 @@ ifeq ($(CUDA),1)
   CUDA_LIBS   = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 endif
 
-all: llm llm-test
+all: llm llm-test llm-example
 
 llm: main.c llm.h $(CUDA_OBJ)
 	$(CC) $(CFLAGS) $(CUDA_DEFS) -o $@ main.c $(CUDA_OBJ) $(LDFLAGS) $(LDLIBS) $(CUDA_LIBS)
@@ -36,7 +36,12 @@ llm: main.c llm.h $(CUDA_OBJ)
 llm-test: test.c llm.h
 	$(CC) $(CFLAGS) -o $@ test.c $(LDFLAGS) $(LDLIBS)
 
-test: llm llm-test
+# the example of llm.h's docs block, compiled as it stands there (the tests run it)
+llm-example: llm.h
+	sed -n '/^#if 0 \/\* LLM_EXAMPLE/,/^#endif \/\* LLM_EXAMPLE/p' llm.h | sed '1d;$$d' | \
+	    $(CC) $(CFLAGS) -x c -o $@ - $(LDFLAGS) $(LDLIBS)
+
+test: llm llm-test llm-example
 	./llm-test $(SHARED)
 
 llm_cuda.o: llm.cu llm.h
@@ -49,4 +54,4 @@ test-gpu: test.c llm.h llm_cuda.o
 .PHONY: all test test-gpu clean
 
 clean:
-	rm -f llm llm-test test-gpu llm_cuda.o
+	rm -f llm llm-test llm-example test-gpu llm_cuda.o

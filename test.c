@@ -1769,6 +1769,177 @@ static void test_threads(void) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
+ * The engine API a server drives: user pointers, waiting for work, errors of a step
+ * ------------------------------------------------------------------------------------------------------------- */
+/* Every output carries the user pointer its request was added with: finished, aborted, each of n samples. */
+static void test_user_pointers(void) {
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    llm_engine *e = engine_new(&cfg);
+    if (!e) return;
+    char err[LLM_ERR_LEN] = "", tags[3];
+    uint64_t ids[3];
+    for (int i = 0; i < 3; i++) {
+        llm_sampling_params p = greedy(8 + i);
+        p.n = i == 1 ? 3 : 1; p.seed = 5; p.ignore_eos = 1;
+        if (i == 1) p.temperature = 1.0f;
+        ids[i] = llm_engine_add_request(e, i == 2 ? "Lily and Ben were" : "Once upon a time", NULL, 0, &p, &tags[i], err);
+    }
+    int outputs = 0, wrong = 0, finished[3] = {0}, steps = 0;
+    while (llm_engine_has_work(e) && steps++ < 1000) {
+        if (steps == 3) llm_engine_abort(e, ids[2]);
+        const llm_output *out;
+        int n = llm_engine_step(e, &out);
+        for (int i = 0; i < n; i++) {
+            int k = out[i].request_id == ids[0] ? 0 : out[i].request_id == ids[1] ? 1 : 2;
+            outputs++;
+            wrong += out[i].user != &tags[k];
+            finished[k] += out[i].finish_reason != LLM_FINISH_NONE;
+        }
+    }
+    CHECK(outputs > 10 && wrong == 0, "user pointers: %d of %d outputs carry another request's pointer", wrong, outputs);
+    CHECK(finished[0] == 1 && finished[1] == 3 && finished[2] == 1, "user pointers: finishes %d %d %d (want 1, 3, 1)",
+          finished[0], finished[1], finished[2]);
+    llm_engine_destroy(e);
+}
+
+typedef struct { llm_engine *e; int timeout_ms, result; } waiter_args;
+static void *waiter(void *arg) {
+    waiter_args *w = (waiter_args *)arg;
+    w->result = llm_engine_wait(w->e, w->timeout_ms);
+    return NULL;
+}
+
+/* Runs llm_engine_wait(e, -1) on another thread while poke() runs here; 1 when it returned 1 within 10 s. */
+static int wait_woken_by(llm_engine *e, void (*poke)(llm_engine *e)) {
+    waiter_args w = {e, -1, -1};
+    pthread_t th;
+    if (pthread_create(&th, NULL, waiter, &w) != 0) return 0;
+    struct timespec pause = {0, 100 * 1000000L}, deadline;
+    nanosleep(&pause, NULL);                  /* the waiter is asleep by now (if not, wait returns at once) */
+    poke(e);
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 10;
+    if (pthread_timedjoin_np(th, NULL, &deadline) != 0) { /* never woken: a failure (and the engine is lost) */
+        pthread_cancel(th);
+        return 0;
+    }
+    return w.result == 1;
+}
+
+static void poke_add(llm_engine *e) {
+    char err[LLM_ERR_LEN];
+    llm_sampling_params p = greedy(4);
+    llm_engine_add_request(e, "Once upon a time", NULL, 0, &p, NULL, err);
+}
+static void poke_abort(llm_engine *e) { llm_engine_abort(e, 424242); }
+
+static void test_wait(void) {
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    llm_engine *e = engine_new(&cfg);
+    if (!e) return;
+    CHECK(llm_engine_wait(e, 0) == 0 && llm_engine_wait(e, 30) == 0, "wait with no work: 0, at once and after 30 ms");
+    int woken = wait_woken_by(e, poke_add);
+    CHECK(woken, "wait(-1) wakes up when another thread adds a request");
+    if (!woken) return;
+    CHECK(llm_engine_wait(e, 0) == 1, "the request is work");
+    run_result *r = (run_result *)calloc(1, sizeof *r);
+    r->id[0] = 1; r->n_requests = 1;
+    run_engine(e, r);
+    CHECK(r->n_tokens[0][0] == 4 && llm_engine_wait(e, 0) == 0, "the request ran (%d tokens); no work after", r->n_tokens[0][0]);
+    woken = wait_woken_by(e, poke_abort);
+    CHECK(woken, "wait(-1) wakes up when another thread aborts");
+    if (!woken) { free(r); return; }
+    const llm_output *out;
+    CHECK(llm_engine_step(e, &out) == 0 && llm_engine_wait(e, 0) == 0, "an abort of an unknown id: no output, no work");
+    free(r);
+    llm_engine_destroy(e);
+}
+
+/* A backend that fails on demand: the CPU's, with forward call number flaky_fail_at (from 0) failing. */
+static int flaky_calls, flaky_fail_at = -1;
+static int flaky_alloc_kv(llm_backend *be, int num_blocks, int block_size, char *err) {
+    llm_backend *cpu = (llm_backend *)be->ctx;
+    return cpu->alloc_kv(cpu, num_blocks, block_size, err);
+}
+static int flaky_forward(llm_backend *be, const llm_batch *b, float *logits, char *err) {
+    llm_backend *cpu = (llm_backend *)be->ctx;
+    if (flaky_calls++ == flaky_fail_at) { snprintf(err, LLM_ERR_LEN, "injected failure"); return -1; }
+    return cpu->forward(cpu, b, logits, err);
+}
+static void flaky_destroy(llm_backend *be) { llm_backend *cpu = (llm_backend *)be->ctx; cpu->destroy(cpu); free(be); }
+static llm_backend *flaky_create(const llm_model *m, char *err) {
+    llm_backend *cpu = llm_cpu_backend_create(m, err), *be = (llm_backend *)malloc(sizeof *be);
+    if (!cpu || !be) { if (cpu) cpu->destroy(cpu); free(be); return NULL; }
+    *be = *cpu;
+    be->name = "flaky"; be->ctx = cpu;
+    be->alloc_kv = flaky_alloc_kv; be->forward = flaky_forward; be->destroy = flaky_destroy;
+    return be;
+}
+
+static void test_backend_errors(void) {
+    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
+    int n_cases = load_ref_cases("stories260K-greedy.json", cases, 4);
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    cfg.create_backend = flaky_create;
+    flaky_calls = 0; flaky_fail_at = -1;
+    llm_engine *e = engine_new(&cfg);
+    if (!e || n_cases < 1) { free(cases); llm_engine_destroy(e); return; }
+    char err[LLM_ERR_LEN] = "", tag_a, tag_b, tag_c;
+    llm_sampling_params p = greedy(200);
+    p.ignore_eos = 1;
+    uint64_t a = llm_engine_add_request(e, "Once upon a time", NULL, 0, &p, &tag_a, err);
+    uint64_t b = llm_engine_add_request(e, "Lily and Ben were", NULL, 0, &p, &tag_b, err);
+    const llm_output *out;
+    for (int i = 0; i < 5; i++) llm_engine_step(e, &out);
+    /* in one step: a is aborted, c (n = 3) arrives and is admitted, and the forward pass fails */
+    llm_engine_abort(e, a);
+    llm_sampling_params pc = llm_sampling_defaults();
+    pc.n = 3; pc.seed = 9; pc.max_tokens = 10;
+    uint64_t c = llm_engine_add_request(e, "The cat", NULL, 0, &pc, &tag_c, err);
+    flaky_fail_at = flaky_calls;
+    int n = llm_engine_step(e, &out), aborted = 0, failed_b = 0, failed_c = 0, samples_c = 0, other = 0;
+    for (int i = 0; i < n; i++) {
+        int error = out[i].finish_reason == LLM_FINISH_ERROR && out[i].error && strstr(out[i].error, "injected");
+        if (out[i].request_id == a && out[i].user == &tag_a) aborted += out[i].finish_reason == LLM_FINISH_ABORT;
+        else if (out[i].request_id == b && out[i].user == &tag_b) failed_b += error;
+        else if (out[i].request_id == c && out[i].user == &tag_c) { failed_c += error; samples_c |= 1 << out[i].index; }
+        else other++;
+    }
+    CHECK(n == 5 && aborted == 1 && failed_b == 1 && failed_c == 3 && samples_c == 7 && other == 0,
+          "failed step: %d outputs: the abort (%d), b's error (%d), an error for each of c's 3 samples (%d, mask %d)",
+          n, aborted, failed_b, failed_c, samples_c);
+    CHECK(all_blocks_free(e) && llm_engine_check_blocks(e, err) == 0 && !llm_engine_has_work(e),
+          "failed step: every block back, nothing left to do (%s)", err);
+    llm_engine_destroy(e);
+
+    /* a request that was not in the failed step is untouched, and the engine goes on: it gives llama.cpp's tokens */
+    cfg.max_num_seqs = 2;
+    flaky_calls = 0; flaky_fail_at = -1;
+    e = engine_new(&cfg);
+    if (!e) { free(cases); return; }
+    run_result *r = (run_result *)calloc(1, sizeof *r);
+    a = llm_engine_add_request(e, "Once upon a time", NULL, 0, &p, NULL, err);
+    b = llm_engine_add_request(e, "Lily and Ben were", NULL, 0, &p, NULL, err);
+    llm_sampling_params pd = greedy(cases[0].max_tokens);
+    run_add(e, r, cases[0].prompt, NULL, 0, &pd);   /* waits: max_num_seqs is 2 */
+    flaky_fail_at = 3;
+    int errors = 0, steps = 0;
+    while (flaky_calls <= flaky_fail_at && steps++ < 10) {
+        n = llm_engine_step(e, &out);
+        for (int i = 0; i < n; i++) errors += out[i].finish_reason == LLM_FINISH_ERROR && out[i].request_id != r->id[0];
+    }
+    llm_engine_stats st = llm_engine_get_stats(e);
+    CHECK(errors == 2 && st.running == 0 && st.waiting == 1, "the running two failed (%d), the third still waits (%d)",
+          errors, st.waiting);
+    run_engine(e, r);
+    check_reference(r, 0, &cases[0], "after a failed step");
+    CHECK(all_blocks_free(e), "after a failed step: blocks back");
+    llm_engine_destroy(e);
+    flaky_fail_at = -1;
+    free(r); free(cases);
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
  * The llm command: exact stdout, errors and exit codes
  * ------------------------------------------------------------------------------------------------------------- */
 static char *run_command(const char *cmd, int *status) {
@@ -1828,25 +1999,42 @@ static void test_cli(void) {
     free(out); free(cases);
 }
 
-/* ===============================================================================================================
- * The CUDA backend against the CPU reference (built with CUDA only)
- * ============================================================================================================= */
-#ifdef LLM_CUDA
-/* test.c has the implementation of llm.h, so llm_rope, llm_rmsnorm and friends are at hand. Every run draws fresh random inputs from a seed taken from the clock (printed, and LLM_GPU_SEED=N repeats a
- * run). In order:
- *   1. GEMM (the tensor-core kernel, every tile shape it picks, split-K, accumulate) against a double loop over
- *      the same bf16-rounded inputs;
- *   2. QKV preparation (bias, q/k RMSnorm, RoPE in both layouts, partial rope_dim) and paged attention over random
- *      block tables, mixed prefill/decode batches, short and partitioned contexts, against naive loops;
- *   3. the whole forward pass, llm_forward_cpu against the CUDA backend, over several steps of a multi-sequence
- *      batch (prefill, chunked prefill, decode, a copy-on-write fork) on dummy models and the model files found.
- * With LLM_GPU_BENCH=1 it then prints kernel and forward-pass benchmarks. */
+/* The example of llm.h's docs block (make builds it as llm-example): llama.cpp's greedy completion on stdout */
+static void test_docs_example(void) {
+    if (access("./llm-example", X_OK) != 0) { CHECK(0, "./llm-example not built (make test builds it)"); return; }
+    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
+    int n = load_ref_cases("stories260K-greedy.json", cases, 4), status;
+    char cmd[2048];
+    for (int i = 0; i < n && i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "./llm-example %s '%s' %d 2>/dev/null", model_path("stories260K.gguf"), cases[i].prompt,
+                 cases[i].max_tokens);
+        char *out = run_command(cmd, &status);
+        CHECK(out && status == 0 && strlen(out) == cases[i].n_completion &&
+              !memcmp(out, cases[i].completion, cases[i].n_completion), "llm.h's example on \"%s\": \"%s\"", cases[i].prompt,
+              out ? out : "");
+        free(out);
+    }
+    char *out = run_command("./llm-example /nonexistent.gguf hi 4 2>&1", &status);
+    CHECK(out && status == 1 && strstr(out, "cannot open"), "llm.h's example, missing model: exit %d, \"%s\"", status,
+          out ? out : "");
+    free(out); free(cases);
+}
 
-int llm_cuda_test_gemm(int M, int N, int K, const float *A, const float *W, float *C, int accumulate, char *err);
-int llm_cuda_test_attention(const llm_config *cf, const llm_batch *b, int num_blocks, int block_size, int part_size,
-                            const float *qkv, const float *bias, const float *q_norm, const float *k_norm,
-                            float *k_cache, float *v_cache, float *q_out, float *att_out, char *err);
-int llm_cuda_bench_kernels(char *err);
+/* ========================================================================================================
+ * The CUDA backend against the CPU reference (built with CUDA only)
+ * ======================================================================================================== */
+#ifdef LLM_CUDA
+/* test.c has the implementation of llm.h, so llm_rope, llm_rmsnorm and friends are at hand. Every run draws
+ * fresh random inputs from a seed taken from the clock (printed, and LLM_GPU_SEED=N repeats a run). In order:
+ *   1. GEMM (the tensor-core kernel, every tile shape it picks, split-K, accumulate) against a double loop
+ *      over the same bf16-rounded inputs;
+ *   2. QKV preparation (bias, q/k RMSnorm, RoPE in both layouts, partial rope_dim) and paged attention over
+ *      random block tables, mixed prefill/decode batches, short and partitioned contexts, against naive
+ *      loops;
+ *   3. the whole forward pass, the CPU backend against the CUDA backend, over several steps of a
+ *      multi-sequence batch (prefill, chunked prefill, decode, a copy-on-write fork whose block copy rides in
+ *      the next step's batch) on dummy models and the model files found.
+ * With LLM_GPU_BENCH=1 it then prints kernel and forward-pass benchmarks. */
 
 static uint64_t gt_rng;
 static float gt_uniform(void) { return llm_rand_uniform(&gt_rng) * 2.0f - 1.0f; } /* [-1, 1) */
@@ -1856,25 +2044,39 @@ static float gt_bf16(float f) { /* round to bf16 as the GPU does when it uploads
     x = (x + 0x7fff + ((x >> 16) & 1)) & 0xffff0000u;
     memcpy(&f, &x, 4); return f;
 }
-static double gt_now(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return (double)ts.tv_sec + ts.tv_nsec * 1e-9; }
+/* a random permutation of 0..n-1: block ids dealt out in no order */
+static void gt_perm(int *perm, int n) {
+    for (int i = 0; i < n; i++) perm[i] = i;
+    for (int i = n - 1; i > 0; i--) { int j = gt_int(i + 1), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+}
+static double gt_now(void) {
+    struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 /* ---- 1. GEMM ---- */
 static void gpu_test_gemm(void) {
-    /* M picks the tile shape (<= 32, <= 256, larger); odd N and K test the edges; small tile counts split K */
-    static const int shapes[][3] = {{1, 64, 64}, {1, 2048, 2048}, {3, 100, 72}, {16, 3072, 520}, {17, 130, 200}, {32, 257, 172},
-                                    {33, 512, 8}, {100, 1000, 96}, {256, 96, 2056}, {257, 129, 264}, {300, 64, 1000}, {1024, 640, 136}};
+    /* M picks the tile shape (<= 32, <= 96, larger); odd N and K test the edges; small tile counts split K */
+    static const int shapes[][3] = {{1, 64, 64}, {1, 2048, 2048}, {3, 100, 72}, {16, 3072, 520},
+                                    {17, 130, 200}, {32, 257, 172}, {33, 512, 8}, {100, 1000, 96},
+                                    {256, 96, 2056}, {257, 129, 264}, {300, 64, 1000}, {1024, 640, 136}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         for (int accumulate = 0; accumulate < 2; accumulate++) {
-            float *A = malloc((size_t)M * K * 4), *W = malloc((size_t)N * K * 4), *C = malloc((size_t)M * N * 4), *C0 = malloc((size_t)M * N * 4);
+            float *A = malloc((size_t)M * K * 4), *W = malloc((size_t)N * K * 4);
+            float *C = malloc((size_t)M * N * 4), *C0 = malloc((size_t)M * N * 4);
             for (size_t i = 0; i < (size_t)M * K; i++) A[i] = gt_uniform();
             for (size_t i = 0; i < (size_t)N * K; i++) W[i] = gt_uniform() * 0.1f;
-            for (size_t i = 0; i < (size_t)M * N; i++) C0[i] = C[i] = accumulate ? gt_uniform() : NAN; /* NAN: must be overwritten */
+            /* NAN: must be overwritten */
+            for (size_t i = 0; i < (size_t)M * N; i++) C0[i] = C[i] = accumulate ? gt_uniform() : NAN;
             char err[LLM_ERR_LEN] = "";
-            int rc = llm_cuda_test_gemm(M, N, K, A, W, C, accumulate, err);
+            llm_cuda_gemm_run g = {0};
+            g.M = M; g.N = N; g.K = K; g.A = A; g.W = W; g.C = C; g.accumulate = accumulate;
+            int rc = llm_cuda_run_gemm(&g, err);
             CHECK(rc == 0, "gemm %dx%dx%d: %s", M, N, K, err);
             if (rc == 0) {
-                double worst = 0; /* error relative to the sum of |products|, which bounds the rounding of the sum */
+                /* error relative to the sum of |products|, which bounds the rounding of the sum */
+                double worst = 0;
                 for (int i = 0; i < M; i++)
                     for (int j = 0; j < N; j++) {
                         double ref = accumulate ? C0[(size_t)i * N + j] : 0, mag = 1e-6;
@@ -1885,7 +2087,8 @@ static void gpu_test_gemm(void) {
                         double e = fabs(C[(size_t)i * N + j] - ref) / mag;
                         if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
                     }
-                CHECK(worst < 1e-4, "gemm M=%d N=%d K=%d acc=%d: error %.3g of sum|a*w| (tolerance 1e-4)", M, N, K, accumulate, worst);
+                CHECK(worst < 1e-4, "gemm M=%d N=%d K=%d acc=%d: error %.3g of sum|a*w| (tolerance 1e-4)",
+                      M, N, K, accumulate, worst);
                 if (accumulate) printf("gemm %5d x %5d x %5d: max error %.2e of sum|a*w|\n", M, N, K, worst);
             }
             free(A); free(W); free(C); free(C0);
@@ -1894,16 +2097,21 @@ static void gpu_test_gemm(void) {
 }
 
 /* ---- 2. QKV preparation and paged attention ---- */
-typedef struct { const char *name; int n_heads, n_kv_heads, head_dim, rope_dim, neox, bias, qk_norm, part_size; } gt_attn_case;
+typedef struct {
+    const char *name;
+    int n_heads, n_kv_heads, head_dim, rope_dim, neox, bias, qk_norm, part_size;
+} gt_attn_case;
 
 static void gpu_test_attention_case(const gt_attn_case *ac) {
     llm_config cf; memset(&cf, 0, sizeof cf);
-    cf.n_heads = ac->n_heads; cf.n_kv_heads = ac->n_kv_heads; cf.head_dim = ac->head_dim; cf.rope_dim = ac->rope_dim;
-    cf.rope_neox = ac->neox; cf.rope_base = ac->neox ? 1000000.0f : 10000.0f; cf.rms_eps = 1e-6f;
-    cf.dim = cf.n_heads * cf.head_dim; cf.n_layers = 1;
-    int hd = cf.head_dim, nkv = cf.n_kv_heads, q_dim = cf.n_heads * hd, kv_dim = nkv * hd, width = q_dim + 2 * kv_dim, G = cf.n_heads / nkv;
+    cf.n_heads = ac->n_heads; cf.n_kv_heads = ac->n_kv_heads; cf.head_dim = ac->head_dim;
+    cf.rope_dim = ac->rope_dim; cf.rope_neox = ac->neox; cf.rope_base = ac->neox ? 1000000.0f : 10000.0f;
+    cf.rms_eps = 1e-6f; cf.dim = cf.n_heads * cf.head_dim; cf.n_layers = 1;
+    int hd = cf.head_dim, nkv = cf.n_kv_heads, q_dim = cf.n_heads * hd, kv_dim = nkv * hd;
+    int width = q_dim + 2 * kv_dim, G = cf.n_heads / nkv;
     int bs = 16, n_seqs = 2 + gt_int(4), max_ctx = 1300;
-    /* each sequence: some positions already in the cache, then new tokens (1 = decode, more = prefill chunk) */
+    /* each sequence: some positions already in the cache, then new tokens (1 = decode, more = prefill
+     * chunk) */
     int past[8], n_new[8], T = 0;
     for (int s = 0; s < n_seqs; s++) {
         int kind = gt_int(3);
@@ -1914,31 +2122,52 @@ static void gpu_test_attention_case(const gt_attn_case *ac) {
     int blocks_per_seq = (max_ctx + bs - 1) / bs, num_blocks = n_seqs * blocks_per_seq + 7;
     /* random block tables: a shuffled pool dealt out to the sequences */
     int *perm = malloc((size_t)num_blocks * sizeof(int));
-    for (int i = 0; i < num_blocks; i++) perm[i] = i;
-    for (int i = num_blocks - 1; i > 0; i--) { int j = gt_int(i + 1), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    gt_perm(perm, num_blocks);
     int32_t *tables = malloc((size_t)n_seqs * blocks_per_seq * sizeof(int32_t));
     const int32_t *bt[8];
-    for (int s = 0; s < n_seqs; s++) { for (int k = 0; k < blocks_per_seq; k++) tables[s * blocks_per_seq + k] = perm[s * blocks_per_seq + k]; bt[s] = tables + s * blocks_per_seq; }
-    int32_t *tokens = calloc((size_t)T, sizeof(int32_t)), *pos = malloc((size_t)T * sizeof(int32_t)), start[9];
+    for (int s = 0; s < n_seqs; s++) {
+        for (int k = 0; k < blocks_per_seq; k++)
+            tables[s * blocks_per_seq + k] = perm[s * blocks_per_seq + k];
+        bt[s] = tables + s * blocks_per_seq;
+    }
+    int32_t *pos = malloc((size_t)T * sizeof(int32_t)), start[9];
     int t = 0;
-    for (int s = 0; s < n_seqs; s++) { start[s] = t; for (int i = 0; i < n_new[s]; i++) pos[t++] = past[s] + i; }
+    for (int s = 0; s < n_seqs; s++) {
+        start[s] = t;
+        for (int i = 0; i < n_new[s]; i++) pos[t++] = past[s] + i;
+    }
     start[n_seqs] = T;
-    llm_batch b = {T, tokens, pos, n_seqs, start, bt, 0, NULL};
+    llm_batch b = {0}; /* attention reads no tokens */
+    b.n_tokens = T; b.positions = pos; b.n_seqs = n_seqs; b.seq_start = start; b.block_tables = bt;
 
     size_t n_cache = (size_t)num_blocks * bs * kv_dim;
-    float *kc = malloc(n_cache * 4), *vc = malloc(n_cache * 4), *kc_ref = malloc(n_cache * 4), *vc_ref = malloc(n_cache * 4);
-    for (size_t i = 0; i < n_cache; i++) { kc_ref[i] = kc[i] = gt_bf16(gt_uniform()); vc_ref[i] = vc[i] = gt_bf16(gt_uniform()); }
-    float *qkv = malloc((size_t)T * width * 4), *bias = malloc((size_t)width * 4), *qn = malloc((size_t)hd * 4), *kn = malloc((size_t)hd * 4);
+    float *kc = malloc(n_cache * 4), *vc = malloc(n_cache * 4);
+    float *kc_ref = malloc(n_cache * 4), *vc_ref = malloc(n_cache * 4);
+    for (size_t i = 0; i < n_cache; i++) {
+        kc_ref[i] = kc[i] = gt_bf16(gt_uniform());
+        vc_ref[i] = vc[i] = gt_bf16(gt_uniform());
+    }
+    float *qkv = malloc((size_t)T * width * 4), *bias = malloc((size_t)width * 4);
+    float *qn = malloc((size_t)hd * 4), *kn = malloc((size_t)hd * 4);
     for (size_t i = 0; i < (size_t)T * width; i++) qkv[i] = gt_uniform() * 2.0f;
     for (int i = 0; i < width; i++) bias[i] = gt_uniform();
-    for (int i = 0; i < hd; i++) { qn[i] = 0.5f + gt_uniform() * 0.5f + 0.5f; kn[i] = 1.0f + gt_uniform() * 0.5f; }
+    for (int i = 0; i < hd; i++) {
+        qn[i] = 0.5f + gt_uniform() * 0.5f + 0.5f;
+        kn[i] = 1.0f + gt_uniform() * 0.5f;
+    }
     float *q_gpu = malloc((size_t)T * q_dim * 4), *att_gpu = malloc((size_t)T * q_dim * 4);
     char err[LLM_ERR_LEN] = "";
-    int rc = llm_cuda_test_attention(&cf, &b, num_blocks, bs, ac->part_size, qkv, ac->bias ? bias : NULL, ac->qk_norm ? qn : NULL,
-                                     ac->qk_norm ? kn : NULL, kc, vc, q_gpu, att_gpu, err);
+    llm_cuda_attention_run run = {0};
+    run.cfg = &cf; run.batch = &b;
+    run.num_blocks = num_blocks; run.block_size = bs; run.part_size = ac->part_size;
+    run.qkv = qkv; run.bias = ac->bias ? bias : NULL;
+    run.q_norm = ac->qk_norm ? qn : NULL; run.k_norm = ac->qk_norm ? kn : NULL;
+    run.k_cache = kc; run.v_cache = vc; run.q_out = q_gpu; run.att_out = att_gpu;
+    int rc = llm_cuda_run_attention(&run, err);
     CHECK(rc == 0, "attention %s: %s", ac->name, err);
     if (rc == 0) {
-        /* reference: the CPU forward pass's own steps, then the new K/V into the cache (bf16, as the GPU keeps it) */
+        /* reference: the CPU forward pass's own steps, then the new K/V into the cache (bf16, as the GPU
+         * keeps it) */
         float *q_ref = malloc((size_t)T * q_dim * 4), *x = malloc((size_t)width * 4);
         int s = 0;
         for (t = 0; t < T; t++) {
@@ -1946,15 +2175,21 @@ static void gpu_test_attention_case(const gt_attn_case *ac) {
             memcpy(x, qkv + (size_t)t * width, (size_t)width * 4);
             if (ac->bias) for (int i = 0; i < width; i++) x[i] += bias[i];
             for (int h = 0; h < cf.n_heads + nkv; h++) {
-                if (ac->qk_norm) llm_rmsnorm(x + h * hd, x + h * hd, h < cf.n_heads ? qn : kn, hd, cf.rms_eps);
+                if (ac->qk_norm)
+                    llm_rmsnorm(x + h * hd, x + h * hd, h < cf.n_heads ? qn : kn, hd, cf.rms_eps);
                 llm_rope(x + h * hd, pos[t], &cf);
             }
             memcpy(q_ref + (size_t)t * q_dim, x, (size_t)q_dim * 4);
             size_t slot = (size_t)bt[s][pos[t] / bs] * bs + pos[t] % bs;
-            for (int i = 0; i < kv_dim; i++) { kc_ref[slot * kv_dim + i] = gt_bf16(x[q_dim + i]); vc_ref[slot * kv_dim + i] = gt_bf16(x[q_dim + kv_dim + i]); }
+            for (int i = 0; i < kv_dim; i++) {
+                kc_ref[slot * kv_dim + i] = gt_bf16(x[q_dim + i]);
+                vc_ref[slot * kv_dim + i] = gt_bf16(x[q_dim + kv_dim + i]);
+            }
         }
         double q_err = 0, q_max = 0, kv_err = 0, kv_max = 0, a_err = 0, a_max = 0;
-        for (size_t i = 0; i < (size_t)T * q_dim; i++) { q_err = fmax(q_err, fabs(q_gpu[i] - q_ref[i])); q_max = fmax(q_max, fabs(q_ref[i])); }
+        for (size_t i = 0; i < (size_t)T * q_dim; i++) {
+            q_err = fmax(q_err, fabs(q_gpu[i] - q_ref[i])); q_max = fmax(q_max, fabs(q_ref[i]));
+        }
         for (size_t i = 0; i < n_cache; i++) {
             kv_err = fmax(kv_err, fmax(fabs(kc[i] - kc_ref[i]), fabs(vc[i] - vc_ref[i])));
             kv_max = fmax(kv_max, fmax(fabs(kc_ref[i]), fabs(vc_ref[i])));
@@ -1977,21 +2212,29 @@ static void gpu_test_attention_case(const gt_attn_case *ac) {
                 for (int p = 0; p <= pos[t]; p++) { sc[p] = exp(sc[p] - mx); sum += sc[p]; }
                 for (int i = 0; i < hd; i++) {
                     double o = 0;
-                    for (int p = 0; p <= pos[t]; p++) o += sc[p] * vc_ref[((size_t)bt[s][p / bs] * bs + p % bs) * kv_dim + (h / G) * hd + i];
+                    for (int p = 0; p <= pos[t]; p++) {
+                        size_t slot = (size_t)bt[s][p / bs] * bs + p % bs;
+                        o += sc[p] * vc_ref[slot * kv_dim + (h / G) * hd + i];
+                    }
                     o /= sum;
-                    a_err = fmax(a_err, fabs(att_gpu[(size_t)t * q_dim + h * hd + i] - o)); a_max = fmax(a_max, fabs(o));
+                    a_err = fmax(a_err, fabs(att_gpu[(size_t)t * q_dim + h * hd + i] - o));
+                    a_max = fmax(a_max, fabs(o));
                 }
             }
         }
-        /* q in f32 (RoPE angles computed differently: pow vs repeated products); K/V and output rounded to bf16 */
-        CHECK(q_err <= 2e-3 * q_max, "%s: q after norm/RoPE differs by %.3g (max |q| %.3g)", ac->name, q_err, q_max);
-        CHECK(kv_err <= 1e-2 * kv_max, "%s: K/V in the cache differ by %.3g (max %.3g)", ac->name, kv_err, kv_max);
-        CHECK(a_err <= 1e-2 * a_max, "%s: attention output differs by %.3g (max %.3g)", ac->name, a_err, a_max);
-        printf("attention %-34s %d seqs, %3d tokens: q err %.1e, kv err %.1e, out err %.1e (rel. to max)\n", ac->name, n_seqs, T,
-               q_err / q_max, kv_err / kv_max, a_err / a_max);
+        /* q in f32 (RoPE angles computed differently: pow vs repeated products); K/V and output rounded to
+         * bf16 */
+        CHECK(q_err <= 2e-3 * q_max, "%s: q after norm/RoPE differs by %.3g (max |q| %.3g)", ac->name, q_err,
+              q_max);
+        CHECK(kv_err <= 1e-2 * kv_max, "%s: K/V in the cache differ by %.3g (max %.3g)", ac->name, kv_err,
+              kv_max);
+        CHECK(a_err <= 1e-2 * a_max, "%s: attention output differs by %.3g (max %.3g)", ac->name, a_err,
+              a_max);
+        printf("attention %-34s %d seqs, %3d tokens: q err %.1e, kv err %.1e, out err %.1e (rel. to max)\n",
+               ac->name, n_seqs, T, q_err / q_max, kv_err / kv_max, a_err / a_max);
         free(sc); free(q_ref); free(x);
     }
-    free(perm); free(tables); free(tokens); free(pos); free(kc); free(vc); free(kc_ref); free(vc_ref);
+    free(perm); free(tables); free(pos); free(kc); free(vc); free(kc_ref); free(vc_ref);
     free(qkv); free(bias); free(qn); free(kn); free(q_gpu); free(att_gpu);
 }
 
@@ -2012,7 +2255,11 @@ static void gpu_test_attention(void) {
 }
 
 /* ---- 3. the whole forward pass ---- */
-static int gt_argmax(const float *x, int n) { int b = 0; for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i; return b; }
+static int gt_argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
+    return b;
+}
 
 /* The CPU reference runs on a copy of the model whose matrices are rounded to bf16 as the GPU rounds them at
  * upload: the comparison then measures the kernels and the bf16 activations, not the weight format. */
@@ -2021,9 +2268,13 @@ static void gt_round_weight(llm_weight *w, uint16_t **mem) {
     if (!w->data) return;
     float *row = malloc((size_t)w->cols * sizeof(float));
     uint16_t *out = *mem;
+    size_t row_bytes = llm_dtype_row_bytes(w->type, w->cols);
     for (int64_t r = 0; r < w->rows; r++) {
-        llm_dequant_row(w->type, (const uint8_t *)w->data + llm_row_bytes(w->type, w->cols) * (size_t)r, row, w->cols);
-        for (int64_t k = 0; k < w->cols; k++) { float f = gt_bf16(row[k]); uint32_t b; memcpy(&b, &f, 4); out[r * w->cols + k] = (uint16_t)(b >> 16); }
+        llm_dtype_dequant_row(w->type, (const uint8_t *)w->data + row_bytes * (size_t)r, row, w->cols);
+        for (int64_t k = 0; k < w->cols; k++) {
+            float f = gt_bf16(row[k]); uint32_t b; memcpy(&b, &f, 4);
+            out[r * w->cols + k] = (uint16_t)(b >> 16);
+        }
     }
     free(row);
     w->data = out; w->type = LLM_BF16;
@@ -2034,7 +2285,8 @@ static int gt_model_bf16(const llm_model *src, gt_bf16_model *dst) {
     size_t n = (size_t)c->vocab_size * c->dim * 2;
     for (int l = 0; l < c->n_layers; l++) {
         const llm_layer *L = &src->layers[l];
-        n += (size_t)(L->wq.rows + L->wk.rows + L->wv.rows) * c->dim + (size_t)L->wo.rows * L->wo.cols + (size_t)3 * c->ffn_dim * c->dim;
+        n += (size_t)(L->wq.rows + L->wk.rows + L->wv.rows) * c->dim + (size_t)L->wo.rows * L->wo.cols +
+             (size_t)3 * c->ffn_dim * c->dim;
     }
     dst->m = *src;
     dst->mem = malloc(n * sizeof(uint16_t));
@@ -2047,28 +2299,43 @@ static int gt_model_bf16(const llm_model *src, gt_bf16_model *dst) {
     if (tied) dst->m.output = dst->m.tok_embd; else gt_round_weight(&dst->m.output, &mem);
     for (int l = 0; l < c->n_layers; l++) {
         llm_layer *L = &dst->m.layers[l];
-        gt_round_weight(&L->wq, &mem); gt_round_weight(&L->wk, &mem); gt_round_weight(&L->wv, &mem); gt_round_weight(&L->wo, &mem);
+        gt_round_weight(&L->wq, &mem); gt_round_weight(&L->wk, &mem); gt_round_weight(&L->wv, &mem);
+        gt_round_weight(&L->wo, &mem);
         gt_round_weight(&L->w_gate, &mem); gt_round_weight(&L->w_up, &mem); gt_round_weight(&L->w_down, &mem);
     }
     return 0;
 }
 
-/* Runs the same steps on the CPU backend (bf16-rounded weights) and the CUDA backend (the model as loaded) and
- * compares the logits. */
+/* A backend (create: llm_cpu_backend_create or llm_cuda_backend_create) with a KV pool of num_blocks blocks
+ * of bs slots; NULL, with a failed CHECK, when either step fails. */
+static llm_backend *gt_backend(llm_backend *(*create)(const llm_model *, char *), const llm_model *m,
+                               int num_blocks, int bs, const char *name, const char *kind) {
+    char err[LLM_ERR_LEN] = "";
+    llm_backend *be = create(m, err);
+    int rc = be ? be->alloc_kv(be, num_blocks, bs, err) : -1;
+    CHECK(rc == 0, "%s: %s backend: %s", name, kind, err);
+    if (rc && be) { be->destroy(be); be = NULL; }
+    return be;
+}
+
+/* Runs the same steps on the CPU backend (bf16-rounded weights) and the CUDA backend (the model as loaded)
+ * and compares the logits. */
 static void gpu_test_forward_model(const llm_model *m, const char *name) {
     const int bs = 16, num_blocks = 96, max_seqs = 4, V = m->cfg.vocab_size;
     char err[LLM_ERR_LEN] = "";
     gt_bf16_model mr;
     if (gt_model_bf16(m, &mr)) { CHECK(0, "%s: out of memory", name); return; }
     const llm_model *mc = &mr.m;
-    llm_backend *cpu = llm_cpu_backend_create(mc, num_blocks, bs, err);
-    CHECK(cpu != NULL, "%s: cpu backend: %s", name, err);
-    llm_backend *gpu = llm_cuda_backend_create(m, num_blocks, 0, bs, err);
-    CHECK(gpu != NULL, "%s: cuda backend: %s", name, err);
-    if (!cpu || !gpu) { if (cpu) cpu->destroy(cpu); if (gpu) gpu->destroy(gpu); free(mr.mem); free(mr.m.layers); return; }
+    llm_backend *cpu = gt_backend(llm_cpu_backend_create, mc, num_blocks, bs, name, "cpu");
+    llm_backend *gpu = gt_backend(llm_cuda_backend_create, m, num_blocks, bs, name, "cuda");
+    if (!cpu || !gpu) {
+        if (cpu) cpu->destroy(cpu);
+        if (gpu) gpu->destroy(gpu);
+        free(mr.mem); free(mr.m.layers);
+        return;
+    }
     int perm[96];
-    for (int i = 0; i < num_blocks; i++) perm[i] = i;
-    for (int i = num_blocks - 1; i > 0; i--) { int j = gt_int(i + 1), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+    gt_perm(perm, num_blocks);
     int next_block = 0;
     int32_t tables[4][24], n_blocks[4] = {0}, len[4] = {0}, last_tok[4] = {0};
     int32_t prompt_len[4] = {23, 70, 17, 0};    /* seq 1 prefills in two chunks; seq 3 forks from seq 1 */
@@ -2076,17 +2343,21 @@ static void gpu_test_forward_model(const llm_model *m, const char *name) {
     int argmax_same = 0, argmax_total = 0, near_ties = 0, failed = 0;
     enum { STEPS = 7 };
     for (int step = 0; step < STEPS && !failed; step++) {
-        int32_t tokens[256], pos[256], seq_start[5], rows[4];
+        int32_t tokens[256], pos[256], seq_start[5], rows[4], copy_src = 0, copy_dst = 0;
         const int32_t *bt[4];
-        int T = 0, n_seqs = 0, active[4];
-        if (step == 3) { /* fork: seq 3 shares seq 1's full blocks and gets a copy of its partial last block */
+        int T = 0, n_seqs = 0, active[4], n_copies = 0;
+        if (step == 3) {
+            /* fork: seq 3 shares seq 1's full blocks and gets a copy of its partial last block, which this
+             * step's batch carries (the backends copy before they compute; seq 3's logits then show the
+             * copy) */
             int full = len[1] / bs;
             for (int k = 0; k < full; k++) tables[3][k] = tables[1][k];
             n_blocks[3] = full;
+            CHECK(len[1] % bs != 0, "%s: the fork has a partial block to copy (seq 1 holds %d tokens)", name,
+                  len[1]);
             if (len[1] % bs) {
                 int nb = perm[next_block++];
-                CHECK(cpu->copy_block(cpu, tables[1][full], nb, err) == 0, "cpu copy_block: %s", err);
-                CHECK(gpu->copy_block(gpu, tables[1][full], nb, err) == 0, "%s: cuda copy_block: %s", name, err);
+                copy_src = tables[1][full]; copy_dst = nb; n_copies = 1;
                 tables[3][n_blocks[3]++] = nb;
             }
             len[3] = len[1]; last_tok[3] = (last_tok[1] + 1) % V; /* a different next token than seq 1 */
@@ -2095,7 +2366,8 @@ static void gpu_test_forward_model(const llm_model *m, const char *name) {
             int n_new;
             if (s == 2 && step < 1) continue;             /* seq 2 joins at step 1 */
             if (s == 3 && step < 3) continue;             /* seq 3 exists from step 3 */
-            if (len[s] < prompt_len[s]) n_new = s == 1 && step == 0 ? 40 : prompt_len[s] - len[s]; /* chunked prefill */
+            if (len[s] < prompt_len[s])                   /* chunked prefill */
+                n_new = s == 1 && step == 0 ? 40 : prompt_len[s] - len[s];
             else n_new = 1;
             seq_start[n_seqs] = T;
             for (int i = 0; i < n_new; i++) {
@@ -2111,11 +2383,15 @@ static void gpu_test_forward_model(const llm_model *m, const char *name) {
             active[n_seqs++] = s;
         }
         seq_start[n_seqs] = T;
-        llm_batch b = {T, tokens, pos, n_seqs, seq_start, bt, n_seqs, rows};
+        llm_batch b = {0};
+        b.n_tokens = T; b.tokens = tokens; b.positions = pos;
+        b.n_seqs = n_seqs; b.seq_start = seq_start; b.block_tables = bt;
+        b.n_logits = n_seqs; b.logit_rows = rows;
+        b.n_copies = n_copies; b.copy_src = &copy_src; b.copy_dst = &copy_dst;
         float *lc = malloc((size_t)n_seqs * V * 4), *lg = malloc((size_t)n_seqs * V * 4);
-        int rc1 = cpu->forward(cpu, mc, &b, lc, err);
+        int rc1 = cpu->forward(cpu, &b, lc, err);
         CHECK(rc1 == 0, "%s step %d cpu forward: %s", name, step, err);
-        int rc2 = gpu->forward(gpu, m, &b, lg, err);
+        int rc2 = gpu->forward(gpu, &b, lg, err);
         CHECK(rc2 == 0, "%s step %d cuda forward: %s", name, step, err);
         if (rc1 || rc2) { failed = 1; free(lc); free(lg); break; }
         for (int r = 0; r < n_seqs; r++) {
@@ -2133,21 +2409,23 @@ static void gpu_test_forward_model(const llm_model *m, const char *name) {
             argmax_total++;
             if (ac == ag) argmax_same++;
             else if (c[ac] - c[ag] <= 2 * dmax) near_ties++; /* the CPU itself ranks them within the error */
-            else CHECK(0, "%s step %d seq %d: greedy token %d on the GPU, %d on the CPU (logits %.4f vs %.4f)", name, step,
-                       active[r], ag, ac, c[ag], c[ac]);
+            else CHECK(0, "%s step %d seq %d: greedy token %d on the GPU, %d on the CPU (logits %.4f vs "
+                       "%.4f)", name, step, active[r], ag, ac, c[ag], c[ac]);
             last_tok[active[r]] = ac;
         }
         free(lc); free(lg);
     }
-    /* the same bf16 weights on both sides; the GPU rounds activations to bf16 before every product and keeps K/V
-     * in bf16, the CPU keeps them in f32 */
-    /* each layer rounds four product inputs to bf16 (relative 2^-9) and the rounding compounds with depth: seen
-     * 5e-3 for 4-5 layers, 3e-2 to 3.6e-2 for the 24 of dummy qwen2.5-0.5b */
+    /* the same bf16 weights on both sides; the GPU rounds activations to bf16 before every product and keeps
+     * K/V in bf16, the CPU keeps them in f32 */
+    /* each layer rounds four product inputs to bf16 (relative 2^-9) and the rounding compounds with depth:
+     * seen 5e-3 for 4-5 layers, 3e-2 to 3.6e-2 for the 24 of dummy qwen2.5-0.5b */
     double tol_l2 = fmax(3e-2, 2e-3 * m->cfg.n_layers), tol_max = fmax(5e-2, 3e-3 * m->cfg.n_layers);
-    CHECK(worst_l2 < tol_l2, "%s: logits differ from the CPU's by %.3g (relative L2, tolerance %.2g)", name, worst_l2, tol_l2);
-    CHECK(worst_max < tol_max, "%s: logits differ from the CPU's by %.3g of max |logit| (tolerance %.2g)", name, worst_max, tol_max);
-    printf("forward %-28s %d steps: logits rel. L2 err %.2e, max-abs err %.2e of max |logit|; greedy %d/%d same, %d near ties\n",
-           name, STEPS, worst_l2, worst_max, argmax_same, argmax_total, near_ties);
+    CHECK(worst_l2 < tol_l2, "%s: logits differ from the CPU's by %.3g (relative L2, tolerance %.2g)", name,
+          worst_l2, tol_l2);
+    CHECK(worst_max < tol_max, "%s: logits differ from the CPU's by %.3g of max |logit| (tolerance %.2g)",
+          name, worst_max, tol_max);
+    printf("forward %-28s %d steps: logits rel. L2 err %.2e, max-abs err %.2e of max |logit|; greedy %d/%d "
+           "same, %d near ties\n", name, STEPS, worst_l2, worst_max, argmax_same, argmax_total, near_ties);
     cpu->destroy(cpu); gpu->destroy(gpu);
     free(mr.mem); free(mr.m.layers);
 }
@@ -2163,8 +2441,8 @@ static void gpu_test_forward(void) {
         gpu_test_forward_model(&m, name);
         llm_model_free(&m);
     }
-    static const char *files[] = {"stories260K.gguf", "random-llama2-untied.gguf", "random-llama3-gqa.gguf", "random-qwen2-bias.gguf",
-                                  "random-qwen3-qknorm.gguf"};
+    static const char *files[] = {"stories260K.gguf", "random-llama2-untied.gguf", "random-llama3-gqa.gguf",
+                                  "random-qwen2-bias.gguf", "random-qwen3-qknorm.gguf"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char path[1024], err[LLM_ERR_LEN] = "";
         snprintf(path, sizeof path, "%s/models/%s", shared_dir, files[i]);
@@ -2181,19 +2459,89 @@ static void gpu_test_forward(void) {
 }
 
 /* ---- benchmarks (LLM_GPU_BENCH=1) ---- */
-/* Forward-pass throughput of the backend alone on a dummy model: prefill 256 sequences of 128 tokens in steps of
- * 2048 tokens, then decode all 256 together. */
+/* The kernels alone on llama-3.2-1b's shapes, their inputs filled on the device (NULL in the run structs):
+ * GEMM time, TFLOP/s and GB/s per weight shape and M; then attention, decode of 256 sequences at a context
+ * and prefill of whole contexts, over scattered block tables in a big pool. The attention times include the
+ * QKV preparation kernel: they are what one layer's attention costs in the forward pass. Prints a table. */
+static int gpu_bench_kernels(char *err) {
+    printf("\n== kernel benchmarks ==\n");
+    static const int Ms[] = {1, 16, 256, 4096};
+    static const struct { const char *name; int N, K; } shapes[] = {
+        {"qkv  3072x2048", 3072, 2048}, {"o    2048x2048", 2048, 2048}, {"gate/up 16384x2048", 16384, 2048},
+        {"down 2048x8192", 2048, 8192}, {"logits 128256x2048", 128256, 2048}};
+    printf("%-22s %8s %10s %10s %10s\n", "GEMM (N x K)", "M", "time us", "TFLOP/s", "GB/s");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int mi = 0; mi < 4; mi++) {
+            llm_cuda_gemm_run g = {0};
+            g.M = Ms[mi]; g.N = shapes[s].N; g.K = shapes[s].K; g.reps = g.M >= 4096 ? 5 : 20;
+            if (llm_cuda_run_gemm(&g, err)) return -1;
+            double t = g.seconds, flops = 2.0 * g.M * g.N * g.K;
+            double bytes = 2.0 * g.N * g.K + 2.0 * g.M * g.K + 4.0 * g.M * g.N;
+            printf("%-22s %8d %10.1f %10.1f %10.0f\n", shapes[s].name, g.M, t * 1e6, flops / t / 1e12,
+                   bytes / t / 1e9);
+        }
+    llm_config cf; memset(&cf, 0, sizeof cf); /* llama-3.2-1b's attention shape */
+    cf.dim = 2048; cf.n_heads = 32; cf.n_kv_heads = 8; cf.head_dim = 64; cf.rope_dim = 64;
+    cf.rope_base = 500000; cf.rms_eps = 1e-5f; cf.ffn_dim = 8192; cf.n_layers = 1; cf.vocab_size = 128256;
+    const int bs = 16, ctxs[] = {256, 1024, 4096}, pool = 256 * (4096 / bs) + 64;
+    printf("%-34s %10s %12s\n", "attention (32 q heads, 8 kv, hd 64)", "time us", "KV GB/s");
+    for (int mode = 0; mode < 2; mode++)
+        for (int ci = 0; ci < 3; ci++) {
+            int ctx = ctxs[ci], per_seq = ctx / bs + 1;
+            int n_seqs = mode == 0 ? 256 : 4096 / ctx > 0 ? 4096 / ctx : 1;
+            if (mode == 1 && ctx < 1024) continue;
+            int T = mode == 0 ? n_seqs : n_seqs * ctx; /* prefill: whole contexts of new tokens */
+            int32_t *pos = malloc((size_t)T * 4), *start = malloc((size_t)(n_seqs + 1) * 4);
+            int32_t *tables = malloc((size_t)n_seqs * per_seq * 4);
+            const int32_t **bt = malloc((size_t)n_seqs * sizeof(int32_t *));
+            int rc = -1;
+            if (!pos || !start || !tables || !bt) snprintf(err, LLM_ERR_LEN, "out of memory");
+            else {
+                int t = 0;
+                for (int s = 0; s < n_seqs; s++) {
+                    start[s] = t;
+                    for (int k = 0; k < per_seq; k++) /* scattered over the pool */
+                        tables[(size_t)s * per_seq + k] = (int)(((size_t)s * 7919 + k * 104729) % pool);
+                    bt[s] = tables + (size_t)s * per_seq;
+                    if (mode == 0) pos[t++] = ctx - 1;
+                    else for (int p = 0; p < ctx; p++) pos[t++] = p;
+                }
+                start[n_seqs] = t;
+                llm_batch b = {0}; /* attention reads no tokens */
+                b.n_tokens = T; b.positions = pos;
+                b.n_seqs = n_seqs; b.seq_start = start; b.block_tables = bt;
+                llm_cuda_attention_run a = {0};
+                a.cfg = &cf; a.batch = &b;
+                a.num_blocks = pool; a.block_size = bs; a.part_size = 512; a.reps = 5;
+                rc = llm_cuda_run_attention(&a, err);
+                double kv_bytes = (double)n_seqs * ctx * cf.n_kv_heads * cf.head_dim * 2 * 2; /* K, V: bf16 */
+                char name[64];
+                snprintf(name, sizeof name, "%s %d seqs x ctx %d", mode == 0 ? "decode " : "prefill", n_seqs,
+                         ctx);
+                if (!rc) printf("%-34s %10.1f %12.0f\n", name, a.seconds * 1e6, kv_bytes / a.seconds / 1e9);
+            }
+            free(pos); free(start); free(tables); free(bt);
+            if (rc) return -1;
+        }
+    return 0;
+}
+
+/* Forward-pass throughput of the backend alone on a dummy model: prefill 256 sequences of 128 tokens in steps
+ * of 2048 tokens, then decode all 256 together. */
 static void gpu_bench_forward(const char *preset) {
     llm_model m; char err[LLM_ERR_LEN] = "";
     if (llm_model_dummy(&m, preset, 1, err)) { printf("bench %s: %s\n", preset, err); return; }
-    const int n_seqs = 256, prompt = 128, decode_steps = 64, bs = 16, per_seq = (prompt + decode_steps + 1 + bs - 1) / bs;
-    llm_backend *be = llm_cuda_backend_create(&m, n_seqs * per_seq, 0, bs, err);
-    CHECK(be != NULL, "bench %s: %s", preset, err);
+    const int n_seqs = 256, prompt = 128, decode_steps = 64, bs = 16;
+    const int per_seq = (prompt + decode_steps + 1 + bs - 1) / bs;
+    llm_backend *be = gt_backend(llm_cuda_backend_create, &m, n_seqs * per_seq, bs, preset, "cuda");
     if (!be) { llm_model_free(&m); return; }
-    int32_t *tables = malloc((size_t)n_seqs * per_seq * 4), *tokens = malloc(2048 * 4), *pos = malloc(2048 * 4), start[257], rows[256];
+    int32_t *tables = malloc((size_t)n_seqs * per_seq * 4), *tokens = malloc(2048 * 4);
+    int32_t *pos = malloc(2048 * 4), start[257], rows[256];
     const int32_t *bt[256];
     for (int i = 0; i < n_seqs * per_seq; i++) tables[i] = i;
     float *logits = malloc((size_t)n_seqs * m.cfg.vocab_size * 4);
+    llm_batch b = {0}; /* n_tokens, n_seqs and n_logits per step */
+    b.tokens = tokens; b.positions = pos; b.seq_start = start; b.block_tables = bt; b.logit_rows = rows;
     double t0 = gt_now();
     int ok = 1;
     for (int s0 = 0; s0 < n_seqs && ok; s0 += 2048 / prompt) { /* 16 prompts per step */
@@ -2204,22 +2552,27 @@ static void gpu_bench_forward(const char *preset) {
             rows[s] = T - 1;
         }
         start[ns] = T;
-        llm_batch b = {T, tokens, pos, ns, start, bt, ns, rows};
-        ok = be->forward(be, &m, &b, logits, err) == 0;
+        b.n_tokens = T; b.n_seqs = b.n_logits = ns;
+        ok = be->forward(be, &b, logits, err) == 0;
     }
     double t1 = gt_now();
     for (int step = 0; step < decode_steps && ok; step++) {
-        for (int s = 0; s < n_seqs; s++) { start[s] = s; tokens[s] = (s + step) % m.cfg.vocab_size; pos[s] = prompt + step; bt[s] = tables + (size_t)s * per_seq; rows[s] = s; }
+        for (int s = 0; s < n_seqs; s++) {
+            start[s] = s; tokens[s] = (s + step) % m.cfg.vocab_size; pos[s] = prompt + step;
+            bt[s] = tables + (size_t)s * per_seq; rows[s] = s;
+        }
         start[n_seqs] = n_seqs;
-        llm_batch b = {n_seqs, tokens, pos, n_seqs, start, bt, n_seqs, rows};
-        ok = be->forward(be, &m, &b, logits, err) == 0;
+        b.n_tokens = b.n_seqs = b.n_logits = n_seqs;
+        ok = be->forward(be, &b, logits, err) == 0;
     }
     double t2 = gt_now();
     CHECK(ok, "bench %s: %s", preset, err);
     if (ok)
-        printf("forward %-16s prefill %d x %d tokens: %.0f tok/s | decode %d seqs x %d steps (ctx %d-%d): %.2f ms/step, %.0f tok/s (logits to host incl.)\n",
-               preset, n_seqs, prompt, n_seqs * prompt / (t1 - t0), n_seqs, decode_steps, prompt, prompt + decode_steps,
-               (t2 - t1) / decode_steps * 1e3, (double)n_seqs * decode_steps / (t2 - t1));
+        printf("forward %-16s prefill %d x %d tokens: %.0f tok/s | decode %d seqs x %d steps (ctx %d-%d): "
+               "%.2f ms/step, %.0f tok/s (logits to host incl.)\n",
+               preset, n_seqs, prompt, n_seqs * prompt / (t1 - t0), n_seqs, decode_steps, prompt,
+               prompt + decode_steps, (t2 - t1) / decode_steps * 1e3,
+               (double)n_seqs * decode_steps / (t2 - t1));
     free(tables); free(tokens); free(pos); free(logits);
     be->destroy(be); llm_model_free(&m);
 }
@@ -2227,7 +2580,8 @@ static void gpu_bench_forward(const char *preset) {
 static void run_gpu_tests(void) {
     const char *s = getenv("LLM_GPU_SEED");
     uint64_t seed = s ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
-    printf("gpu tests: seed %llu (LLM_GPU_SEED=%llu repeats this run)\n", (unsigned long long)seed, (unsigned long long)seed);
+    printf("gpu tests: seed %llu (LLM_GPU_SEED=%llu repeats this run)\n", (unsigned long long)seed,
+           (unsigned long long)seed);
     gt_rng = seed;
     double t0 = gt_now();
     gpu_test_gemm();
@@ -2238,7 +2592,7 @@ static void run_gpu_tests(void) {
     printf("forward checks: %.1f s\n", gt_now() - t0);
     if (getenv("LLM_GPU_BENCH")) {
         char err[LLM_ERR_LEN] = "";
-        CHECK(llm_cuda_bench_kernels(err) == 0, "kernel benchmarks: %s", err);
+        CHECK(gpu_bench_kernels(err) == 0, "kernel benchmarks: %s", err);
         gpu_bench_forward("tinyllama-1.1b");
         gpu_bench_forward("llama-3.2-1b");
     }
@@ -2266,8 +2620,9 @@ int main(int argc, char **argv) {
         {"sampler", test_sampler}, {"block manager", test_block_manager}, {"batch invariance", test_batch_invariance},
         {"prefix cache", test_prefix_cache}, {"parallel sampling", test_parallel_sampling},
         {"stop conditions", test_stop_conditions}, {"abort and limits", test_abort_and_limits}, {"logprobs", test_logprobs},
-        {"requests from a thread", test_threads},
-        {"llm command", test_cli},
+        {"requests from a thread", test_threads}, {"user pointers", test_user_pointers}, {"wait for work", test_wait},
+        {"backend errors", test_backend_errors},
+        {"llm command", test_cli}, {"llm.h's example", test_docs_example},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         int failed_before = n_failed;

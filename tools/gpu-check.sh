@@ -4,6 +4,8 @@
 #
 #   tools/gpu-check.sh            (from anywhere; STB_INC: where stb/stb_ds.h is, SHARED: the test data folder
 #                                  with models/*.gguf; both default to .deps when it exists, as on the device machine)
+#   BASELINE=DIR tools/gpu-check.sh   also builds the version in DIR (its llm.h, llm.cu, main.c, Makefile) and runs
+#                                  its `llm bench` beside ours, alternating, on the same GPU in the same call
 # Prints everything to stdout and saves the same in $LOG_DIR/DATE-GPU-gpu-check.log (LOG_DIR: $OUT when set, as on
 # the device machine, else results/). Exit status: the checks' (0 when all passed).
 set -u -o pipefail
@@ -29,8 +31,17 @@ LLM_GPU_BENCH=1 timeout 420 make CUDA=1 STB_INC="$STB_INC" SHARED="$SHARED" test
 status=$?
 echo "test-gpu exit status: $status"
 
+if [ -n "${BASELINE:-}" ]; then
+    echo "== baseline build: $BASELINE"
+    make -C "$BASELINE" CUDA=1 STB_INC="$(realpath "$STB_INC")" llm >/dev/null 2>&1 || { echo "BASELINE BUILD FAILED"; BASELINE=; }
+fi
+# the progress line is rewritten in place with \r: keep only the report
+bench() { timeout ${BENCH_TIMEOUT:-150} "$1" bench --dummy "$2" --num-prompts ${NUM_PROMPTS:-256} 2>&1 | tr '\r' '\n' |
+          grep -v '^\[bench\]' || echo "$1 bench --dummy $2: exit $?"; }
 echo "== llm bench (engine end to end, GPU)"
 for model in tinyllama-1.1b llama-3.2-1b; do
-    timeout ${BENCH_TIMEOUT:-150} ./llm bench --dummy $model --num-prompts ${NUM_PROMPTS:-256} 2>&1 || echo "llm bench --dummy $model: exit $?"
+    echo "-- ./llm bench --dummy $model"
+    bench ./llm $model
+    if [ -n "${BASELINE:-}" ]; then echo "-- baseline $BASELINE/llm bench --dummy $model"; bench "$BASELINE/llm" $model; fi
 done
 exit $status
