@@ -39,7 +39,7 @@
 
 typedef __nv_bfloat16 bf16;
 
-/* --------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * Errors: CK() turns a failed CUDA call into a message in `err` and makes the enclosing function return -1.
  * -------------------------------------------------------------------------------------------------------- */
 static int cuda_fail(char *err, cudaError_t e, const char *what, int line) {
@@ -57,7 +57,7 @@ static int fail(char *err, const char *msg) { if (err) snprintf(err, LLM_ERR_LEN
 __host__ __device__ static inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
 __host__ __device__ static inline int cdiv(int a, int b) { return (a + b - 1) / b; }
 
-/* --------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * Host-side conversion to and from bf16 (weights once, at load: llm_dtype_dequant_row reads the file's types)
  * -------------------------------------------------------------------------------------------------------- */
 static uint16_t host_f32_to_bf16(float f) { /* round to nearest even; NaN stays NaN */
@@ -71,7 +71,7 @@ static float host_bf16_to_f32(uint16_t h) { /* exact */
     return f;
 }
 
-/* --------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * Small kernels: embedding, RMSnorm, QKV preparation (bias, q/k norm, RoPE, cache write), SwiGLU
  * -------------------------------------------------------------------------------------------------------- */
 /* sum and max over a warp by butterfly shuffles; every lane gets the result */
@@ -195,7 +195,7 @@ __global__ void qkv_prep_kernel(prep_args a) {
     }
 }
 
-/* --------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * GEMM on the tensor cores: C[M][N] (=|+=) A[M][K] * B[N][K]^T, A and B bf16 (K contiguous, rows 16-byte
  * aligned: lda, ldb multiples of 8, K a multiple of 8 with zero padding beyond the real K), C f32.
  * Tiles BM x BN x 32 go global -> shared memory with cp.async in a STAGES-deep pipeline, shared -> registers
@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32) gemm_kernel(gemm_args g
             }
 }
 
-/* --------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * Paged attention. One block (4 warps) takes one kv head and a tile of consecutive query tokens of one
  * sequence (all the query heads of that kv head: the GQA group, so K/V are read once for the group), over one
  * partition of the context. K and V come 32 positions at a time from the paged cache into shared memory (as
@@ -535,7 +535,7 @@ __global__ void zero_cols_kernel(bf16 *x, int ld, int from) {
     for (int i = from + threadIdx.x; i < ld; i += blockDim.x) x[(size_t)t * ld + i] = __float2bfloat16(0.0f);
 }
 
-/* --------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * The backend's state
  * -------------------------------------------------------------------------------------------------------- */
 typedef struct { bf16 *w; int rows, cols, ld; } dmat; /* ld: cols rounded up to 8 (zero padding) */
@@ -712,7 +712,7 @@ static int ensure_scratch(cuda_ctx *c, int T, int n_logits, int n_part, int n_in
     return 0;
 }
 
-/* --------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * Launchers
  * -------------------------------------------------------------------------------------------------------- */
 template <int BM, int BN, int WM, int WN>
@@ -773,7 +773,7 @@ static int gemm(cuda_ctx *c, float *C, int ldc, const bf16 *A, int lda, const dm
     return launch_gemm_cfg<128, 128, 2, 4>(c, g, err);
 }
 
-/* --------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * Per-step integer inputs, laid out in one buffer and sent with one copy
  * -------------------------------------------------------------------------------------------------------- */
 typedef struct {
@@ -924,7 +924,7 @@ static int enqueue_step(cuda_ctx *c, const step_layout *L, char *err) {
     return 0;
 }
 
-/* --------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * The backend's functions
  * -------------------------------------------------------------------------------------------------------- */
 /* What the kernels would index with, checked on the host first: token ids, logit rows, block copies.
@@ -1061,7 +1061,7 @@ static void ctx_free(cuda_ctx *c) {
 }
 static void cuda_destroy(llm_backend *be) { ctx_free((cuda_ctx *)be->ctx); free(be); }
 
-/* --------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * Creation
  * -------------------------------------------------------------------------------------------------------- */
 static int ctx_init_device(cuda_ctx *c, const llm_config *cf, char *err) {
@@ -1174,7 +1174,7 @@ extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, char *err) {
     return be;
 }
 
-/* --------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * One kernel at a time, for test.c's GPU checks and kernel benchmarks (llm.h: llm_cuda_run_gemm,
  * llm_cuda_run_attention): the forward pass's own launches, on inputs from plain f32 host arrays or, when
  * those are NULL, filled on the device.

@@ -2,10 +2,10 @@
  *
  * A GGUF model file goes in. Prompts come in as requests, from any thread. Each step the scheduler picks the
  * sequences to compute and how many tokens each (continuous batching, chunked prefill) within the KV-cache
- * blocks that are free (a paged KV cache with prefix caching and copy-on-write; when blocks run out the youngest
- * sequence is preempted and recomputed later), one forward pass computes them all, the sampler picks each
- * sequence's next token, and text streams out. The plain-C forward pass here is the CPU backend and the
- * reference the CUDA backend (llm.cu) is checked against.
+ * blocks that are free (a paged KV cache with prefix caching and copy-on-write; when blocks run out the
+ * youngest sequence is preempted and recomputed later), one forward pass computes them all, the sampler
+ * picks each sequence's next token, and text streams out. The plain-C forward pass here is the CPU backend
+ * and the reference the CUDA backend (llm.cu) is checked against.
  *
  * Use it stb style: include llm.h anywhere for the declarations, and in exactly one C file write
  *     #define LLM_IMPLEMENTATION
@@ -16,15 +16,15 @@
  *   LLM_NO_STB_DS_IMPLEMENTATION  your program defines STB_DS_IMPLEMENTATION itself, elsewhere
  *   LLM_CUDA                      link llm.cu (built with nvcc): the engine runs on the GPU when one answers
  *   -fopenmp                      the CPU forward pass uses every core (without it, one)
- * The implementation needs libc, libm, pthreads and stb_ds.h (Debian: libstb-dev; included as <stb/stb_ds.h>).
- * Errors are returned (0 ok, -1 failed, with a message in the caller's char err[LLM_ERR_LEN]), never exit()ed.
+ * The implementation needs libc, libm, pthreads and stb_ds.h (Debian: libstb-dev; <stb/stb_ds.h>).
+ * Errors are returned (0 ok, -1 failed, a message in the caller's char err[LLM_ERR_LEN]), never exit()ed.
  *
  * The data's path, and the order of the sections below, in the declarations and in the implementation:
  *   1. GGUF         a file -> metadata and tensors       llm_gguf: memory-mapped, every offset checked
  *   2. Model        tensors -> weights and a config      llm_model: typed pointers into the file
  *   3. Tokenizer    text -> token ids                    llm_tokenizer: SentencePiece and byte-level BPE
  *   4. Requests     token ids -> a step's plan           the scheduler: admission, budget, preemption
- *   5. Blocks       sequences -> KV-cache blocks         llm_block_manager: free list, ref counts, prefix cache
+ *   5. Blocks       sequences -> KV-cache blocks         llm_block_manager: free list, refs, prefix cache
  *   6. Forward      a batch -> logits                    llm_backend: the CPU one here, CUDA in llm.cu
  *   7. Sampler      logits -> the next token             llm_sampler: temperature, top-k/p, min-p, penalties
  *   8. Detokenizer  token ids -> text, stop strings      llm_detok: only whole UTF-8 characters come out
@@ -50,9 +50,9 @@
  *         llm_sampler_sample
  *   detokenizer: llm_tokenizer_piece, llm_detok_push, llm_detok_flush
  *
- * An example: the greedy continuation of a prompt, streamed to stdout. A server runs the same loop on its own
- * thread, sleeping in llm_engine_wait while there is no work, and tells its requests apart by the user pointer
- * that add_request took and every output gives back. (`make test` compiles this example and runs it.)
+ * An example: the greedy continuation of a prompt, streamed to stdout (`make test` compiles and runs it).
+ * A server runs the same loop on its own thread, sleeping in llm_engine_wait while there is no work, and
+ * tells its requests apart by the user pointer that add_request took and every output gives back.
  */
 #if 0 /* LLM_EXAMPLE: usage: example MODEL.gguf PROMPT MAX_TOKENS */
 #define LLM_IMPLEMENTATION
@@ -77,7 +77,9 @@ int main(int argc, char **argv) {
         int n = llm_engine_step(engine, &out); // one forward pass for every running request
         for (int i = 0; i < n; i++) {
             fwrite(out[i].text, 1, (size_t)out[i].text_len, stdout);
-            if (out[i].finish_reason == LLM_FINISH_ERROR) { fprintf(stderr, "%s\n", out[i].error); failed = 1; }
+            if (out[i].finish_reason != LLM_FINISH_ERROR) continue;
+            fprintf(stderr, "%s\n", out[i].error);
+            failed = 1;
         }
         fflush(stdout);
     }
@@ -101,12 +103,13 @@ extern "C" {
  * 1. GGUF: the file's metadata and tensors, as pointers into the mapped file
  * -------------------------------------------------------------------------------------------------------- */
 enum llm_gguf_type { /* metadata value types, as numbered in the file */
-    LLM_GGUF_U8, LLM_GGUF_I8, LLM_GGUF_U16, LLM_GGUF_I16, LLM_GGUF_U32, LLM_GGUF_I32, LLM_GGUF_F32, LLM_GGUF_BOOL,
-    LLM_GGUF_STRING, LLM_GGUF_ARRAY, LLM_GGUF_U64, LLM_GGUF_I64, LLM_GGUF_F64, LLM_GGUF_NTYPES
+    LLM_GGUF_U8, LLM_GGUF_I8, LLM_GGUF_U16, LLM_GGUF_I16, LLM_GGUF_U32, LLM_GGUF_I32, LLM_GGUF_F32,
+    LLM_GGUF_BOOL, LLM_GGUF_STRING, LLM_GGUF_ARRAY, LLM_GGUF_U64, LLM_GGUF_I64, LLM_GGUF_F64, LLM_GGUF_NTYPES
 };
 
 enum llm_dtype { /* tensor element types, numbered as ggml numbers them */
-    LLM_F32 = 0, LLM_F16 = 1, LLM_Q4_0 = 2, LLM_Q4_1 = 3, LLM_Q8_0 = 8, LLM_Q4_K = 12, LLM_Q6_K = 14, LLM_BF16 = 30
+    LLM_F32 = 0, LLM_F16 = 1, LLM_Q4_0 = 2, LLM_Q4_1 = 3, LLM_Q8_0 = 8, LLM_Q4_K = 12, LLM_Q6_K = 14,
+    LLM_BF16 = 30
 };
 
 typedef struct { const char *ptr; uint64_t len; } llm_str; /* points into the file: not NUL-terminated */
@@ -138,20 +141,21 @@ typedef struct {
     llm_gguf_tensor *tensors;
 } llm_gguf;
 
-int  llm_gguf_open(llm_gguf *g, const char *path, char *err);                   /* map a file and parse it */
-int  llm_gguf_parse(llm_gguf *g, const void *data, uint64_t size, char *err);   /* parse bytes in memory */
+int  llm_gguf_open(llm_gguf *g, const char *path, char *err);                 /* map a file and parse it */
+int  llm_gguf_parse(llm_gguf *g, const void *data, uint64_t size, char *err); /* parse bytes in memory */
 void llm_gguf_close(llm_gguf *g);
 const llm_gguf_kv *llm_gguf_find(const llm_gguf *g, const char *key);
 const llm_gguf_tensor *llm_gguf_tensor_find(const llm_gguf *g, const char *name);
-int64_t llm_gguf_int(const llm_gguf *g, const char *key, int64_t fallback);      /* any integer or bool type */
-double  llm_gguf_float(const llm_gguf *g, const char *key, double fallback);     /* any numeric type */
-llm_str llm_gguf_string(const llm_gguf *g, const char *key);                    /* {NULL,0} when absent */
+int64_t llm_gguf_int(const llm_gguf *g, const char *key, int64_t fallback);    /* any integer or bool type */
+double  llm_gguf_float(const llm_gguf *g, const char *key, double fallback);   /* any numeric type */
+llm_str llm_gguf_string(const llm_gguf *g, const char *key);                  /* {NULL,0} when absent */
 int64_t llm_gguf_arr_int(const llm_gguf_kv *kv, uint64_t i);
 double  llm_gguf_arr_float(const llm_gguf_kv *kv, uint64_t i);
 
 const char *llm_dtype_name(uint32_t type);
-/* The bytes a row of n values of a type takes (0 for a type this engine cannot compute with), and such a row as
- * f32 (f32, f16, bf16, q8_0, q4_0, q4_1): the CPU forward pass and the CUDA upload both read weights so. */
+/* The bytes a row of n values of a type takes (0 for a type this engine cannot compute with), and such a
+ * row as f32 (f32, f16, bf16, q8_0, q4_0, q4_1): the CPU forward pass and the CUDA upload both read
+ * weights so. */
 size_t llm_dtype_row_bytes(uint32_t type, int64_t n);
 void   llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n);
 
@@ -171,7 +175,7 @@ typedef struct {
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; } llm_weight; /* rows of cols values */
 
 typedef struct {
-    llm_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm;   /* b*, *_norm: data NULL when absent */
+    llm_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm; /* b*, *_norm: data NULL when absent */
     llm_weight ffn_norm, w_gate, w_up, w_down;
 } llm_layer;
 
@@ -195,24 +199,24 @@ const char *llm_model_dummy_names(void);
 void llm_model_free(llm_model *m);
 
 /* -----------------------------------------------------------------------------------------------------------
- * 3. Tokenizer: text to token ids (built from the GGUF vocabulary; it points into the llm_gguf, which must outlive
- *    it). Several threads may tokenize with one tokenizer at once.
+ * 3. Tokenizer: text to token ids (built from the GGUF vocabulary; it points into the llm_gguf, which must
+ *    outlive it). Several threads may tokenize with one tokenizer at once.
  * -------------------------------------------------------------------------------------------------------- */
 llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err);   /* NULL and a message on error */
 void llm_tokenizer_free(llm_tokenizer *t);
-/* Text to ids. Returns the number of ids (which may exceed cap: then only cap were written; call again with more
- * room), or -1 on error. parse_special: text like "<|im_end|>" becomes that control token. */
+/* Text to ids. Returns the number of ids (which may exceed cap: then only cap were written; call again with
+ * more room), or -1 on error. parse_special: text like "<|im_end|>" becomes that control token. */
 int  llm_tokenize(const llm_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special,
                   int32_t *out, int cap);
 int  llm_tokenizer_n_vocab(const llm_tokenizer *t);
-int  llm_tokenizer_bos(const llm_tokenizer *t);          /* -1 when the vocabulary has none */
+int  llm_tokenizer_bos(const llm_tokenizer *t);                /* -1 when the vocabulary has none */
 int  llm_tokenizer_eos(const llm_tokenizer *t);
-int  llm_tokenizer_adds_bos(const llm_tokenizer *t);     /* tokenizer.ggml.add_bos_token, or the type's default */
-int  llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id);   /* end of generation: eos, eot, <|im_end|> ... */
+int  llm_tokenizer_adds_bos(const llm_tokenizer *t);           /* add_bos_token, or the type's default */
+int  llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id); /* end of generation: eos, eot, <|im_end|> */
 
 /* -----------------------------------------------------------------------------------------------------------
- * 4. Requests: what a request asks for. (The scheduler that turns requests into each step's plan is private to
- *    the implementation: see its section 4.)
+ * 4. Requests: what a request asks for. (The scheduler that turns requests into each step's plan is private
+ *    to the implementation: see its section 4.)
  * -------------------------------------------------------------------------------------------------------- */
 typedef struct {
     int n;                          /* parallel samples of one prompt (they share the prompt's KV blocks) */
@@ -236,9 +240,9 @@ llm_sampling_params llm_sampling_defaults(void);
 
 /* -----------------------------------------------------------------------------------------------------------
  * 5. Blocks: the KV pool's bookkeeping (the memory itself is the backend's)
- * Free blocks sit in one list in least-recently-freed order. A full block of prompt or output is named by a hash
- * of (its predecessor's hash, its token ids); when freed it keeps its contents and its name, so a later request
- * with the same prefix takes it back (automatic prefix caching) until allocation needs it and evicts it.
+ * Free blocks sit in one list in least-recently-freed order. A full block of prompt or output is named by a
+ * hash of (its predecessor's hash, its token ids); when freed it keeps its contents and its name, so a later
+ * request with the same prefix takes it back (automatic prefix caching) until allocation evicts it.
  * -------------------------------------------------------------------------------------------------------- */
 typedef struct {
     int ref_count;                  /* 0: the block is in the free list */
@@ -260,39 +264,39 @@ typedef struct {
 int  llm_block_manager_init(llm_block_manager *bm, int num_blocks, int block_size, int enable_prefix_caching,
                             char *err);
 void llm_block_manager_free(llm_block_manager *bm);
-int  llm_block_alloc(llm_block_manager *bm);            /* a block with ref_count 1, or -1 when none is free */
-void llm_block_release(llm_block_manager *bm, int id);  /* ref_count - 1; at 0 it joins the free list */
+int  llm_block_alloc(llm_block_manager *bm);           /* a block with ref_count 1, or -1 when none is free */
+void llm_block_release(llm_block_manager *bm, int id); /* ref_count - 1; at 0 it joins the free list */
 uint64_t llm_block_hash(uint64_t prev_hash, const int32_t *tokens, int n);
 int  llm_block_lookup(llm_block_manager *bm, uint64_t hash);  /* cached block id (ref taken) or -1 */
 void llm_block_set_hash(llm_block_manager *bm, int id, uint64_t hash);
 
 /* -----------------------------------------------------------------------------------------------------------
  * 6. Forward: a batch through the model, over the paged KV cache, on a backend
- * The cache is a pool of blocks of block_size token slots (per layer, K and V). A sequence owns a list of blocks,
- * its block table: the token at position p lives in block block_table[p / block_size], slot p % block_size.
+ * The cache is a pool of blocks of block_size token slots (per layer, K and V). A sequence owns a list of
+ * blocks, its block table: position p lives in block block_table[p / block_size], slot p % block_size.
  * -------------------------------------------------------------------------------------------------------- */
 /* One forward call: the new tokens of several sequences, flattened. Each token attends to its sequence's
- * positions 0..its own, read from the cache through the sequence's block table (earlier positions must be there
- * already: computed in an earlier step, or shared from the prefix cache). */
+ * positions 0..its own, read from the cache through the sequence's block table (earlier positions must be
+ * there already: computed in an earlier step, or shared from the prefix cache). */
 typedef struct {
     int n_tokens;
-    const int32_t *tokens, *positions;      /* [n_tokens]: a sequence's tokens are at consecutive positions */
+    const int32_t *tokens, *positions;  /* [n_tokens]: a sequence's tokens are at consecutive positions */
     int n_seqs;
-    const int32_t *seq_start;               /* [n_seqs + 1]: sequence s owns tokens [seq_start[s], seq_start[s+1]) */
-    const int32_t *const *block_tables;     /* [n_seqs] */
+    const int32_t *seq_start;           /* [n_seqs + 1]: sequence s: tokens [seq_start[s], seq_start[s+1]) */
+    const int32_t *const *block_tables; /* [n_seqs] */
     int n_logits;
-    const int32_t *logit_rows;              /* [n_logits]: the tokens whose logits come out, in this order */
+    const int32_t *logit_rows;          /* [n_logits]: the tokens whose logits come out, in this order */
     int n_copies;
-    const int32_t *copy_src, *copy_dst;     /* [n_copies]: blocks copied first (copy-on-write of shared blocks) */
+    const int32_t *copy_src, *copy_dst; /* [n_copies]: blocks copied first (copy-on-write of shared blocks) */
 } llm_batch;
 
-/* A backend starts from a loaded model (the CPU reads the weights where they are, so the model must outlive it;
- * CUDA copies them to the GPU), says what a KV value costs it and how much memory it has; the engine sizes the
- * KV pool from that and calls alloc_kv once. Then each step is one forward call. */
+/* A backend starts from a loaded model (the CPU reads the weights where they are, so the model must outlive
+ * it; CUDA copies them to the GPU), says what a KV value costs it and how much memory it has; the engine
+ * sizes the KV pool from that and calls alloc_kv once. Then each step is one forward call. */
 typedef struct llm_backend {
     const char *name;
     int kv_value_bytes;             /* bytes per cached K or V value: 4 on the CPU (f32), 2 on CUDA (bf16) */
-    size_t free_memory;             /* bytes left for the KV pool after the weights and room for activations */
+    size_t free_memory;             /* bytes left for the KV pool, after the weights and the activations */
     double default_kv_fraction;     /* the pool when the config gives no size: this fraction of free_memory
                                      * (0: room for max_num_seqs full contexts, 4 GiB at most) */
     int  (*alloc_kv)(struct llm_backend *be, int num_blocks, int block_size, char *err);
@@ -306,10 +310,10 @@ llm_backend *llm_cpu_backend_create(const llm_model *m, char *err);
 #ifdef LLM_CUDA
 llm_backend *llm_cuda_backend_create(const llm_model *m, char *err);   /* NULL and why, when no GPU answers */
 
-/* llm.cu's kernels one at a time on plain f32 host arrays, as the forward pass launches them: for test.c's GPU
- * checks and kernel benchmarks. With reps > 0 the call also times reps more runs (CUDA events) and gives the mean
- * in seconds. A NULL input is filled on the device instead (a constant pattern: what the benchmarks use, whose
- * sizes would make host copies slow); a NULL output is not read back. */
+/* llm.cu's kernels one at a time on plain f32 host arrays, as the forward pass launches them: for test.c's
+ * GPU checks and kernel benchmarks. With reps > 0 the call also times reps more runs (CUDA events) and gives
+ * the mean in seconds. A NULL input is filled on the device instead (a constant pattern: what the benchmarks
+ * use, whose sizes would make host copies slow); a NULL output is not read back. */
 typedef struct {
     int M, N, K;
     const float *A, *W;             /* [M][K], [N][K]: rounded to bf16 on upload, as the weights are */
@@ -326,8 +330,8 @@ typedef struct {
     int num_blocks, block_size, part_size;  /* part_size: attention partition length, a multiple of 32 */
     const float *qkv;               /* [n_tokens][q_dim + 2 kv_dim]: the QKV projection's output */
     const float *bias, *q_norm, *k_norm;    /* NULL when absent */
-    float *k_cache, *v_cache;       /* in and out: [block][slot][kv_head][head_dim], llm.h's CPU layout (f32,
-                                     * rounded to bf16 on the way in); the new tokens' K/V come back written */
+    float *k_cache, *v_cache;       /* in and out: [block][slot][kv_head][head_dim], llm.h's CPU layout
+                                     * (f32, rounded to bf16 on the way in); the new tokens' K/V written */
     float *q_out, *att_out;         /* [n_tokens][q_dim]: q after norm and RoPE; the attention output */
     int reps;
     double seconds;
@@ -336,15 +340,15 @@ int llm_cuda_run_attention(llm_cuda_attention_run *r, char *err);
 #endif
 
 /* -----------------------------------------------------------------------------------------------------------
- * 7. Sampler: the next token from a row of logits. It only reads the logits (so logprobs and the n samples of a
- *    request read the same row); its scratch is its own, made once for a vocabulary size. One per thread.
+ * 7. Sampler: the next token from a row of logits. It only reads the logits (so logprobs and the n samples of
+ *    a request read the same row); its scratch is its own, made once for a vocabulary size. One per thread.
  * -------------------------------------------------------------------------------------------------------- */
 typedef struct llm_sampler llm_sampler;
 
 llm_sampler *llm_sampler_create(int n_vocab, char *err);
 void llm_sampler_free(llm_sampler *s);
-/* The logits with the repetition, presence and frequency penalties applied (a copy in the sampler's scratch), or
- * logits itself when no penalty is on. history: the prompt's n_prompt tokens, then the output so far. */
+/* The logits with the repetition, presence and frequency penalties applied (a copy in the sampler's scratch),
+ * or logits itself when no penalty is on. history: the prompt's n_prompt tokens, then the output so far. */
 const float *llm_sampler_penalize(llm_sampler *s, const llm_sampling_params *p, const float *logits,
                                   const int32_t *history, int n_prompt, int n_history);
 /* The tokens sampling may pick after temperature, top-k, top-p and min-p, most likely first, with their
@@ -363,10 +367,10 @@ int32_t llm_sampler_sample(llm_sampler *s, const llm_sampling_params *p, const f
  * Returns the byte count (which may exceed cap), -1 for an id outside the vocabulary. */
 int  llm_tokenizer_piece(const llm_tokenizer *t, int32_t id, int special, char *buf, int cap);
 
-/* Streaming: feed ids one at a time; only whole UTF-8 characters come out, the bytes of a character that is not
- * complete yet are held back, and bytes that can never form a valid character come out as U+FFFD. Start from a
- * zeroed llm_detok. A push writes at most 3 x (piece length + 3) bytes; given less room than its output needs, it
- * writes nothing, keeps its state and returns the room needed (> cap). */
+/* Streaming: feed ids one at a time; only whole UTF-8 characters come out, the bytes of a character that is
+ * not complete yet are held back, and bytes that can never form a valid character come out as U+FFFD. Start
+ * from a zeroed llm_detok. A push writes at most 3 x (piece length + 3) bytes; given less room than its
+ * output needs, it writes nothing, keeps its state and returns the room needed (> cap). */
 typedef struct { unsigned char pending[8]; int n_pending; } llm_detok;
 int  llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, int cap); /* bytes written */
 int  llm_detok_flush(llm_detok *d, char *out, int cap);  /* end of stream: what is held back, as U+FFFD */
@@ -374,21 +378,22 @@ int  llm_detok_flush(llm_detok *d, char *out, int cap);  /* end of stream: what 
 /* -----------------------------------------------------------------------------------------------------------
  * 9. Engine: requests in, tokens and text out, one step at a time
  *
- * Threads: llm_engine_add_request and llm_engine_abort may be called from any thread at any time (they take the
- * engine's lock and leave the request in an inbox, and wake llm_engine_wait); everything else belongs to the one
- * thread that drives the engine. A server runs wait and step in a loop on its own thread and hands requests in
- * from its connection threads; the outputs of a step stay valid until the next step.
+ * Threads: llm_engine_add_request and llm_engine_abort may be called from any thread at any time (they take
+ * the engine's lock and leave the request in an inbox, and wake llm_engine_wait); everything else belongs to
+ * the one thread that drives the engine. A server runs wait and step in a loop on its own thread and hands
+ * requests in from its connection threads; the outputs of a step stay valid until the next step.
  *
- * Errors in a step: when the backend fails (or memory runs out), every sequence that step was computing finishes
- * with LLM_FINISH_ERROR and the message in its output's error; their blocks go back to the pool. Requests that
- * were not in that step are untouched, and the engine goes on: a backend that cannot recover (a GPU fault) fails
- * each later step's sequences the same way, so every request still gets its one finish.
+ * Errors in a step: when the backend fails (or memory runs out), every sequence that step was computing
+ * finishes with LLM_FINISH_ERROR and the message in its output's error; their blocks go back to the pool.
+ * Requests that were not in that step are untouched, and the engine goes on: a backend that cannot recover
+ * (a GPU fault) fails each later step's sequences the same way, so every request still gets its one finish.
  * -------------------------------------------------------------------------------------------------------- */
 typedef struct {
     const char *model_path;         /* a GGUF file, or: */
     const char *dummy;              /* a dummy preset name (random weights, token ids only) */
     uint64_t dummy_seed;
-    /* NULL: the first backend that starts, of CUDA (when built in) and the CPU; or e.g. llm_cpu_backend_create */
+    /* NULL: the first backend that starts, of CUDA (when built in) and the CPU; or e.g.
+     * llm_cpu_backend_create */
     llm_backend *(*create_backend)(const llm_model *m, char *err);
     int block_size;                 /* tokens per KV block: 16 */
     int num_blocks;                 /* the KV pool in blocks; 0: from kv_bytes */
@@ -426,7 +431,7 @@ typedef struct {
 
 typedef struct {
     const char *backend;            /* "cpu", "cuda" */
-    const char *backend_note;       /* why the backends before it did not start ("" when none was passed over) */
+    const char *backend_note;       /* why the backends before it did not start ("" when none was skipped) */
     int block_size, max_model_len;
     size_t kv_bytes_per_block;      /* K and V of every layer for one block, as the backend stores them */
     int running, waiting;
@@ -443,21 +448,21 @@ void llm_engine_destroy(llm_engine *e);
 /* Returns the request id (> 0), or 0 with a message when the request can never run (prompt longer than the
  * context or the KV pool, bad parameters). Give text, or token ids (prompt_ids non-NULL). user comes back in
  * every output of the request. */
-uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids, int n_prompt_ids,
-                                const llm_sampling_params *p, void *user, char *err);
-void llm_engine_abort(llm_engine *e, uint64_t request_id);    /* every sample finishes with LLM_FINISH_ABORT */
-/* One scheduler step and one forward call. Returns the number of outputs: one per sample that produced something
- * or finished (with an error, too: see above). */
+uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids,
+                                int n_prompt_ids, const llm_sampling_params *p, void *user, char *err);
+void llm_engine_abort(llm_engine *e, uint64_t request_id);  /* every sample finishes with LLM_FINISH_ABORT */
+/* One scheduler step and one forward call. Returns the number of outputs: one per sample that produced
+ * something or finished (with an error, too: see above). */
 int  llm_engine_step(llm_engine *e, const llm_output **outputs);
-/* Sleeps until there is work (requests waiting or running, or an add or abort from another thread) or timeout_ms
- * passes (-1: no limit). Returns 1 when there is work, 0 when there is none. */
+/* Sleeps until there is work (requests waiting or running, or an add or abort from another thread) or
+ * timeout_ms passes (-1: no limit). Returns 1 when there is work, 0 when there is none. */
 int  llm_engine_wait(llm_engine *e, int timeout_ms);
 int  llm_engine_has_work(llm_engine *e);                      /* llm_engine_wait(e, 0) */
 llm_engine_stats llm_engine_get_stats(llm_engine *e);
 const llm_model *llm_engine_model(const llm_engine *e);
-/* Audits the block bookkeeping (for tests): every block's ref_count equals the number of block tables holding it,
- * free blocks are exactly those with ref_count 0, and the prefix-cache map names blocks that carry that hash.
- * 0 when consistent, else -1 and what is wrong. Call it between steps, from the engine's thread. */
+/* Audits the block bookkeeping (for tests): every block's ref_count equals the number of block tables holding
+ * it, free blocks are exactly those with ref_count 0, and the prefix-cache map names blocks that carry that
+ * hash. 0 when consistent, else -1 and what is wrong. Call it between steps, from the engine's thread. */
 int  llm_engine_check_blocks(llm_engine *e, char *err);
 
 #ifdef __cplusplus
@@ -559,8 +564,8 @@ static int llm_argmax(const float *x, int n) {
 
 /* ===========================================================================================================
  * 1. GGUF
- * A GGUF file is a header, key/value metadata, a table of tensor infos, then the aligned tensor data. We map the
- * file and keep pointers into it; every read goes through llm_rd, which refuses to step past the end.
+ * A GGUF file is a header, key/value metadata, a table of tensor infos, then the aligned tensor data. We map
+ * the file and keep pointers into it; every read goes through llm_rd, which refuses to step past the end.
  * ======================================================================================================== */
 typedef struct { const uint8_t *p, *end; char *err; int failed; } llm_rd;
 
@@ -637,17 +642,20 @@ static int llm_gguf_parse_kv(llm_gguf_kv *kv, llm_rd *r, char *err) {
         return llm_fail(err, "corrupt GGUF metadata: array '%.*s' has unsupported element type %u", klen,
                         kv->key.ptr, kv->arr_type);
     kv->data = r->p;
-    /* a string takes 8 bytes at least: a count beyond what is left is corrupt (and would not fit in memory) */
+    /* a string takes 8 bytes at least: a count beyond what is left is corrupt (and would not fit in
+     * memory) */
     uint64_t min_size = kv->arr_type == LLM_GGUF_STRING ? 8 : llm_gguf_type_size[kv->arr_type];
     if (kv->arr_len > (uint64_t)(r->end - r->p) / min_size)
-        return llm_fail(err, "GGUF file truncated: array '%.*s' runs past the end of the file", klen, kv->key.ptr);
+        return llm_fail(err, "GGUF file truncated: array '%.*s' runs past the end of the file", klen,
+                        kv->key.ptr);
     if (kv->arr_type != LLM_GGUF_STRING) {
         llm_rd_take(r, kv->arr_len * min_size, "metadata array");
         return r->failed ? -1 : 0;
     }
     kv->strs = (llm_str *)malloc((kv->arr_len ? kv->arr_len : 1) * sizeof(llm_str));
     if (!kv->strs) return llm_fail(err, "out of memory indexing '%.*s'", klen, kv->key.ptr);
-    for (uint64_t j = 0; j < kv->arr_len && !r->failed; j++) kv->strs[j] = llm_rd_str(r, "metadata string array");
+    for (uint64_t j = 0; j < kv->arr_len && !r->failed; j++)
+        kv->strs[j] = llm_rd_str(r, "metadata string array");
     return r->failed ? -1 : 0;
 }
 
@@ -666,7 +674,8 @@ static int llm_gguf_parse_tensor(llm_gguf_tensor *t, llm_rd *r, char *err) {
     if (r->failed) return -1;
     uint64_t bb, bv;
     if (!llm_dtype_info(t->type, &bb, &bv))
-        return llm_fail(err, "tensor '%.*s' has unknown or unsupported tensor type %u", nlen, t->name.ptr, t->type);
+        return llm_fail(err, "tensor '%.*s' has unknown or unsupported tensor type %u", nlen, t->name.ptr,
+                        t->type);
     uint64_t n = 1;
     for (int d = 0; d < 4; d++) {
         if (t->ne[d] == 0 || t->ne[d] > ((uint64_t)1 << 40) || n > ((uint64_t)1 << 50) / t->ne[d])
@@ -674,8 +683,8 @@ static int llm_gguf_parse_tensor(llm_gguf_tensor *t, llm_rd *r, char *err) {
         n *= t->ne[d];
     }
     if (t->ne[0] % bv)
-        return llm_fail(err, "corrupt tensor '%.*s': row of %llu values is not a whole number of %s blocks", nlen,
-                        t->name.ptr, (unsigned long long)t->ne[0], llm_dtype_name(t->type));
+        return llm_fail(err, "corrupt tensor '%.*s': row of %llu values is not a whole number of %s blocks",
+                        nlen, t->name.ptr, (unsigned long long)t->ne[0], llm_dtype_name(t->type));
     t->nbytes = n / bv * bb;
     return 0;
 }
@@ -694,13 +703,16 @@ int llm_gguf_parse(llm_gguf *g, const void *data, uint64_t size, char *err) {
     if (r.failed) return -1;
     /* each kv takes at least 12 bytes and each tensor info at least 24: a count beyond that is corrupt */
     if (n_kv > size / 12 || n_tensors > size / 24)
-        return llm_fail(err, "GGUF file truncated or corrupt: its header counts %llu tensors and %llu metadata "
-                        "keys, more than a %llu-byte file holds", (unsigned long long)n_tensors,
+        return llm_fail(err, "GGUF file truncated or corrupt: its header counts %llu tensors and %llu "
+                        "metadata keys, more than a %llu-byte file holds", (unsigned long long)n_tensors,
                         (unsigned long long)n_kv, (unsigned long long)size);
     g->n_kv = (int64_t)n_kv; g->n_tensors = (int64_t)n_tensors;
     g->kv = (llm_gguf_kv *)calloc(n_kv ? n_kv : 1, sizeof *g->kv);
     g->tensors = (llm_gguf_tensor *)calloc(n_tensors ? n_tensors : 1, sizeof *g->tensors);
-    if (!g->kv || !g->tensors) { llm_gguf_close(g); return llm_fail(err, "out of memory reading GGUF header"); }
+    if (!g->kv || !g->tensors) {
+        llm_gguf_close(g);
+        return llm_fail(err, "out of memory reading GGUF header");
+    }
 
     for (uint64_t i = 0; i < n_kv; i++)
         if (llm_gguf_parse_kv(&g->kv[i], &r, err) != 0) { llm_gguf_close(g); return -1; }
@@ -708,7 +720,8 @@ int llm_gguf_parse(llm_gguf *g, const void *data, uint64_t size, char *err) {
         int64_t a = llm_gguf_int(g, "general.alignment", 32);
         if (a <= 0 || (a & (a - 1))) {
             llm_gguf_close(g);
-            return llm_fail(err, "corrupt GGUF metadata: general.alignment %lld is not a power of two", (long long)a);
+            return llm_fail(err, "corrupt GGUF metadata: general.alignment %lld is not a power of two",
+                            (long long)a);
         }
         g->alignment = (uint64_t)a;
     }
@@ -722,9 +735,9 @@ int llm_gguf_parse(llm_gguf *g, const void *data, uint64_t size, char *err) {
         llm_gguf_tensor *t = &g->tensors[i];
         if (t->offset % g->alignment || t->offset > size || data_start > size - t->offset ||
             t->nbytes > size - data_start - t->offset) {
-            llm_fail(err, "tensor '%.*s' points past the end of the file (offset %llu, %llu bytes, file %llu bytes)",
-                     (int)t->name.len, t->name.ptr, (unsigned long long)t->offset, (unsigned long long)t->nbytes,
-                     (unsigned long long)size);
+            llm_fail(err, "tensor '%.*s' points past the end of the file (offset %llu, %llu bytes, file %llu "
+                     "bytes)", (int)t->name.len, t->name.ptr, (unsigned long long)t->offset,
+                     (unsigned long long)t->nbytes, (unsigned long long)size);
             llm_gguf_close(g);
             return -1;
         }
@@ -749,7 +762,10 @@ int llm_gguf_open(llm_gguf *g, const char *path, char *err) {
     void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED) return llm_fail(err, "cannot map '%s': %s", path, strerror(errno));
-    if (llm_gguf_parse(g, map, (uint64_t)st.st_size, err) != 0) { munmap(map, (size_t)st.st_size); return -1; }
+    if (llm_gguf_parse(g, map, (uint64_t)st.st_size, err) != 0) {
+        munmap(map, (size_t)st.st_size);
+        return -1;
+    }
     g->mapped = 1;
     return 0;
 }
@@ -767,7 +783,8 @@ const llm_gguf_kv *llm_gguf_find(const llm_gguf *g, const char *key) {
 }
 
 const llm_gguf_tensor *llm_gguf_tensor_find(const llm_gguf *g, const char *name) {
-    for (int64_t i = 0; i < g->n_tensors; i++) if (llm_str_eq(g->tensors[i].name, name)) return &g->tensors[i];
+    for (int64_t i = 0; i < g->n_tensors; i++)
+        if (llm_str_eq(g->tensors[i].name, name)) return &g->tensors[i];
     return NULL;
 }
 
@@ -812,34 +829,45 @@ llm_str llm_gguf_string(const llm_gguf *g, const char *key) {
     }
     return s;
 }
+/* Element i of a numeric array, as an integer and as a double (0 past the end, or for strings). */
+static void llm_gguf_arr_at(const llm_gguf_kv *kv, uint64_t i, int64_t *iv, double *fv) {
+    *iv = 0; *fv = 0;
+    if (i < kv->arr_len) llm_gguf_scalar(kv->arr_type, kv->data + i * llm_gguf_type_size[kv->arr_type], iv,
+                                         fv);
+}
 int64_t llm_gguf_arr_int(const llm_gguf_kv *kv, uint64_t i) {
-    int64_t iv = 0; double fv;
-    if (i < kv->arr_len) llm_gguf_scalar(kv->arr_type, kv->data + i * llm_gguf_type_size[kv->arr_type], &iv, &fv);
+    int64_t iv; double fv;
+    llm_gguf_arr_at(kv, i, &iv, &fv);
     return iv;
 }
 double llm_gguf_arr_float(const llm_gguf_kv *kv, uint64_t i) {
-    int64_t iv = 0; double fv = 0;
-    if (i < kv->arr_len) llm_gguf_scalar(kv->arr_type, kv->data + i * llm_gguf_type_size[kv->arr_type], &iv, &fv);
+    int64_t iv; double fv;
+    llm_gguf_arr_at(kv, i, &iv, &fv);
     return fv;
 }
 
 /* ---- Tensor data: a row of a weight as f32 ------------------------------------------------------------- */
 size_t llm_dtype_row_bytes(uint32_t type, int64_t n) {
     uint64_t bb, bv;
-    if (type == LLM_Q4_K || type == LLM_Q6_K || !llm_dtype_info(type, &bb, &bv)) return 0; /* no dequant yet */
+    if (type == LLM_Q4_K || type == LLM_Q6_K) return 0; /* they parse, but there is no dequantization yet */
+    if (!llm_dtype_info(type, &bb, &bv)) return 0;
     return (size_t)(n / bv * bb);
 }
 
-/* Block formats (see the GGUF notes): q8_0 is a f16 scale d and 32 int8 (value q * d); q4_0 a scale and 16 bytes
- * of two 4-bit values each, value j in the low nibble of byte j and value j + 16 in the high one ((q - 8) * d);
- * q4_1 adds a f16 minimum m (q * d + m). */
+/* Block formats (see the GGUF notes): q8_0 is a f16 scale d and 32 int8 (value q * d); q4_0 a scale and 16
+ * bytes of two 4-bit values each, value j in the low nibble of byte j and value j + 16 in the high one ((q -
+ * 8) * d); q4_1 adds a f16 minimum m (q * d + m). */
 void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n) {
     const uint8_t *p = (const uint8_t *)row;
     uint16_t h;
     switch (type) {
     case LLM_F32: memcpy(out, row, (size_t)n * sizeof(float)); break;
-    case LLM_F16: for (int64_t i = 0; i < n; i++) { memcpy(&h, p + 2 * i, 2); out[i] = llm_f16_to_f32(h); } break;
-    case LLM_BF16: for (int64_t i = 0; i < n; i++) { memcpy(&h, p + 2 * i, 2); out[i] = llm_bf16_to_f32(h); } break;
+    case LLM_F16: case LLM_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            memcpy(&h, p + 2 * i, 2);
+            out[i] = type == LLM_F16 ? llm_f16_to_f32(h) : llm_bf16_to_f32(h);
+        }
+        break;
     case LLM_Q8_0:
         for (int64_t b = 0; b < n / 32; b++, p += 34) {
             memcpy(&h, p, 2);
@@ -870,10 +898,10 @@ void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n
  * ======================================================================================================== */
 static const char *llm_arch_names[] = {"llama", "qwen2", "qwen3"};
 
-/* Weights stay in the file's type; the forward pass converts one row at a time (llm_dtype_dequant_row). rows 0:
- * a vector (a norm or a bias), which must be f32. */
-static int llm_model_weight(llm_model *m, llm_weight *w, const char *name, int64_t cols, int64_t rows, int required,
-                            char *err) {
+/* Weights stay in the file's type; the forward pass converts one row at a time (llm_dtype_dequant_row). rows
+ * 0: a vector (a norm or a bias), which must be f32. */
+static int llm_model_weight(llm_model *m, llm_weight *w, const char *name, int64_t cols, int64_t rows,
+                            int required, char *err) {
     const llm_gguf_tensor *t = llm_gguf_tensor_find(&m->gguf, name);
     memset(w, 0, sizeof *w);
     if (!t) return required ? llm_fail(err, "model file is missing tensor '%s'", name) : 0;
@@ -900,8 +928,8 @@ static int llm_model_read_config(llm_model *m, char *err) {
     c->arch = -1;
     for (int i = 0; i < 3; i++) if (llm_str_eq(arch, llm_arch_names[i])) c->arch = i;
     if (c->arch < 0)
-        return llm_fail(err, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3)", (int)arch.len,
-                        arch.ptr);
+        return llm_fail(err, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3)",
+                        (int)arch.len, arch.ptr);
     /* keys are prefixed by the architecture: llama.embedding_length, qwen2.block_count, ... */
     char key[128];
 #define LLM_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", llm_arch_names[c->arch], suffix), key)
@@ -915,14 +943,15 @@ static int llm_model_read_config(llm_model *m, char *err) {
     c->rope_base = (float)llm_gguf_float(g, LLM_KEY("rope.freq_base"), 10000.0);
     if (c->dim <= 0 || c->n_layers <= 0 || c->ffn_dim <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
         c->n_heads % c->n_kv_heads || c->context_length <= 0)
-        return llm_fail(err, "model metadata is incomplete or inconsistent: %s.embedding_length=%d block_count=%d "
-                        "feed_forward_length=%d attention.head_count=%d head_count_kv=%d", llm_arch_names[c->arch],
-                        c->dim, c->n_layers, c->ffn_dim, c->n_heads, c->n_kv_heads);
+        return llm_fail(err, "model metadata is incomplete or inconsistent: %s.embedding_length=%d "
+                        "block_count=%d feed_forward_length=%d attention.head_count=%d head_count_kv=%d",
+                        llm_arch_names[c->arch], c->dim, c->n_layers, c->ffn_dim, c->n_heads, c->n_kv_heads);
     c->head_dim = (int)llm_gguf_int(g, LLM_KEY("attention.key_length"), c->dim / c->n_heads);
     c->rope_dim = (int)llm_gguf_int(g, LLM_KEY("rope.dimension_count"), c->head_dim);
 #undef LLM_KEY
     if (c->head_dim <= 0 || c->rope_dim <= 0 || c->rope_dim > c->head_dim || c->rope_dim % 2)
-        return llm_fail(err, "model metadata is inconsistent: head dim %d, rope dims %d", c->head_dim, c->rope_dim);
+        return llm_fail(err, "model metadata is inconsistent: head dim %d, rope dims %d", c->head_dim,
+                        c->rope_dim);
     c->rope_neox = c->arch != LLM_ARCH_LLAMA;
     const llm_gguf_tensor *emb = llm_gguf_tensor_find(g, "token_embd.weight");
     if (!emb) return llm_fail(err, "model file is missing tensor 'token_embd.weight'");
@@ -943,9 +972,10 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
     for (int l = 0; l < c->n_layers; l++) {
         llm_layer *L = &m->layers[l];
         char name[96];
-#define LLM_W(field, suffix, cols, rows, req) \
-        (snprintf(name, sizeof name, "blk.%d.%s", l, suffix), llm_model_weight(m, &L->field, name, cols, rows, req, err))
-        if (LLM_W(attn_norm, "attn_norm.weight", c->dim, 0, 1) || LLM_W(wq, "attn_q.weight", c->dim, q_dim, 1) ||
+#define LLM_W(field, suffix, cols, rows, req) (snprintf(name, sizeof name, "blk.%d.%s", l, suffix), \
+                                              llm_model_weight(m, &L->field, name, cols, rows, req, err))
+        if (LLM_W(attn_norm, "attn_norm.weight", c->dim, 0, 1) ||
+            LLM_W(wq, "attn_q.weight", c->dim, q_dim, 1) ||
             LLM_W(wk, "attn_k.weight", c->dim, kv_dim, 1) || LLM_W(wv, "attn_v.weight", c->dim, kv_dim, 1) ||
             LLM_W(wo, "attn_output.weight", q_dim, c->dim, 1) ||
             LLM_W(bq, "attn_q.bias", q_dim, 0, qwen2) || LLM_W(bk, "attn_k.bias", kv_dim, 0, qwen2) ||
@@ -965,7 +995,10 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
 int llm_model_load(llm_model *m, const char *path, char *err) {
     memset(m, 0, sizeof *m);
     if (llm_gguf_open(&m->gguf, path, err) != 0) return -1;
-    if (llm_model_read_config(m, err) != 0 || llm_model_bind_weights(m, err) != 0) { llm_model_free(m); return -1; }
+    if (llm_model_read_config(m, err) != 0 || llm_model_bind_weights(m, err) != 0) {
+        llm_model_free(m);
+        return -1;
+    }
     m->tok = llm_tokenizer_load(&m->gguf, err);
     if (!m->tok) { llm_model_free(m); return -1; }
     if (llm_tokenizer_n_vocab(m->tok) > m->cfg.vocab_size) {
@@ -978,8 +1011,9 @@ int llm_model_load(llm_model *m, const char *path, char *err) {
     return 0;
 }
 
-/* Dummy models: the shapes of real checkpoints (from their config.json), random weights: f16, or f32 for the small
- * CPU one ("tiny", a model the size of stories260K's big brothers, quick enough to benchmark on a laptop). */
+/* Dummy models: the shapes of real checkpoints (from their config.json), random weights: f16, or f32 for the
+ * small CPU one ("tiny", a model the size of stories260K's big brothers, quick enough to benchmark on a
+ * laptop). */
 typedef struct {
     const char *name;
     int arch, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab, ctx;
@@ -1003,7 +1037,8 @@ int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) 
     if (!p) return llm_fail(err, "unknown dummy model '%s' (presets: %s)", preset, llm_model_dummy_names());
     llm_config *c = &m->cfg;
     c->arch = p->arch; c->dim = p->dim; c->n_layers = p->n_layers; c->n_heads = p->n_heads;
-    c->n_kv_heads = p->n_kv_heads; c->head_dim = p->head_dim; c->rope_dim = p->head_dim; c->ffn_dim = p->ffn_dim;
+    c->n_kv_heads = p->n_kv_heads; c->head_dim = p->head_dim; c->rope_dim = p->head_dim;
+    c->ffn_dim = p->ffn_dim;
     c->vocab_size = p->vocab; c->context_length = p->ctx; c->rope_base = p->rope_base; c->rms_eps = 1e-6f;
     c->rope_neox = p->arch != LLM_ARCH_LLAMA;
     snprintf(m->name, sizeof m->name, "dummy:%s", p->name);
@@ -1024,8 +1059,8 @@ int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) 
     m->owned = mat;
     float *vec = (float *)(mat + (size_t)n_mat * esize);
     uint64_t rng = seed;
-    /* a small table of random f16 values, tiled: filling billions of weights one by one would take longer than
-     * the benchmark; the scale keeps activations bounded like a trained model's */
+    /* a small table of random f16 values, tiled: filling billions of weights one by one would take longer
+     * than the benchmark; the scale keeps activations bounded like a trained model's */
     float table[4096];
     uint16_t table16[4096];
     for (int i = 0; i < 4096; i++) {
@@ -1047,7 +1082,8 @@ int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) 
     LLM_TAKE_VEC(m->output_norm, c->dim);
     for (int l = 0; l < c->n_layers; l++) {
         llm_layer *L = &m->layers[l];
-        LLM_TAKE_MAT(L->wq, q_dim, c->dim); LLM_TAKE_MAT(L->wk, kv_dim, c->dim); LLM_TAKE_MAT(L->wv, kv_dim, c->dim);
+        LLM_TAKE_MAT(L->wq, q_dim, c->dim); LLM_TAKE_MAT(L->wk, kv_dim, c->dim);
+        LLM_TAKE_MAT(L->wv, kv_dim, c->dim);
         LLM_TAKE_MAT(L->wo, c->dim, q_dim); LLM_TAKE_MAT(L->w_gate, c->ffn_dim, c->dim);
         LLM_TAKE_MAT(L->w_up, c->ffn_dim, c->dim); LLM_TAKE_MAT(L->w_down, c->dim, c->ffn_dim);
         LLM_TAKE_VEC(L->attn_norm, c->dim); LLM_TAKE_VEC(L->ffn_norm, c->dim);
@@ -1437,7 +1473,8 @@ static void llm_tokenize_text(const llm_tokenizer *t, const char *s, size_t n, l
     else llm_tokenize_bpe(t, s, n, o);
 }
 
-/* add_bos also appends EOS when the vocabulary asks for it (add_eos_token), as llama.cpp's add_special does */
+/* add_bos also appends EOS when the vocabulary asks for it (add_eos_token), as llama.cpp's add_special
+ * does */
 int llm_tokenize(const llm_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special,
                  int32_t *out, int cap) {
     if (!t || (!text && len) || cap < 0 || (!out && cap > 0)) return -1;
@@ -1672,15 +1709,15 @@ int llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id) {
 /* ===========================================================================================================
  * 4. Requests and the scheduler
  * A request of n samples starts as one sequence; when its prompt is computed it forks into n sequences that
- * share the prompt's blocks. Every sequence goes the same way: its tokens [0, n_computed) have K/V in the cache;
- * each step computes the next chunk of the rest (a prompt chunk, or the one newest token), and when a step
- * reaches the end of its tokens, samples one more. Prefill, chunked prefill, decode and recompute after
- * preemption are all this one loop.
- * The scheduler plans each step (vLLM's Scheduler.schedule): running sequences first, oldest first, each given
- * the blocks for its next chunk; when the pool runs out, the youngest running sequence is preempted (its blocks
- * go back; its tokens will be computed again). Then waiting sequences, first come first served, while the
- * step's token budget, max_num_seqs and the pool allow. The plan is a list of (sequence, new tokens) and the
- * block copies that copy-on-write needs before the forward pass.
+ * share the prompt's blocks. Every sequence goes the same way: its tokens [0, n_computed) have K/V in the
+ * cache; each step computes the next chunk of the rest (a prompt chunk, or the one newest token), and when a
+ * step reaches the end of its tokens, samples one more. Prefill, chunked prefill, decode and recompute after
+ * preemption are all this one loop. The scheduler plans each step (vLLM's Scheduler.schedule): running
+ * sequences first, oldest first, each given the blocks for its next chunk; when the pool runs out, the
+ * youngest running sequence is preempted (its blocks go back; its tokens will be computed again). Then
+ * waiting sequences, first come first served, while the step's token budget, max_num_seqs and the pool
+ * allow. The plan is a list of (sequence, new tokens) and the block copies that copy-on-write needs before
+ * the forward pass.
  * ======================================================================================================== */
 llm_sampling_params llm_sampling_defaults(void) {
     llm_sampling_params p;
@@ -1716,7 +1753,7 @@ typedef struct llm_seq {
     int finish_reason;
     const char *error;              /* LLM_FINISH_ERROR: what went wrong */
     llm_detok detok;
-    char *held_text;                /* stb_ds array: text decoded but not emitted (it may begin a stop string) */
+    char *held_text;                /* stb_ds array: text decoded, not emitted (may begin a stop string) */
     /* this step's output (stb_ds arrays, emptied at the start of each step) */
     int32_t *out_tokens; char *out_text; float *out_logprobs; int32_t *out_top_ids; float *out_top_logprobs;
 } llm_seq;
@@ -1726,7 +1763,8 @@ typedef struct {
     llm_block_manager *bm;
     llm_seq **waiting, **running;   /* stb_ds arrays, in order of arrival; waiting is served from the front */
     int static_batch_open;          /* static batching: the batch may take new sequences */
-    /* the plan of this step: scheduled[i] computes n_new[i] tokens from its n_computed on, after the copies */
+    /* the plan of this step: scheduled[i] computes n_new[i] tokens from its n_computed on, after the
+     * copies */
     llm_seq **scheduled;
     int *n_new;
     int32_t *copy_src, *copy_dst;
@@ -1746,7 +1784,8 @@ static int llm_seq_reserve(llm_scheduler *sch, llm_seq *s, int n_total) {
     llm_block_manager *bm = sch->bm;
     int bs = bm->block_size, first = s->n_computed / bs, have = (int)arrlen(s->block_table);
     int want = (n_total + bs - 1) / bs, need = want > have ? want - have : 0;
-    for (int b = first; b < have && b * bs < n_total; b++) need += bm->blocks[s->block_table[b]].ref_count > 1;
+    for (int b = first; b < have && b * bs < n_total; b++)
+        need += bm->blocks[s->block_table[b]].ref_count > 1;
     if (need > bm->num_free_blocks) return 0;
     for (int b = first; b < have && b * bs < n_total; b++) {
         int shared = s->block_table[b];
@@ -1848,7 +1887,8 @@ static int llm_request_check(const llm_sampling_params *p, char *err) {
         return llm_fail(err, "presence_penalty and frequency_penalty must be in [-2, 2]");
     if (p->max_tokens < 0) return llm_fail(err, "max_tokens must be >= 0");
     if (p->logprobs > 20) return llm_fail(err, "logprobs must be at most 20");
-    if (p->n_stop < 0 || p->n_stop > 16 || (p->n_stop && !p->stop)) return llm_fail(err, "at most 16 stop strings");
+    if (p->n_stop < 0 || p->n_stop > 16 || (p->n_stop && !p->stop))
+        return llm_fail(err, "at most 16 stop strings");
     if (p->n_stop_token_ids < 0 || (p->n_stop_token_ids && !p->stop_token_ids))
         return llm_fail(err, "n_stop_token_ids without stop_token_ids");
     return 0;
@@ -1905,8 +1945,8 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *us
 }
 
 /* n > 1, when the prompt is computed: samples 1..n-1 start from it, sharing all its blocks (a block is copied
- * only when a sample writes into it), each with its own generator. They join the end of the running list. -1 when
- * out of memory (then nothing changed). */
+ * only when a sample writes into it), each with its own generator. They join the end of the running list. -1
+ * when out of memory (then nothing changed). */
 static int llm_seq_fork(llm_scheduler *sch, llm_seq *s) {
     int n = s->req->params.n;
     llm_seq **children = (llm_seq **)calloc((size_t)n, sizeof *children);
@@ -1921,11 +1961,12 @@ static int llm_seq_fork(llm_scheduler *sch, llm_seq *s) {
     for (int i = 1; i < n; i++) {
         llm_seq *c = children[i];
         c->req = s->req; c->index = i; c->status = s->status; c->n_computed = s->n_computed;
-        c->n_hashed_blocks = s->n_hashed_blocks; c->last_hash = s->last_hash; c->n_cached_tokens = s->n_cached_tokens;
+        c->n_hashed_blocks = s->n_hashed_blocks; c->last_hash = s->last_hash;
+        c->n_cached_tokens = s->n_cached_tokens;
         c->rng = llm_seed_mix(s->req->params.seed, i);
-        memcpy(arraddnptr(c->tokens, arrlen(s->tokens)), s->tokens, (size_t)arrlen(s->tokens) * sizeof(int32_t));
-        memcpy(arraddnptr(c->block_table, arrlen(s->block_table)), s->block_table,
-               (size_t)arrlen(s->block_table) * sizeof(int32_t));
+        int n_tokens = (int)arrlen(s->tokens), n_blocks = (int)arrlen(s->block_table);
+        memcpy(arraddnptr(c->tokens, n_tokens), s->tokens, (size_t)n_tokens * sizeof(int32_t));
+        memcpy(arraddnptr(c->block_table, n_blocks), s->block_table, (size_t)n_blocks * sizeof(int32_t));
         for (int b = 0; b < arrlen(c->block_table); b++) sch->bm->blocks[c->block_table[b]].ref_count++;
         s->req->refs++;
         arrput(sch->running, c);
@@ -2098,8 +2139,8 @@ static void llm_rope(float *x, int pos, const llm_config *c) {
 }
 
 /* ---- The CPU backend ----------------------------------------------------------------------------------- */
-/* Its state: the model (weights read where they are), and the KV cache in host memory as f32, K and V each laid
- * out [layer][block][slot][kv_head][head_dim]: for one layer, the K of a sequence's position p is the
+/* Its state: the model (weights read where they are), and the KV cache in host memory as f32, K and V each
+ * laid out [layer][block][slot][kv_head][head_dim]: for one layer, the K of a sequence's position p is the
  * n_kv_heads * head_dim values at slot block_table[p / block_size] * block_size + p % block_size. */
 typedef struct {
     const llm_model *model;
@@ -2115,7 +2156,8 @@ static float *llm_cpu_kv_at(const llm_cpu *c, float *cache, int layer, const int
 
 static int llm_cpu_alloc_kv(llm_backend *be, int num_blocks, int block_size, char *err) {
     llm_cpu *c = (llm_cpu *)be->ctx;
-    if (num_blocks <= 0 || block_size <= 0) return llm_fail(err, "KV cache needs at least one block of one slot");
+    if (num_blocks <= 0 || block_size <= 0)
+        return llm_fail(err, "KV cache needs at least one block of one slot");
     size_t n = llm_kv_bytes_per_block(&c->model->cfg, block_size, sizeof(float)) / 2 / sizeof(float);
     free(c->k); free(c->v);
     c->k = (float *)calloc(n * (size_t)num_blocks, sizeof(float));
@@ -2141,9 +2183,9 @@ static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
 }
 
 /* Paged attention for one query head of one token at position pos: softmax over the scores q . k_p / sqrt(hd)
- * of its sequence's positions p = 0..pos, then the weighted sum of their v_p; K and V are read through the block
- * table. kv_head: the K/V head this query head shares with the rest of its group (grouped-query attention).
- * scores: room for pos + 1 values. */
+ * of its sequence's positions p = 0..pos, then the weighted sum of their v_p; K and V are read through the
+ * block table. kv_head: the K/V head this query head shares with the rest of its group (grouped-query
+ * attention). scores: room for pos + 1 values. */
 static void llm_cpu_attention(const llm_cpu *c, int layer, const int32_t *block_table, int pos, int kv_head,
                               const float *q, float *scores, float *out) {
     int hd = c->model->cfg.head_dim, n_ctx = pos + 1;
@@ -2171,7 +2213,8 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
     for (int i = 0; i < b->n_copies; i++) {
         int src = b->copy_src[i], dst = b->copy_dst[i];
         if (src < 0 || dst < 0 || src >= c->num_blocks || dst >= c->num_blocks)
-            return llm_fail(err, "block copy %d -> %d: outside the KV pool of %d blocks", src, dst, c->num_blocks);
+            return llm_fail(err, "block copy %d -> %d: outside the KV pool of %d blocks", src, dst,
+                            c->num_blocks);
         llm_cpu_copy_block(c, src, dst);
     }
     if (T <= 0) return 0;
@@ -2194,9 +2237,9 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         free(x); free(seq_of);
         return llm_fail(err, "out of memory in the forward pass (%d tokens)", T);
     }
-    float *xn = x + (size_t)T * D, *q = xn + (size_t)T * D, *k = q + (size_t)T * q_dim, *v = k + (size_t)T * kv_dim;
-    float *att = v + (size_t)T * kv_dim, *gate = att + (size_t)T * q_dim, *up = gate + (size_t)T * F;
-    float *delta = up + (size_t)T * F;
+    float *xn = x + (size_t)T * D, *q = xn + (size_t)T * D, *k = q + (size_t)T * q_dim;
+    float *v = k + (size_t)T * kv_dim, *att = v + (size_t)T * kv_dim, *gate = att + (size_t)T * q_dim;
+    float *up = gate + (size_t)T * F, *delta = up + (size_t)T * F;
     int max_ctx = 0, failed = 0;
     for (int s = 0; s < b->n_seqs; s++)
         for (int i = b->seq_start[s]; i < b->seq_start[s + 1]; i++) {
@@ -2206,18 +2249,20 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
 
     /* the embedding of each token */
     size_t emb_row = llm_dtype_row_bytes(m->tok_embd.type, D);
+    const uint8_t *emb = (const uint8_t *)m->tok_embd.data;
     for (int t = 0; t < T; t++)
-        llm_dtype_dequant_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + emb_row * (size_t)b->tokens[t],
-                              x + (size_t)t * D, D);
+        llm_dtype_dequant_row(m->tok_embd.type, emb + emb_row * (size_t)b->tokens[t], x + (size_t)t * D, D);
 
     for (int l = 0; l < cf->n_layers; l++) {
         const llm_layer *L = &m->layers[l];
         /* attention block: the normalised stream projected to queries, keys and values */
         for (int t = 0; t < T; t++)
-            llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->attn_norm.data, D, cf->rms_eps);
+            llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->attn_norm.data, D,
+                        cf->rms_eps);
         failed |= llm_matmul(q, xn, &L->wq, T) | llm_matmul(k, xn, &L->wk, T) | llm_matmul(v, xn, &L->wv, T);
-        /* per token: the biases (qwen2), an RMS norm of each q and k head (qwen3), RoPE at the token's position;
-         * then its k and v go into the cache at its slot, where this step and later ones read them */
+        /* per token: the biases (qwen2), an RMS norm of each q and k head (qwen3), RoPE at the token's
+         * position; then its k and v go into the cache at its slot, where this step and later ones read
+         * them */
         for (int t = 0; t < T; t++) {
             float *qt = q + (size_t)t * q_dim, *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
             if (L->bq.data) {
@@ -2252,7 +2297,8 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
                 int t = th / cf->n_heads, h = th % cf->n_heads;
                 if (scores)
                     llm_cpu_attention(c, l, b->block_tables[seq_of[t]], b->positions[t], h / group,
-                                      q + (size_t)t * q_dim + h * hd, scores, att + (size_t)t * q_dim + h * hd);
+                                      q + (size_t)t * q_dim + h * hd, scores,
+                                      att + (size_t)t * q_dim + h * hd);
             }
             free(scores);
         }
@@ -2262,7 +2308,8 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
 
         /* feed-forward block (SwiGLU): down(silu(gate(xn)) * up(xn)), added to the residual stream */
         for (int t = 0; t < T; t++)
-            llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->ffn_norm.data, D, cf->rms_eps);
+            llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->ffn_norm.data, D,
+                        cf->rms_eps);
         failed |= llm_matmul(gate, xn, &L->w_gate, T) | llm_matmul(up, xn, &L->w_up, T);
         for (size_t i = 0; i < (size_t)T * F; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
         failed |= llm_matmul(delta, gate, &L->w_down, T);
@@ -2271,8 +2318,8 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
     /* the final norm and the output matrix, only for the rows that need logits: a prefill of 500 tokens
      * samples once */
     for (int i = 0; i < b->n_logits; i++)
-        llm_rmsnorm(xn + (size_t)i * D, x + (size_t)b->logit_rows[i] * D, (const float *)m->output_norm.data, D,
-                    cf->rms_eps);
+        llm_rmsnorm(xn + (size_t)i * D, x + (size_t)b->logit_rows[i] * D, (const float *)m->output_norm.data,
+                    D, cf->rms_eps);
     failed |= llm_matmul(logits, xn, &m->output, b->n_logits);
     free(x); free(seq_of);
     return failed ? llm_fail(err, "out of memory in the forward pass (%d tokens)", T) : 0;
@@ -2299,9 +2346,9 @@ llm_backend *llm_cpu_backend_create(const llm_model *m, char *err) {
 
 /* ===========================================================================================================
  * 7. Sampler
- * The order is vLLM's: penalties on the raw logits, then temperature, then top-k, top-p and min-p keep a head of
- * the distribution, renormalised, and one uniform draw picks from it. The logits are only read; what changes
- * is copied into the sampler's scratch.
+ * The order is vLLM's: penalties on the raw logits, then temperature, then top-k, top-p and min-p keep a
+ * head of the distribution, renormalised, and one uniform draw picks from it. The logits are only read; what
+ * changes is copied into the sampler's scratch.
  * ======================================================================================================== */
 typedef struct { float p; int32_t id; } llm_prob_id;
 
@@ -2336,12 +2383,13 @@ void llm_sampler_free(llm_sampler *s) {
     free(s);
 }
 
-/* vLLM's definitions: the repetition penalty divides a positive logit (multiplies a negative one) of every token
- * seen in the prompt or the output; presence and frequency penalties subtract, for tokens of the output, once
- * and once per occurrence. */
+/* vLLM's definitions: the repetition penalty divides a positive logit (multiplies a negative one) of every
+ * token seen in the prompt or the output; presence and frequency penalties subtract, for tokens of the
+ * output, once and once per occurrence. */
 const float *llm_sampler_penalize(llm_sampler *s, const llm_sampling_params *p, const float *logits,
                                   const int32_t *history, int n_prompt, int n_history) {
-    if (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f) return logits;
+    if (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f)
+        return logits;
     int V = s->n_vocab;
     memset(s->count, 0, (size_t)V * sizeof(int));
     memset(s->seen, 0, (size_t)V);
@@ -2449,7 +2497,8 @@ static int llm_hex_digit(int c) {
     return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
-static void llm_put_byte(char *buf, size_t cap, size_t *n, int byte) { /* counts every byte, stores the first cap */
+/* Counts every byte, stores the first cap of them. */
+static void llm_put_byte(char *buf, size_t cap, size_t *n, int byte) {
     if (*n < cap) buf[*n] = (char)byte;
     (*n)++;
 }
@@ -2463,7 +2512,8 @@ int llm_tokenizer_piece(const llm_tokenizer *t, int32_t id, int special, char *b
     const unsigned char *s = (const unsigned char *)t->text[id].ptr;
     size_t len = t->text[id].len, n = 0, i = 0;
     int type = t->type[id];
-    if (type == LLM_TOKEN_UNUSED || ((type == LLM_TOKEN_CONTROL || type == LLM_TOKEN_UNKNOWN) && !special)) return 0;
+    if (type == LLM_TOKEN_UNUSED || ((type == LLM_TOKEN_CONTROL || type == LLM_TOKEN_UNKNOWN) && !special))
+        return 0;
     if (type == LLM_TOKEN_BYTE && len == 6 && llm_hex_digit(s[3]) >= 0 && llm_hex_digit(s[4]) >= 0) {
         llm_put_byte(buf, (size_t)cap, &n, llm_hex_digit(s[3]) * 16 + llm_hex_digit(s[4]));
     } else if (type != LLM_TOKEN_NORMAL && type != LLM_TOKEN_BYTE) {
@@ -2480,15 +2530,16 @@ int llm_tokenizer_piece(const llm_tokenizer *t, int32_t id, int special, char *b
             uint32_t c = k > 0 ? llm_utf8_decode(s + i, k) : 0xFFFFFFFF;
             size_t clen = k > 0 ? (size_t)k : 1;
             if (k > 0 && c < 324 && t->char_byte[c] >= 0) llm_put_byte(buf, (size_t)cap, &n, t->char_byte[c]);
-            else for (size_t j = 0; j < clen; j++) llm_put_byte(buf, (size_t)cap, &n, s[i + j]); /* not a stand-in */
+            else for (size_t j = 0; j < clen; j++) llm_put_byte(buf, (size_t)cap, &n, s[i + j]); /* as is */
             i += clen;
         }
     }
     return n > INT32_MAX ? INT32_MAX : (int)n;
 }
 
-/* Copies in[0..n) to out (when out is not NULL) with each broken sequence replaced by U+FFFD and the incomplete
- * character at the end, if any, left out; returns the bytes that make and sets *keep to the bytes left out. */
+/* Copies in[0..n) to out (when out is not NULL) with each broken sequence replaced by U+FFFD and the
+ * incomplete character at the end, if any, left out; returns the bytes that make and sets *keep to the bytes
+ * left out. */
 static size_t llm_utf8_clean(const unsigned char *in, size_t n, char *out, size_t *keep) {
     size_t i = 0, m = 0;
     *keep = 0;
@@ -2501,10 +2552,11 @@ static size_t llm_utf8_clean(const unsigned char *in, size_t n, char *out, size_
     return m;
 }
 
-/* Writes all of its output or none of it: when the output would not fit in cap bytes, it writes nothing, keeps
- * its state and returns the room needed (more than cap), so the caller can call again with that much. The
- * output is at most 3 x (held bytes + piece bytes) <= 3 x piece length + 9 (every byte could turn into U+FFFD),
- * so a buffer of 3 x the longest token + 9 always suffices. Ids outside the vocabulary add nothing. */
+/* Writes all of its output or none of it: when the output would not fit in cap bytes, it writes nothing,
+ * keeps its state and returns the room needed (more than cap), so the caller can call again with that
+ * much. The output is at most 3 x (held bytes + piece bytes) <= 3 x piece length + 9 (every byte could
+ * turn into U+FFFD), so a buffer of 3 x the longest token + 9 always suffices. Ids outside the vocabulary
+ * add nothing. */
 int llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, int cap) {
     if (!t || !d) return 0;
     if (!out || cap < 0) cap = 0;
@@ -2549,7 +2601,8 @@ static int llm_stop_find(const llm_sampling_params *p, const char *text, int len
     return first;
 }
 
-/* The longest tail of text[0..len) that is the beginning of a stop string: it must wait for the next token. */
+/* The longest tail of text[0..len) that is the beginning of a stop string: it must wait for the next
+ * token. */
 static int llm_stop_holdback(const llm_sampling_params *p, const char *text, int len) {
     int hold = 0;
     for (int i = 0; i < p->n_stop; i++) {
@@ -2561,9 +2614,9 @@ static int llm_stop_holdback(const llm_sampling_params *p, const char *text, int
     return hold;
 }
 
-/* A sequence's new token (-1: none) becomes text: decoded into what is held back, then emitted up to what could
- * still begin a stop string. A stop string found ends the sequence (finish "stop") without its text; finishing
- * releases all that is held. */
+/* A sequence's new token (-1: none) becomes text: decoded into what is held back, then emitted up to what
+ * could still begin a stop string. A stop string found ends the sequence (finish "stop") without its text;
+ * finishing releases all that is held. */
 static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *tok, int finishing) {
     if (tok) { /* a push that needs more room writes nothing and says how much: then once more, on the heap */
         char small[512], *buf = small;
@@ -2589,10 +2642,11 @@ static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *to
 /* ===========================================================================================================
  * 9. Engine
  * The engine owns the model, the backend and its KV pool, the block manager, the scheduler and the sampler.
- * llm_engine_step runs, in this order (and so do the functions below): what the last step handed out is freed;
- * new requests and aborts come in from the inbox; the scheduler plans the step; the plan becomes one batch and
- * one forward call; each sequence that reached the end of its tokens samples the next one, which goes through
- * the stop conditions and the detokenizer; every sequence with news gives an output, and finished ones leave.
+ * llm_engine_step runs, in this order (and so do the functions below): what the last step handed out is
+ * freed; new requests and aborts come in from the inbox; the scheduler plans the step; the plan becomes one
+ * batch and one forward call; each sequence that reached the end of its tokens samples the next one, which
+ * goes through the stop conditions and the detokenizer; every sequence with news gives an output, and
+ * finished ones leave.
  * ======================================================================================================== */
 struct llm_engine {
     llm_engine_config cfg;
@@ -2637,7 +2691,10 @@ const char *llm_finish_reason_name(int reason) {
 
 /* ---- Creation: the model, a backend, the KV pool ------------------------------------------------------- */
 /* The backends the engine tries in this order, when the config names none */
-static const struct { const char *name; llm_backend *(*create)(const llm_model *m, char *err); } llm_backends[] = {
+static const struct {
+    const char *name;
+    llm_backend *(*create)(const llm_model *m, char *err);
+} llm_backends[] = {
 #ifdef LLM_CUDA
     {"cuda", llm_cuda_backend_create},
 #endif
@@ -2647,10 +2704,12 @@ static const struct { const char *name; llm_backend *(*create)(const llm_model *
 static int llm_engine_check_config(const llm_engine_config *c, char *err) {
     if (c->block_size <= 0 || c->block_size > 1024)
         return llm_fail(err, "block_size must be between 1 and 1024, got %d", c->block_size);
-    if (c->max_num_seqs <= 0) return llm_fail(err, "max_num_seqs must be at least 1, got %d", c->max_num_seqs);
+    if (c->max_num_seqs <= 0)
+        return llm_fail(err, "max_num_seqs must be at least 1, got %d", c->max_num_seqs);
     if (c->max_num_batched_tokens <= 0)
         return llm_fail(err, "max_num_batched_tokens must be at least 1, got %d", c->max_num_batched_tokens);
-    if (c->num_blocks < 0 || c->max_model_len < 0) return llm_fail(err, "num_blocks and max_model_len must be >= 0");
+    if (c->num_blocks < 0 || c->max_model_len < 0)
+        return llm_fail(err, "num_blocks and max_model_len must be >= 0");
     if (!(c->kv_fraction >= 0 && c->kv_fraction <= 1)) return llm_fail(err, "kv_fraction must be in (0, 1]");
     return 0;
 }
@@ -2678,12 +2737,14 @@ static int llm_kv_pool_blocks(const llm_engine *e, size_t block_bytes, char *err
     size_t bytes = c->kv_bytes;
     if (!bytes && fraction > 0) bytes = (size_t)(fraction * (double)e->backend->free_memory);
     if (!bytes) {
-        size_t full_contexts = (size_t)c->max_num_seqs * (size_t)((e->max_model_len + c->block_size - 1) / c->block_size);
-        bytes = full_contexts * block_bytes < ((size_t)4 << 30) ? full_contexts * block_bytes : ((size_t)4 << 30);
+        size_t blocks_per_context = (size_t)((e->max_model_len + c->block_size - 1) / c->block_size);
+        bytes = (size_t)c->max_num_seqs * blocks_per_context * block_bytes;
+        if (bytes > ((size_t)4 << 30)) bytes = (size_t)4 << 30;
     }
     size_t n = bytes / block_bytes;
-    if (n == 0) return llm_fail(err, "the KV pool of %zu bytes holds no block of %zu bytes", bytes, block_bytes);
-    return n > (1u << 30) ? (1 << 30) : (int)n; /* block ids are ints; the block manager keeps a record each */
+    if (n == 0)
+        return llm_fail(err, "the KV pool of %zu bytes holds no block of %zu bytes", bytes, block_bytes);
+    return n > (1u << 30) ? (1 << 30) : (int)n; /* ids are ints; the block manager keeps a record each */
 }
 
 llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
@@ -2693,7 +2754,7 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
     e->cfg = *cfg;
     e->next_id = 1;
     pthread_mutex_init(&e->lock, NULL);
-    pthread_condattr_t attr; /* timed waits on the monotonic clock: a change of the wall clock does not matter */
+    pthread_condattr_t attr; /* timed waits on the monotonic clock: changes of the wall clock do not matter */
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_cond_init(&e->work_added, &attr);
@@ -2703,7 +2764,8 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
            : llm_fail(err, "no model given");
     if (rc != 0) { llm_engine_destroy(e); return NULL; }
     e->max_model_len = e->model.cfg.context_length;
-    if (cfg->max_model_len > 0 && cfg->max_model_len < e->max_model_len) e->max_model_len = cfg->max_model_len;
+    if (cfg->max_model_len > 0 && cfg->max_model_len < e->max_model_len)
+        e->max_model_len = cfg->max_model_len;
     if (llm_engine_start_backend(e, err) != 0) { llm_engine_destroy(e); return NULL; }
     size_t block_bytes = llm_kv_bytes_per_block(&e->model.cfg, cfg->block_size, e->backend->kv_value_bytes);
     int num_blocks = llm_kv_pool_blocks(e, block_bytes, err);
@@ -2713,8 +2775,8 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
         llm_engine_destroy(e); return NULL;
     }
     llm_scheduler *sch = &e->sched;
-    sch->bm = &e->bm; sch->max_num_seqs = cfg->max_num_seqs; sch->max_num_batched_tokens = cfg->max_num_batched_tokens;
-    sch->static_batching = cfg->static_batching; sch->static_batch_open = 1;
+    sch->bm = &e->bm; sch->static_batching = cfg->static_batching; sch->static_batch_open = 1;
+    sch->max_num_seqs = cfg->max_num_seqs; sch->max_num_batched_tokens = cfg->max_num_batched_tokens;
     return e;
 }
 
@@ -2722,8 +2784,9 @@ void llm_engine_destroy(llm_engine *e) {
     if (!e) return;
     llm_seq **all[4] = {e->sched.waiting, e->sched.running, e->finished, e->inbox};
     for (int k = 0; k < 4; k++) for (int i = 0; i < arrlen(all[k]); i++) llm_seq_free(all[k][i]);
-    arrfree(e->sched.waiting); arrfree(e->sched.running); arrfree(e->sched.scheduled); arrfree(e->sched.n_new);
-    arrfree(e->sched.copy_src); arrfree(e->sched.copy_dst);
+    llm_scheduler *sch = &e->sched;
+    arrfree(sch->waiting); arrfree(sch->running);
+    arrfree(sch->scheduled); arrfree(sch->n_new); arrfree(sch->copy_src); arrfree(sch->copy_dst);
     arrfree(e->finished); arrfree(e->inbox); arrfree(e->inbox_abort);
     arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows);
     arrfree(e->b_tables); arrfree(e->outputs);
@@ -2740,42 +2803,48 @@ void llm_engine_destroy(llm_engine *e) {
 const llm_model *llm_engine_model(const llm_engine *e) { return &e->model; }
 
 /* ---- Requests in, from any thread ---------------------------------------------------------------------- */
-uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids, int n_prompt_ids,
-                                const llm_sampling_params *p, void *user, char *err) {
+uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids,
+                                int n_prompt_ids, const llm_sampling_params *p, void *user, char *err) {
     const llm_config *c = &e->model.cfg;
     if (llm_request_check(p, err) != 0) return 0;
-    /* the prompt's ids: as given, or the text tokenized (BOS as the vocabulary asks, special tokens parsed) */
+    /* the prompt's ids: as given, or the text tokenized (BOS as the vocabulary asks, special tokens
+     * parsed) */
     int32_t *ids = NULL;
     if (prompt_ids) {
         if (n_prompt_ids < 0) { llm_fail(err, "n_prompt_ids is negative (%d)", n_prompt_ids); return 0; }
         for (int i = 0; i < n_prompt_ids; i++)
             if (prompt_ids[i] < 0 || prompt_ids[i] >= c->vocab_size) {
-                llm_fail(err, "prompt token id %d is outside the vocabulary (0..%d)", prompt_ids[i], c->vocab_size - 1);
+                llm_fail(err, "prompt token id %d is outside the vocabulary (0..%d)", prompt_ids[i],
+                         c->vocab_size - 1);
                 return 0;
             }
-        if (n_prompt_ids) memcpy(arraddnptr(ids, n_prompt_ids), prompt_ids, (size_t)n_prompt_ids * sizeof(int32_t));
+        if (n_prompt_ids)
+            memcpy(arraddnptr(ids, n_prompt_ids), prompt_ids, (size_t)n_prompt_ids * sizeof(int32_t));
     } else {
         if (!e->model.tok) { llm_fail(err, "this model has no tokenizer: give prompt token ids"); return 0; }
         const char *text = prompt ? prompt : "";
         size_t len = strlen(text);
-        int cap = len < INT32_MAX / 2 ? (int)len + 8 : INT32_MAX / 2, bos = llm_tokenizer_adds_bos(e->model.tok);
+        int cap = len < INT32_MAX / 2 ? (int)len + 8 : INT32_MAX / 2;
+        int bos = llm_tokenizer_adds_bos(e->model.tok);
         arrsetlen(ids, cap);
         int n = llm_tokenize(e->model.tok, text, len, bos, 1, ids, cap);
         if (n > cap) { arrsetlen(ids, n); n = llm_tokenize(e->model.tok, text, len, bos, 1, ids, n); }
         if (n < 0) { arrfree(ids); llm_fail(err, "could not tokenize the prompt"); return 0; }
         arrsetlen(ids, n);
     }
-    int n_prompt = (int)arrlen(ids), blocks_needed = (n_prompt + 1 + e->cfg.block_size - 1) / e->cfg.block_size;
+    int n_prompt = (int)arrlen(ids);
+    int blocks_needed = (n_prompt + e->cfg.block_size) / e->cfg.block_size; /* with the first new token */
     if (n_prompt == 0) { arrfree(ids); llm_fail(err, "the prompt is empty"); return 0; }
     if (n_prompt >= e->max_model_len) {
         arrfree(ids);
-        llm_fail(err, "the prompt has %d tokens, but this model's context is %d tokens (the prompt and at least one "
-                 "new token must fit)", n_prompt, e->max_model_len);
+        llm_fail(err, "the prompt has %d tokens, but this model's context is %d tokens (the prompt and at "
+                 "least one new token must fit)", n_prompt, e->max_model_len);
         return 0;
     }
     if (blocks_needed > e->bm.num_blocks) {
         arrfree(ids);
-        llm_fail(err, "the prompt needs %d KV blocks but the whole pool has %d", blocks_needed, e->bm.num_blocks);
+        llm_fail(err, "the prompt needs %d KV blocks but the whole pool has %d", blocks_needed,
+                 e->bm.num_blocks);
         return 0;
     }
     llm_seq *s = llm_seq_new(ids, p, user);
@@ -2785,7 +2854,7 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
     arrput(e->inbox, s);
     pthread_cond_signal(&e->work_added);
     pthread_mutex_unlock(&e->lock);
-    return id; /* not s->req->id: once the lock is let go, the engine thread may finish and free the request */
+    return id; /* not s->req->id: once the lock is let go, the engine thread may finish and free it */
 }
 
 void llm_engine_abort(llm_engine *e, uint64_t request_id) {
@@ -2823,7 +2892,8 @@ int llm_engine_wait(llm_engine *e, int timeout_ms) {
 int llm_engine_has_work(llm_engine *e) { return llm_engine_wait(e, 0); }
 
 /* ---- One step, in the order llm_engine_step runs it ---------------------------------------------------- */
-/* 1. What the last step handed out is done with: its finished sequences are freed, the others' output emptied. */
+/* 1. What the last step handed out is done with: its finished sequences are freed, the others' output
+ * emptied. */
 static void llm_engine_begin_step(llm_engine *e) {
     for (int i = 0; i < arrlen(e->finished); i++) llm_seq_free(e->finished[i]);
     arrsetlen(e->finished, 0); arrsetlen(e->outputs, 0);
@@ -2843,8 +2913,8 @@ static void llm_seq_finish(llm_engine *e, llm_seq *s, int reason, const char *er
     llm_seq_release_blocks(&e->bm, s);
 }
 
-/* The output of a sequence for this step. A sequence that finishes before its prompt was computed (aborted, or
- * failed) still stands for all n samples of its request: each gets its finish. */
+/* The output of a sequence for this step. A sequence that finishes before its prompt was computed (aborted,
+ * or failed) still stands for all n samples of its request: each gets its finish. */
 static void llm_emit(llm_engine *e, llm_seq *s) {
     llm_output o;
     memset(&o, 0, sizeof o);
@@ -2892,8 +2962,8 @@ static void llm_engine_take_inbox(llm_engine *e) {
 
 /* 3. The scheduler plans the step: llm_schedule (section 4). */
 
-/* 4. The plan as one batch: each scheduled sequence's next n_new tokens, flattened, with its block table; logits
- *    for the sequences whose chunk reaches the end of their tokens; the copy-on-write copies first. */
+/* 4. The plan as one batch: each scheduled sequence's next n_new tokens, flattened, with its block table;
+ *    logits for the sequences whose chunk reaches the end of their tokens; the copy-on-write copies first. */
 static int llm_engine_forward(llm_engine *e, char *err) {
     llm_scheduler *sch = &e->sched;
     int n_seqs = (int)arrlen(sch->scheduled), V = e->model.cfg.vocab_size;
@@ -2921,25 +2991,30 @@ static int llm_engine_forward(llm_engine *e, char *err) {
         free(e->logits);
         e->logits_rows = b.n_logits;
         e->logits = (float *)malloc((size_t)b.n_logits * (size_t)V * sizeof(float));
-        if (!e->logits) { e->logits_rows = 0; return llm_fail(err, "out of memory for %d rows of logits", b.n_logits); }
+        if (!e->logits) {
+            e->logits_rows = 0;
+            return llm_fail(err, "out of memory for %d rows of logits", b.n_logits);
+        }
     }
     return e->backend->forward(e->backend, &b, e->logits, err);
 }
 
-/* 4, when the forward pass failed: every sequence of the step finishes with the error; nothing else changes. */
+/* 4, when the forward pass failed: every sequence of the step finishes with the error; nothing else
+ * changes. */
 static void llm_engine_fail_step(llm_engine *e) {
     for (int i = 0; i < arrlen(e->sched.scheduled); i++)
         llm_seq_finish(e, e->sched.scheduled[i], LLM_FINISH_ERROR, e->step_error);
 }
 
-/* 5. One sampled token for s, from its row of logits: the logprobs asked for, the token, then the stop conditions
- *    (end of generation, stop ids, max_tokens, the context, the pool) and its text. */
+/* 5. One sampled token for s, from its row of logits: the logprobs asked for, the token, then the stop
+ *    conditions (end of generation, stop ids, max_tokens, the context, the pool) and its text. */
 static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
     const llm_sampling_params *p = &s->req->params;
     int V = e->model.cfg.vocab_size, n_prompt = s->req->n_prompt;
-    int32_t token = llm_sampler_sample(e->sampler, p, logits, s->tokens, n_prompt, (int)arrlen(s->tokens), &s->rng);
+    int32_t token = llm_sampler_sample(e->sampler, p, logits, s->tokens, n_prompt, (int)arrlen(s->tokens),
+                                       &s->rng);
     if (token < 0) {
-        llm_seq_finish(e, s, LLM_FINISH_ERROR, "sampling found no token to pick: the model's logits are not numbers");
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "sampling found no token to pick: the logits are not numbers");
         return;
     }
     if (p->logprobs >= 0) {
@@ -2955,19 +3030,19 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
     const llm_tokenizer *tok = e->model.tok;
     if (!p->ignore_eos && tok && llm_tokenizer_is_eog(tok, token)) reason = LLM_FINISH_STOP;
     for (int i = 0; i < p->n_stop_token_ids; i++) if (p->stop_token_ids[i] == token) reason = LLM_FINISH_STOP;
-    /* out of room: max_tokens, the model's context, or (a tiny pool) the whole KV pool, which the next token could
-     * not fit in */
-    if (!reason && ((p->max_tokens > 0 && n_tokens - n_prompt >= p->max_tokens) || n_tokens >= e->max_model_len ||
-                    n_tokens > e->bm.num_blocks * e->cfg.block_size))
+    /* out of room: max_tokens, the model's context, or (a tiny pool) the whole KV pool, which the next token
+     * could not fit in */
+    if (!reason && ((p->max_tokens > 0 && n_tokens - n_prompt >= p->max_tokens) ||
+                    n_tokens >= e->max_model_len || n_tokens > e->bm.num_blocks * e->cfg.block_size))
         reason = LLM_FINISH_LENGTH;
-    llm_seq_push_text(s, reason == LLM_FINISH_STOP ? -1 : token, tok, reason != LLM_FINISH_NONE); /* the stop
-                                                                          * token's own text is not output */
+    /* the text: a stop token's own text is not output */
+    llm_seq_push_text(s, reason == LLM_FINISH_STOP ? -1 : token, tok, reason != LLM_FINISH_NONE);
     if (s->finish_reason) reason = s->finish_reason; /* a stop string */
     if (reason) llm_seq_finish(e, s, reason, NULL);
 }
 
-/* 5. The step's tokens are computed: full blocks are named for the prefix cache, and each sequence at the end of
- *    its tokens samples the next one (n > 1: the prompt forks first, and every sample draws from its logits). */
+/* 5. The step's tokens are computed: full blocks are named for the prefix cache, and each sequence at the end
+ *    of its tokens samples the next one (n > 1: the prompt forks first; each sample draws from its row). */
 static void llm_engine_sample(llm_engine *e) {
     llm_scheduler *sch = &e->sched;
     int row = 0, V = e->model.cfg.vocab_size;
@@ -2985,7 +3060,8 @@ static void llm_engine_sample(llm_engine *e) {
                 llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the samples of a request");
                 continue;
             }
-            for (int k = first_child; k < arrlen(sch->running); k++) llm_seq_accept(e, sch->running[k], logits);
+            for (int k = first_child; k < arrlen(sch->running); k++)
+                llm_seq_accept(e, sch->running[k], logits);
         }
         llm_seq_accept(e, s, logits);
     }
@@ -3019,7 +3095,7 @@ llm_engine_stats llm_engine_get_stats(llm_engine *e) {
     llm_engine_stats s = e->stats;
     s.backend = e->backend->name; s.backend_note = e->backend_note;
     s.block_size = e->cfg.block_size; s.max_model_len = e->max_model_len;
-    s.kv_bytes_per_block = llm_kv_bytes_per_block(&e->model.cfg, e->cfg.block_size, e->backend->kv_value_bytes);
+    s.kv_bytes_per_block = llm_kv_bytes_per_block(&e->model.cfg, s.block_size, e->backend->kv_value_bytes);
     s.running = (int)arrlen(e->sched.running); s.waiting = (int)arrlen(e->sched.waiting);
     s.num_blocks = e->bm.num_blocks; s.num_free_blocks = e->bm.num_free_blocks;
     s.num_cached_blocks = (int)hmlen(e->bm.cached);
@@ -3047,24 +3123,26 @@ int llm_engine_check_blocks(llm_engine *e, char *err) {
     int n_free = 0;
     for (int id = 0; id < bm->num_blocks; id++) {
         if (bm->blocks[id].ref_count != refs[id]) {
-            rc = llm_fail(err, "block %d has ref_count %d but %d block tables hold it", id, bm->blocks[id].ref_count,
-                          refs[id]);
+            rc = llm_fail(err, "block %d has ref_count %d but %d block tables hold it", id,
+                          bm->blocks[id].ref_count, refs[id]);
             goto done;
         }
         n_free += refs[id] == 0;
     }
     /* the free list links exactly the unreferenced blocks, each once (refs[] now marks the ones walked) */
     int walked = 0;
-    for (int id = bm->free_head; id >= 0 && walked <= bm->num_blocks; id = bm->blocks[id].next_free, walked++) {
+    for (int id = bm->free_head; id >= 0 && walked <= bm->num_blocks; id = bm->blocks[id].next_free) {
+        walked++;
         if (refs[id] != 0) {
-            rc = llm_fail(err, "block %d is in the free list but %s", id, refs[id] > 0 ? "referenced" : "linked twice");
+            rc = llm_fail(err, "block %d is in the free list but %s", id,
+                          refs[id] > 0 ? "referenced" : "linked twice");
             goto done;
         }
         refs[id] = -1;
     }
     if (n_free != bm->num_free_blocks || walked != n_free) {
-        rc = llm_fail(err, "%d blocks are unreferenced, num_free_blocks says %d, the free list links %d", n_free,
-                      bm->num_free_blocks, walked);
+        rc = llm_fail(err, "%d blocks are unreferenced, num_free_blocks says %d, the free list links %d",
+                      n_free, bm->num_free_blocks, walked);
         goto done;
     }
     for (ptrdiff_t i = 0; i < hmlen(bm->cached); i++) {

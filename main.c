@@ -13,7 +13,7 @@ static const char *usage =
     "  llm -m MODEL.gguf -p PROMPT [-n N] [options]   write the prompt and its continuation to stdout\n"
     "  llm -m MODEL.gguf [options]                    REPL: each line you type is continued\n"
     "  llm tokenize -m MODEL.gguf [--no-bos] TEXT     print TEXT's token ids on one line\n"
-    "  llm bench (-m MODEL.gguf | --dummy NAME) [bench options]   offline throughput, like vLLM's bench throughput\n"
+    "  llm bench (-m MODEL.gguf | --dummy NAME) [options]  offline throughput, as vLLM's bench throughput\n"
     "\n"
     "generation options:\n"
     "  -m, --model PATH       GGUF model file\n"
@@ -22,7 +22,7 @@ static const char *usage =
     "  --temp T               temperature (default 0.8; 0 is greedy)\n"
     "  --top-k K              keep the K most likely tokens (default 40; 0 off)\n"
     "  --top-p P              keep the smallest set of tokens with probability mass P (default 0.95; 1 off)\n"
-    "  --min-p P              keep tokens with probability >= P * the most likely one's (default 0.05; 0 off)\n"
+    "  --min-p P              keep tokens of probability >= P * the most likely one's (default 0.05; 0 off)\n"
     "  --repeat-penalty R     repetition penalty on prompt and output tokens (default 1 = off)\n"
     "  --presence-penalty X   (default 0)\n"
     "  --frequency-penalty X  (default 0)\n"
@@ -35,8 +35,8 @@ static const char *usage =
     "  --block-size N         KV cache block size in tokens (default 16)\n"
     "  --num-blocks N         KV pool size in blocks (default: from --kv-gib)\n"
     "  --kv-gib G             KV pool size in GiB\n"
-    "  --kv-fraction F        KV pool as a fraction of the memory free after loading the weights (GPU default 0.9;\n"
-    "                         CPU default: room for --max-num-seqs full contexts, 4 GiB at most)\n"
+    "  --kv-fraction F        KV pool as a fraction of the memory free after loading the weights\n"
+    "                         (GPU default 0.9; CPU default: --max-num-seqs full contexts, 4 GiB at most)\n"
     "  --max-num-seqs N       sequences per step (default 256)\n"
     "  --max-num-batched-tokens N   token budget per step (default 2048)\n"
     "  --max-model-len N      context length (default: the model's)\n"
@@ -51,7 +51,11 @@ static const char *usage =
     "  --seed S               workload seed (default 0)\n"
     "  --static               static batching: a batch is filled and no one joins until all in it finish\n";
 
-static double now_s(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
 
 typedef struct {
     llm_engine_config engine;
@@ -125,7 +129,10 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
             }
         }
         else if (FLAG("--static")) a->engine.static_batching = 1;
-        else if (f[0] == '-' && f[1]) { fprintf(stderr, "llm: unknown option %s (see llm --help)\n", f); return -1; }
+        else if (f[0] == '-' && f[1]) {
+            fprintf(stderr, "llm: unknown option %s (see llm --help)\n", f);
+            return -1;
+        }
         else return i;
 #undef FLAG
 #undef NEED
@@ -155,7 +162,10 @@ static int generate(llm_engine *e, args_t *a, const char *prompt, int echo_promp
                 printf(first_id ? "%d" : " %d", out[i].token_ids[j]);
             if (!a->ids_only) fwrite(out[i].text, 1, (size_t)out[i].text_len, stdout);
             fflush(stdout);
-            if (out[i].finish_reason == LLM_FINISH_ERROR) { fprintf(stderr, "\nllm: %s\n", out[i].error); rc = 1; }
+            if (out[i].finish_reason == LLM_FINISH_ERROR) {
+                fprintf(stderr, "\nllm: %s\n", out[i].error);
+                rc = 1;
+            }
         }
     }
     if (a->ids_only) printf("\n");
@@ -211,8 +221,8 @@ static int bench(args_t *a) {
     llm_engine_stats st = llm_engine_get_stats(e);
     int bs = st.block_size, max_model_len = st.max_model_len;
     double kv_token_bytes = (double)st.kv_bytes_per_block / bs, mib = kv_token_bytes / (1 << 20);
-    fprintf(stderr, "llm bench: %s on %s, loaded in %.2f s; KV pool %d blocks of %d tokens (%.1f MiB), %s batching\n",
-            m->name, st.backend, now_s() - t_load, st.num_blocks, bs, st.num_blocks * bs * mib,
+    fprintf(stderr, "llm bench: %s on %s, loaded in %.2f s; KV pool %d blocks of %d tokens (%.1f MiB), %s "
+            "batching\n", m->name, st.backend, now_s() - t_load, st.num_blocks, bs, st.num_blocks * bs * mib,
             a->engine.static_batching ? "static" : "continuous");
 
     /* the workload: uniform lengths from a fixed seed, so --static runs exactly the same requests */
@@ -226,7 +236,8 @@ static int bench(args_t *a) {
         if (in_len >= max_model_len) in_len = max_model_len - 1;
         int32_t *ids = (int32_t *)malloc((size_t)in_len * sizeof(int32_t));
         if (!ids) { fprintf(stderr, "llm bench: out of memory\n"); llm_engine_destroy(e); return 1; }
-        for (int i = 0; i < in_len; i++) ids[i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)m->cfg.vocab_size);
+        for (int i = 0; i < in_len; i++)
+            ids[i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)m->cfg.vocab_size);
         llm_sampling_params p = llm_sampling_defaults();
         p.temperature = 0; p.ignore_eos = 1; p.max_tokens = out_len;
         if (llm_engine_add_request(e, NULL, ids, in_len, &p, NULL, err)) total_in += in_len;
@@ -242,7 +253,8 @@ static int bench(args_t *a) {
         for (int i = 0; i < n; i++) {
             total_out += out[i].n_tokens;
             done += out[i].finish_reason != LLM_FINISH_NONE;
-            if (out[i].finish_reason == LLM_FINISH_ERROR && failed++ == 0) fprintf(stderr, "llm bench: %s\n", out[i].error);
+            if (out[i].finish_reason == LLM_FINISH_ERROR && failed++ == 0)
+                fprintf(stderr, "llm bench: %s\n", out[i].error);
         }
         st = llm_engine_get_stats(e);
         if (st.running > 0) { /* the memory picture, sampled at every step that has work */
@@ -265,18 +277,20 @@ static int bench(args_t *a) {
     printf("requests: %lld in %.2f s, %.2f requests/s\n", (long long)done, elapsed, done / elapsed);
     if (failed) printf("failed: %lld requests (the first error is above)\n", (long long)failed);
     printf("output throughput: %.1f tok/s\n", total_out / elapsed);
-    printf("total throughput: %.1f tok/s (prompt %lld + output %lld tokens)\n", (total_in + total_out) / elapsed,
-           (long long)total_in, (long long)total_out);
-    printf("mean KV usage: %.1f%%, peak running: %d, steps: %lld, preemptions: %lld, prompt tokens computed: %lld\n",
-           samples ? 100.0 * sum_usage / samples : 0.0, peak_running, (long long)st.steps, (long long)st.preemptions,
-           (long long)st.prompt_tokens_computed);
+    printf("total throughput: %.1f tok/s (prompt %lld + output %lld tokens)\n",
+           (total_in + total_out) / elapsed, (long long)total_in, (long long)total_out);
+    printf("mean KV usage: %.1f%%, peak running: %d, steps: %lld, preemptions: %lld, prompt tokens computed: "
+           "%lld\n", samples ? 100.0 * sum_usage / samples : 0.0, peak_running, (long long)st.steps,
+           (long long)st.preemptions, (long long)st.prompt_tokens_computed);
 
-    /* The waste table of the vLLM paper: reserving max_model_len contiguous slots per request against paging. */
+    /* The waste table of the vLLM paper: reserving max_model_len contiguous slots per request against
+     * paging. */
     double R = samples ? sum_running / samples : 0, T = samples ? sum_kv_tokens / samples : 0;
     double reserve_tokens = R * max_model_len, paged_tokens = (samples ? sum_blocks_used / samples : 0) * bs;
-    double mean_len = done ? (double)(total_in + total_out) / done : 1, pool_tokens = (double)st.num_blocks * bs;
-    printf("\nKV cache memory, mean over steps (%.1f running requests holding %.0f tokens of K/V, %.3f MiB per 1k "
-           "tokens):\n", R, T, kv_token_bytes * 1000 / (1 << 20));
+    double mean_len = done ? (double)(total_in + total_out) / done : 1;
+    double pool_tokens = (double)st.num_blocks * bs;
+    printf("\nKV cache memory, mean over steps (%.1f running requests holding %.0f tokens of K/V, %.3f MiB "
+           "per 1k tokens):\n", R, T, kv_token_bytes * 1000 / (1 << 20));
     printf("  %-38s %12s %10s\n", "scheme", "memory MiB", "wasted");
     printf("  %-38s %12.1f %9.1f%%\n", "contiguous, max_model_len per request", reserve_tokens * mib,
            reserve_tokens > 0 ? 100.0 * (1 - T / reserve_tokens) : 0.0);
@@ -284,9 +298,9 @@ static int bench(args_t *a) {
     snprintf(paged, sizeof paged, "paged, blocks of %d tokens", bs);
     printf("  %-38s %12.1f %9.1f%%\n", paged, paged_tokens * mib,
            paged_tokens > 0 ? 100.0 * (1 - T / paged_tokens) : 0.0);
-    printf("requests that fit in this pool (%d blocks, %.1f MiB): contiguous %d (max_model_len %d each), paged about %d "
-           "(mean final length %.0f tokens)\n", st.num_blocks, pool_tokens * mib, (int)(pool_tokens / max_model_len),
-           max_model_len, (int)(pool_tokens / mean_len), mean_len);
+    printf("requests that fit in this pool (%d blocks, %.1f MiB): contiguous %d (max_model_len %d each), "
+           "paged about %d (mean final length %.0f tokens)\n", st.num_blocks, pool_tokens * mib,
+           (int)(pool_tokens / max_model_len), max_model_len, (int)(pool_tokens / mean_len), mean_len);
     llm_engine_destroy(e);
     return failed ? 1 : 0;
 }
@@ -309,16 +323,24 @@ int main(int argc, char **argv) {
         if (pos >= argc) { fprintf(stderr, "llm tokenize: give the TEXT\n"); return 1; }
         return tokenize_cmd(&a, argv[pos]);
     }
-    if (pos < argc) { fprintf(stderr, "llm: unexpected argument '%s' (see llm --help)\n", argv[pos]); return 1; }
+    if (pos < argc) {
+        fprintf(stderr, "llm: unexpected argument '%s' (see llm --help)\n", argv[pos]);
+        return 1;
+    }
     if (cmd == 2) return bench(&a);
-    if (!a.engine.model_path) { fprintf(stderr, "llm: give a model with -m MODEL.gguf (see llm --help)\n"); return 1; }
+    if (!a.engine.model_path) {
+        fprintf(stderr, "llm: give a model with -m MODEL.gguf (see llm --help)\n");
+        return 1;
+    }
     char err[LLM_ERR_LEN];
     double t0 = now_s();
     llm_engine *e = llm_engine_create(&a.engine, err);
     if (!e) { fprintf(stderr, "llm: %s\n", err); return 1; }
     llm_engine_stats st = llm_engine_get_stats(e);
-    fprintf(stderr, "llm: loaded %s (%s) in %.3f s on the %s%s%s%s\n", a.engine.model_path, llm_engine_model(e)->name,
-            now_s() - t0, st.backend, st.backend_note[0] ? " (" : "", st.backend_note, st.backend_note[0] ? ")" : "");
+    int note = st.backend_note[0] != 0; /* why a backend before this one did not start */
+    fprintf(stderr, "llm: loaded %s (%s) in %.3f s on the %s%s%s%s\n", a.engine.model_path,
+            llm_engine_model(e)->name, now_s() - t0, st.backend, note ? " (" : "", st.backend_note,
+            note ? ")" : "");
     int rc = a.prompt ? generate(e, &a, a.prompt, 1) : repl(e, &a);
     llm_engine_destroy(e);
     return rc;

@@ -32,10 +32,10 @@ static char *read_file(const char *path, size_t *len) {
     return buf;
 }
 
-/* ===============================================================================================================
+/* ===========================================================================================================
  * Tokenizer: llama.cpp's fixtures in shared/tokenizer (texts and the ids llama.cpp gives them), the streaming
  * detokenizer, vocabularies made up on the spot
- * ============================================================================================================= */
+ * ======================================================================================================== */
 
 /* Is s[0..n) valid UTF-8? Written apart from the tokenizer's own checker, from the definition: shortest form,
  * no surrogates, nothing past U+10FFFF. */
@@ -57,7 +57,7 @@ static int tok_utf8_valid(const char *str, size_t n) {
     return 1;
 }
 
-static double tok_now(void) {
+static double test_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
@@ -105,9 +105,9 @@ static llm_tokenizer *tok_load(llm_gguf *g, const char *name, double *ms) {
     int ok = llm_gguf_open(g, path, err) == 0;
     CHECK(ok, "open %s: %s", path, err);
     if (!ok) return NULL;
-    double t0 = tok_now();
+    double t0 = test_now();
     llm_tokenizer *t = llm_tokenizer_load(g, err);
-    if (ms) *ms = (tok_now() - t0) * 1e3;
+    if (ms) *ms = (test_now() - t0) * 1e3;
     CHECK(t != NULL, "load tokenizer %s: %s", name, err);
     if (!t) llm_gguf_close(g);
     return t;
@@ -549,12 +549,12 @@ static const char *tok_json_value(const char *obj, const char *end, const char *
 }
 
 
-/* ===============================================================================================================
+/* ===========================================================================================================
  * Model, forward pass, sampler, block manager, scheduler, engine, the llm command
- * ============================================================================================================= */
-/* ---------------------------------------------------------------------------------------------------------------
+ * ======================================================================================================== */
+/* -----------------------------------------------------------------------------------------------------------
  * The reference files: llama.cpp's greedy completions, read with the small JSON helpers above
- * ------------------------------------------------------------------------------------------------------------- */
+ * -------------------------------------------------------------------------------------------------------- */
 typedef struct {
     char model[256], prompt[1024], completion[4096];
     size_t n_prompt, n_completion;
@@ -666,10 +666,10 @@ static void test_detokenizer_references(void) {
     free(cases);
 }
 
-/* ---------------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * Running an engine to the end: every step's outputs gathered per request, the block bookkeeping audited
  * after every step
- * ------------------------------------------------------------------------------------------------------------- */
+ * -------------------------------------------------------------------------------------------------------- */
 #define RUN_MAX 64
 typedef struct {
     uint64_t id[RUN_MAX];
@@ -749,9 +749,9 @@ static int all_blocks_free(llm_engine *e) {
     return st.num_free_blocks == st.num_blocks && st.running == 0 && st.waiting == 0;
 }
 
-/* ---------------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * llama.cpp's greedy outputs, token for token
- * ------------------------------------------------------------------------------------------------------------- */
+ * -------------------------------------------------------------------------------------------------------- */
 /* Checks request slot of r against reference case c. */
 static void check_reference(const run_result *r, int slot, const ref_case *c, const char *how) {
     CHECK(r->n_tokens[slot][0] == c->n_ids && !memcmp(r->tokens[slot][0], c->ids, (size_t)c->n_ids * sizeof(int32_t)),
@@ -814,10 +814,10 @@ static void test_random_models_reference(void) {
     free(r); free(cases);
 }
 
-/* ---------------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * The paged forward pass: any block size, scattered blocks, several sequences in one call, prefill in chunks,
  * gives the logits of one sequence run alone in one contiguous block
- * ------------------------------------------------------------------------------------------------------------- */
+ * -------------------------------------------------------------------------------------------------------- */
 /* The CPU backend on model m with a KV pool of num_blocks blocks of block_size: what the engine would make */
 static llm_backend *cpu_backend(const llm_model *m, int num_blocks, int block_size) {
     char err[LLM_ERR_LEN] = "";
@@ -890,10 +890,10 @@ static void test_paged_forward(const char *model) {
     llm_model_free(&m);
 }
 
-/* ---------------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * Weight types: exact values of hand-made rows, then stories260K with its weights stored as f16, bf16, q8_0,
  * q4_0 and q4_1 gives logits close to f32's
- * ------------------------------------------------------------------------------------------------------------- */
+ * -------------------------------------------------------------------------------------------------------- */
 static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 
 /* x quantized to type, n values (a multiple of 32), written to out; returns the bytes written. */
@@ -1019,9 +1019,9 @@ static void test_paged_forward_models(void) {
     test_paged_forward("random-qwen2-bias.gguf");
 }
 
-/* ---------------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * Sampler
- * ------------------------------------------------------------------------------------------------------------- */
+ * -------------------------------------------------------------------------------------------------------- */
 /* The candidate set of p on the distribution probs (given as logits log p), as a sorted bitmask of ids. */
 static unsigned candidate_mask(const llm_sampling_params *p, const float *probs, int n) {
     float logits[16];
@@ -1120,9 +1120,9 @@ static void test_sampler(void) {
     free(logits); llm_sampler_free(smp);
 }
 
-/* ---------------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * GGUF: broken files give a message naming the problem, never a crash (run under ASan: make test SANITIZE=1)
- * ------------------------------------------------------------------------------------------------------------- */
+ * -------------------------------------------------------------------------------------------------------- */
 static int write_file(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
     if (!f) return -1;
@@ -1281,9 +1281,9 @@ static void test_gguf_errors(void) {
     free(buf); free(file);
 }
 
-/* ---------------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * Block manager
- * ------------------------------------------------------------------------------------------------------------- */
+ * -------------------------------------------------------------------------------------------------------- */
 static void test_block_manager(void) {
     llm_block_manager bm;
     char err[LLM_ERR_LEN];
@@ -1310,9 +1310,9 @@ static void test_block_manager(void) {
     llm_block_manager_free(&bm);
 }
 
-/* ---------------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * Scheduler: batch invariance, preemption, chunked prefill
- * ------------------------------------------------------------------------------------------------------------- */
+ * -------------------------------------------------------------------------------------------------------- */
 static const char *const story_words[] = {"Once", "upon", "a", "time", "there", "was", "a", "little", "girl", "named",
     "Lily", "who", "loved", "to", "play", "in", "the", "park", "with", "her", "big", "red", "ball", "and", "dog"};
 
@@ -1433,9 +1433,9 @@ static void test_batch_invariance(void) {
     free(alone); free(r);
 }
 
-/* ---------------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * Prefix cache and parallel sampling
- * ------------------------------------------------------------------------------------------------------------- */
+ * -------------------------------------------------------------------------------------------------------- */
 static void test_prefix_cache(void) {
     llm_engine_config cfg = engine_config("stories260K.gguf");
     llm_engine *e = engine_new(&cfg);
@@ -1547,9 +1547,9 @@ static void test_parallel_sampling(void) {
     free(r);
 }
 
-/* ---------------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * Stop conditions, abort, rejection, logprobs
- * ------------------------------------------------------------------------------------------------------------- */
+ * -------------------------------------------------------------------------------------------------------- */
 static void test_stop_conditions(void) {
     ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
     int n = load_ref_cases("stories260K-greedy.json", cases, 4);
@@ -1713,9 +1713,9 @@ static void test_logprobs(void) {
     llm_engine_destroy(e);
 }
 
-/* ---------------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * Requests handed in from another thread while the engine steps (as the server does)
- * ------------------------------------------------------------------------------------------------------------- */
+ * -------------------------------------------------------------------------------------------------------- */
 #include <pthread.h>
 typedef struct { llm_engine *e; const ref_case *cases; int n_cases, n_requests; uint64_t ids[16]; int which[16]; } feeder_args;
 
@@ -1768,9 +1768,9 @@ static void test_threads(void) {
     free(r); free(cases);
 }
 
-/* ---------------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * The engine API a server drives: user pointers, waiting for work, errors of a step
- * ------------------------------------------------------------------------------------------------------------- */
+ * -------------------------------------------------------------------------------------------------------- */
 /* Every output carries the user pointer its request was added with: finished, aborted, each of n samples. */
 static void test_user_pointers(void) {
     llm_engine_config cfg = engine_config("stories260K.gguf");
@@ -1939,9 +1939,9 @@ static void test_backend_errors(void) {
     free(r); free(cases);
 }
 
-/* ---------------------------------------------------------------------------------------------------------------
+/* -----------------------------------------------------------------------------------------------------------
  * The llm command: exact stdout, errors and exit codes
- * ------------------------------------------------------------------------------------------------------------- */
+ * -------------------------------------------------------------------------------------------------------- */
 static char *run_command(const char *cmd, int *status) {
     FILE *f = popen(cmd, "r");
     if (!f) { *status = -1; return NULL; }
@@ -2020,7 +2020,7 @@ static void test_docs_example(void) {
     free(out); free(cases);
 }
 
-/* ========================================================================================================
+/* ===========================================================================================================
  * The CUDA backend against the CPU reference (built with CUDA only)
  * ======================================================================================================== */
 #ifdef LLM_CUDA
@@ -2048,10 +2048,6 @@ static float gt_bf16(float f) { /* round to bf16 as the GPU does when it uploads
 static void gt_perm(int *perm, int n) {
     for (int i = 0; i < n; i++) perm[i] = i;
     for (int i = n - 1; i > 0; i--) { int j = gt_int(i + 1), t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
-}
-static double gt_now(void) {
-    struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* ---- 1. GEMM ---- */
@@ -2542,7 +2538,7 @@ static void gpu_bench_forward(const char *preset) {
     float *logits = malloc((size_t)n_seqs * m.cfg.vocab_size * 4);
     llm_batch b = {0}; /* n_tokens, n_seqs and n_logits per step */
     b.tokens = tokens; b.positions = pos; b.seq_start = start; b.block_tables = bt; b.logit_rows = rows;
-    double t0 = gt_now();
+    double t0 = test_now();
     int ok = 1;
     for (int s0 = 0; s0 < n_seqs && ok; s0 += 2048 / prompt) { /* 16 prompts per step */
         int ns = 2048 / prompt, T = 0;
@@ -2555,7 +2551,7 @@ static void gpu_bench_forward(const char *preset) {
         b.n_tokens = T; b.n_seqs = b.n_logits = ns;
         ok = be->forward(be, &b, logits, err) == 0;
     }
-    double t1 = gt_now();
+    double t1 = test_now();
     for (int step = 0; step < decode_steps && ok; step++) {
         for (int s = 0; s < n_seqs; s++) {
             start[s] = s; tokens[s] = (s + step) % m.cfg.vocab_size; pos[s] = prompt + step;
@@ -2565,7 +2561,7 @@ static void gpu_bench_forward(const char *preset) {
         b.n_tokens = b.n_seqs = b.n_logits = n_seqs;
         ok = be->forward(be, &b, logits, err) == 0;
     }
-    double t2 = gt_now();
+    double t2 = test_now();
     CHECK(ok, "bench %s: %s", preset, err);
     if (ok)
         printf("forward %-16s prefill %d x %d tokens: %.0f tok/s | decode %d seqs x %d steps (ctx %d-%d): "
@@ -2583,13 +2579,13 @@ static void run_gpu_tests(void) {
     printf("gpu tests: seed %llu (LLM_GPU_SEED=%llu repeats this run)\n", (unsigned long long)seed,
            (unsigned long long)seed);
     gt_rng = seed;
-    double t0 = gt_now();
+    double t0 = test_now();
     gpu_test_gemm();
-    printf("gemm checks: %.1f s\n", gt_now() - t0);
+    printf("gemm checks: %.1f s\n", test_now() - t0);
     gpu_test_attention();
-    printf("attention checks: %.1f s\n", gt_now() - t0);
+    printf("attention checks: %.1f s\n", test_now() - t0);
     gpu_test_forward();
-    printf("forward checks: %.1f s\n", gt_now() - t0);
+    printf("forward checks: %.1f s\n", test_now() - t0);
     if (getenv("LLM_GPU_BENCH")) {
         char err[LLM_ERR_LEN] = "";
         CHECK(gpu_bench_kernels(err) == 0, "kernel benchmarks: %s", err);
@@ -2626,9 +2622,9 @@ int main(int argc, char **argv) {
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         int failed_before = n_failed;
-        double t0 = tok_now();
+        double t0 = test_now();
         tests[i].fn();
-        printf("%-28s %s (%.1f s)\n", tests[i].name, n_failed == failed_before ? "ok" : "FAILED", tok_now() - t0);
+        printf("%-28s %s (%.1f s)\n", tests[i].name, n_failed == failed_before ? "ok" : "FAILED", test_now() - t0);
     }
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
