@@ -2338,7 +2338,8 @@ llm_backend *llm_cpu_backend_create(const llm_model *m, char *err) {
     c->model = m;
     be->name = "cpu"; be->ctx = c;
     be->kv_value_bytes = sizeof(float);
-    be->free_memory = (size_t)sysconf(_SC_AVPHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+    long pages = sysconf(_SC_AVPHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
+    be->free_memory = pages > 0 && page_size > 0 ? (size_t)pages * (size_t)page_size : 0;
     be->default_kv_fraction = 0; /* vLLM's CPU backend sizes its KV cache by the workload, not the RAM */
     be->alloc_kv = llm_cpu_alloc_kv; be->forward = llm_cpu_forward; be->destroy = llm_cpu_destroy;
     return be;
@@ -2710,7 +2711,8 @@ static int llm_engine_check_config(const llm_engine_config *c, char *err) {
         return llm_fail(err, "max_num_batched_tokens must be at least 1, got %d", c->max_num_batched_tokens);
     if (c->num_blocks < 0 || c->max_model_len < 0)
         return llm_fail(err, "num_blocks and max_model_len must be >= 0");
-    if (!(c->kv_fraction >= 0 && c->kv_fraction <= 1)) return llm_fail(err, "kv_fraction must be in (0, 1]");
+    if (!(c->kv_fraction >= 0 && c->kv_fraction <= 1))
+        return llm_fail(err, "kv_fraction must be in [0, 1] (0: the backend's default)");
     return 0;
 }
 
@@ -3002,6 +3004,8 @@ static int llm_engine_forward(llm_engine *e, char *err) {
 /* 4, when the forward pass failed: every sequence of the step finishes with the error; nothing else
  * changes. */
 static void llm_engine_fail_step(llm_engine *e) {
+    if (!e->step_error[0]) /* a backend that gave no reason */
+        snprintf(e->step_error, sizeof e->step_error, "the %s backend failed", e->backend->name);
     for (int i = 0; i < arrlen(e->sched.scheduled); i++)
         llm_seq_finish(e, e->sched.scheduled[i], LLM_FINISH_ERROR, e->step_error);
 }

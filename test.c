@@ -2,7 +2,8 @@
  * run ends with the line "N passed, N failed". Test data is read from ../shared (see its README).
  *
  *   ./llm-test [SHARED_DIR]         everything that runs on the CPU (make test)
- *   ./llm-test --gpu [SHARED_DIR]   the CUDA kernels against the CPU reference (make test-gpu, built with CUDA) */
+ *   ./llm-test --gpu [SHARED_DIR]   the CUDA kernels against the CPU reference (make test-gpu, built
+ *                                   with CUDA) */
 #define _GNU_SOURCE  /* memmem */
 #define LLM_IMPLEMENTATION
 #include "llm.h"
@@ -10,14 +11,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ctype.h>
 #include <math.h>
 #include <time.h>
 #include <unistd.h>
 #include <sys/wait.h>
 
 static int n_passed, n_failed;
-#define CHECK(cond, ...) do { if (cond) n_passed++; else { n_failed++; printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-    printf(__VA_ARGS__); printf("\n"); } } while (0)
+#define CHECK(cond, ...) do { if (cond) n_passed++; else { n_failed++; \
+    printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
 
 static const char *shared_dir = "../shared";
 
@@ -43,7 +45,8 @@ static int tok_utf8_valid(const char *str, size_t n) {
     const unsigned char *s = (const unsigned char *)str;
     for (size_t i = 0; i < n;) {
         uint32_t c = s[i];
-        size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
+        size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 :
+                     (c & 0xF8) == 0xF0 ? 4 : 0;
         if (len == 0 || i + len > n) return 0;
         if (len > 1) c &= 0x7F >> len;
         for (size_t k = 1; k < len; k++) {
@@ -84,12 +87,14 @@ static void tok_print_ids(const char *label, const int32_t *ids, int n) {
 
 /* Detokenizes ids with the streaming detokenizer into out (room for cap bytes); returns the length. Counts
  * every chunk it writes that is not valid UTF-8 in *bad_chunks. */
-static size_t tok_detok_all(const llm_tokenizer *t, const int32_t *ids, int n, char *out, size_t cap, int *bad_chunks) {
+static size_t tok_detok_all(const llm_tokenizer *t, const int32_t *ids, int n, char *out, size_t cap,
+                            int *bad_chunks) {
     llm_detok d = {{0}, 0};
     char chunk[1024];
     size_t len = 0;
     for (int i = 0; i <= n; i++) {
-        int m = i < n ? llm_detok_push(t, &d, ids[i], chunk, (int)sizeof chunk) : llm_detok_flush(&d, chunk, (int)sizeof chunk);
+        int m = i < n ? llm_detok_push(t, &d, ids[i], chunk, (int)sizeof chunk)
+                      : llm_detok_flush(&d, chunk, (int)sizeof chunk);
         if (m < 0 || m > (int)sizeof chunk) { (*bad_chunks)++; continue; }
         if (!tok_utf8_valid(chunk, (size_t)m)) (*bad_chunks)++;
         if (len + (size_t)m <= cap) memcpy(out + len, chunk, (size_t)m);
@@ -114,8 +119,8 @@ static llm_tokenizer *tok_load(llm_gguf *g, const char *name, double *ms) {
 }
 
 static void test_tokenizer_fixtures(void) {
-    static const char *const names[] = {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf", "ggml-vocab-llama-bpe.gguf",
-                                        "ggml-vocab-qwen2.gguf"};
+    static const char *const names[] = {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf",
+                                        "ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen2.gguf"};
     static const char sep[] = "\n__ggml_vocab_test__\n";
     for (size_t f = 0; f < sizeof names / sizeof names[0]; f++) {
         char path[1024];
@@ -163,7 +168,10 @@ static void test_tokenizer_fixtures(void) {
             /* back to text: the input again, but for the space SentencePiece puts in front */
             char back[4096], expect[4096];
             size_t n_expect = 0;
-            if (len >= sizeof expect) { CHECK(0, "%s case %d: a text longer than this test expects", names[f], cases); len = 0; }
+            if (len >= sizeof expect) {
+                CHECK(0, "%s case %d: a text longer than this test expects", names[f], cases);
+                len = 0;
+            }
             if (t->kind == LLM_VOCAB_SPM && t->add_space_prefix && len > 0) expect[n_expect++] = ' ';
             memcpy(expect + n_expect, text, len);
             n_expect += len;
@@ -173,14 +181,18 @@ static void test_tokenizer_fixtures(void) {
             CHECK(back_same, "%s case %d: detokenized text differs", names[f], cases);
             if (!back_same) {
                 printf("    want: \""); tok_print_escaped(expect, n_expect); printf("\"\n");
-                printf("    got:  \""); tok_print_escaped(back, n_back < sizeof back ? n_back : sizeof back); printf("\"\n");
+                printf("    got:  \"");
+                tok_print_escaped(back, n_back < sizeof back ? n_back : sizeof back);
+                printf("\"\n");
             }
             cases++;
         }
         CHECK(cases == 46, "%s: %d texts, expected 46", names[f], cases);
         CHECK(line == NULL || *line == 0, "%s: more lines of ids than texts", names[f]);
-        CHECK(bad_chunks == 0, "%s: the streaming detokenizer wrote %d chunks that are not valid UTF-8", names[f], bad_chunks);
-        printf("tokenizer %-28s %d tokens, loaded in %.0f ms: %d/%d cases give llama.cpp's ids, %d/%d detokenize back\n",
+        CHECK(bad_chunks == 0, "%s: the streaming detokenizer wrote %d chunks that are not valid UTF-8",
+              names[f], bad_chunks);
+        printf("tokenizer %-28s %d tokens, loaded in %.0f ms: %d/%d cases give llama.cpp's ids, "
+               "%d/%d detokenize back\n",
                names[f], llm_tokenizer_n_vocab(t), ms, tok_ok, cases, detok_ok, cases);
         free(inp); free(outp);
         llm_tokenizer_free(t);
@@ -189,11 +201,13 @@ static void test_tokenizer_fixtures(void) {
 }
 
 /* Pushes one id and checks the bytes written are exactly want[0..n_want). */
-static void tok_push_expect(const llm_tokenizer *t, llm_detok *d, int32_t id, const char *want, int n_want, const char *what) {
+static void tok_push_expect(const llm_tokenizer *t, llm_detok *d, int32_t id, const char *want, int n_want,
+                            const char *what) {
     char out[256];
     memset(out, 'x', sizeof out);
     int n = llm_detok_push(t, d, id, out, (int)sizeof out);
-    CHECK(n == n_want && memcmp(out, want, (size_t)n_want) == 0, "%s: push %d wrote %d bytes, expected %d", what, id, n, n_want);
+    CHECK(n == n_want && memcmp(out, want, (size_t)n_want) == 0, "%s: push %d wrote %d bytes, expected %d",
+          what, id, n, n_want);
     CHECK(tok_utf8_valid(out, n > 0 ? (size_t)n : 0), "%s: push %d wrote broken UTF-8", what, id);
 }
 
@@ -211,7 +225,9 @@ static void test_detokenizer_streaming(void) {
         llm_detok d = {{0}, 0};
         char out[64];
         /* SentencePiece byte tokens: <0xNN> is id 3 + NN in this vocabulary */
-        tok_piece_expect(t, 229, "\xE2", 1); tok_piece_expect(t, 133, "\x82", 1); tok_piece_expect(t, 175, "\xAC", 1);
+        tok_piece_expect(t, 229, "\xE2", 1);
+        tok_piece_expect(t, 133, "\x82", 1);
+        tok_piece_expect(t, 175, "\xAC", 1);
         /* "€" = E2 82 AC, one byte token at a time: nothing until the character is whole */
         tok_push_expect(t, &d, 229, "", 0, "euro 1/3");
         tok_push_expect(t, &d, 133, "", 0, "euro 2/3");
@@ -234,17 +250,22 @@ static void test_detokenizer_streaming(void) {
         /* a character cut short by the end of the stream: flush gives one U+FFFD for it */
         tok_push_expect(t, &d, 229, "", 0, "unfinished 1");
         tok_push_expect(t, &d, 133, "", 0, "unfinished 2");
-        CHECK(llm_detok_flush(&d, out, 2) == 3 && d.n_pending == 2, "flush with too little room must write nothing and say 3");
-        CHECK(llm_detok_flush(&d, out, (int)sizeof out) == 3 && memcmp(out, "\xEF\xBF\xBD", 3) == 0, "flush of an unfinished character");
+        CHECK(llm_detok_flush(&d, out, 2) == 3 && d.n_pending == 2,
+              "flush with too little room must write nothing and say 3");
+        CHECK(llm_detok_flush(&d, out, (int)sizeof out) == 3 && memcmp(out, "\xEF\xBF\xBD", 3) == 0,
+              "flush of an unfinished character");
         CHECK(llm_detok_flush(&d, out, (int)sizeof out) == 0, "second flush must write nothing");
         /* too little room: nothing written, nothing consumed, the room needed returned */
         memset(out, 'x', sizeof out);
         int need = llm_detok_push(t, &d, 15043, out, 3);
-        CHECK(need == 6 && out[0] == 'x' && d.n_pending == 0, "push with too little room: returned %d, expected 6 and nothing written", need);
+        CHECK(need == 6 && out[0] == 'x' && d.n_pending == 0,
+              "push with too little room: returned %d, expected 6 and nothing written", need);
         tok_push_expect(t, &d, 15043, " Hello", 6, "push again with room");
-        /* control tokens show nothing in the stream, and their text only when asked; ids out of range nothing */
+        /* control tokens show nothing in the stream, and their text only when asked;
+         * ids out of range nothing */
         tok_push_expect(t, &d, 2, "", 0, "</s>");
-        CHECK(llm_tokenizer_piece(t, 2, 1, out, (int)sizeof out) == 4 && memcmp(out, "</s>", 4) == 0, "</s> as special");
+        CHECK(llm_tokenizer_piece(t, 2, 1, out, (int)sizeof out) == 4 && memcmp(out, "</s>", 4) == 0,
+              "</s> as special");
         CHECK(llm_tokenizer_piece(t, 2, 0, out, (int)sizeof out) == 0, "</s> not special");
         tok_push_expect(t, &d, 32000, "", 0, "id past the vocabulary");
         tok_push_expect(t, &d, -1, "", 0, "id -1");
@@ -257,7 +278,8 @@ static void test_detokenizer_streaming(void) {
         llm_detok d = {{0}, 0};
         int32_t ids[8];
         int n = llm_tokenize(t, "\xF0\x9F\x98\x80", 4, 0, 0, ids, 8);
-        CHECK(n == 2 && ids[0] == 47249 && ids[1] == 222, "GPT-2 tokens of U+1F600: %d ids, %d %d", n, ids[0], ids[1]);
+        CHECK(n == 2 && ids[0] == 47249 && ids[1] == 222, "GPT-2 tokens of U+1F600: %d ids, %d %d",
+              n, ids[0], ids[1]);
         tok_piece_expect(t, 47249, "\xF0\x9F\x98", 3);
         tok_push_expect(t, &d, 47249, "", 0, "half an emoji");
         tok_push_expect(t, &d, 222, "\xF0\x9F\x98\x80", 4, "the other half");
@@ -267,7 +289,8 @@ static void test_detokenizer_streaming(void) {
 }
 
 /* Tokenizes text and checks the ids are exactly want[0..n_want). */
-static void tok_expect(const llm_tokenizer *t, const char *text, int add_bos, int parse_special, const int32_t *want, int n_want) {
+static void tok_expect(const llm_tokenizer *t, const char *text, int add_bos, int parse_special,
+                       const int32_t *want, int n_want) {
     int32_t got[64];
     int n = llm_tokenize(t, text, strlen(text), add_bos, parse_special, got, 64);
     int same = n == n_want && (n_want == 0 || memcmp(got, want, (size_t)n_want * sizeof *want) == 0);
@@ -280,8 +303,10 @@ static void test_tokenizer_api(void) {
     llm_gguf g;
     llm_tokenizer *t = tok_load(&g, "ggml-vocab-llama-spm.gguf", NULL);
     if (t) {
-        CHECK(llm_tokenizer_bos(t) == 1 && llm_tokenizer_eos(t) == 2 && llm_tokenizer_adds_bos(t) == 1, "llama-spm bos/eos/add_bos");
-        CHECK(llm_tokenizer_is_eog(t, 2) && !llm_tokenizer_is_eog(t, 1) && !llm_tokenizer_is_eog(t, 15043), "llama-spm end of generation");
+        CHECK(llm_tokenizer_bos(t) == 1 && llm_tokenizer_eos(t) == 2 && llm_tokenizer_adds_bos(t) == 1,
+              "llama-spm bos/eos/add_bos");
+        CHECK(llm_tokenizer_is_eog(t, 2) && !llm_tokenizer_is_eog(t, 1) && !llm_tokenizer_is_eog(t, 15043),
+              "llama-spm end of generation");
         CHECK(llm_tokenizer_n_vocab(t) == 32000, "llama-spm vocab size %d", llm_tokenizer_n_vocab(t));
         const int32_t bos_hello[] = {1, 15043, 3186}, bos_only[] = {1};
         tok_expect(t, "Hello world", 1, 0, bos_hello, 3);
@@ -302,30 +327,37 @@ static void test_tokenizer_api(void) {
         CHECK(llm_tokenize(t, "Hello", 5, 0, 0, NULL, 0) == 1, "tokenize with no buffer counts");
         /* pieces: -1 out of range; the whole length even when cap is smaller */
         char buf[8] = "xxxxxxx";
-        CHECK(llm_tokenizer_piece(t, -1, 0, buf, 8) == -1 && llm_tokenizer_piece(t, 32000, 0, buf, 8) == -1, "piece of a bad id");
-        CHECK(llm_tokenizer_piece(t, 15043, 0, buf, 3) == 6 && memcmp(buf, " He", 3) == 0 && buf[3] == 'x', "piece into a small buffer");
+        CHECK(llm_tokenizer_piece(t, -1, 0, buf, 8) == -1 && llm_tokenizer_piece(t, 32000, 0, buf, 8) == -1,
+              "piece of a bad id");
+        CHECK(llm_tokenizer_piece(t, 15043, 0, buf, 3) == 6 && memcmp(buf, " He", 3) == 0 && buf[3] == 'x',
+              "piece into a small buffer");
         llm_tokenizer_free(t); llm_gguf_close(&g);
     }
 
     t = tok_load(&g, "ggml-vocab-llama-bpe.gguf", NULL);
     if (t) {
         /* llama.cpp adds BOS for llama-bpe vocabularies that do not say */
-        CHECK(llm_tokenizer_bos(t) == 128000 && llm_tokenizer_eos(t) == 128001 && llm_tokenizer_adds_bos(t) == 1, "llama-bpe bos/eos/add_bos");
-        CHECK(llm_tokenizer_is_eog(t, 128001) && llm_tokenizer_is_eog(t, 128009) && !llm_tokenizer_is_eog(t, 128000) && !llm_tokenizer_is_eog(t, 9906),
+        CHECK(llm_tokenizer_bos(t) == 128000 && llm_tokenizer_eos(t) == 128001 &&
+              llm_tokenizer_adds_bos(t) == 1, "llama-bpe bos/eos/add_bos");
+        CHECK(llm_tokenizer_is_eog(t, 128001) && llm_tokenizer_is_eog(t, 128009) &&
+              !llm_tokenizer_is_eog(t, 128000) && !llm_tokenizer_is_eog(t, 9906),
               "llama-bpe end of generation");
         const int32_t special[] = {128000, 9906, 1917, 128009};
         tok_expect(t, "<|begin_of_text|>Hello world<|eot_id|>", 0, 1, special, 4);
         int32_t ids[64];
         int n = llm_tokenize(t, "<|begin_of_text|>Hello world<|eot_id|>", 38, 0, 0, ids, 64), high = 0;
         for (int i = 0; i < n && i < 64; i++) high += ids[i] >= 128000;
-        CHECK(n > 4 && high == 0, "special tokens must not come from plain text: %d ids, %d special", n, high);
+        CHECK(n > 4 && high == 0, "special tokens must not come from plain text: %d ids, %d special",
+              n, high);
         llm_tokenizer_free(t); llm_gguf_close(&g);
     }
 
     t = tok_load(&g, "ggml-vocab-qwen2.gguf", NULL);
     if (t) {
-        CHECK(llm_tokenizer_bos(t) == 151643 && llm_tokenizer_eos(t) == 151645 && llm_tokenizer_adds_bos(t) == 0, "qwen2 bos/eos/add_bos");
-        CHECK(llm_tokenizer_is_eog(t, 151645) && llm_tokenizer_is_eog(t, 151643) && !llm_tokenizer_is_eog(t, 151644), "qwen2 end of generation");
+        CHECK(llm_tokenizer_bos(t) == 151643 && llm_tokenizer_eos(t) == 151645 &&
+              llm_tokenizer_adds_bos(t) == 0, "qwen2 bos/eos/add_bos");
+        CHECK(llm_tokenizer_is_eog(t, 151645) && llm_tokenizer_is_eog(t, 151643) &&
+              !llm_tokenizer_is_eog(t, 151644), "qwen2 end of generation");
         const int32_t chat[] = {151644, 872, 198, 13048, 151645};
         tok_expect(t, "<|im_start|>user\nHi<|im_end|>", 0, 1, chat, 5);
         llm_tokenizer_free(t); llm_gguf_close(&g);
@@ -333,8 +365,8 @@ static void test_tokenizer_api(void) {
 
     /* random bytes, valid UTF-8 or not: no crash, and the pieces give the bytes back (SentencePiece: after
      * its space prefix, and with every space and U+2581 read as a space) */
-    static const char *const names[] = {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf", "ggml-vocab-llama-bpe.gguf",
-                                        "ggml-vocab-qwen2.gguf"};
+    static const char *const names[] = {"ggml-vocab-llama-spm.gguf", "ggml-vocab-gpt-2.gguf",
+                                        "ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen2.gguf"};
     static const char pool[] = " a\xC3\xA9\n\t1!\xE2\x82\xAC\xE2\x96\x81"; /* é, €, U+2581 */
     uint32_t seed = 12345;
     for (size_t f = 0; f < sizeof names / sizeof names[0]; f++) {
@@ -359,13 +391,16 @@ static void test_tokenizer_api(void) {
             }
             if (t->kind == LLM_VOCAB_SPM && len > 0) expect[n_expect++] = ' ';
             for (size_t i = 0; i < len; i++) {
-                if (t->kind == LLM_VOCAB_SPM && i + 3 <= len && memcmp(text + i, "\xE2\x96\x81", 3) == 0) { expect[n_expect++] = ' '; i += 2; }
-                else expect[n_expect++] = text[i];
+                if (t->kind == LLM_VOCAB_SPM && i + 3 <= len && memcmp(text + i, "\xE2\x96\x81", 3) == 0) {
+                    expect[n_expect++] = ' ';
+                    i += 2;
+                } else expect[n_expect++] = text[i];
             }
             bad_text += n_back != n_expect || n_back > sizeof back || memcmp(back, expect, n_back) != 0;
             tok_detok_all(t, ids, n, stream, sizeof stream, &bad_chunks);
         }
-        CHECK(bad_ids == 0 && bad_text == 0 && bad_chunks == 0, "%s on random bytes: %d bad ids, %d texts not given back, %d broken chunks",
+        CHECK(bad_ids == 0 && bad_text == 0 && bad_chunks == 0,
+              "%s on random bytes: %d bad ids, %d texts not given back, %d broken chunks",
               names[f], bad_ids, bad_text, bad_chunks);
         llm_tokenizer_free(t); llm_gguf_close(&g);
     }
@@ -380,7 +415,9 @@ static void tok_gguf_bytes(tok_gguf_buf *b, const void *p, size_t n) {
 }
 static void tok_gguf_u32(tok_gguf_buf *b, uint32_t v) { tok_gguf_bytes(b, &v, 4); }
 static void tok_gguf_u64(tok_gguf_buf *b, uint64_t v) { tok_gguf_bytes(b, &v, 8); }
-static void tok_gguf_str(tok_gguf_buf *b, const char *s) { tok_gguf_u64(b, strlen(s)); tok_gguf_bytes(b, s, strlen(s)); }
+static void tok_gguf_str(tok_gguf_buf *b, const char *s) {
+    tok_gguf_u64(b, strlen(s)); tok_gguf_bytes(b, s, strlen(s));
+}
 static void tok_gguf_start(tok_gguf_buf *b, int n_kv) {
     b->n = 0; b->n_kv = n_kv;
     tok_gguf_bytes(b, "GGUF", 4); tok_gguf_u32(b, 3); tok_gguf_u64(b, 0); tok_gguf_u64(b, (uint64_t)n_kv);
@@ -389,7 +426,8 @@ static void tok_gguf_kv_str(tok_gguf_buf *b, const char *key, const char *v) {
     tok_gguf_str(b, key); tok_gguf_u32(b, LLM_GGUF_STRING); tok_gguf_str(b, v);
 }
 static void tok_gguf_kv_strs(tok_gguf_buf *b, const char *key, const char *const *v, int n) {
-    tok_gguf_str(b, key); tok_gguf_u32(b, LLM_GGUF_ARRAY); tok_gguf_u32(b, LLM_GGUF_STRING); tok_gguf_u64(b, (uint64_t)n);
+    tok_gguf_str(b, key); tok_gguf_u32(b, LLM_GGUF_ARRAY); tok_gguf_u32(b, LLM_GGUF_STRING);
+    tok_gguf_u64(b, (uint64_t)n);
     for (int i = 0; i < n; i++) tok_gguf_str(b, v[i]);
 }
 
@@ -400,7 +438,9 @@ static llm_tokenizer *tok_load_mem(llm_gguf *g, const tok_gguf_buf *b, const cha
     CHECK(ok, "made-up GGUF does not parse: %s", err);
     if (!ok) return NULL;
     llm_tokenizer *t = llm_tokenizer_load(g, err);
-    if (want_err) CHECK(!t && strstr(err, want_err), "made-up vocabulary: expected an error with \"%s\", got \"%s\"", want_err, t ? "none" : err);
+    if (want_err) CHECK(!t && strstr(err, want_err),
+                        "made-up vocabulary: expected an error with \"%s\", got \"%s\"",
+                        want_err, t ? "none" : err);
     else CHECK(t != NULL, "made-up vocabulary: %s", err);
     if (!t) llm_gguf_close(g);
     return t;
@@ -444,8 +484,8 @@ static void test_tokenizer_odd_vocabularies(void) {
         tok_expect(t, "ba", 0, 0, ba, 2);
         tok_expect(t, "ab", 1, 1, ab, 1); /* no BOS to add; "<|end|>" is no special token without types */
         tok_expect(t, "c d\xFF", 0, 0, NULL, 0); /* bytes with no token and no <unk>: nothing */
-        CHECK(llm_tokenizer_bos(t) == -1 && llm_tokenizer_eos(t) == -1 && !llm_tokenizer_adds_bos(t) && !llm_tokenizer_is_eog(t, 3),
-              "made-up BPE vocabulary: no special ids");
+        CHECK(llm_tokenizer_bos(t) == -1 && llm_tokenizer_eos(t) == -1 && !llm_tokenizer_adds_bos(t) &&
+              !llm_tokenizer_is_eog(t, 3), "made-up BPE vocabulary: no special ids");
         llm_tokenizer_free(t); llm_gguf_close(&g);
     }
     /* a SentencePiece vocabulary without scores, types or byte tokens: unknown characters become <unk> */
@@ -475,13 +515,16 @@ static void tok_split(int pre, const char *text, char *out, size_t cap) {
     out[n] = 0;
 }
 
-/* The hand-written pre-tokenizers against what their regexes give (worked out with Python's regex module, which
- * also agreed on 80,000 random strings; smollm is not among the fixtures). */
+/* The hand-written pre-tokenizers against what their regexes give (worked out with Python's regex module,
+ * which also agreed on 80,000 random strings; smollm is not among the fixtures). */
 static void test_pretokenizers(void) {
-    static const struct { const char *text; const char *want[4]; } cases[] = { /* gpt2, llama-bpe, qwen2, smollm */
+    /* gpt2, llama-bpe, qwen2, smollm */
+    static const struct { const char *text; const char *want[4]; } cases[] = {
         {"Hello  world's 12345 x\n\n y!!\r\nZ'LL",
-         {"Hello| | world|'s| 12345| x|\n\n| y|!!|\r|\n|Z|'|LL", "Hello| | world|'s| |123|45| x|\n\n| y|!!\r\n|Z|'LL",
-          "Hello| | world|'s| |1|2|3|4|5| x|\n\n| y|!!\r\n|Z|'LL", "Hello| | world|'s| |1|2|3|4|5| x|\n\n| y|!!|\r|\n|Z|'|LL"}},
+         {"Hello| | world|'s| 12345| x|\n\n| y|!!|\r|\n|Z|'|LL",
+          "Hello| | world|'s| |123|45| x|\n\n| y|!!\r\n|Z|'LL",
+          "Hello| | world|'s| |1|2|3|4|5| x|\n\n| y|!!\r\n|Z|'LL",
+          "Hello| | world|'s| |1|2|3|4|5| x|\n\n| y|!!|\r|\n|Z|'|LL"}},
         {" 3.14\t\xCF\x80\xE2\x89\x88 \xC2\xBD\xC2\xB2  \xC2\xA0" "end  ", /* π ≈ ½ ² U+00A0 */
          {" 3|.|14|\t|\xCF\x80|\xE2\x89\x88| \xC2\xBD\xC2\xB2|  |\xC2\xA0|end|  ",
           " |3|.|14|\t\xCF\x80|\xE2\x89\x88| |\xC2\xBD\xC2\xB2|  |\xC2\xA0" "end|  ",
@@ -576,9 +619,11 @@ static int load_ref_cases(const char *file, ref_case *cases, int cap) {
         memset(c, 0, sizeof *c);
         strcpy(c->model, "stories260K.gguf");
         const char *v = tok_json_value(obj, end, "model"), *vp = tok_json_value(obj, end, "prompt");
-        const char *vc = tok_json_value(obj, end, "completion"), *vi = tok_json_value(obj, end, "completion_token_ids");
+        const char *vc = tok_json_value(obj, end, "completion"),
+                   *vi = tok_json_value(obj, end, "completion_token_ids");
         const char *vm = tok_json_value(obj, end, "max_tokens");
-        CHECK(vp && vc && vi && vm && *vp == '"' && *vc == '"' && *vi == '[', "%s case %d: unexpected layout", file, n);
+        CHECK(vp && vc && vi && vm && *vp == '"' && *vc == '"' && *vi == '[', "%s case %d: unexpected layout",
+              file, n);
         if (!vp || !vc || !vi || !vm) break;
         if (v) {
             size_t len = tok_json_string(v, c->model, sizeof c->model - 1);
@@ -640,22 +685,27 @@ static void test_detokenizer_references(void) {
             const ref_case *c = &cases[i];
             llm_gguf g;
             char err[LLM_ERR_LEN] = "";
-            if (llm_gguf_open(&g, model_path(c->model), err) != 0) { CHECK(0, "open %s: %s", c->model, err); continue; }
+            if (llm_gguf_open(&g, model_path(c->model), err) != 0) {
+                CHECK(0, "open %s: %s", c->model, err);
+                continue;
+            }
             llm_tokenizer *t = llm_tokenizer_load(&g, err);
             CHECK(t != NULL, "tokenizer of %s: %s", c->model, err);
             if (t) {
                 char text[8192];
                 int bad = 0;
                 size_t len = tok_detok_all(t, c->ids, c->n_ids, text, sizeof text, &bad);
-                CHECK(c->n_ids > 0 && len == c->n_completion && memcmp(text, c->completion, len) == 0 && bad == 0,
-                      "%s: %d completion ids do not detokenize to the reference completion", c->model, c->n_ids);
+                CHECK(c->n_ids > 0 && len == c->n_completion && memcmp(text, c->completion, len) == 0 &&
+                      bad == 0, "%s: %d completion ids do not detokenize to the reference completion",
+                      c->model, c->n_ids);
                 if (f == 0) {
                     int32_t pids[256];
                     int np = llm_tokenize(t, c->prompt, c->n_prompt, llm_tokenizer_adds_bos(t), 0, pids, 256);
                     char expect[1100] = " ";
                     memcpy(expect + 1, c->prompt, c->n_prompt);
                     len = tok_detok_all(t, pids, np, text, sizeof text, &bad);
-                    CHECK(np >= 1 && pids[0] == 1 && len == (c->n_prompt ? c->n_prompt + 1 : 0) && memcmp(text, expect, len) == 0,
+                    CHECK(np >= 1 && pids[0] == 1 && len == (c->n_prompt ? c->n_prompt + 1 : 0) &&
+                          memcmp(text, expect, len) == 0,
                           "stories260K prompt \"%s\": BOS and the prompt back", c->prompt);
                 }
                 llm_tokenizer_free(t);
@@ -709,27 +759,38 @@ static void run_engine(llm_engine *e, run_result *r) {
         const llm_output *out;
         int n = llm_engine_step(e, &out);
         const char *error = NULL;   /* the step failed: its sequences finished with an error */
-        for (int i = 0; i < n && !error; i++) if (out[i].finish_reason == LLM_FINISH_ERROR) error = out[i].error;
+        for (int i = 0; i < n && !error; i++)
+            if (out[i].finish_reason == LLM_FINISH_ERROR) error = out[i].error;
         CHECK(!error, "engine step: %s", error);
         if (error) return;
         r->steps++;
         for (int i = 0; i < n; i++) {
             int slot = run_slot(r, out[i].request_id), k = out[i].index;
-            if (slot < 0 || k < 0 || k >= 4) { CHECK(0, "output for an unknown request %llu/%d", (unsigned long long)out[i].request_id, k); continue; }
+            if (slot < 0 || k < 0 || k >= 4) {
+                CHECK(0, "output for an unknown request %llu/%d", (unsigned long long)out[i].request_id, k);
+                continue;
+            }
             for (int t = 0; t < out[i].n_tokens && r->n_tokens[slot][k] < 600; t++) {
                 if (out[i].logprobs) r->logprobs[slot][k][r->n_tokens[slot][k]] = out[i].logprobs[t];
                 r->tokens[slot][k][r->n_tokens[slot][k]++] = out[i].token_ids[t];
             }
-            if (out[i].text_len > 0 && r->text_len[slot][k] + out[i].text_len < 4096) memcpy(r->text[slot][k] + r->text_len[slot][k], out[i].text, (size_t)out[i].text_len);
+            if (out[i].text_len > 0 && r->text_len[slot][k] + out[i].text_len < 4096)
+                memcpy(r->text[slot][k] + r->text_len[slot][k], out[i].text, (size_t)out[i].text_len);
             r->text_len[slot][k] += out[i].text_len;
-            if (r->stop_probe && out[i].text_len && memmem(out[i].text, (size_t)out[i].text_len, r->stop_probe, strlen(r->stop_probe))) r->text_chunks_with_stop++;
+            if (r->stop_probe && out[i].text_len &&
+                memmem(out[i].text, (size_t)out[i].text_len, r->stop_probe, strlen(r->stop_probe)))
+                r->text_chunks_with_stop++;
             if (out[i].finish_reason) r->finish[slot][k] = out[i].finish_reason;
         }
-        if (llm_engine_check_blocks(e, err) != 0) { r->bad_audits++; if (r->bad_audits == 1) CHECK(0, "block audit: %s", err); }
+        if (llm_engine_check_blocks(e, err) != 0) {
+            r->bad_audits++;
+            if (r->bad_audits == 1) CHECK(0, "block audit: %s", err);
+        }
     }
 }
 
-static int run_add(llm_engine *e, run_result *r, const char *prompt, const int32_t *ids, int n_ids, const llm_sampling_params *p) {
+static int run_add(llm_engine *e, run_result *r, const char *prompt, const int32_t *ids, int n_ids,
+                   const llm_sampling_params *p) {
     char err[LLM_ERR_LEN] = "";
     uint64_t id = llm_engine_add_request(e, prompt, ids, n_ids, p, NULL, err);
     CHECK(id > 0, "add_request: %s", err);
@@ -754,11 +815,16 @@ static int all_blocks_free(llm_engine *e) {
  * -------------------------------------------------------------------------------------------------------- */
 /* Checks request slot of r against reference case c. */
 static void check_reference(const run_result *r, int slot, const ref_case *c, const char *how) {
-    CHECK(r->n_tokens[slot][0] == c->n_ids && !memcmp(r->tokens[slot][0], c->ids, (size_t)c->n_ids * sizeof(int32_t)),
-          "stories260K \"%s\" (%s): %d tokens, not llama.cpp's %d", c->prompt, how, r->n_tokens[slot][0], c->n_ids);
-    CHECK(r->text_len[slot][0] == (int)c->n_completion && !memcmp(r->text[slot][0], c->completion, c->n_completion),
-          "stories260K \"%s\" (%s): text is not llama.cpp's: \"%.*s\"", c->prompt, how, r->text_len[slot][0], r->text[slot][0]);
-    CHECK(r->finish[slot][0] == LLM_FINISH_LENGTH, "stories260K \"%s\" (%s): finish reason %d", c->prompt, how, r->finish[slot][0]);
+    CHECK(r->n_tokens[slot][0] == c->n_ids &&
+          !memcmp(r->tokens[slot][0], c->ids, (size_t)c->n_ids * sizeof(int32_t)),
+          "stories260K \"%s\" (%s): %d tokens, not llama.cpp's %d",
+          c->prompt, how, r->n_tokens[slot][0], c->n_ids);
+    CHECK(r->text_len[slot][0] == (int)c->n_completion &&
+          !memcmp(r->text[slot][0], c->completion, c->n_completion),
+          "stories260K \"%s\" (%s): text is not llama.cpp's: \"%.*s\"",
+          c->prompt, how, r->text_len[slot][0], r->text[slot][0]);
+    CHECK(r->finish[slot][0] == LLM_FINISH_LENGTH, "stories260K \"%s\" (%s): finish reason %d",
+          c->prompt, how, r->finish[slot][0]);
 }
 
 static void test_stories_reference(void) {
@@ -777,7 +843,8 @@ static void test_stories_reference(void) {
         run_engine(e, r);
         check_reference(r, 0, &cases[i], "alone");
     }
-    /* all together: the prompts are one batch in the first forward call, then every step is one call for all */
+    /* all together: the prompts are one batch in the first forward call,
+     * then every step is one call for all */
     memset(r, 0, sizeof *r);
     int max_tokens = 0;
     for (int i = 0; i < n; i++) {
@@ -806,9 +873,13 @@ static void test_random_models_reference(void) {
         llm_sampling_params p = greedy(cases[i].max_tokens);
         run_add(e, r, cases[i].prompt, NULL, 0, &p);
         run_engine(e, r);
-        int same = r->n_tokens[0][0] == cases[i].n_ids && !memcmp(r->tokens[0][0], cases[i].ids, (size_t)cases[i].n_ids * sizeof(int32_t));
+        int same = r->n_tokens[0][0] == cases[i].n_ids &&
+                   !memcmp(r->tokens[0][0], cases[i].ids, (size_t)cases[i].n_ids * sizeof(int32_t));
         CHECK(same, "%s: greedy ids differ from llama.cpp's", cases[i].model);
-        if (!same) { tok_print_ids("ours", r->tokens[0][0], r->n_tokens[0][0]); tok_print_ids("llama.cpp", cases[i].ids, cases[i].n_ids); }
+        if (!same) {
+            tok_print_ids("ours", r->tokens[0][0], r->n_tokens[0][0]);
+            tok_print_ids("llama.cpp", cases[i].ids, cases[i].n_ids);
+        }
         llm_engine_destroy(e);
     }
     free(r); free(cases);
@@ -835,9 +906,11 @@ static void test_paged_forward(const char *model) {
     int V = m.cfg.vocab_size;
     uint64_t rng = 7;
     int32_t toks[S][LEN];
-    for (int s = 0; s < S; s++) for (int i = 0; i < LEN; i++) toks[s][i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)V);
+    for (int s = 0; s < S; s++)
+        for (int i = 0; i < LEN; i++) toks[s][i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)V);
     /* reference: sequence 0 alone, one block of 128, every position's logits in one call */
-    float *ref = (float *)malloc((size_t)LEN * V * sizeof(float)), *got = (float *)malloc((size_t)S * LEN * V * sizeof(float));
+    float *ref = (float *)malloc((size_t)LEN * V * sizeof(float)),
+          *got = (float *)malloc((size_t)S * LEN * V * sizeof(float));
     int32_t pos[S * LEN], rows[S * LEN], one_block[1] = {0}, start[S + 1];
     for (int i = 0; i < LEN; i++) { pos[i] = i; rows[i] = i; }
     const int32_t *tables1[1] = {one_block};
@@ -855,16 +928,24 @@ static void test_paged_forward(const char *model) {
         /* the blocks of all sequences interleaved in a shuffled order */
         int32_t *perm = (int32_t *)malloc((size_t)nb * sizeof(int32_t)), *tables[S];
         for (int i = 0; i < nb; i++) perm[i] = i;
-        for (int i = nb - 1; i > 0; i--) { int j = (int)(llm_splitmix64(&rng) % (uint64_t)(i + 1)); int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t; }
+        for (int i = nb - 1; i > 0; i--) {
+            int j = (int)(llm_splitmix64(&rng) % (uint64_t)(i + 1));
+            int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+        }
         for (int s = 0; s < S; s++) tables[s] = perm + s * per_seq;
-        /* in three calls: sequences at different stages (chunks of 23, 30, 17 tokens, shifted per sequence) */
+        /* in three calls: sequences at different stages
+         * (chunks of 23, 30, 17 tokens, shifted per sequence) */
         static const int cuts[S][4] = {{0, 23, 53, LEN}, {0, 40, 41, LEN}, {0, 5, 69, LEN}};
         int ok = 1;
         for (int call = 0; call < 3 && ok; call++) {
             int32_t bt_tok[S * LEN], n = 0, nl = 0;
             for (int s = 0; s < S; s++) {
                 start[s] = n;
-                for (int i = cuts[s][call]; i < cuts[s][call + 1]; i++) { bt_tok[n] = toks[s][i]; pos[n] = i; if (s == 0) rows[nl++] = n; n++; }
+                for (int i = cuts[s][call]; i < cuts[s][call + 1]; i++) {
+                    bt_tok[n] = toks[s][i]; pos[n] = i;
+                    if (s == 0) rows[nl++] = n;
+                    n++;
+                }
             }
             start[S] = n;
             const int32_t *tbl[S] = {tables[0], tables[1], tables[2]};
@@ -882,7 +963,8 @@ static void test_paged_forward(const char *model) {
             }
             if (diff / (mx > 0 ? mx : 1) > worst) worst = diff / (mx > 0 ? mx : 1);
         }
-        CHECK(ok && worst <= 1e-5, "%s block size %d: logits differ from the sequence alone by %g (relative)", model, bs, worst);
+        CHECK(ok && worst <= 1e-5, "%s block size %d: logits differ from the sequence alone by %g (relative)",
+              model, bs, worst);
         free(perm);
         if (be) be->destroy(be);
     }
@@ -900,7 +982,8 @@ static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 static size_t quantize_row(uint32_t type, const float *x, int64_t n, uint8_t *out) {
     size_t o = 0;
     for (int64_t i = 0; i < n && (type == LLM_F16 || type == LLM_BF16); i++, o += 2)
-        put16(out + o, type == LLM_F16 ? llm_f32_to_f16(x[i]) : (uint16_t)(((union { float f; uint32_t u; }){x[i]}.u + 0x8000u) >> 16));
+        put16(out + o, type == LLM_F16 ? llm_f32_to_f16(x[i]) :
+                       (uint16_t)(((union { float f; uint32_t u; }){x[i]}.u + 0x8000u) >> 16));
     for (int64_t b = 0; b < n / 32 && type == LLM_Q8_0; b++, o += 34) {
         float amax = 0;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
@@ -914,12 +997,15 @@ static size_t quantize_row(uint32_t type, const float *x, int64_t n, uint8_t *ou
         float lo = xb[0], hi = xb[0];
         for (int j = 1; j < 32; j++) { lo = fminf(lo, xb[j]); hi = fmaxf(hi, xb[j]); }
         float d, m = 0;
-        if (type == LLM_Q4_1) { d = (hi - lo) / 15; m = lo; put16(out + o, llm_f32_to_f16(d)); put16(out + o + 2, llm_f32_to_f16(m)); }
-        else { d = fmaxf(fabsf(lo), fabsf(hi)) / 7; put16(out + o, llm_f32_to_f16(d)); }
+        if (type == LLM_Q4_1) {
+            d = (hi - lo) / 15; m = lo;
+            put16(out + o, llm_f32_to_f16(d)); put16(out + o + 2, llm_f32_to_f16(m));
+        } else { d = fmaxf(fabsf(lo), fabsf(hi)) / 7; put16(out + o, llm_f32_to_f16(d)); }
         d = llm_f16_to_f32(llm_f32_to_f16(d)); m = llm_f16_to_f32(llm_f32_to_f16(m));
         uint8_t *q = out + o + (type == LLM_Q4_1 ? 4 : 2);
         for (int j = 0; j < 16; j++) {
-            int a = (int)lrintf(d ? (xb[j] - m) / d : 0) + (type == LLM_Q4_0 ? 8 : 0), c = (int)lrintf(d ? (xb[j + 16] - m) / d : 0) + (type == LLM_Q4_0 ? 8 : 0);
+            int a = (int)lrintf(d ? (xb[j] - m) / d : 0) + (type == LLM_Q4_0 ? 8 : 0),
+                c = (int)lrintf(d ? (xb[j + 16] - m) / d : 0) + (type == LLM_Q4_0 ? 8 : 0);
             a = a < 0 ? 0 : a > 15 ? 15 : a; c = c < 0 ? 0 : c > 15 ? 15 : c;
             q[j] = (uint8_t)(a | c << 4);
         }
@@ -932,33 +1018,40 @@ static void test_weight_types(void) {
     /* exact values */
     uint8_t row[64];
     float out[32];
-    put16(row, 0x3C00); put16(row + 2, 0xC000); put16(row + 4, 0x7BFF); put16(row + 6, 0x0001);   /* 1 -2 65504 2^-24 */
+    /* 1 -2 65504 2^-24 */
+    put16(row, 0x3C00); put16(row + 2, 0xC000); put16(row + 4, 0x7BFF); put16(row + 6, 0x0001);
     llm_dtype_dequant_row(LLM_F16, row, out, 4);
-    CHECK(out[0] == 1.0f && out[1] == -2.0f && out[2] == 65504.0f && out[3] == ldexpf(1, -24), "f16 values: %g %g %g %g", out[0], out[1], out[2], out[3]);
-    put16(row, 0x3F80); put16(row + 2, 0xC0A0);                                                     /* 1 -5 */
+    CHECK(out[0] == 1.0f && out[1] == -2.0f && out[2] == 65504.0f && out[3] == ldexpf(1, -24),
+          "f16 values: %g %g %g %g", out[0], out[1], out[2], out[3]);
+    put16(row, 0x3F80); put16(row + 2, 0xC0A0);     /* 1 -5 */
     llm_dtype_dequant_row(LLM_BF16, row, out, 2);
     CHECK(out[0] == 1.0f && out[1] == -5.0f, "bf16 values: %g %g", out[0], out[1]);
-    put16(row, 0x3800);                                                                              /* d = 0.5 */
+    put16(row, 0x3800);                             /* d = 0.5 */
     for (int j = 0; j < 32; j++) row[2 + j] = (uint8_t)(int8_t)(j - 16);
     llm_dtype_dequant_row(LLM_Q8_0, row, out, 32);
-    CHECK(out[0] == -8.0f && out[16] == 0.0f && out[31] == 7.5f, "q8_0 values: %g %g %g", out[0], out[16], out[31]);
-    put16(row, 0x4000);                                                                              /* d = 2 */
+    CHECK(out[0] == -8.0f && out[16] == 0.0f && out[31] == 7.5f,
+          "q8_0 values: %g %g %g", out[0], out[16], out[31]);
+    put16(row, 0x4000);                             /* d = 2 */
     for (int j = 0; j < 16; j++) row[2 + j] = (uint8_t)(j | (15 - j) << 4);
     llm_dtype_dequant_row(LLM_Q4_0, row, out, 32);
-    CHECK(out[0] == -16.0f && out[15] == 14.0f && out[16] == 14.0f && out[31] == -16.0f, "q4_0 values: %g %g %g %g", out[0], out[15], out[16], out[31]);
-    put16(row, 0x3C00); put16(row + 2, 0xBC00);                                                      /* d = 1, m = -1 */
+    CHECK(out[0] == -16.0f && out[15] == 14.0f && out[16] == 14.0f && out[31] == -16.0f,
+          "q4_0 values: %g %g %g %g", out[0], out[15], out[16], out[31]);
+    put16(row, 0x3C00); put16(row + 2, 0xBC00);     /* d = 1, m = -1 */
     for (int j = 0; j < 16; j++) row[4 + j] = (uint8_t)(j | (15 - j) << 4);
     llm_dtype_dequant_row(LLM_Q4_1, row, out, 32);
-    CHECK(out[0] == -1.0f && out[15] == 14.0f && out[16] == 14.0f && out[31] == -1.0f, "q4_1 values: %g %g %g %g", out[0], out[15], out[16], out[31]);
-    CHECK(llm_dtype_row_bytes(LLM_Q8_0, 64) == 68 && llm_dtype_row_bytes(LLM_Q4_0, 64) == 36 && llm_dtype_row_bytes(LLM_Q4_1, 64) == 40 &&
-          llm_dtype_row_bytes(LLM_F16, 64) == 128 && llm_dtype_row_bytes(77, 64) == 0, "row sizes");
+    CHECK(out[0] == -1.0f && out[15] == 14.0f && out[16] == 14.0f && out[31] == -1.0f,
+          "q4_1 values: %g %g %g %g", out[0], out[15], out[16], out[31]);
+    CHECK(llm_dtype_row_bytes(LLM_Q8_0, 64) == 68 && llm_dtype_row_bytes(LLM_Q4_0, 64) == 36 &&
+          llm_dtype_row_bytes(LLM_Q4_1, 64) == 40 && llm_dtype_row_bytes(LLM_F16, 64) == 128 &&
+          llm_dtype_row_bytes(77, 64) == 0, "row sizes");
 
     /* the model with converted weights: logits of a prompt against f32's */
     llm_model m;
     char err[LLM_ERR_LEN];
     if (llm_model_load(&m, model_path("stories260K.gguf"), err) != 0) { CHECK(0, "load: %s", err); return; }
     static const uint32_t types[] = {LLM_F16, LLM_BF16, LLM_Q8_0, LLM_Q4_1, LLM_Q4_0};
-    static const double tolerance[] = {0.005, 0.03, 0.05, 0.4, 0.6};  /* of the largest logit's size (measured: 0.0008 0.006 0.017 0.22 0.37) */
+    /* of the largest logit's size (measured: 0.0008 0.006 0.017 0.22 0.37) */
+    static const double tolerance[] = {0.005, 0.03, 0.05, 0.4, 0.6};
     enum { T = 24 };
     int V = m.cfg.vocab_size;
     int32_t toks[T], pos[T], rows[T], block[1] = {0}, start[2] = {0, T};
@@ -966,7 +1059,8 @@ static void test_weight_types(void) {
     for (int i = 0; i < T; i++) { toks[i] = (int32_t)(1 + i * 37 % (V - 1)); pos[i] = i; rows[i] = i; }
     llm_batch b = {.n_tokens = T, .tokens = toks, .positions = pos, .n_seqs = 1,
                         .seq_start = start, .block_tables = tables, .n_logits = T, .logit_rows = rows};
-    float *ref = (float *)malloc((size_t)T * V * sizeof(float)), *got = (float *)malloc((size_t)T * V * sizeof(float));
+    float *ref = (float *)malloc((size_t)T * V * sizeof(float)),
+          *got = (float *)malloc((size_t)T * V * sizeof(float));
     llm_backend *be = cpu_backend(&m, 1, 32);
     CHECK(be && be->forward(be, &b, ref, err) == 0, "f32 forward: %s", err);
     if (be) be->destroy(be);
@@ -989,10 +1083,12 @@ static void test_weight_types(void) {
         for (int k = 0; k < n_mats; k++) {
             llm_weight *w = mats[k];
             bufs[k] = NULL;
-            if (w->cols % 32 && types[ti] != LLM_F16 && types[ti] != LLM_BF16) continue;  /* stays f32, as llama.cpp keeps it */
+            if (w->cols % 32 && types[ti] != LLM_F16 && types[ti] != LLM_BF16)
+                continue;  /* stays f32, as llama.cpp keeps it */
             uint8_t *buf = (uint8_t *)malloc(llm_dtype_row_bytes(types[ti], w->cols) * (size_t)w->rows);
             for (int64_t r = 0; r < w->rows; r++)
-                quantize_row(types[ti], (const float *)w->data + r * w->cols, w->cols, buf + (size_t)r * llm_dtype_row_bytes(types[ti], w->cols));
+                quantize_row(types[ti], (const float *)w->data + r * w->cols, w->cols,
+                             buf + (size_t)r * llm_dtype_row_bytes(types[ti], w->cols));
             w->data = buf; w->type = types[ti]; bufs[k] = buf;
         }
         if (same_output) q.output = q.tok_embd;
@@ -1002,10 +1098,14 @@ static void test_weight_types(void) {
         double worst = 0;
         for (int i = 0; i < T; i++) {
             double mx = 0, d = 0;
-            for (int v = 0; v < V; v++) { mx = fmax(mx, fabs(ref[(size_t)i * V + v])); d = fmax(d, fabs(ref[(size_t)i * V + v] - got[(size_t)i * V + v])); }
+            for (int v = 0; v < V; v++) {
+                mx = fmax(mx, fabs(ref[(size_t)i * V + v]));
+                d = fmax(d, fabs(ref[(size_t)i * V + v] - got[(size_t)i * V + v]));
+            }
             worst = fmax(worst, d / mx);
         }
-        CHECK(worst > 0 && worst < tolerance[ti], "stories260K as %s: logits within %g of f32's (got %g)", llm_dtype_name(types[ti]), tolerance[ti], worst);
+        CHECK(worst > 0 && worst < tolerance[ti], "stories260K as %s: logits within %g of f32's (got %g)",
+              llm_dtype_name(types[ti]), tolerance[ti], worst);
         for (int k = 0; k < n_mats; k++) free(bufs[k]);
         free(layers);
     }
@@ -1042,8 +1142,10 @@ static void test_sampler(void) {
     const float probs[5] = {0.05f, 0.4f, 0.1f, 0.25f, 0.2f};
     llm_sampling_params p = llm_sampling_defaults();
     CHECK(candidate_mask(&p, probs, 5) == 0x1F, "no filter keeps all five");
-    p.top_p = 0.6f;  CHECK(candidate_mask(&p, probs, 5) == ((1u << 1) | (1u << 3)), "top_p 0.6 keeps {1, 3} (0.4 + 0.25)");
-    p.top_p = 0.66f; CHECK(candidate_mask(&p, probs, 5) == ((1u << 1) | (1u << 3) | (1u << 4)), "top_p 0.66 keeps {1, 3, 4}");
+    p.top_p = 0.6f;  CHECK(candidate_mask(&p, probs, 5) == ((1u << 1) | (1u << 3)),
+                           "top_p 0.6 keeps {1, 3} (0.4 + 0.25)");
+    p.top_p = 0.66f; CHECK(candidate_mask(&p, probs, 5) == ((1u << 1) | (1u << 3) | (1u << 4)),
+                           "top_p 0.66 keeps {1, 3, 4}");
     p.top_p = 0.3f;  CHECK(candidate_mask(&p, probs, 5) == (1u << 1), "top_p 0.3 keeps {1}");
     p.top_p = 1.0f; p.min_p = 0.45f;  /* keep p >= 0.45 * 0.4 = 0.18 */
     CHECK(candidate_mask(&p, probs, 5) == ((1u << 1) | (1u << 3) | (1u << 4)), "min_p 0.45 keeps {1, 3, 4}");
@@ -1055,9 +1157,11 @@ static void test_sampler(void) {
     CHECK(candidate_mask(&p, probs, 5) == ((1u << 1) | (1u << 3)), "top_k 2 keeps {1, 3}");
     p.top_k = 3; p.top_p = 0.7f;      /* top 3 = 0.4 0.25 0.2 renormalised: 0.47 0.29 -> 0.76 reaches 0.7 */
     CHECK(candidate_mask(&p, probs, 5) == ((1u << 1) | (1u << 3)), "top_k 3 then top_p 0.7 keeps {1, 3}");
-    /* temperature sharpens: at T = 0.5 the weights are p^2: 0.16 0.0625 0.04 ...; min_p 0.3 keeps p^2 >= 0.048 */
+    /* temperature sharpens: at T = 0.5 the weights are p^2: 0.16 0.0625 0.04 ...;
+     * min_p 0.3 keeps p^2 >= 0.048 */
     p = llm_sampling_defaults(); p.temperature = 0.5f; p.min_p = 0.3f;
-    CHECK(candidate_mask(&p, probs, 5) == ((1u << 1) | (1u << 3)), "temperature 0.5 with min_p 0.3 keeps {1, 3}");
+    CHECK(candidate_mask(&p, probs, 5) == ((1u << 1) | (1u << 3)),
+          "temperature 0.5 with min_p 0.3 keeps {1, 3}");
 
     /* random logits over a vocabulary of 1000: top-k 1 is greedy; a seed repeats; different seeds differ */
     enum { V = 1000, N = 200 };
@@ -1100,21 +1204,25 @@ static void test_sampler(void) {
         llm_sampler *smp4 = llm_sampler_create(4, NULL);
         const float *w = llm_sampler_penalize(smp4, &s, lg, history, 2, 2);
         int32_t t = llm_sampler_sample(smp4, &s, lg, history, 2, 2, &st);
-        CHECK(w[0] == 1.0f && w[1] == 1.0f && w[2] == 0.5f && w[3] == -2.0f, "repetition penalty: %g %g %g %g", w[0], w[1], w[2], w[3]);
+        CHECK(w[0] == 1.0f && w[1] == 1.0f && w[2] == 0.5f && w[3] == -2.0f,
+              "repetition penalty: %g %g %g %g", w[0], w[1], w[2], w[3]);
         CHECK(t == 0, "repetition penalty: a tie goes to the lower id, got %d", t);
         /* with the output in the history too, token 1 is penalised as well */
         w = llm_sampler_penalize(smp4, &s, lg, history, 2, 4);
         t = llm_sampler_sample(smp4, &s, lg, history, 2, 4, &st);
-        CHECK(w[0] == 1.0f && w[1] == 0.5f && t == 0, "repetition penalty on output tokens: %g %g", w[0], w[1]);
+        CHECK(w[0] == 1.0f && w[1] == 0.5f && t == 0, "repetition penalty on output tokens: %g %g",
+              w[0], w[1]);
         s.repetition_penalty = 1.0f; s.presence_penalty = 1.5f; s.frequency_penalty = 0.5f;
         w = llm_sampler_penalize(smp4, &s, lg, history, 2, 4);
         t = llm_sampler_sample(smp4, &s, lg, history, 2, 4, &st);
-        CHECK(w[1] == 1.0f - 1.5f - 1.0f && w[0] == 2.0f && w[3] == -1.0f && t == 0, "presence/frequency penalties: %g %g %g %g", w[0], w[1], w[2], w[3]);
+        CHECK(w[1] == 1.0f - 1.5f - 1.0f && w[0] == 2.0f && w[3] == -1.0f && t == 0,
+              "presence/frequency penalties: %g %g %g %g", w[0], w[1], w[2], w[3]);
         /* the sampler only reads the logits it is given: the penalised ones are its own copy */
         CHECK(lg[0] == 2.0f && lg[1] == 1.0f && lg[2] == 0.5f && lg[3] == -1.0f && w != lg,
               "penalties leave the caller's logits as they were");
         s.presence_penalty = s.frequency_penalty = 0;
-        CHECK(llm_sampler_penalize(smp4, &s, lg, history, 2, 4) == lg, "no penalty: the logits themselves, no copy");
+        CHECK(llm_sampler_penalize(smp4, &s, lg, history, 2, 4) == lg,
+              "no penalty: the logits themselves, no copy");
         llm_sampler_free(smp4);
     }
     free(logits); llm_sampler_free(smp);
@@ -1163,8 +1271,9 @@ static void test_gguf_values(void) {
 #define PUT_U64(v) do { uint64_t x_ = (uint64_t)(v); PUT(&x_, 8); } while (0)
 #define PUT_KEY(k, type) do { PUT_U64(strlen(k)); PUT(k, strlen(k)); PUT_U32(type); } while (0)
         PUT("GGUF", 4); PUT_U32(version); PUT_U64(2); PUT_U64(16);
-        uint8_t u8 = 200; int8_t i8 = -100; uint16_t u16 = 60000; int16_t i16 = -30000; uint32_t u32 = 4000000000u;
-        int32_t i32 = -2000000000; float f32 = 1.5f; uint8_t bl = 1; uint64_t u64 = 1ull << 40; int64_t i64 = -(1ll << 40); double f64 = -0.25;
+        uint8_t u8 = 200; int8_t i8 = -100; uint16_t u16 = 60000; int16_t i16 = -30000;
+        uint32_t u32 = 4000000000u; int32_t i32 = -2000000000; float f32 = 1.5f; uint8_t bl = 1;
+        uint64_t u64 = 1ull << 40; int64_t i64 = -(1ll << 40); double f64 = -0.25;
         PUT_KEY("a.u8", LLM_GGUF_U8); PUT(&u8, 1);       PUT_KEY("a.i8", LLM_GGUF_I8); PUT(&i8, 1);
         PUT_KEY("a.u16", LLM_GGUF_U16); PUT(&u16, 2);    PUT_KEY("a.i16", LLM_GGUF_I16); PUT(&i16, 2);
         PUT_KEY("a.u32", LLM_GGUF_U32); PUT(&u32, 4);    PUT_KEY("a.i32", LLM_GGUF_I32); PUT(&i32, 4);
@@ -1172,9 +1281,12 @@ static void test_gguf_values(void) {
         PUT_KEY("a.u64", LLM_GGUF_U64); PUT(&u64, 8);    PUT_KEY("a.i64", LLM_GGUF_I64); PUT(&i64, 8);
         PUT_KEY("a.f64", LLM_GGUF_F64); PUT(&f64, 8);
         PUT_KEY("a.str", LLM_GGUF_STRING); PUT_U64(5); PUT("héll", 5);
-        PUT_KEY("a.ints", LLM_GGUF_ARRAY); PUT_U32(LLM_GGUF_I16); PUT_U64(3); int16_t ints[3] = {-1, 2, -3}; PUT(ints, 6);
-        PUT_KEY("a.floats", LLM_GGUF_ARRAY); PUT_U32(LLM_GGUF_F64); PUT_U64(2); double fl[2] = {0.5, -8}; PUT(fl, 16);
-        PUT_KEY("a.strs", LLM_GGUF_ARRAY); PUT_U32(LLM_GGUF_STRING); PUT_U64(2); PUT_U64(1); PUT("x", 1); PUT_U64(0);
+        PUT_KEY("a.ints", LLM_GGUF_ARRAY); PUT_U32(LLM_GGUF_I16); PUT_U64(3);
+        int16_t ints[3] = {-1, 2, -3}; PUT(ints, 6);
+        PUT_KEY("a.floats", LLM_GGUF_ARRAY); PUT_U32(LLM_GGUF_F64); PUT_U64(2);
+        double fl[2] = {0.5, -8}; PUT(fl, 16);
+        PUT_KEY("a.strs", LLM_GGUF_ARRAY); PUT_U32(LLM_GGUF_STRING); PUT_U64(2);
+        PUT_U64(1); PUT("x", 1); PUT_U64(0);
         PUT_KEY("general.alignment", LLM_GGUF_U32); PUT_U32(64);
         /* tensors: t0 f32 [4, 2] at 0, t1 f16 [8] at 64 */
         PUT_U64(2); PUT("t0", 2); PUT_U32(2); PUT_U64(4); PUT_U64(2); PUT_U32(LLM_F32); PUT_U64(0);
@@ -1192,22 +1304,29 @@ static void test_gguf_values(void) {
         int ok = llm_gguf_parse(&g, buf, n, err) == 0;
         CHECK(ok, "hand-written GGUF v%d parses: %s", version, err);
         if (!ok) continue;
-        CHECK(llm_gguf_int(&g, "a.u8", 0) == 200 && llm_gguf_int(&g, "a.i8", 0) == -100 && llm_gguf_int(&g, "a.u16", 0) == 60000 &&
-              llm_gguf_int(&g, "a.i16", 0) == -30000 && llm_gguf_int(&g, "a.u32", 0) == 4000000000ll && llm_gguf_int(&g, "a.i32", 0) == -2000000000 &&
-              llm_gguf_int(&g, "a.bool", 0) == 1 && llm_gguf_int(&g, "a.u64", 0) == (1ll << 40) && llm_gguf_int(&g, "a.i64", 0) == -(1ll << 40),
-              "v%d integers read back", version);
-        CHECK(llm_gguf_float(&g, "a.f32", 0) == 1.5 && llm_gguf_float(&g, "a.f64", 0) == -0.25 && llm_gguf_float(&g, "a.u8", 0) == 200.0 &&
-              llm_gguf_float(&g, "missing", 7.0) == 7.0 && llm_gguf_int(&g, "a.str", -5) == -5, "v%d floats and fallbacks", version);
+        CHECK(llm_gguf_int(&g, "a.u8", 0) == 200 && llm_gguf_int(&g, "a.i8", 0) == -100 &&
+              llm_gguf_int(&g, "a.u16", 0) == 60000 && llm_gguf_int(&g, "a.i16", 0) == -30000 &&
+              llm_gguf_int(&g, "a.u32", 0) == 4000000000ll && llm_gguf_int(&g, "a.i32", 0) == -2000000000 &&
+              llm_gguf_int(&g, "a.bool", 0) == 1 && llm_gguf_int(&g, "a.u64", 0) == (1ll << 40) &&
+              llm_gguf_int(&g, "a.i64", 0) == -(1ll << 40), "v%d integers read back", version);
+        CHECK(llm_gguf_float(&g, "a.f32", 0) == 1.5 && llm_gguf_float(&g, "a.f64", 0) == -0.25 &&
+              llm_gguf_float(&g, "a.u8", 0) == 200.0 && llm_gguf_float(&g, "missing", 7.0) == 7.0 &&
+              llm_gguf_int(&g, "a.str", -5) == -5, "v%d floats and fallbacks", version);
         llm_str s = llm_gguf_string(&g, "a.str");
-        CHECK(s.len == 5 && !memcmp(s.ptr, "héll", 5) && !llm_gguf_string(&g, "a.u8").ptr, "v%d string", version);
-        const llm_gguf_kv *ai = llm_gguf_find(&g, "a.ints"), *af = llm_gguf_find(&g, "a.floats"), *as = llm_gguf_find(&g, "a.strs");
-        CHECK(ai && ai->arr_len == 3 && llm_gguf_arr_int(ai, 0) == -1 && llm_gguf_arr_int(ai, 2) == -3 && llm_gguf_arr_int(ai, 3) == 0,
-              "v%d integer array", version);
-        CHECK(af && af->arr_len == 2 && llm_gguf_arr_float(af, 0) == 0.5 && llm_gguf_arr_float(af, 1) == -8.0, "v%d float array", version);
-        CHECK(as && as->arr_len == 2 && as->strs[0].len == 1 && as->strs[0].ptr[0] == 'x' && as->strs[1].len == 0, "v%d string array", version);
+        CHECK(s.len == 5 && !memcmp(s.ptr, "héll", 5) && !llm_gguf_string(&g, "a.u8").ptr,
+              "v%d string", version);
+        const llm_gguf_kv *ai = llm_gguf_find(&g, "a.ints"), *af = llm_gguf_find(&g, "a.floats"),
+                          *as = llm_gguf_find(&g, "a.strs");
+        CHECK(ai && ai->arr_len == 3 && llm_gguf_arr_int(ai, 0) == -1 && llm_gguf_arr_int(ai, 2) == -3 &&
+              llm_gguf_arr_int(ai, 3) == 0, "v%d integer array", version);
+        CHECK(af && af->arr_len == 2 && llm_gguf_arr_float(af, 0) == 0.5 &&
+              llm_gguf_arr_float(af, 1) == -8.0, "v%d float array", version);
+        CHECK(as && as->arr_len == 2 && as->strs[0].len == 1 && as->strs[0].ptr[0] == 'x' &&
+              as->strs[1].len == 0, "v%d string array", version);
         const llm_gguf_tensor *t0 = llm_gguf_tensor_find(&g, "t0"), *t1 = llm_gguf_tensor_find(&g, "t1");
-        CHECK(g.alignment == 64 && t0 && t1 && t0->ne[0] == 4 && t0->ne[1] == 2 && t0->nbytes == 32 && t1->nbytes == 16 &&
-              (const uint8_t *)t0->data == buf + data && (const uint8_t *)t1->data == buf + data + 64 && ((const float *)t0->data)[7] == 7.0f,
+        CHECK(g.alignment == 64 && t0 && t1 && t0->ne[0] == 4 && t0->ne[1] == 2 && t0->nbytes == 32 &&
+              t1->nbytes == 16 && (const uint8_t *)t0->data == buf + data &&
+              (const uint8_t *)t1->data == buf + data + 64 && ((const float *)t0->data)[7] == 7.0f,
               "v%d tensors at their aligned offsets", version);
         llm_gguf_close(&g);
         /* a tensor offset that is not a multiple of the alignment */
@@ -1244,18 +1363,24 @@ static void test_gguf_errors(void) {
     e = load_bytes(file, 100); CHECK(strstr(e, "truncated") != NULL, "truncated header: \"%s\"", e);
     e = load_bytes(file, n - 1000); CHECK(strstr(e, "past the end") != NULL, "truncated data: \"%s\"", e);
     memcpy(buf, file, n); uint32_t bad_type = 77; memcpy(buf + k_type, &bad_type, 4);
-    e = load_bytes(buf, n); CHECK(strstr(e, "unknown") && strstr(e, "tensor type") && strstr(e, "blk.3.attn_k.weight"), "unknown tensor type: \"%s\"", e);
+    e = load_bytes(buf, n); CHECK(strstr(e, "unknown") && strstr(e, "tensor type") &&
+                                  strstr(e, "blk.3.attn_k.weight"), "unknown tensor type: \"%s\"", e);
     memcpy(buf, file, n); uint64_t far = (uint64_t)n * 4; memcpy(buf + k_type + 4, &far, 8);
-    e = load_bytes(buf, n); CHECK(strstr(e, "past the end") && strstr(e, "blk.3.attn_k.weight"), "tensor offset past the end: \"%s\"", e);
-    memcpy(buf, file, n); buf[k_name + strlen("blk.3.attn_k.weight") - 1] = 'X';   /* renamed: now it is missing */
-    e = load_bytes(buf, n); CHECK(strstr(e, "missing tensor") && strstr(e, "blk.3.attn_k.weight"), "missing tensor: \"%s\"", e);
+    e = load_bytes(buf, n); CHECK(strstr(e, "past the end") && strstr(e, "blk.3.attn_k.weight"),
+                                  "tensor offset past the end: \"%s\"", e);
+    /* renamed: now it is missing */
+    memcpy(buf, file, n); buf[k_name + strlen("blk.3.attn_k.weight") - 1] = 'X';
+    e = load_bytes(buf, n); CHECK(strstr(e, "missing tensor") && strstr(e, "blk.3.attn_k.weight"),
+                                  "missing tensor: \"%s\"", e);
     memcpy(buf, file, n); memcpy(buf + arch_at, "gpt9_", 5);
-    e = load_bytes(buf, n); CHECK(strstr(e, "unsupported architecture") && strstr(e, "gpt9_"), "unsupported architecture: \"%s\"", e);
+    e = load_bytes(buf, n); CHECK(strstr(e, "unsupported architecture") && strstr(e, "gpt9_"),
+                                  "unsupported architecture: \"%s\"", e);
     memcpy(buf, file, n); uint32_t v9 = 9; memcpy(buf + 4, &v9, 4);
     e = load_bytes(buf, n); CHECK(strstr(e, "version 9") != NULL, "unsupported version: \"%s\"", e);
     e = load_bytes("", 0); CHECK(strstr(e, "truncated") != NULL, "empty file: \"%s\"", e);
     llm_model m;
-    CHECK(llm_model_load(&m, "/nonexistent/model.gguf", err) != 0 && strstr(err, "cannot open"), "missing file: \"%s\"", err);
+    CHECK(llm_model_load(&m, "/nonexistent/model.gguf", err) != 0 && strstr(err, "cannot open"),
+          "missing file: \"%s\"", err);
 
     /* every cut of the header and metadata, and a sweep of single-byte corruptions through it: an error or a
      * successful parse, never a read outside the buffer (ASan watches) */
@@ -1277,7 +1402,8 @@ static void test_gguf_errors(void) {
         if (llm_gguf_parse(&g, buf, n, err) == 0) llm_gguf_close(&g);
         else { flips++; silent += err[0] == 0; }
     }
-    CHECK(flips > 0 && silent == 0, "corrupted headers: %d rejected, %d of them without a message", flips, silent);
+    CHECK(flips > 0 && silent == 0, "corrupted headers: %d rejected, %d of them without a message",
+          flips, silent);
     free(buf); free(file);
 }
 
@@ -1288,8 +1414,10 @@ static void test_block_manager(void) {
     llm_block_manager bm;
     char err[LLM_ERR_LEN];
     CHECK(llm_block_manager_init(&bm, 4, 16, 1, err) == 0, "block manager: %s", err);
-    int a = llm_block_alloc(&bm), b = llm_block_alloc(&bm), c = llm_block_alloc(&bm), d = llm_block_alloc(&bm);
-    CHECK(a == 0 && b == 1 && c == 2 && d == 3 && llm_block_alloc(&bm) == -1 && bm.num_free_blocks == 0, "four blocks, then none");
+    int a = llm_block_alloc(&bm), b = llm_block_alloc(&bm), c = llm_block_alloc(&bm),
+        d = llm_block_alloc(&bm);
+    CHECK(a == 0 && b == 1 && c == 2 && d == 3 && llm_block_alloc(&bm) == -1 && bm.num_free_blocks == 0,
+          "four blocks, then none");
     int32_t toks[16];
     for (int i = 0; i < 16; i++) toks[i] = i;
     uint64_t h1 = llm_block_hash(0, toks, 16), h2 = llm_block_hash(h1, toks, 16);
@@ -1298,7 +1426,8 @@ static void test_block_manager(void) {
     llm_block_release(&bm, b); llm_block_release(&bm, a); llm_block_release(&bm, c);   /* free list: b a c */
     CHECK(bm.num_free_blocks == 3, "three free");
     int got = llm_block_lookup(&bm, h1);   /* a cached free block comes back out of the free list */
-    CHECK(got == b && bm.blocks[b].ref_count == 1 && bm.num_free_blocks == 2, "prefix hit takes block %d back", got);
+    CHECK(got == b && bm.blocks[b].ref_count == 1 && bm.num_free_blocks == 2,
+          "prefix hit takes block %d back", got);
     got = llm_block_lookup(&bm, h1);       /* and can be shared */
     CHECK(got == b && bm.blocks[b].ref_count == 2, "second hit shares it");
     llm_block_release(&bm, b); llm_block_release(&bm, b);  /* free list: a c b */
@@ -1313,15 +1442,17 @@ static void test_block_manager(void) {
 /* -----------------------------------------------------------------------------------------------------------
  * Scheduler: batch invariance, preemption, chunked prefill
  * -------------------------------------------------------------------------------------------------------- */
-static const char *const story_words[] = {"Once", "upon", "a", "time", "there", "was", "a", "little", "girl", "named",
-    "Lily", "who", "loved", "to", "play", "in", "the", "park", "with", "her", "big", "red", "ball", "and", "dog"};
+static const char *const story_words[] = {
+    "Once", "upon", "a", "time", "there", "was", "a", "little", "girl", "named", "Lily", "who", "loved", "to",
+    "play", "in", "the", "park", "with", "her", "big", "red", "ball", "and", "dog"};
 
 /* A prompt of about n_words words, different for each i. */
 static void story_prompt(char *out, size_t cap, int i, int n_words) {
     size_t len = 0;
     out[0] = 0;
     for (int w = 0; w < n_words && len + 16 < cap; w++)
-        len += (size_t)snprintf(out + len, cap - len, "%s%s", w ? " " : "", story_words[(i * 7 + w * (i % 5 + 1)) % 25]);
+        len += (size_t)snprintf(out + len, cap - len, "%s%s", w ? " " : "",
+                                story_words[(i * 7 + w * (i % 5 + 1)) % 25]);
 }
 
 enum { N_MIX = 32 };
@@ -1338,9 +1469,12 @@ static void mixed_requests(llm_engine *e, run_result *r) {
 static int same_outputs(const run_result *a, const run_result *b, const char *what) {
     int bad = 0;
     for (int i = 0; i < N_MIX; i++)
-        if (a->n_tokens[i][0] != b->n_tokens[i][0] || memcmp(a->tokens[i][0], b->tokens[i][0], (size_t)a->n_tokens[i][0] * 4) ||
-            a->finish[i][0] != b->finish[i][0] || a->text_len[i][0] != b->text_len[i][0] || memcmp(a->text[i][0], b->text[i][0], (size_t)a->text_len[i][0])) {
-            if (!bad) printf("    %s: request %d: %d tokens vs %d alone\n", what, i, b->n_tokens[i][0], a->n_tokens[i][0]);
+        if (a->n_tokens[i][0] != b->n_tokens[i][0] ||
+            memcmp(a->tokens[i][0], b->tokens[i][0], (size_t)a->n_tokens[i][0] * 4) ||
+            a->finish[i][0] != b->finish[i][0] || a->text_len[i][0] != b->text_len[i][0] ||
+            memcmp(a->text[i][0], b->text[i][0], (size_t)a->text_len[i][0])) {
+            if (!bad) printf("    %s: request %d: %d tokens vs %d alone\n", what, i, b->n_tokens[i][0],
+                             a->n_tokens[i][0]);
             bad++;
         }
     CHECK(bad == 0, "%s: %d of %d requests differ from running alone", what, bad, N_MIX);
@@ -1392,7 +1526,8 @@ static void test_batch_invariance(void) {
     CHECK(st.preemptions == 0, "together, big pool: no preemption");
     llm_engine_destroy(e);
 
-    /* a pool of 12 blocks of 16 tokens: requests are preempted and recomputed, and still give the same tokens */
+    /* a pool of 12 blocks of 16 tokens: requests are preempted and recomputed,
+     * and still give the same tokens */
     cfg.num_blocks = 12;
     e = engine_new(&cfg);
     memset(r, 0, sizeof *r);
@@ -1413,14 +1548,21 @@ static void test_batch_invariance(void) {
     st = llm_engine_get_stats(e);
     same_outputs(alone, r, "budget 7");
     int64_t prompt_total = 0;
-    for (int i = 0; i < N_MIX; i++) { char pr[1024]; story_prompt(pr, sizeof pr, i, 1 + (i * 13) % 40); int32_t ids[512]; prompt_total += llm_tokenize(llm_engine_model(e)->tok, pr, strlen(pr), 1, 0, ids, 512); }
-    CHECK(st.prompt_tokens_computed == prompt_total && r->steps >= (int)(prompt_total / 7), "budget 7: %lld prompt tokens over %d steps",
+    for (int i = 0; i < N_MIX; i++) {
+        char pr[1024];
+        story_prompt(pr, sizeof pr, i, 1 + (i * 13) % 40);
+        int32_t ids[512];
+        prompt_total += llm_tokenize(llm_engine_model(e)->tok, pr, strlen(pr), 1, 0, ids, 512);
+    }
+    CHECK(st.prompt_tokens_computed == prompt_total && r->steps >= (int)(prompt_total / 7),
+          "budget 7: %lld prompt tokens over %d steps",
           (long long)st.prompt_tokens_computed, r->steps);
     CHECK(r->bad_audits == 0 && all_blocks_free(e), "budget 7: blocks consistent and all back");
     llm_engine_destroy(e);
 
     /* max_num_seqs 3 and static batching: the same tokens again */
-    cfg.max_num_batched_tokens = llm_engine_defaults().max_num_batched_tokens; cfg.max_num_seqs = 3; cfg.static_batching = 1;
+    cfg.max_num_batched_tokens = llm_engine_defaults().max_num_batched_tokens;
+    cfg.max_num_seqs = 3; cfg.static_batching = 1;
     e = engine_new(&cfg);
     memset(r, 0, sizeof *r);
     mixed_requests(e, r);
@@ -1454,12 +1596,15 @@ static void test_prefix_cache(void) {
         computed[round] = llm_engine_get_stats(e).prompt_tokens_computed - before;
     }
     int cached = (P - 1) / 16 * 16;
-    CHECK(P > 64 && computed[0] == P && computed[1] == P - cached, "prefix cache: prompt of %d computed %lld then %lld tokens (expected %d)",
+    CHECK(P > 64 && computed[0] == P && computed[1] == P - cached,
+          "prefix cache: prompt of %d computed %lld then %lld tokens (expected %d)",
           P, (long long)computed[0], (long long)computed[1], P - cached);
-    CHECK(r[0].n_tokens[0][0] == 20 && r[1].n_tokens[0][0] == 20 && !memcmp(r[0].tokens[0][0], r[1].tokens[0][0], 20 * 4), "prefix cache: same output");
+    CHECK(r[0].n_tokens[0][0] == 20 && r[1].n_tokens[0][0] == 20 &&
+          !memcmp(r[0].tokens[0][0], r[1].tokens[0][0], 20 * 4), "prefix cache: same output");
     llm_engine_stats st = llm_engine_get_stats(e);
     CHECK(st.prefix_cache_hits == cached, "prefix cache hits %lld tokens", (long long)st.prefix_cache_hits);
-    CHECK(all_blocks_free(e) && st.num_cached_blocks > 0, "prefix cache: blocks free (%d cached)", st.num_cached_blocks);
+    CHECK(all_blocks_free(e) && st.num_cached_blocks > 0, "prefix cache: blocks free (%d cached)",
+          st.num_cached_blocks);
     llm_engine_destroy(e);
     free(r);
 }
@@ -1485,16 +1630,18 @@ static void test_parallel_sampling(void) {
             int n = llm_engine_step(e, &out);
             llm_engine_stats st = llm_engine_get_stats(e);
             CHECK(n == 3 && st.running == 3 && st.num_blocks - st.num_free_blocks == 3,
-                  "n=3 after the prompt: %d outputs, %d running, %d blocks used (expected 3: the prompt's, shared)", n,
-                  st.running, st.num_blocks - st.num_free_blocks);
+                  "n=3 after the prompt: %d outputs, %d running, %d blocks used "
+                  "(expected 3: the prompt's, shared)", n, st.running, st.num_blocks - st.num_free_blocks);
             for (int i = 0; i < n; i++) {
-                r[0].tokens[0][out[i].index][0] = out[i].token_ids[0]; r[0].logprobs[0][out[i].index][0] = out[i].logprobs[0];
+                r[0].tokens[0][out[i].index][0] = out[i].token_ids[0];
+                r[0].logprobs[0][out[i].index][0] = out[i].logprobs[0];
                 r[0].n_tokens[0][out[i].index] = 1;
             }
             n = llm_engine_step(e, &out);
             st = llm_engine_get_stats(e);
             /* position 40 lands in the shared third block: two samples copy it, the last keeps it */
-            CHECK(n == 3 && st.num_blocks - st.num_free_blocks == 5, "n=3 after one decode: %d blocks used (expected 2 shared + 3)",
+            CHECK(n == 3 && st.num_blocks - st.num_free_blocks == 5,
+                  "n=3 after one decode: %d blocks used (expected 2 shared + 3)",
                   st.num_blocks - st.num_free_blocks);
             for (int i = 0; i < n; i++) {
                 int k = out[i].index;
@@ -1507,13 +1654,16 @@ static void test_parallel_sampling(void) {
     }
     int distinct = 0;
     for (int k = 0; k < 3; k++) {
-        CHECK(r[0].n_tokens[0][k] == 12 && r[0].finish[0][k] == LLM_FINISH_LENGTH, "sample %d: %d tokens", k, r[0].n_tokens[0][k]);
-        CHECK(r[1].n_tokens[0][k] == 12 && !memcmp(r[0].tokens[0][k], r[1].tokens[0][k], 12 * 4), "sample %d repeats with the seed", k);
+        CHECK(r[0].n_tokens[0][k] == 12 && r[0].finish[0][k] == LLM_FINISH_LENGTH, "sample %d: %d tokens",
+              k, r[0].n_tokens[0][k]);
+        CHECK(r[1].n_tokens[0][k] == 12 && !memcmp(r[0].tokens[0][k], r[1].tokens[0][k], 12 * 4),
+              "sample %d repeats with the seed", k);
         for (int j = 0; j < k; j++) distinct += memcmp(r[0].tokens[0][k], r[0].tokens[0][j], 12 * 4) != 0;
     }
     CHECK(distinct >= 2, "the three samples are not all the same (%d differing pairs)", distinct);
-    /* each sample's K/V were its own: the log-probabilities the engine reported equal those of the prompt and that
-     * sample run through the forward pass alone (a shared block written without a copy would change them) */
+    /* each sample's K/V were its own: the log-probabilities the engine reported equal those of the prompt
+     * and that sample run through the forward pass alone (a shared block written without a copy would
+     * change them) */
     llm_model alone;
     char err[LLM_ERR_LEN];
     if (llm_model_load(&alone, model_path("stories260K.gguf"), err) == 0) {
@@ -1527,7 +1677,7 @@ static void test_parallel_sampling(void) {
             memcpy(seq, ids, (size_t)P * 4); memcpy(seq + P, r[0].tokens[0][k], 12 * 4);
             for (int i = 0; i < T; i++) { pos[i] = i; rows[i] = i; }
             llm_batch b = {.n_tokens = T, .tokens = seq, .positions = pos, .n_seqs = 1,
-                                .seq_start = start, .block_tables = tables, .n_logits = T, .logit_rows = rows};
+                           .seq_start = start, .block_tables = tables, .n_logits = T, .logit_rows = rows};
             if (!be || be->forward(be, &b, logits, err) != 0) { worst = INFINITY; break; }
             for (int i = 0; i < 12; i++) {
                 const float *row = logits + (size_t)(P - 1 + i) * V;
@@ -1558,7 +1708,8 @@ static void test_stop_conditions(void) {
     if (!e || n < 1) { free(cases); llm_engine_destroy(e); return; }
     const ref_case *c = &cases[0];   /* ", there was a little girl named Lily. She loved to play ..." */
     run_result *r = (run_result *)calloc(1, sizeof *r);
-    /* "rl nam" spans the tokens " girl" and " named": the text stops before it and none of it is ever streamed */
+    /* "rl nam" spans the tokens " girl" and " named": the text stops before it
+     * and none of it is ever streamed */
     const char *stop[2] = {"rl nam", "elephant"};
     llm_sampling_params p = greedy(c->max_tokens);
     p.stop = stop; p.n_stop = 2;
@@ -1567,16 +1718,19 @@ static void test_stop_conditions(void) {
     run_engine(e, r);
     const char *want = strstr(c->completion, "rl nam");
     int want_len = want ? (int)(want - c->completion) : -1;
-    CHECK(want_len > 0 && r->text_len[0][0] == want_len && !memcmp(r->text[0][0], c->completion, (size_t)want_len) &&
-          r->finish[0][0] == LLM_FINISH_STOP, "stop string: got \"%.*s\" (finish %d)", r->text_len[0][0], r->text[0][0], r->finish[0][0]);
+    CHECK(want_len > 0 && r->text_len[0][0] == want_len &&
+          !memcmp(r->text[0][0], c->completion, (size_t)want_len) && r->finish[0][0] == LLM_FINISH_STOP,
+          "stop string: got \"%.*s\" (finish %d)", r->text_len[0][0], r->text[0][0], r->finish[0][0]);
     CHECK(r->text_chunks_with_stop == 0, "no streamed chunk held the start of the stop string");
-    /* a stop string that begins to match ("Lily" of "Lily's cat") and then does not: the held text comes out */
+    /* a stop string that begins to match ("Lily" of "Lily's cat") and then does not:
+     * the held text comes out */
     memset(r, 0, sizeof *r);
     const char *stop2[1] = {"Lily's cat"};
     p.stop = stop2; p.n_stop = 1;
     run_add(e, r, c->prompt, NULL, 0, &p);
     run_engine(e, r);
-    CHECK(r->text_len[0][0] == (int)c->n_completion && !memcmp(r->text[0][0], c->completion, c->n_completion) && r->finish[0][0] == LLM_FINISH_LENGTH,
+    CHECK(r->text_len[0][0] == (int)c->n_completion &&
+          !memcmp(r->text[0][0], c->completion, c->n_completion) && r->finish[0][0] == LLM_FINISH_LENGTH,
           "near-miss stop string: all text out, finish length");
     /* a stop token id: the output ends with it, its text is not included */
     memset(r, 0, sizeof *r);
@@ -1586,13 +1740,15 @@ static void test_stop_conditions(void) {
     run_engine(e, r);
     int first = 0;
     while (c->ids[first] != c->ids[5]) first++;
-    CHECK(r->n_tokens[0][0] == first + 1 && r->finish[0][0] == LLM_FINISH_STOP, "stop token id: %d tokens, expected %d", r->n_tokens[0][0], first + 1);
+    CHECK(r->n_tokens[0][0] == first + 1 && r->finish[0][0] == LLM_FINISH_STOP,
+          "stop token id: %d tokens, expected %d", r->n_tokens[0][0], first + 1);
     /* max_tokens: finish length with exactly that many */
     memset(r, 0, sizeof *r);
     p = greedy(7);
     run_add(e, r, c->prompt, NULL, 0, &p);
     run_engine(e, r);
-    CHECK(r->n_tokens[0][0] == 7 && r->finish[0][0] == LLM_FINISH_LENGTH, "max_tokens 7: %d tokens", r->n_tokens[0][0]);
+    CHECK(r->n_tokens[0][0] == 7 && r->finish[0][0] == LLM_FINISH_LENGTH, "max_tokens 7: %d tokens",
+          r->n_tokens[0][0]);
     CHECK(all_blocks_free(e), "stop conditions: blocks back");
     llm_engine_destroy(e);
 
@@ -1611,10 +1767,13 @@ static void test_stop_conditions(void) {
     int n0 = r->n_tokens[0][0], upto = 0;
     while (upto < c->n_ids && c->ids[upto] != c->ids[10]) upto++;
     const char *dot = memchr(c->completion, '.', c->n_completion);
-    CHECK(r->finish[0][0] == LLM_FINISH_STOP && n0 == upto + 1 && dot && r->text_len[0][0] == (int)(dot - c->completion) &&
-          !memcmp(r->text[0][0], c->completion, (size_t)(dot - c->completion)), "EOS stops generation (%d tokens, finish %d, \"%.*s\")",
+    CHECK(r->finish[0][0] == LLM_FINISH_STOP && n0 == upto + 1 && dot &&
+          r->text_len[0][0] == (int)(dot - c->completion) &&
+          !memcmp(r->text[0][0], c->completion, (size_t)(dot - c->completion)),
+          "EOS stops generation (%d tokens, finish %d, \"%.*s\")",
           n0, r->finish[0][0], r->text_len[0][0], r->text[0][0]);
-    CHECK(r->n_tokens[1][0] == c->n_ids && r->finish[1][0] == LLM_FINISH_LENGTH && !memcmp(r->tokens[1][0], c->ids, (size_t)c->n_ids * 4),
+    CHECK(r->n_tokens[1][0] == c->n_ids && r->finish[1][0] == LLM_FINISH_LENGTH &&
+          !memcmp(r->tokens[1][0], c->ids, (size_t)c->n_ids * 4),
           "ignore_eos runs on (%d tokens)", r->n_tokens[1][0]);
     llm_engine_destroy(e);
     unlink(eos_model);
@@ -1637,11 +1796,14 @@ static void test_abort_and_limits(void) {
     CHECK(st.running == 2 && used_two >= 6, "two running, %d blocks held", used_two);
     llm_engine_abort(e, a);
     int n = llm_engine_step(e, &out), saw_abort = 0;
-    for (int i = 0; i < n; i++) if (out[i].request_id == a) saw_abort = out[i].finish_reason == LLM_FINISH_ABORT;
+    for (int i = 0; i < n; i++)
+        if (out[i].request_id == a) saw_abort = out[i].finish_reason == LLM_FINISH_ABORT;
     st = llm_engine_get_stats(e);
     /* what is still held is exactly the other request's blocks: one per 16 tokens it has computed */
-    CHECK(saw_abort && st.running == 1 && st.num_blocks - st.num_free_blocks == (int)((st.kv_tokens + 15) / 16) &&
-          st.num_blocks - st.num_free_blocks < used_two, "abort: finish reason abort, its blocks freed (%d held now, %d before)",
+    CHECK(saw_abort && st.running == 1 &&
+          st.num_blocks - st.num_free_blocks == (int)((st.kv_tokens + 15) / 16) &&
+          st.num_blocks - st.num_free_blocks < used_two,
+          "abort: finish reason abort, its blocks freed (%d held now, %d before)",
           st.num_blocks - st.num_free_blocks, used_two);
     CHECK(llm_engine_check_blocks(e, err) == 0, "abort audit: %s", err);
     llm_engine_abort(e, b);
@@ -1653,24 +1815,31 @@ static void test_abort_and_limits(void) {
     int32_t *ids = (int32_t *)calloc(4096, sizeof(int32_t));
     int ctx = llm_engine_model(e)->cfg.context_length;
     for (int i = 0; i < 4096; i++) ids[i] = 100 + i % 300;
-    CHECK(llm_engine_add_request(e, NULL, ids, ctx, &p, NULL, err) == 0 && strstr(err, "context"), "prompt of the whole context: \"%s\"", err);
+    CHECK(llm_engine_add_request(e, NULL, ids, ctx, &p, NULL, err) == 0 && strstr(err, "context"),
+          "prompt of the whole context: \"%s\"", err);
     ids[3] = 99999;
-    CHECK(llm_engine_add_request(e, NULL, ids, 10, &p, NULL, err) == 0 && strstr(err, "outside the vocabulary"), "bad token id: \"%s\"", err);
+    CHECK(llm_engine_add_request(e, NULL, ids, 10, &p, NULL, err) == 0 &&
+          strstr(err, "outside the vocabulary"), "bad token id: \"%s\"", err);
     ids[3] = 5;
     llm_sampling_params bad = p; bad.top_p = 0;
-    CHECK(llm_engine_add_request(e, NULL, ids, 10, &bad, NULL, err) == 0 && strstr(err, "top_p"), "top_p 0: \"%s\"", err);
+    CHECK(llm_engine_add_request(e, NULL, ids, 10, &bad, NULL, err) == 0 && strstr(err, "top_p"),
+          "top_p 0: \"%s\"", err);
     bad = p; bad.temperature = -1;
-    CHECK(llm_engine_add_request(e, NULL, ids, 10, &bad, NULL, err) == 0 && strstr(err, "temperature"), "temperature -1: \"%s\"", err);
+    CHECK(llm_engine_add_request(e, NULL, ids, 10, &bad, NULL, err) == 0 && strstr(err, "temperature"),
+          "temperature -1: \"%s\"", err);
     llm_engine_destroy(e);
 
-    /* a pool of 4 blocks (64 tokens): a longer prompt is rejected; a sequence that outgrows it ends with length */
+    /* a pool of 4 blocks (64 tokens): a longer prompt is rejected;
+     * a sequence that outgrows it ends with length */
     cfg.num_blocks = 4;
     e = engine_new(&cfg);
-    CHECK(llm_engine_add_request(e, NULL, ids, 100, &p, NULL, err) == 0 && strstr(err, "pool"), "prompt bigger than the pool: \"%s\"", err);
+    CHECK(llm_engine_add_request(e, NULL, ids, 100, &p, NULL, err) == 0 && strstr(err, "pool"),
+          "prompt bigger than the pool: \"%s\"", err);
     run_result *r = (run_result *)calloc(1, sizeof *r);
     run_add(e, r, NULL, ids, 10, &p);
     run_engine(e, r);
-    CHECK(r->finish[0][0] == LLM_FINISH_LENGTH && r->n_tokens[0][0] == 64 - 10 + 1, "outgrowing the pool: %d tokens, finish %d", r->n_tokens[0][0], r->finish[0][0]);
+    CHECK(r->finish[0][0] == LLM_FINISH_LENGTH && r->n_tokens[0][0] == 64 - 10 + 1,
+          "outgrowing the pool: %d tokens, finish %d", r->n_tokens[0][0], r->finish[0][0]);
     CHECK(all_blocks_free(e), "tiny pool: blocks back");
     llm_engine_destroy(e);
 
@@ -1680,12 +1849,14 @@ static void test_abort_and_limits(void) {
     memset(r, 0, sizeof *r);
     run_add(e, r, NULL, ids, 10, &p);
     run_engine(e, r);
-    CHECK(r->finish[0][0] == LLM_FINISH_LENGTH && r->n_tokens[0][0] == 22, "max_model_len 32: %d tokens", r->n_tokens[0][0]);
+    CHECK(r->finish[0][0] == LLM_FINISH_LENGTH && r->n_tokens[0][0] == 22, "max_model_len 32: %d tokens",
+          r->n_tokens[0][0]);
     llm_engine_destroy(e);
 
     /* a model file that is not there */
     cfg = engine_config("no-such-model.gguf");
-    CHECK(llm_engine_create(&cfg, err) == NULL && strstr(err, "no-such-model.gguf"), "missing model: \"%s\"", err);
+    CHECK(llm_engine_create(&cfg, err) == NULL && strstr(err, "no-such-model.gguf"),
+          "missing model: \"%s\"", err);
     free(ids); free(r);
 }
 
@@ -1704,7 +1875,8 @@ static void test_logprobs(void) {
         for (int i = 0; i < n; i++) for (int t = 0; t < out[i].n_tokens; t++) {
             const float *top = out[i].top_logprobs + t * 3;
             float mass = expf(top[0]) + expf(top[1]) + expf(top[2]);
-            ok &= out[i].n_top == 3 && out[i].top_ids[t * 3] == out[i].token_ids[t] && out[i].logprobs[t] == top[0] &&
+            ok &= out[i].n_top == 3 && out[i].top_ids[t * 3] == out[i].token_ids[t] &&
+                  out[i].logprobs[t] == top[0] &&
                   top[0] <= 0 && top[0] >= top[1] && top[1] >= top[2] && mass <= 1.0001f;
             steps++;
         }
@@ -1717,7 +1889,9 @@ static void test_logprobs(void) {
  * Requests handed in from another thread while the engine steps (as the server does)
  * -------------------------------------------------------------------------------------------------------- */
 #include <pthread.h>
-typedef struct { llm_engine *e; const ref_case *cases; int n_cases, n_requests; uint64_t ids[16]; int which[16]; } feeder_args;
+typedef struct {
+    llm_engine *e; const ref_case *cases; int n_cases, n_requests; uint64_t ids[16]; int which[16];
+} feeder_args;
 
 static void *feeder(void *arg) {
     feeder_args *f = (feeder_args *)arg;
@@ -1750,7 +1924,8 @@ static void test_threads(void) {
         for (int i = 0; i < k; i++) {
             int slot = (int)out[i].request_id - 1;   /* ids count from 1 in the order they were added */
             if (slot < 0 || slot >= 16) continue;
-            for (int t = 0; t < out[i].n_tokens && r->n_tokens[slot][0] < 600; t++) r->tokens[slot][0][r->n_tokens[slot][0]++] = out[i].token_ids[t];
+            for (int t = 0; t < out[i].n_tokens && r->n_tokens[slot][0] < 600; t++)
+                r->tokens[slot][0][r->n_tokens[slot][0]++] = out[i].token_ids[t];
             if (out[i].finish_reason) { r->finish[slot][0] = out[i].finish_reason; finished++; }
         }
         if (k == 0) { struct timespec ts = {0, 200000}; nanosleep(&ts, NULL); }
@@ -1760,9 +1935,12 @@ static void test_threads(void) {
     for (int i = 0; i < f.n_requests; i++) {
         const ref_case *c = &cases[f.which[i]];
         int slot = (int)f.ids[i] - 1;
-        bad += slot < 0 || slot >= 16 || r->n_tokens[slot][0] != c->n_ids || memcmp(r->tokens[slot][0], c->ids, (size_t)c->n_ids * 4) != 0;
+        bad += slot < 0 || slot >= 16 || r->n_tokens[slot][0] != c->n_ids ||
+               memcmp(r->tokens[slot][0], c->ids, (size_t)c->n_ids * 4) != 0;
     }
-    CHECK(finished == f.n_requests && bad == 0, "requests from another thread: %d of %d finished, %d differ from llama.cpp's", finished, f.n_requests, bad);
+    CHECK(finished == f.n_requests && bad == 0,
+          "requests from another thread: %d of %d finished, %d differ from llama.cpp's",
+          finished, f.n_requests, bad);
     CHECK(all_blocks_free(e), "threads: blocks back");
     llm_engine_destroy(e);
     free(r); free(cases);
@@ -1782,7 +1960,8 @@ static void test_user_pointers(void) {
         llm_sampling_params p = greedy(8 + i);
         p.n = i == 1 ? 3 : 1; p.seed = 5; p.ignore_eos = 1;
         if (i == 1) p.temperature = 1.0f;
-        ids[i] = llm_engine_add_request(e, i == 2 ? "Lily and Ben were" : "Once upon a time", NULL, 0, &p, &tags[i], err);
+        ids[i] = llm_engine_add_request(e, i == 2 ? "Lily and Ben were" : "Once upon a time", NULL, 0, &p,
+                                        &tags[i], err);
     }
     int outputs = 0, wrong = 0, finished[3] = {0}, steps = 0;
     while (llm_engine_has_work(e) && steps++ < 1000) {
@@ -1796,9 +1975,10 @@ static void test_user_pointers(void) {
             finished[k] += out[i].finish_reason != LLM_FINISH_NONE;
         }
     }
-    CHECK(outputs > 10 && wrong == 0, "user pointers: %d of %d outputs carry another request's pointer", wrong, outputs);
-    CHECK(finished[0] == 1 && finished[1] == 3 && finished[2] == 1, "user pointers: finishes %d %d %d (want 1, 3, 1)",
-          finished[0], finished[1], finished[2]);
+    CHECK(outputs > 10 && wrong == 0, "user pointers: %d of %d outputs carry another request's pointer",
+          wrong, outputs);
+    CHECK(finished[0] == 1 && finished[1] == 3 && finished[2] == 1,
+          "user pointers: finishes %d %d %d (want 1, 3, 1)", finished[0], finished[1], finished[2]);
     llm_engine_destroy(e);
 }
 
@@ -1819,7 +1999,8 @@ static int wait_woken_by(llm_engine *e, void (*poke)(llm_engine *e)) {
     poke(e);
     clock_gettime(CLOCK_REALTIME, &deadline);
     deadline.tv_sec += 10;
-    if (pthread_timedjoin_np(th, NULL, &deadline) != 0) { /* never woken: a failure (and the engine is lost) */
+    if (pthread_timedjoin_np(th, NULL, &deadline) != 0) {
+        /* never woken: a failure (and the engine is lost) */
         pthread_cancel(th);
         return 0;
     }
@@ -1837,7 +2018,8 @@ static void test_wait(void) {
     llm_engine_config cfg = engine_config("stories260K.gguf");
     llm_engine *e = engine_new(&cfg);
     if (!e) return;
-    CHECK(llm_engine_wait(e, 0) == 0 && llm_engine_wait(e, 30) == 0, "wait with no work: 0, at once and after 30 ms");
+    CHECK(llm_engine_wait(e, 0) == 0 && llm_engine_wait(e, 30) == 0,
+          "wait with no work: 0, at once and after 30 ms");
     int woken = wait_woken_by(e, poke_add);
     CHECK(woken, "wait(-1) wakes up when another thread adds a request");
     if (!woken) return;
@@ -1845,12 +2027,14 @@ static void test_wait(void) {
     run_result *r = (run_result *)calloc(1, sizeof *r);
     r->id[0] = 1; r->n_requests = 1;
     run_engine(e, r);
-    CHECK(r->n_tokens[0][0] == 4 && llm_engine_wait(e, 0) == 0, "the request ran (%d tokens); no work after", r->n_tokens[0][0]);
+    CHECK(r->n_tokens[0][0] == 4 && llm_engine_wait(e, 0) == 0, "the request ran (%d tokens); no work after",
+          r->n_tokens[0][0]);
     woken = wait_woken_by(e, poke_abort);
     CHECK(woken, "wait(-1) wakes up when another thread aborts");
     if (!woken) { free(r); return; }
     const llm_output *out;
-    CHECK(llm_engine_step(e, &out) == 0 && llm_engine_wait(e, 0) == 0, "an abort of an unknown id: no output, no work");
+    CHECK(llm_engine_step(e, &out) == 0 && llm_engine_wait(e, 0) == 0,
+          "an abort of an unknown id: no output, no work");
     free(r);
     llm_engine_destroy(e);
 }
@@ -1866,7 +2050,10 @@ static int flaky_forward(llm_backend *be, const llm_batch *b, float *logits, cha
     if (flaky_calls++ == flaky_fail_at) { snprintf(err, LLM_ERR_LEN, "injected failure"); return -1; }
     return cpu->forward(cpu, b, logits, err);
 }
-static void flaky_destroy(llm_backend *be) { llm_backend *cpu = (llm_backend *)be->ctx; cpu->destroy(cpu); free(be); }
+static void flaky_destroy(llm_backend *be) {
+    llm_backend *cpu = (llm_backend *)be->ctx;
+    cpu->destroy(cpu); free(be);
+}
 static llm_backend *flaky_create(const llm_model *m, char *err) {
     llm_backend *cpu = llm_cpu_backend_create(m, err), *be = (llm_backend *)malloc(sizeof *be);
     if (!cpu || !be) { if (cpu) cpu->destroy(cpu); free(be); return NULL; }
@@ -1899,20 +2086,26 @@ static void test_backend_errors(void) {
     flaky_fail_at = flaky_calls;
     int n = llm_engine_step(e, &out), aborted = 0, failed_b = 0, failed_c = 0, samples_c = 0, other = 0;
     for (int i = 0; i < n; i++) {
-        int error = out[i].finish_reason == LLM_FINISH_ERROR && out[i].error && strstr(out[i].error, "injected");
-        if (out[i].request_id == a && out[i].user == &tag_a) aborted += out[i].finish_reason == LLM_FINISH_ABORT;
+        int error = out[i].finish_reason == LLM_FINISH_ERROR && out[i].error &&
+                    strstr(out[i].error, "injected");
+        if (out[i].request_id == a && out[i].user == &tag_a)
+            aborted += out[i].finish_reason == LLM_FINISH_ABORT;
         else if (out[i].request_id == b && out[i].user == &tag_b) failed_b += error;
-        else if (out[i].request_id == c && out[i].user == &tag_c) { failed_c += error; samples_c |= 1 << out[i].index; }
-        else other++;
+        else if (out[i].request_id == c && out[i].user == &tag_c) {
+            failed_c += error;
+            samples_c |= 1 << out[i].index;
+        } else other++;
     }
     CHECK(n == 5 && aborted == 1 && failed_b == 1 && failed_c == 3 && samples_c == 7 && other == 0,
-          "failed step: %d outputs: the abort (%d), b's error (%d), an error for each of c's 3 samples (%d, mask %d)",
+          "failed step: %d outputs: the abort (%d), b's error (%d), "
+          "an error for each of c's 3 samples (%d, mask %d)",
           n, aborted, failed_b, failed_c, samples_c);
     CHECK(all_blocks_free(e) && llm_engine_check_blocks(e, err) == 0 && !llm_engine_has_work(e),
           "failed step: every block back, nothing left to do (%s)", err);
     llm_engine_destroy(e);
 
-    /* a request that was not in the failed step is untouched, and the engine goes on: it gives llama.cpp's tokens */
+    /* a request that was not in the failed step is untouched, and the engine goes on:
+     * it gives llama.cpp's tokens */
     cfg.max_num_seqs = 2;
     flaky_calls = 0; flaky_fail_at = -1;
     e = engine_new(&cfg);
@@ -1926,11 +2119,12 @@ static void test_backend_errors(void) {
     int errors = 0, steps = 0;
     while (flaky_calls <= flaky_fail_at && steps++ < 10) {
         n = llm_engine_step(e, &out);
-        for (int i = 0; i < n; i++) errors += out[i].finish_reason == LLM_FINISH_ERROR && out[i].request_id != r->id[0];
+        for (int i = 0; i < n; i++)
+            errors += out[i].finish_reason == LLM_FINISH_ERROR && out[i].request_id != r->id[0];
     }
     llm_engine_stats st = llm_engine_get_stats(e);
-    CHECK(errors == 2 && st.running == 0 && st.waiting == 1, "the running two failed (%d), the third still waits (%d)",
-          errors, st.waiting);
+    CHECK(errors == 2 && st.running == 0 && st.waiting == 1,
+          "the running two failed (%d), the third still waits (%d)", errors, st.waiting);
     run_engine(e, r);
     check_reference(r, 0, &cases[0], "after a failed step");
     CHECK(all_blocks_free(e), "after a failed step: blocks back");
@@ -1962,61 +2156,126 @@ static void test_cli(void) {
     char cmd[2048];
     int status;
     for (int i = 0; i < n && i < 2; i++) {
-        snprintf(cmd, sizeof cmd, "./llm --cpu -m %s -p '%s' -n %d --temp 0 2>/dev/null", model_path("stories260K.gguf"), cases[i].prompt, cases[i].max_tokens);
+        snprintf(cmd, sizeof cmd, "./llm --cpu -m %s -p '%s' -n %d --temp 0 2>/dev/null",
+                 model_path("stories260K.gguf"), cases[i].prompt, cases[i].max_tokens);
         char *out = run_command(cmd, &status);
         size_t lp = strlen(cases[i].prompt);
-        CHECK(out && status == 0 && strlen(out) == lp + cases[i].n_completion && !memcmp(out, cases[i].prompt, lp) &&
-              !memcmp(out + lp, cases[i].completion, cases[i].n_completion), "llm -p \"%s\": stdout is the prompt and llama.cpp's completion", cases[i].prompt);
+        CHECK(out && status == 0 && strlen(out) == lp + cases[i].n_completion &&
+              !memcmp(out, cases[i].prompt, lp) &&
+              !memcmp(out + lp, cases[i].completion, cases[i].n_completion),
+              "llm -p \"%s\": stdout is the prompt and llama.cpp's completion", cases[i].prompt);
         free(out);
-        snprintf(cmd, sizeof cmd, "./llm --cpu -m %s -p '%s' -n %d --temp 0 --ids 2>/dev/null", model_path("stories260K.gguf"), cases[i].prompt, cases[i].max_tokens);
+        snprintf(cmd, sizeof cmd, "./llm --cpu -m %s -p '%s' -n %d --temp 0 --ids 2>/dev/null",
+                 model_path("stories260K.gguf"), cases[i].prompt, cases[i].max_tokens);
         out = run_command(cmd, &status);
         char want[4096]; size_t wl = 0;
-        for (int k = 0; k < cases[i].n_ids; k++) wl += (size_t)snprintf(want + wl, sizeof want - wl, "%s%d", k ? " " : "", cases[i].ids[k]);
+        for (int k = 0; k < cases[i].n_ids; k++)
+            wl += (size_t)snprintf(want + wl, sizeof want - wl, "%s%d", k ? " " : "", cases[i].ids[k]);
         snprintf(want + wl, sizeof want - wl, "\n");
         CHECK(out && status == 0 && !strcmp(out, want), "llm --ids: \"%s\"", out ? out : "");
         free(out);
     }
-    snprintf(cmd, sizeof cmd, "./llm tokenize -m %s/tokenizer/ggml-vocab-llama-bpe.gguf 'Hello world' 2>&1", shared_dir);
+    snprintf(cmd, sizeof cmd, "./llm tokenize -m %s/tokenizer/ggml-vocab-llama-bpe.gguf 'Hello world' 2>&1",
+             shared_dir);
     char *out = run_command(cmd, &status);
-    CHECK(out && status == 0 && !strcmp(out, "128000 9906 1917\n"), "llm tokenize (vocab-only file): \"%s\"", out ? out : "");
+    CHECK(out && status == 0 && !strcmp(out, "128000 9906 1917\n"), "llm tokenize (vocab-only file): \"%s\"",
+          out ? out : "");
     free(out);
-    snprintf(cmd, sizeof cmd, "./llm tokenize -m %s/tokenizer/ggml-vocab-llama-bpe.gguf --no-bos 'Hello world' 2>&1", shared_dir);
+    snprintf(cmd, sizeof cmd, "./llm tokenize -m %s/tokenizer/ggml-vocab-llama-bpe.gguf --no-bos "
+             "'Hello world' 2>&1", shared_dir);
     out = run_command(cmd, &status);
     CHECK(out && status == 0 && !strcmp(out, "9906 1917\n"), "llm tokenize --no-bos: \"%s\"", out ? out : "");
     free(out);
     out = run_command("./llm -m /nonexistent.gguf -p hi 2>&1", &status);
-    CHECK(out && status == 1 && strstr(out, "cannot open"), "missing model: exit %d, \"%s\"", status, out ? out : "");
+    CHECK(out && status == 1 && strstr(out, "cannot open"), "missing model: exit %d, \"%s\"",
+          status, out ? out : "");
     free(out);
     snprintf(cmd, sizeof cmd, "./llm -m %s/tokenizer/ggml-vocab-gpt-2.gguf -p hi 2>&1", shared_dir);
     out = run_command(cmd, &status);
-    CHECK(out && status == 1 && strstr(out, "llm:"), "vocab-only file as a model: exit %d, \"%s\"", status, out ? out : "");
+    CHECK(out && status == 1 && strstr(out, "llm:"), "vocab-only file as a model: exit %d, \"%s\"",
+          status, out ? out : "");
     free(out);
     out = run_command("./llm --help 2>&1", &status);
-    const char *flags[] = {"-m", "-p", "-n", "--temp", "--top-p", "--top-k", "--min-p", "--seed", "--ids", "tokenize", "--no-bos", "bench", "--dummy", "--static"};
+    const char *flags[] = {"-m", "-p", "-n", "--temp", "--top-p", "--top-k", "--min-p", "--seed", "--ids",
+                           "tokenize", "--no-bos", "bench", "--dummy", "--static"};
     int missing = 0;
-    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) if (!out || !strstr(out, flags[i])) { missing++; printf("    --help lacks %s\n", flags[i]); }
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+        if (!out || !strstr(out, flags[i])) { missing++; printf("    --help lacks %s\n", flags[i]); }
     CHECK(out && status == 0 && missing == 0, "llm --help documents every flag");
+    free(out);
+    /* llm bench's report names the block size it ran with (it once said 16 whatever --block-size was) */
+    out = run_command("./llm bench --cpu --dummy tiny --num-prompts 3 --input-len 20:40 --output-len 5:9 "
+                      "--block-size 32 --num-blocks 64 2>/dev/null", &status);
+    CHECK(out && status == 0 && strstr(out, "requests: 3 in") && strstr(out, "paged, blocks of 32 tokens") &&
+          strstr(out, "(64 blocks,"), "llm bench --block-size 32: \"%s\"", out ? out : "");
+    free(out);
+    out = run_command("./llm bench --cpu --dummy tiny --block-size 0 2>&1", &status);
+    CHECK(out && status == 1 && strstr(out, "block_size"), "llm bench --block-size 0: exit %d, \"%s\"",
+          status, out ? out : "");
     free(out); free(cases);
 }
 
-/* The example of llm.h's docs block (make builds it as llm-example): llama.cpp's greedy completion on stdout */
+/* The sections of llm.h, as its map (the docs block), its declarations and its implementation name them: the
+ * first word after the number of each ("4. Requests ..."), in the order they come. */
+static int header_sections(const char *h, const char *from, const char *to, const char *prefix,
+                           char names[][16]) {
+    const char *p = strstr(h, from), *end = p ? strstr(p, to) : NULL;
+    int n = 0;
+    for (; p && p < end && n < 16; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        size_t k = strlen(prefix);
+        if (strncmp(p, prefix, k) != 0) continue;
+        const char *w = p + k;
+        if (*w >= '1' && *w <= '9' && w[1] == '.' && w[2] == ' ') w += 3;
+        else if (strncmp(w, "Appendix", 8) != 0) continue;
+        int len = 0;
+        while (len < 15 && (isalpha((unsigned char)w[len]))) len++;
+        memcpy(names[n], w, (size_t)len); names[n][len] = 0;
+        n++;
+    }
+    return n;
+}
+
+static void test_header_layout(void) {
+    char *h = read_file("llm.h", NULL);
+    if (!h) { CHECK(0, "read llm.h"); return; }
+    char map[16][16], decl[16][16], impl[16][16];
+    int n_map = header_sections(h, "The data's path", "#ifndef LLM_H", " *   ", map);
+    int n_decl = header_sections(h, "#ifndef LLM_H", "#endif /* LLM_H", " * ", decl);
+    int n_impl = header_sections(h, "#ifdef LLM_IMPLEMENTATION", "#endif /* LLM_IMPLEMENTATION */", " * ",
+                                 impl);
+    int same = n_map == 10 && n_decl == 9 && n_impl == 10 && !strcmp(map[9], "Appendix");
+    for (int i = 0; same && i < 10; i++)
+        same = !strcmp(map[i], impl[i]) && (i == 9 || !strcmp(map[i], decl[i])); /* no appendix declared */
+    CHECK(same, "llm.h: map, declarations and implementation list the same sections in the same order "
+          "(%d, %d, %d)", n_map, n_decl, n_impl);
+    for (int i = 0; !same && i < 10; i++)
+        printf("    %-12s %-12s %s\n", i < n_map ? map[i] : "", i < n_decl ? decl[i] : "",
+               i < n_impl ? impl[i] : "");
+    free(h);
+}
+
+/* The example of llm.h's docs block (make builds it as llm-example):
+ * llama.cpp's greedy completion on stdout */
 static void test_docs_example(void) {
-    if (access("./llm-example", X_OK) != 0) { CHECK(0, "./llm-example not built (make test builds it)"); return; }
+    if (access("./llm-example", X_OK) != 0) {
+        CHECK(0, "./llm-example not built (make test builds it)");
+        return;
+    }
     ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
     int n = load_ref_cases("stories260K-greedy.json", cases, 4), status;
     char cmd[2048];
     for (int i = 0; i < n && i < 2; i++) {
-        snprintf(cmd, sizeof cmd, "./llm-example %s '%s' %d 2>/dev/null", model_path("stories260K.gguf"), cases[i].prompt,
-                 cases[i].max_tokens);
+        snprintf(cmd, sizeof cmd, "./llm-example %s '%s' %d 2>/dev/null", model_path("stories260K.gguf"),
+                 cases[i].prompt, cases[i].max_tokens);
         char *out = run_command(cmd, &status);
         CHECK(out && status == 0 && strlen(out) == cases[i].n_completion &&
-              !memcmp(out, cases[i].completion, cases[i].n_completion), "llm.h's example on \"%s\": \"%s\"", cases[i].prompt,
-              out ? out : "");
+              !memcmp(out, cases[i].completion, cases[i].n_completion),
+              "llm.h's example on \"%s\": \"%s\"", cases[i].prompt, out ? out : "");
         free(out);
     }
     char *out = run_command("./llm-example /nonexistent.gguf hi 4 2>&1", &status);
-    CHECK(out && status == 1 && strstr(out, "cannot open"), "llm.h's example, missing model: exit %d, \"%s\"", status,
-          out ? out : "");
+    CHECK(out && status == 1 && strstr(out, "cannot open"),
+          "llm.h's example, missing model: exit %d, \"%s\"", status, out ? out : "");
     free(out); free(cases);
 }
 
@@ -2607,24 +2866,32 @@ int main(int argc, char **argv) {
 #endif
     if (gpu) { printf("llm-test --gpu: built without CUDA\n"); return 1; }
     static const struct { const char *name; void (*fn)(void); } tests[] = {
-        {"tokenizer fixtures", test_tokenizer_fixtures}, {"streaming detokenizer", test_detokenizer_streaming},
+        {"tokenizer fixtures", test_tokenizer_fixtures},
+        {"streaming detokenizer", test_detokenizer_streaming},
         {"tokenizer api", test_tokenizer_api}, {"odd vocabularies", test_tokenizer_odd_vocabularies},
         {"pre-tokenizers", test_pretokenizers}, {"detokenizer on references", test_detokenizer_references},
-        {"gguf values", test_gguf_values}, {"gguf errors", test_gguf_errors}, {"stories260K references", test_stories_reference},
-        {"random model references", test_random_models_reference}, {"paged forward", test_paged_forward_models},
+        {"gguf values", test_gguf_values}, {"gguf errors", test_gguf_errors},
+        {"stories260K references", test_stories_reference},
+        {"random model references", test_random_models_reference},
+        {"paged forward", test_paged_forward_models},
         {"weight types", test_weight_types},
-        {"sampler", test_sampler}, {"block manager", test_block_manager}, {"batch invariance", test_batch_invariance},
+        {"sampler", test_sampler}, {"block manager", test_block_manager},
+        {"batch invariance", test_batch_invariance},
         {"prefix cache", test_prefix_cache}, {"parallel sampling", test_parallel_sampling},
-        {"stop conditions", test_stop_conditions}, {"abort and limits", test_abort_and_limits}, {"logprobs", test_logprobs},
-        {"requests from a thread", test_threads}, {"user pointers", test_user_pointers}, {"wait for work", test_wait},
+        {"stop conditions", test_stop_conditions}, {"abort and limits", test_abort_and_limits},
+        {"logprobs", test_logprobs},
+        {"requests from a thread", test_threads}, {"user pointers", test_user_pointers},
+        {"wait for work", test_wait},
         {"backend errors", test_backend_errors},
         {"llm command", test_cli}, {"llm.h's example", test_docs_example},
+        {"llm.h's layout", test_header_layout},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
         int failed_before = n_failed;
         double t0 = test_now();
         tests[i].fn();
-        printf("%-28s %s (%.1f s)\n", tests[i].name, n_failed == failed_before ? "ok" : "FAILED", test_now() - t0);
+        printf("%-28s %s (%.1f s)\n", tests[i].name, n_failed == failed_before ? "ok" : "FAILED",
+               test_now() - t0);
     }
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;

@@ -3,7 +3,7 @@
 
 The GPT-2 style pre-tokenizer patterns classify each character as a letter (\\p{L}), a number (\\p{N}), white
 space (\\s) or anything else. This script derives those three classes from UnicodeData.txt and prints one
-sorted table of code point ranges, each tagged with its class, ready to paste into llm.h's tokenizer section (which
+sorted table of code point ranges, each tagged with its class, ready to paste into llm.h's appendix (the tokenizer
 binary-searches it). Classes are written 'L' letter, 'N' number, 'S' space; code points in no range are
 "other".
 
