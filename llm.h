@@ -2146,6 +2146,9 @@ typedef struct {
     const llm_model *model;
     int num_blocks, block_size;
     float *k, *v;
+    float *scratch;                 /* the forward pass's activations for up to scratch_tokens tokens ... */
+    int32_t *seq_of;                /* ... and their sequences: grown on demand, reused every step */
+    int scratch_tokens;
 } llm_cpu;
 
 static float *llm_cpu_kv_at(const llm_cpu *c, float *cache, int layer, const int32_t *block_table, int pos) {
@@ -2230,13 +2233,16 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
      *   gate, up  [T][F]      the feed-forward's two projections; gate becomes silu(gate) * up
      *   delta     [T][D]      a block's last matrix product, added to x
      *   seq_of    [T]         the sequence each token belongs to (whose block table it reads) */
-    size_t n_floats = (size_t)T * (3 * (size_t)D + 2 * (size_t)q_dim + 2 * (size_t)kv_dim + 2 * (size_t)F);
-    float *x = (float *)malloc(n_floats * sizeof(float));
-    int32_t *seq_of = (int32_t *)malloc((size_t)T * sizeof(int32_t));
-    if (!x || !seq_of) {
-        free(x); free(seq_of);
-        return llm_fail(err, "out of memory in the forward pass (%d tokens)", T);
+    size_t per_token = 3 * (size_t)D + 2 * (size_t)q_dim + 2 * (size_t)kv_dim + 2 * (size_t)F;
+    if (T > c->scratch_tokens) { /* kept from step to step: the same activations are rewritten every step */
+        free(c->scratch); free(c->seq_of);
+        c->scratch = (float *)malloc((size_t)T * per_token * sizeof(float));
+        c->seq_of = (int32_t *)malloc((size_t)T * sizeof(int32_t));
+        c->scratch_tokens = c->scratch && c->seq_of ? T : 0;
+        if (!c->scratch_tokens) return llm_fail(err, "out of memory in the forward pass (%d tokens)", T);
     }
+    float *x = c->scratch;
+    int32_t *seq_of = c->seq_of;
     float *xn = x + (size_t)T * D, *q = xn + (size_t)T * D, *k = q + (size_t)T * q_dim;
     float *v = k + (size_t)T * kv_dim, *att = v + (size_t)T * kv_dim, *gate = att + (size_t)T * q_dim;
     float *up = gate + (size_t)T * F, *delta = up + (size_t)T * F;
@@ -2321,13 +2327,12 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         llm_rmsnorm(xn + (size_t)i * D, x + (size_t)b->logit_rows[i] * D, (const float *)m->output_norm.data,
                     D, cf->rms_eps);
     failed |= llm_matmul(logits, xn, &m->output, b->n_logits);
-    free(x); free(seq_of);
     return failed ? llm_fail(err, "out of memory in the forward pass (%d tokens)", T) : 0;
 }
 
 static void llm_cpu_destroy(llm_backend *be) {
     llm_cpu *c = (llm_cpu *)be->ctx;
-    free(c->k); free(c->v); free(c);
+    free(c->k); free(c->v); free(c->scratch); free(c->seq_of); free(c);
     free(be);
 }
 
