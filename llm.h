@@ -2899,19 +2899,18 @@ int llm_engine_wait(llm_engine *e, int timeout_ms) {
 int llm_engine_has_work(llm_engine *e) { return llm_engine_wait(e, 0); }
 
 /* ---- One step, in the order llm_engine_step runs it ---------------------------------------------------- */
-/* 1. What the last step handed out is done with: its finished sequences are freed, the others' output
- * emptied. */
+/* 1. What the last step handed out is done with: its finished sequences are freed, the running ones' output
+ *    emptied. Only running sequences have output: one the scheduler preempts later in this step has had its
+ *    emptied here first. */
 static void llm_engine_begin_step(llm_engine *e) {
     for (int i = 0; i < arrlen(e->finished); i++) llm_seq_free(e->finished[i]);
     arrsetlen(e->finished, 0); arrsetlen(e->outputs, 0);
     e->step_error[0] = 0;
-    llm_seq **lists[2] = {e->sched.running, e->sched.waiting};
-    for (int k = 0; k < 2; k++)
-        for (int i = 0; i < arrlen(lists[k]); i++) {
-            llm_seq *s = lists[k][i];
-            arrsetlen(s->out_tokens, 0); arrsetlen(s->out_text, 0); arrsetlen(s->out_logprobs, 0);
-            arrsetlen(s->out_top_ids, 0); arrsetlen(s->out_top_logprobs, 0);
-        }
+    for (int i = 0; i < arrlen(e->sched.running); i++) {
+        llm_seq *s = e->sched.running[i];
+        arrsetlen(s->out_tokens, 0); arrsetlen(s->out_text, 0); arrsetlen(s->out_logprobs, 0);
+        arrsetlen(s->out_top_ids, 0); arrsetlen(s->out_top_logprobs, 0);
+    }
 }
 
 /* A sequence is done: its blocks go back at once; its output says why at the end of the step. */
