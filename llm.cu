@@ -1,6 +1,6 @@
 /* llm.cu - the CUDA backend: the forward pass of llm.h on one NVIDIA GPU, with hand-written kernels.
  *
- * It is an llm_backend (llm.h, section 6): llm_cuda_backend_create uploads the weights and reports the device
+ * It is an llm_backend (llm.h, section 7): llm_cuda_backend_create uploads the weights and reports the device
  * memory they left; the engine sizes the KV pool from that and calls alloc_kv once; each step is one forward.
  *
  * What lives on the device:

@@ -23,12 +23,13 @@
  *   1. GGUF         a file -> metadata and tensors       llm_gguf: memory-mapped, every offset checked
  *   2. Model        tensors -> weights and a config      llm_model: typed pointers into the file
  *   3. Tokenizer    text -> token ids                    llm_tokenizer: SentencePiece and byte-level BPE
- *   4. Requests     token ids -> a step's plan           the scheduler: admission, budget, preemption
- *   5. Blocks       sequences -> KV-cache blocks         llm_block_manager: free list, refs, prefix cache
- *   6. Forward      a batch -> logits                    llm_backend: the CPU one here, CUDA in llm.cu
- *   7. Sampler      logits -> the next token             llm_sampler: temperature, top-k/p, min-p, penalties
- *   8. Detokenizer  token ids -> text, stop strings      llm_detok: only whole UTF-8 characters come out
- *   9. Engine       all of the above, one step at a time llm_engine: requests in, outputs out
+ *   4. Chat         messages -> a prompt                 llm_chat_render: the chat template families
+ *   5. Requests     token ids -> a step's plan           the scheduler: admission, budget, preemption
+ *   6. Blocks       sequences -> KV-cache blocks         llm_block_manager: free list, refs, prefix cache
+ *   7. Forward      a batch -> logits                    llm_backend: the CPU one here, CUDA in llm.cu
+ *   8. Sampler      logits -> the next token             llm_sampler: temperature, top-k/p, min-p, penalties
+ *   9. Detokenizer  token ids -> text, stop strings      llm_detok: only whole UTF-8 characters come out
+ *  10. Engine       all of the above, one step at a time llm_engine: requests in, outputs out
  *   Appendix        the Unicode table the tokenizer's pre-tokenizers read
  *
  * The engine: what a program that serves a model calls
@@ -41,7 +42,9 @@
  *         llm_dtype_name, llm_dtype_row_bytes, llm_dtype_dequant_row
  *   model: llm_model_load, llm_model_dummy, llm_model_dummy_names, llm_model_free
  *   tokenizer: llm_tokenizer_load, llm_tokenizer_free, llm_tokenize, llm_tokenizer_n_vocab, _bos, _eos,
- *         _adds_bos, _is_eog
+ *         _adds_bos, _is_eog; llm_tokenize_prompt
+ *   chat: llm_chat_template_init, llm_chat_render, llm_chat_stop_ids, llm_chat_detect, llm_chat_family_name,
+ *         llm_chat_family_from_name
  *   blocks: llm_block_manager_init, llm_block_manager_free, llm_block_alloc, llm_block_release,
  *         llm_block_hash, llm_block_lookup, llm_block_set_hash
  *   forward: llm_cpu_backend_create (and with LLM_CUDA: llm_cuda_backend_create, llm_cuda_run_gemm,
@@ -213,10 +216,64 @@ int  llm_tokenizer_bos(const llm_tokenizer *t);                /* -1 when the vo
 int  llm_tokenizer_eos(const llm_tokenizer *t);
 int  llm_tokenizer_adds_bos(const llm_tokenizer *t);           /* add_bos_token, or the type's default */
 int  llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id); /* end of generation: eos, eot, <|im_end|> */
+/* A prompt's ids, as the engine takes a text prompt: special tokens parsed, and BOS first when the vocabulary
+ * asks for one and the text does not begin with it already (chat templates write it themselves). */
+int  llm_tokenize_prompt(const llm_tokenizer *t, const char *text, size_t len, int32_t *out, int cap);
 
 /* -----------------------------------------------------------------------------------------------------------
- * 4. Requests: what a request asks for. (The scheduler that turns requests into each step's plan is private
- *    to the implementation: see its section 4.)
+ * 4. Chat: a conversation written out as the model's chat template writes it, without a Jinja engine
+ * As llama.cpp does, the template's family is recognised from the template text in the GGUF
+ * (tokenizer.chat_template), or from the vocabulary's special tokens when there is none, and each family is
+ * written by hand, byte for byte what its published Jinja template renders. The REPL and the server's
+ * /v1/chat/completions both go through llm_chat_render.
+ * -------------------------------------------------------------------------------------------------------- */
+enum llm_chat_family {
+    LLM_CHAT_CHATML, LLM_CHAT_QWEN3, LLM_CHAT_LLAMA3, LLM_CHAT_LLAMA2, LLM_CHAT_MISTRAL_V1, LLM_CHAT_MISTRAL_V3,
+    LLM_CHAT_MISTRAL_V3_TEKKEN, LLM_CHAT_MISTRAL_V7, LLM_CHAT_MISTRAL_V7_TEKKEN, LLM_CHAT_ZEPHYR, LLM_CHAT_PHI3,
+    LLM_CHAT_GEMMA, LLM_CHAT_NFAMILIES
+};
+
+typedef struct {
+    const char *role;               /* "system" (or "developer", the same), "user" or "assistant" */
+    const char *content;
+} llm_chat_message;
+
+typedef struct {
+    int family;                     /* enum llm_chat_family */
+    char bos[64], eos[64];          /* the vocabulary's BOS and EOS texts, which some templates write */
+    char default_system[1024];      /* written when the conversation has no system message, as the templates
+                                     * of SmolLM2 and Qwen2.5 do ("" for none) */
+    int enable_thinking;            /* Qwen3: 0 writes the empty <think></think> block that turns thinking
+                                     * off (init: 1, the template's own default) */
+    int dated_system;               /* Llama 3.1 and later: the system turn opens with the knowledge cutoff
+                                     * and today's date, always */
+    char date[32];                  /* that date, as "26 Jul 2024" (init: today's, or the template's own) */
+    char note[LLM_ERR_LEN];         /* a warning: why the family is not what was asked for ("" when it is) */
+} llm_chat_template;
+
+const char *llm_chat_family_name(int family);        /* "chatml", "qwen3", "llama3", ...; NULL past the end */
+int  llm_chat_family_from_name(const char *name);    /* -1 for a name that is none of them */
+/* The family a template text belongs to; with no text (len 0), what the vocabulary's special tokens say
+ * (t may be NULL). -1 when neither tells. */
+int  llm_chat_detect(const char *template_text, size_t len, const llm_tokenizer *t);
+/* The template of a model from its template text (the GGUF's tokenizer.chat_template; len 0 for none) and
+ * its tokenizer: the family named (name NULL: detected), its BOS/EOS texts, default system prompt and date.
+ * A name or template it does not know falls back to ChatML, with a warning in ct->note. -1 and a message
+ * without a tokenizer. */
+int  llm_chat_template_init(llm_chat_template *ct, const char *template_text, size_t len,
+                            const llm_tokenizer *t, const char *name, char *err);
+/* The conversation as text, with the assistant's generation prompt at the end when asked. Returns the length
+ * (which may exceed cap: then call again with more room; out is NUL-terminated when the text fits), or -1
+ * for a role it does not know. */
+int  llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, int n_msgs,
+                     int add_generation_prompt, char *out, int cap);
+/* The ids that end the assistant's turn in this family (<|im_end|>, <|eot_id|>, <end_of_turn>, ... and EOS),
+ * to give a request as stop_token_ids. Returns how many (at most cap written). */
+int  llm_chat_stop_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32_t *ids, int cap);
+
+/* -----------------------------------------------------------------------------------------------------------
+ * 5. Requests: what a request asks for. (The scheduler that turns requests into each step's plan is private
+ *    to the implementation: see its section 5.)
  * -------------------------------------------------------------------------------------------------------- */
 typedef struct {
     int n;                          /* parallel samples of one prompt (they share the prompt's KV blocks) */
@@ -239,7 +296,7 @@ typedef struct {
 llm_sampling_params llm_sampling_defaults(void);
 
 /* -----------------------------------------------------------------------------------------------------------
- * 5. Blocks: the KV pool's bookkeeping (the memory itself is the backend's)
+ * 6. Blocks: the KV pool's bookkeeping (the memory itself is the backend's)
  * Free blocks sit in one list in least-recently-freed order. A full block of prompt or output is named by a
  * hash of (its predecessor's hash, its token ids); when freed it keeps its contents and its name, so a later
  * request with the same prefix takes it back (automatic prefix caching) until allocation evicts it.
@@ -271,7 +328,7 @@ int  llm_block_lookup(llm_block_manager *bm, uint64_t hash);  /* cached block id
 void llm_block_set_hash(llm_block_manager *bm, int id, uint64_t hash);
 
 /* -----------------------------------------------------------------------------------------------------------
- * 6. Forward: a batch through the model, over the paged KV cache, on a backend
+ * 7. Forward: a batch through the model, over the paged KV cache, on a backend
  * The cache is a pool of blocks of block_size token slots (per layer, K and V). A sequence owns a list of
  * blocks, its block table: position p lives in block block_table[p / block_size], slot p % block_size.
  * -------------------------------------------------------------------------------------------------------- */
@@ -340,7 +397,7 @@ int llm_cuda_run_attention(llm_cuda_attention_run *r, char *err);
 #endif
 
 /* -----------------------------------------------------------------------------------------------------------
- * 7. Sampler: the next token from a row of logits. It only reads the logits (so logprobs and the n samples of
+ * 8. Sampler: the next token from a row of logits. It only reads the logits (so logprobs and the n samples of
  *    a request read the same row); its scratch is its own, made once for a vocabulary size. One per thread.
  * -------------------------------------------------------------------------------------------------------- */
 typedef struct llm_sampler llm_sampler;
@@ -361,7 +418,7 @@ int32_t llm_sampler_sample(llm_sampler *s, const llm_sampling_params *p, const f
                            const int32_t *history, int n_prompt, int n_history, uint64_t *rng_state);
 
 /* -----------------------------------------------------------------------------------------------------------
- * 8. Detokenizer: token ids back to text
+ * 9. Detokenizer: token ids back to text
  * -------------------------------------------------------------------------------------------------------- */
 /* The raw bytes a token stands for (may be part of a UTF-8 character); control tokens give "" unless special.
  * Returns the byte count (which may exceed cap), -1 for an id outside the vocabulary. */
@@ -376,7 +433,7 @@ int  llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out,
 int  llm_detok_flush(llm_detok *d, char *out, int cap);  /* end of stream: what is held back, as U+FFFD */
 
 /* -----------------------------------------------------------------------------------------------------------
- * 9. Engine: requests in, tokens and text out, one step at a time
+ * 10. Engine: requests in, tokens and text out, one step at a time
  *
  * Threads: llm_engine_add_request and llm_engine_abort may be called from any thread at any time (they take
  * the engine's lock and leave the request in an inbox, and wake llm_engine_wait); everything else belongs to
@@ -1705,9 +1762,361 @@ int llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id) {
     return 0;
 }
 
+int llm_tokenize_prompt(const llm_tokenizer *t, const char *text, size_t len, int32_t *out, int cap) {
+    if (!t || (!text && len)) return -1;
+    size_t n = 0;
+    int first = len && t->special_start[(unsigned char)text[0]] ? llm_special_at(t, text, len, &n) : -1;
+    return llm_tokenize(t, text, len, t->add_bos && first != t->bos, 1, out, cap);
+}
 
 /* ===========================================================================================================
- * 4. Requests and the scheduler
+ * 4. Chat templates
+ * A chat template is a Jinja program, but the ones models ship fall into a few families that differ in their
+ * markers and in small ways (where the system prompt goes, what is trimmed, whether BOS is written). So, as
+ * llama.cpp does, we recognise the family by its markers and write each one out by hand. Each family below
+ * names the published template it follows; the tests render a fixed conversation with each and compare it
+ * with what that template renders (Hugging Face's apply_chat_template: trim_blocks, lstrip_blocks).
+ * ======================================================================================================== */
+static const char *llm_chat_family_names[LLM_CHAT_NFAMILIES] = {
+    "chatml", "qwen3", "llama3", "llama2", "mistral-v1", "mistral-v3", "mistral-v3-tekken", "mistral-v7",
+    "mistral-v7-tekken", "zephyr", "phi3", "gemma"
+};
+
+const char *llm_chat_family_name(int family) {
+    return family >= 0 && family < LLM_CHAT_NFAMILIES ? llm_chat_family_names[family] : NULL;
+}
+
+int llm_chat_family_from_name(const char *name) {
+    for (int f = 0; name && f < LLM_CHAT_NFAMILIES; f++) if (!strcmp(name, llm_chat_family_names[f])) return f;
+    return -1;
+}
+
+static int llm_has(const char *s, size_t n, const char *what) { /* does s[0..n) contain what? */
+    size_t m = strlen(what);
+    for (size_t i = 0; m <= n && i <= n - m; i++) if (s[i] == what[0] && !memcmp(s + i, what, m)) return 1;
+    return 0;
+}
+
+static int llm_vocab_has(const llm_tokenizer *t, const char *text) {
+    return t && llm_tok_find(t, text, strlen(text)) >= 0;
+}
+
+/* Each family's markers, checked most specific first (the order of llama.cpp's llm_chat_detect_template). */
+int llm_chat_detect(const char *tt, size_t n, const llm_tokenizer *t) {
+    if (tt && n) {
+        if (llm_has(tt, n, "<|im_start|>"))
+            return llm_has(tt, n, "<think>") || llm_has(tt, n, "enable_thinking") ? LLM_CHAT_QWEN3 : LLM_CHAT_CHATML;
+        if (llm_has(tt, n, "<|start_header_id|>")) return LLM_CHAT_LLAMA3;
+        if (llm_has(tt, n, "<start_of_turn>")) return LLM_CHAT_GEMMA;
+        if (llm_has(tt, n, "<|user|>")) return llm_has(tt, n, "<|end|>") ? LLM_CHAT_PHI3 : LLM_CHAT_ZEPHYR;
+        if (llm_has(tt, n, "[SYSTEM_PROMPT]"))
+            return llm_has(tt, n, "[INST] ") ? LLM_CHAT_MISTRAL_V7 : LLM_CHAT_MISTRAL_V7_TEKKEN;
+        if (llm_has(tt, n, "[INST]")) {
+            /* Mistral's own templates: the v1 one puts a space before [INST]; v3-tekken none after it */
+            if (llm_has(tt, n, "' [INST] ' + system_message") || llm_has(tt, n, "[AVAILABLE_TOOLS]")) {
+                if (llm_has(tt, n, " [INST]")) return LLM_CHAT_MISTRAL_V1;
+                return llm_has(tt, n, "\"[INST]\"") ? LLM_CHAT_MISTRAL_V3_TEKKEN : LLM_CHAT_MISTRAL_V3;
+            }
+            return LLM_CHAT_LLAMA2; /* Llama 2 and the templates modelled on it */
+        }
+        return -1;
+    }
+    if (llm_vocab_has(t, "<|im_start|>")) return llm_vocab_has(t, "<think>") ? LLM_CHAT_QWEN3 : LLM_CHAT_CHATML;
+    if (llm_vocab_has(t, "<|start_header_id|>")) return LLM_CHAT_LLAMA3;
+    if (llm_vocab_has(t, "<start_of_turn>")) return LLM_CHAT_GEMMA;
+    if (llm_vocab_has(t, "<|user|>")) return llm_vocab_has(t, "<|end|>") ? LLM_CHAT_PHI3 : LLM_CHAT_ZEPHYR;
+    if (llm_vocab_has(t, "[SYSTEM_PROMPT]")) return LLM_CHAT_MISTRAL_V7_TEKKEN;
+    if (llm_vocab_has(t, "[INST]")) return LLM_CHAT_MISTRAL_V3;
+    return -1;
+}
+
+/* A ChatML template's own system prompt, for conversations without one (SmolLM2: "You are a helpful AI
+ * assistant named SmolLM, trained by Hugging Face"; Qwen2.5: "You are Qwen, created by Alibaba Cloud. ..."):
+ * the literal text after "<|im_start|>system" and a newline (a real one, or \n inside a Jinja string), up to
+ * <|im_end|>. Where an expression follows instead (messages[0]['content']), that is not it. */
+static void llm_chat_find_default_system(const char *tt, size_t n, char *out, size_t cap) {
+    static const char marker[] = "<|im_start|>system";
+    size_t m = sizeof marker - 1;
+    out[0] = 0;
+    for (size_t i = 0; tt && m <= n && i <= n - m; i++) {
+        if (memcmp(tt + i, marker, m)) continue;
+        size_t j = i + m, k = 0;
+        if (j < n && tt[j] == '\n') j++;
+        else if (j + 1 < n && tt[j] == '\\' && tt[j + 1] == 'n') j += 2;
+        else continue;
+        for (; j < n && tt[j] != '\'' && tt[j] != '"' && tt[j] != '{' && k + 1 < cap; j++) {
+            if (tt[j] == '<' && j + 10 <= n && !memcmp(tt + j, "<|im_end|>", 10)) { out[k] = 0; return; }
+            if (tt[j] == '\\' && j + 1 < n && tt[j + 1] == 'n') { out[k++] = '\n'; j++; }
+            else out[k++] = tt[j];
+        }
+        out[0] = 0; /* an expression, or no <|im_end|>: look further */
+    }
+}
+
+static void llm_chat_copy_token_text(const llm_tokenizer *t, int id, char *out, size_t cap) {
+    out[0] = 0;
+    if (id < 0 || id >= t->n_vocab || t->text[id].len >= cap) return;
+    memcpy(out, t->text[id].ptr, t->text[id].len);
+    out[t->text[id].len] = 0;
+}
+
+int llm_chat_template_init(llm_chat_template *ct, const char *template_text, size_t len,
+                           const llm_tokenizer *t, const char *name, char *err) {
+    memset(ct, 0, sizeof *ct);
+    if (!t) return llm_fail(err, "this model has no vocabulary, so it cannot chat");
+    llm_str tt = {template_text, template_text ? len : 0};
+    ct->family = name ? llm_chat_family_from_name(name) : llm_chat_detect(tt.ptr, tt.len, t);
+    if (ct->family < 0) {
+        ct->family = LLM_CHAT_CHATML;
+        if (name) {
+            char known[256] = "";
+            for (int f = 0; f < LLM_CHAT_NFAMILIES; f++)
+                snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", f ? ", " : "",
+                         llm_chat_family_names[f]);
+            snprintf(ct->note, sizeof ct->note, "unknown chat template '%s' (known: %s): using chatml", name,
+                     known);
+        } else {
+            snprintf(ct->note, sizeof ct->note, "%s: using chatml", tt.len ? "the model's chat template is "
+                     "none this engine knows" : "the model has no chat template and its vocabulary names none");
+        }
+    }
+    llm_chat_copy_token_text(t, t->bos, ct->bos, sizeof ct->bos);
+    llm_chat_copy_token_text(t, t->eos, ct->eos, sizeof ct->eos);
+    ct->enable_thinking = 1;
+    if (ct->family == LLM_CHAT_CHATML)
+        llm_chat_find_default_system(tt.ptr, tt.len, ct->default_system, sizeof ct->default_system);
+    /* Llama 3.1's template dates the system turn 26 Jul 2024; 3.2's asks for today's date (strftime_now) */
+    ct->dated_system = ct->family == LLM_CHAT_LLAMA3 && llm_has(tt.ptr, tt.len, "Cutting Knowledge Date");
+    snprintf(ct->date, sizeof ct->date, "26 Jul 2024");
+    if (llm_has(tt.ptr, tt.len, "strftime_now")) {
+        time_t now = time(NULL);
+        struct tm tm;
+        if (localtime_r(&now, &tm)) strftime(ct->date, sizeof ct->date, "%d %b %Y", &tm);
+    }
+    return 0;
+}
+
+/* ---- Rendering -------------------------------------------------------------------------------------------- */
+typedef struct { char *out; size_t cap, n; } llm_chat_text; /* counts every byte, stores the first cap */
+
+static void llm_chat_put(llm_chat_text *c, const char *s, size_t n) {
+    if (c->n < c->cap) memcpy(c->out + c->n, s, c->n + n <= c->cap ? n : c->cap - c->n);
+    c->n += n;
+}
+static void llm_chat_puts(llm_chat_text *c, const char *s) { llm_chat_put(c, s, strlen(s)); }
+
+/* Python's str.strip() of white space (Jinja's trim), and strip(chars) of one character, on each side asked */
+static int llm_is_space(char ch) { return ch == ' ' || (ch >= '\t' && ch <= '\r') || (ch >= 0x1c && ch <= 0x1f); }
+static void llm_chat_put_stripped(llm_chat_text *c, const char *s, int left, int right, char only) {
+    size_t a = 0, b = strlen(s);
+#define LLM_STRIPS(ch) (only ? (ch) == only : llm_is_space(ch))
+    while (left && a < b && LLM_STRIPS(s[a])) a++;
+    while (right && b > a && LLM_STRIPS(s[b - 1])) b--;
+#undef LLM_STRIPS
+    llm_chat_put(c, s + a, b - a);
+}
+static void llm_chat_put_trimmed(llm_chat_text *c, const char *s) { llm_chat_put_stripped(c, s, 1, 1, 0); }
+
+enum { LLM_ROLE_SYSTEM, LLM_ROLE_USER, LLM_ROLE_ASSISTANT };
+static int llm_chat_role(const char *role) {
+    if (!role) return -1;
+    if (!strcmp(role, "system") || !strcmp(role, "developer")) return LLM_ROLE_SYSTEM;
+    if (!strcmp(role, "user")) return LLM_ROLE_USER;
+    return !strcmp(role, "assistant") ? LLM_ROLE_ASSISTANT : -1;
+}
+static const char *llm_chat_role_names[] = {"system", "user", "assistant"};
+
+/* Qwen3 (Qwen/Qwen3-0.6B): an assistant turn. Its reasoning (inside <think></think>) is kept after the last
+ * user turn, where the last turn always shows the <think> block; elsewhere only the text after </think>. */
+static void llm_qwen3_assistant(llm_chat_text *c, const char *content, int after_last_user, int last) {
+    const char *first_end = strstr(content, "</think>"), *body = content, *reasoning = "";
+    size_t n_reasoning = 0;
+    if (first_end) {
+        for (const char *p = first_end; p; p = strstr(p + 1, "</think>")) body = p + 8;
+        while (*body == '\n') body++;
+        reasoning = content;
+        for (const char *p = content; (p = strstr(p, "<think>")) && p < first_end; p++) reasoning = p + 7;
+        n_reasoning = (size_t)(first_end - reasoning);
+    }
+    while (n_reasoning && reasoning[0] == '\n') { reasoning++; n_reasoning--; }
+    while (n_reasoning && reasoning[n_reasoning - 1] == '\n') n_reasoning--;
+    if (after_last_user && (last || n_reasoning)) {
+        llm_chat_puts(c, "<think>\n"); llm_chat_put(c, reasoning, n_reasoning); llm_chat_puts(c, "\n</think>\n\n");
+        while (*body == '\n') body++;
+    }
+    llm_chat_puts(c, body);
+}
+
+int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, int n, int gen, char *out,
+                    int cap) {
+    llm_chat_text c = {out, out && cap > 0 ? (size_t)cap : 0, 0};
+    int *role = (int *)malloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+    if (!role || n < 0) { free(role); return -1; }
+    for (int i = 0; i < n; i++) if ((role[i] = llm_chat_role(msgs[i].role)) < 0) { free(role); return -1; }
+#define CONTENT(i) (msgs[i].content ? msgs[i].content : "")
+    int has_sys = n > 0 && role[0] == LLM_ROLE_SYSTEM, first = has_sys; /* first: after the system turn */
+    const char *sys = has_sys ? CONTENT(0) : "";
+    const char *bos = ct->bos, *eos = ct->eos;
+    switch (ct->family) {
+    case LLM_CHAT_QWEN3: { /* Qwen/Qwen3-0.6B */
+        int last_user = n - 1;
+        while (last_user >= 0 && role[last_user] != LLM_ROLE_USER) last_user--;
+        for (int i = 0; i < n; i++) {
+            if (role[i] != LLM_ROLE_ASSISTANT) {
+                llm_chat_puts(&c, "<|im_start|>"); llm_chat_puts(&c, llm_chat_role_names[role[i]]);
+                llm_chat_puts(&c, "\n"); llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "<|im_end|>\n");
+                continue;
+            }
+            llm_chat_puts(&c, "<|im_start|>assistant\n");
+            llm_qwen3_assistant(&c, CONTENT(i), i > last_user, i == n - 1);
+            llm_chat_puts(&c, "<|im_end|>\n");
+        }
+        if (gen) llm_chat_puts(&c, ct->enable_thinking ? "<|im_start|>assistant\n" :
+                               "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+        break;
+    }
+    case LLM_CHAT_LLAMA3: /* meta-llama/Meta-Llama-3-8B-Instruct; dated: Llama-3.1-8B-Instruct, 3.2-1B */
+        llm_chat_puts(&c, bos);
+        if (ct->dated_system) {
+            llm_chat_puts(&c, "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December "
+                          "2023\nToday Date: ");
+            llm_chat_puts(&c, ct->date); llm_chat_puts(&c, "\n\n");
+            llm_chat_put_trimmed(&c, sys); llm_chat_puts(&c, "<|eot_id|>");
+        }
+        for (int i = ct->dated_system ? first : 0; i < n; i++) {
+            llm_chat_puts(&c, "<|start_header_id|>"); llm_chat_puts(&c, llm_chat_role_names[role[i]]);
+            llm_chat_puts(&c, "<|end_header_id|>\n\n");
+            llm_chat_put_trimmed(&c, CONTENT(i)); llm_chat_puts(&c, "<|eot_id|>");
+        }
+        if (gen) llm_chat_puts(&c, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        break;
+    case LLM_CHAT_LLAMA2: /* meta-llama/Llama-2-7b-chat-hf: no generation prompt; later system turns dropped */
+        for (int i = first; i < n; i++) {
+            char *joined = NULL; /* the system block joins the first turn before the strip */
+            const char *content = CONTENT(i);
+            if (i == first && has_sys) {
+                size_t len = strlen(sys) + strlen(content) + 32;
+                if (!(joined = (char *)malloc(len))) { free(role); return -1; }
+                snprintf(joined, len, "<<SYS>>\n%s\n<</SYS>>\n\n%s", sys, content);
+                content = joined;
+            }
+            if (role[i] == LLM_ROLE_USER) {
+                llm_chat_puts(&c, bos); llm_chat_puts(&c, "[INST] "); llm_chat_put_trimmed(&c, content);
+                llm_chat_puts(&c, " [/INST]");
+            } else if (role[i] == LLM_ROLE_ASSISTANT) {
+                llm_chat_puts(&c, " "); llm_chat_put_trimmed(&c, content); llm_chat_puts(&c, " ");
+                llm_chat_puts(&c, eos);
+            }
+            free(joined);
+        }
+        break;
+    case LLM_CHAT_MISTRAL_V1: /* mistralai/Mistral-7B-Instruct-v0.1, its template with a system prompt */
+        llm_chat_puts(&c, bos);
+        for (int i = first; i < n; i++) {
+            if (role[i] == LLM_ROLE_USER) {
+                llm_chat_puts(&c, " [INST] ");
+                if (i == first && has_sys) { llm_chat_puts(&c, sys); llm_chat_puts(&c, "\n\n"); }
+                llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, " [/INST]");
+            } else if (role[i] == LLM_ROLE_ASSISTANT) {
+                llm_chat_puts(&c, " "); llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, eos);
+            }
+        }
+        break;
+    case LLM_CHAT_MISTRAL_V3: /* mistralai/Mistral-7B-Instruct-v0.3: the system prompt joins the last turn */
+    case LLM_CHAT_MISTRAL_V3_TEKKEN: { /* mistralai/Mistral-Nemo-Instruct-2407 */
+        int tekken = ct->family == LLM_CHAT_MISTRAL_V3_TEKKEN;
+        llm_chat_puts(&c, bos);
+        for (int i = first; i < n; i++) {
+            if (role[i] == LLM_ROLE_USER) {
+                llm_chat_puts(&c, tekken ? "[INST]" : "[INST] ");
+                if (i == n - 1 && has_sys) { llm_chat_puts(&c, sys); llm_chat_puts(&c, "\n\n"); }
+                llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "[/INST]");
+            } else if (role[i] == LLM_ROLE_ASSISTANT) {
+                if (tekken) llm_chat_puts(&c, CONTENT(i));
+                else { llm_chat_puts(&c, " "); llm_chat_put_trimmed(&c, CONTENT(i)); }
+                llm_chat_puts(&c, eos);
+            }
+        }
+        break;
+    }
+    case LLM_CHAT_MISTRAL_V7: /* mistralai/Mistral-Large-Instruct-2411 */
+    case LLM_CHAT_MISTRAL_V7_TEKKEN: { /* mistralai/Mistral-Small-24B-Instruct-2501, without its default */
+        int tekken = ct->family == LLM_CHAT_MISTRAL_V7_TEKKEN;
+        llm_chat_puts(&c, bos);
+        for (int i = 0; i < n; i++) {
+            if (role[i] == LLM_ROLE_SYSTEM) {
+                llm_chat_puts(&c, tekken ? "[SYSTEM_PROMPT]" : "[SYSTEM_PROMPT] "); llm_chat_puts(&c, CONTENT(i));
+                llm_chat_puts(&c, "[/SYSTEM_PROMPT]");
+            } else if (role[i] == LLM_ROLE_USER) {
+                llm_chat_puts(&c, tekken ? "[INST]" : "[INST] "); llm_chat_puts(&c, CONTENT(i));
+                llm_chat_puts(&c, "[/INST]");
+            } else {
+                if (!tekken) llm_chat_puts(&c, " ");
+                llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, eos);
+            }
+        }
+        break;
+    }
+    case LLM_CHAT_ZEPHYR: /* TinyLlama/TinyLlama-1.1B-Chat-v1.0, HuggingFaceH4/zephyr-7b-beta */
+    case LLM_CHAT_PHI3:   /* microsoft/Phi-3.5-mini-instruct */
+        for (int i = 0; i < n; i++) {
+            llm_chat_puts(&c, "<|"); llm_chat_puts(&c, llm_chat_role_names[role[i]]); llm_chat_puts(&c, "|>\n");
+            llm_chat_puts(&c, CONTENT(i));
+            llm_chat_puts(&c, ct->family == LLM_CHAT_PHI3 ? "<|end|>" : eos); llm_chat_puts(&c, "\n");
+        }
+        if (gen && (n > 0 || ct->family == LLM_CHAT_PHI3)) llm_chat_puts(&c, "<|assistant|>\n");
+        else if (ct->family == LLM_CHAT_PHI3) llm_chat_puts(&c, eos);
+        break;
+    case LLM_CHAT_GEMMA: /* google/gemma-3-1b-it: the system prompt opens the first turn */
+        llm_chat_puts(&c, bos);
+        for (int i = first; i < n; i++) {
+            llm_chat_puts(&c, "<start_of_turn>");
+            llm_chat_puts(&c, role[i] == LLM_ROLE_ASSISTANT ? "model" : llm_chat_role_names[role[i]]);
+            llm_chat_puts(&c, "\n");
+            if (i == first && has_sys) { llm_chat_puts(&c, sys); llm_chat_puts(&c, "\n\n"); }
+            llm_chat_put_trimmed(&c, CONTENT(i)); llm_chat_puts(&c, "<end_of_turn>\n");
+        }
+        if (gen) llm_chat_puts(&c, "<start_of_turn>model\n");
+        break;
+    default: /* ChatML: HuggingFaceTB/SmolLM2-135M-Instruct, Qwen/Qwen2.5-0.5B-Instruct */
+        if (!has_sys && n > 0 && ct->default_system[0]) {
+            llm_chat_puts(&c, "<|im_start|>system\n"); llm_chat_puts(&c, ct->default_system);
+            llm_chat_puts(&c, "<|im_end|>\n");
+        }
+        for (int i = 0; i < n; i++) {
+            llm_chat_puts(&c, "<|im_start|>"); llm_chat_puts(&c, llm_chat_role_names[role[i]]);
+            llm_chat_puts(&c, "\n"); llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "<|im_end|>\n");
+        }
+        if (gen) llm_chat_puts(&c, "<|im_start|>assistant\n");
+        break;
+    }
+#undef CONTENT
+    free(role);
+    if (c.n >= (size_t)INT32_MAX) return -1;
+    if (c.n < c.cap) out[c.n] = 0;
+    return (int)c.n;
+}
+
+int llm_chat_stop_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32_t *ids, int cap) {
+    static const char *const end_of_turn[LLM_CHAT_NFAMILIES][2] = {
+        [LLM_CHAT_CHATML] = {"<|im_end|>"}, [LLM_CHAT_QWEN3] = {"<|im_end|>"},
+        [LLM_CHAT_LLAMA3] = {"<|eot_id|>", "<|eom_id|>"}, [LLM_CHAT_PHI3] = {"<|end|>"},
+        [LLM_CHAT_GEMMA] = {"<end_of_turn>"},
+    };
+    int n = 0;
+    if (!t) return 0;
+    if (t->eos >= 0) { if (n < cap) ids[n] = t->eos; n++; }
+    for (int k = 0; k < 2 && ct->family >= 0 && ct->family < LLM_CHAT_NFAMILIES; k++) {
+        const char *s = end_of_turn[ct->family][k];
+        int id = s ? llm_tok_find(t, s, strlen(s)) : -1;
+        if (id >= 0 && id != t->eos) { if (n < cap) ids[n] = id; n++; }
+    }
+    return n;
+}
+
+
+/* ===========================================================================================================
+ * 5. Requests and the scheduler
  * A request of n samples starts as one sequence; when its prompt is computed it forks into n sequences that
  * share the prompt's blocks. Every sequence goes the same way: its tokens [0, n_computed) have K/V in the
  * cache; each step computes the next chunk of the rest (a prompt chunk, or the one newest token), and when a
@@ -1987,7 +2396,7 @@ static void llm_seq_hash_blocks(llm_block_manager *bm, llm_seq *s) {
 }
 
 /* ===========================================================================================================
- * 5. Blocks: KV blocks handed out from a free list, named by hash for prefix caching
+ * 6. Blocks: KV blocks handed out from a free list, named by hash for prefix caching
  * ======================================================================================================== */
 int llm_block_manager_init(llm_block_manager *bm, int num_blocks, int block_size, int enable_prefix_caching,
                            char *err) {
@@ -2068,7 +2477,7 @@ void llm_block_set_hash(llm_block_manager *bm, int id, uint64_t hash) {
 }
 
 /* ===========================================================================================================
- * 6. Forward: the model over a batch, reading and writing the paged KV cache. The CPU backend, which is the
+ * 7. Forward: the model over a batch, reading and writing the paged KV cache. The CPU backend, which is the
  *    reference the CUDA kernels are checked against; llm.cu has the CUDA one behind the same llm_backend.
  * ======================================================================================================== */
 /* K and V of every layer for one block: what one block of the pool costs a backend */
@@ -2351,7 +2760,7 @@ llm_backend *llm_cpu_backend_create(const llm_model *m, char *err) {
 }
 
 /* ===========================================================================================================
- * 7. Sampler
+ * 8. Sampler
  * The order is vLLM's: penalties on the raw logits, then temperature, then top-k, top-p and min-p keep a
  * head of the distribution, renormalised, and one uniform draw picks from it. The logits are only read; what
  * changes is copied into the sampler's scratch.
@@ -2495,7 +2904,7 @@ static float llm_logprobs_top(const float *logits, int n, int k, int32_t *top_id
 }
 
 /* ===========================================================================================================
- * 8. Detokenizer and stop conditions: token ids back to text, and where the text must stop
+ * 9. Detokenizer and stop conditions: token ids back to text, and where the text must stop
  * ======================================================================================================== */
 static int llm_hex_digit(int c) {
     if (c >= '0' && c <= '9') return c - '0';
@@ -2646,7 +3055,7 @@ static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *to
 }
 
 /* ===========================================================================================================
- * 9. Engine
+ * 10. Engine
  * The engine owns the model, the backend and its KV pool, the block manager, the scheduler and the sampler.
  * llm_engine_step runs, in this order (and so do the functions below): what the last step handed out is
  * freed; new requests and aborts come in from the inbox; the scheduler plans the step; the plan becomes one
@@ -2814,8 +3223,7 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
                                 int n_prompt_ids, const llm_sampling_params *p, void *user, char *err) {
     const llm_config *c = &e->model.cfg;
     if (llm_request_check(p, err) != 0) return 0;
-    /* the prompt's ids: as given, or the text tokenized (BOS as the vocabulary asks, special tokens
-     * parsed) */
+    /* the prompt's ids: as given, or the text tokenized (llm_tokenize_prompt) */
     int32_t *ids = NULL;
     if (prompt_ids) {
         if (n_prompt_ids < 0) { llm_fail(err, "n_prompt_ids is negative (%d)", n_prompt_ids); return 0; }
@@ -2832,10 +3240,9 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
         const char *text = prompt ? prompt : "";
         size_t len = strlen(text);
         int cap = len < INT32_MAX / 2 ? (int)len + 8 : INT32_MAX / 2;
-        int bos = llm_tokenizer_adds_bos(e->model.tok);
         arrsetlen(ids, cap);
-        int n = llm_tokenize(e->model.tok, text, len, bos, 1, ids, cap);
-        if (n > cap) { arrsetlen(ids, n); n = llm_tokenize(e->model.tok, text, len, bos, 1, ids, n); }
+        int n = llm_tokenize_prompt(e->model.tok, text, len, ids, cap);
+        if (n > cap) { arrsetlen(ids, n); n = llm_tokenize_prompt(e->model.tok, text, len, ids, n); }
         if (n < 0) { arrfree(ids); llm_fail(err, "could not tokenize the prompt"); return 0; }
         arrsetlen(ids, n);
     }
@@ -2966,7 +3373,7 @@ static void llm_engine_take_inbox(llm_engine *e) {
     arrfree(aborts);
 }
 
-/* 3. The scheduler plans the step: llm_schedule (section 4). */
+/* 3. The scheduler plans the step: llm_schedule (section 5). */
 
 /* 4. The plan as one batch: each scheduled sequence's next n_new tokens, flattened, with its block table;
  *    logits for the sequences whose chunk reaches the end of their tokens; the copy-on-write copies first. */

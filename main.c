@@ -3,15 +3,21 @@
 #define LLM_IMPLEMENTATION
 #include "llm.h"
 
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <termios.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *usage =
     "usage:\n"
+    "  llm chat -m MODEL.gguf [options]               chat REPL (what llm -m MODEL.gguf starts when the\n"
+    "                                                 model has a chat template); piped stdin: a turn a line\n"
     "  llm -m MODEL.gguf -p PROMPT [-n N] [options]   write the prompt and its continuation to stdout\n"
-    "  llm -m MODEL.gguf [options]                    REPL: each line you type is continued\n"
+    "  llm -m MODEL.gguf [options]                    REPL: each line you type is continued (no template)\n"
     "  llm tokenize -m MODEL.gguf [--no-bos] TEXT     print TEXT's token ids on one line\n"
     "  llm bench (-m MODEL.gguf | --dummy NAME) [options]  offline throughput, as vLLM's bench throughput\n"
     "\n"
@@ -30,6 +36,13 @@ static const char *usage =
     "  --ignore-eos           keep going past end-of-sequence tokens\n"
     "  --stop TEXT            stop before TEXT (may be given up to 16 times)\n"
     "  --ids                  print only the generated token ids, space-separated, on one line\n"
+    "\n"
+    "chat options (-n is the longest reply: default 1024):\n"
+    "  -s, --system TEXT      system prompt (default: the template's own, if it has one)\n"
+    "  --chat-template NAME   override the template the model's file names: chatml, qwen3, llama3, llama2,\n"
+    "                         mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken, zephyr,\n"
+    "                         phi3, gemma\n"
+    "  --think                Qwen3: let the model think before it answers (off by default)\n"
     "\n"
     "engine options (all modes):\n"
     "  --block-size N         KV cache block size in tokens (default 16)\n"
@@ -61,7 +74,9 @@ typedef struct {
     llm_engine_config engine;
     llm_sampling_params sampling;
     const char *prompt;
-    int ids_only, no_bos;
+    int ids_only, no_bos, max_tokens_given;
+    const char *system, *chat_template;
+    int think;
     const char *stops[16];
     /* bench */
     int num_prompts, in_min, in_max, out_min, out_max;
@@ -88,7 +103,14 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         if (FLAG("-h") || FLAG("--help")) { printf(usage, llm_model_dummy_names()); exit(0); }
         else if (FLAG("-m") || FLAG("--model")) { NEED(); a->engine.model_path = v; }
         else if (FLAG("-p") || FLAG("--prompt")) { NEED(); a->prompt = v; }
-        else if (FLAG("-n") || FLAG("--max-tokens")) { NEED(); a->sampling.max_tokens = atoi(v); }
+        else if (FLAG("-n") || FLAG("--max-tokens")) {
+            NEED();
+            a->sampling.max_tokens = atoi(v);
+            a->max_tokens_given = 1;
+        }
+        else if (FLAG("-s") || FLAG("--system")) { NEED(); a->system = v; }
+        else if (FLAG("--chat-template")) { NEED(); a->chat_template = v; }
+        else if (FLAG("--think")) a->think = 1;
         else if (FLAG("--temp")) { NEED(); a->sampling.temperature = (float)atof(v); }
         else if (FLAG("--top-k")) { NEED(); a->sampling.top_k = atoi(v); }
         else if (FLAG("--top-p")) { NEED(); a->sampling.top_p = (float)atof(v); }
@@ -187,6 +209,406 @@ static int repl(llm_engine *e, args_t *a) {
         generate(e, a, line, 0);  /* the line is on the screen already: print only its continuation */
         printf("\n");
     }
+    return 0;
+}
+
+/* ---- chat: the REPL ----
+ * The conversation is kept as messages and rendered whole each turn with the model's chat template. Its
+ * tokens are not recomputed: the engine's prefix cache still holds the blocks of the turns before, so only
+ * what is new (the end of the last reply, the new user turn) is computed. For that the prompt's ids must
+ * begin with exactly the ids of the turns before, so they are kept as they were computed (the reply's tokens
+ * as sampled, not its text tokenized again) and only the text the template adds after them is tokenized. */
+static volatile sig_atomic_t g_interrupted; /* Ctrl-C while a reply is being generated */
+static void on_sigint(int sig) { (void)sig; g_interrupted = 1; }
+
+typedef struct {
+    llm_engine *e;
+    const llm_tokenizer *tok;
+    args_t *a;
+    llm_chat_template tmpl;
+    char *system;                   /* -s or /system (NULL: the template's own default, if any) */
+    llm_chat_message *msgs;         /* stb_ds array of the turns, strings owned */
+    int32_t stop_ids[8];
+    int n_stop_ids;
+    char *known_text;               /* the last prompt and its reply, as text ... */
+    int32_t *known_ids;             /* ... and as the ids that were computed (stb_ds) */
+    int32_t end_id;                 /* the stop token that ended the last reply (not in known_ids), or -1 */
+    int tty_in, tty_out;
+    FILE *info;                     /* where /stats and notices go: stdout on a terminal, else stderr */
+    /* the last reply, for /stats */
+    int turns, context_used, last_prompt, last_cached, last_generated;
+    double last_ttft, last_prompt_tps, last_gen_tps;
+    int64_t cached_total;
+} chat_t;
+
+static void chat_forget_ids(chat_t *c) {
+    free(c->known_text); c->known_text = NULL;
+    arrsetlen(c->known_ids, 0);
+    c->end_id = -1;
+}
+
+static void chat_reset(chat_t *c) {
+    for (ptrdiff_t i = 0; i < arrlen(c->msgs); i++) free((char *)c->msgs[i].content);
+    arrsetlen(c->msgs, 0);
+    chat_forget_ids(c);
+}
+
+static int chat_push(chat_t *c, const char *role, const char *text) {
+    char *copy = strdup(text);
+    if (!copy) return -1;
+    llm_chat_message m = {role, copy};
+    arrput(c->msgs, m);
+    return 0;
+}
+
+/* The whole conversation, with the generation prompt, as text (malloc'd), or NULL. */
+static char *chat_render(chat_t *c) {
+    llm_chat_message *all = NULL;
+    if (c->system) { llm_chat_message s = {"system", c->system}; arrput(all, s); }
+    for (ptrdiff_t i = 0; i < arrlen(c->msgs); i++) arrput(all, c->msgs[i]);
+    int n = llm_chat_render(&c->tmpl, all, (int)arrlen(all), 1, NULL, 0);
+    char *text = n >= 0 ? (char *)malloc((size_t)n + 1) : NULL;
+    if (text) llm_chat_render(&c->tmpl, all, (int)arrlen(all), 1, text, n + 1);
+    arrfree(all);
+    return text;
+}
+
+/* Appends text's ids to *ids (special tokens parsed; BOS as llm_tokenize_prompt puts it, when bos). */
+static int chat_tokenize(const llm_tokenizer *t, const char *text, int bos, int32_t **ids) {
+    size_t len = strlen(text);
+    if (len > (size_t)INT32_MAX / 2) return -1;
+    int cap = (int)len + 8;
+    ptrdiff_t at = arrlen(*ids);
+    arrsetlen(*ids, at + cap);
+    int n = bos ? llm_tokenize_prompt(t, text, len, *ids + at, cap) : llm_tokenize(t, text, len, 0, 1, *ids + at, cap);
+    arrsetlen(*ids, at + (n > 0 ? n : 0));
+    return n < 0 ? -1 : 0;
+}
+
+/* The prompt's ids: the ids of the turns before as they were computed, then the rest of the text. */
+static int chat_prompt_ids(chat_t *c, const char *text, int32_t **ids) {
+    arrsetlen(*ids, 0);
+    size_t known = c->known_text ? strlen(c->known_text) : 0;
+    if (!c->known_text || strncmp(text, c->known_text, known) != 0) /* the template wrote history anew */
+        return chat_tokenize(c->tok, text, 1, ids);
+    const char *rest = text + known;
+    for (ptrdiff_t i = 0; i < arrlen(c->known_ids); i++) arrput(*ids, c->known_ids[i]);
+    char piece[64];
+    int n = c->end_id >= 0 ? llm_tokenizer_piece(c->tok, c->end_id, 1, piece, sizeof piece) : -1;
+    if (n > 0 && n < (int)sizeof piece && !strncmp(rest, piece, (size_t)n)) {
+        arrput(*ids, c->end_id); /* the reply's own end-of-turn token, where the template writes it */
+        rest += n;
+    }
+    return chat_tokenize(c->tok, rest, 0, ids);
+}
+
+/* One turn: the user's text in, the reply streamed out. */
+static void chat_turn(chat_t *c, const char *user) {
+    char err[LLM_ERR_LEN];
+    llm_engine_stats st = llm_engine_get_stats(c->e);
+    int max_len = st.max_model_len, max_tokens = c->a->sampling.max_tokens;
+    /* room kept for the reply: the whole -n when it fits in half the context */
+    int reserve = max_tokens > 0 && max_tokens < max_len / 2 ? max_tokens : max_len / 2;
+    if (chat_push(c, "user", user) != 0) { fprintf(stderr, "llm: out of memory\n"); return; }
+    int32_t *ids = NULL;
+    char *text = NULL;
+    for (;;) {
+        free(text);
+        text = chat_render(c);
+        if (!text || chat_prompt_ids(c, text, &ids) != 0) {
+            fprintf(stderr, "llm: could not render or tokenize the conversation\n");
+            goto drop_user;
+        }
+        if ((int)arrlen(ids) + reserve <= max_len) break;
+        if (arrlen(c->msgs) == 1) {
+            fprintf(stderr, "llm: that message is %d tokens with the template: too long for the context (%d "
+                    "tokens, %d kept for the reply)\n", (int)arrlen(ids), max_len, reserve);
+            goto drop_user;
+        }
+        /* the oldest turn goes: its user message and the replies after it */
+        int k = 1;
+        while (k < arrlen(c->msgs) - 1 && strcmp(c->msgs[k].role, "user") != 0) k++;
+        for (int i = 0; i < k; i++) free((char *)c->msgs[i].content);
+        arrdeln(c->msgs, 0, k);
+        chat_forget_ids(c);
+        fprintf(c->info, "[the conversation outgrew the context (%d tokens): the oldest turn was dropped]\n",
+                max_len);
+    }
+
+    llm_sampling_params p = c->a->sampling;
+    p.stop_token_ids = c->stop_ids; p.n_stop_token_ids = c->n_stop_ids;
+    double t0 = now_s(), t_first = 0;
+    uint64_t id = llm_engine_add_request(c->e, NULL, ids, (int)arrlen(ids), &p, NULL, err);
+    if (!id) { fprintf(stderr, "llm: %s\n", err); goto drop_user; }
+    char *reply = NULL;             /* stb_ds: the reply's text */
+    int32_t *reply_ids = NULL;
+    int finish = LLM_FINISH_NONE, aborted = 0, n_prompt = 0, n_cached = 0;
+    g_interrupted = 0;
+    while (llm_engine_has_work(c->e)) {
+        if (g_interrupted && !aborted) { llm_engine_abort(c->e, id); aborted = 1; }
+        const llm_output *out;
+        int n = llm_engine_step(c->e, &out);
+        for (int i = 0; i < n; i++) {
+            if (out[i].n_tokens && !t_first) t_first = now_s();
+            n_prompt = out[i].n_prompt_tokens; n_cached = out[i].n_cached_tokens;
+            for (int j = 0; j < out[i].n_tokens; j++) arrput(reply_ids, out[i].token_ids[j]);
+            if (out[i].text_len) memcpy(arraddnptr(reply, out[i].text_len), out[i].text, (size_t)out[i].text_len);
+            fwrite(out[i].text, 1, (size_t)out[i].text_len, stdout);
+            fflush(stdout);
+            if (out[i].finish_reason) finish = out[i].finish_reason;
+            if (out[i].finish_reason == LLM_FINISH_ERROR) fprintf(stderr, "\nllm: %s\n", out[i].error);
+        }
+    }
+    double t1 = now_s();
+    if (!t_first) t_first = t1;
+    printf("\n");
+    if (finish == LLM_FINISH_ABORT) fprintf(c->info, "[interrupted]\n");
+    int n_gen = (int)arrlen(reply_ids);
+    arrput(reply, 0);
+
+    /* the reply joins the conversation; the ids computed so far are kept for the next turn */
+    int ended_by_stop = finish == LLM_FINISH_STOP && n_gen > 0;
+    if (finish == LLM_FINISH_ERROR || chat_push(c, "assistant", reply) != 0) {
+        chat_forget_ids(c);
+    } else {
+        free(c->known_text);
+        size_t a = strlen(text), b = strlen(reply);
+        c->known_text = (char *)malloc(a + b + 1);
+        if (c->known_text) { memcpy(c->known_text, text, a); memcpy(c->known_text + a, reply, b + 1); }
+        arrsetlen(c->known_ids, 0);
+        for (ptrdiff_t i = 0; i < arrlen(ids); i++) arrput(c->known_ids, ids[i]);
+        for (int i = 0; i < n_gen - ended_by_stop; i++) arrput(c->known_ids, reply_ids[i]);
+        c->end_id = ended_by_stop ? reply_ids[n_gen - 1] : -1;
+        if (finish == LLM_FINISH_ABORT) chat_forget_ids(c); /* text held back may be missing: start over */
+    }
+    c->turns++;
+    c->context_used = n_prompt + n_gen;
+    c->last_prompt = n_prompt; c->last_cached = n_cached; c->last_generated = n_gen;
+    c->last_ttft = t_first - t0;
+    c->last_prompt_tps = (n_prompt - n_cached) / (t_first - t0 + 1e-9);
+    c->last_gen_tps = n_gen > 1 ? (n_gen - 1) / (t1 - t_first + 1e-9) : 0;
+    c->cached_total += n_cached;
+    if (c->tty_out)
+        printf("\033[2m[%d tokens, %.1f tok/s, first token in %.0f ms]\033[0m\n", n_gen, c->last_gen_tps,
+               c->last_ttft * 1e3);
+    arrfree(reply); arrfree(reply_ids); arrfree(ids); free(text);
+    return;
+drop_user:
+    free((char *)arrpop(c->msgs).content);
+    arrfree(ids); free(text);
+}
+
+static void chat_stats(chat_t *c) {
+    llm_engine_stats st = llm_engine_get_stats(c->e);
+    FILE *f = c->info;
+    fprintf(f, "turns: %d\n", c->turns);
+    fprintf(f, "context: %d of %d tokens\n", c->context_used, st.max_model_len);
+    fprintf(f, "last reply: prompt %d tokens (%d from the prefix cache, %d computed) at %.1f tok/s, first token "
+            "in %.0f ms; %d tokens generated at %.1f tok/s\n", c->last_prompt, c->last_cached,
+            c->last_prompt - c->last_cached, c->last_prompt_tps, c->last_ttft * 1e3, c->last_generated,
+            c->last_gen_tps);
+    fprintf(f, "prefix cache: %d tokens hit in the last turn, %lld in all\n", c->last_cached,
+            (long long)c->cached_total);
+    fprintf(f, "KV blocks: %d of %d free (%d hold cached prefixes)\n", st.num_free_blocks, st.num_blocks,
+            st.num_cached_blocks);
+}
+
+static const char *chat_help =
+    "/reset          start a new conversation (the system prompt stays)\n"
+    "/system TEXT    set the system prompt (empty: the template's default) and start anew\n"
+    "/stats          turns, context used, speeds, prefix-cache hits, KV blocks\n"
+    "/help           this\n"
+    "/quit           leave (so do Ctrl-D and Ctrl-C on an empty line)\n"
+    "Ctrl-C while a reply streams stops it. Up and down arrows walk through the lines you typed.\n";
+
+/* ---- a line editor for the terminal: raw mode, the line redrawn on each key, a history ---- */
+static struct termios g_saved_termios;
+static int g_raw;
+
+static void term_restore(void) {
+    if (g_raw) { tcsetattr(STDIN_FILENO, TCSADRAIN, &g_saved_termios); g_raw = 0; }
+}
+
+static int term_raw(void) {
+    struct termios raw;
+    if (tcgetattr(STDIN_FILENO, &g_saved_termios) != 0) return -1;
+    raw = g_saved_termios;
+    raw.c_iflag &= ~(tcflag_t)(BRKINT | ICRNL | INPCK | ISTRIP | IXON);
+    raw.c_lflag &= ~(tcflag_t)(ECHO | ICANON | IEXTEN | ISIG); /* Ctrl-C arrives as a byte, 3 */
+    raw.c_cc[VMIN] = 1; raw.c_cc[VTIME] = 0;
+    if (tcsetattr(STDIN_FILENO, TCSADRAIN, &raw) != 0) return -1;
+    g_raw = 1;
+    return 0;
+}
+
+static int utf8_width(const char *s, int n) { /* characters, counting each UTF-8 sequence once */
+    int w = 0;
+    for (int i = 0; i < n; i++) w += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return w;
+}
+
+static void edit_refresh(const char *prompt, const char *buf, int len, int pos) {
+    char seq[64];
+    fputs("\r", stdout); fputs(prompt, stdout); fwrite(buf, 1, (size_t)len, stdout); fputs("\033[K", stdout);
+    snprintf(seq, sizeof seq, "\r\033[%dC", (int)strlen(prompt) + utf8_width(buf, pos));
+    fputs(seq, stdout);
+    fflush(stdout);
+}
+
+/* Reads one line into *line (malloc'd). Returns 1 for a line, 0 to quit (Ctrl-D or Ctrl-C on an empty line,
+ * or the end of input). */
+static int edit_line(const char *prompt, char ***history, char **line) {
+    char *buf = NULL; /* stb_ds, NUL not counted in len */
+    int len = 0, pos = 0, hist_at = (int)arrlen(*history), done = -1;
+    char *saved = NULL; /* the line being typed, while the history is browsed */
+    if (term_raw() != 0) return -1;
+    arrsetlen(buf, 1); buf[0] = 0;
+    edit_refresh(prompt, buf, len, pos);
+    while (done < 0) {
+        char ch;
+        ssize_t r = read(STDIN_FILENO, &ch, 1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) { done = len > 0; break; }
+        unsigned char k = (unsigned char)ch;
+        if (k == '\r' || k == '\n') { done = 1; break; }
+        if (k == 3) { /* Ctrl-C: leaves on an empty line, else drops the line */
+            if (len == 0) { done = 0; break; }
+            fputs("^C\r\n", stdout);
+            len = pos = 0;
+        } else if (k == 4) { /* Ctrl-D: leaves on an empty line, else deletes under the cursor */
+            if (len == 0) { done = 0; break; }
+            if (pos < len) {
+                int n = 1;
+                while (pos + n < len && ((unsigned char)buf[pos + n] & 0xC0) == 0x80) n++;
+                memmove(buf + pos, buf + pos + n, (size_t)(len - pos - n)); len -= n;
+            }
+        } else if (k == 127 || k == 8) { /* backspace: the whole UTF-8 character before the cursor */
+            int n = 0;
+            while (pos - n > 0 && (n == 0 || ((unsigned char)buf[pos - n] & 0xC0) == 0x80)) n++;
+            memmove(buf + pos - n, buf + pos, (size_t)(len - pos)); len -= n; pos -= n;
+        } else if (k == 1) pos = 0;               /* Ctrl-A */
+        else if (k == 5) pos = len;               /* Ctrl-E */
+        else if (k == 21) { memmove(buf, buf + pos, (size_t)(len - pos)); len -= pos; pos = 0; } /* Ctrl-U */
+        else if (k == 11) len = pos;              /* Ctrl-K */
+        else if (k == 27) { /* escape sequences: arrows, Home, End, Delete */
+            char s[3] = {0};
+            if (read(STDIN_FILENO, &s[0], 1) != 1 || read(STDIN_FILENO, &s[1], 1) != 1) continue;
+            if (s[0] == '[' && s[1] >= '0' && s[1] <= '9') {
+                if (read(STDIN_FILENO, &s[2], 1) != 1 || s[2] != '~') continue;
+                if (s[1] == '3' && pos < len) { /* Delete */
+                    int n = 1;
+                    while (pos + n < len && ((unsigned char)buf[pos + n] & 0xC0) == 0x80) n++;
+                    memmove(buf + pos, buf + pos + n, (size_t)(len - pos - n)); len -= n;
+                }
+                if (s[1] == '1' || s[1] == '7') pos = 0;
+                if (s[1] == '4' || s[1] == '8') pos = len;
+            } else if (s[0] == '[' || s[0] == 'O') {
+                if (s[1] == 'C') while (pos < len && ((unsigned char)buf[++pos] & 0xC0) == 0x80) {}
+                if (s[1] == 'D') while (pos > 0 && ((unsigned char)buf[--pos] & 0xC0) == 0x80) {}
+                if (s[1] == 'H') pos = 0;
+                if (s[1] == 'F') pos = len;
+                if ((s[1] == 'A' && hist_at > 0) || (s[1] == 'B' && hist_at < arrlen(*history))) {
+                    if (hist_at == arrlen(*history)) { free(saved); buf[len] = 0; saved = strdup(buf); }
+                    hist_at += s[1] == 'A' ? -1 : 1;
+                    const char *h = hist_at < arrlen(*history) ? (*history)[hist_at] : (saved ? saved : "");
+                    len = pos = (int)strlen(h);
+                    arrsetlen(buf, len + 1);
+                    memcpy(buf, h, (size_t)len);
+                }
+            }
+        } else if (k >= 32) { /* a byte of text (UTF-8 sequences arrive byte by byte) */
+            arrsetlen(buf, len + 2);
+            memmove(buf + pos + 1, buf + pos, (size_t)(len - pos));
+            buf[pos++] = ch; len++;
+        }
+        edit_refresh(prompt, buf, len, pos);
+    }
+    term_restore();
+    fputs("\n", stdout);
+    fflush(stdout);
+    free(saved);
+    buf[len] = 0;
+    if (done == 1) {
+        *line = strdup(buf);
+        if (len > 0 && *line && (arrlen(*history) == 0 || strcmp(arrlast(*history), buf) != 0))
+            arrput(*history, strdup(buf));
+    }
+    arrfree(buf);
+    return done == 1 && *line ? 1 : 0;
+}
+
+/* Piped input: one line, without its newline. */
+static int read_plain_line(char **line) {
+    size_t cap = 0;
+    *line = NULL;
+    ssize_t n = getline(line, &cap, stdin); /* a Ctrl-C here (EINTR) ends the chat, as at the prompt */
+    if (n < 0) { free(*line); *line = NULL; return 0; }
+    while (n > 0 && ((*line)[n - 1] == '\n' || (*line)[n - 1] == '\r')) (*line)[--n] = 0;
+    return 1;
+}
+
+static int chat(llm_engine *e, args_t *a) {
+    char err[LLM_ERR_LEN];
+    chat_t c;
+    memset(&c, 0, sizeof c);
+    c.e = e; c.a = a; c.end_id = -1;
+    const llm_model *m = llm_engine_model(e);
+    c.tok = m->tok;
+    llm_str text = llm_gguf_string(&m->gguf, "tokenizer.chat_template");
+    if (llm_chat_template_init(&c.tmpl, text.ptr, text.len, m->tok, a->chat_template, err) != 0) {
+        fprintf(stderr, "llm: %s\n", err);
+        return 1;
+    }
+    if (c.tmpl.note[0]) fprintf(stderr, "llm: warning: %s\n", c.tmpl.note);
+    c.tmpl.enable_thinking = a->think;
+    c.n_stop_ids = llm_chat_stop_ids(&c.tmpl, c.tok, c.stop_ids, 8);
+    if (c.n_stop_ids > 8) c.n_stop_ids = 8;
+    if (a->system && !(c.system = strdup(a->system))) return 1;
+    if (!a->max_tokens_given) a->sampling.max_tokens = 1024;
+    c.tty_in = isatty(STDIN_FILENO); c.tty_out = isatty(STDOUT_FILENO);
+    c.info = c.tty_out ? stdout : stderr;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint; /* no SA_RESTART: a Ctrl-C at a piped read ends the chat */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    if (c.tty_in)
+        fprintf(stderr, "llm: chatting with %s (%s template); /help for commands, Ctrl-D to leave\n", m->name,
+                llm_chat_family_name(c.tmpl.family));
+    char **history = NULL, *line = NULL;
+    for (;;) {
+        int got = c.tty_in ? edit_line("> ", &history, &line) : read_plain_line(&line);
+        if (got <= 0) break;
+        if (!line[0]) { free(line); continue; }
+        if (line[0] == '/') {
+            char *arg = strchr(line, ' ');
+            size_t cmd_len = arg ? (size_t)(arg - line) : strlen(line);
+            while (arg && *arg == ' ') arg++;
+#define CMD(name) (cmd_len == strlen(name) && !strncmp(line, name, cmd_len))
+            if (CMD("/quit") || CMD("/exit")) { free(line); break; }
+            else if (CMD("/reset")) { chat_reset(&c); fprintf(c.info, "[a new conversation]\n"); }
+            else if (CMD("/system")) {
+                free(c.system);
+                c.system = arg && *arg ? strdup(arg) : NULL;
+                chat_reset(&c);
+                fprintf(c.info, "[system prompt %s; a new conversation]\n", c.system ? "set" : "cleared");
+            }
+            else if (CMD("/stats")) chat_stats(&c);
+            else if (CMD("/help")) fputs(chat_help, c.info);
+            else fprintf(c.info, "unknown command %.*s (/help lists them)\n", (int)cmd_len, line);
+#undef CMD
+            free(line);
+            continue;
+        }
+        chat_turn(&c, line);
+        free(line);
+    }
+    term_restore();
+    chat_reset(&c);
+    arrfree(c.msgs); arrfree(c.known_ids);
+    free(c.system);
+    for (ptrdiff_t i = 0; i < arrlen(history); i++) free(history[i]);
+    arrfree(history);
     return 0;
 }
 
@@ -313,10 +735,11 @@ int main(int argc, char **argv) {
     a.sampling.temperature = 0.8f; a.sampling.top_k = 40; a.sampling.top_p = 0.95f; a.sampling.min_p = 0.05f;
     a.sampling.max_tokens = 128;
     a.num_prompts = 256; a.in_min = 100; a.in_max = 1024; a.out_min = 100; a.out_max = 1024;
-    int cmd = 0; /* 0 generate/REPL, 1 tokenize, 2 bench */
+    int cmd = 0; /* 0 generate/REPL, 1 tokenize, 2 bench, 3 chat */
     int start = 1;
     if (argc > 1 && !strcmp(argv[1], "tokenize")) { cmd = 1; start = 2; }
     else if (argc > 1 && !strcmp(argv[1], "bench")) { cmd = 2; start = 2; }
+    else if (argc > 1 && !strcmp(argv[1], "chat")) { cmd = 3; start = 2; }
     int pos = parse_args(argc, argv, start, &a);
     if (pos < 0) return 1;
     if (cmd == 1) {
@@ -341,7 +764,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "llm: loaded %s (%s) in %.3f s on the %s%s%s%s\n", a.engine.model_path,
             llm_engine_model(e)->name, now_s() - t0, st.backend, note ? " (" : "", st.backend_note,
             note ? ")" : "");
-    int rc = a.prompt ? generate(e, &a, a.prompt, 1) : repl(e, &a);
+    /* without -p: a chat when the model has a chat template (or chat was asked for), else the REPL */
+    const llm_model *m = llm_engine_model(e);
+    int chat_mode = cmd == 3 || (m->tok && llm_gguf_string(&m->gguf, "tokenizer.chat_template").len > 0);
+    int rc = a.prompt ? generate(e, &a, a.prompt, 1) : chat_mode ? chat(e, &a) : repl(e, &a);
     llm_engine_destroy(e);
     return rc;
 }

@@ -15,6 +15,10 @@
 #include <math.h>
 #include <time.h>
 #include <unistd.h>
+#include <errno.h>
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
 #include <sys/wait.h>
 
 static int n_passed, n_failed;
@@ -2217,6 +2221,433 @@ static void test_cli(void) {
 
 /* The sections of llm.h, as its map (the docs block), its declarations and its implementation name them: the
  * first word after the number of each ("4. Requests ..."), in the order they come. */
+/* -----------------------------------------------------------------------------------------------------------
+ * Chat: each template family against its published Jinja template, detection from real template texts, and
+ * the chat REPL (piped and on a pseudo-terminal) on the default chat model
+ * -------------------------------------------------------------------------------------------------------- */
+/* Published chat templates (tokenizer_config.json of each model on Hugging Face), stored for detection. The
+ * long ones keep the lines around their markers; llama-bpe's (Llama 3) and qwen2's (Qwen3) come whole from
+ * the vocabularies in shared/tokenizer, SmolLM2's from the default model. */
+static const struct { const char *model, *text; int family; } chat_published[] = {
+    {"Qwen/Qwen2.5-0.5B-Instruct",
+     "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n"
+     "        {{- messages[0]['content'] }}\n    {%- else %}\n        {{- 'You are Qwen, created by Alibaba "
+     "Cloud. You are a helpful assistant.' }}\n    {%- endif %}\n{%- else %}\n    {%- if messages[0]['role'] "
+     "== 'system' %}\n        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    "
+     "{%- else %}\n        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+     "assistant.<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n    {%- if "
+     "(message.role == \"user\") or (message.role == \"system\" and not loop.first) or (message.role == "
+     "\"assistant\" and not message.tool_calls) %}\n        {{- '<|im_start|>' + message.role + '\\n' + "
+     "message.content + '<|im_end|>' + '\\n' }}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt "
+     "%}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n", LLM_CHAT_CHATML},
+    {"meta-llama/Llama-3.1-8B-Instruct",
+     "{{- bos_token }}\n{%- if not date_string is defined %}\n    {%- set date_string = \"26 Jul 2024\" %}\n"
+     "{%- endif %}\n{#- System message + builtin tools #}\n{{- \"<|start_header_id|>system<|end_header_id|>\\n"
+     "\\n\" }}\n{{- \"Cutting Knowledge Date: December 2023\\n\" }}\n{{- \"Today Date: \" + date_string + "
+     "\"\\n\\n\" }}\n{{- system_message }}\n{{- \"<|eot_id|>\" }}\n{%- for message in messages %}\n"
+     "        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | "
+     "trim + '<|eot_id|>' }}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|start_header_id|>"
+     "assistant<|end_header_id|>\\n\\n' }}\n{%- endif %}\n", LLM_CHAT_LLAMA3},
+    {"meta-llama/Llama-2-7b-chat-hf",
+     "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = "
+     "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% "
+     "endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% "
+     "if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + '\\n"
+     "<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if "
+     "message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif "
+     "message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}",
+     LLM_CHAT_LLAMA2},
+    {"mistralai/Mistral-7B-Instruct-v0.1",
+     "{%- if messages[0]['role'] == 'system' %}\n    {%- set system_message = messages[0]['content'] %}\n    "
+     "{%- set loop_messages = messages[1:] %}\n{%- else %}\n    {%- set loop_messages = messages %}\n{%- endif "
+     "%}\n\n{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message['role'] == 'user' %}\n   "
+     "     {%- if loop.first and system_message is defined %}\n            {{- ' [INST] ' + system_message + "
+     "'\\n\\n' + message['content'] + ' [/INST]' }}\n        {%- else %}\n            {{- ' [INST] ' + "
+     "message['content'] + ' [/INST]' }}\n        {%- endif %}\n    {%- elif message['role'] == 'assistant' %}"
+     "\n        {{- ' ' + message['content'] + eos_token}}\n    {%- endif %}\n{%- endfor %}\n",
+     LLM_CHAT_MISTRAL_V1},
+    {"mistralai/Mistral-7B-Instruct-v0.3",
+     "{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n"
+     "        {%- if tools is not none and (message == user_messages[-1]) %}\n            {{- "
+     "\"[AVAILABLE_TOOLS] [\" }}\n        {%- endif %}\n        {%- if loop.last and system_message is defined "
+     "%}\n            {{- \"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}\n"
+     "        {%- else %}\n            {{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}\n        {%- endif "
+     "%}\n    {%- elif message[\"role\"] == \"assistant\" %}\n        {{- \" \" + message[\"content\"]|trim + "
+     "eos_token}}\n    {%- endif %}\n{%- endfor %}\n", LLM_CHAT_MISTRAL_V3},
+    {"mistralai/Mistral-Nemo-Instruct-2407",
+     "{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n"
+     "        {%- if tools is not none and (message == user_messages[-1]) %}\n            {{- "
+     "\"[AVAILABLE_TOOLS][\" }}\n        {%- endif %}\n        {%- if loop.last and system_message is defined "
+     "%}\n            {{- \"[INST]\" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}\n"
+     "        {%- else %}\n            {{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}\n        {%- endif "
+     "%}\n    {%- elif message[\"role\"] == \"assistant\" %}\n        {{- message[\"content\"] + eos_token}}\n"
+     "    {%- endif %}\n{%- endfor %}\n", LLM_CHAT_MISTRAL_V3_TEKKEN},
+    {"mistralai/Mistral-Large-Instruct-2411",
+     "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + "
+     "message['content'] + '[/INST]' }}{% elif message['role'] == 'system' %}{{ '[SYSTEM_PROMPT] ' + "
+     "message['content'] + '[/SYSTEM_PROMPT]' }}{% elif message['role'] == 'assistant' %}{{ ' ' + "
+     "message['content'] + eos_token }}{% else %}{{ raise_exception('Only user, system and assistant roles are "
+     "supported!') }}{% endif %}{% endfor %}", LLM_CHAT_MISTRAL_V7},
+    {"mistralai/Mistral-Small-24B-Instruct-2501",
+     "{{- bos_token }}\n{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}\n\n{%- for message in "
+     "loop_messages %}\n    {%- if message['role'] == 'user' %}\n        {{- '[INST]' + message['content'] + "
+     "'[/INST]' }}\n    {%- elif message['role'] == 'system' %}\n        {{- '[SYSTEM_PROMPT]' + "
+     "message['content'] + '[/SYSTEM_PROMPT]' }}\n    {%- elif message['role'] == 'assistant' %}\n        {{- "
+     "message['content'] + eos_token }}\n    {%- endif %}\n{%- endfor %}", LLM_CHAT_MISTRAL_V7_TEKKEN},
+    {"TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+     "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + "
+     "eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token "
+     "}}\n{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n"
+     "{% endif %}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor "
+     "%}", LLM_CHAT_ZEPHYR},
+    {"microsoft/Phi-3.5-mini-instruct",
+     "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\n' "
+     "+ message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + "
+     "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + "
+     "message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ "
+     "'<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}", LLM_CHAT_PHI3},
+    {"google/gemma-2-2b-it",
+     "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') "
+     "}}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% "
+     "if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+     "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor "
+     "%}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}", LLM_CHAT_GEMMA},
+    {"google/gemma-3-1b-it",
+     "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- set first_user_prefix = "
+     "messages[0]['content'] + '\n\n' -%}\n    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n    {%- "
+     "set first_user_prefix = \"\" -%}\n    {%- set loop_messages = messages -%}\n{%- endif -%}\n{%- for message "
+     "in loop_messages -%}\n    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = \"model\" "
+     "-%}\n    {%- else -%}\n        {%- set role = message['role'] -%}\n    {%- endif -%}\n    {{ "
+     "'<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n    {{ message['content'] "
+     "| trim }}\n    {{ '<end_of_turn>\n' }}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n    "
+     "{{'<start_of_turn>model\n'}}\n{%- endif -%}\n", LLM_CHAT_GEMMA},
+};
+
+static void test_chat_templates(void) {
+    /* the fixed conversation; the reply has a space on each side, which some templates trim */
+    const llm_chat_message conv[] = {{"system", "You are a helpful assistant."}, {"user", "Hello"},
+                                     {"assistant", " Hi there "}, {"user", "Who are you?"}};
+    /* What each family's published template renders for it, with the generation prompt. The BOS and EOS
+     * texts are each model's own. */
+    static const struct { int family; const char *bos, *eos, *want; } cases[] = {
+        /* HuggingFaceTB/SmolLM2-135M-Instruct, Qwen/Qwen2.5-0.5B-Instruct (a system message given) */
+        {LLM_CHAT_CHATML, "", "<|im_end|>",
+         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+         "<|im_start|>assistant\n Hi there <|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n"
+         "<|im_start|>assistant\n"},
+        /* Qwen/Qwen3-0.6B with enable_thinking=False: the earlier reply as it is, an empty think block */
+        {LLM_CHAT_QWEN3, "", "<|im_end|>",
+         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+         "<|im_start|>assistant\n Hi there <|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n"
+         "<|im_start|>assistant\n<think>\n\n</think>\n\n"},
+        /* meta-llama/Meta-Llama-3-8B-Instruct: every turn trimmed */
+        {LLM_CHAT_LLAMA3, "<|begin_of_text|>", "<|eot_id|>",
+         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant.<|eot_id|>"
+         "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|><|start_header_id|>assistant<|end_header_id|>"
+         "\n\nHi there<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWho are you?<|eot_id|>"
+         "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+        /* meta-llama/Llama-2-7b-chat-hf: no generation prompt; BOS before each [INST] */
+        {LLM_CHAT_LLAMA2, "<s>", "</s>",
+         "<s>[INST] <<SYS>>\nYou are a helpful assistant.\n<</SYS>>\n\nHello [/INST] Hi there </s>"
+         "<s>[INST] Who are you? [/INST]"},
+        /* mistralai/Mistral-7B-Instruct-v0.1 */
+        {LLM_CHAT_MISTRAL_V1, "<s>", "</s>",
+         "<s> [INST] You are a helpful assistant.\n\nHello [/INST]  Hi there </s> [INST] Who are you? [/INST]"},
+        /* mistralai/Mistral-7B-Instruct-v0.3: the system prompt goes with the last user turn */
+        {LLM_CHAT_MISTRAL_V3, "<s>", "</s>",
+         "<s>[INST] Hello[/INST] Hi there</s>[INST] You are a helpful assistant.\n\nWho are you?[/INST]"},
+        /* mistralai/Mistral-Nemo-Instruct-2407 */
+        {LLM_CHAT_MISTRAL_V3_TEKKEN, "<s>", "</s>",
+         "<s>[INST]Hello[/INST] Hi there </s>[INST]You are a helpful assistant.\n\nWho are you?[/INST]"},
+        /* mistralai/Mistral-Large-Instruct-2411 */
+        {LLM_CHAT_MISTRAL_V7, "<s>", "</s>",
+         "<s>[SYSTEM_PROMPT] You are a helpful assistant.[/SYSTEM_PROMPT][INST] Hello[/INST]  Hi there </s>"
+         "[INST] Who are you?[/INST]"},
+        /* mistralai/Mistral-Small-24B-Instruct-2501 (its default system prompt aside) */
+        {LLM_CHAT_MISTRAL_V7_TEKKEN, "<s>", "</s>",
+         "<s>[SYSTEM_PROMPT]You are a helpful assistant.[/SYSTEM_PROMPT][INST]Hello[/INST] Hi there </s>"
+         "[INST]Who are you?[/INST]"},
+        /* TinyLlama/TinyLlama-1.1B-Chat-v1.0 (trim_blocks drops the newlines after its tags) */
+        {LLM_CHAT_ZEPHYR, "<s>", "</s>",
+         "<|system|>\nYou are a helpful assistant.</s>\n<|user|>\nHello</s>\n<|assistant|>\n Hi there </s>\n"
+         "<|user|>\nWho are you?</s>\n<|assistant|>\n"},
+        /* microsoft/Phi-3.5-mini-instruct */
+        {LLM_CHAT_PHI3, "<s>", "<|endoftext|>",
+         "<|system|>\nYou are a helpful assistant.<|end|>\n<|user|>\nHello<|end|>\n<|assistant|>\n Hi there "
+         "<|end|>\n<|user|>\nWho are you?<|end|>\n<|assistant|>\n"},
+        /* google/gemma-3-1b-it: the system prompt opens the first user turn */
+        {LLM_CHAT_GEMMA, "<bos>", "<eos>",
+         "<bos><start_of_turn>user\nYou are a helpful assistant.\n\nHello<end_of_turn>\n<start_of_turn>model\n"
+         "Hi there<end_of_turn>\n<start_of_turn>user\nWho are you?<end_of_turn>\n<start_of_turn>model\n"},
+    };
+    char out[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        llm_chat_template ct;
+        memset(&ct, 0, sizeof ct);
+        ct.family = cases[i].family;
+        snprintf(ct.bos, sizeof ct.bos, "%s", cases[i].bos); snprintf(ct.eos, sizeof ct.eos, "%s", cases[i].eos);
+        int n = llm_chat_render(&ct, conv, 4, 1, out, sizeof out);
+        const char *name = llm_chat_family_name(cases[i].family);
+        CHECK(n == (int)strlen(cases[i].want) && !strcmp(out, cases[i].want), "chat template %s:\n%s\nwant\n%s",
+              name ? name : "", n >= 0 ? out : "(error)", cases[i].want);
+        CHECK(name && llm_chat_family_from_name(name) == cases[i].family, "chat family name %s", name ? name : "");
+    }
+    llm_chat_template ct;
+    memset(&ct, 0, sizeof ct);
+    /* ChatML without a system message: SmolLM2's template writes its own */
+    ct.family = LLM_CHAT_CHATML;
+    snprintf(ct.default_system, sizeof ct.default_system, "You are a helpful AI assistant named SmolLM, trained "
+             "by Hugging Face");
+    llm_chat_render(&ct, conv + 1, 1, 1, out, sizeof out);
+    CHECK(!strcmp(out, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+                  "<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"), "chatml default "
+          "system: %s", out);
+    /* Qwen3: thinking on writes no think block; a last reply keeps its reasoning, an earlier one loses it */
+    ct.family = LLM_CHAT_QWEN3; ct.enable_thinking = 1;
+    llm_chat_render(&ct, conv + 1, 1, 1, out, sizeof out);
+    CHECK(!strcmp(out, "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"), "qwen3 thinking: %s", out);
+    const llm_chat_message thought[] = {{"user", "Hi"}, {"assistant", "<think>\nhmm\n</think>\n\nHello!"},
+                                        {"user", "Bye"}};
+    llm_chat_render(&ct, thought, 2, 0, out, sizeof out);
+    CHECK(!strcmp(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nhmm\n</think>\n\n"
+                  "Hello!<|im_end|>\n"), "qwen3 last reply keeps its reasoning: %s", out);
+    llm_chat_render(&ct, thought, 3, 1, out, sizeof out);
+    CHECK(!strcmp(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
+                  "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"), "qwen3 history drops reasoning: %s",
+          out);
+    /* meta-llama/Llama-3.1-8B-Instruct: the system turn always, dated */
+    ct.family = LLM_CHAT_LLAMA3; ct.dated_system = 1;
+    snprintf(ct.bos, sizeof ct.bos, "<|begin_of_text|>"); snprintf(ct.date, sizeof ct.date, "26 Jul 2024");
+    llm_chat_render(&ct, conv + 1, 1, 1, out, sizeof out);
+    CHECK(!strcmp(out, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: "
+                  "December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
+                  "Hello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"), "llama 3.1 dated: %s", out);
+    /* the length comes back when the room is short, nothing past cap is written; a role it does not know */
+    char small[8];
+    memset(small, 'x', sizeof small);
+    int need = llm_chat_render(&ct, conv, 4, 1, small, 4);
+    CHECK(need > 100 && small[4] == 'x', "chat render into a short buffer: %d", need);
+    const llm_chat_message bad[] = {{"tool", "x"}};
+    CHECK(llm_chat_render(&ct, bad, 1, 1, out, sizeof out) == -1, "chat render of an unknown role");
+}
+
+static int llm_chat_template_init_gguf(llm_chat_template *ct, const llm_gguf *g, const llm_tokenizer *t,
+                                       const char *name, char *err) {
+    llm_str text = llm_gguf_string(g, "tokenizer.chat_template");
+    return llm_chat_template_init(ct, text.ptr, text.len, t, name, err);
+}
+
+static void test_chat_detect(void) {
+    char err[LLM_ERR_LEN];
+    for (size_t i = 0; i < sizeof chat_published / sizeof chat_published[0]; i++) {
+        int f = llm_chat_detect(chat_published[i].text, strlen(chat_published[i].text), NULL);
+        CHECK(f == chat_published[i].family, "detect %s: %s", chat_published[i].model, llm_chat_family_name(f));
+    }
+    /* Qwen2.5's own system prompt, from the template text; Llama 3.1's dated system turn */
+    llm_gguf g;
+    llm_tokenizer *t = tok_load(&g, "ggml-vocab-llama-bpe.gguf", NULL);
+    if (t) {
+        llm_chat_template ct;
+        CHECK(llm_chat_template_init_gguf(&ct, &g, t, NULL, err) == 0 && ct.family == LLM_CHAT_LLAMA3 &&
+              !strcmp(ct.bos, "<|begin_of_text|>") && !ct.dated_system && !ct.note[0],
+              "llama-bpe's template: %s, bos %s", llm_chat_family_name(ct.family), ct.bos);
+        int32_t ids[8];
+        int n = llm_chat_stop_ids(&ct, t, ids, 8);
+        /* Llama 3's EOS and <|eot_id|> (its vocabulary has no <|eom_id|>: that came with 3.1) */
+        CHECK(n == 2 && ids[0] == 128001 && ids[1] == 128009, "llama3 stop ids: %d", n);
+        CHECK(llm_chat_detect(NULL, 0, t) == LLM_CHAT_LLAMA3, "llama3 from its vocabulary");
+        CHECK(llm_chat_template_init_gguf(&ct, &g, t, "gemma", err) == 0 && ct.family == LLM_CHAT_GEMMA,
+              "--chat-template gemma");
+        CHECK(llm_chat_template_init_gguf(&ct, &g, t, "jinja2", err) == 0 && ct.family == LLM_CHAT_CHATML &&
+              strstr(ct.note, "unknown chat template 'jinja2'"), "unknown name: %s", ct.note);
+        /* a rendered prompt that writes BOS itself gets no second one */
+        const char *text = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>";
+        int32_t a[32], b[32];
+        int na = llm_tokenize_prompt(t, text, strlen(text), a, 32);
+        int nb = llm_tokenize_prompt(t, text + 17, strlen(text + 17), b, 32);
+        CHECK(na == nb && na > 3 && a[0] == 128000 && a[1] != 128000 && !memcmp(a, b, (size_t)na * 4),
+              "BOS once: %d and %d ids", na, nb);
+        llm_tokenizer_free(t); llm_gguf_close(&g);
+    }
+    if ((t = tok_load(&g, "ggml-vocab-qwen2.gguf", NULL))) {
+        llm_chat_template ct;
+        CHECK(llm_chat_template_init_gguf(&ct, &g, t, NULL, err) == 0 && ct.family == LLM_CHAT_QWEN3 &&
+              ct.enable_thinking == 1 && !ct.default_system[0], "qwen2 vocabulary's (Qwen3's) template: %s",
+              llm_chat_family_name(ct.family));
+        CHECK(llm_chat_detect(NULL, 0, t) == LLM_CHAT_QWEN3, "qwen3 from its vocabulary");
+        llm_tokenizer_free(t); llm_gguf_close(&g);
+    }
+    if ((t = tok_load(&g, "ggml-vocab-llama-spm.gguf", NULL))) { /* no template, no chat tokens */
+        llm_chat_template ct;
+        CHECK(llm_chat_detect(NULL, 0, t) == -1, "llama-spm names no family");
+        CHECK(llm_chat_template_init_gguf(&ct, &g, t, NULL, err) == 0 && ct.family == LLM_CHAT_CHATML &&
+              strstr(ct.note, "no chat template"), "no template: %s", ct.note);
+        const char *text = "<s>[INST] Hi [/INST]";
+        int32_t a[32], b[32];
+        int na = llm_tokenize_prompt(t, text, strlen(text), a, 32), nb = llm_tokenize_prompt(t, "Hi", 2, b, 32);
+        CHECK(na > 2 && a[0] == 1 && a[1] != 1 && nb == 2 && b[0] == 1, "spm BOS once: %d, %d", na, nb);
+        llm_tokenizer_free(t); llm_gguf_close(&g);
+    }
+    llm_chat_template ct;
+    CHECK(llm_chat_template_init(&ct, NULL, 0, NULL, NULL, err) == -1 && strstr(err, "no vocabulary"),
+          "chat without a vocabulary: %s", err);
+    const char *qwen25 = chat_published[0].text;
+    llm_model m;
+    if (llm_model_load(&m, "models/SmolLM2-135M-Instruct.Q4_1.gguf", err) != 0) {
+        CHECK(0, "the default chat model (make model fetches it): %s", err);
+        return;
+    }
+    CHECK(llm_chat_template_init_gguf(&ct, &m.gguf, m.tok, NULL, err) == 0 && ct.family == LLM_CHAT_CHATML &&
+          !strcmp(ct.default_system, "You are a helpful AI assistant named SmolLM, trained by Hugging Face"),
+          "SmolLM2's template: %s, default system \"%s\"", llm_chat_family_name(ct.family), ct.default_system);
+    int32_t ids[8];
+    int n = llm_chat_stop_ids(&ct, m.tok, ids, 8);
+    CHECK(n == 1 && ids[0] == 2, "SmolLM2's end of turn is its EOS <|im_end|> (2): %d ids, %d", n, ids[0]);
+    llm_model_free(&m);
+    /* the default system prompt of a template given as text */
+    if ((t = tok_load(&g, "ggml-vocab-qwen2.gguf", NULL))) {
+        CHECK(llm_chat_template_init(&ct, qwen25, strlen(qwen25), t, NULL, err) == 0 &&
+              ct.family == LLM_CHAT_CHATML &&
+              !strcmp(ct.default_system, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
+              "Qwen2.5's default system: \"%s\"", ct.default_system);
+        llm_tokenizer_free(t); llm_gguf_close(&g);
+    }
+}
+
+#define CHAT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+/* Reads "name: N" style numbers out of /stats: the value after the nth occurrence of key. */
+static long stat_after(const char *text, const char *key, int nth) {
+    const char *p = text;
+    for (int i = 0; p && i <= nth; i++) { p = strstr(p, key); if (p && i < nth) p += strlen(key); }
+    return p ? strtol(p + strlen(key), NULL, 10) : -1;
+}
+
+/* The chat REPL with piped stdin: a turn a line, replies on stdout, /stats on stderr. */
+static void test_chat_piped(void) {
+    if (access(CHAT_MODEL, R_OK) != 0) { CHECK(0, "%s missing (make model fetches it)", CHAT_MODEL); return; }
+    int status;
+    char *out = run_command("printf 'What is the capital of France?\\n' | ./llm chat -m " CHAT_MODEL
+                            " --cpu --temp 0 2>/dev/null", &status);
+    /* nothing but the reply and its newline on stdout */
+    CHECK(out && status == 0 && strstr(out, "Paris") && strchr(out, '\n') == out + strlen(out) - 1,
+          "chat: the capital of France: \"%s\"", out ? out : "");
+    free(out);
+    /* two turns, with /stats after each on stderr; twice over, greedy: the same replies */
+    const char *cmd = "printf 'The secret word is banana.\\n/stats\\nWhat is the secret word?\\n/stats\\n' | "
+                      "./llm chat -m " CHAT_MODEL " --cpu --temp 0 -n 48 2>llm-test-chat.err";
+    char *first = run_command(cmd, &status);
+    char *err = read_file("llm-test-chat.err", NULL);
+    char *again = run_command(cmd, &status);
+    CHECK(first && again && status == 0 && !strcmp(first, again), "chat: the same replies twice:\n%s\n%s",
+          first ? first : "", again ? again : "");
+    char *second_reply = first ? strchr(first, '\n') : NULL;
+    CHECK(second_reply && strstr(second_reply, "banana"), "chat: the second reply knows the first turn: %s",
+          first ? first : "");
+    /* the second turn alone knows no secret */
+    char *alone = run_command("printf 'What is the secret word?\\n' | ./llm chat -m " CHAT_MODEL
+                              " --cpu --temp 0 -n 48 2>/dev/null", &status);
+    CHECK(alone && !strstr(alone, "banana") && second_reply && strcmp(alone, second_reply + 1) != 0,
+          "chat: the second turn alone gives another reply: %s", alone ? alone : "");
+    /* Turn 1's prompt and reply had K/V for P1 + G1 - 1 tokens (the last sampled token never went through
+     * the model), in full blocks of 16 but for the last. Turn 2 begins with exactly those tokens, so the
+     * prefix cache gives it every full block of them and it computes only the rest. */
+    long p1 = err ? stat_after(err, "last reply: prompt ", 0) : -1, g1 = err ? stat_after(err, "; ", 0) : -1;
+    long p2 = err ? stat_after(err, "last reply: prompt ", 1) : -1;
+    long c2 = err ? stat_after(err, "tokens (", 1) : -1;
+    CHECK(p1 > 0 && g1 > 0 && p2 > p1 + g1 && c2 == (p1 + g1 - 1) / 16 * 16 && c2 >= 32,
+          "chat: turn 2 takes turn 1's blocks from the prefix cache: P1 %ld G1 %ld P2 %ld cached %ld\n%s", p1,
+          g1, p2, c2, err ? err : "");
+    CHECK(err && stat_after(err, "turns: ", 1) == 2 && strstr(err, "KV blocks: "), "chat /stats: %s",
+          err ? err : "");
+    free(first); free(again); free(alone); free(err);
+    remove("llm-test-chat.err");
+    /* the oldest turns go when the conversation outgrows the context */
+    out = run_command("printf 'Hello!\\nTell me about cats.\\nAnd dogs?\\n/stats\\n' | ./llm chat -m " CHAT_MODEL
+                      " --cpu --temp 0 -n 24 --max-model-len 128 2>&1 >/dev/null", &status);
+    CHECK(out && status == 0 && strstr(out, "oldest turn was dropped") && stat_after(out, "turns: ", 0) == 3,
+          "chat: a context of 128 tokens drops turns: %s", out ? out : "");
+    free(out);
+}
+
+/* The REPL on a terminal: Ctrl-C stops a reply (its blocks come back) and the REPL goes on; the up arrow
+ * brings back the last line; Ctrl-D at an empty prompt leaves with status 0. */
+static int pty_wait_for(int fd, char *buf, size_t cap, size_t *len, size_t from, const char *what,
+                        double timeout_s) {
+    double t0 = test_now();
+    while (test_now() - t0 < timeout_s) {
+        buf[*len] = 0;
+        if (strstr(buf + from, what)) return 1;
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 100) <= 0) continue;
+        ssize_t n = read(fd, buf + *len, cap - 1 - *len);
+        if (n <= 0) return 0;
+        *len += (size_t)n;
+        if (*len + 1 >= cap) return 0;
+    }
+    buf[*len] = 0;
+    return strstr(buf + from, what) != NULL;
+}
+
+static void test_chat_terminal(void) {
+    if (access(CHAT_MODEL, R_OK) != 0) { CHECK(0, "%s missing (make model fetches it)", CHAT_MODEL); return; }
+    int fd;
+    pid_t pid = forkpty(&fd, NULL, NULL, NULL);
+    if (pid < 0) { CHECK(0, "forkpty: %s", strerror(errno)); return; }
+    if (pid == 0) {
+        execl("./llm", "llm", "chat", "-m", CHAT_MODEL, "--cpu", "--temp", "0", "-n", "600", (char *)NULL);
+        _exit(127);
+    }
+    size_t cap = 1 << 20, len = 0;
+    char *buf = (char *)calloc(cap, 1);
+    CHECK(pty_wait_for(fd, buf, cap, &len, 0, "> ", 60), "chat on a terminal: the prompt: %s", buf);
+    const char *ask = "Write a very long story about a dragon and a knight.\r";
+    CHECK(write(fd, ask, strlen(ask)) == (ssize_t)strlen(ask), "write to the terminal");
+    /* the line as it is typed (redrawn at each key), its end, then the reply: stop it after its first words */
+    int streaming = pty_wait_for(fd, buf, cap, &len, 0, "knight.", 30);
+    size_t mark = len;
+    streaming = streaming && pty_wait_for(fd, buf, cap, &len, strstr(buf, "knight.") - buf, "\r\n", 30);
+    mark = strstr(strstr(buf, "knight."), "\r\n") - buf + 2;
+    for (double t0 = test_now(); streaming && len < mark + 40 && test_now() - t0 < 30;)
+        pty_wait_for(fd, buf, cap, &len, len, "\x01", 0.1); /* reads what comes, for a tenth of a second */
+    CHECK(streaming && len >= mark + 40, "chat on a terminal: the reply streams: %s", buf + mark);
+    CHECK(write(fd, "\x03", 1) == 1, "write Ctrl-C");
+    mark = len;
+    CHECK(pty_wait_for(fd, buf, cap, &len, mark, "[interrupted]", 30) &&
+          pty_wait_for(fd, buf, cap, &len, mark, "> ", 30),
+          "chat on a terminal: Ctrl-C stops the reply and the prompt comes back: %s", buf + mark);
+    CHECK(write(fd, "/stats\r", 7) == 7, "write /stats");
+    mark = len;
+    pty_wait_for(fd, buf, cap, &len, mark, "cached prefixes)", 30);
+    long free_blocks = -1, total = -2;
+    const char *kv = strstr(buf + mark, "KV blocks: ");
+    if (kv) sscanf(kv, "KV blocks: %ld of %ld", &free_blocks, &total);
+    long generated = stat_after(buf + mark, "; ", 0);
+    CHECK(free_blocks > 0 && free_blocks == total && generated > 0 && generated < 600,
+          "chat on a terminal: after Ctrl-C all %ld blocks are free (%ld), %ld tokens generated: %s", total,
+          free_blocks, generated, buf + mark);
+    /* the up arrow brings /stats back */
+    mark = len;
+    CHECK(write(fd, "\x1b[A\r", 4) == 4, "write the up arrow");
+    CHECK(pty_wait_for(fd, buf, cap, &len, mark, "cached prefixes)", 30), "chat on a terminal: the up arrow: %s",
+          buf + mark);
+    pty_wait_for(fd, buf, cap, &len, strstr(buf + mark, "cached prefixes)") - buf, "> ", 30);
+    CHECK(write(fd, "\x04", 1) == 1, "write Ctrl-D");
+    int status = -1;
+    double t0 = test_now();
+    while (test_now() - t0 < 30 && waitpid(pid, &status, WNOHANG) == 0) {
+        char sink[4096];
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 100) > 0 && read(fd, sink, sizeof sink) <= 0) usleep(10000);
+    }
+    if (!WIFEXITED(status)) { kill(pid, SIGKILL); waitpid(pid, &status, 0); }
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "chat on a terminal: Ctrl-D leaves with status 0");
+    close(fd);
+    free(buf);
+}
+
 static int header_sections(const char *h, const char *from, const char *to, const char *prefix,
                            char names[][16]) {
     const char *p = strstr(h, from), *end = p ? strstr(p, to) : NULL;
@@ -2225,8 +2656,11 @@ static int header_sections(const char *h, const char *from, const char *to, cons
         size_t k = strlen(prefix);
         if (strncmp(p, prefix, k) != 0) continue;
         const char *w = p + k;
-        if (*w >= '1' && *w <= '9' && w[1] == '.' && w[2] == ' ') w += 3;
-        else if (strncmp(w, "Appendix", 8) != 0) continue;
+        while (*w == ' ') w++;
+        const char *digits = w;
+        while (*w >= '0' && *w <= '9') w++;
+        if (w > digits && w[0] == '.' && w[1] == ' ') w += 2;
+        else if (strncmp(w = digits, "Appendix", 8) != 0) continue;
         int len = 0;
         while (len < 15 && (isalpha((unsigned char)w[len]))) len++;
         memcpy(names[n], w, (size_t)len); names[n][len] = 0;
@@ -2239,16 +2673,16 @@ static void test_header_layout(void) {
     char *h = read_file("llm.h", NULL);
     if (!h) { CHECK(0, "read llm.h"); return; }
     char map[16][16], decl[16][16], impl[16][16];
-    int n_map = header_sections(h, "The data's path", "#ifndef LLM_H", " *   ", map);
+    int n_map = header_sections(h, "The data's path", "#ifndef LLM_H", " *  ", map);
     int n_decl = header_sections(h, "#ifndef LLM_H", "#endif /* LLM_H", " * ", decl);
     int n_impl = header_sections(h, "#ifdef LLM_IMPLEMENTATION", "#endif /* LLM_IMPLEMENTATION */", " * ",
                                  impl);
-    int same = n_map == 10 && n_decl == 9 && n_impl == 10 && !strcmp(map[9], "Appendix");
-    for (int i = 0; same && i < 10; i++)
-        same = !strcmp(map[i], impl[i]) && (i == 9 || !strcmp(map[i], decl[i])); /* no appendix declared */
+    int same = n_map == 11 && n_decl == 10 && n_impl == 11 && !strcmp(map[10], "Appendix");
+    for (int i = 0; same && i < 11; i++)
+        same = !strcmp(map[i], impl[i]) && (i == 10 || !strcmp(map[i], decl[i])); /* no appendix declared */
     CHECK(same, "llm.h: map, declarations and implementation list the same sections in the same order "
           "(%d, %d, %d)", n_map, n_decl, n_impl);
-    for (int i = 0; !same && i < 10; i++)
+    for (int i = 0; !same && i < 11; i++)
         printf("    %-12s %-12s %s\n", i < n_map ? map[i] : "", i < n_decl ? decl[i] : "",
                i < n_impl ? impl[i] : "");
     free(h);
@@ -2884,6 +3318,8 @@ int main(int argc, char **argv) {
         {"wait for work", test_wait},
         {"backend errors", test_backend_errors},
         {"llm command", test_cli}, {"llm.h's example", test_docs_example},
+        {"chat templates", test_chat_templates}, {"chat template detection", test_chat_detect},
+        {"chat, piped", test_chat_piped}, {"chat on a terminal", test_chat_terminal},
         {"llm.h's layout", test_header_layout},
     };
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

