@@ -228,9 +228,9 @@ int  llm_tokenize_prompt(const llm_tokenizer *t, const char *text, size_t len, i
  * /v1/chat/completions both go through llm_chat_render.
  * -------------------------------------------------------------------------------------------------------- */
 enum llm_chat_family {
-    LLM_CHAT_CHATML, LLM_CHAT_QWEN3, LLM_CHAT_LLAMA3, LLM_CHAT_LLAMA2, LLM_CHAT_MISTRAL_V1, LLM_CHAT_MISTRAL_V3,
-    LLM_CHAT_MISTRAL_V3_TEKKEN, LLM_CHAT_MISTRAL_V7, LLM_CHAT_MISTRAL_V7_TEKKEN, LLM_CHAT_ZEPHYR, LLM_CHAT_PHI3,
-    LLM_CHAT_GEMMA, LLM_CHAT_NFAMILIES
+    LLM_CHAT_CHATML, LLM_CHAT_QWEN3, LLM_CHAT_LLAMA3, LLM_CHAT_LLAMA2,
+    LLM_CHAT_MISTRAL_V1, LLM_CHAT_MISTRAL_V3, LLM_CHAT_MISTRAL_V3_TEKKEN, LLM_CHAT_MISTRAL_V7,
+    LLM_CHAT_MISTRAL_V7_TEKKEN, LLM_CHAT_ZEPHYR, LLM_CHAT_PHI3, LLM_CHAT_GEMMA, LLM_CHAT_NFAMILIES
 };
 
 typedef struct {
@@ -1787,7 +1787,8 @@ const char *llm_chat_family_name(int family) {
 }
 
 int llm_chat_family_from_name(const char *name) {
-    for (int f = 0; name && f < LLM_CHAT_NFAMILIES; f++) if (!strcmp(name, llm_chat_family_names[f])) return f;
+    for (int f = 0; name && f < LLM_CHAT_NFAMILIES; f++)
+        if (!strcmp(name, llm_chat_family_names[f])) return f;
     return -1;
 }
 
@@ -1805,7 +1806,8 @@ static int llm_vocab_has(const llm_tokenizer *t, const char *text) {
 int llm_chat_detect(const char *tt, size_t n, const llm_tokenizer *t) {
     if (tt && n) {
         if (llm_has(tt, n, "<|im_start|>"))
-            return llm_has(tt, n, "<think>") || llm_has(tt, n, "enable_thinking") ? LLM_CHAT_QWEN3 : LLM_CHAT_CHATML;
+            return llm_has(tt, n, "<think>") || llm_has(tt, n, "enable_thinking") ? LLM_CHAT_QWEN3
+                                                                                   : LLM_CHAT_CHATML;
         if (llm_has(tt, n, "<|start_header_id|>")) return LLM_CHAT_LLAMA3;
         if (llm_has(tt, n, "<start_of_turn>")) return LLM_CHAT_GEMMA;
         if (llm_has(tt, n, "<|user|>")) return llm_has(tt, n, "<|end|>") ? LLM_CHAT_PHI3 : LLM_CHAT_ZEPHYR;
@@ -1821,7 +1823,8 @@ int llm_chat_detect(const char *tt, size_t n, const llm_tokenizer *t) {
         }
         return -1;
     }
-    if (llm_vocab_has(t, "<|im_start|>")) return llm_vocab_has(t, "<think>") ? LLM_CHAT_QWEN3 : LLM_CHAT_CHATML;
+    if (llm_vocab_has(t, "<|im_start|>"))
+        return llm_vocab_has(t, "<think>") ? LLM_CHAT_QWEN3 : LLM_CHAT_CHATML;
     if (llm_vocab_has(t, "<|start_header_id|>")) return LLM_CHAT_LLAMA3;
     if (llm_vocab_has(t, "<start_of_turn>")) return LLM_CHAT_GEMMA;
     if (llm_vocab_has(t, "<|user|>")) return llm_vocab_has(t, "<|end|>") ? LLM_CHAT_PHI3 : LLM_CHAT_ZEPHYR;
@@ -1873,11 +1876,12 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
             for (int f = 0; f < LLM_CHAT_NFAMILIES; f++)
                 snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", f ? ", " : "",
                          llm_chat_family_names[f]);
-            snprintf(ct->note, sizeof ct->note, "unknown chat template '%s' (known: %s): using chatml", name,
-                     known);
+            snprintf(ct->note, sizeof ct->note, "unknown chat template '%.32s' (known: %.160s): using chatml",
+                     name, known);
         } else {
-            snprintf(ct->note, sizeof ct->note, "%s: using chatml", tt.len ? "the model's chat template is "
-                     "none this engine knows" : "the model has no chat template and its vocabulary names none");
+            snprintf(ct->note, sizeof ct->note, "%s: using chatml", tt.len ?
+                     "the model's chat template is none this engine knows" :
+                     "the model has no chat template and its vocabulary names none");
         }
     }
     llm_chat_copy_token_text(t, t->bos, ct->bos, sizeof ct->bos);
@@ -1896,7 +1900,7 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
     return 0;
 }
 
-/* ---- Rendering -------------------------------------------------------------------------------------------- */
+/* ---- Rendering ----------------------------------------------------------------------------------------- */
 typedef struct { char *out; size_t cap, n; } llm_chat_text; /* counts every byte, stores the first cap */
 
 static void llm_chat_put(llm_chat_text *c, const char *s, size_t n) {
@@ -1905,8 +1909,11 @@ static void llm_chat_put(llm_chat_text *c, const char *s, size_t n) {
 }
 static void llm_chat_puts(llm_chat_text *c, const char *s) { llm_chat_put(c, s, strlen(s)); }
 
-/* Python's str.strip() of white space (Jinja's trim), and strip(chars) of one character, on each side asked */
-static int llm_is_space(char ch) { return ch == ' ' || (ch >= '\t' && ch <= '\r') || (ch >= 0x1c && ch <= 0x1f); }
+/* Python's str.strip() of white space (Jinja's trim), and strip(chars) of one character, on each side asked
+ * (ASCII white space, and the separators 0x1c-0x1f that Python counts too) */
+static int llm_is_space(char ch) {
+    return ch == ' ' || (ch >= '\t' && ch <= '\r') || (ch >= 0x1c && ch <= 0x1f);
+}
 static void llm_chat_put_stripped(llm_chat_text *c, const char *s, int left, int right, char only) {
     size_t a = 0, b = strlen(s);
 #define LLM_STRIPS(ch) (only ? (ch) == only : llm_is_space(ch))
@@ -1941,7 +1948,9 @@ static void llm_qwen3_assistant(llm_chat_text *c, const char *content, int after
     while (n_reasoning && reasoning[0] == '\n') { reasoning++; n_reasoning--; }
     while (n_reasoning && reasoning[n_reasoning - 1] == '\n') n_reasoning--;
     if (after_last_user && (last || n_reasoning)) {
-        llm_chat_puts(c, "<think>\n"); llm_chat_put(c, reasoning, n_reasoning); llm_chat_puts(c, "\n</think>\n\n");
+        llm_chat_puts(c, "<think>\n");
+        llm_chat_put(c, reasoning, n_reasoning);
+        llm_chat_puts(c, "\n</think>\n\n");
         while (*body == '\n') body++;
     }
     llm_chat_puts(c, body);
@@ -1978,8 +1987,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
     case LLM_CHAT_LLAMA3: /* meta-llama/Meta-Llama-3-8B-Instruct; dated: Llama-3.1-8B-Instruct, 3.2-1B */
         llm_chat_puts(&c, bos);
         if (ct->dated_system) {
-            llm_chat_puts(&c, "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December "
-                          "2023\nToday Date: ");
+            llm_chat_puts(&c, "<|start_header_id|>system<|end_header_id|>\n\n"
+                          "Cutting Knowledge Date: December 2023\nToday Date: ");
             llm_chat_puts(&c, ct->date); llm_chat_puts(&c, "\n\n");
             llm_chat_put_trimmed(&c, sys); llm_chat_puts(&c, "<|eot_id|>");
         }
@@ -1990,7 +1999,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         }
         if (gen) llm_chat_puts(&c, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
-    case LLM_CHAT_LLAMA2: /* meta-llama/Llama-2-7b-chat-hf: no generation prompt; later system turns dropped */
+    case LLM_CHAT_LLAMA2: /* meta-llama/Llama-2-7b-chat-hf: no generation prompt; no later system turns */
         for (int i = first; i < n; i++) {
             char *joined = NULL; /* the system block joins the first turn before the strip */
             const char *content = CONTENT(i);
@@ -2045,8 +2054,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         llm_chat_puts(&c, bos);
         for (int i = 0; i < n; i++) {
             if (role[i] == LLM_ROLE_SYSTEM) {
-                llm_chat_puts(&c, tekken ? "[SYSTEM_PROMPT]" : "[SYSTEM_PROMPT] "); llm_chat_puts(&c, CONTENT(i));
-                llm_chat_puts(&c, "[/SYSTEM_PROMPT]");
+                llm_chat_puts(&c, tekken ? "[SYSTEM_PROMPT]" : "[SYSTEM_PROMPT] ");
+                llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "[/SYSTEM_PROMPT]");
             } else if (role[i] == LLM_ROLE_USER) {
                 llm_chat_puts(&c, tekken ? "[INST]" : "[INST] "); llm_chat_puts(&c, CONTENT(i));
                 llm_chat_puts(&c, "[/INST]");
@@ -2060,7 +2069,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
     case LLM_CHAT_ZEPHYR: /* TinyLlama/TinyLlama-1.1B-Chat-v1.0, HuggingFaceH4/zephyr-7b-beta */
     case LLM_CHAT_PHI3:   /* microsoft/Phi-3.5-mini-instruct */
         for (int i = 0; i < n; i++) {
-            llm_chat_puts(&c, "<|"); llm_chat_puts(&c, llm_chat_role_names[role[i]]); llm_chat_puts(&c, "|>\n");
+            llm_chat_puts(&c, "<|"); llm_chat_puts(&c, llm_chat_role_names[role[i]]);
+            llm_chat_puts(&c, "|>\n");
             llm_chat_puts(&c, CONTENT(i));
             llm_chat_puts(&c, ct->family == LLM_CHAT_PHI3 ? "<|end|>" : eos); llm_chat_puts(&c, "\n");
         }

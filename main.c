@@ -15,7 +15,7 @@
 static const char *usage =
     "usage:\n"
     "  llm chat -m MODEL.gguf [options]               chat REPL (what llm -m MODEL.gguf starts when the\n"
-    "                                                 model has a chat template); piped stdin: a turn a line\n"
+    "                                                 model has a chat template); piped: a turn a line\n"
     "  llm -m MODEL.gguf -p PROMPT [-n N] [options]   write the prompt and its continuation to stdout\n"
     "  llm -m MODEL.gguf [options]                    REPL: each line you type is continued (no template)\n"
     "  llm tokenize -m MODEL.gguf [--no-bos] TEXT     print TEXT's token ids on one line\n"
@@ -40,8 +40,8 @@ static const char *usage =
     "chat options (-n is the longest reply: default 1024):\n"
     "  -s, --system TEXT      system prompt (default: the template's own, if it has one)\n"
     "  --chat-template NAME   override the template the model's file names: chatml, qwen3, llama3, llama2,\n"
-    "                         mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken, zephyr,\n"
-    "                         phi3, gemma\n"
+    "                         mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken,\n"
+    "                         zephyr, phi3, gemma\n"
     "  --think                Qwen3: let the model think before it answers (off by default)\n"
     "\n"
     "engine options (all modes):\n"
@@ -280,7 +280,8 @@ static int chat_tokenize(const llm_tokenizer *t, const char *text, int bos, int3
     int cap = (int)len + 8;
     ptrdiff_t at = arrlen(*ids);
     arrsetlen(*ids, at + cap);
-    int n = bos ? llm_tokenize_prompt(t, text, len, *ids + at, cap) : llm_tokenize(t, text, len, 0, 1, *ids + at, cap);
+    int n = bos ? llm_tokenize_prompt(t, text, len, *ids + at, cap)
+                : llm_tokenize(t, text, len, 0, 1, *ids + at, cap);
     arrsetlen(*ids, at + (n > 0 ? n : 0));
     return n < 0 ? -1 : 0;
 }
@@ -352,7 +353,8 @@ static void chat_turn(chat_t *c, const char *user) {
             if (out[i].n_tokens && !t_first) t_first = now_s();
             n_prompt = out[i].n_prompt_tokens; n_cached = out[i].n_cached_tokens;
             for (int j = 0; j < out[i].n_tokens; j++) arrput(reply_ids, out[i].token_ids[j]);
-            if (out[i].text_len) memcpy(arraddnptr(reply, out[i].text_len), out[i].text, (size_t)out[i].text_len);
+            if (out[i].text_len)
+                memcpy(arraddnptr(reply, out[i].text_len), out[i].text, (size_t)out[i].text_len);
             fwrite(out[i].text, 1, (size_t)out[i].text_len, stdout);
             fflush(stdout);
             if (out[i].finish_reason) finish = out[i].finish_reason;
@@ -403,8 +405,8 @@ static void chat_stats(chat_t *c) {
     FILE *f = c->info;
     fprintf(f, "turns: %d\n", c->turns);
     fprintf(f, "context: %d of %d tokens\n", c->context_used, st.max_model_len);
-    fprintf(f, "last reply: prompt %d tokens (%d from the prefix cache, %d computed) at %.1f tok/s, first token "
-            "in %.0f ms; %d tokens generated at %.1f tok/s\n", c->last_prompt, c->last_cached,
+    fprintf(f, "last reply: prompt %d tokens (%d from the prefix cache, %d computed) at %.1f tok/s, first "
+            "token in %.0f ms; %d tokens generated at %.1f tok/s\n", c->last_prompt, c->last_cached,
             c->last_prompt - c->last_cached, c->last_prompt_tps, c->last_ttft * 1e3, c->last_generated,
             c->last_gen_tps);
     fprintf(f, "prefix cache: %d tokens hit in the last turn, %lld in all\n", c->last_cached,

@@ -2230,99 +2230,101 @@ static void test_cli(void) {
  * the vocabularies in shared/tokenizer, SmolLM2's from the default model. */
 static const struct { const char *model, *text; int family; } chat_published[] = {
     {"Qwen/Qwen2.5-0.5B-Instruct",
-     "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n"
-     "        {{- messages[0]['content'] }}\n    {%- else %}\n        {{- 'You are Qwen, created by Alibaba "
+     "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n   "
+     "     {{- messages[0]['content'] }}\n    {%- else %}\n        {{- 'You are Qwen, created by Alibaba "
      "Cloud. You are a helpful assistant.' }}\n    {%- endif %}\n{%- else %}\n    {%- if messages[0]['role'] "
      "== 'system' %}\n        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    "
-     "{%- else %}\n        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-     "assistant.<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n    {%- if "
-     "(message.role == \"user\") or (message.role == \"system\" and not loop.first) or (message.role == "
-     "\"assistant\" and not message.tool_calls) %}\n        {{- '<|im_start|>' + message.role + '\\n' + "
-     "message.content + '<|im_end|>' + '\\n' }}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt "
-     "%}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n", LLM_CHAT_CHATML},
+     "{%- else %}\n        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a "
+     "helpful assistant.<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}\n  "
+     "  {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or "
+     "(message.role == \"assistant\" and not message.tool_calls) %}\n        {{- '<|im_start|>' + "
+     "message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n    {%- endif %}\n{%- endfor %}\n{%- "
+     "if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n", LLM_CHAT_CHATML},
     {"meta-llama/Llama-3.1-8B-Instruct",
-     "{{- bos_token }}\n{%- if not date_string is defined %}\n    {%- set date_string = \"26 Jul 2024\" %}\n"
-     "{%- endif %}\n{#- System message + builtin tools #}\n{{- \"<|start_header_id|>system<|end_header_id|>\\n"
-     "\\n\" }}\n{{- \"Cutting Knowledge Date: December 2023\\n\" }}\n{{- \"Today Date: \" + date_string + "
-     "\"\\n\\n\" }}\n{{- system_message }}\n{{- \"<|eot_id|>\" }}\n{%- for message in messages %}\n"
-     "        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | "
-     "trim + '<|eot_id|>' }}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|start_header_id|>"
-     "assistant<|end_header_id|>\\n\\n' }}\n{%- endif %}\n", LLM_CHAT_LLAMA3},
+     "{{- bos_token }}\n{%- if not date_string is defined %}\n    {%- set date_string = \"26 Jul 2024\" "
+     "%}\n{%- endif %}\n{#- System message + builtin tools #}\n{{- \"<|start_header_id|>system<|end_header_id"
+     "|>\\n\\n\" }}\n{{- \"Cutting Knowledge Date: December 2023\\n\" }}\n{{- \"Today Date: \" + date_string "
+     "+ \"\\n\\n\" }}\n{{- system_message }}\n{{- \"<|eot_id|>\" }}\n{%- for message in messages %}\n        "
+     "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + "
+     "'<|eot_id|>' }}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|start_header_id|>assistant<"
+     "|end_header_id|>\\n\\n' }}\n{%- endif %}\n", LLM_CHAT_LLAMA3},
     {"meta-llama/Llama-2-7b-chat-hf",
      "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = "
-     "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% "
-     "endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% "
-     "if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + system_message + '\\n"
-     "<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if "
-     "message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif "
-     "message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}",
+     "messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false "
+     "%}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 "
+     "== 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% "
+     "endif %}{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\\n' + "
+     "system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}{% else %}{% set content = "
+     "message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + "
+     "content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' "
+     "' + eos_token }}{% endif %}{% endfor %}",
      LLM_CHAT_LLAMA2},
     {"mistralai/Mistral-7B-Instruct-v0.1",
      "{%- if messages[0]['role'] == 'system' %}\n    {%- set system_message = messages[0]['content'] %}\n    "
-     "{%- set loop_messages = messages[1:] %}\n{%- else %}\n    {%- set loop_messages = messages %}\n{%- endif "
-     "%}\n\n{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message['role'] == 'user' %}\n   "
-     "     {%- if loop.first and system_message is defined %}\n            {{- ' [INST] ' + system_message + "
-     "'\\n\\n' + message['content'] + ' [/INST]' }}\n        {%- else %}\n            {{- ' [INST] ' + "
-     "message['content'] + ' [/INST]' }}\n        {%- endif %}\n    {%- elif message['role'] == 'assistant' %}"
-     "\n        {{- ' ' + message['content'] + eos_token}}\n    {%- endif %}\n{%- endfor %}\n",
+     "{%- set loop_messages = messages[1:] %}\n{%- else %}\n    {%- set loop_messages = messages %}\n{%- "
+     "endif %}\n\n{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message['role'] == "
+     "'user' %}\n        {%- if loop.first and system_message is defined %}\n            {{- ' [INST] ' + "
+     "system_message + '\\n\\n' + message['content'] + ' [/INST]' }}\n        {%- else %}\n            {{- ' "
+     "[INST] ' + message['content'] + ' [/INST]' }}\n        {%- endif %}\n    {%- elif message['role'] == "
+     "'assistant' %}\n        {{- ' ' + message['content'] + eos_token}}\n    {%- endif %}\n{%- endfor %}\n",
      LLM_CHAT_MISTRAL_V1},
     {"mistralai/Mistral-7B-Instruct-v0.3",
-     "{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n"
-     "        {%- if tools is not none and (message == user_messages[-1]) %}\n            {{- "
-     "\"[AVAILABLE_TOOLS] [\" }}\n        {%- endif %}\n        {%- if loop.last and system_message is defined "
-     "%}\n            {{- \"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}\n"
-     "        {%- else %}\n            {{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}\n        {%- endif "
-     "%}\n    {%- elif message[\"role\"] == \"assistant\" %}\n        {{- \" \" + message[\"content\"]|trim + "
-     "eos_token}}\n    {%- endif %}\n{%- endfor %}\n", LLM_CHAT_MISTRAL_V3},
+     "{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n   "
+     "     {%- if tools is not none and (message == user_messages[-1]) %}\n            {{- "
+     "\"[AVAILABLE_TOOLS] [\" }}\n        {%- endif %}\n        {%- if loop.last and system_message is "
+     "defined %}\n            {{- \"[INST] \" + system_message + \"\\n\\n\" + message[\"content\"] + "
+     "\"[/INST]\" }}\n        {%- else %}\n            {{- \"[INST] \" + message[\"content\"] + \"[/INST]\" "
+     "}}\n        {%- endif %}\n    {%- elif message[\"role\"] == \"assistant\" %}\n        {{- \" \" + "
+     "message[\"content\"]|trim + eos_token}}\n    {%- endif %}\n{%- endfor %}\n", LLM_CHAT_MISTRAL_V3},
     {"mistralai/Mistral-Nemo-Instruct-2407",
-     "{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n"
-     "        {%- if tools is not none and (message == user_messages[-1]) %}\n            {{- "
-     "\"[AVAILABLE_TOOLS][\" }}\n        {%- endif %}\n        {%- if loop.last and system_message is defined "
-     "%}\n            {{- \"[INST]\" + system_message + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}\n"
-     "        {%- else %}\n            {{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}\n        {%- endif "
-     "%}\n    {%- elif message[\"role\"] == \"assistant\" %}\n        {{- message[\"content\"] + eos_token}}\n"
-     "    {%- endif %}\n{%- endfor %}\n", LLM_CHAT_MISTRAL_V3_TEKKEN},
+     "{{- bos_token }}\n{%- for message in loop_messages %}\n    {%- if message[\"role\"] == \"user\" %}\n   "
+     "     {%- if tools is not none and (message == user_messages[-1]) %}\n            {{- "
+     "\"[AVAILABLE_TOOLS][\" }}\n        {%- endif %}\n        {%- if loop.last and system_message is "
+     "defined %}\n            {{- \"[INST]\" + system_message + \"\\n\\n\" + message[\"content\"] + "
+     "\"[/INST]\" }}\n        {%- else %}\n            {{- \"[INST]\" + message[\"content\"] + \"[/INST]\" "
+     "}}\n        {%- endif %}\n    {%- elif message[\"role\"] == \"assistant\" %}\n        {{- "
+     "message[\"content\"] + eos_token}}\n    {%- endif %}\n{%- endfor %}\n", LLM_CHAT_MISTRAL_V3_TEKKEN},
     {"mistralai/Mistral-Large-Instruct-2411",
      "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + "
      "message['content'] + '[/INST]' }}{% elif message['role'] == 'system' %}{{ '[SYSTEM_PROMPT] ' + "
      "message['content'] + '[/SYSTEM_PROMPT]' }}{% elif message['role'] == 'assistant' %}{{ ' ' + "
-     "message['content'] + eos_token }}{% else %}{{ raise_exception('Only user, system and assistant roles are "
-     "supported!') }}{% endif %}{% endfor %}", LLM_CHAT_MISTRAL_V7},
+     "message['content'] + eos_token }}{% else %}{{ raise_exception('Only user, system and assistant roles "
+     "are supported!') }}{% endif %}{% endfor %}", LLM_CHAT_MISTRAL_V7},
     {"mistralai/Mistral-Small-24B-Instruct-2501",
      "{{- bos_token }}\n{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}\n\n{%- for message in "
      "loop_messages %}\n    {%- if message['role'] == 'user' %}\n        {{- '[INST]' + message['content'] + "
      "'[/INST]' }}\n    {%- elif message['role'] == 'system' %}\n        {{- '[SYSTEM_PROMPT]' + "
-     "message['content'] + '[/SYSTEM_PROMPT]' }}\n    {%- elif message['role'] == 'assistant' %}\n        {{- "
-     "message['content'] + eos_token }}\n    {%- endif %}\n{%- endfor %}", LLM_CHAT_MISTRAL_V7_TEKKEN},
+     "message['content'] + '[/SYSTEM_PROMPT]' }}\n    {%- elif message['role'] == 'assistant' %}\n        "
+     "{{- message['content'] + eos_token }}\n    {%- endif %}\n{%- endfor %}", LLM_CHAT_MISTRAL_V7_TEKKEN},
     {"TinyLlama/TinyLlama-1.1B-Chat-v1.0",
-     "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + message['content'] + "
-     "eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + message['content'] + eos_token "
-     "}}\n{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + message['content'] + eos_token }}\n"
-     "{% endif %}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor "
-     "%}", LLM_CHAT_ZEPHYR},
+     "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\n' + "
+     "message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\n' + "
+     "message['content'] + eos_token }}\n{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\n'  + "
+     "message['content'] + eos_token }}\n{% endif %}\n{% if loop.last and add_generation_prompt %}\n{{ "
+     "'<|assistant|>' }}\n{% endif %}\n{% endfor %}", LLM_CHAT_ZEPHYR},
     {"microsoft/Phi-3.5-mini-instruct",
-     "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}{{'<|system|>\n' "
-     "+ message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + "
-     "message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + "
-     "message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ "
-     "'<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}", LLM_CHAT_PHI3},
+     "{% for message in messages %}{% if message['role'] == 'system' and message['content'] "
+     "%}{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' "
+     "%}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' "
+     "%}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}{% if "
+     "add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}", LLM_CHAT_PHI3},
     {"google/gemma-2-2b-it",
      "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') "
-     "}}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-     "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% "
-     "if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
-     "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor "
-     "%}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}", LLM_CHAT_GEMMA},
+     "}}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) "
+     "%}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif "
+     "%}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = "
+     "message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + "
+     "'<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
+     , LLM_CHAT_GEMMA},
     {"google/gemma-3-1b-it",
      "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n    {%- set first_user_prefix = "
-     "messages[0]['content'] + '\n\n' -%}\n    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n    {%- "
-     "set first_user_prefix = \"\" -%}\n    {%- set loop_messages = messages -%}\n{%- endif -%}\n{%- for message "
-     "in loop_messages -%}\n    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = \"model\" "
-     "-%}\n    {%- else -%}\n        {%- set role = message['role'] -%}\n    {%- endif -%}\n    {{ "
-     "'<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n    {{ message['content'] "
-     "| trim }}\n    {{ '<end_of_turn>\n' }}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n    "
-     "{{'<start_of_turn>model\n'}}\n{%- endif -%}\n", LLM_CHAT_GEMMA},
+     "messages[0]['content'] + '\n\n' -%}\n    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n    "
+     "{%- set first_user_prefix = \"\" -%}\n    {%- set loop_messages = messages -%}\n{%- endif -%}\n{%- for "
+     "message in loop_messages -%}\n    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = "
+     "\"model\" -%}\n    {%- else -%}\n        {%- set role = message['role'] -%}\n    {%- endif -%}\n    {{ "
+     "'<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n    {{ "
+     "message['content'] | trim }}\n    {{ '<end_of_turn>\n' }}\n{%- endfor -%}\n{%- if "
+     "add_generation_prompt -%}\n    {{'<start_of_turn>model\n'}}\n{%- endif -%}\n", LLM_CHAT_GEMMA},
 };
 
 static void test_chat_templates(void) {
@@ -2344,17 +2346,18 @@ static void test_chat_templates(void) {
          "<|im_start|>assistant\n<think>\n\n</think>\n\n"},
         /* meta-llama/Meta-Llama-3-8B-Instruct: every turn trimmed */
         {LLM_CHAT_LLAMA3, "<|begin_of_text|>", "<|eot_id|>",
-         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant.<|eot_id|>"
-         "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|><|start_header_id|>assistant<|end_header_id|>"
-         "\n\nHi there<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWho are you?<|eot_id|>"
-         "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are a helpful "
+         "assistant.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|><|start_header_id|>a"
+         "ssistant<|end_header_id|>\n\nHi there<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWho are "
+         "you?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
         /* meta-llama/Llama-2-7b-chat-hf: no generation prompt; BOS before each [INST] */
         {LLM_CHAT_LLAMA2, "<s>", "</s>",
          "<s>[INST] <<SYS>>\nYou are a helpful assistant.\n<</SYS>>\n\nHello [/INST] Hi there </s>"
          "<s>[INST] Who are you? [/INST]"},
         /* mistralai/Mistral-7B-Instruct-v0.1 */
         {LLM_CHAT_MISTRAL_V1, "<s>", "</s>",
-         "<s> [INST] You are a helpful assistant.\n\nHello [/INST]  Hi there </s> [INST] Who are you? [/INST]"},
+         "<s> [INST] You are a helpful assistant.\n\nHello [/INST]  Hi there </s> [INST] Who are you? "
+         "[/INST]"},
         /* mistralai/Mistral-7B-Instruct-v0.3: the system prompt goes with the last user turn */
         {LLM_CHAT_MISTRAL_V3, "<s>", "</s>",
          "<s>[INST] Hello[/INST] Hi there</s>[INST] You are a helpful assistant.\n\nWho are you?[/INST]"},
@@ -2379,35 +2382,38 @@ static void test_chat_templates(void) {
          "<|end|>\n<|user|>\nWho are you?<|end|>\n<|assistant|>\n"},
         /* google/gemma-3-1b-it: the system prompt opens the first user turn */
         {LLM_CHAT_GEMMA, "<bos>", "<eos>",
-         "<bos><start_of_turn>user\nYou are a helpful assistant.\n\nHello<end_of_turn>\n<start_of_turn>model\n"
-         "Hi there<end_of_turn>\n<start_of_turn>user\nWho are you?<end_of_turn>\n<start_of_turn>model\n"},
+         "<bos><start_of_turn>user\nYou are a helpful assistant.\n\nHello<end_of_turn>\n<start_of_turn>model"
+         "\nHi there<end_of_turn>\n<start_of_turn>user\nWho are you?<end_of_turn>\n<start_of_turn>model\n"},
     };
     char out[1024];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         llm_chat_template ct;
         memset(&ct, 0, sizeof ct);
         ct.family = cases[i].family;
-        snprintf(ct.bos, sizeof ct.bos, "%s", cases[i].bos); snprintf(ct.eos, sizeof ct.eos, "%s", cases[i].eos);
+        snprintf(ct.bos, sizeof ct.bos, "%s", cases[i].bos);
+        snprintf(ct.eos, sizeof ct.eos, "%s", cases[i].eos);
         int n = llm_chat_render(&ct, conv, 4, 1, out, sizeof out);
         const char *name = llm_chat_family_name(cases[i].family);
-        CHECK(n == (int)strlen(cases[i].want) && !strcmp(out, cases[i].want), "chat template %s:\n%s\nwant\n%s",
-              name ? name : "", n >= 0 ? out : "(error)", cases[i].want);
-        CHECK(name && llm_chat_family_from_name(name) == cases[i].family, "chat family name %s", name ? name : "");
+        CHECK(n == (int)strlen(cases[i].want) && !strcmp(out, cases[i].want),
+              "chat template %s:\n%s\nwant\n%s", name ? name : "", n >= 0 ? out : "(error)", cases[i].want);
+        CHECK(name && llm_chat_family_from_name(name) == cases[i].family, "chat family name %s",
+              name ? name : "");
     }
     llm_chat_template ct;
     memset(&ct, 0, sizeof ct);
     /* ChatML without a system message: SmolLM2's template writes its own */
     ct.family = LLM_CHAT_CHATML;
-    snprintf(ct.default_system, sizeof ct.default_system, "You are a helpful AI assistant named SmolLM, trained "
-             "by Hugging Face");
+    snprintf(ct.default_system, sizeof ct.default_system,
+             "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
     llm_chat_render(&ct, conv + 1, 1, 1, out, sizeof out);
-    CHECK(!strcmp(out, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
-                  "<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"), "chatml default "
-          "system: %s", out);
+    CHECK(!strcmp(out, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+                  "Face<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"),
+          "chatml default system: %s", out);
     /* Qwen3: thinking on writes no think block; a last reply keeps its reasoning, an earlier one loses it */
     ct.family = LLM_CHAT_QWEN3; ct.enable_thinking = 1;
     llm_chat_render(&ct, conv + 1, 1, 1, out, sizeof out);
-    CHECK(!strcmp(out, "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"), "qwen3 thinking: %s", out);
+    CHECK(!strcmp(out, "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"), "qwen3 thinking: %s",
+          out);
     const llm_chat_message thought[] = {{"user", "Hi"}, {"assistant", "<think>\nhmm\n</think>\n\nHello!"},
                                         {"user", "Bye"}};
     llm_chat_render(&ct, thought, 2, 0, out, sizeof out);
@@ -2415,15 +2421,16 @@ static void test_chat_templates(void) {
                   "Hello!<|im_end|>\n"), "qwen3 last reply keeps its reasoning: %s", out);
     llm_chat_render(&ct, thought, 3, 1, out, sizeof out);
     CHECK(!strcmp(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
-                  "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"), "qwen3 history drops reasoning: %s",
-          out);
+                  "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"),
+          "qwen3 history drops reasoning: %s", out);
     /* meta-llama/Llama-3.1-8B-Instruct: the system turn always, dated */
     ct.family = LLM_CHAT_LLAMA3; ct.dated_system = 1;
     snprintf(ct.bos, sizeof ct.bos, "<|begin_of_text|>"); snprintf(ct.date, sizeof ct.date, "26 Jul 2024");
     llm_chat_render(&ct, conv + 1, 1, 1, out, sizeof out);
-    CHECK(!strcmp(out, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: "
-                  "December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
-                  "Hello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"), "llama 3.1 dated: %s", out);
+    CHECK(!strcmp(out, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                  "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
+                  "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+                  "<|start_header_id|>assistant<|end_header_id|>\n\n"), "llama 3.1 dated: %s", out);
     /* the length comes back when the room is short, nothing past cap is written; a role it does not know */
     char small[8];
     memset(small, 'x', sizeof small);
@@ -2443,7 +2450,8 @@ static void test_chat_detect(void) {
     char err[LLM_ERR_LEN];
     for (size_t i = 0; i < sizeof chat_published / sizeof chat_published[0]; i++) {
         int f = llm_chat_detect(chat_published[i].text, strlen(chat_published[i].text), NULL);
-        CHECK(f == chat_published[i].family, "detect %s: %s", chat_published[i].model, llm_chat_family_name(f));
+        CHECK(f == chat_published[i].family, "detect %s: %s", chat_published[i].model,
+              llm_chat_family_name(f) ? llm_chat_family_name(f) : "none");
     }
     /* Qwen2.5's own system prompt, from the template text; Llama 3.1's dated system turn */
     llm_gguf g;
@@ -2486,7 +2494,8 @@ static void test_chat_detect(void) {
               strstr(ct.note, "no chat template"), "no template: %s", ct.note);
         const char *text = "<s>[INST] Hi [/INST]";
         int32_t a[32], b[32];
-        int na = llm_tokenize_prompt(t, text, strlen(text), a, 32), nb = llm_tokenize_prompt(t, "Hi", 2, b, 32);
+        int na = llm_tokenize_prompt(t, text, strlen(text), a, 32);
+        int nb = llm_tokenize_prompt(t, "Hi", 2, b, 32);
         CHECK(na > 2 && a[0] == 1 && a[1] != 1 && nb == 2 && b[0] == 1, "spm BOS once: %d, %d", na, nb);
         llm_tokenizer_free(t); llm_gguf_close(&g);
     }
@@ -2501,7 +2510,8 @@ static void test_chat_detect(void) {
     }
     CHECK(llm_chat_template_init_gguf(&ct, &m.gguf, m.tok, NULL, err) == 0 && ct.family == LLM_CHAT_CHATML &&
           !strcmp(ct.default_system, "You are a helpful AI assistant named SmolLM, trained by Hugging Face"),
-          "SmolLM2's template: %s, default system \"%s\"", llm_chat_family_name(ct.family), ct.default_system);
+          "SmolLM2's template: %s, default system \"%s\"", llm_chat_family_name(ct.family),
+          ct.default_system);
     int32_t ids[8];
     int n = llm_chat_stop_ids(&ct, m.tok, ids, 8);
     CHECK(n == 1 && ids[0] == 2, "SmolLM2's end of turn is its EOS <|im_end|> (2): %d ids, %d", n, ids[0]);
@@ -2510,7 +2520,8 @@ static void test_chat_detect(void) {
     if ((t = tok_load(&g, "ggml-vocab-qwen2.gguf", NULL))) {
         CHECK(llm_chat_template_init(&ct, qwen25, strlen(qwen25), t, NULL, err) == 0 &&
               ct.family == LLM_CHAT_CHATML &&
-              !strcmp(ct.default_system, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
+              !strcmp(ct.default_system,
+                      "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
               "Qwen2.5's default system: \"%s\"", ct.default_system);
         llm_tokenizer_free(t); llm_gguf_close(&g);
     }
@@ -2565,8 +2576,9 @@ static void test_chat_piped(void) {
     free(first); free(again); free(alone); free(err);
     remove("llm-test-chat.err");
     /* the oldest turns go when the conversation outgrows the context */
-    out = run_command("printf 'Hello!\\nTell me about cats.\\nAnd dogs?\\n/stats\\n' | ./llm chat -m " CHAT_MODEL
-                      " --cpu --temp 0 -n 24 --max-model-len 128 2>&1 >/dev/null", &status);
+    out = run_command("printf 'Hello!\\nTell me about cats.\\nAnd dogs?\\n/stats\\n' | "
+                      "./llm chat -m " CHAT_MODEL " --cpu --temp 0 -n 24 --max-model-len 128 2>&1 >/dev/null",
+                      &status);
     CHECK(out && status == 0 && strstr(out, "oldest turn was dropped") && stat_after(out, "turns: ", 0) == 3,
           "chat: a context of 128 tokens drops turns: %s", out ? out : "");
     free(out);
@@ -2605,7 +2617,7 @@ static void test_chat_terminal(void) {
     CHECK(pty_wait_for(fd, buf, cap, &len, 0, "> ", 60), "chat on a terminal: the prompt: %s", buf);
     const char *ask = "Write a very long story about a dragon and a knight.\r";
     CHECK(write(fd, ask, strlen(ask)) == (ssize_t)strlen(ask), "write to the terminal");
-    /* the line as it is typed (redrawn at each key), its end, then the reply: stop it after its first words */
+    /* the line as it is typed (redrawn at each key), its end, then the reply: stopped after a few words */
     int streaming = pty_wait_for(fd, buf, cap, &len, 0, "knight.", 30);
     size_t mark = len;
     streaming = streaming && pty_wait_for(fd, buf, cap, &len, strstr(buf, "knight.") - buf, "\r\n", 30);
@@ -2631,8 +2643,8 @@ static void test_chat_terminal(void) {
     /* the up arrow brings /stats back */
     mark = len;
     CHECK(write(fd, "\x1b[A\r", 4) == 4, "write the up arrow");
-    CHECK(pty_wait_for(fd, buf, cap, &len, mark, "cached prefixes)", 30), "chat on a terminal: the up arrow: %s",
-          buf + mark);
+    CHECK(pty_wait_for(fd, buf, cap, &len, mark, "cached prefixes)", 30),
+          "chat on a terminal: the up arrow: %s", buf + mark);
     pty_wait_for(fd, buf, cap, &len, strstr(buf + mark, "cached prefixes)") - buf, "> ", 30);
     CHECK(write(fd, "\x04", 1) == 1, "write Ctrl-D");
     int status = -1;
