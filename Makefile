@@ -54,7 +54,7 @@ $(STB_H):
 	         "set STB_INC=DIR to a folder holding stb/stb_ds.h" >&2; exit 1; \
 	fi
 
-llm: main.c llm.h $(CUDA_OBJ) | $(STB_H)
+llm: main.c server.c llm.h $(CUDA_OBJ) | $(STB_H)
 	$(CC) $(CFLAGS) $(CUDA_DEFS) -o $@ main.c $(CUDA_OBJ) $(LDFLAGS) $(LDLIBS) $(CUDA_LIBS)
 
 llm-test: test.c llm.h | $(STB_H)

@@ -291,6 +291,8 @@ typedef struct {
     int n_stop;
     const int32_t *stop_token_ids;  /* copied */
     int n_stop_token_ids;
+    int min_tokens;                 /* end of generation and stop ids cannot be sampled before this many */
+    int special_text;               /* 1: control tokens' text is output too (vLLM's skip_special_tokens=0) */
 } llm_sampling_params;
 
 llm_sampling_params llm_sampling_defaults(void);
@@ -428,7 +430,10 @@ int  llm_tokenizer_piece(const llm_tokenizer *t, int32_t id, int special, char *
  * not complete yet are held back, and bytes that can never form a valid character come out as U+FFFD. Start
  * from a zeroed llm_detok. A push writes at most 3 x (piece length + 3) bytes; given less room than its
  * output needs, it writes nothing, keeps its state and returns the room needed (> cap). */
-typedef struct { unsigned char pending[8]; int n_pending; } llm_detok;
+typedef struct {
+    unsigned char pending[8]; int n_pending;
+    int special;                    /* 1: control tokens' text too (set before the first push) */
+} llm_detok;
 int  llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, int cap); /* bytes written */
 int  llm_detok_flush(llm_detok *d, char *out, int cap);  /* end of stream: what is held back, as U+FFFD */
 
@@ -2305,6 +2310,8 @@ static int llm_request_check(const llm_sampling_params *p, char *err) {
     if (!(fabsf(p->presence_penalty) <= 2.0f && fabsf(p->frequency_penalty) <= 2.0f))
         return llm_fail(err, "presence_penalty and frequency_penalty must be in [-2, 2]");
     if (p->max_tokens < 0) return llm_fail(err, "max_tokens must be >= 0");
+    if (p->min_tokens < 0 || (p->max_tokens > 0 && p->min_tokens > p->max_tokens))
+        return llm_fail(err, "min_tokens must be between 0 and max_tokens");
     if (p->logprobs > 20) return llm_fail(err, "logprobs must be at most 20");
     if (p->n_stop < 0 || p->n_stop > 16 || (p->n_stop && !p->stop))
         return llm_fail(err, "at most 16 stop strings");
@@ -2359,6 +2366,7 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *us
     r->params.stop = (const char *const *)r->stop_copies;
     r->params.stop_token_ids = r->stop_ids_copy;
     s->req = r; s->tokens = ids; s->rng = llm_seed_mix(p->seed, 0); s->fork_pending = p->n > 1;
+    s->detok.special = p->special_text != 0;
     s->status = LLM_SEQ_WAITING;
     return s;
 }
@@ -2383,6 +2391,7 @@ static int llm_seq_fork(llm_scheduler *sch, llm_seq *s) {
         c->n_hashed_blocks = s->n_hashed_blocks; c->last_hash = s->last_hash;
         c->n_cached_tokens = s->n_cached_tokens;
         c->rng = llm_seed_mix(s->req->params.seed, i);
+        c->detok.special = s->detok.special;
         int n_tokens = (int)arrlen(s->tokens), n_blocks = (int)arrlen(s->block_table);
         memcpy(arraddnptr(c->tokens, n_tokens), s->tokens, (size_t)n_tokens * sizeof(int32_t));
         memcpy(arraddnptr(c->block_table, n_blocks), s->block_table, (size_t)n_blocks * sizeof(int32_t));
@@ -2986,13 +2995,13 @@ int llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, 
     if (!t || !d) return 0;
     if (!out || cap < 0) cap = 0;
     if (d->n_pending < 0 || d->n_pending > 3) d->n_pending = 0; /* never more than 3: not a state we made */
-    int n = llm_tokenizer_piece(t, id, 0, NULL, 0);
+    int n = llm_tokenizer_piece(t, id, d->special, NULL, 0);
     if (n <= 0) return 0;
     size_t total = (size_t)d->n_pending + (size_t)n, keep;
     unsigned char small[512], *buf = total <= sizeof small ? small : (unsigned char *)malloc(total);
     if (!buf) return 0;
     memcpy(buf, d->pending, (size_t)d->n_pending);
-    llm_tokenizer_piece(t, id, 0, (char *)buf + d->n_pending, n);
+    llm_tokenizer_piece(t, id, d->special, (char *)buf + d->n_pending, n);
     size_t m = llm_utf8_clean(buf, total, NULL, &keep);
     if (m <= (size_t)cap) {
         llm_utf8_clean(buf, total, out, &keep);
@@ -3095,6 +3104,7 @@ struct llm_engine {
     const int32_t **b_tables;
     float *logits;                  /* [logits_rows][vocab_size] */
     int logits_rows;
+    float *masked_logits;           /* [vocab_size]: a row with the stop tokens masked, for min_tokens */
     char step_error[LLM_ERR_LEN];   /* why this step's forward pass failed: the error of its outputs */
     llm_output *outputs;
 };
@@ -3216,7 +3226,7 @@ void llm_engine_destroy(llm_engine *e) {
     arrfree(e->finished); arrfree(e->inbox); arrfree(e->inbox_abort);
     arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows);
     arrfree(e->b_tables); arrfree(e->outputs);
-    free(e->logits);
+    free(e->logits); free(e->masked_logits);
     llm_sampler_free(e->sampler);
     if (e->backend) e->backend->destroy(e->backend);
     llm_block_manager_free(&e->bm);
@@ -3436,7 +3446,21 @@ static void llm_engine_fail_step(llm_engine *e) {
 static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
     const llm_sampling_params *p = &s->req->params;
     int V = e->model.cfg.vocab_size, n_prompt = s->req->n_prompt;
-    int32_t token = llm_sampler_sample(e->sampler, p, logits, s->tokens, n_prompt, (int)arrlen(s->tokens),
+    const float *sample_from = logits;
+    if ((int)arrlen(s->tokens) - n_prompt < p->min_tokens) { /* too early to stop: mask what would stop it */
+        if (!e->masked_logits && !(e->masked_logits = (float *)malloc((size_t)V * sizeof(float)))) {
+            llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for min_tokens");
+            return;
+        }
+        memcpy(e->masked_logits, logits, (size_t)V * sizeof(float));
+        for (int i = 0; i < p->n_stop_token_ids; i++)
+            if (p->stop_token_ids[i] >= 0 && p->stop_token_ids[i] < V)
+                e->masked_logits[p->stop_token_ids[i]] = -INFINITY;
+        for (ptrdiff_t i = 0; !p->ignore_eos && e->model.tok && i < arrlen(e->model.tok->eog); i++)
+            e->masked_logits[e->model.tok->eog[i]] = -INFINITY;
+        sample_from = e->masked_logits;
+    }
+    int32_t token = llm_sampler_sample(e->sampler, p, sample_from, s->tokens, n_prompt, (int)arrlen(s->tokens),
                                        &s->rng);
     if (token < 0) {
         llm_seq_finish(e, s, LLM_FINISH_ERROR, "sampling found no token to pick: the logits are not numbers");

@@ -1,5 +1,6 @@
 /* main.c - the llm command: one-shot generation, a REPL, tokenize, and the offline throughput benchmark.
  * Everything it does goes through the engine API of llm.h, the same one the server uses. */
+#define _GNU_SOURCE /* accept4, pipe2 (server.c) */
 #define LLM_IMPLEMENTATION
 #include "llm.h"
 
@@ -20,6 +21,7 @@ static const char *usage =
     "  llm -m MODEL.gguf [options]                    REPL: each line you type is continued (no template)\n"
     "  llm tokenize -m MODEL.gguf [--no-bos] TEXT     print TEXT's token ids on one line\n"
     "  llm bench (-m MODEL.gguf | --dummy NAME) [options]  offline throughput, as vLLM's bench throughput\n"
+    "  llm serve -m MODEL.gguf [options]              OpenAI-compatible HTTP server (vLLM's API)\n"
     "\n"
     "generation options:\n"
     "  -m, --model PATH       GGUF model file\n"
@@ -56,6 +58,14 @@ static const char *usage =
     "  --no-prefix-caching    turn automatic prefix caching off\n"
     "  --cpu                  run on the CPU even when a GPU is there\n"
     "\n"
+    "serve options:\n"
+    "  --host H               address to listen on (default 127.0.0.1)\n"
+    "  --port P               port (default 8000; 0: any free one, printed)\n"
+    "  --api-key KEY          ask for 'Authorization: Bearer KEY' (not on /health, /metrics)\n"
+    "  --served-model-name N  the model's name in the API (default: the file's name without .gguf)\n"
+    "  --max-queue N          requests waiting at most (default 4096); more get 503\n"
+    "  --chat-template NAME   as for chat; sampling defaults are OpenAI's, set per request\n"
+    "\n"
     "bench options:\n"
     "  --dummy NAME           random weights of a real shape, no file (presets: %s)\n"
     "  --num-prompts N        requests (default 256)\n"
@@ -77,6 +87,9 @@ typedef struct {
     int ids_only, no_bos, max_tokens_given;
     const char *system, *chat_template;
     int think;
+    /* serve */
+    const char *host, *api_key, *served_model_name;
+    int port, max_queue;
     const char *stops[16];
     /* bench */
     int num_prompts, in_min, in_max, out_min, out_max;
@@ -111,6 +124,11 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         else if (FLAG("-s") || FLAG("--system")) { NEED(); a->system = v; }
         else if (FLAG("--chat-template")) { NEED(); a->chat_template = v; }
         else if (FLAG("--think")) a->think = 1;
+        else if (FLAG("--host")) { NEED(); a->host = v; }
+        else if (FLAG("--port")) { NEED(); a->port = atoi(v); }
+        else if (FLAG("--api-key")) { NEED(); a->api_key = v; }
+        else if (FLAG("--served-model-name")) { NEED(); a->served_model_name = v; }
+        else if (FLAG("--max-queue")) { NEED(); a->max_queue = atoi(v); }
         else if (FLAG("--temp")) { NEED(); a->sampling.temperature = (float)atof(v); }
         else if (FLAG("--top-k")) { NEED(); a->sampling.top_k = atoi(v); }
         else if (FLAG("--top-p")) { NEED(); a->sampling.top_p = (float)atof(v); }
@@ -729,6 +747,9 @@ static int bench(args_t *a) {
     return failed ? 1 : 0;
 }
 
+/* llm serve: the OpenAI-compatible HTTP server, in its own file */
+#include "server.c"
+
 int main(int argc, char **argv) {
     args_t a;
     memset(&a, 0, sizeof a);
@@ -737,11 +758,13 @@ int main(int argc, char **argv) {
     a.sampling.temperature = 0.8f; a.sampling.top_k = 40; a.sampling.top_p = 0.95f; a.sampling.min_p = 0.05f;
     a.sampling.max_tokens = 128;
     a.num_prompts = 256; a.in_min = 100; a.in_max = 1024; a.out_min = 100; a.out_max = 1024;
+    a.host = "127.0.0.1"; a.port = 8000; a.max_queue = 4096;
     int cmd = 0; /* 0 generate/REPL, 1 tokenize, 2 bench, 3 chat */
     int start = 1;
     if (argc > 1 && !strcmp(argv[1], "tokenize")) { cmd = 1; start = 2; }
     else if (argc > 1 && !strcmp(argv[1], "bench")) { cmd = 2; start = 2; }
     else if (argc > 1 && !strcmp(argv[1], "chat")) { cmd = 3; start = 2; }
+    else if (argc > 1 && !strcmp(argv[1], "serve")) { cmd = 4; start = 2; }
     int pos = parse_args(argc, argv, start, &a);
     if (pos < 0) return 1;
     if (cmd == 1) {
@@ -753,6 +776,14 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (cmd == 2) return bench(&a);
+    if (cmd == 4) {
+        if (!a.engine.model_path) { fprintf(stderr, "llm serve: give a model with -m MODEL.gguf\n"); return 1; }
+        if (a.port < 0 || a.port > 65535 || a.max_queue < 1) {
+            fprintf(stderr, "llm serve: --port must be 0..65535 (0: any free port), --max-queue >= 1\n");
+            return 1;
+        }
+        return serve(&a);
+    }
     if (!a.engine.model_path) {
         fprintf(stderr, "llm: give a model with -m MODEL.gguf (see llm --help)\n");
         return 1;

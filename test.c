@@ -93,7 +93,7 @@ static void tok_print_ids(const char *label, const int32_t *ids, int n) {
  * every chunk it writes that is not valid UTF-8 in *bad_chunks. */
 static size_t tok_detok_all(const llm_tokenizer *t, const int32_t *ids, int n, char *out, size_t cap,
                             int *bad_chunks) {
-    llm_detok d = {{0}, 0};
+    llm_detok d = {{0}, 0, 0};
     char chunk[1024];
     size_t len = 0;
     for (int i = 0; i <= n; i++) {
@@ -226,7 +226,7 @@ static void test_detokenizer_streaming(void) {
     llm_gguf g;
     llm_tokenizer *t = tok_load(&g, "ggml-vocab-llama-spm.gguf", NULL);
     if (t) {
-        llm_detok d = {{0}, 0};
+        llm_detok d = {{0}, 0, 0};
         char out[64];
         /* SentencePiece byte tokens: <0xNN> is id 3 + NN in this vocabulary */
         tok_piece_expect(t, 229, "\xE2", 1);
@@ -279,7 +279,7 @@ static void test_detokenizer_streaming(void) {
     t = tok_load(&g, "ggml-vocab-gpt-2.gguf", NULL);
     if (t) {
         /* GPT-2 splits "😀" into a token for its first three bytes and one for the last */
-        llm_detok d = {{0}, 0};
+        llm_detok d = {{0}, 0, 0};
         int32_t ids[8];
         int n = llm_tokenize(t, "\xF0\x9F\x98\x80", 4, 0, 0, ids, 8);
         CHECK(n == 2 && ids[0] == 47249 && ids[1] == 222, "GPT-2 tokens of U+1F600: %d ids, %d %d",

@@ -1,0 +1,1849 @@
+/* server.c - llm serve: an OpenAI-compatible HTTP/1.1 server on bare POSIX sockets, like vLLM's API server.
+ *
+ * main.c includes this file (the llm command is one translation unit): it uses main.c's args_t and the engine
+ * API of llm.h, nothing else. Two threads:
+ *   - the network thread (the one that calls serve) runs one epoll loop over the listening socket, every
+ *     connection and a wake-up pipe. It parses HTTP and JSON, renders chat templates and tokenizes, adds
+ *     requests to the engine, and writes the engine's outputs to the clients as JSON bodies or SSE streams.
+ *   - the engine thread runs llm_engine_wait and llm_engine_step in a loop. Each output becomes an event (a
+ *     copy of it) in a queue under a lock, and a byte down the wake-up pipe tells the network thread.
+ * So a connection costs no thread, a request's text and tokens are never touched by two threads, and an
+ * idle server sleeps in two blocking calls.
+ *
+ * The file follows a request: JSON (reading and writing), HTTP (parsing and answering), the engine thread and
+ * its events, the endpoints (parameters in, responses out), metrics, the network loop, then serve(). */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
+#define SRV_MAX_HEADER   16384            /* bytes of request line and headers (431 past it) */
+#define SRV_MAX_BODY     (8 << 20)        /* bytes of body (413 past it) */
+#define SRV_JSON_DEPTH   64               /* nesting of arrays and objects */
+#define SRV_READ_TIMEOUT 30.0             /* seconds to send a whole request once begun (slowloris) */
+#define SRV_IDLE_TIMEOUT 120.0            /* seconds a kept-alive connection may sit idle */
+#define SRV_MAX_PROMPTS  1024             /* prompts in one /v1/completions request */
+#define SRV_MAX_STOPS    16
+
+/* ===========================================================================================================
+ * Strings that grow: what every response is built in
+ * ======================================================================================================== */
+typedef struct { char *s; size_t len, cap; int failed; } sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n) {
+    if (b->failed) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *p = (char *)realloc(b->s, cap);
+        if (!p) { b->failed = 1; return; }
+        b->s = p; b->cap = cap;
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
+}
+static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    char small[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) { b->failed = 1; return; }
+    if ((size_t)n < sizeof small) { sb_put(b, small, (size_t)n); return; }
+    char *big = (char *)malloc((size_t)n + 1);
+    if (!big) { b->failed = 1; return; }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    sb_put(b, big, (size_t)n);
+    free(big);
+}
+static void sb_free(sbuf *b) { free(b->s); memset(b, 0, sizeof *b); }
+
+/* ===========================================================================================================
+ * JSON: a strict reader into a tree, and a writer
+ * The reader takes RFC 8259 JSON only: valid UTF-8, the escapes it lists (\u with surrogate pairs), numbers
+ * in its grammar that fit a double, nesting at most SRV_JSON_DEPTH deep. Errors say where.
+ * ======================================================================================================== */
+enum { J_NULL, J_FALSE, J_TRUE, J_NUMBER, J_STRING, J_ARRAY, J_OBJECT };
+
+typedef struct jv {
+    int type;
+    double num;
+    char *str; size_t len;      /* J_STRING: decoded, NUL-terminated (may hold \u0000: use len) */
+    struct jv *items;           /* J_ARRAY elements, J_OBJECT values */
+    char **keys;                /* J_OBJECT: the key of each value */
+    int n;
+} jv;
+
+typedef struct { const char *p, *start, *end; char err[160]; } jreader;
+
+static void jv_free(jv *v) {
+    if (!v) return;
+    for (int i = 0; i < v->n; i++) { jv_free(&v->items[i]); if (v->keys) free(v->keys[i]); }
+    free(v->items); free(v->keys); free(v->str);
+    memset(v, 0, sizeof *v);
+}
+
+static int jr_fail(jreader *r, const char *what) {
+    if (!r->err[0]) snprintf(r->err, sizeof r->err, "%s at byte %ld", what, (long)(r->p - r->start));
+    return -1;
+}
+
+static void jr_space(jreader *r) {
+    while (r->p < r->end && (*r->p == ' ' || *r->p == '\t' || *r->p == '\n' || *r->p == '\r')) r->p++;
+}
+
+static int jr_hex4(jreader *r, unsigned *out) {
+    if (r->end - r->p < 4) return jr_fail(r, "a \\u escape is cut short");
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        char c = r->p[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 :
+                c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return jr_fail(r, "a \\u escape needs four hex digits");
+        v = v * 16 + (unsigned)d;
+    }
+    r->p += 4;
+    *out = v;
+    return 0;
+}
+
+/* The length of the UTF-8 character at p (shortest form, no surrogates, at most U+10FFFF), 0 if invalid. */
+static int utf8_char_len(const unsigned char *p, const unsigned char *end) {
+    unsigned c = p[0];
+    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (!n || end - p < n) return 0;
+    unsigned cp = n == 1 ? c : n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
+    for (int i = 1; i < n; i++) {
+        if ((p[i] & 0xc0) != 0x80) return 0;
+        cp = cp << 6 | (p[i] & 0x3f);
+    }
+    static const unsigned min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    return n;
+}
+
+static void put_utf8(sbuf *b, unsigned cp) {
+    char s[4];
+    int n = 0;
+    if (cp < 0x80) s[n++] = (char)cp;
+    else if (cp < 0x800) { s[n++] = (char)(0xc0 | cp >> 6); s[n++] = (char)(0x80 | (cp & 0x3f)); }
+    else if (cp < 0x10000) {
+        s[n++] = (char)(0xe0 | cp >> 12); s[n++] = (char)(0x80 | (cp >> 6 & 0x3f));
+        s[n++] = (char)(0x80 | (cp & 0x3f));
+    } else {
+        s[n++] = (char)(0xf0 | cp >> 18); s[n++] = (char)(0x80 | (cp >> 12 & 0x3f));
+        s[n++] = (char)(0x80 | (cp >> 6 & 0x3f)); s[n++] = (char)(0x80 | (cp & 0x3f));
+    }
+    sb_put(b, s, (size_t)n);
+}
+
+static int jr_string(jreader *r, char **out, size_t *len) {
+    sbuf b = {0};
+    r->p++; /* the opening quote */
+    for (;;) {
+        if (r->p >= r->end) { sb_free(&b); return jr_fail(r, "a string is not closed"); }
+        unsigned char c = (unsigned char)*r->p;
+        if (c == '"') { r->p++; break; }
+        if (c < 0x20) { sb_free(&b); return jr_fail(r, "a control character inside a string"); }
+        if (c == '\\') {
+            if (r->end - r->p < 2) { sb_free(&b); return jr_fail(r, "an escape is cut short"); }
+            char e = r->p[1];
+            r->p += 2;
+            const char *simple = strchr("\"\\/bfnrt", e);
+            if (e && simple) { sb_put(&b, &"\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"], 1); continue; }
+            if (e != 'u') { sb_free(&b); return jr_fail(r, "an unknown escape"); }
+            unsigned cp, lo;
+            if (jr_hex4(r, &cp) != 0) { sb_free(&b); return -1; }
+            if (cp >= 0xdc00 && cp <= 0xdfff) { sb_free(&b); return jr_fail(r, "a lone low surrogate"); }
+            if (cp >= 0xd800 && cp <= 0xdbff) { /* a high surrogate: its low half must follow */
+                if (r->end - r->p < 2 || r->p[0] != '\\' || r->p[1] != 'u') {
+                    sb_free(&b);
+                    return jr_fail(r, "a high surrogate without its low surrogate");
+                }
+                r->p += 2;
+                if (jr_hex4(r, &lo) != 0) { sb_free(&b); return -1; }
+                if (lo < 0xdc00 || lo > 0xdfff) { sb_free(&b); return jr_fail(r, "a bad surrogate pair"); }
+                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+            }
+            put_utf8(&b, cp);
+            continue;
+        }
+        int n = utf8_char_len((const unsigned char *)r->p, (const unsigned char *)r->end);
+        if (!n) { sb_free(&b); return jr_fail(r, "invalid UTF-8 in a string"); }
+        sb_put(&b, r->p, (size_t)n);
+        r->p += n;
+    }
+    if (b.failed) { sb_free(&b); return jr_fail(r, "out of memory"); }
+    if (!b.s) { b.s = (char *)calloc(1, 1); if (!b.s) return jr_fail(r, "out of memory"); }
+    *out = b.s; *len = b.len;
+    return 0;
+}
+
+static int jr_value(jreader *r, jv *v, int depth);
+
+static int jr_number(jreader *r, jv *v) {
+    const char *s = r->p;
+    if (*r->p == '-') r->p++;
+    if (r->p < r->end && *r->p == '0') r->p++;
+    else if (r->p < r->end && *r->p >= '1' && *r->p <= '9') while (r->p < r->end && isdigit((unsigned char)*r->p)) r->p++;
+    else return jr_fail(r, "a bad number");
+    if (r->p < r->end && *r->p == '.') {
+        r->p++;
+        if (r->p >= r->end || !isdigit((unsigned char)*r->p)) return jr_fail(r, "a bad number");
+        while (r->p < r->end && isdigit((unsigned char)*r->p)) r->p++;
+    }
+    if (r->p < r->end && (*r->p == 'e' || *r->p == 'E')) {
+        r->p++;
+        if (r->p < r->end && (*r->p == '+' || *r->p == '-')) r->p++;
+        if (r->p >= r->end || !isdigit((unsigned char)*r->p)) return jr_fail(r, "a bad number");
+        while (r->p < r->end && isdigit((unsigned char)*r->p)) r->p++;
+    }
+    char tmp[64];
+    size_t n = (size_t)(r->p - s);
+    if (n >= sizeof tmp) return jr_fail(r, "a number too long");
+    memcpy(tmp, s, n); tmp[n] = 0;
+    v->type = J_NUMBER;
+    v->num = strtod(tmp, NULL);
+    if (!isfinite(v->num)) return jr_fail(r, "a number out of range");
+    return 0;
+}
+
+static int jr_value(jreader *r, jv *v, int depth) {
+    memset(v, 0, sizeof *v);
+    jr_space(r);
+    if (r->p >= r->end) return jr_fail(r, "a value is missing");
+    char c = *r->p;
+    if (c == '"') { v->type = J_STRING; return jr_string(r, &v->str, &v->len); }
+    if (c == '-' || (c >= '0' && c <= '9')) return jr_number(r, v);
+    static const struct { const char *word; int type; } words[] = {{"null", J_NULL}, {"true", J_TRUE},
+                                                                   {"false", J_FALSE}};
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(words[i].word);
+        if ((size_t)(r->end - r->p) >= n && !memcmp(r->p, words[i].word, n)) {
+            r->p += n; v->type = words[i].type;
+            return 0;
+        }
+    }
+    if (c != '[' && c != '{') return jr_fail(r, "an unexpected character");
+    if (depth >= SRV_JSON_DEPTH) return jr_fail(r, "nesting too deep");
+    int object = c == '{';
+    v->type = object ? J_OBJECT : J_ARRAY;
+    r->p++;
+    jr_space(r);
+    if (r->p < r->end && *r->p == (object ? '}' : ']')) { r->p++; return 0; }
+    int cap = 0;
+    for (;;) {
+        if (v->n == cap) {
+            cap = cap ? cap * 2 : 4;
+            jv *items = (jv *)realloc(v->items, (size_t)cap * sizeof(jv));
+            if (!items) return jr_fail(r, "out of memory");
+            v->items = items;
+            if (object) {
+                char **keys = (char **)realloc(v->keys, (size_t)cap * sizeof(char *));
+                if (!keys) return jr_fail(r, "out of memory");
+                v->keys = keys;
+            }
+        }
+        if (object) {
+            jr_space(r);
+            if (r->p >= r->end || *r->p != '"') return jr_fail(r, "an object key must be a string");
+            size_t klen;
+            v->keys[v->n] = NULL;
+            memset(&v->items[v->n], 0, sizeof(jv));
+            if (jr_string(r, &v->keys[v->n], &klen) != 0) { v->n++; return -1; }
+            jr_space(r);
+            if (r->p >= r->end || *r->p != ':') { v->n++; return jr_fail(r, "a ':' is missing"); }
+            r->p++;
+        }
+        int rc = jr_value(r, &v->items[v->n], depth + 1);
+        v->n++;
+        if (rc != 0) return -1;
+        jr_space(r);
+        if (r->p < r->end && *r->p == ',') { r->p++; continue; }
+        if (r->p < r->end && *r->p == (object ? '}' : ']')) { r->p++; return 0; }
+        return jr_fail(r, object ? "a ',' or '}' is missing" : "a ',' or ']' is missing");
+    }
+}
+
+/* Parses the whole text; 0, or -1 with the reason in err. */
+static int json_parse(const char *text, size_t len, jv *out, char *err, size_t err_cap) {
+    jreader r = {text, text, text + len, ""};
+    int rc = jr_value(&r, out, 0);
+    if (rc == 0) { jr_space(&r); if (r.p != r.end) rc = jr_fail(&r, "more text after the value"); }
+    if (rc != 0) { jv_free(out); snprintf(err, err_cap, "%s", r.err); }
+    return rc;
+}
+
+static jv *json_get(const jv *obj, const char *key) { /* the last value of key (duplicates: the last wins) */
+    if (!obj || obj->type != J_OBJECT) return NULL;
+    for (int i = obj->n - 1; i >= 0; i--) if (!strcmp(obj->keys[i], key)) return &obj->items[i];
+    return NULL;
+}
+
+/* Text as a JSON string; bytes that are not UTF-8 become U+FFFD (the engine's text is always UTF-8). */
+static void sb_json_str(sbuf *b, const char *s, size_t n) {
+    const unsigned char *p = (const unsigned char *)s, *end = p + n;
+    sb_put(b, "\"", 1);
+    while (p < end) {
+        unsigned c = *p;
+        if (c == '"' || c == '\\') { char e[2] = {'\\', (char)c}; sb_put(b, e, 2); p++; continue; }
+        if (c < 0x20) {
+            const char *named = c == '\n' ? "\\n" : c == '\r' ? "\\r" : c == '\t' ? "\\t" : NULL;
+            if (named) sb_puts(b, named); else sb_printf(b, "\\u%04x", c);
+            p++; continue;
+        }
+        int len = utf8_char_len(p, end);
+        if (!len) { sb_puts(b, "\xef\xbf\xbd"); p++; continue; }
+        sb_put(b, (const char *)p, (size_t)len);
+        p += len;
+    }
+    sb_put(b, "\"", 1);
+}
+static void sb_json_cstr(sbuf *b, const char *s) { sb_json_str(b, s, strlen(s)); }
+
+static void sb_json_float(sbuf *b, double x) { /* JSON has no infinities: vLLM writes -9999.0 for -inf */
+    if (!isfinite(x)) x = x < 0 ? -9999.0 : 9999.0;
+    sb_printf(b, "%.9g", x);
+}
+
+/* ===========================================================================================================
+ * HTTP/1.1: requests parsed out of a connection's bytes, responses written into its output
+ * ======================================================================================================== */
+typedef struct {
+    char method[16], path[256];
+    int keep_alive, expect_continue;
+    char auth[512];
+    size_t header_len, body_len;  /* the body starts at header_len (chunked bodies are decoded in place) */
+    char *body;
+} http_request;
+
+enum { HTTP_INCOMPLETE = 0, HTTP_OK = 1 }; /* or an error status (400, 413, 431, 501) */
+
+static int ascii_ieq(const char *a, const char *b, size_t n) {
+    for (size_t i = 0; i < n; i++) if (tolower((unsigned char)a[i]) != tolower((unsigned char)b[i])) return 0;
+    return 1;
+}
+
+/* Decodes a chunked body in place from buf[at..len); HTTP_INCOMPLETE until the last chunk is in. */
+static int http_dechunk(char *buf, size_t len, size_t at, size_t *body_len, size_t *consumed) {
+    size_t in = at, out = at;
+    for (;;) {
+        char *eol = memchr(buf + in, '\n', len - in);
+        if (!eol) return len - at > SRV_MAX_BODY + 65536 ? 413 : HTTP_INCOMPLETE;
+        char *endp;
+        errno = 0;
+        unsigned long long size = strtoull(buf + in, &endp, 16);
+        if (endp == buf + in || errno) return 400;
+        if (size > SRV_MAX_BODY || out - at + size > SRV_MAX_BODY) return 413;
+        in = (size_t)(eol - buf) + 1;
+        if (size == 0) { /* trailers, then an empty line */
+            for (;;) {
+                char *e = memchr(buf + in, '\n', len - in);
+                if (!e) return HTTP_INCOMPLETE;
+                size_t line = (size_t)(e - (buf + in));
+                in = (size_t)(e - buf) + 1;
+                if (line == 0 || (line == 1 && buf[in - 2] == '\r')) break;
+            }
+            *body_len = out - at; *consumed = in;
+            return HTTP_OK;
+        }
+        if (len - in < size + 2) return HTTP_INCOMPLETE;
+        memmove(buf + out, buf + in, (size_t)size);
+        out += (size_t)size; in += (size_t)size;
+        if (buf[in] == '\r') in++;
+        if (buf[in] != '\n') return 400;
+        in++;
+    }
+}
+
+/* Parses one request from buf[0..len). HTTP_OK with *consumed bytes used, HTTP_INCOMPLETE, or a status. */
+static int http_parse(char *buf, size_t len, http_request *rq, size_t *consumed) {
+    memset(rq, 0, sizeof *rq);
+    char *end = NULL;
+    for (size_t i = 0; i + 3 < len && i < SRV_MAX_HEADER; i++)
+        if (buf[i] == '\r' && !memcmp(buf + i, "\r\n\r\n", 4)) { end = buf + i; break; }
+    if (!end) return len >= SRV_MAX_HEADER ? 431 : HTTP_INCOMPLETE;
+    rq->header_len = (size_t)(end - buf) + 4;
+    /* the request line: METHOD SP TARGET SP HTTP/1.x */
+    char *line_end = memchr(buf, '\r', (size_t)(end - buf) + 1);
+    char *sp1 = memchr(buf, ' ', (size_t)(line_end - buf));
+    char *sp2 = sp1 ? memchr(sp1 + 1, ' ', (size_t)(line_end - sp1 - 1)) : NULL;
+    if (!sp1 || !sp2 || sp1 - buf >= (long)sizeof rq->method || sp2 - sp1 - 1 >= (long)sizeof rq->path ||
+        sp2 - sp1 < 2 || line_end - sp2 != 9 || memcmp(sp2 + 1, "HTTP/1.", 7) ||
+        (sp2[8] != '0' && sp2[8] != '1'))
+        return 400;
+    memcpy(rq->method, buf, (size_t)(sp1 - buf));
+    memcpy(rq->path, sp1 + 1, (size_t)(sp2 - sp1 - 1));
+    char *query = strchr(rq->path, '?');
+    if (query) *query = 0;
+    int http11 = sp2[8] == '1';
+    rq->keep_alive = http11;
+    long long content_length = -1;
+    int chunked = 0;
+    for (char *p = line_end + 2; p < end;) {
+        char *eol = memchr(p, '\r', (size_t)(end - p) + 1);
+        if (!eol || eol[1] != '\n') return 400;
+        char *colon = memchr(p, ':', (size_t)(eol - p));
+        if (!colon || colon == p) return 400;
+        size_t name_len = (size_t)(colon - p);
+        char *v = colon + 1;
+        while (v < eol && (*v == ' ' || *v == '\t')) v++;
+        char *ve = eol;
+        while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t')) ve--;
+        size_t vlen = (size_t)(ve - v);
+#define HDR(name) (name_len == sizeof(name) - 1 && ascii_ieq(p, name, name_len))
+        if (HDR("content-length")) {
+            long long n = 0;
+            if (vlen == 0 || vlen > 12) return vlen > 12 ? 413 : 400;
+            for (size_t i = 0; i < vlen; i++) {
+                if (!isdigit((unsigned char)v[i])) return 400;
+                n = n * 10 + (v[i] - '0');
+            }
+            if (content_length >= 0 && content_length != n) return 400;
+            content_length = n;
+        } else if (HDR("transfer-encoding")) {
+            if (vlen == 7 && ascii_ieq(v, "chunked", 7)) chunked = 1;
+            else return 501;
+        } else if (HDR("connection")) {
+            if (vlen == 5 && ascii_ieq(v, "close", 5)) rq->keep_alive = 0;
+            if (vlen == 10 && ascii_ieq(v, "keep-alive", 10)) rq->keep_alive = 1;
+        } else if (HDR("expect")) {
+            if (vlen == 12 && ascii_ieq(v, "100-continue", 12)) rq->expect_continue = 1;
+        } else if (HDR("authorization")) {
+            if (vlen >= sizeof rq->auth) return 431;
+            memcpy(rq->auth, v, vlen); rq->auth[vlen] = 0;
+        }
+#undef HDR
+        p = eol + 2;
+    }
+    if (chunked && content_length >= 0) return 400;
+    if (content_length > SRV_MAX_BODY) return 413;
+    rq->body = buf + rq->header_len;
+    if (chunked) {
+        int rc = http_dechunk(buf, len, rq->header_len, &rq->body_len, consumed);
+        return rc;
+    }
+    rq->body_len = content_length > 0 ? (size_t)content_length : 0;
+    if (len - rq->header_len < rq->body_len) return HTTP_INCOMPLETE;
+    *consumed = rq->header_len + rq->body_len;
+    return HTTP_OK;
+}
+
+static const char *http_reason(int status) {
+    switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 413: return "Payload Too Large";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    default: return "Error";
+    }
+}
+
+/* ===========================================================================================================
+ * The server's state: connections, requests, the engine thread's events
+ * ======================================================================================================== */
+typedef struct srv_conn srv_conn;
+typedef struct srv_req srv_req;
+
+typedef struct { /* one prompt of a request: one engine request (n samples) */
+    srv_req *req;
+    int index;                      /* which prompt */
+    uint64_t engine_id;
+    int n_prompt;
+    int32_t *prompt_ids;            /* stb_ds: for echo of id prompts and /tokenize-like logging */
+    char *echo_text;                /* what echo puts before the completion (NULL: none) */
+    int started;                    /* an output has come (it left the waiting queue) */
+} srv_prompt;
+
+typedef struct { /* one choice of the response */
+    sbuf text;                      /* non-streaming: the text so far */
+    int n_tokens, finish, sent_role;
+    sbuf logprobs;                  /* the logprobs entries so far, as JSON (without the brackets) */
+    sbuf lp_tokens, lp_values, lp_top, lp_offsets; /* /v1/completions' four parallel lists */
+    size_t text_offset;
+} srv_choice;
+
+enum { REQ_COMPLETIONS, REQ_CHAT };
+
+struct srv_req {
+    srv_conn *conn;                 /* NULL once the client is gone */
+    int kind, stream, n, logprobs, top_logprobs, include_usage, echo;
+    char id[48];
+    long long created;
+    srv_prompt *prompts;            /* [n_prompts] */
+    int n_prompts;
+    srv_choice *choices;            /* [n_prompts * n] */
+    int n_open;                     /* choices not finished */
+    int prompt_tokens, completion_tokens;
+    double t_arrival, t_first, t_last;
+    int n_stops;
+    char *stops[SRV_MAX_STOPS];
+    int32_t *stop_ids;              /* stb_ds */
+    char error[LLM_ERR_LEN];        /* the first error of a choice (finish reason "error") */
+    srv_req *next_done;
+};
+
+struct srv_conn {
+    int fd;
+    char peer[64];
+    sbuf in, out;
+    size_t out_sent;
+    srv_req *req;                   /* the request in flight (one at a time: responses keep their order) */
+    int keep_alive, closing, want_write;  /* closing: 1 once the output is sent, 2 now */
+    int sent_continue;              /* "100 Continue" answered for the request being read */
+    double t_request_start;         /* when the first byte of the request being read came (0: none yet) */
+    double t_last_active;
+};
+
+typedef struct {
+    void *user;                     /* the srv_prompt */
+    int index;                      /* the sample */
+    char *text; int text_len;
+    int32_t *ids; float *logprobs; int32_t *top_ids; float *top_logprobs;
+    int n_tokens, n_top, finish;
+    char *error;
+    int n_prompt, n_cached;
+    double t;
+} srv_event;
+
+/* Histograms with vLLM's buckets, for /metrics */
+typedef struct { const double *bounds; int n_bounds; int64_t *counts; double sum; int64_t count; } srv_hist;
+
+typedef struct {
+    llm_engine *engine;
+    const llm_model *model;
+    llm_chat_template chat;
+    int chat_ok;
+    char model_name[256];
+    const char *api_key;
+    int max_queue, max_model_len;
+    int listen_fd, epoll_fd, wake[2];
+    pthread_t engine_thread;
+    pthread_mutex_t lock;           /* guards events, stats and stop */
+    srv_event *events;              /* stb_ds, from the engine thread */
+    llm_engine_stats stats;         /* the engine's, after its last step */
+    int stop_engine;
+    /* the network thread's own */
+    srv_conn **conns;               /* stb_ds */
+    srv_req **live;                 /* stb_ds: requests not finished (freed at exit if the engine stops first) */
+    int n_queued;                   /* prompts added that have not produced anything yet */
+    int64_t prompt_tokens_total, generation_tokens_total, success[4];
+    srv_hist ttft, itl, e2e;
+    int64_t next_request;
+    llm_sampling_params defaults;   /* the command line's sampling flags: the defaults of every request */
+} srv_state;
+
+static volatile sig_atomic_t g_srv_stop;
+static int g_srv_wake_fd = -1;
+static void srv_on_signal(int sig) {
+    (void)sig;
+    g_srv_stop = 1;
+    if (g_srv_wake_fd >= 0) { char c = 's'; ssize_t rc = write(g_srv_wake_fd, &c, 1); (void)rc; }
+}
+
+static double wall_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* ===========================================================================================================
+ * The engine thread: wait for work, step, hand every output over as an event
+ * ======================================================================================================== */
+static void *srv_engine_loop(void *arg) {
+    srv_state *S = (srv_state *)arg;
+    double last_log = now_s();
+    int64_t last_prompt = 0, last_gen = 0;
+    for (;;) {
+        pthread_mutex_lock(&S->lock);
+        int stop = S->stop_engine;
+        pthread_mutex_unlock(&S->lock);
+        if (stop) break;
+        if (!llm_engine_wait(S->engine, 1000)) continue; /* a second at most: then the stop flag again */
+        const llm_output *out;
+        int n = llm_engine_step(S->engine, &out);
+        double t = now_s();
+        srv_event *batch = NULL;
+        for (int i = 0; i < n; i++) {
+            const llm_output *o = &out[i];
+            srv_event ev;
+            memset(&ev, 0, sizeof ev);
+            ev.user = o->user; ev.index = o->index; ev.finish = o->finish_reason; ev.t = t;
+            ev.n_tokens = o->n_tokens; ev.n_top = o->n_top; ev.n_prompt = o->n_prompt_tokens;
+            ev.n_cached = o->n_cached_tokens;
+            int ok = 1;
+            if (o->text_len && (ev.text = (char *)malloc((size_t)o->text_len)))
+                memcpy(ev.text, o->text, (size_t)(ev.text_len = o->text_len));
+            else ok = !o->text_len;
+            if (o->n_tokens) {
+                ok = ok && (ev.ids = (int32_t *)malloc((size_t)o->n_tokens * sizeof(int32_t)));
+                if (ok) memcpy(ev.ids, o->token_ids, (size_t)o->n_tokens * sizeof(int32_t));
+            }
+            if (ok && o->logprobs && o->n_tokens) {
+                size_t nt = (size_t)o->n_tokens, nk = nt * (size_t)o->n_top;
+                ok = (ev.logprobs = (float *)malloc(nt * sizeof(float))) != NULL;
+                if (ok) memcpy(ev.logprobs, o->logprobs, nt * sizeof(float));
+                if (ok && nk) {
+                    ok = (ev.top_ids = (int32_t *)malloc(nk * sizeof(int32_t))) &&
+                         (ev.top_logprobs = (float *)malloc(nk * sizeof(float)));
+                    if (ok) {
+                        memcpy(ev.top_ids, o->top_ids, nk * sizeof(int32_t));
+                        memcpy(ev.top_logprobs, o->top_logprobs, nk * sizeof(float));
+                    }
+                }
+            }
+            if (o->error) ev.error = strdup(o->error);
+            if (!ok) { /* out of memory: the client gets an error rather than a hole in its text */
+                llm_engine_abort(S->engine, o->request_id);
+                if (!ev.error) ev.error = strdup("out of memory in the server");
+                if (!ev.finish) ev.finish = LLM_FINISH_ERROR;
+            }
+            arrput(batch, ev);
+        }
+        llm_engine_stats st = llm_engine_get_stats(S->engine);
+        pthread_mutex_lock(&S->lock);
+        for (ptrdiff_t i = 0; i < arrlen(batch); i++) arrput(S->events, batch[i]);
+        S->stats = st;
+        pthread_mutex_unlock(&S->lock);
+        arrfree(batch);
+        if (n > 0) { char c = 'e'; ssize_t rc = write(S->wake[1], &c, 1); (void)rc; }
+        if (t - last_log >= 10 && st.running + st.waiting > 0) { /* like vLLM's periodic line */
+            fprintf(stderr, "llm serve: running %d, waiting %d, KV cache %.1f%% used, prompt %.1f tok/s, "
+                    "generation %.1f tok/s\n", st.running, st.waiting,
+                    100.0 * (st.num_blocks - st.num_free_blocks) / st.num_blocks,
+                    (st.prompt_tokens_computed - last_prompt) / (t - last_log),
+                    (st.generation_tokens - last_gen) / (t - last_log));
+            last_log = t; last_prompt = st.prompt_tokens_computed; last_gen = st.generation_tokens;
+        }
+    }
+    return NULL;
+}
+
+static void srv_event_free(srv_event *ev) {
+    free(ev->text); free(ev->ids); free(ev->logprobs); free(ev->top_ids); free(ev->top_logprobs);
+    free(ev->error);
+}
+
+/* ===========================================================================================================
+ * Responses: the bytes that go back
+ * ======================================================================================================== */
+static void conn_send(srv_state *S, srv_conn *c, const char *data, size_t n);
+
+static void send_response(srv_state *S, srv_conn *c, int status, const char *content_type, const char *body,
+                          size_t body_len, const char *extra_headers) {
+    sbuf h = {0};
+    sb_printf(&h, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%s\r\n", status,
+              http_reason(status), content_type, body_len, extra_headers ? extra_headers : "",
+              c->keep_alive ? "" : "Connection: close\r\n");
+    conn_send(S, c, h.s, h.len);
+    if (body_len) conn_send(S, c, body, body_len);
+    sb_free(&h);
+}
+
+/* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} */
+static void send_error(srv_state *S, srv_conn *c, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void send_error(srv_state *S, srv_conn *c, int status, const char *param, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *type = status == 401 ? "authentication_error" : status == 404 ? "not_found_error" :
+                       status == 503 ? "service_unavailable_error" : status >= 500 ? "server_error" :
+                       "invalid_request_error";
+    sbuf b = {0};
+    sb_puts(&b, "{\"error\":{\"message\":");
+    sb_json_cstr(&b, msg);
+    sb_puts(&b, ",\"type\":");
+    sb_json_cstr(&b, type);
+    sb_puts(&b, ",\"param\":");
+    if (param) sb_json_cstr(&b, param); else sb_puts(&b, "null");
+    sb_printf(&b, ",\"code\":%d}}", status);
+    const char *extra = status == 401 ? "WWW-Authenticate: Bearer\r\n" : NULL;
+    send_response(S, c, status, "application/json", b.s ? b.s : "", b.len, extra);
+    sb_free(&b);
+}
+
+/* One SSE event as one chunk of a chunked body. */
+static void send_sse(srv_state *S, srv_conn *c, const char *json, size_t n) {
+    char head[32];
+    int h = snprintf(head, sizeof head, "%zx\r\ndata: ", n + 8);
+    conn_send(S, c, head, (size_t)h);
+    conn_send(S, c, json, n);
+    conn_send(S, c, "\n\n\r\n", 4);
+}
+
+/* ===========================================================================================================
+ * Requests in: the OpenAI parameters, checked, as llm_sampling_params
+ * ======================================================================================================== */
+typedef struct { int status; char param[64]; char msg[512]; } srv_error;
+
+static int bad(srv_error *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int bad(srv_error *e, int status, const char *param, const char *fmt, ...) {
+    e->status = status;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* A number field: absent (or null) leaves *out; else it must be a number in [lo, hi] (integral when asked). */
+static int get_number(const jv *body, const char *key, double lo, double hi, int integral, double *out,
+                      srv_error *e) {
+    const jv *v = json_get(body, key);
+    if (!v || v->type == J_NULL) return 0;
+    if (v->type != J_NUMBER) return bad(e, 400, key, "%s must be a number", key);
+    if (integral && v->num != floor(v->num)) return bad(e, 400, key, "%s must be an integer", key);
+    if (!(v->num >= lo && v->num <= hi))
+        return bad(e, 400, key, "%s must be between %.17g and %.17g, got %.17g", key, lo, hi, v->num);
+    *out = v->num;
+    return 0;
+}
+
+static int get_bool(const jv *body, const char *key, int *out, srv_error *e) {
+    const jv *v = json_get(body, key);
+    if (!v || v->type == J_NULL) return 0;
+    if (v->type != J_TRUE && v->type != J_FALSE) return bad(e, 400, key, "%s must be true or false", key);
+    *out = v->type == J_TRUE;
+    return 0;
+}
+
+/* The sampling fields both endpoints share (vLLM's extras included), into p and r. */
+static int parse_sampling(srv_state *S, const jv *body, srv_req *r, llm_sampling_params *p, srv_error *e) {
+    double x;
+    *p = S->defaults;
+    x = p->temperature;
+    if (get_number(body, "temperature", 0, 100, 0, &x, e)) return -1;
+    p->temperature = (float)x;
+    x = p->top_p;
+    if (get_number(body, "top_p", 0, 1, 0, &x, e)) return -1;
+    if (!(x > 0)) return bad(e, 400, "top_p", "top_p must be in (0, 1], got %g", x);
+    p->top_p = (float)x;
+    x = p->top_k;
+    if (get_number(body, "top_k", -1, 1 << 30, 1, &x, e)) return -1;
+    p->top_k = x < 0 ? 0 : (int)x; /* vLLM: -1 (or 0) turns it off */
+    x = p->min_p;
+    if (get_number(body, "min_p", 0, 1, 0, &x, e)) return -1;
+    p->min_p = (float)x;
+    x = p->presence_penalty;
+    if (get_number(body, "presence_penalty", -2, 2, 0, &x, e)) return -1;
+    p->presence_penalty = (float)x;
+    x = p->frequency_penalty;
+    if (get_number(body, "frequency_penalty", -2, 2, 0, &x, e)) return -1;
+    p->frequency_penalty = (float)x;
+    x = p->repetition_penalty;
+    if (get_number(body, "repetition_penalty", 0, 100, 0, &x, e)) return -1;
+    if (!(x > 0)) return bad(e, 400, "repetition_penalty", "repetition_penalty must be > 0");
+    p->repetition_penalty = (float)x;
+    x = 1;
+    if (get_number(body, "n", 1, 128, 1, &x, e)) return -1;
+    p->n = r->n = (int)x;
+    x = -1;
+    if (get_number(body, "seed", -9007199254740991.0, 9007199254740991.0, 1, &x, e)) return -1;
+    p->seed = x < 0 ? -1 : (int64_t)x;
+    x = 0;
+    if (get_number(body, "min_tokens", 0, 1 << 30, 1, &x, e)) return -1;
+    p->min_tokens = (int)x;
+    if (get_bool(body, "ignore_eos", &p->ignore_eos, e)) return -1;
+    int skip = 1;
+    if (get_bool(body, "skip_special_tokens", &skip, e)) return -1;
+    p->special_text = !skip;
+    /* stop: a string or a list of strings */
+    const jv *stop = json_get(body, "stop");
+    if (stop && stop->type == J_STRING) { if (stop->len) r->stops[r->n_stops++] = stop->str; }
+    else if (stop && stop->type == J_ARRAY) {
+        if (stop->n > SRV_MAX_STOPS) return bad(e, 400, "stop", "at most %d stop strings", SRV_MAX_STOPS);
+        for (int i = 0; i < stop->n; i++) {
+            if (stop->items[i].type != J_STRING) return bad(e, 400, "stop", "stop must be strings");
+            if (stop->items[i].len) r->stops[r->n_stops++] = stop->items[i].str;
+        }
+    } else if (stop && stop->type != J_NULL) return bad(e, 400, "stop", "stop must be a string or a list");
+    p->stop = (const char *const *)r->stops; p->n_stop = r->n_stops;
+    const jv *ids = json_get(body, "stop_token_ids");
+    if (ids && ids->type == J_ARRAY) {
+        for (int i = 0; i < ids->n; i++) {
+            const jv *v = &ids->items[i];
+            if (v->type != J_NUMBER || v->num != floor(v->num) || v->num < 0 || v->num >= S->model->cfg.vocab_size)
+                return bad(e, 400, "stop_token_ids", "stop_token_ids must be token ids (0..%d)",
+                           S->model->cfg.vocab_size - 1);
+            arrput(r->stop_ids, (int32_t)v->num);
+        }
+    } else if (ids && ids->type != J_NULL) return bad(e, 400, "stop_token_ids", "stop_token_ids must be a list");
+    const jv *so = json_get(body, "stream_options");
+    if (so && so->type == J_OBJECT && get_bool(so, "include_usage", &r->include_usage, e)) return -1;
+    if (so && so->type != J_OBJECT && so->type != J_NULL)
+        return bad(e, 400, "stream_options", "stream_options must be an object");
+    if (get_bool(body, "stream", &r->stream, e)) return -1;
+    return 0;
+}
+
+/* "model", when given, must be the one served */
+static int check_model(srv_state *S, const jv *body, srv_error *e) {
+    const jv *m = json_get(body, "model");
+    if (!m || m->type == J_NULL) return 0;
+    if (m->type != J_STRING) return bad(e, 400, "model", "model must be a string");
+    if (strcmp(m->str, S->model_name) != 0)
+        return bad(e, 404, "model", "The model `%s` does not exist (this server serves `%s`)", m->str,
+                   S->model_name);
+    return 0;
+}
+
+/* Text to a prompt's ids (BOS as the vocabulary asks), in *ids (stb_ds). */
+static int tokenize_text(srv_state *S, const char *text, size_t len, int add_special, int32_t **ids) {
+    if (len > (size_t)INT32_MAX / 2) return -1;
+    int cap = (int)len + 8;
+    arrsetlen(*ids, cap);
+    int n = add_special ? llm_tokenize_prompt(S->model->tok, text, len, *ids, cap)
+                        : llm_tokenize(S->model->tok, text, len, 0, 1, *ids, cap);
+    arrsetlen(*ids, n > 0 ? n : 0);
+    return n < 0 ? -1 : 0;
+}
+
+/* The message text of a chat message: a string, or a list of {"type": "text", "text": ...} parts. */
+static int chat_content(const jv *m, int i, sbuf *out, srv_error *e) {
+    const jv *c = json_get(m, "content");
+    char param[48];
+    snprintf(param, sizeof param, "messages[%d].content", i);
+    if (!c || c->type == J_NULL) return 0;
+    if (c->type == J_STRING) { sb_put(out, c->str, c->len); return 0; }
+    if (c->type != J_ARRAY) return bad(e, 400, param, "%s must be a string or a list of parts", param);
+    for (int k = 0; k < c->n; k++) {
+        const jv *part = &c->items[k], *type = json_get(part, "type"), *text = json_get(part, "text");
+        if (!type || type->type != J_STRING || strcmp(type->str, "text") || !text || text->type != J_STRING)
+            return bad(e, 400, param, "%s: only {\"type\": \"text\", \"text\": ...} parts are supported", param);
+        if (k) sb_puts(out, "\n");
+        sb_put(out, text->str, text->len);
+    }
+    return 0;
+}
+
+/* ===========================================================================================================
+ * Requests out: what each engine output adds to the response
+ * ======================================================================================================== */
+static const char *finish_name(int reason) {
+    return reason == LLM_FINISH_STOP ? "stop" : reason == LLM_FINISH_LENGTH ? "length" :
+           reason == LLM_FINISH_ABORT ? "abort" : "error";
+}
+
+static void put_header_fields(sbuf *b, srv_state *S, srv_req *r, const char *object) {
+    sb_puts(b, "{\"id\":");
+    sb_json_cstr(b, r->id);
+    sb_printf(b, ",\"object\":\"%s\",\"created\":%lld,\"model\":", object, r->created);
+    sb_json_cstr(b, S->model_name);
+    sb_puts(b, ",\"system_fingerprint\":\"fp_llm\"");
+}
+
+static void put_usage(sbuf *b, srv_req *r) {
+    sb_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", r->prompt_tokens,
+              r->completion_tokens, r->prompt_tokens + r->completion_tokens);
+}
+
+/* A token's text for logprobs: its piece; bytes that are not whole UTF-8 as vLLM writes them, "bytes:\xNN". */
+static void put_token_str(sbuf *b, srv_state *S, int32_t id) {
+    char piece[256];
+    int n = llm_tokenizer_piece(S->model->tok, id, 1, piece, sizeof piece);
+    if (n < 0) n = 0;
+    if (n > (int)sizeof piece) n = (int)sizeof piece;
+    int valid = 1;
+    for (int i = 0; i < n;) {
+        int l = utf8_char_len((const unsigned char *)piece + i, (const unsigned char *)piece + n);
+        if (!l) { valid = 0; break; }
+        i += l;
+    }
+    if (valid) { sb_json_str(b, piece, (size_t)n); return; }
+    sbuf t = {0};
+    sb_puts(&t, "bytes:");
+    for (int i = 0; i < n; i++) sb_printf(&t, "\\x%02x", (unsigned char)piece[i]);
+    sb_json_str(b, t.s ? t.s : "", t.len);
+    sb_free(&t);
+}
+
+static void put_token_bytes(sbuf *b, srv_state *S, int32_t id) {
+    char piece[256];
+    int n = llm_tokenizer_piece(S->model->tok, id, 1, piece, sizeof piece);
+    if (n > (int)sizeof piece) n = (int)sizeof piece;
+    sb_puts(b, "[");
+    for (int i = 0; i < n; i++) sb_printf(b, i ? ",%d" : "%d", (unsigned char)piece[i]);
+    sb_puts(b, "]");
+}
+
+/* The logprobs of an event's tokens, appended to the choice's lists (or written to b for a stream). */
+static void add_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const srv_event *ev, sbuf *chat_out,
+                         size_t text_start) {
+    for (int t = 0; t < ev->n_tokens && ev->logprobs; t++) {
+        int32_t id = ev->ids[t];
+        if (r->kind == REQ_CHAT) {
+            sbuf *b = chat_out;
+            if (b->len) sb_puts(b, ",");
+            sb_puts(b, "{\"token\":"); put_token_str(b, S, id);
+            sb_puts(b, ",\"logprob\":"); sb_json_float(b, ev->logprobs[t]);
+            sb_puts(b, ",\"bytes\":"); put_token_bytes(b, S, id);
+            sb_puts(b, ",\"top_logprobs\":[");
+            for (int k = 0; k < ev->n_top && k < r->top_logprobs; k++) {
+                int32_t tid = ev->top_ids[t * ev->n_top + k];
+                sb_puts(b, k ? ",{\"token\":" : "{\"token\":"); put_token_str(b, S, tid);
+                sb_puts(b, ",\"logprob\":"); sb_json_float(b, ev->top_logprobs[t * ev->n_top + k]);
+                sb_puts(b, ",\"bytes\":"); put_token_bytes(b, S, tid);
+                sb_puts(b, "}");
+            }
+            sb_puts(b, "]}");
+        } else {
+            if (ch->lp_tokens.len) {
+                sb_puts(&ch->lp_tokens, ","); sb_puts(&ch->lp_values, ",");
+                sb_puts(&ch->lp_top, ","); sb_puts(&ch->lp_offsets, ",");
+            }
+            put_token_str(&ch->lp_tokens, S, id);
+            sb_json_float(&ch->lp_values, ev->logprobs[t]);
+            sb_puts(&ch->lp_top, "{");
+            for (int k = 0; k < ev->n_top && k < r->logprobs; k++) {
+                if (k) sb_puts(&ch->lp_top, ",");
+                put_token_str(&ch->lp_top, S, ev->top_ids[t * ev->n_top + k]);
+                sb_puts(&ch->lp_top, ":");
+                sb_json_float(&ch->lp_top, ev->top_logprobs[t * ev->n_top + k]);
+            }
+            sb_puts(&ch->lp_top, "}");
+            /* each token's offset: where its text begins in the choice's text (the event's text, spread) */
+            char piece[256];
+            int n = llm_tokenizer_piece(S->model->tok, id, 0, piece, sizeof piece);
+            sb_printf(&ch->lp_offsets, "%zu", text_start);
+            text_start += n > 0 ? (size_t)n : 0;
+        }
+    }
+}
+
+static void put_completion_logprobs(sbuf *b, srv_choice *ch) {
+    sb_puts(b, "{\"tokens\":["); sb_put(b, ch->lp_tokens.s ? ch->lp_tokens.s : "", ch->lp_tokens.len);
+    sb_puts(b, "],\"token_logprobs\":["); sb_put(b, ch->lp_values.s ? ch->lp_values.s : "", ch->lp_values.len);
+    sb_puts(b, "],\"top_logprobs\":["); sb_put(b, ch->lp_top.s ? ch->lp_top.s : "", ch->lp_top.len);
+    sb_puts(b, "],\"text_offset\":["); sb_put(b, ch->lp_offsets.s ? ch->lp_offsets.s : "", ch->lp_offsets.len);
+    sb_puts(b, "]}");
+}
+
+static void choice_reset_logprobs(srv_choice *ch) {
+    sb_free(&ch->lp_tokens); sb_free(&ch->lp_values); sb_free(&ch->lp_top); sb_free(&ch->lp_offsets);
+    sb_free(&ch->logprobs);
+}
+
+/* One event of a streaming request: its SSE chunk. */
+static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const srv_event *ev) {
+    sbuf b = {0};
+    int chat = r->kind == REQ_CHAT;
+    if (chat && !ch->sent_role) { /* the first chunk of each choice says who speaks */
+        put_header_fields(&b, S, r, "chat.completion.chunk");
+        sb_printf(&b, ",\"choices\":[{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                  "\"logprobs\":null,\"finish_reason\":null}]}", ci);
+        send_sse(S, r->conn, b.s, b.len);
+        b.len = 0;
+        ch->sent_role = 1;
+    }
+    const srv_prompt *pr = (const srv_prompt *)ev->user;
+    int echo_now = !chat && r->echo && pr->echo_text && ch->n_tokens == 0 && ch->text_offset == 0;
+    if (!ev->text_len && !ev->finish && !echo_now && !(ev->n_tokens && r->logprobs >= 0)) { sb_free(&b); return; }
+    put_header_fields(&b, S, r, chat ? "chat.completion.chunk" : "text_completion");
+    sb_printf(&b, ",\"choices\":[{\"index\":%d,", ci);
+    size_t echo_len = echo_now ? strlen(pr->echo_text) : 0;
+    if (chat) {
+        sb_puts(&b, "\"delta\":{");
+        if (ev->text_len) { sb_puts(&b, "\"content\":"); sb_json_str(&b, ev->text, (size_t)ev->text_len); }
+        sb_puts(&b, "},\"logprobs\":");
+        if (r->logprobs > 0 && ev->n_tokens) {
+            sbuf lp = {0};
+            add_logprobs(S, r, ch, ev, &lp, 0);
+            sb_puts(&b, "{\"content\":["); sb_put(&b, lp.s ? lp.s : "", lp.len); sb_puts(&b, "]}");
+            sb_free(&lp);
+        } else sb_puts(&b, "null");
+    } else {
+        sbuf text = {0};
+        if (echo_now) sb_puts(&text, pr->echo_text);
+        sb_put(&text, ev->text ? ev->text : "", (size_t)ev->text_len);
+        sb_puts(&b, "\"text\":");
+        sb_json_str(&b, text.s ? text.s : "", text.len);
+        sb_free(&text);
+        sb_puts(&b, ",\"logprobs\":");
+        if (r->logprobs >= 0 && ev->n_tokens) {
+            add_logprobs(S, r, ch, ev, NULL, ch->text_offset + echo_len);
+            put_completion_logprobs(&b, ch);
+            choice_reset_logprobs(ch);
+        } else sb_puts(&b, "null");
+    }
+    ch->text_offset += echo_len + (size_t)ev->text_len;
+    if (ev->finish) { sb_puts(&b, ",\"finish_reason\":"); sb_json_cstr(&b, finish_name(ev->finish)); }
+    else sb_puts(&b, ",\"finish_reason\":null");
+    sb_puts(&b, "}]}");
+    send_sse(S, r->conn, b.s, b.len);
+    sb_free(&b);
+}
+
+/* The whole response of a request whose every choice has finished. */
+static void finish_request(srv_state *S, srv_req *r) {
+    srv_conn *c = r->conn;
+    if (!c) return;
+    if (r->stream) {
+        if (r->error[0]) { /* the stream cannot change its status now: an error event, as vLLM sends */
+            sbuf b = {0};
+            sb_puts(&b, "{\"error\":{\"message\":"); sb_json_cstr(&b, r->error);
+            sb_puts(&b, ",\"type\":\"server_error\",\"param\":null,\"code\":500}}");
+            send_sse(S, c, b.s, b.len);
+            sb_free(&b);
+        }
+        if (r->include_usage) {
+            sbuf b = {0};
+            put_header_fields(&b, S, r, r->kind == REQ_CHAT ? "chat.completion.chunk" : "text_completion");
+            sb_puts(&b, ",\"choices\":[],");
+            put_usage(&b, r);
+            sb_puts(&b, "}");
+            send_sse(S, c, b.s, b.len);
+            sb_free(&b);
+        }
+        const char done[] = "[DONE]";
+        send_sse(S, c, done, sizeof done - 1);
+        conn_send(S, c, "0\r\n\r\n", 5); /* the chunked body's end */
+        return;
+    }
+    if (r->error[0]) { send_error(S, c, 500, NULL, "%s", r->error); return; }
+    sbuf b = {0};
+    int chat = r->kind == REQ_CHAT;
+    put_header_fields(&b, S, r, chat ? "chat.completion" : "text_completion");
+    sb_puts(&b, ",\"choices\":[");
+    for (int i = 0; i < r->n_prompts * r->n; i++) {
+        srv_choice *ch = &r->choices[i];
+        sb_printf(&b, "%s{\"index\":%d,", i ? "," : "", i);
+        if (chat) {
+            sb_puts(&b, "\"message\":{\"role\":\"assistant\",\"content\":");
+            sb_json_str(&b, ch->text.s ? ch->text.s : "", ch->text.len);
+            sb_puts(&b, "},\"logprobs\":");
+            if (r->logprobs > 0) {
+                sb_puts(&b, "{\"content\":[");
+                sb_put(&b, ch->logprobs.s ? ch->logprobs.s : "", ch->logprobs.len);
+                sb_puts(&b, "]}");
+            } else sb_puts(&b, "null");
+        } else {
+            sb_puts(&b, "\"text\":");
+            sb_json_str(&b, ch->text.s ? ch->text.s : "", ch->text.len);
+            sb_puts(&b, ",\"logprobs\":");
+            if (r->logprobs >= 0) put_completion_logprobs(&b, ch); else sb_puts(&b, "null");
+        }
+        sb_puts(&b, ",\"finish_reason\":");
+        sb_json_cstr(&b, finish_name(ch->finish));
+        sb_puts(&b, "}");
+    }
+    sb_puts(&b, "],");
+    put_usage(&b, r);
+    sb_puts(&b, "}");
+    if (b.failed) send_error(S, c, 500, NULL, "out of memory writing the response");
+    else send_response(S, c, 200, "application/json", b.s, b.len, NULL);
+    sb_free(&b);
+}
+
+/* ===========================================================================================================
+ * Metrics: vLLM's names, so existing dashboards work
+ * ======================================================================================================== */
+static const double hist_ttft[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                                   5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+static const double hist_itl[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                                  7.5, 10.0, 20.0, 40.0, 80.0};
+static const double hist_e2e[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                                  60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+static int hist_init(srv_hist *h, const double *bounds, int n) {
+    h->bounds = bounds; h->n_bounds = n;
+    h->counts = (int64_t *)calloc((size_t)n + 1, sizeof(int64_t));
+    return h->counts ? 0 : -1;
+}
+
+static void hist_add(srv_hist *h, double x) {
+    int i = 0;
+    while (i < h->n_bounds && x > h->bounds[i]) i++;
+    h->counts[i]++; h->sum += x; h->count++;
+}
+
+static void put_hist(sbuf *b, const char *name, const char *help, const srv_hist *h, const char *model) {
+    sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    int64_t cum = 0;
+    for (int i = 0; i < h->n_bounds; i++) {
+        cum += h->counts[i];
+        sb_printf(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, h->bounds[i], model, (long long)cum);
+    }
+    cum += h->counts[h->n_bounds];
+    sb_printf(b, "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n", name, model, (long long)cum);
+    sb_printf(b, "%s_sum{model_name=\"%s\"} %.9g\n%s_count{model_name=\"%s\"} %lld\n", name, model, h->sum, name,
+              model, (long long)h->count);
+}
+
+static void handle_metrics(srv_state *S, srv_conn *c) {
+    pthread_mutex_lock(&S->lock);
+    llm_engine_stats st = S->stats;
+    pthread_mutex_unlock(&S->lock);
+    sbuf b = {0};
+    char model[300];
+    snprintf(model, sizeof model, "%s", S->model_name);
+    for (char *p = model; *p; p++) if (*p == '"' || *p == '\\' || *p == '\n') *p = '_';
+#define GAUGE(name, help, fmt, value) \
+    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " gauge\n" name "{model_name=\"%s\"} " fmt "\n", model, value)
+#define COUNTER(name, help, value) \
+    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " counter\n" name "{model_name=\"%s\"} %lld\n", model, \
+              (long long)(value))
+    GAUGE("vllm:num_requests_running", "Number of requests in model execution batches.", "%d", st.running);
+    GAUGE("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "%d", st.waiting);
+    GAUGE("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "%.6f",
+          st.num_blocks ? (double)(st.num_blocks - st.num_free_blocks) / st.num_blocks : 0.0);
+    GAUGE("llm:kv_cache_free_blocks", "KV-cache blocks free (cached prefixes count as free).", "%d",
+          st.num_free_blocks);
+    GAUGE("llm:kv_cache_blocks", "KV-cache blocks in the pool.", "%d", st.num_blocks);
+    COUNTER("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+            st.prefix_cache_queries);
+    COUNTER("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+            st.prefix_cache_hits);
+    COUNTER("vllm:prompt_tokens_total", "Number of prefill tokens processed.", S->prompt_tokens_total);
+    COUNTER("vllm:generation_tokens_total", "Number of generation tokens processed.", st.generation_tokens);
+    COUNTER("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", st.preemptions);
+#undef GAUGE
+#undef COUNTER
+    sb_puts(&b, "# HELP vllm:request_success_total Count of successfully processed requests.\n"
+                "# TYPE vllm:request_success_total counter\n");
+    static const char *reasons[4] = {"stop", "length", "abort", "error"};
+    for (int i = 0; i < 4; i++)
+        sb_printf(&b, "vllm:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %lld\n", reasons[i],
+                  model, (long long)S->success[i]);
+    put_hist(&b, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &S->ttft,
+             model);
+    put_hist(&b, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &S->itl,
+             model);
+    put_hist(&b, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &S->e2e,
+             model);
+    send_response(S, c, 200, "text/plain; version=0.0.4; charset=utf-8", b.s ? b.s : "", b.len, NULL);
+    sb_free(&b);
+}
+
+/* ===========================================================================================================
+ * Endpoints
+ * ======================================================================================================== */
+static void req_free(srv_req *r) {
+    if (!r) return;
+    for (int i = 0; i < r->n_prompts; i++) { arrfree(r->prompts[i].prompt_ids); free(r->prompts[i].echo_text); }
+    for (int i = 0; r->choices && i < r->n_prompts * r->n; i++) {
+        sb_free(&r->choices[i].text);
+        choice_reset_logprobs(&r->choices[i]);
+    }
+    free(r->prompts); free(r->choices);
+    arrfree(r->stop_ids);
+    free(r);
+}
+
+/* The prompts of /v1/completions: a string, a list of strings, a list of ids, or a list of lists of ids. */
+static int completion_prompts(srv_state *S, const jv *prompt, srv_req *r, srv_error *e) {
+    if (!prompt) return bad(e, 400, "prompt", "prompt is required");
+    const jv *list = prompt;
+    int n = 1, one = 1;
+    if (prompt->type == J_ARRAY && prompt->n > 0 && (prompt->items[0].type == J_STRING ||
+                                                     prompt->items[0].type == J_ARRAY)) {
+        n = prompt->n; one = 0;
+    } else if (prompt->type != J_STRING && prompt->type != J_ARRAY) {
+        return bad(e, 400, "prompt", "prompt must be a string, a list of strings or a list of token ids");
+    }
+    if (n > SRV_MAX_PROMPTS) return bad(e, 400, "prompt", "at most %d prompts in one request", SRV_MAX_PROMPTS);
+    r->prompts = (srv_prompt *)calloc((size_t)n, sizeof(srv_prompt));
+    if (!r->prompts) return bad(e, 500, NULL, "out of memory");
+    r->n_prompts = n;
+    for (int i = 0; i < n; i++) {
+        const jv *p = one ? list : &list->items[i];
+        srv_prompt *sp = &r->prompts[i];
+        sp->req = r; sp->index = i;
+        if (p->type == J_STRING) {
+            if (tokenize_text(S, p->str, p->len, 1, &sp->prompt_ids) != 0)
+                return bad(e, 400, "prompt", "the prompt could not be tokenized");
+            if (r->echo && !(sp->echo_text = strdup(p->str))) return bad(e, 500, NULL, "out of memory");
+        } else if (p->type == J_ARRAY) {
+            for (int k = 0; k < p->n; k++) {
+                const jv *t = &p->items[k];
+                if (t->type != J_NUMBER || t->num != floor(t->num) || t->num < 0 ||
+                    t->num >= S->model->cfg.vocab_size)
+                    return bad(e, 400, "prompt", "a prompt's token ids must be integers in 0..%d",
+                               S->model->cfg.vocab_size - 1);
+                arrput(sp->prompt_ids, (int32_t)t->num);
+            }
+            if (r->echo) { /* the ids' text */
+                llm_detok d = {{0}, 0, 0};
+                sbuf t = {0};
+                for (ptrdiff_t k = 0; k < arrlen(sp->prompt_ids); k++) {
+                    char piece[1024];
+                    int m = llm_detok_push(S->model->tok, &d, sp->prompt_ids[k], piece, sizeof piece);
+                    if (m > 0 && m <= (int)sizeof piece) sb_put(&t, piece, (size_t)m);
+                }
+                char tail[8];
+                int m = llm_detok_flush(&d, tail, sizeof tail);
+                if (m > 0) sb_put(&t, tail, (size_t)m);
+                sp->echo_text = t.s ? t.s : strdup("");
+            }
+        } else {
+            return bad(e, 400, "prompt", "prompt must be a string, a list of strings or a list of token ids");
+        }
+        if (arrlen(sp->prompt_ids) == 0) return bad(e, 400, "prompt", "the prompt is empty");
+    }
+    return 0;
+}
+
+/* The context check vLLM makes: prompt + max_tokens within max_model_len. */
+static int check_context(srv_state *S, srv_req *r, int max_tokens, int max_tokens_given, srv_error *e) {
+    for (int i = 0; i < r->n_prompts; i++) {
+        int n = (int)arrlen(r->prompts[i].prompt_ids);
+        if (n >= S->max_model_len || (max_tokens_given && n + max_tokens > S->max_model_len))
+            return bad(e, 400, r->kind == REQ_CHAT ? "messages" : "prompt",
+                       "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in "
+                       "the %s, %d in the completion). Please reduce the length of the %s or completion.",
+                       S->max_model_len, n + (max_tokens_given ? max_tokens : 1), n,
+                       r->kind == REQ_CHAT ? "messages" : "prompt", max_tokens_given ? max_tokens : 1,
+                       r->kind == REQ_CHAT ? "messages" : "prompt");
+    }
+    return 0;
+}
+
+/* /v1/completions and /v1/chat/completions: parse, check, tokenize, add to the engine. */
+static int start_generation(srv_state *S, srv_conn *c, const jv *body, int kind, srv_error *e) {
+    srv_req *r = (srv_req *)calloc(1, sizeof *r);
+    if (!r) return bad(e, 500, NULL, "out of memory");
+    r->kind = kind; r->logprobs = -1; r->t_arrival = now_s(); r->created = (long long)wall_s();
+    snprintf(r->id, sizeof r->id, "%s-%llx%08llx", kind == REQ_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)S->next_request++, (unsigned long long)(wall_s() * 1000) & 0xffffffffull);
+    llm_sampling_params p;
+    int rc = -1;
+    double x;
+    if (check_model(S, body, e) || parse_sampling(S, body, r, &p, e)) goto fail;
+    int max_tokens = 16, given = 1;
+    if (kind == REQ_COMPLETIONS) {
+        x = 16;
+        if (get_number(body, "max_tokens", 1, 1 << 30, 1, &x, e)) goto fail;
+        const jv *mt = json_get(body, "max_tokens");
+        if (mt && mt->type == J_NUMBER) max_tokens = (int)x;
+        if (get_bool(body, "echo", &r->echo, e)) goto fail;
+        x = -1;
+        if (get_number(body, "logprobs", 0, 20, 1, &x, e)) goto fail;
+        r->logprobs = (int)x;
+        p.logprobs = r->logprobs;
+        if (r->echo && r->logprobs >= 0)
+            { bad(e, 400, "echo", "echo with logprobs is not supported (prompt logprobs are not computed)"); goto fail; }
+        if (completion_prompts(S, json_get(body, "prompt"), r, e)) goto fail;
+    } else {
+        const jv *mt = json_get(body, "max_completion_tokens");
+        const char *key = mt && mt->type != J_NULL ? "max_completion_tokens" : "max_tokens";
+        x = 0;
+        if (get_number(body, key, 1, 1 << 30, 1, &x, e)) goto fail;
+        given = x > 0; max_tokens = (int)x;
+        int want_logprobs = 0;
+        if (get_bool(body, "logprobs", &want_logprobs, e)) goto fail;
+        x = 0;
+        if (get_number(body, "top_logprobs", 0, 20, 1, &x, e)) goto fail;
+        r->logprobs = want_logprobs ? 1 : -1; r->top_logprobs = (int)x;
+        p.logprobs = want_logprobs ? r->top_logprobs : -1;
+        const jv *msgs = json_get(body, "messages");
+        if (!msgs || msgs->type != J_ARRAY || msgs->n == 0)
+            { bad(e, 400, "messages", "messages must be a non-empty list"); goto fail; }
+        llm_chat_message *cm = (llm_chat_message *)calloc((size_t)msgs->n, sizeof *cm);
+        sbuf *texts = (sbuf *)calloc((size_t)msgs->n, sizeof(sbuf));
+        int ok = cm && texts;
+        for (int i = 0; ok && i < msgs->n; i++) {
+            const jv *m = &msgs->items[i], *role = json_get(m, "role");
+            char param[40];
+            snprintf(param, sizeof param, "messages[%d].role", i);
+            if (m->type != J_OBJECT || !role || role->type != J_STRING ||
+                (strcmp(role->str, "system") && strcmp(role->str, "developer") && strcmp(role->str, "user") &&
+                 strcmp(role->str, "assistant"))) {
+                bad(e, 400, param, "%s must be system, developer, user or assistant", param);
+                ok = 0; break;
+            }
+            if (chat_content(m, i, &texts[i], e)) { ok = 0; break; }
+            cm[i].role = role->str; cm[i].content = texts[i].s ? texts[i].s : "";
+        }
+        int n = ok ? llm_chat_render(&S->chat, cm, msgs->n, 1, NULL, 0) : -1;
+        char *text = n >= 0 ? (char *)malloc((size_t)n + 1) : NULL;
+        if (text) llm_chat_render(&S->chat, cm, msgs->n, 1, text, n + 1);
+        r->prompts = text ? (srv_prompt *)calloc(1, sizeof(srv_prompt)) : NULL;
+        if (r->prompts) {
+            r->n_prompts = 1; r->prompts[0].req = r;
+            if (tokenize_text(S, text, (size_t)n, 1, &r->prompts[0].prompt_ids) != 0)
+                { bad(e, 400, "messages", "the conversation could not be tokenized"); ok = 0; }
+        } else if (ok) { bad(e, 500, NULL, "out of memory"); ok = 0; }
+        for (int i = 0; texts && i < msgs->n; i++) sb_free(&texts[i]);
+        free(texts); free(cm); free(text);
+        if (!ok) goto fail;
+        int32_t stop_ids[8]; /* the template's end of turn */
+        int k = llm_chat_stop_ids(&S->chat, S->model->tok, stop_ids, 8);
+        for (int i = 0; i < k && i < 8; i++) arrput(r->stop_ids, stop_ids[i]);
+    }
+    if (check_context(S, r, max_tokens, given, e)) goto fail;
+    p.max_tokens = given ? max_tokens : 0;
+    p.stop_token_ids = r->stop_ids; p.n_stop_token_ids = (int)arrlen(r->stop_ids);
+    if (S->n_queued + r->n_prompts > S->max_queue)
+        { bad(e, 503, NULL, "the server is busy: %d requests are waiting (--max-queue %d)", S->n_queued,
+              S->max_queue); goto fail; }
+    r->choices = (srv_choice *)calloc((size_t)(r->n_prompts * r->n), sizeof(srv_choice));
+    if (!r->choices) { bad(e, 500, NULL, "out of memory"); goto fail; }
+    r->n_open = r->n_prompts * r->n;
+    r->conn = c;
+    char err[LLM_ERR_LEN];
+    for (int i = 0; i < r->n_prompts; i++) {
+        srv_prompt *sp = &r->prompts[i];
+        sp->n_prompt = (int)arrlen(sp->prompt_ids);
+        sp->engine_id = llm_engine_add_request(S->engine, NULL, sp->prompt_ids, sp->n_prompt, &p, sp, err);
+        if (!sp->engine_id) {
+            /* the requests already added finish as aborted; this one never started */
+            for (int k = 0; k < i; k++) llm_engine_abort(S->engine, r->prompts[k].engine_id);
+            if (i == 0) { bad(e, 400, NULL, "%s", err); r->conn = NULL; goto fail; }
+            snprintf(r->error, sizeof r->error, "%s", err);
+            r->n_open -= (r->n_prompts - i) * r->n;
+            r->n_prompts = i;
+            break;
+        }
+        S->n_queued++;
+        r->prompt_tokens += sp->n_prompt;
+    }
+    c->req = r;
+    arrput(S->live, r);
+    if (r->stream)
+        conn_send(S, c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                        "Transfer-Encoding: chunked\r\n\r\n", 105);
+    return 0;
+fail:
+    req_free(r);
+    return rc;
+}
+
+static void handle_tokenize(srv_state *S, srv_conn *c, const jv *body) {
+    srv_error e = {0};
+    int32_t *ids = NULL;
+    int add_special = 1;
+    if (check_model(S, body, &e) || get_bool(body, "add_special_tokens", &add_special, &e)) goto fail;
+    const jv *prompt = json_get(body, "prompt"), *msgs = json_get(body, "messages");
+    if (prompt && prompt->type == J_STRING) {
+        if (tokenize_text(S, prompt->str, prompt->len, add_special, &ids)) { bad(&e, 400, "prompt", "cannot tokenize"); goto fail; }
+    } else if (msgs && msgs->type == J_ARRAY) {
+        llm_chat_message *cm = (llm_chat_message *)calloc((size_t)msgs->n + 1, sizeof *cm);
+        sbuf *texts = (sbuf *)calloc((size_t)msgs->n + 1, sizeof(sbuf));
+        int ok = cm && texts;
+        for (int i = 0; ok && i < msgs->n; i++) {
+            const jv *role = json_get(&msgs->items[i], "role");
+            if (!role || role->type != J_STRING) { bad(&e, 400, "messages", "each message needs a role"); ok = 0; }
+            else if (chat_content(&msgs->items[i], i, &texts[i], &e)) ok = 0;
+            else { cm[i].role = role->str; cm[i].content = texts[i].s ? texts[i].s : ""; }
+        }
+        int n = ok ? llm_chat_render(&S->chat, cm, msgs->n, 1, NULL, 0) : -1;
+        char *text = n >= 0 ? (char *)malloc((size_t)n + 1) : NULL;
+        if (text) {
+            llm_chat_render(&S->chat, cm, msgs->n, 1, text, n + 1);
+            if (tokenize_text(S, text, (size_t)n, add_special, &ids)) ok = 0;
+        } else if (ok) bad(&e, 400, "messages", "a role this template does not know");
+        for (int i = 0; texts && i < msgs->n; i++) sb_free(&texts[i]);
+        free(texts); free(cm); free(text);
+        if (!ok || n < 0) { if (!e.status) bad(&e, 400, "messages", "cannot render the messages"); goto fail; }
+    } else {
+        bad(&e, 400, "prompt", "give prompt (a string) or messages (a list)");
+        goto fail;
+    }
+    sbuf b = {0};
+    sb_printf(&b, "{\"count\":%d,\"max_model_len\":%d,\"tokens\":[", (int)arrlen(ids), S->max_model_len);
+    for (ptrdiff_t i = 0; i < arrlen(ids); i++) sb_printf(&b, i ? ",%d" : "%d", ids[i]);
+    sb_puts(&b, "],\"token_strs\":null}");
+    send_response(S, c, 200, "application/json", b.s, b.len, NULL);
+    sb_free(&b);
+    arrfree(ids);
+    return;
+fail:
+    arrfree(ids);
+    send_error(S, c, e.status ? e.status : 400, e.param[0] ? e.param : NULL, "%s", e.msg);
+}
+
+static void handle_detokenize(srv_state *S, srv_conn *c, const jv *body) {
+    srv_error e = {0};
+    const jv *tokens = json_get(body, "tokens");
+    if (check_model(S, body, &e)) { send_error(S, c, e.status, e.param, "%s", e.msg); return; }
+    if (!tokens || tokens->type != J_ARRAY) { send_error(S, c, 400, "tokens", "tokens must be a list of ids"); return; }
+    sbuf t = {0};
+    llm_detok d = {{0}, 0, 0};
+    for (int i = 0; i < tokens->n; i++) {
+        const jv *v = &tokens->items[i];
+        if (v->type != J_NUMBER || v->num != floor(v->num) || v->num < 0 || v->num >= S->model->cfg.vocab_size) {
+            sb_free(&t);
+            send_error(S, c, 400, "tokens", "tokens must be integers in 0..%d", S->model->cfg.vocab_size - 1);
+            return;
+        }
+        char piece[1024];
+        int m = llm_detok_push(S->model->tok, &d, (int32_t)v->num, piece, sizeof piece);
+        if (m > 0 && m <= (int)sizeof piece) sb_put(&t, piece, (size_t)m);
+    }
+    char tail[8];
+    int m = llm_detok_flush(&d, tail, sizeof tail);
+    if (m > 0) sb_put(&t, tail, (size_t)m);
+    sbuf b = {0};
+    sb_puts(&b, "{\"prompt\":");
+    sb_json_str(&b, t.s ? t.s : "", t.len);
+    sb_puts(&b, "}");
+    send_response(S, c, 200, "application/json", b.s, b.len, NULL);
+    sb_free(&b); sb_free(&t);
+}
+
+static int key_equal(const char *given, const char *key) { /* constant time in the key's length */
+    size_t n = strlen(key), m = strlen(given);
+    unsigned diff = (unsigned)(n ^ m);
+    for (size_t i = 0; i < n; i++) diff |= (unsigned char)key[i] ^ (unsigned char)(i < m ? given[i] : 0);
+    return diff == 0;
+}
+
+/* Routes one parsed request. */
+static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
+    static const struct { const char *path, *method; } routes[] = {
+        {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/models", "GET"},
+        {"/health", "GET"}, {"/version", "GET"}, {"/tokenize", "POST"}, {"/detokenize", "POST"},
+        {"/metrics", "GET"}, {"/ping", "GET"},
+    };
+    int route = -1;
+    for (int i = 0; i < (int)(sizeof routes / sizeof routes[0]); i++) if (!strcmp(rq->path, routes[i].path)) route = i;
+    if (route < 0) { send_error(S, c, 404, NULL, "Not Found: %s", rq->path); return; }
+    if (strcmp(rq->method, routes[route].method)) {
+        char allow[64];
+        snprintf(allow, sizeof allow, "Allow: %s\r\n", routes[route].method);
+        sbuf b = {0};
+        sb_printf(&b, "{\"error\":{\"message\":\"Method Not Allowed: use %s for %s\",\"type\":"
+                  "\"invalid_request_error\",\"param\":null,\"code\":405}}", routes[route].method, rq->path);
+        send_response(S, c, 405, "application/json", b.s, b.len, allow);
+        sb_free(&b);
+        return;
+    }
+    const char *path = rq->path;
+    int open_route = !strcmp(path, "/health") || !strcmp(path, "/metrics") || !strcmp(path, "/ping");
+    if (S->api_key && !open_route) {
+        const char *a = rq->auth;
+        if (strncasecmp(a, "Bearer ", 7) != 0 || !key_equal(a + 7, S->api_key)) {
+            send_error(S, c, 401, NULL, "Unauthorized: give the API key as 'Authorization: Bearer KEY'");
+            return;
+        }
+    }
+    if (!strcmp(path, "/health") || !strcmp(path, "/ping")) { send_response(S, c, 200, "application/json", "", 0, NULL); return; }
+    if (!strcmp(path, "/metrics")) { handle_metrics(S, c); return; }
+    if (!strcmp(path, "/version")) {
+        const char v[] = "{\"version\":\"0.1.0\"}";
+        send_response(S, c, 200, "application/json", v, sizeof v - 1, NULL);
+        return;
+    }
+    if (!strcmp(path, "/v1/models")) {
+        sbuf b = {0};
+        sb_puts(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
+        sb_json_cstr(&b, S->model_name);
+        sb_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"llm\",\"root\":", (long long)wall_s());
+        sb_json_cstr(&b, S->model_name);
+        sb_printf(&b, ",\"parent\":null,\"max_model_len\":%d,\"permission\":[]}]}", S->max_model_len);
+        send_response(S, c, 200, "application/json", b.s, b.len, NULL);
+        sb_free(&b);
+        return;
+    }
+    /* the rest take a JSON object */
+    jv body;
+    char jerr[200];
+    if (json_parse(rq->body, rq->body_len, &body, jerr, sizeof jerr) != 0) {
+        send_error(S, c, 400, NULL, "the body is not valid JSON: %s", jerr);
+        return;
+    }
+    if (body.type != J_OBJECT) {
+        send_error(S, c, 400, NULL, "the body must be a JSON object");
+        jv_free(&body);
+        return;
+    }
+    if (!strcmp(path, "/tokenize")) handle_tokenize(S, c, &body);
+    else if (!strcmp(path, "/detokenize")) handle_detokenize(S, c, &body);
+    else {
+        srv_error e = {0};
+        int kind = !strcmp(path, "/v1/chat/completions") ? REQ_CHAT : REQ_COMPLETIONS;
+        if (start_generation(S, c, &body, kind, &e) != 0)
+            send_error(S, c, e.status ? e.status : 400, e.param[0] ? e.param : NULL, "%s", e.msg);
+    }
+    jv_free(&body); /* what the engine keeps of it (the stop strings) add_request copied */
+}
+
+/* ===========================================================================================================
+ * The engine's events, on the network thread: each adds to its request's response
+ * ======================================================================================================== */
+static void request_done(srv_state *S, srv_req *r) {
+    double t = now_s();
+    const char *reason = "stop";
+    for (int i = 0; i < r->n_prompts * r->n; i++) {
+        int f = r->choices[i].finish;
+        if (f == LLM_FINISH_ERROR || (f == LLM_FINISH_ABORT && strcmp(reason, "error")) ||
+            (f == LLM_FINISH_LENGTH && !strcmp(reason, "stop")))
+            reason = finish_name(f);
+    }
+    S->success[!strcmp(reason, "stop") ? 0 : !strcmp(reason, "length") ? 1 : !strcmp(reason, "abort") ? 2 : 3]++;
+    hist_add(&S->e2e, t - r->t_arrival);
+    fprintf(stderr, "llm serve: %s %s: prompt %d tokens, output %d tokens, TTFT %.3f s, %.3f s, %s%s%s\n", r->id,
+            r->conn ? r->conn->peer : "(gone)", r->prompt_tokens, r->completion_tokens,
+            r->t_first ? r->t_first - r->t_arrival : 0.0, t - r->t_arrival, reason, r->error[0] ? ": " : "",
+            r->error);
+    srv_conn *c = r->conn;
+    if (c) {
+        finish_request(S, r);
+        c->req = NULL;
+        c->t_last_active = t;
+        if (!c->keep_alive) c->closing = 1;
+    }
+    for (ptrdiff_t i = 0; i < arrlen(S->live); i++) if (S->live[i] == r) { arrdelswap(S->live, i); break; }
+    req_free(r);
+}
+
+static void apply_event(srv_state *S, srv_event *ev) {
+    srv_prompt *sp = (srv_prompt *)ev->user;
+    srv_req *r = sp->req;
+    int ci = sp->index * r->n + ev->index;
+    if (ci < 0 || ci >= r->n_prompts * r->n) return;
+    srv_choice *ch = &r->choices[ci];
+    if (!sp->started) { sp->started = 1; S->n_queued--; S->prompt_tokens_total += ev->n_prompt; }
+    if (ev->n_tokens) {
+        if (!r->t_first) { r->t_first = ev->t; hist_add(&S->ttft, ev->t - r->t_arrival); }
+        else if (ev->t > r->t_last) hist_add(&S->itl, ev->t - r->t_last);
+        r->t_last = ev->t;
+        ch->n_tokens += ev->n_tokens;
+        r->completion_tokens += ev->n_tokens;
+    }
+    if (ev->finish) {
+        ch->finish = ev->finish;
+        if (ev->finish == LLM_FINISH_ERROR && !r->error[0])
+            snprintf(r->error, sizeof r->error, "%s", ev->error ? ev->error : "the engine failed");
+    }
+    if (r->conn) {
+        if (r->stream) stream_event(S, r, ci, ch, ev);
+        else {
+            if (!ch->text.len && r->echo && sp->echo_text && !ch->text_offset) {
+                sb_puts(&ch->text, sp->echo_text);
+                ch->text_offset = ch->text.len;
+            }
+            if (r->logprobs >= 0 && ev->n_tokens)
+                add_logprobs(S, r, ch, ev, &ch->logprobs, ch->text.len);
+            if (ev->text_len) sb_put(&ch->text, ev->text, (size_t)ev->text_len);
+        }
+    }
+    if (ev->finish && --r->n_open == 0) request_done(S, r);
+}
+
+/* ===========================================================================================================
+ * Connections and the network loop
+ * ======================================================================================================== */
+static void conn_update_events(srv_state *S, srv_conn *c) {
+    struct epoll_event e = {0};
+    e.events = EPOLLIN | EPOLLRDHUP | (c->out.len > c->out_sent ? EPOLLOUT : 0);
+    e.data.ptr = c;
+    epoll_ctl(S->epoll_fd, EPOLL_CTL_MOD, c->fd, &e);
+}
+
+static void conn_flush(srv_state *S, srv_conn *c) {
+    while (c->out_sent < c->out.len) {
+        ssize_t n = send(c->fd, c->out.s + c->out_sent, c->out.len - c->out_sent, MSG_NOSIGNAL);
+        if (n > 0) { c->out_sent += (size_t)n; continue; }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        c->closing = 2; /* the peer is gone */
+        return;
+    }
+    if (c->out_sent == c->out.len) { c->out.len = 0; c->out_sent = 0; }
+    int want = c->out.len > c->out_sent;
+    if (want != c->want_write) { c->want_write = want; conn_update_events(S, c); }
+}
+
+static void conn_send(srv_state *S, srv_conn *c, const char *data, size_t n) {
+    if (!c || c->closing == 2) return;
+    sb_put(&c->out, data, n);
+    if (c->out.failed) { c->closing = 2; return; }
+    conn_flush(S, c);
+}
+
+static void conn_close(srv_state *S, srv_conn *c) {
+    if (c->req) { /* the client left mid-request: stop its generation, its blocks go back at the next step */
+        for (int i = 0; i < c->req->n_prompts; i++) llm_engine_abort(S->engine, c->req->prompts[i].engine_id);
+        c->req->conn = NULL;
+    }
+    epoll_ctl(S->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    for (ptrdiff_t i = 0; i < arrlen(S->conns); i++) if (S->conns[i] == c) { arrdelswap(S->conns, i); break; }
+    sb_free(&c->in); sb_free(&c->out);
+    free(c);
+}
+
+/* Parses and answers the requests waiting in c's input, in order, while none is in flight. */
+static void conn_process(srv_state *S, srv_conn *c) {
+    while (!c->req && !c->closing && c->in.len > 0) {
+        http_request rq;
+        size_t used = 0;
+        int rc = http_parse(c->in.s, c->in.len, &rq, &used);
+        if (rc == HTTP_INCOMPLETE) { /* curl waits for this before it sends a large body */
+            if (rq.expect_continue && rq.header_len && !c->sent_continue) {
+                conn_send(S, c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+                c->sent_continue = 1;
+            }
+            if (!c->t_request_start) c->t_request_start = now_s();
+            return;
+        }
+        c->t_request_start = 0; c->sent_continue = 0;
+        if (rc != HTTP_OK) { /* the stream can no longer be trusted: answer and close */
+            c->keep_alive = 0;
+            send_error(S, c, rc, NULL, "%s", rc == 431 ? "the request's headers are too large" :
+                       rc == 413 ? "the request's body is too large" : rc == 501 ?
+                       "that transfer encoding is not supported" : "a malformed HTTP request");
+            c->closing = 1;
+            return;
+        }
+        c->keep_alive = rq.keep_alive && !g_srv_stop;
+        handle_request(S, c, &rq);
+        memmove(c->in.s, c->in.s + used, c->in.len - used);
+        c->in.len -= used;
+        if (c->in.len) c->t_request_start = now_s(); /* the next pipelined request has begun */
+        if (!c->req && !c->keep_alive) c->closing = 1;
+    }
+}
+
+static void conn_read(srv_state *S, srv_conn *c) {
+    for (;;) {
+        char buf[65536];
+        ssize_t n = recv(c->fd, buf, sizeof buf, 0);
+        if (n > 0) {
+            if (!c->t_request_start && !c->req) c->t_request_start = now_s();
+            c->t_last_active = now_s();
+            if (c->in.len + (size_t)n > SRV_MAX_HEADER + SRV_MAX_BODY + 65536) {
+                c->keep_alive = 0;
+                send_error(S, c, 413, NULL, "the request is too large");
+                c->closing = 1;
+                return;
+            }
+            sb_put(&c->in, buf, (size_t)n);
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        c->closing = 2; /* closed or failed: nothing more will come, nothing more can go */
+        return;
+    }
+    conn_process(S, c);
+}
+
+static void accept_all(srv_state *S) {
+    for (;;) {
+        struct sockaddr_storage addr;
+        socklen_t alen = sizeof addr;
+        int fd = accept4(S->listen_fd, (struct sockaddr *)&addr, &alen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) fprintf(stderr, "llm serve: accept: %s\n", strerror(errno));
+            return;
+        }
+        srv_conn *c = (srv_conn *)calloc(1, sizeof *c);
+        if (!c) { close(fd); continue; }
+        c->fd = fd; c->keep_alive = 1; c->t_last_active = now_s();
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* stream tokens as they come */
+        char host[INET6_ADDRSTRLEN] = "?";
+        if (addr.ss_family == AF_INET)
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&addr)->sin_addr, host, sizeof host);
+        else if (addr.ss_family == AF_INET6)
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&addr)->sin6_addr, host, sizeof host);
+        snprintf(c->peer, sizeof c->peer, "%s", host);
+        struct epoll_event e = {0};
+        e.events = EPOLLIN | EPOLLRDHUP;
+        e.data.ptr = c;
+        if (epoll_ctl(S->epoll_fd, EPOLL_CTL_ADD, fd, &e) != 0) { close(fd); free(c); continue; }
+        arrput(S->conns, c);
+    }
+}
+
+/* Events from the engine thread, applied in order. */
+static void drain_events(srv_state *S) {
+    pthread_mutex_lock(&S->lock);
+    srv_event *evs = S->events;
+    S->events = NULL;
+    pthread_mutex_unlock(&S->lock);
+    for (ptrdiff_t i = 0; i < arrlen(evs); i++) { apply_event(S, &evs[i]); srv_event_free(&evs[i]); }
+    arrfree(evs);
+}
+
+static int open_listener(const char *host, int port, int *bound_port, char *err, size_t err_cap) {
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC; hints.ai_socktype = SOCK_STREAM; hints.ai_flags = AI_PASSIVE;
+    char ports[16];
+    snprintf(ports, sizeof ports, "%d", port);
+    int rc = getaddrinfo(host, ports, &hints, &res);
+    if (rc != 0) { snprintf(err, err_cap, "cannot resolve %s: %s", host, gai_strerror(rc)); return -1; }
+    int fd = -1;
+    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+            snprintf(err, err_cap, "cannot listen on %s:%d: %s", host, port, strerror(errno));
+            close(fd); fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd < 0) return -1;
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &len);
+    *bound_port = ntohs(sa.ss_family == AF_INET ? ((struct sockaddr_in *)&sa)->sin_port
+                                                : ((struct sockaddr_in6 *)&sa)->sin6_port);
+    return fd;
+}
+
+/* ===========================================================================================================
+ * llm serve
+ * ======================================================================================================== */
+static int serve(args_t *a) {
+    char err[LLM_ERR_LEN];
+    srv_state *S = (srv_state *)calloc(1, sizeof *S);
+    if (!S) { fprintf(stderr, "llm serve: out of memory\n"); return 1; }
+    S->listen_fd = S->epoll_fd = S->wake[0] = S->wake[1] = -1;
+    int rc = 1;
+    double t0 = now_s();
+    S->engine = llm_engine_create(&a->engine, err);
+    if (!S->engine) { fprintf(stderr, "llm serve: %s\n", err); free(S); return 1; }
+    S->model = llm_engine_model(S->engine);
+    if (!S->model->tok) {
+        fprintf(stderr, "llm serve: the model has no vocabulary (a dummy model): nothing to serve text with\n");
+        goto out;
+    }
+    llm_str tmpl = llm_gguf_string(&S->model->gguf, "tokenizer.chat_template");
+    if (llm_chat_template_init(&S->chat, tmpl.ptr, tmpl.len, S->model->tok, a->chat_template, err) != 0) {
+        fprintf(stderr, "llm serve: %s\n", err);
+        goto out;
+    }
+    if (S->chat.note[0]) fprintf(stderr, "llm serve: warning: %s\n", S->chat.note);
+    S->chat.enable_thinking = 1; /* the template's own default, as vLLM renders it */
+    llm_engine_stats st = llm_engine_get_stats(S->engine);
+    S->stats = st;
+    S->max_model_len = st.max_model_len;
+    S->max_queue = a->max_queue;
+    S->api_key = a->api_key;
+    S->defaults = llm_sampling_defaults(); /* OpenAI's defaults: temperature 1, top_p 1 */
+    if (a->served_model_name) snprintf(S->model_name, sizeof S->model_name, "%s", a->served_model_name);
+    else { /* the file's name without its folders and .gguf, as vLLM names a model by its path */
+        const char *base = strrchr(a->engine.model_path, '/');
+        snprintf(S->model_name, sizeof S->model_name, "%s", base ? base + 1 : a->engine.model_path);
+        char *dot = strstr(S->model_name, ".gguf");
+        if (dot && !dot[5]) *dot = 0;
+    }
+    if (hist_init(&S->ttft, hist_ttft, (int)(sizeof hist_ttft / sizeof *hist_ttft)) ||
+        hist_init(&S->itl, hist_itl, (int)(sizeof hist_itl / sizeof *hist_itl)) ||
+        hist_init(&S->e2e, hist_e2e, (int)(sizeof hist_e2e / sizeof *hist_e2e))) {
+        fprintf(stderr, "llm serve: out of memory\n");
+        goto out;
+    }
+    int port = 0;
+    S->listen_fd = open_listener(a->host, a->port, &port, err, sizeof err);
+    if (S->listen_fd < 0) { fprintf(stderr, "llm serve: %s\n", err); goto out; }
+    if (pipe2(S->wake, O_NONBLOCK | O_CLOEXEC) != 0 || (S->epoll_fd = epoll_create1(EPOLL_CLOEXEC)) < 0) {
+        fprintf(stderr, "llm serve: %s\n", strerror(errno));
+        goto out;
+    }
+    struct epoll_event ev = {0};
+    ev.events = EPOLLIN; ev.data.ptr = &S->listen_fd;
+    epoll_ctl(S->epoll_fd, EPOLL_CTL_ADD, S->listen_fd, &ev);
+    ev.data.ptr = &S->wake[0];
+    epoll_ctl(S->epoll_fd, EPOLL_CTL_ADD, S->wake[0], &ev);
+    pthread_mutex_init(&S->lock, NULL);
+    g_srv_wake_fd = S->wake[1];
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = srv_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (pthread_create(&S->engine_thread, NULL, srv_engine_loop, S) != 0) {
+        fprintf(stderr, "llm serve: cannot start the engine thread\n");
+        goto out;
+    }
+    fprintf(stderr, "llm serve: %s (%s) on the %s, loaded in %.2f s; context %d tokens, KV pool %d blocks of %d\n",
+            S->model_name, S->model->name, st.backend, now_s() - t0, st.max_model_len, st.num_blocks, st.block_size);
+    fprintf(stderr, "listening on http://%s:%d\n", a->host, port);
+
+    double stop_since = 0;
+    for (;;) {
+        struct epoll_event events[256];
+        int n = epoll_wait(S->epoll_fd, events, 256, 1000);
+        if (n < 0 && errno != EINTR) { fprintf(stderr, "llm serve: epoll: %s\n", strerror(errno)); break; }
+        for (int i = 0; i < n; i++) {
+            void *p = events[i].data.ptr;
+            if (p == &S->listen_fd) { if (!g_srv_stop) accept_all(S); continue; }
+            if (p == &S->wake[0]) {
+                char buf[256];
+                while (read(S->wake[0], buf, sizeof buf) > 0) {}
+                continue;
+            }
+            srv_conn *c = (srv_conn *)p;
+            if (events[i].events & EPOLLOUT) conn_flush(S, c);
+            if (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) conn_read(S, c);
+        }
+        drain_events(S);
+        /* after events: closings, finished requests' next pipelined request, time-outs */
+        double t = now_s();
+        for (ptrdiff_t i = arrlen(S->conns) - 1; i >= 0; i--) {
+            srv_conn *c = S->conns[i];
+            if (!c->req && !c->closing && c->in.len) conn_process(S, c);
+            if (!c->req && c->t_request_start && t - c->t_request_start > SRV_READ_TIMEOUT) {
+                c->keep_alive = 0; /* slowloris: the request was begun and not finished in time */
+                send_error(S, c, 408, NULL, "the request took more than %.0f s to arrive", SRV_READ_TIMEOUT);
+                c->closing = 1;
+            }
+            if (!c->req && !c->in.len && t - c->t_last_active > SRV_IDLE_TIMEOUT) c->closing = 1;
+            if (c->closing == 2 || (c->closing == 1 && c->out.len == c->out_sent) ||
+                (g_srv_stop && !c->req && c->out.len == c->out_sent))
+                conn_close(S, c);
+        }
+        if (g_srv_stop) { /* stop accepting; let what is running finish, for 30 s at most */
+            if (!stop_since) {
+                stop_since = t;
+                epoll_ctl(S->epoll_fd, EPOLL_CTL_DEL, S->listen_fd, NULL);
+                close(S->listen_fd); S->listen_fd = -1;
+                fprintf(stderr, "llm serve: stopping: %d connections with requests to finish\n",
+                        (int)arrlen(S->conns));
+            }
+            if (arrlen(S->conns) == 0 || t - stop_since > 30) break;
+        }
+    }
+    rc = 0;
+    pthread_mutex_lock(&S->lock);
+    S->stop_engine = 1;
+    pthread_mutex_unlock(&S->lock);
+    pthread_join(S->engine_thread, NULL);
+    while (arrlen(S->conns)) conn_close(S, S->conns[0]);
+    drain_events(S);
+    while (arrlen(S->live)) { req_free(S->live[0]); arrdelswap(S->live, 0); } /* cut short by the 30 s */
+    fprintf(stderr, "llm serve: stopped\n");
+out:
+    g_srv_wake_fd = -1;
+    if (S->listen_fd >= 0) close(S->listen_fd);
+    if (S->epoll_fd >= 0) close(S->epoll_fd);
+    if (S->wake[0] >= 0) { close(S->wake[0]); close(S->wake[1]); }
+    arrfree(S->conns); arrfree(S->live);
+    free(S->ttft.counts); free(S->itl.counts); free(S->e2e.counts);
+    llm_engine_destroy(S->engine);
+    free(S);
+    return rc;
+}
