@@ -51,7 +51,7 @@
  *         llm_cuda_run_attention)
  *   sampler: llm_sampler_create, llm_sampler_free, llm_sampler_penalize, llm_sampler_candidates,
  *         llm_sampler_sample
- *   detokenizer: llm_tokenizer_piece, llm_detok_push, llm_detok_flush
+ *   detokenizer: llm_tokenizer_piece, llm_detok_push, llm_detok_flush, llm_detokenize
  *
  * An example: the greedy continuation of a prompt, streamed to stdout (`make test` compiles and runs it).
  * A server runs the same loop on its own thread, sleeping in llm_engine_wait while there is no work, and
@@ -436,6 +436,10 @@ typedef struct {
 } llm_detok;
 int  llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, int cap); /* bytes written */
 int  llm_detok_flush(llm_detok *d, char *out, int cap);  /* end of stream: what is held back, as U+FFFD */
+/* A whole sequence of ids to text, as llama.cpp's llama_detokenize: bytes that are not UTF-8 as U+FFFD, and
+ * the space SentencePiece put in front of the text removed. Returns the length (which may exceed cap: then
+ * call again with more room; NUL-terminated when it fits). */
+int  llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int special, char *out, int cap);
 
 /* -----------------------------------------------------------------------------------------------------------
  * 10. Engine: requests in, tokens and text out, one step at a time
@@ -3071,6 +3075,31 @@ static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *to
     if (emit > 0) memcpy(arraddnptr(s->out_text, emit), s->held_text, (size_t)emit);
     if (s->finish_reason) arrsetlen(s->held_text, 0);
     else if (emit > 0) arrdeln(s->held_text, 0, emit);
+}
+
+int llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int special, char *out, int cap) {
+    if (!t || n < 0 || (n && !ids)) return -1;
+    if (!out || cap < 0) cap = 0;
+    llm_detok d;
+    memset(&d, 0, sizeof d);
+    d.special = special != 0;
+    size_t len = 0;
+    int at_start = 1; /* nothing written yet: where SentencePiece's leading space would be */
+    for (int i = 0; i <= n; i++) {
+        char small[256], *buf = small;
+        int m = i < n ? llm_detok_push(t, &d, ids[i], small, (int)sizeof small) : llm_detok_flush(&d, small, 8);
+        if (m > (int)sizeof small) { /* a long piece: once more, on the heap */
+            if (!(buf = (char *)malloc((size_t)m))) return -1;
+            m = llm_detok_push(t, &d, ids[i], buf, m);
+        }
+        int skip = at_start && m > 0 && t->kind == LLM_VOCAB_SPM && t->add_space_prefix && buf[0] == ' ';
+        for (int k = skip; k < m; k++, len++) if (len < (size_t)cap) out[len] = buf[k];
+        if (m > 0) at_start = 0;
+        if (buf != small) free(buf);
+    }
+    if (len >= (size_t)INT32_MAX) return -1;
+    if (len < (size_t)cap) out[len] = 0;
+    return (int)len;
 }
 
 /* ===========================================================================================================

@@ -64,6 +64,7 @@ static const char *usage =
     "  --api-key KEY          ask for 'Authorization: Bearer KEY' (not on /health, /metrics)\n"
     "  --served-model-name N  the model's name in the API (default: the file's name without .gguf)\n"
     "  --max-queue N          requests waiting at most (default 4096); more get 503\n"
+    "  --request-timeout S    seconds a client has to send a request once begun (default 30)\n"
     "  --chat-template NAME   as for chat; sampling defaults are OpenAI's, set per request\n"
     "\n"
     "bench options:\n"
@@ -90,6 +91,7 @@ typedef struct {
     /* serve */
     const char *host, *api_key, *served_model_name;
     int port, max_queue;
+    double request_timeout;
     const char *stops[16];
     /* bench */
     int num_prompts, in_min, in_max, out_min, out_max;
@@ -129,6 +131,7 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         else if (FLAG("--api-key")) { NEED(); a->api_key = v; }
         else if (FLAG("--served-model-name")) { NEED(); a->served_model_name = v; }
         else if (FLAG("--max-queue")) { NEED(); a->max_queue = atoi(v); }
+        else if (FLAG("--request-timeout")) { NEED(); a->request_timeout = atof(v); }
         else if (FLAG("--temp")) { NEED(); a->sampling.temperature = (float)atof(v); }
         else if (FLAG("--top-k")) { NEED(); a->sampling.top_k = atoi(v); }
         else if (FLAG("--top-p")) { NEED(); a->sampling.top_p = (float)atof(v); }
@@ -758,7 +761,7 @@ int main(int argc, char **argv) {
     a.sampling.temperature = 0.8f; a.sampling.top_k = 40; a.sampling.top_p = 0.95f; a.sampling.min_p = 0.05f;
     a.sampling.max_tokens = 128;
     a.num_prompts = 256; a.in_min = 100; a.in_max = 1024; a.out_min = 100; a.out_max = 1024;
-    a.host = "127.0.0.1"; a.port = 8000; a.max_queue = 4096;
+    a.host = "127.0.0.1"; a.port = 8000; a.max_queue = 4096; a.request_timeout = 30;
     int cmd = 0; /* 0 generate/REPL, 1 tokenize, 2 bench, 3 chat */
     int start = 1;
     if (argc > 1 && !strcmp(argv[1], "tokenize")) { cmd = 1; start = 2; }
@@ -778,8 +781,9 @@ int main(int argc, char **argv) {
     if (cmd == 2) return bench(&a);
     if (cmd == 4) {
         if (!a.engine.model_path) { fprintf(stderr, "llm serve: give a model with -m MODEL.gguf\n"); return 1; }
-        if (a.port < 0 || a.port > 65535 || a.max_queue < 1) {
-            fprintf(stderr, "llm serve: --port must be 0..65535 (0: any free port), --max-queue >= 1\n");
+        if (a.port < 0 || a.port > 65535 || a.max_queue < 1 || !(a.request_timeout > 0)) {
+            fprintf(stderr, "llm serve: --port must be 0..65535 (0: any free port), --max-queue >= 1, "
+                    "--request-timeout > 0\n");
             return 1;
         }
         return serve(&a);

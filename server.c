@@ -27,7 +27,6 @@
 #define SRV_MAX_HEADER   16384            /* bytes of request line and headers (431 past it) */
 #define SRV_MAX_BODY     (8 << 20)        /* bytes of body (413 past it) */
 #define SRV_JSON_DEPTH   64               /* nesting of arrays and objects */
-#define SRV_READ_TIMEOUT 30.0             /* seconds to send a whole request once begun (slowloris) */
 #define SRV_IDLE_TIMEOUT 120.0            /* seconds a kept-alive connection may sit idle */
 #define SRV_MAX_PROMPTS  1024             /* prompts in one /v1/completions request */
 #define SRV_MAX_STOPS    16
@@ -537,6 +536,7 @@ typedef struct {
     char model_name[256];
     const char *api_key;
     int max_queue, max_model_len;
+    double request_timeout;         /* seconds to send a whole request once begun (slowloris) */
     int listen_fd, epoll_fd, wake[2];
     pthread_t engine_thread;
     pthread_mutex_t lock;           /* guards events, stats and stop */
@@ -1187,17 +1187,9 @@ static int completion_prompts(srv_state *S, const jv *prompt, srv_req *r, srv_er
                 arrput(sp->prompt_ids, (int32_t)t->num);
             }
             if (r->echo) { /* the ids' text */
-                llm_detok d = {{0}, 0, 0};
-                sbuf t = {0};
-                for (ptrdiff_t k = 0; k < arrlen(sp->prompt_ids); k++) {
-                    char piece[1024];
-                    int m = llm_detok_push(S->model->tok, &d, sp->prompt_ids[k], piece, sizeof piece);
-                    if (m > 0 && m <= (int)sizeof piece) sb_put(&t, piece, (size_t)m);
-                }
-                char tail[8];
-                int m = llm_detok_flush(&d, tail, sizeof tail);
-                if (m > 0) sb_put(&t, tail, (size_t)m);
-                sp->echo_text = t.s ? t.s : strdup("");
+                int m = llm_detokenize(S->model->tok, sp->prompt_ids, (int)arrlen(sp->prompt_ids), 0, NULL, 0);
+                if (m < 0 || !(sp->echo_text = (char *)malloc((size_t)m + 1))) return bad(e, 500, NULL, "out of memory");
+                llm_detokenize(S->model->tok, sp->prompt_ids, (int)arrlen(sp->prompt_ids), 0, sp->echo_text, m + 1);
             }
         } else {
             return bad(e, 400, "prompt", "prompt must be a string, a list of strings or a list of token ids");
@@ -1381,22 +1373,20 @@ static void handle_detokenize(srv_state *S, srv_conn *c, const jv *body) {
     const jv *tokens = json_get(body, "tokens");
     if (check_model(S, body, &e)) { send_error(S, c, e.status, e.param, "%s", e.msg); return; }
     if (!tokens || tokens->type != J_ARRAY) { send_error(S, c, 400, "tokens", "tokens must be a list of ids"); return; }
-    sbuf t = {0};
-    llm_detok d = {{0}, 0, 0};
+    int32_t *ids = NULL;
     for (int i = 0; i < tokens->n; i++) {
         const jv *v = &tokens->items[i];
         if (v->type != J_NUMBER || v->num != floor(v->num) || v->num < 0 || v->num >= S->model->cfg.vocab_size) {
-            sb_free(&t);
+            arrfree(ids);
             send_error(S, c, 400, "tokens", "tokens must be integers in 0..%d", S->model->cfg.vocab_size - 1);
             return;
         }
-        char piece[1024];
-        int m = llm_detok_push(S->model->tok, &d, (int32_t)v->num, piece, sizeof piece);
-        if (m > 0 && m <= (int)sizeof piece) sb_put(&t, piece, (size_t)m);
+        arrput(ids, (int32_t)v->num);
     }
-    char tail[8];
-    int m = llm_detok_flush(&d, tail, sizeof tail);
-    if (m > 0) sb_put(&t, tail, (size_t)m);
+    sbuf t = {0};
+    int m = llm_detokenize(S->model->tok, ids, (int)arrlen(ids), 0, NULL, 0);
+    if (m > 0 && (t.s = (char *)malloc((size_t)m + 1))) t.len = (size_t)llm_detokenize(S->model->tok, ids, (int)arrlen(ids), 0, t.s, m + 1);
+    arrfree(ids);
     sbuf b = {0};
     sb_puts(&b, "{\"prompt\":");
     sb_json_str(&b, t.s ? t.s : "", t.len);
@@ -1739,6 +1729,7 @@ static int serve(args_t *a) {
     S->stats = st;
     S->max_model_len = st.max_model_len;
     S->max_queue = a->max_queue;
+    S->request_timeout = a->request_timeout;
     S->api_key = a->api_key;
     S->defaults = llm_sampling_defaults(); /* OpenAI's defaults: temperature 1, top_p 1 */
     if (a->served_model_name) snprintf(S->model_name, sizeof S->model_name, "%s", a->served_model_name);
@@ -1786,7 +1777,7 @@ static int serve(args_t *a) {
     double stop_since = 0;
     for (;;) {
         struct epoll_event events[256];
-        int n = epoll_wait(S->epoll_fd, events, 256, 1000);
+        int n = epoll_wait(S->epoll_fd, events, 256, S->request_timeout < 2 ? 100 : 1000);
         if (n < 0 && errno != EINTR) { fprintf(stderr, "llm serve: epoll: %s\n", strerror(errno)); break; }
         for (int i = 0; i < n; i++) {
             void *p = events[i].data.ptr;
@@ -1806,9 +1797,9 @@ static int serve(args_t *a) {
         for (ptrdiff_t i = arrlen(S->conns) - 1; i >= 0; i--) {
             srv_conn *c = S->conns[i];
             if (!c->req && !c->closing && c->in.len) conn_process(S, c);
-            if (!c->req && c->t_request_start && t - c->t_request_start > SRV_READ_TIMEOUT) {
+            if (!c->req && c->t_request_start && t - c->t_request_start > S->request_timeout) {
                 c->keep_alive = 0; /* slowloris: the request was begun and not finished in time */
-                send_error(S, c, 408, NULL, "the request took more than %.0f s to arrive", SRV_READ_TIMEOUT);
+                send_error(S, c, 408, NULL, "the request took more than %g s to arrive", S->request_timeout);
                 c->closing = 1;
             }
             if (!c->req && !c->in.len && t - c->t_last_active > SRV_IDLE_TIMEOUT) c->closing = 1;

@@ -19,6 +19,9 @@
 #include <poll.h>
 #include <pty.h>
 #include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 static int n_passed, n_failed;
@@ -2660,6 +2663,506 @@ static void test_chat_terminal(void) {
     free(buf);
 }
 
+/* -----------------------------------------------------------------------------------------------------------
+ * llm serve: the real server on a free loopback port, driven over real sockets; exact bytes where it matters
+ * -------------------------------------------------------------------------------------------------------- */
+typedef struct { pid_t pid; int port; char log[64]; } test_server;
+
+/* Starts ./llm serve on stories260K with extra flags; reads the port from its "listening on" line. */
+static int server_start(test_server *s, const char *extra) {
+    static int serial;
+    snprintf(s->log, sizeof s->log, "llm-test-serve-%d-%d.log", (int)getpid(), serial++);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "exec ./llm serve -m %s --cpu --port 0 %s 2>%s", model_path("stories260K.gguf"),
+             extra, s->log);
+    s->port = 0;
+    s->pid = fork();
+    if (s->pid == 0) { execl("/bin/sh", "sh", "-c", cmd, (char *)NULL); _exit(127); }
+    for (double t0 = test_now(); s->pid > 0 && test_now() - t0 < 60 && !s->port; usleep(20000)) {
+        char *log = read_file(s->log, NULL);
+        const char *p = log ? strstr(log, "listening on http://127.0.0.1:") : NULL;
+        if (p) s->port = atoi(p + strlen("listening on http://127.0.0.1:"));
+        free(log);
+        if (waitpid(s->pid, NULL, WNOHANG) == s->pid) break;
+    }
+    CHECK(s->port > 0, "llm serve %s starts and listens", extra);
+    return s->port > 0 ? 0 : -1;
+}
+
+/* SIGTERM, then the exit status (0 expected: in-flight requests finish, then it exits). */
+static int server_stop(test_server *s) {
+    int status = -1;
+    if (s->pid <= 0) return -1;
+    kill(s->pid, SIGTERM);
+    double t0 = test_now();
+    while (waitpid(s->pid, &status, WNOHANG) == 0) {
+        if (test_now() - t0 > 60) { kill(s->pid, SIGKILL); waitpid(s->pid, &status, 0); break; }
+        usleep(10000);
+    }
+    remove(s->log);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static int tcp_connect(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET; a.sin_port = htons((uint16_t)port); a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) { close(fd); fd = -1; }
+    return fd;
+}
+
+static int send_all(int fd, const char *data, size_t n) {
+    while (n) {
+        ssize_t k = send(fd, data, n, MSG_NOSIGNAL);
+        if (k <= 0) return -1;
+        data += k; n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Reads until the peer closes or timeout_s passes; returns what came (malloc'd, NUL-terminated). */
+static char *recv_all(int fd, double timeout_s, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = (char *)malloc(cap);
+    for (double t0 = test_now(); buf && test_now() - t0 < timeout_s;) {
+        struct pollfd p = {fd, POLLIN, 0};
+        if (poll(&p, 1, 50) <= 0) continue;
+        if (n + 4096 > cap) { char *b = (char *)realloc(buf, cap *= 2); if (!b) break; buf = b; }
+        ssize_t k = recv(fd, buf + n, cap - n - 1, 0);
+        if (k <= 0) break;
+        n += (size_t)k;
+    }
+    if (buf) buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+/* One request on a new connection (Connection: close): the whole response. */
+static char *http_request_raw(int port, const char *raw, size_t n) {
+    int fd = tcp_connect(port);
+    if (fd < 0) return NULL;
+    char *out = send_all(fd, raw, n) == 0 ? recv_all(fd, 60, NULL) : NULL;
+    close(fd);
+    return out;
+}
+
+static char *http_post(int port, const char *path, const char *body, const char *extra_headers) {
+    char *req = (char *)malloc(strlen(body) + 1024);
+    int n = sprintf(req, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
+                    "Connection: close\r\n%s\r\n%s", path, strlen(body), extra_headers ? extra_headers : "", body);
+    char *out = http_request_raw(port, req, (size_t)n);
+    free(req);
+    return out;
+}
+
+static char *http_get(int port, const char *path, const char *extra_headers) {
+    char req[1024];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s\r\n", path,
+                     extra_headers ? extra_headers : "");
+    return http_request_raw(port, req, (size_t)n);
+}
+
+static int http_status(const char *resp) { return resp && !strncmp(resp, "HTTP/1.1 ", 9) ? atoi(resp + 9) : -1; }
+static const char *http_body(const char *resp) {
+    const char *p = resp ? strstr(resp, "\r\n\r\n") : NULL;
+    return p ? p + 4 : "";
+}
+
+/* A chunked body's data, joined. */
+static char *dechunk(const char *body) {
+    size_t n = 0;
+    char *out = (char *)calloc(strlen(body) + 1, 1);
+    while (out && *body) {
+        char *end;
+        unsigned long size = strtoul(body, &end, 16);
+        if (end == body || strncmp(end, "\r\n", 2)) break;
+        if (size == 0) break;
+        body = end + 2;
+        if (strlen(body) < size + 2) break;
+        memcpy(out + n, body, size); n += size;
+        body += size + 2;
+    }
+    return out;
+}
+
+/* The "text" (completions) or "content" (chat deltas) of every SSE event for choice `index`, joined; also
+ * how many events, their finish reason and whether the stream ended with [DONE]. */
+static void sse_collect(const char *events, int index, int chat, char *text, size_t cap, int *n_events,
+                        char *finish, int *done) {
+    size_t n = 0;
+    *n_events = 0; finish[0] = 0; *done = 0;
+    for (const char *p = strstr(events, "data: "); p; p = strstr(p + 1, "data: ")) {
+        const char *end = strstr(p, "\n\n");
+        if (!strncmp(p, "data: [DONE]\n\n", 14)) { *done = 1; continue; }
+        char key[32];
+        snprintf(key, sizeof key, "\"index\":%d,", index);
+        const char *ip = strstr(p, key);
+        if (!ip || (end && ip > end)) continue;
+        (*n_events)++;
+        const char *v = tok_json_value(ip, end, chat ? "content" : "text");
+        if (v && *v == '"') n += tok_json_string(v, text + n, cap - 1 - n);
+        v = tok_json_value(ip, end, "finish_reason");
+        if (v && *v == '"') finish[tok_json_string(v, finish, 15)] = 0;
+    }
+    text[n < cap ? n : cap - 1] = 0;
+}
+
+/* A JSON string value of key in body (the first), or "" */
+static const char *json_str(const char *body, const char *key, char *out, size_t cap) {
+    const char *v = tok_json_value(body, NULL, key);
+    size_t n = v && *v == '"' ? tok_json_string(v, out, cap - 1) : 0;
+    out[n < cap ? n : cap - 1] = 0;
+    return out;
+}
+
+/* A gauge or counter of /metrics */
+static double metric(int port, const char *name) {
+    char *m = http_get(port, "/metrics", NULL);
+    char key[128];
+    snprintf(key, sizeof key, "\n%s{", name);
+    const char *p = m ? strstr(m, key) : NULL;
+    double v = p ? strtod(strchr(p, '}') + 1, NULL) : -1;
+    free(m);
+    return v;
+}
+
+static void test_server_endpoints(void) {
+    test_server s;
+    if (server_start(&s, "") != 0) { server_stop(&s); return; }
+    int port = s.port;
+    char *r, buf[8192], finish[16];
+    /* the references: llama.cpp's greedy texts on stories260K, over /v1/completions */
+    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
+    int n_ref = load_ref_cases("stories260K-greedy.json", cases, 4);
+    for (int i = 0; i < n_ref; i++) {
+        char body[2048];
+        snprintf(body, sizeof body, "{\"model\":\"stories260K\",\"prompt\":\"%s\",\"max_tokens\":%d,"
+                 "\"temperature\":0}", cases[i].prompt, cases[i].max_tokens);
+        r = http_post(port, "/v1/completions", body, NULL);
+        json_str(http_body(r), "text", buf, sizeof buf);
+        CHECK(http_status(r) == 200 && strlen(buf) == cases[i].n_completion &&
+              !memcmp(buf, cases[i].completion, cases[i].n_completion),
+              "serve: greedy \"%s\" gives llama.cpp's text: %s", cases[i].prompt, r ? r : "");
+        free(r);
+    }
+    /* the exact body of a completion */
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0}",
+                  NULL);
+    const char *b = http_body(r);
+    CHECK(http_status(r) == 200 && !strncmp(b, "{\"id\":\"cmpl-", 12) &&
+          strstr(b, "\",\"object\":\"text_completion\",\"created\":") &&
+          strstr(b, ",\"model\":\"stories260K\",\"system_fingerprint\":\"fp_llm\",\"choices\":[{\"index\":0,"
+                    "\"text\":\", there was\",\"logprobs\":null,\"finish_reason\":\"length\"}],\"usage\":"
+                    "{\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8}}") &&
+          strstr(r, "\r\nContent-Type: application/json\r\n"), "serve: a completion's body: %s", r ? r : "");
+    free(r);
+    /* streaming: the same text in SSE events, a usage chunk, [DONE]; chunked, so keep-alive goes on */
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0,"
+                  "\"stream\":true,\"stream_options\":{\"include_usage\":true}}", NULL);
+    char *ev = dechunk(http_body(r));
+    int n_events, done;
+    sse_collect(ev, 0, 0, buf, sizeof buf, &n_events, finish, &done);
+    CHECK(http_status(r) == 200 && strstr(r, "Content-Type: text/event-stream\r\n") &&
+          strstr(r, "Transfer-Encoding: chunked\r\n") && !strcmp(buf, ", there was") && n_events == 3 &&
+          !strcmp(finish, "length") && done && strstr(ev, "\"choices\":[],\"usage\":{\"prompt_tokens\":5,"
+          "\"completion_tokens\":3,\"total_tokens\":8}}\n\ndata: [DONE]\n\n"),
+          "serve: a streamed completion: %s", ev ? ev : "");
+    free(ev); free(r);
+    /* chat, not streamed and streamed: the first chunk says the role */
+    r = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                  "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi\"}]}],\"max_tokens\":6,"
+                  "\"temperature\":0}", NULL);
+    char chat_text[1024];
+    json_str(http_body(r), "content", chat_text, sizeof chat_text);
+    CHECK(http_status(r) == 200 && strstr(r, "\"object\":\"chat.completion\"") &&
+          strstr(r, "\"message\":{\"role\":\"assistant\",\"content\":") && strlen(chat_text) > 0 &&
+          strstr(r, "\"completion_tokens\":6"), "serve: chat: %s", r ? r : "");
+    free(r);
+    r = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                  "{\"role\":\"user\",\"content\":\"Hi\"}],\"max_completion_tokens\":6,\"temperature\":0,"
+                  "\"stream\":true}", NULL);
+    ev = dechunk(http_body(r));
+    sse_collect(ev, 0, 1, buf, sizeof buf, &n_events, finish, &done);
+    CHECK(http_status(r) == 200 && !strcmp(buf, chat_text) && done && !strcmp(finish, "length") &&
+          strstr(ev, "\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
+                 "\"logprobs\":null,\"finish_reason\":null}]}") && !strstr(ev, "\"usage\""),
+          "serve: streamed chat gives the same text (%s): %s", chat_text, ev ? ev : "");
+    free(ev); free(r);
+    /* n = 3 with a seed: three choices, the same three again */
+    const char *nbody = "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"n\":3,\"seed\":7,\"temperature\":1}";
+    char *r1 = http_post(port, "/v1/completions", nbody, NULL), *r2 = http_post(port, "/v1/completions", nbody, NULL);
+    CHECK(http_status(r1) == 200 && r1 && r2 && strstr(r1, "\"index\":2,") && !strstr(r1, "\"index\":3,") &&
+          !strcmp(strstr(r1, "\"choices\""), strstr(r2, "\"choices\"")) && strstr(r1, "\"completion_tokens\":24"),
+          "serve: n=3 with a seed: %s", r1 ? r1 : "");
+    free(r1); free(r2);
+    /* several prompts: a choice each, in order; token-id prompts; echo */
+    r = http_post(port, "/v1/completions", "{\"prompt\":[\"Once upon a time\",[1,403,407,261,378]],"
+                  "\"max_tokens\":3,\"temperature\":0,\"echo\":true}", NULL);
+    b = http_body(r);
+    CHECK(http_status(r) == 200 && strstr(b, "{\"index\":0,\"text\":\"Once upon a time, there was\"") &&
+          strstr(b, "{\"index\":1,\"text\":\"Once upon a time, there was\""), "serve: two prompts with echo: %s",
+          r ? r : "");
+    free(r);
+    /* logprobs: the chosen token's and the top 2, as OpenAI's four lists */
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,\"temperature\":0,"
+                  "\"logprobs\":2}", NULL);
+    b = http_body(r);
+    const char *lp = strstr(b, "\"logprobs\":{\"tokens\":[\",\",\" there\"],\"token_logprobs\":[");
+    CHECK(http_status(r) == 200 && lp && strstr(lp, "\"top_logprobs\":[{\",\":") &&
+          strstr(lp, "\"text_offset\":[0,1]}"), "serve: logprobs: %s", b);
+    free(r);
+    r = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                  "\"max_tokens\":2,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":3}", NULL);
+    CHECK(http_status(r) == 200 && strstr(r, "\"logprobs\":{\"content\":[{\"token\":") &&
+          strstr(r, "\"bytes\":[") && strstr(r, "\"top_logprobs\":[{\"token\":"), "serve: chat logprobs: %s", r);
+    free(r);
+    /* a stop string: the text ends before it, finish "stop" */
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":20,\"temperature\":0,"
+                  "\"stop\":[\" little\"]}", NULL);
+    json_str(http_body(r), "text", buf, sizeof buf);
+    CHECK(http_status(r) == 200 && !strcmp(buf, ", there was a") && strstr(r, "\"finish_reason\":\"stop\""),
+          "serve: stop string: %s", r ? r : "");
+    free(r);
+    /* a stop token id (432 is ",", the first greedy token) ends it at once; min_tokens keeps it going */
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"temperature\":0,"
+                  "\"stop_token_ids\":[432]}", NULL);
+    CHECK(http_status(r) == 200 && strstr(r, "\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"stop\"") &&
+          strstr(r, "\"completion_tokens\":1,"), "serve: a stop token id: %s", r ? r : "");
+    free(r);
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"temperature\":0,"
+                  "\"stop_token_ids\":[432],\"min_tokens\":4}", NULL);
+    CHECK(http_status(r) == 200 && strstr(r, "\"completion_tokens\":") &&
+          atoi(strstr(r, "\"completion_tokens\":") + 20) >= 4, "serve: min_tokens: %s", r ? r : "");
+    free(r);
+    /* the small endpoints */
+    r = http_get(port, "/v1/models", NULL);
+    CHECK(http_status(r) == 200 && strstr(http_body(r), "{\"object\":\"list\",\"data\":[{\"id\":\"stories260K\","
+          "\"object\":\"model\",\"created\":") && strstr(r, "\"max_model_len\":2048"), "serve: /v1/models: %s", r);
+    free(r);
+    r = http_get(port, "/health", NULL);
+    CHECK(http_status(r) == 200 && strstr(r, "Content-Length: 0\r\n"), "serve: /health: %s", r ? r : "");
+    free(r);
+    r = http_get(port, "/version", NULL);
+    CHECK(http_status(r) == 200 && strstr(http_body(r), "{\"version\":\""), "serve: /version: %s", r ? r : "");
+    free(r);
+    r = http_post(port, "/tokenize", "{\"prompt\":\"Once upon a time\"}", NULL);
+    CHECK(http_status(r) == 200 && !strcmp(http_body(r), "{\"count\":5,\"max_model_len\":2048,\"tokens\":"
+          "[1,403,407,261,378],\"token_strs\":null}"), "serve: /tokenize: %s", r ? r : "");
+    free(r);
+    r = http_post(port, "/detokenize", "{\"tokens\":[403,407,261,378]}", NULL);
+    CHECK(http_status(r) == 200 && !strcmp(http_body(r), "{\"prompt\":\"Once upon a time\"}"),
+          "serve: /detokenize: %s", r ? r : "");
+    free(r);
+    r = http_get(port, "/metrics", NULL);
+    CHECK(http_status(r) == 200 && strstr(r, "\nvllm:num_requests_running{model_name=\"stories260K\"} 0\n") &&
+          strstr(r, "# TYPE vllm:time_to_first_token_seconds histogram\n") &&
+          strstr(r, "vllm:request_success_total{finished_reason=\"length\",model_name=\"stories260K\"} ") &&
+          strstr(r, "vllm:e2e_request_latency_seconds_count{model_name=\"stories260K\"} ") &&
+          strstr(r, "\nvllm:prefix_cache_hits{") && strstr(r, "\nvllm:generation_tokens_total{"),
+          "serve: /metrics: %s", r ? r : "");
+    free(r);
+    CHECK(server_stop(&s) == 0, "serve: SIGTERM: exit status 0");
+    free(cases);
+}
+
+static void test_server_errors(void) {
+    test_server s;
+    if (server_start(&s, "--api-key sesame --max-queue 2 --request-timeout 1 --max-model-len 64") != 0) {
+        server_stop(&s);
+        return;
+    }
+    int port = s.port;
+    const char *auth = "Authorization: Bearer sesame\r\n";
+    static const struct { const char *body; int status; const char *param, *message; } bad[] = {
+        {"{\"prompt\":\"x\",", 400, NULL, "the body is not valid JSON: an object key must be a string at byte 14"},
+        {"[1,2]", 400, NULL, "the body must be a JSON object"},
+        {"{\"prompt\":\"\\ud800\"}", 400, NULL, "the body is not valid JSON: a high surrogate without"},
+        {"{\"prompt\":\"\xff\"}", 400, NULL, "invalid UTF-8 in a string"},
+        {"{\"prompt\":\"x\",\"max_tokens\":0}", 400, "max_tokens", "max_tokens must be between 1 and"},
+        {"{\"prompt\":\"x\",\"max_tokens\":\"5\"}", 400, "max_tokens", "max_tokens must be a number"},
+        {"{\"prompt\":\"x\",\"max_tokens\":2.5}", 400, "max_tokens", "max_tokens must be an integer"},
+        {"{\"prompt\":\"x\",\"n\":0}", 400, "n", "n must be between 1 and 128"},
+        {"{\"prompt\":\"x\",\"top_p\":1.5}", 400, "top_p", "top_p must be between 0 and 1"},
+        {"{\"prompt\":\"x\",\"top_p\":0}", 400, "top_p", "top_p must be in (0, 1]"},
+        {"{\"prompt\":\"x\",\"temperature\":-1}", 400, "temperature", "temperature must be between 0 and"},
+        {"{\"prompt\":\"x\",\"temperature\":1e999}", 400, NULL, "a number out of range"},
+        {"{\"prompt\":\"x\",\"seed\":1e300}", 400, "seed", "seed must be between"},
+        {"{\"prompt\":\"x\",\"stream\":1}", 400, "stream", "stream must be true or false"},
+        {"{\"prompt\":\"x\",\"stop\":[1]}", 400, "stop", "stop must be strings"},
+        {"{\"prompt\":[1,2,99999]}", 400, "prompt", "a prompt's token ids must be integers in 0..511"},
+        {"{\"max_tokens\":3}", 400, "prompt", "prompt is required"},
+        {"{\"prompt\":\"x\",\"model\":\"gpt-4\"}", 404, "model", "The model `gpt-4` does not exist"},
+        {"{\"prompt\":\"Once upon a time there was a girl\",\"max_tokens\":60}", 400, "prompt",
+         "This model's maximum context length is 64 tokens. However, you requested 71 tokens (11 in the prompt, "
+         "60 in the completion)"},
+        {"{\"prompt\":[\"a\",\"b\",\"c\"]}", 503, NULL, "the server is busy"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *r = http_post(port, "/v1/completions", bad[i].body, auth);
+        const char *b = http_body(r);
+        char param[64], msg[512];
+        json_str(b, "message", msg, sizeof msg);
+        const char *pv = tok_json_value(b, NULL, "param");
+        if (pv && *pv == '"') json_str(b, "param", param, sizeof param); else snprintf(param, sizeof param, "null");
+        CHECK(http_status(r) == bad[i].status && !strncmp(b, "{\"error\":{\"message\":", 20) &&
+              strstr(msg, bad[i].message) && !strcmp(param, bad[i].param ? bad[i].param : "null") &&
+              strstr(b, "\"type\":\"") && strstr(b, "\"code\":"),
+              "serve: %s -> %d: %s", bad[i].body, bad[i].status, r ? r : "");
+        free(r);
+    }
+    char *r = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"robot\",\"content\":\"x\"}]}", auth);
+    CHECK(http_status(r) == 400 && strstr(r, "\"param\":\"messages[0].role\""), "serve: a bad role: %s", r);
+    free(r);
+    /* 401 without the key (or a wrong one); /health and /metrics stay open */
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"x\"}", NULL);
+    CHECK(http_status(r) == 401 && strstr(r, "\"type\":\"authentication_error\""), "serve: 401: %s", r);
+    free(r);
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"x\"}", "Authorization: Bearer sesamf\r\n");
+    CHECK(http_status(r) == 401, "serve: a wrong key: %s", r);
+    free(r);
+    r = http_get(port, "/health", NULL);
+    CHECK(http_status(r) == 200, "serve: /health without a key: %s", r);
+    free(r);
+    /* 404, 405, 413, 431 */
+    r = http_get(port, "/v2/nothing", auth);
+    CHECK(http_status(r) == 404 && strstr(r, "{\"error\":{\"message\":\"Not Found: /v2/nothing\""), "404: %s", r);
+    free(r);
+    r = http_get(port, "/v1/completions", auth);
+    CHECK(http_status(r) == 405 && strstr(r, "\r\nAllow: POST\r\n"), "serve: 405: %s", r ? r : "");
+    free(r);
+    const char *huge = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 900000000\r\n\r\n";
+    r = http_request_raw(port, huge, strlen(huge));
+    CHECK(http_status(r) == 413 && strstr(r, "Connection: close\r\n"), "serve: 413: %s", r ? r : "");
+    free(r);
+    char *big = (char *)malloc(40000);
+    int n = sprintf(big, "GET /health HTTP/1.1\r\nX-Big: ");
+    memset(big + n, 'a', 20000); n += 20000;
+    n += sprintf(big + n, "\r\n\r\n");
+    r = http_request_raw(port, big, (size_t)n);
+    CHECK(http_status(r) == 431, "serve: 431: %s", r ? r : "");
+    free(r); free(big);
+    /* a malformed request line */
+    r = http_request_raw(port, "HELLO\r\n\r\n", 9);
+    CHECK(http_status(r) == 400 && strstr(r, "a malformed HTTP request"), "serve: garbage: %s", r ? r : "");
+    free(r);
+    /* slowloris: a request begun and not finished is cut off after --request-timeout */
+    int fd = tcp_connect(port);
+    double t0 = test_now();
+    send_all(fd, "POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"pro", 58);
+    r = recv_all(fd, 10, NULL);
+    CHECK(http_status(r) == 408 && test_now() - t0 < 8, "serve: a slow client is cut off: %s", r ? r : "");
+    free(r); close(fd);
+    /* Expect: 100-continue, as curl sends for large bodies */
+    fd = tcp_connect(port);
+    const char *head = "POST /tokenize HTTP/1.1\r\nAuthorization: Bearer sesame\r\nExpect: 100-continue\r\n"
+                       "Content-Length: 14\r\nConnection: close\r\n\r\n";
+    send_all(fd, head, strlen(head));
+    size_t got;
+    char *cont = recv_all(fd, 0.5, &got);
+    send_all(fd, "{\"prompt\":\"a\"}", 14);
+    r = recv_all(fd, 10, NULL);
+    CHECK(cont && !strcmp(cont, "HTTP/1.1 100 Continue\r\n\r\n") && http_status(r) == 200,
+          "serve: 100-continue: %s / %s", cont ? cont : "", r ? r : "");
+    free(cont); free(r); close(fd);
+    /* the server went on serving through all of it */
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":2}", auth);
+    CHECK(http_status(r) == 200, "serve: still serving after the bad requests: %s", r ? r : "");
+    free(r);
+    CHECK(server_stop(&s) == 0, "serve: SIGTERM after errors: exit status 0");
+}
+
+/* Keep-alive with pipelining, a client that disconnects mid-stream, and 64 streaming clients at once. */
+static void test_server_connections(void) {
+    test_server s;
+    if (server_start(&s, "") != 0) { server_stop(&s); return; }
+    int port = s.port;
+    /* three pipelined requests on one connection, sent at once: three responses in order */
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0}";
+    char pipe_req[2048];
+    int n = 0;
+    for (int i = 0; i < 2; i++)
+        n += sprintf(pipe_req + n, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    n += sprintf(pipe_req + n, "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    char *r = http_request_raw(port, pipe_req, (size_t)n);
+    const char *first = r ? strstr(r, "HTTP/1.1 200 OK") : NULL;
+    const char *second = first ? strstr(first + 1, "HTTP/1.1 200 OK") : NULL;
+    const char *third = second ? strstr(second + 1, "HTTP/1.1 200 OK") : NULL;
+    CHECK(first == r && second && third && strstr(first, "\", there was\"") < second &&
+          strstr(second, "\", there was\"") < third && strstr(third, "\"object\":\"list\""),
+          "serve: pipelined keep-alive requests: %s", r ? r : "");
+    free(r);
+    /* a client that leaves mid-stream: its request is aborted and every block comes back */
+    double blocks = metric(port, "llm:kv_cache_blocks");
+    int fd = tcp_connect(port);
+    const char *long_body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":2000,\"ignore_eos\":true,\"stream\":true}";
+    char req[1024];
+    n = sprintf(req, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s", strlen(long_body), long_body);
+    send_all(fd, req, (size_t)n);
+    char part[4096];
+    ssize_t k = recv(fd, part, sizeof part, 0); /* the stream has begun */
+    close(fd);
+    double free_blocks = -1, aborted = -1;
+    for (double t0 = test_now(); test_now() - t0 < 10; usleep(20000)) {
+        free_blocks = metric(port, "llm:kv_cache_free_blocks");
+        aborted = metric(port, "vllm:request_success_total");
+        char *m = http_get(port, "/metrics", NULL);
+        const char *a = m ? strstr(m, "finished_reason=\"abort\",model_name=\"stories260K\"} ") : NULL;
+        aborted = a ? atof(strchr(a, '}') + 2) : -1;
+        free(m);
+        if (aborted == 1 && free_blocks == blocks) break;
+    }
+    CHECK(k > 0 && aborted == 1 && blocks > 0 && free_blocks == blocks,
+          "serve: a client gone mid-stream: aborted %g, %g of %g blocks free", aborted, free_blocks, blocks);
+    /* 64 streaming clients at once, each the same greedy text as alone */
+    enum { N = 64 };
+    static const char *prompts[4] = {"Once upon a time", "The cat", "Lily and Ben", "One day"};
+    char alone[4][1024];
+    for (int i = 0; i < 4; i++) {
+        char b[512];
+        snprintf(b, sizeof b, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0}", prompts[i], 20 + 5 * i);
+        r = http_post(port, "/v1/completions", b, NULL);
+        json_str(http_body(r), "text", alone[i], sizeof alone[i]);
+        free(r);
+    }
+    int fds[N];
+    for (int c = 0; c < N; c++) {
+        char b[512], rq[1024];
+        snprintf(b, sizeof b, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"stream\":true}",
+                 prompts[c % 4], 20 + 5 * (c % 4));
+        int m = snprintf(rq, sizeof rq, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\nConnection: "
+                         "close\r\n\r\n%s", strlen(b), b);
+        fds[c] = tcp_connect(port);
+        if (fds[c] >= 0) send_all(fds[c], rq, (size_t)m);
+    }
+    int same = 0;
+    for (int c = 0; c < N; c++) {
+        char *resp = fds[c] >= 0 ? recv_all(fds[c], 60, NULL) : NULL;
+        char *ev = resp ? dechunk(http_body(resp)) : NULL, text[1024], fin[16];
+        int ne, dn;
+        if (ev) sse_collect(ev, 0, 0, text, sizeof text, &ne, fin, &dn);
+        if (ev && dn && !strcmp(fin, "length") && !strcmp(text, alone[c % 4])) same++;
+        else if (ev) printf("    client %d: \"%s\" vs \"%s\"\n", c, text, alone[c % 4]);
+        free(ev); free(resp);
+        if (fds[c] >= 0) close(fds[c]);
+    }
+    CHECK(same == N, "serve: %d of %d concurrent streams give the text of their prompt alone", same, N);
+    CHECK(metric(port, "llm:kv_cache_free_blocks") == blocks, "serve: all blocks free after the 64 streams");
+    /* SIGTERM with a request in flight: it finishes, then the server exits 0 */
+    fd = tcp_connect(port);
+    const char *slow = "{\"prompt\":\"Once\",\"max_tokens\":400,\"ignore_eos\":true}";
+    n = sprintf(req, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s", strlen(slow), slow);
+    send_all(fd, req, (size_t)n);
+    usleep(20000);
+    kill(s.pid, SIGTERM);
+    r = recv_all(fd, 30, NULL);
+    CHECK(http_status(r) == 200 && strstr(r, "\"completion_tokens\":400"), "serve: SIGTERM lets a request finish: %s",
+          r ? r : "");
+    free(r); close(fd);
+    CHECK(server_stop(&s) == 0, "serve: exit status 0 after SIGTERM");
+}
+
 static int header_sections(const char *h, const char *from, const char *to, const char *prefix,
                            char names[][16]) {
     const char *p = strstr(h, from), *end = p ? strstr(p, to) : NULL;
@@ -3332,9 +3835,13 @@ int main(int argc, char **argv) {
         {"llm command", test_cli}, {"llm.h's example", test_docs_example},
         {"chat templates", test_chat_templates}, {"chat template detection", test_chat_detect},
         {"chat, piped", test_chat_piped}, {"chat on a terminal", test_chat_terminal},
+        {"server endpoints", test_server_endpoints}, {"server errors", test_server_errors},
+        {"server connections", test_server_connections},
         {"llm.h's layout", test_header_layout},
     };
+    const char *only = getenv("LLM_TEST"); /* LLM_TEST=server runs the tests whose names hold "server" */
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        if (only && !strstr(tests[i].name, only)) continue;
         int failed_before = n_failed;
         double t0 = test_now();
         tests[i].fn();
