@@ -22,6 +22,8 @@ static const char *usage =
     "  llm tokenize -m MODEL.gguf [--no-bos] TEXT     print TEXT's token ids on one line\n"
     "  llm bench (-m MODEL.gguf | --dummy NAME) [options]  offline throughput, as vLLM's bench throughput\n"
     "  llm serve -m MODEL.gguf [options]              OpenAI-compatible HTTP server (vLLM's API)\n"
+    "  llm bench serve [options]                      load a running server, as vLLM's bench serve\n"
+    "                                                 (llm bench serve --help lists its options)\n"
     "\n"
     "generation options:\n"
     "  -m, --model PATH       GGUF model file\n"
@@ -750,7 +752,7 @@ static int bench(args_t *a) {
     return failed ? 1 : 0;
 }
 
-/* llm serve: the OpenAI-compatible HTTP server, in its own file */
+/* llm serve, the OpenAI-compatible HTTP server, and llm bench serve, its load generator: in their own file */
 #include "server.c"
 
 int main(int argc, char **argv) {
@@ -765,6 +767,7 @@ int main(int argc, char **argv) {
     int cmd = 0; /* 0 generate/REPL, 1 tokenize, 2 bench, 3 chat */
     int start = 1;
     if (argc > 1 && !strcmp(argv[1], "tokenize")) { cmd = 1; start = 2; }
+    else if (argc > 2 && !strcmp(argv[1], "bench") && !strcmp(argv[2], "serve")) return bench_serve(argc, argv, 3);
     else if (argc > 1 && !strcmp(argv[1], "bench")) { cmd = 2; start = 2; }
     else if (argc > 1 && !strcmp(argv[1], "chat")) { cmd = 3; start = 2; }
     else if (argc > 1 && !strcmp(argv[1], "serve")) { cmd = 4; start = 2; }

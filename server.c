@@ -1838,3 +1838,803 @@ out:
     free(S);
     return rc;
 }
+
+/* ===========================================================================================================
+ * llm bench serve: a load generator for an OpenAI-compatible server, as vLLM's bench serve
+ * It sends --num-prompts streaming completion requests whose prompts are random token ids, arriving as a
+ * Poisson process at --request-rate, at most --max-concurrency of them in flight, one thread each, over
+ * plain HTTP/1.1 sockets. From the Server-Sent Events it times the first token (TTFT), the gaps between
+ * tokens (ITL) and the whole request (E2EL), and prints vLLM's results table and one by prompt length.
+ * Its names begin with bs_; it is the server's client, and shares only server.c's growable strings.
+ * ======================================================================================================== */
+#define BS_MAX_THREADS 1024        /* requests in flight when --max-concurrency is not given */
+#define BS_MAX_HEADER (64 << 10)   /* a response's status line and headers */
+#define BS_MAX_BODY (8 << 20)      /* a body we keep whole (an error, /v1/models); SSE lines are consumed */
+#define BS_DONE_GRACE 5.0          /* seconds the body may take to end after data: [DONE] */
+
+static const char *bs_usage =
+    "usage: llm bench serve [options]    load a running OpenAI-compatible server, as vLLM's bench serve\n"
+    "  --host H               server host (default 127.0.0.1)\n"
+    "  --port P               server port (default 8000)\n"
+    "  --endpoint PATH        completions endpoint (default /v1/completions)\n"
+    "  --model NAME           the \"model\" sent (default: the first of GET /v1/models, or none)\n"
+    "  --api-key KEY          sent as Authorization: Bearer KEY\n"
+    "  --num-prompts N        requests (default 200)\n"
+    "  --request-rate R       requests per second, Poisson arrivals (default inf: all at once)\n"
+    "  --max-concurrency C    at most C requests in flight (default: no limit but 1024 threads)\n"
+    "  --input-len MIN:MAX    prompt lengths in tokens, drawn uniformly (default 32:256)\n"
+    "  --output-len MIN:MAX   max_tokens, drawn uniformly, EOS ignored (default 16:128)\n"
+    "  --min-token-id ID      prompts are random token ids in [min, max] (default 3)\n"
+    "  --max-token-id ID      (default 500: fits a 512-token vocabulary)\n"
+    "  --seed S               workload seed (default 0)\n"
+    "  --timeout S            a request fails when the server is silent for S seconds (default 120)\n";
+
+typedef sbuf bs_buf; /* server.c's growable string, kept NUL-terminated */
+
+typedef struct {
+    /* what to send, from the flags */
+    const char *host, *endpoint, *api_key;
+    int port;
+    char *model; /* JSON-escaped already, so it goes into the body as it is; NULL: no "model" field */
+    int num_prompts, max_conc, conc_given, in_min, in_max, out_min, out_max, tok_min, tok_max;
+    double rate, timeout;
+    uint64_t seed;
+    struct addrinfo *addrs; /* the host resolved once, before any thread starts */
+    char host_hdr[300];
+    /* dispatch: the main thread waits on cv for a free slot, and at the end for all to be done */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int in_flight, done;
+} bs_bench;
+
+typedef struct {
+    bs_bench *b;
+    int in_len, out_len;
+    uint64_t seed; /* of this prompt's token ids */
+    /* what happened */
+    int ok, done_seen, stream_failed;
+    double t_start, t_end;  /* before connecting; at data: [DONE] (or at the end of a plain JSON body) */
+    double *tok_t;          /* times of the events that carried text */
+    int n_tok, cap_tok;
+    int prompt_tokens, completion_tokens; /* from "usage"; -1 when the server sent none */
+    char err[400];
+} bs_request;
+
+/* One HTTP response as it is read: the headers, then the body with any chunked framing taken off. */
+enum { BS_CH_SIZE, BS_CH_DATA, BS_CH_CRLF };
+typedef struct {
+    int status, chunked, sse, body_done;
+    long long content_left; /* bytes of body still to come per Content-Length; -1: read until close */
+    int ch_state;           /* chunked decoding: where in a chunk we are */
+    unsigned long long ch_left;
+    char ch_line[80];
+    int ch_line_n;
+    bs_buf body; /* the decoded body not yet consumed */
+} bs_http;
+
+static double bs_rand_unit(uint64_t *s) { return (llm_splitmix64(s) >> 11) * 0x1p-53; } /* [0, 1) */
+static int bs_rand_int(uint64_t *s, int lo, int hi) { /* [lo, hi] */
+    return lo + (int)(llm_splitmix64(s) % (uint64_t)(hi - lo + 1));
+}
+
+static int bs_buf_add(bs_buf *b, const void *s, size_t n) { sb_put(b, (const char *)s, n); return -b->failed; }
+#define bs_buf_printf(b, ...) (sb_printf((b), __VA_ARGS__), -(b)->failed)
+
+/* ---- a tiny JSON scan: only what the OpenAI streaming format needs ---- */
+
+/* Where the value of "key" starts (whitespace skipped), or NULL. A quoted key can only match a key or a
+ * string value: a quote inside a JSON string is escaped, so this never looks inside generated text. */
+static const char *bs_json_value(const char *s, const char *key) {
+    size_t n = strlen(key);
+    for (const char *p = s; (p = strchr(p, '"')) != NULL; p++) {
+        if (strncmp(p + 1, key, n) || p[1 + n] != '"') continue;
+        const char *v = p + 2 + n;
+        while (*v == ' ' || *v == '\t' || *v == '\r' || *v == '\n') v++;
+        if (*v != ':') continue; /* it was a string value, not a key */
+        v++;
+        while (*v == ' ' || *v == '\t' || *v == '\r' || *v == '\n') v++;
+        return v;
+    }
+    return NULL;
+}
+
+static int bs_json_int(const char *s, const char *key, int *out) {
+    const char *v = bs_json_value(s, key);
+    if (!v || (*v < '0' || *v > '9')) return 0;
+    *out = (int)strtol(v, NULL, 10);
+    return 1;
+}
+
+/* Copies a JSON string value (v points at its opening quote) without undoing its escapes. */
+static char *bs_json_raw_string(const char *v) {
+    if (!v || *v != '"') return NULL;
+    const char *e = v + 1;
+    while (*e && *e != '"') e += (*e == '\\' && e[1]) ? 2 : 1;
+    if (*e != '"' || e == v + 1) return NULL;
+    char *s = malloc(e - v);
+    if (!s) return NULL;
+    memcpy(s, v + 1, e - v - 1);
+    s[e - v - 1] = 0;
+    return s;
+}
+
+/* A command-line string made fit to stand between quotes in JSON. */
+static char *bs_json_escape(const char *s) {
+    bs_buf b = {0};
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        int rc = c == '"' || c == '\\' ? bs_buf_printf(&b, "\\%c", c)
+                 : c < 0x20           ? bs_buf_printf(&b, "\\u%04x", c)
+                                      : bs_buf_add(&b, s, 1);
+        if (rc) { free(b.s); return NULL; }
+    }
+    if (!b.s && bs_buf_add(&b, "", 0)) return NULL;
+    return b.s;
+}
+
+/* ---- HTTP/1.1 over a plain socket ---- */
+
+/* Waits for fd to be ready for ev, up to deadline (now_s() time). */
+static int bs_wait(int fd, short ev, double deadline, char *err, size_t errn, const char *what) {
+    for (;;) {
+        double left = deadline - now_s();
+        if (left <= 0) { snprintf(err, errn, "timed out %s", what); return -1; }
+        struct pollfd p = {.fd = fd, .events = ev};
+        int k = poll(&p, 1, left > 60 ? 60000 : (int)(left * 1000) + 1); /* slices: --timeout may be inf */
+        if (k > 0) return 0; /* POLLERR and POLLHUP too: the call that follows tells what happened */
+        if (k < 0 && errno != EINTR) { snprintf(err, errn, "poll: %s", strerror(errno)); return -1; }
+    }
+}
+
+/* A non-blocking socket connected to the server, or -1. Non-blocking so that every wait has a timeout. */
+static int bs_connect(bs_bench *b, char *err, size_t errn) {
+    char why[200] = "no address to connect to";
+    for (struct addrinfo *a = b->addrs; a; a = a->ai_next) {
+        int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+        if (fd < 0) { snprintf(why, sizeof why, "socket: %s", strerror(errno)); continue; }
+        int fl = fcntl(fd, F_GETFL, 0);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+            snprintf(why, sizeof why, "fcntl: %s", strerror(errno));
+            close(fd);
+            continue;
+        }
+        int one = 1; /* the request goes out in one send anyway: failing to set this costs nothing */
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) return fd;
+        if (errno != EINPROGRESS && errno != EINTR) {
+            snprintf(why, sizeof why, "connect: %s", strerror(errno));
+            close(fd);
+            continue;
+        }
+        if (bs_wait(fd, POLLOUT, now_s() + b->timeout, why, sizeof why, "connecting") < 0) {
+            close(fd);
+            continue;
+        }
+        int e = 0;
+        socklen_t len = sizeof e;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) < 0) e = errno;
+        if (e == 0) return fd;
+        snprintf(why, sizeof why, "connect: %s", strerror(e));
+        close(fd);
+    }
+    snprintf(err, errn, "%s:%d: %s", b->host, b->port, why);
+    return -1;
+}
+
+static int bs_send_all(bs_bench *b, int fd, const char *p, size_t n, char *err, size_t errn) {
+    while (n) {
+        /* MSG_NOSIGNAL: a server that hung up makes this call fail, not SIGPIPE end the process */
+        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
+        if (k > 0) { p += k; n -= k; continue; }
+        if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            snprintf(err, errn, "send: %s", strerror(errno));
+            return -1;
+        }
+        if (bs_wait(fd, POLLOUT, now_s() + b->timeout, err, errn, "sending the request") < 0) return -1;
+    }
+    return 0;
+}
+
+/* Where the blank line after the headers ends, or 0 while it has not come. Bare \n line ends are allowed. */
+static size_t bs_header_end(const char *p, size_t n) {
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (p[i] != '\n') continue;
+        if (p[i + 1] == '\n') return i + 2;
+        if (p[i + 1] == '\r' && i + 2 < n && p[i + 2] == '\n') return i + 3;
+    }
+    return 0;
+}
+
+/* Reads the status and the headers that matter. hdr is NUL-terminated; it is cut into lines here. */
+static int bs_parse_headers(bs_http *h, char *hdr, char *err, size_t errn) {
+    if (sscanf(hdr, "HTTP/%*d.%*d %d", &h->status) != 1) {
+        snprintf(err, errn, "not an HTTP response: %.60s", hdr);
+        return -1;
+    }
+    h->content_left = -1;
+    h->sse = 1; /* unless the server says its body is something else, e.g. JSON when it ignored "stream" */
+    for (char *line = strchr(hdr, '\n'); line && *++line; line = strchr(line, '\n')) {
+        char *colon = strchr(line, ':'), *eol = strchr(line, '\n');
+        if (!colon || (eol && colon > eol)) continue;
+        const char *v = colon + 1;
+        while (*v == ' ' || *v == '\t') v++;
+        if (!strncasecmp(line, "transfer-encoding:", 18)) h->chunked = !strncasecmp(v, "chunked", 7);
+        else if (!strncasecmp(line, "content-length:", 15)) h->content_left = strtoll(v, NULL, 10);
+        else if (!strncasecmp(line, "content-type:", 13)) h->sse = !strncasecmp(v, "text/event-stream", 17);
+    }
+    if (h->chunked) h->content_left = -1; /* chunked wins over a length, as RFC 9112 says */
+    if (h->content_left == 0) h->body_done = 1;
+    return 0;
+}
+
+static int bs_body_add(bs_http *h, const char *p, size_t n, char *err, size_t errn) {
+    if (h->body.len + n > BS_MAX_BODY) {
+        snprintf(err, errn, "response body over %d bytes", BS_MAX_BODY);
+        return -1;
+    }
+    if (bs_buf_add(&h->body, p, n)) { snprintf(err, errn, "out of memory"); return -1; }
+    return 0;
+}
+
+/* Takes n body bytes as they came off the wire, undoes chunked framing and appends the payload to h->body;
+ * sets h->body_done at the end of the body. A chunk's size line may come split over two reads. */
+static int bs_feed(bs_http *h, const char *p, size_t n, char *err, size_t errn) {
+    if (!h->chunked) {
+        if (h->content_left >= 0) {
+            if ((long long)n >= h->content_left) { n = (size_t)h->content_left; h->body_done = 1; }
+            h->content_left -= n;
+        }
+        return bs_body_add(h, p, n, err, errn);
+    }
+    size_t i = 0;
+    while (i < n && !h->body_done) {
+        if (h->ch_state == BS_CH_SIZE) {
+            char c = p[i++];
+            if (c != '\n') {
+                if (h->ch_line_n < (int)sizeof h->ch_line - 1) h->ch_line[h->ch_line_n++] = c;
+                continue;
+            }
+            h->ch_line[h->ch_line_n] = 0;
+            h->ch_line_n = 0;
+            char *end;
+            unsigned long long size = strtoull(h->ch_line, &end, 16);
+            if (end == h->ch_line) {
+                snprintf(err, errn, "bad chunk size line: %.40s", h->ch_line);
+                return -1;
+            }
+            if (size == 0) h->body_done = 1; /* the last chunk; trailers, if any, are not read */
+            else { h->ch_left = size; h->ch_state = BS_CH_DATA; }
+        } else if (h->ch_state == BS_CH_DATA) {
+            size_t k = n - i < h->ch_left ? n - i : (size_t)h->ch_left;
+            if (bs_body_add(h, p + i, k, err, errn)) return -1;
+            i += k;
+            h->ch_left -= k;
+            if (!h->ch_left) h->ch_state = BS_CH_CRLF;
+        } else if (p[i++] == '\n') {
+            h->ch_state = BS_CH_SIZE; /* the \r\n after a chunk's data is over */
+        }
+    }
+    return 0;
+}
+
+static void bs_event(bs_request *r, const char *json, double t);
+
+/* Consumes the complete lines of an SSE body: each "data: ..." line is one event. At the end of the body
+ * (final) a last line without its \n counts too. */
+static void bs_sse_lines(bs_request *r, bs_http *h, double t, int final) {
+    size_t at = 0;
+    if (!h->body.len) return;
+    while (at < h->body.len) {
+        char *line = h->body.s + at, *nl = memchr(line, '\n', h->body.len - at);
+        if (!nl && !final) break;
+        size_t len = nl ? (size_t)(nl - line) : h->body.len - at;
+        at += len + (nl != NULL);
+        line[len] = 0;
+        if (len && line[len - 1] == '\r') line[len - 1] = 0;
+        if (strncmp(line, "data:", 5)) continue; /* blank lines between events, comments, event: lines */
+        const char *d = line + 5;
+        if (*d == ' ') d++;
+        if (!strcmp(d, "[DONE]")) {
+            if (!r->done_seen) { r->done_seen = 1; r->t_end = t; }
+        } else if (!r->done_seen) {
+            bs_event(r, d, t);
+        }
+    }
+    memmove(h->body.s, h->body.s + at, h->body.len - at);
+    h->body.len -= at;
+    h->body.s[h->body.len] = 0;
+}
+
+/* One exchange: connect, send req, read the response. For a streamed 200 the SSE events go to r as they
+ * arrive; otherwise the body is kept whole in h->body. Returns 0 when a complete response was read. */
+static int bs_http_do(bs_bench *b, const char *req, size_t req_n, bs_http *h, bs_request *r,
+                      char *err, size_t errn) {
+    int fd = bs_connect(b, err, errn);
+    if (fd < 0) return -1;
+    int rc = -1, in_body = 0;
+    bs_buf hdr = {0};
+    char buf[16384];
+    if (bs_send_all(b, fd, req, req_n, err, errn)) goto out;
+    for (;;) {
+        int streaming = in_body && r && h->status == 200 && h->sse;
+        double deadline = now_s() + b->timeout;
+        const char *what = in_body ? "reading the response body" : "waiting for the response headers";
+        if (streaming && r->done_seen) { /* the body should end at once: a server that hangs on is a bug */
+            deadline = r->t_end + BS_DONE_GRACE;
+            what = "waiting for the response body to end after data: [DONE]";
+        }
+        if (bs_wait(fd, POLLIN, deadline, err, errn, what)) goto out;
+        ssize_t k = recv(fd, buf, sizeof buf, 0);
+        double t = now_s();
+        if (k < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+            snprintf(err, errn, "recv: %s", strerror(errno));
+            goto out;
+        }
+        if (k == 0) { /* the server closed the connection: the end of a close-delimited body, or trouble */
+            if (!in_body) { snprintf(err, errn, "connection closed before the response headers"); goto out; }
+            if (h->chunked || h->content_left > 0) {
+                snprintf(err, errn, "connection closed in the middle of the response body");
+                goto out;
+            }
+            h->body_done = 1;
+        } else if (!in_body) {
+            if (hdr.len + k > BS_MAX_HEADER) { snprintf(err, errn, "response headers too long"); goto out; }
+            if (bs_buf_add(&hdr, buf, k)) { snprintf(err, errn, "out of memory"); goto out; }
+            size_t end = bs_header_end(hdr.s, hdr.len);
+            if (!end) continue;
+            char c = hdr.s[end];
+            hdr.s[end] = 0;
+            if (bs_parse_headers(h, hdr.s, err, errn)) goto out;
+            hdr.s[end] = c;
+            in_body = 1;
+            if (!h->body_done && bs_feed(h, hdr.s + end, hdr.len - end, err, errn)) goto out;
+        } else if (bs_feed(h, buf, k, err, errn)) {
+            goto out;
+        }
+        if (in_body && r && h->status == 200 && h->sse) bs_sse_lines(r, h, t, h->body_done);
+        if (h->body_done) break;
+    }
+    rc = 0;
+out:
+    close(fd);
+    free(hdr.s);
+    return rc;
+}
+
+/* ---- one benchmark request ---- */
+
+/* One streamed event's JSON: a token's text, the usage at the end, or an error sent mid-stream. */
+static void bs_event(bs_request *r, const char *json, double t) {
+    const char *v = bs_json_value(json, "error");
+    if (v && strncmp(v, "null", 4)) {
+        if (!r->stream_failed) snprintf(r->err, sizeof r->err, "error in the stream: %.300s", json);
+        r->stream_failed = 1;
+        return;
+    }
+    /* an event with text is a token (or a few); the last may bring only a finish_reason, with "" */
+    v = bs_json_value(json, "text");
+    if (v && v[0] == '"' && v[1] != '"') {
+        if (r->n_tok == r->cap_tok) {
+            int cap = r->cap_tok ? 2 * r->cap_tok : 256;
+            double *p = realloc(r->tok_t, cap * sizeof *p);
+            if (!p) {
+                if (!r->stream_failed) snprintf(r->err, sizeof r->err, "out of memory");
+                r->stream_failed = 1;
+                return;
+            }
+            r->tok_t = p;
+            r->cap_tok = cap;
+        }
+        r->tok_t[r->n_tok++] = t;
+    }
+    v = bs_json_value(json, "usage");
+    if (v && *v == '{') {
+        bs_json_int(v, "prompt_tokens", &r->prompt_tokens);
+        bs_json_int(v, "completion_tokens", &r->completion_tokens);
+    }
+}
+
+/* The request line, headers and JSON body of one request; path and body may be NULL for a GET. */
+static int bs_make_request(bs_bench *b, bs_buf *req, const char *method, const char *path,
+                           const bs_buf *body) {
+    int rc = bs_buf_printf(req, "%s %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: llm-bench\r\n"
+                                "Accept: %s\r\nConnection: close\r\n", method, path, b->host_hdr,
+                           body ? "text/event-stream" : "application/json");
+    if (!rc && b->api_key) rc = bs_buf_printf(req, "Authorization: Bearer %s\r\n", b->api_key);
+    if (!rc && body)
+        rc = bs_buf_printf(req, "Content-Type: application/json\r\nContent-Length: %zu\r\n", body->len);
+    if (!rc) rc = bs_buf_add(req, "\r\n", 2);
+    if (!rc && body) rc = bs_buf_add(req, body->s, body->len);
+    return rc;
+}
+
+static void bs_run_request(bs_request *r) {
+    bs_bench *b = r->b;
+    bs_buf body = {0}, req = {0};
+    bs_http h = {0};
+    char err[sizeof r->err] = "";
+    r->prompt_tokens = r->completion_tokens = -1;
+    uint64_t rng = r->seed;
+    int rc = bs_buf_add(&body, "{", 1);
+    if (!rc && b->model) rc = bs_buf_printf(&body, "\"model\":\"%s\",", b->model);
+    if (!rc) rc = bs_buf_add(&body, "\"prompt\":[", 10);
+    for (int i = 0; i < r->in_len && !rc; i++)
+        rc = bs_buf_printf(&body, i ? ",%d" : "%d", bs_rand_int(&rng, b->tok_min, b->tok_max));
+    if (!rc)
+        rc = bs_buf_printf(&body, "],\"max_tokens\":%d,\"ignore_eos\":true,\"temperature\":0,"
+                           "\"stream\":true,\"stream_options\":{\"include_usage\":true}}", r->out_len);
+    if (!rc) rc = bs_make_request(b, &req, "POST", b->endpoint, &body);
+    if (rc) { snprintf(r->err, sizeof r->err, "out of memory building the request"); goto out; }
+
+    r->t_start = now_s();
+    if (bs_http_do(b, req.s, req.len, &h, r, err, sizeof err)) {
+        /* a stream error message says more than the broken connection that may follow it */
+        if (!r->stream_failed) snprintf(r->err, sizeof r->err, "%s", err);
+        goto out;
+    }
+    if (h.status != 200) {
+        for (size_t i = 0; i < h.body.len; i++) /* one line on the terminal */
+            if (h.body.s[i] == '\n' || h.body.s[i] == '\r') h.body.s[i] = ' ';
+        snprintf(r->err, sizeof r->err, "HTTP %d: %.300s", h.status, h.body.len ? h.body.s : "(no body)");
+        goto out;
+    }
+    if (!h.sse) { /* the server answered with one JSON body: all its tokens arrive at the end */
+        r->t_end = now_s();
+        if (h.body.s) bs_event(r, h.body.s, r->t_end);
+    } else if (!r->stream_failed && !r->done_seen) {
+        snprintf(r->err, sizeof r->err, "the stream ended without data: [DONE]");
+        goto out;
+    }
+    if (r->stream_failed) goto out;
+    if (r->n_tok == 0) { snprintf(r->err, sizeof r->err, "the response carried no token text"); goto out; }
+    r->ok = 1;
+out:
+    free(body.s);
+    free(req.s);
+    free(h.body.s);
+}
+
+static void *bs_thread(void *arg) {
+    bs_request *r = arg;
+    bs_bench *b = r->b;
+    bs_run_request(r);
+    pthread_mutex_lock(&b->mu);
+    b->in_flight--;
+    b->done++;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* GET /v1/models and take data[0].id (still JSON-escaped), or NULL with why in err. */
+static char *bs_first_model(bs_bench *b, char *err, size_t errn) {
+    bs_buf req = {0};
+    bs_http h = {0};
+    char *id = NULL;
+    if (bs_make_request(b, &req, "GET", "/v1/models", NULL)) {
+        snprintf(err, errn, "out of memory");
+        goto out;
+    }
+    if (bs_http_do(b, req.s, req.len, &h, NULL, err, errn)) goto out;
+    if (h.status != 200) { snprintf(err, errn, "HTTP %d", h.status); goto out; }
+    const char *data = h.body.s ? bs_json_value(h.body.s, "data") : NULL;
+    id = data ? bs_json_raw_string(bs_json_value(data, "id")) : NULL;
+    if (!id) snprintf(err, errn, "no data[0].id in its answer");
+out:
+    free(req.s);
+    free(h.body.s);
+    return id;
+}
+
+/* ---- the report ---- */
+
+static int bs_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double bs_mean(const double *v, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += v[i];
+    return n ? s / n : 0;
+}
+
+/* The nearest-rank percentile of sorted v: the ceil(p/100 n)-th smallest. */
+static double bs_pct(const double *v, int n, int p) {
+    if (!n) return 0;
+    int k = (int)ceil(p * (double)n / 100);
+    return v[k < 1 ? 0 : k > n ? n - 1 : k - 1];
+}
+
+static void bs_title(const char *title, char fill) { /* centered in 50 columns, as vLLM prints it */
+    int len = (int)strlen(title), left = (50 - len) / 2, right = 50 - len - left;
+    for (int i = 0; i < left; i++) putchar(fill);
+    fputs(title, stdout);
+    for (int i = 0; i < right; i++) putchar(fill);
+    putchar('\n');
+}
+
+static void bs_metric(const char *title, const char *name, double *v, int n) { /* v in seconds; sorts v */
+    char label[64];
+    qsort(v, n, sizeof *v, bs_cmp_double);
+    bs_title(title, '-');
+    snprintf(label, sizeof label, "Mean %s (ms):", name);
+    printf("%-40s %.2f\n", label, 1e3 * bs_mean(v, n));
+    snprintf(label, sizeof label, "Median %s (ms):", name);
+    printf("%-40s %.2f\n", label, 1e3 * bs_pct(v, n, 50));
+    snprintf(label, sizeof label, "P99 %s (ms):", name);
+    printf("%-40s %.2f\n", label, 1e3 * bs_pct(v, n, 99));
+}
+
+/* The gaps between a request's token events. When events carried more than one token each (usage says
+ * more tokens than there were events), each gap is split evenly over the tokens it is taken to hold. */
+static int bs_itl(const bs_request *r, double *out) {
+    if (r->n_tok < 2) return 0;
+    double per = 1; /* tokens per event after the first */
+    if (r->completion_tokens > r->n_tok) per = (double)(r->completion_tokens - 1) / (r->n_tok - 1);
+    for (int i = 1; i < r->n_tok; i++) out[i - 1] = (r->tok_t[i] - r->tok_t[i - 1]) / per;
+    return r->n_tok - 1;
+}
+
+static int bs_report(bs_bench *b, bs_request *rs, double duration) {
+    int n = b->num_prompts, ok = 0, failed = 0, n_itl_max = 0, first_failed = -1;
+    long long in_tok = 0, out_tok = 0;
+    for (int i = 0; i < n; i++) {
+        bs_request *r = &rs[i];
+        if (!r->ok) { failed++; if (first_failed < 0) first_failed = i; continue; }
+        /* the exact counts come from the usage chunk; without it, what was sent and what arrived */
+        if (r->prompt_tokens < 0) r->prompt_tokens = r->in_len;
+        if (r->completion_tokens < 0) r->completion_tokens = r->n_tok;
+        ok++;
+        in_tok += r->prompt_tokens;
+        out_tok += r->completion_tokens;
+        n_itl_max += r->n_tok;
+    }
+    double *ttft = malloc((ok + 1) * sizeof *ttft), *tpot = malloc((ok + 1) * sizeof *tpot);
+    double *e2el = malloc((ok + 1) * sizeof *e2el), *itl = malloc((n_itl_max + 1) * sizeof *itl);
+    double *bitl = malloc((n_itl_max + 1) * sizeof *bitl);
+    if (!ttft || !tpot || !e2el || !itl || !bitl) {
+        fprintf(stderr, "llm bench serve: out of memory for the report\n");
+        free(ttft); free(tpot); free(e2el); free(itl); free(bitl);
+        return 1;
+    }
+    int n_tpot = 0, n_itl = 0, k = 0;
+    for (int i = 0; i < n; i++) {
+        bs_request *r = &rs[i];
+        if (!r->ok) continue;
+        ttft[k] = r->tok_t[0] - r->t_start;
+        e2el[k] = r->t_end - r->t_start;
+        if (r->completion_tokens > 1) tpot[n_tpot++] = (e2el[k] - ttft[k]) / (r->completion_tokens - 1);
+        n_itl += bs_itl(r, itl + n_itl);
+        k++;
+    }
+
+    char conc[32] = "inf";
+    if (b->max_conc < n || b->conc_given) snprintf(conc, sizeof conc, "%d", b->max_conc);
+    double d = duration > 0 ? duration : 1e-9;
+    bs_title(" Serving Benchmark Result ", '=');
+    printf("%-40s %d\n", "Successful requests:", ok);
+    printf("%-40s %d\n", "Failed requests:", failed);
+    if (isinf(b->rate)) printf("%-40s inf\n", "Request rate (req/s):");
+    else printf("%-40s %.2f\n", "Request rate (req/s):", b->rate);
+    printf("%-40s %s\n", "Max concurrency:", conc);
+    printf("%-40s %.2f\n", "Benchmark duration (s):", duration);
+    printf("%-40s %lld\n", "Total input tokens:", in_tok);
+    printf("%-40s %lld\n", "Total generated tokens:", out_tok);
+    printf("%-40s %.2f\n", "Request throughput (req/s):", ok / d);
+    printf("%-40s %.2f\n", "Output token throughput (tok/s):", out_tok / d);
+    printf("%-40s %.2f\n", "Total token throughput (tok/s):", (in_tok + out_tok) / d);
+    bs_metric("Time to First Token", "TTFT", ttft, ok);
+    bs_metric("Time per Output Token (excl. 1st token)", "TPOT", tpot, n_tpot);
+    bs_metric("Inter-token Latency", "ITL", itl, n_itl);
+    bs_metric("End-to-end Latency", "E2EL", e2el, ok);
+    bs_title("", '=');
+
+    /* by prompt length: four equal slices of the --input-len range; TTFT should grow with the prompt
+     * (prefill) while ITL stays flat (decode steps cost about the same whatever the prompt) */
+    int span = b->in_max - b->in_min + 1, nb = span < 4 ? span : 4;
+    printf("\n");
+    bs_title("By Prompt Length", '-');
+    printf("%-13s %8s %12s %15s %16s %15s\n", "Prompt len", "Requests", "Mean prompt", "Mean TTFT (ms)",
+           "Median ITL (ms)", "Mean E2EL (ms)");
+    for (int q = 0; q < nb; q++) {
+        int lo = b->in_min + (int)((long long)span * q / nb);
+        int hi = b->in_min + (int)((long long)span * (q + 1) / nb) - 1;
+        int cnt = 0, nbitl = 0;
+        double sp = 0, st = 0, se = 0;
+        for (int i = 0; i < n; i++) {
+            bs_request *r = &rs[i];
+            if (!r->ok || r->in_len < lo || r->in_len > hi) continue;
+            cnt++;
+            sp += r->prompt_tokens;
+            st += r->tok_t[0] - r->t_start;
+            se += r->t_end - r->t_start;
+            nbitl += bs_itl(r, bitl + nbitl);
+        }
+        qsort(bitl, nbitl, sizeof *bitl, bs_cmp_double);
+        char range[32];
+        snprintf(range, sizeof range, "%d-%d", lo, hi);
+        if (!cnt) { printf("%-13s %8d %12s %15s %16s %15s\n", range, 0, "-", "-", "-", "-"); continue; }
+        printf("%-13s %8d %12.1f %15.2f %16.2f %15.2f\n", range, cnt, sp / cnt, 1e3 * st / cnt,
+               1e3 * bs_pct(bitl, nbitl, 50), 1e3 * se / cnt);
+    }
+    bs_title("", '=');
+    fflush(stdout);
+
+    if (failed) {
+        fprintf(stderr, "llm bench serve: %d of %d requests failed; the first: %s\n", failed, n,
+                rs[first_failed].err);
+    }
+    free(ttft); free(tpot); free(e2el); free(itl); free(bitl);
+    return ok > 0 && failed == 0 ? 0 : 1;
+}
+
+/* ---- flags, dispatch ---- */
+
+static int bs_parse_range(const char *s, int *lo, int *hi) {
+    char *end;
+    long a = strtol(s, &end, 10), b;
+    if (end == s) return -1;
+    if (*end == ':') b = strtol(end + 1, &end, 10); else b = a;
+    if (*end || a < 1 || b < a || b > 1000000) return -1;
+    *lo = (int)a;
+    *hi = (int)b;
+    return 0;
+}
+
+static int bs_parse_int(const char *s, long lo, long hi, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static void bs_sleep_until(double t) {
+    for (double left; (left = t - now_s()) > 0;) {
+        struct timespec ts = {(time_t)left, (long)((left - (time_t)left) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static int bench_serve(int argc, char **argv, int start) {
+    bs_bench b = {.host = "127.0.0.1", .port = 8000, .endpoint = "/v1/completions", .num_prompts = 200,
+                  .in_min = 32, .in_max = 256, .out_min = 16, .out_max = 128, .tok_min = 3, .tok_max = 500,
+                  .rate = INFINITY, .timeout = 120};
+    const char *model = NULL;
+    int max_conc = 0;
+    for (int i = start; i < argc; i++) {
+        const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) { fputs(bs_usage, stdout); return 0; }
+        if (f[0] != '-' || f[1] != '-') { fprintf(stderr, "llm bench serve: unexpected %s\n", f); return 1; }
+        if (!v) { fprintf(stderr, "llm bench serve: %s needs a value (see --help)\n", f); return 1; }
+        i++;
+        if (!strcmp(f, "--host")) b.host = v;
+        else if (!strcmp(f, "--port")) bad = bs_parse_int(v, 1, 65535, &b.port);
+        else if (!strcmp(f, "--endpoint")) { b.endpoint = v; bad = v[0] != '/'; }
+        else if (!strcmp(f, "--model")) model = v;
+        else if (!strcmp(f, "--api-key")) b.api_key = v;
+        else if (!strcmp(f, "--num-prompts")) bad = bs_parse_int(v, 1, 10000000, &b.num_prompts);
+        else if (!strcmp(f, "--max-concurrency")) bad = bs_parse_int(v, 1, 1000000, &max_conc);
+        else if (!strcmp(f, "--input-len")) bad = bs_parse_range(v, &b.in_min, &b.in_max);
+        else if (!strcmp(f, "--output-len")) bad = bs_parse_range(v, &b.out_min, &b.out_max);
+        else if (!strcmp(f, "--min-token-id")) bad = bs_parse_int(v, 0, 1 << 30, &b.tok_min);
+        else if (!strcmp(f, "--max-token-id")) bad = bs_parse_int(v, 0, 1 << 30, &b.tok_max);
+        else if (!strcmp(f, "--seed")) { char *e; b.seed = strtoull(v, &e, 10); bad = e == v || *e; }
+        else if (!strcmp(f, "--request-rate") || !strcmp(f, "--timeout")) {
+            char *e;
+            double x = strtod(v, &e);
+            bad = e == v || *e || !(x > 0);
+            if (!strcmp(f, "--timeout")) b.timeout = x; else b.rate = x;
+        } else {
+            fprintf(stderr, "llm bench serve: unknown option %s (see --help)\n", f);
+            return 1;
+        }
+        if (bad) { fprintf(stderr, "llm bench serve: bad value for %s: %s\n", f, v); return 1; }
+    }
+    if (b.tok_min > b.tok_max) {
+        fprintf(stderr, "llm bench serve: --min-token-id is above --max-token-id\n");
+        return 1;
+    }
+    /* one thread per request in flight: past BS_MAX_THREADS of them, requests wait their turn */
+    b.conc_given = max_conc > 0;
+    b.max_conc = max_conc ? max_conc : BS_MAX_THREADS;
+    if (b.max_conc > BS_MAX_THREADS) b.max_conc = BS_MAX_THREADS;
+
+    char port[16];
+    snprintf(port, sizeof port, "%d", b.port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    int gai = getaddrinfo(b.host, port, &hints, &b.addrs);
+    if (gai) { fprintf(stderr, "llm bench serve: %s: %s\n", b.host, gai_strerror(gai)); return 1; }
+    snprintf(b.host_hdr, sizeof b.host_hdr, strchr(b.host, ':') ? "[%s]:%d" : "%s:%d", b.host, b.port);
+
+    int rc = 1;
+    bs_request *rs = calloc(b.num_prompts, sizeof *rs);
+    double *arrival = malloc(b.num_prompts * sizeof *arrival);
+    int mu_ok = 0, attr_ok = 0;
+    pthread_attr_t attr;
+    if (!rs || !arrival) { fprintf(stderr, "llm bench serve: out of memory\n"); goto out; }
+    if (pthread_mutex_init(&b.mu, NULL)) {
+        fprintf(stderr, "llm bench serve: pthread_mutex_init failed\n");
+        goto out;
+    }
+    if (pthread_cond_init(&b.cv, NULL)) {
+        pthread_mutex_destroy(&b.mu);
+        fprintf(stderr, "llm bench serve: pthread_cond_init failed\n");
+        goto out;
+    }
+    mu_ok = 1;
+    /* detached, so a finished request's thread frees itself; a small stack, so a thousand are cheap */
+    if (pthread_attr_init(&attr)) {
+        fprintf(stderr, "llm bench serve: pthread_attr_init failed\n");
+        goto out;
+    }
+    attr_ok = 1;
+    if (pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) ||
+        pthread_attr_setstacksize(&attr, 256 << 10)) {
+        fprintf(stderr, "llm bench serve: pthread_attr_set* failed\n");
+        goto out;
+    }
+
+    if (model) {
+        b.model = bs_json_escape(model);
+        if (!b.model) { fprintf(stderr, "llm bench serve: out of memory\n"); goto out; }
+    } else {
+        char err[300];
+        b.model = bs_first_model(&b, err, sizeof err);
+        if (!b.model) fprintf(stderr, "llm bench serve: GET /v1/models: %s; sending no model\n", err);
+    }
+
+    /* the workload: lengths and prompt seeds from --seed, arrival gaps from their own stream, so that
+     * changing the rate does not change the prompts */
+    uint64_t rng = b.seed * 0x9e3779b97f4a7c15ull + 12345, arng = b.seed ^ 0x5851f42d4c957f2dull;
+    double at = 0;
+    for (int i = 0; i < b.num_prompts; i++) {
+        rs[i].b = &b;
+        rs[i].in_len = bs_rand_int(&rng, b.in_min, b.in_max);
+        rs[i].out_len = bs_rand_int(&rng, b.out_min, b.out_max);
+        rs[i].seed = llm_splitmix64(&rng);
+        arrival[i] = at;
+        if (!isinf(b.rate)) at += -log(1 - bs_rand_unit(&arng)) / b.rate; /* exponential: Poisson arrivals */
+    }
+    char rate[32] = "inf";
+    if (!isinf(b.rate)) snprintf(rate, sizeof rate, "%.2f", b.rate);
+    fprintf(stderr, "llm bench serve: %d requests to http://%s%s, model %s, %s req/s, at most %d in flight, "
+            "input %d:%d, output %d:%d tokens\n", b.num_prompts, b.host_hdr, b.endpoint,
+            b.model ? b.model : "(none)", rate, b.max_conc, b.in_min, b.in_max, b.out_min, b.out_max);
+
+    double t0 = now_s();
+    for (int i = 0; i < b.num_prompts; i++) {
+        bs_sleep_until(t0 + arrival[i]);
+        pthread_mutex_lock(&b.mu);
+        while (b.in_flight >= b.max_conc) pthread_cond_wait(&b.cv, &b.mu);
+        b.in_flight++;
+        pthread_mutex_unlock(&b.mu);
+        pthread_t th;
+        int e = pthread_create(&th, &attr, bs_thread, &rs[i]);
+        if (e) {
+            snprintf(rs[i].err, sizeof rs[i].err, "pthread_create: %s", strerror(e));
+            pthread_mutex_lock(&b.mu);
+            b.in_flight--;
+            b.done++;
+            pthread_mutex_unlock(&b.mu);
+        }
+    }
+    pthread_mutex_lock(&b.mu);
+    while (b.done < b.num_prompts) pthread_cond_wait(&b.cv, &b.mu);
+    pthread_mutex_unlock(&b.mu);
+    double duration = now_s() - t0;
+
+    rc = bs_report(&b, rs, duration);
+out:
+    if (attr_ok) pthread_attr_destroy(&attr);
+    if (mu_ok) { pthread_mutex_destroy(&b.mu); pthread_cond_destroy(&b.cv); }
+    for (int i = 0; rs && i < b.num_prompts; i++) free(rs[i].tok_t);
+    free(rs);
+    free(arrival);
+    free(b.model);
+    freeaddrinfo(b.addrs);
+    return rc;
+}

@@ -3149,6 +3149,18 @@ static void test_server_connections(void) {
     }
     CHECK(same == N, "serve: %d of %d concurrent streams give the text of their prompt alone", same, N);
     CHECK(metric(port, "llm:kv_cache_free_blocks") == blocks, "serve: all blocks free after the 64 streams");
+    /* llm bench serve against it: every request succeeds, and the table by prompt length has its 4 rows */
+    char cmd[512];
+    int status;
+    snprintf(cmd, sizeof cmd, "./llm bench serve --port %d --num-prompts 24 --max-concurrency 8 --input-len 8:64 "
+             "--output-len 4:16 --seed 1 2>/dev/null", port);
+    r = run_command(cmd, &status);
+    const char *rows = r ? strstr(r, "Prompt len    Requests") : NULL;
+    CHECK(status == 0 && r && strstr(r, "Successful requests:                     24\n") &&
+          strstr(r, "Failed requests:                         0\n") && strstr(r, "Median TTFT (ms):") &&
+          strstr(r, "P99 ITL (ms):") && rows && strstr(rows, "\n8-21 ") && strstr(rows, "\n50-64 "),
+          "llm bench serve: %s", r ? r : "");
+    free(r);
     /* SIGTERM with a request in flight: it finishes, then the server exits 0 */
     fd = tcp_connect(port);
     const char *slow = "{\"prompt\":\"Once\",\"max_tokens\":400,\"ignore_eos\":true}";

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""The official openai Python client against `llm serve` on stories260K: what users point at the server.
+
+Usage: tools/openai_test.py [SHARED_DIR]   (make test runs it with the virtual environment's python)
+It starts ./llm serve on a free loopback port, runs the client through completions and chat, streaming and
+not, n > 1, logprobs and an invalid request, stops the server, and prints "N passed, M failed".
+"""
+import os, re, signal, subprocess, sys, time
+
+import openai
+
+shared = sys.argv[1] if len(sys.argv) > 1 else "../shared"
+model_path = os.path.join(shared, "models", "stories260K.gguf")
+log_path = "llm-test-openai.log"
+passed = failed = 0
+
+
+def check(ok, what):
+    global passed, failed
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL openai client:", what)
+
+
+log = open(log_path, "w")
+server = subprocess.Popen(["./llm", "serve", "-m", model_path, "--cpu", "--port", "0", "--api-key", "k3y"],
+                          stderr=log)
+port = None
+for _ in range(600):
+    m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(log_path).read())
+    if m:
+        port = int(m.group(1))
+        break
+    if server.poll() is not None:
+        break
+    time.sleep(0.05)
+check(port is not None, "the server starts")
+try:
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k3y", max_retries=0, timeout=60)
+    models = client.models.list()
+    check([m.id for m in models.data] == ["stories260K"], f"models: {models}")
+
+    # completions: llama.cpp's greedy text (shared/reference/stories260K-greedy.json's first case)
+    c = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=20, temperature=0)
+    check(c.object == "text_completion" and len(c.choices) == 1 and c.choices[0].finish_reason == "length",
+          f"completion: {c}")
+    check(c.choices[0].text == ", there was a little girl named Lily. She loved to play outsid", repr(c.choices[0].text))
+    check(c.usage.prompt_tokens == 5 and c.usage.completion_tokens == 20 and c.usage.total_tokens == 25,
+          f"usage: {c.usage}")
+
+    # streamed: the same text, chunk by chunk, and the usage at the end
+    chunks = list(client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=20,
+                                            temperature=0, stream=True, stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    check(text == c.choices[0].text, f"streamed completion: {text!r}")
+    check(chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20, f"usage chunk: {chunks[-1]}")
+
+    # n = 2 with a seed; logprobs
+    c = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=8, n=2, seed=3,
+                                  temperature=1.0)
+    check([ch.index for ch in c.choices] == [0, 1] and c.usage.completion_tokens == 16, f"n=2: {c}")
+    c = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=3, temperature=0,
+                                  logprobs=2)
+    lp = c.choices[0].logprobs
+    check(lp.tokens == [",", " there", " was"] and len(lp.token_logprobs) == 3 and len(lp.top_logprobs[0]) == 2
+          and all(x <= 0 for x in lp.token_logprobs), f"logprobs: {lp}")
+
+    # chat, streamed and not: the same reply; the first chunk carries the role
+    messages = [{"role": "system", "content": "You tell stories."}, {"role": "user", "content": "A story, please."}]
+    r = client.chat.completions.create(model="stories260K", messages=messages, max_tokens=12, temperature=0)
+    check(r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+          and len(r.choices[0].message.content) > 0 and r.usage.completion_tokens == 12, f"chat: {r}")
+    chunks = list(client.chat.completions.create(model="stories260K", messages=messages, max_tokens=12,
+                                                 temperature=0, stream=True))
+    check(chunks[0].choices[0].delta.role == "assistant", f"first chat chunk: {chunks[0]}")
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    check(streamed == r.choices[0].message.content, f"streamed chat: {streamed!r} vs {r.choices[0].message.content!r}")
+    r = client.chat.completions.create(model="stories260K", messages=messages, max_tokens=2, temperature=0,
+                                       logprobs=True, top_logprobs=2, n=2)
+    check(len(r.choices) == 2 and len(r.choices[0].logprobs.content) == 2
+          and len(r.choices[0].logprobs.content[0].top_logprobs) == 2, f"chat logprobs: {r}")
+
+    # an invalid request surfaces as BadRequestError, with the field named; a wrong key as AuthenticationError
+    try:
+        client.completions.create(model="stories260K", prompt="x", max_tokens=0)
+        check(False, "max_tokens=0 was accepted")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "max_tokens" in str(e), f"BadRequestError: {e}")
+    try:
+        client.chat.completions.create(model="stories260K", messages=[{"role": "user", "content": "x"}],
+                                       top_p=2.0)
+        check(False, "top_p=2 was accepted")
+    except openai.BadRequestError as e:
+        check("top_p" in str(e), f"BadRequestError: {e}")
+    try:
+        client.completions.create(model="no-such-model", prompt="x")
+        check(False, "an unknown model was accepted")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404, f"NotFoundError: {e}")
+    try:
+        openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).models.list()
+        check(False, "a wrong key was accepted")
+    except openai.AuthenticationError as e:
+        check(e.status_code == 401, f"AuthenticationError: {e}")
+except Exception as e:  # the server or the client broke: a failure, with what happened
+    check(False, f"unexpected {type(e).__name__}: {e}")
+finally:
+    server.send_signal(signal.SIGTERM)
+    try:
+        code = server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        code = None
+    check(code == 0, f"the server exits 0 on SIGTERM (got {code})")
+    log.close()
+    if failed:
+        print(open(log_path).read()[-4000:])
+    os.remove(log_path)
+
+print(f"openai client: {passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
