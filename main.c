@@ -767,7 +767,8 @@ int main(int argc, char **argv) {
     int cmd = 0; /* 0 generate/REPL, 1 tokenize, 2 bench, 3 chat */
     int start = 1;
     if (argc > 1 && !strcmp(argv[1], "tokenize")) { cmd = 1; start = 2; }
-    else if (argc > 2 && !strcmp(argv[1], "bench") && !strcmp(argv[2], "serve")) return bench_serve(argc, argv, 3);
+    else if (argc > 2 && !strcmp(argv[1], "bench") && !strcmp(argv[2], "serve"))
+        return bench_serve(argc, argv, 3);
     else if (argc > 1 && !strcmp(argv[1], "bench")) { cmd = 2; start = 2; }
     else if (argc > 1 && !strcmp(argv[1], "chat")) { cmd = 3; start = 2; }
     else if (argc > 1 && !strcmp(argv[1], "serve")) { cmd = 4; start = 2; }
@@ -783,7 +784,10 @@ int main(int argc, char **argv) {
     }
     if (cmd == 2) return bench(&a);
     if (cmd == 4) {
-        if (!a.engine.model_path) { fprintf(stderr, "llm serve: give a model with -m MODEL.gguf\n"); return 1; }
+        if (!a.engine.model_path) {
+            fprintf(stderr, "llm serve: give a model with -m MODEL.gguf\n");
+            return 1;
+        }
         if (a.port < 0 || a.port > 65535 || a.max_queue < 1 || !(a.request_timeout > 0)) {
             fprintf(stderr, "llm serve: --port must be 0..65535 (0: any free port), --max-queue >= 1, "
                     "--request-timeout > 0\n");

@@ -196,7 +196,8 @@ static int jr_number(jreader *r, jv *v) {
     const char *s = r->p;
     if (*r->p == '-') r->p++;
     if (r->p < r->end && *r->p == '0') r->p++;
-    else if (r->p < r->end && *r->p >= '1' && *r->p <= '9') while (r->p < r->end && isdigit((unsigned char)*r->p)) r->p++;
+    else if (r->p < r->end && *r->p >= '1' && *r->p <= '9')
+        while (r->p < r->end && isdigit((unsigned char)*r->p)) r->p++;
     else return jr_fail(r, "a bad number");
     if (r->p < r->end && *r->p == '.') {
         r->p++;
@@ -545,7 +546,8 @@ typedef struct {
     int stop_engine;
     /* the network thread's own */
     srv_conn **conns;               /* stb_ds */
-    srv_req **live;                 /* stb_ds: requests not finished (freed at exit if the engine stops first) */
+    srv_req **live;                 /* stb_ds: requests not finished (freed at exit if the engine
+                                       stops first) */
     int n_queued;                   /* prompts added that have not produced anything yet */
     int64_t prompt_tokens_total, generation_tokens_total, success[4];
     srv_hist ttft, itl, e2e;
@@ -711,7 +713,8 @@ static int bad(srv_error *e, int status, const char *param, const char *fmt, ...
     return -1;
 }
 
-/* A number field: absent (or null) leaves *out; else it must be a number in [lo, hi] (integral when asked). */
+/* A number field: absent (or null) leaves *out; else it must be a number in [lo, hi] (integral when
+   asked). */
 static int get_number(const jv *body, const char *key, double lo, double hi, int integral, double *out,
                       srv_error *e) {
     const jv *v = json_get(body, key);
@@ -787,12 +790,14 @@ static int parse_sampling(srv_state *S, const jv *body, srv_req *r, llm_sampling
     if (ids && ids->type == J_ARRAY) {
         for (int i = 0; i < ids->n; i++) {
             const jv *v = &ids->items[i];
-            if (v->type != J_NUMBER || v->num != floor(v->num) || v->num < 0 || v->num >= S->model->cfg.vocab_size)
+            if (v->type != J_NUMBER || v->num != floor(v->num) || v->num < 0 ||
+                v->num >= S->model->cfg.vocab_size)
                 return bad(e, 400, "stop_token_ids", "stop_token_ids must be token ids (0..%d)",
                            S->model->cfg.vocab_size - 1);
             arrput(r->stop_ids, (int32_t)v->num);
         }
-    } else if (ids && ids->type != J_NULL) return bad(e, 400, "stop_token_ids", "stop_token_ids must be a list");
+    } else if (ids && ids->type != J_NULL)
+        return bad(e, 400, "stop_token_ids", "stop_token_ids must be a list");
     const jv *so = json_get(body, "stream_options");
     if (so && so->type == J_OBJECT && get_bool(so, "include_usage", &r->include_usage, e)) return -1;
     if (so && so->type != J_OBJECT && so->type != J_NULL)
@@ -834,7 +839,8 @@ static int chat_content(const jv *m, int i, sbuf *out, srv_error *e) {
     for (int k = 0; k < c->n; k++) {
         const jv *part = &c->items[k], *type = json_get(part, "type"), *text = json_get(part, "text");
         if (!type || type->type != J_STRING || strcmp(type->str, "text") || !text || text->type != J_STRING)
-            return bad(e, 400, param, "%s: only {\"type\": \"text\", \"text\": ...} parts are supported", param);
+            return bad(e, 400, param, "%s: only {\"type\": \"text\", \"text\": ...} parts are supported",
+                       param);
         if (k) sb_puts(out, "\n");
         sb_put(out, text->str, text->len);
     }
@@ -858,11 +864,12 @@ static void put_header_fields(sbuf *b, srv_state *S, srv_req *r, const char *obj
 }
 
 static void put_usage(sbuf *b, srv_req *r) {
-    sb_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", r->prompt_tokens,
-              r->completion_tokens, r->prompt_tokens + r->completion_tokens);
+    sb_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}",
+              r->prompt_tokens, r->completion_tokens, r->prompt_tokens + r->completion_tokens);
 }
 
-/* A token's text for logprobs: its piece; bytes that are not whole UTF-8 as vLLM writes them, "bytes:\xNN". */
+/* A token's text for logprobs: its piece; bytes that are not whole UTF-8 as vLLM writes them,
+   "bytes:\xNN". */
 static void put_token_str(sbuf *b, srv_state *S, int32_t id) {
     char piece[256];
     int n = llm_tokenizer_piece(S->model->tok, id, 1, piece, sizeof piece);
@@ -936,10 +943,14 @@ static void add_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const srv_eve
 }
 
 static void put_completion_logprobs(sbuf *b, srv_choice *ch) {
-    sb_puts(b, "{\"tokens\":["); sb_put(b, ch->lp_tokens.s ? ch->lp_tokens.s : "", ch->lp_tokens.len);
-    sb_puts(b, "],\"token_logprobs\":["); sb_put(b, ch->lp_values.s ? ch->lp_values.s : "", ch->lp_values.len);
-    sb_puts(b, "],\"top_logprobs\":["); sb_put(b, ch->lp_top.s ? ch->lp_top.s : "", ch->lp_top.len);
-    sb_puts(b, "],\"text_offset\":["); sb_put(b, ch->lp_offsets.s ? ch->lp_offsets.s : "", ch->lp_offsets.len);
+    sb_puts(b, "{\"tokens\":[");
+    sb_put(b, ch->lp_tokens.s ? ch->lp_tokens.s : "", ch->lp_tokens.len);
+    sb_puts(b, "],\"token_logprobs\":[");
+    sb_put(b, ch->lp_values.s ? ch->lp_values.s : "", ch->lp_values.len);
+    sb_puts(b, "],\"top_logprobs\":[");
+    sb_put(b, ch->lp_top.s ? ch->lp_top.s : "", ch->lp_top.len);
+    sb_puts(b, "],\"text_offset\":[");
+    sb_put(b, ch->lp_offsets.s ? ch->lp_offsets.s : "", ch->lp_offsets.len);
     sb_puts(b, "]}");
 }
 
@@ -962,7 +973,10 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
     }
     const srv_prompt *pr = (const srv_prompt *)ev->user;
     int echo_now = !chat && r->echo && pr->echo_text && ch->n_tokens == 0 && ch->text_offset == 0;
-    if (!ev->text_len && !ev->finish && !echo_now && !(ev->n_tokens && r->logprobs >= 0)) { sb_free(&b); return; }
+    if (!ev->text_len && !ev->finish && !echo_now && !(ev->n_tokens && r->logprobs >= 0)) {
+        sb_free(&b);
+        return;
+    }
     put_header_fields(&b, S, r, chat ? "chat.completion.chunk" : "text_completion");
     sb_printf(&b, ",\"choices\":[{\"index\":%d,", ci);
     size_t echo_len = echo_now ? strlen(pr->echo_text) : 0;
@@ -1064,8 +1078,8 @@ static void finish_request(srv_state *S, srv_req *r) {
  * ======================================================================================================== */
 static const double hist_ttft[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                                    5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
-static const double hist_itl[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-                                  7.5, 10.0, 20.0, 40.0, 80.0};
+static const double hist_itl[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                                  5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
 static const double hist_e2e[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
@@ -1086,12 +1100,13 @@ static void put_hist(sbuf *b, const char *name, const char *help, const srv_hist
     int64_t cum = 0;
     for (int i = 0; i < h->n_bounds; i++) {
         cum += h->counts[i];
-        sb_printf(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, h->bounds[i], model, (long long)cum);
+        sb_printf(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, h->bounds[i], model,
+                  (long long)cum);
     }
     cum += h->counts[h->n_bounds];
     sb_printf(b, "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n", name, model, (long long)cum);
-    sb_printf(b, "%s_sum{model_name=\"%s\"} %.9g\n%s_count{model_name=\"%s\"} %lld\n", name, model, h->sum, name,
-              model, (long long)h->count);
+    sb_printf(b, "%s_sum{model_name=\"%s\"} %.9g\n%s_count{model_name=\"%s\"} %lld\n", name, model, h->sum,
+              name, model, (long long)h->count);
 }
 
 static void handle_metrics(srv_state *S, srv_conn *c) {
@@ -1103,10 +1118,11 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
     snprintf(model, sizeof model, "%s", S->model_name);
     for (char *p = model; *p; p++) if (*p == '"' || *p == '\\' || *p == '\n') *p = '_';
 #define GAUGE(name, help, fmt, value) \
-    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " gauge\n" name "{model_name=\"%s\"} " fmt "\n", model, value)
+    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " gauge\n" name "{model_name=\"%s\"} " fmt "\n", \
+              model, value)
 #define COUNTER(name, help, value) \
-    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " counter\n" name "{model_name=\"%s\"} %lld\n", model, \
-              (long long)(value))
+    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " counter\n" name "{model_name=\"%s\"} %lld\n", \
+              model, (long long)(value))
     GAUGE("vllm:num_requests_running", "Number of requests in model execution batches.", "%d", st.running);
     GAUGE("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "%d", st.waiting);
     GAUGE("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "%.6f",
@@ -1127,8 +1143,8 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
                 "# TYPE vllm:request_success_total counter\n");
     static const char *reasons[4] = {"stop", "length", "abort", "error"};
     for (int i = 0; i < 4; i++)
-        sb_printf(&b, "vllm:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %lld\n", reasons[i],
-                  model, (long long)S->success[i]);
+        sb_printf(&b, "vllm:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %lld\n",
+                  reasons[i], model, (long long)S->success[i]);
     put_hist(&b, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &S->ttft,
              model);
     put_hist(&b, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &S->itl,
@@ -1144,7 +1160,10 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
  * ======================================================================================================== */
 static void req_free(srv_req *r) {
     if (!r) return;
-    for (int i = 0; i < r->n_prompts; i++) { arrfree(r->prompts[i].prompt_ids); free(r->prompts[i].echo_text); }
+    for (int i = 0; i < r->n_prompts; i++) {
+        arrfree(r->prompts[i].prompt_ids);
+        free(r->prompts[i].echo_text);
+    }
     for (int i = 0; r->choices && i < r->n_prompts * r->n; i++) {
         sb_free(&r->choices[i].text);
         choice_reset_logprobs(&r->choices[i]);
@@ -1165,7 +1184,8 @@ static int completion_prompts(srv_state *S, const jv *prompt, srv_req *r, srv_er
     } else if (prompt->type != J_STRING && prompt->type != J_ARRAY) {
         return bad(e, 400, "prompt", "prompt must be a string, a list of strings or a list of token ids");
     }
-    if (n > SRV_MAX_PROMPTS) return bad(e, 400, "prompt", "at most %d prompts in one request", SRV_MAX_PROMPTS);
+    if (n > SRV_MAX_PROMPTS)
+        return bad(e, 400, "prompt", "at most %d prompts in one request", SRV_MAX_PROMPTS);
     r->prompts = (srv_prompt *)calloc((size_t)n, sizeof(srv_prompt));
     if (!r->prompts) return bad(e, 500, NULL, "out of memory");
     r->n_prompts = n;
@@ -1187,9 +1207,12 @@ static int completion_prompts(srv_state *S, const jv *prompt, srv_req *r, srv_er
                 arrput(sp->prompt_ids, (int32_t)t->num);
             }
             if (r->echo) { /* the ids' text */
-                int m = llm_detokenize(S->model->tok, sp->prompt_ids, (int)arrlen(sp->prompt_ids), 0, NULL, 0);
-                if (m < 0 || !(sp->echo_text = (char *)malloc((size_t)m + 1))) return bad(e, 500, NULL, "out of memory");
-                llm_detokenize(S->model->tok, sp->prompt_ids, (int)arrlen(sp->prompt_ids), 0, sp->echo_text, m + 1);
+                int m = llm_detokenize(S->model->tok, sp->prompt_ids, (int)arrlen(sp->prompt_ids), 0, NULL,
+                                       0);
+                if (m < 0 || !(sp->echo_text = (char *)malloc((size_t)m + 1)))
+                    return bad(e, 500, NULL, "out of memory");
+                llm_detokenize(S->model->tok, sp->prompt_ids, (int)arrlen(sp->prompt_ids), 0, sp->echo_text,
+                               m + 1);
             }
         } else {
             return bad(e, 400, "prompt", "prompt must be a string, a list of strings or a list of token ids");
@@ -1205,8 +1228,9 @@ static int check_context(srv_state *S, srv_req *r, int max_tokens, int max_token
         int n = (int)arrlen(r->prompts[i].prompt_ids);
         if (n >= S->max_model_len || (max_tokens_given && n + max_tokens > S->max_model_len))
             return bad(e, 400, r->kind == REQ_CHAT ? "messages" : "prompt",
-                       "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in "
-                       "the %s, %d in the completion). Please reduce the length of the %s or completion.",
+                       "This model's maximum context length is %d tokens. However, you requested %d tokens "
+                       "(%d in the %s, %d in the completion). Please reduce the length of the %s "
+                       "or completion.",
                        S->max_model_len, n + (max_tokens_given ? max_tokens : 1), n,
                        r->kind == REQ_CHAT ? "messages" : "prompt", max_tokens_given ? max_tokens : 1,
                        r->kind == REQ_CHAT ? "messages" : "prompt");
@@ -1236,8 +1260,10 @@ static int start_generation(srv_state *S, srv_conn *c, const jv *body, int kind,
         if (get_number(body, "logprobs", 0, 20, 1, &x, e)) goto fail;
         r->logprobs = (int)x;
         p.logprobs = r->logprobs;
-        if (r->echo && r->logprobs >= 0)
-            { bad(e, 400, "echo", "echo with logprobs is not supported (prompt logprobs are not computed)"); goto fail; }
+        if (r->echo && r->logprobs >= 0) {
+            bad(e, 400, "echo", "echo with logprobs is not supported (prompt logprobs are not computed)");
+            goto fail;
+        }
         if (completion_prompts(S, json_get(body, "prompt"), r, e)) goto fail;
     } else {
         const jv *mt = json_get(body, "max_completion_tokens");
@@ -1331,15 +1357,20 @@ static void handle_tokenize(srv_state *S, srv_conn *c, const jv *body) {
     if (check_model(S, body, &e) || get_bool(body, "add_special_tokens", &add_special, &e)) goto fail;
     const jv *prompt = json_get(body, "prompt"), *msgs = json_get(body, "messages");
     if (prompt && prompt->type == J_STRING) {
-        if (tokenize_text(S, prompt->str, prompt->len, add_special, &ids)) { bad(&e, 400, "prompt", "cannot tokenize"); goto fail; }
+        if (tokenize_text(S, prompt->str, prompt->len, add_special, &ids)) {
+            bad(&e, 400, "prompt", "cannot tokenize");
+            goto fail;
+        }
     } else if (msgs && msgs->type == J_ARRAY) {
         llm_chat_message *cm = (llm_chat_message *)calloc((size_t)msgs->n + 1, sizeof *cm);
         sbuf *texts = (sbuf *)calloc((size_t)msgs->n + 1, sizeof(sbuf));
         int ok = cm && texts;
         for (int i = 0; ok && i < msgs->n; i++) {
             const jv *role = json_get(&msgs->items[i], "role");
-            if (!role || role->type != J_STRING) { bad(&e, 400, "messages", "each message needs a role"); ok = 0; }
-            else if (chat_content(&msgs->items[i], i, &texts[i], &e)) ok = 0;
+            if (!role || role->type != J_STRING) {
+                bad(&e, 400, "messages", "each message needs a role");
+                ok = 0;
+            } else if (chat_content(&msgs->items[i], i, &texts[i], &e)) ok = 0;
             else { cm[i].role = role->str; cm[i].content = texts[i].s ? texts[i].s : ""; }
         }
         int n = ok ? llm_chat_render(&S->chat, cm, msgs->n, 1, NULL, 0) : -1;
@@ -1350,7 +1381,10 @@ static void handle_tokenize(srv_state *S, srv_conn *c, const jv *body) {
         } else if (ok) bad(&e, 400, "messages", "a role this template does not know");
         for (int i = 0; texts && i < msgs->n; i++) sb_free(&texts[i]);
         free(texts); free(cm); free(text);
-        if (!ok || n < 0) { if (!e.status) bad(&e, 400, "messages", "cannot render the messages"); goto fail; }
+        if (!ok || n < 0) {
+            if (!e.status) bad(&e, 400, "messages", "cannot render the messages");
+            goto fail;
+        }
     } else {
         bad(&e, 400, "prompt", "give prompt (a string) or messages (a list)");
         goto fail;
@@ -1372,11 +1406,15 @@ static void handle_detokenize(srv_state *S, srv_conn *c, const jv *body) {
     srv_error e = {0};
     const jv *tokens = json_get(body, "tokens");
     if (check_model(S, body, &e)) { send_error(S, c, e.status, e.param, "%s", e.msg); return; }
-    if (!tokens || tokens->type != J_ARRAY) { send_error(S, c, 400, "tokens", "tokens must be a list of ids"); return; }
+    if (!tokens || tokens->type != J_ARRAY) {
+        send_error(S, c, 400, "tokens", "tokens must be a list of ids");
+        return;
+    }
     int32_t *ids = NULL;
     for (int i = 0; i < tokens->n; i++) {
         const jv *v = &tokens->items[i];
-        if (v->type != J_NUMBER || v->num != floor(v->num) || v->num < 0 || v->num >= S->model->cfg.vocab_size) {
+        if (v->type != J_NUMBER || v->num != floor(v->num) || v->num < 0 ||
+            v->num >= S->model->cfg.vocab_size) {
             arrfree(ids);
             send_error(S, c, 400, "tokens", "tokens must be integers in 0..%d", S->model->cfg.vocab_size - 1);
             return;
@@ -1385,7 +1423,8 @@ static void handle_detokenize(srv_state *S, srv_conn *c, const jv *body) {
     }
     sbuf t = {0};
     int m = llm_detokenize(S->model->tok, ids, (int)arrlen(ids), 0, NULL, 0);
-    if (m > 0 && (t.s = (char *)malloc((size_t)m + 1))) t.len = (size_t)llm_detokenize(S->model->tok, ids, (int)arrlen(ids), 0, t.s, m + 1);
+    if (m > 0 && (t.s = (char *)malloc((size_t)m + 1)))
+        t.len = (size_t)llm_detokenize(S->model->tok, ids, (int)arrlen(ids), 0, t.s, m + 1);
     arrfree(ids);
     sbuf b = {0};
     sb_puts(&b, "{\"prompt\":");
@@ -1410,7 +1449,8 @@ static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
         {"/metrics", "GET"}, {"/ping", "GET"},
     };
     int route = -1;
-    for (int i = 0; i < (int)(sizeof routes / sizeof routes[0]); i++) if (!strcmp(rq->path, routes[i].path)) route = i;
+    for (int i = 0; i < (int)(sizeof routes / sizeof routes[0]); i++)
+        if (!strcmp(rq->path, routes[i].path)) route = i;
     if (route < 0) { send_error(S, c, 404, NULL, "Not Found: %s", rq->path); return; }
     if (strcmp(rq->method, routes[route].method)) {
         char allow[64];
@@ -1431,7 +1471,10 @@ static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
             return;
         }
     }
-    if (!strcmp(path, "/health") || !strcmp(path, "/ping")) { send_response(S, c, 200, "application/json", "", 0, NULL); return; }
+    if (!strcmp(path, "/health") || !strcmp(path, "/ping")) {
+        send_response(S, c, 200, "application/json", "", 0, NULL);
+        return;
+    }
     if (!strcmp(path, "/metrics")) { handle_metrics(S, c); return; }
     if (!strcmp(path, "/version")) {
         const char v[] = "{\"version\":\"0.1.0\"}";
@@ -1442,7 +1485,8 @@ static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
         sbuf b = {0};
         sb_puts(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
         sb_json_cstr(&b, S->model_name);
-        sb_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"llm\",\"root\":", (long long)wall_s());
+        sb_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"llm\",\"root\":",
+                  (long long)wall_s());
         sb_json_cstr(&b, S->model_name);
         sb_printf(&b, ",\"parent\":null,\"max_model_len\":%d,\"permission\":[]}]}", S->max_model_len);
         send_response(S, c, 200, "application/json", b.s, b.len, NULL);
@@ -1484,10 +1528,11 @@ static void request_done(srv_state *S, srv_req *r) {
             (f == LLM_FINISH_LENGTH && !strcmp(reason, "stop")))
             reason = finish_name(f);
     }
-    S->success[!strcmp(reason, "stop") ? 0 : !strcmp(reason, "length") ? 1 : !strcmp(reason, "abort") ? 2 : 3]++;
+    S->success[!strcmp(reason, "stop") ? 0 : !strcmp(reason, "length") ? 1 :
+               !strcmp(reason, "abort") ? 2 : 3]++;
     hist_add(&S->e2e, t - r->t_arrival);
-    fprintf(stderr, "llm serve: %s %s: prompt %d tokens, output %d tokens, TTFT %.3f s, %.3f s, %s%s%s\n", r->id,
-            r->conn ? r->conn->peer : "(gone)", r->prompt_tokens, r->completion_tokens,
+    fprintf(stderr, "llm serve: %s %s: prompt %d tokens, output %d tokens, TTFT %.3f s, %.3f s, %s%s%s\n",
+            r->id, r->conn ? r->conn->peer : "(gone)", r->prompt_tokens, r->completion_tokens,
             r->t_first ? r->t_first - r->t_arrival : 0.0, t - r->t_arrival, reason, r->error[0] ? ": " : "",
             r->error);
     srv_conn *c = r->conn;
@@ -1641,7 +1686,8 @@ static void accept_all(srv_state *S) {
         int fd = accept4(S->listen_fd, (struct sockaddr *)&addr, &alen, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK) fprintf(stderr, "llm serve: accept: %s\n", strerror(errno));
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                fprintf(stderr, "llm serve: accept: %s\n", strerror(errno));
             return;
         }
         srv_conn *c = (srv_conn *)calloc(1, sizeof *c);
@@ -1715,7 +1761,8 @@ static int serve(args_t *a) {
     if (!S->engine) { fprintf(stderr, "llm serve: %s\n", err); free(S); return 1; }
     S->model = llm_engine_model(S->engine);
     if (!S->model->tok) {
-        fprintf(stderr, "llm serve: the model has no vocabulary (a dummy model): nothing to serve text with\n");
+        fprintf(stderr, "llm serve: the model has no vocabulary (a dummy model): "
+                        "nothing to serve text with\n");
         goto out;
     }
     llm_str tmpl = llm_gguf_string(&S->model->gguf, "tokenizer.chat_template");
@@ -1770,8 +1817,10 @@ static int serve(args_t *a) {
         fprintf(stderr, "llm serve: cannot start the engine thread\n");
         goto out;
     }
-    fprintf(stderr, "llm serve: %s (%s) on the %s, loaded in %.2f s; context %d tokens, KV pool %d blocks of %d\n",
-            S->model_name, S->model->name, st.backend, now_s() - t0, st.max_model_len, st.num_blocks, st.block_size);
+    fprintf(stderr, "llm serve: %s (%s) on the %s, loaded in %.2f s; "
+                    "context %d tokens, KV pool %d blocks of %d\n",
+            S->model_name, S->model->name, st.backend, now_s() - t0, st.max_model_len, st.num_blocks,
+            st.block_size);
     fprintf(stderr, "listening on http://%s:%d\n", a->host, port);
 
     double stop_since = 0;
@@ -1917,7 +1966,10 @@ static int bs_rand_int(uint64_t *s, int lo, int hi) { /* [lo, hi] */
     return lo + (int)(llm_splitmix64(s) % (uint64_t)(hi - lo + 1));
 }
 
-static int bs_buf_add(bs_buf *b, const void *s, size_t n) { sb_put(b, (const char *)s, n); return -b->failed; }
+static int bs_buf_add(bs_buf *b, const void *s, size_t n) {
+    sb_put(b, (const char *)s, n);
+    return -b->failed;
+}
 #define bs_buf_printf(b, ...) (sb_printf((b), __VA_ARGS__), -(b)->failed)
 
 /* ---- a tiny JSON scan: only what the OpenAI streaming format needs ---- */

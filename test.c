@@ -2749,8 +2749,9 @@ static char *http_request_raw(int port, const char *raw, size_t n) {
 
 static char *http_post(int port, const char *path, const char *body, const char *extra_headers) {
     char *req = (char *)malloc(strlen(body) + 1024);
-    int n = sprintf(req, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                    "Connection: close\r\n%s\r\n%s", path, strlen(body), extra_headers ? extra_headers : "", body);
+    int n = sprintf(req, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    "Content-Length: %zu\r\nConnection: close\r\n%s\r\n%s",
+                    path, strlen(body), extra_headers ? extra_headers : "", body);
     char *out = http_request_raw(port, req, (size_t)n);
     free(req);
     return out;
@@ -2763,7 +2764,9 @@ static char *http_get(int port, const char *path, const char *extra_headers) {
     return http_request_raw(port, req, (size_t)n);
 }
 
-static int http_status(const char *resp) { return resp && !strncmp(resp, "HTTP/1.1 ", 9) ? atoi(resp + 9) : -1; }
+static int http_status(const char *resp) {
+    return resp && !strncmp(resp, "HTTP/1.1 ", 9) ? atoi(resp + 9) : -1;
+}
 static const char *http_body(const char *resp) {
     const char *p = resp ? strstr(resp, "\r\n\r\n") : NULL;
     return p ? p + 4 : "";
@@ -2847,8 +2850,8 @@ static void test_server_endpoints(void) {
         free(r);
     }
     /* the exact body of a completion */
-    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0}",
-                  NULL);
+    r = http_post(port, "/v1/completions",
+                  "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0}", NULL);
     const char *b = http_body(r);
     CHECK(http_status(r) == 200 && !strncmp(b, "{\"id\":\"cmpl-", 12) &&
           strstr(b, "\",\"object\":\"text_completion\",\"created\":") &&
@@ -2858,7 +2861,8 @@ static void test_server_endpoints(void) {
           strstr(r, "\r\nContent-Type: application/json\r\n"), "serve: a completion's body: %s", r ? r : "");
     free(r);
     /* streaming: the same text in SSE events, a usage chunk, [DONE]; chunked, so keep-alive goes on */
-    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0,"
+    r = http_post(port, "/v1/completions",
+                  "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0,"
                   "\"stream\":true,\"stream_options\":{\"include_usage\":true}}", NULL);
     char *ev = dechunk(http_body(r));
     int n_events, done;
@@ -2870,7 +2874,8 @@ static void test_server_endpoints(void) {
           "serve: a streamed completion: %s", ev ? ev : "");
     free(ev); free(r);
     /* chat, not streamed and streamed: the first chunk says the role */
-    r = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+    r = http_post(port, "/v1/chat/completions",
+                  "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
                   "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Hi\"}]}],\"max_tokens\":6,"
                   "\"temperature\":0}", NULL);
     char chat_text[1024];
@@ -2879,7 +2884,8 @@ static void test_server_endpoints(void) {
           strstr(r, "\"message\":{\"role\":\"assistant\",\"content\":") && strlen(chat_text) > 0 &&
           strstr(r, "\"completion_tokens\":6"), "serve: chat: %s", r ? r : "");
     free(r);
-    r = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+    r = http_post(port, "/v1/chat/completions",
+                  "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
                   "{\"role\":\"user\",\"content\":\"Hi\"}],\"max_completion_tokens\":6,\"temperature\":0,"
                   "\"stream\":true}", NULL);
     ev = dechunk(http_body(r));
@@ -2890,10 +2896,13 @@ static void test_server_endpoints(void) {
           "serve: streamed chat gives the same text (%s): %s", chat_text, ev ? ev : "");
     free(ev); free(r);
     /* n = 3 with a seed: three choices, the same three again */
-    const char *nbody = "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"n\":3,\"seed\":7,\"temperature\":1}";
-    char *r1 = http_post(port, "/v1/completions", nbody, NULL), *r2 = http_post(port, "/v1/completions", nbody, NULL);
+    const char *nbody = "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"n\":3,\"seed\":7,"
+                        "\"temperature\":1}";
+    char *r1 = http_post(port, "/v1/completions", nbody, NULL),
+         *r2 = http_post(port, "/v1/completions", nbody, NULL);
     CHECK(http_status(r1) == 200 && r1 && r2 && strstr(r1, "\"index\":2,") && !strstr(r1, "\"index\":3,") &&
-          !strcmp(strstr(r1, "\"choices\""), strstr(r2, "\"choices\"")) && strstr(r1, "\"completion_tokens\":24"),
+          !strcmp(strstr(r1, "\"choices\""), strstr(r2, "\"choices\"")) &&
+          strstr(r1, "\"completion_tokens\":24"),
           "serve: n=3 with a seed: %s", r1 ? r1 : "");
     free(r1); free(r2);
     /* several prompts: a choice each, in order; token-id prompts; echo */
@@ -2901,11 +2910,12 @@ static void test_server_endpoints(void) {
                   "\"max_tokens\":3,\"temperature\":0,\"echo\":true}", NULL);
     b = http_body(r);
     CHECK(http_status(r) == 200 && strstr(b, "{\"index\":0,\"text\":\"Once upon a time, there was\"") &&
-          strstr(b, "{\"index\":1,\"text\":\"Once upon a time, there was\""), "serve: two prompts with echo: %s",
-          r ? r : "");
+          strstr(b, "{\"index\":1,\"text\":\"Once upon a time, there was\""),
+          "serve: two prompts with echo: %s", r ? r : "");
     free(r);
     /* logprobs: the chosen token's and the top 2, as OpenAI's four lists */
-    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,\"temperature\":0,"
+    r = http_post(port, "/v1/completions",
+                  "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,\"temperature\":0,"
                   "\"logprobs\":2}", NULL);
     b = http_body(r);
     const char *lp = strstr(b, "\"logprobs\":{\"tokens\":[\",\",\" there\"],\"token_logprobs\":[");
@@ -2915,36 +2925,43 @@ static void test_server_endpoints(void) {
     r = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
                   "\"max_tokens\":2,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":3}", NULL);
     CHECK(http_status(r) == 200 && strstr(r, "\"logprobs\":{\"content\":[{\"token\":") &&
-          strstr(r, "\"bytes\":[") && strstr(r, "\"top_logprobs\":[{\"token\":"), "serve: chat logprobs: %s", r);
+          strstr(r, "\"bytes\":[") && strstr(r, "\"top_logprobs\":[{\"token\":"),
+          "serve: chat logprobs: %s", r);
     free(r);
     /* a stop string: the text ends before it, finish "stop" */
-    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":20,\"temperature\":0,"
+    r = http_post(port, "/v1/completions",
+                  "{\"prompt\":\"Once upon a time\",\"max_tokens\":20,\"temperature\":0,"
                   "\"stop\":[\" little\"]}", NULL);
     json_str(http_body(r), "text", buf, sizeof buf);
     CHECK(http_status(r) == 200 && !strcmp(buf, ", there was a") && strstr(r, "\"finish_reason\":\"stop\""),
           "serve: stop string: %s", r ? r : "");
     free(r);
     /* a stop token id (432 is ",", the first greedy token) ends it at once; min_tokens keeps it going */
-    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"temperature\":0,"
+    r = http_post(port, "/v1/completions",
+                  "{\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"temperature\":0,"
                   "\"stop_token_ids\":[432]}", NULL);
     CHECK(http_status(r) == 200 && strstr(r, "\"text\":\"\",\"logprobs\":null,\"finish_reason\":\"stop\"") &&
           strstr(r, "\"completion_tokens\":1,"), "serve: a stop token id: %s", r ? r : "");
     free(r);
-    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"temperature\":0,"
+    r = http_post(port, "/v1/completions",
+                  "{\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"temperature\":0,"
                   "\"stop_token_ids\":[432],\"min_tokens\":4}", NULL);
     CHECK(http_status(r) == 200 && strstr(r, "\"completion_tokens\":") &&
           atoi(strstr(r, "\"completion_tokens\":") + 20) >= 4, "serve: min_tokens: %s", r ? r : "");
     free(r);
     /* the small endpoints */
     r = http_get(port, "/v1/models", NULL);
-    CHECK(http_status(r) == 200 && strstr(http_body(r), "{\"object\":\"list\",\"data\":[{\"id\":\"stories260K\","
-          "\"object\":\"model\",\"created\":") && strstr(r, "\"max_model_len\":2048"), "serve: /v1/models: %s", r);
+    CHECK(http_status(r) == 200 &&
+          strstr(http_body(r), "{\"object\":\"list\",\"data\":[{\"id\":\"stories260K\","
+                               "\"object\":\"model\",\"created\":") &&
+          strstr(r, "\"max_model_len\":2048"), "serve: /v1/models: %s", r);
     free(r);
     r = http_get(port, "/health", NULL);
     CHECK(http_status(r) == 200 && strstr(r, "Content-Length: 0\r\n"), "serve: /health: %s", r ? r : "");
     free(r);
     r = http_get(port, "/version", NULL);
-    CHECK(http_status(r) == 200 && strstr(http_body(r), "{\"version\":\""), "serve: /version: %s", r ? r : "");
+    CHECK(http_status(r) == 200 && strstr(http_body(r), "{\"version\":\""), "serve: /version: %s",
+          r ? r : "");
     free(r);
     r = http_post(port, "/tokenize", "{\"prompt\":\"Once upon a time\"}", NULL);
     CHECK(http_status(r) == 200 && !strcmp(http_body(r), "{\"count\":5,\"max_model_len\":2048,\"tokens\":"
@@ -2975,7 +2992,8 @@ static void test_server_errors(void) {
     int port = s.port;
     const char *auth = "Authorization: Bearer sesame\r\n";
     static const struct { const char *body; int status; const char *param, *message; } bad[] = {
-        {"{\"prompt\":\"x\",", 400, NULL, "the body is not valid JSON: an object key must be a string at byte 14"},
+        {"{\"prompt\":\"x\",", 400, NULL,
+         "the body is not valid JSON: an object key must be a string at byte 14"},
         {"[1,2]", 400, NULL, "the body must be a JSON object"},
         {"{\"prompt\":\"\\ud800\"}", 400, NULL, "the body is not valid JSON: a high surrogate without"},
         {"{\"prompt\":\"\xff\"}", 400, NULL, "invalid UTF-8 in a string"},
@@ -2994,8 +3012,8 @@ static void test_server_errors(void) {
         {"{\"max_tokens\":3}", 400, "prompt", "prompt is required"},
         {"{\"prompt\":\"x\",\"model\":\"gpt-4\"}", 404, "model", "The model `gpt-4` does not exist"},
         {"{\"prompt\":\"Once upon a time there was a girl\",\"max_tokens\":60}", 400, "prompt",
-         "This model's maximum context length is 64 tokens. However, you requested 71 tokens (11 in the prompt, "
-         "60 in the completion)"},
+         "This model's maximum context length is 64 tokens. However, you requested 71 tokens "
+         "(11 in the prompt, 60 in the completion)"},
         {"{\"prompt\":[\"a\",\"b\",\"c\"]}", 503, NULL, "the server is busy"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -3004,14 +3022,16 @@ static void test_server_errors(void) {
         char param[64], msg[512];
         json_str(b, "message", msg, sizeof msg);
         const char *pv = tok_json_value(b, NULL, "param");
-        if (pv && *pv == '"') json_str(b, "param", param, sizeof param); else snprintf(param, sizeof param, "null");
+        if (pv && *pv == '"') json_str(b, "param", param, sizeof param);
+        else snprintf(param, sizeof param, "null");
         CHECK(http_status(r) == bad[i].status && !strncmp(b, "{\"error\":{\"message\":", 20) &&
               strstr(msg, bad[i].message) && !strcmp(param, bad[i].param ? bad[i].param : "null") &&
               strstr(b, "\"type\":\"") && strstr(b, "\"code\":"),
               "serve: %s -> %d: %s", bad[i].body, bad[i].status, r ? r : "");
         free(r);
     }
-    char *r = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"robot\",\"content\":\"x\"}]}", auth);
+    char *r = http_post(port, "/v1/chat/completions",
+                        "{\"messages\":[{\"role\":\"robot\",\"content\":\"x\"}]}", auth);
     CHECK(http_status(r) == 400 && strstr(r, "\"param\":\"messages[0].role\""), "serve: a bad role: %s", r);
     free(r);
     /* 401 without the key (or a wrong one); /health and /metrics stay open */
@@ -3026,7 +3046,8 @@ static void test_server_errors(void) {
     free(r);
     /* 404, 405, 413, 431 */
     r = http_get(port, "/v2/nothing", auth);
-    CHECK(http_status(r) == 404 && strstr(r, "{\"error\":{\"message\":\"Not Found: /v2/nothing\""), "404: %s", r);
+    CHECK(http_status(r) == 404 && strstr(r, "{\"error\":{\"message\":\"Not Found: /v2/nothing\""),
+          "404: %s", r);
     free(r);
     r = http_get(port, "/v1/completions", auth);
     CHECK(http_status(r) == 405 && strstr(r, "\r\nAllow: POST\r\n"), "serve: 405: %s", r ? r : "");
@@ -3082,7 +3103,8 @@ static void test_server_connections(void) {
     char pipe_req[2048];
     int n = 0;
     for (int i = 0; i < 2; i++)
-        n += sprintf(pipe_req + n, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+        n += sprintf(pipe_req + n,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
                      strlen(body), body);
     n += sprintf(pipe_req + n, "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
     char *r = http_request_raw(port, pipe_req, (size_t)n);
@@ -3096,9 +3118,11 @@ static void test_server_connections(void) {
     /* a client that leaves mid-stream: its request is aborted and every block comes back */
     double blocks = metric(port, "llm:kv_cache_blocks");
     int fd = tcp_connect(port);
-    const char *long_body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":2000,\"ignore_eos\":true,\"stream\":true}";
+    const char *long_body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":2000,\"ignore_eos\":true,"
+                            "\"stream\":true}";
     char req[1024];
-    n = sprintf(req, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s", strlen(long_body), long_body);
+    n = sprintf(req, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\n\r\n%s", strlen(long_body),
+                long_body);
     send_all(fd, req, (size_t)n);
     char part[4096];
     ssize_t k = recv(fd, part, sizeof part, 0); /* the stream has begun */
@@ -3121,7 +3145,8 @@ static void test_server_connections(void) {
     char alone[4][1024];
     for (int i = 0; i < 4; i++) {
         char b[512];
-        snprintf(b, sizeof b, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0}", prompts[i], 20 + 5 * i);
+        snprintf(b, sizeof b, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0}", prompts[i],
+                 20 + 5 * i);
         r = http_post(port, "/v1/completions", b, NULL);
         json_str(http_body(r), "text", alone[i], sizeof alone[i]);
         free(r);
@@ -3152,8 +3177,8 @@ static void test_server_connections(void) {
     /* llm bench serve against it: every request succeeds, and the table by prompt length has its 4 rows */
     char cmd[512];
     int status;
-    snprintf(cmd, sizeof cmd, "./llm bench serve --port %d --num-prompts 24 --max-concurrency 8 --input-len 8:64 "
-             "--output-len 4:16 --seed 1 2>/dev/null", port);
+    snprintf(cmd, sizeof cmd, "./llm bench serve --port %d --num-prompts 24 --max-concurrency 8 "
+             "--input-len 8:64 --output-len 4:16 --seed 1 2>/dev/null", port);
     r = run_command(cmd, &status);
     const char *rows = r ? strstr(r, "Prompt len    Requests") : NULL;
     CHECK(status == 0 && r && strstr(r, "Successful requests:                     24\n") &&
@@ -3169,8 +3194,8 @@ static void test_server_connections(void) {
     usleep(20000);
     kill(s.pid, SIGTERM);
     r = recv_all(fd, 30, NULL);
-    CHECK(http_status(r) == 200 && strstr(r, "\"completion_tokens\":400"), "serve: SIGTERM lets a request finish: %s",
-          r ? r : "");
+    CHECK(http_status(r) == 200 && strstr(r, "\"completion_tokens\":400"),
+          "serve: SIGTERM lets a request finish: %s", r ? r : "");
     free(r); close(fd);
     CHECK(server_stop(&s) == 0, "serve: exit status 0 after SIGTERM");
 }

@@ -43,16 +43,19 @@ try:
     check([m.id for m in models.data] == ["stories260K"], f"models: {models}")
 
     # completions: llama.cpp's greedy text (shared/reference/stories260K-greedy.json's first case)
-    c = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=20, temperature=0)
+    c = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=20,
+                                  temperature=0)
     check(c.object == "text_completion" and len(c.choices) == 1 and c.choices[0].finish_reason == "length",
           f"completion: {c}")
-    check(c.choices[0].text == ", there was a little girl named Lily. She loved to play outsid", repr(c.choices[0].text))
+    check(c.choices[0].text == ", there was a little girl named Lily. She loved to play outsid",
+          repr(c.choices[0].text))
     check(c.usage.prompt_tokens == 5 and c.usage.completion_tokens == 20 and c.usage.total_tokens == 25,
           f"usage: {c.usage}")
 
     # streamed: the same text, chunk by chunk, and the usage at the end
     chunks = list(client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=20,
-                                            temperature=0, stream=True, stream_options={"include_usage": True}))
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
     text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
     check(text == c.choices[0].text, f"streamed completion: {text!r}")
     check(chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20, f"usage chunk: {chunks[-1]}")
@@ -64,11 +67,12 @@ try:
     c = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=3, temperature=0,
                                   logprobs=2)
     lp = c.choices[0].logprobs
-    check(lp.tokens == [",", " there", " was"] and len(lp.token_logprobs) == 3 and len(lp.top_logprobs[0]) == 2
-          and all(x <= 0 for x in lp.token_logprobs), f"logprobs: {lp}")
+    check(lp.tokens == [",", " there", " was"] and len(lp.token_logprobs) == 3
+          and len(lp.top_logprobs[0]) == 2 and all(x <= 0 for x in lp.token_logprobs), f"logprobs: {lp}")
 
     # chat, streamed and not: the same reply; the first chunk carries the role
-    messages = [{"role": "system", "content": "You tell stories."}, {"role": "user", "content": "A story, please."}]
+    messages = [{"role": "system", "content": "You tell stories."},
+                {"role": "user", "content": "A story, please."}]
     r = client.chat.completions.create(model="stories260K", messages=messages, max_tokens=12, temperature=0)
     check(r.object == "chat.completion" and r.choices[0].message.role == "assistant"
           and len(r.choices[0].message.content) > 0 and r.usage.completion_tokens == 12, f"chat: {r}")
@@ -76,7 +80,8 @@ try:
                                                  temperature=0, stream=True))
     check(chunks[0].choices[0].delta.role == "assistant", f"first chat chunk: {chunks[0]}")
     streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-    check(streamed == r.choices[0].message.content, f"streamed chat: {streamed!r} vs {r.choices[0].message.content!r}")
+    check(streamed == r.choices[0].message.content,
+          f"streamed chat: {streamed!r} vs {r.choices[0].message.content!r}")
     r = client.chat.completions.create(model="stories260K", messages=messages, max_tokens=2, temperature=0,
                                        logprobs=True, top_logprobs=2, n=2)
     check(len(r.choices) == 2 and len(r.choices[0].logprobs.content) == 2
