@@ -477,7 +477,7 @@ typedef struct { /* one prompt of a request: one engine request (n samples) */
 
 typedef struct { /* one choice of the response */
     sbuf text;                      /* non-streaming: the text so far */
-    int n_tokens, finish, sent_role;
+    int n_tokens, finish, sent_role, echoed;
     sbuf logprobs;                  /* the logprobs entries so far, as JSON (without the brackets) */
     sbuf lp_tokens, lp_values, lp_top, lp_offsets; /* /v1/completions' four parallel lists */
     size_t text_offset;
@@ -972,7 +972,8 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
         ch->sent_role = 1;
     }
     const srv_prompt *pr = (const srv_prompt *)ev->user;
-    int echo_now = !chat && r->echo && pr->echo_text && ch->n_tokens == 0 && ch->text_offset == 0;
+    int echo_now = !chat && r->echo && pr->echo_text && !ch->echoed; /* the prompt before the first text */
+    ch->echoed |= echo_now;
     if (!ev->text_len && !ev->finish && !echo_now && !(ev->n_tokens && r->logprobs >= 0)) {
         sb_free(&b);
         return;
@@ -1568,9 +1569,9 @@ static void apply_event(srv_state *S, srv_event *ev) {
     if (r->conn) {
         if (r->stream) stream_event(S, r, ci, ch, ev);
         else {
-            if (!ch->text.len && r->echo && sp->echo_text && !ch->text_offset) {
+            if (r->echo && sp->echo_text && !ch->echoed) {
                 sb_puts(&ch->text, sp->echo_text);
-                ch->text_offset = ch->text.len;
+                ch->echoed = 1;
             }
             if (r->logprobs >= 0 && ev->n_tokens)
                 add_logprobs(S, r, ch, ev, &ch->logprobs, ch->text.len);

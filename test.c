@@ -2913,6 +2913,12 @@ static void test_server_endpoints(void) {
           strstr(b, "{\"index\":1,\"text\":\"Once upon a time, there was\""),
           "serve: two prompts with echo: %s", r ? r : "");
     free(r);
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0,"
+                  "\"echo\":true,\"stream\":true}", NULL);
+    ev = dechunk(http_body(r));
+    sse_collect(ev, 0, 0, buf, sizeof buf, &n_events, finish, &done);
+    CHECK(!strcmp(buf, "Once upon a time, there was") && done, "serve: streamed echo: %s", ev ? ev : "");
+    free(ev); free(r);
     /* logprobs: the chosen token's and the top 2, as OpenAI's four lists */
     r = http_post(port, "/v1/completions",
                   "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,\"temperature\":0,"
@@ -2995,6 +3001,10 @@ static void test_server_errors(void) {
         {"{\"prompt\":\"x\",", 400, NULL,
          "the body is not valid JSON: an object key must be a string at byte 14"},
         {"[1,2]", 400, NULL, "the body must be a JSON object"},
+        {"{\"prompt\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[", 400, NULL,
+         "nesting too deep"},
+        {"{\"prompt\":\"x\"} x", 400, NULL, "more text after the value"},
+        {"", 400, NULL, "a value is missing at byte 0"},
         {"{\"prompt\":\"\\ud800\"}", 400, NULL, "the body is not valid JSON: a high surrogate without"},
         {"{\"prompt\":\"\xff\"}", 400, NULL, "invalid UTF-8 in a string"},
         {"{\"prompt\":\"x\",\"max_tokens\":0}", 400, "max_tokens", "max_tokens must be between 1 and"},
