@@ -793,7 +793,9 @@ int main(int argc, char **argv) {
                     "--request-timeout > 0\n");
             return 1;
         }
-        return serve(&a);
+        serve_config sc = {a.engine, a.host, a.api_key, a.served_model_name, a.chat_template, a.port,
+                           a.max_queue, a.request_timeout};
+        return serve(&sc);
     }
     if (!a.engine.model_path) {
         fprintf(stderr, "llm: give a model with -m MODEL.gguf (see llm --help)\n");

@@ -1,7 +1,7 @@
 /* server.c - llm serve: an OpenAI-compatible HTTP/1.1 server on bare POSIX sockets, like vLLM's API server.
  *
- * main.c includes this file (the llm command is one translation unit): it uses main.c's args_t and the engine
- * API of llm.h, nothing else. Two threads:
+ * main.c includes this file (the llm command is one translation unit), after llm.h's implementation and a
+ * now_s() (a monotonic clock in seconds); it uses the engine API of llm.h and nothing else. Two threads:
  *   - the network thread (the one that calls serve) runs one epoll loop over the listening socket, every
  *     connection and a wake-up pipe. It parses HTTP and JSON, renders chat templates and tokenizes, adds
  *     requests to the engine, and writes the engine's outputs to the clients as JSON bodies or SSE streams.
@@ -1751,7 +1751,14 @@ static int open_listener(const char *host, int port, int *bound_port, char *err,
 /* ===========================================================================================================
  * llm serve
  * ======================================================================================================== */
-static int serve(args_t *a) {
+typedef struct {
+    llm_engine_config engine;
+    const char *host, *api_key, *served_model_name, *chat_template;
+    int port, max_queue;
+    double request_timeout;         /* seconds a client has to send a request once begun */
+} serve_config;
+
+static int serve(const serve_config *a) {
     char err[LLM_ERR_LEN];
     srv_state *S = (srv_state *)calloc(1, sizeof *S);
     if (!S) { fprintf(stderr, "llm serve: out of memory\n"); return 1; }
