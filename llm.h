@@ -545,6 +545,7 @@ int  llm_engine_check_blocks(llm_engine *e, char *err);
 
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -872,8 +873,10 @@ static int llm_gguf_scalar(uint32_t type, const uint8_t *p, int64_t *iv, double 
     case LLM_GGUF_I32: *iv = v.i32; break;
     case LLM_GGUF_U64: *iv = (int64_t)v.u64; break;
     case LLM_GGUF_I64: *iv = v.i64; break;
-    case LLM_GGUF_F32: *fv = v.f32; *iv = (int64_t)v.f32; return 1;
-    case LLM_GGUF_F64: *fv = v.f64; *iv = (int64_t)v.f64; return 1;
+    case LLM_GGUF_F32: case LLM_GGUF_F64: /* as an integer only when it is one that fits (NaN does not) */
+        *fv = type == LLM_GGUF_F32 ? v.f32 : v.f64;
+        *iv = *fv >= -9.2e18 && *fv <= 9.2e18 ? (int64_t)*fv : 0;
+        return 1;
     }
     *fv = (double)*iv;
     return 1;
@@ -986,6 +989,32 @@ static int llm_model_weight(llm_model *m, llm_weight *w, const char *name, int64
     return 0;
 }
 
+/* An integer key of the config, in [lo, hi] (absent: fallback, when that is in range). */
+static int llm_config_int(const llm_gguf *g, const char *key, int64_t fallback, int64_t lo, int64_t hi, int *out,
+                          char *err) {
+    const llm_gguf_kv *kv = llm_gguf_find(g, key);
+    int64_t v = fallback;
+    double f = (double)fallback;
+    if (kv && (!llm_gguf_scalar(kv->type, kv->data, &v, &f) || f != (double)v))
+        return llm_fail(err, "model metadata %s is not an integer", key);
+    if (!kv && fallback < lo) return llm_fail(err, "model metadata %s is missing", key);
+    if (v < lo || v > hi)
+        return llm_fail(err, "model metadata %s is %lld: it must be between %lld and %lld", key, (long long)v,
+                        (long long)lo, (long long)hi);
+    *out = (int)v;
+    return 0;
+}
+
+/* A real number of the config: finite, in [lo, hi]. */
+static int llm_config_float(const llm_gguf *g, const char *key, double fallback, double lo, double hi,
+                            float *out, char *err) {
+    double v = llm_gguf_float(g, key, fallback);
+    if (!(v >= lo && v <= hi)) /* NaN too */
+        return llm_fail(err, "model metadata %s is %g: it must be between %g and %g", key, v, lo, hi);
+    *out = (float)v;
+    return 0;
+}
+
 static int llm_model_read_config(llm_model *m, char *err) {
     llm_gguf *g = &m->gguf;
     llm_config *c = &m->cfg;
@@ -996,28 +1025,37 @@ static int llm_model_read_config(llm_model *m, char *err) {
     if (c->arch < 0)
         return llm_fail(err, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3)",
                         (int)arch.len, arch.ptr);
-    /* keys are prefixed by the architecture: llama.embedding_length, qwen2.block_count, ... */
+    /* keys are prefixed by the architecture: llama.embedding_length, qwen2.block_count, ... Every number is
+     * checked against its range before it is used (a count drives allocations; a cast of a value out of range
+     * is undefined behaviour), and an error names the key. */
     char key[128];
 #define LLM_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", llm_arch_names[c->arch], suffix), key)
-    c->dim = (int)llm_gguf_int(g, LLM_KEY("embedding_length"), 0);
-    c->n_layers = (int)llm_gguf_int(g, LLM_KEY("block_count"), 0);
-    c->ffn_dim = (int)llm_gguf_int(g, LLM_KEY("feed_forward_length"), 0);
-    c->n_heads = (int)llm_gguf_int(g, LLM_KEY("attention.head_count"), 0);
-    c->n_kv_heads = (int)llm_gguf_int(g, LLM_KEY("attention.head_count_kv"), c->n_heads);
-    c->context_length = (int)llm_gguf_int(g, LLM_KEY("context_length"), 2048);
-    c->rms_eps = (float)llm_gguf_float(g, LLM_KEY("attention.layer_norm_rms_epsilon"), 1e-5);
-    c->rope_base = (float)llm_gguf_float(g, LLM_KEY("rope.freq_base"), 10000.0);
-    if (c->dim <= 0 || c->n_layers <= 0 || c->ffn_dim <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
-        c->n_heads % c->n_kv_heads || c->context_length <= 0)
-        return llm_fail(err, "model metadata is incomplete or inconsistent: %s.embedding_length=%d "
-                        "block_count=%d feed_forward_length=%d attention.head_count=%d head_count_kv=%d",
-                        llm_arch_names[c->arch], c->dim, c->n_layers, c->ffn_dim, c->n_heads, c->n_kv_heads);
-    c->head_dim = (int)llm_gguf_int(g, LLM_KEY("attention.key_length"), c->dim / c->n_heads);
-    c->rope_dim = (int)llm_gguf_int(g, LLM_KEY("rope.dimension_count"), c->head_dim);
+#define LLM_INT(field, suffix, fallback, lo, hi) \
+    if (llm_config_int(g, LLM_KEY(suffix), fallback, lo, hi, &c->field, err)) return -1
+#define LLM_FLOAT(field, suffix, fallback, lo, hi) \
+    if (llm_config_float(g, LLM_KEY(suffix), fallback, lo, hi, &c->field, err)) return -1
+    LLM_INT(dim, "embedding_length", -1, 1, 1 << 20);
+    LLM_INT(n_layers, "block_count", -1, 1, 4096);
+    LLM_INT(ffn_dim, "feed_forward_length", -1, 1, 1 << 22);
+    LLM_INT(n_heads, "attention.head_count", -1, 1, 4096);
+    LLM_INT(n_kv_heads, "attention.head_count_kv", c->n_heads, 1, c->n_heads);
+    LLM_INT(context_length, "context_length", 2048, 1, 1 << 24);
+    LLM_INT(head_dim, "attention.key_length", c->dim / c->n_heads, 1, 4096);
+    LLM_INT(rope_dim, "rope.dimension_count", c->head_dim, 2, c->head_dim);
+    LLM_FLOAT(rms_eps, "attention.layer_norm_rms_epsilon", 1e-5, 1e-12, 1.0);
+    LLM_FLOAT(rope_base, "rope.freq_base", 10000.0, 1.0, 1e12);
+#undef LLM_INT
+#undef LLM_FLOAT
+    const char *an = llm_arch_names[c->arch];
+    if (c->n_heads % c->n_kv_heads)
+        return llm_fail(err, "model metadata is inconsistent: %s.attention.head_count=%d is not a multiple of "
+                        "%s.attention.head_count_kv=%d", an, c->n_heads, an, c->n_kv_heads);
+    if (c->rope_dim % 2) return llm_fail(err, "model metadata %s.rope.dimension_count=%d is odd", an, c->rope_dim);
+    /* the layers must be in the file before anything is sized by block_count */
+    snprintf(key, sizeof key, "blk.%d.attn_norm.weight", c->n_layers - 1);
+    if (!llm_gguf_tensor_find(g, key))
+        return llm_fail(err, "%s.block_count is %d, but the file has no tensor '%s'", an, c->n_layers, key);
 #undef LLM_KEY
-    if (c->head_dim <= 0 || c->rope_dim <= 0 || c->rope_dim > c->head_dim || c->rope_dim % 2)
-        return llm_fail(err, "model metadata is inconsistent: head dim %d, rope dims %d", c->head_dim,
-                        c->rope_dim);
     c->rope_neox = c->arch != LLM_ARCH_LLAMA;
     const llm_gguf_tensor *emb = llm_gguf_tensor_find(g, "token_embd.weight");
     if (!emb) return llm_fail(err, "model file is missing tensor 'token_embd.weight'");
@@ -1645,7 +1683,13 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
     for (uint64_t i = 0; i < n; i++) {
         int64_t ty = types ? llm_gguf_arr_int(types, i) : LLM_TOKEN_NORMAL;
         t->type[i] = ty >= LLM_TOKEN_NORMAL && ty <= LLM_TOKEN_BYTE ? (uint8_t)ty : LLM_TOKEN_NORMAL;
-        if (scores) t->score[i] = (float)llm_gguf_arr_float(scores, i);
+        double score = scores ? llm_gguf_arr_float(scores, i) : 0;
+        if (!(fabs(score) <= 3.4e38)) { /* NaN, infinities and what no float can hold */
+            llm_fail(err, "tokenizer.ggml.scores[%llu] is %g: scores must be finite numbers",
+                     (unsigned long long)i, score);
+            goto fail;
+        }
+        t->score[i] = (float)score;
         if (t->text[i].len > t->max_len) t->max_len = t->text[i].len;
     }
 
@@ -1746,9 +1790,10 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
     free(key);
     return t;
 oom:
+    llm_fail(err, "out of memory loading the tokenizer");
+fail:
     free(key);
     llm_tokenizer_free(t);
-    llm_fail(err, "out of memory loading the tokenizer");
     return NULL;
 }
 
@@ -2306,11 +2351,13 @@ static void llm_schedule(llm_scheduler *sch) {
 /* Rejects parameters that could never run, with the reason. */
 static int llm_request_check(const llm_sampling_params *p, char *err) {
     if (p->n < 1 || p->n > 128) return llm_fail(err, "n must be between 1 and 128, got %d", p->n);
-    if (!(p->temperature >= 0.0f)) return llm_fail(err, "temperature must be >= 0");
+    if (!(p->temperature >= 0.0f && isfinite(p->temperature)))
+        return llm_fail(err, "temperature must be a finite number >= 0");
     if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) return llm_fail(err, "top_p must be in (0, 1]");
     if (p->top_k < 0) return llm_fail(err, "top_k must be >= 0 (0 disables it)");
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) return llm_fail(err, "min_p must be in [0, 1]");
-    if (!(p->repetition_penalty > 0.0f)) return llm_fail(err, "repetition_penalty must be > 0");
+    if (!(p->repetition_penalty > 0.0f && isfinite(p->repetition_penalty)))
+        return llm_fail(err, "repetition_penalty must be a finite number > 0");
     if (!(fabsf(p->presence_penalty) <= 2.0f && fabsf(p->frequency_penalty) <= 2.0f))
         return llm_fail(err, "presence_penalty and frequency_penalty must be in [-2, 2]");
     if (p->max_tokens < 0) return llm_fail(err, "max_tokens must be >= 0");
@@ -2789,6 +2836,7 @@ llm_backend *llm_cpu_backend_create(const llm_model *m, char *err) {
  * changes is copied into the sampler's scratch.
  * ======================================================================================================== */
 typedef struct { float p; int32_t id; } llm_prob_id;
+#define LLM_SAMPLING_EPS 1e-5f /* temperatures below this are greedy (vLLM's _SAMPLING_EPS): 1 / T overflows */
 
 struct llm_sampler {
     int n_vocab;
@@ -2843,6 +2891,7 @@ const float *llm_sampler_penalize(llm_sampler *s, const llm_sampling_params *p, 
         if (s->seen[t] && p->repetition_penalty != 1.0f)
             x[t] = x[t] > 0 ? x[t] / p->repetition_penalty : x[t] * p->repetition_penalty;
         if (s->count[t]) x[t] -= p->presence_penalty + p->frequency_penalty * (float)s->count[t];
+        if (x[t] > FLT_MAX) x[t] = FLT_MAX; /* a tiny repetition penalty must not make a logit infinite */
     }
     return x;
 }
@@ -2858,14 +2907,19 @@ int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const f
     int V = s->n_vocab;
     llm_prob_id *c = s->cand;
     *ids = s->ids; *probs = s->probs;
-    if (p->temperature <= 0.0f || p->top_k == 1) {
+    if (p->temperature < LLM_SAMPLING_EPS || p->top_k == 1) {
         s->ids[0] = llm_argmax(logits, V); s->probs[0] = 1.0f;
         return 1;
     }
-    /* weights exp((logit - max) / T): the most likely token weighs 1 */
+    /* weights exp((logit - max) / T): the most likely token weighs 1; a masked token (-inf) weighs 0 */
     float mx = logits[llm_argmax(logits, V)], inv_t = 1.0f / p->temperature;
     double sum = 0;
-    for (int i = 0; i < V; i++) { c[i].id = i; c[i].p = expf((logits[i] - mx) * inv_t); sum += c[i].p; }
+    for (int i = 0; i < V; i++) {
+        float w = expf((logits[i] - mx) * inv_t);
+        c[i].id = i; c[i].p = w >= 0.0f ? w : 0.0f; /* NaN: -inf minus -inf, or a logit that is not a number */
+        sum += c[i].p;
+    }
+    if (!(sum > 0)) return 0;
     int n = V, top_k_on = p->top_k > 0 && p->top_k < V;
     if (p->top_p < 1.0f && !top_k_on) {
         /* the head that top_p keeps never reaches a token whose weight is under (1 - top_p) / V of the total:
@@ -2899,7 +2953,7 @@ int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const f
 int32_t llm_sampler_sample(llm_sampler *s, const llm_sampling_params *p, const float *logits,
                            const int32_t *history, int n_prompt, int n_history, uint64_t *rng_state) {
     const float *x = llm_sampler_penalize(s, p, logits, history, n_prompt, n_history);
-    if (p->temperature <= 0.0f || p->top_k == 1) return llm_argmax(x, s->n_vocab);
+    if (p->temperature < LLM_SAMPLING_EPS || p->top_k == 1) return llm_argmax(x, s->n_vocab);
     const int32_t *ids; const float *probs;
     int n = llm_sampler_candidates(s, p, x, &ids, &probs);
     if (n <= 0) return -1;
@@ -3317,6 +3371,9 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
     arrput(e->inbox, s);
     pthread_cond_signal(&e->work_added);
     pthread_mutex_unlock(&e->lock);
+#ifdef LLM_TEST_AFTER_ADD
+    LLM_TEST_AFTER_ADD(); /* the tests widen the window here: the engine thread runs the request to its end */
+#endif
     return id; /* not s->req->id: once the lock is let go, the engine thread may finish and free it */
 }
 
@@ -3475,6 +3532,10 @@ static void llm_engine_fail_step(llm_engine *e) {
 static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
     const llm_sampling_params *p = &s->req->params;
     int V = e->model.cfg.vocab_size, n_prompt = s->req->n_prompt;
+    for (int i = 0; i < V; i++) if (!isfinite(logits[i])) { /* a broken model: never sample from it */
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "the model's logits are not finite numbers (NaN or infinite)");
+        return;
+    }
     const float *sample_from = logits;
     if ((int)arrlen(s->tokens) - n_prompt < p->min_tokens) { /* too early to stop: mask what would stop it */
         if (!e->masked_logits && !(e->masked_logits = (float *)malloc((size_t)V * sizeof(float)))) {

@@ -102,10 +102,26 @@ typedef struct {
 
 static int parse_range(const char *s, int *lo, int *hi) {
     char *end;
+    errno = 0;
     long a = strtol(s, &end, 10), b;
-    if (*end == ':') b = strtol(end + 1, &end, 10); else b = a;
-    if (*end || a < 1 || b < a) return -1;
+    if (end == s) return -1;
+    if (*end == ':') { const char *t = end + 1; b = strtol(t, &end, 10); if (end == t) return -1; } else b = a;
+    if (*end || errno || a < 1 || b < a || b > 1 << 24) return -1;
     *lo = (int)a; *hi = (int)b;
+    return 0;
+}
+
+/* Numbers on the command line are taken whole and in range, or refused naming the flag: "-n abc" is not 0. */
+static int flag_number(const char *flag, const char *v, double lo, double hi, int integer, double *out) {
+    char *end;
+    errno = 0;
+    double x = integer ? (double)strtoll(v, &end, 10) : strtod(v, &end);
+    if (end == v || *end || errno == ERANGE || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "llm: %s wants %s from %g to %g, not '%s'\n", flag, integer ? "an integer" : "a number",
+                lo, hi, v);
+        return -1;
+    }
+    *out = x;
     return 0;
 }
 
@@ -115,36 +131,39 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         const char *f = argv[i];
         int has = i + 1 < argc;
         const char *v = has ? argv[i + 1] : NULL;
+        double x;
 #define FLAG(name) (!strcmp(f, name))
 #define NEED() do { if (!has) { fprintf(stderr, "llm: %s needs a value\n", f); return -1; } i++; } while (0)
+#define INT(lo, hi) do { NEED(); if (flag_number(f, v, lo, hi, 1, &x)) return -1; } while (0)
+#define REAL(lo, hi) do { NEED(); if (flag_number(f, v, lo, hi, 0, &x)) return -1; } while (0)
         if (FLAG("-h") || FLAG("--help")) { printf(usage, llm_model_dummy_names()); exit(0); }
         else if (FLAG("-m") || FLAG("--model")) { NEED(); a->engine.model_path = v; }
         else if (FLAG("-p") || FLAG("--prompt")) { NEED(); a->prompt = v; }
         else if (FLAG("-n") || FLAG("--max-tokens")) {
-            NEED();
-            a->sampling.max_tokens = atoi(v);
+            INT(0, 1 << 30);
+            a->sampling.max_tokens = (int)x;
             a->max_tokens_given = 1;
         }
         else if (FLAG("-s") || FLAG("--system")) { NEED(); a->system = v; }
         else if (FLAG("--chat-template")) { NEED(); a->chat_template = v; }
         else if (FLAG("--think")) a->think = 1;
         else if (FLAG("--host")) { NEED(); a->host = v; }
-        else if (FLAG("--port")) { NEED(); a->port = atoi(v); }
+        else if (FLAG("--port")) { INT(0, 65535); a->port = (int)x; }
         else if (FLAG("--api-key")) { NEED(); a->api_key = v; }
         else if (FLAG("--served-model-name")) { NEED(); a->served_model_name = v; }
-        else if (FLAG("--max-queue")) { NEED(); a->max_queue = atoi(v); }
-        else if (FLAG("--request-timeout")) { NEED(); a->request_timeout = atof(v); }
-        else if (FLAG("--temp")) { NEED(); a->sampling.temperature = (float)atof(v); }
-        else if (FLAG("--top-k")) { NEED(); a->sampling.top_k = atoi(v); }
-        else if (FLAG("--top-p")) { NEED(); a->sampling.top_p = (float)atof(v); }
-        else if (FLAG("--min-p")) { NEED(); a->sampling.min_p = (float)atof(v); }
-        else if (FLAG("--repeat-penalty")) { NEED(); a->sampling.repetition_penalty = (float)atof(v); }
-        else if (FLAG("--presence-penalty")) { NEED(); a->sampling.presence_penalty = (float)atof(v); }
-        else if (FLAG("--frequency-penalty")) { NEED(); a->sampling.frequency_penalty = (float)atof(v); }
+        else if (FLAG("--max-queue")) { INT(1, 1 << 30); a->max_queue = (int)x; }
+        else if (FLAG("--request-timeout")) { REAL(0.001, 1e6); a->request_timeout = x; }
+        else if (FLAG("--temp")) { REAL(0, 1e6); a->sampling.temperature = (float)x; }
+        else if (FLAG("--top-k")) { INT(0, 1 << 30); a->sampling.top_k = (int)x; }
+        else if (FLAG("--top-p")) { REAL(1e-9, 1); a->sampling.top_p = (float)x; }
+        else if (FLAG("--min-p")) { REAL(0, 1); a->sampling.min_p = (float)x; }
+        else if (FLAG("--repeat-penalty")) { REAL(1e-9, 1e6); a->sampling.repetition_penalty = (float)x; }
+        else if (FLAG("--presence-penalty")) { REAL(-2, 2); a->sampling.presence_penalty = (float)x; }
+        else if (FLAG("--frequency-penalty")) { REAL(-2, 2); a->sampling.frequency_penalty = (float)x; }
         else if (FLAG("--seed")) {
-            NEED();
-            a->sampling.seed = strtoll(v, NULL, 10);
-            a->bench_seed = strtoull(v, NULL, 10);
+            INT(0, 9007199254740991.0); /* what a double holds exactly */
+            a->sampling.seed = (int64_t)x;
+            a->bench_seed = (uint64_t)x;
         }
         else if (FLAG("--ignore-eos")) a->sampling.ignore_eos = 1;
         else if (FLAG("--stop")) {
@@ -154,17 +173,17 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         }
         else if (FLAG("--ids")) a->ids_only = 1;
         else if (FLAG("--no-bos")) a->no_bos = 1;
-        else if (FLAG("--block-size")) { NEED(); a->engine.block_size = atoi(v); }
-        else if (FLAG("--num-blocks")) { NEED(); a->engine.num_blocks = atoi(v); }
-        else if (FLAG("--kv-gib")) { NEED(); a->engine.kv_bytes = (size_t)(atof(v) * (1 << 30)); }
-        else if (FLAG("--kv-fraction")) { NEED(); a->engine.kv_fraction = atof(v); }
-        else if (FLAG("--max-num-seqs")) { NEED(); a->engine.max_num_seqs = atoi(v); }
-        else if (FLAG("--max-num-batched-tokens")) { NEED(); a->engine.max_num_batched_tokens = atoi(v); }
-        else if (FLAG("--max-model-len")) { NEED(); a->engine.max_model_len = atoi(v); }
+        else if (FLAG("--block-size")) { INT(1, 1 << 16); a->engine.block_size = (int)x; }
+        else if (FLAG("--num-blocks")) { INT(1, 1 << 30); a->engine.num_blocks = (int)x; }
+        else if (FLAG("--kv-gib")) { REAL(1e-6, 1 << 20); a->engine.kv_bytes = (size_t)(x * (1 << 30)); }
+        else if (FLAG("--kv-fraction")) { REAL(1e-6, 1); a->engine.kv_fraction = x; }
+        else if (FLAG("--max-num-seqs")) { INT(1, 1 << 20); a->engine.max_num_seqs = (int)x; }
+        else if (FLAG("--max-num-batched-tokens")) { INT(1, 1 << 30); a->engine.max_num_batched_tokens = (int)x; }
+        else if (FLAG("--max-model-len")) { INT(1, 1 << 24); a->engine.max_model_len = (int)x; }
         else if (FLAG("--no-prefix-caching")) a->engine.enable_prefix_caching = 0;
         else if (FLAG("--cpu")) a->engine.create_backend = llm_cpu_backend_create;
         else if (FLAG("--dummy")) { NEED(); a->engine.dummy = v; }
-        else if (FLAG("--num-prompts")) { NEED(); a->num_prompts = atoi(v); }
+        else if (FLAG("--num-prompts")) { INT(1, 1 << 24); a->num_prompts = (int)x; }
         else if (FLAG("--input-len") || FLAG("--output-len")) {
             NEED();
             int in = FLAG("--input-len");
@@ -181,6 +200,8 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         else return i;
 #undef FLAG
 #undef NEED
+#undef INT
+#undef REAL
     }
     a->sampling.stop = a->stops;
     return argc;
@@ -222,16 +243,19 @@ static int generate(llm_engine *e, args_t *a, const char *prompt, int echo_promp
 }
 
 static int repl(llm_engine *e, args_t *a) {
-    char line[8192];
+    char *line = NULL;
+    size_t cap = 0;
     fprintf(stderr, "llm: type a prompt and press enter to continue it; an empty line or Ctrl-D quits\n");
     for (;;) {
         fprintf(stderr, "> ");
-        if (!fgets(line, sizeof line, stdin)) break;
+        ssize_t n = getline(&line, &cap, stdin); /* a whole line, however long: the context bounds it */
+        if (n < 0) break;
         line[strcspn(line, "\n")] = 0;
         if (!line[0]) break;
         generate(e, a, line, 0);  /* the line is on the screen already: print only its continuation */
         printf("\n");
     }
+    free(line);
     return 0;
 }
 
@@ -756,6 +780,13 @@ static int bench(args_t *a) {
 #include "server.c"
 
 int main(int argc, char **argv) {
+#ifdef _OPENMP
+    /* OpenMP's threads spin while they wait for work (the default OMP_WAIT_POLICY, active): beside a busy
+     * neighbour that costs us 75 times over, and the neighbour its share of the CPU. libgomp reads the policy
+     * once, as the program starts: so when none is set, set passive waiting and start again. */
+    if (!getenv("OMP_WAIT_POLICY") && setenv("OMP_WAIT_POLICY", "passive", 1) == 0)
+        execv("/proc/self/exe", argv); /* returns only when it fails: then run as we are */
+#endif
     args_t a;
     memset(&a, 0, sizeof a);
     a.engine = llm_engine_defaults();
@@ -807,9 +838,10 @@ int main(int argc, char **argv) {
     if (!e) { fprintf(stderr, "llm: %s\n", err); return 1; }
     llm_engine_stats st = llm_engine_get_stats(e);
     int note = st.backend_note[0] != 0; /* why a backend before this one did not start */
-    fprintf(stderr, "llm: loaded %s (%s) in %.3f s on the %s%s%s%s\n", a.engine.model_path,
+    const char *wait = getenv("OMP_WAIT_POLICY");
+    fprintf(stderr, "llm: loaded %s (%s) in %.3f s on the %s%s%s%s; OMP_WAIT_POLICY=%s\n", a.engine.model_path,
             llm_engine_model(e)->name, now_s() - t0, st.backend, note ? " (" : "", st.backend_note,
-            note ? ")" : "");
+            note ? ")" : "", wait ? wait : "(unset)");
     /* without -p: a chat when the model has a chat template (or chat was asked for), else the REPL */
     const llm_model *m = llm_engine_model(e);
     int chat_mode = cmd == 3 || (m->tok && llm_gguf_string(&m->gguf, "tokenizer.chat_template").len > 0);

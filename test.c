@@ -6,6 +6,8 @@
  *                                   with CUDA) */
 #define _GNU_SOURCE  /* memmem */
 #define LLM_IMPLEMENTATION
+static void (*test_after_add)(void);  /* the hardening tests' hook in llm_engine_add_request */
+#define LLM_TEST_AFTER_ADD() do { if (test_after_add) test_after_add(); } while (0)
 #include "llm.h"
 
 #include <stdio.h>
@@ -2225,6 +2227,264 @@ static void test_cli(void) {
 /* The sections of llm.h, as its map (the docs block), its declarations and its implementation name them: the
  * first word after the number of each ("4. Requests ..."), in the order they come. */
 /* -----------------------------------------------------------------------------------------------------------
+ * Hardening: the faults a fuzzing and sanitizer pass found in 0736d1f, each with the input that showed it
+ * -------------------------------------------------------------------------------------------------------- */
+/* A copy of a shared model with the value of one key (or element index of an array key) overwritten by n
+ * bytes of the same type. Writes the copy's path to path (room for 64); 0 on success. */
+static int gguf_patched(const char *model, const char *key, uint64_t index, const void *bytes, size_t n,
+                        char *path) {
+    size_t size;
+    char *file = read_file(model_path(model), &size), err[LLM_ERR_LEN];
+    llm_gguf g;
+    if (!file || llm_gguf_parse(&g, file, size, err) != 0) { free(file); return -1; }
+    const llm_gguf_kv *kv = llm_gguf_find(&g, key);
+    int ok = kv != NULL;
+    if (ok) memcpy(file + (kv->data - g.base) + index * n, bytes, n);
+    llm_gguf_close(&g);
+    strcpy(path, "/tmp/llm-test-patched-XXXXXX");
+    int fd = ok ? mkstemp(path) : -1;
+    if (fd >= 0) { ok = write(fd, file, size) == (ssize_t)size; close(fd); }
+    free(file);
+    return ok && fd >= 0 ? 0 : -1;
+}
+
+/* Steps e until it has no work, then once more (which frees what finished); returns the outputs' finishes. */
+static int drain_engine(llm_engine *e, uint64_t *last_finished) {
+    int finishes = 0;
+    const llm_output *out;
+    while (llm_engine_has_work(e)) {
+        int n = llm_engine_step(e, &out);
+        for (int i = 0; i < n; i++)
+            if (out[i].finish_reason) { finishes++; if (last_finished) *last_finished = out[i].request_id; }
+    }
+    llm_engine_step(e, &out);
+    return finishes;
+}
+
+/* 1. llm_engine_add_request read its request's id after letting the lock go, when the engine thread may
+ *    already have run the request to its end and freed it. The hook (test_after_add) runs the whole request
+ *    right there, between the unlock and the return: under ASan the old code reads freed memory. */
+static llm_engine *g_add_engine;
+static uint64_t g_add_finished;
+static void run_request_to_its_end(void) {
+    test_after_add = NULL;
+    drain_engine(g_add_engine, &g_add_finished);
+}
+
+static void test_fault_add_request_race(void) {
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    llm_engine *e = engine_new(&cfg);
+    if (!e) return;
+    char err[LLM_ERR_LEN];
+    llm_sampling_params p = llm_sampling_defaults();
+    p.temperature = 0; p.max_tokens = 2;
+    uint64_t first = llm_engine_add_request(e, "Once", NULL, 0, &p, NULL, err);
+    drain_engine(e, NULL);
+    g_add_engine = e; g_add_finished = 0;
+    test_after_add = run_request_to_its_end;
+    uint64_t id = llm_engine_add_request(e, "Once upon", NULL, 0, &p, NULL, err);
+    test_after_add = NULL;
+    CHECK(first > 0 && id == first + 1 && g_add_finished == id,
+          "fault 1: add_request's id once its request ran to the end and was freed: %llu (finished: %llu)",
+          (unsigned long long)id, (unsigned long long)g_add_finished);
+    llm_engine_destroy(e);
+}
+
+/* 2. Sampling read ids[n - 1] with n == 0 when no candidate was left, and emitted token 0 forever from logits
+ *    that were not numbers. A temperature whose 1/T overflows is greedy now; a tiny repetition penalty keeps
+ *    the logits finite; logits that are not finite end the request with an error (a backend that writes
+ *    NaN), and a file whose rms_eps is NaN does not load. */
+static int nan_forward(llm_backend *be, const llm_batch *b, float *logits, char *err) {
+    llm_backend *cpu = (llm_backend *)be->ctx;
+    int rc = cpu->forward(cpu, b, logits, err);
+    logits[3] = NAN;
+    return rc;
+}
+static llm_backend *nan_create(const llm_model *m, char *err) {
+    llm_backend *be = flaky_create(m, err);
+    if (be) be->forward = nan_forward;
+    return be;
+}
+
+static void test_fault_sampling(void) {
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    llm_engine *e = engine_new(&cfg);
+    if (!e) return;
+    char err[LLM_ERR_LEN];
+    llm_sampling_params greedy = llm_sampling_defaults();
+    greedy.temperature = 0; greedy.max_tokens = 12;
+    run_result *r = (run_result *)calloc(1, sizeof *r);
+    run_add(e, r, "Once upon a time", NULL, 0, &greedy);
+    llm_sampling_params tiny_t = greedy;
+    tiny_t.temperature = 1e-40f; tiny_t.seed = 1;
+    run_add(e, r, "Once upon a time", NULL, 0, &tiny_t);
+    llm_sampling_params tiny_rp = greedy;
+    tiny_rp.temperature = 1.0f; tiny_rp.repetition_penalty = 1e-38f; tiny_rp.seed = 2;
+    run_add(e, r, "Once upon a time", NULL, 0, &tiny_rp);
+    run_engine(e, r);
+    int in_vocab = r->n_tokens[2][0] == 12;
+    for (int i = 0; i < r->n_tokens[2][0]; i++) in_vocab &= r->tokens[2][0][i] >= 0 && r->tokens[2][0][i] < 512;
+    CHECK(r->n_tokens[0][0] == 12 && r->n_tokens[1][0] == 12 && !memcmp(r->tokens[0][0], r->tokens[1][0], 48) &&
+          r->finish[1][0] == LLM_FINISH_LENGTH, "fault 2: temperature 1e-40 samples as greedy");
+    CHECK(in_vocab && r->finish[2][0] == LLM_FINISH_LENGTH, "fault 2: repetition_penalty 1e-38 samples 12 real "
+          "tokens (%d)", r->n_tokens[2][0]);
+    free(r);
+    llm_sampling_params bad = greedy;
+    bad.temperature = INFINITY;
+    CHECK(!llm_engine_add_request(e, "x", NULL, 0, &bad, NULL, err) && strstr(err, "temperature"),
+          "fault 2: an infinite temperature is refused: %s", err);
+    llm_engine_destroy(e);
+    /* a model whose logits are not numbers: the request ends with an error, for greedy and sampling alike */
+    cfg.create_backend = nan_create;
+    flaky_calls = 0; flaky_fail_at = -1;
+    e = engine_new(&cfg);
+    if (!e) return;
+    for (int k = 0; k < 2; k++) {
+        llm_sampling_params p = greedy;
+        p.temperature = k ? 0.8f : 0.0f;
+        llm_engine_add_request(e, "Once", NULL, 0, &p, NULL, err);
+        const llm_output *out;
+        int got = 0, n_tokens = 0;
+        const char *msg = "";
+        while (llm_engine_has_work(e)) {
+            int n = llm_engine_step(e, &out);
+            for (int i = 0; i < n; i++) {
+                n_tokens += out[i].n_tokens;
+                if (out[i].finish_reason == LLM_FINISH_ERROR) { got = 1; msg = out[i].error; }
+            }
+            if (got) break;
+        }
+        CHECK(got && n_tokens == 0 && strstr(msg, "not finite"), "fault 2: NaN logits (temperature %g): %s",
+              p.temperature, msg);
+    }
+    llm_engine_destroy(e);
+    /* rms_eps NaN in the file: refused at load, naming the key */
+    char path[64];
+    float nan_value = NAN;
+    if (gguf_patched("stories260K.gguf", "llama.attention.layer_norm_rms_epsilon", 0, &nan_value, 4, path) == 0) {
+        llm_model m;
+        CHECK(llm_model_load(&m, path, err) != 0 && strstr(err, "llama.attention.layer_norm_rms_epsilon"),
+              "fault 2: rms_eps NaN: %s", err);
+        remove(path);
+    } else CHECK(0, "patch stories260K's rms_eps");
+}
+
+/* 3. A negative n_prompt_ids overflowed the heap inside stb_ds. 4. Aborting an n > 1 request before its
+ *    prompt was computed finished sample 0 only. */
+static void test_fault_requests(void) {
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    llm_engine *e = engine_new(&cfg);
+    if (!e) return;
+    char err[LLM_ERR_LEN] = "";
+    llm_sampling_params p = llm_sampling_defaults();
+    int32_t ids[4] = {1, 403, 407, 261};
+    CHECK(!llm_engine_add_request(e, NULL, ids, -1, &p, NULL, err) && strstr(err, "negative"),
+          "fault 3: n_prompt_ids -1: %s", err);
+    p.n = 3; p.max_tokens = 4;
+    uint64_t id = llm_engine_add_request(e, NULL, ids, 4, &p, NULL, err);
+    llm_engine_abort(e, id);
+    int finished[3] = {0}, others = 0;
+    const llm_output *out;
+    for (int steps = 0; llm_engine_has_work(e) && steps < 10; steps++) {
+        int n = llm_engine_step(e, &out);
+        for (int i = 0; i < n; i++) {
+            if (out[i].request_id == id && out[i].index >= 0 && out[i].index < 3 &&
+                out[i].finish_reason == LLM_FINISH_ABORT) finished[out[i].index]++;
+            else others++;
+        }
+    }
+    llm_engine_stats st = llm_engine_get_stats(e);
+    CHECK(finished[0] == 1 && finished[1] == 1 && finished[2] == 1 && others == 0 &&
+          st.num_free_blocks == st.num_blocks, "fault 4: every sample of an aborted n=3 request finishes "
+          "(%d %d %d, %d others)", finished[0], finished[1], finished[2], others);
+    llm_engine_destroy(e);
+}
+
+/* 6. Numbers read from a file drive allocations and casts: each is checked, and the error names the key. */
+static void test_fault_gguf_numbers(void) {
+    static const struct { const char *key; uint64_t index; uint32_t u32; float f32; int is_float; } cases[] = {
+        {"llama.block_count", 0, 2147483647u, 0, 0},
+        {"llama.block_count", 0, 6, 0, 0},          /* one more than the file has layers */
+        {"llama.context_length", 0, 2147483647u, 0, 0},
+        {"llama.embedding_length", 0, 0, 0, 0},
+        {"llama.attention.head_count_kv", 0, 3, 0, 0}, /* 8 heads are not groups of 3 */
+        {"tokenizer.ggml.scores", 7, 0, -INFINITY, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[64], err[LLM_ERR_LEN] = "";
+        const void *v = cases[i].is_float ? (const void *)&cases[i].f32 : (const void *)&cases[i].u32;
+        if (gguf_patched("stories260K.gguf", cases[i].key, cases[i].index, v, 4, path) != 0) {
+            CHECK(0, "patch %s", cases[i].key);
+            continue;
+        }
+        llm_model m;
+        int rc = llm_model_load(&m, path, err);
+        CHECK(rc != 0 && strstr(err, strchr(cases[i].key, '.') + 1) && !strstr(err, "out of memory"),
+              "fault 6: %s patched: %s", cases[i].key, err);
+        if (rc == 0) llm_model_free(&m);
+        remove(path);
+    }
+}
+
+/* 5. The REPL cut lines longer than 8191 bytes into several prompts. 7. Numeric flags took nonsense. */
+static void test_fault_command_line(void) {
+    char cmd[1024];
+    int status;
+    /* one line of 9000 bytes: one prompt of 1802 tokens (not 1639 tokens and then 163) */
+    FILE *f = fopen("llm-test-long-line.txt", "w");
+    if (f) { for (int i = 0; i < 1800; i++) fputs("Lily ", f); fputs("\n", f); fclose(f); }
+    snprintf(cmd, sizeof cmd, "./llm --cpu -m %s -n 4 --temp 0 < llm-test-long-line.txt 2>&1",
+             model_path("stories260K.gguf"));
+    char *out = run_command(cmd, &status);
+    int prompts = 0; /* each prompt gives a line of figures, or the reason it cannot run */
+    for (const char *p = out; p && (p = strstr(p, "llm: prompt ")); p++) prompts++;
+    for (const char *p = out; p && (p = strstr(p, "the prompt has")); p++) prompts++;
+    CHECK(out && prompts == 1 && strstr(out, "llm: prompt 1802 tokens"),
+          "fault 5: a 9000-byte line is one prompt: %s", out ? out : "");
+    free(out);
+    remove("llm-test-long-line.txt");
+    static const struct { const char *args, *flag; } bad[] = {
+        {"-n abc", "-n"}, {"--seed abc", "--seed"}, {"--block-size 0", "--block-size"},
+        {"--block-size -1", "--block-size"}, {"--num-blocks -3", "--num-blocks"},
+        {"--max-num-seqs -1", "--max-num-seqs"}, {"--kv-gib -1", "--kv-gib"}, {"--temp 1x", "--temp"},
+        {"--top-p nan", "--top-p"}, {"-n 99999999999", "-n"}, {"--kv-fraction 2", "--kv-fraction"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(cmd, sizeof cmd, "./llm --cpu -m %s -p Once %s 2>&1", model_path("stories260K.gguf"),
+                 bad[i].args);
+        out = run_command(cmd, &status);
+        char want[64];
+        snprintf(want, sizeof want, "llm: %s ", bad[i].flag);
+        CHECK(status == 1 && out && strstr(out, want), "fault 7: %s: exit %d, %s", bad[i].args, status,
+              out ? out : "");
+        free(out);
+    }
+    out = run_command("./llm bench --dummy tiny --num-prompts -1 2>&1", &status);
+    CHECK(status == 1 && out && strstr(out, "--num-prompts"), "fault 7: bench --num-prompts -1: %s",
+          out ? out : "");
+    free(out);
+}
+
+/* 8. OpenMP's threads spun while they waited (its default active policy), so llm slowed down 75 times beside
+ *    a busy neighbour: the llm command runs with OMP_WAIT_POLICY=passive unless told otherwise. */
+static void test_fault_wait_policy(void) {
+    int status;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "env -u OMP_WAIT_POLICY ./llm --cpu -m %s -p Once -n 2 --temp 0 "
+             "2>&1 >/dev/null", model_path("stories260K.gguf"));
+    char *out = run_command(cmd, &status);
+    CHECK(status == 0 && out && strstr(out, "OMP_WAIT_POLICY=passive"), "fault 8: the wait policy: %s",
+          out ? out : "");
+    free(out);
+    snprintf(cmd, sizeof cmd, "OMP_WAIT_POLICY=active ./llm --cpu -m %s -p Once -n 2 --temp 0 "
+             "2>&1 >/dev/null", model_path("stories260K.gguf"));
+    out = run_command(cmd, &status);
+    CHECK(status == 0 && out && strstr(out, "OMP_WAIT_POLICY=active"), "fault 8: a policy set is kept: %s",
+          out ? out : "");
+    free(out);
+}
+
+/* -----------------------------------------------------------------------------------------------------------
  * Chat: each template family against its published Jinja template, detection from real template texts, and
  * the chat REPL (piped and on a pseudo-terminal) on the default chat model
  * -------------------------------------------------------------------------------------------------------- */
@@ -3880,15 +4140,27 @@ int main(int argc, char **argv) {
         {"wait for work", test_wait},
         {"backend errors", test_backend_errors},
         {"llm command", test_cli}, {"llm.h's example", test_docs_example},
+        {"fault: add_request race", test_fault_add_request_race}, {"fault: sampling", test_fault_sampling},
+        {"fault: requests", test_fault_requests}, {"fault: gguf numbers", test_fault_gguf_numbers},
+        {"fault: command line", test_fault_command_line}, {"fault: wait policy", test_fault_wait_policy},
         {"chat templates", test_chat_templates}, {"chat template detection", test_chat_detect},
         {"chat, piped", test_chat_piped}, {"chat on a terminal", test_chat_terminal},
         {"server endpoints", test_server_endpoints}, {"server errors", test_server_errors},
         {"server connections", test_server_connections},
         {"llm.h's layout", test_header_layout},
     };
-    const char *only = getenv("LLM_TEST"); /* LLM_TEST=server runs the tests whose names hold "server" */
+    /* LLM_TEST=server,chat runs the tests whose names hold "server" or "chat" */
+    const char *only = getenv("LLM_TEST");
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        if (only && !strstr(tests[i].name, only)) continue;
+        int picked = !only;
+        for (const char *w = only; w && *w && !picked; w += strcspn(w, ",")) {
+            w += *w == ',';
+            size_t n = strcspn(w, ",");
+            char word[64];
+            snprintf(word, sizeof word, "%.*s", (int)(n < 63 ? n : 63), w);
+            picked = n > 0 && strstr(tests[i].name, word) != NULL;
+        }
+        if (!picked) continue;
         int failed_before = n_failed;
         double t0 = test_now();
         tests[i].fn();
