@@ -2219,7 +2219,7 @@ static void test_cli(void) {
           strstr(out, "(64 blocks,"), "llm bench --block-size 32: \"%s\"", out ? out : "");
     free(out);
     out = run_command("./llm bench --cpu --dummy tiny --block-size 0 2>&1", &status);
-    CHECK(out && status == 1 && strstr(out, "block_size"), "llm bench --block-size 0: exit %d, \"%s\"",
+    CHECK(out && status == 1 && strstr(out, "--block-size"), "llm bench --block-size 0: exit %d, \"%s\"",
           status, out ? out : "");
     free(out); free(cases);
 }
@@ -2828,7 +2828,7 @@ static void test_chat_piped(void) {
     /* Turn 1's prompt and reply had K/V for P1 + G1 - 1 tokens (the last sampled token never went through
      * the model), in full blocks of 16 but for the last. Turn 2 begins with exactly those tokens, so the
      * prefix cache gives it every full block of them and it computes only the rest. */
-    long p1 = err ? stat_after(err, "last reply: prompt ", 0) : -1, g1 = err ? stat_after(err, "; ", 0) : -1;
+    long p1 = err ? stat_after(err, "last reply: prompt ", 0) : -1, g1 = err ? stat_after(err, " ms; ", 0) : -1;
     long p2 = err ? stat_after(err, "last reply: prompt ", 1) : -1;
     long c2 = err ? stat_after(err, "tokens (", 1) : -1;
     CHECK(p1 > 0 && g1 > 0 && p2 > p1 + g1 && c2 == (p1 + g1 - 1) / 16 * 16 && c2 >= 32,
@@ -2899,7 +2899,7 @@ static void test_chat_terminal(void) {
     long free_blocks = -1, total = -2;
     const char *kv = strstr(buf + mark, "KV blocks: ");
     if (kv) sscanf(kv, "KV blocks: %ld of %ld", &free_blocks, &total);
-    long generated = stat_after(buf + mark, "; ", 0);
+    long generated = stat_after(buf + mark, " ms; ", 0);
     CHECK(free_blocks > 0 && free_blocks == total && generated > 0 && generated < 600,
           "chat on a terminal: after Ctrl-C all %ld blocks are free (%ld), %ld tokens generated: %s", total,
           free_blocks, generated, buf + mark);
