@@ -384,6 +384,9 @@ static int http_parse(char *buf, size_t len, http_request *rq, size_t *consumed)
         sp2 - sp1 < 2 || line_end - sp2 != 9 || memcmp(sp2 + 1, "HTTP/1.", 7) ||
         (sp2[8] != '0' && sp2[8] != '1'))
         return 400;
+    for (const char *p = buf; p < sp2; p++) /* visible ASCII and the one space: no NUL cuts the path short */
+        if ((unsigned char)*p <= 0x20 && p != sp1) return 400;
+        else if ((unsigned char)*p >= 0x7f) return 400;
     memcpy(rq->method, buf, (size_t)(sp1 - buf));
     memcpy(rq->path, sp1 + 1, (size_t)(sp2 - sp1 - 1));
     char *query = strchr(rq->path, '?');

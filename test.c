@@ -3334,6 +3334,9 @@ static void test_server_errors(void) {
     CHECK(http_status(r) == 431, "serve: 431: %s", r ? r : "");
     free(r); free(big);
     /* a malformed request line */
+    r = http_request_raw(port, "POST /v1/comp\0letions HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 53);
+    CHECK(http_status(r) == 400, "serve: a NUL in the request line: %s", r ? r : "");
+    free(r);
     r = http_request_raw(port, "HELLO\r\n\r\n", 9);
     CHECK(http_status(r) == 400 && strstr(r, "a malformed HTTP request"), "serve: garbage: %s", r ? r : "");
     free(r);
