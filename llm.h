@@ -15,7 +15,9 @@
  *   LLM_IMPLEMENTATION            compile the implementation here (in one C file only)
  *   LLM_NO_STB_DS_IMPLEMENTATION  your program defines STB_DS_IMPLEMENTATION itself, elsewhere
  *   LLM_CUDA                      link llm.cu (built with nvcc): the engine runs on the GPU when one answers
- *   -fopenmp                      the CPU forward pass uses every core (without it, one)
+ *   -fopenmp                      the CPU forward pass uses every core (without it, one). Run with
+ *                                 OMP_WAIT_POLICY=passive: OpenMP's default spinning costs 75x beside a busy
+ *                                 process (the llm command sets it for itself)
  * The implementation needs libc, libm, pthreads and stb_ds.h (Debian: libstb-dev; <stb/stb_ds.h>).
  * Errors are returned (0 ok, -1 failed, a message in the caller's char err[LLM_ERR_LEN]), never exit()ed.
  *
@@ -990,8 +992,8 @@ static int llm_model_weight(llm_model *m, llm_weight *w, const char *name, int64
 }
 
 /* An integer key of the config, in [lo, hi] (absent: fallback, when that is in range). */
-static int llm_config_int(const llm_gguf *g, const char *key, int64_t fallback, int64_t lo, int64_t hi, int *out,
-                          char *err) {
+static int llm_config_int(const llm_gguf *g, const char *key, int64_t fallback, int64_t lo, int64_t hi,
+                          int *out, char *err) {
     const llm_gguf_kv *kv = llm_gguf_find(g, key);
     int64_t v = fallback;
     double f = (double)fallback;
@@ -1048,9 +1050,10 @@ static int llm_model_read_config(llm_model *m, char *err) {
 #undef LLM_FLOAT
     const char *an = llm_arch_names[c->arch];
     if (c->n_heads % c->n_kv_heads)
-        return llm_fail(err, "model metadata is inconsistent: %s.attention.head_count=%d is not a multiple of "
-                        "%s.attention.head_count_kv=%d", an, c->n_heads, an, c->n_kv_heads);
-    if (c->rope_dim % 2) return llm_fail(err, "model metadata %s.rope.dimension_count=%d is odd", an, c->rope_dim);
+        return llm_fail(err, "model metadata is inconsistent: %s.attention.head_count=%d is not a multiple "
+                        "of %s.attention.head_count_kv=%d", an, c->n_heads, an, c->n_kv_heads);
+    if (c->rope_dim % 2)
+        return llm_fail(err, "model metadata %s.rope.dimension_count=%d is odd", an, c->rope_dim);
     /* the layers must be in the file before anything is sized by block_count */
     snprintf(key, sizeof key, "blk.%d.attn_norm.weight", c->n_layers - 1);
     if (!llm_gguf_tensor_find(g, key))
@@ -2836,7 +2839,7 @@ llm_backend *llm_cpu_backend_create(const llm_model *m, char *err) {
  * changes is copied into the sampler's scratch.
  * ======================================================================================================== */
 typedef struct { float p; int32_t id; } llm_prob_id;
-#define LLM_SAMPLING_EPS 1e-5f /* temperatures below this are greedy (vLLM's _SAMPLING_EPS): 1 / T overflows */
+#define LLM_SAMPLING_EPS 1e-5f /* temperatures below it are greedy (vLLM's _SAMPLING_EPS): 1 / T overflows */
 
 struct llm_sampler {
     int n_vocab;
@@ -2916,7 +2919,7 @@ int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const f
     double sum = 0;
     for (int i = 0; i < V; i++) {
         float w = expf((logits[i] - mx) * inv_t);
-        c[i].id = i; c[i].p = w >= 0.0f ? w : 0.0f; /* NaN: -inf minus -inf, or a logit that is not a number */
+        c[i].id = i; c[i].p = w >= 0.0f ? w : 0.0f; /* NaN: -inf minus -inf, or a logit not a number */
         sum += c[i].p;
     }
     if (!(sum > 0)) return 0;
@@ -3141,7 +3144,8 @@ int llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int specia
     int at_start = 1; /* nothing written yet: where SentencePiece's leading space would be */
     for (int i = 0; i <= n; i++) {
         char small[256], *buf = small;
-        int m = i < n ? llm_detok_push(t, &d, ids[i], small, (int)sizeof small) : llm_detok_flush(&d, small, 8);
+        int m = i < n ? llm_detok_push(t, &d, ids[i], small, (int)sizeof small)
+                      : llm_detok_flush(&d, small, 8);
         if (m > (int)sizeof small) { /* a long piece: once more, on the heap */
             if (!(buf = (char *)malloc((size_t)m))) return -1;
             m = llm_detok_push(t, &d, ids[i], buf, m);
@@ -3550,8 +3554,8 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
             e->masked_logits[e->model.tok->eog[i]] = -INFINITY;
         sample_from = e->masked_logits;
     }
-    int32_t token = llm_sampler_sample(e->sampler, p, sample_from, s->tokens, n_prompt, (int)arrlen(s->tokens),
-                                       &s->rng);
+    int32_t token = llm_sampler_sample(e->sampler, p, sample_from, s->tokens, n_prompt,
+                                       (int)arrlen(s->tokens), &s->rng);
     if (token < 0) {
         llm_seq_finish(e, s, LLM_FINISH_ERROR, "sampling found no token to pick: the logits are not numbers");
         return;
