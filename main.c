@@ -105,7 +105,13 @@ static int parse_range(const char *s, int *lo, int *hi) {
     errno = 0;
     long a = strtol(s, &end, 10), b;
     if (end == s) return -1;
-    if (*end == ':') { const char *t = end + 1; b = strtol(t, &end, 10); if (end == t) return -1; } else b = a;
+    if (*end == ':') {
+        const char *t = end + 1;
+        b = strtol(t, &end, 10);
+        if (end == t) return -1;
+    } else {
+        b = a;
+    }
     if (*end || errno || a < 1 || b < a || b > 1 << 24) return -1;
     *lo = (int)a; *hi = (int)b;
     return 0;
@@ -117,8 +123,8 @@ static int flag_number(const char *flag, const char *v, double lo, double hi, in
     errno = 0;
     double x = integer ? (double)strtoll(v, &end, 10) : strtod(v, &end);
     if (end == v || *end || errno == ERANGE || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "llm: %s wants %s from %g to %g, not '%s'\n", flag, integer ? "an integer" : "a number",
-                lo, hi, v);
+        fprintf(stderr, "llm: %s wants %s from %g to %g, not '%s'\n", flag,
+                integer ? "an integer" : "a number", lo, hi, v);
         return -1;
     }
     *out = x;
@@ -178,7 +184,10 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         else if (FLAG("--kv-gib")) { REAL(1e-6, 1 << 20); a->engine.kv_bytes = (size_t)(x * (1 << 30)); }
         else if (FLAG("--kv-fraction")) { REAL(1e-6, 1); a->engine.kv_fraction = x; }
         else if (FLAG("--max-num-seqs")) { INT(1, 1 << 20); a->engine.max_num_seqs = (int)x; }
-        else if (FLAG("--max-num-batched-tokens")) { INT(1, 1 << 30); a->engine.max_num_batched_tokens = (int)x; }
+        else if (FLAG("--max-num-batched-tokens")) {
+            INT(1, 1 << 30);
+            a->engine.max_num_batched_tokens = (int)x;
+        }
         else if (FLAG("--max-model-len")) { INT(1, 1 << 24); a->engine.max_model_len = (int)x; }
         else if (FLAG("--no-prefix-caching")) a->engine.enable_prefix_caching = 0;
         else if (FLAG("--cpu")) a->engine.create_backend = llm_cpu_backend_create;
@@ -839,8 +848,8 @@ int main(int argc, char **argv) {
     llm_engine_stats st = llm_engine_get_stats(e);
     int note = st.backend_note[0] != 0; /* why a backend before this one did not start */
     const char *wait = getenv("OMP_WAIT_POLICY");
-    fprintf(stderr, "llm: loaded %s (%s) in %.3f s on the %s%s%s%s; OMP_WAIT_POLICY=%s\n", a.engine.model_path,
-            llm_engine_model(e)->name, now_s() - t0, st.backend, note ? " (" : "", st.backend_note,
+    fprintf(stderr, "llm: loaded %s (%s) in %.3f s on the %s%s%s%s; OMP_WAIT_POLICY=%s\n",
+            a.engine.model_path, llm_engine_model(e)->name, now_s() - t0, st.backend, note ? " (" : "", st.backend_note,
             note ? ")" : "", wait ? wait : "(unset)");
     /* without -p: a chat when the model has a chat template (or chat was asked for), else the REPL */
     const llm_model *m = llm_engine_model(e);

@@ -2323,11 +2323,13 @@ static void test_fault_sampling(void) {
     run_add(e, r, "Once upon a time", NULL, 0, &tiny_rp);
     run_engine(e, r);
     int in_vocab = r->n_tokens[2][0] == 12;
-    for (int i = 0; i < r->n_tokens[2][0]; i++) in_vocab &= r->tokens[2][0][i] >= 0 && r->tokens[2][0][i] < 512;
-    CHECK(r->n_tokens[0][0] == 12 && r->n_tokens[1][0] == 12 && !memcmp(r->tokens[0][0], r->tokens[1][0], 48) &&
-          r->finish[1][0] == LLM_FINISH_LENGTH, "fault 2: temperature 1e-40 samples as greedy");
-    CHECK(in_vocab && r->finish[2][0] == LLM_FINISH_LENGTH, "fault 2: repetition_penalty 1e-38 samples 12 real "
-          "tokens (%d)", r->n_tokens[2][0]);
+    for (int i = 0; i < r->n_tokens[2][0]; i++)
+        in_vocab &= r->tokens[2][0][i] >= 0 && r->tokens[2][0][i] < 512;
+    CHECK(r->n_tokens[0][0] == 12 && r->n_tokens[1][0] == 12 &&
+          !memcmp(r->tokens[0][0], r->tokens[1][0], 48) && r->finish[1][0] == LLM_FINISH_LENGTH,
+          "fault 2: temperature 1e-40 samples as greedy");
+    CHECK(in_vocab && r->finish[2][0] == LLM_FINISH_LENGTH,
+          "fault 2: repetition_penalty 1e-38 samples 12 real tokens (%d)", r->n_tokens[2][0]);
     free(r);
     llm_sampling_params bad = greedy;
     bad.temperature = INFINITY;
@@ -2361,7 +2363,8 @@ static void test_fault_sampling(void) {
     /* rms_eps NaN in the file: refused at load, naming the key */
     char path[64];
     float nan_value = NAN;
-    if (gguf_patched("stories260K.gguf", "llama.attention.layer_norm_rms_epsilon", 0, &nan_value, 4, path) == 0) {
+    const char *eps_key = "llama.attention.layer_norm_rms_epsilon";
+    if (gguf_patched("stories260K.gguf", eps_key, 0, &nan_value, 4, path) == 0) {
         llm_model m;
         CHECK(llm_model_load(&m, path, err) != 0 && strstr(err, "llama.attention.layer_norm_rms_epsilon"),
               "fault 2: rms_eps NaN: %s", err);
@@ -2402,7 +2405,13 @@ static void test_fault_requests(void) {
 
 /* 6. Numbers read from a file drive allocations and casts: each is checked, and the error names the key. */
 static void test_fault_gguf_numbers(void) {
-    static const struct { const char *key; uint64_t index; uint32_t u32; float f32; int is_float; } cases[] = {
+    static const struct {
+        const char *key;
+        uint64_t index;
+        uint32_t u32;
+        float f32;
+        int is_float;
+    } cases[] = {
         {"llama.block_count", 0, 2147483647u, 0, 0},
         {"llama.block_count", 0, 6, 0, 0},          /* one more than the file has layers */
         {"llama.context_length", 0, 2147483647u, 0, 0},
@@ -2828,7 +2837,8 @@ static void test_chat_piped(void) {
     /* Turn 1's prompt and reply had K/V for P1 + G1 - 1 tokens (the last sampled token never went through
      * the model), in full blocks of 16 but for the last. Turn 2 begins with exactly those tokens, so the
      * prefix cache gives it every full block of them and it computes only the rest. */
-    long p1 = err ? stat_after(err, "last reply: prompt ", 0) : -1, g1 = err ? stat_after(err, " ms; ", 0) : -1;
+    long p1 = err ? stat_after(err, "last reply: prompt ", 0) : -1;
+    long g1 = err ? stat_after(err, " ms; ", 0) : -1;
     long p2 = err ? stat_after(err, "last reply: prompt ", 1) : -1;
     long c2 = err ? stat_after(err, "tokens (", 1) : -1;
     CHECK(p1 > 0 && g1 > 0 && p2 > p1 + g1 && c2 == (p1 + g1 - 1) / 16 * 16 && c2 >= 32,
@@ -3173,8 +3183,8 @@ static void test_server_endpoints(void) {
           strstr(b, "{\"index\":1,\"text\":\"Once upon a time, there was\""),
           "serve: two prompts with echo: %s", r ? r : "");
     free(r);
-    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0,"
-                  "\"echo\":true,\"stream\":true}", NULL);
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,"
+                  "\"temperature\":0,\"echo\":true,\"stream\":true}", NULL);
     ev = dechunk(http_body(r));
     sse_collect(ev, 0, 0, buf, sizeof buf, &n_events, finish, &done);
     CHECK(!strcmp(buf, "Once upon a time, there was") && done, "serve: streamed echo: %s", ev ? ev : "");
