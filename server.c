@@ -344,6 +344,7 @@ static int http_dechunk(char *buf, size_t len, size_t at, size_t *body_len, size
         if (!eol) return len - at > SRV_MAX_BODY + 65536 ? 413 : HTTP_INCOMPLETE;
         char *endp;
         errno = 0;
+        if (!isxdigit((unsigned char)buf[in])) return 400; /* strtoull would take " 3" and "+3" */
         unsigned long long size = strtoull(buf + in, &endp, 16);
         if (endp == buf + in || errno) return 400;
         if (size > SRV_MAX_BODY || out - at + size > SRV_MAX_BODY) return 413;
@@ -380,7 +381,7 @@ static int http_parse(char *buf, size_t len, http_request *rq, size_t *consumed)
     char *line_end = memchr(buf, '\r', (size_t)(end - buf) + 1);
     char *sp1 = memchr(buf, ' ', (size_t)(line_end - buf));
     char *sp2 = sp1 ? memchr(sp1 + 1, ' ', (size_t)(line_end - sp1 - 1)) : NULL;
-    if (!sp1 || !sp2 || sp1 - buf >= (long)sizeof rq->method || sp2 - sp1 - 1 >= (long)sizeof rq->path ||
+    if (!sp1 || !sp2 || sp1 == buf || sp1 - buf >= (long)sizeof rq->method || sp2 - sp1 - 1 >= (long)sizeof rq->path ||
         sp2 - sp1 < 2 || line_end - sp2 != 9 || memcmp(sp2 + 1, "HTTP/1.", 7) ||
         (sp2[8] != '0' && sp2[8] != '1'))
         return 400;
@@ -1654,6 +1655,7 @@ static void conn_process(srv_state *S, srv_conn *c) {
         handle_request(S, c, &rq);
         memmove(c->in.s, c->in.s + used, c->in.len - used);
         c->in.len -= used;
+        c->in.s[c->in.len] = 0; /* the parser may read one byte past the data: let it be a NUL */
         if (c->in.len) c->t_request_start = now_s(); /* the next pipelined request has begun */
         if (!c->req && !c->keep_alive) c->closing = 1;
     }
