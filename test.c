@@ -461,7 +461,7 @@ static void test_tokenizer_odd_vocabularies(void) {
     llm_gguf g;
     llm_tokenizer *t;
     static const char *const bpe_tokens[] = {"a", "b", "ab", "<|end|>"}, *const bpe_merges[] = {"a b", "x y"};
-    static const char *const spm_tokens[] = {"<unk>", "<s>", "</s>", "\xE2\x96\x81" "a"};
+    static const char *const spm_tokens[] = {"<unk>", "<s>", "</s>", ("\xE2\x96\x81" "a")};
 
     tok_gguf_start(&b, 0);
     tok_load_mem(&g, &b, "no tokenizer");
