@@ -847,10 +847,14 @@ int main(int argc, char **argv) {
     if (!e) { fprintf(stderr, "llm: %s\n", err); return 1; }
     llm_engine_stats st = llm_engine_get_stats(e);
     int note = st.backend_note[0] != 0; /* why a backend before this one did not start */
-    const char *wait = getenv("OMP_WAIT_POLICY");
-    fprintf(stderr, "llm: loaded %s (%s) in %.3f s on the %s%s%s%s; OMP_WAIT_POLICY=%s\n",
-            a.engine.model_path, llm_engine_model(e)->name, now_s() - t0, st.backend, note ? " (" : "",
-            st.backend_note, note ? ")" : "", wait ? wait : "(unset)");
+#ifdef _OPENMP
+    const char *wait = getenv("OMP_WAIT_POLICY"), *threads = "OMP_WAIT_POLICY=";
+#else
+    const char *wait = "", *threads = "one thread (built without OpenMP)";
+#endif
+    fprintf(stderr, "llm: loaded %s (%s) in %.3f s on the %s%s%s%s; %s%s\n", a.engine.model_path,
+            llm_engine_model(e)->name, now_s() - t0, st.backend, note ? " (" : "", st.backend_note,
+            note ? ")" : "", threads, wait ? wait : "(unset)");
     /* without -p: a chat when the model has a chat template (or chat was asked for), else the REPL */
     const llm_model *m = llm_engine_model(e);
     int chat_mode = cmd == 3 || (m->tok && llm_gguf_string(&m->gguf, "tokenizer.chat_template").len > 0);
