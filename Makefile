@@ -35,7 +35,7 @@ ifeq ($(TSAN),1)
   CC        = $(CLANG)
   CUDA      = 0
   OPENMP    =
-  CFLAGS   += -O1 -fno-omit-frame-pointer -fsanitize=thread
+  CFLAGS   += -O1 -fno-omit-frame-pointer -fsanitize=thread -Wno-unknown-pragmas
   LDFLAGS  += -fsanitize=thread
   TEST_ONLY = LLM_TEST=thread,wait,backend,server
   NEED_CC   = fuzz-clang
