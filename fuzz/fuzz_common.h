@@ -94,6 +94,24 @@ static inline const char *fz_hex_around(const char *s, size_t n, size_t at) {
     return buf;
 }
 
+/* ids -> text with llm_detokenize, as callers use it (ask the length, then write): the same length both
+ * times, NUL-terminated, valid UTF-8. Returns the text (malloc'd) and its length in *len. */
+static inline char *fz_detokenize_checked(const llm_tokenizer *t, const int32_t *ids, int n, int special,
+                                          int *len) {
+    int need = llm_detokenize(t, ids, n, special, NULL, 0);
+    FUZZ_CHECK(need >= 0, "llm_detokenize failed (%d ids)", n);
+    char *text = (char *)malloc((size_t)need + 1);
+    FUZZ_CHECK(text, "out of memory");
+    int got = llm_detokenize(t, ids, n, special, text, need + 1);
+    FUZZ_CHECK(got == need, "llm_detokenize: %d bytes with no room, %d with room", need, got);
+    FUZZ_CHECK(text[got] == 0, "llm_detokenize: the text is not NUL-terminated");
+    size_t bad = fz_utf8_bad_at(text, (size_t)got);
+    FUZZ_CHECK(bad == (size_t)got, "llm_detokenize: not UTF-8 at byte %zu of %d: %s", bad, got,
+               fz_hex_around(text, (size_t)got, bad));
+    *len = got;
+    return text;
+}
+
 /* The shared test-data folder: $LLM_SHARED (the Makefile passes its SHARED), else ../shared. */
 static inline const char *fz_shared_dir(void) {
     const char *d = getenv("LLM_SHARED");

@@ -50,16 +50,10 @@ static int max_piece(const llm_tokenizer *t) {
 static void check_detok(const llm_tokenizer *t, int spm, const int32_t *ids, int n, int special,
                         uint8_t small_room) {
     /* all at once */
-    int need = llm_detokenize(t, ids, n, special, NULL, 0);
-    FUZZ_CHECK(need >= 0, "llm_detokenize failed (%d ids)", n);
-    char *whole = (char *)malloc((size_t)need + 1);
-    FUZZ_CHECK(whole, "out of memory");
-    int got = llm_detokenize(t, ids, n, special, whole, need + 1);
-    FUZZ_CHECK(got == need, "llm_detokenize: %d bytes with no room, %d with room", need, got);
-    FUZZ_CHECK(whole[got] == 0, "llm_detokenize: the text is not NUL-terminated");
-    size_t bad = fz_utf8_bad_at(whole, (size_t)got);
-    FUZZ_CHECK(bad == (size_t)got, "llm_detokenize: not UTF-8 at byte %zu of %d: %s", bad, got,
-               fz_hex_around(whole, (size_t)got, bad));
+    int need;
+    char *whole = fz_detokenize_checked(t, ids, n, special, &need);
+    int got = need;
+    size_t bad;
     if (need > 0) { /* too little room: the length still, and the first cap bytes */
         int cap = small_room % need;
         char *part = (char *)malloc((size_t)cap + 1);

@@ -272,6 +272,15 @@ def random_request(rng):
     return req
 
 
+def hang_up(s, rng, stats):
+    """A client leaving mid-request: sometimes a reset (SO_LINGER 0), sometimes a plain close."""
+    if rng.random() < 0.5:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    with stats.lock:
+        stats.disconnects += 1
+        stats.disconnects_measured += stats.measuring
+
+
 def stream_once(args, port, rng, stats, cid):
     req = random_request(rng)
     if args.model_name:
@@ -294,12 +303,7 @@ def stream_once(args, port, rng, stats, cid):
         s = connect(port, args.sock_timeout)
         s.sendall(post_request(port, body, keep_alive=keep_alive))
         if cut_bytes == 0 or cut_events == 0:
-            # hang up right after sending (sometimes with a reset rather than a FIN)
-            if rng.random() < 0.5:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-            with stats.lock:
-                stats.disconnects += 1
-                stats.disconnects_measured += stats.measuring
+            hang_up(s, rng, stats)  # right after sending
             return
         r = Reader(s, t0 + args.request_deadline)
         status, hdrs = r.headers()
@@ -378,12 +382,7 @@ def stream_once(args, port, rng, stats, cid):
             if cut_events is not None and n_events >= cut_events:
                 break
         if disconnect and not done:
-            # the hang-up: sometimes a reset, sometimes a plain close
-            if rng.random() < 0.5:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-            with stats.lock:
-                stats.disconnects += 1
-                stats.disconnects_measured += stats.measuring
+            hang_up(s, rng, stats)
             return
         e2e = time.monotonic() - t0
         # a complete stream: check its shape
