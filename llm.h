@@ -16,7 +16,7 @@
  *   LLM_NO_STB_DS_IMPLEMENTATION  your program defines STB_DS_IMPLEMENTATION itself, elsewhere
  *   LLM_CUDA                      link llm.cu (built with nvcc): the engine runs on the GPU when one answers
  *   -fopenmp                      the CPU forward pass uses every core (without it, one). Run with
- *                                 OMP_WAIT_POLICY=passive: OpenMP's default spinning costs 75x beside a busy
+ *                                 GOMP_SPINCOUNT=2000: libgomp's default spinning costs 75x beside a busy
  *                                 process (the llm command sets it for itself)
  * The implementation needs libc, libm, pthreads and stb_ds.h (Debian: libstb-dev; <stb/stb_ds.h>).
  * Errors are returned (0 ok, -1 failed, a message in the caller's char err[LLM_ERR_LEN]), never exit()ed.
