@@ -381,7 +381,8 @@ static int http_parse(char *buf, size_t len, http_request *rq, size_t *consumed)
     char *line_end = memchr(buf, '\r', (size_t)(end - buf) + 1);
     char *sp1 = memchr(buf, ' ', (size_t)(line_end - buf));
     char *sp2 = sp1 ? memchr(sp1 + 1, ' ', (size_t)(line_end - sp1 - 1)) : NULL;
-    if (!sp1 || !sp2 || sp1 == buf || sp1 - buf >= (long)sizeof rq->method || sp2 - sp1 - 1 >= (long)sizeof rq->path ||
+    if (!sp1 || !sp2 || sp1 == buf || sp1 - buf >= (long)sizeof rq->method ||
+        sp2 - sp1 - 1 >= (long)sizeof rq->path ||
         sp2 - sp1 < 2 || line_end - sp2 != 9 || memcmp(sp2 + 1, "HTTP/1.", 7) ||
         (sp2[8] != '0' && sp2[8] != '1'))
         return 400;
@@ -739,6 +740,11 @@ static int get_bool(const jv *body, const char *key, int *out, srv_error *e) {
     return 0;
 }
 
+/* A JSON value that is a token id of the model: an integer in [0, vocab_size). */
+static int is_token_id(const srv_state *S, const jv *v) {
+    return v->type == J_NUMBER && v->num == floor(v->num) && v->num >= 0 && v->num < S->model->cfg.vocab_size;
+}
+
 /* The sampling fields both endpoints share (vLLM's extras included), into p and r. */
 static int parse_sampling(srv_state *S, const jv *body, srv_req *r, llm_sampling_params *p, srv_error *e) {
     double x;
@@ -794,8 +800,7 @@ static int parse_sampling(srv_state *S, const jv *body, srv_req *r, llm_sampling
     if (ids && ids->type == J_ARRAY) {
         for (int i = 0; i < ids->n; i++) {
             const jv *v = &ids->items[i];
-            if (v->type != J_NUMBER || v->num != floor(v->num) || v->num < 0 ||
-                v->num >= S->model->cfg.vocab_size)
+            if (!is_token_id(S, v))
                 return bad(e, 400, "stop_token_ids", "stop_token_ids must be token ids (0..%d)",
                            S->model->cfg.vocab_size - 1);
             arrput(r->stop_ids, (int32_t)v->num);
@@ -1205,8 +1210,7 @@ static int completion_prompts(srv_state *S, const jv *prompt, srv_req *r, srv_er
         } else if (p->type == J_ARRAY) {
             for (int k = 0; k < p->n; k++) {
                 const jv *t = &p->items[k];
-                if (t->type != J_NUMBER || t->num != floor(t->num) || t->num < 0 ||
-                    t->num >= S->model->cfg.vocab_size)
+                if (!is_token_id(S, t))
                     return bad(e, 400, "prompt", "a prompt's token ids must be integers in 0..%d",
                                S->model->cfg.vocab_size - 1);
                 arrput(sp->prompt_ids, (int32_t)t->num);
@@ -1418,8 +1422,7 @@ static void handle_detokenize(srv_state *S, srv_conn *c, const jv *body) {
     int32_t *ids = NULL;
     for (int i = 0; i < tokens->n; i++) {
         const jv *v = &tokens->items[i];
-        if (v->type != J_NUMBER || v->num != floor(v->num) || v->num < 0 ||
-            v->num >= S->model->cfg.vocab_size) {
+        if (!is_token_id(S, v)) {
             arrfree(ids);
             send_error(S, c, 400, "tokens", "tokens must be integers in 0..%d", S->model->cfg.vocab_size - 1);
             return;
