@@ -49,7 +49,7 @@
  *         llm_chat_family_from_name
  *   blocks: llm_block_manager_init, llm_block_manager_free, llm_block_alloc, llm_block_release,
  *         llm_block_hash, llm_block_lookup, llm_block_set_hash
- *   forward: llm_cpu_backend_create (and with LLM_CUDA: llm_cuda_backend_create, llm_cuda_run_gemm,
+ *   forward: llm_cpu_backend_create, llm_cpu_exact_backend_create (and with LLM_CUDA: llm_cuda_backend_create, llm_cuda_run_gemm,
  *         llm_cuda_run_attention)
  *   sampler: llm_sampler_create, llm_sampler_free, llm_sampler_penalize, llm_sampler_candidates,
  *         llm_sampler_sample
@@ -113,8 +113,8 @@ enum llm_gguf_type { /* metadata value types, as numbered in the file */
 };
 
 enum llm_dtype { /* tensor element types, numbered as ggml numbers them */
-    LLM_F32 = 0, LLM_F16 = 1, LLM_Q4_0 = 2, LLM_Q4_1 = 3, LLM_Q8_0 = 8, LLM_Q4_K = 12, LLM_Q6_K = 14,
-    LLM_BF16 = 30
+    LLM_F32 = 0, LLM_F16 = 1, LLM_Q4_0 = 2, LLM_Q4_1 = 3, LLM_Q5_0 = 6, LLM_Q5_1 = 7, LLM_Q8_0 = 8,
+    LLM_Q2_K = 10, LLM_Q3_K = 11, LLM_Q4_K = 12, LLM_Q5_K = 13, LLM_Q6_K = 14, LLM_BF16 = 30
 };
 
 typedef struct { const char *ptr; uint64_t len; } llm_str; /* points into the file: not NUL-terminated */
@@ -159,10 +159,23 @@ double  llm_gguf_arr_float(const llm_gguf_kv *kv, uint64_t i);
 
 const char *llm_dtype_name(uint32_t type);
 /* The bytes a row of n values of a type takes (0 for a type this engine cannot compute with), and such a
- * row as f32 (f32, f16, bf16, q8_0, q4_0, q4_1): the CPU forward pass and the CUDA upload both read
- * weights so. */
+ * row as f32, exactly (every type above): what the reference CPU path and the tests read weights as. */
 size_t llm_dtype_row_bytes(uint32_t type, int64_t n);
 void   llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n);
+
+/* One block of a quantized type, unpacked: value i = (d * scale[s]) * q[i] - dmin * min[s], s = i / sub.
+ * Every quantized type fits this one form (q4_1's minimum is dmin = m, min = -1), so the exact
+ * dequantization and the plain-C integer dot products are written once. offset is what the file adds to q
+ * to store it unsigned (q4_0: 8, q5_0: 16, q3_K: 4, q6_K: 32): the SIMD dot products work on the stored
+ * values and take the offset back out with the sub-block sums of the activations. */
+typedef struct {
+    float d, dmin;
+    int n, sub, offset;             /* values in the block (32 or 256), values per scale (16 or 32) */
+    int16_t scale[16], min[16];
+    int8_t q[256];
+} llm_qblock;
+void llm_qblock_scales(uint32_t type, const void *block, llm_qblock *b); /* all but q */
+void llm_qblock_unpack(uint32_t type, const void *block, llm_qblock *b);
 
 /* -----------------------------------------------------------------------------------------------------------
  * 2. Model: the configuration from the metadata, and the weights
@@ -368,6 +381,9 @@ typedef struct llm_backend {
 } llm_backend;
 
 llm_backend *llm_cpu_backend_create(const llm_model *m, char *err);
+/* The plain-C reference: each weight row converted to f32 exactly (llm_dtype_dequant_row) and multiplied in
+ * f32, activations as they are. Slower; what the fast path and the CUDA kernels are checked against. */
+llm_backend *llm_cpu_exact_backend_create(const llm_model *m, char *err);
 #ifdef LLM_CUDA
 llm_backend *llm_cuda_backend_create(const llm_model *m, char *err);   /* NULL and why, when no GPU answers */
 
@@ -558,6 +574,9 @@ int  llm_engine_check_blocks(llm_engine *e, char *err);
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#endif
 #ifndef LLM_NO_STB_DS_IMPLEMENTATION
 #define STB_DS_IMPLEMENTATION
 #endif
@@ -674,7 +693,12 @@ static int llm_dtype_info(uint32_t type, uint64_t *block_bytes, uint64_t *block_
     case LLM_Q8_0: *block_bytes = 34;  *block_values = 32;  return 1;
     case LLM_Q4_0: *block_bytes = 18;  *block_values = 32;  return 1;
     case LLM_Q4_1: *block_bytes = 20;  *block_values = 32;  return 1;
+    case LLM_Q5_0: *block_bytes = 22;  *block_values = 32;  return 1;
+    case LLM_Q5_1: *block_bytes = 24;  *block_values = 32;  return 1;
+    case LLM_Q2_K: *block_bytes = 84;  *block_values = 256; return 1;
+    case LLM_Q3_K: *block_bytes = 110; *block_values = 256; return 1;
     case LLM_Q4_K: *block_bytes = 144; *block_values = 256; return 1;
+    case LLM_Q5_K: *block_bytes = 176; *block_values = 256; return 1;
     case LLM_Q6_K: *block_bytes = 210; *block_values = 256; return 1;
     default: return 0;
     }
@@ -684,7 +708,9 @@ const char *llm_dtype_name(uint32_t type) {
     switch (type) {
     case LLM_F32: return "f32";   case LLM_F16: return "f16";   case LLM_BF16: return "bf16";
     case LLM_Q8_0: return "q8_0"; case LLM_Q4_0: return "q4_0"; case LLM_Q4_1: return "q4_1";
-    case LLM_Q4_K: return "q4_K"; case LLM_Q6_K: return "q6_K";
+    case LLM_Q5_0: return "q5_0"; case LLM_Q5_1: return "q5_1"; case LLM_Q2_K: return "q2_K";
+    case LLM_Q3_K: return "q3_K"; case LLM_Q4_K: return "q4_K"; case LLM_Q5_K: return "q5_K";
+    case LLM_Q6_K: return "q6_K";
     default: return "unknown";
     }
 }
@@ -917,50 +943,116 @@ double llm_gguf_arr_float(const llm_gguf_kv *kv, uint64_t i) {
     return fv;
 }
 
-/* ---- Tensor data: a row of a weight as f32 ------------------------------------------------------------- */
+/* ---- Tensor data: quantized blocks, and a row of a weight as f32 ------------------------------------- */
 size_t llm_dtype_row_bytes(uint32_t type, int64_t n) {
     uint64_t bb, bv;
-    if (type == LLM_Q4_K || type == LLM_Q6_K) return 0; /* they parse, but there is no dequantization yet */
-    if (!llm_dtype_info(type, &bb, &bv)) return 0;
+    if (!llm_dtype_info(type, &bb, &bv) || n % (int64_t)bv) return 0;
     return (size_t)(n / bv * bb);
 }
 
-/* Block formats (see the GGUF notes): q8_0 is a f16 scale d and 32 int8 (value q * d); q4_0 a scale and 16
- * bytes of two 4-bit values each, value j in the low nibble of byte j and value j + 16 in the high one ((q -
- * 8) * d); q4_1 adds a f16 minimum m (q * d + m). */
+static float llm_f16_at(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return llm_f16_to_f32(h); }
+
+/* The block layouts, from the GGUF/ggml specification. 32-value blocks: a f16 scale d (and a f16 minimum m
+ * for the _1 types), then 4-bit values, value j in the low nibble of byte j and value j + 16 in the high
+ * one, q5's fifth bits in a 32-bit word (bit j for value j); q8_0 is d and 32 int8. The k-quants are
+ * "super-blocks" of 256 values whose sub-blocks of 16 or 32 values have their own small integer scales
+ * (and minimums), which a f16 d (and dmin) scale in turn:
+ *   q2_K  84 bytes: 16 bytes of 4-bit scale | 4-bit min, 64 bytes of 2-bit values, d, dmin
+ *   q3_K 110 bytes: 32 bytes of high bits, 64 bytes of 2-bit low bits, 12 bytes of 6-bit scales, d
+ *   q4_K 144 bytes: d, dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32, 128 bytes of nibbles
+ *   q5_K 176 bytes: as q4_K, with 32 bytes of fifth bits before the nibbles
+ *   q6_K 210 bytes: 128 bytes of low nibbles, 64 bytes of 2-bit high parts, 16 int8 scales, d
+ * The 2-bit fields run across 32 bytes: value i of a 128-value half is bits 2 * (i / 32) of byte i % 32. */
+void llm_qblock_scales(uint32_t type, const void *block, llm_qblock *b) {
+    const uint8_t *p = (const uint8_t *)block, *sc;
+    b->n = 32; b->sub = 32; b->offset = 0; b->d = llm_f16_at(p); b->dmin = 0;
+    for (int s = 0; s < 16; s++) { b->scale[s] = 1; b->min[s] = 0; }
+    switch (type) {
+    case LLM_Q4_0: b->offset = 8; break;
+    case LLM_Q5_0: b->offset = 16; break;
+    case LLM_Q4_1: case LLM_Q5_1: b->dmin = llm_f16_at(p + 2); b->min[0] = -1; break; /* q * d + m */
+    case LLM_Q2_K:
+        b->n = 256; b->sub = 16; b->d = llm_f16_at(p + 80); b->dmin = llm_f16_at(p + 82);
+        for (int s = 0; s < 16; s++) { b->scale[s] = p[s] & 15; b->min[s] = p[s] >> 4; }
+        break;
+    case LLM_Q3_K: /* 16 6-bit scales: low 4 bits in bytes 0-7 (two each), high 2 bits in bytes 8-11 */
+        b->n = 256; b->sub = 16; b->offset = 4; b->d = llm_f16_at(p + 108); sc = p + 96;
+        for (int s = 0; s < 16; s++) {
+            int low = (s < 8 ? sc[s] : sc[s - 8] >> 4) & 15, high = sc[8 + s % 4] >> (2 * (s / 4)) & 3;
+            b->scale[s] = (int16_t)((low | high << 4) - 32);
+        }
+        break;
+    case LLM_Q4_K: case LLM_Q5_K: /* 8 6-bit scales and mins: the last four split over the spare bits */
+        b->n = 256; b->dmin = llm_f16_at(p + 2); sc = p + 4;
+        for (int s = 0; s < 4; s++) {
+            b->scale[s] = sc[s] & 63; b->min[s] = sc[s + 4] & 63;
+            b->scale[s + 4] = (int16_t)((sc[s + 8] & 15) | (sc[s] >> 6) << 4);
+            b->min[s + 4] = (int16_t)((sc[s + 8] >> 4) | (sc[s + 4] >> 6) << 4);
+        }
+        break;
+    case LLM_Q6_K:
+        b->n = 256; b->sub = 16; b->offset = 32; b->d = llm_f16_at(p + 208);
+        for (int s = 0; s < 16; s++) b->scale[s] = (int8_t)p[192 + s];
+        break;
+    }
+}
+
+void llm_qblock_unpack(uint32_t type, const void *block, llm_qblock *b) {
+    const uint8_t *p = (const uint8_t *)block;
+    llm_qblock_scales(type, block, b);
+    for (int i = 0; i < b->n; i++) {
+        int u = 0, half = i / 128, k = i % 128; /* k-quants: the half of 128 values, and the place in it */
+        uint32_t qh;
+        switch (type) {
+        case LLM_Q8_0: u = (int8_t)p[2 + i]; break;
+        case LLM_Q4_0: case LLM_Q4_1: u = p[(type == LLM_Q4_0 ? 2 : 4) + i % 16] >> (4 * (i / 16)) & 15;
+            break;
+        case LLM_Q5_0: case LLM_Q5_1: {
+            const uint8_t *q = p + (type == LLM_Q5_0 ? 2 : 4);
+            memcpy(&qh, q, 4);
+            u = (q[4 + i % 16] >> (4 * (i / 16)) & 15) | (qh >> i & 1) << 4;
+            break;
+        }
+        case LLM_Q2_K: u = p[16 + half * 32 + k % 32] >> (2 * (k / 32)) & 3; break;
+        case LLM_Q3_K: /* and a high bit per value, in bit i / 32 of byte i % 32: set means no offset */
+            u = (p[32 + half * 32 + k % 32] >> (2 * (k / 32)) & 3) | (p[i % 32] >> (i / 32) & 1) << 2;
+            break;
+        case LLM_Q4_K: u = p[16 + i / 64 * 32 + i % 32] >> (4 * (i / 32 % 2)) & 15; break;
+        case LLM_Q5_K: /* the nibbles of q4_K, and a fifth bit as q3_K has its third */
+            u = (p[48 + i / 64 * 32 + i % 32] >> (4 * (i / 32 % 2)) & 15) | (p[16 + i % 32] >> (i / 32) & 1)
+                << 4;
+            break;
+        case LLM_Q6_K: /* the low nibbles run across 64 bytes, the 2-bit high parts across 32 */
+            u = (p[half * 64 + k % 64] >> (4 * (k / 64)) & 15) |
+                (p[128 + half * 32 + k % 32] >> (2 * (k / 32)) & 3) << 4;
+            break;
+        }
+        b->q[i] = (int8_t)(u - b->offset);
+    }
+}
+
+/* Exactly what the file's values are in f32, each written in the specification's order of operations,
+ * (d * scale) * q - dmin * min, so that the result is bit-exact (the build keeps a * b - c unfused). */
 void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n) {
     const uint8_t *p = (const uint8_t *)row;
-    uint16_t h;
-    switch (type) {
-    case LLM_F32: memcpy(out, row, (size_t)n * sizeof(float)); break;
-    case LLM_F16: case LLM_BF16:
+    uint64_t block_bytes, block_values;
+    if (type == LLM_F32) { memcpy(out, row, (size_t)n * sizeof(float)); return; }
+    if (type == LLM_F16 || type == LLM_BF16) {
         for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
             memcpy(&h, p + 2 * i, 2);
             out[i] = type == LLM_F16 ? llm_f16_to_f32(h) : llm_bf16_to_f32(h);
         }
-        break;
-    case LLM_Q8_0:
-        for (int64_t b = 0; b < n / 32; b++, p += 34) {
-            memcpy(&h, p, 2);
-            float d = llm_f16_to_f32(h);
-            for (int j = 0; j < 32; j++) out[b * 32 + j] = (float)(int8_t)p[2 + j] * d;
-        }
-        break;
-    case LLM_Q4_0: case LLM_Q4_1: {
-        int has_min = type == LLM_Q4_1, bytes = has_min ? 20 : 18;
-        for (int64_t b = 0; b < n / 32; b++, p += bytes) {
-            memcpy(&h, p, 2);
-            float d = llm_f16_to_f32(h), mn = 0;
-            if (has_min) { memcpy(&h, p + 2, 2); mn = llm_f16_to_f32(h); }
-            const uint8_t *q = p + (has_min ? 4 : 2);
-            for (int j = 0; j < 16; j++) {
-                int lo = q[j] & 15, hi = q[j] >> 4;
-                out[b * 32 + j]      = has_min ? lo * d + mn : (lo - 8) * d;
-                out[b * 32 + j + 16] = has_min ? hi * d + mn : (hi - 8) * d;
-            }
-        }
-        break;
+        return;
     }
+    if (!llm_dtype_info(type, &block_bytes, &block_values)) return;
+    llm_qblock b;
+    for (int64_t at = 0; at + (int64_t)block_values <= n; at += (int64_t)block_values, p += block_bytes) {
+        llm_qblock_unpack(type, p, &b);
+        for (int i = 0; i < b.n; i++) {
+            float ds = b.d * (float)b.scale[i / b.sub], dm = b.dmin * (float)b.min[i / b.sub];
+            out[at + i] = ds * (float)b.q[i] - dm;
+        }
     }
 }
 
@@ -2568,33 +2660,251 @@ static float llm_dot(const float *a, const float *b, int64_t n) {
     return s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-/* out[t][r] = sum_c W[r][c] * x[t][c] for the T rows of x. Each weight row is converted once and used for all
- * T inputs, so a prefill of many tokens reads the weights once: that is what batching buys on any hardware.
- * -1 when a thread had no memory for the row it converts (its rows are left undone). */
-static int llm_matmul(float *out, const float *x, const llm_weight *w, int T) {
-    int64_t rows = w->rows, cols = w->cols;
+/* ---- Quantized weights times activations ---------------------------------------------------------------
+ * The fast CPU path multiplies by the weights as the file stores them, as llama.cpp does: each step's
+ * activations are quantized once to blocks of 32 int8 with a float scale, and every weight row meets them
+ * block by block in integer arithmetic, one float multiply-add per 32 values. Converting each weight row to
+ * f32 first (the reference path, llm_dtype_dequant_row) costs more than the products themselves. The
+ * activations' rounding (1/254 of each block's largest value) moves logits by about a thousandth of their
+ * size; the reference backend, "cpu-exact", does without it. */
+typedef struct {
+    float d;            /* value j = d * q[j] */
+    int16_t sum[2];     /* q[0..15] and q[16..31] added up: the weights' minimums and offsets meet these */
+    int8_t q[32];
+} llm_q8;
+
+static void llm_q8_quantize(const float *x, llm_q8 *out, int64_t n) {
+    for (int64_t b = 0; b < n / 32; b++, x += 32) {
+        float amax = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 127, inv = d > 0 ? 1 / d : 0;
+        out[b].d = d;
+        for (int h = 0; h < 2; h++) {
+            int sum = 0;
+            for (int j = h * 16; j < h * 16 + 16; j++) sum += out[b].q[j] = (int8_t)lrintf(x[j] * inv);
+            out[b].sum[h] = (int16_t)sum;
+        }
+    }
+}
+
+/* The dot product of a weight row (n values of a quantized type) with quantized activations, in plain C: the
+ * reference the SIMD versions are tested against. A group of 32 values has one activation scale xd and one
+ * or two weight sub-blocks s; with value = (d * scale[s]) * q - dmin * min[s] it adds
+ *     xd * (d * sum_s scale[s] * (q . x)_s  -  dmin * sum_s min[s] * (sum of x)_s)
+ * where everything inside the sums is an integer. */
+static float llm_q8_dot_ref(uint32_t type, const void *row, const llm_q8 *x, int64_t n) {
+    uint64_t block_bytes, block_values;
+    llm_dtype_info(type, &block_bytes, &block_values);
+    const uint8_t *p = (const uint8_t *)row;
+    llm_qblock b;
+    float acc = 0;
+    for (int64_t at = 0; at < n; at += (int64_t)block_values, p += block_bytes) {
+        llm_qblock_unpack(type, p, &b);
+        for (int g = 0; g < b.n / 32; g++, x++) {
+            int scaled = 0, mins = 0;
+            for (int h = 0; h < 2; h++) { /* the two halves of 16: one sub-block each, or both of one */
+                int s = (g * 32 + h * 16) / b.sub, dot = 0;
+                for (int j = 0; j < 16; j++) dot += b.q[g * 32 + h * 16 + j] * x->q[h * 16 + j];
+                scaled += b.scale[s] * dot;
+                mins += b.min[s] * x->sum[h];
+            }
+            acc += x->d * (b.d * (float)scaled - b.dmin * (float)mins);
+        }
+    }
+    return acc;
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/* AVX2 (the build was told the target: -march=native). The same products as llm_q8_dot_ref with the same
+ * integer sums, on 32 values at a time: each type's stored values are unpacked into 32 bytes, which meet
+ * the activations in _mm256_maddubs_epi16 (unsigned times signed bytes, pairs added) and then
+ * _mm256_madd_epi16 with the sub-blocks' scales. The stored values are unsigned (q = stored - offset): the
+ * offsets come back out with the activations' sums, outside the vector loop. */
+#define LLM_CPU_SIMD "avx2"
+
+static inline __m256i llm_avx2_nibbles(const uint8_t *q) { /* 16 bytes: the low nibbles, then the high */
+    __m128i b = _mm_loadu_si128((const __m128i *)q);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
+}
+static inline __m256i llm_avx2_bits(uint32_t bits, char value) { /* bit j set: byte j is value, else 0 */
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(value));
+}
+static inline __m256i llm_avx2_field(const uint8_t *p, int shift, char mask) { /* 32 bytes >> shift & mask */
+    __m256i v = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)p), _mm_cvtsi32_si128(shift));
+    return _mm256_and_si256(v, _mm256_set1_epi8(mask));
+}
+
+/* The stored values of group g (values 32g..32g+31) of a block, as llm_qblock_unpack reads them */
+static inline __m256i llm_avx2_group(uint32_t type, const uint8_t *p, int g) {
+    uint32_t qh;
+    switch (type) {
+    case LLM_Q4_0: return llm_avx2_nibbles(p + 2);
+    case LLM_Q4_1: return llm_avx2_nibbles(p + 4);
+    case LLM_Q5_0: memcpy(&qh, p + 2, 4); return _mm256_or_si256(llm_avx2_nibbles(p + 6), llm_avx2_bits(qh, 16));
+    case LLM_Q5_1: memcpy(&qh, p + 4, 4); return _mm256_or_si256(llm_avx2_nibbles(p + 8), llm_avx2_bits(qh, 16));
+    case LLM_Q2_K: return llm_avx2_field(p + 16 + g / 4 * 32, 2 * (g % 4), 3);
+    case LLM_Q3_K:
+        return _mm256_or_si256(llm_avx2_field(p + 32 + g / 4 * 32, 2 * (g % 4), 3),
+                               _mm256_slli_epi16(llm_avx2_field(p, g, 1), 2));
+    case LLM_Q4_K: return llm_avx2_field(p + 16 + g / 2 * 32, 4 * (g % 2), 15);
+    case LLM_Q5_K:
+        return _mm256_or_si256(llm_avx2_field(p + 48 + g / 2 * 32, 4 * (g % 2), 15),
+                               _mm256_slli_epi16(llm_avx2_field(p + 16, g, 1), 4));
+    case LLM_Q6_K:
+        return _mm256_or_si256(llm_avx2_field(p + g / 4 * 64 + g % 2 * 32, 4 * (g % 4 / 2), 15),
+                               _mm256_slli_epi16(llm_avx2_field(p + 128 + g / 4 * 32, 2 * (g % 4), 3), 4));
+    default: return _mm256_loadu_si256((const __m256i *)(p + 2)); /* q8_0: signed */
+    }
+}
+
+static inline __attribute__((always_inline)) float llm_q8_dot_avx2(uint32_t type, const void *row,
+                                                                   const llm_q8 *x, int64_t n) {
+    uint64_t block_bytes, block_values;
+    llm_dtype_info(type, &block_bytes, &block_values);
+    const int sub = type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q6_K ? 16 : 32;
+    const uint8_t *p = (const uint8_t *)row;
+    __m256 acc = _mm256_setzero_ps();
+    float rest = 0; /* the offsets and minimums */
+    llm_qblock b;
+    for (int64_t at = 0; at < n; at += (int64_t)block_values, p += block_bytes) {
+        if (block_values == 32) { /* inline, as a call per 32 values would cost as much as the products */
+            b.d = _cvtsh_ss(*(const uint16_t *)p);
+            b.dmin = type == LLM_Q4_1 || type == LLM_Q5_1 ? _cvtsh_ss(*(const uint16_t *)(p + 2)) : 0;
+            b.offset = type == LLM_Q4_0 ? 8 : type == LLM_Q5_0 ? 16 : 0;
+            b.scale[0] = 1; b.min[0] = b.dmin != 0 ? -1 : 0;
+        } else llm_qblock_scales(type, p, &b);
+        for (int g = 0; g < (int)block_values / 32; g++, x++) {
+            __m256i w = llm_avx2_group(type, p, g), xq = _mm256_loadu_si256((const __m256i *)x->q), pairs;
+            if (type == LLM_Q8_0) /* signed weights: |w| times x with w's sign */
+                pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
+            else pairs = _mm256_maddubs_epi16(w, xq);
+            int s0 = g * 32 / sub, s1 = (g * 32 + 16) / sub;
+            __m256i scales = sub == 32 ? _mm256_set1_epi16(b.scale[s0])
+                                       : _mm256_set_m128i(_mm_set1_epi16(b.scale[s1]), _mm_set1_epi16(b.scale[s0]));
+            __m256i scaled = _mm256_madd_epi16(pairs, scales);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled), _mm256_set1_ps(x->d * b.d), acc);
+            if (type == LLM_Q8_0) continue;
+            int offsets = b.offset * (b.scale[s0] * x->sum[0] + b.scale[s1] * x->sum[1]);
+            int mins = b.min[s0] * x->sum[0] + b.min[s1] * x->sum[1];
+            rest -= x->d * (b.d * (float)offsets + b.dmin * (float)mins);
+        }
+    }
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s) + rest;
+}
+
+/* f16 and bf16 weights meet f32 activations: 8 values converted and multiplied at a time */
+static float llm_dot_half(uint32_t type, const uint16_t *w, const float *x, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(w + i));
+        __m256 wf = type == LLM_F16 ? _mm256_cvtph_ps(h)
+                                    : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+        acc = _mm256_fmadd_ps(wf, _mm256_loadu_ps(x + i), acc);
+    }
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    float r = _mm_cvtss_f32(s);
+    for (; i < n; i++) r += (type == LLM_F16 ? llm_f16_to_f32(w[i]) : llm_bf16_to_f32(w[i])) * x[i];
+    return r;
+}
+#endif
+
+/* The fast path's dot product of one weight row: SIMD when the build has it, else the plain-C reference */
+static float llm_q8_dot(uint32_t type, const void *row, const llm_q8 *x, int64_t n) {
+#ifdef LLM_CPU_SIMD
+    switch (type) { /* each call specializes the inlined loop to its type */
+    case LLM_Q8_0: return llm_q8_dot_avx2(LLM_Q8_0, row, x, n);
+    case LLM_Q4_0: return llm_q8_dot_avx2(LLM_Q4_0, row, x, n);
+    case LLM_Q4_1: return llm_q8_dot_avx2(LLM_Q4_1, row, x, n);
+    case LLM_Q5_0: return llm_q8_dot_avx2(LLM_Q5_0, row, x, n);
+    case LLM_Q5_1: return llm_q8_dot_avx2(LLM_Q5_1, row, x, n);
+    case LLM_Q2_K: return llm_q8_dot_avx2(LLM_Q2_K, row, x, n);
+    case LLM_Q3_K: return llm_q8_dot_avx2(LLM_Q3_K, row, x, n);
+    case LLM_Q4_K: return llm_q8_dot_avx2(LLM_Q4_K, row, x, n);
+    case LLM_Q5_K: return llm_q8_dot_avx2(LLM_Q5_K, row, x, n);
+    case LLM_Q6_K: return llm_q8_dot_avx2(LLM_Q6_K, row, x, n);
+    }
+#endif
+    return llm_q8_dot_ref(type, row, x, n);
+}
+
+/* How a matrix product reads a weight type: rows as they are (f32), rows quantized blocks against quantized
+ * activations (the fast path), f16/bf16 rows converted on the fly (with SIMD), or rows converted to f32
+ * (the reference, and f16/bf16 without SIMD) */
+enum { LLM_ROWS_F32, LLM_ROWS_Q8, LLM_ROWS_HALF, LLM_ROWS_CONVERT };
+static int llm_matmul_kind(uint32_t type, int exact) {
+    if (type == LLM_F32) return LLM_ROWS_F32;
+    if (exact) return LLM_ROWS_CONVERT;
+    if (type == LLM_F16 || type == LLM_BF16) {
+#ifdef LLM_CPU_SIMD
+        return LLM_ROWS_HALF;
+#endif
+        return LLM_ROWS_CONVERT;
+    }
+    return LLM_ROWS_Q8;
+}
+
+/* out[t][r] = sum_c W[r][c] * x[t][c] for the T rows of x. Threads share the weight rows in tiles of 16; a
+ * tile meets all T inputs before the next is read, so a prefill of many tokens reads each weight once from
+ * memory (from cache after that): that is what batching buys on any hardware. -1 when there was no memory
+ * for the quantized activations or a thread's converted rows (what it would have computed is left undone). */
+#define LLM_MATMUL_TILE 16
+static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, int exact) {
+    int64_t rows = w->rows, cols = w->cols, n_tiles = (rows + LLM_MATMUL_TILE - 1) / LLM_MATMUL_TILE;
     size_t row_bytes = llm_dtype_row_bytes(w->type, cols);
-    int failed = 0;
+    int kind = llm_matmul_kind(w->type, exact), failed = 0;
+    llm_q8 *xq = NULL;
+    if (kind == LLM_ROWS_Q8) {
+        if (!(xq = (llm_q8 *)malloc((size_t)T * (size_t)(cols / 32) * sizeof(llm_q8)))) return -1;
+        for (int t = 0; t < T; t++) llm_q8_quantize(x + (size_t)t * cols, xq + (size_t)t * (cols / 32), cols);
+    }
     #pragma omp parallel
     {
-        float *tmp = NULL;
-        if (w->type != LLM_F32 && !(tmp = (float *)malloc((size_t)cols * sizeof(float)))) {
+        float *converted = NULL;
+        if (kind == LLM_ROWS_CONVERT &&
+            !(converted = (float *)malloc((size_t)LLM_MATMUL_TILE * (size_t)cols * sizeof(float)))) {
             #pragma omp atomic write
             failed = 1;
         }
         #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            const void *row = (const uint8_t *)w->data + (size_t)r * row_bytes;
-            const float *wr = (const float *)row;
-            if (w->type != LLM_F32) {
-                if (!tmp) continue;
-                llm_dtype_dequant_row(w->type, row, tmp, cols);
-                wr = tmp;
+        for (int64_t tile = 0; tile < n_tiles; tile++) {
+            int64_t r0 = tile * LLM_MATMUL_TILE, r1 = r0 + LLM_MATMUL_TILE < rows ? r0 + LLM_MATMUL_TILE : rows;
+            const uint8_t *tile_data = (const uint8_t *)w->data + (size_t)r0 * row_bytes;
+            if (kind == LLM_ROWS_CONVERT) {
+                if (!converted) continue;
+                for (int64_t r = r0; r < r1; r++)
+                    llm_dtype_dequant_row(w->type, tile_data + (size_t)(r - r0) * row_bytes,
+                                          converted + (size_t)(r - r0) * cols, cols);
             }
-            for (int t = 0; t < T; t++) out[(size_t)t * rows + r] = llm_dot(wr, x + (size_t)t * cols, cols);
+            for (int t = 0; t < T; t++) {
+                const float *xt = x + (size_t)t * cols;
+                for (int64_t r = r0; r < r1; r++) {
+                    const void *row = tile_data + (size_t)(r - r0) * row_bytes;
+                    float v;
+                    switch (kind) {
+                    case LLM_ROWS_F32: v = llm_dot((const float *)row, xt, cols); break;
+                    case LLM_ROWS_Q8: v = llm_q8_dot(w->type, row, xq + (size_t)t * (cols / 32), cols); break;
+#ifdef LLM_CPU_SIMD
+                    case LLM_ROWS_HALF: v = llm_dot_half(w->type, (const uint16_t *)row, xt, cols); break;
+#endif
+                    default: v = llm_dot(converted + (size_t)(r - r0) * cols, xt, cols); break;
+                    }
+                    out[(size_t)t * rows + r] = v;
+                }
+            }
         }
-        free(tmp);
+        free(converted);
     }
+    free(xq);
     return failed ? -1 : 0;
 }
 
@@ -2631,6 +2941,7 @@ typedef struct {
     float *scratch;                 /* the forward pass's activations for up to scratch_tokens tokens ... */
     int32_t *seq_of;                /* ... and their sequences: grown on demand, reused every step */
     int scratch_tokens;
+    int exact;                      /* the reference: weights converted to f32, activations unrounded */
 } llm_cpu;
 
 static float *llm_cpu_kv_at(const llm_cpu *c, float *cache, int layer, const int32_t *block_table, int pos) {
@@ -2694,6 +3005,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
     const llm_config *cf = &m->cfg;
     int T = b->n_tokens, D = cf->dim, hd = cf->head_dim, F = cf->ffn_dim;
     int q_dim = cf->n_heads * hd, kv_dim = cf->n_kv_heads * hd, group = cf->n_heads / cf->n_kv_heads;
+    int ex = c->exact;
     if (!c->k) return llm_fail(err, "the CPU backend has no KV cache (alloc_kv was not called)");
     for (int i = 0; i < b->n_copies; i++) {
         int src = b->copy_src[i], dst = b->copy_dst[i];
@@ -2747,7 +3059,8 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         for (int t = 0; t < T; t++)
             llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->attn_norm.data, D,
                         cf->rms_eps);
-        failed |= llm_matmul(q, xn, &L->wq, T) | llm_matmul(k, xn, &L->wk, T) | llm_matmul(v, xn, &L->wv, T);
+        failed |= llm_matmul(q, xn, &L->wq, T, ex) | llm_matmul(k, xn, &L->wk, T, ex) |
+                  llm_matmul(v, xn, &L->wv, T, ex);
         /* per token: the biases (qwen2), an RMS norm of each q and k head (qwen3), RoPE at the token's
          * position; then its k and v go into the cache at its slot, where this step and later ones read
          * them */
@@ -2791,16 +3104,16 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
             free(scores);
         }
         /* the output projection, added to the residual stream */
-        failed |= llm_matmul(delta, att, &L->wo, T);
+        failed |= llm_matmul(delta, att, &L->wo, T, ex);
         for (size_t i = 0; i < (size_t)T * D; i++) x[i] += delta[i];
 
         /* feed-forward block (SwiGLU): down(silu(gate(xn)) * up(xn)), added to the residual stream */
         for (int t = 0; t < T; t++)
             llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->ffn_norm.data, D,
                         cf->rms_eps);
-        failed |= llm_matmul(gate, xn, &L->w_gate, T) | llm_matmul(up, xn, &L->w_up, T);
+        failed |= llm_matmul(gate, xn, &L->w_gate, T, ex) | llm_matmul(up, xn, &L->w_up, T, ex);
         for (size_t i = 0; i < (size_t)T * F; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-        failed |= llm_matmul(delta, gate, &L->w_down, T);
+        failed |= llm_matmul(delta, gate, &L->w_down, T, ex);
         for (size_t i = 0; i < (size_t)T * D; i++) x[i] += delta[i];
     }
     /* the final norm and the output matrix, only for the rows that need logits: a prefill of 500 tokens
@@ -2808,7 +3121,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
     for (int i = 0; i < b->n_logits; i++)
         llm_rmsnorm(xn + (size_t)i * D, x + (size_t)b->logit_rows[i] * D, (const float *)m->output_norm.data,
                     D, cf->rms_eps);
-    failed |= llm_matmul(logits, xn, &m->output, b->n_logits);
+    failed |= llm_matmul(logits, xn, &m->output, b->n_logits, ex);
     return failed ? llm_fail(err, "out of memory in the forward pass (%d tokens)", T) : 0;
 }
 
@@ -2818,12 +3131,12 @@ static void llm_cpu_destroy(llm_backend *be) {
     free(be);
 }
 
-llm_backend *llm_cpu_backend_create(const llm_model *m, char *err) {
+static llm_backend *llm_cpu_backend_new(const llm_model *m, int exact, char *err) {
     llm_backend *be = (llm_backend *)calloc(1, sizeof *be);
     llm_cpu *c = (llm_cpu *)calloc(1, sizeof *c);
     if (!be || !c) { free(be); free(c); llm_fail(err, "out of memory"); return NULL; }
-    c->model = m;
-    be->name = "cpu"; be->ctx = c;
+    c->model = m; c->exact = exact;
+    be->name = exact ? "cpu-exact" : "cpu"; be->ctx = c;
     be->kv_value_bytes = sizeof(float);
     long pages = sysconf(_SC_AVPHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
     be->free_memory = pages > 0 && page_size > 0 ? (size_t)pages * (size_t)page_size : 0;
@@ -2831,6 +3144,9 @@ llm_backend *llm_cpu_backend_create(const llm_model *m, char *err) {
     be->alloc_kv = llm_cpu_alloc_kv; be->forward = llm_cpu_forward; be->destroy = llm_cpu_destroy;
     return be;
 }
+
+llm_backend *llm_cpu_backend_create(const llm_model *m, char *err) { return llm_cpu_backend_new(m, 0, err); }
+llm_backend *llm_cpu_exact_backend_create(const llm_model *m, char *err) { return llm_cpu_backend_new(m, 1, err); }
 
 /* ===========================================================================================================
  * 8. Sampler
