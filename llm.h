@@ -49,8 +49,8 @@
  *         llm_chat_family_from_name
  *   blocks: llm_block_manager_init, llm_block_manager_free, llm_block_alloc, llm_block_release,
  *         llm_block_hash, llm_block_lookup, llm_block_set_hash
- *   forward: llm_cpu_backend_create, llm_cpu_exact_backend_create (and with LLM_CUDA: llm_cuda_backend_create, llm_cuda_run_gemm,
- *         llm_cuda_run_attention)
+ *   forward: llm_cpu_backend_create, llm_cpu_exact_backend_create (and with LLM_CUDA:
+ *         llm_cuda_backend_create, llm_cuda_run_gemm, llm_cuda_run_attention)
  *   sampler: llm_sampler_create, llm_sampler_free, llm_sampler_penalize, llm_sampler_candidates,
  *         llm_sampler_sample
  *   detokenizer: llm_tokenizer_piece, llm_detok_push, llm_detok_flush, llm_detokenize
@@ -2669,14 +2669,15 @@ static float llm_dot(const float *a, const float *b, int64_t n) {
  * size; the reference backend, "cpu-exact", does without it. */
 typedef struct {
     float d;            /* value j = d * q[j] */
-    int16_t sum[2];     /* q[0..15] and q[16..31] added up: the weights' minimums and offsets meet these */
+    float s;            /* d * (sum of q): what a block minimum (q4_1, q5_1) multiplies */
+    int16_t sum[2];     /* q[0..15] and q[16..31] added up: what the k-quants' sub-block minimums multiply */
     int8_t q[32];
 } llm_q8;
 
 static void llm_q8_quantize(const float *x, llm_q8 *out, int64_t n) {
     for (int64_t b = 0; b < n / 32; b++, x += 32) {
         float amax = 0;
-        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        for (int j = 0; j < 32; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
         float d = amax / 127, inv = d > 0 ? 1 / d : 0;
         out[b].d = d;
         for (int h = 0; h < 2; h++) {
@@ -2684,6 +2685,7 @@ static void llm_q8_quantize(const float *x, llm_q8 *out, int64_t n) {
             for (int j = h * 16; j < h * 16 + 16; j++) sum += out[b].q[j] = (int8_t)lrintf(x[j] * inv);
             out[b].sum[h] = (int16_t)sum;
         }
+        out[b].s = d * (float)(out[b].sum[0] + out[b].sum[1]);
     }
 }
 
@@ -2744,8 +2746,10 @@ static inline __m256i llm_avx2_group(uint32_t type, const uint8_t *p, int g) {
     switch (type) {
     case LLM_Q4_0: return llm_avx2_nibbles(p + 2);
     case LLM_Q4_1: return llm_avx2_nibbles(p + 4);
-    case LLM_Q5_0: memcpy(&qh, p + 2, 4); return _mm256_or_si256(llm_avx2_nibbles(p + 6), llm_avx2_bits(qh, 16));
-    case LLM_Q5_1: memcpy(&qh, p + 4, 4); return _mm256_or_si256(llm_avx2_nibbles(p + 8), llm_avx2_bits(qh, 16));
+    case LLM_Q5_0: memcpy(&qh, p + 2, 4);
+        return _mm256_or_si256(llm_avx2_nibbles(p + 6), llm_avx2_bits(qh, 16));
+    case LLM_Q5_1: memcpy(&qh, p + 4, 4);
+        return _mm256_or_si256(llm_avx2_nibbles(p + 8), llm_avx2_bits(qh, 16));
     case LLM_Q2_K: return llm_avx2_field(p + 16 + g / 4 * 32, 2 * (g % 4), 3);
     case LLM_Q3_K:
         return _mm256_or_si256(llm_avx2_field(p + 32 + g / 4 * 32, 2 * (g % 4), 3),
@@ -2761,42 +2765,101 @@ static inline __m256i llm_avx2_group(uint32_t type, const uint8_t *p, int g) {
     }
 }
 
-static inline __attribute__((always_inline)) float llm_q8_dot_avx2(uint32_t type, const void *row,
-                                                                   const llm_q8 *x, int64_t n) {
-    uint64_t block_bytes, block_values;
-    llm_dtype_info(type, &block_bytes, &block_values);
-    const int sub = type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q6_K ? 16 : 32;
-    const uint8_t *p = (const uint8_t *)row;
-    __m256 acc = _mm256_setzero_ps();
-    float rest = 0; /* the offsets and minimums */
-    llm_qblock b;
-    for (int64_t at = 0; at < n; at += (int64_t)block_values, p += block_bytes) {
-        if (block_values == 32) { /* inline, as a call per 32 values would cost as much as the products */
-            b.d = _cvtsh_ss(*(const uint16_t *)p);
-            b.dmin = type == LLM_Q4_1 || type == LLM_Q5_1 ? _cvtsh_ss(*(const uint16_t *)(p + 2)) : 0;
-            b.offset = type == LLM_Q4_0 ? 8 : type == LLM_Q5_0 ? 16 : 0;
-            b.scale[0] = 1; b.min[0] = b.dmin != 0 ? -1 : 0;
-        } else llm_qblock_scales(type, p, &b);
-        for (int g = 0; g < (int)block_values / 32; g++, x++) {
-            __m256i w = llm_avx2_group(type, p, g), xq = _mm256_loadu_si256((const __m256i *)x->q), pairs;
-            if (type == LLM_Q8_0) /* signed weights: |w| times x with w's sign */
-                pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
-            else pairs = _mm256_maddubs_epi16(w, xq);
-            int s0 = g * 32 / sub, s1 = (g * 32 + 16) / sub;
-            __m256i scales = sub == 32 ? _mm256_set1_epi16(b.scale[s0])
-                                       : _mm256_set_m128i(_mm_set1_epi16(b.scale[s1]), _mm_set1_epi16(b.scale[s0]));
-            __m256i scaled = _mm256_madd_epi16(pairs, scales);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled), _mm256_set1_ps(x->d * b.d), acc);
-            if (type == LLM_Q8_0) continue;
-            int offsets = b.offset * (b.scale[s0] * x->sum[0] + b.scale[s1] * x->sum[1]);
-            int mins = b.min[s0] * x->sum[0] + b.min[s1] * x->sum[1];
-            rest -= x->d * (b.d * (float)offsets + b.dmin * (float)mins);
+static inline float llm_avx2_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* 8 sums of 4 products of unsigned bytes u and signed bytes x: one VNNI instruction where the target has
+ * it */
+static inline __m256i llm_avx2_dot_u8s8(__m256i u, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, x);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+#endif
+}
+
+/* The products of one weight row with nc rows of activations (nc up to 4, x_stride blocks apart): a prefill
+ * unpacks each weight block once for 4 tokens. 32-value blocks: one scale per block. Signed types (q8_0,
+ * and q4_0 and q5_0 once their offset is taken off) multiply |w| by x with w's sign; q4_1 and q5_1 add their
+ * minimum times the block's activation sum. */
+static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t type, const uint8_t *p,
+                                                                    const llm_q8 *x, int64_t n_blocks,
+                                                                    int64_t x_stride, int nc, float *out) {
+    const int has_min = type == LLM_Q4_1 || type == LLM_Q5_1;
+    const size_t bytes = type == LLM_Q8_0 ? 34 : type == LLM_Q4_0 ? 18 : type == LLM_Q4_1 ? 20 :
+                         type == LLM_Q5_0 ? 22 : 24;
+    __m256 acc[2][4]; /* even and odd blocks: two chains of additions, which the CPU overlaps */
+    float mins[4];
+    for (int c = 0; c < nc; c++) { acc[0][c] = acc[1][c] = _mm256_setzero_ps(); mins[c] = 0; }
+    #pragma GCC unroll 2
+    for (int64_t b = 0; b < n_blocks; b++, p += bytes) {
+        __m256i w = llm_avx2_group(type, p, 0), w_abs = w;
+        if (type == LLM_Q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
+        if (type == LLM_Q5_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+        if (!has_min) w_abs = _mm256_sign_epi8(w, w);
+        float d = _cvtsh_ss(*(const uint16_t *)p), m = has_min ? _cvtsh_ss(*(const uint16_t *)(p + 2)) : 0;
+        for (int c = 0; c < nc; c++) {
+            const llm_q8 *xb = x + c * x_stride + b;
+            __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);
+            if (!has_min) xq = _mm256_sign_epi8(xq, w);
+            __m256 dot = _mm256_cvtepi32_ps(llm_avx2_dot_u8s8(w_abs, xq));
+            acc[b & 1][c] = _mm256_fmadd_ps(dot, _mm256_set1_ps(d * xb->d), acc[b & 1][c]);
+            if (has_min) mins[c] += m * xb->s;
         }
     }
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s) + rest;
+    for (int c = 0; c < nc; c++) out[c] = llm_avx2_hsum(_mm256_add_ps(acc[0][c], acc[1][c])) + mins[c];
+}
+
+/* 256-value k-quant blocks: per group of 32, the products scaled by the sub-block scales in integers, then by
+ * d and the group's activation scale; the offsets and minimums meet the activation sums once per block, for
+ * its 8 groups side by side (the sums of two halves are one 32-bit lane each: one gather) */
+static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type, const uint8_t *p,
+                                                                   const llm_q8 *x, int64_t n_blocks,
+                                                                   int64_t x_stride, int nc, float *out) {
+    const int sub = type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q6_K ? 16 : 32;
+    const size_t bytes = type == LLM_Q2_K ? 84 : type == LLM_Q3_K ? 110 : type == LLM_Q4_K ? 144 :
+                         type == LLM_Q5_K ? 176 : 210;
+    const __m256i group_at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                _mm256_set1_epi32((int)sizeof(llm_q8)));
+    __m256 acc[2][4], rest[4]; /* acc: even and odd groups, two chains of additions */
+    for (int c = 0; c < nc; c++) acc[0][c] = acc[1][c] = rest[c] = _mm256_setzero_ps();
+    llm_qblock b;
+    int16_t scales[16], mins[16]; /* per half of a group */
+    for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes) {
+        llm_qblock_scales(type, p, &b);
+        for (int h = 0; h < 16; h++) { scales[h] = b.scale[h * 16 / sub]; mins[h] = b.min[h * 16 / sub]; }
+        #pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            __m256i w = llm_avx2_group(type, p, g);
+            __m256i sc = _mm256_set_m128i(_mm_set1_epi16(scales[2 * g + 1]), _mm_set1_epi16(scales[2 * g]));
+            for (int c = 0; c < nc; c++) {
+                const llm_q8 *xg = x + c * x_stride + blk * 8 + g;
+                __m256i xq = _mm256_loadu_si256((const __m256i *)xg->q);
+                __m256i scaled = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xq), sc);
+                acc[g & 1][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled), _mm256_set1_ps(xg->d * b.d),
+                                                acc[g & 1][c]);
+            }
+        }
+        __m256i sc16 = _mm256_loadu_si256((const __m256i *)scales);
+        __m256i mn16 = _mm256_loadu_si256((const __m256i *)mins);
+        __m256 offset = _mm256_set1_ps(b.d * (float)b.offset), dmin = _mm256_set1_ps(b.dmin);
+        for (int c = 0; c < nc; c++) {
+            const llm_q8 *xb = x + c * x_stride + blk * 8;
+            __m256 xd = _mm256_i32gather_ps(&xb->d, group_at, 1);
+            __m256i sums = _mm256_i32gather_epi32((const int *)xb->sum, group_at, 1);
+            __m256 offsets = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, sc16));
+            __m256 minimums = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, mn16));
+            __m256 per_group = _mm256_add_ps(_mm256_mul_ps(offsets, offset), _mm256_mul_ps(minimums, dmin));
+            rest[c] = _mm256_fmadd_ps(per_group, xd, rest[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++)
+        out[c] = llm_avx2_hsum(_mm256_add_ps(acc[0][c], acc[1][c])) - llm_avx2_hsum(rest[c]);
 }
 
 /* f16 and bf16 weights meet f32 activations: 8 values converted and multiplied at a time */
@@ -2809,32 +2872,35 @@ static float llm_dot_half(uint32_t type, const uint16_t *w, const float *x, int6
                                     : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
         acc = _mm256_fmadd_ps(wf, _mm256_loadu_ps(x + i), acc);
     }
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    float r = _mm_cvtss_f32(s);
+    float r = llm_avx2_hsum(acc);
     for (; i < n; i++) r += (type == LLM_F16 ? llm_f16_to_f32(w[i]) : llm_bf16_to_f32(w[i])) * x[i];
     return r;
 }
 #endif
 
-/* The fast path's dot product of one weight row: SIMD when the build has it, else the plain-C reference */
-static float llm_q8_dot(uint32_t type, const void *row, const llm_q8 *x, int64_t n) {
+/* The fast path's products of one weight row with nc (1 to 4) rows of quantized activations, x_stride blocks
+ * apart, into out[0..nc-1]: SIMD when the build has it, else the plain-C reference */
+#define LLM_Q8_MAX_COLS 4
+static void llm_q8_dot(uint32_t type, const void *row, const llm_q8 *x, int64_t n, int64_t x_stride, int nc,
+                       float *out) {
 #ifdef LLM_CPU_SIMD
-    switch (type) { /* each call specializes the inlined loop to its type */
-    case LLM_Q8_0: return llm_q8_dot_avx2(LLM_Q8_0, row, x, n);
-    case LLM_Q4_0: return llm_q8_dot_avx2(LLM_Q4_0, row, x, n);
-    case LLM_Q4_1: return llm_q8_dot_avx2(LLM_Q4_1, row, x, n);
-    case LLM_Q5_0: return llm_q8_dot_avx2(LLM_Q5_0, row, x, n);
-    case LLM_Q5_1: return llm_q8_dot_avx2(LLM_Q5_1, row, x, n);
-    case LLM_Q2_K: return llm_q8_dot_avx2(LLM_Q2_K, row, x, n);
-    case LLM_Q3_K: return llm_q8_dot_avx2(LLM_Q3_K, row, x, n);
-    case LLM_Q4_K: return llm_q8_dot_avx2(LLM_Q4_K, row, x, n);
-    case LLM_Q5_K: return llm_q8_dot_avx2(LLM_Q5_K, row, x, n);
-    case LLM_Q6_K: return llm_q8_dot_avx2(LLM_Q6_K, row, x, n);
+    /* each call specializes the inlined loops to its type, and to 4 tokens or 1 */
+#define LLM_Q8_CASE(T, dot, per_block)                                                                 \
+    case T:                                                                                            \
+        if (nc == 4) dot(T, (const uint8_t *)row, x, n / per_block, x_stride, 4, out);                 \
+        else for (int c = 0; c < nc; c++)                                                              \
+            dot(T, (const uint8_t *)row, x + c * x_stride, n / per_block, 0, 1, out + c);              \
+        return;
+    switch (type) {
+    LLM_Q8_CASE(LLM_Q8_0, llm_q8_dot32_avx2, 32) LLM_Q8_CASE(LLM_Q4_0, llm_q8_dot32_avx2, 32)
+    LLM_Q8_CASE(LLM_Q4_1, llm_q8_dot32_avx2, 32) LLM_Q8_CASE(LLM_Q5_0, llm_q8_dot32_avx2, 32)
+    LLM_Q8_CASE(LLM_Q5_1, llm_q8_dot32_avx2, 32) LLM_Q8_CASE(LLM_Q2_K, llm_q8_dotk_avx2, 256)
+    LLM_Q8_CASE(LLM_Q3_K, llm_q8_dotk_avx2, 256) LLM_Q8_CASE(LLM_Q4_K, llm_q8_dotk_avx2, 256)
+    LLM_Q8_CASE(LLM_Q5_K, llm_q8_dotk_avx2, 256) LLM_Q8_CASE(LLM_Q6_K, llm_q8_dotk_avx2, 256)
     }
+#undef LLM_Q8_CASE
 #endif
-    return llm_q8_dot_ref(type, row, x, n);
+    for (int c = 0; c < nc; c++) out[c] = llm_q8_dot_ref(type, row, x + c * x_stride, n);
 }
 
 /* How a matrix product reads a weight type: rows as they are (f32), rows quantized blocks against quantized
@@ -2877,7 +2943,8 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
         }
         #pragma omp for schedule(static)
         for (int64_t tile = 0; tile < n_tiles; tile++) {
-            int64_t r0 = tile * LLM_MATMUL_TILE, r1 = r0 + LLM_MATMUL_TILE < rows ? r0 + LLM_MATMUL_TILE : rows;
+            int64_t r0 = tile * LLM_MATMUL_TILE;
+            int64_t r1 = r0 + LLM_MATMUL_TILE < rows ? r0 + LLM_MATMUL_TILE : rows;
             const uint8_t *tile_data = (const uint8_t *)w->data + (size_t)r0 * row_bytes;
             if (kind == LLM_ROWS_CONVERT) {
                 if (!converted) continue;
@@ -2887,12 +2954,22 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
             }
             for (int t = 0; t < T; t++) {
                 const float *xt = x + (size_t)t * cols;
+                if (kind == LLM_ROWS_Q8) { /* LLM_Q8_MAX_COLS tokens at a time */
+                    int nc = T - t < LLM_Q8_MAX_COLS ? T - t : LLM_Q8_MAX_COLS;
+                    float v[LLM_Q8_MAX_COLS];
+                    for (int64_t r = r0; r < r1; r++) {
+                        llm_q8_dot(w->type, tile_data + (size_t)(r - r0) * row_bytes,
+                                   xq + (size_t)t * (cols / 32), cols, cols / 32, nc, v);
+                        for (int c = 0; c < nc; c++) out[(size_t)(t + c) * rows + r] = v[c];
+                    }
+                    t += nc - 1;
+                    continue;
+                }
                 for (int64_t r = r0; r < r1; r++) {
                     const void *row = tile_data + (size_t)(r - r0) * row_bytes;
                     float v;
                     switch (kind) {
                     case LLM_ROWS_F32: v = llm_dot((const float *)row, xt, cols); break;
-                    case LLM_ROWS_Q8: v = llm_q8_dot(w->type, row, xq + (size_t)t * (cols / 32), cols); break;
 #ifdef LLM_CPU_SIMD
                     case LLM_ROWS_HALF: v = llm_dot_half(w->type, (const uint16_t *)row, xt, cols); break;
 #endif
@@ -3146,7 +3223,9 @@ static llm_backend *llm_cpu_backend_new(const llm_model *m, int exact, char *err
 }
 
 llm_backend *llm_cpu_backend_create(const llm_model *m, char *err) { return llm_cpu_backend_new(m, 0, err); }
-llm_backend *llm_cpu_exact_backend_create(const llm_model *m, char *err) { return llm_cpu_backend_new(m, 1, err); }
+llm_backend *llm_cpu_exact_backend_create(const llm_model *m, char *err) {
+    return llm_cpu_backend_new(m, 1, err);
+}
 
 /* ===========================================================================================================
  * 8. Sampler

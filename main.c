@@ -59,6 +59,8 @@ static const char *usage =
     "  --max-model-len N      context length (default: the model's)\n"
     "  --no-prefix-caching    turn automatic prefix caching off\n"
     "  --cpu                  run on the CPU even when a GPU is there\n"
+    "  --cpu-exact            the CPU's plain-C reference path: weights converted to f32 row by row, no\n"
+    "                         rounding of activations (slower; what the fast path is checked against)\n"
     "\n"
     "serve options:\n"
     "  --host H               address to listen on (default 127.0.0.1)\n"
@@ -76,6 +78,29 @@ static const char *usage =
     "  --output-len MIN:MAX   output lengths, drawn uniformly, EOS ignored (default 100:1024)\n"
     "  --seed S               workload seed (default 0)\n"
     "  --static               static batching: a batch is filled and no one joins until all in it finish\n";
+
+/* "weights 86.2 MiB (q4_1 x210, q8_0 x1, f32 x61)": what the model takes in memory, tensors kept in the
+ * file's types (the CPU reads them where the file is mapped) */
+static const char *weights_summary(const llm_model *m, char *out, size_t cap) {
+    uint32_t types[16];
+    int counts[16], n_types = 0;
+    double bytes = 0;
+    for (int64_t i = 0; i < m->gguf.n_tensors; i++) {
+        const llm_gguf_tensor *t = &m->gguf.tensors[i];
+        bytes += (double)t->nbytes;
+        int k = 0;
+        while (k < n_types && types[k] != t->type) k++;
+        if (k == n_types && n_types < 16) { types[n_types] = t->type; counts[n_types++] = 0; }
+        if (k < n_types) counts[k]++;
+    }
+    if (!m->gguf.n_tensors) return snprintf(out, cap, "random weights"), out;
+    int at = snprintf(out, cap, "weights %.1f MiB (", bytes / (1 << 20));
+    for (int k = 0; k < n_types && at > 0 && (size_t)at < cap; k++)
+        at += snprintf(out + at, cap - (size_t)at, "%s%s x%d", k ? ", " : "", llm_dtype_name(types[k]),
+                       counts[k]);
+    if (at > 0 && (size_t)at < cap) snprintf(out + at, cap - (size_t)at, ")");
+    return out;
+}
 
 static double now_s(void) {
     struct timespec t;
@@ -191,6 +216,7 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         else if (FLAG("--max-model-len")) { INT(1, 1 << 24); a->engine.max_model_len = (int)x; }
         else if (FLAG("--no-prefix-caching")) a->engine.enable_prefix_caching = 0;
         else if (FLAG("--cpu")) a->engine.create_backend = llm_cpu_backend_create;
+        else if (FLAG("--cpu-exact")) a->engine.create_backend = llm_cpu_exact_backend_create;
         else if (FLAG("--dummy")) { NEED(); a->engine.dummy = v; }
         else if (FLAG("--num-prompts")) { INT(1, 1 << 24); a->num_prompts = (int)x; }
         else if (FLAG("--input-len") || FLAG("--output-len")) {
@@ -701,8 +727,10 @@ static int bench(args_t *a) {
     llm_engine_stats st = llm_engine_get_stats(e);
     int bs = st.block_size, max_model_len = st.max_model_len;
     double kv_token_bytes = (double)st.kv_bytes_per_block / bs, mib = kv_token_bytes / (1 << 20);
-    fprintf(stderr, "llm bench: %s on %s, loaded in %.2f s; KV pool %d blocks of %d tokens (%.1f MiB), %s "
-            "batching\n", m->name, st.backend, now_s() - t_load, st.num_blocks, bs, st.num_blocks * bs * mib,
+    char weights[160];
+    fprintf(stderr, "llm bench: %s on %s, loaded in %.2f s; %s; KV pool %d blocks of %d tokens (%.1f MiB), "
+            "%s batching\n", m->name, st.backend, now_s() - t_load,
+            weights_summary(m, weights, sizeof weights), st.num_blocks, bs, st.num_blocks * bs * mib,
             a->engine.static_batching ? "static" : "continuous");
 
     /* the workload: uniform lengths from a fixed seed, so --static runs exactly the same requests */
@@ -727,16 +755,27 @@ static int bench(args_t *a) {
     int64_t total_out = 0, done = 0, failed = 0, samples = 0;
     double sum_usage = 0, sum_running = 0, sum_kv_tokens = 0, sum_blocks_used = 0, last_progress = 0;
     int peak_running = 0;
+    /* steps that computed prompt tokens, and steps of decodes only: llama-bench's pp and tg figures */
+    double prompt_s = 0, decode_s = 0;
+    int64_t prompt_tokens = 0, decode_tokens = 0;
     while (llm_engine_has_work(e)) {
         const llm_output *out;
+        int64_t prompt_before = st.prompt_tokens_computed;
+        double step_t0 = now_s();
         int n = llm_engine_step(e, &out);
+        double step_s = now_s() - step_t0;
+        int64_t step_out = 0;
+        for (int i = 0; i < n; i++) step_out += out[i].n_tokens;
+        st = llm_engine_get_stats(e);
+        if (st.prompt_tokens_computed > prompt_before) {
+            prompt_s += step_s; prompt_tokens += st.prompt_tokens_computed - prompt_before;
+        } else { decode_s += step_s; decode_tokens += step_out; }
         for (int i = 0; i < n; i++) {
             total_out += out[i].n_tokens;
             done += out[i].finish_reason != LLM_FINISH_NONE;
             if (out[i].finish_reason == LLM_FINISH_ERROR && failed++ == 0)
                 fprintf(stderr, "llm bench: %s\n", out[i].error);
         }
-        st = llm_engine_get_stats(e);
         if (st.running > 0) { /* the memory picture, sampled at every step that has work */
             int used = st.num_blocks - st.num_free_blocks;
             sum_usage += (double)used / st.num_blocks; sum_blocks_used += used;
@@ -759,6 +798,10 @@ static int bench(args_t *a) {
     printf("output throughput: %.1f tok/s\n", total_out / elapsed);
     printf("total throughput: %.1f tok/s (prompt %lld + output %lld tokens)\n",
            (total_in + total_out) / elapsed, (long long)total_in, (long long)total_out);
+    printf("prompt processing: %.1f tok/s (%lld tokens in %.2f s, the steps that computed prompt tokens)\n",
+           prompt_s > 0 ? prompt_tokens / prompt_s : 0.0, (long long)prompt_tokens, prompt_s);
+    printf("decode: %.1f tok/s (%lld tokens in %.2f s, the steps of decodes only)\n",
+           decode_s > 0 ? decode_tokens / decode_s : 0.0, (long long)decode_tokens, decode_s);
     printf("mean KV usage: %.1f%%, peak running: %d, steps: %lld, preemptions: %lld, prompt tokens computed: "
            "%lld\n", samples ? 100.0 * sum_usage / samples : 0.0, peak_running, (long long)st.steps,
            (long long)st.preemptions, (long long)st.prompt_tokens_computed);
@@ -858,9 +901,10 @@ int main(int argc, char **argv) {
 #else
     const char *threads = "one thread (built without OpenMP)";
 #endif
-    fprintf(stderr, "llm: loaded %s (%s) in %.3f s on the %s%s%s%s; %s\n", a.engine.model_path,
+    char weights[160];
+    fprintf(stderr, "llm: loaded %s (%s) in %.3f s on the %s%s%s%s; %s; %s\n", a.engine.model_path,
             llm_engine_model(e)->name, now_s() - t0, st.backend, note ? " (" : "", st.backend_note,
-            note ? ")" : "", threads);
+            note ? ")" : "", weights_summary(llm_engine_model(e), weights, sizeof weights), threads);
     /* without -p: a chat when the model has a chat template (or chat was asked for), else the REPL */
     const llm_model *m = llm_engine_model(e);
     int chat_mode = cmd == 3 || (m->tok && llm_gguf_string(&m->gguf, "tokenizer.chat_template").len > 0);
