@@ -1382,8 +1382,8 @@ static void test_quant_fast_path(void) {
  * a prefill stay close to the exact path's, and pick the same token wherever the exact best two are apart */
 static void test_quant_smollm2(void) {
     if (access(CHAT_MODEL, R_OK) != 0) { CHECK(0, "%s missing (make model fetches it)", CHAT_MODEL); return; }
-    static const int32_t before[] = {7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34, 32, 33, 40, 29, 32,
-                                     33, 29, 34, 34, 216, 33, 34, 42, 33, 34, 42, 37, 35, 30, 2};
+    /* the first 10 of them (the exact path is slow: it converts every weight row at every step) */
+    static const int32_t before[] = {7042, 30, 198, 198, 504, 2988, 314, 42, 216, 34};
     int n_before = (int)(sizeof before / sizeof before[0]);
     llm_engine_config cfg = llm_engine_defaults();
     cfg.model_path = CHAT_MODEL;
@@ -1392,7 +1392,7 @@ static void test_quant_smollm2(void) {
     llm_engine *e = engine_new(&cfg);
     run_result *r = (run_result *)calloc(1, sizeof *r);
     if (e) {
-        llm_sampling_params p = greedy(32);
+        llm_sampling_params p = greedy(n_before);
         run_add(e, r, "The capital of France is", NULL, 0, &p);
         run_engine(e, r);
         CHECK(r->n_tokens[0][0] == n_before && !memcmp(r->tokens[0][0], before, sizeof before),
