@@ -92,6 +92,7 @@ llm-example: llm.h | $(STB_H) $(NEED_CC)
 
 test: llm llm-test llm-example $(MODEL) $(VENV)
 	$(TEST_ONLY) ./llm-test $(SHARED)
+	$(VENV_PY) tools/pretok_check.py ./llm-test
 	$(VENV_PY) tools/openai_test.py $(SHARED)
 
 # the official openai client, for tools/openai_test.py, and the tests' oracles: in a virtual environment

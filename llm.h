@@ -44,7 +44,7 @@
  *         llm_dtype_name, llm_dtype_row_bytes, llm_dtype_dequant_row
  *   model: llm_model_load, llm_model_dummy, llm_model_dummy_names, llm_model_free
  *   tokenizer: llm_tokenizer_load, llm_tokenizer_free, llm_tokenize, llm_tokenizer_n_vocab, _bos, _eos,
- *         _adds_bos, _is_eog; llm_tokenize_prompt
+ *         _adds_bos, _is_eog, _warning; llm_tokenize_prompt
  *   chat: llm_chat_template_init, llm_chat_render, llm_chat_stop_ids, llm_chat_detect, llm_chat_family_name,
  *         llm_chat_family_from_name
  *   blocks: llm_block_manager_init, llm_block_manager_free, llm_block_alloc, llm_block_release,
@@ -223,7 +223,8 @@ void llm_model_free(llm_model *m);
 llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err);   /* NULL and a message on error */
 void llm_tokenizer_free(llm_tokenizer *t);
 /* Text to ids. Returns the number of ids (which may exceed cap: then only cap were written; call again with
- * more room), or -1 on error. parse_special: text like "<|im_end|>" becomes that control token. */
+ * more room), or -1 on error. parse_special: text like "<|im_end|>" becomes that control token (user-defined
+ * tokens are taken whole always, as llama.cpp takes them). */
 int  llm_tokenize(const llm_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special,
                   int32_t *out, int cap);
 int  llm_tokenizer_n_vocab(const llm_tokenizer *t);
@@ -231,6 +232,9 @@ int  llm_tokenizer_bos(const llm_tokenizer *t);                /* -1 when the vo
 int  llm_tokenizer_eos(const llm_tokenizer *t);
 int  llm_tokenizer_adds_bos(const llm_tokenizer *t);           /* add_bos_token, or the type's default */
 int  llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id); /* end of generation: eos, eot, <|im_end|> */
+/* What loading found doubtful, for the program to show ("" when nothing): a pre-tokenizer (tokenizer.ggml.pre)
+ * it does not know, split as llama.cpp's 'default' instead. */
+const char *llm_tokenizer_warning(const llm_tokenizer *t);
 /* A prompt's ids, as the engine takes a text prompt: special tokens parsed, and BOS first when the vocabulary
  * asks for one and the text does not begin with it already (chat templates write it themselves). */
 int  llm_tokenize_prompt(const llm_tokenizer *t, const char *text, size_t len, int32_t *out, int cap);
@@ -1317,7 +1321,6 @@ void llm_model_free(llm_model *m) {
  * threads may tokenize with one tokenizer at once.
  * ======================================================================================================== */
 enum { LLM_VOCAB_SPM, LLM_VOCAB_BPE };
-enum { LLM_PRE_GPT2, LLM_PRE_LLAMA3, LLM_PRE_QWEN2, LLM_PRE_SMOLLM };
 /* token kinds, numbered as tokenizer.ggml.token_type numbers them */
 enum {
     LLM_TOKEN_NORMAL = 1, LLM_TOKEN_UNKNOWN, LLM_TOKEN_CONTROL, LLM_TOKEN_USER, LLM_TOKEN_UNUSED,
@@ -1347,12 +1350,17 @@ struct llm_tokenizer {
     int add_bos, add_eos, add_space_prefix;
     int ignore_merges;          /* llama-bpe: a word that is a token is taken whole */
     size_t max_len;             /* the longest token text, in bytes: longer strings need no lookup */
+    char warning[LLM_ERR_LEN];  /* what loading found doubtful ("" when nothing) */
 };
 
 /* ---- UTF-8, and the classes of characters the pre-tokenizers split by ---------------------------------- */
-/* 'L' letter (\p{L}), 'N' number (\p{N}), 'S' white space (\s), 0 anything else: in the appendix, with its
- * table. */
-static int llm_uni_class(uint32_t c);
+/* A character's class for the split patterns: letter \p{L}, mark \p{M}, digit \p{Nd}, number the rest of
+ * \p{N}, punctuation \p{P}, symbol \p{S}, white space \s (the White_Space property), other the rest. */
+enum {
+    LLM_UC_OTHER, LLM_UC_LETTER, LLM_UC_MARK, LLM_UC_DIGIT, LLM_UC_NUMBER, LLM_UC_PUNCT, LLM_UC_SYMBOL,
+    LLM_UC_SPACE
+};
+static int llm_uni_class(uint32_t c); /* LLM_UC_*: in the appendix, with its table */
 
 /* Looks at the UTF-8 at s (n > 0 bytes there). Returns the length of the character that starts there; 0 when
  * the n bytes are a good start of a character that needs more bytes; -k when the first k bytes can never
@@ -1531,89 +1539,400 @@ static void llm_tokenize_spm(const llm_tokenizer *t, const char *text, size_t le
 }
 
 /* ---- Byte-level BPE: pre-tokenizers -------------------------------------------------------------------- */
-/* Each returns the end of the word that starts at character i; n ends the text. They take the alternatives of
- * the regex in its order, as a regex engine would: the first that matches at i wins. cls[] is
- * llm_uni_class. */
+/* llama.cpp splits a text with a list of regexes chosen by tokenizer.ggml.pre: the first regex cuts the text
+ * into its matches and the runs of text between them, and each later regex cuts each of those pieces again, the
+ * same way (a regex sees only its piece). A regex here is a list of alternatives, tried in order at each
+ * position as a regex engine tries them, and each kind of alternative is one hand-written matcher below that
+ * takes sets of characters as parameters. The patterns themselves are llama.cpp's (src/llama-vocab.cpp);
+ * tools/pretok_check.py checks every one against Python's regex module. */
 
-/* gpt2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-static int llm_pretok_gpt2(const uint32_t *cp, const char *cls, int i, int n) {
-    if (cp[i] == '\'' && i + 1 < n) {
-        uint32_t a = cp[i + 1], b = i + 2 < n ? cp[i + 2] : 0;
-        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
-        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+/* The sets of characters the patterns name (cls[] holds each character's LLM_UC_* class) */
+enum {
+    LLM_SET_NONE,
+    LLM_SET_SPACE_CHAR,         /* ' ' */
+    LLM_SET_SPACE,              /* \s */
+    LLM_SET_LETTER,             /* \p{L} */
+    LLM_SET_LETTER_MARK,        /* [\p{L}\p{M}] */
+    LLM_SET_NUMBER,             /* \p{N} */
+    LLM_SET_ASCII_DIGIT,        /* [0-9] */
+    LLM_SET_ASCII_LETTER,       /* [A-Za-z] */
+    LLM_SET_ASCII_PUNCT,        /* [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~] */
+    LLM_SET_BREAK,              /* [\r\n] */
+    LLM_SET_BREAK_SLASH,        /* [\r\n/] */
+    LLM_SET_NEWLINE,            /* [\n] */
+    LLM_SET_NOT_NEWLINE,        /* [^\n] */
+    LLM_SET_NOT_BREAK_L_N,      /* [^\r\n\p{L}\p{N}] */
+    LLM_SET_NOT_BREAK_L_P_S,    /* [^\r\n\p{L}\p{P}\p{S}] */
+    LLM_SET_NOT_SPACE_L_N,      /* [^\s\p{L}\p{N}] */
+    LLM_SET_NOT_SPACE_L_M_N,    /* [^\s\p{L}\p{M}\p{N}] */
+    LLM_SET_PUNCT,              /* \p{P} */
+    LLM_SET_PUNCT_SYMBOL,       /* [\p{P}\p{S}] */
+    LLM_SET_PUNCT_FALCON,       /* [\p{P}\$\+<=>\^~\|`] */
+    LLM_SET_PUNCT_DEFAULT,      /* [\p{P}\$\+<=>\^~\|] */
+    LLM_SET_NOT_LOWER,          /* ((?=[\p{L}])([^a-z])): a letter but a-z */
+    LLM_SET_NOT_UPPER,          /* ((?=[\p{L}])([^A-Z])): a letter but A-Z */
+    LLM_SET_NOT_LOWER_M,        /* ((?=[\p{L}\p{M}])([^a-z])) */
+    LLM_SET_NOT_UPPER_M,        /* ((?=[\p{L}\p{M}])([^A-Z])) */
+    LLM_SET_BLOOM,              /* [^(\s|.,!?…。，、।۔،)] */
+    LLM_SET_HAN_KANA,           /* [一-龥぀-ゟ゠-ヿ] */
+    LLM_SET_HAN_HANGUL          /* [一-龥ࠀ-一가-퟿] */
+};
+
+static int llm_in_set(int set, uint32_t c, int uc) {
+    int letter = uc == LLM_UC_LETTER, number = uc == LLM_UC_DIGIT || uc == LLM_UC_NUMBER;
+    int space = uc == LLM_UC_SPACE, brk = c == '\r' || c == '\n';
+    int punct = uc == LLM_UC_PUNCT, symbol = uc == LLM_UC_SYMBOL, mark = uc == LLM_UC_MARK;
+    switch (set) {
+    case LLM_SET_SPACE_CHAR: return c == ' ';
+    case LLM_SET_SPACE: return space;
+    case LLM_SET_LETTER: return letter;
+    case LLM_SET_LETTER_MARK: return letter || mark;
+    case LLM_SET_NUMBER: return number;
+    case LLM_SET_ASCII_DIGIT: return c >= '0' && c <= '9';
+    case LLM_SET_ASCII_LETTER: return c < 0x80 && letter;
+    case LLM_SET_ASCII_PUNCT: return c < 0x80 && (punct || symbol);
+    case LLM_SET_BREAK: return brk;
+    case LLM_SET_BREAK_SLASH: return brk || c == '/';
+    case LLM_SET_NEWLINE: return c == '\n';
+    case LLM_SET_NOT_NEWLINE: return c != '\n';
+    case LLM_SET_NOT_BREAK_L_N: return !brk && !letter && !number;
+    case LLM_SET_NOT_BREAK_L_P_S: return !brk && !letter && !punct && !symbol;
+    case LLM_SET_NOT_SPACE_L_N: return !space && !letter && !number;
+    case LLM_SET_NOT_SPACE_L_M_N: return !space && !letter && !mark && !number;
+    case LLM_SET_PUNCT: return punct;
+    case LLM_SET_PUNCT_SYMBOL: return punct || symbol;
+    case LLM_SET_PUNCT_FALCON: return punct || (c < 0x80 && c && strchr("$+<=>^~|`", (int)c));
+    case LLM_SET_PUNCT_DEFAULT: return punct || (c < 0x80 && c && strchr("$+<=>^~|", (int)c));
+    case LLM_SET_NOT_LOWER: return letter && !(c >= 'a' && c <= 'z');
+    case LLM_SET_NOT_UPPER: return letter && !(c >= 'A' && c <= 'Z');
+    case LLM_SET_NOT_LOWER_M: return (letter || mark) && !(c >= 'a' && c <= 'z');
+    case LLM_SET_NOT_UPPER_M: return (letter || mark) && !(c >= 'A' && c <= 'Z');
+    case LLM_SET_BLOOM:
+        return !space && !(c < 0x80 && c && strchr("(|).,!?", (int)c)) && c != 0x2026 && c != 0x3002 &&
+               c != 0xFF0C && c != 0x3001 && c != 0x0964 && c != 0x06D4 && c != 0x060C;
+    case LLM_SET_HAN_KANA: return (c >= 0x4E00 && c <= 0x9FA5) || (c >= 0x3040 && c <= 0x30FF);
+    case LLM_SET_HAN_HANGUL: return (c >= 0x0800 && c <= 0x9FA5) || (c >= 0xAC00 && c <= 0xD7FF);
     }
-    /* a run of letters, of digits, or of anything else but space, perhaps after one space */
-    int j = i + (cp[i] == ' ' && i + 1 < n && cls[i + 1] != 'S');
-    if (cls[j] != 'S') {
-        char c = cls[j];
-        while (j < n && cls[j] == c) j++;
-        return j;
-    }
-    /* white space: to the end of the text; else up to the last one, which goes with the word after it (one
-     * alone stays alone) */
-    for (j = i; j < n && cls[j] == 'S'; j++) {}
-    return j == n || j - i == 1 ? j : j - 1;
+    return 0;
+}
+
+/* The kinds of alternative. prefix: a set of one optional character in front (NONE: none); body, tail: sets. */
+enum {
+    LLM_ALT_END,            /* ends a regex's list */
+    LLM_ALT_RUN,            /* prefix? body{min,max} tail{0,tail_max} (0: no limit; min 0 means 1) */
+    LLM_ALT_CONTRACTION,    /* 's|'t|'re|'ve|'m|'ll|'d */
+    LLM_ALT_BREAKS,         /* \s*[\r\n]+ (the same as \s*[\r\n]) */
+    LLM_ALT_SPACES,         /* \s+(?!\S) */
+    LLM_ALT_SPACES_JAIS2,   /* \s{512}(?!\S)|\s{256}(?!\S)|...|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1} */
+    LLM_ALT_CASED,          /* prefix? body* tail+: body, tail: LLM_SET_NOT_LOWER, _NOT_UPPER (tekken) */
+    LLM_ALT_CASED_UPPER,    /* prefix? body+ tail* */
+    LLM_ALT_PHRASE,         /* prefix? (?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+ : words joined by single spaces */
+    LLM_ALT_DIGIT_GROUPS    /* (?=(\d{3})+(?!\d)): an empty match where the digits left are whole threes */
+};
+enum { LLM_ALT_ANY_CASE = 1, LLM_ALT_PREFIX_REQUIRED = 2, LLM_ALT_THEN_CONTRACTION = 4 }; /* flags */
+
+typedef struct { uint8_t kind, prefix, body, min, max, tail, tail_max, flags; } llm_alt;
+
+/* The end of the run of characters of set from j (at most max of them; 0: no limit), before n. */
+static int llm_set_run(int set, const uint32_t *cp, const char *cls, int j, int n, int max) {
+    int end = j;
+    while (end < n && (max == 0 || end - j < max) && llm_in_set(set, cp[end], cls[end])) end++;
+    return end;
 }
 
 static uint32_t llm_ascii_lower(uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
 
-/* llama-bpe (max_digits 3) and qwen2 (max_digits 1):
- *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
- *   \s*[\r\n]+|\s+(?!\S)|\s+ */
-static int llm_pretok_llama3(const uint32_t *cp, const char *cls, int i, int n, int max_digits) {
-    if (cp[i] == '\'' && i + 1 < n) {
-        uint32_t a = llm_ascii_lower(cp[i + 1]), b = i + 2 < n ? llm_ascii_lower(cp[i + 2]) : 0;
-        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
-        if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
-    }
-    /* letters, perhaps after one character that is not a letter, digit or line break */
-    int j = i + (cls[i] != 'L' && cls[i] != 'N' && cp[i] != '\r' && cp[i] != '\n');
-    if (j < n && cls[j] == 'L') {
-        while (j < n && cls[j] == 'L') j++;
-        return j;
-    }
-    if (cls[i] == 'N') {
-        for (j = i; j < n && j - i < max_digits && cls[j] == 'N'; j++) {}
-        return j;
-    }
-    /* punctuation and symbols, perhaps after a space, with the line breaks right after them */
-    j = i + (cp[i] == ' ');
-    if (j < n && cls[j] == 0) {
-        while (j < n && cls[j] == 0) j++;
-        while (j < n && (cp[j] == '\r' || cp[j] == '\n')) j++;
-        return j;
-    }
-    /* white space (all that is left): up to its last line break if it has one, else as gpt2 takes it */
-    int last_break = -1;
-    for (j = i; j < n && cls[j] == 'S'; j++) if (cp[j] == '\r' || cp[j] == '\n') last_break = j;
-    if (last_break >= 0) return last_break + 1;
-    return j == n || j - i == 1 ? j : j - 1;
+static int llm_contraction(const uint32_t *cp, int i, int n, int any_case) {
+    if (cp[i] != '\'' || i + 1 >= n) return -1;
+    uint32_t a = cp[i + 1], b = i + 2 < n ? cp[i + 2] : 0;
+    if (any_case) { a = llm_ascii_lower(a); b = llm_ascii_lower(b); }
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
+    return -1;
 }
 
-/* The end of the word that starts at character i, for pre-tokenizer pre. *run_end is smollm's memory of where
- * the current run between digits ends (start it at 0). */
-static int llm_pretok_next(int pre, const uint32_t *cp, const char *cls, int i, int n, int *run_end) {
-    if (pre == LLM_PRE_LLAMA3) return llm_pretok_llama3(cp, cls, i, n, 3);
-    if (pre == LLM_PRE_QWEN2) return llm_pretok_llama3(cp, cls, i, n, 1);
-    if (pre == LLM_PRE_SMOLLM) { /* every digit is a word; the runs between digits split as gpt2 splits */
-        if (cls[i] == 'N') return i + 1;
-        if (*run_end <= i) for (*run_end = i; *run_end < n && cls[*run_end] != 'N'; ++*run_end) {}
-        return llm_pretok_gpt2(cp, cls, i, *run_end);
+/* Where alternative a, tried at i, ends (i itself for an empty match), or -1 when it does not match there. n
+ * ends the piece. */
+static int llm_alt_match(const llm_alt *a, const uint32_t *cp, const char *cls, int i, int n) {
+    int run, end;
+    switch (a->kind) {
+    case LLM_ALT_CONTRACTION: return llm_contraction(cp, i, n, a->flags & LLM_ALT_ANY_CASE);
+    case LLM_ALT_BREAKS: /* all the white space, backed off to its last line break */
+        end = -1;
+        for (int j = i; j < n && cls[j] == LLM_UC_SPACE; j++) if (cp[j] == '\r' || cp[j] == '\n') end = j + 1;
+        return end;
+    case LLM_ALT_SPACES: /* all the white space at the end of the piece, else all of it but the last */
+        run = llm_set_run(LLM_SET_SPACE, cp, cls, i, n, 0) - i;
+        return run == 0 ? -1 : i + run == n ? n : run > 1 ? i + run - 1 : -1;
+    case LLM_ALT_SPACES_JAIS2: /* the same, but in lengths of 512, 256, ..., 4, then 2 or 1 */
+        run = llm_set_run(LLM_SET_SPACE, cp, cls, i, n, 0) - i;
+        if (run == 0) return -1;
+        for (int len = 512; len >= 1; len = len == 4 ? 2 : len / 2)
+            if (len < run || (len == run && i + run == n)) return i + len;
+        return i + 1;
+    case LLM_ALT_DIGIT_GROUPS:
+        run = 0;
+        while (i + run < n && cls[i + run] == LLM_UC_DIGIT) run++;
+        return run > 0 && run % 3 == 0 ? i : -1;
     }
-    return llm_pretok_gpt2(cp, cls, i, n);
+    /* the rest may start with the prefix character: first with it, then (unless required) without it */
+    int with = a->prefix != LLM_SET_NONE && llm_in_set(a->prefix, cp[i], cls[i]);
+    int without = !(a->flags & LLM_ALT_PREFIX_REQUIRED);
+    for (int p = with; p >= !without; p--) {
+        int j = i + p;
+        end = -1;
+        if (a->kind == LLM_ALT_RUN) {
+            run = llm_set_run(a->body, cp, cls, j, n, a->max) - j;
+            if (run < (a->min ? a->min : 1)) continue;
+            end = j + run;
+            if (a->tail) end = llm_set_run(a->tail, cp, cls, end, n, a->tail_max);
+            return end;
+        }
+        if (a->kind == LLM_ALT_PHRASE) {
+            if (j >= n || cls[j] != LLM_UC_LETTER) continue;
+            for (end = j + 1; end < n;) {
+                if (cls[end] == LLM_UC_LETTER || cls[end] == LLM_UC_MARK) end++;
+                else if (cp[end] == ' ' && end + 1 < n && cls[end + 1] == LLM_UC_LETTER) end += 2;
+                else break;
+            }
+            return end;
+        }
+        /* LLM_ALT_CASED: body* takes all it can, then gives back characters one at a time until tail+ can
+         * start; LLM_ALT_CASED_UPPER: body+ then tail* */
+        int body_end = llm_set_run(a->body, cp, cls, j, n, 0);
+        if (a->kind == LLM_ALT_CASED_UPPER) {
+            if (body_end > j) end = llm_set_run(a->tail, cp, cls, body_end, n, 0);
+        } else {
+            for (int k = body_end; k >= j && end < 0; k--)
+                if (k < n && llm_in_set(a->tail, cp[k], cls[k])) end = llm_set_run(a->tail, cp, cls, k, n, 0);
+        }
+        if (end < 0) continue;
+        if (a->flags & LLM_ALT_THEN_CONTRACTION) {
+            int c = end < n ? llm_contraction(cp, end, n, 1) : -1;
+            if (c > 0) end = c;
+        }
+        return end;
+    }
+    return -1;
+}
+
+/* The regexes, as llama.cpp writes them (its adapted forms: (?i:'s|...) spelled '[sS]|..., which is what
+ * LLM_ALT_ANY_CASE means: ASCII letters only) */
+#define LLM_RUN(pre, set) {.kind = LLM_ALT_RUN, .prefix = pre, .body = set}
+#define LLM_RUN_MAX(set, n) {.kind = LLM_ALT_RUN, .body = set, .max = n}
+#define LLM_RUN_TAIL(pre, set, t, t_max) \
+    {.kind = LLM_ALT_RUN, .prefix = pre, .body = set, .tail = t, .tail_max = t_max}
+#define LLM_CONTRACTIONS_ANY_CASE {.kind = LLM_ALT_CONTRACTION, .flags = LLM_ALT_ANY_CASE}
+#define LLM_SPACES_THEN_ANY /* \s+(?!\S)|\s+ */ {.kind = LLM_ALT_SPACES}, LLM_RUN(0, LLM_SET_SPACE)
+
+/* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S) (gpt2's own adds |\s+: the same
+ * split, as what \s+(?!\S) leaves out stays a piece of its own) */
+static const llm_alt llm_re_gpt2[] = {
+    {.kind = LLM_ALT_CONTRACTION}, LLM_RUN(LLM_SET_SPACE_CHAR, LLM_SET_LETTER),
+    LLM_RUN(LLM_SET_SPACE_CHAR, LLM_SET_NUMBER), LLM_RUN(LLM_SET_SPACE_CHAR, LLM_SET_NOT_SPACE_L_N),
+    {.kind = LLM_ALT_SPACES}, {0}};
+/* (?:'[sS]|...|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+,
+ * and the same with \p{N} one at a time (qwen2), or as many as there are (minicpm5) */
+#define LLM_RE_LLAMA3(max_digits) {                                                                           \
+    LLM_CONTRACTIONS_ANY_CASE, LLM_RUN(LLM_SET_NOT_BREAK_L_N, LLM_SET_LETTER),                               \
+    LLM_RUN_MAX(LLM_SET_NUMBER, max_digits),                                                                  \
+    LLM_RUN_TAIL(LLM_SET_SPACE_CHAR, LLM_SET_NOT_SPACE_L_N, LLM_SET_BREAK, 0), {.kind = LLM_ALT_BREAKS},     \
+    LLM_SPACES_THEN_ANY, {0}}
+static const llm_alt llm_re_llama3[] = LLM_RE_LLAMA3(3);
+static const llm_alt llm_re_qwen2[] = LLM_RE_LLAMA3(1);
+static const llm_alt llm_re_minicpm5[] = LLM_RE_LLAMA3(0);
+/* llama3's, with white space cut in lengths of powers of two */
+static const llm_alt llm_re_jais2[] = {
+    LLM_CONTRACTIONS_ANY_CASE, LLM_RUN(LLM_SET_NOT_BREAK_L_N, LLM_SET_LETTER), LLM_RUN_MAX(LLM_SET_NUMBER, 3),
+    LLM_RUN_TAIL(LLM_SET_SPACE_CHAR, LLM_SET_NOT_SPACE_L_N, LLM_SET_BREAK, 0), {.kind = LLM_ALT_BREAKS},
+    {.kind = LLM_ALT_SPACES_JAIS2}, {0}};
+/* qwen2's, with combining marks taken as letters: ...|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|
+ * ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|... */
+static const llm_alt llm_re_qwen35[] = {
+    LLM_CONTRACTIONS_ANY_CASE, LLM_RUN(LLM_SET_NOT_BREAK_L_N, LLM_SET_LETTER_MARK),
+    LLM_RUN_MAX(LLM_SET_NUMBER, 1),
+    LLM_RUN_TAIL(LLM_SET_SPACE_CHAR, LLM_SET_NOT_SPACE_L_M_N, LLM_SET_BREAK, 0), {.kind = LLM_ALT_BREAKS},
+    LLM_SPACES_THEN_ANY, {0}};
+/* qwen2's with a contraction's apostrophe first: '(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|...|\s*[\r\n]|...
+ * (the same strings, and \s*[\r\n] ends where \s*[\r\n]+ does) */
+#define llm_re_bailingmoe llm_re_qwen2
+/* qwen2's with ` ?[^\s\p{L}\p{N}\r\n]+` (no line breaks after the punctuation) */
+static const llm_alt llm_re_seed_coder[] = {
+    LLM_CONTRACTIONS_ANY_CASE, LLM_RUN(LLM_SET_NOT_BREAK_L_N, LLM_SET_LETTER), LLM_RUN_MAX(LLM_SET_NUMBER, 1),
+    LLM_RUN(LLM_SET_SPACE_CHAR, LLM_SET_NOT_SPACE_L_N), {.kind = LLM_ALT_BREAKS}, LLM_SPACES_THEN_ANY, {0}};
+/* qwen2's without the contractions */
+static const llm_alt llm_re_ufakzeka[] = {
+    LLM_RUN(LLM_SET_NOT_BREAK_L_N, LLM_SET_LETTER), LLM_RUN_MAX(LLM_SET_NUMBER, 1),
+    LLM_RUN_TAIL(LLM_SET_SPACE_CHAR, LLM_SET_NOT_SPACE_L_N, LLM_SET_BREAK, 0), {.kind = LLM_ALT_BREAKS},
+    LLM_SPACES_THEN_ANY, {0}};
+/* ...|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|... */
+static const llm_alt llm_re_exaone_moe[] = {
+    LLM_CONTRACTIONS_ANY_CASE, {.kind = LLM_ALT_PHRASE, .prefix = LLM_SET_NOT_BREAK_L_N},
+    LLM_RUN_MAX(LLM_SET_NUMBER, 1),
+    LLM_RUN_TAIL(LLM_SET_SPACE_CHAR, LLM_SET_NOT_SPACE_L_N, LLM_SET_BREAK_SLASH, 1),
+    {.kind = LLM_ALT_BREAKS}, LLM_SPACES_THEN_ANY, {0}};
+/* tekken: [^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|
+ * [^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|... ;
+ * gpt-4o: the same with an optional contraction after each word and \p{N}{1,3}; granite-embed-multi-97m:
+ * gpt-4o's with marks as letters */
+#define LLM_RE_CASED(upper, lower, flags_, max_digits) {                                                      \
+    {.kind = LLM_ALT_CASED, .prefix = LLM_SET_NOT_BREAK_L_N, .body = upper, .tail = lower, .flags = flags_},  \
+    {.kind = LLM_ALT_CASED_UPPER, .prefix = LLM_SET_NOT_BREAK_L_N, .body = upper, .tail = lower,               \
+     .flags = flags_},                                                                                        \
+    LLM_RUN_MAX(LLM_SET_NUMBER, max_digits),                                                                  \
+    LLM_RUN_TAIL(LLM_SET_SPACE_CHAR, LLM_SET_NOT_SPACE_L_N, LLM_SET_BREAK_SLASH, 0),                          \
+    {.kind = LLM_ALT_BREAKS}, LLM_SPACES_THEN_ANY, {0}}
+static const llm_alt llm_re_tekken[] = LLM_RE_CASED(LLM_SET_NOT_LOWER, LLM_SET_NOT_UPPER, 0, 1);
+static const llm_alt llm_re_gpt4o[] =
+    LLM_RE_CASED(LLM_SET_NOT_LOWER, LLM_SET_NOT_UPPER, LLM_ALT_THEN_CONTRACTION, 3);
+static const llm_alt llm_re_granite_multi[] =
+    LLM_RE_CASED(LLM_SET_NOT_LOWER_M, LLM_SET_NOT_UPPER_M, LLM_ALT_THEN_CONTRACTION, 3);
+/* deepseek-v3: [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|
+ * ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ ; spark2_5: the same with ` ?[\p{P}\p{S}]+|[\r\n]` */
+static const llm_alt llm_re_deepseek3[] = {
+    {.kind = LLM_ALT_RUN, .prefix = LLM_SET_ASCII_PUNCT, .body = LLM_SET_ASCII_LETTER,
+     .flags = LLM_ALT_PREFIX_REQUIRED},
+    LLM_RUN(LLM_SET_NOT_BREAK_L_P_S, LLM_SET_LETTER_MARK),
+    LLM_RUN_TAIL(LLM_SET_SPACE_CHAR, LLM_SET_PUNCT_SYMBOL, LLM_SET_BREAK, 0), {.kind = LLM_ALT_BREAKS},
+    LLM_SPACES_THEN_ANY, {0}};
+static const llm_alt llm_re_spark2_5[] = {
+    {.kind = LLM_ALT_RUN, .prefix = LLM_SET_ASCII_PUNCT, .body = LLM_SET_ASCII_LETTER,
+     .flags = LLM_ALT_PREFIX_REQUIRED},
+    LLM_RUN(LLM_SET_NOT_BREAK_L_P_S, LLM_SET_LETTER_MARK), LLM_RUN(LLM_SET_SPACE_CHAR, LLM_SET_PUNCT_SYMBOL),
+    LLM_RUN_MAX(LLM_SET_BREAK, 1), LLM_SPACES_THEN_ANY, {0}};
+/* one-alternative regexes */
+static const llm_alt llm_re_number[] = {LLM_RUN(0, LLM_SET_NUMBER), {0}};                /* \p{N}+ */
+static const llm_alt llm_re_digit[] = {LLM_RUN_MAX(LLM_SET_NUMBER, 1), {0}};             /* \p{N} */
+static const llm_alt llm_re_digits3[] = {LLM_RUN_MAX(LLM_SET_NUMBER, 3), {0}};           /* \p{N}{1,3} */
+static const llm_alt llm_re_ascii_digits3[] = {                                         /* [0-9][0-9][0-9] */
+    {.kind = LLM_ALT_RUN, .body = LLM_SET_ASCII_DIGIT, .min = 3, .max = 3}, {0}};
+static const llm_alt llm_re_break[] = {LLM_RUN_MAX(LLM_SET_BREAK, 1), {0}};              /* [\r\n] */
+static const llm_alt llm_re_han_kana[] = {LLM_RUN(0, LLM_SET_HAN_KANA), {0}};            /* [一-龥぀-ゟ゠-ヿ]+ */
+static const llm_alt llm_re_han_hangul[] = {LLM_RUN(0, LLM_SET_HAN_HANGUL), {0}};        /* [一-龥ࠀ-一가-퟿]+ */
+static const llm_alt llm_re_space_letters[] = {LLM_RUN(LLM_SET_SPACE, LLM_SET_LETTER), {0}}; /* \s?\p{L}+ */
+static const llm_alt llm_re_space_punct[] = {LLM_RUN(LLM_SET_SPACE, LLM_SET_PUNCT), {0}};    /* \s?\p{P}+ */
+/* [\p{P}\$\+<=>\^~\|`]+ and [\p{P}\$\+<=>\^~\|]+ */
+static const llm_alt llm_re_punct_falcon[] = {LLM_RUN(0, LLM_SET_PUNCT_FALCON), {0}};
+static const llm_alt llm_re_punct_default[] = {LLM_RUN(0, LLM_SET_PUNCT_DEFAULT), {0}};
+/* ?[^(\s|.,!?…。，、।۔،)]+ */
+static const llm_alt llm_re_bloom[] = {LLM_RUN(LLM_SET_SPACE_CHAR, LLM_SET_BLOOM), {0}};
+static const llm_alt llm_re_lines[] = {                                                  /* [^\n]+|[\n]+ */
+    LLM_RUN(0, LLM_SET_NOT_NEWLINE), LLM_RUN(0, LLM_SET_NEWLINE), {0}};
+/* (?=(\d{3})+(?!\d)) */
+static const llm_alt llm_re_digit_groups[] = {{.kind = LLM_ALT_DIGIT_GROUPS}, {0}};
+
+/* The split patterns: each a list of regexes applied one after the other */
+enum {
+    LLM_PRE_DEFAULT, LLM_PRE_GPT2, LLM_PRE_LLAMA3, LLM_PRE_QWEN2, LLM_PRE_STARCODER, LLM_PRE_FALCON,
+    LLM_PRE_DEEPSEEK_CODER, LLM_PRE_DEEPSEEK3, LLM_PRE_SPARK2_5, LLM_PRE_JAIS2, LLM_PRE_QWEN35, LLM_PRE_BLOOM,
+    LLM_PRE_VIKING, LLM_PRE_TEKKEN, LLM_PRE_GPT4O, LLM_PRE_GRANITE_MULTI, LLM_PRE_SUPERBPE, LLM_PRE_BAILINGMOE,
+    LLM_PRE_SEED_CODER, LLM_PRE_UFAKZEKA, LLM_PRE_LAGUNA, LLM_PRE_EXAONE_MOE, LLM_PRE_MINICPM5, LLM_PRE_COUNT
+};
+#define LLM_PRE_MAX_REGEXES 5
+static const llm_alt *const llm_pre_regexes[LLM_PRE_COUNT][LLM_PRE_MAX_REGEXES] = {
+    [LLM_PRE_DEFAULT] = {llm_re_punct_default, llm_re_gpt2, llm_re_number, llm_re_ascii_digits3},
+    [LLM_PRE_GPT2] = {llm_re_gpt2},
+    [LLM_PRE_LLAMA3] = {llm_re_llama3},
+    [LLM_PRE_QWEN2] = {llm_re_qwen2},
+    [LLM_PRE_STARCODER] = {llm_re_digit, llm_re_gpt2},
+    [LLM_PRE_FALCON] = {llm_re_punct_falcon, llm_re_gpt2, llm_re_ascii_digits3},
+    [LLM_PRE_DEEPSEEK_CODER] = {llm_re_break, llm_re_space_letters, llm_re_space_punct, llm_re_han_hangul,
+                                llm_re_digit},
+    [LLM_PRE_DEEPSEEK3] = {llm_re_digits3, llm_re_han_kana, llm_re_deepseek3},
+    [LLM_PRE_SPARK2_5] = {llm_re_digits3, llm_re_han_kana, llm_re_spark2_5, llm_re_digit},
+    [LLM_PRE_JAIS2] = {llm_re_jais2},
+    [LLM_PRE_QWEN35] = {llm_re_qwen35},
+    [LLM_PRE_BLOOM] = {llm_re_bloom},
+    [LLM_PRE_VIKING] = {llm_re_bloom, llm_re_digit},
+    [LLM_PRE_TEKKEN] = {llm_re_tekken},
+    [LLM_PRE_GPT4O] = {llm_re_gpt4o},
+    [LLM_PRE_GRANITE_MULTI] = {llm_re_granite_multi},
+    [LLM_PRE_SUPERBPE] = {llm_re_number, llm_re_digit_groups},
+    [LLM_PRE_BAILINGMOE] = {llm_re_bailingmoe},
+    [LLM_PRE_SEED_CODER] = {llm_re_seed_coder},
+    [LLM_PRE_UFAKZEKA] = {llm_re_ufakzeka},
+    [LLM_PRE_LAGUNA] = {llm_re_lines, llm_re_qwen2},
+    [LLM_PRE_EXAONE_MOE] = {llm_re_exaone_moe},
+    [LLM_PRE_MINICPM5] = {llm_re_digits3, llm_re_minicpm5},
+};
+
+/* tokenizer.ggml.pre names, as llama.cpp maps them to patterns, with what else the name sets there */
+enum { LLM_PRE_IGNORE_MERGES = 1, LLM_PRE_ADD_BOS = 2 };
+static const struct { const char *names; int pre, flags; } llm_pre_names[] = {
+    {"default", LLM_PRE_DEFAULT, 0},
+    {"llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano", LLM_PRE_LLAMA3,
+     LLM_PRE_IGNORE_MERGES | LLM_PRE_ADD_BOS},
+    {"dbrx smaug-bpe glm4 chatglm-bpe", LLM_PRE_LLAMA3, 0},
+    {"gpt-2 phi-2 jina-es jina-de gigachat jina-v2-es jina-v2-de a.x-4.0 mellum modern-bert jina-v1-en "
+     "jina-v2-code roberta-bpe mpt olmo jais trillion granite-docling exaone4", LLM_PRE_GPT2, 0},
+    {"qwen2 deepseek-r1-qwen kormo f2llmv2 megrez stablelm2 hunyuan solar-open grok-2", LLM_PRE_QWEN2, 0},
+    {"starcoder refact command-r smollm codeshell exaone minerva-7b mellum2", LLM_PRE_STARCODER, 0},
+    {"falcon", LLM_PRE_FALCON, 0},
+    {"deepseek-coder", LLM_PRE_DEEPSEEK_CODER, 0},
+    {"deepseek-v3 hunyuan-dense hy_v4 joyai-llm", LLM_PRE_DEEPSEEK3, 0},
+    {"spark2_5", LLM_PRE_SPARK2_5, 0},
+    {"jais-2", LLM_PRE_JAIS2, 0},
+    {"qwen35", LLM_PRE_QWEN35, 0},
+    {"bloom gpt3-finnish poro-chat", LLM_PRE_BLOOM, 0},
+    {"viking", LLM_PRE_VIKING, 0},
+    {"tekken", LLM_PRE_TEKKEN, LLM_PRE_IGNORE_MERGES | LLM_PRE_ADD_BOS},
+    {"gpt-4o llama4 kanana2 talkie minimax-m2", LLM_PRE_GPT4O, 0},
+    {"granite-embed-multi-97m", LLM_PRE_GRANITE_MULTI, LLM_PRE_IGNORE_MERGES},
+    {"superbpe", LLM_PRE_SUPERBPE, 0},
+    {"bailingmoe bailingmoe2 llada-moe", LLM_PRE_BAILINGMOE, 0},
+    {"seed-coder", LLM_PRE_SEED_CODER, 0},
+    {"ufakzeka", LLM_PRE_UFAKZEKA, 0},
+    {"laguna", LLM_PRE_LAGUNA, 0},
+    {"exaone-moe", LLM_PRE_EXAONE_MOE, 0},
+    {"minicpm5", LLM_PRE_MINICPM5, LLM_PRE_IGNORE_MERGES},
+};
+
+/* The row of llm_pre_names that holds name, or -1. */
+static int llm_pre_find(llm_str name) {
+    for (size_t r = 0; r < sizeof llm_pre_names / sizeof llm_pre_names[0]; r++) {
+        for (const char *s = llm_pre_names[r].names; *s;) {
+            size_t len = strcspn(s, " ");
+            if (len == name.len && memcmp(s, name.ptr, len) == 0) return (int)r;
+            s += len + (s[len] == ' ');
+        }
+    }
+    return -1;
+}
+
+/* Cuts the nc characters into words by pattern pre: cut[i] = 1 where a word starts (cut has nc + 1 entries;
+ * cut[nc] = 1 ends the last). */
+static void llm_pretokenize(int pre, const uint32_t *cp, const char *cls, int nc, uint8_t *cut) {
+    memset(cut, 0, (size_t)nc + 1);
+    cut[0] = cut[nc] = 1;
+    for (int r = 0; r < LLM_PRE_MAX_REGEXES && llm_pre_regexes[pre][r]; r++) {
+        const llm_alt *alts = llm_pre_regexes[pre][r];
+        for (int start = 0, end; start < nc; start = end) {
+            for (end = start + 1; !cut[end]; end++) {}
+            /* the regex's matches in the piece [start, end); the text between them stays as it is */
+            for (int i = start; i < end;) {
+                int m = -1;
+                for (const llm_alt *a = alts; a->kind != LLM_ALT_END && m < 0; a++)
+                    m = llm_alt_match(a, cp, cls, i, end);
+                if (m < 0) { i++; continue; }
+                cut[i] = cut[m] = 1;
+                i = m > i ? m : i + 1;
+            }
+        }
+    }
 }
 
 /* Decodes text[0..len) into code points, their classes and their byte offsets (off has room for one more, the
- * end); returns the number of characters. A broken UTF-8 byte is a character of its own, of no class; it
- * keeps its byte through BPE (llama.cpp would put U+FFFD in its place). */
+ * end); returns the number of characters. Bytes that are no UTF-8 are split as llama.cpp splits them, as
+ * U+FFFD, one for each maximal subpart; they keep their bytes through BPE. */
 static int llm_decode_text(const char *text, size_t len, uint32_t *cp, char *cls, int *off) {
     int nc = 0;
     for (size_t i = 0; i < len; nc++) {
         int k = llm_utf8_check((const unsigned char *)text + i, len - i);
         off[nc] = (int)i;
         cp[nc] = k > 0 ? llm_utf8_decode((const unsigned char *)text + i, k) : 0xFFFD;
-        cls[nc] = k > 0 ? (char)llm_uni_class(cp[nc]) : 0;
-        i += k > 0 ? (size_t)k : 1;
+        cls[nc] = (char)llm_uni_class(cp[nc]);
+        /* k == 0: a character cut short by the end of the text */
+        i += k > 0 ? (size_t)k : k < 0 ? (size_t)-k : len - i;
     }
     off[nc] = (int)len;
     return nc;
@@ -1642,23 +1961,27 @@ static void llm_tokenize_bpe(const llm_tokenizer *t, const char *text, size_t le
     if (len == 0) return;
     uint32_t *cp = (uint32_t *)malloc(len * sizeof *cp);
     char *cls = (char *)malloc(len);
+    uint8_t *cut = (uint8_t *)malloc(len + 1);
     int *off = (int *)malloc((len + 1) * sizeof *off);
     llm_sym *sym = (llm_sym *)malloc(len * sizeof *sym);
     char *buf = (char *)malloc(2 * t->max_len + 1);
-    if (cp && cls && off && sym && buf) {
-        int nc = llm_decode_text(text, len, cp, cls, off), run_end = 0;
+    if (cp && cls && cut && off && sym && buf) {
+        int nc = llm_decode_text(text, len, cp, cls, off);
+        llm_pretokenize(t->pre, cp, cls, nc, cut);
         for (int i = 0, end; i < nc; i = end) {
-            end = llm_pretok_next(t->pre, cp, cls, i, nc, &run_end);
+            for (end = i + 1; !cut[end]; end++) {}
             llm_bpe_word(t, text + off[i], off[end] - off[i], sym, buf, o);
         }
     } else o->failed = 1;
-    free(cp); free(cls); free(off); free(sym); free(buf);
+    free(cp); free(cls); free(cut); free(off); free(sym); free(buf);
 }
 
 /* ---- Public: tokenize ---------------------------------------------------------------------------------- */
-/* The longest special token at s, or -1. */
-static int llm_special_at(const llm_tokenizer *t, const char *s, size_t n, size_t *len) {
+/* The longest special token at s, or -1: a control token only when parse_special, a user-defined one always
+ * (as llama.cpp and Hugging Face's tokenizers take them). */
+static int llm_special_at(const llm_tokenizer *t, const char *s, size_t n, int parse_special, size_t *len) {
     for (ptrdiff_t k = 0; k < arrlen(t->special); k++) {
+        if (!parse_special && t->type[t->special[k]] != LLM_TOKEN_USER) continue;
         llm_str x = t->text[t->special[k]];
         if (x.len <= n && memcmp(x.ptr, s, x.len) == 0) { *len = x.len; return t->special[k]; }
     }
@@ -1682,9 +2005,10 @@ int llm_tokenize(const llm_tokenizer *t, const char *text, size_t len, int add_b
     if (add_bos) llm_out_put(&o, t->bos);
     /* text between special tokens is tokenized on its own, as if each part were a whole text */
     size_t start = 0;
-    for (size_t i = 0; parse_special && i < len && !o.failed;) {
+    for (size_t i = 0; i < len && !o.failed;) {
         size_t n = 0;
-        int id = t->special_start[(unsigned char)text[i]] ? llm_special_at(t, text + i, len - i, &n) : -1;
+        int id = -1;
+        if (t->special_start[(unsigned char)text[i]]) id = llm_special_at(t, text + i, len - i, parse_special, &n);
         if (id < 0) { i++; continue; }
         if (i > start) llm_tokenize_text(t, text + start, i - start, &o);
         llm_out_put(&o, id);
@@ -1721,7 +2045,8 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
     const llm_gguf_kv *scores = llm_gguf_find(g, "tokenizer.ggml.scores");
     const llm_gguf_kv *types = llm_gguf_find(g, "tokenizer.ggml.token_type");
     const llm_gguf_kv *merges = llm_gguf_find(g, "tokenizer.ggml.merges");
-    int kind, pre_kind = LLM_PRE_GPT2;
+    int kind, pre_row = 0; /* the row of llm_pre_names */
+    char warning[LLM_ERR_LEN] = "";
     char *key = NULL;
 
     if (!model.ptr) {
@@ -1754,24 +2079,25 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
         if (!merges || merges->type != LLM_GGUF_ARRAY || merges->arr_type != LLM_GGUF_STRING) {
             llm_fail(err, "a gpt2 tokenizer needs tokenizer.ggml.merges (a list of strings)"); return NULL;
         }
-        if (!pre.ptr || llm_str_eq(pre, "default") || llm_str_eq(pre, "gpt2") || llm_str_eq(pre, "gpt-2"))
-            pre_kind = LLM_PRE_GPT2;
-        else if (llm_str_eq(pre, "llama-bpe") || llm_str_eq(pre, "llama3") || llm_str_eq(pre, "llama-v3"))
-            pre_kind = LLM_PRE_LLAMA3;
-        else if (llm_str_eq(pre, "qwen2")) pre_kind = LLM_PRE_QWEN2;
-        else if (llm_str_eq(pre, "smollm")) pre_kind = LLM_PRE_SMOLLM;
-        else {
-            /* a wrong split gives wrong ids without a word of warning: refuse instead */
-            llm_fail(err, "unsupported tokenizer.ggml.pre '%.*s' (supported: default, gpt2, llama-bpe, "
-                     "qwen2, smollm)",
-                     (int)pre.len, pre.ptr);
-            return NULL;
+        if (!pre.ptr) {
+            pre_row = 0;
+            snprintf(warning, sizeof warning, "the vocabulary names no pre-tokenizer (tokenizer.ggml.pre): "
+                     "splitting as 'default' does, which may give other ids than the model was trained on");
+        } else if ((pre_row = llm_pre_find(pre)) < 0) {
+            /* as llama.cpp's 'default', which is what it uses when it is given no name */
+            pre_row = 0;
+            snprintf(warning, sizeof warning, "unknown pre-tokenizer '%.*s' (tokenizer.ggml.pre): splitting as "
+                     "'default' does, which may give other ids than the model was trained on",
+                     (int)(pre.len < 64 ? pre.len : 64), pre.ptr);
         }
     }
 
     llm_tokenizer *t = (llm_tokenizer *)calloc(1, sizeof *t);
     if (!t) { llm_fail(err, "out of memory loading the tokenizer"); return NULL; }
-    t->kind = kind; t->pre = pre_kind; t->n_vocab = (int)n; t->text = tokens->strs;
+    t->kind = kind; t->n_vocab = (int)n; t->text = tokens->strs;
+    t->pre = llm_pre_names[pre_row].pre;
+    int pre_flags = kind == LLM_VOCAB_BPE ? llm_pre_names[pre_row].flags : 0;
+    memcpy(t->warning, warning, sizeof warning);
     t->score = (float *)calloc(n, sizeof *t->score);
     t->type = (uint8_t *)malloc(n);
     if (!t->score || !t->type) goto oom;
@@ -1840,8 +2166,8 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
             llm_merge v = {(int)i, ab};
             hmput(t->merges, k, v);
         }
-        /* llama-bpe takes a word that is a token whole (llama.cpp's ignore_merges) */
-        t->ignore_merges = pre_kind == LLM_PRE_LLAMA3;
+        /* llama-bpe and others take a word that is a token whole (llama.cpp's ignore_merges) */
+        t->ignore_merges = (pre_flags & LLM_PRE_IGNORE_MERGES) != 0;
     }
 
     /* special tokens, matched in the text when the caller asks: longest first, so that "<|im_end|>" is not
@@ -1867,8 +2193,9 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
     t->unk = llm_tok_id_key(g, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1, t->n_vocab);
     t->eot = llm_tok_id_key(g, "tokenizer.ggml.eot_token_id", -1, t->n_vocab);
     t->eom = llm_tok_id_key(g, "tokenizer.ggml.eom_token_id", -1, t->n_vocab);
-    /* BOS by default for SentencePiece and, as llama.cpp does, for llama-bpe; the file's key overrides */
-    t->add_bos = llm_gguf_int(g, "tokenizer.ggml.add_bos_token", spm || pre_kind == LLM_PRE_LLAMA3) != 0;
+    /* BOS by default for SentencePiece and, as llama.cpp does, for llama-bpe and the others whose names say
+     * so; the file's key overrides */
+    t->add_bos = llm_gguf_int(g, "tokenizer.ggml.add_bos_token", spm || (pre_flags & LLM_PRE_ADD_BOS)) != 0;
     t->add_eos = llm_gguf_int(g, "tokenizer.ggml.add_eos_token", 0) != 0;
     t->add_space_prefix = llm_gguf_int(g, "tokenizer.ggml.add_space_prefix", spm) != 0;
 
@@ -1911,10 +2238,12 @@ int llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id) {
     return 0;
 }
 
+const char *llm_tokenizer_warning(const llm_tokenizer *t) { return t ? t->warning : ""; }
+
 int llm_tokenize_prompt(const llm_tokenizer *t, const char *text, size_t len, int32_t *out, int cap) {
     if (!t || (!text && len)) return -1;
     size_t n = 0;
-    int first = len && t->special_start[(unsigned char)text[0]] ? llm_special_at(t, text, len, &n) : -1;
+    int first = len && t->special_start[(unsigned char)text[0]] ? llm_special_at(t, text, len, 1, &n) : -1;
     return llm_tokenize(t, text, len, t->add_bos && first != t->bos, 1, out, cap);
 }
 
@@ -4098,207 +4427,233 @@ done:
 /* ===========================================================================================================
  * Appendix: the Unicode classes of the pre-tokenizers (section 3)
  * ======================================================================================================== */
-typedef struct { uint32_t lo, hi; char cls; } llm_uni_range;
-
 /* Generated by `python3 tools/gen_unicode.py` from UnicodeData.txt (Unicode 15.0.0): to change it, run that
  * again. */
-static const llm_uni_range llm_uni_ranges[806] = {
-    {0x9,0xD,'S'}, {0x20,0x20,'S'}, {0x30,0x39,'N'}, {0x41,0x5A,'L'}, {0x61,0x7A,'L'}, {0x85,0x85,'S'},
-    {0xA0,0xA0,'S'}, {0xAA,0xAA,'L'}, {0xB2,0xB3,'N'}, {0xB5,0xB5,'L'}, {0xB9,0xB9,'N'}, {0xBA,0xBA,'L'},
-    {0xBC,0xBE,'N'}, {0xC0,0xD6,'L'}, {0xD8,0xF6,'L'}, {0xF8,0x2C1,'L'}, {0x2C6,0x2D1,'L'}, {0x2E0,0x2E4,'L'},
-    {0x2EC,0x2EC,'L'}, {0x2EE,0x2EE,'L'}, {0x370,0x374,'L'}, {0x376,0x377,'L'}, {0x37A,0x37D,'L'},
-    {0x37F,0x37F,'L'}, {0x386,0x386,'L'}, {0x388,0x38A,'L'}, {0x38C,0x38C,'L'}, {0x38E,0x3A1,'L'},
-    {0x3A3,0x3F5,'L'}, {0x3F7,0x481,'L'}, {0x48A,0x52F,'L'}, {0x531,0x556,'L'}, {0x559,0x559,'L'},
-    {0x560,0x588,'L'}, {0x5D0,0x5EA,'L'}, {0x5EF,0x5F2,'L'}, {0x620,0x64A,'L'}, {0x660,0x669,'N'},
-    {0x66E,0x66F,'L'}, {0x671,0x6D3,'L'}, {0x6D5,0x6D5,'L'}, {0x6E5,0x6E6,'L'}, {0x6EE,0x6EF,'L'},
-    {0x6F0,0x6F9,'N'}, {0x6FA,0x6FC,'L'}, {0x6FF,0x6FF,'L'}, {0x710,0x710,'L'}, {0x712,0x72F,'L'},
-    {0x74D,0x7A5,'L'}, {0x7B1,0x7B1,'L'}, {0x7C0,0x7C9,'N'}, {0x7CA,0x7EA,'L'}, {0x7F4,0x7F5,'L'},
-    {0x7FA,0x7FA,'L'}, {0x800,0x815,'L'}, {0x81A,0x81A,'L'}, {0x824,0x824,'L'}, {0x828,0x828,'L'},
-    {0x840,0x858,'L'}, {0x860,0x86A,'L'}, {0x870,0x887,'L'}, {0x889,0x88E,'L'}, {0x8A0,0x8C9,'L'},
-    {0x904,0x939,'L'}, {0x93D,0x93D,'L'}, {0x950,0x950,'L'}, {0x958,0x961,'L'}, {0x966,0x96F,'N'},
-    {0x971,0x980,'L'}, {0x985,0x98C,'L'}, {0x98F,0x990,'L'}, {0x993,0x9A8,'L'}, {0x9AA,0x9B0,'L'},
-    {0x9B2,0x9B2,'L'}, {0x9B6,0x9B9,'L'}, {0x9BD,0x9BD,'L'}, {0x9CE,0x9CE,'L'}, {0x9DC,0x9DD,'L'},
-    {0x9DF,0x9E1,'L'}, {0x9E6,0x9EF,'N'}, {0x9F0,0x9F1,'L'}, {0x9F4,0x9F9,'N'}, {0x9FC,0x9FC,'L'},
-    {0xA05,0xA0A,'L'}, {0xA0F,0xA10,'L'}, {0xA13,0xA28,'L'}, {0xA2A,0xA30,'L'}, {0xA32,0xA33,'L'},
-    {0xA35,0xA36,'L'}, {0xA38,0xA39,'L'}, {0xA59,0xA5C,'L'}, {0xA5E,0xA5E,'L'}, {0xA66,0xA6F,'N'},
-    {0xA72,0xA74,'L'}, {0xA85,0xA8D,'L'}, {0xA8F,0xA91,'L'}, {0xA93,0xAA8,'L'}, {0xAAA,0xAB0,'L'},
-    {0xAB2,0xAB3,'L'}, {0xAB5,0xAB9,'L'}, {0xABD,0xABD,'L'}, {0xAD0,0xAD0,'L'}, {0xAE0,0xAE1,'L'},
-    {0xAE6,0xAEF,'N'}, {0xAF9,0xAF9,'L'}, {0xB05,0xB0C,'L'}, {0xB0F,0xB10,'L'}, {0xB13,0xB28,'L'},
-    {0xB2A,0xB30,'L'}, {0xB32,0xB33,'L'}, {0xB35,0xB39,'L'}, {0xB3D,0xB3D,'L'}, {0xB5C,0xB5D,'L'},
-    {0xB5F,0xB61,'L'}, {0xB66,0xB6F,'N'}, {0xB71,0xB71,'L'}, {0xB72,0xB77,'N'}, {0xB83,0xB83,'L'},
-    {0xB85,0xB8A,'L'}, {0xB8E,0xB90,'L'}, {0xB92,0xB95,'L'}, {0xB99,0xB9A,'L'}, {0xB9C,0xB9C,'L'},
-    {0xB9E,0xB9F,'L'}, {0xBA3,0xBA4,'L'}, {0xBA8,0xBAA,'L'}, {0xBAE,0xBB9,'L'}, {0xBD0,0xBD0,'L'},
-    {0xBE6,0xBF2,'N'}, {0xC05,0xC0C,'L'}, {0xC0E,0xC10,'L'}, {0xC12,0xC28,'L'}, {0xC2A,0xC39,'L'},
-    {0xC3D,0xC3D,'L'}, {0xC58,0xC5A,'L'}, {0xC5D,0xC5D,'L'}, {0xC60,0xC61,'L'}, {0xC66,0xC6F,'N'},
-    {0xC78,0xC7E,'N'}, {0xC80,0xC80,'L'}, {0xC85,0xC8C,'L'}, {0xC8E,0xC90,'L'}, {0xC92,0xCA8,'L'},
-    {0xCAA,0xCB3,'L'}, {0xCB5,0xCB9,'L'}, {0xCBD,0xCBD,'L'}, {0xCDD,0xCDE,'L'}, {0xCE0,0xCE1,'L'},
-    {0xCE6,0xCEF,'N'}, {0xCF1,0xCF2,'L'}, {0xD04,0xD0C,'L'}, {0xD0E,0xD10,'L'}, {0xD12,0xD3A,'L'},
-    {0xD3D,0xD3D,'L'}, {0xD4E,0xD4E,'L'}, {0xD54,0xD56,'L'}, {0xD58,0xD5E,'N'}, {0xD5F,0xD61,'L'},
-    {0xD66,0xD78,'N'}, {0xD7A,0xD7F,'L'}, {0xD85,0xD96,'L'}, {0xD9A,0xDB1,'L'}, {0xDB3,0xDBB,'L'},
-    {0xDBD,0xDBD,'L'}, {0xDC0,0xDC6,'L'}, {0xDE6,0xDEF,'N'}, {0xE01,0xE30,'L'}, {0xE32,0xE33,'L'},
-    {0xE40,0xE46,'L'}, {0xE50,0xE59,'N'}, {0xE81,0xE82,'L'}, {0xE84,0xE84,'L'}, {0xE86,0xE8A,'L'},
-    {0xE8C,0xEA3,'L'}, {0xEA5,0xEA5,'L'}, {0xEA7,0xEB0,'L'}, {0xEB2,0xEB3,'L'}, {0xEBD,0xEBD,'L'},
-    {0xEC0,0xEC4,'L'}, {0xEC6,0xEC6,'L'}, {0xED0,0xED9,'N'}, {0xEDC,0xEDF,'L'}, {0xF00,0xF00,'L'},
-    {0xF20,0xF33,'N'}, {0xF40,0xF47,'L'}, {0xF49,0xF6C,'L'}, {0xF88,0xF8C,'L'}, {0x1000,0x102A,'L'},
-    {0x103F,0x103F,'L'}, {0x1040,0x1049,'N'}, {0x1050,0x1055,'L'}, {0x105A,0x105D,'L'}, {0x1061,0x1061,'L'},
-    {0x1065,0x1066,'L'}, {0x106E,0x1070,'L'}, {0x1075,0x1081,'L'}, {0x108E,0x108E,'L'}, {0x1090,0x1099,'N'},
-    {0x10A0,0x10C5,'L'}, {0x10C7,0x10C7,'L'}, {0x10CD,0x10CD,'L'}, {0x10D0,0x10FA,'L'}, {0x10FC,0x1248,'L'},
-    {0x124A,0x124D,'L'}, {0x1250,0x1256,'L'}, {0x1258,0x1258,'L'}, {0x125A,0x125D,'L'}, {0x1260,0x1288,'L'},
-    {0x128A,0x128D,'L'}, {0x1290,0x12B0,'L'}, {0x12B2,0x12B5,'L'}, {0x12B8,0x12BE,'L'}, {0x12C0,0x12C0,'L'},
-    {0x12C2,0x12C5,'L'}, {0x12C8,0x12D6,'L'}, {0x12D8,0x1310,'L'}, {0x1312,0x1315,'L'}, {0x1318,0x135A,'L'},
-    {0x1369,0x137C,'N'}, {0x1380,0x138F,'L'}, {0x13A0,0x13F5,'L'}, {0x13F8,0x13FD,'L'}, {0x1401,0x166C,'L'},
-    {0x166F,0x167F,'L'}, {0x1680,0x1680,'S'}, {0x1681,0x169A,'L'}, {0x16A0,0x16EA,'L'}, {0x16EE,0x16F0,'N'},
-    {0x16F1,0x16F8,'L'}, {0x1700,0x1711,'L'}, {0x171F,0x1731,'L'}, {0x1740,0x1751,'L'}, {0x1760,0x176C,'L'},
-    {0x176E,0x1770,'L'}, {0x1780,0x17B3,'L'}, {0x17D7,0x17D7,'L'}, {0x17DC,0x17DC,'L'}, {0x17E0,0x17E9,'N'},
-    {0x17F0,0x17F9,'N'}, {0x1810,0x1819,'N'}, {0x1820,0x1878,'L'}, {0x1880,0x1884,'L'}, {0x1887,0x18A8,'L'},
-    {0x18AA,0x18AA,'L'}, {0x18B0,0x18F5,'L'}, {0x1900,0x191E,'L'}, {0x1946,0x194F,'N'}, {0x1950,0x196D,'L'},
-    {0x1970,0x1974,'L'}, {0x1980,0x19AB,'L'}, {0x19B0,0x19C9,'L'}, {0x19D0,0x19DA,'N'}, {0x1A00,0x1A16,'L'},
-    {0x1A20,0x1A54,'L'}, {0x1A80,0x1A89,'N'}, {0x1A90,0x1A99,'N'}, {0x1AA7,0x1AA7,'L'}, {0x1B05,0x1B33,'L'},
-    {0x1B45,0x1B4C,'L'}, {0x1B50,0x1B59,'N'}, {0x1B83,0x1BA0,'L'}, {0x1BAE,0x1BAF,'L'}, {0x1BB0,0x1BB9,'N'},
-    {0x1BBA,0x1BE5,'L'}, {0x1C00,0x1C23,'L'}, {0x1C40,0x1C49,'N'}, {0x1C4D,0x1C4F,'L'}, {0x1C50,0x1C59,'N'},
-    {0x1C5A,0x1C7D,'L'}, {0x1C80,0x1C88,'L'}, {0x1C90,0x1CBA,'L'}, {0x1CBD,0x1CBF,'L'}, {0x1CE9,0x1CEC,'L'},
-    {0x1CEE,0x1CF3,'L'}, {0x1CF5,0x1CF6,'L'}, {0x1CFA,0x1CFA,'L'}, {0x1D00,0x1DBF,'L'}, {0x1E00,0x1F15,'L'},
-    {0x1F18,0x1F1D,'L'}, {0x1F20,0x1F45,'L'}, {0x1F48,0x1F4D,'L'}, {0x1F50,0x1F57,'L'}, {0x1F59,0x1F59,'L'},
-    {0x1F5B,0x1F5B,'L'}, {0x1F5D,0x1F5D,'L'}, {0x1F5F,0x1F7D,'L'}, {0x1F80,0x1FB4,'L'}, {0x1FB6,0x1FBC,'L'},
-    {0x1FBE,0x1FBE,'L'}, {0x1FC2,0x1FC4,'L'}, {0x1FC6,0x1FCC,'L'}, {0x1FD0,0x1FD3,'L'}, {0x1FD6,0x1FDB,'L'},
-    {0x1FE0,0x1FEC,'L'}, {0x1FF2,0x1FF4,'L'}, {0x1FF6,0x1FFC,'L'}, {0x2000,0x200A,'S'}, {0x2028,0x2029,'S'},
-    {0x202F,0x202F,'S'}, {0x205F,0x205F,'S'}, {0x2070,0x2070,'N'}, {0x2071,0x2071,'L'}, {0x2074,0x2079,'N'},
-    {0x207F,0x207F,'L'}, {0x2080,0x2089,'N'}, {0x2090,0x209C,'L'}, {0x2102,0x2102,'L'}, {0x2107,0x2107,'L'},
-    {0x210A,0x2113,'L'}, {0x2115,0x2115,'L'}, {0x2119,0x211D,'L'}, {0x2124,0x2124,'L'}, {0x2126,0x2126,'L'},
-    {0x2128,0x2128,'L'}, {0x212A,0x212D,'L'}, {0x212F,0x2139,'L'}, {0x213C,0x213F,'L'}, {0x2145,0x2149,'L'},
-    {0x214E,0x214E,'L'}, {0x2150,0x2182,'N'}, {0x2183,0x2184,'L'}, {0x2185,0x2189,'N'}, {0x2460,0x249B,'N'},
-    {0x24EA,0x24FF,'N'}, {0x2776,0x2793,'N'}, {0x2C00,0x2CE4,'L'}, {0x2CEB,0x2CEE,'L'}, {0x2CF2,0x2CF3,'L'},
-    {0x2CFD,0x2CFD,'N'}, {0x2D00,0x2D25,'L'}, {0x2D27,0x2D27,'L'}, {0x2D2D,0x2D2D,'L'}, {0x2D30,0x2D67,'L'},
-    {0x2D6F,0x2D6F,'L'}, {0x2D80,0x2D96,'L'}, {0x2DA0,0x2DA6,'L'}, {0x2DA8,0x2DAE,'L'}, {0x2DB0,0x2DB6,'L'},
-    {0x2DB8,0x2DBE,'L'}, {0x2DC0,0x2DC6,'L'}, {0x2DC8,0x2DCE,'L'}, {0x2DD0,0x2DD6,'L'}, {0x2DD8,0x2DDE,'L'},
-    {0x2E2F,0x2E2F,'L'}, {0x3000,0x3000,'S'}, {0x3005,0x3006,'L'}, {0x3007,0x3007,'N'}, {0x3021,0x3029,'N'},
-    {0x3031,0x3035,'L'}, {0x3038,0x303A,'N'}, {0x303B,0x303C,'L'}, {0x3041,0x3096,'L'}, {0x309D,0x309F,'L'},
-    {0x30A1,0x30FA,'L'}, {0x30FC,0x30FF,'L'}, {0x3105,0x312F,'L'}, {0x3131,0x318E,'L'}, {0x3192,0x3195,'N'},
-    {0x31A0,0x31BF,'L'}, {0x31F0,0x31FF,'L'}, {0x3220,0x3229,'N'}, {0x3248,0x324F,'N'}, {0x3251,0x325F,'N'},
-    {0x3280,0x3289,'N'}, {0x32B1,0x32BF,'N'}, {0x3400,0x4DBF,'L'}, {0x4E00,0xA48C,'L'}, {0xA4D0,0xA4FD,'L'},
-    {0xA500,0xA60C,'L'}, {0xA610,0xA61F,'L'}, {0xA620,0xA629,'N'}, {0xA62A,0xA62B,'L'}, {0xA640,0xA66E,'L'},
-    {0xA67F,0xA69D,'L'}, {0xA6A0,0xA6E5,'L'}, {0xA6E6,0xA6EF,'N'}, {0xA717,0xA71F,'L'}, {0xA722,0xA788,'L'},
-    {0xA78B,0xA7CA,'L'}, {0xA7D0,0xA7D1,'L'}, {0xA7D3,0xA7D3,'L'}, {0xA7D5,0xA7D9,'L'}, {0xA7F2,0xA801,'L'},
-    {0xA803,0xA805,'L'}, {0xA807,0xA80A,'L'}, {0xA80C,0xA822,'L'}, {0xA830,0xA835,'N'}, {0xA840,0xA873,'L'},
-    {0xA882,0xA8B3,'L'}, {0xA8D0,0xA8D9,'N'}, {0xA8F2,0xA8F7,'L'}, {0xA8FB,0xA8FB,'L'}, {0xA8FD,0xA8FE,'L'},
-    {0xA900,0xA909,'N'}, {0xA90A,0xA925,'L'}, {0xA930,0xA946,'L'}, {0xA960,0xA97C,'L'}, {0xA984,0xA9B2,'L'},
-    {0xA9CF,0xA9CF,'L'}, {0xA9D0,0xA9D9,'N'}, {0xA9E0,0xA9E4,'L'}, {0xA9E6,0xA9EF,'L'}, {0xA9F0,0xA9F9,'N'},
-    {0xA9FA,0xA9FE,'L'}, {0xAA00,0xAA28,'L'}, {0xAA40,0xAA42,'L'}, {0xAA44,0xAA4B,'L'}, {0xAA50,0xAA59,'N'},
-    {0xAA60,0xAA76,'L'}, {0xAA7A,0xAA7A,'L'}, {0xAA7E,0xAAAF,'L'}, {0xAAB1,0xAAB1,'L'}, {0xAAB5,0xAAB6,'L'},
-    {0xAAB9,0xAABD,'L'}, {0xAAC0,0xAAC0,'L'}, {0xAAC2,0xAAC2,'L'}, {0xAADB,0xAADD,'L'}, {0xAAE0,0xAAEA,'L'},
-    {0xAAF2,0xAAF4,'L'}, {0xAB01,0xAB06,'L'}, {0xAB09,0xAB0E,'L'}, {0xAB11,0xAB16,'L'}, {0xAB20,0xAB26,'L'},
-    {0xAB28,0xAB2E,'L'}, {0xAB30,0xAB5A,'L'}, {0xAB5C,0xAB69,'L'}, {0xAB70,0xABE2,'L'}, {0xABF0,0xABF9,'N'},
-    {0xAC00,0xD7A3,'L'}, {0xD7B0,0xD7C6,'L'}, {0xD7CB,0xD7FB,'L'}, {0xF900,0xFA6D,'L'}, {0xFA70,0xFAD9,'L'},
-    {0xFB00,0xFB06,'L'}, {0xFB13,0xFB17,'L'}, {0xFB1D,0xFB1D,'L'}, {0xFB1F,0xFB28,'L'}, {0xFB2A,0xFB36,'L'},
-    {0xFB38,0xFB3C,'L'}, {0xFB3E,0xFB3E,'L'}, {0xFB40,0xFB41,'L'}, {0xFB43,0xFB44,'L'}, {0xFB46,0xFBB1,'L'},
-    {0xFBD3,0xFD3D,'L'}, {0xFD50,0xFD8F,'L'}, {0xFD92,0xFDC7,'L'}, {0xFDF0,0xFDFB,'L'}, {0xFE70,0xFE74,'L'},
-    {0xFE76,0xFEFC,'L'}, {0xFF10,0xFF19,'N'}, {0xFF21,0xFF3A,'L'}, {0xFF41,0xFF5A,'L'}, {0xFF66,0xFFBE,'L'},
-    {0xFFC2,0xFFC7,'L'}, {0xFFCA,0xFFCF,'L'}, {0xFFD2,0xFFD7,'L'}, {0xFFDA,0xFFDC,'L'}, {0x10000,0x1000B,'L'},
-    {0x1000D,0x10026,'L'}, {0x10028,0x1003A,'L'}, {0x1003C,0x1003D,'L'}, {0x1003F,0x1004D,'L'},
-    {0x10050,0x1005D,'L'}, {0x10080,0x100FA,'L'}, {0x10107,0x10133,'N'}, {0x10140,0x10178,'N'},
-    {0x1018A,0x1018B,'N'}, {0x10280,0x1029C,'L'}, {0x102A0,0x102D0,'L'}, {0x102E1,0x102FB,'N'},
-    {0x10300,0x1031F,'L'}, {0x10320,0x10323,'N'}, {0x1032D,0x10340,'L'}, {0x10341,0x10341,'N'},
-    {0x10342,0x10349,'L'}, {0x1034A,0x1034A,'N'}, {0x10350,0x10375,'L'}, {0x10380,0x1039D,'L'},
-    {0x103A0,0x103C3,'L'}, {0x103C8,0x103CF,'L'}, {0x103D1,0x103D5,'N'}, {0x10400,0x1049D,'L'},
-    {0x104A0,0x104A9,'N'}, {0x104B0,0x104D3,'L'}, {0x104D8,0x104FB,'L'}, {0x10500,0x10527,'L'},
-    {0x10530,0x10563,'L'}, {0x10570,0x1057A,'L'}, {0x1057C,0x1058A,'L'}, {0x1058C,0x10592,'L'},
-    {0x10594,0x10595,'L'}, {0x10597,0x105A1,'L'}, {0x105A3,0x105B1,'L'}, {0x105B3,0x105B9,'L'},
-    {0x105BB,0x105BC,'L'}, {0x10600,0x10736,'L'}, {0x10740,0x10755,'L'}, {0x10760,0x10767,'L'},
-    {0x10780,0x10785,'L'}, {0x10787,0x107B0,'L'}, {0x107B2,0x107BA,'L'}, {0x10800,0x10805,'L'},
-    {0x10808,0x10808,'L'}, {0x1080A,0x10835,'L'}, {0x10837,0x10838,'L'}, {0x1083C,0x1083C,'L'},
-    {0x1083F,0x10855,'L'}, {0x10858,0x1085F,'N'}, {0x10860,0x10876,'L'}, {0x10879,0x1087F,'N'},
-    {0x10880,0x1089E,'L'}, {0x108A7,0x108AF,'N'}, {0x108E0,0x108F2,'L'}, {0x108F4,0x108F5,'L'},
-    {0x108FB,0x108FF,'N'}, {0x10900,0x10915,'L'}, {0x10916,0x1091B,'N'}, {0x10920,0x10939,'L'},
-    {0x10980,0x109B7,'L'}, {0x109BC,0x109BD,'N'}, {0x109BE,0x109BF,'L'}, {0x109C0,0x109CF,'N'},
-    {0x109D2,0x109FF,'N'}, {0x10A00,0x10A00,'L'}, {0x10A10,0x10A13,'L'}, {0x10A15,0x10A17,'L'},
-    {0x10A19,0x10A35,'L'}, {0x10A40,0x10A48,'N'}, {0x10A60,0x10A7C,'L'}, {0x10A7D,0x10A7E,'N'},
-    {0x10A80,0x10A9C,'L'}, {0x10A9D,0x10A9F,'N'}, {0x10AC0,0x10AC7,'L'}, {0x10AC9,0x10AE4,'L'},
-    {0x10AEB,0x10AEF,'N'}, {0x10B00,0x10B35,'L'}, {0x10B40,0x10B55,'L'}, {0x10B58,0x10B5F,'N'},
-    {0x10B60,0x10B72,'L'}, {0x10B78,0x10B7F,'N'}, {0x10B80,0x10B91,'L'}, {0x10BA9,0x10BAF,'N'},
-    {0x10C00,0x10C48,'L'}, {0x10C80,0x10CB2,'L'}, {0x10CC0,0x10CF2,'L'}, {0x10CFA,0x10CFF,'N'},
-    {0x10D00,0x10D23,'L'}, {0x10D30,0x10D39,'N'}, {0x10E60,0x10E7E,'N'}, {0x10E80,0x10EA9,'L'},
-    {0x10EB0,0x10EB1,'L'}, {0x10F00,0x10F1C,'L'}, {0x10F1D,0x10F26,'N'}, {0x10F27,0x10F27,'L'},
-    {0x10F30,0x10F45,'L'}, {0x10F51,0x10F54,'N'}, {0x10F70,0x10F81,'L'}, {0x10FB0,0x10FC4,'L'},
-    {0x10FC5,0x10FCB,'N'}, {0x10FE0,0x10FF6,'L'}, {0x11003,0x11037,'L'}, {0x11052,0x1106F,'N'},
-    {0x11071,0x11072,'L'}, {0x11075,0x11075,'L'}, {0x11083,0x110AF,'L'}, {0x110D0,0x110E8,'L'},
-    {0x110F0,0x110F9,'N'}, {0x11103,0x11126,'L'}, {0x11136,0x1113F,'N'}, {0x11144,0x11144,'L'},
-    {0x11147,0x11147,'L'}, {0x11150,0x11172,'L'}, {0x11176,0x11176,'L'}, {0x11183,0x111B2,'L'},
-    {0x111C1,0x111C4,'L'}, {0x111D0,0x111D9,'N'}, {0x111DA,0x111DA,'L'}, {0x111DC,0x111DC,'L'},
-    {0x111E1,0x111F4,'N'}, {0x11200,0x11211,'L'}, {0x11213,0x1122B,'L'}, {0x1123F,0x11240,'L'},
-    {0x11280,0x11286,'L'}, {0x11288,0x11288,'L'}, {0x1128A,0x1128D,'L'}, {0x1128F,0x1129D,'L'},
-    {0x1129F,0x112A8,'L'}, {0x112B0,0x112DE,'L'}, {0x112F0,0x112F9,'N'}, {0x11305,0x1130C,'L'},
-    {0x1130F,0x11310,'L'}, {0x11313,0x11328,'L'}, {0x1132A,0x11330,'L'}, {0x11332,0x11333,'L'},
-    {0x11335,0x11339,'L'}, {0x1133D,0x1133D,'L'}, {0x11350,0x11350,'L'}, {0x1135D,0x11361,'L'},
-    {0x11400,0x11434,'L'}, {0x11447,0x1144A,'L'}, {0x11450,0x11459,'N'}, {0x1145F,0x11461,'L'},
-    {0x11480,0x114AF,'L'}, {0x114C4,0x114C5,'L'}, {0x114C7,0x114C7,'L'}, {0x114D0,0x114D9,'N'},
-    {0x11580,0x115AE,'L'}, {0x115D8,0x115DB,'L'}, {0x11600,0x1162F,'L'}, {0x11644,0x11644,'L'},
-    {0x11650,0x11659,'N'}, {0x11680,0x116AA,'L'}, {0x116B8,0x116B8,'L'}, {0x116C0,0x116C9,'N'},
-    {0x11700,0x1171A,'L'}, {0x11730,0x1173B,'N'}, {0x11740,0x11746,'L'}, {0x11800,0x1182B,'L'},
-    {0x118A0,0x118DF,'L'}, {0x118E0,0x118F2,'N'}, {0x118FF,0x11906,'L'}, {0x11909,0x11909,'L'},
-    {0x1190C,0x11913,'L'}, {0x11915,0x11916,'L'}, {0x11918,0x1192F,'L'}, {0x1193F,0x1193F,'L'},
-    {0x11941,0x11941,'L'}, {0x11950,0x11959,'N'}, {0x119A0,0x119A7,'L'}, {0x119AA,0x119D0,'L'},
-    {0x119E1,0x119E1,'L'}, {0x119E3,0x119E3,'L'}, {0x11A00,0x11A00,'L'}, {0x11A0B,0x11A32,'L'},
-    {0x11A3A,0x11A3A,'L'}, {0x11A50,0x11A50,'L'}, {0x11A5C,0x11A89,'L'}, {0x11A9D,0x11A9D,'L'},
-    {0x11AB0,0x11AF8,'L'}, {0x11C00,0x11C08,'L'}, {0x11C0A,0x11C2E,'L'}, {0x11C40,0x11C40,'L'},
-    {0x11C50,0x11C6C,'N'}, {0x11C72,0x11C8F,'L'}, {0x11D00,0x11D06,'L'}, {0x11D08,0x11D09,'L'},
-    {0x11D0B,0x11D30,'L'}, {0x11D46,0x11D46,'L'}, {0x11D50,0x11D59,'N'}, {0x11D60,0x11D65,'L'},
-    {0x11D67,0x11D68,'L'}, {0x11D6A,0x11D89,'L'}, {0x11D98,0x11D98,'L'}, {0x11DA0,0x11DA9,'N'},
-    {0x11EE0,0x11EF2,'L'}, {0x11F02,0x11F02,'L'}, {0x11F04,0x11F10,'L'}, {0x11F12,0x11F33,'L'},
-    {0x11F50,0x11F59,'N'}, {0x11FB0,0x11FB0,'L'}, {0x11FC0,0x11FD4,'N'}, {0x12000,0x12399,'L'},
-    {0x12400,0x1246E,'N'}, {0x12480,0x12543,'L'}, {0x12F90,0x12FF0,'L'}, {0x13000,0x1342F,'L'},
-    {0x13441,0x13446,'L'}, {0x14400,0x14646,'L'}, {0x16800,0x16A38,'L'}, {0x16A40,0x16A5E,'L'},
-    {0x16A60,0x16A69,'N'}, {0x16A70,0x16ABE,'L'}, {0x16AC0,0x16AC9,'N'}, {0x16AD0,0x16AED,'L'},
-    {0x16B00,0x16B2F,'L'}, {0x16B40,0x16B43,'L'}, {0x16B50,0x16B59,'N'}, {0x16B5B,0x16B61,'N'},
-    {0x16B63,0x16B77,'L'}, {0x16B7D,0x16B8F,'L'}, {0x16E40,0x16E7F,'L'}, {0x16E80,0x16E96,'N'},
-    {0x16F00,0x16F4A,'L'}, {0x16F50,0x16F50,'L'}, {0x16F93,0x16F9F,'L'}, {0x16FE0,0x16FE1,'L'},
-    {0x16FE3,0x16FE3,'L'}, {0x17000,0x187F7,'L'}, {0x18800,0x18CD5,'L'}, {0x18D00,0x18D08,'L'},
-    {0x1AFF0,0x1AFF3,'L'}, {0x1AFF5,0x1AFFB,'L'}, {0x1AFFD,0x1AFFE,'L'}, {0x1B000,0x1B122,'L'},
-    {0x1B132,0x1B132,'L'}, {0x1B150,0x1B152,'L'}, {0x1B155,0x1B155,'L'}, {0x1B164,0x1B167,'L'},
-    {0x1B170,0x1B2FB,'L'}, {0x1BC00,0x1BC6A,'L'}, {0x1BC70,0x1BC7C,'L'}, {0x1BC80,0x1BC88,'L'},
-    {0x1BC90,0x1BC99,'L'}, {0x1D2C0,0x1D2D3,'N'}, {0x1D2E0,0x1D2F3,'N'}, {0x1D360,0x1D378,'N'},
-    {0x1D400,0x1D454,'L'}, {0x1D456,0x1D49C,'L'}, {0x1D49E,0x1D49F,'L'}, {0x1D4A2,0x1D4A2,'L'},
-    {0x1D4A5,0x1D4A6,'L'}, {0x1D4A9,0x1D4AC,'L'}, {0x1D4AE,0x1D4B9,'L'}, {0x1D4BB,0x1D4BB,'L'},
-    {0x1D4BD,0x1D4C3,'L'}, {0x1D4C5,0x1D505,'L'}, {0x1D507,0x1D50A,'L'}, {0x1D50D,0x1D514,'L'},
-    {0x1D516,0x1D51C,'L'}, {0x1D51E,0x1D539,'L'}, {0x1D53B,0x1D53E,'L'}, {0x1D540,0x1D544,'L'},
-    {0x1D546,0x1D546,'L'}, {0x1D54A,0x1D550,'L'}, {0x1D552,0x1D6A5,'L'}, {0x1D6A8,0x1D6C0,'L'},
-    {0x1D6C2,0x1D6DA,'L'}, {0x1D6DC,0x1D6FA,'L'}, {0x1D6FC,0x1D714,'L'}, {0x1D716,0x1D734,'L'},
-    {0x1D736,0x1D74E,'L'}, {0x1D750,0x1D76E,'L'}, {0x1D770,0x1D788,'L'}, {0x1D78A,0x1D7A8,'L'},
-    {0x1D7AA,0x1D7C2,'L'}, {0x1D7C4,0x1D7CB,'L'}, {0x1D7CE,0x1D7FF,'N'}, {0x1DF00,0x1DF1E,'L'},
-    {0x1DF25,0x1DF2A,'L'}, {0x1E030,0x1E06D,'L'}, {0x1E100,0x1E12C,'L'}, {0x1E137,0x1E13D,'L'},
-    {0x1E140,0x1E149,'N'}, {0x1E14E,0x1E14E,'L'}, {0x1E290,0x1E2AD,'L'}, {0x1E2C0,0x1E2EB,'L'},
-    {0x1E2F0,0x1E2F9,'N'}, {0x1E4D0,0x1E4EB,'L'}, {0x1E4F0,0x1E4F9,'N'}, {0x1E7E0,0x1E7E6,'L'},
-    {0x1E7E8,0x1E7EB,'L'}, {0x1E7ED,0x1E7EE,'L'}, {0x1E7F0,0x1E7FE,'L'}, {0x1E800,0x1E8C4,'L'},
-    {0x1E8C7,0x1E8CF,'N'}, {0x1E900,0x1E943,'L'}, {0x1E94B,0x1E94B,'L'}, {0x1E950,0x1E959,'N'},
-    {0x1EC71,0x1ECAB,'N'}, {0x1ECAD,0x1ECAF,'N'}, {0x1ECB1,0x1ECB4,'N'}, {0x1ED01,0x1ED2D,'N'},
-    {0x1ED2F,0x1ED3D,'N'}, {0x1EE00,0x1EE03,'L'}, {0x1EE05,0x1EE1F,'L'}, {0x1EE21,0x1EE22,'L'},
-    {0x1EE24,0x1EE24,'L'}, {0x1EE27,0x1EE27,'L'}, {0x1EE29,0x1EE32,'L'}, {0x1EE34,0x1EE37,'L'},
-    {0x1EE39,0x1EE39,'L'}, {0x1EE3B,0x1EE3B,'L'}, {0x1EE42,0x1EE42,'L'}, {0x1EE47,0x1EE47,'L'},
-    {0x1EE49,0x1EE49,'L'}, {0x1EE4B,0x1EE4B,'L'}, {0x1EE4D,0x1EE4F,'L'}, {0x1EE51,0x1EE52,'L'},
-    {0x1EE54,0x1EE54,'L'}, {0x1EE57,0x1EE57,'L'}, {0x1EE59,0x1EE59,'L'}, {0x1EE5B,0x1EE5B,'L'},
-    {0x1EE5D,0x1EE5D,'L'}, {0x1EE5F,0x1EE5F,'L'}, {0x1EE61,0x1EE62,'L'}, {0x1EE64,0x1EE64,'L'},
-    {0x1EE67,0x1EE6A,'L'}, {0x1EE6C,0x1EE72,'L'}, {0x1EE74,0x1EE77,'L'}, {0x1EE79,0x1EE7C,'L'},
-    {0x1EE7E,0x1EE7E,'L'}, {0x1EE80,0x1EE89,'L'}, {0x1EE8B,0x1EE9B,'L'}, {0x1EEA1,0x1EEA3,'L'},
-    {0x1EEA5,0x1EEA9,'L'}, {0x1EEAB,0x1EEBB,'L'}, {0x1F100,0x1F10C,'N'}, {0x1FBF0,0x1FBF9,'N'},
-    {0x20000,0x2A6DF,'L'}, {0x2A700,0x2B739,'L'}, {0x2B740,0x2B81D,'L'}, {0x2B820,0x2CEA1,'L'},
-    {0x2CEB0,0x2EBE0,'L'}, {0x2F800,0x2FA1D,'L'}, {0x30000,0x3134A,'L'}, {0x31350,0x323AF,'L'},
+static const uint32_t llm_uni_runs[2261] = {
+    0x0, 0x97, 0xE0, 0x207, 0x215, 0x246, 0x255, 0x2B6, 0x2C5, 0x303, 0x3A5, 0x3C6, 0x3F5, 0x411, 0x5B5,
+    0x5E6, 0x5F5, 0x606, 0x611, 0x7B5, 0x7C6, 0x7D5, 0x7E6, 0x7F0, 0x857, 0x860, 0xA07, 0xA15, 0xA26, 0xA75,
+    0xA86, 0xAA1, 0xAB5, 0xAC6, 0xAD0, 0xAE6, 0xB24, 0xB46, 0xB51, 0xB65, 0xB86, 0xB94, 0xBA1, 0xBB5, 0xBC4,
+    0xBF5, 0xC01, 0xD76, 0xD81, 0xF76, 0xF81, 0x2C26, 0x2C61, 0x2D26, 0x2E01, 0x2E56, 0x2EC1, 0x2ED6, 0x2EE1,
+    0x2EF6, 0x3002, 0x3701, 0x3756, 0x3761, 0x3780, 0x37A1, 0x37E5, 0x37F1, 0x3800, 0x3846, 0x3861, 0x3875,
+    0x3881, 0x38B0, 0x38C1, 0x38D0, 0x38E1, 0x3A20, 0x3A31, 0x3F66, 0x3F71, 0x4826, 0x4832, 0x48A1, 0x5300,
+    0x5311, 0x5570, 0x5591, 0x55A5, 0x5601, 0x5895, 0x58B0, 0x58D6, 0x5900, 0x5912, 0x5BE5, 0x5BF2, 0x5C05,
+    0x5C12, 0x5C35, 0x5C42, 0x5C65, 0x5C72, 0x5C80, 0x5D01, 0x5EB0, 0x5EF1, 0x5F35, 0x5F50, 0x6066, 0x6095,
+    0x60B6, 0x60C5, 0x60E6, 0x6102, 0x61B5, 0x61C0, 0x61D5, 0x6201, 0x64B2, 0x6603, 0x66A5, 0x66E1, 0x6702,
+    0x6711, 0x6D45, 0x6D51, 0x6D62, 0x6DD0, 0x6DE6, 0x6DF2, 0x6E51, 0x6E72, 0x6E96, 0x6EA2, 0x6EE1, 0x6F03,
+    0x6FA1, 0x6FD6, 0x6FF1, 0x7005, 0x70E0, 0x7101, 0x7112, 0x7121, 0x7302, 0x74B0, 0x74D1, 0x7A62, 0x7B11,
+    0x7B20, 0x7C03, 0x7CA1, 0x7EB2, 0x7F41, 0x7F66, 0x7F75, 0x7FA1, 0x7FB0, 0x7FD2, 0x7FE6, 0x8001, 0x8162,
+    0x81A1, 0x81B2, 0x8241, 0x8252, 0x8281, 0x8292, 0x82E0, 0x8305, 0x83F0, 0x8401, 0x8592, 0x85C0, 0x85E5,
+    0x85F0, 0x8601, 0x86B0, 0x8701, 0x8886, 0x8891, 0x88F0, 0x8982, 0x8A01, 0x8CA2, 0x8E20, 0x8E32, 0x9041,
+    0x93A2, 0x93D1, 0x93E2, 0x9501, 0x9512, 0x9581, 0x9622, 0x9645, 0x9663, 0x9705, 0x9711, 0x9812, 0x9840,
+    0x9851, 0x98D0, 0x98F1, 0x9910, 0x9931, 0x9A90, 0x9AA1, 0x9B10, 0x9B21, 0x9B30, 0x9B61, 0x9BA0, 0x9BC2,
+    0x9BD1, 0x9BE2, 0x9C50, 0x9C72, 0x9C90, 0x9CB2, 0x9CE1, 0x9CF0, 0x9D72, 0x9D80, 0x9DC1, 0x9DE0, 0x9DF1,
+    0x9E22, 0x9E40, 0x9E63, 0x9F01, 0x9F26, 0x9F44, 0x9FA6, 0x9FC1, 0x9FD5, 0x9FE2, 0x9FF0, 0xA012, 0xA040,
+    0xA051, 0xA0B0, 0xA0F1, 0xA110, 0xA131, 0xA290, 0xA2A1, 0xA310, 0xA321, 0xA340, 0xA351, 0xA370, 0xA381,
+    0xA3A0, 0xA3C2, 0xA3D0, 0xA3E2, 0xA430, 0xA472, 0xA490, 0xA4B2, 0xA4E0, 0xA512, 0xA520, 0xA591, 0xA5D0,
+    0xA5E1, 0xA5F0, 0xA663, 0xA702, 0xA721, 0xA752, 0xA765, 0xA770, 0xA812, 0xA840, 0xA851, 0xA8E0, 0xA8F1,
+    0xA920, 0xA931, 0xAA90, 0xAAA1, 0xAB10, 0xAB21, 0xAB40, 0xAB51, 0xABA0, 0xABC2, 0xABD1, 0xABE2, 0xAC60,
+    0xAC72, 0xACA0, 0xACB2, 0xACE0, 0xAD01, 0xAD10, 0xAE01, 0xAE22, 0xAE40, 0xAE63, 0xAF05, 0xAF16, 0xAF20,
+    0xAF91, 0xAFA2, 0xB000, 0xB012, 0xB040, 0xB051, 0xB0D0, 0xB0F1, 0xB110, 0xB131, 0xB290, 0xB2A1, 0xB310,
+    0xB321, 0xB340, 0xB351, 0xB3A0, 0xB3C2, 0xB3D1, 0xB3E2, 0xB450, 0xB472, 0xB490, 0xB4B2, 0xB4E0, 0xB552,
+    0xB580, 0xB5C1, 0xB5E0, 0xB5F1, 0xB622, 0xB640, 0xB663, 0xB706, 0xB711, 0xB724, 0xB780, 0xB822, 0xB831,
+    0xB840, 0xB851, 0xB8B0, 0xB8E1, 0xB910, 0xB921, 0xB960, 0xB991, 0xB9B0, 0xB9C1, 0xB9D0, 0xB9E1, 0xBA00,
+    0xBA31, 0xBA50, 0xBA81, 0xBAB0, 0xBAE1, 0xBBA0, 0xBBE2, 0xBC30, 0xBC62, 0xBC90, 0xBCA2, 0xBCE0, 0xBD01,
+    0xBD10, 0xBD72, 0xBD80, 0xBE63, 0xBF04, 0xBF36, 0xBFB0, 0xC002, 0xC051, 0xC0D0, 0xC0E1, 0xC110, 0xC121,
+    0xC290, 0xC2A1, 0xC3A0, 0xC3C2, 0xC3D1, 0xC3E2, 0xC450, 0xC462, 0xC490, 0xC4A2, 0xC4E0, 0xC552, 0xC570,
+    0xC581, 0xC5B0, 0xC5D1, 0xC5E0, 0xC601, 0xC622, 0xC640, 0xC663, 0xC700, 0xC775, 0xC784, 0xC7F6, 0xC801,
+    0xC812, 0xC845, 0xC851, 0xC8D0, 0xC8E1, 0xC910, 0xC921, 0xCA90, 0xCAA1, 0xCB40, 0xCB51, 0xCBA0, 0xCBC2,
+    0xCBD1, 0xCBE2, 0xCC50, 0xCC62, 0xCC90, 0xCCA2, 0xCCE0, 0xCD52, 0xCD70, 0xCDD1, 0xCDF0, 0xCE01, 0xCE22,
+    0xCE40, 0xCE63, 0xCF00, 0xCF11, 0xCF32, 0xCF40, 0xD002, 0xD041, 0xD0D0, 0xD0E1, 0xD110, 0xD121, 0xD3B2,
+    0xD3D1, 0xD3E2, 0xD450, 0xD462, 0xD490, 0xD4A2, 0xD4E1, 0xD4F6, 0xD500, 0xD541, 0xD572, 0xD584, 0xD5F1,
+    0xD622, 0xD640, 0xD663, 0xD704, 0xD796, 0xD7A1, 0xD800, 0xD812, 0xD840, 0xD851, 0xD970, 0xD9A1, 0xDB20,
+    0xDB31, 0xDBC0, 0xDBD1, 0xDBE0, 0xDC01, 0xDC70, 0xDCA2, 0xDCB0, 0xDCF2, 0xDD50, 0xDD62, 0xDD70, 0xDD82,
+    0xDE00, 0xDE63, 0xDF00, 0xDF22, 0xDF45, 0xDF50, 0xE011, 0xE312, 0xE321, 0xE342, 0xE3B0, 0xE3F6, 0xE401,
+    0xE472, 0xE4F5, 0xE503, 0xE5A5, 0xE5C0, 0xE811, 0xE830, 0xE841, 0xE850, 0xE861, 0xE8B0, 0xE8C1, 0xEA40,
+    0xEA51, 0xEA60, 0xEA71, 0xEB12, 0xEB21, 0xEB42, 0xEBD1, 0xEBE0, 0xEC01, 0xEC50, 0xEC61, 0xEC70, 0xEC82,
+    0xECF0, 0xED03, 0xEDA0, 0xEDC1, 0xEE00, 0xF001, 0xF016, 0xF045, 0xF136, 0xF145, 0xF156, 0xF182, 0xF1A6,
+    0xF203, 0xF2A4, 0xF346, 0xF352, 0xF366, 0xF372, 0xF386, 0xF392, 0xF3A5, 0xF3E2, 0xF401, 0xF480, 0xF491,
+    0xF6D0, 0xF712, 0xF855, 0xF862, 0xF881, 0xF8D2, 0xF980, 0xF992, 0xFBD0, 0xFBE6, 0xFC62, 0xFC76, 0xFCD0,
+    0xFCE6, 0xFD05, 0xFD56, 0xFD95, 0xFDB0, 0x10001, 0x102B2, 0x103F1, 0x10403, 0x104A5, 0x10501, 0x10562,
+    0x105A1, 0x105E2, 0x10611, 0x10622, 0x10651, 0x10672, 0x106E1, 0x10712, 0x10751, 0x10822, 0x108E1,
+    0x108F2, 0x10903, 0x109A2, 0x109E6, 0x10A01, 0x10C60, 0x10C71, 0x10C80, 0x10CD1, 0x10CE0, 0x10D01,
+    0x10FB5, 0x10FC1, 0x12490, 0x124A1, 0x124E0, 0x12501, 0x12570, 0x12581, 0x12590, 0x125A1, 0x125E0,
+    0x12601, 0x12890, 0x128A1, 0x128E0, 0x12901, 0x12B10, 0x12B21, 0x12B60, 0x12B81, 0x12BF0, 0x12C01,
+    0x12C10, 0x12C21, 0x12C60, 0x12C81, 0x12D70, 0x12D81, 0x13110, 0x13121, 0x13160, 0x13181, 0x135B0,
+    0x135D2, 0x13605, 0x13694, 0x137D0, 0x13801, 0x13906, 0x139A0, 0x13A01, 0x13F60, 0x13F81, 0x13FE0,
+    0x14005, 0x14011, 0x166D6, 0x166E5, 0x166F1, 0x16807, 0x16811, 0x169B5, 0x169D0, 0x16A01, 0x16EB5,
+    0x16EE4, 0x16F11, 0x16F90, 0x17001, 0x17122, 0x17160, 0x171F1, 0x17322, 0x17355, 0x17370, 0x17401,
+    0x17522, 0x17540, 0x17601, 0x176D0, 0x176E1, 0x17710, 0x17722, 0x17740, 0x17801, 0x17B42, 0x17D45,
+    0x17D71, 0x17D85, 0x17DB6, 0x17DC1, 0x17DD2, 0x17DE0, 0x17E03, 0x17EA0, 0x17F04, 0x17FA0, 0x18005,
+    0x180B2, 0x180E0, 0x180F2, 0x18103, 0x181A0, 0x18201, 0x18790, 0x18801, 0x18852, 0x18871, 0x18A92,
+    0x18AA1, 0x18AB0, 0x18B01, 0x18F60, 0x19001, 0x191F0, 0x19202, 0x192C0, 0x19302, 0x193C0, 0x19406,
+    0x19410, 0x19445, 0x19463, 0x19501, 0x196E0, 0x19701, 0x19750, 0x19801, 0x19AC0, 0x19B01, 0x19CA0,
+    0x19D03, 0x19DA4, 0x19DB0, 0x19DE6, 0x1A001, 0x1A172, 0x1A1C0, 0x1A1E5, 0x1A201, 0x1A552, 0x1A5F0,
+    0x1A602, 0x1A7D0, 0x1A7F2, 0x1A803, 0x1A8A0, 0x1A903, 0x1A9A0, 0x1AA05, 0x1AA71, 0x1AA85, 0x1AAE0,
+    0x1AB02, 0x1ACF0, 0x1B002, 0x1B051, 0x1B342, 0x1B451, 0x1B4D0, 0x1B503, 0x1B5A5, 0x1B616, 0x1B6B2,
+    0x1B746, 0x1B7D5, 0x1B7F0, 0x1B802, 0x1B831, 0x1BA12, 0x1BAE1, 0x1BB03, 0x1BBA1, 0x1BE62, 0x1BF40,
+    0x1BFC5, 0x1C001, 0x1C242, 0x1C380, 0x1C3B5, 0x1C403, 0x1C4A0, 0x1C4D1, 0x1C503, 0x1C5A1, 0x1C7E5,
+    0x1C801, 0x1C890, 0x1C901, 0x1CBB0, 0x1CBD1, 0x1CC05, 0x1CC80, 0x1CD02, 0x1CD35, 0x1CD42, 0x1CE91,
+    0x1CED2, 0x1CEE1, 0x1CF42, 0x1CF51, 0x1CF72, 0x1CFA1, 0x1CFB0, 0x1D001, 0x1DC02, 0x1E001, 0x1F160,
+    0x1F181, 0x1F1E0, 0x1F201, 0x1F460, 0x1F481, 0x1F4E0, 0x1F501, 0x1F580, 0x1F591, 0x1F5A0, 0x1F5B1,
+    0x1F5C0, 0x1F5D1, 0x1F5E0, 0x1F5F1, 0x1F7E0, 0x1F801, 0x1FB50, 0x1FB61, 0x1FBD6, 0x1FBE1, 0x1FBF6,
+    0x1FC21, 0x1FC50, 0x1FC61, 0x1FCD6, 0x1FD01, 0x1FD40, 0x1FD61, 0x1FDC0, 0x1FDD6, 0x1FE01, 0x1FED6,
+    0x1FF00, 0x1FF21, 0x1FF50, 0x1FF61, 0x1FFD6, 0x1FFF0, 0x20007, 0x200B0, 0x20105, 0x20287, 0x202A0,
+    0x202F7, 0x20305, 0x20446, 0x20455, 0x20526, 0x20535, 0x205F7, 0x20600, 0x20704, 0x20711, 0x20720,
+    0x20744, 0x207A6, 0x207D5, 0x207F1, 0x20804, 0x208A6, 0x208D5, 0x208F0, 0x20901, 0x209D0, 0x20A06,
+    0x20C10, 0x20D02, 0x20F10, 0x21006, 0x21021, 0x21036, 0x21071, 0x21086, 0x210A1, 0x21146, 0x21151,
+    0x21166, 0x21191, 0x211E6, 0x21241, 0x21256, 0x21261, 0x21276, 0x21281, 0x21296, 0x212A1, 0x212E6,
+    0x212F1, 0x213A6, 0x213C1, 0x21406, 0x21451, 0x214A6, 0x214E1, 0x214F6, 0x21504, 0x21831, 0x21854,
+    0x218A6, 0x218C0, 0x21906, 0x23085, 0x230C6, 0x23295, 0x232B6, 0x24270, 0x24406, 0x244B0, 0x24604,
+    0x249C6, 0x24EA4, 0x25006, 0x27685, 0x27764, 0x27946, 0x27C55, 0x27C76, 0x27E65, 0x27F06, 0x29835,
+    0x29996, 0x29D85, 0x29DC6, 0x29FC5, 0x29FE6, 0x2B740, 0x2B766, 0x2B960, 0x2B976, 0x2C001, 0x2CE56,
+    0x2CEB1, 0x2CEF2, 0x2CF21, 0x2CF40, 0x2CF95, 0x2CFD4, 0x2CFE5, 0x2D001, 0x2D260, 0x2D271, 0x2D280,
+    0x2D2D1, 0x2D2E0, 0x2D301, 0x2D680, 0x2D6F1, 0x2D705, 0x2D710, 0x2D7F2, 0x2D801, 0x2D970, 0x2DA01,
+    0x2DA70, 0x2DA81, 0x2DAF0, 0x2DB01, 0x2DB70, 0x2DB81, 0x2DBF0, 0x2DC01, 0x2DC70, 0x2DC81, 0x2DCF0,
+    0x2DD01, 0x2DD70, 0x2DD81, 0x2DDF0, 0x2DE02, 0x2E005, 0x2E2F1, 0x2E305, 0x2E506, 0x2E525, 0x2E5E0,
+    0x2E806, 0x2E9A0, 0x2E9B6, 0x2EF40, 0x2F006, 0x2FD60, 0x2FF06, 0x2FFC0, 0x30007, 0x30015, 0x30046,
+    0x30051, 0x30074, 0x30085, 0x30126, 0x30145, 0x30206, 0x30214, 0x302A2, 0x30305, 0x30311, 0x30366,
+    0x30384, 0x303B1, 0x303D5, 0x303E6, 0x30400, 0x30411, 0x30970, 0x30992, 0x309B6, 0x309D1, 0x30A05,
+    0x30A11, 0x30FB5, 0x30FC1, 0x31000, 0x31051, 0x31300, 0x31311, 0x318F0, 0x31906, 0x31924, 0x31966,
+    0x31A01, 0x31C06, 0x31E40, 0x31F01, 0x32006, 0x321F0, 0x32204, 0x322A6, 0x32484, 0x32506, 0x32514,
+    0x32606, 0x32804, 0x328A6, 0x32B14, 0x32C06, 0x34001, 0x4DC06, 0x4E001, 0xA48D0, 0xA4906, 0xA4C70,
+    0xA4D01, 0xA4FE5, 0xA5001, 0xA60D5, 0xA6101, 0xA6203, 0xA62A1, 0xA62C0, 0xA6401, 0xA66F2, 0xA6735,
+    0xA6742, 0xA67E5, 0xA67F1, 0xA69E2, 0xA6A01, 0xA6E64, 0xA6F02, 0xA6F25, 0xA6F80, 0xA7006, 0xA7171,
+    0xA7206, 0xA7221, 0xA7896, 0xA78B1, 0xA7CB0, 0xA7D01, 0xA7D20, 0xA7D31, 0xA7D40, 0xA7D51, 0xA7DA0,
+    0xA7F21, 0xA8022, 0xA8031, 0xA8062, 0xA8071, 0xA80B2, 0xA80C1, 0xA8232, 0xA8286, 0xA82C2, 0xA82D0,
+    0xA8304, 0xA8366, 0xA83A0, 0xA8401, 0xA8745, 0xA8780, 0xA8802, 0xA8821, 0xA8B42, 0xA8C60, 0xA8CE5,
+    0xA8D03, 0xA8DA0, 0xA8E02, 0xA8F21, 0xA8F85, 0xA8FB1, 0xA8FC5, 0xA8FD1, 0xA8FF2, 0xA9003, 0xA90A1,
+    0xA9262, 0xA92E5, 0xA9301, 0xA9472, 0xA9540, 0xA95F5, 0xA9601, 0xA97D0, 0xA9802, 0xA9841, 0xA9B32,
+    0xA9C15, 0xA9CE0, 0xA9CF1, 0xA9D03, 0xA9DA0, 0xA9DE5, 0xA9E01, 0xA9E52, 0xA9E61, 0xA9F03, 0xA9FA1,
+    0xA9FF0, 0xAA001, 0xAA292, 0xAA370, 0xAA401, 0xAA432, 0xAA441, 0xAA4C2, 0xAA4E0, 0xAA503, 0xAA5A0,
+    0xAA5C5, 0xAA601, 0xAA776, 0xAA7A1, 0xAA7B2, 0xAA7E1, 0xAAB02, 0xAAB11, 0xAAB22, 0xAAB51, 0xAAB72,
+    0xAAB91, 0xAABE2, 0xAAC01, 0xAAC12, 0xAAC21, 0xAAC30, 0xAADB1, 0xAADE5, 0xAAE01, 0xAAEB2, 0xAAF05,
+    0xAAF21, 0xAAF52, 0xAAF70, 0xAB011, 0xAB070, 0xAB091, 0xAB0F0, 0xAB111, 0xAB170, 0xAB201, 0xAB270,
+    0xAB281, 0xAB2F0, 0xAB301, 0xAB5B6, 0xAB5C1, 0xAB6A6, 0xAB6C0, 0xAB701, 0xABE32, 0xABEB5, 0xABEC2,
+    0xABEE0, 0xABF03, 0xABFA0, 0xAC001, 0xD7A40, 0xD7B01, 0xD7C70, 0xD7CB1, 0xD7FC0, 0xF9001, 0xFA6E0,
+    0xFA701, 0xFADA0, 0xFB001, 0xFB070, 0xFB131, 0xFB180, 0xFB1D1, 0xFB1E2, 0xFB1F1, 0xFB296, 0xFB2A1,
+    0xFB370, 0xFB381, 0xFB3D0, 0xFB3E1, 0xFB3F0, 0xFB401, 0xFB420, 0xFB431, 0xFB450, 0xFB461, 0xFBB26,
+    0xFBC30, 0xFBD31, 0xFD3E5, 0xFD406, 0xFD501, 0xFD900, 0xFD921, 0xFDC80, 0xFDCF6, 0xFDD00, 0xFDF01,
+    0xFDFC6, 0xFE002, 0xFE105, 0xFE1A0, 0xFE202, 0xFE305, 0xFE530, 0xFE545, 0xFE626, 0xFE635, 0xFE646,
+    0xFE670, 0xFE685, 0xFE696, 0xFE6A5, 0xFE6C0, 0xFE701, 0xFE750, 0xFE761, 0xFEFD0, 0xFF015, 0xFF046,
+    0xFF055, 0xFF0B6, 0xFF0C5, 0xFF103, 0xFF1A5, 0xFF1C6, 0xFF1F5, 0xFF211, 0xFF3B5, 0xFF3E6, 0xFF3F5,
+    0xFF406, 0xFF411, 0xFF5B5, 0xFF5C6, 0xFF5D5, 0xFF5E6, 0xFF5F5, 0xFF661, 0xFFBF0, 0xFFC21, 0xFFC80,
+    0xFFCA1, 0xFFD00, 0xFFD21, 0xFFD80, 0xFFDA1, 0xFFDD0, 0xFFE06, 0xFFE70, 0xFFE86, 0xFFEF0, 0xFFFC6,
+    0xFFFE0, 0x100001, 0x1000C0, 0x1000D1, 0x100270, 0x100281, 0x1003B0, 0x1003C1, 0x1003E0, 0x1003F1,
+    0x1004E0, 0x100501, 0x1005E0, 0x100801, 0x100FB0, 0x101005, 0x101030, 0x101074, 0x101340, 0x101376,
+    0x101404, 0x101796, 0x1018A4, 0x1018C6, 0x1018F0, 0x101906, 0x1019D0, 0x101A06, 0x101A10, 0x101D06,
+    0x101FD2, 0x101FE0, 0x102801, 0x1029D0, 0x102A01, 0x102D10, 0x102E02, 0x102E14, 0x102FC0, 0x103001,
+    0x103204, 0x103240, 0x1032D1, 0x103414, 0x103421, 0x1034A4, 0x1034B0, 0x103501, 0x103762, 0x1037B0,
+    0x103801, 0x1039E0, 0x1039F5, 0x103A01, 0x103C40, 0x103C81, 0x103D05, 0x103D14, 0x103D60, 0x104001,
+    0x1049E0, 0x104A03, 0x104AA0, 0x104B01, 0x104D40, 0x104D81, 0x104FC0, 0x105001, 0x105280, 0x105301,
+    0x105640, 0x1056F5, 0x105701, 0x1057B0, 0x1057C1, 0x1058B0, 0x1058C1, 0x105930, 0x105941, 0x105960,
+    0x105971, 0x105A20, 0x105A31, 0x105B20, 0x105B31, 0x105BA0, 0x105BB1, 0x105BD0, 0x106001, 0x107370,
+    0x107401, 0x107560, 0x107601, 0x107680, 0x107801, 0x107860, 0x107871, 0x107B10, 0x107B21, 0x107BB0,
+    0x108001, 0x108060, 0x108081, 0x108090, 0x1080A1, 0x108360, 0x108371, 0x108390, 0x1083C1, 0x1083D0,
+    0x1083F1, 0x108560, 0x108575, 0x108584, 0x108601, 0x108776, 0x108794, 0x108801, 0x1089F0, 0x108A74,
+    0x108B00, 0x108E01, 0x108F30, 0x108F41, 0x108F60, 0x108FB4, 0x109001, 0x109164, 0x1091C0, 0x1091F5,
+    0x109201, 0x1093A0, 0x1093F5, 0x109400, 0x109801, 0x109B80, 0x109BC4, 0x109BE1, 0x109C04, 0x109D00,
+    0x109D24, 0x10A001, 0x10A012, 0x10A040, 0x10A052, 0x10A070, 0x10A0C2, 0x10A101, 0x10A140, 0x10A151,
+    0x10A180, 0x10A191, 0x10A360, 0x10A382, 0x10A3B0, 0x10A3F2, 0x10A404, 0x10A490, 0x10A505, 0x10A590,
+    0x10A601, 0x10A7D4, 0x10A7F5, 0x10A801, 0x10A9D4, 0x10AA00, 0x10AC01, 0x10AC86, 0x10AC91, 0x10AE52,
+    0x10AE70, 0x10AEB4, 0x10AF05, 0x10AF70, 0x10B001, 0x10B360, 0x10B395, 0x10B401, 0x10B560, 0x10B584,
+    0x10B601, 0x10B730, 0x10B784, 0x10B801, 0x10B920, 0x10B995, 0x10B9D0, 0x10BA94, 0x10BB00, 0x10C001,
+    0x10C490, 0x10C801, 0x10CB30, 0x10CC01, 0x10CF30, 0x10CFA4, 0x10D001, 0x10D242, 0x10D280, 0x10D303,
+    0x10D3A0, 0x10E604, 0x10E7F0, 0x10E801, 0x10EAA0, 0x10EAB2, 0x10EAD5, 0x10EAE0, 0x10EB01, 0x10EB20,
+    0x10EFD2, 0x10F001, 0x10F1D4, 0x10F271, 0x10F280, 0x10F301, 0x10F462, 0x10F514, 0x10F555, 0x10F5A0,
+    0x10F701, 0x10F822, 0x10F865, 0x10F8A0, 0x10FB01, 0x10FC54, 0x10FCC0, 0x10FE01, 0x10FF70, 0x110002,
+    0x110031, 0x110382, 0x110475, 0x1104E0, 0x110524, 0x110663, 0x110702, 0x110711, 0x110732, 0x110751,
+    0x110760, 0x1107F2, 0x110831, 0x110B02, 0x110BB5, 0x110BD0, 0x110BE5, 0x110C22, 0x110C30, 0x110D01,
+    0x110E90, 0x110F03, 0x110FA0, 0x111002, 0x111031, 0x111272, 0x111350, 0x111363, 0x111405, 0x111441,
+    0x111452, 0x111471, 0x111480, 0x111501, 0x111732, 0x111745, 0x111761, 0x111770, 0x111802, 0x111831,
+    0x111B32, 0x111C11, 0x111C55, 0x111C92, 0x111CD5, 0x111CE2, 0x111D03, 0x111DA1, 0x111DB5, 0x111DC1,
+    0x111DD5, 0x111E00, 0x111E14, 0x111F50, 0x112001, 0x112120, 0x112131, 0x1122C2, 0x112385, 0x1123E2,
+    0x1123F1, 0x112412, 0x112420, 0x112801, 0x112870, 0x112881, 0x112890, 0x1128A1, 0x1128E0, 0x1128F1,
+    0x1129E0, 0x1129F1, 0x112A95, 0x112AA0, 0x112B01, 0x112DF2, 0x112EB0, 0x112F03, 0x112FA0, 0x113002,
+    0x113040, 0x113051, 0x1130D0, 0x1130F1, 0x113110, 0x113131, 0x113290, 0x1132A1, 0x113310, 0x113321,
+    0x113340, 0x113351, 0x1133A0, 0x1133B2, 0x1133D1, 0x1133E2, 0x113450, 0x113472, 0x113490, 0x1134B2,
+    0x1134E0, 0x113501, 0x113510, 0x113572, 0x113580, 0x1135D1, 0x113622, 0x113640, 0x113662, 0x1136D0,
+    0x113702, 0x113750, 0x114001, 0x114352, 0x114471, 0x1144B5, 0x114503, 0x1145A5, 0x1145C0, 0x1145D5,
+    0x1145E2, 0x1145F1, 0x114620, 0x114801, 0x114B02, 0x114C41, 0x114C65, 0x114C71, 0x114C80, 0x114D03,
+    0x114DA0, 0x115801, 0x115AF2, 0x115B60, 0x115B82, 0x115C15, 0x115D81, 0x115DC2, 0x115DE0, 0x116001,
+    0x116302, 0x116415, 0x116441, 0x116450, 0x116503, 0x1165A0, 0x116605, 0x1166D0, 0x116801, 0x116AB2,
+    0x116B81, 0x116B95, 0x116BA0, 0x116C03, 0x116CA0, 0x117001, 0x1171B0, 0x1171D2, 0x1172C0, 0x117303,
+    0x1173A4, 0x1173C5, 0x1173F6, 0x117401, 0x117470, 0x118001, 0x1182C2, 0x1183B5, 0x1183C0, 0x118A01,
+    0x118E03, 0x118EA4, 0x118F30, 0x118FF1, 0x119070, 0x119091, 0x1190A0, 0x1190C1, 0x119140, 0x119151,
+    0x119170, 0x119181, 0x119302, 0x119360, 0x119372, 0x119390, 0x1193B2, 0x1193F1, 0x119402, 0x119411,
+    0x119422, 0x119445, 0x119470, 0x119503, 0x1195A0, 0x119A01, 0x119A80, 0x119AA1, 0x119D12, 0x119D80,
+    0x119DA2, 0x119E11, 0x119E25, 0x119E31, 0x119E42, 0x119E50, 0x11A001, 0x11A012, 0x11A0B1, 0x11A332,
+    0x11A3A1, 0x11A3B2, 0x11A3F5, 0x11A472, 0x11A480, 0x11A501, 0x11A512, 0x11A5C1, 0x11A8A2, 0x11A9A5,
+    0x11A9D1, 0x11A9E5, 0x11AA30, 0x11AB01, 0x11AF90, 0x11B005, 0x11B0A0, 0x11C001, 0x11C090, 0x11C0A1,
+    0x11C2F2, 0x11C370, 0x11C382, 0x11C401, 0x11C415, 0x11C460, 0x11C503, 0x11C5A4, 0x11C6D0, 0x11C705,
+    0x11C721, 0x11C900, 0x11C922, 0x11CA80, 0x11CA92, 0x11CB70, 0x11D001, 0x11D070, 0x11D081, 0x11D0A0,
+    0x11D0B1, 0x11D312, 0x11D370, 0x11D3A2, 0x11D3B0, 0x11D3C2, 0x11D3E0, 0x11D3F2, 0x11D461, 0x11D472,
+    0x11D480, 0x11D503, 0x11D5A0, 0x11D601, 0x11D660, 0x11D671, 0x11D690, 0x11D6A1, 0x11D8A2, 0x11D8F0,
+    0x11D902, 0x11D920, 0x11D932, 0x11D981, 0x11D990, 0x11DA03, 0x11DAA0, 0x11EE01, 0x11EF32, 0x11EF75,
+    0x11EF90, 0x11F002, 0x11F021, 0x11F032, 0x11F041, 0x11F110, 0x11F121, 0x11F342, 0x11F3B0, 0x11F3E2,
+    0x11F435, 0x11F503, 0x11F5A0, 0x11FB01, 0x11FB10, 0x11FC04, 0x11FD56, 0x11FF20, 0x11FFF5, 0x120001,
+    0x1239A0, 0x124004, 0x1246F0, 0x124705, 0x124750, 0x124801, 0x125440, 0x12F901, 0x12FF15, 0x12FF30,
+    0x130001, 0x134300, 0x134402, 0x134411, 0x134472, 0x134560, 0x144001, 0x146470, 0x168001, 0x16A390,
+    0x16A401, 0x16A5F0, 0x16A603, 0x16A6A0, 0x16A6E5, 0x16A701, 0x16ABF0, 0x16AC03, 0x16ACA0, 0x16AD01,
+    0x16AEE0, 0x16AF02, 0x16AF55, 0x16AF60, 0x16B001, 0x16B302, 0x16B375, 0x16B3C6, 0x16B401, 0x16B445,
+    0x16B456, 0x16B460, 0x16B503, 0x16B5A0, 0x16B5B4, 0x16B620, 0x16B631, 0x16B780, 0x16B7D1, 0x16B900,
+    0x16E401, 0x16E804, 0x16E975, 0x16E9B0, 0x16F001, 0x16F4B0, 0x16F4F2, 0x16F501, 0x16F512, 0x16F880,
+    0x16F8F2, 0x16F931, 0x16FA00, 0x16FE01, 0x16FE25, 0x16FE31, 0x16FE42, 0x16FE50, 0x16FF02, 0x16FF20,
+    0x170001, 0x187F80, 0x188001, 0x18CD60, 0x18D001, 0x18D090, 0x1AFF01, 0x1AFF40, 0x1AFF51, 0x1AFFC0,
+    0x1AFFD1, 0x1AFFF0, 0x1B0001, 0x1B1230, 0x1B1321, 0x1B1330, 0x1B1501, 0x1B1530, 0x1B1551, 0x1B1560,
+    0x1B1641, 0x1B1680, 0x1B1701, 0x1B2FC0, 0x1BC001, 0x1BC6B0, 0x1BC701, 0x1BC7D0, 0x1BC801, 0x1BC890,
+    0x1BC901, 0x1BC9A0, 0x1BC9C6, 0x1BC9D2, 0x1BC9F5, 0x1BCA00, 0x1CF002, 0x1CF2E0, 0x1CF302, 0x1CF470,
+    0x1CF506, 0x1CFC40, 0x1D0006, 0x1D0F60, 0x1D1006, 0x1D1270, 0x1D1296, 0x1D1652, 0x1D16A6, 0x1D16D2,
+    0x1D1730, 0x1D17B2, 0x1D1836, 0x1D1852, 0x1D18C6, 0x1D1AA2, 0x1D1AE6, 0x1D1EB0, 0x1D2006, 0x1D2422,
+    0x1D2456, 0x1D2460, 0x1D2C04, 0x1D2D40, 0x1D2E04, 0x1D2F40, 0x1D3006, 0x1D3570, 0x1D3604, 0x1D3790,
+    0x1D4001, 0x1D4550, 0x1D4561, 0x1D49D0, 0x1D49E1, 0x1D4A00, 0x1D4A21, 0x1D4A30, 0x1D4A51, 0x1D4A70,
+    0x1D4A91, 0x1D4AD0, 0x1D4AE1, 0x1D4BA0, 0x1D4BB1, 0x1D4BC0, 0x1D4BD1, 0x1D4C40, 0x1D4C51, 0x1D5060,
+    0x1D5071, 0x1D50B0, 0x1D50D1, 0x1D5150, 0x1D5161, 0x1D51D0, 0x1D51E1, 0x1D53A0, 0x1D53B1, 0x1D53F0,
+    0x1D5401, 0x1D5450, 0x1D5461, 0x1D5470, 0x1D54A1, 0x1D5510, 0x1D5521, 0x1D6A60, 0x1D6A81, 0x1D6C16,
+    0x1D6C21, 0x1D6DB6, 0x1D6DC1, 0x1D6FB6, 0x1D6FC1, 0x1D7156, 0x1D7161, 0x1D7356, 0x1D7361, 0x1D74F6,
+    0x1D7501, 0x1D76F6, 0x1D7701, 0x1D7896, 0x1D78A1, 0x1D7A96, 0x1D7AA1, 0x1D7C36, 0x1D7C41, 0x1D7CC0,
+    0x1D7CE3, 0x1D8006, 0x1DA002, 0x1DA376, 0x1DA3B2, 0x1DA6D6, 0x1DA752, 0x1DA766, 0x1DA842, 0x1DA856,
+    0x1DA875, 0x1DA8C0, 0x1DA9B2, 0x1DAA00, 0x1DAA12, 0x1DAB00, 0x1DF001, 0x1DF1F0, 0x1DF251, 0x1DF2B0,
+    0x1E0002, 0x1E0070, 0x1E0082, 0x1E0190, 0x1E01B2, 0x1E0220, 0x1E0232, 0x1E0250, 0x1E0262, 0x1E02B0,
+    0x1E0301, 0x1E06E0, 0x1E08F2, 0x1E0900, 0x1E1001, 0x1E12D0, 0x1E1302, 0x1E1371, 0x1E13E0, 0x1E1403,
+    0x1E14A0, 0x1E14E1, 0x1E14F6, 0x1E1500, 0x1E2901, 0x1E2AE2, 0x1E2AF0, 0x1E2C01, 0x1E2EC2, 0x1E2F03,
+    0x1E2FA0, 0x1E2FF6, 0x1E3000, 0x1E4D01, 0x1E4EC2, 0x1E4F03, 0x1E4FA0, 0x1E7E01, 0x1E7E70, 0x1E7E81,
+    0x1E7EC0, 0x1E7ED1, 0x1E7EF0, 0x1E7F01, 0x1E7FF0, 0x1E8001, 0x1E8C50, 0x1E8C74, 0x1E8D02, 0x1E8D70,
+    0x1E9001, 0x1E9442, 0x1E94B1, 0x1E94C0, 0x1E9503, 0x1E95A0, 0x1E95E5, 0x1E9600, 0x1EC714, 0x1ECAC6,
+    0x1ECAD4, 0x1ECB06, 0x1ECB14, 0x1ECB50, 0x1ED014, 0x1ED2E6, 0x1ED2F4, 0x1ED3E0, 0x1EE001, 0x1EE040,
+    0x1EE051, 0x1EE200, 0x1EE211, 0x1EE230, 0x1EE241, 0x1EE250, 0x1EE271, 0x1EE280, 0x1EE291, 0x1EE330,
+    0x1EE341, 0x1EE380, 0x1EE391, 0x1EE3A0, 0x1EE3B1, 0x1EE3C0, 0x1EE421, 0x1EE430, 0x1EE471, 0x1EE480,
+    0x1EE491, 0x1EE4A0, 0x1EE4B1, 0x1EE4C0, 0x1EE4D1, 0x1EE500, 0x1EE511, 0x1EE530, 0x1EE541, 0x1EE550,
+    0x1EE571, 0x1EE580, 0x1EE591, 0x1EE5A0, 0x1EE5B1, 0x1EE5C0, 0x1EE5D1, 0x1EE5E0, 0x1EE5F1, 0x1EE600,
+    0x1EE611, 0x1EE630, 0x1EE641, 0x1EE650, 0x1EE671, 0x1EE6B0, 0x1EE6C1, 0x1EE730, 0x1EE741, 0x1EE780,
+    0x1EE791, 0x1EE7D0, 0x1EE7E1, 0x1EE7F0, 0x1EE801, 0x1EE8A0, 0x1EE8B1, 0x1EE9C0, 0x1EEA11, 0x1EEA40,
+    0x1EEA51, 0x1EEAA0, 0x1EEAB1, 0x1EEBC0, 0x1EEF06, 0x1EEF20, 0x1F0006, 0x1F02C0, 0x1F0306, 0x1F0940,
+    0x1F0A06, 0x1F0AF0, 0x1F0B16, 0x1F0C00, 0x1F0C16, 0x1F0D00, 0x1F0D16, 0x1F0F60, 0x1F1004, 0x1F10D6,
+    0x1F1AE0, 0x1F1E66, 0x1F2030, 0x1F2106, 0x1F23C0, 0x1F2406, 0x1F2490, 0x1F2506, 0x1F2520, 0x1F2606,
+    0x1F2660, 0x1F3006, 0x1F6D80, 0x1F6DC6, 0x1F6ED0, 0x1F6F06, 0x1F6FD0, 0x1F7006, 0x1F7770, 0x1F77B6,
+    0x1F7DA0, 0x1F7E06, 0x1F7EC0, 0x1F7F06, 0x1F7F10, 0x1F8006, 0x1F80C0, 0x1F8106, 0x1F8480, 0x1F8506,
+    0x1F85A0, 0x1F8606, 0x1F8880, 0x1F8906, 0x1F8AE0, 0x1F8B06, 0x1F8B20, 0x1F9006, 0x1FA540, 0x1FA606,
+    0x1FA6E0, 0x1FA706, 0x1FA7D0, 0x1FA806, 0x1FA890, 0x1FA906, 0x1FABE0, 0x1FABF6, 0x1FAC60, 0x1FACE6,
+    0x1FADC0, 0x1FAE06, 0x1FAE90, 0x1FAF06, 0x1FAF90, 0x1FB006, 0x1FB930, 0x1FB946, 0x1FBCB0, 0x1FBF03,
+    0x1FBFA0, 0x200001, 0x2A6E00, 0x2A7001, 0x2B73A0, 0x2B7401, 0x2B81E0, 0x2B8201, 0x2CEA20, 0x2CEB01,
+    0x2EBE10, 0x2F8001, 0x2FA1E0, 0x300001, 0x3134B0, 0x313501, 0x323B00, 0xE01002, 0xE01F00,
 };
 
-/* The pre-tokenizer class of a code point: 'L' letter (\p{L}), 'N' number (\p{N}), 'S' white space (\s),
- * 0 anything else. */
+/* The pre-tokenizers' class of a code point (LLM_UC_*). */
 static int llm_uni_class(uint32_t c) {
     if (c < 0x80) { /* most text is ASCII: skip the search */
-        if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return 'L';
-        if (c >= '0' && c <= '9') return 'N';
-        return c == ' ' || (c >= 0x09 && c <= 0x0D) ? 'S' : 0;
+        if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return LLM_UC_LETTER;
+        if (c >= '0' && c <= '9') return LLM_UC_DIGIT;
+        if (c == ' ' || (c >= 0x09 && c <= 0x0D)) return LLM_UC_SPACE;
+        if (c < 0x20 || c == 0x7F) return LLM_UC_OTHER;
     }
-    int lo = 0, hi = (int)(sizeof llm_uni_ranges / sizeof llm_uni_ranges[0]) - 1;
-    while (lo <= hi) {
-        int mid = (lo + hi) / 2;
-        if (c < llm_uni_ranges[mid].lo) hi = mid - 1;
-        else if (c > llm_uni_ranges[mid].hi) lo = mid + 1;
-        else return llm_uni_ranges[mid].cls;
+    /* the last run that starts at or before c */
+    int lo = 0, hi = (int)(sizeof llm_uni_runs / sizeof llm_uni_runs[0]) - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (llm_uni_runs[mid] >> 4 <= c) lo = mid;
+        else hi = mid - 1;
     }
-    return 0;
+    return (int)(llm_uni_runs[lo] & 15);
 }
 
 #endif /* LLM_IMPLEMENTATION_DONE */

@@ -703,6 +703,7 @@ static int tokenize_cmd(args_t *a, const char *text) {
     if (llm_gguf_open(&g, a->engine.model_path, err) != 0) { fprintf(stderr, "llm: %s\n", err); return 1; }
     llm_tokenizer *t = llm_tokenizer_load(&g, err);
     if (!t) { fprintf(stderr, "llm: %s\n", err); llm_gguf_close(&g); return 1; }
+    if (*llm_tokenizer_warning(t)) fprintf(stderr, "llm: warning: %s\n", llm_tokenizer_warning(t));
     size_t len = strlen(text);
     int cap = (int)len + 8;
     int32_t *ids = (int32_t *)malloc((size_t)cap * sizeof(int32_t));
@@ -891,6 +892,8 @@ int main(int argc, char **argv) {
     double t0 = now_s();
     llm_engine *e = llm_engine_create(&a.engine, err);
     if (!e) { fprintf(stderr, "llm: %s\n", err); return 1; }
+    const char *tok_warning = llm_tokenizer_warning(llm_engine_model(e)->tok);
+    if (*tok_warning) fprintf(stderr, "llm: warning: %s\n", tok_warning);
     llm_engine_stats st = llm_engine_get_stats(e);
     int note = st.backend_note[0] != 0; /* why a backend before this one did not start */
 #ifdef _OPENMP

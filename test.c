@@ -369,6 +369,15 @@ static void test_tokenizer_api(void) {
               !llm_tokenizer_is_eog(t, 151644), "qwen2 end of generation");
         const int32_t chat[] = {151644, 872, 198, 13048, 151645};
         tok_expect(t, "<|im_start|>user\nHi<|im_end|>", 0, 1, chat, 5);
+        /* user-defined tokens (<think>, <tool_call>, ...) are taken whole even from plain text, as llama.cpp
+         * takes them; control tokens are not */
+        int32_t x;
+        CHECK(llm_tokenize(t, "x", 1, 0, 0, &x, 1) == 1, "qwen2: \"x\" is one token");
+        const int32_t think[] = {151667, x, 151668};
+        tok_expect(t, "<think>x</think>", 0, 0, think, 3);
+        tok_expect(t, "<think>x</think>", 0, 1, think, 3);
+        int32_t ids[16];
+        CHECK(llm_tokenize(t, "<|im_end|>", 10, 0, 0, ids, 16) > 1, "qwen2: <|im_end|> as plain text");
         llm_tokenizer_free(t); llm_gguf_close(&g);
     }
 
@@ -480,7 +489,15 @@ static void test_tokenizer_odd_vocabularies(void) {
     tok_gguf_kv_str(&b, "tokenizer.ggml.pre", "no-such-pre");
     tok_gguf_kv_strs(&b, "tokenizer.ggml.tokens", bpe_tokens, 4);
     tok_gguf_kv_strs(&b, "tokenizer.ggml.merges", bpe_merges, 2);
-    tok_load_mem(&g, &b, "tokenizer.ggml.pre");
+    /* a pre-tokenizer it does not know: split as llama.cpp's 'default', with a warning */
+    if ((t = tok_load_mem(&g, &b, NULL))) {
+        const int32_t ab[] = {2, 2};
+        CHECK(strstr(llm_tokenizer_warning(t), "unknown pre-tokenizer 'no-such-pre'") != NULL,
+              "unknown pre-tokenizer: warning \"%s\"", llm_tokenizer_warning(t));
+        CHECK(t->pre == LLM_PRE_DEFAULT, "unknown pre-tokenizer: split as 'default'");
+        tok_expect(t, "abab", 0, 0, ab, 2); /* ([0-9]{3} and the rest have nothing to cut here) */
+        llm_tokenizer_free(t); llm_gguf_close(&g);
+    }
 
     /* a BPE vocabulary without most bytes, without token types and without special ids */
     tok_gguf_start(&b, 3);
@@ -488,6 +505,8 @@ static void test_tokenizer_odd_vocabularies(void) {
     tok_gguf_kv_strs(&b, "tokenizer.ggml.tokens", bpe_tokens, 4);
     tok_gguf_kv_strs(&b, "tokenizer.ggml.merges", bpe_merges, 2);
     if ((t = tok_load_mem(&g, &b, NULL))) {
+        CHECK(strstr(llm_tokenizer_warning(t), "no pre-tokenizer") != NULL,
+              "no tokenizer.ggml.pre: warning \"%s\"", llm_tokenizer_warning(t));
         const int32_t ab[] = {2}, ba[] = {1, 0};
         tok_expect(t, "ab", 0, 0, ab, 1);
         tok_expect(t, "ba", 0, 0, ba, 2);
@@ -509,17 +528,18 @@ static void test_tokenizer_odd_vocabularies(void) {
     }
 }
 
-/* Splits text into words with pre-tokenizer pre and joins them with '|' into out. */
+/* Splits text into words with pre-tokenizer pattern pre and joins them with '|' into out. */
 static void tok_split(int pre, const char *text, char *out, size_t cap) {
     size_t len = strlen(text), n = 0;
     uint32_t cp[256];
     char cls[256];
-    int off[257], run_end = 0;
+    uint8_t cut[257];
+    int off[257];
     int nc = llm_decode_text(text, len < 256 ? len : 255, cp, cls, off);
-    for (int i = 0, end; i < nc; i = end) {
-        end = llm_pretok_next(pre, cp, cls, i, nc, &run_end);
-        if (i > 0 && n + 1 < cap) out[n++] = '|';
-        for (int k = off[i]; k < off[end] && n + 1 < cap; k++) out[n++] = text[k];
+    llm_pretokenize(pre, cp, cls, nc, cut);
+    for (int i = 0; i < nc; i++) {
+        if (i > 0 && cut[i] && n + 1 < cap) out[n++] = '|';
+        for (int k = off[i]; k < off[i + 1] && n + 1 < cap; k++) out[n++] = text[k];
     }
     out[n] = 0;
 }
@@ -540,7 +560,7 @@ static void test_pretokenizers(void) {
           " |3|.|1|4|\t\xCF\x80|\xE2\x89\x88| |\xC2\xBD|\xC2\xB2|  |\xC2\xA0" "end|  ",
           " |3|.|1|4|\t|\xCF\x80|\xE2\x89\x88| |\xC2\xBD|\xC2\xB2|  |\xC2\xA0|end|  "}},
     };
-    static const int pres[4] = {LLM_PRE_GPT2, LLM_PRE_LLAMA3, LLM_PRE_QWEN2, LLM_PRE_SMOLLM};
+    static const int pres[4] = {LLM_PRE_GPT2, LLM_PRE_LLAMA3, LLM_PRE_QWEN2, LLM_PRE_STARCODER};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         for (int k = 0; k < 4; k++) {
             char got[512];
@@ -4458,7 +4478,46 @@ static void run_gpu_tests(void) {
 }
 #endif /* LLM_CUDA */
 
+/* llm-test --split NAME, for tools/pretok_check.py: loads a made-up vocabulary whose tokenizer.ggml.pre is NAME
+ * and prints "warning: " and the loader's warning (empty when it knows the name); then reads texts from stdin, one
+ * per line in hex, and prints for each the characters (after the first) where its words start. */
+static int split_mode(const char *name) {
+    static const char *const tokens[] = {"a"}, *const merges[] = {"a a"};
+    char err[LLM_ERR_LEN] = "";
+    tok_gguf_buf b;
+    llm_gguf g;
+    tok_gguf_start(&b, 4);
+    tok_gguf_kv_str(&b, "tokenizer.ggml.model", "gpt2");
+    tok_gguf_kv_str(&b, "tokenizer.ggml.pre", name);
+    tok_gguf_kv_strs(&b, "tokenizer.ggml.tokens", tokens, 1);
+    tok_gguf_kv_strs(&b, "tokenizer.ggml.merges", merges, 1);
+    llm_tokenizer *t = llm_gguf_parse(&g, b.data, b.n, err) == 0 ? llm_tokenizer_load(&g, err) : NULL;
+    if (!t) { fprintf(stderr, "llm-test --split: %s\n", err); return 1; }
+    printf("warning: %s\n", llm_tokenizer_warning(t));
+    char *line = NULL, *text = NULL;
+    size_t line_cap = 0;
+    ssize_t len;
+    while ((len = getline(&line, &line_cap, stdin)) > 0) {
+        size_t n = (size_t)len / 2;
+        uint32_t *cp = (uint32_t *)malloc((n + 1) * sizeof *cp);
+        char *cls = (char *)malloc(n + 1);
+        uint8_t *cut = (uint8_t *)malloc(n + 1);
+        int *off = (int *)malloc((n + 1) * sizeof *off);
+        text = (char *)realloc(text, n + 1);
+        for (size_t i = 0; i < n; i++) { unsigned v; sscanf(line + 2 * i, "%2x", &v); text[i] = (char)v; }
+        int nc = llm_decode_text(text, n, cp, cls, off);
+        llm_pretokenize(t->pre, cp, cls, nc, cut);
+        for (int i = 1, first = 1; i < nc; i++) if (cut[i]) { printf(first ? "%d" : " %d", i); first = 0; }
+        printf("\n");
+        free(cp); free(cls); free(cut); free(off);
+    }
+    free(line); free(text);
+    llm_tokenizer_free(t); llm_gguf_close(&g);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--split")) return split_mode(argv[2]);
     int gpu = argc > 1 && !strcmp(argv[1], "--gpu");
     if (argc > 1 + gpu) shared_dir = argv[1 + gpu];
 #ifdef LLM_CUDA

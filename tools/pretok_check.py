@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""pretok_check.py - llm.h's hand-written pre-tokenizers against llama.cpp's split patterns run by Python's regex.
+
+llama.cpp (src/llama-vocab.cpp) maps each tokenizer.ggml.pre name to a list of regexes: the first cuts the text
+into its matches and the text between them, each later one cuts each of those pieces again. PATTERNS below are
+those lists, written as llama.cpp writes them (its adapted forms, e.g. (?i:'s|...) spelled '[sS]|...), and NAMES
+every name it maps, with the pattern llama.cpp gives it, or None where llm.h falls back to 'default' with a
+warning (patterns with their own code in llama.cpp, or vocabularies that are not byte-level BPE).
+
+For each name this script asks `llm-test --split NAME` how llm.h splits a few thousand generated strings (seeded:
+the same every run; letters, digits, punctuation, white space runs, CJK, emoji, combining marks, invalid UTF-8,
+which both sides read as U+FFFD) and compares the word boundaries with the regexes' exactly. It prints how many
+strings each pattern was checked on and fails on the first disagreement of each name.
+
+    .venv/bin/python tools/pretok_check.py [./llm-test] [--strings N]
+"""
+import random
+import subprocess
+import sys
+
+import regex
+
+CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+LLAMA3 = (CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+          r"|\s+(?!\S)|\s+")
+QWEN2 = (CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+CASED = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+CASED_UPPER = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+ASCII_PUNCT_WORD = r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"
+HAN_KANA = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"                    # [一-龥぀-ゟ゠-ヿ]+
+HAN_HANGUL = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"                  # [一-龥ࠀ-一가-퟿]+
+BLOOM = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"         # ?[^(\s|.,!?…。，、।۔،)]+
+
+PATTERNS = {
+    "default": [r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", "[0-9][0-9][0-9]"],
+    "gpt2": [GPT2],
+    "llama3": [LLAMA3],
+    "qwen2": [QWEN2],
+    "starcoder": [r"\p{N}", GPT2],
+    "falcon": [r"[\p{P}\$\+<=>\^~\|`]+", GPT2, "[0-9][0-9][0-9]"],
+    "deepseek-coder": ["[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", HAN_HANGUL, r"\p{N}"],
+    "deepseek-v3": [r"\p{N}{1,3}", HAN_KANA,
+                    ASCII_PUNCT_WORD + r"|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*"
+                    r"|\s*[\r\n]+|\s+(?!\S)|\s+"],
+    "spark2_5": [r"\p{N}{1,3}", HAN_KANA,
+                 ASCII_PUNCT_WORD + r"|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+|[\r\n]"
+                 r"|\s+(?!\S)|\s+", r"\p{N}"],
+    "jais-2": [CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+               r"|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)"
+               r"|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}"],
+    "qwen35": [CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+"],
+    "bloom": [BLOOM],
+    "viking": [BLOOM, r"\p{N}"],
+    "tekken": [CASED + "|" + CASED_UPPER + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+    "gpt-4o": [CASED + CONTRACTIONS + "?|" + CASED_UPPER + CONTRACTIONS + "?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+    "granite-embed-multi-97m": [
+        (CASED + CONTRACTIONS + "?|" + CASED_UPPER + CONTRACTIONS + "?").replace(r"(?=[\p{L}])", r"(?=[\p{L}\p{M}])")
+        + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+    "superbpe": [r"\p{N}+", r"(?=(\d{3})+(?!\d))"],
+    "bailingmoe": [r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                   r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"],
+    "seed-coder": [CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+"
+                   r"|\s+(?!\S)|\s+"],
+    "ufakzeka": [r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+    "laguna": [r"[^\n]+|[\n]+", QWEN2],
+    "exaone-moe": [CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
+                   r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+"],
+    "minicpm5": [r"\p{N}{1,3}", CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+"],
+}
+
+# every tokenizer.ggml.pre name llama.cpp maps, with the pattern it gets there; None: llm.h warns and splits as
+# 'default' (their own code in llama.cpp: deepseek-llm's and youtu's long character lists, chameleon's image
+# tokens, tiny_aya's \b, kimi-k2 and afmoe; not byte-level BPE: gemma4, sarvam-moe, whitespace)
+NAMES = {}
+for pattern, names in [
+    ("default", "default"),
+    ("llama3", "llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano dbrx smaug-bpe "
+               "glm4 chatglm-bpe"),
+    ("gpt2", "gpt-2 phi-2 jina-es jina-de gigachat jina-v2-es jina-v2-de a.x-4.0 mellum modern-bert jina-v1-en "
+             "jina-v2-code roberta-bpe mpt olmo jais trillion granite-docling exaone4"),
+    ("qwen2", "qwen2 deepseek-r1-qwen kormo f2llmv2 megrez stablelm2 hunyuan solar-open grok-2"),
+    ("starcoder", "starcoder refact command-r smollm codeshell exaone minerva-7b mellum2"),
+    ("falcon", "falcon"), ("deepseek-coder", "deepseek-coder"),
+    ("deepseek-v3", "deepseek-v3 hunyuan-dense hy_v4 joyai-llm"), ("spark2_5", "spark2_5"), ("jais-2", "jais-2"),
+    ("qwen35", "qwen35"), ("bloom", "bloom gpt3-finnish poro-chat"), ("viking", "viking"), ("tekken", "tekken"),
+    ("gpt-4o", "gpt-4o llama4 kanana2 talkie minimax-m2"), ("granite-embed-multi-97m", "granite-embed-multi-97m"),
+    ("superbpe", "superbpe"), ("bailingmoe", "bailingmoe bailingmoe2 llada-moe"), ("seed-coder", "seed-coder"),
+    ("ufakzeka", "ufakzeka"), ("laguna", "laguna"), ("exaone-moe", "exaone-moe"), ("minicpm5", "minicpm5"),
+    (None, "deepseek-llm youtu chameleon tiny_aya cohere2moe kimi-k2 afmoe gemma4 granite-embed-multi-311m "
+           "sarvam-moe whitespace"),
+]:
+    for name in names.split():
+        NAMES[name] = pattern
+
+
+def pool():
+    """Characters (and short strings) to draw from, by kind."""
+    r = lambda lo, hi: [chr(c) for c in range(lo, hi + 1)]
+    return {
+        "ascii letters": r(0x41, 0x5A) + r(0x61, 0x7A),
+        "digits": r(0x30, 0x39) + ["\u0663", "\uff15", "\u00b2", "\u00bd", "\u2167", "\u2460", "\u0f33"],
+        "punctuation": list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") + list("\u2026\u3002\uff0c\u3001\u0964\u06d4"
+                                                                         "\u060c\u2018\u201c\u00bf\uff01\u00a7"),
+        "contractions": ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'LL", "'Re", "'x", "'"],
+        "spaces": [" ", " ", " ", "\t", "\n", "\r", "\r\n", "\u00a0", "\u3000", "\u2009", "\u0085", "\u2028", "\x0b"],
+        "latin": list("\u00e9\u00c0\u00df\u00f8\u0141\u0133\u01c5\u1e9e\u00b5\u00aa\u02b0"),
+        "greek, cyrillic": r(0x391, 0x3A9) + r(0x3B1, 0x3C9) + r(0x410, 0x44F),
+        "cjk": r(0x4E00, 0x4E40) + r(0x9FA0, 0x9FAF) + r(0x3040, 0x30FF) + r(0xAC00, 0xAC30) + r(0x3131, 0x3140)
+               + r(0x0800, 0x0815) + ["\u3005", "\uff76"],
+        "emoji": r(0x1F600, 0x1F64F) + ["\u2764\ufe0f", "\U0001F44D\U0001F3FD", "\u200d", "\u00a9"],
+        "marks": r(0x300, 0x36F) + r(0x900, 0x97F) + r(0xE01, 0xE3A) + ["\u20dd"],
+        "other": ["\x00", "\x01", "\x7f", "\u200b", "\ufeff", "\ue000"],
+    }
+
+
+def random_bmp(rng):
+    import unicodedata
+    while True:
+        c = chr(rng.randrange(0x80, 0x10000))
+        if unicodedata.category(c) not in ("Cn", "Cs"):
+            return c
+
+
+INVALID = [b"\xff", b"\xc3", b"\xe4\xb8", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc0\xaf", b"\x80", b"\xf0\x9f"]
+
+
+def generate(n, seed=14):
+    """n byte strings, the same every run."""
+    rng = random.Random(seed)
+    kinds = pool()
+    names = list(kinds)
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randrange(0, 24)):
+            x = rng.random()
+            if x < 0.05:
+                parts.append(rng.choice(INVALID))
+                continue
+            if x < 0.10:
+                s = random_bmp(rng)
+            else:
+                s = rng.choice(kinds[rng.choice(names)])
+            if rng.random() < 0.2:  # runs: of spaces, digits, letters ...
+                s *= rng.choice([2, 3, 4, 5, 6, 7, 9, 12, 17])
+            parts.append(s.encode("utf-8"))
+        out.append(b"".join(parts))
+    return out
+
+
+def regex_cuts(text, regexes):
+    """Where llama.cpp's words start (character indices after 0), splitting text with the regexes in turn."""
+    spans = [(0, len(text))] if text else []
+    for rx in regexes:
+        new = []
+        for a, b in spans:
+            piece, pos = text[a:b], 0
+            for m in rx.finditer(piece):
+                s, e = m.span()
+                if s > pos:
+                    new.append((a + pos, a + s))
+                if e > s:
+                    new.append((a + s, a + e))
+                pos = e
+            if pos < len(piece):
+                new.append((a + pos, b))
+        spans = new
+    return [a for a, _ in spans if a > 0]
+
+
+def main():
+    args = sys.argv[1:]
+    n = 3000
+    if "--strings" in args:
+        i = args.index("--strings")
+        n = int(args[i + 1])
+        del args[i:i + 2]
+    llm_test = args[0] if args else "./llm-test"
+    strings = generate(n)
+    texts = [s.decode("utf-8", errors="replace") for s in strings]
+    stdin = "".join(s.hex() + "\n" for s in strings)
+    compiled = {p: [regex.compile(r) for r in rs] for p, rs in PATTERNS.items()}
+    want = {}  # pattern -> cuts of every string
+    checked = {p: 0 for p in PATTERNS}
+    failed = []
+    for name, pattern in NAMES.items():
+        run = subprocess.run([llm_test, "--split", name], input=stdin, capture_output=True, text=True)
+        if run.returncode != 0:
+            failed.append("%s: llm-test --split failed: %s" % (name, run.stderr.strip()))
+            continue
+        lines = run.stdout.split("\n")
+        warning = lines[0][len("warning: "):] if lines[0].startswith("warning: ") else None
+        if pattern is None and not warning:
+            failed.append("%s: falls back to 'default' in llm.h, but with no warning" % name)
+        if pattern is not None and warning != "":
+            failed.append("%s: llm.h does not know it (%r)" % (name, lines[0]))
+            continue
+        pattern = pattern or "default"
+        if pattern not in want:
+            want[pattern] = [regex_cuts(t, compiled[pattern]) for t in texts]
+        for k, t in enumerate(texts):
+            got = [int(x) for x in lines[1 + k].split()]
+            if got != want[pattern][k]:
+                failed.append("%s (pattern %s): string %r\n    regex: %s\n    llm.h: %s"
+                              % (name, pattern, t, pieces(t, want[pattern][k]), pieces(t, got)))
+                break
+        else:
+            checked[pattern] += len(texts)
+    print("pre-tokenizer splits against llama.cpp's patterns in Python's regex %s (%d generated strings):"
+          % (regex.__version__, len(texts)))
+    for p in PATTERNS:
+        names = [x for x, q in NAMES.items() if (q or "default") == p]
+        print("  %-24s %2d names, %6d strings agree" % (p, len(names), checked[p]))
+    print("  %d names in all: %d known, %d split as 'default' with a warning"
+          % (len(NAMES), sum(p is not None for p in NAMES.values()), sum(p is None for p in NAMES.values())))
+    for f in failed:
+        print("FAIL " + f)
+    return 1 if failed else 0
+
+
+def pieces(text, cuts):
+    bounds = [0] + cuts + [len(text)]
+    return "|".join(text[a:b] for a, b in zip(bounds, bounds[1:])).encode("unicode_escape").decode()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
