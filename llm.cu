@@ -299,7 +299,10 @@ template <int T> __device__ __forceinline__ void dequant8(const uint8_t *p, int 
         int s = i0 / 16;
         d = f16_at(p + 80); dmin = f16_at(p + 82); scale = p[s] & 15; mn = p[s] >> 4;
 #pragma unroll
-        for (int j = 0; j < 8; j++) { int k = k0 + j; u[j] = p[16 + half * 32 + k % 32] >> (2 * (k / 32)) & 3; }
+        for (int j = 0; j < 8; j++) {
+            int k = k0 + j;
+            u[j] = p[16 + half * 32 + k % 32] >> (2 * (k / 32)) & 3;
+        }
     } else if constexpr (T == LLM_Q3_K) {
         /* 16 6-bit scales: low 4 bits in bytes 96-103 (two each), high 2 bits in bytes 104-107 */
         int s = i0 / 16;
