@@ -4,15 +4,23 @@
  * memory they left; the engine sizes the KV pool from that and calls alloc_kv once; each step is one forward.
  *
  * What lives on the device:
- *   - the weights, converted once at load to bf16 (any file type: f32, f16, bf16, q8_0, q4_0, q4_1), with
- *     each matrix's rows padded to a multiple of 8 values so that every row starts 16-byte aligned (cp.async,
- *     uint4); Q, K and V are one matrix [q_dim + 2 kv_dim, dim] and gate/up one matrix [2 ffn, dim]: fewer
- *     launches;
+ *   - the weights in the file's format where it is quantized (q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K,
+ *     q5_K, q6_K: the blocks copied as they are, rows contiguous as in the file, so a quantized model takes
+ *     on the device what its file takes), and converted once at load to bf16 where the file has f32, f16 or
+ *     bf16 (rows padded to a multiple of 8 values so that every row starts 16-byte aligned: cp.async, uint4);
+ *     Q, K and V are one matrix [q_dim + 2 kv_dim, dim] and gate/up one matrix [2 ffn, dim] (fewer
+ *     launches), kept as separate parts when their pieces differ in type (Q4_K_M files do that);
+ *     llm_cuda_weight_bytes says how much the matrices take;
  *   - the paged KV cache in bf16 (as many blocks as alloc_kv is given), laid out
  *     [layer][block][kv_head][slot][head_dim]: a block of one head is one contiguous run of
  *     block_size * head_dim values, which is what attention reads;
  *   - scratch activations for the largest batch seen so far (grown on demand).
- * The residual stream stays f32; everything a matrix product reads is bf16; products accumulate in f32.
+ * The residual stream stays f32; activations a matrix product reads are bf16; products accumulate in f32.
+ * Quantized weights are read by one function, dequant8 (exact f32, bit for bit llm_dtype_dequant_row's): a
+ * product of up to 8 tokens (decode) runs gemv_q_kernel, which dots the exact weights in registers with the
+ * activations, reading each block once for all the tokens; more tokens (prefill) run the tensor-core GEMM
+ * with a tile loader that dequantizes into its shared-memory bf16 tile (weights rounded to bf16 there, as
+ * the bf16 path rounds them at load).
  *
  * One step (llm_batch) on one stream:
  *   the batch's block copies (copy-on-write) -> embed -> per layer [rmsnorm -> QKV GEMM ->
@@ -30,6 +38,7 @@
 #include "llm.h"
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
@@ -230,16 +239,212 @@ __device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], unsign
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* -----------------------------------------------------------------------------------------------------------
+ * Quantized weights on the device: the file's blocks as they are (llm.h section 1 documents every layout).
+ * dequant8<T> is the one place that reads them: values i0 .. i0+7 of a block as f32. The decode GEMV, the
+ * GEMM's tile loader, the embedding lookup and the tests' dequantization all call it, so the check of one
+ * checks the reading of all.
+ * -------------------------------------------------------------------------------------------------------- */
+/* every quantized type, for the switches that pick a kernel's instantiation */
+#define QUANT_TYPES(X) X(LLM_Q4_0) X(LLM_Q4_1) X(LLM_Q5_0) X(LLM_Q5_1) X(LLM_Q8_0) \
+                       X(LLM_Q2_K) X(LLM_Q3_K) X(LLM_Q4_K) X(LLM_Q5_K) X(LLM_Q6_K)
+
+__host__ __device__ constexpr int is_quant(int t) {
+    return t == LLM_Q4_0 || t == LLM_Q4_1 || t == LLM_Q5_0 || t == LLM_Q5_1 || t == LLM_Q8_0 ||
+           (t >= LLM_Q2_K && t <= LLM_Q6_K);
+}
+__host__ __device__ constexpr int q_block_values(int t) { return t >= LLM_Q2_K && t <= LLM_Q6_K ? 256 : 32; }
+__host__ __device__ constexpr int q_block_bytes(int t) {
+    return t == LLM_Q4_0 ? 18 : t == LLM_Q4_1 ? 20 : t == LLM_Q5_0 ? 22 : t == LLM_Q5_1 ? 24 :
+           t == LLM_Q8_0 ? 34 : t == LLM_Q2_K ? 84 : t == LLM_Q3_K ? 110 : t == LLM_Q4_K ? 144 :
+           t == LLM_Q5_K ? 176 : t == LLM_Q6_K ? 210 : 0;
+}
+
+/* a little-endian f16 at any byte address (blocks are 18, 22, 110, ... bytes: nothing is aligned) */
+__device__ __forceinline__ float f16_at(const uint8_t *p) {
+    return __half2float(__ushort_as_half((unsigned short)(p[0] | p[1] << 8)));
+}
+
+/* Values i0 .. i0+7 (i0 a multiple of 8) of the block at p, exactly as llm_dtype_dequant_row computes them:
+ * (d * scale) * q - dmin * min with every product and the difference rounded on its own (__fmul_rn and
+ * __fsub_rn: nvcc would otherwise fuse them into an FMA), so the values are the CPU reference's bit for bit.
+ * Eight consecutive values always lie in one sub-block (16 or 32 values), so they share one scale and one
+ * min. The bytes are read one at a time: no block layout is aligned beyond a byte. */
+template <int T> __device__ __forceinline__ void dequant8(const uint8_t *p, int i0, float v[8]) {
+    static_assert(is_quant(T), "dequant8: not a quantized type");
+    float d, dmin = 0.0f;
+    int scale = 1, mn = 0, offset = 0, u[8];
+    const int half = i0 / 128, k0 = i0 % 128; /* k-quants: the half of 128 values, and the place in it */
+    if constexpr (T == LLM_Q8_0) {
+        d = f16_at(p);
+#pragma unroll
+        for (int j = 0; j < 8; j++) u[j] = (int8_t)p[2 + i0 + j];
+    } else if constexpr (T == LLM_Q4_0 || T == LLM_Q4_1) {
+        const uint8_t *q = p + (T == LLM_Q4_0 ? 2 : 4);
+        d = f16_at(p);
+        if constexpr (T == LLM_Q4_1) { dmin = f16_at(p + 2); mn = -1; } else offset = 8; /* q * d + m */
+#pragma unroll
+        for (int j = 0; j < 8; j++) { int i = i0 + j; u[j] = q[i % 16] >> (4 * (i / 16)) & 15; }
+    } else if constexpr (T == LLM_Q5_0 || T == LLM_Q5_1) {
+        const uint8_t *q = p + (T == LLM_Q5_0 ? 2 : 4); /* the 32 fifth bits, then the nibbles */
+        d = f16_at(p);
+        if constexpr (T == LLM_Q5_1) { dmin = f16_at(p + 2); mn = -1; } else offset = 16;
+        uint32_t qh = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int i = i0 + j;
+            u[j] = (q[4 + i % 16] >> (4 * (i / 16)) & 15) | (int)(qh >> i & 1) << 4;
+        }
+    } else if constexpr (T == LLM_Q2_K) {
+        int s = i0 / 16;
+        d = f16_at(p + 80); dmin = f16_at(p + 82); scale = p[s] & 15; mn = p[s] >> 4;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int k = k0 + j;
+            u[j] = p[16 + half * 32 + k % 32] >> (2 * (k / 32)) & 3;
+        }
+    } else if constexpr (T == LLM_Q3_K) {
+        /* 16 6-bit scales: low 4 bits in bytes 96-103 (two each), high 2 bits in bytes 104-107 */
+        int s = i0 / 16;
+        const uint8_t *sc = p + 96;
+        d = f16_at(p + 108); offset = 4;
+        int low = (s < 8 ? sc[s] : sc[s - 8] >> 4) & 15, high = sc[8 + s % 4] >> (2 * (s / 4)) & 3;
+        scale = (low | high << 4) - 32;
+#pragma unroll
+        for (int j = 0; j < 8; j++) { /* 2 low bits, and a high bit in bit i / 32 of byte i % 32 */
+            int i = i0 + j, k = k0 + j;
+            u[j] = (p[32 + half * 32 + k % 32] >> (2 * (k / 32)) & 3) | (p[i % 32] >> (i / 32) & 1) << 2;
+        }
+    } else if constexpr (T == LLM_Q4_K || T == LLM_Q5_K) {
+        /* 8 6-bit scales and mins in bytes 4-15: the last four split over the first eight's spare bits */
+        int s = i0 / 32;
+        const uint8_t *sc = p + 4, *qs = p + (T == LLM_Q4_K ? 16 : 48);
+        d = f16_at(p); dmin = f16_at(p + 2);
+        if (s < 4) { scale = sc[s] & 63; mn = sc[s + 4] & 63; }
+        else {
+            scale = (sc[s + 4] & 15) | (sc[s - 4] >> 6) << 4;
+            mn = (sc[s + 4] >> 4) | (sc[s] >> 6) << 4;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int i = i0 + j;
+            u[j] = qs[i / 64 * 32 + i % 32] >> (4 * (i / 32 % 2)) & 15;
+            if constexpr (T == LLM_Q5_K) u[j] |= (p[16 + i % 32] >> (i / 32) & 1) << 4;
+        }
+    } else { /* LLM_Q6_K: low nibbles across 64 bytes per half, 2-bit high parts across 32, int8 scales */
+        int s = i0 / 16;
+        d = f16_at(p + 208); scale = (int8_t)p[192 + s]; offset = 32;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int k = k0 + j;
+            u[j] = (p[half * 64 + k % 64] >> (4 * (k / 64)) & 15) |
+                   (p[128 + half * 32 + k % 32] >> (2 * (k / 32)) & 3) << 4;
+        }
+    }
+    float ds = __fmul_rn(d, (float)scale), dm = __fmul_rn(dmin, (float)mn);
+#pragma unroll
+    for (int j = 0; j < 8; j++) v[j] = __fsub_rn(__fmul_rn(ds, (float)(u[j] - offset)), dm);
+}
+
+/* values k .. k+7 (k a multiple of 8) of a row of blocks */
+template <int T> __device__ __forceinline__ void dequant8_row(const uint8_t *row, int k, float v[8]) {
+    dequant8<T>(row + (size_t)(k / q_block_values(T)) * q_block_bytes(T), k % q_block_values(T), v);
+}
+
+/* Decode GEMV on quantized weights: C[m][n] (=|+=) sum_k A[m][k] W[n][k] for the few tokens of a decode step
+ * (M <= GEMV_MAX_M). The cost is reading W, so W is read once for all M tokens: each warp owns one row of W
+ * and walks it in units of 8 values, lane l taking units l, l + 32, ... (neighbouring lanes read neighbouring
+ * bytes, so a warp's loads stay within a few cache lines; lanes that share a byte, as q4's low and high
+ * nibbles, meet in L1, not DRAM). A lane dequantizes its unit into registers (dequant8: exact f32) and dots
+ * it with the same 8 activations of every token (bf16, one 16-byte load each), accumulating in f32; a
+ * shuffle reduction over the warp gives the row's M outputs, which lane 0 writes. No shared memory, no
+ * conversion of W anywhere. */
+#define GEMV_MAX_M 8
+#define GEMV_WARPS 4
+struct gemv_args {
+    const bf16 *A; int lda;                 /* [M][lda] bf16, lda a multiple of 8 (16-byte rows) */
+    const uint8_t *W; size_t row_bytes;     /* N rows of K values in blocks */
+    float *C; int ldc;
+    int M, N, K, accumulate;
+};
+template <int T>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_q_kernel(gemv_args g) {
+    int lane = threadIdx.x & 31, n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (n >= g.N) return; /* the whole warp: n is the same for its 32 lanes */
+    const uint8_t *row = g.W + (size_t)n * g.row_bytes;
+    float acc[GEMV_MAX_M];
+#pragma unroll
+    for (int m = 0; m < GEMV_MAX_M; m++) acc[m] = 0.0f;
+    for (int k = lane * 8; k < g.K; k += 32 * 8) {
+        float w[8];
+        dequant8_row<T>(row, k, w);
+#pragma unroll
+        for (int m = 0; m < GEMV_MAX_M; m++) {
+            if (m >= g.M) break;
+            uint4 raw = *(const uint4 *)(g.A + (size_t)m * g.lda + k);
+            const __nv_bfloat162 *a2 = (const __nv_bfloat162 *)&raw;
+            float s = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float2 a = __bfloat1622float2(a2[j]);
+                s += a.x * w[2 * j] + a.y * w[2 * j + 1];
+            }
+            acc[m] += s;
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < GEMV_MAX_M; m++) {
+        if (m >= g.M) break; /* g.M is the same for every lane: the shuffles below see all 32 */
+        float s = warp_sum(acc[m]);
+        if (lane == 0) {
+            float *c = g.C + (size_t)m * g.ldc + n;
+            *c = g.accumulate ? *c + s : s;
+        }
+    }
+}
+
+/* x[t][:] = embedding row tokens[t] of a quantized matrix, as f32 (exact, as the CPU's lookup) */
+template <int T>
+__global__ void embed_q_kernel(float *x, const uint8_t *emb, size_t row_bytes, const int *tokens, int D) {
+    int t = blockIdx.x;
+    const uint8_t *row = emb + (size_t)tokens[t] * row_bytes;
+    for (int k = threadIdx.x * 8; k < D; k += blockDim.x * 8) {
+        float v[8];
+        dequant8_row<T>(row, k, v);
+#pragma unroll
+        for (int j = 0; j < 8; j++) x[(size_t)t * D + k + j] = v[j];
+    }
+}
+
+/* out[n][:] = row n of a quantized matrix as f32: for the tests, which compare it bit for bit with the CPU */
+template <int T>
+__global__ void dequant_rows_kernel(float *out, const uint8_t *w, size_t row_bytes, int K) {
+    int n = blockIdx.x;
+    for (int k = threadIdx.x * 8; k < K; k += blockDim.x * 8) {
+        float v[8];
+        dequant8_row<T>(w + (size_t)n * row_bytes, k, v);
+#pragma unroll
+        for (int j = 0; j < 8; j++) out[(size_t)n * K + k + j] = v[j];
+    }
+}
+
 struct gemm_args {
     const bf16 *A; const bf16 *B; float *C;
+    const uint8_t *Bq; size_t ldb_bytes; /* QT quantized: B as the file's blocks, ldb_bytes per row */
     int lda, ldb, ldc, M, N, K;
     int accumulate;     /* C += A B^T instead of C = A B^T */
     int k_tiles_split;  /* BK-tiles of K per gridDim.z slice */
     int atomic;         /* split-K: add with atomicAdd (C zeroed first unless accumulating) */
 };
 
-template <int BM, int BN, int WARPS_M, int WARPS_N>
+/* QT: LLM_BF16 for a bf16 B, or a quantized type: B stays in its blocks in global memory and the tile loader
+ * dequantizes each 8-value piece (dequant8, exact f32) and rounds it to bf16 into the shared-memory tile,
+ * the same tile the bf16 path fills with cp.async. Those stores are plain synchronous ones; the pipeline
+ * keeps them right because a stage is only refilled after the __syncthreads that ends its last reading, and
+ * only read after the __syncthreads of the iteration that consumes it. */
+template <int BM, int BN, int WARPS_M, int WARPS_N, int QT>
 __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32) gemm_kernel(gemm_args g) {
+    static_assert(QT == LLM_BF16 || is_quant(QT), "gemm_kernel: B is bf16 or quantized");
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N; /* one warp's tile */
     constexpr int MT = WTM / 16, NT = WTN / 8;            /* mma tiles per warp */
@@ -269,7 +474,19 @@ __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32) gemm_kernel(gemm_args g
         for (int c = tid; c < BN * 4; c += THREADS) {
             int r = c >> 2, kc = (c & 3) * 8, gr = n0 + r, gk = k0 + kc;
             bool ok = gr < g.N && gk < g.K;
-            cp_async16(bs + r * GEMM_SROW + kc, g.B + (ok ? (size_t)gr * g.ldb + gk : 0), ok);
+            if constexpr (QT == LLM_BF16) {
+                cp_async16(bs + r * GEMM_SROW + kc, g.B + (ok ? (size_t)gr * g.ldb + gk : 0), ok);
+            } else {
+                uint4 packed = make_uint4(0, 0, 0, 0); /* zeros beyond N and K, as cp.async's fill */
+                if (ok) {
+                    float v[8];
+                    dequant8_row<QT>(g.Bq + (size_t)gr * g.ldb_bytes, gk, v);
+                    __nv_bfloat162 *h = (__nv_bfloat162 *)&packed;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) h[j] = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+                }
+                *(uint4 *)(bs + r * GEMM_SROW + kc) = packed;
+            }
         }
     };
 
@@ -538,7 +755,24 @@ __global__ void zero_cols_kernel(bf16 *x, int ld, int from) {
 /* -----------------------------------------------------------------------------------------------------------
  * The backend's state
  * -------------------------------------------------------------------------------------------------------- */
-typedef struct { bf16 *w; int rows, cols, ld; } dmat; /* ld: cols rounded up to 8 (zero padding) */
+/* A weight matrix [rows][cols] on the device, in one or more parts of consecutive rows. A part is either bf16
+ * (converted at load from f32, f16 or bf16 files; rows padded to ld values, zeros beyond cols) or a
+ * quantized type kept as the file's blocks (row r at data + r * row_bytes). A stacked matrix (QKV, gate/up)
+ * is one part when its pieces share a type, and one part per run of equal types when they do not (Q4_K_M
+ * files give attn_v another type than attn_q): a product launches once per part, each writing its own
+ * columns of C. */
+typedef struct {
+    uint32_t type;          /* LLM_BF16 or a quantized type */
+    int row0, rows;         /* its rows of the matrix */
+    const void *data;
+    size_t row_bytes;       /* bf16: ld * 2 */
+} dpart;
+#define DMAT_MAX_PARTS 3
+typedef struct {
+    int rows, cols, ld;     /* ld: cols rounded up to 8, the row stride of bf16 parts */
+    int n_parts;
+    dpart part[DMAT_MAX_PARTS];
+} dmat;
 
 typedef struct {
     dmat wqkv, wo, wgu, wdown;
@@ -553,6 +787,7 @@ typedef struct {
     float *output_norm, *inv_freq;
     dlayer *layers;
     void **allocs; int n_allocs, cap_allocs;   /* every weight allocation, freed at destroy */
+    size_t weight_bytes, weight_bytes_bf16;    /* device bytes of the matrices; of those, the bf16 parts */
     /* KV cache (alloc_kv); num_blocks 0 until there is one */
     bf16 *kc, *vc;
     size_t layer_stride;              /* values per layer: num_blocks * n_kv_heads * block_size * head_dim */
@@ -582,20 +817,15 @@ static int ctx_alloc(cuda_ctx *c, void **p, size_t bytes, char *err) {
     return 0;
 }
 
-/* Upload matrices (all of the same cols) stacked on top of each other as one bf16 matrix with padded rows. */
-static int upload_stacked(cuda_ctx *c, dmat *out, const llm_weight *const *ws, int n, char *err) {
-    int cols = (int)ws[0]->cols, rows = 0, ld = round_up(cols, 8);
-    for (int i = 0; i < n; i++) {
-        uint32_t t = ws[i]->type;
-        if (ws[i]->cols != cols) return fail(err, "stacked weights differ in width");
-        if (!llm_dtype_row_bytes(t, cols) || t == LLM_Q4_K || t == LLM_Q6_K) {
-            snprintf(err, LLM_ERR_LEN, "the CUDA backend cannot use weights of type %s", llm_dtype_name(t));
-            return -1;
-        }
-        rows += (int)ws[i]->rows;
-    }
-    out->rows = rows; out->cols = cols; out->ld = ld;
-    if (ctx_alloc(c, (void **)&out->w, (size_t)rows * ld * sizeof(bf16), err)) return -1;
+/* The weights ws[0..n) (same cols) converted to one bf16 part of out, rows padded to out->ld. */
+static int upload_bf16_part(cuda_ctx *c, dpart *part, const llm_weight *const *ws, int n, int ld, char *err) {
+    int cols = (int)ws[0]->cols, rows = 0;
+    for (int i = 0; i < n; i++) rows += (int)ws[i]->rows;
+    bf16 *dev;
+    size_t bytes = (size_t)rows * ld * sizeof(bf16);
+    if (ctx_alloc(c, (void **)&dev, bytes, err)) return -1;
+    c->weight_bytes += bytes; c->weight_bytes_bf16 += bytes;
+    part->type = LLM_BF16; part->rows = rows; part->data = dev; part->row_bytes = (size_t)ld * sizeof(bf16);
     /* convert in slabs of rows so the host buffer stays small */
     const int slab = 4096;
     uint16_t *hbuf = (uint16_t *)malloc((size_t)slab * ld * sizeof(uint16_t));
@@ -624,14 +854,65 @@ static int upload_stacked(cuda_ctx *c, dmat *out, const llm_weight *const *ws, i
                 free(tmp);
             }
             if (oom) { rc = fail(err, "out of host memory converting weights"); break; }
-            cudaError_t e = cudaMemcpy(out->w + (size_t)(row0 + r0) * ld, hbuf,
-                                       (size_t)nr * ld * sizeof(bf16), cudaMemcpyHostToDevice);
+            cudaError_t e = cudaMemcpy(dev + (size_t)(row0 + r0) * ld, hbuf, (size_t)nr * ld * sizeof(bf16),
+                                       cudaMemcpyHostToDevice);
             if (e != cudaSuccess) rc = cuda_fail(err, e, "cudaMemcpy (weights)", __LINE__);
         }
         row0 += (int)w->rows;
     }
     free(hbuf);
     return rc;
+}
+
+/* The weights ws[0..n) (same cols, same quantized type) as one part: their blocks copied as they are. */
+static int upload_quant_part(cuda_ctx *c, dpart *part, const llm_weight *const *ws, int n, char *err) {
+    uint32_t type = ws[0]->type;
+    size_t rb = llm_dtype_row_bytes(type, ws[0]->cols), at = 0;
+    int rows = 0;
+    for (int i = 0; i < n; i++) rows += (int)ws[i]->rows;
+    uint8_t *dev;
+    if (ctx_alloc(c, (void **)&dev, (size_t)rows * rb, err)) return -1;
+    c->weight_bytes += (size_t)rows * rb;
+    for (int i = 0; i < n; i++) {
+        CK(cudaMemcpy(dev + at, ws[i]->data, (size_t)ws[i]->rows * rb, cudaMemcpyHostToDevice));
+        at += (size_t)ws[i]->rows * rb;
+    }
+    part->type = type; part->rows = rows; part->data = dev; part->row_bytes = rb;
+    return 0;
+}
+
+/* Matrices of the same cols stacked on top of each other as one dmat: quantized ones stay in their blocks,
+ * the others become bf16; consecutive pieces of one device type share a part. */
+static int upload_stacked(cuda_ctx *c, dmat *out, const llm_weight *const *ws, int n, char *err) {
+    int cols = (int)ws[0]->cols, rows = 0;
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < n; i++) {
+        uint32_t t = ws[i]->type;
+        if (ws[i]->cols != cols) return fail(err, "stacked weights differ in width");
+        if (!llm_dtype_row_bytes(t, cols)) {
+            snprintf(err, LLM_ERR_LEN, "the CUDA backend cannot use weights of type %s with %d columns",
+                     llm_dtype_name(t), cols);
+            return -1;
+        }
+        /* quantized rows are whole blocks (row_bytes checked it), so K is a multiple of 32: the kernels'
+         * 8-value units never straddle a row's end */
+        rows += (int)ws[i]->rows;
+    }
+    out->rows = rows; out->cols = cols; out->ld = round_up(cols, 8);
+    for (int i = 0; i < n;) {
+        uint32_t dev_type = is_quant((int)ws[i]->type) ? ws[i]->type : LLM_BF16;
+        int j = i + 1;
+        while (j < n && (is_quant((int)ws[j]->type) ? ws[j]->type : (uint32_t)LLM_BF16) == dev_type) j++;
+        if (out->n_parts == DMAT_MAX_PARTS) return fail(err, "too many parts in a stacked matrix");
+        dpart *part = &out->part[out->n_parts];
+        int row0 = out->n_parts ? out->part[out->n_parts - 1].row0 + out->part[out->n_parts - 1].rows : 0;
+        if (dev_type == LLM_BF16 ? upload_bf16_part(c, part, ws + i, j - i, out->ld, err)
+                                 : upload_quant_part(c, part, ws + i, j - i, err)) return -1;
+        part->row0 = row0;
+        out->n_parts++;
+        i = j;
+    }
+    return 0;
 }
 
 /* n host arrays of lens[i] values, one after the other in one device allocation */
@@ -715,7 +996,7 @@ static int ensure_scratch(cuda_ctx *c, int T, int n_logits, int n_part, int n_in
 /* -----------------------------------------------------------------------------------------------------------
  * Launchers
  * -------------------------------------------------------------------------------------------------------- */
-template <int BM, int BN, int WM, int WN>
+template <int BM, int BN, int WM, int WN, int QT>
 static int launch_gemm_cfg(cuda_ctx *c, gemm_args g, char *err) {
     constexpr int threads = WM * WN * 32;
     size_t smem = (size_t)GEMM_STAGES * (BM + BN) * GEMM_SROW * sizeof(bf16);
@@ -732,10 +1013,12 @@ static int launch_gemm_cfg(cuda_ctx *c, gemm_args g, char *err) {
     g.k_tiles_split = cdiv(k_tiles, split);
     split = cdiv(k_tiles, g.k_tiles_split);
     g.atomic = split > 1;
+    /* only this product's N columns of each row: C may be one part's columns of a wider output */
     if (g.atomic && !g.accumulate)
-        CK(cudaMemsetAsync(g.C, 0, (size_t)g.M * g.ldc * sizeof(float), c->stream));
+        CK(cudaMemset2DAsync(g.C, (size_t)g.ldc * sizeof(float), 0, (size_t)g.N * sizeof(float), g.M,
+                             c->stream));
     dim3 grid(tiles_n, tiles_m, split);
-    gemm_kernel<BM, BN, WM, WN><<<grid, threads, smem, c->stream>>>(g);
+    gemm_kernel<BM, BN, WM, WN, QT><<<grid, threads, smem, c->stream>>>(g);
     CK_LAUNCH();
     return 0;
 }
@@ -751,26 +1034,102 @@ static int launch_attn(cuda_ctx *c, const attn_args &aa, int n_work, int max_row
     return 0;
 }
 
-static int set_gemm_smem(char *err) {
+template <int QT> static int set_gemm_smem_type(char *err) {
     const cudaFuncAttribute smem = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    CK(cudaFuncSetAttribute(gemm_kernel<128, 128, 2, 4>, smem, GEMM_STAGES * 256 * GEMM_SROW * 2));
-    CK(cudaFuncSetAttribute(gemm_kernel<64, 128, 2, 4>, smem, GEMM_STAGES * 192 * GEMM_SROW * 2));
-    CK(cudaFuncSetAttribute(gemm_kernel<32, 64, 1, 4>, smem, GEMM_STAGES * 96 * GEMM_SROW * 2));
+    CK(cudaFuncSetAttribute(gemm_kernel<128, 128, 2, 4, QT>, smem, GEMM_STAGES * 256 * GEMM_SROW * 2));
+    CK(cudaFuncSetAttribute(gemm_kernel<64, 128, 2, 4, QT>, smem, GEMM_STAGES * 192 * GEMM_SROW * 2));
+    CK(cudaFuncSetAttribute(gemm_kernel<32, 64, 1, 4, QT>, smem, GEMM_STAGES * 96 * GEMM_SROW * 2));
+    return 0;
+}
+static int set_gemm_smem(char *err) {
+    if (set_gemm_smem_type<LLM_BF16>(err)) return -1;
+#define SET_SMEM(T) if (set_gemm_smem_type<T>(err)) return -1;
+    QUANT_TYPES(SET_SMEM)
+#undef SET_SMEM
     return 0;
 }
 
-/* C[M][N] (+)= A[M][K] W^T; the tile shape follows M: decode (tiny M) wants many narrow tiles, prefill big
- * ones */
+/* the tile shape follows M: decode (tiny M) wants many narrow tiles, prefill big ones */
+template <int QT> static int launch_gemm(cuda_ctx *c, gemm_args g, char *err) {
+    if (g.M <= 32) return launch_gemm_cfg<32, 64, 1, 4, QT>(c, g, err);
+    if (g.M <= 96) return launch_gemm_cfg<64, 128, 2, 4, QT>(c, g, err);
+    return launch_gemm_cfg<128, 128, 2, 4, QT>(c, g, err);
+}
+
+template <int T> static int launch_gemv(cuda_ctx *c, const gemv_args &g, char *err) {
+    gemv_q_kernel<T><<<cdiv(g.N, GEMV_WARPS), GEMV_WARPS * 32, 0, c->stream>>>(g);
+    CK_LAUNCH();
+    return 0;
+}
+
+/* Whether a product of M tokens by a quantized part runs the GEMV (decode) rather than the GEMM (prefill) */
+static int use_gemv(const dpart *p, int M) { return p->type != LLM_BF16 && M <= GEMV_MAX_M; }
+
+/* C[M][N] (+)= A[M][K] W^T, part by part: each part's rows of W give its own columns of C. bf16 parts take
+ * the tensor-core GEMM; quantized parts the GEMV for a few tokens and the dequantizing GEMM for more. */
 static int gemm(cuda_ctx *c, float *C, int ldc, const bf16 *A, int lda, const dmat *W, int M, int accumulate,
                 char *err) {
-    gemm_args g = {}; /* k_tiles_split and atomic: launch_gemm_cfg's */
-    g.A = A; g.B = W->w; g.C = C;
-    g.lda = lda; g.ldb = W->ld; g.ldc = ldc;
-    g.M = M; g.N = W->rows; g.K = W->ld;
-    g.accumulate = accumulate;
-    if (M <= 32) return launch_gemm_cfg<32, 64, 1, 4>(c, g, err);
-    if (M <= 96) return launch_gemm_cfg<64, 128, 2, 4>(c, g, err);
-    return launch_gemm_cfg<128, 128, 2, 4>(c, g, err);
+    for (int p = 0; p < W->n_parts; p++) {
+        const dpart *P = &W->part[p];
+        float *Cp = C + P->row0;
+        if (use_gemv(P, M)) {
+            gemv_args v = {};
+            v.A = A; v.lda = lda; v.W = (const uint8_t *)P->data; v.row_bytes = P->row_bytes;
+            v.C = Cp; v.ldc = ldc; v.M = M; v.N = P->rows; v.K = W->cols; v.accumulate = accumulate;
+            int rc;
+            switch (P->type) {
+#define GEMV_CASE(T) case T: rc = launch_gemv<T>(c, v, err); break;
+            QUANT_TYPES(GEMV_CASE)
+#undef GEMV_CASE
+            default: return fail(err, "gemv: not a quantized type");
+            }
+            if (rc) return -1;
+            continue;
+        }
+        gemm_args g = {}; /* k_tiles_split and atomic: launch_gemm_cfg's */
+        g.A = A; g.C = Cp;
+        g.lda = lda; g.ldc = ldc;
+        g.M = M; g.N = P->rows;
+        g.accumulate = accumulate;
+        int rc;
+        if (P->type == LLM_BF16) {
+            g.B = (const bf16 *)P->data; g.ldb = W->ld; g.K = W->ld;
+            rc = launch_gemm<LLM_BF16>(c, g, err);
+        } else {
+            g.Bq = (const uint8_t *)P->data; g.ldb_bytes = P->row_bytes; g.K = W->cols;
+            switch (P->type) {
+#define GEMM_CASE(T) case T: rc = launch_gemm<T>(c, g, err); break;
+            QUANT_TYPES(GEMM_CASE)
+#undef GEMM_CASE
+            default: return fail(err, "gemm: unknown weight type on the device");
+            }
+        }
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+/* x[t][:] = the embedding rows of the step's tokens, as f32, from a bf16 or a quantized matrix */
+template <int T> static int launch_embed_q(cuda_ctx *c, const dpart *P, const int *tokens, int T_, int D,
+                                           char *err) {
+    embed_q_kernel<T><<<T_, 128, 0, c->stream>>>(c->x, (const uint8_t *)P->data, P->row_bytes, tokens, D);
+    CK_LAUNCH();
+    return 0;
+}
+static int embed(cuda_ctx *c, const int *tokens, int T, char *err) {
+    const dpart *P = &c->tok_embd.part[0];
+    int D = c->cfg.dim;
+    if (P->type == LLM_BF16) {
+        embed_kernel<<<T, 256, 0, c->stream>>>(c->x, (const bf16 *)P->data, c->tok_embd.ld, tokens, D);
+        CK_LAUNCH();
+        return 0;
+    }
+    switch (P->type) {
+#define EMBED_CASE(Q) case Q: return launch_embed_q<Q>(c, P, tokens, T, D, err);
+    QUANT_TYPES(EMBED_CASE)
+#undef EMBED_CASE
+    }
+    return fail(err, "embedding: unknown weight type on the device");
 }
 
 /* -----------------------------------------------------------------------------------------------------------
@@ -899,8 +1258,7 @@ static int enqueue_step(cuda_ctx *c, const step_layout *L, char *err) {
     const int *di = c->ints_d;
     cudaStream_t st = c->stream;
     CK(cudaMemcpyAsync(c->ints_d, c->ints_h, (size_t)L->total * sizeof(int), cudaMemcpyHostToDevice, st));
-    embed_kernel<<<T, 256, 0, st>>>(c->x, c->tok_embd.w, c->tok_embd.ld, di + L->off_tokens, cf->dim);
-    CK_LAUNCH();
+    if (embed(c, di + L->off_tokens, T, err)) return -1;
     for (int l = 0; l < cf->n_layers; l++) {
         const dlayer *ly = &c->layers[l];
         rmsnorm_kernel<<<T, 256, 0, st>>>(c->xn, c->ld_dim, c->x, NULL, ly->attn_norm, cf->dim, cf->rms_eps);
@@ -1174,6 +1532,10 @@ extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, char *err) {
     return be;
 }
 
+extern "C" size_t llm_cuda_weight_bytes(const llm_backend *be) {
+    return be && be->ctx ? ((const cuda_ctx *)be->ctx)->weight_bytes : 0;
+}
+
 /* -----------------------------------------------------------------------------------------------------------
  * One kernel at a time, for test.c's GPU checks and kernel benchmarks (llm.h: llm_cuda_run_gemm,
  * llm_cuda_run_attention): the forward pass's own launches, on inputs from plain f32 host arrays or, when
@@ -1219,10 +1581,27 @@ static int gemm_operand(cuda_ctx *c, dmat *out, const float *src, int rows, int 
         const llm_weight *pw = &w;
         return upload_stacked(c, out, &pw, 1, err);
     }
+    memset(out, 0, sizeof *out);
     out->rows = rows; out->cols = cols; out->ld = round_up(cols, 8);
     size_t bytes = (size_t)rows * out->ld * sizeof(bf16);
-    if (ctx_alloc(c, (void **)&out->w, bytes, err)) return -1;
-    CK(cudaMemset(out->w, 0x3c, bytes));
+    void *dev;
+    if (ctx_alloc(c, &dev, bytes, err)) return -1;
+    CK(cudaMemset(dev, 0x3c, bytes));
+    out->n_parts = 1;
+    out->part[0].type = LLM_BF16; out->part[0].rows = rows; out->part[0].data = dev;
+    out->part[0].row_bytes = (size_t)out->ld * sizeof(bf16);
+    return 0;
+}
+
+/* The device's dequantization of a quantized matrix, [N][K] f32 to the host (dequant8: what every kernel
+ * multiplies by) */
+template <int T> static int dequant_to_host(cuda_ctx *c, const dpart *P, int K, float *out, char *err) {
+    float *dev;
+    if (ctx_alloc(c, (void **)&dev, (size_t)P->rows * K * sizeof(float), err)) return -1;
+    dequant_rows_kernel<T><<<P->rows, 128, 0, c->stream>>>(dev, (const uint8_t *)P->data, P->row_bytes, K);
+    CK_LAUNCH();
+    CK(cudaStreamSynchronize(c->stream));
+    CK(cudaMemcpy(out, dev, (size_t)P->rows * K * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
 
@@ -1230,10 +1609,28 @@ static int run_gemm(cuda_ctx *c, llm_cuda_gemm_run *r, char *err) {
     dmat a, w;
     float *dc;
     size_t n_c = (size_t)r->M * r->N;
-    if (gemm_operand(c, &a, r->A, r->M, r->K, err) || gemm_operand(c, &w, r->W, r->N, r->K, err) ||
-        upload_or_zero(c, &dc, r->C, n_c, err)) return -1;
+    if (gemm_operand(c, &a, r->A, r->M, r->K, err) || upload_or_zero(c, &dc, r->C, n_c, err)) return -1;
+    if (r->W_raw) { /* the file's blocks, kept as they are, as upload_model keeps them */
+        llm_weight lw = {};
+        lw.data = r->W_raw; lw.type = r->w_type; lw.rows = r->N; lw.cols = r->K;
+        const llm_weight *pw = &lw;
+        if (!is_quant((int)r->w_type)) return fail(err, "llm_cuda_run_gemm: W_raw needs a quantized w_type");
+        if (upload_stacked(c, &w, &pw, 1, err)) return -1;
+    } else if (gemm_operand(c, &w, r->W, r->N, r->K, err)) return -1;
     CK(cudaDeviceSynchronize()); /* the uploads ran on the default stream, which ours does not wait for */
-    auto run = [&] { return gemm(c, dc, r->N, a.w, a.ld, &w, r->M, r->accumulate, err); };
+    if (r->W_out) {
+        int rc = -1;
+        switch (r->w_type) {
+#define DEQUANT_CASE(T) case T: rc = dequant_to_host<T>(c, &w.part[0], r->K, r->W_out, err); break;
+        QUANT_TYPES(DEQUANT_CASE)
+#undef DEQUANT_CASE
+        default: fail(err, "llm_cuda_run_gemm: W_out needs a quantized W_raw");
+        }
+        if (rc) return -1;
+    }
+    r->used_gemv = use_gemv(&w.part[0], r->M);
+    const bf16 *A = (const bf16 *)a.part[0].data;
+    auto run = [&] { return gemm(c, dc, r->N, A, a.ld, &w, r->M, r->accumulate, err); };
     if (run()) return -1;
     CK(cudaStreamSynchronize(c->stream));
     if (r->C) CK(cudaMemcpy(r->C, dc, n_c * sizeof(float), cudaMemcpyDeviceToHost));

@@ -390,6 +390,9 @@ llm_backend *llm_cpu_backend_create(const llm_model *m, char *err);
 llm_backend *llm_cpu_exact_backend_create(const llm_model *m, char *err);
 #ifdef LLM_CUDA
 llm_backend *llm_cuda_backend_create(const llm_model *m, char *err);   /* NULL and why, when no GPU answers */
+/* The device bytes the backend's weight matrices take: a quantized matrix its file's bytes, a f32/f16/bf16 one
+ * 2 bytes a value (rows padded to 8 values); norms and biases not counted */
+size_t llm_cuda_weight_bytes(const llm_backend *be);
 
 /* llm.cu's kernels one at a time on plain f32 host arrays, as the forward pass launches them: for test.c's
  * GPU checks and kernel benchmarks. With reps > 0 the call also times reps more runs (CUDA events) and gives
@@ -398,8 +401,16 @@ llm_backend *llm_cuda_backend_create(const llm_model *m, char *err);   /* NULL a
 typedef struct {
     int M, N, K;
     const float *A, *W;             /* [M][K], [N][K]: rounded to bf16 on upload, as the weights are */
+    /* W_raw instead of W: N rows of K values of the quantized type w_type, as a file holds them, kept so on
+     * the device as the backend keeps them. M <= 8 then runs the decode GEMV (exact weights), larger M the
+     * GEMM that dequantizes tiles to bf16 in shared memory. W_out (NULL: not read back): [N][K], the
+     * device's own dequantization of W_raw, which must equal llm_dtype_dequant_row's bit for bit. */
+    uint32_t w_type;
+    const void *W_raw;
+    float *W_out;
     float *C;                       /* [M][N]: C = A W^T, or C += A W^T with accumulate */
     int accumulate, reps;
+    int used_gemv;                  /* out: 1 when the GEMV ran, 0 for the tensor-core GEMM */
     double seconds;
 } llm_cuda_gemm_run;
 int llm_cuda_run_gemm(llm_cuda_gemm_run *r, char *err);

@@ -3975,6 +3975,151 @@ static void gpu_test_gemm(void) {
     }
 }
 
+/* ---- 1b. quantized weights: every type, read by the device as the CPU reads it ---- */
+/* A quantized matrix for the checks: N rows of K values of one type, as raw blocks. */
+typedef struct { uint32_t type; int N, K; uint8_t *raw; char from[192]; } gt_qmat;
+
+/* The first 2-D tensor of the type in the random-quant files (real blocks, as llama-quantize wrote them);
+ * 0 when no file has one (q8_0, q4_0 and q4_1 are in none). */
+static int gt_qmat_from_files(uint32_t type, gt_qmat *q) {
+    for (int f = 0; f < N_QUANT_MODELS; f++) {
+        llm_gguf g;
+        char err[LLM_ERR_LEN];
+        if (llm_gguf_open(&g, model_path(quant_models[f]), err) != 0) continue;
+        int found = 0;
+        for (int64_t i = 0; i < g.n_tensors && !found; i++) {
+            const llm_gguf_tensor *t = &g.tensors[i];
+            if (t->type != type || t->n_dims != 2) continue;
+            size_t bytes = llm_dtype_row_bytes(type, (int64_t)t->ne[0]) * t->ne[1];
+            q->raw = malloc(bytes);
+            if (!q->raw) break;
+            memcpy(q->raw, t->data, bytes);
+            q->type = type; q->K = (int)t->ne[0]; q->N = (int)t->ne[1];
+            snprintf(q->from, sizeof q->from, "%s %.*s", quant_models[f], (int)t->name.len, t->name.ptr);
+            found = 1;
+        }
+        llm_gguf_close(&g);
+        if (found) return 1;
+    }
+    return 0;
+}
+
+/* N x K of random blocks: random bytes with sane f16 scales (d about 0.01, dmin about 0.004), so that the
+ * values are of the size real weights have and never inf or NaN */
+static int gt_qmat_random(uint32_t type, int N, int K, gt_qmat *q) {
+    size_t row_bytes = llm_dtype_row_bytes(type, K), bytes = row_bytes * (size_t)N;
+    uint64_t bb, bv;
+    llm_dtype_info(type, &bb, &bv);
+    q->raw = malloc(bytes);
+    if (!q->raw || !row_bytes) { free(q->raw); q->raw = NULL; return 0; }
+    size_t d_at = type == LLM_Q2_K ? 80 : type == LLM_Q3_K ? 108 : type == LLM_Q6_K ? 208 : 0;
+    int has_min = type == LLM_Q2_K || type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q4_1 ||
+                  type == LLM_Q5_1;
+    for (size_t at = 0; at < bytes; at += bb) {
+        uint8_t *b = q->raw + at;
+        for (size_t i = 0; i < bb; i++) b[i] = (uint8_t)(llm_splitmix64(&gt_rng) >> 24);
+        /* f16 0x2000 + a little: 2^-7 to 2^-6; dmin 2^-8 to 2^-7 */
+        uint16_t d = (uint16_t)(0x2000 + gt_int(0x400)), dmin = (uint16_t)(0x1c00 + gt_int(0x400));
+        memcpy(b + d_at, &d, 2);
+        if (has_min) memcpy(b + d_at + 2, &dmin, 2);
+    }
+    q->type = type; q->N = N; q->K = K;
+    snprintf(q->from, sizeof q->from, "random blocks");
+    return 1;
+}
+
+/* The device's dequantization against llm_dtype_dequant_row (bit for bit), then the products for decode-sized
+ * M (the GEMV, exact weights) and prefill-sized M (the GEMM, weights rounded to bf16 in its tiles) against
+ * double loops over the same inputs, fresh and accumulating. */
+static void gt_check_qmat(const gt_qmat *q) {
+    const int N = q->N, K = q->K, Mmax = 128;
+    const char *tn = llm_dtype_name(q->type);
+    size_t row_bytes = llm_dtype_row_bytes(q->type, K);
+    float *W = malloc((size_t)N * K * 4), *Wb = malloc((size_t)N * K * 4), *Wd = malloc((size_t)N * K * 4);
+    float *A = malloc((size_t)Mmax * K * 4), *C = malloc((size_t)Mmax * N * 4);
+    float *C0 = malloc((size_t)Mmax * N * 4);
+    if (!W || !Wb || !Wd || !A || !C || !C0) {
+        CHECK(0, "quant %s: out of memory", tn);
+        free(W); free(Wb); free(Wd); free(A); free(C); free(C0);
+        return;
+    }
+    for (int n = 0; n < N; n++) llm_dtype_dequant_row(q->type, q->raw + row_bytes * n, W + (size_t)n * K, K);
+    for (size_t i = 0; i < (size_t)N * K; i++) Wb[i] = gt_bf16(W[i]);
+    for (size_t i = 0; i < (size_t)Mmax * K; i++) A[i] = gt_uniform();
+    char err[LLM_ERR_LEN] = "";
+
+    /* 1. dequantization, bit for bit (M = 1: the GEMV runs beside it) */
+    llm_cuda_gemm_run g = {0};
+    g.M = 1; g.N = N; g.K = K; g.A = A; g.w_type = q->type; g.W_raw = q->raw; g.W_out = Wd; g.C = C;
+    int failed_before = n_failed;
+    int rc = llm_cuda_run_gemm(&g, err);
+    CHECK(rc == 0, "quant %s %dx%d dequantization: %s", tn, N, K, err);
+    if (rc) { free(W); free(Wb); free(Wd); free(A); free(C); free(C0); return; }
+    long long bad = 0, first = -1;
+    for (size_t i = 0; i < (size_t)N * K; i++)
+        if (memcmp(&W[i], &Wd[i], 4)) { if (first < 0) first = (long long)i; bad++; }
+    CHECK(bad == 0, "quant %s (%s): the device dequantizes %lld of %lld values differently from "
+          "llm_dtype_dequant_row (first: value %lld of row %lld, %.9g vs %.9g)", tn, q->from, bad,
+          (long long)N * K, first < 0 ? 0 : first % K, first < 0 ? 0 : first / K, first < 0 ? 0 : Wd[first],
+          first < 0 ? 0 : W[first]);
+
+    /* 2. products: M <= 8 runs the GEMV on exact weights (f32 products, only the sum's rounding: 1e-5), more
+     * the GEMM on bf16-rounded weights (as the bf16 GEMM check: 1e-4 against the bf16-rounded reference) */
+    static const int Ms[] = {1, 2, 3, 4, 8, 37, 128};
+    double worst_gemv = 0, worst_gemm = 0, gemm_vs_exact = 0;
+    for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+        for (int accumulate = 0; accumulate < 2; accumulate++) {
+            int M = Ms[mi];
+            for (size_t i = 0; i < (size_t)M * N; i++) C0[i] = C[i] = accumulate ? gt_uniform() : NAN;
+            memset(&g, 0, sizeof g);
+            g.M = M; g.N = N; g.K = K; g.A = A; g.w_type = q->type; g.W_raw = q->raw; g.C = C;
+            g.accumulate = accumulate;
+            rc = llm_cuda_run_gemm(&g, err);
+            CHECK(rc == 0, "quant %s M=%d N=%d K=%d: %s", tn, M, N, K, err);
+            if (rc) continue;
+            CHECK(g.used_gemv == (M <= 8), "quant %s M=%d: the %s ran", tn, M, g.used_gemv ? "GEMV" : "GEMM");
+            const float *Wref = g.used_gemv ? W : Wb;
+            double worst = 0, vs_exact = 0;
+            for (int i = 0; i < M; i++)
+                for (int j = 0; j < N; j++) {
+                    double ref = accumulate ? C0[(size_t)i * N + j] : 0, ref_exact = ref, mag = 1e-6;
+                    for (int k = 0; k < K; k++) {
+                        double a = gt_bf16(A[(size_t)i * K + k]);
+                        double p = a * Wref[(size_t)j * K + k];
+                        ref += p; mag += fabs(p); ref_exact += a * W[(size_t)j * K + k];
+                    }
+                    double got = C[(size_t)i * N + j];
+                    double e = fabs(got - ref) / mag, ex = fabs(got - ref_exact) / mag;
+                    if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+                    if (!(ex <= vs_exact)) vs_exact = isnan(ex) ? INFINITY : ex;
+                }
+            double tol = g.used_gemv ? 1e-5 : 1e-4;
+            CHECK(worst < tol, "quant %s (%s) M=%d N=%d K=%d acc=%d (%s): error %.3g of sum|a*w| (tolerance "
+                  "%.0e)", tn, q->from, M, N, K, accumulate, g.used_gemv ? "GEMV" : "GEMM", worst, tol);
+            if (g.used_gemv) worst_gemv = fmax(worst_gemv, worst);
+            else { worst_gemm = fmax(worst_gemm, worst); gemm_vs_exact = fmax(gemm_vs_exact, vs_exact); }
+        }
+    printf("quant %-5s %4d x %4d (%s): dequant %s; GEMV M=1-8 err %.2e; GEMM M=37,128 err %.2e (%.2e vs "
+           "unrounded weights): %s\n", tn, N, K, q->from, bad == 0 ? "bit-exact" : "WRONG", worst_gemv,
+           worst_gemm, gemm_vs_exact, n_failed == failed_before ? "ok" : "FAILED");
+    free(W); free(Wb); free(Wd); free(A); free(C); free(C0);
+}
+
+static void gpu_test_quant_gemm(void) {
+    for (int ti = 0; ti < N_QUANT_TYPES; ti++) {
+        uint32_t type = quant_types[ti];
+        gt_qmat q = {0};
+        if (gt_qmat_from_files(type, &q)) { gt_check_qmat(&q); free(q.raw); }
+        else if (type != LLM_Q8_0 && type != LLM_Q4_0 && type != LLM_Q4_1)
+            CHECK(0, "quant %s: no tensor of this type in %s/models/random-quant-*.gguf",
+                  llm_dtype_name(type), shared_dir);
+        /* random blocks: every type, an odd N (partial tiles) and a long K (split-K, many blocks per row) */
+        memset(&q, 0, sizeof q);
+        if (gt_qmat_random(type, 301, 2048, &q)) { gt_check_qmat(&q); free(q.raw); }
+        else CHECK(0, "quant %s: out of memory", llm_dtype_name(type));
+    }
+}
+
 /* ---- 2. QKV preparation and paged attention ---- */
 typedef struct {
     const char *name;
@@ -4197,16 +4342,45 @@ static llm_backend *gt_backend(llm_backend *(*create)(const llm_model *, char *)
     return be;
 }
 
+/* What llm_cuda_weight_bytes should say for m: quantized matrices their file bytes, the others bf16 rows
+ * padded to 8 values; the tied output once */
+static size_t gt_weight_bytes(const llm_model *m) {
+    const llm_weight *ws[2 + 7 * 512];
+    int n = 0;
+    ws[n++] = &m->tok_embd;
+    if (m->output.data != m->tok_embd.data) ws[n++] = &m->output;
+    for (int l = 0; l < m->cfg.n_layers && l < 512; l++) {
+        const llm_layer *L = &m->layers[l];
+        ws[n++] = &L->wq; ws[n++] = &L->wk; ws[n++] = &L->wv; ws[n++] = &L->wo;
+        ws[n++] = &L->w_gate; ws[n++] = &L->w_up; ws[n++] = &L->w_down;
+    }
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const llm_weight *w = ws[i];
+        int quant = w->type != LLM_F32 && w->type != LLM_F16 && w->type != LLM_BF16;
+        total += quant ? llm_dtype_row_bytes(w->type, w->cols) * (size_t)w->rows
+                       : (size_t)w->rows * (size_t)((w->cols + 7) / 8 * 8) * 2;
+    }
+    return total;
+}
+
 /* Runs the same steps on the CPU backend (bf16-rounded weights) and the CUDA backend (the model as loaded)
- * and compares the logits. */
-static void gpu_test_forward_model(const llm_model *m, const char *name) {
+ * and compares the logits. quantized: the model's matrices are quantized, which the GPU keeps as they are
+ * (exact in the GEMV, bf16-rounded in the GEMM's tiles): the CPU reference is then the exact path on the
+ * model as loaded. */
+static void gpu_test_forward_model(const llm_model *m, const char *name, int quantized) {
     const int bs = 16, num_blocks = 96, max_seqs = 4, V = m->cfg.vocab_size;
     char err[LLM_ERR_LEN] = "";
     gt_bf16_model mr;
-    if (gt_model_bf16(m, &mr)) { CHECK(0, "%s: out of memory", name); return; }
-    const llm_model *mc = &mr.m;
-    llm_backend *cpu = gt_backend(llm_cpu_backend_create, mc, num_blocks, bs, name, "cpu");
+    memset(&mr, 0, sizeof mr);
+    if (!quantized && gt_model_bf16(m, &mr)) { CHECK(0, "%s: out of memory", name); return; }
+    const llm_model *mc = quantized ? m : &mr.m;
+    llm_backend *cpu = gt_backend(quantized ? llm_cpu_exact_backend_create : llm_cpu_backend_create, mc,
+                                  num_blocks, bs, name, quantized ? "cpu exact" : "cpu");
     llm_backend *gpu = gt_backend(llm_cuda_backend_create, m, num_blocks, bs, name, "cuda");
+    if (gpu)
+        CHECK(llm_cuda_weight_bytes(gpu) == gt_weight_bytes(m), "%s: the CUDA backend says its weights take "
+              "%zu bytes, the model's matrices %zu", name, llm_cuda_weight_bytes(gpu), gt_weight_bytes(m));
     if (!cpu || !gpu) {
         if (cpu) cpu->destroy(cpu);
         if (gpu) gpu->destroy(gpu);
@@ -4317,7 +4491,7 @@ static void gpu_test_forward(void) {
         CHECK(rc == 0, "dummy %s: %s", dummies[i], err);
         if (rc) continue;
         snprintf(name, sizeof name, "dummy:%s", dummies[i]);
-        gpu_test_forward_model(&m, name);
+        gpu_test_forward_model(&m, name, 0);
         llm_model_free(&m);
     }
     static const char *files[] = {"stories260K.gguf", "random-llama2-untied.gguf", "random-llama3-gqa.gguf",
@@ -4332,9 +4506,148 @@ static void gpu_test_forward(void) {
         int rc = llm_model_load(&m, path, err);
         CHECK(rc == 0, "load %s: %s", path, err);
         if (rc) continue;
-        gpu_test_forward_model(&m, files[i]);
+        gpu_test_forward_model(&m, files[i], 0);
         llm_model_free(&m);
     }
+}
+
+/* The logits after each of positions p0-1 .. n-1 of tokens[0..n), from a fresh KV pool: the first n_first
+ * tokens in one step, then one token a step (n_first = n: one prefill; n_first = p0: a prefill of the prompt,
+ * then decode steps). logits: [n - p0 + 1][V]. */
+static int gt_run_positions(llm_backend *be, const int32_t *tokens, int n, int n_first, int p0, int V,
+                            float *logits, char *err) {
+    int32_t table[64], pos[512], rows[512], seq_start[2];
+    for (int k = 0; k < 64; k++) table[k] = k;
+    const int32_t *bt[1] = {table};
+    int out_row = 0;
+    if (n > 512 || n > 64 * 16) return -1;
+    for (int at = 0; at < n;) {
+        int T = at == 0 ? n_first : 1, n_logits = 0;
+        for (int i = 0; i < T; i++) {
+            pos[i] = at + i;
+            if (at + i >= p0 - 1) rows[n_logits++] = i;
+        }
+        seq_start[0] = 0; seq_start[1] = T;
+        llm_batch b = {0};
+        b.n_tokens = T; b.tokens = tokens + at; b.positions = pos;
+        b.n_seqs = 1; b.seq_start = seq_start; b.block_tables = bt;
+        b.n_logits = n_logits; b.logit_rows = rows;
+        if (be->forward(be, &b, logits + (size_t)out_row * V, err)) return -1;
+        out_row += n_logits;
+        at += T;
+    }
+    return 0;
+}
+
+/* One reference case of random-quant-greedy.json (c: float64's completion ids, p: its prompt's ids), fed
+ * token by token along the reference (teacher forcing) to the CPU's exact path and to the CUDA backend, once
+ * as one prefill (the dequantizing GEMM) and once as a short prefill and decode steps (the GEMV). Every row
+ * of logits must be within GT_QUANT_LOGIT_TOL of max |logit| of the CPU's (the forward check's tolerance);
+ * a position is clear when the exact CPU ranks the reference token first by more than twice the measured
+ * error, and there the GPU ranks it first too. Then the engine on the CUDA backend generates greedily: it
+ * must follow float64 at least up to the first position of the decode run that was not clear. */
+#define GT_QUANT_LOGIT_TOL 5e-2
+static void gt_quant_greedy_case(const llm_model *m, const ref_case *c, const ref_case *p) {
+    int p0 = p->n_ids, n_ref = c->n_ids, n = p0 + n_ref - 1, V = m->cfg.vocab_size;
+    char err[LLM_ERR_LEN] = "";
+    if (p0 < 1 || n_ref < 1 || n > 512) {
+        CHECK(0, "%s: a reference case of unexpected size", c->model);
+        return;
+    }
+    int32_t tokens[512];
+    memcpy(tokens, p->ids, (size_t)p0 * sizeof(int32_t));
+    memcpy(tokens + p0, c->ids, (size_t)(n_ref - 1) * sizeof(int32_t));
+    float *lc = malloc((size_t)n_ref * V * 4), *lg = malloc((size_t)n_ref * V * 4);
+    if (!lc || !lg) { CHECK(0, "out of memory"); free(lc); free(lg); return; }
+    int first_unclear = n_ref;
+    for (int mode = 0; mode < 2; mode++) {
+        const char *how = mode == 0 ? "one prefill (GEMM)" : "decode steps (GEMV)";
+        llm_backend *cpu = gt_backend(llm_cpu_exact_backend_create, m, 64, 16, c->model, "cpu exact");
+        llm_backend *gpu = gt_backend(llm_cuda_backend_create, m, 64, 16, c->model, "cuda");
+        int rc = cpu && gpu ? 0 : -1;
+        if (!rc) {
+            rc = gt_run_positions(cpu, tokens, n, mode == 0 ? n : p0, p0, V, lc, err);
+            CHECK(rc == 0, "%s \"%s\" %s: cpu: %s", c->model, c->prompt, how, err);
+        }
+        if (!rc) {
+            rc = gt_run_positions(gpu, tokens, n, mode == 0 ? n : p0, p0, V, lg, err);
+            CHECK(rc == 0, "%s \"%s\" %s: cuda: %s", c->model, c->prompt, how, err);
+        }
+        if (cpu) cpu->destroy(cpu);
+        if (gpu) gpu->destroy(gpu);
+        if (rc) break;
+        int clear = 0, agree = 0;
+        double worst = 0;
+        for (int j = 0; j < n_ref; j++) {
+            const float *cr = lc + (size_t)j * V, *gr = lg + (size_t)j * V;
+            int want = c->ids[j];
+            double dmax = 0, other = -INFINITY, cmax = 0;
+            for (int i = 0; i < V; i++) {
+                double d = fabs((double)gr[i] - cr[i]);
+                dmax = isnan(d) ? INFINITY : fmax(dmax, d);
+                cmax = fmax(cmax, fabs(cr[i]));
+                if (i != want) other = fmax(other, cr[i]);
+            }
+            double tol = GT_QUANT_LOGIT_TOL * cmax;
+            CHECK(dmax <= tol, "%s \"%s\" %s, completion token %d: logits differ from the exact CPU's by "
+                  "%.3g (tolerance %.3g: %.0e of max |logit|)", c->model, c->prompt, how, j, dmax, tol,
+                  GT_QUANT_LOGIT_TOL);
+            worst = fmax(worst, cmax > 0 ? dmax / cmax : dmax);
+            int ag = gt_argmax(gr, V);
+            if (cr[want] - other > 2 * dmax) {
+                clear++;
+                agree += ag == want;
+                CHECK(ag == want, "%s \"%s\" %s, completion token %d: the GPU's greedy token is %d, "
+                      "float64's %d (CPU margin %.4f, GPU logit error %.4f)",
+                      c->model, c->prompt, how, j, ag, want, cr[want] - other, dmax);
+            } else if (mode == 1 && first_unclear == n_ref) first_unclear = j;
+        }
+        printf("quant greedy %-24s \"%.16s\" %-20s: logits within %.2e of max |logit|; %2d/%d positions "
+               "clear of that, %d of them agree\n", c->model, c->prompt, how, worst, clear, n_ref,
+               agree);
+    }
+    free(lc); free(lg);
+
+    llm_engine_config cfg = engine_config(c->model);
+    cfg.create_backend = llm_cuda_backend_create;
+    cfg.kv_bytes = (size_t)64 << 20; /* not 90% of the GPU for a 2-layer model */
+    llm_engine *e = engine_new(&cfg);
+    if (!e) return;
+    run_result *r = calloc(1, sizeof *r);
+    if (!r) { CHECK(0, "out of memory"); llm_engine_destroy(e); return; }
+    llm_sampling_params sp = greedy(c->max_tokens);
+    run_add(e, r, c->prompt, NULL, 0, &sp);
+    run_engine(e, r);
+    int same = 0;
+    while (same < r->n_tokens[0][0] && same < c->n_ids && r->tokens[0][0][same] == c->ids[same]) same++;
+    CHECK(same >= first_unclear, "%s \"%s\": the engine on the CUDA backend follows float64's greedy ids for "
+          "%d tokens, the decode check found the first close call at %d", c->model, c->prompt, same,
+          first_unclear);
+    printf("quant greedy %-24s \"%.16s\" engine on cuda: %d/%d tokens as float64's (first close call: %d)\n",
+           c->model, c->prompt, same, c->n_ids, first_unclear);
+    free(r);
+    llm_engine_destroy(e);
+}
+
+/* ---- 3b. quantized models: the CUDA backend on the files' blocks against the CPU's exact path ---- */
+static void gpu_test_quant_forward(void) {
+    ref_case *cases = calloc(16, sizeof *cases), *prompts = calloc(16, sizeof *prompts);
+    if (!cases || !prompts) { CHECK(0, "out of memory"); free(cases); free(prompts); return; }
+    int n = load_ref_cases("random-quant-greedy.json", "completion_token_ids_float64", cases, 16);
+    int np = load_ref_cases("random-quant-greedy.json", "prompt_token_ids", prompts, 16);
+    CHECK(n == 14 && np == n, "random-quant-greedy.json: %d cases, %d prompts", n, np);
+    for (int f = 0; f < N_QUANT_MODELS; f++) {
+        llm_model m;
+        char err[LLM_ERR_LEN] = "";
+        int rc = llm_model_load(&m, model_path(quant_models[f]), err);
+        CHECK(rc == 0, "load %s: %s", quant_models[f], err);
+        if (rc) continue;
+        gpu_test_forward_model(&m, quant_models[f], 1);
+        for (int i = 0; i < n && i < np; i++)
+            if (!strcmp(cases[i].model, quant_models[f])) gt_quant_greedy_case(&m, &cases[i], &prompts[i]);
+        llm_model_free(&m);
+    }
+    free(cases); free(prompts);
 }
 
 /* ---- benchmarks (LLM_GPU_BENCH=1) ---- */
@@ -4465,10 +4778,14 @@ static void run_gpu_tests(void) {
     double t0 = test_now();
     gpu_test_gemm();
     printf("gemm checks: %.1f s\n", test_now() - t0);
+    gpu_test_quant_gemm();
+    printf("quantized GEMV / GEMM checks: %.1f s\n", test_now() - t0);
     gpu_test_attention();
     printf("attention checks: %.1f s\n", test_now() - t0);
     gpu_test_forward();
     printf("forward checks: %.1f s\n", test_now() - t0);
+    gpu_test_quant_forward();
+    printf("quantized model checks: %.1f s\n", test_now() - t0);
     if (getenv("LLM_GPU_BENCH")) {
         char err[LLM_ERR_LEN] = "";
         CHECK(gpu_bench_kernels(err) == 0, "kernel benchmarks: %s", err);

@@ -27,9 +27,15 @@ echo "== build"
 make CUDA=1 STB_INC="$STB_INC" llm llm_cuda.o 2>&1 || { echo "BUILD FAILED"; exit 1; }
 
 echo "== GPU checks and kernel / forward benchmarks (test-gpu)"
-LLM_GPU_BENCH=1 timeout 420 make CUDA=1 STB_INC="$STB_INC" SHARED="$SHARED" test-gpu
+# among them, per quantized type (q4_0 ... q6_K): the device's dequantization bit for bit against the CPU's,
+# the decode GEMV (M 1-8) and the dequantizing GEMM (M 37, 128) against double loops ("quant TYPE ..." lines);
+# per random-quant-*.gguf: logits against the CPU's exact path, and greedy ids against float64's
+# ("forward random-quant-...", "quant greedy ..." lines)
+LLM_GPU_BENCH=1 timeout 420 make CUDA=1 STB_INC="$STB_INC" SHARED="$SHARED" test-gpu | tee /tmp/gpu-check-tests.$$
 status=$?
 echo "test-gpu exit status: $status"
+echo "-- the quantized checks again, in one place:"
+grep -E '^(quant |forward random-quant|FAIL .*quant)' /tmp/gpu-check-tests.$$; rm -f /tmp/gpu-check-tests.$$
 
 if [ -n "${BASELINE:-}" ]; then
     echo "== baseline build: $BASELINE"
@@ -38,6 +44,23 @@ fi
 # the progress line is rewritten in place with \r: keep only the report
 bench() { timeout ${BENCH_TIMEOUT:-150} "$1" bench --dummy "$2" --num-prompts ${NUM_PROMPTS:-256} 2>&1 | tr '\r' '\n' |
           grep -v '^\[bench\]' || echo "$1 bench --dummy $2: exit $?"; }
+# decode on quantized files, the GPU (weights kept in their blocks) beside the CPU: one sequence (each step a
+# GEMV per matrix) and 32 at once (the dequantizing GEMM)
+qbench() { timeout ${BENCH_TIMEOUT:-150} ./llm bench -m "$@" 2>&1 | tr '\r' '\n' | grep -v '^\[bench\]' ||
+           echo "./llm bench -m $*: exit $?"; }
+smol=$SHARED/models/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f "$smol" ] || smol=models/SmolLM2-135M-Instruct.Q4_1.gguf
+echo "== llm bench on quantized files (decode; GPU, then --cpu)"
+for model in "$SHARED/models/random-quant-q4_k_m.gguf" "$smol"; do
+    [ -f "$model" ] || { echo "-- $model: not there, skipped"; continue; }
+    for n in 1 32; do
+        for dev in gpu cpu; do
+            flag=; [ $dev = cpu ] && flag=--cpu
+            echo "-- ./llm bench -m $model --num-prompts $n --input-len 32:32 --output-len 256:256 $flag"
+            qbench "$model" --num-prompts $n --input-len 32:32 --output-len 256:256 $flag
+        done
+    done
+done
 echo "== llm bench (engine end to end, GPU)"
 for model in tinyllama-1.1b llama-3.2-1b; do
     echo "-- ./llm bench --dummy $model"
