@@ -50,7 +50,7 @@
  *   blocks: llm_block_manager_init, llm_block_manager_free, llm_block_alloc, llm_block_release,
  *         llm_block_hash, llm_block_lookup, llm_block_set_hash
  *   forward: llm_cpu_backend_create, llm_cpu_exact_backend_create (and with LLM_CUDA:
- *         llm_cuda_backend_create, llm_cuda_run_gemm, llm_cuda_run_attention)
+ *         llm_cuda_backend_create, llm_cuda_weight_bytes, llm_cuda_run_gemm, llm_cuda_run_attention)
  *   sampler: llm_sampler_create, llm_sampler_free, llm_sampler_penalize, llm_sampler_candidates,
  *         llm_sampler_sample
  *   detokenizer: llm_tokenizer_piece, llm_detok_push, llm_detok_flush, llm_detokenize
@@ -390,8 +390,8 @@ llm_backend *llm_cpu_backend_create(const llm_model *m, char *err);
 llm_backend *llm_cpu_exact_backend_create(const llm_model *m, char *err);
 #ifdef LLM_CUDA
 llm_backend *llm_cuda_backend_create(const llm_model *m, char *err);   /* NULL and why, when no GPU answers */
-/* The device bytes the backend's weight matrices take: a quantized matrix its file's bytes, a f32/f16/bf16 one
- * 2 bytes a value (rows padded to 8 values); norms and biases not counted */
+/* The device bytes the backend's weight matrices take: a quantized matrix its file's bytes, a f32/f16/bf16
+ * one 2 bytes a value (rows padded to 8 values); norms and biases not counted */
 size_t llm_cuda_weight_bytes(const llm_backend *be);
 
 /* llm.cu's kernels one at a time on plain f32 host arrays, as the forward pass launches them: for test.c's

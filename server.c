@@ -1787,6 +1787,8 @@ static int serve(const serve_config *a) {
         goto out;
     }
     if (S->chat.note[0]) fprintf(stderr, "llm serve: warning: %s\n", S->chat.note);
+    if (*llm_tokenizer_warning(S->model->tok))
+        fprintf(stderr, "llm serve: warning: %s\n", llm_tokenizer_warning(S->model->tok));
     S->chat.enable_thinking = 1; /* the template's own default, as vLLM renders it */
     llm_engine_stats st = llm_engine_get_stats(S->engine);
     S->stats = st;
