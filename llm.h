@@ -978,8 +978,9 @@ static float llm_f16_at(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return
  *   q5_K 176 bytes: as q4_K, with 32 bytes of fifth bits before the nibbles
  *   q6_K 210 bytes: 128 bytes of low nibbles, 64 bytes of 2-bit high parts, 16 int8 scales, d
  * The 2-bit fields run across 32 bytes: value i of a 128-value half is bits 2 * (i / 32) of byte i % 32. */
-void llm_qblock_scales(uint32_t type, const void *block, llm_qblock *b) {
-    const uint8_t *p = (const uint8_t *)block, *sc;
+static inline __attribute__((always_inline)) void llm_qblock_read_scales(uint32_t type, const uint8_t *p,
+                                                                        llm_qblock *b) {
+    const uint8_t *sc;
     b->n = 32; b->sub = 32; b->offset = 0; b->d = llm_f16_at(p); b->dmin = 0;
     for (int s = 0; s < 16; s++) { b->scale[s] = 1; b->min[s] = 0; }
     switch (type) {
@@ -1010,6 +1011,10 @@ void llm_qblock_scales(uint32_t type, const void *block, llm_qblock *b) {
         for (int s = 0; s < 16; s++) b->scale[s] = (int8_t)p[192 + s];
         break;
     }
+}
+/* (inlined where a loop calls it for one type, which leaves only that type's case) */
+void llm_qblock_scales(uint32_t type, const void *block, llm_qblock *b) {
+    llm_qblock_read_scales(type, (const uint8_t *)block, b);
 }
 
 void llm_qblock_unpack(uint32_t type, const void *block, llm_qblock *b) {
@@ -3134,8 +3139,8 @@ static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t typ
     const size_t bytes = type == LLM_Q8_0 ? 34 : type == LLM_Q4_0 ? 18 : type == LLM_Q4_1 ? 20 :
                          type == LLM_Q5_0 ? 22 : 24;
     __m256 acc[2][4]; /* even and odd blocks: two chains of additions, which the CPU overlaps */
-    float mins[4];
-    for (int c = 0; c < nc; c++) { acc[0][c] = acc[1][c] = _mm256_setzero_ps(); mins[c] = 0; }
+    float mins[2][4];
+    for (int c = 0; c < nc; c++) { acc[0][c] = acc[1][c] = _mm256_setzero_ps(); mins[0][c] = mins[1][c] = 0; }
     #pragma GCC unroll 2
     for (int64_t b = 0; b < n_blocks; b++, p += bytes) {
         __m256i w = llm_avx2_group(type, p, 0), w_abs = w;
@@ -3149,10 +3154,11 @@ static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t typ
             if (!has_min) xq = _mm256_sign_epi8(xq, w);
             __m256 dot = _mm256_cvtepi32_ps(llm_avx2_dot_u8s8(w_abs, xq));
             acc[b & 1][c] = _mm256_fmadd_ps(dot, _mm256_set1_ps(d * xb->d), acc[b & 1][c]);
-            if (has_min) mins[c] += m * xb->s;
+            if (has_min) mins[b & 1][c] += m * xb->s;
         }
     }
-    for (int c = 0; c < nc; c++) out[c] = llm_avx2_hsum(_mm256_add_ps(acc[0][c], acc[1][c])) + mins[c];
+    for (int c = 0; c < nc; c++)
+        out[c] = llm_avx2_hsum(_mm256_add_ps(acc[0][c], acc[1][c])) + (mins[0][c] + mins[1][c]);
 }
 
 /* 256-value k-quant blocks: per group of 32, the products scaled by the sub-block scales in integers, then by
@@ -3171,7 +3177,7 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
     llm_qblock b;
     int16_t scales[16], mins[16]; /* per half of a group */
     for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes) {
-        llm_qblock_scales(type, p, &b);
+        llm_qblock_read_scales(type, p, &b);
         for (int h = 0; h < 16; h++) { scales[h] = b.scale[h * 16 / sub]; mins[h] = b.min[h * 16 / sub]; }
         #pragma GCC unroll 8
         for (int g = 0; g < 8; g++) {

@@ -3163,7 +3163,7 @@ static long stat_after(const char *text, const char *key, int nth) {
 
 /* The chat REPL with piped stdin: a turn a line, replies on stdout, /stats on stderr. The reply's words are
  * the exact path's: on this prompt SmolLM2's best two first tokens are 0.08 apart, which the fast path's
- * 8-bit activations reorder (test_quant_smollm2). */
+ * 8-bit activations reorder, as llama.cpp's do (its greedy reply is the fast path's, "L'Étoile, ..."). */
 static void test_chat_piped(void) {
     if (access(CHAT_MODEL, R_OK) != 0) { CHECK(0, "%s missing (make model fetches it)", CHAT_MODEL); return; }
     int status;
