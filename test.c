@@ -890,13 +890,16 @@ static void test_stories_reference(void) {
     free(r); free(cases);
 }
 
-static void test_random_models_reference(void) {
-    ref_case *cases = (ref_case *)calloc(8, sizeof *cases);
-    int n = load_ref_cases("random-models-greedy.json", "completion_token_ids", cases, 8);
-    CHECK(n == 4, "random-models-greedy.json: %d cases", n);
+/* Each case of a reference file run greedily on a backend, against the ids under ids_key (whose they are) */
+static void check_greedy_references(const char *file, const char *ids_key, int n_cases,
+                                    llm_backend *(*backend)(const llm_model *m, char *err), const char *whose) {
+    ref_case *cases = (ref_case *)calloc(16, sizeof *cases);
+    int n = load_ref_cases(file, ids_key, cases, 16);
+    CHECK(n == n_cases, "%s: %d cases", file, n);
     run_result *r = (run_result *)calloc(1, sizeof *r);
     for (int i = 0; i < n; i++) {
         llm_engine_config cfg = engine_config(cases[i].model);
+        cfg.create_backend = backend;
         llm_engine *e = engine_new(&cfg);
         if (!e) continue;
         memset(r, 0, sizeof *r);
@@ -905,14 +908,19 @@ static void test_random_models_reference(void) {
         run_engine(e, r);
         int same = r->n_tokens[0][0] == cases[i].n_ids &&
                    !memcmp(r->tokens[0][0], cases[i].ids, (size_t)cases[i].n_ids * sizeof(int32_t));
-        CHECK(same, "%s: greedy ids differ from llama.cpp's", cases[i].model);
+        CHECK(same, "%s \"%s\": greedy ids differ from %s", cases[i].model, cases[i].prompt, whose);
         if (!same) {
             tok_print_ids("ours", r->tokens[0][0], r->n_tokens[0][0]);
-            tok_print_ids("llama.cpp", cases[i].ids, cases[i].n_ids);
+            tok_print_ids(whose, cases[i].ids, cases[i].n_ids);
         }
         llm_engine_destroy(e);
     }
     free(r); free(cases);
+}
+
+static void test_random_models_reference(void) {
+    check_greedy_references("random-models-greedy.json", "completion_token_ids", 4, llm_cpu_backend_create,
+                            "llama.cpp's");
 }
 
 /* -----------------------------------------------------------------------------------------------------------
@@ -1200,31 +1208,10 @@ static void test_quant_dequant(void) {
               (long long)values_seen[new_types[i]]);
 }
 
-/* The exact path reproduces the float64 greedy ids; the prompts tokenize as the reference says */
+/* The exact path reproduces the float64 greedy ids */
 static void test_quant_reference(void) {
-    ref_case *cases = (ref_case *)calloc(16, sizeof *cases);
-    int n = load_ref_cases("random-quant-greedy.json", "completion_token_ids_float64", cases, 16);
-    CHECK(n == 14, "random-quant-greedy.json: %d cases", n);
-    run_result *r = (run_result *)calloc(1, sizeof *r);
-    for (int i = 0; i < n; i++) {
-        llm_engine_config cfg = engine_config(cases[i].model);
-        cfg.create_backend = llm_cpu_exact_backend_create;
-        llm_engine *e = engine_new(&cfg);
-        if (!e) continue;
-        memset(r, 0, sizeof *r);
-        llm_sampling_params p = greedy(cases[i].max_tokens);
-        run_add(e, r, cases[i].prompt, NULL, 0, &p);
-        run_engine(e, r);
-        int same = r->n_tokens[0][0] == cases[i].n_ids &&
-                   !memcmp(r->tokens[0][0], cases[i].ids, (size_t)cases[i].n_ids * sizeof(int32_t));
-        CHECK(same, "%s \"%s\": greedy ids differ from float64's", cases[i].model, cases[i].prompt);
-        if (!same) {
-            tok_print_ids("ours", r->tokens[0][0], r->n_tokens[0][0]);
-            tok_print_ids("float64", cases[i].ids, cases[i].n_ids);
-        }
-        llm_engine_destroy(e);
-    }
-    free(r); free(cases);
+    check_greedy_references("random-quant-greedy.json", "completion_token_ids_float64", 14,
+                            llm_cpu_exact_backend_create, "float64's");
 }
 
 /* One block of type with random stored bytes, d (and dmin) 1: its dot products are integers */
