@@ -3131,39 +3131,66 @@ static inline __m256i llm_avx2_dot_u8s8(__m256i u, __m256i x) {
 /* The products of one weight row with nc rows of activations (nc up to 4, x_stride blocks apart): a prefill
  * unpacks each weight block once for 4 tokens. 32-value blocks: one scale per block. Signed types (q8_0,
  * and q4_0 and q5_0 once their offset is taken off) multiply |w| by x with w's sign; q4_1 and q5_1 add their
- * minimum times the block's activation sum. */
+ * minimum times the block's activation sum. Even and odd blocks add into two sets of accumulators: two
+ * chains of additions, which the CPU overlaps (the calls are written out so the sets stay in registers). */
+static inline __attribute__((always_inline)) void llm_q8_block32_avx2(uint32_t type, const uint8_t *p,
+                                                                      const llm_q8 *x, int64_t x_stride, int nc,
+                                                                      __m256 acc[4], float mins[4]) {
+    const int has_min = type == LLM_Q4_1 || type == LLM_Q5_1;
+    __m256i w = llm_avx2_group(type, p, 0), w_abs = w;
+    if (type == LLM_Q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
+    if (type == LLM_Q5_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+    if (!has_min) w_abs = _mm256_sign_epi8(w, w);
+    float d = _cvtsh_ss(*(const uint16_t *)p), m = has_min ? _cvtsh_ss(*(const uint16_t *)(p + 2)) : 0;
+    for (int c = 0; c < nc; c++) {
+        const llm_q8 *xb = x + c * x_stride;
+        __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);
+        if (!has_min) xq = _mm256_sign_epi8(xq, w);
+        __m256 dot = _mm256_cvtepi32_ps(llm_avx2_dot_u8s8(w_abs, xq));
+        acc[c] = _mm256_fmadd_ps(dot, _mm256_set1_ps(d * xb->d), acc[c]);
+        if (has_min) mins[c] += m * xb->s;
+    }
+}
+
 static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t type, const uint8_t *p,
                                                                     const llm_q8 *x, int64_t n_blocks,
                                                                     int64_t x_stride, int nc, float *out) {
-    const int has_min = type == LLM_Q4_1 || type == LLM_Q5_1;
     const size_t bytes = type == LLM_Q8_0 ? 34 : type == LLM_Q4_0 ? 18 : type == LLM_Q4_1 ? 20 :
                          type == LLM_Q5_0 ? 22 : 24;
-    __m256 acc[2][4]; /* even and odd blocks: two chains of additions, which the CPU overlaps */
-    float mins[2][4];
-    for (int c = 0; c < nc; c++) { acc[0][c] = acc[1][c] = _mm256_setzero_ps(); mins[0][c] = mins[1][c] = 0; }
-    #pragma GCC unroll 2
-    for (int64_t b = 0; b < n_blocks; b++, p += bytes) {
-        __m256i w = llm_avx2_group(type, p, 0), w_abs = w;
-        if (type == LLM_Q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
-        if (type == LLM_Q5_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
-        if (!has_min) w_abs = _mm256_sign_epi8(w, w);
-        float d = _cvtsh_ss(*(const uint16_t *)p), m = has_min ? _cvtsh_ss(*(const uint16_t *)(p + 2)) : 0;
-        for (int c = 0; c < nc; c++) {
-            const llm_q8 *xb = x + c * x_stride + b;
-            __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);
-            if (!has_min) xq = _mm256_sign_epi8(xq, w);
-            __m256 dot = _mm256_cvtepi32_ps(llm_avx2_dot_u8s8(w_abs, xq));
-            acc[b & 1][c] = _mm256_fmadd_ps(dot, _mm256_set1_ps(d * xb->d), acc[b & 1][c]);
-            if (has_min) mins[b & 1][c] += m * xb->s;
-        }
+    __m256 even[4], odd[4];
+    float mins_even[4], mins_odd[4];
+    for (int c = 0; c < nc; c++) {
+        even[c] = odd[c] = _mm256_setzero_ps();
+        mins_even[c] = mins_odd[c] = 0;
     }
+    int64_t b = 0;
+    for (; b + 2 <= n_blocks; b += 2, p += 2 * bytes) {
+        llm_q8_block32_avx2(type, p, x + b, x_stride, nc, even, mins_even);
+        llm_q8_block32_avx2(type, p + bytes, x + b + 1, x_stride, nc, odd, mins_odd);
+    }
+    if (b < n_blocks) llm_q8_block32_avx2(type, p, x + b, x_stride, nc, even, mins_even);
     for (int c = 0; c < nc; c++)
-        out[c] = llm_avx2_hsum(_mm256_add_ps(acc[0][c], acc[1][c])) + (mins[0][c] + mins[1][c]);
+        out[c] = llm_avx2_hsum(_mm256_add_ps(even[c], odd[c])) + (mins_even[c] + mins_odd[c]);
 }
 
 /* 256-value k-quant blocks: per group of 32, the products scaled by the sub-block scales in integers, then by
- * d and the group's activation scale; the offsets and minimums meet the activation sums once per block, for
- * its 8 groups side by side (the sums of two halves are one 32-bit lane each: one gather) */
+ * d and the group's activation scale (even and odd groups into two sets of accumulators); the offsets and
+ * minimums meet the activation sums once per block, for its 8 groups side by side (the sums of two halves
+ * are one 32-bit lane each: one gather) */
+static inline __attribute__((always_inline)) void llm_q8_groupk_avx2(uint32_t type, const uint8_t *p, int g,
+                                                                     const int16_t *scales, float d,
+                                                                     const llm_q8 *x, int64_t x_stride, int nc,
+                                                                     __m256 acc[4]) {
+    __m256i w = llm_avx2_group(type, p, g);
+    __m256i sc = _mm256_set_m128i(_mm_set1_epi16(scales[2 * g + 1]), _mm_set1_epi16(scales[2 * g]));
+    for (int c = 0; c < nc; c++) {
+        const llm_q8 *xg = x + c * x_stride + g;
+        __m256i scaled = _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)xg->q)),
+                                           sc);
+        acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled), _mm256_set1_ps(xg->d * d), acc[c]);
+    }
+}
+
 static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type, const uint8_t *p,
                                                                    const llm_q8 *x, int64_t n_blocks,
                                                                    int64_t x_stride, int nc, float *out) {
@@ -3172,30 +3199,22 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
                          type == LLM_Q5_K ? 176 : 210;
     const __m256i group_at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                                 _mm256_set1_epi32((int)sizeof(llm_q8)));
-    __m256 acc[2][4], rest[4]; /* acc: even and odd groups, two chains of additions */
-    for (int c = 0; c < nc; c++) acc[0][c] = acc[1][c] = rest[c] = _mm256_setzero_ps();
+    __m256 even[4], odd[4], rest[4];
+    for (int c = 0; c < nc; c++) even[c] = odd[c] = rest[c] = _mm256_setzero_ps();
     llm_qblock b;
     int16_t scales[16], mins[16]; /* per half of a group */
-    for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes) {
+    for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes, x += 8) {
         llm_qblock_read_scales(type, p, &b);
         for (int h = 0; h < 16; h++) { scales[h] = b.scale[h * 16 / sub]; mins[h] = b.min[h * 16 / sub]; }
-        #pragma GCC unroll 8
-        for (int g = 0; g < 8; g++) {
-            __m256i w = llm_avx2_group(type, p, g);
-            __m256i sc = _mm256_set_m128i(_mm_set1_epi16(scales[2 * g + 1]), _mm_set1_epi16(scales[2 * g]));
-            for (int c = 0; c < nc; c++) {
-                const llm_q8 *xg = x + c * x_stride + blk * 8 + g;
-                __m256i xq = _mm256_loadu_si256((const __m256i *)xg->q);
-                __m256i scaled = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xq), sc);
-                acc[g & 1][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled), _mm256_set1_ps(xg->d * b.d),
-                                                acc[g & 1][c]);
-            }
+        for (int g = 0; g < 8; g += 2) {
+            llm_q8_groupk_avx2(type, p, g, scales, b.d, x, x_stride, nc, even);
+            llm_q8_groupk_avx2(type, p, g + 1, scales, b.d, x, x_stride, nc, odd);
         }
         __m256i sc16 = _mm256_loadu_si256((const __m256i *)scales);
         __m256i mn16 = _mm256_loadu_si256((const __m256i *)mins);
         __m256 offset = _mm256_set1_ps(b.d * (float)b.offset), dmin = _mm256_set1_ps(b.dmin);
         for (int c = 0; c < nc; c++) {
-            const llm_q8 *xb = x + c * x_stride + blk * 8;
+            const llm_q8 *xb = x + c * x_stride;
             __m256 xd = _mm256_i32gather_ps(&xb->d, group_at, 1);
             __m256i sums = _mm256_i32gather_epi32((const int *)xb->sum, group_at, 1);
             __m256 offsets = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, sc16));
@@ -3205,7 +3224,7 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
         }
     }
     for (int c = 0; c < nc; c++)
-        out[c] = llm_avx2_hsum(_mm256_add_ps(acc[0][c], acc[1][c])) - llm_avx2_hsum(rest[c]);
+        out[c] = llm_avx2_hsum(_mm256_add_ps(even[c], odd[c])) - llm_avx2_hsum(rest[c]);
 }
 
 /* f16 and bf16 weights meet f32 activations: 8 values converted and multiplied at a time */
