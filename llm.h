@@ -1591,13 +1591,70 @@ enum {
     LLM_SET_NOT_UPPER_M,        /* ((?=[\p{L}\p{M}])([^A-Z])) */
     LLM_SET_BLOOM,              /* [^(\s|.,!?…。，、।۔،)] */
     LLM_SET_HAN_KANA,           /* [一-龥぀-ゟ゠-ヿ] */
-    LLM_SET_HAN_HANGUL          /* [一-龥ࠀ-一가-퟿] */
+    LLM_SET_HAN_HANGUL,         /* [一-龥ࠀ-一가-퟿] */
+    LLM_SET_CASED_UPPER,        /* [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] */
+    LLM_SET_CASED_LOWER,        /* [\p{Ll}\p{Lm}\p{Lo}\p{M}] */
+    LLM_SET_CASED_UPPER_NO_HAN, /* [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]] */
+    LLM_SET_CASED_LOWER_NO_HAN, /* [\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]] */
+    LLM_SET_HAN,                /* \p{Han} */
+    LLM_SET_DIGIT,              /* \d (\p{Nd}) */
+    LLM_SET_DEEPSEEK_LETTER,    /* [A-Za-zµÀ-ÖØ-ö...]: deepseek-llm's cased letters, llm_deepseek_letters */
+    LLM_SET_DEEPSEEK_PUNCT,     /* [!-/:-~！-／：-～‘-‟　-。] */
+    LLM_SET_YOUTU_HANGUL,       /* [가-힣ㄱ-ㆎ] */
+    LLM_SET_YOUTU_PUNCT,        /* [！…“”‘’—：；，、-〿︰-﹏] */
+    LLM_SET_BOPOMOFO,           /* [ㄅ-ㄯ] */
+    LLM_SET_AFMOE_ASIAN,        /* [一-鿿㐀-䶿豈-﫿぀-ゟ...]: afmoe's CJK and Southeast Asian blocks */
+    LLM_SET_A_TO_I,             /* [A-I] */
+    LLM_SET_TAB_NEWLINE,        /* [\t\n] */
+    LLM_SET_PUNCT_ASCII         /* [\p{P}!-/:-@\[-`{-~] */
 };
+
+/* deepseek-llm's letters: its regex lists them, the letters with case of some Unicode version, rather than
+ * \p{L}. Written as code points, since some (U+1F7D, U+1FBE, U+1FD3, U+1FDB, U+2126, U+212A) are the ones that
+ * Unicode normalization replaces: a copy of the regex's text through an editor loses them. Ranges, in order. */
+static const uint32_t llm_deepseek_letters[][2] = {
+    {0x41, 0x5A}, {0x61, 0x7A}, {0xB5, 0xB5}, {0xC0, 0xD6}, {0xD8, 0xF6}, {0xF8, 0x1BA}, {0x1BC, 0x1BF},
+    {0x1C4, 0x293}, {0x295, 0x2AF}, {0x370, 0x373}, {0x376, 0x377}, {0x37B, 0x37D}, {0x37F, 0x37F},
+    {0x386, 0x386}, {0x388, 0x38A}, {0x38C, 0x38C}, {0x38E, 0x3A1}, {0x3A3, 0x3F5}, {0x3F7, 0x481},
+    {0x48A, 0x52F}, {0x531, 0x556}, {0x10A0, 0x10C5}, {0x13A0, 0x13F5}, {0x13F8, 0x13FD}, {0x1C90, 0x1CBA},
+    {0x1CBD, 0x1CBF}, {0x1D00, 0x1D2B}, {0x1D6B, 0x1D77}, {0x1D79, 0x1D9A}, {0x1E00, 0x1F15}, {0x1F18, 0x1F1D},
+    {0x1F20, 0x1F45}, {0x1F48, 0x1F4D}, {0x1F50, 0x1F57}, {0x1F59, 0x1F59}, {0x1F5B, 0x1F5B}, {0x1F5D, 0x1F5D},
+    {0x1F5F, 0x1F7D}, {0x1F80, 0x1FB4}, {0x1FB6, 0x1FBC}, {0x1FBE, 0x1FBE}, {0x1FC2, 0x1FC4}, {0x1FC6, 0x1FCC},
+    {0x1FD0, 0x1FD3}, {0x1FD6, 0x1FDB}, {0x1FE0, 0x1FEC}, {0x1FF2, 0x1FF4}, {0x1FF6, 0x1FFC}, {0x2102, 0x2102},
+    {0x2107, 0x2107}, {0x210A, 0x2113}, {0x2115, 0x2115}, {0x2119, 0x211D}, {0x2124, 0x2124}, {0x2126, 0x2126},
+    {0x2128, 0x2128}, {0x212A, 0x212D}, {0x212F, 0x2134}, {0x2139, 0x2139}, {0x213C, 0x213F}, {0x2145, 0x2149},
+    {0x214E, 0x214E}, {0x2183, 0x2184}, {0x2C00, 0x2C7B}, {0x2C7E, 0x2CE4}, {0x2CEB, 0x2CEE}, {0x2CF2, 0x2CF3},
+    {0xA640, 0xA66D}, {0xA680, 0xA69B}, {0xA722, 0xA76F}, {0xA771, 0xA787}, {0xA78B, 0xA78E}, {0xAB70, 0xABBF},
+    {0xFB00, 0xFB06}, {0xFB13, 0xFB17}, {0xFF21, 0xFF3A}, {0xFF41, 0xFF5A}, {0x10400, 0x1044F},
+    {0x104B0, 0x104D3}, {0x104D8, 0x104FB}, {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x118A0, 0x118DF},
+    {0x1E900, 0x1E943}};
+/* afmoe's [一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ], in order (豈 is U+F900, which normalization
+ * would also replace) */
+static const uint32_t llm_afmoe_asian[][2] = {
+    {0x0E00, 0x0EFF}, {0x1000, 0x109F}, {0x1100, 0x11FF}, {0x1780, 0x17FF}, {0x2F00, 0x2FDF}, {0x3040, 0x30FF},
+    {0x3400, 0x4DBF}, {0x4E00, 0x9FFF}, {0xA9E0, 0xA9FF}, {0xAA60, 0xAA7F}, {0xAC00, 0xD7AF}, {0xF900, 0xFAFF},
+    {0xFF65, 0xFF9F}};
+
+/* Whether c is in one of the n ranges (in order, apart). */
+static int llm_in_ranges(uint32_t c, const uint32_t (*ranges)[2], int n) {
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (c < ranges[mid][0]) hi = mid - 1;
+        else if (c > ranges[mid][1]) lo = mid + 1;
+        else return 1;
+    }
+    return 0;
+}
+#define LLM_IN_RANGES(c, ranges) llm_in_ranges(c, ranges, (int)(sizeof ranges / sizeof ranges[0]))
 
 static int llm_in_set(int set, uint32_t c, int flags) {
     int uc = flags & LLM_UC_CLASS, letter = uc == LLM_UC_LETTER, number = uc == LLM_UC_DIGIT || uc == LLM_UC_NUMBER;
     int space = uc == LLM_UC_SPACE, brk = c == '\r' || c == '\n';
     int punct = uc == LLM_UC_PUNCT, symbol = uc == LLM_UC_SYMBOL, mark = uc == LLM_UC_MARK;
+    /* [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] and [\p{Ll}\p{Lm}\p{Lo}\p{M}]: Lm and Lo are in both */
+    int upper = (letter && !(flags & LLM_UC_LOWER)) || mark, lower = (letter && !(flags & LLM_UC_UPPER)) || mark;
+    int han = (flags & LLM_UC_HAN) != 0;
     switch (set) {
     case LLM_SET_SPACE_CHAR: return c == ' ';
     case LLM_SET_SPACE: return space;
@@ -1628,6 +1685,26 @@ static int llm_in_set(int set, uint32_t c, int flags) {
                c != 0xFF0C && c != 0x3001 && c != 0x0964 && c != 0x06D4 && c != 0x060C;
     case LLM_SET_HAN_KANA: return (c >= 0x4E00 && c <= 0x9FA5) || (c >= 0x3040 && c <= 0x30FF);
     case LLM_SET_HAN_HANGUL: return (c >= 0x0800 && c <= 0x9FA5) || (c >= 0xAC00 && c <= 0xD7FF);
+    case LLM_SET_CASED_UPPER: return upper;
+    case LLM_SET_CASED_LOWER: return lower;
+    case LLM_SET_CASED_UPPER_NO_HAN: return upper && !han;
+    case LLM_SET_CASED_LOWER_NO_HAN: return lower && !han;
+    case LLM_SET_HAN: return han;
+    case LLM_SET_DIGIT: return uc == LLM_UC_DIGIT;
+    case LLM_SET_DEEPSEEK_LETTER: return LLM_IN_RANGES(c, llm_deepseek_letters);
+    case LLM_SET_DEEPSEEK_PUNCT:
+        return (c >= 0x21 && c <= 0x7E && !(c >= '0' && c <= '9')) || (c >= 0xFF01 && c <= 0xFF0F) ||
+               (c >= 0xFF1A && c <= 0xFF5E) || (c >= 0x2018 && c <= 0x201F) || (c >= 0x3000 && c <= 0x3002);
+    case LLM_SET_YOUTU_HANGUL: return (c >= 0xAC00 && c <= 0xD7A3) || (c >= 0x3131 && c <= 0x318E);
+    case LLM_SET_YOUTU_PUNCT:
+        return c == 0xFF01 || c == 0x2026 || c == 0x201C || c == 0x201D || c == 0x2018 || c == 0x2019 ||
+               c == 0x2014 || c == 0xFF1A || c == 0xFF1B || c == 0xFF0C || (c >= 0x3001 && c <= 0x303F) ||
+               (c >= 0xFE30 && c <= 0xFE4F);
+    case LLM_SET_BOPOMOFO: return c >= 0x3105 && c <= 0x312F;
+    case LLM_SET_AFMOE_ASIAN: return LLM_IN_RANGES(c, llm_afmoe_asian);
+    case LLM_SET_A_TO_I: return c >= 'A' && c <= 'I';
+    case LLM_SET_TAB_NEWLINE: return c == '\t' || c == '\n';
+    case LLM_SET_PUNCT_ASCII: return punct || (c < 0x80 && symbol);
     }
     return 0;
 }
@@ -1643,11 +1720,18 @@ enum {
     LLM_ALT_CASED,          /* prefix? body* tail+: body, tail: LLM_SET_NOT_LOWER, _NOT_UPPER (tekken) */
     LLM_ALT_CASED_UPPER,    /* prefix? body+ tail* */
     LLM_ALT_PHRASE,         /* prefix? (?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+ : words joined by single spaces */
-    LLM_ALT_DIGIT_GROUPS    /* (?=(\d{3})+(?!\d)): an empty match where the digits left are whole threes */
+    LLM_ALT_DIGIT_GROUPS,   /* (?=(\d{3})+(?!\d)): an empty match where the digits left are whole threes */
+    LLM_ALT_THREES,         /* body{1,3}(?=(?:body{3})*(?!body)): a run cut in threes from its end; with
+                             * LLM_ALT_WORD_AFTER, \d{1,3}(?=(?:\d{3})*\b): only a run no \w follows */
+    LLM_ALT_TRAILING_SPACES, /* \s+$ */
+    LLM_ALT_LITERAL         /* before body{1,max} after: literal ASCII strings around a run (body NONE: none) */
 };
-enum { LLM_ALT_ANY_CASE = 1, LLM_ALT_PREFIX_REQUIRED = 2, LLM_ALT_THEN_CONTRACTION = 4 }; /* flags */
+enum { LLM_ALT_ANY_CASE = 1, LLM_ALT_PREFIX_REQUIRED = 2, LLM_ALT_THEN_CONTRACTION = 4, LLM_ALT_WORD_AFTER = 8 };
 
-typedef struct { uint8_t kind, prefix, body, min, max, tail, tail_max, flags; } llm_alt;
+typedef struct {
+    uint8_t kind, prefix, body, min, max, tail, tail_max, flags;
+    const char *before, *after; /* LLM_ALT_LITERAL */
+} llm_alt;
 
 /* The end of the run of characters of set from j (at most max of them; 0: no limit), before n. */
 static int llm_set_run(int set, const uint32_t *cp, const char *cls, int j, int n, int max) {
@@ -1665,6 +1749,12 @@ static int llm_contraction(const uint32_t *cp, int i, int n, int any_case) {
     if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
     if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
     return -1;
+}
+
+/* Where the ASCII string lit ends when it is the text at j, else -1. */
+static int llm_literal(const char *lit, const uint32_t *cp, int j, int n) {
+    for (; *lit; lit++, j++) if (j >= n || cp[j] != (uint8_t)*lit) return -1;
+    return j;
 }
 
 /* Where alternative a, tried at i, ends (i itself for an empty match), or -1 when it does not match there. n
@@ -1691,6 +1781,20 @@ static int llm_alt_match(const llm_alt *a, const uint32_t *cp, const char *cls, 
         run = 0;
         while (i + run < n && (cls[i + run] & LLM_UC_CLASS) == LLM_UC_DIGIT) run++;
         return run > 0 && run % 3 == 0 ? i : -1;
+    case LLM_ALT_THREES: /* what is left of the run over whole threes, else three */
+        run = llm_set_run(a->body, cp, cls, i, n, 0) - i;
+        if (run == 0) return -1;
+        /* \b after a digit (a \w): the piece ends, or what follows is no \w */
+        if ((a->flags & LLM_ALT_WORD_AFTER) && i + run < n && (cls[i + run] & LLM_UC_WORD)) return -1;
+        return i + (run % 3 ? run % 3 : 3);
+    case LLM_ALT_TRAILING_SPACES: /* the white space that ends the piece */
+        run = llm_set_run(LLM_SET_SPACE, cp, cls, i, n, 0);
+        return run > i && run == n ? n : -1;
+    case LLM_ALT_LITERAL: /* the string after is no character of body's set: there is nothing to back off */
+        end = llm_literal(a->before, cp, i, n);
+        if (end < 0 || a->body == LLM_SET_NONE) return end;
+        run = llm_set_run(a->body, cp, cls, end, n, a->max) - end;
+        return run > 0 ? llm_literal(a->after, cp, end + run, n) : -1;
     }
     /* the rest may start with the prefix character: first with it, then (unless required) without it */
     int with = a->prefix != LLM_SET_NONE && llm_in_set(a->prefix, cp[i], cls[i]);
@@ -1805,6 +1909,26 @@ static const llm_alt llm_re_gpt4o[] =
     LLM_RE_CASED(LLM_SET_NOT_LOWER, LLM_SET_NOT_UPPER, LLM_ALT_THEN_CONTRACTION, 3);
 static const llm_alt llm_re_granite_multi[] =
     LLM_RE_CASED(LLM_SET_NOT_LOWER_M, LLM_SET_NOT_UPPER_M, LLM_ALT_THEN_CONTRACTION, 3);
+/* tekken's and gpt-4o's as their tokenizer.json has them, with the kinds of letter for their cases:
+ * [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?:'[sS]|...)?|
+ * [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?:'[sS]|...)?|\p{N}{1,3}|
+ * ?[^\s\p{L}\p{N}]+[\r\n/]*|... (tiny_aya; youtu's has \p{N}) */
+static const llm_alt llm_re_tiny_aya[] =
+    LLM_RE_CASED(LLM_SET_CASED_UPPER, LLM_SET_CASED_LOWER, LLM_ALT_THEN_CONTRACTION, 3);
+static const llm_alt llm_re_youtu[] =
+    LLM_RE_CASED(LLM_SET_CASED_UPPER, LLM_SET_CASED_LOWER, LLM_ALT_THEN_CONTRACTION, 1);
+/* kimi-k2 (its tokenization_kimi.py; llama.cpp's own code for it takes letters of either case alike):
+ * [\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+
+ * (?i:'s|...)?|[^\r\n\p{L}\p{N}]?[...&&[^\p{Han}]]+[...&&[^\p{Han}]]*(?i:'s|...)?|\p{N}{1,3}|
+ * ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
+static const llm_alt llm_re_kimi_k2[] = {
+    LLM_RUN(0, LLM_SET_HAN),
+    {.kind = LLM_ALT_CASED, .prefix = LLM_SET_NOT_BREAK_L_N, .body = LLM_SET_CASED_UPPER_NO_HAN,
+     .tail = LLM_SET_CASED_LOWER_NO_HAN, .flags = LLM_ALT_THEN_CONTRACTION},
+    {.kind = LLM_ALT_CASED_UPPER, .prefix = LLM_SET_NOT_BREAK_L_N, .body = LLM_SET_CASED_UPPER_NO_HAN,
+     .tail = LLM_SET_CASED_LOWER_NO_HAN, .flags = LLM_ALT_THEN_CONTRACTION},
+    LLM_RUN_MAX(LLM_SET_NUMBER, 3), LLM_RUN_TAIL(LLM_SET_SPACE_CHAR, LLM_SET_NOT_SPACE_L_N, LLM_SET_BREAK, 0),
+    {.kind = LLM_ALT_BREAKS}, LLM_SPACES_THEN_ANY, {0}};
 /* deepseek-v3: [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|
  * ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ ; spark2_5: the same with ` ?[\p{P}\p{S}]+|[\r\n]` */
 static const llm_alt llm_re_deepseek3[] = {
@@ -1838,15 +1962,42 @@ static const llm_alt llm_re_lines[] = {                                         
     LLM_RUN(0, LLM_SET_NOT_NEWLINE), LLM_RUN(0, LLM_SET_NEWLINE), {0}};
 /* (?=(\d{3})+(?!\d)) */
 static const llm_alt llm_re_digit_groups[] = {{.kind = LLM_ALT_DIGIT_GROUPS}, {0}};
+/* tiny_aya's \d{1,3}(?=(?:\d{3})*\b), and afmoe's \p{AFMoE_digits}: llama.cpp's own code, which is
+ * \p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N})) */
+static const llm_alt llm_re_digit_threes[] = {
+    {.kind = LLM_ALT_THREES, .body = LLM_SET_DIGIT, .flags = LLM_ALT_WORD_AFTER}, {0}};
+static const llm_alt llm_re_number_threes[] = {{.kind = LLM_ALT_THREES, .body = LLM_SET_NUMBER}, {0}};
+/* deepseek-llm: \s?[A-Za-zµÀ-ÖØ-ö...]+, \s?[!-/:-~！-／：-～‘-‟　-。]+ and \s+$ */
+static const llm_alt llm_re_space_deepseek_letters[] = {LLM_RUN(LLM_SET_SPACE, LLM_SET_DEEPSEEK_LETTER), {0}};
+static const llm_alt llm_re_space_deepseek_punct[] = {LLM_RUN(LLM_SET_SPACE, LLM_SET_DEEPSEEK_PUNCT), {0}};
+static const llm_alt llm_re_trailing_spaces[] = {{.kind = LLM_ALT_TRAILING_SPACES}, {0}};
+/* youtu: [가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+ */
+static const llm_alt llm_re_youtu_cjk[] = {
+    LLM_RUN(0, LLM_SET_YOUTU_HANGUL), LLM_RUN(0, LLM_SET_YOUTU_PUNCT), LLM_RUN(0, LLM_SET_BOPOMOFO),
+    LLM_RUN(0, LLM_SET_HAN_KANA), {0}};
+/* afmoe: [一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ]+ */
+static const llm_alt llm_re_afmoe_asian[] = {LLM_RUN(0, LLM_SET_AFMOE_ASIAN), {0}};
+/* chameleon's image and sentinel tokens: <sentinel:[0-9]+> and (IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z; then
+ * ([\t\n]|    |  ) and [\p{P}!-/:-@\[-`{-~] */
+static const llm_alt llm_re_sentinel[] = {
+    {.kind = LLM_ALT_LITERAL, .before = "<sentinel:", .body = LLM_SET_ASCII_DIGIT, .after = ">"}, {0}};
+static const llm_alt llm_re_image[] = {
+    {.kind = LLM_ALT_LITERAL, .before = "IMGIMG", .body = LLM_SET_A_TO_I, .max = 4, .after = "Z"}, {0}};
+static const llm_alt llm_re_tab_spaces[] = {
+    LLM_RUN_MAX(LLM_SET_TAB_NEWLINE, 1), {.kind = LLM_ALT_LITERAL, .before = "    "},
+    {.kind = LLM_ALT_LITERAL, .before = "  "}, {0}};
+static const llm_alt llm_re_punct_ascii[] = {LLM_RUN_MAX(LLM_SET_PUNCT_ASCII, 1), {0}};
 
 /* The split patterns: each a list of regexes applied one after the other */
 enum {
     LLM_PRE_DEFAULT, LLM_PRE_GPT2, LLM_PRE_LLAMA3, LLM_PRE_QWEN2, LLM_PRE_STARCODER, LLM_PRE_FALCON,
     LLM_PRE_DEEPSEEK_CODER, LLM_PRE_DEEPSEEK3, LLM_PRE_SPARK2_5, LLM_PRE_JAIS2, LLM_PRE_QWEN35, LLM_PRE_BLOOM,
     LLM_PRE_VIKING, LLM_PRE_TEKKEN, LLM_PRE_GPT4O, LLM_PRE_GRANITE_MULTI, LLM_PRE_SUPERBPE, LLM_PRE_BAILINGMOE,
-    LLM_PRE_SEED_CODER, LLM_PRE_UFAKZEKA, LLM_PRE_LAGUNA, LLM_PRE_EXAONE_MOE, LLM_PRE_MINICPM5, LLM_PRE_COUNT
+    LLM_PRE_SEED_CODER, LLM_PRE_UFAKZEKA, LLM_PRE_LAGUNA, LLM_PRE_EXAONE_MOE, LLM_PRE_MINICPM5,
+    LLM_PRE_DEEPSEEK_LLM, LLM_PRE_YOUTU, LLM_PRE_TINY_AYA, LLM_PRE_KIMI_K2, LLM_PRE_AFMOE, LLM_PRE_CHAMELEON,
+    LLM_PRE_COUNT
 };
-#define LLM_PRE_MAX_REGEXES 5
+#define LLM_PRE_MAX_REGEXES 6
 static const llm_alt *const llm_pre_regexes[LLM_PRE_COUNT][LLM_PRE_MAX_REGEXES] = {
     [LLM_PRE_DEFAULT] = {llm_re_punct_default, llm_re_gpt2, llm_re_number, llm_re_ascii_digits3},
     [LLM_PRE_GPT2] = {llm_re_gpt2},
@@ -1872,6 +2023,14 @@ static const llm_alt *const llm_pre_regexes[LLM_PRE_COUNT][LLM_PRE_MAX_REGEXES] 
     [LLM_PRE_LAGUNA] = {llm_re_lines, llm_re_qwen2},
     [LLM_PRE_EXAONE_MOE] = {llm_re_exaone_moe},
     [LLM_PRE_MINICPM5] = {llm_re_digits3, llm_re_minicpm5},
+    [LLM_PRE_DEEPSEEK_LLM] = {llm_re_break, llm_re_space_deepseek_letters, llm_re_space_deepseek_punct,
+                              llm_re_trailing_spaces, llm_re_han_hangul, llm_re_number},
+    [LLM_PRE_YOUTU] = {llm_re_youtu_cjk, llm_re_youtu},
+    [LLM_PRE_TINY_AYA] = {llm_re_digit_threes, llm_re_tiny_aya},
+    [LLM_PRE_KIMI_K2] = {llm_re_kimi_k2},
+    [LLM_PRE_AFMOE] = {llm_re_number_threes, llm_re_afmoe_asian, llm_re_deepseek3},
+    [LLM_PRE_CHAMELEON] = {llm_re_sentinel, llm_re_image, llm_re_tab_spaces, llm_re_digit, llm_re_punct_ascii,
+                           llm_re_gpt2},
 };
 
 /* tokenizer.ggml.pre names, as llama.cpp maps them to patterns, with what else the name sets there */
@@ -1903,6 +2062,15 @@ static const struct { const char *names; int pre, flags; } llm_pre_names[] = {
     {"laguna", LLM_PRE_LAGUNA, 0},
     {"exaone-moe", LLM_PRE_EXAONE_MOE, 0},
     {"minicpm5", LLM_PRE_MINICPM5, LLM_PRE_IGNORE_MERGES},
+    {"deepseek-llm", LLM_PRE_DEEPSEEK_LLM, 0},
+    {"youtu", LLM_PRE_YOUTU, LLM_PRE_IGNORE_MERGES},
+    {"tiny_aya cohere2moe", LLM_PRE_TINY_AYA, 0},
+    {"kimi-k2", LLM_PRE_KIMI_K2, 0},
+    {"afmoe", LLM_PRE_AFMOE, 0},
+    {"chameleon", LLM_PRE_CHAMELEON, LLM_PRE_ADD_BOS},
+    /* not here, so split as 'default' with a warning: gemma4, granite-embed-multi-311m, sarvam-moe and
+     * whitespace, whose words llama.cpp hands to BPE as raw UTF-8 (byte_encode = false; the first three are
+     * SentencePiece vocabularies written as BPE, spaces as U+2581), not byte-level BPE */
 };
 
 /* The row of llm_pre_names that holds name, or -1. */
