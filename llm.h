@@ -1649,11 +1649,13 @@ static int llm_in_ranges(uint32_t c, const uint32_t (*ranges)[2], int n) {
 #define LLM_IN_RANGES(c, ranges) llm_in_ranges(c, ranges, (int)(sizeof ranges / sizeof ranges[0]))
 
 static int llm_in_set(int set, uint32_t c, int flags) {
-    int uc = flags & LLM_UC_CLASS, letter = uc == LLM_UC_LETTER, number = uc == LLM_UC_DIGIT || uc == LLM_UC_NUMBER;
+    int uc = flags & LLM_UC_CLASS;
+    int letter = uc == LLM_UC_LETTER, number = uc == LLM_UC_DIGIT || uc == LLM_UC_NUMBER;
     int space = uc == LLM_UC_SPACE, brk = c == '\r' || c == '\n';
     int punct = uc == LLM_UC_PUNCT, symbol = uc == LLM_UC_SYMBOL, mark = uc == LLM_UC_MARK;
     /* [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}] and [\p{Ll}\p{Lm}\p{Lo}\p{M}]: Lm and Lo are in both */
-    int upper = (letter && !(flags & LLM_UC_LOWER)) || mark, lower = (letter && !(flags & LLM_UC_UPPER)) || mark;
+    int upper = (letter && !(flags & LLM_UC_LOWER)) || mark;
+    int lower = (letter && !(flags & LLM_UC_UPPER)) || mark;
     int han = (flags & LLM_UC_HAN) != 0;
     switch (set) {
     case LLM_SET_SPACE_CHAR: return c == ' ';
@@ -1726,7 +1728,9 @@ enum {
     LLM_ALT_TRAILING_SPACES, /* \s+$ */
     LLM_ALT_LITERAL         /* before body{1,max} after: literal ASCII strings around a run (body NONE: none) */
 };
-enum { LLM_ALT_ANY_CASE = 1, LLM_ALT_PREFIX_REQUIRED = 2, LLM_ALT_THEN_CONTRACTION = 4, LLM_ALT_WORD_AFTER = 8 };
+enum { /* flags */
+    LLM_ALT_ANY_CASE = 1, LLM_ALT_PREFIX_REQUIRED = 2, LLM_ALT_THEN_CONTRACTION = 4, LLM_ALT_WORD_AFTER = 8
+};
 
 typedef struct {
     uint8_t kind, prefix, body, min, max, tail, tail_max, flags;
@@ -1918,9 +1922,9 @@ static const llm_alt llm_re_tiny_aya[] =
 static const llm_alt llm_re_youtu[] =
     LLM_RE_CASED(LLM_SET_CASED_UPPER, LLM_SET_CASED_LOWER, LLM_ALT_THEN_CONTRACTION, 1);
 /* kimi-k2 (its tokenization_kimi.py; llama.cpp's own code for it takes letters of either case alike):
- * [\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+
- * (?i:'s|...)?|[^\r\n\p{L}\p{N}]?[...&&[^\p{Han}]]+[...&&[^\p{Han}]]*(?i:'s|...)?|\p{N}{1,3}|
- * ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
+ * [\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*
+ * [\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|...)?|[^\r\n\p{L}\p{N}]?[...&&[^\p{Han}]]+[...&&[^\p{Han}]]*
+ * (?i:'s|...)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
 static const llm_alt llm_re_kimi_k2[] = {
     LLM_RUN(0, LLM_SET_HAN),
     {.kind = LLM_ALT_CASED, .prefix = LLM_SET_NOT_BREAK_L_N, .body = LLM_SET_CASED_UPPER_NO_HAN,

@@ -8,8 +8,8 @@ whether it is Han (\\p{Han}) or a word character (\\w, for \\b). This script der
 point from the Unicode Character Database and prints them as one sorted table of runs: each entry is the first
 code point of a run of code points of one class byte, shifted left by 8, with the byte in the low 8 bits; the
 run lasts until the next entry's first code point. Code points of no class (controls, unassigned, ...) are class
-0. Ready to paste into llm.h's appendix (the tokenizer binary-searches it). Debian's package unicode-data installs
-UnicodeData.txt, and beside it the files the flags come from (Scripts.txt, DerivedCoreProperties.txt,
+0. Ready to paste into llm.h's appendix (the tokenizer binary-searches it). Debian's package unicode-data
+installs UnicodeData.txt, and beside it the files the flags come from (Scripts.txt, DerivedCoreProperties.txt,
 PropList.txt).
 
 The class byte: the class (the low 3 bits, llm.h's LLM_UC_*) and flags
