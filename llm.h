@@ -2203,7 +2203,8 @@ int llm_tokenize(const llm_tokenizer *t, const char *text, size_t len, int add_b
     for (size_t i = 0; i < len && !o.failed;) {
         size_t n = 0;
         int id = -1;
-        if (t->special_start[(unsigned char)text[i]]) id = llm_special_at(t, text + i, len - i, parse_special, &n);
+        if (t->special_start[(unsigned char)text[i]])
+            id = llm_special_at(t, text + i, len - i, parse_special, &n);
         if (id < 0) { i++; continue; }
         if (i > start) llm_tokenize_text(t, text + start, i - start, &o);
         llm_out_put(&o, id);

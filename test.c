@@ -4782,9 +4782,9 @@ static void run_gpu_tests(void) {
 }
 #endif /* LLM_CUDA */
 
-/* llm-test --split NAME, for tools/pretok_check.py: loads a made-up vocabulary whose tokenizer.ggml.pre is NAME
- * and prints "warning: " and the loader's warning (empty when it knows the name); then reads texts from stdin, one
- * per line in hex, and prints for each the characters (after the first) where its words start. */
+/* llm-test --split NAME, for tools/pretok_check.py: loads a made-up vocabulary whose tokenizer.ggml.pre is
+ * NAME and prints "warning: " and the loader's warning (empty when it knows the name); then reads texts from
+ * stdin, one per line in hex, and prints for each the characters (after the first) where its words start. */
 static int split_mode(const char *name) {
     static const char *const tokens[] = {"a"}, *const merges[] = {"a a"};
     char err[LLM_ERR_LEN] = "";

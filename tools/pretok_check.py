@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
-"""pretok_check.py - llm.h's hand-written pre-tokenizers against llama.cpp's split patterns run by Python's regex.
+"""pretok_check.py - llm.h's hand-written pre-tokenizers against llama.cpp's split patterns run by Python's
+regex.
 
-llama.cpp (src/llama-vocab.cpp) maps each tokenizer.ggml.pre name to a list of regexes: the first cuts the text
-into its matches and the text between them, each later one cuts each of those pieces again. PATTERNS below are
-those lists, written as llama.cpp writes them (its adapted forms, e.g. (?i:'s|...) spelled '[sS]|...), and NAMES
-every name it maps, with the pattern llama.cpp gives it, or None where llm.h falls back to 'default' with a
-warning (vocabularies that are not byte-level BPE). Where llama.cpp runs its own code instead of a regex, the
-pattern is the regex that code stands for: the model's published one (kimi-k2) or what the code computes (afmoe).
+llama.cpp (src/llama-vocab.cpp) maps each tokenizer.ggml.pre name to a list of regexes: the first cuts the
+text into its matches and the text between them, each later one cuts each of those pieces again. PATTERNS
+below are those lists, written as llama.cpp writes them (its adapted forms, e.g. (?i:'s|...) spelled
+'[sS]|...), and NAMES every name it maps, with the pattern llama.cpp gives it, or None where llm.h falls back
+to 'default' with a warning (vocabularies that are not byte-level BPE). Where llama.cpp runs its own code
+instead of a regex, the pattern is the regex that code stands for: the model's published one (kimi-k2) or what
+the code computes (afmoe).
 
-For each name this script asks `llm-test --split NAME` how llm.h splits a few thousand generated strings (seeded:
-the same every run; letters of each case, digits, punctuation, white space runs, CJK and other Asian scripts,
-emoji, combining marks, chameleon's image tokens, invalid UTF-8, which both sides read as U+FFFD) and compares the word boundaries with the regexes' exactly. It prints how many
-strings each pattern was checked on and fails on the first disagreement of each name.
+For each name this script asks `llm-test --split NAME` how llm.h splits a few thousand generated strings
+(seeded: the same every run; letters of each case, digits, punctuation, white space runs, CJK and other Asian
+scripts, emoji, combining marks, chameleon's image tokens, invalid UTF-8, which both sides read as U+FFFD) and
+compares the word boundaries with the regexes' exactly. It prints how many strings each pattern was checked on
+and fails on the first disagreement of each name.
 
-    .venv/bin/python tools/pretok_check.py [./llm-test] [--strings N]
+.venv/bin/python tools/pretok_check.py [./llm-test] [--strings N]
 """
 import random
 import subprocess
