@@ -3606,18 +3606,24 @@ static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
  * attention). scores: room for pos + 1 values. */
 static void llm_cpu_attention(const llm_cpu *c, int layer, const int32_t *block_table, int pos, int kv_head,
                               const float *q, float *scores, float *out) {
-    int hd = c->model->cfg.head_dim, n_ctx = pos + 1;
+    int hd = c->model->cfg.head_dim, n_ctx = pos + 1, bs = c->block_size;
+    size_t per_slot = (size_t)c->model->cfg.n_kv_heads * hd; /* a block's slots are per_slot values apart */
     float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY, sum = 0;
-    for (int p = 0; p < n_ctx; p++) {
-        scores[p] = llm_dot(q, llm_cpu_kv_at(c, c->k, layer, block_table, p) + kv_head * hd, hd) * scale;
-        if (scores[p] > mx) mx = scores[p];
+    for (int p0 = 0; p0 < n_ctx; p0 += bs) { /* block by block: the block table is read once per block */
+        const float *kp = llm_cpu_kv_at(c, c->k, layer, block_table, p0) + kv_head * hd;
+        for (int p = p0; p < n_ctx && p < p0 + bs; p++, kp += per_slot) {
+            scores[p] = llm_dot(q, kp, hd) * scale;
+            if (scores[p] > mx) mx = scores[p];
+        }
     }
     for (int p = 0; p < n_ctx; p++) { scores[p] = expf(scores[p] - mx); sum += scores[p]; }
     memset(out, 0, (size_t)hd * sizeof(float));
-    for (int p = 0; p < n_ctx; p++) {
-        const float *vp = llm_cpu_kv_at(c, c->v, layer, block_table, p) + kv_head * hd;
-        float w = scores[p] / sum;
-        for (int i = 0; i < hd; i++) out[i] += w * vp[i];
+    for (int p0 = 0; p0 < n_ctx; p0 += bs) {
+        const float *vp = llm_cpu_kv_at(c, c->v, layer, block_table, p0) + kv_head * hd;
+        for (int p = p0; p < n_ctx && p < p0 + bs; p++, vp += per_slot) {
+            float w = scores[p] / sum;
+            for (int i = 0; i < hd; i++) out[i] += w * vp[i];
+        }
     }
 }
 
