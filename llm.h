@@ -1028,7 +1028,8 @@ static inline __attribute__((always_inline)) void llm_qblock_read(uint32_t type,
     case LLM_Q8_0: for (int j = 0; j < 32; j++) q[j] = (int8_t)p[2 + j]; break;
     case LLM_Q4_0: case LLM_Q4_1: { /* value j in the low nibble of byte j, value j + 16 in the high one */
         const uint8_t *qs = p + (type == LLM_Q4_0 ? 2 : 4);
-        for (int j = 0; j < 16; j++) { q[j] = (int8_t)(qs[j] & 15); q[j + 16] = (int8_t)(qs[j] >> 4); }
+        for (int j = 0; j < 16; j++) q[j] = (int8_t)(qs[j] & 15);
+        for (int j = 0; j < 16; j++) q[j + 16] = (int8_t)(qs[j] >> 4);
         break;
     }
     case LLM_Q5_0: case LLM_Q5_1: { /* and the fifth bits, bit j of a 32-bit word for value j */
