@@ -1090,7 +1090,7 @@ static inline __attribute__((always_inline)) void llm_dequant_blocks(uint32_t ty
     llm_dtype_info(type, &block_bytes, &block_values);
     llm_qblock b;
     for (int64_t at = 0; at + (int64_t)block_values <= n; at += (int64_t)block_values, p += block_bytes) {
-        llm_qblock_read(type, p, &b);
+        llm_qblock_unpack(type, p, &b); /* a call: inlined, GCC scalarizes b.q byte by byte */
         for (int s = 0; s < b.n / b.sub; s++) {
             float ds = b.d * (float)b.scale[s], dm = b.dmin * (float)b.min[s];
             for (int i = s * b.sub; i < (s + 1) * b.sub; i++) out[at + i] = ds * (float)b.q[i] - dm;
