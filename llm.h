@@ -41,7 +41,7 @@
  *   llm_engine_get_stats   llm_engine_model   llm_finish_reason_name   llm_engine_check_blocks
  * The parts: each section's own functions, for tools, tests and programs that take one piece
  *   GGUF: llm_gguf_open, _parse, _close, _find, _tensor_find, _int, _float, _string, _arr_int, _arr_float;
- *         llm_dtype_name, llm_dtype_row_bytes, llm_dtype_dequant_row
+ *         llm_dtype_name, llm_dtype_row_bytes, llm_dtype_dequant_row, llm_qblock_unpack
  *   model: llm_model_load, llm_model_dummy, llm_model_dummy_names, llm_model_free
  *   tokenizer: llm_tokenizer_load, llm_tokenizer_free, llm_tokenize, llm_tokenizer_n_vocab, _bos, _eos,
  *         _adds_bos, _is_eog, _warning; llm_tokenize_prompt
@@ -174,7 +174,6 @@ typedef struct {
     int16_t scale[16], min[16];
     int8_t q[256];
 } llm_qblock;
-void llm_qblock_scales(uint32_t type, const void *block, llm_qblock *b); /* all but q */
 void llm_qblock_unpack(uint32_t type, const void *block, llm_qblock *b);
 
 /* -----------------------------------------------------------------------------------------------------------
@@ -1012,10 +1011,6 @@ static inline __attribute__((always_inline)) void llm_qblock_read_scales(uint32_
         for (int s = 0; s < 16; s++) { b->scale[s] = (int8_t)p[192 + s]; b->min[s] = 0; }
         break;
     }
-}
-/* (inlined where a loop calls it for one type, which leaves only that type's case) */
-void llm_qblock_scales(uint32_t type, const void *block, llm_qblock *b) {
-    llm_qblock_read_scales(type, (const uint8_t *)block, b);
 }
 
 /* The values of a block, type by type, in loops over the layout's own runs (which the compiler vectorizes) */
