@@ -3352,17 +3352,25 @@ static inline float llm_avx2_hsum(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-/* 8 sums of 4 products of unsigned bytes u and signed bytes x: one VNNI instruction where the target has
- * it */
-static inline __m256i llm_avx2_dot_u8s8(__m256i u, __m256i x) {
+/* acc plus 8 sums of 4 products of unsigned bytes u and signed bytes x: one VNNI instruction where the
+ * target has it. Without VNNI, _mm256_maddubs_epi16 adds pairs of products into 16 bits, saturating: exact
+ * only while u stays under 128 (every type's stored values but q8_0's, which is signed). */
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
-#elif defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, x);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
-#endif
+#define LLM_AVX2_VNNI 1
+static inline __m256i llm_avx2_dpbusd(__m256i acc, __m256i u, __m256i x) {
+    return _mm256_dpbusd_epi32(acc, u, x);
 }
+#elif defined(__AVXVNNI__)
+#define LLM_AVX2_VNNI 1
+static inline __m256i llm_avx2_dpbusd(__m256i acc, __m256i u, __m256i x) {
+    return _mm256_dpbusd_avx_epi32(acc, u, x);
+}
+#else
+#define LLM_AVX2_VNNI 0
+static inline __m256i llm_avx2_dpbusd(__m256i acc, __m256i u, __m256i x) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+}
+#endif
 
 /* The products of one weight row with nc rows of activations (nc up to 4, x_stride blocks apart): a prefill
  * unpacks each weight block once for 4 tokens. 32-value blocks: one scale per block. Signed types (q8_0,
@@ -3382,7 +3390,7 @@ static inline __attribute__((always_inline)) void llm_q8_block32_avx2(uint32_t t
         const llm_q8 *xb = x + c * x_stride;
         __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);
         if (!has_min) xq = _mm256_sign_epi8(xq, w);
-        __m256 dot = _mm256_cvtepi32_ps(llm_avx2_dot_u8s8(w_abs, xq));
+        __m256 dot = _mm256_cvtepi32_ps(llm_avx2_dpbusd(_mm256_setzero_si256(), w_abs, xq));
         acc[c] = _mm256_fmadd_ps(dot, _mm256_set1_ps(d * xb->d), acc[c]);
         if (has_min) mins[c] += m * xb->s;
     }
@@ -3463,6 +3471,134 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
         out[c] = llm_avx2_hsum(_mm256_add_ps(even[c], odd[c])) - llm_avx2_hsum(rest[c]);
 }
 
+/* Prefill: a tile of weight rows unpacked once for every token of the step ("packing", as BLAS libraries
+ * do). The row-at-a-time products above unpack each weight block again for every 4 tokens and add up each
+ * product across the 8 lanes of a register. Packed, 8 rows lie side by side, their stored values
+ * interleaved 4 bytes at a time: one _mm256_dpbusd multiplies 4 values of each of the 8 rows by the same 4
+ * activations (broadcast), and lane r of the sum is row r's. The scales are vectors over the 8 rows too, so
+ * that a group of 32 values costs 8 integer instructions and a few float ones per token for 8 rows, with no
+ * sum across lanes. The integer parts are those of llm_q8_dot_ref: the stored values' products, less the
+ * offset times the activations' sums, per half of 16 values when the sub-blocks are 16 long. */
+#define LLM_PACK_ROWS 8
+typedef struct {
+    uint8_t q[8][LLM_PACK_ROWS][4]; /* [chunk j][row r]: stored values 4j..4j+3 of row r in this group */
+    float scale[2][LLM_PACK_ROWS];  /* per half of 16 values: d * the sub-block's scale */
+    float min[2][LLM_PACK_ROWS];    /* per half: dmin * the sub-block's minimum, which the x sums multiply */
+} llm_pack_group;
+
+/* The types with a packed path: all, with VNNI; without, q8_0's stored bytes are signed (shifted to
+ * unsigned they overflow _mm256_maddubs_epi16), so it keeps the row-at-a-time path */
+static int llm_pack_has_type(uint32_t type) { return LLM_AVX2_VNNI || type != LLM_Q8_0; }
+static inline __attribute__((always_inline)) int llm_pack_two_halves(uint32_t type) {
+    return type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q6_K; /* sub-blocks of 16 */
+}
+static inline __attribute__((always_inline)) int llm_pack_has_min(uint32_t type) {
+    return type == LLM_Q4_1 || type == LLM_Q5_1 || type == LLM_Q2_K || type == LLM_Q4_K || type == LLM_Q5_K;
+}
+static inline __attribute__((always_inline)) int llm_pack_offset(uint32_t type) {
+    return type == LLM_Q8_0 ? 128 : type == LLM_Q4_0 ? 8 : type == LLM_Q5_0 ? 16 : type == LLM_Q3_K ? 4 :
+           type == LLM_Q6_K ? 32 : 0; /* q8_0: its signed bytes + 128 */
+}
+
+/* Rows r0.. of a weight (n_rows of them, 8 at most: the rest of the 8 are zeros), n values each, into
+ * n / 32 packed groups */
+static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, const uint8_t *rows,
+                                                                size_t row_bytes, int n_rows, int64_t n,
+                                                                llm_pack_group *pack) {
+    uint64_t block_bytes, block_values;
+    llm_dtype_info(type, &block_bytes, &block_values);
+    int groups_per_block = (int)block_values / 32;
+    memset(pack, 0, (size_t)(n / 32) * sizeof *pack);
+    for (int r = 0; r < n_rows; r++) {
+        const uint8_t *p = rows + (size_t)r * row_bytes;
+        llm_qblock b;
+        for (int64_t g0 = 0; g0 < n / 32; g0 += groups_per_block, p += block_bytes) {
+            llm_qblock_read_scales(type, p, &b);
+            for (int g = 0; g < groups_per_block; g++) {
+                llm_pack_group *pg = pack + g0 + g;
+                uint8_t stored[32];
+                __m256i v = llm_avx2_group(type, p, g);
+                if (type == LLM_Q8_0) v = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
+                _mm256_storeu_si256((__m256i *)stored, v);
+                for (int j = 0; j < 8; j++) memcpy(pg->q[j][r], stored + 4 * j, 4);
+                for (int h = 0; h < 2; h++) {
+                    int s = (g * 32 + h * 16) / b.sub;
+                    pg->scale[h][r] = b.d * (float)b.scale[s];
+                    pg->min[h][r] = b.dmin * (float)b.min[s];
+                }
+            }
+        }
+    }
+}
+
+/* 8 packed rows times nc tokens (1 to 4, x_stride blocks apart): out[c * out_stride + r] */
+static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, const llm_pack_group *pack,
+                                                               int64_t n_groups, const llm_q8 *x,
+                                                               int64_t x_stride, int nc, float *out,
+                                                               int64_t out_stride) {
+    const int halves = llm_pack_two_halves(type) ? 2 : 1, offset = llm_pack_offset(type);
+    __m256 acc[4];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < n_groups; g++) {
+        const llm_pack_group *pg = pack + g;
+        for (int h = 0; h < halves; h++) {
+            __m256i dot[4];
+            for (int c = 0; c < nc; c++) dot[c] = _mm256_setzero_si256();
+            for (int j = h * 8 / halves; j < (h + 1) * 8 / halves; j++) {
+                __m256i w = _mm256_loadu_si256((const __m256i *)pg->q[j]);
+                for (int c = 0; c < nc; c++) {
+                    int32_t four;
+                    memcpy(&four, x[c * x_stride + g].q + 4 * j, 4);
+                    dot[c] = llm_avx2_dpbusd(dot[c], w, _mm256_set1_epi32(four));
+                }
+            }
+            __m256 scale = _mm256_loadu_ps(pg->scale[h]), min = _mm256_loadu_ps(pg->min[h]);
+            for (int c = 0; c < nc; c++) {
+                const llm_q8 *xg = x + c * x_stride + g;
+                int sum = halves == 2 ? xg->sum[h] : xg->sum[0] + xg->sum[1];
+                if (offset) dot[c] = _mm256_sub_epi32(dot[c], _mm256_set1_epi32(offset * sum));
+                __m256 xd = _mm256_set1_ps(xg->d);
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[c]), _mm256_mul_ps(scale, xd), acc[c]);
+                if (llm_pack_has_min(type))
+                    acc[c] = _mm256_fnmadd_ps(min, _mm256_set1_ps(xg->d * (float)sum), acc[c]);
+            }
+        }
+    }
+    for (int c = 0; c < nc; c++) _mm256_storeu_ps(out + c * out_stride, acc[c]);
+}
+
+/* The two above, each specialized to its type (and the product to 4 tokens or 1) */
+static void llm_pack(uint32_t type, const uint8_t *rows, size_t row_bytes, int n_rows, int64_t n,
+                     llm_pack_group *pack) {
+    switch (type) {
+    case LLM_Q8_0: llm_pack_rows(LLM_Q8_0, rows, row_bytes, n_rows, n, pack); return;
+    case LLM_Q4_0: llm_pack_rows(LLM_Q4_0, rows, row_bytes, n_rows, n, pack); return;
+    case LLM_Q4_1: llm_pack_rows(LLM_Q4_1, rows, row_bytes, n_rows, n, pack); return;
+    case LLM_Q5_0: llm_pack_rows(LLM_Q5_0, rows, row_bytes, n_rows, n, pack); return;
+    case LLM_Q5_1: llm_pack_rows(LLM_Q5_1, rows, row_bytes, n_rows, n, pack); return;
+    case LLM_Q2_K: llm_pack_rows(LLM_Q2_K, rows, row_bytes, n_rows, n, pack); return;
+    case LLM_Q3_K: llm_pack_rows(LLM_Q3_K, rows, row_bytes, n_rows, n, pack); return;
+    case LLM_Q4_K: llm_pack_rows(LLM_Q4_K, rows, row_bytes, n_rows, n, pack); return;
+    case LLM_Q5_K: llm_pack_rows(LLM_Q5_K, rows, row_bytes, n_rows, n, pack); return;
+    default: llm_pack_rows(LLM_Q6_K, rows, row_bytes, n_rows, n, pack); return;
+    }
+}
+static void llm_pack_mul(uint32_t type, const llm_pack_group *pack, int64_t n_groups, const llm_q8 *x,
+                         int64_t x_stride, int nc, float *out, int64_t out_stride) {
+#define LLM_PACK_CASE(T)                                                                                   \
+    case T:                                                                                                \
+        if (nc == 4) llm_pack_dot(T, pack, n_groups, x, x_stride, 4, out, out_stride);                     \
+        else for (int c = 0; c < nc; c++) llm_pack_dot(T, pack, n_groups, x + c * x_stride, 0, 1,          \
+                                                       out + c * out_stride, 0);                           \
+        return;
+    switch (type) {
+    LLM_PACK_CASE(LLM_Q8_0) LLM_PACK_CASE(LLM_Q4_0) LLM_PACK_CASE(LLM_Q4_1) LLM_PACK_CASE(LLM_Q5_0)
+    LLM_PACK_CASE(LLM_Q5_1) LLM_PACK_CASE(LLM_Q2_K) LLM_PACK_CASE(LLM_Q3_K) LLM_PACK_CASE(LLM_Q4_K)
+    LLM_PACK_CASE(LLM_Q5_K) LLM_PACK_CASE(LLM_Q6_K)
+    }
+#undef LLM_PACK_CASE
+}
+
 /* f16 and bf16 weights meet f32 activations: 8 values converted and multiplied at a time */
 static float llm_dot_half(uint32_t type, const uint16_t *w, const float *x, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
@@ -3509,7 +3645,7 @@ static void llm_q8_dot(uint32_t type, const void *row, const llm_q8 *x, int64_t 
  * to f32 (the exact path; and every type in a build without SIMD, where the compiler's vectorized f32 loops
  * beat plain-C integer products: SmolLM2 Q4_1 on one thread, decode 30 against 18 tok/s, prompt 118
  * against 22) */
-enum { LLM_ROWS_F32, LLM_ROWS_Q8, LLM_ROWS_HALF, LLM_ROWS_CONVERT };
+enum { LLM_ROWS_F32, LLM_ROWS_Q8, LLM_ROWS_HALF, LLM_ROWS_CONVERT, LLM_ROWS_PACKED };
 static int llm_matmul_kind(uint32_t type, int exact) {
     if (type == LLM_F32) return LLM_ROWS_F32;
 #ifdef LLM_CPU_SIMD
@@ -3526,6 +3662,37 @@ static int llm_matmul_kind(uint32_t type, int exact) {
  * memory (from cache after that): that is what batching buys on any hardware. -1 when there was no memory
  * for the quantized activations or a thread's converted rows (what it would have computed is left undone). */
 #define LLM_MATMUL_TILE 16
+#define LLM_PACK_MIN_TOKENS 4 /* from 4 tokens on, packing a tile costs less than what it saves */
+#ifdef LLM_CPU_SIMD
+/* One tile of rows r0..r1 (of rows), packed 8 rows at a time, times every token's quantized activations */
+static void llm_matmul_packed(float *out, const llm_q8 *xq, uint32_t type, const uint8_t *tile_data,
+                              size_t row_bytes, int64_t r0, int64_t r1, int64_t rows, int64_t cols, int T,
+                              llm_pack_group *pack) {
+    int64_t n_groups = cols / 32;
+    int n_packs = (int)((r1 - r0 + LLM_PACK_ROWS - 1) / LLM_PACK_ROWS);
+    for (int i = 0; i < n_packs; i++) {
+        int64_t n_rows = r1 - r0 - i * LLM_PACK_ROWS;
+        llm_pack(type, tile_data + (size_t)i * LLM_PACK_ROWS * row_bytes, row_bytes,
+                 n_rows < LLM_PACK_ROWS ? (int)n_rows : LLM_PACK_ROWS, cols, pack + i * n_groups);
+    }
+    for (int t = 0; t < T; t += LLM_Q8_MAX_COLS) {
+        int nc = T - t < LLM_Q8_MAX_COLS ? T - t : LLM_Q8_MAX_COLS;
+        for (int i = 0; i < n_packs; i++) {
+            int64_t first = r0 + i * LLM_PACK_ROWS, n_rows = r1 - first;
+            float v[LLM_Q8_MAX_COLS][LLM_PACK_ROWS];
+            if (n_rows >= LLM_PACK_ROWS) { /* straight into out */
+                llm_pack_mul(type, pack + i * n_groups, n_groups, xq + (size_t)t * n_groups, n_groups, nc,
+                             out + (size_t)t * rows + first, rows);
+                continue;
+            }
+            llm_pack_mul(type, pack + i * n_groups, n_groups, xq + (size_t)t * n_groups, n_groups, nc,
+                         v[0], LLM_PACK_ROWS);
+            for (int c = 0; c < nc; c++)
+                memcpy(out + (size_t)(t + c) * rows + first, v[c], (size_t)n_rows * sizeof(float));
+        }
+    }
+}
+#endif
 static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, int exact) {
     int64_t rows = w->rows, cols = w->cols, n_tiles = (rows + LLM_MATMUL_TILE - 1) / LLM_MATMUL_TILE;
     size_t row_bytes = llm_dtype_row_bytes(w->type, cols);
@@ -3535,6 +3702,9 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
         if (!(xq = (llm_q8 *)malloc((size_t)T * (size_t)(cols / 32) * sizeof(llm_q8)))) return -1;
         for (int t = 0; t < T; t++) llm_q8_quantize(x + (size_t)t * cols, xq + (size_t)t * (cols / 32), cols);
     }
+#ifdef LLM_CPU_SIMD
+    if (kind == LLM_ROWS_Q8 && T >= LLM_PACK_MIN_TOKENS && llm_pack_has_type(w->type)) kind = LLM_ROWS_PACKED;
+#endif
     #pragma omp parallel
     {
         float *converted = NULL;
@@ -3543,11 +3713,26 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
             #pragma omp atomic write
             failed = 1;
         }
+#ifdef LLM_CPU_SIMD
+        llm_pack_group *pack = NULL; /* the tile's rows, packed: 8 at a time */
+        if (kind == LLM_ROWS_PACKED &&
+            !(pack = (llm_pack_group *)malloc((size_t)LLM_MATMUL_TILE * (size_t)(cols / 32) *
+                                              sizeof(llm_pack_group) / LLM_PACK_ROWS))) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+#endif
         #pragma omp for schedule(static)
         for (int64_t tile = 0; tile < n_tiles; tile++) {
             int64_t r0 = tile * LLM_MATMUL_TILE;
             int64_t r1 = r0 + LLM_MATMUL_TILE < rows ? r0 + LLM_MATMUL_TILE : rows;
             const uint8_t *tile_data = (const uint8_t *)w->data + (size_t)r0 * row_bytes;
+#ifdef LLM_CPU_SIMD
+            if (kind == LLM_ROWS_PACKED) {
+                if (pack) llm_matmul_packed(out, xq, w->type, tile_data, row_bytes, r0, r1, rows, cols, T, pack);
+                continue;
+            }
+#endif
             if (kind == LLM_ROWS_CONVERT) {
                 if (!converted) continue;
                 for (int64_t r = r0; r < r1; r++)
@@ -3582,6 +3767,9 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
             }
         }
         free(converted);
+#ifdef LLM_CPU_SIMD
+        free(pack);
+#endif
     }
     free(xq);
     return failed ? -1 : 0;

@@ -1334,6 +1334,65 @@ static void test_quant_dots(void) {
     }
 }
 
+/* A prefill's matrix product (from 4 tokens on, weights packed 8 rows at a time) against the plain-C dot of
+ * every row with every token: integer parts exactly, real scales closely. 21 rows and 7 tokens leave a pack
+ * of 5 rows and 3 tokens after the first 4. */
+static void test_quant_tiles(void) {
+    enum { N = 512, R = 21, T = 7 };
+    uint64_t rng = 11;
+    float *x = (float *)malloc(T * N * sizeof(float)), *out = (float *)malloc(T * R * sizeof(float));
+    float *deq = (float *)malloc(R * N * sizeof(float));
+    llm_q8 *xq = (llm_q8 *)malloc(T * (N / 32) * sizeof(llm_q8));
+    uint8_t *w = (uint8_t *)malloc(R * N * 2); /* the widest type, q8_0, takes 34 bytes per 32 values */
+#ifdef LLM_CPU_SIMD
+    CHECK(T >= LLM_PACK_MIN_TOKENS, "7 tokens take the packed path");
+#endif
+    for (int ti = 0; ti < N_QUANT_TYPES; ti++) {
+        uint32_t type = quant_types[ti];
+        uint64_t bb, bv;
+        llm_dtype_info(type, &bb, &bv);
+        size_t row_bytes = llm_dtype_row_bytes(type, N);
+        for (int real = 0; real < 2; real++) {
+            /* integers: d = dmin = 1, and every activation block holds a 127 so that its scale is 1 */
+            for (size_t at = 0; at < R * row_bytes; at += bb) {
+                quant_random_block(type, w + at, bb, &rng);
+                size_t d_at = type == LLM_Q2_K ? 80 : type == LLM_Q3_K ? 108 : type == LLM_Q6_K ? 208 : 0;
+                if (real)
+                    put16(w + at + d_at, llm_f32_to_f16((float)(llm_splitmix64(&rng) % 1000 + 1) / 30000.0f));
+            }
+            for (int i = 0; i < T * N; i++) {
+                int v = (int)(llm_splitmix64(&rng) % 255) - 127;
+                x[i] = real ? (float)v / 70.0f : (float)(i % 32 == 5 ? 127 : v);
+            }
+            for (int t = 0; t < T; t++) llm_q8_quantize(x + t * N, xq + t * (N / 32), N);
+            llm_weight weight = {w, type, R, N};
+            CHECK(llm_matmul(out, x, &weight, T, 0) == 0, "%s: the matrix product failed", llm_dtype_name(type));
+            for (int r = 0; r < R; r++) llm_dtype_dequant_row(type, w + r * row_bytes, deq + r * N, N);
+            int mismatches = 0;
+            double worst = 0;
+            for (int t = 0; t < T; t++)
+                for (int r = 0; r < R; r++) {
+                    float ref = llm_q8_dot_ref(type, w + r * row_bytes, xq + t * (N / 32), N);
+                    double size = 0;
+                    for (int i = 0; i < N; i++) size += fabs((double)deq[r * N + i] * x[t * N + i]);
+                    mismatches += out[t * R + r] != ref;
+                    worst = fmax(worst, fabs((double)out[t * R + r] - ref) / size);
+                }
+            if (!real)
+                CHECK(mismatches == 0, "%s products of 21 rows and 7 tokens, integer parts: %d of %d differ",
+                      llm_dtype_name(type), mismatches, T * R);
+#ifdef LLM_CPU_SIMD
+            else CHECK(worst < 1e-5, "%s products of 21 rows and 7 tokens: %.2g from plain C's (of the sum of "
+                       "|terms|)", llm_dtype_name(type), worst);
+#else       /* without SIMD the rows are converted to f32 and meet x unrounded */
+            else CHECK(worst < 0.01, "%s products of 21 rows and 7 tokens: %.2g from plain C's (of the sum of "
+                       "|terms|)", llm_dtype_name(type), worst);
+#endif
+        }
+    }
+    free(x); free(out); free(deq); free(xq); free(w);
+}
+
 /* The fast path's logits stay close to the exact path's on every quantized model */
 static void test_quant_fast_path(void) {
     for (int f = 0; f < N_QUANT_MODELS; f++) {
@@ -4848,7 +4907,8 @@ int main(int argc, char **argv) {
         {"paged forward", test_paged_forward_models},
         {"weight types", test_weight_types},
         {"quant dequantization", test_quant_dequant}, {"quant references", test_quant_reference},
-        {"quant dot products", test_quant_dots}, {"quant fast path", test_quant_fast_path},
+        {"quant dot products", test_quant_dots}, {"quant prefill tiles", test_quant_tiles},
+        {"quant fast path", test_quant_fast_path},
         {"quant SmolLM2", test_quant_smollm2},
         {"sampler", test_sampler}, {"block manager", test_block_manager},
         {"batch invariance", test_batch_invariance},
