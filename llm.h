@@ -3240,7 +3240,8 @@ typedef struct {
     int8_t q[32];
 } llm_q8;
 
-static void llm_q8_quantize(const float *x, llm_q8 *out, int64_t n) {
+/* The reference quantization (a SIMD build calls it only from the tests: unused otherwise) */
+static __attribute__((unused)) void llm_q8_quantize_ref(const float *x, llm_q8 *out, int64_t n) {
     for (int64_t b = 0; b < n / 32; b++, x += 32) {
         float amax = 0;
         for (int j = 0; j < 32; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
@@ -3599,6 +3600,37 @@ static void llm_pack_mul(uint32_t type, const llm_pack_group *pack, int64_t n_gr
 #undef LLM_PACK_CASE
 }
 
+/* llm_q8_quantize_ref, 32 values at a time: the same scale, the same rounding (to nearest, ties to even, as
+ * lrintf does), the same bytes */
+static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / 32; b++, x += 32) {
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(x + 8 * i);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        float d = _mm_cvtss_f32(m) / 127, inv = d > 0 ? 1 / d : 0;
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
+        /* 32-bit to 8-bit: the packs interleave 128-bit lanes, the permute puts them back in order */
+        __m256i q16 = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
+        __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16, q16b),
+                                                 _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)out[b].q, q8);
+        __m256i halves = _mm256_hadd_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        halves = _mm256_hadd_epi32(halves, halves); /* per 128-bit lane: the halves' sums over it */
+        int sum0 = _mm256_extract_epi32(halves, 0) + _mm256_extract_epi32(halves, 4);
+        int sum1 = _mm256_extract_epi32(halves, 1) + _mm256_extract_epi32(halves, 5);
+        out[b].d = d;
+        out[b].sum[0] = (int16_t)sum0; out[b].sum[1] = (int16_t)sum1;
+        out[b].s = d * (float)(sum0 + sum1);
+    }
+}
+
 /* f16 and bf16 weights meet f32 activations: 8 values converted and multiplied at a time */
 static float llm_dot_half(uint32_t type, const uint16_t *w, const float *x, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
@@ -3614,6 +3646,15 @@ static float llm_dot_half(uint32_t type, const uint16_t *w, const float *x, int6
     return r;
 }
 #endif
+
+/* A row of activations quantized for the fast path: with SIMD when the build has it */
+static void llm_q8_quantize(const float *x, llm_q8 *out, int64_t n) {
+#ifdef LLM_CPU_SIMD
+    llm_q8_quantize_avx2(x, out, n);
+#else
+    llm_q8_quantize_ref(x, out, n);
+#endif
+}
 
 /* The fast path's products of one weight row with nc (1 to 4) rows of quantized activations, x_stride blocks
  * apart, into out[0..nc-1]: SIMD when the build has it, else the plain-C reference */

@@ -1244,6 +1244,15 @@ static void test_quant_dots(void) {
     CHECK(worst <= 0.5001f && sums_ok, "q8 activations: off by %g of a step, sums %s", worst,
           sums_ok ? "right" : "wrong");
 #ifdef LLM_CPU_SIMD
+    { /* the SIMD quantization gives the same bytes, ties and a block of zeros included */
+        llm_q8 simd[N / 32];
+        for (int i = 0; i < N; i++)
+            x[i] = i < 32 ? 0 : i == 32 ? 127 : i < 64 ? (float)(i % 8) + 0.5f /* scale 1: halves tie */
+                                                       : (float)((int)(llm_splitmix64(&rng) % 2001) - 1000);
+        llm_q8_quantize_ref(x, xq, N);
+        llm_q8_quantize_avx2(x, simd, N);
+        CHECK(!memcmp(xq, simd, sizeof simd), "q8 activations: the SIMD quantization differs");
+    }
     printf("  (SIMD dot products: %s)\n", LLM_CPU_SIMD);
 #else
     printf("  (no SIMD in this build: quantized rows are converted to f32, as the exact path does)\n");
