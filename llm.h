@@ -609,6 +609,9 @@ static int llm_str_eq(llm_str s, const char *c) {
 
 /* Half-precision floats, as GGUF stores f16 and bf16 weights and scales. */
 static float llm_f16_to_f32(uint16_t h) {
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    return _cvtsh_ss(h); /* the same value, in one instruction */
+#else
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
     if (exp == 0) {
         if (mant == 0) bits = sign;
@@ -620,6 +623,7 @@ static float llm_f16_to_f32(uint16_t h) {
     } else if (exp == 31) bits = sign | 0x7f800000 | (mant << 13);
     else bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
     float f; memcpy(&f, &bits, 4); return f;
+#endif
 }
 
 static float llm_bf16_to_f32(uint16_t h) {
@@ -3487,9 +3491,8 @@ typedef struct {
     float min[2][LLM_PACK_ROWS];    /* per half: dmin * the sub-block's minimum, which the x sums multiply */
 } llm_pack_group;
 
-/* The types with a packed path: all, with VNNI; without, q8_0's stored bytes are signed (shifted to
- * unsigned they overflow _mm256_maddubs_epi16), so it keeps the row-at-a-time path */
-static int llm_pack_has_type(uint32_t type) { return LLM_AVX2_VNNI || type != LLM_Q8_0; }
+/* q8_0's bytes are signed: with VNNI they are stored + 128 (an offset like q4_0's 8); without, where
+ * _mm256_maddubs_epi16 would overflow on them, they stay signed and meet x as |w| times x with w's sign. */
 static inline __attribute__((always_inline)) int llm_pack_two_halves(uint32_t type) {
     return type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q6_K; /* sub-blocks of 16 */
 }
@@ -3497,37 +3500,56 @@ static inline __attribute__((always_inline)) int llm_pack_has_min(uint32_t type)
     return type == LLM_Q4_1 || type == LLM_Q5_1 || type == LLM_Q2_K || type == LLM_Q4_K || type == LLM_Q5_K;
 }
 static inline __attribute__((always_inline)) int llm_pack_offset(uint32_t type) {
-    return type == LLM_Q8_0 ? 128 : type == LLM_Q4_0 ? 8 : type == LLM_Q5_0 ? 16 : type == LLM_Q3_K ? 4 :
-           type == LLM_Q6_K ? 32 : 0; /* q8_0: its signed bytes + 128 */
+    return type == LLM_Q8_0 ? (LLM_AVX2_VNNI ? 128 : 0) : type == LLM_Q4_0 ? 8 : type == LLM_Q5_0 ? 16 :
+           type == LLM_Q3_K ? 4 : type == LLM_Q6_K ? 32 : 0;
 }
 
-/* Rows r0.. of a weight (n_rows of them, 8 at most: the rest of the 8 are zeros), n values each, into
- * n / 32 packed groups */
+/* 8 registers of 8 32-bit lanes transposed: lane j of register r goes to lane r of register j */
+static inline void llm_avx2_transpose8(__m256i v[8]) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);      /* per 128-bit lane: r0 r1 of dwords 0, 1 */
+        t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);  /* dwords 2, 3 */
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int k = 0; k < 2; k++) {
+            u[i + 2 * k] = _mm256_unpacklo_epi64(t[i + k], t[i + 2 + k]);      /* 4 rows of dword 2k */
+            u[i + 2 * k + 1] = _mm256_unpackhi_epi64(t[i + k], t[i + 2 + k]);  /* 4 rows of dword 2k + 1 */
+        }
+    for (int j = 0; j < 4; j++) { /* the 128-bit halves: rows 0-3 from u[j], rows 4-7 from u[4 + j] */
+        v[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+        v[j + 4] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+    }
+}
+
+/* Rows of a weight (n_rows of them, 8 at most: the rest of the 8 are zeros), n values each, into n / 32
+ * packed groups: each group's 8 rows of 32 stored bytes, transposed as 8 x 8 lanes of 4 bytes */
 static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, const uint8_t *rows,
                                                                 size_t row_bytes, int n_rows, int64_t n,
                                                                 llm_pack_group *pack) {
     uint64_t block_bytes, block_values;
     llm_dtype_info(type, &block_bytes, &block_values);
-    int groups_per_block = (int)block_values / 32;
-    memset(pack, 0, (size_t)(n / 32) * sizeof *pack);
-    for (int r = 0; r < n_rows; r++) {
-        const uint8_t *p = rows + (size_t)r * row_bytes;
-        llm_qblock b;
-        for (int64_t g0 = 0; g0 < n / 32; g0 += groups_per_block, p += block_bytes) {
-            llm_qblock_read_scales(type, p, &b);
-            for (int g = 0; g < groups_per_block; g++) {
-                llm_pack_group *pg = pack + g0 + g;
-                uint8_t stored[32];
-                __m256i v = llm_avx2_group(type, p, g);
-                if (type == LLM_Q8_0) v = _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80));
-                _mm256_storeu_si256((__m256i *)stored, v);
-                for (int j = 0; j < 8; j++) memcpy(pg->q[j][r], stored + 4 * j, 4);
-                for (int h = 0; h < 2; h++) {
-                    int s = (g * 32 + h * 16) / b.sub;
-                    pg->scale[h][r] = b.d * (float)b.scale[s];
-                    pg->min[h][r] = b.dmin * (float)b.min[s];
-                }
+    const int groups_per_block = (int)block_values / 32, halves = llm_pack_two_halves(type) ? 2 : 1;
+    llm_qblock b[LLM_PACK_ROWS];
+    for (int r = n_rows; r < LLM_PACK_ROWS; r++) memset(&b[r], 0, offsetof(llm_qblock, q)); /* zeros */
+    for (int64_t g0 = 0; g0 < n / 32; g0 += groups_per_block) {
+        const uint8_t *p = rows + (size_t)(g0 / groups_per_block) * block_bytes;
+        for (int r = 0; r < n_rows; r++) llm_qblock_read_scales(type, p + (size_t)r * row_bytes, &b[r]);
+        for (int g = 0; g < groups_per_block; g++) {
+            llm_pack_group *pg = pack + g0 + g;
+            __m256i v[LLM_PACK_ROWS];
+            for (int r = 0; r < LLM_PACK_ROWS; r++) {
+                v[r] = r < n_rows ? llm_avx2_group(type, p + (size_t)r * row_bytes, g) : _mm256_setzero_si256();
+                if (type == LLM_Q8_0 && LLM_AVX2_VNNI) v[r] = _mm256_xor_si256(v[r], _mm256_set1_epi8((char)0x80));
             }
+            llm_avx2_transpose8(v);
+            for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)pg->q[j], v[j]);
+            for (int h = 0; h < halves; h++)
+                for (int r = 0; r < LLM_PACK_ROWS; r++) {
+                    int s = (g * 32 + h * 16) / (halves == 2 ? 16 : 32);
+                    pg->scale[h][r] = b[r].d * (float)b[r].scale[s];
+                    pg->min[h][r] = b[r].dmin * (float)b[r].min[s];
+                }
         }
     }
 }
@@ -3550,7 +3572,10 @@ static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, co
                 for (int c = 0; c < nc; c++) {
                     int32_t four;
                     memcpy(&four, x[c * x_stride + g].q + 4 * j, 4);
-                    dot[c] = llm_avx2_dpbusd(dot[c], w, _mm256_set1_epi32(four));
+                    __m256i xs = _mm256_set1_epi32(four);
+                    if (type == LLM_Q8_0 && !LLM_AVX2_VNNI) /* signed: |w| times x with w's sign */
+                        dot[c] = llm_avx2_dpbusd(dot[c], _mm256_sign_epi8(w, w), _mm256_sign_epi8(xs, w));
+                    else dot[c] = llm_avx2_dpbusd(dot[c], w, xs);
                 }
             }
             __m256 scale = _mm256_loadu_ps(pg->scale[h]), min = _mm256_loadu_ps(pg->min[h]);
@@ -3744,7 +3769,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
         for (int t = 0; t < T; t++) llm_q8_quantize(x + (size_t)t * cols, xq + (size_t)t * (cols / 32), cols);
     }
 #ifdef LLM_CPU_SIMD
-    if (kind == LLM_ROWS_Q8 && T >= LLM_PACK_MIN_TOKENS && llm_pack_has_type(w->type)) kind = LLM_ROWS_PACKED;
+    if (kind == LLM_ROWS_Q8 && T >= LLM_PACK_MIN_TOKENS) kind = LLM_ROWS_PACKED;
 #endif
     #pragma omp parallel
     {
