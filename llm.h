@@ -3539,8 +3539,10 @@ static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, c
             llm_pack_group *pg = pack + g0 + g;
             __m256i v[LLM_PACK_ROWS];
             for (int r = 0; r < LLM_PACK_ROWS; r++) {
-                v[r] = r < n_rows ? llm_avx2_group(type, p + (size_t)r * row_bytes, g) : _mm256_setzero_si256();
-                if (type == LLM_Q8_0 && LLM_AVX2_VNNI) v[r] = _mm256_xor_si256(v[r], _mm256_set1_epi8((char)0x80));
+                v[r] = r < n_rows ? llm_avx2_group(type, p + (size_t)r * row_bytes, g)
+                                  : _mm256_setzero_si256();
+                if (type == LLM_Q8_0 && LLM_AVX2_VNNI) /* stored + 128: unsigned */
+                    v[r] = _mm256_xor_si256(v[r], _mm256_set1_epi8((char)0x80));
             }
             llm_avx2_transpose8(v);
             for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)pg->q[j], v[j]);
@@ -3795,7 +3797,8 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
             const uint8_t *tile_data = (const uint8_t *)w->data + (size_t)r0 * row_bytes;
 #ifdef LLM_CPU_SIMD
             if (kind == LLM_ROWS_PACKED) {
-                if (pack) llm_matmul_packed(out, xq, w->type, tile_data, row_bytes, r0, r1, rows, cols, T, pack);
+                if (pack)
+                    llm_matmul_packed(out, xq, w->type, tile_data, row_bytes, r0, r1, rows, cols, T, pack);
                 continue;
             }
 #endif

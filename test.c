@@ -1375,7 +1375,8 @@ static void test_quant_tiles(void) {
             }
             for (int t = 0; t < T; t++) llm_q8_quantize(x + t * N, xq + t * (N / 32), N);
             llm_weight weight = {w, type, R, N};
-            CHECK(llm_matmul(out, x, &weight, T, 0) == 0, "%s: the matrix product failed", llm_dtype_name(type));
+            CHECK(llm_matmul(out, x, &weight, T, 0) == 0, "%s: the matrix product failed",
+                  llm_dtype_name(type));
             for (int r = 0; r < R; r++) llm_dtype_dequant_row(type, w + r * row_bytes, deq + r * N, N);
             int mismatches = 0;
             double worst = 0;
@@ -1389,7 +1390,8 @@ static void test_quant_tiles(void) {
                 }
             /* tokens 3-6 by themselves (4 tokens: packed too) give their products bit for bit as within 7 */
             float last4[4 * R];
-            CHECK(llm_matmul(last4, x + 3 * N, &weight, 4, 0) == 0 && !memcmp(last4, out + 3 * R, sizeof last4),
+            CHECK(llm_matmul(last4, x + 3 * N, &weight, 4, 0) == 0 &&
+                  !memcmp(last4, out + 3 * R, sizeof last4),
                   "%s: 4 tokens' products differ by themselves and within 7", llm_dtype_name(type));
             if (!real)
                 CHECK(mismatches == 0, "%s products of 21 rows and 7 tokens, integer parts: %d of %d differ",
