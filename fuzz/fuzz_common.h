@@ -112,10 +112,10 @@ static inline char *fz_detokenize_checked(const llm_tokenizer *t, const int32_t 
     return text;
 }
 
-/* The shared test-data folder: $LLM_SHARED (the Makefile passes its SHARED), else ../shared. */
-static inline const char *fz_shared_dir(void) {
-    const char *d = getenv("LLM_SHARED");
-    return d && *d ? d : "../shared";
+/* The test data: $LLM_TESTDATA (the Makefile passes its TESTDATA), else testdata (run from the root). */
+static inline const char *fz_testdata_dir(void) {
+    const char *d = getenv("LLM_TESTDATA");
+    return d && *d ? d : "testdata";
 }
 
 #endif /* FUZZ_COMMON_H */

@@ -1,7 +1,7 @@
 /* fuzz_engine.c - libFuzzer target: llm.h's engine (scheduler, KV blocks, sampler, stop strings) on
  * stories260K, with requests made from the input.
  *
- * Engines on $LLM_SHARED/models/stories260K.gguf (CPU backend) are made once, in three configurations: a
+ * Engines on $LLM_TESTDATA/models/stories260K.gguf (CPU backend) are made once, in three configurations: a
  * roomy pool (64 blocks), a tight one (10 blocks, a budget of 32 tokens a step, 4 sequences: chunked
  * prefill and preemption) and static batching. Per input: the first byte picks the engine, then 1 to 4
  * requests are read from the bytes: sampling parameters (floats taken from raw bits too, so NaN, infinities,
@@ -30,7 +30,7 @@ static llm_engine *g_engine[3];
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
     char err[LLM_ERR_LEN], path[4096];
-    snprintf(path, sizeof path, "%s/models/stories260K.gguf", fz_shared_dir());
+    snprintf(path, sizeof path, "%s/models/stories260K.gguf", fz_testdata_dir());
     for (int i = 0; i < 3; i++) {
         llm_engine_config cfg = llm_engine_defaults();
         cfg.model_path = path;
@@ -40,7 +40,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         if (i == 1) { cfg.num_blocks = 10; cfg.max_num_batched_tokens = 32; cfg.max_num_seqs = 4; }
         if (i == 2) { cfg.static_batching = 1; cfg.enable_prefix_caching = 0; cfg.num_blocks = 24; }
         if (!(g_engine[i] = llm_engine_create(&cfg, err))) {
-            fprintf(stderr, "fuzz_engine: %s (set LLM_SHARED to the shared test-data folder)\n", err);
+            fprintf(stderr, "fuzz_engine: %s (LLM_TESTDATA: the test data, testdata/ by default)\n",
+                    err);
             exit(1);
         }
     }

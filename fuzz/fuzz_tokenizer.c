@@ -1,6 +1,6 @@
 /* fuzz_tokenizer.c - libFuzzer target: llm.h's tokenizer and detokenizer on two real vocabularies.
  *
- * Loaded once: $LLM_SHARED/tokenizer/ggml-vocab-llama-spm.gguf (SentencePiece) and ggml-vocab-llama-bpe.gguf
+ * Loaded once: $LLM_TESTDATA/tokenizer/ggml-vocab-llama-spm.gguf (SentencePiece) and ggml-vocab-llama-bpe.gguf
  * (byte-level BPE, Llama 3). The input's first byte picks the vocabulary and the flags, the rest is text (or,
  * in one mode, raw token ids). Properties checked (abort() when one fails):
  *   - llm_tokenize gives the same ids with any room; given too little it returns the count and fills cap;
@@ -22,9 +22,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
     char err[LLM_ERR_LEN], path[4096];
     for (int i = 0; i < 2; i++) {
-        snprintf(path, sizeof path, "%s/tokenizer/%s", fz_shared_dir(), g_files[i]);
+        snprintf(path, sizeof path, "%s/tokenizer/%s", fz_testdata_dir(), g_files[i]);
         if (llm_gguf_open(&g_gguf[i], path, err) != 0 || !(g_tok[i] = llm_tokenizer_load(&g_gguf[i], err))) {
-            fprintf(stderr, "fuzz_tokenizer: %s (set LLM_SHARED to the shared test-data folder)\n", err);
+            fprintf(stderr, "fuzz_tokenizer: %s (LLM_TESTDATA: the test data, testdata/ by default)\n",
+                    err);
             exit(1);
         }
     }

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """make-corpus.py - seed inputs for the libFuzzer targets in fuzz/ (python3, standard library only).
 
-usage: python3 fuzz/make-corpus.py [--shared DIR] [--out DIR] [TARGET...]
+usage: python3 fuzz/make-corpus.py [--testdata DIR] [--out DIR] [TARGET...]
 
 Writes fuzz/corpus/<target>/ for gguf, tokenizer, engine, json and http (all of them when no target is
 named; files already there stay). The GGUF seeds are small files made here by a tiny GGUF
 writer (a SentencePiece vocabulary, byte-level BPE ones, every metadata type, every tensor type, a model of
 stories260K's shape with tiny weights), plus stories260K's metadata rewritten without its tensors and the
-first 16 KiB of the real file when DIR (the shared test data, ../shared by default) has it. libFuzzer adds
+first 16 KiB of the real file when DIR (the test data, testdata/ by default) has it. libFuzzer adds
 what it finds to the same folders.
 """
 import argparse
@@ -222,7 +222,7 @@ def read_kvs(path):
     return kvs
 
 
-def gguf_seeds(shared):
+def gguf_seeds(testdata):
     seeds = {}
     spm = spm_kvs()
     seeds["spm-vocab"] = gguf_file(spm)
@@ -263,7 +263,7 @@ def gguf_seeds(shared):
                                                       dtype=Q8_0_T))
     kvs, n_bpe = bpe_kvs("qwen2", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None)
     seeds["model-qwen2-bpe"] = gguf_file(kvs + model_kvs("qwen2"), model_tensors(n_bpe, bias=True))
-    stories = os.path.join(shared, "models", "stories260K.gguf")
+    stories = os.path.join(testdata, "models", "stories260K.gguf")
     if os.path.exists(stories):
         seeds["stories260K-metadata"] = gguf_file(read_kvs(stories))
         with open(stories, "rb") as f:
@@ -374,15 +374,15 @@ TARGETS = {"gguf": None, "tokenizer": tokenizer_seeds, "engine": engine_seeds, "
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description="seed corpora for the fuzz targets")
-    default_shared = os.environ.get("LLM_SHARED", os.path.join(here, "..", "..", "shared"))
-    ap.add_argument("--shared", default=default_shared)
+    default_testdata = os.environ.get("LLM_TESTDATA", os.path.join(here, "..", "testdata"))
+    ap.add_argument("--testdata", default=default_testdata)
     ap.add_argument("--out", default=os.path.join(here, "corpus"))
     ap.add_argument("targets", nargs="*", default=list(TARGETS))
     args = ap.parse_args()
     for target in args.targets:
         if target not in TARGETS:
             sys.exit("make-corpus.py: unknown target '%s' (targets: %s)" % (target, ", ".join(TARGETS)))
-        seeds = gguf_seeds(args.shared) if target == "gguf" else TARGETS[target]()
+        seeds = gguf_seeds(args.testdata) if target == "gguf" else TARGETS[target]()
         folder = os.path.join(args.out, target)
         os.makedirs(folder, exist_ok=True)
         for name, data in seeds.items():  # named by content, as libFuzzer names what it adds

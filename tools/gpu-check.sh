@@ -2,8 +2,9 @@
 # tools/gpu-check.sh - the CUDA backend on a machine with an NVIDIA GPU: build, check every kernel and the whole
 # forward pass against the CPU, then benchmark (kernels, the backend's forward pass, and `llm bench`).
 #
-#   tools/gpu-check.sh            (from anywhere; STB_INC: where stb/stb_ds.h is, SHARED: the test data folder
-#                                  with models/*.gguf; both default to .deps when it exists, as on the device machine)
+#   tools/gpu-check.sh            (from anywhere; STB_INC: where stb/stb_ds.h is, .deps when it exists, as on the
+#                                  device machine; TESTDATA: the test data, testdata/ (carry testdata/models there:
+#                                  its generated models are not in git, and the device machine has no pip)
 #   BASELINE=DIR tools/gpu-check.sh   also builds the version in DIR (its llm.h, llm.cu, main.c, Makefile) and runs
 #                                  its `llm bench` beside ours, alternating, on the same GPU in the same call
 # Prints everything to stdout and saves the same in $LOG_DIR/DATE-GPU-gpu-check.log (LOG_DIR: $OUT when set, as on
@@ -12,7 +13,7 @@ set -u -o pipefail
 cd "$(dirname "$0")/.."
 DEPS=.deps
 STB_INC=${STB_INC:-$([ -d $DEPS/stb ] && echo $DEPS || echo /usr/include)}
-SHARED=${SHARED:-$([ -d $DEPS/models ] && echo $DEPS || echo ../shared)}
+TESTDATA=${TESTDATA:-testdata}
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr 'A-Z ' 'a-z-' | sed 's/[^a-z0-9-]//g; s/^nvidia-//')
 LOG_DIR=${LOG_DIR:-${OUT:-results}}
 mkdir -p "$LOG_DIR"
@@ -31,7 +32,7 @@ echo "== GPU checks and kernel / forward benchmarks (test-gpu)"
 # the decode GEMV (M 1-8) and the dequantizing GEMM (M 37, 128) against double loops ("quant TYPE ..." lines);
 # per random-quant-*.gguf: logits against the CPU's exact path, and greedy ids against float64's
 # ("forward random-quant-...", "quant greedy ..." lines)
-LLM_GPU_BENCH=1 timeout 420 make CUDA=1 STB_INC="$STB_INC" SHARED="$SHARED" test-gpu | tee /tmp/gpu-check-tests.$$
+LLM_GPU_BENCH=1 timeout 420 make CUDA=1 STB_INC="$STB_INC" TESTDATA="$TESTDATA" test-gpu | tee /tmp/gpu-check-tests.$$
 status=$?
 echo "test-gpu exit status: $status"
 echo "-- the quantized checks again, in one place:"
@@ -48,10 +49,9 @@ bench() { timeout ${BENCH_TIMEOUT:-150} "$1" bench --dummy "$2" --num-prompts ${
 # GEMV per matrix) and 32 at once (the dequantizing GEMM)
 qbench() { timeout ${BENCH_TIMEOUT:-150} ./llm bench -m "$@" 2>&1 | tr '\r' '\n' | grep -v '^\[bench\]' ||
            echo "./llm bench -m $*: exit $?"; }
-smol=$SHARED/models/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f "$smol" ] || smol=models/SmolLM2-135M-Instruct.Q4_1.gguf
+smol=models/SmolLM2-135M-Instruct.Q4_1.gguf
 echo "== llm bench on quantized files (decode; GPU, then --cpu)"
-for model in "$SHARED/models/random-quant-q4_k_m.gguf" "$smol"; do
+for model in "$TESTDATA/models/random-quant-q4_k_m.gguf" "$smol"; do
     [ -f "$model" ] || { echo "-- $model: not there, skipped"; continue; }
     for n in 1 32; do
         for dev in gpu cpu; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The official openai Python client against `llm serve` on stories260K: what users point at the server.
 
-Usage: tools/openai_test.py [SHARED_DIR]   (make test runs it with the virtual environment's python)
+Usage: tools/openai_test.py [TESTDATA_DIR]   (make test runs it with the virtual environment's python)
 It starts ./llm serve on a free loopback port, runs the client through completions and chat, streaming and
 not, n > 1, logprobs and an invalid request, stops the server, and prints "N passed, M failed".
 """
@@ -9,8 +9,8 @@ import os, re, signal, subprocess, sys, time
 
 import openai
 
-shared = sys.argv[1] if len(sys.argv) > 1 else "../shared"
-model_path = os.path.join(shared, "models", "stories260K.gguf")
+testdata = sys.argv[1] if len(sys.argv) > 1 else "testdata"
+model_path = os.path.join(testdata, "models", "stories260K.gguf")
 log_path = "llm-test-openai.log"
 passed = failed = 0
 
@@ -42,7 +42,7 @@ try:
     models = client.models.list()
     check([m.id for m in models.data] == ["stories260K"], f"models: {models}")
 
-    # completions: llama.cpp's greedy text (shared/reference/stories260K-greedy.json's first case)
+    # completions: llama.cpp's greedy text (testdata/reference/stories260K-greedy.json's first case)
     c = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=20,
                                   temperature=0)
     check(c.object == "text_completion" and len(c.choices) == 1 and c.choices[0].finish_reason == "length",

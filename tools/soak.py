@@ -7,8 +7,8 @@ Run from the repository root (after `make llm`):
     python3 tools/soak.py --seconds 15 --clients 64     # a quick run
 
 What it does:
-  1. Starts `./llm serve -m SHARED/models/stories260K.gguf --cpu --request-timeout 5 --port 0` (model, shared
-     directory and server flags are options) with its stderr in a log file, and waits for "listening on".
+  1. Starts `./llm serve -m testdata/models/stories260K.gguf --cpu --request-timeout 5 --port 0` (model, test-data
+     folder and server flags are options) with its stderr in a log file, and waits for "listening on".
   2. Warm-up: --warmup seconds (default 5) of the same traffic, then reads the server's VmRSS as the baseline.
   3. For --seconds keeps --clients threads busy. Each loops: connect to 127.0.0.1:PORT, send a streaming
      POST /v1/completions (a short text prompt or 8..200 random token ids in [3, 500), max_tokens 8..128,
@@ -655,8 +655,8 @@ def main():
     ap.add_argument("--warmup", type=float, default=5, help="warm-up seconds before the memory baseline")
     ap.add_argument("--drain", type=float, default=90, help="seconds at most for in-flight requests to end")
     ap.add_argument("--settle", type=float, default=3, help="seconds of quiet before the final checks")
-    ap.add_argument("--shared", default=os.path.join(REPO, "..", "shared"), help="shared directory")
-    ap.add_argument("--model", help="GGUF model (default SHARED/models/stories260K.gguf)")
+    ap.add_argument("--testdata", default=os.path.join(REPO, "testdata"), help="the test data folder")
+    ap.add_argument("--model", help="GGUF model (default testdata/models/stories260K.gguf)")
     ap.add_argument("--model-name", help="the model name to send in requests (default: none sent)")
     ap.add_argument("--llm", default=os.path.join(REPO, "llm"), help="the llm binary")
     ap.add_argument("--server-args", default="--cpu --request-timeout 5",
@@ -678,7 +678,7 @@ def main():
     args = ap.parse_args()
 
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    model = args.model or os.path.join(args.shared, "models", "stories260K.gguf")
+    model = args.model or os.path.join(args.testdata, "models", "stories260K.gguf")
     server_args = args.server_args.split()
     args.request_timeout = 30.0
     for i, a in enumerate(server_args):

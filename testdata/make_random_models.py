@@ -1,0 +1,80 @@
+"""Writes small random-weight GGUF models of real architectures, for fidelity tests against llama.cpp.
+
+Usage: python3 make_random_models.py VOCAB_DIR OUT_DIR   (make test runs it once, in .venv, with the gguf package)
+The files are the same bytes on every machine (numpy's default_rng with a fixed seed per model; gguf 0.19.0's
+writer): models/random-models.sha256 holds their sums, and make checks them after writing. llama.cpp's greedy
+answers on these files are in reference/random-models-greedy.json.
+The tokenizer of each model is copied from a vocab-only GGUF (llama.cpp's fixtures). Weights are drawn with a
+fixed seed. Embeddings have unit scale, so logits are far apart and greedy decoding is robust to rounding
+differences between engines; the layers' output projections are scaled up so that, with a tied embedding, the
+next token is not just an echo of the last one (which would pass even with broken attention).
+"""
+import sys, numpy as np, gguf
+from gguf import GGUFReader, GGUFWriter, GGUFValueType
+
+vocab_dir, out_dir = sys.argv[1], sys.argv[2]
+
+def copy_tokenizer(w, vocab_file):
+    r = GGUFReader(vocab_file)
+    for f in r.fields.values():
+        if not f.name.startswith("tokenizer."): continue
+        t = f.types[0]
+        if t == GGUFValueType.ARRAY:
+            sub = f.types[-1]
+            if sub == GGUFValueType.STRING:
+                val = [bytes(f.parts[i]).decode("utf-8", errors="surrogateescape") for i in f.data]
+            else:
+                val = [f.parts[i].tolist()[0] for i in f.data]
+            w.add_key_value(f.name, val, GGUFValueType.ARRAY, sub_type=sub)
+        elif t == GGUFValueType.STRING:
+            w.add_key_value(f.name, bytes(f.parts[-1]).decode("utf-8"), t)
+        else:
+            w.add_key_value(f.name, f.parts[-1].tolist()[0], t)
+    return len(r.fields["tokenizer.ggml.tokens"].data)
+
+def make(name, arch, vocab_file, dim, n_layer, n_head, n_kv, ffn, head_dim=None, rope_base=10000.0,
+         qkv_bias=False, qk_norm=False, tied=True, seed=0):
+    rng = np.random.default_rng(seed)
+    hd = head_dim or dim // n_head
+    w = GGUFWriter(f"{out_dir}/{name}.gguf", arch)
+    n_vocab = copy_tokenizer(w, vocab_file)
+    w.add_name(name)
+    w.add_context_length(2048); w.add_embedding_length(dim); w.add_block_count(n_layer)
+    w.add_feed_forward_length(ffn); w.add_head_count(n_head); w.add_head_count_kv(n_kv)
+    w.add_rope_freq_base(rope_base); w.add_layer_norm_rms_eps(1e-6); w.add_rope_dimension_count(hd)
+    if head_dim: w.add_key_length(hd); w.add_value_length(hd)
+    w.add_file_type(0)
+    f32 = lambda *s, std=1.0: (rng.standard_normal(s) * std).astype(np.float32)
+    w.add_tensor("token_embd.weight", f32(n_vocab, dim, std=1.0))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+        w.add_tensor(p + "attn_q.weight", f32(n_head * hd, dim, std=dim ** -0.5))
+        w.add_tensor(p + "attn_k.weight", f32(n_kv * hd, dim, std=dim ** -0.5))
+        w.add_tensor(p + "attn_v.weight", f32(n_kv * hd, dim, std=dim ** -0.5))
+        if qkv_bias:
+            w.add_tensor(p + "attn_q.bias", f32(n_head * hd, std=0.5))
+            w.add_tensor(p + "attn_k.bias", f32(n_kv * hd, std=0.5))
+            w.add_tensor(p + "attn_v.bias", f32(n_kv * hd, std=0.5))
+        if qk_norm:
+            w.add_tensor(p + "attn_q_norm.weight", (1 + 0.1 * rng.standard_normal(hd)).astype(np.float32))
+            w.add_tensor(p + "attn_k_norm.weight", (1 + 0.1 * rng.standard_normal(hd)).astype(np.float32))
+        w.add_tensor(p + "attn_output.weight", f32(dim, n_head * hd, std=4 * (n_head * hd) ** -0.5))
+        w.add_tensor(p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+        w.add_tensor(p + "ffn_gate.weight", f32(ffn, dim, std=dim ** -0.5))
+        w.add_tensor(p + "ffn_up.weight", f32(ffn, dim, std=dim ** -0.5))
+        w.add_tensor(p + "ffn_down.weight", f32(dim, ffn, std=4 * ffn ** -0.5))
+    w.add_tensor("output_norm.weight", np.ones(dim, dtype=np.float32))
+    if not tied:
+        w.add_tensor("output.weight", f32(n_vocab, dim, std=1.0))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    print("wrote", name, n_vocab, "tokens")
+
+make("random-llama3-gqa", "llama", f"{vocab_dir}/ggml-vocab-llama-bpe.gguf", dim=64, n_layer=2, n_head=4, n_kv=2,
+     ffn=96, rope_base=500000.0, seed=1)
+make("random-qwen2-bias", "qwen2", f"{vocab_dir}/ggml-vocab-qwen2.gguf", dim=32, n_layer=2, n_head=4, n_kv=2,
+     ffn=64, rope_base=1000000.0, qkv_bias=True, seed=2)
+make("random-qwen3-qknorm", "qwen3", f"{vocab_dir}/ggml-vocab-qwen2.gguf", dim=32, n_layer=2, n_head=4, n_kv=2,
+     ffn=64, head_dim=16, rope_base=1000000.0, qk_norm=True, seed=3)
+make("random-llama2-untied", "llama", f"{vocab_dir}/ggml-vocab-llama-spm.gguf", dim=64, n_layer=2, n_head=8, n_kv=8,
+     ffn=128, tied=False, seed=4)
