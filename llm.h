@@ -588,6 +588,9 @@ int  llm_engine_check_blocks(llm_engine *e, char *err);
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -3878,7 +3881,29 @@ typedef struct {
     int32_t *seq_of;                /* ... and their sequences: grown on demand, reused every step */
     int scratch_tokens;
     int exact;                      /* the reference: weights converted to f32, activations unrounded */
+    int max_threads;                /* OpenMP's threads as the backend started (OMP_NUM_THREADS, or cores) */
+    int adapt_threads;              /* 0 when OMP_NUM_THREADS was set: the user's number, always */
+    double others_running;          /* other runnable tasks on the machine, smoothed over steps */
 } llm_cpu;
+
+/* How many threads a step uses. Every parallel loop waits for its slowest thread, so a thread that shares
+ * its core with another busy process (a compiler, a second server) holds up each of the hundreds of loops of
+ * a decode step: measured on 2 cores beside one busy process, 2 threads decoded 3-4 times slower than 1.
+ * So each step counts the other runnable tasks (the "running" field of /proc/loadavg, less this thread),
+ * smoothed over steps so that a passing blip changes nothing, and leaves that many cores to them. Returns
+ * the count for the next step given the line, updating the smoothed figure; max_threads when it cannot
+ * read the line. */
+static __attribute__((unused)) int llm_cpu_threads_for_load(double *others_running, int max_threads,
+                                                             const char *loadavg) {
+    double a1, a5, a15;
+    int running, total;
+    if (!loadavg || sscanf(loadavg, "%lf %lf %lf %d/%d", &a1, &a5, &a15, &running, &total) != 5 ||
+        running < 1)
+        return max_threads;
+    *others_running = 0.8 * *others_running + 0.2 * (running - 1);
+    int n = max_threads - (int)(*others_running + 0.5);
+    return n < 1 ? 1 : n;
+}
 
 static float *llm_cpu_kv_at(const llm_cpu *c, float *cache, int layer, const int32_t *block_table, int pos) {
     size_t slot = (size_t)block_table[pos / c->block_size] * c->block_size + (size_t)(pos % c->block_size);
@@ -3943,6 +3968,15 @@ static void llm_cpu_attention(const llm_cpu *c, int layer, const int32_t *block_
 
 static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, char *err) {
     llm_cpu *c = (llm_cpu *)be->ctx;
+#ifdef _OPENMP
+    if (c->adapt_threads) {
+        char line[128];
+        FILE *f = fopen("/proc/loadavg", "r");
+        int ok = f && fgets(line, sizeof line, f) != NULL;
+        if (f) fclose(f);
+        omp_set_num_threads(llm_cpu_threads_for_load(&c->others_running, c->max_threads, ok ? line : NULL));
+    }
+#endif
     const llm_model *m = c->model;
     const llm_config *cf = &m->cfg;
     int T = b->n_tokens, D = cf->dim, hd = cf->head_dim, F = cf->ffn_dim;
@@ -4078,6 +4112,12 @@ static llm_backend *llm_cpu_backend_new(const llm_model *m, int exact, char *err
     llm_cpu *c = (llm_cpu *)calloc(1, sizeof *c);
     if (!be || !c) { free(be); free(c); llm_fail(err, "out of memory"); return NULL; }
     c->model = m; c->exact = exact;
+#ifdef _OPENMP
+    c->max_threads = omp_get_max_threads();
+    c->adapt_threads = !getenv("OMP_NUM_THREADS");
+#else
+    c->max_threads = 1;
+#endif
     be->name = exact ? "cpu-exact" : "cpu"; be->ctx = c;
     be->kv_value_bytes = sizeof(float);
     long pages = sysconf(_SC_AVPHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);

@@ -2913,6 +2913,25 @@ static void test_fault_wait_policy(void) {
     free(out);
 }
 
+/* 9. Beside a busy process 2 threads decoded 3-4 times slower than 1 (each parallel loop waits for the thread
+ *    that shares its core): the CPU backend leaves a core to each other runnable task, from /proc/loadavg's
+ *    count smoothed over steps. */
+static void test_threads_for_load(void) {
+    double others = 0;
+    CHECK(llm_cpu_threads_for_load(&others, 2, NULL) == 2 && others == 0, "threads: no /proc/loadavg: all");
+    CHECK(llm_cpu_threads_for_load(&others, 2, "garbage\n") == 2 && others == 0, "threads: a bad line: all");
+    int n = llm_cpu_threads_for_load(&others, 2, "0.00 0.01 0.05 1/120 999\n");
+    CHECK(n == 2 && others == 0, "threads: alone (this thread the only one running): %d, %g", n, others);
+    n = llm_cpu_threads_for_load(&others, 2, "1.00 1.00 1.00 3/130 1000\n");
+    CHECK(n == 2 && fabs(others - 0.4) < 1e-9, "threads: one step with two others (a blip): %d, %g", n, others);
+    for (int i = 0; i < 8; i++) n = llm_cpu_threads_for_load(&others, 2, "1.00 1.00 1.00 2/130 1000\n");
+    CHECK(n == 1 && others > 0.85 && others < 1.0, "threads: one other busy process: %d, %g", n, others);
+    for (int i = 0; i < 8; i++) n = llm_cpu_threads_for_load(&others, 2, "1.00 1.00 1.00 1/130 1000\n");
+    CHECK(n == 2 && others < 0.2, "threads: it left again: %d, %g", n, others);
+    for (int i = 0; i < 20; i++) n = llm_cpu_threads_for_load(&others, 16, "9.00 9.00 9.00 40/130 1000\n");
+    CHECK(n == 1, "threads: never fewer than one: %d (others %g)", n, others);
+}
+
 /* -----------------------------------------------------------------------------------------------------------
  * Chat: each template family against its published Jinja template, detection from real template texts, and
  * the chat REPL (piped and on a pseudo-terminal) on the default chat model
@@ -4962,6 +4981,7 @@ int main(int argc, char **argv) {
         {"fault: add_request race", test_fault_add_request_race}, {"fault: sampling", test_fault_sampling},
         {"fault: requests", test_fault_requests}, {"fault: gguf numbers", test_fault_gguf_numbers},
         {"fault: command line", test_fault_command_line}, {"fault: wait policy", test_fault_wait_policy},
+        {"threads for the load", test_threads_for_load},
         {"chat templates", test_chat_templates}, {"chat template detection", test_chat_detect},
         {"chat, piped", test_chat_piped}, {"chat on a terminal", test_chat_terminal},
         {"server endpoints", test_server_endpoints}, {"server errors", test_server_errors},
