@@ -1796,7 +1796,11 @@ static int serve(const serve_config *a) {
     S->max_queue = a->max_queue;
     S->request_timeout = a->request_timeout;
     S->api_key = a->api_key;
-    S->defaults = llm_sampling_defaults(); /* OpenAI's defaults: temperature 1, top_p 1 */
+    /* what a request omits: the file's general.sampling.* keys, as vLLM takes a model's generation_config,
+     * else OpenAI's defaults (temperature 1, top_p 1) */
+    S->defaults = llm_sampling_defaults();
+    char sampling_note[LLM_ERR_LEN];
+    int from_file = llm_model_sampling_defaults(S->model, &S->defaults, sampling_note);
     if (a->served_model_name) snprintf(S->model_name, sizeof S->model_name, "%s", a->served_model_name);
     else { /* the file's name without its folders and .gguf, as vLLM names a model by its path */
         const char *base = strrchr(a->engine.model_path, '/');
@@ -1839,6 +1843,12 @@ static int serve(const serve_config *a) {
                     "context %d tokens, KV pool %d blocks of %d\n",
             S->model_name, S->model->name, st.backend, now_s() - t0, st.max_model_len, st.num_blocks,
             st.block_size);
+    const llm_sampling_params *d = &S->defaults;
+    fprintf(stderr, "llm serve: sampling, for what a request omits: temperature %g, top_p %g, top_k %d, "
+            "min_p %g, repetition_penalty %g (%s)%s%s\n", d->temperature, d->top_p, d->top_k, d->min_p,
+            d->repetition_penalty, from_file ? "the file's general.sampling.* over OpenAI's defaults"
+            : "OpenAI's defaults: the file has no general.sampling.*",
+            sampling_note[0] ? "; the file's " : "", sampling_note);
     fprintf(stderr, "listening on http://%s:%d\n", a->host, port);
 
     double stop_since = 0;

@@ -2634,6 +2634,124 @@ static void test_cli(void) {
     free(out); free(cases);
 }
 
+/* A copy of stories260K with metadata keys added: each key name, a GGUF value type and its bytes (strings
+ * as the file writes them: a u64 length, then the bytes). The keys go right after the header, with a padding
+ * key that makes what was added a multiple of the alignment (32), so the tensor data, which the file only
+ * locates by alignment, moves whole and stays aligned. Writes the copy's path to path (room for 64). */
+typedef struct { const char *key; uint32_t type; const void *value; size_t n; } test_kv;
+static int gguf_with_keys(const test_kv *kvs, int n_kvs, char *path) {
+    size_t size, add = 0;
+    char *file = read_file(model_path("stories260K.gguf"), &size);
+    if (!file || size < 24) { free(file); return -1; }
+    char *extra = (char *)calloc(1, 4096);
+#define PUT(p, n) (memcpy(extra + add, p, n), add += (n))
+    for (int i = 0; i <= n_kvs; i++) {
+        const char *key = i < n_kvs ? kvs[i].key : "test.padding";
+        uint64_t klen = strlen(key);
+        PUT(&klen, 8); PUT(key, klen);
+        if (i < n_kvs) { PUT(&kvs[i].type, 4); PUT(kvs[i].value, kvs[i].n); continue; }
+        uint32_t t = LLM_GGUF_STRING;
+        PUT(&t, 4);
+        uint64_t pad = (32 - (add + 8) % 32) % 32;
+        PUT(&pad, 8);
+        memset(extra + add, 'x', pad); add += pad;
+    }
+#undef PUT
+    uint64_t n_kv;
+    memcpy(&n_kv, file + 16, 8); n_kv += (uint64_t)n_kvs + 1; memcpy(file + 16, &n_kv, 8);
+    strcpy(path, "/tmp/llm-test-keys-XXXXXX");
+    int fd = mkstemp(path), ok = fd >= 0;
+    if (ok) ok = write(fd, file, 24) == 24 && write(fd, extra, add) == (ssize_t)add &&
+                 write(fd, file + 24, size - 24) == (ssize_t)(size - 24);
+    if (fd >= 0) close(fd);
+    free(file); free(extra);
+    return ok ? 0 : -1;
+}
+
+/* llama.cpp's general.sampling.* keys: read into the sampling parameters (llm_model_sampling_defaults), shown
+ * on the load line of llm and llm serve, overridden by flags; out-of-range values and keys with no sampler
+ * here are named and left out. */
+static void test_sampling_keys(void) {
+    float temp = 0.6f, top_p = 0.95f, min_p = 0.1f, rep = 1.05f, bad_top_p = 7;
+    int32_t top_k = 20, mirostat = 0;
+    test_kv kvs[] = {{"general.sampling.temp", LLM_GGUF_F32, &temp, 4},
+                     {"general.sampling.top_k", LLM_GGUF_I32, &top_k, 4},
+                     {"general.sampling.top_p", LLM_GGUF_F32, &top_p, 4},
+                     {"general.sampling.min_p", LLM_GGUF_F32, &min_p, 4},
+                     {"general.sampling.penalty_repeat", LLM_GGUF_F32, &rep, 4},
+                     {"general.sampling.mirostat", LLM_GGUF_I32, &mirostat, 4}};
+    char path[64], bad[64], err[LLM_ERR_LEN], note[LLM_ERR_LEN], cmd[2048];
+    test_kv bad_kvs[] = {{"general.sampling.top_p", LLM_GGUF_F32, &bad_top_p, 4}};
+    if (gguf_with_keys(kvs, 6, path) != 0 || gguf_with_keys(bad_kvs, 1, bad) != 0) {
+        CHECK(0, "write GGUF copies with general.sampling.* keys");
+        return;
+    }
+    llm_model m;
+    llm_sampling_params p = llm_sampling_defaults();
+    int bits = -1;
+    if (llm_model_load(&m, path, err) == 0) {
+        bits = llm_model_sampling_defaults(&m, &p, note);
+        llm_model_free(&m);
+    } else printf("    %s\n", err);
+    CHECK(bits == 31 && p.temperature == temp && p.top_k == 20 && p.top_p == top_p && p.min_p == min_p &&
+          p.repetition_penalty == rep && p.n == 1 && p.seed == -1 &&
+          !strcmp(note, "not used (no such sampler here): mirostat"),
+          "general.sampling.*: bits %d, temp %g top_k %d top_p %g min_p %g penalty %g, note \"%s\"", bits,
+          p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, note);
+    p = llm_sampling_defaults();
+    bits = -1;
+    if (llm_model_load(&m, bad, err) == 0) {
+        bits = llm_model_sampling_defaults(&m, &p, note);
+        llm_model_free(&m);
+    }
+    CHECK(bits == 0 && p.top_p == 1 &&
+          !strcmp(note, "general.sampling.top_p is not a number in [1e-09, 1]: ignored"),
+          "general.sampling.top_p 7: left out (bits %d, top_p %g), note \"%s\"", bits, p.top_p, note);
+    p = llm_sampling_defaults();
+    bits = -1;
+    if (llm_model_load(&m, model_path("stories260K.gguf"), err) == 0) {
+        bits = llm_model_sampling_defaults(&m, &p, note);
+        llm_model_free(&m);
+    }
+    CHECK(bits == 0 && p.temperature == 1 && p.top_p == 1 && !note[0], "no general.sampling.*: bits %d",
+          bits);
+    /* the llm command: the file's values, the flags over them, both on the load line */
+    int status;
+    snprintf(cmd, sizeof cmd, "./llm -m %s -p Once -n 4 2>&1 >/dev/null | grep '^llm: sampling'", path);
+    char *out = run_command(cmd, &status);
+    CHECK(out && !strcmp(out, "llm: sampling: temp 0.6 top-k 20 top-p 0.95 min-p 0.1 repeat-penalty 1.05 "
+                              "(temp, top_k, top_p, min_p, penalty_repeat from the file's "
+                              "general.sampling.*; the file's not used (no such sampler here): mirostat)\n"),
+          "llm: the file's sampling on the load line: \"%s\"", out ? out : "");
+    free(out);
+    snprintf(cmd, sizeof cmd, "./llm -m %s -p Once -n 4 --temp 0 --top-k 5 2>&1 >/dev/null | "
+             "grep '^llm: sampling'", path);
+    out = run_command(cmd, &status);
+    CHECK(out && !strcmp(out, "llm: sampling: greedy (temp 0) repeat-penalty 1.05 (--temp, --top-k from the "
+                              "command line; top_p, min_p, penalty_repeat from the file's "
+                              "general.sampling.*; the file's not used (no such sampler here): mirostat)\n"),
+          "llm: flags over the file's sampling: \"%s\"", out ? out : "");
+    free(out);
+    /* greedy with the penalty turned off by flag: the copy gives the original file's text */
+    snprintf(cmd, sizeof cmd, "./llm -m %s -p Once -n 24 --temp 0 --repeat-penalty 1 2>/dev/null", path);
+    char *copy_text = run_command(cmd, &status);
+    snprintf(cmd, sizeof cmd, "./llm -m %s -p Once -n 24 --temp 0 2>/dev/null",
+             model_path("stories260K.gguf"));
+    char *orig_text = run_command(cmd, &status);
+    CHECK(copy_text && orig_text && strlen(orig_text) > 20 && !strcmp(copy_text, orig_text),
+          "llm: --repeat-penalty 1 over the file's 1.05: \"%s\" vs \"%s\"", copy_text ? copy_text : "",
+          orig_text ? orig_text : "");
+    free(copy_text); free(orig_text);
+    snprintf(cmd, sizeof cmd, "./llm -m %s -p Once -n 4 2>&1 >/dev/null | grep '^llm: sampling'",
+             model_path("stories260K.gguf"));
+    out = run_command(cmd, &status);
+    CHECK(out && !strcmp(out, "llm: sampling: temp 0.8 top-k 40 top-p 0.95 min-p 0.05 (llama.cpp's defaults, "
+                              "the file has no general.sampling.*)\n"),
+          "llm: llama.cpp's defaults without keys: \"%s\"", out ? out : "");
+    free(out);
+    remove(path); remove(bad);
+}
+
 /* The sections of llm.h, as its map (the docs block), its declarations and its implementation name them: the
  * first word after the number of each ("4. Requests ..."), in the order they come. */
 /* -----------------------------------------------------------------------------------------------------------
@@ -2899,17 +3017,21 @@ static void test_fault_wait_policy(void) {
     free(one);
     return;
 #endif
-    snprintf(cmd, sizeof cmd, "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT ./llm --cpu -m %s -p Once -n 2 "
-             "--temp 0 2>&1 >/dev/null", model_path("stories260K.gguf"));
+    /* the environment llm runs with, read from /proc while its REPL waits for a line (the load line shows
+     * only what a user can act on, not this internal setting) */
+    snprintf(cmd, sizeof cmd, "sleep 10 | env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT ./llm -m %s >/dev/null "
+             "2>&1 & p=$!; for i in $(seq 100); do e=$(tr '\\0' '\\n' < /proc/$p/environ | "
+             "grep -E '^(GOMP_SPINCOUNT|OMP_WAIT_POLICY)='); [ -n \"$e\" ] && break; sleep 0.1; done; "
+             "echo \"$e\"; kill $p", model_path("stories260K.gguf"));
     char *out = run_command(cmd, &status);
-    CHECK(status == 0 && out && strstr(out, "OMP_WAIT_POLICY=(unset) GOMP_SPINCOUNT=2000"),
-          "fault 8: the short spin: %s", out ? out : "");
+    CHECK(out && !strcmp(out, "GOMP_SPINCOUNT=2000\n"), "fault 8: the short spin: \"%s\"", out ? out : "");
     free(out);
-    snprintf(cmd, sizeof cmd, "env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=passive ./llm --cpu -m %s -p Once -n 2 "
+    snprintf(cmd, sizeof cmd, "env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=passive ./llm -m %s -p Once -n 2 "
              "--temp 0 2>&1 >/dev/null", model_path("stories260K.gguf"));
     out = run_command(cmd, &status);
-    CHECK(status == 0 && out && strstr(out, "OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=(unset)"),
-          "fault 8: a policy set is kept: %s", out ? out : "");
+    CHECK(status == 0 && out && strstr(out, "(OMP_NUM_THREADS=N sets how many), waiting as "
+                                            "OMP_WAIT_POLICY=passive;"),
+          "fault 8: a policy set is kept, and said: %s", out ? out : "");
     free(out);
 }
 
@@ -3392,6 +3514,48 @@ static int server_stop(test_server *s) {
     }
     remove(s->log);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static char *http_post(int port, const char *path, const char *body, const char *extra_headers);
+/* llm serve takes the file's general.sampling.* for what a request omits (as vLLM takes generation_config):
+ * a request without sampling fields samples as one that names the file's values, with the same seed. */
+static void test_server_sampling_keys(void) {
+    float temp = 1.5f, top_p = 0.5f;
+    int32_t top_k = 3;
+    test_kv kvs[] = {{"general.sampling.temp", LLM_GGUF_F32, &temp, 4},
+                     {"general.sampling.top_k", LLM_GGUF_I32, &top_k, 4},
+                     {"general.sampling.top_p", LLM_GGUF_F32, &top_p, 4}};
+    char path[64], extra[128];
+    if (gguf_with_keys(kvs, 3, path) != 0) { CHECK(0, "write a GGUF copy with general.sampling.*"); return; }
+    test_server s;
+    snprintf(extra, sizeof extra, "-m %s", path);
+    if (server_start(&s, extra) != 0) { server_stop(&s); remove(path); return; }
+    char *log = read_file(s.log, NULL);
+    CHECK(log && strstr(log, "llm serve: sampling, for what a request omits: temperature 1.5, top_p 0.5, "
+                             "top_k 3, min_p 0, repetition_penalty 1 (the file's general.sampling.* over "
+                             "OpenAI's defaults)\n"),
+          "serve: the file's sampling on the load line: %s", log ? log : "");
+    free(log);
+    char *texts[3];
+    const char *bodies[3] = {
+        "{\"prompt\": \"Once\", \"max_tokens\": 24, \"seed\": 7}",
+        "{\"prompt\": \"Once\", \"max_tokens\": 24, \"seed\": 7, \"temperature\": 1.5, \"top_p\": 0.5, "
+        "\"top_k\": 3}",
+        "{\"prompt\": \"Once\", \"max_tokens\": 24, \"seed\": 7, \"temperature\": 1, \"top_p\": 1, "
+        "\"top_k\": -1}"};
+    for (int i = 0; i < 3; i++) {
+        char *r = http_post(s.port, "/v1/completions", bodies[i], NULL);
+        const char *t = r ? strstr(r, "\"text\":") : NULL;
+        texts[i] = strdup(t ? t : "");
+        char *end = strstr(texts[i], "\",\""); /* the text ends where the next field begins */
+        if (end) *end = 0;
+        free(r);
+    }
+    CHECK(texts[0][0] && !strcmp(texts[0], texts[1]) && strcmp(texts[0], texts[2]) != 0,
+          "serve: an omitted field takes the file's value: %s / %s / %s", texts[0], texts[1], texts[2]);
+    for (int i = 0; i < 3; i++) free(texts[i]);
+    CHECK(server_stop(&s) == 0, "serve: exit status 0");
+    remove(path);
 }
 
 static int tcp_connect(int port) {
@@ -4959,6 +5123,7 @@ int main(int argc, char **argv) {
         {"wait for work", test_wait},
         {"backend errors", test_backend_errors},
         {"llm command", test_cli}, {"llm.h's example", test_docs_example},
+        {"sampling from the file", test_sampling_keys},
         {"fault: add_request race", test_fault_add_request_race}, {"fault: sampling", test_fault_sampling},
         {"fault: requests", test_fault_requests}, {"fault: gguf numbers", test_fault_gguf_numbers},
         {"fault: command line", test_fault_command_line}, {"fault: wait policy", test_fault_wait_policy},
@@ -4966,6 +5131,7 @@ int main(int argc, char **argv) {
         {"chat, piped", test_chat_piped}, {"chat on a terminal", test_chat_terminal},
         {"server endpoints", test_server_endpoints}, {"server errors", test_server_errors},
         {"server connections", test_server_connections},
+        {"server sampling from the file", test_server_sampling_keys},
         {"llm.h's layout", test_header_layout},
     };
     /* LLM_TEST=server,chat runs the tests whose names hold "server" or "chat" */
