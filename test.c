@@ -4077,6 +4077,122 @@ static void test_server_connections(void) {
     CHECK(server_stop(&s) == 0, "serve: exit status 0 after SIGTERM");
 }
 
+/* Every command of README.md's ```sh blocks before "## Models" (the top and Usage), run as a user runs it
+ * from a clone, checking its exit status and, where a line "# prints: TEXT" follows it, its stdout exactly:
+ * the README and the program cannot drift apart. Read from the file, so a new example is tested as well.
+ * MODEL.gguf stands for the default chat model in a chat, else for stories260K. Run in a short form, each
+ * for a reason:
+ *   make test             skipped: it is what runs this test
+ *   make run, llm chat    interactive: stdin from /dev/null, so the chat ends at once (stdout must be empty:
+ *                         make run leaves stdout to the chat); make runs with a clean environment (no
+ *                         MAKEFLAGS from the make that runs the tests), as from a shell
+ *   llm serve             on --port 0 (8000 may be taken), in the background; the commands after it that
+ *                         name port 8000 get its port; it is stopped with SIGTERM at the end
+ *   llm bench serve, llm bench --dummy tiny   --num-prompts 8 --output-len 8:16 added (the last flag
+ *                         wins): minutes else
+ *   llm bench --dummy tinyllama-1.1b          skipped: 2 GB of random weights, meant for a GPU
+ *   curl                  skipped when the machine has no curl */
+static void test_readme(void) {
+    char *md = read_file("README.md", NULL);
+    if (!md) { CHECK(0, "read README.md"); return; }
+    char *end = strstr(md, "\n## Models");
+    if (end) *end = 0;
+    char *cmds[64], *expect[64];
+    int n = 0, in_sh = 0;
+    for (char *line = md, *next; line && *line && n < 64; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        if (!strncmp(line, "```", 3)) { in_sh = !in_sh && !strcmp(line, "```sh"); continue; }
+        if (!in_sh || !line[0]) continue;
+        if (!strncmp(line, "# prints: ", 10)) { if (n) expect[n - 1] = line + 10; continue; }
+        if (line[0] == '#') continue;
+        /* a command, with its continuation lines (ending in a backslash) */
+        size_t cap = 4096, len = 0;
+        char *cmd = (char *)calloc(1, cap);
+        for (;;) {
+            len += (size_t)snprintf(cmd + len, cap - len, "%s\n", line);
+            if (len < 2 || cmd[len - 2] != '\\' || !next) break;
+            line = next; next = strchr(line, '\n');
+            if (next) *next++ = 0;
+        }
+        cmd[len - 1] = 0;
+        char *comment = strstr(cmd, "  #"); /* a comment after the command */
+        if (comment) *comment = 0;
+        for (len = strlen(cmd); len > 0 && cmd[len - 1] == ' '; len--) cmd[len - 1] = 0;
+        expect[n] = NULL;
+        cmds[n++] = cmd;
+    }
+    CHECK(n >= 17, "README.md: %d commands found in its sh blocks", n);
+    test_server srv = {0, 0, ""};
+    char port[16] = "";
+    int ran = 0;
+    for (int i = 0; i < n; i++) {
+        char cmd[8192], *c = cmds[i];
+        /* MODEL.gguf -> a real file */
+        const char *model = strstr(c, "llm chat") ? CHAT_MODEL : "testdata/models/stories260K.gguf";
+        char *m = strstr(c, "MODEL.gguf");
+        if (m) snprintf(cmd, sizeof cmd, "%.*s%s%s", (int)(m - c), c, model, m + strlen("MODEL.gguf"));
+        else snprintf(cmd, sizeof cmd, "%s", c);
+        /* port 8000 -> the port the README's llm serve got */
+        for (char *p8; port[0] && (p8 = strstr(cmd, "8000")) != NULL;) {
+            char rest[8192];
+            snprintf(rest, sizeof rest, "%s", p8 + 4);
+            snprintf(p8, sizeof cmd - (size_t)(p8 - cmd), "%s%s", port, rest);
+        }
+        const char *stdin_from = "";
+        if (!strcmp(cmd, "make test")) continue;
+        if (strstr(cmd, "--dummy tinyllama-1.1b")) continue;
+        if (!strncmp(cmd, "curl ", 5) && system("command -v curl >/dev/null 2>&1") != 0) {
+            printf("    README: no curl on this machine: not run: %s\n", cmd);
+            continue;
+        }
+        if (!strncmp(cmd, "./llm serve", 11)) {
+            char *p = strstr(cmd, "--port 8000");
+            if (!p) { CHECK(0, "README: llm serve without --port 8000: %s", cmd); continue; }
+            snprintf(srv.log, sizeof srv.log, "llm-test-readme-serve-%d.log", (int)getpid());
+            char run[8192];
+            snprintf(run, sizeof run, "exec %.*s--port 0%s 2>%s", (int)(p - cmd), cmd, p + 11, srv.log);
+            srv.pid = fork();
+            if (srv.pid == 0) { execl("/bin/sh", "sh", "-c", run, (char *)NULL); _exit(127); }
+            for (double t0 = test_now(); srv.pid > 0 && test_now() - t0 < 60 && !srv.port; usleep(20000)) {
+                char *log = read_file(srv.log, NULL);
+                const char *at = log ? strstr(log, "listening on http://127.0.0.1:") : NULL;
+                if (at) srv.port = atoi(at + strlen("listening on http://127.0.0.1:"));
+                free(log);
+            }
+            CHECK(srv.port > 0, "README: %s starts and listens", cmd);
+            snprintf(port, sizeof port, "%d", srv.port);
+            ran++;
+            continue;
+        }
+        if (strstr(cmd, "llm bench serve") || strstr(cmd, "--dummy tiny"))
+            strncat(cmd, " --num-prompts 8 --output-len 8:16", sizeof cmd - strlen(cmd) - 1);
+        if (!strcmp(cmd, "make run") || (strstr(cmd, "llm chat") && !strchr(cmd, '|')))
+            stdin_from = " </dev/null";
+        char run[8400];
+        snprintf(run, sizeof run, "%s%s%s 2>llm-test-readme.err",
+                 !strncmp(cmd, "make ", 5) ? "env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS " : "", cmd, stdin_from);
+        int status;
+        char *out = run_command(run, &status);
+        /* what the README shows, with or without the newline that ends it (llm -p writes none) */
+        size_t out_len = out ? strlen(out) : 0;
+        if (out_len && out[out_len - 1] == '\n') out[--out_len] = 0;
+        int shown_ok = !expect[i] || (out && !strcmp(out, expect[i]));
+        int quiet_ok = stdin_from[0] ? out && !out[0] : 1;
+        char *err = read_file("llm-test-readme.err", NULL);
+        CHECK(out && status == 0 && shown_ok && quiet_ok, "README: %s\n    (run as: %s): exit %d, stdout "
+              "\"%.400s\"%s%s\n    stderr: %.600s", c, run, status, out ? out : "",
+              expect[i] ? ", README shows: " : "", expect[i] ? expect[i] : "", err ? err : "");
+        free(out); free(err);
+        ran++;
+    }
+    if (srv.pid > 0) CHECK(server_stop(&srv) == 0, "README: llm serve exits 0 after SIGTERM");
+    printf("    README: %d of %d commands run\n", ran, n);
+    remove("llm-test-readme.err");
+    for (int i = 0; i < n; i++) free(cmds[i]);
+    free(md);
+}
+
 static int header_sections(const char *h, const char *from, const char *to, const char *prefix,
                            char names[][16]) {
     const char *p = strstr(h, from), *end = p ? strstr(p, to) : NULL;
@@ -5142,6 +5258,7 @@ int main(int argc, char **argv) {
         {"server connections", test_server_connections},
         {"server sampling from the file", test_server_sampling_keys},
         {"llm.h's layout", test_header_layout},
+        {"README's commands", test_readme},
     };
     /* LLM_TEST=server,chat runs the tests whose names hold "server" or "chat" */
     const char *only = getenv("LLM_TEST");
