@@ -4170,8 +4170,8 @@ static void test_readme(void) {
         if (!strcmp(cmd, "make run") || (strstr(cmd, "llm chat") && !strchr(cmd, '|')))
             stdin_from = " </dev/null";
         char run[8400];
-        snprintf(run, sizeof run, "%s%s%s 2>llm-test-readme.err",
-                 !strncmp(cmd, "make ", 5) ? "env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS " : "", cmd, stdin_from);
+        const char *clean_env = !strncmp(cmd, "make ", 5) ? "env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS " : "";
+        snprintf(run, sizeof run, "%s%s%s 2>llm-test-readme.err", clean_env, cmd, stdin_from);
         int status;
         char *out = run_command(run, &status);
         /* what the README shows, with or without the newline that ends it (llm -p writes none) */
