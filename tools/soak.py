@@ -7,7 +7,7 @@ Run from the repository root (after `make llm`):
     python3 tools/soak.py --seconds 15 --clients 64     # a quick run
 
 What it does:
-  1. Starts `./llm serve -m testdata/models/stories260K.gguf --cpu --request-timeout 5 --port 0` (model, test-data
+  1. Starts `./llm serve -m testdata/models/stories260K.gguf --request-timeout 5 --port 0` (model, test-data
      folder and server flags are options) with its stderr in a log file, and waits for "listening on".
   2. Warm-up: --warmup seconds (default 5) of the same traffic, then reads the server's VmRSS as the baseline.
   3. For --seconds keeps --clients threads busy. Each loops: connect to 127.0.0.1:PORT, send a streaming
@@ -29,7 +29,7 @@ What it does:
      grows by up to the pool's size without any leak. By default (--mem-check rest) only the growth outside
      the pool fails the run and a larger whole-VmRSS growth is a warning; --mem-check total judges all of
      VmRSS (meaningful with a pool small enough for the warm-up to cycle through, e.g. --server-args
-     "--cpu --request-timeout 5 --num-blocks 2048").
+     "--request-timeout 5 --num-blocks 2048").
   5. Prints a summary (throughput, TTFT/e2e percentiles, failures with reasons) and exits 0 if all of the
      checks hold, 1 otherwise. Timing figures are reported, never judged.
 
@@ -659,8 +659,8 @@ def main():
     ap.add_argument("--model", help="GGUF model (default testdata/models/stories260K.gguf)")
     ap.add_argument("--model-name", help="the model name to send in requests (default: none sent)")
     ap.add_argument("--llm", default=os.path.join(REPO, "llm"), help="the llm binary")
-    ap.add_argument("--server-args", default="--cpu --request-timeout 5",
-                    help="extra server flags, space-separated (default '--cpu --request-timeout 5')")
+    ap.add_argument("--server-args", default="--request-timeout 5",
+                    help="extra server flags, space-separated (default '--request-timeout 5')")
     ap.add_argument("--log", help="server stderr log (default /tmp/llm-soak-PID.log)")
     ap.add_argument("--hostile", type=int, default=4, help="malformed-request clients (default 4)")
     ap.add_argument("--hostile-pause", type=float, default=0.2, help="seconds between hostile requests")
