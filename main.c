@@ -996,10 +996,13 @@ int main(int argc, char **argv) {
         int n_threads = omp_get_max_threads();
         const char *policy = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
         int own_wait = policy || (spin && strcmp(spin, "2000") != 0); /* 2000: the short spin set above */
-        int at = snprintf(where, sizeof where,
-                          "the %s, %d thread%s (OMP_NUM_THREADS=N sets how many)%s%s%s%s",
-                          !strcmp(st.backend, "cpu") ? "CPU" : st.backend, n_threads,
+        /* without OMP_NUM_THREADS the backend leaves a core to each other busy process, step by step */
+        int fixed = getenv("OMP_NUM_THREADS") != NULL;
+        int at = snprintf(where, sizeof where, "the %s, %s%d thread%s (%s)%s%s%s%s",
+                          !strcmp(st.backend, "cpu") ? "CPU" : st.backend, fixed ? "" : "up to ", n_threads,
                           n_threads == 1 ? "" : "s",
+                          fixed ? "OMP_NUM_THREADS" : "fewer while other processes keep cores busy; "
+                                                      "OMP_NUM_THREADS=N fixes how many",
                           own_wait ? ", waiting as " : "", policy ? "OMP_WAIT_POLICY=" : "",
                           policy ? policy : "", own_wait && !policy ? "GOMP_SPINCOUNT=" : "");
         if (own_wait && !policy && at > 0 && (size_t)at < sizeof where)

@@ -3029,9 +3029,16 @@ static void test_fault_wait_policy(void) {
     snprintf(cmd, sizeof cmd, "env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=passive ./llm -m %s -p Once -n 2 "
              "--temp 0 2>&1 >/dev/null", model_path("stories260K.gguf"));
     out = run_command(cmd, &status);
-    CHECK(status == 0 && out && strstr(out, "(OMP_NUM_THREADS=N sets how many), waiting as "
-                                            "OMP_WAIT_POLICY=passive;"),
+    CHECK(status == 0 && out && strstr(out, "the CPU, up to ") &&
+          strstr(out, "(fewer while other processes keep cores busy; OMP_NUM_THREADS=N fixes how many), "
+                      "waiting as OMP_WAIT_POLICY=passive;"),
           "fault 8: a policy set is kept, and said: %s", out ? out : "");
+    free(out);
+    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 ./llm -m %s -p Once -n 2 --temp 0 2>&1 >/dev/null",
+             model_path("stories260K.gguf"));
+    out = run_command(cmd, &status);
+    CHECK(status == 0 && out && strstr(out, "running on the CPU, 1 thread (OMP_NUM_THREADS);"),
+          "fault 8: OMP_NUM_THREADS fixes the threads, and the load line says so: %s", out ? out : "");
     free(out);
 }
 
