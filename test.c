@@ -2304,6 +2304,115 @@ static void test_logprobs(void) {
     llm_engine_destroy(e);
 }
 
+/* Prompt logprobs: one request run alone, and what its outputs held. */
+typedef struct {
+    int n_gen, n_plp, n_top, n_outputs_with_plp, n_cached;
+    int32_t gen[64], top_ids[1024][5], ranks[1024];
+    float gen_lp[64], gen_top[64][5], plp[1024], top[1024][5];
+    int32_t gen_top_ids[64][5];
+} plp_result;
+
+static void plp_run(llm_engine *e, const int32_t *ids, int n, const llm_sampling_params *p, plp_result *r) {
+    char err[LLM_ERR_LEN];
+    memset(r, 0, sizeof *r);
+    CHECK(llm_engine_add_request(e, NULL, ids, n, p, NULL, err) > 0, "prompt logprobs: add: %s", err);
+    while (llm_engine_has_work(e)) {
+        const llm_output *out;
+        int k = llm_engine_step(e, &out);
+        for (int i = 0; i < k; i++) {
+            const llm_output *o = &out[i];
+            for (int t = 0; t < o->n_tokens && r->n_gen < 64; t++, r->n_gen++) {
+                r->gen[r->n_gen] = o->token_ids[t];
+                if (!o->logprobs) continue;
+                r->gen_lp[r->n_gen] = o->logprobs[t];
+                for (int j = 0; j < o->n_top && j < 5; j++) {
+                    r->gen_top_ids[r->n_gen][j] = o->top_ids[t * o->n_top + j];
+                    r->gen_top[r->n_gen][j] = o->top_logprobs[t * o->n_top + j];
+                }
+            }
+            r->n_cached = o->n_cached_tokens;
+            if (!o->prompt_logprobs) continue;
+            r->n_outputs_with_plp++;
+            r->n_plp = o->n_prompt_logprobs; r->n_top = o->n_prompt_top;
+            for (int t = 0; t < o->n_prompt_logprobs && t < 1024; t++) {
+                r->plp[t] = o->prompt_logprobs[t]; r->ranks[t] = o->prompt_ranks[t];
+                for (int j = 0; j < o->n_prompt_top && j < 5; j++) {
+                    r->top_ids[t][j] = o->prompt_top_ids[t * o->n_prompt_top + j];
+                    r->top[t][j] = o->prompt_top_logprobs[t * o->n_prompt_top + j];
+                }
+            }
+        }
+    }
+}
+
+/* Prompt logprobs against teacher forcing: the greedy continuation G of a prompt A, with its logprobs, is what
+ * the prompt logprobs of the prompt A + G must say at G's positions, value for value (the same rows of logits
+ * scored by the same function): over several steps (chunked prefill), again with the prompt in the prefix
+ * cache (which such a request must not take), and with n = 2. */
+static void test_prompt_logprobs(void) {
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    cfg.max_num_batched_tokens = 7;                 /* the prompt of 40-odd tokens spans several steps */
+    llm_engine *e = engine_new(&cfg);
+    if (!e) return;
+    plp_result *g = (plp_result *)calloc(1, sizeof *g), *r = (plp_result *)calloc(3, sizeof *r);
+    int32_t ids[128];
+    const char *text = "Once upon a time, there was a little";
+    int A = llm_tokenize_prompt(llm_engine_model(e)->tok, text, strlen(text), ids, 64), G = 36;
+    llm_sampling_params p = greedy(G);
+    p.logprobs = 5;
+    plp_run(e, ids, A, &p, g);
+    CHECK(g->n_gen == G && g->n_outputs_with_plp == 0, "prompt logprobs: none unless asked (%d tokens)",
+          g->n_gen);
+    memcpy(ids + A, g->gen, (size_t)(G - 1) * sizeof(int32_t));
+    int P = A + G - 1;                              /* the last greedy token is what P's end predicts */
+    p = greedy(1);
+    p.prompt_logprobs = 5; p.logprobs = 5;
+    for (int round = 0; round < 3; round++) {
+        int64_t before = llm_engine_get_stats(e).prompt_tokens_computed;
+        p.n = round == 2 ? 2 : 1;
+        plp_run(e, ids, P, &p, &r[round]);
+        int64_t computed = llm_engine_get_stats(e).prompt_tokens_computed - before;
+        plp_result *x = &r[round];
+        int same = 0, rank1 = 0;
+        for (int j = 0; j < G - 1; j++) { /* row A + j - 1 scores prompt token A + j, greedy token j */
+            int row = A + j - 1;
+            same += x->plp[row] == g->gen_lp[j] && !memcmp(x->top_ids[row], g->gen_top_ids[j], 5 * 4) &&
+                    !memcmp(x->top[row], g->gen_top[j], 5 * 4);
+            rank1 += x->ranks[row] == 1;
+        }
+        CHECK(x->n_outputs_with_plp == 1 && x->n_plp == P - 1 && x->n_top == 5 && same == G - 1 &&
+              rank1 == G - 1 && computed == P && x->n_cached == 0,
+              "prompt logprobs (round %d): %d outputs with them, %d rows of %d, %d of %d equal to generation's, "
+              "%d of rank 1, %lld prompt tokens computed of %d, %d cached", round, x->n_outputs_with_plp,
+              x->n_plp, P - 1, same, G - 1, rank1, (long long)computed, P, x->n_cached);
+        CHECK(x->n_gen == p.n && x->gen[0] == g->gen[G - 1] && x->gen_lp[0] == g->gen_lp[G - 1],
+              "prompt logprobs (round %d): the sampled token after them is generation's", round);
+    }
+    /* the rows before A: each the logprob of a prompt token, its rank and the top 5 holding it when it ranks in */
+    int consistent = 1;
+    for (int row = 0; row < A - 1; row++) {
+        int32_t tok = ids[row + 1];
+        consistent &= r[0].plp[row] <= 0 && r[0].ranks[row] >= 1 && r[0].top[row][0] >= r[0].top[row][4];
+        for (int j = 0; j < 5; j++)
+            if (r[0].top_ids[row][j] == tok) consistent &= r[0].ranks[row] == j + 1 && r[0].top[row][j] ==
+                                                             r[0].plp[row];
+        consistent &= !memcmp(&r[0].plp[row], &r[1].plp[row], 4) && !memcmp(r[0].top[row], r[2].top[row], 20);
+    }
+    CHECK(consistent, "prompt logprobs: the prompt's own rows are ranked and the same every round");
+    /* its blocks were named for others: a request without prompt logprobs takes them */
+    p = greedy(1);
+    plp_run(e, ids, P, &p, &r[0]);
+    CHECK(r[0].n_cached == (P - 1) / 16 * 16 && r[0].n_outputs_with_plp == 0,
+          "prompt logprobs: the prompt's blocks cached for others (%d tokens)", r[0].n_cached);
+    char err[LLM_ERR_LEN] = "";
+    p.prompt_logprobs = 21;
+    CHECK(llm_engine_add_request(e, NULL, ids, P, &p, NULL, err) == 0 && strstr(err, "prompt_logprobs"),
+          "prompt logprobs: 21 refused: %s", err);
+    CHECK(all_blocks_free(e), "prompt logprobs: blocks back in the pool");
+    llm_engine_destroy(e);
+    free(g); free(r);
+}
+
 /* -----------------------------------------------------------------------------------------------------------
  * Requests handed in from another thread while the engine steps (as the server does)
  * -------------------------------------------------------------------------------------------------------- */
@@ -4954,7 +5063,7 @@ int main(int argc, char **argv) {
         {"batch invariance", test_batch_invariance},
         {"prefix cache", test_prefix_cache}, {"parallel sampling", test_parallel_sampling},
         {"stop conditions", test_stop_conditions}, {"abort and limits", test_abort_and_limits},
-        {"logprobs", test_logprobs},
+        {"logprobs", test_logprobs}, {"prompt logprobs", test_prompt_logprobs},
         {"requests from a thread", test_threads}, {"user pointers", test_user_pointers},
         {"wait for work", test_wait},
         {"backend errors", test_backend_errors},
