@@ -3895,6 +3895,88 @@ static void test_server_endpoints(void) {
     free(cases);
 }
 
+/* echo with logprobs and prompt_logprobs: the values are the engine's own (run here on the same model and
+ * backend), written as the server writes floats (%.9g) */
+static void test_server_prompt_logprobs(void) {
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    llm_engine *e = engine_new(&cfg);
+    if (!e) return;
+    static const int32_t ids[] = {1, 403, 407, 261, 378}; /* "Once upon a time", BOS first */
+    plp_result *x = (plp_result *)calloc(1, sizeof *x);
+    llm_sampling_params p = greedy(2);
+    p.logprobs = 2; p.prompt_logprobs = 2;
+    plp_run(e, ids, 5, &p, x);
+    llm_engine_destroy(e);
+    char want[2048], *w = want, *end = want + sizeof want;
+    w += snprintf(w, (size_t)(end - w), "\"token_logprobs\":[null");
+    for (int t = 0; t < 4; t++) w += snprintf(w, (size_t)(end - w), ",%.9g", x->plp[t]);
+    char scored[2048];
+    snprintf(scored, sizeof scored, "%s]", want);          /* the prompt alone */
+    for (int t = 0; t < 2; t++) w += snprintf(w, (size_t)(end - w), ",%.9g", x->gen_lp[t]);
+    snprintf(w, (size_t)(end - w), "]");
+    char top[256], plp[512];
+    snprintf(top, sizeof top, "\"top_logprobs\":[null,{\" Once\":%.9g,", x->top[0][0]);
+    snprintf(plp, sizeof plp, "\"prompt_logprobs\":[null,{\"403\":{\"logprob\":%.9g,\"rank\":%d,"
+             "\"decoded_token\":\" Once\"}},{\"407\":{\"logprob\":%.9g,\"rank\":%d,"
+             "\"decoded_token\":\" upon\"}},",
+             x->plp[0], x->ranks[0], x->plp[1], x->ranks[1]);
+    CHECK(x->n_gen == 2 && x->n_plp == 4 && x->top_ids[0][0] == 403 && x->ranks[0] == 1 && x->ranks[1] == 1,
+          "serve: the engine's prompt logprobs of \"Once upon a time\"");
+    test_server s;
+    if (server_start(&s, "") != 0) { server_stop(&s); free(x); return; }
+    /* echo + logprobs: the prompt's tokens first, the first with nulls; offsets into the echoed text */
+    char *r = http_post(s.port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,"
+                        "\"temperature\":0,\"echo\":true,\"logprobs\":2}", NULL);
+    const char *b = http_body(r);
+    CHECK(http_status(r) == 200 &&
+          strstr(b, "\"text\":\"Once upon a time, there\",\"logprobs\":{\"tokens\":"
+                    "[\"<s>\",\" Once\",\" upon\",\" a\",\" time\",\",\",\" there\"],") &&
+          strstr(b, want) && strstr(b, top) && strstr(b, "\"text_offset\":[0,0,4,9,11,16,17]}") &&
+          !strstr(b, "prompt_logprobs"), "serve: echo with logprobs: %s (want %s)", b, want);
+    free(r);
+    /* max_tokens 0 with echo: the prompt scored, nothing generated */
+    r = http_post(s.port, "/v1/completions", "{\"prompt\":[1,403,407,261,378],\"max_tokens\":0,"
+                  "\"echo\":true,\"logprobs\":2}", NULL);
+    b = http_body(r);
+    CHECK(http_status(r) == 200 && strstr(b, "\"text\":\"Once upon a time\",\"logprobs\":{") &&
+          strstr(b, scored) &&
+          strstr(b, "\"text_offset\":[0,0,4,9,11]}") && strstr(b, "\"finish_reason\":\"length\"") &&
+          strstr(b, "\"completion_tokens\":0,"), "serve: scoring (max_tokens 0): %s", b);
+    free(r);
+    /* streaming: the prompt's logprobs in the first chunk */
+    r = http_post(s.port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,"
+                  "\"temperature\":0,\"echo\":true,\"logprobs\":2,\"stream\":true}", NULL);
+    char *ev = dechunk(http_body(r));
+    const char *first = ev ? strstr(ev, "data: ") : NULL;
+    const char *second = first ? strstr(first + 1, "data: ") : NULL;
+    const char *at = first ? strstr(first, "\"token_logprobs\":[null,") : NULL;
+    CHECK(at && second && at < second && !strncmp(at, want, strlen(scored) - 1),
+          "serve: streamed echo with logprobs: %s", ev ? ev : "");
+    free(ev); free(r);
+    /* vLLM's prompt_logprobs, on the choice, on both endpoints */
+    r = http_post(s.port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":1,"
+                  "\"prompt_logprobs\":0}", NULL);
+    b = http_body(r);
+    CHECK(http_status(r) == 200 && strstr(b, plp) && strstr(b, "\"logprobs\":null,") &&
+          strstr(b, "\"finish_reason\":\"length\",\"prompt_logprobs\":[null,{\"403\":"),
+          "serve: prompt_logprobs: %s (want %s)", b, plp);
+    free(r);
+    r = http_post(s.port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":1,"
+                  "\"prompt_logprobs\":2}", NULL);
+    snprintf(plp, sizeof plp, "{\"403\":{\"logprob\":%.9g,\"rank\":1,\"decoded_token\":\" Once\"},\"%d\":"
+             "{\"logprob\":%.9g,\"rank\":2,", x->plp[0], x->top_ids[0][1], x->top[0][1]);
+    CHECK(http_status(r) == 200 && strstr(http_body(r), plp), "serve: prompt_logprobs 2: %s (want %s)", r,
+          plp);
+    free(r);
+    r = http_post(s.port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                  "\"max_tokens\":1,\"prompt_logprobs\":1,\"stream\":true}", NULL);
+    CHECK(http_status(r) == 200 && strstr(r, "\"prompt_logprobs\":[null,{\"") && strstr(r, "\"rank\":"),
+          "serve: chat prompt_logprobs, streamed: %s", r);
+    free(r);
+    CHECK(server_stop(&s) == 0, "serve: prompt logprobs: the server exits cleanly");
+    free(x);
+}
+
 static void test_server_errors(void) {
     test_server s;
     if (server_start(&s, "--api-key sesame --max-queue 2 --request-timeout 1 --max-model-len 64") != 0) {
@@ -3914,6 +3996,12 @@ static void test_server_errors(void) {
         {"{\"prompt\":\"\\ud800\"}", 400, NULL, "the body is not valid JSON: a high surrogate without"},
         {"{\"prompt\":\"\xff\"}", 400, NULL, "invalid UTF-8 in a string"},
         {"{\"prompt\":\"x\",\"max_tokens\":0}", 400, "max_tokens", "max_tokens must be between 1 and"},
+        {"{\"prompt\":\"x\",\"echo\":true,\"max_tokens\":-1}", 400, "max_tokens",
+         "max_tokens must be between 0 and"},
+        {"{\"prompt\":\"x\",\"prompt_logprobs\":21}", 400, "prompt_logprobs",
+         "prompt_logprobs must be between 0 and 20"},
+        {"{\"prompt\":\"x\",\"prompt_logprobs\":true}", 400, "prompt_logprobs",
+         "prompt_logprobs must be a number"},
         {"{\"prompt\":\"x\",\"max_tokens\":\"5\"}", 400, "max_tokens", "max_tokens must be a number"},
         {"{\"prompt\":\"x\",\"max_tokens\":2.5}", 400, "max_tokens", "max_tokens must be an integer"},
         {"{\"prompt\":\"x\",\"n\":0}", 400, "n", "n must be between 1 and 128"},
@@ -5179,7 +5267,8 @@ int main(int argc, char **argv) {
         {"fault: command line", test_fault_command_line}, {"fault: wait policy", test_fault_wait_policy},
         {"chat templates", test_chat_templates}, {"chat template detection", test_chat_detect},
         {"chat, piped", test_chat_piped}, {"chat on a terminal", test_chat_terminal},
-        {"server endpoints", test_server_endpoints}, {"server errors", test_server_errors},
+        {"server endpoints", test_server_endpoints}, {"server prompt logprobs", test_server_prompt_logprobs},
+        {"server errors", test_server_errors},
         {"server connections", test_server_connections},
         {"llm.h's layout", test_header_layout},
     };
