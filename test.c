@@ -3910,7 +3910,7 @@ static void test_server_prompt_logprobs(void) {
     char want[2048], *w = want, *end = want + sizeof want;
     w += snprintf(w, (size_t)(end - w), "\"token_logprobs\":[null");
     for (int t = 0; t < 4; t++) w += snprintf(w, (size_t)(end - w), ",%.9g", x->plp[t]);
-    char scored[2048];
+    char scored[2100];
     snprintf(scored, sizeof scored, "%s]", want);          /* the prompt alone */
     for (int t = 0; t < 2; t++) w += snprintf(w, (size_t)(end - w), ",%.9g", x->gen_lp[t]);
     snprintf(w, (size_t)(end - w), "]");
