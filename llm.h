@@ -39,6 +39,8 @@
  *   llm_sampling_defaults   llm_engine_add_request   llm_engine_abort      requests in, from any thread
  *   llm_engine_step   llm_engine_wait   llm_engine_has_work                 the loop, on one thread
  *   llm_engine_get_stats   llm_engine_model   llm_finish_reason_name   llm_engine_check_blocks
+ *   (logprobs of the prompt's own tokens, vLLM's prompt_logprobs: llm_sampling_params.prompt_logprobs in,
+ *   llm_output.prompt_logprobs out)
  * The parts: each section's own functions, for tools, tests and programs that take one piece
  *   GGUF: llm_gguf_open, _parse, _close, _find, _tensor_find, _int, _float, _string, _arr_int, _arr_float;
  *         llm_dtype_name, llm_dtype_row_bytes, llm_dtype_dequant_row, llm_qblock_unpack
@@ -2908,7 +2910,7 @@ typedef struct llm_seq {
     /* this step's output (stb_ds arrays, emptied at the start of each step) */
     int32_t *out_tokens; char *out_text; float *out_logprobs; int32_t *out_top_ids; float *out_top_logprobs;
     /* prompt_logprobs: row i - 1 for prompt token i, written as the chunks of the prompt are computed (a
-     * recompute after preemption writes them again) and handed out once, when the prompt's end is */
+     * recompute after preemption writes them again), handed out once, by the step that computes its end */
     int plp_state;                  /* enum below */
     float *plp; int32_t *plp_rank, *plp_top_ids; float *plp_top;  /* malloc'ed: [n_prompt - 1] (x K) */
 } llm_seq;

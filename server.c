@@ -633,8 +633,8 @@ static void *srv_engine_loop(void *arg) {
                 srv_prompt_lp *lp = ev.prompt_lp = (srv_prompt_lp *)calloc(1, sizeof *lp);
                 ok = lp && (lp->logprobs = (float *)malloc(nr * sizeof(float))) &&
                      (lp->ranks = (int32_t *)malloc(nr * sizeof(int32_t))) &&
-                     (lp->top_ids = (int32_t *)malloc(nk * sizeof(int32_t))) &&
-                     (lp->top_logprobs = (float *)malloc(nk * sizeof(float)));
+                     (lp->top_ids = (int32_t *)malloc(nk * sizeof(int32_t) + 4)) && /* + 4: K may be 0 */
+                     (lp->top_logprobs = (float *)malloc(nk * sizeof(float) + 4));
                 if (ok) {
                     lp->n = o->n_prompt_logprobs; lp->n_top = o->n_prompt_top;
                     memcpy(lp->logprobs, o->prompt_logprobs, (size_t)lp->n * sizeof(float));
