@@ -40,6 +40,8 @@
  *   llm_model_sampling_defaults                                             the file's general.sampling.*
  *   llm_engine_step   llm_engine_wait   llm_engine_has_work                 the loop, on one thread
  *   llm_engine_get_stats   llm_engine_model   llm_finish_reason_name   llm_engine_check_blocks
+ *   (logprobs of the prompt's own tokens, vLLM's prompt_logprobs: llm_sampling_params.prompt_logprobs in,
+ *   llm_output.prompt_logprobs out)
  * The parts: each section's own functions, for tools, tests and programs that take one piece
  *   GGUF: llm_gguf_open, _parse, _close, _find, _tensor_find, _int, _float, _string, _arr_int, _arr_float;
  *         llm_dtype_name, llm_dtype_row_bytes, llm_dtype_dequant_row, llm_qblock_unpack
@@ -306,6 +308,9 @@ typedef struct {
     int max_tokens;                 /* 0: until the context is full */
     int ignore_eos;
     int logprobs;                   /* -1: none; 0: the sampled token's; K: also the top K alternatives */
+    int prompt_logprobs;            /* -1: none; 0: each prompt token's own (after the first); K: also the
+                                     * top K there (K <= 20). Every prompt position is computed: such a
+                                     * request takes nothing from the prefix cache (see llm_output) */
     const char *const *stop;        /* stop strings (copied by add_request); not included in the output */
     int n_stop;
     const int32_t *stop_token_ids;  /* copied */
@@ -538,6 +543,15 @@ typedef struct {
     int finish_reason;              /* LLM_FINISH_NONE while it runs */
     const char *error;              /* LLM_FINISH_ERROR: what went wrong */
     int n_prompt_tokens, n_cached_tokens, n_generated;
+    /* prompt_logprobs >= 0: once, in sample 0's output of the step that computes the prompt's end (the one
+     * with the first new token), row i - 1 for prompt token i = 1 .. n_prompt_tokens - 1: its log-probability
+     * given tokens 0..i-1, its rank in the vocabulary (1: the most likely) and the K most likely tokens
+     * there, from the same distribution as logprobs. Prompt token 0 has no row: nothing comes before it. */
+    const float *prompt_logprobs;   /* [n_prompt_logprobs]; NULL in every other output */
+    const int32_t *prompt_ranks;    /* [n_prompt_logprobs] */
+    const int32_t *prompt_top_ids;  /* [n_prompt_logprobs][n_prompt_top] */
+    const float *prompt_top_logprobs;
+    int n_prompt_logprobs, n_prompt_top;
 } llm_output;
 
 typedef struct {
@@ -2877,6 +2891,7 @@ llm_sampling_params llm_sampling_defaults(void) {
     llm_sampling_params p;
     memset(&p, 0, sizeof p);
     p.n = 1; p.temperature = 1.0f; p.top_p = 1.0f; p.repetition_penalty = 1.0f; p.seed = -1; p.logprobs = -1;
+    p.prompt_logprobs = -1;
     return p;
 }
 
@@ -2960,7 +2975,17 @@ typedef struct llm_seq {
     char *held_text;                /* stb_ds array: text decoded, not emitted (may begin a stop string) */
     /* this step's output (stb_ds arrays, emptied at the start of each step) */
     int32_t *out_tokens; char *out_text; float *out_logprobs; int32_t *out_top_ids; float *out_top_logprobs;
+    /* prompt_logprobs: row i - 1 for prompt token i, written as the chunks of the prompt are computed (a
+     * recompute after preemption writes them again), handed out once, by the step that computes its end */
+    int plp_state;                  /* enum below */
+    float *plp; int32_t *plp_rank, *plp_top_ids; float *plp_top;  /* malloc'ed: [n_prompt - 1] (x K) */
 } llm_seq;
+
+enum { LLM_PLP_NONE, LLM_PLP_PENDING, LLM_PLP_READY }; /* none asked (or handed out), computing, to go out */
+
+/* A request with prompt logprobs sends its prompt through in chunks of at most this many tokens: each of its
+ * tokens needs a row of logits (vocab_size floats), and a whole 2048-token budget of them is gigabytes. */
+#define LLM_PLP_CHUNK 256
 
 typedef struct {
     int max_num_seqs, max_num_batched_tokens, static_batching;
@@ -3026,6 +3051,14 @@ static void llm_preempt(llm_scheduler *sch, llm_seq *s) {
     sch->preemptions++;
 }
 
+/* The next chunk of s: the rest of its tokens, within the budget (and LLM_PLP_CHUNK for prompt logprobs) */
+static int llm_seq_chunk(const llm_seq *s, int budget) {
+    int n_new = (int)arrlen(s->tokens) - s->n_computed;
+    if (n_new > budget) n_new = budget;
+    if (s->plp_state == LLM_PLP_PENDING && n_new > LLM_PLP_CHUNK) n_new = LLM_PLP_CHUNK;
+    return n_new;
+}
+
 static void llm_schedule_add(llm_scheduler *sch, llm_seq *s, int n_new, int *budget) {
     arrput(sch->scheduled, s); arrput(sch->n_new, n_new);
     *budget -= n_new;
@@ -3038,8 +3071,7 @@ static void llm_schedule(llm_scheduler *sch) {
     /* running sequences first, oldest first */
     for (int i = 0; i < arrlen(sch->running) && budget > 0; i++) {
         llm_seq *s = sch->running[i];
-        int n_new = (int)arrlen(s->tokens) - s->n_computed, ok;
-        if (n_new > budget) n_new = budget;
+        int n_new = llm_seq_chunk(s, budget), ok;
         while (!(ok = llm_seq_reserve(sch, s, s->n_computed + n_new))) {
             /* out of blocks: the youngest running sequence gives its blocks back (perhaps s itself) */
             llm_seq *victim = arrpop(sch->running);
@@ -3060,9 +3092,11 @@ static void llm_schedule(llm_scheduler *sch) {
         llm_seq *s = sch->waiting[0];
         int width = s->fork_pending ? s->req->params.n : 1;
         if (arrlen(sch->running) > 0 && arrlen(sch->running) + width > sch->max_num_seqs) break;
-        if (s->n_computed == 0 && arrlen(s->block_table) == 0) llm_seq_take_cached_prefix(sch->bm, s);
-        int n_new = (int)arrlen(s->tokens) - s->n_computed;
-        if (n_new > budget) n_new = budget;
+        /* prompt logprobs need the logits of every prompt position, so such a request computes its whole
+         * prompt and takes nothing from the prefix cache, as vLLM does (its blocks are named for others) */
+        if (s->n_computed == 0 && arrlen(s->block_table) == 0 && s->plp_state != LLM_PLP_PENDING)
+            llm_seq_take_cached_prefix(sch->bm, s);
+        int n_new = llm_seq_chunk(s, budget);
         if (!llm_seq_reserve(sch, s, s->n_computed + n_new)) { llm_seq_release_blocks(sch->bm, s); break; }
         arrdel(sch->waiting, 0);
         /* counted at admission: a request that waits at the head looks the cache up again every step */
@@ -3095,6 +3129,7 @@ static int llm_request_check(const llm_sampling_params *p, char *err) {
     if (p->min_tokens < 0 || (p->max_tokens > 0 && p->min_tokens > p->max_tokens))
         return llm_fail(err, "min_tokens must be between 0 and max_tokens");
     if (p->logprobs > 20) return llm_fail(err, "logprobs must be at most 20");
+    if (p->prompt_logprobs > 20) return llm_fail(err, "prompt_logprobs must be at most 20");
     if (p->n_stop < 0 || p->n_stop > 16 || (p->n_stop && !p->stop))
         return llm_fail(err, "at most 16 stop strings");
     if (p->n_stop_token_ids < 0 || (p->n_stop_token_ids && !p->stop_token_ids))
@@ -3120,6 +3155,7 @@ static void llm_seq_free(llm_seq *s) {
     arrfree(s->tokens); arrfree(s->block_table); arrfree(s->held_text);
     arrfree(s->out_tokens); arrfree(s->out_text); arrfree(s->out_logprobs);
     arrfree(s->out_top_ids); arrfree(s->out_top_logprobs);
+    free(s->plp); free(s->plp_rank); free(s->plp_top_ids); free(s->plp_top);
     llm_request_unref(s->req);
     free(s);
 }
@@ -3136,10 +3172,19 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *us
         r->stop_ids_copy = (int32_t *)malloc(((size_t)p->n_stop_token_ids + 1) * sizeof(int32_t));
     }
     int ok = s && r && r->stop_copies && r->stop_ids_copy;
+    if (ok && p->prompt_logprobs >= 0) { /* the rows of prompt tokens 1.., and K alternatives each */
+        size_t rows = (size_t)arrlen(ids), k = (size_t)p->prompt_logprobs; /* n_prompt - 1, and a spare */
+        s->plp_state = LLM_PLP_PENDING;
+        ok = (s->plp = (float *)malloc(rows * sizeof(float))) &&
+             (s->plp_rank = (int32_t *)malloc(rows * sizeof(int32_t))) &&
+             (s->plp_top_ids = (int32_t *)malloc(rows * k * sizeof(int32_t) + 4)) &&
+             (s->plp_top = (float *)malloc(rows * k * sizeof(float) + 4));
+    }
     for (int i = 0; ok && i < p->n_stop; i++, r->params.n_stop++)
         ok = (r->stop_copies[i] = strdup(p->stop[i] ? p->stop[i] : "")) != NULL;
     if (!ok) {
         if (r) { r->refs = 1; llm_request_unref(r); }
+        if (s) { free(s->plp); free(s->plp_rank); free(s->plp_top_ids); free(s->plp_top); }
         free(s); arrfree(ids);
         return NULL;
     }
@@ -4814,6 +4859,13 @@ static void llm_emit(llm_engine *e, llm_seq *s) {
     o.finish_reason = s->finish_reason; o.error = s->error;
     o.n_prompt_tokens = s->req->n_prompt; o.n_cached_tokens = s->n_cached_tokens;
     o.n_generated = (int)arrlen(s->tokens) - s->req->n_prompt;
+    if (s->plp_state == LLM_PLP_READY) { /* once: a recompute after preemption does not score them again */
+        s->plp_state = LLM_PLP_NONE;
+        o.prompt_logprobs = s->plp; o.prompt_ranks = s->plp_rank; o.n_prompt_logprobs = s->req->n_prompt - 1;
+        o.prompt_top_ids = s->plp_top_ids; o.prompt_top_logprobs = s->plp_top;
+        o.n_prompt_top = s->req->params.prompt_logprobs < e->model.cfg.vocab_size ?
+                         s->req->params.prompt_logprobs : e->model.cfg.vocab_size;
+    }
     int copies = s->finish_reason && s->fork_pending ? s->req->params.n : 1;
     for (int i = 0; i < copies; i++) {
         o.index = s->index + i;
@@ -4849,7 +4901,9 @@ static void llm_engine_take_inbox(llm_engine *e) {
 /* 3. The scheduler plans the step: llm_schedule (section 5). */
 
 /* 4. The plan as one batch: each scheduled sequence's next n_new tokens, flattened, with its block table;
- *    logits for the sequences whose chunk reaches the end of their tokens; the copy-on-write copies first. */
+ *    logits for the sequences whose chunk reaches the end of their tokens, and for every prompt token of a
+ *    chunk that scores its prompt (prompt_logprobs) but the last (its logits are the first sample's); the
+ *    copy-on-write copies first. */
 static int llm_engine_forward(llm_engine *e, char *err) {
     llm_scheduler *sch = &e->sched;
     int n_seqs = (int)arrlen(sch->scheduled), V = e->model.cfg.vocab_size;
@@ -4859,9 +4913,12 @@ static int llm_engine_forward(llm_engine *e, char *err) {
         llm_seq *s = sch->scheduled[i];
         arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
         arrput(e->b_tables, s->block_table);
+        int scoring = s->plp_state == LLM_PLP_PENDING, n_prompt = s->req->n_prompt;
         for (int j = 0; j < sch->n_new[i]; j++) {
-            arrput(e->b_tokens, s->tokens[s->n_computed + j]);
-            arrput(e->b_positions, s->n_computed + j);
+            int pos = s->n_computed + j;
+            arrput(e->b_tokens, s->tokens[pos]);
+            arrput(e->b_positions, pos);
+            if (scoring && pos < n_prompt - 1) arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
         }
         if (s->n_computed + sch->n_new[i] == arrlen(s->tokens))
             arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
@@ -4947,8 +5004,21 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
     if (reason) llm_seq_finish(e, s, reason, NULL);
 }
 
-/* 5. The step's tokens are computed: full blocks are named for the prefix cache, and each sequence at the end
- *    of its tokens samples the next one (n > 1: the prompt forks first; each sample draws from its row). */
+/* 5. Prompt logprobs: the row of logits at prompt position pos scores prompt token pos + 1, as
+ *    llm_seq_accept scores a sampled token. */
+static void llm_seq_score_prompt(llm_engine *e, llm_seq *s, int pos, const float *logits) {
+    int V = e->model.cfg.vocab_size, K = s->req->params.prompt_logprobs;
+    int32_t token = s->tokens[pos + 1], rank = 1;
+    if (K > V) K = V;
+    size_t at = (size_t)pos * (size_t)K;
+    float lse = llm_logprobs_top(logits, V, K, s->plp_top_ids + at, s->plp_top + at);
+    for (int i = 0; i < V; i++) rank += logits[i] > logits[token];
+    s->plp[pos] = logits[token] - lse; s->plp_rank[pos] = rank;
+}
+
+/* 5. The step's tokens are computed: full blocks are named for the prefix cache, prompt tokens are scored
+ *    (prompt_logprobs), and each sequence at the end of its tokens samples the next one (n > 1: the prompt
+ *    forks first; each sample draws from its row). */
 static void llm_engine_sample(llm_engine *e) {
     llm_scheduler *sch = &e->sched;
     int row = 0, V = e->model.cfg.vocab_size;
@@ -4958,7 +5028,10 @@ static void llm_engine_sample(llm_engine *e) {
         if (start < n_prompt) e->stats.prompt_tokens_computed += (end < n_prompt ? end : n_prompt) - start;
         s->n_computed = end;
         llm_seq_hash_blocks(&e->bm, s);
+        for (int pos = start; s->plp_state == LLM_PLP_PENDING && pos < end && pos < n_prompt - 1; pos++)
+            llm_seq_score_prompt(e, s, pos, e->logits + (size_t)row++ * V);
         if (end < arrlen(s->tokens)) continue; /* a prompt chunk: nothing to sample yet */
+        if (s->plp_state == LLM_PLP_PENDING) s->plp_state = LLM_PLP_READY; /* all scored: out this step */
         const float *logits = e->logits + (size_t)row++ * V;
         if (s->fork_pending) {
             int first_child = (int)arrlen(sch->running);

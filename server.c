@@ -470,6 +470,11 @@ static const char *http_reason(int status) {
 typedef struct srv_conn srv_conn;
 typedef struct srv_req srv_req;
 
+typedef struct { /* llm_output's prompt logprobs, copied: rows for prompt tokens 1..n (token 0 has none) */
+    int n, n_top;
+    float *logprobs; int32_t *ranks, *top_ids; float *top_logprobs;
+} srv_prompt_lp;
+
 typedef struct { /* one prompt of a request: one engine request (n samples) */
     srv_req *req;
     int index;                      /* which prompt */
@@ -478,11 +483,12 @@ typedef struct { /* one prompt of a request: one engine request (n samples) */
     int32_t *prompt_ids;            /* stb_ds: for echo of id prompts and /tokenize-like logging */
     char *echo_text;                /* what echo puts before the completion (NULL: none) */
     int started;                    /* an output has come (it left the waiting queue) */
+    srv_prompt_lp *lp;              /* its prompt logprobs once the engine gave them (NULL: not yet, none) */
 } srv_prompt;
 
 typedef struct { /* one choice of the response */
     sbuf text;                      /* non-streaming: the text so far */
-    int n_tokens, finish, sent_role, echoed;
+    int n_tokens, finish, sent_role, echoed, sent_prompt_lp;
     sbuf logprobs;                  /* the logprobs entries so far, as JSON (without the brackets) */
     sbuf lp_tokens, lp_values, lp_top, lp_offsets; /* /v1/completions' four parallel lists */
     size_t text_offset;
@@ -493,6 +499,8 @@ enum { REQ_COMPLETIONS, REQ_CHAT };
 struct srv_req {
     srv_conn *conn;                 /* NULL once the client is gone */
     int kind, stream, n, logprobs, top_logprobs, include_usage, echo;
+    int prompt_logprobs;            /* vLLM's prompt_logprobs: -1 none, else K */
+    int score_only;                 /* echo with max_tokens 0: the prompt and its logprobs, no completion */
     char id[48];
     long long created;
     srv_prompt *prompts;            /* [n_prompts] */
@@ -526,6 +534,7 @@ typedef struct {
     char *text; int text_len;
     int32_t *ids; float *logprobs; int32_t *top_ids; float *top_logprobs;
     int n_tokens, n_top, finish;
+    srv_prompt_lp *prompt_lp;       /* the prompt's logprobs, in the one output that has them */
     char *error;
     int n_prompt, n_cached;
     double t;
@@ -619,6 +628,22 @@ static void *srv_engine_loop(void *arg) {
                     }
                 }
             }
+            if (ok && o->prompt_logprobs) {
+                size_t nr = (size_t)o->n_prompt_logprobs + 1, nk = nr * (size_t)o->n_prompt_top;
+                srv_prompt_lp *lp = ev.prompt_lp = (srv_prompt_lp *)calloc(1, sizeof *lp);
+                ok = lp && (lp->logprobs = (float *)malloc(nr * sizeof(float))) &&
+                     (lp->ranks = (int32_t *)malloc(nr * sizeof(int32_t))) &&
+                     (lp->top_ids = (int32_t *)malloc(nk * sizeof(int32_t) + 4)) && /* + 4: K may be 0 */
+                     (lp->top_logprobs = (float *)malloc(nk * sizeof(float) + 4));
+                if (ok) {
+                    lp->n = o->n_prompt_logprobs; lp->n_top = o->n_prompt_top;
+                    memcpy(lp->logprobs, o->prompt_logprobs, (size_t)lp->n * sizeof(float));
+                    memcpy(lp->ranks, o->prompt_ranks, (size_t)lp->n * sizeof(int32_t));
+                    size_t n_top = (size_t)lp->n * (size_t)lp->n_top;
+                    memcpy(lp->top_ids, o->prompt_top_ids, n_top * sizeof(int32_t));
+                    memcpy(lp->top_logprobs, o->prompt_top_logprobs, n_top * sizeof(float));
+                }
+            }
             if (o->error) ev.error = strdup(o->error);
             if (!ok) { /* out of memory: the client gets an error rather than a hole in its text */
                 llm_engine_abort(S->engine, o->request_id);
@@ -646,9 +671,15 @@ static void *srv_engine_loop(void *arg) {
     return NULL;
 }
 
+static void prompt_lp_free(srv_prompt_lp *lp) {
+    if (lp) { free(lp->logprobs); free(lp->ranks); free(lp->top_ids); free(lp->top_logprobs); }
+    free(lp);
+}
+
 static void srv_event_free(srv_event *ev) {
     free(ev->text); free(ev->ids); free(ev->logprobs); free(ev->top_ids); free(ev->top_logprobs);
     free(ev->error);
+    prompt_lp_free(ev->prompt_lp);
 }
 
 /* ===========================================================================================================
@@ -812,6 +843,9 @@ static int parse_sampling(srv_state *S, const jv *body, srv_req *r, llm_sampling
     if (so && so->type != J_OBJECT && so->type != J_NULL)
         return bad(e, 400, "stream_options", "stream_options must be an object");
     if (get_bool(body, "stream", &r->stream, e)) return -1;
+    x = -1;
+    if (get_number(body, "prompt_logprobs", 0, 20, 1, &x, e)) return -1;
+    p->prompt_logprobs = r->prompt_logprobs = (int)x;
     return 0;
 }
 
@@ -907,6 +941,91 @@ static void put_token_bytes(sbuf *b, srv_state *S, int32_t id) {
     sb_puts(b, "]");
 }
 
+/* One token of /v1/completions' four parallel lists: its text, logprob, top alternatives (the first n_top of
+ * top_ids/top_lps) and offset in the choice's text; a NULL logprob writes null for both (the first token of
+ * an echoed prompt, which nothing predicts). Returns the offset of the next token. */
+static size_t add_completion_entry(srv_state *S, srv_choice *ch, int32_t id, const float *logprob,
+                                   const int32_t *top_ids, const float *top_lps, int n_top,
+                                   size_t text_start) {
+    if (ch->lp_tokens.len) {
+        sb_puts(&ch->lp_tokens, ","); sb_puts(&ch->lp_values, ",");
+        sb_puts(&ch->lp_top, ","); sb_puts(&ch->lp_offsets, ",");
+    }
+    put_token_str(&ch->lp_tokens, S, id);
+    if (logprob) sb_json_float(&ch->lp_values, *logprob); else sb_puts(&ch->lp_values, "null");
+    if (logprob) {
+        sb_puts(&ch->lp_top, "{");
+        for (int k = 0; k < n_top; k++) {
+            if (k) sb_puts(&ch->lp_top, ",");
+            put_token_str(&ch->lp_top, S, top_ids[k]);
+            sb_puts(&ch->lp_top, ":");
+            sb_json_float(&ch->lp_top, top_lps[k]);
+        }
+        sb_puts(&ch->lp_top, "}");
+    } else sb_puts(&ch->lp_top, "null");
+    /* each token's offset: where its text begins in the choice's text (the event's text, spread) */
+    char piece[256];
+    int n = llm_tokenizer_piece(S->model->tok, id, 0, piece, sizeof piece);
+    sb_printf(&ch->lp_offsets, "%zu", text_start);
+    return text_start + (n > 0 ? (size_t)n : 0);
+}
+
+/* echo with logprobs: the prompt's tokens open the choice's lists, the first with nulls (as OpenAI, vLLM) */
+static void add_prompt_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const srv_prompt *sp,
+                                size_t text_start) {
+    const srv_prompt_lp *lp = sp->lp;
+    int n_top = lp && r->logprobs < lp->n_top ? r->logprobs : lp ? lp->n_top : 0;
+    /* the offsets: the pieces' lengths added up, less the space SentencePiece put in front of the first
+     * word, which the echoed text (the prompt as given, or llm_detokenize's) has not */
+    int n = (int)arrlen(sp->prompt_ids), first = 0;
+    size_t pieces = 0, skip = 0;
+    char piece[256];
+    for (; first < n && !pieces; first++) {
+        int k = llm_tokenizer_piece(S->model->tok, sp->prompt_ids[first], 0, piece, sizeof piece);
+        pieces += k > 0 ? (size_t)k : 0;
+    }
+    int detok = llm_detokenize(S->model->tok, sp->prompt_ids, first, 0, NULL, 0);
+    if (detok >= 0 && (size_t)detok < pieces) skip = pieces - (size_t)detok;
+    pieces = 0;
+    for (int t = 0; t < n && lp; t++) {
+        int scored = t > 0 && t <= lp->n; /* row t - 1 scores token t */
+        size_t row = scored ? (size_t)(t - 1) * (size_t)lp->n_top : 0;
+        size_t at = text_start + (pieces > skip ? pieces - skip : 0);
+        pieces += add_completion_entry(S, ch, sp->prompt_ids[t], scored ? &lp->logprobs[t - 1] : NULL,
+                                       lp->top_ids + row, lp->top_logprobs + row, n_top, at) - at;
+    }
+}
+
+/* vLLM's prompt_logprobs of a choice: null for the first prompt token, then for each a map from token id to
+ * its logprob, rank and text: the prompt's own token first, then the top K (each id once). */
+static void put_prompt_logprobs(sbuf *b, srv_state *S, srv_req *r, const srv_prompt *sp) {
+    const srv_prompt_lp *lp = sp->lp;
+    int n_top = lp && r->prompt_logprobs < lp->n_top ? r->prompt_logprobs : lp ? lp->n_top : 0;
+    sb_puts(b, ",\"prompt_logprobs\":");
+    if (!lp) { sb_puts(b, "null"); return; }
+    sb_puts(b, "[null");
+    for (int t = 1; t <= lp->n && t < arrlen(sp->prompt_ids); t++) {
+        const int32_t *top = lp->top_ids + (size_t)(t - 1) * lp->n_top;
+        const float *top_lp = lp->top_logprobs + (size_t)(t - 1) * lp->n_top;
+        int32_t id = sp->prompt_ids[t];
+        sb_printf(b, ",{\"%d\":{\"logprob\":", (int)id);
+        sb_json_float(b, lp->logprobs[t - 1]);
+        sb_printf(b, ",\"rank\":%d,\"decoded_token\":", (int)lp->ranks[t - 1]);
+        put_token_str(b, S, id);
+        sb_puts(b, "}");
+        for (int k = 0; k < n_top; k++) {
+            if (top[k] == id) continue;
+            sb_printf(b, ",\"%d\":{\"logprob\":", (int)top[k]);
+            sb_json_float(b, top_lp[k]);
+            sb_printf(b, ",\"rank\":%d,\"decoded_token\":", k + 1);
+            put_token_str(b, S, top[k]);
+            sb_puts(b, "}");
+        }
+        sb_puts(b, "}");
+    }
+    sb_puts(b, "]");
+}
+
 /* The logprobs of an event's tokens, appended to the choice's lists (or written to b for a stream). */
 static void add_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const srv_event *ev, sbuf *chat_out,
                          size_t text_start) {
@@ -928,25 +1047,9 @@ static void add_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const srv_eve
             }
             sb_puts(b, "]}");
         } else {
-            if (ch->lp_tokens.len) {
-                sb_puts(&ch->lp_tokens, ","); sb_puts(&ch->lp_values, ",");
-                sb_puts(&ch->lp_top, ","); sb_puts(&ch->lp_offsets, ",");
-            }
-            put_token_str(&ch->lp_tokens, S, id);
-            sb_json_float(&ch->lp_values, ev->logprobs[t]);
-            sb_puts(&ch->lp_top, "{");
-            for (int k = 0; k < ev->n_top && k < r->logprobs; k++) {
-                if (k) sb_puts(&ch->lp_top, ",");
-                put_token_str(&ch->lp_top, S, ev->top_ids[t * ev->n_top + k]);
-                sb_puts(&ch->lp_top, ":");
-                sb_json_float(&ch->lp_top, ev->top_logprobs[t * ev->n_top + k]);
-            }
-            sb_puts(&ch->lp_top, "}");
-            /* each token's offset: where its text begins in the choice's text (the event's text, spread) */
-            char piece[256];
-            int n = llm_tokenizer_piece(S->model->tok, id, 0, piece, sizeof piece);
-            sb_printf(&ch->lp_offsets, "%zu", text_start);
-            text_start += n > 0 ? (size_t)n : 0;
+            int n_top = ev->n_top < r->logprobs ? ev->n_top : r->logprobs;
+            text_start = add_completion_entry(S, ch, id, &ev->logprobs[t], ev->top_ids + t * ev->n_top,
+                                              ev->top_logprobs + t * ev->n_top, n_top, text_start);
         }
     }
 }
@@ -982,8 +1085,9 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
     }
     const srv_prompt *pr = (const srv_prompt *)ev->user;
     int echo_now = !chat && r->echo && pr->echo_text && !ch->echoed; /* the prompt before the first text */
+    int prompt_lp_now = r->prompt_logprobs >= 0 && pr->lp && !ch->sent_prompt_lp; /* in the first chunk */
     ch->echoed |= echo_now;
-    if (!ev->text_len && !ev->finish && !echo_now && !(ev->n_tokens && r->logprobs >= 0)) {
+    if (!ev->text_len && !ev->finish && !echo_now && !prompt_lp_now && !(ev->n_tokens && r->logprobs >= 0)) {
         sb_free(&b);
         return;
     }
@@ -1008,7 +1112,9 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
         sb_json_str(&b, text.s ? text.s : "", text.len);
         sb_free(&text);
         sb_puts(&b, ",\"logprobs\":");
-        if (r->logprobs >= 0 && ev->n_tokens) {
+        int echo_lp = echo_now && r->logprobs >= 0 && pr->lp; /* the prompt's tokens first */
+        if (r->logprobs >= 0 && (ev->n_tokens || echo_lp)) {
+            if (echo_lp) add_prompt_logprobs(S, r, ch, pr, ch->text_offset);
             add_logprobs(S, r, ch, ev, NULL, ch->text_offset + echo_len);
             put_completion_logprobs(&b, ch);
             choice_reset_logprobs(ch);
@@ -1017,6 +1123,7 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
     ch->text_offset += echo_len + (size_t)ev->text_len;
     if (ev->finish) { sb_puts(&b, ",\"finish_reason\":"); sb_json_cstr(&b, finish_name(ev->finish)); }
     else sb_puts(&b, ",\"finish_reason\":null");
+    if (prompt_lp_now) { put_prompt_logprobs(&b, S, r, pr); ch->sent_prompt_lp = 1; }
     sb_puts(&b, "}]}");
     send_sse(S, r->conn, b.s, b.len);
     sb_free(&b);
@@ -1073,6 +1180,7 @@ static void finish_request(srv_state *S, srv_req *r) {
         }
         sb_puts(&b, ",\"finish_reason\":");
         sb_json_cstr(&b, finish_name(ch->finish));
+        if (r->prompt_logprobs >= 0) put_prompt_logprobs(&b, S, r, &r->prompts[i / r->n]);
         sb_puts(&b, "}");
     }
     sb_puts(&b, "],");
@@ -1173,6 +1281,7 @@ static void req_free(srv_req *r) {
     for (int i = 0; i < r->n_prompts; i++) {
         arrfree(r->prompts[i].prompt_ids);
         free(r->prompts[i].echo_text);
+        prompt_lp_free(r->prompts[i].lp);
     }
     for (int i = 0; r->choices && i < r->n_prompts * r->n; i++) {
         sb_free(&r->choices[i].text);
@@ -1260,19 +1369,17 @@ static int start_generation(srv_state *S, srv_conn *c, const jv *body, int kind,
     if (check_model(S, body, e) || parse_sampling(S, body, r, &p, e)) goto fail;
     int max_tokens = 16, given = 1;
     if (kind == REQ_COMPLETIONS) {
+        if (get_bool(body, "echo", &r->echo, e)) goto fail;
         x = 16;
-        if (get_number(body, "max_tokens", 1, 1 << 30, 1, &x, e)) goto fail;
+        if (get_number(body, "max_tokens", r->echo ? 0 : 1, 1 << 30, 1, &x, e)) goto fail; /* 0: scoring */
         const jv *mt = json_get(body, "max_tokens");
         if (mt && mt->type == J_NUMBER) max_tokens = (int)x;
-        if (get_bool(body, "echo", &r->echo, e)) goto fail;
+        r->score_only = r->echo && max_tokens == 0;
         x = -1;
         if (get_number(body, "logprobs", 0, 20, 1, &x, e)) goto fail;
         r->logprobs = (int)x;
         p.logprobs = r->logprobs;
-        if (r->echo && r->logprobs >= 0) {
-            bad(e, 400, "echo", "echo with logprobs is not supported (prompt logprobs are not computed)");
-            goto fail;
-        }
+        if (r->echo && r->logprobs > p.prompt_logprobs) p.prompt_logprobs = r->logprobs; /* echo's prompt */
         if (completion_prompts(S, json_get(body, "prompt"), r, e)) goto fail;
     } else {
         const jv *mt = json_get(body, "max_completion_tokens");
@@ -1322,7 +1429,7 @@ static int start_generation(srv_state *S, srv_conn *c, const jv *body, int kind,
         for (int i = 0; i < k && i < 8; i++) arrput(r->stop_ids, stop_ids[i]);
     }
     if (check_context(S, r, max_tokens, given, e)) goto fail;
-    p.max_tokens = given ? max_tokens : 0;
+    p.max_tokens = r->score_only ? 1 : given ? max_tokens : 0; /* scoring: the token it computes anyway */
     p.stop_token_ids = r->stop_ids; p.n_stop_token_ids = (int)arrlen(r->stop_ids);
     if (S->n_queued + r->n_prompts > S->max_queue)
         { bad(e, 503, NULL, "the server is busy: %d requests are waiting (--max-queue %d)", S->n_queued,
@@ -1560,6 +1667,11 @@ static void apply_event(srv_state *S, srv_event *ev) {
     int ci = sp->index * r->n + ev->index;
     if (ci < 0 || ci >= r->n_prompts * r->n) return;
     srv_choice *ch = &r->choices[ci];
+    if (ev->prompt_lp && !sp->lp) { sp->lp = ev->prompt_lp; ev->prompt_lp = NULL; } /* for each choice */
+    if (r->score_only) { /* the one token computed for nothing: no completion, as if max_tokens ran out */
+        ev->n_tokens = 0; ev->text_len = 0;
+        if (ev->finish == LLM_FINISH_STOP) ev->finish = LLM_FINISH_LENGTH;
+    }
     if (!sp->started) { sp->started = 1; S->n_queued--; S->prompt_tokens_total += ev->n_prompt; }
     if (ev->n_tokens) {
         if (!r->t_first) { r->t_first = ev->t; hist_add(&S->ttft, ev->t - r->t_arrival); }
@@ -1577,6 +1689,7 @@ static void apply_event(srv_state *S, srv_event *ev) {
         if (r->stream) stream_event(S, r, ci, ch, ev);
         else {
             if (r->echo && sp->echo_text && !ch->echoed) {
+                if (r->logprobs >= 0) add_prompt_logprobs(S, r, ch, sp, ch->text.len);
                 sb_puts(&ch->text, sp->echo_text);
                 ch->echoed = 1;
             }

@@ -1532,6 +1532,112 @@ static void test_quant_smollm2(void) {
     llm_model_free(&m);
 }
 
+/* Fidelity of the default CPU path: a real text teacher-forced through SmolLM2 on the default backend (8-bit
+ * activations in the quantized dot products) and on the exact one, both through the engine's prompt logprobs
+ * with K = 20; at each position, whether the two agree on the most likely token, and KL(exact || default)
+ * over the exact path's top 20: sum of p(t) (log p(t) - log q(t)), with q(t) the default path's logprob of t,
+ * or its 20th logprob when t is not in its top 20 (a bound on what q gives t). Nothing is renormalized: the
+ * sum leaves out the exact path's mass beyond its top 20. tools/fidelity.py computes the same between
+ * servers. */
+static const llm_chat_message fidelity_chat[] = {
+    {"user", "What is the difference between weather and climate?"},
+    {"assistant", "Weather is what the atmosphere does over hours and days: rain this afternoon, a cold "
+                  "front tomorrow, a heat wave next week. Climate is the pattern of weather over decades, such "
+                  "as the average summer temperature of a region or how often it floods. In short, climate is "
+                  "what you expect, and weather is what you get."},
+    {"user", "Can you give me an example of each, for a city like London?"},
+    {"assistant", "Of course. A weather report for London might say that tomorrow will be cloudy with light "
+                  "showers in the morning and a high of fourteen degrees. A description of London's "
+                  "climate would say that it has mild winters, cool summers and rain spread fairly evenly "
+                  "through the year, with about six hundred millimetres falling annually."},
+};
+static const char fidelity_prose[] =
+    "The river rose slowly through the night. By morning the lower fields were under water, and the farmers "
+    "who had lived in the valley all their lives walked along the embankment in silence, watching the brown "
+    "current carry branches, fence posts and, once, a small wooden boat with nobody in it. The old bridge "
+    "held, as it had held for two hundred years, though the water reached within a hand's width of its "
+    "arches. In the village school the children were told to stay at home, and most of them spent the day at "
+    "their windows, delighted and a little frightened by how the familiar landscape had changed.";
+
+static void fidelity_run(llm_backend *(*create)(const llm_model *, char *), const int32_t *ids, int P,
+                         int32_t (*top_ids)[20], float (*top)[20]) {
+    llm_engine_config cfg = llm_engine_defaults();
+    cfg.model_path = CHAT_MODEL;
+    cfg.create_backend = create;
+    cfg.num_blocks = 64;
+    llm_engine *e = engine_new(&cfg);
+    if (!e) return;
+    llm_sampling_params p = greedy(1);
+    p.prompt_logprobs = 20;
+    char err[LLM_ERR_LEN];
+    CHECK(llm_engine_add_request(e, NULL, ids, P, &p, NULL, err) > 0, "fidelity: add: %s", err);
+    int rows = 0;
+    while (llm_engine_has_work(e)) {
+        const llm_output *out;
+        int n = llm_engine_step(e, &out);
+        for (int i = 0; i < n; i++) {
+            if (!out[i].prompt_logprobs || out[i].n_prompt_top != 20) continue;
+            rows = out[i].n_prompt_logprobs;
+            memcpy(top_ids, out[i].prompt_top_ids, (size_t)rows * 20 * sizeof(int32_t));
+            memcpy(top, out[i].prompt_top_logprobs, (size_t)rows * 20 * sizeof(float));
+        }
+    }
+    CHECK(rows == P - 1, "fidelity: %d rows of prompt logprobs for %d prompt tokens", rows, P);
+    llm_engine_destroy(e);
+}
+
+static void test_fidelity_smollm2(void) {
+    if (access(CHAT_MODEL, R_OK) != 0) { CHECK(0, "%s missing (make model fetches it)", CHAT_MODEL); return; }
+    llm_model m;
+    llm_chat_template ct;
+    char err[LLM_ERR_LEN], text[8192];
+    if (llm_model_load(&m, CHAT_MODEL, err) != 0) { CHECK(0, "load: %s", err); return; }
+    llm_str tmpl = llm_gguf_string(&m.gguf, "tokenizer.chat_template");
+    int n_chat = (int)(sizeof fidelity_chat / sizeof fidelity_chat[0]), P = 0;
+    int len = llm_chat_template_init(&ct, tmpl.ptr, tmpl.len, m.tok, NULL, err) == 0 ?
+              llm_chat_render(&ct, fidelity_chat, n_chat, 0, text, sizeof text) : -1;
+    int32_t ids[1024];
+    if (len > 0 && len + sizeof fidelity_prose < sizeof text) {
+        memcpy(text + len, fidelity_prose, sizeof fidelity_prose);
+        P = llm_tokenize_prompt(m.tok, text, strlen(text), ids, 1024);
+    }
+    llm_model_free(&m);
+    CHECK(ct.family == LLM_CHAT_CHATML && P > 300 && P < 1024, "fidelity: %d tokens of chat and prose", P);
+    if (!(P > 300 && P < 1024)) return;
+    int32_t (*ids_exact)[20] = malloc(sizeof(int32_t[20]) * P);
+    int32_t (*ids_fast)[20] = malloc(sizeof(int32_t[20]) * P);
+    float (*lp_exact)[20] = malloc(sizeof(float[20]) * P), (*lp_fast)[20] = malloc(sizeof(float[20]) * P);
+    if (!ids_exact || !ids_fast || !lp_exact || !lp_fast) { CHECK(0, "fidelity: out of memory"); return; }
+    fidelity_run(llm_cpu_exact_backend_create, ids, P, ids_exact, lp_exact);
+    fidelity_run(llm_cpu_backend_create, ids, P, ids_fast, lp_fast);
+    int agree = 0;
+    double kl = 0, kl_max = 0, margin = 0; /* margin: the widest gap of exact's top two where they differ */
+    for (int i = 0; i < P - 1; i++) {
+        agree += ids_exact[i][0] == ids_fast[i][0];
+        if (ids_exact[i][0] != ids_fast[i][0]) margin = fmax(margin, lp_exact[i][0] - lp_exact[i][1]);
+        double d = 0;
+        for (int k = 0; k < 20; k++) {
+            float q = lp_fast[i][19];
+            for (int j = 0; j < 20; j++) if (ids_fast[i][j] == ids_exact[i][k]) q = lp_fast[i][j];
+            d += exp(lp_exact[i][k]) * (lp_exact[i][k] - q);
+        }
+        kl += d; kl_max = fmax(kl_max, d);
+    }
+    kl /= P - 1;
+    /* measured on this text (x86-64 with AVX2): top-1 agreement 309 of 318 (97.2%), every one of the 9
+     * differences a near tie of the exact path (its top two within 0.28 nats); mean KL 0.00126 nats, the
+     * worst position 0.047. The bounds: agreement 96% (the 98% first asked for is not met by this text),
+     * differences only where the exact path's top two are within 0.5 nats, mean KL under 0.0025 (2x). */
+    printf("fidelity: SmolLM2 Q4_1, the default CPU path against the exact one over %d positions: top-1 "
+           "agreement %.2f%% (bound 96%%), differing only where exact's top two are within %.3f nats (bound "
+           "0.5), mean KL(exact || default) %.5f nats (bound 0.0025; worst position %.4f)\n", P - 1,
+           100.0 * agree / (P - 1), margin, kl, kl_max);
+    CHECK(agree >= 0.96 * (P - 1) && margin < 0.5 && kl < 0.0025,
+          "fidelity: top-1 agreement %d of %d, differences within %g nats, mean KL %g", agree, P - 1, margin,
+          kl);
+    free(ids_exact); free(ids_fast); free(lp_exact); free(lp_fast);
+}
+
 static void test_paged_forward_models(void) {
     test_paged_forward("stories260K.gguf");
     test_paged_forward("random-qwen3-qknorm.gguf");
@@ -2302,6 +2408,115 @@ static void test_logprobs(void) {
     }
     CHECK(ok && steps == 10, "logprobs: greedy token is the top one, sorted, mass <= 1 (%d tokens)", steps);
     llm_engine_destroy(e);
+}
+
+/* Prompt logprobs: one request run alone, and what its outputs held. */
+typedef struct {
+    int n_gen, n_plp, n_top, n_outputs_with_plp, n_cached;
+    int32_t gen[64], top_ids[1024][5], ranks[1024];
+    float gen_lp[64], gen_top[64][5], plp[1024], top[1024][5];
+    int32_t gen_top_ids[64][5];
+} plp_result;
+
+static void plp_run(llm_engine *e, const int32_t *ids, int n, const llm_sampling_params *p, plp_result *r) {
+    char err[LLM_ERR_LEN];
+    memset(r, 0, sizeof *r);
+    CHECK(llm_engine_add_request(e, NULL, ids, n, p, NULL, err) > 0, "prompt logprobs: add: %s", err);
+    while (llm_engine_has_work(e)) {
+        const llm_output *out;
+        int k = llm_engine_step(e, &out);
+        for (int i = 0; i < k; i++) {
+            const llm_output *o = &out[i];
+            for (int t = 0; t < o->n_tokens && r->n_gen < 64; t++, r->n_gen++) {
+                r->gen[r->n_gen] = o->token_ids[t];
+                if (!o->logprobs) continue;
+                r->gen_lp[r->n_gen] = o->logprobs[t];
+                for (int j = 0; j < o->n_top && j < 5; j++) {
+                    r->gen_top_ids[r->n_gen][j] = o->top_ids[t * o->n_top + j];
+                    r->gen_top[r->n_gen][j] = o->top_logprobs[t * o->n_top + j];
+                }
+            }
+            r->n_cached = o->n_cached_tokens;
+            if (!o->prompt_logprobs) continue;
+            r->n_outputs_with_plp++;
+            r->n_plp = o->n_prompt_logprobs; r->n_top = o->n_prompt_top;
+            for (int t = 0; t < o->n_prompt_logprobs && t < 1024; t++) {
+                r->plp[t] = o->prompt_logprobs[t]; r->ranks[t] = o->prompt_ranks[t];
+                for (int j = 0; j < o->n_prompt_top && j < 5; j++) {
+                    r->top_ids[t][j] = o->prompt_top_ids[t * o->n_prompt_top + j];
+                    r->top[t][j] = o->prompt_top_logprobs[t * o->n_prompt_top + j];
+                }
+            }
+        }
+    }
+}
+
+/* Prompt logprobs against teacher forcing: the greedy continuation G of a prompt A, with its logprobs, is what
+ * the prompt logprobs of the prompt A + G must say at G's positions, value for value (the same rows of logits
+ * scored by the same function): over several steps (chunked prefill), again with the prompt in the prefix
+ * cache (which such a request must not take), and with n = 2. */
+static void test_prompt_logprobs(void) {
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    cfg.max_num_batched_tokens = 7;                 /* the prompt of 40-odd tokens spans several steps */
+    llm_engine *e = engine_new(&cfg);
+    if (!e) return;
+    plp_result *g = (plp_result *)calloc(1, sizeof *g), *r = (plp_result *)calloc(3, sizeof *r);
+    int32_t ids[128];
+    const char *text = "Once upon a time, there was a little";
+    int A = llm_tokenize_prompt(llm_engine_model(e)->tok, text, strlen(text), ids, 64), G = 36;
+    llm_sampling_params p = greedy(G);
+    p.logprobs = 5;
+    plp_run(e, ids, A, &p, g);
+    CHECK(g->n_gen == G && g->n_outputs_with_plp == 0, "prompt logprobs: none unless asked (%d tokens)",
+          g->n_gen);
+    memcpy(ids + A, g->gen, (size_t)(G - 1) * sizeof(int32_t));
+    int P = A + G - 1;                              /* the last greedy token is what P's end predicts */
+    p = greedy(1);
+    p.prompt_logprobs = 5; p.logprobs = 5;
+    for (int round = 0; round < 3; round++) {
+        int64_t before = llm_engine_get_stats(e).prompt_tokens_computed;
+        p.n = round == 2 ? 2 : 1;
+        plp_run(e, ids, P, &p, &r[round]);
+        int64_t computed = llm_engine_get_stats(e).prompt_tokens_computed - before;
+        plp_result *x = &r[round];
+        int same = 0, rank1 = 0;
+        for (int j = 0; j < G - 1; j++) { /* row A + j - 1 scores prompt token A + j, greedy token j */
+            int row = A + j - 1;
+            same += x->plp[row] == g->gen_lp[j] && !memcmp(x->top_ids[row], g->gen_top_ids[j], 5 * 4) &&
+                    !memcmp(x->top[row], g->gen_top[j], 5 * 4);
+            rank1 += x->ranks[row] == 1;
+        }
+        CHECK(x->n_outputs_with_plp == 1 && x->n_plp == P - 1 && x->n_top == 5 && same == G - 1 &&
+              rank1 == G - 1 && computed == P && x->n_cached == 0,
+              "prompt logprobs (round %d): %d outputs with them, %d rows of %d, %d of %d equal to generation's, "
+              "%d of rank 1, %lld prompt tokens computed of %d, %d cached", round, x->n_outputs_with_plp,
+              x->n_plp, P - 1, same, G - 1, rank1, (long long)computed, P, x->n_cached);
+        CHECK(x->n_gen == p.n && x->gen[0] == g->gen[G - 1] && x->gen_lp[0] == g->gen_lp[G - 1],
+              "prompt logprobs (round %d): the sampled token after them is generation's", round);
+    }
+    /* the rows before A: each the logprob of a prompt token, its rank and the top 5 holding it when it ranks in */
+    int consistent = 1;
+    for (int row = 0; row < A - 1; row++) {
+        int32_t tok = ids[row + 1];
+        consistent &= r[0].plp[row] <= 0 && r[0].ranks[row] >= 1 && r[0].top[row][0] >= r[0].top[row][4];
+        for (int j = 0; j < 5; j++)
+            if (r[0].top_ids[row][j] == tok) consistent &= r[0].ranks[row] == j + 1 && r[0].top[row][j] ==
+                                                             r[0].plp[row];
+        consistent &= !memcmp(&r[0].plp[row], &r[1].plp[row], 4) && !memcmp(r[0].top[row], r[2].top[row], 20);
+    }
+    CHECK(consistent, "prompt logprobs: the prompt's own rows are ranked and the same every round");
+    /* its blocks were named for others: a request without prompt logprobs takes them */
+    p = greedy(1);
+    plp_run(e, ids, P, &p, &r[0]);
+    CHECK(r[0].n_cached == (P - 1) / 16 * 16 && r[0].n_outputs_with_plp == 0,
+          "prompt logprobs: the prompt's blocks cached for others (%d tokens)", r[0].n_cached);
+    char err[LLM_ERR_LEN] = "";
+    p.prompt_logprobs = 21;
+    CHECK(llm_engine_add_request(e, NULL, ids, P, &p, NULL, err) == 0 && strstr(err, "prompt_logprobs"),
+          "prompt logprobs: 21 refused: %s", err);
+    CHECK(all_blocks_free(e), "prompt logprobs: blocks back in the pool");
+    llm_engine_destroy(e);
+    free(g); free(r);
 }
 
 /* -----------------------------------------------------------------------------------------------------------
@@ -3879,6 +4094,88 @@ static void test_server_endpoints(void) {
     free(cases);
 }
 
+/* echo with logprobs and prompt_logprobs: the values are the engine's own (run here on the same model and
+ * backend), written as the server writes floats (%.9g) */
+static void test_server_prompt_logprobs(void) {
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    llm_engine *e = engine_new(&cfg);
+    if (!e) return;
+    static const int32_t ids[] = {1, 403, 407, 261, 378}; /* "Once upon a time", BOS first */
+    plp_result *x = (plp_result *)calloc(1, sizeof *x);
+    llm_sampling_params p = greedy(2);
+    p.logprobs = 2; p.prompt_logprobs = 2;
+    plp_run(e, ids, 5, &p, x);
+    llm_engine_destroy(e);
+    char want[2048], *w = want, *end = want + sizeof want;
+    w += snprintf(w, (size_t)(end - w), "\"token_logprobs\":[null");
+    for (int t = 0; t < 4; t++) w += snprintf(w, (size_t)(end - w), ",%.9g", x->plp[t]);
+    char scored[2100];
+    snprintf(scored, sizeof scored, "%s]", want);          /* the prompt alone */
+    for (int t = 0; t < 2; t++) w += snprintf(w, (size_t)(end - w), ",%.9g", x->gen_lp[t]);
+    snprintf(w, (size_t)(end - w), "]");
+    char top[256], plp[512];
+    snprintf(top, sizeof top, "\"top_logprobs\":[null,{\" Once\":%.9g,", x->top[0][0]);
+    snprintf(plp, sizeof plp, "\"prompt_logprobs\":[null,{\"403\":{\"logprob\":%.9g,\"rank\":%d,"
+             "\"decoded_token\":\" Once\"}},{\"407\":{\"logprob\":%.9g,\"rank\":%d,"
+             "\"decoded_token\":\" upon\"}},",
+             x->plp[0], x->ranks[0], x->plp[1], x->ranks[1]);
+    CHECK(x->n_gen == 2 && x->n_plp == 4 && x->top_ids[0][0] == 403 && x->ranks[0] == 1 && x->ranks[1] == 1,
+          "serve: the engine's prompt logprobs of \"Once upon a time\"");
+    test_server s;
+    if (server_start(&s, "") != 0) { server_stop(&s); free(x); return; }
+    /* echo + logprobs: the prompt's tokens first, the first with nulls; offsets into the echoed text */
+    char *r = http_post(s.port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,"
+                        "\"temperature\":0,\"echo\":true,\"logprobs\":2}", NULL);
+    const char *b = http_body(r);
+    CHECK(http_status(r) == 200 &&
+          strstr(b, "\"text\":\"Once upon a time, there\",\"logprobs\":{\"tokens\":"
+                    "[\"<s>\",\" Once\",\" upon\",\" a\",\" time\",\",\",\" there\"],") &&
+          strstr(b, want) && strstr(b, top) && strstr(b, "\"text_offset\":[0,0,4,9,11,16,17]}") &&
+          !strstr(b, "prompt_logprobs"), "serve: echo with logprobs: %s (want %s)", b, want);
+    free(r);
+    /* max_tokens 0 with echo: the prompt scored, nothing generated */
+    r = http_post(s.port, "/v1/completions", "{\"prompt\":[1,403,407,261,378],\"max_tokens\":0,"
+                  "\"echo\":true,\"logprobs\":2}", NULL);
+    b = http_body(r);
+    CHECK(http_status(r) == 200 && strstr(b, "\"text\":\"Once upon a time\",\"logprobs\":{") &&
+          strstr(b, scored) &&
+          strstr(b, "\"text_offset\":[0,0,4,9,11]}") && strstr(b, "\"finish_reason\":\"length\"") &&
+          strstr(b, "\"completion_tokens\":0,"), "serve: scoring (max_tokens 0): %s", b);
+    free(r);
+    /* streaming: the prompt's logprobs in the first chunk */
+    r = http_post(s.port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,"
+                  "\"temperature\":0,\"echo\":true,\"logprobs\":2,\"stream\":true}", NULL);
+    char *ev = dechunk(http_body(r));
+    const char *first = ev ? strstr(ev, "data: ") : NULL;
+    const char *second = first ? strstr(first + 1, "data: ") : NULL;
+    const char *at = first ? strstr(first, "\"token_logprobs\":[null,") : NULL;
+    CHECK(at && second && at < second && !strncmp(at, want, strlen(scored) - 1),
+          "serve: streamed echo with logprobs: %s", ev ? ev : "");
+    free(ev); free(r);
+    /* vLLM's prompt_logprobs, on the choice, on both endpoints */
+    r = http_post(s.port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":1,"
+                  "\"prompt_logprobs\":0}", NULL);
+    b = http_body(r);
+    CHECK(http_status(r) == 200 && strstr(b, plp) && strstr(b, "\"logprobs\":null,") &&
+          strstr(b, "\"finish_reason\":\"length\",\"prompt_logprobs\":[null,{\"403\":"),
+          "serve: prompt_logprobs: %s (want %s)", b, plp);
+    free(r);
+    r = http_post(s.port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":1,"
+                  "\"prompt_logprobs\":2}", NULL);
+    snprintf(plp, sizeof plp, "{\"403\":{\"logprob\":%.9g,\"rank\":1,\"decoded_token\":\" Once\"},\"%d\":"
+             "{\"logprob\":%.9g,\"rank\":2,", x->plp[0], x->top_ids[0][1], x->top[0][1]);
+    CHECK(http_status(r) == 200 && strstr(http_body(r), plp), "serve: prompt_logprobs 2: %s (want %s)", r,
+          plp);
+    free(r);
+    r = http_post(s.port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                  "\"max_tokens\":1,\"prompt_logprobs\":1,\"stream\":true}", NULL);
+    CHECK(http_status(r) == 200 && strstr(r, "\"prompt_logprobs\":[null,{\"") && strstr(r, "\"rank\":"),
+          "serve: chat prompt_logprobs, streamed: %s", r);
+    free(r);
+    CHECK(server_stop(&s) == 0, "serve: prompt logprobs: the server exits cleanly");
+    free(x);
+}
+
 static void test_server_errors(void) {
     test_server s;
     if (server_start(&s, "--api-key sesame --max-queue 2 --request-timeout 1 --max-model-len 64") != 0) {
@@ -3898,6 +4195,12 @@ static void test_server_errors(void) {
         {"{\"prompt\":\"\\ud800\"}", 400, NULL, "the body is not valid JSON: a high surrogate without"},
         {"{\"prompt\":\"\xff\"}", 400, NULL, "invalid UTF-8 in a string"},
         {"{\"prompt\":\"x\",\"max_tokens\":0}", 400, "max_tokens", "max_tokens must be between 1 and"},
+        {"{\"prompt\":\"x\",\"echo\":true,\"max_tokens\":-1}", 400, "max_tokens",
+         "max_tokens must be between 0 and"},
+        {"{\"prompt\":\"x\",\"prompt_logprobs\":21}", 400, "prompt_logprobs",
+         "prompt_logprobs must be between 0 and 20"},
+        {"{\"prompt\":\"x\",\"prompt_logprobs\":true}", 400, "prompt_logprobs",
+         "prompt_logprobs must be a number"},
         {"{\"prompt\":\"x\",\"max_tokens\":\"5\"}", 400, "max_tokens", "max_tokens must be a number"},
         {"{\"prompt\":\"x\",\"max_tokens\":2.5}", 400, "max_tokens", "max_tokens must be an integer"},
         {"{\"prompt\":\"x\",\"n\":0}", 400, "n", "n must be between 1 and 128"},
@@ -5264,12 +5567,12 @@ int main(int argc, char **argv) {
         {"quant dequantization", test_quant_dequant}, {"quant references", test_quant_reference},
         {"quant dot products", test_quant_dots}, {"quant prefill tiles", test_quant_tiles},
         {"quant fast path", test_quant_fast_path},
-        {"quant SmolLM2", test_quant_smollm2},
+        {"quant SmolLM2", test_quant_smollm2}, {"fidelity of the default path", test_fidelity_smollm2},
         {"sampler", test_sampler}, {"block manager", test_block_manager},
         {"batch invariance", test_batch_invariance},
         {"prefix cache", test_prefix_cache}, {"parallel sampling", test_parallel_sampling},
         {"stop conditions", test_stop_conditions}, {"abort and limits", test_abort_and_limits},
-        {"logprobs", test_logprobs},
+        {"logprobs", test_logprobs}, {"prompt logprobs", test_prompt_logprobs},
         {"requests from a thread", test_threads}, {"user pointers", test_user_pointers},
         {"wait for work", test_wait},
         {"backend errors", test_backend_errors},
@@ -5281,7 +5584,8 @@ int main(int argc, char **argv) {
         {"threads for the load", test_threads_for_load},
         {"chat templates", test_chat_templates}, {"chat template detection", test_chat_detect},
         {"chat, piped", test_chat_piped}, {"chat on a terminal", test_chat_terminal},
-        {"server endpoints", test_server_endpoints}, {"server errors", test_server_errors},
+        {"server endpoints", test_server_endpoints}, {"server prompt logprobs", test_server_prompt_logprobs},
+        {"server errors", test_server_errors},
         {"server connections", test_server_connections},
         {"server sampling from the file", test_server_sampling_keys},
         {"llm.h's layout", test_header_layout},
