@@ -1624,10 +1624,13 @@ static void test_fidelity_smollm2(void) {
         kl += d; kl_max = fmax(kl_max, d);
     }
     kl /= P - 1;
-    /* measured on this text (x86-64 with AVX2): top-1 agreement 309 of 318 (97.2%), every one of the 9
+    /* measured on this text (x86-64, AVX-512): top-1 agreement 309 of 318 (97.2%), every one of the 9
      * differences a near tie of the exact path (its top two within 0.28 nats); mean KL 0.00126 nats, the
-     * worst position 0.047. The bounds: agreement 96% (the 98% first asked for is not met by this text),
-     * differences only where the exact path's top two are within 0.5 nats, mean KL under 0.0025 (2x). */
+     * worst position 0.047. llama.cpp (2026, AVX-512/VNNI build) on the same file and the same 319 tokens,
+     * against the same exact path: 97.2% too, mean KL over the top 20 0.00226. The 98% the issue asked for
+     * is met by neither (8-bit activations on a 135M Q4_1 model; 15 positions here are ties within 0.05).
+     * The bounds: agreement 96%, differences only where the exact path's top two are within 0.5 nats, mean
+     * KL under 0.0025 (2x what was measured). */
     printf("fidelity: SmolLM2 Q4_1, the default CPU path against the exact one over %d positions: top-1 "
            "agreement %.2f%% (bound 96%%), differing only where exact's top two are within %.3f nats (bound "
            "0.5), mean KL(exact || default) %.5f nats (bound 0.0025; worst position %.4f)\n", P - 1,
