@@ -317,6 +317,9 @@ typedef struct {
     int n_stop_token_ids;
     int min_tokens;                 /* end of generation and stop ids cannot be sampled before this many */
     int special_text;               /* 1: control tokens' text is output too (vLLM's skip_special_tokens=0) */
+    const int32_t *logit_bias_ids;  /* OpenAI's logit_bias: bias[i] (in [-100, 100]) is added to the logit of */
+    const float *logit_bias;        /* token logit_bias_ids[i] before sampling: -100 keeps it out, +100 */
+    int n_logit_bias;               /* forces it (copied; logprobs stay the model's own) */
 } llm_sampling_params;
 
 llm_sampling_params llm_sampling_defaults(void);
@@ -2948,9 +2951,10 @@ int llm_model_sampling_defaults(const llm_model *m, llm_sampling_params *p, char
 typedef struct llm_request {
     uint64_t id;
     void *user;
-    llm_sampling_params params;     /* its stop strings and stop ids point at the copies below */
+    llm_sampling_params params;     /* its stop strings, stop ids and logit biases point at the copies below */
     char **stop_copies;
-    int32_t *stop_ids_copy;
+    int32_t *stop_ids_copy, *bias_ids_copy;
+    float *bias_copy;
     int n_prompt;
     int refs;                       /* sequences still pointing here */
 } llm_request;
@@ -3134,6 +3138,12 @@ static int llm_request_check(const llm_sampling_params *p, char *err) {
         return llm_fail(err, "at most 16 stop strings");
     if (p->n_stop_token_ids < 0 || (p->n_stop_token_ids && !p->stop_token_ids))
         return llm_fail(err, "n_stop_token_ids without stop_token_ids");
+    if (p->n_logit_bias < 0 || (p->n_logit_bias && (!p->logit_bias_ids || !p->logit_bias)))
+        return llm_fail(err, "n_logit_bias without logit_bias_ids and logit_bias");
+    for (int i = 0; i < p->n_logit_bias; i++)
+        if (!(fabsf(p->logit_bias[i]) <= 100.0f))
+            return llm_fail(err, "logit_bias values must be in [-100, 100], got %g for token %d",
+                            (double)p->logit_bias[i], p->logit_bias_ids[i]);
     return 0;
 }
 
@@ -3148,7 +3158,7 @@ static uint64_t llm_seed_mix(int64_t seed, int index) {
 static void llm_request_unref(llm_request *r) {
     if (--r->refs > 0) return;
     for (int i = 0; i < r->params.n_stop; i++) free(r->stop_copies[i]);
-    free(r->stop_copies); free(r->stop_ids_copy); free(r);
+    free(r->stop_copies); free(r->stop_ids_copy); free(r->bias_ids_copy); free(r->bias_copy); free(r);
 }
 
 static void llm_seq_free(llm_seq *s) {
@@ -3170,8 +3180,10 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *us
         r->params.stop = NULL; r->params.stop_token_ids = NULL; r->params.n_stop = 0;
         r->stop_copies = (char **)calloc((size_t)p->n_stop + 1, sizeof(char *));
         r->stop_ids_copy = (int32_t *)malloc(((size_t)p->n_stop_token_ids + 1) * sizeof(int32_t));
+        r->bias_ids_copy = (int32_t *)malloc(((size_t)p->n_logit_bias + 1) * sizeof(int32_t));
+        r->bias_copy = (float *)malloc(((size_t)p->n_logit_bias + 1) * sizeof(float));
     }
-    int ok = s && r && r->stop_copies && r->stop_ids_copy;
+    int ok = s && r && r->stop_copies && r->stop_ids_copy && r->bias_ids_copy && r->bias_copy;
     if (ok && p->prompt_logprobs >= 0) { /* the rows of prompt tokens 1.., and K alternatives each */
         size_t rows = (size_t)arrlen(ids), k = (size_t)p->prompt_logprobs; /* n_prompt - 1, and a spare */
         s->plp_state = LLM_PLP_PENDING;
@@ -3190,8 +3202,13 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *us
     }
     if (p->n_stop_token_ids)
         memcpy(r->stop_ids_copy, p->stop_token_ids, (size_t)p->n_stop_token_ids * sizeof(int32_t));
+    if (p->n_logit_bias) {
+        memcpy(r->bias_ids_copy, p->logit_bias_ids, (size_t)p->n_logit_bias * sizeof(int32_t));
+        memcpy(r->bias_copy, p->logit_bias, (size_t)p->n_logit_bias * sizeof(float));
+    }
     r->params.stop = (const char *const *)r->stop_copies;
     r->params.stop_token_ids = r->stop_ids_copy;
+    r->params.logit_bias_ids = r->bias_ids_copy; r->params.logit_bias = r->bias_copy;
     s->req = r; s->tokens = ids; s->rng = llm_seed_mix(p->seed, 0); s->fork_pending = p->n > 1;
     s->detok.special = p->special_text != 0;
     s->status = LLM_SEQ_WAITING;
@@ -4599,7 +4616,8 @@ struct llm_engine {
     const int32_t **b_tables;
     float *logits;                  /* [logits_rows][vocab_size] */
     int logits_rows;
-    float *masked_logits;           /* [vocab_size]: a row with the stop tokens masked, for min_tokens */
+    float *masked_logits;           /* [vocab_size]: a row with logit_bias added and, for min_tokens, the stop
+                                     * tokens masked */
     char step_error[LLM_ERR_LEN];   /* why this step's forward pass failed: the error of its outputs */
     llm_output *outputs;
 };
@@ -4738,6 +4756,10 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
                                 int n_prompt_ids, const llm_sampling_params *p, void *user, char *err) {
     const llm_config *c = &e->model.cfg;
     if (llm_request_check(p, err) != 0) return 0;
+    for (int i = 0; i < p->n_logit_bias; i++)
+        if (p->logit_bias_ids[i] < 0 || p->logit_bias_ids[i] >= c->vocab_size)
+            return llm_fail(err, "logit_bias token id %d is outside the vocabulary (0..%d)",
+                            p->logit_bias_ids[i], c->vocab_size - 1), 0;
     /* the prompt's ids: as given, or the text tokenized (llm_tokenize_prompt) */
     int32_t *ids = NULL;
     if (prompt_ids) {
@@ -4961,18 +4983,22 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
         return;
     }
     const float *sample_from = logits;
-    if ((int)arrlen(s->tokens) - n_prompt < p->min_tokens) { /* too early to stop: mask what would stop it */
+    int too_early = (int)arrlen(s->tokens) - n_prompt < p->min_tokens;
+    if (too_early || p->n_logit_bias) { /* the row the request samples from: a copy, biased and masked */
         if (!e->masked_logits && !(e->masked_logits = (float *)malloc((size_t)V * sizeof(float)))) {
-            llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for min_tokens");
+            llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for min_tokens or logit_bias");
             return;
         }
         memcpy(e->masked_logits, logits, (size_t)V * sizeof(float));
+        sample_from = e->masked_logits;
+        for (int i = 0; i < p->n_logit_bias; i++) e->masked_logits[p->logit_bias_ids[i]] += p->logit_bias[i];
+    }
+    if (too_early) { /* too early to stop: mask what would stop it */
         for (int i = 0; i < p->n_stop_token_ids; i++)
             if (p->stop_token_ids[i] >= 0 && p->stop_token_ids[i] < V)
                 e->masked_logits[p->stop_token_ids[i]] = -INFINITY;
         for (ptrdiff_t i = 0; !p->ignore_eos && e->model.tok && i < arrlen(e->model.tok->eog); i++)
             e->masked_logits[e->model.tok->eog[i]] = -INFINITY;
-        sample_from = e->masked_logits;
     }
     int32_t token = llm_sampler_sample(e->sampler, p, sample_from, s->tokens, n_prompt,
                                        (int)arrlen(s->tokens), &s->rng);

@@ -2228,6 +2228,69 @@ static void test_parallel_sampling(void) {
 /* -----------------------------------------------------------------------------------------------------------
  * Stop conditions, abort, rejection, logprobs
  * -------------------------------------------------------------------------------------------------------- */
+/* OpenAI's logit_bias: -100 keeps a token out, +100 forces it, greedy and sampled; logprobs stay the model's
+ * own; the caller's arrays are copied; bad values and ids are refused with the reason. */
+static void test_logit_bias(void) {
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    llm_engine *e = engine_new(&cfg);
+    if (!e) return;
+    run_result *r = (run_result *)calloc(1, sizeof *r);
+    llm_sampling_params p = greedy(16);
+    run_add(e, r, "Once upon a time", NULL, 0, &p);
+    run_engine(e, r);
+    int32_t banned = r->tokens[0][0][0], forced = 300;
+    int n_plain = r->n_tokens[0][0], banned_count = 0;
+    for (int i = 0; i < n_plain; i++) banned_count += r->tokens[0][0][i] == banned;
+    /* -100 on the greedy first token (which comes back more than once unbiased); +100 on one it never picks */
+    int32_t ids[2] = {banned, forced};
+    float bias[2] = {-100.0f, 0.0f};
+    for (int temp = 0; temp < 2; temp++) {
+        for (int seed = 0; seed < (temp ? 4 : 1); seed++) {
+            memset(r, 0, sizeof *r);
+            p = greedy(16);
+            p.temperature = temp ? 1.0f : 0.0f; p.seed = seed;
+            p.logit_bias_ids = ids; p.logit_bias = bias; p.n_logit_bias = 1;
+            run_add(e, r, "Once upon a time", NULL, 0, &p);
+            run_engine(e, r);
+            int seen = 0;
+            for (int i = 0; i < r->n_tokens[0][0]; i++) seen += r->tokens[0][0][i] == banned;
+            CHECK(r->n_tokens[0][0] == 16 && seen == 0, "logit_bias -100 (temp %d, seed %d): token %d %d times "
+                  "(%d times in %d unbiased)", temp, seed, banned, seen, banned_count, n_plain);
+        }
+    }
+    CHECK(banned_count >= 1, "logit_bias: the banned token is the greedy first one (%d)", banned_count);
+    for (int temp = 0; temp < 2; temp++) {
+        memset(r, 0, sizeof *r);
+        p = greedy(8);
+        p.temperature = temp ? 1.0f : 0.0f; p.seed = 7; p.logprobs = 0;
+        bias[0] = 0.0f; bias[1] = 100.0f;
+        p.logit_bias_ids = ids; p.logit_bias = bias; p.n_logit_bias = 2;
+        run_add(e, r, "Once upon a time", NULL, 0, &p);
+        ids[1] = 0; bias[1] = -100.0f; /* scribbled after the call: the request kept its copy */
+        run_engine(e, r);
+        int all = r->n_tokens[0][0] == 8;
+        for (int i = 0; i < r->n_tokens[0][0]; i++) all &= r->tokens[0][0][i] == forced;
+        CHECK(all && r->logprobs[0][0][0] < -1.0f, "logit_bias +100 (temp %d): every token %d, logprob "
+              "the model's own %g", temp, forced, (double)r->logprobs[0][0][0]);
+        ids[1] = forced;
+    }
+    char err[LLM_ERR_LEN] = "";
+    p = greedy(4);
+    bias[0] = 100.5f;
+    p.logit_bias_ids = ids; p.logit_bias = bias; p.n_logit_bias = 1;
+    CHECK(llm_engine_add_request(e, "Once", NULL, 0, &p, NULL, err) == 0 && strstr(err, "[-100, 100]"),
+          "logit_bias 100.5: %s", err);
+    bias[0] = 1.0f; ids[0] = 512;
+    CHECK(llm_engine_add_request(e, "Once", NULL, 0, &p, NULL, err) == 0 && strstr(err, "token id 512"),
+          "logit_bias on token 512 of 512: %s", err);
+    p.logit_bias = NULL;
+    CHECK(llm_engine_add_request(e, "Once", NULL, 0, &p, NULL, err) == 0 && strstr(err, "n_logit_bias"),
+          "n_logit_bias without the arrays: %s", err);
+    CHECK(all_blocks_free(e), "logit_bias: every block back");
+    free(r);
+    llm_engine_destroy(e);
+}
+
 static void test_stop_conditions(void) {
     ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
     int n = load_ref_cases("stories260K-greedy.json", "completion_token_ids", cases, 4);
@@ -5574,7 +5637,7 @@ int main(int argc, char **argv) {
         {"sampler", test_sampler}, {"block manager", test_block_manager},
         {"batch invariance", test_batch_invariance},
         {"prefix cache", test_prefix_cache}, {"parallel sampling", test_parallel_sampling},
-        {"stop conditions", test_stop_conditions}, {"abort and limits", test_abort_and_limits},
+        {"stop conditions", test_stop_conditions}, {"logit bias", test_logit_bias}, {"abort and limits", test_abort_and_limits},
         {"logprobs", test_logprobs}, {"prompt logprobs", test_prompt_logprobs},
         {"requests from a thread", test_threads}, {"user pointers", test_user_pointers},
         {"wait for work", test_wait},
