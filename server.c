@@ -30,6 +30,7 @@
 #define SRV_IDLE_TIMEOUT 120.0            /* seconds a kept-alive connection may sit idle */
 #define SRV_MAX_PROMPTS  1024             /* prompts in one /v1/completions request */
 #define SRV_MAX_STOPS    16
+#define SRV_MAX_UNKNOWN  256              /* unknown request field names logged, each once */
 
 /* ===========================================================================================================
  * Strings that grow: what every response is built in
@@ -567,6 +568,7 @@ typedef struct {
     srv_hist ttft, itl, e2e;
     int64_t next_request;
     llm_sampling_params defaults;   /* the command line's sampling flags: the defaults of every request */
+    char **unknown_fields;          /* stb_ds: the unknown request fields logged already */
 } srv_state;
 
 static volatile sig_atomic_t g_srv_stop;
@@ -776,9 +778,114 @@ static int is_token_id(const srv_state *S, const jv *v) {
     return v->type == J_NUMBER && v->num == floor(v->num) && v->num >= 0 && v->num < S->model->cfg.vocab_size;
 }
 
+/* Fail closed: a field of OpenAI's or vLLM's request (or llama.cpp's structured output) that this server does
+ * not implement is refused with a 400 unless its value asks for nothing (null always means "not given"): a
+ * client that asks for JSON, a tool call or a biased sampling must not get free text it takes for that. */
+static int fv_str(const jv *v, const char *s) { return v && v->type == J_STRING && !strcmp(v->str, s); }
+static int fv_empty(const jv *v) {
+    return !v || v->type == J_NULL || ((v->type == J_ARRAY || v->type == J_OBJECT) && v->n == 0);
+}
+/* The values a row takes (null already accepted); body, for those that depend on other fields. */
+static int fv_any(const jv *v, const jv *b) { (void)v; (void)b; return 1; }
+static int fv_never(const jv *v, const jv *b) { (void)v; (void)b; return 0; }
+static int fv_true(const jv *v, const jv *b) { (void)b; return v->type == J_TRUE; }
+static int fv_false(const jv *v, const jv *b) { (void)b; return v->type == J_FALSE; }
+static int fv_bool(const jv *v, const jv *b) { (void)b; return v->type == J_TRUE || v->type == J_FALSE; }
+static int fv_0(const jv *v, const jv *b) { (void)b; return v->type == J_NUMBER && v->num == 0; }
+static int fv_1(const jv *v, const jv *b) { (void)b; return v->type == J_NUMBER && v->num == 1; }
+static int fv_none(const jv *v, const jv *b) { (void)b; return fv_empty(v) || fv_str(v, ""); } /* [] {} "" */
+static int fv_text(const jv *v, const jv *b) { (void)b; return fv_str(json_get(v, "type"), "text"); }
+static int fv_text_only(const jv *v, const jv *b) {  /* modalities: ["text"] */
+    (void)b;
+    return v->type == J_ARRAY && v->n == 1 && fv_str(&v->items[0], "text");
+}
+static int fv_no_tool(const jv *v, const jv *b) {  /* "none", or "auto" with no tools to choose from */
+    return fv_str(v, "none") ||
+           (fv_str(v, "auto") && fv_empty(json_get(b, "tools")) && fv_empty(json_get(b, "functions")));
+}
+static int fv_best_of(const jv *v, const jv *b) {  /* best of n among n samples: nothing to pick */
+    const jv *n = json_get(b, "n");
+    return v->type == J_NUMBER && (v->num == 1 || (n && n->type == J_NUMBER && v->num == n->num));
+}
+
+enum { F_CMPL = 1 << REQ_COMPLETIONS, F_CHAT = 1 << REQ_CHAT, F_BOTH = F_CMPL | F_CHAT };
+static const struct {
+    const char *name;
+    int endpoints;                                  /* F_CMPL, F_CHAT: where the field is defined */
+    int (*takes)(const jv *v, const jv *b);
+} req_fields[] = {
+    /* implemented: parse_sampling and start_generation check their values */
+    {"model", F_BOTH, fv_any}, {"stream", F_BOTH, fv_any}, {"stream_options", F_BOTH, fv_any},
+    {"temperature", F_BOTH, fv_any}, {"top_p", F_BOTH, fv_any}, {"top_k", F_BOTH, fv_any},
+    {"min_p", F_BOTH, fv_any}, {"n", F_BOTH, fv_any}, {"seed", F_BOTH, fv_any}, {"stop", F_BOTH, fv_any},
+    {"stop_token_ids", F_BOTH, fv_any}, {"presence_penalty", F_BOTH, fv_any},
+    {"frequency_penalty", F_BOTH, fv_any}, {"repetition_penalty", F_BOTH, fv_any},
+    {"ignore_eos", F_BOTH, fv_any}, {"min_tokens", F_BOTH, fv_any}, {"skip_special_tokens", F_BOTH, fv_any},
+    {"max_tokens", F_BOTH, fv_any}, {"logprobs", F_BOTH, fv_any}, {"prompt_logprobs", F_BOTH, fv_any},
+    {"prompt", F_CMPL, fv_any}, {"echo", F_CMPL, fv_any}, {"messages", F_CHAT, fv_any},
+    {"max_completion_tokens", F_CHAT, fv_any}, {"top_logprobs", F_CHAT, fv_any},
+    /* metadata, which changes no output; no tools are ever taken, so none run in parallel */
+    {"user", F_BOTH, fv_any}, {"metadata", F_BOTH, fv_any}, {"store", F_BOTH, fv_any},
+    {"service_tier", F_BOTH, fv_any}, {"request_id", F_BOTH, fv_any}, {"prompt_cache_key", F_CHAT, fv_any},
+    {"safety_identifier", F_CHAT, fv_any}, {"parallel_tool_calls", F_CHAT, fv_any},
+    /* not implemented: only the values that ask for what this server does anyway */
+    {"add_special_tokens", F_CMPL, fv_true},  /* a completion's prompt gets BOS as the vocabulary asks */
+    {"add_special_tokens", F_CHAT, fv_bool},  /* a chat's template writes the special tokens itself */
+    {"echo", F_CHAT, fv_false}, {"add_generation_prompt", F_CHAT, fv_true},
+    {"continue_final_message", F_CHAT, fv_false}, {"include_reasoning", F_CHAT, fv_true},
+    {"include_stop_str_in_output", F_BOTH, fv_false}, {"spaces_between_special_tokens", F_BOTH, fv_true},
+    {"use_beam_search", F_BOTH, fv_false}, {"length_penalty", F_BOTH, fv_1}, {"priority", F_BOTH, fv_0},
+    {"return_tokens_as_token_ids", F_BOTH, fv_false}, {"best_of", F_BOTH, fv_best_of},
+    {"suffix", F_CMPL, fv_none}, {"logit_bias", F_BOTH, fv_none}, {"response_format", F_BOTH, fv_text},
+    {"tools", F_CHAT, fv_none}, {"functions", F_CHAT, fv_none}, {"tool_choice", F_CHAT, fv_no_tool},
+    {"function_call", F_CHAT, fv_no_tool}, {"modalities", F_CHAT, fv_text_only},
+    {"structured_outputs", F_BOTH, fv_none}, {"bad_words", F_BOTH, fv_none},
+    {"logits_processors", F_BOTH, fv_none}, {"vllm_xargs", F_BOTH, fv_none},
+    {"kv_transfer_params", F_BOTH, fv_none}, {"mm_processor_kwargs", F_BOTH, fv_none},
+    {"chat_template_kwargs", F_CHAT, fv_none}, {"documents", F_CHAT, fv_none},
+    /* not implemented, and every value asks for something (guided_json {} is any JSON, [] no token) */
+    {"guided_json", F_BOTH, fv_never}, {"guided_regex", F_BOTH, fv_never},
+    {"guided_choice", F_BOTH, fv_never}, {"guided_grammar", F_BOTH, fv_never},
+    {"guided_decoding_backend", F_BOTH, fv_never}, {"guided_whitespace_pattern", F_BOTH, fv_never},
+    {"structural_tag", F_CHAT, fv_never},
+    {"grammar", F_BOTH, fv_never}, {"json_schema", F_BOTH, fv_never}, {"allowed_token_ids", F_BOTH, fv_never},
+    {"truncate_prompt_tokens", F_BOTH, fv_never}, {"cache_salt", F_BOTH, fv_never},
+    {"prompt_embeds", F_CMPL, fv_never}, {"chat_template", F_CHAT, fv_never}, {"audio", F_CHAT, fv_never},
+    {"prediction", F_CHAT, fv_never}, {"reasoning_effort", F_CHAT, fv_never},
+    {"web_search_options", F_CHAT, fv_never}, {"verbosity", F_CHAT, fv_never},
+};
+
+/* Each field of the body against req_fields. A name no row of this endpoint has is ignored, as vLLM does,
+ * and said once on stderr (the first SRV_MAX_UNKNOWN names: a client cannot grow the list without end). */
+static int check_fields(srv_state *S, const jv *body, int kind, srv_error *e) {
+    for (int i = 0; i < body->n; i++) {
+        const char *key = body->keys[i];
+        const jv *v = &body->items[i];
+        size_t k = 0, n = sizeof req_fields / sizeof req_fields[0];
+        while (k < n && (strcmp(req_fields[k].name, key) || !(req_fields[k].endpoints & 1 << kind))) k++;
+        if (k < n) {
+            if (v->type != J_NULL && !req_fields[k].takes(v, body))
+                return bad(e, 400, key, "%s is not supported by this server (only %s is accepted)", key,
+                           req_fields[k].takes == fv_never ? "null" : "null or its default value");
+            continue;
+        }
+        ptrdiff_t m = 0;
+        while (m < arrlen(S->unknown_fields) && strcmp(S->unknown_fields[m], key)) m++;
+        if (m < arrlen(S->unknown_fields) || m >= SRV_MAX_UNKNOWN) continue;
+        char *copy = strdup(key);
+        if (copy) arrput(S->unknown_fields, copy);
+        sbuf b = {0};
+        sb_json_str(&b, key, strnlen(key, 80));  /* quoted and escaped: the log stays one line */
+        fprintf(stderr, "llm serve: ignoring unknown request field %s\n", b.s ? b.s : "");
+        sb_free(&b);
+    }
+    return 0;
+}
+
 /* The sampling fields both endpoints share (vLLM's extras included), into p and r. */
 static int parse_sampling(srv_state *S, const jv *body, srv_req *r, llm_sampling_params *p, srv_error *e) {
     double x;
+    if (check_fields(S, body, r->kind, e)) return -1;
     *p = S->defaults;
     x = p->temperature;
     if (get_number(body, "temperature", 0, 100, 0, &x, e)) return -1;
@@ -2023,6 +2130,8 @@ out:
     if (S->epoll_fd >= 0) close(S->epoll_fd);
     if (S->wake[0] >= 0) { close(S->wake[0]); close(S->wake[1]); }
     arrfree(S->conns); arrfree(S->live);
+    for (ptrdiff_t i = 0; i < arrlen(S->unknown_fields); i++) free(S->unknown_fields[i]);
+    arrfree(S->unknown_fields);
     free(S->ttft.counts); free(S->itl.counts); free(S->e2e.counts);
     llm_engine_destroy(S->engine);
     free(S);

@@ -4303,6 +4303,94 @@ static void test_server_errors(void) {
                         "{\"messages\":[{\"role\":\"robot\",\"content\":\"x\"}]}", auth);
     CHECK(http_status(r) == 400 && strstr(r, "\"param\":\"messages[0].role\""), "serve: a bad role: %s", r);
     free(r);
+    /* fail closed: a field not implemented is refused (its param, its name in the message) unless its value
+     * asks for nothing; null is "not given"; a field on the endpoint it applies to */
+    static const struct { int chat; const char *field, *value; int status; } fields[] = {
+        {1, "response_format", "{\"type\":\"json_object\"}", 400},
+        {0, "response_format", "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\"}}", 400},
+        {1, "tools", "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", 400},
+        {1, "tool_choice", "\"required\"", 400},
+        {1, "tool_choice", "\"auto\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", 400},
+        {1, "functions", "[{\"name\":\"f\"}]", 400},
+        {1, "function_call", "{\"name\":\"f\"}", 400},
+        {0, "logit_bias", "{\"50\":-100}", 400},
+        {1, "logit_bias", "{\"50\":-100}", 400},
+        {0, "suffix", "\" The end.\"", 400},
+        {0, "best_of", "3", 400},
+        {1, "best_of", "2,\"n\":1", 400},
+        {0, "structured_outputs", "{\"json\":{}}", 400},
+        {0, "guided_json", "{}", 400},
+        {1, "guided_regex", "\"a+\"", 400},
+        {0, "guided_choice", "[\"a\",\"b\"]", 400},
+        {1, "guided_grammar", "\"root ::= [a]\"", 400},
+        {0, "guided_decoding_backend", "\"xgrammar\"", 400},
+        {0, "allowed_token_ids", "[1,2]", 400},
+        {1, "bad_words", "[\"dog\"]", 400},
+        {0, "grammar", "\"root ::= [a]\"", 400},
+        {1, "json_schema", "{\"type\":\"object\"}", 400},
+        {1, "audio", "{\"voice\":\"alloy\",\"format\":\"wav\"}", 400},
+        {1, "modalities", "[\"text\",\"audio\"]", 400},
+        {1, "prediction", "{\"type\":\"content\",\"content\":\"x\"}", 400},
+        {1, "reasoning_effort", "\"low\"", 400},
+        {1, "web_search_options", "{}", 400},
+        {1, "echo", "true", 400},
+        {0, "use_beam_search", "true", 400},
+        {1, "chat_template_kwargs", "{\"enable_thinking\":false}", 400},
+        {1, "response_format", "{\"type\":\"text\"}", 200},
+        {0, "response_format", "{\"type\":\"text\"}", 200},
+        {1, "response_format", "null", 200},
+        {1, "tools", "[]", 200},
+        {1, "tool_choice", "\"none\"", 200},
+        {1, "tool_choice", "\"auto\",\"tools\":[]", 200},
+        {0, "logit_bias", "{}", 200},
+        {1, "logit_bias", "null", 200},
+        {0, "suffix", "null", 200},
+        {0, "suffix", "\"\"", 200},
+        {0, "best_of", "1", 200},
+        {0, "best_of", "2,\"n\":2", 200},
+        {1, "modalities", "[\"text\"]", 200},
+        {0, "guided_json", "null", 200},
+        {0, "user", "\"alice\"", 200},
+        {1, "metadata", "{\"k\":\"v\"}", 200},
+        {1, "store", "false", 200},
+        {1, "service_tier", "\"auto\"", 200},
+        {1, "parallel_tool_calls", "true", 200},
+        {1, "stream_options", "null", 200},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        char body[512], want[2][512];
+        snprintf(body, sizeof body, "{%s,\"max_tokens\":2,\"%s\":%s}", fields[i].chat ?
+                 "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]" : "\"prompt\":\"Once\"",
+                 fields[i].field, fields[i].value);
+        for (int k = 0; k < 2; k++)
+            snprintf(want[k], sizeof want[k], "{\"error\":{\"message\":\"%s is not supported by this server "
+                     "(only null%s is accepted)\",\"type\":\"invalid_request_error\",\"param\":\"%s\","
+                     "\"code\":400}}", fields[i].field, k ? " or its default value" : "", fields[i].field);
+        char *r = http_post(port, fields[i].chat ? "/v1/chat/completions" : "/v1/completions", body, auth);
+        const char *b = http_body(r);
+        CHECK(http_status(r) == fields[i].status && (fields[i].status == 200 ?
+              strstr(b, "\"finish_reason\":\"length\"") != NULL : !strcmp(b, want[0]) || !strcmp(b, want[1])),
+              "serve: %s %s -> %d: %s", fields[i].chat ? "chat" : "completions", body, fields[i].status,
+              r ? r : "");
+        free(r);
+    }
+    /* a field neither OpenAI nor vLLM defines (or one of the other endpoint's) is ignored and said once */
+    const char *unknown[] = {"{\"prompt\":\"Once\",\"max_tokens\":2,\"frobnicate\":1,\"a\\nb\":2}",
+                             "{\"prompt\":\"Once\",\"max_tokens\":2,\"frobnicate\":{}}",
+                             "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":2,"
+                             "\"frobnicate\":1,\"suffix\":\"x\"}"};
+    for (int i = 0; i < 3; i++) {
+        char *r = http_post(port, i == 2 ? "/v1/chat/completions" : "/v1/completions", unknown[i], auth);
+        CHECK(http_status(r) == 200, "serve: an unknown field is ignored: %s", r ? r : "");
+        free(r);
+    }
+    char *log = read_file(s.log, NULL);
+    const char *line = "llm serve: ignoring unknown request field \"frobnicate\"\n";
+    const char *once = log ? strstr(log, line) : NULL;
+    CHECK(once && !strstr(once + 1, line) && strstr(log, "unknown request field \"a\\nb\"\n") &&
+          strstr(log, "unknown request field \"suffix\"\n"), "serve: unknown fields logged once each: %s",
+          log ? log : "");
+    free(log);
     /* 401 without the key (or a wrong one); /health and /metrics stay open */
     r = http_post(port, "/v1/completions", "{\"prompt\":\"x\"}", NULL);
     CHECK(http_status(r) == 401 && strstr(r, "\"type\":\"authentication_error\""), "serve: 401: %s", r);

@@ -3,7 +3,8 @@
 
 Usage: tools/openai_test.py [TESTDATA_DIR]   (make test runs it with the virtual environment's python)
 It starts ./llm serve on a free loopback port, runs the client through completions and chat, streaming and
-not, n > 1, logprobs and an invalid request, stops the server, and prints "N passed, M failed".
+not, n > 1, logprobs, invalid requests and fields refused as not supported, stops the server, and prints
+"N passed, M failed".
 """
 import os, re, signal, subprocess, sys, time
 
@@ -99,6 +100,16 @@ try:
         check(False, "top_p=2 was accepted")
     except openai.BadRequestError as e:
         check("top_p" in str(e), f"BadRequestError: {e}")
+    # fields not implemented are refused, not ignored: asking for JSON must not return free text
+    for kw in ({"response_format": {"type": "json_object"}}, {"logit_bias": {"50": -100}}):
+        field = next(iter(kw))
+        try:
+            client.chat.completions.create(model="stories260K", messages=[{"role": "user", "content": "x"}],
+                                           max_tokens=2, **kw)
+            check(False, f"{field} was accepted")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400 and f"{field} is not supported" in str(e)
+                  and e.param == field, f"BadRequestError: {e}")
     try:
         client.completions.create(model="no-such-model", prompt="x")
         check(False, "an unknown model was accepted")
