@@ -317,9 +317,9 @@ typedef struct {
     int n_stop_token_ids;
     int min_tokens;                 /* end of generation and stop ids cannot be sampled before this many */
     int special_text;               /* 1: control tokens' text is output too (vLLM's skip_special_tokens=0) */
-    const int32_t *logit_bias_ids;  /* OpenAI's logit_bias: bias[i] (in [-100, 100]) is added to the logit of */
-    const float *logit_bias;        /* token logit_bias_ids[i] before sampling: -100 keeps it out, +100 */
-    int n_logit_bias;               /* forces it (copied; logprobs stay the model's own) */
+    const int32_t *logit_bias_ids;  /* OpenAI's logit_bias: bias[i] (in [-100, 100]) is added to the */
+    const float *logit_bias;        /* logit of token logit_bias_ids[i] before sampling: -100 keeps it out, */
+    int n_logit_bias;               /* +100 forces it (copied; logprobs stay the model's own) */
 } llm_sampling_params;
 
 llm_sampling_params llm_sampling_defaults(void);
@@ -2951,7 +2951,7 @@ int llm_model_sampling_defaults(const llm_model *m, llm_sampling_params *p, char
 typedef struct llm_request {
     uint64_t id;
     void *user;
-    llm_sampling_params params;     /* its stop strings, stop ids and logit biases point at the copies below */
+    llm_sampling_params params;     /* its stop strings, stop ids and logit biases point at the copies */
     char **stop_copies;
     int32_t *stop_ids_copy, *bias_ids_copy;
     float *bias_copy;

@@ -513,6 +513,8 @@ struct srv_req {
     int n_stops;
     char *stops[SRV_MAX_STOPS];
     int32_t *stop_ids;              /* stb_ds */
+    int32_t *bias_ids;              /* stb_ds: logit_bias's tokens ... */
+    float *bias;                    /* ... and their biases */
     char error[LLM_ERR_LEN];        /* the first error of a choice (finish reason "error") */
     srv_req *next_done;
 };
@@ -824,6 +826,7 @@ static const struct {
     {"max_tokens", F_BOTH, fv_any}, {"logprobs", F_BOTH, fv_any}, {"prompt_logprobs", F_BOTH, fv_any},
     {"prompt", F_CMPL, fv_any}, {"echo", F_CMPL, fv_any}, {"messages", F_CHAT, fv_any},
     {"max_completion_tokens", F_CHAT, fv_any}, {"top_logprobs", F_CHAT, fv_any},
+    {"logit_bias", F_BOTH, fv_any},
     /* metadata, which changes no output; no tools are ever taken, so none run in parallel */
     {"user", F_BOTH, fv_any}, {"metadata", F_BOTH, fv_any}, {"store", F_BOTH, fv_any},
     {"service_tier", F_BOTH, fv_any}, {"request_id", F_BOTH, fv_any}, {"prompt_cache_key", F_CHAT, fv_any},
@@ -836,7 +839,7 @@ static const struct {
     {"include_stop_str_in_output", F_BOTH, fv_false}, {"spaces_between_special_tokens", F_BOTH, fv_true},
     {"use_beam_search", F_BOTH, fv_false}, {"length_penalty", F_BOTH, fv_1}, {"priority", F_BOTH, fv_0},
     {"return_tokens_as_token_ids", F_BOTH, fv_false}, {"best_of", F_BOTH, fv_best_of},
-    {"suffix", F_CMPL, fv_none}, {"logit_bias", F_BOTH, fv_none}, {"response_format", F_BOTH, fv_text},
+    {"suffix", F_CMPL, fv_none}, {"response_format", F_BOTH, fv_text},
     {"tools", F_CHAT, fv_none}, {"functions", F_CHAT, fv_none}, {"tool_choice", F_CHAT, fv_no_tool},
     {"function_call", F_CHAT, fv_no_tool}, {"modalities", F_CHAT, fv_text_only},
     {"structured_outputs", F_BOTH, fv_none}, {"bad_words", F_BOTH, fv_none},
@@ -945,6 +948,23 @@ static int parse_sampling(srv_state *S, const jv *body, srv_req *r, llm_sampling
         }
     } else if (ids && ids->type != J_NULL)
         return bad(e, 400, "stop_token_ids", "stop_token_ids must be a list");
+    /* OpenAI's logit_bias: {"token id": bias in [-100, 100]}, the ids written as decimal strings */
+    const jv *lb = json_get(body, "logit_bias");
+    if (lb && lb->type == J_OBJECT) {
+        for (int i = 0; i < lb->n; i++) {
+            const char *key = lb->keys[i];
+            char *end;
+            long id = strtol(key, &end, 10);
+            if (!*key || *end || !isdigit((unsigned char)*key) || id >= S->model->cfg.vocab_size)
+                return bad(e, 400, "logit_bias", "logit_bias keys must be token ids (0..%d), got \"%.40s\"",
+                           S->model->cfg.vocab_size - 1, key);
+            const jv *v = &lb->items[i];
+            if (v->type != J_NUMBER || !(fabs(v->num) <= 100))
+                return bad(e, 400, "logit_bias", "logit_bias values must be numbers in [-100, 100]");
+            arrput(r->bias_ids, (int32_t)id); arrput(r->bias, (float)v->num);
+        }
+    } else if (lb && lb->type != J_NULL)
+        return bad(e, 400, "logit_bias", "logit_bias must be an object of token ids to biases");
     const jv *so = json_get(body, "stream_options");
     if (so && so->type == J_OBJECT && get_bool(so, "include_usage", &r->include_usage, e)) return -1;
     if (so && so->type != J_OBJECT && so->type != J_NULL)
@@ -1395,7 +1415,7 @@ static void req_free(srv_req *r) {
         choice_reset_logprobs(&r->choices[i]);
     }
     free(r->prompts); free(r->choices);
-    arrfree(r->stop_ids);
+    arrfree(r->stop_ids); arrfree(r->bias_ids); arrfree(r->bias);
     free(r);
 }
 
@@ -1538,6 +1558,7 @@ static int start_generation(srv_state *S, srv_conn *c, const jv *body, int kind,
     if (check_context(S, r, max_tokens, given, e)) goto fail;
     p.max_tokens = r->score_only ? 1 : given ? max_tokens : 0; /* scoring: the token it computes anyway */
     p.stop_token_ids = r->stop_ids; p.n_stop_token_ids = (int)arrlen(r->stop_ids);
+    p.logit_bias_ids = r->bias_ids; p.logit_bias = r->bias; p.n_logit_bias = (int)arrlen(r->bias_ids);
     if (S->n_queued + r->n_prompts > S->max_queue)
         { bad(e, 503, NULL, "the server is busy: %d requests are waiting (--max-queue %d)", S->n_queued,
               S->max_queue); goto fail; }

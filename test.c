@@ -44,8 +44,8 @@ static char *read_file(const char *path, size_t *len) {
 }
 
 /* ===========================================================================================================
- * Tokenizer: llama.cpp's fixtures in testdata/tokenizer (texts and the ids llama.cpp gives them), the streaming
- * detokenizer, vocabularies made up on the spot
+ * Tokenizer: llama.cpp's fixtures in testdata/tokenizer (texts and the ids llama.cpp gives them), the
+ * streaming detokenizer, vocabularies made up on the spot
  * ======================================================================================================== */
 
 /* Is s[0..n) valid UTF-8? Written apart from the tokenizer's own checker, from the definition: shortest form,
@@ -2241,7 +2241,7 @@ static void test_logit_bias(void) {
     int32_t banned = r->tokens[0][0][0], forced = 300;
     int n_plain = r->n_tokens[0][0], banned_count = 0;
     for (int i = 0; i < n_plain; i++) banned_count += r->tokens[0][0][i] == banned;
-    /* -100 on the greedy first token (which comes back more than once unbiased); +100 on one it never picks */
+    /* -100 on the greedy first token (which comes back more than once unbiased); +100 on one never picked */
     int32_t ids[2] = {banned, forced};
     float bias[2] = {-100.0f, 0.0f};
     for (int temp = 0; temp < 2; temp++) {
@@ -2254,8 +2254,8 @@ static void test_logit_bias(void) {
             run_engine(e, r);
             int seen = 0;
             for (int i = 0; i < r->n_tokens[0][0]; i++) seen += r->tokens[0][0][i] == banned;
-            CHECK(r->n_tokens[0][0] == 16 && seen == 0, "logit_bias -100 (temp %d, seed %d): token %d %d times "
-                  "(%d times in %d unbiased)", temp, seed, banned, seen, banned_count, n_plain);
+            CHECK(r->n_tokens[0][0] == 16 && seen == 0, "logit_bias -100 (temp %d, seed %d): token %d %d "
+                  "times (%d times in %d unbiased)", temp, seed, banned, seen, banned_count, n_plain);
         }
     }
     CHECK(banned_count >= 1, "logit_bias: the banned token is the greedy first one (%d)", banned_count);
@@ -3333,7 +3333,8 @@ static void test_threads_for_load(void) {
     int n = llm_cpu_threads_for_load(&others, 2, "0.00 0.01 0.05 1/120 999\n");
     CHECK(n == 2 && others == 0, "threads: alone (this thread the only one running): %d, %g", n, others);
     n = llm_cpu_threads_for_load(&others, 2, "1.00 1.00 1.00 3/130 1000\n");
-    CHECK(n == 2 && fabs(others - 0.4) < 1e-9, "threads: one step with two others (a blip): %d, %g", n, others);
+    CHECK(n == 2 && fabs(others - 0.4) < 1e-9, "threads: one step with two others (a blip): %d, %g", n,
+          others);
     for (int i = 0; i < 8; i++) n = llm_cpu_threads_for_load(&others, 2, "1.00 1.00 1.00 2/130 1000\n");
     CHECK(n == 1 && others > 0.85 && others < 1.0, "threads: one other busy process: %d, %g", n, others);
     for (int i = 0; i < 8; i++) n = llm_cpu_threads_for_load(&others, 2, "1.00 1.00 1.00 1/130 1000\n");
@@ -4257,6 +4258,15 @@ static void test_server_errors(void) {
         {"{\"prompt\":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[", 400, NULL,
          "nesting too deep"},
         {"{\"prompt\":\"x\"} x", 400, NULL, "more text after the value"},
+        {"{\"prompt\":\"x\",\"logit_bias\":{\"x\":1}}", 400, "logit_bias",
+         "logit_bias keys must be token ids (0..511), got \"x\""},
+        {"{\"prompt\":\"x\",\"logit_bias\":{\"512\":1}}", 400, "logit_bias", "got \"512\""},
+        {"{\"prompt\":\"x\",\"logit_bias\":{\"-1\":1}}", 400, "logit_bias", "got \"-1\""},
+        {"{\"prompt\":\"x\",\"logit_bias\":{\"5\":100.5}}", 400, "logit_bias",
+         "logit_bias values must be numbers in [-100, 100]"},
+        {"{\"prompt\":\"x\",\"logit_bias\":{\"5\":\"1\"}}", 400, "logit_bias", "numbers in [-100, 100]"},
+        {"{\"prompt\":\"x\",\"logit_bias\":[1]}", 400, "logit_bias",
+         "logit_bias must be an object of token ids to biases"},
         {"", 400, NULL, "a value is missing at byte 0"},
         {"{\"prompt\":\"\\ud800\"}", 400, NULL, "the body is not valid JSON: a high surrogate without"},
         {"{\"prompt\":\"\xff\"}", 400, NULL, "invalid UTF-8 in a string"},
@@ -4313,8 +4323,6 @@ static void test_server_errors(void) {
         {1, "tool_choice", "\"auto\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", 400},
         {1, "functions", "[{\"name\":\"f\"}]", 400},
         {1, "function_call", "{\"name\":\"f\"}", 400},
-        {0, "logit_bias", "{\"50\":-100}", 400},
-        {1, "logit_bias", "{\"50\":-100}", 400},
         {0, "suffix", "\" The end.\"", 400},
         {0, "best_of", "3", 400},
         {1, "best_of", "2,\"n\":1", 400},
@@ -4344,6 +4352,8 @@ static void test_server_errors(void) {
         {1, "tool_choice", "\"auto\",\"tools\":[]", 200},
         {0, "logit_bias", "{}", 200},
         {1, "logit_bias", "null", 200},
+        {0, "logit_bias", "{\"50\":-100}", 200},
+        {1, "logit_bias", "{\"50\":-100,\"7\":2.5}", 200},
         {0, "suffix", "null", 200},
         {0, "suffix", "\"\"", 200},
         {0, "best_of", "1", 200},
@@ -4374,6 +4384,17 @@ static void test_server_errors(void) {
               r ? r : "");
         free(r);
     }
+    /* logit_bias +100 forces its token: the greedy text is that token's, four times over (/detokenize's,
+     * after the prompt's token "Once", 403, so that SentencePiece's leading space stays) */
+    char *forced = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":4,"
+                             "\"temperature\":0,\"logit_bias\":{\"300\":100}}", auth);
+    char *four = http_post(port, "/detokenize", "{\"tokens\":[403,300,300,300,300]}", auth);
+    char forced_text[256] = "Once", want[256] = "";
+    json_str(http_body(forced), "text", forced_text + 4, sizeof forced_text - 4);
+    json_str(http_body(four), "prompt", want, sizeof want);
+    CHECK(http_status(forced) == 200 && *want && !strcmp(forced_text, want), "serve: logit_bias +100: \"%s\" "
+          "(want \"%s\"): %s", forced_text, want, forced ? forced : "");
+    free(forced); free(four);
     /* a field neither OpenAI nor vLLM defines (or one of the other endpoint's) is ignored and said once */
     const char *unknown[] = {"{\"prompt\":\"Once\",\"max_tokens\":2,\"frobnicate\":1,\"a\\nb\":2}",
                              "{\"prompt\":\"Once\",\"max_tokens\":2,\"frobnicate\":{}}",
@@ -5725,7 +5746,8 @@ int main(int argc, char **argv) {
         {"sampler", test_sampler}, {"block manager", test_block_manager},
         {"batch invariance", test_batch_invariance},
         {"prefix cache", test_prefix_cache}, {"parallel sampling", test_parallel_sampling},
-        {"stop conditions", test_stop_conditions}, {"logit bias", test_logit_bias}, {"abort and limits", test_abort_and_limits},
+        {"stop conditions", test_stop_conditions}, {"logit bias", test_logit_bias},
+        {"abort and limits", test_abort_and_limits},
         {"logprobs", test_logprobs}, {"prompt logprobs", test_prompt_logprobs},
         {"requests from a thread", test_threads}, {"user pointers", test_user_pointers},
         {"wait for work", test_wait},

@@ -6,7 +6,7 @@ It starts ./llm serve on a free loopback port, runs the client through completio
 not, n > 1, logprobs, invalid requests and fields refused as not supported, stops the server, and prints
 "N passed, M failed".
 """
-import os, re, signal, subprocess, sys, time
+import json, os, re, signal, subprocess, sys, time
 
 import openai
 
@@ -101,15 +101,30 @@ try:
     except openai.BadRequestError as e:
         check("top_p" in str(e), f"BadRequestError: {e}")
     # fields not implemented are refused, not ignored: asking for JSON must not return free text
-    for kw in ({"response_format": {"type": "json_object"}}, {"logit_bias": {"50": -100}}):
+    for kw in ({"response_format": {"type": "json_object"}}, {"suffix": " The end."}):
         field = next(iter(kw))
         try:
-            client.chat.completions.create(model="stories260K", messages=[{"role": "user", "content": "x"}],
-                                           max_tokens=2, **kw)
+            if field == "suffix":
+                client.completions.create(model="stories260K", prompt="x", max_tokens=2, **kw)
+            else:
+                client.chat.completions.create(model="stories260K", messages=[{"role": "user", "content": "x"}],
+                                               max_tokens=2, **kw)
             check(False, f"{field} was accepted")
         except openai.BadRequestError as e:
             check(e.status_code == 400 and f"{field} is not supported" in str(e)
                   and e.param == field, f"BadRequestError: {e}")
+    # logit_bias, OpenAI's meaning: +100 forces a token (300, " ha"); -100 keeps out the greedy first token
+    # (",", llama.cpp's reference), which comes back later in the unbiased text too
+    forced = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=4,
+                                       temperature=0, logit_bias={"300": 100})
+    check(forced.choices[0].text == " ha ha ha ha", f"logit_bias +100: {forced.choices[0].text!r}")
+    with open(os.path.join(testdata, "reference", "stories260K-greedy.json")) as f:
+        comma = json.load(f)[0]["completion_token_ids"][0]
+    banned = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=20,
+                                       temperature=0, logprobs=0, logit_bias={str(comma): -100})
+    toks = banned.choices[0].logprobs.tokens
+    check(len(toks) == 20 and "," not in toks and c.choices[0].text.count(",") >= 1,
+          f"logit_bias -100 on {comma} (','): {toks}")
     try:
         client.completions.create(model="no-such-model", prompt="x")
         check(False, "an unknown model was accepted")
