@@ -320,6 +320,8 @@ typedef struct {
     const int32_t *logit_bias_ids;  /* OpenAI's logit_bias: bias[i] (in [-100, 100]) is added to the */
     const float *logit_bias;        /* logit of token logit_bias_ids[i] before sampling: -100 keeps it out, */
     int n_logit_bias;               /* +100 forces it (copied; logprobs stay the model's own) */
+    const int32_t *allowed_token_ids; /* vLLM's: only these can be sampled (copied); 0 of them: any */
+    int n_allowed_token_ids;
 } llm_sampling_params;
 
 llm_sampling_params llm_sampling_defaults(void);
@@ -2953,7 +2955,7 @@ typedef struct llm_request {
     void *user;
     llm_sampling_params params;     /* its stop strings, stop ids and logit biases point at the copies */
     char **stop_copies;
-    int32_t *stop_ids_copy, *bias_ids_copy;
+    int32_t *stop_ids_copy, *bias_ids_copy, *allowed_copy;
     float *bias_copy;
     int n_prompt;
     int refs;                       /* sequences still pointing here */
@@ -3140,6 +3142,8 @@ static int llm_request_check(const llm_sampling_params *p, char *err) {
         return llm_fail(err, "n_stop_token_ids without stop_token_ids");
     if (p->n_logit_bias < 0 || (p->n_logit_bias && (!p->logit_bias_ids || !p->logit_bias)))
         return llm_fail(err, "n_logit_bias without logit_bias_ids and logit_bias");
+    if (p->n_allowed_token_ids < 0 || (p->n_allowed_token_ids && !p->allowed_token_ids))
+        return llm_fail(err, "n_allowed_token_ids without allowed_token_ids");
     for (int i = 0; i < p->n_logit_bias; i++)
         if (!(fabsf(p->logit_bias[i]) <= 100.0f))
             return llm_fail(err, "logit_bias values must be in [-100, 100], got %g for token %d",
@@ -3158,7 +3162,8 @@ static uint64_t llm_seed_mix(int64_t seed, int index) {
 static void llm_request_unref(llm_request *r) {
     if (--r->refs > 0) return;
     for (int i = 0; i < r->params.n_stop; i++) free(r->stop_copies[i]);
-    free(r->stop_copies); free(r->stop_ids_copy); free(r->bias_ids_copy); free(r->bias_copy); free(r);
+    free(r->stop_copies); free(r->stop_ids_copy); free(r->bias_ids_copy); free(r->bias_copy);
+    free(r->allowed_copy); free(r);
 }
 
 static void llm_seq_free(llm_seq *s) {
@@ -3182,8 +3187,10 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *us
         r->stop_ids_copy = (int32_t *)malloc(((size_t)p->n_stop_token_ids + 1) * sizeof(int32_t));
         r->bias_ids_copy = (int32_t *)malloc(((size_t)p->n_logit_bias + 1) * sizeof(int32_t));
         r->bias_copy = (float *)malloc(((size_t)p->n_logit_bias + 1) * sizeof(float));
+        r->allowed_copy = (int32_t *)malloc(((size_t)p->n_allowed_token_ids + 1) * sizeof(int32_t));
     }
-    int ok = s && r && r->stop_copies && r->stop_ids_copy && r->bias_ids_copy && r->bias_copy;
+    int ok = s && r && r->stop_copies && r->stop_ids_copy && r->bias_ids_copy && r->bias_copy &&
+             r->allowed_copy;
     if (ok && p->prompt_logprobs >= 0) { /* the rows of prompt tokens 1.., and K alternatives each */
         size_t rows = (size_t)arrlen(ids), k = (size_t)p->prompt_logprobs; /* n_prompt - 1, and a spare */
         s->plp_state = LLM_PLP_PENDING;
@@ -3209,6 +3216,9 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *us
     r->params.stop = (const char *const *)r->stop_copies;
     r->params.stop_token_ids = r->stop_ids_copy;
     r->params.logit_bias_ids = r->bias_ids_copy; r->params.logit_bias = r->bias_copy;
+    if (p->n_allowed_token_ids)
+        memcpy(r->allowed_copy, p->allowed_token_ids, (size_t)p->n_allowed_token_ids * sizeof(int32_t));
+    r->params.allowed_token_ids = r->allowed_copy;
     s->req = r; s->tokens = ids; s->rng = llm_seed_mix(p->seed, 0); s->fork_pending = p->n > 1;
     s->detok.special = p->special_text != 0;
     s->status = LLM_SEQ_WAITING;
@@ -4760,6 +4770,10 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
         if (p->logit_bias_ids[i] < 0 || p->logit_bias_ids[i] >= c->vocab_size)
             return llm_fail(err, "logit_bias token id %d is outside the vocabulary (0..%d)",
                             p->logit_bias_ids[i], c->vocab_size - 1), 0;
+    for (int i = 0; i < p->n_allowed_token_ids; i++)
+        if (p->allowed_token_ids[i] < 0 || p->allowed_token_ids[i] >= c->vocab_size)
+            return llm_fail(err, "allowed_token_ids: token id %d is outside the vocabulary (0..%d)",
+                            p->allowed_token_ids[i], c->vocab_size - 1), 0;
     /* the prompt's ids: as given, or the text tokenized (llm_tokenize_prompt) */
     int32_t *ids = NULL;
     if (prompt_ids) {
@@ -4984,12 +4998,18 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
     }
     const float *sample_from = logits;
     int too_early = (int)arrlen(s->tokens) - n_prompt < p->min_tokens;
-    if (too_early || p->n_logit_bias) { /* the row the request samples from: a copy, biased and masked */
+    /* the row the request samples from: a copy, only the allowed ids in it, biased, masked */
+    if (too_early || p->n_logit_bias || p->n_allowed_token_ids) {
         if (!e->masked_logits && !(e->masked_logits = (float *)malloc((size_t)V * sizeof(float)))) {
-            llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for min_tokens or logit_bias");
+            llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for min_tokens, logit_bias or allowed ids");
             return;
         }
-        memcpy(e->masked_logits, logits, (size_t)V * sizeof(float));
+        if (!p->n_allowed_token_ids) memcpy(e->masked_logits, logits, (size_t)V * sizeof(float));
+        else {
+            for (int i = 0; i < V; i++) e->masked_logits[i] = -INFINITY;
+            for (int i = 0; i < p->n_allowed_token_ids; i++)
+                e->masked_logits[p->allowed_token_ids[i]] = logits[p->allowed_token_ids[i]];
+        }
         sample_from = e->masked_logits;
         for (int i = 0; i < p->n_logit_bias; i++) e->masked_logits[p->logit_bias_ids[i]] += p->logit_bias[i];
     }

@@ -515,6 +515,7 @@ struct srv_req {
     int32_t *stop_ids;              /* stb_ds */
     int32_t *bias_ids;              /* stb_ds: logit_bias's tokens ... */
     float *bias;                    /* ... and their biases */
+    int32_t *allowed_ids;           /* stb_ds: vLLM's allowed_token_ids */
     char error[LLM_ERR_LEN];        /* the first error of a choice (finish reason "error") */
     srv_req *next_done;
 };
@@ -826,7 +827,7 @@ static const struct {
     {"max_tokens", F_BOTH, fv_any}, {"logprobs", F_BOTH, fv_any}, {"prompt_logprobs", F_BOTH, fv_any},
     {"prompt", F_CMPL, fv_any}, {"echo", F_CMPL, fv_any}, {"messages", F_CHAT, fv_any},
     {"max_completion_tokens", F_CHAT, fv_any}, {"top_logprobs", F_CHAT, fv_any},
-    {"logit_bias", F_BOTH, fv_any},
+    {"logit_bias", F_BOTH, fv_any}, {"allowed_token_ids", F_BOTH, fv_any},
     /* metadata, which changes no output; no tools are ever taken, so none run in parallel */
     {"user", F_BOTH, fv_any}, {"metadata", F_BOTH, fv_any}, {"store", F_BOTH, fv_any},
     {"service_tier", F_BOTH, fv_any}, {"request_id", F_BOTH, fv_any}, {"prompt_cache_key", F_CHAT, fv_any},
@@ -851,7 +852,7 @@ static const struct {
     {"guided_choice", F_BOTH, fv_never}, {"guided_grammar", F_BOTH, fv_never},
     {"guided_decoding_backend", F_BOTH, fv_never}, {"guided_whitespace_pattern", F_BOTH, fv_never},
     {"structural_tag", F_CHAT, fv_never},
-    {"grammar", F_BOTH, fv_never}, {"json_schema", F_BOTH, fv_never}, {"allowed_token_ids", F_BOTH, fv_never},
+    {"grammar", F_BOTH, fv_never}, {"json_schema", F_BOTH, fv_never},
     {"truncate_prompt_tokens", F_BOTH, fv_never}, {"cache_salt", F_BOTH, fv_never},
     {"prompt_embeds", F_CMPL, fv_never}, {"chat_template", F_CHAT, fv_never}, {"audio", F_CHAT, fv_never},
     {"prediction", F_CHAT, fv_never}, {"reasoning_effort", F_CHAT, fv_never},
@@ -965,6 +966,14 @@ static int parse_sampling(srv_state *S, const jv *body, srv_req *r, llm_sampling
         }
     } else if (lb && lb->type != J_NULL)
         return bad(e, 400, "logit_bias", "logit_bias must be an object of token ids to biases");
+    const jv *allowed = json_get(body, "allowed_token_ids"); /* vLLM's: only these may be sampled */
+    if (allowed && allowed->type != J_NULL) {
+        for (int i = 0; allowed->type == J_ARRAY && i < allowed->n && is_token_id(S, &allowed->items[i]); i++)
+            arrput(r->allowed_ids, (int32_t)allowed->items[i].num);
+        if (allowed->type != J_ARRAY || allowed->n == 0 || arrlen(r->allowed_ids) != allowed->n)
+            return bad(e, 400, "allowed_token_ids", "allowed_token_ids must be a non-empty list of token ids "
+                       "(0..%d)", S->model->cfg.vocab_size - 1);
+    }
     const jv *so = json_get(body, "stream_options");
     if (so && so->type == J_OBJECT && get_bool(so, "include_usage", &r->include_usage, e)) return -1;
     if (so && so->type != J_OBJECT && so->type != J_NULL)
@@ -1415,7 +1424,7 @@ static void req_free(srv_req *r) {
         choice_reset_logprobs(&r->choices[i]);
     }
     free(r->prompts); free(r->choices);
-    arrfree(r->stop_ids); arrfree(r->bias_ids); arrfree(r->bias);
+    arrfree(r->stop_ids); arrfree(r->bias_ids); arrfree(r->bias); arrfree(r->allowed_ids);
     free(r);
 }
 
@@ -1559,6 +1568,7 @@ static int start_generation(srv_state *S, srv_conn *c, const jv *body, int kind,
     p.max_tokens = r->score_only ? 1 : given ? max_tokens : 0; /* scoring: the token it computes anyway */
     p.stop_token_ids = r->stop_ids; p.n_stop_token_ids = (int)arrlen(r->stop_ids);
     p.logit_bias_ids = r->bias_ids; p.logit_bias = r->bias; p.n_logit_bias = (int)arrlen(r->bias_ids);
+    p.allowed_token_ids = r->allowed_ids; p.n_allowed_token_ids = (int)arrlen(r->allowed_ids);
     if (S->n_queued + r->n_prompts > S->max_queue)
         { bad(e, 503, NULL, "the server is busy: %d requests are waiting (--max-queue %d)", S->n_queued,
               S->max_queue); goto fail; }

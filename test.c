@@ -2229,7 +2229,8 @@ static void test_parallel_sampling(void) {
  * Stop conditions, abort, rejection, logprobs
  * -------------------------------------------------------------------------------------------------------- */
 /* OpenAI's logit_bias: -100 keeps a token out, +100 forces it, greedy and sampled; logprobs stay the model's
- * own; the caller's arrays are copied; bad values and ids are refused with the reason. */
+ * own; the caller's arrays are copied; bad values and ids are refused with the reason. vLLM's
+ * allowed_token_ids beside it. */
 static void test_logit_bias(void) {
     llm_engine_config cfg = engine_config("stories260K.gguf");
     llm_engine *e = engine_new(&cfg);
@@ -2274,7 +2275,29 @@ static void test_logit_bias(void) {
               "the model's own %g", temp, forced, (double)r->logprobs[0][0][0]);
         ids[1] = forced;
     }
+    /* vLLM's allowed_token_ids: only those, greedy and sampled; a bias still moves among them */
+    int32_t allowed[3] = {300, 301, banned};
+    for (int temp = 0; temp < 2; temp++) {
+        memset(r, 0, sizeof *r);
+        p = greedy(12);
+        p.temperature = temp ? 1.0f : 0.0f; p.seed = 3;
+        p.allowed_token_ids = allowed; p.n_allowed_token_ids = 3;
+        bias[0] = -100.0f; ids[0] = banned;
+        p.logit_bias_ids = ids; p.logit_bias = bias; p.n_logit_bias = 1;
+        run_add(e, r, "Once upon a time", NULL, 0, &p);
+        run_engine(e, r);
+        int only = r->n_tokens[0][0] == 12;
+        for (int i = 0; i < r->n_tokens[0][0]; i++)
+            only &= r->tokens[0][0][i] == 300 || r->tokens[0][0][i] == 301;
+        CHECK(only, "allowed_token_ids {300, 301, %d} with %d at -100 (temp %d): %d tokens, first %d", banned,
+              banned, temp, r->n_tokens[0][0], r->tokens[0][0][0]);
+    }
     char err[LLM_ERR_LEN] = "";
+    p = greedy(4);
+    allowed[0] = 512;
+    p.allowed_token_ids = allowed; p.n_allowed_token_ids = 1;
+    CHECK(llm_engine_add_request(e, "Once", NULL, 0, &p, NULL, err) == 0 && strstr(err, "token id 512"),
+          "allowed_token_ids with 512 of 512: %s", err);
     p = greedy(4);
     bias[0] = 100.5f;
     p.logit_bias_ids = ids; p.logit_bias = bias; p.n_logit_bias = 1;
@@ -4267,6 +4290,10 @@ static void test_server_errors(void) {
         {"{\"prompt\":\"x\",\"logit_bias\":{\"5\":\"1\"}}", 400, "logit_bias", "numbers in [-100, 100]"},
         {"{\"prompt\":\"x\",\"logit_bias\":[1]}", 400, "logit_bias",
          "logit_bias must be an object of token ids to biases"},
+        {"{\"prompt\":\"x\",\"allowed_token_ids\":[]}", 400, "allowed_token_ids",
+         "allowed_token_ids must be a non-empty list of token ids (0..511)"},
+        {"{\"prompt\":\"x\",\"allowed_token_ids\":[3,512]}", 400, "allowed_token_ids", "non-empty list"},
+        {"{\"prompt\":\"x\",\"allowed_token_ids\":{}}", 400, "allowed_token_ids", "non-empty list"},
         {"", 400, NULL, "a value is missing at byte 0"},
         {"{\"prompt\":\"\\ud800\"}", 400, NULL, "the body is not valid JSON: a high surrogate without"},
         {"{\"prompt\":\"\xff\"}", 400, NULL, "invalid UTF-8 in a string"},
@@ -4332,7 +4359,6 @@ static void test_server_errors(void) {
         {0, "guided_choice", "[\"a\",\"b\"]", 400},
         {1, "guided_grammar", "\"root ::= [a]\"", 400},
         {0, "guided_decoding_backend", "\"xgrammar\"", 400},
-        {0, "allowed_token_ids", "[1,2]", 400},
         {1, "bad_words", "[\"dog\"]", 400},
         {0, "grammar", "\"root ::= [a]\"", 400},
         {1, "json_schema", "{\"type\":\"object\"}", 400},
@@ -4353,6 +4379,7 @@ static void test_server_errors(void) {
         {0, "logit_bias", "{}", 200},
         {1, "logit_bias", "null", 200},
         {0, "logit_bias", "{\"50\":-100}", 200},
+        {0, "allowed_token_ids", "[1,2]", 200},
         {1, "logit_bias", "{\"50\":-100,\"7\":2.5}", 200},
         {0, "suffix", "null", 200},
         {0, "suffix", "\"\"", 200},
@@ -4394,6 +4421,14 @@ static void test_server_errors(void) {
     json_str(http_body(four), "prompt", want, sizeof want);
     CHECK(http_status(forced) == 200 && *want && !strcmp(forced_text, want), "serve: logit_bias +100: \"%s\" "
           "(want \"%s\"): %s", forced_text, want, forced ? forced : "");
+    free(forced);
+    /* allowed_token_ids [300]: the same text */
+    forced = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":4,\"temperature\":0.7,"
+                       "\"seed\":5,\"allowed_token_ids\":[300]}", auth);
+    strcpy(forced_text, "Once");
+    json_str(http_body(forced), "text", forced_text + 4, sizeof forced_text - 4);
+    CHECK(http_status(forced) == 200 && *want && !strcmp(forced_text, want),
+          "serve: allowed_token_ids [300]: \"%s\" (want \"%s\"): %s", forced_text, want, forced ? forced : "");
     free(forced); free(four);
     /* a field neither OpenAI nor vLLM defines (or one of the other endpoint's) is ignored and said once */
     const char *unknown[] = {"{\"prompt\":\"Once\",\"max_tokens\":2,\"frobnicate\":1,\"a\\nb\":2}",
