@@ -4626,8 +4626,8 @@ struct llm_engine {
     const int32_t **b_tables;
     float *logits;                  /* [logits_rows][vocab_size] */
     int logits_rows;
-    float *masked_logits;           /* [vocab_size]: a row with logit_bias added and, for min_tokens, the stop
-                                     * tokens masked */
+    float *masked_logits;           /* [vocab_size]: the row a request samples from when it is adjusted: its
+                                     * allowed ids only, logit_bias added, for min_tokens the stop ids out */
     char step_error[LLM_ERR_LEN];   /* why this step's forward pass failed: the error of its outputs */
     llm_output *outputs;
 };
