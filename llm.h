@@ -322,6 +322,9 @@ typedef struct {
     int n_logit_bias;               /* +100 forces it (copied; logprobs stay the model's own) */
     const int32_t *allowed_token_ids; /* vLLM's: only these can be sampled (copied); 0 of them: any */
     int n_allowed_token_ids;
+    const int32_t *bad_word_ids;    /* vLLM's bad_words as token sequences, one after another (copied): a */
+    const int32_t *bad_word_lens;   /* word's last token cannot be sampled when the output ends with the */
+    int n_bad_words;                /* rest of it (a word of one token never) */
 } llm_sampling_params;
 
 llm_sampling_params llm_sampling_defaults(void);
@@ -2955,7 +2958,7 @@ typedef struct llm_request {
     void *user;
     llm_sampling_params params;     /* its stop strings, stop ids and logit biases point at the copies */
     char **stop_copies;
-    int32_t *stop_ids_copy, *bias_ids_copy, *allowed_copy;
+    int32_t *stop_ids_copy, *bias_ids_copy, *allowed_copy, *bad_ids_copy, *bad_lens_copy;
     float *bias_copy;
     int n_prompt;
     int refs;                       /* sequences still pointing here */
@@ -3119,6 +3122,13 @@ static void llm_schedule(llm_scheduler *sch) {
 }
 
 /* ---- Sequences: made from a request, forked, named in the prefix cache, freed -------------------------- */
+/* The tokens of all of a request's bad words (their lengths checked first) */
+static int64_t llm_bad_words_total(const llm_sampling_params *p) {
+    int64_t n = 0;
+    for (int i = 0; i < p->n_bad_words; i++) n += p->bad_word_lens[i];
+    return n;
+}
+
 /* Rejects parameters that could never run, with the reason. */
 static int llm_request_check(const llm_sampling_params *p, char *err) {
     if (p->n < 1 || p->n > 128) return llm_fail(err, "n must be between 1 and 128, got %d", p->n);
@@ -3144,6 +3154,11 @@ static int llm_request_check(const llm_sampling_params *p, char *err) {
         return llm_fail(err, "n_logit_bias without logit_bias_ids and logit_bias");
     if (p->n_allowed_token_ids < 0 || (p->n_allowed_token_ids && !p->allowed_token_ids))
         return llm_fail(err, "n_allowed_token_ids without allowed_token_ids");
+    if (p->n_bad_words < 0 || (p->n_bad_words && (!p->bad_word_ids || !p->bad_word_lens)))
+        return llm_fail(err, "n_bad_words without bad_word_ids and bad_word_lens");
+    for (int i = 0; i < p->n_bad_words; i++)
+        if (p->bad_word_lens[i] < 1 || p->bad_word_lens[i] > 4096)
+            return llm_fail(err, "bad word %d has %d tokens (1 to 4096)", i, p->bad_word_lens[i]);
     for (int i = 0; i < p->n_logit_bias; i++)
         if (!(fabsf(p->logit_bias[i]) <= 100.0f))
             return llm_fail(err, "logit_bias values must be in [-100, 100], got %g for token %d",
@@ -3163,7 +3178,7 @@ static void llm_request_unref(llm_request *r) {
     if (--r->refs > 0) return;
     for (int i = 0; i < r->params.n_stop; i++) free(r->stop_copies[i]);
     free(r->stop_copies); free(r->stop_ids_copy); free(r->bias_ids_copy); free(r->bias_copy);
-    free(r->allowed_copy); free(r);
+    free(r->allowed_copy); free(r->bad_ids_copy); free(r->bad_lens_copy); free(r);
 }
 
 static void llm_seq_free(llm_seq *s) {
@@ -3188,9 +3203,11 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *us
         r->bias_ids_copy = (int32_t *)malloc(((size_t)p->n_logit_bias + 1) * sizeof(int32_t));
         r->bias_copy = (float *)malloc(((size_t)p->n_logit_bias + 1) * sizeof(float));
         r->allowed_copy = (int32_t *)malloc(((size_t)p->n_allowed_token_ids + 1) * sizeof(int32_t));
+        r->bad_ids_copy = (int32_t *)malloc(((size_t)llm_bad_words_total(p) + 1) * sizeof(int32_t));
+        r->bad_lens_copy = (int32_t *)malloc(((size_t)p->n_bad_words + 1) * sizeof(int32_t));
     }
     int ok = s && r && r->stop_copies && r->stop_ids_copy && r->bias_ids_copy && r->bias_copy &&
-             r->allowed_copy;
+             r->allowed_copy && r->bad_ids_copy && r->bad_lens_copy;
     if (ok && p->prompt_logprobs >= 0) { /* the rows of prompt tokens 1.., and K alternatives each */
         size_t rows = (size_t)arrlen(ids), k = (size_t)p->prompt_logprobs; /* n_prompt - 1, and a spare */
         s->plp_state = LLM_PLP_PENDING;
@@ -3219,6 +3236,11 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *us
     if (p->n_allowed_token_ids)
         memcpy(r->allowed_copy, p->allowed_token_ids, (size_t)p->n_allowed_token_ids * sizeof(int32_t));
     r->params.allowed_token_ids = r->allowed_copy;
+    if (p->n_bad_words) {
+        memcpy(r->bad_ids_copy, p->bad_word_ids, (size_t)llm_bad_words_total(p) * sizeof(int32_t));
+        memcpy(r->bad_lens_copy, p->bad_word_lens, (size_t)p->n_bad_words * sizeof(int32_t));
+    }
+    r->params.bad_word_ids = r->bad_ids_copy; r->params.bad_word_lens = r->bad_lens_copy;
     s->req = r; s->tokens = ids; s->rng = llm_seed_mix(p->seed, 0); s->fork_pending = p->n > 1;
     s->detok.special = p->special_text != 0;
     s->status = LLM_SEQ_WAITING;
@@ -4627,7 +4649,8 @@ struct llm_engine {
     float *logits;                  /* [logits_rows][vocab_size] */
     int logits_rows;
     float *masked_logits;           /* [vocab_size]: the row a request samples from when it is adjusted: its
-                                     * allowed ids only, logit_bias added, for min_tokens the stop ids out */
+                                     * allowed ids only, logit_bias added, bad words and (for min_tokens) the
+                                     * stop ids out */
     char step_error[LLM_ERR_LEN];   /* why this step's forward pass failed: the error of its outputs */
     llm_output *outputs;
 };
@@ -4774,6 +4797,10 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
         if (p->allowed_token_ids[i] < 0 || p->allowed_token_ids[i] >= c->vocab_size)
             return llm_fail(err, "allowed_token_ids: token id %d is outside the vocabulary (0..%d)",
                             p->allowed_token_ids[i], c->vocab_size - 1), 0;
+    for (int64_t i = 0, n = llm_bad_words_total(p); i < n; i++)
+        if (p->bad_word_ids[i] < 0 || p->bad_word_ids[i] >= c->vocab_size)
+            return llm_fail(err, "bad_words: token id %d is outside the vocabulary (0..%d)",
+                            p->bad_word_ids[i], c->vocab_size - 1), 0;
     /* the prompt's ids: as given, or the text tokenized (llm_tokenize_prompt) */
     int32_t *ids = NULL;
     if (prompt_ids) {
@@ -4999,7 +5026,7 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
     const float *sample_from = logits;
     int too_early = (int)arrlen(s->tokens) - n_prompt < p->min_tokens;
     /* the row the request samples from: a copy, only the allowed ids in it, biased, masked */
-    if (too_early || p->n_logit_bias || p->n_allowed_token_ids) {
+    if (too_early || p->n_logit_bias || p->n_allowed_token_ids || p->n_bad_words) {
         if (!e->masked_logits && !(e->masked_logits = (float *)malloc((size_t)V * sizeof(float)))) {
             llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for min_tokens, logit_bias or allowed ids");
             return;
@@ -5012,6 +5039,15 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
         }
         sample_from = e->masked_logits;
         for (int i = 0; i < p->n_logit_bias; i++) e->masked_logits[p->logit_bias_ids[i]] += p->logit_bias[i];
+        /* a bad word's last token, where the output so far ends with the rest of the word (as vLLM: the
+         * output's tokens only, not the prompt's) */
+        const int32_t *word = p->bad_word_ids, *out = s->tokens + n_prompt;
+        int n_out = (int)arrlen(s->tokens) - n_prompt;
+        for (int i = 0; i < p->n_bad_words; word += p->bad_word_lens[i], i++) {
+            int rest = p->bad_word_lens[i] - 1;
+            if (rest <= n_out && !memcmp(out + n_out - rest, word, (size_t)rest * sizeof(int32_t)))
+                e->masked_logits[word[rest]] = -INFINITY;
+        }
     }
     if (too_early) { /* too early to stop: mask what would stop it */
         for (int i = 0; i < p->n_stop_token_ids; i++)

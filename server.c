@@ -516,6 +516,7 @@ struct srv_req {
     int32_t *bias_ids;              /* stb_ds: logit_bias's tokens ... */
     float *bias;                    /* ... and their biases */
     int32_t *allowed_ids;           /* stb_ds: vLLM's allowed_token_ids */
+    int32_t *bad_ids, *bad_lens;    /* stb_ds: vLLM's bad_words, tokenized */
     char error[LLM_ERR_LEN];        /* the first error of a choice (finish reason "error") */
     srv_req *next_done;
 };
@@ -827,7 +828,7 @@ static const struct {
     {"max_tokens", F_BOTH, fv_any}, {"logprobs", F_BOTH, fv_any}, {"prompt_logprobs", F_BOTH, fv_any},
     {"prompt", F_CMPL, fv_any}, {"echo", F_CMPL, fv_any}, {"messages", F_CHAT, fv_any},
     {"max_completion_tokens", F_CHAT, fv_any}, {"top_logprobs", F_CHAT, fv_any},
-    {"logit_bias", F_BOTH, fv_any}, {"allowed_token_ids", F_BOTH, fv_any},
+    {"logit_bias", F_BOTH, fv_any}, {"allowed_token_ids", F_BOTH, fv_any}, {"bad_words", F_BOTH, fv_any},
     /* metadata, which changes no output; no tools are ever taken, so none run in parallel */
     {"user", F_BOTH, fv_any}, {"metadata", F_BOTH, fv_any}, {"store", F_BOTH, fv_any},
     {"service_tier", F_BOTH, fv_any}, {"request_id", F_BOTH, fv_any}, {"prompt_cache_key", F_CHAT, fv_any},
@@ -843,7 +844,7 @@ static const struct {
     {"suffix", F_CMPL, fv_none}, {"response_format", F_BOTH, fv_text},
     {"tools", F_CHAT, fv_none}, {"functions", F_CHAT, fv_none}, {"tool_choice", F_CHAT, fv_no_tool},
     {"function_call", F_CHAT, fv_no_tool}, {"modalities", F_CHAT, fv_text_only},
-    {"structured_outputs", F_BOTH, fv_none}, {"bad_words", F_BOTH, fv_none},
+    {"structured_outputs", F_BOTH, fv_none},
     {"logits_processors", F_BOTH, fv_none}, {"vllm_xargs", F_BOTH, fv_none},
     {"kv_transfer_params", F_BOTH, fv_none}, {"mm_processor_kwargs", F_BOTH, fv_none},
     {"chat_template_kwargs", F_CHAT, fv_none}, {"documents", F_CHAT, fv_none},
@@ -885,6 +886,8 @@ static int check_fields(srv_state *S, const jv *body, int kind, srv_error *e) {
     }
     return 0;
 }
+
+static int tokenize_text(srv_state *S, const char *text, size_t len, int add_special, int32_t **ids);
 
 /* The sampling fields both endpoints share (vLLM's extras included), into p and r. */
 static int parse_sampling(srv_state *S, const jv *body, srv_req *r, llm_sampling_params *p, srv_error *e) {
@@ -973,6 +976,31 @@ static int parse_sampling(srv_state *S, const jv *body, srv_req *r, llm_sampling
         if (allowed->type != J_ARRAY || allowed->n == 0 || arrlen(r->allowed_ids) != allowed->n)
             return bad(e, 400, "allowed_token_ids", "allowed_token_ids must be a non-empty list of token ids "
                        "(0..%d)", S->model->cfg.vocab_size - 1);
+    }
+    /* vLLM's bad_words: each word's tokens, as it starts the text and after a space (as vLLM tokenizes it) */
+    const jv *words = json_get(body, "bad_words");
+    if (words && words->type != J_NULL) {
+        if (words->type != J_ARRAY) return bad(e, 400, "bad_words", "bad_words must be a list of strings");
+        if (!S->model->tok) return bad(e, 400, "bad_words", "bad_words needs a model with a tokenizer");
+        for (int i = 0; i < words->n; i++) {
+            const jv *w = &words->items[i];
+            size_t skip = 0;
+            while (w->type == J_STRING && skip < w->len && isspace((unsigned char)w->str[skip])) skip++;
+            if (w->type != J_STRING || skip == w->len)
+                return bad(e, 400, "bad_words", "bad_words must be a list of strings with a word in each");
+            for (int space = 0; space < 2; space++) {
+                sbuf text = {0};
+                int32_t *ids = NULL;
+                if (space) sb_puts(&text, " ");
+                sb_put(&text, w->str + skip, w->len - skip);
+                int failed = !text.s || text.failed || tokenize_text(S, text.s, text.len, 0, &ids) != 0 ||
+                             arrlen(ids) == 0;
+                for (ptrdiff_t k = 0; !failed && k < arrlen(ids); k++) arrput(r->bad_ids, ids[k]);
+                if (!failed) arrput(r->bad_lens, (int32_t)arrlen(ids));
+                sb_free(&text); arrfree(ids);
+                if (failed) return bad(e, 400, "bad_words", "bad_words[%d] could not be tokenized", i);
+            }
+        }
     }
     const jv *so = json_get(body, "stream_options");
     if (so && so->type == J_OBJECT && get_bool(so, "include_usage", &r->include_usage, e)) return -1;
@@ -1425,6 +1453,7 @@ static void req_free(srv_req *r) {
     }
     free(r->prompts); free(r->choices);
     arrfree(r->stop_ids); arrfree(r->bias_ids); arrfree(r->bias); arrfree(r->allowed_ids);
+    arrfree(r->bad_ids); arrfree(r->bad_lens);
     free(r);
 }
 
@@ -1569,6 +1598,7 @@ static int start_generation(srv_state *S, srv_conn *c, const jv *body, int kind,
     p.stop_token_ids = r->stop_ids; p.n_stop_token_ids = (int)arrlen(r->stop_ids);
     p.logit_bias_ids = r->bias_ids; p.logit_bias = r->bias; p.n_logit_bias = (int)arrlen(r->bias_ids);
     p.allowed_token_ids = r->allowed_ids; p.n_allowed_token_ids = (int)arrlen(r->allowed_ids);
+    p.bad_word_ids = r->bad_ids; p.bad_word_lens = r->bad_lens; p.n_bad_words = (int)arrlen(r->bad_lens);
     if (S->n_queued + r->n_prompts > S->max_queue)
         { bad(e, 503, NULL, "the server is busy: %d requests are waiting (--max-queue %d)", S->n_queued,
               S->max_queue); goto fail; }

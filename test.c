@@ -2292,7 +2292,42 @@ static void test_logit_bias(void) {
         CHECK(only, "allowed_token_ids {300, 301, %d} with %d at -100 (temp %d): %d tokens, first %d", banned,
               banned, temp, r->n_tokens[0][0], r->tokens[0][0][0]);
     }
+    /* vLLM's bad_words, as token sequences: one token never comes; a pair's second never follows its first
+     * in the output; a pair whose first token is the prompt's last bans nothing (the output's tokens only) */
+    int32_t plain[16];
+    memset(r, 0, sizeof *r);
+    p = greedy(16);
+    run_add(e, r, "Once upon a time", NULL, 0, &p);
+    run_engine(e, r);
+    memcpy(plain, r->tokens[0][0], sizeof plain);
+    int32_t time_id = 378; /* "▁time", the prompt's last token */
+    int32_t words[5] = {plain[0], plain[1], plain[2], time_id, plain[0]}, lens[3] = {1, 2, 2};
+    for (int w = 0; w < 3; w++) {
+        memset(r, 0, sizeof *r);
+        p = greedy(16);
+        p.bad_word_ids = words + (w == 0 ? 0 : w == 1 ? 1 : 3); p.bad_word_lens = lens + w; p.n_bad_words = 1;
+        run_add(e, r, "Once upon a time", NULL, 0, &p);
+        run_engine(e, r);
+        const int32_t *got = r->tokens[0][0];
+        int n = r->n_tokens[0][0], found = 0;
+        for (int i = 0; i < n; i++)
+            found += w == 0 ? got[i] == plain[0] : i > 0 && got[i - 1] == plain[1] && got[i] == plain[2];
+        int part = w == 0 ? 0 : 2; /* where the output must leave the unbiased one */
+        if (w < 2)
+            CHECK(n == 16 && found == 0 && !memcmp(got, plain, (size_t)part * sizeof(int32_t)) &&
+                  got[part] != plain[part], "bad_words %d: %d found, parted at %d", w, found, part);
+        else
+            CHECK(n == 16 && !memcmp(got, plain, sizeof plain), "bad_words [time ,]: nothing banned");
+    }
     char err[LLM_ERR_LEN] = "";
+    p = greedy(4);
+    lens[0] = 0;
+    p.bad_word_ids = words; p.bad_word_lens = lens; p.n_bad_words = 1;
+    CHECK(llm_engine_add_request(e, "Once", NULL, 0, &p, NULL, err) == 0 && strstr(err, "has 0 tokens"),
+          "a bad word of 0 tokens: %s", err);
+    lens[0] = 1; words[0] = 512;
+    CHECK(llm_engine_add_request(e, "Once", NULL, 0, &p, NULL, err) == 0 && strstr(err, "token id 512"),
+          "a bad word of token 512 of 512: %s", err);
     p = greedy(4);
     allowed[0] = 512;
     p.allowed_token_ids = allowed; p.n_allowed_token_ids = 1;
@@ -4294,6 +4329,10 @@ static void test_server_errors(void) {
          "allowed_token_ids must be a non-empty list of token ids (0..511)"},
         {"{\"prompt\":\"x\",\"allowed_token_ids\":[3,512]}", 400, "allowed_token_ids", "non-empty list"},
         {"{\"prompt\":\"x\",\"allowed_token_ids\":{}}", 400, "allowed_token_ids", "non-empty list"},
+        {"{\"prompt\":\"x\",\"bad_words\":\"dog\"}", 400, "bad_words", "bad_words must be a list of strings"},
+        {"{\"prompt\":\"x\",\"bad_words\":[\"dog\",\"  \"]}", 400, "bad_words",
+         "bad_words must be a list of strings with a word in each"},
+        {"{\"prompt\":\"x\",\"bad_words\":[3]}", 400, "bad_words", "with a word in each"},
         {"", 400, NULL, "a value is missing at byte 0"},
         {"{\"prompt\":\"\\ud800\"}", 400, NULL, "the body is not valid JSON: a high surrogate without"},
         {"{\"prompt\":\"\xff\"}", 400, NULL, "invalid UTF-8 in a string"},
@@ -4359,7 +4398,6 @@ static void test_server_errors(void) {
         {0, "guided_choice", "[\"a\",\"b\"]", 400},
         {1, "guided_grammar", "\"root ::= [a]\"", 400},
         {0, "guided_decoding_backend", "\"xgrammar\"", 400},
-        {1, "bad_words", "[\"dog\"]", 400},
         {0, "grammar", "\"root ::= [a]\"", 400},
         {1, "json_schema", "{\"type\":\"object\"}", 400},
         {1, "audio", "{\"voice\":\"alloy\",\"format\":\"wav\"}", 400},
@@ -4380,6 +4418,7 @@ static void test_server_errors(void) {
         {1, "logit_bias", "null", 200},
         {0, "logit_bias", "{\"50\":-100}", 200},
         {0, "allowed_token_ids", "[1,2]", 200},
+        {1, "bad_words", "[\"dog\",\" big cat\"]", 200},
         {1, "logit_bias", "{\"50\":-100,\"7\":2.5}", 200},
         {0, "suffix", "null", 200},
         {0, "suffix", "\"\"", 200},
@@ -4422,6 +4461,21 @@ static void test_server_errors(void) {
     CHECK(http_status(forced) == 200 && *want && !strcmp(forced_text, want), "serve: logit_bias +100: \"%s\" "
           "(want \"%s\"): %s", forced_text, want, forced ? forced : "");
     free(forced);
+    /* bad_words: the greedy text (", there was a little girl named Lily. She loved to play outside ...")
+     * without "girl" (one token, " girl") and without "play outside" (two): never written */
+    char *plain_r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,"
+                              "\"temperature\":0}", auth);
+    char *no_words = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":24,"
+                               "\"temperature\":0,\"bad_words\":[\"girl\",\"play outside\"]}", auth);
+    char plain_text[512] = "", no_words_text[512] = "";
+    json_str(http_body(plain_r), "text", plain_text, sizeof plain_text);
+    json_str(http_body(no_words), "text", no_words_text, sizeof no_words_text);
+    CHECK(strstr(plain_text, ", there was a little girl named") == plain_text &&
+          strstr(plain_text, "play outside") && http_status(no_words) == 200 &&
+          strstr(no_words_text, ", there was a little ") == no_words_text && !strstr(no_words_text, "girl") &&
+          !strstr(no_words_text, "play outside"),
+          "serve: bad_words: \"%s\" then \"%s\"", plain_text, no_words_text);
+    free(plain_r); free(no_words);
     /* allowed_token_ids [300]: the same text */
     forced = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":4,\"temperature\":0.7,"
                        "\"seed\":5,\"allowed_token_ids\":[300]}", auth);
