@@ -3192,6 +3192,13 @@ static void llm_seq_free(llm_seq *s) {
 
 /* A request and its first sequence, which takes the prompt's ids (an stb_ds array). The caller's stop strings
  * and stop ids are copied: the request outlives the call. NULL when out of memory (ids freed). */
+/* A copy of n values of size bytes each (room for one more, so that n = 0 is not a NULL) */
+static void *llm_copy_of(const void *src, int64_t n, size_t size) {
+    void *copy = malloc(((size_t)n + 1) * size);
+    if (copy && n > 0) memcpy(copy, src, (size_t)n * size);
+    return copy;
+}
+
 static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *user) {
     llm_request *r = (llm_request *)calloc(1, sizeof *r);
     llm_seq *s = (llm_seq *)calloc(1, sizeof *s);
@@ -3199,12 +3206,12 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *us
         r->params = *p; r->user = user; r->n_prompt = (int)arrlen(ids); r->refs = 1;
         r->params.stop = NULL; r->params.stop_token_ids = NULL; r->params.n_stop = 0;
         r->stop_copies = (char **)calloc((size_t)p->n_stop + 1, sizeof(char *));
-        r->stop_ids_copy = (int32_t *)malloc(((size_t)p->n_stop_token_ids + 1) * sizeof(int32_t));
-        r->bias_ids_copy = (int32_t *)malloc(((size_t)p->n_logit_bias + 1) * sizeof(int32_t));
-        r->bias_copy = (float *)malloc(((size_t)p->n_logit_bias + 1) * sizeof(float));
-        r->allowed_copy = (int32_t *)malloc(((size_t)p->n_allowed_token_ids + 1) * sizeof(int32_t));
-        r->bad_ids_copy = (int32_t *)malloc(((size_t)llm_bad_words_total(p) + 1) * sizeof(int32_t));
-        r->bad_lens_copy = (int32_t *)malloc(((size_t)p->n_bad_words + 1) * sizeof(int32_t));
+        r->stop_ids_copy = (int32_t *)llm_copy_of(p->stop_token_ids, p->n_stop_token_ids, sizeof(int32_t));
+        r->bias_ids_copy = (int32_t *)llm_copy_of(p->logit_bias_ids, p->n_logit_bias, sizeof(int32_t));
+        r->bias_copy = (float *)llm_copy_of(p->logit_bias, p->n_logit_bias, sizeof(float));
+        r->allowed_copy = (int32_t *)llm_copy_of(p->allowed_token_ids, p->n_allowed_token_ids, sizeof(int32_t));
+        r->bad_ids_copy = (int32_t *)llm_copy_of(p->bad_word_ids, llm_bad_words_total(p), sizeof(int32_t));
+        r->bad_lens_copy = (int32_t *)llm_copy_of(p->bad_word_lens, p->n_bad_words, sizeof(int32_t));
     }
     int ok = s && r && r->stop_copies && r->stop_ids_copy && r->bias_ids_copy && r->bias_copy &&
              r->allowed_copy && r->bad_ids_copy && r->bad_lens_copy;
@@ -3224,22 +3231,10 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *us
         free(s); arrfree(ids);
         return NULL;
     }
-    if (p->n_stop_token_ids)
-        memcpy(r->stop_ids_copy, p->stop_token_ids, (size_t)p->n_stop_token_ids * sizeof(int32_t));
-    if (p->n_logit_bias) {
-        memcpy(r->bias_ids_copy, p->logit_bias_ids, (size_t)p->n_logit_bias * sizeof(int32_t));
-        memcpy(r->bias_copy, p->logit_bias, (size_t)p->n_logit_bias * sizeof(float));
-    }
     r->params.stop = (const char *const *)r->stop_copies;
     r->params.stop_token_ids = r->stop_ids_copy;
     r->params.logit_bias_ids = r->bias_ids_copy; r->params.logit_bias = r->bias_copy;
-    if (p->n_allowed_token_ids)
-        memcpy(r->allowed_copy, p->allowed_token_ids, (size_t)p->n_allowed_token_ids * sizeof(int32_t));
     r->params.allowed_token_ids = r->allowed_copy;
-    if (p->n_bad_words) {
-        memcpy(r->bad_ids_copy, p->bad_word_ids, (size_t)llm_bad_words_total(p) * sizeof(int32_t));
-        memcpy(r->bad_lens_copy, p->bad_word_lens, (size_t)p->n_bad_words * sizeof(int32_t));
-    }
     r->params.bad_word_ids = r->bad_ids_copy; r->params.bad_word_lens = r->bad_lens_copy;
     s->req = r; s->tokens = ids; s->rng = llm_seed_mix(p->seed, 0); s->fork_pending = p->n > 1;
     s->detok.special = p->special_text != 0;
@@ -4785,32 +4780,28 @@ void llm_engine_destroy(llm_engine *e) {
 const llm_model *llm_engine_model(const llm_engine *e) { return &e->model; }
 
 /* ---- Requests in, from any thread ---------------------------------------------------------------------- */
+/* -1 and why when one of the n ids (what: whose they are) is outside the vocabulary */
+static int llm_ids_check(const int32_t *ids, int64_t n, int vocab_size, const char *what, char *err) {
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab_size)
+            return llm_fail(err, "%s token id %d is outside the vocabulary (0..%d)", what, ids[i],
+                            vocab_size - 1);
+    return 0;
+}
+
 uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids,
                                 int n_prompt_ids, const llm_sampling_params *p, void *user, char *err) {
-    const llm_config *c = &e->model.cfg;
-    if (llm_request_check(p, err) != 0) return 0;
-    for (int i = 0; i < p->n_logit_bias; i++)
-        if (p->logit_bias_ids[i] < 0 || p->logit_bias_ids[i] >= c->vocab_size)
-            return llm_fail(err, "logit_bias token id %d is outside the vocabulary (0..%d)",
-                            p->logit_bias_ids[i], c->vocab_size - 1), 0;
-    for (int i = 0; i < p->n_allowed_token_ids; i++)
-        if (p->allowed_token_ids[i] < 0 || p->allowed_token_ids[i] >= c->vocab_size)
-            return llm_fail(err, "allowed_token_ids: token id %d is outside the vocabulary (0..%d)",
-                            p->allowed_token_ids[i], c->vocab_size - 1), 0;
-    for (int64_t i = 0, n = llm_bad_words_total(p); i < n; i++)
-        if (p->bad_word_ids[i] < 0 || p->bad_word_ids[i] >= c->vocab_size)
-            return llm_fail(err, "bad_words: token id %d is outside the vocabulary (0..%d)",
-                            p->bad_word_ids[i], c->vocab_size - 1), 0;
+    int V = e->model.cfg.vocab_size;
+    if (llm_request_check(p, err) != 0 ||
+        llm_ids_check(p->logit_bias_ids, p->n_logit_bias, V, "logit_bias", err) != 0 ||
+        llm_ids_check(p->allowed_token_ids, p->n_allowed_token_ids, V, "allowed_token_ids", err) != 0 ||
+        llm_ids_check(p->bad_word_ids, llm_bad_words_total(p), V, "bad_words", err) != 0)
+        return 0;
     /* the prompt's ids: as given, or the text tokenized (llm_tokenize_prompt) */
     int32_t *ids = NULL;
     if (prompt_ids) {
         if (n_prompt_ids < 0) { llm_fail(err, "n_prompt_ids is negative (%d)", n_prompt_ids); return 0; }
-        for (int i = 0; i < n_prompt_ids; i++)
-            if (prompt_ids[i] < 0 || prompt_ids[i] >= c->vocab_size) {
-                llm_fail(err, "prompt token id %d is outside the vocabulary (0..%d)", prompt_ids[i],
-                         c->vocab_size - 1);
-                return 0;
-            }
+        if (llm_ids_check(prompt_ids, n_prompt_ids, V, "prompt", err) != 0) return 0;
         if (n_prompt_ids)
             memcpy(arraddnptr(ids, n_prompt_ids), prompt_ids, (size_t)n_prompt_ids * sizeof(int32_t));
     } else {

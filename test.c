@@ -2228,6 +2228,14 @@ static void test_parallel_sampling(void) {
 /* -----------------------------------------------------------------------------------------------------------
  * Stop conditions, abort, rejection, logprobs
  * -------------------------------------------------------------------------------------------------------- */
+/* Whether e refuses a request for "Once" with p, with a reason that holds want (printed when it does not) */
+static int add_refused(llm_engine *e, const llm_sampling_params *p, const char *want) {
+    char err[LLM_ERR_LEN] = "";
+    int refused = llm_engine_add_request(e, "Once", NULL, 0, p, NULL, err) == 0 && strstr(err, want);
+    if (!refused) printf("    refused? want \"%s\", got \"%s\"\n", want, err);
+    return refused;
+}
+
 /* OpenAI's logit_bias: -100 keeps a token out, +100 forces it, greedy and sampled; logprobs stay the model's
  * own; the caller's arrays are copied; bad values and ids are refused with the reason. vLLM's
  * allowed_token_ids beside it. */
@@ -2319,31 +2327,25 @@ static void test_logit_bias(void) {
         else
             CHECK(n == 16 && !memcmp(got, plain, sizeof plain), "bad_words [time ,]: nothing banned");
     }
-    char err[LLM_ERR_LEN] = "";
+    /* refused, each with its reason */
     p = greedy(4);
     lens[0] = 0;
     p.bad_word_ids = words; p.bad_word_lens = lens; p.n_bad_words = 1;
-    CHECK(llm_engine_add_request(e, "Once", NULL, 0, &p, NULL, err) == 0 && strstr(err, "has 0 tokens"),
-          "a bad word of 0 tokens: %s", err);
+    CHECK(add_refused(e, &p, "has 0 tokens"), "a bad word of 0 tokens");
     lens[0] = 1; words[0] = 512;
-    CHECK(llm_engine_add_request(e, "Once", NULL, 0, &p, NULL, err) == 0 && strstr(err, "token id 512"),
-          "a bad word of token 512 of 512: %s", err);
+    CHECK(add_refused(e, &p, "bad_words token id 512"), "a bad word of token 512 of 512");
     p = greedy(4);
     allowed[0] = 512;
     p.allowed_token_ids = allowed; p.n_allowed_token_ids = 1;
-    CHECK(llm_engine_add_request(e, "Once", NULL, 0, &p, NULL, err) == 0 && strstr(err, "token id 512"),
-          "allowed_token_ids with 512 of 512: %s", err);
+    CHECK(add_refused(e, &p, "allowed_token_ids token id 512"), "allowed_token_ids with 512 of 512");
     p = greedy(4);
     bias[0] = 100.5f;
     p.logit_bias_ids = ids; p.logit_bias = bias; p.n_logit_bias = 1;
-    CHECK(llm_engine_add_request(e, "Once", NULL, 0, &p, NULL, err) == 0 && strstr(err, "[-100, 100]"),
-          "logit_bias 100.5: %s", err);
+    CHECK(add_refused(e, &p, "[-100, 100]"), "logit_bias 100.5");
     bias[0] = 1.0f; ids[0] = 512;
-    CHECK(llm_engine_add_request(e, "Once", NULL, 0, &p, NULL, err) == 0 && strstr(err, "token id 512"),
-          "logit_bias on token 512 of 512: %s", err);
+    CHECK(add_refused(e, &p, "logit_bias token id 512"), "logit_bias on token 512 of 512");
     p.logit_bias = NULL;
-    CHECK(llm_engine_add_request(e, "Once", NULL, 0, &p, NULL, err) == 0 && strstr(err, "n_logit_bias"),
-          "n_logit_bias without the arrays: %s", err);
+    CHECK(add_refused(e, &p, "n_logit_bias"), "n_logit_bias without the arrays");
     CHECK(all_blocks_free(e), "logit_bias: every block back");
     free(r);
     llm_engine_destroy(e);
