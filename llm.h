@@ -30,8 +30,9 @@
  *   6. Blocks       sequences -> KV-cache blocks         llm_block_manager: free list, refs, prefix cache
  *   7. Forward      a batch -> logits                    llm_backend: the CPU one here, CUDA in llm.cu
  *   8. Sampler      logits -> the next token             llm_sampler: temperature, top-k/p, min-p, penalties
- *   9. Detokenizer  token ids -> text, stop strings      llm_detok: only whole UTF-8 characters come out
- *  10. Engine       all of the above, one step at a time llm_engine: requests in, outputs out
+ *   9. Grammar      which tokens may come next           llm_grammar: GBNF, JSON Schema, regex; token masks
+ *  10. Detokenizer  token ids -> text, stop strings      llm_detok: only whole UTF-8 characters come out
+ *  11. Engine       all of the above, one step at a time llm_engine: requests in, outputs out
  *   Appendix        the Unicode table the tokenizer's pre-tokenizers read
  *
  * The engine: what a program that serves a model calls
@@ -325,6 +326,11 @@ typedef struct {
     const int32_t *bad_word_ids;    /* vLLM's bad_words as token sequences, one after another (copied): a */
     const int32_t *bad_word_lens;   /* word's last token cannot be sampled when the output ends with the */
     int n_bad_words;                /* rest of it (a word of one token never) */
+    const char *grammar;            /* GBNF text (copied; start rule "root"), NULL: none. The output, from its
+                                     * first byte, is a sentence of it: only tokens that go on in it are
+                                     * sampled, end of generation only where the sentence is whole, and the
+                                     * sequence stops ("stop") when nothing more may follow. Section 9 writes
+                                     * JSON Schema, regular expressions and choices as GBNF. */
 } llm_sampling_params;
 
 llm_sampling_params llm_sampling_defaults(void);
@@ -478,7 +484,61 @@ int32_t llm_sampler_sample(llm_sampler *s, const llm_sampling_params *p, const f
                            const int32_t *history, int n_prompt, int n_history, uint64_t *rng_state);
 
 /* -----------------------------------------------------------------------------------------------------------
- * 9. Detokenizer: token ids back to text
+ * 9. Grammar: the tokens that may come next, when the output must follow a grammar (structured output). A
+ *    grammar is GBNF as llama.cpp writes it; JSON Schema, regular expressions and lists of choices are
+ *    converted to GBNF text first. The JSON reader that schemas (and the server's requests) are read with is
+ *    here too.
+ * -------------------------------------------------------------------------------------------------------- */
+enum { LLM_JSON_NULL, LLM_JSON_FALSE, LLM_JSON_TRUE, LLM_JSON_NUMBER, LLM_JSON_STRING, LLM_JSON_ARRAY,
+       LLM_JSON_OBJECT };
+#define LLM_JSON_DEPTH 64           /* nesting of arrays and objects the reader takes */
+typedef struct llm_json {
+    int type;                       /* LLM_JSON_* */
+    double num;
+    char *str; size_t len;          /* strings: decoded, NUL-terminated (may hold \u0000: use len) */
+    struct llm_json *items;         /* array elements, object values */
+    char **keys;                    /* objects: the key of each value, in the text's order */
+    int n;
+} llm_json;
+/* RFC 8259 JSON only (valid UTF-8, its escapes, numbers that fit a double). 0, or -1 with where and why in
+ * err (LLM_ERR_LEN bytes); *out is freed on failure. */
+int llm_json_parse(const char *text, size_t len, llm_json *out, char *err);
+void llm_json_free(llm_json *v);
+llm_json *llm_json_get(const llm_json *obj, const char *key);  /* the last value of key; NULL: none */
+
+/* GBNF (llama.cpp's grammar format) to GBNF text, from the other ways of saying what the output must be. Each
+ * returns malloc'ed text whose start rule is "root", or NULL with the reason in err (a schema keyword that
+ * cannot be honoured is named with its path in the schema: nothing is dropped quietly). */
+char *llm_json_schema_to_grammar(const llm_json *schema, char *err);
+char *llm_regex_to_grammar(const char *regex, char *err);      /* the whole output matches the regex */
+char *llm_choice_to_grammar(const char *const *choices, int n, char *err);  /* exactly one of them */
+
+/* A grammar parsed into rules; read-only once made, shared by every sequence that follows it. */
+typedef struct llm_grammar llm_grammar;
+llm_grammar *llm_grammar_parse(const char *gbnf, char *err);   /* start rule "root"; NULL with the reason */
+void llm_grammar_free(llm_grammar *g);
+/* Where a text is in the grammar: the positions it may go on from (a set of pushdown stacks), and the bytes
+ * of a UTF-8 character that is not complete yet. */
+typedef struct llm_grammar_state llm_grammar_state;
+llm_grammar_state *llm_grammar_start(const llm_grammar *g);    /* at the start; NULL when out of memory */
+llm_grammar_state *llm_grammar_state_copy(const llm_grammar_state *st);
+void llm_grammar_state_free(llm_grammar_state *st);
+int llm_grammar_accept(llm_grammar_state *st, const char *bytes, int n); /* 0, or -1 (then st is unchanged) */
+int llm_grammar_can_end(const llm_grammar_state *st);  /* 1: the text so far is a whole sentence */
+int llm_grammar_done(const llm_grammar_state *st);     /* 1: a whole sentence, and nothing may follow */
+/* The token masks: the bytes of every token of a vocabulary in a trie, built once per tokenizer. */
+typedef struct llm_token_trie llm_token_trie;
+llm_token_trie *llm_token_trie_build(const llm_tokenizer *t, char *err);
+void llm_token_trie_free(llm_token_trie *tt);
+/* mask[i] (n_vocab bits, bit i of byte i / 8) = 1 when token i may come next from st: its bytes go on in the
+ * grammar, or it ends generation (eog) and the text so far is whole. Returns how many may; -1 when out of
+ * memory. */
+int llm_grammar_mask(const llm_grammar_state *st, const llm_token_trie *tt, uint8_t *mask);
+/* The same question for one token (the sampler's fast path: the sampled token checked first) */
+int llm_grammar_allows(const llm_grammar_state *st, const llm_token_trie *tt, int32_t token);
+
+/* -----------------------------------------------------------------------------------------------------------
+ * 10. Detokenizer: token ids back to text
  * -------------------------------------------------------------------------------------------------------- */
 /* The raw bytes a token stands for (may be part of a UTF-8 character); control tokens give "" unless special.
  * Returns the byte count (which may exceed cap), -1 for an id outside the vocabulary. */
@@ -500,7 +560,7 @@ int  llm_detok_flush(llm_detok *d, char *out, int cap);  /* end of stream: what 
 int  llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int special, char *out, int cap);
 
 /* -----------------------------------------------------------------------------------------------------------
- * 10. Engine: requests in, tokens and text out, one step at a time
+ * 11. Engine: requests in, tokens and text out, one step at a time
  *
  * Threads: llm_engine_add_request and llm_engine_abort may be called from any thread at any time (they take
  * the engine's lock and leave the request in an inbox, and wake llm_engine_wait); everything else belongs to
@@ -610,6 +670,7 @@ int  llm_engine_check_blocks(llm_engine *e, char *err);
 #ifndef LLM_IMPLEMENTATION_DONE
 #define LLM_IMPLEMENTATION_DONE
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <float.h>
@@ -698,6 +759,12 @@ static uint64_t llm_splitmix64(uint64_t *state) {
 
 static float llm_rand_uniform(uint64_t *state) { /* [0, 1), 24 bits */
     return (float)(llm_splitmix64(state) >> 40) * (1.0f / 16777216.0f);
+}
+
+static int llm_hex_digit(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
 static int llm_argmax(const float *x, int n) {
@@ -4436,13 +4503,206 @@ static float llm_logprobs_top(const float *logits, int n, int k, int32_t *top_id
 }
 
 /* ===========================================================================================================
- * 9. Detokenizer and stop conditions: token ids back to text, and where the text must stop
+ * 9. Grammar
+ * The output must be a sentence of a grammar. A grammar (GBNF) is parsed once into rules of elements; a
+ * sequence's place in it is a set of pushdown stacks, each a path of positions still to match, as llama.cpp's
+ * llama-grammar.cpp keeps it. A character is accepted by every stack whose top position matches it; each of
+ * those pops it and expands what follows (a rule reference becomes each of its alternatives) until its top is
+ * a character to match again. A token is allowed when its bytes leave at least one stack alive. To find all
+ * tokens allowed, the vocabulary's bytes are walked as a trie, so that the tokens that share a prefix share
+ * its work, and the masks are cached by state (JSON's states repeat: inside a string, after a comma). JSON
+ * Schema, regular expressions and choices are written out as GBNF text first, so one engine runs them all.
  * ======================================================================================================== */
-static int llm_hex_digit(int c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+/* ---- JSON: the reader (RFC 8259, strict; errors say where) --------------------------------------------- */
+typedef struct { const char *p, *start, *end; char *err; } llm_json_reader;
+
+void llm_json_free(llm_json *v) {
+    if (!v) return;
+    for (int i = 0; i < v->n; i++) { llm_json_free(&v->items[i]); if (v->keys) free(v->keys[i]); }
+    free(v->items); free(v->keys); free(v->str);
+    memset(v, 0, sizeof *v);
 }
+
+static int llm_json_fail(llm_json_reader *r, const char *what) {
+    if (!r->err[0]) llm_fail(r->err, "%s at byte %ld", what, (long)(r->p - r->start));
+    return -1;
+}
+
+static void llm_json_space(llm_json_reader *r) {
+    while (r->p < r->end && (*r->p == ' ' || *r->p == '\t' || *r->p == '\n' || *r->p == '\r')) r->p++;
+}
+
+static int llm_json_hex4(llm_json_reader *r, unsigned *out) {
+    if (r->end - r->p < 4) return llm_json_fail(r, "a \\u escape is cut short");
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        int d = llm_hex_digit((unsigned char)r->p[i]);
+        if (d < 0) return llm_json_fail(r, "a \\u escape needs four hex digits");
+        v = v * 16 + (unsigned)d;
+    }
+    r->p += 4;
+    *out = v;
+    return 0;
+}
+
+static int llm_json_string_body(llm_json_reader *r, char **out, size_t *len) {
+    char *b = NULL; /* stb_ds */
+    int rc = -1;
+    r->p++; /* the opening quote */
+    for (;;) {
+        if (r->p >= r->end) { llm_json_fail(r, "a string is not closed"); break; }
+        unsigned char c = (unsigned char)*r->p;
+        if (c == '"') { r->p++; rc = 0; break; }
+        if (c < 0x20) { llm_json_fail(r, "a control character inside a string"); break; }
+        if (c == '\\') {
+            if (r->end - r->p < 2) { llm_json_fail(r, "an escape is cut short"); break; }
+            char e = r->p[1];
+            r->p += 2;
+            const char *simple = strchr("\"\\/bfnrt", e);
+            if (e && simple) { arrput(b, "\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"]); continue; }
+            if (e != 'u') { llm_json_fail(r, "an unknown escape"); break; }
+            unsigned cp, lo;
+            if (llm_json_hex4(r, &cp) != 0) break;
+            if (cp >= 0xdc00 && cp <= 0xdfff) { llm_json_fail(r, "a lone low surrogate"); break; }
+            if (cp >= 0xd800 && cp <= 0xdbff) { /* a high surrogate: its low half must follow */
+                if (r->end - r->p < 2 || r->p[0] != '\\' || r->p[1] != 'u') {
+                    llm_json_fail(r, "a high surrogate without its low surrogate");
+                    break;
+                }
+                r->p += 2;
+                if (llm_json_hex4(r, &lo) != 0) break;
+                if (lo < 0xdc00 || lo > 0xdfff) { llm_json_fail(r, "a bad surrogate pair"); break; }
+                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+            }
+            char u[4];
+            int n = llm_utf8_encode(cp, u);
+            memcpy(arraddnptr(b, n), u, (size_t)n);
+            continue;
+        }
+        int n = llm_utf8_check((const unsigned char *)r->p, (size_t)(r->end - r->p));
+        if (n <= 0) { llm_json_fail(r, "invalid UTF-8 in a string"); break; }
+        memcpy(arraddnptr(b, n), r->p, (size_t)n);
+        r->p += n;
+    }
+    if (rc == 0) {
+        size_t n = (size_t)arrlen(b);
+        *out = (char *)malloc(n + 1);
+        if (*out) { if (n) memcpy(*out, b, n); (*out)[n] = 0; *len = n; }
+        else rc = llm_json_fail(r, "out of memory");
+    }
+    arrfree(b);
+    return rc;
+}
+
+static int llm_json_number(llm_json_reader *r, llm_json *v) {
+    const char *s = r->p;
+    if (*r->p == '-') r->p++;
+    if (r->p < r->end && *r->p == '0') r->p++;
+    else if (r->p < r->end && *r->p >= '1' && *r->p <= '9')
+        while (r->p < r->end && isdigit((unsigned char)*r->p)) r->p++;
+    else return llm_json_fail(r, "a bad number");
+    if (r->p < r->end && *r->p == '.') {
+        r->p++;
+        if (r->p >= r->end || !isdigit((unsigned char)*r->p)) return llm_json_fail(r, "a bad number");
+        while (r->p < r->end && isdigit((unsigned char)*r->p)) r->p++;
+    }
+    if (r->p < r->end && (*r->p == 'e' || *r->p == 'E')) {
+        r->p++;
+        if (r->p < r->end && (*r->p == '+' || *r->p == '-')) r->p++;
+        if (r->p >= r->end || !isdigit((unsigned char)*r->p)) return llm_json_fail(r, "a bad number");
+        while (r->p < r->end && isdigit((unsigned char)*r->p)) r->p++;
+    }
+    char tmp[64];
+    size_t n = (size_t)(r->p - s);
+    if (n >= sizeof tmp) return llm_json_fail(r, "a number too long");
+    memcpy(tmp, s, n); tmp[n] = 0;
+    v->type = LLM_JSON_NUMBER;
+    v->num = strtod(tmp, NULL);
+    if (!isfinite(v->num)) return llm_json_fail(r, "a number out of range");
+    return 0;
+}
+
+static int llm_json_value(llm_json_reader *r, llm_json *v, int depth) {
+    memset(v, 0, sizeof *v);
+    llm_json_space(r);
+    if (r->p >= r->end) return llm_json_fail(r, "a value is missing");
+    char c = *r->p;
+    if (c == '"') { v->type = LLM_JSON_STRING; return llm_json_string_body(r, &v->str, &v->len); }
+    if (c == '-' || (c >= '0' && c <= '9')) return llm_json_number(r, v);
+    static const struct { const char *word; int type; } words[] = {
+        {"null", LLM_JSON_NULL}, {"true", LLM_JSON_TRUE}, {"false", LLM_JSON_FALSE}};
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(words[i].word);
+        if ((size_t)(r->end - r->p) >= n && !memcmp(r->p, words[i].word, n)) {
+            r->p += n; v->type = words[i].type;
+            return 0;
+        }
+    }
+    if (c != '[' && c != '{') return llm_json_fail(r, "an unexpected character");
+    if (depth >= LLM_JSON_DEPTH) return llm_json_fail(r, "nesting too deep");
+    int object = c == '{';
+    v->type = object ? LLM_JSON_OBJECT : LLM_JSON_ARRAY;
+    r->p++;
+    llm_json_space(r);
+    if (r->p < r->end && *r->p == (object ? '}' : ']')) { r->p++; return 0; }
+    int cap = 0;
+    for (;;) {
+        if (v->n == cap) {
+            cap = cap ? cap * 2 : 4;
+            llm_json *items = (llm_json *)realloc(v->items, (size_t)cap * sizeof(llm_json));
+            if (!items) return llm_json_fail(r, "out of memory");
+            v->items = items;
+            if (object) {
+                char **keys = (char **)realloc(v->keys, (size_t)cap * sizeof(char *));
+                if (!keys) return llm_json_fail(r, "out of memory");
+                v->keys = keys;
+            }
+        }
+        if (object) {
+            llm_json_space(r);
+            if (r->p >= r->end || *r->p != '"') return llm_json_fail(r, "an object key must be a string");
+            size_t klen;
+            v->keys[v->n] = NULL;
+            memset(&v->items[v->n], 0, sizeof(llm_json));
+            if (llm_json_string_body(r, &v->keys[v->n], &klen) != 0) { v->n++; return -1; }
+            llm_json_space(r);
+            if (r->p >= r->end || *r->p != ':') { v->n++; return llm_json_fail(r, "a ':' is missing"); }
+            r->p++;
+        }
+        int rc = llm_json_value(r, &v->items[v->n], depth + 1);
+        v->n++;
+        if (rc != 0) return -1;
+        llm_json_space(r);
+        if (r->p < r->end && *r->p == ',') { r->p++; continue; }
+        if (r->p < r->end && *r->p == (object ? '}' : ']')) { r->p++; return 0; }
+        return llm_json_fail(r, object ? "a ',' or '}' is missing" : "a ',' or ']' is missing");
+    }
+}
+
+int llm_json_parse(const char *text, size_t len, llm_json *out, char *err) {
+    char buf[LLM_ERR_LEN] = "";
+    llm_json_reader r = {text, text, text + len, err ? err : buf};
+    r.err[0] = 0;
+    int rc = llm_json_value(&r, out, 0);
+    if (rc == 0) { llm_json_space(&r); if (r.p != r.end) rc = llm_json_fail(&r, "more text after the value"); }
+    if (rc != 0) llm_json_free(out);
+    return rc;
+}
+
+llm_json *llm_json_get(const llm_json *obj, const char *key) {
+    if (!obj || obj->type != LLM_JSON_OBJECT) return NULL;
+    for (int i = obj->n - 1; i >= 0; i--) if (!strcmp(obj->keys[i], key)) return &obj->items[i];
+    return NULL;
+}
+
+/* ---- (to come) ---- */
+char *llm_json_schema_to_grammar(const llm_json *schema, char *err) { (void)schema; llm_fail(err, "JSON Schema is not supported yet"); return NULL; }
+char *llm_regex_to_grammar(const char *regex, char *err) { (void)regex; llm_fail(err, "regex is not supported yet"); return NULL; }
+char *llm_choice_to_grammar(const char *const *choices, int n, char *err) { (void)choices; (void)n; llm_fail(err, "choice is not supported yet"); return NULL; }
+
+/* ===========================================================================================================
+ * 10. Detokenizer and stop conditions: token ids back to text, and where the text must stop
+ * ======================================================================================================== */
 
 /* Counts every byte, stores the first cap of them. */
 static void llm_put_byte(char *buf, size_t cap, size_t *n, int byte) {
@@ -4613,7 +4873,7 @@ int llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int specia
 }
 
 /* ===========================================================================================================
- * 10. Engine
+ * 11. Engine
  * The engine owns the model, the backend and its KV pool, the block manager, the scheduler and the sampler.
  * llm_engine_step runs, in this order (and so do the functions below): what the last step handed out is
  * freed; new requests and aborts come in from the inbox; the scheduler plans the step; the plan becomes one

@@ -26,7 +26,6 @@
 
 #define SRV_MAX_HEADER   16384            /* bytes of request line and headers (431 past it) */
 #define SRV_MAX_BODY     (8 << 20)        /* bytes of body (413 past it) */
-#define SRV_JSON_DEPTH   64               /* nesting of arrays and objects */
 #define SRV_IDLE_TIMEOUT 120.0            /* seconds a kept-alive connection may sit idle */
 #define SRV_MAX_PROMPTS  1024             /* prompts in one /v1/completions request */
 #define SRV_MAX_STOPS    16
@@ -71,228 +70,8 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
 static void sb_free(sbuf *b) { free(b->s); memset(b, 0, sizeof *b); }
 
 /* ===========================================================================================================
- * JSON: a strict reader into a tree, and a writer
- * The reader takes RFC 8259 JSON only: valid UTF-8, the escapes it lists (\u with surrogate pairs), numbers
- * in its grammar that fit a double, nesting at most SRV_JSON_DEPTH deep. Errors say where.
+ * JSON: the reader is llm.h's (llm_json_parse, section 9); the writer, here
  * ======================================================================================================== */
-enum { J_NULL, J_FALSE, J_TRUE, J_NUMBER, J_STRING, J_ARRAY, J_OBJECT };
-
-typedef struct jv {
-    int type;
-    double num;
-    char *str; size_t len;      /* J_STRING: decoded, NUL-terminated (may hold \u0000: use len) */
-    struct jv *items;           /* J_ARRAY elements, J_OBJECT values */
-    char **keys;                /* J_OBJECT: the key of each value */
-    int n;
-} jv;
-
-typedef struct { const char *p, *start, *end; char err[160]; } jreader;
-
-static void jv_free(jv *v) {
-    if (!v) return;
-    for (int i = 0; i < v->n; i++) { jv_free(&v->items[i]); if (v->keys) free(v->keys[i]); }
-    free(v->items); free(v->keys); free(v->str);
-    memset(v, 0, sizeof *v);
-}
-
-static int jr_fail(jreader *r, const char *what) {
-    if (!r->err[0]) snprintf(r->err, sizeof r->err, "%s at byte %ld", what, (long)(r->p - r->start));
-    return -1;
-}
-
-static void jr_space(jreader *r) {
-    while (r->p < r->end && (*r->p == ' ' || *r->p == '\t' || *r->p == '\n' || *r->p == '\r')) r->p++;
-}
-
-static int jr_hex4(jreader *r, unsigned *out) {
-    if (r->end - r->p < 4) return jr_fail(r, "a \\u escape is cut short");
-    unsigned v = 0;
-    for (int i = 0; i < 4; i++) {
-        char c = r->p[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 :
-                c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-        if (d < 0) return jr_fail(r, "a \\u escape needs four hex digits");
-        v = v * 16 + (unsigned)d;
-    }
-    r->p += 4;
-    *out = v;
-    return 0;
-}
-
-/* The length of the UTF-8 character at p (shortest form, no surrogates, at most U+10FFFF), 0 if invalid. */
-static int utf8_char_len(const unsigned char *p, const unsigned char *end) {
-    unsigned c = p[0];
-    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (!n || end - p < n) return 0;
-    unsigned cp = n == 1 ? c : n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
-    for (int i = 1; i < n; i++) {
-        if ((p[i] & 0xc0) != 0x80) return 0;
-        cp = cp << 6 | (p[i] & 0x3f);
-    }
-    static const unsigned min_cp[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min_cp[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-    return n;
-}
-
-static void put_utf8(sbuf *b, unsigned cp) {
-    char s[4];
-    int n = 0;
-    if (cp < 0x80) s[n++] = (char)cp;
-    else if (cp < 0x800) { s[n++] = (char)(0xc0 | cp >> 6); s[n++] = (char)(0x80 | (cp & 0x3f)); }
-    else if (cp < 0x10000) {
-        s[n++] = (char)(0xe0 | cp >> 12); s[n++] = (char)(0x80 | (cp >> 6 & 0x3f));
-        s[n++] = (char)(0x80 | (cp & 0x3f));
-    } else {
-        s[n++] = (char)(0xf0 | cp >> 18); s[n++] = (char)(0x80 | (cp >> 12 & 0x3f));
-        s[n++] = (char)(0x80 | (cp >> 6 & 0x3f)); s[n++] = (char)(0x80 | (cp & 0x3f));
-    }
-    sb_put(b, s, (size_t)n);
-}
-
-static int jr_string(jreader *r, char **out, size_t *len) {
-    sbuf b = {0};
-    r->p++; /* the opening quote */
-    for (;;) {
-        if (r->p >= r->end) { sb_free(&b); return jr_fail(r, "a string is not closed"); }
-        unsigned char c = (unsigned char)*r->p;
-        if (c == '"') { r->p++; break; }
-        if (c < 0x20) { sb_free(&b); return jr_fail(r, "a control character inside a string"); }
-        if (c == '\\') {
-            if (r->end - r->p < 2) { sb_free(&b); return jr_fail(r, "an escape is cut short"); }
-            char e = r->p[1];
-            r->p += 2;
-            const char *simple = strchr("\"\\/bfnrt", e);
-            if (e && simple) { sb_put(&b, &"\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"], 1); continue; }
-            if (e != 'u') { sb_free(&b); return jr_fail(r, "an unknown escape"); }
-            unsigned cp, lo;
-            if (jr_hex4(r, &cp) != 0) { sb_free(&b); return -1; }
-            if (cp >= 0xdc00 && cp <= 0xdfff) { sb_free(&b); return jr_fail(r, "a lone low surrogate"); }
-            if (cp >= 0xd800 && cp <= 0xdbff) { /* a high surrogate: its low half must follow */
-                if (r->end - r->p < 2 || r->p[0] != '\\' || r->p[1] != 'u') {
-                    sb_free(&b);
-                    return jr_fail(r, "a high surrogate without its low surrogate");
-                }
-                r->p += 2;
-                if (jr_hex4(r, &lo) != 0) { sb_free(&b); return -1; }
-                if (lo < 0xdc00 || lo > 0xdfff) { sb_free(&b); return jr_fail(r, "a bad surrogate pair"); }
-                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-            }
-            put_utf8(&b, cp);
-            continue;
-        }
-        int n = utf8_char_len((const unsigned char *)r->p, (const unsigned char *)r->end);
-        if (!n) { sb_free(&b); return jr_fail(r, "invalid UTF-8 in a string"); }
-        sb_put(&b, r->p, (size_t)n);
-        r->p += n;
-    }
-    if (b.failed) { sb_free(&b); return jr_fail(r, "out of memory"); }
-    if (!b.s) { b.s = (char *)calloc(1, 1); if (!b.s) return jr_fail(r, "out of memory"); }
-    *out = b.s; *len = b.len;
-    return 0;
-}
-
-static int jr_value(jreader *r, jv *v, int depth);
-
-static int jr_number(jreader *r, jv *v) {
-    const char *s = r->p;
-    if (*r->p == '-') r->p++;
-    if (r->p < r->end && *r->p == '0') r->p++;
-    else if (r->p < r->end && *r->p >= '1' && *r->p <= '9')
-        while (r->p < r->end && isdigit((unsigned char)*r->p)) r->p++;
-    else return jr_fail(r, "a bad number");
-    if (r->p < r->end && *r->p == '.') {
-        r->p++;
-        if (r->p >= r->end || !isdigit((unsigned char)*r->p)) return jr_fail(r, "a bad number");
-        while (r->p < r->end && isdigit((unsigned char)*r->p)) r->p++;
-    }
-    if (r->p < r->end && (*r->p == 'e' || *r->p == 'E')) {
-        r->p++;
-        if (r->p < r->end && (*r->p == '+' || *r->p == '-')) r->p++;
-        if (r->p >= r->end || !isdigit((unsigned char)*r->p)) return jr_fail(r, "a bad number");
-        while (r->p < r->end && isdigit((unsigned char)*r->p)) r->p++;
-    }
-    char tmp[64];
-    size_t n = (size_t)(r->p - s);
-    if (n >= sizeof tmp) return jr_fail(r, "a number too long");
-    memcpy(tmp, s, n); tmp[n] = 0;
-    v->type = J_NUMBER;
-    v->num = strtod(tmp, NULL);
-    if (!isfinite(v->num)) return jr_fail(r, "a number out of range");
-    return 0;
-}
-
-static int jr_value(jreader *r, jv *v, int depth) {
-    memset(v, 0, sizeof *v);
-    jr_space(r);
-    if (r->p >= r->end) return jr_fail(r, "a value is missing");
-    char c = *r->p;
-    if (c == '"') { v->type = J_STRING; return jr_string(r, &v->str, &v->len); }
-    if (c == '-' || (c >= '0' && c <= '9')) return jr_number(r, v);
-    static const struct { const char *word; int type; } words[] = {{"null", J_NULL}, {"true", J_TRUE},
-                                                                   {"false", J_FALSE}};
-    for (int i = 0; i < 3; i++) {
-        size_t n = strlen(words[i].word);
-        if ((size_t)(r->end - r->p) >= n && !memcmp(r->p, words[i].word, n)) {
-            r->p += n; v->type = words[i].type;
-            return 0;
-        }
-    }
-    if (c != '[' && c != '{') return jr_fail(r, "an unexpected character");
-    if (depth >= SRV_JSON_DEPTH) return jr_fail(r, "nesting too deep");
-    int object = c == '{';
-    v->type = object ? J_OBJECT : J_ARRAY;
-    r->p++;
-    jr_space(r);
-    if (r->p < r->end && *r->p == (object ? '}' : ']')) { r->p++; return 0; }
-    int cap = 0;
-    for (;;) {
-        if (v->n == cap) {
-            cap = cap ? cap * 2 : 4;
-            jv *items = (jv *)realloc(v->items, (size_t)cap * sizeof(jv));
-            if (!items) return jr_fail(r, "out of memory");
-            v->items = items;
-            if (object) {
-                char **keys = (char **)realloc(v->keys, (size_t)cap * sizeof(char *));
-                if (!keys) return jr_fail(r, "out of memory");
-                v->keys = keys;
-            }
-        }
-        if (object) {
-            jr_space(r);
-            if (r->p >= r->end || *r->p != '"') return jr_fail(r, "an object key must be a string");
-            size_t klen;
-            v->keys[v->n] = NULL;
-            memset(&v->items[v->n], 0, sizeof(jv));
-            if (jr_string(r, &v->keys[v->n], &klen) != 0) { v->n++; return -1; }
-            jr_space(r);
-            if (r->p >= r->end || *r->p != ':') { v->n++; return jr_fail(r, "a ':' is missing"); }
-            r->p++;
-        }
-        int rc = jr_value(r, &v->items[v->n], depth + 1);
-        v->n++;
-        if (rc != 0) return -1;
-        jr_space(r);
-        if (r->p < r->end && *r->p == ',') { r->p++; continue; }
-        if (r->p < r->end && *r->p == (object ? '}' : ']')) { r->p++; return 0; }
-        return jr_fail(r, object ? "a ',' or '}' is missing" : "a ',' or ']' is missing");
-    }
-}
-
-/* Parses the whole text; 0, or -1 with the reason in err. */
-static int json_parse(const char *text, size_t len, jv *out, char *err, size_t err_cap) {
-    jreader r = {text, text, text + len, ""};
-    int rc = jr_value(&r, out, 0);
-    if (rc == 0) { jr_space(&r); if (r.p != r.end) rc = jr_fail(&r, "more text after the value"); }
-    if (rc != 0) { jv_free(out); snprintf(err, err_cap, "%s", r.err); }
-    return rc;
-}
-
-static jv *json_get(const jv *obj, const char *key) { /* the last value of key (duplicates: the last wins) */
-    if (!obj || obj->type != J_OBJECT) return NULL;
-    for (int i = obj->n - 1; i >= 0; i--) if (!strcmp(obj->keys[i], key)) return &obj->items[i];
-    return NULL;
-}
-
 /* Text as a JSON string; bytes that are not UTF-8 become U+FFFD (the engine's text is always UTF-8). */
 static void sb_json_str(sbuf *b, const char *s, size_t n) {
     const unsigned char *p = (const unsigned char *)s, *end = p + n;
@@ -305,8 +84,8 @@ static void sb_json_str(sbuf *b, const char *s, size_t n) {
             if (named) sb_puts(b, named); else sb_printf(b, "\\u%04x", c);
             p++; continue;
         }
-        int len = utf8_char_len(p, end);
-        if (!len) { sb_puts(b, "\xef\xbf\xbd"); p++; continue; }
+        int len = llm_utf8_check(p, (size_t)(end - p));
+        if (len <= 0) { sb_puts(b, "\xef\xbf\xbd"); p++; continue; }
         sb_put(b, (const char *)p, (size_t)len);
         p += len;
     }
@@ -757,11 +536,11 @@ static int bad(srv_error *e, int status, const char *param, const char *fmt, ...
 
 /* A number field: absent (or null) leaves *out; else it must be a number in [lo, hi] (integral when
    asked). */
-static int get_number(const jv *body, const char *key, double lo, double hi, int integral, double *out,
+static int get_number(const llm_json *body, const char *key, double lo, double hi, int integral, double *out,
                       srv_error *e) {
-    const jv *v = json_get(body, key);
-    if (!v || v->type == J_NULL) return 0;
-    if (v->type != J_NUMBER) return bad(e, 400, key, "%s must be a number", key);
+    const llm_json *v = llm_json_get(body, key);
+    if (!v || v->type == LLM_JSON_NULL) return 0;
+    if (v->type != LLM_JSON_NUMBER) return bad(e, 400, key, "%s must be a number", key);
     if (integral && v->num != floor(v->num)) return bad(e, 400, key, "%s must be an integer", key);
     if (!(v->num >= lo && v->num <= hi))
         return bad(e, 400, key, "%s must be between %.17g and %.17g, got %.17g", key, lo, hi, v->num);
@@ -769,54 +548,54 @@ static int get_number(const jv *body, const char *key, double lo, double hi, int
     return 0;
 }
 
-static int get_bool(const jv *body, const char *key, int *out, srv_error *e) {
-    const jv *v = json_get(body, key);
-    if (!v || v->type == J_NULL) return 0;
-    if (v->type != J_TRUE && v->type != J_FALSE) return bad(e, 400, key, "%s must be true or false", key);
-    *out = v->type == J_TRUE;
+static int get_bool(const llm_json *body, const char *key, int *out, srv_error *e) {
+    const llm_json *v = llm_json_get(body, key);
+    if (!v || v->type == LLM_JSON_NULL) return 0;
+    if (v->type != LLM_JSON_TRUE && v->type != LLM_JSON_FALSE) return bad(e, 400, key, "%s must be true or false", key);
+    *out = v->type == LLM_JSON_TRUE;
     return 0;
 }
 
 /* A JSON value that is a token id of the model: an integer in [0, vocab_size). */
-static int is_token_id(const srv_state *S, const jv *v) {
-    return v->type == J_NUMBER && v->num == floor(v->num) && v->num >= 0 && v->num < S->model->cfg.vocab_size;
+static int is_token_id(const srv_state *S, const llm_json *v) {
+    return v->type == LLM_JSON_NUMBER && v->num == floor(v->num) && v->num >= 0 && v->num < S->model->cfg.vocab_size;
 }
 
 /* Fail closed: a field of OpenAI's or vLLM's request (or llama.cpp's structured output) that this server does
  * not implement is refused with a 400 unless its value asks for nothing (null always means "not given"): a
  * client that asks for JSON, a tool call or a biased sampling must not get free text it takes for that. */
-static int fv_str(const jv *v, const char *s) { return v && v->type == J_STRING && !strcmp(v->str, s); }
-static int fv_empty(const jv *v) {
-    return !v || v->type == J_NULL || ((v->type == J_ARRAY || v->type == J_OBJECT) && v->n == 0);
+static int fv_str(const llm_json *v, const char *s) { return v && v->type == LLM_JSON_STRING && !strcmp(v->str, s); }
+static int fv_empty(const llm_json *v) {
+    return !v || v->type == LLM_JSON_NULL || ((v->type == LLM_JSON_ARRAY || v->type == LLM_JSON_OBJECT) && v->n == 0);
 }
 /* The values a row takes (null already accepted); body, for those that depend on other fields. */
-static int fv_any(const jv *v, const jv *b) { (void)v; (void)b; return 1; }
-static int fv_never(const jv *v, const jv *b) { (void)v; (void)b; return 0; }
-static int fv_true(const jv *v, const jv *b) { (void)b; return v->type == J_TRUE; }
-static int fv_false(const jv *v, const jv *b) { (void)b; return v->type == J_FALSE; }
-static int fv_bool(const jv *v, const jv *b) { (void)b; return v->type == J_TRUE || v->type == J_FALSE; }
-static int fv_0(const jv *v, const jv *b) { (void)b; return v->type == J_NUMBER && v->num == 0; }
-static int fv_1(const jv *v, const jv *b) { (void)b; return v->type == J_NUMBER && v->num == 1; }
-static int fv_none(const jv *v, const jv *b) { (void)b; return fv_empty(v) || fv_str(v, ""); } /* [] {} "" */
-static int fv_text(const jv *v, const jv *b) { (void)b; return fv_str(json_get(v, "type"), "text"); }
-static int fv_text_only(const jv *v, const jv *b) {  /* modalities: ["text"] */
+static int fv_any(const llm_json *v, const llm_json *b) { (void)v; (void)b; return 1; }
+static int fv_never(const llm_json *v, const llm_json *b) { (void)v; (void)b; return 0; }
+static int fv_true(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_TRUE; }
+static int fv_false(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_FALSE; }
+static int fv_bool(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_TRUE || v->type == LLM_JSON_FALSE; }
+static int fv_0(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_NUMBER && v->num == 0; }
+static int fv_1(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_NUMBER && v->num == 1; }
+static int fv_none(const llm_json *v, const llm_json *b) { (void)b; return fv_empty(v) || fv_str(v, ""); } /* [] {} "" */
+static int fv_text(const llm_json *v, const llm_json *b) { (void)b; return fv_str(llm_json_get(v, "type"), "text"); }
+static int fv_text_only(const llm_json *v, const llm_json *b) {  /* modalities: ["text"] */
     (void)b;
-    return v->type == J_ARRAY && v->n == 1 && fv_str(&v->items[0], "text");
+    return v->type == LLM_JSON_ARRAY && v->n == 1 && fv_str(&v->items[0], "text");
 }
-static int fv_no_tool(const jv *v, const jv *b) {  /* "none", or "auto" with no tools to choose from */
+static int fv_no_tool(const llm_json *v, const llm_json *b) {  /* "none", or "auto" with no tools to choose from */
     return fv_str(v, "none") ||
-           (fv_str(v, "auto") && fv_empty(json_get(b, "tools")) && fv_empty(json_get(b, "functions")));
+           (fv_str(v, "auto") && fv_empty(llm_json_get(b, "tools")) && fv_empty(llm_json_get(b, "functions")));
 }
-static int fv_best_of(const jv *v, const jv *b) {  /* best of n among n samples: nothing to pick */
-    const jv *n = json_get(b, "n");
-    return v->type == J_NUMBER && (v->num == 1 || (n && n->type == J_NUMBER && v->num == n->num));
+static int fv_best_of(const llm_json *v, const llm_json *b) {  /* best of n among n samples: nothing to pick */
+    const llm_json *n = llm_json_get(b, "n");
+    return v->type == LLM_JSON_NUMBER && (v->num == 1 || (n && n->type == LLM_JSON_NUMBER && v->num == n->num));
 }
 
 enum { F_CMPL = 1 << REQ_COMPLETIONS, F_CHAT = 1 << REQ_CHAT, F_BOTH = F_CMPL | F_CHAT };
 static const struct {
     const char *name;
     int endpoints;                                  /* F_CMPL, F_CHAT: where the field is defined */
-    int (*takes)(const jv *v, const jv *b);
+    int (*takes)(const llm_json *v, const llm_json *b);
 } req_fields[] = {
     /* implemented: parse_sampling and start_generation check their values */
     {"model", F_BOTH, fv_any}, {"stream", F_BOTH, fv_any}, {"stream_options", F_BOTH, fv_any},
@@ -862,14 +641,14 @@ static const struct {
 
 /* Each field of the body against req_fields. A name no row of this endpoint has is ignored, as vLLM does,
  * and said once on stderr (the first SRV_MAX_UNKNOWN names: a client cannot grow the list without end). */
-static int check_fields(srv_state *S, const jv *body, int kind, srv_error *e) {
+static int check_fields(srv_state *S, const llm_json *body, int kind, srv_error *e) {
     for (int i = 0; i < body->n; i++) {
         const char *key = body->keys[i];
-        const jv *v = &body->items[i];
+        const llm_json *v = &body->items[i];
         size_t k = 0, n = sizeof req_fields / sizeof req_fields[0];
         while (k < n && (strcmp(req_fields[k].name, key) || !(req_fields[k].endpoints & 1 << kind))) k++;
         if (k < n) {
-            if (v->type != J_NULL && !req_fields[k].takes(v, body))
+            if (v->type != LLM_JSON_NULL && !req_fields[k].takes(v, body))
                 return bad(e, 400, key, "%s is not supported by this server (only %s is accepted)", key,
                            req_fields[k].takes == fv_never ? "null" : "null or its default value");
             continue;
@@ -890,7 +669,7 @@ static int check_fields(srv_state *S, const jv *body, int kind, srv_error *e) {
 static int tokenize_text(srv_state *S, const char *text, size_t len, int add_special, int32_t **ids);
 
 /* The sampling fields both endpoints share (vLLM's extras included), into p and r. */
-static int parse_sampling(srv_state *S, const jv *body, srv_req *r, llm_sampling_params *p, srv_error *e) {
+static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r, llm_sampling_params *p, srv_error *e) {
     double x;
     if (check_fields(S, body, r->kind, e)) return -1;
     *p = S->defaults;
@@ -931,30 +710,30 @@ static int parse_sampling(srv_state *S, const jv *body, srv_req *r, llm_sampling
     if (get_bool(body, "skip_special_tokens", &skip, e)) return -1;
     p->special_text = !skip;
     /* stop: a string or a list of strings */
-    const jv *stop = json_get(body, "stop");
-    if (stop && stop->type == J_STRING) { if (stop->len) r->stops[r->n_stops++] = stop->str; }
-    else if (stop && stop->type == J_ARRAY) {
+    const llm_json *stop = llm_json_get(body, "stop");
+    if (stop && stop->type == LLM_JSON_STRING) { if (stop->len) r->stops[r->n_stops++] = stop->str; }
+    else if (stop && stop->type == LLM_JSON_ARRAY) {
         if (stop->n > SRV_MAX_STOPS) return bad(e, 400, "stop", "at most %d stop strings", SRV_MAX_STOPS);
         for (int i = 0; i < stop->n; i++) {
-            if (stop->items[i].type != J_STRING) return bad(e, 400, "stop", "stop must be strings");
+            if (stop->items[i].type != LLM_JSON_STRING) return bad(e, 400, "stop", "stop must be strings");
             if (stop->items[i].len) r->stops[r->n_stops++] = stop->items[i].str;
         }
-    } else if (stop && stop->type != J_NULL) return bad(e, 400, "stop", "stop must be a string or a list");
+    } else if (stop && stop->type != LLM_JSON_NULL) return bad(e, 400, "stop", "stop must be a string or a list");
     p->stop = (const char *const *)r->stops; p->n_stop = r->n_stops;
-    const jv *ids = json_get(body, "stop_token_ids");
-    if (ids && ids->type == J_ARRAY) {
+    const llm_json *ids = llm_json_get(body, "stop_token_ids");
+    if (ids && ids->type == LLM_JSON_ARRAY) {
         for (int i = 0; i < ids->n; i++) {
-            const jv *v = &ids->items[i];
+            const llm_json *v = &ids->items[i];
             if (!is_token_id(S, v))
                 return bad(e, 400, "stop_token_ids", "stop_token_ids must be token ids (0..%d)",
                            S->model->cfg.vocab_size - 1);
             arrput(r->stop_ids, (int32_t)v->num);
         }
-    } else if (ids && ids->type != J_NULL)
+    } else if (ids && ids->type != LLM_JSON_NULL)
         return bad(e, 400, "stop_token_ids", "stop_token_ids must be a list");
     /* OpenAI's logit_bias: {"token id": bias in [-100, 100]}, the ids written as decimal strings */
-    const jv *lb = json_get(body, "logit_bias");
-    if (lb && lb->type == J_OBJECT) {
+    const llm_json *lb = llm_json_get(body, "logit_bias");
+    if (lb && lb->type == LLM_JSON_OBJECT) {
         for (int i = 0; i < lb->n; i++) {
             const char *key = lb->keys[i];
             char *end;
@@ -962,31 +741,31 @@ static int parse_sampling(srv_state *S, const jv *body, srv_req *r, llm_sampling
             if (!*key || *end || !isdigit((unsigned char)*key) || id >= S->model->cfg.vocab_size)
                 return bad(e, 400, "logit_bias", "logit_bias keys must be token ids (0..%d), got \"%.40s\"",
                            S->model->cfg.vocab_size - 1, key);
-            const jv *v = &lb->items[i];
-            if (v->type != J_NUMBER || !(fabs(v->num) <= 100))
+            const llm_json *v = &lb->items[i];
+            if (v->type != LLM_JSON_NUMBER || !(fabs(v->num) <= 100))
                 return bad(e, 400, "logit_bias", "logit_bias values must be numbers in [-100, 100]");
             arrput(r->bias_ids, (int32_t)id); arrput(r->bias, (float)v->num);
         }
-    } else if (lb && lb->type != J_NULL)
+    } else if (lb && lb->type != LLM_JSON_NULL)
         return bad(e, 400, "logit_bias", "logit_bias must be an object of token ids to biases");
-    const jv *allowed = json_get(body, "allowed_token_ids"); /* vLLM's: only these may be sampled */
-    if (allowed && allowed->type != J_NULL) {
-        for (int i = 0; allowed->type == J_ARRAY && i < allowed->n && is_token_id(S, &allowed->items[i]); i++)
+    const llm_json *allowed = llm_json_get(body, "allowed_token_ids"); /* vLLM's: only these may be sampled */
+    if (allowed && allowed->type != LLM_JSON_NULL) {
+        for (int i = 0; allowed->type == LLM_JSON_ARRAY && i < allowed->n && is_token_id(S, &allowed->items[i]); i++)
             arrput(r->allowed_ids, (int32_t)allowed->items[i].num);
-        if (allowed->type != J_ARRAY || allowed->n == 0 || arrlen(r->allowed_ids) != allowed->n)
+        if (allowed->type != LLM_JSON_ARRAY || allowed->n == 0 || arrlen(r->allowed_ids) != allowed->n)
             return bad(e, 400, "allowed_token_ids", "allowed_token_ids must be a non-empty list of token ids "
                        "(0..%d)", S->model->cfg.vocab_size - 1);
     }
     /* vLLM's bad_words: each word's tokens, as it starts the text and after a space (as vLLM tokenizes it) */
-    const jv *words = json_get(body, "bad_words");
-    if (words && words->type != J_NULL) {
-        if (words->type != J_ARRAY) return bad(e, 400, "bad_words", "bad_words must be a list of strings");
+    const llm_json *words = llm_json_get(body, "bad_words");
+    if (words && words->type != LLM_JSON_NULL) {
+        if (words->type != LLM_JSON_ARRAY) return bad(e, 400, "bad_words", "bad_words must be a list of strings");
         if (!S->model->tok) return bad(e, 400, "bad_words", "bad_words needs a model with a tokenizer");
         for (int i = 0; i < words->n; i++) {
-            const jv *w = &words->items[i];
+            const llm_json *w = &words->items[i];
             size_t skip = 0;
-            while (w->type == J_STRING && skip < w->len && isspace((unsigned char)w->str[skip])) skip++;
-            if (w->type != J_STRING || skip == w->len)
+            while (w->type == LLM_JSON_STRING && skip < w->len && isspace((unsigned char)w->str[skip])) skip++;
+            if (w->type != LLM_JSON_STRING || skip == w->len)
                 return bad(e, 400, "bad_words", "bad_words must be a list of strings with a word in each");
             for (int space = 0; space < 2; space++) {
                 sbuf text = {0};
@@ -1002,9 +781,9 @@ static int parse_sampling(srv_state *S, const jv *body, srv_req *r, llm_sampling
             }
         }
     }
-    const jv *so = json_get(body, "stream_options");
-    if (so && so->type == J_OBJECT && get_bool(so, "include_usage", &r->include_usage, e)) return -1;
-    if (so && so->type != J_OBJECT && so->type != J_NULL)
+    const llm_json *so = llm_json_get(body, "stream_options");
+    if (so && so->type == LLM_JSON_OBJECT && get_bool(so, "include_usage", &r->include_usage, e)) return -1;
+    if (so && so->type != LLM_JSON_OBJECT && so->type != LLM_JSON_NULL)
         return bad(e, 400, "stream_options", "stream_options must be an object");
     if (get_bool(body, "stream", &r->stream, e)) return -1;
     x = -1;
@@ -1014,10 +793,10 @@ static int parse_sampling(srv_state *S, const jv *body, srv_req *r, llm_sampling
 }
 
 /* "model", when given, must be the one served */
-static int check_model(srv_state *S, const jv *body, srv_error *e) {
-    const jv *m = json_get(body, "model");
-    if (!m || m->type == J_NULL) return 0;
-    if (m->type != J_STRING) return bad(e, 400, "model", "model must be a string");
+static int check_model(srv_state *S, const llm_json *body, srv_error *e) {
+    const llm_json *m = llm_json_get(body, "model");
+    if (!m || m->type == LLM_JSON_NULL) return 0;
+    if (m->type != LLM_JSON_STRING) return bad(e, 400, "model", "model must be a string");
     if (strcmp(m->str, S->model_name) != 0)
         return bad(e, 404, "model", "The model `%s` does not exist (this server serves `%s`)", m->str,
                    S->model_name);
@@ -1036,16 +815,16 @@ static int tokenize_text(srv_state *S, const char *text, size_t len, int add_spe
 }
 
 /* The message text of a chat message: a string, or a list of {"type": "text", "text": ...} parts. */
-static int chat_content(const jv *m, int i, sbuf *out, srv_error *e) {
-    const jv *c = json_get(m, "content");
+static int chat_content(const llm_json *m, int i, sbuf *out, srv_error *e) {
+    const llm_json *c = llm_json_get(m, "content");
     char param[48];
     snprintf(param, sizeof param, "messages[%d].content", i);
-    if (!c || c->type == J_NULL) return 0;
-    if (c->type == J_STRING) { sb_put(out, c->str, c->len); return 0; }
-    if (c->type != J_ARRAY) return bad(e, 400, param, "%s must be a string or a list of parts", param);
+    if (!c || c->type == LLM_JSON_NULL) return 0;
+    if (c->type == LLM_JSON_STRING) { sb_put(out, c->str, c->len); return 0; }
+    if (c->type != LLM_JSON_ARRAY) return bad(e, 400, param, "%s must be a string or a list of parts", param);
     for (int k = 0; k < c->n; k++) {
-        const jv *part = &c->items[k], *type = json_get(part, "type"), *text = json_get(part, "text");
-        if (!type || type->type != J_STRING || strcmp(type->str, "text") || !text || text->type != J_STRING)
+        const llm_json *part = &c->items[k], *type = llm_json_get(part, "type"), *text = llm_json_get(part, "text");
+        if (!type || type->type != LLM_JSON_STRING || strcmp(type->str, "text") || !text || text->type != LLM_JSON_STRING)
             return bad(e, 400, param, "%s: only {\"type\": \"text\", \"text\": ...} parts are supported",
                        param);
         if (k) sb_puts(out, "\n");
@@ -1084,8 +863,8 @@ static void put_token_str(sbuf *b, srv_state *S, int32_t id) {
     if (n > (int)sizeof piece) n = (int)sizeof piece;
     int valid = 1;
     for (int i = 0; i < n;) {
-        int l = utf8_char_len((const unsigned char *)piece + i, (const unsigned char *)piece + n);
-        if (!l) { valid = 0; break; }
+        int l = llm_utf8_check((const unsigned char *)piece + i, (size_t)(n - i));
+        if (l <= 0) { valid = 0; break; }
         i += l;
     }
     if (valid) { sb_json_str(b, piece, (size_t)n); return; }
@@ -1458,14 +1237,14 @@ static void req_free(srv_req *r) {
 }
 
 /* The prompts of /v1/completions: a string, a list of strings, a list of ids, or a list of lists of ids. */
-static int completion_prompts(srv_state *S, const jv *prompt, srv_req *r, srv_error *e) {
+static int completion_prompts(srv_state *S, const llm_json *prompt, srv_req *r, srv_error *e) {
     if (!prompt) return bad(e, 400, "prompt", "prompt is required");
-    const jv *list = prompt;
+    const llm_json *list = prompt;
     int n = 1, one = 1;
-    if (prompt->type == J_ARRAY && prompt->n > 0 && (prompt->items[0].type == J_STRING ||
-                                                     prompt->items[0].type == J_ARRAY)) {
+    if (prompt->type == LLM_JSON_ARRAY && prompt->n > 0 && (prompt->items[0].type == LLM_JSON_STRING ||
+                                                     prompt->items[0].type == LLM_JSON_ARRAY)) {
         n = prompt->n; one = 0;
-    } else if (prompt->type != J_STRING && prompt->type != J_ARRAY) {
+    } else if (prompt->type != LLM_JSON_STRING && prompt->type != LLM_JSON_ARRAY) {
         return bad(e, 400, "prompt", "prompt must be a string, a list of strings or a list of token ids");
     }
     if (n > SRV_MAX_PROMPTS)
@@ -1474,16 +1253,16 @@ static int completion_prompts(srv_state *S, const jv *prompt, srv_req *r, srv_er
     if (!r->prompts) return bad(e, 500, NULL, "out of memory");
     r->n_prompts = n;
     for (int i = 0; i < n; i++) {
-        const jv *p = one ? list : &list->items[i];
+        const llm_json *p = one ? list : &list->items[i];
         srv_prompt *sp = &r->prompts[i];
         sp->req = r; sp->index = i;
-        if (p->type == J_STRING) {
+        if (p->type == LLM_JSON_STRING) {
             if (tokenize_text(S, p->str, p->len, 1, &sp->prompt_ids) != 0)
                 return bad(e, 400, "prompt", "the prompt could not be tokenized");
             if (r->echo && !(sp->echo_text = strdup(p->str))) return bad(e, 500, NULL, "out of memory");
-        } else if (p->type == J_ARRAY) {
+        } else if (p->type == LLM_JSON_ARRAY) {
             for (int k = 0; k < p->n; k++) {
-                const jv *t = &p->items[k];
+                const llm_json *t = &p->items[k];
                 if (!is_token_id(S, t))
                     return bad(e, 400, "prompt", "a prompt's token ids must be integers in 0..%d",
                                S->model->cfg.vocab_size - 1);
@@ -1522,7 +1301,7 @@ static int check_context(srv_state *S, srv_req *r, int max_tokens, int max_token
 }
 
 /* /v1/completions and /v1/chat/completions: parse, check, tokenize, add to the engine. */
-static int start_generation(srv_state *S, srv_conn *c, const jv *body, int kind, srv_error *e) {
+static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int kind, srv_error *e) {
     srv_req *r = (srv_req *)calloc(1, sizeof *r);
     if (!r) return bad(e, 500, NULL, "out of memory");
     r->kind = kind; r->logprobs = -1; r->t_arrival = now_s(); r->created = (long long)wall_s();
@@ -1537,18 +1316,18 @@ static int start_generation(srv_state *S, srv_conn *c, const jv *body, int kind,
         if (get_bool(body, "echo", &r->echo, e)) goto fail;
         x = 16;
         if (get_number(body, "max_tokens", r->echo ? 0 : 1, 1 << 30, 1, &x, e)) goto fail; /* 0: scoring */
-        const jv *mt = json_get(body, "max_tokens");
-        if (mt && mt->type == J_NUMBER) max_tokens = (int)x;
+        const llm_json *mt = llm_json_get(body, "max_tokens");
+        if (mt && mt->type == LLM_JSON_NUMBER) max_tokens = (int)x;
         r->score_only = r->echo && max_tokens == 0;
         x = -1;
         if (get_number(body, "logprobs", 0, 20, 1, &x, e)) goto fail;
         r->logprobs = (int)x;
         p.logprobs = r->logprobs;
         if (r->echo && r->logprobs > p.prompt_logprobs) p.prompt_logprobs = r->logprobs; /* echo's prompt */
-        if (completion_prompts(S, json_get(body, "prompt"), r, e)) goto fail;
+        if (completion_prompts(S, llm_json_get(body, "prompt"), r, e)) goto fail;
     } else {
-        const jv *mt = json_get(body, "max_completion_tokens");
-        const char *key = mt && mt->type != J_NULL ? "max_completion_tokens" : "max_tokens";
+        const llm_json *mt = llm_json_get(body, "max_completion_tokens");
+        const char *key = mt && mt->type != LLM_JSON_NULL ? "max_completion_tokens" : "max_tokens";
         x = 0;
         if (get_number(body, key, 1, 1 << 30, 1, &x, e)) goto fail;
         given = x > 0; max_tokens = (int)x;
@@ -1558,17 +1337,17 @@ static int start_generation(srv_state *S, srv_conn *c, const jv *body, int kind,
         if (get_number(body, "top_logprobs", 0, 20, 1, &x, e)) goto fail;
         r->logprobs = want_logprobs ? 1 : -1; r->top_logprobs = (int)x;
         p.logprobs = want_logprobs ? r->top_logprobs : -1;
-        const jv *msgs = json_get(body, "messages");
-        if (!msgs || msgs->type != J_ARRAY || msgs->n == 0)
+        const llm_json *msgs = llm_json_get(body, "messages");
+        if (!msgs || msgs->type != LLM_JSON_ARRAY || msgs->n == 0)
             { bad(e, 400, "messages", "messages must be a non-empty list"); goto fail; }
         llm_chat_message *cm = (llm_chat_message *)calloc((size_t)msgs->n, sizeof *cm);
         sbuf *texts = (sbuf *)calloc((size_t)msgs->n, sizeof(sbuf));
         int ok = cm && texts;
         for (int i = 0; ok && i < msgs->n; i++) {
-            const jv *m = &msgs->items[i], *role = json_get(m, "role");
+            const llm_json *m = &msgs->items[i], *role = llm_json_get(m, "role");
             char param[40];
             snprintf(param, sizeof param, "messages[%d].role", i);
-            if (m->type != J_OBJECT || !role || role->type != J_STRING ||
+            if (m->type != LLM_JSON_OBJECT || !role || role->type != LLM_JSON_STRING ||
                 (strcmp(role->str, "system") && strcmp(role->str, "developer") && strcmp(role->str, "user") &&
                  strcmp(role->str, "assistant"))) {
                 bad(e, 400, param, "%s must be system, developer, user or assistant", param);
@@ -1634,24 +1413,24 @@ fail:
     return rc;
 }
 
-static void handle_tokenize(srv_state *S, srv_conn *c, const jv *body) {
+static void handle_tokenize(srv_state *S, srv_conn *c, const llm_json *body) {
     srv_error e = {0};
     int32_t *ids = NULL;
     int add_special = 1;
     if (check_model(S, body, &e) || get_bool(body, "add_special_tokens", &add_special, &e)) goto fail;
-    const jv *prompt = json_get(body, "prompt"), *msgs = json_get(body, "messages");
-    if (prompt && prompt->type == J_STRING) {
+    const llm_json *prompt = llm_json_get(body, "prompt"), *msgs = llm_json_get(body, "messages");
+    if (prompt && prompt->type == LLM_JSON_STRING) {
         if (tokenize_text(S, prompt->str, prompt->len, add_special, &ids)) {
             bad(&e, 400, "prompt", "cannot tokenize");
             goto fail;
         }
-    } else if (msgs && msgs->type == J_ARRAY) {
+    } else if (msgs && msgs->type == LLM_JSON_ARRAY) {
         llm_chat_message *cm = (llm_chat_message *)calloc((size_t)msgs->n + 1, sizeof *cm);
         sbuf *texts = (sbuf *)calloc((size_t)msgs->n + 1, sizeof(sbuf));
         int ok = cm && texts;
         for (int i = 0; ok && i < msgs->n; i++) {
-            const jv *role = json_get(&msgs->items[i], "role");
-            if (!role || role->type != J_STRING) {
+            const llm_json *role = llm_json_get(&msgs->items[i], "role");
+            if (!role || role->type != LLM_JSON_STRING) {
                 bad(&e, 400, "messages", "each message needs a role");
                 ok = 0;
             } else if (chat_content(&msgs->items[i], i, &texts[i], &e)) ok = 0;
@@ -1686,17 +1465,17 @@ fail:
     send_error(S, c, e.status ? e.status : 400, e.param[0] ? e.param : NULL, "%s", e.msg);
 }
 
-static void handle_detokenize(srv_state *S, srv_conn *c, const jv *body) {
+static void handle_detokenize(srv_state *S, srv_conn *c, const llm_json *body) {
     srv_error e = {0};
-    const jv *tokens = json_get(body, "tokens");
+    const llm_json *tokens = llm_json_get(body, "tokens");
     if (check_model(S, body, &e)) { send_error(S, c, e.status, e.param, "%s", e.msg); return; }
-    if (!tokens || tokens->type != J_ARRAY) {
+    if (!tokens || tokens->type != LLM_JSON_ARRAY) {
         send_error(S, c, 400, "tokens", "tokens must be a list of ids");
         return;
     }
     int32_t *ids = NULL;
     for (int i = 0; i < tokens->n; i++) {
-        const jv *v = &tokens->items[i];
+        const llm_json *v = &tokens->items[i];
         if (!is_token_id(S, v)) {
             arrfree(ids);
             send_error(S, c, 400, "tokens", "tokens must be integers in 0..%d", S->model->cfg.vocab_size - 1);
@@ -1777,15 +1556,15 @@ static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
         return;
     }
     /* the rest take a JSON object */
-    jv body;
-    char jerr[200];
-    if (json_parse(rq->body, rq->body_len, &body, jerr, sizeof jerr) != 0) {
+    llm_json body;
+    char jerr[LLM_ERR_LEN];
+    if (llm_json_parse(rq->body, rq->body_len, &body, jerr) != 0) {
         send_error(S, c, 400, NULL, "the body is not valid JSON: %s", jerr);
         return;
     }
-    if (body.type != J_OBJECT) {
+    if (body.type != LLM_JSON_OBJECT) {
         send_error(S, c, 400, NULL, "the body must be a JSON object");
-        jv_free(&body);
+        llm_json_free(&body);
         return;
     }
     if (!strcmp(path, "/tokenize")) handle_tokenize(S, c, &body);
@@ -1796,7 +1575,7 @@ static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
         if (start_generation(S, c, &body, kind, &e) != 0)
             send_error(S, c, e.status ? e.status : 400, e.param[0] ? e.param : NULL, "%s", e.msg);
     }
-    jv_free(&body); /* what the engine keeps of it (the stop strings) add_request copied */
+    llm_json_free(&body); /* what the engine keeps of it (the stop strings) add_request copied */
 }
 
 /* ===========================================================================================================
