@@ -632,6 +632,11 @@ typedef struct {
     int64_t prefix_cache_queries, prefix_cache_hits;  /* in tokens */
     int64_t kv_tokens;              /* tokens whose K/V the running sequences hold */
     int64_t preemptions, prompt_tokens_computed, generation_tokens, steps, requests_finished;
+    /* structured output: tokens sampled under a grammar, how many of them took a full mask (the token sampled
+     * first was refused: every token was checked, or the mask came from the cache), and the seconds the
+     * grammar took (checks, masks, moving the states on) */
+    int64_t grammar_tokens, grammar_masks, grammar_masks_cached;
+    double grammar_seconds;
 } llm_engine_stats;
 
 typedef struct llm_engine llm_engine;
@@ -765,6 +770,12 @@ static int llm_hex_digit(int c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'A' && c <= 'F') return c - 'A' + 10;
     return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+static double llm_now(void) { /* seconds, monotonic */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static int llm_argmax(const float *x, int n) {
@@ -3027,6 +3038,7 @@ typedef struct llm_request {
     char **stop_copies;
     int32_t *stop_ids_copy, *bias_ids_copy, *allowed_copy, *bad_ids_copy, *bad_lens_copy;
     float *bias_copy;
+    llm_grammar *grammar;           /* params.grammar parsed (params.grammar itself is NULL here) */
     int n_prompt;
     int refs;                       /* sequences still pointing here */
 } llm_request;
@@ -3047,6 +3059,8 @@ typedef struct llm_seq {
     uint64_t rng;
     int finish_reason;
     const char *error;              /* LLM_FINISH_ERROR: what went wrong */
+    llm_grammar_state *grammar;     /* with a grammar: where the output so far is in it (a preempted sequence
+                                     * keeps its tokens, and so its state) */
     llm_detok detok;
     char *held_text;                /* stb_ds array: text decoded, not emitted (may begin a stop string) */
     /* this step's output (stb_ds arrays, emptied at the start of each step) */
@@ -3245,7 +3259,8 @@ static void llm_request_unref(llm_request *r) {
     if (--r->refs > 0) return;
     for (int i = 0; i < r->params.n_stop; i++) free(r->stop_copies[i]);
     free(r->stop_copies); free(r->stop_ids_copy); free(r->bias_ids_copy); free(r->bias_copy);
-    free(r->allowed_copy); free(r->bad_ids_copy); free(r->bad_lens_copy); free(r);
+    free(r->allowed_copy); free(r->bad_ids_copy); free(r->bad_lens_copy); llm_grammar_free(r->grammar);
+    free(r);
 }
 
 static void llm_seq_free(llm_seq *s) {
@@ -3253,6 +3268,7 @@ static void llm_seq_free(llm_seq *s) {
     arrfree(s->out_tokens); arrfree(s->out_text); arrfree(s->out_logprobs);
     arrfree(s->out_top_ids); arrfree(s->out_top_logprobs);
     free(s->plp); free(s->plp_rank); free(s->plp_top_ids); free(s->plp_top);
+    llm_grammar_state_free(s->grammar);
     llm_request_unref(s->req);
     free(s);
 }
@@ -3266,7 +3282,7 @@ static void *llm_copy_of(const void *src, int64_t n, size_t size) {
     return copy;
 }
 
-static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *user) {
+static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_grammar *grammar, void *user) {
     llm_request *r = (llm_request *)calloc(1, sizeof *r);
     llm_seq *s = (llm_seq *)calloc(1, sizeof *s);
     if (r) {
@@ -3282,6 +3298,8 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *us
     }
     int ok = s && r && r->stop_copies && r->stop_ids_copy && r->bias_ids_copy && r->bias_copy &&
              r->allowed_copy && r->bad_ids_copy && r->bad_lens_copy;
+    if (ok && grammar) { r->grammar = grammar; ok = (s->grammar = llm_grammar_start(grammar)) != NULL; }
+    else llm_grammar_free(grammar); /* not taken: the caller's copy goes with the rest */
     if (ok && p->prompt_logprobs >= 0) { /* the rows of prompt tokens 1.., and K alternatives each */
         size_t rows = (size_t)arrlen(ids), k = (size_t)p->prompt_logprobs; /* n_prompt - 1, and a spare */
         s->plp_state = LLM_PLP_PENDING;
@@ -3295,6 +3313,7 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *us
     if (!ok) {
         if (r) { r->refs = 1; llm_request_unref(r); }
         if (s) { free(s->plp); free(s->plp_rank); free(s->plp_top_ids); free(s->plp_top); }
+        if (s) llm_grammar_state_free(s->grammar);
         free(s); arrfree(ids);
         return NULL;
     }
@@ -3303,6 +3322,7 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, void *us
     r->params.logit_bias_ids = r->bias_ids_copy; r->params.logit_bias = r->bias_copy;
     r->params.allowed_token_ids = r->allowed_copy;
     r->params.bad_word_ids = r->bad_ids_copy; r->params.bad_word_lens = r->bad_lens_copy;
+    r->params.grammar = NULL;
     s->req = r; s->tokens = ids; s->rng = llm_seed_mix(p->seed, 0); s->fork_pending = p->n > 1;
     s->detok.special = p->special_text != 0;
     s->status = LLM_SEQ_WAITING;
@@ -3316,9 +3336,12 @@ static int llm_seq_fork(llm_scheduler *sch, llm_seq *s) {
     int n = s->req->params.n;
     llm_seq **children = (llm_seq **)calloc((size_t)n, sizeof *children);
     int ok = children != NULL;
-    for (int i = 1; ok && i < n; i++) ok = (children[i] = (llm_seq *)calloc(1, sizeof(llm_seq))) != NULL;
+    for (int i = 1; ok && i < n; i++) {
+        ok = (children[i] = (llm_seq *)calloc(1, sizeof(llm_seq))) != NULL;
+        if (ok && s->grammar) ok = (children[i]->grammar = llm_grammar_state_copy(s->grammar)) != NULL;
+    }
     if (!ok) {
-        for (int i = 1; children && i < n; i++) free(children[i]);
+        for (int i = 1; children && i < n; i++) if (children[i]) { llm_grammar_state_free(children[i]->grammar); free(children[i]); }
         free(children);
         return -1;
     }
@@ -4695,6 +4718,749 @@ llm_json *llm_json_get(const llm_json *obj, const char *key) {
     return NULL;
 }
 
+/* ---- GBNF: the parser ---------------------------------------------------------------------------------- */
+/* A rule is a list of elements: its alternatives one after another, each ended by ALT, the last by END. A
+ * character class is its first element (CHAR, or CHAR_NOT when negated) then CHAR_ALT for each further
+ * character, and CHAR_UPPER after a character that begins a range. Repetition (* + ? {m,n}) is written out
+ * into new rules as it is parsed (S* is S' ::= S S' | empty), so the matcher knows only sequences,
+ * alternatives and references. */
+enum { LLM_GR_END, LLM_GR_ALT, LLM_GR_RULE, LLM_GR_CHAR, LLM_GR_CHAR_NOT, LLM_GR_CHAR_UPPER, LLM_GR_CHAR_ALT,
+       LLM_GR_CHAR_ANY };
+typedef struct { uint32_t type, value; } llm_gr_elem;
+
+#define LLM_GR_MAX_ELEMS  (1 << 22)  /* a grammar's elements: what repetition counts can blow up to */
+#define LLM_GR_MAX_REPEAT 10000      /* the largest m and n of {m,n} */
+#define LLM_GR_MAX_STACKS 4096       /* the stacks of one state: an ambiguous grammar could grow them without end */
+#define LLM_GR_MAX_DEPTH  4096       /* the positions of one stack (nesting) */
+
+typedef struct { uint32_t *data, *lens; } llm_gr_set; /* stacks one after another, and each one's length */
+
+typedef struct {                    /* one cached mask: the state it is for, and which tokens it allows */
+    uint64_t hash;
+    uint32_t *key; int n_key;       /* the state written out: its partial character, then its stacks */
+    uint8_t *mask; int n_allowed;
+} llm_gr_cached_mask;
+
+struct llm_grammar {
+    llm_gr_elem *elems;             /* stb_ds: every rule's elements, rule after rule */
+    uint32_t *rule_start;           /* stb_ds: where each rule's elements begin */
+    char **rule_names;              /* stb_ds: by rule id (generated rules are named after their parent) */
+    uint32_t root;
+    /* the masks: not read-only, so one thread at a time asks for masks of one grammar (the engine's) */
+    const llm_token_trie *cache_trie;  /* the vocabulary the cached masks are for */
+    llm_gr_cached_mask *cache;      /* stb_ds, at most LLM_GR_CACHE entries, replaced in turn */
+    int cache_next;
+    int64_t cache_hits;
+    llm_gr_set *walk;               /* stb_ds: the trie walk's scratch, a set per depth */
+};
+#define LLM_GR_CACHE 512
+
+typedef struct {
+    const char *p, *start, *end;
+    char *err;
+    struct { char *key; int value; } *ids; /* stb_ds string hash: rule name -> id */
+    llm_gr_elem **rules;            /* stb_ds: each rule's elements (an stb_ds array), by id */
+    char **names;
+    int *defined;
+    int64_t n_elems;
+} llm_gr_parser;
+
+static int llm_gr_fail(llm_gr_parser *ps, const char *fmt, const char *arg) {
+    if (ps->err[0]) return -1;
+    int line = 1, col = 1;
+    for (const char *q = ps->start; q < ps->p; q++) { if (*q == '\n') { line++; col = 1; } else col++; }
+    char what[160];
+    snprintf(what, sizeof what, fmt, arg ? arg : "");
+    llm_fail(ps->err, "grammar: %s at line %d, column %d", what, line, col);
+    return -1;
+}
+
+static int llm_gr_is_word(int c) { return isalnum(c) || c == '-' || c == '_'; }
+
+static void llm_gr_space(llm_gr_parser *ps, int newline_ok) {
+    for (;;) {
+        char c = *ps->p;
+        if (c == ' ' || c == '\t') ps->p++;
+        else if (c == '#') while (*ps->p && *ps->p != '\n' && *ps->p != '\r') ps->p++;
+        else if (newline_ok && (c == '\n' || c == '\r')) ps->p++;
+        else return;
+    }
+}
+
+/* The id of a rule name (a new one the first time it is seen: it may be defined after its first use) */
+static int llm_gr_id(llm_gr_parser *ps, const char *name, size_t n) {
+    char buf[256];
+    if (n >= sizeof buf) return llm_gr_fail(ps, "a rule name longer than 255 characters%s", NULL);
+    memcpy(buf, name, n); buf[n] = 0;
+    ptrdiff_t i = shgeti(ps->ids, buf);
+    if (i >= 0) return ps->ids[i].value;
+    int id = (int)arrlen(ps->rules);
+    shput(ps->ids, buf, id);
+    arrput(ps->rules, NULL); arrput(ps->defined, 0); arrput(ps->names, ps->ids[shgeti(ps->ids, buf)].key);
+    return id;
+}
+
+/* A new rule for a group or a repetition, named after the rule it is part of */
+static int llm_gr_new_id(llm_gr_parser *ps, int parent) {
+    char buf[300];
+    for (int k = (int)arrlen(ps->rules);; k++) {
+        snprintf(buf, sizeof buf, "%.200s_%d", ps->names[parent], k);
+        if (shgeti(ps->ids, buf) < 0) return llm_gr_id(ps, buf, strlen(buf));
+    }
+}
+
+/* One character of a literal or a class: an escape or a UTF-8 character; -1 when broken. */
+static int64_t llm_gr_char(llm_gr_parser *ps) {
+    const unsigned char *s = (const unsigned char *)ps->p;
+    if (!*s) return llm_gr_fail(ps, "the text ends inside a literal or a class%s", NULL);
+    if (*s == '\\') {
+        int e = s[1], digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
+        if (digits) {
+            uint32_t v = 0;
+            for (int i = 0; i < digits; i++) {
+                int d = llm_hex_digit(s[2 + i]);
+                if (d < 0) return llm_gr_fail(ps, "\\%s needs hex digits", e == 'x' ? "x" : e == 'u' ? "u" : "U");
+                v = v * 16 + (uint32_t)d;
+            }
+            if (v > 0x10FFFF) return llm_gr_fail(ps, "a character past U+10FFFF%s", NULL);
+            ps->p += 2 + digits;
+            return v;
+        }
+        const char *named = strchr("ntr0", e);
+        if (e && named) { ps->p += 2; return "\n\t\r"[named - "ntr0"]; }
+        if (e && e < 0x80 && ispunct(e)) { ps->p += 2; return e; }
+        return llm_gr_fail(ps, "an unknown escape%s", NULL);
+    }
+    int k = llm_utf8_check(s, (size_t)(ps->end - ps->p));
+    if (k <= 0) return llm_gr_fail(ps, "text that is not UTF-8%s", NULL);
+    ps->p += k;
+    return llm_utf8_decode(s, k);
+}
+
+static void llm_gr_push(llm_gr_elem **out, uint32_t type, uint32_t value) {
+    llm_gr_elem el = {type, value};
+    arrput(*out, el);
+}
+
+static int llm_gr_alternates(llm_gr_parser *ps, int id, int nested);
+
+/* S{min,max} (max -1: no bound) for the item that begins at (*out)[item]: S min times, then the optional
+ * rest as rules: S{0,k} ::= S S{0,k-1} | (empty), and with no bound, S' ::= S S' | (empty). */
+static int llm_gr_repeat(llm_gr_parser *ps, int id, llm_gr_elem **out, size_t item, int64_t min, int64_t max) {
+    size_t n = (size_t)arrlen(*out) - item;
+    if (n == 0) return llm_gr_fail(ps, "a repetition with nothing before it%s", NULL);
+    if (min > LLM_GR_MAX_REPEAT || max > LLM_GR_MAX_REPEAT)
+        return llm_gr_fail(ps, "a repetition count over 10000%s", NULL);
+    if (max >= 0 && max < min) return llm_gr_fail(ps, "a repetition {m,n} with n < m%s", NULL);
+    int64_t n_opt = max < 0 ? 1 : max - min;
+    ps->n_elems += (int64_t)n * (min + n_opt);
+    if (ps->n_elems > LLM_GR_MAX_ELEMS) return llm_gr_fail(ps, "the grammar is too large%s", NULL);
+    llm_gr_elem *s = (llm_gr_elem *)malloc(n * sizeof *s);
+    if (!s) return llm_gr_fail(ps, "out of memory%s", NULL);
+    memcpy(s, *out + item, n * sizeof *s);
+    arrsetlen(*out, item);
+    for (int64_t i = 0; i < min; i++) memcpy(arraddnptr(*out, n), s, n * sizeof *s);
+    int last = -1;
+    for (int64_t i = 0; i < n_opt; i++) {
+        int rid = llm_gr_new_id(ps, id);
+        if (rid < 0) { free(s); return -1; }
+        llm_gr_elem *r = NULL;
+        memcpy(arraddnptr(r, n), s, n * sizeof *s);
+        if (max < 0 || i > 0) llm_gr_push(&r, LLM_GR_RULE, (uint32_t)(max < 0 ? rid : last));
+        llm_gr_push(&r, LLM_GR_ALT, 0); llm_gr_push(&r, LLM_GR_END, 0);
+        ps->rules[rid] = r; ps->defined[rid] = 1;
+        last = rid;
+    }
+    if (n_opt > 0) llm_gr_push(out, LLM_GR_RULE, (uint32_t)last);
+    free(s);
+    return 0;
+}
+
+static int64_t llm_gr_number(llm_gr_parser *ps) {
+    if (!isdigit((unsigned char)*ps->p)) return llm_gr_fail(ps, "a number is expected%s", NULL);
+    int64_t v = 0;
+    while (isdigit((unsigned char)*ps->p)) { if (v < 1000000) v = v * 10 + (*ps->p - '0'); ps->p++; }
+    llm_gr_space(ps, 1);
+    return v;
+}
+
+/* One alternative: items until '|', ')' or (outside parentheses) the end of the line. */
+static int llm_gr_sequence(llm_gr_parser *ps, int id, llm_gr_elem **out, int nested) {
+    size_t item = (size_t)arrlen(*out); /* where the last item begins: what a repetition repeats */
+    while (*ps->p) {
+        char c = *ps->p;
+        if (c == '"') {
+            ps->p++; item = (size_t)arrlen(*out);
+            while (*ps->p != '"') {
+                int64_t ch = llm_gr_char(ps);
+                if (ch < 0) return -1;
+                llm_gr_push(out, LLM_GR_CHAR, (uint32_t)ch);
+            }
+            ps->p++;
+        } else if (c == '[') {
+            ps->p++; item = (size_t)arrlen(*out);
+            uint32_t type = LLM_GR_CHAR;
+            if (*ps->p == '^') { ps->p++; type = LLM_GR_CHAR_NOT; }
+            while (*ps->p != ']') {
+                int64_t lo = llm_gr_char(ps);
+                if (lo < 0) return -1;
+                llm_gr_push(out, (size_t)arrlen(*out) == item ? type : LLM_GR_CHAR_ALT, (uint32_t)lo);
+                if (ps->p[0] == '-' && ps->p[1] && ps->p[1] != ']') {
+                    ps->p++;
+                    int64_t hi = llm_gr_char(ps);
+                    if (hi < 0) return -1;
+                    if (hi < lo) return llm_gr_fail(ps, "a range that ends before it begins%s", NULL);
+                    llm_gr_push(out, LLM_GR_CHAR_UPPER, (uint32_t)hi);
+                }
+            }
+            if ((size_t)arrlen(*out) == item) return llm_gr_fail(ps, "an empty character class%s", NULL);
+            ps->p++;
+        } else if (llm_gr_is_word((unsigned char)c)) {
+            size_t n = 0;
+            while (llm_gr_is_word((unsigned char)ps->p[n])) n++;
+            int ref = llm_gr_id(ps, ps->p, n);
+            if (ref < 0) return -1;
+            ps->p += n; item = (size_t)arrlen(*out);
+            llm_gr_push(out, LLM_GR_RULE, (uint32_t)ref);
+        } else if (c == '(') {
+            ps->p++;
+            llm_gr_space(ps, 1);
+            int sub = llm_gr_new_id(ps, id);
+            if (sub < 0 || llm_gr_alternates(ps, sub, 1) != 0) return -1;
+            if (*ps->p != ')') return llm_gr_fail(ps, "a ')' is missing%s", NULL);
+            ps->p++; item = (size_t)arrlen(*out);
+            llm_gr_push(out, LLM_GR_RULE, (uint32_t)sub);
+        } else if (c == '.') {
+            ps->p++; item = (size_t)arrlen(*out);
+            llm_gr_push(out, LLM_GR_CHAR_ANY, 0);
+        } else if (c == '*' || c == '+' || c == '?') {
+            ps->p++;
+            if (llm_gr_repeat(ps, id, out, item, c == '+', c == '?' ? 1 : -1) != 0) return -1;
+        } else if (c == '{') {
+            ps->p++;
+            llm_gr_space(ps, 1);
+            int64_t min = llm_gr_number(ps), max = min;
+            if (min < 0) return -1;
+            if (*ps->p == ',') {
+                ps->p++;
+                llm_gr_space(ps, 1);
+                max = *ps->p == '}' ? -1 : llm_gr_number(ps);
+                if (max < -1 || (max == -1 && *ps->p != '}')) return -1;
+            }
+            if (*ps->p != '}') return llm_gr_fail(ps, "a '}' is missing%s", NULL);
+            ps->p++;
+            if (llm_gr_repeat(ps, id, out, item, min, max) != 0) return -1;
+        } else break;
+        llm_gr_space(ps, nested);
+    }
+    return 0;
+}
+
+static int llm_gr_alternates(llm_gr_parser *ps, int id, int nested) {
+    llm_gr_elem *r = NULL;
+    int rc = llm_gr_sequence(ps, id, &r, nested);
+    while (rc == 0 && *ps->p == '|') {
+        llm_gr_push(&r, LLM_GR_ALT, 0);
+        ps->p++;
+        llm_gr_space(ps, 1);
+        rc = llm_gr_sequence(ps, id, &r, nested);
+    }
+    llm_gr_push(&r, LLM_GR_END, 0);
+    ps->n_elems += arrlen(r);
+    arrfree(ps->rules[id]);
+    ps->rules[id] = r; ps->defined[id] = 1;
+    if (rc == 0 && ps->n_elems > LLM_GR_MAX_ELEMS) return llm_gr_fail(ps, "the grammar is too large%s", NULL);
+    return rc;
+}
+
+static int llm_gr_is_end(const llm_gr_elem *e) { return e->type == LLM_GR_END || e->type == LLM_GR_ALT; }
+
+/* A rule that can match the empty text before its first character would let the matcher expand it forever:
+ * left recursion (a ::= a "x", or through rules that can be empty) is refused, as llama.cpp refuses it. */
+static int llm_gr_left_recursive(const llm_grammar *g, uint8_t *nullable, uint8_t *state, uint32_t r) {
+    state[r] = 1;
+    for (uint32_t pos = g->rule_start[r];; pos++) {
+        for (; !llm_gr_is_end(&g->elems[pos]); pos++) { /* one alternative, while what comes first can be empty */
+            const llm_gr_elem *e = &g->elems[pos];
+            if (e->type != LLM_GR_RULE) break;
+            if (state[e->value] == 1) return (int)e->value + 1;
+            if (state[e->value] == 0) { int bad = llm_gr_left_recursive(g, nullable, state, e->value); if (bad) return bad; }
+            if (!nullable[e->value]) break;
+        }
+        while (!llm_gr_is_end(&g->elems[pos])) pos++;
+        if (g->elems[pos].type == LLM_GR_END) break;
+    }
+    state[r] = 2;
+    return 0;
+}
+
+static int llm_gr_check(llm_grammar *g, char *err) {
+    uint32_t n = (uint32_t)arrlen(g->rule_start);
+    uint8_t *nullable = (uint8_t *)calloc(n + 1, 1), *state = (uint8_t *)calloc(n + 1, 1);
+    if (!nullable || !state) { free(nullable); free(state); return llm_fail(err, "out of memory"); }
+    for (int changed = 1; changed;) { /* a rule is nullable when one alternative is nothing but nullable rules */
+        changed = 0;
+        for (uint32_t r = 0; r < n; r++) {
+            if (nullable[r]) continue;
+            uint32_t pos = g->rule_start[r];
+            for (;;) {
+                int all = 1;
+                for (; !llm_gr_is_end(&g->elems[pos]); pos++)
+                    if (g->elems[pos].type != LLM_GR_RULE || !nullable[g->elems[pos].value]) all = 0;
+                if (all) { nullable[r] = 1; changed = 1; break; }
+                if (g->elems[pos++].type == LLM_GR_END) break;
+            }
+        }
+    }
+    int bad = 0;
+    for (uint32_t r = 0; r < n && !bad; r++) if (!state[r]) bad = llm_gr_left_recursive(g, nullable, state, r);
+    free(nullable); free(state);
+    if (bad) return llm_fail(err, "grammar: rule %s is left-recursive (it can reach itself before any character)",
+                             g->rule_names[bad - 1]);
+    return 0;
+}
+
+void llm_grammar_free(llm_grammar *g) {
+    if (!g) return;
+    arrfree(g->elems); arrfree(g->rule_start);
+    for (ptrdiff_t i = 0; i < arrlen(g->rule_names); i++) free(g->rule_names[i]);
+    arrfree(g->rule_names);
+    for (ptrdiff_t i = 0; i < arrlen(g->cache); i++) { free(g->cache[i].key); free(g->cache[i].mask); }
+    arrfree(g->cache);
+    for (ptrdiff_t i = 0; i < arrlen(g->walk); i++) { arrfree(g->walk[i].data); arrfree(g->walk[i].lens); }
+    arrfree(g->walk);
+    free(g);
+}
+
+llm_grammar *llm_grammar_parse(const char *gbnf, char *err) {
+    char buf[LLM_ERR_LEN] = "";
+    if (!gbnf) { llm_fail(err, "grammar: no text"); return NULL; }
+    llm_gr_parser ps;
+    memset(&ps, 0, sizeof ps);
+    ps.p = ps.start = gbnf; ps.end = gbnf + strlen(gbnf); ps.err = err ? err : buf;
+    ps.err[0] = 0;
+    sh_new_strdup(ps.ids);
+    llm_grammar *g = (llm_grammar *)calloc(1, sizeof *g);
+    int rc = g ? 0 : llm_gr_fail(&ps, "out of memory%s", NULL);
+    llm_gr_space(&ps, 1);
+    while (rc == 0 && *ps.p) { /* name ::= alternatives, one rule after another */
+        size_t n = 0;
+        while (llm_gr_is_word((unsigned char)ps.p[n])) n++;
+        if (!n) { rc = llm_gr_fail(&ps, "a rule name is expected%s", NULL); break; }
+        int id = llm_gr_id(&ps, ps.p, n);
+        if (id < 0) { rc = -1; break; }
+        if (ps.defined[id]) { rc = llm_gr_fail(&ps, "rule %s is defined twice", ps.names[id]); break; }
+        ps.p += n;
+        llm_gr_space(&ps, 0);
+        if (strncmp(ps.p, "::=", 3) != 0) { rc = llm_gr_fail(&ps, "'::=' is expected%s", NULL); break; }
+        ps.p += 3;
+        llm_gr_space(&ps, 1);
+        if ((rc = llm_gr_alternates(&ps, id, 0)) != 0) break;
+        if (*ps.p && *ps.p != '\n' && *ps.p != '\r') { rc = llm_gr_fail(&ps, "an unexpected character%s", NULL); break; }
+        llm_gr_space(&ps, 1);
+    }
+    int n_rules = (int)arrlen(ps.rules);
+    for (int r = 0; rc == 0 && r < n_rules; r++)
+        if (!ps.defined[r]) rc = llm_fail(ps.err, "grammar: rule %s is used but not defined", ps.names[r]);
+    ptrdiff_t root = shgeti(ps.ids, "root");
+    if (rc == 0 && root < 0) rc = llm_fail(ps.err, "grammar: there is no rule named root");
+    if (rc == 0) { /* the rules, flattened: a reference is a rule id, its elements found by rule_start */
+        g->root = (uint32_t)ps.ids[root].value;
+        for (int r = 0; r < n_rules; r++) {
+            arrput(g->rule_start, (uint32_t)arrlen(g->elems));
+            memcpy(arraddnptr(g->elems, arrlen(ps.rules[r])), ps.rules[r], (size_t)arrlen(ps.rules[r]) * sizeof(llm_gr_elem));
+            char *name = strdup(ps.names[r]);
+            arrput(g->rule_names, name);
+            if (!name) rc = llm_fail(ps.err, "out of memory");
+        }
+        llm_gr_push(&g->elems, LLM_GR_END, 0); /* the element after the last: reading one past a class is safe */
+    }
+    for (int r = 0; r < n_rules; r++) arrfree(ps.rules[r]);
+    arrfree(ps.rules); arrfree(ps.defined); arrfree(ps.names); shfree(ps.ids);
+    if (rc == 0) rc = llm_gr_check(g, ps.err);
+    if (rc != 0) { llm_grammar_free(g); return NULL; }
+    return g;
+}
+
+/* ---- The matcher: a set of stacks, advanced a character at a time ------------------------------------- */
+struct llm_grammar_state {
+    const llm_grammar *g;
+    llm_gr_set set;
+    uint32_t partial; int partial_left, partial_len; /* a UTF-8 character begun: its bits, bytes to come */
+};
+
+static void llm_gr_set_clear(llm_gr_set *s) { arrsetlen(s->data, 0); arrsetlen(s->lens, 0); }
+static void llm_gr_set_free(llm_gr_set *s) { arrfree(s->data); arrfree(s->lens); }
+
+static int llm_gr_set_add(llm_gr_set *s, const uint32_t *stack, uint32_t n) {
+    size_t at = 0;
+    for (ptrdiff_t i = 0; i < arrlen(s->lens); at += s->lens[i++])
+        if (s->lens[i] == n && !memcmp(s->data + at, stack, n * sizeof *stack)) return 0;
+    if (arrlen(s->lens) >= LLM_GR_MAX_STACKS) return -1;
+    if (!s->data) arrsetcap(s->data, 64); /* a set with a stack has data, even if the stack is empty */
+    arrput(s->lens, n);
+    if (n) memcpy(arraddnptr(s->data, n), stack, n * sizeof *stack);
+    return 0;
+}
+
+/* A stack whose top is a rule reference becomes one stack per alternative of the rule (recursively), until
+ * every top is a character to match, or the stack is empty (the sentence is whole). Added to out. */
+static int llm_gr_expand(const llm_grammar *g, const uint32_t *stack, uint32_t n, llm_gr_set *out) {
+    if (n == 0 || g->elems[stack[n - 1]].type != LLM_GR_RULE) return llm_gr_set_add(out, stack, n);
+    if (n >= LLM_GR_MAX_DEPTH) return -1;
+    uint32_t pos = stack[n - 1], alt = g->rule_start[g->elems[pos].value], m = n - 1;
+    uint32_t *buf = (uint32_t *)malloc((n + 1) * sizeof *buf);
+    if (!buf) return -1;
+    memcpy(buf, stack, m * sizeof *buf);
+    if (!llm_gr_is_end(&g->elems[pos + 1])) buf[m++] = pos + 1; /* what follows the reference, once it is done */
+    int rc = 0;
+    for (;;) {
+        uint32_t k = m;
+        if (!llm_gr_is_end(&g->elems[alt])) buf[k++] = alt;
+        if ((rc = llm_gr_expand(g, buf, k, out)) != 0) break;
+        while (!llm_gr_is_end(&g->elems[alt])) alt++;
+        if (g->elems[alt++].type == LLM_GR_END) break;
+    }
+    free(buf);
+    return rc;
+}
+
+/* Whether the class at e matches c; *next: the element after the class. */
+static int llm_gr_match_char(const llm_gr_elem *e, uint32_t c, const llm_gr_elem **next) {
+    int found = 0, positive = e->type != LLM_GR_CHAR_NOT;
+    do {
+        if (e->type == LLM_GR_CHAR_ANY) { found = 1; e++; }
+        else if (e[1].type == LLM_GR_CHAR_UPPER) { found |= e->value <= c && c <= e[1].value; e += 2; }
+        else { found |= e->value == c; e++; }
+    } while (e->type == LLM_GR_CHAR_ALT);
+    *next = e;
+    return found == positive;
+}
+
+/* Whether the class at e could match a character that begins with the bits of a partial UTF-8 character
+ * (left bytes to come): the range of code points it can still become meets the class. */
+static int llm_gr_match_partial(const llm_gr_elem *e, uint32_t partial, int left, int len) {
+    uint32_t lo = partial << (6 * left), hi = lo | ((1u << (6 * left)) - 1);
+    if (len == 3 && lo < 0x800) lo = 0x800;
+    if (len == 4 && lo < 0x10000) lo = 0x10000;
+    int positive = e->type != LLM_GR_CHAR_NOT;
+    do {
+        uint32_t a = e->value, b = e[1].type == LLM_GR_CHAR_UPPER ? e[1].value : e->value;
+        if (e->type == LLM_GR_CHAR_ANY) return 1;
+        if (positive && a <= hi && lo <= b) return 1;
+        if (!positive && a <= lo && hi <= b) return 0; /* the whole range is excluded */
+        e += e[1].type == LLM_GR_CHAR_UPPER ? 2 : 1;
+    } while (e->type == LLM_GR_CHAR_ALT);
+    return !positive;
+}
+
+/* One character: every stack whose top matches c pops it and is expanded into out. */
+static int llm_gr_step(const llm_grammar *g, const llm_gr_set *in, uint32_t c, llm_gr_set *out) {
+    llm_gr_set_clear(out);
+    size_t at = 0;
+    for (ptrdiff_t i = 0; i < arrlen(in->lens); at += in->lens[i++]) {
+        uint32_t n = in->lens[i];
+        const uint32_t *stack = in->data + at;
+        const llm_gr_elem *next;
+        if (!n || !llm_gr_match_char(&g->elems[stack[n - 1]], c, &next)) continue;
+        uint32_t *buf = (uint32_t *)malloc(n * sizeof *buf), m = n - 1;
+        if (!buf) return -1;
+        memcpy(buf, stack, m * sizeof *buf);
+        if (!llm_gr_is_end(next)) buf[m++] = (uint32_t)(next - g->elems);
+        int rc = llm_gr_expand(g, buf, m, out);
+        free(buf);
+        if (rc != 0) return -1;
+    }
+    return 0;
+}
+
+static int llm_gr_partial_ok(const llm_grammar *g, const llm_gr_set *s, uint32_t partial, int left, int len) {
+    if (!left) return 1;
+    size_t at = 0;
+    for (ptrdiff_t i = 0; i < arrlen(s->lens); at += s->lens[i++])
+        if (s->lens[i] && llm_gr_match_partial(&g->elems[s->data[at + s->lens[i] - 1]], partial, left, len))
+            return 1;
+    return 0;
+}
+
+/* The UTF-8 decoder between bytes: 1 when b completes a character (in *cp), 0 when more bytes are to come,
+ * -1 when the bytes are not UTF-8 (overlong forms and surrogates included). */
+static int llm_gr_byte(uint32_t *cp, int *left, int *len, unsigned char b) {
+    if (*left) {
+        if ((b & 0xC0) != 0x80) return -1;
+        *cp = *cp << 6 | (b & 0x3F);
+        if (--*left) return 0;
+        if ((*len == 3 && (*cp < 0x800 || (*cp >= 0xD800 && *cp <= 0xDFFF))) ||
+            (*len == 4 && (*cp < 0x10000 || *cp > 0x10FFFF))) return -1;
+        return 1;
+    }
+    if (b < 0x80) { *cp = b; *len = 1; return 1; }
+    if (b >= 0xC2 && b <= 0xDF) { *cp = b & 0x1F; *left = 1; *len = 2; return 0; }
+    if (b >= 0xE0 && b <= 0xEF) { *cp = b & 0x0F; *left = 2; *len = 3; return 0; }
+    if (b >= 0xF0 && b <= 0xF4) { *cp = b & 0x07; *left = 3; *len = 4; return 0; }
+    return -1;
+}
+
+llm_grammar_state *llm_grammar_start(const llm_grammar *g) {
+    llm_grammar_state *st = (llm_grammar_state *)calloc(1, sizeof *st);
+    if (!st) return NULL;
+    st->g = g;
+    uint32_t root = g->rule_start[g->root];
+    for (;;) { /* one stack per alternative of root, each expanded */
+        uint32_t stack[1] = {root};
+        if (llm_gr_expand(g, stack, llm_gr_is_end(&g->elems[root]) ? 0 : 1, &st->set) != 0) {
+            llm_grammar_state_free(st);
+            return NULL;
+        }
+        while (!llm_gr_is_end(&g->elems[root])) root++;
+        if (g->elems[root++].type == LLM_GR_END) break;
+    }
+    return st;
+}
+
+llm_grammar_state *llm_grammar_state_copy(const llm_grammar_state *st) {
+    llm_grammar_state *c = (llm_grammar_state *)calloc(1, sizeof *c);
+    if (!c) return NULL;
+    *c = *st;
+    c->set.data = NULL; c->set.lens = NULL;
+    if (arrlen(st->set.data)) memcpy(arraddnptr(c->set.data, arrlen(st->set.data)), st->set.data,
+                                     (size_t)arrlen(st->set.data) * sizeof(uint32_t));
+    memcpy(arraddnptr(c->set.lens, arrlen(st->set.lens)), st->set.lens, (size_t)arrlen(st->set.lens) * sizeof(uint32_t));
+    return c;
+}
+
+void llm_grammar_state_free(llm_grammar_state *st) {
+    if (!st) return;
+    llm_gr_set_free(&st->set);
+    free(st);
+}
+
+int llm_grammar_accept(llm_grammar_state *st, const char *bytes, int n) {
+    llm_gr_set sets[2] = {{0}};
+    const llm_gr_set *cur = &st->set;
+    uint32_t cp = st->partial;
+    int left = st->partial_left, len = st->partial_len, rc = 0, k = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        int r = llm_gr_byte(&cp, &left, &len, (unsigned char)bytes[i]);
+        if (r < 0) rc = -1;
+        else if (r == 1) {
+            llm_gr_set *out = &sets[k];
+            k ^= 1;
+            rc = llm_gr_step(st->g, cur, cp, out) != 0 || arrlen(out->lens) == 0 ? -1 : 0;
+            cur = out;
+        }
+    }
+    if (rc == 0 && !llm_gr_partial_ok(st->g, cur, cp, left, len)) rc = -1;
+    if (rc == 0) {
+        if (cur != &st->set) { llm_gr_set old = st->set; st->set = *cur; *(llm_gr_set *)cur = old; }
+        st->partial = cp; st->partial_left = left; st->partial_len = len;
+    }
+    llm_gr_set_free(&sets[0]); llm_gr_set_free(&sets[1]);
+    return rc;
+}
+
+int llm_grammar_can_end(const llm_grammar_state *st) {
+    if (st->partial_left) return 0;
+    for (ptrdiff_t i = 0; i < arrlen(st->set.lens); i++) if (!st->set.lens[i]) return 1;
+    return 0;
+}
+
+int llm_grammar_done(const llm_grammar_state *st) {
+    return !st->partial_left && arrlen(st->set.lens) == 1 && st->set.lens[0] == 0;
+}
+
+/* ---- Token masks: the vocabulary as a trie, walked once per state -------------------------------------- */
+/* The nodes in preorder: a node's subtree is the nodes from it to end[node], so a prefix the grammar refuses
+ * skips every token that begins with it in one jump. */
+struct llm_token_trie {
+    int n_vocab, max_len, n_nodes;
+    uint8_t *byte;                  /* [n_nodes] the byte from the node's parent to it */
+    uint16_t *depth;                /* [n_nodes] its bytes: 1 for the root's children */
+    int32_t *end;                   /* [n_nodes] the node after its subtree */
+    int32_t *first_token;           /* [n_nodes] a token whose bytes end here, or -1 ... */
+    int32_t *next_token;            /* [n_vocab] ... and the next token with the same bytes, or -1 */
+    char *bytes; int64_t *offset;   /* [n_vocab + 1] every token's bytes, one after another */
+    int32_t *ends;                  /* stb_ds: the tokens that end generation (allowed where the text is whole) */
+};
+
+typedef struct { const char *s; int len; int32_t id; } llm_trie_entry;
+static int llm_trie_entry_cmp(const void *a, const void *b) {
+    const llm_trie_entry *x = (const llm_trie_entry *)a, *y = (const llm_trie_entry *)b;
+    int n = x->len < y->len ? x->len : y->len, c = memcmp(x->s, y->s, (size_t)n);
+    if (c) return c;
+    return x->len != y->len ? x->len - y->len : x->id - y->id;
+}
+
+void llm_token_trie_free(llm_token_trie *tt) {
+    if (!tt) return;
+    free(tt->byte); free(tt->depth); free(tt->end); free(tt->first_token); free(tt->next_token);
+    free(tt->bytes); free(tt->offset); arrfree(tt->ends);
+    free(tt);
+}
+
+llm_token_trie *llm_token_trie_build(const llm_tokenizer *t, char *err) {
+    int V = llm_tokenizer_n_vocab(t);
+    llm_token_trie *tt = (llm_token_trie *)calloc(1, sizeof *tt);
+    llm_trie_entry *ent = (llm_trie_entry *)malloc(((size_t)V + 1) * sizeof *ent);
+    char *blob = NULL; /* stb_ds */
+    if (!tt || !ent || !(tt->offset = (int64_t *)malloc(((size_t)V + 1) * sizeof(int64_t)))) goto oom;
+    tt->n_vocab = V;
+    for (int id = 0; id < V; id++) { /* the bytes a token adds to the text (control tokens: none) */
+        tt->offset[id] = arrlen(blob);
+        char small[64];
+        int n = llm_tokenizer_piece(t, id, 0, small, (int)sizeof small);
+        if (n > (int)sizeof small) n = llm_tokenizer_piece(t, id, 0, arraddnptr(blob, n), n);
+        else if (n > 0) memcpy(arraddnptr(blob, n), small, (size_t)n);
+        if (n > 65535) goto oom;
+        if (n > tt->max_len) tt->max_len = n;
+    }
+    tt->offset[V] = arrlen(blob);
+    if (!(tt->bytes = (char *)malloc((size_t)arrlen(blob) + 1))) goto oom;
+    if (arrlen(blob)) memcpy(tt->bytes, blob, (size_t)arrlen(blob));
+    arrfree(blob);
+    int n_ent = 0;
+    int64_t n_bytes = 0;
+    for (int id = 0; id < V; id++) {
+        int len = (int)(tt->offset[id + 1] - tt->offset[id]);
+        if (len > 0) { llm_trie_entry e = {tt->bytes + tt->offset[id], len, id}; ent[n_ent++] = e; n_bytes += len; }
+    }
+    qsort(ent, (size_t)n_ent, sizeof *ent, llm_trie_entry_cmp);
+    size_t cap = (size_t)n_bytes + 1;
+    tt->byte = (uint8_t *)malloc(cap); tt->depth = (uint16_t *)malloc(cap * sizeof(uint16_t));
+    tt->end = (int32_t *)malloc(cap * sizeof(int32_t)); tt->first_token = (int32_t *)malloc(cap * sizeof(int32_t));
+    tt->next_token = (int32_t *)malloc(((size_t)V + 1) * sizeof(int32_t));
+    int32_t *path = (int32_t *)malloc(((size_t)tt->max_len + 1) * sizeof(int32_t));
+    if (!tt->byte || !tt->depth || !tt->end || !tt->first_token || !tt->next_token || !path) { free(path); goto oom; }
+    for (int id = 0; id < V; id++) tt->next_token[id] = -1;
+    for (int i = 0; i < n_ent; i++) { /* sorted: each token shares a prefix with the one before, the rest is new */
+        int common = 0;
+        if (i > 0) {
+            int m = ent[i - 1].len < ent[i].len ? ent[i - 1].len : ent[i].len;
+            while (common < m && ent[i - 1].s[common] == ent[i].s[common]) common++;
+        }
+        for (int d = common + 1; d <= ent[i].len; d++) {
+            int32_t node = tt->n_nodes++;
+            tt->byte[node] = (uint8_t)ent[i].s[d - 1]; tt->depth[node] = (uint16_t)d;
+            tt->first_token[node] = -1;
+            path[d] = node;
+        }
+        int32_t node = path[ent[i].len]; /* same bytes as a token before: chained after it */
+        int32_t *slot = &tt->first_token[node];
+        while (*slot >= 0) slot = &tt->next_token[*slot];
+        *slot = ent[i].id;
+    }
+    for (int32_t i = 0, top = 0; i <= tt->n_nodes; i++) { /* end: the next node no deeper than it */
+        int d = i < tt->n_nodes ? tt->depth[i] : 0;
+        while (top > 0 && tt->depth[path[top - 1]] >= d) tt->end[path[--top]] = i;
+        if (i < tt->n_nodes) path[top++] = i;
+    }
+    free(path); free(ent);
+    for (ptrdiff_t i = 0; i < arrlen(t->eog); i++) arrput(tt->ends, t->eog[i]);
+    return tt;
+oom:
+    arrfree(blob); free(ent); llm_token_trie_free(tt);
+    llm_fail(err, "out of memory for the vocabulary's trie");
+    return NULL;
+}
+
+/* A state written out for the masks' cache: its partial character, then each stack with its length */
+static uint32_t *llm_gr_state_key(const llm_grammar_state *st, int *n, uint64_t *hash) {
+    int m = 3 + (int)arrlen(st->set.lens) + (int)arrlen(st->set.data);
+    uint32_t *key = (uint32_t *)malloc((size_t)m * sizeof *key);
+    if (!key) return NULL;
+    key[0] = st->partial; key[1] = (uint32_t)st->partial_left; key[2] = (uint32_t)st->partial_len;
+    int k = 3;
+    size_t at = 0;
+    for (ptrdiff_t i = 0; i < arrlen(st->set.lens); i++) {
+        key[k++] = st->set.lens[i];
+        for (uint32_t j = 0; j < st->set.lens[i]; j++) key[k++] = st->set.data[at++];
+    }
+    uint64_t h = 0x84222325cbf29ce4ull;
+    for (int i = 0; i < m; i++) { h ^= key[i]; h *= 0x100000001b3ull; }
+    *n = m; *hash = h;
+    return key;
+}
+
+int llm_grammar_mask(const llm_grammar_state *st, const llm_token_trie *tt, uint8_t *mask) {
+    llm_grammar *g = (llm_grammar *)st->g; /* its cache and scratch change; its rules do not */
+    size_t mask_bytes = ((size_t)tt->n_vocab + 7) / 8;
+    int n_key;
+    uint64_t hash;
+    uint32_t *key = llm_gr_state_key(st, &n_key, &hash);
+    if (!key) return -1;
+    if (g->cache_trie != tt) { /* masks of another vocabulary: of no use */
+        for (ptrdiff_t i = 0; i < arrlen(g->cache); i++) { free(g->cache[i].key); free(g->cache[i].mask); }
+        arrsetlen(g->cache, 0);
+        g->cache_trie = tt;
+    }
+    for (ptrdiff_t i = 0; i < arrlen(g->cache); i++) {
+        llm_gr_cached_mask *c = &g->cache[i];
+        if (c->hash == hash && c->n_key == n_key && !memcmp(c->key, key, (size_t)n_key * sizeof *key)) {
+            memcpy(mask, c->mask, mask_bytes);
+            g->cache_hits++;
+            free(key);
+            return c->n_allowed;
+        }
+    }
+    memset(mask, 0, mask_bytes);
+    while (arrlen(g->walk) < tt->max_len + 1) { llm_gr_set empty = {0}; arrput(g->walk, empty); }
+    /* at depth d: the set after the node's bytes (a pointer: a byte inside a character changes no stack) */
+    const llm_gr_set **at = (const llm_gr_set **)malloc(((size_t)tt->max_len + 1) * sizeof *at);
+    int *part = (int *)malloc(((size_t)tt->max_len + 1) * 3 * sizeof(int));
+    if (!at || !part) { free(at); free(part); free(key); return -1; }
+    at[0] = &st->set;
+    part[0] = (int)st->partial; part[1] = st->partial_left; part[2] = st->partial_len;
+    int n_allowed = 0, rc = 0;
+    for (int32_t i = 0; i < tt->n_nodes;) {
+        int d = tt->depth[i];
+        uint32_t cp = (uint32_t)part[3 * (d - 1)];
+        int left = part[3 * (d - 1) + 1], len = part[3 * (d - 1) + 2];
+        int r = llm_gr_byte(&cp, &left, &len, tt->byte[i]), ok = 0;
+        if (r == 0) { at[d] = at[d - 1]; ok = llm_gr_partial_ok(g, at[d], cp, left, len); }
+        else if (r == 1) {
+            if (llm_gr_step(g, at[d - 1], cp, &g->walk[d]) != 0) { rc = -1; break; }
+            at[d] = &g->walk[d];
+            ok = arrlen(g->walk[d].lens) > 0;
+        }
+        if (!ok) { i = tt->end[i]; continue; }
+        part[3 * d] = (int)cp; part[3 * d + 1] = left; part[3 * d + 2] = len;
+        for (int32_t tok = tt->first_token[i]; tok >= 0; tok = tt->next_token[tok]) {
+            mask[tok >> 3] |= (uint8_t)(1u << (tok & 7));
+            n_allowed++;
+        }
+        i++;
+    }
+    free(at); free(part);
+    if (rc != 0) { free(key); return -1; }
+    int can_end = llm_grammar_can_end(st);
+    for (ptrdiff_t i = 0; i < arrlen(tt->ends); i++) { /* the end of generation: where the text is whole */
+        int32_t tok = tt->ends[i];
+        int was = mask[tok >> 3] >> (tok & 7) & 1;
+        if (was != can_end) { mask[tok >> 3] ^= (uint8_t)(1u << (tok & 7)); n_allowed += can_end ? 1 : -1; }
+    }
+    llm_gr_cached_mask c = {hash, key, n_key, (uint8_t *)malloc(mask_bytes), n_allowed};
+    if (!c.mask) { free(key); return n_allowed; }
+    memcpy(c.mask, mask, mask_bytes);
+    if (arrlen(g->cache) < LLM_GR_CACHE) arrput(g->cache, c);
+    else { /* full: the oldest goes */
+        free(g->cache[g->cache_next].key); free(g->cache[g->cache_next].mask);
+        g->cache[g->cache_next] = c;
+        g->cache_next = (g->cache_next + 1) % LLM_GR_CACHE;
+    }
+    return n_allowed;
+}
+
+int llm_grammar_allows(const llm_grammar_state *st, const llm_token_trie *tt, int32_t token) {
+    if (token < 0 || token >= tt->n_vocab) return 0;
+    for (ptrdiff_t i = 0; i < arrlen(tt->ends); i++) if (tt->ends[i] == token) return llm_grammar_can_end(st);
+    int n = (int)(tt->offset[token + 1] - tt->offset[token]);
+    if (n == 0) return 0; /* a control token adds no text: it would not move the grammar on */
+    llm_grammar_state *c = llm_grammar_state_copy(st);
+    int ok = c && llm_grammar_accept(c, tt->bytes + tt->offset[token], n) == 0;
+    llm_grammar_state_free(c);
+    return ok;
+}
+
 /* ---- (to come) ---- */
 char *llm_json_schema_to_grammar(const llm_json *schema, char *err) { (void)schema; llm_fail(err, "JSON Schema is not supported yet"); return NULL; }
 char *llm_regex_to_grammar(const char *regex, char *err) { (void)regex; llm_fail(err, "regex is not supported yet"); return NULL; }
@@ -4905,7 +5671,9 @@ struct llm_engine {
     int logits_rows;
     float *masked_logits;           /* [vocab_size]: the row a request samples from when it is adjusted: its
                                      * allowed ids only, logit_bias added, bad words and (for min_tokens) the
-                                     * stop ids out */
+                                     * stop ids out, and what its grammar refuses */
+    llm_token_trie *trie;           /* the vocabulary's bytes, built for the first request with a grammar */
+    uint8_t *grammar_mask;          /* [vocab_size bits] */
     char step_error[LLM_ERR_LEN];   /* why this step's forward pass failed: the error of its outputs */
     llm_output *outputs;
 };
@@ -5027,7 +5795,7 @@ void llm_engine_destroy(llm_engine *e) {
     arrfree(e->finished); arrfree(e->inbox); arrfree(e->inbox_abort);
     arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows);
     arrfree(e->b_tables); arrfree(e->outputs);
-    free(e->logits); free(e->masked_logits);
+    free(e->logits); free(e->masked_logits); llm_token_trie_free(e->trie); free(e->grammar_mask);
     llm_sampler_free(e->sampler);
     if (e->backend) e->backend->destroy(e->backend);
     llm_block_manager_free(&e->bm);
@@ -5090,7 +5858,10 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
                  e->bm.num_blocks);
         return 0;
     }
-    llm_seq *s = llm_seq_new(ids, p, user);
+    llm_grammar *grammar = NULL;
+    if (p->grammar && !e->model.tok) { arrfree(ids); llm_fail(err, "a grammar needs the model's tokenizer"); return 0; }
+    if (p->grammar && !(grammar = llm_grammar_parse(p->grammar, err))) { arrfree(ids); return 0; }
+    llm_seq *s = llm_seq_new(ids, p, grammar, user);
     if (!s) { llm_fail(err, "out of memory"); return 0; }
     pthread_mutex_lock(&e->lock);
     uint64_t id = s->req->id = e->next_id++;
@@ -5265,6 +6036,73 @@ static void llm_engine_fail_step(llm_engine *e) {
         llm_seq_finish(e, e->sched.scheduled[i], LLM_FINISH_ERROR, e->step_error);
 }
 
+/* 5. Under a grammar, the token sampled first is checked: most of the time the grammar allows it (a model
+ *    asked for JSON mostly writes JSON), and that costs one walk of its bytes. When it does not, every token
+ *    is checked (a mask, through the vocabulary's trie, or from the cache), the refused ones are masked out
+ *    and the sampler draws again: the same distribution as masking first (a refused draw is thrown away),
+ *    for the price of a mask only where one is needed. The ends of generation and the request's stop ids are
+ *    allowed exactly where the text so far is a whole sentence. Returns the token, or -1 when the sequence
+ *    failed (then it is finished with the error). */
+static int32_t llm_seq_grammar_sample(llm_engine *e, llm_seq *s, const float *sample_from, int32_t token) {
+    const llm_sampling_params *p = &s->req->params;
+    int V = e->model.cfg.vocab_size;
+    double t0 = llm_now();
+    char err[LLM_ERR_LEN];
+    if (!e->trie && !(e->trie = llm_token_trie_build(e->model.tok, err))) {
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the vocabulary's trie");
+        return -1;
+    }
+    e->stats.grammar_tokens++;
+    int can_end = llm_grammar_can_end(s->grammar) && !p->ignore_eos, is_stop = 0;
+    for (int i = 0; i < p->n_stop_token_ids; i++) is_stop |= p->stop_token_ids[i] == token;
+    int ok = is_stop ? can_end : !p->ignore_eos || !llm_tokenizer_is_eog(e->model.tok, token) ?
+             llm_grammar_allows(s->grammar, e->trie, token) : 0;
+    if (ok) { e->stats.grammar_seconds += llm_now() - t0; return token; }
+    if (!e->grammar_mask && !(e->grammar_mask = (uint8_t *)malloc(((size_t)V + 7) / 8))) {
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the grammar's mask");
+        return -1;
+    }
+    if (!e->masked_logits && !(e->masked_logits = (float *)malloc((size_t)V * sizeof(float)))) {
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the grammar's mask");
+        return -1;
+    }
+    int64_t cached = s->req->grammar->cache_hits;
+    int n = llm_grammar_mask(s->grammar, e->trie, e->grammar_mask);
+    e->stats.grammar_masks++;
+    e->stats.grammar_masks_cached += s->req->grammar->cache_hits - cached;
+    if (n < 0) {
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "the grammar's mask could not be built (out of memory, or the "
+                       "grammar is too ambiguous)");
+        return -1;
+    }
+    uint8_t *mask = e->grammar_mask;
+    for (int i = 0; i < p->n_stop_token_ids; i++) { /* stop ids end the text, as the ends of generation do */
+        int32_t t = p->stop_token_ids[i];
+        if (t < 0 || t >= V) continue;
+        if (can_end) mask[t >> 3] |= (uint8_t)(1u << (t & 7));
+        else mask[t >> 3] &= (uint8_t)~(1u << (t & 7));
+    }
+    for (ptrdiff_t i = 0; p->ignore_eos && i < arrlen(e->model.tok->eog); i++) { /* they would not end it */
+        int32_t t = e->model.tok->eog[i];
+        mask[t >> 3] &= (uint8_t)~(1u << (t & 7));
+    }
+    if (sample_from != e->masked_logits) memcpy(e->masked_logits, sample_from, (size_t)V * sizeof(float));
+    float *x = e->masked_logits;
+    int left = 0;
+    for (int i = 0; i < V; i++) {
+        if (!(mask[i >> 3] >> (i & 7) & 1)) x[i] = -INFINITY;
+        else left += x[i] > -INFINITY;
+    }
+    token = left ? llm_sampler_sample(e->sampler, p, x, s->tokens, s->req->n_prompt, (int)arrlen(s->tokens),
+                                      &s->rng) : -1;
+    e->stats.grammar_seconds += llm_now() - t0;
+    if (token < 0 || !(x[token] > -INFINITY)) {
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "the grammar allows no token here that the request allows");
+        return -1;
+    }
+    return token;
+}
+
 /* 5. One sampled token for s, from its row of logits: the logprobs asked for, the token, then the stop
  *    conditions (end of generation, stop ids, max_tokens, the context, the pool) and its text. */
 static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
@@ -5313,6 +6151,7 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
         llm_seq_finish(e, s, LLM_FINISH_ERROR, "sampling found no token to pick: the logits are not numbers");
         return;
     }
+    if (s->grammar && (token = llm_seq_grammar_sample(e, s, sample_from, token)) < 0) return;
     if (p->logprobs >= 0) {
         int K = p->logprobs < V ? p->logprobs : V;
         int32_t *top_ids = arraddnptr(s->out_top_ids, K);
@@ -5326,13 +6165,24 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
     const llm_tokenizer *tok = e->model.tok;
     if (!p->ignore_eos && tok && llm_tokenizer_is_eog(tok, token)) reason = LLM_FINISH_STOP;
     for (int i = 0; i < p->n_stop_token_ids; i++) if (p->stop_token_ids[i] == token) reason = LLM_FINISH_STOP;
+    int hidden = reason == LLM_FINISH_STOP; /* a stop token's own text is not output */
+    if (s->grammar && !hidden) { /* the grammar moves on by the token's bytes; whole, with nothing to follow: */
+        double t0 = llm_now();                                   /* stop */
+        int moved = llm_grammar_accept(s->grammar, e->trie->bytes + e->trie->offset[token],
+                                       (int)(e->trie->offset[token + 1] - e->trie->offset[token])) == 0;
+        if (moved && llm_grammar_done(s->grammar)) reason = LLM_FINISH_STOP;
+        e->stats.grammar_seconds += llm_now() - t0;
+        if (!moved) { /* cannot be: the token was allowed */
+            llm_seq_finish(e, s, LLM_FINISH_ERROR, "the grammar refused a token it had allowed");
+            return;
+        }
+    }
     /* out of room: max_tokens, the model's context, or (a tiny pool) the whole KV pool, which the next token
      * could not fit in */
     if (!reason && ((p->max_tokens > 0 && n_tokens - n_prompt >= p->max_tokens) ||
                     n_tokens >= e->max_model_len || n_tokens > e->bm.num_blocks * e->cfg.block_size))
         reason = LLM_FINISH_LENGTH;
-    /* the text: a stop token's own text is not output */
-    llm_seq_push_text(s, reason == LLM_FINISH_STOP ? -1 : token, tok, reason != LLM_FINISH_NONE);
+    llm_seq_push_text(s, hidden ? -1 : token, tok, reason != LLM_FINISH_NONE);
     if (s->finish_reason) reason = s->finish_reason; /* a stop string */
     if (reason) llm_seq_finish(e, s, reason, NULL);
 }

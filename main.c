@@ -46,6 +46,9 @@ static const char *usage =
     "  --ignore-eos           keep going past end-of-sequence tokens\n"
     "  --stop TEXT            stop before TEXT (may be given up to 16 times)\n"
     "  --ids                  print only the generated token ids, space-separated, on one line\n"
+    "  --grammar FILE         the output follows this GBNF grammar (llama.cpp's format; start rule root)\n"
+    "  --json-schema S        the output is JSON valid under this schema (a file, or the JSON itself)\n"
+    "  --regex RE             the output matches this regular expression, whole\n"
     "\n"
     "chat options (-n is the longest reply: default 1024):\n"
     "  -s, --system TEXT      system prompt (default: the template's own, if it has one)\n"
@@ -147,6 +150,7 @@ typedef struct {
     int port, max_queue;
     double request_timeout;
     const char *stops[16];
+    const char *grammar_file, *json_schema, *regex; /* at most one: made into sampling.grammar */
     /* bench */
     int num_prompts, in_min, in_max, out_min, out_max;
     uint64_t bench_seed;
@@ -180,6 +184,59 @@ static int flag_number(const char *flag, const char *v, double lo, double hi, in
         return -1;
     }
     *out = x;
+    return 0;
+}
+
+/* A whole file, NUL-terminated (malloc'ed); NULL after saying why */
+static char *read_text_file(const char *path, const char *flag) {
+    FILE *f = fopen(path, "rb");
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    if (f) {
+        for (;;) {
+            if (len + 4096 + 1 > cap) {
+                char *t = (char *)realloc(text, cap = 2 * cap + 8192);
+                if (!t) { free(text); text = NULL; break; }
+                text = t;
+            }
+            size_t n = fread(text + len, 1, cap - len - 1, f);
+            len += n;
+            if (n == 0) break;
+        }
+        if (ferror(f)) { free(text); text = NULL; }
+        fclose(f);
+    }
+    if (!text) { fprintf(stderr, "llm: %s %s: %s\n", flag, path, strerror(errno ? errno : ENOMEM)); return NULL; }
+    text[len] = 0;
+    return text;
+}
+
+/* --grammar, --json-schema and --regex, as GBNF text for sampling.grammar (malloc'ed; NULL when none is
+ * given). -1 after saying what is wrong. */
+static int grammar_from_flags(args_t *a, char **gbnf) {
+    *gbnf = NULL;
+    int given = !!a->grammar_file + !!a->json_schema + !!a->regex;
+    if (given > 1) { fprintf(stderr, "llm: give one of --grammar, --json-schema and --regex\n"); return -1; }
+    char err[LLM_ERR_LEN];
+    if (a->grammar_file) *gbnf = read_text_file(a->grammar_file, "--grammar");
+    else if (a->regex && !(*gbnf = llm_regex_to_grammar(a->regex, err)))
+        fprintf(stderr, "llm: --regex: %s\n", err);
+    else if (a->json_schema) { /* the schema itself when it looks like JSON, else a file that holds it */
+        const char *s = a->json_schema;
+        while (isspace((unsigned char)*s)) s++;
+        char *text = *s == '{' || *s == '[' || *s == '"' || !strcmp(s, "true") ? strdup(s) :
+                     read_text_file(a->json_schema, "--json-schema");
+        llm_json schema;
+        if (text && llm_json_parse(text, strlen(text), &schema, err) != 0)
+            fprintf(stderr, "llm: --json-schema: not JSON: %s\n", err);
+        else if (text) {
+            if (!(*gbnf = llm_json_schema_to_grammar(&schema, err))) fprintf(stderr, "llm: --json-schema: %s\n", err);
+            llm_json_free(&schema);
+        }
+        free(text);
+    }
+    if (given && !*gbnf) return -1;
+    a->sampling.grammar = *gbnf;
     return 0;
 }
 
@@ -241,6 +298,9 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
             a->stops[a->sampling.n_stop++] = v;
         }
         else if (FLAG("--ids")) a->ids_only = 1;
+        else if (FLAG("--grammar")) { NEED(); a->grammar_file = v; }
+        else if (FLAG("--json-schema")) { NEED(); a->json_schema = v; }
+        else if (FLAG("--regex")) { NEED(); a->regex = v; }
         else if (FLAG("--no-bos")) a->no_bos = 1;
         else if (FLAG("--block-size")) { INT(1, 1 << 16); a->engine.block_size = (int)x; }
         else if (FLAG("--num-blocks")) { INT(1, 1 << 30); a->engine.num_blocks = (int)x; }
@@ -954,7 +1014,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "llm: unexpected argument '%s' (see llm --help)\n", argv[pos]);
         return 1;
     }
-    if (cmd == 2) return bench(&a);
+    char *gbnf = NULL;
+    if (cmd == 4 && (a.grammar_file || a.json_schema || a.regex)) {
+        fprintf(stderr, "llm serve: --grammar, --json-schema and --regex are per request (response_format, "
+                "structured_outputs)\n");
+        return 1;
+    }
+    if (grammar_from_flags(&a, &gbnf) != 0) return 1;
+    if (cmd == 2) { int rc = bench(&a); free(gbnf); return rc; }
     if (cmd == 4) {
         if (!a.engine.model_path) {
             fprintf(stderr, "llm serve: give a model with -m MODEL.gguf\n");
@@ -976,7 +1043,7 @@ int main(int argc, char **argv) {
     char err[LLM_ERR_LEN];
     double t0 = now_s();
     llm_engine *e = llm_engine_create(&a.engine, err);
-    if (!e) { fprintf(stderr, "llm: %s\n", err); return 1; }
+    if (!e) { fprintf(stderr, "llm: %s\n", err); free(gbnf); return 1; }
     const char *tok_warning = llm_tokenizer_warning(llm_engine_model(e)->tok);
     if (*tok_warning) fprintf(stderr, "llm: warning: %s\n", tok_warning);
     llm_engine_stats st = llm_engine_get_stats(e);
@@ -1025,5 +1092,6 @@ int main(int argc, char **argv) {
             origin);
     int rc = a.prompt ? generate(e, &a, a.prompt, 1) : chat_mode ? chat(e, &a, origin) : repl(e, &a);
     llm_engine_destroy(e);
+    free(gbnf);
     return rc;
 }

@@ -2909,6 +2909,324 @@ static char *run_command(const char *cmd, int *status) {
     return buf;
 }
 
+/* -----------------------------------------------------------------------------------------------------------
+ * Grammars: the GBNF parser and matcher against Python's own matchers (tools/grammar_oracle.py), the token
+ * masks against the one-token check, and generation under a grammar (n > 1, preemption, the end)
+ * -------------------------------------------------------------------------------------------------------- */
+#define JSON_GBNF \
+    "root ::= ws value ws\n" \
+    "value ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n" \
+    "object ::= \"{\" ws ( string ws \":\" ws value ws (\",\" ws string ws \":\" ws value ws)* )? \"}\"\n" \
+    "array ::= \"[\" ws ( value ws (\",\" ws value ws)* )? \"]\"\n" \
+    "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* \"\\\"\"\n" \
+    "number ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n" \
+    "ws ::= [ \\t\\n\\r]*   # RFC 8259's whitespace, so that json.loads is the oracle\n"
+/* JSON objects as a schema's grammar writes them: whitespace bounded, so that a small model cannot run on
+ * in spaces */
+#define JSON_OBJECT_GBNF \
+    "root ::= object\n" \
+    "value ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n" \
+    "object ::= \"{\" ws ( string \":\" ws value ws (\",\" ws string \":\" ws value ws)* )? \"}\"\n" \
+    "array ::= \"[\" ws ( value ws (\",\" ws value ws)* )? \"]\"\n" \
+    "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* \"\\\"\"\n" \
+    "number ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n" \
+    "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n"
+
+typedef struct {
+    const char *name, *gbnf;
+    const char *oracle, *pattern;   /* the oracle's kind ("regex", "json", "arith") and, for regex, the same
+                                     * language as a regular expression; NULL: the lists below only */
+    const char *alphabet;           /* what random strings are made of */
+    const char *accept[8], *prefix[8], *reject[8];
+} grammar_case;
+
+static const grammar_case grammar_cases[] = {
+    {"JSON", JSON_GBNF, "json", "", "{}[]\",:0123456789.-eE+ \\u\nabtrulfsn",
+     {"{}", " [1, 2.5e-3, \"a\\u00e9\\n\"] ", "{\"k\": {\"x\": [true, false, null]}}", "-0", "\"\xc3\xa9\xe2\x82\xac\""},
+     {"{", "[1,", "{\"a\":", "\"\\u00", "tr", "-", "1.", ""},
+     {"{,}", "[1,]", "01", "\"a\nb\"", "{\"a\" 1}", "1.e", "nul1", "'a'"}},
+    {"arithmetic", "root ::= expr\nexpr ::= term ((\"+\" | \"-\") term)*\nterm ::= factor ((\"*\" | \"/\") factor)*\n"
+     "factor ::= number | \"(\" expr \")\"\nnumber ::= \"0\"+ | [1-9] [0-9]*\n", "arith", "", "0123456789+-*/()",
+     {"1", "1+2*3", "(1+2)*3", "((7))/00", "10-(2*(3+4))"},
+     {"(", "1+", "((1+2)*", "12*(", "", "(1"},
+     {"+1", "1++2", "()", "1)", "01", "1 + 2"}},
+    {"list", "root ::= \"[\" (item (\",\" item)*)? \"]\"\nitem ::= [a-z]+ | [0-9]{1,3}\n", "regex",
+     "\\[(?:(?:[a-z]+|[0-9]{1,3})(?:,(?:[a-z]+|[0-9]{1,3}))*)?\\]", "[],ab0129",
+     {"[]", "[a]", "[abc,12,z]", "[999,a,b]"}, {"[", "[ab", "[1,", "[123"}, {"]", "[,]", "[1234]", "[a,]"}},
+    {"C-like statements",
+     "root ::= stmt+\nstmt ::= ws (decl | assign | ifs | block) ws\ndecl ::= \"int \" id (\"=\" expr)? \";\"\n"
+     "assign ::= id \"=\" expr \";\"\nifs ::= \"if(\" expr \")\" stmt (\"else \" stmt)?\n"
+     "block ::= \"{\" stmt* \"}\"\nexpr ::= term ((\"+\" | \"-\" | \"<\" | \"==\") term)*\n"
+     "term ::= id | [0-9]+ | \"(\" expr \")\"\nid ::= [a-z_] [a-z0-9_]*\nws ::= [ \\n]*\n", NULL, NULL, NULL,
+     {"int x=1;", "x=x+1;", "if(x<3){y=2;}else z=1;", "{}", " int a; {b=(a+1)==2;}\n", "{{}{}}"},
+     {"int", "if(x<3)", "{x=1;", "x=(1", "x=1"}, {"int 1x;", "x=;", "if x<3 y=1;", "}", "else y=1;"}},
+    {"nested repetition", "root ::= (\"a\" [bc]{1,3} \"d\"?){2,4}\n", "regex", "(?:a[bc]{1,3}d?){2,4}", "abcd",
+     {"abab", "abcdacbd", "abbbdacab", "abac"}, {"a", "ab", "abcd", ""},
+     {"abbbbab", "aab", "abababababab", "b", "abdd"}},
+    {"classes and escapes", "root ::= [^a-z\\n]+ \"\\xe9\" [\\u03b1-\\u03c9]* (\"\\t\" | [\\]\\[\\-])?\n", "regex",
+     "[^a-z\\n]+\u00e9[\u03b1-\u03c9]*(?:\t|[\\]\\[\\-])?", "aZ9 \n\xc3\xa9\xce\xb1\xcf\x89\t[]-\xe2\x82\xac",
+     {"X\xc3\xa9", "9 \xe2\x82\xac\xc3\xa9\xce\xb1\xcf\x89", "Z\xc3\xa9\t", "Z\xc3\xa9]"},
+     {"Z", "Z\xc3", "\xc3\xa9", "Z\xc3\xa9\xcf"}, {"a\xc3\xa9", "Z\n\xc3\xa9", "Z\xc3\xa9\xce\xb1" "a", "Z\xc3\xa9\xce\xb1\n"}},
+    {"any character", "root ::= \"<\" .{1,5} \">\" # any character, newlines too\n", "regex", "(?s)<.{1,5}>",
+     "<>a\n\xc3\xa9",
+     {"<a>", "<\n\n>", "<>>>>>", "<\xc3\xa9\xc3\xa9>"}, {"<", "<abcde", "<>"}, {"<abcdef>", "a", "<a>bcdef>"}},
+    {"empty alternatives and comments",
+     "# a comment\nroot ::= (\"x\" | ) \"y\" |  # x is optional\n  \"z\"{0,2}\n", "regex", "x?y|z{0,2}", "xyz",
+     {"y", "xy", "", "z", "zz"}, {"x"}, {"zzz", "xx", "yx"}},
+};
+
+/* What the matcher says of a text from the start: "accept" (whole), "prefix" (it may go on to be) or
+ * "reject" */
+static const char *grammar_verdict(const llm_grammar *g, const char *text, size_t n) {
+    llm_grammar_state *st = llm_grammar_start(g);
+    const char *v = !st ? "out of memory" : llm_grammar_accept(st, text, (int)n) != 0 ? "reject" :
+                    llm_grammar_can_end(st) ? "accept" : "prefix";
+    llm_grammar_state_free(st);
+    return v;
+}
+
+static void json_line_str(FILE *f, const char *s, size_t n) { /* a JSON string (the text is UTF-8 here) */
+    fputc('"', f);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void test_grammar_gbnf(void) {
+    char err[LLM_ERR_LEN], path[] = "/tmp/llm-test-grammar-XXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    CHECK(f != NULL, "a temporary file for the oracle's cases");
+    if (!f) return;
+    uint64_t rng = 42;
+    int n_oracle = 0;
+    for (size_t c = 0; c < sizeof grammar_cases / sizeof *grammar_cases; c++) {
+        const grammar_case *gc = &grammar_cases[c];
+        llm_grammar *g = llm_grammar_parse(gc->gbnf, err);
+        CHECK(g != NULL, "grammar %s: %s", gc->name, err);
+        if (!g) continue;
+        const char *const *lists[3] = {gc->accept, gc->prefix, gc->reject};
+        const char *want[3] = {"accept", "prefix", "reject"};
+        for (int l = 0; l < 3; l++)
+            for (int i = 0; i < 8 && lists[l][i]; i++) {
+                const char *v = grammar_verdict(g, lists[l][i], strlen(lists[l][i]));
+                CHECK(!strcmp(v, want[l]), "grammar %s on \"%s\": %s, not %s", gc->name, lists[l][i], v, want[l]);
+            }
+        if (!gc->oracle) { llm_grammar_free(g); continue; }
+        /* random texts over the alphabet (by characters), and the examples with one character changed */
+        const char *alpha = gc->alphabet;
+        int n_chars = 0, starts[64];
+        for (int i = 0; alpha[i] && n_chars < 64;) {
+            int k = llm_utf8_check((const unsigned char *)alpha + i, strlen(alpha + i));
+            starts[n_chars++] = i;
+            i += k > 0 ? k : 1;
+        }
+        starts[n_chars] = (int)strlen(alpha);
+        for (int t = 0; t < 400; t++) {
+            char text[64];
+            size_t n = 0;
+            const char *base = t % 2 ? gc->accept[llm_splitmix64(&rng) % 4] : NULL;
+            if (base) { n = strlen(base); memcpy(text, base, n); }
+            int edits = base ? 1 : 1 + (int)(llm_splitmix64(&rng) % 12);
+            for (int k = 0; k < edits; k++) {
+                int ch = (int)(llm_splitmix64(&rng) % (uint64_t)n_chars), len = starts[ch + 1] - starts[ch];
+                size_t at = n ? (size_t)(llm_splitmix64(&rng) % (n + 1)) : 0;
+                if (!base) at = n; /* random texts grow at the end */
+                if (base && llm_splitmix64(&rng) % 3 == 0 && at < n) { memmove(text + at, text + at + 1, n - at - 1); n--; }
+                else if (n + (size_t)len < sizeof text) {
+                    memmove(text + at + len, text + at, n - at);
+                    memcpy(text + at, alpha + starts[ch], (size_t)len);
+                    n += (size_t)len;
+                }
+            }
+            int whole = 1; /* an edit may have split a character */
+            for (size_t i = 0; i < n && whole;) {
+                int k = llm_utf8_check((const unsigned char *)text + i, n - i);
+                whole = k > 0; i += k > 0 ? (size_t)k : 0;
+            }
+            if (!whole) continue;
+            fprintf(f, "[\"%s\", ", gc->oracle);
+            json_line_str(f, gc->pattern, strlen(gc->pattern));
+            fputs(", ", f);
+            json_line_str(f, text, n);
+            fprintf(f, ", \"%s\"]\n", grammar_verdict(g, text, n));
+            n_oracle++;
+        }
+        llm_grammar_free(g);
+    }
+    fclose(f);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, ".venv/bin/python tools/grammar_oracle.py %s 2>&1", path);
+    int status;
+    char *out = run_command(cmd, &status);
+    CHECK(out && status == 0 && n_oracle > 2000, "the grammars against Python's matchers (%d texts): %s", n_oracle,
+          out ? out : "no output");
+    free(out);
+    unlink(path);
+    /* grammars that cannot be used, each refused with where and why */
+    static const struct { const char *gbnf, *why; } bad[] = {
+        {"root ::= a", "rule a is used but not defined"}, {"a ::= \"x\"", "no rule named root"},
+        {"root ::= root \"x\" | \"y\"", "rule root is left-recursive"},
+        {"root ::= a \"x\"\na ::= \"\" | root", "left-recursive"}, {"root ::= \"abc", "ends inside a literal"},
+        {"root ::= \"\\q\"", "unknown escape"}, {"root ::= []", "empty character class"},
+        {"root ::= \"a\"{3,1}", "n < m"}, {"root ::= *", "nothing before it"}, {"root ::= (\"a\"", "')' is missing"},
+        {"root ::= \"a\"\nroot ::= \"b\"", "defined twice"}, {"root = \"a\"", "'::=' is expected at line 1"},
+        {"root ::= \"a\"{20000}", "over 10000"}, {"root ::= \"a\" )", "unexpected character"},
+        {"root ::= [\\x4]", "hex digits"}, {"", "no rule named root"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        err[0] = 0;
+        llm_grammar *g = llm_grammar_parse(bad[i].gbnf, err);
+        CHECK(!g && strstr(err, bad[i].why), "grammar \"%s\": refused with \"%s\", got \"%s\"", bad[i].gbnf,
+              bad[i].why, g ? "(parsed)" : err);
+        llm_grammar_free(g);
+    }
+}
+
+/* For states reached by random allowed tokens, the mask (through the trie, or from the cache) and the
+ * one-token check agree on every token of the vocabulary, and the ends of generation are allowed exactly
+ * where the text is whole. On SmolLM2's vocabulary (49k) and Qwen2's (152k, the random model). */
+static void test_grammar_masks(void) {
+    static const char *models[2] = {CHAT_MODEL, NULL};
+    char err[LLM_ERR_LEN];
+    for (int mi = 0; mi < 2; mi++) {
+        const char *path = models[mi] ? models[mi] : model_path("random-qwen2-bias.gguf");
+        llm_model m;
+        if (llm_model_load(&m, path, err) != 0) { CHECK(0, "load %s: %s", path, err); continue; }
+        llm_token_trie *tt = llm_token_trie_build(m.tok, err);
+        CHECK(tt != NULL, "the trie of %s: %s", path, err);
+        int V = llm_tokenizer_n_vocab(m.tok);
+        uint8_t *mask = (uint8_t *)malloc((size_t)V / 8 + 1), *again = (uint8_t *)malloc((size_t)V / 8 + 1);
+        const char *gbnfs[2] = {JSON_GBNF, grammar_cases[3].gbnf};
+        uint64_t rng = 7 + (uint64_t)mi;
+        for (int gi = 0; tt && gi < 2; gi++) {
+            llm_grammar *g = llm_grammar_parse(gbnfs[gi], err);
+            llm_grammar_state *st = g ? llm_grammar_start(g) : NULL;
+            int steps = mi ? 5 : 12, disagree = 0, checked = 0, eog_wrong = 0, cache_differs = 0;
+            for (int s = 0; st && s < steps; s++) {
+                int n = llm_grammar_mask(st, tt, mask), counted = 0, can_end = llm_grammar_can_end(st);
+                int n2 = llm_grammar_mask(st, tt, again); /* the same state again: from the cache */
+                cache_differs += n2 != n || memcmp(mask, again, (size_t)V / 8 + 1) != 0;
+                for (int t = 0; t < V; t++) {
+                    int bit = mask[t >> 3] >> (t & 7) & 1;
+                    counted += bit;
+                    disagree += bit != llm_grammar_allows(st, tt, t);
+                    if (llm_tokenizer_is_eog(m.tok, t)) eog_wrong += bit != can_end;
+                }
+                checked++;
+                CHECK(counted == n, "mask count %d, bits %d", n, counted);
+                /* on: a random allowed token that adds text */
+                int32_t pick = -1;
+                for (int tries = 0; tries < 100000 && pick < 0; tries++) {
+                    int32_t t = (int32_t)(llm_splitmix64(&rng) % (uint64_t)V);
+                    if (mask[t >> 3] >> (t & 7) & 1 && !llm_tokenizer_is_eog(m.tok, t)) pick = t;
+                }
+                if (pick < 0) break;
+                char piece[256];
+                int len = llm_tokenizer_piece(m.tok, pick, 0, piece, sizeof piece);
+                CHECK(len > 0 && len <= (int)sizeof piece && llm_grammar_accept(st, piece, len) == 0,
+                      "an allowed token (%d) is accepted", pick);
+            }
+            CHECK(checked == steps && disagree == 0 && eog_wrong == 0 && cache_differs == 0,
+                  "%s, grammar %d: mask and one-token check agree on %d states x %d tokens (%d disagree, %d "
+                  "wrong about the end, %d cached masks differ)", path, gi, checked, V, disagree, eog_wrong,
+                  cache_differs);
+            llm_grammar_state_free(st); llm_grammar_free(g);
+        }
+        free(mask); free(again);
+        llm_token_trie_free(tt);
+        llm_model_free(&m);
+    }
+}
+
+/* Generation under the JSON grammar: sampled at temperature 1 with n = 4, on SmolLM2 and on a random-weight
+ * model whose free output is noise; with a pool so small that sequences are preempted and recomputed. Every
+ * answer that stops is JSON (llm_json_parse, another reader) and a whole sentence of the grammar; one cut by
+ * max_tokens is the start of one. A grammar with nothing after its sentence stops the sequence there. */
+static void check_grammar_outputs(const char *what, llm_grammar *g, run_result *r, int n_req, int n, int *stops) {
+    for (int i = 0; i < n_req; i++)
+        for (int k = 0; k < n; k++) {
+            const char *text = r->text[i][k];
+            int len = r->text_len[i][k], fin = r->finish[i][k];
+            const char *v = grammar_verdict(g, text, (size_t)len);
+            llm_json j;
+            char err[LLM_ERR_LEN];
+            int is_json = fin == LLM_FINISH_STOP && llm_json_parse(text, (size_t)len, &j, err) == 0;
+            if (is_json) llm_json_free(&j);
+            if (fin == LLM_FINISH_STOP) (*stops)++;
+            CHECK(len < 4096 && (fin == LLM_FINISH_STOP ? is_json && !strcmp(v, "accept") :
+                                 fin == LLM_FINISH_LENGTH && strcmp(v, "reject") != 0),
+                  "%s: request %d sample %d (%s): %s; \"%.*s\"", what, i, k, llm_finish_reason_name(fin), v,
+                  len < 300 ? len : 300, text);
+        }
+}
+
+static void test_grammar_generation(void) {
+    char err[LLM_ERR_LEN];
+    llm_grammar *g = llm_grammar_parse(JSON_OBJECT_GBNF, err);
+    CHECK(g != NULL, "the JSON grammar: %s", err);
+    if (!g) return;
+    static const char *prompts[4] = {"Describe a cat as a JSON object.", "JSON for a list of three colours:",
+                                     "Write a JSON object with a name and an age.", "{\"answer\": "};
+    run_result *r = (run_result *)calloc(1, sizeof *r);
+    for (int mi = 0; mi < 3; mi++) {
+        llm_engine_config cfg = engine_config(mi == 1 ? "random-qwen2-bias.gguf" : "stories260K.gguf");
+        if (mi != 1) cfg.model_path = CHAT_MODEL;
+        if (mi == 2) { cfg.num_blocks = 14; cfg.block_size = 16; } /* 4 x 4 samples cannot all fit: preemption */
+        llm_engine *e = engine_new(&cfg);
+        if (!e) continue;
+        memset(r, 0, sizeof *r);
+        for (int i = 0; i < 4; i++) {
+            llm_sampling_params p = llm_sampling_defaults();
+            p.n = 4; p.temperature = 1.0f; p.seed = 100 + i; p.max_tokens = mi == 0 ? 300 : mi == 1 ? 100 : 40;
+            p.grammar = JSON_OBJECT_GBNF;
+            run_add(e, r, prompts[i], NULL, 0, &p);
+        }
+        run_engine(e, r);
+        llm_engine_stats st = llm_engine_get_stats(e);
+        int stops = 0;
+        const char *what = mi == 0 ? "SmolLM2, JSON grammar, n = 4" : mi == 1 ? "random Qwen2, JSON grammar, n = 4" :
+                           "SmolLM2, JSON grammar, preempted";
+        check_grammar_outputs(what, g, r, 4, 4, &stops);
+        CHECK(all_blocks_free(e) && st.grammar_tokens > 0, "%s: blocks back, %lld tokens under the grammar",
+              what, (long long)st.grammar_tokens);
+        if (mi == 0) CHECK(stops >= 8, "%s: most answers end as whole JSON (%d of 16)", what, stops);
+        if (mi == 2) CHECK(st.preemptions > 0, "%s: preemptions happened (%lld)", what, (long long)st.preemptions);
+        llm_engine_destroy(e);
+    }
+    llm_grammar_free(g);
+    /* the end: "yes" or "no", then nothing more may follow: the sequence stops there (not at max_tokens),
+     * greedy and sampled; and a grammar the engine cannot parse is refused by add_request */
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    llm_engine *e = engine_new(&cfg);
+    if (e) {
+        for (int temp = 0; temp < 2; temp++) {
+            memset(r, 0, sizeof *r);
+            llm_sampling_params p = greedy(50);
+            p.temperature = (float)temp; p.seed = 5; p.n = temp ? 4 : 1;
+            p.grammar = "root ::= (\"yes\" | \"no\") \".\"";
+            run_add(e, r, "Once upon a time", NULL, 0, &p);
+            run_engine(e, r);
+            for (int k = 0; k < p.n; k++)
+                CHECK(r->finish[0][k] == LLM_FINISH_STOP && ((r->text_len[0][k] == 4 && !memcmp(r->text[0][k], "yes.", 4))
+                      || (r->text_len[0][k] == 3 && !memcmp(r->text[0][k], "no.", 3))),
+                      "a choice (temp %d, sample %d): \"%.*s\", %s", temp, k, r->text_len[0][k], r->text[0][k],
+                      llm_finish_reason_name(r->finish[0][k]));
+        }
+        llm_sampling_params p = greedy(5);
+        p.grammar = "root ::= [a-";
+        CHECK(llm_engine_add_request(e, "x", NULL, 0, &p, NULL, err) == 0 && strstr(err, "grammar:"),
+              "a broken grammar is refused by add_request: %s", err);
+        CHECK(all_blocks_free(e), "after the grammar tests: blocks back");
+        llm_engine_destroy(e);
+    }
+    free(r);
+}
+
 static void test_cli(void) {
     if (access("./llm", X_OK) != 0) { CHECK(0, "./llm not built (make test builds it)"); return; }
     ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
@@ -5838,6 +6156,8 @@ int main(int argc, char **argv) {
         {"batch invariance", test_batch_invariance},
         {"prefix cache", test_prefix_cache}, {"parallel sampling", test_parallel_sampling},
         {"stop conditions", test_stop_conditions}, {"logit bias", test_logit_bias},
+        {"grammar: GBNF", test_grammar_gbnf}, {"grammar: masks", test_grammar_masks},
+        {"grammar: generation", test_grammar_generation},
         {"abort and limits", test_abort_and_limits},
         {"logprobs", test_logprobs}, {"prompt logprobs", test_prompt_logprobs},
         {"requests from a thread", test_threads}, {"user pointers", test_user_pointers},
