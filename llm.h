@@ -513,10 +513,12 @@ char *llm_json_schema_to_grammar(const llm_json *schema, char *err);
 char *llm_regex_to_grammar(const char *regex, char *err);      /* the whole output matches the regex */
 char *llm_choice_to_grammar(const char *const *choices, int n, char *err);  /* exactly one of them */
 
-/* A grammar parsed into rules; read-only once made, shared by every sequence that follows it. */
+/* A grammar parsed into rules, shared by every sequence that follows it (the engine keeps the last few it
+ * parsed, by text, so that requests that give the same grammar share its rules and its cache of masks). Its
+ * rules are read-only once made; its masks' cache is not: masks of one grammar from one thread at a time. */
 typedef struct llm_grammar llm_grammar;
 llm_grammar *llm_grammar_parse(const char *gbnf, char *err);   /* start rule "root"; NULL with the reason */
-void llm_grammar_free(llm_grammar *g);
+void llm_grammar_free(llm_grammar *g);  /* drops a reference (parse gives one): the last one frees it */
 /* Where a text is in the grammar: the positions it may go on from (a set of pushdown stacks), and the bytes
  * of a UTF-8 character that is not complete yet. */
 typedef struct llm_grammar_state llm_grammar_state;
@@ -4742,6 +4744,7 @@ typedef struct {                    /* one cached mask: the state it is for, and
 } llm_gr_cached_mask;
 
 struct llm_grammar {
+    int refs;                       /* references (atomic: the engine's table and its requests share it) */
     llm_gr_elem *elems;             /* stb_ds: every rule's elements, rule after rule */
     uint32_t *rule_start;           /* stb_ds: where each rule's elements begin */
     char **rule_names;              /* stb_ds: by rule id (generated rules are named after their parent) */
@@ -4751,7 +4754,8 @@ struct llm_grammar {
     llm_gr_cached_mask *cache;      /* stb_ds, at most LLM_GR_CACHE entries, replaced in turn */
     int cache_next;
     int64_t cache_hits;
-    llm_gr_set *walk;               /* stb_ds: the trie walk's scratch, a set per depth */
+    uint32_t *walk_buf;             /* stb_ds: the walk's scratch for stacks being built */
+    llm_gr_set *walk;               /* stb_ds: the sets one walk of the trie meets, by number */
 };
 #define LLM_GR_CACHE 512
 
@@ -5021,14 +5025,14 @@ static int llm_gr_check(llm_grammar *g, char *err) {
 }
 
 void llm_grammar_free(llm_grammar *g) {
-    if (!g) return;
+    if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
     arrfree(g->elems); arrfree(g->rule_start);
     for (ptrdiff_t i = 0; i < arrlen(g->rule_names); i++) free(g->rule_names[i]);
     arrfree(g->rule_names);
     for (ptrdiff_t i = 0; i < arrlen(g->cache); i++) { free(g->cache[i].key); free(g->cache[i].mask); }
     arrfree(g->cache);
     for (ptrdiff_t i = 0; i < arrlen(g->walk); i++) { arrfree(g->walk[i].data); arrfree(g->walk[i].lens); }
-    arrfree(g->walk);
+    arrfree(g->walk); arrfree(g->walk_buf);
     free(g);
 }
 
@@ -5042,6 +5046,7 @@ llm_grammar *llm_grammar_parse(const char *gbnf, char *err) {
     sh_new_strdup(ps.ids);
     llm_grammar *g = (llm_grammar *)calloc(1, sizeof *g);
     int rc = g ? 0 : llm_gr_fail(&ps, "out of memory%s", NULL);
+    if (g) g->refs = 1;
     llm_gr_space(&ps, 1);
     while (rc == 0 && *ps.p) { /* name ::= alternatives, one rule after another */
         size_t n = 0;
@@ -5086,6 +5091,7 @@ llm_grammar *llm_grammar_parse(const char *gbnf, char *err) {
 struct llm_grammar_state {
     const llm_grammar *g;
     llm_gr_set set;
+    llm_gr_set next[2]; uint32_t *buf; /* accept's scratch, kept for the next call */
     uint32_t partial; int partial_left, partial_len; /* a UTF-8 character begun: its bits, bytes to come */
 };
 
@@ -5104,25 +5110,26 @@ static int llm_gr_set_add(llm_gr_set *s, const uint32_t *stack, uint32_t n) {
 }
 
 /* A stack whose top is a rule reference becomes one stack per alternative of the rule (recursively), until
- * every top is a character to match, or the stack is empty (the sentence is whole). Added to out. */
-static int llm_gr_expand(const llm_grammar *g, const uint32_t *stack, uint32_t n, llm_gr_set *out) {
-    if (n == 0 || g->elems[stack[n - 1]].type != LLM_GR_RULE) return llm_gr_set_add(out, stack, n);
+ * every top is a character to match, or the stack is empty (the sentence is whole). Added to out. The stack
+ * is (*buf)[base, base + n): the stacks being built go after it in the same scratch array, so that a step
+ * allocates nothing once the scratch has grown (indices, not pointers: the array may move as it grows). */
+static int llm_gr_expand(const llm_grammar *g, uint32_t **buf, size_t base, uint32_t n, llm_gr_set *out) {
+    uint32_t pos = n ? (*buf)[base + n - 1] : 0;
+    if (n == 0 || g->elems[pos].type != LLM_GR_RULE) return llm_gr_set_add(out, *buf + base, n);
     if (n >= LLM_GR_MAX_DEPTH) return -1;
-    uint32_t pos = stack[n - 1], alt = g->rule_start[g->elems[pos].value], m = n - 1;
-    uint32_t *buf = (uint32_t *)malloc((n + 1) * sizeof *buf);
-    if (!buf) return -1;
-    memcpy(buf, stack, m * sizeof *buf);
-    if (!llm_gr_is_end(&g->elems[pos + 1])) buf[m++] = pos + 1; /* what follows the reference, once it is done */
-    int rc = 0;
+    uint32_t alt = g->rule_start[g->elems[pos].value], m = n - 1;
+    size_t top = base + n;
+    arrsetlen(*buf, top + n + 1);
+    memcpy(*buf + top, *buf + base, m * sizeof(uint32_t));
+    if (!llm_gr_is_end(&g->elems[pos + 1])) (*buf)[top + m++] = pos + 1; /* what follows the reference */
     for (;;) {
         uint32_t k = m;
-        if (!llm_gr_is_end(&g->elems[alt])) buf[k++] = alt;
-        if ((rc = llm_gr_expand(g, buf, k, out)) != 0) break;
+        if (!llm_gr_is_end(&g->elems[alt])) (*buf)[top + k++] = alt;
+        if (llm_gr_expand(g, buf, top, k, out) != 0) return -1;
         while (!llm_gr_is_end(&g->elems[alt])) alt++;
         if (g->elems[alt++].type == LLM_GR_END) break;
     }
-    free(buf);
-    return rc;
+    return 0;
 }
 
 /* Whether the class at e matches c; *next: the element after the class. */
@@ -5154,22 +5161,18 @@ static int llm_gr_match_partial(const llm_gr_elem *e, uint32_t partial, int left
     return !positive;
 }
 
-/* One character: every stack whose top matches c pops it and is expanded into out. */
-static int llm_gr_step(const llm_grammar *g, const llm_gr_set *in, uint32_t c, llm_gr_set *out) {
+/* One character: every stack whose top matches c pops it and is expanded into out (buf: scratch). */
+static int llm_gr_step(const llm_grammar *g, const llm_gr_set *in, uint32_t c, llm_gr_set *out, uint32_t **buf) {
     llm_gr_set_clear(out);
     size_t at = 0;
     for (ptrdiff_t i = 0; i < arrlen(in->lens); at += in->lens[i++]) {
-        uint32_t n = in->lens[i];
-        const uint32_t *stack = in->data + at;
+        uint32_t n = in->lens[i], m = n - 1;
         const llm_gr_elem *next;
-        if (!n || !llm_gr_match_char(&g->elems[stack[n - 1]], c, &next)) continue;
-        uint32_t *buf = (uint32_t *)malloc(n * sizeof *buf), m = n - 1;
-        if (!buf) return -1;
-        memcpy(buf, stack, m * sizeof *buf);
-        if (!llm_gr_is_end(next)) buf[m++] = (uint32_t)(next - g->elems);
-        int rc = llm_gr_expand(g, buf, m, out);
-        free(buf);
-        if (rc != 0) return -1;
+        if (!n || !llm_gr_match_char(&g->elems[in->data[at + n - 1]], c, &next)) continue;
+        arrsetlen(*buf, n);
+        memcpy(*buf, in->data + at, m * sizeof(uint32_t));
+        if (!llm_gr_is_end(next)) (*buf)[m++] = (uint32_t)(next - g->elems);
+        if (llm_gr_expand(g, buf, 0, m, out) != 0) return -1;
     }
     return 0;
 }
@@ -5207,8 +5210,9 @@ llm_grammar_state *llm_grammar_start(const llm_grammar *g) {
     st->g = g;
     uint32_t root = g->rule_start[g->root];
     for (;;) { /* one stack per alternative of root, each expanded */
-        uint32_t stack[1] = {root};
-        if (llm_gr_expand(g, stack, llm_gr_is_end(&g->elems[root]) ? 0 : 1, &st->set) != 0) {
+        arrsetlen(st->buf, 1);
+        st->buf[0] = root;
+        if (llm_gr_expand(g, &st->buf, 0, llm_gr_is_end(&g->elems[root]) ? 0 : 1, &st->set) != 0) {
             llm_grammar_state_free(st);
             return NULL;
         }
@@ -5218,25 +5222,33 @@ llm_grammar_state *llm_grammar_start(const llm_grammar *g) {
     return st;
 }
 
+static void llm_gr_set_assign(llm_gr_set *dst, const llm_gr_set *src) { /* in dst's own memory */
+    arrsetlen(dst->data, arrlen(src->data)); arrsetlen(dst->lens, arrlen(src->lens));
+    if (arrlen(src->data)) memcpy(dst->data, src->data, (size_t)arrlen(src->data) * sizeof(uint32_t));
+    if (arrlen(src->lens)) memcpy(dst->lens, src->lens, (size_t)arrlen(src->lens) * sizeof(uint32_t));
+}
+
+/* dst becomes a copy of src, reusing dst's memory (the engine's scratch state: no allocation per token) */
+static void llm_gr_state_assign(llm_grammar_state *dst, const llm_grammar_state *src) {
+    dst->g = src->g;
+    llm_gr_set_assign(&dst->set, &src->set);
+    dst->partial = src->partial; dst->partial_left = src->partial_left; dst->partial_len = src->partial_len;
+}
+
 llm_grammar_state *llm_grammar_state_copy(const llm_grammar_state *st) {
     llm_grammar_state *c = (llm_grammar_state *)calloc(1, sizeof *c);
-    if (!c) return NULL;
-    *c = *st;
-    c->set.data = NULL; c->set.lens = NULL;
-    if (arrlen(st->set.data)) memcpy(arraddnptr(c->set.data, arrlen(st->set.data)), st->set.data,
-                                     (size_t)arrlen(st->set.data) * sizeof(uint32_t));
-    memcpy(arraddnptr(c->set.lens, arrlen(st->set.lens)), st->set.lens, (size_t)arrlen(st->set.lens) * sizeof(uint32_t));
+    if (c) llm_gr_state_assign(c, st);
     return c;
 }
 
 void llm_grammar_state_free(llm_grammar_state *st) {
     if (!st) return;
-    llm_gr_set_free(&st->set);
+    llm_gr_set_free(&st->set); llm_gr_set_free(&st->next[0]); llm_gr_set_free(&st->next[1]); arrfree(st->buf);
     free(st);
 }
 
 int llm_grammar_accept(llm_grammar_state *st, const char *bytes, int n) {
-    llm_gr_set sets[2] = {{0}};
+    llm_gr_set *sets = st->next;
     const llm_gr_set *cur = &st->set;
     uint32_t cp = st->partial;
     int left = st->partial_left, len = st->partial_len, rc = 0, k = 0;
@@ -5246,7 +5258,7 @@ int llm_grammar_accept(llm_grammar_state *st, const char *bytes, int n) {
         else if (r == 1) {
             llm_gr_set *out = &sets[k];
             k ^= 1;
-            rc = llm_gr_step(st->g, cur, cp, out) != 0 || arrlen(out->lens) == 0 ? -1 : 0;
+            rc = llm_gr_step(st->g, cur, cp, out, &st->buf) != 0 || arrlen(out->lens) == 0 ? -1 : 0;
             cur = out;
         }
     }
@@ -5255,7 +5267,6 @@ int llm_grammar_accept(llm_grammar_state *st, const char *bytes, int n) {
         if (cur != &st->set) { llm_gr_set old = st->set; st->set = *cur; *(llm_gr_set *)cur = old; }
         st->partial = cp; st->partial_left = left; st->partial_len = len;
     }
-    llm_gr_set_free(&sets[0]); llm_gr_set_free(&sets[1]);
     return rc;
 }
 
@@ -5381,6 +5392,89 @@ static uint32_t *llm_gr_state_key(const llm_grammar_state *st, int *n, uint64_t 
     return key;
 }
 
+/* The walk: the trie in preorder, the state after each node's bytes kept per depth, a subtree skipped where
+ * its prefix is refused. A state is a set of stacks; the sets one walk meets are few (inside a JSON string,
+ * every ordinary character leads back to the same set), so each is kept once, by number, and each (set,
+ * character) step is computed once: most nodes cost a lookup. Returns the tokens allowed (bits set in mask,
+ * which is zeroed), -1 when out of memory or the grammar's limits are passed. */
+typedef struct { uint64_t key; int32_t value; } llm_gr_memo;
+
+static uint64_t llm_gr_set_hash(const llm_gr_set *s) {
+    uint64_t h = 0x84222325cbf29ce4ull;
+    for (ptrdiff_t i = 0; i < arrlen(s->lens); i++) { h ^= s->lens[i]; h *= 0x100000001b3ull; }
+    for (ptrdiff_t i = 0; i < arrlen(s->data); i++) { h ^= s->data[i]; h *= 0x100000001b3ull; }
+    return h;
+}
+
+static int llm_gr_set_equal(const llm_gr_set *a, const llm_gr_set *b) {
+    return arrlen(a->lens) == arrlen(b->lens) && arrlen(a->data) == arrlen(b->data) &&
+           !memcmp(a->lens, b->lens, (size_t)arrlen(a->lens) * sizeof(uint32_t)) &&
+           (!arrlen(a->data) || !memcmp(a->data, b->data, (size_t)arrlen(a->data) * sizeof(uint32_t)));
+}
+
+static int llm_gr_walk(llm_grammar *g, const llm_grammar_state *st, const llm_token_trie *tt, uint8_t *mask) {
+    /* g->walk: the sets met, by number (0: the start), and one more at the end as the step's scratch */
+    for (ptrdiff_t i = 0; i < arrlen(g->walk); i++) llm_gr_set_clear(&g->walk[i]);
+    llm_gr_memo *steps = NULL, *by_hash = NULL; /* (set, character) -> set or -1; a set's hash -> its number */
+    int32_t *ascii = NULL;          /* stb_ds: [set][128] the steps by ASCII characters, -2 until known */
+    int32_t *set_at = (int32_t *)malloc(((size_t)tt->max_len + 1) * sizeof(int32_t));
+    int *part = (int *)malloc(((size_t)tt->max_len + 1) * 3 * sizeof(int));
+    int n_sets = 1, n_allowed = 0, rc = 0;
+    if (!arrlen(g->walk)) { llm_gr_set empty = {0}; arrput(g->walk, empty); }
+    memcpy(arraddnptr(g->walk[0].lens, arrlen(st->set.lens)), st->set.lens, (size_t)arrlen(st->set.lens) * 4);
+    if (arrlen(st->set.data)) memcpy(arraddnptr(g->walk[0].data, arrlen(st->set.data)), st->set.data,
+                                     (size_t)arrlen(st->set.data) * 4);
+    for (int c = 0; c < 128; c++) arrput(ascii, -2);
+    if (!set_at || !part) rc = -1;
+    else {
+        set_at[0] = 0;
+        part[0] = (int)st->partial; part[1] = st->partial_left; part[2] = st->partial_len;
+    }
+    for (int32_t i = 0; rc == 0 && i < tt->n_nodes;) {
+        int d = tt->depth[i];
+        uint32_t cp = (uint32_t)part[3 * (d - 1)];
+        int left = part[3 * (d - 1) + 1], len = part[3 * (d - 1) + 2], from = set_at[d - 1], to = -1;
+        int r = llm_gr_byte(&cp, &left, &len, tt->byte[i]);
+        uint64_t key = (uint64_t)from << 32 | (uint64_t)(r == 0) << 31 | (uint64_t)len << 28 |
+                       (uint64_t)left << 24 | cp;
+        int32_t *known = r == 1 && cp < 128 ? &ascii[(size_t)from * 128 + cp] : NULL;
+        ptrdiff_t k = r < 0 || (known && *known != -2) ? -1 : hmgeti(steps, key);
+        if (r < 0) to = -1;
+        else if (known && *known != -2) to = *known;
+        else if (k >= 0) to = steps[k].value;
+        else if (r == 0) { /* a character begun: the same set, if some stack could take it */
+            to = llm_gr_partial_ok(g, &g->walk[from], cp, left, len) ? from : -1;
+            hmput(steps, key, to);
+        } else {
+            while (arrlen(g->walk) <= n_sets) { llm_gr_set empty = {0}; arrput(g->walk, empty); }
+            llm_gr_set *out = &g->walk[n_sets];
+            if (llm_gr_step(g, &g->walk[from], cp, out, &g->walk_buf) != 0) { rc = -1; break; }
+            if (arrlen(out->lens)) {
+                uint64_t h = llm_gr_set_hash(out);
+                ptrdiff_t same = hmgeti(by_hash, h);
+                if (same >= 0 && llm_gr_set_equal(&g->walk[by_hash[same].value], out)) to = by_hash[same].value;
+                else {
+                    to = n_sets++;
+                    if (same < 0) hmput(by_hash, h, to);
+                    for (int c = 0; c < 128; c++) arrput(ascii, -2);
+                }
+            }
+            if (cp < 128) ascii[(size_t)from * 128 + cp] = to;
+            else hmput(steps, key, to);
+        }
+        if (to < 0) { i = tt->end[i]; continue; }
+        set_at[d] = to;
+        part[3 * d] = (int)cp; part[3 * d + 1] = left; part[3 * d + 2] = len;
+        for (int32_t tok = tt->first_token[i]; tok >= 0; tok = tt->next_token[tok]) {
+            mask[tok >> 3] |= (uint8_t)(1u << (tok & 7));
+            n_allowed++;
+        }
+        i++;
+    }
+    hmfree(steps); hmfree(by_hash); arrfree(ascii); free(set_at); free(part);
+    return rc == 0 ? n_allowed : -1;
+}
+
 int llm_grammar_mask(const llm_grammar_state *st, const llm_token_trie *tt, uint8_t *mask) {
     llm_grammar *g = (llm_grammar *)st->g; /* its cache and scratch change; its rules do not */
     size_t mask_bytes = ((size_t)tt->n_vocab + 7) / 8;
@@ -5403,35 +5497,8 @@ int llm_grammar_mask(const llm_grammar_state *st, const llm_token_trie *tt, uint
         }
     }
     memset(mask, 0, mask_bytes);
-    while (arrlen(g->walk) < tt->max_len + 1) { llm_gr_set empty = {0}; arrput(g->walk, empty); }
-    /* at depth d: the set after the node's bytes (a pointer: a byte inside a character changes no stack) */
-    const llm_gr_set **at = (const llm_gr_set **)malloc(((size_t)tt->max_len + 1) * sizeof *at);
-    int *part = (int *)malloc(((size_t)tt->max_len + 1) * 3 * sizeof(int));
-    if (!at || !part) { free(at); free(part); free(key); return -1; }
-    at[0] = &st->set;
-    part[0] = (int)st->partial; part[1] = st->partial_left; part[2] = st->partial_len;
-    int n_allowed = 0, rc = 0;
-    for (int32_t i = 0; i < tt->n_nodes;) {
-        int d = tt->depth[i];
-        uint32_t cp = (uint32_t)part[3 * (d - 1)];
-        int left = part[3 * (d - 1) + 1], len = part[3 * (d - 1) + 2];
-        int r = llm_gr_byte(&cp, &left, &len, tt->byte[i]), ok = 0;
-        if (r == 0) { at[d] = at[d - 1]; ok = llm_gr_partial_ok(g, at[d], cp, left, len); }
-        else if (r == 1) {
-            if (llm_gr_step(g, at[d - 1], cp, &g->walk[d]) != 0) { rc = -1; break; }
-            at[d] = &g->walk[d];
-            ok = arrlen(g->walk[d].lens) > 0;
-        }
-        if (!ok) { i = tt->end[i]; continue; }
-        part[3 * d] = (int)cp; part[3 * d + 1] = left; part[3 * d + 2] = len;
-        for (int32_t tok = tt->first_token[i]; tok >= 0; tok = tt->next_token[tok]) {
-            mask[tok >> 3] |= (uint8_t)(1u << (tok & 7));
-            n_allowed++;
-        }
-        i++;
-    }
-    free(at); free(part);
-    if (rc != 0) { free(key); return -1; }
+    int n_allowed = llm_gr_walk(g, st, tt, mask);
+    if (n_allowed < 0) { free(key); return -1; }
     int can_end = llm_grammar_can_end(st);
     for (ptrdiff_t i = 0; i < arrlen(tt->ends); i++) { /* the end of generation: where the text is whole */
         int32_t tok = tt->ends[i];
@@ -5674,6 +5741,11 @@ struct llm_engine {
                                      * stop ids out, and what its grammar refuses */
     llm_token_trie *trie;           /* the vocabulary's bytes, built for the first request with a grammar */
     uint8_t *grammar_mask;          /* [vocab_size bits] */
+    struct { char *text; llm_grammar *g; } *grammars; /* stb_ds, under lock: the last LLM_ENGINE_GRAMMARS
+                                     * grammars parsed, each holding a reference, replaced in turn */
+    int grammars_next;
+    llm_grammar_state *grammar_next;/* scratch: a sequence's state after the token sampled, swapped in once the
+                                     * token is taken */
     char step_error[LLM_ERR_LEN];   /* why this step's forward pass failed: the error of its outputs */
     llm_output *outputs;
 };
@@ -5796,6 +5868,12 @@ void llm_engine_destroy(llm_engine *e) {
     arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows);
     arrfree(e->b_tables); arrfree(e->outputs);
     free(e->logits); free(e->masked_logits); llm_token_trie_free(e->trie); free(e->grammar_mask);
+    llm_grammar_state_free(e->grammar_next);
+    for (ptrdiff_t i = 0; i < arrlen(e->grammars); i++) {
+        free(e->grammars[i].text);
+        llm_grammar_free(e->grammars[i].g);
+    }
+    arrfree(e->grammars);
     llm_sampler_free(e->sampler);
     if (e->backend) e->backend->destroy(e->backend);
     llm_block_manager_free(&e->bm);
@@ -5815,6 +5893,34 @@ static int llm_ids_check(const int32_t *ids, int64_t n, int vocab_size, const ch
             return llm_fail(err, "%s token id %d is outside the vocabulary (0..%d)", what, ids[i],
                             vocab_size - 1);
     return 0;
+}
+
+/* A request's grammar: the one parsed for an earlier request with the same text (its masks cached), or
+ * parsed now and kept for the next ones. A reference for the request. */
+#define LLM_ENGINE_GRAMMARS 32
+static llm_grammar *llm_engine_grammar(llm_engine *e, const char *text, char *err) {
+    llm_grammar *g = NULL;
+    pthread_mutex_lock(&e->lock);
+    for (ptrdiff_t i = 0; i < arrlen(e->grammars) && !g; i++)
+        if (!strcmp(e->grammars[i].text, text)) g = e->grammars[i].g;
+    if (g) __atomic_add_fetch(&g->refs, 1, __ATOMIC_ACQ_REL);
+    pthread_mutex_unlock(&e->lock);
+    if (g || !(g = llm_grammar_parse(text, err))) return g;
+    char *copy = strdup(text);
+    if (!copy) return g; /* not kept: only the cache is lost */
+    __atomic_add_fetch(&g->refs, 1, __ATOMIC_ACQ_REL);
+    pthread_mutex_lock(&e->lock);
+    int k = (int)arrlen(e->grammars);
+    if (k < LLM_ENGINE_GRAMMARS) arrsetlen(e->grammars, k + 1);
+    else { /* full: the oldest goes (requests that still hold it keep it alive) */
+        k = e->grammars_next;
+        e->grammars_next = (k + 1) % LLM_ENGINE_GRAMMARS;
+        free(e->grammars[k].text);
+        llm_grammar_free(e->grammars[k].g);
+    }
+    e->grammars[k].text = copy; e->grammars[k].g = g;
+    pthread_mutex_unlock(&e->lock);
+    return g;
 }
 
 uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids,
@@ -5860,7 +5966,7 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
     }
     llm_grammar *grammar = NULL;
     if (p->grammar && !e->model.tok) { arrfree(ids); llm_fail(err, "a grammar needs the model's tokenizer"); return 0; }
-    if (p->grammar && !(grammar = llm_grammar_parse(p->grammar, err))) { arrfree(ids); return 0; }
+    if (p->grammar && !(grammar = llm_engine_grammar(e, p->grammar, err))) { arrfree(ids); return 0; }
     llm_seq *s = llm_seq_new(ids, p, grammar, user);
     if (!s) { llm_fail(err, "out of memory"); return 0; }
     pthread_mutex_lock(&e->lock);
@@ -6041,31 +6147,37 @@ static void llm_engine_fail_step(llm_engine *e) {
  *    is checked (a mask, through the vocabulary's trie, or from the cache), the refused ones are masked out
  *    and the sampler draws again: the same distribution as masking first (a refused draw is thrown away),
  *    for the price of a mask only where one is needed. The ends of generation and the request's stop ids are
- *    allowed exactly where the text so far is a whole sentence. Returns the token, or -1 when the sequence
- *    failed (then it is finished with the error). */
+ *    allowed exactly where the text so far is a whole sentence. A token that adds text leaves the state it
+ *    leads to in e->grammar_next. Returns the token, or -1 when the sequence failed (then it is finished with
+ *    the error). */
+static int llm_seq_grammar_allows(llm_engine *e, llm_seq *s, int32_t token) {
+    const llm_sampling_params *p = &s->req->params;
+    int can_end = llm_grammar_can_end(s->grammar) && !p->ignore_eos;
+    for (int i = 0; i < p->n_stop_token_ids; i++) if (p->stop_token_ids[i] == token) return can_end;
+    if (llm_tokenizer_is_eog(e->model.tok, token)) return can_end;
+    int64_t n = e->trie->offset[token + 1] - e->trie->offset[token];
+    if (n == 0) return 0; /* a control token adds no text: it would not move the grammar on */
+    llm_gr_state_assign(e->grammar_next, s->grammar);
+    return llm_grammar_accept(e->grammar_next, e->trie->bytes + e->trie->offset[token], (int)n) == 0;
+}
+
 static int32_t llm_seq_grammar_sample(llm_engine *e, llm_seq *s, const float *sample_from, int32_t token) {
     const llm_sampling_params *p = &s->req->params;
     int V = e->model.cfg.vocab_size;
-    double t0 = llm_now();
     char err[LLM_ERR_LEN];
-    if (!e->trie && !(e->trie = llm_token_trie_build(e->model.tok, err))) {
+    if (!e->trie && !(e->trie = llm_token_trie_build(e->model.tok, err))) { /* once: not in grammar_seconds */
         llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the vocabulary's trie");
         return -1;
     }
+    double t0 = llm_now();
+    if ((!e->grammar_next && !(e->grammar_next = llm_grammar_state_copy(s->grammar))) ||
+        (!e->grammar_mask && !(e->grammar_mask = (uint8_t *)malloc(((size_t)V + 7) / 8))) ||
+        (!e->masked_logits && !(e->masked_logits = (float *)malloc((size_t)V * sizeof(float))))) {
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the grammar's mask");
+        return -1;
+    }
     e->stats.grammar_tokens++;
-    int can_end = llm_grammar_can_end(s->grammar) && !p->ignore_eos, is_stop = 0;
-    for (int i = 0; i < p->n_stop_token_ids; i++) is_stop |= p->stop_token_ids[i] == token;
-    int ok = is_stop ? can_end : !p->ignore_eos || !llm_tokenizer_is_eog(e->model.tok, token) ?
-             llm_grammar_allows(s->grammar, e->trie, token) : 0;
-    if (ok) { e->stats.grammar_seconds += llm_now() - t0; return token; }
-    if (!e->grammar_mask && !(e->grammar_mask = (uint8_t *)malloc(((size_t)V + 7) / 8))) {
-        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the grammar's mask");
-        return -1;
-    }
-    if (!e->masked_logits && !(e->masked_logits = (float *)malloc((size_t)V * sizeof(float)))) {
-        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the grammar's mask");
-        return -1;
-    }
+    if (llm_seq_grammar_allows(e, s, token)) { e->stats.grammar_seconds += llm_now() - t0; return token; }
     int64_t cached = s->req->grammar->cache_hits;
     int n = llm_grammar_mask(s->grammar, e->trie, e->grammar_mask);
     e->stats.grammar_masks++;
@@ -6076,6 +6188,7 @@ static int32_t llm_seq_grammar_sample(llm_engine *e, llm_seq *s, const float *sa
         return -1;
     }
     uint8_t *mask = e->grammar_mask;
+    int can_end = llm_grammar_can_end(s->grammar) && !p->ignore_eos;
     for (int i = 0; i < p->n_stop_token_ids; i++) { /* stop ids end the text, as the ends of generation do */
         int32_t t = p->stop_token_ids[i];
         if (t < 0 || t >= V) continue;
@@ -6095,8 +6208,9 @@ static int32_t llm_seq_grammar_sample(llm_engine *e, llm_seq *s, const float *sa
     }
     token = left ? llm_sampler_sample(e->sampler, p, x, s->tokens, s->req->n_prompt, (int)arrlen(s->tokens),
                                       &s->rng) : -1;
+    int ok = token >= 0 && x[token] > -INFINITY && llm_seq_grammar_allows(e, s, token);
     e->stats.grammar_seconds += llm_now() - t0;
-    if (token < 0 || !(x[token] > -INFINITY)) {
+    if (!ok) {
         llm_seq_finish(e, s, LLM_FINISH_ERROR, "the grammar allows no token here that the request allows");
         return -1;
     }
@@ -6166,16 +6280,10 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
     if (!p->ignore_eos && tok && llm_tokenizer_is_eog(tok, token)) reason = LLM_FINISH_STOP;
     for (int i = 0; i < p->n_stop_token_ids; i++) if (p->stop_token_ids[i] == token) reason = LLM_FINISH_STOP;
     int hidden = reason == LLM_FINISH_STOP; /* a stop token's own text is not output */
-    if (s->grammar && !hidden) { /* the grammar moves on by the token's bytes; whole, with nothing to follow: */
-        double t0 = llm_now();                                   /* stop */
-        int moved = llm_grammar_accept(s->grammar, e->trie->bytes + e->trie->offset[token],
-                                       (int)(e->trie->offset[token + 1] - e->trie->offset[token])) == 0;
-        if (moved && llm_grammar_done(s->grammar)) reason = LLM_FINISH_STOP;
-        e->stats.grammar_seconds += llm_now() - t0;
-        if (!moved) { /* cannot be: the token was allowed */
-            llm_seq_finish(e, s, LLM_FINISH_ERROR, "the grammar refused a token it had allowed");
-            return;
-        }
+    if (s->grammar && !hidden) { /* the state the token leads to; whole, with nothing to follow: stop */
+        llm_grammar_state *moved = e->grammar_next;
+        e->grammar_next = s->grammar; s->grammar = moved;
+        if (llm_grammar_done(s->grammar)) reason = LLM_FINISH_STOP;
     }
     /* out of room: max_tokens, the model's context, or (a tiny pool) the whole KV pool, which the next token
      * could not fit in */

@@ -895,6 +895,10 @@ static int bench(args_t *a) {
             ids[i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)m->cfg.vocab_size);
         llm_sampling_params p = llm_sampling_defaults();
         p.temperature = 0; p.ignore_eos = 1; p.max_tokens = out_len;
+        /* --json-schema, --grammar or --regex: every request follows it (greedy unless --temp is given,
+         * with --seed) */
+        p.grammar = a->sampling.grammar;
+        if (a->sampling_given & LLM_SAMPLING_TEMP) { p.temperature = a->sampling.temperature; p.seed = (int64_t)r; }
         if (llm_engine_add_request(e, NULL, ids, in_len, &p, NULL, err)) total_in += in_len;
         else { fprintf(stderr, "llm bench: request rejected: %s\n", err); rejected++; }
         free(ids);
@@ -949,6 +953,12 @@ static int bench(args_t *a) {
            prompt_s > 0 ? prompt_tokens / prompt_s : 0.0, (long long)prompt_tokens, prompt_s);
     printf("decode: %.1f tok/s (%lld tokens in %.2f s, the steps of decodes only)\n",
            decode_s > 0 ? decode_tokens / decode_s : 0.0, (long long)decode_tokens, decode_s);
+    if (st.grammar_tokens)
+        printf("grammar: %.3f ms per token, %.1f%% of a decode step's time per token (%lld tokens; %lld needed "
+               "a full mask, %lld of them from the cache)\n", 1e3 * st.grammar_seconds / st.grammar_tokens,
+               decode_tokens && decode_s > 0 ? 100.0 * st.grammar_seconds / st.grammar_tokens /
+               (decode_s / decode_tokens) : 0.0, (long long)st.grammar_tokens, (long long)st.grammar_masks,
+               (long long)st.grammar_masks_cached);
     printf("mean KV usage: %.1f%%, peak running: %d, steps: %lld, preemptions: %lld, prompt tokens computed: "
            "%lld\n", samples ? 100.0 * sum_usage / samples : 0.0, peak_running, (long long)st.steps,
            (long long)st.preemptions, (long long)st.prompt_tokens_computed);
