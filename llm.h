@@ -42,7 +42,8 @@
  *   llm_engine_step   llm_engine_wait   llm_engine_has_work                 the loop, on one thread
  *   llm_engine_get_stats   llm_engine_model   llm_finish_reason_name   llm_engine_check_blocks
  *   (logprobs of the prompt's own tokens, vLLM's prompt_logprobs: llm_sampling_params.prompt_logprobs in,
- *   llm_output.prompt_logprobs out)
+ *   llm_output.prompt_logprobs out; structured output: llm_sampling_params.grammar, GBNF text, which
+ *   llm_json_schema_to_grammar, llm_regex_to_grammar and llm_choice_to_grammar write)
  * The parts: each section's own functions, for tools, tests and programs that take one piece
  *   GGUF: llm_gguf_open, _parse, _close, _find, _tensor_find, _int, _float, _string, _arr_int, _arr_float;
  *         llm_dtype_name, llm_dtype_row_bytes, llm_dtype_dequant_row, llm_qblock_unpack
@@ -57,6 +58,9 @@
  *         llm_cuda_backend_create, llm_cuda_weight_bytes, llm_cuda_run_gemm, llm_cuda_run_attention)
  *   sampler: llm_sampler_create, llm_sampler_free, llm_sampler_penalize, llm_sampler_candidates,
  *         llm_sampler_sample
+ *   grammar: llm_json_parse, _free, _get; llm_json_schema_to_grammar, llm_regex_to_grammar,
+ *         llm_choice_to_grammar; llm_grammar_parse, _free, _start, _state_copy, _state_free, _accept,
+ *         _can_end, _done, _mask, _allows; llm_token_trie_build, _free
  *   detokenizer: llm_tokenizer_piece, llm_detok_push, llm_detok_flush, llm_detokenize
  *
  * An example: the greedy continuation of a prompt, streamed to stdout (`make test` compiles and runs it).
@@ -5517,14 +5521,22 @@ int llm_grammar_mask(const llm_grammar_state *st, const llm_token_trie *tt, uint
     return n_allowed;
 }
 
-int llm_grammar_allows(const llm_grammar_state *st, const llm_token_trie *tt, int32_t token) {
+/* Whether token may come next from st; when it adds text, next (a scratch state) is left where it leads. */
+static int llm_gr_allows_into(const llm_grammar_state *st, const llm_token_trie *tt, int32_t token,
+                              llm_grammar_state *next) {
     if (token < 0 || token >= tt->n_vocab) return 0;
     for (ptrdiff_t i = 0; i < arrlen(tt->ends); i++) if (tt->ends[i] == token) return llm_grammar_can_end(st);
-    int n = (int)(tt->offset[token + 1] - tt->offset[token]);
+    int64_t n = tt->offset[token + 1] - tt->offset[token];
     if (n == 0) return 0; /* a control token adds no text: it would not move the grammar on */
-    llm_grammar_state *c = llm_grammar_state_copy(st);
-    int ok = c && llm_grammar_accept(c, tt->bytes + tt->offset[token], n) == 0;
-    llm_grammar_state_free(c);
+    llm_gr_state_assign(next, st);
+    return llm_grammar_accept(next, tt->bytes + tt->offset[token], (int)n) == 0;
+}
+
+int llm_grammar_allows(const llm_grammar_state *st, const llm_token_trie *tt, int32_t token) {
+    llm_grammar_state next;
+    memset(&next, 0, sizeof next);
+    int ok = llm_gr_allows_into(st, tt, token, &next);
+    llm_gr_set_free(&next.set); llm_gr_set_free(&next.next[0]); llm_gr_set_free(&next.next[1]); arrfree(next.buf);
     return ok;
 }
 
@@ -6152,13 +6164,10 @@ static void llm_engine_fail_step(llm_engine *e) {
  *    the error). */
 static int llm_seq_grammar_allows(llm_engine *e, llm_seq *s, int32_t token) {
     const llm_sampling_params *p = &s->req->params;
-    int can_end = llm_grammar_can_end(s->grammar) && !p->ignore_eos;
-    for (int i = 0; i < p->n_stop_token_ids; i++) if (p->stop_token_ids[i] == token) return can_end;
-    if (llm_tokenizer_is_eog(e->model.tok, token)) return can_end;
-    int64_t n = e->trie->offset[token + 1] - e->trie->offset[token];
-    if (n == 0) return 0; /* a control token adds no text: it would not move the grammar on */
-    llm_gr_state_assign(e->grammar_next, s->grammar);
-    return llm_grammar_accept(e->grammar_next, e->trie->bytes + e->trie->offset[token], (int)n) == 0;
+    for (int i = 0; i < p->n_stop_token_ids; i++)
+        if (p->stop_token_ids[i] == token) return llm_grammar_can_end(s->grammar) && !p->ignore_eos;
+    if (p->ignore_eos && llm_tokenizer_is_eog(e->model.tok, token)) return 0; /* it would not end the text */
+    return llm_gr_allows_into(s->grammar, e->trie, token, e->grammar_next);
 }
 
 static int32_t llm_seq_grammar_sample(llm_engine *e, llm_seq *s, const float *sample_from, int32_t token) {
