@@ -5540,10 +5540,989 @@ int llm_grammar_allows(const llm_grammar_state *st, const llm_token_trie *tt, in
     return ok;
 }
 
-/* ---- (to come) ---- */
-char *llm_json_schema_to_grammar(const llm_json *schema, char *err) { (void)schema; llm_fail(err, "JSON Schema is not supported yet"); return NULL; }
-char *llm_regex_to_grammar(const char *regex, char *err) { (void)regex; llm_fail(err, "regex is not supported yet"); return NULL; }
-char *llm_choice_to_grammar(const char *const *choices, int n, char *err) { (void)choices; (void)n; llm_fail(err, "choice is not supported yet"); return NULL; }
+/* ---- Regular expressions, written as GBNF ---------------------------------------------------------------
+ * The subset people write in patterns: literals and escapes, ., classes, groups (capturing, (?:...), named),
+ * alternation, the quantifiers * + ? {m} {m,} {m,n} (lazy ones taken as greedy: the language is the same),
+ * and ^ $ at the ends. Inside a JSON string (a schema's pattern) what the regex matches is the string's value:
+ * a quote, a backslash or a control character is written as its JSON escape. */
+typedef struct {
+    const char *p, *start;
+    char *out;                      /* stb_ds: the GBNF expression */
+    int json;                       /* inside a JSON string */
+    char *err;
+} llm_re;
+
+static int llm_re_fail(llm_re *re, const char *what) {
+    if (!re->err[0]) llm_fail(re->err, "regex: %s at offset %d", what, (int)(re->p - re->start));
+    return -1;
+}
+
+static void llm_re_puts(char **out, const char *s) { size_t n = strlen(s); memcpy(arraddnptr(*out, n), s, n); }
+
+static void llm_re_printf(char **out, const char *fmt, ...) {
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n > 0) memcpy(arraddnptr(*out, n), buf, (size_t)(n < (int)sizeof buf ? n : (int)sizeof buf - 1));
+}
+
+/* A code point inside a GBNF literal or class: printable ASCII as itself (escaped where GBNF needs it),
+ * the rest as \x, \u or \U */
+static void llm_re_gbnf_char(char **out, uint32_t c, int in_class) {
+    if (c >= 0x20 && c < 0x7F) {
+        if (c == '"' || c == '\\' || (in_class && (c == ']' || c == '[' || c == '-' || c == '^'))) arrput(*out, '\\');
+        arrput(*out, (char)c);
+    } else if (c < 0x100) llm_re_printf(out, "\\x%02X", c);
+    else if (c < 0x10000) llm_re_printf(out, "\\u%04X", c);
+    else llm_re_printf(out, "\\U%08X", c);
+}
+
+/* One character as a GBNF item: itself, or (in a JSON string) its escape */
+static void llm_re_literal(llm_re *re, uint32_t c) {
+    const char *named = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n" : c == '\r' ? "\\r" :
+                        c == '\t' ? "\\t" : c == '\b' ? "\\b" : c == '\f' ? "\\f" : NULL;
+    arrput(re->out, '"');
+    if (re->json && (named || c < 0x20)) {
+        if (named) for (const char *s = named; *s; s++) llm_re_gbnf_char(&re->out, (unsigned char)*s, 0);
+        else { char u[8]; snprintf(u, sizeof u, "\\u%04x", c); for (char *s = u; *s; s++) llm_re_gbnf_char(&re->out, (unsigned char)*s, 0); }
+    } else llm_re_gbnf_char(&re->out, c, 0);
+    arrput(re->out, '"');
+}
+
+typedef struct { uint32_t lo, hi; } llm_re_range;
+
+/* The ranges of a class escape (\d \w \s); 0 when c is not one */
+static int llm_re_class_escape(int c, llm_re_range *r) {
+    static const llm_re_range d[] = {{'0', '9'}}, w[] = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}},
+                              s[] = {{'\t', '\r'}, {' ', ' '}};
+    const llm_re_range *src = c == 'd' ? d : c == 'w' ? w : c == 's' ? s : NULL;
+    int n = c == 'd' ? 1 : c == 'w' ? 4 : c == 's' ? 2 : 0;
+    for (int i = 0; i < n; i++) r[i] = src[i];
+    return n;
+}
+
+/* A character of a regex (after a backslash or not) as a code point; -1 when broken */
+static int64_t llm_re_char(llm_re *re) {
+    const unsigned char *s = (const unsigned char *)re->p;
+    if (*s != '\\') {
+        int k = llm_utf8_check(s, strlen((const char *)s));
+        if (k <= 0) return llm_re_fail(re, "text that is not UTF-8");
+        re->p += k;
+        return llm_utf8_decode(s, k);
+    }
+    int e = s[1];
+    if (!e) return llm_re_fail(re, "a lone backslash at the end");
+    const char *named = strchr("ntrfv0", e);
+    if (named) { re->p += 2; return "\n\t\r\f\v"[named - "ntrfv0"]; }
+    if (e == 'x' || e == 'u') {
+        int digits = e == 'x' ? 2 : 4;
+        uint32_t v = 0;
+        for (int i = 0; i < digits; i++) {
+            int h = llm_hex_digit(s[2 + i]);
+            if (h < 0) return llm_re_fail(re, "\\x or \\u without its hex digits");
+            v = v * 16 + (uint32_t)h;
+        }
+        re->p += 2 + digits;
+        return v;
+    }
+    if (e < 0x80 && ispunct(e)) { re->p += 2; return e; }
+    if (e >= '1' && e <= '9') return llm_re_fail(re, "backreferences (\\1) are not supported");
+    if (e == 'b' || e == 'B' || e == 'A' || e == 'Z' || e == 'z')
+        return llm_re_fail(re, "anchors and word boundaries inside the pattern (\\b, \\A, \\Z) are not supported");
+    return llm_re_fail(re, "an unknown escape");
+}
+
+static int llm_re_range_cmp(const void *a, const void *b) {
+    const llm_re_range *x = (const llm_re_range *)a, *y = (const llm_re_range *)b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* A class as GBNF: its ranges, negated or not. Inside a JSON string, the characters that need an escape (the
+ * controls, the quote, the backslash) are taken out of the class and, where the class takes them, written as
+ * alternatives in their escaped form. */
+static void llm_re_class_out(llm_re *re, const llm_re_range *r, int n, int negated) {
+    llm_re_range *kept = (llm_re_range *)malloc(((size_t)n * 3 + 4) * sizeof *kept);
+    uint32_t specials[40];
+    int m = 0, n_special = 0;
+    if (!kept) { llm_re_fail(re, "out of memory"); return; }
+    for (int i = 0; i < n; i++) {
+        if (!re->json || negated) { kept[m++] = r[i]; continue; }
+        for (uint32_t c = 0; c < 0x60; c++) /* the specials in this range */
+            if ((c < 0x20 || c == '"' || c == '\\') && c >= r[i].lo && c <= r[i].hi) specials[n_special++] = c;
+        uint32_t lo = r[i].lo < 0x20 ? 0x20 : r[i].lo; /* and the range less them, in pieces */
+        for (uint32_t c = lo; c <= r[i].hi && c <= '\\'; c++)
+            if (c == '"' || c == '\\') {
+                if (c > lo) { llm_re_range piece = {lo, c - 1}; kept[m++] = piece; }
+                lo = c + 1;
+            }
+        if (lo <= r[i].hi) { llm_re_range piece = {lo, r[i].hi}; kept[m++] = piece; }
+    }
+    if (re->json && negated) { /* the escapes are not taken: a class never writes them */
+        llm_re_range sp[3] = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}};
+        for (int k = 0; k < 3; k++) kept[m++] = sp[k];
+    }
+    int alts = (m > 0 || negated) + n_special;
+    if (alts > 1) arrput(re->out, '(');
+    if (m > 0 || negated) {
+        arrput(re->out, '[');
+        if (negated) arrput(re->out, '^');
+        for (int i = 0; i < m; i++) {
+            llm_re_gbnf_char(&re->out, kept[i].lo, 1);
+            if (kept[i].hi != kept[i].lo) { arrput(re->out, '-'); llm_re_gbnf_char(&re->out, kept[i].hi, 1); }
+        }
+        arrput(re->out, ']');
+    }
+    for (int k = 0; k < n_special; k++) {
+        if (k || m > 0 || negated) llm_re_puts(&re->out, " | ");
+        llm_re_literal(re, specials[k]);
+    }
+    if (alts > 1) arrput(re->out, ')');
+    if (!alts) llm_re_puts(&re->out, "[^\\x00-\\U0010FFFF]"); /* a class no character matches */
+    free(kept);
+}
+
+static int llm_re_class(llm_re *re) {
+    re->p++; /* [ */
+    int negated = *re->p == '^';
+    if (negated) re->p++;
+    llm_re_range *r = NULL; /* stb_ds */
+    int first = 1;
+    while (*re->p && (*re->p != ']' || first)) {
+        first = 0;
+        llm_re_range esc[4];
+        int n = re->p[0] == '\\' ? llm_re_class_escape(re->p[1], esc) : 0;
+        if (n) { re->p += 2; for (int i = 0; i < n; i++) arrput(r, esc[i]); continue; }
+        if (re->p[0] == '\\' && (re->p[1] == 'D' || re->p[1] == 'W' || re->p[1] == 'S')) {
+            arrfree(r);
+            return llm_re_fail(re, "\\D, \\W and \\S inside a class are not supported");
+        }
+        if (re->p[0] == '[' && re->p[1] == ':') { arrfree(r); return llm_re_fail(re, "POSIX classes ([:alpha:]) are not supported"); }
+        int64_t lo = llm_re_char(re), hi = lo;
+        if (lo < 0) { arrfree(r); return -1; }
+        if (re->p[0] == '-' && re->p[1] && re->p[1] != ']') {
+            re->p++;
+            if ((hi = llm_re_char(re)) < 0) { arrfree(r); return -1; }
+            if (hi < lo) { arrfree(r); return llm_re_fail(re, "a range that ends before it begins"); }
+        }
+        llm_re_range range = {(uint32_t)lo, (uint32_t)hi};
+        arrput(r, range);
+    }
+    if (*re->p != ']') { arrfree(r); return llm_re_fail(re, "a class is not closed"); }
+    re->p++;
+    qsort(r, (size_t)arrlen(r), sizeof *r, llm_re_range_cmp);
+    int m = 0; /* merged: overlapping and touching ranges as one */
+    for (int i = 0; i < arrlen(r); i++) {
+        if (m && r[i].lo <= r[m - 1].hi + 1) { if (r[i].hi > r[m - 1].hi) r[m - 1].hi = r[i].hi; }
+        else r[m++] = r[i];
+    }
+    llm_re_class_out(re, r, m, negated);
+    arrfree(r);
+    return 0;
+}
+
+static int llm_re_alternation(llm_re *re, int depth);
+
+/* Items with their quantifiers, until | or ) or the end */
+static int llm_re_sequence(llm_re *re, int depth) {
+    int empty = 1;
+    while (*re->p && *re->p != '|' && *re->p != ')') {
+        char c = *re->p;
+        if (!empty) arrput(re->out, ' ');
+        if (c == '^' && re->p == re->start) { re->p++; continue; }
+        if (c == '$' && (re->p[1] == 0)) { re->p++; continue; }
+        if (c == '^' || c == '$') return llm_re_fail(re, "^ or $ inside the pattern (only at its ends) is not supported");
+        if (c == '(') {
+            re->p++;
+            if (*re->p == '?') {
+                if (re->p[1] == ':') re->p += 2;
+                else if (re->p[1] == 'P' && re->p[2] == '<') re->p += 3;
+                else if (re->p[1] == '<' && re->p[2] != '=' && re->p[2] != '!') re->p += 2;
+                else return llm_re_fail(re, "lookaround and flags ((?=, (?!, (?i) ...) are not supported");
+                if (re->p[-1] == '<') { /* a name, skipped */
+                    while (*re->p && *re->p != '>') re->p++;
+                    if (*re->p++ != '>') return llm_re_fail(re, "a group's name is not closed");
+                }
+            }
+            if (depth > 64) return llm_re_fail(re, "groups nested too deep");
+            arrput(re->out, '(');
+            if (llm_re_alternation(re, depth + 1) != 0) return -1;
+            if (*re->p != ')') return llm_re_fail(re, "a ')' is missing");
+            re->p++;
+            arrput(re->out, ')');
+        } else if (c == '[') {
+            if (llm_re_class(re) != 0) return -1;
+        } else if (c == '.') {
+            re->p++;
+            llm_re_puts(&re->out, re->json ? "[^\"\\\\\\x00-\\x1F]" : "[^\\n]");
+        } else if (c == '\\' && (re->p[1] == 'd' || re->p[1] == 'w' || re->p[1] == 's' || re->p[1] == 'D' ||
+                                 re->p[1] == 'W' || re->p[1] == 'S')) {
+            llm_re_range r[4];
+            int n = llm_re_class_escape(tolower((unsigned char)re->p[1]), r);
+            llm_re_class_out(re, r, n, isupper((unsigned char)re->p[1]));
+            re->p += 2;
+        } else if (c == '*' || c == '+' || c == '?' || c == '{') {
+            return llm_re_fail(re, "a quantifier with nothing before it");
+        } else {
+            int64_t ch = llm_re_char(re);
+            if (ch < 0) return -1;
+            llm_re_literal(re, (uint32_t)ch);
+        }
+        empty = 0;
+        /* the quantifier, if one follows */
+        c = *re->p;
+        if (c == '*' || c == '+' || c == '?') { arrput(re->out, c); re->p++; }
+        else if (c == '{' && isdigit((unsigned char)re->p[1])) {
+            char *end;
+            long m = strtol(re->p + 1, &end, 10), n = m;
+            if (*end == ',') n = isdigit((unsigned char)end[1]) ? strtol(end + 1, &end, 10) : -1;
+            if (*end == ',' || *end != '}') return llm_re_fail(re, "a bad {m,n}");
+            if (m > 1000 || n > 1000 || (n >= 0 && n < m)) return llm_re_fail(re, "a repetition count over 1000 or {m,n} with n < m");
+            re->p = end + 1;
+            if (n < 0) llm_re_printf(&re->out, "{%ld,}", m);
+            else if (n == m) llm_re_printf(&re->out, "{%ld}", m);
+            else llm_re_printf(&re->out, "{%ld,%ld}", m, n);
+        } else continue;
+        if (*re->p == '?') re->p++; /* lazy: the same language */
+        else if (*re->p == '+') return llm_re_fail(re, "possessive quantifiers are not supported");
+    }
+    if (empty) llm_re_puts(&re->out, "\"\"");
+    return 0;
+}
+
+static int llm_re_alternation(llm_re *re, int depth) {
+    if (llm_re_sequence(re, depth) != 0) return -1;
+    while (*re->p == '|') {
+        re->p++;
+        llm_re_puts(&re->out, " | ");
+        if (llm_re_sequence(re, depth) != 0) return -1;
+    }
+    return 0;
+}
+
+/* A regex as a GBNF expression appended to *out (json: inside a JSON string); -1 with the reason in err */
+static int llm_re_to_gbnf(const char *regex, int json, char **out, char *err) {
+    llm_re re = {regex, regex, *out, json, err};
+    re.err[0] = 0;
+    arrput(re.out, '(');
+    int rc = llm_re_alternation(&re, 0);
+    if (rc == 0 && *re.p) rc = llm_re_fail(&re, "an unmatched ')'");
+    arrput(re.out, ')');
+    *out = re.out;
+    return rc;
+}
+
+char *llm_regex_to_grammar(const char *regex, char *err) {
+    char buf[LLM_ERR_LEN], *out = NULL;
+    if (!err) err = buf;
+    if (!regex) { llm_fail(err, "regex: none given"); return NULL; }
+    llm_re_puts(&out, "root ::= ");
+    if (llm_re_to_gbnf(regex, 0, &out, err) != 0) { arrfree(out); return NULL; }
+    arrput(out, '\n'); arrput(out, 0);
+    char *text = strdup(out);
+    arrfree(out);
+    if (!text) llm_fail(err, "out of memory");
+    return text;
+}
+
+char *llm_choice_to_grammar(const char *const *choices, int n, char *err) {
+    if (n < 1 || !choices) { llm_fail(err, "a choice needs at least one string"); return NULL; }
+    char *out = NULL;
+    llm_re_puts(&out, "root ::= ");
+    for (int i = 0; i < n; i++) {
+        const char *s = choices[i] ? choices[i] : "";
+        if (i) llm_re_puts(&out, " | ");
+        arrput(out, '"');
+        for (size_t k = 0; s[k];) {
+            int len = llm_utf8_check((const unsigned char *)s + k, strlen(s + k));
+            if (len <= 0) { arrfree(out); llm_fail(err, "choice %d is not UTF-8", i); return NULL; }
+            llm_re_gbnf_char(&out, llm_utf8_decode((const unsigned char *)s + k, len), 0);
+            k += (size_t)len;
+        }
+        arrput(out, '"');
+    }
+    arrput(out, '\n'); arrput(out, 0);
+    char *text = strdup(out);
+    arrfree(out);
+    if (!text) llm_fail(err, "out of memory");
+    return text;
+}
+
+/* ---- JSON Schema, written as GBNF ------------------------------------------------------------------------
+ * Each schema becomes a rule (a $ref's target one rule, named before it is written, so that recursive schemas
+ * work). Values are written without whitespace around them; objects and arrays put bounded whitespace between
+ * their parts (a space, or a newline and at most 20 spaces or tabs: a small model cannot run on in spaces).
+ * The root rule ends where the value ends, so the sequence stops there. Properties come in the schema's
+ * order; the required ones always, the others as the model likes. A keyword that would constrain the output
+ * in a way not written here is refused, naming it and where it is; annotations are ignored. */
+typedef struct {
+    const llm_json *root;
+    char *out;                      /* stb_ds: the rules written */
+    char *err;
+    int n_rules;
+    struct { char *key; char *value; } *refs;  /* stb_ds string hash: "$ref" -> its rule's name */
+    unsigned used;                  /* LLM_JS_* primitives used */
+} llm_js;
+
+enum { LLM_JS_WS = 1, LLM_JS_STRING = 2, LLM_JS_NUMBER = 4, LLM_JS_INTEGER = 8, LLM_JS_VALUE = 16,
+       LLM_JS_CHAR = 32, LLM_JS_BOOLEAN = 64 };
+
+/* The primitives, written once at the end for the ones used */
+static const struct { unsigned bit; const char *rules; } llm_js_primitives[] = {
+    {LLM_JS_WS, "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n"},
+    {LLM_JS_CHAR, "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"},
+    {LLM_JS_STRING, "string ::= \"\\\"\" char* \"\\\"\"\n"},
+    {LLM_JS_INTEGER, "integer ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n"},
+    {LLM_JS_NUMBER, "number ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15}) (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"},
+    {LLM_JS_BOOLEAN, "boolean ::= \"true\" | \"false\"\n"},
+    {LLM_JS_VALUE, "value ::= object | array | string | number | boolean | \"null\"\n"
+                   "object ::= \"{\" ws ( string ws \":\" ws value ws (\",\" ws string ws \":\" ws value ws)* )? \"}\"\n"
+                   "array ::= \"[\" ws ( value ws (\",\" ws value ws)* )? \"]\"\n"},
+};
+
+static int llm_js_fail(llm_js *c, const char *path, const char *fmt, const char *what) {
+    if (c->err[0]) return -1;
+    char msg[160];
+    snprintf(msg, sizeof msg, fmt, what);
+    llm_fail(c->err, "JSON schema: %s at %s", msg, path[0] ? path : "/ (the root)");
+    return -1;
+}
+
+/* A new rule's name: a readable stem and a number */
+static void llm_js_name(llm_js *c, const char *stem, char *name, size_t cap) {
+    size_t k = 0;
+    for (const char *s = stem; *s && k < 24; s++)
+        name[k++] = isalnum((unsigned char)*s) ? (char)tolower((unsigned char)*s) : '-';
+    snprintf(name + k, cap - k, "-%d", c->n_rules++);
+}
+
+static void llm_js_rule(llm_js *c, const char *name, const char *body, size_t n) {
+    llm_re_puts(&c->out, name); llm_re_puts(&c->out, " ::= ");
+    memcpy(arraddnptr(c->out, n), body, n);
+    arrput(c->out, '\n');
+}
+
+/* A JSON value written compactly (for const and enum: the text the model must write) */
+static void llm_js_write_json(char **out, const llm_json *v) {
+    switch (v->type) {
+    case LLM_JSON_NULL: llm_re_puts(out, "null"); break;
+    case LLM_JSON_TRUE: llm_re_puts(out, "true"); break;
+    case LLM_JSON_FALSE: llm_re_puts(out, "false"); break;
+    case LLM_JSON_NUMBER: llm_re_printf(out, "%.17g", v->num); break;
+    case LLM_JSON_STRING:
+        arrput(*out, '"');
+        for (size_t i = 0; i < v->len; i++) {
+            unsigned char ch = (unsigned char)v->str[i];
+            if (ch == '"' || ch == '\\') { arrput(*out, '\\'); arrput(*out, (char)ch); }
+            else if (ch < 0x20) llm_re_printf(out, "\\u%04x", ch);
+            else arrput(*out, (char)ch);
+        }
+        arrput(*out, '"');
+        break;
+    default: {
+        int obj = v->type == LLM_JSON_OBJECT;
+        arrput(*out, obj ? '{' : '[');
+        for (int i = 0; i < v->n; i++) {
+            if (i) arrput(*out, ',');
+            if (obj) {
+                llm_json key = {LLM_JSON_STRING, 0, v->keys[i], strlen(v->keys[i]), NULL, NULL, 0};
+                llm_js_write_json(out, &key);
+                arrput(*out, ':');
+            }
+            llm_js_write_json(out, &v->items[i]);
+        }
+        arrput(*out, obj ? '}' : ']');
+    }
+    }
+}
+
+/* Text as a GBNF literal */
+static void llm_js_literal(char **out, const char *s, size_t n) {
+    arrput(*out, '"');
+    for (size_t i = 0; i < n;) {
+        int k = llm_utf8_check((const unsigned char *)s + i, n - i);
+        if (k <= 0) { llm_re_gbnf_char(out, 0xFFFD, 0); i++; continue; }
+        llm_re_gbnf_char(out, llm_utf8_decode((const unsigned char *)s + i, k), 0);
+        i += (size_t)k;
+    }
+    arrput(*out, '"');
+}
+
+/* A JSON value as a GBNF literal of its compact text */
+static void llm_js_const(char **out, const llm_json *v) {
+    char *text = NULL;
+    llm_js_write_json(&text, v);
+    llm_js_literal(out, text, (size_t)arrlen(text));
+    arrfree(text);
+}
+
+/* Digits: the GBNF for decimal numbers of exactly len(a) digits between a and b (same length, as text) */
+static void llm_js_digits_between(char **out, const char *a, const char *b) {
+    size_t n = strlen(a);
+    if (n == 0) { llm_re_puts(out, "\"\""); return; }
+    if (a[0] == b[0]) {
+        llm_re_printf(out, "\"%c\" ", a[0]);
+        llm_js_digits_between(out, a + 1, b + 1);
+        return;
+    }
+    char nines[24], zeros[24];
+    memset(nines, '9', n - 1); nines[n - 1] = 0;
+    memset(zeros, '0', n - 1); zeros[n - 1] = 0;
+    int a_low = !strcmp(a + 1, zeros), b_high = !strcmp(b + 1, nines);
+    arrput(*out, '(');
+    char lo = a_low ? a[0] : (char)(a[0] + 1), hi = b_high ? b[0] : (char)(b[0] - 1);
+    int alts = 0;
+    if (!a_low) {
+        llm_re_printf(out, "\"%c\" (", a[0]);
+        llm_js_digits_between(out, a + 1, nines);
+        arrput(*out, ')');
+        alts++;
+    }
+    if (lo <= hi) {
+        if (alts++) llm_re_puts(out, " | ");
+        llm_re_printf(out, "[%c-%c]", lo, hi);
+        if (n > 1) llm_re_printf(out, " [0-9]{%d}", (int)n - 1);
+    }
+    if (!b_high) {
+        if (alts++) llm_re_puts(out, " | ");
+        llm_re_printf(out, "\"%c\" (", b[0]);
+        llm_js_digits_between(out, zeros, b + 1);
+        arrput(*out, ')');
+    }
+    arrput(*out, ')');
+}
+
+/* The integers in [lo, hi] (hi < 0: no upper bound) of 0 or more, no leading zeros, at most 16 digits */
+static void llm_js_naturals(char **out, int64_t lo, int64_t hi) {
+    char a[24], b[24];
+    int first = 1;
+    arrput(*out, '(');
+    for (int len = 1; len <= 16; len++) {
+        int64_t lo_len = len == 1 ? 0 : 1, hi_len = 9; /* the numbers of this many digits: [lo_len, hi_len] */
+        for (int k = 1; k < len; k++) { lo_len *= 10; hi_len = hi_len * 10 + 9; }
+        int64_t x = lo > lo_len ? lo : lo_len, y = hi >= 0 && hi < hi_len ? hi : hi_len;
+        if (x > y) continue;
+        if (!first) llm_re_puts(out, " | ");
+        first = 0;
+        if (x == lo_len && y == hi_len) { /* every number of this many digits */
+            llm_re_puts(out, len == 1 ? "[0-9]" : "[1-9]");
+            if (len > 1) llm_re_printf(out, " [0-9]{%d}", len - 1);
+            continue;
+        }
+        snprintf(a, sizeof a, "%lld", (long long)x); snprintf(b, sizeof b, "%lld", (long long)y);
+        llm_js_digits_between(out, a, b);
+    }
+    if (first) llm_re_puts(out, "[^\\x00-\\U0010FFFF]"); /* no number at all */
+    arrput(*out, ')');
+}
+
+/* An integer schema's bounds: [lo, hi], INT64_MIN / INT64_MAX for none */
+static void llm_js_integer_range(char **out, int64_t lo, int64_t hi) {
+    int neg = lo < 0, pos = hi >= 0;
+    arrput(*out, '(');
+    if (neg) { /* -x for x in [max(1, -hi), -lo] */
+        llm_re_puts(out, "\"-\" ");
+        llm_js_naturals(out, hi < 0 ? -hi : 1, lo == INT64_MIN ? -1 : -lo);
+    }
+    if (neg && pos) llm_re_puts(out, " | ");
+    if (pos) llm_js_naturals(out, lo > 0 ? lo : 0, hi == INT64_MAX ? -1 : hi);
+    arrput(*out, ')');
+}
+
+static int llm_js_visit(llm_js *c, const llm_json *s, const char *path, const char *stem, char *name);
+
+/* The keywords: those that change nothing the output must be (annotations), those that are refused */
+static const char *const llm_js_ignored[] = {
+    "title", "description", "$schema", "$id", "$anchor", "$comment", "default", "examples", "readOnly",
+    "writeOnly", "deprecated", "contentEncoding", "contentMediaType", "$defs", "definitions", "strict",
+    "discriminator", "nullable", "name"};
+static const char *const llm_js_refused[] = {
+    "not", "if", "then", "else", "dependentSchemas", "dependentRequired", "dependencies", "patternProperties",
+    "propertyNames", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
+    "multipleOf", "minProperties", "maxProperties", "$dynamicRef", "$recursiveRef", "$dynamicAnchor",
+    "$recursiveAnchor", "additionalItems"};
+
+static int llm_js_key_in(const char *key, const char *const *list, size_t n) {
+    for (size_t i = 0; i < n; i++) if (!strcmp(key, list[i])) return 1;
+    return 0;
+}
+
+/* Where a $ref points, in the root schema: "#", or "#/a/b" with ~0 and ~1 decoded */
+static const llm_json *llm_js_resolve(llm_js *c, const char *ref) {
+    if (ref[0] != '#') return NULL;
+    const llm_json *v = c->root;
+    const char *p = ref + 1;
+    while (v && *p == '/') {
+        char part[256];
+        size_t k = 0;
+        for (p++; *p && *p != '/' && k < sizeof part - 1; p++) {
+            if (p[0] == '~' && (p[1] == '0' || p[1] == '1')) { part[k++] = p[1] == '0' ? '~' : '/'; p++; }
+            else part[k++] = *p;
+        }
+        part[k] = 0;
+        if (v->type == LLM_JSON_OBJECT) v = llm_json_get(v, part);
+        else if (v->type == LLM_JSON_ARRAY && isdigit((unsigned char)part[0]) && atoi(part) < v->n) v = &v->items[atoi(part)];
+        else v = NULL;
+    }
+    return *p ? NULL : v;
+}
+
+static int llm_js_number_of(const llm_json *s, const char *key, double *x) {
+    const llm_json *v = llm_json_get(s, key);
+    if (!v || v->type != LLM_JSON_NUMBER) return 0;
+    *x = v->num;
+    return 1;
+}
+
+/* A string schema's content between the quotes */
+static int llm_js_string(llm_js *c, const llm_json *s, const char *path, char **body) {
+    const llm_json *fmt = llm_json_get(s, "format"), *pattern = llm_json_get(s, "pattern");
+    double min = 0, max = -1;
+    int has_min = llm_js_number_of(s, "minLength", &min), has_max = llm_js_number_of(s, "maxLength", &max);
+    if ((has_min && (min < 0 || min > 10000 || min != floor(min))) || (has_max && (max < 0 || max > 10000 || max != floor(max))))
+        return llm_js_fail(c, path, "%s must be a whole number from 0 to 10000", "minLength/maxLength");
+    if (has_min && has_max && max < min) return llm_js_fail(c, path, "%s: maxLength is below minLength", "maxLength");
+    if ((fmt || pattern) && (has_min || has_max))
+        return llm_js_fail(c, path, "%s with format or pattern is not supported", "minLength/maxLength");
+    if (fmt && pattern) return llm_js_fail(c, path, "%s together with pattern is not supported", "format");
+    llm_re_puts(body, "\"\\\"\" ");
+    if (fmt) {
+        static const struct { const char *name, *gbnf; } formats[] = {
+            {"date", "[0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01])"},
+            {"time", "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? "
+                     "(\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])"},
+            {"date-time", "[0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) "
+                          "\"T\" ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? "
+                          "(\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])"},
+            {"uuid", "[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [1-8] [0-9a-f]{3} \"-\" [89ab] [0-9a-f]{3} \"-\" [0-9a-f]{12}"},
+            {"email", "[a-zA-Z0-9_+-] [a-zA-Z0-9._+-]{0,40} \"@\" [a-zA-Z0-9] [a-zA-Z0-9-]{0,30} "
+                      "(\".\" [a-zA-Z0-9] [a-zA-Z0-9-]{0,30}){0,3} \".\" [a-zA-Z]{2,8}"},
+        };
+        size_t i = 0, n = sizeof formats / sizeof *formats;
+        while (fmt->type == LLM_JSON_STRING && i < n && strcmp(formats[i].name, fmt->str)) i++;
+        if (i == n) return llm_js_fail(c, path, "format \"%s\" is not supported (date, time, date-time, uuid, "
+                                        "email are)", fmt->type == LLM_JSON_STRING ? fmt->str : "?");
+        llm_re_puts(body, formats[i].gbnf);
+    } else if (pattern) {
+        if (pattern->type != LLM_JSON_STRING) return llm_js_fail(c, path, "%s must be a string", "pattern");
+        /* a pattern matches anywhere in the string unless anchored: what is around it is any text */
+        size_t n = pattern->len;
+        int head = n && pattern->str[0] == '^', tail = n && pattern->str[n - 1] == '$' &&
+                   (n < 2 || pattern->str[n - 2] != '\\');
+        char err[LLM_ERR_LEN];
+        if (!head) llm_re_puts(body, "char* ");
+        if (llm_re_to_gbnf(pattern->str, 1, body, err) != 0) {
+            char what[200];
+            snprintf(what, sizeof what, "pattern \"%.60s\": %.120s", pattern->str, err);
+            return llm_js_fail(c, path, "%s", what);
+        }
+        if (!tail) llm_re_puts(body, " char*");
+        c->used |= LLM_JS_CHAR;
+    } else {
+        if (!has_max) llm_re_printf(body, "char{%d,}", (int)min);
+        else llm_re_printf(body, "char{%d,%d}", (int)min, (int)max);
+        c->used |= LLM_JS_CHAR;
+    }
+    llm_re_puts(body, " \"\\\"\"");
+    return 0;
+}
+
+/* A number schema: bounds only for integers (a grammar writes integer ranges), and minimum 0 for numbers */
+static int llm_js_number(llm_js *c, const llm_json *s, const char *path, int integer, char **body) {
+    double lo = 0, hi = 0, xlo = 0, xhi = 0;
+    int has_lo = llm_js_number_of(s, "minimum", &lo), has_hi = llm_js_number_of(s, "maximum", &hi);
+    int has_xlo = llm_js_number_of(s, "exclusiveMinimum", &xlo), has_xhi = llm_js_number_of(s, "exclusiveMaximum", &xhi);
+    if (!has_lo && !has_hi && !has_xlo && !has_xhi) {
+        llm_re_puts(body, integer ? "integer" : "number");
+        c->used |= integer ? LLM_JS_INTEGER : LLM_JS_NUMBER;
+        return 0;
+    }
+    if (!integer) {
+        if (has_lo && lo == 0 && !has_hi && !has_xlo && !has_xhi) { /* a number >= 0: no sign */
+            llm_re_puts(body, "(\"0\" | [1-9] [0-9]{0,15}) (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?");
+            return 0;
+        }
+        return llm_js_fail(c, path, "%s on a number (not an integer) is not supported, but minimum 0 is",
+                           "minimum/maximum");
+    }
+    int64_t min = INT64_MIN, max = INT64_MAX;
+    const double limit = 1e15;
+    if (has_lo) { if (fabs(lo) > limit) return llm_js_fail(c, path, "%s beyond 10^15", "minimum"); min = (int64_t)ceil(lo); }
+    if (has_xlo) { if (fabs(xlo) > limit) return llm_js_fail(c, path, "%s beyond 10^15", "exclusiveMinimum");
+                   int64_t m = (int64_t)floor(xlo) + 1; if (m > min || min == INT64_MIN) min = m > min ? m : min; }
+    if (has_hi) { if (fabs(hi) > limit) return llm_js_fail(c, path, "%s beyond 10^15", "maximum"); max = (int64_t)floor(hi); }
+    if (has_xhi) { if (fabs(xhi) > limit) return llm_js_fail(c, path, "%s beyond 10^15", "exclusiveMaximum");
+                   int64_t m = (int64_t)ceil(xhi) - 1; if (m < max) max = m; }
+    if (min > max) return llm_js_fail(c, path, "%s: no integer is within the bounds", "minimum/maximum");
+    llm_js_integer_range(body, min, max);
+    return 0;
+}
+
+/* The text of a JSON string that is none of the names (names[i] all begin with the depth bytes already
+ * matched): a next character none of them has, then anything; or one that some have, and the same question
+ * one character on; or the end here, where no name ends. */
+static void llm_js_not_names(char **out, const char **names, int n, size_t depth) {
+    int ends = 0, alts = 0;
+    char *firsts = NULL; /* stb_ds: the distinct next characters, as UTF-8 */
+    int *starts = NULL;
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(names[i]);
+        if (len == depth) { ends = 1; continue; }
+        int k = llm_utf8_check((const unsigned char *)names[i] + depth, len - depth);
+        if (k <= 0) k = 1;
+        int seen = 0;
+        for (ptrdiff_t j = 0; j < arrlen(starts) && !seen; j++)
+            seen = !strncmp(firsts + starts[j], names[i] + depth, (size_t)k) && firsts[starts[j] + k] == 0;
+        if (seen) continue;
+        arrput(starts, (int)arrlen(firsts));
+        memcpy(arraddnptr(firsts, k), names[i] + depth, (size_t)k);
+        arrput(firsts, 0);
+    }
+    arrput(*out, '(');
+    /* a character none of them has next, then any text */
+    llm_re_puts(out, "([^\"\\\\\\x00-\\x1F");
+    for (ptrdiff_t j = 0; j < arrlen(starts); j++) {
+        const unsigned char *ch = (const unsigned char *)firsts + starts[j];
+        int k = llm_utf8_check(ch, strlen((const char *)ch));
+        llm_re_gbnf_char(out, k > 0 ? llm_utf8_decode(ch, k) : ch[0], 1);
+    }
+    llm_re_puts(out, "] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})) char*");
+    alts++;
+    for (ptrdiff_t j = 0; j < arrlen(starts); j++) { /* one that some have: on to the next character */
+        const char *ch = firsts + starts[j];
+        size_t k = strlen(ch);
+        const char **sub = (const char **)malloc((size_t)n * sizeof *sub);
+        int m = 0;
+        if (!sub) continue;
+        for (int i = 0; i < n; i++) if (strlen(names[i]) > depth && !strncmp(names[i] + depth, ch, k)) sub[m++] = names[i];
+        llm_re_puts(out, " | ");
+        llm_js_literal(out, ch, k);
+        arrput(*out, ' ');
+        llm_js_not_names(out, sub, m, depth + k);
+        free(sub);
+        alts++;
+    }
+    if (!ends && depth > 0) llm_re_puts(out, " | \"\""); /* stopping here: a prefix of names, not a name */
+    arrput(*out, ')');
+    arrfree(firsts); arrfree(starts);
+}
+
+/* The properties of an object in order: the required ones always, the others when the model likes, and
+ * (additionalProperties true or a schema) more keys after them. first[i]: the properties from i on when none
+ * has been written yet; rest[i]: when one has (each then begins with a comma). */
+static int llm_js_object(llm_js *c, const llm_json *s, const char *path, const char *stem, char **body) {
+    const llm_json *props = llm_json_get(s, "properties"), *req = llm_json_get(s, "required");
+    const llm_json *add = llm_json_get(s, "additionalProperties");
+    if (props && props->type != LLM_JSON_OBJECT) return llm_js_fail(c, path, "%s must be an object", "properties");
+    if (req && req->type != LLM_JSON_ARRAY) return llm_js_fail(c, path, "%s must be an array", "required");
+    int n = props ? props->n : 0;
+    for (int k = 0; req && k < req->n; k++) { /* a required key that is not a property: any value */
+        if (req->items[k].type != LLM_JSON_STRING) return llm_js_fail(c, path, "%s must list strings", "required");
+        if (!llm_json_get(props, req->items[k].str))
+            return llm_js_fail(c, path, "required \"%s\" is not among the properties (not supported)", req->items[k].str);
+    }
+    char extra[64] = "";
+    c->used |= LLM_JS_WS | LLM_JS_STRING | LLM_JS_CHAR;
+    if (add && add->type != LLM_JSON_FALSE) { /* more keys (none of the listed ones), each with its value */
+        char vname[64], kname[64], sub[512];
+        snprintf(sub, sizeof sub, "%.400s/additionalProperties", path);
+        if (llm_js_visit(c, add, sub, "additional", vname) != 0) return -1;
+        char *b = NULL;
+        strcpy(kname, "string");
+        if (n) {
+            llm_js_name(c, "key", kname, sizeof kname);
+            const char **names = (const char **)malloc((size_t)n * sizeof *names);
+            if (!names) return llm_js_fail(c, path, "%s", "out of memory");
+            for (int i = 0; i < n; i++) names[i] = props->keys[i];
+            llm_re_puts(&b, "\"\\\"\" ");
+            llm_js_not_names(&b, names, n, 0);
+            llm_re_puts(&b, " \"\\\"\"");
+            free(names);
+            llm_js_rule(c, kname, b, (size_t)arrlen(b));
+            arrsetlen(b, 0);
+        }
+        llm_re_printf(&b, "%s ws \":\" ws %s ws", kname, vname);
+        llm_js_name(c, "extra", extra, sizeof extra);
+        llm_js_rule(c, extra, b, (size_t)arrlen(b));
+        arrfree(b);
+    }
+    char (*kv)[64] = (char (*)[64])calloc((size_t)n + 1, 64);
+    char (*first)[64] = (char (*)[64])calloc((size_t)n + 1, 64), (*rest)[64] = (char (*)[64])calloc((size_t)n + 1, 64);
+    if (!kv || !first || !rest) { free(kv); free(first); free(rest); return llm_js_fail(c, path, "%s", "out of memory"); }
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) { /* each property: "key" ws ":" ws value ws */
+        char vname[64], sub[512];
+        snprintf(sub, sizeof sub, "%.300s/properties/%.150s", path, props->keys[i]);
+        rc = llm_js_visit(c, &props->items[i], sub, props->keys[i], vname);
+        if (rc) break;
+        char *b = NULL;
+        llm_json key = {LLM_JSON_STRING, 0, props->keys[i], strlen(props->keys[i]), NULL, NULL, 0};
+        llm_js_const(&b, &key);
+        llm_re_printf(&b, " ws \":\" ws %s ws", vname);
+        llm_js_name(c, props->keys[i], kv[i], 64);
+        llm_js_rule(c, kv[i], b, (size_t)arrlen(b));
+        arrfree(b);
+    }
+    for (int i = n; i >= 0 && rc == 0; i--) {
+        int required = 0;
+        for (int k = 0; i < n && req && k < req->n; k++) required |= !strcmp(req->items[k].str, props->keys[i]);
+        char *b = NULL;
+        llm_js_name(c, stem, rest[i], 64);
+        if (i == n) { if (extra[0]) llm_re_printf(&b, "(\",\" ws %s)*", extra); else llm_re_puts(&b, "\"\""); }
+        else llm_re_printf(&b, required ? "\",\" ws %s %s" : "(\",\" ws %s)? %s", kv[i], rest[i + 1]);
+        llm_js_rule(c, rest[i], b, (size_t)arrlen(b));
+        arrsetlen(b, 0);
+        llm_js_name(c, stem, first[i], 64);
+        if (i == n) { if (extra[0]) llm_re_printf(&b, "(%s (\",\" ws %s)*)?", extra, extra); else llm_re_puts(&b, "\"\""); }
+        else if (required) llm_re_printf(&b, "%s %s", kv[i], rest[i + 1]);
+        else llm_re_printf(&b, "%s %s | %s", kv[i], rest[i + 1], first[i + 1]);
+        llm_js_rule(c, first[i], b, (size_t)arrlen(b));
+        arrfree(b);
+    }
+    if (rc == 0) llm_re_printf(body, "\"{\" ws %s \"}\"", first[0]);
+    free(kv); free(first); free(rest);
+    return rc;
+}
+
+/* Array: prefixItems in order, then items (a schema, or any value when absent; none when false), between
+ * minItems and maxItems. Every prefix item is written (the schema would let the array stop sooner). */
+static int llm_js_array(llm_js *c, const llm_json *s, const char *path, char **body) {
+    const llm_json *prefix = llm_json_get(s, "prefixItems"), *items = llm_json_get(s, "items");
+    const llm_json *unique = llm_json_get(s, "uniqueItems");
+    if (unique && unique->type == LLM_JSON_TRUE) return llm_js_fail(c, path, "%s is not supported", "uniqueItems");
+    if (prefix && prefix->type != LLM_JSON_ARRAY) return llm_js_fail(c, path, "%s must be an array", "prefixItems");
+    if (items && items->type == LLM_JSON_ARRAY) return llm_js_fail(c, path, "%s as an array (draft 4's tuples) is not "
+                                                                   "supported: use prefixItems", "items");
+    double min = 0, max = -1;
+    llm_js_number_of(s, "minItems", &min);
+    int has_max = llm_js_number_of(s, "maxItems", &max);
+    if (min < 0 || min > 1000 || min != floor(min) || (has_max && (max < min || max > 100000 || max != floor(max))))
+        return llm_js_fail(c, path, "%s out of range (0 to 1000, maxItems >= minItems)", "minItems/maxItems");
+    int n_prefix = prefix ? prefix->n : 0, lo = (int)min, hi = has_max ? (int)max : -1;
+    if (hi >= 0 && n_prefix > hi) n_prefix = hi;
+    c->used |= LLM_JS_WS;
+    llm_re_puts(body, "\"[\" ws");
+    for (int i = 0; i < n_prefix; i++) {
+        char vname[64], sub[512];
+        snprintf(sub, sizeof sub, "%.400s/prefixItems/%d", path, i);
+        if (llm_js_visit(c, &prefix->items[i], sub, "item", vname) != 0) return -1;
+        llm_re_printf(body, "%s %s ws", i ? " \",\" ws" : "", vname);
+    }
+    int more_lo = lo > n_prefix ? lo - n_prefix : 0, more_hi = hi < 0 ? -1 : hi - n_prefix;
+    if (items && items->type == LLM_JSON_FALSE) more_hi = 0;
+    if (more_lo > 0 && more_hi == 0) return llm_js_fail(c, path, "%s: minItems needs items that are refused", "items");
+    if (more_hi != 0) {
+        char vname[64], sub[512];
+        snprintf(sub, sizeof sub, "%.400s/items", path);
+        if (items) { if (llm_js_visit(c, items, sub, "item", vname) != 0) return -1; }
+        else { strcpy(vname, "value"); c->used |= LLM_JS_VALUE | LLM_JS_STRING | LLM_JS_CHAR | LLM_JS_NUMBER | LLM_JS_BOOLEAN; }
+        char elem[128];
+        snprintf(elem, sizeof elem, "%s ws", vname);
+        if (n_prefix) { /* each further item after a comma */
+            if (more_hi < 0) llm_re_printf(body, " (\",\" ws %s){%d,}", elem, more_lo);
+            else llm_re_printf(body, " (\",\" ws %s){%d,%d}", elem, more_lo, more_hi);
+        } else if (more_lo == 0) { /* none, or one and then more after commas */
+            if (more_hi < 0) llm_re_printf(body, " (%s (\",\" ws %s)*)?", elem, elem);
+            else if (more_hi == 1) llm_re_printf(body, " (%s)?", elem);
+            else llm_re_printf(body, " (%s (\",\" ws %s){0,%d})?", elem, elem, more_hi - 1);
+        } else {
+            if (more_hi < 0) llm_re_printf(body, " %s (\",\" ws %s){%d,}", elem, elem, more_lo - 1);
+            else llm_re_printf(body, " %s (\",\" ws %s){%d,%d}", elem, elem, more_lo - 1, more_hi - 1);
+        }
+    }
+    llm_re_puts(body, " \"]\"");
+    return 0;
+}
+
+/* A shallow copy of an object schema with the value of key replaced (or added) */
+static int llm_js_with(const llm_json *s, const char *key, const llm_json *value, llm_json *copy) {
+    *copy = *s;
+    copy->items = (llm_json *)malloc(((size_t)s->n + 1) * sizeof(llm_json));
+    copy->keys = (char **)malloc(((size_t)s->n + 1) * sizeof(char *));
+    if (!copy->items || !copy->keys) { free(copy->items); free(copy->keys); return -1; }
+    int at = -1;
+    for (int i = 0; i < s->n; i++) {
+        copy->items[i] = s->items[i]; copy->keys[i] = s->keys[i];
+        if (!strcmp(s->keys[i], key)) at = i;
+    }
+    if (at < 0) { at = copy->n++; copy->keys[at] = (char *)key; }
+    copy->items[at] = *value;
+    return 0;
+}
+
+/* allOf: the parts (and the schema around them) merged into one object schema: properties and required
+ * joined, every other keyword taken where the parts agree on it; what they disagree on is refused. */
+static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const char *stem, char *name) {
+    const llm_json *all = llm_json_get(s, "allOf");
+    if (all->type != LLM_JSON_ARRAY || all->n == 0) return llm_js_fail(c, path, "%s must be a non-empty array", "allOf");
+    llm_json merged = {LLM_JSON_OBJECT, 0, NULL, 0, NULL, NULL, 0};
+    llm_json props = {LLM_JSON_OBJECT, 0, NULL, 0, NULL, NULL, 0}, req = {LLM_JSON_ARRAY, 0, NULL, 0, NULL, NULL, 0};
+    llm_json *m_items = NULL, *p_items = NULL, *r_items = NULL; /* stb_ds */
+    char **m_keys = NULL, **p_keys = NULL;
+    int rc = 0;
+    for (int part = -1; part < all->n && rc == 0; part++) {
+        const llm_json *ps = part < 0 ? s : &all->items[part];
+        const llm_json *ref = llm_json_get(ps, "$ref");
+        if (part >= 0 && ref && ref->type == LLM_JSON_STRING) ps = llm_js_resolve(c, ref->str);
+        if (!ps || ps->type != LLM_JSON_OBJECT) { rc = llm_js_fail(c, path, "%s: a part that is not an object schema", "allOf"); break; }
+        for (int i = 0; i < ps->n && rc == 0; i++) {
+            const char *key = ps->keys[i];
+            const llm_json *v = &ps->items[i];
+            if (!strcmp(key, "allOf") || (part >= 0 && !strcmp(key, "$ref"))) continue;
+            if (!strcmp(key, "properties") && v->type == LLM_JSON_OBJECT) {
+                for (int k = 0; k < v->n; k++) {
+                    int dup = 0;
+                    for (ptrdiff_t j = 0; j < arrlen(p_keys); j++) dup |= !strcmp(p_keys[j], v->keys[k]);
+                    if (dup) { rc = llm_js_fail(c, path, "allOf: property \"%s\" in two parts is not supported", v->keys[k]); break; }
+                    arrput(p_keys, v->keys[k]); arrput(p_items, v->items[k]);
+                }
+                continue;
+            }
+            if (!strcmp(key, "required") && v->type == LLM_JSON_ARRAY) {
+                for (int k = 0; k < v->n; k++) arrput(r_items, v->items[k]);
+                continue;
+            }
+            int same = -1;
+            for (ptrdiff_t j = 0; j < arrlen(m_keys); j++) if (!strcmp(m_keys[j], key)) same = (int)j;
+            if (same < 0) { arrput(m_keys, (char *)key); arrput(m_items, *v); continue; }
+            char *a = NULL, *b = NULL; /* the same keyword twice: it must say the same */
+            llm_js_write_json(&a, &m_items[same]); llm_js_write_json(&b, v);
+            int differ = arrlen(a) != arrlen(b) || memcmp(a, b, (size_t)arrlen(a));
+            arrfree(a); arrfree(b);
+            if (differ && !llm_js_key_in(key, llm_js_ignored, sizeof llm_js_ignored / sizeof *llm_js_ignored))
+                rc = llm_js_fail(c, path, "allOf: the parts differ on \"%s\" (not supported)", key);
+        }
+    }
+    if (rc == 0) {
+        props.items = p_items; props.keys = p_keys; props.n = (int)arrlen(p_keys);
+        req.items = r_items; req.n = (int)arrlen(r_items);
+        if (arrlen(p_keys)) { arrput(m_keys, "properties"); arrput(m_items, props); }
+        if (arrlen(r_items)) { arrput(m_keys, "required"); arrput(m_items, req); }
+        merged.items = m_items; merged.keys = m_keys; merged.n = (int)arrlen(m_keys);
+        rc = llm_js_visit(c, &merged, path, stem, name);
+    }
+    arrfree(m_items); arrfree(m_keys); arrfree(p_items); arrfree(p_keys); arrfree(r_items);
+    return rc;
+}
+
+/* The rule for schema s (its name in name, 64 bytes): written out, or a primitive's name */
+static int llm_js_visit(llm_js *c, const llm_json *s, const char *path, const char *stem, char *name) {
+    if (c->n_rules > 10000) return llm_js_fail(c, path, "%s", "the schema needs more than 10000 rules");
+    if (s->type == LLM_JSON_TRUE || (s->type == LLM_JSON_OBJECT && s->n == 0)) {
+        strcpy(name, "value");
+        c->used |= LLM_JS_VALUE | LLM_JS_WS | LLM_JS_STRING | LLM_JS_CHAR | LLM_JS_NUMBER | LLM_JS_BOOLEAN;
+        return 0;
+    }
+    if (s->type == LLM_JSON_FALSE) return llm_js_fail(c, path, "%s (no value at all) is not supported", "false");
+    if (s->type != LLM_JSON_OBJECT) return llm_js_fail(c, path, "%s", "a schema must be an object or a boolean");
+    int constraining = 0; /* keywords that say something of the value, beside $ref, anyOf, ... */
+    for (int i = 0; i < s->n; i++) {
+        if (llm_js_key_in(s->keys[i], llm_js_refused, sizeof llm_js_refused / sizeof *llm_js_refused))
+            return llm_js_fail(c, path, "\"%s\" is not supported", s->keys[i]);
+        constraining += !llm_js_key_in(s->keys[i], llm_js_ignored, sizeof llm_js_ignored / sizeof *llm_js_ignored);
+    }
+    const llm_json *ref = llm_json_get(s, "$ref"), *cst = llm_json_get(s, "const"), *en = llm_json_get(s, "enum");
+    const llm_json *any = llm_json_get(s, "anyOf"), *one = llm_json_get(s, "oneOf"), *type = llm_json_get(s, "type");
+    if (llm_json_get(s, "allOf")) return llm_js_all_of(c, s, path, stem, name);
+    char *body = NULL;
+    int rc = 0;
+    if (ref) {
+        if (ref->type != LLM_JSON_STRING) return llm_js_fail(c, path, "%s must be a string", "$ref");
+        if (constraining > 1) return llm_js_fail(c, path, "%s beside other keywords is not supported", "$ref");
+        ptrdiff_t k = shgeti(c->refs, ref->str);
+        if (k >= 0) { snprintf(name, 64, "%s", c->refs[k].value); return 0; }
+        const llm_json *target = llm_js_resolve(c, ref->str);
+        if (!target) return llm_js_fail(c, path, "$ref \"%.80s\" does not point into this schema (not supported)", ref->str);
+        const char *last = strrchr(ref->str, '/');
+        llm_js_name(c, last ? last + 1 : "root", name, 64);
+        char *copy = strdup(name);
+        if (!copy) return llm_js_fail(c, path, "%s", "out of memory");
+        shput(c->refs, ref->str, copy); /* named before it is written: it may refer to itself */
+        char target_name[64];
+        if (llm_js_visit(c, target, ref->str + 1, last ? last + 1 : "root", target_name) != 0) return -1;
+        llm_js_rule(c, name, target_name, strlen(target_name));
+        return 0;
+    }
+    if (cst) llm_js_const(&body, cst);
+    else if (en) {
+        if (en->type != LLM_JSON_ARRAY || en->n == 0) return llm_js_fail(c, path, "%s must be a non-empty array", "enum");
+        for (int i = 0; i < en->n; i++) { if (i) llm_re_puts(&body, " | "); llm_js_const(&body, &en->items[i]); }
+    } else if (any || one) {
+        const llm_json *alts = any ? any : one;
+        if (any && one) return llm_js_fail(c, path, "%s together with oneOf is not supported", "anyOf");
+        if (alts->type != LLM_JSON_ARRAY || alts->n == 0)
+            return llm_js_fail(c, path, "%s must be a non-empty array", any ? "anyOf" : "oneOf");
+        if (constraining > 1) return llm_js_fail(c, path, "%s beside other keywords is not supported (put them "
+                                                 "in each alternative)", any ? "anyOf" : "oneOf");
+        for (int i = 0; i < alts->n && rc == 0; i++) {
+            char sub[512], alt[64];
+            snprintf(sub, sizeof sub, "%.400s/%s/%d", path, any ? "anyOf" : "oneOf", i);
+            rc = llm_js_visit(c, &alts->items[i], sub, stem, alt);
+            if (rc == 0) llm_re_printf(&body, "%s%s", i ? " | " : "", alt);
+        }
+    } else if (type && type->type == LLM_JSON_ARRAY) { /* a list of types: each is an alternative */
+        for (int i = 0; i < type->n && rc == 0; i++) {
+            llm_json one_type;
+            char alt[64];
+            if (llm_js_with(s, "type", &type->items[i], &one_type) != 0) { rc = llm_js_fail(c, path, "%s", "out of memory"); break; }
+            rc = llm_js_visit(c, &one_type, path, stem, alt);
+            free(one_type.items); free(one_type.keys);
+            if (rc == 0) llm_re_printf(&body, "%s%s", i ? " | " : "", alt);
+        }
+        if (type->n == 0) rc = llm_js_fail(c, path, "%s must not be empty", "type");
+    } else {
+        const char *t = type && type->type == LLM_JSON_STRING ? type->str : NULL;
+        if (type && !t) return llm_js_fail(c, path, "%s must be a string or a list of strings", "type");
+        if (!t) { /* no type: what the keywords are about */
+            static const struct { const char *key, *type; } hints[] = {
+                {"properties", "object"}, {"additionalProperties", "object"}, {"required", "object"},
+                {"items", "array"}, {"prefixItems", "array"}, {"minItems", "array"}, {"maxItems", "array"},
+                {"minLength", "string"}, {"maxLength", "string"}, {"pattern", "string"}, {"format", "string"},
+                {"minimum", "number"}, {"maximum", "number"}, {"exclusiveMinimum", "number"},
+                {"exclusiveMaximum", "number"}};
+            for (size_t i = 0; !t && i < sizeof hints / sizeof *hints; i++) if (llm_json_get(s, hints[i].key)) t = hints[i].type;
+        }
+        if (!t) { strcpy(name, "value"); c->used |= LLM_JS_VALUE | LLM_JS_WS | LLM_JS_STRING | LLM_JS_CHAR | LLM_JS_NUMBER | LLM_JS_BOOLEAN; return 0; }
+        if (!strcmp(t, "string")) rc = llm_js_string(c, s, path, &body);
+        else if (!strcmp(t, "integer") || !strcmp(t, "number")) rc = llm_js_number(c, s, path, t[0] == 'i', &body);
+        else if (!strcmp(t, "boolean")) { llm_re_puts(&body, "boolean"); c->used |= LLM_JS_BOOLEAN; }
+        else if (!strcmp(t, "null")) llm_re_puts(&body, "\"null\"");
+        else if (!strcmp(t, "object")) rc = llm_js_object(c, s, path, stem, &body);
+        else if (!strcmp(t, "array")) rc = llm_js_array(c, s, path, &body);
+        else rc = llm_js_fail(c, path, "type \"%s\" is not a JSON Schema type", t);
+    }
+    if (rc == 0) {
+        llm_js_name(c, stem, name, 64);
+        llm_js_rule(c, name, body, (size_t)arrlen(body));
+    }
+    arrfree(body);
+    return rc;
+}
+
+char *llm_json_schema_to_grammar(const llm_json *schema, char *err) {
+    char buf[LLM_ERR_LEN];
+    llm_js c;
+    memset(&c, 0, sizeof c);
+    c.root = schema; c.err = err ? err : buf; c.err[0] = 0;
+    sh_new_strdup(c.refs);
+    char name[64];
+    int rc = schema ? llm_js_visit(&c, schema, "", "root", name) : llm_fail(c.err, "JSON schema: none given");
+    char *text = NULL;
+    if (rc == 0) {
+        char *out = NULL;
+        llm_re_printf(&out, "root ::= %s\n", name);
+        memcpy(arraddnptr(out, arrlen(c.out)), c.out, (size_t)arrlen(c.out));
+        for (size_t i = 0; i < sizeof llm_js_primitives / sizeof *llm_js_primitives; i++)
+            if (c.used & llm_js_primitives[i].bit) llm_re_puts(&out, llm_js_primitives[i].rules);
+        arrput(out, 0);
+        if (!(text = strdup(out))) llm_fail(c.err, "out of memory");
+        arrfree(out);
+    }
+    for (ptrdiff_t i = 0; i < shlen(c.refs); i++) free(c.refs[i].value);
+    shfree(c.refs); arrfree(c.out);
+    return text;
+}
 
 /* ===========================================================================================================
  * 10. Detokenizer and stop conditions: token ids back to text, and where the text must stop
