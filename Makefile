@@ -24,7 +24,8 @@ LDLIBS   += -lm -lpthread
 TESTDATA ?= testdata
 CLANG    ?= clang
 MODEL    ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
-PY_PKGS   = openai==3.54.0 gguf==0.19.0 numpy==2.4.6 regex==2026.11.15
+PY_PKGS   = openai==3.54.0 gguf==0.19.0 numpy==2.4.6 regex==2026.11.15 jsonschema==4.26.0 \
+            rfc3339-validator==0.1.4
 VENV_PY   = .venv/bin/python
 # a stamp named after the package list: a venv made for another list is filled up again
 VENV      = .venv/ok-$(shell echo '$(PY_PKGS)' | cksum | cut -d' ' -f1)

@@ -5196,10 +5196,12 @@ static int llm_gr_byte(uint32_t *cp, int *left, int *len, unsigned char b) {
     if (*left) {
         if ((b & 0xC0) != 0x80) return -1;
         *cp = *cp << 6 | (b & 0x3F);
-        if (--*left) return 0;
-        if ((*len == 3 && (*cp < 0x800 || (*cp >= 0xD800 && *cp <= 0xDFFF))) ||
-            (*len == 4 && (*cp < 0x10000 || *cp > 0x10FFFF))) return -1;
-        return 1;
+        --*left;
+        /* the second byte already says whether the character can be valid: no overlong form, no surrogate,
+         * nothing past U+10FFFF (else a text could take a byte that no next byte can complete) */
+        if (*len - *left == 2 && ((*len == 3 && (*cp < 0x20 || (*cp >= 0x360 && *cp <= 0x37F))) ||
+                                  (*len == 4 && (*cp < 0x10 || *cp > 0x10F)))) return -1;
+        return *left == 0;
     }
     if (b < 0x80) { *cp = b; *len = 1; return 1; }
     if (b >= 0xC2 && b <= 0xDF) { *cp = b & 0x1F; *left = 1; *len = 2; return 0; }
@@ -6224,6 +6226,9 @@ static int llm_js_object(llm_js *c, const llm_json *s, const char *path, const c
     }
     char extra[64] = "";
     c->used |= LLM_JS_WS | LLM_JS_STRING | LLM_JS_CHAR;
+    llm_json any = {LLM_JSON_TRUE, 0, NULL, 0, NULL, NULL, 0};
+    if (!add && n == 0) add = &any; /* {"type": "object"}: any object. With properties listed and no word on
+                                     * others, only the listed ones are written (valid, and what is meant) */
     if (add && add->type != LLM_JSON_FALSE) { /* more keys (none of the listed ones), each with its value */
         char vname[64], kname[64], sub[512];
         snprintf(sub, sizeof sub, "%.400s/additionalProperties", path);
@@ -6360,6 +6365,9 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
     llm_json props = {LLM_JSON_OBJECT, 0, NULL, 0, NULL, NULL, 0}, req = {LLM_JSON_ARRAY, 0, NULL, 0, NULL, NULL, 0};
     llm_json *m_items = NULL, *p_items = NULL, *r_items = NULL; /* stb_ds */
     char **m_keys = NULL, **p_keys = NULL;
+    llm_json **made = NULL; char ***made_keys = NULL; /* stb_ds: what the merge allocated */
+    const llm_json **closed = NULL; /* stb_ds: the properties of each part closed by additionalProperties
+                                     * false (NULL: none), which are then the only ones allowed */
     int rc = 0;
     for (int part = -1; part < all->n && rc == 0; part++) {
         const llm_json *ps = part < 0 ? s : &all->items[part];
@@ -6370,12 +6378,26 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
             const char *key = ps->keys[i];
             const llm_json *v = &ps->items[i];
             if (!strcmp(key, "allOf") || (part >= 0 && !strcmp(key, "$ref"))) continue;
+            if (!strcmp(key, "additionalProperties") && v->type == LLM_JSON_FALSE) {
+                const llm_json *own = llm_json_get(ps, "properties");
+                arrput(closed, own);
+                continue;
+            }
             if (!strcmp(key, "properties") && v->type == LLM_JSON_OBJECT) {
                 for (int k = 0; k < v->n; k++) {
-                    int dup = 0;
-                    for (ptrdiff_t j = 0; j < arrlen(p_keys); j++) dup |= !strcmp(p_keys[j], v->keys[k]);
-                    if (dup) { rc = llm_js_fail(c, path, "allOf: property \"%s\" in two parts is not supported", v->keys[k]); break; }
-                    arrput(p_keys, v->keys[k]); arrput(p_items, v->items[k]);
+                    ptrdiff_t dup = -1;
+                    for (ptrdiff_t j = 0; j < arrlen(p_keys); j++) if (!strcmp(p_keys[j], v->keys[k])) dup = j;
+                    if (dup < 0) { arrput(p_keys, v->keys[k]); arrput(p_items, v->items[k]); continue; }
+                    /* a property of two parts: both schemas hold, {"allOf": [first, second]} */
+                    llm_json *both = (llm_json *)malloc(2 * sizeof *both), *wrap = (llm_json *)malloc(sizeof *wrap);
+                    char **key = (char **)malloc(sizeof *key);
+                    if (!both || !wrap || !key) { free(both); free(wrap); free(key); rc = llm_js_fail(c, path, "%s", "out of memory"); break; }
+                    both[0] = p_items[dup]; both[1] = v->items[k];
+                    llm_json list = {LLM_JSON_ARRAY, 0, NULL, 0, both, NULL, 2};
+                    *wrap = list; *key = (char *)"allOf";
+                    llm_json obj = {LLM_JSON_OBJECT, 0, NULL, 0, wrap, key, 1};
+                    p_items[dup] = obj;
+                    arrput(made, both); arrput(made, wrap); arrput(made_keys, key);
                 }
                 continue;
             }
@@ -6394,6 +6416,20 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
                 rc = llm_js_fail(c, path, "allOf: the parts differ on \"%s\" (not supported)", key);
         }
     }
+    for (ptrdiff_t j = 0; rc == 0 && j < arrlen(closed); j++) /* what a closed part does not list goes */
+        for (ptrdiff_t k = 0; k < arrlen(p_keys); k++)
+            if (!llm_json_get(closed[j], p_keys[k])) { arrdel(p_keys, k); arrdel(p_items, k); k--; }
+    for (ptrdiff_t k = 0; rc == 0 && k < arrlen(r_items); k++) {
+        int listed = arrlen(closed) == 0;
+        for (ptrdiff_t j = 0; j < arrlen(p_keys) && !listed; j++)
+            listed = r_items[k].type == LLM_JSON_STRING && !strcmp(p_keys[j], r_items[k].str);
+        if (!listed) rc = llm_js_fail(c, path, "allOf: \"%s\" is required but another part's "
+                                      "additionalProperties false forbids it", r_items[k].str ? r_items[k].str : "?");
+    }
+    if (rc == 0 && arrlen(closed)) { /* closed: no other keys */
+        llm_json no = {LLM_JSON_FALSE, 0, NULL, 0, NULL, NULL, 0};
+        arrput(m_keys, "additionalProperties"); arrput(m_items, no);
+    }
     if (rc == 0) {
         props.items = p_items; props.keys = p_keys; props.n = (int)arrlen(p_keys);
         req.items = r_items; req.n = (int)arrlen(r_items);
@@ -6402,7 +6438,10 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
         merged.items = m_items; merged.keys = m_keys; merged.n = (int)arrlen(m_keys);
         rc = llm_js_visit(c, &merged, path, stem, name);
     }
-    arrfree(m_items); arrfree(m_keys); arrfree(p_items); arrfree(p_keys); arrfree(r_items);
+    arrfree(m_items); arrfree(m_keys); arrfree(p_items); arrfree(p_keys); arrfree(r_items); arrfree(closed);
+    for (ptrdiff_t i = 0; i < arrlen(made); i++) free(made[i]);
+    for (ptrdiff_t i = 0; i < arrlen(made_keys); i++) free(made_keys[i]);
+    arrfree(made); arrfree(made_keys);
     return rc;
 }
 

@@ -3067,6 +3067,17 @@ static void test_grammar_gbnf(void) {
           out ? out : "no output");
     free(out);
     unlink(path);
+    /* UTF-8 split across tokens: a character begun is taken only when some next bytes can complete it
+     * validly (no surrogates, no overlong forms, nothing past U+10FFFF), so no text can strand the grammar */
+    llm_grammar *any = llm_grammar_parse("root ::= .*", err);
+    static const struct { const char *bytes; int ok; } utf8[] = {
+        {"\xed\x9f", 1}, {"\xed\xa0", 0}, {"\xe0\xa0", 1}, {"\xe0\x9f", 0}, {"\xf0\x90", 1}, {"\xf0\x8f", 0},
+        {"\xf4\x8f", 1}, {"\xf4\x90", 0}, {"\xc2", 1}, {"\xc1", 0}, {"\x80", 0}, {"\xe2\x82\xac", 1}};
+    for (size_t i = 0; any && i < sizeof utf8 / sizeof *utf8; i++) {
+        const char *v = grammar_verdict(any, utf8[i].bytes, strlen(utf8[i].bytes));
+        CHECK(!strcmp(v, "reject") == !utf8[i].ok, "UTF-8 bytes %zu: %s", i, v);
+    }
+    llm_grammar_free(any);
     /* grammars that cannot be used, each refused with where and why */
     static const struct { const char *gbnf, *why; } bad[] = {
         {"root ::= a", "rule a is used but not defined"}, {"a ::= \"x\"", "no rule named root"},
@@ -3137,6 +3148,16 @@ static void test_grammar_masks(void) {
                   cache_differs);
             llm_grammar_state_free(st); llm_grammar_free(g);
         }
+        /* past the matcher's limits (nesting 4096 deep): a mask is refused (the engine finishes that sequence
+         * with an error), not built wrong */
+        llm_grammar *g = llm_grammar_parse("root ::= \"(\" root \")\" | \"x\"", err);
+        llm_grammar_state *st = g ? llm_grammar_start(g) : NULL;
+        int depth = 0;
+        while (st && depth < 5000 && llm_grammar_accept(st, "(", 1) == 0) depth++;
+        CHECK(tt && st && depth > 1000 && depth < 5000 && llm_grammar_mask(st, tt, mask) == -1 &&
+              llm_grammar_accept(st, "x)", 2) == 0, "nesting past the limit: accepted %d deep, then no mask",
+              depth);
+        llm_grammar_state_free(st); llm_grammar_free(g);
         free(mask); free(again);
         llm_token_trie_free(tt);
         llm_model_free(&m);
@@ -3180,7 +3201,8 @@ static void test_grammar_generation(void) {
         llm_engine *e = engine_new(&cfg);
         if (!e) continue;
         memset(r, 0, sizeof *r);
-        for (int i = 0; i < 4; i++) {
+        int n_req = mi == 0 ? 2 : 4; /* SmolLM2's answers are long: 2 x 4 of them */
+        for (int i = 0; i < n_req; i++) {
             llm_sampling_params p = llm_sampling_defaults();
             p.n = 4; p.temperature = 1.0f; p.seed = 100 + i; p.max_tokens = mi == 0 ? 300 : mi == 1 ? 100 : 40;
             p.grammar = JSON_OBJECT_GBNF;
@@ -3191,10 +3213,10 @@ static void test_grammar_generation(void) {
         int stops = 0;
         const char *what = mi == 0 ? "SmolLM2, JSON grammar, n = 4" : mi == 1 ? "random Qwen2, JSON grammar, n = 4" :
                            "SmolLM2, JSON grammar, preempted";
-        check_grammar_outputs(what, g, r, 4, 4, &stops);
+        check_grammar_outputs(what, g, r, n_req, 4, &stops);
         CHECK(all_blocks_free(e) && st.grammar_tokens > 0, "%s: blocks back, %lld tokens under the grammar",
               what, (long long)st.grammar_tokens);
-        if (mi == 0) CHECK(stops >= 8, "%s: most answers end as whole JSON (%d of 16)", what, stops);
+        if (mi == 0) CHECK(stops >= 4, "%s: most answers end as whole JSON (%d of 8)", what, stops);
         if (mi == 2) CHECK(st.preemptions > 0, "%s: preemptions happened (%lld)", what, (long long)st.preemptions);
         llm_engine_destroy(e);
     }
@@ -3225,6 +3247,147 @@ static void test_grammar_generation(void) {
         llm_engine_destroy(e);
     }
     free(r);
+}
+
+/* JSON Schema: the schemas of testdata/schemas/schemas.json (every feature the converter takes) written as
+ * grammars; their valid and invalid examples through the grammar; samples from SmolLM2 and from a random-
+ * weight model, temperature 1, n of them per schema (LLM_TEST_SAMPLES, default 20). Python's jsonschema is
+ * the oracle (tools/schema_oracle.py): the examples are what their labels say, the grammar accepts exactly
+ * the valid ones, and every finished sample validates. An answer cut by max_tokens is a start of one. */
+static void json_line(FILE *f, int i, const char *kind, const char *text, size_t n, const char *verdict) {
+    fprintf(f, "{\"i\": %d, \"kind\": \"%s\", \"grammar\": \"%s\", \"text\": ", i, kind, verdict);
+    json_line_str(f, text, n);
+    fputs("}\n", f);
+}
+
+static void test_grammar_schemas(void) {
+    char err[LLM_ERR_LEN], path[1024], cases_path[] = "/tmp/llm-test-schemas-XXXXXX";
+    snprintf(path, sizeof path, "%s/schemas/schemas.json", testdata_dir);
+    size_t len;
+    char *text = read_file(path, &len);
+    llm_json all;
+    if (!text || llm_json_parse(text, len, &all, err) != 0 || all.type != LLM_JSON_ARRAY) {
+        CHECK(0, "read %s: %s", path, text ? err : "missing");
+        free(text);
+        return;
+    }
+    int fd = mkstemp(cases_path);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    CHECK(f != NULL && all.n >= 30, "%d schemas, and a file for the oracle", all.n);
+    char **gbnf = (char **)calloc((size_t)all.n, sizeof *gbnf);
+    llm_grammar **g = (llm_grammar **)calloc((size_t)all.n, sizeof *g);
+    for (int i = 0; f && i < all.n; i++) {
+        const llm_json *e = &all.items[i], *name = llm_json_get(e, "name");
+        gbnf[i] = llm_json_schema_to_grammar(llm_json_get(e, "schema"), err);
+        g[i] = gbnf[i] ? llm_grammar_parse(gbnf[i], err) : NULL;
+        CHECK(g[i] != NULL, "schema %s: %s", name ? name->str : "?", err);
+        const char *kinds[2] = {"valid", "invalid"};
+        for (int k = 0; g[i] && k < 2; k++) {
+            const llm_json *list = llm_json_get(e, kinds[k]);
+            for (int j = 0; list && j < list->n; j++)
+                json_line(f, i, kinds[k], list->items[j].str, list->items[j].len,
+                          grammar_verdict(g[i], list->items[j].str, list->items[j].len));
+        }
+    }
+    const char *env = getenv("LLM_TEST_SAMPLES");
+    int samples = env ? atoi(env) : 20, finished[2] = {0, 0}, cut[2] = {0, 0}, broken = 0;
+    if (samples < 1 || samples > 128) samples = 20;
+    for (int mi = 0; f && mi < 2; mi++) {
+        llm_engine_config cfg = engine_config("random-llama2-untied.gguf"); /* a SentencePiece vocabulary */
+        if (mi == 0) cfg.model_path = CHAT_MODEL;
+        llm_engine *e = engine_new(&cfg);
+        if (!e) continue;
+        double t_model = test_now();
+        uint64_t *ids = (uint64_t *)calloc((size_t)all.n, sizeof *ids);
+        char **out = (char **)calloc((size_t)all.n * (size_t)samples, sizeof *out); /* stb_ds strings */
+        for (int i = 0; i < all.n; i++) {
+            if (!g[i]) continue;
+            char prompt[256];
+            const llm_json *name = llm_json_get(&all.items[i], "name");
+            snprintf(prompt, sizeof prompt, "Write one JSON value for \"%s\":\n", name ? name->str : "");
+            llm_sampling_params p = llm_sampling_defaults();
+            p.n = samples; p.temperature = 1.0f; p.seed = 1000 * mi + i; p.max_tokens = mi == 0 ? 128 : 100;
+            p.grammar = gbnf[i];
+            ids[i] = llm_engine_add_request(e, prompt, NULL, 0, &p, NULL, err);
+            CHECK(ids[i] > 0, "schema %d: add_request: %s", i, err);
+        }
+        while (llm_engine_has_work(e)) {
+            const llm_output *o;
+            int n = llm_engine_step(e, &o);
+            for (int k = 0; k < n; k++) {
+                int i = 0;
+                while (i < all.n && ids[i] != o[k].request_id) i++;
+                if (i == all.n || o[k].index >= samples) continue;
+                char **s = &out[(size_t)i * (size_t)samples + (size_t)o[k].index];
+                if (o[k].text_len) memcpy(arraddnptr(*s, o[k].text_len), o[k].text, (size_t)o[k].text_len);
+                if (!o[k].finish_reason) continue;
+                const char *v = grammar_verdict(g[i], *s ? *s : "", (size_t)arrlen(*s));
+                if (o[k].finish_reason == LLM_FINISH_STOP) {
+                    finished[mi]++;
+                    json_line(f, i, "sample", *s ? *s : "", (size_t)arrlen(*s), v);
+                } else if (o[k].finish_reason == LLM_FINISH_LENGTH && strcmp(v, "reject") != 0) cut[mi]++;
+                else if (broken++ < 5)
+                    CHECK(0, "schema %d sample %d: %s, %s: \"%.*s\"", i, o[k].index,
+                          llm_finish_reason_name(o[k].finish_reason), o[k].error ? o[k].error : v,
+                          (int)arrlen(*s), *s ? *s : "");
+            }
+        }
+        CHECK(all_blocks_free(e), "after the schemas' samples: blocks back");
+        llm_engine_stats st = llm_engine_get_stats(e);
+        printf("    %s: %lld tokens under grammars, %.2f s in the grammar (%lld masks, %lld from the cache), %.1f s\n",
+               mi ? "random Llama 2" : "SmolLM2", (long long)st.grammar_tokens, st.grammar_seconds,
+               (long long)st.grammar_masks, (long long)st.grammar_masks_cached, test_now() - t_model);
+        for (size_t k = 0; k < (size_t)all.n * (size_t)samples; k++) arrfree(out[k]);
+        free(out); free(ids);
+        llm_engine_destroy(e);
+    }
+    if (f) fclose(f);
+    int total = 0;
+    for (int i = 0; i < all.n; i++) total += g[i] != NULL;
+    total *= samples;
+    CHECK(broken == 0 && finished[0] + cut[0] == total && finished[1] + cut[1] == total,
+          "every sample stopped or was cut as a start of a sentence (SmolLM2 %d + %d, random %d + %d of %d)",
+          finished[0], cut[0], finished[1], cut[1], total);
+    CHECK(finished[0] >= total * 3 / 4, "SmolLM2: most answers are whole (%d of %d)", finished[0], total);
+    printf("    JSON Schema samples: SmolLM2 %d whole, %d cut by max_tokens; random Llama 2 %d whole, %d cut\n",
+           finished[0], cut[0], finished[1], cut[1]);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, ".venv/bin/python tools/schema_oracle.py %s %s 2>&1", path, cases_path);
+    int status;
+    char *res = run_command(cmd, &status);
+    CHECK(res && status == 0, "jsonschema on the examples and the samples: %s", res ? res : "no output");
+    free(res);
+    unlink(cases_path);
+    for (int i = 0; i < all.n; i++) { free(gbnf[i]); llm_grammar_free(g[i]); }
+    free(gbnf); free(g);
+    llm_json_free(&all);
+    free(text);
+    /* what cannot be honoured is refused, naming the keyword and where it is */
+    static const struct { const char *schema, *says; } refused[] = {
+        {"{\"not\": {\"type\": \"string\"}}", "\"not\" is not supported at / (the root)"},
+        {"{\"type\": \"array\", \"uniqueItems\": true}", "uniqueItems is not supported at / (the root)"},
+        {"{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"format\": \"hostname\"}}}",
+         "format \"hostname\" is not supported (date, time, date-time, uuid, email are) at /properties/a"},
+        {"{\"properties\": {\"x\": {\"patternProperties\": {}}}}", "\"patternProperties\" is not supported at /properties/x"},
+        {"{\"if\": {}, \"then\": {}}", "\"if\" is not supported"},
+        {"{\"type\": \"number\", \"maximum\": 5}", "minimum/maximum on a number (not an integer) is not supported"},
+        {"{\"type\": \"integer\", \"multipleOf\": 2}", "\"multipleOf\" is not supported"},
+        {"{\"$ref\": \"https://example.com/s.json\"}", "does not point into this schema"},
+        {"{\"type\": \"string\", \"pattern\": \"(?=a)b\"}", "lookaround"},
+        {"{\"type\": \"strings\"}", "type \"strings\" is not a JSON Schema type"},
+        {"{\"type\": \"object\", \"minProperties\": 1}", "\"minProperties\" is not supported"},
+        {"{\"items\": {\"contains\": {}}}", "\"contains\" is not supported at /items"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        llm_json s;
+        err[0] = 0;
+        char *out = llm_json_parse(refused[i].schema, strlen(refused[i].schema), &s, err) == 0 ?
+                    llm_json_schema_to_grammar(&s, err) : NULL;
+        CHECK(!out && strstr(err, refused[i].says), "schema %s: refused with \"%s\", got \"%s\"", refused[i].schema,
+              refused[i].says, out ? "(a grammar)" : err);
+        free(out);
+        llm_json_free(&s);
+    }
 }
 
 /* The llm command's --grammar, --json-schema and --regex: the output follows them; what cannot be used is
@@ -6193,7 +6356,8 @@ int main(int argc, char **argv) {
         {"prefix cache", test_prefix_cache}, {"parallel sampling", test_parallel_sampling},
         {"stop conditions", test_stop_conditions}, {"logit bias", test_logit_bias},
         {"grammar: GBNF", test_grammar_gbnf}, {"grammar: masks", test_grammar_masks},
-        {"grammar: generation", test_grammar_generation}, {"grammar: command line", test_grammar_cli},
+        {"grammar: generation", test_grammar_generation}, {"grammar: JSON Schema", test_grammar_schemas},
+        {"grammar: command line", test_grammar_cli},
         {"abort and limits", test_abort_and_limits},
         {"logprobs", test_logprobs}, {"prompt logprobs", test_prompt_logprobs},
         {"requests from a thread", test_threads}, {"user pointers", test_user_pointers},
