@@ -296,6 +296,7 @@ struct srv_req {
     float *bias;                    /* ... and their biases */
     int32_t *allowed_ids;           /* stb_ds: vLLM's allowed_token_ids */
     int32_t *bad_ids, *bad_lens;    /* stb_ds: vLLM's bad_words, tokenized */
+    char *grammar;                  /* the structured output asked for, as GBNF (malloc'ed); NULL: free text */
     char error[LLM_ERR_LEN];        /* the first error of a choice (finish reason "error") */
     srv_req *next_done;
 };
@@ -577,7 +578,6 @@ static int fv_bool(const llm_json *v, const llm_json *b) { (void)b; return v->ty
 static int fv_0(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_NUMBER && v->num == 0; }
 static int fv_1(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_NUMBER && v->num == 1; }
 static int fv_none(const llm_json *v, const llm_json *b) { (void)b; return fv_empty(v) || fv_str(v, ""); } /* [] {} "" */
-static int fv_text(const llm_json *v, const llm_json *b) { (void)b; return fv_str(llm_json_get(v, "type"), "text"); }
 static int fv_text_only(const llm_json *v, const llm_json *b) {  /* modalities: ["text"] */
     (void)b;
     return v->type == LLM_JSON_ARRAY && v->n == 1 && fv_str(&v->items[0], "text");
@@ -620,19 +620,19 @@ static const struct {
     {"include_stop_str_in_output", F_BOTH, fv_false}, {"spaces_between_special_tokens", F_BOTH, fv_true},
     {"use_beam_search", F_BOTH, fv_false}, {"length_penalty", F_BOTH, fv_1}, {"priority", F_BOTH, fv_0},
     {"return_tokens_as_token_ids", F_BOTH, fv_false}, {"best_of", F_BOTH, fv_best_of},
-    {"suffix", F_CMPL, fv_none}, {"response_format", F_BOTH, fv_text},
+    {"suffix", F_CMPL, fv_none},
     {"tools", F_CHAT, fv_none}, {"functions", F_CHAT, fv_none}, {"tool_choice", F_CHAT, fv_no_tool},
     {"function_call", F_CHAT, fv_no_tool}, {"modalities", F_CHAT, fv_text_only},
-    {"structured_outputs", F_BOTH, fv_none},
     {"logits_processors", F_BOTH, fv_none}, {"vllm_xargs", F_BOTH, fv_none},
     {"kv_transfer_params", F_BOTH, fv_none}, {"mm_processor_kwargs", F_BOTH, fv_none},
     {"chat_template_kwargs", F_CHAT, fv_none}, {"documents", F_CHAT, fv_none},
-    /* not implemented, and every value asks for something (guided_json {} is any JSON, [] no token) */
-    {"guided_json", F_BOTH, fv_never}, {"guided_regex", F_BOTH, fv_never},
-    {"guided_choice", F_BOTH, fv_never}, {"guided_grammar", F_BOTH, fv_never},
-    {"guided_decoding_backend", F_BOTH, fv_never}, {"guided_whitespace_pattern", F_BOTH, fv_never},
-    {"structural_tag", F_CHAT, fv_never},
-    {"grammar", F_BOTH, fv_never}, {"json_schema", F_BOTH, fv_never},
+    /* structured output: parse_structured reads them (the backend is ours, whichever vLLM's names) */
+    {"response_format", F_BOTH, fv_any}, {"structured_outputs", F_BOTH, fv_any},
+    {"guided_json", F_BOTH, fv_any}, {"guided_regex", F_BOTH, fv_any}, {"guided_choice", F_BOTH, fv_any},
+    {"guided_grammar", F_BOTH, fv_any}, {"guided_decoding_backend", F_BOTH, fv_any},
+    {"grammar", F_BOTH, fv_any}, {"json_schema", F_BOTH, fv_any},
+    /* not implemented, and every value asks for something */
+    {"guided_whitespace_pattern", F_BOTH, fv_never}, {"structural_tag", F_CHAT, fv_never},
     {"truncate_prompt_tokens", F_BOTH, fv_never}, {"cache_salt", F_BOTH, fv_never},
     {"prompt_embeds", F_CMPL, fv_never}, {"chat_template", F_CHAT, fv_never}, {"audio", F_CHAT, fv_never},
     {"prediction", F_CHAT, fv_never}, {"reasoning_effort", F_CHAT, fv_never},
@@ -667,6 +667,141 @@ static int check_fields(srv_state *S, const llm_json *body, int kind, srv_error 
 }
 
 static int tokenize_text(srv_state *S, const char *text, size_t len, int add_special, int32_t **ids);
+
+/* Structured output: the one field that asks for it, as GBNF in r->grammar. OpenAI's response_format
+ * (json_object, json_schema), vLLM's structured_outputs {json | regex | choice | grammar | json_object} and
+ * its older guided_json, guided_regex, guided_choice and guided_grammar, llama.cpp's grammar and json_schema.
+ * A schema the converter cannot honour is a 400 naming the field and the keyword. */
+static int structured_schema(srv_req *r, const llm_json *schema, const char *param, srv_error *e) {
+    char err[LLM_ERR_LEN], *key = (char *)"type";
+    llm_json parsed, object = {LLM_JSON_STRING, 0, (char *)"object", 6, NULL, NULL, 0};
+    llm_json any_object = {LLM_JSON_OBJECT, 0, NULL, 0, &object, &key, 1};
+    int own = 0;
+    if (!schema) schema = &any_object; /* json_object */
+    if (schema->type == LLM_JSON_STRING) { /* vLLM takes the schema as JSON text too */
+        if (llm_json_parse(schema->str, schema->len, &parsed, err) != 0)
+            return bad(e, 400, param, "%s is a string that is not JSON: %s", param, err);
+        schema = &parsed;
+        own = 1;
+    }
+    if (schema->type == LLM_JSON_OBJECT || schema->type == LLM_JSON_TRUE) r->grammar = llm_json_schema_to_grammar(schema, err);
+    else snprintf(err, sizeof err, "a JSON Schema must be an object");
+    if (own) llm_json_free(&parsed);
+    return r->grammar ? 0 : bad(e, 400, param, "%s: %s", param, err);
+}
+
+static int structured_regex(srv_req *r, const llm_json *v, const char *param, srv_error *e) {
+    char err[LLM_ERR_LEN];
+    if (v->type != LLM_JSON_STRING || strlen(v->str) != v->len)
+        return bad(e, 400, param, "%s must be a string (a regular expression)", param);
+    r->grammar = llm_regex_to_grammar(v->str, err);
+    return r->grammar ? 0 : bad(e, 400, param, "%s: %s", param, err);
+}
+
+static int structured_choice(srv_req *r, const llm_json *v, const char *param, srv_error *e) {
+    char err[LLM_ERR_LEN];
+    const char **choices = v->type == LLM_JSON_ARRAY && v->n > 0 ? (const char **)calloc((size_t)v->n, sizeof(char *)) : NULL;
+    for (int i = 0; choices && i < v->n; i++) {
+        if (v->items[i].type != LLM_JSON_STRING || strlen(v->items[i].str) != v->items[i].len) {
+            free(choices);
+            return bad(e, 400, param, "%s must be a list of strings", param);
+        }
+        choices[i] = v->items[i].str;
+    }
+    if (!choices) return bad(e, 400, param, "%s must be a non-empty list of strings", param);
+    r->grammar = llm_choice_to_grammar(choices, v->n, err);
+    free(choices);
+    return r->grammar ? 0 : bad(e, 400, param, "%s: %s", param, err);
+}
+
+static int structured_grammar(srv_req *r, const llm_json *v, const char *param, srv_error *e) {
+    char err[LLM_ERR_LEN];
+    if (v->type != LLM_JSON_STRING || strlen(v->str) != v->len)
+        return bad(e, 400, param, "%s must be a string (a GBNF grammar)", param);
+    llm_grammar *g = llm_grammar_parse(v->str, err); /* checked here, so that the error names the field */
+    if (!g) return bad(e, 400, param, "%s: %s", param, err);
+    llm_grammar_free(g);
+    r->grammar = strdup(v->str);
+    return r->grammar ? 0 : bad(e, 500, NULL, "out of memory");
+}
+
+static int parse_structured(const llm_json *body, srv_req *r, srv_error *e) {
+    const char *given = NULL; /* the field that asked first: a second one is refused */
+    const llm_json *v;
+#define STRUCTURED_ONE(name) do { \
+        if (given) return bad(e, 400, name, "%s and %s both ask for structured output: give one", given, name); \
+        given = name; \
+    } while (0)
+    if ((v = llm_json_get(body, "response_format")) && v->type != LLM_JSON_NULL) {
+        const llm_json *type = llm_json_get(v, "type");
+        if (v->type != LLM_JSON_OBJECT || !type || type->type != LLM_JSON_STRING)
+            return bad(e, 400, "response_format", "response_format must be an object with a type (text, "
+                       "json_object or json_schema)");
+        if (!strcmp(type->str, "json_object")) {
+            STRUCTURED_ONE("response_format");
+            if (structured_schema(r, NULL, "response_format", e)) return -1;
+        } else if (!strcmp(type->str, "json_schema")) {
+            const llm_json *js = llm_json_get(v, "json_schema");
+            if (!js || js->type != LLM_JSON_OBJECT)
+                return bad(e, 400, "response_format.json_schema", "response_format.json_schema must be an object "
+                           "with the schema");
+            const llm_json *name = llm_json_get(js, "name"), *strict = llm_json_get(js, "strict");
+            if (name && name->type != LLM_JSON_STRING)
+                return bad(e, 400, "response_format.json_schema.name", "response_format.json_schema.name must be "
+                           "a string");
+            if (strict && strict->type != LLM_JSON_TRUE && strict->type != LLM_JSON_FALSE && strict->type != LLM_JSON_NULL)
+                return bad(e, 400, "response_format.json_schema.strict", "response_format.json_schema.strict must be "
+                           "a boolean");
+            STRUCTURED_ONE("response_format");
+            const llm_json *schema = llm_json_get(js, "schema");
+            if (structured_schema(r, schema && schema->type != LLM_JSON_NULL ? schema : NULL,
+                                  "response_format.json_schema.schema", e)) return -1;
+        } else if (strcmp(type->str, "text"))
+            return bad(e, 400, "response_format.type", "response_format.type must be text, json_object or "
+                       "json_schema, not \"%.40s\"", type->str);
+    }
+    if ((v = llm_json_get(body, "structured_outputs")) && v->type != LLM_JSON_NULL) {
+        if (v->type != LLM_JSON_OBJECT) return bad(e, 400, "structured_outputs", "structured_outputs must be an object");
+        static const char *const refused[] = {"whitespace_pattern", "structural_tag", "disable_any_whitespace",
+                                              "disable_additional_properties"};
+        for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+            const llm_json *x = llm_json_get(v, refused[i]);
+            if (x && x->type != LLM_JSON_NULL && x->type != LLM_JSON_FALSE)
+                return bad(e, 400, "structured_outputs", "structured_outputs.%s is not supported by this server",
+                           refused[i]);
+        }
+        static const char *const kinds[] = {"json", "regex", "choice", "grammar", "json_object"};
+        for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++) {
+            const llm_json *x = llm_json_get(v, kinds[i]);
+            if (!x || x->type == LLM_JSON_NULL || (i == 4 && x->type == LLM_JSON_FALSE)) continue;
+            char param[48];
+            snprintf(param, sizeof param, "structured_outputs.%s", kinds[i]);
+            STRUCTURED_ONE("structured_outputs");
+            int rc = i == 0 ? structured_schema(r, x, param, e) : i == 1 ? structured_regex(r, x, param, e) :
+                     i == 2 ? structured_choice(r, x, param, e) : i == 3 ? structured_grammar(r, x, param, e) :
+                     x->type == LLM_JSON_TRUE ? structured_schema(r, NULL, param, e) :
+                     bad(e, 400, param, "%s must be a boolean", param);
+            if (rc) return -1;
+        }
+        if (!r->grammar) return bad(e, 400, "structured_outputs", "structured_outputs needs one of json, regex, "
+                                    "choice, grammar or json_object");
+    }
+    static const struct { const char *name; int kind; } fields[] = { /* vLLM's older names, llama.cpp's */
+        {"guided_json", 0}, {"guided_regex", 1}, {"guided_choice", 2}, {"guided_grammar", 3},
+        {"json_schema", 0}, {"grammar", 3}};
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
+        if (!(v = llm_json_get(body, fields[i].name)) || v->type == LLM_JSON_NULL) continue;
+        STRUCTURED_ONE(fields[i].name);
+        int k = fields[i].kind;
+        int rc = k == 0 ? structured_schema(r, v, fields[i].name, e) : k == 1 ? structured_regex(r, v, fields[i].name, e) :
+                 k == 2 ? structured_choice(r, v, fields[i].name, e) : structured_grammar(r, v, fields[i].name, e);
+        if (rc) return -1;
+    }
+    if ((v = llm_json_get(body, "guided_decoding_backend")) && v->type != LLM_JSON_NULL && v->type != LLM_JSON_STRING)
+        return bad(e, 400, "guided_decoding_backend", "guided_decoding_backend must be a string");
+#undef STRUCTURED_ONE
+    return 0;
+}
 
 /* The sampling fields both endpoints share (vLLM's extras included), into p and r. */
 static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r, llm_sampling_params *p, srv_error *e) {
@@ -789,7 +924,7 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r, llm_sa
     x = -1;
     if (get_number(body, "prompt_logprobs", 0, 20, 1, &x, e)) return -1;
     p->prompt_logprobs = r->prompt_logprobs = (int)x;
-    return 0;
+    return parse_structured(body, r, e);
 }
 
 /* "model", when given, must be the one served */
@@ -1109,7 +1244,7 @@ static void finish_request(srv_state *S, srv_req *r) {
         if (chat) {
             sb_puts(&b, "\"message\":{\"role\":\"assistant\",\"content\":");
             sb_json_str(&b, ch->text.s ? ch->text.s : "", ch->text.len);
-            sb_puts(&b, "},\"logprobs\":");
+            sb_puts(&b, ",\"refusal\":null},\"logprobs\":");
             if (r->logprobs > 0) {
                 sb_puts(&b, "{\"content\":[");
                 sb_put(&b, ch->logprobs.s ? ch->logprobs.s : "", ch->logprobs.len);
@@ -1232,7 +1367,7 @@ static void req_free(srv_req *r) {
     }
     free(r->prompts); free(r->choices);
     arrfree(r->stop_ids); arrfree(r->bias_ids); arrfree(r->bias); arrfree(r->allowed_ids);
-    arrfree(r->bad_ids); arrfree(r->bad_lens);
+    arrfree(r->bad_ids); arrfree(r->bad_lens); free(r->grammar);
     free(r);
 }
 
@@ -1378,6 +1513,7 @@ static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int
     p.logit_bias_ids = r->bias_ids; p.logit_bias = r->bias; p.n_logit_bias = (int)arrlen(r->bias_ids);
     p.allowed_token_ids = r->allowed_ids; p.n_allowed_token_ids = (int)arrlen(r->allowed_ids);
     p.bad_word_ids = r->bad_ids; p.bad_word_lens = r->bad_lens; p.n_bad_words = (int)arrlen(r->bad_lens);
+    p.grammar = r->grammar;
     if (S->n_queued + r->n_prompts > S->max_queue)
         { bad(e, 503, NULL, "the server is busy: %d requests are waiting (--max-queue %d)", S->n_queued,
               S->max_queue); goto fail; }

@@ -6,9 +6,12 @@ It starts ./llm serve on a free loopback port, runs the client through completio
 not, n > 1, logprobs, invalid requests and fields refused as not supported, stops the server, and prints
 "N passed, M failed".
 """
-import json, os, re, signal, subprocess, sys, time
+import json, os, re, signal, subprocess, sys, time, typing
 
+import jsonschema
 import openai
+import openai.lib._pydantic
+import pydantic
 
 testdata = sys.argv[1] if len(sys.argv) > 1 else "testdata"
 model_path = os.path.join(testdata, "models", "stories260K.gguf")
@@ -100,8 +103,8 @@ try:
         check(False, "top_p=2 was accepted")
     except openai.BadRequestError as e:
         check("top_p" in str(e), f"BadRequestError: {e}")
-    # fields not implemented are refused, not ignored: asking for JSON must not return free text
-    for kw in ({"response_format": {"type": "json_object"}}, {"suffix": " The end."}):
+    # fields not implemented are refused, not ignored
+    for kw in ({"suffix": " The end."}, {"tools": [{"type": "function", "function": {"name": "f"}}]}):
         field = next(iter(kw))
         try:
             if field == "suffix":
@@ -113,6 +116,44 @@ try:
         except openai.BadRequestError as e:
             check(e.status_code == 400 and f"{field} is not supported" in str(e)
                   and e.param == field, f"BadRequestError: {e}")
+
+    # structured output: the client's parse() with a Pydantic model (the strict json_schema it sends),
+    # json_object, and a stream under a schema whose deltas put together validate (jsonschema)
+    class Pet(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=12)
+        kind: typing.Literal["cat", "dog"]
+        age: int = pydantic.Field(ge=0, le=30)
+
+    for seed in range(3):
+        parsed = client.chat.completions.parse(model="stories260K", messages=[{"role": "user", "content": "A pet"}],
+                                               response_format=Pet, max_tokens=200, seed=seed)
+        msg = parsed.choices[0].message
+        check(isinstance(msg.parsed, Pet) and msg.refusal is None and parsed.choices[0].finish_reason == "stop",
+              f"parse(response_format=Pet), seed {seed}: {parsed}")
+    pet_schema = openai.lib._pydantic.to_strict_json_schema(Pet)
+    obj = client.chat.completions.create(model="stories260K", messages=[{"role": "user", "content": "x"}],
+                                         response_format={"type": "json_object"}, max_tokens=300, seed=4,
+                                         logit_bias={"500": -100})
+    text = obj.choices[0].message.content
+    check(obj.choices[0].finish_reason == "length" or isinstance(json.loads(text), dict),
+          f"json_object: {obj}")
+    check(text.startswith("{"), f"json_object starts an object: {text!r}")
+    chunks = list(client.completions.create(model="stories260K", prompt="My pet", max_tokens=200, seed=5,
+                                            stream=True, extra_body={"structured_outputs": {"json": pet_schema}}))
+    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    check(chunks[-1].choices[0].finish_reason == "stop", f"stream under a schema ends with stop: {chunks[-1]}")
+    try:
+        jsonschema.validate(json.loads(text), pet_schema)
+        check(True, "")
+    except (ValueError, jsonschema.ValidationError) as e:
+        check(False, f"the stream's text validates: {text!r}: {e}")
+    try:
+        client.chat.completions.create(model="stories260K", messages=[{"role": "user", "content": "x"}],
+                                       response_format={"type": "json_schema", "json_schema": {
+                                           "name": "x", "schema": {"type": "array", "uniqueItems": True}}})
+        check(False, "uniqueItems was accepted")
+    except openai.BadRequestError as e:
+        check(e.param == "response_format.json_schema.schema" and "uniqueItems" in str(e), f"{e}")
     # logit_bias, OpenAI's meaning: +100 forces a token (300, " ha"); -100 keeps out the greedy first token
     # (",", llama.cpp's reference), which comes back later in the unbiased text too
     forced = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=4,
