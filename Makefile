@@ -167,14 +167,14 @@ clean:
 
 # ---- make fuzz ---------------------------------------------------------------------------------------------
 # libFuzzer targets (fuzz/fuzz_*.c), as llama.cpp's and OSS-Fuzz's: the GGUF reader, the tokenizer, the engine
-# on stories260K, server.c's JSON reader and HTTP parser. Each is built with clang under ASan and UBSan (no
+# on stories260K, llm.h's JSON reader and server.c's HTTP parser, the grammar (GBNF, JSON Schema, regex). Each is built with clang under ASan and UBSan (no
 # OpenMP: one thread is faster for tiny inputs), gets seed inputs from fuzz/make-corpus.py in fuzz/corpus/NAME
 # once, and runs FUZZ_SECONDS; libFuzzer adds what it finds to the corpus. Full logs go to fuzz/logs/NAME.log,
 # a crash's input to fuzz/crashes/NAME-crash-*; make fuzz fails when a target found one.
 #   make fuzz FUZZ_SECONDS=20 FUZZ_TARGETS="json http"     a shorter run of two of them
 #   ./fuzz/fuzz_gguf fuzz/crashes/gguf-crash-...            runs one input again (with its stack trace)
 FUZZ_SECONDS ?= 60
-FUZZ_ALL      = gguf tokenizer engine json http
+FUZZ_ALL      = gguf tokenizer engine json http grammar
 FUZZ_TARGETS ?= $(FUZZ_ALL)
 # UBSan aborts at the first report; fuzz/sanitize.ignore leaves out stb_ds.h and llm_dot (see the file)
 FUZZ_CFLAGS   = -g -O1 -fno-omit-frame-pointer -Wall -Wextra -std=gnu11 -I$(STB_INC) -I. \

@@ -6551,7 +6551,7 @@ char *llm_json_schema_to_grammar(const llm_json *schema, char *err) {
     if (rc == 0) {
         char *out = NULL;
         llm_re_printf(&out, "root ::= %s\n", name);
-        memcpy(arraddnptr(out, arrlen(c.out)), c.out, (size_t)arrlen(c.out));
+        if (arrlen(c.out)) memcpy(arraddnptr(out, arrlen(c.out)), c.out, (size_t)arrlen(c.out));
         for (size_t i = 0; i < sizeof llm_js_primitives / sizeof *llm_js_primitives; i++)
             if (c.used & llm_js_primitives[i].bit) llm_re_puts(&out, llm_js_primitives[i].rules);
         arrput(out, 0);

@@ -3,7 +3,7 @@
 
 usage: python3 fuzz/make-corpus.py [--testdata DIR] [--out DIR] [TARGET...]
 
-Writes fuzz/corpus/<target>/ for gguf, tokenizer, engine, json and http (all of them when no target is
+Writes fuzz/corpus/<target>/ for gguf, tokenizer, engine, json, http and grammar (all of them when no target is
 named; files already there stay). The GGUF seeds are small files made here by a tiny GGUF
 writer (a SentencePiece vocabulary, byte-level BPE ones, every metadata type, every tensor type, a model of
 stories260K's shape with tiny weights), plus stories260K's metadata rewritten without its tensors and the
@@ -367,8 +367,32 @@ def http_seeds():
     return seeds
 
 
+def grammar_seeds():
+    """fuzz_grammar: a mode byte, then GBNF (and a NUL and text to match), a JSON Schema, a regex or choices"""
+    json_gbnf = (b'root ::= object\nvalue ::= object | array | string | number | "true" | "false" | "null"\n'
+                 b'object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}"\n'
+                 b'array ::= "[" ws ( value ("," ws value)* )? "]"\n'
+                 b'string ::= "\\"" ( [^"\\\\\\x00-\\x1F] | "\\\\" (["\\\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\\""\n'
+                 b'number ::= "-"? [0-9]+ ("." [0-9]+)?\nws ::= [ \\t\\n]{0,4}\n')
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+              "n": {"type": "integer", "minimum": -5, "maximum": 120}, "tags": {"type": "array", "items":
+              {"enum": ["a", "b"]}, "maxItems": 2}, "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]},
+              "d": {"type": "string", "format": "date"}, "p": {"type": "string", "pattern": "^[A-Z]{2}-\\d+$"}},
+              "required": ["name", "n"], "additionalProperties": {"type": "boolean"}}
+    return {
+        "gbnf-json": b"\x00" + json_gbnf + b"\x00" + b'{"a": [1, -2.5, "x\\u00e9"], "b": {}}',
+        "gbnf-repeat": b"\x00" + b'root ::= ("a" [bc]{1,3} "d"?){2,4} [^\\n]* .\n' + b"\x00abcdacbd\xc3\xa9!",
+        "gbnf-bad": b"\x00" + b"root ::= root \"x\" | [",
+        "schema": b"\x01" + json.dumps(schema).encode(),
+        "schema-allof": b"\x01" + json.dumps({"allOf": [{"properties": {"a": {}}, "additionalProperties": False},
+                                                        {"properties": {"a": {"type": "integer"}}}]}).encode(),
+        "regex": b"\x02" + b"(?:[a-f0-9]{2}:){5}[a-f0-9]{2}|\\(\\d{3}\\) \\w+?\\s*$",
+        "choices": b"\x03" + "yes\nno\nmaybe \"so\"\n\u00e9t\u00e9".encode(),
+    }
+
+
 TARGETS = {"gguf": None, "tokenizer": tokenizer_seeds, "engine": engine_seeds, "json": json_seeds,
-           "http": http_seeds}
+           "http": http_seeds, "grammar": grammar_seeds}
 
 
 def main():

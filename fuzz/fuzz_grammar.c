@@ -1,0 +1,120 @@
+/* fuzz_grammar.c - libFuzzer target: llm.h's grammar section: the GBNF parser and matcher, the token masks, and
+ * the writers of JSON Schema, regular expressions and choices as GBNF.
+ *
+ * The input's first byte picks the mode, the rest is its text:
+ *   0  GBNF, then (after a NUL) text fed to the matcher in chunks: the parser takes it or says why; a chunk
+ *      is taken or refused leaving the state as it was; the mask of the state reached (over the SentencePiece
+ *      test vocabulary) counts its bits, allows exactly the tokens the one-token check allows, and allows the
+ *      end of generation exactly where the text is whole;
+ *   1  a JSON Schema: the converter refuses it with a message, or writes GBNF that parses;
+ *   2  a regular expression: the same;
+ *   3  choices, one a line: the grammar parses and takes each choice whole.
+ * Any failure of these is an abort(). */
+#define LLM_IMPLEMENTATION
+#include "llm.h"
+#include "fuzz/fuzz_common.h"
+
+static llm_gguf g_gguf;
+static llm_tokenizer *g_tok;
+static llm_token_trie *g_trie;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc; (void)argv;
+    char err[LLM_ERR_LEN], path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer/ggml-vocab-llama-spm.gguf", fz_testdata_dir());
+    if (llm_gguf_open(&g_gguf, path, err) != 0 || !(g_tok = llm_tokenizer_load(&g_gguf, err)) ||
+        !(g_trie = llm_token_trie_build(g_tok, err))) {
+        fprintf(stderr, "fuzz_grammar: %s (LLM_TESTDATA: the test data, testdata/ by default)\n", err);
+        exit(1);
+    }
+    return 0;
+}
+
+/* Text that a writer made must be a grammar the parser takes */
+static llm_grammar *must_parse(const char *gbnf, const char *what) {
+    char err[LLM_ERR_LEN];
+    llm_grammar *g = llm_grammar_parse(gbnf, err);
+    FUZZ_CHECK(g != NULL, "%s wrote GBNF that does not parse: %s\n%s", what, err, gbnf);
+    return g;
+}
+
+static void check_mask(const llm_grammar_state *st) {
+    int V = llm_tokenizer_n_vocab(g_tok);
+    uint8_t *mask = (uint8_t *)malloc((size_t)V / 8 + 1);
+    int n = llm_grammar_mask(st, g_trie, mask), bits = 0;
+    if (n >= 0) { /* -1: past the matcher's limits, which it may say */
+        for (int t = 0; t < V; t++) {
+            int bit = mask[t >> 3] >> (t & 7) & 1;
+            bits += bit;
+            if (t % 7 == 0 || bit) /* every allowed token, and a sample of the others */
+                FUZZ_CHECK(bit == llm_grammar_allows(st, g_trie, t), "mask and one-token check differ on %d", t);
+            if (llm_tokenizer_is_eog(g_tok, t))
+                FUZZ_CHECK(bit == llm_grammar_can_end(st), "the end of generation allowed wrongly");
+        }
+        FUZZ_CHECK(bits == n, "mask count %d, bits %d", n, bits);
+    }
+    free(mask);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size < 1 || size > 4096) return 0;
+    int mode = data[0] % 4;
+    char *text = (char *)malloc(size), err[LLM_ERR_LEN];
+    memcpy(text, data + 1, size - 1);
+    text[size - 1] = 0;
+    size_t len = strlen(text);
+    if (mode == 0) {
+        llm_grammar *g = llm_grammar_parse(text, err);
+        if (!g) FUZZ_CHECK(err[0] != 0, "a grammar refused without a reason");
+        llm_grammar_state *st = g ? llm_grammar_start(g) : NULL;
+        const char *feed = text + len + 1, *end = text + size - 1;
+        for (int chunk = 0; st && feed < end && chunk < 64; chunk++) {
+            int n = 1 + (int)((unsigned char)*feed % 8);
+            if (n > end - feed) n = (int)(end - feed);
+            int before = llm_grammar_can_end(st);
+            llm_grammar_state *copy = llm_grammar_state_copy(st);
+            if (llm_grammar_accept(st, feed, n) != 0) {
+                FUZZ_CHECK(llm_grammar_can_end(st) == before, "a refused chunk changed the state");
+                llm_grammar_state_free(copy);
+                break;
+            }
+            llm_grammar_state_free(copy);
+            feed += n;
+        }
+        if (st) check_mask(st);
+        llm_grammar_state_free(st);
+        llm_grammar_free(g);
+    } else if (mode == 1 || mode == 2) {
+        llm_json schema;
+        char *gbnf = NULL;
+        if (mode == 2) gbnf = llm_regex_to_grammar(text, err);
+        else if (llm_json_parse(text, len, &schema, err) == 0) {
+            gbnf = llm_json_schema_to_grammar(&schema, err);
+            llm_json_free(&schema);
+        }
+        if (gbnf) llm_grammar_free(must_parse(gbnf, mode == 1 ? "the JSON Schema converter" : "the regex converter"));
+        else FUZZ_CHECK(err[0] != 0, "a refusal without a reason");
+        free(gbnf);
+    } else {
+        const char *choices[16];
+        int n = 0;
+        for (char *s = text; n < 16 && s < text + len;) {
+            char *nl = strchr(s, '\n');
+            if (nl) *nl = 0;
+            choices[n++] = s;
+            s = nl ? nl + 1 : text + len;
+        }
+        char *gbnf = n ? llm_choice_to_grammar(choices, n, err) : NULL;
+        llm_grammar *g = gbnf ? must_parse(gbnf, "the choice writer") : NULL;
+        for (int i = 0; g && i < n; i++) {
+            llm_grammar_state *st = llm_grammar_start(g);
+            FUZZ_CHECK(st && llm_grammar_accept(st, choices[i], (int)strlen(choices[i])) == 0 &&
+                       llm_grammar_can_end(st), "choice %d is not taken whole", i);
+            llm_grammar_state_free(st);
+        }
+        llm_grammar_free(g);
+        free(gbnf);
+    }
+    free(text);
+    return 0;
+}
