@@ -23,6 +23,7 @@ static const char *usage =
     "  llm -m MODEL.gguf -p PROMPT [-n N] [options]   write the prompt and its continuation to stdout\n"
     "  llm -m MODEL.gguf [options]                    REPL: each line you type is continued (no template)\n"
     "  llm tokenize -m MODEL.gguf [--no-bos] TEXT     print TEXT's token ids on one line\n"
+    "  llm grammar (--json-schema S | --regex RE)     print the GBNF grammar they are written as\n"
     "  llm bench (-m MODEL.gguf | --dummy NAME) [options]  offline throughput, as vLLM's bench throughput\n"
     "  llm serve -m MODEL.gguf [options]              OpenAI-compatible HTTP server (vLLM's API)\n"
     "  llm bench serve [options]                      load a running server, as vLLM's bench serve\n"
@@ -1006,7 +1007,7 @@ int main(int argc, char **argv) {
     a.sampling.max_tokens = 128;
     a.num_prompts = 256; a.in_min = 100; a.in_max = 1024; a.out_min = 100; a.out_max = 1024;
     a.host = "127.0.0.1"; a.port = 8000; a.max_queue = 4096; a.request_timeout = 30;
-    int cmd = 0; /* 0 generate/REPL, 1 tokenize, 2 bench, 3 chat */
+    int cmd = 0; /* 0 generate/REPL, 1 tokenize, 2 bench, 3 chat, 4 serve, 5 grammar */
     int start = 1;
     if (argc > 1 && !strcmp(argv[1], "tokenize")) { cmd = 1; start = 2; }
     else if (argc > 2 && !strcmp(argv[1], "bench") && !strcmp(argv[2], "serve"))
@@ -1014,6 +1015,7 @@ int main(int argc, char **argv) {
     else if (argc > 1 && !strcmp(argv[1], "bench")) { cmd = 2; start = 2; }
     else if (argc > 1 && !strcmp(argv[1], "chat")) { cmd = 3; start = 2; }
     else if (argc > 1 && !strcmp(argv[1], "serve")) { cmd = 4; start = 2; }
+    else if (argc > 1 && !strcmp(argv[1], "grammar")) { cmd = 5; start = 2; }
     int pos = parse_args(argc, argv, start, &a);
     if (pos < 0) return 1;
     if (cmd == 1) {
@@ -1031,6 +1033,12 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (grammar_from_flags(&a, &gbnf) != 0) return 1;
+    if (cmd == 5) { /* llm grammar: the GBNF that --json-schema or --regex makes, for reading or for llama.cpp */
+        if (!gbnf) { fprintf(stderr, "llm grammar: give --json-schema, --regex or --grammar\n"); return 1; }
+        fputs(gbnf, stdout);
+        free(gbnf);
+        return 0;
+    }
     if (cmd == 2) { int rc = bench(&a); free(gbnf); return rc; }
     if (cmd == 4) {
         if (!a.engine.model_path) {

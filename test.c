@@ -3407,6 +3407,15 @@ static void test_grammar_cli(void) {
     CHECK(out && status == 0 && !strncmp(rest, "The answer is ", 14) && digits > 0 &&
           !strcmp(rest + 14 + digits, ".") , "llm --grammar: \"%s\"", out ? out : "");
     free(out);
+    /* llm grammar: the GBNF a schema becomes, which parses and takes a valid instance */
+    out = run_command("./llm grammar --json-schema '{\"type\": \"object\", \"properties\": {\"n\": {\"type\": "
+                      "\"integer\", \"minimum\": 1, \"maximum\": 12}}, \"required\": [\"n\"]}' 2>&1", &status);
+    char gerr[LLM_ERR_LEN];
+    llm_grammar *g = out && status == 0 ? llm_grammar_parse(out, gerr) : NULL;
+    CHECK(g && !strcmp(grammar_verdict(g, "{\"n\": 12}", 9), "accept") &&
+          !strcmp(grammar_verdict(g, "{\"n\": 13}", 9), "reject"), "llm grammar --json-schema: %s", out ? out : "");
+    llm_grammar_free(g);
+    free(out);
     static const struct { const char *flags, *says; } bad[] = {
         {"--grammar /nonexistent.gbnf", "--grammar /nonexistent.gbnf: No such file"},
         {"--grammar /dev/null", "no rule named root"},
