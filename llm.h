@@ -5405,6 +5405,34 @@ static uint32_t *llm_gr_state_key(const llm_grammar_state *st, int *n, uint64_t 
  * which is zeroed), -1 when out of memory or the grammar's limits are passed. */
 typedef struct { uint64_t key; int32_t value; } llm_gr_memo;
 
+/* The walk's steps, (set, character) -> set: an open-addressed table of 64-bit keys (a general hash map
+ * costs half the walk here) */
+typedef struct { uint64_t *keys; int32_t *vals; size_t cap, n; } llm_gr_steps; /* vals: 0 empty, else set + 2 */
+
+static uint64_t llm_gr_mix(uint64_t k) { k ^= k >> 33; k *= 0xff51afd7ed558ccdull; return k ^ (k >> 33); }
+
+/* The slot of key: its value (set + 2), or 0 where it may be put. NULL when out of memory. */
+static int32_t *llm_gr_steps_slot(llm_gr_steps *t, uint64_t key) {
+    if (2 * (t->n + 1) > t->cap) { /* grow: every key into a table twice the size */
+        size_t cap = t->cap ? 2 * t->cap : 4096;
+        uint64_t *keys = (uint64_t *)malloc(cap * sizeof *keys);
+        int32_t *vals = (int32_t *)calloc(cap, sizeof *vals);
+        if (!keys || !vals) { free(keys); free(vals); return NULL; }
+        for (size_t i = 0; i < t->cap; i++) {
+            if (!t->vals[i]) continue;
+            size_t j = llm_gr_mix(t->keys[i]) & (cap - 1);
+            while (vals[j]) j = (j + 1) & (cap - 1);
+            keys[j] = t->keys[i]; vals[j] = t->vals[i];
+        }
+        free(t->keys); free(t->vals);
+        t->keys = keys; t->vals = vals; t->cap = cap;
+    }
+    size_t j = llm_gr_mix(key) & (t->cap - 1);
+    while (t->vals[j] && t->keys[j] != key) j = (j + 1) & (t->cap - 1);
+    t->keys[j] = key;
+    return &t->vals[j];
+}
+
 static uint64_t llm_gr_set_hash(const llm_gr_set *s) {
     uint64_t h = 0x84222325cbf29ce4ull;
     for (ptrdiff_t i = 0; i < arrlen(s->lens); i++) { h ^= s->lens[i]; h *= 0x100000001b3ull; }
@@ -5421,7 +5449,8 @@ static int llm_gr_set_equal(const llm_gr_set *a, const llm_gr_set *b) {
 static int llm_gr_walk(llm_grammar *g, const llm_grammar_state *st, const llm_token_trie *tt, uint8_t *mask) {
     /* g->walk: the sets met, by number (0: the start), and one more at the end as the step's scratch */
     for (ptrdiff_t i = 0; i < arrlen(g->walk); i++) llm_gr_set_clear(&g->walk[i]);
-    llm_gr_memo *steps = NULL, *by_hash = NULL; /* (set, character) -> set or -1; a set's hash -> its number */
+    llm_gr_steps steps = {NULL, NULL, 0, 0};   /* (set, character) -> set or -1 */
+    llm_gr_memo *by_hash = NULL;    /* stb_ds: a set's hash -> its number */
     int32_t *ascii = NULL;          /* stb_ds: [set][128] the steps by ASCII characters, -2 until known */
     int32_t *set_at = (int32_t *)malloc(((size_t)tt->max_len + 1) * sizeof(int32_t));
     int *part = (int *)malloc(((size_t)tt->max_len + 1) * 3 * sizeof(int));
@@ -5443,14 +5472,14 @@ static int llm_gr_walk(llm_grammar *g, const llm_grammar_state *st, const llm_to
         int r = llm_gr_byte(&cp, &left, &len, tt->byte[i]);
         uint64_t key = (uint64_t)from << 32 | (uint64_t)(r == 0) << 31 | (uint64_t)len << 28 |
                        (uint64_t)left << 24 | cp;
-        int32_t *known = r == 1 && cp < 128 ? &ascii[(size_t)from * 128 + cp] : NULL;
-        ptrdiff_t k = r < 0 || (known && *known != -2) ? -1 : hmgeti(steps, key);
+        int32_t *known = r == 1 && cp < 128 ? &ascii[(size_t)from * 128 + cp] : NULL, *slot = NULL;
+        if (r >= 0 && !known && !(slot = llm_gr_steps_slot(&steps, key))) { rc = -1; break; }
         if (r < 0) to = -1;
         else if (known && *known != -2) to = *known;
-        else if (k >= 0) to = steps[k].value;
+        else if (slot && *slot) to = *slot - 2;
         else if (r == 0) { /* a character begun: the same set, if some stack could take it */
             to = llm_gr_partial_ok(g, &g->walk[from], cp, left, len) ? from : -1;
-            hmput(steps, key, to);
+            *slot = to + 2; steps.n++;
         } else {
             while (arrlen(g->walk) <= n_sets) { llm_gr_set empty = {0}; arrput(g->walk, empty); }
             llm_gr_set *out = &g->walk[n_sets];
@@ -5466,7 +5495,7 @@ static int llm_gr_walk(llm_grammar *g, const llm_grammar_state *st, const llm_to
                 }
             }
             if (cp < 128) ascii[(size_t)from * 128 + cp] = to;
-            else hmput(steps, key, to);
+            else { *slot = to + 2; steps.n++; }
         }
         if (to < 0) { i = tt->end[i]; continue; }
         set_at[d] = to;
@@ -5477,7 +5506,7 @@ static int llm_gr_walk(llm_grammar *g, const llm_grammar_state *st, const llm_to
         }
         i++;
     }
-    hmfree(steps); hmfree(by_hash); arrfree(ascii); free(set_at); free(part);
+    free(steps.keys); free(steps.vals); hmfree(by_hash); arrfree(ascii); free(set_at); free(part);
     return rc == 0 ? n_allowed : -1;
 }
 
