@@ -684,7 +684,8 @@ static int structured_schema(srv_req *r, const llm_json *schema, const char *par
         schema = &parsed;
         own = 1;
     }
-    if (schema->type == LLM_JSON_OBJECT || schema->type == LLM_JSON_TRUE) r->grammar = llm_json_schema_to_grammar(schema, err);
+    if (schema->type == LLM_JSON_OBJECT || schema->type == LLM_JSON_TRUE)
+        r->grammar = llm_json_schema_to_grammar(schema, err);
     else snprintf(err, sizeof err, "a JSON Schema must be an object");
     if (own) llm_json_free(&parsed);
     return r->grammar ? 0 : bad(e, 400, param, "%s: %s", param, err);
@@ -700,7 +701,8 @@ static int structured_regex(srv_req *r, const llm_json *v, const char *param, sr
 
 static int structured_choice(srv_req *r, const llm_json *v, const char *param, srv_error *e) {
     char err[LLM_ERR_LEN];
-    const char **choices = v->type == LLM_JSON_ARRAY && v->n > 0 ? (const char **)calloc((size_t)v->n, sizeof(char *)) : NULL;
+    const char **choices = v->type == LLM_JSON_ARRAY && v->n > 0 ?
+                           (const char **)calloc((size_t)v->n, sizeof(char *)) : NULL;
     for (int i = 0; choices && i < v->n; i++) {
         if (v->items[i].type != LLM_JSON_STRING || strlen(v->items[i].str) != v->items[i].len) {
             free(choices);
@@ -749,7 +751,8 @@ static int parse_structured(const llm_json *body, srv_req *r, srv_error *e) {
             if (name && name->type != LLM_JSON_STRING)
                 return bad(e, 400, "response_format.json_schema.name", "response_format.json_schema.name must be "
                            "a string");
-            if (strict && strict->type != LLM_JSON_TRUE && strict->type != LLM_JSON_FALSE && strict->type != LLM_JSON_NULL)
+            if (strict && strict->type != LLM_JSON_TRUE && strict->type != LLM_JSON_FALSE &&
+                strict->type != LLM_JSON_NULL)
                 return bad(e, 400, "response_format.json_schema.strict", "response_format.json_schema.strict must be "
                            "a boolean");
             STRUCTURED_ONE("response_format");
@@ -761,7 +764,8 @@ static int parse_structured(const llm_json *body, srv_req *r, srv_error *e) {
                        "json_schema, not \"%.40s\"", type->str);
     }
     if ((v = llm_json_get(body, "structured_outputs")) && v->type != LLM_JSON_NULL) {
-        if (v->type != LLM_JSON_OBJECT) return bad(e, 400, "structured_outputs", "structured_outputs must be an object");
+        if (v->type != LLM_JSON_OBJECT)
+            return bad(e, 400, "structured_outputs", "structured_outputs must be an object");
         static const char *const refused[] = {"whitespace_pattern", "structural_tag", "disable_any_whitespace",
                                               "disable_additional_properties"};
         for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
@@ -770,13 +774,15 @@ static int parse_structured(const llm_json *body, srv_req *r, srv_error *e) {
                 return bad(e, 400, "structured_outputs", "structured_outputs.%s is not supported by this server",
                            refused[i]);
         }
+        /* each kind by its full name, which outlives the loop: a second one is named as given */
         static const char *const kinds[] = {"json", "regex", "choice", "grammar", "json_object"};
+        static const char *const params[] = {"structured_outputs.json", "structured_outputs.regex",
+            "structured_outputs.choice", "structured_outputs.grammar", "structured_outputs.json_object"};
         for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++) {
             const llm_json *x = llm_json_get(v, kinds[i]);
             if (!x || x->type == LLM_JSON_NULL || (i == 4 && x->type == LLM_JSON_FALSE)) continue;
-            char param[48];
-            snprintf(param, sizeof param, "structured_outputs.%s", kinds[i]);
-            STRUCTURED_ONE("structured_outputs");
+            const char *param = params[i];
+            STRUCTURED_ONE(param);
             int rc = i == 0 ? structured_schema(r, x, param, e) : i == 1 ? structured_regex(r, x, param, e) :
                      i == 2 ? structured_choice(r, x, param, e) : i == 3 ? structured_grammar(r, x, param, e) :
                      x->type == LLM_JSON_TRUE ? structured_schema(r, NULL, param, e) :
@@ -793,8 +799,9 @@ static int parse_structured(const llm_json *body, srv_req *r, srv_error *e) {
         if (!(v = llm_json_get(body, fields[i].name)) || v->type == LLM_JSON_NULL) continue;
         STRUCTURED_ONE(fields[i].name);
         int k = fields[i].kind;
-        int rc = k == 0 ? structured_schema(r, v, fields[i].name, e) : k == 1 ? structured_regex(r, v, fields[i].name, e) :
-                 k == 2 ? structured_choice(r, v, fields[i].name, e) : structured_grammar(r, v, fields[i].name, e);
+        const char *name = fields[i].name;
+        int rc = k == 0 ? structured_schema(r, v, name, e) : k == 1 ? structured_regex(r, v, name, e) :
+                 k == 2 ? structured_choice(r, v, name, e) : structured_grammar(r, v, name, e);
         if (rc) return -1;
     }
     if ((v = llm_json_get(body, "guided_decoding_backend")) && v->type != LLM_JSON_NULL && v->type != LLM_JSON_STRING)
