@@ -18,14 +18,14 @@ OPENMP   ?= -fopenmp
 ARCH     ?= -march=native
 # a * b + c stays two roundings, fused or not by the target: the same results on every CPU, and the exact
 # dequantization of the reference path; no errno from libm (never read), so lrintf and sqrtf are inlined
-CFLAGS   += -Wall -Wextra -std=gnu11 $(ARCH) -ffp-contract=off -fno-math-errno $(OPENMP) -I$(STB_INC) -I.
+CFLAGS   += -Wall -Wextra -Wno-missing-field-initializers -std=gnu11 $(ARCH) -ffp-contract=off -fno-math-errno $(OPENMP) -I$(STB_INC) -I.
 LDLIBS   += -lm -lpthread
 # the tests' data: in the repository (testdata/README.md); TESTDATA=DIR reads another copy of the same layout
 TESTDATA ?= testdata
 CLANG    ?= clang
 MODEL    ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 PY_PKGS   = openai==3.54.0 gguf==0.19.0 numpy==2.4.6 regex==2026.11.15 jsonschema==4.26.0 \
-            rfc3339-validator==0.1.4
+            rfc3339-validator==0.1.4 jinja2==3.1.6
 VENV_PY   = .venv/bin/python
 # a stamp named after the package list: a venv made for another list is filled up again
 VENV      = .venv/ok-$(shell echo '$(PY_PKGS)' | cksum | cut -d' ' -f1)
@@ -177,7 +177,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_ALL      = gguf tokenizer engine json http grammar
 FUZZ_TARGETS ?= $(FUZZ_ALL)
 # UBSan aborts at the first report; fuzz/sanitize.ignore leaves out stb_ds.h and llm_dot (see the file)
-FUZZ_CFLAGS   = -g -O1 -fno-omit-frame-pointer -Wall -Wextra -std=gnu11 -I$(STB_INC) -I. \
+FUZZ_CFLAGS   = -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wno-missing-field-initializers -std=gnu11 -I$(STB_INC) -I. \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                 -fsanitize-ignorelist=fuzz/sanitize.ignore
 FUZZ_ENV      = LLM_TESTDATA=$(TESTDATA) UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

@@ -259,10 +259,30 @@ enum llm_chat_family {
     LLM_CHAT_MISTRAL_V7_TEKKEN, LLM_CHAT_ZEPHYR, LLM_CHAT_PHI3, LLM_CHAT_GEMMA, LLM_CHAT_NFAMILIES
 };
 
+typedef struct {                    /* a call of a tool that an assistant turn made */
+    const char *id;                 /* "call_..." (NULL: none) */
+    const char *name;
+    const char *arguments;          /* JSON text of an object */
+} llm_chat_tool_call;
+
 typedef struct {
-    const char *role;               /* "system" (or "developer", the same), "user" or "assistant" */
-    const char *content;
+    const char *role;               /* "system" (or "developer", the same), "user", "assistant" or "tool" */
+    const char *content;            /* NULL: none (an assistant turn that only calls tools) */
+    const char *reasoning;          /* assistant: its thinking apart from content (NULL: none, or in content
+                                     * inside <think></think>) */
+    const llm_chat_tool_call *tool_calls; /* assistant: the calls it made */
+    int n_tool_calls;
+    const char *tool_call_id;       /* tool: the call this is the result of */
 } llm_chat_message;
+
+/* How a family writes tools and calls (set by llm_chat_template_init from the template's markers) */
+enum llm_tool_format {
+    LLM_TOOLS_GENERIC,              /* no format of its own: the tools described in the system turn, and the
+                                     * reply always JSON, {"tool_calls": [...]} or {"response": "..."} */
+    LLM_TOOLS_HERMES,               /* Qwen2.5, Qwen3: <tools></tools>, <tool_call>{"name", "arguments"}
+                                     * </tool_call>, results in <tool_response> */
+    LLM_TOOLS_LLAMA3                /* Llama 3.1-3.3: JSON {"name", "parameters"}, the ipython role */
+};
 
 typedef struct {
     int family;                     /* enum llm_chat_family */
@@ -274,6 +294,8 @@ typedef struct {
     int dated_system;               /* Llama 3.1 and later: the system turn opens with the knowledge cutoff
                                      * and today's date, always */
     char date[32];                  /* that date, as "26 Jul 2024" (init: today's, or the template's own) */
+    int tool_format;                /* enum llm_tool_format */
+    int thinks;                     /* the model writes <think>...</think> before its answer (Qwen3) */
     char note[LLM_ERR_LEN];         /* a warning: why the family is not what was asked for ("" when it is) */
 } llm_chat_template;
 
@@ -288,10 +310,12 @@ int  llm_chat_detect(const char *template_text, size_t len, const llm_tokenizer 
  * without a tokenizer. */
 int  llm_chat_template_init(llm_chat_template *ct, const char *template_text, size_t len,
                             const llm_tokenizer *t, const char *name, char *err);
-/* The conversation as text, with the assistant's generation prompt at the end when asked. Returns the length
- * (which may exceed cap: then call again with more room; out is NUL-terminated when the text fits), or -1
- * for a role it does not know. */
-int  llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, int n_msgs,
+/* The conversation as text, with the assistant's generation prompt at the end when asked; tools: the JSON
+ * text of a request's tools, a list of {"type": "function", "function": {"name", "description",
+ * "parameters"}} (NULL: none), written as the family writes them. Returns the length (which may exceed cap:
+ * then call again with more room; out is NUL-terminated when the text fits), or -1 for a role it does not
+ * know or tools or arguments that are not JSON. */
+int  llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, int n_msgs, const char *tools,
                      int add_generation_prompt, char *out, int cap);
 /* The ids that end the assistant's turn in this family (<|im_end|>, <|eot_id|>, <end_of_turn>, ... and EOS),
  * to give a request as stop_token_ids. Returns how many (at most cap written). */
@@ -499,16 +523,21 @@ enum { LLM_JSON_NULL, LLM_JSON_FALSE, LLM_JSON_TRUE, LLM_JSON_NUMBER, LLM_JSON_S
 typedef struct llm_json {
     int type;                       /* LLM_JSON_* */
     double num;
-    char *str; size_t len;          /* strings: decoded, NUL-terminated (may hold \u0000: use len) */
+    char *str; size_t len;          /* strings: decoded, NUL-terminated (may hold \u0000: use len);
+                                     * integers: their digits as written */
     struct llm_json *items;         /* array elements, object values */
     char **keys;                    /* objects: the key of each value, in the text's order */
     int n;
+    int fraction;                   /* numbers: written with a fraction or an exponent (a float to Python) */
 } llm_json;
 /* RFC 8259 JSON only (valid UTF-8, its escapes, numbers that fit a double). 0, or -1 with where and why in
  * err (LLM_ERR_LEN bytes); *out is freed on failure. */
 int llm_json_parse(const char *text, size_t len, llm_json *out, char *err);
 void llm_json_free(llm_json *v);
 llm_json *llm_json_get(const llm_json *obj, const char *key);  /* the last value of key; NULL: none */
+/* A value as JSON text (malloc'ed; NULL when out of memory): compact, or (python = 1) byte for byte what
+ * Python's json.dumps(value, ensure_ascii=False) writes, which is what chat templates' tojson writes */
+char *llm_json_dumps(const llm_json *v, int python);
 
 /* GBNF (llama.cpp's grammar format) to GBNF text, from the other ways of saying what the output must be. Each
  * returns malloc'ed text whose start rule is "root", or NULL with the reason in err (a schema keyword that
@@ -516,6 +545,32 @@ llm_json *llm_json_get(const llm_json *obj, const char *key);  /* the last value
 char *llm_json_schema_to_grammar(const llm_json *schema, char *err);
 char *llm_regex_to_grammar(const char *regex, char *err);      /* the whole output matches the regex */
 char *llm_choice_to_grammar(const char *const *choices, int n, char *err);  /* exactly one of them */
+
+/* Tool calls. The grammar a reply follows to call tools in the family's syntax, each call's arguments following
+ * its function's "parameters" schema. choice: LLM_TOOL_AUTO, the model writes freely and a call begins when
+ * it writes the family's marker (Hermes: <tool_call>; generic: the reply is either {"response": text} or the
+ * calls); LLM_TOOL_REQUIRED, calls from the first token (after the thinking, when thinking); LLM_TOOL_NAMED,
+ * one call of `name`. parallel: several calls may come, or one. GBNF text (malloc'ed), or NULL with the reason
+ * in err (a tool that is not {"type": "function", "function": {"name", "parameters"}}, parameters the
+ * grammar engine cannot honour). */
+enum { LLM_TOOL_AUTO, LLM_TOOL_REQUIRED, LLM_TOOL_NAMED };
+char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int choice, const char *name,
+                            int parallel, char *err);
+/* A reply read back: the thinking apart (think: for a family that thinks, from <think> to </think>, and from
+ * the start when the generation prompt opened the block), the answer, and the calls (tools: in the family's
+ * syntax). partial: the text so far of a reply still being written; what may yet be a marker is held back,
+ * and so the fields of each partial reading begin the next ones (a stream sends the difference), the last
+ * call's arguments may be cut (in_call). Strings are malloc'ed; -1 when out of memory. */
+typedef struct {
+    char *reasoning;                /* NULL: no thinking */
+    char *content;                  /* "" for none */
+    llm_chat_tool_call *calls;      /* name, arguments (the model's own JSON text); id NULL */
+    int n_calls;
+    int in_call;                    /* partial: the last call's arguments are not finished */
+} llm_chat_reply;
+int  llm_chat_parse_reply(const llm_chat_template *ct, const char *text, size_t len, int think, int tools,
+                          int partial, llm_chat_reply *reply);
+void llm_chat_reply_free(llm_chat_reply *reply);
 
 /* A grammar parsed into rules, shared by every sequence that follows it (the engine keeps the last few it
  * parsed, by text, so that requests that give the same grammar share its rules and its cache of masks). Its
@@ -2728,6 +2783,14 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
     llm_chat_copy_token_text(t, t->bos, ct->bos, sizeof ct->bos);
     llm_chat_copy_token_text(t, t->eos, ct->eos, sizeof ct->eos);
     ct->enable_thinking = 1;
+    /* tools: Hermes style where the template (or, without one, the vocabulary) knows <tool_call>; Llama 3.1's
+     * JSON calls where it says "Environment: ipython"; the generic format elsewhere */
+    int hermes = tt.len ? llm_has(tt.ptr, tt.len, "<tool_call>") : llm_vocab_has(t, "<tool_call>");
+    if ((ct->family == LLM_CHAT_CHATML || ct->family == LLM_CHAT_QWEN3) && hermes)
+        ct->tool_format = LLM_TOOLS_HERMES;
+    if (ct->family == LLM_CHAT_LLAMA3 && llm_has(tt.ptr, tt.len, "Environment: ipython"))
+        ct->tool_format = LLM_TOOLS_LLAMA3;
+    ct->thinks = ct->family == LLM_CHAT_QWEN3;
     if (ct->family == LLM_CHAT_CHATML)
         llm_chat_find_default_system(tt.ptr, tt.len, ct->default_system, sizeof ct->default_system);
     /* Llama 3.1's template dates the system turn 26 Jul 2024; 3.2's asks for today's date (strftime_now) */
@@ -2765,61 +2828,260 @@ static void llm_chat_put_stripped(llm_chat_text *c, const char *s, int left, int
 }
 static void llm_chat_put_trimmed(llm_chat_text *c, const char *s) { llm_chat_put_stripped(c, s, 1, 1, 0); }
 
-enum { LLM_ROLE_SYSTEM, LLM_ROLE_USER, LLM_ROLE_ASSISTANT };
+enum { LLM_ROLE_SYSTEM, LLM_ROLE_USER, LLM_ROLE_ASSISTANT, LLM_ROLE_TOOL };
 static int llm_chat_role(const char *role) {
     if (!role) return -1;
     if (!strcmp(role, "system") || !strcmp(role, "developer")) return LLM_ROLE_SYSTEM;
     if (!strcmp(role, "user")) return LLM_ROLE_USER;
+    if (!strcmp(role, "tool")) return LLM_ROLE_TOOL;
     return !strcmp(role, "assistant") ? LLM_ROLE_ASSISTANT : -1;
 }
-static const char *llm_chat_role_names[] = {"system", "user", "assistant"};
+static const char *llm_chat_role_names[] = {"system", "user", "assistant", "tool"};
 
-/* Qwen3 (Qwen/Qwen3-0.6B): an assistant turn. Its reasoning (inside <think></think>) is kept after the last
- * user turn, where the last turn always shows the <think> block; elsewhere only the text after </think>. */
-static void llm_qwen3_assistant(llm_chat_text *c, const char *content, int after_last_user, int last) {
-    const char *first_end = strstr(content, "</think>"), *body = content, *reasoning = "";
-    size_t n_reasoning = 0;
-    if (first_end) {
+/* A JSON text written again as Python's json.dumps writes it (a template's tojson); -1 when it is not JSON */
+static int llm_chat_put_json(llm_chat_text *c, const char *text) {
+    llm_json v;
+    if (!text || llm_json_parse(text, strlen(text), &v, NULL) != 0) return -1;
+    char *py = llm_json_dumps(&v, 1);
+    llm_json_free(&v);
+    if (!py) return -1;
+    llm_chat_puts(c, py);
+    free(py);
+    return 0;
+}
+
+/* ---- Tools: Hermes style (Qwen2.5, Qwen3) -------------------------------------------------------------- */
+/* The system turn's list of tools (Qwen/Qwen2.5-7B-Instruct, Qwen/Qwen3-0.6B): each one as tojson writes it */
+static void llm_hermes_tools(llm_chat_text *c, const llm_json *tools) {
+    llm_chat_puts(c, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+                  "provided with function signatures within <tools></tools> XML tags:\n<tools>");
+    for (int i = 0; i < tools->n; i++) {
+        char *py = llm_json_dumps(&tools->items[i], 1);
+        llm_chat_puts(c, "\n"); llm_chat_puts(c, py ? py : "");
+        free(py);
+    }
+    llm_chat_puts(c, "\n</tools>\n\nFor each function call, return a json object with function name and "
+                  "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+                  "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
+}
+
+/* An assistant turn's calls: Qwen3 puts a newline before each but a first one that follows no text; Qwen2.5
+ * before each */
+static int llm_hermes_calls(llm_chat_text *c, const llm_chat_message *m, int newline_first) {
+    for (int k = 0; k < m->n_tool_calls; k++) {
+        if (k || newline_first) llm_chat_puts(c, "\n");
+        llm_chat_puts(c, "<tool_call>\n{\"name\": \"");
+        llm_chat_puts(c, m->tool_calls[k].name ? m->tool_calls[k].name : "");
+        llm_chat_puts(c, "\", \"arguments\": ");
+        if (llm_chat_put_json(c, m->tool_calls[k].arguments) != 0) return -1;
+        llm_chat_puts(c, "}\n</tool_call>");
+    }
+    return 0;
+}
+
+/* A tool's result: the results in a row share one user turn, each inside <tool_response> */
+static void llm_hermes_result(llm_chat_text *c, const int *role, int n, int i, const char *content) {
+    if (i == 0 || role[i - 1] != LLM_ROLE_TOOL) llm_chat_puts(c, "<|im_start|>user");
+    llm_chat_puts(c, "\n<tool_response>\n"); llm_chat_puts(c, content); llm_chat_puts(c, "\n</tool_response>");
+    if (i == n - 1 || role[i + 1] != LLM_ROLE_TOOL) llm_chat_puts(c, "<|im_end|>\n");
+}
+
+/* ---- Tools: the generic format, for a family without its own ------------------------------------------
+ * As llama.cpp does for such templates: the tools are described at the end of the system turn, the reply is
+ * always one JSON object (the grammar sees to it), earlier calls are written as that JSON in the assistant's
+ * turn and results as JSON in a user turn; then the family writes the conversation as it writes any. */
+#define LLM_GENERIC_TOOLS_HOWTO \
+    "\n\nRespond in JSON format: to call tools, {\"tool_calls\": [{\"name\": \"<the tool's name>\", " \
+    "\"arguments\": {<its arguments>}}]}; to answer the user, {\"response\": \"<your answer>\"}."
+
+static char *llm_chat_text_dup(llm_chat_text *c) { /* what c holds, as a C string (c from a NULL buffer) */
+    char *s = (char *)malloc(c->n + 1);
+    if (s && c->out) memcpy(s, c->out, c->n);
+    if (s) s[c->n] = 0;
+    free(c->out);
+    return s;
+}
+
+static void llm_chat_grow_put(llm_chat_text *c, const char *s) { /* appends to a growing buffer */
+    size_t n = strlen(s);
+    if (c->n + n + 1 > c->cap) {
+        size_t cap = (c->n + n + 1) * 2;
+        char *out = (char *)realloc(c->out, cap);
+        if (!out) return;
+        c->out = out; c->cap = cap;
+    }
+    memcpy(c->out + c->n, s, n);
+    c->n += n;
+}
+
+/* The conversation with tools, calls and results written as text for a family without a tool format: new
+ * messages in *out (n of them) and their texts in *texts (n, malloc'ed). -1 when arguments are not JSON. */
+static int llm_chat_generic_tools(const llm_chat_template *ct, const llm_chat_message *msgs, int n,
+                                  const llm_json *tools, llm_chat_message **out, char ***texts) {
+    llm_chat_message *m = (llm_chat_message *)calloc((size_t)n + 1, sizeof *m);
+    char **t = (char **)calloc((size_t)n + 1, sizeof(char *));
+    int has_sys = n > 0 && llm_chat_role(msgs[0].role) == LLM_ROLE_SYSTEM, k = 0, ok = m && t;
+    if (ok && tools && tools->n > 0) { /* the system turn: its own text, then the tools */
+        llm_chat_text c = {NULL, 0, 0};
+        llm_chat_grow_put(&c, has_sys ? (msgs[0].content ? msgs[0].content : "") : ct->default_system);
+        if (c.n) llm_chat_grow_put(&c, "\n\n");
+        llm_chat_grow_put(&c, "You can call these tools:");
+        for (int i = 0; i < tools->n; i++) {
+            char *py = llm_json_dumps(&tools->items[i], 1);
+            llm_chat_grow_put(&c, "\n"); llm_chat_grow_put(&c, py ? py : "");
+            free(py);
+        }
+        llm_chat_grow_put(&c, LLM_GENERIC_TOOLS_HOWTO);
+        m[k].role = "system"; m[k].content = t[k] = llm_chat_text_dup(&c); ok = t[k++] != NULL;
+    }
+    for (int i = k && has_sys ? 1 : 0; ok && i < n; i++, k++) {
+        int role = llm_chat_role(msgs[i].role);
+        m[k] = msgs[i];
+        if (role == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0) {
+            llm_chat_text c = {NULL, 0, 0};
+            if (msgs[i].content && msgs[i].content[0]) {
+                llm_chat_grow_put(&c, msgs[i].content); llm_chat_grow_put(&c, "\n");
+            }
+            llm_chat_grow_put(&c, "{\"tool_calls\": [");
+            for (int j = 0; j < msgs[i].n_tool_calls; j++) {
+                const llm_chat_tool_call *tc = &msgs[i].tool_calls[j];
+                llm_json args;
+                if (!tc->arguments || llm_json_parse(tc->arguments, strlen(tc->arguments), &args, NULL) != 0) {
+                    ok = 0;
+                    break;
+                }
+                llm_json name = {LLM_JSON_STRING, 0, (char *)(tc->name ? tc->name : ""), 0, NULL, NULL, 0, 0};
+                name.len = strlen(name.str);
+                char *py_name = llm_json_dumps(&name, 1), *py_args = llm_json_dumps(&args, 1);
+                llm_json_free(&args);
+                llm_chat_grow_put(&c, j ? ", {\"name\": " : "{\"name\": ");
+                llm_chat_grow_put(&c, py_name ? py_name : "\"\"");
+                llm_chat_grow_put(&c, ", \"arguments\": "); llm_chat_grow_put(&c, py_args ? py_args : "{}");
+                llm_chat_grow_put(&c, "}");
+                free(py_name); free(py_args);
+            }
+            llm_chat_grow_put(&c, "]}");
+            m[k].content = t[k] = llm_chat_text_dup(&c);
+            ok = ok && t[k];
+        } else if (role == LLM_ROLE_TOOL) {
+            llm_json content = {LLM_JSON_STRING, 0, (char *)(msgs[i].content ? msgs[i].content : ""), 0, NULL,
+                                NULL, 0, 0};
+            content.len = strlen(content.str);
+            char *py = llm_json_dumps(&content, 1);
+            llm_chat_text c = {NULL, 0, 0};
+            llm_chat_grow_put(&c, "{\"tool_response\": "); llm_chat_grow_put(&c, py ? py : "\"\"");
+            llm_chat_grow_put(&c, "}");
+            free(py);
+            m[k].role = "user"; m[k].content = t[k] = llm_chat_text_dup(&c);
+            ok = t[k] != NULL;
+        }
+        m[k].tool_calls = NULL; m[k].n_tool_calls = 0;
+    }
+    if (!ok) {
+        for (int i = 0; t && i <= n; i++) free(t[i]);
+        free(t); free(m);
+        return -1;
+    }
+    *out = m; *texts = t;
+    return k;
+}
+
+/* Qwen3 (Qwen/Qwen3-0.6B): an assistant turn. Its reasoning (given apart, or inside <think></think> at the
+ * start of its content) is kept after the last user query, where the last turn always shows the <think>
+ * block; elsewhere only the text after </think>. Then its calls. */
+static int llm_qwen3_assistant(llm_chat_text *c, const llm_chat_message *m, int after_last_query, int last) {
+    const char *content = m->content ? m->content : "";
+    const char *first_end = strstr(content, "</think>"), *body = content, *reasoning = m->reasoning;
+    size_t n_reasoning = reasoning ? strlen(reasoning) : 0;
+    if (!reasoning && first_end) {
         for (const char *p = first_end; p; p = strstr(p + 1, "</think>")) body = p + 8;
         while (*body == '\n') body++;
         reasoning = content;
         for (const char *p = content; (p = strstr(p, "<think>")) && p < first_end; p++) reasoning = p + 7;
         n_reasoning = (size_t)(first_end - reasoning);
+        while (n_reasoning && reasoning[0] == '\n') { reasoning++; n_reasoning--; }
+        while (n_reasoning && reasoning[n_reasoning - 1] == '\n') n_reasoning--;
+    } else if (reasoning) { /* .strip('\n') where it is written */
+        while (n_reasoning && reasoning[0] == '\n') { reasoning++; n_reasoning--; }
+        while (n_reasoning && reasoning[n_reasoning - 1] == '\n') n_reasoning--;
     }
-    while (n_reasoning && reasoning[0] == '\n') { reasoning++; n_reasoning--; }
-    while (n_reasoning && reasoning[n_reasoning - 1] == '\n') n_reasoning--;
-    if (after_last_user && (last || n_reasoning)) {
+    llm_chat_puts(c, "<|im_start|>assistant\n");
+    if (after_last_query && (last || n_reasoning)) {
         llm_chat_puts(c, "<think>\n");
         llm_chat_put(c, reasoning, n_reasoning);
         llm_chat_puts(c, "\n</think>\n\n");
         while (*body == '\n') body++;
     }
     llm_chat_puts(c, body);
+    if (llm_hermes_calls(c, m, body[0] != 0) != 0) return -1;
+    llm_chat_puts(c, "<|im_end|>\n");
+    return 0;
 }
 
-int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, int n, int gen, char *out,
-                    int cap) {
+/* Qwen3's last query: the last user turn that is not tool results wrapped in <tool_response> */
+static int llm_qwen3_last_query(const llm_chat_message *msgs, const int *role, int n) {
+    for (int i = n - 1; i >= 0; i--) {
+        if (role[i] != LLM_ROLE_USER) continue;
+        const char *t = msgs[i].content ? msgs[i].content : "";
+        size_t len = strlen(t);
+        if (strncmp(t, "<tool_response>", 15) || len < 16 + 15 || strcmp(t + len - 16, "</tool_response>"))
+            return i;
+    }
+    return n - 1;
+}
+
+int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, int n, const char *tools,
+                    int gen, char *out, int cap) {
     llm_chat_text c = {out, out && cap > 0 ? (size_t)cap : 0, 0};
-    int *role = (int *)malloc((size_t)(n > 0 ? n : 1) * sizeof(int));
-    if (!role || n < 0) { free(role); return -1; }
-    for (int i = 0; i < n; i++) if ((role[i] = llm_chat_role(msgs[i].role)) < 0) { free(role); return -1; }
+    llm_json tl;
+    memset(&tl, 0, sizeof tl);
+    if (n < 0 || (tools && (llm_json_parse(tools, strlen(tools), &tl, NULL) != 0 || tl.type != LLM_JSON_ARRAY))) {
+        llm_json_free(&tl);
+        return -1;
+    }
+    const llm_json *tl_given = tools && tl.n > 0 ? &tl : NULL;
+    /* a family without a tool format of its own: tools, calls and results become plain turns first */
+    int uses_tools = tl_given != NULL;
+    for (int i = 0; i < n; i++) uses_tools |= msgs[i].n_tool_calls > 0 || llm_chat_role(msgs[i].role) == LLM_ROLE_TOOL;
+    if (uses_tools && ct->tool_format == LLM_TOOLS_GENERIC) {
+        llm_chat_message *plain;
+        char **texts;
+        int m = llm_chat_generic_tools(ct, msgs, n, tl_given, &plain, &texts);
+        llm_json_free(&tl);
+        if (m < 0) return -1;
+        int len = llm_chat_render(ct, plain, m, NULL, gen, out, cap);
+        for (int i = 0; i <= n; i++) free(texts[i]);
+        free(texts); free(plain);
+        return len;
+    }
+    int *role = (int *)malloc((size_t)(n > 0 ? n : 1) * sizeof(int)), failed = 0;
+    if (!role) { llm_json_free(&tl); return -1; }
+    for (int i = 0; i < n; i++) if ((role[i] = llm_chat_role(msgs[i].role)) < 0) failed = 1;
 #define CONTENT(i) (msgs[i].content ? msgs[i].content : "")
     int has_sys = n > 0 && role[0] == LLM_ROLE_SYSTEM, first = has_sys; /* first: after the system turn */
     const char *sys = has_sys ? CONTENT(0) : "";
     const char *bos = ct->bos, *eos = ct->eos;
-    switch (ct->family) {
+    /* only the Hermes families write a tool's turn themselves */
+    for (int i = 0; i < n && ct->tool_format != LLM_TOOLS_HERMES; i++) failed |= role[i] == LLM_ROLE_TOOL;
+    switch (failed ? -1 : ct->family) {
+    case -1: break;
     case LLM_CHAT_QWEN3: { /* Qwen/Qwen3-0.6B */
-        int last_user = n - 1;
-        while (last_user >= 0 && role[last_user] != LLM_ROLE_USER) last_user--;
-        for (int i = 0; i < n; i++) {
-            if (role[i] != LLM_ROLE_ASSISTANT) {
-                llm_chat_puts(&c, "<|im_start|>"); llm_chat_puts(&c, llm_chat_role_names[role[i]]);
-                llm_chat_puts(&c, "\n"); llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "<|im_end|>\n");
-                continue;
+        if (tl_given) {
+            llm_chat_puts(&c, "<|im_start|>system\n");
+            if (has_sys) { llm_chat_puts(&c, sys); llm_chat_puts(&c, "\n\n"); }
+            llm_hermes_tools(&c, tl_given);
+        } else if (has_sys) {
+            llm_chat_puts(&c, "<|im_start|>system\n"); llm_chat_puts(&c, sys); llm_chat_puts(&c, "<|im_end|>\n");
+        }
+        int last_query = llm_qwen3_last_query(msgs, role, n);
+        for (int i = first; i < n && !failed; i++) {
+            if (role[i] == LLM_ROLE_TOOL) llm_hermes_result(&c, role, n, i, CONTENT(i));
+            else if (role[i] == LLM_ROLE_ASSISTANT)
+                failed = llm_qwen3_assistant(&c, &msgs[i], i > last_query, i == n - 1) != 0;
+            else {
+                llm_chat_puts(&c, role[i] == LLM_ROLE_USER ? "<|im_start|>user\n" : "<|im_start|>system\n");
+                llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "<|im_end|>\n");
             }
-            llm_chat_puts(&c, "<|im_start|>assistant\n");
-            llm_qwen3_assistant(&c, CONTENT(i), i > last_user, i == n - 1);
-            llm_chat_puts(&c, "<|im_end|>\n");
         }
         if (gen) llm_chat_puts(&c, ct->enable_thinking ? "<|im_start|>assistant\n" :
                                "<|im_start|>assistant\n<think>\n\n</think>\n\n");
@@ -2846,7 +3108,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
             const char *content = CONTENT(i);
             if (i == first && has_sys) {
                 size_t len = strlen(sys) + strlen(content) + 32;
-                if (!(joined = (char *)malloc(len))) { free(role); return -1; }
+                if (!(joined = (char *)malloc(len))) { failed = 1; break; }
                 snprintf(joined, len, "<<SYS>>\n%s\n<</SYS>>\n\n%s", sys, content);
                 content = joined;
             }
@@ -2929,12 +3191,24 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         }
         if (gen) llm_chat_puts(&c, "<start_of_turn>model\n");
         break;
-    default: /* ChatML: HuggingFaceTB/SmolLM2-135M-Instruct, Qwen/Qwen2.5-0.5B-Instruct */
-        if (!has_sys && n > 0 && ct->default_system[0]) {
+    default: /* ChatML: HuggingFaceTB/SmolLM2-135M-Instruct, Qwen/Qwen2.5-0.5B-Instruct (Hermes tools) */
+        if (tl_given) {
+            llm_chat_puts(&c, "<|im_start|>system\n"); llm_chat_puts(&c, has_sys ? sys : ct->default_system);
+            llm_chat_puts(&c, "\n\n");
+            llm_hermes_tools(&c, tl_given);
+        } else if (!has_sys && n > 0 && ct->default_system[0]) {
             llm_chat_puts(&c, "<|im_start|>system\n"); llm_chat_puts(&c, ct->default_system);
             llm_chat_puts(&c, "<|im_end|>\n");
         }
-        for (int i = 0; i < n; i++) {
+        for (int i = tl_given ? first : 0; i < n && !failed; i++) {
+            if (role[i] == LLM_ROLE_TOOL) { llm_hermes_result(&c, role, n, i, CONTENT(i)); continue; }
+            if (role[i] == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0) { /* Qwen2.5's calls */
+                llm_chat_puts(&c, "<|im_start|>assistant");
+                if (CONTENT(i)[0]) { llm_chat_puts(&c, "\n"); llm_chat_puts(&c, CONTENT(i)); }
+                failed = llm_hermes_calls(&c, &msgs[i], 1) != 0;
+                llm_chat_puts(&c, "<|im_end|>\n");
+                continue;
+            }
             llm_chat_puts(&c, "<|im_start|>"); llm_chat_puts(&c, llm_chat_role_names[role[i]]);
             llm_chat_puts(&c, "\n"); llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "<|im_end|>\n");
         }
@@ -2943,7 +3217,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
     }
 #undef CONTENT
     free(role);
-    if (c.n >= (size_t)INT32_MAX) return -1;
+    llm_json_free(&tl);
+    if (failed || c.n >= (size_t)INT32_MAX) return -1;
     if (c.n < c.cap) out[c.n] = 0;
     return (int)c.n;
 }
@@ -4647,6 +4922,10 @@ static int llm_json_number(llm_json_reader *r, llm_json *v) {
     memcpy(tmp, s, n); tmp[n] = 0;
     v->type = LLM_JSON_NUMBER;
     v->num = strtod(tmp, NULL);
+    v->fraction = strpbrk(tmp, ".eE") != NULL;
+    if (!v->fraction && !(v->str = strdup(strcmp(tmp, "-0") ? tmp : "0"))) /* an integer's digits, exact */
+        return llm_json_fail(r, "out of memory");
+    if (!v->fraction) v->len = strlen(v->str);
     if (!isfinite(v->num)) return llm_json_fail(r, "a number out of range");
     return 0;
 }
@@ -5591,12 +5870,18 @@ static int llm_re_fail(llm_re *re, const char *what) {
 static void llm_re_puts(char **out, const char *s) { size_t n = strlen(s); memcpy(arraddnptr(*out, n), s, n); }
 
 static void llm_re_printf(char **out, const char *fmt, ...) {
-    char buf[256];
+    char small[256], *buf = small;
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
     va_end(ap);
-    if (n > 0) memcpy(arraddnptr(*out, n), buf, (size_t)(n < (int)sizeof buf ? n : (int)sizeof buf - 1));
+    if (n >= (int)sizeof small && (buf = (char *)malloc((size_t)n + 1)) != NULL) { /* a long one: again */
+        va_start(ap, fmt);
+        vsnprintf(buf, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    if (n > 0 && buf) memcpy(arraddnptr(*out, n), buf, (size_t)n);
+    if (buf != small) free(buf);
 }
 
 /* A code point inside a GBNF literal or class: printable ASCII as itself (escaped where GBNF needs it),
@@ -5934,18 +6219,55 @@ static void llm_js_rule(llm_js *c, const char *name, const char *body, size_t n)
     arrput(c->out, '\n');
 }
 
-/* A JSON value written compactly (for const and enum: the text the model must write) */
-static void llm_js_write_json(char **out, const llm_json *v) {
+/* A float as Python's repr writes it: the fewest digits that read back the same; plain from 1e-4 up to 1e16
+ * (with ".0" when whole), else d.ddde+XX */
+static void llm_json_write_float(char **out, double x) {
+    char digits[32];
+    int p = 1;
+    for (; p < 17; p++) { snprintf(digits, sizeof digits, "%.*e", p - 1, x); if (strtod(digits, NULL) == x) break; }
+    snprintf(digits, sizeof digits, "%.*e", p - 1, x);
+    char *e = strchr(digits, 'e'), mant[24];
+    int exp10 = atoi(e + 1), neg = digits[0] == '-', k = 0;
+    for (const char *c = digits + neg; c < e; c++) if (*c != '.') mant[k++] = *c; /* the significant digits */
+    mant[k] = 0;
+    if (neg) arrput(*out, '-');
+    if (exp10 < -4 || exp10 >= 16) {
+        arrput(*out, mant[0]);
+        if (k > 1) { arrput(*out, '.'); llm_re_puts(out, mant + 1); }
+        llm_re_printf(out, "e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
+    } else if (exp10 < 0) {
+        llm_re_puts(out, "0.");
+        for (int i = 0; i < -exp10 - 1; i++) arrput(*out, '0');
+        llm_re_puts(out, mant);
+    } else {
+        for (int i = 0; i <= exp10; i++) arrput(*out, i < k ? mant[i] : '0');
+        arrput(*out, '.');
+        if (k > exp10 + 1) llm_re_puts(out, mant + exp10 + 1); else arrput(*out, '0');
+    }
+}
+
+/* A JSON value written compactly (for const and enum: the text the model must write), or as Python's
+ * json.dumps writes it: ", " and ": " between the parts, floats as Python writes them, and every control
+ * character escaped (\n, \t, ... by name), everything else as it is */
+static void llm_js_write_json(char **out, const llm_json *v, int python) {
     switch (v->type) {
     case LLM_JSON_NULL: llm_re_puts(out, "null"); break;
     case LLM_JSON_TRUE: llm_re_puts(out, "true"); break;
     case LLM_JSON_FALSE: llm_re_puts(out, "false"); break;
-    case LLM_JSON_NUMBER: llm_re_printf(out, "%.17g", v->num); break;
+    case LLM_JSON_NUMBER:
+        if (!python) llm_re_printf(out, "%.17g", v->num);
+        else if (v->fraction) llm_json_write_float(out, v->num);
+        else if (v->str) llm_re_puts(out, v->str); /* Python's int: every digit, as written */
+        else llm_re_printf(out, "%.0f", v->num == 0 ? 0.0 : v->num);
+        break;
     case LLM_JSON_STRING:
         arrput(*out, '"');
         for (size_t i = 0; i < v->len; i++) {
             unsigned char ch = (unsigned char)v->str[i];
+            const char *named = !python ? NULL : ch == '\n' ? "\\n" : ch == '\r' ? "\\r" : ch == '\t' ? "\\t" :
+                                ch == '\b' ? "\\b" : ch == '\f' ? "\\f" : NULL;
             if (ch == '"' || ch == '\\') { arrput(*out, '\\'); arrput(*out, (char)ch); }
+            else if (named) llm_re_puts(out, named);
             else if (ch < 0x20) llm_re_printf(out, "\\u%04x", ch);
             else arrput(*out, (char)ch);
         }
@@ -5955,17 +6277,26 @@ static void llm_js_write_json(char **out, const llm_json *v) {
         int obj = v->type == LLM_JSON_OBJECT;
         arrput(*out, obj ? '{' : '[');
         for (int i = 0; i < v->n; i++) {
-            if (i) arrput(*out, ',');
+            if (i) llm_re_puts(out, python ? ", " : ",");
             if (obj) {
-                llm_json key = {LLM_JSON_STRING, 0, v->keys[i], strlen(v->keys[i]), NULL, NULL, 0};
-                llm_js_write_json(out, &key);
-                arrput(*out, ':');
+                llm_json key = {LLM_JSON_STRING, 0, v->keys[i], strlen(v->keys[i]), NULL, NULL, 0, 0};
+                llm_js_write_json(out, &key, python);
+                llm_re_puts(out, python ? ": " : ":");
             }
-            llm_js_write_json(out, &v->items[i]);
+            llm_js_write_json(out, &v->items[i], python);
         }
         arrput(*out, obj ? '}' : ']');
     }
     }
+}
+
+char *llm_json_dumps(const llm_json *v, int python) {
+    char *b = NULL; /* stb_ds */
+    llm_js_write_json(&b, v, python);
+    arrput(b, 0);
+    char *text = strdup(b);
+    arrfree(b);
+    return text;
 }
 
 /* Text as a GBNF literal */
@@ -5983,7 +6314,7 @@ static void llm_js_literal(char **out, const char *s, size_t n) {
 /* A JSON value as a GBNF literal of its compact text */
 static void llm_js_const(char **out, const llm_json *v) {
     char *text = NULL;
-    llm_js_write_json(&text, v);
+    llm_js_write_json(&text, v, 0);
     llm_js_literal(out, text, (size_t)arrlen(text));
     arrfree(text);
 }
@@ -6438,7 +6769,7 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
             for (ptrdiff_t j = 0; j < arrlen(m_keys); j++) if (!strcmp(m_keys[j], key)) same = (int)j;
             if (same < 0) { arrput(m_keys, (char *)key); arrput(m_items, *v); continue; }
             char *a = NULL, *b = NULL; /* the same keyword twice: it must say the same */
-            llm_js_write_json(&a, &m_items[same]); llm_js_write_json(&b, v);
+            llm_js_write_json(&a, &m_items[same], 0); llm_js_write_json(&b, v, 0);
             int differ = arrlen(a) != arrlen(b) || memcmp(a, b, (size_t)arrlen(a));
             arrfree(a); arrfree(b);
             if (differ && !llm_js_key_in(key, llm_js_ignored, sizeof llm_js_ignored / sizeof *llm_js_ignored))
@@ -6590,6 +6921,352 @@ char *llm_json_schema_to_grammar(const llm_json *schema, char *err) {
     for (ptrdiff_t i = 0; i < shlen(c.refs); i++) free(c.refs[i].value);
     shfree(c.refs); arrfree(c.out);
     return text;
+}
+
+/* ---- Tool calls: the grammar of a call in each family's syntax, and a reply read back --------------------
+ * (declared here, beside the converters: they are how a chat family's tool syntax meets the grammar engine) */
+/* GBNF rules for "any text, up to and with `until`": a state per character of `until` matched so far, as a
+ * string-search automaton (KMP) steps; at the end of `until` the text goes on with rule `then` (NULL: it
+ * ends). can_end: the text may end in any state before that. Rules are named prefix-0, prefix-1, ... */
+static void llm_gr_until(char **out, const char *prefix, const char *until, const char *then, int can_end) {
+    int n = (int)strlen(until);
+    for (int j = 0; j < n; j++) {
+        llm_re_printf(out, "%s-%d ::= ", prefix, j);
+        if (can_end) llm_re_puts(out, "\"\" | ");
+        /* on the next character of until: one state on (or the rest); on any other: where the automaton
+         * falls back to, which for a character c is the longest prefix of until that ends the text with c */
+        arrput(*out, '"'); llm_re_gbnf_char(out, (unsigned char)until[j], 0); arrput(*out, '"');
+        if (j + 1 < n) llm_re_printf(out, " %s-%d", prefix, j + 1);
+        else if (then) llm_re_printf(out, " %s", then);
+        char seen[256] = {0};
+        seen[(unsigned char)until[j]] = 1;
+        for (int k = j; k >= 0; k--) { /* characters that fall back to a state above 0 */
+            unsigned char ch = (unsigned char)until[k]; /* matches until[0..k) then ch: a prefix of length k+1? */
+            if (seen[ch]) continue;
+            /* the text is until[0..j) + ch; its longest suffix that is a prefix of until */
+            int best = 0;
+            for (int len = j + 1 < n ? j + 1 : n; len > 0 && !best; len--) {
+                if (len > j + 1) continue;
+                if ((unsigned char)until[len - 1] != ch) continue;
+                if (!memcmp(until, until + j + 1 - len, (size_t)len - 1)) best = len;
+            }
+            if (!best) continue;
+            seen[ch] = 1;
+            llm_re_puts(out, " | \""); llm_re_gbnf_char(out, ch, 0);
+            llm_re_printf(out, "\" %s-%d", prefix, best);
+        }
+        llm_re_puts(out, " | [^");
+        for (int ch = 1; ch < 256; ch++) if (seen[ch]) llm_re_gbnf_char(out, (uint32_t)ch, 1);
+        llm_re_printf(out, "] %s-0\n", prefix);
+    }
+}
+
+/* The schema of one call in the generic and Hermes syntax, {"name": NAME, "arguments": PARAMETERS}, as JSON
+ * text appended to *out; -1 (err) for a tool that is not a function with a name */
+static int llm_tool_call_schema(char **out, const llm_json *tool, int i, char *err) {
+    const llm_json *type = llm_json_get(tool, "type"), *fn = llm_json_get(tool, "function");
+    const llm_json *name = llm_json_get(fn, "name"), *params = llm_json_get(fn, "parameters");
+    if (!type || type->type != LLM_JSON_STRING || strcmp(type->str, "function") || !fn || fn->type != LLM_JSON_OBJECT)
+        return llm_fail(err, "tools[%d] must be {\"type\": \"function\", \"function\": {...}}", i);
+    if (!name || name->type != LLM_JSON_STRING || !name->len)
+        return llm_fail(err, "tools[%d].function.name must be a non-empty string", i);
+    if (params && params->type != LLM_JSON_OBJECT && params->type != LLM_JSON_NULL)
+        return llm_fail(err, "tools[%d].function.parameters must be a JSON Schema object", i);
+    char *name_json = llm_json_dumps(name, 0), *params_json = params && params->type == LLM_JSON_OBJECT ?
+                                                              llm_json_dumps(params, 0) : NULL;
+    llm_re_printf(out, "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":%s},\"arguments\":%s},"
+                  "\"required\":[\"name\",\"arguments\"],\"additionalProperties\":false}", name_json ? name_json : "\"\"",
+                  params_json ? params_json : "{\"type\":\"object\"}");
+    free(name_json); free(params_json);
+    return 0;
+}
+
+/* GBNF of a schema given as JSON text, its start rule renamed from root to `rule` */
+static char *llm_tool_schema_rules(const char *schema, size_t len, const char *rule, char *err) {
+    llm_json v;
+    if (llm_json_parse(schema, len, &v, err) != 0) return NULL;
+    char *g = llm_json_schema_to_grammar(&v, err);
+    llm_json_free(&v);
+    if (!g) return NULL;
+    char *renamed = (char *)malloc(strlen(g) + strlen(rule) + 1);
+    if (renamed) sprintf(renamed, "%s%s", rule, g + 4); /* "root ::= ..." -> "rule ::= ..." */
+    free(g);
+    if (!renamed) llm_fail(err, "out of memory");
+    return renamed;
+}
+
+char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int choice, const char *name,
+                            int parallel, char *err) {
+    llm_json tl;
+    char buf[LLM_ERR_LEN];
+    if (!err) err = buf;
+    if (!tools || llm_json_parse(tools, strlen(tools), &tl, err) != 0) {
+        if (!tools) llm_fail(err, "no tools");
+        return NULL;
+    }
+    char *any = NULL, *out = NULL, *rules = NULL; /* stb_ds: the calls' anyOf, the grammar */
+    int n = 0, rc = tl.type == LLM_JSON_ARRAY && tl.n > 0 ? 0 : llm_fail(err, "tools must be a non-empty list");
+    for (int i = 0; rc == 0 && i < tl.n; i++) {
+        const llm_json *nm = llm_json_get(llm_json_get(&tl.items[i], "function"), "name");
+        if (choice == LLM_TOOL_NAMED && (!nm || nm->type != LLM_JSON_STRING || strcmp(nm->str, name))) continue;
+        llm_re_puts(&any, n++ ? "," : "{\"anyOf\":[");
+        rc = llm_tool_call_schema(&any, &tl.items[i], i, err);
+    }
+    if (rc == 0 && !n) rc = llm_fail(err, "tool_choice names \"%.64s\", which is none of the tools", name);
+    llm_re_puts(&any, "]}");
+    arrput(any, 0);
+    if (rc == 0 && ct->tool_format == LLM_TOOLS_HERMES) {
+        /* <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>, one after another */
+        rules = llm_tool_schema_rules(any, strlen(any), "tool-json", err);
+        const char *more = parallel ? " ( \"\\n\"? \"<tool_call>\" call-rest )?" : "";
+        int think = ct->thinks && ct->enable_thinking;
+        if (choice == LLM_TOOL_AUTO) llm_re_puts(&out, "root ::= text-0\n");
+        else if (think) llm_re_puts(&out, "root ::= ( \"<think>\" think-0 )? [\\n]{0,2} \"<tool_call>\" call-rest\n");
+        else llm_re_puts(&out, "root ::= \"<tool_call>\" call-rest\n");
+        llm_re_printf(&out, "call-rest ::= \"\\n\"? tool-json \"\\n\"? \"</tool_call>\"%s\n", more);
+        if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "<tool_call>", "call-rest", 1);
+        else if (think) llm_gr_until(&out, "think", "</think>", NULL, 0);
+    } else if (rc == 0) {
+        /* generic: the whole reply is {"tool_calls": [...]} or, unless required, {"response": "..."} */
+        char *schema = NULL;
+        llm_re_puts(&schema, choice == LLM_TOOL_AUTO ? "{\"anyOf\":[" : "");
+        llm_re_printf(&schema, "{\"type\":\"object\",\"properties\":{\"tool_calls\":{\"type\":\"array\",\"items\":%s,"
+                      "\"minItems\":1%s}},\"required\":[\"tool_calls\"],\"additionalProperties\":false}",
+                      any, parallel ? "" : ",\"maxItems\":1");
+        if (choice == LLM_TOOL_AUTO)
+            llm_re_puts(&schema, ",{\"type\":\"object\",\"properties\":{\"response\":{\"type\":\"string\"}},"
+                        "\"required\":[\"response\"],\"additionalProperties\":false}]}");
+        rules = llm_tool_schema_rules(schema, (size_t)arrlen(schema), "root", err);
+        arrfree(schema);
+    }
+    char *text = NULL;
+    if (rc == 0 && rules) {
+        llm_re_puts(&out, rules);
+        arrput(out, 0);
+        if (!(text = strdup(out))) llm_fail(err, "out of memory");
+    }
+    free(rules); arrfree(any); arrfree(out);
+    llm_json_free(&tl);
+    return text;
+}
+
+/* Where a JSON value that begins at s[i] ends: 1 and *end past it; 0 when the text ends first; -1 when it is
+ * not JSON there. Only the nesting and the strings are followed (a grammar wrote it). */
+static int llm_json_span(const char *s, size_t n, size_t i, size_t *end) {
+    int depth = 0;
+    while (i < n && llm_is_space(s[i])) i++;
+    if (i >= n) return 0;
+    if (!strchr("{[\"-0123456789tfn", s[i])) return -1;
+    for (; i < n; i++) {
+        char ch = s[i];
+        if (ch == '"') {
+            for (i++; i < n && s[i] != '"'; i++) if (s[i] == '\\') i++;
+            if (i >= n) return 0;
+        } else if (ch == '{' || ch == '[') depth++;
+        else if (ch == '}' || ch == ']') { if (--depth < 0) return -1; }
+        else if (depth == 0 && (ch == ',' || llm_is_space(ch))) break;
+        if (depth == 0 && (ch == '"' || ch == '}' || ch == ']')) { i++; break; }
+    }
+    if (depth > 0 || i > n || (i == n && depth == 0 && !strchr("\"}]", s[i - 1]))) {
+        if (depth > 0 || i >= n) return 0; /* a number or a word may go on */
+    }
+    *end = i;
+    return 1;
+}
+
+/* A JSON string's text, decoded as far as it is whole (an escape cut short waits); 1 when it is closed */
+static int llm_json_string_prefix(const char *s, size_t n, size_t i, char **out /* stb_ds */, size_t *end) {
+    for (i++; i < n; i++) {
+        if (s[i] == '"') { *end = i + 1; return 1; }
+        if (s[i] != '\\') { arrput(*out, s[i]); continue; }
+        if (i + 1 >= n) break;
+        char e = s[i + 1];
+        const char *simple = strchr("\"\\/bfnrt", e);
+        if (e && simple) { arrput(*out, "\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"]); i++; continue; }
+        if (i + 6 > n) break;
+        unsigned cp = (unsigned)strtoul((char[5]){s[i + 2], s[i + 3], s[i + 4], s[i + 5], 0}, NULL, 16);
+        if (cp >= 0xd800 && cp <= 0xdbff) {
+            if (i + 12 > n) break;
+            unsigned lo = (unsigned)strtoul((char[5]){s[i + 8], s[i + 9], s[i + 10], s[i + 11], 0}, NULL, 16);
+            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+            i += 6;
+        }
+        char u[4];
+        int k = llm_utf8_encode(cp, u);
+        memcpy(arraddnptr(*out, k), u, (size_t)k);
+        i += 5;
+    }
+    *end = i;
+    return 0;
+}
+
+/* How much of the end of s[0..n) may be the start of marker (held back while a reply is being written) */
+static size_t llm_marker_tail(const char *s, size_t n, const char *marker) {
+    size_t m = strlen(marker);
+    for (size_t k = m - 1 < n ? m - 1 : n; k > 0; k--) if (!memcmp(s + n - k, marker, k)) return k;
+    return 0;
+}
+
+static char *llm_strndup(const char *s, size_t n) {
+    char *d = (char *)malloc(n + 1);
+    if (d) { memcpy(d, s, n); d[n] = 0; }
+    return d;
+}
+
+/* One call's object, {"name": "...", "arguments": {...}} at s[i]: its name and arguments into the reply.
+ * Returns 1 when the object is whole (*end past it), 0 when it is cut short (a call is added once its name
+ * is whole, with the arguments so far), -1 when it is not a call. */
+static int llm_reply_call(llm_chat_reply *r, const char *s, size_t n, size_t i, size_t *end) {
+    while (i < n && llm_is_space(s[i])) i++;
+    if (i >= n) return 0;
+    if (s[i] != '{') return -1;
+    char *name = NULL; /* stb_ds */
+    int have_name = 0, added = 0;
+    for (i++;;) {
+        while (i < n && (llm_is_space(s[i]) || s[i] == ',')) i++;
+        if (i >= n) break;
+        if (s[i] == '}') {
+            *end = i + 1;
+            if (!added && have_name) { /* a call without arguments */
+                arrput(name, 0);
+                r->calls = (llm_chat_tool_call *)realloc(r->calls, (size_t)(r->n_calls + 1) * sizeof *r->calls);
+                r->calls[r->n_calls].id = NULL; r->calls[r->n_calls].name = strdup(name);
+                r->calls[r->n_calls++].arguments = strdup("{}");
+            }
+            arrfree(name);
+            return have_name ? 1 : -1;
+        }
+        if (s[i] != '"') { arrfree(name); return -1; }
+        char *key = NULL;
+        size_t after;
+        int closed = llm_json_string_prefix(s, n, i, &key, &after);
+        arrput(key, 0);
+        i = after;
+        while (closed && i < n && (llm_is_space(s[i]) || s[i] == ':')) i++;
+        if (!closed || i >= n) { arrfree(key); break; }
+        if (!strcmp(key, "name") && s[i] == '"') {
+            arrsetlen(name, 0);
+            have_name = llm_json_string_prefix(s, n, i, &name, &after);
+            i = after;
+            if (!have_name) { arrfree(key); break; }
+        } else if (!strcmp(key, "arguments") || !strcmp(key, "parameters")) {
+            size_t args_end;
+            int whole = llm_json_span(s, n, i, &args_end);
+            if (whole < 0) { arrfree(key); arrfree(name); return -1; }
+            if (have_name && !added) {
+                arrput(name, 0);
+                while (i < n && llm_is_space(s[i])) i++;
+                r->calls = (llm_chat_tool_call *)realloc(r->calls, (size_t)(r->n_calls + 1) * sizeof *r->calls);
+                r->calls[r->n_calls].id = NULL; r->calls[r->n_calls].name = strdup(name);
+                r->calls[r->n_calls++].arguments = llm_strndup(s + i, whole ? args_end - i : n - i);
+                added = 1;
+                r->in_call = !whole;
+            }
+            if (!whole) { arrfree(key); break; }
+            i = args_end;
+        } else { /* another key (an id): skipped */
+            size_t e;
+            if (llm_json_span(s, n, i, &e) != 1) { arrfree(key); break; }
+            i = e;
+        }
+        arrfree(key);
+    }
+    arrfree(name);
+    return 0;
+}
+
+int llm_chat_parse_reply(const llm_chat_template *ct, const char *s, size_t n, int think, int tools,
+                         int partial, llm_chat_reply *r) {
+    memset(r, 0, sizeof *r);
+    size_t i = 0;
+    /* the thinking: from <think> (or the start, when the prompt opened the block) to </think> */
+    if (think && ct->thinks) {
+        size_t a = 0;
+        while (a < n && llm_is_space(s[a])) a++;
+        int opened = n - a >= 7 && !memcmp(s + a, "<think>", 7);
+        if (!opened && partial && llm_marker_tail(s + a, n - a, "<think>") == n - a) { /* maybe <think> yet */
+            r->content = strdup("");
+            return r->content ? 0 : -1;
+        }
+        if (opened) {
+            a += 7;
+            const char *close = NULL;
+            for (size_t k = a; k + 8 <= n && !close; k++) if (!memcmp(s + k, "</think>", 8)) close = s + k;
+            size_t b = close ? (size_t)(close - s) : n;
+            if (!close && partial) b -= llm_marker_tail(s + a, n - a, "</think>");
+            while (a < b && s[a] == '\n') a++;
+            size_t keep = b; /* trailing newlines: dropped at </think>, held back before it */
+            while (keep > a && s[keep - 1] == '\n') keep--;
+            if (!(r->reasoning = llm_strndup(s + a, keep - a))) return -1;
+            if (!close) { r->content = strdup(""); return r->content ? 0 : -1; }
+            i = b + 8;
+            while (i < n && llm_is_space(s[i])) i++;
+        }
+    }
+    char *content = NULL; /* stb_ds */
+    if (tools && ct->tool_format == LLM_TOOLS_GENERIC) {
+        /* {"response": "..."} or {"tool_calls": [...]} */
+        size_t k = i;
+        while (k < n && llm_is_space(s[k])) k++;
+        if (k < n && s[k] == '{') {
+            k++;
+            while (k < n && llm_is_space(s[k])) k++;
+            char *key = NULL;
+            size_t after = k;
+            int closed = k < n && s[k] == '"' && llm_json_string_prefix(s, n, k, &key, &after);
+            arrput(key, 0);
+            k = after;
+            while (closed && k < n && (llm_is_space(s[k]) || s[k] == ':')) k++;
+            if (closed && !strcmp(key, "response") && k < n && s[k] == '"') {
+                llm_json_string_prefix(s, n, k, &content, &after);
+            } else if (closed && !strcmp(key, "tool_calls") && k < n && s[k] == '[') {
+                for (k++;;) {
+                    while (k < n && (llm_is_space(s[k]) || s[k] == ',')) k++;
+                    if (k >= n || s[k] == ']') break;
+                    size_t e;
+                    if (llm_reply_call(r, s, n, k, &e) != 1) break;
+                    k = e;
+                }
+            } else if (!partial || (closed && k < n)) { /* not the generic reply: all of it is the answer */
+                memcpy(arraddnptr(content, n - i), s + i, n - i);
+            }
+            arrfree(key);
+        } else if (!partial || k < n) memcpy(arraddnptr(content, n - i), s + i, n - i);
+    } else if (tools) {
+        /* Hermes: text, then <tool_call>{...}</tool_call> one after another */
+        static const char open[] = "<tool_call>", close[] = "</tool_call>";
+        while (i < n) {
+            const char *at = NULL;
+            for (size_t k = i; k + 11 <= n && !at; k++) if (!memcmp(s + k, open, 11)) at = s + k;
+            size_t text_end = at ? (size_t)(at - s) : n;
+            if (!at && partial) text_end -= llm_marker_tail(s + i, n - i, open);
+            if (!r->n_calls) memcpy(arraddnptr(content, text_end - i), s + i, text_end - i);
+            if (!at) break;
+            size_t e;
+            int rc = llm_reply_call(r, s, n, (size_t)(at - s) + 11, &e);
+            if (rc <= 0) break;
+            while (e < n && llm_is_space(s[e])) e++;
+            if (n - e >= 12 && !memcmp(s + e, close, 12)) e += 12;
+            while (e < n && llm_is_space(s[e])) e++;
+            i = e;
+        }
+    } else {
+        memcpy(arraddnptr(content, n - i), s + i, n - i);
+    }
+    /* Hermes puts a newline between the text and the first call: not part of the answer (and so, while the
+     * reply is being written, white space at the end is held back: a call may follow) */
+    while ((r->n_calls || (tools && partial)) && arrlen(content) && llm_is_space(content[arrlen(content) - 1]))
+        arrsetlen(content, arrlen(content) - 1);
+    r->content = llm_strndup(content ? content : "", (size_t)arrlen(content));
+    arrfree(content);
+    for (int k = 0; k < r->n_calls; k++) if (!r->calls[k].name || !r->calls[k].arguments) return -1;
+    return r->content ? 0 : -1;
+}
+
+void llm_chat_reply_free(llm_chat_reply *r) {
+    for (int k = 0; k < r->n_calls; k++) { free((char *)r->calls[k].name); free((char *)r->calls[k].arguments); }
+    free(r->calls); free(r->reasoning); free(r->content);
+    memset(r, 0, sizeof *r);
 }
 
 /* ===========================================================================================================

@@ -493,9 +493,9 @@ static char *chat_render(chat_t *c) {
     llm_chat_message *all = NULL;
     if (c->system) { llm_chat_message s = {"system", c->system}; arrput(all, s); }
     for (ptrdiff_t i = 0; i < arrlen(c->msgs); i++) arrput(all, c->msgs[i]);
-    int n = llm_chat_render(&c->tmpl, all, (int)arrlen(all), 1, NULL, 0);
+    int n = llm_chat_render(&c->tmpl, all, (int)arrlen(all), NULL, 1, NULL, 0);
     char *text = n >= 0 ? (char *)malloc((size_t)n + 1) : NULL;
-    if (text) llm_chat_render(&c->tmpl, all, (int)arrlen(all), 1, text, n + 1);
+    if (text) llm_chat_render(&c->tmpl, all, (int)arrlen(all), NULL, 1, text, n + 1);
     arrfree(all);
     return text;
 }

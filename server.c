@@ -272,6 +272,8 @@ typedef struct { /* one choice of the response */
     sbuf logprobs;                  /* the logprobs entries so far, as JSON (without the brackets) */
     sbuf lp_tokens, lp_values, lp_top, lp_offsets; /* /v1/completions' four parallel lists */
     size_t text_offset;
+    /* a chat reply read for thinking and tool calls: how much of each part a stream has sent */
+    size_t sent_reasoning, sent_content, *sent_args; /* sent_args: stb_ds, one per call begun */
 } srv_choice;
 
 enum { REQ_COMPLETIONS, REQ_CHAT };
@@ -297,6 +299,11 @@ struct srv_req {
     int32_t *allowed_ids;           /* stb_ds: vLLM's allowed_token_ids */
     int32_t *bad_ids, *bad_lens;    /* stb_ds: vLLM's bad_words, tokenized */
     char *grammar;                  /* the structured output asked for, as GBNF (malloc'ed); NULL: free text */
+    llm_chat_template chat;         /* chat: the server's template, with this request's thinking on or off */
+    int tool_calls;                 /* chat: the reply is read for tool calls (tools given, tool_choice not
+                                     * "none") */
+    int reasoning;                  /* chat: the thinking is read apart (a family that thinks, and not
+                                     * --reasoning-format none); 2: and sent (include_reasoning) */
     char error[LLM_ERR_LEN];        /* the first error of a choice (finish reason "error") */
     srv_req *next_done;
 };
@@ -351,6 +358,7 @@ typedef struct {
     int64_t prompt_tokens_total, generation_tokens_total, success[4];
     srv_hist ttft, itl, e2e;
     int64_t next_request;
+    int reasoning_format_none;      /* --reasoning-format none: the thinking stays in content */
     llm_sampling_params defaults;   /* the command line's sampling flags: the defaults of every request */
     char **unknown_fields;          /* stb_ds: the unknown request fields logged already */
 } srv_state;
@@ -582,9 +590,8 @@ static int fv_text_only(const llm_json *v, const llm_json *b) {  /* modalities: 
     (void)b;
     return v->type == LLM_JSON_ARRAY && v->n == 1 && fv_str(&v->items[0], "text");
 }
-static int fv_no_tool(const llm_json *v, const llm_json *b) {  /* "none", or "auto" with no tools to choose from */
-    return fv_str(v, "none") ||
-           (fv_str(v, "auto") && fv_empty(llm_json_get(b, "tools")) && fv_empty(llm_json_get(b, "functions")));
+static int fv_no_tool(const llm_json *v, const llm_json *b) {  /* "none", or "auto" with no functions */
+    return fv_str(v, "none") || (fv_str(v, "auto") && fv_empty(llm_json_get(b, "functions")));
 }
 static int fv_best_of(const llm_json *v, const llm_json *b) {  /* best of n among n samples: nothing to pick */
     const llm_json *n = llm_json_get(b, "n");
@@ -611,21 +618,25 @@ static const struct {
     /* metadata, which changes no output; no tools are ever taken, so none run in parallel */
     {"user", F_BOTH, fv_any}, {"metadata", F_BOTH, fv_any}, {"store", F_BOTH, fv_any},
     {"service_tier", F_BOTH, fv_any}, {"request_id", F_BOTH, fv_any}, {"prompt_cache_key", F_CHAT, fv_any},
-    {"safety_identifier", F_CHAT, fv_any}, {"parallel_tool_calls", F_CHAT, fv_any},
+    {"safety_identifier", F_CHAT, fv_any},
+    /* chat: chat_prompt reads them */
+    {"tools", F_CHAT, fv_any}, {"tool_choice", F_CHAT, fv_any}, {"parallel_tool_calls", F_CHAT, fv_any},
+    {"chat_template_kwargs", F_CHAT, fv_any}, {"reasoning_effort", F_CHAT, fv_any},
+    {"add_generation_prompt", F_CHAT, fv_any}, {"continue_final_message", F_CHAT, fv_any},
+    {"include_reasoning", F_CHAT, fv_any},
     /* not implemented: only the values that ask for what this server does anyway */
     {"add_special_tokens", F_CMPL, fv_true},  /* a completion's prompt gets BOS as the vocabulary asks */
     {"add_special_tokens", F_CHAT, fv_bool},  /* a chat's template writes the special tokens itself */
-    {"echo", F_CHAT, fv_false}, {"add_generation_prompt", F_CHAT, fv_true},
-    {"continue_final_message", F_CHAT, fv_false}, {"include_reasoning", F_CHAT, fv_true},
+    {"echo", F_CHAT, fv_false},
     {"include_stop_str_in_output", F_BOTH, fv_false}, {"spaces_between_special_tokens", F_BOTH, fv_true},
     {"use_beam_search", F_BOTH, fv_false}, {"length_penalty", F_BOTH, fv_1}, {"priority", F_BOTH, fv_0},
     {"return_tokens_as_token_ids", F_BOTH, fv_false}, {"best_of", F_BOTH, fv_best_of},
     {"suffix", F_CMPL, fv_none},
-    {"tools", F_CHAT, fv_none}, {"functions", F_CHAT, fv_none}, {"tool_choice", F_CHAT, fv_no_tool},
-    {"function_call", F_CHAT, fv_no_tool}, {"modalities", F_CHAT, fv_text_only},
+    {"functions", F_CHAT, fv_none}, {"function_call", F_CHAT, fv_no_tool}, /* the old API: use tools */
+    {"modalities", F_CHAT, fv_text_only},
     {"logits_processors", F_BOTH, fv_none}, {"vllm_xargs", F_BOTH, fv_none},
     {"kv_transfer_params", F_BOTH, fv_none}, {"mm_processor_kwargs", F_BOTH, fv_none},
-    {"chat_template_kwargs", F_CHAT, fv_none}, {"documents", F_CHAT, fv_none},
+    {"documents", F_CHAT, fv_none},
     /* structured output: parse_structured reads them (the backend is ours, whichever vLLM's names) */
     {"response_format", F_BOTH, fv_any}, {"structured_outputs", F_BOTH, fv_any},
     {"guided_json", F_BOTH, fv_any}, {"guided_regex", F_BOTH, fv_any}, {"guided_choice", F_BOTH, fv_any},
@@ -635,7 +646,7 @@ static const struct {
     {"guided_whitespace_pattern", F_BOTH, fv_never}, {"structural_tag", F_CHAT, fv_never},
     {"truncate_prompt_tokens", F_BOTH, fv_never}, {"cache_salt", F_BOTH, fv_never},
     {"prompt_embeds", F_CMPL, fv_never}, {"chat_template", F_CHAT, fv_never}, {"audio", F_CHAT, fv_never},
-    {"prediction", F_CHAT, fv_never}, {"reasoning_effort", F_CHAT, fv_never},
+    {"prediction", F_CHAT, fv_never},
     {"web_search_options", F_CHAT, fv_never}, {"verbosity", F_CHAT, fv_never},
 };
 
@@ -975,6 +986,206 @@ static int chat_content(const llm_json *m, int i, sbuf *out, srv_error *e) {
     return 0;
 }
 
+/* A tool call of an assistant message: {"id", "type": "function", "function": {"name", "arguments"}}, its
+ * arguments a JSON object given as text (OpenAI's way) or as the object */
+static int chat_tool_call(const llm_json *tc, int i, int k, llm_chat_tool_call *out, sbuf *args, srv_error *e) {
+    char param[64];
+    snprintf(param, sizeof param, "messages[%d].tool_calls[%d]", i, k);
+    const llm_json *id = llm_json_get(tc, "id"), *type = llm_json_get(tc, "type"), *fn = llm_json_get(tc, "function");
+    const llm_json *name = llm_json_get(fn, "name"), *a = llm_json_get(fn, "arguments");
+    if (tc->type != LLM_JSON_OBJECT || !fn || fn->type != LLM_JSON_OBJECT || (type && type->type != LLM_JSON_NULL &&
+        !fv_str(type, "function")))
+        return bad(e, 400, param, "%s must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
+                   "\"arguments\"}}", param);
+    if (id && id->type != LLM_JSON_STRING && id->type != LLM_JSON_NULL)
+        return bad(e, 400, param, "%s.id must be a string", param);
+    if (!name || name->type != LLM_JSON_STRING) return bad(e, 400, param, "%s.function.name must be a string", param);
+    llm_json parsed;
+    const llm_json *obj = a;
+    if (a && a->type == LLM_JSON_STRING) {
+        if (llm_json_parse(a->str, a->len, &parsed, NULL) != 0) obj = NULL;
+        else { obj = parsed.type == LLM_JSON_OBJECT ? a : NULL; llm_json_free(&parsed); }
+        if (obj) sb_put(args, a->str, a->len);
+    } else if (a && a->type == LLM_JSON_OBJECT) {
+        char *text = llm_json_dumps(a, 0);
+        if (text) sb_puts(args, text);
+        free(text);
+    } else obj = NULL;
+    if (!obj) return bad(e, 400, param, "%s.function.arguments must be a JSON object (as text)", param);
+    out->id = id && id->type == LLM_JSON_STRING ? id->str : NULL;
+    out->name = name->str;
+    return 0;
+}
+
+/* A chat request's prompt: the messages (and tools) written with the template, in *text (malloc'ed, *len
+ * bytes), with the request's thinking, tool and reasoning settings in r (r->chat, r->grammar for the tool
+ * call, r->tool_calls, r->reasoning). /tokenize reads it the same way. */
+static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **text, int *len, srv_error *e) {
+    r->chat = S->chat;
+    const llm_json *v = llm_json_get(body, "chat_template_kwargs");
+    if (v && v->type != LLM_JSON_NULL && v->type != LLM_JSON_OBJECT)
+        return bad(e, 400, "chat_template_kwargs", "chat_template_kwargs must be an object");
+    const llm_json *think = llm_json_get(v, "enable_thinking");
+    if (think && think->type != LLM_JSON_NULL && think->type != LLM_JSON_TRUE && think->type != LLM_JSON_FALSE)
+        return bad(e, 400, "chat_template_kwargs", "chat_template_kwargs.enable_thinking must be true or false");
+    if (think && think->type != LLM_JSON_NULL) r->chat.enable_thinking = think->type == LLM_JSON_TRUE;
+    if ((v = llm_json_get(body, "reasoning_effort")) && v->type != LLM_JSON_NULL) {
+        static const char *const efforts[] = {"none", "minimal", "low", "medium", "high"};
+        size_t k = 0;
+        while (k < 5 && !fv_str(v, efforts[k])) k++;
+        if (k == 5) return bad(e, 400, "reasoning_effort", "reasoning_effort must be none, minimal, low, medium "
+                               "or high");
+        if (k == 0) r->chat.enable_thinking = 0; /* the others: thinking as the template has it */
+    }
+    int gen = 1, cont = 0, include_reasoning = 1, parallel = 1;
+    if (get_bool(body, "add_generation_prompt", &gen, e) || get_bool(body, "continue_final_message", &cont, e) ||
+        get_bool(body, "include_reasoning", &include_reasoning, e) ||
+        get_bool(body, "parallel_tool_calls", &parallel, e))
+        return -1;
+    if (gen && cont)
+        return bad(e, 400, "continue_final_message", "continue_final_message and add_generation_prompt cannot "
+                   "both be true: set add_generation_prompt to false to continue the last message");
+    /* the tools, and which may be called */
+    const llm_json *tools = llm_json_get(body, "tools"), *choice = llm_json_get(body, "tool_choice");
+    if (tools && tools->type == LLM_JSON_NULL) tools = NULL;
+    if (tools && tools->type != LLM_JSON_ARRAY) return bad(e, 400, "tools", "tools must be a list");
+    for (int i = 0; tools && i < tools->n; i++) {
+        const llm_json *t = &tools->items[i], *fn = llm_json_get(t, "function");
+        const llm_json *name = llm_json_get(fn, "name"), *params = llm_json_get(fn, "parameters");
+        char param[48];
+        snprintf(param, sizeof param, "tools[%d]", i);
+        if (t->type != LLM_JSON_OBJECT || !fv_str(llm_json_get(t, "type"), "function") || !fn ||
+            fn->type != LLM_JSON_OBJECT)
+            return bad(e, 400, param, "%s must be {\"type\": \"function\", \"function\": {\"name\", "
+                       "\"description\", \"parameters\"}}", param);
+        if (!name || name->type != LLM_JSON_STRING || !name->len)
+            return bad(e, 400, param, "%s.function.name must be a non-empty string", param);
+        if (params && params->type != LLM_JSON_NULL && params->type != LLM_JSON_OBJECT)
+            return bad(e, 400, param, "%s.function.parameters must be a JSON Schema (an object)", param);
+    }
+    int n_tools = tools ? tools->n : 0, mode = n_tools ? LLM_TOOL_AUTO : -1;
+    const char *named = NULL;
+    if (choice && choice->type != LLM_JSON_NULL) {
+        const llm_json *fn = llm_json_get(choice, "function"), *nm = llm_json_get(fn, "name");
+        if (fv_str(choice, "none")) mode = -1;
+        else if (fv_str(choice, "auto")) mode = n_tools ? LLM_TOOL_AUTO : -1;
+        else if (fv_str(choice, "required")) mode = LLM_TOOL_REQUIRED;
+        else if (choice->type == LLM_JSON_OBJECT && fv_str(llm_json_get(choice, "type"), "function") && nm &&
+                 nm->type == LLM_JSON_STRING) { mode = LLM_TOOL_NAMED; named = nm->str; }
+        else return bad(e, 400, "tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or "
+                        "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+        if (mode >= LLM_TOOL_REQUIRED && !n_tools)
+            return bad(e, 400, "tool_choice", "tool_choice asks for a tool call but tools names none");
+        int found = mode != LLM_TOOL_NAMED;
+        for (int i = 0; !found && i < n_tools; i++)
+            found = fv_str(llm_json_get(llm_json_get(&tools->items[i], "function"), "name"), named);
+        if (!found)
+            return bad(e, 400, "tool_choice", "tool_choice names the function \"%.64s\", which is not in tools",
+                       named);
+    }
+    char *tools_text = n_tools ? llm_json_dumps(tools, 0) : NULL;
+    if (n_tools && !tools_text) return bad(e, 500, NULL, "out of memory");
+    /* the messages */
+    const llm_json *msgs = llm_json_get(body, "messages");
+    if (!msgs || msgs->type != LLM_JSON_ARRAY || msgs->n == 0) {
+        free(tools_text);
+        return bad(e, 400, "messages", "messages must be a non-empty list");
+    }
+    int n = msgs->n, ok = 1, total_calls = 0;
+    for (int i = 0; i < n; i++) {
+        const llm_json *tc = llm_json_get(&msgs->items[i], "tool_calls");
+        if (tc && tc->type == LLM_JSON_ARRAY) total_calls += tc->n;
+    }
+    size_t n_msgs = (size_t)(unsigned)n, n_calls = (size_t)(unsigned)total_calls;
+    llm_chat_message *cm = (llm_chat_message *)calloc(n_msgs, sizeof *cm);
+    llm_chat_tool_call *calls = (llm_chat_tool_call *)calloc(n_calls + 1, sizeof *calls);
+    sbuf *texts = (sbuf *)calloc(n_msgs + n_calls, sizeof(sbuf)); /* contents, then arguments */
+    if (!cm || !calls || !texts) { ok = 0; bad(e, 500, NULL, "out of memory"); }
+    for (int i = 0, c = 0; ok && i < n; i++) {
+        const llm_json *m = &msgs->items[i], *role = llm_json_get(m, "role");
+        char param[64];
+        snprintf(param, sizeof param, "messages[%d].role", i);
+        static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
+        size_t k = 0;
+        while (k < 5 && !fv_str(role, roles[k])) k++;
+        if (m->type != LLM_JSON_OBJECT || k == 5) {
+            ok = 0; bad(e, 400, param, "%s must be system, developer, user, assistant or tool", param);
+            break;
+        }
+        if (chat_content(m, i, &texts[i], e)) { ok = 0; break; }
+        cm[i].role = role->str; cm[i].content = texts[i].s ? texts[i].s : "";
+        const llm_json *tc = llm_json_get(m, "tool_calls"), *rc = llm_json_get(m, "reasoning_content");
+        if (!rc || rc->type == LLM_JSON_NULL) rc = llm_json_get(m, "reasoning");
+        if (k == 3 && rc && rc->type == LLM_JSON_STRING) cm[i].reasoning = rc->str;
+        if (tc && tc->type != LLM_JSON_NULL) {
+            snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+            if (k != 3 || tc->type != LLM_JSON_ARRAY) {
+                ok = 0; bad(e, 400, param, "%s must be a list, in an assistant message", param);
+                break;
+            }
+            cm[i].tool_calls = calls + c; cm[i].n_tool_calls = tc->n;
+            for (int j = 0; ok && j < tc->n; j++, c++) {
+                sbuf *a = &texts[n + c];
+                if (chat_tool_call(&tc->items[j], i, j, &calls[c], a, e)) ok = 0;
+                else calls[c].arguments = a->s ? a->s : "{}";
+            }
+        }
+        if (ok && k == 4) { /* a tool's result answers an earlier call */
+            const llm_json *id = llm_json_get(m, "tool_call_id");
+            snprintf(param, sizeof param, "messages[%d].tool_call_id", i);
+            if (!id || id->type != LLM_JSON_STRING) {
+                ok = 0; bad(e, 400, param, "%s must be the id of the tool call this message answers", param);
+                break;
+            }
+            int found = 0;
+            for (int j = 0; j < c && !found; j++) found = calls[j].id && !strcmp(calls[j].id, id->str);
+            if (!found) {
+                ok = 0; bad(e, 400, param, "%s: no earlier tool call has the id \"%.64s\"", param, id->str);
+                break;
+            }
+            cm[i].tool_call_id = id->str;
+        }
+    }
+    if (ok && cont && strcmp(cm[n - 1].role, "assistant")) {
+        ok = 0; bad(e, 400, "continue_final_message", "continue_final_message needs an assistant message last");
+    }
+    int m = ok ? llm_chat_render(&r->chat, cm, n, tools_text, gen, NULL, 0) : -1;
+    if (ok && m < 0) { ok = 0; bad(e, 400, "messages", "the messages could not be written with the chat template"); }
+    *text = ok ? (char *)malloc((size_t)m + 1) : NULL;
+    if (ok && !*text) { ok = 0; bad(e, 500, NULL, "out of memory"); }
+    if (ok) {
+        llm_chat_render(&r->chat, cm, n, tools_text, gen, *text, m + 1);
+        *len = m;
+    }
+    if (ok && cont) { /* as Hugging Face continues a message: the text up to the end of its (stripped) content */
+        const char *last = cm[n - 1].content;
+        size_t a = 0, b = strlen(last);
+        while (a < b && isspace((unsigned char)last[a])) a++;
+        while (b > a && isspace((unsigned char)last[b - 1])) b--;
+        char *at = NULL;
+        for (char *p = *text; b > a && (p = strstr(p, last + a)) != NULL; p++)
+            if (!strncmp(p, last + a, b - a)) at = p;
+        if (b > a && at) *len = (int)(at - *text) + (int)(b - a);
+        else if (b > a) { ok = 0; bad(e, 400, "continue_final_message", "the last message is not in the prompt"); }
+        if (ok) (*text)[*len] = 0;
+    }
+    /* the tool call's grammar */
+    if (ok && mode >= 0) {
+        char err[LLM_ERR_LEN];
+        if (r->grammar) {
+            ok = 0; bad(e, 400, "tools", "tools and a structured output field both ask for the reply's form: give one");
+        } else if (!(r->grammar = llm_chat_tool_grammar(&r->chat, tools_text, mode, named, parallel, err))) {
+            ok = 0; bad(e, 400, "tools", "tools: %s", err);
+        }
+        r->tool_calls = 1;
+    }
+    r->reasoning = r->chat.thinks && !S->reasoning_format_none ? 1 + include_reasoning : 0;
+    for (int i = 0; texts && i < n + total_calls; i++) sb_free(&texts[i]);
+    free(texts); free(calls); free(cm); free(tools_text);
+    if (!ok) { free(*text); *text = NULL; }
+    return ok ? 0 : -1;
+}
+
 /* ===========================================================================================================
  * Requests out: what each engine output adds to the response
  * ======================================================================================================== */
@@ -1156,6 +1367,120 @@ static void choice_reset_logprobs(srv_choice *ch) {
     sb_free(&ch->logprobs);
 }
 
+/* ---- A chat reply read for its thinking and tool calls --------------------------------------------------- */
+/* A call's id, as OpenAI writes them ("call_" and 24 characters), from the request, choice and call */
+static void put_tool_call_id(sbuf *b, const srv_req *r, int ci, int k) {
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = r->id; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    h = (h ^ (uint64_t)ci) * 1099511628211ull;
+    h = (h ^ (uint64_t)k) * 1099511628211ull;
+    static const char digits[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    char id[30] = "call_";
+    for (int i = 5; i < 29; i++) { h ^= h >> 29; h *= 0xbf58476d1ce4e5b9ull; id[i] = digits[h % 62]; }
+    id[29] = 0;
+    sb_json_cstr(b, id);
+}
+
+/* The message of a non-streamed reply, read for thinking and calls: content (null when it only calls),
+ * reasoning_content and reasoning (the same text: llama.cpp's name and vLLM's), tool_calls. Returns whether
+ * it calls (finish reason "tool_calls"). */
+static int put_read_message(sbuf *b, srv_req *r, int ci, const srv_choice *ch) {
+    llm_chat_reply rep;
+    if (llm_chat_parse_reply(&r->chat, ch->text.s ? ch->text.s : "", ch->text.len, r->reasoning > 0, r->tool_calls,
+                             0, &rep) != 0) {
+        llm_chat_reply_free(&rep);
+        b->failed = 1;
+        return 0;
+    }
+    int n_calls = rep.n_calls - rep.in_call; /* a call cut short by max_tokens is not a call */
+    sb_puts(b, "\"message\":{\"role\":\"assistant\",\"content\":");
+    if (!rep.content[0] && n_calls) sb_puts(b, "null"); else sb_json_cstr(b, rep.content);
+    if (rep.reasoning && r->reasoning == 2) {
+        sb_puts(b, ",\"reasoning_content\":"); sb_json_cstr(b, rep.reasoning);
+        sb_puts(b, ",\"reasoning\":"); sb_json_cstr(b, rep.reasoning);
+    }
+    if (n_calls) {
+        sb_puts(b, ",\"tool_calls\":[");
+        for (int k = 0; k < n_calls; k++) {
+            sb_puts(b, k ? ",{\"id\":" : "{\"id\":"); put_tool_call_id(b, r, ci, k);
+            sb_puts(b, ",\"type\":\"function\",\"function\":{\"name\":"); sb_json_cstr(b, rep.calls[k].name);
+            sb_puts(b, ",\"arguments\":"); sb_json_cstr(b, rep.calls[k].arguments);
+            sb_puts(b, "}}");
+        }
+        sb_puts(b, "]");
+    }
+    sb_puts(b, ",\"refusal\":null}");
+    llm_chat_reply_free(&rep);
+    return n_calls > 0;
+}
+
+/* One delta chunk of a streamed chat reply: `fields` are the delta's members (JSON, without braces) */
+static void send_delta(srv_state *S, srv_req *r, int ci, const char *fields, size_t n, const char *finish,
+                       const char *logprobs) {
+    sbuf b = {0};
+    put_header_fields(&b, S, r, "chat.completion.chunk");
+    sb_printf(&b, ",\"choices\":[{\"index\":%d,\"delta\":{", ci);
+    sb_put(&b, fields, n);
+    sb_puts(&b, "},\"logprobs\":"); sb_puts(&b, logprobs ? logprobs : "null");
+    sb_puts(&b, ",\"finish_reason\":");
+    if (finish) sb_json_cstr(&b, finish); else sb_puts(&b, "null");
+    sb_puts(&b, "}]}");
+    send_sse(S, r->conn, b.s, b.len);
+    sb_free(&b);
+}
+
+/* A streamed reply read for thinking and calls: the reply so far is read again after each output, and what
+ * it adds to each part is sent: thinking as reasoning_content and reasoning, the answer as content, each call
+ * first with its index, id, type, name and empty arguments, then its arguments piece by piece, as OpenAI
+ * streams them. The marker text of the syntax never reaches content. Returns whether a call was sent. */
+static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, int final, const char *logprobs) {
+    llm_chat_reply rep;
+    if (llm_chat_parse_reply(&r->chat, ch->text.s ? ch->text.s : "", ch->text.len, r->reasoning > 0, r->tool_calls,
+                             !final, &rep) != 0) {
+        llm_chat_reply_free(&rep);
+        return 0;
+    }
+    int n_calls = rep.n_calls - (final ? rep.in_call : 0), sent_any = 0;
+    sbuf d = {0};
+    size_t nr = rep.reasoning ? strlen(rep.reasoning) : 0, nc = strlen(rep.content);
+    if (nr > ch->sent_reasoning && r->reasoning == 2) {
+        const char *piece = rep.reasoning + ch->sent_reasoning;
+        size_t k = nr - ch->sent_reasoning;
+        sb_puts(&d, "\"reasoning_content\":"); sb_json_str(&d, piece, k);
+        sb_puts(&d, ",\"reasoning\":"); sb_json_str(&d, piece, k);
+    }
+    if (nr > ch->sent_reasoning) ch->sent_reasoning = nr;
+    if (nc > ch->sent_content) {
+        if (d.len) sb_puts(&d, ",");
+        sb_puts(&d, "\"content\":"); sb_json_str(&d, rep.content + ch->sent_content, nc - ch->sent_content);
+        ch->sent_content = nc;
+    }
+    if (d.len || logprobs) { send_delta(S, r, ci, d.s ? d.s : "", d.len, NULL, logprobs); sent_any = 1; }
+    for (int k = 0; k < n_calls; k++) {
+        d.len = 0;
+        size_t na = strlen(rep.calls[k].arguments);
+        if (k >= arrlen(ch->sent_args)) { /* a new call: its head */
+            sb_printf(&d, "\"tool_calls\":[{\"index\":%d,\"id\":", k); put_tool_call_id(&d, r, ci, k);
+            sb_puts(&d, ",\"type\":\"function\",\"function\":{\"name\":"); sb_json_cstr(&d, rep.calls[k].name);
+            sb_puts(&d, ",\"arguments\":\"\"}}]");
+            send_delta(S, r, ci, d.s, d.len, NULL, NULL);
+            arrput(ch->sent_args, 0);
+            d.len = 0;
+        }
+        if (na > ch->sent_args[k]) {
+            sb_printf(&d, "\"tool_calls\":[{\"index\":%d,\"function\":{\"arguments\":", k);
+            sb_json_str(&d, rep.calls[k].arguments + ch->sent_args[k], na - ch->sent_args[k]);
+            sb_puts(&d, "}}]");
+            send_delta(S, r, ci, d.s, d.len, NULL, NULL);
+            ch->sent_args[k] = na;
+        }
+    }
+    (void)sent_any;
+    sb_free(&d);
+    llm_chat_reply_free(&rep);
+    return arrlen(ch->sent_args) > 0;
+}
+
 /* One event of a streaming request: its SSE chunk. */
 static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const srv_event *ev) {
     sbuf b = {0};
@@ -1174,6 +1499,22 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
     ch->echoed |= echo_now;
     if (!ev->text_len && !ev->finish && !echo_now && !prompt_lp_now && !(ev->n_tokens && r->logprobs >= 0)) {
         sb_free(&b);
+        return;
+    }
+    if (chat && (r->tool_calls || r->reasoning)) { /* the reply read again: what it adds to each part */
+        sbuf lp = {0};
+        if (r->logprobs > 0 && ev->n_tokens) {
+            sbuf entries = {0};
+            add_logprobs(S, r, ch, ev, &entries, 0);
+            sb_puts(&lp, "{\"content\":["); sb_put(&lp, entries.s ? entries.s : "", entries.len); sb_puts(&lp, "]}");
+            sb_free(&entries);
+        }
+        if (ev->text_len) sb_put(&ch->text, ev->text, (size_t)ev->text_len);
+        int calls = stream_read_reply(S, r, ci, ch, ev->finish != 0, lp.len ? lp.s : NULL);
+        if (ev->finish)
+            send_delta(S, r, ci, "", 0, calls && ev->finish == LLM_FINISH_STOP ? "tool_calls" : finish_name(ev->finish),
+                       NULL);
+        sb_free(&lp); sb_free(&b);
         return;
     }
     put_header_fields(&b, S, r, chat ? "chat.completion.chunk" : "text_completion");
@@ -1248,10 +1589,15 @@ static void finish_request(srv_state *S, srv_req *r) {
     for (int i = 0; i < r->n_prompts * r->n; i++) {
         srv_choice *ch = &r->choices[i];
         sb_printf(&b, "%s{\"index\":%d,", i ? "," : "", i);
+        int calls = 0;
         if (chat) {
-            sb_puts(&b, "\"message\":{\"role\":\"assistant\",\"content\":");
-            sb_json_str(&b, ch->text.s ? ch->text.s : "", ch->text.len);
-            sb_puts(&b, ",\"refusal\":null},\"logprobs\":");
+            if (r->tool_calls || r->reasoning) calls = put_read_message(&b, r, i, ch);
+            else {
+                sb_puts(&b, "\"message\":{\"role\":\"assistant\",\"content\":");
+                sb_json_str(&b, ch->text.s ? ch->text.s : "", ch->text.len);
+                sb_puts(&b, ",\"refusal\":null}");
+            }
+            sb_puts(&b, ",\"logprobs\":");
             if (r->logprobs > 0) {
                 sb_puts(&b, "{\"content\":[");
                 sb_put(&b, ch->logprobs.s ? ch->logprobs.s : "", ch->logprobs.len);
@@ -1264,7 +1610,7 @@ static void finish_request(srv_state *S, srv_req *r) {
             if (r->logprobs >= 0) put_completion_logprobs(&b, ch); else sb_puts(&b, "null");
         }
         sb_puts(&b, ",\"finish_reason\":");
-        sb_json_cstr(&b, finish_name(ch->finish));
+        sb_json_cstr(&b, calls && ch->finish == LLM_FINISH_STOP ? "tool_calls" : finish_name(ch->finish));
         if (r->prompt_logprobs >= 0) put_prompt_logprobs(&b, S, r, &r->prompts[i / r->n]);
         sb_puts(&b, "}");
     }
@@ -1370,6 +1716,7 @@ static void req_free(srv_req *r) {
     }
     for (int i = 0; r->choices && i < r->n_prompts * r->n; i++) {
         sb_free(&r->choices[i].text);
+        arrfree(r->choices[i].sent_args);
         choice_reset_logprobs(&r->choices[i]);
     }
     free(r->prompts); free(r->choices);
@@ -1479,36 +1826,17 @@ static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int
         if (get_number(body, "top_logprobs", 0, 20, 1, &x, e)) goto fail;
         r->logprobs = want_logprobs ? 1 : -1; r->top_logprobs = (int)x;
         p.logprobs = want_logprobs ? r->top_logprobs : -1;
-        const llm_json *msgs = llm_json_get(body, "messages");
-        if (!msgs || msgs->type != LLM_JSON_ARRAY || msgs->n == 0)
-            { bad(e, 400, "messages", "messages must be a non-empty list"); goto fail; }
-        llm_chat_message *cm = (llm_chat_message *)calloc((size_t)msgs->n, sizeof *cm);
-        sbuf *texts = (sbuf *)calloc((size_t)msgs->n, sizeof(sbuf));
-        int ok = cm && texts;
-        for (int i = 0; ok && i < msgs->n; i++) {
-            const llm_json *m = &msgs->items[i], *role = llm_json_get(m, "role");
-            char param[40];
-            snprintf(param, sizeof param, "messages[%d].role", i);
-            if (m->type != LLM_JSON_OBJECT || !role || role->type != LLM_JSON_STRING ||
-                (strcmp(role->str, "system") && strcmp(role->str, "developer") && strcmp(role->str, "user") &&
-                 strcmp(role->str, "assistant"))) {
-                bad(e, 400, param, "%s must be system, developer, user or assistant", param);
-                ok = 0; break;
-            }
-            if (chat_content(m, i, &texts[i], e)) { ok = 0; break; }
-            cm[i].role = role->str; cm[i].content = texts[i].s ? texts[i].s : "";
-        }
-        int n = ok ? llm_chat_render(&S->chat, cm, msgs->n, 1, NULL, 0) : -1;
-        char *text = n >= 0 ? (char *)malloc((size_t)n + 1) : NULL;
-        if (text) llm_chat_render(&S->chat, cm, msgs->n, 1, text, n + 1);
-        r->prompts = text ? (srv_prompt *)calloc(1, sizeof(srv_prompt)) : NULL;
+        char *text = NULL;
+        int n = 0;
+        if (chat_prompt(S, body, r, &text, &n, e)) goto fail;
+        r->prompts = (srv_prompt *)calloc(1, sizeof(srv_prompt));
+        int ok = 1;
         if (r->prompts) {
             r->n_prompts = 1; r->prompts[0].req = r;
             if (tokenize_text(S, text, (size_t)n, 1, &r->prompts[0].prompt_ids) != 0)
                 { bad(e, 400, "messages", "the conversation could not be tokenized"); ok = 0; }
-        } else if (ok) { bad(e, 500, NULL, "out of memory"); ok = 0; }
-        for (int i = 0; texts && i < msgs->n; i++) sb_free(&texts[i]);
-        free(texts); free(cm); free(text);
+        } else { bad(e, 500, NULL, "out of memory"); ok = 0; }
+        free(text);
         if (!ok) goto fail;
         int32_t stop_ids[8]; /* the template's end of turn */
         int k = llm_chat_stop_ids(&S->chat, S->model->tok, stop_ids, 8);
@@ -1567,30 +1895,15 @@ static void handle_tokenize(srv_state *S, srv_conn *c, const llm_json *body) {
             bad(&e, 400, "prompt", "cannot tokenize");
             goto fail;
         }
-    } else if (msgs && msgs->type == LLM_JSON_ARRAY) {
-        llm_chat_message *cm = (llm_chat_message *)calloc((size_t)msgs->n + 1, sizeof *cm);
-        sbuf *texts = (sbuf *)calloc((size_t)msgs->n + 1, sizeof(sbuf));
-        int ok = cm && texts;
-        for (int i = 0; ok && i < msgs->n; i++) {
-            const llm_json *role = llm_json_get(&msgs->items[i], "role");
-            if (!role || role->type != LLM_JSON_STRING) {
-                bad(&e, 400, "messages", "each message needs a role");
-                ok = 0;
-            } else if (chat_content(&msgs->items[i], i, &texts[i], &e)) ok = 0;
-            else { cm[i].role = role->str; cm[i].content = texts[i].s ? texts[i].s : ""; }
-        }
-        int n = ok ? llm_chat_render(&S->chat, cm, msgs->n, 1, NULL, 0) : -1;
-        char *text = n >= 0 ? (char *)malloc((size_t)n + 1) : NULL;
-        if (text) {
-            llm_chat_render(&S->chat, cm, msgs->n, 1, text, n + 1);
-            if (tokenize_text(S, text, (size_t)n, add_special, &ids)) ok = 0;
-        } else if (ok) bad(&e, 400, "messages", "a role this template does not know");
-        for (int i = 0; texts && i < msgs->n; i++) sb_free(&texts[i]);
-        free(texts); free(cm); free(text);
-        if (!ok || n < 0) {
-            if (!e.status) bad(&e, 400, "messages", "cannot render the messages");
-            goto fail;
-        }
+    } else if (msgs && msgs->type == LLM_JSON_ARRAY) { /* a chat's prompt, tools and all, as it would run */
+        srv_req tmp;
+        memset(&tmp, 0, sizeof tmp);
+        char *text = NULL;
+        int n = 0, rc = chat_prompt(S, body, &tmp, &text, &n, &e);
+        free(tmp.grammar);
+        if (rc == 0 && tokenize_text(S, text, (size_t)n, add_special, &ids)) rc = bad(&e, 400, "messages", "cannot tokenize");
+        free(text);
+        if (rc) goto fail;
     } else {
         bad(&e, 400, "prompt", "give prompt (a string) or messages (a list)");
         goto fail;

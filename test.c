@@ -1595,7 +1595,7 @@ static void test_fidelity_smollm2(void) {
     llm_str tmpl = llm_gguf_string(&m.gguf, "tokenizer.chat_template");
     int n_chat = (int)(sizeof fidelity_chat / sizeof fidelity_chat[0]), P = 0;
     int len = llm_chat_template_init(&ct, tmpl.ptr, tmpl.len, m.tok, NULL, err) == 0 ?
-              llm_chat_render(&ct, fidelity_chat, n_chat, 0, text, sizeof text) : -1;
+              llm_chat_render(&ct, fidelity_chat, n_chat, NULL, 0, text, sizeof text) : -1;
     int32_t ids[1024];
     if (len > 0 && len + sizeof fidelity_prose < sizeof text) {
         memcpy(text + len, fidelity_prose, sizeof fidelity_prose);
@@ -4102,7 +4102,7 @@ static void test_chat_templates(void) {
         ct.family = cases[i].family;
         snprintf(ct.bos, sizeof ct.bos, "%s", cases[i].bos);
         snprintf(ct.eos, sizeof ct.eos, "%s", cases[i].eos);
-        int n = llm_chat_render(&ct, conv, 4, 1, out, sizeof out);
+        int n = llm_chat_render(&ct, conv, 4, NULL, 1, out, sizeof out);
         const char *name = llm_chat_family_name(cases[i].family);
         CHECK(n == (int)strlen(cases[i].want) && !strcmp(out, cases[i].want),
               "chat template %s:\n%s\nwant\n%s", name ? name : "", n >= 0 ? out : "(error)", cases[i].want);
@@ -4115,28 +4115,28 @@ static void test_chat_templates(void) {
     ct.family = LLM_CHAT_CHATML;
     snprintf(ct.default_system, sizeof ct.default_system,
              "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
-    llm_chat_render(&ct, conv + 1, 1, 1, out, sizeof out);
+    llm_chat_render(&ct, conv + 1, 1, NULL, 1, out, sizeof out);
     CHECK(!strcmp(out, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
                   "Face<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"),
           "chatml default system: %s", out);
     /* Qwen3: thinking on writes no think block; a last reply keeps its reasoning, an earlier one loses it */
     ct.family = LLM_CHAT_QWEN3; ct.enable_thinking = 1;
-    llm_chat_render(&ct, conv + 1, 1, 1, out, sizeof out);
+    llm_chat_render(&ct, conv + 1, 1, NULL, 1, out, sizeof out);
     CHECK(!strcmp(out, "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n"), "qwen3 thinking: %s",
           out);
     const llm_chat_message thought[] = {{"user", "Hi"}, {"assistant", "<think>\nhmm\n</think>\n\nHello!"},
                                         {"user", "Bye"}};
-    llm_chat_render(&ct, thought, 2, 0, out, sizeof out);
+    llm_chat_render(&ct, thought, 2, NULL, 0, out, sizeof out);
     CHECK(!strcmp(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nhmm\n</think>\n\n"
                   "Hello!<|im_end|>\n"), "qwen3 last reply keeps its reasoning: %s", out);
-    llm_chat_render(&ct, thought, 3, 1, out, sizeof out);
+    llm_chat_render(&ct, thought, 3, NULL, 1, out, sizeof out);
     CHECK(!strcmp(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n"
                   "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"),
           "qwen3 history drops reasoning: %s", out);
     /* meta-llama/Llama-3.1-8B-Instruct: the system turn always, dated */
     ct.family = LLM_CHAT_LLAMA3; ct.dated_system = 1;
     snprintf(ct.bos, sizeof ct.bos, "<|begin_of_text|>"); snprintf(ct.date, sizeof ct.date, "26 Jul 2024");
-    llm_chat_render(&ct, conv + 1, 1, 1, out, sizeof out);
+    llm_chat_render(&ct, conv + 1, 1, NULL, 1, out, sizeof out);
     CHECK(!strcmp(out, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
                   "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
                   "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
@@ -4144,10 +4144,166 @@ static void test_chat_templates(void) {
     /* the length comes back when the room is short, nothing past cap is written; a role it does not know */
     char small[8];
     memset(small, 'x', sizeof small);
-    int need = llm_chat_render(&ct, conv, 4, 1, small, 4);
+    int need = llm_chat_render(&ct, conv, 4, NULL, 1, small, 4);
     CHECK(need > 100 && small[4] == 'x', "chat render into a short buffer: %d", need);
-    const llm_chat_message bad[] = {{"tool", "x"}};
-    CHECK(llm_chat_render(&ct, bad, 1, 1, out, sizeof out) == -1, "chat render of an unknown role");
+    const llm_chat_message bad[] = {{"robot", "x"}};
+    CHECK(llm_chat_render(&ct, bad, 1, NULL, 1, out, sizeof out) == -1, "chat render of an unknown role");
+}
+
+/* Tools, calls and results, written by each family with a tool format of its own, against its published
+ * Jinja template rendered by jinja2 as Hugging Face's apply_chat_template does (tools/chat_oracle.py; a tool
+ * call's arguments, given as JSON text, parsed first, as vLLM does), byte for byte. The conversations: tools
+ * with and without a system turn, a whole tool loop, parallel calls and results, text beside a call, calls in
+ * the history without tools, thinking (in content, and apart in reasoning_content), and arguments whose JSON
+ * tojson writes its own way (floats, escapes, non-ASCII, nesting). */
+#define TOOLS_JSON \
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"The weather in a city, " \
+    "°C or °F.\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"unit\":" \
+    "{\"type\":\"string\",\"enum\":[\"celsius\",\"fahrenheit\"]}},\"required\":[\"city\"]}}}," \
+    "{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":{\"type\":\"object\",\"properties\":" \
+    "{\"a\":{\"type\":\"number\",\"minimum\":-1.5e-7},\"b\":{\"type\":\"number\",\"maximum\":1e22}}}}}]"
+#define CALL(id, name, args) \
+    "{\"id\":\"" id "\",\"type\":\"function\",\"function\":{\"name\":\"" name "\",\"arguments\":\"" args "\"}}"
+static const char *const tool_conversations[] = {
+    /* tools, a system turn */
+    "{\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},{\"role\":\"user\",\"content\":"
+    "\"Weather in Paris?\"}],\"tools\":" TOOLS_JSON "}",
+    /* tools, no system turn */
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],\"tools\":" TOOLS_JSON "}",
+    /* a whole loop: the call, its result, the answer asked for */
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},{\"role\":\"assistant\",\"content\":"
+    "\"\",\"tool_calls\":[" CALL("call_1", "get_weather", "{\\\"city\\\":\\\"Paris\\\"}") "]},{\"role\":\"tool\","
+    "\"tool_call_id\":\"call_1\",\"content\":\"{\\\"temperature\\\": 18}\"}],\"tools\":" TOOLS_JSON "}",
+    /* parallel calls and their results, an answer, a new question */
+    "{\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},{\"role\":\"user\",\"content\":"
+    "\"Paris and Rome?\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":["
+    CALL("a", "get_weather", "{\\\"city\\\": \\\"Paris\\\", \\\"unit\\\": \\\"celsius\\\"}") ","
+    CALL("b", "get_weather", "{\\\"city\\\":\\\"Rome\\\"}") "]},{\"role\":\"tool\",\"tool_call_id\":\"a\","
+    "\"content\":\"18\"},{\"role\":\"tool\",\"tool_call_id\":\"b\",\"content\":\"24\"},{\"role\":\"assistant\","
+    "\"content\":\"Paris 18, Rome 24.\"},{\"role\":\"user\",\"content\":\"Thanks\"}],\"tools\":" TOOLS_JSON "}",
+    /* text beside a call */
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Add 1.5 and 2\"},{\"role\":\"assistant\",\"content\":"
+    "\"Let me add them.\",\"tool_calls\":[" CALL("c", "add", "{\\\"a\\\":1.5,\\\"b\\\":2}") "]},{\"role\":"
+    "\"tool\",\"tool_call_id\":\"c\",\"content\":\"3.5\"}],\"tools\":" TOOLS_JSON "}",
+    /* calls and results in the history, no tools given now */
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Add\"},{\"role\":\"assistant\",\"content\":\"\","
+    "\"tool_calls\":[" CALL("d", "add", "{\\\"a\\\":2.0,\\\"b\\\":1e-7}") "]},{\"role\":\"tool\","
+    "\"tool_call_id\":\"d\",\"content\":\"2.0000001\"},{\"role\":\"assistant\",\"content\":\"About 2.\"},"
+    "{\"role\":\"user\",\"content\":\"ok\"}]}",
+    /* arguments JSON that tojson writes its own way: escapes, non-ASCII, nesting, big and small numbers */
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"\","
+    "\"tool_calls\":[" CALL("e", "get_weather", "{\\\"city\\\":\\\"Zürich \\\\\\\"old\\\\\\\"\\\\n\\\\ttown\\\","
+    "\\\"n\\\":[1,-0,1e300,12345678901234567,0.1,[{}],{\\\"k\\\":null,\\\"t\\\":true}]}") "]},{\"role\":"
+    "\"tool\",\"tool_call_id\":\"e\",\"content\":\"ok\"}],\"tools\":" TOOLS_JSON "}",
+    /* thinking: a reply after the last question keeps it, with a call */
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\",\"content\":"
+    "\"<think>\\nThe user wants weather.\\n</think>\\n\\n\",\"tool_calls\":[" CALL("f", "get_weather",
+    "{\\\"city\\\":\\\"Oslo\\\"}") "]},{\"role\":\"tool\",\"tool_call_id\":\"f\",\"content\":\"-3\"}],"
+    "\"tools\":" TOOLS_JSON "}",
+    /* thinking given apart, and thinking off */
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"Hello!\","
+    "\"reasoning_content\":\"\\nA greeting.\\n\"}],\"add_generation_prompt\":false}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"\","
+    "\"tool_calls\":[" CALL("g", "add", "{}") "]},{\"role\":\"tool\",\"tool_call_id\":\"g\",\"content\":"
+    "\"0\"}],\"tools\":" TOOLS_JSON ",\"kwargs\":{\"enable_thinking\":false}}",
+};
+#undef CALL
+
+/* A conversation of the JSON above as llm_chat_messages (pointing into v); the tools as JSON text */
+static int tool_conversation(const llm_json *v, llm_chat_message *m, llm_chat_tool_call *calls, int cap,
+                             char **tools) {
+    const llm_json *msgs = llm_json_get(v, "messages"), *tl = llm_json_get(v, "tools");
+    int n_calls = 0;
+    *tools = tl ? llm_json_dumps(tl, 0) : NULL;
+    for (int i = 0; i < msgs->n && i < cap; i++) {
+        const llm_json *x = &msgs->items[i], *c = llm_json_get(x, "content"), *tc = llm_json_get(x, "tool_calls");
+        const llm_json *rc = llm_json_get(x, "reasoning_content"), *id = llm_json_get(x, "tool_call_id");
+        memset(&m[i], 0, sizeof m[i]);
+        m[i].role = llm_json_get(x, "role")->str;
+        m[i].content = c && c->type == LLM_JSON_STRING ? c->str : NULL;
+        m[i].reasoning = rc ? rc->str : NULL;
+        m[i].tool_call_id = id ? id->str : NULL;
+        m[i].tool_calls = calls + n_calls;
+        for (int k = 0; tc && k < tc->n; k++, n_calls++) {
+            const llm_json *fn = llm_json_get(&tc->items[k], "function");
+            calls[n_calls].id = llm_json_get(&tc->items[k], "id")->str;
+            calls[n_calls].name = llm_json_get(fn, "name")->str;
+            calls[n_calls].arguments = llm_json_get(fn, "arguments")->str;
+            m[i].n_tool_calls++;
+        }
+    }
+    return msgs->n;
+}
+
+static void test_chat_tools_jinja(void) {
+    static const char *const templates[] = { /* each a family with a tool format of its own */
+        "testdata/templates/Qwen-Qwen2.5-7B-Instruct.jinja", "testdata/templates/Qwen-Qwen3-0.6B.jinja",
+        "gguf:testdata/tokenizer/ggml-vocab-qwen2.gguf",
+    };
+    char err[LLM_ERR_LEN];
+    llm_gguf g;
+    llm_tokenizer *t = tok_load(&g, "ggml-vocab-qwen2.gguf", NULL);
+    if (!t) return;
+    const char *cases_path = "llm-test-chat-tools.jsonl", *out_path = "llm-test-chat-tools.out";
+    FILE *f = fopen(cases_path, "w");
+    size_t n_conv = sizeof tool_conversations / sizeof *tool_conversations, n_tmpl = sizeof templates / sizeof *templates;
+    for (size_t k = 0; f && k < n_tmpl; k++)
+        for (size_t i = 0; i < n_conv; i++) { /* the case: the conversation, with its template and tokens */
+            const char *conv = tool_conversations[i];
+            fprintf(f, "{\"template\":\"%s\",\"bos_token\":\"\",\"eos_token\":\"<|im_end|>\",%s%s\n", templates[k],
+                    strstr(conv, "\"add_generation_prompt\"") ? "" : "\"add_generation_prompt\":true,", conv + 1);
+        }
+    if (f) fclose(f);
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, ".venv/bin/python tools/chat_oracle.py < %s > %s 2>&1", cases_path, out_path);
+    int rc = system(cmd);
+    CHECK(rc == 0, "tools/chat_oracle.py (jinja2 in .venv): exit %d", rc);
+    char *out = read_file(out_path, NULL), *line = out;
+    for (size_t k = 0; k < n_tmpl && out; k++) {
+        char *text = NULL;
+        size_t text_len = 0;
+        if (!strncmp(templates[k], "gguf:", 5)) {
+            llm_str s = llm_gguf_string(&g, "tokenizer.chat_template");
+            text = (char *)malloc(s.len + 1);
+            memcpy(text, s.ptr, s.len); text[s.len] = 0; text_len = s.len;
+        } else text = read_file(templates[k], &text_len);
+        llm_chat_template ct;
+        CHECK(text && llm_chat_template_init(&ct, text, text_len, t, NULL, err) == 0 &&
+              ct.tool_format == LLM_TOOLS_HERMES, "%s: a template with Hermes tools: %s", templates[k], err);
+        for (size_t i = 0; i < n_conv && line && *line; i++) {
+            char *next = strchr(line, '\n');
+            if (next) *next++ = 0;
+            llm_json want, conv;
+            int ok = llm_json_parse(line, strlen(line), &want, err) == 0;
+            CHECK(ok && llm_json_get(&want, "text"), "chat oracle, %s, conversation %zu: %s", templates[k], i,
+                  line);
+            ok = ok && llm_json_parse(tool_conversations[i], strlen(tool_conversations[i]), &conv, err) == 0;
+            if (ok && llm_json_get(&want, "text")) {
+                llm_chat_message m[16];
+                llm_chat_tool_call calls[16];
+                char *tools;
+                int n = tool_conversation(&conv, m, calls, 16, &tools);
+                const llm_json *kw = llm_json_get(llm_json_get(&conv, "kwargs"), "enable_thinking");
+                ct.enable_thinking = !kw || kw->type == LLM_JSON_TRUE;
+                int gen = !strstr(tool_conversations[i], "\"add_generation_prompt\":false");
+                int len = llm_chat_render(&ct, m, n, tools, gen, NULL, 0);
+                char *got = len >= 0 ? (char *)malloc((size_t)len + 1) : NULL;
+                if (got) llm_chat_render(&ct, m, n, tools, gen, got, len + 1);
+                const llm_json *w = llm_json_get(&want, "text");
+                CHECK(got && (size_t)len == w->len && !memcmp(got, w->str, w->len),
+                      "%s, conversation %zu, with tools:\n%s\nwant (jinja2)\n%s", templates[k], i,
+                      got ? got : "(error)", w->str);
+                free(got); free(tools);
+            }
+            if (ok) llm_json_free(&conv);
+            llm_json_free(&want);
+            line = next;
+        }
+        free(text);
+    }
+    free(out);
+    remove(cases_path); remove(out_path);
+    llm_tokenizer_free(t); llm_gguf_close(&g);
 }
 
 static int llm_chat_template_init_gguf(llm_chat_template *ct, const llm_gguf *g, const llm_tokenizer *t,
@@ -5032,9 +5188,6 @@ static void test_server_errors(void) {
     /* fail closed: a field not implemented is refused (its param, its name in the message) unless its value
      * asks for nothing; null is "not given"; a field on the endpoint it applies to */
     static const struct { int chat; const char *field, *value; int status; } fields[] = {
-        {1, "tools", "[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", 400},
-        {1, "tool_choice", "\"required\"", 400},
-        {1, "tool_choice", "\"auto\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]", 400},
         {1, "functions", "[{\"name\":\"f\"}]", 400},
         {1, "function_call", "{\"name\":\"f\"}", 400},
         {0, "suffix", "\" The end.\"", 400},
@@ -5045,17 +5198,17 @@ static void test_server_errors(void) {
         {1, "audio", "{\"voice\":\"alloy\",\"format\":\"wav\"}", 400},
         {1, "modalities", "[\"text\",\"audio\"]", 400},
         {1, "prediction", "{\"type\":\"content\",\"content\":\"x\"}", 400},
-        {1, "reasoning_effort", "\"low\"", 400},
         {1, "web_search_options", "{}", 400},
         {1, "echo", "true", 400},
         {0, "use_beam_search", "true", 400},
-        {1, "chat_template_kwargs", "{\"enable_thinking\":false}", 400},
         {1, "response_format", "{\"type\":\"text\"}", 200},
         {0, "response_format", "{\"type\":\"text\"}", 200},
         {1, "response_format", "null", 200},
         {1, "tools", "[]", 200},
         {1, "tool_choice", "\"none\"", 200},
         {1, "tool_choice", "\"auto\",\"tools\":[]", 200},
+        {1, "reasoning_effort", "\"low\"", 200},
+        {1, "chat_template_kwargs", "{\"enable_thinking\":false}", 200},
         {0, "logit_bias", "{}", 200},
         {1, "logit_bias", "null", 200},
         {0, "logit_bias", "{\"50\":-100}", 200},
@@ -6494,7 +6647,8 @@ int main(int argc, char **argv) {
         {"fault: requests", test_fault_requests}, {"fault: gguf numbers", test_fault_gguf_numbers},
         {"fault: command line", test_fault_command_line}, {"fault: wait policy", test_fault_wait_policy},
         {"threads for the load", test_threads_for_load},
-        {"chat templates", test_chat_templates}, {"chat template detection", test_chat_detect},
+        {"chat templates", test_chat_templates}, {"chat templates: tools against Jinja", test_chat_tools_jinja},
+        {"chat template detection", test_chat_detect},
         {"chat, piped", test_chat_piped}, {"chat on a terminal", test_chat_terminal},
         {"server endpoints", test_server_endpoints}, {"server prompt logprobs", test_server_prompt_logprobs},
         {"server errors", test_server_errors}, {"server structured output", test_server_structured},

@@ -150,7 +150,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (llm_chat_template_init(&ct, tmpl.ptr, tmpl.ptr ? tmpl.len : 0, t, NULL, err) == 0) {
             llm_chat_message msgs[3] = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"}};
             char out[4096];
-            (void)llm_chat_render(&ct, msgs, 3, 1, out, (int)sizeof out);
+            (void)llm_chat_render(&ct, msgs, 3, NULL, 1, out, (int)sizeof out);
             int32_t stop_ids[16];
             (void)llm_chat_stop_ids(&ct, t, stop_ids, 16);
         }
