@@ -536,7 +536,8 @@ int llm_json_parse(const char *text, size_t len, llm_json *out, char *err);
 void llm_json_free(llm_json *v);
 llm_json *llm_json_get(const llm_json *obj, const char *key);  /* the last value of key; NULL: none */
 /* A value as JSON text (malloc'ed; NULL when out of memory): compact, or (python = 1) byte for byte what
- * Python's json.dumps(value, ensure_ascii=False) writes, which is what chat templates' tojson writes */
+ * Python's json.dumps(value, ensure_ascii=False) writes, which is what chat templates' tojson writes
+ * (python = N > 1: with indent=N) */
 char *llm_json_dumps(const llm_json *v, int python);
 
 /* GBNF (llama.cpp's grammar format) to GBNF text, from the other ways of saying what the output must be. Each
@@ -3061,8 +3062,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
     int has_sys = n > 0 && role[0] == LLM_ROLE_SYSTEM, first = has_sys; /* first: after the system turn */
     const char *sys = has_sys ? CONTENT(0) : "";
     const char *bos = ct->bos, *eos = ct->eos;
-    /* only the Hermes families write a tool's turn themselves */
-    for (int i = 0; i < n && ct->tool_format != LLM_TOOLS_HERMES; i++) failed |= role[i] == LLM_ROLE_TOOL;
+    /* only the families with a tool format write a tool's turn themselves */
+    for (int i = 0; i < n && ct->tool_format == LLM_TOOLS_GENERIC; i++) failed |= role[i] == LLM_ROLE_TOOL;
     switch (failed ? -1 : ct->family) {
     case -1: break;
     case LLM_CHAT_QWEN3: { /* Qwen/Qwen3-0.6B */
@@ -3087,21 +3088,54 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
                                "<|im_start|>assistant\n<think>\n\n</think>\n\n");
         break;
     }
-    case LLM_CHAT_LLAMA3: /* meta-llama/Meta-Llama-3-8B-Instruct; dated: Llama-3.1-8B-Instruct, 3.2-1B */
+    case LLM_CHAT_LLAMA3: { /* meta-llama/Meta-Llama-3-8B-Instruct; dated: Llama-3.1-8B-Instruct, 3.2-1B */
+        int tools_here = ct->tool_format == LLM_TOOLS_LLAMA3 && tl_given;
         llm_chat_puts(&c, bos);
         if (ct->dated_system) {
-            llm_chat_puts(&c, "<|start_header_id|>system<|end_header_id|>\n\n"
-                          "Cutting Knowledge Date: December 2023\nToday Date: ");
+            llm_chat_puts(&c, "<|start_header_id|>system<|end_header_id|>\n\n");
+            if (tools_here) llm_chat_puts(&c, "Environment: ipython\n");
+            llm_chat_puts(&c, "Cutting Knowledge Date: December 2023\nToday Date: ");
             llm_chat_puts(&c, ct->date); llm_chat_puts(&c, "\n\n");
             llm_chat_put_trimmed(&c, sys); llm_chat_puts(&c, "<|eot_id|>");
         }
-        for (int i = ct->dated_system ? first : 0; i < n; i++) {
-            llm_chat_puts(&c, "<|start_header_id|>"); llm_chat_puts(&c, llm_chat_role_names[role[i]]);
-            llm_chat_puts(&c, "<|end_header_id|>\n\n");
+        int i = ct->dated_system ? first : 0;
+        if (tools_here) { /* Llama 3.1: the tools go in the first user turn, each as tojson(indent=4) */
+            if (i >= n) { failed = 1; break; }
+            llm_chat_puts(&c, "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please "
+                          "respond with a JSON for a function call with its proper arguments that best answers the "
+                          "given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": "
+                          "dictionary of argument name and its value}.Do not use variables.\n\n");
+            for (int k = 0; k < tl_given->n; k++) {
+                char *py = llm_json_dumps(&tl_given->items[k], 4);
+                llm_chat_puts(&c, py ? py : ""); llm_chat_puts(&c, "\n\n");
+                free(py);
+            }
             llm_chat_put_trimmed(&c, CONTENT(i)); llm_chat_puts(&c, "<|eot_id|>");
+            i++;
+        }
+        for (; i < n && !failed; i++) {
+            if (role[i] == LLM_ROLE_TOOL) { /* a result: tojson of its text (a string is iterable to Jinja) */
+                llm_json text = {LLM_JSON_STRING, 0, (char *)CONTENT(i), strlen(CONTENT(i)), NULL, NULL, 0, 0};
+                char *py = llm_json_dumps(&text, 1);
+                llm_chat_puts(&c, "<|start_header_id|>ipython<|end_header_id|>\n\n"); llm_chat_puts(&c, py ? py : "");
+                llm_chat_puts(&c, "<|eot_id|>");
+                free(py);
+            } else if (role[i] == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0) { /* one call a turn */
+                const llm_chat_tool_call *tc = &msgs[i].tool_calls[0];
+                if (msgs[i].n_tool_calls != 1) { failed = 1; break; }
+                llm_chat_puts(&c, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
+                llm_chat_puts(&c, tc->name ? tc->name : ""); llm_chat_puts(&c, "\", \"parameters\": ");
+                failed = llm_chat_put_json(&c, tc->arguments) != 0;
+                llm_chat_puts(&c, "}<|eot_id|>");
+            } else {
+                llm_chat_puts(&c, "<|start_header_id|>"); llm_chat_puts(&c, llm_chat_role_names[role[i]]);
+                llm_chat_puts(&c, "<|end_header_id|>\n\n");
+                llm_chat_put_trimmed(&c, CONTENT(i)); llm_chat_puts(&c, "<|eot_id|>");
+            }
         }
         if (gen) llm_chat_puts(&c, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
+    }
     case LLM_CHAT_LLAMA2: /* meta-llama/Llama-2-7b-chat-hf: no generation prompt; no later system turns */
         for (int i = first; i < n; i++) {
             char *joined = NULL; /* the system block joins the first turn before the strip */
@@ -6249,7 +6283,11 @@ static void llm_json_write_float(char **out, double x) {
 /* A JSON value written compactly (for const and enum: the text the model must write), or as Python's
  * json.dumps writes it: ", " and ": " between the parts, floats as Python writes them, and every control
  * character escaped (\n, \t, ... by name), everything else as it is */
-static void llm_js_write_json(char **out, const llm_json *v, int python) {
+static void llm_js_write_indented(char **out, const llm_json *v, int python, int indent, int level);
+static void llm_js_write_json(char **out, const llm_json *v, int python) { llm_js_write_indented(out, v, python, 0, 0); }
+
+/* indent > 0: Python's json.dumps(value, indent=indent): each item on its own line, "," between them */
+static void llm_js_write_indented(char **out, const llm_json *v, int python, int indent, int level) {
     switch (v->type) {
     case LLM_JSON_NULL: llm_re_puts(out, "null"); break;
     case LLM_JSON_TRUE: llm_re_puts(out, "true"); break;
@@ -6277,14 +6315,16 @@ static void llm_js_write_json(char **out, const llm_json *v, int python) {
         int obj = v->type == LLM_JSON_OBJECT;
         arrput(*out, obj ? '{' : '[');
         for (int i = 0; i < v->n; i++) {
-            if (i) llm_re_puts(out, python ? ", " : ",");
+            if (i) llm_re_puts(out, python && !indent ? ", " : ",");
+            if (indent) { arrput(*out, '\n'); for (int k = 0; k < (level + 1) * indent; k++) arrput(*out, ' '); }
             if (obj) {
                 llm_json key = {LLM_JSON_STRING, 0, v->keys[i], strlen(v->keys[i]), NULL, NULL, 0, 0};
                 llm_js_write_json(out, &key, python);
                 llm_re_puts(out, python ? ": " : ":");
             }
-            llm_js_write_json(out, &v->items[i], python);
+            llm_js_write_indented(out, &v->items[i], python, indent, level + 1);
         }
+        if (indent && v->n) { arrput(*out, '\n'); for (int k = 0; k < level * indent; k++) arrput(*out, ' '); }
         arrput(*out, obj ? '}' : ']');
     }
     }
@@ -6292,7 +6332,7 @@ static void llm_js_write_json(char **out, const llm_json *v, int python) {
 
 char *llm_json_dumps(const llm_json *v, int python) {
     char *b = NULL; /* stb_ds */
-    llm_js_write_json(&b, v, python);
+    llm_js_write_indented(&b, v, python > 0, python > 1 ? python : 0, 0);
     arrput(b, 0);
     char *text = strdup(b);
     arrfree(b);
@@ -6963,7 +7003,7 @@ static void llm_gr_until(char **out, const char *prefix, const char *until, cons
 
 /* The schema of one call in the generic and Hermes syntax, {"name": NAME, "arguments": PARAMETERS}, as JSON
  * text appended to *out; -1 (err) for a tool that is not a function with a name */
-static int llm_tool_call_schema(char **out, const llm_json *tool, int i, char *err) {
+static int llm_tool_call_schema(char **out, const llm_json *tool, int i, const char *args_key, char *err) {
     const llm_json *type = llm_json_get(tool, "type"), *fn = llm_json_get(tool, "function");
     const llm_json *name = llm_json_get(fn, "name"), *params = llm_json_get(fn, "parameters");
     if (!type || type->type != LLM_JSON_STRING || strcmp(type->str, "function") || !fn || fn->type != LLM_JSON_OBJECT)
@@ -6974,9 +7014,9 @@ static int llm_tool_call_schema(char **out, const llm_json *tool, int i, char *e
         return llm_fail(err, "tools[%d].function.parameters must be a JSON Schema object", i);
     char *name_json = llm_json_dumps(name, 0), *params_json = params && params->type == LLM_JSON_OBJECT ?
                                                               llm_json_dumps(params, 0) : NULL;
-    llm_re_printf(out, "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":%s},\"arguments\":%s},"
-                  "\"required\":[\"name\",\"arguments\"],\"additionalProperties\":false}", name_json ? name_json : "\"\"",
-                  params_json ? params_json : "{\"type\":\"object\"}");
+    llm_re_printf(out, "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":%s},\"%s\":%s},"
+                  "\"required\":[\"name\",\"%s\"],\"additionalProperties\":false}", name_json ? name_json : "\"\"",
+                  args_key, params_json ? params_json : "{\"type\":\"object\"}", args_key);
     free(name_json); free(params_json);
     return 0;
 }
@@ -7010,7 +7050,8 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
         const llm_json *nm = llm_json_get(llm_json_get(&tl.items[i], "function"), "name");
         if (choice == LLM_TOOL_NAMED && (!nm || nm->type != LLM_JSON_STRING || strcmp(nm->str, name))) continue;
         llm_re_puts(&any, n++ ? "," : "{\"anyOf\":[");
-        rc = llm_tool_call_schema(&any, &tl.items[i], i, err);
+        rc = llm_tool_call_schema(&any, &tl.items[i], i, ct->tool_format == LLM_TOOLS_LLAMA3 ? "parameters" :
+                                  "arguments", err);
     }
     if (rc == 0 && !n) rc = llm_fail(err, "tool_choice names \"%.64s\", which is none of the tools", name);
     llm_re_puts(&any, "]}");
@@ -7026,6 +7067,12 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
         llm_re_printf(&out, "call-rest ::= \"\\n\"? tool-json \"\\n\"? \"</tool_call>\"%s\n", more);
         if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "<tool_call>", "call-rest", 1);
         else if (think) llm_gr_until(&out, "think", "</think>", NULL, 0);
+    } else if (rc == 0 && ct->tool_format == LLM_TOOLS_LLAMA3) {
+        /* Llama 3.1: one call, {"name": ..., "parameters": ...}, as the whole reply; auto: or a reply that
+         * does not begin with "{" */
+        rules = llm_tool_schema_rules(any, strlen(any), "tool-json", err);
+        llm_re_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= tool-json | ( [^{] [^\\x00]* )?\n" :
+                    "root ::= tool-json\n");
     } else if (rc == 0) {
         /* generic: the whole reply is {"tool_calls": [...]} or, unless required, {"response": "..."} */
         char *schema = NULL;
@@ -7231,6 +7278,13 @@ int llm_chat_parse_reply(const llm_chat_template *ct, const char *s, size_t n, i
                 memcpy(arraddnptr(content, n - i), s + i, n - i);
             }
             arrfree(key);
+        } else if (!partial || k < n) memcpy(arraddnptr(content, n - i), s + i, n - i);
+    } else if (tools && ct->tool_format == LLM_TOOLS_LLAMA3) {
+        /* Llama 3.1: a reply that begins with "{" is a call */
+        size_t k = i, e;
+        while (k < n && llm_is_space(s[k])) k++;
+        if (k < n && s[k] == '{' && llm_reply_call(r, s, n, k, &e) >= 0) {
+            if (!r->n_calls && !partial) memcpy(arraddnptr(content, n - i), s + i, n - i); /* no call after all */
         } else if (!partial || k < n) memcpy(arraddnptr(content, n - i), s + i, n - i);
     } else if (tools) {
         /* Hermes: text, then <tool_call>{...}</tool_call> one after another */

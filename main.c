@@ -80,6 +80,8 @@ static const char *usage =
     "  --max-queue N          requests waiting at most (default 4096); more get 503\n"
     "  --request-timeout S    seconds a client has to send a request once begun (default 30)\n"
     "  --chat-template NAME   as for chat\n"
+    "  --reasoning-format F   deepseek (default): a thinking model's <think>...</think> goes to\n"
+    "                         reasoning_content and reasoning, apart from content; none: left in content\n"
     "  sampling: what a request omits comes from the file's general.sampling.* keys, else OpenAI's defaults\n"
     "  (temperature 1, top_p 1)\n"
     "\n"
@@ -148,7 +150,7 @@ typedef struct {
     int think;
     /* serve */
     const char *host, *api_key, *served_model_name;
-    int port, max_queue;
+    int port, max_queue, reasoning_none;
     double request_timeout;
     const char *stops[16];
     const char *grammar_file, *json_schema, *regex; /* at most one: made into sampling.grammar */
@@ -267,6 +269,14 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         else if (FLAG("--port")) { INT(0, 65535); a->port = (int)x; }
         else if (FLAG("--api-key")) { NEED(); a->api_key = v; }
         else if (FLAG("--served-model-name")) { NEED(); a->served_model_name = v; }
+        else if (FLAG("--reasoning-format")) {
+            NEED();
+            if (strcmp(v, "none") && strcmp(v, "deepseek") && strcmp(v, "auto")) {
+                fprintf(stderr, "llm: --reasoning-format must be deepseek (or auto) or none, not '%s'\n", v);
+                return -1;
+            }
+            a->reasoning_none = !strcmp(v, "none");
+        }
         else if (FLAG("--max-queue")) { INT(1, 1 << 30); a->max_queue = (int)x; }
         else if (FLAG("--request-timeout")) { REAL(0.001, 1e6); a->request_timeout = x; }
         else if (FLAG("--temp")) {
@@ -530,6 +540,26 @@ static int chat_prompt_ids(chat_t *c, const char *text, int32_t **ids) {
     return chat_tokenize(c->tok, rest, 0, ids);
 }
 
+/* The reply so far read again (llm_chat_parse_reply): what it adds to the thinking, dimmed, and to the
+ * answer. final: the reply is whole (nothing held back). */
+static void chat_show_reply(chat_t *c, const char *reply, size_t *shown_thinking, size_t *shown_answer,
+                            int final) {
+    llm_chat_reply rep;
+    if (llm_chat_parse_reply(&c->tmpl, reply ? reply : "", (size_t)arrlen(reply), 1, 0, !final, &rep) == 0) {
+        size_t nr = rep.reasoning ? strlen(rep.reasoning) : 0, na = strlen(rep.content);
+        if (nr > *shown_thinking) {
+            printf("\033[2m%s\033[0m", rep.reasoning + *shown_thinking);
+            *shown_thinking = nr;
+        }
+        if (na > *shown_answer) {
+            if (!*shown_answer && nr) printf("\n\n");
+            fputs(rep.content + *shown_answer, stdout);
+            *shown_answer = na;
+        }
+    }
+    llm_chat_reply_free(&rep);
+}
+
 /* One turn: the user's text in, the reply streamed out. */
 static void chat_turn(chat_t *c, const char *user) {
     char err[LLM_ERR_LEN];
@@ -571,6 +601,9 @@ static void chat_turn(chat_t *c, const char *user) {
     char *reply = NULL;             /* stb_ds: the reply's text */
     int32_t *reply_ids = NULL;
     int finish = LLM_FINISH_NONE, aborted = 0, n_prompt = 0, n_cached = 0;
+    /* on a terminal, a model that thinks shows its thinking dimmed, apart from its answer */
+    int dim_thinking = c->tty_out && c->tmpl.thinks && c->tmpl.enable_thinking;
+    size_t shown_thinking = 0, shown_answer = 0;
     g_interrupted = 0;
     while (llm_engine_has_work(c->e)) {
         if (g_interrupted && !aborted) { llm_engine_abort(c->e, id); aborted = 1; }
@@ -582,12 +615,14 @@ static void chat_turn(chat_t *c, const char *user) {
             for (int j = 0; j < out[i].n_tokens; j++) arrput(reply_ids, out[i].token_ids[j]);
             if (out[i].text_len)
                 memcpy(arraddnptr(reply, out[i].text_len), out[i].text, (size_t)out[i].text_len);
-            fwrite(out[i].text, 1, (size_t)out[i].text_len, stdout);
+            if (dim_thinking) chat_show_reply(c, reply, &shown_thinking, &shown_answer, 0);
+            else fwrite(out[i].text, 1, (size_t)out[i].text_len, stdout);
             fflush(stdout);
             if (out[i].finish_reason) finish = out[i].finish_reason;
             if (out[i].finish_reason == LLM_FINISH_ERROR) fprintf(stderr, "\nllm: %s\n", out[i].error);
         }
     }
+    if (dim_thinking) chat_show_reply(c, reply, &shown_thinking, &shown_answer, 1);
     double t1 = now_s();
     if (!t_first) t_first = t1;
     printf("\n");
@@ -1051,7 +1086,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         serve_config sc = {a.engine, a.host, a.api_key, a.served_model_name, a.chat_template, a.port,
-                           a.max_queue, a.request_timeout};
+                           a.max_queue, a.request_timeout, a.reasoning_none};
         return serve(&sc);
     }
     if (!a.engine.model_path) {

@@ -2280,6 +2280,7 @@ typedef struct {
     const char *host, *api_key, *served_model_name, *chat_template;
     int port, max_queue;
     double request_timeout;         /* seconds a client has to send a request once begun */
+    int reasoning_none;             /* --reasoning-format none: thinking stays in content */
 } serve_config;
 
 static int serve(const serve_config *a) {
@@ -2317,6 +2318,7 @@ static int serve(const serve_config *a) {
     S->defaults = llm_sampling_defaults();
     char sampling_note[LLM_ERR_LEN];
     int from_file = llm_model_sampling_defaults(S->model, &S->defaults, sampling_note);
+    S->reasoning_format_none = a->reasoning_none;
     if (a->served_model_name) snprintf(S->model_name, sizeof S->model_name, "%s", a->served_model_name);
     else { /* the file's name without its folders and .gguf, as vLLM names a model by its path */
         const char *base = strrchr(a->engine.model_path, '/');
