@@ -25,7 +25,7 @@
  *   1. GGUF         a file -> metadata and tensors       llm_gguf: memory-mapped, every offset checked
  *   2. Model        tensors -> weights and a config      llm_model: typed pointers into the file
  *   3. Tokenizer    text -> token ids                    llm_tokenizer: SentencePiece and byte-level BPE
- *   4. Chat         messages -> a prompt                 llm_chat_render: the chat template families
+ *   4. Chat         messages, tools -> a prompt          llm_chat_render: the chat template families
  *   5. Requests     token ids -> a step's plan           the scheduler: admission, budget, preemption
  *   6. Blocks       sequences -> KV-cache blocks         llm_block_manager: free list, refs, prefix cache
  *   7. Forward      a batch -> logits                    llm_backend: the CPU one here, CUDA in llm.cu
@@ -58,9 +58,10 @@
  *         llm_cuda_backend_create, llm_cuda_weight_bytes, llm_cuda_run_gemm, llm_cuda_run_attention)
  *   sampler: llm_sampler_create, llm_sampler_free, llm_sampler_penalize, llm_sampler_candidates,
  *         llm_sampler_sample
- *   grammar: llm_json_parse, _free, _get; llm_json_schema_to_grammar, llm_regex_to_grammar,
- *         llm_choice_to_grammar; llm_grammar_parse, _free, _start, _state_copy, _state_free, _accept,
- *         _can_end, _done, _mask, _allows; llm_token_trie_build, _free
+ *   grammar: llm_json_parse, _free, _get, _dumps; llm_json_schema_to_grammar, llm_regex_to_grammar,
+ *         llm_choice_to_grammar; llm_chat_tool_grammar, llm_chat_parse_reply, llm_chat_reply_free (tool
+ *         calls and thinking, in each chat family's syntax); llm_grammar_parse, _free, _start, _state_copy,
+ *         _state_free, _accept, _can_end, _done, _mask, _allows; llm_token_trie_build, _free
  *   detokenizer: llm_tokenizer_piece, llm_detok_push, llm_detok_flush, llm_detokenize
  *
  * An example: the greedy continuation of a prompt, streamed to stdout (`make test` compiles and runs it).
@@ -7222,6 +7223,10 @@ static int llm_reply_call(llm_chat_reply *r, const char *s, size_t n, size_t i, 
     return 0;
 }
 
+static void llm_bytes_put(char **b, const char *s, size_t n) { /* appends n bytes to an stb_ds array */
+    if (n) memcpy(arraddnptr(*b, n), s, n);
+}
+
 int llm_chat_parse_reply(const llm_chat_template *ct, const char *s, size_t n, int think, int tools,
                          int partial, llm_chat_reply *r) {
     memset(r, 0, sizeof *r);
@@ -7275,17 +7280,17 @@ int llm_chat_parse_reply(const llm_chat_template *ct, const char *s, size_t n, i
                     k = e;
                 }
             } else if (!partial || (closed && k < n)) { /* not the generic reply: all of it is the answer */
-                memcpy(arraddnptr(content, n - i), s + i, n - i);
+                llm_bytes_put(&content, s + i, n - i);
             }
             arrfree(key);
-        } else if (!partial || k < n) memcpy(arraddnptr(content, n - i), s + i, n - i);
+        } else if (!partial || k < n) llm_bytes_put(&content, s + i, n - i);
     } else if (tools && ct->tool_format == LLM_TOOLS_LLAMA3) {
         /* Llama 3.1: a reply that begins with "{" is a call */
         size_t k = i, e;
         while (k < n && llm_is_space(s[k])) k++;
         if (k < n && s[k] == '{' && llm_reply_call(r, s, n, k, &e) >= 0) {
-            if (!r->n_calls && !partial) memcpy(arraddnptr(content, n - i), s + i, n - i); /* no call after all */
-        } else if (!partial || k < n) memcpy(arraddnptr(content, n - i), s + i, n - i);
+            if (!r->n_calls && !partial) llm_bytes_put(&content, s + i, n - i); /* no call after all */
+        } else if (!partial || k < n) llm_bytes_put(&content, s + i, n - i);
     } else if (tools) {
         /* Hermes: text, then <tool_call>{...}</tool_call> one after another */
         static const char open[] = "<tool_call>", close[] = "</tool_call>";
@@ -7294,7 +7299,7 @@ int llm_chat_parse_reply(const llm_chat_template *ct, const char *s, size_t n, i
             for (size_t k = i; k + 11 <= n && !at; k++) if (!memcmp(s + k, open, 11)) at = s + k;
             size_t text_end = at ? (size_t)(at - s) : n;
             if (!at && partial) text_end -= llm_marker_tail(s + i, n - i, open);
-            if (!r->n_calls) memcpy(arraddnptr(content, text_end - i), s + i, text_end - i);
+            if (!r->n_calls) llm_bytes_put(&content, s + i, text_end - i);
             if (!at) break;
             size_t e;
             int rc = llm_reply_call(r, s, n, (size_t)(at - s) + 11, &e);
@@ -7305,7 +7310,7 @@ int llm_chat_parse_reply(const llm_chat_template *ct, const char *s, size_t n, i
             i = e;
         }
     } else {
-        memcpy(arraddnptr(content, n - i), s + i, n - i);
+        llm_bytes_put(&content, s + i, n - i);
     }
     /* Hermes puts a newline between the text and the first call: not part of the answer (and so, while the
      * reply is being written, white space at the end is held back: a call may follow) */

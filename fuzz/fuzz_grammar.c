@@ -58,7 +58,7 @@ static void check_mask(const llm_grammar_state *st) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1 || size > 4096) return 0;
-    int mode = data[0] % 4;
+    int mode = data[0] % 6;
     char *text = (char *)malloc(size), err[LLM_ERR_LEN];
     memcpy(text, data + 1, size - 1);
     text[size - 1] = 0;
@@ -95,6 +95,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (gbnf) llm_grammar_free(must_parse(gbnf, mode == 1 ? "the JSON Schema converter" : "the regex converter"));
         else FUZZ_CHECK(err[0] != 0, "a refusal without a reason");
         free(gbnf);
+    } else if (mode == 4) { /* tools (JSON) in each family's syntax: a grammar that parses, or a reason */
+        for (int f = LLM_TOOLS_GENERIC; f <= LLM_TOOLS_LLAMA3; f++) {
+            llm_chat_template ct;
+            memset(&ct, 0, sizeof ct);
+            ct.tool_format = f; ct.thinks = data[0] & 8; ct.enable_thinking = 1;
+            char *gbnf = llm_chat_tool_grammar(&ct, text, (data[0] >> 4) % 3, "f", data[0] & 64, err);
+            if (gbnf) llm_grammar_free(must_parse(gbnf, "the tool call grammar"));
+            else FUZZ_CHECK(err[0] != 0, "tools refused without a reason");
+            free(gbnf);
+        }
+    } else if (mode == 5) { /* a reply read back, whole and as each of its prefixes: the parts only grow */
+        for (int f = LLM_TOOLS_GENERIC; f <= LLM_TOOLS_LLAMA3; f++) {
+            llm_chat_template ct;
+            memset(&ct, 0, sizeof ct);
+            ct.tool_format = f; ct.thinks = 1;
+            llm_chat_reply whole, part;
+            FUZZ_CHECK(llm_chat_parse_reply(&ct, text, len, 1, 1, 0, &whole) == 0, "a reply not read");
+            for (size_t k = 0; k <= len; k += 1 + k / 16) {
+                FUZZ_CHECK(llm_chat_parse_reply(&ct, text, k, 1, 1, 1, &part) == 0, "a partial reply not read");
+                llm_chat_reply_free(&part);
+            }
+            llm_chat_reply_free(&whole);
+        }
     } else {
         const char *choices[16];
         int n = 0;
