@@ -5137,6 +5137,146 @@ static void test_server_prompt_logprobs(void) {
     free(x);
 }
 
+/* Tools and thinking through the server, on a random-weight model with Qwen3's template (Hermes tools, a model
+ * that thinks): the thinking split from the answer (a grammar makes the model write <think>...</think>), whole
+ * and streamed; the prompt /tokenize gives with thinking off is the chat REPL's; a continued last message; a
+ * required call; and each bad shape of tools and messages a 400 naming its field. */
+static void test_server_tools(void) {
+    char extra[1024], err[LLM_ERR_LEN];
+    snprintf(extra, sizeof extra, "-m %s", model_path("random-qwen3-qknorm.gguf"));
+    test_server srv;
+    if (server_start(&srv, extra) != 0) { server_stop(&srv); return; }
+    int port = srv.port;
+    const char *think = "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"grammar\":\"root ::= "
+                        "\\\"<think>\\\\nabc\\\\n</think>\\\\n\\\\nxyz\\\"\"";
+    char body[2048];
+    snprintf(body, sizeof body, "{%s}", think);
+    char *r = http_post(port, "/v1/chat/completions", body, NULL);
+    CHECK(http_status(r) == 200 && strstr(http_body(r), "\"message\":{\"role\":\"assistant\",\"content\":\"xyz\","
+          "\"reasoning_content\":\"abc\",\"reasoning\":\"abc\",\"refusal\":null},\"logprobs\":null,"
+          "\"finish_reason\":\"stop\""), "thinking apart from the answer: %s", r);
+    free(r);
+    snprintf(body, sizeof body, "{%s,\"include_reasoning\":false}", think);
+    r = http_post(port, "/v1/chat/completions", body, NULL);
+    CHECK(http_status(r) == 200 && strstr(http_body(r), "\"message\":{\"role\":\"assistant\",\"content\":\"xyz\","
+          "\"refusal\":null}"), "include_reasoning false: %s", r);
+    free(r);
+    snprintf(body, sizeof body, "{%s,\"stream\":true}", think);
+    r = http_post(port, "/v1/chat/completions", body, NULL);
+    /* the deltas: each part's pieces, in order, and no tag in any of them */
+    char reasoning[256] = "", content[256] = "";
+    for (const char *p = r ? strstr(r, "data: {") : NULL; p; p = strstr(p + 1, "data: {")) {
+        const char *delta = strstr(p, "\"delta\":{"), *eol = strstr(p, "\n");
+        char piece[256];
+        if (!delta || (eol && delta > eol)) continue;
+        if (!strncmp(delta + 9, "\"reasoning_content\":", 20))
+            strncat(reasoning, json_str(delta, "reasoning_content", piece, sizeof piece),
+                    sizeof reasoning - strlen(reasoning) - 1);
+        if (!strncmp(delta + 9, "\"content\":", 10))
+            strncat(content, json_str(delta, "content", piece, sizeof piece), sizeof content - strlen(content) - 1);
+    }
+    CHECK(!strcmp(reasoning, "abc") && !strcmp(content, "xyz") && r && !strstr(r, "think>") &&
+          strstr(r, "\"finish_reason\":\"stop\""), "thinking streamed apart: \"%s\", \"%s\": %s", reasoning,
+          content, r);
+    free(r);
+    /* /tokenize with thinking off: the prompt the chat REPL writes (llm chat, without --think) */
+    llm_model m;
+    if (llm_model_load(&m, model_path("random-qwen3-qknorm.gguf"), err) == 0) {
+        llm_chat_template ct;
+        llm_chat_template_init_gguf(&ct, &m.gguf, m.tok, NULL, err);
+        ct.enable_thinking = 0;
+        const llm_chat_message msgs[] = {{"user", "Hi"}, {"assistant", "Hello the"}};
+        char text[512];
+        int32_t ids[256];
+        static const struct { int n, gen; const char *fields, *cut; } prompts[] = {
+            {1, 1, "\"chat_template_kwargs\":{\"enable_thinking\":false}", NULL},
+            {1, 1, "\"reasoning_effort\":\"none\"", NULL},
+            /* continued: as far as the last message's text, no end of its turn */
+            {2, 0, "\"add_generation_prompt\":false,\"continue_final_message\":true", "Hello the"},
+        };
+        for (size_t i = 0; i < sizeof prompts / sizeof *prompts; i++) {
+            int len = llm_chat_render(&ct, msgs, prompts[i].n, NULL, prompts[i].gen, text, sizeof text);
+            if (prompts[i].cut) len = (int)(strstr(text, prompts[i].cut) - text) + (int)strlen(prompts[i].cut);
+            int n = llm_tokenize_prompt(m.tok, text, (size_t)len, ids, 256);
+            char want[2048] = "";
+            for (int k = 0; k < n; k++) snprintf(want + strlen(want), sizeof want - strlen(want), k ? ",%d" : "%d", ids[k]);
+            snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}%s],%s}",
+                     prompts[i].n == 2 ? ",{\"role\":\"assistant\",\"content\":\"Hello the\"}" : "", prompts[i].fields);
+            r = http_post(port, "/tokenize", body, NULL);
+            CHECK(http_status(r) == 200 && strstr(http_body(r), want) && (prompts[i].cut || strstr(text, "</think>")),
+                  "/tokenize %s: %s\nwant the ids of %s", prompts[i].fields, r, text);
+            free(r);
+        }
+        llm_model_free(&m);
+    } else CHECK(0, "load random-qwen3-qknorm: %s", err);
+    /* a required call: Hermes' syntax read back into tool_calls */
+    const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
+                        "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":8}},"
+                        "\"required\":[\"city\"],\"additionalProperties\":false}}}]";
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"}],%s,\"tool_choice\":"
+             "\"required\",\"parallel_tool_calls\":false,\"max_tokens\":100,\"seed\":1,\"temperature\":1}", tools);
+    r = http_post(port, "/v1/chat/completions", body, NULL);
+    CHECK(http_status(r) == 200 && strstr(http_body(r), "\"content\":null,\"tool_calls\":[{\"id\":\"call_") &&
+          strstr(r, "\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{") &&
+          strstr(r, "\"finish_reason\":\"tool_calls\"") && !strstr(r, "tool_call>"), "a required call: %s", r);
+    free(r);
+    /* bad shapes: a 400 naming the field */
+    static const struct { const char *fields, *param, *says; } bad[] = {
+        {"\"tools\":{}", "tools", "must be a list"},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{}}]", "tools[0]", "name"},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[1]}}]", "tools[0]",
+         "parameters"},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+         "\"properties\":{\"x\":{\"type\":\"string\",\"format\":\"hostname\"}}}}}]", "tools", "format"},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":{\"type\":\"function\","
+         "\"function\":{\"name\":\"g\"}}", "tool_choice", "\\\"g\\\""},
+        {"\"tool_choice\":\"required\"", "tool_choice", "tools"},
+        {"\"tool_choice\":\"always\"", "tool_choice", "must be"},
+        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"response_format\":{\"type\":"
+         "\"json_object\"}", "tools", "give one"},
+        {"\"chat_template_kwargs\":{\"enable_thinking\":1}", "chat_template_kwargs", "true or false"},
+        {"\"reasoning_effort\":\"max\"", "reasoning_effort", "none, minimal"},
+        {"\"add_generation_prompt\":true,\"continue_final_message\":true", "continue_final_message", "both"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],%s}", bad[i].fields);
+        r = http_post(port, "/v1/chat/completions", body, NULL);
+        char param[80];
+        snprintf(param, sizeof param, "\"param\":\"%s\"", bad[i].param);
+        CHECK(http_status(r) == 400 && strstr(http_body(r), param) && strstr(http_body(r), bad[i].says),
+              "%s: 400 naming %s (%s): %s", bad[i].fields, bad[i].param, bad[i].says, r);
+        free(r);
+    }
+    static const struct { const char *messages, *param, *says; } bad_msgs[] = {
+        {"{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"tool\",\"tool_call_id\":\"x\",\"content\":\"1\"}",
+         "messages[1].tool_call_id", "no earlier tool call"},
+        {"{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":"
+         "\"a\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{oops\"}}]}",
+         "messages[1].tool_calls[0]", "arguments must be a JSON object"},
+        {"{\"role\":\"user\",\"content\":\"Hi\",\"tool_calls\":[]}", "messages[0].tool_calls", "assistant"},
+        {"{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"tool\",\"content\":\"1\"}", "messages[1].tool_call_id",
+         "must be the id"},
+    };
+    for (size_t i = 0; i < sizeof bad_msgs / sizeof *bad_msgs; i++) {
+        snprintf(body, sizeof body, "{\"messages\":[%s]}", bad_msgs[i].messages);
+        r = http_post(port, "/v1/chat/completions", body, NULL);
+        char param[80];
+        snprintf(param, sizeof param, "\"param\":\"%s\"", bad_msgs[i].param);
+        CHECK(http_status(r) == 400 && strstr(http_body(r), param) && strstr(http_body(r), bad_msgs[i].says),
+              "%s: 400 naming %s: %s", bad_msgs[i].messages, bad_msgs[i].param, r);
+        free(r);
+    }
+    /* a whole loop's second request: the call and its result, answered */
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\","
+             "\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":"
+             "\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Oslo\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
+             "\"call_1\",\"content\":\"-3\"}],%s,\"max_tokens\":8}", tools);
+    r = http_post(port, "/v1/chat/completions", body, NULL);
+    CHECK(http_status(r) == 200, "a tool's result answered: %s", r);
+    free(r);
+    CHECK(server_stop(&srv) == 0, "llm serve exits 0");
+}
+
 /* Structured output through the server: every field that asks for it (OpenAI's, vLLM's new and old, llama.cpp's)
  * on both endpoints, the answers checked here with llm_json_parse and by hand; the stream's deltas put together
  * are the answer; what cannot be honoured is a 400 naming the field (and the keyword) */
@@ -6803,6 +6943,7 @@ int main(int argc, char **argv) {
         {"chat, piped", test_chat_piped}, {"chat on a terminal", test_chat_terminal},
         {"server endpoints", test_server_endpoints}, {"server prompt logprobs", test_server_prompt_logprobs},
         {"server errors", test_server_errors}, {"server structured output", test_server_structured},
+        {"server tools and reasoning", test_server_tools},
         {"server connections", test_server_connections},
         {"server sampling from the file", test_server_sampling_keys},
         {"llm.h's layout", test_header_layout},
