@@ -297,6 +297,8 @@ typedef struct {
     char date[32];                  /* that date, as "26 Jul 2024" (init: today's, or the template's own) */
     int tool_format;                /* enum llm_tool_format */
     int thinks;                     /* the model writes <think>...</think> before its answer (Qwen3) */
+    int opens_think;                /* the generation prompt opens the <think> block itself (Qwen3's
+                                     * thinking-only templates, as DeepSeek-R1's): the reply starts inside */
     char note[LLM_ERR_LEN];         /* a warning: why the family is not what was asked for ("" when it is) */
 } llm_chat_template;
 
@@ -2793,6 +2795,7 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
     if (ct->family == LLM_CHAT_LLAMA3 && llm_has(tt.ptr, tt.len, "Environment: ipython"))
         ct->tool_format = LLM_TOOLS_LLAMA3;
     ct->thinks = ct->family == LLM_CHAT_QWEN3;
+    ct->opens_think = ct->thinks && llm_has(tt.ptr, tt.len, "'<|im_start|>assistant\\n<think>\\n'");
     if (ct->family == LLM_CHAT_CHATML)
         llm_chat_find_default_system(tt.ptr, tt.len, ct->default_system, sizeof ct->default_system);
     /* Llama 3.1's template dates the system turn 26 Jul 2024; 3.2's asks for today's date (strftime_now) */
@@ -3085,8 +3088,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
                 llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "<|im_end|>\n");
             }
         }
-        if (gen) llm_chat_puts(&c, ct->enable_thinking ? "<|im_start|>assistant\n" :
-                               "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+        if (gen) llm_chat_puts(&c, ct->opens_think ? "<|im_start|>assistant\n<think>\n" : ct->enable_thinking ?
+                               "<|im_start|>assistant\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
         break;
     }
     case LLM_CHAT_LLAMA3: { /* meta-llama/Meta-Llama-3-8B-Instruct; dated: Llama-3.1-8B-Instruct, 3.2-1B */
@@ -7236,12 +7239,13 @@ int llm_chat_parse_reply(const llm_chat_template *ct, const char *s, size_t n, i
         size_t a = 0;
         while (a < n && llm_is_space(s[a])) a++;
         int opened = n - a >= 7 && !memcmp(s + a, "<think>", 7);
+        if (ct->opens_think && !opened) { opened = 1; a = 0; } /* the prompt opened it: the reply starts inside */
+        else if (opened) a += 7;
         if (!opened && partial && llm_marker_tail(s + a, n - a, "<think>") == n - a) { /* maybe <think> yet */
             r->content = strdup("");
             return r->content ? 0 : -1;
         }
         if (opened) {
-            a += 7;
             const char *close = NULL;
             for (size_t k = a; k + 8 <= n && !close; k++) if (!memcmp(s + k, "</think>", 8)) close = s + k;
             size_t b = close ? (size_t)(close - s) : n;

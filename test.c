@@ -4243,6 +4243,8 @@ static void test_chat_tools_jinja(void) {
         {"testdata/templates/Qwen-Qwen3-0.6B.jinja", "ggml-vocab-qwen2.gguf", "", "<|im_end|>", LLM_TOOLS_HERMES},
         {"gguf:testdata/tokenizer/ggml-vocab-qwen2.gguf", "ggml-vocab-qwen2.gguf", "", "<|im_end|>",
          LLM_TOOLS_HERMES},
+        /* Qwen3's thinking-only variant (as Qwen3-*-Thinking-2507's): the generation prompt opens <think> */
+        {"llm-test-qwen3-thinking.jinja", "ggml-vocab-qwen2.gguf", "", "<|im_end|>", LLM_TOOLS_HERMES},
         {"testdata/templates/meta-llama-Llama-3.1-8B-Instruct.jinja", "ggml-vocab-llama-bpe.gguf",
          "<|begin_of_text|>", "<|eot_id|>", LLM_TOOLS_LLAMA3},
         {"testdata/templates/meta-llama-Llama-3.2-3B-Instruct.jinja", "ggml-vocab-llama-bpe.gguf",
@@ -4251,6 +4253,18 @@ static void test_chat_tools_jinja(void) {
          "<|begin_of_text|>", "<|eot_id|>", LLM_TOOLS_LLAMA3},
     };
     char err[LLM_ERR_LEN];
+    size_t qwen3_len;
+    char *qwen3 = read_file("testdata/templates/Qwen-Qwen3-0.6B.jinja", &qwen3_len);
+    const char *gen_prompt = "    {{- '<|im_start|>assistant\\n' }}\n    {%- if enable_thinking";
+    char *at = qwen3 ? strstr(qwen3, gen_prompt) : NULL, *end = at ? strstr(at, "{%- endif %}\n{%- endif %}") : NULL;
+    CHECK(at && end, "Qwen3's generation prompt in its template");
+    FILE *thinking = at && end ? fopen("llm-test-qwen3-thinking.jinja", "w") : NULL;
+    if (thinking) {
+        fprintf(thinking, "%.*s    {{- '<|im_start|>assistant\\n<think>\\n' }}\n%s", (int)(at - qwen3), qwen3,
+                end + strlen("{%- endif %}\n"));
+        fclose(thinking);
+    }
+    free(qwen3);
     const char *cases_path = "llm-test-chat-tools.jsonl", *out_path = "llm-test-chat-tools.out";
     FILE *f = fopen(cases_path, "w");
     size_t n_conv = sizeof tool_conversations / sizeof *tool_conversations, n_tmpl = sizeof templates / sizeof *templates;
@@ -4280,7 +4294,8 @@ static void test_chat_tools_jinja(void) {
         } else text = read_file(templates[k].path, &text_len);
         llm_chat_template ct;
         CHECK(t && text && llm_chat_template_init(&ct, text, text_len, t, NULL, err) == 0 &&
-              ct.tool_format == templates[k].format, "%s: its tool format: %s", templates[k].path, err);
+              ct.tool_format == templates[k].format && ct.opens_think == (strstr(templates[k].path, "thinking") != NULL),
+              "%s: its tool format, and whether it opens <think>: %s", templates[k].path, err);
         snprintf(ct.date, sizeof ct.date, "26 Jul 2024");
         for (size_t i = 0; i < n_conv && line && *line; i++) {
             char *next = strchr(line, '\n');
@@ -4317,7 +4332,7 @@ static void test_chat_tools_jinja(void) {
         if (t) { llm_tokenizer_free(t); llm_gguf_close(&g); }
     }
     free(out);
-    remove(cases_path); remove(out_path);
+    remove(cases_path); remove(out_path); remove("llm-test-qwen3-thinking.jinja");
 }
 
 /* Tool calls in each syntax: the grammar takes what the family writes and refuses what it does not (a name
@@ -4434,6 +4449,19 @@ static void test_tool_calls(void) {
         }
         llm_chat_reply_free(&r);
     }
+    /* a prompt that opened <think> itself: the reply starts inside the thinking */
+    llm_chat_template th;
+    memset(&th, 0, sizeof th);
+    th.family = LLM_CHAT_QWEN3; th.thinks = th.opens_think = 1;
+    llm_chat_reply r;
+    static const char opened[] = "\nabc\n</think>\n\nxyz";
+    CHECK(llm_chat_parse_reply(&th, opened, strlen(opened), 1, 0, 0, &r) == 0 && r.reasoning &&
+          !strcmp(r.reasoning, "abc") && !strcmp(r.content, "xyz"), "thinking opened by the prompt: \"%s\", \"%s\"",
+          r.reasoning ? r.reasoning : "(none)", r.content);
+    llm_chat_reply_free(&r);
+    CHECK(llm_chat_parse_reply(&th, opened, 3, 1, 0, 1, &r) == 0 && r.reasoning && !strcmp(r.reasoning, "ab") &&
+          !r.content[0], "thinking opened by the prompt, partial: \"%s\"", r.reasoning ? r.reasoning : "(none)");
+    llm_chat_reply_free(&r);
     /* tools the grammar cannot take: each refused, naming why */
     llm_chat_template ct;
     memset(&ct, 0, sizeof ct);
