@@ -104,14 +104,14 @@ try:
     except openai.BadRequestError as e:
         check("top_p" in str(e), f"BadRequestError: {e}")
     # fields not implemented are refused, not ignored
-    for kw in ({"suffix": " The end."}, {"tools": [{"type": "function", "function": {"name": "f"}}]}):
+    for kw in ({"suffix": " The end."}, {"functions": [{"name": "f", "parameters": {}}]}):  # functions: use tools
         field = next(iter(kw))
         try:
             if field == "suffix":
                 client.completions.create(model="stories260K", prompt="x", max_tokens=2, **kw)
             else:
                 client.chat.completions.create(model="stories260K", messages=[{"role": "user", "content": "x"}],
-                                               max_tokens=2, **kw)
+                                               max_tokens=2, extra_body=kw)
             check(False, f"{field} was accepted")
         except openai.BadRequestError as e:
             check(e.status_code == 400 and f"{field} is not supported" in str(e)
