@@ -7018,9 +7018,20 @@ static int llm_tool_call_schema(char **out, const llm_json *tool, int i, const c
         return llm_fail(err, "tools[%d].function.parameters must be a JSON Schema object", i);
     char *name_json = llm_json_dumps(name, 0), *params_json = params && params->type == LLM_JSON_OBJECT ?
                                                               llm_json_dumps(params, 0) : NULL;
+    /* no parameters: OpenAI's "empty parameter list" */
     llm_re_printf(out, "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":%s},\"%s\":%s},"
                   "\"required\":[\"name\",\"%s\"],\"additionalProperties\":false}", name_json ? name_json : "\"\"",
-                  args_key, params_json ? params_json : "{\"type\":\"object\"}", args_key);
+                  args_key, params_json ? params_json :
+                  "{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}", args_key);
+    /* the parameters alone through the converter: a keyword it refuses is named where the client wrote it */
+    char *alone = params && params->type == LLM_JSON_OBJECT ? llm_json_schema_to_grammar(params, err) : NULL;
+    if (params && params->type == LLM_JSON_OBJECT && !alone) {
+        char why[LLM_ERR_LEN];
+        snprintf(why, sizeof why, "%s", err);
+        free(name_json); free(params_json);
+        return llm_fail(err, "tools[%d].function.parameters: %s", i, why);
+    }
+    free(alone);
     free(name_json); free(params_json);
     return 0;
 }
@@ -7136,12 +7147,13 @@ static int llm_json_string_prefix(const char *s, size_t n, size_t i, char **out 
         if (e && simple) { arrput(*out, "\"\\/\b\f\n\r\t"[simple - "\"\\/bfnrt"]); i++; continue; }
         if (i + 6 > n) break;
         unsigned cp = (unsigned)strtoul((char[5]){s[i + 2], s[i + 3], s[i + 4], s[i + 5], 0}, NULL, 16);
-        if (cp >= 0xd800 && cp <= 0xdbff) {
+        if (cp >= 0xd800 && cp <= 0xdbff) { /* a high surrogate: with its low half, or alone (U+FFFD) */
             if (i + 12 > n) break;
-            unsigned lo = (unsigned)strtoul((char[5]){s[i + 8], s[i + 9], s[i + 10], s[i + 11], 0}, NULL, 16);
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-            i += 6;
-        }
+            unsigned lo = s[i + 6] == '\\' && s[i + 7] == 'u' ?
+                          (unsigned)strtoul((char[5]){s[i + 8], s[i + 9], s[i + 10], s[i + 11], 0}, NULL, 16) : 0;
+            if (lo >= 0xdc00 && lo <= 0xdfff) { cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00); i += 6; }
+            else cp = 0xfffd;
+        } else if ((cp >= 0xdc00 && cp <= 0xdfff) || cp == 0) cp = 0xfffd; /* a lone low half; NUL ends C text */
         char u[4];
         int k = llm_utf8_encode(cp, u);
         memcpy(arraddnptr(*out, k), u, (size_t)k);

@@ -4398,6 +4398,12 @@ static void test_tool_calls(void) {
         {LLM_TOOLS_GENERIC, 0, LLM_TOOL_AUTO, 1,
          "{\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}, {\"name\": \"now\", "
          "\"arguments\": {}}]}", 1, "", NULL, "get_weather", "{\"city\": \"Rome\"}", "now"},
+        {LLM_TOOLS_GENERIC, 0, LLM_TOOL_AUTO, 1, /* surrogates: a pair, a lone high half, a lone low half */
+         "{\"response\": \"\\ud83d\\ude00a\\ud8d8\\u8d8db\\udc00c\"}", 1,
+         "\xf0\x9f\x98\x80" "a\xef\xbf\xbd\xe8\xb6\x8d" "b\xef\xbf\xbd" "c", NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_HERMES, 0, LLM_TOOL_REQUIRED, 1, /* no parameters: no arguments */
+         "<tool_call>\n{\"name\": \"now\", \"arguments\": {\"x\": 1}}\n</tool_call>", 0, NULL, NULL, NULL, NULL,
+         NULL},
         {LLM_TOOLS_GENERIC, 0, LLM_TOOL_REQUIRED, 0, "{\"response\": \"no\"}", 0, NULL, NULL, NULL, NULL, NULL},
         {LLM_TOOLS_GENERIC, 0, LLM_TOOL_REQUIRED, 0,
          "{\"tool_calls\": [{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"now\", \"arguments\": {}}]}", 0,
@@ -4471,7 +4477,7 @@ static void test_tool_calls(void) {
         {"[{\"type\":\"function\",\"function\":{\"parameters\":{}}}]", "tools[0].function.name"},
         {"[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]", "tools[0].function.parameters"},
         {"[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":"
-         "{\"x\":{\"type\":\"string\",\"format\":\"hostname\"}}}}}]", "format"},
+         "{\"x\":{\"type\":\"string\",\"format\":\"hostname\"}}}}}]", "tools[0].function.parameters: "},
         {"[]", "non-empty"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
