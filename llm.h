@@ -3040,14 +3040,17 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
     llm_chat_text c = {out, out && cap > 0 ? (size_t)cap : 0, 0};
     llm_json tl;
     memset(&tl, 0, sizeof tl);
-    if (n < 0 || (tools && (llm_json_parse(tools, strlen(tools), &tl, NULL) != 0 || tl.type != LLM_JSON_ARRAY))) {
+    int bad_tools = tools && (llm_json_parse(tools, strlen(tools), &tl, NULL) != 0 ||
+                              tl.type != LLM_JSON_ARRAY);
+    if (n < 0 || bad_tools) {
         llm_json_free(&tl);
         return -1;
     }
     const llm_json *tl_given = tools && tl.n > 0 ? &tl : NULL;
     /* a family without a tool format of its own: tools, calls and results become plain turns first */
     int uses_tools = tl_given != NULL;
-    for (int i = 0; i < n; i++) uses_tools |= msgs[i].n_tool_calls > 0 || llm_chat_role(msgs[i].role) == LLM_ROLE_TOOL;
+    for (int i = 0; i < n; i++)
+        uses_tools |= msgs[i].n_tool_calls > 0 || llm_chat_role(msgs[i].role) == LLM_ROLE_TOOL;
     if (uses_tools && ct->tool_format == LLM_TOOLS_GENERIC) {
         llm_chat_message *plain;
         char **texts;
@@ -3059,7 +3062,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         free(texts); free(plain);
         return len;
     }
-    int *role = (int *)malloc((size_t)(n > 0 ? n : 1) * sizeof(int)), failed = 0;
+    int *role = (int *)calloc((size_t)(n > 0 ? n : 1), sizeof(int)), failed = 0;
     if (!role) { llm_json_free(&tl); return -1; }
     for (int i = 0; i < n; i++) if ((role[i] = llm_chat_role(msgs[i].role)) < 0) failed = 1;
 #define CONTENT(i) (msgs[i].content ? msgs[i].content : "")
@@ -3076,7 +3079,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
             if (has_sys) { llm_chat_puts(&c, sys); llm_chat_puts(&c, "\n\n"); }
             llm_hermes_tools(&c, tl_given);
         } else if (has_sys) {
-            llm_chat_puts(&c, "<|im_start|>system\n"); llm_chat_puts(&c, sys); llm_chat_puts(&c, "<|im_end|>\n");
+            llm_chat_puts(&c, "<|im_start|>system\n"); llm_chat_puts(&c, sys);
+            llm_chat_puts(&c, "<|im_end|>\n");
         }
         int last_query = llm_qwen3_last_query(msgs, role, n);
         for (int i = first; i < n && !failed; i++) {
@@ -3105,10 +3109,11 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         int i = ct->dated_system ? first : 0;
         if (tools_here) { /* Llama 3.1: the tools go in the first user turn, each as tojson(indent=4) */
             if (i >= n) { failed = 1; break; }
-            llm_chat_puts(&c, "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please "
-                          "respond with a JSON for a function call with its proper arguments that best answers the "
-                          "given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": "
-                          "dictionary of argument name and its value}.Do not use variables.\n\n");
+            llm_chat_puts(&c, "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, "
+                          "please respond with a JSON for a function call with its proper arguments that best "
+                          "answers the given prompt.\n\nRespond in the format {\"name\": function name, "
+                          "\"parameters\": dictionary of argument name and its value}.Do not use "
+                          "variables.\n\n");
             for (int k = 0; k < tl_given->n; k++) {
                 char *py = llm_json_dumps(&tl_given->items[k], 4);
                 llm_chat_puts(&c, py ? py : ""); llm_chat_puts(&c, "\n\n");
@@ -3121,7 +3126,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
             if (role[i] == LLM_ROLE_TOOL) { /* a result: tojson of its text (a string is iterable to Jinja) */
                 llm_json text = {LLM_JSON_STRING, 0, (char *)CONTENT(i), strlen(CONTENT(i)), NULL, NULL, 0, 0};
                 char *py = llm_json_dumps(&text, 1);
-                llm_chat_puts(&c, "<|start_header_id|>ipython<|end_header_id|>\n\n"); llm_chat_puts(&c, py ? py : "");
+                llm_chat_puts(&c, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+                llm_chat_puts(&c, py ? py : "");
                 llm_chat_puts(&c, "<|eot_id|>");
                 free(py);
             } else if (role[i] == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0) { /* one call a turn */
@@ -6262,7 +6268,10 @@ static void llm_js_rule(llm_js *c, const char *name, const char *body, size_t n)
 static void llm_json_write_float(char **out, double x) {
     char digits[32];
     int p = 1;
-    for (; p < 17; p++) { snprintf(digits, sizeof digits, "%.*e", p - 1, x); if (strtod(digits, NULL) == x) break; }
+    for (; p < 17; p++) {
+        snprintf(digits, sizeof digits, "%.*e", p - 1, x);
+        if (strtod(digits, NULL) == x) break;
+    }
     snprintf(digits, sizeof digits, "%.*e", p - 1, x);
     char *e = strchr(digits, 'e'), mant[24];
     int exp10 = atoi(e + 1), neg = digits[0] == '-', k = 0;
@@ -6288,7 +6297,9 @@ static void llm_json_write_float(char **out, double x) {
  * json.dumps writes it: ", " and ": " between the parts, floats as Python writes them, and every control
  * character escaped (\n, \t, ... by name), everything else as it is */
 static void llm_js_write_indented(char **out, const llm_json *v, int python, int indent, int level);
-static void llm_js_write_json(char **out, const llm_json *v, int python) { llm_js_write_indented(out, v, python, 0, 0); }
+static void llm_js_write_json(char **out, const llm_json *v, int python) {
+    llm_js_write_indented(out, v, python, 0, 0);
+}
 
 /* indent > 0: Python's json.dumps(value, indent=indent): each item on its own line, "," between them */
 static void llm_js_write_indented(char **out, const llm_json *v, int python, int indent, int level) {
@@ -6320,7 +6331,8 @@ static void llm_js_write_indented(char **out, const llm_json *v, int python, int
         arrput(*out, obj ? '{' : '[');
         for (int i = 0; i < v->n; i++) {
             if (i) llm_re_puts(out, python && !indent ? ", " : ",");
-            if (indent) { arrput(*out, '\n'); for (int k = 0; k < (level + 1) * indent; k++) arrput(*out, ' '); }
+            if (indent) arrput(*out, '\n');
+            for (int k = 0; k < (level + 1) * indent; k++) arrput(*out, ' ');
             if (obj) {
                 llm_json key = {LLM_JSON_STRING, 0, v->keys[i], strlen(v->keys[i]), NULL, NULL, 0, 0};
                 llm_js_write_json(out, &key, python);
@@ -6328,7 +6340,8 @@ static void llm_js_write_indented(char **out, const llm_json *v, int python, int
             }
             llm_js_write_indented(out, &v->items[i], python, indent, level + 1);
         }
-        if (indent && v->n) { arrput(*out, '\n'); for (int k = 0; k < level * indent; k++) arrput(*out, ' '); }
+        if (indent && v->n) arrput(*out, '\n');
+        for (int k = 0; v->n && k < level * indent; k++) arrput(*out, ' ');
         arrput(*out, obj ? '}' : ']');
     }
     }
@@ -6985,7 +6998,7 @@ static void llm_gr_until(char **out, const char *prefix, const char *until, cons
         char seen[256] = {0};
         seen[(unsigned char)until[j]] = 1;
         for (int k = j; k >= 0; k--) { /* characters that fall back to a state above 0 */
-            unsigned char ch = (unsigned char)until[k]; /* matches until[0..k) then ch: a prefix of length k+1? */
+            unsigned char ch = (unsigned char)until[k];
             if (seen[ch]) continue;
             /* the text is until[0..j) + ch; its longest suffix that is a prefix of until */
             int best = 0;
@@ -7010,7 +7023,8 @@ static void llm_gr_until(char **out, const char *prefix, const char *until, cons
 static int llm_tool_call_schema(char **out, const llm_json *tool, int i, const char *args_key, char *err) {
     const llm_json *type = llm_json_get(tool, "type"), *fn = llm_json_get(tool, "function");
     const llm_json *name = llm_json_get(fn, "name"), *params = llm_json_get(fn, "parameters");
-    if (!type || type->type != LLM_JSON_STRING || strcmp(type->str, "function") || !fn || fn->type != LLM_JSON_OBJECT)
+    if (!type || type->type != LLM_JSON_STRING || strcmp(type->str, "function") || !fn ||
+        fn->type != LLM_JSON_OBJECT)
         return llm_fail(err, "tools[%d] must be {\"type\": \"function\", \"function\": {...}}", i);
     if (!name || name->type != LLM_JSON_STRING || !name->len)
         return llm_fail(err, "tools[%d].function.name must be a non-empty string", i);
@@ -7020,7 +7034,8 @@ static int llm_tool_call_schema(char **out, const llm_json *tool, int i, const c
                                                               llm_json_dumps(params, 0) : NULL;
     /* no parameters: OpenAI's "empty parameter list" */
     llm_re_printf(out, "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":%s},\"%s\":%s},"
-                  "\"required\":[\"name\",\"%s\"],\"additionalProperties\":false}", name_json ? name_json : "\"\"",
+                  "\"required\":[\"name\",\"%s\"],\"additionalProperties\":false}",
+                  name_json ? name_json : "\"\"",
                   args_key, params_json ? params_json :
                   "{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}", args_key);
     /* the parameters alone through the converter: a keyword it refuses is named where the client wrote it */
@@ -7077,7 +7092,8 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
         const char *more = parallel ? " ( \"\\n\"? \"<tool_call>\" call-rest )?" : "";
         int think = ct->thinks && ct->enable_thinking;
         if (choice == LLM_TOOL_AUTO) llm_re_puts(&out, "root ::= text-0\n");
-        else if (think) llm_re_puts(&out, "root ::= ( \"<think>\" think-0 )? [\\n]{0,2} \"<tool_call>\" call-rest\n");
+        else if (think)
+            llm_re_puts(&out, "root ::= ( \"<think>\" think-0 )? [\\n]{0,2} \"<tool_call>\" call-rest\n");
         else llm_re_puts(&out, "root ::= \"<tool_call>\" call-rest\n");
         llm_re_printf(&out, "call-rest ::= \"\\n\"? tool-json \"\\n\"? \"</tool_call>\"%s\n", more);
         if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "<tool_call>", "call-rest", 1);
@@ -7092,8 +7108,9 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
         /* generic: the whole reply is {"tool_calls": [...]} or, unless required, {"response": "..."} */
         char *schema = NULL;
         llm_re_puts(&schema, choice == LLM_TOOL_AUTO ? "{\"anyOf\":[" : "");
-        llm_re_printf(&schema, "{\"type\":\"object\",\"properties\":{\"tool_calls\":{\"type\":\"array\",\"items\":%s,"
-                      "\"minItems\":1%s}},\"required\":[\"tool_calls\"],\"additionalProperties\":false}",
+        llm_re_printf(&schema, "{\"type\":\"object\",\"properties\":{\"tool_calls\":{\"type\":\"array\","
+                      "\"items\":%s,\"minItems\":1%s}},\"required\":[\"tool_calls\"],"
+                      "\"additionalProperties\":false}",
                       any, parallel ? "" : ",\"maxItems\":1");
         if (choice == LLM_TOOL_AUTO)
             llm_re_puts(&schema, ",{\"type\":\"object\",\"properties\":{\"response\":{\"type\":\"string\"}},"
@@ -7149,11 +7166,13 @@ static int llm_json_string_prefix(const char *s, size_t n, size_t i, char **out 
         unsigned cp = (unsigned)strtoul((char[5]){s[i + 2], s[i + 3], s[i + 4], s[i + 5], 0}, NULL, 16);
         if (cp >= 0xd800 && cp <= 0xdbff) { /* a high surrogate: with its low half, or alone (U+FFFD) */
             if (i + 12 > n) break;
-            unsigned lo = s[i + 6] == '\\' && s[i + 7] == 'u' ?
-                          (unsigned)strtoul((char[5]){s[i + 8], s[i + 9], s[i + 10], s[i + 11], 0}, NULL, 16) : 0;
+            char low[5] = {s[i + 8], s[i + 9], s[i + 10], s[i + 11], 0};
+            unsigned lo = s[i + 6] == '\\' && s[i + 7] == 'u' ? (unsigned)strtoul(low, NULL, 16) : 0;
             if (lo >= 0xdc00 && lo <= 0xdfff) { cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00); i += 6; }
             else cp = 0xfffd;
-        } else if ((cp >= 0xdc00 && cp <= 0xdfff) || cp == 0) cp = 0xfffd; /* a lone low half; NUL ends C text */
+        } else if ((cp >= 0xdc00 && cp <= 0xdfff) || cp == 0) { /* a lone low half; NUL would end the text */
+            cp = 0xfffd;
+        }
         char u[4];
         int k = llm_utf8_encode(cp, u);
         memcpy(arraddnptr(*out, k), u, (size_t)k);
@@ -7251,7 +7270,7 @@ int llm_chat_parse_reply(const llm_chat_template *ct, const char *s, size_t n, i
         size_t a = 0;
         while (a < n && llm_is_space(s[a])) a++;
         int opened = n - a >= 7 && !memcmp(s + a, "<think>", 7);
-        if (ct->opens_think && !opened) { opened = 1; a = 0; } /* the prompt opened it: the reply starts inside */
+        if (ct->opens_think && !opened) { opened = 1; a = 0; } /* opened by the prompt: the reply is inside */
         else if (opened) a += 7;
         if (!opened && partial && llm_marker_tail(s + a, n - a, "<think>") == n - a) { /* maybe <think> yet */
             r->content = strdup("");
@@ -7339,7 +7358,10 @@ int llm_chat_parse_reply(const llm_chat_template *ct, const char *s, size_t n, i
 }
 
 void llm_chat_reply_free(llm_chat_reply *r) {
-    for (int k = 0; k < r->n_calls; k++) { free((char *)r->calls[k].name); free((char *)r->calls[k].arguments); }
+    for (int k = 0; k < r->n_calls; k++) {
+        free((char *)r->calls[k].name);
+        free((char *)r->calls[k].arguments);
+    }
     free(r->calls); free(r->reasoning); free(r->content);
     memset(r, 0, sizeof *r);
 }

@@ -991,15 +991,17 @@ static int chat_content(const llm_json *m, int i, sbuf *out, srv_error *e) {
 static int chat_tool_call(const llm_json *tc, int i, int k, llm_chat_tool_call *out, sbuf *args, srv_error *e) {
     char param[64];
     snprintf(param, sizeof param, "messages[%d].tool_calls[%d]", i, k);
-    const llm_json *id = llm_json_get(tc, "id"), *type = llm_json_get(tc, "type"), *fn = llm_json_get(tc, "function");
+    const llm_json *id = llm_json_get(tc, "id"), *type = llm_json_get(tc, "type");
+    const llm_json *fn = llm_json_get(tc, "function");
     const llm_json *name = llm_json_get(fn, "name"), *a = llm_json_get(fn, "arguments");
-    if (tc->type != LLM_JSON_OBJECT || !fn || fn->type != LLM_JSON_OBJECT || (type && type->type != LLM_JSON_NULL &&
-        !fv_str(type, "function")))
+    if (tc->type != LLM_JSON_OBJECT || !fn || fn->type != LLM_JSON_OBJECT ||
+        (type && type->type != LLM_JSON_NULL && !fv_str(type, "function")))
         return bad(e, 400, param, "%s must be {\"id\", \"type\": \"function\", \"function\": {\"name\", "
                    "\"arguments\"}}", param);
     if (id && id->type != LLM_JSON_STRING && id->type != LLM_JSON_NULL)
         return bad(e, 400, param, "%s.id must be a string", param);
-    if (!name || name->type != LLM_JSON_STRING) return bad(e, 400, param, "%s.function.name must be a string", param);
+    if (!name || name->type != LLM_JSON_STRING)
+        return bad(e, 400, param, "%s.function.name must be a string", param);
     llm_json parsed;
     const llm_json *obj = a;
     if (a && a->type == LLM_JSON_STRING) {
@@ -1027,18 +1029,21 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         return bad(e, 400, "chat_template_kwargs", "chat_template_kwargs must be an object");
     const llm_json *think = llm_json_get(v, "enable_thinking");
     if (think && think->type != LLM_JSON_NULL && think->type != LLM_JSON_TRUE && think->type != LLM_JSON_FALSE)
-        return bad(e, 400, "chat_template_kwargs", "chat_template_kwargs.enable_thinking must be true or false");
+        return bad(e, 400, "chat_template_kwargs",
+                   "chat_template_kwargs.enable_thinking must be true or false");
     if (think && think->type != LLM_JSON_NULL) r->chat.enable_thinking = think->type == LLM_JSON_TRUE;
     if ((v = llm_json_get(body, "reasoning_effort")) && v->type != LLM_JSON_NULL) {
         static const char *const efforts[] = {"none", "minimal", "low", "medium", "high"};
         size_t k = 0;
         while (k < 5 && !fv_str(v, efforts[k])) k++;
-        if (k == 5) return bad(e, 400, "reasoning_effort", "reasoning_effort must be none, minimal, low, medium "
-                               "or high");
+        if (k == 5)
+            return bad(e, 400, "reasoning_effort",
+                       "reasoning_effort must be none, minimal, low, medium or high");
         if (k == 0) r->chat.enable_thinking = 0; /* the others: thinking as the template has it */
     }
     int gen = 1, cont = 0, include_reasoning = 1, parallel = 1;
-    if (get_bool(body, "add_generation_prompt", &gen, e) || get_bool(body, "continue_final_message", &cont, e) ||
+    if (get_bool(body, "add_generation_prompt", &gen, e) ||
+        get_bool(body, "continue_final_message", &cont, e) ||
         get_bool(body, "include_reasoning", &include_reasoning, e) ||
         get_bool(body, "parallel_tool_calls", &parallel, e))
         return -1;
@@ -1150,14 +1155,17 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         ok = 0; bad(e, 400, "continue_final_message", "continue_final_message needs an assistant message last");
     }
     int m = ok ? llm_chat_render(&r->chat, cm, n, tools_text, gen, NULL, 0) : -1;
-    if (ok && m < 0) { ok = 0; bad(e, 400, "messages", "the messages could not be written with the chat template"); }
+    if (ok && m < 0) {
+        ok = 0;
+        bad(e, 400, "messages", "the messages could not be written with the chat template");
+    }
     *text = ok ? (char *)malloc((size_t)m + 1) : NULL;
     if (ok && !*text) { ok = 0; bad(e, 500, NULL, "out of memory"); }
     if (ok) {
         llm_chat_render(&r->chat, cm, n, tools_text, gen, *text, m + 1);
         *len = m;
     }
-    if (ok && cont) { /* as Hugging Face continues a message: the text up to the end of its (stripped) content */
+    if (ok && cont) { /* as Hugging Face continues a message: the text up to its (stripped) content's end */
         const char *last = cm[n - 1].content;
         size_t a = 0, b = strlen(last);
         while (a < b && isspace((unsigned char)last[a])) a++;
@@ -1166,14 +1174,18 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         for (char *p = *text; b > a && (p = strstr(p, last + a)) != NULL; p++)
             if (!strncmp(p, last + a, b - a)) at = p;
         if (b > a && at) *len = (int)(at - *text) + (int)(b - a);
-        else if (b > a) { ok = 0; bad(e, 400, "continue_final_message", "the last message is not in the prompt"); }
+        else if (b > a) {
+            ok = 0;
+            bad(e, 400, "continue_final_message", "the last message is not in the prompt");
+        }
         if (ok) (*text)[*len] = 0;
     }
     /* the tool call's grammar */
     if (ok && mode >= 0) {
         char err[LLM_ERR_LEN];
         if (r->grammar) {
-            ok = 0; bad(e, 400, "tools", "tools and a structured output field both ask for the reply's form: give one");
+            ok = 0;
+            bad(e, 400, "tools", "tools and a structured output field both ask for the reply's form: give one");
         } else if (!(r->grammar = llm_chat_tool_grammar(&r->chat, tools_text, mode, named, parallel, err))) {
             ok = 0; bad(e, 400, "tools", "tools: %s", err);
         }
@@ -1386,8 +1398,8 @@ static void put_tool_call_id(sbuf *b, const srv_req *r, int ci, int k) {
  * it calls (finish reason "tool_calls"). */
 static int put_read_message(sbuf *b, srv_req *r, int ci, const srv_choice *ch) {
     llm_chat_reply rep;
-    if (llm_chat_parse_reply(&r->chat, ch->text.s ? ch->text.s : "", ch->text.len, r->reasoning > 0, r->tool_calls,
-                             0, &rep) != 0) {
+    const char *text = ch->text.s ? ch->text.s : "";
+    if (llm_chat_parse_reply(&r->chat, text, ch->text.len, r->reasoning > 0, r->tool_calls, 0, &rep) != 0) {
         llm_chat_reply_free(&rep);
         b->failed = 1;
         return 0;
@@ -1433,10 +1445,12 @@ static void send_delta(srv_state *S, srv_req *r, int ci, const char *fields, siz
  * it adds to each part is sent: thinking as reasoning_content and reasoning, the answer as content, each call
  * first with its index, id, type, name and empty arguments, then its arguments piece by piece, as OpenAI
  * streams them. The marker text of the syntax never reaches content. Returns whether a call was sent. */
-static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, int final, const char *logprobs) {
+static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, int final,
+                             const char *logprobs) {
     llm_chat_reply rep;
-    if (llm_chat_parse_reply(&r->chat, ch->text.s ? ch->text.s : "", ch->text.len, r->reasoning > 0, r->tool_calls,
-                             !final, &rep) != 0) {
+    const char *text = ch->text.s ? ch->text.s : "";
+    int rc = llm_chat_parse_reply(&r->chat, text, ch->text.len, r->reasoning > 0, r->tool_calls, !final, &rep);
+    if (rc != 0) {
         llm_chat_reply_free(&rep);
         return 0;
     }
@@ -1506,14 +1520,16 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
         if (r->logprobs > 0 && ev->n_tokens) {
             sbuf entries = {0};
             add_logprobs(S, r, ch, ev, &entries, 0);
-            sb_puts(&lp, "{\"content\":["); sb_put(&lp, entries.s ? entries.s : "", entries.len); sb_puts(&lp, "]}");
+            sb_puts(&lp, "{\"content\":[");
+            sb_put(&lp, entries.s ? entries.s : "", entries.len);
+            sb_puts(&lp, "]}");
             sb_free(&entries);
         }
         if (ev->text_len) sb_put(&ch->text, ev->text, (size_t)ev->text_len);
         int calls = stream_read_reply(S, r, ci, ch, ev->finish != 0, lp.len ? lp.s : NULL);
         if (ev->finish)
-            send_delta(S, r, ci, "", 0, calls && ev->finish == LLM_FINISH_STOP ? "tool_calls" : finish_name(ev->finish),
-                       NULL);
+            send_delta(S, r, ci, "", 0,
+                       calls && ev->finish == LLM_FINISH_STOP ? "tool_calls" : finish_name(ev->finish), NULL);
         sb_free(&lp); sb_free(&b);
         return;
     }
@@ -1901,7 +1917,8 @@ static void handle_tokenize(srv_state *S, srv_conn *c, const llm_json *body) {
         char *text = NULL;
         int n = 0, rc = chat_prompt(S, body, &tmp, &text, &n, &e);
         free(tmp.grammar);
-        if (rc == 0 && tokenize_text(S, text, (size_t)n, add_special, &ids)) rc = bad(&e, 400, "messages", "cannot tokenize");
+        if (rc == 0 && tokenize_text(S, text, (size_t)n, add_special, &ids))
+            rc = bad(&e, 400, "messages", "cannot tokenize");
         free(text);
         if (rc) goto fail;
     } else {

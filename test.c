@@ -5255,49 +5255,43 @@ static void test_server_tools(void) {
           strstr(r, "\"finish_reason\":\"tool_calls\"") && !strstr(r, "tool_call>"), "a required call: %s", r);
     free(r);
     /* bad shapes: a 400 naming the field */
+#define U "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}"
+#define HI U "],"
     static const struct { const char *fields, *param, *says; } bad[] = {
-        {"\"tools\":{}", "tools", "must be a list"},
-        {"\"tools\":[{\"type\":\"function\",\"function\":{}}]", "tools[0]", "name"},
-        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[1]}}]", "tools[0]",
+        {HI "\"tools\":{}", "tools", "must be a list"},
+        {HI "\"tools\":[{\"type\":\"function\",\"function\":{}}]", "tools[0]", "name"},
+        {HI "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[1]}}]", "tools[0]",
          "parameters"},
-        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+        {HI "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
          "\"properties\":{\"x\":{\"type\":\"string\",\"format\":\"hostname\"}}}}}]", "tools", "format"},
-        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":{\"type\":\"function\","
+        {HI "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":{\"type\":\"function\","
          "\"function\":{\"name\":\"g\"}}", "tool_choice", "\\\"g\\\""},
-        {"\"tool_choice\":\"required\"", "tool_choice", "tools"},
-        {"\"tool_choice\":\"always\"", "tool_choice", "must be"},
-        {"\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"response_format\":{\"type\":"
+        {HI "\"tool_choice\":\"required\"", "tool_choice", "tools"},
+        {HI "\"tool_choice\":\"always\"", "tool_choice", "must be"},
+        {HI "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"response_format\":{\"type\":"
          "\"json_object\"}", "tools", "give one"},
-        {"\"chat_template_kwargs\":{\"enable_thinking\":1}", "chat_template_kwargs", "true or false"},
-        {"\"reasoning_effort\":\"max\"", "reasoning_effort", "none, minimal"},
-        {"\"add_generation_prompt\":true,\"continue_final_message\":true", "continue_final_message", "both"},
+        {HI "\"chat_template_kwargs\":{\"enable_thinking\":1}", "chat_template_kwargs", "true or false"},
+        {HI "\"reasoning_effort\":\"max\"", "reasoning_effort", "none, minimal"},
+        {HI "\"add_generation_prompt\":true,\"continue_final_message\":true", "continue_final_message", "both"},
+        /* messages */
+        {U ",{\"role\":\"tool\",\"tool_call_id\":\"x\",\"content\":\"1\"}]", "messages[1].tool_call_id",
+         "no earlier tool call"},
+        {U ",{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"a\",\"type\":\"function\","
+         "\"function\":{\"name\":\"f\",\"arguments\":\"{oops\"}}]}]", "messages[1].tool_calls[0]",
+         "arguments must be a JSON object"},
+        {"\"messages\":[{\"role\":\"user\",\"content\":\"Hi\",\"tool_calls\":[]}]", "messages[0].tool_calls",
+         "assistant"},
+        {U ",{\"role\":\"tool\",\"content\":\"1\"}]", "messages[1].tool_call_id", "must be the id"},
     };
+#undef HI
+#undef U
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],%s}", bad[i].fields);
+        snprintf(body, sizeof body, "{%s}", bad[i].fields);
         r = http_post(port, "/v1/chat/completions", body, NULL);
         char param[80];
         snprintf(param, sizeof param, "\"param\":\"%s\"", bad[i].param);
         CHECK(http_status(r) == 400 && strstr(http_body(r), param) && strstr(http_body(r), bad[i].says),
               "%s: 400 naming %s (%s): %s", bad[i].fields, bad[i].param, bad[i].says, r);
-        free(r);
-    }
-    static const struct { const char *messages, *param, *says; } bad_msgs[] = {
-        {"{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"tool\",\"tool_call_id\":\"x\",\"content\":\"1\"}",
-         "messages[1].tool_call_id", "no earlier tool call"},
-        {"{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":"
-         "\"a\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{oops\"}}]}",
-         "messages[1].tool_calls[0]", "arguments must be a JSON object"},
-        {"{\"role\":\"user\",\"content\":\"Hi\",\"tool_calls\":[]}", "messages[0].tool_calls", "assistant"},
-        {"{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"tool\",\"content\":\"1\"}", "messages[1].tool_call_id",
-         "must be the id"},
-    };
-    for (size_t i = 0; i < sizeof bad_msgs / sizeof *bad_msgs; i++) {
-        snprintf(body, sizeof body, "{\"messages\":[%s]}", bad_msgs[i].messages);
-        r = http_post(port, "/v1/chat/completions", body, NULL);
-        char param[80];
-        snprintf(param, sizeof param, "\"param\":\"%s\"", bad_msgs[i].param);
-        CHECK(http_status(r) == 400 && strstr(http_body(r), param) && strstr(http_body(r), bad_msgs[i].says),
-              "%s: 400 naming %s: %s", bad_msgs[i].messages, bad_msgs[i].param, r);
         free(r);
     }
     /* a whole loop's second request: the call and its result, answered */
