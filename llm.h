@@ -5911,7 +5911,10 @@ static int llm_re_fail(llm_re *re, const char *what) {
     return -1;
 }
 
-static void llm_re_puts(char **out, const char *s) { size_t n = strlen(s); memcpy(arraddnptr(*out, n), s, n); }
+static void llm_re_puts(char **out, const char *s) {
+    size_t n = strlen(s);
+    if (n) memcpy(arraddnptr(*out, n), s, n); /* nothing: not even a pointer into an array not made yet */
+}
 
 static void llm_re_printf(char **out, const char *fmt, ...) {
     char small[256], *buf = small;
