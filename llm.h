@@ -2813,7 +2813,7 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
 typedef struct { char *out; size_t cap, n; } llm_chat_text; /* counts every byte, stores the first cap */
 
 static void llm_chat_put(llm_chat_text *c, const char *s, size_t n) {
-    if (c->n < c->cap) memcpy(c->out + c->n, s, c->n + n <= c->cap ? n : c->cap - c->n);
+    if (n && c->n < c->cap) memcpy(c->out + c->n, s, c->n + n <= c->cap ? n : c->cap - c->n);
     c->n += n;
 }
 static void llm_chat_puts(llm_chat_text *c, const char *s) { llm_chat_put(c, s, strlen(s)); }
