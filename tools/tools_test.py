@@ -80,7 +80,7 @@ class Server:
         if not check(self.port is not None, f"the {self.name} server starts"):
             return False
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none", max_retries=0,
-                                    timeout=120)
+                                    timeout=600)
         self.model = self.client.models.list().data[0].id
         return True
 
@@ -88,7 +88,7 @@ class Server:
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=120) as r:
+            with urllib.request.urlopen(req, timeout=600) as r:
                 return r.status, json.load(r)
         except urllib.error.HTTPError as e:
             return e.code, json.load(e)
