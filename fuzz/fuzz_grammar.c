@@ -8,7 +8,10 @@
  *      end of generation exactly where the text is whole;
  *   1  a JSON Schema: the converter refuses it with a message, or writes GBNF that parses;
  *   2  a regular expression: the same;
- *   3  choices, one a line: the grammar parses and takes each choice whole.
+ *   3  choices, one a line: the grammar parses and takes each choice whole;
+ *   (a first byte of 240 or more:)
+ *   4  tools (JSON) written as each family's tool-call grammar: the grammar parses, or a reason is given;
+ *   5  a reply read back in each tool format, whole and as each of its prefixes.
  * Any failure of these is an abort(). */
 #define LLM_IMPLEMENTATION
 #include "llm.h"
@@ -38,15 +41,25 @@ static llm_grammar *must_parse(const char *gbnf, const char *what) {
     return g;
 }
 
+/* The one-token checks of one input stop after a second: a grammar ambiguous enough to keep thousands of stacks
+ * makes each check slow, and 32,000 of them would pass libFuzzer's timeout without finding anything more */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static void check_mask(const llm_grammar_state *st) {
     int V = llm_tokenizer_n_vocab(g_tok);
     uint8_t *mask = (uint8_t *)malloc((size_t)V / 8 + 1);
     int n = llm_grammar_mask(st, g_trie, mask), bits = 0;
+    double t0 = now_s();
     if (n >= 0) { /* -1: past the matcher's limits, which it may say */
-        for (int t = 0; t < V; t++) {
+        for (int t = 0, checking = 1; t < V; t++) {
             int bit = mask[t >> 3] >> (t & 7) & 1;
             bits += bit;
-            if (t % 7 == 0 || bit) /* every allowed token, and a sample of the others */
+            if (checking && t % 256 == 0) checking = now_s() - t0 < 1.0;
+            if (checking && (t % 7 == 0 || bit)) /* every allowed token, and a sample of the others */
                 FUZZ_CHECK(bit == llm_grammar_allows(st, g_trie, t), "mask and one-token check differ on %d", t);
             if (llm_tokenizer_is_eog(g_tok, t))
                 FUZZ_CHECK(bit == llm_grammar_can_end(st), "the end of generation allowed wrongly");
@@ -58,7 +71,8 @@ static void check_mask(const llm_grammar_state *st) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1 || size > 4096) return 0;
-    int mode = data[0] % 6;
+    /* modes 0-3 by the first byte mod 4, as before tools came (so the corpus keeps its meaning); 4-5 above 239 */
+    int mode = data[0] >= 240 ? 4 + (data[0] & 1) : data[0] % 4;
     char *text = (char *)malloc(size), err[LLM_ERR_LEN];
     memcpy(text, data + 1, size - 1);
     text[size - 1] = 0;
@@ -68,7 +82,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!g) FUZZ_CHECK(err[0] != 0, "a grammar refused without a reason");
         llm_grammar_state *st = g ? llm_grammar_start(g) : NULL;
         const char *feed = text + len + 1, *end = text + size - 1;
-        for (int chunk = 0; st && feed < end && chunk < 64; chunk++) {
+        double t0 = now_s(); /* a second of feeding at most, as check_mask: an ambiguous grammar is slow */
+        for (int chunk = 0; st && feed < end && chunk < 64 && now_s() - t0 < 1.0; chunk++) {
             int n = 1 + (int)((unsigned char)*feed % 8);
             if (n > end - feed) n = (int)(end - feed);
             int before = llm_grammar_can_end(st);
@@ -81,7 +96,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             llm_grammar_state_free(copy);
             feed += n;
         }
-        if (st) check_mask(st);
+        if (st && now_s() - t0 < 1.0) check_mask(st);
         llm_grammar_state_free(st);
         llm_grammar_free(g);
     } else if (mode == 1 || mode == 2) {
