@@ -7198,6 +7198,16 @@ static char *llm_strndup(const char *s, size_t n) {
     return d;
 }
 
+/* A call read from a reply: its name and the first n bytes of args (a NULL name or arguments: out of memory) */
+static void llm_reply_add_call(llm_chat_reply *r, const char *name, const char *args, size_t n) {
+    llm_chat_tool_call *calls = (llm_chat_tool_call *)realloc(r->calls, (size_t)(r->n_calls + 1) * sizeof *calls);
+    if (!calls) return;
+    r->calls = calls;
+    calls[r->n_calls].id = NULL;
+    calls[r->n_calls].name = strdup(name);
+    calls[r->n_calls++].arguments = llm_strndup(args, n);
+}
+
 /* One call's object, {"name": "...", "arguments": {...}} at s[i]: its name and arguments into the reply.
  * Returns 1 when the object is whole (*end past it), 0 when it is cut short (a call is added once its name
  * is whole, with the arguments so far), -1 when it is not a call. */
@@ -7214,9 +7224,7 @@ static int llm_reply_call(llm_chat_reply *r, const char *s, size_t n, size_t i, 
             *end = i + 1;
             if (!added && have_name) { /* a call without arguments */
                 arrput(name, 0);
-                r->calls = (llm_chat_tool_call *)realloc(r->calls, (size_t)(r->n_calls + 1) * sizeof *r->calls);
-                r->calls[r->n_calls].id = NULL; r->calls[r->n_calls].name = strdup(name);
-                r->calls[r->n_calls++].arguments = strdup("{}");
+                llm_reply_add_call(r, name, "{}", 2);
             }
             arrfree(name);
             return have_name ? 1 : -1;
@@ -7241,9 +7249,7 @@ static int llm_reply_call(llm_chat_reply *r, const char *s, size_t n, size_t i, 
             if (have_name && !added) {
                 arrput(name, 0);
                 while (i < n && llm_is_space(s[i])) i++;
-                r->calls = (llm_chat_tool_call *)realloc(r->calls, (size_t)(r->n_calls + 1) * sizeof *r->calls);
-                r->calls[r->n_calls].id = NULL; r->calls[r->n_calls].name = strdup(name);
-                r->calls[r->n_calls++].arguments = llm_strndup(s + i, whole ? args_end - i : n - i);
+                llm_reply_add_call(r, name, s + i, whole ? args_end - i : n - i);
                 added = 1;
                 r->in_call = !whole;
             }

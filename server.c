@@ -1454,7 +1454,7 @@ static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, i
         llm_chat_reply_free(&rep);
         return 0;
     }
-    int n_calls = rep.n_calls - (final ? rep.in_call : 0), sent_any = 0;
+    int n_calls = rep.n_calls - (final ? rep.in_call : 0);
     sbuf d = {0};
     size_t nr = rep.reasoning ? strlen(rep.reasoning) : 0, nc = strlen(rep.content);
     if (nr > ch->sent_reasoning && r->reasoning == 2) {
@@ -1469,7 +1469,7 @@ static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, i
         sb_puts(&d, "\"content\":"); sb_json_str(&d, rep.content + ch->sent_content, nc - ch->sent_content);
         ch->sent_content = nc;
     }
-    if (d.len || logprobs) { send_delta(S, r, ci, d.s ? d.s : "", d.len, NULL, logprobs); sent_any = 1; }
+    if (d.len || logprobs) send_delta(S, r, ci, d.s ? d.s : "", d.len, NULL, logprobs);
     for (int k = 0; k < n_calls; k++) {
         d.len = 0;
         size_t na = strlen(rep.calls[k].arguments);
@@ -1489,7 +1489,6 @@ static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, i
             ch->sent_args[k] = na;
         }
     }
-    (void)sent_any;
     sb_free(&d);
     llm_chat_reply_free(&rep);
     return arrlen(ch->sent_args) > 0;
