@@ -282,7 +282,9 @@ enum llm_tool_format {
                                      * reply always JSON, {"tool_calls": [...]} or {"response": "..."} */
     LLM_TOOLS_HERMES,               /* Qwen2.5, Qwen3: <tools></tools>, <tool_call>{"name", "arguments"}
                                      * </tool_call>, results in <tool_response> */
-    LLM_TOOLS_LLAMA3                /* Llama 3.1-3.3: JSON {"name", "parameters"}, the ipython role */
+    LLM_TOOLS_LLAMA3,               /* Llama 3.1-3.3: JSON {"name", "parameters"}, the ipython role */
+    LLM_TOOLS_MISTRAL               /* Mistral v3 (7B v0.3, Nemo, Large 2407): [AVAILABLE_TOOLS], calls as
+                                     * [TOOL_CALLS][{"name", "arguments", "id"}], [TOOL_RESULTS]; ids of 9 */
 };
 
 typedef struct {
@@ -2592,6 +2594,15 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
         t->ignore_merges = (pre_flags & LLM_PRE_IGNORE_MERGES) != 0;
     }
 
+    /* the control tokens of a tool-call syntax are text in the output, as user-defined tokens are: the reply's
+     * reader finds the calls by them, and the grammar writes them (llama.cpp's "preserved tokens"; vLLM
+     * keeps special tokens for Mistral's calls) */
+    static const char *const marker_texts[] = {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"};
+    for (uint64_t i = 0; i < n; i++)
+        for (size_t k = 0; k < sizeof marker_texts / sizeof marker_texts[0]; k++)
+            if (t->type[i] == LLM_TOKEN_CONTROL && llm_str_eq(t->text[i], marker_texts[k]))
+                t->type[i] = LLM_TOKEN_USER;
+
     /* special tokens, matched in the text when the caller asks: longest first, so that "<|im_end|>" is not
      * taken for a shorter token that is a prefix of it */
     llm_special_sort *sp = NULL;
@@ -2788,12 +2799,17 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
     llm_chat_copy_token_text(t, t->eos, ct->eos, sizeof ct->eos);
     ct->enable_thinking = 1;
     /* tools: Hermes style where the template (or, without one, the vocabulary) knows <tool_call>; Llama 3.1's
-     * JSON calls where it says "Environment: ipython"; the generic format elsewhere */
+     * JSON calls where it says "Environment: ipython"; Mistral v3's where it writes "[TOOL_CALLS][" (or,
+     * with no template, the vocabulary has the token); the generic format elsewhere */
     int hermes = tt.len ? llm_has(tt.ptr, tt.len, "<tool_call>") : llm_vocab_has(t, "<tool_call>");
     if ((ct->family == LLM_CHAT_CHATML || ct->family == LLM_CHAT_QWEN3) && hermes)
         ct->tool_format = LLM_TOOLS_HERMES;
     if (ct->family == LLM_CHAT_LLAMA3 && llm_has(tt.ptr, tt.len, "Environment: ipython"))
         ct->tool_format = LLM_TOOLS_LLAMA3;
+    int mistral_calls = tt.len ? llm_has(tt.ptr, tt.len, "[TOOL_CALLS][") ||
+                                 llm_has(tt.ptr, tt.len, "[TOOL_CALLS] [") : llm_vocab_has(t, "[TOOL_CALLS]");
+    if ((ct->family == LLM_CHAT_MISTRAL_V3 || ct->family == LLM_CHAT_MISTRAL_V3_TEKKEN) && mistral_calls)
+        ct->tool_format = LLM_TOOLS_MISTRAL;
     ct->thinks = ct->family == LLM_CHAT_QWEN3;
     ct->opens_think = ct->thinks && llm_has(tt.ptr, tt.len, "'<|im_start|>assistant\\n<think>\\n'");
     if (ct->family == LLM_CHAT_CHATML)
@@ -2889,6 +2905,53 @@ static void llm_hermes_result(llm_chat_text *c, const int *role, int n, int i, c
     if (i == 0 || role[i - 1] != LLM_ROLE_TOOL) llm_chat_puts(c, "<|im_start|>user");
     llm_chat_puts(c, "\n<tool_response>\n"); llm_chat_puts(c, content); llm_chat_puts(c, "\n</tool_response>");
     if (i == n - 1 || role[i + 1] != LLM_ROLE_TOOL) llm_chat_puts(c, "<|im_end|>\n");
+}
+
+/* ---- Tools: Mistral v3 (Mistral-7B-Instruct-v0.3, Mistral-Nemo-Instruct-2407, Mistral-Large-2407) ---- */
+/* The tools before the last question: each function's keys as the template writes them, a string value
+ * between quotes as it is (not escaped: the template does not), any other value as tojson writes it */
+static int llm_mistral_tools(llm_chat_text *c, const llm_json *tools, int tekken) {
+    llm_chat_puts(c, tekken ? "[AVAILABLE_TOOLS][" : "[AVAILABLE_TOOLS] [");
+    for (int i = 0; i < tools->n; i++) {
+        const llm_json *fn = llm_json_get(&tools->items[i], "function");
+        if (!fn || fn->type != LLM_JSON_OBJECT) return -1;
+        llm_chat_puts(c, i ? ", {\"type\": \"function\", \"function\": {" :
+                                "{\"type\": \"function\", \"function\": {");
+        for (int k = 0, first = 1; k < fn->n; k++) {
+            if (!strcmp(fn->keys[k], "return")) continue;
+            llm_chat_puts(c, first ? "\"" : ", \""); llm_chat_puts(c, fn->keys[k]); llm_chat_puts(c, "\": ");
+            first = 0;
+            if (fn->items[k].type == LLM_JSON_STRING) {
+                llm_chat_puts(c, "\""); llm_chat_puts(c, fn->items[k].str); llm_chat_puts(c, "\"");
+            } else {
+                char *py = llm_json_dumps(&fn->items[k], 1);
+                llm_chat_puts(c, py ? py : "");
+                free(py);
+            }
+        }
+        llm_chat_puts(c, "}}");
+    }
+    llm_chat_puts(c, "][/AVAILABLE_TOOLS]");
+    return 0;
+}
+
+/* An assistant's calls, [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "..."}, ...], then EOS; -1 for an
+ * id that is not 9 characters long (the template refuses it: llm serve makes every id 9 long first) */
+static int llm_mistral_calls(llm_chat_text *c, const llm_chat_message *m, int tekken, const char *eos) {
+    llm_chat_puts(c, tekken ? "[TOOL_CALLS][" : "[TOOL_CALLS] [");
+    for (int k = 0; k < m->n_tool_calls; k++) {
+        const llm_chat_tool_call *tc = &m->tool_calls[k];
+        const char *name = tc->name ? tc->name : "";
+        llm_json name_v = {LLM_JSON_STRING, 0, (char *)name, strlen(name), NULL, NULL, 0, 0};
+        char *py = llm_json_dumps(&name_v, 1);
+        llm_chat_puts(c, k ? ", {\"name\": " : "{\"name\": "); llm_chat_puts(c, py ? py : "");
+        free(py);
+        llm_chat_puts(c, ", \"arguments\": ");
+        if (llm_chat_put_json(c, tc->arguments) != 0 || !tc->id || strlen(tc->id) != 9) return -1;
+        llm_chat_puts(c, ", \"id\": \""); llm_chat_puts(c, tc->id); llm_chat_puts(c, "\"}");
+    }
+    llm_chat_puts(c, "]"); llm_chat_puts(c, eos);
+    return 0;
 }
 
 /* ---- Tools: the generic format, for a family without its own ------------------------------------------
@@ -3180,10 +3243,31 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         break;
     case LLM_CHAT_MISTRAL_V3: /* mistralai/Mistral-7B-Instruct-v0.3: the system prompt joins the last turn */
     case LLM_CHAT_MISTRAL_V3_TEKKEN: { /* mistralai/Mistral-Nemo-Instruct-2407 */
-        int tekken = ct->family == LLM_CHAT_MISTRAL_V3_TEKKEN;
-        llm_chat_puts(&c, bos);
+        int tekken = ct->family == LLM_CHAT_MISTRAL_V3_TEKKEN, last_user = -1, turns = 0;
+        /* after the system prompt, questions and answers take turns (calls and results aside), as the
+         * templates check; the tools go before the last question (and before any earlier one just like it) */
         for (int i = first; i < n; i++) {
-            if (role[i] == LLM_ROLE_USER) {
+            if (role[i] == LLM_ROLE_USER) last_user = i;
+            int call = role[i] == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0;
+            if (role[i] == LLM_ROLE_TOOL || call) continue;
+            failed |= role[i] != (turns++ % 2 ? LLM_ROLE_ASSISTANT : LLM_ROLE_USER);
+        }
+        if (failed) break;
+        llm_chat_puts(&c, bos);
+        for (int i = first; i < n && !failed; i++) {
+            if (role[i] == LLM_ROLE_USER && tl_given && ct->tool_format == LLM_TOOLS_MISTRAL &&
+                !strcmp(CONTENT(i), CONTENT(last_user)))
+                failed = llm_mistral_tools(&c, tl_given, tekken) != 0;
+            int calls = role[i] == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0;
+            if (calls && ct->tool_format == LLM_TOOLS_MISTRAL) {
+                failed = llm_mistral_calls(&c, &msgs[i], tekken, eos) != 0;
+            } else if (role[i] == LLM_ROLE_TOOL) {
+                const char *id = msgs[i].tool_call_id;
+                llm_chat_puts(&c, tekken ? "[TOOL_RESULTS]{\"content\": " : "[TOOL_RESULTS] {\"content\": ");
+                llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, ", \"call_id\": \"");
+                llm_chat_puts(&c, id ? id : ""); llm_chat_puts(&c, "\"}[/TOOL_RESULTS]");
+                failed = !id || strlen(id) != 9;
+            } else if (role[i] == LLM_ROLE_USER) {
                 llm_chat_puts(&c, tekken ? "[INST]" : "[INST] ");
                 if (i == n - 1 && has_sys) { llm_chat_puts(&c, sys); llm_chat_puts(&c, "\n\n"); }
                 llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "[/INST]");
@@ -7101,6 +7185,15 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
         llm_re_printf(&out, "call-rest ::= \"\\n\"? tool-json \"\\n\"? \"</tool_call>\"%s\n", more);
         if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "<tool_call>", "call-rest", 1);
         else if (think) llm_gr_until(&out, "think", "</think>", NULL, 0);
+    } else if (rc == 0 && ct->tool_format == LLM_TOOLS_MISTRAL) {
+        /* Mistral v3: [TOOL_CALLS][{"name": ..., "arguments": ...}, ...] (a space before "[" in the
+         * SentencePiece models' history, none in Nemo's: either); auto: text until [TOOL_CALLS] */
+        rules = llm_tool_schema_rules(any, strlen(any), "tool-json", err);
+        llm_re_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" :
+                    "root ::= \"[TOOL_CALLS]\" call-rest\n");
+        llm_re_printf(&out, "call-rest ::= \" \"? \"[\" tool-json%s \"]\"\n",
+                      parallel ? " ( \",\" \" \"? tool-json )*" : "");
+        if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "[TOOL_CALLS]", "call-rest", 1);
     } else if (rc == 0 && ct->tool_format == LLM_TOOLS_LLAMA3) {
         /* Llama 3.1: one call, {"name": ..., "parameters": ...}, as the whole reply; auto: or a reply that
          * does not begin with "{" */
@@ -7335,6 +7428,24 @@ int llm_chat_parse_reply(const llm_chat_template *ct, const char *s, size_t n, i
         if (k < n && s[k] == '{' && llm_reply_call(r, s, n, k, &e) >= 0) {
             if (!r->n_calls && !partial) llm_bytes_put(&content, s + i, n - i); /* no call after all */
         } else if (!partial || k < n) llm_bytes_put(&content, s + i, n - i);
+    } else if (tools && ct->tool_format == LLM_TOOLS_MISTRAL) {
+        /* Mistral v3: text, then [TOOL_CALLS][{...}, ...] (the ids the model may write are not read: llm serve
+         * gives each call its own) */
+        static const char marker[] = "[TOOL_CALLS]";
+        const char *at = NULL;
+        for (size_t k = i; k + 12 <= n && !at; k++) if (!memcmp(s + k, marker, 12)) at = s + k;
+        size_t text_end = at ? (size_t)(at - s) : n;
+        if (!at && partial) text_end -= llm_marker_tail(s + i, n - i, marker);
+        llm_bytes_put(&content, s + i, text_end - i);
+        size_t k = at ? (size_t)(at - s) + 12 : n, e;
+        while (k < n && llm_is_space(s[k])) k++;
+        if (k < n && s[k] == '[') {
+            for (k++;;) {
+                while (k < n && (llm_is_space(s[k]) || s[k] == ',')) k++;
+                if (k >= n || s[k] == ']' || llm_reply_call(r, s, n, k, &e) != 1) break;
+                k = e;
+            }
+        }
     } else if (tools) {
         /* Hermes: text, then <tool_call>{...}</tool_call> one after another */
         static const char open[] = "<tool_call>", close[] = "</tool_call>";

@@ -1019,6 +1019,28 @@ static int chat_tool_call(const llm_json *tc, int i, int k, llm_chat_tool_call *
     return 0;
 }
 
+/* n letters and digits drawn from the hash h into out (n + 1 bytes) */
+static void put_id_chars(char *out, int n, uint64_t h) {
+    static const char digits[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    for (int i = 0; i < n; i++) { h ^= h >> 29; h *= 0xbf58476d1ce4e5b9ull; out[i] = digits[h % 62]; }
+    out[n] = 0;
+}
+
+static uint64_t fnv1a(uint64_t h, const char *s) {
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* A call's id as Mistral's templates take it: 9 letters and digits (the id itself when it is so already) */
+static const char *mistral_call_id(const char *id, char out[10]) {
+    size_t n = strlen(id);
+    int plain = n == 9;
+    for (size_t i = 0; plain && i < n; i++) plain = isalnum((unsigned char)id[i]) != 0;
+    if (plain) return id;
+    put_id_chars(out, 9, fnv1a(1469598103934665603ull, id));
+    return out;
+}
+
 /* A chat request's prompt: the messages (and tools) written with the template, in *text (malloc'ed, *len
  * bytes), with the request's thinking, tool and reasoning settings in r (r->chat, r->grammar for the tool
  * call, r->tool_calls, r->reasoning). /tokenize reads it the same way. */
@@ -1151,6 +1173,15 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
             cm[i].tool_call_id = id->str;
         }
     }
+    /* Mistral's templates take only ids of 9 characters (and the model saw only such): any other id becomes
+     * 9 letters and digits made from it, the same for a call and its result (as vLLM shortens them) */
+    char (*short_ids)[10] = ok && r->chat.tool_format == LLM_TOOLS_MISTRAL ?
+                            (char (*)[10])calloc(n_msgs + n_calls, 10) : NULL;
+    for (int i = 0, c = 0; short_ids && i < n; i++) {
+        for (int j = 0; j < cm[i].n_tool_calls; j++, c++)
+            if (calls[c].id) calls[c].id = mistral_call_id(calls[c].id, short_ids[n + c]);
+        if (cm[i].tool_call_id) cm[i].tool_call_id = mistral_call_id(cm[i].tool_call_id, short_ids[i]);
+    }
     if (ok && cont && strcmp(cm[n - 1].role, "assistant")) {
         ok = 0; bad(e, 400, "continue_final_message", "continue_final_message needs an assistant message last");
     }
@@ -1193,7 +1224,7 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
     }
     r->reasoning = r->chat.thinks && !S->reasoning_format_none ? 1 + include_reasoning : 0;
     for (int i = 0; texts && i < n + total_calls; i++) sb_free(&texts[i]);
-    free(texts); free(calls); free(cm); free(tools_text);
+    free(texts); free(calls); free(cm); free(tools_text); free(short_ids);
     if (!ok) { free(*text); *text = NULL; }
     return ok ? 0 : -1;
 }
@@ -1381,15 +1412,15 @@ static void choice_reset_logprobs(srv_choice *ch) {
 
 /* ---- A chat reply read for its thinking and tool calls --------------------------------------------------- */
 /* A call's id, as OpenAI writes them ("call_" and 24 characters), from the request, choice and call */
+/* The id of choice ci's call k: "call_" and 24 letters and digits, or 9 of them for Mistral's models (their
+ * templates take no other); the same every time the reply is read, streamed or not */
 static void put_tool_call_id(sbuf *b, const srv_req *r, int ci, int k) {
-    uint64_t h = 1469598103934665603ull;
-    for (const char *p = r->id; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    uint64_t h = fnv1a(1469598103934665603ull, r->id);
     h = (h ^ (uint64_t)ci) * 1099511628211ull;
     h = (h ^ (uint64_t)k) * 1099511628211ull;
-    static const char digits[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
     char id[30] = "call_";
-    for (int i = 5; i < 29; i++) { h ^= h >> 29; h *= 0xbf58476d1ce4e5b9ull; id[i] = digits[h % 62]; }
-    id[29] = 0;
+    if (r->chat.tool_format == LLM_TOOLS_MISTRAL) put_id_chars(id, 9, h);
+    else put_id_chars(id + 5, 24, h);
     sb_json_cstr(b, id);
 }
 

@@ -449,6 +449,11 @@ static void tok_gguf_kv_strs(tok_gguf_buf *b, const char *key, const char *const
     for (int i = 0; i < n; i++) tok_gguf_str(b, v[i]);
 }
 
+static void tok_gguf_kv_i32s(tok_gguf_buf *b, const char *key, const int32_t *v, int n) {
+    tok_gguf_str(b, key); tok_gguf_u32(b, LLM_GGUF_ARRAY); tok_gguf_u32(b, LLM_GGUF_I32);
+    tok_gguf_u64(b, (uint64_t)n); tok_gguf_bytes(b, v, (size_t)n * 4);
+}
+
 /* Loads the vocabulary in b; checks it fails with a message containing want_err, when that is given. */
 static llm_tokenizer *tok_load_mem(llm_gguf *g, const tok_gguf_buf *b, const char *want_err) {
     char err[LLM_ERR_LEN] = "";
@@ -4172,40 +4177,46 @@ static const char *const tool_conversations[] = {
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],\"tools\":" TOOLS_JSON "}",
     /* a whole loop: the call, its result, the answer asked for */
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},{\"role\":\"assistant\",\"content\":"
-    "\"\",\"tool_calls\":[" CALL("call_1", "get_weather", "{\\\"city\\\":\\\"Paris\\\"}") "]},{\"role\":\"tool\","
-    "\"tool_call_id\":\"call_1\",\"content\":\"{\\\"temperature\\\": 18}\"}],\"tools\":" TOOLS_JSON "}",
+    "\"\",\"tool_calls\":[" CALL("call0001a", "get_weather", "{\\\"city\\\":\\\"Paris\\\"}") "]},{\"role\":\"tool\","
+    "\"tool_call_id\":\"call0001a\",\"content\":\"{\\\"temperature\\\": 18}\"}],\"tools\":" TOOLS_JSON "}",
     /* parallel calls and their results, an answer, a new question */
     "{\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},{\"role\":\"user\",\"content\":"
     "\"Paris and Rome?\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":["
-    CALL("a", "get_weather", "{\\\"city\\\": \\\"Paris\\\", \\\"unit\\\": \\\"celsius\\\"}") ","
-    CALL("b", "get_weather", "{\\\"city\\\":\\\"Rome\\\"}") "]},{\"role\":\"tool\",\"tool_call_id\":\"a\","
-    "\"content\":\"18\"},{\"role\":\"tool\",\"tool_call_id\":\"b\",\"content\":\"24\"},{\"role\":\"assistant\","
+    CALL("callParis", "get_weather", "{\\\"city\\\": \\\"Paris\\\", \\\"unit\\\": \\\"celsius\\\"}") ","
+    CALL("call0Rome", "get_weather", "{\\\"city\\\":\\\"Rome\\\"}") "]},{\"role\":\"tool\",\"tool_call_id\":\"callParis\","
+    "\"content\":\"18\"},{\"role\":\"tool\",\"tool_call_id\":\"call0Rome\",\"content\":\"24\"},{\"role\":\"assistant\","
     "\"content\":\"Paris 18, Rome 24.\"},{\"role\":\"user\",\"content\":\"Thanks\"}],\"tools\":" TOOLS_JSON "}",
     /* text beside a call */
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Add 1.5 and 2\"},{\"role\":\"assistant\",\"content\":"
-    "\"Let me add them.\",\"tool_calls\":[" CALL("c", "add", "{\\\"a\\\":1.5,\\\"b\\\":2}") "]},{\"role\":"
-    "\"tool\",\"tool_call_id\":\"c\",\"content\":\"3.5\"}],\"tools\":" TOOLS_JSON "}",
+    "\"Let me add them.\",\"tool_calls\":[" CALL("callAdd01", "add", "{\\\"a\\\":1.5,\\\"b\\\":2}") "]},{\"role\":"
+    "\"tool\",\"tool_call_id\":\"callAdd01\",\"content\":\"3.5\"}],\"tools\":" TOOLS_JSON "}",
     /* calls and results in the history, no tools given now */
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Add\"},{\"role\":\"assistant\",\"content\":\"\","
-    "\"tool_calls\":[" CALL("d", "add", "{\\\"a\\\":2.0,\\\"b\\\":1e-7}") "]},{\"role\":\"tool\","
-    "\"tool_call_id\":\"d\",\"content\":\"2.0000001\"},{\"role\":\"assistant\",\"content\":\"About 2.\"},"
+    "\"tool_calls\":[" CALL("callAdd02", "add", "{\\\"a\\\":2.0,\\\"b\\\":1e-7}") "]},{\"role\":\"tool\","
+    "\"tool_call_id\":\"callAdd02\",\"content\":\"2.0000001\"},{\"role\":\"assistant\",\"content\":\"About 2.\"},"
     "{\"role\":\"user\",\"content\":\"ok\"}]}",
     /* arguments JSON that tojson writes its own way: escapes, non-ASCII, nesting, big and small numbers */
     "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"\","
-    "\"tool_calls\":[" CALL("e", "get_weather", "{\\\"city\\\":\\\"Zürich \\\\\\\"old\\\\\\\"\\\\n\\\\ttown\\\","
+    "\"tool_calls\":[" CALL("callZurch", "get_weather", "{\\\"city\\\":\\\"Zürich \\\\\\\"old\\\\\\\"\\\\n\\\\ttown\\\","
     "\\\"n\\\":[1,-0,1e300,12345678901234567,0.1,[{}],{\\\"k\\\":null,\\\"t\\\":true}]}") "]},{\"role\":"
-    "\"tool\",\"tool_call_id\":\"e\",\"content\":\"ok\"}],\"tools\":" TOOLS_JSON "}",
+    "\"tool\",\"tool_call_id\":\"callZurch\",\"content\":\"ok\"}],\"tools\":" TOOLS_JSON "}",
     /* thinking: a reply after the last question keeps it, with a call */
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\",\"content\":"
-    "\"<think>\\nThe user wants weather.\\n</think>\\n\\n\",\"tool_calls\":[" CALL("f", "get_weather",
-    "{\\\"city\\\":\\\"Oslo\\\"}") "]},{\"role\":\"tool\",\"tool_call_id\":\"f\",\"content\":\"-3\"}],"
+    "\"<think>\\nThe user wants weather.\\n</think>\\n\\n\",\"tool_calls\":[" CALL("callOslo0", "get_weather",
+    "{\\\"city\\\":\\\"Oslo\\\"}") "]},{\"role\":\"tool\",\"tool_call_id\":\"callOslo0\",\"content\":\"-3\"}],"
     "\"tools\":" TOOLS_JSON "}",
     /* thinking given apart, and thinking off */
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"Hello!\","
     "\"reasoning_content\":\"\\nA greeting.\\n\"}],\"add_generation_prompt\":false}",
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"\","
-    "\"tool_calls\":[" CALL("g", "add", "{}") "]},{\"role\":\"tool\",\"tool_call_id\":\"g\",\"content\":"
+    "\"tool_calls\":[" CALL("callEmpty", "add", "{}") "]},{\"role\":\"tool\",\"tool_call_id\":\"callEmpty\",\"content\":"
     "\"0\"}],\"tools\":" TOOLS_JSON ",\"kwargs\":{\"enable_thinking\":false,\"date_string\":\"26 Jul 2024\"}}",
+    /* an id of another length (Mistral's templates refuse it), and two questions in a row (Mistral's too) */
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"\","
+    "\"tool_calls\":[" CALL("call_1", "add", "{}") "]},{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":"
+    "\"0\"}],\"tools\":" TOOLS_JSON "}",
+    "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"Hi\"},"
+    "{\"role\":\"user\",\"content\":\"Hello?\"}]}",
 };
 #undef CALL
 
@@ -4251,6 +4262,11 @@ static void test_chat_tools_jinja(void) {
          "<|begin_of_text|>", "<|eot_id|>", LLM_TOOLS_LLAMA3},
         {"testdata/templates/meta-llama-Llama-3.3-70B-Instruct.jinja", "ggml-vocab-llama-bpe.gguf",
          "<|begin_of_text|>", "<|eot_id|>", LLM_TOOLS_LLAMA3},
+        /* Mistral v3 (SentencePiece, "[INST] ") and v3-tekken (Nemo): <s> and </s> as Mistral's vocabularies */
+        {"testdata/templates/mistralai-Mistral-Large-Instruct-2407-v3.jinja", "ggml-vocab-llama-spm.gguf", "<s>",
+         "</s>", LLM_TOOLS_MISTRAL},
+        {"testdata/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja", "ggml-vocab-llama-spm.gguf", "<s>",
+         "</s>", LLM_TOOLS_MISTRAL},
     };
     char err[LLM_ERR_LEN];
     size_t qwen3_len;
@@ -4350,6 +4366,71 @@ static int gbnf_takes(const char *gbnf, const char *text) {
     return ok;
 }
 
+/* Mistral's [TOOL_CALLS] is a control token: on a made-up vocabulary (a token per printable character, the
+ * marker, two control tokens), the marker is text in the output and in the grammar's view, so the grammar
+ * lets the model write it as one token and the reply's reader finds the call in the text that comes out;
+ * a control token that is no marker stays out of both. */
+static void test_tool_marker_token(void) {
+    const char *tokens[100];
+    char chars[95][2];
+    int32_t types[100];
+    int n = 0;
+    for (int c = 0x21; c < 0x7f; c++) { chars[n][0] = (char)c; chars[n][1] = 0; tokens[n] = chars[n]; n++; }
+    tokens[n++] = "\xc4\xa0"; /* GPT-2's stand-in for the space */
+    for (int i = 0; i < n; i++) types[i] = LLM_TOKEN_NORMAL;
+    int marker = n, im_end = n + 1;
+    tokens[n] = "[TOOL_CALLS]"; types[n++] = LLM_TOKEN_CONTROL;
+    tokens[n] = "<|im_end|>"; types[n++] = LLM_TOKEN_CONTROL;
+    static const char *const merges[] = {"a b"};
+    tok_gguf_buf b;
+    llm_gguf g;
+    tok_gguf_start(&b, 5);
+    tok_gguf_kv_str(&b, "tokenizer.ggml.model", "gpt2");
+    tok_gguf_kv_str(&b, "tokenizer.ggml.pre", "default");
+    tok_gguf_kv_strs(&b, "tokenizer.ggml.tokens", tokens, n);
+    tok_gguf_kv_i32s(&b, "tokenizer.ggml.token_type", types, n);
+    tok_gguf_kv_strs(&b, "tokenizer.ggml.merges", merges, 1);
+    CHECK(b.n <= sizeof b.data, "the made-up vocabulary fits its buffer (%zu bytes)", b.n);
+    llm_tokenizer *t = tok_load_mem(&g, &b, NULL);
+    if (!t) return;
+    char piece[32], err[LLM_ERR_LEN];
+    int len = llm_tokenizer_piece(t, marker, 0, piece, sizeof piece);
+    CHECK(len == 12 && !memcmp(piece, "[TOOL_CALLS]", 12) && llm_tokenizer_piece(t, im_end, 0, piece, 32) == 0,
+          "[TOOL_CALLS] is text (%d bytes), <|im_end|> is not", len);
+    static const char reply[] = "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}]";
+    int32_t ids[128];
+    int n_ids = llm_tokenize(t, reply, strlen(reply), 0, 1, ids, 128);
+    CHECK(n_ids > 1 && ids[0] == marker, "the reply's text gives the marker token first (%d ids)", n_ids);
+    llm_chat_template ct;
+    memset(&ct, 0, sizeof ct);
+    ct.family = LLM_CHAT_MISTRAL_V3_TEKKEN; ct.tool_format = LLM_TOOLS_MISTRAL;
+    static const char tools[] = "[{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]";
+    char *gbnf = llm_chat_tool_grammar(&ct, tools, LLM_TOOL_REQUIRED, NULL, 1, err);
+    llm_grammar *gr = gbnf ? llm_grammar_parse(gbnf, err) : NULL;
+    llm_grammar_state *st = gr ? llm_grammar_start(gr) : NULL;
+    llm_token_trie *tt = llm_token_trie_build(t, err);
+    CHECK(st && tt, "Mistral's tool grammar and the trie: %s", err);
+    int walked = 0;
+    for (int i = 0; st && tt && i < n_ids; i++, walked++) { /* each token of the reply allowed in turn */
+        if (!llm_grammar_allows(st, tt, ids[i])) break;
+        if (i == 0) CHECK(!llm_grammar_allows(st, tt, im_end), "<|im_end|> is not allowed for the marker");
+        len = llm_tokenizer_piece(t, ids[i], 0, piece, sizeof piece);
+        if (llm_grammar_accept(st, piece, len) != 0) break;
+    }
+    CHECK(walked == n_ids && st && llm_grammar_done(st), "the grammar takes the reply token by token (%d of %d)",
+          walked, n_ids);
+    char text[256];
+    len = llm_detokenize(t, ids, n_ids, 0, text, sizeof text);
+    llm_chat_reply r;
+    memset(&r, 0, sizeof r);
+    CHECK(len == (int)strlen(reply) && llm_chat_parse_reply(&ct, text, (size_t)len, 0, 1, 0, &r) == 0 &&
+          r.n_calls == 1 && !strcmp(r.calls[0].name, "now") && !r.content[0],
+          "the detokenized reply reads back as the call (%d bytes)", len);
+    llm_chat_reply_free(&r);
+    llm_token_trie_free(tt); llm_grammar_state_free(st); llm_grammar_free(gr); free(gbnf);
+    llm_tokenizer_free(t); llm_gguf_close(&g);
+}
+
 static void test_tool_calls(void) {
     static const char tools[] =
         "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
@@ -4415,13 +4496,29 @@ static void test_tool_calls(void) {
          NULL},
         {LLM_TOOLS_LLAMA3, 0, LLM_TOOL_REQUIRED, 1, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"R\"}}",
          0, NULL, NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_REQUIRED, 1, /* Mistral v3: a list after the marker */
+         "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \"days\": 3}}, {\"name\": "
+         "\"now\", \"arguments\": {}}]", 1, "", NULL, "get_weather", "{\"city\": \"Rome\", \"days\": 3}", "now"},
+        {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_REQUIRED, 0, /* Nemo writes no space; one call asked for */
+         "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}]", 1, "", NULL, "now", "{}", NULL},
+        {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_REQUIRED, 0,
+         "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"now\", \"arguments\": {}}]", 0,
+         NULL, NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_REQUIRED, 1, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": "
+         "{\"city\": \"Rome\", \"days\": 0}}]", 0, NULL, NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_AUTO, 1, "It is [TOOL] 9 [TOOL_CALL.", 1, "It is [TOOL] 9 [TOOL_CALL.",
+         NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_AUTO, 1, "Looking.[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}]",
+         1, "Looking.", NULL, "now", "{}", NULL},
+        {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_AUTO, 1, "[TOOL_CALLS][{\"name\": \"rm\"", 0, NULL, NULL, NULL, NULL,
+         NULL},
     };
     char err[LLM_ERR_LEN];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         llm_chat_template ct;
         memset(&ct, 0, sizeof ct);
         ct.family = cases[i].format == LLM_TOOLS_LLAMA3 ? LLM_CHAT_LLAMA3 : cases[i].thinks ? LLM_CHAT_QWEN3 :
-                    LLM_CHAT_CHATML;
+                    cases[i].format == LLM_TOOLS_MISTRAL ? LLM_CHAT_MISTRAL_V3 : LLM_CHAT_CHATML;
         ct.tool_format = cases[i].format; ct.thinks = cases[i].thinks; ct.enable_thinking = 1;
         char *gbnf = llm_chat_tool_grammar(&ct, tools, cases[i].choice, "now", cases[i].parallel, err);
         CHECK(gbnf != NULL, "tool grammar %zu: %s", i, err);
@@ -6967,6 +7064,7 @@ int main(int argc, char **argv) {
         {"threads for the load", test_threads_for_load},
         {"chat templates", test_chat_templates}, {"chat templates: tools against Jinja", test_chat_tools_jinja},
         {"tool calls: grammar and reading back", test_tool_calls},
+        {"tool calls: Mistral's marker token", test_tool_marker_token},
         {"chat template detection", test_chat_detect},
         {"chat, piped", test_chat_piped}, {"chat on a terminal", test_chat_terminal},
         {"server endpoints", test_server_endpoints}, {"server prompt logprobs", test_server_prompt_logprobs},
