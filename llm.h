@@ -283,21 +283,24 @@ enum llm_tool_format {
     LLM_TOOLS_HERMES,               /* Qwen2.5, Qwen3: <tools></tools>, <tool_call>{"name", "arguments"}
                                      * </tool_call>, results in <tool_response> */
     LLM_TOOLS_LLAMA3,               /* Llama 3.1-3.3: JSON {"name", "parameters"}, the ipython role */
-    LLM_TOOLS_MISTRAL               /* Mistral v3 (7B v0.3, Nemo, Large 2407): [AVAILABLE_TOOLS], calls as
+    LLM_TOOLS_MISTRAL,              /* Mistral v3 (7B v0.3, Nemo, Large 2407): [AVAILABLE_TOOLS], calls as
                                      * [TOOL_CALLS][{"name", "arguments", "id"}], [TOOL_RESULTS]; ids of 9 */
+    LLM_TOOLS_MISTRAL_ARGS          /* Mistral Small 3.2 (v11): [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}, results
+                                     * [TOOL_RESULTS]id[TOOL_CONTENT]...[/TOOL_RESULTS]; ids of 9 */
 };
 
 typedef struct {
     int family;                     /* enum llm_chat_family */
     char bos[64], eos[64];          /* the vocabulary's BOS and EOS texts, which some templates write */
-    char default_system[1024];      /* written when the conversation has no system message, as the templates
-                                     * of SmolLM2 and Qwen2.5 do ("" for none) */
+    char default_system[4096];      /* written when the conversation has no system message, as the templates
+                                     * of SmolLM2, Qwen2.5 and Mistral Small 3.2 do ("" for none) */
     int enable_thinking;            /* Qwen3: 0 writes the empty <think></think> block that turns thinking
                                      * off (init: 1, the template's own default) */
     int dated_system;               /* Llama 3.1 and later: the system turn opens with the knowledge cutoff
                                      * and today's date, always */
     char date[32];                  /* that date, as "26 Jul 2024" (init: today's, or the template's own) */
     int tool_format;                /* enum llm_tool_format */
+    int call_id_len;                /* Mistral: the template takes only call ids of 9 letters and digits; 0 any */
     int thinks;                     /* the model writes <think>...</think> before its answer (Qwen3) */
     int opens_think;                /* the generation prompt opens the <think> block itself (Qwen3's
                                      * thinking-only templates, as DeepSeek-R1's): the reply starts inside */
@@ -2767,6 +2770,38 @@ static void llm_chat_find_default_system(const char *tt, size_t n, char *out, si
     }
 }
 
+/* Mistral Small 3.2's own system prompt: `set default_system_message = "..." + today + "..."`, Jinja string
+ * literals (with their escapes) and `today`, which the template sets to strftime_now("%Y-%m-%d") */
+static void llm_chat_find_mistral_system(const char *tt, size_t n, char *out, size_t cap) {
+    static const char set[] = "set default_system_message = ";
+    const char *p = NULL;
+    size_t k = 0;
+    for (size_t i = 0; tt && i + sizeof set - 1 <= n && !p; i++) if (!memcmp(tt + i, set, sizeof set - 1)) p = tt + i;
+    out[0] = 0;
+    if (!p) return;
+    const char *end = tt + n;
+    for (p += sizeof set - 1; p < end && k + 1 < cap;) {
+        while (p < end && (*p == ' ' || *p == '+')) p++;
+        if (p < end && (*p == '"' || *p == '\'')) { /* a string literal */
+            char q = *p++;
+            for (; p < end && *p != q && k + 1 < cap; p++) {
+                if (*p == '\\' && p + 1 < end) {
+                    p++;
+                    out[k++] = *p == 'n' ? '\n' : *p == 't' ? '\t' : *p == 'r' ? '\r' : *p;
+                } else out[k++] = *p;
+            }
+            if (p >= end) break;
+            p++;
+        } else if (end - p >= 5 && !memcmp(p, "today", 5)) {
+            time_t now = time(NULL);
+            struct tm tm;
+            if (localtime_r(&now, &tm)) k += strftime(out + k, cap - k, "%Y-%m-%d", &tm);
+            p += 5;
+        } else break; /* %} or anything else: the end */
+    }
+    out[k] = 0;
+}
+
 static void llm_chat_copy_token_text(const llm_tokenizer *t, int id, char *out, size_t cap) {
     out[0] = 0;
     if (id < 0 || id >= t->n_vocab || t->text[id].len >= cap) return;
@@ -2800,7 +2835,8 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
     ct->enable_thinking = 1;
     /* tools: Hermes style where the template (or, without one, the vocabulary) knows <tool_call>; Llama 3.1's
      * JSON calls where it says "Environment: ipython"; Mistral v3's where it writes "[TOOL_CALLS][" (or,
-     * with no template, the vocabulary has the token); the generic format elsewhere */
+     * with no template, the vocabulary has the token), v11's where it writes [CALL_ID]; the generic format
+     * elsewhere */
     int hermes = tt.len ? llm_has(tt.ptr, tt.len, "<tool_call>") : llm_vocab_has(t, "<tool_call>");
     if ((ct->family == LLM_CHAT_CHATML || ct->family == LLM_CHAT_QWEN3) && hermes)
         ct->tool_format = LLM_TOOLS_HERMES;
@@ -2810,6 +2846,11 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
                                  llm_has(tt.ptr, tt.len, "[TOOL_CALLS] [") : llm_vocab_has(t, "[TOOL_CALLS]");
     if ((ct->family == LLM_CHAT_MISTRAL_V3 || ct->family == LLM_CHAT_MISTRAL_V3_TEKKEN) && mistral_calls)
         ct->tool_format = LLM_TOOLS_MISTRAL;
+    int v7 = ct->family == LLM_CHAT_MISTRAL_V7 || ct->family == LLM_CHAT_MISTRAL_V7_TEKKEN;
+    if (v7 && (tt.len ? llm_has(tt.ptr, tt.len, "[CALL_ID]") : llm_vocab_has(t, "[CALL_ID]")))
+        ct->tool_format = LLM_TOOLS_MISTRAL_ARGS;
+    if (ct->tool_format == LLM_TOOLS_MISTRAL || ct->tool_format == LLM_TOOLS_MISTRAL_ARGS) ct->call_id_len = 9;
+    if (v7) llm_chat_find_mistral_system(tt.ptr, tt.len, ct->default_system, sizeof ct->default_system);
     ct->thinks = ct->family == LLM_CHAT_QWEN3;
     ct->opens_think = ct->thinks && llm_has(tt.ptr, tt.len, "'<|im_start|>assistant\\n<think>\\n'");
     if (ct->family == LLM_CHAT_CHATML)
@@ -2933,6 +2974,16 @@ static int llm_mistral_tools(llm_chat_text *c, const llm_json *tools, int tekken
     }
     llm_chat_puts(c, "][/AVAILABLE_TOOLS]");
     return 0;
+}
+
+/* After the system prompt, questions and answers take turns (calls and results aside), as Mistral's
+ * templates check (a system turn later on breaks the turns too) */
+static int llm_mistral_turns_alternate(const llm_chat_message *msgs, const int *role, int first, int n) {
+    for (int i = first, turns = 0; i < n; i++) {
+        if (role[i] == LLM_ROLE_TOOL || (role[i] == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0)) continue;
+        if (role[i] != (turns++ % 2 ? LLM_ROLE_ASSISTANT : LLM_ROLE_USER)) return 0;
+    }
+    return 1;
 }
 
 /* An assistant's calls, [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "..."}, ...], then EOS; -1 for an
@@ -3243,16 +3294,10 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         break;
     case LLM_CHAT_MISTRAL_V3: /* mistralai/Mistral-7B-Instruct-v0.3: the system prompt joins the last turn */
     case LLM_CHAT_MISTRAL_V3_TEKKEN: { /* mistralai/Mistral-Nemo-Instruct-2407 */
-        int tekken = ct->family == LLM_CHAT_MISTRAL_V3_TEKKEN, last_user = -1, turns = 0;
-        /* after the system prompt, questions and answers take turns (calls and results aside), as the
-         * templates check; the tools go before the last question (and before any earlier one just like it) */
-        for (int i = first; i < n; i++) {
-            if (role[i] == LLM_ROLE_USER) last_user = i;
-            int call = role[i] == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0;
-            if (role[i] == LLM_ROLE_TOOL || call) continue;
-            failed |= role[i] != (turns++ % 2 ? LLM_ROLE_ASSISTANT : LLM_ROLE_USER);
-        }
-        if (failed) break;
+        int tekken = ct->family == LLM_CHAT_MISTRAL_V3_TEKKEN, last_user = -1;
+        /* the tools go before the last question (and before any earlier one just like it) */
+        for (int i = first; i < n; i++) if (role[i] == LLM_ROLE_USER) last_user = i;
+        if ((failed = !llm_mistral_turns_alternate(msgs, role, first, n))) break;
         llm_chat_puts(&c, bos);
         for (int i = first; i < n && !failed; i++) {
             if (role[i] == LLM_ROLE_USER && tl_given && ct->tool_format == LLM_TOOLS_MISTRAL &&
@@ -3280,16 +3325,44 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         break;
     }
     case LLM_CHAT_MISTRAL_V7: /* mistralai/Mistral-Large-Instruct-2411 */
-    case LLM_CHAT_MISTRAL_V7_TEKKEN: { /* mistralai/Mistral-Small-24B-Instruct-2501, without its default */
-        int tekken = ct->family == LLM_CHAT_MISTRAL_V7_TEKKEN;
+    case LLM_CHAT_MISTRAL_V7_TEKKEN: { /* mistralai/Mistral-Small-24B-Instruct-2501; Small 3.2 (v11 tools) */
+        int tekken = ct->family == LLM_CHAT_MISTRAL_V7_TEKKEN, args = ct->tool_format == LLM_TOOLS_MISTRAL_ARGS;
+        int last_user = -1;
+        for (int i = first; i < n; i++) if (role[i] == LLM_ROLE_USER) last_user = i;
+        if (args && (failed = !llm_mistral_turns_alternate(msgs, role, first, n))) break;
         llm_chat_puts(&c, bos);
-        for (int i = 0; i < n; i++) {
+        if (!has_sys && ct->default_system[0]) { /* Small 3.2's own, dated today */
+            llm_chat_puts(&c, "[SYSTEM_PROMPT]"); llm_chat_puts(&c, ct->default_system);
+            llm_chat_puts(&c, "[/SYSTEM_PROMPT]");
+        }
+        for (int i = 0; i < n && !failed; i++) {
             if (role[i] == LLM_ROLE_SYSTEM) {
                 llm_chat_puts(&c, tekken ? "[SYSTEM_PROMPT]" : "[SYSTEM_PROMPT] ");
                 llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "[/SYSTEM_PROMPT]");
             } else if (role[i] == LLM_ROLE_USER) {
+                if (args && tl_given && !strcmp(CONTENT(i), CONTENT(last_user))) { /* the tools, as tojson */
+                    char *py = llm_json_dumps(tl_given, 1);
+                    llm_chat_puts(&c, "[AVAILABLE_TOOLS]"); llm_chat_puts(&c, py ? py : "");
+                    llm_chat_puts(&c, "[/AVAILABLE_TOOLS]");
+                    free(py);
+                }
                 llm_chat_puts(&c, tekken ? "[INST]" : "[INST] "); llm_chat_puts(&c, CONTENT(i));
                 llm_chat_puts(&c, "[/INST]");
+            } else if (role[i] == LLM_ROLE_TOOL) { /* v11: [TOOL_RESULTS]id[TOOL_CONTENT]text[/TOOL_RESULTS] */
+                const char *id = msgs[i].tool_call_id;
+                failed = !id || strlen(id) != 9;
+                llm_chat_puts(&c, "[TOOL_RESULTS]"); llm_chat_puts(&c, id ? id : "");
+                llm_chat_puts(&c, "[TOOL_CONTENT]"); llm_chat_puts(&c, CONTENT(i));
+                llm_chat_puts(&c, "[/TOOL_RESULTS]");
+            } else if (args && msgs[i].n_tool_calls > 0) { /* v11: [TOOL_CALLS]name[CALL_ID]id[ARGS]{...} */
+                for (int k = 0; k < msgs[i].n_tool_calls && !failed; k++) {
+                    const llm_chat_tool_call *tc = &msgs[i].tool_calls[k];
+                    llm_chat_puts(&c, "[TOOL_CALLS]"); llm_chat_puts(&c, tc->name ? tc->name : "");
+                    llm_chat_puts(&c, "[CALL_ID]"); llm_chat_puts(&c, tc->id ? tc->id : "");
+                    llm_chat_puts(&c, "[ARGS]");
+                    failed = !tc->id || strlen(tc->id) != 9 || llm_chat_put_json(&c, tc->arguments) != 0;
+                }
+                llm_chat_puts(&c, eos);
             } else {
                 if (!tekken) llm_chat_puts(&c, " ");
                 llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, eos);
@@ -7043,27 +7116,39 @@ static int llm_js_visit(llm_js *c, const llm_json *s, const char *path, const ch
     return rc;
 }
 
-char *llm_json_schema_to_grammar(const llm_json *schema, char *err) {
+/* The rules of several schemas in one GBNF text, with no root: names[i] is schema i's rule (each schema the
+ * root of its own $refs). NULL with the reason in err. */
+static char *llm_js_rules(const llm_json *const *schemas, int n, char (*names)[64], char *err) {
     char buf[LLM_ERR_LEN];
     llm_js c;
     memset(&c, 0, sizeof c);
-    c.root = schema; c.err = err ? err : buf; c.err[0] = 0;
-    sh_new_strdup(c.refs);
-    char name[64];
-    int rc = schema ? llm_js_visit(&c, schema, "", "root", name) : llm_fail(c.err, "JSON schema: none given");
+    c.err = err ? err : buf; c.err[0] = 0;
+    int rc = n > 0 ? 0 : llm_fail(c.err, "JSON schema: none given");
+    for (int i = 0; rc == 0 && i < n; i++) {
+        c.root = schemas[i];
+        sh_new_strdup(c.refs);
+        rc = schemas[i] ? llm_js_visit(&c, schemas[i], "", "root", names[i]) :
+                          llm_fail(c.err, "JSON schema: none given");
+        for (ptrdiff_t k = 0; k < shlen(c.refs); k++) free(c.refs[k].value);
+        shfree(c.refs);
+    }
     char *text = NULL;
     if (rc == 0) {
-        char *out = NULL;
-        llm_re_printf(&out, "root ::= %s\n", name);
-        if (arrlen(c.out)) memcpy(arraddnptr(out, arrlen(c.out)), c.out, (size_t)arrlen(c.out));
         for (size_t i = 0; i < sizeof llm_js_primitives / sizeof *llm_js_primitives; i++)
-            if (c.used & llm_js_primitives[i].bit) llm_re_puts(&out, llm_js_primitives[i].rules);
-        arrput(out, 0);
-        if (!(text = strdup(out))) llm_fail(c.err, "out of memory");
-        arrfree(out);
+            if (c.used & llm_js_primitives[i].bit) llm_re_puts(&c.out, llm_js_primitives[i].rules);
+        arrput(c.out, 0);
+        if (!(text = strdup(c.out))) llm_fail(c.err, "out of memory");
     }
-    for (ptrdiff_t i = 0; i < shlen(c.refs); i++) free(c.refs[i].value);
-    shfree(c.refs); arrfree(c.out);
+    arrfree(c.out);
+    return text;
+}
+
+char *llm_json_schema_to_grammar(const llm_json *schema, char *err) {
+    char name[1][64];
+    char *rules = llm_js_rules(&schema, 1, name, err), *text = NULL;
+    if (rules && (text = (char *)malloc(strlen(rules) + 80)) != NULL) sprintf(text, "root ::= %s\n%s", name[0], rules);
+    else if (rules) llm_fail(err, "out of memory");
+    free(rules);
     return text;
 }
 
@@ -7194,6 +7279,40 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
         llm_re_printf(&out, "call-rest ::= \" \"? \"[\" tool-json%s \"]\"\n",
                       parallel ? " ( \",\" \" \"? tool-json )*" : "");
         if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "[TOOL_CALLS]", "call-rest", 1);
+    } else if (rc == 0 && ct->tool_format == LLM_TOOLS_MISTRAL_ARGS) {
+        /* Mistral v11: [TOOL_CALLS]name[ARGS]{...} (and [CALL_ID] and 9 letters and digits before [ARGS], as
+         * the history writes them), one call after another; the name is outside the JSON, so each function's
+         * arguments are a rule of their own */
+        const llm_json **schemas = (const llm_json **)calloc((size_t)tl.n, sizeof *schemas);
+        char (*names)[64] = (char (*)[64])calloc((size_t)tl.n, 64);
+        llm_json none;
+        if (!schemas || !names) rc = llm_fail(err, "out of memory");
+        static const char no_params[] = "{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}";
+        if (rc == 0) rc = llm_json_parse(no_params, sizeof no_params - 1, &none, err);
+        for (int i = 0; rc == 0 && i < tl.n; i++) {
+            const llm_json *params = llm_json_get(llm_json_get(&tl.items[i], "function"), "parameters");
+            schemas[i] = params && params->type == LLM_JSON_OBJECT ? params : &none;
+        }
+        if (rc == 0) rules = llm_js_rules(schemas, tl.n, names, err);
+        if (rc == 0) llm_json_free(&none);
+        llm_re_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" :
+                    "root ::= \"[TOOL_CALLS]\" call-rest\n");
+        llm_re_printf(&out, "call-rest ::= call%s\ncall ::= ", parallel ? " ( \"[TOOL_CALLS]\" call )*" : "");
+        for (int i = 0, k = 0; rules && i < tl.n; i++) {
+            const llm_json *nm = llm_json_get(llm_json_get(&tl.items[i], "function"), "name");
+            if (choice == LLM_TOOL_NAMED && strcmp(nm->str, name)) continue;
+            llm_re_puts(&out, k++ ? " | \"" : "\"");
+            for (size_t b = 0; b < nm->len;) { /* the name's characters */
+                int len = llm_utf8_check((const unsigned char *)nm->str + b, nm->len - b);
+                if (len <= 0) { rc = llm_fail(err, "tools[%d].function.name is not UTF-8", i); break; }
+                llm_re_gbnf_char(&out, llm_utf8_decode((const unsigned char *)nm->str + b, len), 0);
+                b += (size_t)len;
+            }
+            llm_re_printf(&out, "\" call-id? \"[ARGS]\" %s", names[i]);
+        }
+        llm_re_puts(&out, "\ncall-id ::= \"[CALL_ID]\" [a-zA-Z0-9]{9}\n");
+        if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "[TOOL_CALLS]", "call-rest", 1);
+        free(schemas); free(names);
     } else if (rc == 0 && ct->tool_format == LLM_TOOLS_LLAMA3) {
         /* Llama 3.1: one call, {"name": ..., "parameters": ...}, as the whole reply; auto: or a reply that
          * does not begin with "{" */
@@ -7428,6 +7547,31 @@ int llm_chat_parse_reply(const llm_chat_template *ct, const char *s, size_t n, i
         if (k < n && s[k] == '{' && llm_reply_call(r, s, n, k, &e) >= 0) {
             if (!r->n_calls && !partial) llm_bytes_put(&content, s + i, n - i); /* no call after all */
         } else if (!partial || k < n) llm_bytes_put(&content, s + i, n - i);
+    } else if (tools && ct->tool_format == LLM_TOOLS_MISTRAL_ARGS) {
+        /* Mistral v11: text, then [TOOL_CALLS]name[CALL_ID]id[ARGS]{...} one after another (a call is read once
+         * its name is whole, that is at [ARGS]) */
+        static const char marker[] = "[TOOL_CALLS]";
+        const char *at = NULL;
+        for (size_t k = i; k + 12 <= n && !at; k++) if (!memcmp(s + k, marker, 12)) at = s + k;
+        size_t text_end = at ? (size_t)(at - s) : n;
+        if (!at && partial) text_end -= llm_marker_tail(s + i, n - i, marker);
+        llm_bytes_put(&content, s + i, text_end - i);
+        for (size_t k = text_end; at && n - k >= 12 && !memcmp(s + k, marker, 12);) {
+            size_t name = k + 12, a = name, e;
+            while (a < n && s[a] != '[') a++;
+            size_t name_end = a;
+            if (n - a >= 9 && !memcmp(s + a, "[CALL_ID]", 9)) for (a += 9; a < n && s[a] != '[';) a++;
+            if (n - a < 6 || memcmp(s + a, "[ARGS]", 6)) break;
+            for (a += 6; a < n && llm_is_space(s[a]);) a++;
+            int whole = llm_json_span(s, n, a, &e);
+            if (whole < 0) break;
+            char *nm = llm_strndup(s + name, name_end - name);
+            if (nm) llm_reply_add_call(r, nm, s + a, whole ? e - a : n - a);
+            free(nm);
+            r->in_call = !whole;
+            if (!whole) break;
+            for (k = e; k < n && llm_is_space(s[k]);) k++;
+        }
     } else if (tools && ct->tool_format == LLM_TOOLS_MISTRAL) {
         /* Mistral v3: text, then [TOOL_CALLS][{...}, ...] (the ids the model may write are not read: llm serve
          * gives each call its own) */

@@ -1175,7 +1175,7 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
     }
     /* Mistral's templates take only ids of 9 characters (and the model saw only such): any other id becomes
      * 9 letters and digits made from it, the same for a call and its result (as vLLM shortens them) */
-    char (*short_ids)[10] = ok && r->chat.tool_format == LLM_TOOLS_MISTRAL ?
+    char (*short_ids)[10] = ok && r->chat.call_id_len == 9 ?
                             (char (*)[10])calloc(n_msgs + n_calls, 10) : NULL;
     for (int i = 0, c = 0; short_ids && i < n; i++) {
         for (int j = 0; j < cm[i].n_tool_calls; j++, c++)
@@ -1419,7 +1419,7 @@ static void put_tool_call_id(sbuf *b, const srv_req *r, int ci, int k) {
     h = (h ^ (uint64_t)ci) * 1099511628211ull;
     h = (h ^ (uint64_t)k) * 1099511628211ull;
     char id[30] = "call_";
-    if (r->chat.tool_format == LLM_TOOLS_MISTRAL) put_id_chars(id, 9, h);
+    if (r->chat.call_id_len == 9) put_id_chars(id, 9, h);
     else put_id_chars(id + 5, 24, h);
     sb_json_cstr(b, id);
 }

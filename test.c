@@ -4267,6 +4267,9 @@ static void test_chat_tools_jinja(void) {
          "</s>", LLM_TOOLS_MISTRAL},
         {"testdata/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja", "ggml-vocab-llama-spm.gguf", "<s>",
          "</s>", LLM_TOOLS_MISTRAL},
+        /* Mistral Small 3.2 (v11 calls; its own system prompt, dated today, when the conversation has none) */
+        {"testdata/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja", "ggml-vocab-llama-spm.gguf", "<s>", "</s>",
+         LLM_TOOLS_MISTRAL_ARGS},
     };
     char err[LLM_ERR_LEN];
     size_t qwen3_len;
@@ -4371,9 +4374,9 @@ static int gbnf_takes(const char *gbnf, const char *text) {
  * lets the model write it as one token and the reply's reader finds the call in the text that comes out;
  * a control token that is no marker stays out of both. */
 static void test_tool_marker_token(void) {
-    const char *tokens[100];
+    const char *tokens[104];
     char chars[95][2];
-    int32_t types[100];
+    int32_t types[104];
     int n = 0;
     for (int c = 0x21; c < 0x7f; c++) { chars[n][0] = (char)c; chars[n][1] = 0; tokens[n] = chars[n]; n++; }
     tokens[n++] = "\xc4\xa0"; /* GPT-2's stand-in for the space */
@@ -4381,6 +4384,8 @@ static void test_tool_marker_token(void) {
     int marker = n, im_end = n + 1;
     tokens[n] = "[TOOL_CALLS]"; types[n++] = LLM_TOKEN_CONTROL;
     tokens[n] = "<|im_end|>"; types[n++] = LLM_TOKEN_CONTROL;
+    int args = n;
+    tokens[n] = "[ARGS]"; types[n++] = LLM_TOKEN_CONTROL;
     static const char *const merges[] = {"a b"};
     tok_gguf_buf b;
     llm_gguf g;
@@ -4397,6 +4402,7 @@ static void test_tool_marker_token(void) {
     int len = llm_tokenizer_piece(t, marker, 0, piece, sizeof piece);
     CHECK(len == 12 && !memcmp(piece, "[TOOL_CALLS]", 12) && llm_tokenizer_piece(t, im_end, 0, piece, 32) == 0,
           "[TOOL_CALLS] is text (%d bytes), <|im_end|> is not", len);
+    CHECK(llm_tokenizer_piece(t, args, 0, piece, sizeof piece) == 6 && !memcmp(piece, "[ARGS]", 6), "[ARGS] is text");
     static const char reply[] = "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}]";
     int32_t ids[128];
     int n_ids = llm_tokenize(t, reply, strlen(reply), 0, 1, ids, 128);
@@ -4512,13 +4518,28 @@ static void test_tool_calls(void) {
          1, "Looking.", NULL, "now", "{}", NULL},
         {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_AUTO, 1, "[TOOL_CALLS][{\"name\": \"rm\"", 0, NULL, NULL, NULL, NULL,
          NULL},
+        {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_REQUIRED, 1, /* Mistral v11: the name outside the JSON */
+         "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Rome\"}[TOOL_CALLS]now[CALL_ID]a1B2c3D4e[ARGS]{}", 1, "",
+         NULL, "get_weather", "{\"city\": \"Rome\"}", "now"},
+        {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_REQUIRED, 0, "[TOOL_CALLS]now[ARGS]{}[TOOL_CALLS]now[ARGS]{}", 0,
+         NULL, NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_REQUIRED, 1, "[TOOL_CALLS]now[ARGS]{\"city\": \"Rome\"}", 0, NULL,
+         NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_REQUIRED, 1, "[TOOL_CALLS]get_weather[CALL_ID]short[ARGS]{}", 0,
+         NULL, NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_AUTO, 1, "Let me see. [TOOL_CALLS]get_weather[ARGS]{\"city\": "
+         "\"Oslo\", \"days\": 7}", 1, "Let me see.", NULL, "get_weather", "{\"city\": \"Oslo\", \"days\": 7}", NULL},
+        {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_NAMED, 1, "[TOOL_CALLS]now[ARGS]{}", 1, "", NULL, "now", "{}", NULL},
+        {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_NAMED, 1, "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}", 0,
+         NULL, NULL, NULL, NULL, NULL},
     };
     char err[LLM_ERR_LEN];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         llm_chat_template ct;
         memset(&ct, 0, sizeof ct);
         ct.family = cases[i].format == LLM_TOOLS_LLAMA3 ? LLM_CHAT_LLAMA3 : cases[i].thinks ? LLM_CHAT_QWEN3 :
-                    cases[i].format == LLM_TOOLS_MISTRAL ? LLM_CHAT_MISTRAL_V3 : LLM_CHAT_CHATML;
+                    cases[i].format == LLM_TOOLS_MISTRAL ? LLM_CHAT_MISTRAL_V3 :
+                    cases[i].format == LLM_TOOLS_MISTRAL_ARGS ? LLM_CHAT_MISTRAL_V7_TEKKEN : LLM_CHAT_CHATML;
         ct.tool_format = cases[i].format; ct.thinks = cases[i].thinks; ct.enable_thinking = 1;
         char *gbnf = llm_chat_tool_grammar(&ct, tools, cases[i].choice, "now", cases[i].parallel, err);
         CHECK(gbnf != NULL, "tool grammar %zu: %s", i, err);
