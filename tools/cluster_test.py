@@ -54,6 +54,7 @@ CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
 N_REPLICAS = 3
 NAMES = ["replica%d" % (i + 1) for i in range(N_REPLICAS)]
+HAPROXY = [shutil.which("haproxy") or "/usr/sbin/haproxy"]  # --haproxy sets it
 
 _children = []  # every process started, stopped in stop_all()
 
@@ -230,7 +231,7 @@ class Cluster:
     def start(self):
         for i in range(N_REPLICAS):
             self.start_replica(i)
-        ha = shutil.which("haproxy") or "/usr/sbin/haproxy"
+        ha = HAPROXY[0]
         # -db: in the foreground, not daemonized, so this script owns it and its log
         self.haproxy = start([ha, "-db", "-f", CFG], self.ha_env, os.path.join(self.dir, "haproxy.log"))
         self.wait_states({n: "UP" for n in NAMES})
@@ -698,7 +699,7 @@ def run_figure(a):
 
 def haproxy_version():
     try:
-        return subprocess.run([shutil.which("haproxy") or "/usr/sbin/haproxy", "-v"], capture_output=True,
+        return subprocess.run([HAPROXY[0], "-v"], capture_output=True,
                               text=True, timeout=10).stdout.splitlines()[0]
     except (OSError, IndexError, subprocess.TimeoutExpired):
         return None
@@ -718,16 +719,17 @@ def cpu_name():
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--llm", default=os.path.join(ROOT, "llm"))
+    ap.add_argument("--haproxy", default=HAPROXY[0])
     ap.add_argument("-m", "--model", default=None,
                     help="default: testdata/models/stories260K.gguf (test), the default SmolLM2 (figure)")
     ap.add_argument("--deadline", type=float, default=600, help="seconds the whole run may take (default 600)")
     ap.add_argument("--figure", action="store_true", help="round robin vs prefix affinity, not the test")
     ap.add_argument("--log", help="--figure: also write the report to this file")
-    ap.add_argument("--users", type=int, default=9)
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--users", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--system-words", type=int, default=250)
-    ap.add_argument("--user-words", type=int, default=40)
+    ap.add_argument("--user-words", type=int, default=20)
     ap.add_argument("--stagger", type=float, default=0.5)
     ap.add_argument("--serve-args", default="--kv-gib 0.5", help="--figure: more llm serve flags")
     a = ap.parse_args()
@@ -738,8 +740,9 @@ def main():
         if not os.path.exists(path):
             print("cluster_test: %s is missing: %s" % (what, path), file=sys.stderr)
             return 2
-    if not (shutil.which("haproxy") or os.path.exists("/usr/sbin/haproxy")):
-        print("cluster_test: haproxy is missing (apt-get install haproxy)", file=sys.stderr)
+    HAPROXY[0] = a.haproxy
+    if not os.path.exists(a.haproxy):
+        print("cluster_test: haproxy is missing: %s (apt-get install haproxy)" % a.haproxy, file=sys.stderr)
         return 2
 
     # the deadline, and a SIGTERM or SIGINT: stop everything started, then exit
