@@ -257,7 +257,7 @@ int  llm_tokenize_prompt(const llm_tokenizer *t, const char *text, size_t len, i
 enum llm_chat_family {
     LLM_CHAT_CHATML, LLM_CHAT_QWEN3, LLM_CHAT_LLAMA3, LLM_CHAT_LLAMA2,
     LLM_CHAT_MISTRAL_V1, LLM_CHAT_MISTRAL_V3, LLM_CHAT_MISTRAL_V3_TEKKEN, LLM_CHAT_MISTRAL_V7,
-    LLM_CHAT_MISTRAL_V7_TEKKEN, LLM_CHAT_ZEPHYR, LLM_CHAT_PHI3, LLM_CHAT_GEMMA, LLM_CHAT_NFAMILIES
+    LLM_CHAT_MISTRAL_V7_TEKKEN, LLM_CHAT_ZEPHYR, LLM_CHAT_PHI3, LLM_CHAT_GEMMA, LLM_CHAT_QWQ, LLM_CHAT_NFAMILIES
 };
 
 typedef struct {                    /* a call of a tool that an assistant turn made */
@@ -2693,7 +2693,7 @@ int llm_tokenize_prompt(const llm_tokenizer *t, const char *text, size_t len, in
  * ======================================================================================================== */
 static const char *llm_chat_family_names[LLM_CHAT_NFAMILIES] = {
     "chatml", "qwen3", "llama3", "llama2", "mistral-v1", "mistral-v3", "mistral-v3-tekken", "mistral-v7",
-    "mistral-v7-tekken", "zephyr", "phi3", "gemma"
+    "mistral-v7-tekken", "zephyr", "phi3", "gemma", "qwq"
 };
 
 const char *llm_chat_family_name(int family) {
@@ -2719,9 +2719,13 @@ static int llm_vocab_has(const llm_tokenizer *t, const char *text) {
 /* Each family's markers, checked most specific first (the order of llama.cpp's llm_chat_detect_template). */
 int llm_chat_detect(const char *tt, size_t n, const llm_tokenizer *t) {
     if (tt && n) {
-        if (llm_has(tt, n, "<|im_start|>"))
+        if (llm_has(tt, n, "<|im_start|>")) { /* QwQ: the thinking of earlier answers cut, none kept apart */
+            if (llm_has(tt, n, "<think>") && !llm_has(tt, n, "reasoning_content") &&
+                llm_has(tt, n, "split('</think>')"))
+                return LLM_CHAT_QWQ;
             return llm_has(tt, n, "<think>") || llm_has(tt, n, "enable_thinking") ? LLM_CHAT_QWEN3
                                                                                    : LLM_CHAT_CHATML;
+        }
         if (llm_has(tt, n, "<|start_header_id|>")) return LLM_CHAT_LLAMA3;
         if (llm_has(tt, n, "<start_of_turn>")) return LLM_CHAT_GEMMA;
         if (llm_has(tt, n, "<|user|>")) return llm_has(tt, n, "<|end|>") ? LLM_CHAT_PHI3 : LLM_CHAT_ZEPHYR;
@@ -2838,7 +2842,7 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
      * with no template, the vocabulary has the token), v11's where it writes [CALL_ID]; the generic format
      * elsewhere */
     int hermes = tt.len ? llm_has(tt.ptr, tt.len, "<tool_call>") : llm_vocab_has(t, "<tool_call>");
-    if ((ct->family == LLM_CHAT_CHATML || ct->family == LLM_CHAT_QWEN3) && hermes)
+    if ((ct->family == LLM_CHAT_CHATML || ct->family == LLM_CHAT_QWEN3 || ct->family == LLM_CHAT_QWQ) && hermes)
         ct->tool_format = LLM_TOOLS_HERMES;
     if (ct->family == LLM_CHAT_LLAMA3 && llm_has(tt.ptr, tt.len, "Environment: ipython"))
         ct->tool_format = LLM_TOOLS_LLAMA3;
@@ -2851,7 +2855,7 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
         ct->tool_format = LLM_TOOLS_MISTRAL_ARGS;
     if (ct->tool_format == LLM_TOOLS_MISTRAL || ct->tool_format == LLM_TOOLS_MISTRAL_ARGS) ct->call_id_len = 9;
     if (v7) llm_chat_find_mistral_system(tt.ptr, tt.len, ct->default_system, sizeof ct->default_system);
-    ct->thinks = ct->family == LLM_CHAT_QWEN3;
+    ct->thinks = ct->family == LLM_CHAT_QWEN3 || ct->family == LLM_CHAT_QWQ;
     ct->opens_think = ct->thinks && llm_has(tt.ptr, tt.len, "'<|im_start|>assistant\\n<think>\\n'");
     if (ct->family == LLM_CHAT_CHATML)
         llm_chat_find_default_system(tt.ptr, tt.len, ct->default_system, sizeof ct->default_system);
@@ -3210,6 +3214,31 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
                                "<|im_start|>assistant\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
         break;
     }
+    case LLM_CHAT_QWQ: { /* Qwen/QwQ-32B: earlier answers lose their thinking; the prompt opens <think> */
+        if (tl_given) {
+            llm_chat_puts(&c, "<|im_start|>system\n"); llm_chat_puts(&c, sys); llm_chat_puts(&c, "\n\n");
+            llm_hermes_tools(&c, tl_given);
+        } else if (has_sys) {
+            llm_chat_puts(&c, "<|im_start|>system\n"); llm_chat_puts(&c, sys); llm_chat_puts(&c, "<|im_end|>\n");
+        }
+        for (int i = first; i < n && !failed; i++) {
+            if (role[i] == LLM_ROLE_TOOL) { llm_hermes_result(&c, role, n, i, CONTENT(i)); continue; }
+            if (role[i] != LLM_ROLE_ASSISTANT) {
+                llm_chat_puts(&c, "<|im_start|>"); llm_chat_puts(&c, llm_chat_role_names[role[i]]);
+                llm_chat_puts(&c, "\n"); llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "<|im_end|>\n");
+                continue;
+            }
+            const char *body = CONTENT(i); /* but the last: what follows the last </think>, newlines cut */
+            for (const char *p = body; i < n - 1 && (p = strstr(p, "</think>")); p += 8) body = p + 8;
+            while (i < n - 1 && *body == '\n') body++;
+            llm_chat_puts(&c, "<|im_start|>assistant");
+            if (CONTENT(i)[0] || !msgs[i].n_tool_calls) { llm_chat_puts(&c, "\n"); llm_chat_puts(&c, body); }
+            failed = llm_hermes_calls(&c, &msgs[i], 1) != 0;
+            llm_chat_puts(&c, "<|im_end|>\n");
+        }
+        if (gen) llm_chat_puts(&c, "<|im_start|>assistant\n<think>\n");
+        break;
+    }
     case LLM_CHAT_LLAMA3: { /* meta-llama/Meta-Llama-3-8B-Instruct; dated: Llama-3.1-8B-Instruct, 3.2-1B */
         int tools_here = ct->tool_format == LLM_TOOLS_LLAMA3 && tl_given;
         llm_chat_puts(&c, bos);
@@ -3426,7 +3455,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
 
 int llm_chat_stop_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32_t *ids, int cap) {
     static const char *const end_of_turn[LLM_CHAT_NFAMILIES][2] = {
-        [LLM_CHAT_CHATML] = {"<|im_end|>"}, [LLM_CHAT_QWEN3] = {"<|im_end|>"},
+        [LLM_CHAT_CHATML] = {"<|im_end|>"}, [LLM_CHAT_QWEN3] = {"<|im_end|>"}, [LLM_CHAT_QWQ] = {"<|im_end|>"},
         [LLM_CHAT_LLAMA3] = {"<|eot_id|>", "<|eom_id|>"}, [LLM_CHAT_PHI3] = {"<|end|>"},
         [LLM_CHAT_GEMMA] = {"<end_of_turn>"},
     };

@@ -4267,6 +4267,8 @@ static void test_chat_tools_jinja(void) {
          "</s>", LLM_TOOLS_MISTRAL},
         {"testdata/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja", "ggml-vocab-llama-spm.gguf", "<s>",
          "</s>", LLM_TOOLS_MISTRAL},
+        /* QwQ: the thinking of earlier answers cut from them; the generation prompt opens <think> */
+        {"testdata/templates/Qwen-QwQ-32B.jinja", "ggml-vocab-qwen2.gguf", "", "<|im_end|>", LLM_TOOLS_HERMES},
         /* Mistral Small 3.2 (v11 calls; its own system prompt, dated today, when the conversation has none) */
         {"testdata/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja", "ggml-vocab-llama-spm.gguf", "<s>", "</s>",
          LLM_TOOLS_MISTRAL_ARGS},
@@ -4313,7 +4315,8 @@ static void test_chat_tools_jinja(void) {
         } else text = read_file(templates[k].path, &text_len);
         llm_chat_template ct;
         CHECK(t && text && llm_chat_template_init(&ct, text, text_len, t, NULL, err) == 0 &&
-              ct.tool_format == templates[k].format && ct.opens_think == (strstr(templates[k].path, "thinking") != NULL),
+              ct.tool_format == templates[k].format &&
+              ct.opens_think == (strstr(templates[k].path, "thinking") || strstr(templates[k].path, "QwQ")),
               "%s: its tool format, and whether it opens <think>: %s", templates[k].path, err);
         snprintf(ct.date, sizeof ct.date, "26 Jul 2024");
         for (size_t i = 0; i < n_conv && line && *line; i++) {
