@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <strings.h>
 #include <sys/epoll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 
 #define SRV_MAX_HEADER   16384            /* bytes of request line and headers (431 past it) */
@@ -30,6 +31,7 @@
 #define SRV_MAX_PROMPTS  1024             /* prompts in one /v1/completions request */
 #define SRV_MAX_STOPS    16
 #define SRV_MAX_UNKNOWN  256              /* unknown request field names logged, each once */
+#define SRV_MAX_REQUEST_ID 128            /* bytes of a client's X-Request-Id (a longer one is replaced) */
 
 /* ===========================================================================================================
  * Strings that grow: what every response is built in
@@ -105,6 +107,7 @@ typedef struct {
     char method[16], path[256];
     int keep_alive, expect_continue;
     char auth[512];
+    char request_id[SRV_MAX_REQUEST_ID + 1]; /* X-Request-Id when it is printable ASCII and short; else "" */
     size_t header_len, body_len;  /* the body starts at header_len (chunked bodies are decoded in place) */
     char *body;
 } http_request;
@@ -209,6 +212,11 @@ static int http_parse(char *buf, size_t len, http_request *rq, size_t *consumed)
         } else if (HDR("authorization")) {
             if (vlen >= sizeof rq->auth) return 431;
             memcpy(rq->auth, v, vlen); rq->auth[vlen] = 0;
+        } else if (HDR("x-request-id")) { /* it goes into logs, JSON and a header: printable ASCII only */
+            int ok = vlen > 0 && vlen <= SRV_MAX_REQUEST_ID;
+            for (size_t i = 0; ok && i < vlen; i++) ok = v[i] >= 0x20 && v[i] < 0x7f; /* signed or not */
+            if (ok) memcpy(rq->request_id, v, vlen);
+            rq->request_id[ok ? vlen : 0] = 0;
         }
 #undef HDR
         p = eol + 2;
@@ -263,6 +271,9 @@ typedef struct { /* one prompt of a request: one engine request (n samples) */
     int32_t *prompt_ids;            /* stb_ds: for echo of id prompts and /tokenize-like logging */
     char *echo_text;                /* what echo puts before the completion (NULL: none) */
     int started;                    /* an output has come (it left the waiting queue) */
+    int n_cached;                   /* its prompt tokens the prefix cache had (the engine's count) */
+    int n_generated;                /* tokens of its n samples */
+    double t_scheduled, t_first, t_last; /* the step that first ran it began; its first and last tokens */
     srv_prompt_lp *lp;              /* its prompt logprobs once the engine gave them (NULL: not yet, none) */
 } srv_prompt;
 
@@ -283,7 +294,7 @@ struct srv_req {
     int kind, stream, n, logprobs, top_logprobs, include_usage, echo;
     int prompt_logprobs;            /* vLLM's prompt_logprobs: -1 none, else K */
     int score_only;                 /* echo with max_tokens 0: the prompt and its logprobs, no completion */
-    char id[48];
+    char id[16 + SRV_MAX_REQUEST_ID]; /* "cmpl-" or "chatcmpl-" and the X-Request-Id, as vLLM names them */
     long long created;
     srv_prompt *prompts;            /* [n_prompts] */
     int n_prompts;
@@ -316,6 +327,7 @@ struct srv_conn {
     srv_req *req;                   /* the request in flight (one at a time: responses keep their order) */
     int keep_alive, closing, want_write;  /* closing: 1 once the output is sent, 2 now */
     int sent_continue;              /* "100 Continue" answered for the request being read */
+    char request_id[SRV_MAX_REQUEST_ID + 1]; /* X-Request-Id of the response under way ("": mint one) */
     double t_request_start;         /* when the first byte of the request being read came (0: none yet) */
     double t_last_active;
 };
@@ -329,7 +341,7 @@ typedef struct {
     srv_prompt_lp *prompt_lp;       /* the prompt's logprobs, in the one output that has them */
     char *error;
     int n_prompt, n_cached;
-    double t;
+    double t, t_step;               /* when the step that made it ended, and when it began */
 } srv_event;
 
 /* Histograms with vLLM's buckets, for /metrics */
@@ -357,17 +369,22 @@ typedef struct {
     int n_queued;                   /* prompts added that have not produced anything yet */
     int64_t prompt_tokens_total, generation_tokens_total, success[4];
     srv_hist ttft, itl, e2e;
-    int64_t next_request;
+    srv_hist queue, prefill, decode, inference, req_prompt, req_gen; /* per engine request (a prompt) */
+    double *token_bounds;           /* the token-count histograms' buckets: 1, 2, 5, 10, ... to the context */
+    int enable_prefix_caching;
+    uint64_t id_rng;                /* minted request ids (seeded from getrandom: unique across replicas) */
+    double drain_timeout;           /* seconds a stop waits for the requests in flight */
     int reasoning_format_none;      /* --reasoning-format none: the thinking stays in content */
     llm_sampling_params defaults;   /* the command line's sampling flags: the defaults of every request */
     char **unknown_fields;          /* stb_ds: the unknown request fields logged already */
 } srv_state;
 
-static volatile sig_atomic_t g_srv_stop;
+/* SIGTERM or SIGINT: 1 drains (the requests in flight finish, new ones and /health get 503), 2 exits now */
+static volatile sig_atomic_t g_srv_stop, g_srv_signal;
 static int g_srv_wake_fd = -1;
 static void srv_on_signal(int sig) {
-    (void)sig;
-    g_srv_stop = 1;
+    g_srv_signal = sig;
+    if (g_srv_stop < 2) g_srv_stop++;
     if (g_srv_wake_fd >= 0) { char c = 's'; ssize_t rc = write(g_srv_wake_fd, &c, 1); (void)rc; }
 }
 
@@ -391,6 +408,7 @@ static void *srv_engine_loop(void *arg) {
         if (stop) break;
         if (!llm_engine_wait(S->engine, 1000)) continue; /* a second at most: then the stop flag again */
         const llm_output *out;
+        double t_step = now_s();
         int n = llm_engine_step(S->engine, &out);
         double t = now_s();
         srv_event *batch = NULL;
@@ -398,7 +416,8 @@ static void *srv_engine_loop(void *arg) {
             const llm_output *o = &out[i];
             srv_event ev;
             memset(&ev, 0, sizeof ev);
-            ev.user = o->user; ev.index = o->index; ev.finish = o->finish_reason; ev.t = t;
+            ev.user = o->user; ev.index = o->index; ev.finish = o->finish_reason;
+            ev.t = t; ev.t_step = t_step;
             ev.n_tokens = o->n_tokens; ev.n_top = o->n_top; ev.n_prompt = o->n_prompt_tokens;
             ev.n_cached = o->n_cached_tokens;
             int ok = 1;
@@ -481,15 +500,31 @@ static void srv_event_free(srv_event *ev) {
  * ======================================================================================================== */
 static void conn_send(srv_state *S, srv_conn *c, const char *data, size_t n);
 
+/* The id of a request whose client sent no usable X-Request-Id: 32 random hex digits, the shape of vLLM's
+ * random_uuid(), so that logs and a load balancer's traces name every request. */
+static void mint_request_id(srv_state *S, char out[SRV_MAX_REQUEST_ID + 1]) {
+    uint64_t a = llm_splitmix64(&S->id_rng), b = llm_splitmix64(&S->id_rng);
+    snprintf(out, SRV_MAX_REQUEST_ID + 1, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
+}
+
+/* The request's X-Request-Id ("" until conn_process sets it, or for a request too broken to read: minted). */
+static const char *conn_request_id(srv_state *S, srv_conn *c) {
+    if (!c->request_id[0]) mint_request_id(S, c->request_id);
+    return c->request_id;
+}
+
+/* A whole response: every one carries the X-Request-Id of its request, errors included. */
 static void send_response(srv_state *S, srv_conn *c, int status, const char *content_type, const char *body,
                           size_t body_len, const char *extra_headers) {
     sbuf h = {0};
-    sb_printf(&h, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%s\r\n", status,
-              http_reason(status), content_type, body_len, extra_headers ? extra_headers : "",
+    sb_printf(&h, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+              "X-Request-Id: %s\r\n%s%s\r\n", status, http_reason(status), content_type, body_len,
+              conn_request_id(S, c), extra_headers ? extra_headers : "",
               c->keep_alive ? "" : "Connection: close\r\n");
     conn_send(S, c, h.s, h.len);
     if (body_len) conn_send(S, c, body, body_len);
     sb_free(&h);
+    c->request_id[0] = 0; /* answered: the next request on the connection has its own */
 }
 
 /* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} */
@@ -1214,9 +1249,17 @@ static void put_header_fields(sbuf *b, srv_state *S, srv_req *r, const char *obj
     sb_puts(b, ",\"system_fingerprint\":\"fp_llm\"");
 }
 
+/* usage, with OpenAI's prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache held. vLLM
+ * writes it only under --enable-prompt-tokens-details; OpenAI always does, and a router or a bill needs it,
+ * so it is always here. Each prompt counts once, as in prompt_tokens and as vLLM counts a request's
+ * num_cached_tokens: its n samples share one prefill (the engine forks them after it), so n > 1 does not
+ * multiply them; the prompts of a list add theirs up. */
 static void put_usage(sbuf *b, srv_req *r) {
-    sb_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}",
-              r->prompt_tokens, r->completion_tokens, r->prompt_tokens + r->completion_tokens);
+    int cached = 0;
+    for (int i = 0; i < r->n_prompts; i++) cached += r->prompts[i].n_cached;
+    sb_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
+              "\"prompt_tokens_details\":{\"cached_tokens\":%d}}",
+              r->prompt_tokens, r->completion_tokens, r->prompt_tokens + r->completion_tokens, cached);
 }
 
 /* A token's text for logprobs: its piece; bytes that are not whole UTF-8 as vLLM writes them,
@@ -1644,8 +1687,22 @@ static const double hist_ttft[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0
                                    5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 static const double hist_itl[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
                                   5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+/* vLLM's request_latency_buckets: e2e, and the queue, prefill, decode and inference times */
 static const double hist_e2e[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+/* vLLM's build_1_2_5_buckets(max_model_len), for token counts: 1, 2, 5, 10, 20, 50, ... up to max. Returns
+ * how many (at most cap). */
+static int hist_1_2_5(double *out, int cap, int max) {
+    int n = 0;
+    for (double scale = 1; n < cap; scale *= 10)
+        for (int k = 0; k < 3 && n < cap; k++) {
+            double x = (k == 0 ? 1 : k == 1 ? 2 : 5) * scale;
+            if (x > max) return n;
+            out[n++] = x;
+        }
+    return n;
+}
 
 static int hist_init(srv_hist *h, const double *bounds, int n) {
     h->bounds = bounds; h->n_bounds = n;
@@ -1659,18 +1716,22 @@ static void hist_add(srv_hist *h, double x) {
     h->counts[i]++; h->sum += x; h->count++;
 }
 
+/* Every series has vLLM's labels: model_name and engine (the engine's index: one engine here, "0") */
+#define SRV_LABELS "model_name=\"%s\",engine=\"0\""
+
 static void put_hist(sbuf *b, const char *name, const char *help, const srv_hist *h, const char *model) {
     sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     int64_t cum = 0;
-    for (int i = 0; i < h->n_bounds; i++) {
+    for (int i = 0; i <= h->n_bounds; i++) {
         cum += h->counts[i];
-        sb_printf(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, h->bounds[i], model,
-                  (long long)cum);
+        char le[32] = "+Inf"; /* as Python's prometheus_client writes a bound: 0.001, 1.0, 2560.0 */
+        if (i < h->n_bounds && h->bounds[i] == floor(h->bounds[i]) && h->bounds[i] < 1e15)
+            snprintf(le, sizeof le, "%.1f", h->bounds[i]);
+        else if (i < h->n_bounds) snprintf(le, sizeof le, "%g", h->bounds[i]);
+        sb_printf(b, "%s_bucket{" SRV_LABELS ",le=\"%s\"} %lld\n", name, model, le, (long long)cum);
     }
-    cum += h->counts[h->n_bounds];
-    sb_printf(b, "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n", name, model, (long long)cum);
-    sb_printf(b, "%s_sum{model_name=\"%s\"} %.9g\n%s_count{model_name=\"%s\"} %lld\n", name, model, h->sum,
-              name, model, (long long)h->count);
+    sb_printf(b, "%s_sum{" SRV_LABELS "} %.9g\n", name, model, h->sum);
+    sb_printf(b, "%s_count{" SRV_LABELS "} %lld\n", name, model, (long long)h->count);
 }
 
 static void handle_metrics(srv_state *S, srv_conn *c) {
@@ -1681,11 +1742,12 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
     char model[300];
     snprintf(model, sizeof model, "%s", S->model_name);
     for (char *p = model; *p; p++) if (*p == '"' || *p == '\\' || *p == '\n') *p = '_';
+    /* counters as prometheus_client writes them: "_total" ends the name on the HELP and TYPE lines too */
 #define GAUGE(name, help, fmt, value) \
-    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " gauge\n" name "{model_name=\"%s\"} " fmt "\n", \
+    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " gauge\n" name "{" SRV_LABELS "} " fmt "\n", \
               model, value)
 #define COUNTER(name, help, value) \
-    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " counter\n" name "{model_name=\"%s\"} %lld\n", \
+    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " counter\n" name "{" SRV_LABELS "} %lld\n", \
               model, (long long)(value))
     GAUGE("vllm:num_requests_running", "Number of requests in model execution batches.", "%d", st.running);
     GAUGE("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "%d", st.waiting);
@@ -1694,9 +1756,9 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
     GAUGE("llm:kv_cache_free_blocks", "KV-cache blocks free (cached prefixes count as free).", "%d",
           st.num_free_blocks);
     GAUGE("llm:kv_cache_blocks", "KV-cache blocks in the pool.", "%d", st.num_blocks);
-    COUNTER("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+    COUNTER("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
             st.prefix_cache_queries);
-    COUNTER("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+    COUNTER("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
             st.prefix_cache_hits);
     COUNTER("vllm:prompt_tokens_total", "Number of prefill tokens processed.", S->prompt_tokens_total);
     COUNTER("vllm:generation_tokens_total", "Number of generation tokens processed.", st.generation_tokens);
@@ -1707,13 +1769,31 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
                 "# TYPE vllm:request_success_total counter\n");
     static const char *reasons[4] = {"stop", "length", "abort", "error"};
     for (int i = 0; i < 4; i++)
-        sb_printf(&b, "vllm:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %lld\n",
-                  reasons[i], model, (long long)S->success[i]);
+        sb_printf(&b, "vllm:request_success_total{" SRV_LABELS ",finished_reason=\"%s\"} %lld\n", model,
+                  reasons[i], (long long)S->success[i]);
+    /* vLLM's info gauge of the cache config (its labels are CacheConfig's fields; these are the ones that
+     * mean something here), then engine */
+    sb_printf(&b, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+              "# TYPE vllm:cache_config_info gauge\n"
+              "vllm:cache_config_info{block_size=\"%d\",enable_prefix_caching=\"%s\",num_cpu_blocks=\"None\","
+              "num_gpu_blocks=\"%d\",engine=\"0\"} 1\n", st.block_size,
+              S->enable_prefix_caching ? "True" : "False", st.num_blocks);
     put_hist(&b, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &S->ttft,
              model);
     put_hist(&b, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &S->itl,
              model);
     put_hist(&b, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &S->e2e,
+             model);
+    put_hist(&b, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+             &S->queue, model);
+    put_hist(&b, "vllm:request_inference_time_seconds",
+             "Histogram of time spent in RUNNING phase for request.", &S->inference, model);
+    put_hist(&b, "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+             &S->prefill, model);
+    put_hist(&b, "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+             &S->decode, model);
+    put_hist(&b, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", &S->req_prompt, model);
+    put_hist(&b, "vllm:request_generation_tokens", "Number of generation tokens processed.", &S->req_gen,
              model);
     send_response(S, c, 200, "text/plain; version=0.0.4; charset=utf-8", b.s ? b.s : "", b.len, NULL);
     sb_free(&b);
@@ -1809,8 +1889,9 @@ static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int
     srv_req *r = (srv_req *)calloc(1, sizeof *r);
     if (!r) return bad(e, 500, NULL, "out of memory");
     r->kind = kind; r->logprobs = -1; r->t_arrival = now_s(); r->created = (long long)wall_s();
-    snprintf(r->id, sizeof r->id, "%s-%llx%08llx", kind == REQ_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)S->next_request++, (unsigned long long)(wall_s() * 1000) & 0xffffffffull);
+    /* vLLM's ids: chatcmpl-{X-Request-Id}, cmpl-{X-Request-Id}; the n choices and the prompts of a list share
+     * it, as they share the response (a tool call's id adds the choice's index) */
+    snprintf(r->id, sizeof r->id, "%s-%s", kind == REQ_CHAT ? "chatcmpl" : "cmpl", conn_request_id(S, c));
     llm_sampling_params p;
     int rc = -1;
     double x;
@@ -1890,9 +1971,13 @@ static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int
     }
     c->req = r;
     arrput(S->live, r);
-    if (r->stream)
-        conn_send(S, c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                        "Transfer-Encoding: chunked\r\n\r\n", 105);
+    if (r->stream) {
+        sbuf h = {0};
+        sb_printf(&h, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                  "X-Request-Id: %s\r\nTransfer-Encoding: chunked\r\n\r\n", conn_request_id(S, c));
+        conn_send(S, c, h.s, h.len);
+        sb_free(&h);
+    }
     return 0;
 fail:
     req_free(r);
@@ -2005,6 +2090,14 @@ static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
             return;
         }
     }
+    /* draining (SIGTERM): /health fails, so a load balancer sends new work elsewhere, and new work that
+     * comes anyway is refused; what is in flight runs to its end */
+    int generation = !strcmp(path, "/v1/completions") || !strcmp(path, "/v1/chat/completions");
+    if (g_srv_stop && (generation || !strcmp(path, "/health") || !strcmp(path, "/ping"))) {
+        send_error(S, c, 503, NULL, "the server is shutting down: it finishes the requests it has and takes "
+                   "no new ones");
+        return;
+    }
     if (!strcmp(path, "/health") || !strcmp(path, "/ping")) {
         send_response(S, c, 200, "application/json", "", 0, NULL);
         return;
@@ -2065,13 +2158,30 @@ static void request_done(srv_state *S, srv_req *r) {
     S->success[!strcmp(reason, "stop") ? 0 : !strcmp(reason, "length") ? 1 :
                !strcmp(reason, "abort") ? 2 : 3]++;
     hist_add(&S->e2e, t - r->t_arrival);
-    fprintf(stderr, "llm serve: %s %s: prompt %d tokens, output %d tokens, TTFT %.3f s, %.3f s, %s%s%s\n",
-            r->id, r->conn ? r->conn->peer : "(gone)", r->prompt_tokens, r->completion_tokens,
-            r->t_first ? r->t_first - r->t_arrival : 0.0, t - r->t_arrival, reason, r->error[0] ? ": " : "",
-            r->error);
+    /* vLLM's per-request phases, for each engine request (a prompt, its n samples together): waiting from
+     * arrival until the step that first ran it began, prefill until its first token, decode until its last.
+     * A prompt longer than one step's token budget shows its earlier chunks as waiting. */
+    int cached = 0;
+    for (int i = 0; i < r->n_prompts; i++) {
+        srv_prompt *sp = &r->prompts[i];
+        cached += sp->n_cached;
+        if (!sp->started) continue;
+        hist_add(&S->queue, sp->t_scheduled - r->t_arrival);
+        hist_add(&S->req_prompt, sp->n_prompt);
+        hist_add(&S->req_gen, sp->n_generated);
+        if (!sp->t_first) continue;
+        hist_add(&S->prefill, sp->t_first - sp->t_scheduled);
+        hist_add(&S->decode, sp->t_last - sp->t_first);
+        hist_add(&S->inference, sp->t_last - sp->t_scheduled);
+    }
+    fprintf(stderr, "llm serve: %s %s: prompt %d tokens (%d cached), output %d tokens, TTFT %.3f s, %.3f s, "
+            "%s%s%s\n", r->id, r->conn ? r->conn->peer : "(gone)", r->prompt_tokens, cached,
+            r->completion_tokens, r->t_first ? r->t_first - r->t_arrival : 0.0, t - r->t_arrival, reason,
+            r->error[0] ? ": " : "", r->error);
     srv_conn *c = r->conn;
     if (c) {
         finish_request(S, r);
+        c->request_id[0] = 0; /* a stream's end: the next request has its own */
         c->req = NULL;
         c->t_last_active = t;
         if (!c->keep_alive) c->closing = 1;
@@ -2091,8 +2201,15 @@ static void apply_event(srv_state *S, srv_event *ev) {
         ev->n_tokens = 0; ev->text_len = 0;
         if (ev->finish == LLM_FINISH_STOP) ev->finish = LLM_FINISH_LENGTH;
     }
-    if (!sp->started) { sp->started = 1; S->n_queued--; S->prompt_tokens_total += ev->n_prompt; }
+    if (!sp->started) {
+        sp->started = 1; S->n_queued--; S->prompt_tokens_total += ev->n_prompt;
+        sp->t_scheduled = ev->t_step;
+    }
+    sp->n_cached = ev->n_cached;
     if (ev->n_tokens) {
+        if (!sp->t_first) sp->t_first = ev->t;
+        sp->t_last = ev->t;
+        sp->n_generated += ev->n_tokens;
         if (!r->t_first) { r->t_first = ev->t; hist_add(&S->ttft, ev->t - r->t_arrival); }
         else if (ev->t > r->t_last) hist_add(&S->itl, ev->t - r->t_last);
         r->t_last = ev->t;
@@ -2187,6 +2304,8 @@ static void conn_process(srv_state *S, srv_conn *c) {
             return;
         }
         c->keep_alive = rq.keep_alive && !g_srv_stop;
+        if (rq.request_id[0]) memcpy(c->request_id, rq.request_id, sizeof c->request_id);
+        else mint_request_id(S, c->request_id);
         handle_request(S, c, &rq);
         memmove(c->in.s, c->in.s + used, c->in.len - used);
         c->in.len -= used;
@@ -2297,6 +2416,7 @@ typedef struct {
     int port, max_queue;
     double request_timeout;         /* seconds a client has to send a request once begun */
     int reasoning_none;             /* --reasoning-format none: thinking stays in content */
+    double drain_timeout;           /* seconds SIGTERM waits for the requests in flight */
 } serve_config;
 
 static int serve(const serve_config *a) {
@@ -2342,9 +2462,21 @@ static int serve(const serve_config *a) {
         char *dot = strstr(S->model_name, ".gguf");
         if (dot && !dot[5]) *dot = 0;
     }
-    if (hist_init(&S->ttft, hist_ttft, (int)(sizeof hist_ttft / sizeof *hist_ttft)) ||
+    S->drain_timeout = a->drain_timeout;
+    S->enable_prefix_caching = a->engine.enable_prefix_caching;
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) /* else the clock and the pid */
+        seed = (uint64_t)(wall_s() * 1e9) ^ ((uint64_t)getpid() << 32);
+    S->id_rng = seed;
+    int n_lat = (int)(sizeof hist_e2e / sizeof *hist_e2e), n_tok = 0;
+    S->token_bounds = (double *)malloc(64 * sizeof(double));
+    if (S->token_bounds) n_tok = hist_1_2_5(S->token_bounds, 64, S->max_model_len);
+    if (!S->token_bounds || hist_init(&S->ttft, hist_ttft, (int)(sizeof hist_ttft / sizeof *hist_ttft)) ||
         hist_init(&S->itl, hist_itl, (int)(sizeof hist_itl / sizeof *hist_itl)) ||
-        hist_init(&S->e2e, hist_e2e, (int)(sizeof hist_e2e / sizeof *hist_e2e))) {
+        hist_init(&S->e2e, hist_e2e, n_lat) || hist_init(&S->queue, hist_e2e, n_lat) ||
+        hist_init(&S->prefill, hist_e2e, n_lat) || hist_init(&S->decode, hist_e2e, n_lat) ||
+        hist_init(&S->inference, hist_e2e, n_lat) || hist_init(&S->req_prompt, S->token_bounds, n_tok) ||
+        hist_init(&S->req_gen, S->token_bounds, n_tok)) {
         fprintf(stderr, "llm serve: out of memory\n");
         goto out;
     }
@@ -2366,6 +2498,7 @@ static int serve(const serve_config *a) {
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = srv_on_signal;
     sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT); sigaddset(&sa.sa_mask, SIGTERM); /* one handler at a time */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
@@ -2392,7 +2525,7 @@ static int serve(const serve_config *a) {
         if (n < 0 && errno != EINTR) { fprintf(stderr, "llm serve: epoll: %s\n", strerror(errno)); break; }
         for (int i = 0; i < n; i++) {
             void *p = events[i].data.ptr;
-            if (p == &S->listen_fd) { if (!g_srv_stop) accept_all(S); continue; }
+            if (p == &S->listen_fd) { accept_all(S); continue; } /* draining too: /health must answer 503 */
             if (p == &S->wake[0]) {
                 char buf[256];
                 while (read(S->wake[0], buf, sizeof buf) > 0) {}
@@ -2414,19 +2547,27 @@ static int serve(const serve_config *a) {
                 c->closing = 1;
             }
             if (!c->req && !c->in.len && t - c->t_last_active > SRV_IDLE_TIMEOUT) c->closing = 1;
-            if (c->closing == 2 || (c->closing == 1 && c->out.len == c->out_sent) ||
-                (g_srv_stop && !c->req && c->out.len == c->out_sent))
-                conn_close(S, c);
+            if (c->closing == 2 || (c->closing == 1 && c->out.len == c->out_sent)) conn_close(S, c);
         }
-        if (g_srv_stop) { /* stop accepting; let what is running finish, for 30 s at most */
+        /* draining: the listener stays open (a load balancer's checks get 503, not a refused connection, and
+         * new requests get a 503 with Connection: close); the process ends once every request in flight has
+         * finished and its bytes are out, after --drain-timeout at the latest, or at a second signal */
+        if (g_srv_stop) {
+            int busy = 0;
+            for (ptrdiff_t i = 0; i < arrlen(S->conns); i++)
+                busy += S->conns[i]->req != NULL || S->conns[i]->out.len > S->conns[i]->out_sent;
             if (!stop_since) {
                 stop_since = t;
-                epoll_ctl(S->epoll_fd, EPOLL_CTL_DEL, S->listen_fd, NULL);
-                close(S->listen_fd); S->listen_fd = -1;
-                fprintf(stderr, "llm serve: stopping: %d connections with requests to finish\n",
-                        (int)arrlen(S->conns));
+                fprintf(stderr, "llm serve: %s: draining: /health and new requests get 503; %d connections "
+                        "with requests to finish (%g s at most)\n",
+                        g_srv_signal == SIGINT ? "SIGINT" : "SIGTERM", busy, S->drain_timeout);
             }
-            if (arrlen(S->conns) == 0 || t - stop_since > 30) break;
+            if (g_srv_stop > 1) { fprintf(stderr, "llm serve: a second signal: stopping now\n"); break; }
+            if (busy && t - stop_since > S->drain_timeout) {
+                fprintf(stderr, "llm serve: --drain-timeout: %d connections cut short\n", busy);
+                break;
+            }
+            if (!busy) break;
         }
     }
     rc = 0;
@@ -2436,7 +2577,7 @@ static int serve(const serve_config *a) {
     pthread_join(S->engine_thread, NULL);
     while (arrlen(S->conns)) conn_close(S, S->conns[0]);
     drain_events(S);
-    while (arrlen(S->live)) { req_free(S->live[0]); arrdelswap(S->live, 0); } /* cut short by the 30 s */
+    while (arrlen(S->live)) { req_free(S->live[0]); arrdelswap(S->live, 0); } /* cut short */
     fprintf(stderr, "llm serve: stopped\n");
 out:
     g_srv_wake_fd = -1;
@@ -2446,7 +2587,9 @@ out:
     arrfree(S->conns); arrfree(S->live);
     for (ptrdiff_t i = 0; i < arrlen(S->unknown_fields); i++) free(S->unknown_fields[i]);
     arrfree(S->unknown_fields);
-    free(S->ttft.counts); free(S->itl.counts); free(S->e2e.counts);
+    free(S->ttft.counts); free(S->itl.counts); free(S->e2e.counts); free(S->queue.counts);
+    free(S->prefill.counts); free(S->decode.counts); free(S->inference.counts); free(S->req_prompt.counts);
+    free(S->req_gen.counts); free(S->token_bounds);
     llm_engine_destroy(S->engine);
     free(S);
     return rc;
