@@ -2623,20 +2623,42 @@ static const char *bs_usage =
     "  --min-token-id ID      prompts are random token ids in [min, max] (default 3)\n"
     "  --max-token-id ID      (default 500: fits a 512-token vocabulary)\n"
     "  --seed S               workload seed (default 0)\n"
-    "  --timeout S            a request fails when the server is silent for S seconds (default 120)\n";
+    "  --timeout S            a request fails when the server is silent for S seconds (default 120)\n"
+    "multi-turn chat (vLLM production-stack's multi-round QA; --num-prompts, --request-rate, --input-len,\n"
+    "--max-concurrency and the token-id flags do not apply):\n"
+    "  --multi-turn U:R       U users at once, each a conversation of R rounds on /v1/chat/completions\n"
+    "                         (unless --endpoint): every round sends the whole conversation so far, the\n"
+    "                         model's answers included, and a new user turn; prints TTFT p50/p90 of\n"
+    "                         round 1 and of rounds 2+, and the prefix cache's hit rate\n"
+    "  --system-words N       the system prompt all users share, in words (default 200)\n"
+    "  --turn-words MIN:MAX   each user turn's words, drawn uniformly (default 16:48); --output-len is\n"
+    "                         each answer's max_tokens (EOS ignored)\n"
+    "  --session-header       send x-session-id: user-N (for a load balancer's session affinity)\n"
+    "  --metrics-url URL      a replica's /metrics (http://HOST:PORT/metrics), repeated for each: the hit\n"
+    "                         rate is the sum of their vllm:prefix_cache_hits_total deltas over the sum of\n"
+    "                         their vllm:prefix_cache_queries_total deltas (default: the server's own)\n";
 
 typedef sbuf bs_buf; /* server.c's growable string, kept NUL-terminated */
 
+typedef struct { /* a server to talk to: the one under load, or a replica whose /metrics is read */
+    char host[256];
+    int port;
+    char path[256];         /* a --metrics-url's path */
+    struct addrinfo *addrs; /* resolved once, before any thread starts */
+    char host_hdr[300];
+} bs_target;
+
 typedef struct {
     /* what to send, from the flags */
-    const char *host, *endpoint, *api_key;
-    int port;
+    const char *endpoint, *api_key;
+    bs_target srv;
     char *model; /* JSON-escaped already, so it goes into the body as it is; NULL: no "model" field */
     int num_prompts, max_conc, conc_given, in_min, in_max, out_min, out_max, tok_min, tok_max;
     double rate, timeout;
     uint64_t seed;
-    struct addrinfo *addrs; /* the host resolved once, before any thread starts */
-    char host_hdr[300];
+    /* --multi-turn: users, each a conversation of rounds, on the chat endpoint */
+    int users, rounds, session_header, system_words, turn_min, turn_max;
+    bs_target *metrics;     /* stb_ds: the /metrics to read the prefix cache's counters from */
     /* dispatch: the main thread waits on cv for a free slot, and at the end for all to be done */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -2655,6 +2677,9 @@ typedef struct {
     double *tok_t;          /* times of the events that carried text */
     int n_tok, cap_tok;
     int prompt_tokens, completion_tokens; /* from "usage"; -1 when the server sent none */
+    int cached_tokens;      /* usage.prompt_tokens_details.cached_tokens; -1 when the server sent none */
+    int keep_answer;        /* multi-turn: the reply's text is kept in answer (still JSON-escaped) */
+    bs_buf answer;
     char err[400];
 } bs_request;
 
@@ -2748,9 +2773,9 @@ static int bs_wait(int fd, short ev, double deadline, char *err, size_t errn, co
 }
 
 /* A non-blocking socket connected to the server, or -1. Non-blocking so that every wait has a timeout. */
-static int bs_connect(bs_bench *b, char *err, size_t errn) {
+static int bs_connect(const bs_target *t, double timeout, char *err, size_t errn) {
     char why[200] = "no address to connect to";
-    for (struct addrinfo *a = b->addrs; a; a = a->ai_next) {
+    for (struct addrinfo *a = t->addrs; a; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
         if (fd < 0) { snprintf(why, sizeof why, "socket: %s", strerror(errno)); continue; }
         int fl = fcntl(fd, F_GETFL, 0);
@@ -2767,7 +2792,7 @@ static int bs_connect(bs_bench *b, char *err, size_t errn) {
             close(fd);
             continue;
         }
-        if (bs_wait(fd, POLLOUT, now_s() + b->timeout, why, sizeof why, "connecting") < 0) {
+        if (bs_wait(fd, POLLOUT, now_s() + timeout, why, sizeof why, "connecting") < 0) {
             close(fd);
             continue;
         }
@@ -2778,11 +2803,11 @@ static int bs_connect(bs_bench *b, char *err, size_t errn) {
         snprintf(why, sizeof why, "connect: %s", strerror(e));
         close(fd);
     }
-    snprintf(err, errn, "%s:%d: %s", b->host, b->port, why);
+    snprintf(err, errn, "%s:%d: %s", t->host, t->port, why);
     return -1;
 }
 
-static int bs_send_all(bs_bench *b, int fd, const char *p, size_t n, char *err, size_t errn) {
+static int bs_send_all(double timeout, int fd, const char *p, size_t n, char *err, size_t errn) {
     while (n) {
         /* MSG_NOSIGNAL: a server that hung up makes this call fail, not SIGPIPE end the process */
         ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
@@ -2791,7 +2816,7 @@ static int bs_send_all(bs_bench *b, int fd, const char *p, size_t n, char *err, 
             snprintf(err, errn, "send: %s", strerror(errno));
             return -1;
         }
-        if (bs_wait(fd, POLLOUT, now_s() + b->timeout, err, errn, "sending the request") < 0) return -1;
+        if (bs_wait(fd, POLLOUT, now_s() + timeout, err, errn, "sending the request") < 0) return -1;
     }
     return 0;
 }
@@ -2908,17 +2933,17 @@ static void bs_sse_lines(bs_request *r, bs_http *h, double t, int final) {
 
 /* One exchange: connect, send req, read the response. For a streamed 200 the SSE events go to r as they
  * arrive; otherwise the body is kept whole in h->body. Returns 0 when a complete response was read. */
-static int bs_http_do(bs_bench *b, const char *req, size_t req_n, bs_http *h, bs_request *r,
-                      char *err, size_t errn) {
-    int fd = bs_connect(b, err, errn);
+static int bs_http_do(const bs_target *t, double timeout, const char *req, size_t req_n, bs_http *h,
+                      bs_request *r, char *err, size_t errn) {
+    int fd = bs_connect(t, timeout, err, errn);
     if (fd < 0) return -1;
     int rc = -1, in_body = 0;
     bs_buf hdr = {0};
     char buf[16384];
-    if (bs_send_all(b, fd, req, req_n, err, errn)) goto out;
+    if (bs_send_all(timeout, fd, req, req_n, err, errn)) goto out;
     for (;;) {
         int streaming = in_body && r && h->status == 200 && h->sse;
-        double deadline = now_s() + b->timeout;
+        double deadline = now_s() + timeout;
         const char *what = in_body ? "reading the response body" : "waiting for the response headers";
         if (streaming && r->done_seen) { /* the body should end at once: a server that hangs on is a bug */
             deadline = r->t_end + BS_DONE_GRACE;
@@ -2975,7 +3000,11 @@ static void bs_event(bs_request *r, const char *json, double t) {
     }
     /* an event with text is a token (or a few); the last may bring only a finish_reason, with "" */
     v = bs_json_value(json, "text");
+    if (!v) v = bs_json_value(json, "content"); /* a chat chunk's delta (reasoning_content is not this key) */
     if (v && v[0] == '"' && v[1] != '"') {
+        char *raw = r->keep_answer ? bs_json_raw_string(v) : NULL;
+        if (raw) bs_buf_add(&r->answer, raw, strlen(raw)); /* escaped pieces joined: still valid JSON text */
+        free(raw);
         if (r->n_tok == r->cap_tok) {
             int cap = r->cap_tok ? 2 * r->cap_tok : 256;
             double *p = realloc(r->tok_t, cap * sizeof *p);
@@ -2993,16 +3022,18 @@ static void bs_event(bs_request *r, const char *json, double t) {
     if (v && *v == '{') {
         bs_json_int(v, "prompt_tokens", &r->prompt_tokens);
         bs_json_int(v, "completion_tokens", &r->completion_tokens);
+        bs_json_int(v, "cached_tokens", &r->cached_tokens);
     }
 }
 
 /* The request line, headers and JSON body of one request; path and body may be NULL for a GET. */
-static int bs_make_request(bs_bench *b, bs_buf *req, const char *method, const char *path,
-                           const bs_buf *body) {
+static int bs_make_request(const bs_target *t, const char *api_key, bs_buf *req, const char *method,
+                           const char *path, const bs_buf *body, const char *extra_headers) {
     int rc = bs_buf_printf(req, "%s %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: llm-bench\r\n"
-                                "Accept: %s\r\nConnection: close\r\n", method, path, b->host_hdr,
-                           body ? "text/event-stream" : "application/json");
-    if (!rc && b->api_key) rc = bs_buf_printf(req, "Authorization: Bearer %s\r\n", b->api_key);
+                                "Accept: %s\r\nConnection: close\r\n%s", method, path, t->host_hdr,
+                           body ? "text/event-stream" : "application/json",
+                           extra_headers ? extra_headers : "");
+    if (!rc && api_key) rc = bs_buf_printf(req, "Authorization: Bearer %s\r\n", api_key);
     if (!rc && body)
         rc = bs_buf_printf(req, "Content-Type: application/json\r\nContent-Length: %zu\r\n", body->len);
     if (!rc) rc = bs_buf_add(req, "\r\n", 2);
@@ -3010,12 +3041,11 @@ static int bs_make_request(bs_bench *b, bs_buf *req, const char *method, const c
     return rc;
 }
 
+static void bs_exchange(bs_request *r, const bs_buf *body, const char *extra_headers);
+
 static void bs_run_request(bs_request *r) {
     bs_bench *b = r->b;
-    bs_buf body = {0}, req = {0};
-    bs_http h = {0};
-    char err[sizeof r->err] = "";
-    r->prompt_tokens = r->completion_tokens = -1;
+    bs_buf body = {0};
     uint64_t rng = r->seed;
     int rc = bs_buf_add(&body, "{", 1);
     if (!rc && b->model) rc = bs_buf_printf(&body, "\"model\":\"%s\",", b->model);
@@ -3025,11 +3055,25 @@ static void bs_run_request(bs_request *r) {
     if (!rc)
         rc = bs_buf_printf(&body, "],\"max_tokens\":%d,\"ignore_eos\":true,\"temperature\":0,"
                            "\"stream\":true,\"stream_options\":{\"include_usage\":true}}", r->out_len);
-    if (!rc) rc = bs_make_request(b, &req, "POST", b->endpoint, &body);
-    if (rc) { snprintf(r->err, sizeof r->err, "out of memory building the request"); goto out; }
+    if (rc) snprintf(r->err, sizeof r->err, "out of memory building the request");
+    else bs_exchange(r, &body, NULL);
+    free(body.s);
+}
 
+/* Sends one streamed request with body to the endpoint and reads its answer into r: r->ok when it ended
+ * well with some text. */
+static void bs_exchange(bs_request *r, const bs_buf *body, const char *extra_headers) {
+    bs_bench *b = r->b;
+    bs_buf req = {0};
+    bs_http h = {0};
+    char err[sizeof r->err] = "";
+    r->prompt_tokens = r->completion_tokens = r->cached_tokens = -1;
+    if (bs_make_request(&b->srv, b->api_key, &req, "POST", b->endpoint, body, extra_headers)) {
+        snprintf(r->err, sizeof r->err, "out of memory building the request");
+        goto out;
+    }
     r->t_start = now_s();
-    if (bs_http_do(b, req.s, req.len, &h, r, err, sizeof err)) {
+    if (bs_http_do(&b->srv, b->timeout, req.s, req.len, &h, r, err, sizeof err)) {
         /* a stream error message says more than the broken connection that may follow it */
         if (!r->stream_failed) snprintf(r->err, sizeof r->err, "%s", err);
         goto out;
@@ -3051,7 +3095,6 @@ static void bs_run_request(bs_request *r) {
     if (r->n_tok == 0) { snprintf(r->err, sizeof r->err, "the response carried no token text"); goto out; }
     r->ok = 1;
 out:
-    free(body.s);
     free(req.s);
     free(h.body.s);
 }
@@ -3096,11 +3139,11 @@ static char *bs_first_model(bs_bench *b, char *err, size_t errn) {
     bs_buf req = {0};
     bs_http h = {0};
     char *id = NULL;
-    if (bs_make_request(b, &req, "GET", "/v1/models", NULL)) {
+    if (bs_make_request(&b->srv, b->api_key, &req, "GET", "/v1/models", NULL, NULL)) {
         snprintf(err, errn, "out of memory");
         goto out;
     }
-    if (bs_http_do(b, req.s, req.len, &h, NULL, err, errn)) goto out;
+    if (bs_http_do(&b->srv, b->timeout, req.s, req.len, &h, NULL, err, errn)) goto out;
     if (h.status != 200) { snprintf(err, errn, "HTTP %d", h.status); goto out; }
     const char *data = h.body.s ? bs_json_value(h.body.s, "data") : NULL;
     id = data ? bs_json_raw_string(bs_json_value(data, "id")) : NULL;
@@ -3254,6 +3297,270 @@ static int bs_report(bs_bench *b, bs_request *rs, double duration) {
     return ok > 0 && failed == 0 ? 0 : 1;
 }
 
+/* ---- --multi-turn: conversations that grow round by round, as vLLM production-stack's multi-round QA ----
+ * USERS conversations run at once, each on its own thread. Every one opens with the same system prompt
+ * (--system-words words: a prefix all users share), and each round sends the whole conversation so far (its
+ * user turns and the model's answers, as they came) plus a new user turn of --turn-words words, streamed,
+ * on the chat endpoint. Round 1 can only hit the shared system prompt in the prefix cache; rounds 2+ should
+ * find their whole history there, so their TTFT is reported apart. The hit rate comes from the servers'
+ * vllm:prefix_cache_* counters, read before and after: behind a load balancer, one /metrics is one replica,
+ * so each replica is read (--metrics-url, repeated) and their deltas added. */
+static const char *const bs_words[] = {
+    "the", "little", "girl", "boy", "dog", "cat", "park", "sun", "tree", "ran", "saw", "big", "happy", "red",
+    "ball", "home", "friend", "play", "day", "went", "to", "and", "with", "a", "bird", "sky", "blue", "mom",
+    "said", "was", "very", "in", "garden", "flower", "car", "toy", "water", "found", "liked", "jump"};
+
+static void bs_put_words(bs_buf *b, uint64_t *rng, int n) {
+    for (int i = 0; i < n; i++) {
+        if (i) bs_buf_add(b, " ", 1);
+        const char *w = bs_words[llm_splitmix64(rng) % (sizeof bs_words / sizeof *bs_words)];
+        bs_buf_add(b, w, strlen(w));
+    }
+}
+
+typedef struct {
+    bs_bench *b;
+    int user;
+    const char *system;     /* the shared system prompt (plain words: nothing to escape in JSON) */
+    bs_request *rounds;     /* [b->rounds] */
+} bs_user;
+
+static void *bs_user_thread(void *arg) {
+    bs_user *u = arg;
+    bs_bench *b = u->b;
+    uint64_t rng = b->seed * 0x9e3779b97f4a7c15ull + 1000003ull * (uint64_t)(u->user + 1);
+    bs_buf history = {0}, body = {0}; /* history: the messages after the system one, each after a comma */
+    char session[64];
+    snprintf(session, sizeof session, "x-session-id: user-%d\r\n", u->user);
+    pthread_mutex_lock(&b->mu);
+    b->in_flight++;
+    pthread_mutex_unlock(&b->mu);
+    for (int k = 0; k < b->rounds; k++) {
+        bs_request *r = &u->rounds[k];
+        r->in_len = bs_rand_int(&rng, b->turn_min, b->turn_max);
+        r->out_len = bs_rand_int(&rng, b->out_min, b->out_max);
+        sb_printf(&history, ",{\"role\":\"user\",\"content\":\"I am user %d, question %d. ", u->user, k + 1);
+        bs_put_words(&history, &rng, r->in_len);
+        sb_puts(&history, "\"}");
+        body.len = 0;
+        bs_buf_add(&body, "{", 1);
+        if (b->model) sb_printf(&body, "\"model\":\"%s\",", b->model);
+        sb_printf(&body, "\"messages\":[{\"role\":\"system\",\"content\":\"%s\"}", u->system);
+        bs_buf_add(&body, history.s, history.len);
+        sb_printf(&body, "],\"max_tokens\":%d,\"ignore_eos\":true,\"temperature\":0,\"stream\":true,"
+                      "\"stream_options\":{\"include_usage\":true}}", r->out_len);
+        if (k && !u->rounds[k - 1].ok) /* the conversation cannot go on without its last answer */
+            snprintf(r->err, sizeof r->err, "round %d failed, so the rounds after it were not sent", k);
+        else if (history.failed || body.failed) snprintf(r->err, sizeof r->err, "out of memory");
+        else bs_exchange(r, &body, b->session_header ? session : NULL);
+        sb_puts(&history, ",{\"role\":\"assistant\",\"content\":\"");
+        if (r->answer.len) bs_buf_add(&history, r->answer.s, r->answer.len);
+        sb_puts(&history, "\"}");
+        pthread_mutex_lock(&b->mu);
+        b->done++;
+        b->out_tokens += r->completion_tokens > 0 ? r->completion_tokens : r->n_tok;
+        pthread_cond_broadcast(&b->cv);
+        pthread_mutex_unlock(&b->mu);
+    }
+    pthread_mutex_lock(&b->mu);
+    b->in_flight--;
+    pthread_mutex_unlock(&b->mu);
+    free(history.s);
+    free(body.s);
+    return NULL;
+}
+
+/* "http://HOST[:PORT][/PATH]" (PATH default /metrics), resolved. */
+static int bs_target_init(bs_target *t, const char *host, int port, const char *path, char *err,
+                          size_t errn) {
+    snprintf(t->host, sizeof t->host, "%s", host);
+    snprintf(t->path, sizeof t->path, "%s", path);
+    t->port = port;
+    char ports[16];
+    snprintf(ports, sizeof ports, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    int gai = getaddrinfo(t->host, ports, &hints, &t->addrs);
+    if (gai) { snprintf(err, errn, "%s: %s", t->host, gai_strerror(gai)); t->addrs = NULL; return -1; }
+    snprintf(t->host_hdr, sizeof t->host_hdr, strchr(t->host, ':') ? "[%s]:%d" : "%s:%d", t->host, port);
+    return 0;
+}
+
+static int bs_metrics_url(bs_target *t, const char *url, char *err, size_t errn) {
+    char host[256];
+    int port = 80;
+    if (strncmp(url, "http://", 7)) { snprintf(err, errn, "not an http:// URL: %s", url); return -1; }
+    const char *h = url + 7, *end = *h == '[' ? strchr(h, ']') : h + strcspn(h, ":/");
+    if (!end || end == h || (size_t)(end - h) >= sizeof host) {
+        snprintf(err, errn, "no host in %s", url);
+        return -1;
+    }
+    if (*h == '[') { h++; snprintf(host, sizeof host, "%.*s", (int)(end - h), h); end++; }
+    else snprintf(host, sizeof host, "%.*s", (int)(end - h), h);
+    if (*end == ':') {
+        char *e;
+        long p = strtol(end + 1, &e, 10);
+        if (e == end + 1 || p < 1 || p > 65535) { snprintf(err, errn, "bad port in %s", url); return -1; }
+        port = (int)p;
+        end = e;
+    }
+    if (*end && *end != '/') { snprintf(err, errn, "bad URL %s", url); return -1; }
+    return bs_target_init(t, host, port, *end ? end : "/metrics", err, errn);
+}
+
+/* The prefix cache's token counters at a /metrics: the series of each name added up (one per engine). */
+static int bs_scrape(const bs_bench *b, const bs_target *t, double *hits, double *queries, char *err,
+                     size_t errn) {
+    bs_buf req = {0};
+    bs_http h = {0};
+    int rc = -1, found = 0;
+    *hits = *queries = 0;
+    if (bs_make_request(t, NULL, &req, "GET", t->path, NULL, NULL)) {
+        snprintf(err, errn, "out of memory");
+        goto out;
+    }
+    if (bs_http_do(t, b->timeout, req.s, req.len, &h, NULL, err, errn)) goto out;
+    if (h.status != 200 || !h.body.s) { snprintf(err, errn, "HTTP %d", h.status); goto out; }
+    static const char hit_name[] = "vllm:prefix_cache_hits_total";
+    static const char query_name[] = "vllm:prefix_cache_queries_total";
+    for (const char *line = h.body.s; *line; line += strcspn(line, "\n") + (line[strcspn(line, "\n")] != 0)) {
+        int is_hit = !strncmp(line, hit_name, sizeof hit_name - 1);
+        size_t n = is_hit ? sizeof hit_name - 1 : sizeof query_name - 1;
+        if (!is_hit && strncmp(line, query_name, n)) continue;
+        if (line[n] != '{' && line[n] != ' ') continue;
+        const char *value = line + strcspn(line, "\n");
+        while (value > line && value[-1] != ' ') value--; /* the sample's value ends the line */
+        *(is_hit ? hits : queries) += strtod(value, NULL);
+        found++;
+    }
+    if (!found) snprintf(err, errn, "no vllm:prefix_cache_hits_total or _queries_total in it");
+    else rc = 0;
+out:
+    free(req.s);
+    free(h.body.s);
+    return rc;
+}
+
+static void bs_ttft_lines(const char *what, double *v, int n) { /* v in seconds; sorts v */
+    char label[64];
+    qsort(v, n, sizeof *v, bs_cmp_double);
+    snprintf(label, sizeof label, "%s requests:", what);
+    printf("%-40s %d\n", label, n);
+    snprintf(label, sizeof label, "%s TTFT P50 (ms):", what);
+    printf("%-40s %.2f\n", label, 1e3 * bs_pct(v, n, 50));
+    snprintf(label, sizeof label, "%s TTFT P90 (ms):", what);
+    printf("%-40s %.2f\n", label, 1e3 * bs_pct(v, n, 90));
+}
+
+static int bs_multi_turn(bs_bench *b) {
+    int n = b->users * b->rounds, n_metrics = (int)arrlen(b->metrics), rc = 1;
+    bs_request *rs = calloc(n, sizeof *rs);
+    bs_user *us = calloc(b->users, sizeof *us);
+    pthread_t *th = calloc(b->users, sizeof *th);
+    double *before = calloc(2 * n_metrics + 1, sizeof *before), *ttft1 = malloc((n + 1) * sizeof *ttft1);
+    double *ttft2 = malloc((n + 1) * sizeof *ttft2);
+    int *read_ok = calloc(n_metrics + 1, sizeof *read_ok);
+    bs_buf system = {0};
+    uint64_t rng = b->seed ^ 0x243f6a8885a308d3ull;
+    sb_puts(&system, "You are a helpful assistant. Here is what you know: ");
+    bs_put_words(&system, &rng, b->system_words);
+    if (!rs || !us || !th || !before || !ttft1 || !ttft2 || !read_ok || system.failed) {
+        fprintf(stderr, "llm bench serve: out of memory\n");
+        goto out;
+    }
+    char err[300];
+    for (int i = 0; i < n_metrics; i++) { /* before */
+        read_ok[i] = bs_scrape(b, &b->metrics[i], &before[2 * i], &before[2 * i + 1], err, sizeof err) == 0;
+        if (!read_ok[i]) fprintf(stderr, "llm bench serve: http://%s%s: %s\n", b->metrics[i].host_hdr,
+                                 b->metrics[i].path, err);
+    }
+    fprintf(stderr, "llm bench serve: %d users x %d rounds to http://%s%s, model %s, system prompt %d words, "
+            "turns %d:%d words, answers %d:%d tokens%s\n", b->users, b->rounds, b->srv.host_hdr, b->endpoint,
+            b->model ? b->model : "(none)", b->system_words, b->turn_min, b->turn_max, b->out_min, b->out_max,
+            b->session_header ? ", x-session-id: user-N" : "");
+    b->num_prompts = n; /* for the progress line */
+    double t0 = now_s();
+    for (int u = 0; u < b->users; u++) {
+        us[u] = (bs_user){b, u, system.s, rs + u * b->rounds};
+        for (int k = 0; k < b->rounds; k++) us[u].rounds[k].b = b, us[u].rounds[k].keep_answer = 1;
+        int e = pthread_create(&th[u], NULL, bs_user_thread, &us[u]);
+        if (e) { /* that user's rounds fail */
+            snprintf(us[u].rounds[0].err, sizeof us[u].rounds[0].err, "pthread_create: %s", strerror(e));
+            us[u].b = NULL;
+            pthread_mutex_lock(&b->mu);
+            b->done += b->rounds;
+            pthread_mutex_unlock(&b->mu);
+        }
+    }
+    pthread_mutex_lock(&b->mu);
+    while (b->done < n) bs_wait_done(b, t0);
+    bs_progress(b, t0, 1);
+    pthread_mutex_unlock(&b->mu);
+    for (int u = 0; u < b->users; u++) if (us[u].b) pthread_join(th[u], NULL);
+    double duration = now_s() - t0, d = duration > 0 ? duration : 1e-9;
+    double hits = 0, queries = 0;
+    int n_read = 0;
+    for (int i = 0; i < n_metrics; i++) { /* after: the deltas of the replicas read both times */
+        double h, q;
+        if (!read_ok[i]) continue;
+        if (bs_scrape(b, &b->metrics[i], &h, &q, err, sizeof err)) {
+            fprintf(stderr, "llm bench serve: http://%s%s: %s\n", b->metrics[i].host_hdr, b->metrics[i].path,
+                    err);
+            continue;
+        }
+        hits += h - before[2 * i];
+        queries += q - before[2 * i + 1];
+        n_read++;
+    }
+
+    int ok = 0, failed = 0, n1 = 0, n2 = 0, first_failed = -1;
+    long long in_tok = 0, out_tok = 0, cached = 0, cached_of = 0;
+    for (int i = 0; i < n; i++) {
+        bs_request *r = &rs[i];
+        if (!r->ok) { failed++; if (first_failed < 0) first_failed = i; continue; }
+        ok++;
+        in_tok += r->prompt_tokens > 0 ? r->prompt_tokens : 0;
+        out_tok += r->completion_tokens > 0 ? r->completion_tokens : r->n_tok;
+        if (r->cached_tokens >= 0 && r->prompt_tokens > 0) {
+            cached += r->cached_tokens;
+            cached_of += r->prompt_tokens;
+        }
+        if (i % b->rounds == 0) ttft1[n1++] = r->tok_t[0] - r->t_start;
+        else ttft2[n2++] = r->tok_t[0] - r->t_start;
+    }
+    bs_title(" Multi-turn Benchmark Result ", '=');
+    printf("%-40s %d\n", "Users:", b->users);
+    printf("%-40s %d\n", "Rounds per user:", b->rounds);
+    printf("%-40s %d\n", "Successful requests:", ok);
+    printf("%-40s %d\n", "Failed requests:", failed);
+    printf("%-40s %.2f\n", "Benchmark duration (s):", duration);
+    printf("%-40s %lld\n", "Total input tokens:", in_tok);
+    printf("%-40s %lld\n", "Total generated tokens:", out_tok);
+    printf("%-40s %.2f\n", "Request throughput (req/s):", ok / d);
+    printf("%-40s %.2f\n", "Output token throughput (tok/s):", out_tok / d);
+    bs_title("Time to First Token", '-');
+    bs_ttft_lines("Round 1", ttft1, n1);
+    bs_ttft_lines("Rounds 2+", ttft2, n2);
+    bs_title("Prefix Cache", '-');
+    printf("%-40s %d of %d\n", "Replicas read (/metrics):", n_read, n_metrics);
+    printf("%-40s %.0f\n", "Prefix cache queries (tokens):", queries);
+    printf("%-40s %.0f\n", "Prefix cache hits (tokens):", hits);
+    if (queries > 0) printf("%-40s %.4f\n", "Prefix cache hit rate:", hits / queries);
+    else printf("%-40s n/a\n", "Prefix cache hit rate:");
+    if (cached_of) printf("%-40s %lld of %lld (%.4f)\n", "Cached prompt tokens (usage):", cached, cached_of,
+                          (double)cached / cached_of);
+    else printf("%-40s n/a\n", "Cached prompt tokens (usage):");
+    bs_title("", '=');
+    fflush(stdout);
+    if (failed)
+        fprintf(stderr, "llm bench serve: %d of %d requests failed; the first (user %d, round %d): %s\n",
+                failed, n, first_failed / b->rounds, first_failed % b->rounds + 1, rs[first_failed].err);
+    rc = ok > 0 && failed == 0 ? 0 : 1;
+out:
+    for (int i = 0; rs && i < n; i++) { free(rs[i].tok_t); free(rs[i].answer.s); }
+    free(rs); free(us); free(th); free(before); free(ttft1); free(ttft2); free(read_ok); free(system.s);
+    return rc;
+}
+
 /* ---- flags, dispatch ---- */
 
 static int bs_parse_range(const char *s, int *lo, int *hi) {
@@ -3264,6 +3571,17 @@ static int bs_parse_range(const char *s, int *lo, int *hi) {
     if (*end || a < 1 || b < a || b > 1000000) return -1;
     *lo = (int)a;
     *hi = (int)b;
+    return 0;
+}
+
+static int bs_parse_pair(const char *s, int *a, int *b) { /* "A:B", each in 1..100000 */
+    char *end;
+    long x = strtol(s, &end, 10), y;
+    if (end == s || *end != ':') return -1;
+    y = strtol(end + 1, &end, 10);
+    if (*end || x < 1 || y < 1 || x > 100000 || y > 100000) return -1;
+    *a = (int)x;
+    *b = (int)y;
     return 0;
 }
 
@@ -3283,20 +3601,21 @@ static void bs_sleep_until(double t) {
 }
 
 static int bench_serve(int argc, char **argv, int start) {
-    bs_bench b = {.host = "127.0.0.1", .port = 8000, .endpoint = "/v1/completions", .num_prompts = 200,
+    bs_bench b = {.endpoint = NULL, .num_prompts = 200,
                   .in_min = 32, .in_max = 256, .out_min = 16, .out_max = 128, .tok_min = 3, .tok_max = 500,
-                  .rate = INFINITY, .timeout = 120};
-    const char *model = NULL;
-    int max_conc = 0;
+                  .rate = INFINITY, .timeout = 120, .system_words = 200, .turn_min = 16, .turn_max = 48};
+    const char *model = NULL, *host = "127.0.0.1", **metrics_urls = NULL; /* stb_ds */
+    int max_conc = 0, port = 8000;
     for (int i = start; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { fputs(bs_usage, stdout); return 0; }
         if (f[0] != '-' || f[1] != '-') { fprintf(stderr, "llm bench serve: unexpected %s\n", f); return 1; }
+        if (!strcmp(f, "--session-header")) { b.session_header = 1; continue; } /* the flag without a value */
         if (!v) { fprintf(stderr, "llm bench serve: %s needs a value (see --help)\n", f); return 1; }
         i++;
-        if (!strcmp(f, "--host")) b.host = v;
-        else if (!strcmp(f, "--port")) bad = bs_parse_int(v, 1, 65535, &b.port);
+        if (!strcmp(f, "--host")) host = v;
+        else if (!strcmp(f, "--port")) bad = bs_parse_int(v, 1, 65535, &port);
         else if (!strcmp(f, "--endpoint")) { b.endpoint = v; bad = v[0] != '/'; }
         else if (!strcmp(f, "--model")) model = v;
         else if (!strcmp(f, "--api-key")) b.api_key = v;
@@ -3307,6 +3626,10 @@ static int bench_serve(int argc, char **argv, int start) {
         else if (!strcmp(f, "--min-token-id")) bad = bs_parse_int(v, 0, 1 << 30, &b.tok_min);
         else if (!strcmp(f, "--max-token-id")) bad = bs_parse_int(v, 0, 1 << 30, &b.tok_max);
         else if (!strcmp(f, "--seed")) { char *e; b.seed = strtoull(v, &e, 10); bad = e == v || *e; }
+        else if (!strcmp(f, "--multi-turn")) bad = bs_parse_pair(v, &b.users, &b.rounds);
+        else if (!strcmp(f, "--system-words")) bad = bs_parse_int(v, 0, 1000000, &b.system_words);
+        else if (!strcmp(f, "--turn-words")) bad = bs_parse_range(v, &b.turn_min, &b.turn_max);
+        else if (!strcmp(f, "--metrics-url")) arrput(metrics_urls, v);
         else if (!strcmp(f, "--request-rate") || !strcmp(f, "--timeout")) {
             char *e;
             double x = strtod(v, &e);
@@ -3316,7 +3639,11 @@ static int bench_serve(int argc, char **argv, int start) {
             fprintf(stderr, "llm bench serve: unknown option %s (see --help)\n", f);
             return 1;
         }
-        if (bad) { fprintf(stderr, "llm bench serve: bad value for %s: %s\n", f, v); return 1; }
+        if (bad) {
+            fprintf(stderr, "llm bench serve: bad value for %s: %s\n", f, v);
+            arrfree(metrics_urls);
+            return 1;
+        }
     }
     if (b.tok_min > b.tok_max) {
         fprintf(stderr, "llm bench serve: --min-token-id is above --max-token-id\n");
@@ -3327,14 +3654,14 @@ static int bench_serve(int argc, char **argv, int start) {
     b.max_conc = max_conc ? max_conc : BS_MAX_THREADS;
     if (b.max_conc > BS_MAX_THREADS) b.max_conc = BS_MAX_THREADS;
 
-    char port[16];
-    snprintf(port, sizeof port, "%d", b.port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
-    int gai = getaddrinfo(b.host, port, &hints, &b.addrs);
-    if (gai) { fprintf(stderr, "llm bench serve: %s: %s\n", b.host, gai_strerror(gai)); return 1; }
-    snprintf(b.host_hdr, sizeof b.host_hdr, strchr(b.host, ':') ? "[%s]:%d" : "%s:%d", b.host, b.port);
-
+    if (!b.endpoint) b.endpoint = b.users ? "/v1/chat/completions" : "/v1/completions";
+    char err[300];
     int rc = 1;
+    if (bs_target_init(&b.srv, host, port, "/", err, sizeof err)) {
+        fprintf(stderr, "llm bench serve: %s\n", err);
+        arrfree(metrics_urls);
+        return 1;
+    }
     bs_request *rs = calloc(b.num_prompts, sizeof *rs);
     double *arrival = malloc(b.num_prompts * sizeof *arrival);
     int mu_ok = 0, attr_ok = 0;
@@ -3362,14 +3689,22 @@ static int bench_serve(int argc, char **argv, int start) {
         goto out;
     }
 
+    /* --multi-turn reads the prefix cache's counters: of each --metrics-url, else of the server itself */
+    for (ptrdiff_t i = 0; b.users && i < (arrlen(metrics_urls) ? arrlen(metrics_urls) : 1); i++) {
+        bs_target t = {0};
+        int bad = arrlen(metrics_urls) ? bs_metrics_url(&t, metrics_urls[i], err, sizeof err)
+                                       : bs_target_init(&t, host, port, "/metrics", err, sizeof err);
+        if (bad) { fprintf(stderr, "llm bench serve: --metrics-url: %s\n", err); goto out; }
+        arrput(b.metrics, t);
+    }
     if (model) {
         b.model = bs_json_escape(model);
         if (!b.model) { fprintf(stderr, "llm bench serve: out of memory\n"); goto out; }
     } else {
-        char err[300];
         b.model = bs_first_model(&b, err, sizeof err);
         if (!b.model) fprintf(stderr, "llm bench serve: GET /v1/models: %s; sending no model\n", err);
     }
+    if (b.users) { rc = bs_multi_turn(&b); goto out; }
 
     /* the workload: lengths and prompt seeds from --seed, arrival gaps from their own stream, so that
      * changing the rate does not change the prompts */
@@ -3386,7 +3721,7 @@ static int bench_serve(int argc, char **argv, int start) {
     char rate[32] = "inf";
     if (!isinf(b.rate)) snprintf(rate, sizeof rate, "%.2f", b.rate);
     fprintf(stderr, "llm bench serve: %d requests to http://%s%s, model %s, %s req/s, at most %d in flight, "
-            "input %d:%d, output %d:%d tokens\n", b.num_prompts, b.host_hdr, b.endpoint,
+            "input %d:%d, output %d:%d tokens\n", b.num_prompts, b.srv.host_hdr, b.endpoint,
             b.model ? b.model : "(none)", rate, b.max_conc, b.in_min, b.in_max, b.out_min, b.out_max);
 
     double t0 = now_s();
@@ -3420,6 +3755,9 @@ out:
     free(rs);
     free(arrival);
     free(b.model);
-    freeaddrinfo(b.addrs);
+    freeaddrinfo(b.srv.addrs);
+    for (ptrdiff_t i = 0; i < arrlen(b.metrics); i++) freeaddrinfo(b.metrics[i].addrs);
+    arrfree(b.metrics);
+    arrfree(metrics_urls);
     return rc;
 }

@@ -5989,6 +5989,28 @@ static void test_server_replica(void) {
           !strstr(r, "le=\"5000.0\"") && strstr(r, ",le=\"+Inf\"} "),
           "serve: the cache config and vLLM's buckets: %s", r ? r : "");
     free(r);
+
+    /* llm bench serve --multi-turn 2:2: two conversations of two rounds; the hit rate from /metrics, read
+     * twice here (as two replicas would be): the sums of two equal deltas give the same rate */
+    char cmd[512];
+    int status;
+    snprintf(cmd, sizeof cmd, "./llm bench serve --port %d --multi-turn 2:2 --system-words 60 "
+             "--turn-words 8:12 --output-len 4:6 --session-header --metrics-url http://127.0.0.1:%d/metrics "
+             "--metrics-url http://127.0.0.1:%d 2>/dev/null", port, port, port);
+    r = run_command(cmd, &status);
+    const char *rate = r ? strstr(r, "\nPrefix cache hit rate:") : NULL;
+    const char *hits = r ? strstr(r, "\nPrefix cache hits (tokens):") : NULL;
+    double hit_rate = rate ? atof(rate + strlen("\nPrefix cache hit rate:")) : -1;
+    CHECK(status == 0 && r && strstr(r, "Successful requests:                     4\n") &&
+          strstr(r, "\nRound 1 requests:                        2\nRound 1 TTFT P50 (ms):") &&
+          strstr(r, "\nRound 1 TTFT P90 (ms):") &&
+          strstr(r, "\nRounds 2+ requests:                      2\n") &&
+          strstr(r, "\nRounds 2+ TTFT P50 (ms):") && strstr(r, "\nRounds 2+ TTFT P90 (ms):") &&
+          strstr(r, "\nReplicas read (/metrics):                2 of 2\n") && hits &&
+          atof(hits + strlen("\nPrefix cache hits (tokens):")) > 0 && hit_rate > 0 && hit_rate <= 1 &&
+          strstr(r, "\nCached prompt tokens (usage):"),
+          "llm bench serve --multi-turn: hit rate %g: %s", hit_rate, r ? r : "");
+    free(r);
     CHECK(server_stop(&s) == 0, "serve: exit status 0");
 }
 
