@@ -79,6 +79,11 @@ static const char *usage =
     "  --served-model-name N  the model's name in the API (default: the file's name without .gguf)\n"
     "  --max-queue N          requests waiting at most (default 4096); more get 503\n"
     "  --request-timeout S    seconds a client has to send a request once begun (default 30)\n"
+    "  --drain-timeout S      SIGTERM (or SIGINT) drains: /health and new requests get 503 (the listener\n"
+    "                         stays open) while the requests in flight finish, then it exits 0; after S\n"
+    "                         seconds (default 30) it cuts them short and exits 0; a second signal: at once\n"
+    "  every response has an X-Request-Id header: the client's (printable ASCII, at most 128 bytes), else\n"
+    "  32 random hex digits; the response's id is cmpl-{it} or chatcmpl-{it}, as vLLM writes them\n"
     "  --chat-template NAME   as for chat\n"
     "  --reasoning-format F   deepseek (default): a thinking model's <think>...</think> goes to\n"
     "                         reasoning_content and reasoning, apart from content; none: left in content\n"
@@ -151,7 +156,7 @@ typedef struct {
     /* serve */
     const char *host, *api_key, *served_model_name;
     int port, max_queue, reasoning_none;
-    double request_timeout;
+    double request_timeout, drain_timeout;
     const char *stops[16];
     const char *grammar_file, *json_schema, *regex; /* at most one: made into sampling.grammar */
     /* bench */
@@ -279,6 +284,7 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         }
         else if (FLAG("--max-queue")) { INT(1, 1 << 30); a->max_queue = (int)x; }
         else if (FLAG("--request-timeout")) { REAL(0.001, 1e6); a->request_timeout = x; }
+        else if (FLAG("--drain-timeout")) { REAL(0, 1e6); a->drain_timeout = x; }
         else if (FLAG("--temp")) {
             REAL(0, 1e6); a->sampling.temperature = (float)x; a->sampling_given |= LLM_SAMPLING_TEMP;
         }
@@ -1041,7 +1047,7 @@ int main(int argc, char **argv) {
     a.sampling = llm_sampling_defaults();
     a.sampling.max_tokens = 128;
     a.num_prompts = 256; a.in_min = 100; a.in_max = 1024; a.out_min = 100; a.out_max = 1024;
-    a.host = "127.0.0.1"; a.port = 8000; a.max_queue = 4096; a.request_timeout = 30;
+    a.host = "127.0.0.1"; a.port = 8000; a.max_queue = 4096; a.request_timeout = 30; a.drain_timeout = 30;
     int cmd = 0; /* 0 generate/REPL, 1 tokenize, 2 bench, 3 chat, 4 serve, 5 grammar */
     int start = 1;
     if (argc > 1 && !strcmp(argv[1], "tokenize")) { cmd = 1; start = 2; }
@@ -1086,7 +1092,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         serve_config sc = {a.engine, a.host, a.api_key, a.served_model_name, a.chat_template, a.port,
-                           a.max_queue, a.request_timeout, a.reasoning_none};
+                           a.max_queue, a.request_timeout, a.reasoning_none, a.drain_timeout};
         return serve(&sc);
     }
     if (!a.engine.model_path) {

@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <strings.h>
 #include <sys/epoll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 
 #define SRV_MAX_HEADER   16384            /* bytes of request line and headers (431 past it) */
@@ -30,6 +31,7 @@
 #define SRV_MAX_PROMPTS  1024             /* prompts in one /v1/completions request */
 #define SRV_MAX_STOPS    16
 #define SRV_MAX_UNKNOWN  256              /* unknown request field names logged, each once */
+#define SRV_MAX_REQUEST_ID 128            /* bytes of a client's X-Request-Id (a longer one is replaced) */
 
 /* ===========================================================================================================
  * Strings that grow: what every response is built in
@@ -105,6 +107,7 @@ typedef struct {
     char method[16], path[256];
     int keep_alive, expect_continue;
     char auth[512];
+    char request_id[SRV_MAX_REQUEST_ID + 1]; /* X-Request-Id when it is printable ASCII and short; else "" */
     size_t header_len, body_len;  /* the body starts at header_len (chunked bodies are decoded in place) */
     char *body;
 } http_request;
@@ -209,6 +212,11 @@ static int http_parse(char *buf, size_t len, http_request *rq, size_t *consumed)
         } else if (HDR("authorization")) {
             if (vlen >= sizeof rq->auth) return 431;
             memcpy(rq->auth, v, vlen); rq->auth[vlen] = 0;
+        } else if (HDR("x-request-id")) { /* it goes into logs, JSON and a header: printable ASCII only */
+            int ok = vlen > 0 && vlen <= SRV_MAX_REQUEST_ID;
+            for (size_t i = 0; ok && i < vlen; i++) ok = v[i] >= 0x20 && v[i] < 0x7f; /* signed or not */
+            if (ok) memcpy(rq->request_id, v, vlen);
+            rq->request_id[ok ? vlen : 0] = 0;
         }
 #undef HDR
         p = eol + 2;
@@ -263,6 +271,9 @@ typedef struct { /* one prompt of a request: one engine request (n samples) */
     int32_t *prompt_ids;            /* stb_ds: for echo of id prompts and /tokenize-like logging */
     char *echo_text;                /* what echo puts before the completion (NULL: none) */
     int started;                    /* an output has come (it left the waiting queue) */
+    int n_cached;                   /* its prompt tokens the prefix cache had (the engine's count) */
+    int n_generated;                /* tokens of its n samples */
+    double t_scheduled, t_first, t_last; /* the step that first ran it began; its first and last tokens */
     srv_prompt_lp *lp;              /* its prompt logprobs once the engine gave them (NULL: not yet, none) */
 } srv_prompt;
 
@@ -283,7 +294,7 @@ struct srv_req {
     int kind, stream, n, logprobs, top_logprobs, include_usage, echo;
     int prompt_logprobs;            /* vLLM's prompt_logprobs: -1 none, else K */
     int score_only;                 /* echo with max_tokens 0: the prompt and its logprobs, no completion */
-    char id[48];
+    char id[16 + SRV_MAX_REQUEST_ID]; /* "cmpl-" or "chatcmpl-" and the X-Request-Id, as vLLM names them */
     long long created;
     srv_prompt *prompts;            /* [n_prompts] */
     int n_prompts;
@@ -316,6 +327,7 @@ struct srv_conn {
     srv_req *req;                   /* the request in flight (one at a time: responses keep their order) */
     int keep_alive, closing, want_write;  /* closing: 1 once the output is sent, 2 now */
     int sent_continue;              /* "100 Continue" answered for the request being read */
+    char request_id[SRV_MAX_REQUEST_ID + 1]; /* X-Request-Id of the response under way ("": mint one) */
     double t_request_start;         /* when the first byte of the request being read came (0: none yet) */
     double t_last_active;
 };
@@ -329,7 +341,7 @@ typedef struct {
     srv_prompt_lp *prompt_lp;       /* the prompt's logprobs, in the one output that has them */
     char *error;
     int n_prompt, n_cached;
-    double t;
+    double t, t_step;               /* when the step that made it ended, and when it began */
 } srv_event;
 
 /* Histograms with vLLM's buckets, for /metrics */
@@ -357,17 +369,22 @@ typedef struct {
     int n_queued;                   /* prompts added that have not produced anything yet */
     int64_t prompt_tokens_total, generation_tokens_total, success[4];
     srv_hist ttft, itl, e2e;
-    int64_t next_request;
+    srv_hist queue, prefill, decode, inference, req_prompt, req_gen; /* per engine request (a prompt) */
+    double *token_bounds;           /* the token-count histograms' buckets: 1, 2, 5, 10, ... to the context */
+    int enable_prefix_caching;
+    uint64_t id_rng;                /* minted request ids (seeded from getrandom: unique across replicas) */
+    double drain_timeout;           /* seconds a stop waits for the requests in flight */
     int reasoning_format_none;      /* --reasoning-format none: the thinking stays in content */
     llm_sampling_params defaults;   /* the command line's sampling flags: the defaults of every request */
     char **unknown_fields;          /* stb_ds: the unknown request fields logged already */
 } srv_state;
 
-static volatile sig_atomic_t g_srv_stop;
+/* SIGTERM or SIGINT: 1 drains (the requests in flight finish, new ones and /health get 503), 2 exits now */
+static volatile sig_atomic_t g_srv_stop, g_srv_signal;
 static int g_srv_wake_fd = -1;
 static void srv_on_signal(int sig) {
-    (void)sig;
-    g_srv_stop = 1;
+    g_srv_signal = sig;
+    if (g_srv_stop < 2) g_srv_stop++;
     if (g_srv_wake_fd >= 0) { char c = 's'; ssize_t rc = write(g_srv_wake_fd, &c, 1); (void)rc; }
 }
 
@@ -391,6 +408,7 @@ static void *srv_engine_loop(void *arg) {
         if (stop) break;
         if (!llm_engine_wait(S->engine, 1000)) continue; /* a second at most: then the stop flag again */
         const llm_output *out;
+        double t_step = now_s();
         int n = llm_engine_step(S->engine, &out);
         double t = now_s();
         srv_event *batch = NULL;
@@ -398,7 +416,8 @@ static void *srv_engine_loop(void *arg) {
             const llm_output *o = &out[i];
             srv_event ev;
             memset(&ev, 0, sizeof ev);
-            ev.user = o->user; ev.index = o->index; ev.finish = o->finish_reason; ev.t = t;
+            ev.user = o->user; ev.index = o->index; ev.finish = o->finish_reason;
+            ev.t = t; ev.t_step = t_step;
             ev.n_tokens = o->n_tokens; ev.n_top = o->n_top; ev.n_prompt = o->n_prompt_tokens;
             ev.n_cached = o->n_cached_tokens;
             int ok = 1;
@@ -481,15 +500,31 @@ static void srv_event_free(srv_event *ev) {
  * ======================================================================================================== */
 static void conn_send(srv_state *S, srv_conn *c, const char *data, size_t n);
 
+/* The id of a request whose client sent no usable X-Request-Id: 32 random hex digits, the shape of vLLM's
+ * random_uuid(), so that logs and a load balancer's traces name every request. */
+static void mint_request_id(srv_state *S, char out[SRV_MAX_REQUEST_ID + 1]) {
+    uint64_t a = llm_splitmix64(&S->id_rng), b = llm_splitmix64(&S->id_rng);
+    snprintf(out, SRV_MAX_REQUEST_ID + 1, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
+}
+
+/* The request's X-Request-Id ("" until conn_process sets it, or for a request too broken to read: minted). */
+static const char *conn_request_id(srv_state *S, srv_conn *c) {
+    if (!c->request_id[0]) mint_request_id(S, c->request_id);
+    return c->request_id;
+}
+
+/* A whole response: every one carries the X-Request-Id of its request, errors included. */
 static void send_response(srv_state *S, srv_conn *c, int status, const char *content_type, const char *body,
                           size_t body_len, const char *extra_headers) {
     sbuf h = {0};
-    sb_printf(&h, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s%s\r\n", status,
-              http_reason(status), content_type, body_len, extra_headers ? extra_headers : "",
+    sb_printf(&h, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+              "X-Request-Id: %s\r\n%s%s\r\n", status, http_reason(status), content_type, body_len,
+              conn_request_id(S, c), extra_headers ? extra_headers : "",
               c->keep_alive ? "" : "Connection: close\r\n");
     conn_send(S, c, h.s, h.len);
     if (body_len) conn_send(S, c, body, body_len);
     sb_free(&h);
+    c->request_id[0] = 0; /* answered: the next request on the connection has its own */
 }
 
 /* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} */
@@ -1245,9 +1280,17 @@ static void put_header_fields(sbuf *b, srv_state *S, srv_req *r, const char *obj
     sb_puts(b, ",\"system_fingerprint\":\"fp_llm\"");
 }
 
+/* usage, with OpenAI's prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache held. vLLM
+ * writes it only under --enable-prompt-tokens-details; OpenAI always does, and a router or a bill needs it,
+ * so it is always here. Each prompt counts once, as in prompt_tokens and as vLLM counts a request's
+ * num_cached_tokens: its n samples share one prefill (the engine forks them after it), so n > 1 does not
+ * multiply them; the prompts of a list add theirs up. */
 static void put_usage(sbuf *b, srv_req *r) {
-    sb_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}",
-              r->prompt_tokens, r->completion_tokens, r->prompt_tokens + r->completion_tokens);
+    int cached = 0;
+    for (int i = 0; i < r->n_prompts; i++) cached += r->prompts[i].n_cached;
+    sb_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
+              "\"prompt_tokens_details\":{\"cached_tokens\":%d}}",
+              r->prompt_tokens, r->completion_tokens, r->prompt_tokens + r->completion_tokens, cached);
 }
 
 /* A token's text for logprobs: its piece; bytes that are not whole UTF-8 as vLLM writes them,
@@ -1675,8 +1718,22 @@ static const double hist_ttft[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0
                                    5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 static const double hist_itl[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
                                   5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+/* vLLM's request_latency_buckets: e2e, and the queue, prefill, decode and inference times */
 static const double hist_e2e[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+/* vLLM's build_1_2_5_buckets(max_model_len), for token counts: 1, 2, 5, 10, 20, 50, ... up to max. Returns
+ * how many (at most cap). */
+static int hist_1_2_5(double *out, int cap, int max) {
+    int n = 0;
+    for (double scale = 1; n < cap; scale *= 10)
+        for (int k = 0; k < 3 && n < cap; k++) {
+            double x = (k == 0 ? 1 : k == 1 ? 2 : 5) * scale;
+            if (x > max) return n;
+            out[n++] = x;
+        }
+    return n;
+}
 
 static int hist_init(srv_hist *h, const double *bounds, int n) {
     h->bounds = bounds; h->n_bounds = n;
@@ -1690,18 +1747,22 @@ static void hist_add(srv_hist *h, double x) {
     h->counts[i]++; h->sum += x; h->count++;
 }
 
+/* Every series has vLLM's labels: model_name and engine (the engine's index: one engine here, "0") */
+#define SRV_LABELS "model_name=\"%s\",engine=\"0\""
+
 static void put_hist(sbuf *b, const char *name, const char *help, const srv_hist *h, const char *model) {
     sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     int64_t cum = 0;
-    for (int i = 0; i < h->n_bounds; i++) {
+    for (int i = 0; i <= h->n_bounds; i++) {
         cum += h->counts[i];
-        sb_printf(b, "%s_bucket{le=\"%g\",model_name=\"%s\"} %lld\n", name, h->bounds[i], model,
-                  (long long)cum);
+        char le[32] = "+Inf"; /* as Python's prometheus_client writes a bound: 0.001, 1.0, 2560.0 */
+        if (i < h->n_bounds && h->bounds[i] == floor(h->bounds[i]) && h->bounds[i] < 1e15)
+            snprintf(le, sizeof le, "%.1f", h->bounds[i]);
+        else if (i < h->n_bounds) snprintf(le, sizeof le, "%g", h->bounds[i]);
+        sb_printf(b, "%s_bucket{" SRV_LABELS ",le=\"%s\"} %lld\n", name, model, le, (long long)cum);
     }
-    cum += h->counts[h->n_bounds];
-    sb_printf(b, "%s_bucket{le=\"+Inf\",model_name=\"%s\"} %lld\n", name, model, (long long)cum);
-    sb_printf(b, "%s_sum{model_name=\"%s\"} %.9g\n%s_count{model_name=\"%s\"} %lld\n", name, model, h->sum,
-              name, model, (long long)h->count);
+    sb_printf(b, "%s_sum{" SRV_LABELS "} %.9g\n", name, model, h->sum);
+    sb_printf(b, "%s_count{" SRV_LABELS "} %lld\n", name, model, (long long)h->count);
 }
 
 static void handle_metrics(srv_state *S, srv_conn *c) {
@@ -1712,11 +1773,12 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
     char model[300];
     snprintf(model, sizeof model, "%s", S->model_name);
     for (char *p = model; *p; p++) if (*p == '"' || *p == '\\' || *p == '\n') *p = '_';
+    /* counters as prometheus_client writes them: "_total" ends the name on the HELP and TYPE lines too */
 #define GAUGE(name, help, fmt, value) \
-    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " gauge\n" name "{model_name=\"%s\"} " fmt "\n", \
+    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " gauge\n" name "{" SRV_LABELS "} " fmt "\n", \
               model, value)
 #define COUNTER(name, help, value) \
-    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " counter\n" name "{model_name=\"%s\"} %lld\n", \
+    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " counter\n" name "{" SRV_LABELS "} %lld\n", \
               model, (long long)(value))
     GAUGE("vllm:num_requests_running", "Number of requests in model execution batches.", "%d", st.running);
     GAUGE("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "%d", st.waiting);
@@ -1725,9 +1787,9 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
     GAUGE("llm:kv_cache_free_blocks", "KV-cache blocks free (cached prefixes count as free).", "%d",
           st.num_free_blocks);
     GAUGE("llm:kv_cache_blocks", "KV-cache blocks in the pool.", "%d", st.num_blocks);
-    COUNTER("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+    COUNTER("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.",
             st.prefix_cache_queries);
-    COUNTER("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+    COUNTER("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.",
             st.prefix_cache_hits);
     COUNTER("vllm:prompt_tokens_total", "Number of prefill tokens processed.", S->prompt_tokens_total);
     COUNTER("vllm:generation_tokens_total", "Number of generation tokens processed.", st.generation_tokens);
@@ -1738,13 +1800,31 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
                 "# TYPE vllm:request_success_total counter\n");
     static const char *reasons[4] = {"stop", "length", "abort", "error"};
     for (int i = 0; i < 4; i++)
-        sb_printf(&b, "vllm:request_success_total{finished_reason=\"%s\",model_name=\"%s\"} %lld\n",
-                  reasons[i], model, (long long)S->success[i]);
+        sb_printf(&b, "vllm:request_success_total{" SRV_LABELS ",finished_reason=\"%s\"} %lld\n", model,
+                  reasons[i], (long long)S->success[i]);
+    /* vLLM's info gauge of the cache config (its labels are CacheConfig's fields; these are the ones that
+     * mean something here), then engine */
+    sb_printf(&b, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+              "# TYPE vllm:cache_config_info gauge\n"
+              "vllm:cache_config_info{block_size=\"%d\",enable_prefix_caching=\"%s\",num_cpu_blocks=\"None\","
+              "num_gpu_blocks=\"%d\",engine=\"0\"} 1\n", st.block_size,
+              S->enable_prefix_caching ? "True" : "False", st.num_blocks);
     put_hist(&b, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &S->ttft,
              model);
     put_hist(&b, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &S->itl,
              model);
     put_hist(&b, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &S->e2e,
+             model);
+    put_hist(&b, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+             &S->queue, model);
+    put_hist(&b, "vllm:request_inference_time_seconds",
+             "Histogram of time spent in RUNNING phase for request.", &S->inference, model);
+    put_hist(&b, "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+             &S->prefill, model);
+    put_hist(&b, "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+             &S->decode, model);
+    put_hist(&b, "vllm:request_prompt_tokens", "Number of prefill tokens processed.", &S->req_prompt, model);
+    put_hist(&b, "vllm:request_generation_tokens", "Number of generation tokens processed.", &S->req_gen,
              model);
     send_response(S, c, 200, "text/plain; version=0.0.4; charset=utf-8", b.s ? b.s : "", b.len, NULL);
     sb_free(&b);
@@ -1840,8 +1920,9 @@ static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int
     srv_req *r = (srv_req *)calloc(1, sizeof *r);
     if (!r) return bad(e, 500, NULL, "out of memory");
     r->kind = kind; r->logprobs = -1; r->t_arrival = now_s(); r->created = (long long)wall_s();
-    snprintf(r->id, sizeof r->id, "%s-%llx%08llx", kind == REQ_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)S->next_request++, (unsigned long long)(wall_s() * 1000) & 0xffffffffull);
+    /* vLLM's ids: chatcmpl-{X-Request-Id}, cmpl-{X-Request-Id}; the n choices and the prompts of a list share
+     * it, as they share the response (a tool call's id adds the choice's index) */
+    snprintf(r->id, sizeof r->id, "%s-%s", kind == REQ_CHAT ? "chatcmpl" : "cmpl", conn_request_id(S, c));
     llm_sampling_params p;
     int rc = -1;
     double x;
@@ -1921,9 +2002,13 @@ static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int
     }
     c->req = r;
     arrput(S->live, r);
-    if (r->stream)
-        conn_send(S, c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                        "Transfer-Encoding: chunked\r\n\r\n", 105);
+    if (r->stream) {
+        sbuf h = {0};
+        sb_printf(&h, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                  "X-Request-Id: %s\r\nTransfer-Encoding: chunked\r\n\r\n", conn_request_id(S, c));
+        conn_send(S, c, h.s, h.len);
+        sb_free(&h);
+    }
     return 0;
 fail:
     req_free(r);
@@ -2036,6 +2121,14 @@ static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
             return;
         }
     }
+    /* draining (SIGTERM): /health fails, so a load balancer sends new work elsewhere, and new work that
+     * comes anyway is refused; what is in flight runs to its end */
+    int generation = !strcmp(path, "/v1/completions") || !strcmp(path, "/v1/chat/completions");
+    if (g_srv_stop && (generation || !strcmp(path, "/health") || !strcmp(path, "/ping"))) {
+        send_error(S, c, 503, NULL, "the server is shutting down: it finishes the requests it has and takes "
+                   "no new ones");
+        return;
+    }
     if (!strcmp(path, "/health") || !strcmp(path, "/ping")) {
         send_response(S, c, 200, "application/json", "", 0, NULL);
         return;
@@ -2096,13 +2189,30 @@ static void request_done(srv_state *S, srv_req *r) {
     S->success[!strcmp(reason, "stop") ? 0 : !strcmp(reason, "length") ? 1 :
                !strcmp(reason, "abort") ? 2 : 3]++;
     hist_add(&S->e2e, t - r->t_arrival);
-    fprintf(stderr, "llm serve: %s %s: prompt %d tokens, output %d tokens, TTFT %.3f s, %.3f s, %s%s%s\n",
-            r->id, r->conn ? r->conn->peer : "(gone)", r->prompt_tokens, r->completion_tokens,
-            r->t_first ? r->t_first - r->t_arrival : 0.0, t - r->t_arrival, reason, r->error[0] ? ": " : "",
-            r->error);
+    /* vLLM's per-request phases, for each engine request (a prompt, its n samples together): waiting from
+     * arrival until the step that first ran it began, prefill until its first token, decode until its last.
+     * A prompt longer than one step's token budget shows its earlier chunks as waiting. */
+    int cached = 0;
+    for (int i = 0; i < r->n_prompts; i++) {
+        srv_prompt *sp = &r->prompts[i];
+        cached += sp->n_cached;
+        if (!sp->started) continue;
+        hist_add(&S->queue, sp->t_scheduled - r->t_arrival);
+        hist_add(&S->req_prompt, sp->n_prompt);
+        hist_add(&S->req_gen, sp->n_generated);
+        if (!sp->t_first) continue;
+        hist_add(&S->prefill, sp->t_first - sp->t_scheduled);
+        hist_add(&S->decode, sp->t_last - sp->t_first);
+        hist_add(&S->inference, sp->t_last - sp->t_scheduled);
+    }
+    fprintf(stderr, "llm serve: %s %s: prompt %d tokens (%d cached), output %d tokens, TTFT %.3f s, %.3f s, "
+            "%s%s%s\n", r->id, r->conn ? r->conn->peer : "(gone)", r->prompt_tokens, cached,
+            r->completion_tokens, r->t_first ? r->t_first - r->t_arrival : 0.0, t - r->t_arrival, reason,
+            r->error[0] ? ": " : "", r->error);
     srv_conn *c = r->conn;
     if (c) {
         finish_request(S, r);
+        c->request_id[0] = 0; /* a stream's end: the next request has its own */
         c->req = NULL;
         c->t_last_active = t;
         if (!c->keep_alive) c->closing = 1;
@@ -2122,8 +2232,15 @@ static void apply_event(srv_state *S, srv_event *ev) {
         ev->n_tokens = 0; ev->text_len = 0;
         if (ev->finish == LLM_FINISH_STOP) ev->finish = LLM_FINISH_LENGTH;
     }
-    if (!sp->started) { sp->started = 1; S->n_queued--; S->prompt_tokens_total += ev->n_prompt; }
+    if (!sp->started) {
+        sp->started = 1; S->n_queued--; S->prompt_tokens_total += ev->n_prompt;
+        sp->t_scheduled = ev->t_step;
+    }
+    sp->n_cached = ev->n_cached;
     if (ev->n_tokens) {
+        if (!sp->t_first) sp->t_first = ev->t;
+        sp->t_last = ev->t;
+        sp->n_generated += ev->n_tokens;
         if (!r->t_first) { r->t_first = ev->t; hist_add(&S->ttft, ev->t - r->t_arrival); }
         else if (ev->t > r->t_last) hist_add(&S->itl, ev->t - r->t_last);
         r->t_last = ev->t;
@@ -2218,6 +2335,8 @@ static void conn_process(srv_state *S, srv_conn *c) {
             return;
         }
         c->keep_alive = rq.keep_alive && !g_srv_stop;
+        if (rq.request_id[0]) memcpy(c->request_id, rq.request_id, sizeof c->request_id);
+        else mint_request_id(S, c->request_id);
         handle_request(S, c, &rq);
         memmove(c->in.s, c->in.s + used, c->in.len - used);
         c->in.len -= used;
@@ -2328,6 +2447,7 @@ typedef struct {
     int port, max_queue;
     double request_timeout;         /* seconds a client has to send a request once begun */
     int reasoning_none;             /* --reasoning-format none: thinking stays in content */
+    double drain_timeout;           /* seconds SIGTERM waits for the requests in flight */
 } serve_config;
 
 static int serve(const serve_config *a) {
@@ -2373,9 +2493,21 @@ static int serve(const serve_config *a) {
         char *dot = strstr(S->model_name, ".gguf");
         if (dot && !dot[5]) *dot = 0;
     }
-    if (hist_init(&S->ttft, hist_ttft, (int)(sizeof hist_ttft / sizeof *hist_ttft)) ||
+    S->drain_timeout = a->drain_timeout;
+    S->enable_prefix_caching = a->engine.enable_prefix_caching;
+    uint64_t seed = 0;
+    if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) /* else the clock and the pid */
+        seed = (uint64_t)(wall_s() * 1e9) ^ ((uint64_t)getpid() << 32);
+    S->id_rng = seed;
+    int n_lat = (int)(sizeof hist_e2e / sizeof *hist_e2e), n_tok = 0;
+    S->token_bounds = (double *)malloc(64 * sizeof(double));
+    if (S->token_bounds) n_tok = hist_1_2_5(S->token_bounds, 64, S->max_model_len);
+    if (!S->token_bounds || hist_init(&S->ttft, hist_ttft, (int)(sizeof hist_ttft / sizeof *hist_ttft)) ||
         hist_init(&S->itl, hist_itl, (int)(sizeof hist_itl / sizeof *hist_itl)) ||
-        hist_init(&S->e2e, hist_e2e, (int)(sizeof hist_e2e / sizeof *hist_e2e))) {
+        hist_init(&S->e2e, hist_e2e, n_lat) || hist_init(&S->queue, hist_e2e, n_lat) ||
+        hist_init(&S->prefill, hist_e2e, n_lat) || hist_init(&S->decode, hist_e2e, n_lat) ||
+        hist_init(&S->inference, hist_e2e, n_lat) || hist_init(&S->req_prompt, S->token_bounds, n_tok) ||
+        hist_init(&S->req_gen, S->token_bounds, n_tok)) {
         fprintf(stderr, "llm serve: out of memory\n");
         goto out;
     }
@@ -2397,6 +2529,7 @@ static int serve(const serve_config *a) {
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = srv_on_signal;
     sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT); sigaddset(&sa.sa_mask, SIGTERM); /* one handler at a time */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
@@ -2423,7 +2556,7 @@ static int serve(const serve_config *a) {
         if (n < 0 && errno != EINTR) { fprintf(stderr, "llm serve: epoll: %s\n", strerror(errno)); break; }
         for (int i = 0; i < n; i++) {
             void *p = events[i].data.ptr;
-            if (p == &S->listen_fd) { if (!g_srv_stop) accept_all(S); continue; }
+            if (p == &S->listen_fd) { accept_all(S); continue; } /* draining too: /health must answer 503 */
             if (p == &S->wake[0]) {
                 char buf[256];
                 while (read(S->wake[0], buf, sizeof buf) > 0) {}
@@ -2445,19 +2578,27 @@ static int serve(const serve_config *a) {
                 c->closing = 1;
             }
             if (!c->req && !c->in.len && t - c->t_last_active > SRV_IDLE_TIMEOUT) c->closing = 1;
-            if (c->closing == 2 || (c->closing == 1 && c->out.len == c->out_sent) ||
-                (g_srv_stop && !c->req && c->out.len == c->out_sent))
-                conn_close(S, c);
+            if (c->closing == 2 || (c->closing == 1 && c->out.len == c->out_sent)) conn_close(S, c);
         }
-        if (g_srv_stop) { /* stop accepting; let what is running finish, for 30 s at most */
+        /* draining: the listener stays open (a load balancer's checks get 503, not a refused connection, and
+         * new requests get a 503 with Connection: close); the process ends once every request in flight has
+         * finished and its bytes are out, after --drain-timeout at the latest, or at a second signal */
+        if (g_srv_stop) {
+            int busy = 0;
+            for (ptrdiff_t i = 0; i < arrlen(S->conns); i++)
+                busy += S->conns[i]->req != NULL || S->conns[i]->out.len > S->conns[i]->out_sent;
             if (!stop_since) {
                 stop_since = t;
-                epoll_ctl(S->epoll_fd, EPOLL_CTL_DEL, S->listen_fd, NULL);
-                close(S->listen_fd); S->listen_fd = -1;
-                fprintf(stderr, "llm serve: stopping: %d connections with requests to finish\n",
-                        (int)arrlen(S->conns));
+                fprintf(stderr, "llm serve: %s: draining: /health and new requests get 503; %d connections "
+                        "with requests to finish (%g s at most)\n",
+                        g_srv_signal == SIGINT ? "SIGINT" : "SIGTERM", busy, S->drain_timeout);
             }
-            if (arrlen(S->conns) == 0 || t - stop_since > 30) break;
+            if (g_srv_stop > 1) { fprintf(stderr, "llm serve: a second signal: stopping now\n"); break; }
+            if (busy && t - stop_since > S->drain_timeout) {
+                fprintf(stderr, "llm serve: --drain-timeout: %d connections cut short\n", busy);
+                break;
+            }
+            if (!busy) break;
         }
     }
     rc = 0;
@@ -2467,7 +2608,7 @@ static int serve(const serve_config *a) {
     pthread_join(S->engine_thread, NULL);
     while (arrlen(S->conns)) conn_close(S, S->conns[0]);
     drain_events(S);
-    while (arrlen(S->live)) { req_free(S->live[0]); arrdelswap(S->live, 0); } /* cut short by the 30 s */
+    while (arrlen(S->live)) { req_free(S->live[0]); arrdelswap(S->live, 0); } /* cut short */
     fprintf(stderr, "llm serve: stopped\n");
 out:
     g_srv_wake_fd = -1;
@@ -2477,7 +2618,9 @@ out:
     arrfree(S->conns); arrfree(S->live);
     for (ptrdiff_t i = 0; i < arrlen(S->unknown_fields); i++) free(S->unknown_fields[i]);
     arrfree(S->unknown_fields);
-    free(S->ttft.counts); free(S->itl.counts); free(S->e2e.counts);
+    free(S->ttft.counts); free(S->itl.counts); free(S->e2e.counts); free(S->queue.counts);
+    free(S->prefill.counts); free(S->decode.counts); free(S->inference.counts); free(S->req_prompt.counts);
+    free(S->req_gen.counts); free(S->token_bounds);
     llm_engine_destroy(S->engine);
     free(S);
     return rc;
@@ -2511,20 +2654,42 @@ static const char *bs_usage =
     "  --min-token-id ID      prompts are random token ids in [min, max] (default 3)\n"
     "  --max-token-id ID      (default 500: fits a 512-token vocabulary)\n"
     "  --seed S               workload seed (default 0)\n"
-    "  --timeout S            a request fails when the server is silent for S seconds (default 120)\n";
+    "  --timeout S            a request fails when the server is silent for S seconds (default 120)\n"
+    "multi-turn chat (vLLM production-stack's multi-round QA; --num-prompts, --request-rate, --input-len,\n"
+    "--max-concurrency and the token-id flags do not apply):\n"
+    "  --multi-turn U:R       U users at once, each a conversation of R rounds on /v1/chat/completions\n"
+    "                         (unless --endpoint): every round sends the whole conversation so far, the\n"
+    "                         model's answers included, and a new user turn; prints TTFT p50/p90 of\n"
+    "                         round 1 and of rounds 2+, and the prefix cache's hit rate\n"
+    "  --system-words N       the system prompt all users share, in words (default 200)\n"
+    "  --turn-words MIN:MAX   each user turn's words, drawn uniformly (default 16:48); --output-len is\n"
+    "                         each answer's max_tokens (EOS ignored)\n"
+    "  --session-header       send x-session-id: user-N (for a load balancer's session affinity)\n"
+    "  --metrics-url URL      a replica's /metrics (http://HOST:PORT/metrics), repeated for each: the hit\n"
+    "                         rate is the sum of their vllm:prefix_cache_hits_total deltas over the sum of\n"
+    "                         their vllm:prefix_cache_queries_total deltas (default: the server's own)\n";
 
 typedef sbuf bs_buf; /* server.c's growable string, kept NUL-terminated */
 
+typedef struct { /* a server to talk to: the one under load, or a replica whose /metrics is read */
+    char host[256];
+    int port;
+    char path[256];         /* a --metrics-url's path */
+    struct addrinfo *addrs; /* resolved once, before any thread starts */
+    char host_hdr[300];
+} bs_target;
+
 typedef struct {
     /* what to send, from the flags */
-    const char *host, *endpoint, *api_key;
-    int port;
+    const char *endpoint, *api_key;
+    bs_target srv;
     char *model; /* JSON-escaped already, so it goes into the body as it is; NULL: no "model" field */
     int num_prompts, max_conc, conc_given, in_min, in_max, out_min, out_max, tok_min, tok_max;
     double rate, timeout;
     uint64_t seed;
-    struct addrinfo *addrs; /* the host resolved once, before any thread starts */
-    char host_hdr[300];
+    /* --multi-turn: users, each a conversation of rounds, on the chat endpoint */
+    int users, rounds, session_header, system_words, turn_min, turn_max;
+    bs_target *metrics;     /* stb_ds: the /metrics to read the prefix cache's counters from */
     /* dispatch: the main thread waits on cv for a free slot, and at the end for all to be done */
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -2543,6 +2708,9 @@ typedef struct {
     double *tok_t;          /* times of the events that carried text */
     int n_tok, cap_tok;
     int prompt_tokens, completion_tokens; /* from "usage"; -1 when the server sent none */
+    int cached_tokens;      /* usage.prompt_tokens_details.cached_tokens; -1 when the server sent none */
+    int keep_answer;        /* multi-turn: the reply's text is kept in answer (still JSON-escaped) */
+    bs_buf answer;
     char err[400];
 } bs_request;
 
@@ -2636,9 +2804,9 @@ static int bs_wait(int fd, short ev, double deadline, char *err, size_t errn, co
 }
 
 /* A non-blocking socket connected to the server, or -1. Non-blocking so that every wait has a timeout. */
-static int bs_connect(bs_bench *b, char *err, size_t errn) {
+static int bs_connect(const bs_target *t, double timeout, char *err, size_t errn) {
     char why[200] = "no address to connect to";
-    for (struct addrinfo *a = b->addrs; a; a = a->ai_next) {
+    for (struct addrinfo *a = t->addrs; a; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
         if (fd < 0) { snprintf(why, sizeof why, "socket: %s", strerror(errno)); continue; }
         int fl = fcntl(fd, F_GETFL, 0);
@@ -2655,7 +2823,7 @@ static int bs_connect(bs_bench *b, char *err, size_t errn) {
             close(fd);
             continue;
         }
-        if (bs_wait(fd, POLLOUT, now_s() + b->timeout, why, sizeof why, "connecting") < 0) {
+        if (bs_wait(fd, POLLOUT, now_s() + timeout, why, sizeof why, "connecting") < 0) {
             close(fd);
             continue;
         }
@@ -2666,11 +2834,11 @@ static int bs_connect(bs_bench *b, char *err, size_t errn) {
         snprintf(why, sizeof why, "connect: %s", strerror(e));
         close(fd);
     }
-    snprintf(err, errn, "%s:%d: %s", b->host, b->port, why);
+    snprintf(err, errn, "%s:%d: %s", t->host, t->port, why);
     return -1;
 }
 
-static int bs_send_all(bs_bench *b, int fd, const char *p, size_t n, char *err, size_t errn) {
+static int bs_send_all(double timeout, int fd, const char *p, size_t n, char *err, size_t errn) {
     while (n) {
         /* MSG_NOSIGNAL: a server that hung up makes this call fail, not SIGPIPE end the process */
         ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
@@ -2679,7 +2847,7 @@ static int bs_send_all(bs_bench *b, int fd, const char *p, size_t n, char *err, 
             snprintf(err, errn, "send: %s", strerror(errno));
             return -1;
         }
-        if (bs_wait(fd, POLLOUT, now_s() + b->timeout, err, errn, "sending the request") < 0) return -1;
+        if (bs_wait(fd, POLLOUT, now_s() + timeout, err, errn, "sending the request") < 0) return -1;
     }
     return 0;
 }
@@ -2796,17 +2964,17 @@ static void bs_sse_lines(bs_request *r, bs_http *h, double t, int final) {
 
 /* One exchange: connect, send req, read the response. For a streamed 200 the SSE events go to r as they
  * arrive; otherwise the body is kept whole in h->body. Returns 0 when a complete response was read. */
-static int bs_http_do(bs_bench *b, const char *req, size_t req_n, bs_http *h, bs_request *r,
-                      char *err, size_t errn) {
-    int fd = bs_connect(b, err, errn);
+static int bs_http_do(const bs_target *t, double timeout, const char *req, size_t req_n, bs_http *h,
+                      bs_request *r, char *err, size_t errn) {
+    int fd = bs_connect(t, timeout, err, errn);
     if (fd < 0) return -1;
     int rc = -1, in_body = 0;
     bs_buf hdr = {0};
     char buf[16384];
-    if (bs_send_all(b, fd, req, req_n, err, errn)) goto out;
+    if (bs_send_all(timeout, fd, req, req_n, err, errn)) goto out;
     for (;;) {
         int streaming = in_body && r && h->status == 200 && h->sse;
-        double deadline = now_s() + b->timeout;
+        double deadline = now_s() + timeout;
         const char *what = in_body ? "reading the response body" : "waiting for the response headers";
         if (streaming && r->done_seen) { /* the body should end at once: a server that hangs on is a bug */
             deadline = r->t_end + BS_DONE_GRACE;
@@ -2863,7 +3031,11 @@ static void bs_event(bs_request *r, const char *json, double t) {
     }
     /* an event with text is a token (or a few); the last may bring only a finish_reason, with "" */
     v = bs_json_value(json, "text");
+    if (!v) v = bs_json_value(json, "content"); /* a chat chunk's delta (reasoning_content is not this key) */
     if (v && v[0] == '"' && v[1] != '"') {
+        char *raw = r->keep_answer ? bs_json_raw_string(v) : NULL;
+        if (raw) bs_buf_add(&r->answer, raw, strlen(raw)); /* escaped pieces joined: still valid JSON text */
+        free(raw);
         if (r->n_tok == r->cap_tok) {
             int cap = r->cap_tok ? 2 * r->cap_tok : 256;
             double *p = realloc(r->tok_t, cap * sizeof *p);
@@ -2881,16 +3053,18 @@ static void bs_event(bs_request *r, const char *json, double t) {
     if (v && *v == '{') {
         bs_json_int(v, "prompt_tokens", &r->prompt_tokens);
         bs_json_int(v, "completion_tokens", &r->completion_tokens);
+        bs_json_int(v, "cached_tokens", &r->cached_tokens);
     }
 }
 
 /* The request line, headers and JSON body of one request; path and body may be NULL for a GET. */
-static int bs_make_request(bs_bench *b, bs_buf *req, const char *method, const char *path,
-                           const bs_buf *body) {
+static int bs_make_request(const bs_target *t, const char *api_key, bs_buf *req, const char *method,
+                           const char *path, const bs_buf *body, const char *extra_headers) {
     int rc = bs_buf_printf(req, "%s %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: llm-bench\r\n"
-                                "Accept: %s\r\nConnection: close\r\n", method, path, b->host_hdr,
-                           body ? "text/event-stream" : "application/json");
-    if (!rc && b->api_key) rc = bs_buf_printf(req, "Authorization: Bearer %s\r\n", b->api_key);
+                                "Accept: %s\r\nConnection: close\r\n%s", method, path, t->host_hdr,
+                           body ? "text/event-stream" : "application/json",
+                           extra_headers ? extra_headers : "");
+    if (!rc && api_key) rc = bs_buf_printf(req, "Authorization: Bearer %s\r\n", api_key);
     if (!rc && body)
         rc = bs_buf_printf(req, "Content-Type: application/json\r\nContent-Length: %zu\r\n", body->len);
     if (!rc) rc = bs_buf_add(req, "\r\n", 2);
@@ -2898,12 +3072,11 @@ static int bs_make_request(bs_bench *b, bs_buf *req, const char *method, const c
     return rc;
 }
 
+static void bs_exchange(bs_request *r, const bs_buf *body, const char *extra_headers);
+
 static void bs_run_request(bs_request *r) {
     bs_bench *b = r->b;
-    bs_buf body = {0}, req = {0};
-    bs_http h = {0};
-    char err[sizeof r->err] = "";
-    r->prompt_tokens = r->completion_tokens = -1;
+    bs_buf body = {0};
     uint64_t rng = r->seed;
     int rc = bs_buf_add(&body, "{", 1);
     if (!rc && b->model) rc = bs_buf_printf(&body, "\"model\":\"%s\",", b->model);
@@ -2913,11 +3086,25 @@ static void bs_run_request(bs_request *r) {
     if (!rc)
         rc = bs_buf_printf(&body, "],\"max_tokens\":%d,\"ignore_eos\":true,\"temperature\":0,"
                            "\"stream\":true,\"stream_options\":{\"include_usage\":true}}", r->out_len);
-    if (!rc) rc = bs_make_request(b, &req, "POST", b->endpoint, &body);
-    if (rc) { snprintf(r->err, sizeof r->err, "out of memory building the request"); goto out; }
+    if (rc) snprintf(r->err, sizeof r->err, "out of memory building the request");
+    else bs_exchange(r, &body, NULL);
+    free(body.s);
+}
 
+/* Sends one streamed request with body to the endpoint and reads its answer into r: r->ok when it ended
+ * well with some text. */
+static void bs_exchange(bs_request *r, const bs_buf *body, const char *extra_headers) {
+    bs_bench *b = r->b;
+    bs_buf req = {0};
+    bs_http h = {0};
+    char err[sizeof r->err] = "";
+    r->prompt_tokens = r->completion_tokens = r->cached_tokens = -1;
+    if (bs_make_request(&b->srv, b->api_key, &req, "POST", b->endpoint, body, extra_headers)) {
+        snprintf(r->err, sizeof r->err, "out of memory building the request");
+        goto out;
+    }
     r->t_start = now_s();
-    if (bs_http_do(b, req.s, req.len, &h, r, err, sizeof err)) {
+    if (bs_http_do(&b->srv, b->timeout, req.s, req.len, &h, r, err, sizeof err)) {
         /* a stream error message says more than the broken connection that may follow it */
         if (!r->stream_failed) snprintf(r->err, sizeof r->err, "%s", err);
         goto out;
@@ -2939,7 +3126,6 @@ static void bs_run_request(bs_request *r) {
     if (r->n_tok == 0) { snprintf(r->err, sizeof r->err, "the response carried no token text"); goto out; }
     r->ok = 1;
 out:
-    free(body.s);
     free(req.s);
     free(h.body.s);
 }
@@ -2984,11 +3170,11 @@ static char *bs_first_model(bs_bench *b, char *err, size_t errn) {
     bs_buf req = {0};
     bs_http h = {0};
     char *id = NULL;
-    if (bs_make_request(b, &req, "GET", "/v1/models", NULL)) {
+    if (bs_make_request(&b->srv, b->api_key, &req, "GET", "/v1/models", NULL, NULL)) {
         snprintf(err, errn, "out of memory");
         goto out;
     }
-    if (bs_http_do(b, req.s, req.len, &h, NULL, err, errn)) goto out;
+    if (bs_http_do(&b->srv, b->timeout, req.s, req.len, &h, NULL, err, errn)) goto out;
     if (h.status != 200) { snprintf(err, errn, "HTTP %d", h.status); goto out; }
     const char *data = h.body.s ? bs_json_value(h.body.s, "data") : NULL;
     id = data ? bs_json_raw_string(bs_json_value(data, "id")) : NULL;
@@ -3142,6 +3328,270 @@ static int bs_report(bs_bench *b, bs_request *rs, double duration) {
     return ok > 0 && failed == 0 ? 0 : 1;
 }
 
+/* ---- --multi-turn: conversations that grow round by round, as vLLM production-stack's multi-round QA ----
+ * USERS conversations run at once, each on its own thread. Every one opens with the same system prompt
+ * (--system-words words: a prefix all users share), and each round sends the whole conversation so far (its
+ * user turns and the model's answers, as they came) plus a new user turn of --turn-words words, streamed,
+ * on the chat endpoint. Round 1 can only hit the shared system prompt in the prefix cache; rounds 2+ should
+ * find their whole history there, so their TTFT is reported apart. The hit rate comes from the servers'
+ * vllm:prefix_cache_* counters, read before and after: behind a load balancer, one /metrics is one replica,
+ * so each replica is read (--metrics-url, repeated) and their deltas added. */
+static const char *const bs_words[] = {
+    "the", "little", "girl", "boy", "dog", "cat", "park", "sun", "tree", "ran", "saw", "big", "happy", "red",
+    "ball", "home", "friend", "play", "day", "went", "to", "and", "with", "a", "bird", "sky", "blue", "mom",
+    "said", "was", "very", "in", "garden", "flower", "car", "toy", "water", "found", "liked", "jump"};
+
+static void bs_put_words(bs_buf *b, uint64_t *rng, int n) {
+    for (int i = 0; i < n; i++) {
+        if (i) bs_buf_add(b, " ", 1);
+        const char *w = bs_words[llm_splitmix64(rng) % (sizeof bs_words / sizeof *bs_words)];
+        bs_buf_add(b, w, strlen(w));
+    }
+}
+
+typedef struct {
+    bs_bench *b;
+    int user;
+    const char *system;     /* the shared system prompt (plain words: nothing to escape in JSON) */
+    bs_request *rounds;     /* [b->rounds] */
+} bs_user;
+
+static void *bs_user_thread(void *arg) {
+    bs_user *u = arg;
+    bs_bench *b = u->b;
+    uint64_t rng = b->seed * 0x9e3779b97f4a7c15ull + 1000003ull * (uint64_t)(u->user + 1);
+    bs_buf history = {0}, body = {0}; /* history: the messages after the system one, each after a comma */
+    char session[64];
+    snprintf(session, sizeof session, "x-session-id: user-%d\r\n", u->user);
+    pthread_mutex_lock(&b->mu);
+    b->in_flight++;
+    pthread_mutex_unlock(&b->mu);
+    for (int k = 0; k < b->rounds; k++) {
+        bs_request *r = &u->rounds[k];
+        r->in_len = bs_rand_int(&rng, b->turn_min, b->turn_max);
+        r->out_len = bs_rand_int(&rng, b->out_min, b->out_max);
+        sb_printf(&history, ",{\"role\":\"user\",\"content\":\"I am user %d, question %d. ", u->user, k + 1);
+        bs_put_words(&history, &rng, r->in_len);
+        sb_puts(&history, "\"}");
+        body.len = 0;
+        bs_buf_add(&body, "{", 1);
+        if (b->model) sb_printf(&body, "\"model\":\"%s\",", b->model);
+        sb_printf(&body, "\"messages\":[{\"role\":\"system\",\"content\":\"%s\"}", u->system);
+        bs_buf_add(&body, history.s, history.len);
+        sb_printf(&body, "],\"max_tokens\":%d,\"ignore_eos\":true,\"temperature\":0,\"stream\":true,"
+                      "\"stream_options\":{\"include_usage\":true}}", r->out_len);
+        if (k && !u->rounds[k - 1].ok) /* the conversation cannot go on without its last answer */
+            snprintf(r->err, sizeof r->err, "round %d failed, so the rounds after it were not sent", k);
+        else if (history.failed || body.failed) snprintf(r->err, sizeof r->err, "out of memory");
+        else bs_exchange(r, &body, b->session_header ? session : NULL);
+        sb_puts(&history, ",{\"role\":\"assistant\",\"content\":\"");
+        if (r->answer.len) bs_buf_add(&history, r->answer.s, r->answer.len);
+        sb_puts(&history, "\"}");
+        pthread_mutex_lock(&b->mu);
+        b->done++;
+        b->out_tokens += r->completion_tokens > 0 ? r->completion_tokens : r->n_tok;
+        pthread_cond_broadcast(&b->cv);
+        pthread_mutex_unlock(&b->mu);
+    }
+    pthread_mutex_lock(&b->mu);
+    b->in_flight--;
+    pthread_mutex_unlock(&b->mu);
+    free(history.s);
+    free(body.s);
+    return NULL;
+}
+
+/* "http://HOST[:PORT][/PATH]" (PATH default /metrics), resolved. */
+static int bs_target_init(bs_target *t, const char *host, int port, const char *path, char *err,
+                          size_t errn) {
+    snprintf(t->host, sizeof t->host, "%s", host);
+    snprintf(t->path, sizeof t->path, "%s", path);
+    t->port = port;
+    char ports[16];
+    snprintf(ports, sizeof ports, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    int gai = getaddrinfo(t->host, ports, &hints, &t->addrs);
+    if (gai) { snprintf(err, errn, "%s: %s", t->host, gai_strerror(gai)); t->addrs = NULL; return -1; }
+    snprintf(t->host_hdr, sizeof t->host_hdr, strchr(t->host, ':') ? "[%s]:%d" : "%s:%d", t->host, port);
+    return 0;
+}
+
+static int bs_metrics_url(bs_target *t, const char *url, char *err, size_t errn) {
+    char host[256];
+    int port = 80;
+    if (strncmp(url, "http://", 7)) { snprintf(err, errn, "not an http:// URL: %s", url); return -1; }
+    const char *h = url + 7, *end = *h == '[' ? strchr(h, ']') : h + strcspn(h, ":/");
+    if (!end || end == h || (size_t)(end - h) >= sizeof host) {
+        snprintf(err, errn, "no host in %s", url);
+        return -1;
+    }
+    if (*h == '[') { h++; snprintf(host, sizeof host, "%.*s", (int)(end - h), h); end++; }
+    else snprintf(host, sizeof host, "%.*s", (int)(end - h), h);
+    if (*end == ':') {
+        char *e;
+        long p = strtol(end + 1, &e, 10);
+        if (e == end + 1 || p < 1 || p > 65535) { snprintf(err, errn, "bad port in %s", url); return -1; }
+        port = (int)p;
+        end = e;
+    }
+    if (*end && *end != '/') { snprintf(err, errn, "bad URL %s", url); return -1; }
+    return bs_target_init(t, host, port, *end ? end : "/metrics", err, errn);
+}
+
+/* The prefix cache's token counters at a /metrics: the series of each name added up (one per engine). */
+static int bs_scrape(const bs_bench *b, const bs_target *t, double *hits, double *queries, char *err,
+                     size_t errn) {
+    bs_buf req = {0};
+    bs_http h = {0};
+    int rc = -1, found = 0;
+    *hits = *queries = 0;
+    if (bs_make_request(t, NULL, &req, "GET", t->path, NULL, NULL)) {
+        snprintf(err, errn, "out of memory");
+        goto out;
+    }
+    if (bs_http_do(t, b->timeout, req.s, req.len, &h, NULL, err, errn)) goto out;
+    if (h.status != 200 || !h.body.s) { snprintf(err, errn, "HTTP %d", h.status); goto out; }
+    static const char hit_name[] = "vllm:prefix_cache_hits_total";
+    static const char query_name[] = "vllm:prefix_cache_queries_total";
+    for (const char *line = h.body.s; *line; line += strcspn(line, "\n") + (line[strcspn(line, "\n")] != 0)) {
+        int is_hit = !strncmp(line, hit_name, sizeof hit_name - 1);
+        size_t n = is_hit ? sizeof hit_name - 1 : sizeof query_name - 1;
+        if (!is_hit && strncmp(line, query_name, n)) continue;
+        if (line[n] != '{' && line[n] != ' ') continue;
+        const char *value = line + strcspn(line, "\n");
+        while (value > line && value[-1] != ' ') value--; /* the sample's value ends the line */
+        *(is_hit ? hits : queries) += strtod(value, NULL);
+        found++;
+    }
+    if (!found) snprintf(err, errn, "no vllm:prefix_cache_hits_total or _queries_total in it");
+    else rc = 0;
+out:
+    free(req.s);
+    free(h.body.s);
+    return rc;
+}
+
+static void bs_ttft_lines(const char *what, double *v, int n) { /* v in seconds; sorts v */
+    char label[64];
+    qsort(v, n, sizeof *v, bs_cmp_double);
+    snprintf(label, sizeof label, "%s requests:", what);
+    printf("%-40s %d\n", label, n);
+    snprintf(label, sizeof label, "%s TTFT P50 (ms):", what);
+    printf("%-40s %.2f\n", label, 1e3 * bs_pct(v, n, 50));
+    snprintf(label, sizeof label, "%s TTFT P90 (ms):", what);
+    printf("%-40s %.2f\n", label, 1e3 * bs_pct(v, n, 90));
+}
+
+static int bs_multi_turn(bs_bench *b) {
+    int n = b->users * b->rounds, n_metrics = (int)arrlen(b->metrics), rc = 1;
+    bs_request *rs = calloc(n, sizeof *rs);
+    bs_user *us = calloc(b->users, sizeof *us);
+    pthread_t *th = calloc(b->users, sizeof *th);
+    double *before = calloc(2 * n_metrics + 1, sizeof *before), *ttft1 = malloc((n + 1) * sizeof *ttft1);
+    double *ttft2 = malloc((n + 1) * sizeof *ttft2);
+    int *read_ok = calloc(n_metrics + 1, sizeof *read_ok);
+    bs_buf system = {0};
+    uint64_t rng = b->seed ^ 0x243f6a8885a308d3ull;
+    sb_puts(&system, "You are a helpful assistant. Here is what you know: ");
+    bs_put_words(&system, &rng, b->system_words);
+    if (!rs || !us || !th || !before || !ttft1 || !ttft2 || !read_ok || system.failed) {
+        fprintf(stderr, "llm bench serve: out of memory\n");
+        goto out;
+    }
+    char err[300];
+    for (int i = 0; i < n_metrics; i++) { /* before */
+        read_ok[i] = bs_scrape(b, &b->metrics[i], &before[2 * i], &before[2 * i + 1], err, sizeof err) == 0;
+        if (!read_ok[i]) fprintf(stderr, "llm bench serve: http://%s%s: %s\n", b->metrics[i].host_hdr,
+                                 b->metrics[i].path, err);
+    }
+    fprintf(stderr, "llm bench serve: %d users x %d rounds to http://%s%s, model %s, system prompt %d words, "
+            "turns %d:%d words, answers %d:%d tokens%s\n", b->users, b->rounds, b->srv.host_hdr, b->endpoint,
+            b->model ? b->model : "(none)", b->system_words, b->turn_min, b->turn_max, b->out_min, b->out_max,
+            b->session_header ? ", x-session-id: user-N" : "");
+    b->num_prompts = n; /* for the progress line */
+    double t0 = now_s();
+    for (int u = 0; u < b->users; u++) {
+        us[u] = (bs_user){b, u, system.s, rs + u * b->rounds};
+        for (int k = 0; k < b->rounds; k++) us[u].rounds[k].b = b, us[u].rounds[k].keep_answer = 1;
+        int e = pthread_create(&th[u], NULL, bs_user_thread, &us[u]);
+        if (e) { /* that user's rounds fail */
+            snprintf(us[u].rounds[0].err, sizeof us[u].rounds[0].err, "pthread_create: %s", strerror(e));
+            us[u].b = NULL;
+            pthread_mutex_lock(&b->mu);
+            b->done += b->rounds;
+            pthread_mutex_unlock(&b->mu);
+        }
+    }
+    pthread_mutex_lock(&b->mu);
+    while (b->done < n) bs_wait_done(b, t0);
+    bs_progress(b, t0, 1);
+    pthread_mutex_unlock(&b->mu);
+    for (int u = 0; u < b->users; u++) if (us[u].b) pthread_join(th[u], NULL);
+    double duration = now_s() - t0, d = duration > 0 ? duration : 1e-9;
+    double hits = 0, queries = 0;
+    int n_read = 0;
+    for (int i = 0; i < n_metrics; i++) { /* after: the deltas of the replicas read both times */
+        double h, q;
+        if (!read_ok[i]) continue;
+        if (bs_scrape(b, &b->metrics[i], &h, &q, err, sizeof err)) {
+            fprintf(stderr, "llm bench serve: http://%s%s: %s\n", b->metrics[i].host_hdr, b->metrics[i].path,
+                    err);
+            continue;
+        }
+        hits += h - before[2 * i];
+        queries += q - before[2 * i + 1];
+        n_read++;
+    }
+
+    int ok = 0, failed = 0, n1 = 0, n2 = 0, first_failed = -1;
+    long long in_tok = 0, out_tok = 0, cached = 0, cached_of = 0;
+    for (int i = 0; i < n; i++) {
+        bs_request *r = &rs[i];
+        if (!r->ok) { failed++; if (first_failed < 0) first_failed = i; continue; }
+        ok++;
+        in_tok += r->prompt_tokens > 0 ? r->prompt_tokens : 0;
+        out_tok += r->completion_tokens > 0 ? r->completion_tokens : r->n_tok;
+        if (r->cached_tokens >= 0 && r->prompt_tokens > 0) {
+            cached += r->cached_tokens;
+            cached_of += r->prompt_tokens;
+        }
+        if (i % b->rounds == 0) ttft1[n1++] = r->tok_t[0] - r->t_start;
+        else ttft2[n2++] = r->tok_t[0] - r->t_start;
+    }
+    bs_title(" Multi-turn Benchmark Result ", '=');
+    printf("%-40s %d\n", "Users:", b->users);
+    printf("%-40s %d\n", "Rounds per user:", b->rounds);
+    printf("%-40s %d\n", "Successful requests:", ok);
+    printf("%-40s %d\n", "Failed requests:", failed);
+    printf("%-40s %.2f\n", "Benchmark duration (s):", duration);
+    printf("%-40s %lld\n", "Total input tokens:", in_tok);
+    printf("%-40s %lld\n", "Total generated tokens:", out_tok);
+    printf("%-40s %.2f\n", "Request throughput (req/s):", ok / d);
+    printf("%-40s %.2f\n", "Output token throughput (tok/s):", out_tok / d);
+    bs_title("Time to First Token", '-');
+    bs_ttft_lines("Round 1", ttft1, n1);
+    bs_ttft_lines("Rounds 2+", ttft2, n2);
+    bs_title("Prefix Cache", '-');
+    printf("%-40s %d of %d\n", "Replicas read (/metrics):", n_read, n_metrics);
+    printf("%-40s %.0f\n", "Prefix cache queries (tokens):", queries);
+    printf("%-40s %.0f\n", "Prefix cache hits (tokens):", hits);
+    if (queries > 0) printf("%-40s %.4f\n", "Prefix cache hit rate:", hits / queries);
+    else printf("%-40s n/a\n", "Prefix cache hit rate:");
+    if (cached_of) printf("%-40s %lld of %lld (%.4f)\n", "Cached prompt tokens (usage):", cached, cached_of,
+                          (double)cached / cached_of);
+    else printf("%-40s n/a\n", "Cached prompt tokens (usage):");
+    bs_title("", '=');
+    fflush(stdout);
+    if (failed)
+        fprintf(stderr, "llm bench serve: %d of %d requests failed; the first (user %d, round %d): %s\n",
+                failed, n, first_failed / b->rounds, first_failed % b->rounds + 1, rs[first_failed].err);
+    rc = ok > 0 && failed == 0 ? 0 : 1;
+out:
+    for (int i = 0; rs && i < n; i++) { free(rs[i].tok_t); free(rs[i].answer.s); }
+    free(rs); free(us); free(th); free(before); free(ttft1); free(ttft2); free(read_ok); free(system.s);
+    return rc;
+}
+
 /* ---- flags, dispatch ---- */
 
 static int bs_parse_range(const char *s, int *lo, int *hi) {
@@ -3152,6 +3602,17 @@ static int bs_parse_range(const char *s, int *lo, int *hi) {
     if (*end || a < 1 || b < a || b > 1000000) return -1;
     *lo = (int)a;
     *hi = (int)b;
+    return 0;
+}
+
+static int bs_parse_pair(const char *s, int *a, int *b) { /* "A:B", each in 1..100000 */
+    char *end;
+    long x = strtol(s, &end, 10), y;
+    if (end == s || *end != ':') return -1;
+    y = strtol(end + 1, &end, 10);
+    if (*end || x < 1 || y < 1 || x > 100000 || y > 100000) return -1;
+    *a = (int)x;
+    *b = (int)y;
     return 0;
 }
 
@@ -3171,20 +3632,21 @@ static void bs_sleep_until(double t) {
 }
 
 static int bench_serve(int argc, char **argv, int start) {
-    bs_bench b = {.host = "127.0.0.1", .port = 8000, .endpoint = "/v1/completions", .num_prompts = 200,
+    bs_bench b = {.endpoint = NULL, .num_prompts = 200,
                   .in_min = 32, .in_max = 256, .out_min = 16, .out_max = 128, .tok_min = 3, .tok_max = 500,
-                  .rate = INFINITY, .timeout = 120};
-    const char *model = NULL;
-    int max_conc = 0;
+                  .rate = INFINITY, .timeout = 120, .system_words = 200, .turn_min = 16, .turn_max = 48};
+    const char *model = NULL, *host = "127.0.0.1", **metrics_urls = NULL; /* stb_ds */
+    int max_conc = 0, port = 8000;
     for (int i = start; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { fputs(bs_usage, stdout); return 0; }
         if (f[0] != '-' || f[1] != '-') { fprintf(stderr, "llm bench serve: unexpected %s\n", f); return 1; }
+        if (!strcmp(f, "--session-header")) { b.session_header = 1; continue; } /* the flag without a value */
         if (!v) { fprintf(stderr, "llm bench serve: %s needs a value (see --help)\n", f); return 1; }
         i++;
-        if (!strcmp(f, "--host")) b.host = v;
-        else if (!strcmp(f, "--port")) bad = bs_parse_int(v, 1, 65535, &b.port);
+        if (!strcmp(f, "--host")) host = v;
+        else if (!strcmp(f, "--port")) bad = bs_parse_int(v, 1, 65535, &port);
         else if (!strcmp(f, "--endpoint")) { b.endpoint = v; bad = v[0] != '/'; }
         else if (!strcmp(f, "--model")) model = v;
         else if (!strcmp(f, "--api-key")) b.api_key = v;
@@ -3195,6 +3657,10 @@ static int bench_serve(int argc, char **argv, int start) {
         else if (!strcmp(f, "--min-token-id")) bad = bs_parse_int(v, 0, 1 << 30, &b.tok_min);
         else if (!strcmp(f, "--max-token-id")) bad = bs_parse_int(v, 0, 1 << 30, &b.tok_max);
         else if (!strcmp(f, "--seed")) { char *e; b.seed = strtoull(v, &e, 10); bad = e == v || *e; }
+        else if (!strcmp(f, "--multi-turn")) bad = bs_parse_pair(v, &b.users, &b.rounds);
+        else if (!strcmp(f, "--system-words")) bad = bs_parse_int(v, 0, 1000000, &b.system_words);
+        else if (!strcmp(f, "--turn-words")) bad = bs_parse_range(v, &b.turn_min, &b.turn_max);
+        else if (!strcmp(f, "--metrics-url")) arrput(metrics_urls, v);
         else if (!strcmp(f, "--request-rate") || !strcmp(f, "--timeout")) {
             char *e;
             double x = strtod(v, &e);
@@ -3204,7 +3670,11 @@ static int bench_serve(int argc, char **argv, int start) {
             fprintf(stderr, "llm bench serve: unknown option %s (see --help)\n", f);
             return 1;
         }
-        if (bad) { fprintf(stderr, "llm bench serve: bad value for %s: %s\n", f, v); return 1; }
+        if (bad) {
+            fprintf(stderr, "llm bench serve: bad value for %s: %s\n", f, v);
+            arrfree(metrics_urls);
+            return 1;
+        }
     }
     if (b.tok_min > b.tok_max) {
         fprintf(stderr, "llm bench serve: --min-token-id is above --max-token-id\n");
@@ -3215,14 +3685,14 @@ static int bench_serve(int argc, char **argv, int start) {
     b.max_conc = max_conc ? max_conc : BS_MAX_THREADS;
     if (b.max_conc > BS_MAX_THREADS) b.max_conc = BS_MAX_THREADS;
 
-    char port[16];
-    snprintf(port, sizeof port, "%d", b.port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
-    int gai = getaddrinfo(b.host, port, &hints, &b.addrs);
-    if (gai) { fprintf(stderr, "llm bench serve: %s: %s\n", b.host, gai_strerror(gai)); return 1; }
-    snprintf(b.host_hdr, sizeof b.host_hdr, strchr(b.host, ':') ? "[%s]:%d" : "%s:%d", b.host, b.port);
-
+    if (!b.endpoint) b.endpoint = b.users ? "/v1/chat/completions" : "/v1/completions";
+    char err[300];
     int rc = 1;
+    if (bs_target_init(&b.srv, host, port, "/", err, sizeof err)) {
+        fprintf(stderr, "llm bench serve: %s\n", err);
+        arrfree(metrics_urls);
+        return 1;
+    }
     bs_request *rs = calloc(b.num_prompts, sizeof *rs);
     double *arrival = malloc(b.num_prompts * sizeof *arrival);
     int mu_ok = 0, attr_ok = 0;
@@ -3250,14 +3720,22 @@ static int bench_serve(int argc, char **argv, int start) {
         goto out;
     }
 
+    /* --multi-turn reads the prefix cache's counters: of each --metrics-url, else of the server itself */
+    for (ptrdiff_t i = 0; b.users && i < (arrlen(metrics_urls) ? arrlen(metrics_urls) : 1); i++) {
+        bs_target t = {0};
+        int bad = arrlen(metrics_urls) ? bs_metrics_url(&t, metrics_urls[i], err, sizeof err)
+                                       : bs_target_init(&t, host, port, "/metrics", err, sizeof err);
+        if (bad) { fprintf(stderr, "llm bench serve: --metrics-url: %s\n", err); goto out; }
+        arrput(b.metrics, t);
+    }
     if (model) {
         b.model = bs_json_escape(model);
         if (!b.model) { fprintf(stderr, "llm bench serve: out of memory\n"); goto out; }
     } else {
-        char err[300];
         b.model = bs_first_model(&b, err, sizeof err);
         if (!b.model) fprintf(stderr, "llm bench serve: GET /v1/models: %s; sending no model\n", err);
     }
+    if (b.users) { rc = bs_multi_turn(&b); goto out; }
 
     /* the workload: lengths and prompt seeds from --seed, arrival gaps from their own stream, so that
      * changing the rate does not change the prompts */
@@ -3274,7 +3752,7 @@ static int bench_serve(int argc, char **argv, int start) {
     char rate[32] = "inf";
     if (!isinf(b.rate)) snprintf(rate, sizeof rate, "%.2f", b.rate);
     fprintf(stderr, "llm bench serve: %d requests to http://%s%s, model %s, %s req/s, at most %d in flight, "
-            "input %d:%d, output %d:%d tokens\n", b.num_prompts, b.host_hdr, b.endpoint,
+            "input %d:%d, output %d:%d tokens\n", b.num_prompts, b.srv.host_hdr, b.endpoint,
             b.model ? b.model : "(none)", rate, b.max_conc, b.in_min, b.in_max, b.out_min, b.out_max);
 
     double t0 = now_s();
@@ -3308,6 +3786,9 @@ out:
     free(rs);
     free(arrival);
     free(b.model);
-    freeaddrinfo(b.addrs);
+    freeaddrinfo(b.srv.addrs);
+    for (ptrdiff_t i = 0; i < arrlen(b.metrics); i++) freeaddrinfo(b.metrics[i].addrs);
+    arrfree(b.metrics);
+    arrfree(metrics_urls);
     return rc;
 }

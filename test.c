@@ -5078,7 +5078,8 @@ static void test_server_endpoints(void) {
           strstr(b, "\",\"object\":\"text_completion\",\"created\":") &&
           strstr(b, ",\"model\":\"stories260K\",\"system_fingerprint\":\"fp_llm\",\"choices\":[{\"index\":0,"
                     "\"text\":\", there was\",\"logprobs\":null,\"finish_reason\":\"length\"}],\"usage\":"
-                    "{\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8}}") &&
+                    "{\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8,"
+                    "\"prompt_tokens_details\":{\"cached_tokens\":0}}}") &&
           strstr(r, "\r\nContent-Type: application/json\r\n"), "serve: a completion's body: %s", r ? r : "");
     free(r);
     /* streaming: the same text in SSE events, a usage chunk, [DONE]; chunked, so keep-alive goes on */
@@ -5091,7 +5092,8 @@ static void test_server_endpoints(void) {
     CHECK(http_status(r) == 200 && strstr(r, "Content-Type: text/event-stream\r\n") &&
           strstr(r, "Transfer-Encoding: chunked\r\n") && !strcmp(buf, ", there was") && n_events == 3 &&
           !strcmp(finish, "length") && done && strstr(ev, "\"choices\":[],\"usage\":{\"prompt_tokens\":5,"
-          "\"completion_tokens\":3,\"total_tokens\":8}}\n\ndata: [DONE]\n\n"),
+          "\"completion_tokens\":3,\"total_tokens\":8,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\n"
+          "data: [DONE]\n\n"),
           "serve: a streamed completion: %s", ev ? ev : "");
     free(ev); free(r);
     /* chat, not streamed and streamed: the first chunk says the role */
@@ -5199,11 +5201,13 @@ static void test_server_endpoints(void) {
           "serve: /detokenize: %s", r ? r : "");
     free(r);
     r = http_get(port, "/metrics", NULL);
-    CHECK(http_status(r) == 200 && strstr(r, "\nvllm:num_requests_running{model_name=\"stories260K\"} 0\n") &&
+    CHECK(http_status(r) == 200 &&
+          strstr(r, "\nvllm:num_requests_running{model_name=\"stories260K\",engine=\"0\"} 0\n") &&
           strstr(r, "# TYPE vllm:time_to_first_token_seconds histogram\n") &&
-          strstr(r, "vllm:request_success_total{finished_reason=\"length\",model_name=\"stories260K\"} ") &&
-          strstr(r, "vllm:e2e_request_latency_seconds_count{model_name=\"stories260K\"} ") &&
-          strstr(r, "\nvllm:prefix_cache_hits{") && strstr(r, "\nvllm:generation_tokens_total{"),
+          strstr(r, "vllm:request_success_total{model_name=\"stories260K\",engine=\"0\",finished_reason="
+                    "\"length\"} ") &&
+          strstr(r, "vllm:e2e_request_latency_seconds_count{model_name=\"stories260K\",engine=\"0\"} ") &&
+          strstr(r, "\nvllm:prefix_cache_hits_total{") && strstr(r, "\nvllm:generation_tokens_total{"),
           "serve: /metrics: %s", r ? r : "");
     free(r);
     CHECK(server_stop(&s) == 0, "serve: SIGTERM: exit status 0");
@@ -5837,7 +5841,7 @@ static void test_server_connections(void) {
         free_blocks = metric(port, "llm:kv_cache_free_blocks");
         aborted = metric(port, "vllm:request_success_total");
         char *m = http_get(port, "/metrics", NULL);
-        const char *a = m ? strstr(m, "finished_reason=\"abort\",model_name=\"stories260K\"} ") : NULL;
+        const char *a = m ? strstr(m, "engine=\"0\",finished_reason=\"abort\"} ") : NULL;
         aborted = a ? atof(strchr(a, '}') + 2) : -1;
         free(m);
         if (aborted == 1 && free_blocks == blocks) break;
@@ -5903,6 +5907,295 @@ static void test_server_connections(void) {
           "serve: SIGTERM lets a request finish: %s", r ? r : "");
     free(r); close(fd);
     CHECK(server_stop(&s) == 0, "serve: exit status 0 after SIGTERM");
+}
+
+/* -----------------------------------------------------------------------------------------------------------
+ * What each replica offers a load balancer: X-Request-Id, cached_tokens, the vLLM metrics routers read, and
+ * draining on SIGTERM
+ * -------------------------------------------------------------------------------------------------------- */
+/* The value of response header name (given with its colon, e.g. "X-Request-Id:"), or "" */
+static const char *http_header(const char *resp, const char *name, char *out, size_t cap) {
+    const char *end = resp ? strstr(resp, "\r\n\r\n") : NULL, *p = resp ? strstr(resp, name) : NULL;
+    size_t n = 0;
+    if (p && p < end) {
+        p += strlen(name);
+        while (*p == ' ') p++;
+        while (p[n] && p[n] != '\r' && n + 1 < cap) n++;
+        memcpy(out, p, n);
+    }
+    out[n] = 0;
+    return out;
+}
+
+static int starts_with(const char *s, const char *prefix) { return !strncmp(s, prefix, strlen(prefix)); }
+
+static int is_hex_id(const char *s) { /* a minted id: 32 lowercase hex digits */
+    size_t n = strspn(s, "0123456789abcdef");
+    return n == 32 && !s[n];
+}
+
+/* usage.prompt_tokens_details.cached_tokens of a response (the last one: a stream's usage chunk), or -1 */
+static int cached_tokens(const char *resp) {
+    const char *p = NULL;
+    for (const char *q = resp; q && (q = strstr(q, "\"cached_tokens\":")); q++) p = q;
+    return p ? atoi(p + strlen("\"cached_tokens\":")) : -1;
+}
+
+static void test_server_replica(void) {
+    test_server s;
+    if (server_start(&s, "--block-size 8") != 0) { server_stop(&s); return; }
+    int port = s.port;
+    char hdr[256], want[512], *r;
+    /* X-Request-Id: echoed, and the OpenAI id is cmpl-{it} / chatcmpl-{it}, as vLLM names them */
+    const char *once = "{\"prompt\":\"Once\",\"max_tokens\":2}";
+    r = http_post(port, "/v1/completions", once, "X-Request-Id: lb-7f/a=1 b\r\n");
+    CHECK(http_status(r) == 200 && strstr(r, "\r\nX-Request-Id: lb-7f/a=1 b\r\n") &&
+          starts_with(http_body(r), "{\"id\":\"cmpl-lb-7f/a=1 b\",\"object\":\"text_completion\","),
+          "serve: X-Request-Id echoed, the id cmpl-{it}: %s", r ? r : "");
+    free(r);
+    /* none sent: one minted, 32 hex digits, the same in the header and the id */
+    r = http_post(port, "/v1/completions", once, NULL);
+    http_header(r, "\r\nX-Request-Id:", hdr, sizeof hdr);
+    snprintf(want, sizeof want, "{\"id\":\"cmpl-%s\",", hdr);
+    CHECK(http_status(r) == 200 && is_hex_id(hdr) && starts_with(http_body(r), want),
+          "serve: a minted X-Request-Id (%s): %s", hdr, r ? r : "");
+    char first[256];
+    snprintf(first, sizeof first, "%s", hdr);
+    free(r);
+    r = http_get(port, "/health", NULL);
+    CHECK(http_status(r) == 200 && is_hex_id(http_header(r, "\r\nX-Request-Id:", hdr, sizeof hdr)) &&
+          strcmp(hdr, first), "serve: /health has its own minted id (%s after %s): %s", hdr, first,
+          r ? r : "");
+    free(r);
+    /* a bad one is replaced: too long, not ASCII, empty */
+    char long_id[200], extra[300];
+    memset(long_id, 'a', 129); long_id[129] = 0;
+    const char *bad_ids[3] = {long_id, "caf\xc3\xa9", ""};
+    for (int i = 0; i < 3; i++) {
+        snprintf(extra, sizeof extra, "X-Request-Id: %s\r\n", bad_ids[i]);
+        r = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":1}", extra);
+        http_header(r, "\r\nX-Request-Id:", hdr, sizeof hdr);
+        snprintf(want, sizeof want, "{\"id\":\"cmpl-%s\",", hdr);
+        CHECK(http_status(r) == 200 && is_hex_id(hdr) && starts_with(http_body(r), want),
+              "serve: a bad X-Request-Id (%zu bytes) is replaced: %s", strlen(bad_ids[i]), r ? r : "");
+        free(r);
+    }
+    memset(long_id, 'b', 128); long_id[128] = 0; /* 128 bytes: kept */
+    snprintf(extra, sizeof extra, "X-Request-Id: %s\r\n", long_id);
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":1}", extra);
+    CHECK(http_status(r) == 200 && !strcmp(http_header(r, "\r\nX-Request-Id:", hdr, sizeof hdr), long_id),
+          "serve: a 128-byte X-Request-Id is kept: %s", r ? r : "");
+    free(r);
+    /* on errors: a 400 and a 404 echo it; a request too broken to read gets a minted one */
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":-1}",
+                  "X-Request-Id: e-400\r\n");
+    CHECK(http_status(r) == 400 && strstr(r, "\r\nX-Request-Id: e-400\r\n") &&
+          strstr(http_body(r), "\"param\":\"max_tokens\""), "serve: a 400 carries the id: %s", r ? r : "");
+    free(r);
+    r = http_get(port, "/nowhere", "X-Request-Id: e-404\r\n");
+    CHECK(http_status(r) == 404 && strstr(r, "\r\nX-Request-Id: e-404\r\n"),
+          "serve: a 404 carries the id: %s", r ? r : "");
+    free(r);
+    r = http_request_raw(port, "GARBAGE\r\nX-Request-Id: e-bad\r\n\r\n", 33);
+    CHECK(http_status(r) == 400 && is_hex_id(http_header(r, "\r\nX-Request-Id:", hdr, sizeof hdr)),
+          "serve: a malformed request gets a minted id: %s", r ? r : "");
+    free(r);
+    /* a stream: the header, and every event's id */
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":3,\"n\":2,\"stream\":true}",
+                  "X-Request-Id: s-1\r\n");
+    char *ev = r ? dechunk(http_body(r)) : NULL;
+    int events = 0, with_id = 0;
+    for (const char *p = ev; p && (p = strstr(p, "data: {")); p++, events++)
+        with_id += !strncmp(p, "data: {\"id\":\"cmpl-s-1\",", 23);
+    CHECK(http_status(r) == 200 && strstr(r, "\r\nX-Request-Id: s-1\r\n") && events == 6 && with_id == 6 &&
+          strstr(ev, "data: [DONE]\n\n"), "serve: a stream carries the id (%d of %d events): %s", with_id,
+          events, r ? r : "");
+    free(ev); free(r);
+
+    /* cached_tokens: 0 the first time; then the prompt's full blocks but the last token's (block size 8) */
+    const char *prompt = "Lily and Ben went to the park. They saw a big red ball and a little dog.";
+    char body[1024];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\"}", prompt);
+    r = http_post(port, "/tokenize", body, NULL);
+    int n_prompt = r && strstr(r, "\"count\":") ? atoi(strstr(r, "\"count\":") + 8) : 0;
+    free(r);
+    int expect = (n_prompt - 1) / 8 * 8;
+    double q0 = metric(port, "vllm:prefix_cache_queries_total");
+    double h0 = metric(port, "vllm:prefix_cache_hits_total");
+    double queue0 = metric(port, "vllm:request_queue_time_seconds_count");
+    double ptok0 = metric(port, "vllm:request_prompt_tokens_sum");
+    double gtok0 = metric(port, "vllm:request_generation_tokens_sum");
+    double pre0 = metric(port, "vllm:request_prefill_time_seconds_count");
+    double dec0 = metric(port, "vllm:request_decode_time_seconds_count");
+    int got[6];
+    const char *forms[4] = {"", "", ",\"stream\":true,\"stream_options\":{\"include_usage\":true}",
+                            ",\"n\":3"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":4,\"ignore_eos\":true%s}", prompt,
+                 forms[i]);
+        r = http_post(port, "/v1/completions", body, NULL);
+        got[i] = http_status(r) == 200 ? cached_tokens(r) : -2;
+        free(r);
+    }
+    snprintf(body, sizeof body, "{\"prompt\":[\"%s\",\"%s\"],\"max_tokens\":1}", prompt, prompt);
+    r = http_post(port, "/v1/completions", body, NULL);
+    got[4] = http_status(r) == 200 ? cached_tokens(r) : -2;
+    free(r);
+    CHECK(n_prompt > 16 && got[0] == 0 && got[1] == expect && got[2] == expect && got[3] == expect &&
+          got[4] == 2 * expect, "serve: completions' cached_tokens of a %d-token prompt: %d, %d, streamed "
+          "%d, n=3 %d, two prompts %d (want 0, %d, %d, %d, %d)", n_prompt, got[0], got[1], got[2], got[3],
+          got[4], expect, expect, expect, 2 * expect);
+    /* the metrics moved with them: 6 engine requests (3 single, 1 with n = 3, 2 prompts of one request) */
+    double q1 = metric(port, "vllm:prefix_cache_queries_total");
+    double h1 = metric(port, "vllm:prefix_cache_hits_total");
+    CHECK(q1 - q0 == 6 * n_prompt && h1 - h0 == 5 * expect,
+          "serve: prefix cache counters +%g queries, +%g hits (want %d, %d)", q1 - q0, h1 - h0, 6 * n_prompt,
+          5 * expect);
+    CHECK(metric(port, "vllm:request_queue_time_seconds_count") - queue0 == 6 &&
+          metric(port, "vllm:request_prefill_time_seconds_count") - pre0 == 6 &&
+          metric(port, "vllm:request_decode_time_seconds_count") - dec0 == 6 &&
+          metric(port, "vllm:request_prompt_tokens_sum") - ptok0 == 6 * n_prompt &&
+          metric(port, "vllm:request_generation_tokens_sum") - gtok0 == 4 + 4 + 4 + 12 + 1 + 1,
+          "serve: the per-request histograms count 6 engine requests, %d prompt and 26 generated tokens",
+          6 * n_prompt);
+    /* chat: the same, from the rendered conversation */
+    const char *chat = "{\"messages\":[{\"role\":\"system\",\"content\":\"You tell short stories about a "
+                       "cat.\"},{\"role\":\"user\",\"content\":\"Tell me one about the cat and the moon.\"}]";
+    snprintf(body, sizeof body, "%s}", chat);
+    r = http_post(port, "/tokenize", body, NULL);
+    n_prompt = r && strstr(r, "\"count\":") ? atoi(strstr(r, "\"count\":") + 8) : 0;
+    free(r);
+    expect = (n_prompt - 1) / 8 * 8;
+    for (int i = 0; i < 4; i++) {
+        snprintf(body, sizeof body, "%s,\"max_tokens\":3%s}", chat, forms[i]);
+        r = http_post(port, "/v1/chat/completions", body, NULL);
+        got[i] = http_status(r) == 200 ? cached_tokens(r) : -2;
+        free(r);
+    }
+    CHECK(n_prompt > 16 && got[0] == 0 && got[1] == expect && got[2] == expect && got[3] == expect,
+          "serve: chat's cached_tokens of a %d-token conversation: %d, %d, streamed %d, n=3 %d (want 0, %d)",
+          n_prompt, got[0], got[1], got[2], got[3], expect);
+
+    /* chat (after the cache checks: its template's first tokens would be cached), n = 2: one id for both */
+    r = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                  "\"max_tokens\":2,\"n\":2}", "x-request-id: \"q\\uote\"\r\n");
+    CHECK(http_status(r) == 200 && strstr(r, "\r\nX-Request-Id: \"q\\uote\"\r\n") &&
+          starts_with(http_body(r), "{\"id\":\"chatcmpl-\\\"q\\\\uote\\\"\",\"object\":"
+                                    "\"chat.completion\",") &&
+          strstr(r, "\"index\":1,"), "serve: chat, n=2: chatcmpl-{X-Request-Id}, as JSON: %s", r ? r : "");
+    free(r);
+
+    /* /metrics: each name a router reads, with its type, and the cache's config */
+    r = http_get(port, "/metrics", NULL);
+    static const char *types[][2] = {
+        {"vllm:num_requests_running", "gauge"}, {"vllm:num_requests_waiting", "gauge"},
+        {"vllm:kv_cache_usage_perc", "gauge"}, {"vllm:prefix_cache_queries_total", "counter"},
+        {"vllm:prefix_cache_hits_total", "counter"}, {"vllm:cache_config_info", "gauge"},
+        {"vllm:request_queue_time_seconds", "histogram"}, {"vllm:request_prefill_time_seconds", "histogram"},
+        {"vllm:request_decode_time_seconds", "histogram"},
+        {"vllm:request_inference_time_seconds", "histogram"},
+        {"vllm:request_prompt_tokens", "histogram"}, {"vllm:request_generation_tokens", "histogram"}};
+    for (size_t i = 0; i < sizeof types / sizeof *types; i++) {
+        snprintf(want, sizeof want, "\n# TYPE %s %s\n%s", types[i][0], types[i][1], types[i][0]);
+        CHECK(r && strstr(r, want), "serve: /metrics has %s, a %s", types[i][0], types[i][1]);
+    }
+    snprintf(want, sizeof want, "\nvllm:cache_config_info{block_size=\"8\",enable_prefix_caching=\"True\","
+             "num_cpu_blocks=\"None\",num_gpu_blocks=\"%.0f\",engine=\"0\"} 1\n",
+             metric(port, "llm:kv_cache_blocks"));
+    CHECK(r && strstr(r, want) &&
+          strstr(r, "\nvllm:request_queue_time_seconds_bucket{model_name=\"stories260K\",engine=\"0\","
+                    "le=\"0.3\"} ") &&
+          strstr(r, "\nvllm:request_prompt_tokens_bucket{model_name=\"stories260K\",engine=\"0\","
+                    "le=\"2000.0\"} ") &&
+          !strstr(r, "le=\"5000.0\"") && strstr(r, ",le=\"+Inf\"} "),
+          "serve: the cache config and vLLM's buckets: %s", r ? r : "");
+    free(r);
+
+    /* llm bench serve --multi-turn 2:2: two conversations of two rounds; the hit rate from /metrics, read
+     * twice here (as two replicas would be): the sums of two equal deltas give the same rate */
+    char cmd[512];
+    int status;
+    snprintf(cmd, sizeof cmd, "./llm bench serve --port %d --multi-turn 2:2 --system-words 60 "
+             "--turn-words 8:12 --output-len 4:6 --session-header --metrics-url http://127.0.0.1:%d/metrics "
+             "--metrics-url http://127.0.0.1:%d 2>/dev/null", port, port, port);
+    r = run_command(cmd, &status);
+    const char *rate = r ? strstr(r, "\nPrefix cache hit rate:") : NULL;
+    const char *hits = r ? strstr(r, "\nPrefix cache hits (tokens):") : NULL;
+    double hit_rate = rate ? atof(rate + strlen("\nPrefix cache hit rate:")) : -1;
+    CHECK(status == 0 && r && strstr(r, "Successful requests:                     4\n") &&
+          strstr(r, "\nRound 1 requests:                        2\nRound 1 TTFT P50 (ms):") &&
+          strstr(r, "\nRound 1 TTFT P90 (ms):") &&
+          strstr(r, "\nRounds 2+ requests:                      2\n") &&
+          strstr(r, "\nRounds 2+ TTFT P50 (ms):") && strstr(r, "\nRounds 2+ TTFT P90 (ms):") &&
+          strstr(r, "\nReplicas read (/metrics):                2 of 2\n") && hits &&
+          atof(hits + strlen("\nPrefix cache hits (tokens):")) > 0 && hit_rate > 0 && hit_rate <= 1 &&
+          strstr(r, "\nCached prompt tokens (usage):"),
+          "llm bench serve --multi-turn: hit rate %g: %s", hit_rate, r ? r : "");
+    free(r);
+    CHECK(server_stop(&s) == 0, "serve: exit status 0");
+}
+
+/* SIGTERM drains: /health and new requests get 503 at once, the streams in flight run to [DONE], exit 0 */
+static void test_server_drain(void) {
+    test_server s;
+    if (server_start(&s, "--drain-timeout 60") != 0) { server_stop(&s); return; }
+    int fd = tcp_connect(s.port);
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2000,\"ignore_eos\":true,\"n\":2,"
+                       "\"stream\":true}";
+    char req[512], part[4096];
+    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nContent-Length: %zu\r\nX-Request-Id: "
+                     "long-1\r\n\r\n%s", strlen(body), body);
+    send_all(fd, req, (size_t)n);
+    ssize_t k = recv(fd, part, sizeof part - 1, 0); /* the stream has begun */
+    part[k > 0 ? k : 0] = 0;
+    kill(s.pid, SIGTERM);
+    char *health = http_get(s.port, "/health", NULL);
+    char *gen = http_post(s.port, "/v1/chat/completions",
+                          "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}",
+                          "X-Request-Id: late-1\r\n");
+    char *metrics = http_get(s.port, "/metrics", NULL);
+    const char *err = "{\"error\":{\"message\":\"the server is shutting down: it finishes the requests it "
+                      "has and takes no new ones\",\"type\":\"service_unavailable_error\",\"param\":null,"
+                      "\"code\":503}}";
+    CHECK(http_status(health) == 503 && !strcmp(http_body(health), err) &&
+          strstr(health, "\r\nConnection: close\r\n"),
+          "serve, draining: /health is 503: %s", health ? health : "");
+    CHECK(http_status(gen) == 503 && !strcmp(http_body(gen), err) &&
+          strstr(gen, "\r\nX-Request-Id: late-1\r\n"),
+          "serve, draining: a new request is 503: %s", gen ? gen : "");
+    CHECK(http_status(metrics) == 200 && strstr(metrics, "\nvllm:num_requests_running{"),
+          "serve, draining: /metrics still answers: %s", metrics ? metrics : "");
+    free(health); free(gen); free(metrics);
+    /* the stream goes on to its end */
+    char *rest = recv_all(fd, 60, NULL);
+    close(fd);
+    size_t n_all = strlen(part) + (rest ? strlen(rest) : 0);
+    char *all = (char *)malloc(n_all + 1);
+    if (all) snprintf(all, n_all + 1, "%s%s", part, rest ? rest : "");
+    char *ev = all ? dechunk(http_body(all)) : NULL;
+    static char text[1 << 16]; /* the texts, unread: 2000 tokens */
+    char fin0[16], fin1[16];
+    int ne0, ne1, done;
+    sse_collect(ev, 0, 0, text, sizeof text, &ne0, fin0, &done);
+    sse_collect(ev, 1, 0, text, sizeof text, &ne1, fin1, &done);
+    CHECK(k > 0 && !strcmp(fin0, "length") && !strcmp(fin1, "length") && done &&
+          ev && n_all > 5 && !strcmp(all + n_all - 5, "0\r\n\r\n") &&
+          strstr(all, "\r\nX-Request-Id: long-1\r\n"), "serve, draining: the stream runs to its end (%d + %d "
+          "events, %s/%s, done %d): %.300s ... %s", ne0, ne1, fin0, fin1, done, all ? all : "",
+          all && n_all > 300 ? all + n_all - 300 : "");
+    free(ev); free(rest); free(all);
+    int status = -1;
+    for (double t0 = test_now(); test_now() - t0 < 60 && waitpid(s.pid, &status, WNOHANG) == 0;)
+        usleep(10000);
+    char *log = read_file(s.log, NULL);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && log &&
+          strstr(log, "llm serve: SIGTERM: draining: /health and new requests get 503; 1 connections with "
+                      "requests to finish (60 s at most)\n") &&
+          strstr(log, "llm serve: cmpl-long-1 127.0.0.1: prompt 2 tokens (0 cached), output 4000 tokens, "),
+          "serve, draining: exit 0 once the stream is done: %s", log ? log : "");
+    free(log);
+    if (!WIFEXITED(status)) { kill(s.pid, SIGKILL); waitpid(s.pid, NULL, 0); }
+    remove(s.log);
 }
 
 /* Every command of README.md's ```sh blocks before "## Models" (the top and Usage), run as a user runs it
@@ -7096,6 +7389,7 @@ int main(int argc, char **argv) {
         {"server tools and reasoning", test_server_tools},
         {"server connections", test_server_connections},
         {"server sampling from the file", test_server_sampling_keys},
+        {"server replicas: ids, cache, metrics", test_server_replica}, {"server draining", test_server_drain},
         {"llm.h's layout", test_header_layout},
         {"README's commands", test_readme},
     };

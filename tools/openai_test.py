@@ -91,6 +91,34 @@ try:
     check(len(r.choices) == 2 and len(r.choices[0].logprobs.content) == 2
           and len(r.choices[0].logprobs.content[0].top_logprobs) == 2, f"chat logprobs: {r}")
 
+    # behind a load balancer: the client's X-Request-Id comes back and names the response (vLLM's cmpl-{id});
+    # usage.prompt_tokens_details.cached_tokens, the prompt's full blocks of 16 from the prefix cache the
+    # second time (all of a 40-token prompt but its last token's block: 32), streamed and not, n = 2 once
+    story = "Tom had a red kite. He ran up the hill with it. The wind was strong and the kite went up high."
+    raw = client.completions.with_raw_response.create(model="stories260K", prompt=story, max_tokens=2,
+                                                      extra_headers={"X-Request-Id": "oa-1"})
+    sc = raw.parse()
+    n_prompt = sc.usage.prompt_tokens
+    check(raw.headers.get("x-request-id") == "oa-1" and sc.id == "cmpl-oa-1",
+          f"X-Request-Id: {raw.headers} {sc}")
+    check(sc.usage.prompt_tokens_details.cached_tokens == 0, f"cached_tokens the first time: {sc.usage}")
+    sc = client.completions.create(model="stories260K", prompt=story, max_tokens=2, n=2)
+    check(sc.usage.prompt_tokens_details.cached_tokens == (n_prompt - 1) // 16 * 16 and n_prompt > 16,
+          f"cached_tokens of a {n_prompt}-token prompt again, n=2: {sc.usage}")
+    turn = [{"role": "user", "content": story}]
+    chunks, again = (list(client.chat.completions.create(model="stories260K", messages=turn, max_tokens=2,
+                                                         stream=True, stream_options={"include_usage": True}))
+                     for _ in range(2))
+    n_chat = again[-1].usage.prompt_tokens
+    check(chunks[-1].usage.prompt_tokens_details.cached_tokens < n_chat - 16
+          and again[-1].usage.prompt_tokens_details.cached_tokens == (n_chat - 1) // 16 * 16,
+          f"chat, streamed: cached_tokens {chunks[-1].usage} then {again[-1].usage}")
+    raw = client.chat.completions.with_raw_response.create(model="stories260K", max_tokens=1,
+                                                           messages=[{"role": "user", "content": "x"}])
+    check(re.fullmatch(r"[0-9a-f]{32}", raw.headers.get("x-request-id", "")) and
+          raw.parse().id == "chatcmpl-" + raw.headers["x-request-id"],
+          f"a minted X-Request-Id: {raw.headers}")
+
     # an invalid request surfaces as BadRequestError, with the field named; a wrong key as AuthenticationError
     try:
         client.completions.create(model="stories260K", prompt="x", max_tokens=0)
