@@ -7576,16 +7576,18 @@ int llm_chat_parse_reply(const llm_chat_template *ct, const char *s, size_t n, i
         if (k < n && s[k] == '{' && llm_reply_call(r, s, n, k, &e) >= 0) {
             if (!r->n_calls && !partial) llm_bytes_put(&content, s + i, n - i); /* no call after all */
         } else if (!partial || k < n) llm_bytes_put(&content, s + i, n - i);
-    } else if (tools && ct->tool_format == LLM_TOOLS_MISTRAL_ARGS) {
-        /* Mistral v11: text, then [TOOL_CALLS]name[CALL_ID]id[ARGS]{...} one after another (a call is read once
-         * its name is whole, that is at [ARGS]) */
+    } else if (tools && (ct->tool_format == LLM_TOOLS_MISTRAL || ct->tool_format == LLM_TOOLS_MISTRAL_ARGS)) {
+        /* Mistral: text, then the calls after [TOOL_CALLS]: v3 a list [{...}, ...] (the ids the model may
+         * write are not read: llm serve gives each call its own); v11 name[CALL_ID]id[ARGS]{...} one after
+         * another, each read once its name is whole (at [ARGS]) */
         static const char marker[] = "[TOOL_CALLS]";
         const char *at = NULL;
         for (size_t k = i; k + 12 <= n && !at; k++) if (!memcmp(s + k, marker, 12)) at = s + k;
         size_t text_end = at ? (size_t)(at - s) : n;
         if (!at && partial) text_end -= llm_marker_tail(s + i, n - i, marker);
         llm_bytes_put(&content, s + i, text_end - i);
-        for (size_t k = text_end; at && n - k >= 12 && !memcmp(s + k, marker, 12);) {
+        int v11 = ct->tool_format == LLM_TOOLS_MISTRAL_ARGS;
+        for (size_t k = text_end; at && v11 && n - k >= 12 && !memcmp(s + k, marker, 12);) {
             size_t name = k + 12, a = name, e;
             while (a < n && s[a] != '[') a++;
             size_t name_end = a;
@@ -7601,16 +7603,7 @@ int llm_chat_parse_reply(const llm_chat_template *ct, const char *s, size_t n, i
             if (!whole) break;
             for (k = e; k < n && llm_is_space(s[k]);) k++;
         }
-    } else if (tools && ct->tool_format == LLM_TOOLS_MISTRAL) {
-        /* Mistral v3: text, then [TOOL_CALLS][{...}, ...] (the ids the model may write are not read: llm serve
-         * gives each call its own) */
-        static const char marker[] = "[TOOL_CALLS]";
-        const char *at = NULL;
-        for (size_t k = i; k + 12 <= n && !at; k++) if (!memcmp(s + k, marker, 12)) at = s + k;
-        size_t text_end = at ? (size_t)(at - s) : n;
-        if (!at && partial) text_end -= llm_marker_tail(s + i, n - i, marker);
-        llm_bytes_put(&content, s + i, text_end - i);
-        size_t k = at ? (size_t)(at - s) + 12 : n, e;
+        size_t k = at && !v11 ? (size_t)(at - s) + 12 : n, e;
         while (k < n && llm_is_space(s[k])) k++;
         if (k < n && s[k] == '[') {
             for (k++;;) {

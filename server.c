@@ -2655,9 +2655,10 @@ static const char *bs_usage =
     "  --max-token-id ID      (default 500: fits a 512-token vocabulary)\n"
     "  --seed S               workload seed (default 0)\n"
     "  --timeout S            a request fails when the server is silent for S seconds (default 120)\n"
-    "multi-turn chat (vLLM production-stack's multi-round QA; --num-prompts, --request-rate, --input-len,\n"
-    "--max-concurrency and the token-id flags do not apply):\n"
-    "  --multi-turn U:R       U users at once, each a conversation of R rounds on /v1/chat/completions\n"
+    "multi-turn chat (vLLM production-stack's multi-round QA; --num-prompts, --input-len, --max-concurrency\n"
+    "and the token-id flags do not apply):\n"
+    "  --multi-turn U:R       U users at once (or joining at --request-rate users per second, one after\n"
+    "                         another), each a conversation of R rounds on /v1/chat/completions\n"
     "                         (unless --endpoint): every round sends the whole conversation so far, the\n"
     "                         model's answers included, and a new user turn; prints TTFT p50/p90 of\n"
     "                         round 1 and of rounds 2+, and the prefix cache's hit rate\n"
@@ -3363,6 +3364,11 @@ static void *bs_user_thread(void *arg) {
     bs_buf history = {0}, body = {0}; /* history: the messages after the system one, each after a comma */
     char session[64];
     snprintf(session, sizeof session, "x-session-id: user-%d\r\n", u->user);
+    if (isfinite(b->rate) && u->user > 0) { /* --request-rate: users join one after another */
+        double wait = u->user / b->rate;
+        struct timespec ts = {(time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
     pthread_mutex_lock(&b->mu);
     b->in_flight++;
     pthread_mutex_unlock(&b->mu);

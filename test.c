@@ -6111,11 +6111,12 @@ static void test_server_replica(void) {
           "serve: the cache config and vLLM's buckets: %s", r ? r : "");
     free(r);
 
-    /* llm bench serve --multi-turn 2:2: two conversations of two rounds; the hit rate from /metrics, read
-     * twice here (as two replicas would be): the sums of two equal deltas give the same rate */
+    /* llm bench serve --multi-turn 2:2: two conversations of two rounds (the second user joining 50 ms
+     * after the first); the hit rate from /metrics, read twice here (as two replicas would be): the sums of
+     * two equal deltas give the same rate */
     char cmd[512];
     int status;
-    snprintf(cmd, sizeof cmd, "./llm bench serve --port %d --multi-turn 2:2 --system-words 60 "
+    snprintf(cmd, sizeof cmd, "./llm bench serve --port %d --multi-turn 2:2 --request-rate 20 --system-words 60 "
              "--turn-words 8:12 --output-len 4:6 --session-header --metrics-url http://127.0.0.1:%d/metrics "
              "--metrics-url http://127.0.0.1:%d 2>/dev/null", port, port, port);
     r = run_command(cmd, &status);

@@ -22,14 +22,15 @@ Affinity is measured one request at a time on purpose: the shipped config bounds
 requests in flight (hash-balance-factor 150), and under a burst a request past that bound goes to the next
 replica on the ring; the test checks where the hash sends conversations, the figure what that pays under load.
 
-The figure runs one multi-turn workload (a shared system prompt, each user's history growing, answers
-appended) twice through HAProxy, with `balance roundrobin` (LLM_LB_BALANCE=roundrobin) and with the shipped
-prefix-affinity config, on fresh replicas each time: prefix-cache hit rate from the replicas' /metrics before
-and after, TTFT p50/p90 of rounds 2+ from the streams. Timings belong to the figure, never to the test.
+The figure runs one multi-turn workload, `llm bench serve --multi-turn` (a shared system prompt, each user's
+history growing, answers appended), twice through HAProxy, with `balance roundrobin`
+(LLM_LB_BALANCE=roundrobin) and with the shipped prefix-affinity config, on fresh replicas each time: the
+bench's prefix-cache hit rate (from the replicas' /metrics before and after) and TTFT p50/p90 of rounds 2+.
+Timings belong to the figure, never to the test.
 
 Everything it starts (replicas, HAProxy) is stopped when it ends, and dies with it if it is killed (parent-
 death signal); every request has a time-out and the whole run a deadline (--deadline). Loopback only.
-Standard library only.
+Standard library only (and the llm binary: its bench drives the figure).
 """
 import argparse
 import ctypes
@@ -604,60 +605,57 @@ def pct(xs, p):
     return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (k - lo)
 
 
-def figure_system_prompt(n_words):
-    rng = random.Random(42)
-    rules = []
-    while sum(len(r.split()) for r in rules) < n_words:
-        rules.append("Rule %d: when the story has a %s and a %s, the %s must help the %s near the %s." %
-                     (len(rules) + 1, *(rng.choice(WORDS) for _ in range(5))))
-    return "You are a helpful assistant for a children's story service. Follow these rules. " + " ".join(rules)
+def success_counts(port):
+    """Requests a replica finished (vllm:request_success_total, all reasons), from its /metrics."""
+    status, text = get(port, "/metrics")
+    return sum(float(m.group(1)) for m in
+               re.finditer(r"^vllm:request_success_total(?:\{[^}]*\})? ([0-9.e+]+)$", text or "", re.M))
+
+
+def bench_figure(text, label):
+    """A number from llm bench serve's summary: the line that starts with label."""
+    m = re.search(r"^%s:?\s+([0-9.]+)" % re.escape(label), text, re.M)
+    return float(m.group(1)) if m else float("nan")
 
 
 def run_workload(a, balance, work, log):
+    """The multi-turn workload through HAProxy, as users run it: llm bench serve --multi-turn, reading each
+    replica's /metrics for the prefix cache's hits."""
     cl = Cluster(a.llm, a.model, work, balance=balance, serve_args=a.serve_args.split())
     try:
         cl.start()
-        before = [prefix_counters(p) for p in cl.ports]
-        convs = make_conversations(a.users, figure_system_prompt(a.system_words), seed=5,
-                                   first_words=a.user_words, words_per_turn=a.user_words)
-        results = []  # (round, reply)
-        lock = threading.Lock()
-
-        def user(c):
-            time.sleep(c.cid * a.stagger)  # users arrive one after another, then overlap
-            for rnd in range(1, a.rounds + 1):
-                r = post(cl.lb, CHAT, c.request(a.max_tokens, stream=True), timeout=300)
-                with lock:
-                    results.append((rnd, c.cid, r))
-                if not r.ok:
-                    return
-                c.answered(r.text)
+        before = [success_counts(p) for p in cl.ports]
+        cmd = [a.llm, "bench", "serve", "--port", str(cl.lb), "--multi-turn", "%d:%d" % (a.users, a.rounds),
+               "--system-words", str(a.system_words), "--turn-words", a.turn_words,
+               "--output-len", "%d:%d" % (a.max_tokens, a.max_tokens), "--seed", "5", "--timeout", "300",
+               "--request-rate", str(a.join_rate)]
+        for p in cl.ports:
+            cmd += ["--metrics-url", "http://127.0.0.1:%d/metrics" % p]
         t0 = time.monotonic()
-        threads = [threading.Thread(target=user, args=(c,), daemon=True) for c in convs]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(600)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
         wall = time.monotonic() - t0
-        after = [prefix_counters(p) for p in cl.ports]
+        after = [success_counts(p) for p in cl.ports]
     finally:
         cl.stop()
         stop_all()
-    hits = sum(x[0] - y[0] for x, y in zip(after, before))
-    queries = sum(x[1] - y[1] for x, y in zip(after, before))
-    ok = [(rnd, cid, r) for rnd, cid, r in results if r.ok and r.t_first]
-    ttft2 = [r.t_first - r.t_start for rnd, cid, r in ok if rnd >= 2]
-    per_replica = {}
-    for rnd, cid, r in ok:
-        per_replica[r.served_by] = per_replica.get(r.served_by, 0) + 1
-    split = len({cid for rnd, cid, r in ok if r.served_by != next(r2.served_by for rn2, c2, r2 in ok
-                                                                     if c2 == cid and rn2 == 1)})
-    res = {"balance": balance or "hash (shipped)", "requests": len(results), "failed": len(results) - len(ok),
-           "hits": hits, "queries": queries, "hit_rate": hits / queries if queries else float("nan"),
-           "misses": queries - hits, "ttft_p50": pct(ttft2, 50), "ttft_p90": pct(ttft2, 90),
-           "n_ttft": len(ttft2), "wall": wall, "per_replica": per_replica, "moved": split}
-    log("  %-16s requests %d (failed %d), per replica %s, users whose turns changed replica %d, wall %.1f s" %
-        (res["balance"], res["requests"], res["failed"], dict(sorted(per_replica.items())), split, wall))
+    text = out.stdout
+    per_replica = {n: int(x - y) for n, x, y in zip(NAMES, after, before)}
+    res = {"balance": balance or "hash (shipped)", "cmd": " ".join(os.path.relpath(c, ROOT) if c == a.llm else c
+                                                                   for c in cmd),
+           "requests": bench_figure(text, "Successful requests"), "failed": bench_figure(text, "Failed requests"),
+           "queries": bench_figure(text, "Prefix cache queries (tokens)"),
+           "hits": bench_figure(text, "Prefix cache hits (tokens)"),
+           "hit_rate": bench_figure(text, "Prefix cache hit rate"),
+           "ttft_p50": bench_figure(text, "Rounds 2+ TTFT P50 (ms)") / 1000,
+           "ttft_p90": bench_figure(text, "Rounds 2+ TTFT P90 (ms)") / 1000,
+           "n_ttft": bench_figure(text, "Rounds 2+ requests"), "wall": wall, "per_replica": per_replica,
+           "rc": out.returncode}
+    res["misses"] = res["queries"] - res["hits"]
+    log("  %-16s %s" % (res["balance"], res["cmd"]))
+    log("  %-16s exit %d, requests %d (failed %d), finished per replica %s, wall %.1f s" %
+        (res["balance"], out.returncode, res["requests"], res["failed"], per_replica, wall))
+    if out.returncode != 0:
+        log("  llm bench serve failed: %s" % out.stderr.strip()[-400:])
     return res
 
 
@@ -677,10 +675,10 @@ def run_figure(a):
         (os.path.relpath(a.model, ROOT), a.serve_args, (haproxy_version() or "haproxy ?")))
     log("# machine: %d cores (%s), load average before: %s" %
         (os.cpu_count(), cpu_name(), " ".join("%.2f" % x for x in os.getloadavg())))
-    log("# workload: %d users x %d rounds, streaming chat, temperature 0, max_tokens %d; a shared system "
-        "prompt of %d words, each user's first message and each later one %d words, answers appended; "
-        "users start %.1f s apart and then overlap" % (a.users, a.rounds, a.max_tokens, a.system_words,
-                                                       a.user_words, a.stagger))
+    log("# workload: llm bench serve --multi-turn %d:%d (users joining at %g a second, then all at once; "
+        "streaming chat; a shared system prompt of %d words, user turns of %s words, answers of %d tokens "
+        "appended), through HAProxy, the hit rate from the replicas' /metrics" %
+        (a.users, a.rounds, a.join_rate, a.system_words, a.turn_words, a.max_tokens))
     rr = run_workload(a, "roundrobin", work, log)
     af = run_workload(a, None, work, log)
     log("")
@@ -701,7 +699,7 @@ def run_figure(a):
     shutil.rmtree(work, ignore_errors=True)
     if out:
         out.close()
-    return 0 if not rr["failed"] and not af["failed"] else 1
+    return 0 if not rr["failed"] and not af["failed"] and not rr["rc"] and not af["rc"] else 1
 
 
 def haproxy_version():
@@ -736,8 +734,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--system-words", type=int, default=250)
-    ap.add_argument("--user-words", type=int, default=20)
-    ap.add_argument("--stagger", type=float, default=0.5)
+    ap.add_argument("--turn-words", default="20:20", help="--figure: each user turn's words, MIN:MAX")
+    ap.add_argument("--join-rate", type=float, default=1.0, help="--figure: users joining per second")
     ap.add_argument("--serve-args", default="--kv-gib 0.5", help="--figure: more llm serve flags")
     a = ap.parse_args()
     if a.model is None:
