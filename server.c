@@ -295,6 +295,7 @@ struct srv_req {
     int prompt_logprobs;            /* vLLM's prompt_logprobs: -1 none, else K */
     int score_only;                 /* echo with max_tokens 0: the prompt and its logprobs, no completion */
     char id[16 + SRV_MAX_REQUEST_ID]; /* "cmpl-" or "chatcmpl-" and the X-Request-Id, as vLLM names them */
+    uint64_t call_id_seed;          /* its tool calls' ids are drawn from this (a client may reuse its id) */
     long long created;
     srv_prompt *prompts;            /* [n_prompts] */
     int n_prompts;
@@ -1061,18 +1062,15 @@ static void put_id_chars(char *out, int n, uint64_t h) {
     out[n] = 0;
 }
 
-static uint64_t fnv1a(uint64_t h, const char *s) {
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
 /* A call's id as Mistral's templates take it: 9 letters and digits (the id itself when it is so already) */
 static const char *mistral_call_id(const char *id, char out[10]) {
     size_t n = strlen(id);
     int plain = n == 9;
     for (size_t i = 0; plain && i < n; i++) plain = isalnum((unsigned char)id[i]) != 0;
     if (plain) return id;
-    put_id_chars(out, 9, fnv1a(1469598103934665603ull, id));
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const char *p = id; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    put_id_chars(out, 9, h);
     return out;
 }
 
@@ -1458,7 +1456,7 @@ static void choice_reset_logprobs(srv_choice *ch) {
 /* The id of choice ci's call k: "call_" and 24 letters and digits, or 9 of them for Mistral's models (their
  * templates take no other); the same every time the reply is read, streamed or not */
 static void put_tool_call_id(sbuf *b, const srv_req *r, int ci, int k) {
-    uint64_t h = fnv1a(1469598103934665603ull, r->id);
+    uint64_t h = r->call_id_seed;
     h = (h ^ (uint64_t)ci) * 1099511628211ull;
     h = (h ^ (uint64_t)k) * 1099511628211ull;
     char id[30] = "call_";
@@ -1923,6 +1921,7 @@ static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int
     /* vLLM's ids: chatcmpl-{X-Request-Id}, cmpl-{X-Request-Id}; the n choices and the prompts of a list share
      * it, as they share the response (a tool call's id adds the choice's index) */
     snprintf(r->id, sizeof r->id, "%s-%s", kind == REQ_CHAT ? "chatcmpl" : "cmpl", conn_request_id(S, c));
+    r->call_id_seed = llm_splitmix64(&S->id_rng);
     llm_sampling_params p;
     int rc = -1;
     double x;
