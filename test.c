@@ -5300,6 +5300,94 @@ static void test_server_prompt_logprobs(void) {
  * that thinks): the thinking split from the answer (a grammar makes the model write <think>...</think>), whole
  * and streamed; the prompt /tokenize gives with thinking off is the chat REPL's; a continued last message; a
  * required call; and each bad shape of tools and messages a 400 naming its field. */
+/* A copy of stories260K whose tokenizer.chat_template is the text of template_file (and a padding key after it,
+ * so that what follows moves by a multiple of the alignment and the tensors' offsets hold), at path (room for
+ * 64). 0 on success. */
+static int stories_with_template(const char *template_file, char *path) {
+    size_t n, t_len;
+    char *file = read_file(model_path("stories260K.gguf"), &n), *tmpl = read_file(template_file, &t_len);
+    if (!file || !tmpl || n < 24) { free(file); free(tmpl); return -1; }
+    tok_gguf_buf *kv = (tok_gguf_buf *)calloc(1, sizeof *kv);
+    char *buf = NULL;
+    int ok = 0;
+    /* the two keys, written with the made-up vocabularies' writer (its buffer holds the template's 4 KB) */
+    static const char key[] = "tokenizer.chat_template", pad_key[] = "general.padding";
+    size_t kv_len = 8 + strlen(key) + 4 + 8 + t_len, pad_len = 8 + strlen(pad_key) + 4 + 8;
+    size_t fill = (32 - (kv_len + pad_len) % 32) % 32;
+    if (kv && kv_len + pad_len + fill <= sizeof kv->data) {
+        char *spaces = (char *)malloc(fill + 1);
+        if (spaces) {
+            memset(spaces, ' ', fill); spaces[fill] = 0;
+            tok_gguf_kv_str(kv, key, tmpl);
+            tok_gguf_kv_str(kv, pad_key, spaces);
+            free(spaces);
+            ok = kv->n % 32 == 0 && kv->n <= sizeof kv->data;
+        }
+    }
+    /* header (magic, version, tensor count, key count), the new keys, then the rest as it was */
+    if (ok && (buf = (char *)malloc(n + kv->n)) != NULL) {
+        uint64_t n_kv;
+        memcpy(buf, file, 24);
+        memcpy(&n_kv, file + 16, 8);
+        n_kv += 2;
+        memcpy(buf + 16, &n_kv, 8);
+        memcpy(buf + 24, kv->data, kv->n);
+        memcpy(buf + 24 + kv->n, file + 24, n - 24);
+        strcpy(path, "/tmp/llm-test-template-XXXXXX");
+        int fd = mkstemp(path);
+        ok = fd >= 0 && write(fd, buf, n + kv->n) == (ssize_t)(n + kv->n);
+        if (fd >= 0) close(fd);
+    }
+    free(buf); free(kv); free(file); free(tmpl);
+    return ok ? 0 : -1;
+}
+
+/* Mistral's tools through llm serve, on stories260K wearing Mistral Nemo's template: a call under the
+ * grammar gets an id of 9 letters and digits, and ids of other lengths sent back in the history (as any
+ * client may) are made 9 long, the same for a call and its result, so the template takes them. */
+static void test_server_mistral_tools(void) {
+    char path[64], extra[128];
+    if (stories_with_template("testdata/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja", path) != 0) {
+        CHECK(0, "a copy of stories260K with Mistral Nemo's template");
+        return;
+    }
+    snprintf(extra, sizeof extra, "-m %s", path);
+    test_server srv;
+    if (server_start(&srv, extra) != 0) { server_stop(&srv); remove(path); return; }
+    static const char tools[] = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+        "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"enum\":[\"Paris\",\"Rome\"]}},"
+        "\"required\":[\"city\"],\"additionalProperties\":false}}}]";
+    char body[2048];
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"}],%s,"
+             "\"tool_choice\":\"required\",\"parallel_tool_calls\":false,\"max_tokens\":200,\"seed\":1}", tools);
+    char *r = http_post(srv.port, "/v1/chat/completions", body, NULL);
+    const char *id = r ? strstr(r, "\"tool_calls\":[{\"id\":\"") : NULL;
+    int id_len = 0;
+    while (id && isalnum((unsigned char)id[21 + id_len])) id_len++;
+    CHECK(http_status(r) == 200 && id && id_len == 9 && id[21 + 9] == '"' &&
+          strstr(r, "\"name\":\"get_weather\"") && strstr(r, "\"finish_reason\":\"tool_calls\"") &&
+          !strstr(r, "TOOL_CALLS"), "Mistral: a required call, its id 9 letters and digits: %s", r);
+    free(r);
+    /* a whole loop whose ids are OpenAI's length: made 9 long, so the template takes the conversation */
+    static const char loop[] = "{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\",\"content\":null,"
+        "\"tool_calls\":[{\"id\":\"call_0123456789abcdefABCDEF\",\"type\":\"function\",\"function\":{\"name\":"
+        "\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Rome\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
+        "\"call_0123456789abcdefABCDEF\",\"content\":\"24\"}";
+    snprintf(body, sizeof body, "{\"messages\":[%s],%s,\"max_tokens\":4}", loop, tools);
+    r = http_post(srv.port, "/v1/chat/completions", body, NULL);
+    CHECK(http_status(r) == 200, "Mistral: a call and its result with ids of 29 characters: %s", r);
+    free(r);
+    /* questions and answers out of turn: Mistral's templates refuse them, and so does the server */
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\","
+             "\"content\":\"b\"}],\"max_tokens\":4}");
+    r = http_post(srv.port, "/v1/chat/completions", body, NULL);
+    CHECK(http_status(r) == 400 && strstr(http_body(r), "\"param\":\"messages\""),
+          "Mistral: two questions in a row are a 400 naming messages: %s", r);
+    free(r);
+    CHECK(server_stop(&srv) == 0, "serve (Mistral's template): exit status 0");
+    remove(path);
+}
+
 static void test_server_tools(void) {
     char extra[1024], err[LLM_ERR_LEN];
     snprintf(extra, sizeof extra, "-m %s", model_path("random-qwen3-qknorm.gguf"));
@@ -7387,7 +7475,7 @@ int main(int argc, char **argv) {
         {"chat, piped", test_chat_piped}, {"chat on a terminal", test_chat_terminal},
         {"server endpoints", test_server_endpoints}, {"server prompt logprobs", test_server_prompt_logprobs},
         {"server errors", test_server_errors}, {"server structured output", test_server_structured},
-        {"server tools and reasoning", test_server_tools},
+        {"server tools and reasoning", test_server_tools}, {"server tools, Mistral", test_server_mistral_tools},
         {"server connections", test_server_connections},
         {"server sampling from the file", test_server_sampling_keys},
         {"server replicas: ids, cache, metrics", test_server_replica}, {"server draining", test_server_drain},
