@@ -1516,6 +1516,10 @@ static int kv_free_memory(const cuda_ctx *c, size_t *out, char *err) {
 }
 
 extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, char *err) {
+    if (m->cfg.arch == LLM_ARCH_GEMMA3) { /* its windows, norms and GeGLU are in the CPU backend only, so far */
+        fail(err, "the CUDA backend does not run gemma3 yet: use --cpu");
+        return NULL;
+    }
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
     llm_backend *be = (llm_backend *)calloc(1, sizeof *be);
     if (!c || !be) { free(c); free(be); fail(err, "out of host memory"); return NULL; }

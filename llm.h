@@ -188,7 +188,7 @@ void llm_qblock_unpack(uint32_t type, const void *block, llm_qblock *b);
 /* -----------------------------------------------------------------------------------------------------------
  * 2. Model: the configuration from the metadata, and the weights
  * -------------------------------------------------------------------------------------------------------- */
-enum llm_arch { LLM_ARCH_LLAMA, LLM_ARCH_QWEN2, LLM_ARCH_QWEN3 };
+enum llm_arch { LLM_ARCH_LLAMA, LLM_ARCH_QWEN2, LLM_ARCH_QWEN3, LLM_ARCH_GEMMA3, LLM_ARCH_COUNT };
 
 typedef struct {
     int arch;                 /* enum llm_arch */
@@ -196,6 +196,10 @@ typedef struct {
     int rope_dim;             /* leading dims of each head that RoPE rotates (usually head_dim) */
     int rope_neox;            /* 1: rotate x[i] with x[i + rope_dim/2] (qwen); 0: adjacent pairs (llama) */
     float rope_base, rms_eps;
+    /* Gemma 3: local layers attend to the last sliding_window positions only, with their own RoPE base; every
+     * swa_pattern-th layer is global (0: no window) */
+    int sliding_window, swa_pattern;
+    float rope_base_swa;
 } llm_config;
 
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; } llm_weight; /* rows of cols values */
@@ -203,6 +207,7 @@ typedef struct { const void *data; uint32_t type; int64_t rows, cols; } llm_weig
 typedef struct {
     llm_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm; /* b*, *_norm: data NULL when absent */
     llm_weight ffn_norm, w_gate, w_up, w_down;
+    llm_weight post_attn_norm, post_ffn_norm; /* Gemma 3: the norms of each block's output (else absent) */
 } llm_layer;
 
 typedef struct llm_tokenizer llm_tokenizer;
@@ -1310,7 +1315,7 @@ void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n
 /* ===========================================================================================================
  * 2. Model: the configuration from the metadata, the weights as typed pointers into the mapped file
  * ======================================================================================================== */
-static const char *llm_arch_names[] = {"llama", "qwen2", "qwen3"};
+static const char *llm_arch_names[LLM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "gemma3"};
 
 /* Weights stay in the file's type; the forward pass converts one row at a time (llm_dtype_dequant_row). rows
  * 0: a vector (a norm or a bias), which must be f32. */
@@ -1366,9 +1371,9 @@ static int llm_model_read_config(llm_model *m, char *err) {
     llm_str arch = llm_gguf_string(g, "general.architecture");
     if (!arch.ptr) return llm_fail(err, "model file has no general.architecture key");
     c->arch = -1;
-    for (int i = 0; i < 3; i++) if (llm_str_eq(arch, llm_arch_names[i])) c->arch = i;
+    for (int i = 0; i < LLM_ARCH_COUNT; i++) if (llm_str_eq(arch, llm_arch_names[i])) c->arch = i;
     if (c->arch < 0)
-        return llm_fail(err, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3)",
+        return llm_fail(err, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, gemma3)",
                         (int)arch.len, arch.ptr);
     /* keys are prefixed by the architecture: llama.embedding_length, qwen2.block_count, ... Every number is
      * checked against its range before it is used (a count drives allocations; a cast of a value out of range
@@ -1389,6 +1394,11 @@ static int llm_model_read_config(llm_model *m, char *err) {
     LLM_INT(rope_dim, "rope.dimension_count", c->head_dim, 2, c->head_dim);
     LLM_FLOAT(rms_eps, "attention.layer_norm_rms_epsilon", 1e-5, 1e-12, 1.0);
     LLM_FLOAT(rope_base, "rope.freq_base", 10000.0, 1.0, 1e12);
+    if (c->arch == LLM_ARCH_GEMMA3) { /* llama.cpp's pattern: 5 local layers, then a global one */
+        LLM_INT(sliding_window, "attention.sliding_window", 0, 0, 1 << 24);
+        LLM_FLOAT(rope_base_swa, "rope.freq_base_swa", 10000.0, 1.0, 1e12);
+        c->swa_pattern = 6;
+    }
 #undef LLM_INT
 #undef LLM_FLOAT
     const char *an = llm_arch_names[c->arch];
@@ -1418,7 +1428,8 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
     if (!m->output.data) m->output = m->tok_embd; /* tied output embedding */
     m->layers = (llm_layer *)calloc((size_t)c->n_layers, sizeof(llm_layer));
     if (!m->layers) return llm_fail(err, "out of memory");
-    int qwen2 = c->arch == LLM_ARCH_QWEN2, qwen3 = c->arch == LLM_ARCH_QWEN3;
+    int qwen2 = c->arch == LLM_ARCH_QWEN2, qk_norm = c->arch == LLM_ARCH_QWEN3 || c->arch == LLM_ARCH_GEMMA3;
+    int gemma3 = c->arch == LLM_ARCH_GEMMA3;
     for (int l = 0; l < c->n_layers; l++) {
         llm_layer *L = &m->layers[l];
         char name[96];
@@ -1430,8 +1441,10 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
             LLM_W(wo, "attn_output.weight", q_dim, c->dim, 1) ||
             LLM_W(bq, "attn_q.bias", q_dim, 0, qwen2) || LLM_W(bk, "attn_k.bias", kv_dim, 0, qwen2) ||
             LLM_W(bv, "attn_v.bias", kv_dim, 0, qwen2) ||
-            LLM_W(q_norm, "attn_q_norm.weight", c->head_dim, 0, qwen3) ||
-            LLM_W(k_norm, "attn_k_norm.weight", c->head_dim, 0, qwen3) ||
+            LLM_W(q_norm, "attn_q_norm.weight", c->head_dim, 0, qk_norm) ||
+            LLM_W(k_norm, "attn_k_norm.weight", c->head_dim, 0, qk_norm) ||
+            LLM_W(post_attn_norm, "post_attention_norm.weight", c->dim, 0, gemma3) ||
+            LLM_W(post_ffn_norm, "post_ffw_norm.weight", c->dim, 0, gemma3) ||
             LLM_W(ffn_norm, "ffn_norm.weight", c->dim, 0, 1) ||
             LLM_W(w_gate, "ffn_gate.weight", c->dim, c->ffn_dim, 1) ||
             LLM_W(w_up, "ffn_up.weight", c->dim, c->ffn_dim, 1) ||
@@ -4610,8 +4623,8 @@ static void llm_rmsnorm(float *out, const float *x, const float *weight, int n, 
 /* Rotate the first rope_dim values of one head by position pos. The angle of pair i is
  * pos * base^(-2i/rope_dim), built by repeated multiplication as llama.cpp does, so that greedy outputs match
  * it bit for bit more often. */
-static void llm_rope(float *x, int pos, const llm_config *c) {
-    float theta_scale = powf(c->rope_base, -2.0f / (float)c->rope_dim), theta = (float)pos;
+static void llm_rope(float *x, int pos, const llm_config *c, float base) {
+    float theta_scale = powf(base, -2.0f / (float)c->rope_dim), theta = (float)pos;
     int half = c->rope_dim / 2;
     for (int i = 0; i < half; i++, theta *= theta_scale) {
         float cs = cosf(theta), sn = sinf(theta);
@@ -4697,22 +4710,25 @@ static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
  * block table. kv_head: the K/V head this query head shares with the rest of its group (grouped-query
  * attention). scores: room for pos + 1 values. */
 static void llm_cpu_attention(const llm_cpu *c, int layer, const int32_t *block_table, int pos, int kv_head,
-                              const float *q, float *scores, float *out) {
+                              int window, const float *q, float *scores, float *out) {
     int hd = c->model->cfg.head_dim, n_ctx = pos + 1, bs = c->block_size;
+    int first = window > 0 && n_ctx > window ? n_ctx - window : 0; /* a local layer: the last window only */
     size_t per_slot = (size_t)c->model->cfg.n_kv_heads * hd; /* a block's slots are per_slot values apart */
     float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY, sum = 0;
-    for (int p0 = 0; p0 < n_ctx; p0 += bs) { /* block by block: the block table is read once per block */
+    for (int p0 = first - first % bs; p0 < n_ctx; p0 += bs) { /* block by block: the table read once each */
         const float *kp = llm_cpu_kv_at(c, c->k, layer, block_table, p0) + kv_head * hd;
         for (int p = p0; p < n_ctx && p < p0 + bs; p++, kp += per_slot) {
+            if (p < first) continue;
             scores[p] = llm_dot(q, kp, hd) * scale;
             if (scores[p] > mx) mx = scores[p];
         }
     }
-    for (int p = 0; p < n_ctx; p++) { scores[p] = expf(scores[p] - mx); sum += scores[p]; }
+    for (int p = first; p < n_ctx; p++) { scores[p] = expf(scores[p] - mx); sum += scores[p]; }
     memset(out, 0, (size_t)hd * sizeof(float));
-    for (int p0 = 0; p0 < n_ctx; p0 += bs) {
+    for (int p0 = first - first % bs; p0 < n_ctx; p0 += bs) {
         const float *vp = llm_cpu_kv_at(c, c->v, layer, block_table, p0) + kv_head * hd;
         for (int p = p0; p < n_ctx && p < p0 + bs; p++, vp += per_slot) {
+            if (p < first) continue;
             float w = scores[p] / sum;
             for (int i = 0; i < hd; i++) out[i] += w * vp[i];
         }
@@ -4781,9 +4797,17 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
     const uint8_t *emb = (const uint8_t *)m->tok_embd.data;
     for (int t = 0; t < T; t++)
         llm_dtype_dequant_row(m->tok_embd.type, emb + emb_row * (size_t)b->tokens[t], x + (size_t)t * D, D);
+    if (cf->arch == LLM_ARCH_GEMMA3) { /* Gemma scales its embeddings by sqrt(dim) */
+        float scale = sqrtf((float)D);
+        for (size_t i = 0; i < (size_t)T * D; i++) x[i] *= scale;
+    }
 
     for (int l = 0; l < cf->n_layers; l++) {
         const llm_layer *L = &m->layers[l];
+        /* Gemma 3's local layers: a window of the last positions, and a RoPE base of their own */
+        int local = cf->sliding_window > 0 && (l + 1) % cf->swa_pattern != 0;
+        int window = local ? cf->sliding_window : 0;
+        float rope_base = local ? cf->rope_base_swa : cf->rope_base;
         /* attention block: the normalised stream projected to queries, keys and values */
         for (int t = 0; t < T; t++)
             llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->attn_norm.data, D,
@@ -4803,12 +4827,12 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
             for (int h = 0; h < cf->n_heads; h++) {
                 if (L->q_norm.data)
                     llm_rmsnorm(qt + h * hd, qt + h * hd, (const float *)L->q_norm.data, hd, cf->rms_eps);
-                llm_rope(qt + h * hd, b->positions[t], cf);
+                llm_rope(qt + h * hd, b->positions[t], cf, rope_base);
             }
             for (int h = 0; h < cf->n_kv_heads; h++) {
                 if (L->k_norm.data)
                     llm_rmsnorm(kt + h * hd, kt + h * hd, (const float *)L->k_norm.data, hd, cf->rms_eps);
-                llm_rope(kt + h * hd, b->positions[t], cf);
+                llm_rope(kt + h * hd, b->positions[t], cf, rope_base);
             }
             const int32_t *bt = b->block_tables[seq_of[t]];
             memcpy(llm_cpu_kv_at(c, c->k, l, bt, b->positions[t]), kt, (size_t)kv_dim * sizeof(float));
@@ -4826,23 +4850,35 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
             for (int th = 0; th < T * cf->n_heads; th++) {
                 int t = th / cf->n_heads, h = th % cf->n_heads;
                 if (scores)
-                    llm_cpu_attention(c, l, b->block_tables[seq_of[t]], b->positions[t], h / group,
+                    llm_cpu_attention(c, l, b->block_tables[seq_of[t]], b->positions[t], h / group, window,
                                       q + (size_t)t * q_dim + h * hd, scores,
                                       att + (size_t)t * q_dim + h * hd);
             }
             free(scores);
         }
-        /* the output projection, added to the residual stream */
+        /* the output projection (Gemma 3: normalised), added to the residual stream */
         failed |= llm_matmul(delta, att, &L->wo, T, ex);
+        for (int t = 0; L->post_attn_norm.data && t < T; t++)
+            llm_rmsnorm(delta + (size_t)t * D, delta + (size_t)t * D, (const float *)L->post_attn_norm.data, D,
+                        cf->rms_eps);
         for (size_t i = 0; i < (size_t)T * D; i++) x[i] += delta[i];
 
-        /* feed-forward block (SwiGLU): down(silu(gate(xn)) * up(xn)), added to the residual stream */
+        /* feed-forward block: down(act(gate(xn)) * up(xn)), act SiLU (SwiGLU) or, for Gemma, GELU's tanh
+         * form (GeGLU); Gemma 3 normalises the output too; added to the residual stream */
         for (int t = 0; t < T; t++)
             llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->ffn_norm.data, D,
                         cf->rms_eps);
         failed |= llm_matmul(gate, xn, &L->w_gate, T, ex) | llm_matmul(up, xn, &L->w_up, T, ex);
-        for (size_t i = 0; i < (size_t)T * F; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+        if (cf->arch == LLM_ARCH_GEMMA3)
+            for (size_t i = 0; i < (size_t)T * F; i++) {
+                float g = gate[i];
+                gate[i] = 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * up[i];
+            }
+        else for (size_t i = 0; i < (size_t)T * F; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
         failed |= llm_matmul(delta, gate, &L->w_down, T, ex);
+        for (int t = 0; L->post_ffn_norm.data && t < T; t++)
+            llm_rmsnorm(delta + (size_t)t * D, delta + (size_t)t * D, (const float *)L->post_ffn_norm.data, D,
+                        cf->rms_eps);
         for (size_t i = 0; i < (size_t)T * D; i++) x[i] += delta[i];
     }
     /* the final norm and the output matrix, only for the rows that need logits: a prefill of 500 tokens

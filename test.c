@@ -928,6 +928,48 @@ static void test_random_models_reference(void) {
                             "llama.cpp's");
 }
 
+/* The architectures added since those four, each its random model against llama.cpp's greedy ids: on the exact
+ * path and the default one, at block sizes 1, 16 and 64, alone and batched behind another prompt (Gemma 3:
+ * its 24 tokens run past the local layers' window of 8) */
+static void test_random_archs_reference(void) {
+    ref_case *cases = (ref_case *)calloc(16, sizeof *cases);
+    int n = load_ref_cases("random-archs-greedy.json", "completion_token_ids", cases, 16), checked = 0;
+    run_result *r = (run_result *)calloc(1, sizeof *r);
+    static const char *const supported[] = {"random-gemma3.gguf"};
+    for (int i = 0; i < n; i++) {
+        int known = 0;
+        for (size_t k = 0; k < sizeof supported / sizeof *supported; k++) known |= !strcmp(cases[i].model, supported[k]);
+        if (!known) continue;
+        for (int run = 0; run < 8; run++) { /* exact at 1/16/64, alone and batched; default at 16, both ways */
+            static const int block_sizes[4] = {1, 16, 64, 16};
+            int bs = block_sizes[run / 2], batched = run % 2, exact = run < 6;
+            llm_engine_config cfg = engine_config(cases[i].model);
+            cfg.create_backend = exact ? llm_cpu_exact_backend_create : llm_cpu_backend_create;
+            cfg.block_size = bs;
+            llm_engine *e = engine_new(&cfg);
+            if (!e) continue;
+            memset(r, 0, sizeof *r);
+            llm_sampling_params p = greedy(cases[i].max_tokens);
+            if (batched) run_add(e, r, "Once upon a time there was a long prompt before it", NULL, 0, &p);
+            run_add(e, r, cases[i].prompt, NULL, 0, &p);
+            run_engine(e, r);
+            int at = batched ? 1 : 0;
+            int same = r->n_tokens[at][0] == cases[i].n_ids &&
+                       !memcmp(r->tokens[at][0], cases[i].ids, (size_t)cases[i].n_ids * sizeof(int32_t));
+            CHECK(same, "%s \"%s\" (%s path, block size %d%s): greedy ids differ from llama.cpp's",
+                  cases[i].model, cases[i].prompt, exact ? "exact" : "default", bs, batched ? ", batched" : "");
+            if (!same) {
+                tok_print_ids("ours", r->tokens[at][0], r->n_tokens[at][0]);
+                tok_print_ids("llama.cpp", cases[i].ids, cases[i].n_ids);
+            }
+            checked++;
+            llm_engine_destroy(e);
+        }
+    }
+    CHECK(checked == 8 * (int)(sizeof supported / sizeof *supported), "%d runs of the new architectures", checked);
+    free(r); free(cases);
+}
+
 /* -----------------------------------------------------------------------------------------------------------
  * The paged forward pass: any block size, scattered blocks, several sequences in one call, prefill in chunks,
  * gives the logits of one sequence run alone in one contiguous block
@@ -1650,6 +1692,7 @@ static void test_paged_forward_models(void) {
     test_paged_forward("stories260K.gguf");
     test_paged_forward("random-qwen3-qknorm.gguf");
     test_paged_forward("random-qwen2-bias.gguf");
+    test_paged_forward("random-gemma3.gguf"); /* the local layers' window of 8 across blocks and chunks */
 }
 
 /* -----------------------------------------------------------------------------------------------------------
@@ -1906,8 +1949,9 @@ static void test_gguf_errors(void) {
     e = load_bytes(buf, n); CHECK(strstr(e, "missing tensor") && strstr(e, "blk.3.attn_k.weight"),
                                   "missing tensor: \"%s\"", e);
     memcpy(buf, file, n); memcpy(buf + arch_at, "gpt9_", 5);
-    e = load_bytes(buf, n); CHECK(strstr(e, "unsupported architecture") && strstr(e, "gpt9_"),
-                                  "unsupported architecture: \"%s\"", e);
+    e = load_bytes(buf, n);
+    CHECK(strstr(e, "unsupported architecture") && strstr(e, "gpt9_") && strstr(e, "qwen3, gemma3"),
+          "unsupported architecture, naming the known ones: \"%s\"", e);
     memcpy(buf, file, n); uint32_t v9 = 9; memcpy(buf + 4, &v9, 4);
     e = load_bytes(buf, n); CHECK(strstr(e, "version 9") != NULL, "unsupported version: \"%s\"", e);
     e = load_bytes("", 0); CHECK(strstr(e, "truncated") != NULL, "empty file: \"%s\"", e);
@@ -6767,7 +6811,7 @@ static void gpu_test_attention_case(const gt_attn_case *ac) {
             for (int h = 0; h < cf.n_heads + nkv; h++) {
                 if (ac->qk_norm)
                     llm_rmsnorm(x + h * hd, x + h * hd, h < cf.n_heads ? qn : kn, hd, cf.rms_eps);
-                llm_rope(x + h * hd, pos[t], &cf);
+                llm_rope(x + h * hd, pos[t], &cf, cf.rope_base);
             }
             memcpy(q_ref + (size_t)t * q_dim, x, (size_t)q_dim * 4);
             size_t slot = (size_t)bt[s][pos[t] / bs] * bs + pos[t] % bs;
@@ -7444,6 +7488,7 @@ int main(int argc, char **argv) {
         {"gguf values", test_gguf_values}, {"gguf errors", test_gguf_errors},
         {"stories260K references", test_stories_reference},
         {"random model references", test_random_models_reference},
+        {"random models of newer architectures", test_random_archs_reference},
         {"paged forward", test_paged_forward_models},
         {"weight types", test_weight_types},
         {"quant dequantization", test_quant_dequant}, {"quant references", test_quant_reference},
