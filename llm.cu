@@ -1516,8 +1516,10 @@ static int kv_free_memory(const cuda_ctx *c, size_t *out, char *err) {
 }
 
 extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, char *err) {
-    if (m->cfg.arch == LLM_ARCH_GEMMA3) { /* its windows, norms and GeGLU are in the CPU backend only, so far */
-        fail(err, "the CUDA backend does not run gemma3 yet: use --cpu");
+    /* Gemma 3's windows, norms and GeGLU, and SmolLM3's layers without RoPE, are in the CPU backend only */
+    if (m->cfg.arch == LLM_ARCH_GEMMA3 || m->cfg.nope_every) {
+        fail(err, m->cfg.nope_every ? "the CUDA backend does not run smollm3 yet: use --cpu"
+                                    : "the CUDA backend does not run gemma3 yet: use --cpu");
         return NULL;
     }
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);

@@ -188,7 +188,10 @@ void llm_qblock_unpack(uint32_t type, const void *block, llm_qblock *b);
 /* -----------------------------------------------------------------------------------------------------------
  * 2. Model: the configuration from the metadata, and the weights
  * -------------------------------------------------------------------------------------------------------- */
-enum llm_arch { LLM_ARCH_LLAMA, LLM_ARCH_QWEN2, LLM_ARCH_QWEN3, LLM_ARCH_GEMMA3, LLM_ARCH_COUNT };
+enum llm_arch {
+    LLM_ARCH_LLAMA, LLM_ARCH_QWEN2, LLM_ARCH_QWEN3, LLM_ARCH_GEMMA3, LLM_ARCH_PHI3, LLM_ARCH_SMOLLM3,
+    LLM_ARCH_COUNT
+};
 
 typedef struct {
     int arch;                 /* enum llm_arch */
@@ -200,6 +203,7 @@ typedef struct {
      * swa_pattern-th layer is global (0: no window) */
     int sliding_window, swa_pattern;
     float rope_base_swa;
+    int nope_every;           /* SmolLM3: every nope_every-th layer has no RoPE (0: all have it) */
 } llm_config;
 
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; } llm_weight; /* rows of cols values */
@@ -1315,7 +1319,7 @@ void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n
 /* ===========================================================================================================
  * 2. Model: the configuration from the metadata, the weights as typed pointers into the mapped file
  * ======================================================================================================== */
-static const char *llm_arch_names[LLM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "gemma3"};
+static const char *llm_arch_names[LLM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3"};
 
 /* Weights stay in the file's type; the forward pass converts one row at a time (llm_dtype_dequant_row). rows
  * 0: a vector (a norm or a bias), which must be f32. */
@@ -1337,6 +1341,13 @@ static int llm_model_weight(llm_model *m, llm_weight *w, const char *name, int64
                         llm_dtype_name(t->type));
     w->data = t->data; w->type = t->type; w->rows = want_rows; w->cols = cols;
     return 0;
+}
+
+/* Rows [first, first + n) of w, as a weight of their own (where a file fuses several matrices in one) */
+static llm_weight llm_weight_rows(llm_weight w, int64_t first, int64_t n) {
+    w.data = (const uint8_t *)w.data + (size_t)first * llm_dtype_row_bytes(w.type, w.cols);
+    w.rows = n;
+    return w;
 }
 
 /* An integer key of the config, in [lo, hi] (absent: fallback, when that is in range). */
@@ -1373,8 +1384,8 @@ static int llm_model_read_config(llm_model *m, char *err) {
     c->arch = -1;
     for (int i = 0; i < LLM_ARCH_COUNT; i++) if (llm_str_eq(arch, llm_arch_names[i])) c->arch = i;
     if (c->arch < 0)
-        return llm_fail(err, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, gemma3)",
-                        (int)arch.len, arch.ptr);
+        return llm_fail(err, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, gemma3, phi3, "
+                        "smollm3)", (int)arch.len, arch.ptr);
     /* keys are prefixed by the architecture: llama.embedding_length, qwen2.block_count, ... Every number is
      * checked against its range before it is used (a count drives allocations; a cast of a value out of range
      * is undefined behaviour), and an error names the key. */
@@ -1399,6 +1410,7 @@ static int llm_model_read_config(llm_model *m, char *err) {
         LLM_FLOAT(rope_base_swa, "rope.freq_base_swa", 10000.0, 1.0, 1e12);
         c->swa_pattern = 6;
     }
+    if (c->arch == LLM_ARCH_SMOLLM3) c->nope_every = 4; /* as llama.cpp has it: layers 3, 7, 11, ... */
 #undef LLM_INT
 #undef LLM_FLOAT
     const char *an = llm_arch_names[c->arch];
@@ -1412,7 +1424,7 @@ static int llm_model_read_config(llm_model *m, char *err) {
     if (!llm_gguf_tensor_find(g, key))
         return llm_fail(err, "%s.block_count is %d, but the file has no tensor '%s'", an, c->n_layers, key);
 #undef LLM_KEY
-    c->rope_neox = c->arch != LLM_ARCH_LLAMA;
+    c->rope_neox = c->arch != LLM_ARCH_LLAMA && c->arch != LLM_ARCH_SMOLLM3;
     const llm_gguf_tensor *emb = llm_gguf_tensor_find(g, "token_embd.weight");
     if (!emb) return llm_fail(err, "model file is missing tensor 'token_embd.weight'");
     c->vocab_size = (int)emb->ne[1];
@@ -1429,12 +1441,33 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
     m->layers = (llm_layer *)calloc((size_t)c->n_layers, sizeof(llm_layer));
     if (!m->layers) return llm_fail(err, "out of memory");
     int qwen2 = c->arch == LLM_ARCH_QWEN2, qk_norm = c->arch == LLM_ARCH_QWEN3 || c->arch == LLM_ARCH_GEMMA3;
-    int gemma3 = c->arch == LLM_ARCH_GEMMA3;
+    int gemma3 = c->arch == LLM_ARCH_GEMMA3, phi3 = c->arch == LLM_ARCH_PHI3;
     for (int l = 0; l < c->n_layers; l++) {
         llm_layer *L = &m->layers[l];
         char name[96];
 #define LLM_W(field, suffix, cols, rows, req) (snprintf(name, sizeof name, "blk.%d.%s", l, suffix), \
                                               llm_model_weight(m, &L->field, name, cols, rows, req, err))
+        if (phi3 && l == 0 && (llm_gguf_tensor_find(&m->gguf, "rope_factors_long.weight") ||
+                               llm_gguf_tensor_find(&m->gguf, "rope_factors_short.weight")))
+            return llm_fail(err, "this phi3 file scales RoPE with rope_factors (LongRoPE: Phi-3 128k, Phi-3.5, "
+                            "Phi-4-mini), which this engine does not read yet");
+        if (phi3) { /* Phi-3 fuses Q, K and V in one matrix, and the FFN's gate and up in another: their rows */
+            llm_weight qkv, gate_up;
+            if (LLM_W(attn_norm, "attn_norm.weight", c->dim, 0, 1) ||
+                LLM_W(wo, "attn_output.weight", q_dim, c->dim, 1) ||
+                LLM_W(ffn_norm, "ffn_norm.weight", c->dim, 0, 1) ||
+                LLM_W(w_down, "ffn_down.weight", c->ffn_dim, c->dim, 1) ||
+                (snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", l),
+                 llm_model_weight(m, &qkv, name, c->dim, q_dim + 2 * kv_dim, 1, err)) ||
+                (snprintf(name, sizeof name, "blk.%d.ffn_up.weight", l),
+                 llm_model_weight(m, &gate_up, name, c->dim, 2 * (int64_t)c->ffn_dim, 1, err)))
+                return -1;
+            L->wq = llm_weight_rows(qkv, 0, q_dim); L->wk = llm_weight_rows(qkv, q_dim, kv_dim);
+            L->wv = llm_weight_rows(qkv, q_dim + kv_dim, kv_dim);
+            L->w_gate = llm_weight_rows(gate_up, 0, c->ffn_dim);
+            L->w_up = llm_weight_rows(gate_up, c->ffn_dim, c->ffn_dim);
+            continue;
+        }
         if (LLM_W(attn_norm, "attn_norm.weight", c->dim, 0, 1) ||
             LLM_W(wq, "attn_q.weight", c->dim, q_dim, 1) ||
             LLM_W(wk, "attn_k.weight", c->dim, kv_dim, 1) || LLM_W(wv, "attn_v.weight", c->dim, kv_dim, 1) ||
@@ -4806,6 +4839,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         const llm_layer *L = &m->layers[l];
         /* Gemma 3's local layers: a window of the last positions, and a RoPE base of their own */
         int local = cf->sliding_window > 0 && (l + 1) % cf->swa_pattern != 0;
+        int rope = !cf->nope_every || (l + 1) % cf->nope_every != 0; /* SmolLM3's layers without RoPE */
         int window = local ? cf->sliding_window : 0;
         float rope_base = local ? cf->rope_base_swa : cf->rope_base;
         /* attention block: the normalised stream projected to queries, keys and values */
@@ -4827,12 +4861,12 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
             for (int h = 0; h < cf->n_heads; h++) {
                 if (L->q_norm.data)
                     llm_rmsnorm(qt + h * hd, qt + h * hd, (const float *)L->q_norm.data, hd, cf->rms_eps);
-                llm_rope(qt + h * hd, b->positions[t], cf, rope_base);
+                if (rope) llm_rope(qt + h * hd, b->positions[t], cf, rope_base);
             }
             for (int h = 0; h < cf->n_kv_heads; h++) {
                 if (L->k_norm.data)
                     llm_rmsnorm(kt + h * hd, kt + h * hd, (const float *)L->k_norm.data, hd, cf->rms_eps);
-                llm_rope(kt + h * hd, b->positions[t], cf, rope_base);
+                if (rope) llm_rope(kt + h * hd, b->positions[t], cf, rope_base);
             }
             const int32_t *bt = b->block_tables[seq_of[t]];
             memcpy(llm_cpu_kv_at(c, c->k, l, bt, b->positions[t]), kt, (size_t)kv_dim * sizeof(float));

@@ -928,14 +928,14 @@ static void test_random_models_reference(void) {
                             "llama.cpp's");
 }
 
-/* The architectures added since those four, each its random model against llama.cpp's greedy ids: on the exact
- * path and the default one, at block sizes 1, 16 and 64, alone and batched behind another prompt (Gemma 3:
- * its 24 tokens run past the local layers' window of 8) */
+/* The architectures added since those four (gemma3, phi3, smollm3), each its random model against llama.cpp's
+ * greedy ids: on the exact path and the default one, at block sizes 1, 16 and 64, alone and batched behind
+ * another prompt (Gemma 3: its 24 tokens run past the local layers' window of 8) */
 static void test_random_archs_reference(void) {
     ref_case *cases = (ref_case *)calloc(16, sizeof *cases);
     int n = load_ref_cases("random-archs-greedy.json", "completion_token_ids", cases, 16), checked = 0;
     run_result *r = (run_result *)calloc(1, sizeof *r);
-    static const char *const supported[] = {"random-gemma3.gguf"};
+    static const char *const supported[] = {"random-gemma3.gguf", "random-phi3.gguf", "random-smollm3.gguf"};
     for (int i = 0; i < n; i++) {
         int known = 0;
         for (size_t k = 0; k < sizeof supported / sizeof *supported; k++) known |= !strcmp(cases[i].model, supported[k]);
@@ -1693,6 +1693,8 @@ static void test_paged_forward_models(void) {
     test_paged_forward("random-qwen3-qknorm.gguf");
     test_paged_forward("random-qwen2-bias.gguf");
     test_paged_forward("random-gemma3.gguf"); /* the local layers' window of 8 across blocks and chunks */
+    test_paged_forward("random-phi3.gguf");   /* the fused matrices' rows */
+    test_paged_forward("random-smollm3.gguf"); /* a layer without RoPE */
 }
 
 /* -----------------------------------------------------------------------------------------------------------
@@ -1950,7 +1952,7 @@ static void test_gguf_errors(void) {
                                   "missing tensor: \"%s\"", e);
     memcpy(buf, file, n); memcpy(buf + arch_at, "gpt9_", 5);
     e = load_bytes(buf, n);
-    CHECK(strstr(e, "unsupported architecture") && strstr(e, "gpt9_") && strstr(e, "qwen3, gemma3"),
+    CHECK(strstr(e, "unsupported architecture") && strstr(e, "gpt9_") && strstr(e, "gemma3, phi3, smollm3"),
           "unsupported architecture, naming the known ones: \"%s\"", e);
     memcpy(buf, file, n); uint32_t v9 = 9; memcpy(buf + 4, &v9, 4);
     e = load_bytes(buf, n); CHECK(strstr(e, "version 9") != NULL, "unsupported version: \"%s\"", e);
