@@ -1516,9 +1516,11 @@ static int kv_free_memory(const cuda_ctx *c, size_t *out, char *err) {
 }
 
 extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, char *err) {
-    /* Gemma 3's windows, norms and GeGLU, and SmolLM3's layers without RoPE, are in the CPU backend only */
-    if (m->cfg.arch == LLM_ARCH_GEMMA3 || m->cfg.nope_every) {
-        fail(err, m->cfg.nope_every ? "the CUDA backend does not run smollm3 yet: use --cpu"
+    /* Gemma 3's windows, norms and GeGLU, SmolLM3's layers without RoPE and mixtures of experts are in the CPU
+     * backend only */
+    if (m->cfg.arch == LLM_ARCH_GEMMA3 || m->cfg.nope_every || m->cfg.n_experts) {
+        fail(err, m->cfg.n_experts ? "the CUDA backend does not run mixtures of experts yet: use --cpu" :
+                  m->cfg.nope_every ? "the CUDA backend does not run smollm3 yet: use --cpu"
                                     : "the CUDA backend does not run gemma3 yet: use --cpu");
         return NULL;
     }

@@ -190,7 +190,7 @@ void llm_qblock_unpack(uint32_t type, const void *block, llm_qblock *b);
  * -------------------------------------------------------------------------------------------------------- */
 enum llm_arch {
     LLM_ARCH_LLAMA, LLM_ARCH_QWEN2, LLM_ARCH_QWEN3, LLM_ARCH_GEMMA3, LLM_ARCH_PHI3, LLM_ARCH_SMOLLM3,
-    LLM_ARCH_COUNT
+    LLM_ARCH_QWEN3MOE, LLM_ARCH_COUNT
 };
 
 typedef struct {
@@ -204,6 +204,9 @@ typedef struct {
     int sliding_window, swa_pattern;
     float rope_base_swa;
     int nope_every;           /* SmolLM3: every nope_every-th layer has no RoPE (0: all have it) */
+    /* mixture of experts (qwen3moe; llama files with experts, as Mixtral): each token's FFN is the weighted sum
+     * of n_experts_used of n_experts FFNs of width expert_ffn_dim, picked by a router (0: a dense FFN) */
+    int n_experts, n_experts_used, expert_ffn_dim;
 } llm_config;
 
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; } llm_weight; /* rows of cols values */
@@ -212,6 +215,9 @@ typedef struct {
     llm_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm; /* b*, *_norm: data NULL when absent */
     llm_weight ffn_norm, w_gate, w_up, w_down;
     llm_weight post_attn_norm, post_ffn_norm; /* Gemma 3: the norms of each block's output (else absent) */
+    /* mixture of experts: the router (n_experts rows) and the experts' matrices stacked, expert e's rows
+     * e * rows_per_expert on (w_gate, w_up, w_down unused) */
+    llm_weight router, gate_exps, up_exps, down_exps;
 } llm_layer;
 
 typedef struct llm_tokenizer llm_tokenizer;
@@ -1319,7 +1325,8 @@ void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n
 /* ===========================================================================================================
  * 2. Model: the configuration from the metadata, the weights as typed pointers into the mapped file
  * ======================================================================================================== */
-static const char *llm_arch_names[LLM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3"};
+static const char *llm_arch_names[LLM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3",
+                                                     "qwen3moe"};
 
 /* Weights stay in the file's type; the forward pass converts one row at a time (llm_dtype_dequant_row). rows
  * 0: a vector (a norm or a bias), which must be f32. */
@@ -1385,7 +1392,7 @@ static int llm_model_read_config(llm_model *m, char *err) {
     for (int i = 0; i < LLM_ARCH_COUNT; i++) if (llm_str_eq(arch, llm_arch_names[i])) c->arch = i;
     if (c->arch < 0)
         return llm_fail(err, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, gemma3, phi3, "
-                        "smollm3)", (int)arch.len, arch.ptr);
+                        "smollm3, qwen3moe)", (int)arch.len, arch.ptr);
     /* keys are prefixed by the architecture: llama.embedding_length, qwen2.block_count, ... Every number is
      * checked against its range before it is used (a count drives allocations; a cast of a value out of range
      * is undefined behaviour), and an error names the key. */
@@ -1411,6 +1418,13 @@ static int llm_model_read_config(llm_model *m, char *err) {
         c->swa_pattern = 6;
     }
     if (c->arch == LLM_ARCH_SMOLLM3) c->nope_every = 4; /* as llama.cpp has it: layers 3, 7, 11, ... */
+    LLM_INT(n_experts, "expert_count", 0, 0, 1 << 16);
+    if (c->arch == LLM_ARCH_QWEN3MOE && !c->n_experts)
+        return llm_fail(err, "model metadata qwen3moe.expert_count is missing");
+    if (c->n_experts) {
+        LLM_INT(n_experts_used, "expert_used_count", -1, 1, c->n_experts);
+        LLM_INT(expert_ffn_dim, "expert_feed_forward_length", c->ffn_dim, 1, 1 << 22);
+    }
 #undef LLM_INT
 #undef LLM_FLOAT
     const char *an = llm_arch_names[c->arch];
@@ -1440,7 +1454,9 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
     if (!m->output.data) m->output = m->tok_embd; /* tied output embedding */
     m->layers = (llm_layer *)calloc((size_t)c->n_layers, sizeof(llm_layer));
     if (!m->layers) return llm_fail(err, "out of memory");
-    int qwen2 = c->arch == LLM_ARCH_QWEN2, qk_norm = c->arch == LLM_ARCH_QWEN3 || c->arch == LLM_ARCH_GEMMA3;
+    int qwen2 = c->arch == LLM_ARCH_QWEN2, qk_norm = c->arch == LLM_ARCH_QWEN3 || c->arch == LLM_ARCH_GEMMA3 ||
+                                                     c->arch == LLM_ARCH_QWEN3MOE;
+    int64_t E = c->n_experts, Fe = c->expert_ffn_dim;
     int gemma3 = c->arch == LLM_ARCH_GEMMA3, phi3 = c->arch == LLM_ARCH_PHI3;
     for (int l = 0; l < c->n_layers; l++) {
         llm_layer *L = &m->layers[l];
@@ -1478,10 +1494,15 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
             LLM_W(k_norm, "attn_k_norm.weight", c->head_dim, 0, qk_norm) ||
             LLM_W(post_attn_norm, "post_attention_norm.weight", c->dim, 0, gemma3) ||
             LLM_W(post_ffn_norm, "post_ffw_norm.weight", c->dim, 0, gemma3) ||
-            LLM_W(ffn_norm, "ffn_norm.weight", c->dim, 0, 1) ||
-            LLM_W(w_gate, "ffn_gate.weight", c->dim, c->ffn_dim, 1) ||
-            LLM_W(w_up, "ffn_up.weight", c->dim, c->ffn_dim, 1) ||
-            LLM_W(w_down, "ffn_down.weight", c->ffn_dim, c->dim, 1))
+            LLM_W(ffn_norm, "ffn_norm.weight", c->dim, 0, 1))
+            return -1;
+        if (E ? LLM_W(router, "ffn_gate_inp.weight", c->dim, E, 1) ||
+                LLM_W(gate_exps, "ffn_gate_exps.weight", c->dim, Fe * E, 1) ||
+                LLM_W(up_exps, "ffn_up_exps.weight", c->dim, Fe * E, 1) ||
+                LLM_W(down_exps, "ffn_down_exps.weight", Fe, c->dim * E, 1)
+              : LLM_W(w_gate, "ffn_gate.weight", c->dim, c->ffn_dim, 1) ||
+                LLM_W(w_up, "ffn_up.weight", c->dim, c->ffn_dim, 1) ||
+                LLM_W(w_down, "ffn_down.weight", c->ffn_dim, c->dim, 1))
             return -1;
 #undef LLM_W
     }
@@ -4768,6 +4789,58 @@ static void llm_cpu_attention(const llm_cpu *c, int layer, const int32_t *block_
     }
 }
 
+/* A mixture-of-experts FFN on T normalised rows xn, into delta. The router scores each token's experts; the
+ * softmax over all of them, its top n_experts_used kept and renormalised (qwen3moe's and Mixtral's way, as
+ * llama.cpp has them), weight each chosen expert's SwiGLU. Grouped by expert: each expert's tokens are
+ * gathered into rows, so its matrices are read once per step, not once per token; a row's arithmetic is the
+ * same in any group, so a token's output does not depend on the batch. 1: out of memory. */
+static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn, int T, float *delta, int ex) {
+    int D = cf->dim, E = cf->n_experts, K = cf->n_experts_used, Fe = cf->expert_ffn_dim, failed = 0;
+    float *scores = (float *)malloc((size_t)T * E * sizeof(float)), *weight = (float *)malloc((size_t)T * K * 4);
+    int *chosen = (int *)malloc((size_t)T * K * sizeof(int)), *rows = (int *)malloc((size_t)T * sizeof(int));
+    float *xe = (float *)malloc((size_t)T * D * 4), *ge = (float *)malloc((size_t)T * Fe * 4);
+    float *ue = (float *)malloc((size_t)T * Fe * 4), *oe = (float *)malloc((size_t)T * D * 4);
+    if (!scores || !weight || !chosen || !rows || !xe || !ge || !ue || !oe) failed = 1;
+    if (!failed) failed = llm_matmul(scores, xn, &L->router, T, ex);
+    for (int t = 0; !failed && t < T; t++) { /* the router: softmax, top K (lower index on a tie), renormalised */
+        float *p = scores + (size_t)t * E, mx = -INFINITY, sum = 0, kept = 0;
+        for (int e = 0; e < E; e++) if (p[e] > mx) mx = p[e];
+        for (int e = 0; e < E; e++) { p[e] = expf(p[e] - mx); sum += p[e]; }
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++) taken |= chosen[t * K + j] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            chosen[t * K + k] = best; weight[t * K + k] = p[best] / sum; kept += p[best] / sum;
+        }
+        for (int k = 0; k < K; k++) weight[t * K + k] /= kept;
+    }
+    memset(delta, 0, (size_t)T * D * sizeof(float));
+    for (int e = 0; !failed && e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < K; k++) if (chosen[t * K + k] == e) rows[n++] = t;
+        if (!n) continue;
+        for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * D, xn + (size_t)rows[i] * D, (size_t)D * sizeof(float));
+        llm_weight wg = llm_weight_rows(L->gate_exps, (int64_t)e * Fe, Fe);
+        llm_weight wu = llm_weight_rows(L->up_exps, (int64_t)e * Fe, Fe);
+        llm_weight wd = llm_weight_rows(L->down_exps, (int64_t)e * D, D);
+        failed = llm_matmul(ge, xe, &wg, n, ex) | llm_matmul(ue, xe, &wu, n, ex);
+        for (size_t i = 0; !failed && i < (size_t)n * Fe; i++) ge[i] = ge[i] / (1.0f + expf(-ge[i])) * ue[i];
+        failed |= failed ? 0 : llm_matmul(oe, ge, &wd, n, ex);
+        for (int i = 0; !failed && i < n; i++) {
+            int t = rows[i];
+            float w = 0;
+            for (int k = 0; k < K; k++) if (chosen[t * K + k] == e) w = weight[t * K + k];
+            for (int d = 0; d < D; d++) delta[(size_t)t * D + d] += w * oe[(size_t)i * D + d];
+        }
+    }
+    free(scores); free(weight); free(chosen); free(rows); free(xe); free(ge); free(ue); free(oe);
+    return failed;
+}
+
 static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, char *err) {
     llm_cpu *c = (llm_cpu *)be->ctx;
 #ifdef _OPENMP
@@ -4902,6 +4975,11 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         for (int t = 0; t < T; t++)
             llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->ffn_norm.data, D,
                         cf->rms_eps);
+        if (cf->n_experts) {
+            failed |= llm_cpu_moe(cf, L, xn, T, delta, ex);
+            for (size_t i = 0; i < (size_t)T * D; i++) x[i] += delta[i];
+            continue;
+        }
         failed |= llm_matmul(gate, xn, &L->w_gate, T, ex) | llm_matmul(up, xn, &L->w_up, T, ex);
         if (cf->arch == LLM_ARCH_GEMMA3)
             for (size_t i = 0; i < (size_t)T * F; i++) {

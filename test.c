@@ -928,14 +928,15 @@ static void test_random_models_reference(void) {
                             "llama.cpp's");
 }
 
-/* The architectures added since those four (gemma3, phi3, smollm3), each its random model against llama.cpp's
- * greedy ids: on the exact path and the default one, at block sizes 1, 16 and 64, alone and batched behind
- * another prompt (Gemma 3: its 24 tokens run past the local layers' window of 8) */
+/* The architectures added since those four (gemma3, phi3, smollm3, qwen3moe, Mixtral-style llama), each its
+ * random model against llama.cpp's greedy ids: on the exact path and the default one, at block sizes 1, 16 and
+ * 64, alone and batched behind another prompt (Gemma 3: its 24 tokens run past the local layers' window of 8) */
 static void test_random_archs_reference(void) {
     ref_case *cases = (ref_case *)calloc(16, sizeof *cases);
     int n = load_ref_cases("random-archs-greedy.json", "completion_token_ids", cases, 16), checked = 0;
     run_result *r = (run_result *)calloc(1, sizeof *r);
-    static const char *const supported[] = {"random-gemma3.gguf", "random-phi3.gguf", "random-smollm3.gguf"};
+    static const char *const supported[] = {"random-gemma3.gguf", "random-phi3.gguf", "random-smollm3.gguf",
+                                            "random-qwen3moe.gguf", "random-llama-moe.gguf"};
     for (int i = 0; i < n; i++) {
         int known = 0;
         for (size_t k = 0; k < sizeof supported / sizeof *supported; k++) known |= !strcmp(cases[i].model, supported[k]);
@@ -1688,6 +1689,42 @@ static void test_fidelity_smollm2(void) {
     free(ids_exact); free(ids_fast); free(lp_exact); free(lp_fast);
 }
 
+/* Mixture of experts, grouped by expert: on the exact path, two sequences' tokens in one call (the experts' rows
+ * gathered from both) give each token the logits it gets alone, one token a call, bit for bit. */
+static void test_moe_grouped(const char *model) {
+    llm_model m;
+    char err[LLM_ERR_LEN] = "";
+    if (llm_model_load(&m, model_path(model), err) != 0) { CHECK(0, "load %s: %s", model, err); return; }
+    enum { S = 2, LEN = 12 };
+    int V = m.cfg.vocab_size;
+    uint64_t rng = 11;
+    int32_t toks[S * LEN], pos[S * LEN], rows[S * LEN], start[S + 1] = {0, LEN, 2 * LEN};
+    int32_t table0[1] = {0}, table1[1] = {1};
+    const int32_t *tables[S] = {table0, table1};
+    for (int i = 0; i < S * LEN; i++) {
+        toks[i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)V); pos[i] = i % LEN; rows[i] = i;
+    }
+    float *grouped = (float *)malloc((size_t)S * LEN * V * sizeof(float)), *one = (float *)malloc((size_t)V * 4);
+    llm_backend *be = llm_cpu_exact_backend_create(&m, err);
+    int ok = be && be->alloc_kv(be, S, 64, err) == 0 && grouped && one;
+    llm_batch all = {.n_tokens = S * LEN, .tokens = toks, .positions = pos, .n_seqs = S, .seq_start = start,
+                     .block_tables = tables, .n_logits = S * LEN, .logit_rows = rows};
+    ok = ok && be->forward(be, &all, grouped, err) == 0;
+    int same = ok;
+    for (int s = 0; ok && s < S; s++)
+        for (int i = 0; i < LEN; i++) { /* token by token: the cache holds the earlier ones already */
+            int32_t st[2] = {0, 1}, row = 0;
+            llm_batch b1 = {.n_tokens = 1, .tokens = toks + s * LEN + i, .positions = pos + s * LEN + i, .n_seqs = 1,
+                            .seq_start = st, .block_tables = tables + s, .n_logits = 1, .logit_rows = &row};
+            ok = be->forward(be, &b1, one, err) == 0;
+            same &= ok && !memcmp(one, grouped + (size_t)(s * LEN + i) * V, (size_t)V * sizeof(float));
+        }
+    CHECK(ok && same, "%s: experts grouped over a batch give each token its logits alone, bit for bit: %s", model,
+          err);
+    if (be) be->destroy(be);
+    free(grouped); free(one); llm_model_free(&m);
+}
+
 static void test_paged_forward_models(void) {
     test_paged_forward("stories260K.gguf");
     test_paged_forward("random-qwen3-qknorm.gguf");
@@ -1695,6 +1732,10 @@ static void test_paged_forward_models(void) {
     test_paged_forward("random-gemma3.gguf"); /* the local layers' window of 8 across blocks and chunks */
     test_paged_forward("random-phi3.gguf");   /* the fused matrices' rows */
     test_paged_forward("random-smollm3.gguf"); /* a layer without RoPE */
+    test_paged_forward("random-qwen3moe.gguf");
+    test_paged_forward("random-llama-moe.gguf");
+    test_moe_grouped("random-qwen3moe.gguf");
+    test_moe_grouped("random-llama-moe.gguf");
 }
 
 /* -----------------------------------------------------------------------------------------------------------
@@ -1952,7 +1993,7 @@ static void test_gguf_errors(void) {
                                   "missing tensor: \"%s\"", e);
     memcpy(buf, file, n); memcpy(buf + arch_at, "gpt9_", 5);
     e = load_bytes(buf, n);
-    CHECK(strstr(e, "unsupported architecture") && strstr(e, "gpt9_") && strstr(e, "gemma3, phi3, smollm3"),
+    CHECK(strstr(e, "unsupported architecture") && strstr(e, "gpt9_") && strstr(e, "smollm3, qwen3moe"),
           "unsupported architecture, naming the known ones: \"%s\"", e);
     memcpy(buf, file, n); uint32_t v9 = 9; memcpy(buf + 4, &v9, 4);
     e = load_bytes(buf, n); CHECK(strstr(e, "version 9") != NULL, "unsupported version: \"%s\"", e);
