@@ -6237,6 +6237,7 @@ typedef struct {
     const char *p, *start;
     char *out;                      /* stb_ds: the GBNF expression */
     int json;                       /* inside a JSON string */
+    int work;                       /* items read so far, again and again: see llm_re_item */
     char *err;
 } llm_re;
 
@@ -6419,91 +6420,172 @@ static int llm_re_class(llm_re *re) {
     return 0;
 }
 
-static int llm_re_alternation(llm_re *re, int depth);
+/* A repetition of what can match the empty text (a?*, (a|)+, (a?b?){2,}) would be a left-recursive rule in GBNF
+ * (its part could go round without reading a character), which GBNF refuses; its language is that of the
+ * part's non-empty texts repeated: (a|)* is (a)*. So each part is written in one of two forms: as it is, or
+ * (nonempty) less the empty text. A part learnt to be able to match nothing is read again from its text in
+ * the other form; re->work bounds what patterns of such parts nested in each other cost. */
+static int llm_re_alternation(llm_re *re, int depth, int nonempty, int *nullable);
 
-/* Items with their quantifiers, until | or ) or the end */
-static int llm_re_sequence(llm_re *re, int depth) {
-    int empty = 1;
-    while (*re->p && *re->p != '|' && *re->p != ')') {
-        char c = *re->p;
-        if (!empty) arrput(re->out, ' ');
-        if (c == '^' && re->p == re->start) { re->p++; continue; }
-        if (c == '$' && (re->p[1] == 0)) { re->p++; continue; }
-        if (c == '^' || c == '$') return llm_re_fail(re, "^ or $ inside the pattern (only at its ends) is not supported");
-        if (c == '(') {
-            re->p++;
-            if (*re->p == '?') {
-                if (re->p[1] == ':') re->p += 2;
-                else if (re->p[1] == 'P' && re->p[2] == '<') re->p += 3;
-                else if (re->p[1] == '<' && re->p[2] != '=' && re->p[2] != '!') re->p += 2;
-                else return llm_re_fail(re, "lookaround and flags ((?=, (?!, (?i) ...) are not supported");
-                if (re->p[-1] == '<') { /* a name, skipped */
-                    while (*re->p && *re->p != '>') re->p++;
-                    if (*re->p++ != '>') return llm_re_fail(re, "a group's name is not closed");
-                }
+/* What one item is before its quantifier: a group, a class, a literal; *nullable: it can match nothing */
+static int llm_re_atom(llm_re *re, int depth, int nonempty, int *nullable) {
+    char c = *re->p;
+    *nullable = 0;
+    if (c == '(') {
+        re->p++;
+        if (*re->p == '?') {
+            if (re->p[1] == ':') re->p += 2;
+            else if (re->p[1] == 'P' && re->p[2] == '<') re->p += 3;
+            else if (re->p[1] == '<' && re->p[2] != '=' && re->p[2] != '!') re->p += 2;
+            else return llm_re_fail(re, "lookaround and flags ((?=, (?!, (?i) ...) are not supported");
+            if (re->p[-1] == '<') { /* a name, skipped */
+                while (*re->p && *re->p != '>') re->p++;
+                if (*re->p++ != '>') return llm_re_fail(re, "a group's name is not closed");
             }
-            if (depth > 64) return llm_re_fail(re, "groups nested too deep");
-            arrput(re->out, '(');
-            if (llm_re_alternation(re, depth + 1) != 0) return -1;
-            if (*re->p != ')') return llm_re_fail(re, "a ')' is missing");
-            re->p++;
-            arrput(re->out, ')');
-        } else if (c == '[') {
-            if (llm_re_class(re) != 0) return -1;
-        } else if (c == '.') {
-            re->p++;
-            llm_re_puts(&re->out, re->json ? "[^\"\\\\\\x00-\\x1F]" : "[^\\n]");
-        } else if (c == '\\' && (re->p[1] == 'd' || re->p[1] == 'w' || re->p[1] == 's' || re->p[1] == 'D' ||
-                                 re->p[1] == 'W' || re->p[1] == 'S')) {
-            llm_re_range r[4];
-            int n = llm_re_class_escape(tolower((unsigned char)re->p[1]), r);
-            llm_re_class_out(re, r, n, isupper((unsigned char)re->p[1]));
-            re->p += 2;
-        } else if (c == '*' || c == '+' || c == '?' || c == '{') {
-            return llm_re_fail(re, "a quantifier with nothing before it");
-        } else {
-            int64_t ch = llm_re_char(re);
-            if (ch < 0) return -1;
-            llm_re_literal(re, (uint32_t)ch);
         }
-        empty = 0;
-        /* the quantifier, if one follows */
-        c = *re->p;
-        if (c == '*' || c == '+' || c == '?') { arrput(re->out, c); re->p++; }
-        else if (c == '{' && isdigit((unsigned char)re->p[1])) {
-            char *end;
-            long m = strtol(re->p + 1, &end, 10), n = m;
-            if (*end == ',') n = isdigit((unsigned char)end[1]) ? strtol(end + 1, &end, 10) : -1;
-            if (*end == ',' || *end != '}') return llm_re_fail(re, "a bad {m,n}");
-            if (m > 1000 || n > 1000 || (n >= 0 && n < m)) return llm_re_fail(re, "a repetition count over 1000 or {m,n} with n < m");
-            re->p = end + 1;
-            if (n < 0) llm_re_printf(&re->out, "{%ld,}", m);
-            else if (n == m) llm_re_printf(&re->out, "{%ld}", m);
-            else llm_re_printf(&re->out, "{%ld,%ld}", m, n);
-        } else continue;
-        if (*re->p == '?') re->p++; /* lazy: the same language */
-        else if (*re->p == '+') return llm_re_fail(re, "possessive quantifiers are not supported");
+        if (depth > 64) return llm_re_fail(re, "groups nested too deep");
+        arrput(re->out, '(');
+        if (llm_re_alternation(re, depth + 1, nonempty, nullable) != 0) return -1;
+        if (*re->p != ')') return llm_re_fail(re, "a ')' is missing");
+        re->p++;
+        arrput(re->out, ')');
+    } else if (c == '[') {
+        if (llm_re_class(re) != 0) return -1;
+    } else if (c == '.') {
+        re->p++;
+        llm_re_puts(&re->out, re->json ? "[^\"\\\\\\x00-\\x1F]" : "[^\\n]");
+    } else if (c == '\\' && (re->p[1] == 'd' || re->p[1] == 'w' || re->p[1] == 's' || re->p[1] == 'D' ||
+                             re->p[1] == 'W' || re->p[1] == 'S')) {
+        llm_re_range r[4];
+        int n = llm_re_class_escape(tolower((unsigned char)re->p[1]), r);
+        llm_re_class_out(re, r, n, isupper((unsigned char)re->p[1]));
+        re->p += 2;
+    } else if (c == '*' || c == '+' || c == '?' || c == '{') {
+        return llm_re_fail(re, "a quantifier with nothing before it");
+    } else {
+        int64_t ch = llm_re_char(re);
+        if (ch < 0) return -1;
+        llm_re_literal(re, (uint32_t)ch);
     }
-    if (empty) llm_re_puts(&re->out, "\"\"");
     return 0;
 }
 
-static int llm_re_alternation(llm_re *re, int depth) {
-    if (llm_re_sequence(re, depth) != 0) return -1;
+/* The quantifier after an item: 1 with {*min, *max} (max -1: no bound), 0 when there is none */
+static int llm_re_quantifier(llm_re *re, long *min, long *max) {
+    char c = *re->p;
+    if (c == '*' || c == '+' || c == '?') { *min = c == '+'; *max = c == '?' ? 1 : -1; re->p++; }
+    else if (c == '{' && isdigit((unsigned char)re->p[1])) {
+        char *end;
+        *min = *max = strtol(re->p + 1, &end, 10);
+        if (*end == ',' && isdigit((unsigned char)end[1])) *max = strtol(end + 1, &end, 10);
+        else if (*end == ',') { *max = -1; end++; } /* {m,} */
+        if (*end != '}') return llm_re_fail(re, "a bad {m,n}");
+        if (*min > 1000 || *max > 1000 || (*max >= 0 && *max < *min))
+            return llm_re_fail(re, "a repetition count over 1000 or {m,n} with n < m");
+        re->p = end + 1;
+    } else return 0;
+    if (*re->p == '?') re->p++; /* lazy: the same language */
+    else if (*re->p == '+') return llm_re_fail(re, "possessive quantifiers are not supported");
+    return 1;
+}
+
+static void llm_re_put_quantifier(llm_re *re, long min, long max) {
+    if (min == 1 && max == 1) return;
+    if (min == 0 && max < 0) arrput(re->out, '*');
+    else if (min == 1 && max < 0) arrput(re->out, '+');
+    else if (min == 0 && max == 1) arrput(re->out, '?');
+    else if (max < 0) llm_re_printf(&re->out, "{%ld,}", min);
+    else if (min == max) llm_re_printf(&re->out, "{%ld}", min);
+    else llm_re_printf(&re->out, "{%ld,%ld}", min, max);
+}
+
+/* One item with its quantifier, as it is or (nonempty) less the empty text */
+static int llm_re_item(llm_re *re, int depth, int nonempty, int *nullable) {
+    const char *at = re->p, *after;
+    size_t out_at = (size_t)arrlen(re->out);
+    int atom_nullable;
+    long min = 1, max = 1;
+    if (++re->work > 100000) return llm_re_fail(re, "a pattern too complex (repetitions of what can be empty)");
+    if (llm_re_atom(re, depth, 0, &atom_nullable) != 0 || llm_re_quantifier(re, &min, &max) < 0) return -1;
+    *nullable = atom_nullable || min == 0;
+    if (nonempty ? !*nullable : !(atom_nullable && max < 0)) { /* as written */
+        llm_re_put_quantifier(re, min, max);
+        return 0;
+    }
+    if (nonempty && max == 0) { /* a{0} less the empty text: nothing at all, a class no character matches */
+        arrsetlen(re->out, out_at);
+        llm_re_puts(&re->out, "[^\\x00-\\U0010FFFF]");
+    } else {
+        if (atom_nullable) { /* the atom again, less the empty text */
+            after = re->p; re->p = at;
+            arrsetlen(re->out, out_at);
+            if (llm_re_atom(re, depth, 1, &atom_nullable) != 0) return -1;
+            re->p = after;
+        }
+        /* as written, (a|)* is (a)* and (a|){2,} is too; less the empty text, (a|)* is (a)+ and a? is a */
+        llm_re_put_quantifier(re, !nonempty ? 0 : 1, max);
+    }
+    *nullable = !nonempty;
+    return 0;
+}
+
+/* Items until | or ) or the end, as they are or (nonempty) less the empty text */
+static int llm_re_sequence(llm_re *re, int depth, int nonempty, int *nullable) {
+    const char **items = NULL; /* stb_ds: where each item begins */
+    size_t out_at = (size_t)arrlen(re->out);
+    int rc = 0, item_nullable;
+    *nullable = 1;
+    while (rc == 0 && *re->p && *re->p != '|' && *re->p != ')') {
+        char c = *re->p;
+        if (c == '^' && re->p == re->start) { re->p++; continue; }
+        if (c == '$' && (re->p[1] == 0)) { re->p++; continue; }
+        if (c == '^' || c == '$') { rc = llm_re_fail(re, "^ or $ inside the pattern (only at its ends) is not supported"); break; }
+        if (arrlen(items)) arrput(re->out, ' ');
+        arrput(items, re->p);
+        rc = llm_re_item(re, depth, 0, &item_nullable);
+        *nullable &= item_nullable;
+    }
+    int n = (int)arrlen(items);
+    if (rc == 0 && n == 0) llm_re_puts(&re->out, nonempty ? "[^\\x00-\\U0010FFFF]" : "\"\"");
+    if (rc == 0 && n > 0 && nonempty && *nullable) { /* every item can be empty: the first non-empty one is j */
+        const char *end = re->p;
+        arrsetlen(re->out, out_at);
+        arrput(re->out, '(');
+        for (int j = 0; rc == 0 && j < n; j++) {
+            if (j) llm_re_puts(&re->out, " | ");
+            for (int i = j; rc == 0 && i < n; i++) {
+                if (i > j) arrput(re->out, ' ');
+                re->p = items[i];
+                rc = llm_re_item(re, depth, i == j, &item_nullable);
+            }
+        }
+        arrput(re->out, ')');
+        re->p = end;
+    }
+    if (nonempty) *nullable = 0;
+    arrfree(items);
+    return rc;
+}
+
+static int llm_re_alternation(llm_re *re, int depth, int nonempty, int *nullable) {
+    int seq_nullable;
+    if (llm_re_sequence(re, depth, nonempty, nullable) != 0) return -1;
     while (*re->p == '|') {
         re->p++;
         llm_re_puts(&re->out, " | ");
-        if (llm_re_sequence(re, depth) != 0) return -1;
+        if (llm_re_sequence(re, depth, nonempty, &seq_nullable) != 0) return -1;
+        *nullable |= seq_nullable;
     }
     return 0;
 }
 
 /* A regex as a GBNF expression appended to *out (json: inside a JSON string); -1 with the reason in err */
 static int llm_re_to_gbnf(const char *regex, int json, char **out, char *err) {
-    llm_re re = {regex, regex, *out, json, err};
+    llm_re re = {regex, regex, *out, json, 0, err};
+    int nullable;
     re.err[0] = 0;
     arrput(re.out, '(');
-    int rc = llm_re_alternation(&re, 0);
+    int rc = llm_re_alternation(&re, 0, 0, &nullable);
     if (rc == 0 && *re.p) rc = llm_re_fail(&re, "an unmatched ')'");
     arrput(re.out, ')');
     *out = re.out;

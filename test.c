@@ -3068,6 +3068,12 @@ static const grammar_case grammar_cases[] = {
     {"empty alternatives and comments",
      "# a comment\nroot ::= (\"x\" | ) \"y\" |  # x is optional\n  \"z\"{0,2}\n", "regex", "x?y|z{0,2}", "xyz",
      {"y", "xy", "", "z", "zz"}, {"x"}, {"zzz", "xx", "yx"}},
+    /* no GBNF: the regular expression's, from llm_regex_to_grammar. Repetitions of what can be empty, which
+     * GBNF writes without left recursion (fuzz/fuzz_grammar found the first one) */
+    {"regex: repeated parts that can be empty", NULL, "regex", "(a|)*b(c?d?)+(e?){2,}f(|g|h?)*", "abcdefgh",
+     {"bf", "aabcdddeef", "bfghg", "abdcf"}, {"", "a", "ab", "bcd"}, {"f", "ba", "bfa", "bfe"}},
+    {"regex: nested ones, and nothing repeated", NULL, "regex", "((x?)*y?)*z|(a{0})*b|(c?){0,3}d*", "xyzabcd",
+     {"z", "xxyz", "yyxz", "b", "ccdd"}, {"x", "xy"}, {"zz", "zx", "ab", "cccc", "bd"}},
 };
 
 /* What the matcher says of a text from the start: "accept" (whole), "prefix" (it may go on to be) or
@@ -3101,8 +3107,10 @@ static void test_grammar_gbnf(void) {
     int n_oracle = 0;
     for (size_t c = 0; c < sizeof grammar_cases / sizeof *grammar_cases; c++) {
         const grammar_case *gc = &grammar_cases[c];
-        llm_grammar *g = llm_grammar_parse(gc->gbnf, err);
+        char *made = gc->gbnf ? NULL : llm_regex_to_grammar(gc->pattern, err);
+        llm_grammar *g = gc->gbnf || made ? llm_grammar_parse(gc->gbnf ? gc->gbnf : made, err) : NULL;
         CHECK(g != NULL, "grammar %s: %s", gc->name, err);
+        free(made);
         if (!g) continue;
         const char *const *lists[3] = {gc->accept, gc->prefix, gc->reject};
         const char *want[3] = {"accept", "prefix", "reject"};
