@@ -5416,6 +5416,7 @@ struct llm_grammar {
     int cache_next;
     int64_t cache_hits;
     uint32_t *walk_buf;             /* stb_ds: the walk's scratch for stacks being built */
+    llm_gr_set walk_seen;           /* and for the stacks one step has met after an empty alternative */
     llm_gr_set *walk;               /* stb_ds: the sets one walk of the trie meets, by number */
 };
 #define LLM_GR_CACHE 512
@@ -5693,7 +5694,7 @@ void llm_grammar_free(llm_grammar *g) {
     for (ptrdiff_t i = 0; i < arrlen(g->cache); i++) { free(g->cache[i].key); free(g->cache[i].mask); }
     arrfree(g->cache);
     for (ptrdiff_t i = 0; i < arrlen(g->walk); i++) { arrfree(g->walk[i].data); arrfree(g->walk[i].lens); }
-    arrfree(g->walk); arrfree(g->walk_buf);
+    arrfree(g->walk); arrfree(g->walk_buf); arrfree(g->walk_seen.data); arrfree(g->walk_seen.lens);
     free(g);
 }
 
@@ -5752,13 +5753,14 @@ llm_grammar *llm_grammar_parse(const char *gbnf, char *err) {
 struct llm_grammar_state {
     const llm_grammar *g;
     llm_gr_set set;
-    llm_gr_set next[2]; uint32_t *buf; /* accept's scratch, kept for the next call */
+    llm_gr_set next[2], seen; uint32_t *buf; /* accept's scratch, kept for the next call */
     uint32_t partial; int partial_left, partial_len; /* a UTF-8 character begun: its bits, bytes to come */
 };
 
 static void llm_gr_set_clear(llm_gr_set *s) { arrsetlen(s->data, 0); arrsetlen(s->lens, 0); }
 static void llm_gr_set_free(llm_gr_set *s) { arrfree(s->data); arrfree(s->lens); }
 
+/* 1: added, 0: it was there, -1: the set is full */
 static int llm_gr_set_add(llm_gr_set *s, const uint32_t *stack, uint32_t n) {
     size_t at = 0;
     for (ptrdiff_t i = 0; i < arrlen(s->lens); at += s->lens[i++])
@@ -5767,16 +5769,20 @@ static int llm_gr_set_add(llm_gr_set *s, const uint32_t *stack, uint32_t n) {
     if (!s->data) arrsetcap(s->data, 64); /* a set with a stack has data, even if the stack is empty */
     arrput(s->lens, n);
     if (n) memcpy(arraddnptr(s->data, n), stack, n * sizeof *stack);
-    return 0;
+    return 1;
 }
 
 /* A stack whose top is a rule reference becomes one stack per alternative of the rule (recursively), until
  * every top is a character to match, or the stack is empty (the sentence is whole). Added to out. The stack
  * is (*buf)[base, base + n): the stacks being built go after it in the same scratch array, so that a step
- * allocates nothing once the scratch has grown (indices, not pointers: the array may move as it grows). */
-static int llm_gr_expand(const llm_grammar *g, uint32_t **buf, size_t base, uint32_t n, llm_gr_set *out) {
+ * allocates nothing once the scratch has grown (indices, not pointers: the array may move as it grows).
+ * An empty alternative leaves the stack below it, which the rule's other empty derivations reach again:
+ * (a|b|)? or x? y? z? reach it by as many ways as there are, and nested, that is exponential. seen holds
+ * the stacks so reached in this step (as llama.cpp's matcher keeps those it has seen): each is expanded once. */
+static int llm_gr_expand(const llm_grammar *g, uint32_t **buf, size_t base, uint32_t n, llm_gr_set *out,
+                         llm_gr_set *seen) {
     uint32_t pos = n ? (*buf)[base + n - 1] : 0;
-    if (n == 0 || g->elems[pos].type != LLM_GR_RULE) return llm_gr_set_add(out, *buf + base, n);
+    if (n == 0 || g->elems[pos].type != LLM_GR_RULE) return llm_gr_set_add(out, *buf + base, n) < 0 ? -1 : 0;
     if (n >= LLM_GR_MAX_DEPTH) return -1;
     uint32_t alt = g->rule_start[g->elems[pos].value], m = n - 1;
     size_t top = base + n;
@@ -5785,8 +5791,10 @@ static int llm_gr_expand(const llm_grammar *g, uint32_t **buf, size_t base, uint
     if (!llm_gr_is_end(&g->elems[pos + 1])) (*buf)[top + m++] = pos + 1; /* what follows the reference */
     for (;;) {
         uint32_t k = m;
+        int again = 1;
         if (!llm_gr_is_end(&g->elems[alt])) (*buf)[top + k++] = alt;
-        if (llm_gr_expand(g, buf, top, k, out) != 0) return -1;
+        else if ((again = llm_gr_set_add(seen, *buf + top, k)) < 0) return -1;
+        if (again && llm_gr_expand(g, buf, top, k, out, seen) != 0) return -1;
         while (!llm_gr_is_end(&g->elems[alt])) alt++;
         if (g->elems[alt++].type == LLM_GR_END) break;
     }
@@ -5823,8 +5831,10 @@ static int llm_gr_match_partial(const llm_gr_elem *e, uint32_t partial, int left
 }
 
 /* One character: every stack whose top matches c pops it and is expanded into out (buf: scratch). */
-static int llm_gr_step(const llm_grammar *g, const llm_gr_set *in, uint32_t c, llm_gr_set *out, uint32_t **buf) {
+static int llm_gr_step(const llm_grammar *g, const llm_gr_set *in, uint32_t c, llm_gr_set *out, uint32_t **buf,
+                       llm_gr_set *seen) {
     llm_gr_set_clear(out);
+    llm_gr_set_clear(seen);
     size_t at = 0;
     for (ptrdiff_t i = 0; i < arrlen(in->lens); at += in->lens[i++]) {
         uint32_t n = in->lens[i], m = n - 1;
@@ -5833,7 +5843,7 @@ static int llm_gr_step(const llm_grammar *g, const llm_gr_set *in, uint32_t c, l
         arrsetlen(*buf, n);
         memcpy(*buf, in->data + at, m * sizeof(uint32_t));
         if (!llm_gr_is_end(next)) (*buf)[m++] = (uint32_t)(next - g->elems);
-        if (llm_gr_expand(g, buf, 0, m, out) != 0) return -1;
+        if (llm_gr_expand(g, buf, 0, m, out, seen) != 0) return -1;
     }
     return 0;
 }
@@ -5875,7 +5885,7 @@ llm_grammar_state *llm_grammar_start(const llm_grammar *g) {
     for (;;) { /* one stack per alternative of root, each expanded */
         arrsetlen(st->buf, 1);
         st->buf[0] = root;
-        if (llm_gr_expand(g, &st->buf, 0, llm_gr_is_end(&g->elems[root]) ? 0 : 1, &st->set) != 0) {
+        if (llm_gr_expand(g, &st->buf, 0, llm_gr_is_end(&g->elems[root]) ? 0 : 1, &st->set, &st->seen) != 0) {
             llm_grammar_state_free(st);
             return NULL;
         }
@@ -5906,7 +5916,8 @@ llm_grammar_state *llm_grammar_state_copy(const llm_grammar_state *st) {
 
 void llm_grammar_state_free(llm_grammar_state *st) {
     if (!st) return;
-    llm_gr_set_free(&st->set); llm_gr_set_free(&st->next[0]); llm_gr_set_free(&st->next[1]); arrfree(st->buf);
+    llm_gr_set_free(&st->set); llm_gr_set_free(&st->next[0]); llm_gr_set_free(&st->next[1]);
+    llm_gr_set_free(&st->seen); arrfree(st->buf);
     free(st);
 }
 
@@ -5921,7 +5932,7 @@ int llm_grammar_accept(llm_grammar_state *st, const char *bytes, int n) {
         else if (r == 1) {
             llm_gr_set *out = &sets[k];
             k ^= 1;
-            rc = llm_gr_step(st->g, cur, cp, out, &st->buf) != 0 || arrlen(out->lens) == 0 ? -1 : 0;
+            rc = llm_gr_step(st->g, cur, cp, out, &st->buf, &st->seen) != 0 || arrlen(out->lens) == 0 ? -1 : 0;
             cur = out;
         }
     }
@@ -6140,7 +6151,7 @@ static int llm_gr_walk(llm_grammar *g, const llm_grammar_state *st, const llm_to
         } else {
             while (arrlen(g->walk) <= n_sets) { llm_gr_set empty = {0}; arrput(g->walk, empty); }
             llm_gr_set *out = &g->walk[n_sets];
-            if (llm_gr_step(g, &g->walk[from], cp, out, &g->walk_buf) != 0) { rc = -1; break; }
+            if (llm_gr_step(g, &g->walk[from], cp, out, &g->walk_buf, &g->walk_seen) != 0) { rc = -1; break; }
             if (arrlen(out->lens)) {
                 uint64_t h = llm_gr_set_hash(out);
                 ptrdiff_t same = hmgeti(by_hash, h);
@@ -6224,7 +6235,8 @@ int llm_grammar_allows(const llm_grammar_state *st, const llm_token_trie *tt, in
     llm_grammar_state next;
     memset(&next, 0, sizeof next);
     int ok = llm_gr_allows_into(st, tt, token, &next);
-    llm_gr_set_free(&next.set); llm_gr_set_free(&next.next[0]); llm_gr_set_free(&next.next[1]); arrfree(next.buf);
+    llm_gr_set_free(&next.set); llm_gr_set_free(&next.next[0]); llm_gr_set_free(&next.next[1]);
+    llm_gr_set_free(&next.seen); arrfree(next.buf);
     return ok;
 }
 

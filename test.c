@@ -3068,6 +3068,11 @@ static const grammar_case grammar_cases[] = {
     {"empty alternatives and comments",
      "# a comment\nroot ::= (\"x\" | ) \"y\" |  # x is optional\n  \"z\"{0,2}\n", "regex", "x?y|z{0,2}", "xyz",
      {"y", "xy", "", "z", "zz"}, {"x"}, {"zzz", "xx", "yx"}},
+    /* an empty text reached by 40 ways at each of six places: 40^6 expansions, unless the matcher expands
+     * what it reached once (fuzz/fuzz_grammar found a grammar like it) */
+    {"many empty alternatives", "root ::= (||||||||||||||||||||||||||||||||||||||||\"a\" [bc]{0,3} \"d\"){1,6}\n",
+     "regex", "(?:a[bc]{0,3}d){0,6}", "abcd", {"", "ad", "abcdad", "adadadadadad"}, {"a", "abc", "adab"},
+     {"d", "abcbcd", "adadadadadadad", "aa"}},
     /* no GBNF: the regular expression's, from llm_regex_to_grammar. Repetitions of what can be empty, which
      * GBNF writes without left recursion (fuzz/fuzz_grammar found the first one) */
     {"regex: repeated parts that can be empty", NULL, "regex", "(a|)*b(c?d?)+(e?){2,}f(|g|h?)*", "abcdefgh",
