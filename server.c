@@ -2655,7 +2655,7 @@ static const char *bs_usage =
     "  --seed S               workload seed (default 0)\n"
     "  --timeout S            a request fails when the server is silent for S seconds (default 120)\n"
     "multi-turn chat (vLLM production-stack's multi-round QA; --num-prompts, --input-len, --max-concurrency\n"
-    "and the token-id flags do not apply):\n"
+    "and the token-id flags are refused with it, the flags below without it):\n"
     "  --multi-turn U:R       U users at once (or joining at --request-rate users per second, one after\n"
     "                         another), each a conversation of R rounds on /v1/chat/completions\n"
     "                         (unless --endpoint): every round sends the whole conversation so far, the\n"
@@ -3641,12 +3641,17 @@ static int bench_serve(int argc, char **argv, int start) {
                   .in_min = 32, .in_max = 256, .out_min = 16, .out_max = 128, .tok_min = 3, .tok_max = 500,
                   .rate = INFINITY, .timeout = 120, .system_words = 200, .turn_min = 16, .turn_max = 48};
     const char *model = NULL, *host = "127.0.0.1", **metrics_urls = NULL; /* stb_ds */
+    const char *single_only = NULL, *multi_only = NULL; /* a flag given that only one of the two kinds reads */
     int max_conc = 0, port = 8000;
     for (int i = start; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) { fputs(bs_usage, stdout); return 0; }
         if (f[0] != '-' || f[1] != '-') { fprintf(stderr, "llm bench serve: unexpected %s\n", f); return 1; }
+        if (!strcmp(f, "--num-prompts") || !strcmp(f, "--input-len") || !strcmp(f, "--max-concurrency") ||
+            !strcmp(f, "--min-token-id") || !strcmp(f, "--max-token-id")) single_only = f;
+        if (!strcmp(f, "--system-words") || !strcmp(f, "--turn-words") || !strcmp(f, "--session-header") ||
+            !strcmp(f, "--metrics-url")) multi_only = f;
         if (!strcmp(f, "--session-header")) { b.session_header = 1; continue; } /* the flag without a value */
         if (!v) { fprintf(stderr, "llm bench serve: %s needs a value (see --help)\n", f); return 1; }
         i++;
@@ -3683,6 +3688,13 @@ static int bench_serve(int argc, char **argv, int start) {
     }
     if (b.tok_min > b.tok_max) {
         fprintf(stderr, "llm bench serve: --min-token-id is above --max-token-id\n");
+        arrfree(metrics_urls);
+        return 1;
+    }
+    if (b.users ? single_only != NULL : multi_only != NULL) { /* given, it would be ignored: refused */
+        if (b.users) fprintf(stderr, "llm bench serve: %s does not apply to --multi-turn (see --help)\n", single_only);
+        else fprintf(stderr, "llm bench serve: %s applies only to --multi-turn (see --help)\n", multi_only);
+        arrfree(metrics_urls);
         return 1;
     }
     /* one thread per request in flight: past BS_MAX_THREADS of them, requests wait their turn */

@@ -6321,6 +6321,24 @@ static void test_server_replica(void) {
           strstr(r, "\nCached prompt tokens (usage):"),
           "llm bench serve --multi-turn: hit rate %g: %s", hit_rate, r ? r : "");
     free(r);
+    /* a flag that the other kind of workload reads is refused, naming it, before anything is sent */
+    static const struct { const char *args, *why; } misfit[] = {
+        {"--system-words 10", "--system-words applies only to --multi-turn"},
+        {"--turn-words 3:4", "--turn-words applies only to --multi-turn"},
+        {"--session-header", "--session-header applies only to --multi-turn"},
+        {"--metrics-url http://127.0.0.1:1/metrics", "--metrics-url applies only to --multi-turn"},
+        {"--multi-turn 2:2 --num-prompts 5", "--num-prompts does not apply to --multi-turn"},
+        {"--input-len 8:9 --multi-turn 2:2", "--input-len does not apply to --multi-turn"},
+        {"--multi-turn 2:2 --max-concurrency 4", "--max-concurrency does not apply to --multi-turn"},
+        {"--multi-turn 2:2 --max-token-id 9", "--max-token-id does not apply to --multi-turn"},
+    };
+    for (size_t i = 0; i < sizeof misfit / sizeof *misfit; i++) {
+        snprintf(cmd, sizeof cmd, "./llm bench serve --port %d %s 2>&1", port, misfit[i].args);
+        r = run_command(cmd, &status);
+        CHECK(r && status != 0 && strstr(r, misfit[i].why) && !strstr(r, "Successful requests"),
+              "llm bench serve %s: refused with \"%s\": %s", misfit[i].args, misfit[i].why, r ? r : "");
+        free(r);
+    }
     CHECK(server_stop(&s) == 0, "serve: exit status 0");
 }
 
