@@ -4793,15 +4793,21 @@ static void llm_cpu_attention(const llm_cpu *c, int layer, const int32_t *block_
  * softmax over all of them, its top n_experts_used kept and renormalised (qwen3moe's and Mixtral's way, as
  * llama.cpp has them), weight each chosen expert's SwiGLU. Grouped by expert: each expert's tokens are
  * gathered into rows, so its matrices are read once per step, not once per token; a row's arithmetic is the
- * same in any group, so a token's output does not depend on the batch. 1: out of memory. */
-static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn, int T, float *delta, int ex) {
+ * same in any group, so a token's output does not depend on the batch. scratch: llm_cpu_moe_floats(cf) per
+ * token of the batch. 1: out of memory. */
+static size_t llm_cpu_moe_floats(const llm_config *cf) {
+    return cf->n_experts ? (size_t)cf->n_experts + 2 * (size_t)cf->n_experts_used + 1 + 2 * (size_t)cf->dim +
+                           2 * (size_t)cf->expert_ffn_dim : 0;
+}
+
+static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn, int T, float *delta, int ex,
+                       float *scratch) {
     int D = cf->dim, E = cf->n_experts, K = cf->n_experts_used, Fe = cf->expert_ffn_dim, failed = 0;
-    float *scores = (float *)malloc((size_t)T * E * sizeof(float)), *weight = (float *)malloc((size_t)T * K * 4);
-    int *chosen = (int *)malloc((size_t)T * K * sizeof(int)), *rows = (int *)malloc((size_t)T * sizeof(int));
-    float *xe = (float *)malloc((size_t)T * D * 4), *ge = (float *)malloc((size_t)T * Fe * 4);
-    float *ue = (float *)malloc((size_t)T * Fe * 4), *oe = (float *)malloc((size_t)T * D * 4);
-    if (!scores || !weight || !chosen || !rows || !xe || !ge || !ue || !oe) failed = 1;
-    if (!failed) failed = llm_matmul(scores, xn, &L->router, T, ex);
+    /* per token: scores [E], weight [K], chosen [K] (ints), rows [1] (ints), xe and oe [D], ge and ue [Fe] */
+    float *scores = scratch, *weight = scores + (size_t)T * E;
+    int *chosen = (int *)(weight + (size_t)T * K), *rows = chosen + (size_t)T * K;
+    float *xe = (float *)(rows + T), *oe = xe + (size_t)T * D, *ge = oe + (size_t)T * D, *ue = ge + (size_t)T * Fe;
+    failed = llm_matmul(scores, xn, &L->router, T, ex);
     for (int t = 0; !failed && t < T; t++) { /* the router: softmax, top K (lower index on a tie), renormalised */
         float *p = scores + (size_t)t * E, mx = -INFINITY, sum = 0, kept = 0;
         for (int e = 0; e < E; e++) if (p[e] > mx) mx = p[e];
@@ -4837,7 +4843,6 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
             for (int d = 0; d < D; d++) delta[(size_t)t * D + d] += w * oe[(size_t)i * D + d];
         }
     }
-    free(scores); free(weight); free(chosen); free(rows); free(xe); free(ge); free(ue); free(oe);
     return failed;
 }
 
@@ -4877,8 +4882,10 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
      *   att       [T][q_dim]  the attention output, heads side by side
      *   gate, up  [T][F]      the feed-forward's two projections; gate becomes silu(gate) * up
      *   delta     [T][D]      a block's last matrix product, added to x
+     *   moe                   a mixture of experts' routing and rows (llm_cpu_moe), when the model has one
      *   seq_of    [T]         the sequence each token belongs to (whose block table it reads) */
-    size_t per_token = 3 * (size_t)D + 2 * (size_t)q_dim + 2 * (size_t)kv_dim + 2 * (size_t)F;
+    size_t per_token = 3 * (size_t)D + 2 * (size_t)q_dim + 2 * (size_t)kv_dim + 2 * (size_t)F +
+                       llm_cpu_moe_floats(cf);
     if (T > c->scratch_tokens) { /* kept from step to step: the same activations are rewritten every step */
         free(c->scratch); free(c->seq_of);
         c->scratch = (float *)malloc((size_t)T * per_token * sizeof(float));
@@ -4890,7 +4897,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
     int32_t *seq_of = c->seq_of;
     float *xn = x + (size_t)T * D, *q = xn + (size_t)T * D, *k = q + (size_t)T * q_dim;
     float *v = k + (size_t)T * kv_dim, *att = v + (size_t)T * kv_dim, *gate = att + (size_t)T * q_dim;
-    float *up = gate + (size_t)T * F, *delta = up + (size_t)T * F;
+    float *up = gate + (size_t)T * F, *delta = up + (size_t)T * F, *moe = delta + (size_t)T * D;
     int max_ctx = 0, failed = 0;
     for (int s = 0; s < b->n_seqs; s++)
         for (int i = b->seq_start[s]; i < b->seq_start[s + 1]; i++) {
@@ -4976,7 +4983,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
             llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->ffn_norm.data, D,
                         cf->rms_eps);
         if (cf->n_experts) {
-            failed |= llm_cpu_moe(cf, L, xn, T, delta, ex);
+            failed |= llm_cpu_moe(cf, L, xn, T, delta, ex, moe);
             for (size_t i = 0; i < (size_t)T * D; i++) x[i] += delta[i];
             continue;
         }
