@@ -5477,6 +5477,27 @@ static void test_server_mistral_tools(void) {
     r = http_post(srv.port, "/v1/chat/completions", body, NULL);
     CHECK(http_status(r) == 200, "Mistral: a call and its result with ids of 29 characters: %s", r);
     free(r);
+    /* the prompt it was given (/tokenize reads messages as the chat endpoint does, /detokenize writes them
+     * back): the call and its result under one id of 9 letters and digits, the 29-character one gone */
+    snprintf(body, sizeof body, "{\"messages\":[%s],%s}", loop, tools);
+    r = http_post(srv.port, "/tokenize", body, NULL);
+    const char *tokens = r ? strstr(http_body(r), "\"tokens\":[") : NULL, *tokens_end = tokens ? strchr(tokens, ']') : NULL;
+    char *prompt = NULL;
+    if (tokens && tokens_end) {
+        snprintf(body, sizeof body, "{%.*s}", (int)(tokens_end + 1 - tokens), tokens);
+        prompt = http_post(srv.port, "/detokenize", body, NULL);
+    }
+    const char *call = prompt ? strstr(prompt, "\\\"arguments\\\": {\\\"city\\\": \\\"Rome\\\"}, \\\"id\\\": \\\"") : NULL;
+    const char *result = prompt ? strstr(prompt, "\\\"call_id\\\": \\\"") : NULL;
+    int call_len = 0, result_len = 0;
+    if (call) call += strlen("\\\"arguments\\\": {\\\"city\\\": \\\"Rome\\\"}, \\\"id\\\": \\\"");
+    if (result) result += strlen("\\\"call_id\\\": \\\"");
+    while (call && isalnum((unsigned char)call[call_len])) call_len++;
+    while (result && isalnum((unsigned char)result[result_len])) result_len++;
+    CHECK(http_status(prompt) == 200 && call_len == 9 && result_len == 9 && !memcmp(call, result, 9) &&
+          !strstr(prompt, "call_0123456789abcdefABCDEF"),
+          "Mistral: the call and its result under one 9-character id: %s", prompt ? http_body(prompt) : r);
+    free(prompt); free(r);
     /* questions and answers out of turn: Mistral's templates refuse them, and so does the server */
     snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\","
              "\"content\":\"b\"}],\"max_tokens\":4}");
