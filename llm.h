@@ -190,7 +190,7 @@ void llm_qblock_unpack(uint32_t type, const void *block, llm_qblock *b);
  * -------------------------------------------------------------------------------------------------------- */
 enum llm_arch {
     LLM_ARCH_LLAMA, LLM_ARCH_QWEN2, LLM_ARCH_QWEN3, LLM_ARCH_GEMMA3, LLM_ARCH_PHI3, LLM_ARCH_SMOLLM3,
-    LLM_ARCH_QWEN3MOE, LLM_ARCH_COUNT
+    LLM_ARCH_QWEN3MOE, LLM_ARCH_GPT_OSS, LLM_ARCH_COUNT
 };
 
 typedef struct {
@@ -199,13 +199,14 @@ typedef struct {
     int rope_dim;             /* leading dims of each head that RoPE rotates (usually head_dim) */
     int rope_neox;            /* 1: rotate x[i] with x[i + rope_dim/2] (qwen); 0: adjacent pairs (llama) */
     float rope_base, rms_eps;
-    /* Gemma 3: local layers attend to the last sliding_window positions only, with their own RoPE base; every
-     * swa_pattern-th layer is global (0: no window) */
+    /* Gemma 3, gpt-oss: local layers attend to the last sliding_window positions only, with their own RoPE
+     * base (gpt-oss: the same); every swa_pattern-th layer is global (0: no window) */
     int sliding_window, swa_pattern;
     float rope_base_swa;
     int nope_every;           /* SmolLM3: every nope_every-th layer has no RoPE (0: all have it) */
-    /* mixture of experts (qwen3moe; llama files with experts, as Mixtral): each token's FFN is the weighted sum
-     * of n_experts_used of n_experts FFNs of width expert_ffn_dim, picked by a router (0: a dense FFN) */
+    /* mixture of experts (qwen3moe, gpt-oss; llama files with experts, as Mixtral): each token's FFN is the
+     * weighted sum of n_experts_used of n_experts FFNs of width expert_ffn_dim, picked by a router (0: a dense
+     * FFN) */
     int n_experts, n_experts_used, expert_ffn_dim;
 } llm_config;
 
@@ -213,11 +214,14 @@ typedef struct { const void *data; uint32_t type; int64_t rows, cols; } llm_weig
 
 typedef struct {
     llm_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm; /* b*, *_norm: data NULL when absent */
+    llm_weight bo, sinks;     /* gpt-oss: the output projection's bias; a logit per head that takes a share of
+                               * the softmax and gives nothing (an "attention sink") */
     llm_weight ffn_norm, w_gate, w_up, w_down;
     llm_weight post_attn_norm, post_ffn_norm; /* Gemma 3: the norms of each block's output (else absent) */
     /* mixture of experts: the router (n_experts rows) and the experts' matrices stacked, expert e's rows
      * e * rows_per_expert on (w_gate, w_up, w_down unused) */
     llm_weight router, gate_exps, up_exps, down_exps;
+    llm_weight router_b, gate_exps_b, up_exps_b, down_exps_b; /* gpt-oss: their biases, a row per expert */
 } llm_layer;
 
 typedef struct llm_tokenizer llm_tokenizer;
@@ -1326,7 +1330,7 @@ void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n
  * 2. Model: the configuration from the metadata, the weights as typed pointers into the mapped file
  * ======================================================================================================== */
 static const char *llm_arch_names[LLM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3",
-                                                     "qwen3moe"};
+                                                     "qwen3moe", "gpt-oss"};
 
 /* Weights stay in the file's type; the forward pass converts one row at a time (llm_dtype_dequant_row). rows
  * 0: a vector (a norm or a bias), which must be f32. */
@@ -1392,7 +1396,7 @@ static int llm_model_read_config(llm_model *m, char *err) {
     for (int i = 0; i < LLM_ARCH_COUNT; i++) if (llm_str_eq(arch, llm_arch_names[i])) c->arch = i;
     if (c->arch < 0)
         return llm_fail(err, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, gemma3, phi3, "
-                        "smollm3, qwen3moe)", (int)arch.len, arch.ptr);
+                        "smollm3, qwen3moe, gpt-oss)", (int)arch.len, arch.ptr);
     /* keys are prefixed by the architecture: llama.embedding_length, qwen2.block_count, ... Every number is
      * checked against its range before it is used (a count drives allocations; a cast of a value out of range
      * is undefined behaviour), and an error names the key. */
@@ -1417,10 +1421,19 @@ static int llm_model_read_config(llm_model *m, char *err) {
         LLM_FLOAT(rope_base_swa, "rope.freq_base_swa", 10000.0, 1.0, 1e12);
         c->swa_pattern = 6;
     }
+    if (c->arch == LLM_ARCH_GPT_OSS) { /* every other layer local, from layer 0, with the same RoPE base */
+        LLM_INT(sliding_window, "attention.sliding_window", 0, 0, 1 << 24);
+        c->rope_base_swa = c->rope_base;
+        c->swa_pattern = 2;
+        llm_str scaling = llm_gguf_string(g, LLM_KEY("rope.scaling.type"));
+        if (scaling.ptr && !llm_str_eq(scaling, "none"))
+            return llm_fail(err, "this gpt-oss file scales RoPE with %.*s (gpt-oss-20b and -120b use YaRN), "
+                            "which this engine does not read yet", (int)scaling.len, scaling.ptr);
+    }
     if (c->arch == LLM_ARCH_SMOLLM3) c->nope_every = 4; /* as llama.cpp has it: layers 3, 7, 11, ... */
     LLM_INT(n_experts, "expert_count", 0, 0, 1 << 16);
-    if (c->arch == LLM_ARCH_QWEN3MOE && !c->n_experts)
-        return llm_fail(err, "model metadata qwen3moe.expert_count is missing");
+    if ((c->arch == LLM_ARCH_QWEN3MOE || c->arch == LLM_ARCH_GPT_OSS) && !c->n_experts)
+        return llm_fail(err, "model metadata %s.expert_count is missing", llm_arch_names[c->arch]);
     if (c->n_experts) {
         LLM_INT(n_experts_used, "expert_used_count", -1, 1, c->n_experts);
         LLM_INT(expert_ffn_dim, "expert_feed_forward_length", c->ffn_dim, 1, 1 << 22);
@@ -1457,7 +1470,7 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
     int qwen2 = c->arch == LLM_ARCH_QWEN2, qk_norm = c->arch == LLM_ARCH_QWEN3 || c->arch == LLM_ARCH_GEMMA3 ||
                                                      c->arch == LLM_ARCH_QWEN3MOE;
     int64_t E = c->n_experts, Fe = c->expert_ffn_dim;
-    int gemma3 = c->arch == LLM_ARCH_GEMMA3, phi3 = c->arch == LLM_ARCH_PHI3;
+    int gemma3 = c->arch == LLM_ARCH_GEMMA3, phi3 = c->arch == LLM_ARCH_PHI3, gpt_oss = c->arch == LLM_ARCH_GPT_OSS;
     for (int l = 0; l < c->n_layers; l++) {
         llm_layer *L = &m->layers[l];
         char name[96];
@@ -1488,14 +1501,27 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
             LLM_W(wq, "attn_q.weight", c->dim, q_dim, 1) ||
             LLM_W(wk, "attn_k.weight", c->dim, kv_dim, 1) || LLM_W(wv, "attn_v.weight", c->dim, kv_dim, 1) ||
             LLM_W(wo, "attn_output.weight", q_dim, c->dim, 1) ||
-            LLM_W(bq, "attn_q.bias", q_dim, 0, qwen2) || LLM_W(bk, "attn_k.bias", kv_dim, 0, qwen2) ||
-            LLM_W(bv, "attn_v.bias", kv_dim, 0, qwen2) ||
+            LLM_W(bq, "attn_q.bias", q_dim, 0, qwen2 || gpt_oss) ||
+            LLM_W(bk, "attn_k.bias", kv_dim, 0, qwen2 || gpt_oss) ||
+            LLM_W(bv, "attn_v.bias", kv_dim, 0, qwen2 || gpt_oss) ||
+            LLM_W(bo, "attn_output.bias", c->dim, 0, gpt_oss) ||
+            LLM_W(sinks, "attn_sinks.weight", c->n_heads, 0, gpt_oss) ||
             LLM_W(q_norm, "attn_q_norm.weight", c->head_dim, 0, qk_norm) ||
-            LLM_W(k_norm, "attn_k_norm.weight", c->head_dim, 0, qk_norm) ||
-            LLM_W(post_attn_norm, "post_attention_norm.weight", c->dim, 0, gemma3) ||
-            LLM_W(post_ffn_norm, "post_ffw_norm.weight", c->dim, 0, gemma3) ||
-            LLM_W(ffn_norm, "ffn_norm.weight", c->dim, 0, 1))
+            LLM_W(k_norm, "attn_k_norm.weight", c->head_dim, 0, qk_norm))
             return -1;
+        if (gpt_oss ? LLM_W(ffn_norm, "post_attention_norm.weight", c->dim, 0, 1) /* its name for the FFN's */
+                    : LLM_W(post_attn_norm, "post_attention_norm.weight", c->dim, 0, gemma3) ||
+                      LLM_W(post_ffn_norm, "post_ffw_norm.weight", c->dim, 0, gemma3) ||
+                      LLM_W(ffn_norm, "ffn_norm.weight", c->dim, 0, 1))
+            return -1;
+        if (gpt_oss && (LLM_W(router_b, "ffn_gate_inp.bias", E, 0, 1) ||
+                        LLM_W(gate_exps_b, "ffn_gate_exps.bias", Fe, E, 1) ||
+                        LLM_W(up_exps_b, "ffn_up_exps.bias", Fe, E, 1) ||
+                        LLM_W(down_exps_b, "ffn_down_exps.bias", c->dim, E, 1)))
+            return -1;
+        if ((gpt_oss && (L->gate_exps_b.type != LLM_F32 || L->up_exps_b.type != LLM_F32 ||
+                         L->down_exps_b.type != LLM_F32)))
+            return llm_fail(err, "blk.%d: the experts' biases must be f32", l);
         if (E ? LLM_W(router, "ffn_gate_inp.weight", c->dim, E, 1) ||
                 LLM_W(gate_exps, "ffn_gate_exps.weight", c->dim, Fe * E, 1) ||
                 LLM_W(up_exps, "ffn_up_exps.weight", c->dim, Fe * E, 1) ||
@@ -4764,11 +4790,11 @@ static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
  * block table. kv_head: the K/V head this query head shares with the rest of its group (grouped-query
  * attention). scores: room for pos + 1 values. */
 static void llm_cpu_attention(const llm_cpu *c, int layer, const int32_t *block_table, int pos, int kv_head,
-                              int window, const float *q, float *scores, float *out) {
+                              int window, float sink, const float *q, float *scores, float *out) {
     int hd = c->model->cfg.head_dim, n_ctx = pos + 1, bs = c->block_size;
     int first = window > 0 && n_ctx > window ? n_ctx - window : 0; /* a local layer: the last window only */
     size_t per_slot = (size_t)c->model->cfg.n_kv_heads * hd; /* a block's slots are per_slot values apart */
-    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY, sum = 0;
+    float scale = 1.0f / sqrtf((float)hd), mx = sink, sum = 0; /* the sink (-inf: none) is one more logit */
     for (int p0 = first - first % bs; p0 < n_ctx; p0 += bs) { /* block by block: the table read once each */
         const float *kp = llm_cpu_kv_at(c, c->k, layer, block_table, p0) + kv_head * hd;
         for (int p = p0; p < n_ctx && p < p0 + bs; p++, kp += per_slot) {
@@ -4778,6 +4804,7 @@ static void llm_cpu_attention(const llm_cpu *c, int layer, const int32_t *block_
         }
     }
     for (int p = first; p < n_ctx; p++) { scores[p] = expf(scores[p] - mx); sum += scores[p]; }
+    if (sink > -INFINITY) sum += expf(sink - mx);
     memset(out, 0, (size_t)hd * sizeof(float));
     for (int p0 = first - first % bs; p0 < n_ctx; p0 += bs) {
         const float *vp = llm_cpu_kv_at(c, c->v, layer, block_table, p0) + kv_head * hd;
@@ -4791,7 +4818,9 @@ static void llm_cpu_attention(const llm_cpu *c, int layer, const int32_t *block_
 
 /* A mixture-of-experts FFN on T normalised rows xn, into delta. The router scores each token's experts; the
  * softmax over all of them, its top n_experts_used kept and renormalised (qwen3moe's and Mixtral's way, as
- * llama.cpp has them), weight each chosen expert's SwiGLU. Grouped by expert: each expert's tokens are
+ * llama.cpp has them), weight each chosen expert's SwiGLU. gpt-oss: the router and the experts have biases,
+ * the top n_experts_used scores are kept and the softmax is over them alone, and the experts' gate is
+ * clamped: min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1). Grouped by expert: each expert's tokens are
  * gathered into rows, so its matrices are read once per step, not once per token; a row's arithmetic is the
  * same in any group, so a token's output does not depend on the batch. scratch: llm_cpu_moe_floats(cf) per
  * token of the batch. 1: out of memory. */
@@ -4807,11 +4836,13 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
     float *scores = scratch, *weight = scores + (size_t)T * E;
     int *chosen = (int *)(weight + (size_t)T * K), *rows = chosen + (size_t)T * K;
     float *xe = (float *)(rows + T), *oe = xe + (size_t)T * D, *ge = oe + (size_t)T * D, *ue = ge + (size_t)T * Fe;
+    int gpt_oss = cf->arch == LLM_ARCH_GPT_OSS;
     failed = llm_matmul(scores, xn, &L->router, T, ex);
     for (int t = 0; !failed && t < T; t++) { /* the router: softmax, top K (lower index on a tie), renormalised */
         float *p = scores + (size_t)t * E, mx = -INFINITY, sum = 0, kept = 0;
+        for (int e = 0; L->router_b.data && e < E; e++) p[e] += ((const float *)L->router_b.data)[e];
         for (int e = 0; e < E; e++) if (p[e] > mx) mx = p[e];
-        for (int e = 0; e < E; e++) { p[e] = expf(p[e] - mx); sum += p[e]; }
+        for (int e = 0; !gpt_oss && e < E; e++) { p[e] = expf(p[e] - mx); sum += p[e]; }
         for (int k = 0; k < K; k++) {
             int best = -1;
             for (int e = 0; e < E; e++) {
@@ -4819,7 +4850,9 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
                 for (int j = 0; j < k; j++) taken |= chosen[t * K + j] == e;
                 if (!taken && (best < 0 || p[e] > p[best])) best = e;
             }
-            chosen[t * K + k] = best; weight[t * K + k] = p[best] / sum; kept += p[best] / sum;
+            chosen[t * K + k] = best;
+            weight[t * K + k] = gpt_oss ? expf(p[best] - mx) : p[best] / sum; /* gpt-oss: the kept ones' softmax */
+            kept += weight[t * K + k];
         }
         for (int k = 0; k < K; k++) weight[t * K + k] /= kept;
     }
@@ -4834,8 +4867,18 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
         llm_weight wu = llm_weight_rows(L->up_exps, (int64_t)e * Fe, Fe);
         llm_weight wd = llm_weight_rows(L->down_exps, (int64_t)e * D, D);
         failed = llm_matmul(ge, xe, &wg, n, ex) | llm_matmul(ue, xe, &wu, n, ex);
-        for (size_t i = 0; !failed && i < (size_t)n * Fe; i++) ge[i] = ge[i] / (1.0f + expf(-ge[i])) * ue[i];
+        if (!failed && gpt_oss) {
+            const float *bg = (const float *)L->gate_exps_b.data + (size_t)e * Fe;
+            const float *bu = (const float *)L->up_exps_b.data + (size_t)e * Fe;
+            for (size_t i = 0; i < (size_t)n * Fe; i++) {
+                float g = fminf(ge[i] + bg[i % Fe], 7.0f), u = fminf(fmaxf(ue[i] + bu[i % Fe], -7.0f), 7.0f);
+                ge[i] = g / (1.0f + expf(-1.702f * g)) * (u + 1.0f);
+            }
+        } else
+            for (size_t i = 0; !failed && i < (size_t)n * Fe; i++) ge[i] = ge[i] / (1.0f + expf(-ge[i])) * ue[i];
         failed |= failed ? 0 : llm_matmul(oe, ge, &wd, n, ex);
+        for (int i = 0; !failed && gpt_oss && i < n; i++)
+            for (int d = 0; d < D; d++) oe[(size_t)i * D + d] += ((const float *)L->down_exps_b.data)[(size_t)e * D + d];
         for (int i = 0; !failed && i < n; i++) {
             int t = rows[i];
             float w = 0;
@@ -4965,13 +5008,16 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
                 int t = th / cf->n_heads, h = th % cf->n_heads;
                 if (scores)
                     llm_cpu_attention(c, l, b->block_tables[seq_of[t]], b->positions[t], h / group, window,
+                                      L->sinks.data ? ((const float *)L->sinks.data)[h] : -INFINITY,
                                       q + (size_t)t * q_dim + h * hd, scores,
                                       att + (size_t)t * q_dim + h * hd);
             }
             free(scores);
         }
-        /* the output projection (Gemma 3: normalised), added to the residual stream */
+        /* the output projection (gpt-oss: with a bias; Gemma 3: normalised), added to the residual stream */
         failed |= llm_matmul(delta, att, &L->wo, T, ex);
+        for (int t = 0; L->bo.data && t < T; t++)
+            for (int i = 0; i < D; i++) delta[(size_t)t * D + i] += ((const float *)L->bo.data)[i];
         for (int t = 0; L->post_attn_norm.data && t < T; t++)
             llm_rmsnorm(delta + (size_t)t * D, delta + (size_t)t * D, (const float *)L->post_attn_norm.data, D,
                         cf->rms_eps);

@@ -928,15 +928,16 @@ static void test_random_models_reference(void) {
                             "llama.cpp's");
 }
 
-/* The architectures added since those four (gemma3, phi3, smollm3, qwen3moe, Mixtral-style llama), each its
- * random model against llama.cpp's greedy ids: on the exact path and the default one, at block sizes 1, 16 and
- * 64, alone and batched behind another prompt (Gemma 3: its 24 tokens run past the local layers' window of 8) */
+/* The architectures added since those four (gemma3, phi3, smollm3, qwen3moe, Mixtral-style llama, gpt-oss),
+ * each its random model against llama.cpp's greedy ids: on the exact path and the default one, at block sizes 1,
+ * 16 and 64, alone and batched behind another prompt (Gemma 3 and gpt-oss: their 24 tokens run past the local
+ * layers' window of 8) */
 static void test_random_archs_reference(void) {
     ref_case *cases = (ref_case *)calloc(16, sizeof *cases);
     int n = load_ref_cases("random-archs-greedy.json", "completion_token_ids", cases, 16), checked = 0;
     run_result *r = (run_result *)calloc(1, sizeof *r);
     static const char *const supported[] = {"random-gemma3.gguf", "random-phi3.gguf", "random-smollm3.gguf",
-                                            "random-qwen3moe.gguf", "random-llama-moe.gguf"};
+                                            "random-qwen3moe.gguf", "random-llama-moe.gguf", "random-gpt-oss.gguf"};
     for (int i = 0; i < n; i++) {
         int known = 0;
         for (size_t k = 0; k < sizeof supported / sizeof *supported; k++) known |= !strcmp(cases[i].model, supported[k]);
@@ -1847,8 +1848,10 @@ static void test_paged_forward_models(void) {
     test_paged_forward("random-smollm3.gguf"); /* a layer without RoPE */
     test_paged_forward("random-qwen3moe.gguf");
     test_paged_forward("random-llama-moe.gguf");
+    test_paged_forward("random-gpt-oss.gguf");   /* attention sinks, a window of 8 on layer 0, biases */
     test_moe_grouped("random-qwen3moe.gguf");
     test_moe_grouped("random-llama-moe.gguf");
+    test_moe_grouped("random-gpt-oss.gguf");
 }
 
 /* -----------------------------------------------------------------------------------------------------------
@@ -2070,6 +2073,42 @@ static void test_gguf_values(void) {
     }
 }
 
+/* A copy of a test model (stories260K, say) with metadata keys added: each key name, a GGUF value type and its
+ * bytes (strings as the file writes them: a u64 length, then the bytes). The keys go right after the header,
+ * with a padding key that makes what was added a multiple of the alignment (32), so the tensor data, which the
+ * file only locates by alignment, moves whole and stays aligned. Writes the copy's path to path (room for
+ * 64). */
+typedef struct { const char *key; uint32_t type; const void *value; size_t n; } test_kv;
+static int gguf_with_keys(const char *model, const test_kv *kvs, int n_kvs, char *path) {
+    size_t size, add = 0, room = 64 + 32;
+    char *file = read_file(model_path(model), &size);
+    if (!file || size < 24) { free(file); return -1; }
+    for (int i = 0; i < n_kvs; i++) room += 8 + strlen(kvs[i].key) + 4 + kvs[i].n;
+    char *extra = (char *)calloc(1, room);
+#define PUT(p, n) (memcpy(extra + add, p, n), add += (n))
+    for (int i = 0; i <= n_kvs; i++) {
+        const char *key = i < n_kvs ? kvs[i].key : "test.padding";
+        uint64_t klen = strlen(key);
+        PUT(&klen, 8); PUT(key, klen);
+        if (i < n_kvs) { PUT(&kvs[i].type, 4); PUT(kvs[i].value, kvs[i].n); continue; }
+        uint32_t t = LLM_GGUF_STRING;
+        PUT(&t, 4);
+        uint64_t pad = (32 - (add + 8) % 32) % 32;
+        PUT(&pad, 8);
+        memset(extra + add, 'x', pad); add += pad;
+    }
+#undef PUT
+    uint64_t n_kv;
+    memcpy(&n_kv, file + 16, 8); n_kv += (uint64_t)n_kvs + 1; memcpy(file + 16, &n_kv, 8);
+    strcpy(path, "/tmp/llm-test-keys-XXXXXX");
+    int fd = mkstemp(path), ok = fd >= 0;
+    if (ok) ok = write(fd, file, 24) == 24 && write(fd, extra, add) == (ssize_t)add &&
+                 write(fd, file + 24, size - 24) == (ssize_t)(size - 24);
+    if (fd >= 0) close(fd);
+    free(file); free(extra);
+    return ok ? 0 : -1;
+}
+
 static void test_gguf_errors(void) {
     size_t n;
     char *file = read_file(model_path("stories260K.gguf"), &n);
@@ -2108,6 +2147,16 @@ static void test_gguf_errors(void) {
     e = load_bytes(buf, n);
     CHECK(strstr(e, "unsupported architecture") && strstr(e, "gpt9_") && strstr(e, "smollm3, qwen3moe"),
           "unsupported architecture, naming the known ones: \"%s\"", e);
+    { /* gpt-oss with YaRN (as gpt-oss-20b's files have it), which the engine does not read: refused, saying so */
+        static const char yarn[] = "\x04\0\0\0\0\0\0\0yarn";
+        test_kv kv = {"gpt-oss.rope.scaling.type", LLM_GGUF_STRING, yarn, 12};
+        char yarn_path[64];
+        llm_model ym;
+        CHECK(gguf_with_keys("random-gpt-oss.gguf", &kv, 1, yarn_path) == 0 &&
+              llm_model_load(&ym, yarn_path, err) != 0 && strstr(err, "yarn") && strstr(err, "YaRN"),
+              "gpt-oss with YaRN refused: \"%s\"", err);
+        remove(yarn_path);
+    }
     memcpy(buf, file, n); uint32_t v9 = 9; memcpy(buf + 4, &v9, 4);
     e = load_bytes(buf, n); CHECK(strstr(e, "version 9") != NULL, "unsupported version: \"%s\"", e);
     e = load_bytes("", 0); CHECK(strstr(e, "truncated") != NULL, "empty file: \"%s\"", e);
@@ -3721,40 +3770,6 @@ static void test_cli(void) {
     free(out); free(cases);
 }
 
-/* A copy of stories260K with metadata keys added: each key name, a GGUF value type and its bytes (strings
- * as the file writes them: a u64 length, then the bytes). The keys go right after the header, with a padding
- * key that makes what was added a multiple of the alignment (32), so the tensor data, which the file only
- * locates by alignment, moves whole and stays aligned. Writes the copy's path to path (room for 64). */
-typedef struct { const char *key; uint32_t type; const void *value; size_t n; } test_kv;
-static int gguf_with_keys(const test_kv *kvs, int n_kvs, char *path) {
-    size_t size, add = 0;
-    char *file = read_file(model_path("stories260K.gguf"), &size);
-    if (!file || size < 24) { free(file); return -1; }
-    char *extra = (char *)calloc(1, 4096);
-#define PUT(p, n) (memcpy(extra + add, p, n), add += (n))
-    for (int i = 0; i <= n_kvs; i++) {
-        const char *key = i < n_kvs ? kvs[i].key : "test.padding";
-        uint64_t klen = strlen(key);
-        PUT(&klen, 8); PUT(key, klen);
-        if (i < n_kvs) { PUT(&kvs[i].type, 4); PUT(kvs[i].value, kvs[i].n); continue; }
-        uint32_t t = LLM_GGUF_STRING;
-        PUT(&t, 4);
-        uint64_t pad = (32 - (add + 8) % 32) % 32;
-        PUT(&pad, 8);
-        memset(extra + add, 'x', pad); add += pad;
-    }
-#undef PUT
-    uint64_t n_kv;
-    memcpy(&n_kv, file + 16, 8); n_kv += (uint64_t)n_kvs + 1; memcpy(file + 16, &n_kv, 8);
-    strcpy(path, "/tmp/llm-test-keys-XXXXXX");
-    int fd = mkstemp(path), ok = fd >= 0;
-    if (ok) ok = write(fd, file, 24) == 24 && write(fd, extra, add) == (ssize_t)add &&
-                 write(fd, file + 24, size - 24) == (ssize_t)(size - 24);
-    if (fd >= 0) close(fd);
-    free(file); free(extra);
-    return ok ? 0 : -1;
-}
-
 /* llama.cpp's general.sampling.* keys: read into the sampling parameters (llm_model_sampling_defaults), shown
  * on the load line of llm and llm serve, overridden by flags; out-of-range values and keys with no sampler
  * here are named and left out. */
@@ -3769,7 +3784,8 @@ static void test_sampling_keys(void) {
                      {"general.sampling.mirostat", LLM_GGUF_I32, &mirostat, 4}};
     char path[64], bad[64], err[LLM_ERR_LEN], note[LLM_ERR_LEN], cmd[2048];
     test_kv bad_kvs[] = {{"general.sampling.top_p", LLM_GGUF_F32, &bad_top_p, 4}};
-    if (gguf_with_keys(kvs, 6, path) != 0 || gguf_with_keys(bad_kvs, 1, bad) != 0) {
+    if (gguf_with_keys("stories260K.gguf", kvs, 6, path) != 0 ||
+        gguf_with_keys("stories260K.gguf", bad_kvs, 1, bad) != 0) {
         CHECK(0, "write GGUF copies with general.sampling.* keys");
         return;
     }
@@ -5105,7 +5121,10 @@ static void test_server_sampling_keys(void) {
                      {"general.sampling.top_k", LLM_GGUF_I32, &top_k, 4},
                      {"general.sampling.top_p", LLM_GGUF_F32, &top_p, 4}};
     char path[64], extra[128];
-    if (gguf_with_keys(kvs, 3, path) != 0) { CHECK(0, "write a GGUF copy with general.sampling.*"); return; }
+    if (gguf_with_keys("stories260K.gguf", kvs, 3, path) != 0) {
+        CHECK(0, "write a GGUF copy with general.sampling.*");
+        return;
+    }
     test_server s;
     snprintf(extra, sizeof extra, "-m %s", path);
     if (server_start(&s, extra) != 0) { server_stop(&s); remove(path); return; }
@@ -5513,46 +5532,19 @@ static void test_server_prompt_logprobs(void) {
  * that thinks): the thinking split from the answer (a grammar makes the model write <think>...</think>), whole
  * and streamed; the prompt /tokenize gives with thinking off is the chat REPL's; a continued last message; a
  * required call; and each bad shape of tools and messages a 400 naming its field. */
-/* A copy of stories260K whose tokenizer.chat_template is the text of template_file (and a padding key after it,
- * so that what follows moves by a multiple of the alignment and the tensors' offsets hold), at path (room for
- * 64). 0 on success. */
+/* A copy of stories260K carrying the chat template of template_file, at path (room for 64) */
 static int stories_with_template(const char *template_file, char *path) {
-    size_t n, t_len;
-    char *file = read_file(model_path("stories260K.gguf"), &n), *tmpl = read_file(template_file, &t_len);
-    if (!file || !tmpl || n < 24) { free(file); free(tmpl); return -1; }
-    tok_gguf_buf *kv = (tok_gguf_buf *)calloc(1, sizeof *kv);
-    char *buf = NULL;
-    int ok = 0;
-    /* the two keys, written with the made-up vocabularies' writer (its buffer holds the template's 4 KB) */
-    static const char key[] = "tokenizer.chat_template", pad_key[] = "general.padding";
-    size_t kv_len = 8 + strlen(key) + 4 + 8 + t_len, pad_len = 8 + strlen(pad_key) + 4 + 8;
-    size_t fill = (32 - (kv_len + pad_len) % 32) % 32;
-    if (kv && kv_len + pad_len + fill <= sizeof kv->data) {
-        char *spaces = (char *)malloc(fill + 1);
-        if (spaces) {
-            memset(spaces, ' ', fill); spaces[fill] = 0;
-            tok_gguf_kv_str(kv, key, tmpl);
-            tok_gguf_kv_str(kv, pad_key, spaces);
-            free(spaces);
-            ok = kv->n % 32 == 0 && kv->n <= sizeof kv->data;
-        }
+    size_t n;
+    char *tmpl = read_file(template_file, &n), *value = tmpl ? (char *)malloc(8 + n) : NULL;
+    int rc = -1;
+    if (value) { /* a GGUF string: its length, then its bytes */
+        uint64_t len = n;
+        memcpy(value, &len, 8); memcpy(value + 8, tmpl, n);
+        test_kv kv = {"tokenizer.chat_template", LLM_GGUF_STRING, value, 8 + n};
+        rc = gguf_with_keys("stories260K.gguf", &kv, 1, path);
     }
-    /* header (magic, version, tensor count, key count), the new keys, then the rest as it was */
-    if (ok && (buf = (char *)malloc(n + kv->n)) != NULL) {
-        uint64_t n_kv;
-        memcpy(buf, file, 24);
-        memcpy(&n_kv, file + 16, 8);
-        n_kv += 2;
-        memcpy(buf + 16, &n_kv, 8);
-        memcpy(buf + 24, kv->data, kv->n);
-        memcpy(buf + 24 + kv->n, file + 24, n - 24);
-        strcpy(path, "/tmp/llm-test-template-XXXXXX");
-        int fd = mkstemp(path);
-        ok = fd >= 0 && write(fd, buf, n + kv->n) == (ssize_t)(n + kv->n);
-        if (fd >= 0) close(fd);
-    }
-    free(buf); free(kv); free(file); free(tmpl);
-    return ok ? 0 : -1;
+    free(value); free(tmpl);
+    return rc;
 }
 
 /* Mistral's tools through llm serve, on stories260K wearing Mistral Nemo's template: a call under the
