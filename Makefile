@@ -119,12 +119,14 @@ test: llm llm-test llm-example $(MODEL) $(GEMMA3_MODEL) $(VENV) testdata
 	$(if $(SANITIZE)$(TSAN),,$(VENV_PY) tools/tools_test.py $(TESTDATA))
 
 # the random-weight models too large to keep in git (108 MB), written once from a fixed seed with the gguf
-# package and checked against the sums of the files llama.cpp's references were made on (testdata/README.md)
-RANDOM_MODELS = random-llama3-gqa random-qwen2-bias random-qwen3-qknorm random-llama2-untied
+# package and checked against the sums of the files llama.cpp's references were made on (testdata/README.md);
+# and random-gpt-oss with MXFP4 weights, made from the one in git
+RANDOM_MODELS = random-llama3-gqa random-qwen2-bias random-qwen3-qknorm random-llama2-untied random-gpt-oss-mxfp4
 RANDOM_STAMP  = testdata/models/.random-ok
 testdata: $(RANDOM_STAMP)
-$(RANDOM_STAMP): testdata/make_random_models.py testdata/models/random-models.sha256 | $(VENV)
-	@echo "make: writing testdata/models/random-*.gguf (4 random-weight models, 108 MB, about 30 s)" >&2
+$(RANDOM_STAMP): testdata/make_random_models.py testdata/models/random-models.sha256 \
+                 testdata/models/random-gpt-oss.gguf | $(VENV)
+	@echo "make: writing testdata/models/random-*.gguf (5 random-weight models, 129 MB, about 30 s)" >&2
 	@$(VENV_PY) testdata/make_random_models.py testdata/tokenizer testdata/models >/dev/null
 	@cd testdata/models && sha256sum --quiet -c random-models.sha256 || { \
 	    echo "make: testdata/models/random-*.gguf differ from the files the references were made on" \

@@ -123,7 +123,7 @@ enum llm_gguf_type { /* metadata value types, as numbered in the file */
 
 enum llm_dtype { /* tensor element types, numbered as ggml numbers them */
     LLM_F32 = 0, LLM_F16 = 1, LLM_Q4_0 = 2, LLM_Q4_1 = 3, LLM_Q5_0 = 6, LLM_Q5_1 = 7, LLM_Q8_0 = 8,
-    LLM_Q2_K = 10, LLM_Q3_K = 11, LLM_Q4_K = 12, LLM_Q5_K = 13, LLM_Q6_K = 14, LLM_BF16 = 30
+    LLM_Q2_K = 10, LLM_Q3_K = 11, LLM_Q4_K = 12, LLM_Q5_K = 13, LLM_Q6_K = 14, LLM_BF16 = 30, LLM_MXFP4 = 39
 };
 
 typedef struct { const char *ptr; uint64_t len; } llm_str; /* points into the file: not NUL-terminated */
@@ -923,6 +923,7 @@ static int llm_dtype_info(uint32_t type, uint64_t *block_bytes, uint64_t *block_
     case LLM_Q4_K: *block_bytes = 144; *block_values = 256; return 1;
     case LLM_Q5_K: *block_bytes = 176; *block_values = 256; return 1;
     case LLM_Q6_K: *block_bytes = 210; *block_values = 256; return 1;
+    case LLM_MXFP4: *block_bytes = 17; *block_values = 32; return 1;
     default: return 0;
     }
 }
@@ -933,7 +934,7 @@ const char *llm_dtype_name(uint32_t type) {
     case LLM_Q8_0: return "q8_0"; case LLM_Q4_0: return "q4_0"; case LLM_Q4_1: return "q4_1";
     case LLM_Q5_0: return "q5_0"; case LLM_Q5_1: return "q5_1"; case LLM_Q2_K: return "q2_K";
     case LLM_Q3_K: return "q3_K"; case LLM_Q4_K: return "q4_K"; case LLM_Q5_K: return "q5_K";
-    case LLM_Q6_K: return "q6_K";
+    case LLM_Q6_K: return "q6_K"; case LLM_MXFP4: return "mxfp4";
     default: return "unknown";
     }
 }
@@ -1185,7 +1186,19 @@ static float llm_f16_at(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return
  *   q4_K 144 bytes: d, dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32, 128 bytes of nibbles
  *   q5_K 176 bytes: as q4_K, with 32 bytes of fifth bits before the nibbles
  *   q6_K 210 bytes: 128 bytes of low nibbles, 64 bytes of 2-bit high parts, 16 int8 scales, d
- * The 2-bit fields run across 32 bytes: value i of a 128-value half is bits 2 * (i / 32) of byte i % 32. */
+ * The 2-bit fields run across 32 bytes: value i of a 128-value half is bits 2 * (i / 32) of byte i % 32.
+ * mxfp4 (OCP microscaling, gpt-oss's experts) is 17 bytes for 32 values: an exponent e (E8M0: the scale is a
+ * power of two, 2^(e - 127)), then 16 bytes of 4-bit E2M1 codes laid out as q4_0's, each an index into the
+ * values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; doubled, those are integers, and the scale halved. */
+static const int8_t llm_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static float llm_e8m0_half(uint8_t e) { /* 2^(e - 128), denormal below e = 2, as ggml_e8m0_to_fp32_half */
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 static inline __attribute__((always_inline)) void llm_qblock_read_scales(uint32_t type, const uint8_t *p,
                                                                         llm_qblock *b) {
     const uint8_t *sc;
@@ -1219,6 +1232,7 @@ static inline __attribute__((always_inline)) void llm_qblock_read_scales(uint32_
         b->n = 256; b->sub = 16; b->offset = 32; b->d = llm_f16_at(p + 208);
         for (int s = 0; s < 16; s++) { b->scale[s] = (int8_t)p[192 + s]; b->min[s] = 0; }
         break;
+    case LLM_MXFP4: b->d = llm_e8m0_half(p[0]); break;
     }
 }
 
@@ -1236,6 +1250,10 @@ static inline __attribute__((always_inline)) void llm_qblock_read(uint32_t type,
         for (int j = 0; j < 16; j++) q[j + 16] = (int8_t)(qs[j] >> 4);
         break;
     }
+    case LLM_MXFP4: /* as q4_0's nibbles, each the index of its value */
+        for (int j = 0; j < 16; j++) q[j] = llm_mxfp4_values[p[1 + j] & 15];
+        for (int j = 0; j < 16; j++) q[j + 16] = llm_mxfp4_values[p[1 + j] >> 4];
+        break;
     case LLM_Q5_0: case LLM_Q5_1: { /* and the fifth bits, bit j of a 32-bit word for value j */
         const uint8_t *qs = p + (type == LLM_Q5_0 ? 6 : 8);
         memcpy(&qh, qs - 4, 4);
@@ -1323,6 +1341,7 @@ void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n
     case LLM_Q4_K: llm_dequant_blocks(LLM_Q4_K, p, out, n); return;
     case LLM_Q5_K: llm_dequant_blocks(LLM_Q5_K, p, out, n); return;
     case LLM_Q6_K: llm_dequant_blocks(LLM_Q6_K, p, out, n); return;
+    case LLM_MXFP4: llm_dequant_blocks(LLM_MXFP4, p, out, n); return;
     }
 }
 
@@ -4147,6 +4166,7 @@ static float llm_q8_dot_ref(uint32_t type, const void *row, const llm_q8 *x, int
     case LLM_Q3_K: return llm_q8_dot_plain(LLM_Q3_K, row, x, n);
     case LLM_Q4_K: return llm_q8_dot_plain(LLM_Q4_K, row, x, n);
     case LLM_Q5_K: return llm_q8_dot_plain(LLM_Q5_K, row, x, n);
+    case LLM_MXFP4: return llm_q8_dot_plain(LLM_MXFP4, row, x, n);
     default: return llm_q8_dot_plain(LLM_Q6_K, row, x, n);
     }
 }
@@ -4565,6 +4585,7 @@ static void llm_q8_dot(uint32_t type, const void *row, const llm_q8 *x, int64_t 
 enum { LLM_ROWS_F32, LLM_ROWS_Q8, LLM_ROWS_HALF, LLM_ROWS_CONVERT, LLM_ROWS_PACKED };
 static int llm_matmul_kind(uint32_t type, int exact) {
     if (type == LLM_F32) return LLM_ROWS_F32;
+    if (type == LLM_MXFP4) return LLM_ROWS_CONVERT; /* no SIMD kernel for it yet: its rows in f32 */
 #ifdef LLM_CPU_SIMD
     if (exact) return LLM_ROWS_CONVERT;
     return type == LLM_F16 || type == LLM_BF16 ? LLM_ROWS_HALF : LLM_ROWS_Q8;

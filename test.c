@@ -1329,45 +1329,64 @@ enum { N_QUANT_TYPES = sizeof quant_types / sizeof quant_types[0] };
 
 /* tools/gguf_dequant.py writes each quantized tensor as the gguf package dequantizes it: compare bit for
  * bit */
-static void test_quant_dequant(void) {
-    int64_t values_seen[32] = {0};
-    for (int f = 0; f < N_QUANT_MODELS; f++) {
-        llm_gguf g;
-        char err[LLM_ERR_LEN], cmd[1200];
-        if (llm_gguf_open(&g, model_path(quant_models[f]), err) != 0) { CHECK(0, "%s", err); continue; }
-        snprintf(cmd, sizeof cmd, ".venv/bin/python tools/gguf_dequant.py '%s'", model_path(quant_models[f]));
-        FILE *p = popen(cmd, "r");
-        CHECK(p != NULL, "run %s", cmd);
-        char name[256], type[16];
-        long long n;
-        int tensors = 0;
-        while (p && fscanf(p, "%255s %15s %lld", name, type, &n) == 3 && fgetc(p) == '\n') {
-            float *want = (float *)malloc((size_t)n * sizeof(float)), *got = (float *)malloc((size_t)n * 4);
-            CHECK(fread(want, sizeof(float), (size_t)n, p) == (size_t)n, "%s: short oracle output", name);
-            const llm_gguf_tensor *t = llm_gguf_tensor_find(&g, name);
-            CHECK(t && !strcasecmp(llm_dtype_name(t->type), type), "%s: tensor %s of type %s",
-                  quant_models[f], name, type);
-            if (t && (int64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]) == n) {
-                llm_dtype_dequant_row(t->type, t->data, got, n);
-                int64_t bad = -1;
-                for (int64_t i = 0; i < n && bad < 0; i++) if (memcmp(&got[i], &want[i], 4)) bad = i;
-                CHECK(bad < 0, "%s %s (%s): value %lld is %.9g, gguf says %.9g", quant_models[f], name, type,
-                      (long long)bad, bad < 0 ? 0 : got[bad], bad < 0 ? 0 : want[bad]);
-                if (t->type < 32) values_seen[t->type] += n;
-            }
-            tensors++;
-            free(want); free(got);
+/* Every quantized tensor of a model file, dequantized, against the gguf package's values bit for bit; adds the
+ * values compared to values_seen[type] */
+static void dequant_against_gguf(const char *model, int64_t values_seen[64]) {
+    llm_gguf g;
+    char err[LLM_ERR_LEN], cmd[1200];
+    if (llm_gguf_open(&g, model_path(model), err) != 0) { CHECK(0, "%s", err); return; }
+    snprintf(cmd, sizeof cmd, ".venv/bin/python tools/gguf_dequant.py '%s'", model_path(model));
+    FILE *p = popen(cmd, "r");
+    CHECK(p != NULL, "run %s", cmd);
+    char name[256], type[16];
+    long long n;
+    int tensors = 0;
+    while (p && fscanf(p, "%255s %15s %lld", name, type, &n) == 3 && fgetc(p) == '\n') {
+        float *want = (float *)malloc((size_t)n * sizeof(float)), *got = (float *)malloc((size_t)n * 4);
+        CHECK(fread(want, sizeof(float), (size_t)n, p) == (size_t)n, "%s: short oracle output", name);
+        const llm_gguf_tensor *t = llm_gguf_tensor_find(&g, name);
+        CHECK(t && !strcasecmp(llm_dtype_name(t->type), type), "%s: tensor %s of type %s",
+              model, name, type);
+        if (t && (int64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]) == n) {
+            llm_dtype_dequant_row(t->type, t->data, got, n);
+            int64_t bad = -1;
+            for (int64_t i = 0; i < n && bad < 0; i++) if (memcmp(&got[i], &want[i], 4)) bad = i;
+            CHECK(bad < 0, "%s %s (%s): value %lld is %.9g, gguf says %.9g", model, name, type,
+                  (long long)bad, bad < 0 ? 0 : got[bad], bad < 0 ? 0 : want[bad]);
+            if (t->type < 64) values_seen[t->type] += n;
         }
-        int st = p ? pclose(p) : -1;
-        CHECK(st == 0 && tensors > 0, "%s: the gguf oracle (.venv, made by make test) exited %d after %d "
-              "tensors", quant_models[f], st, tensors);
-        llm_gguf_close(&g);
+        tensors++;
+        free(want); free(got);
     }
+    int st = p ? pclose(p) : -1;
+    CHECK(st == 0 && tensors > 0, "%s: the gguf oracle (.venv, made by make test) exited %d after %d "
+          "tensors", model, st, tensors);
+    llm_gguf_close(&g);
+}
+
+static void test_quant_dequant(void) {
+    int64_t values_seen[64] = {0};
+    for (int f = 0; f < N_QUANT_MODELS; f++) dequant_against_gguf(quant_models[f], values_seen);
     static const uint32_t new_types[] = {LLM_Q5_0, LLM_Q5_1, LLM_Q2_K, LLM_Q3_K, LLM_Q4_K, LLM_Q5_K,
                                          LLM_Q6_K};
     for (size_t i = 0; i < sizeof new_types / sizeof new_types[0]; i++)
         CHECK(values_seen[new_types[i]] > 10000, "%s: %lld values compared", llm_dtype_name(new_types[i]),
               (long long)values_seen[new_types[i]]);
+}
+
+/* MXFP4 (gpt-oss's experts): random-gpt-oss with its experts' down projections and its attention output
+ * projections in MXFP4 (testdata/make_random_models.py quantizes them with the gguf package): every value
+ * dequantized as the gguf package has it, and greedy ids on the exact and default paths equal to those of a
+ * float64 forward pass (tools/gpt_oss_f64.py, which gives llama.cpp's ids on the f32 model it comes from) */
+static void test_mxfp4(void) {
+    int64_t values_seen[64] = {0};
+    dequant_against_gguf("random-gpt-oss-mxfp4.gguf", values_seen);
+    CHECK(values_seen[LLM_MXFP4] == 2 * (3072 + 4 * 48 * 32), "mxfp4: %lld values compared",
+          (long long)values_seen[LLM_MXFP4]);
+    check_greedy_references("random-gpt-oss-mxfp4-f64.json", "completion_token_ids_float64", 2,
+                            llm_cpu_exact_backend_create, "float64's");
+    check_greedy_references("random-gpt-oss-mxfp4-f64.json", "completion_token_ids_float64", 2,
+                            llm_cpu_backend_create, "float64's");
 }
 
 /* The exact path reproduces the float64 greedy ids */
@@ -7693,6 +7712,7 @@ int main(int argc, char **argv) {
         {"paged forward", test_paged_forward_models},
         {"weight types", test_weight_types},
         {"quant dequantization", test_quant_dequant}, {"quant references", test_quant_reference},
+        {"mxfp4", test_mxfp4},
         {"quant dot products", test_quant_dots}, {"quant prefill tiles", test_quant_tiles},
         {"quant fast path", test_quant_fast_path},
         {"quant SmolLM2", test_quant_smollm2}, {"fidelity of the default path", test_fidelity_smollm2},

@@ -78,3 +78,37 @@ make("random-qwen3-qknorm", "qwen3", f"{vocab_dir}/ggml-vocab-qwen2.gguf", dim=3
      ffn=64, head_dim=16, rope_base=1000000.0, qk_norm=True, seed=3)
 make("random-llama2-untied", "llama", f"{vocab_dir}/ggml-vocab-llama-spm.gguf", dim=64, n_layer=2, n_head=8, n_kv=8,
      ffn=128, tied=False, seed=4)
+
+def copy_with_mxfp4(src, dst, names):
+    """A copy of the model src (in out_dir) with the tensors names quantized to MXFP4 by the gguf package (the
+    others and every key as they are): what gpt-oss's published files do to their experts."""
+    r = GGUFReader(f"{out_dir}/{src}")
+    w = GGUFWriter(f"{out_dir}/{dst}", r.fields["general.architecture"].contents())
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture": continue
+        t = f.types[0]
+        if t == GGUFValueType.ARRAY:
+            sub = f.types[-1]
+            if sub == GGUFValueType.STRING:
+                val = [bytes(f.parts[i]).decode("utf-8", errors="surrogateescape") for i in f.data]
+            else:
+                val = [f.parts[i].tolist()[0] for i in f.data]
+            w.add_key_value(f.name, val, GGUFValueType.ARRAY, sub_type=sub)
+        elif t == GGUFValueType.STRING:
+            w.add_key_value(f.name, bytes(f.parts[-1]).decode("utf-8"), t)
+        else:
+            w.add_key_value(f.name, f.parts[-1].tolist()[0], t)
+    for t in r.tensors:
+        data = np.asarray(t.data)
+        if t.name in names:
+            qt = gguf.GGMLQuantizationType.MXFP4
+            w.add_tensor(t.name, gguf.quants.quantize(data.astype(np.float32), qt), raw_dtype=qt)
+        else:
+            w.add_tensor(t.name, data)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    print("wrote", dst)
+
+# gpt-oss with MXFP4 weights (whose blocks of 32 need rows of a multiple of 32 values: the experts' down
+# projections and the attention's output projection of this small model)
+copy_with_mxfp4("random-gpt-oss.gguf", "random-gpt-oss-mxfp4.gguf",
+                {"blk.%d.%s.weight" % (l, n) for l in range(2) for n in ("ffn_down_exps", "attn_output")})
