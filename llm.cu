@@ -1516,12 +1516,15 @@ static int kv_free_memory(const cuda_ctx *c, size_t *out, char *err) {
 }
 
 extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, char *err) {
-    /* Gemma 3's windows, norms and GeGLU, SmolLM3's layers without RoPE and mixtures of experts are in the CPU
-     * backend only */
-    if (m->cfg.arch == LLM_ARCH_GEMMA3 || m->cfg.nope_every || m->cfg.n_experts) {
+    /* Gemma 3's windows, norms and GeGLU, SmolLM3's layers without RoPE, mixtures of experts and scaled RoPE
+     * (linear, YaRN) are in the CPU backend only */
+    int scaled_rope = m->cfg.rope_yarn || (m->cfg.rope_freq_scale > 0 && m->cfg.rope_freq_scale != 1) ||
+                      (m->cfg.rope_mscale > 0 && m->cfg.rope_mscale != 1);
+    if (m->cfg.arch == LLM_ARCH_GEMMA3 || m->cfg.nope_every || m->cfg.n_experts || scaled_rope) {
         fail(err, m->cfg.n_experts ? "the CUDA backend does not run mixtures of experts yet: use --cpu" :
-                  m->cfg.nope_every ? "the CUDA backend does not run smollm3 yet: use --cpu"
-                                    : "the CUDA backend does not run gemma3 yet: use --cpu");
+                  m->cfg.nope_every ? "the CUDA backend does not run smollm3 yet: use --cpu" :
+                  scaled_rope ? "the CUDA backend does not scale RoPE yet (rope.scaling.*): use --cpu"
+                              : "the CUDA backend does not run gemma3 yet: use --cpu");
         return NULL;
     }
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);

@@ -199,6 +199,12 @@ typedef struct {
     int rope_dim;             /* leading dims of each head that RoPE rotates (usually head_dim) */
     int rope_neox;            /* 1: rotate x[i] with x[i + rope_dim/2] (qwen); 0: adjacent pairs (llama) */
     float rope_base, rms_eps;
+    /* RoPE scaling (rope.scaling.*, as llama.cpp reads it): angles times rope_freq_scale (1 / the factor;
+     * "linear"), and with YaRN (gpt-oss: factor 32 over an original 4096 positions) the fast dimensions kept
+     * as they were, a ramp between yarn_dims[0] and [1], and cos and sin times rope_mscale (0, in a config
+     * written by hand: 1) */
+    float rope_freq_scale, rope_mscale, yarn_dims[2];
+    int rope_yarn;
     /* Gemma 3, gpt-oss: local layers attend to the last sliding_window positions only, with their own RoPE
      * base (gpt-oss: the same); every swa_pattern-th layer is global (0: no window) */
     int sliding_window, swa_pattern;
@@ -1444,10 +1450,39 @@ static int llm_model_read_config(llm_model *m, char *err) {
         LLM_INT(sliding_window, "attention.sliding_window", 0, 0, 1 << 24);
         c->rope_base_swa = c->rope_base;
         c->swa_pattern = 2;
-        llm_str scaling = llm_gguf_string(g, LLM_KEY("rope.scaling.type"));
-        if (scaling.ptr && !llm_str_eq(scaling, "none"))
-            return llm_fail(err, "this gpt-oss file scales RoPE with %.*s (gpt-oss-20b and -120b use YaRN), "
-                            "which this engine does not read yet", (int)scaling.len, scaling.ptr);
+    }
+    /* RoPE scaling, as llama.cpp reads it: linear unless named, the factor 1 unless given */
+    llm_str scaling = llm_gguf_string(g, LLM_KEY("rope.scaling.type"));
+    float factor = 1, attn_factor = 1, log_mul = 0;
+    int orig_ctx = 0;
+    LLM_FLOAT(rope_freq_scale, "rope.scale_linear", 1.0, 1e-6, 1e6); /* the old key of the factor */
+    factor = c->rope_freq_scale;
+    if (llm_config_float(g, LLM_KEY("rope.scaling.factor"), factor, 0, 1e6, &factor, err) ||
+        llm_config_float(g, LLM_KEY("rope.scaling.attn_factor"), 1.0, 1e-6, 1e6, &attn_factor, err) ||
+        llm_config_float(g, LLM_KEY("rope.scaling.yarn_log_multiplier"), 0, -1e6, 1e6, &log_mul, err) ||
+        llm_config_int(g, LLM_KEY("rope.scaling.original_context_length"), c->context_length, 1, 1 << 24,
+                       &orig_ctx, err))
+        return -1;
+    if (factor == 0) factor = 1;
+    c->rope_yarn = scaling.ptr && llm_str_eq(scaling, "yarn");
+    if (scaling.ptr && !c->rope_yarn && !llm_str_eq(scaling, "linear") && !llm_str_eq(scaling, "none"))
+        return llm_fail(err, "this file scales RoPE with %.*s, which this engine does not read (it reads "
+                        "linear and yarn)", (int)scaling.len, scaling.ptr);
+    if (c->rope_yarn && log_mul != 0)
+        return llm_fail(err, "this file's YaRN has a yarn_log_multiplier (DeepSeek's), which this engine "
+                        "does not read yet");
+    if (c->rope_yarn && factor < 1)
+        return llm_fail(err, "model metadata %s.rope.scaling.factor is %g: YaRN needs a factor of 1 or more",
+                        llm_arch_names[c->arch], factor);
+    c->rope_freq_scale = scaling.ptr && llm_str_eq(scaling, "none") ? 1.0f : 1.0f / factor;
+    c->rope_mscale = attn_factor * (c->rope_yarn ? 1.0f + 0.1f * logf(factor) : 1.0f);
+    if (c->rope_yarn) { /* the dimensions that turn beta_fast (32) and beta_slow (1) times in orig_ctx */
+        float beta[2] = {32, 1};
+        for (int k = 0; k < 2; k++) {
+            float d = (float)c->rope_dim * logf((float)orig_ctx / (beta[k] * 2 * (float)M_PI)) /
+                      (2 * logf(c->rope_base));
+            c->yarn_dims[k] = k == 0 ? fmaxf(0, floorf(d)) : fminf((float)c->rope_dim - 1, ceilf(d));
+        }
     }
     if (c->arch == LLM_ARCH_SMOLLM3) c->nope_every = 4; /* as llama.cpp has it: layers 3, 7, 11, ... */
     LLM_INT(n_experts, "expert_count", 0, 0, 1 << 16);
@@ -4727,8 +4762,15 @@ static void llm_rmsnorm(float *out, const float *x, const float *weight, int n, 
 static void llm_rope(float *x, int pos, const llm_config *c, float base) {
     float theta_scale = powf(base, -2.0f / (float)c->rope_dim), theta = (float)pos;
     int half = c->rope_dim / 2;
+    float freq_scale = c->rope_freq_scale > 0 ? c->rope_freq_scale : 1, mscale = c->rope_mscale > 0 ? c->rope_mscale : 1;
     for (int i = 0; i < half; i++, theta *= theta_scale) {
-        float cs = cosf(theta), sn = sinf(theta);
+        float angle = freq_scale * theta; /* interpolated (linear, YaRN) or, at scale 1, as it was */
+        if (c->rope_yarn) { /* YaRN: dimensions below yarn_dims[0] keep their angle, those past [1] scale */
+            float y = ((float)i - c->yarn_dims[0]) / fmaxf(0.001f, c->yarn_dims[1] - c->yarn_dims[0]);
+            float keep = 1 - fminf(1, fmaxf(0, y));
+            angle = angle * (1 - keep) + theta * keep;
+        }
+        float cs = cosf(angle) * mscale, sn = sinf(angle) * mscale;
         int a = c->rope_neox ? i : 2 * i, b = c->rope_neox ? i + half : 2 * i + 1;
         float x0 = x[a], x1 = x[b];
         x[a] = x0 * cs - x1 * sn;

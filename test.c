@@ -895,6 +895,42 @@ static void test_stories_reference(void) {
     free(r); free(cases);
 }
 
+/* A copy of a test model (stories260K, say) with metadata keys added: each key name, a GGUF value type and its
+ * bytes (strings as the file writes them: a u64 length, then the bytes). The keys go right after the header,
+ * with a padding key that makes what was added a multiple of the alignment (32), so the tensor data, which the
+ * file only locates by alignment, moves whole and stays aligned. Writes the copy's path to path (room for
+ * 64). */
+typedef struct { const char *key; uint32_t type; const void *value; size_t n; } test_kv;
+static int gguf_with_keys(const char *model, const test_kv *kvs, int n_kvs, char *path) {
+    size_t size, add = 0, room = 64 + 32;
+    char *file = read_file(model_path(model), &size);
+    if (!file || size < 24) { free(file); return -1; }
+    for (int i = 0; i < n_kvs; i++) room += 8 + strlen(kvs[i].key) + 4 + kvs[i].n;
+    char *extra = (char *)calloc(1, room);
+#define PUT(p, n) (memcpy(extra + add, p, n), add += (n))
+    for (int i = 0; i <= n_kvs; i++) {
+        const char *key = i < n_kvs ? kvs[i].key : "test.padding";
+        uint64_t klen = strlen(key);
+        PUT(&klen, 8); PUT(key, klen);
+        if (i < n_kvs) { PUT(&kvs[i].type, 4); PUT(kvs[i].value, kvs[i].n); continue; }
+        uint32_t t = LLM_GGUF_STRING;
+        PUT(&t, 4);
+        uint64_t pad = (32 - (add + 8) % 32) % 32;
+        PUT(&pad, 8);
+        memset(extra + add, 'x', pad); add += pad;
+    }
+#undef PUT
+    uint64_t n_kv;
+    memcpy(&n_kv, file + 16, 8); n_kv += (uint64_t)n_kvs + 1; memcpy(file + 16, &n_kv, 8);
+    strcpy(path, "/tmp/llm-test-keys-XXXXXX");
+    int fd = mkstemp(path), ok = fd >= 0;
+    if (ok) ok = write(fd, file, 24) == 24 && write(fd, extra, add) == (ssize_t)add &&
+                 write(fd, file + 24, size - 24) == (ssize_t)(size - 24);
+    if (fd >= 0) close(fd);
+    free(file); free(extra);
+    return ok ? 0 : -1;
+}
+
 /* Each case of a reference file run greedily on a backend, against the ids under ids_key (whose they are) */
 static void check_greedy_references(const char *file, const char *ids_key, int n_cases,
                                     llm_backend *(*backend)(const llm_model *m, char *err), const char *whose) {
@@ -970,6 +1006,53 @@ static void test_random_archs_reference(void) {
     }
     CHECK(checked == 8 * (int)(sizeof supported / sizeof *supported), "%d runs of the new architectures", checked);
     free(r); free(cases);
+}
+
+/* RoPE scaled with YaRN, as gpt-oss-20b's files have it: random-gpt-oss with gpt-oss-20b's keys added (factor
+ * 32 over an original 4096 positions) against llama.cpp's greedy ids on that file (two prompts, 24 tokens; its
+ * fast dimensions kept, its slow ones interpolated, a ramp between, cos and sin times 1 + 0.1 ln 32), on the
+ * exact and default paths, alone and batched */
+static void test_yarn(void) {
+    static const char yarn[] = "\x04\0\0\0\0\0\0\0yarn";
+    float factor = 32;
+    uint32_t orig = 4096;
+    test_kv kvs[] = {{"gpt-oss.rope.scaling.type", LLM_GGUF_STRING, yarn, 12},
+                     {"gpt-oss.rope.scaling.factor", LLM_GGUF_F32, &factor, 4},
+                     {"gpt-oss.rope.scaling.original_context_length", LLM_GGUF_U32, &orig, 4}};
+    char path[64];
+    if (gguf_with_keys("random-gpt-oss.gguf", kvs, 3, path) != 0) { CHECK(0, "a copy of random-gpt-oss with YaRN"); return; }
+    ref_case *cases = (ref_case *)calloc(16, sizeof *cases);
+    int n = load_ref_cases("random-gpt-oss-yarn-greedy.json", "completion_token_ids", cases, 16), checked = 0;
+    run_result *r = (run_result *)calloc(1, sizeof *r);
+    for (int i = 0; i < n; i++)
+        for (int run = 0; run < 4; run++) { /* exact, default; alone, batched */
+            int exact = run < 2, batched = run % 2;
+            llm_engine_config cfg = llm_engine_defaults();
+            cfg.model_path = path;
+            cfg.kv_bytes = 16 << 20;
+            cfg.create_backend = exact ? llm_cpu_exact_backend_create : llm_cpu_backend_create;
+            llm_engine *e = engine_new(&cfg);
+            if (!e) continue;
+            memset(r, 0, sizeof *r);
+            llm_sampling_params p = greedy(cases[i].max_tokens);
+            if (batched) run_add(e, r, "Once upon a time there was a long prompt before it", NULL, 0, &p);
+            run_add(e, r, cases[i].prompt, NULL, 0, &p);
+            run_engine(e, r);
+            int at = batched ? 1 : 0;
+            int same = r->n_tokens[at][0] == cases[i].n_ids &&
+                       !memcmp(r->tokens[at][0], cases[i].ids, (size_t)cases[i].n_ids * sizeof(int32_t));
+            CHECK(same, "YaRN, \"%s\" (%s path%s): greedy ids differ from llama.cpp's", cases[i].prompt,
+                  exact ? "exact" : "default", batched ? ", batched" : "");
+            if (!same) {
+                tok_print_ids("ours", r->tokens[at][0], r->n_tokens[at][0]);
+                tok_print_ids("llama.cpp", cases[i].ids, cases[i].n_ids);
+            }
+            checked++;
+            llm_engine_destroy(e);
+        }
+    CHECK(checked == 8, "%d YaRN runs", checked);
+    free(r); free(cases);
+    remove(path);
 }
 
 /* Gemma 3 270M (make model-gemma3: Google's base model, Q4_K_M, a 262k vocabulary) against a float64 forward
@@ -2092,42 +2175,6 @@ static void test_gguf_values(void) {
     }
 }
 
-/* A copy of a test model (stories260K, say) with metadata keys added: each key name, a GGUF value type and its
- * bytes (strings as the file writes them: a u64 length, then the bytes). The keys go right after the header,
- * with a padding key that makes what was added a multiple of the alignment (32), so the tensor data, which the
- * file only locates by alignment, moves whole and stays aligned. Writes the copy's path to path (room for
- * 64). */
-typedef struct { const char *key; uint32_t type; const void *value; size_t n; } test_kv;
-static int gguf_with_keys(const char *model, const test_kv *kvs, int n_kvs, char *path) {
-    size_t size, add = 0, room = 64 + 32;
-    char *file = read_file(model_path(model), &size);
-    if (!file || size < 24) { free(file); return -1; }
-    for (int i = 0; i < n_kvs; i++) room += 8 + strlen(kvs[i].key) + 4 + kvs[i].n;
-    char *extra = (char *)calloc(1, room);
-#define PUT(p, n) (memcpy(extra + add, p, n), add += (n))
-    for (int i = 0; i <= n_kvs; i++) {
-        const char *key = i < n_kvs ? kvs[i].key : "test.padding";
-        uint64_t klen = strlen(key);
-        PUT(&klen, 8); PUT(key, klen);
-        if (i < n_kvs) { PUT(&kvs[i].type, 4); PUT(kvs[i].value, kvs[i].n); continue; }
-        uint32_t t = LLM_GGUF_STRING;
-        PUT(&t, 4);
-        uint64_t pad = (32 - (add + 8) % 32) % 32;
-        PUT(&pad, 8);
-        memset(extra + add, 'x', pad); add += pad;
-    }
-#undef PUT
-    uint64_t n_kv;
-    memcpy(&n_kv, file + 16, 8); n_kv += (uint64_t)n_kvs + 1; memcpy(file + 16, &n_kv, 8);
-    strcpy(path, "/tmp/llm-test-keys-XXXXXX");
-    int fd = mkstemp(path), ok = fd >= 0;
-    if (ok) ok = write(fd, file, 24) == 24 && write(fd, extra, add) == (ssize_t)add &&
-                 write(fd, file + 24, size - 24) == (ssize_t)(size - 24);
-    if (fd >= 0) close(fd);
-    free(file); free(extra);
-    return ok ? 0 : -1;
-}
-
 static void test_gguf_errors(void) {
     size_t n;
     char *file = read_file(model_path("stories260K.gguf"), &n);
@@ -2166,15 +2213,15 @@ static void test_gguf_errors(void) {
     e = load_bytes(buf, n);
     CHECK(strstr(e, "unsupported architecture") && strstr(e, "gpt9_") && strstr(e, "smollm3, qwen3moe"),
           "unsupported architecture, naming the known ones: \"%s\"", e);
-    { /* gpt-oss with YaRN (as gpt-oss-20b's files have it), which the engine does not read: refused, saying so */
-        static const char yarn[] = "\x04\0\0\0\0\0\0\0yarn";
-        test_kv kv = {"gpt-oss.rope.scaling.type", LLM_GGUF_STRING, yarn, 12};
-        char yarn_path[64];
-        llm_model ym;
-        CHECK(gguf_with_keys("random-gpt-oss.gguf", &kv, 1, yarn_path) == 0 &&
-              llm_model_load(&ym, yarn_path, err) != 0 && strstr(err, "yarn") && strstr(err, "YaRN"),
-              "gpt-oss with YaRN refused: \"%s\"", err);
-        remove(yarn_path);
+    { /* a RoPE scaling other than linear and YaRN (Phi-3.5's LongRoPE): refused, naming it */
+        static const char longrope[] = "\x08\0\0\0\0\0\0\0longrope";
+        test_kv kv = {"gpt-oss.rope.scaling.type", LLM_GGUF_STRING, longrope, 16};
+        char scaled[64];
+        llm_model sm;
+        CHECK(gguf_with_keys("random-gpt-oss.gguf", &kv, 1, scaled) == 0 &&
+              llm_model_load(&sm, scaled, err) != 0 && strstr(err, "longrope") && strstr(err, "linear and yarn"),
+              "RoPE scaling longrope refused: \"%s\"", err);
+        remove(scaled);
     }
     memcpy(buf, file, n); uint32_t v9 = 9; memcpy(buf + 4, &v9, 4);
     e = load_bytes(buf, n); CHECK(strstr(e, "version 9") != NULL, "unsupported version: \"%s\"", e);
@@ -7708,7 +7755,7 @@ int main(int argc, char **argv) {
         {"stories260K references", test_stories_reference},
         {"random model references", test_random_models_reference},
         {"random models of newer architectures", test_random_archs_reference},
-        {"Gemma 3 270M against float64", test_gemma3_270m},
+        {"Gemma 3 270M against float64", test_gemma3_270m}, {"YaRN", test_yarn},
         {"paged forward", test_paged_forward_models},
         {"weight types", test_weight_types},
         {"quant dequantization", test_quant_dequant}, {"quant references", test_quant_reference},
