@@ -190,7 +190,7 @@ void llm_qblock_unpack(uint32_t type, const void *block, llm_qblock *b);
  * -------------------------------------------------------------------------------------------------------- */
 enum llm_arch {
     LLM_ARCH_LLAMA, LLM_ARCH_QWEN2, LLM_ARCH_QWEN3, LLM_ARCH_GEMMA3, LLM_ARCH_PHI3, LLM_ARCH_SMOLLM3,
-    LLM_ARCH_QWEN3MOE, LLM_ARCH_GPT_OSS, LLM_ARCH_COUNT
+    LLM_ARCH_QWEN3MOE, LLM_ARCH_GPT_OSS, LLM_ARCH_QWEN2MOE, LLM_ARCH_COUNT
 };
 
 typedef struct {
@@ -210,10 +210,10 @@ typedef struct {
     int sliding_window, swa_pattern;
     float rope_base_swa;
     int nope_every;           /* SmolLM3: every nope_every-th layer has no RoPE (0: all have it) */
-    /* mixture of experts (qwen3moe, gpt-oss; llama files with experts, as Mixtral): each token's FFN is the
-     * weighted sum of n_experts_used of n_experts FFNs of width expert_ffn_dim, picked by a router (0: a dense
-     * FFN) */
-    int n_experts, n_experts_used, expert_ffn_dim;
+    /* mixture of experts (qwen3moe, qwen2moe, gpt-oss; llama files with experts, as Mixtral): each token's FFN
+     * is the weighted sum of n_experts_used of n_experts FFNs of width expert_ffn_dim, picked by a router (0: a
+     * dense FFN); qwen2moe adds a shared expert of width shared_ffn_dim that every token goes through */
+    int n_experts, n_experts_used, expert_ffn_dim, shared_ffn_dim;
 } llm_config;
 
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; } llm_weight; /* rows of cols values */
@@ -228,6 +228,8 @@ typedef struct {
      * e * rows_per_expert on (w_gate, w_up, w_down unused) */
     llm_weight router, gate_exps, up_exps, down_exps;
     llm_weight router_b, gate_exps_b, up_exps_b, down_exps_b; /* gpt-oss: their biases, a row per expert */
+    llm_weight shared_gate_inp, shared_gate, shared_up, shared_down; /* qwen2moe: the shared expert and the
+                                                                     * vector its gate's logit comes from */
 } llm_layer;
 
 typedef struct llm_tokenizer llm_tokenizer;
@@ -1355,7 +1357,7 @@ void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n
  * 2. Model: the configuration from the metadata, the weights as typed pointers into the mapped file
  * ======================================================================================================== */
 static const char *llm_arch_names[LLM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3",
-                                                     "qwen3moe", "gpt-oss"};
+                                                     "qwen3moe", "gpt-oss", "qwen2moe"};
 
 /* Weights stay in the file's type; the forward pass converts one row at a time (llm_dtype_dequant_row). rows
  * 0: a vector (a norm or a bias), which must be f32. */
@@ -1421,7 +1423,7 @@ static int llm_model_read_config(llm_model *m, char *err) {
     for (int i = 0; i < LLM_ARCH_COUNT; i++) if (llm_str_eq(arch, llm_arch_names[i])) c->arch = i;
     if (c->arch < 0)
         return llm_fail(err, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, gemma3, phi3, "
-                        "smollm3, qwen3moe, gpt-oss)", (int)arch.len, arch.ptr);
+                        "smollm3, qwen3moe, gpt-oss, qwen2moe)", (int)arch.len, arch.ptr);
     /* keys are prefixed by the architecture: llama.embedding_length, qwen2.block_count, ... Every number is
      * checked against its range before it is used (a count drives allocations; a cast of a value out of range
      * is undefined behaviour), and an error names the key. */
@@ -1486,11 +1488,15 @@ static int llm_model_read_config(llm_model *m, char *err) {
     }
     if (c->arch == LLM_ARCH_SMOLLM3) c->nope_every = 4; /* as llama.cpp has it: layers 3, 7, 11, ... */
     LLM_INT(n_experts, "expert_count", 0, 0, 1 << 16);
-    if ((c->arch == LLM_ARCH_QWEN3MOE || c->arch == LLM_ARCH_GPT_OSS) && !c->n_experts)
+    int qwen2moe = c->arch == LLM_ARCH_QWEN2MOE;
+    if ((c->arch == LLM_ARCH_QWEN3MOE || c->arch == LLM_ARCH_GPT_OSS || qwen2moe) && !c->n_experts)
         return llm_fail(err, "model metadata %s.expert_count is missing", llm_arch_names[c->arch]);
-    if (c->n_experts) {
+    if (c->n_experts) { /* qwen2moe's experts: ffn_dim / experts used, unless given (as llama.cpp has it) */
         LLM_INT(n_experts_used, "expert_used_count", -1, 1, c->n_experts);
-        LLM_INT(expert_ffn_dim, "expert_feed_forward_length", c->ffn_dim, 1, 1 << 22);
+        LLM_INT(expert_ffn_dim, "expert_feed_forward_length",
+                qwen2moe && c->ffn_dim >= c->n_experts_used ? c->ffn_dim / c->n_experts_used : c->ffn_dim, 1,
+                1 << 22);
+        if (qwen2moe) LLM_INT(shared_ffn_dim, "expert_shared_feed_forward_length", c->ffn_dim, 1, 1 << 22);
     }
 #undef LLM_INT
 #undef LLM_FLOAT
@@ -1521,7 +1527,7 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
     if (!m->output.data) m->output = m->tok_embd; /* tied output embedding */
     m->layers = (llm_layer *)calloc((size_t)c->n_layers, sizeof(llm_layer));
     if (!m->layers) return llm_fail(err, "out of memory");
-    int qwen2 = c->arch == LLM_ARCH_QWEN2, qk_norm = c->arch == LLM_ARCH_QWEN3 || c->arch == LLM_ARCH_GEMMA3 ||
+    int qwen2 = c->arch == LLM_ARCH_QWEN2, qwen2moe = c->arch == LLM_ARCH_QWEN2MOE, qk_norm = c->arch == LLM_ARCH_QWEN3 || c->arch == LLM_ARCH_GEMMA3 ||
                                                      c->arch == LLM_ARCH_QWEN3MOE;
     int64_t E = c->n_experts, Fe = c->expert_ffn_dim;
     int gemma3 = c->arch == LLM_ARCH_GEMMA3, phi3 = c->arch == LLM_ARCH_PHI3, gpt_oss = c->arch == LLM_ARCH_GPT_OSS;
@@ -1567,6 +1573,11 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
                     : LLM_W(post_attn_norm, "post_attention_norm.weight", c->dim, 0, gemma3) ||
                       LLM_W(post_ffn_norm, "post_ffw_norm.weight", c->dim, 0, gemma3) ||
                       LLM_W(ffn_norm, "ffn_norm.weight", c->dim, 0, 1))
+            return -1;
+        if (qwen2moe && (LLM_W(shared_gate_inp, "ffn_gate_inp_shexp.weight", c->dim, 0, 1) ||
+                         LLM_W(shared_gate, "ffn_gate_shexp.weight", c->dim, c->shared_ffn_dim, 1) ||
+                         LLM_W(shared_up, "ffn_up_shexp.weight", c->dim, c->shared_ffn_dim, 1) ||
+                         LLM_W(shared_down, "ffn_down_shexp.weight", c->shared_ffn_dim, c->dim, 1)))
             return -1;
         if (gpt_oss && (LLM_W(router_b, "ffn_gate_inp.bias", E, 0, 1) ||
                         LLM_W(gate_exps_b, "ffn_gate_exps.bias", Fe, E, 1) ||
@@ -4883,23 +4894,29 @@ static void llm_cpu_attention(const llm_cpu *c, int layer, const int32_t *block_
  * softmax over all of them, its top n_experts_used kept and renormalised (qwen3moe's and Mixtral's way, as
  * llama.cpp has them), weight each chosen expert's SwiGLU. gpt-oss: the router and the experts have biases,
  * the top n_experts_used scores are kept and the softmax is over them alone, and the experts' gate is
- * clamped: min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1). Grouped by expert: each expert's tokens are
+ * clamped: min(g, 7) * sigmoid(1.702 * min(g, 7)) * (clamp(u, -7, 7) + 1). qwen2moe: the top weights are not
+ * renormalised, and a shared expert adds its SwiGLU to every token, gated by sigmoid(shared_gate_inp . x).
+ * Grouped by expert: each expert's tokens are
  * gathered into rows, so its matrices are read once per step, not once per token; a row's arithmetic is the
  * same in any group, so a token's output does not depend on the batch. scratch: llm_cpu_moe_floats(cf) per
  * token of the batch. 1: out of memory. */
 static size_t llm_cpu_moe_floats(const llm_config *cf) {
+    size_t width = (size_t)(cf->shared_ffn_dim > cf->expert_ffn_dim ? cf->shared_ffn_dim : cf->expert_ffn_dim);
     return cf->n_experts ? (size_t)cf->n_experts + 2 * (size_t)cf->n_experts_used + 1 + 2 * (size_t)cf->dim +
-                           2 * (size_t)cf->expert_ffn_dim : 0;
+                           2 * width : 0;
 }
 
 static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn, int T, float *delta, int ex,
                        float *scratch) {
-    int D = cf->dim, E = cf->n_experts, K = cf->n_experts_used, Fe = cf->expert_ffn_dim, failed = 0;
-    /* per token: scores [E], weight [K], chosen [K] (ints), rows [1] (ints), xe and oe [D], ge and ue [Fe] */
+    int D = cf->dim, E = cf->n_experts, K = cf->n_experts_used, Fe = cf->expert_ffn_dim, Fs = cf->shared_ffn_dim;
+    int failed = 0, width = Fs > Fe ? Fs : Fe;
+    /* per token: scores [E], weight [K], chosen [K] (ints), rows [1] (ints), xe and oe [D], ge and ue [Fe]
+     * (or the shared expert's [Fs], when wider) */
     float *scores = scratch, *weight = scores + (size_t)T * E;
     int *chosen = (int *)(weight + (size_t)T * K), *rows = chosen + (size_t)T * K;
-    float *xe = (float *)(rows + T), *oe = xe + (size_t)T * D, *ge = oe + (size_t)T * D, *ue = ge + (size_t)T * Fe;
-    int gpt_oss = cf->arch == LLM_ARCH_GPT_OSS;
+    float *xe = (float *)(rows + T), *oe = xe + (size_t)T * D, *ge = oe + (size_t)T * D;
+    float *ue = ge + (size_t)T * width;
+    int gpt_oss = cf->arch == LLM_ARCH_GPT_OSS, renormalise = cf->arch != LLM_ARCH_QWEN2MOE;
     failed = llm_matmul(scores, xn, &L->router, T, ex);
     for (int t = 0; !failed && t < T; t++) { /* the router: softmax, top K (lower index on a tie), renormalised */
         float *p = scores + (size_t)t * E, mx = -INFINITY, sum = 0, kept = 0;
@@ -4917,7 +4934,7 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
             weight[t * K + k] = gpt_oss ? expf(p[best] - mx) : p[best] / sum; /* gpt-oss: the kept ones' softmax */
             kept += weight[t * K + k];
         }
-        for (int k = 0; k < K; k++) weight[t * K + k] /= kept;
+        for (int k = 0; renormalise && k < K; k++) weight[t * K + k] /= kept;
     }
     memset(delta, 0, (size_t)T * D * sizeof(float));
     for (int e = 0; !failed && e < E; e++) {
@@ -4947,6 +4964,15 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
             float w = 0;
             for (int k = 0; k < K; k++) if (chosen[t * K + k] == e) w = weight[t * K + k];
             for (int d = 0; d < D; d++) delta[(size_t)t * D + d] += w * oe[(size_t)i * D + d];
+        }
+    }
+    if (!failed && L->shared_gate.data) { /* qwen2moe's shared expert, for every token */
+        failed = llm_matmul(ge, xn, &L->shared_gate, T, ex) | llm_matmul(ue, xn, &L->shared_up, T, ex);
+        for (size_t i = 0; !failed && i < (size_t)T * Fs; i++) ge[i] = ge[i] / (1.0f + expf(-ge[i])) * ue[i];
+        failed |= failed ? 0 : llm_matmul(oe, ge, &L->shared_down, T, ex);
+        for (int t = 0; !failed && t < T; t++) {
+            float gate = 1.0f / (1.0f + expf(-llm_dot((const float *)L->shared_gate_inp.data, xn + (size_t)t * D, D)));
+            for (int d = 0; d < D; d++) delta[(size_t)t * D + d] += gate * oe[(size_t)t * D + d];
         }
     }
     return failed;
@@ -5039,11 +5065,9 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
          * them */
         for (int t = 0; t < T; t++) {
             float *qt = q + (size_t)t * q_dim, *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
-            if (L->bq.data) {
-                for (int i = 0; i < q_dim; i++) qt[i] += ((const float *)L->bq.data)[i];
-                for (int i = 0; i < kv_dim; i++) kt[i] += ((const float *)L->bk.data)[i];
-                for (int i = 0; i < kv_dim; i++) vt[i] += ((const float *)L->bv.data)[i];
-            }
+            for (int i = 0; L->bq.data && i < q_dim; i++) qt[i] += ((const float *)L->bq.data)[i];
+            for (int i = 0; L->bk.data && i < kv_dim; i++) kt[i] += ((const float *)L->bk.data)[i];
+            for (int i = 0; L->bv.data && i < kv_dim; i++) vt[i] += ((const float *)L->bv.data)[i];
             for (int h = 0; h < cf->n_heads; h++) {
                 if (L->q_norm.data)
                     llm_rmsnorm(qt + h * hd, qt + h * hd, (const float *)L->q_norm.data, hd, cf->rms_eps);

@@ -964,16 +964,18 @@ static void test_random_models_reference(void) {
                             "llama.cpp's");
 }
 
-/* The architectures added since those four (gemma3, phi3, smollm3, qwen3moe, Mixtral-style llama, gpt-oss),
- * each its random model against llama.cpp's greedy ids: on the exact path and the default one, at block sizes 1,
+/* The architectures added since those four (gemma3, phi3, smollm3, qwen3moe, Mixtral-style llama, gpt-oss,
+ * qwen2moe), each its random model against llama.cpp's greedy ids: on the exact path and the default one, at block sizes 1,
  * 16 and 64, alone and batched behind another prompt (Gemma 3 and gpt-oss: their 24 tokens run past the local
  * layers' window of 8) */
 static void test_random_archs_reference(void) {
     ref_case *cases = (ref_case *)calloc(16, sizeof *cases);
     int n = load_ref_cases("random-archs-greedy.json", "completion_token_ids", cases, 16), checked = 0;
+    n += load_ref_cases("random-qwen2moe-greedy.json", "completion_token_ids", cases + n, 16 - n);
     run_result *r = (run_result *)calloc(1, sizeof *r);
     static const char *const supported[] = {"random-gemma3.gguf", "random-phi3.gguf", "random-smollm3.gguf",
-                                            "random-qwen3moe.gguf", "random-llama-moe.gguf", "random-gpt-oss.gguf"};
+                                            "random-qwen3moe.gguf", "random-llama-moe.gguf", "random-gpt-oss.gguf",
+                                            "random-qwen2moe.gguf"};
     for (int i = 0; i < n; i++) {
         int known = 0;
         for (size_t k = 0; k < sizeof supported / sizeof *supported; k++) known |= !strcmp(cases[i].model, supported[k]);
@@ -1004,7 +1006,8 @@ static void test_random_archs_reference(void) {
             llm_engine_destroy(e);
         }
     }
-    CHECK(checked == 8 * (int)(sizeof supported / sizeof *supported), "%d runs of the new architectures", checked);
+    CHECK(checked == 8 * ((int)(sizeof supported / sizeof *supported) + 1), "%d runs of the new architectures",
+          checked); /* qwen2moe has two prompts */
     free(r); free(cases);
 }
 
@@ -1951,9 +1954,11 @@ static void test_paged_forward_models(void) {
     test_paged_forward("random-qwen3moe.gguf");
     test_paged_forward("random-llama-moe.gguf");
     test_paged_forward("random-gpt-oss.gguf");   /* attention sinks, a window of 8 on layer 0, biases */
+    test_paged_forward("random-qwen2moe.gguf");  /* a shared expert */
     test_moe_grouped("random-qwen3moe.gguf");
     test_moe_grouped("random-llama-moe.gguf");
     test_moe_grouped("random-gpt-oss.gguf");
+    test_moe_grouped("random-qwen2moe.gguf");
 }
 
 /* -----------------------------------------------------------------------------------------------------------

@@ -112,3 +112,47 @@ def copy_with_mxfp4(src, dst, names):
 # projections and the attention's output projection of this small model)
 copy_with_mxfp4("random-gpt-oss.gguf", "random-gpt-oss-mxfp4.gguf",
                 {"blk.%d.%s.weight" % (l, n) for l in range(2) for n in ("ffn_down_exps", "attn_output")})
+
+def make_qwen2moe(name, vocab_file, dim, n_layer, n_head, n_kv, ffn, n_expert, n_used, ffn_exp, ffn_shexp, seed):
+    """qwen2moe (Qwen1.5-MoE, Qwen2-57B-A14B): biases on Q/K/V; per layer a softmax router over n_expert experts
+    of width ffn_exp, the top n_used weighted as they come (not renormalised), plus a shared expert of width
+    ffn_shexp gated by sigmoid(ffn_gate_inp_shexp . x); untied output."""
+    rng = np.random.default_rng(seed)
+    hd = dim // n_head
+    w = GGUFWriter(f"{out_dir}/{name}.gguf", "qwen2moe")
+    n_vocab = copy_tokenizer(w, vocab_file)
+    w.add_name(name)
+    w.add_context_length(2048); w.add_embedding_length(dim); w.add_block_count(n_layer)
+    w.add_feed_forward_length(ffn); w.add_head_count(n_head); w.add_head_count_kv(n_kv)
+    w.add_rope_freq_base(1000000.0); w.add_layer_norm_rms_eps(1e-6); w.add_rope_dimension_count(hd)
+    w.add_expert_count(n_expert); w.add_expert_used_count(n_used)
+    w.add_expert_feed_forward_length(ffn_exp); w.add_expert_shared_feed_forward_length(ffn_shexp)
+    w.add_file_type(0)
+    f32 = lambda *s, std=1.0: (rng.standard_normal(s) * std).astype(np.float32)
+    w.add_tensor("token_embd.weight", f32(n_vocab, dim, std=1.0))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+        w.add_tensor(p + "attn_q.weight", f32(n_head * hd, dim, std=dim ** -0.5))
+        w.add_tensor(p + "attn_k.weight", f32(n_kv * hd, dim, std=dim ** -0.5))
+        w.add_tensor(p + "attn_v.weight", f32(n_kv * hd, dim, std=dim ** -0.5))
+        w.add_tensor(p + "attn_q.bias", f32(n_head * hd, std=0.5))
+        w.add_tensor(p + "attn_k.bias", f32(n_kv * hd, std=0.5))
+        w.add_tensor(p + "attn_v.bias", f32(n_kv * hd, std=0.5))
+        w.add_tensor(p + "attn_output.weight", f32(dim, n_head * hd, std=4 * (n_head * hd) ** -0.5))
+        w.add_tensor(p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+        w.add_tensor(p + "ffn_gate_inp.weight", f32(n_expert, dim, std=dim ** -0.5 * 3))
+        w.add_tensor(p + "ffn_gate_exps.weight", f32(n_expert, ffn_exp, dim, std=dim ** -0.5))
+        w.add_tensor(p + "ffn_up_exps.weight", f32(n_expert, ffn_exp, dim, std=dim ** -0.5))
+        w.add_tensor(p + "ffn_down_exps.weight", f32(n_expert, dim, ffn_exp, std=4 * ffn_exp ** -0.5))
+        w.add_tensor(p + "ffn_gate_inp_shexp.weight", f32(dim, std=dim ** -0.5))
+        w.add_tensor(p + "ffn_gate_shexp.weight", f32(ffn_shexp, dim, std=dim ** -0.5))
+        w.add_tensor(p + "ffn_up_shexp.weight", f32(ffn_shexp, dim, std=dim ** -0.5))
+        w.add_tensor(p + "ffn_down_shexp.weight", f32(dim, ffn_shexp, std=4 * ffn_shexp ** -0.5))
+    w.add_tensor("output_norm.weight", np.ones(dim, dtype=np.float32))
+    w.add_tensor("output.weight", f32(n_vocab, dim, std=1.0))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    print("wrote", name, n_vocab, "tokens")
+
+make_qwen2moe("random-qwen2moe", f"{vocab_dir}/ggml-vocab-qwen2.gguf", dim=32, n_layer=2, n_head=4, n_kv=2, ffn=64,
+              n_expert=4, n_used=2, ffn_exp=16, ffn_shexp=48, seed=17)
