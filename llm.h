@@ -1527,10 +1527,12 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
     if (!m->output.data) m->output = m->tok_embd; /* tied output embedding */
     m->layers = (llm_layer *)calloc((size_t)c->n_layers, sizeof(llm_layer));
     if (!m->layers) return llm_fail(err, "out of memory");
-    int qwen2 = c->arch == LLM_ARCH_QWEN2, qwen2moe = c->arch == LLM_ARCH_QWEN2MOE, qk_norm = c->arch == LLM_ARCH_QWEN3 || c->arch == LLM_ARCH_GEMMA3 ||
+    int qwen2 = c->arch == LLM_ARCH_QWEN2, qwen2moe = c->arch == LLM_ARCH_QWEN2MOE;
+    int qk_norm = c->arch == LLM_ARCH_QWEN3 || c->arch == LLM_ARCH_GEMMA3 ||
                                                      c->arch == LLM_ARCH_QWEN3MOE;
     int64_t E = c->n_experts, Fe = c->expert_ffn_dim;
-    int gemma3 = c->arch == LLM_ARCH_GEMMA3, phi3 = c->arch == LLM_ARCH_PHI3, gpt_oss = c->arch == LLM_ARCH_GPT_OSS;
+    int gemma3 = c->arch == LLM_ARCH_GEMMA3, phi3 = c->arch == LLM_ARCH_PHI3;
+    int gpt_oss = c->arch == LLM_ARCH_GPT_OSS;
     for (int l = 0; l < c->n_layers; l++) {
         llm_layer *L = &m->layers[l];
         char name[96];
@@ -4773,7 +4775,8 @@ static void llm_rmsnorm(float *out, const float *x, const float *weight, int n, 
 static void llm_rope(float *x, int pos, const llm_config *c, float base) {
     float theta_scale = powf(base, -2.0f / (float)c->rope_dim), theta = (float)pos;
     int half = c->rope_dim / 2;
-    float freq_scale = c->rope_freq_scale > 0 ? c->rope_freq_scale : 1, mscale = c->rope_mscale > 0 ? c->rope_mscale : 1;
+    float freq_scale = c->rope_freq_scale > 0 ? c->rope_freq_scale : 1;
+    float mscale = c->rope_mscale > 0 ? c->rope_mscale : 1;
     for (int i = 0; i < half; i++, theta *= theta_scale) {
         float angle = freq_scale * theta; /* interpolated (linear, YaRN) or, at scale 1, as it was */
         if (c->rope_yarn) { /* YaRN: dimensions below yarn_dims[0] keep their angle, those past [1] scale */
@@ -4958,7 +4961,8 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
             for (size_t i = 0; !failed && i < (size_t)n * Fe; i++) ge[i] = ge[i] / (1.0f + expf(-ge[i])) * ue[i];
         failed |= failed ? 0 : llm_matmul(oe, ge, &wd, n, ex);
         for (int i = 0; !failed && gpt_oss && i < n; i++)
-            for (int d = 0; d < D; d++) oe[(size_t)i * D + d] += ((const float *)L->down_exps_b.data)[(size_t)e * D + d];
+            for (int d = 0; d < D; d++)
+                oe[(size_t)i * D + d] += ((const float *)L->down_exps_b.data)[(size_t)e * D + d];
         for (int i = 0; !failed && i < n; i++) {
             int t = rows[i];
             float w = 0;
@@ -4971,7 +4975,8 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
         for (size_t i = 0; !failed && i < (size_t)T * Fs; i++) ge[i] = ge[i] / (1.0f + expf(-ge[i])) * ue[i];
         failed |= failed ? 0 : llm_matmul(oe, ge, &L->shared_down, T, ex);
         for (int t = 0; !failed && t < T; t++) {
-            float gate = 1.0f / (1.0f + expf(-llm_dot((const float *)L->shared_gate_inp.data, xn + (size_t)t * D, D)));
+            float logit = llm_dot((const float *)L->shared_gate_inp.data, xn + (size_t)t * D, D);
+            float gate = 1.0f / (1.0f + expf(-logit));
             for (int d = 0; d < D; d++) delta[(size_t)t * D + d] += gate * oe[(size_t)t * D + d];
         }
     }
@@ -6691,7 +6696,10 @@ static int llm_re_sequence(llm_re *re, int depth, int nonempty, int *nullable) {
         char c = *re->p;
         if (c == '^' && re->p == re->start) { re->p++; continue; }
         if (c == '$' && (re->p[1] == 0)) { re->p++; continue; }
-        if (c == '^' || c == '$') { rc = llm_re_fail(re, "^ or $ inside the pattern (only at its ends) is not supported"); break; }
+        if (c == '^' || c == '$') {
+            rc = llm_re_fail(re, "^ or $ inside the pattern (only at its ends) is not supported");
+            break;
+        }
         if (arrlen(items)) arrput(re->out, ' ');
         arrput(items, re->p);
         rc = llm_re_item(re, depth, 0, &item_nullable);

@@ -965,9 +965,9 @@ static void test_random_models_reference(void) {
 }
 
 /* The architectures added since those four (gemma3, phi3, smollm3, qwen3moe, Mixtral-style llama, gpt-oss,
- * qwen2moe), each its random model against llama.cpp's greedy ids: on the exact path and the default one, at block sizes 1,
- * 16 and 64, alone and batched behind another prompt (Gemma 3 and gpt-oss: their 24 tokens run past the local
- * layers' window of 8) */
+ * qwen2moe), each its random model against llama.cpp's greedy ids: on the exact path and the default one, at
+ * block sizes 1, 16 and 64, alone and batched behind another prompt (Gemma 3 and gpt-oss: their 24 tokens run
+ * past the local layers' window of 8) */
 static void test_random_archs_reference(void) {
     ref_case *cases = (ref_case *)calloc(16, sizeof *cases);
     int n = load_ref_cases("random-archs-greedy.json", "completion_token_ids", cases, 16), checked = 0;
@@ -1023,7 +1023,10 @@ static void test_yarn(void) {
                      {"gpt-oss.rope.scaling.factor", LLM_GGUF_F32, &factor, 4},
                      {"gpt-oss.rope.scaling.original_context_length", LLM_GGUF_U32, &orig, 4}};
     char path[64];
-    if (gguf_with_keys("random-gpt-oss.gguf", kvs, 3, path) != 0) { CHECK(0, "a copy of random-gpt-oss with YaRN"); return; }
+    if (gguf_with_keys("random-gpt-oss.gguf", kvs, 3, path) != 0) {
+        CHECK(0, "a copy of random-gpt-oss with YaRN");
+        return;
+    }
     ref_case *cases = (ref_case *)calloc(16, sizeof *cases);
     int n = load_ref_cases("random-gpt-oss-yarn-greedy.json", "completion_token_ids", cases, 16), checked = 0;
     run_result *r = (run_result *)calloc(1, sizeof *r);
@@ -5657,16 +5660,18 @@ static void test_server_mistral_tools(void) {
      * back): the call and its result under one id of 9 letters and digits, the 29-character one gone */
     snprintf(body, sizeof body, "{\"messages\":[%s],%s}", loop, tools);
     r = http_post(srv.port, "/tokenize", body, NULL);
-    const char *tokens = r ? strstr(http_body(r), "\"tokens\":[") : NULL, *tokens_end = tokens ? strchr(tokens, ']') : NULL;
+    const char *tokens = r ? strstr(http_body(r), "\"tokens\":[") : NULL;
+    const char *tokens_end = tokens ? strchr(tokens, ']') : NULL;
     char *prompt = NULL;
     if (tokens && tokens_end) {
         snprintf(body, sizeof body, "{%.*s}", (int)(tokens_end + 1 - tokens), tokens);
         prompt = http_post(srv.port, "/detokenize", body, NULL);
     }
-    const char *call = prompt ? strstr(prompt, "\\\"arguments\\\": {\\\"city\\\": \\\"Rome\\\"}, \\\"id\\\": \\\"") : NULL;
+    static const char call_at[] = "\\\"arguments\\\": {\\\"city\\\": \\\"Rome\\\"}, \\\"id\\\": \\\"";
+    const char *call = prompt ? strstr(prompt, call_at) : NULL;
     const char *result = prompt ? strstr(prompt, "\\\"call_id\\\": \\\"") : NULL;
     int call_len = 0, result_len = 0;
-    if (call) call += strlen("\\\"arguments\\\": {\\\"city\\\": \\\"Rome\\\"}, \\\"id\\\": \\\"");
+    if (call) call += strlen(call_at);
     if (result) result += strlen("\\\"call_id\\\": \\\"");
     while (call && isalnum((unsigned char)call[call_len])) call_len++;
     while (result && isalnum((unsigned char)result[result_len])) result_len++;
