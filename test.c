@@ -968,6 +968,34 @@ static void test_random_models_reference(void) {
  * qwen2moe), each its random model against llama.cpp's greedy ids: on the exact path and the default one, at
  * block sizes 1, 16 and 64, alone and batched behind another prompt (Gemma 3 and gpt-oss: their 24 tokens run
  * past the local layers' window of 8) */
+/* One greedy run of a reference case on the model file at path: on the exact or the default path, at a block
+ * size, alone or behind another prompt; 1 when it gives the case's ids (else a failure naming the run, both
+ * lists printed) */
+static int greedy_case_run(const char *path, const ref_case *c, int exact, int block_size, int batched,
+                           run_result *r) {
+    llm_engine_config cfg = llm_engine_defaults();
+    cfg.model_path = path;
+    cfg.create_backend = exact ? llm_cpu_exact_backend_create : llm_cpu_backend_create;
+    cfg.block_size = block_size;
+    llm_engine *e = engine_new(&cfg);
+    if (!e) return 0;
+    memset(r, 0, sizeof *r);
+    llm_sampling_params p = greedy(c->max_tokens);
+    if (batched) run_add(e, r, "Once upon a time there was a long prompt before it", NULL, 0, &p);
+    run_add(e, r, c->prompt, NULL, 0, &p);
+    run_engine(e, r);
+    int at = batched ? 1 : 0;
+    int same = r->n_tokens[at][0] == c->n_ids && !memcmp(r->tokens[at][0], c->ids, (size_t)c->n_ids * sizeof(int32_t));
+    CHECK(same, "%s \"%s\" (%s path, block size %d%s): greedy ids differ from llama.cpp's", c->model, c->prompt,
+          exact ? "exact" : "default", block_size, batched ? ", batched" : "");
+    if (!same) {
+        tok_print_ids("ours", r->tokens[at][0], r->n_tokens[at][0]);
+        tok_print_ids("llama.cpp", c->ids, c->n_ids);
+    }
+    llm_engine_destroy(e);
+    return 1;
+}
+
 static void test_random_archs_reference(void) {
     ref_case *cases = (ref_case *)calloc(16, sizeof *cases);
     int n = load_ref_cases("random-archs-greedy.json", "completion_token_ids", cases, 16), checked = 0;
@@ -978,32 +1006,12 @@ static void test_random_archs_reference(void) {
                                             "random-qwen2moe.gguf"};
     for (int i = 0; i < n; i++) {
         int known = 0;
-        for (size_t k = 0; k < sizeof supported / sizeof *supported; k++) known |= !strcmp(cases[i].model, supported[k]);
-        if (!known) continue;
-        for (int run = 0; run < 8; run++) { /* exact at 1/16/64, alone and batched; default at 16, both ways */
+        for (size_t k = 0; k < sizeof supported / sizeof *supported; k++)
+            known |= !strcmp(cases[i].model, supported[k]);
+        for (int run = 0; known && run < 8; run++) { /* exact at 1/16/64, alone and batched; default at 16 */
             static const int block_sizes[4] = {1, 16, 64, 16};
-            int bs = block_sizes[run / 2], batched = run % 2, exact = run < 6;
-            llm_engine_config cfg = engine_config(cases[i].model);
-            cfg.create_backend = exact ? llm_cpu_exact_backend_create : llm_cpu_backend_create;
-            cfg.block_size = bs;
-            llm_engine *e = engine_new(&cfg);
-            if (!e) continue;
-            memset(r, 0, sizeof *r);
-            llm_sampling_params p = greedy(cases[i].max_tokens);
-            if (batched) run_add(e, r, "Once upon a time there was a long prompt before it", NULL, 0, &p);
-            run_add(e, r, cases[i].prompt, NULL, 0, &p);
-            run_engine(e, r);
-            int at = batched ? 1 : 0;
-            int same = r->n_tokens[at][0] == cases[i].n_ids &&
-                       !memcmp(r->tokens[at][0], cases[i].ids, (size_t)cases[i].n_ids * sizeof(int32_t));
-            CHECK(same, "%s \"%s\" (%s path, block size %d%s): greedy ids differ from llama.cpp's",
-                  cases[i].model, cases[i].prompt, exact ? "exact" : "default", bs, batched ? ", batched" : "");
-            if (!same) {
-                tok_print_ids("ours", r->tokens[at][0], r->n_tokens[at][0]);
-                tok_print_ids("llama.cpp", cases[i].ids, cases[i].n_ids);
-            }
-            checked++;
-            llm_engine_destroy(e);
+            checked += greedy_case_run(model_path(cases[i].model), &cases[i], run < 6, block_sizes[run / 2],
+                                       run % 2, r);
         }
     }
     CHECK(checked == 8 * ((int)(sizeof supported / sizeof *supported) + 1), "%d runs of the new architectures",
@@ -1031,31 +1039,8 @@ static void test_yarn(void) {
     int n = load_ref_cases("random-gpt-oss-yarn-greedy.json", "completion_token_ids", cases, 16), checked = 0;
     run_result *r = (run_result *)calloc(1, sizeof *r);
     for (int i = 0; i < n; i++)
-        for (int run = 0; run < 4; run++) { /* exact, default; alone, batched */
-            int exact = run < 2, batched = run % 2;
-            llm_engine_config cfg = llm_engine_defaults();
-            cfg.model_path = path;
-            cfg.kv_bytes = 16 << 20;
-            cfg.create_backend = exact ? llm_cpu_exact_backend_create : llm_cpu_backend_create;
-            llm_engine *e = engine_new(&cfg);
-            if (!e) continue;
-            memset(r, 0, sizeof *r);
-            llm_sampling_params p = greedy(cases[i].max_tokens);
-            if (batched) run_add(e, r, "Once upon a time there was a long prompt before it", NULL, 0, &p);
-            run_add(e, r, cases[i].prompt, NULL, 0, &p);
-            run_engine(e, r);
-            int at = batched ? 1 : 0;
-            int same = r->n_tokens[at][0] == cases[i].n_ids &&
-                       !memcmp(r->tokens[at][0], cases[i].ids, (size_t)cases[i].n_ids * sizeof(int32_t));
-            CHECK(same, "YaRN, \"%s\" (%s path%s): greedy ids differ from llama.cpp's", cases[i].prompt,
-                  exact ? "exact" : "default", batched ? ", batched" : "");
-            if (!same) {
-                tok_print_ids("ours", r->tokens[at][0], r->n_tokens[at][0]);
-                tok_print_ids("llama.cpp", cases[i].ids, cases[i].n_ids);
-            }
-            checked++;
-            llm_engine_destroy(e);
-        }
+        for (int run = 0; run < 4; run++) /* exact, default; alone, batched */
+            checked += greedy_case_run(path, &cases[i], run < 2, 16, run % 2, r);
     CHECK(checked == 8, "%d YaRN runs", checked);
     free(r); free(cases);
     remove(path);

@@ -1,4 +1,5 @@
-"""Writes small random-weight GGUF models of real architectures, for fidelity tests against llama.cpp.
+"""Writes small random-weight GGUF models of real architectures, for fidelity tests against llama.cpp (and,
+from random-gpt-oss.gguf in the same folder, a copy with MXFP4 weights).
 
 Usage: python3 make_random_models.py VOCAB_DIR OUT_DIR   (make test runs it once, in .venv, with the gguf package)
 The files are the same bytes on every machine (numpy's default_rng with a fixed seed per model; gguf 0.19.0's
@@ -14,10 +15,10 @@ from gguf import GGUFReader, GGUFWriter, GGUFValueType
 
 vocab_dir, out_dir = sys.argv[1], sys.argv[2]
 
-def copy_tokenizer(w, vocab_file):
-    r = GGUFReader(vocab_file)
+def copy_fields(w, r, keep):
+    """Every key of the reader r whose name keep(name) takes, written to w with its type"""
     for f in r.fields.values():
-        if not f.name.startswith("tokenizer."): continue
+        if not keep(f.name): continue
         t = f.types[0]
         if t == GGUFValueType.ARRAY:
             sub = f.types[-1]
@@ -30,10 +31,17 @@ def copy_tokenizer(w, vocab_file):
             w.add_key_value(f.name, bytes(f.parts[-1]).decode("utf-8"), t)
         else:
             w.add_key_value(f.name, f.parts[-1].tolist()[0], t)
+
+def copy_tokenizer(w, vocab_file):
+    r = GGUFReader(vocab_file)
+    copy_fields(w, r, lambda name: name.startswith("tokenizer."))
     return len(r.fields["tokenizer.ggml.tokens"].data)
 
 def make(name, arch, vocab_file, dim, n_layer, n_head, n_kv, ffn, head_dim=None, rope_base=10000.0,
-         qkv_bias=False, qk_norm=False, tied=True, seed=0):
+         qkv_bias=False, qk_norm=False, tied=True, seed=0, moe=None):
+    """moe: (n_expert, n_used, ffn_exp, ffn_shexp), qwen2moe's FFN: a softmax router over n_expert experts of
+    width ffn_exp, the top n_used weighted as they come (not renormalised), plus a shared expert of width
+    ffn_shexp gated by sigmoid(ffn_gate_inp_shexp . x)"""
     rng = np.random.default_rng(seed)
     hd = head_dim or dim // n_head
     w = GGUFWriter(f"{out_dir}/{name}.gguf", arch)
@@ -43,6 +51,10 @@ def make(name, arch, vocab_file, dim, n_layer, n_head, n_kv, ffn, head_dim=None,
     w.add_feed_forward_length(ffn); w.add_head_count(n_head); w.add_head_count_kv(n_kv)
     w.add_rope_freq_base(rope_base); w.add_layer_norm_rms_eps(1e-6); w.add_rope_dimension_count(hd)
     if head_dim: w.add_key_length(hd); w.add_value_length(hd)
+    if moe:
+        n_expert, n_used, ffn_exp, ffn_shexp = moe
+        w.add_expert_count(n_expert); w.add_expert_used_count(n_used)
+        w.add_expert_feed_forward_length(ffn_exp); w.add_expert_shared_feed_forward_length(ffn_shexp)
     w.add_file_type(0)
     f32 = lambda *s, std=1.0: (rng.standard_normal(s) * std).astype(np.float32)
     w.add_tensor("token_embd.weight", f32(n_vocab, dim, std=1.0))
@@ -61,6 +73,16 @@ def make(name, arch, vocab_file, dim, n_layer, n_head, n_kv, ffn, head_dim=None,
             w.add_tensor(p + "attn_k_norm.weight", (1 + 0.1 * rng.standard_normal(hd)).astype(np.float32))
         w.add_tensor(p + "attn_output.weight", f32(dim, n_head * hd, std=4 * (n_head * hd) ** -0.5))
         w.add_tensor(p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+        if moe:
+            w.add_tensor(p + "ffn_gate_inp.weight", f32(n_expert, dim, std=dim ** -0.5 * 3))
+            w.add_tensor(p + "ffn_gate_exps.weight", f32(n_expert, ffn_exp, dim, std=dim ** -0.5))
+            w.add_tensor(p + "ffn_up_exps.weight", f32(n_expert, ffn_exp, dim, std=dim ** -0.5))
+            w.add_tensor(p + "ffn_down_exps.weight", f32(n_expert, dim, ffn_exp, std=4 * ffn_exp ** -0.5))
+            w.add_tensor(p + "ffn_gate_inp_shexp.weight", f32(dim, std=dim ** -0.5))
+            w.add_tensor(p + "ffn_gate_shexp.weight", f32(ffn_shexp, dim, std=dim ** -0.5))
+            w.add_tensor(p + "ffn_up_shexp.weight", f32(ffn_shexp, dim, std=dim ** -0.5))
+            w.add_tensor(p + "ffn_down_shexp.weight", f32(dim, ffn_shexp, std=4 * ffn_shexp ** -0.5))
+            continue
         w.add_tensor(p + "ffn_gate.weight", f32(ffn, dim, std=dim ** -0.5))
         w.add_tensor(p + "ffn_up.weight", f32(ffn, dim, std=dim ** -0.5))
         w.add_tensor(p + "ffn_down.weight", f32(dim, ffn, std=4 * ffn ** -0.5))
@@ -78,26 +100,15 @@ make("random-qwen3-qknorm", "qwen3", f"{vocab_dir}/ggml-vocab-qwen2.gguf", dim=3
      ffn=64, head_dim=16, rope_base=1000000.0, qk_norm=True, seed=3)
 make("random-llama2-untied", "llama", f"{vocab_dir}/ggml-vocab-llama-spm.gguf", dim=64, n_layer=2, n_head=8, n_kv=8,
      ffn=128, tied=False, seed=4)
+make("random-qwen2moe", "qwen2moe", f"{vocab_dir}/ggml-vocab-qwen2.gguf", dim=32, n_layer=2, n_head=4, n_kv=2,
+     ffn=64, rope_base=1000000.0, qkv_bias=True, tied=False, seed=17, moe=(4, 2, 16, 48))
 
 def copy_with_mxfp4(src, dst, names):
     """A copy of the model src (in out_dir) with the tensors names quantized to MXFP4 by the gguf package (the
     others and every key as they are): what gpt-oss's published files do to their experts."""
     r = GGUFReader(f"{out_dir}/{src}")
     w = GGUFWriter(f"{out_dir}/{dst}", r.fields["general.architecture"].contents())
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture": continue
-        t = f.types[0]
-        if t == GGUFValueType.ARRAY:
-            sub = f.types[-1]
-            if sub == GGUFValueType.STRING:
-                val = [bytes(f.parts[i]).decode("utf-8", errors="surrogateescape") for i in f.data]
-            else:
-                val = [f.parts[i].tolist()[0] for i in f.data]
-            w.add_key_value(f.name, val, GGUFValueType.ARRAY, sub_type=sub)
-        elif t == GGUFValueType.STRING:
-            w.add_key_value(f.name, bytes(f.parts[-1]).decode("utf-8"), t)
-        else:
-            w.add_key_value(f.name, f.parts[-1].tolist()[0], t)
+    copy_fields(w, r, lambda name: not name.startswith("GGUF.") and name != "general.architecture")
     for t in r.tensors:
         data = np.asarray(t.data)
         if t.name in names:
@@ -113,46 +124,3 @@ def copy_with_mxfp4(src, dst, names):
 copy_with_mxfp4("random-gpt-oss.gguf", "random-gpt-oss-mxfp4.gguf",
                 {"blk.%d.%s.weight" % (l, n) for l in range(2) for n in ("ffn_down_exps", "attn_output")})
 
-def make_qwen2moe(name, vocab_file, dim, n_layer, n_head, n_kv, ffn, n_expert, n_used, ffn_exp, ffn_shexp, seed):
-    """qwen2moe (Qwen1.5-MoE, Qwen2-57B-A14B): biases on Q/K/V; per layer a softmax router over n_expert experts
-    of width ffn_exp, the top n_used weighted as they come (not renormalised), plus a shared expert of width
-    ffn_shexp gated by sigmoid(ffn_gate_inp_shexp . x); untied output."""
-    rng = np.random.default_rng(seed)
-    hd = dim // n_head
-    w = GGUFWriter(f"{out_dir}/{name}.gguf", "qwen2moe")
-    n_vocab = copy_tokenizer(w, vocab_file)
-    w.add_name(name)
-    w.add_context_length(2048); w.add_embedding_length(dim); w.add_block_count(n_layer)
-    w.add_feed_forward_length(ffn); w.add_head_count(n_head); w.add_head_count_kv(n_kv)
-    w.add_rope_freq_base(1000000.0); w.add_layer_norm_rms_eps(1e-6); w.add_rope_dimension_count(hd)
-    w.add_expert_count(n_expert); w.add_expert_used_count(n_used)
-    w.add_expert_feed_forward_length(ffn_exp); w.add_expert_shared_feed_forward_length(ffn_shexp)
-    w.add_file_type(0)
-    f32 = lambda *s, std=1.0: (rng.standard_normal(s) * std).astype(np.float32)
-    w.add_tensor("token_embd.weight", f32(n_vocab, dim, std=1.0))
-    for i in range(n_layer):
-        p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
-        w.add_tensor(p + "attn_q.weight", f32(n_head * hd, dim, std=dim ** -0.5))
-        w.add_tensor(p + "attn_k.weight", f32(n_kv * hd, dim, std=dim ** -0.5))
-        w.add_tensor(p + "attn_v.weight", f32(n_kv * hd, dim, std=dim ** -0.5))
-        w.add_tensor(p + "attn_q.bias", f32(n_head * hd, std=0.5))
-        w.add_tensor(p + "attn_k.bias", f32(n_kv * hd, std=0.5))
-        w.add_tensor(p + "attn_v.bias", f32(n_kv * hd, std=0.5))
-        w.add_tensor(p + "attn_output.weight", f32(dim, n_head * hd, std=4 * (n_head * hd) ** -0.5))
-        w.add_tensor(p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
-        w.add_tensor(p + "ffn_gate_inp.weight", f32(n_expert, dim, std=dim ** -0.5 * 3))
-        w.add_tensor(p + "ffn_gate_exps.weight", f32(n_expert, ffn_exp, dim, std=dim ** -0.5))
-        w.add_tensor(p + "ffn_up_exps.weight", f32(n_expert, ffn_exp, dim, std=dim ** -0.5))
-        w.add_tensor(p + "ffn_down_exps.weight", f32(n_expert, dim, ffn_exp, std=4 * ffn_exp ** -0.5))
-        w.add_tensor(p + "ffn_gate_inp_shexp.weight", f32(dim, std=dim ** -0.5))
-        w.add_tensor(p + "ffn_gate_shexp.weight", f32(ffn_shexp, dim, std=dim ** -0.5))
-        w.add_tensor(p + "ffn_up_shexp.weight", f32(ffn_shexp, dim, std=dim ** -0.5))
-        w.add_tensor(p + "ffn_down_shexp.weight", f32(dim, ffn_shexp, std=4 * ffn_shexp ** -0.5))
-    w.add_tensor("output_norm.weight", np.ones(dim, dtype=np.float32))
-    w.add_tensor("output.weight", f32(n_vocab, dim, std=1.0))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    print("wrote", name, n_vocab, "tokens")
-
-make_qwen2moe("random-qwen2moe", f"{vocab_dir}/ggml-vocab-qwen2.gguf", dim=32, n_layer=2, n_head=4, n_kv=2, ffn=64,
-              n_expert=4, n_used=2, ffn_exp=16, ffn_shexp=48, seed=17)
