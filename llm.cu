@@ -1519,7 +1519,7 @@ extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, char *err) {
     /* Gemma 3's windows, norms and GeGLU, SmolLM3's layers without RoPE, mixtures of experts and scaled RoPE
      * (linear, YaRN) are in the CPU backend only */
     int scaled_rope = m->cfg.rope_yarn || (m->cfg.rope_freq_scale > 0 && m->cfg.rope_freq_scale != 1) ||
-                      (m->cfg.rope_mscale > 0 && m->cfg.rope_mscale != 1);
+                      (m->cfg.rope_attn_factor > 0 && m->cfg.rope_attn_factor != 1);
     if (m->cfg.arch == LLM_ARCH_GEMMA3 || m->cfg.nope_every || m->cfg.n_experts || scaled_rope) {
         fail(err, m->cfg.n_experts ? "the CUDA backend does not run mixtures of experts yet: use --cpu" :
                   m->cfg.nope_every ? "the CUDA backend does not run smollm3 yet: use --cpu" :

@@ -200,13 +200,14 @@ typedef struct {
     int rope_neox;            /* 1: rotate x[i] with x[i + rope_dim/2] (qwen); 0: adjacent pairs (llama) */
     float rope_base, rms_eps;
     /* RoPE scaling (rope.scaling.*, as llama.cpp reads it): angles times rope_freq_scale (1 / the factor;
-     * "linear"), and with YaRN (gpt-oss: factor 32 over an original 4096 positions) the fast dimensions kept
-     * as they were, a ramp between yarn_dims[0] and [1], and cos and sin times rope_mscale (0, in a config
-     * written by hand: 1) */
-    float rope_freq_scale, rope_mscale, yarn_dims[2];
+     * "linear"; local layers: rope_freq_scale_swa), cos and sin times rope_attn_factor, and with YaRN (gpt-oss:
+     * factor 32 over an original 4096 positions) the fast dimensions kept as they were, a ramp between
+     * yarn_dims[0] and [1], and cos and sin times 1 + 0.1 ln(1 / scale) too (0, in a config written by hand: 1) */
+    float rope_freq_scale, rope_freq_scale_swa, rope_attn_factor, yarn_dims[2];
     int rope_yarn;
     /* Gemma 3, gpt-oss: local layers attend to the last sliding_window positions only, with their own RoPE
-     * base (gpt-oss: the same); every swa_pattern-th layer is global (0: no window) */
+     * base and scale (gpt-oss: the same as the others'; Gemma 3: its own base, no scaling); every
+     * swa_pattern-th layer is global (0: no window) */
     int sliding_window, swa_pattern;
     float rope_base_swa;
     int nope_every;           /* SmolLM3: every nope_every-th layer has no RoPE (0: all have it) */
@@ -1450,7 +1451,7 @@ static int llm_model_read_config(llm_model *m, char *err) {
     }
     if (c->arch == LLM_ARCH_GPT_OSS) { /* every other layer local, from layer 0, with the same RoPE base */
         LLM_INT(sliding_window, "attention.sliding_window", 0, 0, 1 << 24);
-        c->rope_base_swa = c->rope_base;
+        LLM_FLOAT(rope_base_swa, "rope.freq_base_swa", c->rope_base, 1.0, 1e12);
         c->swa_pattern = 2;
     }
     /* RoPE scaling, as llama.cpp reads it: linear unless named, the factor 1 unless given */
@@ -1477,7 +1478,9 @@ static int llm_model_read_config(llm_model *m, char *err) {
         return llm_fail(err, "model metadata %s.rope.scaling.factor is %g: YaRN needs a factor of 1 or more",
                         llm_arch_names[c->arch], factor);
     c->rope_freq_scale = scaling.ptr && llm_str_eq(scaling, "none") ? 1.0f : 1.0f / factor;
-    c->rope_mscale = attn_factor * (c->rope_yarn ? 1.0f + 0.1f * logf(factor) : 1.0f);
+    c->rope_attn_factor = attn_factor;
+    /* local layers: gpt-oss scales them as the others, Gemma 3 not (llama.cpp's rope_freq_scale_train_swa) */
+    c->rope_freq_scale_swa = c->arch == LLM_ARCH_GPT_OSS ? c->rope_freq_scale : 1.0f;
     if (c->rope_yarn) { /* the dimensions that turn beta_fast (32) and beta_slow (1) times in orig_ctx */
         float beta[2] = {32, 1};
         for (int k = 0; k < 2; k++) {
@@ -4771,12 +4774,13 @@ static void llm_rmsnorm(float *out, const float *x, const float *weight, int n, 
 
 /* Rotate the first rope_dim values of one head by position pos. The angle of pair i is
  * pos * base^(-2i/rope_dim), built by repeated multiplication as llama.cpp does, so that greedy outputs match
- * it bit for bit more often. */
-static void llm_rope(float *x, int pos, const llm_config *c, float base) {
+ * it bit for bit more often; times freq_scale (the layer's RoPE scaling; 0: 1), as the config says. */
+static void llm_rope(float *x, int pos, const llm_config *c, float base, float freq_scale) {
     float theta_scale = powf(base, -2.0f / (float)c->rope_dim), theta = (float)pos;
     int half = c->rope_dim / 2;
-    float freq_scale = c->rope_freq_scale > 0 ? c->rope_freq_scale : 1;
-    float mscale = c->rope_mscale > 0 ? c->rope_mscale : 1;
+    if (!(freq_scale > 0)) freq_scale = 1;
+    float mscale = (c->rope_attn_factor > 0 ? c->rope_attn_factor : 1) *
+                   (c->rope_yarn ? 1.0f + 0.1f * logf(1.0f / freq_scale) : 1.0f);
     for (int i = 0; i < half; i++, theta *= theta_scale) {
         float angle = freq_scale * theta; /* interpolated (linear, YaRN) or, at scale 1, as it was */
         if (c->rope_yarn) { /* YaRN: dimensions below yarn_dims[0] keep their angle, those past [1] scale */
@@ -5059,6 +5063,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         int rope = !cf->nope_every || (l + 1) % cf->nope_every != 0; /* SmolLM3's layers without RoPE */
         int window = local ? cf->sliding_window : 0;
         float rope_base = local ? cf->rope_base_swa : cf->rope_base;
+        float rope_scale = local ? cf->rope_freq_scale_swa : cf->rope_freq_scale;
         /* attention block: the normalised stream projected to queries, keys and values */
         for (int t = 0; t < T; t++)
             llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->attn_norm.data, D,
@@ -5076,12 +5081,12 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
             for (int h = 0; h < cf->n_heads; h++) {
                 if (L->q_norm.data)
                     llm_rmsnorm(qt + h * hd, qt + h * hd, (const float *)L->q_norm.data, hd, cf->rms_eps);
-                if (rope) llm_rope(qt + h * hd, b->positions[t], cf, rope_base);
+                if (rope) llm_rope(qt + h * hd, b->positions[t], cf, rope_base, rope_scale);
             }
             for (int h = 0; h < cf->n_kv_heads; h++) {
                 if (L->k_norm.data)
                     llm_rmsnorm(kt + h * hd, kt + h * hd, (const float *)L->k_norm.data, hd, cf->rms_eps);
-                if (rope) llm_rope(kt + h * hd, b->positions[t], cf, rope_base);
+                if (rope) llm_rope(kt + h * hd, b->positions[t], cf, rope_base, rope_scale);
             }
             const int32_t *bt = b->block_tables[seq_of[t]];
             memcpy(llm_cpu_kv_at(c, c->k, l, bt, b->positions[t]), kt, (size_t)kv_dim * sizeof(float));

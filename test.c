@@ -1019,31 +1019,37 @@ static void test_random_archs_reference(void) {
     free(r); free(cases);
 }
 
-/* RoPE scaled with YaRN, as gpt-oss-20b's files have it: random-gpt-oss with gpt-oss-20b's keys added (factor
- * 32 over an original 4096 positions) against llama.cpp's greedy ids on that file (two prompts, 24 tokens; its
- * fast dimensions kept, its slow ones interpolated, a ramp between, cos and sin times 1 + 0.1 ln 32), on the
- * exact and default paths, alone and batched */
-static void test_yarn(void) {
-    static const char yarn[] = "\x04\0\0\0\0\0\0\0yarn";
-    float factor = 32;
+/* RoPE scaled as the file says, against llama.cpp's greedy ids on random models with the keys added: YaRN as
+ * gpt-oss-20b has it (factor 32 over an original 4096 positions: the fast dimensions kept, the slow ones
+ * interpolated, a ramp between, cos and sin times 1 + 0.1 ln 32) on random-gpt-oss, two prompts; linear by 8
+ * as Gemma 3 4B and larger have it, on random-gemma3, where it scales the global layer only (llama.cpp's
+ * rope_freq_scale_train_swa is 1) while its 24 tokens run past the local layers' window of 8. On the exact and
+ * default paths, alone and batched. */
+static void test_rope_scaling(void) {
+    static const char yarn[] = "\x04\0\0\0\0\0\0\0yarn", linear[] = "\x06\0\0\0\0\0\0\0linear";
+    float factor32 = 32, factor8 = 8;
     uint32_t orig = 4096;
-    test_kv kvs[] = {{"gpt-oss.rope.scaling.type", LLM_GGUF_STRING, yarn, 12},
-                     {"gpt-oss.rope.scaling.factor", LLM_GGUF_F32, &factor, 4},
-                     {"gpt-oss.rope.scaling.original_context_length", LLM_GGUF_U32, &orig, 4}};
-    char path[64];
-    if (gguf_with_keys("random-gpt-oss.gguf", kvs, 3, path) != 0) {
-        CHECK(0, "a copy of random-gpt-oss with YaRN");
+    test_kv yarn_kvs[] = {{"gpt-oss.rope.scaling.type", LLM_GGUF_STRING, yarn, 12},
+                          {"gpt-oss.rope.scaling.factor", LLM_GGUF_F32, &factor32, 4},
+                          {"gpt-oss.rope.scaling.original_context_length", LLM_GGUF_U32, &orig, 4}};
+    test_kv linear_kvs[] = {{"gemma3.rope.scaling.type", LLM_GGUF_STRING, linear, 14},
+                            {"gemma3.rope.scaling.factor", LLM_GGUF_F32, &factor8, 4}};
+    char yarn_path[64], linear_path[64];
+    if (gguf_with_keys("random-gpt-oss.gguf", yarn_kvs, 3, yarn_path) != 0 ||
+        gguf_with_keys("random-gemma3.gguf", linear_kvs, 2, linear_path) != 0) {
+        CHECK(0, "copies of random-gpt-oss and random-gemma3 with RoPE scaling");
         return;
     }
     ref_case *cases = (ref_case *)calloc(16, sizeof *cases);
-    int n = load_ref_cases("random-gpt-oss-yarn-greedy.json", "completion_token_ids", cases, 16), checked = 0;
+    int n = load_ref_cases("random-rope-scaling-greedy.json", "completion_token_ids", cases, 16), checked = 0;
     run_result *r = (run_result *)calloc(1, sizeof *r);
     for (int i = 0; i < n; i++)
         for (int run = 0; run < 4; run++) /* exact, default; alone, batched */
-            checked += greedy_case_run(path, &cases[i], run < 2, 16, run % 2, r);
-    CHECK(checked == 8, "%d YaRN runs", checked);
+            checked += greedy_case_run(strstr(cases[i].model, "gemma3") ? linear_path : yarn_path, &cases[i],
+                                       run < 2, 16, run % 2, r);
+    CHECK(n == 3 && checked == 12, "%d runs with scaled RoPE", checked);
     free(r); free(cases);
-    remove(path);
+    remove(yarn_path); remove(linear_path);
 }
 
 /* Gemma 3 270M (make model-gemma3: Google's base model, Q4_K_M, a 262k vocabulary) against a float64 forward
@@ -7072,7 +7078,7 @@ static void gpu_test_attention_case(const gt_attn_case *ac) {
             for (int h = 0; h < cf.n_heads + nkv; h++) {
                 if (ac->qk_norm)
                     llm_rmsnorm(x + h * hd, x + h * hd, h < cf.n_heads ? qn : kn, hd, cf.rms_eps);
-                llm_rope(x + h * hd, pos[t], &cf, cf.rope_base);
+                llm_rope(x + h * hd, pos[t], &cf, cf.rope_base, cf.rope_freq_scale);
             }
             memcpy(q_ref + (size_t)t * q_dim, x, (size_t)q_dim * 4);
             size_t slot = (size_t)bt[s][pos[t] / bs] * bs + pos[t] % bs;
@@ -7750,7 +7756,7 @@ int main(int argc, char **argv) {
         {"stories260K references", test_stories_reference},
         {"random model references", test_random_models_reference},
         {"random models of newer architectures", test_random_archs_reference},
-        {"Gemma 3 270M against float64", test_gemma3_270m}, {"YaRN", test_yarn},
+        {"Gemma 3 270M against float64", test_gemma3_270m}, {"RoPE scaling", test_rope_scaling},
         {"paged forward", test_paged_forward_models},
         {"weight types", test_weight_types},
         {"quant dequantization", test_quant_dequant}, {"quant references", test_quant_reference},
