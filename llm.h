@@ -247,7 +247,8 @@ typedef struct llm_model {
 
 int  llm_model_load(llm_model *m, const char *path, char *err);
 /* A model of a real checkpoint's shape with random weights and no file, like vLLM's dummy load format; the
- * presets are named by llm_model_dummy_names ("tiny", "tinyllama-1.1b", "llama-3.2-1b", "qwen2.5-0.5b"). */
+ * presets are named by llm_model_dummy_names ("tiny", "tinyllama-1.1b", "llama-3.2-1b", "qwen2.5-0.5b", and the
+ * mixtures of experts "tiny-moe" and "qwen3-30b-a3b-4l", Qwen3-30B-A3B's shape with 4 of its 48 layers). */
 int  llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err);
 const char *llm_model_dummy_names(void);
 void llm_model_free(llm_model *m);
@@ -1631,16 +1632,21 @@ typedef struct {
     const char *name;
     int arch, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab, ctx;
     float rope_base;
+    int n_experts, n_experts_used; /* qwen3moe: experts of width ffn_dim (0: a dense FFN) */
 } llm_dummy_preset;
 
 static const llm_dummy_preset llm_dummy_presets[] = {
-    {"tiny",           LLM_ARCH_LLAMA, 128,   2,  4, 2,  32,  256,  2048,   2048, 10000.0f},
-    {"tinyllama-1.1b", LLM_ARCH_LLAMA, 2048, 22, 32, 4,  64,  5632, 32000,  2048, 10000.0f},
-    {"llama-3.2-1b",   LLM_ARCH_LLAMA, 2048, 16, 32, 8,  64,  8192, 128256, 8192, 500000.0f},
-    {"qwen2.5-0.5b",   LLM_ARCH_QWEN2, 896,  24, 14, 2,  64,  4864, 151936, 4096, 1000000.0f},
+    {"tiny",             LLM_ARCH_LLAMA,    128,   2,  4, 2,  32,  256,  2048,   2048, 10000.0f,   0,   0},
+    {"tinyllama-1.1b",   LLM_ARCH_LLAMA,    2048, 22, 32, 4,  64,  5632, 32000,  2048, 10000.0f,   0,   0},
+    {"llama-3.2-1b",     LLM_ARCH_LLAMA,    2048, 16, 32, 8,  64,  8192, 128256, 8192, 500000.0f,  0,   0},
+    {"qwen2.5-0.5b",     LLM_ARCH_QWEN2,    896,  24, 14, 2,  64,  4864, 151936, 4096, 1000000.0f, 0,   0},
+    {"tiny-moe",         LLM_ARCH_QWEN3MOE, 128,   2,  4, 2,  32,  64,   2048,   2048, 1000000.0f, 8,   2},
+    {"qwen3-30b-a3b-4l", LLM_ARCH_QWEN3MOE, 2048,  4, 32, 4,  128, 768,  151936, 4096, 1000000.0f, 128, 8},
 };
 
-const char *llm_model_dummy_names(void) { return "tiny, tinyllama-1.1b, llama-3.2-1b, qwen2.5-0.5b"; }
+const char *llm_model_dummy_names(void) {
+    return "tiny, tinyllama-1.1b, llama-3.2-1b, qwen2.5-0.5b, tiny-moe, qwen3-30b-a3b-4l";
+}
 
 int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) {
     memset(m, 0, sizeof *m);
@@ -1654,10 +1660,14 @@ int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) 
     c->ffn_dim = p->ffn_dim;
     c->vocab_size = p->vocab; c->context_length = p->ctx; c->rope_base = p->rope_base; c->rms_eps = 1e-6f;
     c->rope_neox = p->arch != LLM_ARCH_LLAMA;
+    c->rope_freq_scale = c->rope_freq_scale_swa = c->rope_attn_factor = 1;
+    c->n_experts = p->n_experts; c->n_experts_used = p->n_experts_used; c->expert_ffn_dim = p->ffn_dim;
     snprintf(m->name, sizeof m->name, "dummy:%s", p->name);
     int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t E = c->n_experts, ffn_mats = E ? E * 3 : 3; /* the experts' gate, up and down, or the FFN's */
     /* one allocation: the matrices, then the f32 norm weights and biases */
-    int64_t per_layer_mat = q_dim * c->dim * 2 + kv_dim * c->dim * 2 + (int64_t)c->ffn_dim * c->dim * 3;
+    int64_t per_layer_mat = q_dim * c->dim * 2 + kv_dim * c->dim * 2 + (int64_t)c->ffn_dim * c->dim * ffn_mats +
+                            E * c->dim;
     int64_t n_mat = (int64_t)c->vocab_size * c->dim + per_layer_mat * c->n_layers;
     int64_t per_layer_vec = 2 * c->dim + q_dim + 2 * kv_dim + 2 * c->head_dim;
     int64_t n_vec = c->dim + per_layer_vec * c->n_layers;
@@ -1697,8 +1707,16 @@ int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) 
         llm_layer *L = &m->layers[l];
         LLM_TAKE_MAT(L->wq, q_dim, c->dim); LLM_TAKE_MAT(L->wk, kv_dim, c->dim);
         LLM_TAKE_MAT(L->wv, kv_dim, c->dim);
-        LLM_TAKE_MAT(L->wo, c->dim, q_dim); LLM_TAKE_MAT(L->w_gate, c->ffn_dim, c->dim);
-        LLM_TAKE_MAT(L->w_up, c->ffn_dim, c->dim); LLM_TAKE_MAT(L->w_down, c->dim, c->ffn_dim);
+        LLM_TAKE_MAT(L->wo, c->dim, q_dim);
+        if (E) { /* qwen3moe: the router, the experts stacked, Q/K norms */
+            LLM_TAKE_MAT(L->router, E, c->dim);
+            LLM_TAKE_MAT(L->gate_exps, E * c->ffn_dim, c->dim); LLM_TAKE_MAT(L->up_exps, E * c->ffn_dim, c->dim);
+            LLM_TAKE_MAT(L->down_exps, E * c->dim, c->ffn_dim);
+            LLM_TAKE_VEC(L->q_norm, c->head_dim); LLM_TAKE_VEC(L->k_norm, c->head_dim);
+        } else {
+            LLM_TAKE_MAT(L->w_gate, c->ffn_dim, c->dim); LLM_TAKE_MAT(L->w_up, c->ffn_dim, c->dim);
+            LLM_TAKE_MAT(L->w_down, c->dim, c->ffn_dim);
+        }
         LLM_TAKE_VEC(L->attn_norm, c->dim); LLM_TAKE_VEC(L->ffn_norm, c->dim);
         if (c->arch == LLM_ARCH_QWEN2) { /* zero biases */
             LLM_TAKE_VEC(L->bq, q_dim); LLM_TAKE_VEC(L->bk, kv_dim); LLM_TAKE_VEC(L->bv, kv_dim);

@@ -3829,6 +3829,12 @@ static void test_cli(void) {
     CHECK(out && status == 0 && strstr(out, "requests: 3 in") && strstr(out, "paged, blocks of 32 tokens") &&
           strstr(out, "(64 blocks,"), "llm bench --block-size 32: \"%s\"", out ? out : "");
     free(out);
+    /* a mixture of experts' shape (qwen3moe's, small): every request finishes */
+    out = run_command("./llm bench --dummy tiny-moe --num-prompts 6 --input-len 20:40 --output-len 5:9 2>/dev/null",
+                      &status);
+    CHECK(out && status == 0 && strstr(out, "requests: 6 in"), "llm bench --dummy tiny-moe: \"%s\"",
+          out ? out : "");
+    free(out);
     out = run_command("./llm bench --dummy tiny --block-size 0 2>&1", &status);
     CHECK(out && status == 1 && strstr(out, "--block-size"), "llm bench --block-size 0: exit %d, \"%s\"",
           status, out ? out : "");
