@@ -71,6 +71,8 @@ static const char *usage =
     "  --cpu                  run on the CPU even when a GPU is there\n"
     "  --cpu-exact            the CPU's plain-C reference path: weights converted to f32 row by row, no\n"
     "                         rounding of activations (slower; what the fast path is checked against)\n"
+    "  --cpu-int8             the CPU with llama.cpp's 8-bit activations instead of the default 16: faster\n"
+    "                         prompts (about 1.2x), answers that part from the exact path's at near ties\n"
     "\n"
     "serve options:\n"
     "  --host H               address to listen on (default 127.0.0.1)\n"
@@ -332,6 +334,7 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         else if (FLAG("--no-prefix-caching")) a->engine.enable_prefix_caching = 0;
         else if (FLAG("--cpu")) a->engine.create_backend = llm_cpu_backend_create;
         else if (FLAG("--cpu-exact")) a->engine.create_backend = llm_cpu_exact_backend_create;
+        else if (FLAG("--cpu-int8")) a->engine.create_backend = llm_cpu_int8_backend_create;
         else if (FLAG("--dummy")) { NEED(); a->engine.dummy = v; }
         else if (FLAG("--num-prompts")) { INT(1, 1 << 24); a->num_prompts = (int)x; }
         else if (FLAG("--input-len") || FLAG("--output-len")) {
@@ -1124,8 +1127,11 @@ int main(int argc, char **argv) {
         int own_wait = policy || (spin && strcmp(spin, "2000") != 0); /* 2000: the short spin set above */
         /* without OMP_NUM_THREADS the backend leaves a core to each other busy process, step by step */
         int fixed = getenv("OMP_NUM_THREADS") != NULL;
+        const char *cpu = !strcmp(st.backend, "cpu") ? "CPU" :
+                          !strcmp(st.backend, "cpu-int8") ? "CPU with 8-bit activations (cpu-int8)" :
+                          !strcmp(st.backend, "cpu-exact") ? "CPU's exact path (cpu-exact)" : st.backend;
         int at = snprintf(where, sizeof where, "the %s, %s%d thread%s (%s)%s%s%s%s",
-                          !strcmp(st.backend, "cpu") ? "CPU" : st.backend, fixed ? "" : "up to ", n_threads,
+                          cpu, fixed ? "" : "up to ", n_threads,
                           n_threads == 1 ? "" : "s",
                           fixed ? "OMP_NUM_THREADS" : "fewer while other processes keep cores busy; "
                                                       "OMP_NUM_THREADS=N fixes how many",

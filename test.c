@@ -1059,9 +1059,11 @@ static void test_rope_scaling(void) {
  *   - the exact path, the five in one batch as a server runs them, gives the oracle's tokens up to its first
  *     step within 0.01 nats, and its top-two gap at every one of those steps within 0.002 of the oracle's
  *     (measured: under 0.0001);
- *   - the default path (8-bit activations), in one batch and one by one, gives the oracle's tokens up to its
- *     first step within 0.5 nats: on this model its rounding moves a step's top-two gap by up to 0.25
- *     (measured), and which of two tokens closer than that wins can depend on the batch it ran in.
+ *   - the default path (16-bit activations), in one batch and one by one, gives the oracle's tokens up to its
+ *     first step within 0.01 nats, and its gaps within 0.005 (measured: 0.0019);
+ *   - cpu-int8 (llama.cpp's 8-bit activations), in one batch, up to its first step within 0.5 nats: on this
+ *     model that rounding moves a step's top-two gap by up to 0.25 (measured), and which of two tokens closer
+ *     than that wins can depend on the batch it ran in.
  * llama.cpp's own greedy continuations (in the same file) part from the oracle's on two prompts, at steps
  * where its gaps are 0.08 and 0.10 nats from the oracle's and the oracle's from ours 0.0001: printed, not
  * checked. */
@@ -1093,13 +1095,14 @@ static void test_gemma3_270m(void) {
             oracle_gap[i][k] = gaps && k < gaps->n ? gaps->items[k].num : 0;
         }
     }
-    double worst_exact = 0, worst_default = 0;
-    for (int run = 0; run < 3; run++) { /* exact batched, then default batched and one by one */
-        int exact = run == 0, batched = run < 2;
+    double worst_exact = 0, worst_default = 0, worst_int8 = 0;
+    for (int run = 0; run < 4; run++) { /* exact batched, default batched and one by one, cpu-int8 batched */
+        int exact = run == 0, int8 = run == 3, batched = run != 2;
         llm_engine_config cfg = llm_engine_defaults();
         cfg.model_path = GEMMA3_MODEL;
         cfg.kv_bytes = 64 << 20;
         if (exact) cfg.create_backend = llm_cpu_exact_backend_create;
+        if (int8) cfg.create_backend = llm_cpu_int8_backend_create;
         llm_engine *e = engine_new(&cfg);
         if (!e) break;
         if (run == 0)
@@ -1135,23 +1138,25 @@ static void test_gemma3_270m(void) {
             }
         }
         for (int i = 0; i < N; i++) {
-            double bound = exact ? 0.01 : 0.5, worst = 0;
+            double bound = int8 ? 0.5 : 0.01, worst = 0;
             int until = MAX, parted = MAX;
             for (int k = 0; k < MAX; k++) if (oracle_gap[i][k] < bound) { until = k; break; }
             for (int k = 0; k < until; k++) {
                 if (k >= n_out[i] || out[i][k] != want[i][k]) { parted = k; break; }
                 worst = fmax(worst, fabs(gap[i][k] - oracle_gap[i][k]));
             }
-            CHECK(n_out[i] == MAX && parted == MAX && (!exact || worst < 0.002),
+            CHECK(n_out[i] == MAX && parted == MAX && worst < (exact ? 0.002 : int8 ? 1 : 0.005),
                   "Gemma 3 270M, %s path%s, prompt %d: the float64 oracle's tokens up to step %d (its first gap "
-                  "under %g): %s at step %d; gaps within %.4f of the oracle's", exact ? "exact" : "default",
-                  batched ? ", batched" : "", i, until, bound, parted == MAX ? "all" : "parts", parted, worst);
-            if (exact) worst_exact = fmax(worst_exact, worst); else worst_default = fmax(worst_default, worst);
+                  "under %g): %s at step %d; gaps within %.4f of the oracle's",
+                  exact ? "exact" : int8 ? "cpu-int8" : "default", batched ? ", batched" : "", i, until, bound,
+                  parted == MAX ? "all" : "parts", parted, worst);
+            double *w = exact ? &worst_exact : int8 ? &worst_int8 : &worst_default;
+            *w = fmax(*w, worst);
         }
         llm_engine_destroy(e);
     }
-    printf("Gemma 3 270M against float64: top-two gaps within %.1e (exact path), %.3f (default path)\n",
-           worst_exact, worst_default);
+    printf("Gemma 3 270M against float64: top-two gaps within %.1e (exact path), %.1e (default path), %.3f "
+           "(cpu-int8)\n", worst_exact, worst_default, worst_int8);
     for (int i = 0; i < N; i++) { /* llama.cpp against the oracle: where it parts, and its gap there */
         const llm_json *c = &all.items[i], *ids = llm_json_get(c, "llama_cpp_completion_token_ids"),
                        *gaps = llm_json_get(c, "llama_cpp_top2_logprob_gap");
@@ -1484,37 +1489,43 @@ static void quant_random_block(uint32_t type, uint8_t *block, size_t bytes, uint
         put16(block + d_at + 2, 0x3C00);
 }
 
-static void test_quant_dots(void) {
+/* The quantized dot products with 8-bit activations (wide 0: llama.cpp's) and 16-bit ones (wide 1: q and
+ * the residual r, the default) */
+static void quant_dots_check(int wide) {
     uint64_t rng = 7;
     enum { N = 512 };
     float x[N];
     llm_q8 xq[N / 32];
-    /* activations: quantized blocks hold their values to half a step, with the right sums */
+    const char *width = wide ? "16-bit" : "8-bit";
+    /* activations: quantized blocks hold their values to half a step (16 bits: half of a 256th of the 8-bit
+     * step, or a whole one where r is clamped at 127), with the right sums */
     for (int i = 0; i < N; i++) x[i] = (float)((int)(llm_splitmix64(&rng) % 2001) - 1000) / 37.0f;
-    llm_q8_quantize(x, xq, N);
+    llm_q8_quantize(x, xq, N, wide);
     float worst = 0;
     int sums_ok = 1;
     for (int b = 0; b < N / 32; b++) {
         int sum[2] = {0, 0};
         for (int j = 0; j < 32; j++) {
-            worst = fmaxf(worst, fabsf(xq[b].d * xq[b].q[j] - x[b * 32 + j]) / xq[b].d);
-            sum[j / 16] += xq[b].q[j];
+            int v = wide ? 256 * xq[b].q[j] + xq[b].r[j] : xq[b].q[j];
+            sums_ok &= wide || xq[b].r[j] == 0;
+            worst = fmaxf(worst, fabsf(xq[b].d * (float)v - x[b * 32 + j]) / xq[b].d);
+            sum[j / 16] += v;
         }
         sums_ok &= sum[0] == xq[b].sum[0] && sum[1] == xq[b].sum[1] && xq[b].s == xq[b].d * (sum[0] + sum[1]);
     }
-    CHECK(worst <= 0.5001f && sums_ok, "q8 activations: off by %g of a step, sums %s", worst,
-          sums_ok ? "right" : "wrong");
+    CHECK(worst <= (wide ? 1.0001f : 0.5001f) && sums_ok, "%s activations: off by %g of a step, sums %s", width,
+          worst, sums_ok ? "right" : "wrong");
 #ifdef LLM_CPU_SIMD
     { /* the SIMD quantization gives the same bytes, ties and a block of zeros included */
         llm_q8 simd[N / 32];
         for (int i = 0; i < N; i++)
             x[i] = i < 32 ? 0 : i == 32 ? 127 : i < 64 ? (float)(i % 8) + 0.5f /* scale 1: halves tie */
                                                        : (float)((int)(llm_splitmix64(&rng) % 2001) - 1000);
-        llm_q8_quantize_ref(x, xq, N);
-        llm_q8_quantize_avx2(x, simd, N);
-        CHECK(!memcmp(xq, simd, sizeof simd), "q8 activations: the SIMD quantization differs");
+        llm_q8_quantize_ref(x, xq, N, wide);
+        llm_q8_quantize_avx2(x, simd, N, wide);
+        CHECK(!memcmp(xq, simd, sizeof simd), "%s activations: the SIMD quantization differs", width);
     }
-    printf("  (SIMD dot products: %s)\n", LLM_CPU_SIMD);
+    printf("  (SIMD dot products: %s, %s activations)\n", LLM_CPU_SIMD, width);
 #else
     printf("  (no SIMD in this build: quantized rows are converted to f32, as the exact path does)\n");
 #endif
@@ -1533,29 +1544,37 @@ static void test_quant_dots(void) {
             for (int b = 0; b < N / 32; b++) {
                 xq[b].d = 1;
                 int sum[2] = {0, 0};
-                for (int j = 0; j < 32; j++)
-                    sum[j / 16] += xq[b].q[j] = (int8_t)((int)(llm_splitmix64(&rng) % 255) - 127);
-                xq[b].sum[0] = (int16_t)sum[0]; xq[b].sum[1] = (int16_t)sum[1];
+                /* 16 bits: q mostly 0, else +-1, and |r| < 64 keep every partial sum exact in float */
+                for (int j = 0; j < 32; j++) {
+                    int pick = (int)(llm_splitmix64(&rng) % 32);
+                    xq[b].q[j] = (int8_t)(wide ? (pick == 0) - (pick == 1)
+                                               : (int)(llm_splitmix64(&rng) % 255) - 127);
+                    xq[b].r[j] = wide ? (int8_t)((int)(llm_splitmix64(&rng) % 127) - 63) : 0;
+                    sum[j / 16] += wide ? 256 * xq[b].q[j] + xq[b].r[j] : xq[b].q[j];
+                }
+                xq[b].sum[0] = sum[0]; xq[b].sum[1] = sum[1];
                 xq[b].s = (float)(sum[0] + sum[1]);
             }
             llm_dtype_dequant_row(type, row, deq, N);
             double exact = 0;
-            for (int i = 0; i < N; i++) exact += (double)deq[i] * xq[i / 32].q[i % 32];
-            float ref = llm_q8_dot_ref(type, row, xq, N), fast;
-            llm_q8_dot(type, row, xq, N, 0, 1, &fast);
+            for (int i = 0; i < N; i++)
+                exact += (double)deq[i] * (wide ? 256 * xq[i / 32].q[i % 32] + xq[i / 32].r[i % 32]
+                                                : xq[i / 32].q[i % 32]);
+            float ref = llm_q8_dot_ref(type, row, xq, N, wide), fast;
+            llm_q8_dot(type, wide, row, xq, N, 0, 1, &fast);
             mismatches += ref != fast || (double)ref != exact;
             if (mismatches == 1 && (ref != fast || (double)ref != exact))
                 printf("  %s: exact %.1f, plain C %.1f, fast %.1f\n", llm_dtype_name(type), exact, ref, fast);
         }
-        CHECK(mismatches == 0, "%s dot products, integer parts: %d of 200 rows differ", llm_dtype_name(type),
-              mismatches);
+        CHECK(mismatches == 0, "%s dot products, %s activations, integer parts: %d of 200 rows differ",
+              llm_dtype_name(type), width, mismatches);
     }
     /* four tokens at once (prefill) give each token's products exactly as one at a time does */
     enum { COLS = 4 };
     llm_q8 *xs = (llm_q8 *)malloc(COLS * (N / 32) * sizeof(llm_q8));
     for (int c = 0; c < COLS; c++) {
         for (int i = 0; i < N; i++) x[i] = (float)((int)(llm_splitmix64(&rng) % 2001) - 1000) / 300.0f;
-        llm_q8_quantize(x, xs + c * (N / 32), N);
+        llm_q8_quantize(x, xs + c * (N / 32), N, wide);
     }
     for (int ti = 0; ti < N_QUANT_TYPES; ti++) {
         uint32_t type = quant_types[ti];
@@ -1565,10 +1584,10 @@ static void test_quant_dots(void) {
         for (size_t at = 0; at < llm_dtype_row_bytes(type, N); at += bb)
             quant_random_block(type, row + at, bb, &rng);
         float together[COLS], alone[COLS];
-        llm_q8_dot(type, row, xs, N, N / 32, COLS, together);
-        for (int c = 0; c < COLS; c++) llm_q8_dot(type, row, xs + c * (N / 32), N, 0, 1, &alone[c]);
+        llm_q8_dot(type, wide, row, xs, N, N / 32, COLS, together);
+        for (int c = 0; c < COLS; c++) llm_q8_dot(type, wide, row, xs + c * (N / 32), N, 0, 1, &alone[c]);
         CHECK(!memcmp(together, alone, sizeof together),
-              "%s: 4 tokens at once %g %g %g %g, one at a time %g %g %g %g", llm_dtype_name(type),
+              "%s, %s: 4 tokens at once %g %g %g %g, one at a time %g %g %g %g", llm_dtype_name(type), width,
               together[0], together[1], together[2], together[3], alone[0], alone[1], alone[2], alone[3]);
     }
     free(xs);
@@ -1587,21 +1606,26 @@ static void test_quant_dots(void) {
                 put16(row + at + d_at, llm_f32_to_f16((float)(llm_splitmix64(&rng) % 1000 + 1) / 30000.0f));
             }
             for (int i = 0; i < N; i++) x[i] = (float)((int)(llm_splitmix64(&rng) % 2001) - 1000) / 700.0f;
-            llm_q8_quantize(x, xq, N);
+            llm_q8_quantize(x, xq, N, wide);
             llm_dtype_dequant_row(type, row, deq, N);
             double exact = 0, size = 0;
             for (int i = 0; i < N; i++) {
                 exact += (double)deq[i] * x[i];
                 size += fabs((double)deq[i] * x[i]);
             }
-            float ref = llm_q8_dot_ref(type, row, xq, N), fast;
-            llm_q8_dot(type, row, xq, N, 0, 1, &fast);
+            float ref = llm_q8_dot_ref(type, row, xq, N, wide), fast;
+            llm_q8_dot(type, wide, row, xq, N, 0, 1, &fast);
             worst_fast = fmax(worst_fast, fabs((double)fast - ref) / size);
             worst_q8 = fmax(worst_q8, fabs((double)ref - exact) / size);
         }
-        CHECK(worst_fast < 1e-5 && worst_q8 < 0.01, "%s: fast vs plain C %.2g, plain C vs exact %.2g (of the "
-              "sum of |terms|)", llm_dtype_name(type), worst_fast, worst_q8);
+        /* the rounding of 8-bit activations costs up to a few thousandths of the sum; 16 bits 256 times less */
+        CHECK(worst_fast < 1e-5 && worst_q8 < (wide ? 4e-5 : 0.01), "%s, %s activations: fast vs plain C %.2g, "
+              "plain C vs exact %.2g (of the sum of |terms|)", llm_dtype_name(type), width, worst_fast, worst_q8);
     }
+}
+static void test_quant_dots(void) {
+    quant_dots_check(0);
+    quant_dots_check(1);
 }
 
 /* A prefill's matrix product (from 4 tokens on, weights packed 8 rows at a time) against the plain-C dot of
@@ -1622,7 +1646,10 @@ static void test_quant_tiles(void) {
         uint64_t bb, bv;
         llm_dtype_info(type, &bb, &bv);
         size_t row_bytes = llm_dtype_row_bytes(type, N);
-        for (int real = 0; real < 2; real++) {
+        for (int variant = 0; variant < 4; variant++) {
+            int real = variant % 2, path = variant < 2 ? LLM_PATH_ACT16 : LLM_PATH_ACT8;
+            int wide = path == LLM_PATH_ACT16;
+            const char *width = wide ? "16-bit" : "8-bit";
             /* integers: d = dmin = 1, and every activation block holds a 127 so that its scale is 1 */
             for (size_t at = 0; at < R * row_bytes; at += bb) {
                 quant_random_block(type, w + at, bb, &rng);
@@ -1634,16 +1661,16 @@ static void test_quant_tiles(void) {
                 int v = (int)(llm_splitmix64(&rng) % 255) - 127;
                 x[i] = real ? (float)v / 70.0f : (float)(i % 32 == 5 ? 127 : v);
             }
-            for (int t = 0; t < T; t++) llm_q8_quantize(x + t * N, xq + t * (N / 32), N);
+            for (int t = 0; t < T; t++) llm_q8_quantize(x + t * N, xq + t * (N / 32), N, wide);
             llm_weight weight = {w, type, R, N};
-            CHECK(llm_matmul(out, x, &weight, T, 0) == 0, "%s: the matrix product failed",
+            CHECK(llm_matmul(out, x, &weight, T, path) == 0, "%s: the matrix product failed",
                   llm_dtype_name(type));
             for (int r = 0; r < R; r++) llm_dtype_dequant_row(type, w + r * row_bytes, deq + r * N, N);
             int mismatches = 0;
             double worst = 0;
             for (int t = 0; t < T; t++)
                 for (int r = 0; r < R; r++) {
-                    float ref = llm_q8_dot_ref(type, w + r * row_bytes, xq + t * (N / 32), N);
+                    float ref = llm_q8_dot_ref(type, w + r * row_bytes, xq + t * (N / 32), N, wide);
                     double size = 0;
                     for (int i = 0; i < N; i++) size += fabs((double)deq[r * N + i] * x[t * N + i]);
                     mismatches += out[t * R + r] != ref;
@@ -1651,25 +1678,27 @@ static void test_quant_tiles(void) {
                 }
             /* tokens 3-6 by themselves (4 tokens: packed too) give their products bit for bit as within 7 */
             float last4[4 * R];
-            CHECK(llm_matmul(last4, x + 3 * N, &weight, 4, 0) == 0 &&
+            CHECK(llm_matmul(last4, x + 3 * N, &weight, 4, path) == 0 &&
                   !memcmp(last4, out + 3 * R, sizeof last4),
-                  "%s: 4 tokens' products differ by themselves and within 7", llm_dtype_name(type));
+                  "%s, %s activations: 4 tokens' products differ by themselves and within 7",
+                  llm_dtype_name(type), width);
             if (!real)
-                CHECK(mismatches == 0, "%s products of 21 rows and 7 tokens, integer parts: %d of %d differ",
-                      llm_dtype_name(type), mismatches, T * R);
+                CHECK(mismatches == 0, "%s products of 21 rows and 7 tokens, %s activations, integer parts: %d of "
+                      "%d differ", llm_dtype_name(type), width, mismatches, T * R);
 #ifdef LLM_CPU_SIMD
-            else CHECK(worst < 1e-5, "%s products of 21 rows and 7 tokens: %.2g from plain C's (of the sum of "
-                       "|terms|)", llm_dtype_name(type), worst);
+            else CHECK(worst < 1e-5, "%s products of 21 rows and 7 tokens, %s activations: %.2g from plain C's "
+                       "(of the sum of |terms|)", llm_dtype_name(type), width, worst);
 #else       /* without SIMD the rows are converted to f32 and meet x unrounded */
-            else CHECK(worst < 0.01, "%s products of 21 rows and 7 tokens: %.2g from plain C's (of the sum of "
-                       "|terms|)", llm_dtype_name(type), worst);
+            else CHECK(worst < 0.01, "%s products of 21 rows and 7 tokens, %s activations: %.2g from plain C's "
+                       "(of the sum of |terms|)", llm_dtype_name(type), width, worst);
 #endif
         }
     }
     free(x); free(out); free(deq); free(xq); free(w);
 }
 
-/* The fast path's logits stay close to the exact path's on every quantized model */
+/* The fast paths' logits stay close to the exact path's on every quantized model: the default (16-bit
+ * activations) and cpu-int8 (llama.cpp's 8 bits) */
 static void test_quant_fast_path(void) {
     for (int f = 0; f < N_QUANT_MODELS; f++) {
         llm_model m;
@@ -1687,36 +1716,44 @@ static void test_quant_fast_path(void) {
                        .block_tables = tables, .n_logits = T, .logit_rows = rows};
         float *ref = (float *)malloc((size_t)T * V * sizeof(float));
         float *got = (float *)malloc((size_t)T * V * sizeof(float));
-        llm_backend *exact = llm_cpu_exact_backend_create(&m, err), *fast = cpu_backend(&m, 2, 16);
+        llm_backend *exact = llm_cpu_exact_backend_create(&m, err);
         CHECK(exact && exact->alloc_kv(exact, 2, 16, err) == 0 && exact->forward(exact, &b, ref, err) == 0,
               "%s exact: %s", quant_models[f], err);
-        CHECK(fast && fast->forward(fast, &b, got, err) == 0, "%s fast: %s", quant_models[f], err);
-        double worst = 0;
-        int same_top = 0;
-        for (int i = 0; i < T; i++) {
-            double mx = 0, d = 0;
-            int top_ref = 0, top_got = 0;
-            for (int v = 0; v < V; v++) {
-                float a = ref[(size_t)i * V + v], c = got[(size_t)i * V + v];
-                mx = fmax(mx, fabs(a));
-                d = fmax(d, fabs(a - c));
-                if (a > ref[(size_t)i * V + top_ref]) top_ref = v;
-                if (c > got[(size_t)i * V + top_got]) top_got = v;
+        for (int wide = 1; wide >= 0; wide--) {
+            llm_backend *fast = wide ? llm_cpu_backend_create(&m, err) : llm_cpu_int8_backend_create(&m, err);
+            CHECK(fast && fast->alloc_kv(fast, 2, 16, err) == 0 && fast->forward(fast, &b, got, err) == 0,
+                  "%s %s: %s", quant_models[f], wide ? "default" : "cpu-int8", err);
+            double worst = 0;
+            int same_top = 0;
+            for (int i = 0; i < T; i++) {
+                double mx = 0, d = 0;
+                int top_ref = 0, top_got = 0;
+                for (int v = 0; v < V; v++) {
+                    float a = ref[(size_t)i * V + v], c = got[(size_t)i * V + v];
+                    mx = fmax(mx, fabs(a));
+                    d = fmax(d, fabs(a - c));
+                    if (a > ref[(size_t)i * V + top_ref]) top_ref = v;
+                    if (c > got[(size_t)i * V + top_got]) top_got = v;
+                }
+                worst = fmax(worst, d / mx);
+                same_top += top_ref == top_got;
             }
-            worst = fmax(worst, d / mx);
-            same_top += top_ref == top_got;
-        }
-        /* measured: 0.023 to 0.035 of the largest logit, 17 to 20 argmaxes the same: 8-bit activations, as
-         * llama.cpp rounds them, on random weights whose logits lie close together */
+            /* measured: 8-bit activations, as llama.cpp rounds them, 0.023 to 0.035 of the largest logit and
+             * 17 to 20 argmaxes the same, on random weights whose logits lie close together; 16-bit ones
+             * 0.00009 to 0.00012, all 20 the same */
 #ifdef LLM_CPU_SIMD
-        CHECK(worst > 0 && worst < 0.05 && same_top >= T - 5, "%s: fast logits within %.3g of exact's, "
-              "%d of %d argmaxes the same", quant_models[f], worst, same_top, T);
+            CHECK(worst > 0 && worst < (wide ? 0.001 : 0.05) && same_top >= T - (wide ? 1 : 5),
+                  "%s, %s: fast logits within %.3g of exact's, %d of %d argmaxes the same", quant_models[f],
+                  wide ? "16-bit activations" : "8-bit activations", worst, same_top, T);
+            printf("  %s, %s activations: logits within %.2g of the exact path's, %d of %d argmaxes the same\n",
+                   quant_models[f], wide ? "16-bit" : "8-bit", worst, same_top, T);
 #else
-        CHECK(worst == 0, "%s: without SIMD the fast path is the exact path, yet logits differ by %g",
-              quant_models[f], worst);
+            CHECK(worst == 0, "%s: without SIMD the fast path is the exact path, yet logits differ by %g",
+                  quant_models[f], worst);
 #endif
+            if (fast) fast->destroy(fast);
+        }
         if (exact) exact->destroy(exact);
-        if (fast) fast->destroy(fast);
         free(ref); free(got);
         llm_model_free(&m);
     }
@@ -1784,8 +1821,10 @@ static void test_quant_smollm2(void) {
         worst = fmax(worst, d / mx);
         if (a[best] - a[second] > 1.0f) { clear++; same += best_fast == best; }
     }
-    /* measured: 0.059 of the largest logit (8-bit activations), every clear choice the same */
-    CHECK(T > 30 && worst < 0.08 && clear > 10 && same == clear, "SmolLM2 fast path: logits within %.3g of "
+    /* measured: 0.00027 of the largest logit (16-bit activations; 8-bit ones: 0.059), every clear choice the
+     * same */
+    printf("  SmolLM2 default path: logits within %.2g of the exact path's (of the largest)\n", worst);
+    CHECK(T > 30 && worst < 0.002 && clear > 10 && same == clear, "SmolLM2 fast path: logits within %.3g of "
           "the exact path's, %d of %d clear choices the same", worst, same, clear);
     if (exact) exact->destroy(exact);
     if (fast) fast->destroy(fast);
@@ -1793,8 +1832,9 @@ static void test_quant_smollm2(void) {
     llm_model_free(&m);
 }
 
-/* Fidelity of the default CPU path: a real text teacher-forced through SmolLM2 on the default backend (8-bit
- * activations in the quantized dot products) and on the exact one, both through the engine's prompt logprobs
+/* Fidelity of the default CPU path: a real text teacher-forced through SmolLM2 on the default backend (16-bit
+ * activations in the quantized dot products), on llama.cpp's arithmetic (cpu-int8: 8-bit activations) and on
+ * the exact one, all through the engine's prompt logprobs
  * with K = 20; at each position, whether the two agree on the most likely token, and KL(exact || default)
  * over the exact path's top 20: sum of p(t) (log p(t) - log q(t)), with q(t) the default path's logprob of t,
  * or its 20th logprob when t is not in its top 20 (a bound on what q gives t). Nothing is renormalized: the
@@ -1870,35 +1910,40 @@ static void test_fidelity_smollm2(void) {
     float (*lp_exact)[20] = malloc(sizeof(float[20]) * P), (*lp_fast)[20] = malloc(sizeof(float[20]) * P);
     if (!ids_exact || !ids_fast || !lp_exact || !lp_fast) { CHECK(0, "fidelity: out of memory"); return; }
     fidelity_run(llm_cpu_exact_backend_create, ids, P, ids_exact, lp_exact);
-    fidelity_run(llm_cpu_backend_create, ids, P, ids_fast, lp_fast);
-    int agree = 0;
-    double kl = 0, kl_max = 0, margin = 0; /* margin: the widest gap of exact's top two where they differ */
-    for (int i = 0; i < P - 1; i++) {
-        agree += ids_exact[i][0] == ids_fast[i][0];
-        if (ids_exact[i][0] != ids_fast[i][0]) margin = fmax(margin, lp_exact[i][0] - lp_exact[i][1]);
-        double d = 0;
-        for (int k = 0; k < 20; k++) {
-            float q = lp_fast[i][19];
-            for (int j = 0; j < 20; j++) if (ids_fast[i][j] == ids_exact[i][k]) q = lp_fast[i][j];
-            d += exp(lp_exact[i][k]) * (lp_exact[i][k] - q);
+    /* measured on this text (x86-64, AVX-512), against the exact path:
+     * - the default (16-bit activations): top-1 agreement 318 of 318, mean KL 0.0000 nats;
+     * - cpu-int8: 309 of 318 (97.2%), every one of the 9 differences a near tie of the exact path (its top two
+     *   within 0.28 nats); mean KL 0.00126 nats, the worst position 0.047. llama.cpp (2026, AVX-512/VNNI
+     *   build), whose arithmetic that is, on the same file and the same 319 tokens: 97.2% too, mean KL over
+     *   the top 20 0.00226. 15 positions here are ties within 0.05.
+     * The bounds: the default at 99% and a mean KL under 0.0001; cpu-int8 at 96% and under 0.0025 (2x what
+     * was measured); both differ only where the exact path's top two are within 0.5 nats. */
+    for (int wide = 1; wide >= 0; wide--) {
+        fidelity_run(wide ? llm_cpu_backend_create : llm_cpu_int8_backend_create, ids, P, ids_fast, lp_fast);
+        int agree = 0;
+        double kl = 0, kl_max = 0, margin = 0; /* margin: the widest gap of exact's top two where they differ */
+        for (int i = 0; i < P - 1; i++) {
+            agree += ids_exact[i][0] == ids_fast[i][0];
+            if (ids_exact[i][0] != ids_fast[i][0]) margin = fmax(margin, lp_exact[i][0] - lp_exact[i][1]);
+            double d = 0;
+            for (int k = 0; k < 20; k++) {
+                float q = lp_fast[i][19];
+                for (int j = 0; j < 20; j++) if (ids_fast[i][j] == ids_exact[i][k]) q = lp_fast[i][j];
+                d += exp(lp_exact[i][k]) * (lp_exact[i][k] - q);
+            }
+            kl += d; kl_max = fmax(kl_max, d);
         }
-        kl += d; kl_max = fmax(kl_max, d);
+        kl /= P - 1;
+        double agree_bound = wide ? 0.99 : 0.96, kl_bound = wide ? 0.0001 : 0.0025;
+        printf("fidelity: SmolLM2 Q4_1, %s against the exact path over %d positions: top-1 agreement %.2f%% "
+               "(bound %.0f%%), differing only where exact's top two are within %.3f nats (bound 0.5), mean "
+               "KL(exact || it) %.6f nats (bound %g; worst position %.5f)\n",
+               wide ? "the default CPU path (16-bit activations)" : "cpu-int8 (8-bit activations)", P - 1,
+               100.0 * agree / (P - 1), 100 * agree_bound, margin, kl, kl_bound, kl_max);
+        CHECK(agree >= agree_bound * (P - 1) && margin < 0.5 && kl < kl_bound,
+              "fidelity, %s activations: top-1 agreement %d of %d, differences within %g nats, mean KL %g",
+              wide ? "16-bit" : "8-bit", agree, P - 1, margin, kl);
     }
-    kl /= P - 1;
-    /* measured on this text (x86-64, AVX-512): top-1 agreement 309 of 318 (97.2%), every one of the 9
-     * differences a near tie of the exact path (its top two within 0.28 nats); mean KL 0.00126 nats, the
-     * worst position 0.047. llama.cpp (2026, AVX-512/VNNI build) on the same file and the same 319 tokens,
-     * against the same exact path: 97.2% too, mean KL over the top 20 0.00226. The 98% the issue asked for
-     * is met by neither (8-bit activations on a 135M Q4_1 model; 15 positions here are ties within 0.05).
-     * The bounds: agreement 96%, differences only where the exact path's top two are within 0.5 nats, mean
-     * KL under 0.0025 (2x what was measured). */
-    printf("fidelity: SmolLM2 Q4_1, the default CPU path against the exact one over %d positions: top-1 "
-           "agreement %.2f%% (bound 96%%), differing only where exact's top two are within %.3f nats (bound "
-           "0.5), mean KL(exact || default) %.5f nats (bound 0.0025; worst position %.4f)\n", P - 1,
-           100.0 * agree / (P - 1), margin, kl, kl_max);
-    CHECK(agree >= 0.96 * (P - 1) && margin < 0.5 && kl < 0.0025,
-          "fidelity: top-1 agreement %d of %d, differences within %g nats, mean KL %g", agree, P - 1, margin,
-          kl);
     free(ids_exact); free(ids_fast); free(lp_exact); free(lp_fast);
 }
 
@@ -7081,10 +7126,12 @@ static void gpu_test_attention_case(const gt_attn_case *ac) {
             while (t >= start[s + 1]) s++;
             memcpy(x, qkv + (size_t)t * width, (size_t)width * 4);
             if (ac->bias) for (int i = 0; i < width; i++) x[i] += bias[i];
+            float rope_cos[LLM_ROPE_MAX_PAIRS], rope_sin[LLM_ROPE_MAX_PAIRS];
+            llm_rope_angles(rope_cos, rope_sin, pos[t], &cf, cf.rope_base, cf.rope_freq_scale);
             for (int h = 0; h < cf.n_heads + nkv; h++) {
                 if (ac->qk_norm)
                     llm_rmsnorm(x + h * hd, x + h * hd, h < cf.n_heads ? qn : kn, hd, cf.rms_eps);
-                llm_rope(x + h * hd, pos[t], &cf, cf.rope_base, cf.rope_freq_scale);
+                llm_rope(x + h * hd, rope_cos, rope_sin, &cf);
             }
             memcpy(q_ref + (size_t)t * q_dim, x, (size_t)q_dim * 4);
             size_t slot = (size_t)bt[s][pos[t] / bs] * bs + pos[t] % bs;

@@ -1,4 +1,4 @@
-// llm_tf MODEL IDS_FILE OUT_F32 exact|default CHUNK: our teacher-forced logits at every position, written as
+// llm_tf MODEL IDS_FILE OUT_F32 exact|default|int8 CHUNK: our teacher-forced logits at every position, written as
 // [n][vocab] f32, CHUNK tokens a forward call (0: all at once)
 #define LLM_IMPLEMENTATION
 #include "llm.h"
@@ -11,9 +11,11 @@ int main(int argc, char **argv) {
     FILE *f = fopen(argv[2], "r");
     while (n < 8192 && fscanf(f, "%d", &ids[n]) == 1) n++;
     fclose(f);
-    int exact = !strcmp(argv[4], "exact"), chunk = atoi(argv[5]);
+    int chunk = atoi(argv[5]);
     if (chunk <= 0) chunk = n;
-    llm_backend *be = exact ? llm_cpu_exact_backend_create(&m, err) : llm_cpu_backend_create(&m, err);
+    llm_backend *be = !strcmp(argv[4], "exact") ? llm_cpu_exact_backend_create(&m, err) :
+                      !strcmp(argv[4], "int8") ? llm_cpu_int8_backend_create(&m, err) :
+                      llm_cpu_backend_create(&m, err);
     int bs = 16, nb = (n + bs - 1) / bs;
     if (!be || be->alloc_kv(be, nb, bs, err)) { fprintf(stderr, "%s\n", err); return 1; }
     int32_t *table = malloc(nb * 4), *pos = malloc(n * 4), *rows = malloc(n * 4);
