@@ -1517,13 +1517,14 @@ static int kv_free_memory(const cuda_ctx *c, size_t *out, char *err) {
 
 extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, char *err) {
     /* Gemma 3's windows, norms and GeGLU, SmolLM3's layers without RoPE, mixtures of experts and scaled RoPE
-     * (linear, YaRN) are in the CPU backend only */
+     * (linear, YaRN, per-pair factors) are in the CPU backend only */
     int scaled_rope = m->cfg.rope_yarn || (m->cfg.rope_freq_scale > 0 && m->cfg.rope_freq_scale != 1) ||
-                      (m->cfg.rope_attn_factor > 0 && m->cfg.rope_attn_factor != 1);
+                      (m->cfg.rope_attn_factor > 0 && m->cfg.rope_attn_factor != 1) || m->cfg.rope_factors;
     if (m->cfg.arch == LLM_ARCH_GEMMA3 || m->cfg.nope_every || m->cfg.n_experts || scaled_rope) {
         fail(err, m->cfg.n_experts ? "the CUDA backend does not run mixtures of experts yet: use --cpu" :
                   m->cfg.nope_every ? "the CUDA backend does not run smollm3 yet: use --cpu" :
-                  scaled_rope ? "the CUDA backend does not scale RoPE yet (rope.scaling.*): use --cpu"
+                  scaled_rope ? "the CUDA backend does not scale RoPE yet (rope.scaling.*, rope factors): use "
+                                "--cpu"
                               : "the CUDA backend does not run gemma3 yet: use --cpu");
         return NULL;
     }

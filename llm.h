@@ -205,6 +205,11 @@ typedef struct {
      * yarn_dims[0] and [1], and cos and sin times 1 + 0.1 ln(1 / scale) too (0, in a config written by hand: 1) */
     float rope_freq_scale, rope_freq_scale_swa, rope_attn_factor, yarn_dims[2];
     int rope_yarn;
+    /* per-pair divisors of the angles (rope_dim / 2 of them; NULL: none): Llama 3.1's rope_freqs, or Phi-3.5's
+     * LongRoPE, whose long factors serve a context past rope_orig_ctx and the short ones one within it (as
+     * llama.cpp picks them, by the context the engine runs with: llm_model_set_context) */
+    const float *rope_factors, *rope_factors_long, *rope_factors_short;
+    int rope_orig_ctx;
     /* Gemma 3, gpt-oss: local layers attend to the last sliding_window positions only, with their own RoPE
      * base and scale (gpt-oss: the same as the others'; Gemma 3: its own base, no scaling); every
      * swa_pattern-th layer is global (0: no window) */
@@ -1387,6 +1392,14 @@ static int llm_model_weight(llm_model *m, llm_weight *w, const char *name, int64
     return 0;
 }
 
+/* The context the model runs with picks Phi-3.5's RoPE factors, as llama.cpp does: the long ones past the
+ * original context, else the short ones (the engine calls it with its max_model_len) */
+static void llm_model_set_context(llm_model *m, int n_ctx) {
+    llm_config *c = &m->cfg;
+    if (c->rope_factors_long)
+        c->rope_factors = n_ctx > c->rope_orig_ctx ? c->rope_factors_long : c->rope_factors_short;
+}
+
 /* Rows [first, first + n) of w, as a weight of their own (where a file fuses several matrices in one) */
 static llm_weight llm_weight_rows(llm_weight w, int64_t first, int64_t n) {
     w.data = (const uint8_t *)w.data + (size_t)first * llm_dtype_row_bytes(w.type, w.cols);
@@ -1484,6 +1497,7 @@ static int llm_model_read_config(llm_model *m, char *err) {
                         llm_arch_names[c->arch], factor);
     c->rope_freq_scale = scaling.ptr && llm_str_eq(scaling, "none") ? 1.0f : 1.0f / factor;
     c->rope_attn_factor = attn_factor;
+    c->rope_orig_ctx = orig_ctx;
     /* local layers: gpt-oss scales them as the others, Gemma 3 not (llama.cpp's rope_freq_scale_train_swa) */
     c->rope_freq_scale_swa = c->arch == LLM_ARCH_GPT_OSS ? c->rope_freq_scale : 1.0f;
     if (c->rope_yarn) { /* the dimensions that turn beta_fast (32) and beta_slow (1) times in orig_ctx */
@@ -1533,6 +1547,18 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
         llm_model_weight(m, &m->output_norm, "output_norm.weight", c->dim, 0, 1, err) ||
         llm_model_weight(m, &m->output, "output.weight", c->dim, c->vocab_size, 0, err)) return -1;
     if (!m->output.data) m->output = m->tok_embd; /* tied output embedding */
+    /* RoPE's per-pair factors: Llama 3.1's rope_freqs; Phi-3.5's long and short ones (both or neither) */
+    llm_weight freqs, factors_long, factors_short;
+    if (llm_model_weight(m, &freqs, "rope_freqs.weight", c->rope_dim / 2, 0, 0, err) ||
+        llm_model_weight(m, &factors_long, "rope_factors_long.weight", c->rope_dim / 2, 0, 0, err) ||
+        llm_model_weight(m, &factors_short, "rope_factors_short.weight", c->rope_dim / 2, 0, 0, err))
+        return -1;
+    if (!factors_long.data != !factors_short.data)
+        return llm_fail(err, "this file has only one of rope_factors_long and rope_factors_short");
+    c->rope_factors = (const float *)freqs.data;
+    c->rope_factors_long = (const float *)factors_long.data;
+    c->rope_factors_short = (const float *)factors_short.data;
+    llm_model_set_context(m, c->context_length);
     m->layers = (llm_layer *)calloc((size_t)c->n_layers, sizeof(llm_layer));
     if (!m->layers) return llm_fail(err, "out of memory");
     int qwen2 = c->arch == LLM_ARCH_QWEN2, qwen2moe = c->arch == LLM_ARCH_QWEN2MOE;
@@ -1546,10 +1572,6 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
         char name[96];
 #define LLM_W(field, suffix, cols, rows, req) (snprintf(name, sizeof name, "blk.%d.%s", l, suffix), \
                                               llm_model_weight(m, &L->field, name, cols, rows, req, err))
-        if (phi3 && l == 0 && (llm_gguf_tensor_find(&m->gguf, "rope_factors_long.weight") ||
-                               llm_gguf_tensor_find(&m->gguf, "rope_factors_short.weight")))
-            return llm_fail(err, "this phi3 file scales RoPE with rope_factors (LongRoPE: Phi-3 128k, Phi-3.5, "
-                            "Phi-4-mini), which this engine does not read yet");
         if (phi3) { /* Phi-3 fuses Q, K and V in one matrix, and the FFN's gate and up in another: their rows */
             llm_weight qkv, gate_up;
             if (LLM_W(attn_norm, "attn_norm.weight", c->dim, 0, 1) ||
@@ -4287,11 +4309,17 @@ static inline __m256i llm_avx2_field(const uint8_t *p, int shift, char mask) { /
     return _mm256_and_si256(v, _mm256_set1_epi8(mask));
 }
 
-/* The stored values of group g (values 32g..32g+31) of a block, as llm_qblock_unpack reads them */
+/* The stored values of group g (values 32g..32g+31) of a block, as llm_qblock_unpack reads them; mxfp4's
+ * are its table's values plus 12 (unsigned, as the others: llm_pack_offset takes the 12 back out) */
 static inline __m256i llm_avx2_group(uint32_t type, const uint8_t *p, int g) {
     uint32_t qh;
     switch (type) {
     case LLM_Q4_0: return llm_avx2_nibbles(p + 2);
+    case LLM_MXFP4: {
+        const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                               12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+        return _mm256_shuffle_epi8(table, llm_avx2_nibbles(p + 1));
+    }
     case LLM_Q4_1: return llm_avx2_nibbles(p + 4);
     case LLM_Q5_0: memcpy(&qh, p + 2, 4);
         return _mm256_or_si256(llm_avx2_nibbles(p + 6), llm_avx2_bits(qh, 16));
@@ -4350,8 +4378,10 @@ static inline __attribute__((always_inline)) void llm_q8_block32_avx2(uint32_t t
     __m256i w = llm_avx2_group(type, p, 0), w_abs = w;
     if (type == LLM_Q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
     if (type == LLM_Q5_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+    if (type == LLM_MXFP4) w = _mm256_sub_epi8(w, _mm256_set1_epi8(12));
     if (!has_min) w_abs = _mm256_sign_epi8(w, w);
-    float d = _cvtsh_ss(*(const uint16_t *)p), m = has_min ? _cvtsh_ss(*(const uint16_t *)(p + 2)) : 0;
+    float d = type == LLM_MXFP4 ? llm_e8m0_half(p[0]) : _cvtsh_ss(*(const uint16_t *)p);
+    float m = has_min ? _cvtsh_ss(*(const uint16_t *)(p + 2)) : 0;
     for (int c = 0; c < nc; c++) {
         const llm_q8 *xb = x + c * x_stride;
         __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);
@@ -4371,7 +4401,7 @@ static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t typ
                                                                     const llm_q8 *x, int64_t n_blocks,
                                                                     int64_t x_stride, int nc, float *out) {
     const size_t bytes = type == LLM_Q8_0 ? 34 : type == LLM_Q4_0 ? 18 : type == LLM_Q4_1 ? 20 :
-                         type == LLM_Q5_0 ? 22 : 24;
+                         type == LLM_Q5_0 ? 22 : type == LLM_MXFP4 ? 17 : 24;
     __m256 even[4], odd[4];
     float mins_even[4], mins_odd[4];
     for (int c = 0; c < nc; c++) {
@@ -4487,7 +4517,7 @@ static inline __attribute__((always_inline)) int llm_pack_has_min(uint32_t type)
 }
 static inline __attribute__((always_inline)) int llm_pack_offset(uint32_t type) {
     return type == LLM_Q8_0 ? (LLM_AVX2_VNNI ? 128 : 0) : type == LLM_Q4_0 ? 8 : type == LLM_Q5_0 ? 16 :
-           type == LLM_Q3_K ? 4 : type == LLM_Q6_K ? 32 : 0;
+           type == LLM_MXFP4 ? 12 : type == LLM_Q3_K ? 4 : type == LLM_Q6_K ? 32 : 0;
 }
 
 /* 8 registers of 8 32-bit lanes transposed: lane j of register r goes to lane r of register j */
@@ -4598,6 +4628,7 @@ static void llm_pack(uint32_t type, const uint8_t *rows, size_t row_bytes, int n
     case LLM_Q3_K: llm_pack_rows(LLM_Q3_K, rows, row_bytes, n_rows, n, pack); return;
     case LLM_Q4_K: llm_pack_rows(LLM_Q4_K, rows, row_bytes, n_rows, n, pack); return;
     case LLM_Q5_K: llm_pack_rows(LLM_Q5_K, rows, row_bytes, n_rows, n, pack); return;
+    case LLM_MXFP4: llm_pack_rows(LLM_MXFP4, rows, row_bytes, n_rows, n, pack); return;
     default: llm_pack_rows(LLM_Q6_K, rows, row_bytes, n_rows, n, pack); return;
     }
 }
@@ -4614,7 +4645,7 @@ static void llm_pack_mul(uint32_t type, int wide, const llm_pack_group *pack, in
     switch (type) {
     LLM_PACK_CASE(LLM_Q8_0) LLM_PACK_CASE(LLM_Q4_0) LLM_PACK_CASE(LLM_Q4_1) LLM_PACK_CASE(LLM_Q5_0)
     LLM_PACK_CASE(LLM_Q5_1) LLM_PACK_CASE(LLM_Q2_K) LLM_PACK_CASE(LLM_Q3_K) LLM_PACK_CASE(LLM_Q4_K)
-    LLM_PACK_CASE(LLM_Q5_K) LLM_PACK_CASE(LLM_Q6_K)
+    LLM_PACK_CASE(LLM_Q5_K) LLM_PACK_CASE(LLM_Q6_K) LLM_PACK_CASE(LLM_MXFP4)
     }
 #undef LLM_PACK_CASE
 #undef LLM_PACK_WIDTHS
@@ -4710,6 +4741,7 @@ static void llm_q8_dot(uint32_t type, int wide, const void *row, const llm_q8 *x
     LLM_Q8_CASE(LLM_Q5_1, llm_q8_dot32_avx2, 32) LLM_Q8_CASE(LLM_Q2_K, llm_q8_dotk_avx2, 256)
     LLM_Q8_CASE(LLM_Q3_K, llm_q8_dotk_avx2, 256) LLM_Q8_CASE(LLM_Q4_K, llm_q8_dotk_avx2, 256)
     LLM_Q8_CASE(LLM_Q5_K, llm_q8_dotk_avx2, 256) LLM_Q8_CASE(LLM_Q6_K, llm_q8_dotk_avx2, 256)
+    LLM_Q8_CASE(LLM_MXFP4, llm_q8_dot32_avx2, 32)
     }
 #undef LLM_Q8_CASE
 #undef LLM_Q8_WIDTHS
@@ -4725,7 +4757,6 @@ static void llm_q8_dot(uint32_t type, int wide, const void *row, const llm_q8 *x
 enum { LLM_ROWS_F32, LLM_ROWS_Q8, LLM_ROWS_HALF, LLM_ROWS_CONVERT, LLM_ROWS_PACKED };
 static int llm_matmul_kind(uint32_t type, int path) {
     if (type == LLM_F32) return LLM_ROWS_F32;
-    if (type == LLM_MXFP4) return LLM_ROWS_CONVERT; /* no SIMD kernel for it yet: its rows in f32 */
 #ifdef LLM_CPU_SIMD
     if (path == LLM_PATH_EXACT) return LLM_ROWS_CONVERT;
     return type == LLM_F16 || type == LLM_BF16 ? LLM_ROWS_HALF : LLM_ROWS_Q8;
@@ -4874,11 +4905,12 @@ static void llm_rope_angles(float *cs, float *sn, int pos, const llm_config *c, 
     float mscale = (c->rope_attn_factor > 0 ? c->rope_attn_factor : 1) *
                    (c->rope_yarn ? 1.0f + 0.1f * logf(1.0f / freq_scale) : 1.0f);
     for (int i = 0; i < c->rope_dim / 2; i++, theta *= theta_scale) {
-        float angle = freq_scale * theta; /* interpolated (linear, YaRN) or, at scale 1, as it was */
+        float pair = c->rope_factors ? theta / c->rope_factors[i] : theta; /* Llama 3.1's, Phi-3.5's factors */
+        float angle = freq_scale * pair; /* interpolated (linear, YaRN) or, at scale 1, as it was */
         if (c->rope_yarn) { /* YaRN: dimensions below yarn_dims[0] keep their angle, those past [1] scale */
             float y = ((float)i - c->yarn_dims[0]) / fmaxf(0.001f, c->yarn_dims[1] - c->yarn_dims[0]);
             float keep = 1 - fminf(1, fmaxf(0, y));
-            angle = angle * (1 - keep) + theta * keep;
+            angle = angle * (1 - keep) + pair * keep;
         }
         cs[i] = cosf(angle) * mscale; sn[i] = sinf(angle) * mscale;
     }
@@ -8465,6 +8497,7 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
     e->max_model_len = e->model.cfg.context_length;
     if (cfg->max_model_len > 0 && cfg->max_model_len < e->max_model_len)
         e->max_model_len = cfg->max_model_len;
+    llm_model_set_context(&e->model, e->max_model_len);
     if (llm_engine_start_backend(e, err) != 0) { llm_engine_destroy(e); return NULL; }
     size_t block_bytes = llm_kv_bytes_per_block(&e->model.cfg, cfg->block_size, e->backend->kv_value_bytes);
     int num_blocks = llm_kv_pool_blocks(e, block_bytes, err);

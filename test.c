@@ -637,6 +637,7 @@ typedef struct {
     size_t n_prompt, n_completion;
     int32_t ids[512];
     int n_ids, max_tokens;
+    int n_ctx;          /* the context llama.cpp ran with where the case names it (the engine's max_model_len) */
 } ref_case;
 
 /* Reads testdata/reference/<file> (a list of flat objects) into cases, the ids from the key ids_key; returns
@@ -656,7 +657,7 @@ static int load_ref_cases(const char *file, const char *ids_key, ref_case *cases
         const char *v = tok_json_value(obj, end, "model"), *vp = tok_json_value(obj, end, "prompt");
         const char *vc = tok_json_value(obj, end, "completion"),
                    *vi = tok_json_value(obj, end, ids_key);
-        const char *vm = tok_json_value(obj, end, "max_tokens");
+        const char *vm = tok_json_value(obj, end, "max_tokens"), *vn = tok_json_value(obj, end, "n_ctx");
         CHECK(vp && vi && vm && *vp == '"' && (!vc || *vc == '"') && *vi == '[',
               "%s case %d: unexpected layout", file, n);
         if (!vp || !vi || !vm) break;
@@ -668,6 +669,7 @@ static int load_ref_cases(const char *file, const char *ids_key, ref_case *cases
         c->prompt[c->n_prompt < sizeof c->prompt ? c->n_prompt : sizeof c->prompt - 1] = 0;
         c->n_completion = vc ? tok_json_string(vc, c->completion, sizeof c->completion) : 0; /* ids only */
         c->max_tokens = atoi(vm);
+        c->n_ctx = vn ? atoi(vn) : 0;
         for (const char *a = vi + 1; c->n_ids < 512;) {
             char *e;
             long id = strtol(a, &e, 10);
@@ -977,6 +979,7 @@ static int greedy_case_run(const char *path, const ref_case *c, int exact, int b
     cfg.model_path = path;
     cfg.create_backend = exact ? llm_cpu_exact_backend_create : llm_cpu_backend_create;
     cfg.block_size = block_size;
+    cfg.max_model_len = c->n_ctx;
     llm_engine *e = engine_new(&cfg);
     if (!e) return 0;
     memset(r, 0, sizeof *r);
@@ -1050,6 +1053,22 @@ static void test_rope_scaling(void) {
     CHECK(n == 3 && checked == 12, "%d runs with scaled RoPE", checked);
     free(r); free(cases);
     remove(yarn_path); remove(linear_path);
+}
+
+/* RoPE's per-pair factors against llama.cpp's greedy ids (made by testdata/make_random_models.py): Llama
+ * 3.1's rope_freqs on random-llama3-gqa; Phi-3.5's LongRoPE on random-phi3, whose long factors serve the
+ * model's context of 4096 (past its original 2048: cos and sin times its attention factor too) and the short
+ * ones a max_model_len of 2048 (llama.cpp's n_ctx), as llama.cpp picks them. Two prompts each, on the exact and
+ * default paths, alone and batched; without the factors every case parts from these ids (checked). */
+static void test_rope_factors(void) {
+    ref_case *cases = (ref_case *)calloc(16, sizeof *cases);
+    int n = load_ref_cases("random-rope-factors-greedy.json", "completion_token_ids", cases, 16), checked = 0;
+    run_result *r = (run_result *)calloc(1, sizeof *r);
+    for (int i = 0; i < n; i++)
+        for (int run = 0; run < 4; run++) /* exact, default; alone, batched */
+            checked += greedy_case_run(model_path(cases[i].model), &cases[i], run < 2, 16, run % 2, r);
+    CHECK(n == 6 && checked == 24, "%d runs with RoPE factors", checked);
+    free(r); free(cases);
 }
 
 /* Gemma 3 270M (make model-gemma3: Google's base model, Q4_K_M, a 262k vocabulary) against a float64 forward
@@ -1409,7 +1428,7 @@ static const char *const quant_models[] = {"random-quant-q2_k.gguf", "random-qua
                                            "random-quant-q5_1.gguf"};
 enum { N_QUANT_MODELS = sizeof quant_models / sizeof quant_models[0] };
 static const uint32_t quant_types[] = {LLM_Q8_0, LLM_Q4_0, LLM_Q4_1, LLM_Q5_0, LLM_Q5_1,
-                                       LLM_Q2_K, LLM_Q3_K, LLM_Q4_K, LLM_Q5_K, LLM_Q6_K};
+                                       LLM_Q2_K, LLM_Q3_K, LLM_Q4_K, LLM_Q5_K, LLM_Q6_K, LLM_MXFP4};
 enum { N_QUANT_TYPES = sizeof quant_types / sizeof quant_types[0] };
 
 /* tools/gguf_dequant.py writes each quantized tensor as the gguf package dequantizes it: compare bit for
@@ -1461,8 +1480,9 @@ static void test_quant_dequant(void) {
 
 /* MXFP4 (gpt-oss's experts): random-gpt-oss with its experts' down projections and its attention output
  * projections in MXFP4 (testdata/make_random_models.py quantizes them with the gguf package): every value
- * dequantized as the gguf package has it, and greedy ids on the exact and default paths equal to those of a
- * float64 forward pass (tools/gpt_oss_f64.py, which gives llama.cpp's ids on the f32 model it comes from) */
+ * dequantized as the gguf package has it, and greedy ids on the exact and default paths (the default through
+ * mxfp4's integer kernels) equal to those of a float64 forward pass (tools/gpt_oss_f64.py, which gives
+ * llama.cpp's ids on the f32 model it comes from) */
 static void test_mxfp4(void) {
     int64_t values_seen[64] = {0};
     dequant_against_gguf("random-gpt-oss-mxfp4.gguf", values_seen);
@@ -1480,11 +1500,18 @@ static void test_quant_reference(void) {
                             llm_cpu_exact_backend_create, "float64's");
 }
 
+/* A block's scale d: f16 where the type keeps it, or mxfp4's E8M0 byte (a power of two: the nearest) */
+static void quant_set_scale(uint32_t type, uint8_t *block, float d) {
+    if (type == LLM_MXFP4) { block[0] = (uint8_t)(128 + lrintf(log2f(d))); return; } /* value 2^(e - 128) */
+    size_t d_at = type == LLM_Q2_K ? 80 : type == LLM_Q3_K ? 108 : type == LLM_Q6_K ? 208 : 0;
+    put16(block + d_at, llm_f32_to_f16(d));
+}
+
 /* One block of type with random stored bytes, d (and dmin) 1: its dot products are integers */
 static void quant_random_block(uint32_t type, uint8_t *block, size_t bytes, uint64_t *rng) {
     for (size_t i = 0; i < bytes; i++) block[i] = (uint8_t)(llm_splitmix64(rng) >> 24);
+    quant_set_scale(type, block, 1);
     size_t d_at = type == LLM_Q2_K ? 80 : type == LLM_Q3_K ? 108 : type == LLM_Q6_K ? 208 : 0;
-    put16(block + d_at, 0x3C00);
     if (type == LLM_Q2_K || type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q4_1 || type == LLM_Q5_1)
         put16(block + d_at + 2, 0x3C00);
 }
@@ -1602,8 +1629,7 @@ static void quant_dots_check(int wide) {
         for (int trial = 0; trial < 50; trial++) {
             for (size_t at = 0; at < llm_dtype_row_bytes(type, N); at += bb) {
                 quant_random_block(type, row + at, bb, &rng);
-                size_t d_at = type == LLM_Q2_K ? 80 : type == LLM_Q3_K ? 108 : type == LLM_Q6_K ? 208 : 0;
-                put16(row + at + d_at, llm_f32_to_f16((float)(llm_splitmix64(&rng) % 1000 + 1) / 30000.0f));
+                quant_set_scale(type, row + at, (float)(llm_splitmix64(&rng) % 1000 + 1) / 30000.0f);
             }
             for (int i = 0; i < N; i++) x[i] = (float)((int)(llm_splitmix64(&rng) % 2001) - 1000) / 700.0f;
             llm_q8_quantize(x, xq, N, wide);
@@ -1653,9 +1679,7 @@ static void test_quant_tiles(void) {
             /* integers: d = dmin = 1, and every activation block holds a 127 so that its scale is 1 */
             for (size_t at = 0; at < R * row_bytes; at += bb) {
                 quant_random_block(type, w + at, bb, &rng);
-                size_t d_at = type == LLM_Q2_K ? 80 : type == LLM_Q3_K ? 108 : type == LLM_Q6_K ? 208 : 0;
-                if (real)
-                    put16(w + at + d_at, llm_f32_to_f16((float)(llm_splitmix64(&rng) % 1000 + 1) / 30000.0f));
+                if (real) quant_set_scale(type, w + at, (float)(llm_splitmix64(&rng) % 1000 + 1) / 30000.0f);
             }
             for (int i = 0; i < T * N; i++) {
                 int v = (int)(llm_splitmix64(&rng) % 255) - 127;
@@ -7036,6 +7060,7 @@ static void gt_check_qmat(const gt_qmat *q) {
 static void gpu_test_quant_gemm(void) {
     for (int ti = 0; ti < N_QUANT_TYPES; ti++) {
         uint32_t type = quant_types[ti];
+        if (type == LLM_MXFP4) continue; /* the CUDA backend uploads mxfp4 matrices as bf16: no kernel for it */
         gt_qmat q = {0};
         if (gt_qmat_from_files(type, &q)) { gt_check_qmat(&q); free(q.raw); }
         else if (type != LLM_Q8_0 && type != LLM_Q4_0 && type != LLM_Q4_1)
@@ -7773,7 +7798,8 @@ static void test_testdata_present(void) {
         "reference/random-models-greedy.json", "reference/random-quant-greedy.json"};
     static const char *const made[] = {
         "models/random-llama3-gqa.gguf", "models/random-qwen2-bias.gguf", "models/random-qwen3-qknorm.gguf",
-        "models/random-llama2-untied.gguf"};
+        "models/random-llama2-untied.gguf", "models/random-qwen2moe.gguf", "models/random-gpt-oss-mxfp4.gguf",
+        "models/random-llama3-rope-freqs.gguf", "models/random-phi3-longrope.gguf"};
     char path[1024];
     for (size_t i = 0; i < sizeof in_git / sizeof in_git[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", testdata_dir, in_git[i]);
@@ -7810,6 +7836,7 @@ int main(int argc, char **argv) {
         {"random model references", test_random_models_reference},
         {"random models of newer architectures", test_random_archs_reference},
         {"Gemma 3 270M against float64", test_gemma3_270m}, {"RoPE scaling", test_rope_scaling},
+        {"RoPE factors (Llama 3.1, Phi-3.5)", test_rope_factors},
         {"paged forward", test_paged_forward_models},
         {"weight types", test_weight_types},
         {"quant dequantization", test_quant_dequant}, {"quant references", test_quant_reference},

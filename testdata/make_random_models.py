@@ -1,5 +1,5 @@
-"""Writes small random-weight GGUF models of real architectures, for fidelity tests against llama.cpp (and,
-from random-gpt-oss.gguf in the same folder, a copy with MXFP4 weights).
+"""Writes small random-weight GGUF models of real architectures, for fidelity tests against llama.cpp (and
+copies of models in the same folder with MXFP4 weights, Llama 3.1's rope_freqs or Phi-3.5's LongRoPE factors).
 
 Usage: python3 make_random_models.py VOCAB_DIR OUT_DIR   (make test runs it once, in .venv, with the gguf package)
 The files are the same bytes on every machine (numpy's default_rng with a fixed seed per model; gguf 0.19.0's
@@ -103,24 +103,38 @@ make("random-llama2-untied", "llama", f"{vocab_dir}/ggml-vocab-llama-spm.gguf", 
 make("random-qwen2moe", "qwen2moe", f"{vocab_dir}/ggml-vocab-qwen2.gguf", dim=32, n_layer=2, n_head=4, n_kv=2,
      ffn=64, rope_base=1000000.0, qkv_bias=True, tied=False, seed=17, moe=(4, 2, 16, 48))
 
-def copy_with_mxfp4(src, dst, names):
-    """A copy of the model src (in out_dir) with the tensors names quantized to MXFP4 by the gguf package (the
-    others and every key as they are): what gpt-oss's published files do to their experts."""
+def copy_changed(src, dst, mxfp4=(), add_keys=(), add_tensors=()):
+    """A copy of the model src (in out_dir) with the tensors named in mxfp4 quantized to MXFP4 by the gguf
+    package (what gpt-oss's published files do to their experts), and with the keys add_keys ((name, value,
+    type)) and the f32 tensors add_tensors ((name, values)) added; every other key and tensor as it is"""
     r = GGUFReader(f"{out_dir}/{src}")
     w = GGUFWriter(f"{out_dir}/{dst}", r.fields["general.architecture"].contents())
     copy_fields(w, r, lambda name: not name.startswith("GGUF.") and name != "general.architecture")
+    for name, value, t in add_keys: w.add_key_value(name, value, t)
     for t in r.tensors:
         data = np.asarray(t.data)
-        if t.name in names:
+        if t.name in mxfp4:
             qt = gguf.GGMLQuantizationType.MXFP4
             w.add_tensor(t.name, gguf.quants.quantize(data.astype(np.float32), qt), raw_dtype=qt)
         else:
             w.add_tensor(t.name, data)
+    for name, values in add_tensors: w.add_tensor(name, np.array(values, dtype=np.float32))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     print("wrote", dst)
 
 # gpt-oss with MXFP4 weights (whose blocks of 32 need rows of a multiple of 32 values: the experts' down
 # projections and the attention's output projection of this small model)
-copy_with_mxfp4("random-gpt-oss.gguf", "random-gpt-oss-mxfp4.gguf",
-                {"blk.%d.%s.weight" % (l, n) for l in range(2) for n in ("ffn_down_exps", "attn_output")})
-
+copy_changed("random-gpt-oss.gguf", "random-gpt-oss-mxfp4.gguf",
+             mxfp4={"blk.%d.%s.weight" % (l, n) for l in range(2) for n in ("ffn_down_exps", "attn_output")})
+# Llama 3.1's RoPE frequency factors (rope_freqs: each pair's angle divided by its factor), with factors under
+# 1 on the slow pairs so that they turn visibly over a short prompt
+copy_changed("random-llama3-gqa.gguf", "random-llama3-rope-freqs.gguf",
+             add_tensors=[("rope_freqs.weight", [1.0, 1.0, 0.8, 0.5, 0.2, 0.1, 0.05, 0.02])])
+# Phi-3.5's LongRoPE: per-pair factors for contexts past the original one (long) and within it (short), and
+# the attention factor that scales cos and sin
+U32, F32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
+copy_changed("random-phi3.gguf", "random-phi3-longrope.gguf",
+             add_keys=[("phi3.rope.scaling.original_context_length", 2048, U32),
+                       ("phi3.rope.scaling.attn_factor", 1.19, F32)],
+             add_tensors=[("rope_factors_long.weight", [1.0, 1.1, 1.5, 2.5, 5.0, 0.1, 0.05, 0.02]),
+                          ("rope_factors_short.weight", [1.0, 1.0, 1.2, 0.9, 0.5, 0.3, 0.2, 0.1])])

@@ -20,7 +20,9 @@ int main(int argc, char **argv) {
     if (n + n_gen > 4096) return 2;
     for (int i = 0; i < n; i++) ids[i] = atoi(argv[4 + i]);
     struct llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = 4096; cp.n_batch = 4096; cp.n_threads = cp.n_threads_batch = threads;
+    /* N_CTX: the context (4096 unless set): llama.cpp picks Phi-3.5's long or short RoPE factors by it */
+    cp.n_ctx = getenv("N_CTX") ? (uint32_t)atoi(getenv("N_CTX")) : 4096;
+    cp.n_batch = 4096; cp.n_threads = cp.n_threads_batch = threads;
     struct llama_context *c = llama_init_from_model(m, cp);
     int V = llama_vocab_n_tokens(llama_model_get_vocab(m));
     double gap = INFINITY, t0 = now(), t1 = t0;
