@@ -549,8 +549,9 @@ void llm_sampler_free(llm_sampler *s);
 const float *llm_sampler_penalize(llm_sampler *s, const llm_sampling_params *p, const float *logits,
                                   const int32_t *history, int n_prompt, int n_history);
 /* The tokens sampling may pick after temperature, top-k, top-p and min-p, most likely first, with their
- * renormalised probabilities (in the sampler's scratch, valid until its next call); returns how many. */
-int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const float *logits,
+ * renormalised probabilities (in the sampler's scratch, valid until its next call); returns how many. logits:
+ * n of them, the vocabulary's (n = n_vocab) or a part of it gathered (the ids are then positions in it). */
+int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const float *logits, int n,
                            const int32_t **ids, const float **probs);
 /* Penalties, then the candidates, then one draw from *rng_state (greedy: the argmax). -1 when there is no
  * candidate (logits that are not numbers). */
@@ -5396,9 +5397,8 @@ static int llm_prob_desc(const void *a, const void *b) {
     return x->id - y->id;  /* ties in id order, so that a seed always gives the same choice */
 }
 
-int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const float *logits,
+int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const float *logits, int V,
                            const int32_t **ids, const float **probs) {
-    int V = s->n_vocab;
     llm_prob_id *c = s->cand;
     *ids = s->ids; *probs = s->probs;
     if (p->temperature < LLM_SAMPLING_EPS || p->top_k == 1) {
@@ -5444,16 +5444,22 @@ int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const f
     return n;
 }
 
-int32_t llm_sampler_sample(llm_sampler *s, const llm_sampling_params *p, const float *logits,
-                           const int32_t *history, int n_prompt, int n_history, uint64_t *rng_state) {
-    const float *x = llm_sampler_penalize(s, p, logits, history, n_prompt, n_history);
-    if (p->temperature < LLM_SAMPLING_EPS || p->top_k == 1) return llm_argmax(x, s->n_vocab);
+/* One draw from n logits with penalties applied: a position in x, -1 when none can be picked */
+static int32_t llm_sampler_pick(llm_sampler *s, const llm_sampling_params *p, const float *x, int n_x,
+                                uint64_t *rng_state) {
+    if (p->temperature < LLM_SAMPLING_EPS || p->top_k == 1) return llm_argmax(x, n_x);
     const int32_t *ids; const float *probs;
-    int n = llm_sampler_candidates(s, p, x, &ids, &probs);
+    int n = llm_sampler_candidates(s, p, x, n_x, &ids, &probs);
     if (n <= 0) return -1;
     float u = llm_rand_uniform(rng_state), cum = 0;
     for (int i = 0; i < n; i++) { cum += probs[i]; if (u < cum) return ids[i]; }
     return ids[n - 1]; /* u beyond the rounded sum of the probabilities */
+}
+
+int32_t llm_sampler_sample(llm_sampler *s, const llm_sampling_params *p, const float *logits,
+                           const int32_t *history, int n_prompt, int n_history, uint64_t *rng_state) {
+    const float *x = llm_sampler_penalize(s, p, logits, history, n_prompt, n_history);
+    return llm_sampler_pick(s, p, x, s->n_vocab, rng_state);
 }
 
 /* The log-probabilities that logprobs reports: from the model's own distribution, before penalties and
@@ -6252,8 +6258,8 @@ struct llm_token_trie {
     uint8_t *byte;                  /* [n_nodes] the byte from the node's parent to it */
     uint16_t *depth;                /* [n_nodes] its bytes: 1 for the root's children */
     int32_t *end;                   /* [n_nodes] the node after its subtree */
-    int32_t *first_token;           /* [n_nodes] a token whose bytes end here, or -1 ... */
-    int32_t *next_token;            /* [n_vocab] ... and the next token with the same bytes, or -1 */
+    int32_t *first;                 /* [n_nodes + 1] where the tokens whose bytes end at a node begin in ... */
+    int32_t *tokens;                /* [tokens with bytes] ... every such token, in the nodes' order */
     char *bytes; int64_t *offset;   /* [n_vocab + 1] every token's bytes, one after another */
     int32_t *ends;                  /* stb_ds: the tokens that end generation (allowed where the text is whole) */
 };
@@ -6268,7 +6274,7 @@ static int llm_trie_entry_cmp(const void *a, const void *b) {
 
 void llm_token_trie_free(llm_token_trie *tt) {
     if (!tt) return;
-    free(tt->byte); free(tt->depth); free(tt->end); free(tt->first_token); free(tt->next_token);
+    free(tt->byte); free(tt->depth); free(tt->end); free(tt->first); free(tt->tokens);
     free(tt->bytes); free(tt->offset); arrfree(tt->ends);
     free(tt);
 }
@@ -6302,11 +6308,10 @@ llm_token_trie *llm_token_trie_build(const llm_tokenizer *t, char *err) {
     qsort(ent, (size_t)n_ent, sizeof *ent, llm_trie_entry_cmp);
     size_t cap = (size_t)n_bytes + 1;
     tt->byte = (uint8_t *)malloc(cap); tt->depth = (uint16_t *)malloc(cap * sizeof(uint16_t));
-    tt->end = (int32_t *)malloc(cap * sizeof(int32_t)); tt->first_token = (int32_t *)malloc(cap * sizeof(int32_t));
-    tt->next_token = (int32_t *)malloc(((size_t)V + 1) * sizeof(int32_t));
+    tt->end = (int32_t *)malloc(cap * sizeof(int32_t)); tt->first = (int32_t *)calloc(cap + 1, sizeof(int32_t));
+    tt->tokens = (int32_t *)malloc(((size_t)n_ent + 1) * sizeof(int32_t));
     int32_t *path = (int32_t *)malloc(((size_t)tt->max_len + 1) * sizeof(int32_t));
-    if (!tt->byte || !tt->depth || !tt->end || !tt->first_token || !tt->next_token || !path) { free(path); goto oom; }
-    for (int id = 0; id < V; id++) tt->next_token[id] = -1;
+    if (!tt->byte || !tt->depth || !tt->end || !tt->first || !tt->tokens || !path) { free(path); goto oom; }
     for (int i = 0; i < n_ent; i++) { /* sorted: each token shares a prefix with the one before, the rest is new */
         int common = 0;
         if (i > 0) {
@@ -6316,14 +6321,13 @@ llm_token_trie *llm_token_trie_build(const llm_tokenizer *t, char *err) {
         for (int d = common + 1; d <= ent[i].len; d++) {
             int32_t node = tt->n_nodes++;
             tt->byte[node] = (uint8_t)ent[i].s[d - 1]; tt->depth[node] = (uint16_t)d;
-            tt->first_token[node] = -1;
             path[d] = node;
         }
-        int32_t node = path[ent[i].len]; /* same bytes as a token before: chained after it */
-        int32_t *slot = &tt->first_token[node];
-        while (*slot >= 0) slot = &tt->next_token[*slot];
-        *slot = ent[i].id;
+        tt->first[path[ent[i].len] + 1]++; /* counted at its node (the node of the token before, if the same
+                                            * bytes): the tokens come in the nodes' order */
+        tt->tokens[i] = ent[i].id;
     }
+    for (int32_t i = 0; i < tt->n_nodes; i++) tt->first[i + 1] += tt->first[i];
     for (int32_t i = 0, top = 0; i <= tt->n_nodes; i++) { /* end: the next node no deeper than it */
         int d = i < tt->n_nodes ? tt->depth[i] : 0;
         while (top > 0 && tt->depth[path[top - 1]] >= d) tt->end[path[--top]] = i;
@@ -6359,8 +6363,10 @@ static uint32_t *llm_gr_state_key(const llm_grammar_state *st, int *n, uint64_t 
 /* The walk: the trie in preorder, the state after each node's bytes kept per depth, a subtree skipped where
  * its prefix is refused. A state is a set of stacks; the sets one walk meets are few (inside a JSON string,
  * every ordinary character leads back to the same set), so each is kept once, by number, and each (set,
- * character) step is computed once: most nodes cost a lookup. Returns the tokens allowed (bits set in mask,
- * which is zeroed), -1 when out of memory or the grammar's limits are passed. */
+ * character) step is computed once: most nodes cost a lookup in a table, by ASCII character, or for all the
+ * characters past ASCII at once where the set's classes do not tell them apart (most of a 150k vocabulary is
+ * such characters, byte by byte). Returns the tokens allowed (bits set in mask, which is zeroed), -1 when out
+ * of memory or the grammar's limits are passed. */
 typedef struct { uint64_t key; int32_t value; } llm_gr_memo;
 
 /* The walk's steps, (set, character) -> set: an open-addressed table of 64-bit keys (a general hash map
@@ -6404,20 +6410,73 @@ static int llm_gr_set_equal(const llm_gr_set *a, const llm_gr_set *b) {
            (!arrlen(a->data) || !memcmp(a->data, b->data, (size_t)arrlen(a->data) * sizeof(uint32_t)));
 }
 
+/* Whether the class at e matches every code point of [lo, hi] (1), none of them (0), or some (-1) */
+static int llm_gr_class_covers(const llm_gr_elem *e, uint32_t lo, uint32_t hi) {
+    int positive = e->type != LLM_GR_CHAR_NOT, all = 0, some = 0;
+    do {
+        uint32_t a = e->value, b = e[1].type == LLM_GR_CHAR_UPPER ? e[1].value : e->value;
+        if (e->type == LLM_GR_CHAR_ANY) { a = 0; b = 0x10FFFF; }
+        if (a <= lo && hi <= b) all = 1;
+        else if (a <= hi && lo <= b) some = 1;
+        e += e->type != LLM_GR_CHAR_ANY && e[1].type == LLM_GR_CHAR_UPPER ? 2 : 1;
+    } while (e->type == LLM_GR_CHAR_ALT);
+    return all ? positive : some ? -1 : !positive;
+}
+
+typedef struct {
+    llm_grammar *g;                 /* g->walk: the sets met, by number (0: the start), and one more at the
+                                     * end as the step's scratch */
+    int n_sets;
+    llm_gr_memo *by_hash;           /* stb_ds: a set's hash -> its number */
+    int32_t *ascii;                 /* stb_ds: [set][128] the steps by ASCII characters, -2 until known */
+    int32_t *wide;                  /* stb_ds: [set] where every character past ASCII leads alike (a JSON
+                                     * string's, most classes'): there, -1 nowhere; -2 not known yet; -3 the
+                                     * set's classes tell such characters apart */
+    llm_gr_steps steps;             /* and for those: (set, character) -> set + 2 */
+} llm_gr_walker;
+
+/* The set `from` leads to by the character cp, numbered (a new one gets the next number); -1 when no stack
+ * takes cp, -2 when out of memory or the grammar's limits are passed. */
+static int32_t llm_gr_walk_step(llm_gr_walker *w, int32_t from, uint32_t cp) {
+    llm_grammar *g = w->g;
+    while (arrlen(g->walk) <= w->n_sets) { llm_gr_set empty = {0}; arrput(g->walk, empty); }
+    llm_gr_set *out = &g->walk[w->n_sets];
+    if (llm_gr_step(g, &g->walk[from], cp, out, &g->walk_buf, &g->walk_seen) != 0) return -2;
+    if (!arrlen(out->lens)) return -1;
+    uint64_t h = llm_gr_set_hash(out);
+    ptrdiff_t same = hmgeti(w->by_hash, h);
+    if (same >= 0 && llm_gr_set_equal(&g->walk[w->by_hash[same].value], out)) return w->by_hash[same].value;
+    if (same < 0) hmput(w->by_hash, h, w->n_sets);
+    for (int c = 0; c < 128; c++) arrput(w->ascii, -2);
+    arrput(w->wide, -2);
+    return w->n_sets++;
+}
+
+/* Where every character past ASCII leads from the set `from`, when the top of each of its stacks takes all
+ * of them or none (then the step by U+0080 stands for them all, and a character begun goes on exactly
+ * when that step goes somewhere); -3 when they do not, -2 when out of memory. */
+static int32_t llm_gr_walk_wide(llm_gr_walker *w, int32_t from) {
+    if (w->wide[from] != -2) return w->wide[from];
+    const llm_gr_set *s = &w->g->walk[from];
+    size_t at = 0;
+    for (ptrdiff_t i = 0; i < arrlen(s->lens); at += s->lens[i++])
+        if (s->lens[i] && llm_gr_class_covers(&w->g->elems[s->data[at + s->lens[i] - 1]], 0x80, 0x10FFFF) < 0)
+            return w->wide[from] = -3;
+    int32_t to = llm_gr_walk_step(w, from, 0x80);
+    if (to != -2) w->wide[from] = to;
+    return to;
+}
+
 static int llm_gr_walk(llm_grammar *g, const llm_grammar_state *st, const llm_token_trie *tt, uint8_t *mask) {
-    /* g->walk: the sets met, by number (0: the start), and one more at the end as the step's scratch */
     for (ptrdiff_t i = 0; i < arrlen(g->walk); i++) llm_gr_set_clear(&g->walk[i]);
-    llm_gr_steps steps = {NULL, NULL, 0, 0};   /* (set, character) -> set or -1 */
-    llm_gr_memo *by_hash = NULL;    /* stb_ds: a set's hash -> its number */
-    int32_t *ascii = NULL;          /* stb_ds: [set][128] the steps by ASCII characters, -2 until known */
+    llm_gr_walker w = {g, 1, NULL, NULL, NULL, {NULL, NULL, 0, 0}};
     int32_t *set_at = (int32_t *)malloc(((size_t)tt->max_len + 1) * sizeof(int32_t));
     int *part = (int *)malloc(((size_t)tt->max_len + 1) * 3 * sizeof(int));
-    int n_sets = 1, n_allowed = 0, rc = 0;
+    int n_allowed = 0, rc = 0;
     if (!arrlen(g->walk)) { llm_gr_set empty = {0}; arrput(g->walk, empty); }
-    memcpy(arraddnptr(g->walk[0].lens, arrlen(st->set.lens)), st->set.lens, (size_t)arrlen(st->set.lens) * 4);
-    if (arrlen(st->set.data)) memcpy(arraddnptr(g->walk[0].data, arrlen(st->set.data)), st->set.data,
-                                     (size_t)arrlen(st->set.data) * 4);
-    for (int c = 0; c < 128; c++) arrput(ascii, -2);
+    llm_gr_set_assign(&g->walk[0], &st->set);
+    for (int c = 0; c < 128; c++) arrput(w.ascii, -2);
+    arrput(w.wide, -2);
     if (!set_at || !part) rc = -1;
     else {
         set_at[0] = 0;
@@ -6426,45 +6485,41 @@ static int llm_gr_walk(llm_grammar *g, const llm_grammar_state *st, const llm_to
     for (int32_t i = 0; rc == 0 && i < tt->n_nodes;) {
         int d = tt->depth[i];
         uint32_t cp = (uint32_t)part[3 * (d - 1)];
-        int left = part[3 * (d - 1) + 1], len = part[3 * (d - 1) + 2], from = set_at[d - 1], to = -1;
+        int left = part[3 * (d - 1) + 1], len = part[3 * (d - 1) + 2], from = set_at[d - 1], to;
         int r = llm_gr_byte(&cp, &left, &len, tt->byte[i]);
-        uint64_t key = (uint64_t)from << 32 | (uint64_t)(r == 0) << 31 | (uint64_t)len << 28 |
-                       (uint64_t)left << 24 | cp;
-        int32_t *known = r == 1 && cp < 128 ? &ascii[(size_t)from * 128 + cp] : NULL, *slot = NULL;
-        if (r >= 0 && !known && !(slot = llm_gr_steps_slot(&steps, key))) { rc = -1; break; }
         if (r < 0) to = -1;
-        else if (known && *known != -2) to = *known;
-        else if (slot && *slot) to = *slot - 2;
-        else if (r == 0) { /* a character begun: the same set, if some stack could take it */
-            to = llm_gr_partial_ok(g, &g->walk[from], cp, left, len) ? from : -1;
-            *slot = to + 2; steps.n++;
-        } else {
-            while (arrlen(g->walk) <= n_sets) { llm_gr_set empty = {0}; arrput(g->walk, empty); }
-            llm_gr_set *out = &g->walk[n_sets];
-            if (llm_gr_step(g, &g->walk[from], cp, out, &g->walk_buf, &g->walk_seen) != 0) { rc = -1; break; }
-            if (arrlen(out->lens)) {
-                uint64_t h = llm_gr_set_hash(out);
-                ptrdiff_t same = hmgeti(by_hash, h);
-                if (same >= 0 && llm_gr_set_equal(&g->walk[by_hash[same].value], out)) to = by_hash[same].value;
-                else {
-                    to = n_sets++;
-                    if (same < 0) hmput(by_hash, h, to);
-                    for (int c = 0; c < 128; c++) arrput(ascii, -2);
-                }
+        else if (r == 1 && cp < 128) { /* ASCII: by table */
+            if ((to = w.ascii[(size_t)from * 128 + cp]) == -2) {
+                if ((to = llm_gr_walk_step(&w, from, cp)) == -2) { rc = -1; break; }
+                w.ascii[(size_t)from * 128 + cp] = to;
             }
-            if (cp < 128) ascii[(size_t)from * 128 + cp] = to;
-            else { *slot = to + 2; steps.n++; }
+        } else if ((to = llm_gr_walk_wide(&w, from)) != -3) { /* past ASCII, every character alike */
+            if (to == -2) { rc = -1; break; }
+            if (r == 0) to = to >= 0 ? from : -1; /* a character begun: it stays in the set until whole */
+        } else { /* past ASCII, where the classes tell characters apart: each (set, character) once */
+            uint64_t key = (uint64_t)from << 32 | (uint64_t)(r == 0) << 31 | (uint64_t)len << 28 |
+                           (uint64_t)left << 24 | cp;
+            int32_t *slot = llm_gr_steps_slot(&w.steps, key);
+            if (!slot) { rc = -1; break; }
+            if (*slot) to = *slot - 2;
+            else {
+                if (r == 0) to = llm_gr_partial_ok(g, &g->walk[from], cp, left, len) ? from : -1;
+                else if ((to = llm_gr_walk_step(&w, from, cp)) == -2) { rc = -1; break; }
+                *slot = to + 2; w.steps.n++;
+            }
         }
-        if (to < 0) { i = tt->end[i]; continue; }
+        if (to < 0) { i = tt->end[i]; continue; } /* refused: every token below this node is too */
         set_at[d] = to;
         part[3 * d] = (int)cp; part[3 * d + 1] = left; part[3 * d + 2] = len;
-        for (int32_t tok = tt->first_token[i]; tok >= 0; tok = tt->next_token[tok]) {
+        for (int32_t k = tt->first[i]; k < tt->first[i + 1]; k++) {
+            int32_t tok = tt->tokens[k];
             mask[tok >> 3] |= (uint8_t)(1u << (tok & 7));
-            n_allowed++;
         }
+        n_allowed += tt->first[i + 1] - tt->first[i];
         i++;
     }
-    free(steps.keys); free(steps.vals); hmfree(by_hash); arrfree(ascii); free(set_at); free(part);
+    free(w.steps.keys); free(w.steps.vals); hmfree(w.by_hash); arrfree(w.ascii); arrfree(w.wide);
+    free(set_at); free(part);
     return rc == 0 ? n_allowed : -1;
 }
 
@@ -8392,9 +8447,11 @@ struct llm_engine {
     int logits_rows;
     float *masked_logits;           /* [vocab_size]: the row a request samples from when it is adjusted: its
                                      * allowed ids only, logit_bias added, bad words and (for min_tokens) the
-                                     * stop ids out, and what its grammar refuses */
+                                     * stop ids out */
     llm_token_trie *trie;           /* the vocabulary's bytes, built for the first request with a grammar */
     uint8_t *grammar_mask;          /* [vocab_size bits] */
+    int32_t *grammar_ids;           /* [vocab_size] the tokens a mask allows ... */
+    float *grammar_logits;          /* [vocab_size] ... and their logits, the row a refused draw is redrawn from */
     struct { char *text; llm_grammar *g; } *grammars; /* stb_ds, under lock: the last LLM_ENGINE_GRAMMARS
                                      * grammars parsed, each holding a reference, replaced in turn */
     int grammars_next;
@@ -8523,6 +8580,7 @@ void llm_engine_destroy(llm_engine *e) {
     arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows);
     arrfree(e->b_tables); arrfree(e->outputs);
     free(e->logits); free(e->masked_logits); llm_token_trie_free(e->trie); free(e->grammar_mask);
+    free(e->grammar_ids); free(e->grammar_logits);
     llm_grammar_state_free(e->grammar_next);
     for (ptrdiff_t i = 0; i < arrlen(e->grammars); i++) {
         free(e->grammars[i].text);
@@ -8824,7 +8882,8 @@ static int32_t llm_seq_grammar_sample(llm_engine *e, llm_seq *s, const float *sa
     double t0 = llm_now();
     if ((!e->grammar_next && !(e->grammar_next = llm_grammar_state_copy(s->grammar))) ||
         (!e->grammar_mask && !(e->grammar_mask = (uint8_t *)malloc(((size_t)V + 7) / 8))) ||
-        (!e->masked_logits && !(e->masked_logits = (float *)malloc((size_t)V * sizeof(float))))) {
+        (!e->grammar_ids && !(e->grammar_ids = (int32_t *)malloc((size_t)V * sizeof(int32_t)))) ||
+        (!e->grammar_logits && !(e->grammar_logits = (float *)malloc((size_t)V * sizeof(float))))) {
         llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the grammar's mask");
         return -1;
     }
@@ -8851,16 +8910,19 @@ static int32_t llm_seq_grammar_sample(llm_engine *e, llm_seq *s, const float *sa
         int32_t t = e->model.tok->eog[i];
         mask[t >> 3] &= (uint8_t)~(1u << (t & 7));
     }
-    if (sample_from != e->masked_logits) memcpy(e->masked_logits, sample_from, (size_t)V * sizeof(float));
-    float *x = e->masked_logits;
-    int left = 0;
-    for (int i = 0; i < V; i++) {
-        if (!(mask[i >> 3] >> (i & 7) & 1)) x[i] = -INFINITY;
-        else left += x[i] > -INFINITY;
-    }
-    token = left ? llm_sampler_sample(e->sampler, p, x, s->tokens, s->req->n_prompt, (int)arrlen(s->tokens),
-                                      &s->rng) : -1;
-    int ok = token >= 0 && x[token] > -INFINITY && llm_seq_grammar_allows(e, s, token);
+    /* the draw again, from the allowed tokens only (gathered: a mask allows a few as a rule, and the refused
+     * ones would weigh nothing), with the request's penalties, the same draw as from the row masked */
+    const float *pen = llm_sampler_penalize(e->sampler, p, sample_from, s->tokens, s->req->n_prompt,
+                                            (int)arrlen(s->tokens));
+    int n_ids = 0;
+    for (int i = 0; i < V; i += 8)
+        for (unsigned bits = mask[i >> 3]; bits; bits &= bits - 1) {
+            int t = i + __builtin_ctz(bits);
+            if (t < V && pen[t] > -INFINITY) { e->grammar_ids[n_ids] = t; e->grammar_logits[n_ids++] = pen[t]; }
+        }
+    int32_t at = n_ids ? llm_sampler_pick(e->sampler, p, e->grammar_logits, n_ids, &s->rng) : -1;
+    token = at >= 0 ? e->grammar_ids[at] : -1;
+    int ok = token >= 0 && llm_seq_grammar_allows(e, s, token);
     e->stats.grammar_seconds += llm_now() - t0;
     if (!ok) {
         llm_seq_finish(e, s, LLM_FINISH_ERROR, "the grammar allows no token here that the request allows");
