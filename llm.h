@@ -59,9 +59,10 @@
  *   sampler: llm_sampler_create, llm_sampler_free, llm_sampler_penalize, llm_sampler_candidates,
  *         llm_sampler_sample
  *   grammar: llm_json_parse, _free, _get, _dumps; llm_json_schema_to_grammar, llm_regex_to_grammar,
- *         llm_choice_to_grammar; llm_chat_tool_grammar, llm_chat_parse_reply, llm_chat_reply_free (tool
- *         calls and thinking, in each chat family's syntax); llm_grammar_parse, _free, _start, _state_copy,
- *         _state_free, _accept, _can_end, _done, _mask, _allows; llm_token_trie_build, _free
+ *         llm_choice_to_grammar; llm_chat_tool_grammar, llm_chat_answer_grammar, llm_chat_parse_reply,
+ *         llm_chat_reply_free (tool calls and thinking, in each chat family's syntax); llm_grammar_parse, _free,
+ *         _start, _state_copy, _state_free, _accept, _can_end, _done, _mask, _allows; llm_token_trie_build,
+ *         _free
  *   detokenizer: llm_tokenizer_piece, llm_detok_push, llm_detok_flush, llm_detokenize
  *
  * An example: the greedy continuation of a prompt, streamed to stdout (`make test` compiles and runs it).
@@ -291,7 +292,8 @@ int  llm_tokenize_prompt(const llm_tokenizer *t, const char *text, size_t len, i
 enum llm_chat_family {
     LLM_CHAT_CHATML, LLM_CHAT_QWEN3, LLM_CHAT_LLAMA3, LLM_CHAT_LLAMA2,
     LLM_CHAT_MISTRAL_V1, LLM_CHAT_MISTRAL_V3, LLM_CHAT_MISTRAL_V3_TEKKEN, LLM_CHAT_MISTRAL_V7,
-    LLM_CHAT_MISTRAL_V7_TEKKEN, LLM_CHAT_ZEPHYR, LLM_CHAT_PHI3, LLM_CHAT_GEMMA, LLM_CHAT_QWQ, LLM_CHAT_NFAMILIES
+    LLM_CHAT_MISTRAL_V7_TEKKEN, LLM_CHAT_ZEPHYR, LLM_CHAT_PHI3, LLM_CHAT_GEMMA, LLM_CHAT_QWQ, LLM_CHAT_GPT_OSS,
+    LLM_CHAT_NFAMILIES
 };
 
 typedef struct {                    /* a call of a tool that an assistant turn made */
@@ -319,8 +321,10 @@ enum llm_tool_format {
     LLM_TOOLS_LLAMA3,               /* Llama 3.1-3.3: JSON {"name", "parameters"}, the ipython role */
     LLM_TOOLS_MISTRAL,              /* Mistral v3 (7B v0.3, Nemo, Large 2407): [AVAILABLE_TOOLS], calls as
                                      * [TOOL_CALLS][{"name", "arguments", "id"}], [TOOL_RESULTS]; ids of 9 */
-    LLM_TOOLS_MISTRAL_ARGS          /* Mistral Small 3.2 (v11): [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}, results
+    LLM_TOOLS_MISTRAL_ARGS,         /* Mistral Small 3.2 (v11): [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}, results
                                      * [TOOL_RESULTS]id[TOOL_CONTENT]...[/TOOL_RESULTS]; ids of 9 */
+    LLM_TOOLS_HARMONY               /* gpt-oss: the tools as a TypeScript namespace in the developer message,
+                                     * calls as messages to=functions.NAME on the commentary channel */
 };
 
 typedef struct {
@@ -332,7 +336,9 @@ typedef struct {
                                      * off (init: 1, the template's own default) */
     int dated_system;               /* Llama 3.1 and later: the system turn opens with the knowledge cutoff
                                      * and today's date, always */
-    char date[32];                  /* that date, as "26 Jul 2024" (init: today's, or the template's own) */
+    char date[32];                  /* that date, as "26 Jul 2024" (init: today's, or the template's own;
+                                     * gpt-oss: today's, as "2026-11-26") */
+    char reasoning_effort[16];      /* gpt-oss: its system message's "Reasoning:" (init: "medium") */
     int tool_format;                /* enum llm_tool_format */
     int call_id_len;                /* Mistral: the template takes only call ids of 9 letters and digits; 0 any */
     int thinks;                     /* the model writes <think>...</think> before its answer (Qwen3) */
@@ -604,6 +610,10 @@ char *llm_choice_to_grammar(const char *const *choices, int n, char *err);  /* e
 enum { LLM_TOOL_AUTO, LLM_TOOL_REQUIRED, LLM_TOOL_NAMED };
 char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int choice, const char *name,
                             int parallel, char *err);
+/* The grammar of a whole reply whose answer follows gbnf (a structured output's): for gpt-oss, its thinking
+ * on the analysis channel, then the answer as the final channel's message; for the other families gbnf
+ * itself. GBNF text (malloc'ed), or NULL with the reason in err. */
+char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, char *err);
 /* A reply read back: the thinking apart (think: for a family that thinks, from <think> to </think>, and from
  * the start when the generation prompt opened the block), the answer, and the calls (tools: in the family's
  * syntax). partial: the text so far of a reply still being written; what may yet be a marker is held back,
@@ -2808,9 +2818,16 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
     /* the control tokens of a tool-call syntax are text in the output, as user-defined tokens are: the reply's
      * reader finds the calls by them, and the grammar writes them (llama.cpp's "preserved tokens"; vLLM
      * keeps special tokens for Mistral's calls) */
-    static const char *const marker_texts[] = {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]"};
+    static const char *const marker_texts[] = {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]", "<|channel|>",
+                                               "<|message|>", "<|start|>", "<|constrain|>", "<|end|>"};
+    /* gpt-oss's harmony messages: <|start|>assistant<|channel|>final<|message|>...<|end|>, the reply's
+     * reader splits them by their markers (its turn ends at <|return|> or <|call|>: <|end|> only closes a
+     * message, and is a marker only there: Phi-3 ends its turns with it) */
+    int harmony = 0;
     for (uint64_t i = 0; i < n; i++)
-        for (size_t k = 0; k < sizeof marker_texts / sizeof marker_texts[0]; k++)
+        harmony |= t->type[i] == LLM_TOKEN_CONTROL && llm_str_eq(t->text[i], "<|channel|>");
+    for (uint64_t i = 0; i < n; i++)
+        for (size_t k = 0; k < sizeof marker_texts / sizeof marker_texts[0] - !harmony; k++)
             if (t->type[i] == LLM_TOKEN_CONTROL && llm_str_eq(t->text[i], marker_texts[k]))
                 t->type[i] = LLM_TOKEN_USER;
 
@@ -2845,7 +2862,8 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
 
     /* end of generation: eos, eot, eom, and the control tokens chat models end their turns with */
     static const char *const eog_texts[] = {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end_of_text|>",
-                                            "<|endoftext|>", "<end_of_turn>", "</s>", "<|end|>"};
+                                            "<|endoftext|>", "<end_of_turn>", "</s>", "<|end|>", "<|return|>",
+                                            "<|call|>"};
     llm_add_eog(t, t->eos); llm_add_eog(t, t->eot); llm_add_eog(t, t->eom);
     for (ptrdiff_t i = 0; i < arrlen(t->special); i++) {
         int id = t->special[i];
@@ -2901,7 +2919,7 @@ int llm_tokenize_prompt(const llm_tokenizer *t, const char *text, size_t len, in
  * ======================================================================================================== */
 static const char *llm_chat_family_names[LLM_CHAT_NFAMILIES] = {
     "chatml", "qwen3", "llama3", "llama2", "mistral-v1", "mistral-v3", "mistral-v3-tekken", "mistral-v7",
-    "mistral-v7-tekken", "zephyr", "phi3", "gemma", "qwq"
+    "mistral-v7-tekken", "zephyr", "phi3", "gemma", "qwq", "gpt-oss"
 };
 
 const char *llm_chat_family_name(int family) {
@@ -2927,6 +2945,7 @@ static int llm_vocab_has(const llm_tokenizer *t, const char *text) {
 /* Each family's markers, checked most specific first (the order of llama.cpp's llm_chat_detect_template). */
 int llm_chat_detect(const char *tt, size_t n, const llm_tokenizer *t) {
     if (tt && n) {
+        if (llm_has(tt, n, "<|channel|>")) return LLM_CHAT_GPT_OSS; /* OpenAI's harmony format */
         if (llm_has(tt, n, "<|im_start|>")) { /* QwQ: the thinking of earlier answers cut, none kept apart */
             if (llm_has(tt, n, "<think>") && !llm_has(tt, n, "reasoning_content") &&
                 llm_has(tt, n, "split('</think>')"))
@@ -2949,6 +2968,7 @@ int llm_chat_detect(const char *tt, size_t n, const llm_tokenizer *t) {
         }
         return -1;
     }
+    if (llm_vocab_has(t, "<|channel|>")) return LLM_CHAT_GPT_OSS;
     if (llm_vocab_has(t, "<|im_start|>"))
         return llm_vocab_has(t, "<think>") ? LLM_CHAT_QWEN3 : LLM_CHAT_CHATML;
     if (llm_vocab_has(t, "<|start_header_id|>")) return LLM_CHAT_LLAMA3;
@@ -3070,11 +3090,16 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
     /* Llama 3.1's template dates the system turn 26 Jul 2024; 3.2's asks for today's date (strftime_now) */
     ct->dated_system = ct->family == LLM_CHAT_LLAMA3 && llm_has(tt.ptr, tt.len, "Cutting Knowledge Date");
     snprintf(ct->date, sizeof ct->date, "26 Jul 2024");
-    if (llm_has(tt.ptr, tt.len, "strftime_now")) {
+    int gpt_oss = ct->family == LLM_CHAT_GPT_OSS;
+    if (gpt_oss || llm_has(tt.ptr, tt.len, "strftime_now")) {
         time_t now = time(NULL);
         struct tm tm;
-        if (localtime_r(&now, &tm)) strftime(ct->date, sizeof ct->date, "%d %b %Y", &tm);
+        if (localtime_r(&now, &tm))
+            strftime(ct->date, sizeof ct->date, gpt_oss ? "%Y-%m-%d" : "%d %b %Y", &tm);
     }
+    /* gpt-oss always thinks first (its analysis channel) */
+    if (gpt_oss) { ct->thinks = 1; ct->tool_format = LLM_TOOLS_HARMONY; }
+    snprintf(ct->reasoning_effort, sizeof ct->reasoning_effort, "medium");
     return 0;
 }
 
@@ -3243,6 +3268,164 @@ static void llm_chat_grow_put(llm_chat_text *c, const char *s) { /* appends to a
     }
     memcpy(c->out + c->n, s, n);
     c->n += n;
+}
+
+/* ---- gpt-oss: OpenAI's harmony format (openai/gpt-oss-20b's template) ----------------------------------- */
+static int llm_json_truthy(const llm_json *v) { /* as Jinja's if: null, false, 0, "", [] and {} are false */
+    if (!v || v->type == LLM_JSON_NULL || v->type == LLM_JSON_FALSE) return 0;
+    if (v->type == LLM_JSON_NUMBER) return v->num != 0;
+    if (v->type == LLM_JSON_STRING) return v->len > 0;
+    return v->type == LLM_JSON_TRUE || v->n > 0;
+}
+static int llm_json_is(const llm_json *v, const char *text) {
+    return v && v->type == LLM_JSON_STRING && !strcmp(v->str, text);
+}
+
+/* A value as Jinja's + and join write it, Python's str(): a string as it is, others as JSON (True, False and
+ * None as Python spells them) */
+static void llm_harmony_str(llm_chat_text *c, const llm_json *v) {
+    if (v->type == LLM_JSON_STRING) { llm_chat_grow_put(c, v->str); return; }
+    if (v->type == LLM_JSON_TRUE || v->type == LLM_JSON_FALSE || v->type == LLM_JSON_NULL) {
+        llm_chat_grow_put(c, v->type == LLM_JSON_TRUE ? "True" : v->type == LLM_JSON_FALSE ? "False" : "None");
+        return;
+    }
+    char *js = llm_json_dumps(v, 1);
+    llm_chat_grow_put(c, js ? js : "");
+    free(js);
+}
+
+/* A JSON Schema as the TypeScript type the template's render_typescript_type writes, its white space too */
+static void llm_harmony_type(llm_chat_text *c, const llm_json *spec) {
+    const llm_json *type = llm_json_get(spec, "type"), *items = llm_json_get(spec, "items");
+    const llm_json *one_of = llm_json_get(spec, "oneOf"), *props = llm_json_get(spec, "properties");
+    int nullable = llm_json_truthy(llm_json_get(spec, "nullable"));
+    if (llm_json_is(type, "array")) {
+        if (!llm_json_truthy(items)) llm_chat_grow_put(c, "any[]");
+        else {
+            const llm_json *it = llm_json_get(items, "type");
+            if (llm_json_is(it, "string")) llm_chat_grow_put(c, "string[]");
+            else if (llm_json_is(it, "number") || llm_json_is(it, "integer")) llm_chat_grow_put(c, "number[]");
+            else if (llm_json_is(it, "boolean")) llm_chat_grow_put(c, "boolean[]");
+            else {
+                llm_chat_text inner = {NULL, 0, 0};
+                llm_harmony_type(&inner, items);
+                size_t chars = 0; /* |length counts characters */
+                for (size_t i = 0; i < inner.n; i++) chars += (inner.out[i] & 0xC0) != 0x80;
+                int any = chars > 50 || (inner.n == 15 && !memcmp(inner.out, "object | object", 15));
+                if (any) llm_chat_grow_put(c, "any[]");
+                else { llm_chat_grow_put(c, inner.out ? inner.out : ""); llm_chat_grow_put(c, "[]"); }
+                free(inner.out);
+            }
+        }
+        if (nullable) llm_chat_grow_put(c, " | null");
+    } else if (type && type->type == LLM_JSON_ARRAY && type->n > 0) { /* ["string", "null"] */
+        for (int i = 0; i < type->n; i++) {
+            if (i) llm_chat_grow_put(c, " | ");
+            llm_harmony_str(c, &type->items[i]);
+        }
+    } else if (llm_json_truthy(one_of) && one_of->type == LLM_JSON_ARRAY) {
+        /* (the template's test for object variants sets a variable inside its loop, which Jinja forgets
+         * there: the variants are always written) */
+        for (int i = 0; i < one_of->n; i++) {
+            const llm_json *v = &one_of->items[i], *d = llm_json_get(v, "description");
+            llm_harmony_type(c, v);
+            if (llm_json_truthy(d)) { llm_chat_grow_put(c, "// "); llm_harmony_str(c, d); }
+            if ((d = llm_json_get(v, "default"))) {
+                char *js = llm_json_dumps(d, 1);
+                llm_chat_grow_put(c, "                    // default: "); llm_chat_grow_put(c, js ? js : "");
+                free(js);
+            }
+            if (i < one_of->n - 1) llm_chat_grow_put(c, " | \n");
+        }
+    } else if (llm_json_is(type, "string")) {
+        const llm_json *e = llm_json_get(spec, "enum");
+        if (llm_json_truthy(e) && e->type == LLM_JSON_ARRAY) {
+            llm_chat_grow_put(c, "\"");
+            for (int i = 0; i < e->n; i++) {
+                if (i) llm_chat_grow_put(c, "\" | \"");
+                llm_harmony_str(c, &e->items[i]);
+            }
+            llm_chat_grow_put(c, "\"");
+        } else llm_chat_grow_put(c, nullable ? "string | null" : "string");
+    } else if (llm_json_is(type, "number") || llm_json_is(type, "integer")) llm_chat_grow_put(c, "number");
+    else if (llm_json_is(type, "boolean")) llm_chat_grow_put(c, "boolean");
+    else if (llm_json_is(type, "object")) {
+        if (!llm_json_truthy(props) || props->type != LLM_JSON_OBJECT) {
+            llm_chat_grow_put(c, "object");
+            return;
+        }
+        const llm_json *req = llm_json_get(spec, "required");
+        llm_chat_grow_put(c, "{\n");
+        for (int i = 0; i < props->n; i++) {
+            int required = 0;
+            for (int k = 0; req && req->type == LLM_JSON_ARRAY && k < req->n; k++)
+                required |= llm_json_is(&req->items[k], props->keys[i]);
+            llm_chat_grow_put(c, props->keys[i]);
+            llm_chat_grow_put(c, required ? ": \n                " : "?: \n                ");
+            llm_harmony_type(c, &props->items[i]);
+            if (i < props->n - 1) llm_chat_grow_put(c, ", ");
+        }
+        llm_chat_grow_put(c, "}");
+    } else llm_chat_grow_put(c, "any");
+}
+
+/* The developer message's tools: a TypeScript namespace "functions", each function a type of its parameters
+ * (their descriptions and defaults as comments). -1 for a tool the template cannot write (no description). */
+static int llm_harmony_tools(llm_chat_text *c, const llm_json *tools) {
+    llm_chat_text t = {NULL, 0, 0};
+    llm_chat_grow_put(&t, "# Tools\n\n## functions\n\nnamespace functions {\n\n");
+    for (int i = 0; i < tools->n; i++) {
+        const llm_json *fn = llm_json_get(&tools->items[i], "function");
+        const llm_json *desc = llm_json_get(fn, "description"), *name = llm_json_get(fn, "name");
+        const llm_json *params = llm_json_get(fn, "parameters"), *props = llm_json_get(params, "properties");
+        if (!desc || desc->type != LLM_JSON_STRING || !name || name->type != LLM_JSON_STRING) {
+            free(t.out);
+            return -1;
+        }
+        llm_chat_grow_put(&t, "// "); llm_chat_grow_put(&t, desc->str);
+        llm_chat_grow_put(&t, "\ntype "); llm_chat_grow_put(&t, name->str); llm_chat_grow_put(&t, " = ");
+        if (!llm_json_truthy(params) || !llm_json_truthy(props) || props->type != LLM_JSON_OBJECT) {
+            llm_chat_grow_put(&t, "() => any;\n\n");
+            continue;
+        }
+        const llm_json *req = llm_json_get(params, "required");
+        llm_chat_grow_put(&t, "(_: {\n");
+        for (int k = 0; k < props->n; k++) {
+            const llm_json *spec = &props->items[k], *d = llm_json_get(spec, "description");
+            int required = 0;
+            for (int j = 0; req && req->type == LLM_JSON_ARRAY && j < req->n; j++)
+                required |= llm_json_is(&req->items[j], props->keys[k]);
+            if (llm_json_truthy(d)) {
+                llm_chat_grow_put(&t, "// "); llm_harmony_str(&t, d); llm_chat_grow_put(&t, "\n");
+            }
+            llm_chat_grow_put(&t, props->keys[k]);
+            llm_chat_grow_put(&t, required ? ": " : "?: ");
+            llm_harmony_type(&t, spec);
+            if ((d = llm_json_get(spec, "default"))) {
+                if (llm_json_truthy(llm_json_get(spec, "enum"))) {
+                    llm_chat_grow_put(&t, ", // default: "); llm_harmony_str(&t, d);
+                } else if (llm_json_truthy(llm_json_get(spec, "oneOf"))) {
+                    llm_chat_grow_put(&t, "// default: "); llm_harmony_str(&t, d);
+                } else {
+                    char *js = llm_json_dumps(d, 1);
+                    llm_chat_grow_put(&t, ", // default: "); llm_chat_grow_put(&t, js ? js : "");
+                    free(js);
+                }
+            }
+            llm_chat_grow_put(&t, ",\n");
+        }
+        llm_chat_grow_put(&t, "}) => any;\n\n");
+    }
+    llm_chat_grow_put(&t, "} // namespace functions");
+    llm_chat_put(c, t.out, t.n);
+    free(t.out);
+    return 0;
+}
+
+/* A message's body must not hold the markers of another: the template refuses such a message */
+static int llm_harmony_has_channel(const char *text) {
+    return text && (strstr(text, "<|channel|>analysis<|message|>") ||
+                    strstr(text, "<|channel|>final<|message|>"));
 }
 
 /* The conversation with tools, calls and results written as text for a family without a tool format: new
@@ -3607,6 +3790,78 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         }
         break;
     }
+    case LLM_CHAT_GPT_OSS: { /* openai/gpt-oss-20b: system (date, reasoning effort), developer, messages */
+        llm_chat_puts(&c, "<|start|>system<|message|>You are ChatGPT, a large language model trained by "
+                      "OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: ");
+        llm_chat_puts(&c, ct->date);
+        llm_chat_puts(&c, "\n\nReasoning: "); llm_chat_puts(&c, ct->reasoning_effort);
+        llm_chat_puts(&c, "\n\n# Valid channels: analysis, commentary, final. Channel must be included for "
+                      "every message.");
+        if (tl_given)
+            llm_chat_puts(&c, "\nCalls to these tools must go to the commentary channel: 'functions'.");
+        llm_chat_puts(&c, "<|end|>");
+        if (sys[0] || tl_given) {
+            llm_chat_puts(&c, "<|start|>developer<|message|>");
+            if (sys[0]) {
+                llm_chat_puts(&c, "# Instructions\n\n"); llm_chat_puts(&c, sys); llm_chat_puts(&c, "\n\n");
+            }
+            if (tl_given) failed = llm_harmony_tools(&c, tl_given) != 0;
+            llm_chat_puts(&c, "<|end|>");
+        }
+        const char *last_call = NULL; /* a tool's result answers the last call made */
+        for (int i = first; i < n && !failed; i++) {
+            if (role[i] == LLM_ROLE_USER) {
+                llm_chat_puts(&c, "<|start|>user<|message|>"); llm_chat_puts(&c, CONTENT(i));
+                llm_chat_puts(&c, "<|end|>");
+            } else if (role[i] == LLM_ROLE_TOOL) {
+                if (!last_call) { failed = 1; break; }
+                llm_json v = {LLM_JSON_STRING, 0, (char *)CONTENT(i), strlen(CONTENT(i)), NULL, NULL, 0, 0};
+                char *quoted = llm_json_dumps(&v, 1);
+                llm_chat_puts(&c, "<|start|>functions."); llm_chat_puts(&c, last_call);
+                llm_chat_puts(&c, " to=assistant<|channel|>commentary<|message|>");
+                llm_chat_puts(&c, quoted ? quoted : ""); llm_chat_puts(&c, "<|end|>");
+                failed = !quoted;
+                free(quoted);
+            } else if (role[i] == LLM_ROLE_ASSISTANT) {
+                const char *thinking = msgs[i].reasoning;
+                if (llm_harmony_has_channel(CONTENT(i)) || llm_harmony_has_channel(thinking)) {
+                    failed = 1;
+                    break;
+                }
+                if (msgs[i].n_tool_calls > 0) { /* its first call; the thinking kept until a final answer */
+                    int answered = 0;
+                    for (int k = i + 1; k < n; k++)
+                        answered |= role[k] == LLM_ROLE_ASSISTANT && !msgs[k].n_tool_calls;
+                    const llm_chat_tool_call *tc = &msgs[i].tool_calls[0];
+                    if (CONTENT(i)[0] && thinking && thinking[0]) { failed = 1; break; }
+                    const char *analysis = CONTENT(i)[0] ? CONTENT(i) : thinking && thinking[0] ? thinking : NULL;
+                    if (analysis && !answered) {
+                        llm_chat_puts(&c, "<|start|>assistant<|channel|>analysis<|message|>");
+                        llm_chat_puts(&c, analysis); llm_chat_puts(&c, "<|end|>");
+                    }
+                    llm_chat_puts(&c, "<|start|>assistant to=functions.");
+                    llm_chat_puts(&c, tc->name ? tc->name : "");
+                    llm_chat_puts(&c, "<|channel|>commentary json<|message|>");
+                    failed = llm_chat_put_json(&c, tc->arguments) != 0;
+                    llm_chat_puts(&c, "<|call|>");
+                    last_call = tc->name ? tc->name : "";
+                } else if (i == n - 1 && !gen) { /* the last answer, whole (as in training) */
+                    if (thinking) {
+                        llm_chat_puts(&c, "<|start|>assistant<|channel|>analysis<|message|>");
+                        llm_chat_puts(&c, thinking); llm_chat_puts(&c, "<|end|>");
+                    }
+                    llm_chat_puts(&c, "<|start|>assistant<|channel|>final<|message|>");
+                    llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "<|return|>");
+                } else { /* earlier answers: their thinking dropped */
+                    llm_chat_puts(&c, "<|start|>assistant<|channel|>final<|message|>");
+                    llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "<|end|>");
+                    last_call = NULL;
+                }
+            } /* a system message past the first: the template writes nothing */
+        }
+        if (gen) llm_chat_puts(&c, "<|start|>assistant");
+        break;
+    }
     case LLM_CHAT_ZEPHYR: /* TinyLlama/TinyLlama-1.1B-Chat-v1.0, HuggingFaceH4/zephyr-7b-beta */
     case LLM_CHAT_PHI3:   /* microsoft/Phi-3.5-mini-instruct */
         for (int i = 0; i < n; i++) {
@@ -3665,7 +3920,7 @@ int llm_chat_stop_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32
     static const char *const end_of_turn[LLM_CHAT_NFAMILIES][2] = {
         [LLM_CHAT_CHATML] = {"<|im_end|>"}, [LLM_CHAT_QWEN3] = {"<|im_end|>"}, [LLM_CHAT_QWQ] = {"<|im_end|>"},
         [LLM_CHAT_LLAMA3] = {"<|eot_id|>", "<|eom_id|>"}, [LLM_CHAT_PHI3] = {"<|end|>"},
-        [LLM_CHAT_GEMMA] = {"<end_of_turn>"},
+        [LLM_CHAT_GEMMA] = {"<end_of_turn>"}, [LLM_CHAT_GPT_OSS] = {"<|return|>", "<|call|>"},
     };
     int n = 0;
     if (!t) return 0;
@@ -4425,11 +4680,12 @@ static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t typ
  * halves' sums, one for the second's) */
 static inline __attribute__((always_inline)) void llm_q8_groupk_avx2(uint32_t type, int wide, const uint8_t *p,
                                                                      int g,
-                                                                     const int16_t *scales, float d,
+                                                                     const int32_t half_scale[2][8], float d,
                                                                      const llm_q8 *x, int64_t x_stride, int nc,
                                                                      __m256 acc[4]) {
     __m256i w = llm_avx2_group(type, p, g);
-    __m256i sc = _mm256_set_m128i(_mm_set1_epi16(scales[2 * g + 1]), _mm_set1_epi16(scales[2 * g]));
+    __m256i sc = _mm256_set_m128i(_mm_set1_epi16((int16_t)half_scale[1][g]),   /* scales fit 16 bits */
+                                  _mm_set1_epi16((int16_t)half_scale[0][g]));
     for (int c = 0; c < nc; c++) {
         const llm_q8 *xg = x + c * x_stride + g;
         __m256i scaled = _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)xg->q)),
@@ -4458,17 +4714,16 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
     __m256 even[4], odd[4], rest[4];
     for (int c = 0; c < nc; c++) even[c] = odd[c] = rest[c] = _mm256_setzero_ps();
     llm_qblock b;
-    int16_t scales[16];                   /* per half of a group */
     int32_t half_scale[2][8], half_min[2][8]; /* [half][group] */
     for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes, x += 8) {
         llm_qblock_read_scales(type, p, &b);
         for (int h = 0; h < 16; h++) {
-            scales[h] = half_scale[h % 2][h / 2] = b.scale[h * 16 / sub];
+            half_scale[h % 2][h / 2] = b.scale[h * 16 / sub];
             half_min[h % 2][h / 2] = b.min[h * 16 / sub];
         }
         for (int g = 0; g < 8; g += 2) {
-            llm_q8_groupk_avx2(type, wide, p, g, scales, b.d, x, x_stride, nc, even);
-            llm_q8_groupk_avx2(type, wide, p, g + 1, scales, b.d, x, x_stride, nc, odd);
+            llm_q8_groupk_avx2(type, wide, p, g, half_scale, b.d, x, x_stride, nc, even);
+            llm_q8_groupk_avx2(type, wide, p, g + 1, half_scale, b.d, x, x_stride, nc, odd);
         }
         __m256i sc[2], mn[2];
         for (int h = 0; h < 2; h++) {
@@ -4673,19 +4928,20 @@ static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wid
         __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16, q16b),
                                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)out[b].q, q8);
-        __m256i r[4]; /* the residual in 256ths of the step, rounded and clamped to +-127 as the reference does */
         const float fine = d / 256, inv_fine = fine > 0 ? 1 / fine : 0;
-        for (int i = 0; i < 4; i++) {
-            __m256 rest = _mm256_sub_ps(v[i], _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(q[i])));
-            r[i] = wide ? _mm256_cvtps_epi32(_mm256_mul_ps(rest, _mm256_set1_ps(inv_fine)))
-                        : _mm256_setzero_si256();
-            r[i] = _mm256_max_epi32(_mm256_min_epi32(r[i], _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
-            if (wide) q[i] = _mm256_add_epi32(_mm256_slli_epi32(q[i], 8), r[i]); /* what the sums add */
-        }
-        __m256i r16 = _mm256_packs_epi32(r[0], r[1]), r16b = _mm256_packs_epi32(r[2], r[3]);
-        _mm256_storeu_si256((__m256i *)out[b].r,
-                            _mm256_permutevar8x32_epi32(_mm256_packs_epi16(r16, r16b),
-                                                        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        if (wide) { /* the residual in 256ths of the step, rounded and clamped to +-127 as the reference does */
+            __m256i r[4];
+            for (int i = 0; i < 4; i++) {
+                __m256 rest = _mm256_sub_ps(v[i], _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(q[i])));
+                r[i] = _mm256_cvtps_epi32(_mm256_mul_ps(rest, _mm256_set1_ps(inv_fine)));
+                r[i] = _mm256_max_epi32(_mm256_min_epi32(r[i], _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+                q[i] = _mm256_add_epi32(_mm256_slli_epi32(q[i], 8), r[i]); /* what the sums add */
+            }
+            __m256i r16 = _mm256_packs_epi32(r[0], r[1]), r16b = _mm256_packs_epi32(r[2], r[3]);
+            _mm256_storeu_si256((__m256i *)out[b].r,
+                                _mm256_permutevar8x32_epi32(_mm256_packs_epi16(r16, r16b),
+                                                            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        } else memset(out[b].r, 0, sizeof out[b].r);
         __m256i halves = _mm256_hadd_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
         halves = _mm256_hadd_epi32(halves, halves); /* per 128-bit lane: the halves' sums over it */
         int sum0 = _mm256_extract_epi32(halves, 0) + _mm256_extract_epi32(halves, 4);
@@ -4896,10 +5152,9 @@ static void llm_rmsnorm(float *out, const float *x, const float *weight, int n, 
 }
 
 /* RoPE at position pos: the cosine and sine of each of the rope_dim / 2 rotated pairs, the same for every
- * head of a layer (computed once per token and layer, applied to all its heads). The angle of pair i is
+ * head of every layer that has the same base and scale (computed once per token and step, applied to all). The angle of pair i is
  * pos * base^(-2i/rope_dim), built by repeated multiplication as llama.cpp does, so that greedy outputs match
  * it bit for bit more often; times freq_scale (the layer's RoPE scaling; 0: 1), as the config says. */
-#define LLM_ROPE_MAX_PAIRS 2048 /* head_dim is at most 4096 */
 static void llm_rope_angles(float *cs, float *sn, int pos, const llm_config *c, float base, float freq_scale) {
     float theta_scale = powf(base, -2.0f / (float)c->rope_dim), theta = (float)pos;
     if (!(freq_scale > 0)) freq_scale = 1;
@@ -5158,9 +5413,11 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
      *   gate, up  [T][F]      the feed-forward's two projections; gate becomes silu(gate) * up
      *   delta     [T][D]      a block's last matrix product, added to x
      *   moe                   a mixture of experts' routing and rows (llm_cpu_moe), when the model has one
+     *   rope      [T][2][2][rope_dim / 2]  RoPE's cos and sin at the token's position, for the global layers
+     *                                      and for the local ones (their own base and scale)
      *   seq_of    [T]         the sequence each token belongs to (whose block table it reads) */
     size_t per_token = 3 * (size_t)D + 2 * (size_t)q_dim + 2 * (size_t)kv_dim + 2 * (size_t)F +
-                       llm_cpu_moe_floats(cf);
+                       llm_cpu_moe_floats(cf) + 2 * (size_t)cf->rope_dim;
     if (T > c->scratch_tokens) { /* kept from step to step: the same activations are rewritten every step */
         free(c->scratch); free(c->seq_of);
         c->scratch = (float *)malloc((size_t)T * per_token * sizeof(float));
@@ -5173,12 +5430,22 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
     float *xn = x + (size_t)T * D, *q = xn + (size_t)T * D, *k = q + (size_t)T * q_dim;
     float *v = k + (size_t)T * kv_dim, *att = v + (size_t)T * kv_dim, *gate = att + (size_t)T * q_dim;
     float *up = gate + (size_t)T * F, *delta = up + (size_t)T * F, *moe = delta + (size_t)T * D;
-    int max_ctx = 0, failed = 0;
+    float *rope_tab = moe + (size_t)T * llm_cpu_moe_floats(cf);
+    int max_ctx = 0, failed = 0, pairs = cf->rope_dim / 2;
     for (int s = 0; s < b->n_seqs; s++)
         for (int i = b->seq_start[s]; i < b->seq_start[s + 1]; i++) {
             seq_of[i] = s;
             if (b->positions[i] + 1 > max_ctx) max_ctx = b->positions[i] + 1;
         }
+
+    /* the angles once per step, not once per layer */
+    for (int t = 0; t < T; t++) {
+        float *r = rope_tab + (size_t)t * 4 * pairs;
+        llm_rope_angles(r, r + pairs, b->positions[t], cf, cf->rope_base, cf->rope_freq_scale);
+        if (cf->sliding_window > 0)
+            llm_rope_angles(r + 2 * pairs, r + 3 * pairs, b->positions[t], cf, cf->rope_base_swa,
+                            cf->rope_freq_scale_swa);
+    }
 
     /* the embedding of each token */
     size_t emb_row = llm_dtype_row_bytes(m->tok_embd.type, D);
@@ -5196,8 +5463,6 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         int local = cf->sliding_window > 0 && (l + 1) % cf->swa_pattern != 0;
         int rope = !cf->nope_every || (l + 1) % cf->nope_every != 0; /* SmolLM3's layers without RoPE */
         int window = local ? cf->sliding_window : 0;
-        float rope_base = local ? cf->rope_base_swa : cf->rope_base;
-        float rope_scale = local ? cf->rope_freq_scale_swa : cf->rope_freq_scale;
         /* attention block: the normalised stream projected to queries, keys and values */
         for (int t = 0; t < T; t++)
             llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->attn_norm.data, D,
@@ -5209,8 +5474,8 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
          * them */
         for (int t = 0; t < T; t++) {
             float *qt = q + (size_t)t * q_dim, *kt = k + (size_t)t * kv_dim, *vt = v + (size_t)t * kv_dim;
-            float rope_cos[LLM_ROPE_MAX_PAIRS], rope_sin[LLM_ROPE_MAX_PAIRS];
-            if (rope) llm_rope_angles(rope_cos, rope_sin, b->positions[t], cf, rope_base, rope_scale);
+            const float *rope_cos = rope_tab + (size_t)t * 4 * pairs + (local ? 2 * pairs : 0);
+            const float *rope_sin = rope_cos + pairs;
             for (int i = 0; L->bq.data && i < q_dim; i++) qt[i] += ((const float *)L->bq.data)[i];
             for (int i = 0; L->bk.data && i < kv_dim; i++) kt[i] += ((const float *)L->bk.data)[i];
             for (int i = 0; L->bv.data && i < kv_dim; i++) vt[i] += ((const float *)L->bv.data)[i];
@@ -7898,10 +8163,13 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
         llm_re_printf(&out, "call-rest ::= \" \"? \"[\" tool-json%s \"]\"\n",
                       parallel ? " ( \",\" \" \"? tool-json )*" : "");
         if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "[TOOL_CALLS]", "call-rest", 1);
-    } else if (rc == 0 && ct->tool_format == LLM_TOOLS_MISTRAL_ARGS) {
+    } else if (rc == 0 && (ct->tool_format == LLM_TOOLS_MISTRAL_ARGS || ct->tool_format == LLM_TOOLS_HARMONY)) {
         /* Mistral v11: [TOOL_CALLS]name[ARGS]{...} (and [CALL_ID] and 9 letters and digits before [ARGS], as
-         * the history writes them), one call after another; the name is outside the JSON, so each function's
-         * arguments are a rule of their own */
+         * the history writes them), one call after another; gpt-oss: after its thinking, one message
+         * <|channel|>commentary to=functions.name <|constrain|>json<|message|>{...} (the header's parts in
+         * either order its template or the model writes them). The name is outside the JSON, so each
+         * function's arguments are a rule of their own. */
+        int harmony = ct->tool_format == LLM_TOOLS_HARMONY;
         const llm_json **schemas = (const llm_json **)calloc((size_t)tl.n, sizeof *schemas);
         char (*names)[64] = (char (*)[64])calloc((size_t)tl.n, 64);
         llm_json none;
@@ -7914,9 +8182,16 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
         }
         if (rc == 0) rules = llm_js_rules(schemas, tl.n, names, err);
         if (rc == 0) llm_json_free(&none);
-        llm_re_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" :
-                    "root ::= \"[TOOL_CALLS]\" call-rest\n");
-        llm_re_printf(&out, "call-rest ::= call%s\ncall ::= ", parallel ? " ( \"[TOOL_CALLS]\" call )*" : "");
+        if (harmony) {
+            llm_re_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" : "root ::= ( \"<|channel|>analysis"
+                        "<|message|>\" think-0 \"<|start|>assistant\" )? \"<|channel|>commentary to=functions.\" "
+                        "call-rest\n");
+            llm_re_puts(&out, "call-rest ::= call\ncall ::= ");
+        } else {
+            llm_re_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" :
+                        "root ::= \"[TOOL_CALLS]\" call-rest\n");
+            llm_re_printf(&out, "call-rest ::= call%s\ncall ::= ", parallel ? " ( \"[TOOL_CALLS]\" call )*" : "");
+        }
         for (int i = 0, k = 0; rules && i < tl.n; i++) {
             const llm_json *nm = llm_json_get(llm_json_get(&tl.items[i], "function"), "name");
             if (choice == LLM_TOOL_NAMED && strcmp(nm->str, name)) continue;
@@ -7927,10 +8202,17 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
                 llm_re_gbnf_char(&out, llm_utf8_decode((const unsigned char *)nm->str + b, len), 0);
                 b += (size_t)len;
             }
-            llm_re_printf(&out, "\" call-id? \"[ARGS]\" %s", names[i]);
+            llm_re_printf(&out, harmony ? "\" header %s" : "\" call-id? \"[ARGS]\" %s", names[i]);
         }
-        llm_re_puts(&out, "\ncall-id ::= \"[CALL_ID]\" [a-zA-Z0-9]{9}\n");
-        if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "[TOOL_CALLS]", "call-rest", 1);
+        if (harmony) {
+            llm_re_puts(&out, "\nheader ::= \" \"? ( \"<|channel|>commentary\" \" \"? )? \"<|constrain|>\"? "
+                        "\"json\"? \"<|message|>\"\n");
+            if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "to=functions.", "call-rest", 1);
+            else llm_gr_until(&out, "think", "<|end|>", NULL, 0);
+        } else {
+            llm_re_puts(&out, "\ncall-id ::= \"[CALL_ID]\" [a-zA-Z0-9]{9}\n");
+            if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "[TOOL_CALLS]", "call-rest", 1);
+        }
         free(schemas); free(names);
     } else if (rc == 0 && ct->tool_format == LLM_TOOLS_LLAMA3) {
         /* Llama 3.1: one call, {"name": ..., "parameters": ...}, as the whole reply; auto: or a reply that
@@ -8101,9 +8383,124 @@ static void llm_bytes_put(char **b, const char *s, size_t n) { /* appends n byte
     if (n) memcpy(arraddnptr(*b, n), s, n);
 }
 
+/* GBNF with its rule `from` named `to`: each whole rule name outside literals, classes and comments */
+static char *llm_gbnf_rename(const char *g, const char *from, const char *to) {
+    char *out = NULL; /* stb_ds */
+    size_t n_from = strlen(from);
+    for (const char *p = g; *p;) {
+        if (*p == '"' || *p == '[') { /* a literal or a class, escapes and all */
+            char close = *p == '"' ? '"' : ']';
+            const char *q = p + 1;
+            while (*q && *q != close) q += q[0] == '\\' && q[1] ? 2 : 1;
+            if (*q) q++;
+            llm_bytes_put(&out, p, (size_t)(q - p));
+            p = q;
+        } else if (*p == '#') {
+            const char *q = p;
+            while (*q && *q != '\n') q++;
+            llm_bytes_put(&out, p, (size_t)(q - p));
+            p = q;
+        } else if (llm_gr_is_word((unsigned char)*p)) {
+            const char *q = p;
+            while (llm_gr_is_word((unsigned char)*q)) q++;
+            int same = (size_t)(q - p) == n_from && !memcmp(p, from, n_from);
+            llm_bytes_put(&out, same ? to : p, same ? strlen(to) : (size_t)(q - p));
+            p = q;
+        } else llm_bytes_put(&out, p++, 1);
+    }
+    arrput(out, 0);
+    char *text = strdup(out);
+    arrfree(out);
+    return text;
+}
+
+char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, char *err) {
+    if (ct->family != LLM_CHAT_GPT_OSS) {
+        char *copy = strdup(gbnf);
+        if (!copy) llm_fail(err, "out of memory");
+        return copy;
+    }
+    /* its rules renamed out of the way of the two added here: root and the thinking's */
+    char *answer = llm_gbnf_rename(gbnf, "root", "harmony-answer"), *out = NULL; /* stb_ds */
+    if (!answer) { llm_fail(err, "out of memory"); return NULL; }
+    llm_re_puts(&out, "root ::= ( \"<|channel|>analysis<|message|>\" harmony-think-0 \"<|start|>assistant\" )? "
+                "\"<|channel|>final<|message|>\" harmony-answer\n");
+    llm_gr_until(&out, "harmony-think", "<|end|>", NULL, 0);
+    llm_re_puts(&out, answer);
+    arrput(out, 0);
+    char *text = strdup(out);
+    arrfree(out); free(answer);
+    if (!text) llm_fail(err, "out of memory");
+    return text;
+}
+
+/* gpt-oss: the reply is harmony messages, each a header (<|channel|>NAME, a recipient to=functions.NAME, a
+ * content type <|constrain|>json) then <|message|> and its text, up to <|end|> (and <|start|>assistant before
+ * the next header) or the end of the turn. analysis is the thinking; commentary to=functions.X a call of X;
+ * final, and commentary to no one, the answer. A text that is not such messages is the answer as it is. */
+static const char *llm_find(const char *s, size_t n, const char *what) {
+    size_t m = strlen(what);
+    for (size_t i = 0; m <= n && i <= n - m; i++) if (s[i] == what[0] && !memcmp(s + i, what, m)) return s + i;
+    return NULL;
+}
+
+static int llm_harmony_parse_reply(const char *s, size_t n, int tools, int partial, llm_chat_reply *r) {
+    char *reasoning = NULL, *content = NULL; /* stb_ds */
+    int thought = 0;
+    size_t i = 0;
+    while (i < n) {
+        const char *msg = llm_find(s + i, n - i, "<|message|>");
+        if (!msg) { /* a header not finished yet; or, at the end, no message at all */
+            if (!partial && !llm_find(s + i, n - i, "<|channel|>")) llm_bytes_put(&content, s + i, n - i);
+            break;
+        }
+        const char *head = s + i, *body = msg + 11, *end = NULL;
+        size_t head_len = (size_t)(msg - head), left = n - (size_t)(body - s);
+        static const char *const ends[] = {"<|end|>", "<|start|>", "<|call|>", "<|return|>"};
+        for (int k = 0; k < 4; k++) {
+            const char *e = llm_find(body, left, ends[k]);
+            if (e && (!end || e < end)) end = e;
+        }
+        size_t body_len = end ? (size_t)(end - body) : left;
+        if (!end && partial) { /* what may yet be a marker is held back */
+            size_t tail = 0;
+            for (int k = 0; k < 4; k++) {
+                size_t t = llm_marker_tail(body, left, ends[k]);
+                if (t > tail) tail = t;
+            }
+            body_len -= tail;
+        }
+        const char *channel = llm_find(head, head_len, "<|channel|>"), *to = llm_find(head, head_len, "to=");
+        if (to && tools && (size_t)(head + head_len - to) > 13 && !memcmp(to, "to=functions.", 13)) {
+            const char *name = to + 13, *name_end = name;
+            while (name_end < head + head_len && *name_end != ' ' && *name_end != '<') name_end++;
+            char *nm = llm_strndup(name, (size_t)(name_end - name));
+            size_t a = 0;
+            while (a < body_len && llm_is_space(body[a])) a++;
+            if (nm) llm_reply_add_call(r, nm, body + a, body_len - a);
+            free(nm);
+            r->in_call = partial && !end; /* (whole, the turn ended at <|call|>) */
+        } else if (channel && (size_t)(head + head_len - channel) >= 19 && !memcmp(channel + 11, "analysis", 8)) {
+            if (thought++) llm_bytes_put(&reasoning, "\n", 1);
+            llm_bytes_put(&reasoning, body, body_len);
+        } else llm_bytes_put(&content, body, body_len);
+        if (!end) break;
+        i = (size_t)(end - s);
+        if (!memcmp(end, "<|end|>", 7)) i += 7;
+        if (n - i >= 9 && !memcmp(s + i, "<|start|>", 9)) i += 9;
+        else if (memcmp(end, "<|end|>", 7)) break; /* the end of the turn */
+    }
+    arrput(content, 0);
+    r->content = strdup(content);
+    if (thought) { arrput(reasoning, 0); r->reasoning = strdup(reasoning); }
+    arrfree(content); arrfree(reasoning);
+    return r->content && (!thought || r->reasoning) ? 0 : -1;
+}
+
 int llm_chat_parse_reply(const llm_chat_template *ct, const char *s, size_t n, int think, int tools,
                          int partial, llm_chat_reply *r) {
     memset(r, 0, sizeof *r);
+    if (ct->family == LLM_CHAT_GPT_OSS && think) return llm_harmony_parse_reply(s, n, tools, partial, r);
     size_t i = 0;
     /* the thinking: from <think> (or the start, when the prompt opened the block) to </think> */
     if (think && ct->thinks) {

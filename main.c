@@ -55,7 +55,7 @@ static const char *usage =
     "  -s, --system TEXT      system prompt (default: the template's own, if it has one)\n"
     "  --chat-template NAME   override the template the model's file names: chatml, qwen3, llama3, llama2,\n"
     "                         mistral-v1, mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken,\n"
-    "                         zephyr, phi3, gemma, qwq\n"
+    "                         zephyr, phi3, gemma, qwq, gpt-oss\n"
     "  --think                Qwen3: let the model think before it answers (off by default)\n"
     "\n"
     "engine options (all modes):\n"

@@ -1095,6 +1095,8 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
             return bad(e, 400, "reasoning_effort",
                        "reasoning_effort must be none, minimal, low, medium or high");
         if (k == 0) r->chat.enable_thinking = 0; /* the others: thinking as the template has it */
+        /* gpt-oss's system message says low, medium or high (none and minimal: its least, low) */
+        snprintf(r->chat.reasoning_effort, sizeof r->chat.reasoning_effort, "%s", k < 2 ? "low" : efforts[k]);
     }
     int gen = 1, cont = 0, include_reasoning = 1, parallel = 1;
     if (get_bool(body, "add_generation_prompt", &gen, e) ||
@@ -1254,6 +1256,14 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
             ok = 0; bad(e, 400, "tools", "tools: %s", err);
         }
         r->tool_calls = 1;
+    }
+    /* a structured output: the answer's form (gpt-oss writes its answer on the final channel, after its
+     * thinking: the grammar holds that message, not the whole reply, as vLLM's reasoning-aware structured
+     * outputs do) */
+    if (ok && mode < 0 && r->grammar) {
+        char err[LLM_ERR_LEN], *whole = llm_chat_answer_grammar(&r->chat, r->grammar, err);
+        if (!whole) { ok = 0; bad(e, 500, NULL, "%s", err); }
+        else { free(r->grammar); r->grammar = whole; }
     }
     r->reasoning = r->chat.thinks && !S->reasoning_format_none ? 1 + include_reasoning : 0;
     for (int i = 0; texts && i < n + total_calls; i++) sb_free(&texts[i]);

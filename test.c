@@ -4544,9 +4544,35 @@ static void test_chat_templates(void) {
     "{\"type\":\"string\",\"enum\":[\"celsius\",\"fahrenheit\"]}},\"required\":[\"city\"]}}}," \
     "{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":{\"type\":\"object\",\"properties\":" \
     "{\"a\":{\"type\":\"number\",\"minimum\":-1.5e-7},\"b\":{\"type\":\"number\",\"maximum\":1e22}}}}}]"
+/* tools of every kind of parameter gpt-oss's template writes as TypeScript: descriptions, defaults, enums,
+ * arrays of each kind, nullable, a list of types, oneOf, a nested object, none at all */
+#define TOOLS_RICH \
+    "[{\"type\":\"function\",\"function\":{\"name\":\"search\",\"description\":\"Search the web.\"," \
+    "\"parameters\":{\"type\":\"object\",\"properties\":{\"query\":{\"type\":\"string\",\"description\":" \
+    "\"What to look for\"}," \
+    "\"topn\":{\"type\":\"integer\",\"default\":10},\"lang\":{\"type\":\"string\",\"enum\":[\"en\",\"fr\"]," \
+    "\"default\":\"en\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},\"scores\":{\"type\":" \
+    "\"array\",\"items\":{\"type\":\"number\"},\"nullable\":true},\"filters\":{\"type\":\"array\",\"items\":" \
+    "{\"type\":\"object\",\"properties\":{\"field\":{\"type\":\"string\"},\"value\":{\"type\":[\"string\"," \
+    "\"number\"]}},\"required\":[\"field\"]}},\"when\":{\"oneOf\":[{\"type\":\"string\",\"description\":" \
+    "\"a date\"},{\"type\":\"integer\",\"default\":0}]},\"strict\":{\"type\":\"boolean\",\"default\":false}," \
+    "\"opts\":{\"type\":\"object\",\"properties\":{\"safe\":{\"type\":\"boolean\"},\"depth\":{\"type\":" \
+    "\"integer\"}},\"required\":[\"safe\"]},\"raw\":{},\"any\":{\"type\":\"array\"},\"note\":{\"type\":" \
+    "\"string\",\"nullable\":true},\"obj\":{\"type\":\"object\"}},\"required\":[\"query\"]}}}," \
+    "{\"type\":\"function\",\"function\":{\"name\":\"now\",\"description\":\"The time now.\"}}]"
 #define CALL(id, name, args) \
     "{\"id\":\"" id "\",\"type\":\"function\",\"function\":{\"name\":\"" name "\",\"arguments\":\"" args "\"}}"
 static const char *const tool_conversations[] = {
+    /* every kind of parameter; then a call with its thinking, its result, an answer, a new question */
+    "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":"
+    "\"Find cats.\"}],\"tools\":" TOOLS_RICH "}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Find cats.\"},{\"role\":\"assistant\",\"content\":\"\","
+    "\"reasoning_content\":\"Search it.\",\"tool_calls\":[" CALL("callCats1", "search", "{\\\"query\\\":\\\"cats\\\"}")
+    "]},{\"role\":\"tool\",\"tool_call_id\":\"callCats1\",\"content\":\"3 results\"},{\"role\":\"assistant\","
+    "\"content\":\"Three.\"},{\"role\":\"user\",\"content\":\"More?\"}],\"tools\":" TOOLS_RICH "}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Find cats.\"},{\"role\":\"assistant\",\"content\":\"\","
+    "\"reasoning_content\":\"Search it.\",\"tool_calls\":[" CALL("callCats2", "search", "{\\\"query\\\":\\\"cats\\\"}")
+    "]},{\"role\":\"tool\",\"tool_call_id\":\"callCats2\",\"content\":\"3 results\"}],\"tools\":" TOOLS_RICH "}",
     /* tools, a system turn */
     "{\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},{\"role\":\"user\",\"content\":"
     "\"Weather in Paris?\"}],\"tools\":" TOOLS_JSON "}",
@@ -4649,6 +4675,9 @@ static void test_chat_tools_jinja(void) {
         /* Mistral Small 3.2 (v11 calls; its own system prompt, dated today, when the conversation has none) */
         {"testdata/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja", "ggml-vocab-llama-spm.gguf", "<s>", "</s>",
          LLM_TOOLS_MISTRAL_ARGS},
+        /* gpt-oss (harmony): its thinking is the template's "thinking" (llama.cpp's mapping); dated today */
+        {"testdata/templates/openai-gpt-oss-120b.jinja", "ggml-vocab-gpt-2.gguf", "<|endoftext|>", "<|endoftext|>",
+         LLM_TOOLS_HARMONY},
     };
     char err[LLM_ERR_LEN];
     size_t qwen3_len;
@@ -4668,11 +4697,14 @@ static void test_chat_tools_jinja(void) {
     size_t n_conv = sizeof tool_conversations / sizeof *tool_conversations, n_tmpl = sizeof templates / sizeof *templates;
     for (size_t k = 0; f && k < n_tmpl; k++)
         for (size_t i = 0; i < n_conv; i++) { /* the case: the conversation, with its template, tokens, date */
-            const char *conv = tool_conversations[i];
-            fprintf(f, "{\"template\":\"%s\",\"bos_token\":\"%s\",\"eos_token\":\"%s\",%s%s%s\n", templates[k].path,
+            const char *conv = tool_conversations[i], *rc = strstr(conv, "\"reasoning_content\"");
+            int harmony = templates[k].format == LLM_TOOLS_HARMONY;
+            fprintf(f, "{\"template\":\"%s\",\"bos_token\":\"%s\",\"eos_token\":\"%s\",%s%s", templates[k].path,
                     templates[k].bos, templates[k].eos, strstr(conv, "\"kwargs\"") ? "" :
                     "\"kwargs\":{\"date_string\":\"26 Jul 2024\"},", strstr(conv, "\"add_generation_prompt\"") ? "" :
-                    "\"add_generation_prompt\":true,", conv + 1);
+                    "\"add_generation_prompt\":true,");
+            if (harmony && rc) fprintf(f, "%.*s\"thinking\"%s\n", (int)(rc - conv - 1), conv + 1, rc + 19);
+            else fprintf(f, "%s\n", conv + 1);
         }
     if (f) fclose(f);
     char cmd[512];
@@ -4695,7 +4727,7 @@ static void test_chat_tools_jinja(void) {
               ct.tool_format == templates[k].format &&
               ct.opens_think == (strstr(templates[k].path, "thinking") || strstr(templates[k].path, "QwQ")),
               "%s: its tool format, and whether it opens <think>: %s", templates[k].path, err);
-        snprintf(ct.date, sizeof ct.date, "26 Jul 2024");
+        if (ct.family != LLM_CHAT_GPT_OSS) snprintf(ct.date, sizeof ct.date, "26 Jul 2024"); /* its: today's */
         for (size_t i = 0; i < n_conv && line && *line; i++) {
             char *next = strchr(line, '\n');
             if (next) *next++ = 0;
@@ -4749,34 +4781,39 @@ static int gbnf_takes(const char *gbnf, const char *text) {
     return ok;
 }
 
+/* A made-up GPT-2-style vocabulary, loaded from b: a token per printable ASCII character, the space, then
+ * the control tokens given (their ids from 95 on) */
+#define MADE_UP_CONTROLS 95
+static llm_tokenizer *made_up_vocab(llm_gguf *g, tok_gguf_buf *b, const char *const *controls, int n_controls) {
+    const char *tokens[128];
+    char chars[95][2];
+    int32_t types[128];
+    int n = 0;
+    for (int c = 0x21; c < 0x7f; c++) { chars[n][0] = (char)c; chars[n][1] = 0; tokens[n] = chars[n]; n++; }
+    tokens[n++] = "\xc4\xa0"; /* GPT-2's stand-in for the space */
+    for (int i = 0; i < n; i++) types[i] = LLM_TOKEN_NORMAL;
+    for (int k = 0; k < n_controls && n < 128; k++) { tokens[n] = controls[k]; types[n++] = LLM_TOKEN_CONTROL; }
+    static const char *const merges[] = {"a b"};
+    tok_gguf_start(b, 5);
+    tok_gguf_kv_str(b, "tokenizer.ggml.model", "gpt2");
+    tok_gguf_kv_str(b, "tokenizer.ggml.pre", "default");
+    tok_gguf_kv_strs(b, "tokenizer.ggml.tokens", tokens, n);
+    tok_gguf_kv_i32s(b, "tokenizer.ggml.token_type", types, n);
+    tok_gguf_kv_strs(b, "tokenizer.ggml.merges", merges, 1);
+    CHECK(b->n <= sizeof b->data, "the made-up vocabulary fits its buffer (%zu bytes)", b->n);
+    return tok_load_mem(g, b, NULL);
+}
+
 /* Mistral's [TOOL_CALLS] is a control token: on a made-up vocabulary (a token per printable character, the
  * marker, two control tokens), the marker is text in the output and in the grammar's view, so the grammar
  * lets the model write it as one token and the reply's reader finds the call in the text that comes out;
  * a control token that is no marker stays out of both. */
 static void test_tool_marker_token(void) {
-    const char *tokens[104];
-    char chars[95][2];
-    int32_t types[104];
-    int n = 0;
-    for (int c = 0x21; c < 0x7f; c++) { chars[n][0] = (char)c; chars[n][1] = 0; tokens[n] = chars[n]; n++; }
-    tokens[n++] = "\xc4\xa0"; /* GPT-2's stand-in for the space */
-    for (int i = 0; i < n; i++) types[i] = LLM_TOKEN_NORMAL;
-    int marker = n, im_end = n + 1;
-    tokens[n] = "[TOOL_CALLS]"; types[n++] = LLM_TOKEN_CONTROL;
-    tokens[n] = "<|im_end|>"; types[n++] = LLM_TOKEN_CONTROL;
-    int args = n;
-    tokens[n] = "[ARGS]"; types[n++] = LLM_TOKEN_CONTROL;
-    static const char *const merges[] = {"a b"};
+    static const char *const controls[] = {"[TOOL_CALLS]", "<|im_end|>", "[ARGS]"};
+    int marker = MADE_UP_CONTROLS, im_end = marker + 1, args = marker + 2;
     tok_gguf_buf b;
     llm_gguf g;
-    tok_gguf_start(&b, 5);
-    tok_gguf_kv_str(&b, "tokenizer.ggml.model", "gpt2");
-    tok_gguf_kv_str(&b, "tokenizer.ggml.pre", "default");
-    tok_gguf_kv_strs(&b, "tokenizer.ggml.tokens", tokens, n);
-    tok_gguf_kv_i32s(&b, "tokenizer.ggml.token_type", types, n);
-    tok_gguf_kv_strs(&b, "tokenizer.ggml.merges", merges, 1);
-    CHECK(b.n <= sizeof b.data, "the made-up vocabulary fits its buffer (%zu bytes)", b.n);
-    llm_tokenizer *t = tok_load_mem(&g, &b, NULL);
+    llm_tokenizer *t = made_up_vocab(&g, &b, controls, 3);
     if (!t) return;
     char piece[32], err[LLM_ERR_LEN];
     int len = llm_tokenizer_piece(t, marker, 0, piece, sizeof piece);
@@ -4813,6 +4850,104 @@ static void test_tool_marker_token(void) {
           r.n_calls == 1 && !strcmp(r.calls[0].name, "now") && !r.content[0],
           "the detokenized reply reads back as the call (%d bytes)", len);
     llm_chat_reply_free(&r);
+    llm_token_trie_free(tt); llm_grammar_state_free(st); llm_grammar_free(gr); free(gbnf);
+    llm_tokenizer_free(t); llm_gguf_close(&g);
+}
+
+/* gpt-oss's harmony tokens, on a made-up vocabulary (a token per printable character, the space, harmony's
+ * control tokens): the message markers are text (the reply's reader splits messages by them, the grammar
+ * writes them), <|return|> and <|call|> end the turn and <|end|> does not (it closes the analysis message
+ * the answer follows); the vocabulary alone names the family; a reply written token by token reads back as
+ * its thinking and its call. */
+static void test_harmony_tokens(void) {
+    static const char *const controls[] = {"<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>",
+                                           "<|call|>", "<|constrain|>", "<|endoftext|>"};
+    int first = MADE_UP_CONTROLS;
+    tok_gguf_buf b;
+    llm_gguf g;
+    llm_tokenizer *t = made_up_vocab(&g, &b, controls, 8);
+    CHECK(t != NULL, "the made-up harmony vocabulary loads");
+    if (!t) return;
+    char piece[32], err[LLM_ERR_LEN];
+    int text_ok = 1;
+    for (int k = 0; k < 8; k++) {
+        int len = llm_tokenizer_piece(t, first + k, 0, piece, sizeof piece);
+        text_ok &= k < 4 || k == 6 ? len == (int)strlen(controls[k]) && !memcmp(piece, controls[k], len) : len == 0;
+    }
+    CHECK(text_ok, "harmony's markers are text, <|return|>, <|call|> and <|endoftext|> not");
+    CHECK(!llm_tokenizer_is_eog(t, first + 3) && llm_tokenizer_is_eog(t, first + 4) &&
+          llm_tokenizer_is_eog(t, first + 5), "<|return|> and <|call|> end the turn, <|end|> does not");
+    llm_chat_template ct;
+    int32_t stop[8];
+    int n_stop = llm_chat_template_init(&ct, NULL, 0, t, NULL, err) == 0 ? llm_chat_stop_ids(&ct, t, stop, 8) : 0;
+    CHECK(ct.family == LLM_CHAT_GPT_OSS && ct.tool_format == LLM_TOOLS_HARMONY && ct.thinks && n_stop == 2 &&
+          stop[0] == first + 4 && stop[1] == first + 5, "the vocabulary names gpt-oss; it stops at <|return|> "
+          "and <|call|> (%d stop ids)", n_stop);
+    /* the request's reasoning effort goes into the system message */
+    llm_chat_message hi = {"user", "Hi", NULL, NULL, 0, NULL};
+    snprintf(ct.reasoning_effort, sizeof ct.reasoning_effort, "high");
+    char prompt[1024];
+    int plen = llm_chat_render(&ct, &hi, 1, NULL, 1, prompt, sizeof prompt);
+    CHECK(plen > 0 && plen < (int)sizeof prompt && strstr(prompt, "\n\nReasoning: high\n\n") &&
+          !strcmp(prompt + plen - 51, "<|start|>user<|message|>Hi<|end|><|start|>assistant"),
+          "gpt-oss's prompt with reasoning effort high: %s", plen > 0 ? prompt : "(none)");
+    static const char tools[] = "[{\"type\":\"function\",\"function\":{\"name\":\"now\",\"description\":\"Time.\"}}]";
+    static const char reply[] = "<|channel|>analysis<|message|>Time?<|end|><|start|>assistant<|channel|>commentary "
+                                "to=functions.now <|constrain|>json<|message|>{}";
+    char *gbnf = llm_chat_tool_grammar(&ct, tools, LLM_TOOL_AUTO, NULL, 1, err);
+    llm_grammar *gr = gbnf ? llm_grammar_parse(gbnf, err) : NULL;
+    llm_grammar_state *st = gr ? llm_grammar_start(gr) : NULL;
+    llm_token_trie *tt = llm_token_trie_build(t, err);
+    int32_t ids[256];
+    int n_ids = llm_tokenize(t, reply, strlen(reply), 0, 1, ids, 256), walked = 0;
+    for (int i = 0; st && tt && i < n_ids && llm_grammar_allows(st, tt, ids[i]); i++, walked++) {
+        int len = llm_tokenizer_piece(t, ids[i], 0, piece, sizeof piece);
+        if (llm_grammar_accept(st, piece, len) != 0) break;
+    }
+    CHECK(n_ids > 0 && ids[0] == first + 1 && walked == n_ids && st && llm_grammar_can_end(st) &&
+          llm_grammar_allows(st, tt, first + 5), "the grammar takes the reply token by token, markers as single "
+          "tokens (%d of %d), then <|call|>", walked, n_ids);
+    char text[512];
+    int len = llm_detokenize(t, ids, n_ids, 0, text, sizeof text);
+    llm_chat_reply r;
+    memset(&r, 0, sizeof r);
+    CHECK(len == (int)strlen(reply) && llm_chat_parse_reply(&ct, text, (size_t)len, 1, 1, 0, &r) == 0 &&
+          r.reasoning && !strcmp(r.reasoning, "Time?") && !r.content[0] && r.n_calls == 1 &&
+          !strcmp(r.calls[0].name, "now") && !strcmp(r.calls[0].arguments, "{}"),
+          "the detokenized reply reads back as its thinking and the call (%d bytes)", len);
+    llm_chat_reply_free(&r);
+    /* a structured output holds the final channel's message, after the thinking; the schema's own rules
+     * (a recursive one here, root named inside) keep their meaning */
+    static const char schema[] = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"kids\":"
+                                 "{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}}},\"required\":[\"a\"]}";
+    llm_json js;
+    int parsed = llm_json_parse(schema, strlen(schema), &js, err) == 0;
+    char *answer = parsed ? llm_json_schema_to_grammar(&js, err) : NULL;
+    char *whole = answer ? llm_chat_answer_grammar(&ct, answer, err) : NULL;
+    llm_chat_template chatml;
+    memset(&chatml, 0, sizeof chatml);
+    char *same = answer ? llm_chat_answer_grammar(&chatml, answer, err) : NULL;
+    CHECK(whole && same && !strcmp(same, answer), "the answer's grammar for gpt-oss and, unchanged, ChatML: %s", err);
+    if (whole) {
+        CHECK(gbnf_takes(whole, "<|channel|>analysis<|message|>Kids?<|end|><|start|>assistant<|channel|>final"
+                                "<|message|>{\"a\": 1, \"kids\": [{\"a\": 2, \"kids\": []}]}") &&
+              gbnf_takes(whole, "<|channel|>final<|message|>{\"a\": 1}") &&
+              !gbnf_takes(whole, "<|channel|>final<|message|>{\"kids\": []}") &&
+              !gbnf_takes(whole, "<|channel|>final<|message|>Sure: {\"a\": 1}") &&
+              !gbnf_takes(whole, "{\"a\": 1}") &&
+              !gbnf_takes(whole, "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final"
+                                 "<|message|>{\"a\": 1, \"kids\": [{\"b\": 2}]}"),
+              "gpt-oss's structured answer: after its thinking, on the final channel, the schema's JSON");
+        const char *reply2 = "<|channel|>analysis<|message|>Kids?<|end|><|start|>assistant<|channel|>final"
+                             "<|message|>{\"a\": 1}";
+        memset(&r, 0, sizeof r);
+        CHECK(llm_chat_parse_reply(&ct, reply2, strlen(reply2), 1, 0, 0, &r) == 0 && r.reasoning &&
+              !strcmp(r.reasoning, "Kids?") && !strcmp(r.content, "{\"a\": 1}"), "the answer read back: \"%s\"",
+              r.content ? r.content : "");
+        llm_chat_reply_free(&r);
+    }
+    if (parsed) llm_json_free(&js);
+    free(answer); free(whole); free(same);
     llm_token_trie_free(tt); llm_grammar_state_free(st); llm_grammar_free(gr); free(gbnf);
     llm_tokenizer_free(t); llm_gguf_close(&g);
 }
@@ -4912,6 +5047,28 @@ static void test_tool_calls(void) {
         {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_NAMED, 1, "[TOOL_CALLS]now[ARGS]{}", 1, "", NULL, "now", "{}", NULL},
         {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_NAMED, 1, "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}", 0,
          NULL, NULL, NULL, NULL, NULL},
+        /* gpt-oss (harmony): the thinking on the analysis channel, then a message to=functions.NAME */
+        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_REQUIRED, 1, "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>"
+         "assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
+         1, "", "Need the weather.", "get_weather", "{\"city\": \"Paris\"}", NULL},
+        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_REQUIRED, 1, "<|channel|>commentary to=functions.now <|constrain|>json"
+         "<|message|>{}", 1, "", NULL, "now", "{}", NULL},
+        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_REQUIRED, 1, "<|channel|>commentary to=functions.get_weather <|constrain|>"
+         "json<|message|>{\"city\": \"Paris\", \"days\": 9}", 0, NULL, NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_REQUIRED, 1, "<|channel|>commentary to=functions.rm <|constrain|>json"
+         "<|message|>{}", 0, NULL, NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_REQUIRED, 1, "<|channel|>final<|message|>It is 9.", 0, NULL, NULL, NULL,
+         NULL, NULL},
+        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_AUTO, 1, "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant"
+         "<|channel|>final<|message|>It is 9.", 1, "It is 9.", "Easy.", NULL, NULL, NULL},
+        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_AUTO, 1, /* the header as the template writes it: recipient first */
+         "<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=functions.now<|channel|>commentary json"
+         "<|message|>{}", 1, "", "hm", "now", "{}", NULL},
+        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_AUTO, 1, "<|channel|>analysis<|message|>hm<|end|><|start|>assistant"
+         "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{\"x\": 1}", 0, NULL, NULL, NULL,
+         NULL, NULL},
+        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_NAMED, 1, "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+         "<|message|>{\"city\": \"Oslo\"}", 0, NULL, NULL, NULL, NULL, NULL},
     };
     char err[LLM_ERR_LEN];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -4920,6 +5077,7 @@ static void test_tool_calls(void) {
         ct.family = cases[i].format == LLM_TOOLS_LLAMA3 ? LLM_CHAT_LLAMA3 : cases[i].thinks ? LLM_CHAT_QWEN3 :
                     cases[i].format == LLM_TOOLS_MISTRAL ? LLM_CHAT_MISTRAL_V3 :
                     cases[i].format == LLM_TOOLS_MISTRAL_ARGS ? LLM_CHAT_MISTRAL_V7_TEKKEN : LLM_CHAT_CHATML;
+        if (cases[i].format == LLM_TOOLS_HARMONY) ct.family = LLM_CHAT_GPT_OSS;
         ct.tool_format = cases[i].format; ct.thinks = cases[i].thinks; ct.enable_thinking = 1;
         char *gbnf = llm_chat_tool_grammar(&ct, tools, cases[i].choice, "now", cases[i].parallel, err);
         CHECK(gbnf != NULL, "tool grammar %zu: %s", i, err);
@@ -7873,6 +8031,7 @@ int main(int argc, char **argv) {
         {"chat templates", test_chat_templates}, {"chat templates: tools against Jinja", test_chat_tools_jinja},
         {"tool calls: grammar and reading back", test_tool_calls},
         {"tool calls: Mistral's marker token", test_tool_marker_token},
+        {"gpt-oss: harmony tokens, grammar, reply", test_harmony_tokens},
         {"chat template detection", test_chat_detect},
         {"chat, piped", test_chat_piped}, {"chat on a terminal", test_chat_terminal},
         {"server endpoints", test_server_endpoints}, {"server prompt logprobs", test_server_prompt_logprobs},

@@ -6,7 +6,8 @@
  *      is taken or refused leaving the state as it was; the mask of the state reached (over the SentencePiece
  *      test vocabulary) counts its bits, allows exactly the tokens the one-token check allows, and allows the
  *      end of generation exactly where the text is whole;
- *   1  a JSON Schema: the converter refuses it with a message, or writes GBNF that parses;
+ *   1  a JSON Schema: the converter refuses it with a message, or writes GBNF that parses (and so does
+ *      gpt-oss's reply around it, its thinking then the answer);
  *   2  a regular expression: the same;
  *   3  choices, one a line: the grammar parses and takes each choice whole;
  *   (a first byte of 240 or more:)
@@ -109,22 +110,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         if (gbnf) llm_grammar_free(must_parse(gbnf, mode == 1 ? "the JSON Schema converter" : "the regex converter"));
         else FUZZ_CHECK(err[0] != 0, "a refusal without a reason");
+        if (gbnf && mode == 1) {
+            llm_chat_template ct;
+            memset(&ct, 0, sizeof ct);
+            ct.family = LLM_CHAT_GPT_OSS;
+            char *whole = llm_chat_answer_grammar(&ct, gbnf, err);
+            FUZZ_CHECK(whole != NULL, "gpt-oss's answer grammar not made");
+            llm_grammar_free(must_parse(whole, "gpt-oss's answer grammar"));
+            free(whole);
+        }
         free(gbnf);
     } else if (mode == 4) { /* tools (JSON) in each family's syntax: a grammar that parses, or a reason */
-        for (int f = LLM_TOOLS_GENERIC; f <= LLM_TOOLS_LLAMA3; f++) {
+        for (int f = LLM_TOOLS_GENERIC; f <= LLM_TOOLS_HARMONY; f++) {
             llm_chat_template ct;
             memset(&ct, 0, sizeof ct);
             ct.tool_format = f; ct.thinks = data[0] & 8; ct.enable_thinking = 1;
+            if (f == LLM_TOOLS_HARMONY) ct.family = LLM_CHAT_GPT_OSS;
             char *gbnf = llm_chat_tool_grammar(&ct, text, (data[0] >> 4) % 3, "f", data[0] & 64, err);
             if (gbnf) llm_grammar_free(must_parse(gbnf, "the tool call grammar"));
             else FUZZ_CHECK(err[0] != 0, "tools refused without a reason");
             free(gbnf);
         }
     } else if (mode == 5) { /* a reply read back, whole and as each of its prefixes: the parts only grow */
-        for (int f = LLM_TOOLS_GENERIC; f <= LLM_TOOLS_LLAMA3; f++) {
+        for (int f = LLM_TOOLS_GENERIC; f <= LLM_TOOLS_HARMONY; f++) {
             llm_chat_template ct;
             memset(&ct, 0, sizeof ct);
             ct.tool_format = f; ct.thinks = 1;
+            if (f == LLM_TOOLS_HARMONY) ct.family = LLM_CHAT_GPT_OSS;
             llm_chat_reply whole, part;
             FUZZ_CHECK(llm_chat_parse_reply(&ct, text, len, 1, 1, 0, &whole) == 0, "a reply not read");
             for (size_t k = 0; k <= len; k += 1 + k / 16) {
