@@ -941,9 +941,13 @@ static int bench(args_t *a) {
         llm_sampling_params p = llm_sampling_defaults();
         p.temperature = 0; p.ignore_eos = 1; p.max_tokens = out_len;
         /* --json-schema, --grammar or --regex: every request follows it (greedy unless --temp is given,
-         * with --seed) */
+         * with --seed; and the other sampling flags given) */
         p.grammar = a->sampling.grammar;
         if (a->sampling_given & LLM_SAMPLING_TEMP) { p.temperature = a->sampling.temperature; p.seed = (int64_t)r; }
+        if (a->sampling_given & LLM_SAMPLING_TOP_K) p.top_k = a->sampling.top_k;
+        if (a->sampling_given & LLM_SAMPLING_TOP_P) p.top_p = a->sampling.top_p;
+        if (a->sampling_given & LLM_SAMPLING_MIN_P) p.min_p = a->sampling.min_p;
+        if (a->sampling_given & LLM_SAMPLING_REPEAT) p.repetition_penalty = a->sampling.repetition_penalty;
         if (llm_engine_add_request(e, NULL, ids, in_len, &p, NULL, err)) total_in += in_len;
         else { fprintf(stderr, "llm bench: request rejected: %s\n", err); rejected++; }
         free(ids);

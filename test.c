@@ -2068,6 +2068,32 @@ static void test_sampler(void) {
     CHECK(candidate_mask(&p, probs, 5) == ((1u << 1) | (1u << 3)),
           "temperature 0.5 with min_p 0.3 keeps {1, 3}");
 
+    /* top-k chosen without sorting the vocabulary: the same k, in the same order (ties by id), as a full sort of
+     * the weights; logits of 13 levels, so that there are ties everywhere */
+    {
+        enum { NV = 3000 };
+        static float lg[NV];
+        static llm_prob_id ref[NV];
+        uint64_t lr = 5;
+        for (int v = 0; v < NV; v++) lg[v] = (float)(llm_splitmix64(&lr) % 13) * 0.5f;
+        llm_sampler *big = llm_sampler_create(NV, NULL);
+        static const int ks[] = {1, 2, 7, 230, 231, 2999};
+        int same = big != NULL;
+        for (size_t j = 0; big && j < sizeof ks / sizeof *ks; j++) {
+            llm_sampling_params q = llm_sampling_defaults();
+            q.top_k = ks[j];
+            float mx = 6.0f;
+            for (int v = 0; v < NV; v++) { ref[v].id = v; ref[v].p = expf((lg[v] - mx) * 1.0f); }
+            qsort(ref, NV, sizeof *ref, llm_prob_desc);
+            const int32_t *ids; const float *out;
+            int k = llm_sampler_candidates(big, &q, lg, NV, &ids, &out);
+            same &= k == ks[j];
+            for (int i = 0; same && i < k; i++) same &= ids[i] == ref[i].id;
+        }
+        CHECK(same, "top_k over 3000 tied weights: the first k of a full sort, in its order");
+        llm_sampler_free(big);
+    }
+
     /* random logits over a vocabulary of 1000: top-k 1 is greedy; a seed repeats; different seeds differ */
     enum { V = 1000, N = 200 };
     float *logits = (float *)malloc(V * sizeof(float));
