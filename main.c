@@ -549,13 +549,13 @@ static int chat_prompt_ids(chat_t *c, const char *text, int32_t **ids) {
     return chat_tokenize(c->tok, rest, 0, ids);
 }
 
-/* The reply so far read again (llm_chat_parse_reply): what it adds to the thinking, dimmed, and to the
- * answer. final: the reply is whole (nothing held back). */
+/* The reply so far read again (llm_chat_parse_reply): what it adds to the thinking, dimmed (thinking: shown;
+ * else left out), and to the answer. final: the reply is whole (nothing held back). */
 static void chat_show_reply(chat_t *c, const char *reply, size_t *shown_thinking, size_t *shown_answer,
-                            int final) {
+                            int final, int thinking) {
     llm_chat_reply rep;
     if (llm_chat_parse_reply(&c->tmpl, reply ? reply : "", (size_t)arrlen(reply), 1, 0, !final, &rep) == 0) {
-        size_t nr = rep.reasoning ? strlen(rep.reasoning) : 0, na = strlen(rep.content);
+        size_t nr = rep.reasoning && thinking ? strlen(rep.reasoning) : 0, na = strlen(rep.content);
         if (nr > *shown_thinking) {
             printf("\033[2m%s\033[0m", rep.reasoning + *shown_thinking);
             *shown_thinking = nr;
@@ -610,8 +610,10 @@ static void chat_turn(chat_t *c, const char *user) {
     char *reply = NULL;             /* stb_ds: the reply's text */
     int32_t *reply_ids = NULL;
     int finish = LLM_FINISH_NONE, aborted = 0, n_prompt = 0, n_cached = 0;
-    /* on a terminal, a model that thinks shows its thinking dimmed, apart from its answer */
-    int dim_thinking = c->tty_out && c->tmpl.thinks && c->tmpl.enable_thinking;
+    /* on a terminal, a model that thinks shows its thinking dimmed, apart from its answer; gpt-oss's reply is
+     * always read by its messages (piped: its answer only) */
+    int harmony = c->tmpl.family == LLM_CHAT_GPT_OSS;
+    int dim_thinking = c->tty_out && c->tmpl.thinks && (c->tmpl.enable_thinking || harmony);
     size_t shown_thinking = 0, shown_answer = 0;
     g_interrupted = 0;
     while (llm_engine_has_work(c->e)) {
@@ -624,14 +626,14 @@ static void chat_turn(chat_t *c, const char *user) {
             for (int j = 0; j < out[i].n_tokens; j++) arrput(reply_ids, out[i].token_ids[j]);
             if (out[i].text_len)
                 memcpy(arraddnptr(reply, out[i].text_len), out[i].text, (size_t)out[i].text_len);
-            if (dim_thinking) chat_show_reply(c, reply, &shown_thinking, &shown_answer, 0);
+            if (dim_thinking || harmony) chat_show_reply(c, reply, &shown_thinking, &shown_answer, 0, dim_thinking);
             else fwrite(out[i].text, 1, (size_t)out[i].text_len, stdout);
             fflush(stdout);
             if (out[i].finish_reason) finish = out[i].finish_reason;
             if (out[i].finish_reason == LLM_FINISH_ERROR) fprintf(stderr, "\nllm: %s\n", out[i].error);
         }
     }
-    if (dim_thinking) chat_show_reply(c, reply, &shown_thinking, &shown_answer, 1);
+    if (dim_thinking || harmony) chat_show_reply(c, reply, &shown_thinking, &shown_answer, 1, dim_thinking);
     double t1 = now_s();
     if (!t_first) t_first = t1;
     printf("\n");
@@ -641,7 +643,11 @@ static void chat_turn(chat_t *c, const char *user) {
 
     /* the reply joins the conversation; the ids computed so far are kept for the next turn */
     int ended_by_stop = finish == LLM_FINISH_STOP && n_gen > 0;
-    if (finish == LLM_FINISH_ERROR || chat_push(c, "assistant", reply) != 0) {
+    llm_chat_reply answer; /* gpt-oss: the conversation keeps its answer (its template drops the thinking) */
+    memset(&answer, 0, sizeof answer);
+    if (harmony && llm_chat_parse_reply(&c->tmpl, reply, strlen(reply), 1, 0, 0, &answer) != 0)
+        finish = LLM_FINISH_ERROR;
+    if (finish == LLM_FINISH_ERROR || chat_push(c, "assistant", harmony ? answer.content : reply) != 0) {
         chat_forget_ids(c);
     } else {
         free(c->known_text);
@@ -664,7 +670,7 @@ static void chat_turn(chat_t *c, const char *user) {
     if (c->tty_out)
         printf("\033[2m[%d tokens, %.1f tok/s, first token in %.0f ms]\033[0m\n", n_gen, c->last_gen_tps,
                c->last_ttft * 1e3);
-    arrfree(reply); arrfree(reply_ids); arrfree(ids); free(text);
+    arrfree(reply); arrfree(reply_ids); arrfree(ids); free(text); llm_chat_reply_free(&answer);
     return;
 drop_user:
     free((char *)arrpop(c->msgs).content);
