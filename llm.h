@@ -2932,11 +2932,12 @@ int llm_chat_family_from_name(const char *name) {
     return -1;
 }
 
-static int llm_has(const char *s, size_t n, const char *what) { /* does s[0..n) contain what? */
+static const char *llm_find(const char *s, size_t n, const char *what) { /* what in s[0..n), or NULL */
     size_t m = strlen(what);
-    for (size_t i = 0; m <= n && i <= n - m; i++) if (s[i] == what[0] && !memcmp(s + i, what, m)) return 1;
-    return 0;
+    for (size_t i = 0; m <= n && i <= n - m; i++) if (s[i] == what[0] && !memcmp(s + i, what, m)) return s + i;
+    return NULL;
 }
+static int llm_has(const char *s, size_t n, const char *what) { return llm_find(s, n, what) != NULL; }
 
 static int llm_vocab_has(const llm_tokenizer *t, const char *text) {
     return t && llm_tok_find(t, text, strlen(text)) >= 0;
@@ -8459,12 +8460,6 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  * content type <|constrain|>json) then <|message|> and its text, up to <|end|> (and <|start|>assistant before
  * the next header) or the end of the turn. analysis is the thinking; commentary to=functions.X a call of X;
  * final, and commentary to no one, the answer. A text that is not such messages is the answer as it is. */
-static const char *llm_find(const char *s, size_t n, const char *what) {
-    size_t m = strlen(what);
-    for (size_t i = 0; m <= n && i <= n - m; i++) if (s[i] == what[0] && !memcmp(s + i, what, m)) return s + i;
-    return NULL;
-}
-
 static int llm_harmony_parse_reply(const char *s, size_t n, int tools, int partial, llm_chat_reply *r) {
     char *reasoning = NULL, *content = NULL; /* stb_ds */
     int thought = 0;
