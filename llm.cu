@@ -1517,7 +1517,8 @@ static int kv_free_memory(const cuda_ctx *c, size_t *out, char *err) {
 
 extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, char *err) {
     /* Gemma 3's windows, norms and GeGLU, SmolLM3's layers without RoPE, mixtures of experts and scaled RoPE
-     * (linear, YaRN, per-pair factors) are in the CPU backend only */
+     * (linear, YaRN, per-pair factors) are in the CPU backend only. So is a KV cache of several groups of
+     * layers (the windows of Gemma 3 and gpt-oss): here every layer reads the batch's first block tables */
     int scaled_rope = m->cfg.rope_yarn || (m->cfg.rope_freq_scale > 0 && m->cfg.rope_freq_scale != 1) ||
                       (m->cfg.rope_attn_factor > 0 && m->cfg.rope_attn_factor != 1) || m->cfg.rope_factors;
     if (m->cfg.arch == LLM_ARCH_GEMMA3 || m->cfg.nope_every || m->cfg.n_experts || scaled_rope) {

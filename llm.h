@@ -457,8 +457,10 @@ void llm_block_set_hash(llm_block_manager *bm, int id, uint64_t hash);
 
 /* -----------------------------------------------------------------------------------------------------------
  * 7. Forward: a batch through the model, over the paged KV cache, on a backend
- * The cache is a pool of blocks of block_size token slots (per layer, K and V). A sequence owns a list of
- * blocks, its block table: position p lives in block block_table[p / block_size], slot p % block_size.
+ * The cache is a pool of blocks of block_size token slots (K and V, for each layer of a group). A sequence
+ * owns a list of blocks for each group of layers, its block tables: position p lives in block
+ * block_table[p / block_size], slot p % block_size. A model without windows has one group, of all its
+ * layers; in a group of local layers the entries of blocks wholly outside the window are -1.
  * -------------------------------------------------------------------------------------------------------- */
 /* One forward call: the new tokens of several sequences, flattened. Each token attends to its sequence's
  * positions 0..its own, read from the cache through the sequence's block table (earlier positions must be
@@ -468,7 +470,7 @@ typedef struct {
     const int32_t *tokens, *positions;  /* [n_tokens]: a sequence's tokens are at consecutive positions */
     int n_seqs;
     const int32_t *seq_start;           /* [n_seqs + 1]: sequence s: tokens [seq_start[s], seq_start[s+1]) */
-    const int32_t *const *block_tables; /* [n_seqs] */
+    const int32_t *const *block_tables; /* [groups * n_seqs]: group g's table of sequence s at g * n_seqs + s */
     int n_logits;
     const int32_t *logit_rows;          /* [n_logits]: the tokens whose logits come out, in this order */
     int n_copies;
@@ -745,7 +747,8 @@ typedef struct {
     const char *backend;            /* "cpu", "cuda" */
     const char *backend_note;       /* why the backends before it did not start ("" when none was skipped) */
     int block_size, max_model_len;
-    size_t kv_bytes_per_block;      /* K and V of every layer for one block, as the backend stores them */
+    size_t kv_bytes_per_block;      /* K and V of one group of layers for one block, as the backend stores them */
+    int kv_groups;                  /* the groups of layers (1 but for windows): each holds its own blocks */
     int running, waiting;
     int num_blocks, num_free_blocks, num_cached_blocks;
     int64_t prefix_cache_queries, prefix_cache_hits;  /* in tokens */
@@ -1409,6 +1412,46 @@ static void llm_model_set_context(llm_model *m, int n_ctx) {
     llm_config *c = &m->cfg;
     if (c->rope_factors_long)
         c->rope_factors = n_ctx > c->rope_orig_ctx ? c->rope_factors_long : c->rope_factors_short;
+}
+
+/* A layer's attention window: 0, every earlier position; Gemma 3's and gpt-oss's local layers, the last
+ * sliding_window positions */
+static int llm_layer_window(const llm_config *c, int layer) {
+    return c->sliding_window > 0 && (layer + 1) % c->swa_pattern != 0 ? c->sliding_window : 0;
+}
+
+/* The KV cache's groups of layers, as vLLM's hybrid KV cache has them: layers that attend alike share a
+ * block table, so that a local layer's blocks can go back to the pool once they slide out of its window
+ * while a global layer keeps every block. The global layers, in order, then the local ones are cut into
+ * groups of one size, the greatest common divisor of their counts (Gemma 3 270M: 3 global, 15 local, 6
+ * groups of 3; a model without windows: one group of all its layers). A block of the pool holds one
+ * group's layers for block_size positions, whichever group it serves. */
+static int llm_kv_group_layers(const llm_config *c) {
+    int n_local = 0;
+    for (int l = 0; l < c->n_layers; l++) n_local += llm_layer_window(c, l) > 0;
+    int a = c->n_layers - n_local, b = n_local; /* gcd(a, 0) = a */
+    while (b) { int t = a % b; a = b; b = t; }
+    return a;
+}
+
+static int llm_kv_groups(const llm_config *c) { return c->n_layers / llm_kv_group_layers(c); }
+
+/* The window of a group's layers: the global groups come first */
+static int llm_kv_group_window(const llm_config *c, int group) {
+    int n_global = 0;
+    for (int l = 0; l < c->n_layers; l++) n_global += llm_layer_window(c, l) == 0;
+    return group < n_global / llm_kv_group_layers(c) ? 0 : c->sliding_window;
+}
+
+/* Where a layer's K and V are: its group, and its place among the group's layers in a block */
+static void llm_kv_place(const llm_config *c, int layer, int *group, int *index) {
+    int g = llm_kv_group_layers(c), local = llm_layer_window(c, layer) > 0, n_global = 0, before = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        n_global += llm_layer_window(c, l) == 0;
+        before += l < layer && (llm_layer_window(c, l) > 0) == local;
+    }
+    *group = (local ? n_global / g : 0) + before / g;
+    *index = before % g;
 }
 
 /* Rows [first, first + n) of w, as a weight of their own (where a file fuses several matrices in one) */
@@ -4026,7 +4069,9 @@ typedef struct llm_seq {
     int status;
     int32_t *tokens;                /* stb_ds array: the prompt, then the generated tokens */
     int n_computed;                 /* tokens [0, n_computed) have their K/V in the cache */
-    int32_t *block_table;           /* stb_ds array: the blocks that hold them, in position order */
+    int n_kv_groups;
+    int32_t **block_tables;         /* [n_kv_groups] stb_ds arrays: the blocks that hold them, in position
+                                     * order, for each group of layers (-1: slid out of a local group's window) */
     int n_hashed_blocks;            /* leading full blocks named in the prefix cache ... */
     uint64_t last_hash;             /* ... and the name of the last of them */
     int fork_pending;               /* n > 1 and the prompt is not computed yet: this one stands for all n */
@@ -4055,6 +4100,8 @@ enum { LLM_PLP_NONE, LLM_PLP_PENDING, LLM_PLP_READY }; /* none asked (or handed 
 typedef struct {
     int max_num_seqs, max_num_batched_tokens, static_batching;
     llm_block_manager *bm;
+    int n_kv_groups;                /* the model's groups of layers (llm_kv_groups) ... */
+    int *kv_window;                 /* ... and each one's window (0: a global group keeps every block) */
     llm_seq **waiting, **running;   /* stb_ds arrays, in order of arrival; waiting is served from the front */
     int static_batch_open;          /* static batching: the batch may take new sequences */
     /* the plan of this step: scheduled[i] computes n_new[i] tokens from its n_computed on, after the
@@ -4065,52 +4112,94 @@ typedef struct {
     int64_t preemptions, prefix_cache_queries, prefix_cache_hits;
 } llm_scheduler;
 
-static void llm_seq_release_blocks(llm_block_manager *bm, llm_seq *s) {
-    for (int i = 0; i < arrlen(s->block_table); i++) llm_block_release(bm, s->block_table[i]);
-    arrsetlen(s->block_table, 0);
+static void llm_seq_release_blocks(llm_scheduler *sch, llm_seq *s) {
+    for (int g = 0; g < sch->n_kv_groups; g++) {
+        for (int i = 0; i < arrlen(s->block_tables[g]); i++)
+            if (s->block_tables[g][i] >= 0) llm_block_release(sch->bm, s->block_tables[g][i]);
+        arrsetlen(s->block_tables[g], 0);
+    }
     s->n_computed = 0; s->n_hashed_blocks = 0; s->last_hash = 0;
 }
 
-/* Gives s the blocks for positions [0, n_total), with a private copy of any shared block it is about to write
- * (copy-on-write), and returns 1; or, when the pool has not that many free blocks, changes nothing and
- * returns 0. */
+/* The first block that a query at position pos or later reads in a group of layers with this window: the
+ * blocks before it have slid out of the window (0 for a global group, window 0) */
+static int llm_window_first_block(int window, int pos, int block_size) {
+    return window > 0 && pos + 1 > window ? (pos + 1 - window) / block_size : 0;
+}
+
+/* Gives s the blocks for positions [0, n_total) in each group of layers, with a private copy of any shared
+ * block it is about to write (copy-on-write), and returns 1; or, when the pool has not that many free
+ * blocks, returns 0 having changed nothing but this: first, a local group gives back the blocks that its
+ * window has left (vLLM's sliding-window manager), as no query from n_computed on reads them. */
 static int llm_seq_reserve(llm_scheduler *sch, llm_seq *s, int n_total) {
     llm_block_manager *bm = sch->bm;
-    int bs = bm->block_size, first = s->n_computed / bs, have = (int)arrlen(s->block_table);
-    int want = (n_total + bs - 1) / bs, need = want > have ? want - have : 0;
-    for (int b = first; b < have && b * bs < n_total; b++)
-        need += bm->blocks[s->block_table[b]].ref_count > 1;
-    if (need > bm->num_free_blocks) return 0;
-    for (int b = first; b < have && b * bs < n_total; b++) {
-        int shared = s->block_table[b];
-        if (bm->blocks[shared].ref_count <= 1) continue;
-        int copy = llm_block_alloc(bm);
-        arrput(sch->copy_src, shared); arrput(sch->copy_dst, copy);
-        llm_block_release(bm, shared);
-        s->block_table[b] = copy;
+    int bs = bm->block_size, first = s->n_computed / bs, want = (n_total + bs - 1) / bs, need = 0;
+    for (int g = 0; g < sch->n_kv_groups; g++) {
+        int32_t *table = s->block_tables[g];
+        int have = (int)arrlen(table), gone = llm_window_first_block(sch->kv_window[g], s->n_computed, bs);
+        for (int b = 0; b < gone && b < have; b++)
+            if (table[b] >= 0) { llm_block_release(bm, table[b]); table[b] = -1; }
+        for (int b = have; b < want; b++) need += b >= gone;
+        for (int b = first; b < have && b * bs < n_total; b++) need += bm->blocks[table[b]].ref_count > 1;
     }
-    while (arrlen(s->block_table) < want) arrput(s->block_table, llm_block_alloc(bm));
+    if (need > bm->num_free_blocks) return 0;
+    for (int g = 0; g < sch->n_kv_groups; g++) {
+        int gone = llm_window_first_block(sch->kv_window[g], s->n_computed, bs);
+        for (int b = first; b < arrlen(s->block_tables[g]) && b * bs < n_total; b++) {
+            int shared = s->block_tables[g][b];
+            if (bm->blocks[shared].ref_count <= 1) continue;
+            int copy = llm_block_alloc(bm);
+            arrput(sch->copy_src, shared); arrput(sch->copy_dst, copy);
+            llm_block_release(bm, shared);
+            s->block_tables[g][b] = copy;
+        }
+        while (arrlen(s->block_tables[g]) < want)
+            arrput(s->block_tables[g], arrlen(s->block_tables[g]) < gone ? -1 : llm_block_alloc(bm));
+    }
     return 1;
 }
 
+/* A block's name in the prefix cache, for one group of layers: the hash of its prefix, told apart by group
+ * (group 0's, the only one of a model without windows, is the hash itself) */
+static uint64_t llm_kv_group_hash(uint64_t hash, int group) {
+    int32_t g = group;
+    return group ? llm_block_hash(hash, &g, 1) : hash;
+}
+
 /* The longest run of whole cached blocks at the start of the tokens, leaving at least one token to compute
- * (the step that computes it gives the logits to sample from). */
-static void llm_seq_take_cached_prefix(llm_block_manager *bm, llm_seq *s) {
-    int bs = bm->block_size, n = (int)arrlen(s->tokens);
+ * (the step that computes it gives the logits to sample from). A prefix of L blocks is there when every
+ * global group has its L blocks and every local group those that a query at position L * block_size reads
+ * (its window's; the rest may have gone back to the pool and been reused). */
+static void llm_seq_take_cached_prefix(llm_scheduler *sch, llm_seq *s) {
+    llm_block_manager *bm = sch->bm;
+    int bs = bm->block_size, n = (int)arrlen(s->tokens), n_global = 0;
     if (!bm->enable_prefix_caching) return;
-    uint64_t h = 0;
+    while (n_global < sch->n_kv_groups && sch->kv_window[n_global] == 0) n_global++; /* they come first */
+    uint64_t *hashes = NULL, h = 0; /* stb_ds array: each block's prefix hash, while the global groups have it */
     for (int b = 0; (b + 1) * bs <= n - 1; b++) {
-        uint64_t hb = llm_block_hash(h, s->tokens + b * bs, bs);
-        int id = llm_block_lookup(bm, hb);
-        if (id < 0) break;
-        arrput(s->block_table, id);
-        h = hb; s->n_hashed_blocks = b + 1; s->last_hash = hb; s->n_computed = (b + 1) * bs;
+        h = llm_block_hash(h, s->tokens + b * bs, bs);
+        int all = 1;
+        for (int g = 0; g < n_global && all; g++) all = hmgeti(bm->cached, llm_kv_group_hash(h, g)) >= 0;
+        if (!all) break;
+        arrput(hashes, h);
     }
+    int L = (int)arrlen(hashes);
+    for (int g = n_global; g < sch->n_kv_groups && L > 0; g++) { /* a miss at block b: L at most b */
+        for (int b = L - 1; b >= llm_window_first_block(sch->kv_window[g], L * bs, bs); b--)
+            if (hmgeti(bm->cached, llm_kv_group_hash(hashes[b], g)) < 0) { L = b; g = n_global - 1; break; }
+    }
+    for (int g = 0; g < sch->n_kv_groups && L > 0; g++) {
+        int gone = llm_window_first_block(sch->kv_window[g], L * bs, bs);
+        for (int b = 0; b < L; b++)
+            arrput(s->block_tables[g], b < gone ? -1 : llm_block_lookup(bm, llm_kv_group_hash(hashes[b], g)));
+    }
+    if (L > 0) { s->n_hashed_blocks = L; s->last_hash = hashes[L - 1]; s->n_computed = L * bs; }
+    arrfree(hashes);
 }
 
 /* Preemption by recompute: the sequence gives its blocks back and waits at the head of the queue. */
 static void llm_preempt(llm_scheduler *sch, llm_seq *s) {
-    llm_seq_release_blocks(sch->bm, s);
+    llm_seq_release_blocks(sch, s);
     s->status = LLM_SEQ_WAITING;
     arrins(sch->waiting, 0, s);
     sch->preemptions++;
@@ -4159,10 +4248,10 @@ static void llm_schedule(llm_scheduler *sch) {
         if (arrlen(sch->running) > 0 && arrlen(sch->running) + width > sch->max_num_seqs) break;
         /* prompt logprobs need the logits of every prompt position, so such a request computes its whole
          * prompt and takes nothing from the prefix cache, as vLLM does (its blocks are named for others) */
-        if (s->n_computed == 0 && arrlen(s->block_table) == 0 && s->plp_state != LLM_PLP_PENDING)
-            llm_seq_take_cached_prefix(sch->bm, s);
+        if (s->n_computed == 0 && arrlen(s->block_tables[0]) == 0 && s->plp_state != LLM_PLP_PENDING)
+            llm_seq_take_cached_prefix(sch, s);
         int n_new = llm_seq_chunk(s, budget);
-        if (!llm_seq_reserve(sch, s, s->n_computed + n_new)) { llm_seq_release_blocks(sch->bm, s); break; }
+        if (!llm_seq_reserve(sch, s, s->n_computed + n_new)) { llm_seq_release_blocks(sch, s); break; }
         arrdel(sch->waiting, 0);
         /* counted at admission: a request that waits at the head looks the cache up again every step */
         sch->prefix_cache_queries += arrlen(s->tokens); sch->prefix_cache_hits += s->n_computed;
@@ -4239,7 +4328,9 @@ static void llm_request_unref(llm_request *r) {
 }
 
 static void llm_seq_free(llm_seq *s) {
-    arrfree(s->tokens); arrfree(s->block_table); arrfree(s->held_text);
+    for (int g = 0; s->block_tables && g < s->n_kv_groups; g++) arrfree(s->block_tables[g]);
+    free(s->block_tables);
+    arrfree(s->tokens); arrfree(s->held_text);
     arrfree(s->out_tokens); arrfree(s->out_text); arrfree(s->out_logprobs);
     arrfree(s->out_top_ids); arrfree(s->out_top_logprobs);
     free(s->plp); free(s->plp_rank); free(s->plp_top_ids); free(s->plp_top);
@@ -4257,9 +4348,12 @@ static void *llm_copy_of(const void *src, int64_t n, size_t size) {
     return copy;
 }
 
-static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_grammar *grammar, void *user) {
+static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_grammar *grammar, void *user,
+                            int n_kv_groups) {
     llm_request *r = (llm_request *)calloc(1, sizeof *r);
     llm_seq *s = (llm_seq *)calloc(1, sizeof *s);
+    if (s) s->block_tables = (int32_t **)calloc((size_t)n_kv_groups, sizeof(int32_t *));
+    if (s && s->block_tables) s->n_kv_groups = n_kv_groups;
     if (r) {
         r->params = *p; r->user = user; r->n_prompt = (int)arrlen(ids); r->refs = 1;
         r->params.stop = NULL; r->params.stop_token_ids = NULL; r->params.n_stop = 0;
@@ -4271,7 +4365,7 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_gram
         r->bad_ids_copy = (int32_t *)llm_copy_of(p->bad_word_ids, llm_bad_words_total(p), sizeof(int32_t));
         r->bad_lens_copy = (int32_t *)llm_copy_of(p->bad_word_lens, p->n_bad_words, sizeof(int32_t));
     }
-    int ok = s && r && r->stop_copies && r->stop_ids_copy && r->bias_ids_copy && r->bias_copy &&
+    int ok = s && s->block_tables && r && r->stop_copies && r->stop_ids_copy && r->bias_ids_copy && r->bias_copy &&
              r->allowed_copy && r->bad_ids_copy && r->bad_lens_copy;
     if (ok && grammar) { r->grammar = grammar; ok = (s->grammar = llm_grammar_start(grammar)) != NULL; }
     else llm_grammar_free(grammar); /* not taken: the caller's copy goes with the rest */
@@ -4288,7 +4382,7 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_gram
     if (!ok) {
         if (r) { r->refs = 1; llm_request_unref(r); }
         if (s) { free(s->plp); free(s->plp_rank); free(s->plp_top_ids); free(s->plp_top); }
-        if (s) llm_grammar_state_free(s->grammar);
+        if (s) { llm_grammar_state_free(s->grammar); free(s->block_tables); }
         free(s); arrfree(ids);
         return NULL;
     }
@@ -4312,11 +4406,16 @@ static int llm_seq_fork(llm_scheduler *sch, llm_seq *s) {
     llm_seq **children = (llm_seq **)calloc((size_t)n, sizeof *children);
     int ok = children != NULL;
     for (int i = 1; ok && i < n; i++) {
-        ok = (children[i] = (llm_seq *)calloc(1, sizeof(llm_seq))) != NULL;
+        ok = (children[i] = (llm_seq *)calloc(1, sizeof(llm_seq))) != NULL &&
+             (children[i]->block_tables = (int32_t **)calloc((size_t)s->n_kv_groups, sizeof(int32_t *)));
+        if (ok) children[i]->n_kv_groups = s->n_kv_groups;
         if (ok && s->grammar) ok = (children[i]->grammar = llm_grammar_state_copy(s->grammar)) != NULL;
     }
     if (!ok) {
-        for (int i = 1; children && i < n; i++) if (children[i]) { llm_grammar_state_free(children[i]->grammar); free(children[i]); }
+        for (int i = 1; children && i < n; i++)
+            if (children[i]) {
+                llm_grammar_state_free(children[i]->grammar); free(children[i]->block_tables); free(children[i]);
+            }
         free(children);
         return -1;
     }
@@ -4328,10 +4427,14 @@ static int llm_seq_fork(llm_scheduler *sch, llm_seq *s) {
         c->n_cached_tokens = s->n_cached_tokens;
         c->rng = llm_seed_mix(s->req->params.seed, i);
         c->detok.special = s->detok.special;
-        int n_tokens = (int)arrlen(s->tokens), n_blocks = (int)arrlen(s->block_table);
+        int n_tokens = (int)arrlen(s->tokens);
         memcpy(arraddnptr(c->tokens, n_tokens), s->tokens, (size_t)n_tokens * sizeof(int32_t));
-        memcpy(arraddnptr(c->block_table, n_blocks), s->block_table, (size_t)n_blocks * sizeof(int32_t));
-        for (int b = 0; b < arrlen(c->block_table); b++) sch->bm->blocks[c->block_table[b]].ref_count++;
+        for (int g = 0; g < sch->n_kv_groups; g++) {
+            int n_blocks = (int)arrlen(s->block_tables[g]);
+            memcpy(arraddnptr(c->block_tables[g], n_blocks), s->block_tables[g], (size_t)n_blocks * sizeof(int32_t));
+            for (int b = 0; b < n_blocks; b++)
+                if (c->block_tables[g][b] >= 0) sch->bm->blocks[c->block_tables[g][b]].ref_count++;
+        }
         s->req->refs++;
         arrput(sch->running, c);
     }
@@ -4339,13 +4442,15 @@ static int llm_seq_fork(llm_scheduler *sch, llm_seq *s) {
     return 0;
 }
 
-/* Names each newly completed block by its prefix, so that later requests can share it. */
+/* Names each newly completed block by its prefix (and group), so that later requests can share it. */
 static void llm_seq_hash_blocks(llm_block_manager *bm, llm_seq *s) {
     int bs = bm->block_size;
     while ((s->n_hashed_blocks + 1) * bs <= s->n_computed) {
         int b = s->n_hashed_blocks;
         s->last_hash = llm_block_hash(s->last_hash, s->tokens + b * bs, bs);
-        llm_block_set_hash(bm, s->block_table[b], s->last_hash);
+        for (int g = 0; g < s->n_kv_groups; g++)
+            if (s->block_tables[g][b] >= 0)
+                llm_block_set_hash(bm, s->block_tables[g][b], llm_kv_group_hash(s->last_hash, g));
         s->n_hashed_blocks++;
     }
 }
@@ -4435,9 +4540,10 @@ void llm_block_set_hash(llm_block_manager *bm, int id, uint64_t hash) {
  * 7. Forward: the model over a batch, reading and writing the paged KV cache. The CPU backend, which is the
  *    reference the CUDA kernels are checked against; llm.cu has the CUDA one behind the same llm_backend.
  * ======================================================================================================== */
-/* K and V of every layer for one block: what one block of the pool costs a backend */
+/* K and V of one group's layers (all the layers of a model without windows) for one block: what one block
+ * of the pool costs a backend */
 static size_t llm_kv_bytes_per_block(const llm_config *c, int block_size, int value_bytes) {
-    return (size_t)2 * c->n_layers * block_size * c->n_kv_heads * c->head_dim * value_bytes;
+    return (size_t)2 * llm_kv_group_layers(c) * block_size * c->n_kv_heads * c->head_dim * value_bytes;
 }
 
 /* ---- The math ------------------------------------------------------------------------------------------ */
@@ -5186,8 +5292,9 @@ static void llm_rope(float *x, const float *cs, const float *sn, const llm_confi
 
 /* ---- The CPU backend ----------------------------------------------------------------------------------- */
 /* Its state: the model (weights read where they are), and the KV cache in host memory as f32, K and V each
- * laid out [layer][block][slot][kv_head][head_dim]: for one layer, the K of a sequence's position p is the
- * n_kv_heads * head_dim values at slot block_table[p / block_size] * block_size + p % block_size. */
+ * laid out [index][block][slot][kv_head][head_dim], index a layer's place in its group (llm_kv_place): for
+ * one layer, the K of a sequence's position p is the n_kv_heads * head_dim values at slot
+ * block_table[p / block_size] * block_size + p % block_size, block_table its group's. */
 typedef struct {
     const llm_model *model;
     int num_blocks, block_size;
@@ -5220,10 +5327,10 @@ static __attribute__((unused)) int llm_cpu_threads_for_load(double *others_runni
     return n < 1 ? 1 : n;
 }
 
-static float *llm_cpu_kv_at(const llm_cpu *c, float *cache, int layer, const int32_t *block_table, int pos) {
+static float *llm_cpu_kv_at(const llm_cpu *c, float *cache, int index, const int32_t *block_table, int pos) {
     size_t slot = (size_t)block_table[pos / c->block_size] * c->block_size + (size_t)(pos % c->block_size);
     size_t per_slot = (size_t)c->model->cfg.n_kv_heads * c->model->cfg.head_dim;
-    return cache + ((size_t)layer * c->num_blocks * c->block_size + slot) * per_slot;
+    return cache + ((size_t)index * c->num_blocks * c->block_size + slot) * per_slot;
 }
 
 static int llm_cpu_alloc_kv(llm_backend *be, int num_blocks, int block_size, char *err) {
@@ -5242,10 +5349,10 @@ static int llm_cpu_alloc_kv(llm_backend *be, int num_blocks, int block_size, cha
     return 0;
 }
 
-/* Copy-on-write: block dst becomes a copy of block src, in every layer, for K and V. */
+/* Copy-on-write: block dst becomes a copy of block src, in every layer of a group, for K and V. */
 static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
     size_t per_block = (size_t)c->block_size * c->model->cfg.n_kv_heads * c->model->cfg.head_dim;
-    for (int l = 0; l < c->model->cfg.n_layers; l++) {
+    for (int l = 0; l < llm_kv_group_layers(&c->model->cfg); l++) {
         size_t layer = (size_t)l * c->num_blocks * per_block;
         memcpy(c->k + layer + (size_t)dst * per_block, c->k + layer + (size_t)src * per_block,
                per_block * sizeof(float));
@@ -5258,14 +5365,14 @@ static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
  * of its sequence's positions p = 0..pos, then the weighted sum of their v_p; K and V are read through the
  * block table. kv_head: the K/V head this query head shares with the rest of its group (grouped-query
  * attention). scores: room for pos + 1 values. */
-static void llm_cpu_attention(const llm_cpu *c, int layer, const int32_t *block_table, int pos, int kv_head,
+static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_table, int pos, int kv_head,
                               int window, float sink, const float *q, float *scores, float *out) {
     int hd = c->model->cfg.head_dim, n_ctx = pos + 1, bs = c->block_size;
     int first = window > 0 && n_ctx > window ? n_ctx - window : 0; /* a local layer: the last window only */
     size_t per_slot = (size_t)c->model->cfg.n_kv_heads * hd; /* a block's slots are per_slot values apart */
     float scale = 1.0f / sqrtf((float)hd), mx = sink, sum = 0; /* the sink (-inf: none) is one more logit */
     for (int p0 = first - first % bs; p0 < n_ctx; p0 += bs) { /* block by block: the table read once each */
-        const float *kp = llm_cpu_kv_at(c, c->k, layer, block_table, p0) + kv_head * hd;
+        const float *kp = llm_cpu_kv_at(c, c->k, index, block_table, p0) + kv_head * hd;
         for (int p = p0; p < n_ctx && p < p0 + bs; p++, kp += per_slot) {
             if (p < first) continue;
             scores[p] = llm_dot(q, kp, hd) * scale;
@@ -5276,7 +5383,7 @@ static void llm_cpu_attention(const llm_cpu *c, int layer, const int32_t *block_
     if (sink > -INFINITY) sum += expf(sink - mx);
     memset(out, 0, (size_t)hd * sizeof(float));
     for (int p0 = first - first % bs; p0 < n_ctx; p0 += bs) {
-        const float *vp = llm_cpu_kv_at(c, c->v, layer, block_table, p0) + kv_head * hd;
+        const float *vp = llm_cpu_kv_at(c, c->v, index, block_table, p0) + kv_head * hd;
         for (int p = p0; p < n_ctx && p < p0 + bs; p++, vp += per_slot) {
             if (p < first) continue;
             float w = scores[p] / sum;
@@ -5460,10 +5567,12 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
 
     for (int l = 0; l < cf->n_layers; l++) {
         const llm_layer *L = &m->layers[l];
-        /* Gemma 3's local layers: a window of the last positions, and a RoPE base of their own */
-        int local = cf->sliding_window > 0 && (l + 1) % cf->swa_pattern != 0;
+        /* Gemma 3's local layers: a window of the last positions, and a RoPE base of their own; their K and
+         * V in their group's blocks */
+        int window = llm_layer_window(cf, l), local = window > 0, kv_group, kv_index;
         int rope = !cf->nope_every || (l + 1) % cf->nope_every != 0; /* SmolLM3's layers without RoPE */
-        int window = local ? cf->sliding_window : 0;
+        llm_kv_place(cf, l, &kv_group, &kv_index);
+        const int32_t *const *tables = b->block_tables + (size_t)kv_group * b->n_seqs;
         /* attention block: the normalised stream projected to queries, keys and values */
         for (int t = 0; t < T; t++)
             llm_rmsnorm(xn + (size_t)t * D, x + (size_t)t * D, (const float *)L->attn_norm.data, D,
@@ -5490,9 +5599,9 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
                     llm_rmsnorm(kt + h * hd, kt + h * hd, (const float *)L->k_norm.data, hd, cf->rms_eps);
                 if (rope) llm_rope(kt + h * hd, rope_cos, rope_sin, cf);
             }
-            const int32_t *bt = b->block_tables[seq_of[t]];
-            memcpy(llm_cpu_kv_at(c, c->k, l, bt, b->positions[t]), kt, (size_t)kv_dim * sizeof(float));
-            memcpy(llm_cpu_kv_at(c, c->v, l, bt, b->positions[t]), vt, (size_t)kv_dim * sizeof(float));
+            const int32_t *bt = tables[seq_of[t]];
+            memcpy(llm_cpu_kv_at(c, c->k, kv_index, bt, b->positions[t]), kt, (size_t)kv_dim * sizeof(float));
+            memcpy(llm_cpu_kv_at(c, c->v, kv_index, bt, b->positions[t]), vt, (size_t)kv_dim * sizeof(float));
         }
         /* attention: every (token, query head) pair is independent once this step's K/V are in the cache */
         #pragma omp parallel
@@ -5506,7 +5615,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
             for (int th = 0; th < T * cf->n_heads; th++) {
                 int t = th / cf->n_heads, h = th % cf->n_heads;
                 if (scores)
-                    llm_cpu_attention(c, l, b->block_tables[seq_of[t]], b->positions[t], h / group, window,
+                    llm_cpu_attention(c, kv_index, tables[seq_of[t]], b->positions[t], h / group, window,
                                       L->sinks.data ? ((const float *)L->sinks.data)[h] : -INFINITY,
                                       q + (size_t)t * q_dim + h * hd, scores,
                                       att + (size_t)t * q_dim + h * hd);
@@ -8928,6 +9037,19 @@ static int llm_engine_start_backend(llm_engine *e, char *err) {
     return e->backend ? 0 : -1;
 }
 
+/* The most blocks a sequence of n tokens holds at once, computed in chunks of up to the step's token budget:
+ * in a global group all of its blocks, in a local one those of a chunk and of the window before it */
+static int64_t llm_engine_blocks_for(const llm_engine *e, int n) {
+    int bs = e->cfg.block_size;
+    int64_t all = ((int64_t)n + bs - 1) / bs, total = 0;
+    for (int g = 0; g < e->sched.n_kv_groups; g++) {
+        int64_t window = e->sched.kv_window[g], chunk = e->cfg.max_num_batched_tokens;
+        int64_t held = window > 0 ? (window + chunk - 2) / bs + 2 : all;
+        total += held < all ? held : all;
+    }
+    return total;
+}
+
 /* The KV pool in blocks, one policy for every backend: num_blocks; else kv_bytes; else kv_fraction of the
  * memory the backend has free; else the backend's default fraction of it; and a backend with none (the CPU,
  * like vLLM's) gets room for max_num_seqs full contexts, 4 GiB at most. */
@@ -8938,7 +9060,7 @@ static int llm_kv_pool_blocks(const llm_engine *e, size_t block_bytes, char *err
     size_t bytes = c->kv_bytes;
     if (!bytes && fraction > 0) bytes = (size_t)(fraction * (double)e->backend->free_memory);
     if (!bytes) {
-        size_t blocks_per_context = (size_t)((e->max_model_len + c->block_size - 1) / c->block_size);
+        size_t blocks_per_context = (size_t)llm_engine_blocks_for(e, e->max_model_len);
         bytes = (size_t)c->max_num_seqs * blocks_per_context * block_bytes;
         if (bytes > ((size_t)4 << 30)) bytes = (size_t)4 << 30;
     }
@@ -8969,6 +9091,12 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
         e->max_model_len = cfg->max_model_len;
     llm_model_set_context(&e->model, e->max_model_len);
     if (llm_engine_start_backend(e, err) != 0) { llm_engine_destroy(e); return NULL; }
+    llm_scheduler *sch = &e->sched; /* the groups of layers first: the pool's size depends on their windows */
+    sch->n_kv_groups = llm_kv_groups(&e->model.cfg);
+    if (!(sch->kv_window = (int *)calloc((size_t)sch->n_kv_groups, sizeof(int)))) {
+        llm_fail(err, "out of memory"); llm_engine_destroy(e); return NULL;
+    }
+    for (int g = 0; g < sch->n_kv_groups; g++) sch->kv_window[g] = llm_kv_group_window(&e->model.cfg, g);
     size_t block_bytes = llm_kv_bytes_per_block(&e->model.cfg, cfg->block_size, e->backend->kv_value_bytes);
     int num_blocks = llm_kv_pool_blocks(e, block_bytes, err);
     if (num_blocks < 0 || e->backend->alloc_kv(e->backend, num_blocks, cfg->block_size, err) != 0 ||
@@ -8976,7 +9104,6 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
         !(e->sampler = llm_sampler_create(e->model.cfg.vocab_size, err))) {
         llm_engine_destroy(e); return NULL;
     }
-    llm_scheduler *sch = &e->sched;
     sch->bm = &e->bm; sch->static_batching = cfg->static_batching; sch->static_batch_open = 1;
     sch->max_num_seqs = cfg->max_num_seqs; sch->max_num_batched_tokens = cfg->max_num_batched_tokens;
     return e;
@@ -8989,6 +9116,7 @@ void llm_engine_destroy(llm_engine *e) {
     llm_scheduler *sch = &e->sched;
     arrfree(sch->waiting); arrfree(sch->running);
     arrfree(sch->scheduled); arrfree(sch->n_new); arrfree(sch->copy_src); arrfree(sch->copy_dst);
+    free(sch->kv_window);
     arrfree(e->finished); arrfree(e->inbox); arrfree(e->inbox_abort);
     arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows);
     arrfree(e->b_tables); arrfree(e->outputs);
@@ -9076,7 +9204,7 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
         arrsetlen(ids, n);
     }
     int n_prompt = (int)arrlen(ids);
-    int blocks_needed = (n_prompt + e->cfg.block_size) / e->cfg.block_size; /* with the first new token */
+    int64_t blocks_needed = llm_engine_blocks_for(e, n_prompt + 1); /* with the first new token */
     if (n_prompt == 0) { arrfree(ids); llm_fail(err, "the prompt is empty"); return 0; }
     if (n_prompt >= e->max_model_len) {
         arrfree(ids);
@@ -9086,14 +9214,14 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
     }
     if (blocks_needed > e->bm.num_blocks) {
         arrfree(ids);
-        llm_fail(err, "the prompt needs %d KV blocks but the whole pool has %d", blocks_needed,
+        llm_fail(err, "the prompt needs %lld KV blocks but the whole pool has %d", (long long)blocks_needed,
                  e->bm.num_blocks);
         return 0;
     }
     llm_grammar *grammar = NULL;
     if (p->grammar && !e->model.tok) { arrfree(ids); llm_fail(err, "a grammar needs the model's tokenizer"); return 0; }
     if (p->grammar && !(grammar = llm_engine_grammar(e, p->grammar, err))) { arrfree(ids); return 0; }
-    llm_seq *s = llm_seq_new(ids, p, grammar, user);
+    llm_seq *s = llm_seq_new(ids, p, grammar, user, e->sched.n_kv_groups);
     if (!s) { llm_fail(err, "out of memory"); return 0; }
     pthread_mutex_lock(&e->lock);
     uint64_t id = s->req->id = e->next_id++;
@@ -9158,7 +9286,7 @@ static void llm_engine_begin_step(llm_engine *e) {
 /* A sequence is done: its blocks go back at once; its output says why at the end of the step. */
 static void llm_seq_finish(llm_engine *e, llm_seq *s, int reason, const char *error) {
     s->finish_reason = reason; s->error = error; s->status = LLM_SEQ_FINISHED;
-    llm_seq_release_blocks(&e->bm, s);
+    llm_seq_release_blocks(&e->sched, s);
 }
 
 /* The output of a sequence for this step. A sequence that finishes before its prompt was computed (aborted,
@@ -9229,7 +9357,6 @@ static int llm_engine_forward(llm_engine *e, char *err) {
     for (int i = 0; i < n_seqs; i++) {
         llm_seq *s = sch->scheduled[i];
         arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
-        arrput(e->b_tables, s->block_table);
         int scoring = s->plp_state == LLM_PLP_PENDING, n_prompt = s->req->n_prompt;
         for (int j = 0; j < sch->n_new[i]; j++) {
             int pos = s->n_computed + j;
@@ -9241,6 +9368,8 @@ static int llm_engine_forward(llm_engine *e, char *err) {
             arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
     }
     arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
+    for (int g = 0; g < sch->n_kv_groups; g++) /* group by group */
+        for (int i = 0; i < n_seqs; i++) arrput(e->b_tables, sch->scheduled[i]->block_tables[g]);
     llm_batch b;
     memset(&b, 0, sizeof b);
     b.n_tokens = (int)arrlen(e->b_tokens); b.tokens = e->b_tokens; b.positions = e->b_positions;
@@ -9415,7 +9544,7 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
     /* out of room: max_tokens, the model's context, or (a tiny pool) the whole KV pool, which the next token
      * could not fit in */
     if (!reason && ((p->max_tokens > 0 && n_tokens - n_prompt >= p->max_tokens) ||
-                    n_tokens >= e->max_model_len || n_tokens > e->bm.num_blocks * e->cfg.block_size))
+                    n_tokens >= e->max_model_len || llm_engine_blocks_for(e, n_tokens) > e->bm.num_blocks))
         reason = LLM_FINISH_LENGTH;
     llm_seq_push_text(s, hidden ? -1 : token, tok, reason != LLM_FINISH_NONE);
     if (s->finish_reason) reason = s->finish_reason; /* a stop string */
@@ -9493,6 +9622,7 @@ llm_engine_stats llm_engine_get_stats(llm_engine *e) {
     s.backend = e->backend->name; s.backend_note = e->backend_note;
     s.block_size = e->cfg.block_size; s.max_model_len = e->max_model_len;
     s.kv_bytes_per_block = llm_kv_bytes_per_block(&e->model.cfg, s.block_size, e->backend->kv_value_bytes);
+    s.kv_groups = e->sched.n_kv_groups;
     s.running = (int)arrlen(e->sched.running); s.waiting = (int)arrlen(e->sched.waiting);
     s.num_blocks = e->bm.num_blocks; s.num_free_blocks = e->bm.num_free_blocks;
     s.num_cached_blocks = (int)hmlen(e->bm.cached);
@@ -9509,14 +9639,16 @@ int llm_engine_check_blocks(llm_engine *e, char *err) {
     llm_seq **lists[2] = {e->sched.running, e->sched.waiting};
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < arrlen(lists[k]); i++)
-            for (int b = 0; b < arrlen(lists[k][i]->block_table); b++) {
-                int id = lists[k][i]->block_table[b];
-                if (id < 0 || id >= bm->num_blocks) {
-                    rc = llm_fail(err, "block table holds block %d, outside the pool", id);
-                    goto done;
+            for (int g = 0; g < e->sched.n_kv_groups; g++)
+                for (int b = 0; b < arrlen(lists[k][i]->block_tables[g]); b++) {
+                    int id = lists[k][i]->block_tables[g][b];
+                    if (id == -1 && e->sched.kv_window[g] > 0) continue; /* slid out of a local window */
+                    if (id < 0 || id >= bm->num_blocks) {
+                        rc = llm_fail(err, "block table holds block %d, outside the pool", id);
+                        goto done;
+                    }
+                    refs[id]++;
                 }
-                refs[id]++;
-            }
     int n_free = 0;
     for (int id = 0; id < bm->num_blocks; id++) {
         if (bm->blocks[id].ref_count != refs[id]) {

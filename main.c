@@ -924,11 +924,13 @@ static int bench(args_t *a) {
     const llm_model *m = llm_engine_model(e);
     llm_engine_stats st = llm_engine_get_stats(e);
     int bs = st.block_size, max_model_len = st.max_model_len;
-    double kv_token_bytes = (double)st.kv_bytes_per_block / bs, mib = kv_token_bytes / (1 << 20);
+    /* a token's K and V in every layer: in each group of layers' blocks */
+    double kv_token_bytes = (double)st.kv_bytes_per_block * st.kv_groups / bs, mib = kv_token_bytes / (1 << 20);
     char weights[160];
     fprintf(stderr, "llm bench: %s on %s, loaded in %.2f s; %s; KV pool %d blocks of %d tokens (%.1f MiB), "
             "%s batching\n", m->name, st.backend, now_s() - t_load,
-            weights_summary(m, weights, sizeof weights), st.num_blocks, bs, st.num_blocks * bs * mib,
+            weights_summary(m, weights, sizeof weights), st.num_blocks, bs,
+            (double)st.num_blocks * st.kv_bytes_per_block / (1 << 20),
             a->engine.static_batching ? "static" : "continuous");
 
     /* the workload: uniform lengths from a fixed seed, so --static runs exactly the same requests */
@@ -1019,11 +1021,13 @@ static int bench(args_t *a) {
            (long long)st.preemptions, (long long)st.prompt_tokens_computed);
 
     /* The waste table of the vLLM paper: reserving max_model_len contiguous slots per request against
-     * paging. */
+     * paging. Tokens here are a token's K and V in every layer: with windows (several groups of layers) the
+     * pool's blocks hold less than that for the tokens they serve, and paging's waste goes below zero. */
     double R = samples ? sum_running / samples : 0, T = samples ? sum_kv_tokens / samples : 0;
-    double reserve_tokens = R * max_model_len, paged_tokens = (samples ? sum_blocks_used / samples : 0) * bs;
+    double reserve_tokens = R * max_model_len;
+    double paged_tokens = (samples ? sum_blocks_used / samples : 0) * bs / st.kv_groups;
     double mean_len = done ? (double)(total_in + total_out) / done : 1;
-    double pool_tokens = (double)st.num_blocks * bs;
+    double pool_tokens = (double)st.num_blocks * bs / st.kv_groups;
     printf("\nKV cache memory, mean over steps (%.1f running requests holding %.0f tokens of K/V, %.3f MiB "
            "per 1k tokens):\n", R, T, kv_token_bytes * 1000 / (1 << 20));
     printf("  %-38s %12s %10s\n", "scheme", "memory MiB", "wasted");

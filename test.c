@@ -1191,7 +1191,9 @@ static void test_gemma3_270m(void) {
 
 /* -----------------------------------------------------------------------------------------------------------
  * The paged forward pass: any block size, scattered blocks, several sequences in one call, prefill in chunks,
- * gives the logits of one sequence run alone in one contiguous block
+ * gives the logits of one sequence run alone in one contiguous block (one for each group of layers). A local
+ * group's blocks that have slid out of its window are not read: the test points their entries at another
+ * sequence's blocks.
  * -------------------------------------------------------------------------------------------------------- */
 /* The CPU backend on model m with a KV pool of num_blocks blocks of block_size: what the engine would make */
 static llm_backend *cpu_backend(const llm_model *m, int num_blocks, int block_size) {
@@ -1215,11 +1217,14 @@ static void test_paged_forward(const char *model) {
     /* reference: sequence 0 alone, one block of 128, every position's logits in one call */
     float *ref = (float *)malloc((size_t)LEN * V * sizeof(float)),
           *got = (float *)malloc((size_t)S * LEN * V * sizeof(float));
-    int32_t pos[S * LEN], rows[S * LEN], one_block[1] = {0}, start[S + 1];
+    int G = llm_kv_groups(&m.cfg);
+    if (G > 64) { CHECK(0, "%s: %d groups of layers, more than this test holds", model, G); return; }
+    int32_t pos[S * LEN], rows[S * LEN], one_block[64], start[S + 1];
+    const int32_t *tables1[64];
     for (int i = 0; i < LEN; i++) { pos[i] = i; rows[i] = i; }
-    const int32_t *tables1[1] = {one_block};
+    for (int g = 0; g < G; g++) { one_block[g] = g; tables1[g] = one_block + g; }
     int32_t start1[2] = {0, LEN};
-    llm_backend *be = cpu_backend(&m, 1, 128);
+    llm_backend *be = cpu_backend(&m, G, 128);
     llm_batch b1 = {.n_tokens = LEN, .tokens = toks[0], .positions = pos, .n_seqs = 1,
                         .seq_start = start1, .block_tables = tables1, .n_logits = LEN, .logit_rows = rows};
     CHECK(be && be->forward(be, &b1, ref, err) == 0, "forward alone: %s", err);
@@ -1227,16 +1232,18 @@ static void test_paged_forward(const char *model) {
 
     static const int block_sizes[] = {1, 16, 64};
     for (int bi = 0; bi < 3; bi++) {
-        int bs = block_sizes[bi], per_seq = (LEN + bs - 1) / bs, nb = S * per_seq + 5;
+        int bs = block_sizes[bi], per_seq = (LEN + bs - 1) / bs, nb = G * S * per_seq + 5;
         be = cpu_backend(&m, nb, bs);
-        /* the blocks of all sequences interleaved in a shuffled order */
-        int32_t *perm = (int32_t *)malloc((size_t)nb * sizeof(int32_t)), *tables[S];
+        /* the blocks of all sequences and groups interleaved in a shuffled order; table g * S + s: group g's
+         * of sequence s, as the batch takes them */
+        int32_t *perm = (int32_t *)malloc((size_t)nb * sizeof(int32_t)), *tables[64 * S];
+        int32_t *local = (int32_t *)malloc((size_t)G * S * per_seq * sizeof(int32_t));
         for (int i = 0; i < nb; i++) perm[i] = i;
         for (int i = nb - 1; i > 0; i--) {
             int j = (int)(llm_splitmix64(&rng) % (uint64_t)(i + 1));
             int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
         }
-        for (int s = 0; s < S; s++) tables[s] = perm + s * per_seq;
+        for (int t = 0; t < G * S; t++) tables[t] = perm + t * per_seq;
         /* in three calls: sequences at different stages
          * (chunks of 23, 30, 17 tokens, shifted per sequence) */
         static const int cuts[S][4] = {{0, 23, 53, LEN}, {0, 40, 41, LEN}, {0, 5, 69, LEN}};
@@ -1252,7 +1259,16 @@ static void test_paged_forward(const char *model) {
                 }
             }
             start[S] = n;
-            const int32_t *tbl[S] = {tables[0], tables[1], tables[2]};
+            /* a local group's blocks wholly before the window of the call's first position: another
+             * sequence's (reading them would give other logits) */
+            const int32_t *tbl[64 * S];
+            for (int g = 0; g < G; g++)
+                for (int s = 0; s < S; s++) {
+                    int32_t *t = local + (size_t)(g * S + s) * per_seq;
+                    int gone = llm_window_first_block(llm_kv_group_window(&m.cfg, g), cuts[s][call], bs);
+                    for (int k = 0; k < per_seq; k++) t[k] = tables[g * S + (k < gone ? (s + 1) % S : s)][k];
+                    tbl[g * S + s] = t;
+                }
             llm_batch b = {.n_tokens = n, .tokens = bt_tok, .positions = pos, .n_seqs = S,
                                 .seq_start = start, .block_tables = tbl, .n_logits = nl, .logit_rows = rows};
             ok = be && be->forward(be, &b, got + (size_t)cuts[0][call] * V, err) == 0;
@@ -1269,7 +1285,7 @@ static void test_paged_forward(const char *model) {
         }
         CHECK(ok && worst <= 1e-5, "%s block size %d: logits differ from the sequence alone by %g (relative)",
               model, bs, worst);
-        free(perm);
+        free(perm); free(local);
         if (be) be->destroy(be);
     }
     free(ref); free(got);
@@ -1981,14 +1997,17 @@ static void test_moe_grouped(const char *model) {
     int V = m.cfg.vocab_size;
     uint64_t rng = 11;
     int32_t toks[S * LEN], pos[S * LEN], rows[S * LEN], start[S + 1] = {0, LEN, 2 * LEN};
-    int32_t table0[1] = {0}, table1[1] = {1};
-    const int32_t *tables[S] = {table0, table1};
+    int G = llm_kv_groups(&m.cfg); /* one block of 64 for each sequence in each group: table g * S + s */
+    int32_t ids[4 * S];
+    const int32_t *tables[4 * S];
+    CHECK(G <= 4, "%s: %d groups of layers, more than this test holds", model, G);
+    for (int t = 0; t < G * S && t < 4 * S; t++) { ids[t] = t; tables[t] = ids + t; }
     for (int i = 0; i < S * LEN; i++) {
         toks[i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)V); pos[i] = i % LEN; rows[i] = i;
     }
     float *grouped = (float *)malloc((size_t)S * LEN * V * sizeof(float)), *one = (float *)malloc((size_t)V * 4);
     llm_backend *be = llm_cpu_exact_backend_create(&m, err);
-    int ok = be && be->alloc_kv(be, S, 64, err) == 0 && grouped && one;
+    int ok = G <= 4 && be && be->alloc_kv(be, G * S, 64, err) == 0 && grouped && one;
     llm_batch all = {.n_tokens = S * LEN, .tokens = toks, .positions = pos, .n_seqs = S, .seq_start = start,
                      .block_tables = tables, .n_logits = S * LEN, .logit_rows = rows};
     ok = ok && be->forward(be, &all, grouped, err) == 0;
@@ -1996,8 +2015,10 @@ static void test_moe_grouped(const char *model) {
     for (int s = 0; ok && s < S; s++)
         for (int i = 0; i < LEN; i++) { /* token by token: the cache holds the earlier ones already */
             int32_t st[2] = {0, 1}, row = 0;
+            const int32_t *alone[4]; /* sequence s's table in each group */
+            for (int g = 0; g < G && g < 4; g++) alone[g] = tables[g * S + s];
             llm_batch b1 = {.n_tokens = 1, .tokens = toks + s * LEN + i, .positions = pos + s * LEN + i, .n_seqs = 1,
-                            .seq_start = st, .block_tables = tables + s, .n_logits = 1, .logit_rows = &row};
+                            .seq_start = st, .block_tables = alone, .n_logits = 1, .logit_rows = &row};
             ok = be->forward(be, &b1, one, err) == 0;
             same &= ok && !memcmp(one, grouped + (size_t)(s * LEN + i) * V, (size_t)V * sizeof(float));
         }
@@ -2547,6 +2568,108 @@ static void test_prefix_cache(void) {
     CHECK(st.prefix_cache_hits == cached, "prefix cache hits %lld tokens", (long long)st.prefix_cache_hits);
     CHECK(all_blocks_free(e) && st.num_cached_blocks > 0, "prefix cache: blocks free (%d cached)",
           st.num_cached_blocks);
+    llm_engine_destroy(e);
+    free(r);
+}
+
+/* Sliding windows in the KV pool (vLLM's hybrid KV cache): a local group of layers gives back the blocks that
+ * slid out of its window. random-gemma3 has 6 groups of one layer: 1 global, 5 local with a window of 8; here
+ * blocks of 4 and chunks of at most 16 tokens.
+ * - After every step of a sequence of 100 tokens, the pool's used blocks are exactly the global group's
+ *   ceil(n / 4) and, in each local group, those from the block the step's first query read on. It runs in a
+ *   pool of 68 blocks (the next turn's 130 tokens need 33 + 5 x 7, as add_request works it out), where
+ *   keeping every layer's blocks would take 6 x 25 = 150; its local blocks are reused on the way (evicted
+ *   from the prefix cache).
+ * - The same conversation, one turn on (its 100 tokens and 10 more), takes 96 tokens from the prefix cache:
+ *   the global group's 24 blocks and the last two of each local group, whose early blocks are gone.
+ * - Two such sequences in a pool of 70 preempt each other.
+ * Each gives the tokens that the same prompt gives alone in a pool of 2000 without prefix caching, and every
+ * block comes back. */
+static void sliding_window_alone(const int32_t *ids, int n, int max_tokens, int32_t *out) {
+    llm_engine_config cfg = engine_config("random-gemma3.gguf");
+    cfg.block_size = 4; cfg.max_num_batched_tokens = 16; cfg.num_blocks = 2000; cfg.enable_prefix_caching = 0;
+    llm_engine *e = engine_new(&cfg);
+    run_result *r = (run_result *)calloc(1, sizeof *r);
+    llm_sampling_params p = greedy(max_tokens);
+    p.ignore_eos = 1;
+    if (e && r && run_add(e, r, NULL, ids, n, &p) >= 0) run_engine(e, r);
+    if (r) memcpy(out, r->tokens[0][0], (size_t)max_tokens * sizeof(int32_t));
+    llm_engine_destroy(e); free(r);
+}
+
+static void test_sliding_window_blocks(void) {
+    enum { P = 40, GEN = 60, N = P + GEN, P2 = N + 10, GEN2 = 20, BS = 4 };
+    int32_t ids[P2], want[GEN], want2[GEN2], want_pre[2][GEN];
+    uint64_t rng = 5;
+    for (int i = 0; i < P; i++) ids[i] = 10 + (int32_t)(llm_splitmix64(&rng) % 31000);
+    sliding_window_alone(ids, P, GEN, want);
+    memcpy(ids + P, want, sizeof want);
+    for (int i = N; i < P2; i++) ids[i] = 10 + (int32_t)(llm_splitmix64(&rng) % 31000);
+    sliding_window_alone(ids, P2, GEN2, want2);
+
+    llm_engine_config cfg = engine_config("random-gemma3.gguf");
+    cfg.block_size = BS; cfg.max_num_batched_tokens = 16; cfg.num_blocks = 68;
+    llm_engine *e = engine_new(&cfg);
+    run_result *r = (run_result *)calloc(3, sizeof *r);
+    if (!e || !r) { llm_engine_destroy(e); free(r); return; }
+    char err[LLM_ERR_LEN] = "";
+    llm_sampling_params p = greedy(GEN);
+    p.ignore_eos = 1;
+    run_add(e, &r[0], NULL, ids, P, &p);
+    int exact = 1, steps = 0, before = 0, most = 0;
+    while (llm_engine_has_work(e) && steps++ < 1000) {
+        const llm_output *out;
+        int n_out = llm_engine_step(e, &out);
+        for (int i = 0; i < n_out; i++)
+            for (int t = 0; t < out[i].n_tokens && r[0].n_tokens[0][0] < GEN; t++)
+                r[0].tokens[0][0][r[0].n_tokens[0][0]++] = out[i].token_ids[t];
+        if (arrlen(e->sched.running) != 1) continue; /* finished: checked below */
+        int computed = e->sched.running[0]->n_computed, blocks = (computed + BS - 1) / BS;
+        int expect = blocks + 5 * (blocks - llm_window_first_block(8, before, BS));
+        llm_engine_stats st = llm_engine_get_stats(e);
+        int used = st.num_blocks - st.num_free_blocks;
+        if (used != expect && exact) printf("    at %d tokens: %d blocks used, expected %d\n", computed, used, expect);
+        exact &= used == expect;
+        if (used > most) most = used;
+        before = computed;
+        exact &= llm_engine_check_blocks(e, err) == 0;
+    }
+    llm_engine_stats st = llm_engine_get_stats(e);
+    CHECK(exact && before == N - 2, "sliding window: used blocks after every step as the windows say (%d tokens): %s",
+          before, err);
+    CHECK(r[0].n_tokens[0][0] == GEN && !memcmp(r[0].tokens[0][0], want, sizeof want) && e->bm.evictions > 0,
+          "sliding window: %d tokens in a pool of 68 (at most %d used, %lld evictions), the tokens of a pool of 2000",
+          r[0].n_tokens[0][0], most, (long long)e->bm.evictions);
+    int64_t hits = st.prefix_cache_hits;
+    llm_sampling_params p2 = greedy(GEN2);
+    p2.ignore_eos = 1;
+    run_add(e, &r[1], NULL, ids, P2, &p2);
+    run_engine(e, &r[1]);
+    st = llm_engine_get_stats(e);
+    CHECK(st.prefix_cache_hits - hits == 96 && r[1].n_tokens[0][0] == GEN2 &&
+          !memcmp(r[1].tokens[0][0], want2, sizeof want2),
+          "sliding window: the next turn takes %lld tokens from the prefix cache (96), the same tokens",
+          (long long)(st.prefix_cache_hits - hits));
+    CHECK(all_blocks_free(e), "sliding window: every block back");
+    llm_engine_destroy(e);
+
+    /* two sequences that do not fit together: preempted and recomputed */
+    int32_t ids2[2][P];
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < P; i++) ids2[k][i] = 10 + (int32_t)(llm_splitmix64(&rng) % 31000);
+        sliding_window_alone(ids2[k], P, GEN, want_pre[k]);
+    }
+    cfg.num_blocks = 70;
+    e = engine_new(&cfg);
+    if (!e) { free(r); return; }
+    for (int k = 0; k < 2; k++) run_add(e, &r[2], NULL, ids2[k], P, &p);
+    run_engine(e, &r[2]);
+    st = llm_engine_get_stats(e);
+    CHECK(st.preemptions > 0 && r[2].n_tokens[0][0] == GEN && r[2].n_tokens[1][0] == GEN &&
+          !memcmp(r[2].tokens[0][0], want_pre[0], sizeof want) && !memcmp(r[2].tokens[1][0], want_pre[1], sizeof want),
+          "sliding window: two sequences preempting each other (%lld preemptions), each its tokens alone",
+          (long long)st.preemptions);
+    CHECK(all_blocks_free(e), "sliding window, preemption: every block back");
     llm_engine_destroy(e);
     free(r);
 }
@@ -8038,7 +8161,8 @@ int main(int argc, char **argv) {
         {"quant SmolLM2", test_quant_smollm2}, {"fidelity of the default path", test_fidelity_smollm2},
         {"sampler", test_sampler}, {"block manager", test_block_manager},
         {"batch invariance", test_batch_invariance},
-        {"prefix cache", test_prefix_cache}, {"parallel sampling", test_parallel_sampling},
+        {"prefix cache", test_prefix_cache}, {"sliding window blocks", test_sliding_window_blocks},
+        {"parallel sampling", test_parallel_sampling},
         {"stop conditions", test_stop_conditions}, {"logit bias", test_logit_bias},
         {"grammar: GBNF", test_grammar_gbnf}, {"grammar: masks", test_grammar_masks},
         {"grammar: generation", test_grammar_generation}, {"grammar: JSON Schema", test_grammar_schemas},
