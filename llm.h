@@ -43,7 +43,8 @@
  *   llm_engine_get_stats   llm_engine_model   llm_finish_reason_name   llm_engine_check_blocks
  *   (logprobs of the prompt's own tokens, vLLM's prompt_logprobs: llm_sampling_params.prompt_logprobs in,
  *   llm_output.prompt_logprobs out; structured output: llm_sampling_params.grammar, GBNF text, which
- *   llm_json_schema_to_grammar, llm_regex_to_grammar and llm_choice_to_grammar write)
+ *   llm_json_schema_to_grammar, llm_regex_to_grammar and llm_choice_to_grammar write; speculative decoding
+ *   by n-gram lookup: llm_engine_config.spec_tokens)
  * The parts: each section's own functions, for tools, tests and programs that take one piece
  *   GGUF: llm_gguf_open, _parse, _close, _find, _tensor_find, _int, _float, _string, _arr_int, _arr_float;
  *         llm_dtype_name, llm_dtype_row_bytes, llm_dtype_dequant_row, llm_qblock_unpack
@@ -710,7 +711,15 @@ typedef struct {
     int max_model_len;              /* 0: the model's context length */
     int enable_prefix_caching;      /* 1 */
     int static_batching;            /* no one joins until the whole batch has finished (for comparison): 0 */
+    /* speculative decoding by n-gram lookup (vLLM's "ngram" method, prompt lookup): a decoding sequence whose
+     * last spec_ngram_max..spec_ngram_min tokens occurred before in its prompt or output proposes the up to
+     * spec_tokens tokens that followed there, and one step checks them all: the same tokens come out as
+     * without it (the same distribution, when sampled), several a step where the text repeats */
+    int spec_tokens;                /* vLLM's num_speculative_tokens, at most LLM_SPEC_MAX: 0, off */
+    int spec_ngram_max, spec_ngram_min; /* prompt_lookup_max and _min: 4 and 2 */
 } llm_engine_config;
+
+#define LLM_SPEC_MAX 16
 
 llm_engine_config llm_engine_defaults(void);
 
@@ -759,6 +768,10 @@ typedef struct {
      * grammar took (checks, masks, moving the states on) */
     int64_t grammar_tokens, grammar_masks, grammar_masks_cached;
     double grammar_seconds;
+    /* speculative decoding (vLLM's spec_decode metrics): proposals checked, their tokens, those accepted, and
+     * how many were accepted at each position of a proposal */
+    int spec_tokens;                /* the most a proposal holds (0: speculative decoding is off) */
+    int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens, spec_accepted_at[LLM_SPEC_MAX];
 } llm_engine_stats;
 
 typedef struct llm_engine llm_engine;
@@ -4076,6 +4089,8 @@ typedef struct llm_seq {
     uint64_t last_hash;             /* ... and the name of the last of them */
     int fork_pending;               /* n > 1 and the prompt is not computed yet: this one stands for all n */
     int n_cached_tokens;            /* prompt tokens the prefix cache had at admission */
+    int32_t draft[LLM_SPEC_MAX];    /* speculative decoding: the tokens proposed to follow, checked this step */
+    int n_draft;
     uint64_t rng;
     int finish_reason;
     const char *error;              /* LLM_FINISH_ERROR: what went wrong */
@@ -4100,6 +4115,8 @@ enum { LLM_PLP_NONE, LLM_PLP_PENDING, LLM_PLP_READY }; /* none asked (or handed 
 typedef struct {
     int max_num_seqs, max_num_batched_tokens, static_batching;
     llm_block_manager *bm;
+    int spec_tokens, spec_ngram_max, spec_ngram_min; /* speculative decoding (llm_engine_config) */
+    int max_model_len;
     int n_kv_groups;                /* the model's groups of layers (llm_kv_groups) ... */
     int *kv_window;                 /* ... and each one's window (0: a global group keeps every block) */
     llm_seq **waiting, **running;   /* stb_ds arrays, in order of arrival; waiting is served from the front */
@@ -4200,6 +4217,7 @@ static void llm_seq_take_cached_prefix(llm_scheduler *sch, llm_seq *s) {
 /* Preemption by recompute: the sequence gives its blocks back and waits at the head of the queue. */
 static void llm_preempt(llm_scheduler *sch, llm_seq *s) {
     llm_seq_release_blocks(sch, s);
+    s->n_draft = 0;
     s->status = LLM_SEQ_WAITING;
     arrins(sch->waiting, 0, s);
     sch->preemptions++;
@@ -4218,6 +4236,41 @@ static void llm_schedule_add(llm_scheduler *sch, llm_seq *s, int n_new, int *bud
     *budget -= n_new;
 }
 
+/* Speculative decoding's proposer, n-gram lookup (prompt lookup): the sequence's last n tokens, n from
+ * spec_ngram_max down to spec_ngram_min, found at an earlier place in its prompt or output (the latest),
+ * propose the tokens that followed them there, at most max. Returns how many, in s->draft. */
+static int llm_seq_propose(const llm_scheduler *sch, llm_seq *s, int max) {
+    int len = (int)arrlen(s->tokens);
+    const int32_t *t = s->tokens;
+    for (int n = sch->spec_ngram_max; n >= sch->spec_ngram_min; n--)
+        for (int at = len - n - 1; at >= 0; at--) {
+            if (memcmp(t + at, t + len - n, (size_t)n * sizeof(int32_t)) != 0) continue;
+            int k = 0;
+            for (; k < max && at + n + k < len; k++) s->draft[k] = t[at + n + k];
+            return k;
+        }
+    return 0;
+}
+
+/* A decoding sequence's proposal, when speculative decoding is on, with the blocks for it: the step then
+ * computes its last token and the proposal's, within budget more tokens (not before its prompt's samples
+ * fork). Under a grammar too: each token is sampled under it, and a proposed one kept only when it is the
+ * token sampled. Returns how many tokens were proposed. */
+static int llm_seq_speculate(llm_scheduler *sch, llm_seq *s, int budget) {
+    int len = (int)arrlen(s->tokens), max = sch->spec_tokens;
+    const llm_sampling_params *p = &s->req->params;
+    if (!max || s->n_computed != len - 1 || s->fork_pending || s->plp_state == LLM_PLP_PENDING)
+        return 0;
+    if (max > budget) max = budget;                         /* the step's token budget */
+    if (max > sch->max_model_len - len - 1) max = sch->max_model_len - len - 1; /* the context */
+    if (p->max_tokens > 0 && max > p->max_tokens - (len - s->req->n_prompt) - 1) /* accepted, all would end it */
+        max = p->max_tokens - (len - s->req->n_prompt) - 1;
+    if (max <= 0) return 0;
+    int n = llm_seq_propose(sch, s, max);
+    if (n > 0 && llm_seq_reserve(sch, s, len + n)) s->n_draft = n;
+    return s->n_draft;
+}
+
 static void llm_schedule(llm_scheduler *sch) {
     int budget = sch->max_num_batched_tokens, preempted = 0;
     arrsetlen(sch->scheduled, 0); arrsetlen(sch->n_new, 0);
@@ -4226,6 +4279,7 @@ static void llm_schedule(llm_scheduler *sch) {
     for (int i = 0; i < arrlen(sch->running) && budget > 0; i++) {
         llm_seq *s = sch->running[i];
         int n_new = llm_seq_chunk(s, budget), ok;
+        s->n_draft = 0;
         while (!(ok = llm_seq_reserve(sch, s, s->n_computed + n_new))) {
             /* out of blocks: the youngest running sequence gives its blocks back (perhaps s itself) */
             llm_seq *victim = arrpop(sch->running);
@@ -4237,6 +4291,11 @@ static void llm_schedule(llm_scheduler *sch) {
         llm_schedule_add(sch, s, n_new, &budget);
     }
     if (preempted) return; /* the pool is short: nobody new until the preempted are back */
+    /* speculative decoding: proposals from the blocks and budget left, never preempting anyone for them */
+    for (int i = 0; i < arrlen(sch->scheduled) && budget > 0; i++) {
+        int n_draft = llm_seq_speculate(sch, sch->scheduled[i], budget);
+        sch->n_new[i] += n_draft; budget -= n_draft;
+    }
     if (sch->static_batching) {
         if (arrlen(sch->running) == 0) sch->static_batch_open = 1;
         if (!sch->static_batch_open) return;
@@ -8987,6 +9046,7 @@ llm_engine_config llm_engine_defaults(void) {
     llm_engine_config c;
     memset(&c, 0, sizeof c);
     c.block_size = 16; c.max_num_seqs = 256; c.max_num_batched_tokens = 2048; c.enable_prefix_caching = 1;
+    c.spec_ngram_max = 4; c.spec_ngram_min = 2;
     return c;
 }
 
@@ -9021,6 +9081,11 @@ static int llm_engine_check_config(const llm_engine_config *c, char *err) {
         return llm_fail(err, "num_blocks and max_model_len must be >= 0");
     if (!(c->kv_fraction >= 0 && c->kv_fraction <= 1))
         return llm_fail(err, "kv_fraction must be in [0, 1] (0: the backend's default)");
+    if (c->spec_tokens < 0 || c->spec_tokens > LLM_SPEC_MAX)
+        return llm_fail(err, "num_speculative_tokens must be between 0 and %d, got %d", LLM_SPEC_MAX, c->spec_tokens);
+    if (c->spec_tokens && (c->spec_ngram_min < 1 || c->spec_ngram_max < c->spec_ngram_min || c->spec_ngram_max > 64))
+        return llm_fail(err, "prompt_lookup_min must be at least 1 and prompt_lookup_max between it and 64, got "
+                        "%d and %d", c->spec_ngram_min, c->spec_ngram_max);
     return 0;
 }
 
@@ -9106,6 +9171,8 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
     }
     sch->bm = &e->bm; sch->static_batching = cfg->static_batching; sch->static_batch_open = 1;
     sch->max_num_seqs = cfg->max_num_seqs; sch->max_num_batched_tokens = cfg->max_num_batched_tokens;
+    sch->spec_tokens = cfg->spec_tokens; sch->spec_ngram_max = cfg->spec_ngram_max;
+    sch->spec_ngram_min = cfg->spec_ngram_min; sch->max_model_len = e->max_model_len;
     return e;
 }
 
@@ -9358,14 +9425,13 @@ static int llm_engine_forward(llm_engine *e, char *err) {
         llm_seq *s = sch->scheduled[i];
         arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
         int scoring = s->plp_state == LLM_PLP_PENDING, n_prompt = s->req->n_prompt;
-        for (int j = 0; j < sch->n_new[i]; j++) {
-            int pos = s->n_computed + j;
-            arrput(e->b_tokens, s->tokens[pos]);
+        int len = (int)arrlen(s->tokens), end = s->n_computed + sch->n_new[i];
+        for (int pos = s->n_computed; pos < end; pos++) { /* past the tokens: the proposal's */
+            arrput(e->b_tokens, pos < len ? s->tokens[pos] : s->draft[pos - len]);
             arrput(e->b_positions, pos);
-            if (scoring && pos < n_prompt - 1) arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
+            if ((scoring && pos < n_prompt - 1) || (end >= len && pos >= len - 1)) /* the last and proposed */
+                arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
         }
-        if (s->n_computed + sch->n_new[i] == arrlen(s->tokens))
-            arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
     }
     arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
     for (int g = 0; g < sch->n_kv_groups; g++) /* group by group */
@@ -9563,15 +9629,48 @@ static void llm_seq_score_prompt(llm_engine *e, llm_seq *s, int pos, const float
     s->plp[pos] = logits[token] - lse; s->plp_rank[pos] = rank;
 }
 
+/* 5. Speculative decoding: the rows of the last token and of the proposal's tokens, sampled in turn as if
+ *    each came alone (stop strings, max_tokens, logprobs, penalties see each), while the token sampled is
+ *    the one proposed: its K/V, computed from it, stand. A sampled token is exactly the model's draw, so a
+ *    proposed one is kept with the probability the model gives it and, when not, the token drawn instead
+ *    follows the model's distribution without it: the rejection-sampling rule with a one-hot proposal; the
+ *    same tokens, greedily. The blocks past what was kept go back to the pool. */
+static void llm_seq_verify(llm_engine *e, llm_seq *s, const float *logits) {
+    int V = e->model.cfg.vocab_size, n_draft = s->n_draft, accepted = 0;
+    for (int j = 0; j <= n_draft; j++) {
+        llm_seq_accept(e, s, logits + (size_t)j * V);
+        if (s->status == LLM_SEQ_FINISHED || j == n_draft || s->tokens[arrlen(s->tokens) - 1] != s->draft[j]) break;
+        s->n_computed++; accepted++;
+        e->stats.spec_accepted_at[j]++;
+    }
+    e->stats.spec_drafts++; e->stats.spec_draft_tokens += n_draft; e->stats.spec_accepted_tokens += accepted;
+    s->n_draft = 0;
+    if (s->status == LLM_SEQ_FINISHED) return; /* its blocks went back */
+    int bs = e->cfg.block_size, keep = ((int)arrlen(s->tokens) + bs - 1) / bs;
+    for (int g = 0; g < s->n_kv_groups; g++) {
+        while (arrlen(s->block_tables[g]) > keep) {
+            int id = arrpop(s->block_tables[g]);
+            if (id >= 0) llm_block_release(&e->bm, id);
+        }
+    }
+    llm_seq_hash_blocks(&e->bm, s);
+}
+
 /* 5. The step's tokens are computed: full blocks are named for the prefix cache, prompt tokens are scored
  *    (prompt_logprobs), and each sequence at the end of its tokens samples the next one (n > 1: the prompt
- *    forks first; each sample draws from its row). */
+ *    forks first; each sample draws from its row), or checks its proposal. */
 static void llm_engine_sample(llm_engine *e) {
     llm_scheduler *sch = &e->sched;
     int row = 0, V = e->model.cfg.vocab_size;
     for (int i = 0; i < arrlen(sch->scheduled); i++) {
         llm_seq *s = sch->scheduled[i];
         int start = s->n_computed, end = start + sch->n_new[i], n_prompt = s->req->n_prompt;
+        if (s->n_draft) { /* its last token computed, and the proposal's, whose K/V stand only if kept */
+            s->n_computed = start + 1;
+            llm_seq_verify(e, s, e->logits + (size_t)row * V);
+            row += sch->n_new[i];
+            continue;
+        }
         if (start < n_prompt) e->stats.prompt_tokens_computed += (end < n_prompt ? end : n_prompt) - start;
         s->n_computed = end;
         llm_seq_hash_blocks(&e->bm, s);
@@ -9622,7 +9721,7 @@ llm_engine_stats llm_engine_get_stats(llm_engine *e) {
     s.backend = e->backend->name; s.backend_note = e->backend_note;
     s.block_size = e->cfg.block_size; s.max_model_len = e->max_model_len;
     s.kv_bytes_per_block = llm_kv_bytes_per_block(&e->model.cfg, s.block_size, e->backend->kv_value_bytes);
-    s.kv_groups = e->sched.n_kv_groups;
+    s.kv_groups = e->sched.n_kv_groups; s.spec_tokens = e->sched.spec_tokens;
     s.running = (int)arrlen(e->sched.running); s.waiting = (int)arrlen(e->sched.waiting);
     s.num_blocks = e->bm.num_blocks; s.num_free_blocks = e->bm.num_free_blocks;
     s.num_cached_blocks = (int)hmlen(e->bm.cached);

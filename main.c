@@ -68,6 +68,10 @@ static const char *usage =
     "  --max-num-batched-tokens N   token budget per step (default 2048)\n"
     "  --max-model-len N      context length (default: the model's)\n"
     "  --no-prefix-caching    turn automatic prefix caching off\n"
+    "  --spec-ngram K         speculative decoding by n-gram lookup: up to K tokens proposed from the text\n"
+    "                         before (prompt lookup), checked in one step; the same output (default off)\n"
+    "  --speculative-config J the same as vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": K,\n"
+    "                         \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}\n"
     "  --cpu                  run on the CPU even when a GPU is there\n"
     "  --cpu-exact            the CPU's plain-C reference path: weights converted to f32 row by row, no\n"
     "                         rounding of activations (slower; what the fast path is checked against)\n"
@@ -98,6 +102,9 @@ static const char *usage =
     "  --input-len MIN:MAX    prompt lengths, drawn uniformly (default 100:1024)\n"
     "  --output-len MIN:MAX   output lengths, drawn uniformly, EOS ignored (default 100:1024)\n"
     "  --seed S               workload seed (default 0)\n"
+    "  --workload W           random: prompts of random token ids, outputs of --output-len (default); edit:\n"
+    "                         chat requests to rewrite a text with one name changed, answered in full (the\n"
+    "                         answer is mostly the prompt's text: where speculative decoding pays)\n"
     "  --static               static batching: a batch is filled and no one joins until all in it finish\n";
 
 /* "weights 86.2 MiB (q4_1 x210, q8_0 x1, f32 x61)": what the model takes in memory, tensors kept in the
@@ -163,6 +170,7 @@ typedef struct {
     const char *grammar_file, *json_schema, *regex; /* at most one: made into sampling.grammar */
     /* bench */
     int num_prompts, in_min, in_max, out_min, out_max;
+    int workload_edit;              /* llm bench --workload edit: prompts that hold most of their answer */
     uint64_t bench_seed;
 } args_t;
 
@@ -251,6 +259,39 @@ static int grammar_from_flags(args_t *a, char **gbnf) {
 }
 
 /* Returns the index of the first positional argument, or -1 after printing what is wrong. */
+/* --speculative-config, vLLM's JSON: the ngram method, its keys; any other method or key is refused */
+static int speculative_config(llm_engine_config *c, const char *text) {
+    char err[LLM_ERR_LEN];
+    llm_json j;
+    if (llm_json_parse(text, strlen(text), &j, err) != 0) {
+        fprintf(stderr, "llm: --speculative-config: %s\n", err);
+        return -1;
+    }
+    int rc = j.type == LLM_JSON_OBJECT ? 0 : -1;
+    if (rc) fprintf(stderr, "llm: --speculative-config takes a JSON object\n");
+    for (int i = 0; !rc && i < j.n; i++) {
+        const llm_json *v = &j.items[i];
+        const char *k = j.keys[i];
+        int *field = !strcmp(k, "num_speculative_tokens") ? &c->spec_tokens
+                   : !strcmp(k, "prompt_lookup_max") ? &c->spec_ngram_max
+                   : !strcmp(k, "prompt_lookup_min") ? &c->spec_ngram_min : NULL;
+        if (!strcmp(k, "method")) {
+            if (v->type == LLM_JSON_STRING && !strcmp(v->str, "ngram")) continue;
+            fprintf(stderr, "llm: --speculative-config: method must be \"ngram\" (the only one here)\n");
+            rc = -1;
+        } else if (!field) {
+            fprintf(stderr, "llm: --speculative-config: unknown key \"%s\" (it takes method, "
+                    "num_speculative_tokens, prompt_lookup_max, prompt_lookup_min)\n", k);
+            rc = -1;
+        } else if (v->type != LLM_JSON_NUMBER || v->num != (int)v->num || v->num < 0 || v->num > 64) {
+            fprintf(stderr, "llm: --speculative-config: %s must be a whole number from 0 to 64\n", k);
+            rc = -1;
+        } else *field = (int)v->num;
+    }
+    llm_json_free(&j);
+    return rc;
+}
+
 static int parse_args(int argc, char **argv, int start, args_t *a) {
     for (int i = start; i < argc; i++) {
         const char *f = argv[i];
@@ -332,6 +373,8 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         }
         else if (FLAG("--max-model-len")) { INT(1, 1 << 24); a->engine.max_model_len = (int)x; }
         else if (FLAG("--no-prefix-caching")) a->engine.enable_prefix_caching = 0;
+        else if (FLAG("--spec-ngram")) { INT(1, LLM_SPEC_MAX); a->engine.spec_tokens = (int)x; }
+        else if (FLAG("--speculative-config")) { NEED(); if (speculative_config(&a->engine, v) != 0) return -1; }
         else if (FLAG("--cpu")) a->engine.create_backend = llm_cpu_backend_create;
         else if (FLAG("--cpu-exact")) a->engine.create_backend = llm_cpu_exact_backend_create;
         else if (FLAG("--cpu-int8")) a->engine.create_backend = llm_cpu_int8_backend_create;
@@ -346,6 +389,14 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
             }
         }
         else if (FLAG("--static")) a->engine.static_batching = 1;
+        else if (FLAG("--workload")) {
+            NEED();
+            if (strcmp(v, "random") && strcmp(v, "edit")) {
+                fprintf(stderr, "llm: --workload is random or edit, not %s\n", v);
+                return -1;
+            }
+            a->workload_edit = !strcmp(v, "edit");
+        }
         else if (f[0] == '-' && f[1]) {
             fprintf(stderr, "llm: unknown option %s (see llm --help)\n", f);
             return -1;
@@ -406,6 +457,19 @@ static void resolve_sampling(args_t *a, const llm_model *m, int chat_mode, char 
 }
 
 /* ---- one-shot generation and the REPL ---- */
+/* Speculative decoding's figures, as vLLM logs them: proposals, tokens proposed and accepted, the mean
+ * acceptance length (tokens a step gives a sequence: 1 + the accepted per proposal), and per position */
+static void print_spec(FILE *f, const llm_engine_stats *st) {
+    if (!st->spec_tokens) return;
+    fprintf(f, "speculative decoding: %lld proposals of %lld tokens, %lld accepted (%.1f%%), mean acceptance "
+            "length %.2f; accepted at each position:", (long long)st->spec_drafts,
+            (long long)st->spec_draft_tokens, (long long)st->spec_accepted_tokens,
+            st->spec_draft_tokens ? 100.0 * st->spec_accepted_tokens / st->spec_draft_tokens : 0.0,
+            st->spec_drafts ? 1.0 + (double)st->spec_accepted_tokens / st->spec_drafts : 1.0);
+    for (int i = 0; i < st->spec_tokens; i++) fprintf(f, " %lld", (long long)st->spec_accepted_at[i]);
+    fprintf(f, "\n");
+}
+
 static int generate(llm_engine *e, args_t *a, const char *prompt, int echo_prompt) {
     char err[LLM_ERR_LEN];
     double t0 = now_s();
@@ -437,6 +501,8 @@ static int generate(llm_engine *e, args_t *a, const char *prompt, int echo_promp
     if (!t_first) t_first = t1;
     fprintf(stderr, "\nllm: prompt %d tokens, %.1f tok/s; generated %d tokens, %.1f tok/s\n", n_prompt,
             n_prompt / (t_first - t0 + 1e-9), n_gen, n_gen > 1 ? (n_gen - 1) / (t1 - t_first + 1e-9) : 0.0);
+    llm_engine_stats st = llm_engine_get_stats(e);
+    if (st.spec_tokens) { fprintf(stderr, "llm: "); print_spec(stderr, &st); }
     return rc;
 }
 
@@ -912,6 +978,46 @@ static int tokenize_cmd(args_t *a, const char *text) {
 }
 
 /* ---- bench: offline throughput ---- */
+/* llm bench --workload edit: a request to rewrite a text of 4 to 9 sentences with one name changed, rendered
+ * by the model's chat template (as a user message); its answer is mostly the text again. Returns the prompt
+ * (malloc'ed) or NULL. */
+static char *edit_prompt(const llm_chat_template *tmpl, uint64_t *rng) {
+    static const char *const sentences[] = {
+        "%s opened the shop at seven, as every morning, and swept the steps before the first customers came.",
+        "The river had risen overnight, and %s walked along the bank to see how far the water had come.",
+        "At the meeting %s asked for the report on last year's budget to be sent to every member.",
+        "Nobody in the village knew that %s had once sailed around the world on a small boat.",
+        "The train was late again, so %s read the newspaper from the first page to the last.",
+        "When the storm cut the power, %s lit the candles and told the children old stories.",
+        "The garden behind the library needs new benches, and %s offered to build them in the spring.",
+        "In the evening %s wrote three letters: one to the bank, one to the school and one to an old friend.",
+        "The bakery on the corner sells the best bread in town, and %s buys a loaf there every Friday.",
+        "After the concert %s stayed behind to help the musicians carry their instruments to the van.",
+        "The new bridge will open in March, the mayor said, and %s will cut the ribbon.",
+        "On Sundays %s takes the dog for a long walk through the forest and up the hill to the old tower.",
+    };
+    static const char *const names[][2] = {{"Anna", "Maria"}, {"Tom", "Peter"}, {"Mr. Brown", "Mrs. Green"},
+                                           {"the captain", "the teacher"}, {"Lucas", "Sophie"}};
+    const char *const *name = names[llm_splitmix64(rng) % (sizeof names / sizeof *names)];
+    int n = 4 + (int)(llm_splitmix64(rng) % 6);
+    char text[4096], request[4608];
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        char sentence[256];
+        snprintf(sentence, sizeof sentence, sentences[llm_splitmix64(rng) % (sizeof sentences / sizeof *sentences)],
+                 name[0]);
+        if (i == 0 && sentence[0] >= 'a' && sentence[0] <= 'z') sentence[0] = (char)(sentence[0] - 'a' + 'A');
+        at += (size_t)snprintf(text + at, sizeof text - at, "%s%s", i ? " " : "", sentence);
+    }
+    snprintf(request, sizeof request, "Rewrite this text with \"%s\" changed to \"%s\". Change nothing else "
+             "and write only the text.\n\n%s", name[0], name[1], text);
+    llm_chat_message msg = {"user", request};
+    int len = llm_chat_render(tmpl, &msg, 1, NULL, 1, NULL, 0);
+    char *out = len >= 0 ? (char *)malloc((size_t)len + 1) : NULL;
+    if (out) llm_chat_render(tmpl, &msg, 1, NULL, 1, out, len + 1);
+    return out;
+}
+
 static int bench(args_t *a) {
     char err[LLM_ERR_LEN];
     if (!a->engine.model_path && !a->engine.dummy) {
@@ -937,8 +1043,32 @@ static int bench(args_t *a) {
     uint64_t rng = a->bench_seed * 0x9e3779b97f4a7c15ull + 12345;
     int64_t total_in = 0;
     int rejected = 0;
+    llm_chat_template tmpl;
+    int32_t stop_ids[8];
+    int n_stop_ids = 0;
+    if (a->workload_edit) { /* chat requests: the model's template, and its end-of-turn tokens */
+        llm_str text = m->tok ? llm_gguf_string(&m->gguf, "tokenizer.chat_template") : (llm_str){NULL, 0};
+        if (!m->tok || llm_chat_template_init(&tmpl, text.ptr, text.len, m->tok, a->chat_template, err) != 0) {
+            fprintf(stderr, "llm bench: --workload edit needs a model with a tokenizer%s%s\n", m->tok ? ": " : "",
+                    m->tok ? err : "");
+            llm_engine_destroy(e);
+            return 1;
+        }
+        n_stop_ids = llm_chat_stop_ids(&tmpl, m->tok, stop_ids, 8);
+        if (n_stop_ids > 8) n_stop_ids = 8;
+    }
     double t0 = now_s();
-    for (int r = 0; r < a->num_prompts; r++) {
+    for (int r = 0; r < a->num_prompts && a->workload_edit; r++) {
+        char *prompt = edit_prompt(&tmpl, &rng);
+        llm_sampling_params p = llm_sampling_defaults();
+        p.temperature = 0; p.max_tokens = 1024; p.stop_token_ids = stop_ids; p.n_stop_token_ids = n_stop_ids;
+        if (!prompt || !llm_engine_add_request(e, prompt, NULL, 0, &p, NULL, err)) { /* its tokens: at the end */
+            fprintf(stderr, "llm bench: request rejected: %s\n", prompt ? err : "out of memory");
+            rejected++;
+        }
+        free(prompt);
+    }
+    for (int r = 0; r < a->num_prompts && !a->workload_edit; r++) {
         int in_len = a->in_min + (int)(llm_splitmix64(&rng) % (uint64_t)(a->in_max - a->in_min + 1));
         int out_len = a->out_min + (int)(llm_splitmix64(&rng) % (uint64_t)(a->out_max - a->out_min + 1));
         if (in_len >= max_model_len) in_len = max_model_len - 1;
@@ -981,6 +1111,7 @@ static int bench(args_t *a) {
         for (int i = 0; i < n; i++) {
             total_out += out[i].n_tokens;
             done += out[i].finish_reason != LLM_FINISH_NONE;
+            if (a->workload_edit && out[i].finish_reason) total_in += out[i].n_prompt_tokens;
             if (out[i].finish_reason == LLM_FINISH_ERROR && failed++ == 0)
                 fprintf(stderr, "llm bench: %s\n", out[i].error);
         }
@@ -1019,6 +1150,7 @@ static int bench(args_t *a) {
     printf("mean KV usage: %.1f%%, peak running: %d, steps: %lld, preemptions: %lld, prompt tokens computed: "
            "%lld\n", samples ? 100.0 * sum_usage / samples : 0.0, peak_running, (long long)st.steps,
            (long long)st.preemptions, (long long)st.prompt_tokens_computed);
+    print_spec(stdout, &st);
 
     /* The waste table of the vLLM paper: reserving max_model_len contiguous slots per request against
      * paging. Tokens here are a token's K and V in every layer: with windows (several groups of layers) the

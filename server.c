@@ -1802,6 +1802,17 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
     COUNTER("vllm:prompt_tokens_total", "Number of prefill tokens processed.", S->prompt_tokens_total);
     COUNTER("vllm:generation_tokens_total", "Number of generation tokens processed.", st.generation_tokens);
     COUNTER("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", st.preemptions);
+    if (st.spec_tokens > 0) { /* as vLLM: with speculative decoding on */
+        COUNTER("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", st.spec_drafts);
+        COUNTER("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", st.spec_draft_tokens);
+        COUNTER("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.",
+                st.spec_accepted_tokens);
+        sb_puts(&b, "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.\n"
+                    "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n");
+        for (int i = 0; i < st.spec_tokens; i++)
+            sb_printf(&b, "vllm:spec_decode_num_accepted_tokens_per_pos_total{" SRV_LABELS ",position=\"%d\"} %lld\n",
+                      model, i, (long long)st.spec_accepted_at[i]);
+    }
 #undef GAUGE
 #undef COUNTER
     sb_puts(&b, "# HELP vllm:request_success_total Count of successfully processed requests.\n"

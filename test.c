@@ -2674,6 +2674,157 @@ static void test_sliding_window_blocks(void) {
     free(r);
 }
 
+/* Speculative decoding by n-gram lookup: greedy output with it equals greedy output without, token for token,
+ * on models whose text repeats its prompt (the prompt holds a passage twice: the proposals come from it):
+ * stories260K alone, several requests batched, in a pool so small that they are preempted, a prompt taken
+ * from the prefix cache, n = 2, under a grammar, with a stop string; the random models whose output repeats
+ * (random-qwen3, -llama3, -qwen2, the mixture of experts -qwen2moe; the others' random text never does);
+ * SmolLM2 on the default
+ * path, asked to repeat a text, alone and with a stop string that lands inside an accepted run. Fewer steps
+ * each time; every block comes back; the metrics add up: the accepted tokens are those counted at each
+ * position, at most those proposed.
+ * Sampled, the first tokens' frequencies over 400 seeds with and without speculation pass a chi-square test
+ * of one distribution (stories260K, temperature 1). */
+static llm_engine *spec_engine(const char *model, int spec, int num_blocks) {
+    llm_engine_config cfg = engine_config(model);
+    cfg.spec_tokens = spec; cfg.num_blocks = num_blocks;
+    return engine_new(&cfg);
+}
+
+/* Runs the prompts (each with p, prompt k's stop string stops[k] if any) on model, with spec tokens, and
+ * returns the results; *st the engine's stats at the end. */
+static void spec_run(run_result *r, const char *model, int spec, int num_blocks, const char *const *prompts,
+                     int n_prompts, const llm_sampling_params *p, llm_engine_stats *st, int twice) {
+    llm_engine *e = spec_engine(model, spec, num_blocks);
+    if (!e) return;
+    for (int round = 0; round <= twice; round++) {
+        for (int k = 0; k < n_prompts; k++) run_add(e, r, prompts[k], NULL, 0, p);
+        run_engine(e, r);
+    }
+    *st = llm_engine_get_stats(e);
+    CHECK(all_blocks_free(e), "speculative decoding on %s: every block back", model);
+    llm_engine_destroy(e);
+}
+
+static int spec_same(const run_result *a, const run_result *b, int n_samples) {
+    int same = a->n_requests == b->n_requests;
+    for (int i = 0; same && i < a->n_requests; i++)
+        for (int k = 0; k < n_samples; k++)
+            same &= a->n_tokens[i][k] > 0 && a->n_tokens[i][k] == b->n_tokens[i][k] &&
+                    !memcmp(a->tokens[i][k], b->tokens[i][k], (size_t)a->n_tokens[i][k] * 4) &&
+                    a->text_len[i][k] == b->text_len[i][k] && a->finish[i][k] == b->finish[i][k] &&
+                    !memcmp(a->text[i][k], b->text[i][k], (size_t)(a->text_len[i][k] < 4096 ? a->text_len[i][k] : 0));
+    return same;
+}
+
+static void test_speculative(void) {
+    static const char *const story =
+        "Once upon a time there was a little girl named Lily. She loved to play in the park with her big red "
+        "ball. One day she saw a dog. The dog was sad because it was lost. Lily helped the dog find its home.";
+    char repeated[3][1024];
+    for (int k = 0; k < 3; k++)
+        snprintf(repeated[k], sizeof repeated[k], "%s %s %.*s", story + k * 10, story + k * 10, 40 + k * 9, story);
+    const char *prompts[3] = {repeated[0], repeated[1], repeated[2]};
+    static const char *const repeat_prompts[1] = {
+        "<|im_start|>user\nRepeat this text exactly, word for word: The committee met on Tuesday to review the "
+        "budget for the new library. After a long discussion, the members agreed to fund the children's reading "
+        "room, the computer lab, and a small garden behind the building. The work will begin in March.<|im_end|>\n"
+        "<|im_start|>assistant\n"};
+    run_result *r = (run_result *)calloc(2, sizeof *r);
+    if (!r) return;
+#define SMOLLM2 "../../models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    struct { const char *what, *model; int n_prompts, num_blocks, n, twice; const char *stop, *grammar; } cases[] = {
+        {"alone", "stories260K.gguf", 1, 0, 1, 0, NULL, NULL},
+        {"batched", "stories260K.gguf", 3, 0, 1, 0, NULL, NULL},
+        {"preempted", "stories260K.gguf", 3, 40, 1, 0, NULL, NULL},
+        {"prefix cached", "stories260K.gguf", 1, 0, 1, 1, NULL, NULL},
+        {"n = 2", "stories260K.gguf", 2, 0, 2, 0, NULL, NULL},
+        {"a stop string", "stories260K.gguf", 1, 0, 1, 0, "mommy told", NULL},
+        {"a grammar", "stories260K.gguf", 2, 0, 1, 0, NULL, "root ::= [A-Za-z .,]+"},
+        {"random-qwen3", "random-qwen3-qknorm.gguf", 2, 0, 1, 0, NULL, NULL},
+        {"random-llama3", "random-llama3-gqa.gguf", 2, 0, 1, 0, NULL, NULL},
+        {"random-qwen2", "random-qwen2-bias.gguf", 2, 0, 1, 0, NULL, NULL},
+        {"random-qwen2moe", "random-qwen2moe.gguf", 2, 0, 1, 0, NULL, NULL},
+        {"SmolLM2", SMOLLM2, 1, 0, 1, 0, NULL, NULL},
+        {"SmolLM2, a stop string", SMOLLM2, 1, 0, 1, 0, "the computer", NULL},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        llm_sampling_params p = greedy(120);
+        p.n = cases[c].n;
+        const char *stops[1] = {cases[c].stop};
+        if (cases[c].stop) { p.stop = stops; p.n_stop = 1; }
+        p.grammar = cases[c].grammar;
+        const char *const *texts = strstr(cases[c].model, "SmolLM2") ? repeat_prompts : prompts;
+        llm_engine_stats st[2];
+        memset(r, 0, 2 * sizeof *r);
+        for (int spec = 0; spec < 2; spec++)
+            spec_run(&r[spec], cases[c].model, spec ? 5 : 0, cases[c].num_blocks, texts, cases[c].n_prompts,
+                     &p, &st[spec], cases[c].twice);
+        int64_t at = 0;
+        for (int j = 0; j < LLM_SPEC_MAX; j++) at += st[1].spec_accepted_at[j];
+        printf("  speculative decoding, %s: %lld of %lld proposed tokens accepted, %lld steps instead of %lld\n",
+               cases[c].what, (long long)st[1].spec_accepted_tokens, (long long)st[1].spec_draft_tokens,
+               (long long)st[1].steps, (long long)st[0].steps);
+        CHECK(spec_same(&r[0], &r[1], cases[c].n) && st[1].spec_accepted_tokens > 0 && st[0].spec_drafts == 0 &&
+              at == st[1].spec_accepted_tokens && st[1].spec_accepted_tokens <= st[1].spec_draft_tokens &&
+              st[1].steps < st[0].steps && (!cases[c].num_blocks || st[1].preemptions > 0) &&
+              (!cases[c].twice || st[1].prefix_cache_hits > 0) &&
+              (!cases[c].stop || r[1].finish[0][0] == LLM_FINISH_STOP),
+              "speculative decoding, %s: the same output as without (%lld proposals, %lld of %lld tokens accepted; "
+              "%lld steps, not %lld; %lld preemptions)", cases[c].what, (long long)st[1].spec_drafts,
+              (long long)st[1].spec_accepted_tokens, (long long)st[1].spec_draft_tokens, (long long)st[1].steps,
+              (long long)st[0].steps, (long long)st[1].preemptions);
+    }
+    free(r);
+
+    /* sampled: 300 seeds, 6 tokens each, temperature 1, with and without speculation. Each row is sampled in
+     * turn with the sequence's generator, as without speculation, so on this batch-invariant model every seed
+     * gives the same tokens; and the sixth token's frequencies pass a chi-square test of one distribution
+     * (bins of at least 5 in all, the rest pooled; the bound is chi-square's 0.999 quantile, Wilson-Hilferty) */
+    enum { SEEDS = 300, LEN = 6, BATCH = 60 };
+    int32_t (*seqs)[SEEDS][LEN] = (int32_t (*)[SEEDS][LEN])calloc(2, sizeof *seqs);
+    r = (run_result *)calloc(1, sizeof *r);
+    llm_engine_stats st = {0};
+    for (int spec = 0; seqs && r && spec < 2; spec++) {
+        llm_engine *e = spec_engine("stories260K.gguf", spec ? 5 : 0, 0);
+        for (int b0 = 0; e && b0 < SEEDS; b0 += BATCH) {
+            memset(r, 0, sizeof *r);
+            for (int i = b0; i < b0 + BATCH; i++) {
+                llm_sampling_params p = llm_sampling_defaults();
+                p.temperature = 1; p.top_k = 0; p.top_p = 1; p.min_p = 0; p.max_tokens = LEN; p.seed = i;
+                run_add(e, r, prompts[0], NULL, 0, &p);
+            }
+            run_engine(e, r);
+            for (int i = 0; i < BATCH; i++) memcpy(seqs[spec][b0 + i], r->tokens[i][0], LEN * sizeof(int32_t));
+        }
+        if (e && spec) st = llm_engine_get_stats(e);
+        llm_engine_destroy(e);
+    }
+    int same = 0, count[2][512] = {{0}};
+    for (int i = 0; seqs && i < SEEDS; i++) {
+        same += !memcmp(seqs[0][i], seqs[1][i], sizeof seqs[0][i]);
+        for (int spec = 0; spec < 2; spec++) count[spec][seqs[spec][i][LEN - 1] & 511]++;
+    }
+    double chi2 = 0, pooled[2] = {0, 0};
+    int df = -1;
+    for (int v = 0; v <= 512; v++) {
+        double a = v < 512 ? count[0][v] : pooled[0], b2 = v < 512 ? count[1][v] : pooled[1];
+        if (v < 512 && a + b2 < 5) { pooled[0] += a; pooled[1] += b2; continue; }
+        if (a + b2 == 0) continue;
+        chi2 += (a - b2) * (a - b2) / (a + b2); /* two samples of equal size */
+        df++;
+    }
+    double z = 3.09, h = 2.0 / (9.0 * (df > 0 ? df : 1));
+    double bound = (df > 0 ? df : 1) * pow(1 - h + z * sqrt(h), 3);
+    printf("  speculative decoding, sampled: %d of %d seeds the same tokens; chi-square %.2f on %d degrees of "
+           "freedom (bound %.2f); %lld of %lld proposed tokens accepted\n", same, SEEDS, chi2, df, bound,
+           (long long)st.spec_accepted_tokens, (long long)st.spec_draft_tokens);
+    CHECK(seqs && same == SEEDS && chi2 <= bound && st.spec_accepted_tokens > 0,
+          "speculative decoding, sampled: %d of %d seeds the same tokens, chi-square %.2f (bound %.2f)", same, SEEDS,
+          chi2, bound);
+    free(seqs); free(r);
+}
+
 static void test_parallel_sampling(void) {
     llm_engine_config cfg = engine_config("stories260K.gguf");
     llm_engine *e = engine_new(&cfg);
@@ -5738,6 +5889,61 @@ static double metric(int port, const char *name) {
     return v;
 }
 
+/* llm serve --speculative-config (vLLM's JSON): a greedy completion whose text repeats its prompt gives the
+ * bytes a server without it gives, and /metrics has vLLM's spec_decode counters, which add up (the accepted
+ * tokens are those counted per position, at most those proposed). A method other than ngram, or a key it
+ * does not know, stops the server at its start, naming it. */
+static void test_server_speculative(void) {
+    test_server plain, spec;
+    if (server_start(&plain, "") != 0) { server_stop(&plain); return; }
+    if (server_start(&spec, "--speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                            "\"prompt_lookup_max\": 3, \"prompt_lookup_min\": 2}'") != 0) {
+        server_stop(&plain); server_stop(&spec); return;
+    }
+    const char *body = "{\"prompt\":\"Lily and Ben went to the park. They saw a big red ball. Lily and Ben went "
+                       "to the park. They saw\",\"max_tokens\":60,\"temperature\":0}";
+    char *a = http_post(plain.port, "/v1/completions", body, NULL), *b = http_post(spec.port, "/v1/completions", body, NULL);
+    const char *ta = a ? strstr(a, "\"text\":") : NULL, *tb = b ? strstr(b, "\"text\":") : NULL;
+    const char *ea = ta ? strstr(ta, "\",\"") : NULL, *eb = tb ? strstr(tb, "\",\"") : NULL;
+    CHECK(http_status(a) == 200 && http_status(b) == 200 && ea && eb && ea - ta == eb - tb &&
+          !memcmp(ta, tb, (size_t)(ea - ta)), "serve --speculative-config: the same text as without: %s / %s",
+          a ? a : "", b ? b : "");
+    free(a); free(b);
+    char *m = http_get(spec.port, "/metrics", NULL);
+    double drafts = metric(spec.port, "vllm:spec_decode_num_drafts_total");
+    double proposed = metric(spec.port, "vllm:spec_decode_num_draft_tokens_total");
+    double accepted = metric(spec.port, "vllm:spec_decode_num_accepted_tokens_total"), per_pos = 0;
+    int positions = 0;
+    for (const char *p = m; p && (p = strstr(p, "\nvllm:spec_decode_num_accepted_tokens_per_pos_total{")); p++) {
+        const char *end = strchr(p, '}');
+        if (end) { per_pos += strtod(end + 1, NULL); positions++; }
+    }
+    CHECK(m && strstr(m, "\n# TYPE vllm:spec_decode_num_drafts_total counter\n") && drafts > 0 &&
+          accepted > 0 && accepted <= proposed && proposed <= 4 * drafts && positions == 4 && per_pos == accepted,
+          "serve --speculative-config: /metrics drafts %g, proposed %g, accepted %g (per position %g in %d)",
+          drafts, proposed, accepted, per_pos, positions);
+    free(m);
+    m = http_get(plain.port, "/metrics", NULL);
+    CHECK(m && !strstr(m, "spec_decode"), "serve without speculation: no spec_decode metrics, as vLLM");
+    free(m);
+    CHECK(server_stop(&plain) == 0 && server_stop(&spec) == 0, "serve --speculative-config: both stop cleanly");
+    static const char *const refused[][2] = {
+        {"--speculative-config '{\"method\": \"eagle\"}'", "method must be \"ngram\""},
+        {"--speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"draft_tp\": 1}'",
+         "unknown key \"draft_tp\""},
+        {"--speculative-config '{\"num_speculative_tokens\": 40}'", "num_speculative_tokens must be between"},
+        {"--spec-ngram 17", "--spec-ngram"}};
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        char cmd[512];
+        int status;
+        snprintf(cmd, sizeof cmd, "./llm serve -m %s --port 0 %s 2>&1", model_path("stories260K.gguf"), refused[i][0]);
+        char *out = run_command(cmd, &status);
+        CHECK(status != 0 && out && strstr(out, refused[i][1]), "llm serve %s: refused (%s): %s", refused[i][0],
+              refused[i][1], out ? out : "");
+        free(out);
+    }
+}
+
 static void test_server_endpoints(void) {
     test_server s;
     if (server_start(&s, "") != 0) { server_stop(&s); return; }
@@ -8162,6 +8368,7 @@ int main(int argc, char **argv) {
         {"sampler", test_sampler}, {"block manager", test_block_manager},
         {"batch invariance", test_batch_invariance},
         {"prefix cache", test_prefix_cache}, {"sliding window blocks", test_sliding_window_blocks},
+        {"speculative decoding", test_speculative},
         {"parallel sampling", test_parallel_sampling},
         {"stop conditions", test_stop_conditions}, {"logit bias", test_logit_bias},
         {"grammar: GBNF", test_grammar_gbnf}, {"grammar: masks", test_grammar_masks},
@@ -8185,6 +8392,7 @@ int main(int argc, char **argv) {
         {"chat template detection", test_chat_detect},
         {"chat, piped", test_chat_piped}, {"chat on a terminal", test_chat_terminal},
         {"server endpoints", test_server_endpoints}, {"server prompt logprobs", test_server_prompt_logprobs},
+        {"server speculative decoding", test_server_speculative},
         {"server errors", test_server_errors}, {"server structured output", test_server_structured},
         {"server tools and reasoning", test_server_tools}, {"server tools, Mistral", test_server_mistral_tools},
         {"server connections", test_server_connections},
