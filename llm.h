@@ -4501,7 +4501,8 @@ static int llm_seq_fork(llm_scheduler *sch, llm_seq *s) {
         memcpy(arraddnptr(c->tokens, n_tokens), s->tokens, (size_t)n_tokens * sizeof(int32_t));
         for (int g = 0; g < sch->n_kv_groups; g++) {
             int n_blocks = (int)arrlen(s->block_tables[g]);
-            memcpy(arraddnptr(c->block_tables[g], n_blocks), s->block_tables[g], (size_t)n_blocks * sizeof(int32_t));
+            memcpy(arraddnptr(c->block_tables[g], n_blocks), s->block_tables[g],
+                   (size_t)n_blocks * sizeof(int32_t));
             for (int b = 0; b < n_blocks; b++)
                 if (c->block_tables[g][b] >= 0) sch->bm->blocks[c->block_tables[g][b]].ref_count++;
         }
@@ -5422,7 +5423,7 @@ static int llm_cpu_alloc_kv(llm_backend *be, int num_blocks, int block_size, cha
 /* Copy-on-write: block dst becomes a copy of block src, in every layer of a group, for K and V. */
 static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
     size_t per_block = (size_t)c->block_size * c->model->cfg.n_kv_heads * c->model->cfg.head_dim;
-    for (int l = 0; l < llm_kv_group_layers(&c->model->cfg); l++) {
+    for (int l = 0, n = llm_kv_group_layers(&c->model->cfg); l < n; l++) {
         size_t layer = (size_t)l * c->num_blocks * per_block;
         memcpy(c->k + layer + (size_t)dst * per_block, c->k + layer + (size_t)src * per_block,
                per_block * sizeof(float));
@@ -9093,8 +9094,10 @@ static int llm_engine_check_config(const llm_engine_config *c, char *err) {
     if (!(c->kv_fraction >= 0 && c->kv_fraction <= 1))
         return llm_fail(err, "kv_fraction must be in [0, 1] (0: the backend's default)");
     if (c->spec_tokens < 0 || c->spec_tokens > LLM_SPEC_MAX)
-        return llm_fail(err, "num_speculative_tokens must be between 0 and %d, got %d", LLM_SPEC_MAX, c->spec_tokens);
-    if (c->spec_tokens && (c->spec_ngram_min < 1 || c->spec_ngram_max < c->spec_ngram_min || c->spec_ngram_max > 64))
+        return llm_fail(err, "num_speculative_tokens must be between 0 and %d, got %d", LLM_SPEC_MAX,
+                        c->spec_tokens);
+    if (c->spec_tokens &&
+        (c->spec_ngram_min < 1 || c->spec_ngram_max < c->spec_ngram_min || c->spec_ngram_max > 64))
         return llm_fail(err, "prompt_lookup_min must be at least 1 and prompt_lookup_max between it and 64, got "
                         "%d and %d", c->spec_ngram_min, c->spec_ngram_max);
     return 0;
@@ -9650,14 +9653,16 @@ static void llm_seq_verify(llm_engine *e, llm_seq *s, const float *logits) {
     int V = e->model.cfg.vocab_size, n_draft = s->n_draft, accepted = 0;
     for (int j = 0; j <= n_draft; j++) {
         llm_seq_accept(e, s, logits + (size_t)j * V);
-        if (s->status == LLM_SEQ_FINISHED || j == n_draft || s->tokens[arrlen(s->tokens) - 1] != s->draft[j]) break;
+        if (s->status == LLM_SEQ_FINISHED || j == n_draft || s->tokens[arrlen(s->tokens) - 1] != s->draft[j])
+            break;
         s->n_computed++; accepted++;
         e->stats.spec_accepted_at[j]++;
     }
     e->stats.spec_drafts++; e->stats.spec_draft_tokens += n_draft; e->stats.spec_accepted_tokens += accepted;
     s->n_draft = 0;
     int most = e->sched.spec_tokens;
-    s->spec_cap = accepted < n_draft ? (accepted > 1 ? accepted : 1) : 2 * s->spec_cap < most ? 2 * s->spec_cap : most;
+    s->spec_cap = accepted < n_draft ? (accepted > 1 ? accepted : 1)
+                                     : 2 * s->spec_cap < most ? 2 * s->spec_cap : most;
     s->spec_rate = 0.5f * s->spec_rate + 0.5f * (float)accepted / (float)n_draft;
     if (s->spec_rate >= 0.85f) s->spec_backoff = 1;
     else {

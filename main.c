@@ -283,7 +283,7 @@ static int speculative_config(llm_engine_config *c, const char *text) {
             fprintf(stderr, "llm: --speculative-config: unknown key \"%s\" (it takes method, "
                     "num_speculative_tokens, prompt_lookup_max, prompt_lookup_min)\n", k);
             rc = -1;
-        } else if (v->type != LLM_JSON_NUMBER || v->num != (int)v->num || v->num < 0 || v->num > 64) {
+        } else if (v->type != LLM_JSON_NUMBER || !(v->num >= 0 && v->num <= 64) || v->num != (int)v->num) {
             fprintf(stderr, "llm: --speculative-config: %s must be a whole number from 0 to 64\n", k);
             rc = -1;
         } else *field = (int)v->num;
@@ -1004,8 +1004,8 @@ static char *edit_prompt(const llm_chat_template *tmpl, uint64_t *rng) {
     size_t at = 0;
     for (int i = 0; i < n; i++) {
         char sentence[256];
-        snprintf(sentence, sizeof sentence, sentences[llm_splitmix64(rng) % (sizeof sentences / sizeof *sentences)],
-                 name[0]);
+        size_t pick = llm_splitmix64(rng) % (sizeof sentences / sizeof *sentences);
+        snprintf(sentence, sizeof sentence, sentences[pick], name[0]);
         if (i == 0 && sentence[0] >= 'a' && sentence[0] <= 'z') sentence[0] = (char)(sentence[0] - 'a' + 'A');
         at += (size_t)snprintf(text + at, sizeof text - at, "%s%s", i ? " " : "", sentence);
     }

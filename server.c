@@ -1807,11 +1807,12 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
         COUNTER("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", st.spec_draft_tokens);
         COUNTER("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.",
                 st.spec_accepted_tokens);
-        sb_puts(&b, "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.\n"
-                    "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n");
+#define PER_POS "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+        sb_puts(&b, "# HELP " PER_POS " Accepted tokens per draft position.\n# TYPE " PER_POS " counter\n");
         for (int i = 0; i < st.spec_tokens; i++)
-            sb_printf(&b, "vllm:spec_decode_num_accepted_tokens_per_pos_total{" SRV_LABELS ",position=\"%d\"} %lld\n",
-                      model, i, (long long)st.spec_accepted_at[i]);
+            sb_printf(&b, PER_POS "{" SRV_LABELS ",position=\"%d\"} %lld\n", model, i,
+                      (long long)st.spec_accepted_at[i]);
+#undef PER_POS
     }
 #undef GAUGE
 #undef COUNTER

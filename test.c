@@ -2628,17 +2628,19 @@ static void test_sliding_window_blocks(void) {
         int expect = blocks + 5 * (blocks - llm_window_first_block(8, before, BS));
         llm_engine_stats st = llm_engine_get_stats(e);
         int used = st.num_blocks - st.num_free_blocks;
-        if (used != expect && exact) printf("    at %d tokens: %d blocks used, expected %d\n", computed, used, expect);
+        if (used != expect && exact)
+            printf("    at %d tokens: %d blocks used, expected %d\n", computed, used, expect);
         exact &= used == expect;
         if (used > most) most = used;
         before = computed;
         exact &= llm_engine_check_blocks(e, err) == 0;
     }
     llm_engine_stats st = llm_engine_get_stats(e);
-    CHECK(exact && before == N - 2, "sliding window: used blocks after every step as the windows say (%d tokens): %s",
-          before, err);
+    CHECK(exact && before == N - 2,
+          "sliding window: used blocks after every step as the windows say (%d tokens): %s", before, err);
     CHECK(r[0].n_tokens[0][0] == GEN && !memcmp(r[0].tokens[0][0], want, sizeof want) && e->bm.evictions > 0,
-          "sliding window: %d tokens in a pool of 68 (at most %d used, %lld evictions), the tokens of a pool of 2000",
+          "sliding window: %d tokens in a pool of 68 (at most %d used, %lld evictions), the tokens of a pool "
+          "of 2000",
           r[0].n_tokens[0][0], most, (long long)e->bm.evictions);
     int64_t hits = st.prefix_cache_hits;
     llm_sampling_params p2 = greedy(GEN2);
@@ -2666,7 +2668,8 @@ static void test_sliding_window_blocks(void) {
     run_engine(e, &r[2]);
     st = llm_engine_get_stats(e);
     CHECK(st.preemptions > 0 && r[2].n_tokens[0][0] == GEN && r[2].n_tokens[1][0] == GEN &&
-          !memcmp(r[2].tokens[0][0], want_pre[0], sizeof want) && !memcmp(r[2].tokens[1][0], want_pre[1], sizeof want),
+          !memcmp(r[2].tokens[0][0], want_pre[0], sizeof want) &&
+          !memcmp(r[2].tokens[1][0], want_pre[1], sizeof want),
           "sliding window: two sequences preempting each other (%lld preemptions), each its tokens alone",
           (long long)st.preemptions);
     CHECK(all_blocks_free(e), "sliding window, preemption: every block back");
@@ -2713,7 +2716,8 @@ static int spec_same(const run_result *a, const run_result *b, int n_samples) {
             same &= a->n_tokens[i][k] > 0 && a->n_tokens[i][k] == b->n_tokens[i][k] &&
                     !memcmp(a->tokens[i][k], b->tokens[i][k], (size_t)a->n_tokens[i][k] * 4) &&
                     a->text_len[i][k] == b->text_len[i][k] && a->finish[i][k] == b->finish[i][k] &&
-                    !memcmp(a->text[i][k], b->text[i][k], (size_t)(a->text_len[i][k] < 4096 ? a->text_len[i][k] : 0));
+                    !memcmp(a->text[i][k], b->text[i][k],
+                            (size_t)(a->text_len[i][k] < 4096 ? a->text_len[i][k] : 0));
     return same;
 }
 
@@ -2733,7 +2737,11 @@ static void test_speculative(void) {
     run_result *r = (run_result *)calloc(2, sizeof *r);
     if (!r) return;
 #define SMOLLM2 "../../models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    struct { const char *what, *model; int n_prompts, num_blocks, n, twice; const char *stop, *grammar; } cases[] = {
+    struct {
+        const char *what, *model;
+        int n_prompts, num_blocks, n, twice;
+        const char *stop, *grammar;
+    } cases[] = {
         {"alone", "stories260K.gguf", 1, 0, 1, 0, NULL, NULL},
         {"batched", "stories260K.gguf", 3, 0, 1, 0, NULL, NULL},
         {"preempted", "stories260K.gguf", 3, 40, 1, 0, NULL, NULL},
@@ -2820,8 +2828,8 @@ static void test_speculative(void) {
            "freedom (bound %.2f); %lld of %lld proposed tokens accepted\n", same, SEEDS, chi2, df, bound,
            (long long)st.spec_accepted_tokens, (long long)st.spec_draft_tokens);
     CHECK(seqs && same == SEEDS && chi2 <= bound && st.spec_accepted_tokens > 0,
-          "speculative decoding, sampled: %d of %d seeds the same tokens, chi-square %.2f (bound %.2f)", same, SEEDS,
-          chi2, bound);
+          "speculative decoding, sampled: %d of %d seeds the same tokens, chi-square %.2f (bound %.2f)", same,
+          SEEDS, chi2, bound);
     free(seqs); free(r);
 }
 
@@ -5902,7 +5910,8 @@ static void test_server_speculative(void) {
     }
     const char *body = "{\"prompt\":\"Lily and Ben went to the park. They saw a big red ball. Lily and Ben went "
                        "to the park. They saw\",\"max_tokens\":60,\"temperature\":0}";
-    char *a = http_post(plain.port, "/v1/completions", body, NULL), *b = http_post(spec.port, "/v1/completions", body, NULL);
+    char *a = http_post(plain.port, "/v1/completions", body, NULL);
+    char *b = http_post(spec.port, "/v1/completions", body, NULL);
     const char *ta = a ? strstr(a, "\"text\":") : NULL, *tb = b ? strstr(b, "\"text\":") : NULL;
     const char *ea = ta ? strstr(ta, "\",\"") : NULL, *eb = tb ? strstr(tb, "\",\"") : NULL;
     CHECK(http_status(a) == 200 && http_status(b) == 200 && ea && eb && ea - ta == eb - tb &&
@@ -5936,7 +5945,8 @@ static void test_server_speculative(void) {
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
         char cmd[512];
         int status;
-        snprintf(cmd, sizeof cmd, "./llm serve -m %s --port 0 %s 2>&1", model_path("stories260K.gguf"), refused[i][0]);
+        snprintf(cmd, sizeof cmd, "./llm serve -m %s --port 0 %s 2>&1", model_path("stories260K.gguf"),
+                 refused[i][0]);
         char *out = run_command(cmd, &status);
         CHECK(status != 0 && out && strstr(out, refused[i][1]), "llm serve %s: refused (%s): %s", refused[i][0],
               refused[i][1], out ? out : "");
