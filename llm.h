@@ -7489,7 +7489,7 @@ static const struct { unsigned bit; const char *rules; } llm_js_primitives[] = {
 
 static int llm_js_fail(llm_js *c, const char *path, const char *fmt, const char *what) {
     if (c->err[0]) return -1;
-    char msg[160];
+    char msg[256];
     snprintf(msg, sizeof msg, fmt, what);
     llm_fail(c->err, "JSON schema: %s at %s", msg, path[0] ? path : "/ (the root)");
     return -1;
