@@ -4927,12 +4927,12 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
 }
 
 /* Prefill: a tile of weight rows unpacked once for every token of the step ("packing", as BLAS libraries
- * do). The row-at-a-time products above unpack each weight block again for every 4 tokens and add up each
- * product across the 8 lanes of a register. Packed, 8 rows lie side by side, their stored values
- * interleaved 4 bytes at a time: one _mm256_dpbusd multiplies 4 values of each of the 8 rows by the same 4
- * activations (broadcast), and lane r of the sum is row r's. The scales are vectors over the 8 rows too, so
- * that a group of 32 values costs 8 integer instructions and a few float ones per token for 8 rows, with no
- * sum across lanes. The integer parts are those of llm_q8_dot_ref: the stored values' products, less the
+ * do), from LLM_PACK_MIN_TOKENS on. The row-at-a-time products above unpack each weight block again for
+ * every 4 tokens and add up each product across the 8 lanes of a register. Packed, 8 rows lie side by side,
+ * their stored values interleaved 4 bytes at a time: one _mm256_dpbusd multiplies 4 values of each of the 8
+ * rows by the same 4 activations (broadcast), and lane r of the sum is row r's. The scales are vectors over
+ * the 8 rows too, so that a group of 32 values costs 8 integer instructions and a few float ones per token
+ * for 8 rows, with no sum across lanes. The integer parts are those of llm_q8_dot_ref: the stored values' products, less the
  * offset times the activations' sums, per half of 16 values when the sub-blocks are 16 long. */
 #define LLM_PACK_ROWS 8
 typedef struct {
@@ -5161,9 +5161,13 @@ static void llm_q8_quantize(const float *x, llm_q8 *out, int64_t n, int wide) {
 static void llm_q8_dot(uint32_t type, int wide, const void *row, const llm_q8 *x, int64_t n, int64_t x_stride,
                        int nc, float *out) {
 #ifdef LLM_CPU_SIMD
-    /* each call specializes the inlined loops to its type, its activations' width, and to 4 tokens or 1 */
+    /* each call specializes the inlined loops to its type, its activations' width, and to 1 to 4 tokens: a
+     * step of 2 or 3 (a few sequences decoding together, a short speculative proposal) then reads each weight
+     * block once, not once per token (SmolLM2 Q4_1, one thread: 2 tokens 1.2-1.5 times one, was 1.8) */
 #define LLM_Q8_WIDTHS(T, dot, per_block, W)                                                            \
     if (nc == 4) dot(T, W, (const uint8_t *)row, x, n / per_block, x_stride, 4, out);                  \
+    else if (nc == 3) dot(T, W, (const uint8_t *)row, x, n / per_block, x_stride, 3, out);             \
+    else if (nc == 2) dot(T, W, (const uint8_t *)row, x, n / per_block, x_stride, 2, out);             \
     else for (int c = 0; c < nc; c++)                                                                  \
         dot(T, W, (const uint8_t *)row, x + c * x_stride, n / per_block, 0, 1, out + c);
 #define LLM_Q8_CASE(T, dot, per_block)                                                                 \
@@ -5206,7 +5210,9 @@ static int llm_matmul_kind(uint32_t type, int path) {
  * memory (from cache after that): that is what batching buys on any hardware. -1 when there was no memory
  * for the quantized activations or a thread's converted rows (what it would have computed is left undone). */
 #define LLM_MATMUL_TILE 16
-#define LLM_PACK_MIN_TOKENS 4 /* from 4 tokens on, packing a tile costs less than what it saves */
+/* from 8 tokens on, packing a tile costs less than what it saves (SmolLM2 Q4_1, one thread, against one
+ * token's time: 4 tokens packed 3.5, row at a time 2.2-2.4; 8 tokens 4.3-4.5 and 4.8-5.9; 16: 6.0 and 10) */
+#define LLM_PACK_MIN_TOKENS 8
 #ifdef LLM_CPU_SIMD
 /* One tile of rows r0..r1 (of rows), packed 8 rows at a time, times every token's quantized activations */
 static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t type, const uint8_t *tile_data,

@@ -1628,7 +1628,8 @@ static void quant_dots_check(int wide) {
         CHECK(mismatches == 0, "%s dot products, %s activations, integer parts: %d of 200 rows differ",
               llm_dtype_name(type), width, mismatches);
     }
-    /* four tokens at once (prefill) give each token's products exactly as one at a time does */
+    /* two, three and four tokens at once (a batch, a prefill) give each token's products exactly as one at a
+     * time does */
     enum { COLS = 4 };
     llm_q8 *xs = (llm_q8 *)malloc(COLS * (N / 32) * sizeof(llm_q8));
     for (int c = 0; c < COLS; c++) {
@@ -1643,11 +1644,15 @@ static void quant_dots_check(int wide) {
         for (size_t at = 0; at < llm_dtype_row_bytes(type, N); at += bb)
             quant_random_block(type, row + at, bb, &rng);
         float together[COLS], alone[COLS];
-        llm_q8_dot(type, wide, row, xs, N, N / 32, COLS, together);
         for (int c = 0; c < COLS; c++) llm_q8_dot(type, wide, row, xs + c * (N / 32), N, 0, 1, &alone[c]);
-        CHECK(!memcmp(together, alone, sizeof together),
-              "%s, %s: 4 tokens at once %g %g %g %g, one at a time %g %g %g %g", llm_dtype_name(type), width,
-              together[0], together[1], together[2], together[3], alone[0], alone[1], alone[2], alone[3]);
+        for (int nc = 2; nc <= COLS; nc++) {
+            memset(together, 0, sizeof together);
+            llm_q8_dot(type, wide, row, xs, N, N / 32, nc, together);
+            CHECK(!memcmp(together, alone, (size_t)nc * sizeof(float)),
+                  "%s, %s: %d tokens at once %g %g %g %g, one at a time %g %g %g %g", llm_dtype_name(type),
+                  width, nc, together[0], together[1], together[2], together[3], alone[0], alone[1], alone[2],
+                  alone[3]);
+        }
     }
     free(xs);
     /* real scales: the fast dot against the plain-C one and the exact row, random blocks and activations */
@@ -1686,18 +1691,18 @@ static void test_quant_dots(void) {
     quant_dots_check(1);
 }
 
-/* A prefill's matrix product (from 4 tokens on, weights packed 8 rows at a time) against the plain-C dot of
- * every row with every token: integer parts exactly, real scales closely. 21 rows and 7 tokens leave a pack
- * of 5 rows and 3 tokens after the first 4. */
+/* A prefill's matrix product (from 8 tokens on, weights packed 8 rows at a time) against the plain-C dot of
+ * every row with every token: integer parts exactly, real scales closely. 21 rows and 11 tokens leave a pack
+ * of 5 rows and 3 tokens after the first 8. */
 static void test_quant_tiles(void) {
-    enum { N = 512, R = 21, T = 7 };
+    enum { N = 512, R = 21, T = 11 };
     uint64_t rng = 11;
     float *x = (float *)malloc(T * N * sizeof(float)), *out = (float *)malloc(T * R * sizeof(float));
     float *deq = (float *)malloc(R * N * sizeof(float));
     llm_q8 *xq = (llm_q8 *)malloc(T * (N / 32) * sizeof(llm_q8));
     uint8_t *w = (uint8_t *)malloc(R * N * 2); /* the widest type, q8_0, takes 34 bytes per 32 values */
 #ifdef LLM_CPU_SIMD
-    CHECK(T >= LLM_PACK_MIN_TOKENS, "7 tokens take the packed path");
+    CHECK(T >= LLM_PACK_MIN_TOKENS && T - 3 >= LLM_PACK_MIN_TOKENS, "11 tokens, and 8, take the packed path");
 #endif
     for (int ti = 0; ti < N_QUANT_TYPES; ti++) {
         uint32_t type = quant_types[ti];
@@ -1732,20 +1737,20 @@ static void test_quant_tiles(void) {
                     mismatches += out[t * R + r] != ref;
                     worst = fmax(worst, fabs((double)out[t * R + r] - ref) / size);
                 }
-            /* tokens 3-6 by themselves (4 tokens: packed too) give their products bit for bit as within 7 */
-            float last4[4 * R];
-            CHECK(llm_matmul(last4, x + 3 * N, &weight, 4, path) == 0 &&
-                  !memcmp(last4, out + 3 * R, sizeof last4),
-                  "%s, %s activations: 4 tokens' products differ by themselves and within 7",
+            /* tokens 3-10 by themselves (8 tokens: packed too) give their products bit for bit as within 11 */
+            float last8[8 * R];
+            CHECK(llm_matmul(last8, x + 3 * N, &weight, 8, path) == 0 &&
+                  !memcmp(last8, out + 3 * R, sizeof last8),
+                  "%s, %s activations: 8 tokens' products differ by themselves and within 11",
                   llm_dtype_name(type), width);
             if (!real)
-                CHECK(mismatches == 0, "%s products of 21 rows and 7 tokens, %s activations, integer parts: %d of "
+                CHECK(mismatches == 0, "%s products of 21 rows and 11 tokens, %s activations, integer parts: %d of "
                       "%d differ", llm_dtype_name(type), width, mismatches, T * R);
 #ifdef LLM_CPU_SIMD
-            else CHECK(worst < 1e-5, "%s products of 21 rows and 7 tokens, %s activations: %.2g from plain C's "
+            else CHECK(worst < 1e-5, "%s products of 21 rows and 11 tokens, %s activations: %.2g from plain C's "
                        "(of the sum of |terms|)", llm_dtype_name(type), width, worst);
 #else       /* without SIMD the rows are converted to f32 and meet x unrounded */
-            else CHECK(worst < 0.01, "%s products of 21 rows and 7 tokens, %s activations: %.2g from plain C's "
+            else CHECK(worst < 0.01, "%s products of 21 rows and 11 tokens, %s activations: %.2g from plain C's "
                        "(of the sum of |terms|)", llm_dtype_name(type), width, worst);
 #endif
         }
