@@ -4268,8 +4268,8 @@ static int llm_seq_speculate(llm_scheduler *sch, llm_seq *s, int budget) {
     if (p->max_tokens > 0 && max > p->max_tokens - (len - s->req->n_prompt) - 1) /* accepted, all would end it */
         max = p->max_tokens - (len - s->req->n_prompt) - 1;
     /* the proposal's length follows how the last ones fared: all kept, twice as many next time; some, that
-     * many. And a step of k + 1 tokens costs more than one of 1 (on a CPU nearly k + 1 times as much, up to
-     * 4 tokens: measured on SmolLM2, 2 tokens 1.7 times, 4 tokens 3.4, 8 tokens 4.4), so proposals that are
+     * many. And a step of k + 1 tokens costs more than one of 1 (on a CPU, SmolLM2's matrix products on one
+     * thread: 2 tokens 1.2-1.5 times one, 4 tokens 2.2-2.4, 8 tokens 4.3-4.5), so proposals that are
      * mostly refused cost more than they give: while under 85% of the proposed tokens are kept (recent
      * proposals weighing most), none for a while, twice as long each time in a row (a text that does not
      * repeat soon stops paying for proposals) */

@@ -2709,7 +2709,8 @@ static void test_sliding_window_blocks(void) {
  * each time; every block comes back; the metrics add up: the accepted tokens are those counted at each
  * position, at most those proposed.
  * Sampled (stories260K, temperature 1): each seed gives the same tokens with speculation as without, and over
- * other seeds the tokens' frequencies pass a chi-square test of one distribution. */
+ * other seeds the tokens' frequencies pass a chi-square test of one distribution. And step by step, each
+ * proposal's length follows how the last ones fared (the adaptive length and the waits). */
 static llm_engine *spec_engine(const char *model, int spec, int num_blocks) {
     llm_engine_config cfg = engine_config(model);
     cfg.spec_tokens = spec; cfg.num_blocks = num_blocks;
@@ -2857,6 +2858,46 @@ static void test_speculative(void) {
           "speculative decoding, sampled: %d of %d seeds the same tokens, chi-square %.2f on %d (bound %.2f)",
           same, SEEDS, chi2, df, bound);
     free(seqs); free(r);
+
+    /* the proposal's length, step by step (one sampled request, K = 8, read off the stats after each step):
+     * at most K at first; after all were kept at most twice the last cap (K at most), after some were, at
+     * most that many (1 at least); once under 85% of them are kept (each proposal weighing half of the rate),
+     * no proposal for 1 step, then 2, 4, ... while it stays under, back to 1 once over */
+    llm_engine *e = spec_engine("stories260K.gguf", 8, 0);
+    char err[LLM_ERR_LEN];
+    llm_sampling_params p = llm_sampling_defaults();
+    p.temperature = 0.7f; p.seed = 7; p.max_tokens = 300; p.ignore_eos = 1;
+    int cap = 8, backoff = 1, wait = 0, bad = 0, steps = 0, waited = 0, partial = 0, full = 0;
+    float rate = 1;
+    CHECK(e && llm_engine_add_request(e, prompts[0], NULL, 0, &p, NULL, err) > 0, "adaptive length: %s", err);
+    llm_engine_stats before = e ? llm_engine_get_stats(e) : st;
+    while (e && llm_engine_has_work(e)) {
+        const llm_output *o;
+        llm_engine_step(e, &o);
+        llm_engine_stats now = llm_engine_get_stats(e);
+        int64_t drafts = now.spec_drafts - before.spec_drafts, n = now.spec_draft_tokens - before.spec_draft_tokens,
+                kept = now.spec_accepted_tokens - before.spec_accepted_tokens;
+        before = now;
+        if (steps++ == 0) continue; /* the prompt's step */
+        int broke = wait > 0 ? drafts != 0 : drafts > 1 || n > cap || kept > n;
+        if (broke && !bad)
+            printf("    adaptive length, step %d: %lld proposals of %lld tokens (cap %d, %d steps to wait), %lld "
+                   "kept\n", steps, (long long)drafts, (long long)n, cap, wait, (long long)kept);
+        bad += broke;
+        if (wait > 0) { wait--; waited++; continue; }
+        if (!drafts) continue;      /* nothing to propose (no match), or the last tokens */
+        partial += kept < n; full += kept == n;
+        cap = kept < n ? (kept > 1 ? (int)kept : 1) : (2 * cap < 8 ? 2 * cap : 8);
+        rate = 0.5f * rate + 0.5f * (float)kept / (float)n;
+        if (rate >= 0.85f) backoff = 1;
+        else { wait = backoff; backoff = backoff < 64 ? 2 * backoff : 64; }
+    }
+    printf("  speculative decoding, adaptive length: %d steps, %d proposals all kept, %d partly, %d steps "
+           "waited\n", steps, full, partial, waited);
+    CHECK(e && bad == 0 && full > 0 && partial > 0 && waited > 0 && all_blocks_free(e),
+          "speculative decoding, adaptive length: %d steps break the rule; %d proposals all kept, %d partly, "
+          "%d steps waited", bad, full, partial, waited);
+    llm_engine_destroy(e);
 }
 
 static void test_parallel_sampling(void) {
