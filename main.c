@@ -894,6 +894,18 @@ static int read_plain_line(char **line) {
     return 1;
 }
 
+/* The model's chat template (or --chat-template's) and its end-of-turn tokens, 8 at most: what the chat and
+ * llm bench --workload edit make their requests with. -1 with err when the model has none it can use. */
+static int chat_template_load(const llm_model *m, const args_t *a, llm_chat_template *tmpl, int32_t stop_ids[8],
+                              int *n_stop_ids, char *err) {
+    if (!m->tok) { snprintf(err, LLM_ERR_LEN, "the model has no tokenizer"); return -1; }
+    llm_str text = llm_gguf_string(&m->gguf, "tokenizer.chat_template");
+    if (llm_chat_template_init(tmpl, text.ptr, text.len, m->tok, a->chat_template, err) != 0) return -1;
+    *n_stop_ids = llm_chat_stop_ids(tmpl, m->tok, stop_ids, 8);
+    if (*n_stop_ids > 8) *n_stop_ids = 8;
+    return 0;
+}
+
 static int chat(llm_engine *e, args_t *a, const char *sampling_origin) {
     char err[LLM_ERR_LEN];
     chat_t c;
@@ -901,15 +913,12 @@ static int chat(llm_engine *e, args_t *a, const char *sampling_origin) {
     c.e = e; c.a = a; c.end_id = -1; c.sampling_origin = sampling_origin;
     const llm_model *m = llm_engine_model(e);
     c.tok = m->tok;
-    llm_str text = llm_gguf_string(&m->gguf, "tokenizer.chat_template");
-    if (llm_chat_template_init(&c.tmpl, text.ptr, text.len, m->tok, a->chat_template, err) != 0) {
+    if (chat_template_load(m, a, &c.tmpl, c.stop_ids, &c.n_stop_ids, err) != 0) {
         fprintf(stderr, "llm: %s\n", err);
         return 1;
     }
     if (c.tmpl.note[0]) fprintf(stderr, "llm: warning: %s\n", c.tmpl.note);
     c.tmpl.enable_thinking = a->think;
-    c.n_stop_ids = llm_chat_stop_ids(&c.tmpl, c.tok, c.stop_ids, 8);
-    if (c.n_stop_ids > 8) c.n_stop_ids = 8;
     if (a->system && !(c.system = strdup(a->system))) return 1;
     if (!a->max_tokens_given) a->sampling.max_tokens = 1024;
     c.tty_in = isatty(STDIN_FILENO); c.tty_out = isatty(STDOUT_FILENO);
@@ -1046,16 +1055,10 @@ static int bench(args_t *a) {
     llm_chat_template tmpl;
     int32_t stop_ids[8];
     int n_stop_ids = 0;
-    if (a->workload_edit) { /* chat requests: the model's template, and its end-of-turn tokens */
-        llm_str text = m->tok ? llm_gguf_string(&m->gguf, "tokenizer.chat_template") : (llm_str){NULL, 0};
-        if (!m->tok || llm_chat_template_init(&tmpl, text.ptr, text.len, m->tok, a->chat_template, err) != 0) {
-            fprintf(stderr, "llm bench: --workload edit needs a model with a tokenizer%s%s\n", m->tok ? ": " : "",
-                    m->tok ? err : "");
-            llm_engine_destroy(e);
-            return 1;
-        }
-        n_stop_ids = llm_chat_stop_ids(&tmpl, m->tok, stop_ids, 8);
-        if (n_stop_ids > 8) n_stop_ids = 8;
+    if (a->workload_edit && chat_template_load(m, a, &tmpl, stop_ids, &n_stop_ids, err) != 0) {
+        fprintf(stderr, "llm bench: --workload edit needs a model with a chat template: %s\n", err);
+        llm_engine_destroy(e);
+        return 1;
     }
     double t0 = now_s();
     for (int r = 0; r < a->num_prompts && a->workload_edit; r++) {
