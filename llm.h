@@ -4269,7 +4269,7 @@ static int llm_seq_speculate(llm_scheduler *sch, llm_seq *s, int budget) {
         max = p->max_tokens - (len - s->req->n_prompt) - 1;
     /* the proposal's length follows how the last ones fared: all kept, twice as many next time; some, that
      * many. And a step of k + 1 tokens costs more than one of 1 (on a CPU, SmolLM2's matrix products on one
-     * thread: 2 tokens 1.2-1.5 times one, 4 tokens 2.2-2.4, 8 tokens 4.3-4.5), so proposals that are
+     * thread: 2 tokens 1.5 times one, 4 tokens 2.3, 8 tokens 4.8: tools/matmul_steps.c), so proposals that are
      * mostly refused cost more than they give: while under 85% of the proposed tokens are kept (recent
      * proposals weighing most), none for a while, twice as long each time in a row (a text that does not
      * repeat soon stops paying for proposals) */
@@ -5163,7 +5163,8 @@ static void llm_q8_dot(uint32_t type, int wide, const void *row, const llm_q8 *x
 #ifdef LLM_CPU_SIMD
     /* each call specializes the inlined loops to its type, its activations' width, and to 1 to 4 tokens: a
      * step of 2 or 3 (a few sequences decoding together, a short speculative proposal) then reads each weight
-     * block once, not once per token (SmolLM2 Q4_1, one thread: 2 tokens 1.2-1.5 times one, was 1.8) */
+     * block once, not once per token (SmolLM2 Q4_1, one thread: 2 tokens 1.5 times one, was 1.8; 3 tokens
+     * 1.9, was 2.6: tools/matmul_steps.c) */
 #define LLM_Q8_WIDTHS(T, dot, per_block, W)                                                            \
     if (nc == 4) dot(T, W, (const uint8_t *)row, x, n / per_block, x_stride, 4, out);                  \
     else if (nc == 3) dot(T, W, (const uint8_t *)row, x, n / per_block, x_stride, 3, out);             \
