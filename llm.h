@@ -4618,13 +4618,35 @@ static size_t llm_kv_bytes_per_block(const llm_config *c, int block_size, int va
 }
 
 /* ---- The math ------------------------------------------------------------------------------------------ */
-static float llm_dot(const float *a, const float *b, int64_t n) {
-    float acc[8] = {0}; /* eight running sums: the compiler keeps them in one vector register */
+/* a . b[c] for nc (1 to 4) vectors b[c], b_stride floats apart, into out[c]: eight running sums per vector
+ * (the compiler keeps them in one vector register), so that a is read once for all of them while each sum is
+ * added up in the same order as alone, bit for bit */
+static inline __attribute__((always_inline)) void llm_dot_n(const float *a, const float *b, int64_t b_stride,
+                                                           int nc, int64_t n, float *out) {
+    float acc[4][8] = {{0}};
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
-    float s = 0;
-    for (; i < n; i++) s += a[i] * b[i];
-    return s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i + 8 <= n; i += 8)
+        for (int c = 0; c < nc; c++)
+            for (int j = 0; j < 8; j++) acc[c][j] += a[i + j] * b[c * b_stride + i + j];
+    for (int c = 0; c < nc; c++) {
+        float s = 0, *q = acc[c];
+        for (int64_t k = i; k < n; k++) s += a[k] * b[c * b_stride + k];
+        out[c] = s + ((q[0] + q[4]) + (q[1] + q[5])) + ((q[2] + q[6]) + (q[3] + q[7]));
+    }
+}
+static float llm_dot(const float *a, const float *b, int64_t n) {
+    float r;
+    llm_dot_n(a, b, 0, 1, n, &r);
+    return r;
+}
+/* the same, specialized to 1 to 4 vectors */
+static void llm_dot_rows(const float *a, const float *b, int64_t b_stride, int nc, int64_t n, float *out) {
+    switch (nc) {
+    case 4: llm_dot_n(a, b, b_stride, 4, n, out); return;
+    case 3: llm_dot_n(a, b, b_stride, 3, n, out); return;
+    case 2: llm_dot_n(a, b, b_stride, 2, n, out); return;
+    default: for (int c = 0; c < nc; c++) llm_dot_n(a, b + c * b_stride, 0, 1, n, out + c);
+    }
 }
 
 /* ---- Quantized weights times activations ---------------------------------------------------------------
@@ -5135,19 +5157,38 @@ static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wid
     }
 }
 
-/* f16 and bf16 weights meet f32 activations: 8 values converted and multiplied at a time */
-static float llm_dot_half(uint32_t type, const uint16_t *w, const float *x, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
+/* f16 and bf16 weights meet f32 activations: 8 values converted at a time, then multiplied with nc (1 to 4)
+ * tokens' activations (x_stride floats apart) into out[c]: converted once for all of them, each token's sum
+ * added up as alone */
+static inline __attribute__((always_inline)) void llm_dot_half_n(uint32_t type, const uint16_t *w,
+                                                                const float *x, int64_t x_stride, int nc,
+                                                                int64_t n, float *out) {
+    __m256 acc[4];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m128i h = _mm_loadu_si128((const __m128i *)(w + i));
         __m256 wf = type == LLM_F16 ? _mm256_cvtph_ps(h)
                                     : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-        acc = _mm256_fmadd_ps(wf, _mm256_loadu_ps(x + i), acc);
+        for (int c = 0; c < nc; c++)
+            acc[c] = _mm256_fmadd_ps(wf, _mm256_loadu_ps(x + c * x_stride + i), acc[c]);
     }
-    float r = llm_avx2_hsum(acc);
-    for (; i < n; i++) r += (type == LLM_F16 ? llm_f16_to_f32(w[i]) : llm_bf16_to_f32(w[i])) * x[i];
-    return r;
+    for (int c = 0; c < nc; c++) {
+        float r = llm_avx2_hsum(acc[c]);
+        for (int64_t k = i; k < n; k++)
+            r += (type == LLM_F16 ? llm_f16_to_f32(w[k]) : llm_bf16_to_f32(w[k])) * x[c * x_stride + k];
+        out[c] = r;
+    }
+}
+static void llm_dot_half(uint32_t type, const uint16_t *w, const float *x, int64_t x_stride, int nc, int64_t n,
+                         float *out) {
+#define LLM_HALF_WIDTHS(T)                                                                                 \
+    if (nc == 4) llm_dot_half_n(T, w, x, x_stride, 4, n, out);                                         \
+    else if (nc == 3) llm_dot_half_n(T, w, x, x_stride, 3, n, out);                                    \
+    else if (nc == 2) llm_dot_half_n(T, w, x, x_stride, 2, n, out);                                    \
+    else for (int c = 0; c < nc; c++) llm_dot_half_n(T, w, x + c * x_stride, 0, 1, n, out + c);
+    if (type == LLM_F16) { LLM_HALF_WIDTHS(LLM_F16) } else { LLM_HALF_WIDTHS(LLM_BF16) }
+#undef LLM_HALF_WIDTHS
 }
 #endif
 
@@ -5162,7 +5203,7 @@ static void llm_q8_quantize(const float *x, llm_q8 *out, int64_t n, int wide) {
 
 /* The fast path's products of one weight row with nc (1 to 4) rows of quantized activations, x_stride blocks
  * apart, into out[0..nc-1]: SIMD when the build has it, else the plain-C reference */
-#define LLM_Q8_MAX_COLS 4
+#define LLM_DOT_MAX_COLS 4
 static void llm_q8_dot(uint32_t type, int wide, const void *row, const llm_q8 *x, int64_t n, int64_t x_stride,
                        int nc, float *out) {
 #ifdef LLM_CPU_SIMD
@@ -5231,11 +5272,11 @@ static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t t
         llm_pack(type, tile_data + (size_t)i * LLM_PACK_ROWS * row_bytes, row_bytes,
                  n_rows < LLM_PACK_ROWS ? (int)n_rows : LLM_PACK_ROWS, cols, pack + i * n_groups);
     }
-    for (int t = 0; t < T; t += LLM_Q8_MAX_COLS) {
-        int nc = T - t < LLM_Q8_MAX_COLS ? T - t : LLM_Q8_MAX_COLS;
+    for (int t = 0; t < T; t += LLM_DOT_MAX_COLS) {
+        int nc = T - t < LLM_DOT_MAX_COLS ? T - t : LLM_DOT_MAX_COLS;
         for (int i = 0; i < n_packs; i++) {
             int64_t first = r0 + i * LLM_PACK_ROWS, n_rows = r1 - first;
-            float v[LLM_Q8_MAX_COLS][LLM_PACK_ROWS];
+            float v[LLM_DOT_MAX_COLS][LLM_PACK_ROWS];
             if (n_rows >= LLM_PACK_ROWS) { /* straight into out */
                 llm_pack_mul(type, wide, pack + i * n_groups, n_groups, xq + (size_t)t * n_groups, n_groups,
                              nc, out + (size_t)t * rows + first, rows);
@@ -5298,30 +5339,26 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
                     llm_dtype_dequant_row(w->type, tile_data + (size_t)(r - r0) * row_bytes,
                                           converted + (size_t)(r - r0) * cols, cols);
             }
-            for (int t = 0; t < T; t++) {
+            /* LLM_DOT_MAX_COLS tokens at a time: each row read once for them */
+            for (int t = 0; t < T; t += LLM_DOT_MAX_COLS) {
                 const float *xt = x + (size_t)t * cols;
-                if (kind == LLM_ROWS_Q8) { /* LLM_Q8_MAX_COLS tokens at a time */
-                    int nc = T - t < LLM_Q8_MAX_COLS ? T - t : LLM_Q8_MAX_COLS;
-                    float v[LLM_Q8_MAX_COLS];
-                    for (int64_t r = r0; r < r1; r++) {
-                        llm_q8_dot(w->type, wide, tile_data + (size_t)(r - r0) * row_bytes,
-                                   xq + (size_t)t * (cols / 32), cols, cols / 32, nc, v);
-                        for (int c = 0; c < nc; c++) out[(size_t)(t + c) * rows + r] = v[c];
-                    }
-                    t += nc - 1;
-                    continue;
-                }
+                int nc = T - t < LLM_DOT_MAX_COLS ? T - t : LLM_DOT_MAX_COLS;
                 for (int64_t r = r0; r < r1; r++) {
                     const void *row = tile_data + (size_t)(r - r0) * row_bytes;
-                    float v;
+                    float v[LLM_DOT_MAX_COLS];
                     switch (kind) {
-                    case LLM_ROWS_F32: v = llm_dot((const float *)row, xt, cols); break;
+                    case LLM_ROWS_Q8:
+                        llm_q8_dot(w->type, wide, row, xq + (size_t)t * (cols / 32), cols, cols / 32, nc, v);
+                        break;
+                    case LLM_ROWS_F32: llm_dot_rows((const float *)row, xt, cols, nc, cols, v); break;
 #ifdef LLM_CPU_SIMD
-                    case LLM_ROWS_HALF: v = llm_dot_half(w->type, (const uint16_t *)row, xt, cols); break;
+                    case LLM_ROWS_HALF:
+                        llm_dot_half(w->type, (const uint16_t *)row, xt, cols, nc, cols, v);
+                        break;
 #endif
-                    default: v = llm_dot(converted + (size_t)(r - r0) * cols, xt, cols); break;
+                    default: llm_dot_rows(converted + (size_t)(r - r0) * cols, xt, cols, nc, cols, v); break;
                     }
-                    out[(size_t)t * rows + r] = v;
+                    for (int c = 0; c < nc; c++) out[(size_t)(t + c) * rows + r] = v[c];
                 }
             }
         }

@@ -1381,6 +1381,41 @@ static void test_weight_types(void) {
           llm_dtype_row_bytes(LLM_Q4_1, 64) == 40 && llm_dtype_row_bytes(LLM_F16, 64) == 128 &&
           llm_dtype_row_bytes(77, 64) == 0, "row sizes");
 
+    /* f32, f16 and bf16 rows meet up to 4 tokens at once (each row read once for them): 7, 3 and 2 tokens
+     * give each token's products bit for bit as one at a time, on the default and the exact paths (100 values
+     * a row: 12 runs of 8 and a rest of 4) */
+    {
+        enum { N = 100, R = 5, TT = 7 };
+        static float x[TT * N], wf[R * N], many[TT * R], one[R];
+        static uint16_t wh[R * N];
+        uint64_t rng = 5;
+        for (int i = 0; i < TT * N; i++) x[i] = (float)((int)(llm_splitmix64(&rng) % 2001) - 1000) / 300.0f;
+        for (int i = 0; i < R * N; i++) wf[i] = (float)((int)(llm_splitmix64(&rng) % 2001) - 1000) / 700.0f;
+        static const uint32_t row_types[] = {LLM_F32, LLM_F16, LLM_BF16};
+        for (int ti = 0; ti < 3; ti++)
+            for (int path = 0; path < 2; path++) {
+                uint32_t type = row_types[ti];
+                for (int i = 0; i < R * N; i++) {
+                    uint32_t bits;
+                    memcpy(&bits, &wf[i], 4);
+                    wh[i] = type == LLM_BF16 ? (uint16_t)(bits >> 16) : llm_f32_to_f16(wf[i]);
+                }
+                llm_weight w = {type == LLM_F32 ? (const void *)wf : (const void *)wh, type, R, N};
+                int cpu_path = path ? LLM_PATH_EXACT : LLM_PATH_ACT16, bad = 0;
+                for (int n = 2; n <= TT; n = n == 2 ? 3 : n == 3 ? TT : TT + 1) {
+                    CHECK(llm_matmul(many, x, &w, n, cpu_path) == 0, "%s: the product failed",
+                          llm_dtype_name(type));
+                    for (int t = 0; t < n; t++) {
+                        CHECK(llm_matmul(one, x + t * N, &w, 1, cpu_path) == 0, "%s: the product failed",
+                              llm_dtype_name(type));
+                        bad += memcmp(one, many + t * R, sizeof one) != 0;
+                    }
+                }
+                CHECK(bad == 0, "%s rows, %s path: %d tokens' products differ in a step of 2, 3 or 7 tokens "
+                      "from one at a time", llm_dtype_name(type), path ? "exact" : "default", bad);
+            }
+    }
+
     /* the model with converted weights: logits of a prompt against f32's */
     llm_model m;
     char err[LLM_ERR_LEN];
