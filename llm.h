@@ -4269,8 +4269,8 @@ static int llm_seq_speculate(llm_scheduler *sch, llm_seq *s, int budget) {
         max = p->max_tokens - (len - s->req->n_prompt) - 1;
     /* the proposal's length follows how the last ones fared: all kept, twice as many next time; some, that
      * many. And a step of k + 1 tokens costs more than one of 1 (on a CPU, SmolLM2's matrix products on one
-     * thread: 2 tokens 1.5 times one, 4 tokens 2.3, 8 tokens 4.8: tools/matmul_steps.c), so proposals that are
-     * mostly refused cost more than they give: while under 85% of the proposed tokens are kept (recent
+     * thread: 2 tokens 1.5 times one, 4 tokens 2.3, 8 tokens 4.8: tools/matmul_steps.c), so proposals that
+     * are mostly refused cost more than they give: while under 85% of the proposed tokens are kept (recent
      * proposals weighing most), none for a while, twice as long each time in a row (a text that does not
      * repeat soon stops paying for proposals) */
     if (!s->spec_cap) { s->spec_cap = sch->spec_tokens; s->spec_backoff = 1; s->spec_rate = 1; }
@@ -4954,8 +4954,9 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
  * their stored values interleaved 4 bytes at a time: one _mm256_dpbusd multiplies 4 values of each of the 8
  * rows by the same 4 activations (broadcast), and lane r of the sum is row r's. The scales are vectors over
  * the 8 rows too, so that a group of 32 values costs 8 integer instructions and a few float ones per token
- * for 8 rows, with no sum across lanes. The integer parts are those of llm_q8_dot_ref: the stored values' products, less the
- * offset times the activations' sums, per half of 16 values when the sub-blocks are 16 long. */
+ * for 8 rows, with no sum across lanes. The integer parts are those of llm_q8_dot_ref: the stored values'
+ * products, less the offset times the activations' sums, per half of 16 values when the sub-blocks are 16
+ * long. */
 #define LLM_PACK_ROWS 8
 typedef struct {
     uint8_t q[8][LLM_PACK_ROWS][4]; /* [chunk j][row r]: stored values 4j..4j+3 of row r in this group */
@@ -5180,8 +5181,8 @@ static inline __attribute__((always_inline)) void llm_dot_half_n(uint32_t type, 
         out[c] = r;
     }
 }
-static void llm_dot_half(uint32_t type, const uint16_t *w, const float *x, int64_t x_stride, int nc, int64_t n,
-                         float *out) {
+static void llm_dot_half(uint32_t type, const uint16_t *w, const float *x, int64_t x_stride, int nc,
+                         int64_t n, float *out) {
 #define LLM_HALF_WIDTHS(T)                                                                                 \
     if (nc == 4) llm_dot_half_n(T, w, x, x_stride, 4, n, out);                                         \
     else if (nc == 3) llm_dot_half_n(T, w, x, x_stride, 3, n, out);                                    \

@@ -896,8 +896,8 @@ static int read_plain_line(char **line) {
 
 /* The model's chat template (or --chat-template's) and its end-of-turn tokens, 8 at most: what the chat and
  * llm bench --workload edit make their requests with. -1 with err when the model has none it can use. */
-static int chat_template_load(const llm_model *m, const args_t *a, llm_chat_template *tmpl, int32_t stop_ids[8],
-                              int *n_stop_ids, char *err) {
+static int chat_template_load(const llm_model *m, const args_t *a, llm_chat_template *tmpl,
+                              int32_t stop_ids[8], int *n_stop_ids, char *err) {
     if (!m->tok) { snprintf(err, LLM_ERR_LEN, "the model has no tokenizer"); return -1; }
     llm_str text = llm_gguf_string(&m->gguf, "tokenizer.chat_template");
     if (llm_chat_template_init(tmpl, text.ptr, text.len, m->tok, a->chat_template, err) != 0) return -1;

@@ -1129,7 +1129,8 @@ static void test_gemma3_270m(void) {
         }
     }
     double worst_exact = 0, worst_default = 0, worst_int8 = 0;
-    /* exact batched, default batched and one by one, cpu-int8 batched; under AddressSanitizer default batched */
+    /* exact batched, default batched and one by one, cpu-int8 batched; under AddressSanitizer default
+     * batched */
     for (int run = UNDER_ASAN; run < (UNDER_ASAN ? 2 : 4); run++) {
         int exact = run == 0, int8 = run == 3, batched = run != 2;
         llm_engine_config cfg = llm_engine_defaults();
@@ -1189,9 +1190,10 @@ static void test_gemma3_270m(void) {
         }
         llm_engine_destroy(e);
     }
-    if (UNDER_ASAN) printf("Gemma 3 270M against float64: top-two gaps within %.1e (default path)\n", worst_default);
-    else printf("Gemma 3 270M against float64: top-two gaps within %.1e (exact path), %.1e (default path), %.3f "
-                "(cpu-int8)\n", worst_exact, worst_default, worst_int8);
+    if (UNDER_ASAN)
+        printf("Gemma 3 270M against float64: top-two gaps within %.1e (default path)\n", worst_default);
+    else printf("Gemma 3 270M against float64: top-two gaps within %.1e (exact path), %.1e (default path), "
+                "%.3f (cpu-int8)\n", worst_exact, worst_default, worst_int8);
     for (int i = 0; i < N; i++) { /* llama.cpp against the oracle: where it parts, and its gap there */
         const llm_json *c = &all.items[i], *ids = llm_json_get(c, "llama_cpp_completion_token_ids"),
                        *gaps = llm_json_get(c, "llama_cpp_top2_logprob_gap");
@@ -1772,21 +1774,22 @@ static void test_quant_tiles(void) {
                     mismatches += out[t * R + r] != ref;
                     worst = fmax(worst, fabs((double)out[t * R + r] - ref) / size);
                 }
-            /* tokens 3-10 by themselves (8 tokens: packed too) give their products bit for bit as within 11 */
+            /* tokens 3-10 by themselves (8 tokens: packed too) give their products bit for bit as within
+             * 11 */
             float last8[8 * R];
             CHECK(llm_matmul(last8, x + 3 * N, &weight, 8, path) == 0 &&
                   !memcmp(last8, out + 3 * R, sizeof last8),
                   "%s, %s activations: 8 tokens' products differ by themselves and within 11",
                   llm_dtype_name(type), width);
             if (!real)
-                CHECK(mismatches == 0, "%s products of 21 rows and 11 tokens, %s activations, integer parts: %d of "
-                      "%d differ", llm_dtype_name(type), width, mismatches, T * R);
+                CHECK(mismatches == 0, "%s products of 21 rows and 11 tokens, %s activations, integer parts: "
+                      "%d of %d differ", llm_dtype_name(type), width, mismatches, T * R);
 #ifdef LLM_CPU_SIMD
-            else CHECK(worst < 1e-5, "%s products of 21 rows and 11 tokens, %s activations: %.2g from plain C's "
-                       "(of the sum of |terms|)", llm_dtype_name(type), width, worst);
+            else CHECK(worst < 1e-5, "%s products of 21 rows and 11 tokens, %s activations: %.2g from plain "
+                       "C's (of the sum of |terms|)", llm_dtype_name(type), width, worst);
 #else       /* without SIMD the rows are converted to f32 and meet x unrounded */
-            else CHECK(worst < 0.01, "%s products of 21 rows and 11 tokens, %s activations: %.2g from plain C's "
-                       "(of the sum of |terms|)", llm_dtype_name(type), width, worst);
+            else CHECK(worst < 0.01, "%s products of 21 rows and 11 tokens, %s activations: %.2g from plain "
+                       "C's (of the sum of |terms|)", llm_dtype_name(type), width, worst);
 #endif
         }
     }
@@ -2848,8 +2851,9 @@ static void test_speculative(void) {
     /* sampled: temperature 1, 6 tokens each. Each row is sampled in turn with the sequence's generator, as
      * without speculation, so on this batch-invariant model a seed gives the same tokens with speculation as
      * without (seeds 0..299, both ways). Over other seeds (300..599 with speculation) the sixth token's
-     * frequencies pass a chi-square test of one distribution against those without (two samples of 300 draws;
-     * bins of at least 5 in all, the rest pooled; the bound is chi-square's 0.999 quantile, Wilson-Hilferty). */
+     * frequencies pass a chi-square test of one distribution against those without (two samples of 300
+     * draws; bins of at least 5 in all, the rest pooled; the bound is chi-square's 0.999 quantile,
+     * Wilson-Hilferty). */
     enum { SEEDS = 300, LEN = 6, BATCH = 60 };
     int32_t (*seqs)[2 * SEEDS][LEN] = (int32_t (*)[2 * SEEDS][LEN])calloc(2, sizeof *seqs);
     r = (run_result *)calloc(1, sizeof *r);
@@ -2886,9 +2890,9 @@ static void test_speculative(void) {
     }
     double z = 3.09, h = 2.0 / (9.0 * (df > 0 ? df : 1));
     double bound = (df > 0 ? df : 1) * pow(1 - h + z * sqrt(h), 3);
-    printf("  speculative decoding, sampled: %d of %d seeds the same tokens; over other seeds, chi-square %.2f on "
-           "%d degrees of freedom (bound %.2f); %lld of %lld proposed tokens accepted\n", same, SEEDS, chi2, df,
-           bound, (long long)st.spec_accepted_tokens, (long long)st.spec_draft_tokens);
+    printf("  speculative decoding, sampled: %d of %d seeds the same tokens; over other seeds, chi-square "
+           "%.2f on %d degrees of freedom (bound %.2f); %lld of %lld proposed tokens accepted\n", same, SEEDS,
+           chi2, df, bound, (long long)st.spec_accepted_tokens, (long long)st.spec_draft_tokens);
     CHECK(seqs && same == SEEDS && df >= 5 && chi2 <= bound && st.spec_accepted_tokens > 0,
           "speculative decoding, sampled: %d of %d seeds the same tokens, chi-square %.2f on %d (bound %.2f)",
           same, SEEDS, chi2, df, bound);
@@ -2910,14 +2914,15 @@ static void test_speculative(void) {
         const llm_output *o;
         llm_engine_step(e, &o);
         llm_engine_stats now = llm_engine_get_stats(e);
-        int64_t drafts = now.spec_drafts - before.spec_drafts, n = now.spec_draft_tokens - before.spec_draft_tokens,
-                kept = now.spec_accepted_tokens - before.spec_accepted_tokens;
+        int64_t drafts = now.spec_drafts - before.spec_drafts;
+        int64_t n = now.spec_draft_tokens - before.spec_draft_tokens;
+        int64_t kept = now.spec_accepted_tokens - before.spec_accepted_tokens;
         before = now;
         if (steps++ == 0) continue; /* the prompt's step */
         int broke = wait > 0 ? drafts != 0 : drafts > 1 || n > cap || kept > n;
         if (broke && !bad)
-            printf("    adaptive length, step %d: %lld proposals of %lld tokens (cap %d, %d steps to wait), %lld "
-                   "kept\n", steps, (long long)drafts, (long long)n, cap, wait, (long long)kept);
+            printf("    adaptive length, step %d: %lld proposals of %lld tokens (cap %d, %d steps to wait), "
+                   "%lld kept\n", steps, (long long)drafts, (long long)n, cap, wait, (long long)kept);
         bad += broke;
         if (wait > 0) { wait--; waited++; continue; }
         if (!drafts) continue;      /* nothing to propose (no match), or the last tokens */
