@@ -1384,10 +1384,10 @@ static void test_weight_types(void) {
           llm_dtype_row_bytes(77, 64) == 0, "row sizes");
 
     /* f32, f16 and bf16 rows meet up to 4 tokens at once (each row read once for them): 7, 3 and 2 tokens
-     * give each token's products bit for bit as one at a time, on the default and the exact paths (100 values
-     * a row: 12 runs of 8 and a rest of 4) */
+     * give each token's products bit for bit as one at a time, on the default and the exact paths (108 values
+     * a row: 6 runs of 16, one of 8 and a rest of 4) */
     {
-        enum { N = 100, R = 5, TT = 7 };
+        enum { N = 108, R = 5, TT = 7 };
         static float x[TT * N], wf[R * N], many[TT * R], one[R];
         static uint16_t wh[R * N];
         uint64_t rng = 5;
