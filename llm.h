@@ -4639,15 +4639,21 @@ static float llm_dot(const float *a, const float *b, int64_t n) {
     llm_dot_n(a, b, 0, 1, n, &r);
     return r;
 }
-/* the same, specialized to 1 to 4 vectors */
+/* A row's products with nc (1 to 4) tokens, the inlined loops specialized to each count: CALL(k, s, ...)
+ * computes k tokens from token s on (every row product below is dispatched this way) */
+#define LLM_BY_TOKENS(nc, CALL, ...)                                                                       \
+    do {                                                                                                   \
+        if ((nc) == 4) CALL(4, 0, __VA_ARGS__);                                                            \
+        else if ((nc) == 3) CALL(3, 0, __VA_ARGS__);                                                       \
+        else if ((nc) == 2) CALL(2, 0, __VA_ARGS__);                                                       \
+        else for (int one = 0; one < (nc); one++) CALL(1, one, __VA_ARGS__);                               \
+    } while (0)
+/* llm_dot_n, specialized to 1 to 4 vectors */
+#define LLM_DOT_CALL(k, s, _) llm_dot_n(a, b + (s) * b_stride, b_stride, k, n, out + (s))
 static void llm_dot_rows(const float *a, const float *b, int64_t b_stride, int nc, int64_t n, float *out) {
-    switch (nc) {
-    case 4: llm_dot_n(a, b, b_stride, 4, n, out); return;
-    case 3: llm_dot_n(a, b, b_stride, 3, n, out); return;
-    case 2: llm_dot_n(a, b, b_stride, 2, n, out); return;
-    default: for (int c = 0; c < nc; c++) llm_dot_n(a, b + c * b_stride, 0, 1, n, out + c);
-    }
+    LLM_BY_TOKENS(nc, LLM_DOT_CALL, 0);
 }
+#undef LLM_DOT_CALL
 
 /* ---- Quantized weights times activations ---------------------------------------------------------------
  * The fast CPU path multiplies by the weights as the file stores them, as llama.cpp does: each step's
@@ -5096,10 +5102,9 @@ static void llm_pack(uint32_t type, const uint8_t *rows, size_t row_bytes, int n
 }
 static void llm_pack_mul(uint32_t type, int wide, const llm_pack_group *pack, int64_t n_groups,
                          const llm_q8 *x, int64_t x_stride, int nc, float *out, int64_t out_stride) {
-#define LLM_PACK_WIDTHS(T, W)                                                                              \
-    if (nc == 4) llm_pack_dot(T, W, pack, n_groups, x, x_stride, 4, out, out_stride);                      \
-    else for (int c = 0; c < nc; c++) llm_pack_dot(T, W, pack, n_groups, x + c * x_stride, 0, 1,           \
-                                                   out + c * out_stride, 0);
+#define LLM_PACK_CALL(k, s, T, W)                                                                          \
+    llm_pack_dot(T, W, pack, n_groups, x + (s) * x_stride, x_stride, k, out + (s) * out_stride, out_stride)
+#define LLM_PACK_WIDTHS(T, W) LLM_BY_TOKENS(nc, LLM_PACK_CALL, T, W);
 #define LLM_PACK_CASE(T)                                                                                   \
     case T:                                                                                                \
         if (wide) { LLM_PACK_WIDTHS(T, 1) } else { LLM_PACK_WIDTHS(T, 0) }                                 \
@@ -5111,6 +5116,7 @@ static void llm_pack_mul(uint32_t type, int wide, const llm_pack_group *pack, in
     }
 #undef LLM_PACK_CASE
 #undef LLM_PACK_WIDTHS
+#undef LLM_PACK_CALL
 }
 
 /* llm_q8_quantize_ref, 32 values at a time: the same scale, the same rounding (to nearest, ties to even, as
@@ -5196,13 +5202,10 @@ static inline __attribute__((always_inline)) void llm_dot_half_n(uint32_t type, 
 }
 static void llm_dot_half(uint32_t type, const uint16_t *w, const float *x, int64_t x_stride, int nc,
                          int64_t n, float *out) {
-#define LLM_HALF_WIDTHS(T)                                                                                 \
-    if (nc == 4) llm_dot_half_n(T, w, x, x_stride, 4, n, out);                                         \
-    else if (nc == 3) llm_dot_half_n(T, w, x, x_stride, 3, n, out);                                    \
-    else if (nc == 2) llm_dot_half_n(T, w, x, x_stride, 2, n, out);                                    \
-    else for (int c = 0; c < nc; c++) llm_dot_half_n(T, w, x + c * x_stride, 0, 1, n, out + c);
-    if (type == LLM_F16) { LLM_HALF_WIDTHS(LLM_F16) } else { LLM_HALF_WIDTHS(LLM_BF16) }
-#undef LLM_HALF_WIDTHS
+#define LLM_HALF_CALL(k, s, T) llm_dot_half_n(T, w, x + (s) * x_stride, x_stride, k, n, out + (s))
+    if (type == LLM_F16) LLM_BY_TOKENS(nc, LLM_HALF_CALL, LLM_F16);
+    else LLM_BY_TOKENS(nc, LLM_HALF_CALL, LLM_BF16);
+#undef LLM_HALF_CALL
 }
 #endif
 
@@ -5225,12 +5228,9 @@ static void llm_q8_dot(uint32_t type, int wide, const void *row, const llm_q8 *x
      * step of 2 or 3 (a few sequences decoding together, a short speculative proposal) then reads each weight
      * block once, not once per token (SmolLM2 Q4_1, one thread: 2 tokens 1.5 times one, was 1.8; 3 tokens
      * 1.9, was 2.6: tools/matmul_steps.c) */
-#define LLM_Q8_WIDTHS(T, dot, per_block, W)                                                            \
-    if (nc == 4) dot(T, W, (const uint8_t *)row, x, n / per_block, x_stride, 4, out);                  \
-    else if (nc == 3) dot(T, W, (const uint8_t *)row, x, n / per_block, x_stride, 3, out);             \
-    else if (nc == 2) dot(T, W, (const uint8_t *)row, x, n / per_block, x_stride, 2, out);             \
-    else for (int c = 0; c < nc; c++)                                                                  \
-        dot(T, W, (const uint8_t *)row, x + c * x_stride, n / per_block, 0, 1, out + c);
+#define LLM_Q8_CALL(k, s, T, dot, per_block, W)                                                        \
+    dot(T, W, (const uint8_t *)row, x + (s) * x_stride, n / per_block, x_stride, k, out + (s))
+#define LLM_Q8_WIDTHS(T, dot, per_block, W) LLM_BY_TOKENS(nc, LLM_Q8_CALL, T, dot, per_block, W);
 #define LLM_Q8_CASE(T, dot, per_block)                                                                 \
     case T:                                                                                            \
         if (wide) { LLM_Q8_WIDTHS(T, dot, per_block, 1) } else { LLM_Q8_WIDTHS(T, dot, per_block, 0) } \
@@ -5245,6 +5245,7 @@ static void llm_q8_dot(uint32_t type, int wide, const void *row, const llm_q8 *x
     }
 #undef LLM_Q8_CASE
 #undef LLM_Q8_WIDTHS
+#undef LLM_Q8_CALL
 #endif
     for (int c = 0; c < nc; c++) out[c] = llm_q8_dot_ref(type, row, x + c * x_stride, n, wide);
 }
