@@ -113,7 +113,9 @@ llm-example: llm.h | $(STB_H) $(NEED_CC)
 	@sed -n '/^#if 0 \/\* LLM_EXAMPLE/,/^#endif \/\* LLM_EXAMPLE/p' llm.h | sed '1d;$$d' | \
 	    $(CC) $(CFLAGS) -x c -o $@ - $(LDFLAGS) $(LDLIBS)
 
+# (first: test.c's GPU checks, which only a CUDA build links, compile; a machine without nvcc checks them so)
 test: llm llm-test llm-example $(MODEL) $(GEMMA3_MODEL) $(VENV) testdata
+	@$(CC) $(CFLAGS) -DLLM_CUDA -fsyntax-only test.c
 	$(TEST_ONLY) ./llm-test $(TESTDATA)
 	$(VENV_PY) tools/pretok_check.py ./llm-test
 	$(VENV_PY) tools/openai_test.py $(TESTDATA)
@@ -175,9 +177,12 @@ llm_cuda.o: llm.cu llm.h | $(STB_H)
 	@$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fopenmp -I$(STB_INC) -I. -DLLM_CUDA -c -o $@ llm.cu
 
 # (no testdata prerequisite: the device machine has no PyPI; carry testdata/models with its generated models)
-test-gpu: test.c llm.h llm_cuda.o | $(STB_H)
+# (make llm-test-gpu builds it without a GPU: nvcc and the linker catch what the CPU-only build cannot see)
+llm-test-gpu: test.c llm.h llm_cuda.o | $(STB_H)
 	$(CC) $(CFLAGS) -DLLM_CUDA -o $@ test.c llm_cuda.o $(LDFLAGS) $(LDLIBS) -lutil $(CUDA_LIBS)
-	./test-gpu --gpu $(TESTDATA)
+
+test-gpu: llm-test-gpu
+	./llm-test-gpu --gpu $(TESTDATA)
 
 .PHONY: all test test-gpu testdata model model-gemma3 run clean fuzz test-cluster haproxy-installed
 
@@ -205,7 +210,7 @@ haproxy-installed:
 
 # the model stays (make clean never deletes a download), and so do testdata's generated models
 clean:
-	rm -f llm llm-test llm-example test-gpu llm_cuda.o $(FUZZ_ALL:%=fuzz/fuzz_%)
+	rm -f llm llm-test llm-example llm-test-gpu llm_cuda.o $(FUZZ_ALL:%=fuzz/fuzz_%)
 
 # ---- make fuzz ---------------------------------------------------------------------------------------------
 # libFuzzer targets (fuzz/fuzz_*.c), as llama.cpp's and OSS-Fuzz's: the GGUF reader, the tokenizer, the engine

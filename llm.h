@@ -426,9 +426,12 @@ int llm_model_sampling_defaults(const llm_model *m, llm_sampling_params *p, char
 
 /* -----------------------------------------------------------------------------------------------------------
  * 6. Blocks: the KV pool's bookkeeping (the memory itself is the backend's)
- * Free blocks sit in one list in least-recently-freed order. A full block of prompt or output is named by a
- * hash of (its predecessor's hash, its token ids); when freed it keeps its contents and its name, so a later
- * request with the same prefix takes it back (automatic prefix caching) until allocation evicts it.
+ * A full block of prompt or output is named by a hash of (its predecessor's hash, its token ids); when freed
+ * it keeps its contents and its name, so a later request with the same prefix takes it back (automatic prefix
+ * caching) until allocation evicts it. Free blocks sit in one list: the unnamed ones first, the most recently
+ * freed first (their memory is warm, and a pool used so touches no more pages than its busiest moment needed:
+ * a long-running server's memory settles), then the named ones, least recently freed first (evicted in that
+ * order, after every unnamed block is taken).
  * -------------------------------------------------------------------------------------------------------- */
 typedef struct {
     int ref_count;                  /* 0: the block is in the free list */
@@ -474,6 +477,13 @@ typedef struct {
     const int32_t *const *block_tables; /* [groups * n_seqs]: group g's table of sequence s at g * n_seqs + s */
     int n_logits;
     const int32_t *logit_rows;          /* [n_logits]: the tokens whose logits come out, in this order */
+    /* Greedy rows: argmax_only[i] = 1 when all the engine wants of logit row i is its argmax (a greedy pick
+     * that nothing else reads the row for). The backend writes argmax[i] (the first of equal maxima, -1 when
+     * the row holds a value that is not a finite number) and need not write row i of the logits: on a GPU
+     * the pick is made where the logits are, and 4 bytes cross to the host, not the vocabulary's row. NULL:
+     * every row is wanted whole. */
+    const uint8_t *argmax_only;
+    int32_t *argmax;                    /* [n_logits], written where argmax_only[i] */
     int n_copies;
     const int32_t *copy_src, *copy_dst; /* [n_copies]: blocks copied first (copy-on-write of shared blocks) */
 } llm_batch;
@@ -487,6 +497,8 @@ typedef struct llm_backend {
     size_t free_memory;             /* bytes left for the KV pool, after the weights and the activations */
     double default_kv_fraction;     /* the pool when the config gives no size: this fraction of free_memory
                                      * (0: room for max_num_seqs full contexts, 4 GiB at most) */
+    int default_batched_tokens;     /* the step's token budget when the config gives none (0: 2048): a GPU
+                                     * takes long prompts in fewer, larger steps */
     int  (*alloc_kv)(struct llm_backend *be, int num_blocks, int block_size, char *err);
     /* logits: [n_logits][vocab_size], written for the batch's logit rows */
     int  (*forward)(struct llm_backend *be, const llm_batch *b, float *logits, char *err);
@@ -707,7 +719,7 @@ typedef struct {
     double kv_fraction;             /* the KV pool as a fraction of the backend's free memory (like vLLM's
                                      * gpu_memory_utilization); 0: the backend's default (llm_backend) */
     int max_num_seqs;               /* sequences in one step: 256 */
-    int max_num_batched_tokens;     /* tokens in one step (the budget): 2048 */
+    int max_num_batched_tokens;     /* tokens in a step (the budget); 0: the backend's (CPU 2048, GPU 8192) */
     int max_model_len;              /* 0: the model's context length */
     int enable_prefix_caching;      /* 1 */
     int static_batching;            /* no one joins until the whole batch has finished (for comparison): 0 */
@@ -772,6 +784,11 @@ typedef struct {
      * how many were accepted at each position of a proposal */
     int spec_tokens;                /* the most a proposal holds (0: speculative decoding is off) */
     int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens, spec_accepted_at[LLM_SPEC_MAX];
+    /* where a step's time goes: in the backend's forward call (the rest is the host's: scheduling, sampling,
+     * text), the steps that computed prompt tokens (the others decode only), and the rows of logits: all of
+     * them, and those whose greedy pick the backend made (llm_batch.argmax: no row copied to the host) */
+    double forward_seconds;
+    int64_t prompt_steps, logit_rows, argmax_rows;
 } llm_engine_stats;
 
 typedef struct llm_engine llm_engine;
@@ -917,6 +934,12 @@ static int llm_argmax(const float *x, int n) {
     int best = 0;
     for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
     return best;
+}
+
+/* A greedy row's pick as backends make it (llm_batch.argmax): the argmax, or -1 when a value is not finite */
+static int32_t llm_argmax_finite(const float *x, int n) {
+    for (int i = 0; i < n; i++) if (!isfinite(x[i])) return -1;
+    return llm_argmax(x, n);
 }
 
 /* ===========================================================================================================
@@ -4560,7 +4583,8 @@ static void llm_free_list_remove(llm_block_manager *bm, int id) {
     bm->num_free_blocks--;
 }
 
-/* Take the least recently freed block. If it still holds a cached prefix, that cache entry dies now. */
+/* Take the list's first block: the unnamed one freed last, else the least recently freed named one, whose
+ * cache entry dies now. */
 int llm_block_alloc(llm_block_manager *bm) {
     int id = bm->free_head;
     if (id < 0) return -1;
@@ -4578,9 +4602,15 @@ void llm_block_release(llm_block_manager *bm, int id) {
     llm_block *b = &bm->blocks[id];
     if (--b->ref_count > 0) return;
     b->ref_count = 0;
-    b->prev_free = bm->free_tail; b->next_free = -1;  /* to the tail: evicted last */
-    if (bm->free_tail >= 0) bm->blocks[bm->free_tail].next_free = id; else bm->free_head = id;
-    bm->free_tail = id;
+    if (b->hash) { /* a cached prefix: to the tail, evicted last */
+        b->prev_free = bm->free_tail; b->next_free = -1;
+        if (bm->free_tail >= 0) bm->blocks[bm->free_tail].next_free = id; else bm->free_head = id;
+        bm->free_tail = id;
+    } else { /* nothing to keep: to the head, taken next */
+        b->prev_free = -1; b->next_free = bm->free_head;
+        if (bm->free_head >= 0) bm->blocks[bm->free_head].prev_free = id; else bm->free_tail = id;
+        bm->free_head = id;
+    }
     bm->num_free_blocks++;
 }
 
@@ -5795,6 +5825,8 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         llm_rmsnorm(xn + (size_t)i * D, x + (size_t)b->logit_rows[i] * D, (const float *)m->output_norm.data,
                     D, cf->rms_eps);
     failed |= llm_matmul(logits, xn, &m->output, b->n_logits, path);
+    for (int i = 0, V = cf->vocab_size; b->argmax_only && i < b->n_logits; i++) /* the rows are here anyway */
+        if (b->argmax_only[i]) b->argmax[i] = llm_argmax_finite(logits + (size_t)i * V, V);
     return failed ? llm_fail(err, "out of memory in the forward pass (%d tokens)", T) : 0;
 }
 
@@ -9098,7 +9130,8 @@ struct llm_engine {
     uint64_t next_id;
     /* one step's scratch (stb_ds arrays) */
     llm_seq **finished;             /* finished this step, freed at the start of the next: outputs point in */
-    int32_t *b_tokens, *b_positions, *b_seq_start, *b_logit_rows;
+    int32_t *b_tokens, *b_positions, *b_seq_start, *b_logit_rows, *b_argmax;
+    uint8_t *b_argmax_only;         /* per logit row: a greedy pick the backend makes (llm_batch.argmax) */
     const int32_t **b_tables;
     float *logits;                  /* [logits_rows][vocab_size] */
     int logits_rows;
@@ -9121,7 +9154,7 @@ struct llm_engine {
 llm_engine_config llm_engine_defaults(void) {
     llm_engine_config c;
     memset(&c, 0, sizeof c);
-    c.block_size = 16; c.max_num_seqs = 256; c.max_num_batched_tokens = 2048; c.enable_prefix_caching = 1;
+    c.block_size = 16; c.max_num_seqs = 256; c.max_num_batched_tokens = 0; c.enable_prefix_caching = 1;
     c.spec_ngram_max = 4; c.spec_ngram_min = 2;
     return c;
 }
@@ -9151,8 +9184,9 @@ static int llm_engine_check_config(const llm_engine_config *c, char *err) {
         return llm_fail(err, "block_size must be between 1 and 1024, got %d", c->block_size);
     if (c->max_num_seqs <= 0)
         return llm_fail(err, "max_num_seqs must be at least 1, got %d", c->max_num_seqs);
-    if (c->max_num_batched_tokens <= 0)
-        return llm_fail(err, "max_num_batched_tokens must be at least 1, got %d", c->max_num_batched_tokens);
+    if (c->max_num_batched_tokens < 0)
+        return llm_fail(err, "max_num_batched_tokens must be at least 1 (0: the backend's), got %d",
+                        c->max_num_batched_tokens);
     if (c->num_blocks < 0 || c->max_model_len < 0)
         return llm_fail(err, "num_blocks and max_model_len must be >= 0");
     if (!(c->kv_fraction >= 0 && c->kv_fraction <= 1))
@@ -9234,6 +9268,8 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
         e->max_model_len = cfg->max_model_len;
     llm_model_set_context(&e->model, e->max_model_len);
     if (llm_engine_start_backend(e, err) != 0) { llm_engine_destroy(e); return NULL; }
+    int *budget = &e->cfg.max_num_batched_tokens, backend_budget = e->backend->default_batched_tokens;
+    if (!*budget) *budget = backend_budget > 0 ? backend_budget : 2048;
     llm_scheduler *sch = &e->sched; /* the groups of layers first: the pool's size depends on their windows */
     sch->n_kv_groups = llm_kv_groups(&e->model.cfg);
     if (!(sch->kv_window = (int *)calloc((size_t)sch->n_kv_groups, sizeof(int)))) {
@@ -9248,7 +9284,7 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
         llm_engine_destroy(e); return NULL;
     }
     sch->bm = &e->bm; sch->static_batching = cfg->static_batching; sch->static_batch_open = 1;
-    sch->max_num_seqs = cfg->max_num_seqs; sch->max_num_batched_tokens = cfg->max_num_batched_tokens;
+    sch->max_num_seqs = cfg->max_num_seqs; sch->max_num_batched_tokens = e->cfg.max_num_batched_tokens;
     sch->spec_tokens = cfg->spec_tokens; sch->spec_ngram_max = cfg->spec_ngram_max;
     sch->spec_ngram_min = cfg->spec_ngram_min; sch->max_model_len = e->max_model_len;
     return e;
@@ -9264,6 +9300,7 @@ void llm_engine_destroy(llm_engine *e) {
     free(sch->kv_window);
     arrfree(e->finished); arrfree(e->inbox); arrfree(e->inbox_abort);
     arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows);
+    arrfree(e->b_argmax); arrfree(e->b_argmax_only);
     arrfree(e->b_tables); arrfree(e->outputs);
     free(e->logits); free(e->masked_logits); llm_token_trie_free(e->trie); free(e->grammar_mask);
     free(e->grammar_ids); free(e->grammar_logits);
@@ -9490,6 +9527,20 @@ static void llm_engine_take_inbox(llm_engine *e) {
 
 /* 3. The scheduler plans the step: llm_schedule (section 5). */
 
+/* 4. Whether all s wants of its next row of logits is the argmax: greedy, with nothing that adjusts the row
+ *    (penalties, min_tokens, logit_bias, allowed ids, bad words, a grammar) or reads it (logprobs, a
+ *    proposal to check, the samples of n > 1). */
+static int llm_seq_greedy_only(const llm_seq *s) {
+    const llm_sampling_params *p = &s->req->params;
+    int greedy = p->temperature < LLM_SAMPLING_EPS || p->top_k == 1;
+    int penalties = p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
+                    p->frequency_penalty != 0.0f;
+    int too_early = (int)arrlen(s->tokens) - s->req->n_prompt < p->min_tokens;
+    int adjusted = p->n_logit_bias || p->n_allowed_token_ids || p->n_bad_words || s->grammar;
+    int reads_row = p->logprobs >= 0 || s->n_draft || s->fork_pending;
+    return greedy && !penalties && !too_early && !adjusted && !reads_row;
+}
+
 /* 4. The plan as one batch: each scheduled sequence's next n_new tokens, flattened, with its block table;
  *    logits for the sequences whose chunk reaches the end of their tokens, and for every prompt token of a
  *    chunk that scores its prompt (prompt_logprobs) but the last (its logits are the first sample's); the
@@ -9498,17 +9549,23 @@ static int llm_engine_forward(llm_engine *e, char *err) {
     llm_scheduler *sch = &e->sched;
     int n_seqs = (int)arrlen(sch->scheduled), V = e->model.cfg.vocab_size;
     arrsetlen(e->b_tokens, 0); arrsetlen(e->b_positions, 0); arrsetlen(e->b_logit_rows, 0);
-    arrsetlen(e->b_seq_start, 0); arrsetlen(e->b_tables, 0);
+    arrsetlen(e->b_seq_start, 0); arrsetlen(e->b_tables, 0); arrsetlen(e->b_argmax_only, 0);
+    int prompt_step = 0;
     for (int i = 0; i < n_seqs; i++) {
         llm_seq *s = sch->scheduled[i];
+        prompt_step |= s->n_computed < s->req->n_prompt;
         arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
         int scoring = s->plp_state == LLM_PLP_PENDING, n_prompt = s->req->n_prompt;
         int len = (int)arrlen(s->tokens), end = s->n_computed + sch->n_new[i];
         for (int pos = s->n_computed; pos < end; pos++) { /* past the tokens: the proposal's */
             arrput(e->b_tokens, pos < len ? s->tokens[pos] : s->draft[pos - len]);
             arrput(e->b_positions, pos);
-            if ((scoring && pos < n_prompt - 1) || (end >= len && pos >= len - 1)) /* the last and proposed */
+            if ((scoring && pos < n_prompt - 1) || (end >= len && pos >= len - 1)) { /* the last, proposed */
                 arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
+                int greedy = pos == len - 1 && llm_seq_greedy_only(s);
+                arrput(e->b_argmax_only, (uint8_t)greedy);
+                e->stats.argmax_rows += greedy; e->stats.logit_rows++;
+            }
         }
     }
     arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
@@ -9519,6 +9576,8 @@ static int llm_engine_forward(llm_engine *e, char *err) {
     b.n_tokens = (int)arrlen(e->b_tokens); b.tokens = e->b_tokens; b.positions = e->b_positions;
     b.n_seqs = n_seqs; b.seq_start = e->b_seq_start; b.block_tables = e->b_tables;
     b.n_logits = (int)arrlen(e->b_logit_rows); b.logit_rows = e->b_logit_rows;
+    arrsetlen(e->b_argmax, b.n_logits);
+    b.argmax_only = e->b_argmax_only; b.argmax = e->b_argmax;
     b.n_copies = (int)arrlen(sch->copy_src); b.copy_src = sch->copy_src; b.copy_dst = sch->copy_dst;
     if (b.n_logits > e->logits_rows) {
         free(e->logits);
@@ -9529,7 +9588,11 @@ static int llm_engine_forward(llm_engine *e, char *err) {
             return llm_fail(err, "out of memory for %d rows of logits", b.n_logits);
         }
     }
-    return e->backend->forward(e->backend, &b, e->logits, err);
+    double t0 = llm_now();
+    int rc = e->backend->forward(e->backend, &b, e->logits, err);
+    e->stats.forward_seconds += llm_now() - t0;
+    e->stats.prompt_steps += prompt_step;
+    return rc;
 }
 
 /* 4, when the forward pass failed: every sequence of the step finishes with the error; nothing else
@@ -9617,22 +9680,20 @@ static int32_t llm_seq_grammar_sample(llm_engine *e, llm_seq *s, const float *sa
     return token;
 }
 
-/* 5. One sampled token for s, from its row of logits: the logprobs asked for, the token, then the stop
- *    conditions (end of generation, stop ids, max_tokens, the context, the pool) and its text. */
-static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
+/* 5. The token s samples from its whole row of logits, on the host: the row adjusted as the request says
+ *    (allowed ids, logit_bias, bad words, min_tokens), the sampler's draw, the grammar's check. -1: the row
+ *    is not finite; -3: s failed and is finished (with the reason). */
+static int32_t llm_seq_sample(llm_engine *e, llm_seq *s, const float *logits) {
     const llm_sampling_params *p = &s->req->params;
     int V = e->model.cfg.vocab_size, n_prompt = s->req->n_prompt;
-    for (int i = 0; i < V; i++) if (!isfinite(logits[i])) { /* a broken model: never sample from it */
-        llm_seq_finish(e, s, LLM_FINISH_ERROR, "the model's logits are not finite numbers (NaN or infinite)");
-        return;
-    }
+    for (int i = 0; i < V; i++) if (!isfinite(logits[i])) return -1;
     const float *sample_from = logits;
     int too_early = (int)arrlen(s->tokens) - n_prompt < p->min_tokens;
     /* the row the request samples from: a copy, only the allowed ids in it, biased, masked */
     if (too_early || p->n_logit_bias || p->n_allowed_token_ids || p->n_bad_words) {
         if (!e->masked_logits && !(e->masked_logits = (float *)malloc((size_t)V * sizeof(float)))) {
             llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for min_tokens, logit_bias or allowed ids");
-            return;
+            return -3;
         }
         if (!p->n_allowed_token_ids) memcpy(e->masked_logits, logits, (size_t)V * sizeof(float));
         else {
@@ -9663,9 +9724,24 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
                                        (int)arrlen(s->tokens), &s->rng);
     if (token < 0) {
         llm_seq_finish(e, s, LLM_FINISH_ERROR, "sampling found no token to pick: the logits are not numbers");
-        return;
+        return -3;
     }
-    if (s->grammar && (token = llm_seq_grammar_sample(e, s, sample_from, token)) < 0) return;
+    if (s->grammar && (token = llm_seq_grammar_sample(e, s, sample_from, token)) < 0) return -3;
+    return token;
+}
+
+/* 5. One sampled token for s, from its row of logits (or picked by the backend: picked >= 0 is the row's
+ *    argmax, -1 a row that was not finite, LLM_PICK_ON_HOST: sample here): the logprobs asked for, the
+ *    token, then the stop conditions (end of generation, stop ids, max_tokens, the context, the pool) and its
+ *    text. */
+#define LLM_PICK_ON_HOST (-2)
+static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits, int32_t picked) {
+    const llm_sampling_params *p = &s->req->params;
+    int V = e->model.cfg.vocab_size, n_prompt = s->req->n_prompt;
+    int32_t token = picked == LLM_PICK_ON_HOST ? llm_seq_sample(e, s, logits) : picked;
+    if (token == -1) /* a broken model: never sample from it */
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "the model's logits are not finite numbers (NaN or infinite)");
+    if (token < 0) return; /* finished with the reason */
     if (p->logprobs >= 0) {
         int K = p->logprobs < V ? p->logprobs : V;
         int32_t *top_ids = arraddnptr(s->out_top_ids, K);
@@ -9695,6 +9771,7 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits) {
     if (reason) llm_seq_finish(e, s, reason, NULL);
 }
 
+
 /* 5. Prompt logprobs: the row of logits at prompt position pos scores prompt token pos + 1, as
  *    llm_seq_accept scores a sampled token. */
 static void llm_seq_score_prompt(llm_engine *e, llm_seq *s, int pos, const float *logits) {
@@ -9716,7 +9793,7 @@ static void llm_seq_score_prompt(llm_engine *e, llm_seq *s, int pos, const float
 static void llm_seq_verify(llm_engine *e, llm_seq *s, const float *logits) {
     int V = e->model.cfg.vocab_size, n_draft = s->n_draft, accepted = 0;
     for (int j = 0; j <= n_draft; j++) {
-        llm_seq_accept(e, s, logits + (size_t)j * V);
+        llm_seq_accept(e, s, logits + (size_t)j * V, LLM_PICK_ON_HOST);
         if (s->status == LLM_SEQ_FINISHED || j == n_draft || s->tokens[arrlen(s->tokens) - 1] != s->draft[j])
             break;
         s->n_computed++; accepted++;
@@ -9766,7 +9843,9 @@ static void llm_engine_sample(llm_engine *e) {
             llm_seq_score_prompt(e, s, pos, e->logits + (size_t)row++ * V);
         if (end < arrlen(s->tokens)) continue; /* a prompt chunk: nothing to sample yet */
         if (s->plp_state == LLM_PLP_PENDING) s->plp_state = LLM_PLP_READY; /* all scored: out this step */
-        const float *logits = e->logits + (size_t)row++ * V;
+        const float *logits = e->logits + (size_t)row * V;
+        int32_t picked = e->b_argmax_only[row] ? e->b_argmax[row] : LLM_PICK_ON_HOST;
+        row++;
         if (s->fork_pending) {
             int first_child = (int)arrlen(sch->running);
             if (llm_seq_fork(sch, s) != 0) {
@@ -9774,9 +9853,9 @@ static void llm_engine_sample(llm_engine *e) {
                 continue;
             }
             for (int k = first_child; k < arrlen(sch->running); k++)
-                llm_seq_accept(e, sch->running[k], logits);
+                llm_seq_accept(e, sch->running[k], logits, LLM_PICK_ON_HOST);
         }
-        llm_seq_accept(e, s, logits);
+        llm_seq_accept(e, s, logits, picked);
     }
 }
 

@@ -65,7 +65,7 @@ static const char *usage =
     "  --kv-fraction F        KV pool as a fraction of the memory free after loading the weights\n"
     "                         (GPU default 0.9; CPU default: --max-num-seqs full contexts, 4 GiB at most)\n"
     "  --max-num-seqs N       sequences per step (default 256)\n"
-    "  --max-num-batched-tokens N   token budget per step (default 2048)\n"
+    "  --max-num-batched-tokens N   token budget per step (default: the backend's, CPU 2048, CUDA 8192)\n"
     "  --max-model-len N      context length (default: the model's)\n"
     "  --no-prefix-caching    turn automatic prefix caching off\n"
     "  --spec-ngram K         speculative decoding by n-gram lookup: up to K tokens proposed from the text\n"
@@ -152,6 +152,19 @@ static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* The process's memory as the kernel counts it, in bytes: field "VmRSS" (resident now) or "VmHWM" (its peak)
+ * of /proc/self/status; -1 where there is none (not Linux). For llm bench and /metrics. */
+static double proc_memory_bytes(const char *field) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kib = -1;
+    size_t n = strlen(field);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, field, n) && line[n] == ':') { kib = atof(line + n + 1); break; }
+    if (f) fclose(f);
+    return kib < 0 ? -1 : kib * 1024;
 }
 
 typedef struct {
@@ -1144,6 +1157,14 @@ static int bench(args_t *a) {
            prompt_s > 0 ? prompt_tokens / prompt_s : 0.0, (long long)prompt_tokens, prompt_s);
     printf("decode: %.1f tok/s (%lld tokens in %.2f s, the steps of decodes only)\n",
            decode_s > 0 ? decode_tokens / decode_s : 0.0, (long long)decode_tokens, decode_s);
+    printf("memory: resident %.1f MiB now, %.1f MiB at the peak (weights as mapped, the KV pool's pages in "
+           "use, scratch)\n", proc_memory_bytes("VmRSS") / (1 << 20), proc_memory_bytes("VmHWM") / (1 << 20));
+    printf("time split: backend forward %.2f s (%.0f%%), host %.2f s (scheduling, sampling, text); steps: "
+           "%lld with prompt tokens, %lld decode only; logit rows %lld, %lld of them greedy picks made by "
+           "the backend\n",
+           st.forward_seconds, elapsed > 0 ? 100.0 * st.forward_seconds / elapsed : 0.0,
+           elapsed - st.forward_seconds, (long long)st.prompt_steps, (long long)(st.steps - st.prompt_steps),
+           (long long)st.logit_rows, (long long)st.argmax_rows);
     if (st.grammar_tokens)
         printf("grammar: %.3f ms per token, %.1f%% of a decode step's time per token (%lld tokens; %lld needed "
                "a full mask, %lld of them from the cache)\n", 1e3 * st.grammar_seconds / st.grammar_tokens,

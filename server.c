@@ -1816,6 +1816,11 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
     }
 #undef GAUGE
 #undef COUNTER
+    /* as Prometheus's process collector names it (vLLM's prometheus_client exports it): a server's memory
+     * should settle, and this shows whether it does */
+    sb_printf(&b, "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+              "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %.0f\n",
+              proc_memory_bytes("VmRSS"));
     sb_puts(&b, "# HELP vllm:request_success_total Count of successfully processed requests.\n"
                 "# TYPE vllm:request_success_total counter\n");
     static const char *reasons[4] = {"stop", "length", "abort", "error"};

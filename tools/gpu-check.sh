@@ -7,8 +7,9 @@
 #                                  its generated models are not in git, and the device machine has no pip)
 #   BASELINE=DIR tools/gpu-check.sh   also builds the version in DIR (its llm.h, llm.cu, main.c, Makefile) and runs
 #                                  its `llm bench` beside ours, alternating, on the same GPU in the same call
-# Prints everything to stdout and saves the same in $LOG_DIR/DATE-GPU-gpu-check.log (LOG_DIR: $OUT when set, as on
-# the device machine, else results/). Exit status: the checks' (0 when all passed).
+# With torch and transformers there (the device machine has both), transformers' generate() on the same shapes
+# is the yardstick. Prints everything to stdout and saves the same in $LOG_DIR/DATE-GPU-gpu-check.log
+# (LOG_DIR: $OUT when set, as on the device machine, else results/). Exit status: the checks' (0: all passed).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 DEPS=.deps
@@ -67,4 +68,11 @@ for model in tinyllama-1.1b llama-3.2-1b; do
     bench ./llm $model
     if [ -n "${BASELINE:-}" ]; then echo "-- baseline $BASELINE/llm bench --dummy $model"; bench "$BASELINE/llm" $model; fi
 done
+if python3 -c 'import torch, transformers' 2>/dev/null; then
+    echo "== the yardstick: transformers' generate() on the same shapes (tools/torch_generate.py)"
+    for model in tinyllama-1.1b llama-3.2-1b; do
+        timeout 150 python3 tools/torch_generate.py $model 2>&1 | grep '^torch generate' ||
+            echo "tools/torch_generate.py $model: exit $?"
+    done
+fi
 exit $status
