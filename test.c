@@ -3664,9 +3664,10 @@ static llm_backend *flaky_create(const llm_model *m, char *err) {
 static void test_greedy_picks(void) {
     llm_engine_config cfg = engine_config("stories260K.gguf");
     cfg.create_backend = flaky_create;
-    flaky_calls = 0; flaky_fail_at = -1; flaky_poison = 1; flaky_bad_pick = 0; flaky_picks = 0;
+    flaky_calls = 0; flaky_fail_at = -1; flaky_bad_pick = 0; flaky_picks = 0;
     llm_engine *e = engine_new(&cfg);
     if (!e) return;
+    flaky_poison = 1; /* off again at the end: the other tests' flaky backends leave the rows as they are */
     static run_result r;
     memset(&r, 0, sizeof r);
     const char *prompts[] = {"Once upon a time", "Lily and Ben were"};
@@ -3697,6 +3698,7 @@ static void test_greedy_picks(void) {
     llm_engine_destroy(e);
     cfg.create_backend = llm_cpu_backend_create;
     e = engine_new(&cfg);
+    if (!e) { flaky_poison = 0; return; }
     static run_result ref;
     memset(&ref, 0, sizeof ref);
     for (int i = 0; i < 2; i++) {
@@ -3714,8 +3716,9 @@ static void test_greedy_picks(void) {
 
     /* a pick of -1: that request ends with the error, the other goes on to its end */
     cfg.create_backend = flaky_create;
-    flaky_poison = 1; flaky_bad_pick = 0;
+    flaky_bad_pick = 0;
     e = engine_new(&cfg);
+    if (!e) { flaky_poison = 0; return; }
     char err[LLM_ERR_LEN] = "";
     uint64_t a = llm_engine_add_request(e, prompts[0], NULL, 0, &plain, NULL, err);
     uint64_t b = llm_engine_add_request(e, prompts[1], NULL, 0, &with_logprobs, NULL, err);
@@ -3752,6 +3755,7 @@ static void test_backend_budget(void) {
         cfg.max_num_batched_tokens = given ? 64 : 0;
         flaky_budget = 100; flaky_most_tokens = 0; flaky_calls = 0; flaky_fail_at = -1;
         e = engine_new(&cfg);
+        flaky_budget = 0; /* read by flaky_create only: the other tests' flaky backends take the CPU's */
         if (!e) return;
         static run_result r;
         memset(&r, 0, sizeof r);
@@ -3764,7 +3768,6 @@ static void test_backend_budget(void) {
               given ? "given (64)" : "the backend's (100)", flaky_most_tokens, want);
         llm_engine_destroy(e);
     }
-    flaky_budget = 0;
 }
 
 /* The KV pool does not creep: a freed block with nothing cached in it is the next one handed out, so a long
