@@ -500,6 +500,9 @@ typedef struct llm_backend {
     int default_batched_tokens;     /* the step's token budget when the config gives none (0: 2048): a GPU
                                      * takes long prompts in fewer, larger steps */
     int  (*alloc_kv)(struct llm_backend *be, int num_blocks, int block_size, char *err);
+    /* K/V in 2-byte f16 from now on, called before alloc_kv when the config asks (NULL: the backend keeps
+     * one type) */
+    int  (*use_kv_f16)(struct llm_backend *be, char *err);
     /* logits: [n_logits][vocab_size], written for the batch's logit rows */
     int  (*forward)(struct llm_backend *be, const llm_batch *b, float *logits, char *err);
     void (*destroy)(struct llm_backend *be);
@@ -723,6 +726,8 @@ typedef struct {
     int max_model_len;              /* 0: the model's context length */
     int enable_prefix_caching;      /* 1 */
     int static_batching;            /* no one joins until the whole batch has finished (for comparison): 0 */
+    int kv_cache_f16;               /* the CPU's K/V in f16, not f32: half the memory; the logits move 3 to 4
+                                     * times more (llama.cpp's -ctk f16, vLLM's --kv-cache-dtype): 0 */
     /* speculative decoding by n-gram lookup (vLLM's "ngram" method, prompt lookup): a decoding sequence whose
      * last spec_ngram_max..spec_ngram_min tokens occurred before in its prompt or output proposes the up to
      * spec_tokens tokens that followed there, and one step checks them all: the same tokens come out as
@@ -5456,14 +5461,16 @@ static void llm_rope(float *x, const float *cs, const float *sn, const llm_confi
 }
 
 /* ---- The CPU backend ----------------------------------------------------------------------------------- */
-/* Its state: the model (weights read where they are), and the KV cache in host memory as f32, K and V each
+/* Its state: the model (weights read where they are), and the KV cache in host memory, K and V each
  * laid out [index][block][slot][kv_head][head_dim], index a layer's place in its group (llm_kv_place): for
  * one layer, the K of a sequence's position p is the n_kv_heads * head_dim values at slot
  * block_table[p / block_size] * block_size + p % block_size, block_table its group's. */
 typedef struct {
     const llm_model *model;
     int num_blocks, block_size;
-    float *k, *v;
+    void *k, *v;
+    int kv_half;                    /* K and V in f16 (llm_backend.use_kv_f16: half the memory, and half the
+                                     * bytes attention reads, as llama.cpp's default cache), else f32 */
     float *scratch;                 /* the forward pass's activations for up to scratch_tokens tokens ... */
     int32_t *seq_of;                /* ... and their sequences: grown on demand, reused every step */
     int scratch_tokens;
@@ -5492,20 +5499,61 @@ static __attribute__((unused)) int llm_cpu_threads_for_load(double *others_runni
     return n < 1 ? 1 : n;
 }
 
-static float *llm_cpu_kv_at(const llm_cpu *c, float *cache, int index, const int32_t *block_table, int pos) {
+static size_t llm_cpu_kv_value_bytes(const llm_cpu *c) {
+    return c->kv_half ? sizeof(uint16_t) : sizeof(float);
+}
+
+static uint8_t *llm_cpu_kv_at(const llm_cpu *c, void *cache, int index, const int32_t *block_table, int pos) {
     size_t slot = (size_t)block_table[pos / c->block_size] * c->block_size + (size_t)(pos % c->block_size);
     size_t per_slot = (size_t)c->model->cfg.n_kv_heads * c->model->cfg.head_dim;
-    return cache + ((size_t)index * c->num_blocks * c->block_size + slot) * per_slot;
+    return (uint8_t *)cache + ((size_t)index * c->num_blocks * c->block_size + slot) * per_slot *
+                              llm_cpu_kv_value_bytes(c);
+}
+
+/* n values of K or V into the cache, as it holds them (f16: rounded to nearest even) */
+static void llm_cpu_kv_store(const llm_cpu *c, void *dst, const float *src, int n) {
+    if (!c->kv_half) { memcpy(dst, src, (size_t)n * sizeof(float)); return; }
+    for (int i = 0; i < n; i++) ((uint16_t *)dst)[i] = llm_f32_to_f16(src[i]);
+}
+
+/* q . k for a cached k */
+static float llm_cpu_kv_dot(const llm_cpu *c, const float *q, const void *k, int n) {
+    if (!c->kv_half) return llm_dot(q, (const float *)k, n);
+    float r = 0;
+#ifdef LLM_CPU_SIMD
+    llm_dot_half(LLM_F16, (const uint16_t *)k, q, 0, 1, n, &r);
+#else
+    for (int i = 0; i < n; i++) r += llm_f16_to_f32(((const uint16_t *)k)[i]) * q[i];
+#endif
+    return r;
+}
+
+/* out += w v for a cached v: a multiply, then an add, 8 values at a time or one: the same roundings */
+static void llm_cpu_kv_axpy(const llm_cpu *c, float *out, float w, const void *v, int n) {
+    int i = 0;
+    if (!c->kv_half) {
+        for (; i < n; i++) out[i] += w * ((const float *)v)[i];
+        return;
+    }
+    const uint16_t *h = (const uint16_t *)v;
+#ifdef LLM_CPU_SIMD
+    for (__m256 ws = _mm256_set1_ps(w); i + 8 <= n; i += 8) {
+        __m256 vs = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i)));
+        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), _mm256_mul_ps(ws, vs)));
+    }
+#endif
+    for (; i < n; i++) out[i] += w * llm_f16_to_f32(h[i]);
 }
 
 static int llm_cpu_alloc_kv(llm_backend *be, int num_blocks, int block_size, char *err) {
     llm_cpu *c = (llm_cpu *)be->ctx;
     if (num_blocks <= 0 || block_size <= 0)
         return llm_fail(err, "KV cache needs at least one block of one slot");
-    size_t n = llm_kv_bytes_per_block(&c->model->cfg, block_size, sizeof(float)) / 2 / sizeof(float);
+    size_t value_bytes = llm_cpu_kv_value_bytes(c);
+    size_t n = llm_kv_bytes_per_block(&c->model->cfg, block_size, (int)value_bytes) / 2 / value_bytes;
     free(c->k); free(c->v);
-    c->k = (float *)calloc(n * (size_t)num_blocks, sizeof(float));
-    c->v = (float *)calloc(n * (size_t)num_blocks, sizeof(float));
+    c->k = calloc(n * (size_t)num_blocks, value_bytes);
+    c->v = calloc(n * (size_t)num_blocks, value_bytes);
     c->num_blocks = num_blocks; c->block_size = block_size;
     if (!c->k || !c->v) {
         free(c->k); free(c->v); c->k = c->v = NULL;
@@ -5516,13 +5564,13 @@ static int llm_cpu_alloc_kv(llm_backend *be, int num_blocks, int block_size, cha
 
 /* Copy-on-write: block dst becomes a copy of block src, in every layer of a group, for K and V. */
 static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
-    size_t per_block = (size_t)c->block_size * c->model->cfg.n_kv_heads * c->model->cfg.head_dim;
+    size_t per_block = (size_t)c->block_size * c->model->cfg.n_kv_heads * c->model->cfg.head_dim *
+                       llm_cpu_kv_value_bytes(c); /* bytes */
     for (int l = 0, n = llm_kv_group_layers(&c->model->cfg); l < n; l++) {
         size_t layer = (size_t)l * c->num_blocks * per_block;
-        memcpy(c->k + layer + (size_t)dst * per_block, c->k + layer + (size_t)src * per_block,
-               per_block * sizeof(float));
-        memcpy(c->v + layer + (size_t)dst * per_block, c->v + layer + (size_t)src * per_block,
-               per_block * sizeof(float));
+        uint8_t *k = (uint8_t *)c->k + layer, *v = (uint8_t *)c->v + layer;
+        memcpy(k + (size_t)dst * per_block, k + (size_t)src * per_block, per_block);
+        memcpy(v + (size_t)dst * per_block, v + (size_t)src * per_block, per_block);
     }
 }
 
@@ -5534,13 +5582,15 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
                               int window, float sink, const float *q, float *scores, float *out) {
     int hd = c->model->cfg.head_dim, n_ctx = pos + 1, bs = c->block_size;
     int first = window > 0 && n_ctx > window ? n_ctx - window : 0; /* a local layer: the last window only */
-    size_t per_slot = (size_t)c->model->cfg.n_kv_heads * hd; /* a block's slots are per_slot values apart */
+    /* a block's slots are per_slot bytes apart, a slot's heads head_bytes */
+    size_t head_bytes = (size_t)hd * llm_cpu_kv_value_bytes(c);
+    size_t per_slot = c->model->cfg.n_kv_heads * head_bytes;
     float scale = 1.0f / sqrtf((float)hd), mx = sink, sum = 0; /* the sink (-inf: none) is one more logit */
     for (int p0 = first - first % bs; p0 < n_ctx; p0 += bs) { /* block by block: the table read once each */
-        const float *kp = llm_cpu_kv_at(c, c->k, index, block_table, p0) + kv_head * hd;
+        const uint8_t *kp = llm_cpu_kv_at(c, c->k, index, block_table, p0) + kv_head * head_bytes;
         for (int p = p0; p < n_ctx && p < p0 + bs; p++, kp += per_slot) {
             if (p < first) continue;
-            scores[p] = llm_dot(q, kp, hd) * scale;
+            scores[p] = llm_cpu_kv_dot(c, q, kp, hd) * scale;
             if (scores[p] > mx) mx = scores[p];
         }
     }
@@ -5548,11 +5598,10 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
     if (sink > -INFINITY) sum += expf(sink - mx);
     memset(out, 0, (size_t)hd * sizeof(float));
     for (int p0 = first - first % bs; p0 < n_ctx; p0 += bs) {
-        const float *vp = llm_cpu_kv_at(c, c->v, index, block_table, p0) + kv_head * hd;
+        const uint8_t *vp = llm_cpu_kv_at(c, c->v, index, block_table, p0) + kv_head * head_bytes;
         for (int p = p0; p < n_ctx && p < p0 + bs; p++, vp += per_slot) {
             if (p < first) continue;
-            float w = scores[p] / sum;
-            for (int i = 0; i < hd; i++) out[i] += w * vp[i];
+            llm_cpu_kv_axpy(c, out, scores[p] / sum, vp, hd);
         }
     }
 }
@@ -5765,8 +5814,8 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
                 if (rope) llm_rope(kt + h * hd, rope_cos, rope_sin, cf);
             }
             const int32_t *bt = tables[seq_of[t]];
-            memcpy(llm_cpu_kv_at(c, c->k, kv_index, bt, b->positions[t]), kt, (size_t)kv_dim * sizeof(float));
-            memcpy(llm_cpu_kv_at(c, c->v, kv_index, bt, b->positions[t]), vt, (size_t)kv_dim * sizeof(float));
+            llm_cpu_kv_store(c, llm_cpu_kv_at(c, c->k, kv_index, bt, b->positions[t]), kt, kv_dim);
+            llm_cpu_kv_store(c, llm_cpu_kv_at(c, c->v, kv_index, bt, b->positions[t]), vt, kv_dim);
         }
         /* attention: every (token, query head) pair is independent once this step's K/V are in the cache */
         #pragma omp parallel
@@ -5836,6 +5885,16 @@ static void llm_cpu_destroy(llm_backend *be) {
     free(be);
 }
 
+/* K/V in f16 from now on (before alloc_kv). Not on the exact path: the reference rounds nothing. */
+static int llm_cpu_use_kv_f16(llm_backend *be, char *err) {
+    llm_cpu *c = (llm_cpu *)be->ctx;
+    if (c->path == LLM_PATH_EXACT)
+        return llm_fail(err, "the exact CPU path keeps K/V in f32: it rounds nothing");
+    c->kv_half = 1;
+    be->kv_value_bytes = (int)llm_cpu_kv_value_bytes(c);
+    return 0;
+}
+
 static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err) {
     llm_backend *be = (llm_backend *)calloc(1, sizeof *be);
     llm_cpu *c = (llm_cpu *)calloc(1, sizeof *c);
@@ -5848,7 +5907,8 @@ static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err)
     c->max_threads = 1;
 #endif
     be->name = path == LLM_PATH_EXACT ? "cpu-exact" : path == LLM_PATH_ACT8 ? "cpu-int8" : "cpu"; be->ctx = c;
-    be->kv_value_bytes = sizeof(float);
+    be->kv_value_bytes = (int)llm_cpu_kv_value_bytes(c);
+    be->use_kv_f16 = llm_cpu_use_kv_f16;
     long pages = sysconf(_SC_AVPHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
     be->free_memory = pages > 0 && page_size > 0 ? (size_t)pages * (size_t)page_size : 0;
     be->default_kv_fraction = 0; /* vLLM's CPU backend sizes its KV cache by the workload, not the RAM */
@@ -9268,6 +9328,13 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
         e->max_model_len = cfg->max_model_len;
     llm_model_set_context(&e->model, e->max_model_len);
     if (llm_engine_start_backend(e, err) != 0) { llm_engine_destroy(e); return NULL; }
+    if (cfg->kv_cache_f16 && (!e->backend->use_kv_f16 || e->backend->use_kv_f16(e->backend, err) != 0)) {
+        if (!e->backend->use_kv_f16)
+            llm_fail(err, "the %s backend keeps its own KV cache type: an f16 cache is the CPU's",
+                     e->backend->name);
+        llm_engine_destroy(e);
+        return NULL;
+    }
     int *budget = &e->cfg.max_num_batched_tokens, backend_budget = e->backend->default_batched_tokens;
     if (!*budget) *budget = backend_budget > 0 ? backend_budget : 2048;
     llm_scheduler *sch = &e->sched; /* the groups of layers first: the pool's size depends on their windows */

@@ -1960,12 +1960,12 @@ static const char fidelity_prose[] =
     "arches. In the village school the children were told to stay at home, and most of them spent the day at "
     "their windows, delighted and a little frightened by how the familiar landscape had changed.";
 
-static void fidelity_run(llm_backend *(*create)(const llm_model *, char *), const int32_t *ids, int P,
-                         int32_t (*top_ids)[20], float (*top)[20]) {
+static void fidelity_run(llm_backend *(*create)(const llm_model *, char *), int kv_f16, const int32_t *ids,
+                         int P, int32_t (*top_ids)[20], float (*top)[20]) {
     llm_engine_config cfg = llm_engine_defaults();
     cfg.model_path = CHAT_MODEL;
     cfg.create_backend = create;
-    cfg.num_blocks = 64;
+    cfg.num_blocks = 64; cfg.kv_cache_f16 = kv_f16;
     llm_engine *e = engine_new(&cfg);
     if (!e) return;
     llm_sampling_params p = greedy(1);
@@ -2010,17 +2010,20 @@ static void test_fidelity_smollm2(void) {
     int32_t (*ids_fast)[20] = malloc(sizeof(int32_t[20]) * P);
     float (*lp_exact)[20] = malloc(sizeof(float[20]) * P), (*lp_fast)[20] = malloc(sizeof(float[20]) * P);
     if (!ids_exact || !ids_fast || !lp_exact || !lp_fast) { CHECK(0, "fidelity: out of memory"); return; }
-    fidelity_run(llm_cpu_exact_backend_create, ids, P, ids_exact, lp_exact);
+    fidelity_run(llm_cpu_exact_backend_create, 0, ids, P, ids_exact, lp_exact);
     /* measured on this text (x86-64, AVX-512), against the exact path:
      * - the default (16-bit activations): top-1 agreement 318 of 318, mean KL 0.0000 nats;
      * - cpu-int8: 309 of 318 (97.2%), every one of the 9 differences a near tie of the exact path (its top two
      *   within 0.28 nats); mean KL 0.00126 nats, the worst position 0.047. llama.cpp (2026, AVX-512/VNNI
      *   build), whose arithmetic that is, on the same file and the same 319 tokens: 97.2% too, mean KL over
      *   the top 20 0.00226. 15 positions here are ties within 0.05.
-     * The bounds: the default at 99% and a mean KL under 0.0001; cpu-int8 at 96% and under 0.0025 (2x what
-     * was measured); both differ only where the exact path's top two are within 0.5 nats. */
-    for (int wide = 1; wide >= UNDER_ASAN; wide--) { /* under AddressSanitizer the default path only */
-        fidelity_run(wide ? llm_cpu_backend_create : llm_cpu_int8_backend_create, ids, P, ids_fast, lp_fast);
+     * - the default with the f16 KV cache (--kv-cache-dtype f16): 318 of 318, mean KL 0.000008 nats.
+     * The bounds: the default (either cache) at 99% and a mean KL under 0.0001; cpu-int8 at 96% and under
+     * 0.0025 (2x what was measured); all differ only where the exact path's top two are within 0.5 nats. */
+    for (int run = 0; run < (UNDER_ASAN ? 1 : 3); run++) { /* under AddressSanitizer the default path only */
+        int wide = run != 1, kv_f16 = run == 2;
+        fidelity_run(wide ? llm_cpu_backend_create : llm_cpu_int8_backend_create, kv_f16, ids, P, ids_fast,
+                     lp_fast);
         int agree = 0;
         double kl = 0, kl_max = 0, margin = 0; /* margin: the widest gap of exact's top two where they differ */
         for (int i = 0; i < P - 1; i++) {
@@ -2039,11 +2042,21 @@ static void test_fidelity_smollm2(void) {
         printf("fidelity: SmolLM2 Q4_1, %s against the exact path over %d positions: top-1 agreement %.2f%% "
                "(bound %.0f%%), differing only where exact's top two are within %.3f nats (bound 0.5), mean "
                "KL(exact || it) %.6f nats (bound %g; worst position %.5f)\n",
-               wide ? "the default CPU path (16-bit activations)" : "cpu-int8 (8-bit activations)", P - 1,
+               kv_f16 ? "the default CPU path with an f16 KV cache" : wide ?
+               "the default CPU path (16-bit activations)" : "cpu-int8 (8-bit activations)", P - 1,
                100.0 * agree / (P - 1), 100 * agree_bound, margin, kl, kl_bound, kl_max);
         CHECK(agree >= agree_bound * (P - 1) && margin < 0.5 && kl < kl_bound,
-              "fidelity, %s activations: top-1 agreement %d of %d, differences within %g nats, mean KL %g",
-              wide ? "16-bit" : "8-bit", agree, P - 1, margin, kl);
+              "fidelity, %s activations%s: top-1 agreement %d of %d, differences within %g nats, mean KL %g",
+              wide ? "16-bit" : "8-bit", kv_f16 ? ", f16 KV cache" : "", agree, P - 1, margin, kl);
+        if (kv_f16) { /* and not on the exact path, which rounds nothing */
+            llm_engine_config cfg = llm_engine_defaults();
+            char e_err[LLM_ERR_LEN] = "";
+            cfg.model_path = CHAT_MODEL; cfg.create_backend = llm_cpu_exact_backend_create;
+            cfg.kv_cache_f16 = 1;
+            llm_engine *e = llm_engine_create(&cfg, e_err);
+            CHECK(!e && strstr(e_err, "exact"), "an f16 KV cache on the exact path is refused: %s", e_err);
+            llm_engine_destroy(e);
+        }
     }
     free(ids_exact); free(ids_fast); free(lp_exact); free(lp_fast);
 }
@@ -4489,7 +4502,7 @@ static void test_cli(void) {
     free(out);
     out = run_command("./llm --help 2>&1", &status);
     const char *flags[] = {"-m", "-p", "-n", "--temp", "--top-p", "--top-k", "--min-p", "--seed", "--ids",
-                           "tokenize", "--no-bos", "bench", "--dummy", "--static"};
+                           "tokenize", "--no-bos", "bench", "--dummy", "--static", "--kv-cache-dtype"};
     int missing = 0;
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!out || !strstr(out, flags[i])) { missing++; printf("    --help lacks %s\n", flags[i]); }
@@ -4848,6 +4861,7 @@ static void test_fault_command_line(void) {
         {"--block-size -1", "--block-size"}, {"--num-blocks -3", "--num-blocks"},
         {"--max-num-seqs -1", "--max-num-seqs"}, {"--kv-gib -1", "--kv-gib"}, {"--temp 1x", "--temp"},
         {"--top-p nan", "--top-p"}, {"-n 99999999999", "-n"}, {"--kv-fraction 2", "--kv-fraction"},
+        {"--kv-cache-dtype f8", "--kv-cache-dtype"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(cmd, sizeof cmd, "./llm -m %s -p Once %s 2>&1", model_path("stories260K.gguf"),
