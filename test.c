@@ -1316,6 +1316,20 @@ static void test_paged_forward(const char *model) {
  * -------------------------------------------------------------------------------------------------------- */
 static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 
+/* The default path's f16/bf16 product of one row and one token in plain C, in the order llm.h's SIMD tile
+ * computes it: 8 running sums, fused multiply-adds, over the row's runs of 8; then lanes i and i + 4 added,
+ * then those sums 0 + 2 and 1 + 3, then the two; then the rest of the row one value at a time */
+static float half_dot_ref(uint32_t type, const uint16_t *w, const float *x, int64_t n) {
+    float acc[8] = {0}, s4[4];
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] = fmaf(llm_half_to_f32(type, w[i + j]), x[i + j], acc[j]);
+    for (int j = 0; j < 4; j++) s4[j] = acc[j] + acc[j + 4];
+    float s = (s4[0] + s4[2]) + (s4[1] + s4[3]);
+    for (; i < n; i++) s += llm_half_to_f32(type, w[i]) * x[i];
+    return s;
+}
+
 /* x quantized to type, n values (a multiple of 32), written to out; returns the bytes written. */
 static size_t quantize_row(uint32_t type, const float *x, int64_t n, uint8_t *out) {
     size_t o = 0;
@@ -1383,11 +1397,34 @@ static void test_weight_types(void) {
           llm_dtype_row_bytes(LLM_Q4_1, 64) == 40 && llm_dtype_row_bytes(LLM_F16, 64) == 128 &&
           llm_dtype_row_bytes(77, 64) == 0, "row sizes");
 
-    /* f32, f16 and bf16 rows meet up to 4 tokens at once (each row read once for them): 7, 3 and 2 tokens
-     * give each token's products bit for bit as one at a time, on the default and the exact paths (108 values
-     * a row: 6 runs of 16, one of 8 and a rest of 4) */
+    /* f32 dot products of 1 to 4 vectors at once (llm_dot_rows: AVX2 where the build has it) are the plain-C
+     * llm_dot_n's of one at a time, bit for bit: lengths with and without a rest past the runs of 8 */
     {
-        enum { N = 108, R = 5, TT = 7 };
+        static float a[108], b[4 * 108];
+        uint64_t rng = 9;
+        for (int i = 0; i < 108; i++) a[i] = (float)((int)(llm_splitmix64(&rng) % 2001) - 1000) / 300.0f;
+        for (int i = 0; i < 4 * 108; i++) b[i] = (float)((int)(llm_splitmix64(&rng) % 2001) - 1000) / 700.0f;
+        static const int lengths[] = {5, 8, 64, 108};
+        int bad = 0;
+        for (int li = 0; li < 4; li++)
+            for (int nc = 1; nc <= 4; nc++) {
+                float many[4], one;
+                llm_dot_rows(a, b, 108, nc, lengths[li], many);
+                for (int c = 0; c < nc; c++) {
+                    llm_dot_n(a, b + c * 108, 0, 1, lengths[li], &one);
+                    bad += memcmp(&one, &many[c], sizeof one) != 0;
+                }
+            }
+        CHECK(bad == 0, "f32 dot products: %d of 40 differ from the plain-C ones", bad);
+    }
+
+    /* f32, f16 and bf16 rows meet several tokens at once (f32: 4 tokens a row; f16/bf16: tiles of 4 rows and
+     * 3 tokens, 16 rows a thread's share): 2, 3, 5 and 7 tokens give each token's products bit for bit as one
+     * at a time, on the default and the exact paths (21 rows: a share of 16 and one of 5; 108 values a row:
+     * 13 runs of 8 and a rest of 4). On the default path with SIMD each f16/bf16 product is also
+     * half_dot_ref's, bit for bit: the kernel's order of operations, written in plain C */
+    {
+        enum { N = 108, R = 21, TT = 7 };
         static float x[TT * N], wf[R * N], many[TT * R], one[R];
         static uint16_t wh[R * N];
         uint64_t rng = 5;
@@ -1403,19 +1440,27 @@ static void test_weight_types(void) {
                     wh[i] = type == LLM_BF16 ? (uint16_t)(bits >> 16) : llm_f32_to_f16(wf[i]);
                 }
                 llm_weight w = {type == LLM_F32 ? (const void *)wf : (const void *)wh, type, R, N};
-                int cpu_path = path ? LLM_PATH_EXACT : LLM_PATH_ACT16, bad = 0;
-                static const int steps[] = {2, 3, TT};
-                for (int si = 0, n; si < 3 && (n = steps[si]); si++) {
+                int cpu_path = path ? LLM_PATH_EXACT : LLM_PATH_ACT16, bad = 0, off_ref = 0;
+                static const int steps[] = {2, 3, 5, TT};
+                for (int si = 0, n; si < 4 && (n = steps[si]); si++) {
                     CHECK(llm_matmul(many, x, &w, n, cpu_path) == 0, "%s: the product failed",
                           llm_dtype_name(type));
                     for (int t = 0; t < n; t++) {
                         CHECK(llm_matmul(one, x + t * N, &w, 1, cpu_path) == 0, "%s: the product failed",
                               llm_dtype_name(type));
                         bad += memcmp(one, many + t * R, sizeof one) != 0;
+#ifdef LLM_CPU_SIMD
+                        for (int r = 0; r < R && type != LLM_F32 && !path; r++) {
+                            float ref = half_dot_ref(type, wh + r * N, x + t * N, N);
+                            off_ref += memcmp(&ref, &one[r], sizeof ref) != 0;
+                        }
+#endif
                     }
                 }
-                CHECK(bad == 0, "%s rows, %s path: %d tokens' products differ in a step of 2, 3 or 7 tokens "
+                CHECK(bad == 0, "%s rows, %s path: %d tokens' products differ in a step of 2, 3, 5 or 7 tokens "
                       "from one at a time", llm_dtype_name(type), path ? "exact" : "default", bad);
+                CHECK(off_ref == 0, "%s rows, default path: %d products differ from the plain-C model of the "
+                      "SIMD kernel", llm_dtype_name(type), off_ref);
             }
     }
 
