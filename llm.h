@@ -5228,47 +5228,58 @@ static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wid
     }
 }
 
-/* f16 and bf16 weights meet f32 activations in tiles of nr (1 to 4) rows times nc (1 to 3) tokens: 8 weights
- * converted once serve 3 tokens and 8 activations loaded once serve 4 rows, 12 fused multiply-adds to 7
- * loads, with 12 running sums in flight to cover their latency (a row at a time against 4 tokens with two sums
- * each, as before: 8 to 10 loads; SmolLM2 F16 prompts TODO). Each (row, token) keeps one running sum of 8,
- * added over the row in order, then its lanes as llm_avx2_hsum adds them, then the rest of the row one value
- * at a time: a token's product is the same bit for bit in whatever tile it falls (alone, in a decode step of
- * a few, in a prefill of many), and llm_dot_half_ref says what it is in plain C. Rows are w_stride values
- * apart, tokens x_stride; out[c * out_stride + r] */
+/* f16 and bf16 weights meet f32 activations in tiles of nr (1 or 2) rows times nc (1 to 3) tokens: 8 weights
+ * converted once serve 3 tokens and 8 activations loaded once serve 2 rows. Each (row, token) keeps two running
+ * sums of 8, for the even and the odd runs of 8 along the row (a chain of fused multiply-adds waits on each one
+ * before it: two chains overlap, where a decode step has one row and one token), with 12 of them in flight in
+ * a full tile; then the two sums added, their lanes added as llm_avx2_hsum does, then the rest of the row one
+ * value at a time. So a token's product is the same bit for bit in whatever tile it falls (alone, in a decode
+ * step of a few, in a prefill of many), and test.c's half_dot_ref says what it is in plain C. A decode step
+ * (one token) takes one row at a time: the weights then stream through memory in one run (two rows at once,
+ * two runs 1 kB apart: SmolLM2 F16 decode 0.8 times as fast). Rows are w_stride values apart, tokens
+ * x_stride; out[c * out_stride + r] */
 static inline __attribute__((always_inline)) __m256 llm_half8(uint32_t type, const uint16_t *w) {
     __m128i h = _mm_loadu_si128((const __m128i *)w);
     return type == LLM_F16 ? _mm256_cvtph_ps(h)
                            : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+/* one run of 8 values of the tile's rows and tokens, into sums */
+static inline __attribute__((always_inline)) void llm_half_run(uint32_t type, int nr, int nc, const uint16_t *w,
+                                                              int64_t w_stride, const float *x, int64_t x_stride,
+                                                              __m256 sums[2][3]) {
+    __m256 xv[3];
+    for (int c = 0; c < nc; c++) {
+        xv[c] = _mm256_loadu_ps(x + c * x_stride);
+        __asm__("" : "+x"(xv[c])); /* in a register: else GCC loads it again for each row's product */
+    }
+    for (int r = 0; r < nr; r++) {
+        __m256 wv = llm_half8(type, w + r * w_stride);
+        for (int c = 0; c < nc; c++) sums[r][c] = _mm256_fmadd_ps(wv, xv[c], sums[r][c]);
+    }
+}
 static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t type, int nr, int nc,
                                                                    const uint16_t *w, int64_t w_stride,
                                                                    const float *x, int64_t x_stride, int64_t n,
                                                                    float *out, int64_t out_stride) {
-    __m256 acc[4][3];
-    for (int r = 0; r < nr; r++)
-        for (int c = 0; c < nc; c++) acc[r][c] = _mm256_setzero_ps();
+    __m256 sums[2][2][3]; /* [even, odd][row][token] */
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < nr; r++)
+            for (int c = 0; c < nc; c++) sums[h][r][c] = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 xv[3];
-        for (int c = 0; c < nc; c++) {
-            xv[c] = _mm256_loadu_ps(x + c * x_stride + i);
-            __asm__("" : "+x"(xv[c])); /* in a register: else GCC loads it again for each row's product */
-        }
-        for (int r = 0; r < nr; r++) {
-            __m256 wv = llm_half8(type, w + r * w_stride + i);
-            for (int c = 0; c < nc; c++) acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
-        }
+    for (; i + 16 <= n; i += 16) { /* an even run, then an odd one */
+        llm_half_run(type, nr, nc, w + i, w_stride, x + i, x_stride, sums[0]);
+        llm_half_run(type, nr, nc, w + i + 8, w_stride, x + i + 8, x_stride, sums[1]);
     }
+    if (i + 8 <= n) { llm_half_run(type, nr, nc, w + i, w_stride, x + i, x_stride, sums[0]); i += 8; }
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < nc; c++) {
-            float s = llm_avx2_hsum(acc[r][c]);
+            float s = llm_avx2_hsum(_mm256_add_ps(sums[0][r][c], sums[1][r][c]));
             for (int64_t k = i; k < n; k++) s += llm_half_to_f32(type, w[r * w_stride + k]) * x[c * x_stride + k];
             out[c * out_stride + r] = s;
         }
 }
 /* llm_dot_half_tile specialized to each tile shape and type */
-#define LLM_HALF_ROWS 4
+#define LLM_HALF_ROWS 2
 #define LLM_HALF_TOKENS 3
 static void llm_dot_half(uint32_t type, const uint16_t *w, int64_t w_stride, int nr, const float *x,
                          int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride) {
@@ -5279,8 +5290,7 @@ static void llm_dot_half(uint32_t type, const uint16_t *w, int64_t w_stride, int
         return;
     switch (nr * 4 + nc) {
     LLM_HALF_TILE(1, 1) LLM_HALF_TILE(1, 2) LLM_HALF_TILE(1, 3) LLM_HALF_TILE(2, 1) LLM_HALF_TILE(2, 2)
-    LLM_HALF_TILE(2, 3) LLM_HALF_TILE(3, 1) LLM_HALF_TILE(3, 2) LLM_HALF_TILE(3, 3) LLM_HALF_TILE(4, 1)
-    LLM_HALF_TILE(4, 2) LLM_HALF_TILE(4, 3)
+    LLM_HALF_TILE(2, 3)
     }
 #undef LLM_HALF_TILE
 }
@@ -5424,11 +5434,12 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
                                       pack);
                 continue;
             }
-            if (kind == LLM_ROWS_HALF) { /* tiles of up to 4 rows and 3 tokens */
+            if (kind == LLM_ROWS_HALF) { /* tiles of up to 2 rows and 3 tokens */
+                int nr = T == 1 ? 1 : LLM_HALF_ROWS; /* a decode step: one run through memory */
                 for (int t = 0; t < T; t += LLM_HALF_TOKENS)
-                    for (int64_t r = r0; r < r1; r += LLM_HALF_ROWS)
+                    for (int64_t r = r0; r < r1; r += nr)
                         llm_dot_half(w->type, (const uint16_t *)(tile_data + (size_t)(r - r0) * row_bytes), cols,
-                                     r1 - r < LLM_HALF_ROWS ? (int)(r1 - r) : LLM_HALF_ROWS, x + (size_t)t * cols,
+                                     r1 - r < nr ? (int)(r1 - r) : nr, x + (size_t)t * cols,
                                      cols, T - t < LLM_HALF_TOKENS ? T - t : LLM_HALF_TOKENS, cols,
                                      out + (size_t)t * rows + r, rows);
                 continue;

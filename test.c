@@ -1317,14 +1317,16 @@ static void test_paged_forward(const char *model) {
 static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 
 /* The default path's f16/bf16 product of one row and one token in plain C, in the order llm.h's SIMD tile
- * computes it: 8 running sums, fused multiply-adds, over the row's runs of 8; then lanes i and i + 4 added,
- * then those sums 0 + 2 and 1 + 3, then the two; then the rest of the row one value at a time */
+ * computes it: two sets of 8 running sums, fused multiply-adds, for the even and the odd runs of 8 along the
+ * row; then the two added, lanes i and i + 4 added, those sums 0 + 2 and 1 + 3, then the two; then the rest of
+ * the row one value at a time */
 static float half_dot_ref(uint32_t type, const uint16_t *w, const float *x, int64_t n) {
-    float acc[8] = {0}, s4[4];
+    float sums[2][8] = {{0}}, s4[4];
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] = fmaf(llm_half_to_f32(type, w[i + j]), x[i + j], acc[j]);
-    for (int j = 0; j < 4; j++) s4[j] = acc[j] + acc[j + 4];
+        for (int j = 0; j < 8; j++)
+            sums[i / 8 % 2][j] = fmaf(llm_half_to_f32(type, w[i + j]), x[i + j], sums[i / 8 % 2][j]);
+    for (int j = 0; j < 4; j++) s4[j] = (sums[0][j] + sums[1][j]) + (sums[0][j + 4] + sums[1][j + 4]);
     float s = (s4[0] + s4[2]) + (s4[1] + s4[3]);
     for (; i < n; i++) s += llm_half_to_f32(type, w[i]) * x[i];
     return s;
@@ -1418,7 +1420,7 @@ static void test_weight_types(void) {
         CHECK(bad == 0, "f32 dot products: %d of 40 differ from the plain-C ones", bad);
     }
 
-    /* f32, f16 and bf16 rows meet several tokens at once (f32: 4 tokens a row; f16/bf16: tiles of 4 rows and
+    /* f32, f16 and bf16 rows meet several tokens at once (f32: 4 tokens a row; f16/bf16: tiles of 2 rows and
      * 3 tokens, 16 rows a thread's share): 2, 3, 5 and 7 tokens give each token's products bit for bit as one
      * at a time, on the default and the exact paths (21 rows: a share of 16 and one of 5; 108 values a row:
      * 13 runs of 8 and a rest of 4). On the default path with SIMD each f16/bf16 product is also
