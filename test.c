@@ -1320,6 +1320,7 @@ static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
  * computes it: two sets of 8 running sums, fused multiply-adds, for the even and the odd runs of 8 along the
  * row; then the two added, lanes i and i + 4 added, those sums 0 + 2 and 1 + 3, then the two; then the rest of
  * the row one value at a time */
+#ifdef LLM_CPU_SIMD
 static float half_dot_ref(uint32_t type, const uint16_t *w, const float *x, int64_t n) {
     float sums[2][8] = {{0}}, s4[4];
     int64_t i = 0;
@@ -1331,6 +1332,7 @@ static float half_dot_ref(uint32_t type, const uint16_t *w, const float *x, int6
     for (; i < n; i++) s += llm_half_to_f32(type, w[i]) * x[i];
     return s;
 }
+#endif
 
 /* x quantized to type, n values (a multiple of 32), written to out; returns the bytes written. */
 static size_t quantize_row(uint32_t type, const float *x, int64_t n, uint8_t *out) {
