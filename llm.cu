@@ -13,7 +13,10 @@
  *     llm_cuda_weight_bytes says how much the matrices take;
  *   - the paged KV cache in bf16 (as many blocks as alloc_kv is given), laid out
  *     [layer][block][kv_head][slot][head_dim]: a block of one head is one contiguous run of
- *     block_size * head_dim values, which is what attention reads;
+ *     block_size * head_dim values, which is what attention reads. A block holds the layers of one group
+ *     (llm_kv_place; [layer] is the place in the group): a model with windows (Gemma 3) has groups of local
+ *     layers with block tables of their own, whose blocks go back to the pool as they slide out of the
+ *     window, as on the CPU;
  *   - scratch activations for the largest batch seen so far (grown on demand).
  * The residual stream stays f32; activations a matrix product reads are bf16; products accumulate in f32.
  * Quantized weights are read by one function, dequant8 (exact f32, bit for bit llm_dtype_dequant_row's): a
@@ -24,9 +27,11 @@
  *
  * One step (llm_batch) on one stream:
  *   the batch's block copies (copy-on-write) -> embed -> per layer [rmsnorm -> QKV GEMM ->
- *   bias/qk-norm/RoPE + write K,V to the cache -> paged attention (-> log-sum-exp reduce of partitions) ->
- *   O GEMM (+= residual) -> rmsnorm -> gate/up GEMM -> SwiGLU -> down GEMM (+= residual)] -> final norm of
- *   the logit rows only -> logits GEMM -> copy to the host.
+ *   bias/qk-norm/RoPE + write K,V to the cache -> paged attention, over a local layer's window only (->
+ *   log-sum-exp reduce of partitions) -> O GEMM (+= residual; Gemma 3: normalised first) -> rmsnorm ->
+ *   gate/up GEMM -> SwiGLU (Gemma: GeGLU) -> down GEMM (+= residual, as O)] -> final norm of the logit rows
+ *   only -> logits GEMM -> copy to the host. RoPE's frequencies are the file's, scaled as it says
+ *   (llm_rope_freqs), local layers' with their own base; SmolLM3's layers without RoPE skip it.
  * Pure-decode steps of the same shape are captured once as a CUDA graph and replayed (launch overhead); the
  * block copies are enqueued before the graph, not captured in it.
  *
@@ -104,11 +109,11 @@ __device__ float block_sum(float v) {
     return warp_sum(s);
 }
 
-/* x[t][:] = embedding row tokens[t] (bf16, row stride ld) as f32 */
-__global__ void embed_kernel(float *x, const bf16 *emb, int ld, const int *tokens, int D) {
+/* x[t][:] = embedding row tokens[t] (bf16, row stride ld) as f32, times scale (Gemma: sqrt(dim); else 1) */
+__global__ void embed_kernel(float *x, const bf16 *emb, int ld, const int *tokens, int D, float scale) {
     int t = blockIdx.x;
     const bf16 *row = emb + (size_t)tokens[t] * ld;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) x[(size_t)t * D + i] = __bfloat162float(row[i]);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) x[(size_t)t * D + i] = __bfloat162float(row[i]) * scale;
 }
 
 /* out[r][:] = rmsnorm(x[rows ? rows[r] : r][:]) * w, as bf16 with row stride ldo; the padding columns
@@ -124,6 +129,17 @@ __global__ void rmsnorm_kernel(bf16 *out, int ldo, const float *x, const int *ro
     float scale = rsqrtf(ss / D + eps);
     for (int i = threadIdx.x; i < ldo; i += blockDim.x)
         out[(size_t)r * ldo + i] = __float2bfloat16(i < D ? xr[i] * scale * w[i] : 0.0f);
+}
+
+/* x[r][:] += rmsnorm(delta[r][:]) * w: Gemma 3 normalises each block's output before the residual add */
+__global__ void rmsnorm_add_kernel(float *x, const float *delta, const float *w, int D, float eps) {
+    int r = blockIdx.x;
+    const float *dr = delta + (size_t)r * D;
+    float ss = 0;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += dr[i] * dr[i];
+    ss = block_sum(ss);
+    float scale = rsqrtf(ss / D + eps);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) x[(size_t)r * D + i] += dr[i] * scale * w[i];
 }
 
 /* The greedy pick of each row of logits, made where the logits are, so that 4 bytes a row cross to the host
@@ -158,23 +174,63 @@ __global__ void argmax_kernel(int *out, const float *logits, int V) {
 }
 
 /* act[t][i] = silu(gu[t][i]) * gu[t][F + i] (gate and up came out of one GEMM side by side), bf16, row stride
- * lda; the padding columns [F, lda) get zeros, as in rmsnorm_kernel */
-__global__ void swiglu_kernel(bf16 *act, int lda, const float *gu, int F) {
-    int t = blockIdx.y;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < lda; i += gridDim.x * blockDim.x) {
-        float v = 0.0f;
-        if (i < F) {
-            float g = gu[(size_t)t * 2 * F + i], u = gu[(size_t)t * 2 * F + F + i];
-            v = g / (1.0f + __expf(-g)) * u;
+ * lda; the padding columns [F, lda) get zeros, as in rmsnorm_kernel. gelu: GELU's tanh form instead of SiLU
+ * (Gemma's GeGLU) */
+__global__ void swiglu_kernel(bf16 *act, int lda, const float *gu, int F, int gelu, int T) {
+    for (int t = blockIdx.y; t < T; t += gridDim.y) /* rows past the grid's 65535 (a step's expert rows) */
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < lda; i += gridDim.x * blockDim.x) {
+            float v = 0.0f;
+            if (i < F) {
+                float g = gu[(size_t)t * 2 * F + i], u = gu[(size_t)t * 2 * F + F + i];
+                v = gelu ? 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * u
+                         : g / (1.0f + __expf(-g)) * u;
+            }
+            act[(size_t)t * lda + i] = __float2bfloat16(v);
         }
-        act[(size_t)t * lda + i] = __float2bfloat16(v);
+}
+
+/* Mixture of experts: the normalised rows of the step's tokens gathered by expert (dst row r is src row
+ * rows[r]: bf16, row stride ld, padding included), and the experts' outputs added back to each token's
+ * residual row, weighted, in the order its router chose them: x[t] += sum_k weight[t][k] y[row_of[t][k]] */
+__global__ void gather_rows_kernel(bf16 *dst, const bf16 *src, int ld, const int *rows) {
+    int r = blockIdx.x;
+    for (int i = threadIdx.x; i < ld; i += blockDim.x) dst[(size_t)r * ld + i] = src[(size_t)rows[r] * ld + i];
+}
+__global__ void moe_combine_kernel(float *x, const float *y, const int *row_of, const float *weight, int K,
+                                   int D) {
+    int t = blockIdx.x;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        float s = 0;
+        for (int k = 0; k < K; k++) s += weight[t * K + k] * y[(size_t)row_of[t * K + k] * D + d];
+        x[(size_t)t * D + d] += s;
     }
 }
 
+/* gpt-oss's experts: act = min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, -7, 7) + 1) on gate and up with the
+ * expert's biases (rows rows of gu, as swiglu_kernel's layout), and its down bias added to its output rows */
+__global__ void oss_act_kernel(bf16 *act, int lda, const float *gu, int F, const float *bg, const float *bu,
+                               int rows) {
+    for (int t = blockIdx.y; t < rows; t += gridDim.y)
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < lda; i += gridDim.x * blockDim.x) {
+            float v = 0.0f;
+            if (i < F) {
+                float g = fminf(gu[(size_t)t * 2 * F + i] + bg[i], 7.0f);
+                float u = fminf(fmaxf(gu[(size_t)t * 2 * F + F + i] + bu[i], -7.0f), 7.0f);
+                v = g / (1.0f + __expf(-1.702f * g)) * (u + 1.0f);
+            }
+            act[(size_t)t * lda + i] = __float2bfloat16(v);
+        }
+}
+/* x[r][:] += b (a bias on each of a matrix's output rows: gpt-oss's attention output and experts) */
+__global__ void add_bias_kernel(float *x, const float *b, int D) {
+    for (int i = threadIdx.x; i < D; i += blockDim.x) x[(size_t)blockIdx.x * D + i] += b[i];
+}
+
 /* Per token (one block of 4 warps): add the QKV bias, RMS-normalise each q and k head (qwen3), rotate the
- * first rope_dim values of each q and k head by the token's position, write q (f32) for attention, and write
- * k and v (bf16) into the paged cache at the token's slot. One warp per head; the head goes through shared
- * memory because RoPE pairs a value with a partner that another lane holds. */
+ * first rope_dim values of each q and k head by the token's position (pair i by position * inv_freq[i], cos
+ * and sin times mscale: llm_rope_freqs; rope_dim 0: a layer without RoPE), write q (f32) for attention, and
+ * write k and v (bf16) into the paged cache at the token's slot. One warp per head; the head goes through
+ * shared memory because RoPE pairs a value with a partner that another lane holds. */
 #define PREP_WARPS 4
 #define MAX_HEAD_DIM 256
 struct prep_args {
@@ -182,7 +238,7 @@ struct prep_args {
     const float *bias, *q_norm, *k_norm, *inv_freq;   /* bias [q_dim + 2 kv_dim]; bias, norms NULL: absent */
     const int *positions, *slots;                     /* slot = block * block_size + offset */
     int n_heads, n_kv_heads, hd, rope_dim, neox, block_size;
-    float eps;
+    float eps, mscale;
 };
 __global__ void qkv_prep_kernel(prep_args a) {
     __shared__ float buf[PREP_WARPS][MAX_HEAD_DIM];
@@ -221,6 +277,7 @@ __global__ void qkv_prep_kernel(prep_args a) {
                 else { i = d / 2; partner = d ^ 1; sign = (d & 1) ? 1.0f : -1.0f; }
                 float pv = hb[partner] * scale * (nw ? nw[partner] : 1.0f), sn, cs;
                 sincosf((float)pos * a.inv_freq[i], &sn, &cs);
+                sn *= a.mscale; cs *= a.mscale;
                 /* x0' = x0 cos - x1 sin (first of the pair), x1' = x0 sin + x1 cos (second) */
                 v = v * cs + sign * pv * sn;
             }
@@ -434,16 +491,17 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_q_kernel(gemv_args g) {
     }
 }
 
-/* x[t][:] = embedding row tokens[t] of a quantized matrix, as f32 (exact, as the CPU's lookup) */
+/* x[t][:] = embedding row tokens[t] of a quantized matrix, as f32 (exact, as the CPU's lookup), times scale */
 template <int T>
-__global__ void embed_q_kernel(float *x, const uint8_t *emb, size_t row_bytes, const int *tokens, int D) {
+__global__ void embed_q_kernel(float *x, const uint8_t *emb, size_t row_bytes, const int *tokens, int D,
+                               float scale) {
     int t = blockIdx.x;
     const uint8_t *row = emb + (size_t)tokens[t] * row_bytes;
     for (int k = threadIdx.x * 8; k < D; k += blockDim.x * 8) {
         float v[8];
         dequant8_row<T>(row, k, v);
 #pragma unroll
-        for (int j = 0; j < 8; j++) x[(size_t)t * D + k + j] = v[j];
+        for (int j = 0; j < 8; j++) x[(size_t)t * D + k + j] = v[j] * scale;
     }
 }
 
@@ -610,6 +668,8 @@ struct attn_args {
     bf16 *out; int ldo;                           /* [T][ldo], heads side by side */
     float *part_acc, *part_ml;                    /* partials: [row][n_heads][hd], [row][n_heads][2] */
     int n_heads, n_kv_heads, hd, block_size, part_size;
+    int window;                                   /* a local layer's: the last window positions (0: all) */
+    const float *sinks;                           /* gpt-oss: a logit per head in the softmax's sum (else NULL) */
     float scale_log2;
 };
 
@@ -631,9 +691,15 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a) {
     int kvh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int n_rows = w.ntok * G;                       /* row r: token tok0 + r / G, head kvh * G + r % G */
     const int *bt = a.block_tables + (size_t)w.seq * a.bt_stride;
-    int last_pos = 0;
-    for (int t = 0; t < w.ntok; t++) last_pos = max(last_pos, a.positions[w.tok0 + t]);
+    int last_pos = 0, first_pos = INT_MAX;
+    for (int t = 0; t < w.ntok; t++) {
+        last_pos = max(last_pos, a.positions[w.tok0 + t]);
+        first_pos = min(first_pos, a.positions[w.tok0 + t]);
+    }
     int kv_begin = w.part * a.part_size, kv_end = min(kv_begin + a.part_size, last_pos + 1);
+    /* a local layer starts at the window of the tile's first token: the blocks before it may be gone (-1 in
+     * the block table, read as block 0 by plan_step) and are never read */
+    if (a.window > 0) kv_begin = max(kv_begin, first_pos - a.window + 1);
     int chunks = hd / 8; /* 16-byte pieces of one cached row */
 
     auto load_tile = [&](int buf, int k0) {
@@ -698,8 +764,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a) {
             p[r] = 0.0f;
             if (row >= n_rows) continue;
             int key = k0 + lane;
-            /* causal, and inside the partition */
-            float sc = (key < kv_end && key <= qpos[row]) ? s[r] : -INFINITY;
+            /* causal, inside the partition, and inside a local layer's window */
+            bool seen = key < kv_end && key <= qpos[row] && (a.window == 0 || key > qpos[row] - a.window);
+            float sc = seen ? s[r] : -INFINITY;
             float m_new = fmaxf(m[r], warp_max(sc));
             if (m_new == -INFINITY) continue; /* nothing visible yet for this row */
             float corr = exp2f(m[r] - m_new); /* exp2(-inf) = 0 on the first visible tile */
@@ -734,7 +801,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a) {
         if (row >= n_rows) continue;
         int t = w.tok0 + row / G, h = kvh * G + row % G;
         if (a.tok_nparts[t] == 1) {
-            float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+            /* a sink (natural log units, as the scores before their log2(e) scaling) adds to the sum only */
+            float lt = l[r] + (a.sinks ? exp2f(a.sinks[h] * 1.4426950408889634f - m[r]) : 0.0f);
+            float inv = lt > 0 ? 1.0f / lt : 0.0f;
 #pragma unroll
             for (int i = 0; i < MAX_HEAD_DIM / 32; i++) {
                 int d = lane + 32 * i;
@@ -755,7 +824,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a) {
 /* Combine the partitions of tokens whose context was split:
  * out = sum_p 2^(m_p - M) acc_p / sum_p 2^(m_p - M) l_p, with M the largest m_p */
 __global__ void attn_reduce_kernel(bf16 *out, int ldo, const float *part_acc, const float *part_ml,
-                                   const int *tok_nparts, const int *tok_partbase, int n_heads, int hd) {
+                                   const int *tok_nparts, const int *tok_partbase, int n_heads, int hd,
+                                   const float *sinks) {
     int t = blockIdx.x, h = blockIdx.y, np = tok_nparts[t];
     if (np <= 1) return;
     size_t base = (size_t)tok_partbase[t];
@@ -766,6 +836,7 @@ __global__ void attn_reduce_kernel(bf16 *out, int ldo, const float *part_acc, co
         float mp = part_ml[((base + p) * n_heads + h) * 2];
         if (mp > -INFINITY) L += exp2f(mp - M) * part_ml[((base + p) * n_heads + h) * 2 + 1];
     }
+    if (sinks) L += exp2f(sinks[h] * 1.4426950408889634f - M); /* as attn_kernel's */
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float o = 0;
         for (int p = 0; p < np; p++) {
@@ -808,6 +879,17 @@ typedef struct {
 typedef struct {
     dmat wqkv, wo, wgu, wdown;
     float *attn_norm, *ffn_norm, *bqkv, *q_norm, *k_norm; /* bqkv, q_norm, k_norm NULL when absent */
+    float *post_attn_norm, *post_ffn_norm;                /* Gemma 3's (else NULL) */
+    int window;                /* llm_layer_window: 0, or a local layer's window (its own RoPE, rope[1]) */
+    int rope;                  /* 0: a layer without RoPE (SmolLM3's) */
+    int kv_group, kv_index;    /* llm_kv_place: its block tables, and its place among a block's layers */
+    /* a mixture of experts (wgu, wdown unused): the router [n_experts][dim] and the experts' matrices stacked
+     * as the file has them, expert e's rows at e * expert_ffn_dim (gate, up) and e * dim (down) */
+    dmat router, gate_exps, up_exps, down_exps;
+    /* gpt-oss: attention sinks [n_heads], the output projection's bias [dim], the router's bias (the host's:
+     * it routes), the experts' biases [n_experts][expert_ffn_dim] (gate, up) and [n_experts][dim] (down) */
+    float *sinks, *bo, *gate_exps_b, *up_exps_b, *down_exps_b;
+    const float *router_b;
 } dlayer;
 
 typedef struct {
@@ -815,18 +897,30 @@ typedef struct {
     int sm_count;
     cudaStream_t stream;
     dmat tok_embd, output;
-    float *output_norm, *inv_freq;
+    float *output_norm;
+    float *inv_freq[2], mscale[2];             /* RoPE (llm_rope_freqs): global layers' [0], local ones' [1] */
+    float embed_scale;                         /* Gemma: sqrt(dim); else 1 */
+    int kv_layers, kv_groups;                  /* llm_kv_group_layers, llm_kv_groups */
+    int *group_window;                         /* [kv_groups]: the window of a group's layers (0: global) */
     dlayer *layers;
     void **allocs; int n_allocs, cap_allocs;   /* every weight allocation, freed at destroy */
     size_t weight_bytes, weight_bytes_bf16;    /* device bytes of the matrices; of those, the bf16 parts */
     /* KV cache (alloc_kv); num_blocks 0 until there is one */
     bf16 *kc, *vc;
-    size_t layer_stride;              /* values per layer: num_blocks * n_kv_heads * block_size * head_dim */
+    size_t layer_stride;              /* values per layer: num_blocks * n_kv_heads * block_size * head_dim; a
+                                       * block holds kv_layers layers, those of its group */
     int num_blocks, block_size, part_size;
     /* scratch, for cap_tokens tokens */
     int cap_tokens, cap_logits, cap_parts, cap_ints;
     int ld_dim, ld_q, ld_ffn;                  /* padded row strides of the bf16 GEMM inputs */
-    float *x, *qkv, *q, *gu, *logits, *part_acc, *part_ml;
+    float *x, *qkv, *q, *gu, *delta, *logits, *part_acc, *part_ml; /* delta: a block's output (Gemma 3) */
+    /* a mixture of experts' step, for cap_tokens tokens: router logits [T][n_experts] (and their pinned host
+     * copy), the rows gathered by expert [T K] (bf16 in, gate/up out, SwiGLU, down out), and the routing the
+     * host sends back: each row's token, each (token, k)'s row, and its weight (pinned, then on the device) */
+    float *moe_logits, *moe_logits_h, *moe_gu, *moe_y;
+    bf16 *moe_x, *moe_act;
+    int *moe_route_d, *moe_route_h;
+    int *moe_chosen; float *moe_weight;        /* host: llm_moe_route's output */
     int *argmax_d, *argmax_h;                  /* [cap_logits]: greedy picks (llm_batch.argmax); pinned */
     bf16 *xn, *att, *act;
     int *ints_d; int *ints_h;                  /* per-step integer inputs: pinned host staging, device copy */
@@ -972,13 +1066,21 @@ static int upload_vec(cuda_ctx *c, float **out, const llm_weight *w, char *err) 
 
 /* Frees the per-batch activations; returns the first failure (destroy has no one to tell, a step has). */
 static cudaError_t free_scratch(cuda_ctx *c) {
-    void *bufs[] = {c->x, c->qkv, c->q, c->gu, c->xn, c->att, c->act};
+    void *bufs[] = {c->x, c->qkv, c->q, c->gu, c->delta, c->xn, c->att, c->act, c->moe_logits, c->moe_gu,
+                    c->moe_y, c->moe_x, c->moe_act, c->moe_route_d};
     cudaError_t first = cudaSuccess;
     for (void *p : bufs) {
         cudaError_t e = cudaFree(p);
         if (first == cudaSuccess) first = e;
     }
-    c->x = c->qkv = c->q = c->gu = NULL; c->xn = c->att = c->act = NULL;
+    c->x = c->qkv = c->q = c->gu = c->delta = NULL; c->xn = c->att = c->act = NULL;
+    c->moe_logits = c->moe_gu = c->moe_y = NULL; c->moe_x = c->moe_act = NULL; c->moe_route_d = NULL;
+    cudaError_t e = cudaFreeHost(c->moe_logits_h);
+    if (first == cudaSuccess) first = e;
+    e = cudaFreeHost(c->moe_route_h);
+    if (first == cudaSuccess) first = e;
+    c->moe_logits_h = NULL; c->moe_route_h = NULL;
+    free(c->moe_chosen); free(c->moe_weight); c->moe_chosen = NULL; c->moe_weight = NULL;
     c->cap_tokens = 0;
     return first;
 }
@@ -996,9 +1098,24 @@ static int ensure_scratch(cuda_ctx *c, int T, int n_logits, int n_part, int n_in
         CK(cudaMalloc((void **)&c->qkv, (size_t)cap * (q_dim + 2 * kv_dim) * sizeof(float)));
         CK(cudaMalloc((void **)&c->q, (size_t)cap * q_dim * sizeof(float)));
         CK(cudaMalloc((void **)&c->gu, (size_t)cap * 2 * cf->ffn_dim * sizeof(float)));
+        CK(cudaMalloc((void **)&c->delta, (size_t)cap * cf->dim * sizeof(float)));
         CK(cudaMalloc((void **)&c->xn, (size_t)cap * c->ld_dim * sizeof(bf16)));
         CK(cudaMalloc((void **)&c->att, (size_t)cap * c->ld_q * sizeof(bf16)));
         CK(cudaMalloc((void **)&c->act, (size_t)cap * c->ld_ffn * sizeof(bf16)));
+        if (cf->n_experts) {
+            size_t E = cf->n_experts, rows = (size_t)cap * cf->n_experts_used, Fe = cf->expert_ffn_dim;
+            CK(cudaMalloc((void **)&c->moe_logits, (size_t)cap * E * sizeof(float)));
+            CK(cudaMallocHost((void **)&c->moe_logits_h, (size_t)cap * E * sizeof(float)));
+            CK(cudaMalloc((void **)&c->moe_x, rows * c->ld_dim * sizeof(bf16)));
+            CK(cudaMalloc((void **)&c->moe_gu, rows * 2 * Fe * sizeof(float)));
+            CK(cudaMalloc((void **)&c->moe_act, rows * round_up((int)Fe, 8) * sizeof(bf16)));
+            CK(cudaMalloc((void **)&c->moe_y, rows * cf->dim * sizeof(float)));
+            CK(cudaMalloc((void **)&c->moe_route_d, 3 * rows * sizeof(int)));
+            CK(cudaMallocHost((void **)&c->moe_route_h, 3 * rows * sizeof(int)));
+            c->moe_chosen = (int *)malloc(rows * sizeof(int));
+            c->moe_weight = (float *)malloc(rows * sizeof(float));
+            if (!c->moe_chosen || !c->moe_weight) return fail(err, "out of host memory");
+        }
         c->cap_tokens = cap; grew = 1;
     }
     if (n_logits > c->cap_logits) {
@@ -1147,7 +1264,8 @@ static int gemm(cuda_ctx *c, float *C, int ldc, const bf16 *A, int lda, const dm
 /* x[t][:] = the embedding rows of the step's tokens, as f32, from a bf16 or a quantized matrix */
 template <int T> static int launch_embed_q(cuda_ctx *c, const dpart *P, const int *tokens, int T_, int D,
                                            char *err) {
-    embed_q_kernel<T><<<T_, 128, 0, c->stream>>>(c->x, (const uint8_t *)P->data, P->row_bytes, tokens, D);
+    embed_q_kernel<T><<<T_, 128, 0, c->stream>>>(c->x, (const uint8_t *)P->data, P->row_bytes, tokens, D,
+                                                 c->embed_scale);
     CK_LAUNCH();
     return 0;
 }
@@ -1155,7 +1273,8 @@ static int embed(cuda_ctx *c, const int *tokens, int T, char *err) {
     const dpart *P = &c->tok_embd.part[0];
     int D = c->cfg.dim;
     if (P->type == LLM_BF16) {
-        embed_kernel<<<T, 256, 0, c->stream>>>(c->x, (const bf16 *)P->data, c->tok_embd.ld, tokens, D);
+        embed_kernel<<<T, 256, 0, c->stream>>>(c->x, (const bf16 *)P->data, c->tok_embd.ld, tokens, D,
+                                               c->embed_scale);
         CK_LAUNCH();
         return 0;
     }
@@ -1203,9 +1322,11 @@ static int plan_step(cuda_ctx *c, const llm_batch *b, step_layout *L, char *err)
     max_blocks = round_up(max_blocks, 32);
     L->bt_stride = max_blocks;
     int o = 0;
-    L->off_tokens = o; o += L->T; L->off_pos = o; o += L->T; L->off_slots = o; o += L->T;
+    /* slots and block tables: one set per group of layers (group g's at off_slots + g T, off_bt + g n_seqs
+     * max_blocks) */
+    L->off_tokens = o; o += L->T; L->off_pos = o; o += L->T; L->off_slots = o; o += c->kv_groups * L->T;
     L->off_rows = o; o += L->n_logits; L->off_nparts = o; o += L->T; L->off_partbase = o; o += L->T;
-    L->off_bt = o; o += L->n_seqs * max_blocks; o = round_up(o, 4);
+    L->off_bt = o; o += c->kv_groups * L->n_seqs * max_blocks; o = round_up(o, 4);
     L->off_work = o; o += 4 * L->n_work;
     L->total = o;
     if (ensure_scratch(c, L->T, L->n_logits, L->n_part, L->total, err)) return -1;
@@ -1218,20 +1339,25 @@ static int plan_step(cuda_ctx *c, const llm_batch *b, step_layout *L, char *err)
     attn_work *work = (attn_work *)(h + L->off_work);
     int nw = 0, part_row = 0;
     for (int s = 0; s < b->n_seqs; s++) {
-        const int32_t *tab = b->block_tables[s];
         int mx = 0;
-        for (int i = b->seq_start[s]; i < b->seq_start[s + 1]; i++) {
-            int p = b->positions[i];
-            if (p > mx) mx = p;
-            int blk = tab[p / bs];
-            if (blk < 0 || blk >= c->num_blocks) return fail(err, "block table entry outside the KV pool");
-            h[L->off_slots + i] = blk * bs + p % bs;
+        for (int g = 0; g < c->kv_groups; g++) {
+            const int32_t *tab = b->block_tables[(size_t)g * b->n_seqs + s];
+            for (int i = b->seq_start[s]; i < b->seq_start[s + 1]; i++) {
+                int p = b->positions[i];
+                if (p > mx) mx = p;
+                int blk = tab[p / bs];
+                if (blk < 0 || blk >= c->num_blocks) return fail(err, "block table entry outside the KV pool");
+                h[L->off_slots + g * L->T + i] = blk * bs + p % bs;
+            }
+            /* a local group's blocks that slid out of the window are -1: never read (attn_kernel starts at
+             * the window), written as block 0 */
+            int *row = h + L->off_bt + ((size_t)g * b->n_seqs + s) * max_blocks;
+            for (int k = 0; k < max_blocks; k++)
+                row[k] = k > mx / bs ? 0 : tab[k] < 0 && c->group_window[g] > 0 ? 0 : tab[k];
+            for (int k = 0; k <= mx / bs; k++)
+                if (row[k] < 0 || row[k] >= c->num_blocks)
+                    return fail(err, "block table entry outside the KV pool");
         }
-        int *row = h + L->off_bt + s * max_blocks;
-        for (int k = 0; k < max_blocks; k++) row[k] = k <= mx / bs ? tab[k] : 0;
-        for (int k = 0; k <= mx / bs; k++)
-            if (row[k] < 0 || row[k] >= c->num_blocks)
-                return fail(err, "block table entry outside the KV pool");
         for (int i = b->seq_start[s]; i < b->seq_start[s + 1]; i += QT) {
             int n = b->seq_start[s + 1] - i < QT ? b->seq_start[s + 1] - i : QT, last = 0;
             for (int k = 0; k < n; k++) if (b->positions[i + k] > last) last = b->positions[i + k];
@@ -1251,24 +1377,28 @@ static int plan_step(cuda_ctx *c, const llm_batch *b, step_layout *L, char *err)
  * (bias, q/k norm, RoPE; K and V into the layer's cache), paged attention, the reduction of split contexts,
  * and zeros in the output's padding columns (the O GEMM reads them). qkv: [T][q_dim + 2 kv_dim], f32. The
  * forward pass and llm_cuda_run_attention both run it, so the tests check what the forward pass launches. */
-static int enqueue_attention(cuda_ctx *c, const step_layout *L, int layer, const float *qkv,
-                             const float *bias, const float *q_norm, const float *k_norm, char *err) {
+static int enqueue_attention(cuda_ctx *c, const step_layout *L, const dlayer *ly, const float *qkv,
+                             char *err) {
     const llm_config *cf = &c->cfg;
-    int T = L->T, hd = cf->head_dim, q_dim = cf->n_heads * hd;
+    int T = L->T, hd = cf->head_dim, q_dim = cf->n_heads * hd, local = ly->window > 0;
     const int *di = c->ints_d;
     cudaStream_t st = c->stream;
-    bf16 *kc = c->kc + (size_t)layer * c->layer_stride, *vc = c->vc + (size_t)layer * c->layer_stride;
+    size_t at = (size_t)ly->kv_index * c->layer_stride; /* the layer's place in its group's blocks */
+    bf16 *kc = c->kc + at, *vc = c->vc + at;
     prep_args pa = {};
     pa.qkv = qkv; pa.q = c->q; pa.kc = kc; pa.vc = vc;
-    pa.bias = bias; pa.q_norm = q_norm; pa.k_norm = k_norm; pa.inv_freq = c->inv_freq;
-    pa.positions = di + L->off_pos; pa.slots = di + L->off_slots;
+    pa.bias = ly->bqkv; pa.q_norm = ly->q_norm; pa.k_norm = ly->k_norm;
+    pa.inv_freq = c->inv_freq[local]; pa.mscale = c->mscale[local];
+    pa.positions = di + L->off_pos; pa.slots = di + L->off_slots + ly->kv_group * L->T;
     pa.n_heads = cf->n_heads; pa.n_kv_heads = cf->n_kv_heads; pa.hd = hd;
-    pa.rope_dim = cf->rope_dim; pa.neox = cf->rope_neox; pa.block_size = c->block_size; pa.eps = cf->rms_eps;
+    pa.rope_dim = ly->rope ? cf->rope_dim : 0; pa.neox = cf->rope_neox; pa.block_size = c->block_size;
+    pa.eps = cf->rms_eps;
     qkv_prep_kernel<<<T, PREP_WARPS * 32, 0, st>>>(pa);
     CK_LAUNCH();
     attn_args aa = {};
     aa.q = c->q; aa.kc = kc; aa.vc = vc;
-    aa.block_tables = di + L->off_bt; aa.bt_stride = L->bt_stride; aa.positions = di + L->off_pos;
+    aa.block_tables = di + L->off_bt + (size_t)ly->kv_group * L->n_seqs * L->bt_stride;
+    aa.bt_stride = L->bt_stride; aa.positions = di + L->off_pos; aa.window = ly->window; aa.sinks = ly->sinks;
     aa.work = (const attn_work *)(di + L->off_work);
     aa.tok_nparts = di + L->off_nparts; aa.tok_partbase = di + L->off_partbase;
     aa.out = c->att; aa.ldo = c->ld_q; aa.part_acc = c->part_acc; aa.part_ml = c->part_ml;
@@ -1279,10 +1409,107 @@ static int enqueue_attention(cuda_ctx *c, const step_layout *L, int layer, const
     if (L->n_part) {
         attn_reduce_kernel<<<dim3(T, cf->n_heads), hd < 128 ? hd : 128, 0, st>>>(
             c->att, c->ld_q, c->part_acc, c->part_ml, di + L->off_nparts, di + L->off_partbase, cf->n_heads,
-            hd);
+            hd, ly->sinks);
         CK_LAUNCH();
     }
     if (c->ld_q > q_dim) { zero_cols_kernel<<<T, 32, 0, st>>>(c->att, c->ld_q, q_dim); CK_LAUNCH(); }
+    return 0;
+}
+
+#define MOE_MAX_EXPERTS 512 /* Qwen3's and Mixtral's have 8 to 128 */
+
+/* Rows [r0, r0 + n) of a one-part matrix as a part of their own: an expert's share of a stacked tensor */
+static dpart part_rows(const dmat *M, int r0, int n, int row0) {
+    dpart p = M->part[0];
+    p.data = (const uint8_t *)p.data + (size_t)r0 * p.row_bytes;
+    p.rows = n; p.row0 = row0;
+    return p;
+}
+
+/* A mixture of experts' FFN on the normalised rows xn, added to the residual stream. The router's logits go
+ * to the host, which picks each token's experts as the CPU does (llm_moe_route) and groups the rows by
+ * expert; each expert with rows then runs its gate/up product, SwiGLU and down product once for all of them
+ * (its weights read once per step, as on the CPU), and the outputs come back to their tokens, weighted. The
+ * host's pick stops the stream once per layer, so a step with experts is not captured as a graph. */
+static int moe_ffn(cuda_ctx *c, const dlayer *ly, int T, char *err) {
+    const llm_config *cf = &c->cfg;
+    int E = cf->n_experts, K = cf->n_experts_used, Fe = cf->expert_ffn_dim, D = cf->dim;
+    int ld_fe = round_up(Fe, 8);
+    cudaStream_t st = c->stream;
+    if (gemm(c, c->moe_logits, E, c->xn, c->ld_dim, &ly->router, T, 0, err)) return -1;
+    CK(cudaMemcpyAsync(c->moe_logits_h, c->moe_logits, (size_t)T * E * sizeof(float), cudaMemcpyDeviceToHost,
+                       st));
+    CK(cudaStreamSynchronize(st));
+    llm_moe_route(cf, ly->router_b, c->moe_logits_h, T, c->moe_chosen, c->moe_weight);
+    /* the route sent back: row_token [T K], row_of [T K], weight [T K] (as floats) */
+    int *row_token = c->moe_route_h, *row_of = row_token + T * K;
+    float *weight = (float *)(row_of + T * K);
+    int start[MOE_MAX_EXPERTS + 1], n = 0;
+    for (int e = 0; e < E; e++) {
+        start[e] = n;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < K; k++)
+                if (c->moe_chosen[t * K + k] == e) { row_token[n] = t; row_of[t * K + k] = n++; }
+    }
+    start[E] = n;
+    memcpy(weight, c->moe_weight, (size_t)T * K * sizeof(float));
+    CK(cudaMemcpyAsync(c->moe_route_d, c->moe_route_h, (size_t)3 * T * K * sizeof(int), cudaMemcpyHostToDevice,
+                       st));
+    gather_rows_kernel<<<n, 128, 0, st>>>(c->moe_x, c->xn, c->ld_dim, c->moe_route_d);
+    CK_LAUNCH();
+    for (int e = 0; e < E; e++) {
+        int rows = start[e + 1] - start[e];
+        if (!rows) continue;
+        dmat gu = {}; /* the expert's gate and up rows, side by side in the output as wgu's */
+        gu.rows = 2 * Fe; gu.cols = D; gu.ld = ly->gate_exps.ld; gu.n_parts = 2;
+        gu.part[0] = part_rows(&ly->gate_exps, e * Fe, Fe, 0);
+        gu.part[1] = part_rows(&ly->up_exps, e * Fe, Fe, Fe);
+        if (gemm(c, c->moe_gu + (size_t)start[e] * 2 * Fe, 2 * Fe, c->moe_x + (size_t)start[e] * c->ld_dim,
+                 c->ld_dim, &gu, rows, 0, err)) return -1;
+    }
+    if (ly->gate_exps_b) /* gpt-oss: each expert's biases, and its clamped SwiGLU */
+        for (int e = 0; e < E; e++) {
+            int rows = start[e + 1] - start[e];
+            if (!rows) continue;
+            oss_act_kernel<<<dim3(cdiv(ld_fe, 256), rows < 65535 ? rows : 65535), 256, 0, st>>>(
+                c->moe_act + (size_t)start[e] * ld_fe, ld_fe, c->moe_gu + (size_t)start[e] * 2 * Fe, Fe,
+                ly->gate_exps_b + (size_t)e * Fe, ly->up_exps_b + (size_t)e * Fe, rows);
+            CK_LAUNCH();
+        }
+    else {
+        swiglu_kernel<<<dim3(cdiv(ld_fe, 256), n < 65535 ? n : 65535), 256, 0, st>>>(c->moe_act, ld_fe,
+                                                                                    c->moe_gu, Fe, 0, n);
+        CK_LAUNCH();
+    }
+    for (int e = 0; e < E; e++) {
+        int rows = start[e + 1] - start[e];
+        if (!rows) continue;
+        dmat down = {};
+        down.rows = D; down.cols = Fe; down.ld = ly->down_exps.ld; down.n_parts = 1;
+        down.part[0] = part_rows(&ly->down_exps, e * D, D, 0);
+        if (gemm(c, c->moe_y + (size_t)start[e] * D, D, c->moe_act + (size_t)start[e] * ld_fe, ld_fe, &down,
+                 rows, 0, err)) return -1;
+        if (ly->down_exps_b) {
+            add_bias_kernel<<<rows, 256, 0, st>>>(c->moe_y + (size_t)start[e] * D, ly->down_exps_b + (size_t)e * D,
+                                                  D);
+            CK_LAUNCH();
+        }
+    }
+    moe_combine_kernel<<<T, 256, 0, st>>>(c->x, c->moe_y, c->moe_route_d + T * K,
+                                          (const float *)(c->moe_route_d + 2 * T * K), K, D);
+    CK_LAUNCH();
+    return 0;
+}
+
+/* A block's output projection added to the residual stream: straight into it by the GEMM, or (Gemma 3)
+ * through delta and its RMS norm */
+static int add_block_output(cuda_ctx *c, int T, const bf16 *A, int lda, const dmat *W, const float *post_norm,
+                            char *err) {
+    const llm_config *cf = &c->cfg;
+    if (!post_norm) return gemm(c, c->x, cf->dim, A, lda, W, T, 1, err);
+    if (gemm(c, c->delta, cf->dim, A, lda, W, T, 0, err)) return -1;
+    rmsnorm_add_kernel<<<T, 256, 0, c->stream>>>(c->x, c->delta, post_norm, cf->dim, cf->rms_eps);
+    CK_LAUNCH();
     return 0;
 }
 
@@ -1299,14 +1526,20 @@ static int enqueue_step(cuda_ctx *c, const step_layout *L, char *err) {
         rmsnorm_kernel<<<T, 256, 0, st>>>(c->xn, c->ld_dim, c->x, NULL, ly->attn_norm, cf->dim, cf->rms_eps);
         CK_LAUNCH();
         if (gemm(c, c->qkv, ly->wqkv.rows, c->xn, c->ld_dim, &ly->wqkv, T, 0, err)) return -1;
-        if (enqueue_attention(c, L, l, c->qkv, ly->bqkv, ly->q_norm, ly->k_norm, err)) return -1;
-        if (gemm(c, c->x, cf->dim, c->att, c->ld_q, &ly->wo, T, 1, err)) return -1;
+        if (enqueue_attention(c, L, ly, c->qkv, err)) return -1;
+        if (add_block_output(c, T, c->att, c->ld_q, &ly->wo, ly->post_attn_norm, err)) return -1;
+        if (ly->bo) { add_bias_kernel<<<T, 256, 0, st>>>(c->x, ly->bo, cf->dim); CK_LAUNCH(); }
         rmsnorm_kernel<<<T, 256, 0, st>>>(c->xn, c->ld_dim, c->x, NULL, ly->ffn_norm, cf->dim, cf->rms_eps);
         CK_LAUNCH();
+        if (cf->n_experts) {
+            if (moe_ffn(c, ly, T, err)) return -1;
+            continue;
+        }
         if (gemm(c, c->gu, 2 * cf->ffn_dim, c->xn, c->ld_dim, &ly->wgu, T, 0, err)) return -1;
-        swiglu_kernel<<<dim3(cdiv(c->ld_ffn, 256), T), 256, 0, st>>>(c->act, c->ld_ffn, c->gu, cf->ffn_dim);
+        swiglu_kernel<<<dim3(cdiv(c->ld_ffn, 256), T < 65535 ? T : 65535), 256, 0, st>>>(
+            c->act, c->ld_ffn, c->gu, cf->ffn_dim, cf->arch == LLM_ARCH_GEMMA3, T);
         CK_LAUNCH();
-        if (gemm(c, c->x, cf->dim, c->act, c->ld_ffn, &ly->wdown, T, 1, err)) return -1;
+        if (add_block_output(c, T, c->act, c->ld_ffn, &ly->wdown, ly->post_ffn_norm, err)) return -1;
     }
     if (L->n_logits) {
         rmsnorm_kernel<<<L->n_logits, 256, 0, st>>>(c->xn, c->ld_dim, c->x, di + L->off_rows, c->output_norm,
@@ -1340,16 +1573,16 @@ static int check_batch(const cuda_ctx *c, const llm_batch *b, char *err) {
 }
 
 /* The batch's copy-on-write copies, on the stream ahead of the step's kernels: block src to block dst, K and
- * V, in every layer. A block of one layer is contiguous, so each cache takes one strided copy over the
- * layers. */
+ * V, in each of the kv_layers layers a block holds (those of whichever group it serves). A block of one layer
+ * is contiguous, so each cache takes one strided copy over the layers. */
 static int enqueue_copies(cuda_ctx *c, const llm_batch *b, char *err) {
     size_t blk = (size_t)c->cfg.n_kv_heads * c->block_size * c->cfg.head_dim * sizeof(bf16);
     size_t pitch = c->layer_stride * sizeof(bf16);
     for (int i = 0; i < b->n_copies; i++) {
         size_t src = (size_t)b->copy_src[i] * blk, dst = (size_t)b->copy_dst[i] * blk;
-        CK(cudaMemcpy2DAsync((char *)c->kc + dst, pitch, (char *)c->kc + src, pitch, blk, c->cfg.n_layers,
+        CK(cudaMemcpy2DAsync((char *)c->kc + dst, pitch, (char *)c->kc + src, pitch, blk, c->kv_layers,
                              cudaMemcpyDeviceToDevice, c->stream));
-        CK(cudaMemcpy2DAsync((char *)c->vc + dst, pitch, (char *)c->vc + src, pitch, blk, c->cfg.n_layers,
+        CK(cudaMemcpy2DAsync((char *)c->vc + dst, pitch, (char *)c->vc + src, pitch, blk, c->kv_layers,
                              cudaMemcpyDeviceToDevice, c->stream));
     }
     return 0;
@@ -1438,7 +1671,7 @@ static int ctx_alloc_kv(cuda_ctx *c, int num_blocks, int block_size, char *err) 
     CK(cudaFree(old_k));
     CK(cudaFree(old_v));
     c->layer_stride = (size_t)num_blocks * cf->n_kv_heads * block_size * cf->head_dim;
-    size_t bytes = c->layer_stride * cf->n_layers * sizeof(bf16);
+    size_t bytes = c->layer_stride * c->kv_layers * sizeof(bf16);
     CK(cudaMalloc((void **)&c->kc, bytes));
     CK(cudaMalloc((void **)&c->vc, bytes));
     CK(cudaMemset(c->kc, 0, bytes));
@@ -1463,7 +1696,7 @@ static void ctx_free(cuda_ctx *c) {
     cudaFree(c->kc); cudaFree(c->vc);
     for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i]);
     for (int i = 0; i < 2; i++) if (c->timer[i]) cudaEventDestroy(c->timer[i]);
-    free(c->allocs); free(c->layers);
+    free(c->allocs); free(c->layers); free(c->group_window);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -1508,13 +1741,27 @@ static int ctx_init_device(cuda_ctx *c, const llm_config *cf, char *err) {
     c->ld_dim = round_up(cf->dim, 8);
     c->ld_q = round_up(cf->n_heads * cf->head_dim, 8);
     c->ld_ffn = round_up(cf->ffn_dim, 8);
-    /* RoPE frequencies base^(-2i/rope_dim), in double, then f32 */
-    float inv[MAX_HEAD_DIM / 2];
-    for (int i = 0; i < cf->rope_dim / 2; i++)
-        inv[i] = (float)pow((double)cf->rope_base, -2.0 * i / cf->rope_dim);
-    const float *p = inv; int len = cf->rope_dim / 2 > 0 ? cf->rope_dim / 2 : 1;
-    if (upload_f32(c, &c->inv_freq, &p, &len, 1, err)) return -1;
-    c->use_graphs = getenv("LLM_CUDA_NO_GRAPHS") == NULL;
+    /* RoPE's frequencies as the file scales them: the global layers' and the local layers' (their own base and
+     * scale) */
+    float inv[MAX_HEAD_DIM / 2] = {0};
+    for (int local = 0; local < 2; local++) {
+        llm_rope_freqs(cf, local && cf->sliding_window > 0 ? cf->rope_base_swa : cf->rope_base,
+                       local ? cf->rope_freq_scale_swa : cf->rope_freq_scale, inv, &c->mscale[local]);
+        const float *p = inv; int len = cf->rope_dim / 2 > 0 ? cf->rope_dim / 2 : 1;
+        if (upload_f32(c, &c->inv_freq[local], &p, &len, 1, err)) return -1;
+    }
+    c->embed_scale = cf->arch == LLM_ARCH_GEMMA3 ? sqrtf((float)cf->dim) : 1.0f; /* as the CPU's forward */
+    /* the KV cache's groups of layers (Gemma 3: its global layers, then its local ones, in groups) */
+    c->kv_layers = llm_kv_group_layers(cf); c->kv_groups = llm_kv_groups(cf);
+    c->group_window = (int *)calloc((size_t)c->kv_groups, sizeof(int));
+    if (!c->group_window) return fail(err, "out of host memory");
+    for (int l = 0; l < cf->n_layers; l++) {
+        int g, index;
+        llm_kv_place(cf, l, &g, &index);
+        c->group_window[g] = llm_layer_window(cf, l);
+    }
+    /* a step with experts waits for the host's routing in each layer: no graph */
+    c->use_graphs = getenv("LLM_CUDA_NO_GRAPHS") == NULL && !cf->n_experts;
     return 0;
 }
 
@@ -1533,11 +1780,32 @@ static int upload_model(cuda_ctx *c, const llm_model *m, char *err) {
         dlayer *d = &c->layers[l];
         const llm_weight *qkv[3] = {&L->wq, &L->wk, &L->wv}, *wo[1] = {&L->wo};
         const llm_weight *gu[2] = {&L->w_gate, &L->w_up}, *dn[1] = {&L->w_down};
-        if (upload_stacked(c, &d->wqkv, qkv, 3, err) || upload_stacked(c, &d->wo, wo, 1, err) ||
-            upload_stacked(c, &d->wgu, gu, 2, err) || upload_stacked(c, &d->wdown, dn, 1, err)) return -1;
-        if (upload_vec(c, &d->attn_norm, &L->attn_norm, err) || upload_vec(c, &d->ffn_norm, &L->ffn_norm, err)
-            || upload_vec(c, &d->q_norm, &L->q_norm, err) || upload_vec(c, &d->k_norm, &L->k_norm, err))
+        if (upload_stacked(c, &d->wqkv, qkv, 3, err) || upload_stacked(c, &d->wo, wo, 1, err)) return -1;
+        if (cf->n_experts) {
+            const llm_weight *r[1] = {&L->router}, *g[1] = {&L->gate_exps}, *u[1] = {&L->up_exps},
+                             *o[1] = {&L->down_exps};
+            if (upload_stacked(c, &d->router, r, 1, err) || upload_stacked(c, &d->gate_exps, g, 1, err) ||
+                upload_stacked(c, &d->up_exps, u, 1, err) || upload_stacked(c, &d->down_exps, o, 1, err))
+                return -1;
+            d->router_b = (const float *)L->router_b.data;
+            const llm_weight *bs[3] = {&L->gate_exps_b, &L->up_exps_b, &L->down_exps_b};
+            float **to[3] = {&d->gate_exps_b, &d->up_exps_b, &d->down_exps_b};
+            for (int k = 0; k < 3; k++) { /* a row per expert */
+                int len = (int)(bs[k]->rows * bs[k]->cols);
+                const float *v = (const float *)bs[k]->data;
+                if (v && upload_f32(c, to[k], &v, &len, 1, err)) return -1;
+            }
+        } else if (upload_stacked(c, &d->wgu, gu, 2, err) || upload_stacked(c, &d->wdown, dn, 1, err))
             return -1;
+        if (upload_vec(c, &d->attn_norm, &L->attn_norm, err) || upload_vec(c, &d->ffn_norm, &L->ffn_norm, err)
+            || upload_vec(c, &d->q_norm, &L->q_norm, err) || upload_vec(c, &d->k_norm, &L->k_norm, err) ||
+            upload_vec(c, &d->post_attn_norm, &L->post_attn_norm, err) ||
+            upload_vec(c, &d->post_ffn_norm, &L->post_ffn_norm, err) || upload_vec(c, &d->sinks, &L->sinks, err) ||
+            upload_vec(c, &d->bo, &L->bo, err))
+            return -1;
+        d->window = llm_layer_window(cf, l);
+        d->rope = !cf->nope_every || (l + 1) % cf->nope_every != 0; /* as the CPU's forward */
+        llm_kv_place(cf, l, &d->kv_group, &d->kv_index);
         if (L->bq.data) {
             if (L->bq.type != LLM_F32 || L->bk.type != LLM_F32 || L->bv.type != LLM_F32 || !L->bk.data ||
                 !L->bv.data)
@@ -1565,22 +1833,19 @@ static int kv_free_memory(const cuda_ctx *c, size_t *out, char *err) {
                                  (size_t)(cf->n_heads + 2 * cf->n_kv_heads) * cf->head_dim * 4 * 2 +
                                  (size_t)cf->ffn_dim * 4 * 3) +
                  (size_t)256 * cf->vocab_size * 4 + ((size_t)256 << 20);
+    if (cf->n_experts) /* each token's rows for its experts: in, gate/up, SwiGLU, out */
+        act += (size_t)CUDA_BATCHED_TOKENS * cf->n_experts_used *
+               ((size_t)cf->dim * 2 + (size_t)cf->expert_ffn_dim * 10 + (size_t)cf->dim * 4);
     *out = free_b > act ? free_b - act : 0;
     return 0;
 }
 
 extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, char *err) {
-    /* Gemma 3's windows, norms and GeGLU, SmolLM3's layers without RoPE, mixtures of experts and scaled RoPE
-     * (linear, YaRN, per-pair factors) are in the CPU backend only. So is a KV cache of several groups of
-     * layers (the windows of Gemma 3 and gpt-oss): here every layer reads the batch's first block tables */
-    int scaled_rope = m->cfg.rope_yarn || (m->cfg.rope_freq_scale > 0 && m->cfg.rope_freq_scale != 1) ||
-                      (m->cfg.rope_attn_factor > 0 && m->cfg.rope_attn_factor != 1) || m->cfg.rope_factors;
-    if (m->cfg.arch == LLM_ARCH_GEMMA3 || m->cfg.nope_every || m->cfg.n_experts || scaled_rope) {
-        fail(err, m->cfg.n_experts ? "the CUDA backend does not run mixtures of experts yet: use --cpu" :
-                  m->cfg.nope_every ? "the CUDA backend does not run smollm3 yet: use --cpu" :
-                  scaled_rope ? "the CUDA backend does not scale RoPE yet (rope.scaling.*, rope factors): use "
-                                "--cpu"
-                              : "the CUDA backend does not run gemma3 yet: use --cpu");
+    /* qwen2moe's shared expert is in the CPU backend only; the experts of qwen3moe, Mixtral and gpt-oss (with
+     * its biases and clamped SwiGLU; its mxfp4 experts as bf16) run here */
+    if (m->cfg.shared_ffn_dim || m->cfg.n_experts > MOE_MAX_EXPERTS) {
+        fail(err, m->cfg.shared_ffn_dim ? "the CUDA backend does not run qwen2moe's shared expert yet: use --cpu"
+                                        : "the CUDA backend runs at most 512 experts: use --cpu");
         return NULL;
     }
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
@@ -1708,7 +1973,7 @@ static int run_gemm(cuda_ctx *c, llm_cuda_gemm_run *r, char *err) {
 extern "C" int llm_cuda_run_gemm(llm_cuda_gemm_run *r, char *err) {
     if (r->M <= 0 || r->N <= 0 || r->K <= 0) return fail(err, "llm_cuda_run_gemm: M, N and K must be > 0");
     llm_config cf; memset(&cf, 0, sizeof cf); /* what ctx_init_device checks; a GEMM needs no model */
-    cf.n_heads = cf.n_kv_heads = 1; cf.head_dim = 8; cf.rope_dim = 8; cf.rope_base = 10000;
+    cf.n_heads = cf.n_kv_heads = 1; cf.head_dim = 8; cf.rope_dim = 8; cf.rope_base = 10000; cf.n_layers = 1;
     cuda_ctx *c = test_ctx(&cf, err);
     int rc = c ? run_gemm(c, r, err) : -1;
     ctx_free(c);
@@ -1766,7 +2031,9 @@ static int run_attention(cuda_ctx *c, llm_cuda_attention_run *r, char *err) {
     CK(cudaDeviceSynchronize()); /* the uploads ran on the default stream, which ours does not wait for */
     CK(cudaMemcpyAsync(c->ints_d, c->ints_h, (size_t)L.total * sizeof(int), cudaMemcpyHostToDevice,
                        c->stream));
-    auto run = [&] { return enqueue_attention(c, &L, 0, qkv, bias, q_norm, k_norm, err); };
+    dlayer ly = {}; /* the config's first layer (local when it has a window), with RoPE, in the one group */
+    ly.bqkv = bias; ly.q_norm = q_norm; ly.k_norm = k_norm; ly.rope = 1; ly.window = llm_layer_window(cf, 0);
+    auto run = [&] { return enqueue_attention(c, &L, &ly, qkv, err); };
     if (run()) return -1;
     CK(cudaStreamSynchronize(c->stream));
     if (r->q_out) CK(cudaMemcpy(r->q_out, c->q, (size_t)T * q_dim * sizeof(float), cudaMemcpyDeviceToHost));

@@ -48,15 +48,17 @@
  * The parts: each section's own functions, for tools, tests and programs that take one piece
  *   GGUF: llm_gguf_open, _parse, _close, _find, _tensor_find, _int, _float, _string, _arr_int, _arr_float;
  *         llm_dtype_name, llm_dtype_row_bytes, llm_dtype_dequant_row, llm_qblock_unpack
- *   model: llm_model_load, llm_model_dummy, llm_model_dummy_names, llm_model_free
+ *   model: llm_model_load, llm_model_dummy, llm_model_dummy_names, llm_model_free; llm_layer_window,
+ *         llm_kv_group_layers, llm_kv_groups, llm_kv_place
  *   tokenizer: llm_tokenizer_load, llm_tokenizer_free, llm_tokenize, llm_tokenizer_n_vocab, _bos, _eos,
  *         _adds_bos, _is_eog, _warning; llm_tokenize_prompt
  *   chat: llm_chat_template_init, llm_chat_render, llm_chat_stop_ids, llm_chat_detect, llm_chat_family_name,
  *         llm_chat_family_from_name
  *   blocks: llm_block_manager_init, llm_block_manager_free, llm_block_alloc, llm_block_release,
  *         llm_block_hash, llm_block_lookup, llm_block_set_hash
- *   forward: llm_cpu_backend_create, llm_cpu_exact_backend_create, llm_cpu_int8_backend_create (and with
- *         LLM_CUDA: llm_cuda_backend_create, llm_cuda_weight_bytes, llm_cuda_run_gemm, llm_cuda_run_attention)
+ *   forward: llm_rope_freqs, llm_moe_route, llm_cpu_backend_create, llm_cpu_exact_backend_create,
+ *         llm_cpu_int8_backend_create (and with LLM_CUDA: llm_cuda_backend_create, llm_cuda_weight_bytes,
+ *         llm_cuda_run_gemm, llm_cuda_run_attention)
  *   sampler: llm_sampler_create, llm_sampler_free, llm_sampler_penalize, llm_sampler_candidates,
  *         llm_sampler_sample
  *   grammar: llm_json_parse, _free, _get, _dumps; llm_json_schema_to_grammar, llm_regex_to_grammar,
@@ -259,6 +261,14 @@ int  llm_model_load(llm_model *m, const char *path, char *err);
 int  llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err);
 const char *llm_model_dummy_names(void);
 void llm_model_free(llm_model *m);
+/* What a backend needs of a model's layers: a layer's attention window (0: every earlier position), and where
+ * its K and V live in the KV cache: the layers that attend alike form groups of llm_kv_group_layers layers,
+ * llm_kv_groups of them, each with its own block tables; a layer has a group and a place among its group's
+ * layers in a block */
+int  llm_layer_window(const llm_config *c, int layer);
+int  llm_kv_group_layers(const llm_config *c);
+int  llm_kv_groups(const llm_config *c);
+void llm_kv_place(const llm_config *c, int layer, int *group, int *index);
 
 /* -----------------------------------------------------------------------------------------------------------
  * 3. Tokenizer: text to token ids (built from the GGUF vocabulary; it points into the llm_gguf, which must
@@ -509,6 +519,15 @@ typedef struct llm_backend {
     void *ctx;
 } llm_backend;
 
+/* RoPE as a frequency per rotated pair (rope_dim / 2 of them): pair i of a head at position pos turns by
+ * pos * freq[i], and cos and sin are scaled by *mscale, as the file's RoPE scaling says (base, freq_scale: a
+ * global layer's rope_base and rope_freq_scale, a local one's rope_base_swa and rope_freq_scale_swa) */
+void llm_rope_freqs(const llm_config *c, float base, float freq_scale, float *freq, float *mscale);
+/* A mixture of experts' routing, as the arch has it (see llm_cpu_moe): T rows of router logits in scores
+ * ([T][n_experts]; overwritten), router_bias (gpt-oss; else NULL) added; out: each token's n_experts_used
+ * experts, best first, and their weights ([T][n_experts_used] each) */
+void llm_moe_route(const llm_config *cf, const float *router_bias, float *scores, int T, int *chosen,
+                   float *weight);
 /* The CPU: quantized weights as stored, times activations rounded to 16 bits (see llm_cpu_path) */
 llm_backend *llm_cpu_backend_create(const llm_model *m, char *err);
 /* The plain-C reference: each weight row converted to f32 exactly (llm_dtype_dequant_row) and multiplied in
@@ -544,7 +563,8 @@ typedef struct {
 } llm_cuda_gemm_run;
 int llm_cuda_run_gemm(llm_cuda_gemm_run *r, char *err);
 
-/* The QKV preparation (bias, q/k norm, RoPE, K/V written to the cache) and paged attention of one layer. */
+/* The QKV preparation (bias, q/k norm, RoPE, K/V written to the cache) and paged attention of the config's
+ * first layer: a local one when the config gives it a window (llm_layer_window; RoPE base rope_base_swa) */
 typedef struct {
     const llm_config *cfg;
     const llm_batch *batch;         /* positions and block tables (its tokens are not read) */
@@ -946,8 +966,12 @@ static int llm_argmax(const float *x, int n) {
 
 /* A greedy row's pick as backends make it (llm_batch.argmax): the argmax, or -1 when a value is not finite */
 static int32_t llm_argmax_finite(const float *x, int n) {
-    for (int i = 0; i < n; i++) if (!isfinite(x[i])) return -1;
-    return llm_argmax(x, n);
+    int best = 0;
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(x[i])) return -1;
+        if (x[i] > x[best]) best = i;
+    }
+    return best;
 }
 
 /* ===========================================================================================================
@@ -1460,7 +1484,7 @@ static void llm_model_set_context(llm_model *m, int n_ctx) {
 
 /* A layer's attention window: 0, every earlier position; Gemma 3's and gpt-oss's local layers, the last
  * sliding_window positions */
-static int llm_layer_window(const llm_config *c, int layer) {
+int llm_layer_window(const llm_config *c, int layer) {
     return c->sliding_window > 0 && (layer + 1) % c->swa_pattern != 0 ? c->sliding_window : 0;
 }
 
@@ -1470,7 +1494,7 @@ static int llm_layer_window(const llm_config *c, int layer) {
  * groups of one size, the greatest common divisor of their counts (Gemma 3 270M: 3 global, 15 local, 6
  * groups of 3; a model without windows: one group of all its layers). A block of the pool holds one
  * group's layers for block_size positions, whichever group it serves. */
-static int llm_kv_group_layers(const llm_config *c) {
+int llm_kv_group_layers(const llm_config *c) {
     int n_local = 0;
     for (int l = 0; l < c->n_layers; l++) n_local += llm_layer_window(c, l) > 0;
     int a = c->n_layers - n_local, b = n_local; /* gcd(a, 0) = a */
@@ -1478,7 +1502,7 @@ static int llm_kv_group_layers(const llm_config *c) {
     return a;
 }
 
-static int llm_kv_groups(const llm_config *c) { return c->n_layers / llm_kv_group_layers(c); }
+int llm_kv_groups(const llm_config *c) { return c->n_layers / llm_kv_group_layers(c); }
 
 /* The window of a group's layers: the global groups come first */
 static int llm_kv_group_window(const llm_config *c, int group) {
@@ -1488,7 +1512,7 @@ static int llm_kv_group_window(const llm_config *c, int group) {
 }
 
 /* Where a layer's K and V are: its group, and its place among the group's layers in a block */
-static void llm_kv_place(const llm_config *c, int layer, int *group, int *index) {
+void llm_kv_place(const llm_config *c, int layer, int *group, int *index) {
     int g = llm_kv_group_layers(c), local = llm_layer_window(c, layer) > 0, n_global = 0, before = 0;
     for (int l = 0; l < c->n_layers; l++) {
         n_global += llm_layer_window(c, l) == 0;
@@ -5487,24 +5511,50 @@ static void llm_rmsnorm(float *out, const float *x, const float *weight, int n, 
     for (int i = 0; i < n; i++) out[i] = x[i] * scale * weight[i];
 }
 
+/* RoPE's scaling, shared by the two ways below of computing the angles: the factor on cos and sin (the
+ * file's attention factor; YaRN's 1 + 0.1 ln(1 / scale)), and how much of pair i's angle YaRN keeps as it
+ * was (1: a fast dimension, below yarn_dims[0]; 0: past yarn_dims[1], scaled; a ramp between; 0 without
+ * YaRN) */
+static float llm_rope_mscale(const llm_config *c, float freq_scale) {
+    return (c->rope_attn_factor > 0 ? c->rope_attn_factor : 1) *
+           (c->rope_yarn ? 1.0f + 0.1f * logf(1.0f / freq_scale) : 1.0f);
+}
+static float llm_rope_yarn_keep(const llm_config *c, int i) {
+    if (!c->rope_yarn) return 0;
+    float y = ((float)i - c->yarn_dims[0]) / fmaxf(0.001f, c->yarn_dims[1] - c->yarn_dims[0]);
+    return 1 - fminf(1, fmaxf(0, y));
+}
+
 /* RoPE at position pos: the cosine and sine of each of the rope_dim / 2 rotated pairs, the same for every
- * head of every layer that has the same base and scale (computed once per token and step, applied to all). The angle of pair i is
- * pos * base^(-2i/rope_dim), built by repeated multiplication as llama.cpp does, so that greedy outputs match
- * it bit for bit more often; times freq_scale (the layer's RoPE scaling; 0: 1), as the config says. */
+ * head of every layer that has the same base and scale (computed once per token and step, applied to all).
+ * The angle of pair i is pos * base^(-2i/rope_dim), built by repeated multiplication as llama.cpp does, so
+ * that greedy outputs match it bit for bit more often; divided by the pair's factor, times freq_scale (the
+ * layer's RoPE scaling; 0: 1), as the config says. */
 static void llm_rope_angles(float *cs, float *sn, int pos, const llm_config *c, float base, float freq_scale) {
     float theta_scale = powf(base, -2.0f / (float)c->rope_dim), theta = (float)pos;
     if (!(freq_scale > 0)) freq_scale = 1;
-    float mscale = (c->rope_attn_factor > 0 ? c->rope_attn_factor : 1) *
-                   (c->rope_yarn ? 1.0f + 0.1f * logf(1.0f / freq_scale) : 1.0f);
+    float mscale = llm_rope_mscale(c, freq_scale);
     for (int i = 0; i < c->rope_dim / 2; i++, theta *= theta_scale) {
         float pair = c->rope_factors ? theta / c->rope_factors[i] : theta; /* Llama 3.1's, Phi-3.5's factors */
         float angle = freq_scale * pair; /* interpolated (linear, YaRN) or, at scale 1, as it was */
         if (c->rope_yarn) { /* YaRN: dimensions below yarn_dims[0] keep their angle, those past [1] scale */
-            float y = ((float)i - c->yarn_dims[0]) / fmaxf(0.001f, c->yarn_dims[1] - c->yarn_dims[0]);
-            float keep = 1 - fminf(1, fmaxf(0, y));
+            float keep = llm_rope_yarn_keep(c, i);
             angle = angle * (1 - keep) + pair * keep;
         }
         cs[i] = cosf(angle) * mscale; sn[i] = sinf(angle) * mscale;
+    }
+}
+
+/* The same angles as a frequency per pair, for a backend that turns pair i by pos * freq[i] itself (llm.cu),
+ * cos and sin times *mscale. They agree with llm_rope_angles' to f32 rounding (a test checks): the frequency
+ * is computed once, in double, where llm_rope_angles multiplies step by step. */
+void llm_rope_freqs(const llm_config *c, float base, float freq_scale, float *freq, float *mscale) {
+    if (!(freq_scale > 0)) freq_scale = 1;
+    *mscale = llm_rope_mscale(c, freq_scale);
+    for (int i = 0; i < c->rope_dim / 2; i++) {
+        double f = pow((double)base, -2.0 * i / c->rope_dim) / (c->rope_factors ? c->rope_factors[i] : 1.0);
+        double keep = llm_rope_yarn_keep(c, i);
+        freq[i] = (float)(f * (freq_scale * (1 - keep) + keep));
     }
 }
 
@@ -5671,7 +5721,7 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
      * 40% of a SmolLM2 prompt's attention went there); the same roundings */
     int i0 = 0;
 #ifdef LLM_CPU_SIMD
-    for (; i0 + 8 <= hd; i0 += 32) {
+    while (i0 + 8 <= hd) { /* up to 32 values at a time: nv runs of 8 */
         int nv = (hd - i0) / 8 < 4 ? (hd - i0) / 8 : 4;
         for (int g0 = 0; g0 < nq; g0 += 3) {
             int ng = nq - g0 < 3 ? nq - g0 : 3;
@@ -5693,7 +5743,7 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
             for (int g = 0; g < ng; g++)
                 for (int j = 0; j < nv; j++) _mm256_storeu_ps(out + (size_t)(g0 + g) * hd + i0 + 8 * j, acc[g][j]);
         }
-        i0 += 8 * nv - 32; /* the loop adds 32 */
+        i0 += 8 * nv;
     }
 #endif
     for (int g = 0; g < nq; g++)
@@ -5719,6 +5769,30 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
  * gathered into rows, so its matrices are read once per step, not once per token; a row's arithmetic is the
  * same in any group, so a token's output does not depend on the batch. scratch: llm_cpu_moe_floats(cf) per
  * token of the batch. 1: out of memory. */
+void llm_moe_route(const llm_config *cf, const float *router_bias, float *scores, int T, int *chosen,
+                   float *weight) {
+    int E = cf->n_experts, K = cf->n_experts_used;
+    int gpt_oss = cf->arch == LLM_ARCH_GPT_OSS, renormalise = cf->arch != LLM_ARCH_QWEN2MOE;
+    for (int t = 0; t < T; t++) { /* softmax, top K (the lower index on a tie), renormalised */
+        float *p = scores + (size_t)t * E, mx = -INFINITY, sum = 0, kept = 0;
+        for (int e = 0; router_bias && e < E; e++) p[e] += router_bias[e];
+        for (int e = 0; e < E; e++) if (p[e] > mx) mx = p[e];
+        for (int e = 0; !gpt_oss && e < E; e++) { p[e] = expf(p[e] - mx); sum += p[e]; }
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++) taken |= chosen[t * K + j] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            chosen[t * K + k] = best;
+            weight[t * K + k] = gpt_oss ? expf(p[best] - mx) : p[best] / sum; /* gpt-oss: the kept ones' softmax */
+            kept += weight[t * K + k];
+        }
+        for (int k = 0; renormalise && k < K; k++) weight[t * K + k] /= kept;
+    }
+}
+
 static size_t llm_cpu_moe_floats(const llm_config *cf) {
     size_t width = (size_t)(cf->shared_ffn_dim > cf->expert_ffn_dim ? cf->shared_ffn_dim : cf->expert_ffn_dim);
     return cf->n_experts ? (size_t)cf->n_experts + 2 * (size_t)cf->n_experts_used + 1 + 2 * (size_t)cf->dim +
@@ -5735,26 +5809,9 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
     int *chosen = (int *)(weight + (size_t)T * K), *rows = chosen + (size_t)T * K;
     float *xe = (float *)(rows + T), *oe = xe + (size_t)T * D, *ge = oe + (size_t)T * D;
     float *ue = ge + (size_t)T * width;
-    int gpt_oss = cf->arch == LLM_ARCH_GPT_OSS, renormalise = cf->arch != LLM_ARCH_QWEN2MOE;
+    int gpt_oss = cf->arch == LLM_ARCH_GPT_OSS;
     failed = llm_matmul(scores, xn, &L->router, T, path);
-    for (int t = 0; !failed && t < T; t++) { /* the router: softmax, top K (lower index on a tie), renormalised */
-        float *p = scores + (size_t)t * E, mx = -INFINITY, sum = 0, kept = 0;
-        for (int e = 0; L->router_b.data && e < E; e++) p[e] += ((const float *)L->router_b.data)[e];
-        for (int e = 0; e < E; e++) if (p[e] > mx) mx = p[e];
-        for (int e = 0; !gpt_oss && e < E; e++) { p[e] = expf(p[e] - mx); sum += p[e]; }
-        for (int k = 0; k < K; k++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int j = 0; j < k; j++) taken |= chosen[t * K + j] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            chosen[t * K + k] = best;
-            weight[t * K + k] = gpt_oss ? expf(p[best] - mx) : p[best] / sum; /* gpt-oss: the kept ones' softmax */
-            kept += weight[t * K + k];
-        }
-        for (int k = 0; renormalise && k < K; k++) weight[t * K + k] /= kept;
-    }
+    if (!failed) llm_moe_route(cf, (const float *)L->router_b.data, scores, T, chosen, weight);
     memset(delta, 0, (size_t)T * D * sizeof(float));
     for (int e = 0; !failed && e < E; e++) {
         int n = 0;

@@ -652,6 +652,8 @@ typedef struct {
     int32_t ids[512];
     int n_ids, max_tokens;
     int n_ctx;          /* the context llama.cpp ran with where the case names it (the engine's max_model_len) */
+    float gaps[512];    /* top2_logprob_gaps where the case has them: llama.cpp's top-two gap at each step */
+    int n_gaps;
 } ref_case;
 
 /* Reads testdata/reference/<file> (a list of flat objects) into cases, the ids from the key ids_key; returns
@@ -689,6 +691,14 @@ static int load_ref_cases(const char *file, const char *ids_key, ref_case *cases
             long id = strtol(a, &e, 10);
             if (e == a) break;
             c->ids[c->n_ids++] = (int32_t)id;
+            a = e + strspn(e, ", \n");
+        }
+        const char *vg = tok_json_value(obj, end, "top2_logprob_gaps");
+        for (const char *a = vg && *vg == '[' ? vg + 1 : NULL; a && c->n_gaps < 512;) {
+            char *e;
+            float gap = strtof(a, &e);
+            if (e == a) break;
+            c->gaps[c->n_gaps++] = gap;
             a = e + strspn(e, ", \n");
         }
         n++;
@@ -1085,6 +1095,37 @@ static void test_rope_factors(void) {
     free(r); free(cases);
 }
 
+/* llm_rope_freqs (a frequency per pair, as llm.cu turns pairs by position x frequency) against
+ * llm_rope_angles (the CPU's, step by step as llama.cpp): the same cos and sin, to f32 rounding, with each
+ * kind of scaling (none, linear, YaRN, per-pair factors, an attention factor) at positions to 300. The angle
+ * of a pair differs by f32's rounding of it (relative 1e-7, times the pair's steps: under 1e-4 radians
+ * here); a wrong factor or ramp differs by far more. */
+static void test_rope_freqs(void) {
+    enum { PAIRS = 32 };
+    float factors[PAIRS];
+    for (int i = 0; i < PAIRS; i++) factors[i] = 1.0f + 7.0f * i / PAIRS;
+    for (int kind = 0; kind < 5; kind++) {
+        llm_config c; memset(&c, 0, sizeof c);
+        c.rope_dim = 2 * PAIRS; c.rope_base = 500000.0f;
+        float scale = kind == 1 || kind >= 3 ? 0.125f : 1.0f;
+        if (kind >= 2) { c.rope_yarn = 1; c.yarn_dims[0] = 6; c.yarn_dims[1] = 20; }
+        if (kind >= 3) c.rope_factors = factors;
+        if (kind == 4) c.rope_attn_factor = 1.3f;
+        float freq[PAIRS], mscale, cs[PAIRS], sn[PAIRS];
+        llm_rope_freqs(&c, c.rope_base, scale, freq, &mscale);
+        double worst = 0;
+        for (int pos = 0; pos <= 300; pos += 13) {
+            llm_rope_angles(cs, sn, pos, &c, c.rope_base, scale);
+            for (int i = 0; i < PAIRS; i++) {
+                double a = (double)pos * freq[i];
+                worst = fmax(worst, fmax(fabs(cos(a) * mscale - cs[i]), fabs(sin(a) * mscale - sn[i])));
+            }
+        }
+        CHECK(worst < 2e-4, "RoPE scaling kind %d: llm_rope_freqs' cos and sin differ from llm_rope_angles' by "
+              "%.3g", kind, worst);
+    }
+}
+
 /* Gemma 3 270M (make model-gemma3: Google's base model, Q4_K_M, a 262k vocabulary) against a float64 forward
  * pass of the same weights (tools/gemma3_f64.py: numpy, the gguf package's dequantization, nothing of llm.h):
  * its greedy continuations of five prompts (32 tokens) and the gap of its top two log-probabilities at each
@@ -1402,7 +1443,8 @@ static void test_weight_types(void) {
           llm_dtype_row_bytes(77, 64) == 0, "row sizes");
 
     /* f32 dot products of 1 to 4 vectors at once (llm_dot_rows: AVX2 where the build has it) are the plain-C
-     * llm_dot_n's of one at a time, bit for bit: lengths with and without a rest past the runs of 8 */
+     * llm_dot_n's of one at a time, bit for bit: lengths with and without a rest past the runs of 8. (It
+     * tests the AVX2 kernel in SIMD builds; in a plain-C build llm_dot_rows is llm_dot_n itself.) */
     {
         static float a[108], b[4 * 108];
         uint64_t rng = 9;
@@ -7988,6 +8030,7 @@ static void gpu_test_quant_gemm(void) {
 typedef struct {
     const char *name;
     int n_heads, n_kv_heads, head_dim, rope_dim, neox, bias, qk_norm, part_size;
+    int window; /* > 0: a local layer (Gemma 3's) with this window and its own RoPE base */
 } gt_attn_case;
 
 static void gpu_test_attention_case(const gt_attn_case *ac) {
@@ -7995,6 +8038,10 @@ static void gpu_test_attention_case(const gt_attn_case *ac) {
     cf.n_heads = ac->n_heads; cf.n_kv_heads = ac->n_kv_heads; cf.head_dim = ac->head_dim;
     cf.rope_dim = ac->rope_dim; cf.rope_neox = ac->neox; cf.rope_base = ac->neox ? 1000000.0f : 10000.0f;
     cf.rms_eps = 1e-6f; cf.dim = cf.n_heads * cf.head_dim; cf.n_layers = 1;
+    /* a local layer: the layer is the first of a pattern of 2 (global every 2nd); its RoPE base another */
+    cf.sliding_window = ac->window; cf.swa_pattern = 2; cf.rope_base_swa = 10000.0f * (1 + ac->neox);
+    int window = ac->window;
+    float base = window ? cf.rope_base_swa : cf.rope_base;
     int hd = cf.head_dim, nkv = cf.n_kv_heads, q_dim = cf.n_heads * hd, kv_dim = nkv * hd;
     int width = q_dim + 2 * kv_dim, G = cf.n_heads / nkv;
     int bs = 16, n_seqs = 2 + gt_int(4), max_ctx = 1300;
@@ -8014,8 +8061,9 @@ static void gpu_test_attention_case(const gt_attn_case *ac) {
     int32_t *tables = malloc((size_t)n_seqs * blocks_per_seq * sizeof(int32_t));
     const int32_t *bt[8];
     for (int s = 0; s < n_seqs; s++) {
-        for (int k = 0; k < blocks_per_seq; k++)
-            tables[s * blocks_per_seq + k] = perm[s * blocks_per_seq + k];
+        for (int k = 0; k < blocks_per_seq; k++) /* a local layer's blocks wholly before the window: -1 */
+            tables[s * blocks_per_seq + k] = window && (k + 1) * bs <= past[s] - window + 1
+                                             ? -1 : perm[s * blocks_per_seq + k];
         bt[s] = tables + s * blocks_per_seq;
     }
     int32_t *pos = malloc((size_t)T * sizeof(int32_t)), start[9];
@@ -8063,7 +8111,7 @@ static void gpu_test_attention_case(const gt_attn_case *ac) {
             memcpy(x, qkv + (size_t)t * width, (size_t)width * 4);
             if (ac->bias) for (int i = 0; i < width; i++) x[i] += bias[i];
             float rope_cos[cf.rope_dim / 2 + 1], rope_sin[cf.rope_dim / 2 + 1];
-            llm_rope_angles(rope_cos, rope_sin, pos[t], &cf, cf.rope_base, cf.rope_freq_scale);
+            llm_rope_angles(rope_cos, rope_sin, pos[t], &cf, base, 0);
             for (int h = 0; h < cf.n_heads + nkv; h++) {
                 if (ac->qk_norm)
                     llm_rmsnorm(x + h * hd, x + h * hd, h < cf.n_heads ? qn : kn, hd, cf.rms_eps);
@@ -8092,17 +8140,18 @@ static void gpu_test_attention_case(const gt_attn_case *ac) {
             for (int h = 0; h < cf.n_heads; h++) {
                 const float *qh = q_ref + (size_t)t * q_dim + h * hd;
                 double mx = -INFINITY, sum = 0;
-                for (int p = 0; p <= pos[t]; p++) {
+                int first = window && pos[t] + 1 > window ? pos[t] + 1 - window : 0;
+                for (int p = first; p <= pos[t]; p++) {
                     const float *kp = kc_ref + ((size_t)bt[s][p / bs] * bs + p % bs) * kv_dim + (h / G) * hd;
                     double d = 0;
                     for (int i = 0; i < hd; i++) d += (double)qh[i] * kp[i];
                     sc[p] = d / sqrt((double)hd);
                     if (sc[p] > mx) mx = sc[p];
                 }
-                for (int p = 0; p <= pos[t]; p++) { sc[p] = exp(sc[p] - mx); sum += sc[p]; }
+                for (int p = first; p <= pos[t]; p++) { sc[p] = exp(sc[p] - mx); sum += sc[p]; }
                 for (int i = 0; i < hd; i++) {
                     double o = 0;
-                    for (int p = 0; p <= pos[t]; p++) {
+                    for (int p = first; p <= pos[t]; p++) {
                         size_t slot = (size_t)bt[s][p / bs] * bs + p % bs;
                         o += sc[p] * vc_ref[slot * kv_dim + (h / G) * hd + i];
                     }
@@ -8139,6 +8188,10 @@ static void gpu_test_attention(void) {
         {"llama partial rope 16 of hd32", 4, 2, 32, 16, 0, 1, 0, 32},
         {"tiny heads hd8 (stories260K)", 8, 4, 8, 8, 0, 0, 0, 64},
         {"hd256 GQA 8/1", 8, 1, 256, 256, 1, 0, 0, 256},
+        /* Gemma 3's local layers: windows across partitions (some of them empty), blocks gone before them */
+        {"window 40 GQA 16/4 qk-norm (part 64)", 16, 4, 64, 64, 1, 0, 1, 64, 40},
+        {"window 200 hd256 GQA 8/1 (part 128)", 8, 1, 256, 256, 1, 0, 1, 128, 200},
+        {"window 512 llama hd64 (part 512)", 8, 2, 64, 64, 0, 1, 0, 512, 512},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int rep = 0; rep < 2; rep++) gpu_test_attention_case(&cases[i]);
@@ -8177,6 +8230,8 @@ static int gt_model_bf16(const llm_model *src, gt_bf16_model *dst) {
         const llm_layer *L = &src->layers[l];
         n += (size_t)(L->wq.rows + L->wk.rows + L->wv.rows) * c->dim + (size_t)L->wo.rows * L->wo.cols +
              (size_t)3 * c->ffn_dim * c->dim;
+        const llm_weight *moe[4] = {&L->router, &L->gate_exps, &L->up_exps, &L->down_exps};
+        for (int k = 0; k < 4; k++) n += (size_t)moe[k]->rows * moe[k]->cols;
     }
     dst->m = *src;
     dst->mem = malloc(n * sizeof(uint16_t));
@@ -8192,6 +8247,8 @@ static int gt_model_bf16(const llm_model *src, gt_bf16_model *dst) {
         gt_round_weight(&L->wq, &mem); gt_round_weight(&L->wk, &mem); gt_round_weight(&L->wv, &mem);
         gt_round_weight(&L->wo, &mem);
         gt_round_weight(&L->w_gate, &mem); gt_round_weight(&L->w_up, &mem); gt_round_weight(&L->w_down, &mem);
+        gt_round_weight(&L->router, &mem); gt_round_weight(&L->gate_exps, &mem);
+        gt_round_weight(&L->up_exps, &mem); gt_round_weight(&L->down_exps, &mem);
     }
     return 0;
 }
@@ -8211,7 +8268,7 @@ static llm_backend *gt_backend(llm_backend *(*create)(const llm_model *, char *)
 /* What llm_cuda_weight_bytes should say for m: quantized matrices their file bytes, the others bf16 rows
  * padded to 8 values; the tied output once */
 static size_t gt_weight_bytes(const llm_model *m) {
-    const llm_weight *ws[2 + 7 * 512];
+    const llm_weight *ws[2 + 11 * 512];
     int n = 0;
     ws[n++] = &m->tok_embd;
     if (m->output.data != m->tok_embd.data) ws[n++] = &m->output;
@@ -8219,6 +8276,7 @@ static size_t gt_weight_bytes(const llm_model *m) {
         const llm_layer *L = &m->layers[l];
         ws[n++] = &L->wq; ws[n++] = &L->wk; ws[n++] = &L->wv; ws[n++] = &L->wo;
         ws[n++] = &L->w_gate; ws[n++] = &L->w_up; ws[n++] = &L->w_down;
+        ws[n++] = &L->router; ws[n++] = &L->gate_exps; ws[n++] = &L->up_exps; ws[n++] = &L->down_exps;
     }
     size_t total = 0;
     for (int i = 0; i < n; i++) {
@@ -8235,7 +8293,11 @@ static size_t gt_weight_bytes(const llm_model *m) {
  * (exact in the GEMV, bf16-rounded in the GEMM's tiles): the CPU reference is then the exact path on the
  * model as loaded. */
 static void gpu_test_forward_model(const llm_model *m, const char *name, int quantized) {
-    const int bs = 16, num_blocks = 96, max_seqs = 4, V = m->cfg.vocab_size;
+    /* each group of layers (Gemma 3: windows) gets blocks of its own, from one pool */
+    enum { MAX_GROUPS = 8 };
+    const int n_groups = llm_kv_groups(&m->cfg);
+    const int bs = 16, num_blocks = 96 * n_groups, max_seqs = 4, V = m->cfg.vocab_size;
+    if (n_groups > MAX_GROUPS) { CHECK(0, "%s: %d groups of layers", name, n_groups); return; }
     char err[LLM_ERR_LEN] = "";
     gt_bf16_model mr;
     memset(&mr, 0, sizeof mr);
@@ -8253,10 +8315,10 @@ static void gpu_test_forward_model(const llm_model *m, const char *name, int qua
         free(mr.mem); free(mr.m.layers);
         return;
     }
-    int perm[96];
+    int perm[96 * MAX_GROUPS];
     gt_perm(perm, num_blocks);
     int next_block = 0;
-    int32_t tables[4][24], n_blocks[4] = {0}, len[4] = {0}, last_tok[4] = {0};
+    int32_t tables[MAX_GROUPS][4][24], n_blocks[4] = {0}, len[4] = {0}, last_tok[4] = {0};
     int32_t prompt_len[4] = {23, 70, 17, 0};    /* seq 1 prefills in two chunks; seq 3 forks from seq 1 */
     double worst_l2 = 0, worst_max = 0;
     int argmax_same = 0, argmax_total = 0, near_ties = 0, failed = 0, argmax_picks = 0;
@@ -8264,26 +8326,37 @@ static void gpu_test_forward_model(const llm_model *m, const char *name, int qua
     /* the same bf16 weights on both sides; the GPU rounds activations to bf16 before every product and keeps
      * K/V in bf16, the CPU keeps them in f32 */
     /* each layer rounds four product inputs to bf16 (relative 2^-9) and the rounding compounds with depth:
-     * seen 5e-3 for 4-5 layers, 3e-2 to 3.6e-2 for the 24 of dummy qwen2.5-0.5b */
+     * seen 5e-3 for 4-5 layers, 3e-2 to 3.6e-2 for the 24 of dummy qwen2.5-0.5b. How much a model's logits
+     * move under such rounding depends on its weights too: the CPU run again on the unrounded weights
+     * measures it (rounding the weights alone moves random-smollm3's and random-gemma3's by 3.6%, random-phi3's
+     * by 0.5%), and the GPU, which rounds twice as many things (activations, K/V), may differ by 4 times
+     * that. A wrong kernel (a window, a norm, a RoPE table) moves them by far more. */
     double tol_l2 = fmax(3e-2, 2e-3 * m->cfg.n_layers), tol_max = fmax(5e-2, 3e-3 * m->cfg.n_layers);
+    double sens_l2 = 0, sens_max = 0;
+    llm_backend *cpu32 = quantized ? NULL : gt_backend(llm_cpu_backend_create, m, num_blocks, bs, name,
+                                                       "cpu, unrounded weights");
     enum { STEPS = 7 };
     for (int step = 0; step < STEPS && !failed; step++) {
-        int32_t tokens[256], pos[256], seq_start[5], rows[4], copy_src = 0, copy_dst = 0;
-        const int32_t *bt[4];
+        int32_t tokens[256], pos[256], seq_start[5], rows[4], copy_src[MAX_GROUPS], copy_dst[MAX_GROUPS];
+        const int32_t *bt[4 * MAX_GROUPS];
         int T = 0, n_seqs = 0, active[4], n_copies = 0;
         if (step == 3) {
             /* fork: seq 3 shares seq 1's full blocks and gets a copy of its partial last block, which this
              * step's batch carries (the backends copy before they compute; seq 3's logits then show the
              * copy) */
             int full = len[1] / bs;
-            for (int k = 0; k < full; k++) tables[3][k] = tables[1][k];
+            for (int g = 0; g < n_groups; g++)
+                for (int k = 0; k < full; k++) tables[g][3][k] = tables[g][1][k];
             n_blocks[3] = full;
             CHECK(len[1] % bs != 0, "%s: the fork has a partial block to copy (seq 1 holds %d tokens)", name,
                   len[1]);
             if (len[1] % bs) {
-                int nb = perm[next_block++];
-                copy_src = tables[1][full]; copy_dst = nb; n_copies = 1;
-                tables[3][n_blocks[3]++] = nb;
+                for (int g = 0; g < n_groups; g++) {
+                    int nb = perm[next_block++];
+                    copy_src[n_copies] = tables[g][1][full]; copy_dst[n_copies++] = nb;
+                    tables[g][3][full] = nb;
+                }
+                n_blocks[3]++;
             }
             len[3] = len[1]; last_tok[3] = (last_tok[1] + 1) % V; /* a different next token than seq 1 */
         }
@@ -8299,23 +8372,41 @@ static void gpu_test_forward_model(const llm_model *m, const char *name, int qua
                 int p = len[s] + i;
                 tokens[T] = len[s] < prompt_len[s] ? gt_int(V) : last_tok[s];
                 pos[T] = p;
-                while (n_blocks[s] <= p / bs) tables[s][n_blocks[s]++] = perm[next_block++];
+                for (; n_blocks[s] <= p / bs; n_blocks[s]++)
+                    for (int g = 0; g < n_groups; g++) tables[g][s][n_blocks[s]] = perm[next_block++];
                 T++;
             }
             len[s] += n_new;
-            bt[n_seqs] = tables[s];
             rows[n_seqs] = T - 1;
             active[n_seqs++] = s;
         }
         seq_start[n_seqs] = T;
+        for (int g = 0; g < n_groups; g++)
+            for (int i = 0; i < n_seqs; i++) bt[g * n_seqs + i] = tables[g][active[i]];
         llm_batch b = {0};
         b.n_tokens = T; b.tokens = tokens; b.positions = pos;
         b.n_seqs = n_seqs; b.seq_start = seq_start; b.block_tables = bt;
         b.n_logits = n_seqs; b.logit_rows = rows;
-        b.n_copies = n_copies; b.copy_src = &copy_src; b.copy_dst = &copy_dst;
+        b.n_copies = n_copies; b.copy_src = copy_src; b.copy_dst = copy_dst;
         float *lc = malloc((size_t)n_seqs * V * 4), *lg = malloc((size_t)n_seqs * V * 4);
         int rc1 = cpu->forward(cpu, &b, lc, err);
         CHECK(rc1 == 0, "%s step %d cpu forward: %s", name, step, err);
+        if (cpu32 && rc1 == 0) {
+            float *l32 = malloc((size_t)n_seqs * V * 4);
+            int rc = cpu32->forward(cpu32, &b, l32, err);
+            CHECK(rc == 0, "%s step %d cpu forward on the unrounded weights: %s", name, step, err);
+            for (int r = 0; r < n_seqs && rc == 0; r++) {
+                const float *c = lc + (size_t)r * V, *u = l32 + (size_t)r * V;
+                double d2 = 0, c2 = 0, dmax = 0, cmax = 0;
+                for (int i = 0; i < V; i++) {
+                    d2 += ((double)u[i] - c[i]) * ((double)u[i] - c[i]); c2 += (double)c[i] * c[i];
+                    dmax = fmax(dmax, fabs((double)u[i] - c[i])); cmax = fmax(cmax, fabs(c[i]));
+                }
+                sens_l2 = fmax(sens_l2, sqrt(d2 / (c2 > 0 ? c2 : 1)));
+                sens_max = fmax(sens_max, dmax / (cmax > 0 ? cmax : 1));
+            }
+            free(l32);
+        }
         int rc2 = gpu->forward(gpu, &b, lg, err);
         CHECK(rc2 == 0, "%s step %d cuda forward: %s", name, step, err);
         if (rc1 || rc2) { failed = 1; free(lc); free(lg); break; }
@@ -8366,14 +8457,17 @@ static void gpu_test_forward_model(const llm_model *m, const char *name, int qua
         }
         free(lc); free(lg);
     }
+    tol_l2 = fmax(tol_l2, 4 * sens_l2); tol_max = fmax(tol_max, 4 * sens_max);
     CHECK(worst_l2 < tol_l2, "%s: logits differ from the CPU's by %.3g (relative L2, tolerance %.2g)", name,
           worst_l2, tol_l2);
     CHECK(worst_max < tol_max, "%s: logits differ from the CPU's by %.3g of max |logit| (tolerance %.2g)",
           name, worst_max, tol_max);
-    printf("forward %-28s %d steps: logits rel. L2 err %.2e, max-abs err %.2e of max |logit|; greedy %d/%d "
-           "same, %d near ties; %d picks on the device, rows again within %.1e\n", name, STEPS, worst_l2,
-           worst_max, argmax_same, argmax_total, near_ties, argmax_picks, repeat_err);
+    printf("forward %-28s %d steps: logits rel. L2 err %.2e, max-abs err %.2e of max |logit| (bf16 weights "
+           "alone: %.1e, %.1e); greedy %d/%d same, %d near ties; %d picks on the device, rows again within "
+           "%.1e\n", name, STEPS, worst_l2, worst_max, sens_l2, sens_max, argmax_same, argmax_total, near_ties,
+           argmax_picks, repeat_err);
     cpu->destroy(cpu); gpu->destroy(gpu);
+    if (cpu32) cpu32->destroy(cpu32);
     free(mr.mem); free(mr.m.layers);
 }
 
@@ -8388,8 +8482,14 @@ static void gpu_test_forward(void) {
         gpu_test_forward_model(&m, name, 0);
         llm_model_free(&m);
     }
+    /* and the architectures since: Gemma 3 (windows, groups of layers in the KV cache, norms after each block,
+     * GeGLU, scaled embeddings), SmolLM3 (layers without RoPE), Phi-3 (fused matrices), mixtures of experts
+     * (Qwen3-MoE; Mixtral as llama files with experts; gpt-oss: attention sinks, biases, a window on every
+     * other layer, its clamped SwiGLU) */
     static const char *files[] = {"stories260K.gguf", "random-llama2-untied.gguf", "random-llama3-gqa.gguf",
-                                  "random-qwen2-bias.gguf", "random-qwen3-qknorm.gguf"};
+                                  "random-qwen2-bias.gguf", "random-qwen3-qknorm.gguf", "random-gemma3.gguf",
+                                  "random-smollm3.gguf", "random-phi3.gguf", "random-qwen3moe.gguf",
+                                  "random-llama-moe.gguf", "random-gpt-oss.gguf"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char path[1024], err[LLM_ERR_LEN] = "";
         snprintf(path, sizeof path, "%s/models/%s", testdata_dir, files[i]);
@@ -8401,8 +8501,109 @@ static void gpu_test_forward(void) {
         CHECK(rc == 0, "load %s: %s", path, err);
         if (rc) continue;
         gpu_test_forward_model(&m, files[i], 0);
+        /* RoPE scaled as files say, the same config on both backends: Gemma 3 4B's linear factor 8 on the
+         * global layers; gpt-oss's YaRN (factor 32) with per-pair factors as Llama 3.1's on SmolLM3's */
+        char scaled[64];
+        if (strstr(files[i], "gemma3")) {
+            m.cfg.rope_freq_scale = 0.125f;
+            snprintf(scaled, sizeof scaled, "%s linear x8", files[i]);
+            gpu_test_forward_model(&m, scaled, 0);
+        }
+        if (strstr(files[i], "smollm3")) {
+            int pairs = m.cfg.rope_dim / 2;
+            float *factors = malloc((size_t)pairs * sizeof(float));
+            for (int k = 0; k < pairs; k++) factors[k] = 1.0f + 3.0f * k / pairs;
+            m.cfg.rope_factors = factors; m.cfg.rope_yarn = 1; m.cfg.rope_freq_scale = 1.0f / 32;
+            m.cfg.yarn_dims[0] = (float)(pairs / 4); m.cfg.yarn_dims[1] = (float)(pairs / 2);
+            snprintf(scaled, sizeof scaled, "%s yarn+factors", files[i]);
+            gpu_test_forward_model(&m, scaled, 0);
+            free(factors);
+        }
         llm_model_free(&m);
     }
+}
+
+/* The engine on the GPU, as a server runs it, on the random models of Gemma 3 (windows: blocks of the local
+ * layers go back to the pool as they slide out), SmolLM3, Phi-3, Qwen3-MoE, Mixtral-style llama and gpt-oss,
+ * against llama.cpp's greedy ids:
+ *   - decoding, alone and behind another prompt, at block sizes 16 and 1: the ids up to the first step where
+ *     llama.cpp's own top-two gap is under GT_CLEAR_GAP nats;
+ *   - teacher-forced: the prompt plus the first k reference tokens, one request for each step k whose gap is
+ *     GT_CLEAR_GAP or more, all at once (they share prefixes: the prefix cache), prefilled in chunks of 8
+ *     tokens, each request's one greedy token against llama.cpp's: every clear step of the 24 (Gemma 3: to
+ *     position 26, past the window of 8).
+ * These random models are touchy: rounding random-gpt-oss's weights to bf16 on the CPU's exact path alone
+ * flips a step whose gap is 0.25 nats, and the GPU also rounds activations and K/V (its logits are held to
+ * the CPU's in gpu_test_forward: 5-9% of the largest here). On an H100 the GPU parted from llama.cpp at
+ * steps with gaps of 0.10 and 0.83 (results/2026-11-26-h100-80gb-hbm3-test-gpu-gpt-oss.log): a clear step is
+ * one of 1 nat or more.
+ * Every block back in the pool after each run. */
+#define GT_CLEAR_GAP 1.0f
+static void gpu_test_engine_archs(void) {
+    ref_case *cases = calloc(16, sizeof *cases), *prompts = calloc(16, sizeof *prompts);
+    run_result *r = calloc(1, sizeof *r);
+    int n = load_ref_cases("random-archs-greedy.json", "completion_token_ids", cases, 16);
+    int np = load_ref_cases("random-archs-greedy.json", "prompt_token_ids", prompts, 16), runs = 0, present = 0;
+    CHECK(n == np && n > 0, "random-archs-greedy.json: %d cases, %d prompts", n, np);
+    for (int i = 0; i < n && i < np; i++) {
+        const ref_case *c = &cases[i];
+        FILE *f = fopen(model_path(c->model), "rb");
+        if (!f) { printf("engine on the GPU %-20s skipped: not found\n", c->model); continue; }
+        fclose(f);
+        present++;
+        int sure = 0, forced = 0, forced_ok = 0, decoded = 0;
+        while (sure < c->n_ids && sure < c->n_gaps && c->gaps[sure] >= GT_CLEAR_GAP) sure++;
+        for (int run = 0; run < 4; run++) {
+            llm_engine_config cfg = llm_engine_defaults();
+            cfg.model_path = model_path(c->model);
+            cfg.create_backend = llm_cuda_backend_create;
+            cfg.block_size = run == 1 ? 1 : 16;
+            cfg.num_blocks = 1024;
+            if (run == 3) cfg.max_num_batched_tokens = 8;
+            llm_engine *e = engine_new(&cfg);
+            if (!e) break;
+            memset(r, 0, sizeof *r);
+            llm_sampling_params p = greedy(c->max_tokens);
+            if (run < 3) { /* decode: alone at 16, behind another prompt at 1 and at 16 */
+                if (run > 0) run_add(e, r, "Once upon a time there was a long prompt before it", NULL, 0, &p);
+                run_add(e, r, c->prompt, NULL, 0, &p);
+                run_engine(e, r);
+                int at = run > 0, same = 0;
+                while (same < sure && same < r->n_tokens[at][0] && r->tokens[at][0][same] == c->ids[same])
+                    same++;
+                CHECK(same == sure, "%s \"%s\" on the GPU (block size %d%s): greedy ids part from llama.cpp's "
+                      "at step %d, before its first step with a gap under %g (%d)", c->model, c->prompt,
+                      cfg.block_size, run ? ", batched" : "", same, GT_CLEAR_GAP, sure);
+                decoded += same;
+            } else { /* teacher-forced */
+                int32_t ids[512], want[64];
+                p = greedy(1);
+                for (int k = 0; k < c->n_ids && k < c->n_gaps && r->n_requests < 64; k++) {
+                    if (c->gaps[k] < GT_CLEAR_GAP) continue;
+                    memcpy(ids, prompts[i].ids, (size_t)prompts[i].n_ids * sizeof(int32_t));
+                    memcpy(ids + prompts[i].n_ids, c->ids, (size_t)k * sizeof(int32_t));
+                    want[r->n_requests] = c->ids[k];
+                    run_add(e, r, NULL, ids, prompts[i].n_ids + k, &p);
+                }
+                run_engine(e, r);
+                for (int q = 0; q < r->n_requests; q++, forced++) {
+                    int ok = r->n_tokens[q][0] == 1 && r->tokens[q][0][0] == want[q];
+                    forced_ok += ok;
+                    CHECK(ok, "%s teacher-forced on the GPU, request %d: token %d, llama.cpp's %d", c->model, q,
+                          r->n_tokens[q][0] ? r->tokens[q][0][0] : -1, want[q]);
+                }
+            }
+            CHECK(all_blocks_free(e) && r->bad_audits == 0, "%s on the GPU: blocks back in the pool", c->model);
+            llm_engine_destroy(e);
+            runs++;
+        }
+        printf("engine on the GPU %-20s decode: %d steps before llama.cpp's first gap under %g matched in 3 "
+               "runs (%d of %d); teacher-forced: %d of %d clear steps\n", c->model, decoded / 3, GT_CLEAR_GAP,
+               decoded, 3 * sure, forced_ok, forced);
+    }
+    CHECK(runs == 4 * present && present > 0, "%d engine runs on the GPU (4 for each of %d models)", runs,
+          present);
+    free(cases); free(prompts); free(r);
 }
 
 /* The logits after each of positions p0-1 .. n-1 of tokens[0..n), from a fresh KV pool: the first n_first
@@ -8678,6 +8879,8 @@ static void run_gpu_tests(void) {
     printf("attention checks: %.1f s\n", test_now() - t0);
     gpu_test_forward();
     printf("forward checks: %.1f s\n", test_now() - t0);
+    gpu_test_engine_archs();
+    printf("engine checks (new architectures): %.1f s\n", test_now() - t0);
     gpu_test_quant_forward();
     printf("quantized model checks: %.1f s\n", test_now() - t0);
     if (getenv("LLM_GPU_BENCH")) {
@@ -8776,6 +8979,7 @@ int main(int argc, char **argv) {
         {"random models of newer architectures", test_random_archs_reference},
         {"Gemma 3 270M against float64", test_gemma3_270m}, {"RoPE scaling", test_rope_scaling},
         {"RoPE factors (Llama 3.1, Phi-3.5)", test_rope_factors},
+        {"RoPE as frequencies (llm.cu's)", test_rope_freqs},
         {"paged forward", test_paged_forward_models},
         {"weight types", test_weight_types},
         {"quant dequantization", test_quant_dequant}, {"quant references", test_quant_reference},
