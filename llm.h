@@ -44,7 +44,7 @@
  *   (logprobs of the prompt's own tokens, vLLM's prompt_logprobs: llm_sampling_params.prompt_logprobs in,
  *   llm_output.prompt_logprobs out; structured output: llm_sampling_params.grammar, GBNF text, which
  *   llm_json_schema_to_grammar, llm_regex_to_grammar and llm_choice_to_grammar write; speculative decoding
- *   by n-gram lookup: llm_engine_config.spec_tokens)
+ *   by n-gram lookup or a draft model: llm_engine_config.spec_tokens, spec_model_path)
  * The parts: each section's own functions, for tools, tests and programs that take one piece
  *   GGUF: llm_gguf_open, _parse, _close, _find, _tensor_find, _int, _float, _string, _arr_int, _arr_float;
  *         llm_dtype_name, llm_dtype_row_bytes, llm_dtype_dequant_row, llm_qblock_unpack
@@ -754,6 +754,11 @@ typedef struct {
      * without it (the same distribution, when sampled), several a step where the text repeats */
     int spec_tokens;                /* vLLM's num_speculative_tokens, at most LLM_SPEC_MAX: 0, off */
     int spec_ngram_max, spec_ngram_min; /* prompt_lookup_max and _min: 4 and 2 */
+    /* or the proposals come from a draft model (vLLM's draft_model method, llama.cpp's -md): a smaller GGUF
+     * file with the model's vocabulary, on the same backend, proposes spec_tokens tokens by greedy decoding.
+     * It computes every token the model computes, its K/V in the same blocks, so the prefix cache, the
+     * copies and preemption serve both. NULL: n-gram lookup */
+    const char *spec_model_path;
 } llm_engine_config;
 
 #define LLM_SPEC_MAX 16
@@ -814,6 +819,7 @@ typedef struct {
      * them, and those whose greedy pick the backend made (llm_batch.argmax: no row copied to the host) */
     double forward_seconds;
     int64_t prompt_steps, logit_rows, argmax_rows;
+    double draft_seconds;           /* in the draft model's forward calls (spec_model_path) */
 } llm_engine_stats;
 
 typedef struct llm_engine llm_engine;
@@ -4146,6 +4152,8 @@ typedef struct llm_seq {
     int n_cached_tokens;            /* prompt tokens the prefix cache had at admission */
     int32_t draft[LLM_SPEC_MAX];    /* speculative decoding: the tokens proposed to follow, checked this step */
     int n_draft;
+    int n_draft_computed;           /* a draft model's K/V: tokens [0, n_draft_computed) (at most n_computed
+                                     * but for the proposal it computes; one behind after a proposal kept whole) */
     int spec_cap, spec_wait, spec_backoff; /* how many it may propose, steps to wait, the next wait after a miss */
     float spec_rate;                /* the share of proposed tokens kept, recent proposals weighing most */
     uint64_t rng;
@@ -4173,6 +4181,7 @@ typedef struct {
     int max_num_seqs, max_num_batched_tokens, static_batching;
     llm_block_manager *bm;
     int spec_tokens, spec_ngram_max, spec_ngram_min; /* speculative decoding (llm_engine_config) */
+    int spec_draft_model;           /* the proposals come from a draft model, written before the forward pass */
     int max_model_len;
     int n_kv_groups;                /* the model's groups of layers (llm_kv_groups) ... */
     int *kv_window;                 /* ... and each one's window (0: a global group keeps every block) */
@@ -4192,7 +4201,17 @@ static void llm_seq_release_blocks(llm_scheduler *sch, llm_seq *s) {
             if (s->block_tables[g][i] >= 0) llm_block_release(sch->bm, s->block_tables[g][i]);
         arrsetlen(s->block_tables[g], 0);
     }
-    s->n_computed = 0; s->n_hashed_blocks = 0; s->last_hash = 0;
+    s->n_computed = 0; s->n_draft_computed = 0; s->n_hashed_blocks = 0; s->last_hash = 0;
+}
+
+/* The blocks past the first n_tokens positions go back to the pool (those of a proposal's refused tokens) */
+static void llm_seq_trim_blocks(llm_block_manager *bm, llm_seq *s, int n_tokens) {
+    int bs = bm->block_size, keep = (n_tokens + bs - 1) / bs;
+    for (int g = 0; g < s->n_kv_groups; g++)
+        while (arrlen(s->block_tables[g]) > keep) {
+            int id = arrpop(s->block_tables[g]);
+            if (id >= 0) llm_block_release(bm, id);
+        }
 }
 
 /* The first block that a query at position pos or later reads in a group of layers with this window: the
@@ -4267,7 +4286,9 @@ static void llm_seq_take_cached_prefix(llm_scheduler *sch, llm_seq *s) {
         for (int b = 0; b < L; b++)
             arrput(s->block_tables[g], b < gone ? -1 : llm_block_lookup(bm, llm_kv_group_hash(hashes[b], g)));
     }
-    if (L > 0) { s->n_hashed_blocks = L; s->last_hash = hashes[L - 1]; s->n_computed = L * bs; }
+    if (L > 0) { /* a draft model's K/V are in them too: it computed every token the model did */
+        s->n_hashed_blocks = L; s->last_hash = hashes[L - 1]; s->n_computed = s->n_draft_computed = L * bs;
+    }
     arrfree(hashes);
 }
 
@@ -4312,7 +4333,8 @@ static int llm_seq_propose(const llm_scheduler *sch, llm_seq *s, int max) {
 /* A decoding sequence's proposal, when speculative decoding is on, with the blocks for it: the step then
  * computes its last token and the proposal's, within budget more tokens (not before its prompt's samples
  * fork). Under a grammar too: each token is sampled under it, and a proposed one kept only when it is the
- * token sampled. Returns how many tokens were proposed. */
+ * token sampled. Returns how many tokens were proposed (a draft model's: how many it is to propose, before
+ * the forward pass, llm_engine_draft). */
 static int llm_seq_speculate(llm_scheduler *sch, llm_seq *s, int budget) {
     int len = (int)arrlen(s->tokens), max = sch->spec_tokens;
     const llm_sampling_params *p = &s->req->params;
@@ -4332,7 +4354,7 @@ static int llm_seq_speculate(llm_scheduler *sch, llm_seq *s, int budget) {
     if (s->spec_wait > 0) { s->spec_wait--; return 0; }
     if (max > s->spec_cap) max = s->spec_cap;
     if (max <= 0) return 0;
-    int n = llm_seq_propose(sch, s, max);
+    int n = sch->spec_draft_model ? max : llm_seq_propose(sch, s, max);
     if (n > 0 && llm_seq_reserve(sch, s, len + n)) s->n_draft = n;
     return s->n_draft;
 }
@@ -4548,6 +4570,7 @@ static int llm_seq_fork(llm_scheduler *sch, llm_seq *s) {
     for (int i = 1; i < n; i++) {
         llm_seq *c = children[i];
         c->req = s->req; c->index = i; c->status = s->status; c->n_computed = s->n_computed;
+        c->n_draft_computed = s->n_draft_computed;
         c->n_hashed_blocks = s->n_hashed_blocks; c->last_hash = s->last_hash;
         c->n_cached_tokens = s->n_cached_tokens;
         c->rng = llm_seed_mix(s->req->params.seed, i);
@@ -9330,8 +9353,9 @@ int llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int specia
  * 11. Engine
  * The engine owns the model, the backend and its KV pool, the block manager, the scheduler and the sampler.
  * llm_engine_step runs, in this order (and so do the functions below): what the last step handed out is
- * freed; new requests and aborts come in from the inbox; the scheduler plans the step; the plan becomes one
- * batch and one forward call; each sequence that reached the end of its tokens samples the next one, which
+ * freed; new requests and aborts come in from the inbox; the scheduler plans the step; a draft model, when
+ * there is one, computes the step's tokens and makes its proposals; the plan becomes one batch and one
+ * forward call; each sequence that reached the end of its tokens samples the next one, which
  * goes through the stop conditions and the detokenizer; every sequence with news gives an output, and
  * finished ones leave.
  * ======================================================================================================== */
@@ -9339,7 +9363,12 @@ struct llm_engine {
     llm_engine_config cfg;
     llm_model model;
     llm_backend *backend;
+    llm_backend *(*backend_create)(const llm_model *m, char *err); /* the backend's: the draft model's too */
     char backend_note[LLM_ERR_LEN]; /* why the backends before it did not start */
+    llm_model draft_model;          /* speculative decoding's draft model (spec_model_path) ... */
+    llm_backend *draft_backend;     /* ... on its own backend of the same kind, its K/V in the same blocks */
+    float *draft_logits;            /* [draft_logits_rows][its vocab_size] */
+    int draft_logits_rows;
     llm_block_manager bm;
     llm_scheduler sched;
     llm_sampler *sampler;
@@ -9425,9 +9454,10 @@ static int llm_engine_check_config(const llm_engine_config *c, char *err) {
 }
 
 static int llm_engine_start_backend(llm_engine *e, char *err) {
-    if (e->cfg.create_backend) return (e->backend = e->cfg.create_backend(&e->model, err)) != NULL ? 0 : -1;
+    e->backend_create = e->cfg.create_backend;
+    if (e->backend_create) return (e->backend = e->backend_create(&e->model, err)) != NULL ? 0 : -1;
     for (size_t i = 0; i < sizeof llm_backends / sizeof llm_backends[0] && !e->backend; i++) {
-        e->backend = llm_backends[i].create(&e->model, err);
+        e->backend = (e->backend_create = llm_backends[i].create)(&e->model, err);
         if (!e->backend) {
             size_t at = strlen(e->backend_note);
             snprintf(e->backend_note + at, sizeof e->backend_note - at, "%s%s: %s", at ? "; " : "",
@@ -9435,6 +9465,40 @@ static int llm_engine_start_backend(llm_engine *e, char *err) {
         }
     }
     return e->backend ? 0 : -1;
+}
+
+/* The draft model (spec_model_path): the model's vocabulary (llama.cpp's rule: sizes within 128 of each
+ * other, and each token both have the same text), one group of layers (its K/V go in the blocks of the
+ * model's first group, which must keep every position), on a backend of the model's kind */
+static int llm_engine_start_draft(llm_engine *e, char *err) {
+    llm_model *d = &e->draft_model;
+    const llm_tokenizer *a = e->model.tok, *b;
+    char why[LLM_ERR_LEN];
+    if (e->cfg.spec_tokens < 1)
+        return llm_fail(err, "a draft model needs num_speculative_tokens between 1 and %d", LLM_SPEC_MAX);
+    if (llm_model_load(d, e->cfg.spec_model_path, why) != 0) return llm_fail(err, "the draft model: %s", why);
+    llm_model_set_context(d, e->max_model_len);
+    b = d->tok;
+    int Va = e->model.cfg.vocab_size, Vb = d->cfg.vocab_size;
+    if (abs(Va - Vb) > 128 || !a != !b)
+        return llm_fail(err, "the draft model's vocabulary (%d tokens%s) is not the model's (%d tokens%s)", Vb,
+                        b ? "" : ", no tokenizer", Va, a ? "" : ", no tokenizer");
+    for (int i = 0; a && b && i < a->n_vocab && i < b->n_vocab; i++)
+        if (a->text[i].len != b->text[i].len || memcmp(a->text[i].ptr, b->text[i].ptr, a->text[i].len))
+            return llm_fail(err, "the draft model's vocabulary is not the model's: token %d is \"%.*s\" in the "
+                            "draft, \"%.*s\" in the model", i, (int)(b->text[i].len < 40 ? b->text[i].len : 40),
+                            b->text[i].ptr, (int)(a->text[i].len < 40 ? a->text[i].len : 40), a->text[i].ptr);
+    if (llm_kv_groups(&d->cfg) != 1)
+        return llm_fail(err, "the draft model has layers with sliding windows: a draft here attends to every "
+                        "position");
+    if (e->sched.kv_window[0] != 0)
+        return llm_fail(err, "every layer of the model has a sliding window: a draft model needs a group of "
+                        "layers that keeps every position");
+    if (!(e->draft_backend = e->backend_create(d, why)))
+        return llm_fail(err, "the draft model on the %s backend: %s", e->backend->name, why);
+    if (e->cfg.kv_cache_f16 && e->draft_backend->use_kv_f16(e->draft_backend, why) != 0)
+        return llm_fail(err, "the draft model: %s", why);
+    return 0;
 }
 
 /* The most blocks a sequence of n tokens holds at once, computed in chunks of up to the step's token budget:
@@ -9457,8 +9521,10 @@ static int llm_kv_pool_blocks(const llm_engine *e, size_t block_bytes, char *err
     const llm_engine_config *c = &e->cfg;
     if (c->num_blocks > 0) return c->num_blocks;
     double fraction = c->kv_fraction > 0 ? c->kv_fraction : e->backend->default_kv_fraction;
-    size_t bytes = c->kv_bytes;
-    if (!bytes && fraction > 0) bytes = (size_t)(fraction * (double)e->backend->free_memory);
+    size_t bytes = c->kv_bytes, free_memory = e->backend->free_memory;
+    if (e->draft_backend && e->draft_backend->free_memory < free_memory) /* measured after both models */
+        free_memory = e->draft_backend->free_memory;
+    if (!bytes && fraction > 0) bytes = (size_t)(fraction * (double)free_memory);
     if (!bytes) {
         size_t blocks_per_context = (size_t)llm_engine_blocks_for(e, e->max_model_len);
         bytes = (size_t)c->max_num_seqs * blocks_per_context * block_bytes;
@@ -9506,9 +9572,14 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
         llm_fail(err, "out of memory"); llm_engine_destroy(e); return NULL;
     }
     for (int g = 0; g < sch->n_kv_groups; g++) sch->kv_window[g] = llm_kv_group_window(&e->model.cfg, g);
+    if (cfg->spec_model_path && llm_engine_start_draft(e, err) != 0) { llm_engine_destroy(e); return NULL; }
     size_t block_bytes = llm_kv_bytes_per_block(&e->model.cfg, cfg->block_size, e->backend->kv_value_bytes);
+    if (e->draft_backend) /* a block id holds the draft's K/V too */
+        block_bytes += llm_kv_bytes_per_block(&e->draft_model.cfg, cfg->block_size,
+                                              e->draft_backend->kv_value_bytes);
     int num_blocks = llm_kv_pool_blocks(e, block_bytes, err);
     if (num_blocks < 0 || e->backend->alloc_kv(e->backend, num_blocks, cfg->block_size, err) != 0 ||
+        (e->draft_backend && e->draft_backend->alloc_kv(e->draft_backend, num_blocks, cfg->block_size, err)) ||
         llm_block_manager_init(&e->bm, num_blocks, cfg->block_size, cfg->enable_prefix_caching, err) != 0 ||
         !(e->sampler = llm_sampler_create(e->model.cfg.vocab_size, err))) {
         llm_engine_destroy(e); return NULL;
@@ -9517,6 +9588,7 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
     sch->max_num_seqs = cfg->max_num_seqs; sch->max_num_batched_tokens = e->cfg.max_num_batched_tokens;
     sch->spec_tokens = cfg->spec_tokens; sch->spec_ngram_max = cfg->spec_ngram_max;
     sch->spec_ngram_min = cfg->spec_ngram_min; sch->max_model_len = e->max_model_len;
+    sch->spec_draft_model = e->draft_backend != NULL;
     return e;
 }
 
@@ -9542,8 +9614,11 @@ void llm_engine_destroy(llm_engine *e) {
     arrfree(e->grammars);
     llm_sampler_free(e->sampler);
     if (e->backend) e->backend->destroy(e->backend);
+    if (e->draft_backend) e->draft_backend->destroy(e->draft_backend);
+    free(e->draft_logits);
     llm_block_manager_free(&e->bm);
     llm_model_free(&e->model);
+    llm_model_free(&e->draft_model);
     pthread_cond_destroy(&e->work_added);
     pthread_mutex_destroy(&e->lock);
     free(e);
@@ -9756,6 +9831,75 @@ static void llm_engine_take_inbox(llm_engine *e) {
 }
 
 /* 3. The scheduler plans the step: llm_schedule (section 5). */
+
+/* 3. Then a draft model's proposals (spec_model_path). First the draft computes the tokens the model computes
+ *    this step, from the first it has not (its K/V stay in step with the model's, in the same blocks: the
+ *    prefix cache, the copies and preemption serve both), the copies first. Then each sequence that
+ *    speculates decodes greedily from its last token, a pass for each proposed token; the last proposed
+ *    token is not computed by the draft (the model computes it, and the draft next step if it is kept). A
+ *    token outside the model's vocabulary ends a proposal, and the blocks past the shorter one go back. */
+static int llm_engine_draft(llm_engine *e, char *err) {
+    llm_scheduler *sch = &e->sched;
+    int n_seqs = (int)arrlen(sch->scheduled), V = e->model.cfg.vocab_size, Vd = e->draft_model.cfg.vocab_size;
+    int32_t *row_seq = NULL; /* stb_ds array: the scheduled sequence of each logit row */
+    int rc = 0, longest = 0;
+    for (int pass = 0; rc == 0 && (pass == 0 || pass < longest); pass++) {
+        arrsetlen(e->b_tokens, 0); arrsetlen(e->b_positions, 0); arrsetlen(e->b_logit_rows, 0);
+        arrsetlen(e->b_seq_start, 0); arrsetlen(e->b_tables, 0); arrsetlen(e->b_argmax_only, 0);
+        arrsetlen(row_seq, 0);
+        for (int i = 0; i < n_seqs; i++) {
+            llm_seq *s = sch->scheduled[i];
+            int len = (int)arrlen(s->tokens), from = len + pass - 1, end = from + 1;
+            if (pass == 0) { from = s->n_draft_computed; end = s->n_computed + sch->n_new[i] - s->n_draft; }
+            else if (s->n_draft <= pass) continue;
+            arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
+            arrput(e->b_tables, s->block_tables[0]); /* the model's first group: every position */
+            for (int pos = from; pos < end; pos++) {
+                arrput(e->b_tokens, pos < len ? s->tokens[pos] : s->draft[pos - len]);
+                arrput(e->b_positions, pos);
+            }
+            s->n_draft_computed = end;
+            if (s->n_draft > longest) longest = s->n_draft;
+            if (s->n_draft <= pass) continue;
+            arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
+            arrput(e->b_argmax_only, 1);
+            arrput(row_seq, i);
+        }
+        arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
+        llm_batch b;
+        memset(&b, 0, sizeof b);
+        b.n_tokens = (int)arrlen(e->b_tokens); b.tokens = e->b_tokens; b.positions = e->b_positions;
+        b.n_seqs = (int)arrlen(e->b_seq_start) - 1; b.seq_start = e->b_seq_start; b.block_tables = e->b_tables;
+        b.n_logits = (int)arrlen(e->b_logit_rows); b.logit_rows = e->b_logit_rows;
+        arrsetlen(e->b_argmax, b.n_logits);
+        b.argmax_only = e->b_argmax_only; b.argmax = e->b_argmax;
+        if (pass == 0) { /* the model's copies, in the draft's blocks too */
+            b.n_copies = (int)arrlen(sch->copy_src); b.copy_src = sch->copy_src; b.copy_dst = sch->copy_dst;
+        }
+        if (b.n_logits > e->draft_logits_rows) {
+            free(e->draft_logits);
+            e->draft_logits_rows = b.n_logits;
+            if (!(e->draft_logits = (float *)malloc((size_t)b.n_logits * (size_t)Vd * sizeof(float)))) {
+                e->draft_logits_rows = 0;
+                rc = llm_fail(err, "out of memory for %d rows of the draft model's logits", b.n_logits);
+                break;
+            }
+        }
+        double t0 = llm_now();
+        rc = e->draft_backend->forward(e->draft_backend, &b, e->draft_logits, err);
+        e->stats.draft_seconds += llm_now() - t0;
+        for (int r = 0; rc == 0 && r < b.n_logits; r++) {
+            int i = row_seq[r];
+            llm_seq *s = sch->scheduled[i];
+            int32_t token = e->b_argmax[r];
+            if (token >= 0 && token < V) { s->draft[pass] = token; continue; }
+            sch->n_new[i] -= s->n_draft - pass; s->n_draft = pass; /* the proposal ends before it */
+            llm_seq_trim_blocks(&e->bm, s, (int)arrlen(s->tokens) + pass);
+        }
+    }
+    arrfree(row_seq);
+    return rc;
+}
 
 /* 4. Whether all s wants of its next row of logits is the argmax: greedy, with nothing that adjusts the row
  *    (penalties, min_tokens, logit_bias, allowed ids, bad words, a grammar) or reads it (logprobs, a
@@ -10041,13 +10185,8 @@ static void llm_seq_verify(llm_engine *e, llm_seq *s, const float *logits) {
         s->spec_backoff = s->spec_backoff < 64 ? 2 * s->spec_backoff : 64;
     }
     if (s->status == LLM_SEQ_FINISHED) return; /* its blocks went back */
-    int bs = e->cfg.block_size, keep = ((int)arrlen(s->tokens) + bs - 1) / bs;
-    for (int g = 0; g < s->n_kv_groups; g++) {
-        while (arrlen(s->block_tables[g]) > keep) {
-            int id = arrpop(s->block_tables[g]);
-            if (id >= 0) llm_block_release(&e->bm, id);
-        }
-    }
+    if (s->n_draft_computed > s->n_computed) s->n_draft_computed = s->n_computed; /* a draft model's: those kept */
+    llm_seq_trim_blocks(&e->bm, s, (int)arrlen(s->tokens));
     llm_seq_hash_blocks(&e->bm, s);
 }
 
@@ -10104,7 +10243,8 @@ int llm_engine_step(llm_engine *e, const llm_output **outputs) {
     llm_engine_take_inbox(e);
     llm_schedule(&e->sched);
     if (arrlen(e->sched.scheduled) > 0) {
-        if (llm_engine_forward(e, e->step_error) == 0) { e->stats.steps++; llm_engine_sample(e); }
+        if ((!e->draft_backend || llm_engine_draft(e, e->step_error) == 0) &&
+            llm_engine_forward(e, e->step_error) == 0) { e->stats.steps++; llm_engine_sample(e); }
         else llm_engine_fail_step(e);
     }
     llm_engine_collect(e);

@@ -72,8 +72,11 @@ static const char *usage =
     "  --no-prefix-caching    turn automatic prefix caching off\n"
     "  --spec-ngram K         speculative decoding by n-gram lookup: up to K tokens proposed from the text\n"
     "                         before (prompt lookup), checked in one step; the same output (default off)\n"
+    "  --speculative-model F  speculative decoding with a draft model: the GGUF file F, smaller, with the\n"
+    "                         model's vocabulary, proposes K tokens by greedy decoding (K 5, or the config's)\n"
     "  --speculative-config J the same as vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": K,\n"
-    "                         \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}\n"
+    "                         \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}, or {\"method\": \"draft_model\",\n"
+    "                         \"model\": F, \"num_speculative_tokens\": K}\n"
     "  --cpu                  run on the CPU even when a GPU is there\n"
     "  --cpu-exact            the CPU's plain-C reference path: weights converted to f32 row by row, no\n"
     "                         rounding of activations (slower; what the fast path is checked against)\n"
@@ -183,6 +186,7 @@ typedef struct {
     double request_timeout, drain_timeout;
     const char *stops[16];
     const char *grammar_file, *json_schema, *regex; /* at most one: made into sampling.grammar */
+    int spec_method, spec_tokens_given; /* speculative decoding: 1 n-gram lookup, 2 a draft model (3: both) */
     /* bench */
     int num_prompts, in_min, in_max, out_min, out_max;
     int workload_edit;              /* llm bench --workload edit: prompts that hold most of their answer */
@@ -274,8 +278,10 @@ static int grammar_from_flags(args_t *a, char **gbnf) {
 }
 
 /* Returns the index of the first positional argument, or -1 after printing what is wrong. */
-/* --speculative-config, vLLM's JSON: the ngram method, its keys; any other method or key is refused */
-static int speculative_config(llm_engine_config *c, const char *text) {
+/* --speculative-config, vLLM's JSON: the ngram method and its keys, or a draft model (method draft_model, the
+ * default when a model is named); any other method or key is refused */
+static int speculative_config(args_t *a, const char *text) {
+    llm_engine_config *c = &a->engine;
     char err[LLM_ERR_LEN];
     llm_json j;
     if (llm_json_parse(text, strlen(text), &j, err) != 0) {
@@ -290,12 +296,18 @@ static int speculative_config(llm_engine_config *c, const char *text) {
         int *field = !strcmp(k, "num_speculative_tokens") ? &c->spec_tokens
                    : !strcmp(k, "prompt_lookup_max") ? &c->spec_ngram_max
                    : !strcmp(k, "prompt_lookup_min") ? &c->spec_ngram_min : NULL;
+        if (field == &c->spec_tokens) a->spec_tokens_given = 1;
         if (!strcmp(k, "method")) {
-            if (v->type == LLM_JSON_STRING && !strcmp(v->str, "ngram")) continue;
-            fprintf(stderr, "llm: --speculative-config: method must be \"ngram\" (the only one here)\n");
+            if (v->type == LLM_JSON_STRING && !strcmp(v->str, "ngram")) { a->spec_method = 1; continue; }
+            if (v->type == LLM_JSON_STRING && !strcmp(v->str, "draft_model")) { a->spec_method = 2; continue; }
+            fprintf(stderr, "llm: --speculative-config: method must be \"ngram\" or \"draft_model\"\n");
+            rc = -1;
+        } else if (!strcmp(k, "model")) {
+            if (v->type == LLM_JSON_STRING && v->str[0] && (c->spec_model_path = strdup(v->str))) continue;
+            fprintf(stderr, "llm: --speculative-config: model must be a GGUF file's path\n");
             rc = -1;
         } else if (!field) {
-            fprintf(stderr, "llm: --speculative-config: unknown key \"%s\" (it takes method, "
+            fprintf(stderr, "llm: --speculative-config: unknown key \"%s\" (it takes method, model, "
                     "num_speculative_tokens, prompt_lookup_max, prompt_lookup_min)\n", k);
             rc = -1;
         } else if (v->type != LLM_JSON_NUMBER || !(v->num >= 0 && v->num <= 64) || v->num != (int)v->num) {
@@ -396,8 +408,12 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         }
         else if (FLAG("--max-model-len")) { INT(1, 1 << 24); a->engine.max_model_len = (int)x; }
         else if (FLAG("--no-prefix-caching")) a->engine.enable_prefix_caching = 0;
-        else if (FLAG("--spec-ngram")) { INT(1, LLM_SPEC_MAX); a->engine.spec_tokens = (int)x; }
-        else if (FLAG("--speculative-config")) { NEED(); if (speculative_config(&a->engine, v) != 0) return -1; }
+        else if (FLAG("--spec-ngram")) {
+            INT(1, LLM_SPEC_MAX);
+            a->engine.spec_tokens = (int)x; a->spec_tokens_given = 1; a->spec_method |= 1;
+        }
+        else if (FLAG("--speculative-model")) { NEED(); a->engine.spec_model_path = v; a->spec_method |= 2; }
+        else if (FLAG("--speculative-config")) { NEED(); if (speculative_config(a, v) != 0) return -1; }
         else if (FLAG("--cpu")) a->engine.create_backend = llm_cpu_backend_create;
         else if (FLAG("--cpu-exact")) a->engine.create_backend = llm_cpu_exact_backend_create;
         else if (FLAG("--cpu-int8")) a->engine.create_backend = llm_cpu_int8_backend_create;
@@ -431,6 +447,18 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
 #undef REAL
     }
     a->sampling.stop = a->stops;
+    /* speculative decoding: one method; a draft model proposes 5 tokens unless told (vLLM's example) */
+    if (a->engine.spec_model_path) a->spec_method |= 2;
+    if (a->spec_method == 3) {
+        fprintf(stderr, "llm: speculative decoding takes one method: n-gram lookup (--spec-ngram, \"ngram\") or "
+                "a draft model (--speculative-model, \"draft_model\" with its \"model\")\n");
+        return -1;
+    }
+    if (a->spec_method == 2 && !a->engine.spec_model_path) {
+        fprintf(stderr, "llm: --speculative-config: the draft_model method needs a \"model\"\n");
+        return -1;
+    }
+    if (a->engine.spec_model_path && !a->spec_tokens_given) a->engine.spec_tokens = 5;
     return argc;
 }
 
@@ -490,6 +518,7 @@ static void print_spec(FILE *f, const llm_engine_stats *st) {
             st->spec_draft_tokens ? 100.0 * st->spec_accepted_tokens / st->spec_draft_tokens : 0.0,
             st->spec_drafts ? 1.0 + (double)st->spec_accepted_tokens / st->spec_drafts : 1.0);
     for (int i = 0; i < st->spec_tokens; i++) fprintf(f, " %lld", (long long)st->spec_accepted_at[i]);
+    if (st->draft_seconds > 0) fprintf(f, "; the draft model's passes took %.2f s", st->draft_seconds);
     fprintf(f, "\n");
 }
 
@@ -1169,11 +1198,12 @@ static int bench(args_t *a) {
            decode_s > 0 ? decode_tokens / decode_s : 0.0, (long long)decode_tokens, decode_s);
     printf("memory: resident %.1f MiB now, %.1f MiB at the peak (weights as mapped, the KV pool's pages in "
            "use, scratch)\n", proc_memory_bytes("VmRSS") / (1 << 20), proc_memory_bytes("VmHWM") / (1 << 20));
-    printf("time split: backend forward %.2f s (%.0f%%), host %.2f s (scheduling, sampling, text); steps: "
+    printf("time split: backend forward %.2f s (%.0f%%), host %.2f s (scheduling, sampling, text; not the "
+           "draft model's passes); steps: "
            "%lld with prompt tokens, %lld decode only; logit rows %lld, %lld of them greedy picks made by "
            "the backend\n",
            st.forward_seconds, elapsed > 0 ? 100.0 * st.forward_seconds / elapsed : 0.0,
-           elapsed - st.forward_seconds, (long long)st.prompt_steps, (long long)(st.steps - st.prompt_steps),
+           elapsed - st.forward_seconds - st.draft_seconds, (long long)st.prompt_steps, (long long)(st.steps - st.prompt_steps),
            (long long)st.logit_rows, (long long)st.argmax_rows);
     if (st.grammar_tokens)
         printf("grammar: %.3f ms per token, %.1f%% of a decode step's time per token (%lld tokens; %lld needed "
@@ -1296,6 +1326,9 @@ int main(int argc, char **argv) {
     char weights[160], where[LLM_ERR_LEN + 200], origin[512], sampling[160];
     fprintf(stderr, "llm: loaded %s (%s) in %.3f s; %s\n", a.engine.model_path, m->name, now_s() - t0,
             weights_summary(m, weights, sizeof weights));
+    if (a.engine.spec_model_path)
+        fprintf(stderr, "llm: speculative decoding: the draft model %s proposes up to %d tokens a step\n",
+                a.engine.spec_model_path, a.engine.spec_tokens);
     /* where it runs, and what a user can change about it: threads, and why not the GPU */
     const char *note = st.backend_note;
     if (!strncmp(note, "cuda: ", 6)) note += 6;

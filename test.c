@@ -2851,20 +2851,29 @@ static void test_sliding_window_blocks(void) {
  * path, asked to repeat a text, alone and with a stop string that lands inside an accepted run. Fewer steps
  * each time; every block comes back; the metrics add up: the accepted tokens are those counted at each
  * position, at most those proposed.
- * Sampled (stories260K, temperature 1): each seed gives the same tokens with speculation as without, and over
- * other seeds the tokens' frequencies pass a chi-square test of one distribution. And step by step, each
- * proposal's length follows how the last ones fared (the adaptive length and the waits). */
-static llm_engine *spec_engine(const char *model, int spec, int num_blocks) {
+ * With a draft model the same, and more: stories260K drafting for itself has every proposed token kept (alone,
+ * batched, preempted, from the prefix cache, n = 2): the draft's K/V, in the model's blocks, are right after
+ * every one of those; a request with a repetition penalty (which the draft does not see) has some refused; a
+ * random draft of the same vocabulary has nearly all refused, and the output is still the same; SmolLM2
+ * drafting for itself on the default path. A draft of another vocabulary, with windows, or with no tokens to
+ * propose is refused.
+ * Sampled (stories260K, temperature 1): each seed gives the same tokens with speculation (n-gram lookup, a
+ * draft model) as without, and over other seeds the tokens' frequencies pass a chi-square test of one
+ * distribution. And step by step, each proposal's length follows how the last ones fared (the adaptive length
+ * and the waits). */
+static llm_engine *spec_engine(const char *model, int spec, int num_blocks, const char *draft) {
     llm_engine_config cfg = engine_config(model);
     cfg.spec_tokens = spec; cfg.num_blocks = num_blocks;
+    if (draft) cfg.spec_model_path = model_path(draft);
     return engine_new(&cfg);
 }
 
 /* Runs the prompts (each with p, prompt k's stop string stops[k] if any) on model, with spec tokens, and
  * returns the results; *st the engine's stats at the end. */
 static void spec_run(run_result *r, const char *model, int spec, int num_blocks, const char *const *prompts,
-                     int n_prompts, const llm_sampling_params *p, llm_engine_stats *st, int twice) {
-    llm_engine *e = spec_engine(model, spec, num_blocks);
+                     int n_prompts, const llm_sampling_params *p, llm_engine_stats *st, int twice,
+                     const char *draft) {
+    llm_engine *e = spec_engine(model, spec, num_blocks, draft);
     if (!e) return;
     for (int round = 0; round <= twice; round++) {
         for (int k = 0; k < n_prompts; k++) run_add(e, r, prompts[k], NULL, 0, p);
@@ -2887,6 +2896,8 @@ static int spec_same(const run_result *a, const run_result *b, int n_samples) {
     return same;
 }
 
+enum { DRAFT_NONE, DRAFT_SELF, DRAFT_ANY, DRAFT_PENALIZED, DRAFT_MISSES };
+
 static void test_speculative(void) {
     static const char *const story =
         "Once upon a time there was a little girl named Lily. She loved to play in the park with her big red "
@@ -2908,6 +2919,10 @@ static void test_speculative(void) {
         int n_prompts, num_blocks, n, twice;
         const char *stop, *grammar;
         int skip_under_asan; /* a random model with no path of its own (the others' are QK norm, experts) */
+        int draft_kind;      /* a draft model (0: n-gram lookup): the model itself, every token it proposes
+                              * kept (DRAFT_SELF) or not always (DRAFT_ANY), or one whose tokens the model
+                              * refuses now and then (DRAFT_PENALIZED: the request has a repetition penalty,
+                              * the draft not), or nearly always (DRAFT_MISSES: a random model) */
     } cases[] = {
         {"alone", "stories260K.gguf", 1, 0, 1, 0, NULL, NULL},
         {"batched", "stories260K.gguf", 3, 0, 1, 0, NULL, NULL},
@@ -2922,10 +2937,23 @@ static void test_speculative(void) {
         {"random-qwen2moe", "random-qwen2moe.gguf", 2, 0, 1, 0, NULL, NULL},
         {"SmolLM2", SMOLLM2, 1, 0, 1, 0, NULL, NULL},
         {"SmolLM2, a stop string", SMOLLM2, 1, 0, 1, 0, "the computer", NULL},
+        {"draft model (itself), alone", "stories260K.gguf", 1, 0, 1, 0, NULL, NULL, 0, DRAFT_SELF},
+        {"draft model (itself), batched", "stories260K.gguf", 3, 0, 1, 0, NULL, NULL, 0, DRAFT_SELF},
+        {"draft model (itself), preempted", "stories260K.gguf", 3, 40, 1, 0, NULL, NULL, 0, DRAFT_SELF},
+        {"draft model (itself), prefix cached", "stories260K.gguf", 1, 0, 1, 1, NULL, NULL, 0, DRAFT_SELF},
+        {"draft model (itself), n = 2", "stories260K.gguf", 2, 0, 2, 0, NULL, NULL, 0, DRAFT_SELF},
+        {"draft model, a stop string", "stories260K.gguf", 1, 0, 1, 0, "mommy told", NULL, 0, DRAFT_ANY},
+        {"draft model, a grammar", "stories260K.gguf", 2, 0, 1, 0, NULL, "root ::= [A-Za-z .,]+", 0, DRAFT_ANY},
+        {"draft model, a repetition penalty", "stories260K.gguf", 3, 40, 1, 0, NULL, NULL, 0, DRAFT_PENALIZED},
+        {"draft model that misses", "stories260K.gguf", 2, 0, 1, 0, NULL, NULL, 0, DRAFT_MISSES},
+        {"draft model, SmolLM2 (itself)", SMOLLM2, 1, 0, 1, 0, NULL, NULL, 0, DRAFT_ANY},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         if (UNDER_ASAN && cases[c].skip_under_asan) continue;
+        int kind = cases[c].draft_kind;
+        const char *draft = kind == DRAFT_MISSES ? "random-quant-q4_k_m.gguf" : kind ? cases[c].model : NULL;
         llm_sampling_params p = greedy(120);
+        if (kind == DRAFT_PENALIZED) p.repetition_penalty = 1.3f;
         p.n = cases[c].n;
         const char *stops[1] = {cases[c].stop};
         if (cases[c].stop) { p.stop = stops; p.n_stop = 1; }
@@ -2935,15 +2963,17 @@ static void test_speculative(void) {
         memset(r, 0, 2 * sizeof *r);
         for (int spec = 0; spec < 2; spec++)
             spec_run(&r[spec], cases[c].model, spec ? 5 : 0, cases[c].num_blocks, texts, cases[c].n_prompts,
-                     &p, &st[spec], cases[c].twice);
+                     &p, &st[spec], cases[c].twice, spec ? draft : NULL);
         int64_t at = 0;
         for (int j = 0; j < LLM_SPEC_MAX; j++) at += st[1].spec_accepted_at[j];
         printf("  speculative decoding, %s: %lld of %lld proposed tokens accepted, %lld steps instead of %lld\n",
                cases[c].what, (long long)st[1].spec_accepted_tokens, (long long)st[1].spec_draft_tokens,
                (long long)st[1].steps, (long long)st[0].steps);
-        CHECK(spec_same(&r[0], &r[1], cases[c].n) && st[1].spec_accepted_tokens > 0 && st[0].spec_drafts == 0 &&
-              at == st[1].spec_accepted_tokens && st[1].spec_accepted_tokens <= st[1].spec_draft_tokens &&
-              st[1].steps < st[0].steps && (!cases[c].num_blocks || st[1].preemptions > 0) &&
+        int64_t accepted = st[1].spec_accepted_tokens, proposed = st[1].spec_draft_tokens;
+        int gains = kind == DRAFT_MISSES ? st[1].spec_drafts > 0 : accepted > 0 && st[1].steps < st[0].steps;
+        int draft_ok = kind == DRAFT_SELF ? accepted == proposed : kind == DRAFT_PENALIZED ? accepted < proposed : 1;
+        CHECK(spec_same(&r[0], &r[1], cases[c].n) && gains && draft_ok && st[0].spec_drafts == 0 &&
+              at == accepted && accepted <= proposed && (!cases[c].num_blocks || st[1].preemptions > 0) &&
               (!cases[c].twice || st[1].prefix_cache_hits > 0) &&
               (!cases[c].stop || r[1].finish[0][0] == LLM_FINISH_STOP),
               "speculative decoding, %s: the same output as without (%lld proposals, %lld of %lld tokens accepted; "
@@ -2964,7 +2994,7 @@ static void test_speculative(void) {
     r = (run_result *)calloc(1, sizeof *r);
     llm_engine_stats st = {0};
     for (int spec = 0; seqs && r && spec < 2; spec++) {
-        llm_engine *e = spec_engine("stories260K.gguf", spec ? 5 : 0, 0);
+        llm_engine *e = spec_engine("stories260K.gguf", spec ? 5 : 0, 0, NULL);
         for (int b0 = 0; e && b0 < (spec ? 2 * SEEDS : SEEDS); b0 += BATCH) {
             memset(r, 0, sizeof *r);
             for (int i = b0; i < b0 + BATCH; i++) {
@@ -3001,13 +3031,51 @@ static void test_speculative(void) {
     CHECK(seqs && same == SEEDS && df >= 5 && chi2 <= bound && st.spec_accepted_tokens > 0,
           "speculative decoding, sampled: %d of %d seeds the same tokens, chi-square %.2f on %d (bound %.2f)",
           same, SEEDS, chi2, df, bound);
+    /* the same seeds with a draft model (stories260K drafting for itself: greedy proposals, which sampling at
+     * temperature 1 keeps now and then) */
+    llm_engine *draft_e = spec_engine("stories260K.gguf", 5, 0, "stories260K.gguf");
+    int same_draft = 0;
+    for (int b0 = 0; seqs && r && draft_e && b0 < SEEDS; b0 += BATCH) {
+        memset(r, 0, sizeof *r);
+        for (int i = b0; i < b0 + BATCH; i++) {
+            llm_sampling_params p = llm_sampling_defaults();
+            p.temperature = 1; p.top_k = 0; p.top_p = 1; p.min_p = 0; p.max_tokens = LEN; p.seed = i;
+            run_add(draft_e, r, prompts[0], NULL, 0, &p);
+        }
+        run_engine(draft_e, r);
+        for (int i = 0; i < BATCH; i++)
+            same_draft += r->n_tokens[i][0] == LEN && !memcmp(seqs[0][b0 + i], r->tokens[i][0], sizeof seqs[0][0]);
+    }
+    st = draft_e ? llm_engine_get_stats(draft_e) : st;
+    CHECK(draft_e && same_draft == SEEDS && st.spec_accepted_tokens > 0 &&
+          st.spec_accepted_tokens < st.spec_draft_tokens && all_blocks_free(draft_e),
+          "speculative decoding with a draft model, sampled: %d of %d seeds the same tokens (%lld of %lld proposed "
+          "tokens accepted)", same_draft, SEEDS, (long long)st.spec_accepted_tokens,
+          (long long)st.spec_draft_tokens);
+    llm_engine_destroy(draft_e);
+
+    /* a draft model that cannot serve is refused, with the reason */
+    static const struct { const char *model, *draft; int spec; const char *why; } refused[] = {
+        {"stories260K.gguf", "random-llama2-untied.gguf", 5, "vocabulary (32000 tokens) is not the model's (512"},
+        {"random-llama2-untied.gguf", "random-gemma3.gguf", 5, "sliding windows"},
+        {"stories260K.gguf", "stories260K.gguf", 0, "num_speculative_tokens between 1 and"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        llm_engine_config cfg = engine_config(refused[i].model);
+        cfg.spec_tokens = refused[i].spec; cfg.spec_model_path = model_path(refused[i].draft);
+        char why[LLM_ERR_LEN] = "";
+        llm_engine *bad = llm_engine_create(&cfg, why);
+        CHECK(!bad && strstr(why, refused[i].why), "a draft model %s for %s (%d tokens) is refused: %s",
+              refused[i].draft, refused[i].model, refused[i].spec, why);
+        llm_engine_destroy(bad);
+    }
     free(seqs); free(r);
 
     /* the proposal's length, step by step (one sampled request, K = 8, read off the stats after each step):
      * at most K at first; after all were kept at most twice the last cap (K at most), after some were, at
      * most that many (1 at least); once under 85% of them are kept (each proposal weighing half of the rate),
      * no proposal for 1 step, then 2, 4, ... while it stays under, back to 1 once over */
-    llm_engine *e = spec_engine("stories260K.gguf", 8, 0);
+    llm_engine *e = spec_engine("stories260K.gguf", 8, 0, NULL);
     char err[LLM_ERR_LEN];
     llm_sampling_params p = llm_sampling_defaults();
     p.temperature = 0.7f; p.seed = 7; p.max_tokens = 300; p.ignore_eos = 1;
@@ -6344,15 +6412,42 @@ static void test_server_speculative(void) {
     m = http_get(plain.port, "/metrics", NULL);
     CHECK(m && !strstr(m, "spec_decode"), "serve without speculation: no spec_decode metrics, as vLLM");
     free(m);
-    CHECK(server_stop(&plain) == 0 && server_stop(&spec) == 0, "serve --speculative-config: both stop cleanly");
-    static const char *const refused[][2] = {
-        {"--speculative-config '{\"method\": \"eagle\"}'", "method must be \"ngram\""},
+    CHECK(server_stop(&spec) == 0, "serve --speculative-config: stops cleanly");
+    /* a draft model (the same file: it proposes the model's own greedy tokens), vLLM's JSON */
+    char draft_args[1200];
+    snprintf(draft_args, sizeof draft_args, "--speculative-config '{\"method\": \"draft_model\", \"model\": "
+             "\"%s\", \"num_speculative_tokens\": 3}'", model_path("stories260K.gguf"));
+    if (server_start(&spec, draft_args) == 0) {
+        a = http_post(plain.port, "/v1/completions", body, NULL);
+        b = http_post(spec.port, "/v1/completions", body, NULL);
+        ta = a ? strstr(a, "\"text\":") : NULL; tb = b ? strstr(b, "\"text\":") : NULL;
+        ea = ta ? strstr(ta, "\",\"") : NULL; eb = tb ? strstr(tb, "\",\"") : NULL;
+        CHECK(http_status(a) == 200 && http_status(b) == 200 && ea && eb && ea - ta == eb - tb &&
+              !memcmp(ta, tb, (size_t)(ea - ta)), "serve with a draft model: the same text as without: %s / %s",
+              a ? a : "", b ? b : "");
+        free(a); free(b);
+        drafts = metric(spec.port, "vllm:spec_decode_num_drafts_total");
+        proposed = metric(spec.port, "vllm:spec_decode_num_draft_tokens_total");
+        accepted = metric(spec.port, "vllm:spec_decode_num_accepted_tokens_total");
+        CHECK(drafts > 0 && accepted > 0 && accepted <= proposed && proposed <= 3 * drafts,
+              "serve with a draft model: /metrics drafts %g, proposed %g, accepted %g", drafts, proposed, accepted);
+    }
+    CHECK(server_stop(&plain) == 0 && server_stop(&spec) == 0, "serve with a draft model: both stop cleanly");
+    char wrong_vocab[1100], missing[1100];
+    snprintf(wrong_vocab, sizeof wrong_vocab, "--speculative-model %s", model_path("random-llama2-untied.gguf"));
+    snprintf(missing, sizeof missing, "--speculative-model %s", model_path("no-such-draft.gguf"));
+    const char *const refused[][2] = {
+        {"--speculative-config '{\"method\": \"eagle\"}'", "method must be \"ngram\" or \"draft_model\""},
+        {"--spec-ngram 4 --speculative-model x.gguf", "speculative decoding takes one method"},
+        {"--speculative-config '{\"method\": \"draft_model\"}'", "the draft_model method needs a \"model\""},
+        {wrong_vocab, "the draft model's vocabulary (32000 tokens) is not the model's (512 tokens)"},
+        {missing, "the draft model: "},
         {"--speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"draft_tp\": 1}'",
          "unknown key \"draft_tp\""},
         {"--speculative-config '{\"num_speculative_tokens\": 40}'", "num_speculative_tokens must be between"},
         {"--spec-ngram 17", "--spec-ngram"}};
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
-        char cmd[512];
+        char cmd[2600];
         int status;
         snprintf(cmd, sizeof cmd, "./llm serve -m %s --port 0 %s 2>&1", model_path("stories260K.gguf"),
                  refused[i][0]);
