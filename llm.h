@@ -6121,6 +6121,16 @@ llm_backend *llm_cpu_int8_backend_create(const llm_model *m, char *err) {
 typedef struct { float p; int32_t id; } llm_prob_id;
 #define LLM_SAMPLING_EPS 1e-5f /* temperatures below it are greedy (vLLM's _SAMPLING_EPS): 1 / T overflows */
 
+/* Greedy sampling: the argmax (temperature 0, or top-k 1) */
+static int llm_sampling_is_greedy(const llm_sampling_params *p) {
+    return p->temperature < LLM_SAMPLING_EPS || p->top_k == 1;
+}
+
+/* Penalties, which read the tokens so far */
+static int llm_sampling_has_penalties(const llm_sampling_params *p) {
+    return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+}
+
 struct llm_sampler {
     int n_vocab;
     float *penalized;               /* [n_vocab] the logits with penalties applied */
@@ -6157,8 +6167,7 @@ void llm_sampler_free(llm_sampler *s) {
  * output, once and once per occurrence. */
 const float *llm_sampler_penalize(llm_sampler *s, const llm_sampling_params *p, const float *logits,
                                   const int32_t *history, int n_prompt, int n_history) {
-    if (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f)
-        return logits;
+    if (!llm_sampling_has_penalties(p)) return logits;
     int V = s->n_vocab;
     memset(s->count, 0, (size_t)V * sizeof(int));
     memset(s->seen, 0, (size_t)V);
@@ -6209,7 +6218,7 @@ int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const f
                            const int32_t **ids, const float **probs) {
     llm_prob_id *c = s->cand;
     *ids = s->ids; *probs = s->probs;
-    if (p->temperature < LLM_SAMPLING_EPS || p->top_k == 1) {
+    if (llm_sampling_is_greedy(p)) {
         s->ids[0] = llm_argmax(logits, V); s->probs[0] = 1.0f;
         return 1;
     }
@@ -6256,7 +6265,7 @@ int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const f
 /* One draw from n logits with penalties applied: a position in x, -1 when none can be picked */
 static int32_t llm_sampler_pick(llm_sampler *s, const llm_sampling_params *p, const float *x, int n_x,
                                 uint64_t *rng_state) {
-    if (p->temperature < LLM_SAMPLING_EPS || p->top_k == 1) return llm_argmax(x, n_x);
+    if (llm_sampling_is_greedy(p)) return llm_argmax(x, n_x);
     const int32_t *ids; const float *probs;
     int n = llm_sampler_candidates(s, p, x, n_x, &ids, &probs);
     if (n <= 0) return -1;
@@ -9865,6 +9874,7 @@ static int llm_engine_draft(llm_engine *e, char *err) {
             arrput(e->b_argmax_only, 1);
             arrput(row_seq, i);
         }
+        if (arrlen(e->b_tokens) == 0) break; /* every proposal ended early */
         arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
         llm_batch b;
         memset(&b, 0, sizeof b);
@@ -9901,18 +9911,25 @@ static int llm_engine_draft(llm_engine *e, char *err) {
     return rc;
 }
 
+/* 4. Too early to stop: fewer than min_tokens tokens out, so the row is sampled without the stop tokens */
+static int llm_seq_too_early(const llm_seq *s) {
+    return (int)arrlen(s->tokens) - s->req->n_prompt < s->req->params.min_tokens;
+}
+
+/* 4. The request changes its row of logits before sampling: allowed ids, logit_bias, bad words */
+static int llm_sampling_adjusts_row(const llm_sampling_params *p) {
+    return p->n_logit_bias || p->n_allowed_token_ids || p->n_bad_words;
+}
+
 /* 4. Whether all s wants of its next row of logits is the argmax: greedy, with nothing that adjusts the row
  *    (penalties, min_tokens, logit_bias, allowed ids, bad words, a grammar) or reads it (logprobs, a
  *    proposal to check, the samples of n > 1). */
 static int llm_seq_greedy_only(const llm_seq *s) {
     const llm_sampling_params *p = &s->req->params;
-    int greedy = p->temperature < LLM_SAMPLING_EPS || p->top_k == 1;
-    int penalties = p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f ||
-                    p->frequency_penalty != 0.0f;
-    int too_early = (int)arrlen(s->tokens) - s->req->n_prompt < p->min_tokens;
-    int adjusted = p->n_logit_bias || p->n_allowed_token_ids || p->n_bad_words || s->grammar;
+    int adjusted = llm_sampling_has_penalties(p) || llm_seq_too_early(s) || llm_sampling_adjusts_row(p) ||
+                   s->grammar;
     int reads_row = p->logprobs >= 0 || s->n_draft || s->fork_pending;
-    return greedy && !penalties && !too_early && !adjusted && !reads_row;
+    return llm_sampling_is_greedy(p) && !adjusted && !reads_row;
 }
 
 /* 4. The plan as one batch: each scheduled sequence's next n_new tokens, flattened, with its block table;
@@ -10062,9 +10079,9 @@ static int32_t llm_seq_sample(llm_engine *e, llm_seq *s, const float *logits) {
     int V = e->model.cfg.vocab_size, n_prompt = s->req->n_prompt;
     for (int i = 0; i < V; i++) if (!isfinite(logits[i])) return -1;
     const float *sample_from = logits;
-    int too_early = (int)arrlen(s->tokens) - n_prompt < p->min_tokens;
+    int too_early = llm_seq_too_early(s);
     /* the row the request samples from: a copy, only the allowed ids in it, biased, masked */
-    if (too_early || p->n_logit_bias || p->n_allowed_token_ids || p->n_bad_words) {
+    if (too_early || llm_sampling_adjusts_row(p)) {
         if (!e->masked_logits && !(e->masked_logits = (float *)malloc((size_t)V * sizeof(float)))) {
             llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for min_tokens, logit_bias or allowed ids");
             return -3;

@@ -2567,6 +2567,10 @@ static int serve(const serve_config *a) {
                     "context %d tokens, KV pool %d blocks of %d\n",
             S->model_name, S->model->name, st.backend, now_s() - t0, st.max_model_len, st.num_blocks,
             st.block_size);
+    if (st.spec_tokens) /* as vLLM logs its speculative config */
+        fprintf(stderr, "llm serve: speculative decoding: %s, up to %d tokens a step\n",
+                a->engine.spec_model_path ? a->engine.spec_model_path : "n-gram lookup (prompt lookup)",
+                st.spec_tokens);
     const llm_sampling_params *d = &S->defaults;
     fprintf(stderr, "llm serve: sampling, for what a request omits: temperature %g, top_p %g, top_k %d, "
             "min_p %g, repetition_penalty %g (%s)%s%s\n", d->temperature, d->top_p, d->top_k, d->min_p,

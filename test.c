@@ -2193,6 +2193,59 @@ static void test_moe_grouped(const char *model) {
     free(grouped); free(one); llm_model_free(&m);
 }
 
+/* Attention with more than LLM_MAX_GROUP (8) query heads per K/V head (Qwen3-235B has 16, Falcon's MQA 71): the
+ * CPU takes a token's query heads 8 at a time. stories260K's weights read as 16 heads of 4 dims, first with
+ * one K/V head that all 16 share (two calls of 8 heads), then with two K/V heads that are copies of it (8 each,
+ * one call): the same model, so the same logits, bit for bit, for every token of a 40-token prompt (each
+ * reading its whole prefix), on the default path and the exact one. */
+static void test_attention_wide_groups(void) {
+    llm_model m;
+    char err[LLM_ERR_LEN] = "";
+    if (llm_model_load(&m, model_path("stories260K.gguf"), err) != 0) { CHECK(0, "load: %s", err); return; }
+    enum { LEN = 40, HD = 4 };
+    llm_config *c = &m.cfg;
+    int D = c->dim, V = c->vocab_size, L = c->n_layers;
+    CHECK(D == 16 * HD && c->n_kv_heads * c->head_dim >= HD, "stories260K: %d wide, as this test reads it", D);
+    c->n_heads = 16; c->head_dim = HD; c->rope_dim = HD;
+    float *copies = (float *)malloc((size_t)L * 2 * 2 * HD * D * sizeof(float));
+    float *logits = (float *)malloc((size_t)2 * 2 * LEN * V * sizeof(float));
+    const void **orig = (const void **)malloc((size_t)L * 2 * sizeof(void *));
+    int32_t toks[LEN], pos[LEN], rows[LEN], start[2] = {0, LEN}, block = 0;
+    const int32_t *table[1] = {&block};
+    uint64_t rng = 5;
+    for (int i = 0; i < LEN; i++) toks[i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)V), pos[i] = rows[i] = i;
+    for (int l = 0; copies && orig && l < L; l++)
+        orig[2 * l] = m.layers[l].wk.data, orig[2 * l + 1] = m.layers[l].wv.data;
+    int ok = copies && logits && orig;
+    for (int v = 0; ok && v < 4; v++) { /* v / 2: the exact path; v % 2: two K/V heads */
+        int two = v % 2;
+        c->n_kv_heads = 1 + two;
+        for (int l = 0; l < L; l++) {
+            llm_weight *w[2] = {&m.layers[l].wk, &m.layers[l].wv};
+            for (int k = 0; k < 2; k++) {
+                float *dup = copies + ((size_t)l * 2 + k) * 2 * HD * D;
+                memcpy(dup, orig[2 * l + k], (size_t)HD * D * sizeof(float));
+                memcpy(dup + HD * D, orig[2 * l + k], (size_t)HD * D * sizeof(float));
+                w[k]->data = two ? (const void *)dup : orig[2 * l + k];
+                w[k]->rows = (1 + two) * HD;
+            }
+        }
+        llm_backend *be = v / 2 ? llm_cpu_exact_backend_create(&m, err) : llm_cpu_backend_create(&m, err);
+        llm_batch b = {.n_tokens = LEN, .tokens = toks, .positions = pos, .n_seqs = 1, .seq_start = start,
+                       .block_tables = table, .n_logits = LEN, .logit_rows = rows};
+        ok = be && be->alloc_kv(be, 1, 64, err) == 0 &&
+             be->forward(be, &b, logits + (size_t)v * LEN * V, err) == 0;
+        if (be) be->destroy(be);
+    }
+    for (int v = 0; ok && v < 4; v += 2)
+        CHECK(!memcmp(logits + (size_t)v * LEN * V, logits + (size_t)(v + 1) * LEN * V, (size_t)LEN * V * 4),
+              "attention, 16 query heads per K/V head (in two calls of 8) against 8 per head of a copy (one "
+              "call), %s path: the same logits, bit for bit", v ? "exact" : "default");
+    CHECK(ok, "attention, 16 query heads per K/V head: %s", err);
+    for (int l = 0; orig && l < L; l++) m.layers[l].wk.data = orig[2 * l], m.layers[l].wv.data = orig[2 * l + 1];
+    free(copies); free(logits); free(orig); llm_model_free(&m);
+}
+
 static void test_paged_forward_models(void) {
     test_paged_forward("stories260K.gguf");
     test_paged_forward("random-qwen3-qknorm.gguf");
@@ -2208,6 +2261,7 @@ static void test_paged_forward_models(void) {
     test_moe_grouped("random-llama-moe.gguf");
     test_moe_grouped("random-gpt-oss.gguf");
     test_moe_grouped("random-qwen2moe.gguf");
+    test_attention_wide_groups();
 }
 
 /* -----------------------------------------------------------------------------------------------------------
@@ -2971,7 +3025,8 @@ static void test_speculative(void) {
                (long long)st[1].steps, (long long)st[0].steps);
         int64_t accepted = st[1].spec_accepted_tokens, proposed = st[1].spec_draft_tokens;
         int gains = kind == DRAFT_MISSES ? st[1].spec_drafts > 0 : accepted > 0 && st[1].steps < st[0].steps;
-        int draft_ok = kind == DRAFT_SELF ? accepted == proposed : kind == DRAFT_PENALIZED ? accepted < proposed : 1;
+        int draft_ok = kind == DRAFT_SELF ? accepted == proposed
+                     : kind == DRAFT_PENALIZED ? accepted < proposed : 1;
         CHECK(spec_same(&r[0], &r[1], cases[c].n) && gains && draft_ok && st[0].spec_drafts == 0 &&
               at == accepted && accepted <= proposed && (!cases[c].num_blocks || st[1].preemptions > 0) &&
               (!cases[c].twice || st[1].prefix_cache_hits > 0) &&
@@ -3049,8 +3104,8 @@ static void test_speculative(void) {
     st = draft_e ? llm_engine_get_stats(draft_e) : st;
     CHECK(draft_e && same_draft == SEEDS && st.spec_accepted_tokens > 0 &&
           st.spec_accepted_tokens < st.spec_draft_tokens && all_blocks_free(draft_e),
-          "speculative decoding with a draft model, sampled: %d of %d seeds the same tokens (%lld of %lld proposed "
-          "tokens accepted)", same_draft, SEEDS, (long long)st.spec_accepted_tokens,
+          "speculative decoding with a draft model, sampled: %d of %d seeds the same tokens (%lld of %lld "
+          "proposed tokens accepted)", same_draft, SEEDS, (long long)st.spec_accepted_tokens,
           (long long)st.spec_draft_tokens);
     llm_engine_destroy(draft_e);
 
