@@ -2908,8 +2908,8 @@ static void test_sliding_window_blocks(void) {
  * With a draft model the same, and more: stories260K drafting for itself has every proposed token kept (alone,
  * batched, preempted, from the prefix cache, n = 2): the draft's K/V, in the model's blocks, are right after
  * every one of those; a request with a repetition penalty (which the draft does not see) has some refused; a
- * random draft of the same vocabulary has nearly all refused, and the output is still the same; SmolLM2
- * drafting for itself on the default path. A draft of another vocabulary, with windows, or with no tokens to
+ * random draft of the same vocabulary (or of 64 more tokens: random-phi3 for random-llama2) has nearly all
+ * refused, and the output is still the same; SmolLM2 drafting for itself on the default path. A draft of another vocabulary, with windows, or with no tokens to
  * propose is refused.
  * Sampled (stories260K, temperature 1): each seed gives the same tokens with speculation (n-gram lookup, a
  * draft model) as without, and over other seeds the tokens' frequencies pass a chi-square test of one
@@ -2994,6 +2994,7 @@ static void test_speculative(void) {
                               * kept (DRAFT_SELF) or not always (DRAFT_ANY), or one whose tokens the model
                               * refuses now and then (DRAFT_PENALIZED: the request has a repetition penalty,
                               * the draft not), or nearly always (DRAFT_MISSES: a random model) */
+        const char *draft;   /* that model (NULL: the model itself) */
     } cases[] = {
         {"alone", "stories260K.gguf", 1, 0, 1, 0, NULL, NULL},
         {"batched", "stories260K.gguf", 3, 0, 1, 0, NULL, NULL},
@@ -3016,13 +3017,16 @@ static void test_speculative(void) {
         {"draft model, a stop string", "stories260K.gguf", 1, 0, 1, 0, "mommy told", NULL, 0, DRAFT_ANY},
         {"draft model, a grammar", "stories260K.gguf", 2, 0, 1, 0, NULL, "root ::= [A-Za-z .,]+", 0, DRAFT_ANY},
         {"draft model, a repetition penalty", "stories260K.gguf", 3, 40, 1, 0, NULL, NULL, 0, DRAFT_PENALIZED},
-        {"draft model that misses", "stories260K.gguf", 2, 0, 1, 0, NULL, NULL, 0, DRAFT_MISSES},
+        {"draft model that misses", "stories260K.gguf", 2, 0, 1, 0, NULL, NULL, 0, DRAFT_MISSES,
+         "random-quant-q4_k_m.gguf"},
+        {"draft model of 64 more tokens (random-phi3 for random-llama2)", "random-llama2-untied.gguf", 2, 0, 1, 0,
+         NULL, NULL, 1, DRAFT_MISSES, "random-phi3.gguf"},
         {"draft model, SmolLM2 (itself)", SMOLLM2, 1, 0, 1, 0, NULL, NULL, 0, DRAFT_ANY},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         if (UNDER_ASAN && cases[c].skip_under_asan) continue;
         int kind = cases[c].draft_kind;
-        const char *draft = kind == DRAFT_MISSES ? "random-quant-q4_k_m.gguf" : kind ? cases[c].model : NULL;
+        const char *draft = cases[c].draft ? cases[c].draft : kind ? cases[c].model : NULL;
         llm_sampling_params p = greedy(120);
         if (kind == DRAFT_PENALIZED) p.repetition_penalty = 1.3f;
         p.n = cases[c].n;
