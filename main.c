@@ -1199,11 +1199,11 @@ static int bench(args_t *a) {
     printf("memory: resident %.1f MiB now, %.1f MiB at the peak (weights as mapped, the KV pool's pages in "
            "use, scratch)\n", proc_memory_bytes("VmRSS") / (1 << 20), proc_memory_bytes("VmHWM") / (1 << 20));
     printf("time split: backend forward %.2f s (%.0f%%), host %.2f s (scheduling, sampling, text; not the "
-           "draft model's passes); steps: "
-           "%lld with prompt tokens, %lld decode only; logit rows %lld, %lld of them greedy picks made by "
-           "the backend\n",
+           "draft model's passes); steps: %lld with prompt tokens, %lld decode only; logit rows %lld, %lld of "
+           "them greedy picks made by the backend\n",
            st.forward_seconds, elapsed > 0 ? 100.0 * st.forward_seconds / elapsed : 0.0,
-           elapsed - st.forward_seconds - st.draft_seconds, (long long)st.prompt_steps, (long long)(st.steps - st.prompt_steps),
+           elapsed - st.forward_seconds - st.draft_seconds, (long long)st.prompt_steps,
+           (long long)(st.steps - st.prompt_steps),
            (long long)st.logit_rows, (long long)st.argmax_rows);
     if (st.grammar_tokens)
         printf("grammar: %.3f ms per token, %.1f%% of a decode step's time per token (%lld tokens; %lld needed "
