@@ -302,8 +302,12 @@ static int speculative_config(args_t *a, const char *text) {
             if (v->type == LLM_JSON_STRING && !strcmp(v->str, "draft_model")) { a->spec_method = 2; continue; }
             fprintf(stderr, "llm: --speculative-config: method must be \"ngram\" or \"draft_model\"\n");
             rc = -1;
-        } else if (!strcmp(k, "model")) {
-            if (v->type == LLM_JSON_STRING && v->str[0] && (c->spec_model_path = strdup(v->str))) continue;
+        } else if (!strcmp(k, "model")) { /* kept for the program's life, as argv's strings are */
+            static char model[4096];
+            if (v->type == LLM_JSON_STRING && v->str[0] && strlen(v->str) < sizeof model) {
+                c->spec_model_path = strcpy(model, v->str);
+                continue;
+            }
             fprintf(stderr, "llm: --speculative-config: model must be a GGUF file's path\n");
             rc = -1;
         } else if (!field) {
