@@ -9392,6 +9392,7 @@ struct llm_engine {
     /* one step's scratch (stb_ds arrays) */
     llm_seq **finished;             /* finished this step, freed at the start of the next: outputs point in */
     int32_t *b_tokens, *b_positions, *b_seq_start, *b_logit_rows, *b_argmax;
+    int32_t *b_row_seq;             /* per logit row of a draft pass: its sequence's index in scheduled */
     uint8_t *b_argmax_only;         /* per logit row: a greedy pick the backend makes (llm_batch.argmax) */
     const int32_t **b_tables;
     float *logits;                  /* [logits_rows][vocab_size] */
@@ -9611,7 +9612,7 @@ void llm_engine_destroy(llm_engine *e) {
     free(sch->kv_window);
     arrfree(e->finished); arrfree(e->inbox); arrfree(e->inbox_abort);
     arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows);
-    arrfree(e->b_argmax); arrfree(e->b_argmax_only);
+    arrfree(e->b_argmax); arrfree(e->b_argmax_only); arrfree(e->b_row_seq);
     arrfree(e->b_tables); arrfree(e->outputs);
     free(e->logits); free(e->masked_logits); llm_token_trie_free(e->trie); free(e->grammar_mask);
     free(e->grammar_ids); free(e->grammar_logits);
@@ -9841,6 +9842,31 @@ static void llm_engine_take_inbox(llm_engine *e) {
 
 /* 3. The scheduler plans the step: llm_schedule (section 5). */
 
+/* 3-4. The step's batch, built in the b_* arrays by the draft's passes and the model's: emptied before each */
+static void llm_engine_batch_clear(llm_engine *e) {
+    arrsetlen(e->b_tokens, 0); arrsetlen(e->b_positions, 0); arrsetlen(e->b_logit_rows, 0);
+    arrsetlen(e->b_seq_start, 0); arrsetlen(e->b_tables, 0); arrsetlen(e->b_argmax_only, 0);
+    arrsetlen(e->b_row_seq, 0);
+}
+
+/* 3-4. ... then seen as an llm_batch of n_seqs sequences, with the rows of logits it asks for made room for
+ *      in *logits (the model's or the draft's, of vocab_size V: it only grows) */
+static int llm_engine_batch_view(llm_engine *e, llm_batch *b, int n_seqs, float **logits, int *logits_rows,
+                                 int V, char *err) {
+    memset(b, 0, sizeof *b);
+    b->n_tokens = (int)arrlen(e->b_tokens); b->tokens = e->b_tokens; b->positions = e->b_positions;
+    b->n_seqs = n_seqs; b->seq_start = e->b_seq_start; b->block_tables = e->b_tables;
+    b->n_logits = (int)arrlen(e->b_logit_rows); b->logit_rows = e->b_logit_rows;
+    arrsetlen(e->b_argmax, b->n_logits);
+    b->argmax_only = e->b_argmax_only; b->argmax = e->b_argmax;
+    if (b->n_logits <= *logits_rows) return 0;
+    free(*logits);
+    *logits_rows = b->n_logits;
+    if ((*logits = (float *)malloc((size_t)b->n_logits * (size_t)V * sizeof(float)))) return 0;
+    *logits_rows = 0;
+    return llm_fail(err, "out of memory for %d rows of logits", b->n_logits);
+}
+
 /* 3. Then a draft model's proposals (spec_model_path). First the draft computes the tokens the model computes
  *    this step, from the first it has not (its K/V stay in step with the model's, in the same blocks: the
  *    prefix cache, the copies and preemption serve both), the copies first. Then each sequence that
@@ -9850,12 +9876,9 @@ static void llm_engine_take_inbox(llm_engine *e) {
 static int llm_engine_draft(llm_engine *e, char *err) {
     llm_scheduler *sch = &e->sched;
     int n_seqs = (int)arrlen(sch->scheduled), V = e->model.cfg.vocab_size, Vd = e->draft_model.cfg.vocab_size;
-    int32_t *row_seq = NULL; /* stb_ds array: the scheduled sequence of each logit row */
     int rc = 0, longest = 0;
     for (int pass = 0; rc == 0 && (pass == 0 || pass < longest); pass++) {
-        arrsetlen(e->b_tokens, 0); arrsetlen(e->b_positions, 0); arrsetlen(e->b_logit_rows, 0);
-        arrsetlen(e->b_seq_start, 0); arrsetlen(e->b_tables, 0); arrsetlen(e->b_argmax_only, 0);
-        arrsetlen(row_seq, 0);
+        llm_engine_batch_clear(e);
         for (int i = 0; i < n_seqs; i++) {
             llm_seq *s = sch->scheduled[i];
             int len = (int)arrlen(s->tokens), from = len + pass - 1, end = from + 1;
@@ -9872,34 +9895,22 @@ static int llm_engine_draft(llm_engine *e, char *err) {
             if (s->n_draft <= pass) continue;
             arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
             arrput(e->b_argmax_only, 1);
-            arrput(row_seq, i);
+            arrput(e->b_row_seq, i);
         }
         if (arrlen(e->b_tokens) == 0) break; /* every proposal ended early */
         arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
         llm_batch b;
-        memset(&b, 0, sizeof b);
-        b.n_tokens = (int)arrlen(e->b_tokens); b.tokens = e->b_tokens; b.positions = e->b_positions;
-        b.n_seqs = (int)arrlen(e->b_seq_start) - 1; b.seq_start = e->b_seq_start; b.block_tables = e->b_tables;
-        b.n_logits = (int)arrlen(e->b_logit_rows); b.logit_rows = e->b_logit_rows;
-        arrsetlen(e->b_argmax, b.n_logits);
-        b.argmax_only = e->b_argmax_only; b.argmax = e->b_argmax;
+        int n_batch_seqs = (int)arrlen(e->b_seq_start) - 1;
+        if ((rc = llm_engine_batch_view(e, &b, n_batch_seqs, &e->draft_logits, &e->draft_logits_rows, Vd, err)))
+            break;
         if (pass == 0) { /* the model's copies, in the draft's blocks too */
             b.n_copies = (int)arrlen(sch->copy_src); b.copy_src = sch->copy_src; b.copy_dst = sch->copy_dst;
-        }
-        if (b.n_logits > e->draft_logits_rows) {
-            free(e->draft_logits);
-            e->draft_logits_rows = b.n_logits;
-            if (!(e->draft_logits = (float *)malloc((size_t)b.n_logits * (size_t)Vd * sizeof(float)))) {
-                e->draft_logits_rows = 0;
-                rc = llm_fail(err, "out of memory for %d rows of the draft model's logits", b.n_logits);
-                break;
-            }
         }
         double t0 = llm_now();
         rc = e->draft_backend->forward(e->draft_backend, &b, e->draft_logits, err);
         e->stats.draft_seconds += llm_now() - t0;
         for (int r = 0; rc == 0 && r < b.n_logits; r++) {
-            int i = row_seq[r];
+            int i = e->b_row_seq[r];
             llm_seq *s = sch->scheduled[i];
             int32_t token = e->b_argmax[r];
             if (token >= 0 && token < V) { s->draft[pass] = token; continue; }
@@ -9907,7 +9918,6 @@ static int llm_engine_draft(llm_engine *e, char *err) {
             llm_seq_trim_blocks(&e->bm, s, (int)arrlen(s->tokens) + pass);
         }
     }
-    arrfree(row_seq);
     return rc;
 }
 
@@ -9939,8 +9949,7 @@ static int llm_seq_greedy_only(const llm_seq *s) {
 static int llm_engine_forward(llm_engine *e, char *err) {
     llm_scheduler *sch = &e->sched;
     int n_seqs = (int)arrlen(sch->scheduled), V = e->model.cfg.vocab_size;
-    arrsetlen(e->b_tokens, 0); arrsetlen(e->b_positions, 0); arrsetlen(e->b_logit_rows, 0);
-    arrsetlen(e->b_seq_start, 0); arrsetlen(e->b_tables, 0); arrsetlen(e->b_argmax_only, 0);
+    llm_engine_batch_clear(e);
     int prompt_step = 0;
     for (int i = 0; i < n_seqs; i++) {
         llm_seq *s = sch->scheduled[i];
@@ -9963,22 +9972,8 @@ static int llm_engine_forward(llm_engine *e, char *err) {
     for (int g = 0; g < sch->n_kv_groups; g++) /* group by group */
         for (int i = 0; i < n_seqs; i++) arrput(e->b_tables, sch->scheduled[i]->block_tables[g]);
     llm_batch b;
-    memset(&b, 0, sizeof b);
-    b.n_tokens = (int)arrlen(e->b_tokens); b.tokens = e->b_tokens; b.positions = e->b_positions;
-    b.n_seqs = n_seqs; b.seq_start = e->b_seq_start; b.block_tables = e->b_tables;
-    b.n_logits = (int)arrlen(e->b_logit_rows); b.logit_rows = e->b_logit_rows;
-    arrsetlen(e->b_argmax, b.n_logits);
-    b.argmax_only = e->b_argmax_only; b.argmax = e->b_argmax;
+    if (llm_engine_batch_view(e, &b, n_seqs, &e->logits, &e->logits_rows, V, err)) return -1;
     b.n_copies = (int)arrlen(sch->copy_src); b.copy_src = sch->copy_src; b.copy_dst = sch->copy_dst;
-    if (b.n_logits > e->logits_rows) {
-        free(e->logits);
-        e->logits_rows = b.n_logits;
-        e->logits = (float *)malloc((size_t)b.n_logits * (size_t)V * sizeof(float));
-        if (!e->logits) {
-            e->logits_rows = 0;
-            return llm_fail(err, "out of memory for %d rows of logits", b.n_logits);
-        }
-    }
     double t0 = llm_now();
     int rc = e->backend->forward(e->backend, &b, e->logits, err);
     e->stats.forward_seconds += llm_now() - t0;
