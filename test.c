@@ -2908,8 +2908,10 @@ static void test_sliding_window_blocks(void) {
  * With a draft model the same, and more: stories260K drafting for itself has every proposed token kept (alone,
  * batched, preempted, from the prefix cache, n = 2): the draft's K/V, in the model's blocks, are right after
  * every one of those; a request with a repetition penalty (which the draft does not see) has some refused; a
- * random draft of the same vocabulary (or of 64 more tokens: random-phi3 for random-llama2) has nearly all
- * refused, and the output is still the same; SmolLM2 drafting for itself on the default path. A draft of another vocabulary, with windows, or with no tokens to
+ * random draft (random-phi3 for random-llama2) has nearly all refused, and the output is still the same; the
+ * model with 64 tokens more, one of them now and then its greedy pick, proposes fewer tokens than the model
+ * itself (each proposal ends before such a token, and the blocks past it go back), every one kept; SmolLM2
+ * drafting for itself on the default path. A draft of another vocabulary, with windows, or with no tokens to
  * propose is refused.
  * Sampled (stories260K, temperature 1): each seed gives the same tokens with speculation (n-gram lookup, a
  * draft model) as without, and over other seeds the tokens' frequencies pass a chi-square test of one
@@ -2967,7 +2969,7 @@ static int spec_same(const run_result *a, const run_result *b, int n_samples) {
     return same;
 }
 
-enum { DRAFT_NONE, DRAFT_SELF, DRAFT_ANY, DRAFT_PENALIZED, DRAFT_MISSES };
+enum { DRAFT_NONE, DRAFT_SELF, DRAFT_ANY, DRAFT_PENALIZED, DRAFT_MISSES, DRAFT_CUT };
 
 static void test_speculative(void) {
     static const char *const story =
@@ -2982,7 +2984,7 @@ static void test_speculative(void) {
         "budget for the new library. After a long discussion, the members agreed to fund the children's reading "
         "room, the computer lab, and a small garden behind the building. The work will begin in March.<|im_end|>\n"
         "<|im_start|>assistant\n"};
-    run_result *r = (run_result *)calloc(2, sizeof *r);
+    run_result *r = (run_result *)calloc(3, sizeof *r);
     if (!r) return;
 #define SMOLLM2 "../../models/SmolLM2-135M-Instruct.Q4_1.gguf"
     struct {
@@ -2993,7 +2995,9 @@ static void test_speculative(void) {
         int draft_kind;      /* a draft model (0: n-gram lookup): the model itself, every token it proposes
                               * kept (DRAFT_SELF) or not always (DRAFT_ANY), or one whose tokens the model
                               * refuses now and then (DRAFT_PENALIZED: the request has a repetition penalty,
-                              * the draft not), or nearly always (DRAFT_MISSES: a random model) */
+                              * the draft not), or nearly always (DRAFT_MISSES: a random model), or the model
+                              * with more tokens, whose proposals end before a token the model does not have
+                              * (DRAFT_CUT: every token proposed kept, fewer than the model itself proposes) */
         const char *draft;   /* that model (NULL: the model itself) */
     } cases[] = {
         {"alone", "stories260K.gguf", 1, 0, 1, 0, NULL, NULL},
@@ -3019,8 +3023,10 @@ static void test_speculative(void) {
         {"draft model, a repetition penalty", "stories260K.gguf", 3, 40, 1, 0, NULL, NULL, 0, DRAFT_PENALIZED},
         {"draft model that misses", "stories260K.gguf", 2, 0, 1, 0, NULL, NULL, 0, DRAFT_MISSES,
          "random-quant-q4_k_m.gguf"},
-        {"draft model of 64 more tokens (random-phi3 for random-llama2)", "random-llama2-untied.gguf", 2, 0, 1, 0,
+        {"draft model of another architecture (random-phi3)", "random-llama2-untied.gguf", 2, 0, 1, 0,
          NULL, NULL, 1, DRAFT_MISSES, "random-phi3.gguf"},
+        {"draft model of 64 more tokens (random-llama2-wider)", "random-llama2-untied.gguf", 2, 0, 1, 0, NULL, NULL,
+         1, DRAFT_CUT, "random-llama2-wider.gguf"},
         {"draft model, SmolLM2 (itself)", SMOLLM2, 1, 0, 1, 0, NULL, NULL, 0, DRAFT_ANY},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
@@ -3034,11 +3040,21 @@ static void test_speculative(void) {
         if (cases[c].stop) { p.stop = stops; p.n_stop = 1; }
         p.grammar = cases[c].grammar;
         const char *const *texts = strstr(cases[c].model, "SmolLM2") ? repeat_prompts : prompts;
-        llm_engine_stats st[2];
-        memset(r, 0, 2 * sizeof *r);
+        llm_engine_stats st[3];
+        memset(r, 0, 3 * sizeof *r);
         for (int spec = 0; spec < 2; spec++)
             spec_run(&r[spec], cases[c].model, spec ? 5 : 0, cases[c].num_blocks, texts, cases[c].n_prompts,
                      &p, &st[spec], cases[c].twice, spec ? draft : NULL);
+        int cut_ok = 1;
+        if (kind == DRAFT_CUT) { /* the model drafting for itself: the same output, longer proposals */
+            spec_run(&r[2], cases[c].model, 5, cases[c].num_blocks, texts, cases[c].n_prompts, &p, &st[2],
+                     cases[c].twice, cases[c].model);
+            printf("  speculative decoding, %s: %lld tokens proposed in %lld steps; by the model itself %lld in "
+                   "%lld\n", cases[c].what, (long long)st[1].spec_draft_tokens, (long long)st[1].steps,
+                   (long long)st[2].spec_draft_tokens, (long long)st[2].steps);
+            cut_ok = spec_same(&r[0], &r[2], cases[c].n) && st[1].spec_draft_tokens < st[2].spec_draft_tokens &&
+                     st[1].steps > st[2].steps;
+        }
         int64_t at = 0;
         for (int j = 0; j < LLM_SPEC_MAX; j++) at += st[1].spec_accepted_at[j];
         printf("  speculative decoding, %s: %lld of %lld proposed tokens accepted, %lld steps instead of %lld\n",
@@ -3046,7 +3062,7 @@ static void test_speculative(void) {
                (long long)st[1].steps, (long long)st[0].steps);
         int64_t accepted = st[1].spec_accepted_tokens, proposed = st[1].spec_draft_tokens;
         int gains = kind == DRAFT_MISSES ? st[1].spec_drafts > 0 : accepted > 0 && st[1].steps < st[0].steps;
-        int draft_ok = kind == DRAFT_SELF ? accepted == proposed
+        int draft_ok = kind == DRAFT_SELF || kind == DRAFT_CUT ? accepted == proposed && cut_ok
                      : kind == DRAFT_PENALIZED ? accepted < proposed : 1;
         CHECK(spec_same(&r[0], &r[1], cases[c].n) && gains && draft_ok && st[0].spec_drafts == 0 &&
               at == accepted && accepted <= proposed && (!cases[c].num_blocks || st[1].preemptions > 0) &&

@@ -1,5 +1,6 @@
 """Writes small random-weight GGUF models of real architectures, for fidelity tests against llama.cpp (and
-copies of models in the same folder with MXFP4 weights, Llama 3.1's rope_freqs or Phi-3.5's LongRoPE factors).
+copies of models in the same folder with MXFP4 weights, Llama 3.1's rope_freqs, Phi-3.5's LongRoPE factors or 64
+more tokens).
 
 Usage: python3 make_random_models.py VOCAB_DIR OUT_DIR   (make test runs it once, in .venv, with the gguf package)
 The files are the same bytes on every machine (numpy's default_rng with a fixed seed per model; gguf 0.19.0's
@@ -138,3 +139,31 @@ copy_changed("random-phi3.gguf", "random-phi3-longrope.gguf",
                        ("phi3.rope.scaling.attn_factor", 1.19, F32)],
              add_tensors=[("rope_factors_long.weight", [1.0, 1.1, 1.5, 2.5, 5.0, 0.1, 0.05, 0.02]),
                           ("rope_factors_short.weight", [1.0, 1.0, 1.2, 0.9, 0.5, 0.3, 0.2, 0.1])])
+
+# 64 tokens more than random-llama2-untied, a draft model for it whose greedy pick is now and then a token the
+# model does not have: the first new token's output row is the sum of 64 rows (its logit is then the largest
+# about a third of the time), the others' rows and every new embedding zero
+def copy_wider(src, dst, n_extra):
+    r = GGUFReader(f"{out_dir}/{src}")
+    w = GGUFWriter(f"{out_dir}/{dst}", r.fields["general.architecture"].contents())
+    arrays = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
+    copy_fields(w, r, lambda name: not name.startswith("GGUF.") and name != "general.architecture" and
+                name not in arrays)
+    f = r.fields["tokenizer.ggml.tokens"]
+    tokens = [bytes(f.parts[i]).decode("utf-8") for i in f.data] + [f"<extra_{i}>" for i in range(n_extra)]
+    scores = [r.fields["tokenizer.ggml.scores"].parts[i].tolist()[0] for i in r.fields["tokenizer.ggml.scores"].data]
+    types = [r.fields["tokenizer.ggml.token_type"].parts[i].tolist()[0]
+             for i in r.fields["tokenizer.ggml.token_type"].data]
+    w.add_token_list(tokens); w.add_token_scores(scores + [0.0] * n_extra)
+    w.add_token_types(types + [gguf.TokenType.CONTROL] * n_extra)
+    for t in r.tensors:
+        data = np.asarray(t.data)
+        if t.name in ("token_embd.weight", "output.weight"):
+            extra = np.zeros((n_extra, data.shape[1]), dtype=np.float32)
+            if t.name == "output.weight": extra[0] = data[:64].sum(axis=0)
+            data = np.concatenate([data, extra])
+        w.add_tensor(t.name, data)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    print("wrote", dst)
+
+copy_wider("random-llama2-untied.gguf", "random-llama2-wider.gguf", 64)
