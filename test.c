@@ -1668,13 +1668,18 @@ static void quant_set_scale(uint32_t type, uint8_t *block, float d) {
     put16(block + d_at, llm_f32_to_f16(d));
 }
 
-/* One block of type with random stored bytes, d (and dmin) 1: its dot products are integers */
-static void quant_random_block(uint32_t type, uint8_t *block, size_t bytes, uint64_t *rng) {
-    for (size_t i = 0; i < bytes; i++) block[i] = (uint8_t)(llm_splitmix64(rng) >> 24);
+/* A block's d (and dmin) set to 1: its dot products are integers */
+static void quant_unit_scales(uint32_t type, uint8_t *block) {
     quant_set_scale(type, block, 1);
     size_t d_at = type == LLM_Q2_K ? 80 : type == LLM_Q3_K ? 108 : type == LLM_Q6_K ? 208 : 0;
     if (type == LLM_Q2_K || type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q4_1 || type == LLM_Q5_1)
         put16(block + d_at + 2, 0x3C00);
+}
+
+/* One block of type with random stored bytes, d (and dmin) 1 */
+static void quant_random_block(uint32_t type, uint8_t *block, size_t bytes, uint64_t *rng) {
+    for (size_t i = 0; i < bytes; i++) block[i] = (uint8_t)(llm_splitmix64(rng) >> 24);
+    quant_unit_scales(type, block);
 }
 
 /* The quantized dot products with 8-bit activations (wide 0: llama.cpp's) and 16-bit ones (wide 1: q and
@@ -1838,18 +1843,25 @@ static void test_quant_tiles(void) {
         uint64_t bb, bv;
         llm_dtype_info(type, &bb, &bv);
         size_t row_bytes = llm_dtype_row_bytes(type, N);
-        for (int variant = 0; variant < 4; variant++) {
-            int real = variant % 2, path = variant < 2 ? LLM_PATH_ACT16 : LLM_PATH_ACT8;
-            int wide = path == LLM_PATH_ACT16;
+        for (int variant = 0; variant < 6; variant++) {
+            int extreme = variant >= 4, real = !extreme && variant % 2;
+            int path = variant < 2 || variant == 4 ? LLM_PATH_ACT16 : LLM_PATH_ACT8, wide = path == LLM_PATH_ACT16;
             const char *width = wide ? "16-bit" : "8-bit";
-            /* integers: d = dmin = 1, and every activation block holds a 127 so that its scale is 1 */
+            /* integers: d = dmin = 1, and every activation block holds a 127 so that its scale is 1. At the
+             * extremes (where sums kept in 16 bits would overflow first): every stored value the type's
+             * largest, every activation q = +-126 with r = +-127 (126 + 127/256), a token's sign each */
             for (size_t at = 0; at < R * row_bytes; at += bb) {
                 quant_random_block(type, w + at, bb, &rng);
                 if (real) quant_set_scale(type, w + at, (float)(llm_splitmix64(&rng) % 1000 + 1) / 30000.0f);
+                if (extreme) {
+                    memset(w + at, type == LLM_Q8_0 ? 0x80 : type == LLM_MXFP4 ? 0x77 : 0xff, bb);
+                    quant_unit_scales(type, w + at);
+                }
             }
             for (int i = 0; i < T * N; i++) {
                 int v = (int)(llm_splitmix64(&rng) % 255) - 127;
                 x[i] = real ? (float)v / 70.0f : (float)(i % 32 == 5 ? 127 : v);
+                if (extreme) x[i] = (i / N % 2 ? -1.0f : 1.0f) * (i % 32 == 5 ? 127.0f : 126.49609375f);
             }
             for (int t = 0; t < T; t++) llm_q8_quantize(x + t * N, xq + t * (N / 32), N, wide);
             llm_weight weight = {w, type, R, N};
@@ -1873,7 +1885,10 @@ static void test_quant_tiles(void) {
                   !memcmp(last8, out + 3 * R, sizeof last8),
                   "%s, %s activations: 8 tokens' products differ by themselves and within 11",
                   llm_dtype_name(type), width);
-            if (!real)
+            if (extreme) /* sums past float's 24 bits (the k-quants' largest scales): rounded in another order */
+                CHECK(worst < 1e-6, "%s products of 21 rows and 11 tokens, %s activations, the largest values: "
+                      "%.2g from plain C's (of the sum of |terms|)", llm_dtype_name(type), width, worst);
+            else if (!real)
                 CHECK(mismatches == 0, "%s products of 21 rows and 11 tokens, %s activations, integer parts: "
                       "%d of %d differ", llm_dtype_name(type), width, mismatches, T * R);
 #ifdef LLM_CPU_SIMD
