@@ -1824,8 +1824,8 @@ static int upload_model(cuda_ctx *c, const llm_model *m, char *err) {
 #define CUDA_BATCHED_TOKENS 8192
 
 /* The memory the KV pool may take: what the weights left free on the device, minus room for the activations
- * of a step of the default budget and the logits of 256 rows, which the scratch grows into later. */
-static int kv_free_memory(const cuda_ctx *c, size_t *out, char *err) {
+ * of a step of the default budget and the logits of 256 rows, which the scratch grows into later (*act). */
+static int kv_free_memory(const cuda_ctx *c, size_t *out, size_t *act_out, char *err) {
     const llm_config *cf = &c->cfg;
     size_t free_b = 0, total_b = 0;
     CK(cudaMemGetInfo(&free_b, &total_b));
@@ -1837,6 +1837,7 @@ static int kv_free_memory(const cuda_ctx *c, size_t *out, char *err) {
         act += (size_t)CUDA_BATCHED_TOKENS * cf->n_experts_used *
                ((size_t)cf->dim * 2 + (size_t)cf->expert_ffn_dim * 10 + (size_t)cf->dim * 4);
     *out = free_b > act ? free_b - act : 0;
+    *act_out = act;
     return 0;
 }
 
@@ -1852,7 +1853,7 @@ extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, char *err) {
     llm_backend *be = (llm_backend *)calloc(1, sizeof *be);
     if (!c || !be) { free(c); free(be); fail(err, "out of host memory"); return NULL; }
     if (ctx_init_device(c, &m->cfg, err) || upload_model(c, m, err) ||
-        kv_free_memory(c, &be->free_memory, err)) {
+        kv_free_memory(c, &be->free_memory, &be->activation_memory, err)) {
         ctx_free(c); free(be);
         return NULL;
     }

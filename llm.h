@@ -505,6 +505,8 @@ typedef struct llm_backend {
     const char *name;
     int kv_value_bytes;             /* bytes per cached K or V value: 4 on the CPU (f32), 2 on CUDA (bf16) */
     size_t free_memory;             /* bytes left for the KV pool, after the weights and the activations */
+    size_t activation_memory;       /* the room for the activations free_memory leaves out (0: none held
+                                     * back): a second model on the same device must leave it too */
     double default_kv_fraction;     /* the pool when the config gives no size: this fraction of free_memory
                                      * (0: room for max_num_seqs full contexts, 4 GiB at most) */
     int default_batched_tokens;     /* the step's token budget when the config gives none (0: 2048): a GPU
@@ -9550,9 +9552,10 @@ static int llm_kv_pool_blocks(const llm_engine *e, size_t block_bytes, char *err
     const llm_engine_config *c = &e->cfg;
     if (c->num_blocks > 0) return c->num_blocks;
     double fraction = c->kv_fraction > 0 ? c->kv_fraction : e->backend->default_kv_fraction;
-    size_t bytes = c->kv_bytes, free_memory = e->backend->free_memory;
-    if (e->draft_backend && e->draft_backend->free_memory < free_memory) /* measured after both models */
-        free_memory = e->draft_backend->free_memory;
+    size_t bytes = c->kv_bytes, free_memory = e->backend->free_memory, act = e->backend->activation_memory;
+    if (e->draft_backend) /* measured after both models' weights, less the draft's activations: less the
+                           * model's too */
+        free_memory = e->draft_backend->free_memory > act ? e->draft_backend->free_memory - act : 0;
     if (!bytes && fraction > 0) bytes = (size_t)(fraction * (double)free_memory);
     if (!bytes) {
         size_t blocks_per_context = (size_t)llm_engine_blocks_for(e, e->max_model_len);

@@ -3875,6 +3875,7 @@ static int flaky_alloc_kv(llm_backend *be, int num_blocks, int block_size, char 
  * pass, as a GPU leaves them unwritten: an engine that read them would fail; flaky_bad_pick: the next such
  * pick is -1, as for a row that was not finite */
 static int flaky_poison, flaky_bad_pick, flaky_budget, flaky_most_tokens;
+static size_t flaky_device_free; /* > 0: flaky_create takes its weights and its activations out of it */
 static int64_t flaky_picks;
 /* flaky_touched (when set, [num_blocks]): marks every block a forward call reads or writes; flaky_engine's
  * blocks in use at that moment are counted into flaky_peak_used, in use or named into flaky_peak_held */
@@ -3915,6 +3916,12 @@ static llm_backend *flaky_create(const llm_model *m, char *err) {
     if (!cpu || !be) { if (cpu) cpu->destroy(cpu); free(be); return NULL; }
     *be = *cpu;
     be->name = "flaky"; be->ctx = cpu; be->default_batched_tokens = flaky_budget;
+    if (flaky_device_free) { /* one device that each backend's weights take 100 MiB of, its activations 64 */
+        flaky_device_free -= (size_t)100 << 20;
+        be->activation_memory = (size_t)64 << 20;
+        be->free_memory = flaky_device_free - be->activation_memory;
+        be->default_kv_fraction = 0.5;
+    }
     be->alloc_kv = flaky_alloc_kv; be->forward = flaky_forward; be->destroy = flaky_destroy;
     return be;
 }
@@ -4030,6 +4037,24 @@ static void test_backend_budget(void) {
               given ? "given (64)" : "the backend's (100)", flaky_most_tokens, want);
         llm_engine_destroy(e);
     }
+}
+
+/* A draft model on the same device as the model: the KV pool's share is of what both models' weights and
+ * both models' activations leave (here 1 GiB less 2 x 100 MiB of weights, less 2 x 64 MiB), in blocks that
+ * hold the model's K/V and the draft's. */
+static void test_draft_pool_memory(void) {
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    cfg.create_backend = flaky_create; cfg.spec_tokens = 3; cfg.spec_model_path = model_path("stories260K.gguf");
+    flaky_calls = 0; flaky_fail_at = -1;
+    flaky_device_free = (size_t)1 << 30;
+    llm_engine *e = engine_new(&cfg);
+    flaky_device_free = 0; /* read by flaky_create only */
+    if (!e) return;
+    size_t block_bytes = 2 * llm_kv_bytes_per_block(&e->model.cfg, cfg.block_size, e->backend->kv_value_bytes);
+    size_t want = (size_t)(0.5 * (double)(((size_t)1 << 30) - ((size_t)328 << 20))) / block_bytes;
+    CHECK(e->bm.num_blocks == (int)want, "a draft on the same device: %d blocks of %zu bytes, want %zu",
+          e->bm.num_blocks, block_bytes, want);
+    llm_engine_destroy(e);
 }
 
 /* The KV pool does not creep: a freed block with nothing cached in it is the next one handed out, so a long
@@ -9187,6 +9212,7 @@ int main(int argc, char **argv) {
         {"wait for work", test_wait},
         {"backend errors", test_backend_errors}, {"greedy picks on the backend", test_greedy_picks},
         {"token budget per backend", test_backend_budget}, {"KV pool reuse", test_pool_reuse},
+        {"KV pool beside a draft model", test_draft_pool_memory},
         {"llm command", test_cli}, {"llm.h's example", test_docs_example},
         {"sampling from the file", test_sampling_keys},
         {"fault: add_request race", test_fault_add_request_race}, {"fault: sampling", test_fault_sampling},
