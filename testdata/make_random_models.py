@@ -104,21 +104,40 @@ make("random-llama2-untied", "llama", f"{vocab_dir}/ggml-vocab-llama-spm.gguf", 
 make("random-qwen2moe", "qwen2moe", f"{vocab_dir}/ggml-vocab-qwen2.gguf", dim=32, n_layer=2, n_head=4, n_kv=2,
      ffn=64, rope_base=1000000.0, qkv_bias=True, tied=False, seed=17, moe=(4, 2, 16, 48))
 
-def copy_changed(src, dst, mxfp4=(), add_keys=(), add_tensors=()):
+def copy_changed(src, dst, mxfp4=(), add_keys=(), add_tensors=(), extra_tokens=0):
     """A copy of the model src (in out_dir) with the tensors named in mxfp4 quantized to MXFP4 by the gguf
-    package (what gpt-oss's published files do to their experts), and with the keys add_keys ((name, value,
-    type)) and the f32 tensors add_tensors ((name, values)) added; every other key and tensor as it is"""
+    package (what gpt-oss's published files do to their experts), with the keys add_keys ((name, value, type))
+    and the f32 tensors add_tensors ((name, values)) added, and with extra_tokens more tokens (control tokens
+    <extra_i>, zero embeddings; the first one's output row the sum of the first 64 rows, the others' zero);
+    every other key and tensor as it is"""
     r = GGUFReader(f"{out_dir}/{src}")
     w = GGUFWriter(f"{out_dir}/{dst}", r.fields["general.architecture"].contents())
-    copy_fields(w, r, lambda name: not name.startswith("GGUF.") and name != "general.architecture")
+    arrays = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
+    if not extra_tokens: arrays = ()
+    copy_fields(w, r, lambda name: not name.startswith("GGUF.") and name != "general.architecture" and
+                name not in arrays)
+    if extra_tokens:
+        f = r.fields["tokenizer.ggml.tokens"]
+        tokens = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+        tokens += [f"<extra_{i}>" for i in range(extra_tokens)]
+        scores = [r.fields["tokenizer.ggml.scores"].parts[i].tolist()[0]
+                  for i in r.fields["tokenizer.ggml.scores"].data]
+        types = [r.fields["tokenizer.ggml.token_type"].parts[i].tolist()[0]
+                 for i in r.fields["tokenizer.ggml.token_type"].data]
+        w.add_token_list(tokens); w.add_token_scores(scores + [0.0] * extra_tokens)
+        w.add_token_types(types + [gguf.TokenType.CONTROL] * extra_tokens)
     for name, value, t in add_keys: w.add_key_value(name, value, t)
     for t in r.tensors:
         data = np.asarray(t.data)
         if t.name in mxfp4:
             qt = gguf.GGMLQuantizationType.MXFP4
             w.add_tensor(t.name, gguf.quants.quantize(data.astype(np.float32), qt), raw_dtype=qt)
-        else:
-            w.add_tensor(t.name, data)
+            continue
+        if extra_tokens and t.name in ("token_embd.weight", "output.weight"):
+            extra = np.zeros((extra_tokens, data.shape[1]), dtype=np.float32)
+            if t.name == "output.weight": extra[0] = data[:64].sum(axis=0)
+            data = np.concatenate([data, extra])
+        w.add_tensor(t.name, data)
     for name, values in add_tensors: w.add_tensor(name, np.array(values, dtype=np.float32))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     print("wrote", dst)
@@ -141,29 +160,5 @@ copy_changed("random-phi3.gguf", "random-phi3-longrope.gguf",
                           ("rope_factors_short.weight", [1.0, 1.0, 1.2, 0.9, 0.5, 0.3, 0.2, 0.1])])
 
 # 64 tokens more than random-llama2-untied, a draft model for it whose greedy pick is now and then a token the
-# model does not have: the first new token's output row is the sum of 64 rows (its logit is then the largest
-# about a third of the time), the others' rows and every new embedding zero
-def copy_wider(src, dst, n_extra):
-    r = GGUFReader(f"{out_dir}/{src}")
-    w = GGUFWriter(f"{out_dir}/{dst}", r.fields["general.architecture"].contents())
-    arrays = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
-    copy_fields(w, r, lambda name: not name.startswith("GGUF.") and name != "general.architecture" and
-                name not in arrays)
-    f = r.fields["tokenizer.ggml.tokens"]
-    tokens = [bytes(f.parts[i]).decode("utf-8") for i in f.data] + [f"<extra_{i}>" for i in range(n_extra)]
-    scores = [r.fields["tokenizer.ggml.scores"].parts[i].tolist()[0] for i in r.fields["tokenizer.ggml.scores"].data]
-    types = [r.fields["tokenizer.ggml.token_type"].parts[i].tolist()[0]
-             for i in r.fields["tokenizer.ggml.token_type"].data]
-    w.add_token_list(tokens); w.add_token_scores(scores + [0.0] * n_extra)
-    w.add_token_types(types + [gguf.TokenType.CONTROL] * n_extra)
-    for t in r.tensors:
-        data = np.asarray(t.data)
-        if t.name in ("token_embd.weight", "output.weight"):
-            extra = np.zeros((n_extra, data.shape[1]), dtype=np.float32)
-            if t.name == "output.weight": extra[0] = data[:64].sum(axis=0)
-            data = np.concatenate([data, extra])
-        w.add_tensor(t.name, data)
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    print("wrote", dst)
-
-copy_wider("random-llama2-untied.gguf", "random-llama2-wider.gguf", 64)
+# model does not have (the first new token's logit is the largest about a third of the time)
+copy_changed("random-llama2-untied.gguf", "random-llama2-wider.gguf", extra_tokens=64)
