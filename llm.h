@@ -5078,10 +5078,18 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
  * long. */
 #define LLM_PACK_ROWS 8
 typedef struct {
-    uint8_t q[8][LLM_PACK_ROWS][4]; /* [chunk j][row r]: stored values 4j..4j+3 of row r in this group */
     float scale[2][LLM_PACK_ROWS];  /* per half of 16 values: d * the sub-block's scale */
     float min[2][LLM_PACK_ROWS];    /* per half: dmin * the sub-block's minimum, which the x sums multiply */
+} llm_pack_scales;
+typedef struct {
+    uint8_t q[8][LLM_PACK_ROWS][4]; /* [chunk j][row r]: stored values 4j..4j+3 of row r in this group */
+    llm_pack_scales s;
 } llm_pack_group;
+/* The same group with its values widened to 16 bits, 2 at a time (llm_pack_pairs_of below) */
+typedef struct {
+    int16_t q[16][LLM_PACK_ROWS][2]; /* [pair j][row r]: stored values 2j, 2j + 1 of row r */
+    llm_pack_scales s;
+} llm_pack_pairs;
 
 /* q8_0's bytes are signed: with VNNI they are stored + 128 (an offset like q4_0's 8); without, where
  * _mm256_maddubs_epi16 would overflow on them, they stay signed and meet x as |w| times x with w's sign. */
@@ -5106,6 +5114,18 @@ static inline __attribute__((always_inline)) int llm_pack_adds16(uint32_t type) 
                type == LLM_Q5_0 || type == LLM_Q5_1 || type == LLM_Q5_K ? 31 : type == LLM_Q8_0 ? 128 : 15;
     return !LLM_AVX2_VNNI && 2 * 128 * most * (llm_pack_two_halves(type) ? 4 : 8) <= 32767;
 }
+/* q8_0's signed bytes cannot be added in 16 bits, and each product needs two sign flips before maddubs (for
+ * |w| and x with w's sign): 16-bit activations cost 9 instructions per 4 values of 8 rows and a token. Packed
+ * as 16-bit pairs instead (llm_pack_pairs), the weights meet each activation as one 16-bit integer, 256 q + r
+ * (at most 32,639 in size): one _mm256_madd_epi16 per 2 values of the 8 rows gives their products added in 32
+ * bits, the same integers (1,536 x 1,024 times 64 tokens, one thread, Zen 3: 1.35 times as fast; for q5_0
+ * and q6_K, whose bytes are unsigned, 4 to 5% slower than the two products, so they keep those). */
+static inline __attribute__((always_inline)) int llm_pack_pairs_of(uint32_t type, int wide) {
+    return wide && !LLM_AVX2_VNNI && type == LLM_Q8_0;
+}
+static inline __attribute__((always_inline)) size_t llm_pack_group_bytes(uint32_t type, int wide) {
+    return llm_pack_pairs_of(type, wide) ? sizeof(llm_pack_pairs) : sizeof(llm_pack_group);
+}
 
 /* 8 registers of 8 32-bit lanes transposed: lane j of register r goes to lane r of register j */
 static inline void llm_avx2_transpose8(__m256i v[8]) {
@@ -5126,13 +5146,15 @@ static inline void llm_avx2_transpose8(__m256i v[8]) {
 }
 
 /* Rows of a weight (n_rows of them, 8 at most: the rest of the 8 are zeros), n values each, into n / 32
- * packed groups: each group's 8 rows of 32 stored bytes, transposed as 8 x 8 lanes of 4 bytes */
-static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, const uint8_t *rows,
+ * packed groups: each group's 8 rows of 32 stored bytes, transposed as 8 x 8 lanes of 4 bytes (or, widened to
+ * 16 bits for 16-bit activations where llm_pack_pairs_of says, as 2 x 8 x 8 lanes of 2 values) */
+static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, int wide, const uint8_t *rows,
                                                                 size_t row_bytes, int n_rows, int64_t n,
-                                                                llm_pack_group *pack) {
+                                                                void *pack) {
     uint64_t block_bytes, block_values;
     llm_dtype_info(type, &block_bytes, &block_values);
     const int groups_per_block = (int)block_values / 32, halves = llm_pack_two_halves(type) ? 2 : 1;
+    const int pairs = llm_pack_pairs_of(type, wide);
     llm_qblock b[LLM_PACK_ROWS];
     for (int r = n_rows; r < LLM_PACK_ROWS; r++) memset(&b[r], 0, offsetof(llm_qblock, q)); /* zeros */
     /* the rows are read a group at a time across all 8, a few cache lines of each before the next: too short
@@ -5144,7 +5166,7 @@ static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, c
         const uint8_t *p = rows + (size_t)(g0 / groups_per_block) * block_bytes;
         for (int r = 0; r < n_rows; r++) llm_qblock_read_scales(type, p + (size_t)r * row_bytes, &b[r]);
         for (int g = 0; g < groups_per_block; g++) {
-            llm_pack_group *pg = pack + g0 + g;
+            uint8_t *at = (uint8_t *)pack + (size_t)(g0 + g) * llm_pack_group_bytes(type, wide);
             __m256i v[LLM_PACK_ROWS];
             for (int r = 0; r < LLM_PACK_ROWS; r++) {
                 v[r] = r < n_rows ? llm_avx2_group(type, p + (size_t)r * row_bytes, g)
@@ -5152,58 +5174,89 @@ static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, c
                 if (type == LLM_Q8_0 && LLM_AVX2_VNNI) /* stored + 128: unsigned */
                     v[r] = _mm256_xor_si256(v[r], _mm256_set1_epi8((char)0x80));
             }
-            llm_avx2_transpose8(v);
-            for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)pg->q[j], v[j]);
+            llm_pack_scales *s;
+            if (pairs) { /* values 0-15, then 16-31, widened (q8_0's signed), transposed in pairs */
+                llm_pack_pairs *pp = (llm_pack_pairs *)at;
+                for (int part = 0; part < 2; part++) {
+                    __m256i v16[LLM_PACK_ROWS];
+                    for (int r = 0; r < LLM_PACK_ROWS; r++) {
+                        __m128i half = part ? _mm256_extracti128_si256(v[r], 1)
+                                            : _mm256_castsi256_si128(v[r]);
+                        v16[r] = type == LLM_Q8_0 ? _mm256_cvtepi8_epi16(half) : _mm256_cvtepu8_epi16(half);
+                    }
+                    llm_avx2_transpose8(v16);
+                    for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)pp->q[part * 8 + j], v16[j]);
+                }
+                s = &pp->s;
+            } else {
+                llm_pack_group *pg = (llm_pack_group *)at;
+                llm_avx2_transpose8(v);
+                for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)pg->q[j], v[j]);
+                s = &pg->s;
+            }
             for (int h = 0; h < halves; h++)
                 for (int r = 0; r < LLM_PACK_ROWS; r++) {
-                    int s = (g * 32 + h * 16) / (halves == 2 ? 16 : 32);
-                    pg->scale[h][r] = b[r].d * (float)b[r].scale[s];
-                    pg->min[h][r] = b[r].dmin * (float)b[r].min[s];
+                    int k = (g * 32 + h * 16) / (halves == 2 ? 16 : 32);
+                    s->scale[h][r] = b[r].d * (float)b[r].scale[k];
+                    s->min[h][r] = b[r].dmin * (float)b[r].min[k];
                 }
         }
     }
 }
 
 /* 8 packed rows times nc tokens (1 to 4, x_stride blocks apart): out[c * out_stride + r]. With 16-bit
- * activations each weight register meets q and r: two products, joined as 256 (w . q) + w . r */
-static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, int wide,
-                                                               const llm_pack_group *pack,
+ * activations each weight register meets q and r: two products, joined as 256 (w . q) + w . r; or, packed in
+ * pairs, it meets xa (x_stride * 32 values apart per token), 256 q + r as 16-bit integers */
+static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, int wide, const void *pack,
                                                                int64_t n_groups, const llm_q8 *x,
-                                                               int64_t x_stride, int nc, float *out,
-                                                               int64_t out_stride) {
+                                                               const int16_t *xa, int64_t x_stride, int nc,
+                                                               float *out, int64_t out_stride) {
     const int halves = llm_pack_two_halves(type) ? 2 : 1, offset = llm_pack_offset(type);
+    const int pairs = llm_pack_pairs_of(type, wide), add16 = llm_pack_adds16(type);
     __m256 acc[4];
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t g = 0; g < n_groups; g++) {
-        const llm_pack_group *pg = pack + g;
+        const uint8_t *at = (const uint8_t *)pack + (size_t)g * llm_pack_group_bytes(type, wide);
+        const llm_pack_scales *s = pairs ? &((const llm_pack_pairs *)at)->s
+                                         : &((const llm_pack_group *)at)->s;
         for (int h = 0; h < halves; h++) {
-            const int j0 = h * 8 / halves, j1 = (h + 1) * 8 / halves, add16 = llm_pack_adds16(type);
             __m256i dot[4], fine[4];
             for (int c = 0; c < nc; c++) dot[c] = fine[c] = _mm256_setzero_si256();
-            /* a loop: unrolled, GCC issues all the chunks' products first and spills them */
-#pragma GCC unroll 1
-            for (int j = j0; j < j1; j++) {
-                __m256i w = _mm256_loadu_si256((const __m256i *)pg->q[j]);
-                for (int c = 0; c < nc; c++)
-                    for (int part = 0; part < 1 + wide; part++) {
-                        int32_t four;
-                        memcpy(&four, (part ? x[c * x_stride + g].r : x[c * x_stride + g].q) + 4 * j, 4);
-                        __m256i xs = _mm256_set1_epi32(four), *sum = part ? &fine[c] : &dot[c];
-                        if (add16) *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(w, xs));
-                        else if (type == LLM_Q8_0 && !LLM_AVX2_VNNI) /* signed: |w| times x with w's sign */
-                            *sum = llm_avx2_dpbusd(*sum, _mm256_sign_epi8(w, w), _mm256_sign_epi8(xs, w));
-                        else *sum = llm_avx2_dpbusd(*sum, w, xs);
+            if (pairs) /* 2 values at a time: 256 q + r at once */
+                for (int j = h * 16 / halves; j < (h + 1) * 16 / halves; j++) {
+                    __m256i w = _mm256_loadu_si256((const __m256i *)((const llm_pack_pairs *)at)->q[j]);
+                    for (int c = 0; c < nc; c++) {
+                        int32_t two;
+                        memcpy(&two, xa + (c * x_stride + g) * 32 + 2 * j, 4);
+                        dot[c] = _mm256_add_epi32(dot[c], _mm256_madd_epi16(w, _mm256_set1_epi32(two)));
                     }
+                }
+            else { /* a loop: unrolled, GCC issues all the chunks' products first and spills them */
+#pragma GCC unroll 1
+                for (int j = h * 8 / halves; j < (h + 1) * 8 / halves; j++) {
+                    __m256i w = _mm256_loadu_si256((const __m256i *)((const llm_pack_group *)at)->q[j]);
+                    for (int c = 0; c < nc; c++)
+                        for (int part = 0; part < 1 + wide; part++) {
+                            int32_t four;
+                            memcpy(&four, (part ? x[c * x_stride + g].r : x[c * x_stride + g].q) + 4 * j, 4);
+                            __m256i xs = _mm256_set1_epi32(four), *sum = part ? &fine[c] : &dot[c];
+                            if (add16) *sum = _mm256_add_epi16(*sum, _mm256_maddubs_epi16(w, xs));
+                            else if (type == LLM_Q8_0 && !LLM_AVX2_VNNI) /* signed: |w| times x, w's sign */
+                                *sum = llm_avx2_dpbusd(*sum, _mm256_sign_epi8(w, w), _mm256_sign_epi8(xs, w));
+                            else *sum = llm_avx2_dpbusd(*sum, w, xs);
+                        }
+                }
+                for (int c = 0; add16 && c < nc; c++) { /* widened: 8 sums of 4 products */
+                    dot[c] = _mm256_madd_epi16(dot[c], _mm256_set1_epi16(1));
+                    fine[c] = _mm256_madd_epi16(fine[c], _mm256_set1_epi16(1));
+                }
+                for (int c = 0; wide && c < nc; c++) /* 256 (w . q) + w . r */
+                    dot[c] = _mm256_add_epi32(_mm256_slli_epi32(dot[c], 8), fine[c]);
             }
-            for (int c = 0; add16 && c < nc; c++) { /* widened: 8 sums of 4 products */
-                dot[c] = _mm256_madd_epi16(dot[c], _mm256_set1_epi16(1));
-                fine[c] = _mm256_madd_epi16(fine[c], _mm256_set1_epi16(1));
-            }
-            __m256 scale = _mm256_loadu_ps(pg->scale[h]), min = _mm256_loadu_ps(pg->min[h]);
+            __m256 scale = _mm256_loadu_ps(s->scale[h]), min = _mm256_loadu_ps(s->min[h]);
             for (int c = 0; c < nc; c++) {
                 const llm_q8 *xg = x + c * x_stride + g;
                 int sum = halves == 2 ? xg->sum[h] : xg->sum[0] + xg->sum[1];
-                if (wide) dot[c] = _mm256_add_epi32(_mm256_slli_epi32(dot[c], 8), fine[c]);
                 if (offset) dot[c] = _mm256_sub_epi32(dot[c], _mm256_set1_epi32(offset * sum));
                 __m256 xd = _mm256_set1_ps(xg->d);
                 acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[c]), _mm256_mul_ps(scale, xd), acc[c]);
@@ -5215,27 +5268,28 @@ static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, in
     for (int c = 0; c < nc; c++) _mm256_storeu_ps(out + c * out_stride, acc[c]);
 }
 
-/* The two above, each specialized to its type (and the product to 4 tokens or 1) */
-static void llm_pack(uint32_t type, const uint8_t *rows, size_t row_bytes, int n_rows, int64_t n,
-                     llm_pack_group *pack) {
+/* The two above, each specialized to its type and activations (and the product to 4 tokens or 1) */
+static void llm_pack(uint32_t type, int wide, const uint8_t *rows, size_t row_bytes, int n_rows, int64_t n,
+                     void *pack) {
+#define LLM_PACK_ROWS_CASE(T)                                                                              \
+    case T:                                                                                                \
+        if (wide) llm_pack_rows(T, 1, rows, row_bytes, n_rows, n, pack);                                   \
+        else llm_pack_rows(T, 0, rows, row_bytes, n_rows, n, pack);                                        \
+        return;
     switch (type) {
-    case LLM_Q8_0: llm_pack_rows(LLM_Q8_0, rows, row_bytes, n_rows, n, pack); return;
-    case LLM_Q4_0: llm_pack_rows(LLM_Q4_0, rows, row_bytes, n_rows, n, pack); return;
-    case LLM_Q4_1: llm_pack_rows(LLM_Q4_1, rows, row_bytes, n_rows, n, pack); return;
-    case LLM_Q5_0: llm_pack_rows(LLM_Q5_0, rows, row_bytes, n_rows, n, pack); return;
-    case LLM_Q5_1: llm_pack_rows(LLM_Q5_1, rows, row_bytes, n_rows, n, pack); return;
-    case LLM_Q2_K: llm_pack_rows(LLM_Q2_K, rows, row_bytes, n_rows, n, pack); return;
-    case LLM_Q3_K: llm_pack_rows(LLM_Q3_K, rows, row_bytes, n_rows, n, pack); return;
-    case LLM_Q4_K: llm_pack_rows(LLM_Q4_K, rows, row_bytes, n_rows, n, pack); return;
-    case LLM_Q5_K: llm_pack_rows(LLM_Q5_K, rows, row_bytes, n_rows, n, pack); return;
-    case LLM_MXFP4: llm_pack_rows(LLM_MXFP4, rows, row_bytes, n_rows, n, pack); return;
-    default: llm_pack_rows(LLM_Q6_K, rows, row_bytes, n_rows, n, pack); return;
+    LLM_PACK_ROWS_CASE(LLM_Q8_0) LLM_PACK_ROWS_CASE(LLM_Q4_0) LLM_PACK_ROWS_CASE(LLM_Q4_1)
+    LLM_PACK_ROWS_CASE(LLM_Q5_0) LLM_PACK_ROWS_CASE(LLM_Q5_1) LLM_PACK_ROWS_CASE(LLM_Q2_K)
+    LLM_PACK_ROWS_CASE(LLM_Q3_K) LLM_PACK_ROWS_CASE(LLM_Q4_K) LLM_PACK_ROWS_CASE(LLM_Q5_K)
+    LLM_PACK_ROWS_CASE(LLM_MXFP4) LLM_PACK_ROWS_CASE(LLM_Q6_K)
     }
+#undef LLM_PACK_ROWS_CASE
 }
-static void llm_pack_mul(uint32_t type, int wide, const llm_pack_group *pack, int64_t n_groups,
-                         const llm_q8 *x, int64_t x_stride, int nc, float *out, int64_t out_stride) {
+/* xa: the activations as 16-bit integers where llm_pack_pairs_of(type, wide), else NULL */
+static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_groups, const llm_q8 *x,
+                         const int16_t *xa, int64_t x_stride, int nc, float *out, int64_t out_stride) {
 #define LLM_PACK_CALL(k, s, T, W)                                                                          \
-    llm_pack_dot(T, W, pack, n_groups, x + (s) * x_stride, x_stride, k, out + (s) * out_stride, out_stride)
+    llm_pack_dot(T, W, pack, n_groups, x + (s) * x_stride, xa ? xa + (s) * x_stride * 32 : NULL, x_stride, \
+                 k, out + (s) * out_stride, out_stride)
 #define LLM_PACK_WIDTHS(T, W) LLM_BY_TOKENS(nc, LLM_PACK_CALL, T, W);
 #define LLM_PACK_CASE(T)                                                                                   \
     case T:                                                                                                \
@@ -5431,29 +5485,32 @@ static int llm_matmul_kind(uint32_t type, int path) {
  * token's time: 4 tokens packed 3.5, row at a time 2.2-2.4; 8 tokens 4.3-4.5 and 4.8-5.9; 16: 6.0 and 10) */
 #define LLM_PACK_MIN_TOKENS 8
 #ifdef LLM_CPU_SIMD
-/* One tile of rows r0..r1 (of rows), packed 8 rows at a time, times every token's quantized activations */
-static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t type, const uint8_t *tile_data,
-                              size_t row_bytes, int64_t r0, int64_t r1, int64_t rows, int64_t cols, int T,
-                              llm_pack_group *pack) {
+/* One tile of rows r0..r1 (of rows), packed 8 rows at a time, times every token's quantized activations
+ * (xa: as 16-bit integers, or NULL, as llm_pack_mul has them) */
+static void llm_matmul_packed(float *out, const llm_q8 *xq, const int16_t *xa, int wide, uint32_t type,
+                              const uint8_t *tile_data, size_t row_bytes, int64_t r0, int64_t r1, int64_t rows,
+                              int64_t cols, int T, uint8_t *pack) {
     int64_t n_groups = cols / 32;
+    size_t pack_bytes = (size_t)n_groups * llm_pack_group_bytes(type, wide); /* 8 rows' */
     int n_packs = (int)((r1 - r0 + LLM_PACK_ROWS - 1) / LLM_PACK_ROWS);
     for (int i = 0; i < n_packs; i++) {
         int64_t n_rows = r1 - r0 - i * LLM_PACK_ROWS;
-        llm_pack(type, tile_data + (size_t)i * LLM_PACK_ROWS * row_bytes, row_bytes,
-                 n_rows < LLM_PACK_ROWS ? (int)n_rows : LLM_PACK_ROWS, cols, pack + i * n_groups);
+        llm_pack(type, wide, tile_data + (size_t)i * LLM_PACK_ROWS * row_bytes, row_bytes,
+                 n_rows < LLM_PACK_ROWS ? (int)n_rows : LLM_PACK_ROWS, cols, pack + i * pack_bytes);
     }
     for (int t = 0; t < T; t += LLM_DOT_MAX_COLS) {
         int nc = T - t < LLM_DOT_MAX_COLS ? T - t : LLM_DOT_MAX_COLS;
+        const int16_t *xat = xa ? xa + (size_t)t * cols : NULL;
         for (int i = 0; i < n_packs; i++) {
             int64_t first = r0 + i * LLM_PACK_ROWS, n_rows = r1 - first;
             float v[LLM_DOT_MAX_COLS][LLM_PACK_ROWS];
             if (n_rows >= LLM_PACK_ROWS) { /* straight into out */
-                llm_pack_mul(type, wide, pack + i * n_groups, n_groups, xq + (size_t)t * n_groups, n_groups,
-                             nc, out + (size_t)t * rows + first, rows);
+                llm_pack_mul(type, wide, pack + i * pack_bytes, n_groups, xq + (size_t)t * n_groups, xat,
+                             n_groups, nc, out + (size_t)t * rows + first, rows);
                 continue;
             }
-            llm_pack_mul(type, wide, pack + i * n_groups, n_groups, xq + (size_t)t * n_groups, n_groups, nc,
-                         v[0], LLM_PACK_ROWS);
+            llm_pack_mul(type, wide, pack + i * pack_bytes, n_groups, xq + (size_t)t * n_groups, xat,
+                         n_groups, nc, v[0], LLM_PACK_ROWS);
             for (int c = 0; c < nc; c++)
                 memcpy(out + (size_t)(t + c) * rows + first, v[c], (size_t)n_rows * sizeof(float));
         }
@@ -5470,8 +5527,14 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
         for (int t = 0; t < T; t++)
             llm_q8_quantize(x + (size_t)t * cols, xq + (size_t)t * (cols / 32), cols, wide);
     }
+    int16_t *xa = NULL; /* llm_pack_pairs_of's activations: 256 q + r */
 #ifdef LLM_CPU_SIMD
     if (kind == LLM_ROWS_Q8 && T >= LLM_PACK_MIN_TOKENS) kind = LLM_ROWS_PACKED;
+    if (kind == LLM_ROWS_PACKED && llm_pack_pairs_of(w->type, wide)) {
+        if (!(xa = (int16_t *)malloc((size_t)T * (size_t)cols * sizeof(int16_t)))) { free(xq); return -1; }
+        for (int64_t b = 0; b < T * (cols / 32); b++)
+            for (int i = 0; i < 32; i++) xa[b * 32 + i] = (int16_t)(256 * xq[b].q[i] + xq[b].r[i]);
+    }
 #endif
     #pragma omp parallel
     {
@@ -5482,10 +5545,10 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
             failed = 1;
         }
 #ifdef LLM_CPU_SIMD
-        llm_pack_group *pack = NULL; /* the tile's rows, packed: 8 at a time */
+        uint8_t *pack = NULL; /* the tile's rows, packed: 8 at a time */
         if (kind == LLM_ROWS_PACKED &&
-            !(pack = (llm_pack_group *)malloc((size_t)LLM_MATMUL_TILE * (size_t)(cols / 32) *
-                                              sizeof(llm_pack_group) / LLM_PACK_ROWS))) {
+            !(pack = (uint8_t *)malloc((size_t)LLM_MATMUL_TILE * (size_t)(cols / 32) *
+                                       llm_pack_group_bytes(w->type, wide) / LLM_PACK_ROWS))) {
             #pragma omp atomic write
             failed = 1;
         }
@@ -5498,8 +5561,8 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
 #ifdef LLM_CPU_SIMD
             if (kind == LLM_ROWS_PACKED) {
                 if (pack)
-                    llm_matmul_packed(out, xq, wide, w->type, tile_data, row_bytes, r0, r1, rows, cols, T,
-                                      pack);
+                    llm_matmul_packed(out, xq, xa, wide, w->type, tile_data, row_bytes, r0, r1, rows, cols,
+                                      T, pack);
                 continue;
             }
             if (kind == LLM_ROWS_HALF) { /* tiles of up to 2 rows and 3 tokens */
@@ -5531,8 +5594,6 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
                         llm_q8_dot(w->type, wide, row, xq + (size_t)t * (cols / 32), cols, cols / 32, nc, v);
                         break;
                     case LLM_ROWS_F32: llm_dot_rows((const float *)row, xt, cols, nc, cols, v); break;
-#ifdef LLM_CPU_SIMD
-#endif
                     default: llm_dot_rows(converted + (size_t)(r - r0) * cols, xt, cols, nc, cols, v); break;
                     }
                     for (int c = 0; c < nc; c++) out[(size_t)(t + c) * rows + r] = v[c];
@@ -5544,7 +5605,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
         free(pack);
 #endif
     }
-    free(xq);
+    free(xq); free(xa);
     return failed ? -1 : 0;
 }
 
