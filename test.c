@@ -4050,8 +4050,7 @@ static void test_backend_budget(void) {
 static void test_draft_pool_memory(void) {
     llm_engine_config cfg = engine_config("stories260K.gguf");
     cfg.create_backend = flaky_create; cfg.spec_tokens = 3; cfg.spec_model_path = model_path("stories260K.gguf");
-    flaky_calls = 0; flaky_fail_at = -1;
-    flaky_device_free = (size_t)1 << 30;
+    flaky_device_free = (size_t)1 << 30; /* no step runs: flaky_calls and flaky_fail_at play no part */
     llm_engine *e = engine_new(&cfg);
     flaky_device_free = 0; /* read by flaky_create only */
     if (!e) return;
