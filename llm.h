@@ -6057,9 +6057,9 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         }
     /* attention's runs: consecutive tokens of a sequence at consecutive positions (a prompt's), as many as
      * make LLM_DOT_MAX_VECTORS queries of a K/V head, meet each k_p together (llm_cpu_attention) */
-    int32_t *run_start = seq_of + T, n_runs = 0, group_calls = (group + LLM_MAX_GROUP - 1) / LLM_MAX_GROUP;
-    int run_queries = group < LLM_MAX_GROUP ? group : LLM_MAX_GROUP;
-    int run_tokens = LLM_DOT_MAX_VECTORS / run_queries;
+    int32_t *run_start = seq_of + T;
+    int n_runs = 0, group_calls = (group + LLM_MAX_GROUP - 1) / LLM_MAX_GROUP;
+    int run_tokens = LLM_DOT_MAX_VECTORS / (group < LLM_MAX_GROUP ? group : LLM_MAX_GROUP);
     for (int t = 0; t < T; t++)
         if (t == 0 || seq_of[t] != seq_of[t - 1] || b->positions[t] != b->positions[t - 1] + 1 ||
             t - run_start[n_runs - 1] == run_tokens)
