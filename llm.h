@@ -5189,15 +5189,13 @@ static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, i
                     v[r] = _mm256_xor_si256(v[r], _mm256_set1_epi8((char)0x80));
             }
             llm_pack_scales *s;
-            if (pairs) { /* values 0-15, then 16-31, widened (q8_0's signed), transposed in pairs */
+            if (pairs) { /* values 0-15, then 16-31, sign-extended (q8_0's), transposed in pairs */
                 llm_pack_pairs *pp = (llm_pack_pairs *)at;
                 for (int part = 0; part < 2; part++) {
                     __m256i v16[LLM_PACK_ROWS];
-                    for (int r = 0; r < LLM_PACK_ROWS; r++) {
-                        __m128i half = part ? _mm256_extracti128_si256(v[r], 1)
-                                            : _mm256_castsi256_si128(v[r]);
-                        v16[r] = type == LLM_Q8_0 ? _mm256_cvtepi8_epi16(half) : _mm256_cvtepu8_epi16(half);
-                    }
+                    for (int r = 0; r < LLM_PACK_ROWS; r++)
+                        v16[r] = _mm256_cvtepi8_epi16(part ? _mm256_extracti128_si256(v[r], 1)
+                                                           : _mm256_castsi256_si128(v[r]));
                     llm_avx2_transpose8(v16);
                     for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)pp->q[part * 8 + j], v16[j]);
                 }
@@ -5744,9 +5742,9 @@ static void llm_cpu_kv_store(const llm_cpu *c, void *dst, const float *src, int 
     for (int i = 0; i < n; i++) ((uint16_t *)dst)[i] = llm_f32_to_f16(src[i]);
 }
 
-/* q . k for nq queries (1 to 4, hd apart) and a cached k, into out[0..nq-1]: k read once for them */
+/* q . k for nq queries (hd apart) and a cached k, into out[0..nq-1]: k read once for them */
 static void llm_cpu_kv_dots(const llm_cpu *c, const float *q, int nq, const void *k, int hd, float *out) {
-    if (!c->kv_half) { llm_dot_rows((const float *)k, q, hd, nq, hd, out); return; }
+    if (!c->kv_half) { llm_dot_many((const float *)k, q, hd, nq, hd, out); return; }
 #ifdef LLM_CPU_SIMD
     for (int g = 0; g < nq; g += LLM_HALF_TOKENS)
         llm_dot_half(LLM_F16, (const uint16_t *)k, 0, 1, q + g * hd, hd,
@@ -5826,16 +5824,8 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
         const uint8_t *kp = llm_cpu_kv_at(c, c->k, index, block_table, p0) + kv_head * head_bytes;
         for (int p = p0; p < n_ctx && p < p0 + bs; p++, kp += per_slot) {
             if (p < first) continue;
-            if (!c->kv_half) { /* a token's dots with later positions are left unused */
-                llm_dot_many((const float *)kp, queries, hd, nqt, hd, dots);
-                for (int j = 0; j < nqt; j++) scores[(size_t)j * n_ctx + p] = dots[j] * scale;
-                continue;
-            }
-            for (int j0 = 0; j0 < nqt; j0 += 4) {
-                int n = nqt - j0 < 4 ? nqt - j0 : 4;
-                llm_cpu_kv_dots(c, queries + (size_t)j0 * hd, n, kp, hd, dots);
-                for (int j = j0; j < j0 + n; j++) scores[(size_t)j * n_ctx + p] = dots[j - j0] * scale;
-            }
+            llm_cpu_kv_dots(c, queries, nqt, kp, hd, dots); /* a token's dots with later p are left unused */
+            for (int j = 0; j < nqt; j++) scores[(size_t)j * n_ctx + p] = dots[j] * scale;
         }
     }
     for (int i = 0; i < nt; i++) { /* token i: positions first_i..pos + i */
