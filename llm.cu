@@ -206,6 +206,28 @@ __global__ void moe_combine_kernel(float *x, const float *y, const int *row_of, 
     }
 }
 
+/* qwen2moe's shared expert, added to each token's residual row: x[t] += sigmoid(gate_inp . xn[t]) y[t] (one
+ * block per token: the gate's dot product, reduced over the block, then the row) */
+__global__ void shared_expert_add_kernel(float *x, const float *y, const bf16 *xn, int ld,
+                                         const float *gate_inp, int D) {
+    __shared__ float warp_sums[32];
+    __shared__ float gate;
+    int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float s = 0.0f;
+    for (int d = threadIdx.x; d < D; d += blockDim.x)
+        s += gate_inp[d] * __bfloat162float(xn[(size_t)t * ld + d]);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    if (lane == 0) warp_sums[warp] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float logit = 0.0f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) logit += warp_sums[w];
+        gate = 1.0f / (1.0f + expf(-logit));
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < D; d += blockDim.x) x[(size_t)t * D + d] += gate * y[(size_t)t * D + d];
+}
+
 /* gpt-oss's experts: act = min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, -7, 7) + 1) on gate and up with the
  * expert's biases (rows rows of gu, as swiglu_kernel's layout), and its down bias added to its output rows */
 __global__ void oss_act_kernel(bf16 *act, int lda, const float *gu, int F, const float *bg, const float *bu,
@@ -295,15 +317,12 @@ __global__ void qkv_prep_kernel(prep_args a) {
 /* -----------------------------------------------------------------------------------------------------------
  * GEMM on the tensor cores: C[M][N] (=|+=) A[M][K] * B[N][K]^T, A and B bf16 (K contiguous, rows 16-byte
  * aligned: lda, ldb multiples of 8, K a multiple of 8 with zero padding beyond the real K), C f32.
- * Tiles BM x BN x 32 go global -> shared memory with cp.async in a STAGES-deep pipeline, shared -> registers
- * with ldmatrix, and through mma.sync m16n8k16 (bf16 in, f32 accumulate). Rows of shared memory are 40 values
- * (80 bytes) apart, so the 8 rows an ldmatrix phase reads fall in 8 different bank groups.
+ * Tiles BM x BN x BK go global -> shared memory with cp.async in a STAGES-deep pipeline, shared -> registers
+ * with ldmatrix, and through mma.sync m16n8k16 (bf16 in, f32 accumulate). Rows of shared memory are BK + 8
+ * values apart (80 or 144 bytes), so the 8 rows an ldmatrix phase reads fall in 8 different bank groups.
  * Split-K (gridDim.z > 1) adds partial products with atomicAdd when the tiles alone would leave SMs idle
  * (decode: M is tiny, the work is reading the weights, and every SM should be reading).
  * -------------------------------------------------------------------------------------------------------- */
-#define GEMM_BK 32
-#define GEMM_SROW 40 /* GEMM_BK + 8 values of padding */
-#define GEMM_STAGES 4
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -531,40 +550,42 @@ struct gemm_args {
  * the same tile the bf16 path fills with cp.async. Those stores are plain synchronous ones; the pipeline
  * keeps them right because a stage is only refilled after the __syncthreads that ends its last reading, and
  * only read after the __syncthreads of the iteration that consumes it. */
-template <int BM, int BN, int WARPS_M, int WARPS_N, int QT>
+template <int BM, int BN, int WARPS_M, int WARPS_N, int BK, int STAGES, int QT>
 __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32) gemm_kernel(gemm_args g) {
     static_assert(QT == LLM_BF16 || is_quant(QT), "gemm_kernel: B is bf16 or quantized");
+    static_assert(BK % 16 == 0 && STAGES >= 2, "gemm_kernel: BK a multiple of 16, two stages at least");
     constexpr int THREADS = WARPS_M * WARPS_N * 32;
+    constexpr int SROW = BK + 8, CPR = BK / 8;            /* a shared row's values; its 16-byte chunks */
     constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N; /* one warp's tile */
     constexpr int MT = WTM / 16, NT = WTN / 8;            /* mma tiles per warp */
     static_assert(MT >= 1 && NT >= 2 && NT % 2 == 0, "warp tile must be 16 x 16 at least");
     extern __shared__ __align__(16) unsigned char gemm_smem[];
     bf16 *As = (bf16 *)gemm_smem;                          /* [STAGES][BM][SROW] */
-    bf16 *Bs = As + GEMM_STAGES * BM * GEMM_SROW;          /* [STAGES][BN][SROW] */
+    bf16 *Bs = As + STAGES * BM * SROW;                    /* [STAGES][BN][SROW] */
 
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int wm = warp / WARPS_N, wn = warp % WARPS_N;
     int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
-    int k_tiles = cdiv(g.K, GEMM_BK);
+    int k_tiles = cdiv(g.K, BK);
     int kt_begin = blockIdx.z * g.k_tiles_split;
     int kt_end = min(k_tiles, kt_begin + g.k_tiles_split);
     int n_kt = kt_end - kt_begin;
     if (n_kt <= 0) return;
 
-    /* each tile row is 4 chunks of 16 bytes; out-of-range rows and K chunks are zero-filled */
+    /* each tile row is CPR chunks of 16 bytes; out-of-range rows and K chunks are zero-filled */
     auto load_stage = [&](int stage, int kt) {
-        int k0 = kt * GEMM_BK;
-        bf16 *as = As + stage * BM * GEMM_SROW, *bs = Bs + stage * BN * GEMM_SROW;
-        for (int c = tid; c < BM * 4; c += THREADS) {
-            int r = c >> 2, kc = (c & 3) * 8, gr = m0 + r, gk = k0 + kc;
+        int k0 = kt * BK;
+        bf16 *as = As + stage * BM * SROW, *bs = Bs + stage * BN * SROW;
+        for (int c = tid; c < BM * CPR; c += THREADS) {
+            int r = c / CPR, kc = (c % CPR) * 8, gr = m0 + r, gk = k0 + kc;
             bool ok = gr < g.M && gk < g.K;
-            cp_async16(as + r * GEMM_SROW + kc, g.A + (ok ? (size_t)gr * g.lda + gk : 0), ok);
+            cp_async16(as + r * SROW + kc, g.A + (ok ? (size_t)gr * g.lda + gk : 0), ok);
         }
-        for (int c = tid; c < BN * 4; c += THREADS) {
-            int r = c >> 2, kc = (c & 3) * 8, gr = n0 + r, gk = k0 + kc;
+        for (int c = tid; c < BN * CPR; c += THREADS) {
+            int r = c / CPR, kc = (c % CPR) * 8, gr = n0 + r, gk = k0 + kc;
             bool ok = gr < g.N && gk < g.K;
             if constexpr (QT == LLM_BF16) {
-                cp_async16(bs + r * GEMM_SROW + kc, g.B + (ok ? (size_t)gr * g.ldb + gk : 0), ok);
+                cp_async16(bs + r * SROW + kc, g.B + (ok ? (size_t)gr * g.ldb + gk : 0), ok);
             } else {
                 uint4 packed = make_uint4(0, 0, 0, 0); /* zeros beyond N and K, as cp.async's fill */
                 if (ok) {
@@ -574,7 +595,7 @@ __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32) gemm_kernel(gemm_args g
 #pragma unroll
                     for (int j = 0; j < 4; j++) h[j] = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
                 }
-                *(uint4 *)(bs + r * GEMM_SROW + kc) = packed;
+                *(uint4 *)(bs + r * SROW + kc) = packed;
             }
         }
     };
@@ -588,31 +609,30 @@ __global__ void __launch_bounds__(WARPS_M *WARPS_N * 32) gemm_kernel(gemm_args g
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
 
 #pragma unroll
-    for (int s = 0; s < GEMM_STAGES - 1; s++) {
+    for (int s = 0; s < STAGES - 1; s++) {
         if (s < n_kt) load_stage(s, kt_begin + s);
         cp_async_commit(); /* an empty group keeps the wait counts uniform */
     }
     for (int i = 0; i < n_kt; i++) {
-        cp_async_wait<GEMM_STAGES - 2>(); /* tile i has landed (for this thread's copies) ... */
+        cp_async_wait<STAGES - 2>(); /* tile i has landed (for this thread's copies) ... */
         __syncthreads();                  /* ... and everyone's; and everyone is done with tile i-1's stage */
-        int next = i + GEMM_STAGES - 1;
-        if (next < n_kt) load_stage(next % GEMM_STAGES, kt_begin + next);
+        int next = i + STAGES - 1;
+        if (next < n_kt) load_stage(next % STAGES, kt_begin + next);
         cp_async_commit();
 
-        const bf16 *as = As + (i % GEMM_STAGES) * BM * GEMM_SROW,
-                   *bs = Bs + (i % GEMM_STAGES) * BN * GEMM_SROW;
+        const bf16 *as = As + (i % STAGES) * BM * SROW, *bs = Bs + (i % STAGES) * BN * SROW;
 #pragma unroll
-        for (int kk = 0; kk < GEMM_BK; kk += 16) {
+        for (int kk = 0; kk < BK; kk += 16) {
             unsigned af[MT][4], bfr[NT][2];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) /* lanes 0-15: rows 0-15 at k, lanes 16-31: rows 0-15 at k+8 */
                 ldmatrix_x4(af[mt],
-                            as + (wm * WTM + mt * 16 + (lane & 15)) * GEMM_SROW + kk + (lane >> 4) * 8);
+                            as + (wm * WTM + mt * 16 + (lane & 15)) * SROW + kk + (lane >> 4) * 8);
             /* two n8 tiles at a time: matrices (n0-7,k0-7) (n0-7,k8-15) (n8-15,k0-7) (n8-15,k8-15) */
 #pragma unroll
             for (int nt = 0; nt < NT; nt += 2) {
                 unsigned r[4];
-                ldmatrix_x4(r, bs + (wn * WTN + nt * 8 + (lane & 7) + (lane >> 4) * 8) * GEMM_SROW + kk +
+                ldmatrix_x4(r, bs + (wn * WTN + nt * 8 + (lane & 7) + (lane >> 4) * 8) * SROW + kk +
                                    ((lane >> 3) & 1) * 8);
                 bfr[nt][0] = r[0]; bfr[nt][1] = r[1]; bfr[nt + 1][0] = r[2]; bfr[nt + 1][1] = r[3];
             }
@@ -675,16 +695,19 @@ struct attn_args {
 
 /* ROWS: query rows per warp, a compile-time constant so that the per-row state stays in registers and no row
  * loop carries a run-time guard; the host picks the smallest that covers the step (decode: the GQA group /
- * 4). */
-template <int ROWS>
+ * 4). HD: the head dimension when compiled for it (64, 128: the loops over a row unrolled, each lane's
+ * output dims exactly its own), or 0 for any head_dim up to MAX_HEAD_DIM (a lane loops over MAX_HEAD_DIM / 32
+ * dims, guarded: for head_dim 64 three quarters of that work is masked off). */
+template <int ROWS, int HD>
 __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a) {
     extern __shared__ __align__(16) float att_smem[];
-    int hd = a.hd, G = a.n_heads / a.n_kv_heads, kv_stride = hd + 8;
-    float *qs = att_smem;                          /* [ATT_MAX_ROWS][hd] */
+    constexpr int DMAX = HD ? HD : MAX_HEAD_DIM;   /* a lane's output dims: DMAX / 32 of them */
+    const int hd = HD ? HD : a.hd, G = a.n_heads / a.n_kv_heads, kv_stride = hd + 8;
+    float *qs = att_smem;                          /* [ROWS * ATT_WARPS][hd]: this block's query rows */
     /* K and V tiles as they are in the cache (bf16), two of each: the next tile is in flight (cp.async) while
      * this one is used. Rows are padded by 16 bytes so that lanes reading 16 bytes of consecutive rows hit
      * different banks. */
-    bf16 *kvs = (bf16 *)(qs + ATT_MAX_ROWS * hd);  /* [2][K, V][ATT_KT][hd + 8] */
+    bf16 *kvs = (bf16 *)(qs + ROWS * ATT_WARPS * hd); /* [2][K, V][ATT_KT][hd + 8] */
     __shared__ int qpos[ATT_MAX_ROWS];
 
     attn_work w = a.work[blockIdx.x];
@@ -723,12 +746,12 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a) {
     }
     for (int r = tid; r < n_rows; r += blockDim.x) qpos[r] = a.positions[w.tok0 + r / G];
 
-    float m[ROWS], l[ROWS], acc[ROWS][MAX_HEAD_DIM / 32];
+    float m[ROWS], l[ROWS], acc[ROWS][DMAX / 32];
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
         m[r] = -INFINITY; l[r] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < MAX_HEAD_DIM / 32; i++) acc[r][i] = 0.0f;
+        for (int i = 0; i < DMAX / 32; i++) acc[r][i] = 0.0f;
     }
     for (int k0 = kv_begin, it = 0; k0 < kv_end; k0 += ATT_KT, it++) {
         if (k0 + ATT_KT < kv_end) load_tile((it + 1) & 1, k0 + ATT_KT);
@@ -774,7 +797,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a) {
             l[r] = l[r] * corr + warp_sum(p[r]);
             m[r] = m_new;
 #pragma unroll
-            for (int i = 0; i < MAX_HEAD_DIM / 32; i++) acc[r][i] *= corr;
+            for (int i = 0; i < DMAX / 32; i++) acc[r][i] *= corr;
         }
         /* out += p V: each V value read once from shared memory for all the warp's rows */
         for (int j = 0; j < ATT_KT; j++) {
@@ -782,9 +805,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a) {
 #pragma unroll
             for (int r = 0; r < ROWS; r++) pj[r] = __shfl_sync(0xffffffffu, p[r], j);
 #pragma unroll
-            for (int i = 0; i < MAX_HEAD_DIM / 32; i++) {
+            for (int i = 0; i < DMAX / 32; i++) {
                 int d = lane + 32 * i;
-                if (d < hd) {
+                if (HD || d < hd) {
                     float v = __bfloat162float(vt[j * kv_stride + d]);
 #pragma unroll
                     for (int r = 0; r < ROWS; r++) acc[r][i] += pj[r] * v; /* rows past the end have p = 0 */
@@ -805,16 +828,16 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a) {
             float lt = l[r] + (a.sinks ? exp2f(a.sinks[h] * 1.4426950408889634f - m[r]) : 0.0f);
             float inv = lt > 0 ? 1.0f / lt : 0.0f;
 #pragma unroll
-            for (int i = 0; i < MAX_HEAD_DIM / 32; i++) {
+            for (int i = 0; i < DMAX / 32; i++) {
                 int d = lane + 32 * i;
-                if (d < hd) a.out[(size_t)t * a.ldo + h * hd + d] = __float2bfloat16(acc[r][i] * inv);
+                if (HD || d < hd) a.out[(size_t)t * a.ldo + h * hd + d] = __float2bfloat16(acc[r][i] * inv);
             }
         } else {
             size_t prow = (size_t)(a.tok_partbase[t] + w.part) * a.n_heads + h;
 #pragma unroll
-            for (int i = 0; i < MAX_HEAD_DIM / 32; i++) {
+            for (int i = 0; i < DMAX / 32; i++) {
                 int d = lane + 32 * i;
-                if (d < hd) a.part_acc[prow * hd + d] = acc[r][i];
+                if (HD || d < hd) a.part_acc[prow * hd + d] = acc[r][i];
             }
             if (lane == 0) { a.part_ml[prow * 2] = m[r]; a.part_ml[prow * 2 + 1] = l[r]; }
         }
@@ -890,6 +913,9 @@ typedef struct {
      * it routes), the experts' biases [n_experts][expert_ffn_dim] (gate, up) and [n_experts][dim] (down) */
     float *sinks, *bo, *gate_exps_b, *up_exps_b, *down_exps_b;
     const float *router_b;
+    /* qwen2moe's shared expert: gate and up stacked as wgu's, down, its gate's vector [dim] (else NULL) */
+    dmat shexp_gu, shexp_down;
+    float *shexp_gate_inp;
 } dlayer;
 
 typedef struct {
@@ -913,6 +939,7 @@ typedef struct {
     /* scratch, for cap_tokens tokens */
     int cap_tokens, cap_logits, cap_parts, cap_ints;
     int ld_dim, ld_q, ld_ffn;                  /* padded row strides of the bf16 GEMM inputs */
+    int ffn_width;                             /* the widest dense FFN: ffn_dim or qwen2moe's shared expert */
     float *x, *qkv, *q, *gu, *delta, *logits, *part_acc, *part_ml; /* delta: a block's output (Gemma 3) */
     /* a mixture of experts' step, for cap_tokens tokens: router logits [T][n_experts] (and their pinned host
      * copy), the rows gathered by expert [T K] (bf16 in, gate/up out, SwiGLU, down out), and the routing the
@@ -929,6 +956,8 @@ typedef struct {
     cudaGraphExec_t graph; int graph_tokens, graph_logits, graph_bt_stride, use_graphs;
     int last_tokens, last_logits, last_bt_stride; /* the previous step's decode shape */
     cudaEvent_t timer[2];                      /* llm_cuda_run_*: made by the first timed run */
+    int gemm_config, gemm_no_split;            /* llm_cuda_run_gemm's tile shape, no split-K */
+    int attn_generic;                          /* llm_cuda_run_attention's: the kernel for any head_dim */
 } cuda_ctx;
 
 static int ctx_alloc(cuda_ctx *c, void **p, size_t bytes, char *err) {
@@ -1097,7 +1126,7 @@ static int ensure_scratch(cuda_ctx *c, int T, int n_logits, int n_part, int n_in
         CK(cudaMalloc((void **)&c->x, (size_t)cap * cf->dim * sizeof(float)));
         CK(cudaMalloc((void **)&c->qkv, (size_t)cap * (q_dim + 2 * kv_dim) * sizeof(float)));
         CK(cudaMalloc((void **)&c->q, (size_t)cap * q_dim * sizeof(float)));
-        CK(cudaMalloc((void **)&c->gu, (size_t)cap * 2 * cf->ffn_dim * sizeof(float)));
+        CK(cudaMalloc((void **)&c->gu, (size_t)cap * 2 * c->ffn_width * sizeof(float)));
         CK(cudaMalloc((void **)&c->delta, (size_t)cap * cf->dim * sizeof(float)));
         CK(cudaMalloc((void **)&c->xn, (size_t)cap * c->ld_dim * sizeof(bf16)));
         CK(cudaMalloc((void **)&c->att, (size_t)cap * c->ld_q * sizeof(bf16)));
@@ -1148,15 +1177,29 @@ static int ensure_scratch(cuda_ctx *c, int T, int n_logits, int n_part, int n_in
 /* -----------------------------------------------------------------------------------------------------------
  * Launchers
  * -------------------------------------------------------------------------------------------------------- */
-template <int BM, int BN, int WM, int WN, int QT>
+/* The GEMM's tile shapes: BM x BN, warps along M and N, BK, pipeline stages. GEMM_CONFIGS_ALL are compiled
+ * for every weight type (launch_gemm picks the 3rd to 6th; the first two, BK 32, were its choice for M > 32
+ * before, kept as the tuning table's baseline); GEMM_CONFIGS_BF16 for bf16 weights only, for tuning:
+ * llm_cuda_gemm_run.config times any of them, numbered in this order from 1. */
+#define GEMM_CONFIGS_ALL(X) \
+    X(128, 128, 2, 4, 32, 4) X(64, 128, 2, 4, 32, 4) X(32, 64, 1, 4, 32, 4) X(128, 128, 2, 4, 64, 3) \
+    X(64, 128, 2, 4, 64, 4) X(64, 64, 2, 2, 64, 4)
+#define GEMM_CONFIGS_BF16(X) \
+    X(128, 256, 2, 4, 32, 4) X(128, 256, 2, 4, 64, 3) X(256, 128, 4, 2, 64, 3) X(128, 64, 2, 2, 64, 4) \
+    X(64, 256, 1, 8, 64, 3) X(32, 128, 1, 4, 64, 4)
+#define GEMM_SMEM(BM, BN, BK, ST) ((size_t)(ST) * ((BM) + (BN)) * ((BK) + 8) * sizeof(bf16))
+
+template <int BM, int BN, int WM, int WN, int BK, int ST, int QT>
 static int launch_gemm_cfg(cuda_ctx *c, gemm_args g, char *err) {
     constexpr int threads = WM * WN * 32;
-    size_t smem = (size_t)GEMM_STAGES * (BM + BN) * GEMM_SROW * sizeof(bf16);
+    size_t smem = GEMM_SMEM(BM, BN, BK, ST);
     int tiles_m = cdiv(g.M, BM), tiles_n = cdiv(g.N, BN), tiles = tiles_m * tiles_n;
-    int k_tiles = cdiv(g.K, GEMM_BK);
-    /* split K when the tiles cannot fill the GPU twice over; keep >= 4 BK-tiles per slice for the pipeline */
-    int split = 1;
-    if (tiles < 2 * c->sm_count) {
+    int k_tiles = cdiv(g.K, BK);
+    /* split K when the tiles leave SMs idle: decode-sized M (the work is reading the weights) under two tiles
+     * per SM, larger M under three quarters of one (on an H100 a second wave of slices cost more than it gave
+     * there); keep >= 4 BK-tiles per slice for the pipeline */
+    int split = 1, fill = g.M <= 32 ? 2 * c->sm_count : 3 * c->sm_count / 4;
+    if (tiles < fill && !c->gemm_no_split) {
         split = cdiv(2 * c->sm_count, tiles);
         int max_split = k_tiles / 4 > 1 ? k_tiles / 4 : 1;
         if (split > max_split) split = max_split;
@@ -1170,42 +1213,91 @@ static int launch_gemm_cfg(cuda_ctx *c, gemm_args g, char *err) {
         CK(cudaMemset2DAsync(g.C, (size_t)g.ldc * sizeof(float), 0, (size_t)g.N * sizeof(float), g.M,
                              c->stream));
     dim3 grid(tiles_n, tiles_m, split);
-    gemm_kernel<BM, BN, WM, WN, QT><<<grid, threads, smem, c->stream>>>(g);
+    gemm_kernel<BM, BN, WM, WN, BK, ST, QT><<<grid, threads, smem, c->stream>>>(g);
     CK_LAUNCH();
     return 0;
 }
 
+template <int HD> static int set_attn_smem(cuda_ctx *c, char *err) {
+    const cudaFuncAttribute smem = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    CK(cudaFuncSetAttribute(attn_kernel<1, HD>, smem, (int)c->attn_smem));
+    CK(cudaFuncSetAttribute(attn_kernel<2, HD>, smem, (int)c->attn_smem));
+    CK(cudaFuncSetAttribute(attn_kernel<4, HD>, smem, (int)c->attn_smem));
+    CK(cudaFuncSetAttribute(attn_kernel<8, HD>, smem, (int)c->attn_smem));
+    return 0;
+}
+/* shared memory for ROWS rows a warp: the block's query rows (f32) and two K and V tiles (bf16); the fewer
+ * rows (decode), the more blocks an SM holds */
+static size_t attn_smem_bytes(int rows, int hd) {
+    return (size_t)rows * ATT_WARPS * hd * sizeof(float) + (size_t)4 * ATT_KT * (hd + 8) * sizeof(bf16);
+}
+template <int HD> static void launch_attn_hd(cuda_ctx *c, const attn_args &aa, dim3 grid, int rows) {
+    const int T = ATT_WARPS * 32, hd = c->cfg.head_dim;
+    if (rows <= 1) attn_kernel<1, HD><<<grid, T, attn_smem_bytes(1, hd), c->stream>>>(aa);
+    else if (rows <= 2) attn_kernel<2, HD><<<grid, T, attn_smem_bytes(2, hd), c->stream>>>(aa);
+    else if (rows <= 4) attn_kernel<4, HD><<<grid, T, attn_smem_bytes(4, hd), c->stream>>>(aa);
+    else attn_kernel<8, HD><<<grid, T, attn_smem_bytes(8, hd), c->stream>>>(aa);
+}
 static int launch_attn(cuda_ctx *c, const attn_args &aa, int n_work, int max_rows, char *err) {
     dim3 grid(n_work, c->cfg.n_kv_heads);
-    int rows = cdiv(max_rows, ATT_WARPS);
-    if (rows <= 1) attn_kernel<1><<<grid, ATT_WARPS * 32, c->attn_smem, c->stream>>>(aa);
-    else if (rows <= 2) attn_kernel<2><<<grid, ATT_WARPS * 32, c->attn_smem, c->stream>>>(aa);
-    else if (rows <= 4) attn_kernel<4><<<grid, ATT_WARPS * 32, c->attn_smem, c->stream>>>(aa);
-    else attn_kernel<8><<<grid, ATT_WARPS * 32, c->attn_smem, c->stream>>>(aa);
+    int rows = cdiv(max_rows, ATT_WARPS), hd = c->attn_generic ? 0 : c->cfg.head_dim;
+    if (hd == 64) launch_attn_hd<64>(c, aa, grid, rows);
+    else if (hd == 128) launch_attn_hd<128>(c, aa, grid, rows);
+    else launch_attn_hd<0>(c, aa, grid, rows);
     CK_LAUNCH();
     return 0;
 }
 
-template <int QT> static int set_gemm_smem_type(char *err) {
-    const cudaFuncAttribute smem = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    CK(cudaFuncSetAttribute(gemm_kernel<128, 128, 2, 4, QT>, smem, GEMM_STAGES * 256 * GEMM_SROW * 2));
-    CK(cudaFuncSetAttribute(gemm_kernel<64, 128, 2, 4, QT>, smem, GEMM_STAGES * 192 * GEMM_SROW * 2));
-    CK(cudaFuncSetAttribute(gemm_kernel<32, 64, 1, 4, QT>, smem, GEMM_STAGES * 96 * GEMM_SROW * 2));
+template <int BM, int BN, int WM, int WN, int BK, int ST, int QT> static int set_gemm_smem_cfg(char *err) {
+    CK(cudaFuncSetAttribute(gemm_kernel<BM, BN, WM, WN, BK, ST, QT>,
+                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)GEMM_SMEM(BM, BN, BK, ST)));
     return 0;
 }
-static int set_gemm_smem(char *err) {
-    if (set_gemm_smem_type<LLM_BF16>(err)) return -1;
-#define SET_SMEM(T) if (set_gemm_smem_type<T>(err)) return -1;
-    QUANT_TYPES(SET_SMEM)
+template <int QT> static int set_gemm_smem_type(char *err) {
+#define SET_SMEM(BM, BN, WM, WN, BK, ST) if (set_gemm_smem_cfg<BM, BN, WM, WN, BK, ST, QT>(err)) return -1;
+    GEMM_CONFIGS_ALL(SET_SMEM)
+    if constexpr (QT == LLM_BF16) { GEMM_CONFIGS_BF16(SET_SMEM) }
 #undef SET_SMEM
     return 0;
 }
+#define GEMM_CONFIG_NAME(BM, BN, WM, WN, BK, ST) #BM "x" #BN " warps " #WM "x" #WN " k" #BK " stages " #ST,
+static const char *const gemm_config_names[] = {GEMM_CONFIGS_ALL(GEMM_CONFIG_NAME)
+                                                GEMM_CONFIGS_BF16(GEMM_CONFIG_NAME)};
+static int set_gemm_smem(char *err) {
+    if (set_gemm_smem_type<LLM_BF16>(err)) return -1;
+#define SET_SMEM_TYPE(T) if (set_gemm_smem_type<T>(err)) return -1;
+    QUANT_TYPES(SET_SMEM_TYPE)
+#undef SET_SMEM_TYPE
+    return 0;
+}
 
-/* the tile shape follows M: decode (tiny M) wants many narrow tiles, prefill big ones */
+extern "C" const char *llm_cuda_gemm_config_name(int config) {
+    int n = (int)(sizeof gemm_config_names / sizeof gemm_config_names[0]);
+    return config >= 1 && config <= n ? gemm_config_names[config - 1] : NULL;
+}
+
+/* The tile shape by M and the product's shape, as timed on an H100 over llama-3.2-1b's matrices at M = 64 to
+ * 8192, bf16 and q4_K / q8_0 weights (results/2026-11-27-h100-80gb-hbm3-gemm-tiles.log): decode (M <= 32)
+ * many narrow tiles; M <= 96 64 x 128; larger M 128 x 128, or for bf16 64 x 64 when 128 x 128 tiles would
+ * leave a quarter of the SMs idle and K is too short for split-K to pay (the QKV and output projections up
+ * to M = 512). Not for quantized weights: the tile loader dequantizes B once per tile, which 64-row tiles
+ * do twice as often per product (2x slower there). From M = 64 on, BK 64 was faster than 32 at every shape,
+ * by 1.2 to 1.5x. c->gemm_config > 0: that entry of the GEMM_CONFIGS lists instead (tuning). */
 template <int QT> static int launch_gemm(cuda_ctx *c, gemm_args g, char *err) {
-    if (g.M <= 32) return launch_gemm_cfg<32, 64, 1, 4, QT>(c, g, err);
-    if (g.M <= 96) return launch_gemm_cfg<64, 128, 2, 4, QT>(c, g, err);
-    return launch_gemm_cfg<128, 128, 2, 4, QT>(c, g, err);
+    if (c->gemm_config > 0) {
+        int k = 0;
+#define TRY_CONFIG(BM, BN, WM, WN, BK, ST) \
+        if (++k == c->gemm_config) return launch_gemm_cfg<BM, BN, WM, WN, BK, ST, QT>(c, g, err);
+        GEMM_CONFIGS_ALL(TRY_CONFIG)
+        if constexpr (QT == LLM_BF16) { GEMM_CONFIGS_BF16(TRY_CONFIG) }
+#undef TRY_CONFIG
+        return fail(err, "gemm: that tile shape is compiled for bf16 weights only");
+    }
+    if (g.M <= 32) return launch_gemm_cfg<32, 64, 1, 4, 32, 4, QT>(c, g, err);
+    if (g.M <= 96) return launch_gemm_cfg<64, 128, 2, 4, 64, 4, QT>(c, g, err);
+    if (QT == LLM_BF16 && cdiv(g.M, 128) * cdiv(g.N, 128) < 3 * c->sm_count / 4 && g.K < 4096)
+        return launch_gemm_cfg<64, 64, 2, 2, 64, 4, QT>(c, g, err);
+    return launch_gemm_cfg<128, 128, 2, 4, 64, 3, QT>(c, g, err);
 }
 
 template <int T> static int launch_gemv(cuda_ctx *c, const gemv_args &g, char *err) {
@@ -1498,6 +1590,17 @@ static int moe_ffn(cuda_ctx *c, const dlayer *ly, int T, char *err) {
     moe_combine_kernel<<<T, 256, 0, st>>>(c->x, c->moe_y, c->moe_route_d + T * K,
                                           (const float *)(c->moe_route_d + 2 * T * K), K, D);
     CK_LAUNCH();
+    if (!ly->shexp_gate_inp) return 0;
+    /* qwen2moe's shared expert: every token through one more SwiGLU FFN, as the dense layers' (gu, act), its
+     * output (in delta) added gated */
+    int Fs = cf->shared_ffn_dim;
+    if (gemm(c, c->gu, 2 * Fs, c->xn, c->ld_dim, &ly->shexp_gu, T, 0, err)) return -1;
+    swiglu_kernel<<<dim3(cdiv(c->ld_ffn, 256), T < 65535 ? T : 65535), 256, 0, st>>>(c->act, c->ld_ffn, c->gu,
+                                                                                   Fs, 0, T);
+    CK_LAUNCH();
+    if (gemm(c, c->delta, D, c->act, c->ld_ffn, &ly->shexp_down, T, 0, err)) return -1;
+    shared_expert_add_kernel<<<T, 256, 0, st>>>(c->x, c->delta, c->xn, c->ld_dim, ly->shexp_gate_inp, D);
+    CK_LAUNCH();
     return 0;
 }
 
@@ -1730,17 +1833,13 @@ static int ctx_init_device(cuda_ctx *c, const llm_config *cf, char *err) {
     }
     CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     if (set_gemm_smem(err)) return -1;
-    c->attn_smem = (size_t)ATT_MAX_ROWS * cf->head_dim * sizeof(float) +
-                   (size_t)4 * ATT_KT * (cf->head_dim + 8) * sizeof(bf16);
-    const cudaFuncAttribute smem = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    CK(cudaFuncSetAttribute(attn_kernel<1>, smem, (int)c->attn_smem));
-    CK(cudaFuncSetAttribute(attn_kernel<2>, smem, (int)c->attn_smem));
-    CK(cudaFuncSetAttribute(attn_kernel<4>, smem, (int)c->attn_smem));
-    CK(cudaFuncSetAttribute(attn_kernel<8>, smem, (int)c->attn_smem));
+    c->attn_smem = attn_smem_bytes(ATT_MAX_ROWS / ATT_WARPS, cf->head_dim); /* the most a launch asks for */
+    if (set_attn_smem<0>(c, err) || set_attn_smem<64>(c, err) || set_attn_smem<128>(c, err)) return -1;
     c->part_size = 512;
     c->ld_dim = round_up(cf->dim, 8);
     c->ld_q = round_up(cf->n_heads * cf->head_dim, 8);
-    c->ld_ffn = round_up(cf->ffn_dim, 8);
+    c->ffn_width = cf->shared_ffn_dim > cf->ffn_dim ? cf->shared_ffn_dim : cf->ffn_dim;
+    c->ld_ffn = round_up(c->ffn_width, 8);
     /* RoPE's frequencies as the file scales them: the global layers' and the local layers' (their own base and
      * scale) */
     float inv[MAX_HEAD_DIM / 2] = {0};
@@ -1795,6 +1894,13 @@ static int upload_model(cuda_ctx *c, const llm_model *m, char *err) {
                 const float *v = (const float *)bs[k]->data;
                 if (v && upload_f32(c, to[k], &v, &len, 1, err)) return -1;
             }
+            if (L->shared_gate.data) { /* qwen2moe */
+                const llm_weight *sgu[2] = {&L->shared_gate, &L->shared_up}, *sd[1] = {&L->shared_down};
+                if (upload_stacked(c, &d->shexp_gu, sgu, 2, err) ||
+                    upload_stacked(c, &d->shexp_down, sd, 1, err) ||
+                    upload_vec(c, &d->shexp_gate_inp, &L->shared_gate_inp, err))
+                    return -1;
+            }
         } else if (upload_stacked(c, &d->wgu, gu, 2, err) || upload_stacked(c, &d->wdown, dn, 1, err))
             return -1;
         if (upload_vec(c, &d->attn_norm, &L->attn_norm, err) || upload_vec(c, &d->ffn_norm, &L->ffn_norm, err)
@@ -1831,7 +1937,7 @@ static int kv_free_memory(const cuda_ctx *c, size_t *out, size_t *act_out, char 
     CK(cudaMemGetInfo(&free_b, &total_b));
     size_t act = (size_t)CUDA_BATCHED_TOKENS * ((size_t)cf->dim * 4 * 2 +
                                  (size_t)(cf->n_heads + 2 * cf->n_kv_heads) * cf->head_dim * 4 * 2 +
-                                 (size_t)cf->ffn_dim * 4 * 3) +
+                                 (size_t)c->ffn_width * 4 * 3) +
                  (size_t)256 * cf->vocab_size * 4 + ((size_t)256 << 20);
     if (cf->n_experts) /* each token's rows for its experts: in, gate/up, SwiGLU, out */
         act += (size_t)CUDA_BATCHED_TOKENS * cf->n_experts_used *
@@ -1842,11 +1948,10 @@ static int kv_free_memory(const cuda_ctx *c, size_t *out, size_t *act_out, char 
 }
 
 extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, char *err) {
-    /* qwen2moe's shared expert is in the CPU backend only; the experts of qwen3moe, Mixtral and gpt-oss (with
-     * its biases and clamped SwiGLU; its mxfp4 experts as bf16) run here */
-    if (m->cfg.shared_ffn_dim || m->cfg.n_experts > MOE_MAX_EXPERTS) {
-        fail(err, m->cfg.shared_ffn_dim ? "the CUDA backend does not run qwen2moe's shared expert yet: use --cpu"
-                                        : "the CUDA backend runs at most 512 experts: use --cpu");
+    /* the experts of qwen3moe, Mixtral, qwen2moe (with its shared expert) and gpt-oss (with its biases and
+     * clamped SwiGLU; its mxfp4 experts as bf16) */
+    if (m->cfg.n_experts > MOE_MAX_EXPERTS) {
+        fail(err, "the CUDA backend runs at most 512 experts: use --cpu");
         return NULL;
     }
     cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
@@ -1963,6 +2068,9 @@ static int run_gemm(cuda_ctx *c, llm_cuda_gemm_run *r, char *err) {
         if (rc) return -1;
     }
     r->used_gemv = use_gemv(&w.part[0], r->M);
+    if (r->config && !llm_cuda_gemm_config_name(r->config))
+        return fail(err, "llm_cuda_run_gemm: no such config");
+    c->gemm_config = r->config; c->gemm_no_split = r->no_split;
     const bf16 *A = (const bf16 *)a.part[0].data;
     auto run = [&] { return gemm(c, dc, r->N, A, a.ld, &w, r->M, r->accumulate, err); };
     if (run()) return -1;
@@ -2019,7 +2127,7 @@ static int run_attention(cuda_ctx *c, llm_cuda_attention_run *r, char *err) {
     const llm_config *cf = r->cfg;
     int T = r->batch->n_tokens, hd = cf->head_dim, q_dim = cf->n_heads * hd;
     int width = q_dim + 2 * cf->n_kv_heads * hd;
-    c->part_size = r->part_size;
+    c->part_size = r->part_size; c->attn_generic = r->generic_kernel;
     if (ctx_alloc_kv(c, r->num_blocks, r->block_size, err)) return -1;
     if ((r->k_cache && cache_transfer(c, c->kc, r->k_cache, 1, err)) ||
         (r->v_cache && cache_transfer(c, c->vc, r->v_cache, 1, err))) return -1;

@@ -58,7 +58,7 @@
  *         llm_block_hash, llm_block_lookup, llm_block_set_hash
  *   forward: llm_rope_freqs, llm_moe_route, llm_cpu_backend_create, llm_cpu_exact_backend_create,
  *         llm_cpu_int8_backend_create (and with LLM_CUDA: llm_cuda_backend_create, llm_cuda_weight_bytes,
- *         llm_cuda_run_gemm, llm_cuda_run_attention)
+ *         llm_cuda_run_gemm, llm_cuda_gemm_config_name, llm_cuda_run_attention)
  *   sampler: llm_sampler_create, llm_sampler_free, llm_sampler_penalize, llm_sampler_candidates,
  *         llm_sampler_sample
  *   grammar: llm_json_parse, _free, _get, _dumps; llm_json_schema_to_grammar, llm_regex_to_grammar,
@@ -561,9 +561,13 @@ typedef struct {
     float *C;                       /* [M][N]: C = A W^T, or C += A W^T with accumulate */
     int accumulate, reps;
     int used_gemv;                  /* out: 1 when the GEMV ran, 0 for the tensor-core GEMM */
+    /* tuning: config k > 0 runs the GEMM's tile shape k (llm_cuda_gemm_config_name(k) names it, NULL past
+     * the last; the later ones for bf16 W only) instead of the backend's choice; no_split: no split-K */
+    int config, no_split;
     double seconds;
 } llm_cuda_gemm_run;
 int llm_cuda_run_gemm(llm_cuda_gemm_run *r, char *err);
+const char *llm_cuda_gemm_config_name(int config);
 
 /* The QKV preparation (bias, q/k norm, RoPE, K/V written to the cache) and paged attention of the config's
  * first layer: a local one when the config gives it a window (llm_layer_window; RoPE base rope_base_swa) */
@@ -576,6 +580,7 @@ typedef struct {
     float *k_cache, *v_cache;       /* in and out: [block][slot][kv_head][head_dim], llm.h's CPU layout
                                      * (f32, rounded to bf16 on the way in); the new tokens' K/V written */
     float *q_out, *att_out;         /* [n_tokens][q_dim]: q after norm and RoPE; the attention output */
+    int generic_kernel;             /* the kernel for any head_dim, not one compiled for cfg's (64, 128) */
     int reps;
     double seconds;
 } llm_cuda_attention_run;

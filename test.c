@@ -2991,13 +2991,19 @@ static int spec_same(const run_result *a, const run_result *b, int n_samples) {
 
 enum { DRAFT_NONE, DRAFT_SELF, DRAFT_ANY, DRAFT_PENALIZED, DRAFT_MISSES, DRAFT_CUT };
 
-static void test_speculative(void) {
+/* Three prompts that repeat a passage of a story, where n-gram lookup finds its proposals: the story from its
+ * 1st, 11th and 21st character, twice, then its first 40, 49 and 58 characters */
+static void spec_story_prompts(char repeated[3][1024]) {
     static const char *const story =
         "Once upon a time there was a little girl named Lily. She loved to play in the park with her big red "
         "ball. One day she saw a dog. The dog was sad because it was lost. Lily helped the dog find its home.";
-    char repeated[3][1024];
     for (int k = 0; k < 3; k++)
-        snprintf(repeated[k], sizeof repeated[k], "%s %s %.*s", story + k * 10, story + k * 10, 40 + k * 9, story);
+        snprintf(repeated[k], 1024, "%s %s %.*s", story + k * 10, story + k * 10, 40 + k * 9, story);
+}
+
+static void test_speculative(void) {
+    char repeated[3][1024];
+    spec_story_prompts(repeated);
     const char *prompts[3] = {repeated[0], repeated[1], repeated[2]};
     static const char *const repeat_prompts[1] = {
         "<|im_start|>user\nRepeat this text exactly, word for word: The committee met on Tuesday to review the "
@@ -8437,15 +8443,23 @@ static void gt_round_weight(llm_weight *w, uint16_t **mem) {
     w->data = out; w->type = LLM_BF16;
     *mem += (size_t)w->rows * w->cols;
 }
+/* A layer's matrices, as the CUDA backend uploads them (absent ones have no data): attention, the dense FFN,
+ * the experts and their router, qwen2moe's shared expert */
+#define GT_LAYER_MATRICES 14
+static void gt_layer_matrices(llm_layer *L, llm_weight **ws) {
+    llm_weight *all[GT_LAYER_MATRICES] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
+                                          &L->router, &L->gate_exps, &L->up_exps, &L->down_exps,
+                                          &L->shared_gate, &L->shared_up, &L->shared_down};
+    memcpy(ws, all, sizeof all);
+}
+
 static int gt_model_bf16(const llm_model *src, gt_bf16_model *dst) {
     const llm_config *c = &src->cfg;
     size_t n = (size_t)c->vocab_size * c->dim * 2;
     for (int l = 0; l < c->n_layers; l++) {
-        const llm_layer *L = &src->layers[l];
-        n += (size_t)(L->wq.rows + L->wk.rows + L->wv.rows) * c->dim + (size_t)L->wo.rows * L->wo.cols +
-             (size_t)3 * c->ffn_dim * c->dim;
-        const llm_weight *moe[4] = {&L->router, &L->gate_exps, &L->up_exps, &L->down_exps};
-        for (int k = 0; k < 4; k++) n += (size_t)moe[k]->rows * moe[k]->cols;
+        llm_weight *ws[GT_LAYER_MATRICES];
+        gt_layer_matrices(&src->layers[l], ws);
+        for (int k = 0; k < GT_LAYER_MATRICES; k++) n += ws[k]->data ? (size_t)ws[k]->rows * ws[k]->cols : 0;
     }
     dst->m = *src;
     dst->mem = malloc(n * sizeof(uint16_t));
@@ -8457,12 +8471,9 @@ static int gt_model_bf16(const llm_model *src, gt_bf16_model *dst) {
     gt_round_weight(&dst->m.tok_embd, &mem);
     if (tied) dst->m.output = dst->m.tok_embd; else gt_round_weight(&dst->m.output, &mem);
     for (int l = 0; l < c->n_layers; l++) {
-        llm_layer *L = &dst->m.layers[l];
-        gt_round_weight(&L->wq, &mem); gt_round_weight(&L->wk, &mem); gt_round_weight(&L->wv, &mem);
-        gt_round_weight(&L->wo, &mem);
-        gt_round_weight(&L->w_gate, &mem); gt_round_weight(&L->w_up, &mem); gt_round_weight(&L->w_down, &mem);
-        gt_round_weight(&L->router, &mem); gt_round_weight(&L->gate_exps, &mem);
-        gt_round_weight(&L->up_exps, &mem); gt_round_weight(&L->down_exps, &mem);
+        llm_weight *ws[GT_LAYER_MATRICES];
+        gt_layer_matrices(&dst->m.layers[l], ws);
+        for (int k = 0; k < GT_LAYER_MATRICES; k++) gt_round_weight(ws[k], &mem);
     }
     return 0;
 }
@@ -8482,16 +8493,12 @@ static llm_backend *gt_backend(llm_backend *(*create)(const llm_model *, char *)
 /* What llm_cuda_weight_bytes should say for m: quantized matrices their file bytes, the others bf16 rows
  * padded to 8 values; the tied output once */
 static size_t gt_weight_bytes(const llm_model *m) {
-    const llm_weight *ws[2 + 11 * 512];
+    const llm_weight *ws[2 + GT_LAYER_MATRICES * 512];
     int n = 0;
     ws[n++] = &m->tok_embd;
     if (m->output.data != m->tok_embd.data) ws[n++] = &m->output;
-    for (int l = 0; l < m->cfg.n_layers && l < 512; l++) {
-        const llm_layer *L = &m->layers[l];
-        ws[n++] = &L->wq; ws[n++] = &L->wk; ws[n++] = &L->wv; ws[n++] = &L->wo;
-        ws[n++] = &L->w_gate; ws[n++] = &L->w_up; ws[n++] = &L->w_down;
-        ws[n++] = &L->router; ws[n++] = &L->gate_exps; ws[n++] = &L->up_exps; ws[n++] = &L->down_exps;
-    }
+    for (int l = 0; l < m->cfg.n_layers && l < 512; l++, n += GT_LAYER_MATRICES)
+        gt_layer_matrices(&m->layers[l], (llm_weight **)ws + n);
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         const llm_weight *w = ws[i];
@@ -8699,11 +8706,11 @@ static void gpu_test_forward(void) {
     /* and the architectures since: Gemma 3 (windows, groups of layers in the KV cache, norms after each block,
      * GeGLU, scaled embeddings), SmolLM3 (layers without RoPE), Phi-3 (fused matrices), mixtures of experts
      * (Qwen3-MoE; Mixtral as llama files with experts; gpt-oss: attention sinks, biases, a window on every
-     * other layer, its clamped SwiGLU) */
+     * other layer, its clamped SwiGLU; qwen2moe: weights not renormalised, and its shared expert) */
     static const char *files[] = {"stories260K.gguf", "random-llama2-untied.gguf", "random-llama3-gqa.gguf",
                                   "random-qwen2-bias.gguf", "random-qwen3-qknorm.gguf", "random-gemma3.gguf",
                                   "random-smollm3.gguf", "random-phi3.gguf", "random-qwen3moe.gguf",
-                                  "random-llama-moe.gguf", "random-gpt-oss.gguf"};
+                                  "random-llama-moe.gguf", "random-gpt-oss.gguf", "random-qwen2moe.gguf"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char path[1024], err[LLM_ERR_LEN] = "";
         snprintf(path, sizeof path, "%s/models/%s", testdata_dir, files[i]);
@@ -8818,6 +8825,50 @@ static void gpu_test_engine_archs(void) {
     CHECK(runs == 4 * present && present > 0, "%d engine runs on the GPU (4 for each of %d models)", runs,
           present);
     free(cases); free(prompts); free(r);
+}
+
+/* Speculative decoding on the GPU: stories260K, greedy, three prompts that repeat a passage, batched, without
+ * speculation, with n-gram lookup (5 tokens) and with itself as the draft model (its own CUDA backend and KV
+ * pool beside the model's): the same tokens each time (a verify step's rows go through the GEMM at another M
+ * than one token's, so this holds only where stories260K's picks are clear of bf16 rounding: they are on
+ * these prompts), tokens proposed and kept, fewer steps, every block back. */
+static void gpu_test_speculative(void) {
+    char repeated[3][1024];
+    spec_story_prompts(repeated);
+    run_result *r = calloc(3, sizeof *r);
+    llm_engine_stats st[3];
+    memset(st, 0, sizeof st);
+    static const char *const what[3] = {"without speculation", "n-gram lookup", "draft model (itself)"};
+    for (int mode = 0; mode < 3; mode++) {
+        llm_engine_config cfg = llm_engine_defaults();
+        cfg.model_path = model_path("stories260K.gguf");
+        cfg.create_backend = llm_cuda_backend_create;
+        cfg.num_blocks = 1024;
+        cfg.spec_tokens = mode ? 5 : 0;
+        if (mode == 2) cfg.spec_model_path = model_path("stories260K.gguf");
+        llm_engine *e = engine_new(&cfg);
+        if (!e) break;
+        llm_sampling_params p = greedy(120);
+        for (int k = 0; k < 3; k++) run_add(e, &r[mode], repeated[k], NULL, 0, &p);
+        run_engine(e, &r[mode]);
+        st[mode] = llm_engine_get_stats(e);
+        CHECK(all_blocks_free(e) && r[mode].bad_audits == 0, "speculative decoding on the GPU, %s: every "
+              "block back", what[mode]);
+        llm_engine_destroy(e);
+        if (mode == 0) continue;
+        int same = spec_same(&r[0], &r[mode], 1), first = -1;
+        for (int i = 0; i < 3 && first < 0; i++)
+            for (int t = 0; t < r[0].n_tokens[i][0] && t < r[mode].n_tokens[i][0]; t++)
+                if (r[0].tokens[i][0][t] != r[mode].tokens[i][0][t]) { first = t; break; }
+        printf("speculative decoding on the GPU, %s: %lld drafts, %lld tokens proposed, %lld kept; the same "
+               "tokens as without: %s (first difference at %d)\n", what[mode],
+               (long long)st[mode].spec_drafts, (long long)st[mode].spec_draft_tokens,
+               (long long)st[mode].spec_accepted_tokens, same ? "yes" : "NO", first);
+        CHECK(same && st[mode].spec_accepted_tokens > 0 && st[mode].steps < st[0].steps,
+              "speculative decoding on the GPU, %s: the same tokens as without, some proposed tokens kept",
+              what[mode]);
+    }
+    free(r);
 }
 
 /* The logits after each of positions p0-1 .. n-1 of tokens[0..n), from a fresh KV pool: the first n_first
@@ -8960,11 +9011,91 @@ static void gpu_test_quant_forward(void) {
 }
 
 /* ---- benchmarks (LLM_GPU_BENCH=1) ---- */
+/* Every tile shape of llm.cu's GEMM (bf16 weights) on llama-3.2-1b's shapes at the M of decode batches and
+ * prefill steps, with the backend's split-K and without: microseconds, the fastest marked, beside what the
+ * backend picks. What tools/torch_matmul.py gives on the same shapes is the yardstick. */
+static int gpu_bench_gemm_configs(char *err) {
+    static const int Ms[] = {64, 128, 256, 512, 2048, 8192};
+    static const struct { const char *name; int N, K; } shapes[] = {
+        {"qkv", 3072, 2048}, {"o", 2048, 2048}, {"gate/up", 16384, 2048}, {"down", 2048, 8192},
+        {"logits", 128256, 2048}};
+    int n_cfg = 0;
+    while (llm_cuda_gemm_config_name(n_cfg + 1)) n_cfg++;
+    printf("\n== GEMM tile shapes (bf16 weights), time in us; s: with split-K as the backend splits, n: "
+           "none ==\n");
+    for (int k = 1; k <= n_cfg; k++) printf("config %2d: %s\n", k, llm_cuda_gemm_config_name(k));
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+            int M = Ms[mi], N = shapes[s].N, K = shapes[s].K;
+            if (N > 100000 && M > 256) continue; /* logits: a step's rows of logits are few */
+            llm_cuda_gemm_run g = {0};
+            g.M = M; g.N = N; g.K = K; g.reps = M >= 2048 ? 5 : 20;
+            if (llm_cuda_run_gemm(&g, err)) return -1;
+            double flops = 2.0 * M * N * K, t_default = g.seconds, best = 1e30;
+            int best_k = 0, best_split = 0;
+            char line[2048];
+            int len = snprintf(line, sizeof line, "gemm-cfg %-7s %6dx%-5d M %5d default %8.1f |",
+                               shapes[s].name, N, K, M, t_default * 1e6);
+            for (int k = 1; k <= n_cfg; k++)
+                for (int split = 0; split < 2; split++) {
+                    g.config = k; g.no_split = split;
+                    if (llm_cuda_run_gemm(&g, err)) return -1;
+                    if (g.seconds < best) { best = g.seconds; best_k = k; best_split = split; }
+                    len += snprintf(line + len, sizeof line - len, " %d%c %.1f", k, split ? 'n' : 's',
+                                    g.seconds * 1e6);
+                }
+            printf("%s\n", line);
+            printf("gemm-best %-7s %6dx%-5d M %5d: config %d%c %.1f us (%.0f TFLOP/s), default %.1f us (%.0f "
+                   "TFLOP/s)\n", shapes[s].name, N, K, M, best_k, best_split ? 'n' : 's', best * 1e6,
+                   flops / best / 1e12, t_default * 1e6, flops / t_default / 1e12);
+        }
+    /* quantized weights (the tile loader dequantizes): the shapes compiled for every type, the first ones */
+    static const uint32_t qtypes[] = {LLM_Q4_K, LLM_Q8_0};
+    static const int qMs[] = {64, 256, 2048};
+    for (size_t ti = 0; ti < sizeof qtypes / sizeof qtypes[0]; ti++)
+        for (size_t s = 0; s < 4; s++) {
+            if (s == 1) continue; /* o: as qkv */
+            gt_qmat q = {0};
+            if (!gt_qmat_random(qtypes[ti], shapes[s].N, shapes[s].K, &q)) {
+                snprintf(err, LLM_ERR_LEN, "out of memory");
+                return -1;
+            }
+            for (size_t mi = 0; mi < sizeof qMs / sizeof qMs[0]; mi++) {
+                llm_cuda_gemm_run g = {0};
+                g.M = qMs[mi]; g.N = q.N; g.K = q.K; g.w_type = q.type; g.W_raw = q.raw; g.reps = 10;
+                char line[2048], e2[LLM_ERR_LEN];
+                int rc = llm_cuda_run_gemm(&g, err), len = 0;
+                double t_default = g.seconds, best = 1e30;
+                int best_k = 0, best_split = 0;
+                if (!rc) len = snprintf(line, sizeof line, "gemm-q %-5s %-7s M %5d default %8.1f |",
+                                        llm_dtype_name(q.type), shapes[s].name, g.M, t_default * 1e6);
+                for (int k = 1; !rc && k <= n_cfg; k++) {
+                    int stop = 0;
+                    for (int split = 0; split < 2; split++) {
+                        g.config = k; g.no_split = split;
+                        if (llm_cuda_run_gemm(&g, e2)) { stop = 1; break; } /* bf16 only from here on */
+                        if (g.seconds < best) { best = g.seconds; best_k = k; best_split = split; }
+                        len += snprintf(line + len, sizeof line - len, " %d%c %.1f", k, split ? 'n' : 's',
+                                        g.seconds * 1e6);
+                    }
+                    if (stop) break;
+                }
+                if (rc) { free(q.raw); return -1; }
+                printf("%s\ngemm-q-best %-5s %-7s M %5d: config %d%c %.1f us, default %.1f us\n", line,
+                       llm_dtype_name(q.type), shapes[s].name, g.M, best_k, best_split ? 'n' : 's',
+                       best * 1e6, t_default * 1e6);
+            }
+            free(q.raw);
+        }
+    return 0;
+}
+
 /* The kernels alone on llama-3.2-1b's shapes, their inputs filled on the device (NULL in the run structs):
- * GEMM time, TFLOP/s and GB/s per weight shape and M; then attention, decode of 256 sequences at a context
- * and prefill of whole contexts, over scattered block tables in a big pool. The attention times include the
- * QKV preparation kernel: they are what one layer's attention costs in the forward pass. Prints a table. */
-static int gpu_bench_kernels(char *err) {
+ * GEMM time, TFLOP/s and GB/s per weight shape and M (gpu_bench_gemm); attention, decode of 256 sequences at
+ * a context and prefill of whole contexts, over scattered block tables in a big pool (gpu_bench_attention).
+ * The attention times include the QKV preparation kernel: they are what one layer's attention costs in the
+ * forward pass. Each prints a table. */
+static int gpu_bench_gemm(char *err) {
     printf("\n== kernel benchmarks ==\n");
     static const int Ms[] = {1, 16, 256, 4096};
     static const struct { const char *name; int N, K; } shapes[] = {
@@ -8981,6 +9112,10 @@ static int gpu_bench_kernels(char *err) {
             printf("%-22s %8d %10.1f %10.1f %10.0f\n", shapes[s].name, g.M, t * 1e6, flops / t / 1e12,
                    bytes / t / 1e9);
         }
+    return 0;
+}
+
+static int gpu_bench_attention(char *err) {
     llm_config cf; memset(&cf, 0, sizeof cf); /* llama-3.2-1b's attention shape */
     cf.dim = 2048; cf.n_heads = 32; cf.n_kv_heads = 8; cf.head_dim = 64; cf.rope_dim = 64;
     cf.rope_base = 500000; cf.rms_eps = 1e-5f; cf.ffn_dim = 8192; cf.n_layers = 1; cf.vocab_size = 128256;
@@ -9015,6 +9150,12 @@ static int gpu_bench_kernels(char *err) {
                 a.cfg = &cf; a.batch = &b;
                 a.num_blocks = pool; a.block_size = bs; a.part_size = 512; a.reps = 5;
                 rc = llm_cuda_run_attention(&a, err);
+                /* the kernel compiled for any head_dim, beside the one for 64 */
+                llm_cuda_attention_run a2 = a;
+                a2.generic_kernel = 1;
+                if (!rc) rc = llm_cuda_run_attention(&a2, err);
+                if (!rc) printf("attention %s %d seqs x ctx %d, the kernel for any head_dim: %.1f us\n",
+                                mode == 0 ? "decode" : "prefill", n_seqs, ctx, a2.seconds * 1e6);
                 double kv_bytes = (double)n_seqs * ctx * cf.n_kv_heads * cf.head_dim * 2 * 2; /* K, V: bf16 */
                 char name[64];
                 snprintf(name, sizeof name, "%s %d seqs x ctx %d", mode == 0 ? "decode " : "prefill", n_seqs,
@@ -9085,6 +9226,11 @@ static void run_gpu_tests(void) {
            (unsigned long long)seed);
     gt_rng = seed;
     double t0 = test_now();
+    /* LLM_GPU_BENCH=1: the checks, then every benchmark; a list of parts (gemm, tiles, attention, forward):
+     * those benchmarks alone (to profile one, say) */
+    const char *bench = getenv("LLM_GPU_BENCH");
+    int only = bench && strcmp(bench, "1") != 0;
+    if (only) goto benchmarks;
     gpu_test_gemm();
     printf("gemm checks: %.1f s\n", test_now() - t0);
     gpu_test_quant_gemm();
@@ -9095,13 +9241,21 @@ static void run_gpu_tests(void) {
     printf("forward checks: %.1f s\n", test_now() - t0);
     gpu_test_engine_archs();
     printf("engine checks (new architectures): %.1f s\n", test_now() - t0);
+    gpu_test_speculative();
+    printf("speculative decoding checks: %.1f s\n", test_now() - t0);
     gpu_test_quant_forward();
     printf("quantized model checks: %.1f s\n", test_now() - t0);
-    if (getenv("LLM_GPU_BENCH")) {
+benchmarks:
+    if (bench) {
         char err[LLM_ERR_LEN] = "";
-        CHECK(gpu_bench_kernels(err) == 0, "kernel benchmarks: %s", err);
-        gpu_bench_forward("tinyllama-1.1b");
-        gpu_bench_forward("llama-3.2-1b");
+        if (!only || strstr(bench, "gemm")) CHECK(gpu_bench_gemm(err) == 0, "GEMM benchmarks: %s", err);
+        if (!only || strstr(bench, "tiles")) CHECK(gpu_bench_gemm_configs(err) == 0, "GEMM tiles: %s", err);
+        if (!only || strstr(bench, "attention"))
+            CHECK(gpu_bench_attention(err) == 0, "attention benchmarks: %s", err);
+        if (!only || strstr(bench, "forward")) {
+            gpu_bench_forward("tinyllama-1.1b");
+            gpu_bench_forward("llama-3.2-1b");
+        }
     }
 }
 #endif /* LLM_CUDA */

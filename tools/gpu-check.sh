@@ -74,5 +74,8 @@ if python3 -c 'import torch, transformers' 2>/dev/null; then
         timeout 150 python3 tools/torch_generate.py $model 2>&1 | grep '^torch generate' ||
             echo "tools/torch_generate.py $model: exit $?"
     done
+    echo "== the GEMM's yardstick: torch.matmul on llama-3.2-1b's shapes (tools/torch_matmul.py; ours: the gemm-best"
+    echo "   lines of test-gpu above)"
+    timeout 150 python3 tools/torch_matmul.py 2>&1 | grep '^torch' || echo "tools/torch_matmul.py: exit $?"
 fi
 exit $status
