@@ -109,6 +109,13 @@ __device__ float block_sum(float v) {
     return warp_sum(s);
 }
 
+/* 1 / sqrt(mean(xr[0..D)^2) + eps), over the block (every thread gets it): an RMS norm's scale */
+__device__ float block_rms_scale(const float *xr, int D, float eps) {
+    float ss = 0;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
+    return rsqrtf(block_sum(ss) / D + eps);
+}
+
 /* x[t][:] = embedding row tokens[t] (bf16, row stride ld) as f32, times scale (Gemma: sqrt(dim); else 1) */
 __global__ void embed_kernel(float *x, const bf16 *emb, int ld, const int *tokens, int D, float scale) {
     int t = blockIdx.x;
@@ -123,10 +130,7 @@ __global__ void rmsnorm_kernel(bf16 *out, int ldo, const float *x, const int *ro
                                float eps) {
     int r = blockIdx.x, src = rows ? rows[r] : r;
     const float *xr = x + (size_t)src * D;
-    float ss = 0;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss);
-    float scale = rsqrtf(ss / D + eps);
+    float scale = block_rms_scale(xr, D, eps);
     for (int i = threadIdx.x; i < ldo; i += blockDim.x)
         out[(size_t)r * ldo + i] = __float2bfloat16(i < D ? xr[i] * scale * w[i] : 0.0f);
 }
@@ -135,10 +139,7 @@ __global__ void rmsnorm_kernel(bf16 *out, int ldo, const float *x, const int *ro
 __global__ void rmsnorm_add_kernel(float *x, const float *delta, const float *w, int D, float eps) {
     int r = blockIdx.x;
     const float *dr = delta + (size_t)r * D;
-    float ss = 0;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += dr[i] * dr[i];
-    ss = block_sum(ss);
-    float scale = rsqrtf(ss / D + eps);
+    float scale = block_rms_scale(dr, D, eps);
     for (int i = threadIdx.x; i < D; i += blockDim.x) x[(size_t)r * D + i] += dr[i] * scale * w[i];
 }
 
@@ -210,42 +211,35 @@ __global__ void moe_combine_kernel(float *x, const float *y, const int *row_of, 
  * block per token: the gate's dot product, reduced over the block, then the row) */
 __global__ void shared_expert_add_kernel(float *x, const float *y, const bf16 *xn, int ld,
                                          const float *gate_inp, int D) {
-    __shared__ float warp_sums[32];
-    __shared__ float gate;
-    int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int t = blockIdx.x;
     float s = 0.0f;
     for (int d = threadIdx.x; d < D; d += blockDim.x)
         s += gate_inp[d] * __bfloat162float(xn[(size_t)t * ld + d]);
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
-    if (lane == 0) warp_sums[warp] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float logit = 0.0f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) logit += warp_sums[w];
-        gate = 1.0f / (1.0f + expf(-logit));
-    }
-    __syncthreads();
+    float gate = 1.0f / (1.0f + expf(-block_sum(s)));
     for (int d = threadIdx.x; d < D; d += blockDim.x) x[(size_t)t * D + d] += gate * y[(size_t)t * D + d];
 }
 
 /* gpt-oss's experts: act = min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, -7, 7) + 1) on gate and up with the
- * expert's biases (rows rows of gu, as swiglu_kernel's layout), and its down bias added to its output rows */
+ * biases of each row's expert (row_expert[t]; gu in swiglu_kernel's layout), all the step's rows at once */
 __global__ void oss_act_kernel(bf16 *act, int lda, const float *gu, int F, const float *bg, const float *bu,
-                               int rows) {
+                               const int *row_expert, int rows) {
     for (int t = blockIdx.y; t < rows; t += gridDim.y)
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < lda; i += gridDim.x * blockDim.x) {
             float v = 0.0f;
             if (i < F) {
-                float g = fminf(gu[(size_t)t * 2 * F + i] + bg[i], 7.0f);
-                float u = fminf(fmaxf(gu[(size_t)t * 2 * F + F + i] + bu[i], -7.0f), 7.0f);
+                size_t e = (size_t)row_expert[t] * F;
+                float g = fminf(gu[(size_t)t * 2 * F + i] + bg[e + i], 7.0f);
+                float u = fminf(fmaxf(gu[(size_t)t * 2 * F + F + i] + bu[e + i], -7.0f), 7.0f);
                 v = g / (1.0f + __expf(-1.702f * g)) * (u + 1.0f);
             }
             act[(size_t)t * lda + i] = __float2bfloat16(v);
         }
 }
-/* x[r][:] += b (a bias on each of a matrix's output rows: gpt-oss's attention output and experts) */
-__global__ void add_bias_kernel(float *x, const float *b, int D) {
-    for (int i = threadIdx.x; i < D; i += blockDim.x) x[(size_t)blockIdx.x * D + i] += b[i];
+/* x[r][:] += b, a bias on each of a matrix's output rows (gpt-oss's attention output), or with which the
+ * bias row which[r] of b (gpt-oss's experts: each row its expert's) */
+__global__ void add_bias_kernel(float *x, const float *b, const int *which, int D) {
+    const float *br = b + (which ? (size_t)which[blockIdx.x] * D : 0);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) x[(size_t)blockIdx.x * D + i] += br[i];
 }
 
 /* Per token (one block of 4 warps): add the QKV bias, RMS-normalise each q and k head (qwen3), rotate the
@@ -912,7 +906,7 @@ typedef struct {
     /* gpt-oss: attention sinks [n_heads], the output projection's bias [dim], the router's bias (the host's:
      * it routes), the experts' biases [n_experts][expert_ffn_dim] (gate, up) and [n_experts][dim] (down) */
     float *sinks, *bo, *gate_exps_b, *up_exps_b, *down_exps_b;
-    const float *router_b;
+    float *router_b;           /* a host copy (the host routes): the backend keeps no pointer into the model */
     /* qwen2moe's shared expert: gate and up stacked as wgu's, down, its gate's vector [dim] (else NULL) */
     dmat shexp_gu, shexp_down;
     float *shexp_gate_inp;
@@ -1139,8 +1133,8 @@ static int ensure_scratch(cuda_ctx *c, int T, int n_logits, int n_part, int n_in
             CK(cudaMalloc((void **)&c->moe_gu, rows * 2 * Fe * sizeof(float)));
             CK(cudaMalloc((void **)&c->moe_act, rows * round_up((int)Fe, 8) * sizeof(bf16)));
             CK(cudaMalloc((void **)&c->moe_y, rows * cf->dim * sizeof(float)));
-            CK(cudaMalloc((void **)&c->moe_route_d, 3 * rows * sizeof(int)));
-            CK(cudaMallocHost((void **)&c->moe_route_h, 3 * rows * sizeof(int)));
+            CK(cudaMalloc((void **)&c->moe_route_d, 4 * rows * sizeof(int)));
+            CK(cudaMallocHost((void **)&c->moe_route_h, 4 * rows * sizeof(int)));
             c->moe_chosen = (int *)malloc(rows * sizeof(int));
             c->moe_weight = (float *)malloc(rows * sizeof(float));
             if (!c->moe_chosen || !c->moe_weight) return fail(err, "out of host memory");
@@ -1533,19 +1527,21 @@ static int moe_ffn(cuda_ctx *c, const dlayer *ly, int T, char *err) {
                        st));
     CK(cudaStreamSynchronize(st));
     llm_moe_route(cf, ly->router_b, c->moe_logits_h, T, c->moe_chosen, c->moe_weight);
-    /* the route sent back: row_token [T K], row_of [T K], weight [T K] (as floats) */
-    int *row_token = c->moe_route_h, *row_of = row_token + T * K;
+    /* the route sent back: row_token [T K], row_of [T K], weight [T K] (as floats), row_expert [T K]. The
+     * rows grouped by expert, each expert's in token order: a counting sort (expert e's rows from start[e]) */
+    int *row_token = c->moe_route_h, *row_of = row_token + T * K, *row_expert = row_of + 2 * T * K;
     float *weight = (float *)(row_of + T * K);
-    int start[MOE_MAX_EXPERTS + 1], n = 0;
-    for (int e = 0; e < E; e++) {
-        start[e] = n;
-        for (int t = 0; t < T; t++)
-            for (int k = 0; k < K; k++)
-                if (c->moe_chosen[t * K + k] == e) { row_token[n] = t; row_of[t * K + k] = n++; }
+    int start[MOE_MAX_EXPERTS + 1] = {0}, next[MOE_MAX_EXPERTS];
+    for (int i = 0; i < T * K; i++) start[c->moe_chosen[i] + 1]++;
+    for (int e = 0; e < E; e++) { start[e + 1] += start[e]; next[e] = start[e]; }
+    for (int i = 0; i < T * K; i++) {
+        int e = c->moe_chosen[i], row = next[e]++;
+        row_token[row] = i / K; row_of[i] = row; row_expert[row] = e;
     }
-    start[E] = n;
+    int n = start[E];
+    const int *row_expert_d = c->moe_route_d + 3 * T * K;
     memcpy(weight, c->moe_weight, (size_t)T * K * sizeof(float));
-    CK(cudaMemcpyAsync(c->moe_route_d, c->moe_route_h, (size_t)3 * T * K * sizeof(int), cudaMemcpyHostToDevice,
+    CK(cudaMemcpyAsync(c->moe_route_d, c->moe_route_h, (size_t)4 * T * K * sizeof(int), cudaMemcpyHostToDevice,
                        st));
     gather_rows_kernel<<<n, 128, 0, st>>>(c->moe_x, c->xn, c->ld_dim, c->moe_route_d);
     CK_LAUNCH();
@@ -1559,20 +1555,13 @@ static int moe_ffn(cuda_ctx *c, const dlayer *ly, int T, char *err) {
         if (gemm(c, c->moe_gu + (size_t)start[e] * 2 * Fe, 2 * Fe, c->moe_x + (size_t)start[e] * c->ld_dim,
                  c->ld_dim, &gu, rows, 0, err)) return -1;
     }
-    if (ly->gate_exps_b) /* gpt-oss: each expert's biases, and its clamped SwiGLU */
-        for (int e = 0; e < E; e++) {
-            int rows = start[e + 1] - start[e];
-            if (!rows) continue;
-            oss_act_kernel<<<dim3(cdiv(ld_fe, 256), rows < 65535 ? rows : 65535), 256, 0, st>>>(
-                c->moe_act + (size_t)start[e] * ld_fe, ld_fe, c->moe_gu + (size_t)start[e] * 2 * Fe, Fe,
-                ly->gate_exps_b + (size_t)e * Fe, ly->up_exps_b + (size_t)e * Fe, rows);
-            CK_LAUNCH();
-        }
-    else {
+    if (ly->gate_exps_b) /* gpt-oss: each row's expert's biases, and its clamped SwiGLU */
+        oss_act_kernel<<<dim3(cdiv(ld_fe, 256), n < 65535 ? n : 65535), 256, 0, st>>>(
+            c->moe_act, ld_fe, c->moe_gu, Fe, ly->gate_exps_b, ly->up_exps_b, row_expert_d, n);
+    else
         swiglu_kernel<<<dim3(cdiv(ld_fe, 256), n < 65535 ? n : 65535), 256, 0, st>>>(c->moe_act, ld_fe,
                                                                                     c->moe_gu, Fe, 0, n);
-        CK_LAUNCH();
-    }
+    CK_LAUNCH();
     for (int e = 0; e < E; e++) {
         int rows = start[e + 1] - start[e];
         if (!rows) continue;
@@ -1581,11 +1570,10 @@ static int moe_ffn(cuda_ctx *c, const dlayer *ly, int T, char *err) {
         down.part[0] = part_rows(&ly->down_exps, e * D, D, 0);
         if (gemm(c, c->moe_y + (size_t)start[e] * D, D, c->moe_act + (size_t)start[e] * ld_fe, ld_fe, &down,
                  rows, 0, err)) return -1;
-        if (ly->down_exps_b) {
-            add_bias_kernel<<<rows, 256, 0, st>>>(c->moe_y + (size_t)start[e] * D, ly->down_exps_b + (size_t)e * D,
-                                                  D);
-            CK_LAUNCH();
-        }
+    }
+    if (ly->down_exps_b) { /* gpt-oss: each row's expert's down bias */
+        add_bias_kernel<<<n, 256, 0, st>>>(c->moe_y, ly->down_exps_b, row_expert_d, D);
+        CK_LAUNCH();
     }
     moe_combine_kernel<<<T, 256, 0, st>>>(c->x, c->moe_y, c->moe_route_d + T * K,
                                           (const float *)(c->moe_route_d + 2 * T * K), K, D);
@@ -1631,7 +1619,7 @@ static int enqueue_step(cuda_ctx *c, const step_layout *L, char *err) {
         if (gemm(c, c->qkv, ly->wqkv.rows, c->xn, c->ld_dim, &ly->wqkv, T, 0, err)) return -1;
         if (enqueue_attention(c, L, ly, c->qkv, err)) return -1;
         if (add_block_output(c, T, c->att, c->ld_q, &ly->wo, ly->post_attn_norm, err)) return -1;
-        if (ly->bo) { add_bias_kernel<<<T, 256, 0, st>>>(c->x, ly->bo, cf->dim); CK_LAUNCH(); }
+        if (ly->bo) { add_bias_kernel<<<T, 256, 0, st>>>(c->x, ly->bo, NULL, cf->dim); CK_LAUNCH(); }
         rmsnorm_kernel<<<T, 256, 0, st>>>(c->xn, c->ld_dim, c->x, NULL, ly->ffn_norm, cf->dim, cf->rms_eps);
         CK_LAUNCH();
         if (cf->n_experts) {
@@ -1799,6 +1787,7 @@ static void ctx_free(cuda_ctx *c) {
     cudaFree(c->kc); cudaFree(c->vc);
     for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i]);
     for (int i = 0; i < 2; i++) if (c->timer[i]) cudaEventDestroy(c->timer[i]);
+    for (int l = 0; c->layers && l < c->cfg.n_layers; l++) free(c->layers[l].router_b);
     free(c->allocs); free(c->layers); free(c->group_window);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
@@ -1886,7 +1875,11 @@ static int upload_model(cuda_ctx *c, const llm_model *m, char *err) {
             if (upload_stacked(c, &d->router, r, 1, err) || upload_stacked(c, &d->gate_exps, g, 1, err) ||
                 upload_stacked(c, &d->up_exps, u, 1, err) || upload_stacked(c, &d->down_exps, o, 1, err))
                 return -1;
-            d->router_b = (const float *)L->router_b.data;
+            if (L->router_b.data) {
+                size_t bytes = (size_t)cf->n_experts * sizeof(float);
+                if (!(d->router_b = (float *)malloc(bytes))) return fail(err, "out of host memory");
+                memcpy(d->router_b, L->router_b.data, bytes);
+            }
             const llm_weight *bs[3] = {&L->gate_exps_b, &L->up_exps_b, &L->down_exps_b};
             float **to[3] = {&d->gate_exps_b, &d->up_exps_b, &d->down_exps_b};
             for (int k = 0; k < 3; k++) { /* a row per expert */
