@@ -8042,7 +8042,8 @@ static void test_docs_example(void) {
  *   3. the whole forward pass, the CPU backend against the CUDA backend, over several steps of a
  *      multi-sequence batch (prefill, chunked prefill, decode, a copy-on-write fork whose block copy rides in
  *      the next step's batch) on dummy models and the model files found.
- * With LLM_GPU_BENCH=1 it then prints kernel and forward-pass benchmarks. */
+ * With LLM_GPU_BENCH=1 it then prints kernel and forward-pass benchmarks (and the GEMM's tile shapes timed
+ * against each other); LLM_GPU_BENCH=gemm, tiles, attention or forward (a list) runs only those, no checks. */
 
 static uint64_t gt_rng;
 static float gt_uniform(void) { return llm_rand_uniform(&gt_rng) * 2.0f - 1.0f; } /* [-1, 1) */
