@@ -9015,6 +9015,24 @@ static void gpu_test_quant_forward(void) {
 /* Every tile shape of llm.cu's GEMM (bf16 weights) on llama-3.2-1b's shapes at the M of decode batches and
  * prefill steps, with the backend's split-K and without: microseconds, the fastest marked, beside what the
  * backend picks. What tools/torch_matmul.py gives on the same shapes is the yardstick. */
+/* Times g under each tile shape 1..n_cfg, with the backend's split-K and without, appending " 4s 12.3"
+ * (shape, split, microseconds) to line; the fastest into *best, *best_k, *best_split. For quantized weights
+ * the walk ends at the first shape compiled for bf16 only; any other failure is returned. */
+static int gpu_time_gemm_configs(llm_cuda_gemm_run g, int n_cfg, char *line, size_t cap, double *best,
+                                 int *best_k, int *best_split, char *err) {
+    size_t len = strlen(line);
+    *best = 1e30; *best_k = *best_split = 0;
+    for (int k = 1; k <= n_cfg; k++)
+        for (int split = 0; split < 2; split++) {
+            g.config = k; g.no_split = split;
+            if (llm_cuda_run_gemm(&g, err)) return g.W_raw && strstr(err, "bf16 weights only") ? 0 : -1;
+            if (g.seconds < *best) { *best = g.seconds; *best_k = k; *best_split = split; }
+            len += (size_t)snprintf(line + len, cap - len, " %d%c %.1f", k, split ? 'n' : 's',
+                                    g.seconds * 1e6);
+        }
+    return 0;
+}
+
 static int gpu_bench_gemm_configs(char *err) {
     static const int Ms[] = {64, 128, 256, 512, 2048, 8192};
     static const struct { const char *name; int N, K; } shapes[] = {
@@ -9032,19 +9050,13 @@ static int gpu_bench_gemm_configs(char *err) {
             llm_cuda_gemm_run g = {0};
             g.M = M; g.N = N; g.K = K; g.reps = M >= 2048 ? 5 : 20;
             if (llm_cuda_run_gemm(&g, err)) return -1;
-            double flops = 2.0 * M * N * K, t_default = g.seconds, best = 1e30;
-            int best_k = 0, best_split = 0;
+            double flops = 2.0 * M * N * K, t_default = g.seconds, best;
+            int best_k, best_split;
             char line[2048];
-            int len = snprintf(line, sizeof line, "gemm-cfg %-7s %6dx%-5d M %5d default %8.1f |",
-                               shapes[s].name, N, K, M, t_default * 1e6);
-            for (int k = 1; k <= n_cfg; k++)
-                for (int split = 0; split < 2; split++) {
-                    g.config = k; g.no_split = split;
-                    if (llm_cuda_run_gemm(&g, err)) return -1;
-                    if (g.seconds < best) { best = g.seconds; best_k = k; best_split = split; }
-                    len += snprintf(line + len, sizeof line - len, " %d%c %.1f", k, split ? 'n' : 's',
-                                    g.seconds * 1e6);
-                }
+            snprintf(line, sizeof line, "gemm-cfg %-7s %6dx%-5d M %5d default %8.1f |", shapes[s].name, N, K,
+                     M, t_default * 1e6);
+            if (gpu_time_gemm_configs(g, n_cfg, line, sizeof line, &best, &best_k, &best_split, err))
+                return -1;
             printf("%s\n", line);
             printf("gemm-best %-7s %6dx%-5d M %5d: config %d%c %.1f us (%.0f TFLOP/s), default %.1f us (%.0f "
                    "TFLOP/s)\n", shapes[s].name, N, K, M, best_k, best_split ? 'n' : 's', best * 1e6,
@@ -9064,24 +9076,17 @@ static int gpu_bench_gemm_configs(char *err) {
             for (size_t mi = 0; mi < sizeof qMs / sizeof qMs[0]; mi++) {
                 llm_cuda_gemm_run g = {0};
                 g.M = qMs[mi]; g.N = q.N; g.K = q.K; g.w_type = q.type; g.W_raw = q.raw; g.reps = 10;
-                char line[2048], e2[LLM_ERR_LEN];
-                int rc = llm_cuda_run_gemm(&g, err), len = 0;
-                double t_default = g.seconds, best = 1e30;
-                int best_k = 0, best_split = 0;
-                if (!rc) len = snprintf(line, sizeof line, "gemm-q %-5s %-7s M %5d default %8.1f |",
-                                        llm_dtype_name(q.type), shapes[s].name, g.M, t_default * 1e6);
-                for (int k = 1; !rc && k <= n_cfg; k++) {
-                    int stop = 0;
-                    for (int split = 0; split < 2; split++) {
-                        g.config = k; g.no_split = split;
-                        if (llm_cuda_run_gemm(&g, e2)) { stop = 1; break; } /* bf16 only from here on */
-                        if (g.seconds < best) { best = g.seconds; best_k = k; best_split = split; }
-                        len += snprintf(line + len, sizeof line - len, " %d%c %.1f", k, split ? 'n' : 's',
-                                        g.seconds * 1e6);
-                    }
-                    if (stop) break;
+                char line[2048];
+                double best;
+                int best_k, best_split;
+                if (llm_cuda_run_gemm(&g, err)) { free(q.raw); return -1; }
+                double t_default = g.seconds;
+                snprintf(line, sizeof line, "gemm-q %-5s %-7s M %5d default %8.1f |", llm_dtype_name(q.type),
+                         shapes[s].name, g.M, t_default * 1e6);
+                if (gpu_time_gemm_configs(g, n_cfg, line, sizeof line, &best, &best_k, &best_split, err)) {
+                    free(q.raw);
+                    return -1;
                 }
-                if (rc) { free(q.raw); return -1; }
                 printf("%s\ngemm-q-best %-5s %-7s M %5d: config %d%c %.1f us, default %.1f us\n", line,
                        llm_dtype_name(q.type), shapes[s].name, g.M, best_k, best_split ? 'n' : 's',
                        best * 1e6, t_default * 1e6);
@@ -9231,7 +9236,22 @@ static void run_gpu_tests(void) {
      * those benchmarks alone (to profile one, say) */
     const char *bench = getenv("LLM_GPU_BENCH");
     int only = bench && strcmp(bench, "1") != 0;
-    if (only) goto benchmarks;
+    if (only) { /* every part named must be one of these: a misspelt one would run nothing and pass */
+        char list[256], *part, *rest = list;
+        int parts = 0;
+        snprintf(list, sizeof list, "%s", bench);
+        while ((part = strtok_r(rest, ", ", &rest))) {
+            parts++;
+            if (strcmp(part, "gemm") && strcmp(part, "tiles") && strcmp(part, "attention") &&
+                strcmp(part, "forward")) {
+                CHECK(0, "LLM_GPU_BENCH: no benchmark named '%s' (1, or a list of gemm, tiles, attention, "
+                      "forward)", part);
+                return;
+            }
+        }
+        CHECK(parts > 0, "LLM_GPU_BENCH is empty: 1, or a list of gemm, tiles, attention, forward");
+        goto benchmarks;
+    }
     gpu_test_gemm();
     printf("gemm checks: %.1f s\n", test_now() - t0);
     gpu_test_quant_gemm();
