@@ -4728,6 +4728,19 @@ static inline __attribute__((always_inline)) void llm_dot_n(const float *a, cons
     }
 }
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/* llm_dot_n_avx2's last additions for 8 sums of a row without a tail (s = 0) at once, the same ones: per sum,
+ * lanes j and j + 4, then pairs 0 + 1 and 2 + 3, each added to 0, then those two (0 + h1 differs from h1 only
+ * in a zero's sign, which cannot change (0 + h0) + h1). 12 instructions for 8 sums, not 5 each (a 64-value
+ * attention score's lanes took as long as its products) */
+static inline __attribute__((always_inline)) __m256 llm_avx2_hsum8(const __m256 v[8]) {
+    __m256 t[4], zero = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) /* [v_2k's lanes j + (j + 4) | v_2k+1's] */
+        t[k] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x31));
+    __m256 u0 = _mm256_add_ps(_mm256_hadd_ps(t[0], t[1]), zero); /* [v0 h0 h1, v2 h0 h1 | v1, v3] */
+    __m256 u1 = _mm256_add_ps(_mm256_hadd_ps(t[2], t[3]), zero); /* [v4, v6 | v5, v7] */
+    return _mm256_permutevar8x32_ps(_mm256_hadd_ps(u0, u1), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
 /* llm_dot_n in AVX2, the same roundings bit for bit: the compiler vectorizes one vector well, but 2 to 4 into
  * shuffles (a SmolLM2 prompt's attention scores, 3 query heads to a K head: 6 times slower than one) */
 static inline __attribute__((always_inline)) void llm_dot_n_avx2(const float *a, const float *b, int64_t b_stride,
@@ -4739,6 +4752,16 @@ static inline __attribute__((always_inline)) void llm_dot_n_avx2(const float *a,
         __m256 av = _mm256_loadu_ps(a + i);
         for (int c = 0; c < nc; c++)
             acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(av, _mm256_loadu_ps(b + c * b_stride + i)));
+    }
+    if (nc >= 4 && i == n) { /* no tail (s = 0), 4 or more sums: their lanes added 8 sums at a time */
+        for (int c0 = 0; c0 < nc; c0 += 8) {
+            __m256 v[8];
+            float r[8];
+            for (int k = 0; k < 8; k++) v[k] = c0 + k < nc ? acc[c0 + k] : _mm256_setzero_ps();
+            _mm256_storeu_ps(r, llm_avx2_hsum8(v));
+            for (int k = 0; k < 8 && c0 + k < nc; k++) out[c0 + k] = r[k];
+        }
+        return;
     }
     for (int c = 0; c < nc; c++) {
         float s = 0;
@@ -5633,6 +5656,96 @@ static void llm_rmsnorm(float *out, const float *x, const float *weight, int n, 
     for (int i = 0; i < n; i++) out[i] = x[i] * scale * weight[i];
 }
 
+#ifdef LLM_CPU_SIMD
+/* exp(x) of 8 floats, bit for bit what glibc's expf gives on a machine with FMA (the algorithm of Arm's
+ * optimized routines, glibc's since 2.27; a NaN's bits aside): x / ln2 = (k + r) / 32 with k whole and r in
+ * [-1/2, 1/2]; exp(x) = 2^(k/32) 2^(r/32), 2^(k/32) from a table of 2^(j/32), j = k mod 32, and 2^(r/32) a
+ * cubic in r, in double. Attention's softmax takes one for every score (libm's, a call each, were a fifth of
+ * a prompt's attention), SwiGLU one for every value of the FFN. test.c holds it to a plain-C copy and to
+ * expf. */
+static const double llm_exp2_32nds[32] = { /* 2^(j/32), rounded to nearest */
+    0x1.0000000000000p+0, 0x1.059b0d3158574p+0, 0x1.0b5586cf9890fp+0, 0x1.11301d0125b51p+0,
+    0x1.172b83c7d517bp+0, 0x1.1d4873168b9aap+0, 0x1.2387a6e756238p+0, 0x1.29e9df51fdee1p+0,
+    0x1.306fe0a31b715p+0, 0x1.371a7373aa9cbp+0, 0x1.3dea64c123422p+0, 0x1.44e086061892dp+0,
+    0x1.4bfdad5362a27p+0, 0x1.5342b569d4f82p+0, 0x1.5ab07dd485429p+0, 0x1.6247eb03a5585p+0,
+    0x1.6a09e667f3bcdp+0, 0x1.71f75e8ec5f74p+0, 0x1.7a11473eb0187p+0, 0x1.82589994cce13p+0,
+    0x1.8ace5422aa0dbp+0, 0x1.93737b0cdc5e5p+0, 0x1.9c49182a3f090p+0, 0x1.a5503b23e255dp+0,
+    0x1.ae89f995ad3adp+0, 0x1.b7f76f2fb5e47p+0, 0x1.c199bdd85529cp+0, 0x1.cb720dcef9069p+0,
+    0x1.d5818dcfba487p+0, 0x1.dfc97337b9b5fp+0, 0x1.ea4afa2a490dap+0, 0x1.f50765b6e4540p+0,
+};
+static inline __attribute__((always_inline)) __m256 llm_exp_avx2(__m256 x) {
+    const __m256d invln2_32 = _mm256_set1_pd(0x1.71547652b82fep+5), shift = _mm256_set1_pd(0x1.8p+52);
+    const __m256d c0 = _mm256_set1_pd(0x1.c6af84b912394p-20), c1 = _mm256_set1_pd(0x1.ebfce50fac4f3p-13);
+    const __m256d c2 = _mm256_set1_pd(0x1.62e42ff0c52d6p-6), one = _mm256_set1_pd(1.0);
+    __m128 half[2];
+    for (int h = 0; h < 2; h++) {
+        __m256d xd = _mm256_cvtps_pd(h ? _mm256_extractf128_ps(x, 1) : _mm256_castps256_ps128(x));
+        __m256d kd = _mm256_fmadd_pd(invln2_32, xd, shift); /* k in the low bits: rounded to nearest */
+        __m256i ki = _mm256_castpd_si256(kd);
+        kd = _mm256_sub_pd(kd, shift);
+        __m256d r = _mm256_fmsub_pd(invln2_32, xd, kd);
+        /* 2^(k/32): the table's 2^(j/32) with k div 32 added to its exponent */
+        __m256i j = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+        __m256i s = _mm256_i64gather_epi64((const long long *)llm_exp2_32nds, j, 8);
+        s = _mm256_add_epi64(s, _mm256_slli_epi64(_mm256_sub_epi64(ki, j), 47));
+        __m256d z = _mm256_fmadd_pd(c0, r, c1), r2 = _mm256_mul_pd(r, r);
+        __m256d y = _mm256_fmadd_pd(z, r2, _mm256_fmadd_pd(r, c2, one));
+        half[h] = _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(s)));
+    }
+    __m256 e = _mm256_set_m128(half[1], half[0]);
+    /* below -0x1.9fe368p6f (-inf too) the result is 0, above 0x1.62e42ep6f infinity */
+    e = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-0x1.9fe368p6f), _CMP_LT_OQ), e);
+    __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ);
+    return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), over);
+}
+#endif
+/* The largest of x[0..n-1] and mx, NaNs passed over: with SIMD 8 lanes at a time (a largest value is the
+ * same in any order, but for a zero's sign, which exp(x - mx) does not see) */
+static float llm_max(const float *x, int n, float mx) {
+    int i = 0;
+#ifdef LLM_CPU_SIMD
+    if (n >= 8) {
+        __m256 m = _mm256_set1_ps(mx);
+        for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m); /* x > m ? x : m */
+        float lanes[8];
+        _mm256_storeu_ps(lanes, m);
+        for (int j = 0; j < 8; j++) mx = lanes[j] > mx ? lanes[j] : mx;
+    }
+#endif
+    for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    return mx;
+}
+/* row[p] = exp(row[p] - mx) for p < n: with SIMD 8 at a time (the last 8 padded), else libm's expf */
+static void llm_softmax_exp(float *row, int n, float mx) {
+    int p = 0;
+#ifdef LLM_CPU_SIMD
+    for (; p + 8 <= n; p += 8)
+        _mm256_storeu_ps(row + p, llm_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(row + p), _mm256_set1_ps(mx))));
+    if (p < n) {
+        float tail[8] = {0};
+        memcpy(tail, row + p, (size_t)(n - p) * sizeof(float));
+        _mm256_storeu_ps(tail, llm_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(tail), _mm256_set1_ps(mx))));
+        memcpy(row + p, tail, (size_t)(n - p) * sizeof(float));
+        return;
+    }
+#endif
+    for (; p < n; p++) row[p] = expf(row[p] - mx);
+}
+
+/* gate[i] = silu(gate[i]) up[i] = gate[i] / (1 + exp(-gate[i])) up[i] for i < n (SwiGLU): with SIMD 8 at a
+ * time, the same roundings */
+static void llm_swiglu(float *gate, const float *up, size_t n) {
+    size_t i = 0;
+#ifdef LLM_CPU_SIMD
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i), e = llm_exp_avx2(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
+        __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
 /* RoPE's scaling, shared by the two ways below of computing the angles: the factor on cos and sin (the
  * file's attention factor; YaRN's 1 + 0.1 ln(1 / scale)), and how much of pair i's angle YaRN keeps as it
  * was (1: a fast dimension, below yarn_dims[0]; 0: past yarn_dims[1], scaled; a ramp between; 0 without
@@ -5762,13 +5875,6 @@ static void llm_cpu_kv_dots(const llm_cpu *c, const float *q, int nq, const void
 #endif
 }
 
-/* A cached v's values i..i+7, as f32 */
-#ifdef LLM_CPU_SIMD
-static inline __attribute__((always_inline)) __m256 llm_cpu_kv_load8(const llm_cpu *c, const void *v, int i) {
-    return c->kv_half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)v + i)))
-                      : _mm256_loadu_ps((const float *)v + i);
-}
-#endif
 static float llm_cpu_kv_value(const llm_cpu *c, const void *v, int i) {
     return c->kv_half ? llm_f16_to_f32(((const uint16_t *)v)[i]) : ((const float *)v)[i];
 }
@@ -5801,6 +5907,63 @@ static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
         memcpy(v + (size_t)dst * per_block, v + (size_t)src * per_block, per_block);
     }
 }
+
+#ifdef LLM_CPU_SIMD
+/* A token's o = sum_p w_p v_p, p = first..last, for ng (1 to 3) heads (weights w_stride apart, outputs hd)
+ * and nv (1 to 3) runs of 8 values from i0: a multiply then an add for each p in turn, the roundings of the
+ * plain loop, with the sums in registers over all p. Specialized to each ng and nv and to the cache's type:
+ * with them variables, GCC kept the sums and v in memory, each add waiting on the store before it (40% of a
+ * SmolLM2 prompt's attention went there once), and 3 heads by 4 runs need 18 registers of 16 */
+static inline __attribute__((always_inline)) void llm_cpu_weighted_v_tile(const llm_cpu *c, int half, int ng,
+                                                                         int nv, int index,
+                                                                         const int32_t *block_table,
+                                                                         size_t head_offset, int first,
+                                                                         int last, const float *w,
+                                                                         int64_t w_stride, int i0, float *o,
+                                                                         int hd) {
+    int bs = c->block_size;
+    size_t per_slot = (size_t)c->model->cfg.n_kv_heads * hd * (half ? sizeof(uint16_t) : sizeof(float));
+    __m256 acc[3][3];
+    for (int g = 0; g < ng; g++)
+        for (int j = 0; j < nv; j++) acc[g][j] = _mm256_setzero_ps();
+    for (int p0 = first - first % bs; p0 <= last; p0 += bs) {
+        const uint8_t *vp = llm_cpu_kv_at(c, c->v, index, block_table, p0) + head_offset;
+        for (int p = p0; p <= last && p < p0 + bs; p++, vp += per_slot) {
+            if (p < first) continue;
+            __m256 v[3];
+            for (int j = 0; j < nv; j++) {
+                const void *at = vp + (size_t)(i0 + 8 * j) * (half ? sizeof(uint16_t) : sizeof(float));
+                v[j] = half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)at))
+                            : _mm256_loadu_ps((const float *)at);
+            }
+            for (int g = 0; g < ng; g++) {
+                __m256 wg = _mm256_set1_ps(w[g * w_stride + p]);
+                for (int j = 0; j < nv; j++) acc[g][j] = _mm256_add_ps(acc[g][j], _mm256_mul_ps(wg, v[j]));
+            }
+        }
+    }
+    for (int g = 0; g < ng; g++)
+        for (int j = 0; j < nv; j++) _mm256_storeu_ps(o + (size_t)g * hd + i0 + 8 * j, acc[g][j]);
+}
+static void llm_cpu_weighted_v(const llm_cpu *c, int ng, int nv, int index, const int32_t *block_table,
+                               size_t head_offset, int first, int last, const float *w, int64_t w_stride, int i0,
+                               float *o, int hd) {
+#define LLM_WEIGHTED_V(G, V)                                                                               \
+    case (G) * 4 + (V):                                                                                    \
+        if (c->kv_half)                                                                                    \
+            llm_cpu_weighted_v_tile(c, 1, G, V, index, block_table, head_offset, first, last, w, w_stride, \
+                                    i0, o, hd);                                                            \
+        else                                                                                               \
+            llm_cpu_weighted_v_tile(c, 0, G, V, index, block_table, head_offset, first, last, w, w_stride, \
+                                    i0, o, hd);                                                            \
+        return;
+    switch (ng * 4 + nv) {
+    LLM_WEIGHTED_V(1, 1) LLM_WEIGHTED_V(1, 2) LLM_WEIGHTED_V(1, 3) LLM_WEIGHTED_V(2, 1) LLM_WEIGHTED_V(2, 2)
+    LLM_WEIGHTED_V(2, 3) LLM_WEIGHTED_V(3, 1) LLM_WEIGHTED_V(3, 2) LLM_WEIGHTED_V(3, 3)
+    }
+#undef LLM_WEIGHTED_V
+}
+#endif
 
 /* Paged attention for the nq query heads that share K/V head kv_head (grouped-query attention) of nt tokens
  * of one sequence at positions pos..pos + nt - 1 (a prompt's run; one token in a decode step): for each token
@@ -5838,40 +6001,20 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
         float *sc = scores + (size_t)i * nq * n_ctx, *o = out + i * stride;
         for (int g = 0; g < nq; g++) {
             float *row = sc + (size_t)g * n_ctx, mx = sinks ? sinks[g] : -INFINITY, sum = 0;
-            for (int p = first_i; p <= last; p++) mx = row[p] > mx ? row[p] : mx;
-            for (int p = first_i; p <= last; p++) { row[p] = expf(row[p] - mx); sum += row[p]; }
+            mx = llm_max(row + first_i, last + 1 - first_i, mx);
+            llm_softmax_exp(row + first_i, last + 1 - first_i, mx);
+            for (int p = first_i; p <= last; p++) sum += row[p];
             if (sinks) sum += expf(sinks[g] - mx);
             for (int p = first_i; p <= last; p++) row[p] /= sum;
         }
-        /* o = sum_p w_p v_p, a multiply then an add for each p in turn. With SIMD: 3 heads by 32 values at a
-         * time, the sums kept in registers over all p (added into memory, each waits on the store before it:
-         * 40% of a SmolLM2 prompt's attention went there); the same roundings */
+        /* o = sum_p w_p v_p, a multiply then an add for each p in turn (with SIMD: llm_cpu_weighted_v) */
         int i0 = 0;
 #ifdef LLM_CPU_SIMD
-        while (i0 + 8 <= hd) { /* up to 32 values at a time: nv runs of 8 */
-            int nv = (hd - i0) / 8 < 4 ? (hd - i0) / 8 : 4;
-            for (int g0 = 0; g0 < nq; g0 += 3) {
-                int ng = nq - g0 < 3 ? nq - g0 : 3;
-                __m256 acc[3][4];
-                for (int g = 0; g < 3; g++)
-                    for (int j = 0; j < 4; j++) acc[g][j] = _mm256_setzero_ps();
-                for (int p0 = first_i - first_i % bs; p0 <= last; p0 += bs) {
-                    const uint8_t *vp = llm_cpu_kv_at(c, c->v, index, block_table, p0) + kv_head * head_bytes;
-                    for (int p = p0; p <= last && p < p0 + bs; p++, vp += per_slot) {
-                        if (p < first_i) continue;
-                        __m256 v[4];
-                        for (int j = 0; j < nv; j++) v[j] = llm_cpu_kv_load8(c, vp, i0 + 8 * j);
-                        for (int g = 0; g < ng; g++) {
-                            __m256 w = _mm256_set1_ps(sc[(size_t)(g0 + g) * n_ctx + p]);
-                            for (int j = 0; j < nv; j++)
-                                acc[g][j] = _mm256_add_ps(acc[g][j], _mm256_mul_ps(w, v[j]));
-                        }
-                    }
-                }
-                for (int g = 0; g < ng; g++)
-                    for (int j = 0; j < nv; j++)
-                        _mm256_storeu_ps(o + (size_t)(g0 + g) * hd + i0 + 8 * j, acc[g][j]);
-            }
+        while (i0 + 8 <= hd) { /* up to 24 values at a time: nv runs of 8 */
+            int nv = (hd - i0) / 8 < 3 ? (hd - i0) / 8 : 3;
+            for (int g0 = 0; g0 < nq; g0 += 3)
+                llm_cpu_weighted_v(c, nq - g0 < 3 ? nq - g0 : 3, nv, index, block_table, kv_head * head_bytes,
+                                   first_i, last, sc + (size_t)g0 * n_ctx, n_ctx, i0, o + (size_t)g0 * hd, hd);
             i0 += 8 * nv;
         }
 #endif
@@ -5962,8 +6105,8 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
                     float g = fminf(ge[i] + bg[j], 7.0f), u = fminf(fmaxf(ue[i] + bu[j], -7.0f), 7.0f);
                     ge[i] = g / (1.0f + expf(-1.702f * g)) * (u + 1.0f);
                 }
-        } else
-            for (size_t i = 0; !failed && i < (size_t)n * Fe; i++) ge[i] = ge[i] / (1.0f + expf(-ge[i])) * ue[i];
+        } else if (!failed)
+            llm_swiglu(ge, ue, (size_t)n * Fe);
         failed |= failed ? 0 : llm_matmul(oe, ge, &wd, n, path);
         for (int i = 0; !failed && gpt_oss && i < n; i++)
             for (int d = 0; d < D; d++)
@@ -5977,7 +6120,7 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
     }
     if (!failed && L->shared_gate.data) { /* qwen2moe's shared expert, for every token */
         failed = llm_matmul(ge, xn, &L->shared_gate, T, path) | llm_matmul(ue, xn, &L->shared_up, T, path);
-        for (size_t i = 0; !failed && i < (size_t)T * Fs; i++) ge[i] = ge[i] / (1.0f + expf(-ge[i])) * ue[i];
+        if (!failed) llm_swiglu(ge, ue, (size_t)T * Fs);
         failed |= failed ? 0 : llm_matmul(oe, ge, &L->shared_down, T, path);
         for (int t = 0; !failed && t < T; t++) {
             float logit = llm_dot((const float *)L->shared_gate_inp.data, xn + (size_t)t * D, D);
@@ -6166,7 +6309,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
                 float g = gate[i];
                 gate[i] = 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * up[i];
             }
-        else for (size_t i = 0; i < (size_t)T * F; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+        else llm_swiglu(gate, up, (size_t)T * F);
         failed |= llm_matmul(delta, gate, &L->w_down, T, path);
         for (int t = 0; L->post_ffn_norm.data && t < T; t++)
             llm_rmsnorm(delta + (size_t)t * D, delta + (size_t)t * D, (const float *)L->post_ffn_norm.data, D,

@@ -1411,6 +1411,24 @@ static size_t quantize_row(uint32_t type, const float *x, int64_t n, uint8_t *ou
     return o;
 }
 
+/* expf as glibc computes it since 2.27 on a machine with FMA (Arm's optimized routines): the oracle of
+ * llm_softmax_exp and llm_swiglu. 2^(j/32) from long double, rounded to double */
+static float expf_ref(float x) {
+    if (x < -0x1.9fe368p6f) return 0; /* -inf too */
+    if (x > 0x1.62e42ep6f) return INFINITY;
+    double xd = x, kd = fma(0x1.71547652b82fep+5, xd, 0x1.8p+52);
+    uint64_t ki, t;
+    memcpy(&ki, &kd, 8);
+    kd -= 0x1.8p+52;
+    double r = fma(0x1.71547652b82fep+5, xd, -kd), s = (double)exp2l((long double)(ki % 32) / 32);
+    memcpy(&t, &s, 8);
+    t += (ki - ki % 32) << 47; /* k div 32 added to the exponent */
+    memcpy(&s, &t, 8);
+    double z = fma(0x1.c6af84b912394p-20, r, 0x1.ebfce50fac4f3p-13);
+    double y = fma(z, r * r, fma(r, 0x1.62e42ff0c52d6p-6, 1.0));
+    return (float)(y * s);
+}
+
 static void test_weight_types(void) {
     /* exact values */
     uint8_t row[64];
@@ -1442,26 +1460,65 @@ static void test_weight_types(void) {
           llm_dtype_row_bytes(LLM_Q4_1, 64) == 40 && llm_dtype_row_bytes(LLM_F16, 64) == 128 &&
           llm_dtype_row_bytes(77, 64) == 0, "row sizes");
 
-    /* f32 dot products of 1 to 4 vectors at once (llm_dot_rows: AVX2 where the build has it) are the plain-C
-     * llm_dot_n's of one at a time, bit for bit: lengths with and without a rest past the runs of 8. (It
-     * tests the AVX2 kernel in SIMD builds; in a plain-C build llm_dot_rows is llm_dot_n itself.) */
+    /* f32 dot products of 1 to 12 vectors at once (llm_dot_many: AVX2 where the build has it, from 4 vectors
+     * on their lanes added 8 sums at a time where a row has no rest) are the plain-C llm_dot_n's of one at a
+     * time, bit for bit: lengths with and without a rest past the runs of 8; one vector all -0, whose sums are
+     * zeros of either sign. (It tests the AVX2 kernel in SIMD builds; in a plain-C build it is llm_dot_n.) */
     {
-        static float a[108], b[4 * 108];
+        static float a[108], b[12 * 108];
         uint64_t rng = 9;
         for (int i = 0; i < 108; i++) a[i] = (float)((int)(llm_splitmix64(&rng) % 2001) - 1000) / 300.0f;
-        for (int i = 0; i < 4 * 108; i++) b[i] = (float)((int)(llm_splitmix64(&rng) % 2001) - 1000) / 700.0f;
+        for (int i = 0; i < 12 * 108; i++) b[i] = (float)((int)(llm_splitmix64(&rng) % 2001) - 1000) / 700.0f;
+        for (int i = 0; i < 108; i++) b[5 * 108 + i] = -0.0f;
         static const int lengths[] = {5, 8, 64, 108};
-        int bad = 0;
+        int bad = 0, n = 0;
         for (int li = 0; li < 4; li++)
-            for (int nc = 1; nc <= 4; nc++) {
-                float many[4], one;
-                llm_dot_rows(a, b, 108, nc, lengths[li], many);
-                for (int c = 0; c < nc; c++) {
+            for (int nc = 1; nc <= 12; nc++) {
+                float many[12], one;
+                llm_dot_many(a, b, 108, nc, lengths[li], many);
+                for (int c = 0; c < nc; c++, n++) {
                     llm_dot_n(a, b + c * 108, 0, 1, lengths[li], &one);
                     bad += memcmp(&one, &many[c], sizeof one) != 0;
                 }
             }
-        CHECK(bad == 0, "f32 dot products: %d of 40 differ from the plain-C ones", bad);
+        CHECK(bad == 0, "f32 dot products: %d of %d differ from the plain-C ones", bad, n);
+    }
+
+    /* The forward pass's exponentials (attention's softmax, llm_softmax_exp; SwiGLU, llm_swiglu: with SIMD
+     * llm_exp_avx2, 8 at a time, the last 8 of a row padded) are expf_ref's, a plain-C copy of their
+     * algorithm with fma(), and glibc's expf's, bit for bit: every 61st float of either sign up to infinity
+     * (the edges of underflow and overflow, the results below FLT_MIN among them), in rows of 1 to 17
+     * values; and SwiGLU's g / (1 + exp(-g)) u is the plain loop's, bit for bit */
+    {
+        int bad = 0, bad_libm = 0, bad_swiglu = 0, n = 0, lengths[] = {1, 7, 8, 9, 16, 17};
+        static const uint32_t edges[] = {0xc2cff1b4u /* -0x1.9fe368p6f */, 0x42b17217u /* 0x1.62e42ep6f */};
+        float row[17], in[17], gate[17], up[17];
+        for (int sign = 0; sign < 2; sign++) {
+            uint32_t u = sign ? 0x80000000u : 0, end = u + 0x7f800000u; /* from +-0 to +-inf */
+            for (int li = 0; u <= end; li = (li + 1) % 6) {
+                int len = lengths[li];
+                for (int i = 0; i < len; i++, u += 61) {
+                    uint32_t bits = i == 0 && li == 5 ? edges[sign == 0] + (uint32_t)(n % 3) - 1
+                                  : u > end ? end : u;
+                    memcpy(&in[i], &bits, 4);
+                    row[i] = gate[i] = in[i];
+                    up[i] = 1.0f + (float)(n % 7) / 8;
+                }
+                llm_softmax_exp(row, len, 0); /* x - 0 is x */
+                llm_swiglu(gate, up, (size_t)len);
+                for (int i = 0; i < len; i++, n++) {
+                    float ref = expf_ref(in[i]), lib = expf(in[i]), g = in[i] / (1.0f + expf(-in[i])) * up[i];
+                    bad += memcmp(&ref, &row[i], 4) != 0;
+                    bad_libm += memcmp(&lib, &row[i], 4) != 0;
+                    bad_swiglu += memcmp(&g, &gate[i], 4) != 0 && !(isnan(g) && isnan(gate[i]));
+                }
+            }
+        }
+        CHECK(bad == 0 && n > 60000000, "exp: %d of %d differ from the plain-C copy", bad, n);
+        CHECK(bad_swiglu == 0, "SwiGLU: %d of %d differ from the plain loop's", bad_swiglu, n);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 27)
+        CHECK(bad_libm == 0, "exp: %d of %d differ from glibc's expf", bad_libm, n);
+#endif
     }
 
     /* f32, f16 and bf16 rows meet several tokens at once (f32: 4 tokens a row; f16/bf16: tiles of 2 rows and
