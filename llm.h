@@ -5390,16 +5390,18 @@ static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wid
     }
 }
 
-/* f16 and bf16 weights meet f32 activations in tiles of nr (1 or 2) rows times nc (1 to 3) tokens: 8 weights
- * converted once serve 3 tokens and 8 activations loaded once serve 2 rows. Each (row, token) keeps two running
+/* f16 and bf16 weights meet f32 activations in tiles of nr (1 to 4) rows times nc (1 to 3) tokens: 8 weights
+ * converted once serve 3 tokens and 8 activations loaded once serve 4 rows. Each (row, token) keeps two running
  * sums of 8, for the even and the odd runs of 8 along the row (a chain of fused multiply-adds waits on each one
- * before it: two chains overlap, where a decode step has one row and one token), with 12 of them in flight in
- * a full tile; then the two sums added, their lanes added as llm_avx2_hsum does, then the rest of the row one
- * value at a time. So a token's product is the same bit for bit in whatever tile it falls (alone, in a decode
- * step of a few, in a prefill of many), and test.c's half_dot_ref says what it is in plain C. A decode step
- * (one token) takes one row at a time: the weights then stream through memory in one run (two rows at once,
- * two runs 1 kB apart: SmolLM2 F16 decode 0.8 times as fast). Rows are w_stride values apart, tokens
- * x_stride; out[c * out_stride + r] */
+ * before it: two chains overlap, where a decode step has one row and one token); then the two sums added,
+ * their lanes added as llm_avx2_hsum does, then the rest of the row one value at a time. So a token's product
+ * is the same bit for bit in whatever tile it falls (alone, in a decode step of a few, in a prefill of many),
+ * and test.c's half_dot_ref says what it is in plain C. Up to 6 (row, token) pairs keep both sums in registers
+ * (12 of the 16); a tile of more runs twice over its rows, the even runs then the odd ones, with one sum each
+ * in registers (a 4 x 3 tile: 12 sums, 4 conversions and 3 loads for 12 multiply-adds, where 2 x 3 has 2 and
+ * 3 for 6: 1.2 times as fast on Zen 3). A decode step (one token) takes one row at a time: the weights then
+ * stream through memory in one run (two rows at once, two runs 1 kB apart: SmolLM2 F16 decode 0.8 times as
+ * fast). Rows are w_stride values apart, tokens x_stride; out[c * out_stride + r] */
 static inline __attribute__((always_inline)) __m256 llm_half8(uint32_t type, const uint16_t *w) {
     __m128i h = _mm_loadu_si128((const __m128i *)w);
     return type == LLM_F16 ? _mm256_cvtph_ps(h)
@@ -5408,7 +5410,7 @@ static inline __attribute__((always_inline)) __m256 llm_half8(uint32_t type, con
 /* one run of 8 values of the tile's rows and tokens, into sums */
 static inline __attribute__((always_inline)) void llm_half_run(uint32_t type, int nr, int nc, const uint16_t *w,
                                                               int64_t w_stride, const float *x, int64_t x_stride,
-                                                              __m256 sums[2][3]) {
+                                                              __m256 sums[4][3]) {
     __m256 xv[3];
     for (int c = 0; c < nc; c++) {
         xv[c] = _mm256_loadu_ps(x + c * x_stride);
@@ -5423,16 +5425,29 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
                                                                    const uint16_t *w, int64_t w_stride,
                                                                    const float *x, int64_t x_stride, int64_t n,
                                                                    float *out, int64_t out_stride) {
-    __m256 sums[2][2][3]; /* [even, odd][row][token] */
+    __m256 sums[2][4][3]; /* [even, odd][row][token] */
     for (int h = 0; h < 2; h++)
         for (int r = 0; r < nr; r++)
             for (int c = 0; c < nc; c++) sums[h][r][c] = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) { /* an even run, then an odd one */
-        llm_half_run(type, nr, nc, w + i, w_stride, x + i, x_stride, sums[0]);
-        llm_half_run(type, nr, nc, w + i + 8, w_stride, x + i + 8, x_stride, sums[1]);
+    if (nr * nc <= 6) {
+        for (; i + 16 <= n; i += 16) { /* an even run, then an odd one */
+            llm_half_run(type, nr, nc, w + i, w_stride, x + i, x_stride, sums[0]);
+            llm_half_run(type, nr, nc, w + i + 8, w_stride, x + i + 8, x_stride, sums[1]);
+        }
+        if (i + 8 <= n) { llm_half_run(type, nr, nc, w + i, w_stride, x + i, x_stride, sums[0]); i += 8; }
+    } else {
+        __m256 one[4][3]; /* the even runs' sums, then the odd runs' */
+        for (int h = 0; h < 2; h++) {
+            for (int r = 0; r < nr; r++)
+                for (int c = 0; c < nc; c++) one[r][c] = _mm256_setzero_ps();
+            for (int64_t j = 8 * h; j + 8 <= n; j += 16)
+                llm_half_run(type, nr, nc, w + j, w_stride, x + j, x_stride, one);
+            for (int r = 0; r < nr; r++)
+                for (int c = 0; c < nc; c++) sums[h][r][c] = one[r][c];
+        }
+        i = n / 8 * 8;
     }
-    if (i + 8 <= n) { llm_half_run(type, nr, nc, w + i, w_stride, x + i, x_stride, sums[0]); i += 8; }
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < nc; c++) {
             float s = llm_avx2_hsum(_mm256_add_ps(sums[0][r][c], sums[1][r][c]));
@@ -5441,7 +5456,7 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
         }
 }
 /* llm_dot_half_tile specialized to each tile shape and type */
-#define LLM_HALF_ROWS 2
+#define LLM_HALF_ROWS 4
 #define LLM_HALF_TOKENS 3
 static void llm_dot_half(uint32_t type, const uint16_t *w, int64_t w_stride, int nr, const float *x,
                          int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride) {
@@ -5452,7 +5467,8 @@ static void llm_dot_half(uint32_t type, const uint16_t *w, int64_t w_stride, int
         return;
     switch (nr * 4 + nc) {
     LLM_HALF_TILE(1, 1) LLM_HALF_TILE(1, 2) LLM_HALF_TILE(1, 3) LLM_HALF_TILE(2, 1) LLM_HALF_TILE(2, 2)
-    LLM_HALF_TILE(2, 3)
+    LLM_HALF_TILE(2, 3) LLM_HALF_TILE(3, 1) LLM_HALF_TILE(3, 2) LLM_HALF_TILE(3, 3) LLM_HALF_TILE(4, 1)
+    LLM_HALF_TILE(4, 2) LLM_HALF_TILE(4, 3)
     }
 #undef LLM_HALF_TILE
 }
@@ -5605,7 +5621,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
                                       T, pack);
                 continue;
             }
-            if (kind == LLM_ROWS_HALF) { /* tiles of up to 2 rows and 3 tokens */
+            if (kind == LLM_ROWS_HALF) { /* tiles of up to 4 rows and 3 tokens */
                 int nr = T == 1 ? 1 : LLM_HALF_ROWS; /* a decode step: one run through memory */
                 for (int t = 0; t < T; t += LLM_HALF_TOKENS)
                     for (int64_t r = r0; r < r1; r += nr)
