@@ -4832,6 +4832,7 @@ typedef struct {
     int32_t sum[2];     /* the integers of values 0..15 and 16..31 added up: what sub-block minimums multiply */
     int8_t q[32];
     int8_t r[32];       /* what q's rounding left, in 256ths of q's step (16-bit activations; else 0) */
+    int16_t a[32];      /* 256 q + r as one 16-bit integer, what 16-bit products meet (16-bit; else 0) */
 } llm_q8;
 
 /* The reference quantization (a SIMD build calls it only from the tests: unused otherwise); wide: 16 bits */
@@ -4850,6 +4851,7 @@ static __attribute__((unused)) void llm_q8_quantize_ref(const float *x, llm_q8 *
                     r = r > 127 ? 127 : r < -127 ? -127 : r;
                 }
                 out[b].r[j] = (int8_t)r;
+                out[b].a[j] = (int16_t)(wide ? 256 * q + r : 0); /* |256 q + r| <= 32,639 */
                 sum += wide ? 256 * q + r : q;
             }
             out[b].sum[h] = sum;
@@ -4926,6 +4928,14 @@ static inline __m256i llm_avx2_field(const uint8_t *p, int shift, char mask) { /
     return _mm256_and_si256(v, _mm256_set1_epi8(mask));
 }
 
+/* A decode step reads each weight once, from memory, in one run: loads that miss wait on DRAM unless the
+ * prefetchers have fetched the line already. The hardware's run too little ahead on some machines (a
+ * virtualized Sapphire Rapids: 4 GB/s out of the 14 a plain loop reads at), so the products ask for the line
+ * this far ahead themselves (there, SmolLM2 Q4_K_M decode, one thread: the matrix products' time per token
+ * 21.3 ms, 11.4 with 2 kB ahead, 14.9 with 1 kB, 19.0 with 256 bytes; 4 kB as 2) */
+#define LLM_PREFETCH_AHEAD 2048
+static inline void llm_prefetch(const void *p) { __builtin_prefetch((const char *)p + LLM_PREFETCH_AHEAD); }
+
 /* The stored values of group g (values 32g..32g+31) of a block, as llm_qblock_unpack reads them; mxfp4's
  * are its table's values plus 12 (unsigned, as the others: llm_pack_offset takes the 12 back out) */
 static inline __m256i llm_avx2_group(uint32_t type, const uint8_t *p, int g) {
@@ -4957,6 +4967,38 @@ static inline __m256i llm_avx2_group(uint32_t type, const uint8_t *p, int g) {
     }
 }
 
+/* A 32-value block's stored values as 16-bit integers, the offset taken off (q4_1's and q5_1's stay unsigned:
+ * their minimum is added apart): values 0-15, and 16-31 in *hi. Nibbles are widened first, then split (an and,
+ * a shift); fifth bit j is lane j of a 16-bit broadcast of its half of qh, tested against 1 << j */
+static inline __m256i llm_avx2_group16(uint32_t type, const uint8_t *p, __m256i *hi) {
+    if (type == LLM_Q8_0) { /* signed bytes, widened */
+        *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 18)));
+        return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 2)));
+    }
+    if (type == LLM_MXFP4) {
+        __m256i w = _mm256_sub_epi8(llm_avx2_group(type, p, 0), _mm256_set1_epi8(12));
+        *hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+        return _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+    }
+    const int qh_at = type == LLM_Q5_0 ? 2 : 4, /* after d (and m): then the nibbles */
+        qs_at = type == LLM_Q4_0 ? 2 : type == LLM_Q4_1 ? 4 : type == LLM_Q5_0 ? 6 : 8;
+    __m256i n = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + qs_at)));
+    __m256i v[2] = {_mm256_and_si256(n, _mm256_set1_epi16(15)), _mm256_srli_epi16(n, 4)};
+    for (int h = 0; h < 2; h++) {
+        if (type == LLM_Q4_0) v[h] = _mm256_sub_epi16(v[h], _mm256_set1_epi16(8));
+        if (type != LLM_Q5_0 && type != LLM_Q5_1) continue;
+        const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
+                                              16384, -32768);
+        int16_t half;
+        memcpy(&half, p + qh_at + 2 * h, 2);
+        __m256i set = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(half), bit), bit);
+        if (type == LLM_Q5_0) v[h] = _mm256_or_si256(v[h], _mm256_andnot_si256(set, _mm256_set1_epi16(-16)));
+        else v[h] = _mm256_or_si256(v[h], _mm256_and_si256(set, _mm256_set1_epi16(16))); /* nibble - 16, or it */
+    }
+    *hi = v[1];
+    return v[0];
+}
+
 static inline float llm_avx2_hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -4982,33 +5024,52 @@ static inline __m256i llm_avx2_dpbusd(__m256i acc, __m256i u, __m256i x) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
 }
 #endif
+/* acc plus 8 sums of 2 products of signed 16-bit integers: one instruction with VNNI, else two */
+static inline __m256i llm_avx2_dpwssd(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpwssd_epi32(acc, a, b);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
 
-/* The products of one weight row with nc rows of activations (nc up to 4, x_stride blocks apart): a prefill
- * unpacks each weight block once for 4 tokens. 32-value blocks: one scale per block. Signed types (q8_0,
- * and q4_0 and q5_0 once their offset is taken off) multiply |w| by x with w's sign; q4_1 and q5_1 add their
- * minimum times the block's activation sum. Even and odd blocks add into two sets of accumulators: two
- * chains of additions, which the CPU overlaps (the calls are written out so the sets stay in registers). */
+/* The products of one weight row with nc rows of activations (nc up to 4, x_stride blocks apart): a step of
+ * a few tokens unpacks each weight block once for them all. 32-value blocks: one scale per block; q4_1 and
+ * q5_1 add their minimum times the block's activation sum. With 8-bit activations the signed types (q8_0,
+ * and q4_0 and q5_0 once their offset is taken off) multiply |w| by x with w's sign, in bytes. With 16-bit
+ * ones the weights are widened to 16 bits and meet 256 q + r at once: two _mm256_madd_epi16 a block, where
+ * bytes took two products for q and r, a shift and three sign flips (SmolLM2 Q4_K_M's q5_0 matrices, a
+ * decode step, one thread of a Sapphire Rapids: 1.4 times as fast; Q4_1 decode 1.13 times). Even and odd blocks add into two sets of accumulators: two chains of additions, which the CPU
+ * overlaps (the calls are written out so the sets stay in registers). */
 static inline __attribute__((always_inline)) void llm_q8_block32_avx2(uint32_t type, int wide, const uint8_t *p,
                                                                       const llm_q8 *x, int64_t x_stride, int nc,
                                                                       __m256 acc[4], float mins[4]) {
     const int has_min = type == LLM_Q4_1 || type == LLM_Q5_1;
+    float d = type == LLM_MXFP4 ? llm_e8m0_half(p[0]) : _cvtsh_ss(*(const uint16_t *)p);
+    float m = has_min ? _cvtsh_ss(*(const uint16_t *)(p + 2)) : 0;
+    if (wide) { /* 4 sums of 2 products in each 32-bit lane of each half: at most 4 x 128 x 32,639 < 2^24 */
+        __m256i hi, lo = llm_avx2_group16(type, p, &hi);
+        for (int c = 0; c < nc; c++) {
+            const llm_q8 *xb = x + c * x_stride;
+            __m256i dot = llm_avx2_dpwssd(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)xb->a)),
+                                          hi, _mm256_loadu_si256((const __m256i *)xb->a + 1));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xb->d), acc[c]);
+            if (has_min) mins[c] += m * xb->s;
+        }
+        return;
+    }
     __m256i w = llm_avx2_group(type, p, 0), w_abs = w;
     if (type == LLM_Q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
     if (type == LLM_Q5_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
     if (type == LLM_MXFP4) w = _mm256_sub_epi8(w, _mm256_set1_epi8(12));
     if (!has_min) w_abs = _mm256_sign_epi8(w, w);
-    float d = type == LLM_MXFP4 ? llm_e8m0_half(p[0]) : _cvtsh_ss(*(const uint16_t *)p);
-    float m = has_min ? _cvtsh_ss(*(const uint16_t *)(p + 2)) : 0;
     for (int c = 0; c < nc; c++) {
         const llm_q8 *xb = x + c * x_stride;
         __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);
         if (!has_min) xq = _mm256_sign_epi8(xq, w);
         __m256i dot = llm_avx2_dpbusd(_mm256_setzero_si256(), w_abs, xq);
-        if (wide) { /* 256 (w . q) + w . r: under 2^28 */
-            __m256i xr = _mm256_loadu_si256((const __m256i *)xb->r);
-            if (!has_min) xr = _mm256_sign_epi8(xr, w);
-            dot = llm_avx2_dpbusd(_mm256_slli_epi32(dot, 8), w_abs, xr);
-        }
         acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xb->d), acc[c]);
         if (has_min) mins[c] += m * xb->s;
     }
@@ -5027,6 +5088,7 @@ static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t typ
     }
     int64_t b = 0;
     for (; b + 2 <= n_blocks; b += 2, p += 2 * bytes) {
+        llm_prefetch(p); /* a line each 64 bytes, at most */
         llm_q8_block32_avx2(type, wide, p, x + b, x_stride, nc, even, mins_even);
         llm_q8_block32_avx2(type, wide, p + bytes, x + b + 1, x_stride, nc, odd, mins_odd);
     }
@@ -5077,6 +5139,7 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
     llm_qblock b;
     int32_t half_scale[2][8], half_min[2][8]; /* [half][group] */
     for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes, x += 8) {
+        for (size_t line = 0; line < bytes; line += 64) llm_prefetch(p + line);
         llm_qblock_read_scales(type, p, &b);
         for (int h = 0; h < 16; h++) {
             half_scale[h % 2][h / 2] = b.scale[h * 16 / sub];
@@ -5246,10 +5309,10 @@ static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, i
 
 /* 8 packed rows times nc tokens (1 to 4, x_stride blocks apart): out[c * out_stride + r]. With 16-bit
  * activations each weight register meets q and r: two products, joined as 256 (w . q) + w . r; or, packed in
- * pairs, it meets xa (x_stride * 32 values apart per token), 256 q + r as 16-bit integers */
+ * pairs, it meets a, 256 q + r as 16-bit integers */
 static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, int wide, const void *pack,
                                                                int64_t n_groups, const llm_q8 *x,
-                                                               const int16_t *xa, int64_t x_stride, int nc,
+                                                               int64_t x_stride, int nc,
                                                                float *out, int64_t out_stride) {
     const int halves = llm_pack_two_halves(type) ? 2 : 1, offset = llm_pack_offset(type);
     const int pairs = llm_pack_pairs_of(type, wide), add16 = llm_pack_adds16(type);
@@ -5267,7 +5330,7 @@ static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, in
                     __m256i w = _mm256_loadu_si256((const __m256i *)((const llm_pack_pairs *)at)->q[j]);
                     for (int c = 0; c < nc; c++) {
                         int32_t two;
-                        memcpy(&two, xa + (c * x_stride + g) * 32 + 2 * j, 4);
+                        memcpy(&two, x[c * x_stride + g].a + 2 * j, 4);
                         dot[c] = _mm256_add_epi32(dot[c], _mm256_madd_epi16(w, _mm256_set1_epi32(two)));
                     }
                 }
@@ -5324,12 +5387,10 @@ static void llm_pack(uint32_t type, int wide, const uint8_t *rows, size_t row_by
     }
 #undef LLM_PACK_ROWS_CASE
 }
-/* xa: the activations as 16-bit integers where llm_pack_pairs_of(type, wide), else NULL */
 static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_groups, const llm_q8 *x,
-                         const int16_t *xa, int64_t x_stride, int nc, float *out, int64_t out_stride) {
-#define LLM_PACK_CALL(k, s, T, W)                                                                          \
-    llm_pack_dot(T, W, pack, n_groups, x + (s) * x_stride, xa ? xa + (s) * x_stride * 32 : NULL, x_stride, \
-                 k, out + (s) * out_stride, out_stride)
+                         int64_t x_stride, int nc, float *out, int64_t out_stride) {
+#define LLM_PACK_CALL(k, s, T, W) \
+    llm_pack_dot(T, W, pack, n_groups, x + (s) * x_stride, x_stride, k, out + (s) * out_stride, out_stride)
 #define LLM_PACK_WIDTHS(T, W) LLM_BY_TOKENS(nc, LLM_PACK_CALL, T, W);
 #define LLM_PACK_CASE(T)                                                                                   \
     case T:                                                                                                \
@@ -5379,7 +5440,13 @@ static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wid
             _mm256_storeu_si256((__m256i *)out[b].r,
                                 _mm256_permutevar8x32_epi32(_mm256_packs_epi16(r16, r16b),
                                                             _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-        } else memset(out[b].r, 0, sizeof out[b].r);
+            for (int i = 0; i < 2; i++) /* 256 q + r in 16 bits: the pack interleaves 64-bit quarters */
+                _mm256_storeu_si256((__m256i *)out[b].a + i,
+                                    _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2 * i], q[2 * i + 1]), 0xd8));
+        } else {
+            memset(out[b].r, 0, sizeof out[b].r);
+            memset(out[b].a, 0, sizeof out[b].a);
+        }
         __m256i halves = _mm256_hadd_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
         halves = _mm256_hadd_epi32(halves, halves); /* per 128-bit lane: the halves' sums over it */
         int sum0 = _mm256_extract_epi32(halves, 0) + _mm256_extract_epi32(halves, 4);
@@ -5432,6 +5499,7 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
     int64_t i = 0;
     if (nr * nc <= 6) {
         for (; i + 16 <= n; i += 16) { /* an even run, then an odd one */
+            for (int r = 0; r < nr; r++) llm_prefetch(w + r * w_stride + i);
             llm_half_run(type, nr, nc, w + i, w_stride, x + i, x_stride, sums[0]);
             llm_half_run(type, nr, nc, w + i + 8, w_stride, x + i + 8, x_stride, sums[1]);
         }
@@ -5541,9 +5609,8 @@ static int llm_matmul_kind(uint32_t type, int path) {
  * token's time: 4 tokens packed 3.5, row at a time 2.2-2.4; 8 tokens 4.3-4.5 and 4.8-5.9; 16: 6.0 and 10) */
 #define LLM_PACK_MIN_TOKENS 8
 #ifdef LLM_CPU_SIMD
-/* One tile of rows r0..r1 (of rows), packed 8 rows at a time, times every token's quantized activations
- * (xa: as 16-bit integers, or NULL, as llm_pack_mul has them) */
-static void llm_matmul_packed(float *out, const llm_q8 *xq, const int16_t *xa, int wide, uint32_t type,
+/* One tile of rows r0..r1 (of rows), packed 8 rows at a time, times every token's quantized activations */
+static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t type,
                               const uint8_t *tile_data, size_t row_bytes, int64_t r0, int64_t r1, int64_t rows,
                               int64_t cols, int T, uint8_t *pack) {
     int64_t n_groups = cols / 32;
@@ -5556,16 +5623,15 @@ static void llm_matmul_packed(float *out, const llm_q8 *xq, const int16_t *xa, i
     }
     for (int t = 0; t < T; t += LLM_DOT_MAX_COLS) {
         int nc = T - t < LLM_DOT_MAX_COLS ? T - t : LLM_DOT_MAX_COLS;
-        const int16_t *xat = xa ? xa + (size_t)t * cols : NULL;
         for (int i = 0; i < n_packs; i++) {
             int64_t first = r0 + i * LLM_PACK_ROWS, n_rows = r1 - first;
             float v[LLM_DOT_MAX_COLS][LLM_PACK_ROWS];
             if (n_rows >= LLM_PACK_ROWS) { /* straight into out */
-                llm_pack_mul(type, wide, pack + i * pack_bytes, n_groups, xq + (size_t)t * n_groups, xat,
+                llm_pack_mul(type, wide, pack + i * pack_bytes, n_groups, xq + (size_t)t * n_groups,
                              n_groups, nc, out + (size_t)t * rows + first, rows);
                 continue;
             }
-            llm_pack_mul(type, wide, pack + i * pack_bytes, n_groups, xq + (size_t)t * n_groups, xat,
+            llm_pack_mul(type, wide, pack + i * pack_bytes, n_groups, xq + (size_t)t * n_groups,
                          n_groups, nc, v[0], LLM_PACK_ROWS);
             for (int c = 0; c < nc; c++)
                 memcpy(out + (size_t)(t + c) * rows + first, v[c], (size_t)n_rows * sizeof(float));
@@ -5583,14 +5649,8 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
         for (int t = 0; t < T; t++)
             llm_q8_quantize(x + (size_t)t * cols, xq + (size_t)t * (cols / 32), cols, wide);
     }
-    int16_t *xa = NULL; /* llm_pack_pairs_of's activations: 256 q + r */
 #ifdef LLM_CPU_SIMD
     if (kind == LLM_ROWS_Q8 && T >= LLM_PACK_MIN_TOKENS) kind = LLM_ROWS_PACKED;
-    if (kind == LLM_ROWS_PACKED && llm_pack_pairs_of(w->type, wide)) {
-        if (!(xa = (int16_t *)malloc((size_t)T * (size_t)cols * sizeof(int16_t)))) { free(xq); return -1; }
-        for (int64_t b = 0; b < T * (cols / 32); b++)
-            for (int i = 0; i < 32; i++) xa[b * 32 + i] = (int16_t)(256 * xq[b].q[i] + xq[b].r[i]);
-    }
 #endif
     #pragma omp parallel
     {
@@ -5617,7 +5677,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
 #ifdef LLM_CPU_SIMD
             if (kind == LLM_ROWS_PACKED) {
                 if (pack)
-                    llm_matmul_packed(out, xq, xa, wide, w->type, tile_data, row_bytes, r0, r1, rows, cols,
+                    llm_matmul_packed(out, xq, wide, w->type, tile_data, row_bytes, r0, r1, rows, cols,
                                       T, pack);
                 continue;
             }
@@ -5661,7 +5721,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
         free(pack);
 #endif
     }
-    free(xq); free(xa);
+    free(xq);
     return failed ? -1 : 0;
 }
 

@@ -1801,7 +1801,8 @@ static void quant_dots_check(int wide) {
                     xq[b].q[j] = (int8_t)(wide ? (pick == 0) - (pick == 1)
                                                : (int)(llm_splitmix64(&rng) % 255) - 127);
                     xq[b].r[j] = wide ? (int8_t)((int)(llm_splitmix64(&rng) % 127) - 63) : 0;
-                    sum[j / 16] += wide ? 256 * xq[b].q[j] + xq[b].r[j] : xq[b].q[j];
+                    xq[b].a[j] = (int16_t)(wide ? 256 * xq[b].q[j] + xq[b].r[j] : 0);
+                    sum[j / 16] += wide ? xq[b].a[j] : xq[b].q[j];
                 }
                 xq[b].sum[0] = sum[0]; xq[b].sum[1] = sum[1];
                 xq[b].s = (float)(sum[0] + sum[1]);
@@ -1883,9 +1884,10 @@ static void test_quant_dots(void) {
     quant_dots_check(1);
 }
 
-/* A prefill's matrix product (from 8 tokens on, weights packed 8 rows at a time) against the plain-C dot of
- * every row with every token: integer parts exactly, real scales closely. 21 rows and 11 tokens leave a pack
- * of 5 rows and 3 tokens after the first 8. */
+/* A prefill's matrix product (from 8 tokens on, weights packed 8 rows at a time), and a step of 3 tokens'
+ * (a row at a time), against the plain-C dot of every row with every token: integer parts exactly, real
+ * scales closely, the extremes included. 21 rows and 11 tokens leave a pack of 5 rows and 3 tokens after the
+ * first 8. */
 static void test_quant_tiles(void) {
     enum { N = 512, R = 21, T = 11 };
     uint64_t rng = 11;
@@ -1923,44 +1925,51 @@ static void test_quant_tiles(void) {
             }
             for (int t = 0; t < T; t++) llm_q8_quantize(x + t * N, xq + t * (N / 32), N, wide);
             llm_weight weight = {w, type, R, N};
-            CHECK(llm_matmul(out, x, &weight, T, path) == 0, "%s: the matrix product failed",
-                  llm_dtype_name(type));
             for (int r = 0; r < R; r++) llm_dtype_dequant_row(type, w + r * row_bytes, deq + r * N, N);
-            int mismatches = 0;
-            double worst = 0;
-            for (int t = 0; t < T; t++)
-                for (int r = 0; r < R; r++) {
-                    float ref = llm_q8_dot_ref(type, w + r * row_bytes, xq + t * (N / 32), N, wide);
-                    double size = 0;
-                    for (int i = 0; i < N; i++) size += fabs((double)deq[r * N + i] * x[t * N + i]);
-                    mismatches += out[t * R + r] != ref;
-                    worst = fmax(worst, fabs((double)out[t * R + r] - ref) / size);
+            /* 11 tokens packed, then 3 (a decode step of a few: a row at a time, the weights unpacked to 16
+             * bits for 16-bit activations) */
+            for (int steps = T; steps >= 3; steps = steps == T ? 3 : 0) {
+                CHECK(llm_matmul(out, x, &weight, steps, path) == 0, "%s: the matrix product failed",
+                      llm_dtype_name(type));
+                int mismatches = 0;
+                double worst = 0;
+                for (int t = 0; t < steps; t++)
+                    for (int r = 0; r < R; r++) {
+                        float ref = llm_q8_dot_ref(type, w + r * row_bytes, xq + t * (N / 32), N, wide);
+                        double size = 0;
+                        for (int i = 0; i < N; i++) size += fabs((double)deq[r * N + i] * x[t * N + i]);
+                        mismatches += out[t * R + r] != ref;
+                        worst = fmax(worst, fabs((double)out[t * R + r] - ref) / size);
+                    }
+                if (steps == T) { /* tokens 3-10 by themselves (8 tokens: packed too) give their products bit
+                                   * for bit as within 11 */
+                    float last8[8 * R];
+                    CHECK(llm_matmul(last8, x + 3 * N, &weight, 8, path) == 0 &&
+                          !memcmp(last8, out + 3 * R, sizeof last8),
+                          "%s, %s activations: 8 tokens' products differ by themselves and within 11",
+                          llm_dtype_name(type), width);
                 }
-            /* tokens 3-10 by themselves (8 tokens: packed too) give their products bit for bit as within
-             * 11 */
-            float last8[8 * R];
-            CHECK(llm_matmul(last8, x + 3 * N, &weight, 8, path) == 0 &&
-                  !memcmp(last8, out + 3 * R, sizeof last8),
-                  "%s, %s activations: 8 tokens' products differ by themselves and within 11",
-                  llm_dtype_name(type), width);
 #ifdef LLM_CPU_SIMD
-            if (extreme && bv == 256) /* the k-quants' largest scales take sums past float's 24 bits: rounded
-                                        * in another order */
-                CHECK(worst < 1e-6, "%s products of 21 rows and 11 tokens, %s activations, the largest values: "
-                      "%.2g from plain C's (of the sum of |terms|)", llm_dtype_name(type), width, worst);
-            else if (!real)
-                CHECK(mismatches == 0, "%s products of 21 rows and 11 tokens, %s activations, integer parts%s: "
-                      "%d of %d differ", llm_dtype_name(type), width, extreme ? " at the extremes" : "",
-                      mismatches, T * R);
-            else CHECK(worst < 1e-5, "%s products of 21 rows and 11 tokens, %s activations: %.2g from plain "
-                       "C's (of the sum of |terms|)", llm_dtype_name(type), width, worst);
-#else       /* without SIMD the rows are converted to f32 and meet x unrounded: exact on whole numbers only */
-            if (!real && !extreme)
-                CHECK(mismatches == 0, "%s products of 21 rows and 11 tokens, %s activations, integer parts: "
-                      "%d of %d differ", llm_dtype_name(type), width, mismatches, T * R);
-            else CHECK(worst < 0.01, "%s products of 21 rows and 11 tokens, %s activations: %.2g from plain "
-                       "C's (of the sum of |terms|)", llm_dtype_name(type), width, worst);
+                if (extreme && (bv == 256 || steps < LLM_PACK_MIN_TOKENS)) /* sums past float's 24 bits (the
+                                            * k-quants' largest scales; rows: 16 blocks of the largest values),
+                                            * rounded in another order: an overflow would be far off */
+                    CHECK(worst < 1e-6, "%s products of 21 rows and %d tokens, %s activations, the largest "
+                          "values: %.2g from plain C's (of the sum of |terms|)", llm_dtype_name(type), steps,
+                          width, worst);
+                else if (!real)
+                    CHECK(mismatches == 0, "%s products of 21 rows and %d tokens, %s activations, integer "
+                          "parts%s: %d of %d differ", llm_dtype_name(type), steps, width,
+                          extreme ? " at the extremes" : "", mismatches, steps * R);
+                else CHECK(worst < 1e-5, "%s products of 21 rows and %d tokens, %s activations: %.2g from "
+                           "plain C's (of the sum of |terms|)", llm_dtype_name(type), steps, width, worst);
+#else           /* without SIMD the rows are converted to f32 and meet x unrounded: exact on whole numbers only */
+                if (!real && !extreme)
+                    CHECK(mismatches == 0, "%s products of 21 rows and %d tokens, %s activations, integer parts: "
+                          "%d of %d differ", llm_dtype_name(type), steps, width, mismatches, steps * R);
+                else CHECK(worst < 0.01, "%s products of 21 rows and %d tokens, %s activations: %.2g from "
+                           "plain C's (of the sum of |terms|)", llm_dtype_name(type), steps, width, worst);
 #endif
+            }
         }
     }
     free(x); free(out); free(deq); free(xq); free(w);
