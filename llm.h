@@ -4967,9 +4967,10 @@ static inline __m256i llm_avx2_group(uint32_t type, const uint8_t *p, int g) {
     }
 }
 
-/* A 32-value block's stored values as 16-bit integers, the offset taken off (q4_1's and q5_1's stay unsigned:
- * their minimum is added apart): values 0-15, and 16-31 in *hi. Nibbles are widened first, then split (an and,
- * a shift); fifth bit j is lane j of a 16-bit broadcast of its half of qh, tested against 1 << j */
+/* A 32-value block's stored values as 16-bit integers, the offset taken off (q4_1's and q5_1's stay
+ * unsigned: their minimum is added apart): values 0-15, and 16-31 in *hi. Nibbles are widened first, then
+ * split (an and, a shift); fifth bit j is lane j of a 16-bit broadcast of its half of qh, tested against
+ * 1 << j */
 static inline __m256i llm_avx2_group16(uint32_t type, const uint8_t *p, __m256i *hi) {
     if (type == LLM_Q8_0) { /* signed bytes, widened */
         *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 18)));
@@ -4992,8 +4993,9 @@ static inline __m256i llm_avx2_group16(uint32_t type, const uint8_t *p, __m256i 
         int16_t half;
         memcpy(&half, p + qh_at + 2 * h, 2);
         __m256i set = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(half), bit), bit);
-        if (type == LLM_Q5_0) v[h] = _mm256_or_si256(v[h], _mm256_andnot_si256(set, _mm256_set1_epi16(-16)));
-        else v[h] = _mm256_or_si256(v[h], _mm256_and_si256(set, _mm256_set1_epi16(16))); /* nibble - 16, or it */
+        if (type == LLM_Q5_0) /* a clear bit: the nibble with 0xfff0 over it, the nibble - 16 */
+            v[h] = _mm256_or_si256(v[h], _mm256_andnot_si256(set, _mm256_set1_epi16(-16)));
+        else v[h] = _mm256_or_si256(v[h], _mm256_and_si256(set, _mm256_set1_epi16(16)));
     }
     *hi = v[1];
     return v[0];
@@ -5039,10 +5041,11 @@ static inline __m256i llm_avx2_dpwssd(__m256i acc, __m256i a, __m256i b) {
  * a few tokens unpacks each weight block once for them all. 32-value blocks: one scale per block; q4_1 and
  * q5_1 add their minimum times the block's activation sum. With 8-bit activations the signed types (q8_0,
  * and q4_0 and q5_0 once their offset is taken off) multiply |w| by x with w's sign, in bytes. With 16-bit
- * ones the weights are widened to 16 bits and meet 256 q + r at once: two _mm256_madd_epi16 a block, where
- * bytes took two products for q and r, a shift and three sign flips (SmolLM2 Q4_K_M's q5_0 matrices, a
- * decode step, one thread of a Sapphire Rapids: 1.4 times as fast; Q4_1 decode 1.13 times). Even and odd blocks add into two sets of accumulators: two chains of additions, which the CPU
- * overlaps (the calls are written out so the sets stay in registers). */
+ * ones the weights are widened to 16 bits and meet 256 q + r at once: two 16-bit multiply-adds a block,
+ * where bytes took two products for q and r, a shift and three sign flips (SmolLM2 Q4_K_M's q5_0 matrices,
+ * a decode step, one thread of a Sapphire Rapids: 1.4 times as fast; Q4_1 decode 1.13 times). Even and odd
+ * blocks add into two sets of accumulators: two chains of additions, which the CPU overlaps (the calls are
+ * written out so the sets stay in registers). */
 static inline __attribute__((always_inline)) void llm_q8_block32_avx2(uint32_t type, int wide, const uint8_t *p,
                                                                       const llm_q8 *x, int64_t x_stride, int nc,
                                                                       __m256 acc[4], float mins[4]) {
@@ -5455,7 +5458,8 @@ static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wid
                                                             _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
             for (int i = 0; i < 2; i++) /* 256 q + r in 16 bits: the pack interleaves 64-bit quarters */
                 _mm256_storeu_si256((__m256i *)out[b].a + i,
-                                    _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2 * i], q[2 * i + 1]), 0xd8));
+                                    _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2 * i], q[2 * i + 1]),
+                                                             0xd8));
         } else {
             memset(out[b].r, 0, sizeof out[b].r);
             memset(out[b].a, 0, sizeof out[b].a);
@@ -5518,10 +5522,11 @@ static inline __attribute__((always_inline)) __m512 llm_half16(uint32_t type, co
     return type == LLM_F16 ? _mm512_cvtph_ps(h)
                            : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+typedef __m256 llm_half_sums[2][LLM_HALF_ROWS][LLM_HALF_TOKENS]; /* [even, odd][row][token] */
 static inline __attribute__((always_inline)) int64_t llm_half_runs16(uint32_t type, int nr, int nc,
                                                                      const uint16_t *w, int64_t w_stride,
                                                                      const float *x, int64_t x_stride,
-                                                                     int64_t n, __m256 sums[2][LLM_HALF_ROWS][LLM_HALF_TOKENS]) {
+                                                                     int64_t n, llm_half_sums sums) {
     __m512 both[LLM_HALF_ROWS][LLM_HALF_TOKENS];
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < nc; c++) both[r][c] = _mm512_setzero_ps();

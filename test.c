@@ -1951,9 +1951,9 @@ static void test_quant_tiles(void) {
                           llm_dtype_name(type), width);
                 }
 #ifdef LLM_CPU_SIMD
-                if (extreme && (bv == 256 || steps < LLM_PACK_MIN_TOKENS)) /* sums past float's 24 bits (the
-                                            * k-quants' largest scales; rows: 16 blocks of the largest values),
-                                            * rounded in another order: an overflow would be far off */
+                /* sums past float's 24 bits (the k-quants' largest scales; rows: 16 blocks of the largest
+                 * values), rounded in another order: an overflow would be far off */
+                if (extreme && (bv == 256 || steps < LLM_PACK_MIN_TOKENS))
                     CHECK(worst < 1e-6, "%s products of 21 rows and %d tokens, %s activations, the largest "
                           "values: %.2g from plain C's (of the sum of |terms|)", llm_dtype_name(type), steps,
                           width, worst);
@@ -1963,10 +1963,11 @@ static void test_quant_tiles(void) {
                           extreme ? " at the extremes" : "", mismatches, steps * R);
                 else CHECK(worst < 1e-5, "%s products of 21 rows and %d tokens, %s activations: %.2g from "
                            "plain C's (of the sum of |terms|)", llm_dtype_name(type), steps, width, worst);
-#else           /* without SIMD the rows are converted to f32 and meet x unrounded: exact on whole numbers only */
+#else           /* without SIMD the rows are converted to f32 and meet x unrounded: exact on whole numbers */
                 if (!real && !extreme)
-                    CHECK(mismatches == 0, "%s products of 21 rows and %d tokens, %s activations, integer parts: "
-                          "%d of %d differ", llm_dtype_name(type), steps, width, mismatches, steps * R);
+                    CHECK(mismatches == 0, "%s products of 21 rows and %d tokens, %s activations, integer "
+                          "parts: %d of %d differ", llm_dtype_name(type), steps, width, mismatches,
+                          steps * R);
                 else CHECK(worst < 0.01, "%s products of 21 rows and %d tokens, %s activations: %.2g from "
                            "plain C's (of the sum of |terms|)", llm_dtype_name(type), steps, width, worst);
 #endif
