@@ -5492,6 +5492,7 @@ static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wid
 #else
 #define LLM_HALF_TOKENS 3
 #endif
+typedef __m256 llm_half_sums[2][LLM_HALF_ROWS][LLM_HALF_TOKENS]; /* [even, odd][row][token] */
 static inline __attribute__((always_inline)) __m256 llm_half8(uint32_t type, const uint16_t *w) {
     __m128i h = _mm_loadu_si128((const __m128i *)w);
     return type == LLM_F16 ? _mm256_cvtph_ps(h)
@@ -5522,7 +5523,6 @@ static inline __attribute__((always_inline)) __m512 llm_half16(uint32_t type, co
     return type == LLM_F16 ? _mm512_cvtph_ps(h)
                            : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-typedef __m256 llm_half_sums[2][LLM_HALF_ROWS][LLM_HALF_TOKENS]; /* [even, odd][row][token] */
 static inline __attribute__((always_inline)) int64_t llm_half_runs16(uint32_t type, int nr, int nc,
                                                                      const uint16_t *w, int64_t w_stride,
                                                                      const float *x, int64_t x_stride,
@@ -5555,7 +5555,7 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
                                                                    const uint16_t *w, int64_t w_stride,
                                                                    const float *x, int64_t x_stride, int64_t n,
                                                                    float *out, int64_t out_stride) {
-    __m256 sums[2][LLM_HALF_ROWS][LLM_HALF_TOKENS]; /* [even, odd][row][token] */
+    llm_half_sums sums;
     for (int h = 0; h < 2; h++)
         for (int r = 0; r < nr; r++)
             for (int c = 0; c < nc; c++) sums[h][r][c] = _mm256_setzero_ps();
