@@ -5272,7 +5272,23 @@ static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, i
         _mm_prefetch((const char *)rows + at, _MM_HINT_T0);
     for (int64_t g0 = 0; g0 < n / 32; g0 += groups_per_block) {
         const uint8_t *p = rows + (size_t)(g0 / groups_per_block) * block_bytes;
-        for (int r = 0; r < n_rows; r++) llm_qblock_read_scales(type, p + (size_t)r * row_bytes, &b[r]);
+        /* a 32-value block's scale is its f16 d (and, for the _1 types, its minimum its f16 m): the 8 rows'
+         * converted at once, the same floats as d * 1 and m * -1 below (one f16 at a time, the scales took
+         * half of the packing: SmolLM2 Q4_1, 17 tokens) */
+        const int f16_scales = type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q5_0 || type == LLM_Q5_1 ||
+                               type == LLM_Q8_0;
+        __m256 block_d = _mm256_setzero_ps(), block_m = _mm256_setzero_ps();
+        if (f16_scales) {
+            uint16_t d16[LLM_PACK_ROWS] = {0}, m16[LLM_PACK_ROWS] = {0};
+            for (int r = 0; r < n_rows; r++) {
+                memcpy(&d16[r], p + (size_t)r * row_bytes, 2);
+                memcpy(&m16[r], p + (size_t)r * row_bytes + 2, 2);
+            }
+            block_d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d16));
+            if (llm_pack_has_min(type))
+                block_m = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)m16)));
+        } else
+            for (int r = 0; r < n_rows; r++) llm_qblock_read_scales(type, p + (size_t)r * row_bytes, &b[r]);
         for (int g = 0; g < groups_per_block; g++) {
             uint8_t *at = (uint8_t *)pack + (size_t)(g0 + g) * llm_pack_group_bytes(type, wide);
             __m256i v[LLM_PACK_ROWS];
@@ -5299,6 +5315,11 @@ static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, i
                 llm_avx2_transpose8(v);
                 for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)pg->q[j], v[j]);
                 s = &pg->s;
+            }
+            if (f16_scales) {
+                _mm256_storeu_ps(s->scale[0], block_d);
+                _mm256_storeu_ps(s->min[0], block_m);
+                continue;
             }
             for (int h = 0; h < halves; h++)
                 for (int r = 0; r < LLM_PACK_ROWS; r++) {
@@ -5676,9 +5697,12 @@ static int llm_matmul_kind(uint32_t type, int path) {
  * memory (from cache after that): that is what batching buys on any hardware. -1 when there was no memory
  * for the quantized activations or a thread's converted rows (what it would have computed is left undone). */
 #define LLM_MATMUL_TILE 16
-/* from 8 tokens on, packing a tile costs less than what it saves (SmolLM2 Q4_1, one thread, against one
- * token's time: 4 tokens packed 3.5, row at a time 2.2-2.4; 8 tokens 4.3-4.5 and 4.8-5.9; 16: 6.0 and 10) */
-#define LLM_PACK_MIN_TOKENS 8
+/* from 5 tokens on, packing a tile costs less than what it saves: the row path's products take 4 tokens at a
+ * time, so a 5th reads the weights again (tools/matmul_steps.c, one thread, Sapphire Rapids, time of T tokens
+ * over one token's, row path against packed: Q4_1 T = 4 2.54 and 2.02, T = 5 3.55 and 2.34; Q8_0 1.98 and
+ * 1.93, 2.71 and 2.21; Q4_K_M 2.09 and 1.99, 3.10 and 2.29; built for AVX2, T = 5 costs 4.16 and 3.02 on
+ * Q4_1, 2.65 and 2.58 on Q8_0) */
+#define LLM_PACK_MIN_TOKENS 5
 #ifdef LLM_CPU_SIMD
 /* One tile of rows r0..r1 (of rows), packed 8 rows at a time, times every token's quantized activations */
 static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t type,
@@ -5692,10 +5716,17 @@ static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t t
         llm_pack(type, wide, tile_data + (size_t)i * LLM_PACK_ROWS * row_bytes, row_bytes,
                  n_rows < LLM_PACK_ROWS ? (int)n_rows : LLM_PACK_ROWS, cols, pack + i * pack_bytes);
     }
+    /* the next tile's rows are asked for from memory a few cache lines at a time between the products, so
+     * that their reads overlap this tile's work rather than stall its packing */
+    const char *next = (const char *)tile_data + (size_t)(r1 - r0) * row_bytes;
+    size_t next_bytes = r1 < rows ? (size_t)(r1 - r0) * row_bytes : 0, next_at = 0;
+    size_t next_step = next_bytes / (size_t)(n_packs * ((T + LLM_DOT_MAX_COLS - 1) / LLM_DOT_MAX_COLS)) + 64;
     for (int t = 0; t < T; t += LLM_DOT_MAX_COLS) {
         int nc = T - t < LLM_DOT_MAX_COLS ? T - t : LLM_DOT_MAX_COLS;
         for (int i = 0; i < n_packs; i++) {
             int64_t first = r0 + i * LLM_PACK_ROWS, n_rows = r1 - first;
+            for (size_t end = next_at + next_step; next_at < next_bytes && next_at < end; next_at += 64)
+                _mm_prefetch(next + next_at, _MM_HINT_T0);
             float v[LLM_DOT_MAX_COLS][LLM_PACK_ROWS];
             if (n_rows >= LLM_PACK_ROWS) { /* straight into out */
                 llm_pack_mul(type, wide, pack + i * pack_bytes, n_groups, xq + (size_t)t * n_groups,

@@ -21,17 +21,17 @@ int main(int argc, char **argv) {
     llm_model m;
     char err[LLM_ERR_LEN];
     if (llm_model_load(&m, argv[1], err) != 0) { fprintf(stderr, "matmul_steps: %s\n", err); return 1; }
-    int reps = atoi(argv[2]), steps[] = {1, 2, 3, 4, 5, 8, 16};
+    int reps = atoi(argv[2]), steps[] = {1, 2, 3, 4, 5, 8, 12, 16, 17, 32, 64};
     int64_t widest = 0;
     for (int l = 0; l < m.cfg.n_layers; l++) {
         const llm_layer *L = &m.layers[l];
         int64_t w[3] = {L->wq.rows, L->w_gate.rows, L->w_up.rows};
         for (int k = 0; k < 3; k++) widest = w[k] > widest ? w[k] : widest;
     }
-    float *x = (float *)malloc(16 * (size_t)m.cfg.dim * sizeof(float));
-    float *out = (float *)malloc(16 * (size_t)widest * sizeof(float));
+    float *x = (float *)malloc(64 * (size_t)m.cfg.dim * sizeof(float));
+    float *out = (float *)malloc(64 * (size_t)widest * sizeof(float));
     if (!x || !out) return 1;
-    for (int i = 0; i < 16 * m.cfg.dim; i++) x[i] = sinf(0.37f * (float)i);
+    for (int i = 0; i < 64 * m.cfg.dim; i++) x[i] = sinf(0.37f * (float)i);
     double one = 0;
     for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
         double best = 1e30;
