@@ -1885,10 +1885,10 @@ static void test_quant_dots(void) {
     quant_dots_check(1);
 }
 
-/* A prefill's matrix product (from 8 tokens on, weights packed 8 rows at a time), and a step of 3 tokens'
- * (a row at a time), against the plain-C dot of every row with every token: integer parts exactly, real
- * scales closely, the extremes included. 21 rows and 11 tokens leave a pack of 5 rows and 3 tokens after the
- * first 8. */
+/* A prefill's matrix product (from LLM_PACK_MIN_TOKENS on, weights packed 8 rows at a time, 16 with AVX-512
+ * VNNI), and a step of 3 tokens' (a row at a time), against the plain-C dot of every row with every token:
+ * integer parts exactly, real scales closely, the extremes included. 21 rows and 11 tokens leave a pack of 5
+ * rows after the first 16 (and one of 8 before it where packs are 8 rows) and 3 tokens after the first 8. */
 static void test_quant_tiles(void) {
     enum { N = 512, R = 21, T = 11 };
     uint64_t rng = 11;
