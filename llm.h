@@ -4323,16 +4323,19 @@ static void llm_schedule_add(llm_scheduler *sch, llm_seq *s, int n_new, int *bud
 
 /* Speculative decoding's proposer, n-gram lookup (prompt lookup): the sequence's last n tokens, n from
  * spec_ngram_max down to spec_ngram_min, found at an earlier place in its prompt or output (the latest),
- * propose the tokens that followed them there, at most max. Returns how many, in s->draft. */
+ * propose the tokens that followed them there, at most max. Where those run up to the end of the sequence
+ * (a match p tokens back: the text repeating with period p, as a model caught in a loop does), the proposal
+ * goes on repeating them: token len + k is proposed as token len + k - p (a sequence looping over two tokens
+ * proposed 2 at a time, not max). Returns how many, in s->draft. */
 static int llm_seq_propose(const llm_scheduler *sch, llm_seq *s, int max) {
     int len = (int)arrlen(s->tokens);
     const int32_t *t = s->tokens;
     for (int n = sch->spec_ngram_max; n >= sch->spec_ngram_min; n--)
         for (int at = len - n - 1; at >= 0; at--) {
             if (memcmp(t + at, t + len - n, (size_t)n * sizeof(int32_t)) != 0) continue;
-            int k = 0;
-            for (; k < max && at + n + k < len; k++) s->draft[k] = t[at + n + k];
-            return k;
+            int period = len - n - at;
+            for (int k = 0; k < max; k++) s->draft[k] = k < period ? t[len - period + k] : s->draft[k - period];
+            return max;
         }
     return 0;
 }

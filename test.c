@@ -3060,6 +3060,35 @@ static int spec_same(const run_result *a, const run_result *b, int n_samples) {
 
 enum { DRAFT_NONE, DRAFT_SELF, DRAFT_ANY, DRAFT_PENALIZED, DRAFT_MISSES, DRAFT_CUT };
 
+/* The n-gram proposer by itself: the longest of the last 4..2 tokens found earlier (the latest place)
+ * proposes what followed it, at most max; a match that runs up to the end repeats with its period */
+static void test_spec_propose(void) {
+    llm_scheduler sch;
+    memset(&sch, 0, sizeof sch);
+    sch.spec_ngram_max = 4, sch.spec_ngram_min = 2;
+    static const struct {
+        const char *what;
+        int tokens[16], n_tokens, max, want[8], n_want;
+    } cases[] = {
+        {"a passage seen before", {1, 2, 3, 4, 5, 6, 7, 9, 9, 1, 2, 3}, 12, 3, {4, 5, 6}, 3},
+        {"what follows runs out", {1, 2, 3, 4, 5, 1, 2, 3}, 8, 8, {4, 5, 1, 2, 3, 4, 5, 1}, 8},
+        {"the longest match wins over the latest", {7, 8, 9, 5, 2, 8, 9, 6, 7, 8, 9}, 11, 2, {5, 2}, 2},
+        {"a loop of two tokens", {3, 1, 2, 1, 2, 1, 2}, 7, 5, {1, 2, 1, 2, 1}, 5},
+        {"one token repeated", {5, 6, 6, 6}, 4, 4, {6, 6, 6, 6}, 4},
+        {"no match of 2", {1, 2, 3, 4, 5, 6, 1}, 7, 4, {0}, 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        llm_seq s;
+        memset(&s, 0, sizeof s);
+        for (int i = 0; i < cases[c].n_tokens; i++) arrput(s.tokens, cases[c].tokens[i]);
+        int n = llm_seq_propose(&sch, &s, cases[c].max);
+        CHECK(n == cases[c].n_want && !memcmp(s.draft, cases[c].want, (size_t)n * sizeof(int32_t)),
+              "n-gram proposer, %s: %d tokens proposed (%d %d %d ...), not %d", cases[c].what, n, s.draft[0],
+              s.draft[1], s.draft[2], cases[c].n_want);
+        arrfree(s.tokens);
+    }
+}
+
 /* Three prompts that repeat a passage of a story, where n-gram lookup finds its proposals: the story from its
  * 1st, 11th and 21st character, twice, then its first 40, 49 and 58 characters */
 static void spec_story_prompts(char repeated[3][1024]) {
@@ -9448,7 +9477,7 @@ int main(int argc, char **argv) {
         {"sampler", test_sampler}, {"block manager", test_block_manager},
         {"batch invariance", test_batch_invariance},
         {"prefix cache", test_prefix_cache}, {"sliding window blocks", test_sliding_window_blocks},
-        {"speculative decoding", test_speculative},
+        {"speculative decoding", test_speculative}, {"speculative decoding: n-gram proposer", test_spec_propose},
         {"parallel sampling", test_parallel_sampling},
         {"stop conditions", test_stop_conditions}, {"logit bias", test_logit_bias},
         {"grammar: GBNF", test_grammar_gbnf}, {"grammar: masks", test_grammar_masks},
