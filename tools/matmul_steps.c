@@ -1,5 +1,5 @@
 /* tools/matmul_steps.c - what a step of T tokens costs the CPU backend's matrix products, against one token's:
- * each layer's wq, w_gate and w_up (the default path: 16-bit activations), T = 1, 2, 3, 4, 5, 8, 16, the best
+ * each layer's wq, w_gate and w_up (the default path: 16-bit activations), T = 1 to 64 tokens, the best
  * of REPS runs each. Speculative decoding and small batches live on these ratios.
  *
  *   cc -O3 -march=native -ffp-contract=off -fno-math-errno -fopenmp -I/usr/include -I. \
