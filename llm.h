@@ -6225,6 +6225,21 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
         memcpy(queries + (size_t)i * nq * hd, q + i * stride, (size_t)nq * hd * sizeof(float));
     for (int p0 = first - first % bs; p0 < n_ctx; p0 += bs) { /* block by block: the table read once each */
         const uint8_t *kp = llm_cpu_kv_at(c, c->k, index, block_table, p0) + kv_head * head_bytes;
+        if (!c->kv_half && nqt < 4) { /* a decode step's few queries: each against the block's K rows, 12 or 8
+                                       * at a time, their lanes added 8 sums at once (llm_dot_many): the same
+                                       * products and sums as k against the queries, bit for bit, where 3
+                                       * sums a call added their lanes one by one (16 SmolLM2 Q8_0
+                                       * sequences decoding, 2 threads: the scores 15% of the time before,
+                                       * 10% after; decode 1.065 times as fast) */
+            int lo = p0 > first ? p0 : first, hi = p0 + bs < n_ctx ? p0 + bs : n_ctx;
+            for (int j = 0; j < nqt; j++) {
+                float *sc = scores + (size_t)j * n_ctx + lo;
+                llm_dot_many(queries + (size_t)j * hd, (const float *)(kp + (size_t)(lo - p0) * per_slot),
+                             (int64_t)(per_slot / sizeof(float)), hi - lo, hd, sc);
+                for (int p = 0; p < hi - lo; p++) sc[p] *= scale;
+            }
+            continue;
+        }
         for (int p = p0; p < n_ctx && p < p0 + bs; p++, kp += per_slot) {
             if (p < first) continue;
             llm_cpu_kv_dots(c, queries, nqt, kp, hd, dots); /* a token's dots with later p are left unused */
