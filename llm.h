@@ -4334,7 +4334,8 @@ static int llm_seq_propose(const llm_scheduler *sch, llm_seq *s, int max) {
         for (int at = len - n - 1; at >= 0; at--) {
             if (memcmp(t + at, t + len - n, (size_t)n * sizeof(int32_t)) != 0) continue;
             int period = len - n - at;
-            for (int k = 0; k < max; k++) s->draft[k] = k < period ? t[len - period + k] : s->draft[k - period];
+            for (int k = 0; k < max; k++)
+                s->draft[k] = k < period ? t[len - period + k] : s->draft[k - period];
             return max;
         }
     return 0;
@@ -5291,7 +5292,7 @@ static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, i
         for (int r = 0; r < n_rows; r++) {
             if (f16_scales) {
                 memcpy(&d16[r], p + (size_t)r * row_bytes, 2);
-                memcpy(&m16[r], p + (size_t)r * row_bytes + 2, 2);
+                if (llm_pack_has_min(type)) memcpy(&m16[r], p + (size_t)r * row_bytes + 2, 2);
             } else
                 llm_qblock_read_scales(type, p + (size_t)r * row_bytes, &b[r]);
         }
