@@ -5232,17 +5232,18 @@ static inline __attribute__((always_inline)) int llm_pack_adds16(uint32_t type) 
                type == LLM_Q5_0 || type == LLM_Q5_1 || type == LLM_Q5_K ? 31 : type == LLM_Q8_0 ? 128 : 15;
     return !LLM_AVX2_VNNI && 2 * 128 * most * (llm_pack_two_halves(type) ? 4 : 8) <= 32767;
 }
-/* q8_0's signed bytes cannot be added in 16 bits, and each product needs two sign flips before maddubs (for
- * |w| and x with w's sign): 16-bit activations cost 9 instructions per 4 values of 8 rows and a token. Packed
- * as 16-bit pairs instead (llm_pack_pairs), the weights meet each activation as one 16-bit integer, 256 q + r
- * (at most 32,639 in size): one _mm256_madd_epi16 per 2 values of the 8 rows gives their products added in 32
- * bits, the same integers (1,536 x 1,024 times 64 tokens, one thread, Zen 3: 1.35 times as fast; for q5_0
- * and q6_K, whose bytes are unsigned, 4 to 5% slower than the two products, so they keep those). */
-static inline __attribute__((always_inline)) int llm_pack_pairs_of(uint32_t type, int wide) {
-    return wide && !LLM_AVX2_VNNI && type == LLM_Q8_0;
+/* Without VNNI, 16-bit activations meet the weights packed as 16-bit pairs (llm_pack_pairs): each
+ * activation is one 16-bit integer, 256 q + r (at most 32,639 in size), and one _mm256_madd_epi16 per 2
+ * values of the 8 rows gives their products added in 32 bits, the same integers as w . q and w . r apart,
+ * which take a maddubs each and, where their 16-bit pairs cannot add up there (q8_0's signed bytes, 5- and
+ * 6-bit values), a widening multiply each too (q8_0: two sign flips as well). SmolLM2 pp512, one thread,
+ * Sapphire Rapids, built for AVX2: Q4_K_M (mostly q5_0) 1.23 times as fast as the two products, Q4_1 1.07;
+ * Q8_0, Zen 3: 1.35. */
+static inline __attribute__((always_inline)) int llm_pack_pairs_of(int wide) {
+    return wide && !LLM_AVX2_VNNI;
 }
-static inline __attribute__((always_inline)) size_t llm_pack_group_bytes(uint32_t type, int wide) {
-    return llm_pack_pairs_of(type, wide) ? sizeof(llm_pack_pairs) : sizeof(llm_pack_group);
+static inline __attribute__((always_inline)) size_t llm_pack_group_bytes(int wide) {
+    return llm_pack_pairs_of(wide) ? sizeof(llm_pack_pairs) : sizeof(llm_pack_group);
 }
 
 /* 8 registers of 8 32-bit lanes transposed: lane j of register r goes to lane r of register j */
@@ -5273,7 +5274,7 @@ static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, i
     uint64_t block_bytes, block_values;
     llm_dtype_info(type, &block_bytes, &block_values);
     const int groups_per_block = (int)block_values / 32, halves = llm_pack_two_halves(type) ? 2 : 1;
-    const int pairs = llm_pack_pairs_of(type, wide);
+    const int pairs = llm_pack_pairs_of(wide);
     /* a 32-value block's scale is its f16 d (and, for the _1 types, its minimum its f16 m): 8 rows' converted
      * at once, the same floats as d * 1 and m * -1 below (one f16 at a time, the scales took half of the
      * packing: SmolLM2 Q4_1, 17 tokens) */
@@ -5297,7 +5298,7 @@ static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, i
                 llm_qblock_read_scales(type, p + (size_t)r * row_bytes, &b[r]);
         }
         for (int g = 0; g < groups_per_block; g++) {
-            uint8_t *at = (uint8_t *)pack + (size_t)(g0 + g) * llm_pack_group_bytes(type, wide);
+            uint8_t *at = (uint8_t *)pack + (size_t)(g0 + g) * llm_pack_group_bytes(wide);
             llm_pack_scales *s = pairs ? &((llm_pack_pairs *)at)->s : &((llm_pack_group *)at)->s;
             for (int r0 = 0; r0 < LLM_PACK_ROWS; r0 += 8) { /* 8 rows: r0 .. r0 + 7 */
                 __m256i v[8];
@@ -5408,11 +5409,11 @@ static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, in
                                                                int64_t x_stride, int nc,
                                                                float *out, int64_t out_stride) {
     const int halves = llm_pack_two_halves(type) ? 2 : 1, offset = llm_pack_offset(type);
-    const int pairs = llm_pack_pairs_of(type, wide), add16 = llm_pack_adds16(type);
+    const int pairs = llm_pack_pairs_of(wide), add16 = llm_pack_adds16(type);
     __m256 acc[4];
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t g = 0; g < n_groups; g++) {
-        const uint8_t *at = (const uint8_t *)pack + (size_t)g * llm_pack_group_bytes(type, wide);
+        const uint8_t *at = (const uint8_t *)pack + (size_t)g * llm_pack_group_bytes(wide);
         const llm_pack_scales *s = pairs ? &((const llm_pack_pairs *)at)->s
                                          : &((const llm_pack_group *)at)->s;
         for (int h = 0; h < halves; h++) {
@@ -5776,7 +5777,7 @@ static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t t
                               const uint8_t *tile_data, size_t row_bytes, int64_t r0, int64_t r1, int64_t rows,
                               int64_t cols, int T, uint8_t *pack) {
     int64_t n_groups = cols / 32;
-    size_t pack_bytes = (size_t)n_groups * llm_pack_group_bytes(type, wide); /* 8 rows' */
+    size_t pack_bytes = (size_t)n_groups * llm_pack_group_bytes(wide); /* 8 rows' */
     int n_packs = (int)((r1 - r0 + LLM_PACK_ROWS - 1) / LLM_PACK_ROWS);
     for (int i = 0; i < n_packs; i++) {
         int64_t n_rows = r1 - r0 - i * LLM_PACK_ROWS;
@@ -5845,7 +5846,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
         uint8_t *pack = NULL; /* the tile's rows, packed: 8 at a time */
         if (kind == LLM_ROWS_PACKED &&
             !(pack = (uint8_t *)malloc((size_t)LLM_MATMUL_TILE * (size_t)(cols / 32) *
-                                       llm_pack_group_bytes(w->type, wide) / LLM_PACK_ROWS))) {
+                                       llm_pack_group_bytes(wide) / LLM_PACK_ROWS))) {
             #pragma omp atomic write
             failed = 1;
         }
