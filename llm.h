@@ -6168,10 +6168,35 @@ static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
 
 #ifdef LLM_CPU_SIMD
 /* A token's o = sum_p w_p v_p, p = first..last, for ng (1 to 3) heads (weights w_stride apart, outputs hd)
- * and nv (1 to 3) runs of 8 values from i0: a multiply then an add for each p in turn, the roundings of the
- * plain loop, with the sums in registers over all p. Specialized to each ng and nv and to the cache's type:
- * with them variables, GCC kept the sums and v in memory, each add waiting on the store before it (40% of a
- * SmolLM2 prompt's attention went there once), and 3 heads by 4 runs need 18 registers of 16 */
+ * and nv (1 to LLM_VRUNS) runs of LLM_VRUN values from i0: a multiply then an add for each p in turn, the
+ * roundings of the plain loop, with the sums in registers over all p. Specialized to each ng and nv and to
+ * the cache's type: with them variables, GCC kept the sums and v in memory, each add waiting on the store
+ * before it (40% of a SmolLM2 prompt's attention went there once). Each value's sum is its own, so the
+ * runs are as wide as the registers: with AVX-512, 3 heads by 4 runs of 16 (a 64-value head at once: 12
+ * sums, 4 v and a weight in the 32 registers); with AVX2, 3 runs of 8 (3 by 4 would need 18 of 16) */
+#if defined(__AVX512F__)
+#define LLM_VRUN 16
+#define LLM_VRUNS 4
+typedef __m512 llm_vrun;
+#define llm_vrun_zero _mm512_setzero_ps
+#define llm_vrun_set1 _mm512_set1_ps
+#define llm_vrun_add _mm512_add_ps
+#define llm_vrun_mul _mm512_mul_ps
+#define llm_vrun_store _mm512_storeu_ps
+#define llm_vrun_load(half, at) ((half) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(at))) \
+                                        : _mm512_loadu_ps((const float *)(at)))
+#else
+#define LLM_VRUN 8
+#define LLM_VRUNS 3
+typedef __m256 llm_vrun;
+#define llm_vrun_zero _mm256_setzero_ps
+#define llm_vrun_set1 _mm256_set1_ps
+#define llm_vrun_add _mm256_add_ps
+#define llm_vrun_mul _mm256_mul_ps
+#define llm_vrun_store _mm256_storeu_ps
+#define llm_vrun_load(half, at) ((half) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(at))) \
+                                        : _mm256_loadu_ps((const float *)(at)))
+#endif
 static inline __attribute__((always_inline)) void llm_cpu_weighted_v_tile(const llm_cpu *c, int half, int ng,
                                                                          int nv, int index,
                                                                          const int32_t *block_table,
@@ -6181,27 +6206,24 @@ static inline __attribute__((always_inline)) void llm_cpu_weighted_v_tile(const 
                                                                          int hd) {
     int bs = c->block_size;
     size_t per_slot = (size_t)c->model->cfg.n_kv_heads * hd * (half ? sizeof(uint16_t) : sizeof(float));
-    __m256 acc[3][3];
+    llm_vrun acc[3][LLM_VRUNS];
     for (int g = 0; g < ng; g++)
-        for (int j = 0; j < nv; j++) acc[g][j] = _mm256_setzero_ps();
+        for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_zero();
     for (int p0 = first - first % bs; p0 <= last; p0 += bs) {
         const uint8_t *vp = llm_cpu_kv_at(c, c->v, index, block_table, p0) + head_offset;
         for (int p = p0; p <= last && p < p0 + bs; p++, vp += per_slot) {
             if (p < first) continue;
-            __m256 v[3];
-            for (int j = 0; j < nv; j++) {
-                const void *at = vp + (size_t)(i0 + 8 * j) * (half ? sizeof(uint16_t) : sizeof(float));
-                v[j] = half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)at))
-                            : _mm256_loadu_ps((const float *)at);
-            }
+            llm_vrun v[LLM_VRUNS];
+            for (int j = 0; j < nv; j++)
+                v[j] = llm_vrun_load(half, vp + (size_t)(i0 + LLM_VRUN * j) * (half ? 2 : 4));
             for (int g = 0; g < ng; g++) {
-                __m256 wg = _mm256_set1_ps(w[g * w_stride + p]);
-                for (int j = 0; j < nv; j++) acc[g][j] = _mm256_add_ps(acc[g][j], _mm256_mul_ps(wg, v[j]));
+                llm_vrun wg = llm_vrun_set1(w[g * w_stride + p]);
+                for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_add(acc[g][j], llm_vrun_mul(wg, v[j]));
             }
         }
     }
     for (int g = 0; g < ng; g++)
-        for (int j = 0; j < nv; j++) _mm256_storeu_ps(o + (size_t)g * hd + i0 + 8 * j, acc[g][j]);
+        for (int j = 0; j < nv; j++) llm_vrun_store(o + (size_t)g * hd + i0 + LLM_VRUN * j, acc[g][j]);
 }
 static void llm_cpu_weighted_v(const llm_cpu *c, int ng, int nv, int index, const int32_t *block_table,
                                size_t head_offset, int first, int last, const float *w, int64_t w_stride, int i0,
@@ -6218,6 +6240,9 @@ static void llm_cpu_weighted_v(const llm_cpu *c, int ng, int nv, int index, cons
     switch (ng * 4 + nv) {
     LLM_WEIGHTED_V(1, 1) LLM_WEIGHTED_V(1, 2) LLM_WEIGHTED_V(1, 3) LLM_WEIGHTED_V(2, 1) LLM_WEIGHTED_V(2, 2)
     LLM_WEIGHTED_V(2, 3) LLM_WEIGHTED_V(3, 1) LLM_WEIGHTED_V(3, 2) LLM_WEIGHTED_V(3, 3)
+#if LLM_VRUNS == 4
+    LLM_WEIGHTED_V(1, 4) LLM_WEIGHTED_V(2, 4) LLM_WEIGHTED_V(3, 4)
+#endif
     }
 #undef LLM_WEIGHTED_V
 }
@@ -6283,12 +6308,12 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
         /* o = sum_p w_p v_p, a multiply then an add for each p in turn (with SIMD: llm_cpu_weighted_v) */
         int i0 = 0;
 #ifdef LLM_CPU_SIMD
-        while (i0 + 8 <= hd) { /* up to 24 values at a time: nv runs of 8 */
-            int nv = (hd - i0) / 8 < 3 ? (hd - i0) / 8 : 3;
+        while (i0 + LLM_VRUN <= hd) { /* nv runs of LLM_VRUN values at a time */
+            int nv = (hd - i0) / LLM_VRUN < LLM_VRUNS ? (hd - i0) / LLM_VRUN : LLM_VRUNS;
             for (int g0 = 0; g0 < nq; g0 += 3)
                 llm_cpu_weighted_v(c, nq - g0 < 3 ? nq - g0 : 3, nv, index, block_table, kv_head * head_bytes,
                                    first_i, last, sc + (size_t)g0 * n_ctx, n_ctx, i0, o + (size_t)g0 * hd, hd);
-            i0 += 8 * nv;
+            i0 += LLM_VRUN * nv;
         }
 #endif
         for (int g = 0; g < nq; g++)
