@@ -4777,6 +4777,44 @@ static inline __attribute__((always_inline)) void llm_dot_n_avx2(const float *a,
     }
 }
 #define llm_dot_n_simd llm_dot_n_avx2
+#if defined(__AVX512F__)
+/* llm_dot_n_avx2 (4 or more vectors, n a multiple of 8) for np pairs of vectors laid side by side 8 values
+ * at a time: pair j's values 8i..8i+7 are the 16 floats at b + 2 n j + 16 i, the first vector's then the
+ * second's. One 512-bit register holds both vectors' eight running sums, so that one multiply and one add
+ * serve two: the same sums, lane by lane, and the same last additions (llm_avx2_hsum8), bit for bit. */
+static inline __attribute__((always_inline)) void llm_dot_pairs_n(const float *a, const float *b, int np,
+                                                                 int64_t n, float *out) {
+    __m512 acc[LLM_DOT_MAX_VECTORS / 2];
+    for (int j = 0; j < np; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        __m512 av = _mm512_broadcast_f32x8(_mm256_loadu_ps(a + i));
+        for (int j = 0; j < np; j++)
+            acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(av, _mm512_loadu_ps(b + 2 * n * j + 2 * i)));
+    }
+    for (int c0 = 0; c0 < 2 * np; c0 += 8) {
+        __m256 v[8];
+        float r[8];
+        for (int k = 0; k < 8; k++) {
+            int c = c0 + k;
+            __m512 both = c < 2 * np ? acc[c / 2] : _mm512_setzero_ps();
+            v[k] = c % 2 ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(both), 1))
+                         : _mm512_castps512_ps256(both);
+        }
+        _mm256_storeu_ps(r, llm_avx2_hsum8(v));
+        for (int k = 0; k < 8 && c0 + k < 2 * np; k++) out[c0 + k] = r[k];
+    }
+}
+/* llm_dot_pairs_n specialized to 2 to 6 pairs */
+static void llm_dot_pairs(const float *a, const float *b, int np, int64_t n, float *out) {
+    switch (np) {
+    case 2: llm_dot_pairs_n(a, b, 2, n, out); return;
+    case 3: llm_dot_pairs_n(a, b, 3, n, out); return;
+    case 4: llm_dot_pairs_n(a, b, 4, n, out); return;
+    case 5: llm_dot_pairs_n(a, b, 5, n, out); return;
+    case 6: llm_dot_pairs_n(a, b, 6, n, out); return;
+    }
+}
+#endif
 #else
 #define llm_dot_n_simd llm_dot_n
 #endif
@@ -6255,8 +6293,8 @@ static void llm_cpu_weighted_v(const llm_cpu *c, int ng, int nv, int index, cons
  * time, whose sums' additions then overlap (SmolLM2 F16, a 512-token prompt, one thread: attention in 0.75 of
  * the time of one token at a time), each score the same bit for bit as the token's alone would give.
  * sinks: each head's sink logit (gpt-oss), or NULL. q and out: token i's heads at i * stride, hd values each,
- * one after another. scratch: room for nt * nq * (pos + nt + hd) values; nq at most LLM_MAX_GROUP, nt * nq
- * at most LLM_DOT_MAX_VECTORS. */
+ * one after another. scratch: room for nt * nq * (pos + nt + hd) + hd values; nq at most LLM_MAX_GROUP,
+ * nt * nq at most LLM_DOT_MAX_VECTORS. */
 #define LLM_MAX_GROUP 8
 static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_table, int pos, int nt,
                               int kv_head, int nq, int window, const float *sinks, const float *q,
@@ -6269,7 +6307,16 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
     float scale = 1.0f / sqrtf((float)hd), dots[LLM_DOT_MAX_VECTORS];
     /* scores[j * n_ctx + p] for query j = token i's head g = i * nq + g; the queries side by side */
     float *scores = scratch, *queries = scratch + (size_t)nqt * n_ctx;
-    for (int i = 0; i < nt; i++)
+    int pairs = 0; /* with AVX-512, a prompt's queries (4 to 12) side by side in pairs for llm_dot_pairs */
+#if defined(LLM_CPU_SIMD) && defined(__AVX512F__)
+    pairs = !c->kv_half && nqt >= 4 && hd % 8 == 0;
+    for (int j = 0; pairs && j < nqt + nqt % 2; j++) /* values i..i+7 of query j at 2 hd (j / 2) + 2 i */
+        for (int i = 0; i < hd; i += 8)
+            for (int k = 0; k < 8; k++)
+                queries[(size_t)(j / 2) * 2 * hd + 2 * i + 8 * (j % 2) + k] =
+                    j < nqt ? q[(j / nq) * stride + (j % nq) * hd + i + k] : 0;
+#endif
+    for (int i = 0; !pairs && i < nt; i++)
         memcpy(queries + (size_t)i * nq * hd, q + i * stride, (size_t)nq * hd * sizeof(float));
     for (int p0 = first - first % bs; p0 < n_ctx; p0 += bs) { /* block by block: the table read once each */
         const uint8_t *kp = llm_cpu_kv_at(c, c->k, index, block_table, p0) + kv_head * head_bytes;
@@ -6290,7 +6337,12 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
         }
         for (int p = p0; p < n_ctx && p < p0 + bs; p++, kp += per_slot) {
             if (p < first) continue;
-            llm_cpu_kv_dots(c, queries, nqt, kp, hd, dots); /* a token's dots with later p are left unused */
+            /* a token's dots with later p are left unused */
+#if defined(LLM_CPU_SIMD) && defined(__AVX512F__)
+            if (pairs) llm_dot_pairs((const float *)kp, queries, (nqt + 1) / 2, hd, dots);
+            else
+#endif
+            llm_cpu_kv_dots(c, queries, nqt, kp, hd, dots);
             for (int j = 0; j < nqt; j++) scores[(size_t)j * n_ctx + p] = dots[j] * scale;
         }
     }

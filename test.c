@@ -1482,6 +1482,27 @@ static void test_weight_types(void) {
                 }
             }
         CHECK(bad == 0, "f32 dot products: %d of %d differ from the plain-C ones", bad, n);
+#if defined(LLM_CPU_SIMD) && defined(__AVX512F__)
+        /* AVX-512: a prompt's queries side by side in pairs (llm_dot_pairs), 2 to 6 pairs, the same bits */
+        static float side[12 * 104];
+        bad = n = 0;
+        for (int li = 1; li < 4; li++) {
+            int len = li == 3 ? 104 : lengths[li];
+            for (int j = 0; j < 12; j++)
+                for (int i = 0; i < len; i += 8)
+                    for (int k = 0; k < 8; k++)
+                        side[(j / 2) * 2 * len + 2 * i + 8 * (j % 2) + k] = b[j * 108 + i + k];
+            for (int np = 2; np <= 6; np++) {
+                float pairs[12], one;
+                llm_dot_pairs(a, side, np, len, pairs);
+                for (int c = 0; c < 2 * np; c++, n++) {
+                    llm_dot_n(a, b + c * 108, 0, 1, len, &one);
+                    bad += memcmp(&one, &pairs[c], sizeof one) != 0;
+                }
+            }
+        }
+        CHECK(bad == 0 && n == 3 * 40, "f32 dot products in pairs: %d of %d differ from the plain-C ones", bad, n);
+#endif
     }
 
     /* The forward pass's exponentials (attention's softmax, llm_softmax_exp; SwiGLU, llm_swiglu: with SIMD
