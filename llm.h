@@ -6110,7 +6110,9 @@ static void llm_rope(float *x, const float *cs, const float *sn, const llm_confi
 typedef struct {
     const llm_model *model;
     int num_blocks, block_size;
-    void *k, *v;
+    void *k, *v;                    /* kv_bytes each, mapped: on a page, so that rows of 16 floats never straddle
+                                     * two cache lines, and pages of zeros until a block is first written */
+    size_t kv_bytes;
     int kv_half;                    /* K and V in f16 (llm_backend.use_kv_f16: half the memory, and half the
                                      * bytes attention reads, as llama.cpp's default cache), else f32 */
     float *scratch;                 /* the forward pass's activations for up to scratch_tokens tokens ... */
@@ -6177,18 +6179,26 @@ static float llm_cpu_kv_value(const llm_cpu *c, const void *v, int i) {
     return c->kv_half ? llm_f16_to_f32(((const uint16_t *)v)[i]) : ((const float *)v)[i];
 }
 
+static void llm_cpu_free_kv(llm_cpu *c) {
+    if (c->k) munmap(c->k, c->kv_bytes);
+    if (c->v) munmap(c->v, c->kv_bytes);
+    c->k = c->v = NULL;
+}
+
 static int llm_cpu_alloc_kv(llm_backend *be, int num_blocks, int block_size, char *err) {
     llm_cpu *c = (llm_cpu *)be->ctx;
     if (num_blocks <= 0 || block_size <= 0)
         return llm_fail(err, "KV cache needs at least one block of one slot");
     size_t value_bytes = llm_cpu_kv_value_bytes(c);
-    size_t n = llm_kv_bytes_per_block(&c->model->cfg, block_size, (int)value_bytes) / 2 / value_bytes;
-    free(c->k); free(c->v);
-    c->k = calloc(n * (size_t)num_blocks, value_bytes);
-    c->v = calloc(n * (size_t)num_blocks, value_bytes);
+    llm_cpu_free_kv(c);
+    c->kv_bytes = llm_kv_bytes_per_block(&c->model->cfg, block_size, (int)value_bytes) / 2 * (size_t)num_blocks;
+    c->k = mmap(NULL, c->kv_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    c->v = mmap(NULL, c->kv_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (c->k == MAP_FAILED) c->k = NULL;
+    if (c->v == MAP_FAILED) c->v = NULL;
     c->num_blocks = num_blocks; c->block_size = block_size;
     if (!c->k || !c->v) {
-        free(c->k); free(c->v); c->k = c->v = NULL;
+        llm_cpu_free_kv(c);
         return llm_fail(err, "out of memory for %d KV blocks", num_blocks);
     }
     return 0;
@@ -6528,7 +6538,10 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
                        llm_cpu_moe_floats(cf) + 2 * (size_t)cf->rope_dim;
     if (T > c->scratch_tokens) { /* kept from step to step: the same activations are rewritten every step */
         free(c->scratch); free(c->seq_of);
-        c->scratch = (float *)malloc((size_t)T * per_token * sizeof(float));
+        /* on 64 bytes, a cache line: rows of a width of 16 floats then never straddle two, which cost the
+         * products' loads of them a second read (SmolLM2 F16 pp512, one thread: 1.1 times as fast) */
+        size_t bytes = ((size_t)T * per_token * sizeof(float) + 63) / 64 * 64;
+        c->scratch = (float *)aligned_alloc(64, bytes);
         c->seq_of = (int32_t *)malloc((2 * (size_t)T + 1) * sizeof(int32_t)); /* and run_start */
         c->scratch_tokens = c->scratch && c->seq_of ? T : 0;
         if (!c->scratch_tokens) return llm_fail(err, "out of memory in the forward pass (%d tokens)", T);
@@ -6681,7 +6694,8 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
 
 static void llm_cpu_destroy(llm_backend *be) {
     llm_cpu *c = (llm_cpu *)be->ctx;
-    free(c->k); free(c->v); free(c->scratch); free(c->seq_of); free(c);
+    llm_cpu_free_kv(c);
+    free(c->scratch); free(c->seq_of); free(c);
     free(be);
 }
 
