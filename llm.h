@@ -6110,8 +6110,8 @@ static void llm_rope(float *x, const float *cs, const float *sn, const llm_confi
 typedef struct {
     const llm_model *model;
     int num_blocks, block_size;
-    void *k, *v;                    /* kv_bytes each, mapped: on a page, so that rows of 16 floats never straddle
-                                     * two cache lines, and pages of zeros until a block is first written */
+    void *k, *v;                    /* kv_bytes each, mapped: on a page, so that rows of 16 floats never
+                                     * straddle two cache lines; pages of zeros until a block is written */
     size_t kv_bytes;
     int kv_half;                    /* K and V in f16 (llm_backend.use_kv_f16: half the memory, and half the
                                      * bytes attention reads, as llama.cpp's default cache), else f32 */
@@ -6191,7 +6191,8 @@ static int llm_cpu_alloc_kv(llm_backend *be, int num_blocks, int block_size, cha
         return llm_fail(err, "KV cache needs at least one block of one slot");
     size_t value_bytes = llm_cpu_kv_value_bytes(c);
     llm_cpu_free_kv(c);
-    c->kv_bytes = llm_kv_bytes_per_block(&c->model->cfg, block_size, (int)value_bytes) / 2 * (size_t)num_blocks;
+    c->kv_bytes = llm_kv_bytes_per_block(&c->model->cfg, block_size, (int)value_bytes) / 2 *
+                  (size_t)num_blocks; /* K's, and V's */
     c->k = mmap(NULL, c->kv_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     c->v = mmap(NULL, c->kv_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (c->k == MAP_FAILED) c->k = NULL;

@@ -1501,7 +1501,8 @@ static void test_weight_types(void) {
                 }
             }
         }
-        CHECK(bad == 0 && n == 3 * 40, "f32 dot products in pairs: %d of %d differ from the plain-C ones", bad, n);
+        CHECK(bad == 0 && n == 3 * 40, "f32 dot products in pairs: %d of %d differ from the plain-C ones",
+              bad, n);
 #endif
     }
 
