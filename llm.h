@@ -5866,11 +5866,9 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
 #endif
     int64_t n_tiles = (rows + tile_rows - 1) / tile_rows;
     llm_q8 *xq = NULL;
-    if (kind == LLM_ROWS_Q8) {
-        if (!(xq = (llm_q8 *)malloc((size_t)T * (size_t)(cols / 32) * sizeof(llm_q8)))) return -1;
-        for (int t = 0; t < T; t++)
-            llm_q8_quantize(x + (size_t)t * cols, xq + (size_t)t * (cols / 32), cols, wide);
-    }
+    if (kind == LLM_ROWS_Q8 && !(xq = (llm_q8 *)malloc((size_t)T * (size_t)(cols / 32) * sizeof(llm_q8))))
+        return -1;
+    if (xq && T == 1) llm_q8_quantize(x, xq, cols, wide); /* a decode step's: no wait for the threads */
 #ifdef LLM_CPU_SIMD
     if (kind == LLM_ROWS_Q8 && T >= LLM_PACK_MIN_TOKENS) kind = LLM_ROWS_PACKED;
 #endif
@@ -5891,6 +5889,12 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
             failed = 1;
         }
 #endif
+        if (xq && T > 1) { /* the tokens' activations quantized by all the threads (by one: 5% of a prompt's
+                            * time; SmolLM2 Q8_0 pp512, 2 threads: 1.06 times as fast) */
+            #pragma omp for schedule(static)
+            for (int t = 0; t < T; t++)
+                llm_q8_quantize(x + (size_t)t * cols, xq + (size_t)t * (cols / 32), cols, wide);
+        }
         #pragma omp for schedule(static)
         for (int64_t tile = 0; tile < n_tiles; tile++) {
             int64_t r0 = tile * tile_rows;
