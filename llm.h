@@ -5614,13 +5614,19 @@ static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wid
 #define LLM_HALF_TOKENS 3
 #endif
 typedef __m256 llm_half_sums[2][LLM_HALF_ROWS][LLM_HALF_TOKENS]; /* [even, odd][row][token] */
-static inline __attribute__((always_inline)) __m256 llm_half8(uint32_t type, const uint16_t *w) {
-    __m128i h = _mm_loadu_si128((const __m128i *)w);
+/* value k of rows w of type f16, bf16 or f32 (a tile's f16 or bf16 rows converted for a prompt: llm_matmul) */
+#define LLM_HALF_AT(type, w, k) ((const char *)(w) + (k) * ((type) == LLM_F32 ? 4 : 2))
+static inline float llm_half_value(uint32_t type, const void *w, int64_t k) {
+    return type == LLM_F32 ? ((const float *)w)[k] : llm_half_to_f32(type, ((const uint16_t *)w)[k]);
+}
+static inline __attribute__((always_inline)) __m256 llm_half8(uint32_t type, const void *at) {
+    if (type == LLM_F32) return _mm256_loadu_ps((const float *)at);
+    __m128i h = _mm_loadu_si128((const __m128i *)at);
     return type == LLM_F16 ? _mm256_cvtph_ps(h)
                            : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 /* one run of 8 values of the tile's rows and tokens, into sums */
-static inline __attribute__((always_inline)) void llm_half_run(uint32_t type, int nr, int nc, const uint16_t *w,
+static inline __attribute__((always_inline)) void llm_half_run(uint32_t type, int nr, int nc, const void *w,
                                                               int64_t w_stride, const float *x, int64_t x_stride,
                                                               __m256 sums[LLM_HALF_ROWS][LLM_HALF_TOKENS]) {
     __m256 xv[LLM_HALF_TOKENS];
@@ -5629,23 +5635,30 @@ static inline __attribute__((always_inline)) void llm_half_run(uint32_t type, in
         __asm__("" : "+x"(xv[c])); /* in a register: else GCC loads it again for each row's product */
     }
     for (int r = 0; r < nr; r++) {
-        __m256 wv = llm_half8(type, w + r * w_stride);
+        __m256 wv = llm_half8(type, LLM_HALF_AT(type, w, r * w_stride));
         for (int c = 0; c < nc; c++) sums[r][c] = _mm256_fmadd_ps(wv, xv[c], sums[r][c]);
     }
 }
 #if defined(__AVX512F__)
+/* n f16 or bf16 values to f32, 8 at a time (exact, as llm_dtype_dequant_row's one at a time) */
+static void llm_half_row_to_f32(uint32_t type, const uint16_t *w, float *out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, llm_half8(type, w + i));
+    for (; i < n; i++) out[i] = llm_half_to_f32(type, w[i]);
+}
 /* AVX-512: a run of 16 values is an even run of 8 in the low half and the odd run after it in the high half,
  * so one 512-bit sum per (row, token) makes the same multiply-adds, lane by lane, as the two sums of 8: the
  * same result bit for bit, at twice the width; and tiles of 4 rows x 6 tokens, 24 sums in the 32 registers
  * (SmolLM2 F16 pp512, one thread, Sapphire Rapids, best of 3 alternations: 290 -> 355 tok/s at 4 x 3, 378 at
  * 4 x 6) */
-static inline __attribute__((always_inline)) __m512 llm_half16(uint32_t type, const uint16_t *w) {
-    __m256i h = _mm256_loadu_si256((const __m256i *)w);
+static inline __attribute__((always_inline)) __m512 llm_half16(uint32_t type, const void *at) {
+    if (type == LLM_F32) return _mm512_loadu_ps((const float *)at);
+    __m256i h = _mm256_loadu_si256((const __m256i *)at);
     return type == LLM_F16 ? _mm512_cvtph_ps(h)
                            : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 static inline __attribute__((always_inline)) int64_t llm_half_runs16(uint32_t type, int nr, int nc,
-                                                                     const uint16_t *w, int64_t w_stride,
+                                                                     const void *w, int64_t w_stride,
                                                                      const float *x, int64_t x_stride,
                                                                      int64_t n, llm_half_sums sums) {
     __m512 both[LLM_HALF_ROWS][LLM_HALF_TOKENS];
@@ -5659,8 +5672,8 @@ static inline __attribute__((always_inline)) int64_t llm_half_runs16(uint32_t ty
             __asm__("" : "+v"(xv[c])); /* in a register: else GCC loads it again for each row's product */
         }
         for (int r = 0; r < nr; r++) {
-            llm_prefetch(w + r * w_stride + i);
-            __m512 wv = llm_half16(type, w + r * w_stride + i);
+            if (type != LLM_F32) llm_prefetch(LLM_HALF_AT(type, w, r * w_stride + i)); /* f32: in L2 */
+            __m512 wv = llm_half16(type, LLM_HALF_AT(type, w, r * w_stride + i));
             for (int c = 0; c < nc; c++) both[r][c] = _mm512_fmadd_ps(wv, xv[c], both[r][c]);
         }
     }
@@ -5673,7 +5686,7 @@ static inline __attribute__((always_inline)) int64_t llm_half_runs16(uint32_t ty
 }
 #endif
 static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t type, int nr, int nc,
-                                                                   const uint16_t *w, int64_t w_stride,
+                                                                   const void *w, int64_t w_stride,
                                                                    const float *x, int64_t x_stride, int64_t n,
                                                                    float *out, int64_t out_stride) {
     llm_half_sums sums;
@@ -5683,22 +5696,28 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
     int64_t i = 0;
 #if defined(__AVX512F__)
     i = llm_half_runs16(type, nr, nc, w, w_stride, x, x_stride, n, sums);
-    if (i + 8 <= n) { llm_half_run(type, nr, nc, w + i, w_stride, x + i, x_stride, sums[0]); i += 8; }
+    if (i + 8 <= n) {
+        llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
+        i += 8;
+    }
 #else
     if (nr * nc <= 6) {
         for (; i + 16 <= n; i += 16) { /* an even run, then an odd one */
-            for (int r = 0; r < nr; r++) llm_prefetch(w + r * w_stride + i);
-            llm_half_run(type, nr, nc, w + i, w_stride, x + i, x_stride, sums[0]);
-            llm_half_run(type, nr, nc, w + i + 8, w_stride, x + i + 8, x_stride, sums[1]);
+            for (int r = 0; r < nr; r++) llm_prefetch(LLM_HALF_AT(type, w, r * w_stride + i));
+            llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
+            llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i + 8), w_stride, x + i + 8, x_stride, sums[1]);
         }
-        if (i + 8 <= n) { llm_half_run(type, nr, nc, w + i, w_stride, x + i, x_stride, sums[0]); i += 8; }
+        if (i + 8 <= n) {
+            llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
+            i += 8;
+        }
     } else {
         __m256 one[LLM_HALF_ROWS][LLM_HALF_TOKENS]; /* the even runs' sums, then the odd runs' */
         for (int h = 0; h < 2; h++) {
             for (int r = 0; r < nr; r++)
                 for (int c = 0; c < nc; c++) one[r][c] = _mm256_setzero_ps();
             for (int64_t j = 8 * h; j + 8 <= n; j += 16)
-                llm_half_run(type, nr, nc, w + j, w_stride, x + j, x_stride, one);
+                llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, j), w_stride, x + j, x_stride, one);
             for (int r = 0; r < nr; r++)
                 for (int c = 0; c < nc; c++) sums[h][r][c] = one[r][c];
         }
@@ -5708,17 +5727,19 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < nc; c++) {
             float s = llm_avx2_hsum(_mm256_add_ps(sums[0][r][c], sums[1][r][c]));
-            for (int64_t k = i; k < n; k++) s += llm_half_to_f32(type, w[r * w_stride + k]) * x[c * x_stride + k];
+            for (int64_t k = i; k < n; k++) s += llm_half_value(type, w, r * w_stride + k) * x[c * x_stride + k];
             out[c * out_stride + r] = s;
         }
 }
 /* llm_dot_half_tile specialized to each tile shape and type */
-static void llm_dot_half(uint32_t type, const uint16_t *w, int64_t w_stride, int nr, const float *x,
+static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
                          int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride) {
 #define LLM_HALF_TILE(R, C)                                                                                 \
     case (R) * 8 + (C):                                                                                    \
         if (type == LLM_F16) llm_dot_half_tile(LLM_F16, R, C, w, w_stride, x, x_stride, n, out, out_stride); \
-        else llm_dot_half_tile(LLM_BF16, R, C, w, w_stride, x, x_stride, n, out, out_stride);              \
+        else if (type == LLM_BF16) llm_dot_half_tile(LLM_BF16, R, C, w, w_stride, x, x_stride, n, out,      \
+                                                     out_stride);                                          \
+        else llm_dot_half_tile(LLM_F32, R, C, w, w_stride, x, x_stride, n, out, out_stride);               \
         return;
     switch (nr * 8 + nc) {
     LLM_HALF_TILE(1, 1) LLM_HALF_TILE(1, 2) LLM_HALF_TILE(1, 3) LLM_HALF_TILE(2, 1) LLM_HALF_TILE(2, 2)
@@ -5853,14 +5874,24 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
     size_t row_bytes = llm_dtype_row_bytes(w->type, cols);
     int kind = llm_matmul_kind(w->type, path), failed = 0, wide = path == LLM_PATH_ACT16;
     int64_t tile_rows = LLM_MATMUL_TILE;
+    int convert = kind == LLM_ROWS_CONVERT; /* each thread converts a tile's rows to f32 */
 #ifdef LLM_CPU_SIMD
+#if defined(__AVX512F__)
+    /* with AVX-512, a prompt's f16/bf16 tile too, once (exact: the same products, bit for bit), where the 4 x 6
+     * tile converted its 4 rows' values again for every 6 tokens, 2 micro-ops each on the ports of the
+     * multiply-adds (SmolLM2 F16 pp512, one thread: 1.08 times as fast; the 4 x 6 tile alone, in L1, 137 ->
+     * 160 GFLOP/s). Not with AVX2: 0.75 times as fast, its 4 x 3 tile passes twice over the rows (the even
+     * runs, then the odd), each pass reading all of the rows' lines from L2, twice the bytes in f32 */
+    convert |= kind == LLM_ROWS_HALF && T > LLM_HALF_TOKENS;
+#endif
     if (kind == LLM_ROWS_HALF && T > 1) { /* each thread's share in as many equal tiles as 256 kB needs */
         int threads = 1;
 #ifdef _OPENMP
         threads = omp_get_max_threads();
 #endif
         int64_t share = (rows + threads - 1) / threads, fit = (int64_t)(LLM_HALF_TILE_BYTES / row_bytes);
-        int64_t pieces = (share + (fit > 0 ? fit : 1) - 1) / (fit > 0 ? fit : 1);
+        if (fit < 1) fit = 1;
+        int64_t pieces = (share + fit - 1) / fit;
         tile_rows = ((share + pieces - 1) / pieces + LLM_HALF_ROWS - 1) / LLM_HALF_ROWS * LLM_HALF_ROWS;
     }
 #endif
@@ -5875,8 +5906,8 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
     #pragma omp parallel
     {
         float *converted = NULL;
-        if (kind == LLM_ROWS_CONVERT &&
-            !(converted = (float *)malloc((size_t)LLM_MATMUL_TILE * (size_t)cols * sizeof(float)))) {
+        if (convert && !(converted = (float *)aligned_alloc(64, ((size_t)tile_rows * (size_t)cols * sizeof(float)
+                                                                 + 63) / 64 * 64))) {
             #pragma omp atomic write
             failed = 1;
         }
@@ -5909,9 +5940,19 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
             }
             if (kind == LLM_ROWS_HALF) { /* tiles of up to 4 rows and 3 tokens (AVX-512: 6) */
                 int nr = T == 1 ? 1 : LLM_HALF_ROWS; /* a decode step: one run through memory */
+                uint32_t type = w->type;
+                const uint8_t *half_rows = tile_data;
+                size_t stride = row_bytes;
+                if (convert) { /* the rows meet the tokens more than once: converted to f32 once */
+                    if (!converted) continue;
+                    for (int64_t r = r0; r < r1; r++)
+                        llm_half_row_to_f32(w->type, (const uint16_t *)(tile_data + (size_t)(r - r0) * row_bytes),
+                                            converted + (size_t)(r - r0) * cols, cols);
+                    type = LLM_F32, half_rows = (const uint8_t *)converted, stride = (size_t)cols * sizeof(float);
+                }
                 for (int t = 0; t < T; t += LLM_HALF_TOKENS)
                     for (int64_t r = r0; r < r1; r += nr)
-                        llm_dot_half(w->type, (const uint16_t *)(tile_data + (size_t)(r - r0) * row_bytes), cols,
+                        llm_dot_half(type, half_rows + (size_t)(r - r0) * stride, cols,
                                      r1 - r < nr ? (int)(r1 - r) : nr, x + (size_t)t * cols,
                                      cols, T - t < LLM_HALF_TOKENS ? T - t : LLM_HALF_TOKENS, cols,
                                      out + (size_t)t * rows + r, rows);

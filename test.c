@@ -1545,7 +1545,8 @@ static void test_weight_types(void) {
 
     /* f32, f16 and bf16 rows meet several tokens at once (f32: 4 tokens a row; f16/bf16: tiles of 4 rows and
      * 3 tokens, 16 rows a thread's share; tiles of over 6 pairs run the even runs, then the odd; AVX-512: 4
-     * rows and 6 tokens, an even and an odd run in each 512-bit sum): 2, 3, 5 and 7 tokens give each
+     * rows and 6 tokens, an even and an odd run in each 512-bit sum; over 6 tokens, the tile's rows first
+     * converted to f32, the tile then reading those): 2, 3, 5 and 7 tokens give each
      * token's products bit for bit as one at a time, on the default and the exact paths (21 rows: a share
      * of 16 and one of 5; 108 values a row: 13 runs of 8 and a rest of 4). On the
      * default path with SIMD each f16/bf16 product is also half_dot_ref's, bit for bit: the kernel's order of
