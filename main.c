@@ -110,7 +110,10 @@ static const char *usage =
     "  --workload W           random: prompts of random token ids, outputs of --output-len (default); edit:\n"
     "                         chat requests to rewrite a text with one name changed, answered in full (the\n"
     "                         answer is mostly the prompt's text: where speculative decoding pays)\n"
-    "  --static               static batching: a batch is filled and no one joins until all in it finish\n";
+    "  --static               static batching: a batch is filled and no one joins until all in it finish\n"
+    "  --no-warmup            time from the first request (default: one request of --input-len's longest\n"
+    "                         prompt and 2 output tokens runs first, left out of every figure, as\n"
+    "                         llama-bench's warmup run)\n";
 
 /* "weights 86.2 MiB (q4_1 x210, q8_0 x1, f32 x61)": what the model takes in memory, tensors kept in the
  * file's types (the CPU reads them where the file is mapped) */
@@ -190,6 +193,7 @@ typedef struct {
     /* bench */
     int num_prompts, in_min, in_max, out_min, out_max;
     int workload_edit;              /* llm bench --workload edit: prompts that hold most of their answer */
+    int no_warmup;                  /* llm bench --no-warmup: the clock starts with the first request */
     uint64_t bench_seed;
 } args_t;
 
@@ -432,6 +436,7 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
             }
         }
         else if (FLAG("--static")) a->engine.static_batching = 1;
+        else if (FLAG("--no-warmup")) a->no_warmup = 1;
         else if (FLAG("--workload")) {
             NEED();
             if (strcmp(v, "random") && strcmp(v, "edit")) {
@@ -1083,6 +1088,40 @@ static char *edit_prompt(const llm_chat_template *tmpl, uint64_t *rng) {
     return out;
 }
 
+/* bench's warmup: one greedy request of n_prompt random ids and 2 output tokens, run to its end */
+static int bench_warmup(llm_engine *e, int n_prompt, int vocab_size, char *err) {
+    uint64_t rng = 0x5eed;
+    int32_t *ids = (int32_t *)malloc((size_t)(n_prompt > 0 ? n_prompt : 1) * sizeof(int32_t));
+    if (!ids) { snprintf(err, LLM_ERR_LEN, "out of memory"); return -1; }
+    for (int i = 0; i < n_prompt; i++) ids[i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)vocab_size);
+    llm_sampling_params p = llm_sampling_defaults();
+    p.temperature = 0; p.ignore_eos = 1; p.max_tokens = 2;
+    int ok = llm_engine_add_request(e, NULL, ids, n_prompt, &p, NULL, err) != 0, failed = 0;
+    free(ids);
+    while (ok && llm_engine_has_work(e)) {
+        const llm_output *out;
+        int n = llm_engine_step(e, &out);
+        for (int i = 0; i < n; i++)
+            if (out[i].finish_reason == LLM_FINISH_ERROR && !failed++)
+                snprintf(err, LLM_ERR_LEN, "%s", out[i].error);
+    }
+    return ok && !failed ? 0 : -1;
+}
+/* the counters of s since w (the gauges as s has them) */
+static void stats_since(llm_engine_stats *s, const llm_engine_stats *w) {
+    s->prefix_cache_queries -= w->prefix_cache_queries; s->prefix_cache_hits -= w->prefix_cache_hits;
+    s->preemptions -= w->preemptions; s->prompt_tokens_computed -= w->prompt_tokens_computed;
+    s->generation_tokens -= w->generation_tokens; s->steps -= w->steps;
+    s->requests_finished -= w->requests_finished;
+    s->grammar_tokens -= w->grammar_tokens; s->grammar_masks -= w->grammar_masks;
+    s->grammar_masks_cached -= w->grammar_masks_cached; s->grammar_seconds -= w->grammar_seconds;
+    s->spec_drafts -= w->spec_drafts; s->spec_draft_tokens -= w->spec_draft_tokens;
+    s->spec_accepted_tokens -= w->spec_accepted_tokens;
+    for (int i = 0; i < LLM_SPEC_MAX; i++) s->spec_accepted_at[i] -= w->spec_accepted_at[i];
+    s->forward_seconds -= w->forward_seconds; s->prompt_steps -= w->prompt_steps;
+    s->logit_rows -= w->logit_rows; s->argmax_rows -= w->argmax_rows; s->draft_seconds -= w->draft_seconds;
+}
+
 static int bench(args_t *a) {
     char err[LLM_ERR_LEN];
     if (!a->engine.model_path && !a->engine.dummy) {
@@ -1116,6 +1155,18 @@ static int bench(args_t *a) {
         llm_engine_destroy(e);
         return 1;
     }
+    /* a warmup request first, left out of every figure (llama-bench runs one too): the weights' pages get
+     * mapped, the pool's first blocks touched and the caches warm before the clock starts, as they are for
+     * every request but the first of a long run (SmolLM2 pp512, one thread: the first prompt of a process
+     * 2-7% slower than one after it). Random ids of its own: no block of it is a prefix of the workload's */
+    llm_engine_stats warm = {0}; /* the counters when the clock starts */
+    if (!a->no_warmup) {
+        if (bench_warmup(e, a->in_max < max_model_len ? a->in_max : max_model_len - 1, m->cfg.vocab_size,
+                         err) != 0)
+            fprintf(stderr, "llm bench: no warmup (%s)\n", err);
+        warm = llm_engine_get_stats(e);
+    }
+    st = llm_engine_get_stats(e);
     double t0 = now_s();
     for (int r = 0; r < a->num_prompts && a->workload_edit; r++) {
         char *prompt = edit_prompt(&tmpl, &rng);
@@ -1190,6 +1241,7 @@ static int bench(args_t *a) {
     }
     double elapsed = now_s() - t0;
     st = llm_engine_get_stats(e);
+    stats_since(&st, &warm);
     fprintf(stderr, "\r%100s\r", "");
     printf("requests: %lld in %.2f s, %.2f requests/s\n", (long long)done, elapsed, done / elapsed);
     if (failed) printf("failed: %lld requests (the first error is above)\n", (long long)failed);

@@ -4934,6 +4934,19 @@ static void test_cli(void) {
     CHECK(prompt_steps >= 1 && prompt_steps + decode_steps == steps && rows == out_tokens && picks == rows,
           "llm bench's time split: %lld + %lld steps of %lld, %lld rows, %lld picks, %lld output tokens",
           prompt_steps, decode_steps, steps, rows, picks, out_tokens);
+    /* its warmup request is in none of the figures: with --no-warmup, the same steps, rows, prompt tokens
+     * computed (no block of the warmup's served the workload from the prefix cache) and KV usage */
+    char *cold = run_command("./llm bench --dummy tiny --num-prompts 3 --input-len 20:40 --output-len 5:9 "
+                             "--block-size 32 --num-blocks 64 --no-warmup 2>/dev/null", &status);
+    int same = out && cold && status == 0;
+    static const char *const counted[] = {"steps: ", "mean KV usage: ", "(prompt "};
+    for (int i = 0; same && i < 3; i++) {
+        const char *a = strstr(out, counted[i]), *b = strstr(cold, counted[i]); /* to the end of the line */
+        same = a && b && strcspn(a, "\n") == strcspn(b, "\n") && !strncmp(a, b, strcspn(a, "\n"));
+    }
+    CHECK(same, "llm bench: the same figures with and without its warmup:\n%s\n%s", out ? out : "",
+          cold ? cold : "");
+    free(cold);
     free(out);
     /* a mixture of experts' shape (qwen3moe's, small): every request finishes */
     out = run_command("./llm bench --dummy tiny-moe --num-prompts 6 --input-len 20:40 --output-len 5:9 2>/dev/null",

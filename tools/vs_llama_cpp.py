@@ -8,6 +8,7 @@ ratios llm / llama.cpp. Only ratios mean something on a shared, noisy machine: e
 llm:       OMP_NUM_THREADS=T ./llm bench -m F --cpu --num-prompts 1 --input-len 512:512 --output-len 1:1
            (its "prompt processing" line), and --input-len 1:1 --output-len 128:128 (its "decode" line)
 llama.cpp: llama-bench -m F -t T -p 512 -n 0 -r 1 -o csv, and -p 0 -n 128
+Each runs a warmup first, left out of its figures (llama-bench's warmup run; llm bench's warmup request).
 
 Building llama.cpp at its best on the machine at hand (the yardstick; never a dependency): its source ships in
 PyPI's source package llama-cpp-python (0.3.36: a 2026 llama.cpp in vendor/llama.cpp):
