@@ -1161,7 +1161,7 @@ static int bench(args_t *a) {
      * 2-7% slower than one after it). Random ids of its own: no block of it is a prefix of the workload's */
     llm_engine_stats warm = {0}; /* the counters when the clock starts */
     if (!a->no_warmup) {
-        if (bench_warmup(e, a->in_max < max_model_len ? a->in_max : max_model_len - 1, m->cfg.vocab_size,
+        if (bench_warmup(e, a->in_max < max_model_len - 2 ? a->in_max : max_model_len - 2, m->cfg.vocab_size,
                          err) != 0)
             fprintf(stderr, "llm bench: no warmup (%s)\n", err);
         warm = llm_engine_get_stats(e);
