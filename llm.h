@@ -5615,7 +5615,7 @@ static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wid
 #define LLM_HALF_TOKENS 3
 #endif
 typedef __m256 llm_half_sums[2][LLM_HALF_ROWS][LLM_HALF_TOKENS]; /* [even, odd][row][token] */
-/* value k of rows w of type f16, bf16 or f32 (a tile's f16 or bf16 rows converted for a prompt: llm_matmul) */
+/* value k of rows w of type f16, bf16 or f32 (a tile's f16/bf16 rows converted for a prompt: llm_matmul) */
 #define LLM_HALF_AT(type, w, k) ((const char *)(w) + (k) * ((type) == LLM_F32 ? 4 : 2))
 static inline float llm_half_value(uint32_t type, const void *w, int64_t k) {
     return type == LLM_F32 ? ((const float *)w)[k] : llm_half_to_f32(type, ((const uint16_t *)w)[k]);
@@ -5728,7 +5728,8 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < nc; c++) {
             float s = llm_avx2_hsum(_mm256_add_ps(sums[0][r][c], sums[1][r][c]));
-            for (int64_t k = i; k < n; k++) s += llm_half_value(type, w, r * w_stride + k) * x[c * x_stride + k];
+            for (int64_t k = i; k < n; k++)
+                s += llm_half_value(type, w, r * w_stride + k) * x[c * x_stride + k];
             out[c * out_stride + r] = s;
         }
 }
@@ -5878,8 +5879,8 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
     int convert = kind == LLM_ROWS_CONVERT; /* each thread converts a tile's rows to f32 */
 #ifdef LLM_CPU_SIMD
 #if defined(__AVX512F__)
-    /* with AVX-512, a prompt's f16/bf16 tile too, once (exact: the same products, bit for bit), where the 4 x 6
-     * tile converted its 4 rows' values again for every 6 tokens, 2 micro-ops each on the ports of the
+    /* with AVX-512, a prompt's f16/bf16 tile too, once (exact: the same products, bit for bit), where the
+     * 4 x 6 tile converted its 4 rows' values again for every 6 tokens, 2 micro-ops each on the ports of the
      * multiply-adds (SmolLM2 F16 pp512, one thread: 1.08 times as fast; the 4 x 6 tile alone, in L1, 137 ->
      * 160 GFLOP/s). Not with AVX2: 0.75 times as fast, its 4 x 3 tile passes twice over the rows (the even
      * runs, then the odd), each pass reading all of the rows' lines from L2, twice the bytes in f32 */
@@ -5907,8 +5908,8 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
     #pragma omp parallel
     {
         float *converted = NULL;
-        if (convert && !(converted = (float *)aligned_alloc(64, ((size_t)tile_rows * (size_t)cols * sizeof(float)
-                                                                 + 63) / 64 * 64))) {
+        size_t converted_bytes = ((size_t)tile_rows * (size_t)cols * sizeof(float) + 63) / 64 * 64;
+        if (convert && !(converted = (float *)aligned_alloc(64, converted_bytes))) {
             #pragma omp atomic write
             failed = 1;
         }
@@ -5947,9 +5948,11 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
                 if (convert) { /* the rows meet the tokens more than once: converted to f32 once */
                     if (!converted) continue;
                     for (int64_t r = r0; r < r1; r++)
-                        llm_half_row_to_f32(w->type, (const uint16_t *)(tile_data + (size_t)(r - r0) * row_bytes),
+                        llm_half_row_to_f32(w->type,
+                                            (const uint16_t *)(tile_data + (size_t)(r - r0) * row_bytes),
                                             converted + (size_t)(r - r0) * cols, cols);
-                    type = LLM_F32, half_rows = (const uint8_t *)converted, stride = (size_t)cols * sizeof(float);
+                    type = LLM_F32, half_rows = (const uint8_t *)converted;
+                    stride = (size_t)cols * sizeof(float);
                 }
                 for (int t = 0; t < T; t += LLM_HALF_TOKENS)
                     for (int64_t r = r0; r < r1; r += nr)
@@ -6730,9 +6733,10 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
             float *g = gate + (size_t)t * F;
             const float *u = up + (size_t)t * F;
             if (cf->arch == LLM_ARCH_GEMMA3)
-                for (int i = 0; i < F; i++)
-                    g[i] = 0.5f * g[i] * (1.0f + tanhf(0.7978845608f * (g[i] + 0.044715f * g[i] * g[i] * g[i])))
-                           * u[i];
+                for (int i = 0; i < F; i++) {
+                    float z = g[i];
+                    g[i] = 0.5f * z * (1.0f + tanhf(0.7978845608f * (z + 0.044715f * z * z * z))) * u[i];
+                }
             else llm_swiglu(g, u, (size_t)F);
         }
         failed |= llm_matmul(delta, gate, &L->w_down, T, path);
