@@ -5640,6 +5640,12 @@ static inline __attribute__((always_inline)) void llm_half_run(uint32_t type, in
         for (int c = 0; c < nc; c++) sums[r][c] = _mm256_fmadd_ps(wv, xv[c], sums[r][c]);
     }
 }
+/* a 16-bit row holds 2 to 4 times the bytes of a quantized one per value: asked for from memory twice as far
+ * ahead (SmolLM2 F16 decode, one thread: 1.03 to 1.05 times as fast as 2 kB ahead in the AVX2 build, 1.02 to
+ * 1.04 with AVX-512) */
+static inline void llm_half_prefetch(const void *p) {
+    __builtin_prefetch((const char *)p + 2 * LLM_PREFETCH_AHEAD);
+}
 /* n f16 or bf16 values to f32, 8 at a time (exact, as llm_dtype_dequant_row's one at a time) */
 static void llm_half_row_to_f32(uint32_t type, const uint16_t *w, float *out, int64_t n) {
     int64_t i = 0;
@@ -5673,7 +5679,7 @@ static inline __attribute__((always_inline)) int64_t llm_half_runs16(uint32_t ty
             __asm__("" : "+v"(xv[c])); /* in a register: else GCC loads it again for each row's product */
         }
         for (int r = 0; r < nr; r++) {
-            if (type != LLM_F32) llm_prefetch(LLM_HALF_AT(type, w, r * w_stride + i)); /* f32: in L2 */
+            if (type != LLM_F32) llm_half_prefetch(LLM_HALF_AT(type, w, r * w_stride + i)); /* f32: in L2 */
             __m512 wv = llm_half16(type, LLM_HALF_AT(type, w, r * w_stride + i));
             for (int c = 0; c < nc; c++) both[r][c] = _mm512_fmadd_ps(wv, xv[c], both[r][c]);
         }
@@ -5704,7 +5710,7 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
 #else
     if (nr * nc <= 6) {
         for (; i + 16 <= n; i += 16) { /* an even run, then an odd one */
-            for (int r = 0; r < nr; r++) llm_prefetch(LLM_HALF_AT(type, w, r * w_stride + i));
+            for (int r = 0; r < nr; r++) llm_half_prefetch(LLM_HALF_AT(type, w, r * w_stride + i));
             llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
             llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i + 8), w_stride, x + i + 8, x_stride, sums[1]);
         }
