@@ -931,7 +931,7 @@ static float llm_half_to_f32(uint32_t type, uint16_t h) {
 static uint16_t llm_f32_to_f16(float f) { /* round to nearest even */
     uint32_t x; memcpy(&x, &f, 4);
     uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff, mant = x & 0x7fffff;
-    if (exp == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
+    if (exp == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 | mant >> 13 : 0)); /* as F16C's */
     int e = (int)exp - 127 + 15;
     if (e >= 31) return (uint16_t)(sign | 0x7c00);
     if (e <= 0) { /* subnormal or zero */
@@ -1438,13 +1438,22 @@ void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n
     const uint8_t *p = (const uint8_t *)row;
     switch (type) { /* each call specializes the inlined loops to its type */
     case LLM_F32: memcpy(out, row, (size_t)n * sizeof(float)); return;
-    case LLM_F16: case LLM_BF16:
-        for (int64_t i = 0; i < n; i++) {
+    case LLM_F16: case LLM_BF16: {
+        int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+        for (; i + 8 <= n; i += 8) { /* 8 at a time, the same values: a prompt's tiles and f16 K go this way */
+            __m128i h = _mm_loadu_si128((const __m128i *)(p + 2 * i));
+            _mm256_storeu_ps(out + i, type == LLM_F16 ? _mm256_cvtph_ps(h)
+                                      : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+        }
+#endif
+        for (; i < n; i++) {
             uint16_t h;
             memcpy(&h, p + 2 * i, 2);
             out[i] = llm_half_to_f32(type, h);
         }
         return;
+    }
     case LLM_Q8_0: llm_dequant_blocks(LLM_Q8_0, p, out, n); return;
     case LLM_Q4_0: llm_dequant_blocks(LLM_Q4_0, p, out, n); return;
     case LLM_Q4_1: llm_dequant_blocks(LLM_Q4_1, p, out, n); return;
@@ -5646,12 +5655,6 @@ static inline __attribute__((always_inline)) void llm_half_run(uint32_t type, in
 static inline void llm_half_prefetch(const void *p) {
     __builtin_prefetch((const char *)p + 2 * LLM_PREFETCH_AHEAD);
 }
-/* n f16 or bf16 values to f32, 8 at a time (exact, as llm_dtype_dequant_row's one at a time) */
-static void llm_half_row_to_f32(uint32_t type, const uint16_t *w, float *out, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, llm_half8(type, w + i));
-    for (; i < n; i++) out[i] = llm_half_to_f32(type, w[i]);
-}
 #if defined(__AVX512F__)
 /* AVX-512: a run of 16 values is an even run of 8 in the low half and the odd run after it in the high half,
  * so one 512-bit sum per (row, token) makes the same multiply-adds, lane by lane, as the two sums of 8: the
@@ -5954,9 +5957,8 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
                 if (convert) { /* the rows meet the tokens more than once: converted to f32 once */
                     if (!converted) continue;
                     for (int64_t r = r0; r < r1; r++)
-                        llm_half_row_to_f32(w->type,
-                                            (const uint16_t *)(tile_data + (size_t)(r - r0) * row_bytes),
-                                            converted + (size_t)(r - r0) * cols, cols);
+                        llm_dtype_dequant_row(w->type, tile_data + (size_t)(r - r0) * row_bytes,
+                                              converted + (size_t)(r - r0) * cols, cols);
                     type = LLM_F32, half_rows = (const uint8_t *)converted;
                     stride = (size_t)cols * sizeof(float);
                 }
@@ -6209,25 +6211,17 @@ static uint8_t *llm_cpu_kv_at(const llm_cpu *c, void *cache, int index, const in
                               llm_cpu_kv_value_bytes(c);
 }
 
-/* n values of K or V into the cache, as it holds them (f16: rounded to nearest even) */
+/* n values of K or V into the cache, as it holds them (f16: rounded to nearest even, 8 at a time with F16C:
+ * the same bits as llm_f32_to_f16, which took 2.6% of a SmolLM2 prompt's time one at a time) */
 static void llm_cpu_kv_store(const llm_cpu *c, void *dst, const float *src, int n) {
     if (!c->kv_half) { memcpy(dst, src, (size_t)n * sizeof(float)); return; }
-    for (int i = 0; i < n; i++) ((uint16_t *)dst)[i] = llm_f32_to_f16(src[i]);
-}
-
-/* q . k for nq queries (hd apart) and a cached k, into out[0..nq-1]: k read once for them */
-static void llm_cpu_kv_dots(const llm_cpu *c, const float *q, int nq, const void *k, int hd, float *out) {
-    if (!c->kv_half) { llm_dot_many((const float *)k, q, hd, nq, hd, out); return; }
+    int i = 0;
 #ifdef LLM_CPU_SIMD
-    for (int g = 0; g < nq; g += LLM_HALF_TOKENS)
-        llm_dot_half(LLM_F16, (const uint16_t *)k, 0, 1, q + g * hd, hd,
-                     nq - g < LLM_HALF_TOKENS ? nq - g : LLM_HALF_TOKENS, hd, out + g, 1);
-#else
-    for (int g = 0; g < nq; g++) {
-        out[g] = 0;
-        for (int i = 0; i < hd; i++) out[g] += llm_f16_to_f32(((const uint16_t *)k)[i]) * q[g * hd + i];
-    }
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)((uint16_t *)dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
 #endif
+    for (; i < n; i++) ((uint16_t *)dst)[i] = llm_f32_to_f16(src[i]);
 }
 
 static float llm_cpu_kv_value(const llm_cpu *c, const void *v, int i) {
@@ -6361,8 +6355,10 @@ static void llm_cpu_weighted_v(const llm_cpu *c, int ng, int nv, int index, cons
  * time, whose sums' additions then overlap (SmolLM2 F16, a 512-token prompt, one thread: attention in 0.75 of
  * the time of one token at a time), each score the same bit for bit as the token's alone would give.
  * sinks: each head's sink logit (gpt-oss), or NULL. q and out: token i's heads at i * stride, hd values each,
- * one after another. scratch: room for nt * nq * (pos + nt + hd) + hd values; nq at most LLM_MAX_GROUP,
- * nt * nq at most LLM_DOT_MAX_VECTORS. */
+ * one after another. An f16 cache: each block's K rows converted to f32 first (exact), then the same code, so
+ * the scores are those of an f32 cache holding the same values, bit for bit. scratch: room for
+ * nt * nq * (pos + nt + hd) + (block_size + 1) * hd values; nq at most LLM_MAX_GROUP, nt * nq at most
+ * LLM_DOT_MAX_VECTORS. */
 #define LLM_MAX_GROUP 8
 static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_table, int pos, int nt,
                               int kv_head, int nq, int window, const float *sinks, const float *q,
@@ -6373,11 +6369,12 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
     size_t head_bytes = (size_t)hd * llm_cpu_kv_value_bytes(c);
     size_t per_slot = c->model->cfg.n_kv_heads * head_bytes;
     float scale = 1.0f / sqrtf((float)hd), dots[LLM_DOT_MAX_VECTORS];
-    /* scores[j * n_ctx + p] for query j = token i's head g = i * nq + g; the queries side by side */
-    float *scores = scratch, *queries = scratch + (size_t)nqt * n_ctx;
+    /* scores[j * n_ctx + p] for query j = token i's head g = i * nq + g; the queries side by side; an f16
+     * cache's block of K rows as f32 */
+    float *scores = scratch, *queries = scratch + (size_t)nqt * n_ctx, *k_rows = queries + (size_t)(nqt + 1) * hd;
     int pairs = 0; /* with AVX-512, a prompt's queries (4 to 12) side by side in pairs for llm_dot_pairs */
 #if defined(LLM_CPU_SIMD) && defined(__AVX512F__)
-    pairs = !c->kv_half && nqt >= 4 && hd % 8 == 0;
+    pairs = nqt >= 4 && hd % 8 == 0;
     for (int j = 0; pairs && j < nqt + nqt % 2; j++) /* values i..i+7 of query j at 2 hd (j / 2) + 2 i */
         for (int i = 0; i < hd; i += 8)
             for (int k = 0; k < 8; k++)
@@ -6387,30 +6384,34 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
     for (int i = 0; !pairs && i < nt; i++)
         memcpy(queries + (size_t)i * nq * hd, q + i * stride, (size_t)nq * hd * sizeof(float));
     for (int p0 = first - first % bs; p0 < n_ctx; p0 += bs) { /* block by block: the table read once each */
-        const uint8_t *kp = llm_cpu_kv_at(c, c->k, index, block_table, p0) + kv_head * head_bytes;
-        if (!c->kv_half && nqt < 4) { /* a decode step's few queries: each against the block's K rows, 12 or 8
-                                       * at a time, their lanes added 8 sums at once (llm_dot_many): the same
-                                       * products and sums as k against the queries, bit for bit, where 3
-                                       * sums a call added their lanes one by one (16 SmolLM2 Q8_0
-                                       * sequences decoding, 2 threads: the scores 15% of the time before,
-                                       * 10% after; decode 1.065 times as fast) */
-            int lo = p0 > first ? p0 : first, hi = p0 + bs < n_ctx ? p0 + bs : n_ctx;
+        int lo = p0 > first ? p0 : first, hi = p0 + bs < n_ctx ? p0 + bs : n_ctx; /* the positions wanted */
+        const uint8_t *kp = llm_cpu_kv_at(c, c->k, index, block_table, lo) + kv_head * head_bytes;
+        const float *k = (const float *)kp; /* position lo's K row, the next k_stride floats on */
+        int64_t k_stride = (int64_t)(per_slot / sizeof(float));
+        if (c->kv_half) {
+            for (int p = lo; p < hi; p++)
+                llm_dtype_dequant_row(LLM_F16, kp + (size_t)(p - lo) * per_slot, k_rows + (size_t)(p - lo) * hd,
+                                      hd);
+            k = k_rows, k_stride = hd;
+        }
+        if (nqt < 4) { /* a decode step's few queries: each against the block's K rows, 12 or 8 at a time, their
+                        * lanes added 8 sums at once (llm_dot_many): the same products and sums as k against
+                        * the queries, bit for bit, where 3 sums a call added their lanes one by one (16
+                        * SmolLM2 Q8_0 sequences decoding, 2 threads: the scores 15% of the time before, 10%
+                        * after; decode 1.065 times as fast) */
             for (int j = 0; j < nqt; j++) {
                 float *sc = scores + (size_t)j * n_ctx + lo;
-                llm_dot_many(queries + (size_t)j * hd, (const float *)(kp + (size_t)(lo - p0) * per_slot),
-                             (int64_t)(per_slot / sizeof(float)), hi - lo, hd, sc);
+                llm_dot_many(queries + (size_t)j * hd, k, k_stride, hi - lo, hd, sc);
                 for (int p = 0; p < hi - lo; p++) sc[p] *= scale;
             }
             continue;
         }
-        for (int p = p0; p < n_ctx && p < p0 + bs; p++, kp += per_slot) {
-            if (p < first) continue;
-            /* a token's dots with later p are left unused */
+        for (int p = lo; p < hi; p++, k += k_stride) { /* a token's dots with later p are left unused */
 #if defined(LLM_CPU_SIMD) && defined(__AVX512F__)
-            if (pairs) llm_dot_pairs((const float *)kp, queries, (nqt + 1) / 2, hd, dots);
+            if (pairs) llm_dot_pairs(k, queries, (nqt + 1) / 2, hd, dots);
             else
 #endif
-            llm_cpu_kv_dots(c, queries, nqt, kp, hd, dots);
+            llm_dot_many(k, queries, hd, nqt, hd, dots);
             for (int j = 0; j < nqt; j++) scores[(size_t)j * n_ctx + p] = dots[j] * scale;
         }
     }
@@ -6692,7 +6693,8 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         /* attention: every (token, query head) pair is independent once this step's K/V are in the cache */
         #pragma omp parallel
         {
-            float *scratch = (float *)malloc((size_t)LLM_DOT_MAX_VECTORS * (max_ctx + hd) * sizeof(float));
+            float *scratch = (float *)malloc(((size_t)LLM_DOT_MAX_VECTORS * (max_ctx + hd) +
+                                              (size_t)(c->block_size + 1) * hd) * sizeof(float));
             if (!scratch) {
                 #pragma omp atomic write
                 failed = 1;

@@ -2358,6 +2358,78 @@ static void test_attention_wide_groups(void) {
     free(copies); free(logits); free(orig); llm_model_free(&m);
 }
 
+/* An f16 KV cache holds K and V rounded to f16, and attention over it must give what an f32 cache holding those
+ * same values gives, bit for bit: K rows are converted exactly before the f32 code's products, V rows in the
+ * weighted sums. Heads of 64 (AVX-512: in runs of 16), 40 (a tail after the runs) and 20 (not a multiple of 8:
+ * no paired scores), a decode step's 3 queries and a prompt's 4 tokens x 3 (paired with AVX-512), a window;
+ * the block table out of order. */
+static void test_attention_f16_cache(void) {
+    enum { BS = 16, NB = 5, KVH = 2, NQ = 3, MAXT = 4 };
+    int32_t table[NB] = {3, 0, 4, 1, 2};
+    int hds[3] = {64, 40, 20}, same = 0, cases = 0;
+    uint64_t rng = 11;
+    for (int h = 0; h < 3; h++) {
+        int hd = hds[h];
+        llm_model m;
+        memset(&m, 0, sizeof m);
+        m.cfg.head_dim = hd; m.cfg.n_kv_heads = KVH;
+        size_t values = (size_t)NB * BS * KVH * hd;
+        llm_cpu c32 = {.model = &m, .num_blocks = NB, .block_size = BS}, c16 = c32;
+        c16.kv_half = 1;
+        c32.k = malloc(values * 4); c32.v = malloc(values * 4);
+        c16.k = malloc(values * 2); c16.v = malloc(values * 2);
+        float *q = malloc((size_t)MAXT * NQ * hd * 4), *o32 = malloc((size_t)MAXT * NQ * hd * 4);
+        float *o16 = malloc((size_t)MAXT * NQ * hd * 4);
+        size_t scratch_floats = (size_t)MAXT * NQ * (NB * BS + MAXT + hd) + (BS + 1) * hd;
+        float *scratch = malloc(scratch_floats * 4);
+        if (!c32.k || !c32.v || !c16.k || !c16.v || !q || !o32 || !o16 || !scratch) {
+            CHECK(0, "f16 cache: out of memory");
+            return;
+        }
+        for (size_t i = 0; i < values; i++) { /* the same values in both caches */
+            for (int kv = 0; kv < 2; kv++) {
+                float x = (float)((double)(llm_splitmix64(&rng) >> 11) / (double)(1ull << 53) * 4 - 2);
+                uint16_t hv = llm_f32_to_f16(x);
+                ((uint16_t *)(kv ? c16.v : c16.k))[i] = hv;
+                ((float *)(kv ? c32.v : c32.k))[i] = llm_f16_to_f32(hv);
+            }
+        }
+        for (int i = 0; i < MAXT * NQ * hd; i++)
+            q[i] = (float)((double)(llm_splitmix64(&rng) >> 11) / (double)(1ull << 53) - 0.5);
+        /* (tokens, position of the first, window) */
+        int runs[5][3] = {{1, 0, 0}, {1, 37, 0}, {1, 79, 20}, {4, 30, 0}, {4, 60, 9}};
+        for (int r = 0; r < 5; r++)
+            for (int kvh = 0; kvh < KVH; kvh++) {
+                int nt = runs[r][0], pos = runs[r][1], window = runs[r][2];
+                memset(o32, 0xff, (size_t)MAXT * NQ * hd * 4); memset(o16, 0, (size_t)MAXT * NQ * hd * 4);
+                llm_cpu_attention(&c32, 0, table, pos, nt, kvh, NQ, window, NULL, q, o32, NQ * hd, scratch);
+                llm_cpu_attention(&c16, 0, table, pos, nt, kvh, NQ, window, NULL, q, o16, NQ * hd, scratch);
+                same += !memcmp(o32, o16, (size_t)nt * NQ * hd * 4);
+                cases++;
+            }
+        free(c32.k); free(c32.v); free(c16.k); free(c16.v); free(q); free(o32); free(o16); free(scratch);
+    }
+    CHECK(same == cases, "attention over an f16 KV cache against an f32 one holding the same values: %d of %d "
+          "runs the same bit for bit", same, cases);
+    /* and the store's rounding (8 at a time with F16C) against llm_f32_to_f16: any bits, ties, subnormals */
+    enum { N = 1 << 16 };
+    float *x = malloc(N * sizeof(float));
+    uint16_t *h = malloc(N * sizeof(uint16_t));
+    llm_cpu c16 = {.kv_half = 1};
+    int differ = 0;
+    for (int i = 0; x && h && i < N; i++) {
+        uint32_t bits = (uint32_t)llm_splitmix64(&rng);
+        if (i % 4 == 1) bits = (bits & 0x807fffffu) | (uint32_t)(103 + i % 40) << 23; /* f16's edges */
+        if (i % 4 == 2) bits = (bits & 0x80000000u) | (uint32_t)(112 + i % 17) << 23 | 0x1000u << (i % 3);
+        memcpy(&x[i], &bits, 4);
+    }
+    if (x && h) llm_cpu_kv_store(&c16, h, x, N - 3);
+    for (int i = 0; x && h && i < N - 3; i++) differ += h[i] != llm_f32_to_f16(x[i]);
+    CHECK(x && h && differ == 0, "f16 KV store: %d of %d values rounded otherwise than llm_f32_to_f16", differ,
+          N - 3);
+    free(x); free(h);
+}
+
 static void test_paged_forward_models(void) {
     test_paged_forward("stories260K.gguf");
     test_paged_forward("random-qwen3-qknorm.gguf");
@@ -2374,6 +2446,7 @@ static void test_paged_forward_models(void) {
     test_moe_grouped("random-gpt-oss.gguf");
     test_moe_grouped("random-qwen2moe.gguf");
     test_attention_wide_groups();
+    test_attention_f16_cache();
 }
 
 /* -----------------------------------------------------------------------------------------------------------
