@@ -503,7 +503,8 @@ typedef struct {
  * sizes the KV pool from that and calls alloc_kv once. Then each step is one forward call. */
 typedef struct llm_backend {
     const char *name;
-    int kv_value_bytes;             /* bytes per cached K or V value: 4 on the CPU (f32), 2 on CUDA (bf16) */
+    int kv_value_bytes;             /* bytes per cached K or V value: 2 on the CPU (f16; 4 on the exact path,
+                                     * f32) and on CUDA (bf16) */
     size_t free_memory;             /* bytes left for the KV pool, after the weights and the activations */
     size_t activation_memory;       /* the room for the activations free_memory leaves out (0: none held
                                      * back): a second model on the same device must leave it too */
@@ -512,9 +513,9 @@ typedef struct llm_backend {
     int default_batched_tokens;     /* the step's token budget when the config gives none (0: 2048): a GPU
                                      * takes long prompts in fewer, larger steps */
     int  (*alloc_kv)(struct llm_backend *be, int num_blocks, int block_size, char *err);
-    /* K/V in 2-byte f16 from now on, called before alloc_kv when the config asks (NULL: the backend keeps
-     * one type) */
-    int  (*use_kv_f16)(struct llm_backend *be, char *err);
+    /* K/V in the config's kv_cache_dtype (enum llm_kv_dtype, not auto) from now on, called before alloc_kv
+     * when the config names one (NULL: the backend keeps its one type) */
+    int  (*set_kv_dtype)(struct llm_backend *be, int dtype, char *err);
     /* logits: [n_logits][vocab_size], written for the batch's logit rows */
     int  (*forward)(struct llm_backend *be, const llm_batch *b, float *logits, char *err);
     void (*destroy)(struct llm_backend *be);
@@ -736,6 +737,7 @@ int  llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int speci
  * Requests that were not in that step are untouched, and the engine goes on: a backend that cannot recover
  * (a GPU fault) fails each later step's sequences the same way, so every request still gets its one finish.
  * -------------------------------------------------------------------------------------------------------- */
+enum llm_kv_dtype { LLM_KV_AUTO, LLM_KV_F16, LLM_KV_F32 }; /* the KV cache's values (llm_engine_config) */
 typedef struct {
     const char *model_path;         /* a GGUF file, or: */
     const char *dummy;              /* a dummy preset name (random weights, token ids only) */
@@ -753,8 +755,10 @@ typedef struct {
     int max_model_len;              /* 0: the model's context length */
     int enable_prefix_caching;      /* 1 */
     int static_batching;            /* no one joins until the whole batch has finished (for comparison): 0 */
-    int kv_cache_f16;               /* the CPU's K/V in f16, not f32: half the memory; the logits move 3 to 4
-                                     * times more (llama.cpp's -ctk f16, vLLM's --kv-cache-dtype): 0 */
+    int kv_cache_dtype;             /* enum llm_kv_dtype (vLLM's --kv-cache-dtype, llama.cpp's -ctk): auto,
+                                     * the backend's: the CPU's f16 (as llama.cpp's; f32 on the exact path),
+                                     * CUDA's bf16. f32 on the CPU: twice the memory, the logits 3 to 4 times
+                                     * nearer the exact path's */
     /* speculative decoding by n-gram lookup (vLLM's "ngram" method, prompt lookup): a decoding sequence whose
      * last spec_ngram_max..spec_ngram_min tokens occurred before in its prompt or output proposes the up to
      * spec_tokens tokens that followed there, and one step checks them all: the same tokens come out as
@@ -1441,7 +1445,7 @@ void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n
     case LLM_F16: case LLM_BF16: {
         int64_t i = 0;
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-        for (; i + 8 <= n; i += 8) { /* 8 at a time, the same values: a prompt's tiles and f16 K go this way */
+        for (; i + 8 <= n; i += 8) { /* 8 at a time, the same values: prompts' tiles and f16 K come here */
             __m128i h = _mm_loadu_si128((const __m128i *)(p + 2 * i));
             _mm256_storeu_ps(out + i, type == LLM_F16 ? _mm256_cvtph_ps(h)
                                       : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
@@ -6170,8 +6174,8 @@ typedef struct {
     void *k, *v;                    /* kv_bytes each, mapped: on a page, so that rows of 16 floats never
                                      * straddle two cache lines; pages of zeros until a block is written */
     size_t kv_bytes;
-    int kv_half;                    /* K and V in f16 (llm_backend.use_kv_f16: half the memory, and half the
-                                     * bytes attention reads, as llama.cpp's default cache), else f32 */
+    int kv_half;                    /* K and V in f16 (the default but on the exact path: half the memory,
+                                     * and half the bytes attention reads, as llama.cpp's cache), else f32 */
     float *scratch;                 /* the forward pass's activations for up to scratch_tokens tokens ... */
     int32_t *seq_of;                /* ... and their sequences: grown on demand, reused every step */
     int scratch_tokens;
@@ -6371,7 +6375,8 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
     float scale = 1.0f / sqrtf((float)hd), dots[LLM_DOT_MAX_VECTORS];
     /* scores[j * n_ctx + p] for query j = token i's head g = i * nq + g; the queries side by side; an f16
      * cache's block of K rows as f32 */
-    float *scores = scratch, *queries = scratch + (size_t)nqt * n_ctx, *k_rows = queries + (size_t)(nqt + 1) * hd;
+    float *scores = scratch, *queries = scratch + (size_t)nqt * n_ctx;
+    float *k_rows = queries + (size_t)(nqt + 1) * hd;
     int pairs = 0; /* with AVX-512, a prompt's queries (4 to 12) side by side in pairs for llm_dot_pairs */
 #if defined(LLM_CPU_SIMD) && defined(__AVX512F__)
     pairs = nqt >= 4 && hd % 8 == 0;
@@ -6390,8 +6395,8 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
         int64_t k_stride = (int64_t)(per_slot / sizeof(float));
         if (c->kv_half) {
             for (int p = lo; p < hi; p++)
-                llm_dtype_dequant_row(LLM_F16, kp + (size_t)(p - lo) * per_slot, k_rows + (size_t)(p - lo) * hd,
-                                      hd);
+                llm_dtype_dequant_row(LLM_F16, kp + (size_t)(p - lo) * per_slot,
+                                      k_rows + (size_t)(p - lo) * hd, hd);
             k = k_rows, k_stride = hd;
         }
         if (nqt < 4) { /* a decode step's few queries: each against the block's K rows, 12 or 8 at a time, their
@@ -6774,12 +6779,12 @@ static void llm_cpu_destroy(llm_backend *be) {
     free(be);
 }
 
-/* K/V in f16 from now on (before alloc_kv). Not on the exact path: the reference rounds nothing. */
-static int llm_cpu_use_kv_f16(llm_backend *be, char *err) {
+/* K/V in f16 or f32 from now on (before alloc_kv); f16 not on the exact path, which rounds nothing */
+static int llm_cpu_set_kv_dtype(llm_backend *be, int dtype, char *err) {
     llm_cpu *c = (llm_cpu *)be->ctx;
-    if (c->path == LLM_PATH_EXACT)
+    if (dtype == LLM_KV_F16 && c->path == LLM_PATH_EXACT)
         return llm_fail(err, "the exact CPU path keeps K/V in f32: it rounds nothing");
-    c->kv_half = 1;
+    c->kv_half = dtype == LLM_KV_F16;
     be->kv_value_bytes = (int)llm_cpu_kv_value_bytes(c);
     return 0;
 }
@@ -6789,6 +6794,7 @@ static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err)
     llm_cpu *c = (llm_cpu *)calloc(1, sizeof *c);
     if (!be || !c) { free(be); free(c); llm_fail(err, "out of memory"); return NULL; }
     c->model = m; c->path = path;
+    c->kv_half = path != LLM_PATH_EXACT; /* f16 by default, as llama.cpp's cache: half the memory */
 #ifdef _OPENMP
     c->max_threads = omp_get_max_threads();
     c->adapt_threads = !getenv("OMP_NUM_THREADS");
@@ -6797,7 +6803,7 @@ static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err)
 #endif
     be->name = path == LLM_PATH_EXACT ? "cpu-exact" : path == LLM_PATH_ACT8 ? "cpu-int8" : "cpu"; be->ctx = c;
     be->kv_value_bytes = (int)llm_cpu_kv_value_bytes(c);
-    be->use_kv_f16 = llm_cpu_use_kv_f16;
+    be->set_kv_dtype = llm_cpu_set_kv_dtype;
     long pages = sysconf(_SC_AVPHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
     be->free_memory = pages > 0 && page_size > 0 ? (size_t)pages * (size_t)page_size : 0;
     be->default_kv_fraction = 0; /* vLLM's CPU backend sizes its KV cache by the workload, not the RAM */
@@ -10209,7 +10215,9 @@ static int llm_engine_start_draft(llm_engine *e, char *err) {
                         "layers that keeps every position");
     if (!(e->draft_backend = e->backend_create(d, why)))
         return llm_fail(err, "the draft model on the %s backend: %s", e->backend->name, why);
-    if (e->cfg.kv_cache_f16 && e->draft_backend->use_kv_f16(e->draft_backend, why) != 0)
+    int dtype = e->cfg.kv_cache_dtype; /* the main backend took it: so does the draft's, the same kind */
+    llm_backend *db = e->draft_backend;
+    if (dtype && db->set_kv_dtype && db->set_kv_dtype(db, dtype, why) != 0)
         return llm_fail(err, "the draft model: %s", why);
     return 0;
 }
@@ -10271,9 +10279,10 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
         e->max_model_len = cfg->max_model_len;
     llm_model_set_context(&e->model, e->max_model_len);
     if (llm_engine_start_backend(e, err) != 0) { llm_engine_destroy(e); return NULL; }
-    if (cfg->kv_cache_f16 && (!e->backend->use_kv_f16 || e->backend->use_kv_f16(e->backend, err) != 0)) {
-        if (!e->backend->use_kv_f16)
-            llm_fail(err, "the %s backend keeps its own KV cache type: an f16 cache is the CPU's",
+    if (cfg->kv_cache_dtype && (!e->backend->set_kv_dtype ||
+                                e->backend->set_kv_dtype(e->backend, cfg->kv_cache_dtype, err) != 0)) {
+        if (!e->backend->set_kv_dtype)
+            llm_fail(err, "the %s backend keeps its own KV cache type: f16 and f32 caches are the CPU's",
                      e->backend->name);
         llm_engine_destroy(e);
         return NULL;
