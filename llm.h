@@ -6735,24 +6735,22 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
 
         /* feed-forward block: down(act(gate(xn)) * up(xn)), act SiLU (SwiGLU) or, for Gemma, GELU's tanh
          * form (GeGLU); Gemma 3 normalises the output too; added to the residual stream */
-        if (cf->n_experts) {
-            failed |= llm_cpu_moe(cf, L, xn, T, delta, path, moe);
-            for (size_t i = 0; i < (size_t)T * D; i++) x[i] += delta[i];
-            continue;
+        if (cf->n_experts) failed |= llm_cpu_moe(cf, L, xn, T, delta, path, moe);
+        else {
+            failed |= llm_matmul(gate, xn, &L->w_gate, T, path) | llm_matmul(up, xn, &L->w_up, T, path);
+            #pragma omp parallel for schedule(static) if (T >= LLM_TOKENS_PARALLEL)
+            for (int t = 0; t < T; t++) { /* token by token: a token's values the same in any batch */
+                float *g = gate + (size_t)t * F;
+                const float *u = up + (size_t)t * F;
+                if (cf->arch == LLM_ARCH_GEMMA3)
+                    for (int i = 0; i < F; i++) {
+                        float z = g[i];
+                        g[i] = 0.5f * z * (1.0f + tanhf(0.7978845608f * (z + 0.044715f * z * z * z))) * u[i];
+                    }
+                else llm_swiglu(g, u, (size_t)F);
+            }
+            failed |= llm_matmul(delta, gate, &L->w_down, T, path);
         }
-        failed |= llm_matmul(gate, xn, &L->w_gate, T, path) | llm_matmul(up, xn, &L->w_up, T, path);
-        #pragma omp parallel for schedule(static) if (T >= LLM_TOKENS_PARALLEL)
-        for (int t = 0; t < T; t++) { /* token by token: a token's values the same in any batch */
-            float *g = gate + (size_t)t * F;
-            const float *u = up + (size_t)t * F;
-            if (cf->arch == LLM_ARCH_GEMMA3)
-                for (int i = 0; i < F; i++) {
-                    float z = g[i];
-                    g[i] = 0.5f * z * (1.0f + tanhf(0.7978845608f * (z + 0.044715f * z * z * z))) * u[i];
-                }
-            else llm_swiglu(g, u, (size_t)F);
-        }
-        failed |= llm_matmul(delta, gate, &L->w_down, T, path);
         #pragma omp parallel for schedule(static) if (T >= LLM_TOKENS_PARALLEL)
         for (int t = 0; t < T; t++) {
             if (L->post_ffn_norm.data)

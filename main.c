@@ -1090,11 +1090,16 @@ static char *edit_prompt(const llm_chat_template *tmpl, uint64_t *rng) {
 }
 
 /* bench's warmup: one greedy request of n_prompt random ids and 2 output tokens, run to its end */
+/* a prompt of n random token ids below vocab_size (malloc'd; NULL: out of memory) */
+static int32_t *random_prompt(uint64_t *rng, int n, int vocab_size) {
+    int32_t *ids = (int32_t *)malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    for (int i = 0; ids && i < n; i++) ids[i] = (int32_t)(llm_splitmix64(rng) % (uint64_t)vocab_size);
+    return ids;
+}
 static int bench_warmup(llm_engine *e, int n_prompt, int vocab_size, char *err) {
     uint64_t rng = 0x5eed;
-    int32_t *ids = (int32_t *)malloc((size_t)(n_prompt > 0 ? n_prompt : 1) * sizeof(int32_t));
+    int32_t *ids = random_prompt(&rng, n_prompt, vocab_size);
     if (!ids) { snprintf(err, LLM_ERR_LEN, "out of memory"); return -1; }
-    for (int i = 0; i < n_prompt; i++) ids[i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)vocab_size);
     llm_sampling_params p = llm_sampling_defaults();
     p.temperature = 0; p.ignore_eos = 1; p.max_tokens = 2;
     int ok = llm_engine_add_request(e, NULL, ids, n_prompt, &p, NULL, err) != 0, failed = 0;
@@ -1183,10 +1188,8 @@ static int bench(args_t *a) {
         int in_len = a->in_min + (int)(llm_splitmix64(&rng) % (uint64_t)(a->in_max - a->in_min + 1));
         int out_len = a->out_min + (int)(llm_splitmix64(&rng) % (uint64_t)(a->out_max - a->out_min + 1));
         if (in_len >= max_model_len) in_len = max_model_len - 1;
-        int32_t *ids = (int32_t *)malloc((size_t)in_len * sizeof(int32_t));
+        int32_t *ids = random_prompt(&rng, in_len, m->cfg.vocab_size);
         if (!ids) { fprintf(stderr, "llm bench: out of memory\n"); llm_engine_destroy(e); return 1; }
-        for (int i = 0; i < in_len; i++)
-            ids[i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)m->cfg.vocab_size);
         llm_sampling_params p = llm_sampling_defaults();
         p.temperature = 0; p.ignore_eos = 1; p.max_tokens = out_len;
         /* --json-schema, --grammar or --regex: every request follows it (greedy unless --temp is given,
