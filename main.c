@@ -1089,13 +1089,13 @@ static char *edit_prompt(const llm_chat_template *tmpl, uint64_t *rng) {
     return out;
 }
 
-/* bench's warmup: one greedy request of n_prompt random ids and 2 output tokens, run to its end */
 /* a prompt of n random token ids below vocab_size (malloc'd; NULL: out of memory) */
 static int32_t *random_prompt(uint64_t *rng, int n, int vocab_size) {
     int32_t *ids = (int32_t *)malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     for (int i = 0; ids && i < n; i++) ids[i] = (int32_t)(llm_splitmix64(rng) % (uint64_t)vocab_size);
     return ids;
 }
+/* bench's warmup: one greedy request of n_prompt random ids and 2 output tokens, run to its end */
 static int bench_warmup(llm_engine *e, int n_prompt, int vocab_size, char *err) {
     uint64_t rng = 0x5eed;
     int32_t *ids = random_prompt(&rng, n_prompt, vocab_size);
