@@ -2065,8 +2065,9 @@ static void test_quant_fast_path(void) {
                       "%s, %s activations%s: fast logits within %.3g of exact's, %d of %d argmaxes the same",
                       quant_models[f], wide ? "16-bit" : "8-bit", f32 ? ", f32 KV cache" : "", worst, same_top,
                       T);
-            printf("  %s, %s activations%s: logits within %.2g of the exact path's, %d of %d argmaxes the same\n",
-                   quant_models[f], wide ? "16-bit" : "8-bit", f32 ? ", f32 KV cache" : "", worst, same_top, T);
+            printf("  %s, %s activations%s: logits within %.2g of the exact path's, %d of %d argmaxes the "
+                   "same\n", quant_models[f], wide ? "16-bit" : "8-bit", f32 ? ", f32 KV cache" : "", worst,
+                   same_top, T);
             if (fast) fast->destroy(fast);
         }
         if (exact) exact->destroy(exact);
