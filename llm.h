@@ -931,6 +931,15 @@ static float llm_bf16_to_f32(uint16_t h) {
 static float llm_half_to_f32(uint32_t type, uint16_t h) {
     return type == LLM_F16 ? llm_f16_to_f32(h) : llm_bf16_to_f32(h);
 }
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/* 8 values of type f16, bf16 or f32 at at, as f32 (exact) */
+static inline __attribute__((always_inline)) __m256 llm_half8(uint32_t type, const void *at) {
+    if (type == LLM_F32) return _mm256_loadu_ps((const float *)at);
+    __m128i h = _mm_loadu_si128((const __m128i *)at);
+    return type == LLM_F16 ? _mm256_cvtph_ps(h)
+                           : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#endif
 
 static uint16_t llm_f32_to_f16(float f) { /* round to nearest even */
     uint32_t x; memcpy(&x, &f, 4);
@@ -1445,11 +1454,8 @@ void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n
     case LLM_F16: case LLM_BF16: {
         int64_t i = 0;
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-        for (; i + 8 <= n; i += 8) { /* 8 at a time, the same values: prompts' tiles and f16 K come here */
-            __m128i h = _mm_loadu_si128((const __m128i *)(p + 2 * i));
-            _mm256_storeu_ps(out + i, type == LLM_F16 ? _mm256_cvtph_ps(h)
-                                      : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-        }
+        for (; i + 8 <= n; i += 8) /* 8 at a time, the same values: prompts' tiles and f16 K come here */
+            _mm256_storeu_ps(out + i, llm_half8(type, p + 2 * i));
 #endif
         for (; i < n; i++) {
             uint16_t h;
@@ -5633,12 +5639,6 @@ typedef __m256 llm_half_sums[2][LLM_HALF_ROWS][LLM_HALF_TOKENS]; /* [even, odd][
 static inline float llm_half_value(uint32_t type, const void *w, int64_t k) {
     return type == LLM_F32 ? ((const float *)w)[k] : llm_half_to_f32(type, ((const uint16_t *)w)[k]);
 }
-static inline __attribute__((always_inline)) __m256 llm_half8(uint32_t type, const void *at) {
-    if (type == LLM_F32) return _mm256_loadu_ps((const float *)at);
-    __m128i h = _mm_loadu_si128((const __m128i *)at);
-    return type == LLM_F16 ? _mm256_cvtph_ps(h)
-                           : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
 /* one run of 8 values of the tile's rows and tokens, into sums */
 static inline __attribute__((always_inline)) void llm_half_run(uint32_t type, int nr, int nc, const void *w,
                                                               int64_t w_stride, const float *x, int64_t x_stride,
@@ -5946,6 +5946,12 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
             int64_t r0 = tile * tile_rows;
             int64_t r1 = r0 + tile_rows < rows ? r0 + tile_rows : rows;
             const uint8_t *tile_data = (const uint8_t *)w->data + (size_t)r0 * row_bytes;
+            if (convert) { /* the tile's rows to f32, once for all the tokens */
+                if (!converted) continue;
+                for (int64_t r = r0; r < r1; r++)
+                    llm_dtype_dequant_row(w->type, tile_data + (size_t)(r - r0) * row_bytes,
+                                          converted + (size_t)(r - r0) * cols, cols);
+            }
 #ifdef LLM_CPU_SIMD
             if (kind == LLM_ROWS_PACKED) {
                 if (pack)
@@ -5955,17 +5961,9 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
             }
             if (kind == LLM_ROWS_HALF) { /* tiles of up to 4 rows and 3 tokens (AVX-512: 6) */
                 int nr = T == 1 ? 2 : LLM_HALF_ROWS; /* a decode step: 2 rows a call */
-                uint32_t type = w->type;
-                const uint8_t *half_rows = tile_data;
-                size_t stride = row_bytes;
-                if (convert) { /* the rows meet the tokens more than once: converted to f32 once */
-                    if (!converted) continue;
-                    for (int64_t r = r0; r < r1; r++)
-                        llm_dtype_dequant_row(w->type, tile_data + (size_t)(r - r0) * row_bytes,
-                                              converted + (size_t)(r - r0) * cols, cols);
-                    type = LLM_F32, half_rows = (const uint8_t *)converted;
-                    stride = (size_t)cols * sizeof(float);
-                }
+                uint32_t type = convert ? LLM_F32 : w->type;
+                const uint8_t *half_rows = convert ? (const uint8_t *)converted : tile_data;
+                size_t stride = convert ? (size_t)cols * sizeof(float) : row_bytes;
                 for (int t = 0; t < T; t += LLM_HALF_TOKENS)
                     for (int64_t r = r0; r < r1; r += nr)
                         llm_dot_half(type, half_rows + (size_t)(r - r0) * stride, cols,
@@ -5975,12 +5973,6 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
                 continue;
             }
 #endif
-            if (kind == LLM_ROWS_CONVERT) {
-                if (!converted) continue;
-                for (int64_t r = r0; r < r1; r++)
-                    llm_dtype_dequant_row(w->type, tile_data + (size_t)(r - r0) * row_bytes,
-                                          converted + (size_t)(r - r0) * cols, cols);
-            }
             /* LLM_DOT_MAX_COLS tokens at a time: each row read once for them */
             for (int t = 0; t < T; t += LLM_DOT_MAX_COLS) {
                 const float *xt = x + (size_t)t * cols;
@@ -10184,6 +10176,15 @@ static int llm_engine_start_backend(llm_engine *e, char *err) {
     return e->backend ? 0 : -1;
 }
 
+/* The config's KV cache type on a backend (before alloc_kv): auto keeps the backend's own */
+static int llm_backend_kv_dtype(llm_backend *be, int dtype, char *err) {
+    if (dtype == LLM_KV_AUTO) return 0;
+    if (!be->set_kv_dtype)
+        return llm_fail(err, "the %s backend keeps its own KV cache type: f16 and f32 caches are the CPU's",
+                        be->name);
+    return be->set_kv_dtype(be, dtype, err);
+}
+
 /* The draft model (spec_model_path): the model's vocabulary (llama.cpp's rule: sizes within 128 of each
  * other, and each token both have the same text), one group of layers (its K/V go in the blocks of the
  * model's first group, which must keep every position), on a backend of the model's kind */
@@ -10213,9 +10214,7 @@ static int llm_engine_start_draft(llm_engine *e, char *err) {
                         "layers that keeps every position");
     if (!(e->draft_backend = e->backend_create(d, why)))
         return llm_fail(err, "the draft model on the %s backend: %s", e->backend->name, why);
-    int dtype = e->cfg.kv_cache_dtype; /* the main backend took it: so does the draft's, the same kind */
-    llm_backend *db = e->draft_backend;
-    if (dtype && db->set_kv_dtype && db->set_kv_dtype(db, dtype, why) != 0)
+    if (llm_backend_kv_dtype(e->draft_backend, e->cfg.kv_cache_dtype, why) != 0)
         return llm_fail(err, "the draft model: %s", why);
     return 0;
 }
@@ -10277,11 +10276,7 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
         e->max_model_len = cfg->max_model_len;
     llm_model_set_context(&e->model, e->max_model_len);
     if (llm_engine_start_backend(e, err) != 0) { llm_engine_destroy(e); return NULL; }
-    if (cfg->kv_cache_dtype && (!e->backend->set_kv_dtype ||
-                                e->backend->set_kv_dtype(e->backend, cfg->kv_cache_dtype, err) != 0)) {
-        if (!e->backend->set_kv_dtype)
-            llm_fail(err, "the %s backend keeps its own KV cache type: f16 and f32 caches are the CPU's",
-                     e->backend->name);
+    if (llm_backend_kv_dtype(e->backend, cfg->kv_cache_dtype, err) != 0) {
         llm_engine_destroy(e);
         return NULL;
     }
