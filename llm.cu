@@ -144,7 +144,8 @@ __global__ void rmsnorm_add_kernel(float *x, const float *delta, const float *w,
 }
 
 /* The greedy pick of each row of logits, made where the logits are, so that 4 bytes a row cross to the host
- * and not the vocabulary's row (llm_batch.argmax). One block a row: each thread keeps the best value of its
+ * and not the vocabulary's row (the sample step's rows that want their argmax alone). One block a row: each
+ * thread keeps the best value of its
  * stride and its first index, then the block merges them, the lower index winning a tie, as llm_argmax's
  * scan does. A value that is not finite makes the row's pick -1, as llm_argmax_finite. */
 __device__ void argmax_merge(float &best, int &at, float b, int a) {
@@ -942,7 +943,10 @@ typedef struct {
     bf16 *moe_x, *moe_act;
     int *moe_route_d, *moe_route_h;
     int *moe_chosen; float *moe_weight;        /* host: llm_moe_route's output */
-    int *argmax_d, *argmax_h;                  /* [cap_logits]: greedy picks (llm_batch.argmax); pinned */
+    int *argmax_d, *argmax_h;                  /* [cap_logits]: the sample step's greedy picks; pinned */
+    int logits_rows;                           /* the rows of logits the last forward call left */
+    llm_sampler *sampler;                      /* the sample step's on the host, made by its first call */
+    uint8_t *rows_to_host;                     /* [cap_logits]: the rows the sample step copies */
     bf16 *xn, *att, *act;
     int *ints_d; int *ints_h;                  /* per-step integer inputs: pinned host staging, device copy */
     size_t attn_smem;
@@ -1148,6 +1152,8 @@ static int ensure_scratch(cuda_ctx *c, int T, int n_logits, int n_part, int n_in
         CK(cudaMalloc((void **)&c->logits, (size_t)cap * cf->vocab_size * sizeof(float)));
         CK(cudaMalloc((void **)&c->argmax_d, (size_t)cap * sizeof(int)));
         CK(cudaMallocHost((void **)&c->argmax_h, (size_t)cap * sizeof(int)));
+        free(c->rows_to_host);
+        if (!(c->rows_to_host = (uint8_t *)malloc((size_t)cap))) return fail(err, "out of host memory");
         c->cap_logits = cap; grew = 1;
     }
     if (n_part > c->cap_parts) {
@@ -1679,9 +1685,23 @@ static int enqueue_copies(cuda_ctx *c, const llm_batch *b, char *err) {
     return 0;
 }
 
-/* The step's kernels, replayed from the decode graph or enqueued one by one, then the logits to the host. */
+/* Rows of the logits to the host (want[i]: row i; NULL: all), in runs of consecutive rows, on the stream */
+static int copy_rows_to_host(cuda_ctx *c, float *logits, int n_rows, const uint8_t *want, char *err) {
+    size_t V = (size_t)c->cfg.vocab_size;
+    for (int i = 0; i < n_rows;) {
+        int j = i;
+        while (j < n_rows && (!want || want[j])) j++;
+        if (j > i)
+            CK(cudaMemcpyAsync(logits + i * V, c->logits + i * V, (size_t)(j - i) * V * sizeof(float),
+                               cudaMemcpyDeviceToHost, c->stream));
+        i = j + 1;
+    }
+    return 0;
+}
+
+/* The step's kernels, replayed from the decode graph or enqueued one by one, then the rows of logits the
+ * host reads to the host (llm_batch.host_rows). */
 static int launch_step(cuda_ctx *c, const llm_batch *b, const step_layout *L, float *logits, char *err) {
-    const llm_config *cf = &c->cfg;
     /* A pure-decode step (one token per sequence, short contexts) has the same kernels every time for the
      * same batch size: replay a captured graph instead of launching ~10 kernels per layer. The graph reads
      * its inputs from ints_d, which the copy at its start refills from ints_h. */
@@ -1714,22 +1734,7 @@ static int launch_step(cuda_ctx *c, const llm_batch *b, const step_layout *L, fl
         }
         CK(cudaGraphLaunch(c->graph, c->stream));
     } else if (enqueue_step(c, L, err)) return -1;
-    int V = cf->vocab_size;
-    if (b->n_logits && b->argmax_only) { /* the greedy picks, for the rows that want no more */
-        argmax_kernel<<<b->n_logits, 1024, 0, c->stream>>>(c->argmax_d, c->logits, V);
-        CK(cudaGetLastError());
-        CK(cudaMemcpyAsync(c->argmax_h, c->argmax_d, (size_t)b->n_logits * sizeof(int),
-                           cudaMemcpyDeviceToHost, c->stream));
-    }
-    for (int i = 0; i < b->n_logits;) { /* the rows wanted whole, in runs of consecutive rows */
-        int j = i;
-        while (j < b->n_logits && !(b->argmax_only && b->argmax_only[j])) j++;
-        if (j > i)
-            CK(cudaMemcpyAsync(logits + (size_t)i * V, c->logits + (size_t)i * V,
-                               (size_t)(j - i) * V * sizeof(float), cudaMemcpyDeviceToHost, c->stream));
-        i = j + 1;
-    }
-    return 0;
+    return copy_rows_to_host(c, logits, b->n_logits, b->host_rows, err);
 }
 
 static int cuda_forward(llm_backend *be, const llm_batch *b, float *logits, char *err) {
@@ -1739,10 +1744,40 @@ static int cuda_forward(llm_backend *be, const llm_batch *b, float *logits, char
     step_layout L = {};
     if (b->n_tokens > 0 && plan_step(c, b, &L, err)) return -1;
     if (enqueue_copies(c, b, err)) return -1;
+    c->logits_rows = 0;
     if (b->n_tokens > 0 && launch_step(c, b, &L, logits, err)) return -1;
     CK(cudaStreamSynchronize(c->stream));
-    for (int i = 0; b->n_tokens > 0 && b->argmax_only && i < b->n_logits; i++)
-        if (b->argmax_only[i]) b->argmax[i] = c->argmax_h[i];
+    c->logits_rows = b->n_tokens > 0 ? b->n_logits : 0;
+    return 0;
+}
+
+/* The sample step. A row whose draw is its argmax alone (greedy, nothing adjusting it, no logprobs) is
+ * picked where the logits are (argmax_kernel): 4 bytes come back, not the vocabulary's row. Any other row
+ * comes to the host, into the engine's buffer, and the host's sampler draws from it (sampling on the device
+ * is not written yet). */
+static int cuda_sample(llm_backend *be, llm_sample_row *rows, int n_rows, float *logits, char *err) {
+    cuda_ctx *c = (cuda_ctx *)be->ctx;
+    int V = c->cfg.vocab_size, n_argmax = 0;
+    if (!c->sampler && !(c->sampler = llm_sampler_create(V, err))) return -1;
+    memset(c->rows_to_host, 0, (size_t)c->logits_rows);
+    for (int i = 0; i < n_rows; i++) {
+        if (rows[i].row < 0 || rows[i].row >= c->logits_rows)
+            return fail(err, "sample: a row the last forward call did not compute");
+        if (llm_sample_row_is_argmax(&rows[i])) n_argmax++;
+        else c->rows_to_host[rows[i].row] = 1;
+    }
+    if (n_argmax) {
+        argmax_kernel<<<c->logits_rows, 1024, 0, c->stream>>>(c->argmax_d, c->logits, V);
+        CK_LAUNCH();
+        CK(cudaMemcpyAsync(c->argmax_h, c->argmax_d, (size_t)c->logits_rows * sizeof(int),
+                           cudaMemcpyDeviceToHost, c->stream));
+    }
+    if (n_argmax < n_rows && copy_rows_to_host(c, logits, c->logits_rows, c->rows_to_host, err)) return -1;
+    CK(cudaStreamSynchronize(c->stream));
+    for (int i = 0; i < n_rows; i++) {
+        if (llm_sample_row_is_argmax(&rows[i])) rows[i].token = c->argmax_h[rows[i].row];
+        else llm_sampler_sample_rows(c->sampler, &rows[i], 1, logits);
+    }
     return 0;
 }
 
@@ -1782,6 +1817,7 @@ static void ctx_free(cuda_ctx *c) {
     if (c->graph) cudaGraphExecDestroy(c->graph);
     free_scratch(c);
     cudaFree(c->logits); cudaFree(c->argmax_d); cudaFreeHost(c->argmax_h);
+    llm_sampler_free(c->sampler); free(c->rows_to_host);
     cudaFree(c->part_acc); cudaFree(c->part_ml);
     cudaFree(c->ints_d); cudaFreeHost(c->ints_h);
     cudaFree(c->kc); cudaFree(c->vc);
@@ -1959,7 +1995,8 @@ extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, char *err) {
     be->kv_value_bytes = (int)sizeof(bf16);
     be->default_kv_fraction = 0.9; /* like vLLM's gpu_memory_utilization */
     be->default_batched_tokens = CUDA_BATCHED_TOKENS;
-    be->alloc_kv = cuda_alloc_kv; be->forward = cuda_forward; be->destroy = cuda_destroy;
+    be->alloc_kv = cuda_alloc_kv; be->forward = cuda_forward; be->sample = cuda_sample;
+    be->destroy = cuda_destroy;
     be->ctx = c;
     return be;
 }

@@ -487,20 +487,34 @@ typedef struct {
     const int32_t *const *block_tables; /* [groups * n_seqs]: group g's table of sequence s at g * n_seqs + s */
     int n_logits;
     const int32_t *logit_rows;          /* [n_logits]: the tokens whose logits come out, in this order */
-    /* Greedy rows: argmax_only[i] = 1 when all the engine wants of logit row i is its argmax (a greedy pick
-     * that nothing else reads the row for). The backend writes argmax[i] (the first of equal maxima, -1 when
-     * the row holds a value that is not a finite number) and need not write row i of the logits: on a GPU
-     * the pick is made where the logits are, and 4 bytes cross to the host, not the vocabulary's row. NULL:
-     * every row is wanted whole. */
-    const uint8_t *argmax_only;
-    int32_t *argmax;                    /* [n_logits], written where argmax_only[i] */
+    /* host_rows[i] = 1 when the engine reads logit row i on the host (prompt logprobs, a grammar's mask, a
+     * proposal to check); the other rows only go to the sample step that follows (llm_backend.sample), which
+     * reads them where they are: a GPU need not copy them. NULL: every row is wanted on the host. */
+    const uint8_t *host_rows;
     int n_copies;
     const int32_t *copy_src, *copy_dst; /* [n_copies]: blocks copied first (copy-on-write of shared blocks) */
 } llm_batch;
 
+/* One draw from a row of logits, as its request asks (the backend's sample step, and the engine's own for
+ * the rows it reads): the row adjusted (allowed ids, logit_bias, bad words; under min_tokens the stop ids and
+ * the ends of generation masked), the penalties, one draw from *rng_state (greedy: the argmax), and the
+ * logprobs of the row as the model gave it. llm_sampler_sample_rows (section 8) is the host's. */
+typedef struct {
+    int row;                            /* the last forward call's logit row */
+    const llm_sampling_params *params;
+    const int32_t *history;             /* the prompt's n_prompt tokens, then the output's: penalties,
+                                         * bad words, min_tokens */
+    int n_prompt, n_history;
+    const int32_t *eog; int n_eog;      /* the vocabulary's ends of generation */
+    uint64_t *rng_state;                /* the request's generator, advanced by the draw */
+    int32_t *top_ids; float *top_logprobs; /* out: the top min(params->logprobs, vocab) (none when -1) */
+    int32_t token;                      /* out: the token; -1: the row is not finite; -2: nothing to pick */
+    float logprob;                      /* out, when params->logprobs >= 0: the token's */
+} llm_sample_row;
+
 /* A backend starts from a loaded model (the CPU reads the weights where they are, so the model must outlive
  * it; CUDA copies them to the GPU), says what a KV value costs it and how much memory it has; the engine
- * sizes the KV pool from that and calls alloc_kv once. Then each step is one forward call. */
+ * sizes the KV pool from that and calls alloc_kv once. Then each step is a forward call and a sample step. */
 typedef struct llm_backend {
     const char *name;
     int kv_value_bytes;             /* bytes per cached K or V value: 2 on the CPU (f16; 4 on the exact path,
@@ -518,6 +532,10 @@ typedef struct llm_backend {
     int  (*set_kv_dtype)(struct llm_backend *be, int dtype, char *err);
     /* logits: [n_logits][vocab_size], written for the batch's logit rows */
     int  (*forward)(struct llm_backend *be, const llm_batch *b, float *logits, char *err);
+    /* rows[n_rows] of the last forward call's logits sampled where they are: each row's token and logprobs
+     * written. logits: the rows that call wrote on the host; a backend that keeps its rows elsewhere reads
+     * its own, and may stage them in the rows it did not write */
+    int  (*sample)(struct llm_backend *be, llm_sample_row *rows, int n_rows, float *logits, char *err);
     void (*destroy)(struct llm_backend *be);
     void *ctx;
 } llm_backend;
@@ -609,6 +627,21 @@ int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const f
  * candidate (logits that are not numbers). */
 int32_t llm_sampler_sample(llm_sampler *s, const llm_sampling_params *p, const float *logits,
                            const int32_t *history, int n_prompt, int n_history, uint64_t *rng_state);
+/* A row of logits (n_vocab of them) as r's request samples from it: allowed ids, logit_bias, bad words and,
+ * under min_tokens, the stop ids and ends of generation masked. logits itself when nothing changes it, else
+ * a copy in the sampler's scratch. */
+const float *llm_sampler_adjust(llm_sampler *s, const llm_sample_row *r, const float *logits);
+/* 1 when all r wants is its row's argmax: greedy, nothing adjusts the row and no logprobs (what a GPU picks
+ * where the logits are) */
+int llm_sample_row_is_argmax(const llm_sample_row *r);
+/* r's token (r->token too): -1 when a value of the row is not finite; else the row adjusted, then
+ * llm_sampler_sample (-2: no candidate) */
+int32_t llm_sampler_draw(llm_sampler *s, llm_sample_row *r, const float *logits);
+/* r's logprobs, from the row as the model gave it: the top ones, and r->token's */
+void llm_sample_row_logprobs(llm_sample_row *r, const float *logits, int n_vocab);
+/* The sample step on the host: each row drawn and its logprobs written (row r->row at logits + r->row *
+ * n_vocab) */
+void llm_sampler_sample_rows(llm_sampler *s, llm_sample_row *rows, int n_rows, const float *logits);
 
 /* -----------------------------------------------------------------------------------------------------------
  * 9. Grammar: the tokens that may come next, when the output must follow a grammar (structured output). A
@@ -825,11 +858,12 @@ typedef struct {
      * how many were accepted at each position of a proposal */
     int spec_tokens;                /* the most a proposal holds (0: speculative decoding is off) */
     int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens, spec_accepted_at[LLM_SPEC_MAX];
-    /* where a step's time goes: in the backend's forward call (the rest is the host's: scheduling, sampling,
-     * text), the steps that computed prompt tokens (the others decode only), and the rows of logits: all of
-     * them, and those whose greedy pick the backend made (llm_batch.argmax: no row copied to the host) */
-    double forward_seconds;
-    int64_t prompt_steps, logit_rows, argmax_rows;
+    /* where a step's time goes: in the backend's forward calls and its sample steps (the rest is the host's:
+     * scheduling, the rows it samples, text), the steps that computed prompt tokens (the others decode
+     * only), and the rows of logits: all of them, and those the host read (llm_batch.host_rows: a grammar's,
+     * a proposal's, prompt logprobs'; the others only went to the sample step) */
+    double forward_seconds, sample_seconds;
+    int64_t prompt_steps, logit_rows, host_rows;
     double draft_seconds;           /* in the draft model's forward calls (spec_model_path) */
 } llm_engine_stats;
 
@@ -990,7 +1024,7 @@ static int llm_argmax(const float *x, int n) {
     return best;
 }
 
-/* A greedy row's pick as backends make it (llm_batch.argmax): the argmax, or -1 when a value is not finite */
+/* A greedy row's pick as the sample step makes it: the argmax, or -1 when a value is not finite */
 static int32_t llm_argmax_finite(const float *x, int n) {
     int best = 0;
     for (int i = 0; i < n; i++) {
@@ -6171,6 +6205,7 @@ typedef struct {
     float *scratch;                 /* the forward pass's activations for up to scratch_tokens tokens ... */
     int32_t *seq_of;                /* ... and their sequences: grown on demand, reused every step */
     int scratch_tokens;
+    llm_sampler *sampler;           /* the sample step's, made by its first call */
     int path;                       /* enum llm_cpu_path: how the products meet quantized weights */
     int max_threads;                /* OpenMP's threads as the backend started (OMP_NUM_THREADS, or cores) */
     int adapt_threads;              /* 0 when OMP_NUM_THREADS was set: the user's number, always */
@@ -6757,15 +6792,21 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         llm_rmsnorm(xn + (size_t)i * D, x + (size_t)b->logit_rows[i] * D, (const float *)m->output_norm.data,
                     D, cf->rms_eps);
     failed |= llm_matmul(logits, xn, &m->output, b->n_logits, path);
-    for (int i = 0, V = cf->vocab_size; b->argmax_only && i < b->n_logits; i++) /* the rows are here anyway */
-        if (b->argmax_only[i]) b->argmax[i] = llm_argmax_finite(logits + (size_t)i * V, V);
     return failed ? llm_fail(err, "out of memory in the forward pass (%d tokens)", T) : 0;
+}
+
+/* The sample step: the rows are here already, in the host's buffer */
+static int llm_cpu_sample(llm_backend *be, llm_sample_row *rows, int n_rows, float *logits, char *err) {
+    llm_cpu *c = (llm_cpu *)be->ctx;
+    if (!c->sampler && !(c->sampler = llm_sampler_create(c->model->cfg.vocab_size, err))) return -1;
+    llm_sampler_sample_rows(c->sampler, rows, n_rows, logits);
+    return 0;
 }
 
 static void llm_cpu_destroy(llm_backend *be) {
     llm_cpu *c = (llm_cpu *)be->ctx;
     llm_cpu_free_kv(c);
-    free(c->scratch); free(c->seq_of); free(c);
+    llm_sampler_free(c->sampler); free(c->scratch); free(c->seq_of); free(c);
     free(be);
 }
 
@@ -6797,7 +6838,8 @@ static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err)
     long pages = sysconf(_SC_AVPHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
     be->free_memory = pages > 0 && page_size > 0 ? (size_t)pages * (size_t)page_size : 0;
     be->default_kv_fraction = 0; /* vLLM's CPU backend sizes its KV cache by the workload, not the RAM */
-    be->alloc_kv = llm_cpu_alloc_kv; be->forward = llm_cpu_forward; be->destroy = llm_cpu_destroy;
+    be->alloc_kv = llm_cpu_alloc_kv; be->forward = llm_cpu_forward; be->sample = llm_cpu_sample;
+    be->destroy = llm_cpu_destroy;
     return be;
 }
 
@@ -6813,9 +6855,11 @@ llm_backend *llm_cpu_int8_backend_create(const llm_model *m, char *err) {
 
 /* ===========================================================================================================
  * 8. Sampler
- * The order is vLLM's: penalties on the raw logits, then temperature, then top-k, top-p and min-p keep a
- * head of the distribution, renormalised, and one uniform draw picks from it. The logits are only read; what
- * changes is copied into the sampler's scratch.
+ * The order is vLLM's: the request's own changes to the row (allowed ids, logit_bias, bad words, min_tokens:
+ * its logits processors), penalties, then temperature, then top-k, top-p and min-p keep a head of the
+ * distribution, renormalised, and one uniform draw picks from it. The logits are only read; what changes is
+ * copied into the sampler's scratch. A backend's sample step is llm_sampler_sample_rows where the rows are
+ * on the host (the CPU's), and the engine's for the rows it reads itself.
  * ======================================================================================================== */
 typedef struct { float p; int32_t id; } llm_prob_id;
 #define LLM_SAMPLING_EPS 1e-5f /* temperatures below it are greedy (vLLM's _SAMPLING_EPS): 1 / T overflows */
@@ -6830,11 +6874,22 @@ static int llm_sampling_has_penalties(const llm_sampling_params *p) {
     return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
 }
 
+/* The request changes its row of logits before sampling: allowed ids, logit_bias, bad words */
+static int llm_sampling_adjusts_row(const llm_sampling_params *p) {
+    return p->n_logit_bias || p->n_allowed_token_ids || p->n_bad_words;
+}
+
+/* Too early to stop: fewer than min_tokens tokens out, so the row is sampled without the stop tokens */
+static int llm_sample_row_too_early(const llm_sample_row *r) {
+    return r->n_history - r->n_prompt < r->params->min_tokens;
+}
+
 struct llm_sampler {
     int n_vocab;
     float *penalized;               /* [n_vocab] the logits with penalties applied */
     int *count;                     /* [n_vocab] occurrences of each token in the output */
     unsigned char *seen;            /* [n_vocab] 1 for tokens of the prompt or the output */
+    float *adjusted;                /* [n_vocab] a row as its request samples from it (llm_sampler_adjust) */
     llm_prob_id *cand;              /* [n_vocab] candidates while they are filtered */
     int32_t *ids;                   /* [n_vocab] the candidates that are left ... */
     float *probs;                   /* [n_vocab] ... and their probabilities */
@@ -6848,7 +6903,8 @@ llm_sampler *llm_sampler_create(int n_vocab, char *err) {
         s->penalized = (float *)malloc(n * sizeof(float)); s->count = (int *)malloc(n * sizeof(int));
         s->seen = (unsigned char *)malloc(n); s->cand = (llm_prob_id *)malloc(n * sizeof(llm_prob_id));
         s->ids = (int32_t *)malloc(n * sizeof(int32_t)); s->probs = (float *)malloc(n * sizeof(float));
-        if (s->penalized && s->count && s->seen && s->cand && s->ids && s->probs) return s;
+        s->adjusted = (float *)malloc(n * sizeof(float));
+        if (s->penalized && s->count && s->seen && s->cand && s->ids && s->probs && s->adjusted) return s;
     }
     llm_sampler_free(s);
     llm_fail(err, n_vocab > 0 ? "out of memory for the sampler" : "the sampler needs a vocabulary");
@@ -6858,7 +6914,7 @@ llm_sampler *llm_sampler_create(int n_vocab, char *err) {
 void llm_sampler_free(llm_sampler *s) {
     if (!s) return;
     free(s->penalized); free(s->count); free(s->seen); free(s->cand); free(s->ids); free(s->probs);
-    free(s);
+    free(s->adjusted); free(s);
 }
 
 /* vLLM's definitions: the repetition penalty divides a positive logit (multiplies a negative one) of every
@@ -6995,6 +7051,70 @@ static float llm_logprobs_top(const float *logits, int n, int k, int32_t *top_id
     }
     for (int j = 0; j < k; j++) top_logprobs[j] = logits[top_ids[j]] - lse;
     return lse;
+}
+
+/* vLLM's logits processors, on a copy of the row: only the allowed ids, the bias, the bad words, and under
+ * min_tokens what would stop the text */
+const float *llm_sampler_adjust(llm_sampler *s, const llm_sample_row *r, const float *logits) {
+    const llm_sampling_params *p = r->params;
+    int V = s->n_vocab, too_early = llm_sample_row_too_early(r);
+    if (!too_early && !llm_sampling_adjusts_row(p)) return logits;
+    float *x = s->adjusted;
+    if (!p->n_allowed_token_ids) memcpy(x, logits, (size_t)V * sizeof(float));
+    else {
+        for (int i = 0; i < V; i++) x[i] = -INFINITY;
+        for (int i = 0; i < p->n_allowed_token_ids; i++) {
+            int32_t t = p->allowed_token_ids[i];
+            x[t] = logits[t];
+        }
+    }
+    for (int i = 0; i < p->n_logit_bias; i++) x[p->logit_bias_ids[i]] += p->logit_bias[i];
+    /* a bad word's last token, where the output so far ends with the rest of the word (as vLLM: the output's
+     * tokens only, not the prompt's) */
+    const int32_t *word = p->bad_word_ids, *out = r->history + r->n_prompt;
+    int n_out = r->n_history - r->n_prompt;
+    for (int i = 0; i < p->n_bad_words; word += p->bad_word_lens[i], i++) {
+        int rest = p->bad_word_lens[i] - 1;
+        if (rest <= n_out && !memcmp(out + n_out - rest, word, (size_t)rest * sizeof(int32_t)))
+            x[word[rest]] = -INFINITY;
+    }
+    if (too_early) { /* too early to stop: mask what would stop it */
+        for (int i = 0; i < p->n_stop_token_ids; i++)
+            if (p->stop_token_ids[i] >= 0 && p->stop_token_ids[i] < V) x[p->stop_token_ids[i]] = -INFINITY;
+        for (int i = 0; !p->ignore_eos && i < r->n_eog; i++) x[r->eog[i]] = -INFINITY;
+    }
+    return x;
+}
+
+int llm_sample_row_is_argmax(const llm_sample_row *r) {
+    const llm_sampling_params *p = r->params;
+    return llm_sampling_is_greedy(p) && !llm_sampling_has_penalties(p) && !llm_sampling_adjusts_row(p) &&
+           !llm_sample_row_too_early(r) && p->logprobs < 0;
+}
+
+int32_t llm_sampler_draw(llm_sampler *s, llm_sample_row *r, const float *logits) {
+    int V = s->n_vocab;
+    if (llm_sample_row_is_argmax(r)) return r->token = llm_argmax_finite(logits, V); /* one pass */
+    r->token = -1;
+    for (int i = 0; i < V; i++) if (!isfinite(logits[i])) return -1; /* a broken model: never sample it */
+    const float *x = llm_sampler_adjust(s, r, logits);
+    int32_t token = llm_sampler_sample(s, r->params, x, r->history, r->n_prompt, r->n_history, r->rng_state);
+    return r->token = token >= 0 ? token : -2;
+}
+
+void llm_sample_row_logprobs(llm_sample_row *r, const float *logits, int n_vocab) {
+    int k = r->params->logprobs < n_vocab ? r->params->logprobs : n_vocab;
+    if (k < 0 || r->token < 0) return;
+    float lse = llm_logprobs_top(logits, n_vocab, k, r->top_ids, r->top_logprobs);
+    r->logprob = logits[r->token] - lse;
+}
+
+void llm_sampler_sample_rows(llm_sampler *s, llm_sample_row *rows, int n_rows, const float *logits) {
+    for (int i = 0; i < n_rows; i++) {
+        const float *row = logits + (size_t)rows[i].row * (size_t)s->n_vocab;
+        llm_sampler_draw(s, &rows[i], row);
+        llm_sample_row_logprobs(&rows[i], row, s->n_vocab);
+    }
 }
 
 /* ===========================================================================================================
@@ -10090,15 +10210,15 @@ struct llm_engine {
     uint64_t next_id;
     /* one step's scratch (stb_ds arrays) */
     llm_seq **finished;             /* finished this step, freed at the start of the next: outputs point in */
-    int32_t *b_tokens, *b_positions, *b_seq_start, *b_logit_rows, *b_argmax;
+    int32_t *b_tokens, *b_positions, *b_seq_start, *b_logit_rows;
     int32_t *b_row_seq;             /* per logit row of a draft pass: its sequence's index in scheduled */
-    uint8_t *b_argmax_only;         /* per logit row: a greedy pick the backend makes (llm_batch.argmax) */
+    uint8_t *b_host_rows;           /* per logit row: the host reads it (llm_batch.host_rows) */
     const int32_t **b_tables;
     float *logits;                  /* [logits_rows][vocab_size] */
     int logits_rows;
-    float *masked_logits;           /* [vocab_size]: the row a request samples from when it is adjusted: its
-                                     * allowed ids only, logit_bias added, bad words and (for min_tokens) the
-                                     * stop ids out */
+    llm_sample_row *sample_rows;    /* the rows for the backend's sample step ... */
+    llm_seq **sample_seqs;          /* ... and the sequence each one's token goes to */
+    int32_t *top_ids; float *top_logprobs; /* the rows' top logprobs */
     llm_token_trie *trie;           /* the vocabulary's bytes, built for the first request with a grammar */
     uint8_t *grammar_mask;          /* [vocab_size bits] */
     int32_t *grammar_ids;           /* [vocab_size] the tokens a mask allows ... */
@@ -10318,9 +10438,10 @@ void llm_engine_destroy(llm_engine *e) {
     free(sch->kv_window);
     arrfree(e->finished); arrfree(e->inbox); arrfree(e->inbox_abort);
     arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows);
-    arrfree(e->b_argmax); arrfree(e->b_argmax_only); arrfree(e->b_row_seq);
+    arrfree(e->b_host_rows); arrfree(e->b_row_seq);
+    arrfree(e->sample_rows); arrfree(e->sample_seqs); arrfree(e->top_ids); arrfree(e->top_logprobs);
     arrfree(e->b_tables); arrfree(e->outputs);
-    free(e->logits); free(e->masked_logits); llm_token_trie_free(e->trie); free(e->grammar_mask);
+    free(e->logits); llm_token_trie_free(e->trie); free(e->grammar_mask);
     free(e->grammar_ids); free(e->grammar_logits);
     llm_grammar_state_free(e->grammar_next);
     for (ptrdiff_t i = 0; i < arrlen(e->grammars); i++) {
@@ -10551,7 +10672,7 @@ static void llm_engine_take_inbox(llm_engine *e) {
 /* 3-4. The step's batch, built in the b_* arrays by the draft's passes and the model's: emptied before each */
 static void llm_engine_batch_clear(llm_engine *e) {
     arrsetlen(e->b_tokens, 0); arrsetlen(e->b_positions, 0); arrsetlen(e->b_logit_rows, 0);
-    arrsetlen(e->b_seq_start, 0); arrsetlen(e->b_tables, 0); arrsetlen(e->b_argmax_only, 0);
+    arrsetlen(e->b_seq_start, 0); arrsetlen(e->b_tables, 0); arrsetlen(e->b_host_rows, 0);
     arrsetlen(e->b_row_seq, 0);
 }
 
@@ -10563,8 +10684,7 @@ static int llm_engine_batch_view(llm_engine *e, llm_batch *b, int n_seqs, float 
     b->n_tokens = (int)arrlen(e->b_tokens); b->tokens = e->b_tokens; b->positions = e->b_positions;
     b->n_seqs = n_seqs; b->seq_start = e->b_seq_start; b->block_tables = e->b_tables;
     b->n_logits = (int)arrlen(e->b_logit_rows); b->logit_rows = e->b_logit_rows;
-    arrsetlen(e->b_argmax, b->n_logits);
-    b->argmax_only = e->b_argmax_only; b->argmax = e->b_argmax;
+    b->host_rows = e->b_host_rows;
     if (b->n_logits <= *logits_rows) return 0;
     free(*logits);
     *logits_rows = b->n_logits;
@@ -10583,6 +10703,8 @@ static int llm_engine_draft(llm_engine *e, char *err) {
     llm_scheduler *sch = &e->sched;
     int n_seqs = (int)arrlen(sch->scheduled), V = e->model.cfg.vocab_size, Vd = e->draft_model.cfg.vocab_size;
     int rc = 0, longest = 0;
+    llm_sampling_params greedy = llm_sampling_defaults();
+    greedy.temperature = 0;
     for (int pass = 0; rc == 0 && (pass == 0 || pass < longest); pass++) {
         llm_engine_batch_clear(e);
         for (int i = 0; i < n_seqs; i++) {
@@ -10600,7 +10722,7 @@ static int llm_engine_draft(llm_engine *e, char *err) {
             if (s->n_draft > longest) longest = s->n_draft;
             if (s->n_draft <= pass) continue;
             arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
-            arrput(e->b_argmax_only, 1);
+            arrput(e->b_host_rows, 0);
             arrput(e->b_row_seq, i);
         }
         if (arrlen(e->b_tokens) == 0) break; /* every proposal ended early */
@@ -10612,13 +10734,20 @@ static int llm_engine_draft(llm_engine *e, char *err) {
         if (pass == 0) { /* the model's copies, in the draft's blocks too */
             b.n_copies = (int)arrlen(sch->copy_src); b.copy_src = sch->copy_src; b.copy_dst = sch->copy_dst;
         }
+        arrsetlen(e->sample_rows, b.n_logits); /* each proposed token: its row's argmax */
+        memset(e->sample_rows, 0, (size_t)b.n_logits * sizeof *e->sample_rows);
+        for (int r = 0; r < b.n_logits; r++) {
+            e->sample_rows[r].row = r; e->sample_rows[r].params = &greedy;
+        }
         double t0 = llm_now();
         rc = e->draft_backend->forward(e->draft_backend, &b, e->draft_logits, err);
+        if (rc == 0)
+            rc = e->draft_backend->sample(e->draft_backend, e->sample_rows, b.n_logits, e->draft_logits, err);
         e->stats.draft_seconds += llm_now() - t0;
         for (int r = 0; rc == 0 && r < b.n_logits; r++) {
             int i = e->b_row_seq[r];
             llm_seq *s = sch->scheduled[i];
-            int32_t token = e->b_argmax[r];
+            int32_t token = e->sample_rows[r].token;
             if (token >= 0 && token < V) { s->draft[pass] = token; continue; }
             sch->n_new[i] -= s->n_draft - pass; s->n_draft = pass; /* the proposal ends before it */
             llm_seq_trim_blocks(&e->bm, s, (int)arrlen(s->tokens) + pass);
@@ -10627,25 +10756,11 @@ static int llm_engine_draft(llm_engine *e, char *err) {
     return rc;
 }
 
-/* 4. Too early to stop: fewer than min_tokens tokens out, so the row is sampled without the stop tokens */
-static int llm_seq_too_early(const llm_seq *s) {
-    return (int)arrlen(s->tokens) - s->req->n_prompt < s->req->params.min_tokens;
-}
-
-/* 4. The request changes its row of logits before sampling: allowed ids, logit_bias, bad words */
-static int llm_sampling_adjusts_row(const llm_sampling_params *p) {
-    return p->n_logit_bias || p->n_allowed_token_ids || p->n_bad_words;
-}
-
-/* 4. Whether all s wants of its next row of logits is the argmax: greedy, with nothing that adjusts the row
- *    (penalties, min_tokens, logit_bias, allowed ids, bad words, a grammar) or reads it (logprobs, a
- *    proposal to check, the samples of n > 1). */
-static int llm_seq_greedy_only(const llm_seq *s) {
-    const llm_sampling_params *p = &s->req->params;
-    int adjusted = llm_sampling_has_penalties(p) || llm_seq_too_early(s) || llm_sampling_adjusts_row(p) ||
-                   s->grammar;
-    int reads_row = p->logprobs >= 0 || s->n_draft || s->fork_pending;
-    return llm_sampling_is_greedy(p) && !adjusted && !reads_row;
+/* 4. Whether the host reads s's next rows of logits itself: a grammar may mask the whole row, and a proposal
+ *    is checked against its rows one by one. Any other sequence's row (sampling, penalties, logit_bias,
+ *    logprobs, the samples of n > 1) only goes to the backend's sample step. */
+static int llm_seq_reads_rows(const llm_seq *s) {
+    return s->grammar || s->n_draft;
 }
 
 /* 4. The plan as one batch: each scheduled sequence's next n_new tokens, flattened, with its block table;
@@ -10668,9 +10783,9 @@ static int llm_engine_forward(llm_engine *e, char *err) {
             arrput(e->b_positions, pos);
             if ((scoring && pos < n_prompt - 1) || (end >= len && pos >= len - 1)) { /* the last, proposed */
                 arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
-                int greedy = pos == len - 1 && llm_seq_greedy_only(s);
-                arrput(e->b_argmax_only, (uint8_t)greedy);
-                e->stats.argmax_rows += greedy; e->stats.logit_rows++;
+                int host = pos != len - 1 || llm_seq_reads_rows(s); /* prompt logprobs', or as s reads it */
+                arrput(e->b_host_rows, (uint8_t)host);
+                e->stats.host_rows += host; e->stats.logit_rows++;
             }
         }
     }
@@ -10772,74 +10887,45 @@ static int32_t llm_seq_grammar_sample(llm_engine *e, llm_seq *s, const float *sa
     return token;
 }
 
-/* 5. The token s samples from its whole row of logits, on the host: the row adjusted as the request says
- *    (allowed ids, logit_bias, bad words, min_tokens), the sampler's draw, the grammar's check. -1: the row
- *    is not finite; -3: s failed and is finished (with the reason). */
-static int32_t llm_seq_sample(llm_engine *e, llm_seq *s, const float *logits) {
-    const llm_sampling_params *p = &s->req->params;
-    int V = e->model.cfg.vocab_size, n_prompt = s->req->n_prompt;
-    for (int i = 0; i < V; i++) if (!isfinite(logits[i])) return -1;
-    const float *sample_from = logits;
-    int too_early = llm_seq_too_early(s);
-    /* the row the request samples from: a copy, only the allowed ids in it, biased, masked */
-    if (too_early || llm_sampling_adjusts_row(p)) {
-        if (!e->masked_logits && !(e->masked_logits = (float *)malloc((size_t)V * sizeof(float)))) {
-            llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for min_tokens, logit_bias or allowed ids");
-            return -3;
-        }
-        if (!p->n_allowed_token_ids) memcpy(e->masked_logits, logits, (size_t)V * sizeof(float));
-        else {
-            for (int i = 0; i < V; i++) e->masked_logits[i] = -INFINITY;
-            for (int i = 0; i < p->n_allowed_token_ids; i++)
-                e->masked_logits[p->allowed_token_ids[i]] = logits[p->allowed_token_ids[i]];
-        }
-        sample_from = e->masked_logits;
-        for (int i = 0; i < p->n_logit_bias; i++) e->masked_logits[p->logit_bias_ids[i]] += p->logit_bias[i];
-        /* a bad word's last token, where the output so far ends with the rest of the word (as vLLM: the
-         * output's tokens only, not the prompt's) */
-        const int32_t *word = p->bad_word_ids, *out = s->tokens + n_prompt;
-        int n_out = (int)arrlen(s->tokens) - n_prompt;
-        for (int i = 0; i < p->n_bad_words; word += p->bad_word_lens[i], i++) {
-            int rest = p->bad_word_lens[i] - 1;
-            if (rest <= n_out && !memcmp(out + n_out - rest, word, (size_t)rest * sizeof(int32_t)))
-                e->masked_logits[word[rest]] = -INFINITY;
-        }
-    }
-    if (too_early) { /* too early to stop: mask what would stop it */
-        for (int i = 0; i < p->n_stop_token_ids; i++)
-            if (p->stop_token_ids[i] >= 0 && p->stop_token_ids[i] < V)
-                e->masked_logits[p->stop_token_ids[i]] = -INFINITY;
-        for (ptrdiff_t i = 0; !p->ignore_eos && e->model.tok && i < arrlen(e->model.tok->eog); i++)
-            e->masked_logits[e->model.tok->eog[i]] = -INFINITY;
-    }
-    int32_t token = llm_sampler_sample(e->sampler, p, sample_from, s->tokens, n_prompt,
-                                       (int)arrlen(s->tokens), &s->rng);
-    if (token < 0) {
-        llm_seq_finish(e, s, LLM_FINISH_ERROR, "sampling found no token to pick: the logits are not numbers");
-        return -3;
-    }
-    if (s->grammar && (token = llm_seq_grammar_sample(e, s, sample_from, token)) < 0) return -3;
-    return token;
+/* 5. The sampling of s's next token, as a row for a sample step: its request's parameters, its tokens so
+ *    far, its generator; the top logprobs' room is given later */
+static llm_sample_row llm_seq_sample_row(const llm_engine *e, llm_seq *s, int row) {
+    llm_sample_row r;
+    memset(&r, 0, sizeof r);
+    r.row = row; r.params = &s->req->params; r.rng_state = &s->rng;
+    r.history = s->tokens; r.n_prompt = s->req->n_prompt; r.n_history = (int)arrlen(s->tokens);
+    if (e->model.tok) { r.eog = e->model.tok->eog; r.n_eog = (int)arrlen(e->model.tok->eog); }
+    return r;
 }
 
-/* 5. One sampled token for s, from its row of logits (or picked by the backend: picked >= 0 is the row's
- *    argmax, -1 a row that was not finite, LLM_PICK_ON_HOST: sample here): the logprobs asked for, the
- *    token, then the stop conditions (end of generation, stop ids, max_tokens, the context, the pool) and its
- *    text. */
-#define LLM_PICK_ON_HOST (-2)
-static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits, int32_t picked) {
+/* 5. Room for the top logprobs of n rows' draws, in the engine's scratch (what it held before is done) */
+static void llm_engine_top_room(llm_engine *e, llm_sample_row *rows, int n) {
+    size_t k = 0;
+    for (int i = 0; i < n; i++) k += rows[i].params->logprobs > 0 ? (size_t)rows[i].params->logprobs : 0;
+    arrsetlen(e->top_ids, k); arrsetlen(e->top_logprobs, k);
+    for (int i = 0, at = 0; i < n; i++) {
+        rows[i].top_ids = e->top_ids + at; rows[i].top_logprobs = e->top_logprobs + at;
+        at += rows[i].params->logprobs > 0 ? rows[i].params->logprobs : 0;
+    }
+}
+
+/* 5. One sampled token for s (r: its draw): the logprobs asked for, the token, then the stop conditions (end
+ *    of generation, stop ids, max_tokens, the context, the pool) and its text. A draw of -1 (a row that was
+ *    not finite) or -2 (no token left to pick) finishes s with the error; -3: s is finished already. */
+static void llm_seq_accept(llm_engine *e, llm_seq *s, const llm_sample_row *r) {
     const llm_sampling_params *p = &s->req->params;
     int V = e->model.cfg.vocab_size, n_prompt = s->req->n_prompt;
-    int32_t token = picked == LLM_PICK_ON_HOST ? llm_seq_sample(e, s, logits) : picked;
+    int32_t token = r->token;
     if (token == -1) /* a broken model: never sample from it */
         llm_seq_finish(e, s, LLM_FINISH_ERROR, "the model's logits are not finite numbers (NaN or infinite)");
+    if (token == -2)
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "sampling found no token to pick: the logits are not numbers");
     if (token < 0) return; /* finished with the reason */
     if (p->logprobs >= 0) {
         int K = p->logprobs < V ? p->logprobs : V;
-        int32_t *top_ids = arraddnptr(s->out_top_ids, K);
-        float *top_logprobs = arraddnptr(s->out_top_logprobs, K);
-        float lse = llm_logprobs_top(logits, V, K, top_ids, top_logprobs);
-        arrput(s->out_logprobs, logits[token] - lse);
+        memcpy(arraddnptr(s->out_top_ids, K), r->top_ids, (size_t)K * sizeof(int32_t));
+        memcpy(arraddnptr(s->out_top_logprobs, K), r->top_logprobs, (size_t)K * sizeof(float));
+        arrput(s->out_logprobs, r->logprob);
     }
     arrput(s->tokens, token); arrput(s->out_tokens, token);
     e->stats.generation_tokens++;
@@ -10863,6 +10949,21 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const float *logits, int32
     if (reason) llm_seq_finish(e, s, reason, NULL);
 }
 
+/* 5. s's next token from its row of logits on the host (the rows a grammar may mask, or a proposal is
+ *    checked against): the sample step's draw, as the backends make it, then the grammar's check; then
+ *    taken (llm_seq_accept) */
+static void llm_seq_sample_on_host(llm_engine *e, llm_seq *s, const float *logits) {
+    int V = e->model.cfg.vocab_size;
+    llm_sample_row r = llm_seq_sample_row(e, s, 0);
+    llm_engine_top_room(e, &r, 1);
+    llm_sampler_draw(e->sampler, &r, logits);
+    if (s->grammar && r.token >= 0) {
+        int32_t token = llm_seq_grammar_sample(e, s, llm_sampler_adjust(e->sampler, &r, logits), r.token);
+        r.token = token >= 0 ? token : -3;
+    }
+    llm_sample_row_logprobs(&r, logits, V);
+    llm_seq_accept(e, s, &r);
+}
 
 /* 5. Prompt logprobs: the row of logits at prompt position pos scores prompt token pos + 1, as
  *    llm_seq_accept scores a sampled token. */
@@ -10885,7 +10986,7 @@ static void llm_seq_score_prompt(llm_engine *e, llm_seq *s, int pos, const float
 static void llm_seq_verify(llm_engine *e, llm_seq *s, const float *logits) {
     int V = e->model.cfg.vocab_size, n_draft = s->n_draft, accepted = 0;
     for (int j = 0; j <= n_draft; j++) {
-        llm_seq_accept(e, s, logits + (size_t)j * V, LLM_PICK_ON_HOST);
+        llm_seq_sample_on_host(e, s, logits + (size_t)j * V);
         if (s->status == LLM_SEQ_FINISHED || j == n_draft || s->tokens[arrlen(s->tokens) - 1] != s->draft[j])
             break;
         s->n_computed++; accepted++;
@@ -10908,12 +11009,25 @@ static void llm_seq_verify(llm_engine *e, llm_seq *s, const float *logits) {
     llm_seq_hash_blocks(&e->bm, s);
 }
 
+/* 5. s draws its next token from logit row `row`: on the host now if it reads its rows there (a grammar),
+ *    else in the sample step */
+static void llm_engine_draw(llm_engine *e, llm_seq *s, int row) {
+    if (llm_seq_reads_rows(s)) {
+        llm_seq_sample_on_host(e, s, e->logits + (size_t)row * e->model.cfg.vocab_size);
+        return;
+    }
+    arrput(e->sample_rows, llm_seq_sample_row(e, s, row));
+    arrput(e->sample_seqs, s);
+}
+
 /* 5. The step's tokens are computed: full blocks are named for the prefix cache, prompt tokens are scored
- *    (prompt_logprobs), and each sequence at the end of its tokens samples the next one (n > 1: the prompt
- *    forks first; each sample draws from its row), or checks its proposal. */
+ *    (prompt_logprobs), and each sequence at the end of its tokens draws the next one (n > 1: the prompt
+ *    forks first; each sample draws from its row), or checks its proposal. The draws the host does not make
+ *    itself are the backend's sample step, all at once, where the logits are; then their tokens are taken. */
 static void llm_engine_sample(llm_engine *e) {
     llm_scheduler *sch = &e->sched;
     int row = 0, V = e->model.cfg.vocab_size;
+    arrsetlen(e->sample_rows, 0); arrsetlen(e->sample_seqs, 0);
     for (int i = 0; i < arrlen(sch->scheduled); i++) {
         llm_seq *s = sch->scheduled[i];
         int start = s->n_computed, end = start + sch->n_new[i], n_prompt = s->req->n_prompt;
@@ -10930,19 +11044,27 @@ static void llm_engine_sample(llm_engine *e) {
             llm_seq_score_prompt(e, s, pos, e->logits + (size_t)row++ * V);
         if (end < arrlen(s->tokens)) continue; /* a prompt chunk: nothing to sample yet */
         if (s->plp_state == LLM_PLP_PENDING) s->plp_state = LLM_PLP_READY; /* all scored: out this step */
-        const float *logits = e->logits + (size_t)row * V;
-        int32_t picked = e->b_argmax_only[row] ? e->b_argmax[row] : LLM_PICK_ON_HOST;
-        row++;
         if (s->fork_pending) {
             int first_child = (int)arrlen(sch->running);
             if (llm_seq_fork(sch, s) != 0) {
                 llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the samples of a request");
+                row++;
                 continue;
             }
-            for (int k = first_child; k < arrlen(sch->running); k++)
-                llm_seq_accept(e, sch->running[k], logits, LLM_PICK_ON_HOST);
+            for (int k = first_child; k < arrlen(sch->running); k++) llm_engine_draw(e, sch->running[k], row);
         }
-        llm_seq_accept(e, s, logits, picked);
+        llm_engine_draw(e, s, row++);
+    }
+    int n = (int)arrlen(e->sample_rows);
+    if (!n) return;
+    llm_engine_top_room(e, e->sample_rows, n);
+    double t0 = llm_now();
+    int rc = e->backend->sample(e->backend, e->sample_rows, n, e->logits, e->step_error);
+    e->stats.sample_seconds += llm_now() - t0;
+    for (int i = 0; i < n; i++) {
+        if (rc == 0) llm_seq_accept(e, e->sample_seqs[i], &e->sample_rows[i]);
+        else llm_seq_finish(e, e->sample_seqs[i], LLM_FINISH_ERROR, e->step_error[0] ? e->step_error :
+                            "the backend's sample step failed");
     }
 }
 

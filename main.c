@@ -1125,7 +1125,8 @@ static void stats_since(llm_engine_stats *s, const llm_engine_stats *w) {
     s->spec_accepted_tokens -= w->spec_accepted_tokens;
     for (int i = 0; i < LLM_SPEC_MAX; i++) s->spec_accepted_at[i] -= w->spec_accepted_at[i];
     s->forward_seconds -= w->forward_seconds; s->prompt_steps -= w->prompt_steps;
-    s->logit_rows -= w->logit_rows; s->argmax_rows -= w->argmax_rows; s->draft_seconds -= w->draft_seconds;
+    s->logit_rows -= w->logit_rows; s->host_rows -= w->host_rows; s->draft_seconds -= w->draft_seconds;
+    s->sample_seconds -= w->sample_seconds;
 }
 
 static int bench(args_t *a) {
@@ -1258,13 +1259,13 @@ static int bench(args_t *a) {
            decode_s > 0 ? decode_tokens / decode_s : 0.0, (long long)decode_tokens, decode_s);
     printf("memory: resident %.1f MiB now, %.1f MiB at the peak (weights as mapped, the KV pool's pages in "
            "use, scratch)\n", proc_memory_bytes("VmRSS") / (1 << 20), proc_memory_bytes("VmHWM") / (1 << 20));
-    printf("time split: backend forward %.2f s (%.0f%%), host %.2f s (scheduling, sampling, text; not the "
-           "draft model's passes); steps: %lld with prompt tokens, %lld decode only; logit rows %lld, %lld of "
-           "them greedy picks made by the backend\n",
-           st.forward_seconds, elapsed > 0 ? 100.0 * st.forward_seconds / elapsed : 0.0,
-           elapsed - st.forward_seconds - st.draft_seconds, (long long)st.prompt_steps,
-           (long long)(st.steps - st.prompt_steps),
-           (long long)st.logit_rows, (long long)st.argmax_rows);
+    double backend_s = st.forward_seconds + st.sample_seconds;
+    printf("time split: backend %.2f s (%.0f%%: forward %.2f s, sample steps %.2f s), host %.2f s "
+           "(scheduling, the rows it samples, text; not the draft model's passes); steps: %lld with prompt "
+           "tokens, %lld decode only; logit rows %lld, %lld of them read by the host\n",
+           backend_s, elapsed > 0 ? 100.0 * backend_s / elapsed : 0.0, st.forward_seconds, st.sample_seconds,
+           elapsed - backend_s - st.draft_seconds, (long long)st.prompt_steps,
+           (long long)(st.steps - st.prompt_steps), (long long)st.logit_rows, (long long)st.host_rows);
     if (st.grammar_tokens)
         printf("grammar: %.3f ms per token, %.1f%% of a decode step's time per token (%lld tokens; %lld needed "
                "a full mask, %lld of them from the cache)\n", 1e3 * st.grammar_seconds / st.grammar_tokens,

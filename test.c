@@ -2605,6 +2605,136 @@ static void test_sampler(void) {
     free(logits); llm_sampler_free(smp);
 }
 
+/* The CPU backend's sample step against llm_sampler_sample: rows of random logits, each with its own
+ * sampling (greedy, temperature, top-k/p, min-p, penalties over a history; allowed ids, logit_bias, bad words
+ * and min_tokens, their row adjusted here by hand), in a shuffled order with some rows drawn twice: each
+ * token is llm_sampler_sample's from the adjusted row with the same generator, which ends where it does; the
+ * logprobs are float64's log-softmax of the row as given, the top ones in order. A row that is not finite
+ * gives -1 (greedy or not), a row with nothing left to pick -2. */
+static void test_sample_rows(void) {
+    llm_model m;
+    char err[LLM_ERR_LEN] = "";
+    if (llm_model_load(&m, model_path("stories260K.gguf"), err) != 0) { CHECK(0, "load: %s", err); return; }
+    llm_backend *be = llm_cpu_backend_create(&m, err);
+    llm_sampler *ref = llm_sampler_create(m.cfg.vocab_size, err);
+    CHECK(be && ref, "backend and sampler: %s", err);
+    if (!be || !ref) { if (be) be->destroy(be); llm_sampler_free(ref); llm_model_free(&m); return; }
+    enum { ROWS = 24, DRAWS = 32, KINDS = 9, HIST = 12, PROMPT = 5 };
+    int V = m.cfg.vocab_size, eog = m.tok->eog[0];
+    float *logits = (float *)malloc((size_t)ROWS * V * sizeof(float)), *adj = (float *)malloc(V * 4);
+    uint64_t rng = 2026;
+    for (int i = 0; i < ROWS * V; i++) /* rows of 4 spreads */
+        logits[i] = (llm_rand_uniform(&rng) * 2 - 1) * (float)(1 + i / V % 4) * 3;
+    logits[(size_t)3 * V + 17] = NAN;                    /* rows 3 and 4: not finite */
+    logits[(size_t)4 * V + 40] = INFINITY;
+    logits[(size_t)6 * V + eog] = 9.0f;                  /* row 6: the end of text is its argmax */
+    const int32_t allowed[] = {eog == 7 ? 8 : 7, 30, 31, 32, 33, 300, 2, 1};
+    static const int32_t bias_ids[] = {30, 31, 200}, bad_ids[] = {11, 12, 13, 14}, bad_lens[] = {3, 1};
+    static const float bias[] = {3.0f, -2.0f, 5.0f};
+    int32_t history[DRAWS][HIST];
+    llm_sampling_params kinds[KINDS];
+    for (int k = 0; k < KINDS; k++) kinds[k] = llm_sampling_defaults();
+    kinds[0].temperature = 0;                                                   /* greedy */
+    kinds[1].temperature = 0; kinds[1].logprobs = 5;                            /* greedy, logprobs */
+    kinds[2].temperature = 0.7f; kinds[2].top_k = 0; kinds[2].top_p = 1; kinds[2].min_p = 0;
+    kinds[3].temperature = 1.0f; kinds[3].top_k = 20; kinds[3].top_p = 0.8f; kinds[3].logprobs = 0;
+    kinds[4].temperature = 1.3f; kinds[4].min_p = 0.1f; kinds[4].top_k = 0;
+    kinds[5].temperature = 0.9f; kinds[5].repetition_penalty = 1.3f; kinds[5].presence_penalty = 0.4f;
+    kinds[5].frequency_penalty = 0.2f; kinds[5].logprobs = 2;
+    kinds[6].temperature = 1.0f; kinds[6].logit_bias_ids = bias_ids; kinds[6].logit_bias = bias;
+    kinds[6].n_logit_bias = 3; kinds[6].bad_word_ids = bad_ids; kinds[6].bad_word_lens = bad_lens;
+    kinds[6].n_bad_words = 2; kinds[6].logprobs = 4; kinds[6].top_k = 0;
+    kinds[7].temperature = 0.8f; kinds[7].allowed_token_ids = allowed; kinds[7].n_allowed_token_ids = 8;
+    kinds[7].top_k = 0; kinds[7].repetition_penalty = 1.1f;
+    kinds[8].temperature = 0; kinds[8].min_tokens = HIST; kinds[8].stop_token_ids = allowed + 1; /* 30 */
+    kinds[8].n_stop_token_ids = 1;
+    llm_sample_row rows[DRAWS];
+    uint64_t gen[DRAWS];
+    int32_t top_ids[DRAWS][8]; float top_lp[DRAWS][8];
+    for (int d = 0; d < DRAWS; d++) {
+        for (int t = 0; t < HIST; t++) history[d][t] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)V);
+        if (d % 3 == 0) { history[d][HIST - 2] = 11; history[d][HIST - 1] = 12; } /* bad word 11 12 13 next */
+        memset(&rows[d], 0, sizeof rows[d]);
+        rows[d].row = d < ROWS ? (d * 7) % ROWS : (d * 5) % ROWS;   /* shuffled; 8 rows drawn twice */
+        if (d % KINDS == 8) rows[d].row = 6; /* min_tokens: the row whose argmax is the end of text */
+        if (d == 9 || d == 18) rows[d].row = d / 9 + 2; /* greedy from rows 3, 4 (draws 4, 21 sample them) */
+        rows[d].params = &kinds[d % KINDS];
+        rows[d].history = history[d]; rows[d].n_prompt = PROMPT; rows[d].n_history = HIST - (d % KINDS == 8);
+        rows[d].eog = m.tok->eog; rows[d].n_eog = (int)arrlen(m.tok->eog);
+        gen[d] = 1000 + (uint64_t)d; rows[d].rng_state = &gen[d];
+        rows[d].top_ids = top_ids[d]; rows[d].top_logprobs = top_lp[d];
+        rows[d].token = -7;
+    }
+    int rc = be->sample(be, rows, DRAWS, logits, err);
+    CHECK(rc == 0, "sample step: %s", err);
+    int tokens_same = 0, logprobs_same = 0, not_finite = 0, masked_eog = 0, n_logprobs = 0;
+    for (int d = 0; rc == 0 && d < DRAWS; d++) {
+        const llm_sampling_params *p = rows[d].params;
+        const float *row = logits + (size_t)rows[d].row * V;
+        int finite = 1;
+        for (int v = 0; v < V; v++) finite &= isfinite(row[v]);
+        /* the row as the request samples from it, by hand */
+        for (int v = 0; v < V; v++) adj[v] = p->n_allowed_token_ids ? -INFINITY : row[v];
+        for (int i = 0; i < p->n_allowed_token_ids; i++)
+            adj[p->allowed_token_ids[i]] = row[p->allowed_token_ids[i]];
+        for (int i = 0; i < p->n_logit_bias; i++) adj[p->logit_bias_ids[i]] += p->logit_bias[i];
+        int n_out = rows[d].n_history - PROMPT;
+        if (p->n_bad_words && n_out >= 2 && history[d][rows[d].n_history - 2] == 11 &&
+            history[d][rows[d].n_history - 1] == 12) adj[13] = -INFINITY;
+        if (p->n_bad_words) adj[14] = -INFINITY; /* a bad word of one token: never */
+        if (n_out < p->min_tokens) { adj[30] = -INFINITY; adj[eog] = -INFINITY; }
+        uint64_t g = 1000 + (uint64_t)d;
+        int32_t want = -1;
+        if (finite) want = llm_sampler_sample(ref, p, adj, history[d], PROMPT, rows[d].n_history, &g);
+        if (finite && want < 0) want = -2;
+        int same = rows[d].token == want && (!finite || llm_sample_row_is_argmax(&rows[d]) || gen[d] == g);
+        tokens_same += same;
+        if (!same) printf("    draw %d (row %d, kind %d): token %d, want %d\n", d, rows[d].row, d % KINDS,
+                          rows[d].token, want);
+        not_finite += !finite && rows[d].token == -1;
+        if (d % KINDS == 8 && rows[d].row == 6) masked_eog += rows[d].token != eog && rows[d].token >= 0;
+        if (p->logprobs < 0 || rows[d].token < 0) continue;
+        /* float64's log-softmax, and the top ones by a full sort */
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < V; v++) mx = fmax(mx, row[v]);
+        for (int v = 0; v < V; v++) sum += exp((double)row[v] - mx);
+        double lse = mx + log(sum);
+        int ok = fabs(rows[d].logprob - (row[rows[d].token] - lse)) <= 1e-5;
+        int32_t order[8];
+        for (int k = 0; k < p->logprobs; k++) {
+            int best = -1;
+            for (int v = 0; v < V; v++) {
+                int taken = 0;
+                for (int q = 0; q < k; q++) taken |= order[q] == v;
+                if (!taken && (best < 0 || row[v] > row[best])) best = v;
+            }
+            order[k] = best;
+            ok &= top_ids[d][k] == best && fabs(top_lp[d][k] - (row[best] - lse)) <= 1e-5;
+        }
+        logprobs_same += ok; n_logprobs++;
+    }
+    CHECK(tokens_same == DRAWS, "sample step: %d of %d draws llm_sampler_sample's token from the row "
+          "adjusted by hand, with the same generator", tokens_same, DRAWS);
+    CHECK(logprobs_same == n_logprobs && n_logprobs >= 8, "sample step: %d of %d draws' logprobs float64's",
+          logprobs_same, n_logprobs);
+    CHECK(not_finite == 4, "sample step: rows that are not finite give -1 (%d of 4 draws)", not_finite);
+    CHECK(masked_eog == 3, "sample step: min_tokens keeps the end of text from its row's 3 draws (%d)",
+          masked_eog);
+    /* nothing left: the only allowed token biased away */
+    llm_sampling_params none = kinds[7];
+    static const int32_t one[] = {30};
+    static const float minus_inf[] = {-INFINITY};
+    none.allowed_token_ids = one; none.n_allowed_token_ids = 1;
+    none.logit_bias_ids = one; none.logit_bias = minus_inf; none.n_logit_bias = 1;
+    rows[0].params = &none; rows[0].row = 0;
+    rc = be->sample(be, rows, 1, logits, err);
+    CHECK(rc == 0 && rows[0].token == -2, "sample step: nothing left to pick gives -2 (%d)", rows[0].token);
+    printf("  sample step: %d draws as llm_sampler_sample, %d with logprobs, %d not finite\n", tokens_same,
+           n_logprobs, not_finite);
+    free(logits); free(adj);
+    llm_sampler_free(ref); be->destroy(be); llm_model_free(&m);
+}
+
 /* -----------------------------------------------------------------------------------------------------------
  * GGUF: broken files give a message naming the problem, never a crash (run under ASan: make test SANITIZE=1)
  * -------------------------------------------------------------------------------------------------------- */
@@ -4097,12 +4227,14 @@ static int flaky_alloc_kv(llm_backend *be, int num_blocks, int block_size, char 
     llm_backend *cpu = (llm_backend *)be->ctx;
     return cpu->alloc_kv(cpu, num_blocks, block_size, err);
 }
-/* flaky_poison: the rows whose greedy pick the backend makes (llm_batch.argmax) are NaN after the forward
- * pass, as a GPU leaves them unwritten: an engine that read them would fail; flaky_bad_pick: the next such
- * pick is -1, as for a row that was not finite */
+/* flaky_poison: the rows the host does not read (llm_batch.host_rows) are NaN after the forward pass, as a
+ * GPU leaves them unwritten: an engine that read them would fail; the sample step reads the backend's own
+ * copy (flaky_rows). flaky_bad_pick: the sample step's next token is -1, as for a row that was not finite.
+ * flaky_sampled counts the sample steps' rows, flaky_sampled_rows the distinct rows they read. */
 static int flaky_poison, flaky_bad_pick, flaky_budget, flaky_most_tokens;
 static size_t flaky_device_free; /* > 0: flaky_create takes its weights and its activations out of it */
-static int64_t flaky_picks;
+static int64_t flaky_sampled, flaky_sampled_rows;
+static float *flaky_rows;
 /* flaky_touched (when set, [num_blocks]): marks every block a forward call reads or writes; flaky_engine's
  * blocks in use at that moment are counted into flaky_peak_used, in use or named into flaky_peak_held */
 static uint8_t *flaky_touched;
@@ -4125,12 +4257,20 @@ static int flaky_forward(llm_backend *be, const llm_batch *b, float *logits, cha
         if (used > flaky_peak_used) flaky_peak_used = used;
         if (used + named_free > flaky_peak_held) flaky_peak_held = used + named_free;
     }
-    for (int i = 0; rc == 0 && b->argmax_only && i < b->n_logits; i++) {
-        if (!b->argmax_only[i]) continue;
-        flaky_picks++;
-        for (int k = 0; flaky_poison && k < V; k++) logits[(size_t)i * V + k] = NAN;
-        if (flaky_bad_pick) { b->argmax[i] = -1; flaky_bad_pick = 0; }
+    if (rc == 0 && flaky_poison && b->n_logits) {
+        flaky_rows = realloc(flaky_rows, (size_t)b->n_logits * V * sizeof(float));
+        memcpy(flaky_rows, logits, (size_t)b->n_logits * V * sizeof(float));
+        for (int i = 0; b->host_rows && i < b->n_logits; i++)
+            for (int k = 0; !b->host_rows[i] && k < V; k++) logits[(size_t)i * V + k] = NAN;
     }
+    return rc;
+}
+static int flaky_sample(llm_backend *be, llm_sample_row *rows, int n_rows, float *logits, char *err) {
+    llm_backend *cpu = (llm_backend *)be->ctx;
+    int rc = cpu->sample(cpu, rows, n_rows, flaky_poison ? flaky_rows : logits, err);
+    flaky_sampled += n_rows;
+    for (int i = 0; i < n_rows; i++) flaky_sampled_rows += i == 0 || rows[i].row != rows[i - 1].row;
+    if (rc == 0 && n_rows && flaky_bad_pick) { rows[0].token = -1; flaky_bad_pick = 0; }
     return rc;
 }
 static void flaky_destroy(llm_backend *be) {
@@ -4148,68 +4288,116 @@ static llm_backend *flaky_create(const llm_model *m, char *err) {
         be->free_memory = flaky_device_free - be->activation_memory;
         be->default_kv_fraction = 0.5;
     }
-    be->alloc_kv = flaky_alloc_kv; be->forward = flaky_forward; be->destroy = flaky_destroy;
+    be->alloc_kv = flaky_alloc_kv; be->forward = flaky_forward; be->sample = flaky_sample;
+    be->destroy = flaky_destroy;
     return be;
 }
 
-/* The engine takes a greedy pick from the backend (llm_batch.argmax) where nothing else wants the row: a
- * greedy request's rows are never read (they are NaN here), and its tokens are the ones the host's sampler
- * picks from whole rows (the same request asking for logprobs); rows that sampling, logprobs or a penalty
- * read come whole. A pick of -1 (a row that was not finite) ends that request with the error. */
-static void test_greedy_picks(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    cfg.create_backend = flaky_create;
-    flaky_calls = 0; flaky_fail_at = -1; flaky_bad_pick = 0; flaky_picks = 0;
-    llm_engine *e = engine_new(&cfg);
+/* The sample step (llm_backend.sample): rows the host does not read are NaN in the engine's buffer here (a
+ * GPU leaves them where they are), and every request's tokens, logprobs and top logprobs are still byte for
+ * byte those of a plain CPU engine: greedy, sampled, penalized, biased under min_tokens, n = 2. A grammar's
+ * rows and prompt_logprobs' come to the host whole, and the counters say exactly which rows it read. A token
+ * of -1 from the step (a row that was not finite) ends that request with the error. */
+#define SAMPLE_KINDS 8
+typedef struct {
+    char *bytes[2 * SAMPLE_KINDS][4];   /* stb_ds: each sample's tokens, logprobs, top logprobs, prompt's */
+    int n_tokens[2 * SAMPLE_KINDS][4], n_prompt[2 * SAMPLE_KINDS];
+} sample_log;
+static void sample_log_add(char **bytes, const void *p, size_t n) {
+    if (p && n) memcpy(arraddnptr(*bytes, n), p, n);
+}
+static void sample_step_run(const llm_engine_config *cfg, const llm_sampling_params *kinds, sample_log *log,
+                            llm_engine_stats *st) {
+    llm_engine *e = engine_new(cfg);
     if (!e) return;
-    flaky_poison = 1; /* off again at the end: the other tests' flaky backends leave the rows as they are */
-    static run_result r;
-    memset(&r, 0, sizeof r);
     const char *prompts[] = {"Once upon a time", "Lily and Ben were"};
-    llm_sampling_params plain = greedy(40), with_logprobs = greedy(40), sampled = llm_sampling_defaults(),
-                        penalized = greedy(40);
-    plain.ignore_eos = with_logprobs.ignore_eos = penalized.ignore_eos = 1;
-    with_logprobs.logprobs = 1;
-    sampled.temperature = 0.8f; sampled.seed = 5; sampled.max_tokens = 40; sampled.ignore_eos = 1;
-    penalized.presence_penalty = 0.5f;
-    for (int i = 0; i < 2; i++) {
-        run_add(e, &r, prompts[i], NULL, 0, &plain);           /* slots 0, 4: picks on the backend */
-        run_add(e, &r, prompts[i], NULL, 0, &with_logprobs);   /* 1, 5: whole rows */
-        run_add(e, &r, prompts[i], NULL, 0, &sampled);         /* 2, 6 */
-        run_add(e, &r, prompts[i], NULL, 0, &penalized);       /* 3, 7 */
+    uint64_t ids[2 * SAMPLE_KINDS];
+    char err[LLM_ERR_LEN] = "";
+    for (int i = 0; i < 2 * SAMPLE_KINDS; i++) {
+        ids[i] = llm_engine_add_request(e, prompts[i / SAMPLE_KINDS], NULL, 0, &kinds[i % SAMPLE_KINDS], NULL,
+                                        err);
+        CHECK(ids[i], "sample step, request %d: %s", i, err);
     }
-    run_engine(e, &r);
-    llm_engine_stats st = llm_engine_get_stats(e);
-    for (int i = 0; i < 2; i++)
-        CHECK(r.n_tokens[4 * i][0] == 40 && r.n_tokens[4 * i + 1][0] == 40 &&
-              !memcmp(r.tokens[4 * i][0], r.tokens[4 * i + 1][0], 40 * sizeof(int32_t)),
-              "\"%s\": the backend's greedy picks (%d tokens) are the host's (%d tokens, with logprobs)",
-              prompts[i], r.n_tokens[4 * i][0], r.n_tokens[4 * i + 1][0]);
-    /* the plain requests' 2 x 40 rows, and only those; every request's 40 rows counted */
-    CHECK(st.argmax_rows == 80 && flaky_picks == 80 && st.logit_rows == 8 * 40,
-          "greedy picks on the backend: %lld (the backend saw %lld), of %lld rows; want 80 of 320",
-          (long long)st.argmax_rows, (long long)flaky_picks, (long long)st.logit_rows);
-    /* the sampled and penalized requests are those of a plain CPU engine */
+    const llm_output *out;
+    for (int steps = 0; llm_engine_has_work(e) && steps < 500; steps++) {
+        int n = llm_engine_step(e, &out);
+        for (int i = 0; i < n; i++) {
+            int slot = 0, k = out[i].index;
+            while (slot < 2 * SAMPLE_KINDS && ids[slot] != out[i].request_id) slot++;
+            CHECK(slot < 2 * SAMPLE_KINDS && k < 4 && out[i].finish_reason != LLM_FINISH_ERROR,
+                  "sample step: output of request %d/%d: %s", slot, k, out[i].error ? out[i].error : "");
+            if (slot == 2 * SAMPLE_KINDS || k >= 4) continue;
+            char **b = &log->bytes[slot][k];
+            int nt = out[i].n_tokens, top = out[i].n_top, np = out[i].n_prompt_logprobs;
+            sample_log_add(b, out[i].token_ids, (size_t)nt * sizeof(int32_t));
+            sample_log_add(b, out[i].logprobs, (size_t)nt * sizeof(float));
+            sample_log_add(b, out[i].top_ids, (size_t)nt * top * sizeof(int32_t));
+            sample_log_add(b, out[i].top_logprobs, (size_t)nt * top * sizeof(float));
+            sample_log_add(b, out[i].prompt_logprobs, (size_t)np * sizeof(float));
+            sample_log_add(b, out[i].prompt_top_ids, (size_t)np * out[i].n_prompt_top * sizeof(int32_t));
+            log->n_tokens[slot][k] += nt;
+            log->n_prompt[slot] = out[i].n_prompt_tokens;
+        }
+    }
+    *st = llm_engine_get_stats(e);
+    CHECK(all_blocks_free(e), "sample step: every block back");
     llm_engine_destroy(e);
-    cfg.create_backend = llm_cpu_backend_create;
-    e = engine_new(&cfg);
-    if (!e) { flaky_poison = 0; return; }
-    static run_result ref;
-    memset(&ref, 0, sizeof ref);
-    for (int i = 0; i < 2; i++) {
-        run_add(e, &ref, prompts[i], NULL, 0, &sampled);
-        run_add(e, &ref, prompts[i], NULL, 0, &penalized);
-    }
-    run_engine(e, &ref);
-    for (int i = 0; i < 4; i++) {
-        int slot = 4 * (i / 2) + 2 + i % 2;
-        CHECK(r.n_tokens[slot][0] == ref.n_tokens[i][0] &&
-              !memcmp(r.tokens[slot][0], ref.tokens[i][0], (size_t)ref.n_tokens[i][0] * sizeof(int32_t)),
-              "request %d (sampled or penalized): the same tokens with and without greedy picks", slot);
-    }
-    llm_engine_destroy(e);
+}
 
-    /* a pick of -1: that request ends with the error, the other goes on to its end */
+static void test_sample_step(void) {
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    static const int32_t bias_ids[] = {100, 200, 301};
+    static const float bias[] = {4.0f, -100.0f, 2.5f};
+    llm_sampling_params kinds[SAMPLE_KINDS];
+    for (int k = 0; k < SAMPLE_KINDS; k++) { kinds[k] = greedy(40); kinds[k].ignore_eos = 1; }
+    kinds[1].logprobs = 3;                                                      /* greedy, logprobs */
+    kinds[2].temperature = 0.8f; kinds[2].seed = 5; kinds[2].logprobs = 2;      /* sampled, logprobs */
+    kinds[3].presence_penalty = 0.5f; kinds[3].frequency_penalty = 0.3f;        /* penalized */
+    kinds[3].repetition_penalty = 1.2f;
+    kinds[4].temperature = 1.0f; kinds[4].seed = 7; kinds[4].top_k = 20;       /* biased, min_tokens */
+    kinds[4].top_p = 0.9f; kinds[4].min_p = 0.02f; kinds[4].min_tokens = 30; kinds[4].ignore_eos = 0;
+    kinds[4].logit_bias_ids = bias_ids; kinds[4].logit_bias = bias; kinds[4].n_logit_bias = 3;
+    kinds[5].temperature = 0.9f; kinds[5].seed = 11; kinds[5].n = 2;           /* two samples */
+    kinds[6].grammar = "root ::= (\"yes\" | \"no\") \".\""; kinds[6].ignore_eos = 0; /* host rows */
+    kinds[7].prompt_logprobs = 2; kinds[7].max_tokens = 10;                    /* host rows, then sampled */
+    static sample_log got, want;
+    memset(&got, 0, sizeof got); memset(&want, 0, sizeof want);
+    llm_engine_stats st, st_want;
+    flaky_sampled = flaky_sampled_rows = 0; flaky_calls = 0; flaky_fail_at = -1; flaky_bad_pick = 0;
+    flaky_poison = 1; /* off again at the end: the other tests' flaky backends leave the rows as they are */
+    cfg.create_backend = flaky_create;
+    sample_step_run(&cfg, kinds, &got, &st);
+    cfg.create_backend = llm_cpu_backend_create;
+    sample_step_run(&cfg, kinds, &want, &st_want);
+    int same = 0, n_samples = 0, grammar_tokens = 0, plp_rows = 0, sampled_tokens = 0;
+    for (int i = 0; i < 2 * SAMPLE_KINDS; i++)
+        for (int k = 0; k < kinds[i % SAMPLE_KINDS].n; k++) {
+            char *a = got.bytes[i][k], *b = want.bytes[i][k];
+            same += got.n_tokens[i][k] > 0 && arrlen(a) == arrlen(b) && !memcmp(a, b, (size_t)arrlen(a));
+            n_samples++;
+            if (i % SAMPLE_KINDS == 6) grammar_tokens += got.n_tokens[i][k];
+            else sampled_tokens += got.n_tokens[i][k];
+            if (i % SAMPLE_KINDS == 7) plp_rows += got.n_prompt[i] - 1;
+        }
+    CHECK(same == n_samples && n_samples == 2 * (SAMPLE_KINDS + 1),
+          "the sample step, rows never on the host: %d of %d samples the same tokens, logprobs and top "
+          "logprobs as a plain CPU engine's", same, n_samples);
+    /* the host read the grammar's rows and the prompt's scored rows, nothing else; the sample step took one
+     * row per other token, the two samples of n = 2 drawing their first token from one row */
+    CHECK(st.host_rows == grammar_tokens + plp_rows && st.host_rows == st_want.host_rows && plp_rows > 0 &&
+          grammar_tokens > 0 && flaky_sampled == sampled_tokens && flaky_sampled_rows == sampled_tokens - 2,
+          "rows the host read: %lld (the grammar's %d, prompt_logprobs' %d); the sample step's rows: %lld "
+          "(%d tokens), %lld distinct (want 2 fewer)", (long long)st.host_rows, grammar_tokens, plp_rows,
+          (long long)flaky_sampled, sampled_tokens, (long long)flaky_sampled_rows);
+    for (int i = 0; i < 2 * SAMPLE_KINDS; i++)
+        for (int k = 0; k < 4; k++) { arrfree(got.bytes[i][k]); arrfree(want.bytes[i][k]); }
+    const char *prompts[] = {"Once upon a time", "Lily and Ben were"};
+    llm_sampling_params plain = greedy(40), with_logprobs = greedy(40);
+    plain.ignore_eos = with_logprobs.ignore_eos = 1;
+    with_logprobs.logprobs = 1;
+    llm_engine *e;
+
+    /* a token of -1 from the sample step: that request ends with the error, the other goes on to its end */
     cfg.create_backend = flaky_create;
     flaky_bad_pick = 0;
     e = engine_new(&cfg);
@@ -4229,7 +4417,8 @@ static void test_greedy_picks(void) {
         }
     }
     CHECK(a_error == 1 && b_tokens == 40 && all_blocks_free(e),
-          "a greedy pick of -1: the request ends with the error (%d), the other gives its 40 tokens (%d), "
+          "a token of -1 from the sample step: the request ends with the error (%d), the other gives its 40 "
+          "tokens (%d), "
           "every block back", a_error, b_tokens);
     llm_engine_destroy(e);
     flaky_poison = 0;
@@ -5012,22 +5201,29 @@ static void test_cli(void) {
                       "--block-size 32 --num-blocks 64 2>/dev/null", &status);
     CHECK(out && status == 0 && strstr(out, "requests: 3 in") && strstr(out, "paged, blocks of 32 tokens") &&
           strstr(out, "(64 blocks,"), "llm bench --block-size 32: \"%s\"", out ? out : "");
-    /* its time split: the steps of each kind add up to the steps; every output token came from one row of
-     * logits, each a greedy pick the backend made (the bench's requests are greedy) */
-    long long prompt_steps = -1, decode_steps = -1, rows = -1, picks = -1, steps = -2, out_tokens = -3;
+    /* its time split: the backend's time is its forward calls' and sample steps'; the steps of each kind add
+     * up to the steps; every output token came from one row of logits, none read by the host (the bench's
+     * requests are greedy, and ask for no logprobs) */
+    long long prompt_steps = -1, decode_steps = -1, rows = -1, host_rows = -1, steps = -2, out_tokens = -3;
+    double backend_s = -1, forward_s = -1, sample_s = -1;
     const char *split = out ? strstr(out, "time split:") : NULL, *thr = out ? strstr(out, "total thr") : NULL;
     const char *kv = out ? strstr(out, "peak running") : NULL;
+    if (split)
+        sscanf(split, "time split: backend %lf s (%*d%%: forward %lf s, sample steps %lf", &backend_s,
+               &forward_s, &sample_s);
     if (split && strstr(split, "steps: "))
         sscanf(strstr(split, "steps: "), "steps: %lld with prompt tokens, %lld decode only; logit rows %lld, "
-               "%lld", &prompt_steps, &decode_steps, &rows, &picks);
+               "%lld", &prompt_steps, &decode_steps, &rows, &host_rows);
     if (kv && strstr(kv, "steps: ")) sscanf(strstr(kv, "steps: "), "steps: %lld", &steps);
     if (thr && strstr(thr, "+ output ")) sscanf(strstr(thr, "+ output "), "+ output %lld", &out_tokens);
     const char *mem = out ? strstr(out, "memory: resident ") : NULL;
     CHECK(mem && atof(mem + strlen("memory: resident ")) > 1, "llm bench reports its resident memory: \"%s\"",
           out ? out : "");
-    CHECK(prompt_steps >= 1 && prompt_steps + decode_steps == steps && rows == out_tokens && picks == rows,
-          "llm bench's time split: %lld + %lld steps of %lld, %lld rows, %lld picks, %lld output tokens",
-          prompt_steps, decode_steps, steps, rows, picks, out_tokens);
+    CHECK(prompt_steps >= 1 && prompt_steps + decode_steps == steps && rows == out_tokens && host_rows == 0 &&
+          forward_s > 0 && sample_s >= 0 && fabs(forward_s + sample_s - backend_s) <= 0.016,
+          "llm bench's time split: %lld + %lld steps of %lld, %lld rows, %lld read by the host, %lld output "
+          "tokens; backend %.2f s = forward %.2f + sample %.2f", prompt_steps, decode_steps, steps, rows,
+          host_rows, out_tokens, backend_s, forward_s, sample_s);
     /* its warmup request is in none of the figures: with --no-warmup, the same steps, rows, prompt tokens
      * computed (no block of the warmup's served the workload from the prefix cache) and KV usage */
     char *cold = run_command("./llm bench --dummy tiny --num-prompts 3 --input-len 20:40 --output-len 5:9 "
@@ -5213,7 +5409,6 @@ static int nan_forward(llm_backend *be, const llm_batch *b, float *logits, char 
     llm_backend *cpu = (llm_backend *)be->ctx;
     int rc = cpu->forward(cpu, b, logits, err);
     logits[3] = NAN;
-    if (b->n_logits && b->argmax_only && b->argmax_only[0]) b->argmax[0] = -1; /* as the contract says */
     return rc;
 }
 static llm_backend *nan_create(const llm_model *m, char *err) {
@@ -8860,31 +9055,52 @@ static void gpu_test_forward_model(const llm_model *m, const char *name, int qua
         int rc2 = gpu->forward(gpu, &b, lg, err);
         CHECK(rc2 == 0, "%s step %d cuda forward: %s", name, step, err);
         if (rc1 || rc2) { failed = 1; free(lc); free(lg); break; }
-        /* the same step again, every other row's greedy pick made on the device (llm_batch.argmax), the
-         * others' rows copied whole: each pick is the argmax of its row above and each whole row that row,
-         * within what the device's split-K GEMM leaves to chance (its atomic adds come in any order, and the
-         * bf16 roundings after them compound: held to the tolerance against the CPU, of max |logit|) */
-        uint8_t only[4]; int32_t picks[4];
+        /* the same step again, every other row read on the host (llm_batch.host_rows) and the others only
+         * sampled (llm_backend.sample): greedy ones picked on the device, sampled ones copied by the step
+         * into lg2 and drawn there by the host's sampler. Each pick is the argmax of its row above, each row
+         * on the host that row, within what the device's split-K GEMM leaves to chance (its atomic adds come
+         * in any order, and the bf16 roundings after them compound: held to the tolerance against the CPU, of
+         * max |logit|), and each sampled draw llm_sampler_sample's from the row the step copied */
+        uint8_t host[4]; llm_sample_row srows[4]; uint64_t gens[4]; int of_row[4] = {-1, -1, -1, -1};
+        llm_sampling_params gp = llm_sampling_defaults(), tp = llm_sampling_defaults();
+        gp.temperature = 0; tp.temperature = 0.8f;
         float *lg2 = malloc((size_t)n_seqs * V * 4);
-        for (int r = 0; r < n_seqs; r++) { only[r] = (uint8_t)((r + step) % 2); picks[r] = -7; }
+        for (int r = 0; r < n_seqs; r++) host[r] = (uint8_t)((r + step) % 2 == 0);
         for (size_t i = 0; i < (size_t)n_seqs * V; i++) lg2[i] = NAN;
-        b.argmax_only = only; b.argmax = picks;
-        int rc3 = gpu->forward(gpu, &b, lg2, err);
-        CHECK(rc3 == 0, "%s step %d cuda forward with greedy rows: %s", name, step, err);
-        for (int r = 0; r < n_seqs && rc3 == 0; r++) {
+        b.host_rows = host;
+        int rc3 = gpu->forward(gpu, &b, lg2, err), n_sampled = 0;
+        for (int r = 0; r < n_seqs; r++) {
+            if (host[r]) continue;
+            memset(&srows[n_sampled], 0, sizeof srows[0]);
+            srows[n_sampled].row = r; srows[n_sampled].params = (r + step) % 4 == 1 ? &tp : &gp;
+            gens[n_sampled] = 77 + (uint64_t)r; srows[n_sampled].rng_state = &gens[n_sampled];
+            of_row[r] = n_sampled++;
+        }
+        if (rc3 == 0) rc3 = gpu->sample(gpu, srows, n_sampled, lg2, err);
+        CHECK(rc3 == 0, "%s step %d cuda forward and sample step: %s", name, step, err);
+        llm_sampler *ref = rc3 == 0 ? llm_sampler_create(V, err) : NULL;
+        for (int r = 0; r < n_seqs && ref; r++) {
             const float *g = lg + (size_t)r * V, *g2 = lg2 + (size_t)r * V;
-            int ag = gt_argmax(g, V), pick = only[r] ? picks[r] : gt_argmax(g2, V);
+            const llm_sample_row *sr = of_row[r] >= 0 ? &srows[of_row[r]] : NULL;
+            int on_device = sr && sr->params == &gp, ag = gt_argmax(g, V);
+            int pick = on_device ? sr->token : gt_argmax(g2, V);
             double gmax = 0, d = 0;
             for (int i = 0; i < V; i++) gmax = fmax(gmax, fabs(g[i]));
-            for (int i = 0; !only[r] && i < V; i++) d = isnan(g2[i]) ? INFINITY : fmax(d, fabs(g2[i] - g[i]));
+            for (int i = 0; !on_device && i < V; i++)
+                d = isnan(g2[i]) ? INFINITY : fmax(d, fabs(g2[i] - g[i]));
             int close = pick >= 0 && pick < V && g[ag] - g[pick] <= tol_max * gmax;
-            CHECK(close && d <= tol_max * gmax, "%s step %d row %d (%s): pick %d, the argmax of the row "
+            if (sr && !on_device) { /* the draw is the host sampler's from the row copied */
+                uint64_t gen = 77 + (uint64_t)r;
+                close = sr->token == llm_sampler_sample(ref, &tp, g2, NULL, 0, 0, &gen);
+            }
+            CHECK(close && d <= tol_max * gmax, "%s step %d row %d (%s): token %d, the argmax of the row "
                   "above %d; the row differs from it by %.3g of max |logit|", name, step, r,
-                  only[r] ? "greedy pick on the device" : "copied whole", pick, ag,
-                  d / (gmax > 0 ? gmax : 1));
-            argmax_picks += only[r];
+                  on_device ? "greedy pick on the device" : sr ? "sampled on the host" : "on the host", pick,
+                  ag, d / (gmax > 0 ? gmax : 1));
+            argmax_picks += on_device;
             repeat_err = fmax(repeat_err, d / (gmax > 0 ? gmax : 1));
         }
+        llm_sampler_free(ref);
         free(lg2);
         for (int r = 0; r < n_seqs; r++) {
             const float *c = lc + (size_t)r * V, *g = lg + (size_t)r * V;
@@ -9604,7 +9820,8 @@ int main(int argc, char **argv) {
         {"quant dot products", test_quant_dots}, {"quant prefill tiles", test_quant_tiles},
         {"quant fast path", test_quant_fast_path},
         {"quant SmolLM2", test_quant_smollm2}, {"fidelity of the default path", test_fidelity_smollm2},
-        {"sampler", test_sampler}, {"block manager", test_block_manager},
+        {"sampler", test_sampler}, {"sample step: rows", test_sample_rows},
+        {"block manager", test_block_manager},
         {"batch invariance", test_batch_invariance},
         {"prefix cache", test_prefix_cache}, {"sliding window blocks", test_sliding_window_blocks},
         {"speculative decoding", test_speculative}, {"speculative decoding: n-gram proposer", test_spec_propose},
@@ -9617,7 +9834,7 @@ int main(int argc, char **argv) {
         {"logprobs", test_logprobs}, {"prompt logprobs", test_prompt_logprobs},
         {"requests from a thread", test_threads}, {"user pointers", test_user_pointers},
         {"wait for work", test_wait},
-        {"backend errors", test_backend_errors}, {"greedy picks on the backend", test_greedy_picks},
+        {"backend errors", test_backend_errors}, {"sample step", test_sample_step},
         {"token budget per backend", test_backend_budget}, {"KV pool reuse", test_pool_reuse},
         {"KV pool beside a draft model", test_draft_pool_memory},
         {"llm command", test_cli}, {"llm.h's example", test_docs_example},
