@@ -1018,21 +1018,39 @@ static double llm_now(void) { /* seconds, monotonic */
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int llm_argmax(const float *x, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
-    return best;
+/* The largest of x[0..n) (n > 0), as a scan that keeps the best so far by > finds it (a NaN is never
+ * better; x[0] NaN stays), and *finite: whether every value is finite. 16 lanes side by side, which the
+ * compiler turns into vector instructions: the scan waits on each comparison (a SmolLM2 row of 49,152 took
+ * 146 us, 8% of a batched decode step). x - x is 0 for a finite value, NaN for the others, and a NaN stays in
+ * a sum. */
+static float llm_row_max(const float *x, int n, int *finite) {
+    float m[16], nan_sum[16], mx = x[0], sum = 0;
+    int i = 0;
+    for (int j = 0; j < 16; j++) { m[j] = x[0]; nan_sum[j] = 0; }
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) {
+            float v = x[i + j];
+            m[j] = v > m[j] ? v : m[j];
+            nan_sum[j] += v - v;
+        }
+    for (; i < n; i++) { mx = x[i] > mx ? x[i] : mx; sum += x[i] - x[i]; }
+    for (int j = 0; j < 16; j++) { mx = m[j] > mx ? m[j] : mx; sum += nan_sum[j]; }
+    *finite = sum == 0;
+    return mx;
 }
 
-/* A greedy row's pick as the sample step makes it: the argmax, or -1 when a value is not finite */
-static int32_t llm_argmax_finite(const float *x, int n) {
-    int best = 0;
-    for (int i = 0; i < n; i++) {
-        if (!isfinite(x[i])) return -1;
-        if (x[i] > x[best]) best = i;
-    }
-    return best;
+/* The first of the largest values (0 when x[0] is NaN); with finite_only, -1 when a value is not finite (a
+ * greedy row's pick as the sample step makes it) */
+static int llm_row_argmax(const float *x, int n, int finite_only) {
+    int finite, i = 0;
+    float mx = llm_row_max(x, n, &finite);
+    if (finite_only && !finite) return -1;
+    if (isnan(mx)) return 0;
+    while (x[i] != mx) i++;
+    return i;
 }
+static int llm_argmax(const float *x, int n) { return llm_row_argmax(x, n, 0); }
+static int32_t llm_argmax_finite(const float *x, int n) { return llm_row_argmax(x, n, 1); }
 
 /* ===========================================================================================================
  * 1. GGUF
@@ -6205,7 +6223,7 @@ typedef struct {
     float *scratch;                 /* the forward pass's activations for up to scratch_tokens tokens ... */
     int32_t *seq_of;                /* ... and their sequences: grown on demand, reused every step */
     int scratch_tokens;
-    llm_sampler *sampler;           /* the sample step's, made by its first call */
+    llm_sampler **samplers;         /* [max_threads] the sample step's, made by its first call */
     int path;                       /* enum llm_cpu_path: how the products meet quantized weights */
     int max_threads;                /* OpenMP's threads as the backend started (OMP_NUM_THREADS, or cores) */
     int adapt_threads;              /* 0 when OMP_NUM_THREADS was set: the user's number, always */
@@ -6795,18 +6813,29 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
     return failed ? llm_fail(err, "out of memory in the forward pass (%d tokens)", T) : 0;
 }
 
-/* The sample step: the rows are here already, in the host's buffer */
+/* The sample step: the rows are here already, in the host's buffer. The threads take rows in turn, each
+ * with a sampler of its own: a draw is a few passes over the vocabulary (SmolLM2, 64 sequences, one thread:
+ * 8% of a decode step's time greedy, 14% sampled). */
 static int llm_cpu_sample(llm_backend *be, llm_sample_row *rows, int n_rows, float *logits, char *err) {
     llm_cpu *c = (llm_cpu *)be->ctx;
-    if (!c->sampler && !(c->sampler = llm_sampler_create(c->model->cfg.vocab_size, err))) return -1;
-    llm_sampler_sample_rows(c->sampler, rows, n_rows, logits);
+    for (int t = 0; t < c->max_threads; t++)
+        if (!c->samplers[t] && !(c->samplers[t] = llm_sampler_create(c->model->cfg.vocab_size, err))) return -1;
+    #pragma omp parallel for schedule(dynamic) if (n_rows > 1)
+    for (int i = 0; i < n_rows; i++) {
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+#endif
+        llm_sampler_sample_rows(c->samplers[t], &rows[i], 1, logits);
+    }
     return 0;
 }
 
 static void llm_cpu_destroy(llm_backend *be) {
     llm_cpu *c = (llm_cpu *)be->ctx;
     llm_cpu_free_kv(c);
-    llm_sampler_free(c->sampler); free(c->scratch); free(c->seq_of); free(c);
+    for (int t = 0; t < c->max_threads; t++) llm_sampler_free(c->samplers[t]);
+    free(c->samplers); free(c->scratch); free(c->seq_of); free(c);
     free(be);
 }
 
@@ -6832,6 +6861,9 @@ static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err)
 #else
     c->max_threads = 1;
 #endif
+    if (!(c->samplers = (llm_sampler **)calloc((size_t)c->max_threads, sizeof *c->samplers))) {
+        free(be); free(c); llm_fail(err, "out of memory"); return NULL;
+    }
     be->name = path == LLM_PATH_EXACT ? "cpu-exact" : path == LLM_PATH_ACT8 ? "cpu-int8" : "cpu"; be->ctx = c;
     be->kv_value_bytes = (int)llm_cpu_kv_value_bytes(c);
     be->set_kv_dtype = llm_cpu_set_kv_dtype;
@@ -6978,7 +7010,8 @@ int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const f
         return 1;
     }
     /* weights exp((logit - max) / T): the most likely token weighs 1; a masked token (-inf) weighs 0 */
-    float mx = logits[llm_argmax(logits, V)], inv_t = 1.0f / p->temperature;
+    int finite;
+    float mx = llm_row_max(logits, V, &finite), inv_t = 1.0f / p->temperature;
     double sum = 0;
     for (int i = 0; i < V; i++) {
         float w = expf((logits[i] - mx) * inv_t);
@@ -7038,7 +7071,8 @@ int32_t llm_sampler_sample(llm_sampler *s, const llm_sampling_params *p, const f
 /* The log-probabilities that logprobs reports: from the model's own distribution, before penalties and
  * temperature (as vLLM). Writes the k most likely tokens and theirs, and returns log(sum exp(logits)). */
 static float llm_logprobs_top(const float *logits, int n, int k, int32_t *top_ids, float *top_logprobs) {
-    float mx = logits[llm_argmax(logits, n)];
+    int finite;
+    float mx = llm_row_max(logits, n, &finite);
     double sum = 0;
     for (int i = 0; i < n; i++) sum += exp((double)(logits[i] - mx));
     float lse = mx + (float)log(sum);
@@ -7096,7 +7130,9 @@ int32_t llm_sampler_draw(llm_sampler *s, llm_sample_row *r, const float *logits)
     int V = s->n_vocab;
     if (llm_sample_row_is_argmax(r)) return r->token = llm_argmax_finite(logits, V); /* one pass */
     r->token = -1;
-    for (int i = 0; i < V; i++) if (!isfinite(logits[i])) return -1; /* a broken model: never sample it */
+    int finite;
+    llm_row_max(logits, V, &finite);
+    if (!finite) return -1; /* a broken model: never sample from it */
     const float *x = llm_sampler_adjust(s, r, logits);
     int32_t token = llm_sampler_sample(s, r->params, x, r->history, r->n_prompt, r->n_history, r->rng_state);
     return r->token = token >= 0 ? token : -2;

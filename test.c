@@ -2612,6 +2612,22 @@ static void test_sampler(void) {
  * logprobs are float64's log-softmax of the row as given, the top ones in order. A row that is not finite
  * gives -1 (greedy or not), a row with nothing left to pick -2. */
 static void test_sample_rows(void) {
+    /* the argmax in 16 lanes against a plain scan by >, on rows of 1 to 99 values with NaN, infinities,
+     * signed zeros and ties sprinkled in */
+    uint64_t r64 = 5;
+    int argmax_same = 0;
+    float x[99];
+    for (int trial = 0; trial < 4000; trial++) {
+        int n = 1 + (int)(llm_splitmix64(&r64) % 99), best = 0, finite = 1;
+        for (int i = 0; i < n; i++) {
+            uint64_t k = llm_splitmix64(&r64) % 40;
+            static const float special[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 3.0f};
+            x[i] = k < 6 && trial % 2 ? special[k] : (float)(int)(llm_splitmix64(&r64) % 7) - 3.0f;
+        }
+        for (int i = 0; i < n; i++) { if (x[i] > x[best]) best = i; finite &= isfinite(x[i]) != 0; }
+        argmax_same += llm_argmax(x, n) == best && llm_argmax_finite(x, n) == (finite ? best : -1);
+    }
+    CHECK(argmax_same == 4000, "the argmax in lanes: %d of 4000 rows as a plain scan's", argmax_same);
     llm_model m;
     char err[LLM_ERR_LEN] = "";
     if (llm_model_load(&m, model_path("stories260K.gguf"), err) != 0) { CHECK(0, "load: %s", err); return; }
