@@ -6819,7 +6819,8 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
 static int llm_cpu_sample(llm_backend *be, llm_sample_row *rows, int n_rows, float *logits, char *err) {
     llm_cpu *c = (llm_cpu *)be->ctx;
     for (int t = 0; t < c->max_threads; t++)
-        if (!c->samplers[t] && !(c->samplers[t] = llm_sampler_create(c->model->cfg.vocab_size, err))) return -1;
+        if (!c->samplers[t] && !(c->samplers[t] = llm_sampler_create(c->model->cfg.vocab_size, err)))
+            return -1;
     #pragma omp parallel for schedule(dynamic) if (n_rows > 1)
     for (int i = 0; i < n_rows; i++) {
         int t = 0;
