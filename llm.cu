@@ -145,9 +145,9 @@ __global__ void rmsnorm_add_kernel(float *x, const float *delta, const float *w,
 
 /* The greedy pick of each row of logits, made where the logits are, so that 4 bytes a row cross to the host
  * and not the vocabulary's row (the sample step's rows that want their argmax alone). One block a row: each
- * thread keeps the best value of its
- * stride and its first index, then the block merges them, the lower index winning a tie, as llm_argmax's
- * scan does. A value that is not finite makes the row's pick -1, as llm_argmax_finite. */
+ * thread keeps the best value of its stride and its first index, then the block merges them, the lower index
+ * winning a tie, as llm_argmax does. A value that is not finite makes the row's pick -1, as
+ * llm_argmax_finite. */
 __device__ void argmax_merge(float &best, int &at, float b, int a) {
     if (b > best || (b == best && a < at)) { best = b; at = a; }
 }
@@ -1758,6 +1758,7 @@ static int cuda_forward(llm_backend *be, const llm_batch *b, float *logits, char
 static int cuda_sample(llm_backend *be, llm_sample_row *rows, int n_rows, float *logits, char *err) {
     cuda_ctx *c = (cuda_ctx *)be->ctx;
     int V = c->cfg.vocab_size, n_argmax = 0;
+    if (n_rows == 0) return 0;
     if (!c->sampler && !(c->sampler = llm_sampler_create(V, err))) return -1;
     memset(c->rows_to_host, 0, (size_t)c->logits_rows);
     for (int i = 0; i < n_rows; i++) {
