@@ -1168,10 +1168,14 @@ static int bench(args_t *a) {
      * 2-7% slower than one after it). Random ids of its own: no block of it is a prefix of the workload's */
     llm_engine_stats warm = {0}; /* the counters when the clock starts */
     if (!a->no_warmup) {
+        double w0 = now_s();
         if (bench_warmup(e, a->in_max < max_model_len - 2 ? a->in_max : max_model_len - 2, m->cfg.vocab_size,
                          err) != 0)
             fprintf(stderr, "llm bench: no warmup (%s)\n", err);
         warm = llm_engine_get_stats(e);
+        printf("warmup: 1 request, %lld prompt tokens and %lld output tokens in %.2f s (in none of the "
+               "figures)\n", (long long)warm.prompt_tokens_computed, (long long)warm.generation_tokens,
+               now_s() - w0);
     }
     st = llm_engine_get_stats(e);
     double t0 = now_s();
@@ -1260,7 +1264,7 @@ static int bench(args_t *a) {
     printf("memory: resident %.1f MiB now, %.1f MiB at the peak (weights as mapped, the KV pool's pages in "
            "use, scratch)\n", proc_memory_bytes("VmRSS") / (1 << 20), proc_memory_bytes("VmHWM") / (1 << 20));
     double backend_s = st.forward_seconds + st.sample_seconds;
-    printf("time split: backend %.2f s (%.0f%%: forward %.2f s, sample steps %.2f s), host %.2f s "
+    printf("time split: backend %.3f s (%.0f%%: forward %.3f s, sample steps %.3f s), host %.3f s "
            "(scheduling, the rows it samples, text; not the draft model's passes); steps: %lld with prompt "
            "tokens, %lld decode only; logit rows %lld, %lld of them read by the host\n",
            backend_s, elapsed > 0 ? 100.0 * backend_s / elapsed : 0.0, st.forward_seconds, st.sample_seconds,
