@@ -946,7 +946,9 @@ typedef struct {
     int *argmax_d, *argmax_h;                  /* [cap_logits]: the sample step's greedy picks; pinned */
     int logits_rows;                           /* the rows of logits the last forward call left */
     llm_sampler *sampler;                      /* the sample step's on the host, made by its first call */
-    uint8_t *rows_to_host;                     /* [cap_logits]: the rows the sample step copies */
+    uint8_t *rows_to_host;                     /* [cap_logits]: the rows the sample step copies ... */
+    llm_sample_row *host_draws;                /* ... and its draws from them, on the host's threads */
+    int cap_host_draws;
     bf16 *xn, *att, *act;
     int *ints_d; int *ints_h;                  /* per-step integer inputs: pinned host staging, device copy */
     size_t attn_smem;
@@ -1753,14 +1755,14 @@ static int cuda_forward(llm_backend *be, const llm_batch *b, float *logits, char
 
 /* The sample step. A row whose draw is its argmax alone (greedy, nothing adjusting it, no logprobs) is
  * picked where the logits are (argmax_kernel): 4 bytes come back, not the vocabulary's row. Any other row
- * comes to the host, into the engine's buffer, and the host's sampler draws from it (sampling on the device
- * is not written yet). */
+ * comes to the host, into the engine's buffer, and the host's sampler draws from it on the host's threads
+ * (sampling on the device is not written yet). */
 static int cuda_sample(llm_backend *be, llm_sample_row *rows, int n_rows, float *logits, char *err) {
     cuda_ctx *c = (cuda_ctx *)be->ctx;
     int V = c->cfg.vocab_size, n_argmax = 0;
     if (n_rows == 0) return 0;
     if (!c->sampler && !(c->sampler = llm_sampler_create(V, err))) return -1;
-    memset(c->rows_to_host, 0, (size_t)c->logits_rows);
+    if (c->logits_rows) memset(c->rows_to_host, 0, (size_t)c->logits_rows);
     for (int i = 0; i < n_rows; i++) {
         if (rows[i].row < 0 || rows[i].row >= c->logits_rows)
             return fail(err, "sample: a row the last forward call did not compute");
@@ -1774,10 +1776,22 @@ static int cuda_sample(llm_backend *be, llm_sample_row *rows, int n_rows, float 
                            cudaMemcpyDeviceToHost, c->stream));
     }
     if (n_argmax < n_rows && copy_rows_to_host(c, logits, c->logits_rows, c->rows_to_host, err)) return -1;
+    if (n_rows - n_argmax > c->cap_host_draws) {
+        free(c->host_draws);
+        c->cap_host_draws = 0;
+        if (!(c->host_draws = (llm_sample_row *)malloc((size_t)n_rows * sizeof *c->host_draws)))
+            return fail(err, "out of host memory");
+        c->cap_host_draws = n_rows;
+    }
+    int n_host = 0;
+    for (int i = 0; i < n_rows; i++)
+        if (!llm_sample_row_is_argmax(&rows[i])) c->host_draws[n_host++] = rows[i];
     CK(cudaStreamSynchronize(c->stream));
-    for (int i = 0; i < n_rows; i++) {
-        if (llm_sample_row_is_argmax(&rows[i])) rows[i].token = c->argmax_h[rows[i].row];
-        else llm_sampler_sample_rows(c->sampler, &rows[i], 1, logits);
+    llm_sampler_sample_rows(c->sampler, c->host_draws, n_host, logits);
+    for (int i = 0, k = 0; i < n_rows; i++) {
+        if (llm_sample_row_is_argmax(&rows[i])) { rows[i].token = c->argmax_h[rows[i].row]; continue; }
+        rows[i].token = c->host_draws[k].token; /* its top logprobs went where the row points */
+        rows[i].logprob = c->host_draws[k++].logprob;
     }
     return 0;
 }
@@ -1818,7 +1832,7 @@ static void ctx_free(cuda_ctx *c) {
     if (c->graph) cudaGraphExecDestroy(c->graph);
     free_scratch(c);
     cudaFree(c->logits); cudaFree(c->argmax_d); cudaFreeHost(c->argmax_h);
-    llm_sampler_free(c->sampler); free(c->rows_to_host);
+    llm_sampler_free(c->sampler); free(c->rows_to_host); free(c->host_draws);
     cudaFree(c->part_acc); cudaFree(c->part_ml);
     cudaFree(c->ints_d); cudaFreeHost(c->ints_h);
     cudaFree(c->kc); cudaFree(c->vc);

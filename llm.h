@@ -640,7 +640,7 @@ int32_t llm_sampler_draw(llm_sampler *s, llm_sample_row *r, const float *logits)
 /* r's logprobs, from the row as the model gave it: the top ones, and r->token's */
 void llm_sample_row_logprobs(llm_sample_row *r, const float *logits, int n_vocab);
 /* The sample step on the host: each row drawn and its logprobs written (row r->row at logits + r->row *
- * n_vocab) */
+ * n_vocab), on OpenMP's threads, each with scratch of its own that s keeps */
 void llm_sampler_sample_rows(llm_sampler *s, llm_sample_row *rows, int n_rows, const float *logits);
 
 /* -----------------------------------------------------------------------------------------------------------
@@ -6223,7 +6223,7 @@ typedef struct {
     float *scratch;                 /* the forward pass's activations for up to scratch_tokens tokens ... */
     int32_t *seq_of;                /* ... and their sequences: grown on demand, reused every step */
     int scratch_tokens;
-    llm_sampler **samplers;         /* [max_threads] the sample step's, made by its first call */
+    llm_sampler *sampler;           /* the sample step's, made by its first call */
     int path;                       /* enum llm_cpu_path: how the products meet quantized weights */
     int max_threads;                /* OpenMP's threads as the backend started (OMP_NUM_THREADS, or cores) */
     int adapt_threads;              /* 0 when OMP_NUM_THREADS was set: the user's number, always */
@@ -6813,30 +6813,18 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
     return failed ? llm_fail(err, "out of memory in the forward pass (%d tokens)", T) : 0;
 }
 
-/* The sample step: the rows are here already, in the host's buffer. The threads take rows in turn, each
- * with a sampler of its own: a draw is a few passes over the vocabulary (SmolLM2, 64 sequences, one thread:
- * 8% of a decode step's time greedy, 14% sampled). */
+/* The sample step: the rows are here already, in the host's buffer */
 static int llm_cpu_sample(llm_backend *be, llm_sample_row *rows, int n_rows, float *logits, char *err) {
     llm_cpu *c = (llm_cpu *)be->ctx;
-    for (int t = 0; t < c->max_threads; t++)
-        if (!c->samplers[t] && !(c->samplers[t] = llm_sampler_create(c->model->cfg.vocab_size, err)))
-            return -1;
-    #pragma omp parallel for schedule(dynamic) if (n_rows > 1)
-    for (int i = 0; i < n_rows; i++) {
-        int t = 0;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-#endif
-        llm_sampler_sample_rows(c->samplers[t], &rows[i], 1, logits);
-    }
+    if (!c->sampler && !(c->sampler = llm_sampler_create(c->model->cfg.vocab_size, err))) return -1;
+    llm_sampler_sample_rows(c->sampler, rows, n_rows, logits);
     return 0;
 }
 
 static void llm_cpu_destroy(llm_backend *be) {
     llm_cpu *c = (llm_cpu *)be->ctx;
     llm_cpu_free_kv(c);
-    for (int t = 0; t < c->max_threads; t++) llm_sampler_free(c->samplers[t]);
-    free(c->samplers); free(c->scratch); free(c->seq_of); free(c);
+    llm_sampler_free(c->sampler); free(c->scratch); free(c->seq_of); free(c);
     free(be);
 }
 
@@ -6862,9 +6850,6 @@ static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err)
 #else
     c->max_threads = 1;
 #endif
-    if (!(c->samplers = (llm_sampler **)calloc((size_t)c->max_threads, sizeof *c->samplers))) {
-        free(be); free(c); llm_fail(err, "out of memory"); return NULL;
-    }
     be->name = path == LLM_PATH_EXACT ? "cpu-exact" : path == LLM_PATH_ACT8 ? "cpu-int8" : "cpu"; be->ctx = c;
     be->kv_value_bytes = (int)llm_cpu_kv_value_bytes(c);
     be->set_kv_dtype = llm_cpu_set_kv_dtype;
@@ -6926,6 +6911,7 @@ struct llm_sampler {
     llm_prob_id *cand;              /* [n_vocab] candidates while they are filtered */
     int32_t *ids;                   /* [n_vocab] the candidates that are left ... */
     float *probs;                   /* [n_vocab] ... and their probabilities */
+    struct llm_sampler **helpers;   /* stb_ds: the scratch of the other threads of llm_sampler_sample_rows */
 };
 
 llm_sampler *llm_sampler_create(int n_vocab, char *err) {
@@ -6947,7 +6933,9 @@ llm_sampler *llm_sampler_create(int n_vocab, char *err) {
 void llm_sampler_free(llm_sampler *s) {
     if (!s) return;
     free(s->penalized); free(s->count); free(s->seen); free(s->cand); free(s->ids); free(s->probs);
-    free(s->adjusted); free(s);
+    free(s->adjusted);
+    for (ptrdiff_t i = 0; i < arrlen(s->helpers); i++) llm_sampler_free(s->helpers[i]);
+    arrfree(s->helpers); free(s);
 }
 
 /* vLLM's definitions: the repetition penalty divides a positive logit (multiplies a negative one) of every
@@ -7146,10 +7134,28 @@ void llm_sample_row_logprobs(llm_sample_row *r, const float *logits, int n_vocab
     r->logprob = logits[r->token] - lse;
 }
 
+/* The threads take rows in turn, each with scratch of its own (the helpers, made as they are first needed;
+ * without memory for one, fewer threads): a draw is a few passes over the vocabulary (SmolLM2, 64 sequences,
+ * one thread: 8% of a decode step's time greedy, 14% sampled) */
 void llm_sampler_sample_rows(llm_sampler *s, llm_sample_row *rows, int n_rows, const float *logits) {
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads() < n_rows ? omp_get_max_threads() : n_rows;
+#endif
+    while (arrlen(s->helpers) < threads - 1) {
+        llm_sampler *h = llm_sampler_create(s->n_vocab, NULL);
+        if (!h) break;
+        arrput(s->helpers, h);
+    }
+    if (threads > 1 + arrlen(s->helpers)) threads = 1 + (int)arrlen(s->helpers);
+    #pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1)
     for (int i = 0; i < n_rows; i++) {
+        llm_sampler *t = s;
+#ifdef _OPENMP
+        if (omp_get_thread_num() > 0) t = s->helpers[omp_get_thread_num() - 1];
+#endif
         const float *row = logits + (size_t)rows[i].row * (size_t)s->n_vocab;
-        llm_sampler_draw(s, &rows[i], row);
+        llm_sampler_draw(t, &rows[i], row);
         llm_sample_row_logprobs(&rows[i], row, s->n_vocab);
     }
 }
