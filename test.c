@@ -4281,8 +4281,14 @@ static int flaky_forward(llm_backend *be, const llm_batch *b, float *logits, cha
     }
     return rc;
 }
+static int flaky_sample_fail; /* the next sample step fails */
 static int flaky_sample(llm_backend *be, llm_sample_row *rows, int n_rows, float *logits, char *err) {
     llm_backend *cpu = (llm_backend *)be->ctx;
+    if (flaky_sample_fail) {
+        flaky_sample_fail = 0;
+        snprintf(err, LLM_ERR_LEN, "injected sample failure");
+        return -1;
+    }
     int rc = cpu->sample(cpu, rows, n_rows, flaky_poison ? flaky_rows : logits, err);
     flaky_sampled += n_rows;
     for (int i = 0; i < n_rows; i++) flaky_sampled_rows += i == 0 || rows[i].row != rows[i - 1].row;
@@ -4434,10 +4440,37 @@ static void test_sample_step(void) {
     }
     CHECK(a_error == 1 && b_tokens == 40 && all_blocks_free(e),
           "a token of -1 from the sample step: the request ends with the error (%d), the other gives its 40 "
-          "tokens (%d), "
-          "every block back", a_error, b_tokens);
+          "tokens (%d), every block back", a_error, b_tokens);
+    /* a sample step that fails: the requests it drew for end with its error, the one whose row the host
+     * read (a grammar's) goes on, every block comes back, and the engine takes new requests */
+    llm_sampling_params yes_no = greedy(40);
+    yes_no.grammar = "root ::= \"yes\" (\" yes\")* \".\"";
+    a = llm_engine_add_request(e, prompts[0], NULL, 0, &plain, NULL, err);
+    b = llm_engine_add_request(e, prompts[1], NULL, 0, &with_logprobs, NULL, err);
+    uint64_t g = llm_engine_add_request(e, prompts[1], NULL, 0, &yes_no, NULL, err);
+    int failed = 0, g_done = 0;
+    for (steps = 0; llm_engine_has_work(e) && steps < 200; steps++) {
+        if (steps == 3) flaky_sample_fail = 1;
+        int n = llm_engine_step(e, &out);
+        for (int i = 0; i < n; i++) {
+            if (out[i].finish_reason == LLM_FINISH_ERROR && out[i].error &&
+                strstr(out[i].error, "injected sample failure"))
+                failed += out[i].request_id == a || out[i].request_id == b ? 1 : 100;
+            if (out[i].request_id == g && (out[i].finish_reason == LLM_FINISH_STOP ||
+                                           out[i].finish_reason == LLM_FINISH_LENGTH)) g_done = 1;
+        }
+    }
+    uint64_t c = llm_engine_add_request(e, prompts[0], NULL, 0, &plain, NULL, err);
+    int c_tokens = 0;
+    for (steps = 0; llm_engine_has_work(e) && steps < 200; steps++) {
+        int n = llm_engine_step(e, &out);
+        for (int i = 0; i < n; i++) if (out[i].request_id == c) c_tokens += out[i].n_tokens;
+    }
+    CHECK(failed == 2 && g_done && c_tokens == 40 && all_blocks_free(e), "a sample step that fails: %d of "
+          "the 2 requests it drew for end with its error (100s: others), the grammar's request finishes (%d), "
+          "a new one gives its 40 tokens (%d), every block back", failed, g_done, c_tokens);
     llm_engine_destroy(e);
-    flaky_poison = 0;
+    flaky_poison = 0; flaky_sample_fail = 0;
 }
 
 /* The step's token budget is the backend's when the config gives none (the CPU's 2048; a GPU's larger), and
