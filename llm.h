@@ -4230,6 +4230,7 @@ typedef struct llm_seq {
     int n_cached_tokens;            /* prompt tokens the prefix cache had at admission */
     int32_t draft[LLM_SPEC_MAX];    /* speculative decoding: the tokens proposed to follow, checked this step */
     int n_draft;
+    int32_t *spec_history;          /* stb_ds: the tokens, then the proposal: what its rows are drawn after */
     int n_draft_computed;           /* a draft model's K/V: tokens [0, n_draft_computed) (at most n_computed
                                      * but for the proposal it computes; one behind after a proposal kept whole) */
     int spec_cap, spec_wait, spec_backoff; /* how many it may propose, steps to wait, the next wait after a miss */
@@ -4561,7 +4562,7 @@ static void llm_seq_free(llm_seq *s) {
     free(s->block_tables);
     arrfree(s->tokens); arrfree(s->held_text);
     arrfree(s->out_tokens); arrfree(s->out_text); arrfree(s->out_logprobs);
-    arrfree(s->out_top_ids); arrfree(s->out_top_logprobs);
+    arrfree(s->out_top_ids); arrfree(s->out_top_logprobs); arrfree(s->spec_history);
     free(s->plp); free(s->plp_rank); free(s->plp_top_ids); free(s->plp_top);
     llm_grammar_state_free(s->grammar);
     llm_request_unref(s->req);
@@ -6890,6 +6891,13 @@ static int llm_sampling_is_greedy(const llm_sampling_params *p) {
 /* Penalties, which read the tokens so far */
 static int llm_sampling_has_penalties(const llm_sampling_params *p) {
     return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+}
+
+/* The generator's state after n draws of p's sampling from state: one number a draw (greedy: none). A
+ * speculative proposal's rows are drawn at once, each as if the ones before it had been. */
+static uint64_t llm_sampling_rng_after(const llm_sampling_params *p, uint64_t state, int n) {
+    for (int i = 0; i < n && !llm_sampling_is_greedy(p); i++) llm_splitmix64(&state);
+    return state;
 }
 
 /* The request changes its row of logits before sampling: allowed ids, logit_bias, bad words */
@@ -10260,7 +10268,8 @@ struct llm_engine {
     float *logits;                  /* [logits_rows][vocab_size] */
     int logits_rows;
     llm_sample_row *sample_rows;    /* the rows for the backend's sample step ... */
-    llm_seq **sample_seqs;          /* ... and the sequence each one's token goes to */
+    llm_seq **sample_seqs;          /* ... the sequence each one's token goes to ... */
+    uint64_t *sample_rngs;          /* ... and its generator, as the draw leaves it */
     int32_t *top_ids; float *top_logprobs; /* the rows' top logprobs */
     llm_token_trie *trie;           /* the vocabulary's bytes, built for the first request with a grammar */
     uint8_t *grammar_mask;          /* [vocab_size bits] */
@@ -10482,7 +10491,8 @@ void llm_engine_destroy(llm_engine *e) {
     arrfree(e->finished); arrfree(e->inbox); arrfree(e->inbox_abort);
     arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows);
     arrfree(e->b_host_rows); arrfree(e->b_row_seq);
-    arrfree(e->sample_rows); arrfree(e->sample_seqs); arrfree(e->top_ids); arrfree(e->top_logprobs);
+    arrfree(e->sample_rows); arrfree(e->sample_seqs); arrfree(e->sample_rngs);
+    arrfree(e->top_ids); arrfree(e->top_logprobs);
     arrfree(e->b_tables); arrfree(e->outputs);
     free(e->logits); llm_token_trie_free(e->trie); free(e->grammar_mask);
     free(e->grammar_ids); free(e->grammar_logits);
@@ -10799,11 +10809,11 @@ static int llm_engine_draft(llm_engine *e, char *err) {
     return rc;
 }
 
-/* 4. Whether the host reads s's next rows of logits itself: a grammar may mask the whole row, and a proposal
- *    is checked against its rows one by one. Any other sequence's row (sampling, penalties, logit_bias,
- *    logprobs, the samples of n > 1) only goes to the backend's sample step. */
+/* 4. Whether the host reads s's next rows of logits itself: a grammar may mask the whole row. Any other
+ *    sequence's rows (sampling, penalties, logit_bias, logprobs, the samples of n > 1, a proposal's) only go
+ *    to the backend's sample step. */
 static int llm_seq_reads_rows(const llm_seq *s) {
-    return s->grammar || s->n_draft;
+    return s->grammar != NULL;
 }
 
 /* 4. The plan as one batch: each scheduled sequence's next n_new tokens, flattened, with its block table;
@@ -10826,7 +10836,7 @@ static int llm_engine_forward(llm_engine *e, char *err) {
             arrput(e->b_positions, pos);
             if ((scoring && pos < n_prompt - 1) || (end >= len && pos >= len - 1)) { /* the last, proposed */
                 arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
-                int host = pos != len - 1 || llm_seq_reads_rows(s); /* prompt logprobs', or as s reads it */
+                int host = pos < len - 1 || llm_seq_reads_rows(s); /* prompt logprobs', or as s reads it */
                 arrput(e->b_host_rows, (uint8_t)host);
                 e->stats.host_rows += host; e->stats.logit_rows++;
             }
@@ -11020,16 +11030,25 @@ static void llm_seq_score_prompt(llm_engine *e, llm_seq *s, int pos, const float
     s->plp[pos] = logits[token] - lse; s->plp_rank[pos] = rank;
 }
 
-/* 5. Speculative decoding: the rows of the last token and of the proposal's tokens, sampled in turn as if
- *    each came alone (stop strings, max_tokens, logprobs, penalties see each), while the token sampled is
- *    the one proposed: its K/V, computed from it, stand. A sampled token is exactly the model's draw, so a
- *    proposed one is kept with the probability the model gives it and, when not, the token drawn instead
- *    follows the model's distribution without it: the rejection-sampling rule with a one-hot proposal; the
- *    same tokens, greedily. The blocks past what was kept go back to the pool. */
-static void llm_seq_verify(llm_engine *e, llm_seq *s, const float *logits) {
+/* 5. A draw of the sample step taken: the sequence's generator where the draw left it, then the token */
+static void llm_seq_take(llm_engine *e, llm_seq *s, const llm_sample_row *r) {
+    s->rng = *r->rng_state;
+    llm_seq_accept(e, s, r);
+}
+
+/* 5. Speculative decoding: the rows of the last token and of the proposal's tokens (from logit row `row`),
+ *    taken in turn as if each came alone (stop strings, max_tokens, logprobs, penalties see each), while the
+ *    token sampled is the one proposed: its K/V, computed from it, stand. A sampled token is exactly the
+ *    model's draw, so a proposed one is kept with the probability the model gives it and, when not, the
+ *    token drawn instead follows the model's distribution without it: the rejection-sampling rule with a
+ *    one-hot proposal; the same tokens, greedily. The rows were drawn in the sample step (drawn[j]: after the
+ *    tokens and the proposal's first j, the generator as j draws leave it), or are drawn on the host now (a
+ *    grammar's, drawn NULL). The blocks past what was kept go back to the pool. */
+static void llm_seq_verify(llm_engine *e, llm_seq *s, int row, const llm_sample_row *drawn) {
     int V = e->model.cfg.vocab_size, n_draft = s->n_draft, accepted = 0;
     for (int j = 0; j <= n_draft; j++) {
-        llm_seq_sample_on_host(e, s, logits + (size_t)j * V);
+        if (drawn) llm_seq_take(e, s, &drawn[j]);
+        else llm_seq_sample_on_host(e, s, e->logits + (size_t)(row + j) * V);
         if (s->status == LLM_SEQ_FINISHED || j == n_draft || s->tokens[arrlen(s->tokens) - 1] != s->draft[j])
             break;
         s->n_computed++; accepted++;
@@ -11053,7 +11072,7 @@ static void llm_seq_verify(llm_engine *e, llm_seq *s, const float *logits) {
 }
 
 /* 5. s draws its next token from logit row `row`: on the host now if it reads its rows there (a grammar),
- *    else in the sample step */
+ *    else in the sample step, with a copy of its generator */
 static void llm_engine_draw(llm_engine *e, llm_seq *s, int row) {
     if (llm_seq_reads_rows(s)) {
         llm_seq_sample_on_host(e, s, e->logits + (size_t)row * e->model.cfg.vocab_size);
@@ -11061,6 +11080,22 @@ static void llm_engine_draw(llm_engine *e, llm_seq *s, int row) {
     }
     arrput(e->sample_rows, llm_seq_sample_row(e, s, row));
     arrput(e->sample_seqs, s);
+    arrput(e->sample_rngs, s->rng);
+}
+
+/* 5. ... and a proposal's rows, from logit row `row`: row j after the tokens and the proposal's first j */
+static void llm_engine_draw_proposal(llm_engine *e, llm_seq *s, int row) {
+    int len = (int)arrlen(s->tokens);
+    arrsetlen(s->spec_history, 0);
+    memcpy(arraddnptr(s->spec_history, len), s->tokens, (size_t)len * sizeof(int32_t));
+    memcpy(arraddnptr(s->spec_history, s->n_draft), s->draft, (size_t)s->n_draft * sizeof(int32_t));
+    for (int j = 0; j <= s->n_draft; j++) {
+        llm_sample_row r = llm_seq_sample_row(e, s, row + j);
+        r.history = s->spec_history; r.n_history = len + j;
+        arrput(e->sample_rows, r);
+        arrput(e->sample_seqs, s);
+        arrput(e->sample_rngs, llm_sampling_rng_after(&s->req->params, s->rng, j));
+    }
 }
 
 /* 5. The step's tokens are computed: full blocks are named for the prefix cache, prompt tokens are scored
@@ -11070,13 +11105,14 @@ static void llm_engine_draw(llm_engine *e, llm_seq *s, int row) {
 static void llm_engine_sample(llm_engine *e) {
     llm_scheduler *sch = &e->sched;
     int row = 0, V = e->model.cfg.vocab_size;
-    arrsetlen(e->sample_rows, 0); arrsetlen(e->sample_seqs, 0);
+    arrsetlen(e->sample_rows, 0); arrsetlen(e->sample_seqs, 0); arrsetlen(e->sample_rngs, 0);
     for (int i = 0; i < arrlen(sch->scheduled); i++) {
         llm_seq *s = sch->scheduled[i];
         int start = s->n_computed, end = start + sch->n_new[i], n_prompt = s->req->n_prompt;
         if (s->n_draft) { /* its last token computed, and the proposal's, whose K/V stand only if kept */
             s->n_computed = start + 1;
-            llm_seq_verify(e, s, e->logits + (size_t)row * V);
+            if (llm_seq_reads_rows(s)) llm_seq_verify(e, s, row, NULL);
+            else llm_engine_draw_proposal(e, s, row);
             row += sch->n_new[i];
             continue;
         }
@@ -11101,13 +11137,22 @@ static void llm_engine_sample(llm_engine *e) {
     int n = (int)arrlen(e->sample_rows);
     if (!n) return;
     llm_engine_top_room(e, e->sample_rows, n);
+    for (int i = 0; i < n; i++) e->sample_rows[i].rng_state = &e->sample_rngs[i];
     double t0 = llm_now();
     int rc = e->backend->sample(e->backend, e->sample_rows, n, e->logits, e->step_error);
     e->stats.sample_seconds += llm_now() - t0;
     for (int i = 0; i < n; i++) {
-        if (rc == 0) llm_seq_accept(e, e->sample_seqs[i], &e->sample_rows[i]);
-        else llm_seq_finish(e, e->sample_seqs[i], LLM_FINISH_ERROR, e->step_error[0] ? e->step_error :
-                            "the backend's sample step failed");
+        llm_seq *s = e->sample_seqs[i];
+        if (rc != 0) {
+            if (s->status != LLM_SEQ_FINISHED)
+                llm_seq_finish(e, s, LLM_FINISH_ERROR, e->step_error[0] ? e->step_error :
+                               "the backend's sample step failed");
+            continue;
+        }
+        if (!s->n_draft) { llm_seq_take(e, s, &e->sample_rows[i]); continue; }
+        int rows = s->n_draft + 1; /* its proposal's, checked in turn */
+        llm_seq_verify(e, s, 0, &e->sample_rows[i]);
+        i += rows - 1;
     }
 }
 

@@ -4413,6 +4413,29 @@ static void test_sample_step(void) {
           (long long)flaky_sampled, sampled_tokens, (long long)flaky_sampled_rows);
     for (int i = 0; i < 2 * SAMPLE_KINDS; i++)
         for (int k = 0; k < 4; k++) { arrfree(got.bytes[i][k]); arrfree(want.bytes[i][k]); }
+    /* with speculative decoding (n-gram lookup): the rows of the proposals go to the sample step too, each
+     * drawn after the tokens and the proposal before it, with the generator as the draws before it left it */
+    memset(&got, 0, sizeof got); memset(&want, 0, sizeof want);
+    cfg.spec_tokens = 4;
+    cfg.create_backend = flaky_create;
+    flaky_sampled = 0;
+    sample_step_run(&cfg, kinds, &got, &st);
+    cfg.create_backend = llm_cpu_backend_create;
+    sample_step_run(&cfg, kinds, &want, &st_want);
+    cfg.spec_tokens = 0;
+    same = 0; sampled_tokens = 0;
+    for (int i = 0; i < 2 * SAMPLE_KINDS; i++)
+        for (int k = 0; k < kinds[i % SAMPLE_KINDS].n; k++) {
+            char *a = got.bytes[i][k], *b = want.bytes[i][k];
+            same += got.n_tokens[i][k] > 0 && arrlen(a) == arrlen(b) && !memcmp(a, b, (size_t)arrlen(a));
+            if (i % SAMPLE_KINDS != 6) sampled_tokens += got.n_tokens[i][k];
+        }
+    CHECK(same == n_samples && st.spec_draft_tokens > 20 && flaky_sampled > sampled_tokens,
+          "the sample step with speculative decoding, rows never on the host: %d of %d samples the same as a "
+          "plain CPU engine's; %lld tokens proposed, %lld rows sampled for %d tokens", same, n_samples,
+          (long long)st.spec_draft_tokens, (long long)flaky_sampled, sampled_tokens);
+    for (int i = 0; i < 2 * SAMPLE_KINDS; i++)
+        for (int k = 0; k < 4; k++) { arrfree(got.bytes[i][k]); arrfree(want.bytes[i][k]); }
     const char *prompts[] = {"Once upon a time", "Lily and Ben were"};
     llm_sampling_params plain = greedy(40), with_logprobs = greedy(40);
     plain.ignore_eos = with_logprobs.ignore_eos = 1;
