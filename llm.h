@@ -498,7 +498,8 @@ typedef struct {
 /* One draw from a row of logits, as its request asks (the backend's sample step, and the engine's own for
  * the rows it reads): the row adjusted (allowed ids, logit_bias, bad words; under min_tokens the stop ids and
  * the ends of generation masked), the penalties, one draw from *rng_state (greedy: the argmax), and the
- * logprobs of the row as the model gave it. llm_sampler_sample_rows (section 8) is the host's. */
+ * logprobs of the row as the model gave it. Or, with score, no draw: the token given is scored (a prompt's
+ * token, for prompt_logprobs). llm_sampler_sample_rows (section 8) is the host's. */
 typedef struct {
     int row;                            /* the last forward call's logit row */
     const llm_sampling_params *params;
@@ -507,9 +508,12 @@ typedef struct {
     int n_prompt, n_history;
     const int32_t *eog; int n_eog;      /* the vocabulary's ends of generation */
     uint64_t *rng_state;                /* the request's generator, advanced by the draw */
-    int32_t *top_ids; float *top_logprobs; /* out: the top min(params->logprobs, vocab) (none when -1) */
+    int32_t *top_ids; float *top_logprobs; /* out: the top min(params->logprobs, vocab) (none when -1);
+                                         * scoring: params->prompt_logprobs of them */
+    int score;                          /* 1: token is given, history[n_history] (the prompt's next) */
     int32_t token;                      /* out: the token; -1: the row is not finite; -2: nothing to pick */
-    float logprob;                      /* out, when params->logprobs >= 0: the token's */
+    float logprob;                      /* out, when params->logprobs >= 0 (or scoring): the token's */
+    int32_t rank;                       /* out, scoring: 1 + the tokens more likely than it */
 } llm_sample_row;
 
 /* A backend starts from a loaded model (the CPU reads the weights where they are, so the model must outlive
@@ -637,7 +641,7 @@ int llm_sample_row_is_argmax(const llm_sample_row *r);
 /* r's token (r->token too): -1 when a value of the row is not finite; else the row adjusted, then
  * llm_sampler_sample (-2: no candidate) */
 int32_t llm_sampler_draw(llm_sampler *s, llm_sample_row *r, const float *logits);
-/* r's logprobs, from the row as the model gave it: the top ones, and r->token's */
+/* r's logprobs, from the row as the model gave it: the top ones, and r->token's (scoring: its rank too) */
 void llm_sample_row_logprobs(llm_sample_row *r, const float *logits, int n_vocab);
 /* The sample step on the host: each row drawn and its logprobs written (row r->row at logits + r->row *
  * n_vocab), on OpenMP's threads, each with scratch of its own that s keeps */
@@ -7119,12 +7123,13 @@ const float *llm_sampler_adjust(llm_sampler *s, const llm_sample_row *r, const f
 
 int llm_sample_row_is_argmax(const llm_sample_row *r) {
     const llm_sampling_params *p = r->params;
-    return llm_sampling_is_greedy(p) && !llm_sampling_has_penalties(p) && !llm_sampling_adjusts_row(p) &&
-           !llm_sample_row_too_early(r) && p->logprobs < 0;
+    return !r->score && llm_sampling_is_greedy(p) && !llm_sampling_has_penalties(p) &&
+           !llm_sampling_adjusts_row(p) && !llm_sample_row_too_early(r) && p->logprobs < 0;
 }
 
 int32_t llm_sampler_draw(llm_sampler *s, llm_sample_row *r, const float *logits) {
     int V = s->n_vocab;
+    if (r->score) return r->token = r->history[r->n_history]; /* no draw: the token given */
     if (llm_sample_row_is_argmax(r)) return r->token = llm_argmax_finite(logits, V); /* one pass */
     r->token = -1;
     int finite;
@@ -7136,10 +7141,14 @@ int32_t llm_sampler_draw(llm_sampler *s, llm_sample_row *r, const float *logits)
 }
 
 void llm_sample_row_logprobs(llm_sample_row *r, const float *logits, int n_vocab) {
-    int k = r->params->logprobs < n_vocab ? r->params->logprobs : n_vocab;
+    int k = r->score ? r->params->prompt_logprobs : r->params->logprobs;
+    if (k > n_vocab) k = n_vocab;
     if (k < 0 || r->token < 0) return;
     float lse = llm_logprobs_top(logits, n_vocab, k, r->top_ids, r->top_logprobs);
     r->logprob = logits[r->token] - lse;
+    if (!r->score) return;
+    r->rank = 1;
+    for (int i = 0; i < n_vocab; i++) r->rank += logits[i] > logits[r->token];
 }
 
 /* The threads take rows in turn, each with scratch of its own (the helpers, made as they are first needed;
@@ -10836,7 +10845,7 @@ static int llm_engine_forward(llm_engine *e, char *err) {
             arrput(e->b_positions, pos);
             if ((scoring && pos < n_prompt - 1) || (end >= len && pos >= len - 1)) { /* the last, proposed */
                 arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
-                int host = pos < len - 1 || llm_seq_reads_rows(s); /* prompt logprobs', or as s reads it */
+                int host = pos >= len - 1 && llm_seq_reads_rows(s); /* not a prompt token's: scored there */
                 arrput(e->b_host_rows, (uint8_t)host);
                 e->stats.host_rows += host; e->stats.logit_rows++;
             }
@@ -10951,12 +10960,15 @@ static llm_sample_row llm_seq_sample_row(const llm_engine *e, llm_seq *s, int ro
     return r;
 }
 
-/* 5. Room for the top logprobs of n rows' draws, in the engine's scratch (what it held before is done) */
+/* 5. Room for the top logprobs of n rows' draws, in the engine's scratch (what it held before is done; a
+ *    scored row's go to its sequence's prompt logprobs) */
 static void llm_engine_top_room(llm_engine *e, llm_sample_row *rows, int n) {
     size_t k = 0;
-    for (int i = 0; i < n; i++) k += rows[i].params->logprobs > 0 ? (size_t)rows[i].params->logprobs : 0;
+    for (int i = 0; i < n; i++)
+        k += rows[i].params->logprobs > 0 && !rows[i].score ? (size_t)rows[i].params->logprobs : 0;
     arrsetlen(e->top_ids, k); arrsetlen(e->top_logprobs, k);
     for (int i = 0, at = 0; i < n; i++) {
+        if (rows[i].score) continue;
         rows[i].top_ids = e->top_ids + at; rows[i].top_logprobs = e->top_logprobs + at;
         at += rows[i].params->logprobs > 0 ? rows[i].params->logprobs : 0;
     }
@@ -11018,18 +11030,6 @@ static void llm_seq_sample_on_host(llm_engine *e, llm_seq *s, const float *logit
     llm_seq_accept(e, s, &r);
 }
 
-/* 5. Prompt logprobs: the row of logits at prompt position pos scores prompt token pos + 1, as
- *    llm_seq_accept scores a sampled token. */
-static void llm_seq_score_prompt(llm_engine *e, llm_seq *s, int pos, const float *logits) {
-    int V = e->model.cfg.vocab_size, K = s->req->params.prompt_logprobs;
-    int32_t token = s->tokens[pos + 1], rank = 1;
-    if (K > V) K = V;
-    size_t at = (size_t)pos * (size_t)K;
-    float lse = llm_logprobs_top(logits, V, K, s->plp_top_ids + at, s->plp_top + at);
-    for (int i = 0; i < V; i++) rank += logits[i] > logits[token];
-    s->plp[pos] = logits[token] - lse; s->plp_rank[pos] = rank;
-}
-
 /* 5. A draw of the sample step taken: the sequence's generator where the draw left it, then the token */
 static void llm_seq_take(llm_engine *e, llm_seq *s, const llm_sample_row *r) {
     s->rng = *r->rng_state;
@@ -11083,7 +11083,7 @@ static void llm_engine_draw(llm_engine *e, llm_seq *s, int row) {
     arrput(e->sample_rngs, s->rng);
 }
 
-/* 5. ... and a proposal's rows, from logit row `row`: row j after the tokens and the proposal's first j */
+/* 5. ... a proposal's rows, from logit row `row`: row j after the tokens and the proposal's first j ... */
 static void llm_engine_draw_proposal(llm_engine *e, llm_seq *s, int row) {
     int len = (int)arrlen(s->tokens);
     arrsetlen(s->spec_history, 0);
@@ -11098,13 +11098,26 @@ static void llm_engine_draw_proposal(llm_engine *e, llm_seq *s, int row) {
     }
 }
 
+/* 5. ... and prompt logprobs: the row of logits at prompt position pos scores prompt token pos + 1, as a
+ *    sampled token is scored, into s's prompt logprobs */
+static void llm_engine_score(llm_engine *e, llm_seq *s, int pos, int row) {
+    int V = e->model.cfg.vocab_size, K = s->req->params.prompt_logprobs;
+    if (K > V) K = V;
+    llm_sample_row r = llm_seq_sample_row(e, s, row);
+    r.score = 1; r.n_history = pos + 1;
+    r.top_ids = s->plp_top_ids + (size_t)pos * K; r.top_logprobs = s->plp_top + (size_t)pos * K;
+    arrput(e->sample_rows, r);
+    arrput(e->sample_seqs, s);
+    arrput(e->sample_rngs, s->rng);
+}
+
 /* 5. The step's tokens are computed: full blocks are named for the prefix cache, prompt tokens are scored
  *    (prompt_logprobs), and each sequence at the end of its tokens draws the next one (n > 1: the prompt
  *    forks first; each sample draws from its row), or checks its proposal. The draws the host does not make
  *    itself are the backend's sample step, all at once, where the logits are; then their tokens are taken. */
 static void llm_engine_sample(llm_engine *e) {
     llm_scheduler *sch = &e->sched;
-    int row = 0, V = e->model.cfg.vocab_size;
+    int row = 0;
     arrsetlen(e->sample_rows, 0); arrsetlen(e->sample_seqs, 0); arrsetlen(e->sample_rngs, 0);
     for (int i = 0; i < arrlen(sch->scheduled); i++) {
         llm_seq *s = sch->scheduled[i];
@@ -11120,7 +11133,7 @@ static void llm_engine_sample(llm_engine *e) {
         s->n_computed = end;
         llm_seq_hash_blocks(&e->bm, s);
         for (int pos = start; s->plp_state == LLM_PLP_PENDING && pos < end && pos < n_prompt - 1; pos++)
-            llm_seq_score_prompt(e, s, pos, e->logits + (size_t)row++ * V);
+            llm_engine_score(e, s, pos, row++);
         if (end < arrlen(s->tokens)) continue; /* a prompt chunk: nothing to sample yet */
         if (s->plp_state == LLM_PLP_PENDING) s->plp_state = LLM_PLP_READY; /* all scored: out this step */
         if (s->fork_pending) {
@@ -11149,9 +11162,14 @@ static void llm_engine_sample(llm_engine *e) {
                                "the backend's sample step failed");
             continue;
         }
-        if (!s->n_draft) { llm_seq_take(e, s, &e->sample_rows[i]); continue; }
+        llm_sample_row *r = &e->sample_rows[i];
+        if (r->score) { /* a prompt token's */
+            s->plp[r->n_history - 1] = r->logprob; s->plp_rank[r->n_history - 1] = r->rank;
+            continue;
+        }
+        if (!s->n_draft) { llm_seq_take(e, s, r); continue; }
         int rows = s->n_draft + 1; /* its proposal's, checked in turn */
-        llm_seq_verify(e, s, 0, &e->sample_rows[i]);
+        llm_seq_verify(e, s, 0, r);
         i += rows - 1;
     }
 }

@@ -2736,13 +2736,40 @@ static void test_sample_rows(void) {
     CHECK(not_finite == 4, "sample step: rows that are not finite give -1 (%d of 4 draws)", not_finite);
     CHECK(masked_eog == 3, "sample step: min_tokens keeps the end of text from its row's 3 draws (%d)",
           masked_eog);
+    /* scoring a given token (prompt logprobs): no draw, the generator untouched; its logprob, rank and the
+     * top ones float64's */
+    llm_sampling_params scored = kinds[2];
+    scored.prompt_logprobs = 3;
+    int score_ok = 0;
+    for (int q = 0; q < 4; q++) {
+        llm_sample_row *r = &rows[q];
+        memset(r, 0, sizeof *r);
+        r->row = 5 + q; r->params = &scored; r->score = 1; r->history = history[q]; r->n_history = HIST - 1;
+        gen[q] = 99; r->rng_state = &gen[q]; r->top_ids = top_ids[q]; r->top_logprobs = top_lp[q];
+    }
+    rc = be->sample(be, rows, 4, logits, err);
+    for (int q = 0; rc == 0 && q < 4; q++) {
+        const float *row = logits + (size_t)(5 + q) * V;
+        int32_t t = history[q][HIST - 1];
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < V; v++) mx = fmax(mx, row[v]);
+        for (int v = 0; v < V; v++) sum += exp((double)row[v] - mx);
+        double lse = mx + log(sum);
+        int rank = 1, best = 0, ok = rows[q].token == t && gen[q] == 99;
+        for (int v = 0; v < V; v++) { rank += row[v] > row[t]; if (row[v] > row[best]) best = v; }
+        ok &= rows[q].rank == rank && fabs(rows[q].logprob - (row[t] - lse)) <= 1e-5;
+        ok &= top_ids[q][0] == best && fabs(top_lp[q][0] - (row[best] - lse)) <= 1e-5;
+        score_ok += ok;
+    }
+    CHECK(rc == 0 && score_ok == 4, "sample step: %d of 4 scored tokens with float64's logprob and rank",
+          score_ok);
     /* nothing left: the only allowed token biased away */
     llm_sampling_params none = kinds[7];
     static const int32_t one[] = {30};
     static const float minus_inf[] = {-INFINITY};
     none.allowed_token_ids = one; none.n_allowed_token_ids = 1;
     none.logit_bias_ids = one; none.logit_bias = minus_inf; none.n_logit_bias = 1;
-    rows[0].params = &none; rows[0].row = 0;
+    rows[0].params = &none; rows[0].row = 0; rows[0].score = 0;
     rc = be->sample(be, rows, 1, logits, err);
     CHECK(rc == 0 && rows[0].token == -2, "sample step: nothing left to pick gives -2 (%d)", rows[0].token);
     printf("  sample step: %d draws as llm_sampler_sample, %d with logprobs, %d not finite\n", tokens_same,
@@ -4316,10 +4343,11 @@ static llm_backend *flaky_create(const llm_model *m, char *err) {
 }
 
 /* The sample step (llm_backend.sample): rows the host does not read are NaN in the engine's buffer here (a
- * GPU leaves them where they are), and every request's tokens, logprobs and top logprobs are still byte for
- * byte those of a plain CPU engine: greedy, sampled, penalized, biased under min_tokens, n = 2. A grammar's
- * rows and prompt_logprobs' come to the host whole, and the counters say exactly which rows it read. A token
- * of -1 from the step (a row that was not finite) ends that request with the error. */
+ * GPU leaves them where they are), and every request's tokens, logprobs, top logprobs and prompt logprobs
+ * are still byte for byte those of a plain CPU engine: greedy, sampled, penalized, biased under min_tokens,
+ * n = 2, prompt_logprobs (scored in the step). A grammar's rows come to the host whole, and the counters say
+ * exactly which rows it read. A token of -1 from the step (a row that was not finite) ends that request with
+ * the error. */
 #define SAMPLE_KINDS 8
 typedef struct {
     char *bytes[2 * SAMPLE_KINDS][4];   /* stb_ds: each sample's tokens, logprobs, top logprobs, prompt's */
@@ -4356,7 +4384,9 @@ static void sample_step_run(const llm_engine_config *cfg, const llm_sampling_par
             sample_log_add(b, out[i].top_ids, (size_t)nt * top * sizeof(int32_t));
             sample_log_add(b, out[i].top_logprobs, (size_t)nt * top * sizeof(float));
             sample_log_add(b, out[i].prompt_logprobs, (size_t)np * sizeof(float));
+            sample_log_add(b, out[i].prompt_ranks, (size_t)np * sizeof(int32_t));
             sample_log_add(b, out[i].prompt_top_ids, (size_t)np * out[i].n_prompt_top * sizeof(int32_t));
+            sample_log_add(b, out[i].prompt_top_logprobs, (size_t)np * out[i].n_prompt_top * sizeof(float));
             log->n_tokens[slot][k] += nt;
             log->n_prompt[slot] = out[i].n_prompt_tokens;
         }
@@ -4381,7 +4411,7 @@ static void test_sample_step(void) {
     kinds[4].logit_bias_ids = bias_ids; kinds[4].logit_bias = bias; kinds[4].n_logit_bias = 3;
     kinds[5].temperature = 0.9f; kinds[5].seed = 11; kinds[5].n = 2;           /* two samples */
     kinds[6].grammar = "root ::= (\"yes\" | \"no\") \".\""; kinds[6].ignore_eos = 0; /* host rows */
-    kinds[7].prompt_logprobs = 2; kinds[7].max_tokens = 10;                    /* host rows, then sampled */
+    kinds[7].prompt_logprobs = 2; kinds[7].max_tokens = 10;                    /* scored, then sampled */
     static sample_log got, want;
     memset(&got, 0, sizeof got); memset(&want, 0, sizeof want);
     llm_engine_stats st, st_want;
@@ -4404,13 +4434,14 @@ static void test_sample_step(void) {
     CHECK(same == n_samples && n_samples == 2 * (SAMPLE_KINDS + 1),
           "the sample step, rows never on the host: %d of %d samples the same tokens, logprobs and top "
           "logprobs as a plain CPU engine's", same, n_samples);
-    /* the host read the grammar's rows and the prompt's scored rows, nothing else; the sample step took one
-     * row per other token, the two samples of n = 2 drawing their first token from one row */
-    CHECK(st.host_rows == grammar_tokens + plp_rows && st.host_rows == st_want.host_rows && plp_rows > 0 &&
-          grammar_tokens > 0 && flaky_sampled == sampled_tokens && flaky_sampled_rows == sampled_tokens - 2,
-          "rows the host read: %lld (the grammar's %d, prompt_logprobs' %d); the sample step's rows: %lld "
-          "(%d tokens), %lld distinct (want 2 fewer)", (long long)st.host_rows, grammar_tokens, plp_rows,
-          (long long)flaky_sampled, sampled_tokens, (long long)flaky_sampled_rows);
+    /* the host read the grammar's rows, nothing else; the sample step took one row per other token and one
+     * per scored prompt token, the two samples of n = 2 drawing their first token from one row */
+    CHECK(st.host_rows == grammar_tokens && st.host_rows == st_want.host_rows && plp_rows > 0 &&
+          grammar_tokens > 0 && flaky_sampled == sampled_tokens + plp_rows &&
+          flaky_sampled_rows == sampled_tokens + plp_rows - 2,
+          "rows the host read: %lld (the grammar's %d); the sample step's rows: %lld (%d tokens, %d prompt "
+          "tokens scored), %lld distinct (want 2 fewer)", (long long)st.host_rows, grammar_tokens,
+          (long long)flaky_sampled, sampled_tokens, plp_rows, (long long)flaky_sampled_rows);
     for (int i = 0; i < 2 * SAMPLE_KINDS; i++)
         for (int k = 0; k < 4; k++) { arrfree(got.bytes[i][k]); arrfree(want.bytes[i][k]); }
     /* with speculative decoding (n-gram lookup): the rows of the proposals go to the sample step too, each
