@@ -10797,7 +10797,8 @@ static int llm_engine_draft(llm_engine *e, char *err) {
             b.n_copies = (int)arrlen(sch->copy_src); b.copy_src = sch->copy_src; b.copy_dst = sch->copy_dst;
         }
         arrsetlen(e->sample_rows, b.n_logits); /* each proposed token: its row's argmax */
-        for (int r = 0; r < b.n_logits; r++) e->sample_rows[r] = (llm_sample_row){.row = r, .params = &greedy};
+        for (int r = 0; r < b.n_logits; r++)
+            e->sample_rows[r] = (llm_sample_row){.row = r, .params = &greedy};
         double t0 = llm_now();
         rc = e->draft_backend->forward(e->draft_backend, &b, e->draft_logits, err);
         if (rc == 0)
