@@ -4,8 +4,9 @@
  * sequences to compute and how many tokens each (continuous batching, chunked prefill) within the KV-cache
  * blocks that are free (a paged KV cache with prefix caching and copy-on-write; when blocks run out the
  * youngest sequence is preempted and recomputed later), one forward pass computes them all, the sampler
- * picks each sequence's next token, and text streams out. The plain-C forward pass here is the CPU backend
- * and the reference the CUDA backend (llm.cu) is checked against.
+ * picks each sequence's next token where the logits are (the backend's sample step), and text streams out.
+ * The plain-C forward pass here is the CPU backend and the reference the CUDA backend (llm.cu) is checked
+ * against.
  *
  * Use it stb style: include llm.h anywhere for the declarations, and in exactly one C file write
  *     #define LLM_IMPLEMENTATION
@@ -29,7 +30,8 @@
  *   5. Requests     token ids -> a step's plan           the scheduler: admission, budget, preemption
  *   6. Blocks       sequences -> KV-cache blocks         llm_block_manager: free list, refs, prefix cache
  *   7. Forward      a batch -> logits                    llm_backend: the CPU one here, CUDA in llm.cu
- *   8. Sampler      logits -> the next token             llm_sampler: temperature, top-k/p, min-p, penalties
+ *   8. Sampler      logits -> the next token             llm_sampler: temperature, top-k/p, min-p, penalties;
+ *                                                        the backends' sample step (llm_sample_row)
  *   9. Grammar      which tokens may come next           llm_grammar: GBNF, JSON Schema, regex; token masks
  *  10. Detokenizer  token ids -> text, stop strings      llm_detok: only whole UTF-8 characters come out
  *  11. Engine       all of the above, one step at a time llm_engine: requests in, outputs out
@@ -881,7 +883,7 @@ void llm_engine_destroy(llm_engine *e);
 uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids,
                                 int n_prompt_ids, const llm_sampling_params *p, void *user, char *err);
 void llm_engine_abort(llm_engine *e, uint64_t request_id);  /* every sample finishes with LLM_FINISH_ABORT */
-/* One scheduler step and one forward call. Returns the number of outputs: one per sample that produced
+/* One scheduler step, one forward call and one sample step. Returns the number of outputs: one per sample that produced
  * something or finished (with an error, too: see above). */
 int  llm_engine_step(llm_engine *e, const llm_output **outputs);
 /* Sleeps until there is work (requests waiting or running, or an add or abort from another thread) or
