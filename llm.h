@@ -10988,8 +10988,10 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const llm_sample_row *r) {
     if (token < 0) return; /* finished with the reason */
     if (p->logprobs >= 0) {
         int K = p->logprobs < V ? p->logprobs : V;
-        memcpy(arraddnptr(s->out_top_ids, K), r->top_ids, (size_t)K * sizeof(int32_t));
-        memcpy(arraddnptr(s->out_top_logprobs, K), r->top_logprobs, (size_t)K * sizeof(float));
+        if (K > 0) {
+            memcpy(arraddnptr(s->out_top_ids, K), r->top_ids, (size_t)K * sizeof(int32_t));
+            memcpy(arraddnptr(s->out_top_logprobs, K), r->top_logprobs, (size_t)K * sizeof(float));
+        }
         arrput(s->out_logprobs, r->logprob);
     }
     arrput(s->tokens, token); arrput(s->out_tokens, token);
