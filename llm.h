@@ -10968,9 +10968,9 @@ static void llm_engine_top_room(llm_engine *e, llm_sample_row *rows, int n) {
         k += rows[i].params->logprobs > 0 && !rows[i].score ? (size_t)rows[i].params->logprobs : 0;
     arrsetlen(e->top_ids, k); arrsetlen(e->top_logprobs, k);
     for (int i = 0, at = 0; i < n; i++) {
-        if (rows[i].score) continue;
+        if (rows[i].score || rows[i].params->logprobs <= 0) continue; /* none (no array at all when k = 0) */
         rows[i].top_ids = e->top_ids + at; rows[i].top_logprobs = e->top_logprobs + at;
-        at += rows[i].params->logprobs > 0 ? rows[i].params->logprobs : 0;
+        at += rows[i].params->logprobs;
     }
 }
 
