@@ -489,9 +489,9 @@ typedef struct {
     const int32_t *const *block_tables; /* [groups * n_seqs]: group g's table of sequence s at g * n_seqs + s */
     int n_logits;
     const int32_t *logit_rows;          /* [n_logits]: the tokens whose logits come out, in this order */
-    /* host_rows[i] = 1 when the engine reads logit row i on the host (prompt logprobs, a grammar's mask, a
-     * proposal to check); the other rows only go to the sample step that follows (llm_backend.sample), which
-     * reads them where they are: a GPU need not copy them. NULL: every row is wanted on the host. */
+    /* host_rows[i] = 1 when the engine reads logit row i on the host (a grammar's mask may need the whole
+     * row); the other rows only go to the sample step that follows (llm_backend.sample), which reads them
+     * where they are: a GPU need not copy them. NULL: every row is wanted on the host. */
     const uint8_t *host_rows;
     int n_copies;
     const int32_t *copy_src, *copy_dst; /* [n_copies]: blocks copied first (copy-on-write of shared blocks) */
@@ -866,8 +866,8 @@ typedef struct {
     int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens, spec_accepted_at[LLM_SPEC_MAX];
     /* where a step's time goes: in the backend's forward calls and its sample steps (the rest is the host's:
      * scheduling, the rows it samples, text), the steps that computed prompt tokens (the others decode
-     * only), and the rows of logits: all of them, and those the host read (llm_batch.host_rows: a grammar's,
-     * a proposal's, prompt logprobs'; the others only went to the sample step) */
+     * only), and the rows of logits: all of them, and those the host read (llm_batch.host_rows: a
+     * grammar's; the others only went to the sample step) */
     double forward_seconds, sample_seconds;
     int64_t prompt_steps, logit_rows, host_rows;
     double draft_seconds;           /* in the draft model's forward calls (spec_model_path) */
@@ -883,8 +883,8 @@ void llm_engine_destroy(llm_engine *e);
 uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids,
                                 int n_prompt_ids, const llm_sampling_params *p, void *user, char *err);
 void llm_engine_abort(llm_engine *e, uint64_t request_id);  /* every sample finishes with LLM_FINISH_ABORT */
-/* One scheduler step, one forward call and one sample step. Returns the number of outputs: one per sample that produced
- * something or finished (with an error, too: see above). */
+/* One scheduler step, one forward call and one sample step. Returns the number of outputs: one per sample
+ * that produced something or finished (with an error, too: see above). */
 int  llm_engine_step(llm_engine *e, const llm_output **outputs);
 /* Sleeps until there is work (requests waiting or running, or an add or abort from another thread) or
  * timeout_ms passes (-1: no limit). Returns 1 when there is work, 0 when there is none. */
