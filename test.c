@@ -2540,6 +2540,39 @@ static void test_sampler(void) {
         llm_sampler_free(big);
     }
 
+    /* The weights exp((x - max) / T) and their sum (llm_sampler_weights: with SIMD 8 at a time, the sum 8
+     * partial sums in double either way) and the probabilities (llm_sampler_normalize) are the plain loop's
+     * bit for bit: rows of 1 to 17 values and one of 49157, masked tokens (-inf) and NaN weighing 0 */
+    {
+        enum { NW = 49157 };
+        static float x[NW], w[NW], ref[NW];
+        int lens[] = {1, 7, 8, 9, 16, 17, NW}, bad = 0, bad_sum = 0, n = 0;
+        uint64_t lr = 11;
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+            int len = lens[li];
+            for (int i = 0; i < len; i++) {
+                uint64_t r = llm_splitmix64(&lr);
+                x[i] = r % 50 == 0 ? -INFINITY : r % 77 == 0 ? NAN : (float)(r % 20001) / 1000.0f - 10.0f;
+            }
+            float mx = 10.0f, inv_t = 1.0f / (0.3f + 0.2f * (float)(6 - li)); /* weights of e^-66 to 1 */
+            double part[8] = {0};
+            for (int i = 0; i < len; i++) {
+                float e = expf((x[i] - mx) * inv_t);
+                ref[i] = e >= 0.0f ? e : 0.0f;
+                part[i % 8] += ref[i];
+            }
+            double sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+            double got = llm_sampler_weights(x, len, mx, inv_t, w);
+            bad_sum += memcmp(&got, &sum, sizeof sum) != 0;
+            for (int i = 0; i < len; i++) ref[i] = (float)(ref[i] / sum);
+            llm_sampler_normalize(w, len, got);
+            for (int i = 0; i < len; i++, n++) bad += memcmp(&w[i], &ref[i], 4) != 0;
+        }
+        CHECK(bad == 0 && bad_sum == 0 && n == 49157 + 58,
+              "sampler weights: %d of %d probabilities and %d of 7 sums differ from the plain loop's", bad, n,
+              bad_sum);
+    }
+
     /* random logits over a vocabulary of 1000: top-k 1 is greedy; a seed repeats; different seeds differ */
     enum { V = 1000, N = 200 };
     float *logits = (float *)malloc(V * sizeof(float));
