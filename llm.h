@@ -401,8 +401,10 @@ typedef struct {
     int prompt_logprobs;            /* -1: none; 0: each prompt token's own (after the first); K: also the
                                      * top K there (K <= 20). Every prompt position is computed: such a
                                      * request takes nothing from the prefix cache (see llm_output) */
-    const char *const *stop;        /* stop strings (copied by add_request); not included in the output */
+    const char *const *stop;        /* stop strings (copied by add_request); not in the output unless: */
     int n_stop;
+    int include_stop_str;           /* 1: the stop string found ends the output (vLLM's
+                                     * include_stop_str_in_output) */
     const int32_t *stop_token_ids;  /* copied */
     int n_stop_token_ids;
     int min_tokens;                 /* end of generation and stop ids cannot be sampled before this many */
@@ -420,6 +422,9 @@ typedef struct {
                                      * sampled, end of generation only where the sentence is whole, and the
                                      * sequence stops ("stop") when nothing more may follow. Section 9 writes
                                      * JSON Schema, regular expressions and choices as GBNF. */
+    const char *cache_salt;         /* NULL: none. A request shares cached prefix blocks only with requests of
+                                     * the same salt (vLLM's cache_salt: one tenant cannot time another's
+                                     * prompts through the cache). Hashed by add_request, not kept. */
 } llm_sampling_params;
 
 llm_sampling_params llm_sampling_defaults(void);
@@ -4215,6 +4220,7 @@ typedef struct llm_request {
     int32_t *stop_ids_copy, *bias_ids_copy, *allowed_copy, *bad_ids_copy, *bad_lens_copy;
     float *bias_copy;
     llm_grammar *grammar;           /* params.grammar parsed (params.grammar itself is NULL here) */
+    uint64_t prefix_salt;           /* params.cache_salt hashed: its blocks' hash chain begins here (0: none) */
     int n_prompt;
     int refs;                       /* sequences still pointing here */
 } llm_request;
@@ -4286,7 +4292,7 @@ static void llm_seq_release_blocks(llm_scheduler *sch, llm_seq *s) {
             if (s->block_tables[g][i] >= 0) llm_block_release(sch->bm, s->block_tables[g][i]);
         arrsetlen(s->block_tables[g], 0);
     }
-    s->n_computed = 0; s->n_draft_computed = 0; s->n_hashed_blocks = 0; s->last_hash = 0;
+    s->n_computed = 0; s->n_draft_computed = 0; s->n_hashed_blocks = 0; s->last_hash = s->req->prefix_salt;
 }
 
 /* The blocks past the first n_tokens positions go back to the pool (those of a proposal's refused tokens) */
@@ -4353,7 +4359,8 @@ static void llm_seq_take_cached_prefix(llm_scheduler *sch, llm_seq *s) {
     int bs = bm->block_size, n = (int)arrlen(s->tokens), n_global = 0;
     if (!bm->enable_prefix_caching) return;
     while (n_global < sch->n_kv_groups && sch->kv_window[n_global] == 0) n_global++; /* they come first */
-    uint64_t *hashes = NULL, h = 0; /* stb_ds array: each block's prefix hash, while the global groups have it */
+    uint64_t *hashes = NULL, h = s->req->prefix_salt; /* stb_ds array: each block's prefix hash, while the
+                                                        * global groups have it */
     for (int b = 0; (b + 1) * bs <= n - 1; b++) {
         h = llm_block_hash(h, s->tokens + b * bs, bs);
         int all = 1;
@@ -4593,6 +4600,11 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_gram
     if (r) {
         r->params = *p; r->user = user; r->n_prompt = (int)arrlen(ids); r->refs = 1;
         r->params.stop = NULL; r->params.stop_token_ids = NULL; r->params.n_stop = 0;
+        for (const char *c = p->cache_salt; c && *c; c++) { /* a byte a step of the chain */
+            int32_t byte = (unsigned char)*c;
+            r->prefix_salt = llm_block_hash(r->prefix_salt, &byte, 1);
+        }
+        r->params.cache_salt = NULL;
         r->stop_copies = (char **)calloc((size_t)p->n_stop + 1, sizeof(char *));
         r->stop_ids_copy = (int32_t *)llm_copy_of(p->stop_token_ids, p->n_stop_token_ids, sizeof(int32_t));
         r->bias_ids_copy = (int32_t *)llm_copy_of(p->logit_bias_ids, p->n_logit_bias, sizeof(int32_t));
@@ -4629,6 +4641,7 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_gram
     r->params.bad_word_ids = r->bad_ids_copy; r->params.bad_word_lens = r->bad_lens_copy;
     r->params.grammar = NULL;
     s->req = r; s->tokens = ids; s->rng = llm_seed_mix(p->seed, 0); s->fork_pending = p->n > 1;
+    s->last_hash = r->prefix_salt;
     s->detok.special = p->special_text != 0;
     s->status = LLM_SEQ_WAITING;
     return s;
@@ -10203,14 +10216,15 @@ int llm_detok_flush(llm_detok *d, char *out, int cap) {
 }
 
 /* ---- Stop strings -------------------------------------------------------------------------------------- */
-/* Where the first of the stop strings begins in text[0..len), or -1. */
-static int llm_stop_find(const llm_sampling_params *p, const char *text, int len) {
+/* Where the first of the stop strings begins in text[0..len), or -1; *stop_len: that stop string's length
+ * (of two that begin there, the first in the list's) */
+static int llm_stop_find(const llm_sampling_params *p, const char *text, int len, int *stop_len) {
     int first = -1;
     for (int i = 0; i < p->n_stop; i++) {
         int sl = (int)strlen(p->stop[i]);
         if (sl == 0) continue;
         for (int at = 0; at + sl <= len && (first < 0 || at < first); at++)
-            if (memcmp(text + at, p->stop[i], (size_t)sl) == 0) { first = at; break; }
+            if (memcmp(text + at, p->stop[i], (size_t)sl) == 0) { first = at; *stop_len = sl; break; }
     }
     return first;
 }
@@ -10229,8 +10243,8 @@ static int llm_stop_holdback(const llm_sampling_params *p, const char *text, int
 }
 
 /* A sequence's new token (-1: none) becomes text: decoded into what is held back, then emitted up to what
- * could still begin a stop string. A stop string found ends the sequence (finish "stop") without its text;
- * finishing releases all that is held. */
+ * could still begin a stop string. A stop string found ends the sequence (finish "stop") without its text,
+ * or with it (include_stop_str) and nothing after it; finishing releases all that is held. */
 static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *tok, int finishing) {
     if (tok) { /* a push that needs more room writes nothing and says how much: then once more, on the heap */
         char small[512], *buf = small;
@@ -10245,8 +10259,12 @@ static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *to
         if (buf != small) free(buf);
     }
     const llm_sampling_params *p = &s->req->params;
-    int len = (int)arrlen(s->held_text), stop_at = llm_stop_find(p, s->held_text, len);
-    if (stop_at >= 0) { len = stop_at; s->finish_reason = LLM_FINISH_STOP; }
+    int len = (int)arrlen(s->held_text), stop_len = 0;
+    int stop_at = llm_stop_find(p, s->held_text, len, &stop_len);
+    if (stop_at >= 0) {
+        len = stop_at + (p->include_stop_str ? stop_len : 0);
+        s->finish_reason = LLM_FINISH_STOP;
+    }
     int emit = s->finish_reason || finishing ? len : len - llm_stop_holdback(p, s->held_text, len);
     if (emit > 0) memcpy(arraddnptr(s->out_text, emit), s->held_text, (size_t)emit);
     if (s->finish_reason) arrsetlen(s->held_text, 0);

@@ -292,6 +292,9 @@ enum { REQ_COMPLETIONS, REQ_CHAT };
 struct srv_req {
     srv_conn *conn;                 /* NULL once the client is gone */
     int kind, stream, n, logprobs, top_logprobs, include_usage, echo;
+    int tokens_as_ids;              /* vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N" */
+    int truncate_prompt_tokens;     /* vLLM's: keep only the last K prompt tokens (0: all) */
+    int add_special;                /* how its prompt text is tokenized: tokenize_text's add_special */
     int prompt_logprobs;            /* vLLM's prompt_logprobs: -1 none, else K */
     int score_only;                 /* echo with max_tokens 0: the prompt and its logprobs, no completion */
     char id[16 + SRV_MAX_REQUEST_ID]; /* "cmpl-" or "chatcmpl-" and the X-Request-Id, as vLLM names them */
@@ -618,7 +621,6 @@ static int fv_any(const llm_json *v, const llm_json *b) { (void)v; (void)b; retu
 static int fv_never(const llm_json *v, const llm_json *b) { (void)v; (void)b; return 0; }
 static int fv_true(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_TRUE; }
 static int fv_false(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_FALSE; }
-static int fv_bool(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_TRUE || v->type == LLM_JSON_FALSE; }
 static int fv_0(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_NUMBER && v->num == 0; }
 static int fv_1(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_NUMBER && v->num == 1; }
 static int fv_none(const llm_json *v, const llm_json *b) { (void)b; return fv_empty(v) || fv_str(v, ""); } /* [] {} "" */
@@ -651,6 +653,9 @@ static const struct {
     {"prompt", F_CMPL, fv_any}, {"echo", F_CMPL, fv_any}, {"messages", F_CHAT, fv_any},
     {"max_completion_tokens", F_CHAT, fv_any}, {"top_logprobs", F_CHAT, fv_any},
     {"logit_bias", F_BOTH, fv_any}, {"allowed_token_ids", F_BOTH, fv_any}, {"bad_words", F_BOTH, fv_any},
+    {"include_stop_str_in_output", F_BOTH, fv_any}, {"return_tokens_as_token_ids", F_BOTH, fv_any},
+    {"truncate_prompt_tokens", F_BOTH, fv_any}, {"cache_salt", F_BOTH, fv_any},
+    {"add_special_tokens", F_BOTH, fv_any},
     /* metadata, which changes no output; no tools are ever taken, so none run in parallel */
     {"user", F_BOTH, fv_any}, {"metadata", F_BOTH, fv_any}, {"store", F_BOTH, fv_any},
     {"service_tier", F_BOTH, fv_any}, {"request_id", F_BOTH, fv_any}, {"prompt_cache_key", F_CHAT, fv_any},
@@ -661,12 +666,9 @@ static const struct {
     {"add_generation_prompt", F_CHAT, fv_any}, {"continue_final_message", F_CHAT, fv_any},
     {"include_reasoning", F_CHAT, fv_any},
     /* not implemented: only the values that ask for what this server does anyway */
-    {"add_special_tokens", F_CMPL, fv_true},  /* a completion's prompt gets BOS as the vocabulary asks */
-    {"add_special_tokens", F_CHAT, fv_bool},  /* a chat's template writes the special tokens itself */
-    {"echo", F_CHAT, fv_false},
-    {"include_stop_str_in_output", F_BOTH, fv_false}, {"spaces_between_special_tokens", F_BOTH, fv_true},
+    {"echo", F_CHAT, fv_false}, {"spaces_between_special_tokens", F_BOTH, fv_true},
     {"use_beam_search", F_BOTH, fv_false}, {"length_penalty", F_BOTH, fv_1}, {"priority", F_BOTH, fv_0},
-    {"return_tokens_as_token_ids", F_BOTH, fv_false}, {"best_of", F_BOTH, fv_best_of},
+    {"best_of", F_BOTH, fv_best_of},
     {"suffix", F_CMPL, fv_none},
     {"functions", F_CHAT, fv_none}, {"function_call", F_CHAT, fv_no_tool}, /* the old API: use tools */
     {"modalities", F_CHAT, fv_text_only},
@@ -680,7 +682,6 @@ static const struct {
     {"grammar", F_BOTH, fv_any}, {"json_schema", F_BOTH, fv_any},
     /* not implemented, and every value asks for something */
     {"guided_whitespace_pattern", F_BOTH, fv_never}, {"structural_tag", F_CHAT, fv_never},
-    {"truncate_prompt_tokens", F_BOTH, fv_never}, {"cache_salt", F_BOTH, fv_never},
     {"prompt_embeds", F_CMPL, fv_never}, {"chat_template", F_CHAT, fv_never}, {"audio", F_CHAT, fv_never},
     {"prediction", F_CHAT, fv_never},
     {"web_search_options", F_CHAT, fv_never}, {"verbosity", F_CHAT, fv_never},
@@ -895,6 +896,27 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r, llm_sa
     if (get_number(body, "min_tokens", 0, 1 << 30, 1, &x, e)) return -1;
     p->min_tokens = (int)x;
     if (get_bool(body, "ignore_eos", &p->ignore_eos, e)) return -1;
+    if (get_bool(body, "include_stop_str_in_output", &p->include_stop_str, e)) return -1;
+    if (get_bool(body, "return_tokens_as_token_ids", &r->tokens_as_ids, e)) return -1;
+    int special = r->kind == REQ_COMPLETIONS; /* vLLM's defaults: BOS for a completion; none added to a chat's
+                                                * template (ours gets it as the vocabulary asks, once) */
+    if (get_bool(body, "add_special_tokens", &special, e)) return -1;
+    r->add_special = r->kind == REQ_CHAT ? (special ? 2 : 1) : special;
+    x = 0; /* vLLM's: K >= 1, or -1 for the context's length; 0 stays "not given" */
+    if (get_number(body, "truncate_prompt_tokens", -1, 1 << 30, 1, &x, e)) return -1;
+    const llm_json *tpt = llm_json_get(body, "truncate_prompt_tokens");
+    if (x == 0 && tpt && tpt->type != LLM_JSON_NULL)
+        return bad(e, 400, "truncate_prompt_tokens", "truncate_prompt_tokens must be -1 or at least 1");
+    if (x > S->max_model_len)
+        return bad(e, 400, "truncate_prompt_tokens", "truncate_prompt_tokens value (%d) is greater than "
+                   "max_model_len (%d). Please, select a smaller truncation size.", (int)x, S->max_model_len);
+    r->truncate_prompt_tokens = x < 0 ? S->max_model_len : (int)x;
+    const llm_json *salt = llm_json_get(body, "cache_salt"); /* hashed by add_request: the body may go */
+    if (salt && salt->type != LLM_JSON_NULL) {
+        if (salt->type != LLM_JSON_STRING || !salt->len || strlen(salt->str) != salt->len)
+            return bad(e, 400, "cache_salt", "cache_salt must be a non-empty string with no NUL character");
+        p->cache_salt = salt->str;
+    }
     int skip = 1;
     if (get_bool(body, "skip_special_tokens", &skip, e)) return -1;
     p->special_text = !skip;
@@ -992,13 +1014,17 @@ static int check_model(srv_state *S, const llm_json *body, srv_error *e) {
     return 0;
 }
 
-/* Text to a prompt's ids (BOS as the vocabulary asks), in *ids (stb_ds). */
+/* Text to a prompt's ids, in *ids (stb_ds). add_special: 0 no BOS; 1 BOS as the vocabulary asks, unless the
+ * text begins with it (a chat template's); 2 the vocabulary's BOS in front whatever the text (vLLM's
+ * add_special_tokens on a chat, which HF's tokenizer adds before the template's own). */
 static int tokenize_text(srv_state *S, const char *text, size_t len, int add_special, int32_t **ids) {
     if (len > (size_t)INT32_MAX / 2) return -1;
     int cap = (int)len + 8;
     arrsetlen(*ids, cap);
-    int n = add_special ? llm_tokenize_prompt(S->model->tok, text, len, *ids, cap)
-                        : llm_tokenize(S->model->tok, text, len, 0, 1, *ids, cap);
+    const llm_tokenizer *tok = S->model->tok;
+    int bos = add_special == 2 && llm_tokenizer_adds_bos(tok);
+    int n = add_special == 1 ? llm_tokenize_prompt(tok, text, len, *ids, cap)
+                             : llm_tokenize(tok, text, len, bos, 1, *ids, cap);
     arrsetlen(*ids, n > 0 ? n : 0);
     return n < 0 ? -1 : 0;
 }
@@ -1303,7 +1329,10 @@ static void put_usage(sbuf *b, srv_req *r) {
 
 /* A token's text for logprobs: its piece; bytes that are not whole UTF-8 as vLLM writes them,
    "bytes:\xNN". */
-static void put_token_str(sbuf *b, srv_state *S, int32_t id) {
+/* A token as logprobs name it: its text (a JSON string where its bytes are UTF-8, else "bytes:\\x.."), or with
+ * as_id (vLLM's return_tokens_as_token_ids) "token_id:N"; and the bytes of that */
+static void put_token_str(sbuf *b, srv_state *S, int32_t id, int as_id) {
+    if (as_id) { sb_printf(b, "\"token_id:%d\"", (int)id); return; }
     char piece[256];
     int n = llm_tokenizer_piece(S->model->tok, id, 1, piece, sizeof piece);
     if (n < 0) n = 0;
@@ -1322,9 +1351,10 @@ static void put_token_str(sbuf *b, srv_state *S, int32_t id) {
     sb_free(&t);
 }
 
-static void put_token_bytes(sbuf *b, srv_state *S, int32_t id) {
+static void put_token_bytes(sbuf *b, srv_state *S, int32_t id, int as_id) {
     char piece[256];
-    int n = llm_tokenizer_piece(S->model->tok, id, 1, piece, sizeof piece);
+    int n = as_id ? snprintf(piece, sizeof piece, "token_id:%d", (int)id)
+                  : llm_tokenizer_piece(S->model->tok, id, 1, piece, sizeof piece);
     if (n > (int)sizeof piece) n = (int)sizeof piece;
     sb_puts(b, "[");
     for (int i = 0; i < n; i++) sb_printf(b, i ? ",%d" : "%d", (unsigned char)piece[i]);
@@ -1334,20 +1364,20 @@ static void put_token_bytes(sbuf *b, srv_state *S, int32_t id) {
 /* One token of /v1/completions' four parallel lists: its text, logprob, top alternatives (the first n_top of
  * top_ids/top_lps) and offset in the choice's text; a NULL logprob writes null for both (the first token of
  * an echoed prompt, which nothing predicts). Returns the offset of the next token. */
-static size_t add_completion_entry(srv_state *S, srv_choice *ch, int32_t id, const float *logprob,
-                                   const int32_t *top_ids, const float *top_lps, int n_top,
+static size_t add_completion_entry(srv_state *S, const srv_req *r, srv_choice *ch, int32_t id,
+                                   const float *logprob, const int32_t *top_ids, const float *top_lps, int n_top,
                                    size_t text_start) {
     if (ch->lp_tokens.len) {
         sb_puts(&ch->lp_tokens, ","); sb_puts(&ch->lp_values, ",");
         sb_puts(&ch->lp_top, ","); sb_puts(&ch->lp_offsets, ",");
     }
-    put_token_str(&ch->lp_tokens, S, id);
+    put_token_str(&ch->lp_tokens, S, id, r->tokens_as_ids);
     if (logprob) sb_json_float(&ch->lp_values, *logprob); else sb_puts(&ch->lp_values, "null");
     if (logprob) {
         sb_puts(&ch->lp_top, "{");
         for (int k = 0; k < n_top; k++) {
             if (k) sb_puts(&ch->lp_top, ",");
-            put_token_str(&ch->lp_top, S, top_ids[k]);
+            put_token_str(&ch->lp_top, S, top_ids[k], r->tokens_as_ids);
             sb_puts(&ch->lp_top, ":");
             sb_json_float(&ch->lp_top, top_lps[k]);
         }
@@ -1381,7 +1411,7 @@ static void add_prompt_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const 
         int scored = t > 0 && t <= lp->n; /* row t - 1 scores token t */
         size_t row = scored ? (size_t)(t - 1) * (size_t)lp->n_top : 0;
         size_t at = text_start + (pieces > skip ? pieces - skip : 0);
-        pieces += add_completion_entry(S, ch, sp->prompt_ids[t], scored ? &lp->logprobs[t - 1] : NULL,
+        pieces += add_completion_entry(S, r, ch, sp->prompt_ids[t], scored ? &lp->logprobs[t - 1] : NULL,
                                        lp->top_ids + row, lp->top_logprobs + row, n_top, at) - at;
     }
 }
@@ -1401,14 +1431,14 @@ static void put_prompt_logprobs(sbuf *b, srv_state *S, srv_req *r, const srv_pro
         sb_printf(b, ",{\"%d\":{\"logprob\":", (int)id);
         sb_json_float(b, lp->logprobs[t - 1]);
         sb_printf(b, ",\"rank\":%d,\"decoded_token\":", (int)lp->ranks[t - 1]);
-        put_token_str(b, S, id);
+        put_token_str(b, S, id, 0);
         sb_puts(b, "}");
         for (int k = 0; k < n_top; k++) {
             if (top[k] == id) continue;
             sb_printf(b, ",\"%d\":{\"logprob\":", (int)top[k]);
             sb_json_float(b, top_lp[k]);
             sb_printf(b, ",\"rank\":%d,\"decoded_token\":", k + 1);
-            put_token_str(b, S, top[k]);
+            put_token_str(b, S, top[k], 0);
             sb_puts(b, "}");
         }
         sb_puts(b, "}");
@@ -1424,21 +1454,21 @@ static void add_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const srv_eve
         if (r->kind == REQ_CHAT) {
             sbuf *b = chat_out;
             if (b->len) sb_puts(b, ",");
-            sb_puts(b, "{\"token\":"); put_token_str(b, S, id);
+            sb_puts(b, "{\"token\":"); put_token_str(b, S, id, r->tokens_as_ids);
             sb_puts(b, ",\"logprob\":"); sb_json_float(b, ev->logprobs[t]);
-            sb_puts(b, ",\"bytes\":"); put_token_bytes(b, S, id);
+            sb_puts(b, ",\"bytes\":"); put_token_bytes(b, S, id, r->tokens_as_ids);
             sb_puts(b, ",\"top_logprobs\":[");
             for (int k = 0; k < ev->n_top && k < r->top_logprobs; k++) {
                 int32_t tid = ev->top_ids[t * ev->n_top + k];
-                sb_puts(b, k ? ",{\"token\":" : "{\"token\":"); put_token_str(b, S, tid);
+                sb_puts(b, k ? ",{\"token\":" : "{\"token\":"); put_token_str(b, S, tid, r->tokens_as_ids);
                 sb_puts(b, ",\"logprob\":"); sb_json_float(b, ev->top_logprobs[t * ev->n_top + k]);
-                sb_puts(b, ",\"bytes\":"); put_token_bytes(b, S, tid);
+                sb_puts(b, ",\"bytes\":"); put_token_bytes(b, S, tid, r->tokens_as_ids);
                 sb_puts(b, "}");
             }
             sb_puts(b, "]}");
         } else {
             int n_top = ev->n_top < r->logprobs ? ev->n_top : r->logprobs;
-            text_start = add_completion_entry(S, ch, id, &ev->logprobs[t], ev->top_ids + t * ev->n_top,
+            text_start = add_completion_entry(S, r, ch, id, &ev->logprobs[t], ev->top_ids + t * ev->n_top,
                                               ev->top_logprobs + t * ev->n_top, n_top, text_start);
         }
     }
@@ -1877,6 +1907,28 @@ static void req_free(srv_req *r) {
 }
 
 /* The prompts of /v1/completions: a string, a list of strings, a list of ids, or a list of lists of ids. */
+/* What echo shows of a prompt given as ids, or truncated: the text of its ids */
+static int echo_ids_text(srv_state *S, srv_prompt *sp) {
+    int n = (int)arrlen(sp->prompt_ids), m = llm_detokenize(S->model->tok, sp->prompt_ids, n, 0, NULL, 0);
+    free(sp->echo_text);
+    sp->echo_text = NULL;
+    if (m < 0 || !(sp->echo_text = (char *)malloc((size_t)m + 1))) return -1;
+    llm_detokenize(S->model->tok, sp->prompt_ids, n, 0, sp->echo_text, m + 1);
+    return 0;
+}
+
+/* vLLM's truncate_prompt_tokens: only the last K tokens of each prompt (echo shows what is left) */
+static int truncate_prompts(srv_state *S, srv_req *r, srv_error *e) {
+    for (int i = 0; i < r->n_prompts && r->truncate_prompt_tokens; i++) {
+        srv_prompt *sp = &r->prompts[i];
+        int cut = (int)arrlen(sp->prompt_ids) - r->truncate_prompt_tokens;
+        if (cut <= 0) continue;
+        arrdeln(sp->prompt_ids, 0, cut);
+        if (sp->echo_text && echo_ids_text(S, sp)) return bad(e, 500, NULL, "out of memory");
+    }
+    return 0;
+}
+
 static int completion_prompts(srv_state *S, const llm_json *prompt, srv_req *r, srv_error *e) {
     if (!prompt) return bad(e, 400, "prompt", "prompt is required");
     const llm_json *list = prompt;
@@ -1897,7 +1949,7 @@ static int completion_prompts(srv_state *S, const llm_json *prompt, srv_req *r, 
         srv_prompt *sp = &r->prompts[i];
         sp->req = r; sp->index = i;
         if (p->type == LLM_JSON_STRING) {
-            if (tokenize_text(S, p->str, p->len, 1, &sp->prompt_ids) != 0)
+            if (tokenize_text(S, p->str, p->len, r->add_special, &sp->prompt_ids) != 0)
                 return bad(e, 400, "prompt", "the prompt could not be tokenized");
             if (r->echo && !(sp->echo_text = strdup(p->str))) return bad(e, 500, NULL, "out of memory");
         } else if (p->type == LLM_JSON_ARRAY) {
@@ -1908,14 +1960,7 @@ static int completion_prompts(srv_state *S, const llm_json *prompt, srv_req *r, 
                                S->model->cfg.vocab_size - 1);
                 arrput(sp->prompt_ids, (int32_t)t->num);
             }
-            if (r->echo) { /* the ids' text */
-                int m = llm_detokenize(S->model->tok, sp->prompt_ids, (int)arrlen(sp->prompt_ids), 0, NULL,
-                                       0);
-                if (m < 0 || !(sp->echo_text = (char *)malloc((size_t)m + 1)))
-                    return bad(e, 500, NULL, "out of memory");
-                llm_detokenize(S->model->tok, sp->prompt_ids, (int)arrlen(sp->prompt_ids), 0, sp->echo_text,
-                               m + 1);
-            }
+            if (r->echo && echo_ids_text(S, sp)) return bad(e, 500, NULL, "out of memory");
         } else {
             return bad(e, 400, "prompt", "prompt must be a string, a list of strings or a list of token ids");
         }
@@ -1986,7 +2031,7 @@ static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int
         int ok = 1;
         if (r->prompts) {
             r->n_prompts = 1; r->prompts[0].req = r;
-            if (tokenize_text(S, text, (size_t)n, 1, &r->prompts[0].prompt_ids) != 0)
+            if (tokenize_text(S, text, (size_t)n, r->add_special, &r->prompts[0].prompt_ids) != 0)
                 { bad(e, 400, "messages", "the conversation could not be tokenized"); ok = 0; }
         } else { bad(e, 500, NULL, "out of memory"); ok = 0; }
         free(text);
@@ -1995,7 +2040,7 @@ static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int
         int k = llm_chat_stop_ids(&S->chat, S->model->tok, stop_ids, 8);
         for (int i = 0; i < k && i < 8; i++) arrput(r->stop_ids, stop_ids[i]);
     }
-    if (check_context(S, r, max_tokens, given, e)) goto fail;
+    if (truncate_prompts(S, r, e) || check_context(S, r, max_tokens, given, e)) goto fail;
     p.max_tokens = r->score_only ? 1 : given ? max_tokens : 0; /* scoring: the token it computes anyway */
     p.stop_token_ids = r->stop_ids; p.n_stop_token_ids = (int)arrlen(r->stop_ids);
     p.logit_bias_ids = r->bias_ids; p.logit_bias = r->bias; p.n_logit_bias = (int)arrlen(r->bias_ids);

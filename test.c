@@ -7309,6 +7309,166 @@ static void test_server_endpoints(void) {
     free(cases);
 }
 
+/* vLLM's request fields beyond OpenAI's: include_stop_str_in_output, return_tokens_as_token_ids,
+ * truncate_prompt_tokens, cache_salt, add_special_tokens */
+static void test_server_vllm_fields(void) {
+    test_server s;
+    if (server_start(&s, "") != 0) { server_stop(&s); return; }
+    int port = s.port;
+    char *r, buf[4096], finish[16];
+    int n_events, done;
+    /* include_stop_str_in_output: the text ends with the stop string, whole token or not, streamed or not */
+    static const struct { const char *stop, *text; } stops[] = {
+        {" little", ", there was a little"}, {" lit", ", there was a lit"}, {"was a", ", there was a"}};
+    for (int i = 0; i < 3; i++) {
+        for (int stream = 0; stream < 2; stream++) {
+            char body[512];
+            snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":20,\"temperature\":0,"
+                     "\"stop\":[\"%s\"],\"include_stop_str_in_output\":true%s}", stops[i].stop,
+                     stream ? ",\"stream\":true" : "");
+            r = http_post(port, "/v1/completions", body, NULL);
+            char *ev = stream ? dechunk(http_body(r)) : NULL;
+            if (stream) sse_collect(ev ? ev : "", 0, 0, buf, sizeof buf, &n_events, finish, &done);
+            else {
+                json_str(http_body(r), "text", buf, sizeof buf);
+                json_str(http_body(r), "finish_reason", finish, sizeof finish);
+            }
+            CHECK(http_status(r) == 200 && !strcmp(buf, stops[i].text) && !strcmp(finish, "stop"),
+                  "serve: include_stop_str_in_output, stop \"%s\"%s: \"%s\" (%s)", stops[i].stop,
+                  stream ? ", streamed" : "", buf, r ? r : "");
+            free(ev); free(r);
+        }
+    }
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":20,"
+                  "\"temperature\":0,\"stop\":[\" lit\"],\"include_stop_str_in_output\":false}", NULL);
+    json_str(http_body(r), "text", buf, sizeof buf);
+    CHECK(!strcmp(buf, ", there was a"), "serve: include_stop_str_in_output false: %s", r ? r : "");
+    free(r);
+
+    /* return_tokens_as_token_ids: "token_id:N" for each token and top token (432 is ","), and in chat the
+     * bytes of that string; the same ids as the tokens' texts name without it */
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,\"temperature\":0,"
+                  "\"logprobs\":1,\"return_tokens_as_token_ids\":true}", NULL);
+    char *plain = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,"
+                            "\"temperature\":0,\"logprobs\":1}", NULL);
+    const char *lp = r ? strstr(r, "\"logprobs\":{\"tokens\":[\"token_id:432\",\"token_id:") : NULL;
+    int second = lp ? atoi(lp + strlen("\"logprobs\":{\"tokens\":[\"token_id:432\",\"token_id:")) : -1;
+    snprintf(buf, sizeof buf, "{\"tokens\":[432,%d]}", second);
+    char *detok = http_post(port, "/detokenize", buf, NULL);
+    const char *lp_plain = plain ? strstr(plain, "\"token_logprobs\":[") : NULL;
+    CHECK(http_status(r) == 200 && lp && strstr(lp, "\"top_logprobs\":[{\"token_id:432\":") &&
+          lp_plain && strstr(lp, "\"token_logprobs\":[") && !strncmp(strstr(lp, "\"token_logprobs\":["),
+          lp_plain, 40) && strstr(plain, "\"tokens\":[\",\",\" there\"]") &&
+          !strcmp(http_body(detok), "{\"prompt\":\", there\"}"),
+          "serve: return_tokens_as_token_ids (completions): %s (%s)", r ? r : "", detok ? detok : "");
+    free(r); free(plain); free(detok);
+    r = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                  "\"max_tokens\":1,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":1,"
+                  "\"return_tokens_as_token_ids\":true}", NULL);
+    const char *t = r ? strstr(r, "\"content\":[{\"token\":\"token_id:") : NULL;
+    int id = t ? atoi(t + strlen("\"content\":[{\"token\":\"token_id:")) : -1;
+    char want[256], name[32];
+    snprintf(name, sizeof name, "token_id:%d", id);
+    int at = snprintf(want, sizeof want, "\"bytes\":[");
+    for (int i = 0; name[i]; i++) at += snprintf(want + at, sizeof want - at, i ? ",%d" : "%d", name[i]);
+    snprintf(want + at, sizeof want - at, "],\"top_logprobs\":[{\"token\":\"%s\",", name);
+    CHECK(http_status(r) == 200 && id >= 0 && strstr(t, want), "serve: return_tokens_as_token_ids (chat): %s",
+          r ? r : "");
+    free(r);
+
+    /* truncate_prompt_tokens: the last K of the prompt's ids (BOS 1 and "Once upon a time" 403 407 261 378),
+     * as if given alone; echo shows them; K over the context or 0 is refused */
+    char *cut = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,"
+                          "\"temperature\":0,\"echo\":true,\"truncate_prompt_tokens\":2}", NULL);
+    char *ids = http_post(port, "/v1/completions", "{\"prompt\":[261,378],\"max_tokens\":4,\"temperature\":0,"
+                          "\"echo\":true}", NULL);
+    char cut_text[256], ids_text[256];
+    json_str(http_body(cut), "text", cut_text, sizeof cut_text);
+    json_str(http_body(ids), "text", ids_text, sizeof ids_text);
+    CHECK(http_status(cut) == 200 && !strcmp(cut_text, ids_text) && !strncmp(cut_text, "a time", 6) &&
+          strstr(cut, "\"prompt_tokens\":2,"), "serve: truncate_prompt_tokens 2: %s (ids: %s)", cut ? cut : "",
+          ids ? ids : "");
+    free(cut); free(ids);
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0,"
+                  "\"truncate_prompt_tokens\":-1}", NULL);
+    CHECK(http_status(r) == 200 && strstr(r, "\"text\":\", there was\"") && strstr(r, "\"prompt_tokens\":5,"),
+          "serve: truncate_prompt_tokens -1 (the context's length): %s", r ? r : "");
+    free(r);
+    r = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi there\"}],"
+                  "\"max_tokens\":1,\"truncate_prompt_tokens\":3}", NULL);
+    CHECK(http_status(r) == 200 && strstr(r, "\"prompt_tokens\":3,"), "serve: chat truncate_prompt_tokens: %s",
+          r ? r : "");
+    free(r);
+    static const char *bad_cut[] = {"0", "4096", "1.5", "\"2\""};
+    for (int i = 0; i < 4; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"prompt\":\"Once\",\"truncate_prompt_tokens\":%s}", bad_cut[i]);
+        r = http_post(port, "/v1/completions", body, NULL);
+        CHECK(http_status(r) == 400 && strstr(r, "\"param\":\"truncate_prompt_tokens\""),
+              "serve: truncate_prompt_tokens %s refused: %s", bad_cut[i], r ? r : "");
+        free(r);
+    }
+
+    /* cache_salt: a prompt's cached blocks serve again only a request of the same salt (none is a salt too) */
+    const char *salts[] = {"", ",\"cache_salt\":\"tenant-a\"", ",\"cache_salt\":\"tenant-a\"",
+                           ",\"cache_salt\":\"tenant-b\"", ""};
+    int cached[5];
+    for (int i = 0; i < 5; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"prompt\":\"The cat sat on the mat and the dog sat on the log and the "
+                 "bird sat on the tree and the fish swam in the sea, and then\",\"max_tokens\":1%s}", salts[i]);
+        r = http_post(port, "/v1/completions", body, NULL);
+        const char *c = r ? strstr(r, "\"cached_tokens\":") : NULL;
+        cached[i] = http_status(r) == 200 && c ? atoi(c + strlen("\"cached_tokens\":")) : -1;
+        free(r);
+    }
+    CHECK(cached[0] == 0 && cached[1] == 0 && cached[2] > 0 && cached[3] == 0 && cached[4] == cached[2],
+          "serve: cache_salt: cached tokens %d (none), %d %d (a), %d (b), %d (none)", cached[0], cached[1],
+          cached[2], cached[3], cached[4]);
+    static const char *bad_salt[] = {"\"\"", "5", "\"a\\u0000b\""};
+    for (int i = 0; i < 3; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"prompt\":\"Once\",\"cache_salt\":%s}", bad_salt[i]);
+        r = http_post(port, "/v1/completions", body, NULL);
+        CHECK(http_status(r) == 400 && strstr(r, "\"param\":\"cache_salt\""), "serve: cache_salt %s refused: %s",
+              bad_salt[i], r ? r : "");
+        free(r);
+    }
+
+    /* add_special_tokens false: a completion's prompt without BOS, as its ids without 1 */
+    char *nobos = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,"
+                            "\"temperature\":0,\"add_special_tokens\":false}", NULL);
+    ids = http_post(port, "/v1/completions", "{\"prompt\":[403,407,261,378],\"max_tokens\":4,\"temperature\":0}",
+                    NULL);
+    json_str(http_body(nobos), "text", cut_text, sizeof cut_text);
+    json_str(http_body(ids), "text", ids_text, sizeof ids_text);
+    CHECK(http_status(nobos) == 200 && !strcmp(cut_text, ids_text) && strstr(nobos, "\"prompt_tokens\":4,"),
+          "serve: add_special_tokens false: %s (ids: %s)", nobos ? nobos : "", ids ? ids : "");
+    free(nobos); free(ids);
+    CHECK(server_stop(&s) == 0, "serve: SIGTERM: exit status 0");
+
+    /* a chat's add_special_tokens true: BOS before the template's own (llama2's writes <s>), as vLLM's
+     * tokenizer adds it; false (the default) keeps the template's one */
+    if (server_start(&s, "--chat-template llama2") != 0) { server_stop(&s); return; }
+    int n_prompt[3];
+    for (int i = 0; i < 3; i++) {
+        char body[256];
+        snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":1,"
+                 "\"prompt_logprobs\":0%s}", i == 1 ? ",\"add_special_tokens\":true" :
+                 i == 2 ? ",\"add_special_tokens\":false" : "");
+        r = http_post(s.port, "/v1/chat/completions", body, NULL);
+        const char *c = r ? strstr(r, "\"prompt_tokens\":") : NULL;
+        n_prompt[i] = http_status(r) == 200 && c ? atoi(c + strlen("\"prompt_tokens\":")) : -1;
+        if (i == 1) CHECK(r && strstr(r, "\"prompt_logprobs\":[null,{\"1\":{"),
+                          "serve: chat add_special_tokens true: BOS twice: %s", r ? r : "");
+        free(r);
+    }
+    CHECK(n_prompt[0] > 1 && n_prompt[1] == n_prompt[0] + 1 && n_prompt[2] == n_prompt[0],
+          "serve: chat add_special_tokens: %d tokens, %d with it, %d without", n_prompt[0], n_prompt[1],
+          n_prompt[2]);
+    CHECK(server_stop(&s) == 0, "serve: SIGTERM: exit status 0");
+}
+
 /* echo with logprobs and prompt_logprobs: the values are the engine's own (run here on the same model and
  * backend), written as the server writes floats (%.9g) */
 static void test_server_prompt_logprobs(void) {
@@ -9989,7 +10149,8 @@ int main(int argc, char **argv) {
         {"gpt-oss: harmony tokens, grammar, reply", test_harmony_tokens},
         {"chat template detection", test_chat_detect},
         {"chat, piped", test_chat_piped}, {"chat on a terminal", test_chat_terminal},
-        {"server endpoints", test_server_endpoints}, {"server prompt logprobs", test_server_prompt_logprobs},
+        {"server endpoints", test_server_endpoints}, {"server vLLM fields", test_server_vllm_fields},
+        {"server prompt logprobs", test_server_prompt_logprobs},
         {"server speculative decoding", test_server_speculative},
         {"server errors", test_server_errors}, {"server structured output", test_server_structured},
         {"server tools and reasoning", test_server_tools}, {"server tools, Mistral", test_server_mistral_tools},

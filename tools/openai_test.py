@@ -194,6 +194,20 @@ try:
     toks = banned.choices[0].logprobs.tokens
     check(len(toks) == 20 and "," not in toks and c.choices[0].text.count(",") >= 1,
           f"logit_bias -100 on {comma} (','): {toks}")
+    # vLLM's fields, as its users send them (extra_body): the stop string kept, tokens named by id, the prompt
+    # cut to its last two tokens (" a time" as ids: the same text as the ids given)
+    kept = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=20, temperature=0,
+                                     stop=[" lit"], extra_body={"include_stop_str_in_output": True})
+    check(kept.choices[0].text == ", there was a lit" and kept.choices[0].finish_reason == "stop",
+          f"include_stop_str_in_output: {kept.choices[0].text!r}")
+    as_ids = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=1, temperature=0,
+                                       logprobs=1, extra_body={"return_tokens_as_token_ids": True})
+    check(as_ids.choices[0].logprobs.tokens == [f"token_id:{comma}"], f"return_tokens_as_token_ids: {as_ids}")
+    cut = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=4, temperature=0,
+                                    extra_body={"truncate_prompt_tokens": 2})
+    tail = client.completions.create(model="stories260K", prompt=[261, 378], max_tokens=4, temperature=0)
+    check(cut.usage.prompt_tokens == 2 and cut.choices[0].text == tail.choices[0].text,
+          f"truncate_prompt_tokens: {cut} against {tail}")
     try:
         client.completions.create(model="no-such-model", prompt="x")
         check(False, "an unknown model was accepted")
