@@ -422,6 +422,7 @@ typedef struct {
                                      * sampled, end of generation only where the sentence is whole, and the
                                      * sequence stops ("stop") when nothing more may follow. Section 9 writes
                                      * JSON Schema, regular expressions and choices as GBNF. */
+    int priority;                   /* under the priority policy, lower is served first (vLLM's); else 0 */
     const char *cache_salt;         /* NULL: none. A request shares cached prefix blocks only with requests of
                                      * the same salt (vLLM's cache_salt: one tenant cannot time another's
                                      * prompts through the cache). Hashed by add_request, not kept. */
@@ -782,6 +783,7 @@ int  llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int speci
  * (a GPU fault) fails each later step's sequences the same way, so every request still gets its one finish.
  * -------------------------------------------------------------------------------------------------------- */
 enum llm_kv_dtype { LLM_KV_AUTO, LLM_KV_F16, LLM_KV_F32 }; /* the KV cache's values (llm_engine_config) */
+enum llm_sched_policy { LLM_SCHED_FCFS, LLM_SCHED_PRIORITY }; /* who waits and who is preempted (the same) */
 typedef struct {
     const char *model_path;         /* a GGUF file, or: */
     const char *dummy;              /* a dummy preset name (random weights, token ids only) */
@@ -799,6 +801,10 @@ typedef struct {
     int max_model_len;              /* 0: the model's context length */
     int enable_prefix_caching;      /* 1 */
     int static_batching;            /* no one joins until the whole batch has finished (for comparison): 0 */
+    int scheduling_policy;          /* enum llm_sched_policy (vLLM's --scheduling-policy): fcfs, first come
+                                     * first served, the youngest preempted; priority: waiting requests by
+                                     * (priority, arrival), and the one preempted is the lowest priority's
+                                     * latest, wherever it is in the step's plan */
     int kv_cache_dtype;             /* enum llm_kv_dtype (vLLM's --kv-cache-dtype, llama.cpp's -ctk): auto,
                                      * the backend's: the CPU's f16 (as llama.cpp's; f32 on the exact path),
                                      * CUDA's bf16. f32 on the CPU: twice the memory, the logits 3 to 4 times
@@ -4151,7 +4157,8 @@ int llm_chat_stop_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32
  * sequences first, oldest first, each given the blocks for its next chunk; when the pool runs out, the
  * youngest running sequence is preempted (its blocks go back; its tokens will be computed again). Then
  * waiting sequences, first come first served, while the step's token budget, max_num_seqs and the pool
- * allow. The plan is a list of (sequence, new tokens) and the block copies that copy-on-write needs before
+ * allow. (Under the priority policy the queue is kept in order of priority, then arrival, and the sequence
+ * preempted is the last in that order.) The plan is a list of (sequence, new tokens) and the block copies that copy-on-write needs before
  * the forward pass.
  * ======================================================================================================== */
 llm_sampling_params llm_sampling_defaults(void) {
@@ -4270,13 +4277,15 @@ enum { LLM_PLP_NONE, LLM_PLP_PENDING, LLM_PLP_READY }; /* none asked (or handed 
 
 typedef struct {
     int max_num_seqs, max_num_batched_tokens, static_batching;
+    int priority_policy;            /* LLM_SCHED_PRIORITY (llm_engine_config.scheduling_policy) */
     llm_block_manager *bm;
     int spec_tokens, spec_ngram_max, spec_ngram_min; /* speculative decoding (llm_engine_config) */
     int spec_draft_model;           /* the proposals come from a draft model, written before the forward pass */
     int max_model_len;
     int n_kv_groups;                /* the model's groups of layers (llm_kv_groups) ... */
     int *kv_window;                 /* ... and each one's window (0: a global group keeps every block) */
-    llm_seq **waiting, **running;   /* stb_ds arrays, in order of arrival; waiting is served from the front */
+    llm_seq **waiting, **running;   /* stb_ds arrays, in order of arrival (waiting under the priority policy:
+                                     * of llm_seq_served_before); waiting is served from the front */
     int static_batch_open;          /* static batching: the batch may take new sequences */
     /* the plan of this step: scheduled[i] computes n_new[i] tokens from its n_computed on, after the
      * copies */
@@ -4384,13 +4393,57 @@ static void llm_seq_take_cached_prefix(llm_scheduler *sch, llm_seq *s) {
     arrfree(hashes);
 }
 
-/* Preemption by recompute: the sequence gives its blocks back and waits at the head of the queue. */
+/* The priority policy's order: lower priority first, then arrival (request ids are handed out in order), then
+ * the samples of one request in their order */
+static int llm_seq_served_before(const llm_seq *a, const llm_seq *b) {
+    int pa = a->req->params.priority, pb = b->req->params.priority;
+    if (pa != pb) return pa < pb;
+    if (a->req->id != b->req->id) return a->req->id < b->req->id;
+    return a->index < b->index;
+}
+
+/* s joins the waiting queue: new at its end, preempted at its head; under the priority policy at its place */
+static void llm_sched_wait(llm_scheduler *sch, llm_seq *s, int preempted) {
+    int at = preempted ? 0 : (int)arrlen(sch->waiting);
+    if (sch->priority_policy)
+        for (at = 0; at < arrlen(sch->waiting) && llm_seq_served_before(sch->waiting[at], s); at++) {}
+    arrins(sch->waiting, at, s);
+}
+
+/* Preemption by recompute: the sequence gives its blocks back and waits again. */
 static void llm_preempt(llm_scheduler *sch, llm_seq *s) {
     llm_seq_release_blocks(sch, s);
     s->n_draft = 0;
     s->status = LLM_SEQ_WAITING;
-    arrins(sch->waiting, 0, s);
+    llm_sched_wait(sch, s, 1);
     sch->preemptions++;
+}
+
+/* The running sequence to preempt when the pool runs out: the youngest, or under the priority policy the last
+ * in its order (vLLM's max by (priority, arrival)) */
+static int llm_sched_victim(const llm_scheduler *sch) {
+    int v = (int)arrlen(sch->running) - 1;
+    for (int j = 0; sch->priority_policy && j < arrlen(sch->running); j++)
+        if (llm_seq_served_before(sch->running[v], sch->running[j])) v = j;
+    return v;
+}
+
+/* s leaves the step's plan (the priority policy may preempt a sequence planned already): its tokens go back
+ * to the budget, and the copies into its blocks (copy on write) are not made: those blocks go back with it */
+static void llm_sched_unplan(llm_scheduler *sch, llm_seq *s, int *budget) {
+    for (int k = 0; k < arrlen(sch->scheduled); k++)
+        if (sch->scheduled[k] == s) {
+            *budget += sch->n_new[k];
+            arrdel(sch->scheduled, k); arrdel(sch->n_new, k);
+            break;
+        }
+    for (int k = 0; k < arrlen(sch->copy_dst); k++) {
+        int mine = 0;
+        for (int g = 0; g < sch->n_kv_groups; g++)
+            for (int b = 0; b < arrlen(s->block_tables[g]); b++)
+                mine |= s->block_tables[g][b] == sch->copy_dst[k];
+        if (mine) { arrdel(sch->copy_src, k); arrdel(sch->copy_dst, k); k--; }
+    }
 }
 
 /* The next chunk of s: the rest of its tokens, within the budget (and LLM_PLP_CHUNK for prompt logprobs) */
@@ -4465,8 +4518,12 @@ static void llm_schedule(llm_scheduler *sch) {
         int n_new = llm_seq_chunk(s, budget), ok;
         s->n_draft = 0;
         while (!(ok = llm_seq_reserve(sch, s, s->n_computed + n_new))) {
-            /* out of blocks: the youngest running sequence gives its blocks back (perhaps s itself) */
-            llm_seq *victim = arrpop(sch->running);
+            /* out of blocks: the youngest running sequence gives its blocks back (perhaps s itself; under the
+             * priority policy perhaps one planned already) */
+            int v = llm_sched_victim(sch);
+            llm_seq *victim = sch->running[v];
+            if (v < i) { llm_sched_unplan(sch, victim, &budget); i--; }
+            arrdel(sch->running, v);
             llm_preempt(sch, victim);
             preempted = 1;
             if (victim == s) break;
@@ -10393,6 +10450,9 @@ static int llm_engine_check_config(const llm_engine_config *c, char *err) {
         return llm_fail(err, "num_blocks and max_model_len must be >= 0");
     if (!(c->kv_fraction >= 0 && c->kv_fraction <= 1))
         return llm_fail(err, "kv_fraction must be in [0, 1] (0: the backend's default)");
+    if (c->scheduling_policy != LLM_SCHED_FCFS && c->scheduling_policy != LLM_SCHED_PRIORITY)
+        return llm_fail(err, "scheduling_policy must be LLM_SCHED_FCFS or LLM_SCHED_PRIORITY, got %d",
+                        c->scheduling_policy);
     if (c->spec_tokens < 0 || c->spec_tokens > LLM_SPEC_MAX)
         return llm_fail(err, "num_speculative_tokens must be between 0 and %d, got %d", LLM_SPEC_MAX,
                         c->spec_tokens);
@@ -10542,6 +10602,7 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
         llm_engine_destroy(e); return NULL;
     }
     sch->bm = &e->bm; sch->static_batching = cfg->static_batching; sch->static_batch_open = 1;
+    sch->priority_policy = cfg->scheduling_policy == LLM_SCHED_PRIORITY;
     sch->max_num_seqs = cfg->max_num_seqs; sch->max_num_batched_tokens = e->cfg.max_num_batched_tokens;
     sch->spec_tokens = cfg->spec_tokens; sch->spec_ngram_max = cfg->spec_ngram_max;
     sch->spec_ngram_min = cfg->spec_ngram_min; sch->max_model_len = e->max_model_len;
@@ -10626,6 +10687,10 @@ static llm_grammar *llm_engine_grammar(llm_engine *e, const char *text, char *er
 uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids,
                                 int n_prompt_ids, const llm_sampling_params *p, void *user, char *err) {
     int V = e->model.cfg.vocab_size;
+    if (p->priority && !e->sched.priority_policy) {
+        llm_fail(err, "priority needs the priority scheduling policy (this engine serves first come first)");
+        return 0;
+    }
     if (llm_request_check(p, err) != 0 ||
         llm_ids_check(p->logit_bias_ids, p->n_logit_bias, V, "logit_bias", err) != 0 ||
         llm_ids_check(p->allowed_token_ids, p->n_allowed_token_ids, V, "allowed_token_ids", err) != 0 ||
@@ -10768,7 +10833,7 @@ static void llm_emit(llm_engine *e, llm_seq *s) {
 /* 2. The inbox: new requests join the waiting queue; aborted requests finish at once, wherever they are. */
 static void llm_engine_take_inbox(llm_engine *e) {
     pthread_mutex_lock(&e->lock);
-    for (int i = 0; i < arrlen(e->inbox); i++) arrput(e->sched.waiting, e->inbox[i]);
+    for (int i = 0; i < arrlen(e->inbox); i++) llm_sched_wait(&e->sched, e->inbox[i], 0);
     arrsetlen(e->inbox, 0);
     uint64_t *aborts = e->inbox_abort;
     e->inbox_abort = NULL;

@@ -70,6 +70,9 @@ static const char *usage =
     "  --max-num-batched-tokens N   token budget per step (default: the backend's, CPU 2048, CUDA 8192)\n"
     "  --max-model-len N      context length (default: the model's)\n"
     "  --no-prefix-caching    turn automatic prefix caching off\n"
+    "  --scheduling-policy P  fcfs (default): first come first served, the youngest preempted when blocks\n"
+    "                         run out; priority: requests wait in order of their priority (lower first,\n"
+    "                         then arrival) and the lowest priority's latest is preempted (vLLM's)\n"
     "  --spec-ngram K         speculative decoding by n-gram lookup: up to K tokens proposed from the text\n"
     "                         before (prompt lookup), checked in one step; the same output (default off)\n"
     "  --speculative-model F  speculative decoding with a draft model: the GGUF file F, smaller, with the\n"
@@ -417,6 +420,14 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         }
         else if (FLAG("--max-model-len")) { INT(1, 1 << 24); a->engine.max_model_len = (int)x; }
         else if (FLAG("--no-prefix-caching")) a->engine.enable_prefix_caching = 0;
+        else if (FLAG("--scheduling-policy")) {
+            NEED();
+            if (strcmp(v, "fcfs") && strcmp(v, "priority")) {
+                fprintf(stderr, "llm: --scheduling-policy takes fcfs or priority, got '%s'\n", v);
+                return -1;
+            }
+            a->engine.scheduling_policy = !strcmp(v, "priority") ? LLM_SCHED_PRIORITY : LLM_SCHED_FCFS;
+        }
         else if (FLAG("--spec-ngram")) {
             INT(1, LLM_SPEC_MAX);
             a->engine.spec_tokens = (int)x; a->spec_tokens_given = 1; a->spec_method |= 1;

@@ -359,6 +359,7 @@ typedef struct {
     char model_name[256];
     const char *api_key;
     int max_queue, max_model_len;
+    int scheduling_policy;          /* the engine's (a request's priority is refused unless it is priority) */
     double request_timeout;         /* seconds to send a whole request once begun (slowloris) */
     int listen_fd, epoll_fd, wake[2];
     pthread_t engine_thread;
@@ -621,7 +622,6 @@ static int fv_any(const llm_json *v, const llm_json *b) { (void)v; (void)b; retu
 static int fv_never(const llm_json *v, const llm_json *b) { (void)v; (void)b; return 0; }
 static int fv_true(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_TRUE; }
 static int fv_false(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_FALSE; }
-static int fv_0(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_NUMBER && v->num == 0; }
 static int fv_1(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_NUMBER && v->num == 1; }
 static int fv_none(const llm_json *v, const llm_json *b) { (void)b; return fv_empty(v) || fv_str(v, ""); } /* [] {} "" */
 static int fv_text_only(const llm_json *v, const llm_json *b) {  /* modalities: ["text"] */
@@ -655,7 +655,7 @@ static const struct {
     {"logit_bias", F_BOTH, fv_any}, {"allowed_token_ids", F_BOTH, fv_any}, {"bad_words", F_BOTH, fv_any},
     {"include_stop_str_in_output", F_BOTH, fv_any}, {"return_tokens_as_token_ids", F_BOTH, fv_any},
     {"truncate_prompt_tokens", F_BOTH, fv_any}, {"cache_salt", F_BOTH, fv_any},
-    {"add_special_tokens", F_BOTH, fv_any},
+    {"add_special_tokens", F_BOTH, fv_any}, {"priority", F_BOTH, fv_any},
     /* metadata, which changes no output; no tools are ever taken, so none run in parallel */
     {"user", F_BOTH, fv_any}, {"metadata", F_BOTH, fv_any}, {"store", F_BOTH, fv_any},
     {"service_tier", F_BOTH, fv_any}, {"request_id", F_BOTH, fv_any}, {"prompt_cache_key", F_CHAT, fv_any},
@@ -667,7 +667,7 @@ static const struct {
     {"include_reasoning", F_CHAT, fv_any},
     /* not implemented: only the values that ask for what this server does anyway */
     {"echo", F_CHAT, fv_false}, {"spaces_between_special_tokens", F_BOTH, fv_true},
-    {"use_beam_search", F_BOTH, fv_false}, {"length_penalty", F_BOTH, fv_1}, {"priority", F_BOTH, fv_0},
+    {"use_beam_search", F_BOTH, fv_false}, {"length_penalty", F_BOTH, fv_1},
     {"best_of", F_BOTH, fv_best_of},
     {"suffix", F_CMPL, fv_none},
     {"functions", F_CHAT, fv_none}, {"function_call", F_CHAT, fv_no_tool}, /* the old API: use tools */
@@ -897,6 +897,12 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r, llm_sa
     p->min_tokens = (int)x;
     if (get_bool(body, "ignore_eos", &p->ignore_eos, e)) return -1;
     if (get_bool(body, "include_stop_str_in_output", &p->include_stop_str, e)) return -1;
+    x = 0; /* vLLM's: lower first, under --scheduling-policy priority; else only 0 */
+    if (get_number(body, "priority", -(double)(1 << 30), 1 << 30, 1, &x, e)) return -1;
+    if (x != 0 && S->scheduling_policy != LLM_SCHED_PRIORITY)
+        return bad(e, 400, "priority", "priority is not supported by this server unless it runs with "
+                   "--scheduling-policy priority (only 0 is accepted)");
+    p->priority = (int)x;
     if (get_bool(body, "return_tokens_as_token_ids", &r->tokens_as_ids, e)) return -1;
     int special = r->kind == REQ_COMPLETIONS; /* vLLM's defaults: BOS for a completion; none added to a chat's
                                                 * template (ours gets it as the vocabulary asks, once) */
@@ -2549,6 +2555,7 @@ static int serve(const serve_config *a) {
     S->stats = st;
     S->max_model_len = st.max_model_len;
     S->max_queue = a->max_queue;
+    S->scheduling_policy = a->engine.scheduling_policy;
     S->request_timeout = a->request_timeout;
     S->api_key = a->api_key;
     /* what a request omits: the file's general.sampling.* keys, as vLLM takes a model's generation_config,

@@ -813,10 +813,11 @@ static int run_slot(run_result *r, uint64_t id) {
     return -1;
 }
 
-/* Steps e until it has no work; outputs go to r (requests must have been registered with run_add). */
-static void run_engine(llm_engine *e, run_result *r) {
+/* Steps e until it has no work, or max_steps; outputs go to r (requests must have been registered with
+ * run_add). */
+static void run_steps(llm_engine *e, run_result *r, int max_steps) {
     char err[LLM_ERR_LEN] = "";
-    while (llm_engine_has_work(e)) {
+    while (llm_engine_has_work(e) && max_steps-- > 0) {
         const llm_output *out;
         int n = llm_engine_step(e, &out);
         const char *error = NULL;   /* the step failed: its sequences finished with an error */
@@ -849,6 +850,8 @@ static void run_engine(llm_engine *e, run_result *r) {
         }
     }
 }
+
+static void run_engine(llm_engine *e, run_result *r) { run_steps(e, r, 1 << 30); }
 
 static int run_add(llm_engine *e, run_result *r, const char *prompt, const int32_t *ids, int n_ids,
                    const llm_sampling_params *p) {
@@ -3201,6 +3204,157 @@ static void test_prefix_cache(void) {
           st.num_cached_blocks);
     llm_engine_destroy(e);
     free(r);
+}
+
+/* The priority policy (vLLM's --scheduling-policy priority): requests wait in order of (priority, arrival);
+ * when blocks run out the lowest priority's latest running sequence is preempted, even one the step has
+ * planned already (its copy-on-write copies dropped with it).
+ * - One sequence at a time: four requests of priorities 3 1 2 1 finish in the order 2nd 4th 3rd 1st (first
+ *   come first served: as they came).
+ * - Two that cannot both grow in the pool: the first, of priority 5 and running before the second comes,
+ *   gives way to the second, of priority 0, which finishes first (first come first served: the second is
+ *   preempted and finishes last).
+ * - A sequence taken out of a step's plan gives back its tokens to the budget, and the copies into its blocks
+ *   go (the others stay).
+ * - 16 requests of n = 1 to 3, priorities -1 to 2, coming one every other step, in pools of 9, 12 and 20
+ *   blocks: preempted and recomputed, every sample the tokens of its request alone, the blocks consistent
+ *   after every step and all back.
+ * - A priority under first come first served, or a policy that is neither, is refused. */
+static int finish_order(llm_engine *e, const uint64_t *ids, int n, int *order) {
+    int done = 0;
+    while (llm_engine_has_work(e)) {
+        const llm_output *out;
+        int k = llm_engine_step(e, &out);
+        for (int i = 0; i < k; i++)
+            for (int j = 0; j < n; j++)
+                if (out[i].request_id == ids[j] && out[i].finish_reason && done < n) order[done++] = j;
+    }
+    return done;
+}
+
+static void test_priority_scheduling(void) {
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    for (int policy = 0; policy < 2; policy++) { /* one at a time, four priorities */
+        cfg.scheduling_policy = policy ? LLM_SCHED_PRIORITY : LLM_SCHED_FCFS; cfg.max_num_seqs = 1;
+        llm_engine *e = engine_new(&cfg);
+        if (!e) return;
+        static const int prio[4] = {3, 1, 2, 1};
+        uint64_t ids[4];
+        int order[4] = {-1, -1, -1, -1};
+        for (int i = 0; i < 4; i++) {
+            llm_sampling_params p = greedy(3);
+            p.priority = policy ? prio[i] : 0;
+            ids[i] = llm_engine_add_request(e, "Once upon a time", NULL, 0, &p, NULL, NULL);
+        }
+        int n = finish_order(e, ids, 4, order);
+        CHECK(n == 4 && (policy ? order[0] == 1 && order[1] == 3 && order[2] == 2 && order[3] == 0
+                                : order[0] == 0 && order[1] == 1 && order[2] == 2 && order[3] == 3),
+              "priority policy %d: one at a time, finished in the order %d %d %d %d", policy, order[0],
+              order[1], order[2], order[3]);
+        llm_engine_destroy(e);
+    }
+    for (int policy = 0; policy < 2; policy++) { /* two that do not fit: who gives way */
+        cfg.scheduling_policy = policy ? LLM_SCHED_PRIORITY : LLM_SCHED_FCFS; cfg.max_num_seqs = 2;
+        cfg.num_blocks = 6; cfg.block_size = 16; cfg.enable_prefix_caching = 0;
+        llm_engine *e = engine_new(&cfg);
+        if (!e) return;
+        uint64_t ids[2];
+        int order[2] = {-1, -1};
+        for (int i = 0; i < 2; i++) { /* the first runs a step before the second comes */
+            llm_sampling_params p = greedy(60);
+            p.ignore_eos = 1; p.priority = policy ? (i ? 0 : 5) : 0;
+            const char *prompt = i ? "Lily had a big red ball" : "Once upon a time";
+            ids[i] = llm_engine_add_request(e, prompt, NULL, 0, &p, NULL, NULL);
+            const llm_output *out;
+            if (!i) llm_engine_step(e, &out);
+        }
+        int n = finish_order(e, ids, 2, order);
+        llm_engine_stats st = llm_engine_get_stats(e);
+        CHECK(n == 2 && st.preemptions > 0 && order[0] == (policy ? 1 : 0),
+              "priority policy %d: two in a pool of 6: request %d finished first (%lld preemptions)", policy,
+              order[0], (long long)st.preemptions);
+        CHECK(all_blocks_free(e), "priority policy %d, two in a small pool: every block back", policy);
+        llm_engine_destroy(e);
+    }
+    /* many: each sample as its request alone */
+    enum { NP = 16 };
+    run_result *alone = (run_result *)calloc(1, sizeof *alone), *r = (run_result *)calloc(1, sizeof *r);
+    cfg = engine_config("stories260K.gguf");
+    llm_engine *e = engine_new(&cfg);
+    char prompts[NP][512];
+    for (int i = 0; i < NP; i++) {
+        story_prompt(prompts[i], sizeof prompts[i], i, 2 + (i * 11) % 30);
+        llm_sampling_params p = greedy(8 + (i * 13) % 40);
+        p.ignore_eos = 1;
+        run_add(e, alone, prompts[i], NULL, 0, &p);
+        run_engine(e, alone);
+    }
+    llm_engine_destroy(e);
+    static const int pools[3] = {9, 12, 20};
+    for (int pi = 0; pi < 3; pi++) {
+        cfg.scheduling_policy = LLM_SCHED_PRIORITY; cfg.num_blocks = pools[pi]; cfg.block_size = 16;
+        e = engine_new(&cfg);
+        memset(r, 0, sizeof *r);
+        for (int i = 0; i < NP; i++) { /* one every other step: running in an order other than priority's */
+            llm_sampling_params p = greedy(8 + (i * 13) % 40);
+            p.ignore_eos = 1; p.n = 1 + i % 3; p.priority = (i * 5) % 4 - 1;
+            run_add(e, r, prompts[i], NULL, 0, &p);
+            run_steps(e, r, 2);
+        }
+        run_engine(e, r);
+        llm_engine_stats st = llm_engine_get_stats(e);
+        int bad = 0, samples = 0;
+        for (int i = 0; i < NP; i++)
+            for (int k = 0; k < 1 + i % 3; k++, samples++)
+                bad += r->n_tokens[i][k] != alone->n_tokens[i][0] ||
+                       memcmp(r->tokens[i][k], alone->tokens[i][0], (size_t)alone->n_tokens[i][0] * 4) != 0;
+        CHECK(bad == 0 && st.preemptions > 0 && r->bad_audits == 0 && all_blocks_free(e),
+              "priority policy, pool of %d: %d of %d samples differ from their request alone, %lld "
+              "preemptions, %d bad audits, blocks back %d", pools[pi], bad, samples, (long long)st.preemptions,
+              r->bad_audits, all_blocks_free(e));
+        llm_engine_destroy(e);
+    }
+    free(alone); free(r);
+    /* out of the plan */
+    {
+        llm_scheduler sch;
+        llm_block_manager bm;
+        memset(&sch, 0, sizeof sch);
+        memset(&bm, 0, sizeof bm);
+        llm_seq s, x, y;
+        memset(&s, 0, sizeof s); memset(&x, 0, sizeof x); memset(&y, 0, sizeof y);
+        int32_t *table = NULL;
+        arrput(table, 3); arrput(table, 4);
+        s.block_tables = &table; s.n_kv_groups = 1;
+        sch.n_kv_groups = 1; sch.bm = &bm;
+        llm_seq *plan[3] = {&x, &s, &y};
+        for (int i = 0; i < 3; i++) { arrput(sch.scheduled, plan[i]); arrput(sch.n_new, i + 1); }
+        arrput(sch.copy_src, 5); arrput(sch.copy_dst, 4);  /* into s's block 4 */
+        arrput(sch.copy_src, 6); arrput(sch.copy_dst, 7);  /* into another's */
+        arrput(sch.copy_src, 8); arrput(sch.copy_dst, 3);  /* into s's block 3 */
+        int budget = 10;
+        llm_sched_unplan(&sch, &s, &budget);
+        CHECK(budget == 12 && arrlen(sch.scheduled) == 2 && sch.scheduled[0] == &x && sch.scheduled[1] == &y &&
+              sch.n_new[0] == 1 && sch.n_new[1] == 3 && arrlen(sch.copy_dst) == 1 && sch.copy_src[0] == 6 &&
+              sch.copy_dst[0] == 7, "out of the plan: budget %d, %d planned, %d copies left", budget,
+              (int)arrlen(sch.scheduled), (int)arrlen(sch.copy_dst));
+        arrfree(table); arrfree(sch.scheduled); arrfree(sch.n_new);
+        arrfree(sch.copy_src); arrfree(sch.copy_dst);
+    }
+    /* refused */
+    cfg = engine_config("stories260K.gguf");
+    e = engine_new(&cfg);
+    char err[LLM_ERR_LEN] = "";
+    llm_sampling_params p = greedy(2);
+    p.priority = 1;
+    CHECK(e && llm_engine_add_request(e, "Once", NULL, 0, &p, NULL, err) == 0 && strstr(err, "priority"),
+          "a priority under first come first served is refused: %s", err);
+    llm_engine_destroy(e);
+    cfg.scheduling_policy = 7;
+    err[0] = 0;
+    e = llm_engine_create(&cfg, err);
+    CHECK(!e && strstr(err, "scheduling_policy"), "scheduling_policy 7 is refused: %s", err);
+    llm_engine_destroy(e);
 }
 
 /* Sliding windows in the KV pool (vLLM's hybrid KV cache): a local group of layers gives back the blocks that
@@ -7445,11 +7599,32 @@ static void test_server_vllm_fields(void) {
     CHECK(http_status(nobos) == 200 && !strcmp(cut_text, ids_text) && strstr(nobos, "\"prompt_tokens\":4,"),
           "serve: add_special_tokens false: %s (ids: %s)", nobos ? nobos : "", ids ? ids : "");
     free(nobos); free(ids);
+    /* priority: under first come first served only 0 */
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":1,\"priority\":0}", NULL);
+    char *r2 = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":1,\"priority\":2}",
+                         NULL);
+    CHECK(http_status(r) == 200 && http_status(r2) == 400 && strstr(r2, "\"param\":\"priority\"") &&
+          strstr(r2, "--scheduling-policy priority"), "serve: priority under fcfs: %s", r2 ? r2 : "");
+    free(r); free(r2);
     CHECK(server_stop(&s) == 0, "serve: SIGTERM: exit status 0");
 
     /* a chat's add_special_tokens true: BOS before the template's own (llama2's writes <s>), as vLLM's
      * tokenizer adds it; false (the default) keeps the template's one */
-    if (server_start(&s, "--chat-template llama2") != 0) { server_stop(&s); return; }
+    if (server_start(&s, "--chat-template llama2 --scheduling-policy priority") != 0) {
+        server_stop(&s);
+        return;
+    }
+    static const struct { const char *value; int status; } prios[] = {{"-3", 200}, {"7", 200}, {"1.5", 400},
+                                                                      {"\"high\"", 400}};
+    for (int i = 0; i < 4; i++) { /* under the priority policy: any integer */
+        char body[256];
+        snprintf(body, sizeof body, "{\"prompt\":\"Once\",\"max_tokens\":1,\"priority\":%s}", prios[i].value);
+        r = http_post(s.port, "/v1/completions", body, NULL);
+        CHECK(http_status(r) == prios[i].status &&
+              (prios[i].status == 200 || strstr(r, "\"param\":\"priority\"")),
+              "serve: priority %s under the priority policy: %s", prios[i].value, r ? r : "");
+        free(r);
+    }
     int n_prompt[3];
     for (int i = 0; i < 3; i++) {
         char body[256];
@@ -10122,7 +10297,7 @@ int main(int argc, char **argv) {
         {"quant SmolLM2", test_quant_smollm2}, {"fidelity of the default path", test_fidelity_smollm2},
         {"sampler", test_sampler}, {"sample step: rows", test_sample_rows},
         {"block manager", test_block_manager},
-        {"batch invariance", test_batch_invariance},
+        {"batch invariance", test_batch_invariance}, {"priority scheduling", test_priority_scheduling},
         {"prefix cache", test_prefix_cache}, {"sliding window blocks", test_sliding_window_blocks},
         {"speculative decoding", test_speculative}, {"speculative decoding: n-gram proposer", test_spec_propose},
         {"parallel sampling", test_parallel_sampling},
