@@ -292,6 +292,7 @@ enum { REQ_COMPLETIONS, REQ_CHAT };
 struct srv_req {
     srv_conn *conn;                 /* NULL once the client is gone */
     int kind, stream, n, logprobs, top_logprobs, include_usage, echo;
+    int continuous_usage;           /* vLLM's stream_options.continuous_usage_stats: usage in every chunk */
     int tokens_as_ids;              /* vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N" */
     int truncate_prompt_tokens;     /* vLLM's: keep only the last K prompt tokens (0: all) */
     int add_special;                /* how its prompt text is tokenized: tokenize_text's add_special */
@@ -1000,6 +1001,9 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r, llm_sa
     }
     const llm_json *so = llm_json_get(body, "stream_options");
     if (so && so->type == LLM_JSON_OBJECT && get_bool(so, "include_usage", &r->include_usage, e)) return -1;
+    if (so && so->type == LLM_JSON_OBJECT && get_bool(so, "continuous_usage_stats", &r->continuous_usage, e))
+        return -1;
+    r->continuous_usage &= r->include_usage; /* as vLLM: only with include_usage */
     if (so && so->type != LLM_JSON_OBJECT && so->type != LLM_JSON_NULL)
         return bad(e, 400, "stream_options", "stream_options must be an object");
     if (get_bool(body, "stream", &r->stream, e)) return -1;
@@ -1545,6 +1549,14 @@ static int put_read_message(sbuf *b, srv_req *r, int ci, const srv_choice *ch) {
 }
 
 /* One delta chunk of a streamed chat reply: `fields` are the delta's members (JSON, without braces) */
+/* continuous_usage_stats: a chunk of choice ci says its usage so far (its prompt's tokens, done of its own) */
+static void put_chunk_usage(sbuf *b, const srv_req *r, int ci, int done) {
+    if (!r->continuous_usage) return;
+    int prompt = (int)arrlen(r->prompts[ci / r->n].prompt_ids);
+    sb_printf(b, ",\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", prompt, done,
+              prompt + done);
+}
+
 static void send_delta(srv_state *S, srv_req *r, int ci, const char *fields, size_t n, const char *finish,
                        const char *logprobs) {
     sbuf b = {0};
@@ -1554,7 +1566,9 @@ static void send_delta(srv_state *S, srv_req *r, int ci, const char *fields, siz
     sb_puts(&b, "},\"logprobs\":"); sb_puts(&b, logprobs ? logprobs : "null");
     sb_puts(&b, ",\"finish_reason\":");
     if (finish) sb_json_cstr(&b, finish); else sb_puts(&b, "null");
-    sb_puts(&b, "}]}");
+    sb_puts(&b, "}]");
+    put_chunk_usage(&b, r, ci, r->choices[ci].n_tokens);
+    sb_puts(&b, "}");
     send_sse(S, r->conn, b.s, b.len);
     sb_free(&b);
 }
@@ -1619,7 +1633,9 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
     if (chat && !ch->sent_role) { /* the first chunk of each choice says who speaks */
         put_header_fields(&b, S, r, "chat.completion.chunk");
         sb_printf(&b, ",\"choices\":[{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
-                  "\"logprobs\":null,\"finish_reason\":null}]}", ci);
+                  "\"logprobs\":null,\"finish_reason\":null}]", ci);
+        put_chunk_usage(&b, r, ci, 0); /* said before the first token */
+        sb_puts(&b, "}");
         send_sse(S, r->conn, b.s, b.len);
         b.len = 0;
         ch->sent_role = 1;
@@ -1683,7 +1699,9 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
     if (ev->finish) { sb_puts(&b, ",\"finish_reason\":"); sb_json_cstr(&b, finish_name(ev->finish)); }
     else sb_puts(&b, ",\"finish_reason\":null");
     if (prompt_lp_now) { put_prompt_logprobs(&b, S, r, pr); ch->sent_prompt_lp = 1; }
-    sb_puts(&b, "}]}");
+    sb_puts(&b, "}]");
+    put_chunk_usage(&b, r, ci, ch->n_tokens);
+    sb_puts(&b, "}");
     send_sse(S, r->conn, b.s, b.len);
     sb_free(&b);
 }

@@ -7599,6 +7599,38 @@ static void test_server_vllm_fields(void) {
     CHECK(http_status(nobos) == 200 && !strcmp(cut_text, ids_text) && strstr(nobos, "\"prompt_tokens\":4,"),
           "serve: add_special_tokens false: %s (ids: %s)", nobos ? nobos : "", ids ? ids : "");
     free(nobos); free(ids);
+    /* stream_options.continuous_usage_stats (with include_usage): every chunk says the usage so far (chat's
+     * first, the role's: 0 tokens), then the usage chunk; without include_usage none */
+    for (int chat = 0; chat < 2; chat++) {
+        r = http_post(port, chat ? "/v1/chat/completions" : "/v1/completions", chat ?
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":3,\"stream\":true,"
+                      "\"temperature\":0,\"stream_options\":{\"include_usage\":true,\"continuous_usage_stats\":true}}" :
+                      "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0,\"stream\":true,"
+                      "\"stream_options\":{\"include_usage\":true,\"continuous_usage_stats\":true}}", NULL);
+        char *ev = dechunk(http_body(r));
+        int chunks = 0, in_order = 1, n_prompt = -1;
+        for (const char *c = ev ? strstr(ev, "data: {") : NULL; c; c = strstr(c + 1, "data: {")) {
+            const char *u = strstr(c, "\"usage\":{\"prompt_tokens\":"), *end = strstr(c, "\n\n");
+            if (!u || !end || u > end) { in_order = 0; break; }
+            const char *cp = strstr(u, "\"completion_tokens\":"), *tp = strstr(u, "\"total_tokens\":");
+            int pt = atoi(u + strlen("\"usage\":{\"prompt_tokens\":")), ct = cp ? atoi(cp + 20) : -1,
+                tt = tp ? atoi(tp + 15) : -1;
+            const char *empty = strstr(c, "\"choices\":[],");
+            int want = empty && empty < end ? 3 : chat ? chunks : chunks + 1;
+            if (n_prompt < 0) n_prompt = pt;
+            in_order &= pt == n_prompt && ct == want && tt == pt + ct;
+            chunks++;
+        }
+        CHECK(http_status(r) == 200 && in_order && chunks == (chat ? 5 : 4) && n_prompt > 0,
+              "serve: %s continuous_usage_stats: %d chunks, in order %d: %s", chat ? "chat" : "completions",
+              chunks, in_order, ev ? ev : "");
+        free(ev); free(r);
+    }
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":2,\"stream\":true,"
+                  "\"stream_options\":{\"continuous_usage_stats\":true}}", NULL);
+    CHECK(http_status(r) == 200 && !strstr(r, "\"usage\""),
+          "serve: continuous_usage_stats without include_usage: %s", r ? r : "");
+    free(r);
     /* priority: under first come first served only 0 */
     r = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":1,\"priority\":0}", NULL);
     char *r2 = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":1,\"priority\":2}",
