@@ -293,6 +293,8 @@ struct srv_req {
     srv_conn *conn;                 /* NULL once the client is gone */
     int kind, stream, n, logprobs, top_logprobs, include_usage, echo;
     int continuous_usage;           /* vLLM's stream_options.continuous_usage_stats: usage in every chunk */
+    char *chat_echo;                /* chat's echo (vLLM's): the last message's text, which each reply's
+                                     * content begins with (NULL: none) */
     int tokens_as_ids;              /* vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:N" */
     int truncate_prompt_tokens;     /* vLLM's: keep only the last K prompt tokens (0: all) */
     int add_special;                /* how its prompt text is tokenized: tokenize_text's add_special */
@@ -651,7 +653,7 @@ static const struct {
     {"frequency_penalty", F_BOTH, fv_any}, {"repetition_penalty", F_BOTH, fv_any},
     {"ignore_eos", F_BOTH, fv_any}, {"min_tokens", F_BOTH, fv_any}, {"skip_special_tokens", F_BOTH, fv_any},
     {"max_tokens", F_BOTH, fv_any}, {"logprobs", F_BOTH, fv_any}, {"prompt_logprobs", F_BOTH, fv_any},
-    {"prompt", F_CMPL, fv_any}, {"echo", F_CMPL, fv_any}, {"messages", F_CHAT, fv_any},
+    {"prompt", F_CMPL, fv_any}, {"echo", F_BOTH, fv_any}, {"messages", F_CHAT, fv_any},
     {"max_completion_tokens", F_CHAT, fv_any}, {"top_logprobs", F_CHAT, fv_any},
     {"logit_bias", F_BOTH, fv_any}, {"allowed_token_ids", F_BOTH, fv_any}, {"bad_words", F_BOTH, fv_any},
     {"include_stop_str_in_output", F_BOTH, fv_any}, {"return_tokens_as_token_ids", F_BOTH, fv_any},
@@ -667,7 +669,7 @@ static const struct {
     {"add_generation_prompt", F_CHAT, fv_any}, {"continue_final_message", F_CHAT, fv_any},
     {"include_reasoning", F_CHAT, fv_any},
     /* not implemented: only the values that ask for what this server does anyway */
-    {"echo", F_CHAT, fv_false}, {"spaces_between_special_tokens", F_BOTH, fv_true},
+    {"spaces_between_special_tokens", F_BOTH, fv_true},
     {"use_beam_search", F_BOTH, fv_false}, {"length_penalty", F_BOTH, fv_1},
     {"best_of", F_BOTH, fv_best_of},
     {"suffix", F_CMPL, fv_none},
@@ -1528,7 +1530,15 @@ static int put_read_message(sbuf *b, srv_req *r, int ci, const srv_choice *ch) {
     }
     int n_calls = rep.n_calls - rep.in_call; /* a call cut short by max_tokens is not a call */
     sb_puts(b, "\"message\":{\"role\":\"assistant\",\"content\":");
-    if (!rep.content[0] && n_calls) sb_puts(b, "null"); else sb_json_cstr(b, rep.content);
+    const char *echo = r->chat_echo ? r->chat_echo : "";
+    if (!rep.content[0] && !echo[0] && n_calls) sb_puts(b, "null");
+    else {
+        sbuf content = {0};
+        sb_puts(&content, echo); sb_puts(&content, rep.content);
+        sb_json_str(b, content.s ? content.s : "", content.len);
+        b->failed |= content.failed;
+        sb_free(&content);
+    }
     if (rep.reasoning && r->reasoning == 2) {
         sb_puts(b, ",\"reasoning_content\":"); sb_json_cstr(b, rep.reasoning);
         sb_puts(b, ",\"reasoning\":"); sb_json_cstr(b, rep.reasoning);
@@ -1639,6 +1649,16 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
         send_sse(S, r->conn, b.s, b.len);
         b.len = 0;
         ch->sent_role = 1;
+        if (r->chat_echo && r->chat_echo[0]) { /* then the echo, in a chunk of its own */
+            put_header_fields(&b, S, r, "chat.completion.chunk");
+            sb_printf(&b, ",\"choices\":[{\"index\":%d,\"delta\":{\"content\":", ci);
+            sb_json_cstr(&b, r->chat_echo);
+            sb_puts(&b, "},\"logprobs\":null,\"finish_reason\":null}]");
+            put_chunk_usage(&b, r, ci, 0);
+            sb_puts(&b, "}");
+            send_sse(S, r->conn, b.s, b.len);
+            b.len = 0;
+        }
     }
     const srv_prompt *pr = (const srv_prompt *)ev->user;
     int echo_now = !chat && r->echo && pr->echo_text && !ch->echoed; /* the prompt before the first text */
@@ -1744,9 +1764,14 @@ static void finish_request(srv_state *S, srv_req *r) {
         if (chat) {
             if (r->tool_calls || r->reasoning) calls = put_read_message(&b, r, i, ch);
             else {
+                sbuf content = {0};
+                sb_puts(&content, r->chat_echo ? r->chat_echo : "");
+                sb_put(&content, ch->text.s ? ch->text.s : "", ch->text.len);
                 sb_puts(&b, "\"message\":{\"role\":\"assistant\",\"content\":");
-                sb_json_str(&b, ch->text.s ? ch->text.s : "", ch->text.len);
+                sb_json_str(&b, content.s ? content.s : "", content.len);
                 sb_puts(&b, ",\"refusal\":null}");
+                b.failed |= content.failed;
+                sb_free(&content);
             }
             sb_puts(&b, ",\"logprobs\":");
             if (r->logprobs > 0) {
@@ -1926,7 +1951,7 @@ static void req_free(srv_req *r) {
     }
     free(r->prompts); free(r->choices);
     arrfree(r->stop_ids); arrfree(r->bias_ids); arrfree(r->bias); arrfree(r->allowed_ids);
-    arrfree(r->bad_ids); arrfree(r->bad_lens); free(r->grammar);
+    arrfree(r->bad_ids); arrfree(r->bad_lens); free(r->grammar); free(r->chat_echo);
     free(r);
 }
 
@@ -2009,6 +2034,20 @@ static int check_context(srv_state *S, srv_req *r, int max_tokens, int max_token
     return 0;
 }
 
+/* vLLM's echo on a chat: the reply's content begins with the last message's text when that message has the
+ * reply's role (the assistant's; without add_generation_prompt, the last message's own) */
+static int chat_echo(const llm_json *body, srv_req *r, srv_error *e) {
+    int echo = 0, gen = 1;
+    if (get_bool(body, "echo", &echo, e) || get_bool(body, "add_generation_prompt", &gen, e)) return -1;
+    const llm_json *msgs = llm_json_get(body, "messages"), *last = &msgs->items[msgs->n - 1];
+    if (!echo || (gen && !fv_str(llm_json_get(last, "role"), "assistant"))) return 0;
+    sbuf t = {0};
+    if (chat_content(last, msgs->n - 1, &t, e)) { sb_free(&t); return -1; }
+    int failed = t.failed || !(r->chat_echo = strdup(t.s ? t.s : ""));
+    sb_free(&t);
+    return failed ? bad(e, 500, NULL, "out of memory") : 0;
+}
+
 /* /v1/completions and /v1/chat/completions: parse, check, tokenize, add to the engine. */
 static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int kind, srv_error *e) {
     srv_req *r = (srv_req *)calloc(1, sizeof *r);
@@ -2050,7 +2089,7 @@ static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int
         p.logprobs = want_logprobs ? r->top_logprobs : -1;
         char *text = NULL;
         int n = 0;
-        if (chat_prompt(S, body, r, &text, &n, e)) goto fail;
+        if (chat_prompt(S, body, r, &text, &n, e) || chat_echo(body, r, e)) { free(text); goto fail; }
         r->prompts = (srv_prompt *)calloc(1, sizeof(srv_prompt));
         int ok = 1;
         if (r->prompts) {

@@ -7631,6 +7631,38 @@ static void test_server_vllm_fields(void) {
     CHECK(http_status(r) == 200 && !strstr(r, "\"usage\""),
           "serve: continuous_usage_stats without include_usage: %s", r ? r : "");
     free(r);
+    /* a chat's echo: the reply's content begins with the last message's text where that message has the
+     * reply's role (continuing the assistant's message; without add_generation_prompt, any), streamed too */
+    static const struct { const char *msgs; int gen; const char *echo, *extra; } echoes[] = {
+        {"{\"role\":\"user\",\"content\":\"Tell a story\"},{\"role\":\"assistant\",\"content\":\"Once upon a\"}", 0,
+         "Once upon a", ""},
+        {"{\"role\":\"user\",\"content\":\"Tell a story\"}", 1, "", ""},
+        {"{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Lily\"},{\"type\":\"text\",\"text\":\"had\"}]}",
+         0, "Lily\nhad", ""},
+        {"{\"role\":\"user\",\"content\":\"Tell a story\"},{\"role\":\"assistant\",\"content\":\"Once upon a\"}", 0,
+         "Once upon a", ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"}, /* read for calls */
+    };
+    for (int i = 0; i < 4; i++) {
+        char replies[3][1024], body[512];
+        for (int k = 0; k < 3; k++) { /* without echo, with it, with it streamed */
+            snprintf(body, sizeof body, "{\"messages\":[%s],\"max_tokens\":4,\"temperature\":0%s%s%s%s}",
+                     echoes[i].msgs, echoes[i].gen ? "" : ",\"add_generation_prompt\":false",
+                     k ? ",\"echo\":true" : "", k == 2 ? ",\"stream\":true" : "", echoes[i].extra);
+            r = http_post(port, "/v1/chat/completions", body, NULL);
+            if (k < 2) json_str(http_body(r), "content", replies[k], sizeof replies[k]);
+            else {
+                char *ev = dechunk(http_body(r));
+                sse_collect(ev ? ev : "", 0, 1, replies[k], sizeof replies[k], &n_events, finish, &done);
+                free(ev);
+            }
+            CHECK(http_status(r) == 200, "serve: chat echo %d/%d: %s", i, k, r ? r : "");
+            free(r);
+        }
+        char want[1100];
+        snprintf(want, sizeof want, "%s%s", echoes[i].echo, replies[0]);
+        CHECK(!strcmp(replies[1], want) && !strcmp(replies[2], want) && strlen(replies[0]) > 0,
+              "serve: chat echo %d: \"%s\" and streamed \"%s\", want \"%s\"", i, replies[1], replies[2], want);
+    }
     /* priority: under first come first served only 0 */
     r = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":1,\"priority\":0}", NULL);
     char *r2 = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":1,\"priority\":2}",
@@ -8188,7 +8220,6 @@ static void test_server_errors(void) {
         {1, "modalities", "[\"text\",\"audio\"]", 400},
         {1, "prediction", "{\"type\":\"content\",\"content\":\"x\"}", 400},
         {1, "web_search_options", "{}", 400},
-        {1, "echo", "true", 400},
         {0, "use_beam_search", "true", 400},
         {1, "response_format", "{\"type\":\"text\"}", 200},
         {0, "response_format", "{\"type\":\"text\"}", 200},
