@@ -7074,7 +7074,8 @@ static void llm_prob_top_k(llm_prob_id *c, int n, int k) {
         if (llm_prob_desc(&c[i], &c[0]) < 0) { c[0] = c[i]; llm_prob_sift(c, k, 0); }
 }
 
-/* w[i] = exp((x[i] - mx) inv_t), a NaN (-inf minus -inf, or a logit not a number) weighing 0, and their sum.
+/* w[i] = exp((x[i] - mx) inv_t), a NaN (-inf minus -inf, or a logit not a number) weighing 0, and their sum
+ * (w NULL: the sum alone).
  * The sum is kept in 8 partial sums in double, whether SIMD adds them 8 at a time or plain C one at a time,
  * and llm_exp_avx2 is libm's expf bit for bit: so a seed picks the same token in every build. (One scalar
  * expf and one add a token, each waiting on the last, took 100 of a sampled SmolLM2 row's 190 us.) */
@@ -7087,7 +7088,7 @@ static double llm_sampler_weights(const float *x, int n, float mx, float inv_t, 
         __m256 t = _mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(mx));
         __m256 e = llm_exp_avx2(_mm256_mul_ps(t, _mm256_set1_ps(inv_t)));
         e = _mm256_and_ps(e, _mm256_cmp_ps(e, e, _CMP_ORD_Q)); /* a NaN: 0 */
-        _mm256_storeu_ps(w + i, e);
+        if (w) _mm256_storeu_ps(w + i, e);
         lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
         hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
     }
@@ -7096,8 +7097,9 @@ static double llm_sampler_weights(const float *x, int n, float mx, float inv_t, 
     for (; i < n; i += 8)
         for (int j = 0; j < 8 && i + j < n; j++) {
             float e = expf((x[i + j] - mx) * inv_t);
-            w[i + j] = e >= 0.0f ? e : 0.0f;
-            part[j] += w[i + j];
+            e = e >= 0.0f ? e : 0.0f;
+            if (w) w[i + j] = e;
+            part[j] += e;
         }
     return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
@@ -7186,12 +7188,16 @@ int32_t llm_sampler_sample(llm_sampler *s, const llm_sampling_params *p, const f
 static float llm_logprobs_top(const float *logits, int n, int k, int32_t *top_ids, float *top_logprobs) {
     int finite;
     float mx = llm_row_max(logits, n, &finite);
-    double sum = 0;
-    for (int i = 0; i < n; i++) sum += exp((double)(logits[i] - mx));
+    double sum = llm_sampler_weights(logits, n, mx, 1.0f, NULL);
     float lse = mx + (float)log(sum);
     int have = 0;
     for (int i = 0; i < n && k > 0; i++) { /* insertion into a sorted list of k: k is small */
-        if (have == k && logits[i] <= logits[top_ids[k - 1]]) continue;
+        if (have == k) { /* the list is full: runs of 16 whose largest would not enter are passed at once */
+            float least = logits[top_ids[k - 1]];
+            while (i + 16 <= n && llm_max(logits + i, 16, least) == least) i += 16;
+            if (i >= n) break;
+            if (logits[i] <= least) continue;
+        }
         int j = have < k ? have++ : k - 1;
         while (j > 0 && logits[top_ids[j - 1]] < logits[i]) { top_ids[j] = top_ids[j - 1]; j--; }
         top_ids[j] = i;

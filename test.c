@@ -2576,6 +2576,35 @@ static void test_sampler(void) {
               bad_sum);
     }
 
+    /* the top k logprobs (llm_logprobs_top, which passes runs of 16 below the k-th at once): the first k of
+     * the values sorted down, ties in id order, on rows of 1 to 300 values of 9 levels (ties everywhere) */
+    {
+        static float row[300];
+        int32_t ids[20];
+        float lps[20];
+        int same = 0;
+        uint64_t lr = 3;
+        for (int trial = 0; trial < 500; trial++) {
+            int n = 1 + (int)(llm_splitmix64(&lr) % 300), k = 1 + (int)(llm_splitmix64(&lr) % 20);
+            for (int i = 0; i < n; i++) row[i] = (float)(llm_splitmix64(&lr) % 9) - 4.0f;
+            if (k > n) k = n;
+            llm_logprobs_top(row, n, k, ids, lps);
+            int ok = 1, prev = -1;
+            for (int j = 0; j < k && ok; j++) { /* the j-th: the first id of the largest value not taken yet */
+                int best = -1;
+                for (int i = 0; i < n; i++) {
+                    int taken = 0;
+                    for (int t = 0; t < j; t++) taken |= ids[t] == i;
+                    if (!taken && (best < 0 || row[i] > row[best])) best = i;
+                }
+                ok = ids[j] == best;
+                prev = best;
+            }
+            same += ok && prev >= 0;
+        }
+        CHECK(same == 500, "top logprobs: %d of 500 rows give the first k of a sort", same);
+    }
+
     /* random logits over a vocabulary of 1000: top-k 1 is greedy; a seed repeats; different seeds differ */
     enum { V = 1000, N = 200 };
     float *logits = (float *)malloc(V * sizeof(float));
