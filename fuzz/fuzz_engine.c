@@ -1,12 +1,14 @@
 /* fuzz_engine.c - libFuzzer target: llm.h's engine (scheduler, KV blocks, sampler, stop strings) on
  * stories260K, with requests made from the input.
  *
- * Engines on $LLM_TESTDATA/models/stories260K.gguf (CPU backend) are made once, in three configurations: a
+ * Engines on $LLM_TESTDATA/models/stories260K.gguf (CPU backend) are made once, in four configurations: a
  * roomy pool (64 blocks), a tight one (10 blocks, a budget of 32 tokens a step, 4 sequences: chunked
- * prefill and preemption) and static batching. Per input: the first byte picks the engine, then 1 to 4
- * requests are read from the bytes: sampling parameters (floats taken from raw bits too, so NaN, infinities,
- * denormals and negative values occur: the engine must refuse bad ones with a message, never crash), n, max
- * and min tokens, logprobs, stop strings and stop ids, and a prompt of token ids or of text. Some requests
+ * prefill and preemption), static batching, and the tight one under the priority policy. Per input: the
+ * first byte picks the engine, then 1 to 4 requests are read from the bytes: sampling parameters (floats
+ * taken from raw bits too, so NaN, infinities, denormals and negative values occur: the engine must refuse
+ * bad ones with a message, never crash), n, max and min tokens, logprobs, stop strings (kept in the output
+ * or not) and stop ids, a priority (refused but under the priority policy), a cache salt, and a prompt of
+ * token ids or of text. Some requests
  * join at a later step, and one may be aborted at a step the input picks. The engine steps until it has no
  * work, and these must hold (else abort()):
  *   - llm_engine_check_blocks passes after every step;
@@ -25,19 +27,20 @@
 #define MAX_N 4
 #define MAX_STEPS 2000
 
-static llm_engine *g_engine[3];
+static llm_engine *g_engine[4];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc; (void)argv;
     char err[LLM_ERR_LEN], path[4096];
     snprintf(path, sizeof path, "%s/models/stories260K.gguf", fz_testdata_dir());
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         llm_engine_config cfg = llm_engine_defaults();
         cfg.model_path = path;
         cfg.create_backend = llm_cpu_backend_create;
         cfg.num_blocks = 64;
         cfg.max_model_len = 128;
-        if (i == 1) { cfg.num_blocks = 10; cfg.max_num_batched_tokens = 32; cfg.max_num_seqs = 4; }
+        if (i == 1 || i == 3) { cfg.num_blocks = 10; cfg.max_num_batched_tokens = 32; cfg.max_num_seqs = 4; }
+        if (i == 3) cfg.scheduling_policy = LLM_SCHED_PRIORITY;
         if (i == 2) { cfg.static_batching = 1; cfg.enable_prefix_caching = 0; cfg.num_blocks = 24; }
         if (!(g_engine[i] = llm_engine_create(&cfg, err))) {
             fprintf(stderr, "fuzz_engine: %s (LLM_TESTDATA: the test data, testdata/ by default)\n",
@@ -50,7 +53,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 typedef struct {
     llm_sampling_params p;
-    char stop_buf[3][9];
+    char stop_buf[3][9], salt[9];
     const char *stops[3];
     int32_t stop_ids[4];
     int32_t prompt_ids[160];
@@ -84,6 +87,9 @@ static void read_request(fz_in *in, fz_request *r, const fz_request *prev, int n
     if (on & 64) p->logprobs = fz_range(in, -1, 5);
     if (on & 128) { p->min_tokens = fz_u8(in) % 20; p->ignore_eos = fz_u8(in) & 1; }
     p->special_text = on2 >> 1 & 1;
+    if (on2 & 32) p->priority = (int)(int8_t)fz_u8(in);
+    p->include_stop_str = on2 >> 6 & 1;
+    if (on2 & 128) { fz_str(in, r->salt, 8); p->cache_salt = r->salt; }
     if (on2 & 4) { /* sometimes a value out of its range: it must be refused, not run */
         switch (fz_u8(in) % 6) {
         case 0: { uint8_t b = fz_u8(in); p->n = b & 1 ? -(int)(b >> 1) : 129 + b; } break;
@@ -139,7 +145,7 @@ static void read_request(fz_in *in, fz_request *r, const fz_request *prev, int n
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_in in = {data, size};
-    llm_engine *e = g_engine[fz_u8(&in) % 3];
+    llm_engine *e = g_engine[fz_u8(&in) % 4];
     char err[LLM_ERR_LEN];
     int n_vocab = llm_engine_model(e)->cfg.vocab_size;
     FUZZ_CHECK(!llm_engine_has_work(e), "the engine has work left from the last input");
