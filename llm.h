@@ -4158,8 +4158,8 @@ int llm_chat_stop_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32
  * youngest running sequence is preempted (its blocks go back; its tokens will be computed again). Then
  * waiting sequences, first come first served, while the step's token budget, max_num_seqs and the pool
  * allow. (Under the priority policy the queue is kept in order of priority, then arrival, and the sequence
- * preempted is the last in that order.) The plan is a list of (sequence, new tokens) and the block copies that copy-on-write needs before
- * the forward pass.
+ * preempted is the last in that order.) The plan is a list of (sequence, new tokens) and the block copies
+ * that copy-on-write needs before the forward pass.
  * ======================================================================================================== */
 llm_sampling_params llm_sampling_defaults(void) {
     llm_sampling_params p;
