@@ -11204,6 +11204,13 @@ static void llm_seq_verify(llm_engine *e, llm_seq *s, int row, const llm_sample_
     llm_seq_hash_blocks(&e->bm, s);
 }
 
+/* 5. A row for the sample step: s's, drawn with a copy of the generator at rng */
+static void llm_engine_queue_row(llm_engine *e, llm_seq *s, llm_sample_row r, uint64_t rng) {
+    arrput(e->sample_rows, r);
+    arrput(e->sample_seqs, s);
+    arrput(e->sample_rngs, rng);
+}
+
 /* 5. s draws its next token from logit row `row`: on the host now if it reads its rows there (a grammar),
  *    else in the sample step, with a copy of its generator */
 static void llm_engine_draw(llm_engine *e, llm_seq *s, int row) {
@@ -11211,9 +11218,7 @@ static void llm_engine_draw(llm_engine *e, llm_seq *s, int row) {
         llm_seq_sample_on_host(e, s, e->logits + (size_t)row * e->model.cfg.vocab_size);
         return;
     }
-    arrput(e->sample_rows, llm_seq_sample_row(e, s, row));
-    arrput(e->sample_seqs, s);
-    arrput(e->sample_rngs, s->rng);
+    llm_engine_queue_row(e, s, llm_seq_sample_row(e, s, row), s->rng);
 }
 
 /* 5. ... a proposal's rows, from logit row `row`: row j after the tokens and the proposal's first j ... */
@@ -11225,9 +11230,7 @@ static void llm_engine_draw_proposal(llm_engine *e, llm_seq *s, int row) {
     for (int j = 0; j <= s->n_draft; j++) {
         llm_sample_row r = llm_seq_sample_row(e, s, row + j);
         r.history = s->spec_history; r.n_history = len + j;
-        arrput(e->sample_rows, r);
-        arrput(e->sample_seqs, s);
-        arrput(e->sample_rngs, llm_sampling_rng_after(&s->req->params, s->rng, j));
+        llm_engine_queue_row(e, s, r, llm_sampling_rng_after(&s->req->params, s->rng, j));
     }
 }
 
@@ -11239,9 +11242,7 @@ static void llm_engine_score(llm_engine *e, llm_seq *s, int pos, int row) {
     llm_sample_row r = llm_seq_sample_row(e, s, row);
     r.score = 1; r.n_history = pos + 1;
     r.top_ids = s->plp_top_ids + (size_t)pos * K; r.top_logprobs = s->plp_top + (size_t)pos * K;
-    arrput(e->sample_rows, r);
-    arrput(e->sample_seqs, s);
-    arrput(e->sample_rngs, s->rng);
+    llm_engine_queue_row(e, s, r, s->rng); /* (no draw: the generator stays) */
 }
 
 /* 5. The step's tokens are computed: full blocks are named for the prefix cache, prompt tokens are scored

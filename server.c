@@ -1567,8 +1567,10 @@ static void put_chunk_usage(sbuf *b, const srv_req *r, int ci, int done) {
               prompt + done);
 }
 
+/* A chat chunk of choice ci: its delta's fields, logprobs and finish reason (NULL: null); done: its tokens so
+ * far, for continuous_usage_stats */
 static void send_delta(srv_state *S, srv_req *r, int ci, const char *fields, size_t n, const char *finish,
-                       const char *logprobs) {
+                       const char *logprobs, int done) {
     sbuf b = {0};
     put_header_fields(&b, S, r, "chat.completion.chunk");
     sb_printf(&b, ",\"choices\":[{\"index\":%d,\"delta\":{", ci);
@@ -1577,7 +1579,7 @@ static void send_delta(srv_state *S, srv_req *r, int ci, const char *fields, siz
     sb_puts(&b, ",\"finish_reason\":");
     if (finish) sb_json_cstr(&b, finish); else sb_puts(&b, "null");
     sb_puts(&b, "}]");
-    put_chunk_usage(&b, r, ci, r->choices[ci].n_tokens);
+    put_chunk_usage(&b, r, ci, done);
     sb_puts(&b, "}");
     send_sse(S, r->conn, b.s, b.len);
     sb_free(&b);
@@ -1611,7 +1613,7 @@ static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, i
         sb_puts(&d, "\"content\":"); sb_json_str(&d, rep.content + ch->sent_content, nc - ch->sent_content);
         ch->sent_content = nc;
     }
-    if (d.len || logprobs) send_delta(S, r, ci, d.s ? d.s : "", d.len, NULL, logprobs);
+    if (d.len || logprobs) send_delta(S, r, ci, d.s ? d.s : "", d.len, NULL, logprobs, ch->n_tokens);
     for (int k = 0; k < n_calls; k++) {
         d.len = 0;
         size_t na = strlen(rep.calls[k].arguments);
@@ -1619,7 +1621,7 @@ static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, i
             sb_printf(&d, "\"tool_calls\":[{\"index\":%d,\"id\":", k); put_tool_call_id(&d, r, ci, k);
             sb_puts(&d, ",\"type\":\"function\",\"function\":{\"name\":"); sb_json_cstr(&d, rep.calls[k].name);
             sb_puts(&d, ",\"arguments\":\"\"}}]");
-            send_delta(S, r, ci, d.s, d.len, NULL, NULL);
+            send_delta(S, r, ci, d.s, d.len, NULL, NULL, ch->n_tokens);
             arrput(ch->sent_args, 0);
             d.len = 0;
         }
@@ -1627,7 +1629,7 @@ static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, i
             sb_printf(&d, "\"tool_calls\":[{\"index\":%d,\"function\":{\"arguments\":", k);
             sb_json_str(&d, rep.calls[k].arguments + ch->sent_args[k], na - ch->sent_args[k]);
             sb_puts(&d, "}}]");
-            send_delta(S, r, ci, d.s, d.len, NULL, NULL);
+            send_delta(S, r, ci, d.s, d.len, NULL, NULL, ch->n_tokens);
             ch->sent_args[k] = na;
         }
     }
@@ -1640,23 +1642,14 @@ static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, i
 static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const srv_event *ev) {
     sbuf b = {0};
     int chat = r->kind == REQ_CHAT;
-    if (chat && !ch->sent_role) { /* the first chunk of each choice says who speaks */
-        put_header_fields(&b, S, r, "chat.completion.chunk");
-        sb_printf(&b, ",\"choices\":[{\"index\":%d,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},"
-                  "\"logprobs\":null,\"finish_reason\":null}]", ci);
-        put_chunk_usage(&b, r, ci, 0); /* said before the first token */
-        sb_puts(&b, "}");
-        send_sse(S, r->conn, b.s, b.len);
-        b.len = 0;
+    if (chat && !ch->sent_role) { /* the first chunk of each choice says who speaks (before any token) */
+        const char role[] = "\"role\":\"assistant\",\"content\":\"\"";
+        send_delta(S, r, ci, role, sizeof role - 1, NULL, NULL, 0);
         ch->sent_role = 1;
         if (r->chat_echo && r->chat_echo[0]) { /* then the echo, in a chunk of its own */
-            put_header_fields(&b, S, r, "chat.completion.chunk");
-            sb_printf(&b, ",\"choices\":[{\"index\":%d,\"delta\":{\"content\":", ci);
+            sb_puts(&b, "\"content\":");
             sb_json_cstr(&b, r->chat_echo);
-            sb_puts(&b, "},\"logprobs\":null,\"finish_reason\":null}]");
-            put_chunk_usage(&b, r, ci, 0);
-            sb_puts(&b, "}");
-            send_sse(S, r->conn, b.s, b.len);
+            send_delta(S, r, ci, b.s, b.len, NULL, NULL, 0);
             b.len = 0;
         }
     }
@@ -1682,7 +1675,8 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
         int calls = stream_read_reply(S, r, ci, ch, ev->finish != 0, lp.len ? lp.s : NULL);
         if (ev->finish)
             send_delta(S, r, ci, "", 0,
-                       calls && ev->finish == LLM_FINISH_STOP ? "tool_calls" : finish_name(ev->finish), NULL);
+                       calls && ev->finish == LLM_FINISH_STOP ? "tool_calls" : finish_name(ev->finish), NULL,
+                       ch->n_tokens);
         sb_free(&lp); sb_free(&b);
         return;
     }
