@@ -934,6 +934,10 @@ int  llm_engine_check_blocks(llm_engine *e, char *err);
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/resource.h> /* the grammar thread's priority */
+#include <sys/syscall.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -4259,6 +4263,8 @@ typedef struct llm_seq {
     const char *error;              /* LLM_FINISH_ERROR: what went wrong */
     llm_grammar_state *grammar;     /* with a grammar: where the output so far is in it (a preempted sequence
                                      * keeps its tokens, and so its state) */
+    int parked;                     /* its next token is the grammar thread's (section 11): the scheduler
+                                     * neither plans nor preempts it until the token comes back */
     llm_detok detok;
     char *held_text;                /* stb_ds array: text decoded, not emitted (may begin a stop string) */
     /* this step's output (stb_ds arrays, emptied at the start of each step) */
@@ -4423,8 +4429,9 @@ static void llm_preempt(llm_scheduler *sch, llm_seq *s) {
  * in its order (vLLM's max by (priority, arrival)) */
 static int llm_sched_victim(const llm_scheduler *sch) {
     int v = (int)arrlen(sch->running) - 1;
+    while (v > 0 && sch->running[v]->parked) v--; /* (the sequence asking is never parked) */
     for (int j = 0; sch->priority_policy && j < arrlen(sch->running); j++)
-        if (llm_seq_served_before(sch->running[v], sch->running[j])) v = j;
+        if (!sch->running[j]->parked && llm_seq_served_before(sch->running[v], sch->running[j])) v = j;
     return v;
 }
 
@@ -4515,6 +4522,7 @@ static void llm_schedule(llm_scheduler *sch) {
     /* running sequences first, oldest first */
     for (int i = 0; i < arrlen(sch->running) && budget > 0; i++) {
         llm_seq *s = sch->running[i];
+        if (s->parked) continue; /* its token is not drawn yet */
         int n_new = llm_seq_chunk(s, budget), ok;
         s->n_draft = 0;
         while (!(ok = llm_seq_reserve(sch, s, s->n_computed + n_new))) {
@@ -10370,6 +10378,31 @@ int llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int specia
  * goes through the stop conditions and the detokenizer; every sequence with news gives an output, and
  * finished ones leave.
  * ======================================================================================================== */
+/* A parked sequence's draw, for the grammar thread (llm_seq_park, below) */
+typedef struct {
+    llm_seq *seq;
+    float *row;                     /* [vocab_size]: its logits, copied */
+    llm_sample_row r;               /* the draw: r.token (drawn by the step when drawn is set), its logprobs */
+    int drawn;
+    int32_t top_ids[20]; float top_logprobs[20]; /* r's top logprobs (a request asks for 20 at most) */
+    llm_grammar_state *next;        /* the state r.token leads to */
+    const char *error;              /* the sequence fails with this; NULL: r.token is taken */
+    int64_t tokens, masks, masks_cached; /* for the engine's stats */
+    double seconds;
+} llm_grammar_job;
+
+typedef struct { /* what a thread that runs jobs keeps: a sampler of its own and the mask's room */
+    llm_sampler *sampler;
+    uint8_t *mask;                  /* [vocab_size bits] */
+    int32_t *ids;                   /* [vocab_size] the tokens a mask allows ... */
+    float *logits;                  /* [vocab_size] ... and their logits, the row a refused draw is redrawn from */
+} llm_grammar_scratch;
+
+static void llm_grammar_scratch_free(llm_grammar_scratch *w) {
+    llm_sampler_free(w->sampler); free(w->mask); free(w->ids); free(w->logits);
+    memset(w, 0, sizeof *w);
+}
+
 struct llm_engine {
     llm_engine_config cfg;
     llm_model model;
@@ -10404,9 +10437,18 @@ struct llm_engine {
     uint64_t *sample_rngs;          /* ... and its generator, as the draw leaves it */
     int32_t *top_ids; float *top_logprobs; /* the rows' top logprobs */
     llm_token_trie *trie;           /* the vocabulary's bytes, built for the first request with a grammar */
-    uint8_t *grammar_mask;          /* [vocab_size bits] */
-    int32_t *grammar_ids;           /* [vocab_size] the tokens a mask allows ... */
-    float *grammar_logits;          /* [vocab_size] ... and their logits, the row a refused draw is redrawn from */
+    /* the grammar thread (section 5 of the step, structured output): jobs in, jobs done, under lock */
+    pthread_t grammar_thread;
+    int grammar_thread_on, grammar_thread_failed, grammar_quit;
+    pthread_cond_t grammar_added;   /* a job came, or the thread is to quit */
+    llm_grammar_job **grammar_todo, **grammar_done;
+    /* the engine thread's own */
+    llm_grammar_job **grammar_spare;/* done with: their rows kept for the next */
+    int grammar_in_flight;          /* jobs handed out and not taken back */
+    llm_seq **parked_finished;      /* finished (aborted) while parked: freed when their job comes back */
+    llm_grammar_scratch grammar_here; /* the jobs' room on this thread, when the grammar thread would not start */
+    double grammar_step_seconds, grammar_step_budget; /* this step's checks so far, and how far they may go */
+    int step_idle;                  /* the last step planned nothing and gave nothing out */
     struct { char *text; llm_grammar *g; } *grammars; /* stb_ds, under lock: the last LLM_ENGINE_GRAMMARS
                                      * grammars parsed, each holding a reference, replaced in turn */
     int grammars_next;
@@ -10573,6 +10615,7 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_cond_init(&e->work_added, &attr);
+    pthread_cond_init(&e->grammar_added, NULL);
     pthread_condattr_destroy(&attr);
     int rc = cfg->dummy ? llm_model_dummy(&e->model, cfg->dummy, cfg->dummy_seed, err)
            : cfg->model_path ? llm_model_load(&e->model, cfg->model_path, err)
@@ -10618,8 +10661,16 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
 
 void llm_engine_destroy(llm_engine *e) {
     if (!e) return;
-    llm_seq **all[4] = {e->sched.waiting, e->sched.running, e->finished, e->inbox};
-    for (int k = 0; k < 4; k++) for (int i = 0; i < arrlen(all[k]); i++) llm_seq_free(all[k][i]);
+    if (e->grammar_thread_on) { /* first: it may be reading a sequence */
+        pthread_mutex_lock(&e->lock);
+        e->grammar_quit = 1;
+        pthread_cond_signal(&e->grammar_added);
+        pthread_mutex_unlock(&e->lock);
+        pthread_join(e->grammar_thread, NULL);
+    }
+    llm_seq **all[5] = {e->sched.waiting, e->sched.running, e->finished, e->inbox, e->parked_finished};
+    for (int k = 0; k < 5; k++) for (int i = 0; i < arrlen(all[k]); i++) llm_seq_free(all[k][i]);
+    arrfree(e->parked_finished);
     llm_scheduler *sch = &e->sched;
     arrfree(sch->waiting); arrfree(sch->running);
     arrfree(sch->scheduled); arrfree(sch->n_new); arrfree(sch->copy_src); arrfree(sch->copy_dst);
@@ -10630,9 +10681,15 @@ void llm_engine_destroy(llm_engine *e) {
     arrfree(e->sample_rows); arrfree(e->sample_seqs); arrfree(e->sample_rngs);
     arrfree(e->top_ids); arrfree(e->top_logprobs);
     arrfree(e->b_tables); arrfree(e->outputs);
-    free(e->logits); llm_token_trie_free(e->trie); free(e->grammar_mask);
-    free(e->grammar_ids); free(e->grammar_logits);
+    free(e->logits); llm_token_trie_free(e->trie);
     llm_grammar_state_free(e->grammar_next);
+    llm_grammar_job **jobs[3] = {e->grammar_todo, e->grammar_done, e->grammar_spare};
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < arrlen(jobs[k]); i++) {
+            free(jobs[k][i]->row); llm_grammar_state_free(jobs[k][i]->next); free(jobs[k][i]);
+        }
+    arrfree(e->grammar_todo); arrfree(e->grammar_done); arrfree(e->grammar_spare);
+    llm_grammar_scratch_free(&e->grammar_here);
     for (ptrdiff_t i = 0; i < arrlen(e->grammars); i++) {
         free(e->grammars[i].text);
         llm_grammar_free(e->grammars[i].g);
@@ -10646,6 +10703,7 @@ void llm_engine_destroy(llm_engine *e) {
     llm_model_free(&e->model);
     llm_model_free(&e->draft_model);
     pthread_cond_destroy(&e->work_added);
+    pthread_cond_destroy(&e->grammar_added);
     pthread_mutex_destroy(&e->lock);
     free(e);
 }
@@ -10761,7 +10819,12 @@ void llm_engine_abort(llm_engine *e, uint64_t request_id) {
 /* Work: something in the inbox, or sequences waiting or running. Called with the lock held. */
 static int llm_engine_work_locked(llm_engine *e) {
     return arrlen(e->inbox) > 0 || arrlen(e->inbox_abort) > 0 || arrlen(e->sched.waiting) > 0 ||
-           arrlen(e->sched.running) > 0;
+           arrlen(e->sched.running) > 0 || e->grammar_in_flight > 0;
+}
+
+/* News for a step that found nothing to do: a request, an abort, or a grammar job done. Lock held. */
+static int llm_engine_news_locked(llm_engine *e) {
+    return arrlen(e->inbox) > 0 || arrlen(e->inbox_abort) > 0 || arrlen(e->grammar_done) > 0;
 }
 
 int llm_engine_wait(llm_engine *e, int timeout_ms) {
@@ -10790,7 +10853,14 @@ int llm_engine_has_work(llm_engine *e) { return llm_engine_wait(e, 0); }
  *    emptied. Only running sequences have output: one the scheduler preempts later in this step has had its
  *    emptied here first. */
 static void llm_engine_begin_step(llm_engine *e) {
-    for (int i = 0; i < arrlen(e->finished); i++) llm_seq_free(e->finished[i]);
+    if (e->step_idle && e->grammar_in_flight) { /* nothing to do but wait for the grammar thread */
+        pthread_mutex_lock(&e->lock);
+        while (!llm_engine_news_locked(e)) pthread_cond_wait(&e->work_added, &e->lock);
+        pthread_mutex_unlock(&e->lock);
+    }
+    for (int i = 0; i < arrlen(e->finished); i++) /* a parked one waits for its job */
+        if (e->finished[i]->parked) arrput(e->parked_finished, e->finished[i]);
+        else llm_seq_free(e->finished[i]);
     arrsetlen(e->finished, 0); arrsetlen(e->outputs, 0);
     e->step_error[0] = 0;
     for (int i = 0; i < arrlen(e->sched.running); i++) {
@@ -11002,80 +11072,145 @@ static void llm_engine_fail_step(llm_engine *e) {
         llm_seq_finish(e, e->sched.scheduled[i], LLM_FINISH_ERROR, e->step_error);
 }
 
-/* 5. Under a grammar, the token sampled first is checked: most of the time the grammar allows it (a model
- *    asked for JSON mostly writes JSON), and that costs one walk of its bytes. When it does not, every token
- *    is checked (a mask, through the vocabulary's trie, or from the cache), the refused ones are masked out
- *    and the sampler draws again: the same distribution as masking first (a refused draw is thrown away),
- *    for the price of a mask only where one is needed. The ends of generation and the request's stop ids are
- *    allowed exactly where the text so far is a whole sentence. A token that adds text leaves the state it
- *    leads to in e->grammar_next. Returns the token, or -1 when the sequence failed (then it is finished with
- *    the error). */
-static int llm_seq_grammar_allows(llm_engine *e, llm_seq *s, int32_t token) {
+/* 5. Structured output. Under a grammar, the token sampled first is checked: most of the time the grammar
+ *    allows it (a model asked for JSON mostly writes JSON), and that costs one walk of its bytes. When it does
+ *    not, every token is checked (a mask, through the vocabulary's trie, or from the cache), the refused ones
+ *    are masked out and the sampler draws again: the same distribution as masking first (a refused draw is
+ *    thrown away), for the price of a mask only where one is needed. The ends of generation and the
+ *    request's stop ids are allowed exactly where the text so far is a whole sentence.
+ *    A mask costs microseconds or tens of milliseconds, as the grammar makes it (thousands of stacks in an
+ *    ambiguous one), and a request's bytes choose the grammar. So no step waits for a mask: a sequence whose
+ *    token was refused is parked, its row of logits copied into a job, and the engine's grammar thread builds
+ *    the mask and draws again while the steps go on without it; the token is taken by the first step after.
+ *    A costly grammar slows its own request, not the others (vLLM fills its masks beside the forward pass
+ *    for the same reason). The checks stay in the step up to a budget, LLM_GRAMMAR_STEP_SHARE of the forward
+ *    pass's time; past it the step's other grammar sequences are parked before their draw. A job draws with
+ *    its sequence's own generator, so a seed gives the same tokens whichever thread draws. */
+#define LLM_GRAMMAR_STEP_SHARE 0.25
+#define LLM_GRAMMAR_STEP_MIN_S 0.0002 /* the budget of a step whose forward pass took next to nothing */
+
+/* Whether the grammar lets token come next; a token that adds text leaves the state it leads to in next */
+static int llm_seq_grammar_allows(const llm_engine *e, const llm_seq *s, int32_t token, llm_grammar_state *next) {
     const llm_sampling_params *p = &s->req->params;
     for (int i = 0; i < p->n_stop_token_ids; i++)
         if (p->stop_token_ids[i] == token) return llm_grammar_can_end(s->grammar) && !p->ignore_eos;
     if (p->ignore_eos && llm_tokenizer_is_eog(e->model.tok, token)) return 0; /* it would not end the text */
-    return llm_gr_allows_into(s->grammar, e->trie, token, e->grammar_next);
+    return llm_gr_allows_into(s->grammar, e->trie, token, next);
 }
 
-static int32_t llm_seq_grammar_sample(llm_engine *e, llm_seq *s, const float *sample_from, int32_t token) {
+/* The grammar thread's work on a parked sequence: the draw (unless the step made it), the check, and when the
+ * token is refused the mask and the draw again from the tokens it allows; then the token's logprobs. Only
+ * this thread builds masks, so the grammars' mask caches have one writer. */
+static void llm_grammar_job_run(const llm_engine *e, llm_grammar_scratch *w, llm_grammar_job *j) {
+    llm_seq *s = j->seq;
     const llm_sampling_params *p = &s->req->params;
     int V = e->model.cfg.vocab_size;
-    char err[LLM_ERR_LEN];
-    if (!e->trie && !(e->trie = llm_token_trie_build(e->model.tok, err))) { /* once: not in grammar_seconds */
-        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the vocabulary's trie");
-        return -1;
-    }
     double t0 = llm_now();
-    if ((!e->grammar_next && !(e->grammar_next = llm_grammar_state_copy(s->grammar))) ||
-        (!e->grammar_mask && !(e->grammar_mask = (uint8_t *)malloc(((size_t)V + 7) / 8))) ||
-        (!e->grammar_ids && !(e->grammar_ids = (int32_t *)malloc((size_t)V * sizeof(int32_t)))) ||
-        (!e->grammar_logits && !(e->grammar_logits = (float *)malloc((size_t)V * sizeof(float))))) {
-        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the grammar's mask");
-        return -1;
+    j->error = NULL; j->tokens = 1; j->masks = j->masks_cached = 0;
+    if ((!w->sampler && !(w->sampler = llm_sampler_create(V, NULL))) ||
+        (!w->mask && !(w->mask = (uint8_t *)malloc(((size_t)V + 7) / 8))) ||
+        (!w->ids && !(w->ids = (int32_t *)malloc((size_t)V * sizeof(int32_t)))) ||
+        (!w->logits && !(w->logits = (float *)malloc((size_t)V * sizeof(float)))) ||
+        (!j->next && !(j->next = llm_grammar_state_copy(s->grammar)))) {
+        j->error = "out of memory for the grammar's mask";
+        return;
     }
-    e->stats.grammar_tokens++;
-    if (llm_seq_grammar_allows(e, s, token)) { e->stats.grammar_seconds += llm_now() - t0; return token; }
-    int64_t cached = s->req->grammar->cache_hits;
-    int n = llm_grammar_mask(s->grammar, e->trie, e->grammar_mask);
-    e->stats.grammar_masks++;
-    e->stats.grammar_masks_cached += s->req->grammar->cache_hits - cached;
-    if (n < 0) {
-        llm_seq_finish(e, s, LLM_FINISH_ERROR, "the grammar's mask could not be built (out of memory, or the "
-                       "grammar is too ambiguous)");
-        return -1;
-    }
-    uint8_t *mask = e->grammar_mask;
-    int can_end = llm_grammar_can_end(s->grammar) && !p->ignore_eos;
-    for (int i = 0; i < p->n_stop_token_ids; i++) { /* stop ids end the text, as the ends of generation do */
-        int32_t t = p->stop_token_ids[i];
-        if (t < 0 || t >= V) continue;
-        if (can_end) mask[t >> 3] |= (uint8_t)(1u << (t & 7));
-        else mask[t >> 3] &= (uint8_t)~(1u << (t & 7));
-    }
-    for (ptrdiff_t i = 0; p->ignore_eos && i < arrlen(e->model.tok->eog); i++) { /* they would not end it */
-        int32_t t = e->model.tok->eog[i];
-        mask[t >> 3] &= (uint8_t)~(1u << (t & 7));
-    }
-    /* the draw again, from the allowed tokens only (gathered: a mask allows a few as a rule, and the refused
-     * ones would weigh nothing), with the request's penalties, the same draw as from the row masked */
-    const float *pen = llm_sampler_penalize(e->sampler, p, sample_from, s->tokens, s->req->n_prompt,
-                                            (int)arrlen(s->tokens));
-    int n_ids = 0;
-    for (int i = 0; i < V; i += 8)
-        for (unsigned bits = mask[i >> 3]; bits; bits &= bits - 1) {
-            int t = i + __builtin_ctz(bits);
-            if (t < V && pen[t] > -INFINITY) { e->grammar_ids[n_ids] = t; e->grammar_logits[n_ids++] = pen[t]; }
+    if (!j->drawn) llm_sampler_draw(w->sampler, &j->r, j->row);
+    int32_t token = j->r.token;
+    if (token >= 0 && !llm_seq_grammar_allows(e, s, token, j->next)) {
+        int64_t cached = s->req->grammar->cache_hits;
+        int n = llm_grammar_mask(s->grammar, e->trie, w->mask);
+        j->masks = 1; j->masks_cached = s->req->grammar->cache_hits - cached;
+        if (n < 0) {
+            j->error = "the grammar's mask could not be built (out of memory, or the grammar is too ambiguous)";
+            j->seconds = llm_now() - t0;
+            return;
         }
-    int32_t at = n_ids ? llm_sampler_pick(e->sampler, p, e->grammar_logits, n_ids, &s->rng) : -1;
-    token = at >= 0 ? e->grammar_ids[at] : -1;
-    int ok = token >= 0 && llm_seq_grammar_allows(e, s, token);
-    e->stats.grammar_seconds += llm_now() - t0;
-    if (!ok) {
-        llm_seq_finish(e, s, LLM_FINISH_ERROR, "the grammar allows no token here that the request allows");
-        return -1;
+        uint8_t *mask = w->mask;
+        int can_end = llm_grammar_can_end(s->grammar) && !p->ignore_eos;
+        for (int i = 0; i < p->n_stop_token_ids; i++) { /* stop ids end the text, as the ends of generation do */
+            int32_t t = p->stop_token_ids[i];
+            if (t < 0 || t >= V) continue;
+            if (can_end) mask[t >> 3] |= (uint8_t)(1u << (t & 7));
+            else mask[t >> 3] &= (uint8_t)~(1u << (t & 7));
+        }
+        for (ptrdiff_t i = 0; p->ignore_eos && i < arrlen(e->model.tok->eog); i++) { /* they would not end it */
+            int32_t t = e->model.tok->eog[i];
+            mask[t >> 3] &= (uint8_t)~(1u << (t & 7));
+        }
+        /* the draw again, from the allowed tokens only (gathered: a mask allows a few as a rule, and the
+         * refused ones would weigh nothing), with the request's penalties, the same draw as from the row masked */
+        const float *adjusted = llm_sampler_adjust(w->sampler, &j->r, j->row);
+        const float *pen = llm_sampler_penalize(w->sampler, p, adjusted, s->tokens, s->req->n_prompt,
+                                                (int)arrlen(s->tokens));
+        int n_ids = 0;
+        for (int i = 0; i < V; i += 8)
+            for (unsigned bits = mask[i >> 3]; bits; bits &= bits - 1) {
+                int t = i + __builtin_ctz(bits);
+                if (t < V && pen[t] > -INFINITY) { w->ids[n_ids] = t; w->logits[n_ids++] = pen[t]; }
+            }
+        int32_t at = n_ids ? llm_sampler_pick(w->sampler, p, w->logits, n_ids, &s->rng) : -1;
+        token = at >= 0 ? w->ids[at] : -1;
+        if (token < 0 || !llm_seq_grammar_allows(e, s, token, j->next))
+            j->error = "the grammar allows no token here that the request allows";
+        j->r.token = token;
     }
-    return token;
+    llm_sample_row_logprobs(&j->r, j->row, V);
+    j->seconds = llm_now() - t0;
+}
+
+/* The grammar thread: jobs in the order they came, the lock let go while one runs; each one done wakes the
+ * engine's wait. Its priority is lowered: the forward passes' threads come first. */
+static void *llm_grammar_thread(void *arg) {
+    llm_engine *e = (llm_engine *)arg;
+    llm_grammar_scratch w;
+    memset(&w, 0, sizeof w);
+#ifdef __linux__
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
+#endif
+    pthread_mutex_lock(&e->lock);
+    for (;;) {
+        while (!arrlen(e->grammar_todo) && !e->grammar_quit) pthread_cond_wait(&e->grammar_added, &e->lock);
+        if (e->grammar_quit) break;
+        llm_grammar_job *j = e->grammar_todo[0];
+        arrdel(e->grammar_todo, 0);
+        pthread_mutex_unlock(&e->lock);
+        llm_grammar_job_run(e, &w, j);
+        pthread_mutex_lock(&e->lock);
+        arrput(e->grammar_done, j);
+        pthread_cond_signal(&e->work_added);
+    }
+    pthread_mutex_unlock(&e->lock);
+    llm_grammar_scratch_free(&w);
+    return NULL;
+}
+
+/* s's draw goes to the grammar thread (drawn: r.token is drawn already, and refused): its row copied into a job
+ * (a recycled one when there is one), s parked. Without the thread (it could not start) the job runs here. */
+static void llm_seq_park(llm_engine *e, llm_seq *s, const llm_sample_row *r, const float *logits, int drawn) {
+    int V = e->model.cfg.vocab_size;
+    llm_grammar_job *j = arrlen(e->grammar_spare) ? arrpop(e->grammar_spare)
+                                                  : (llm_grammar_job *)calloc(1, sizeof(llm_grammar_job));
+    if (j && !j->row) j->row = (float *)malloc((size_t)V * sizeof(float));
+    if (!j || !j->row) {
+        if (j) { llm_grammar_state_free(j->next); free(j); }
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the grammar's job");
+        return;
+    }
+    memcpy(j->row, logits, (size_t)V * sizeof(float));
+    j->seq = s; j->r = *r; j->drawn = drawn;
+    j->r.rng_state = &s->rng; j->r.top_ids = j->top_ids; j->r.top_logprobs = j->top_logprobs;
+    s->parked = 1;
+    e->grammar_in_flight++;
+    if (!e->grammar_thread_on && !e->grammar_thread_failed) {
+        if (pthread_create(&e->grammar_thread, NULL, llm_grammar_thread, e) == 0) e->grammar_thread_on = 1;
+        else e->grammar_thread_failed = 1;
+    }
+    if (!e->grammar_thread_on) llm_grammar_job_run(e, &e->grammar_here, j); /* no thread: the job now, here */
+    pthread_mutex_lock(&e->lock);
+    if (e->grammar_thread_on) { arrput(e->grammar_todo, j); pthread_cond_signal(&e->grammar_added); }
+    else arrput(e->grammar_done, j);
+    pthread_mutex_unlock(&e->lock);
 }
 
 /* 5. The sampling of s's next token, as a row for a sample step: its request's parameters, its tokens so
@@ -11147,20 +11282,72 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const llm_sample_row *r) {
     if (reason) llm_seq_finish(e, s, reason, NULL);
 }
 
-/* 5. s's next token from its row of logits on the host (the rows a grammar may mask, or a proposal is
- *    checked against): the sample step's draw, as the backends make it, then the grammar's check; then
- *    taken (llm_seq_accept) */
-static void llm_seq_sample_on_host(llm_engine *e, llm_seq *s, const float *logits) {
+/* 5. s's next token from its row of logits on the host (a grammar's): the sample step's draw, as the backends
+ *    make it, and the grammar's check, within the step's budget for them; then taken (llm_seq_accept). A
+ *    refused token, or a draw past the budget, parks s (its token comes from the grammar thread): 1 then. */
+static int llm_seq_sample_on_host(llm_engine *e, llm_seq *s, const float *logits) {
     int V = e->model.cfg.vocab_size;
+    char err[LLM_ERR_LEN];
+    if (!e->trie && !(e->trie = llm_token_trie_build(e->model.tok, err))) { /* once: not in grammar_seconds */
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the vocabulary's trie");
+        return 0;
+    }
     llm_sample_row r = llm_seq_sample_row(e, s, 0);
+    if (e->grammar_step_seconds > e->grammar_step_budget) { llm_seq_park(e, s, &r, logits, 0); return 1; }
+    double t0 = llm_now();
+    if (!e->grammar_next && !(e->grammar_next = llm_grammar_state_copy(s->grammar))) {
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the grammar's state");
+        return 0;
+    }
     llm_engine_top_room(e, &r, 1);
     llm_sampler_draw(e->sampler, &r, logits);
-    if (s->grammar && r.token >= 0) {
-        int32_t token = llm_seq_grammar_sample(e, s, llm_sampler_adjust(e->sampler, &r, logits), r.token);
-        r.token = token >= 0 ? token : -3;
-    }
+    int allowed = r.token < 0 || llm_seq_grammar_allows(e, s, r.token, e->grammar_next);
+    double seconds = llm_now() - t0;
+    e->grammar_step_seconds += seconds;
+    if (!allowed) { llm_seq_park(e, s, &r, logits, 1); return 1; }
+    e->stats.grammar_tokens += r.token >= 0; e->stats.grammar_seconds += seconds;
     llm_sample_row_logprobs(&r, logits, V);
     llm_seq_accept(e, s, &r);
+    return 0;
+}
+
+/* 1. The grammar thread's finished jobs: each parked sequence takes its token (or fails with the job's error);
+ *    one that finished while parked (aborted) is freed now, its job being done with it */
+static void llm_engine_take_grammar_jobs(llm_engine *e) {
+    pthread_mutex_lock(&e->lock);
+    llm_grammar_job **done = e->grammar_done;
+    e->grammar_done = NULL;
+    pthread_mutex_unlock(&e->lock);
+    for (int i = 0; i < arrlen(done); i++) {
+        llm_grammar_job *j = done[i];
+        llm_seq *s = j->seq;
+        s->parked = 0; e->grammar_in_flight--;
+        e->stats.grammar_tokens += j->tokens; e->stats.grammar_masks += j->masks;
+        e->stats.grammar_masks_cached += j->masks_cached; e->stats.grammar_seconds += j->seconds;
+        if (s->status == LLM_SEQ_FINISHED) {
+            for (int k = 0; k < arrlen(e->parked_finished); k++)
+                if (e->parked_finished[k] == s) { arrdelswap(e->parked_finished, k); break; }
+            llm_seq_free(s);
+        } else {
+            if (j->error) llm_seq_finish(e, s, LLM_FINISH_ERROR, j->error);
+            else {
+                llm_grammar_state *next = j->next; /* the state the token leads to, for llm_seq_accept */
+                j->next = e->grammar_next; e->grammar_next = next;
+                llm_seq_accept(e, s, &j->r);
+            }
+            if (s->status == LLM_SEQ_FINISHED) /* out now: the scheduler plans running sequences only */
+                for (int k = 0; k < arrlen(e->sched.running); k++)
+                    if (e->sched.running[k] == s) {
+                        llm_emit(e, s);
+                        arrput(e->finished, s);
+                        arrdel(e->sched.running, k);
+                        break;
+                    }
+        }
+        j->seq = NULL;
+        arrput(e->grammar_spare, j);
+    }
+    arrfree(done);
 }
 
 /* 5. A draw of the sample step taken: the sequence's generator where the draw left it, then the token */
@@ -11181,7 +11368,8 @@ static void llm_seq_verify(llm_engine *e, llm_seq *s, int row, const llm_sample_
     int V = e->model.cfg.vocab_size, n_draft = s->n_draft, accepted = 0;
     for (int j = 0; j <= n_draft; j++) {
         if (drawn) llm_seq_take(e, s, &drawn[j]);
-        else llm_seq_sample_on_host(e, s, e->logits + (size_t)(row + j) * V);
+        else if (llm_seq_sample_on_host(e, s, e->logits + (size_t)(row + j) * V)) break; /* parked: the
+                                          * proposal's rest is recomputed after the token, as if refused */
         if (s->status == LLM_SEQ_FINISHED || j == n_draft || s->tokens[arrlen(s->tokens) - 1] != s->draft[j])
             break;
         s->n_computed++; accepted++;
@@ -11320,14 +11508,22 @@ static void llm_engine_collect(llm_engine *e) {
 
 int llm_engine_step(llm_engine *e, const llm_output **outputs) {
     llm_engine_begin_step(e);
+    llm_engine_take_grammar_jobs(e);
     llm_engine_take_inbox(e);
     llm_schedule(&e->sched);
     if (arrlen(e->sched.scheduled) > 0) {
+        double t0 = llm_now();
         if ((!e->draft_backend || llm_engine_draft(e, e->step_error) == 0) &&
-            llm_engine_forward(e, e->step_error) == 0) { e->stats.steps++; llm_engine_sample(e); }
-        else llm_engine_fail_step(e);
+            llm_engine_forward(e, e->step_error) == 0) {
+            e->stats.steps++;
+            e->grammar_step_seconds = 0;
+            e->grammar_step_budget = LLM_GRAMMAR_STEP_SHARE * (llm_now() - t0);
+            if (e->grammar_step_budget < LLM_GRAMMAR_STEP_MIN_S) e->grammar_step_budget = LLM_GRAMMAR_STEP_MIN_S;
+            llm_engine_sample(e);
+        } else llm_engine_fail_step(e);
     }
     llm_engine_collect(e);
+    e->step_idle = arrlen(e->sched.scheduled) == 0 && arrlen(e->outputs) == 0;
     *outputs = e->outputs;
     return (int)arrlen(e->outputs);
 }
