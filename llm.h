@@ -4232,6 +4232,7 @@ typedef struct llm_request {
     float *bias_copy;
     llm_grammar *grammar;           /* params.grammar parsed (params.grammar itself is NULL here) */
     uint64_t prefix_salt;           /* params.cache_salt hashed: its blocks' hash chain begins here (0: none) */
+    uint64_t grammar_turn;          /* the grammar thread's: when it last ran one of its jobs (its own count) */
     int n_prompt;
     int refs;                       /* sequences still pointing here */
 } llm_request;
@@ -10378,6 +10379,10 @@ int llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int specia
  * goes through the stop conditions and the detokenizer; every sequence with news gives an output, and
  * finished ones leave.
  * ======================================================================================================== */
+/* A step's grammar checks may take this share of its forward pass's time (llm_seq_sample_on_host) */
+#define LLM_GRAMMAR_STEP_SHARE 0.25
+#define LLM_GRAMMAR_STEP_MIN_S 0.0002 /* the budget of a step whose forward pass took next to nothing */
+
 /* A parked sequence's draw, for the grammar thread (llm_seq_park, below) */
 typedef struct {
     llm_seq *seq;
@@ -10448,6 +10453,8 @@ struct llm_engine {
     llm_seq **parked_finished;      /* finished (aborted) while parked: freed when their job comes back */
     llm_grammar_scratch grammar_here; /* the jobs' room on this thread, when the grammar thread would not start */
     double grammar_step_seconds, grammar_step_budget; /* this step's checks so far, and how far they may go */
+    double grammar_step_share;      /* the budget's share of the forward pass's time (the tests change it: < 0,
+                                     * every grammar sequence parked before its draw) */
     int step_idle;                  /* the last step planned nothing and gave nothing out */
     struct { char *text; llm_grammar *g; } *grammars; /* stb_ds, under lock: the last LLM_ENGINE_GRAMMARS
                                      * grammars parsed, each holding a reference, replaced in turn */
@@ -10610,6 +10617,7 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
     if (!e) { llm_fail(err, "out of memory"); return NULL; }
     e->cfg = *cfg;
     e->next_id = 1;
+    e->grammar_step_share = LLM_GRAMMAR_STEP_SHARE;
     pthread_mutex_init(&e->lock, NULL);
     pthread_condattr_t attr; /* timed waits on the monotonic clock: changes of the wall clock do not matter */
     pthread_condattr_init(&attr);
@@ -11086,8 +11094,6 @@ static void llm_engine_fail_step(llm_engine *e) {
  *    for the same reason). The checks stay in the step up to a budget, LLM_GRAMMAR_STEP_SHARE of the forward
  *    pass's time; past it the step's other grammar sequences are parked before their draw. A job draws with
  *    its sequence's own generator, so a seed gives the same tokens whichever thread draws. */
-#define LLM_GRAMMAR_STEP_SHARE 0.25
-#define LLM_GRAMMAR_STEP_MIN_S 0.0002 /* the budget of a step whose forward pass took next to nothing */
 
 /* Whether the grammar lets token come next; a token that adds text leaves the state it leads to in next */
 static int llm_seq_grammar_allows(const llm_engine *e, const llm_seq *s, int32_t token, llm_grammar_state *next) {
@@ -11159,12 +11165,15 @@ static void llm_grammar_job_run(const llm_engine *e, llm_grammar_scratch *w, llm
     j->seconds = llm_now() - t0;
 }
 
-/* The grammar thread: jobs in the order they came, the lock let go while one runs; each one done wakes the
- * engine's wait. Its priority is lowered: the forward passes' threads come first. */
+/* The grammar thread: the lock let go while a job runs; each one done wakes the engine's wait. Requests take
+ * turns: the next job is the first of the request served least recently, so that one request's many costly
+ * masks (n samples, every step) do not queue another's behind them. Its priority is lowered: the forward
+ * passes' threads come first. */
 static void *llm_grammar_thread(void *arg) {
     llm_engine *e = (llm_engine *)arg;
     llm_grammar_scratch w;
     memset(&w, 0, sizeof w);
+    uint64_t turn = 0;
 #ifdef __linux__
     setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
 #endif
@@ -11172,9 +11181,16 @@ static void *llm_grammar_thread(void *arg) {
     for (;;) {
         while (!arrlen(e->grammar_todo) && !e->grammar_quit) pthread_cond_wait(&e->grammar_added, &e->lock);
         if (e->grammar_quit) break;
-        llm_grammar_job *j = e->grammar_todo[0];
-        arrdel(e->grammar_todo, 0);
+        int next = 0;
+        for (int i = 1; i < arrlen(e->grammar_todo); i++)
+            if (e->grammar_todo[i]->seq->req->grammar_turn < e->grammar_todo[next]->seq->req->grammar_turn) next = i;
+        llm_grammar_job *j = e->grammar_todo[next];
+        arrdel(e->grammar_todo, next);
+        j->seq->req->grammar_turn = ++turn;
         pthread_mutex_unlock(&e->lock);
+#ifdef LLM_TEST_GRAMMAR_JOB
+        LLM_TEST_GRAMMAR_JOB(j->seq->req->id); /* the tests hold the thread here, and see whose turn it is */
+#endif
         llm_grammar_job_run(e, &w, j);
         pthread_mutex_lock(&e->lock);
         arrput(e->grammar_done, j);
@@ -11517,8 +11533,9 @@ int llm_engine_step(llm_engine *e, const llm_output **outputs) {
             llm_engine_forward(e, e->step_error) == 0) {
             e->stats.steps++;
             e->grammar_step_seconds = 0;
-            e->grammar_step_budget = LLM_GRAMMAR_STEP_SHARE * (llm_now() - t0);
-            if (e->grammar_step_budget < LLM_GRAMMAR_STEP_MIN_S) e->grammar_step_budget = LLM_GRAMMAR_STEP_MIN_S;
+            e->grammar_step_budget = e->grammar_step_share * (llm_now() - t0);
+            if (e->grammar_step_share > 0 && e->grammar_step_budget < LLM_GRAMMAR_STEP_MIN_S)
+                e->grammar_step_budget = LLM_GRAMMAR_STEP_MIN_S;
             llm_engine_sample(e);
         } else llm_engine_fail_step(e);
     }

@@ -8,6 +8,9 @@
 #define LLM_IMPLEMENTATION
 static void (*test_after_add)(void);  /* the hardening tests' hook in llm_engine_add_request */
 #define LLM_TEST_AFTER_ADD() do { if (test_after_add) test_after_add(); } while (0)
+#include <stdint.h>
+static void test_grammar_job(uint64_t request_id); /* the grammar thread's tests hold it, and see its turns */
+#define LLM_TEST_GRAMMAR_JOB(id) test_grammar_job(id)
 #include "llm.h"
 
 #include <stdio.h>
@@ -5287,6 +5290,139 @@ static void json_line(FILE *f, int i, const char *kind, const char *text, size_t
     fputs("}\n", f);
 }
 
+/* The grammar thread (llm.h's engine, structured output): a sequence whose token the grammar refuses is parked
+ * and its mask built off the step. Held at will here (test_grammar_hold), it shows that the steps go on without
+ * it, that an abort or the engine's end while a job is out lose nothing, that requests take turns, and that a
+ * seed gives the same tokens whichever thread draws. */
+static volatile int test_grammar_hold;
+static uint64_t test_grammar_turns[256];
+static int test_grammar_n_turns;
+static void test_grammar_job(uint64_t request_id) {
+    while (__atomic_load_n(&test_grammar_hold, __ATOMIC_ACQUIRE)) usleep(1000);
+    int k = __atomic_fetch_add(&test_grammar_n_turns, 1, __ATOMIC_ACQ_REL);
+    if (k < 256) test_grammar_turns[k] = request_id;
+}
+static void test_grammar_hold_set(int hold) { __atomic_store_n(&test_grammar_hold, hold, __ATOMIC_RELEASE); }
+static void *test_grammar_release_later(void *arg) { (void)arg; usleep(100000); test_grammar_hold_set(0); return 0; }
+
+static void test_grammar_thread(void) {
+    run_result *r = (run_result *)calloc(1, sizeof *r), *alone = (run_result *)calloc(1, sizeof *alone);
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    llm_engine *e = engine_new(&cfg);
+    if (!e || !r || !alone) { llm_engine_destroy(e); free(r); free(alone); return; }
+    /* greedy "QQQQ": the model's first choice is never "Q", so every token takes a mask: parked every time */
+    llm_sampling_params pq = greedy(10), pb = greedy(20);
+    pq.grammar = "root ::= \"QQQQ\""; pb.ignore_eos = 1;
+    run_add(e, alone, "Lily and Ben", NULL, 0, &pb);
+    run_engine(e, alone);
+    /* 1. the thread held: the other request runs all its 20 tokens while the grammar's waits */
+    test_grammar_hold_set(1);
+    __atomic_store_n(&test_grammar_n_turns, 0, __ATOMIC_RELEASE);
+    int a = run_add(e, r, "Once upon a time", NULL, 0, &pq), b = run_add(e, r, "Lily and Ben", NULL, 0, &pb);
+    run_steps(e, r, 1); /* both prompts computed; "Q" refused: parked */
+    for (int i = 0; i < 100 && b >= 0 && !r->finish[b][0]; i++) run_steps(e, r, 1);
+    llm_engine_stats st = llm_engine_get_stats(e);
+    CHECK(a == 0 && b == 1 && r->finish[b][0] == LLM_FINISH_LENGTH && r->n_tokens[b][0] == 20 &&
+          !memcmp(r->tokens[b][0], alone->tokens[0][0], 20 * sizeof(int32_t)) && r->n_tokens[a][0] == 0 &&
+          !r->finish[a][0] && st.running == 1,
+          "grammar thread held: the other request's 20 tokens (%d, finish %d, as alone: %d) while the grammar's "
+          "waits (%d tokens, %d running)", r->n_tokens[b][0], r->finish[b][0],
+          r->n_tokens[b][0] == 20 && !memcmp(r->tokens[b][0], alone->tokens[0][0], 20 * sizeof(int32_t)),
+          r->n_tokens[a][0], st.running);
+    test_grammar_hold_set(0);
+    run_engine(e, r);
+    CHECK(r->finish[a][0] == LLM_FINISH_STOP && r->text_len[a][0] == 4 && !memcmp(r->text[a][0], "QQQQ", 4) &&
+          all_blocks_free(e) && r->bad_audits == 0,
+          "grammar thread released: \"%.*s\" (finish %d), blocks back", r->text_len[a][0], r->text[a][0],
+          r->finish[a][0]);
+    /* 2. aborted while its job is out: the abort's output at once, the sequence freed when the job is back */
+    memset(r, 0, sizeof *r);
+    test_grammar_hold_set(1);
+    char err[LLM_ERR_LEN];
+    a = run_add(e, r, "Once upon a time", NULL, 0, &pq);
+    run_steps(e, r, 1);
+    llm_engine_abort(e, r->id[a]);
+    run_steps(e, r, 1);
+    int aborted = r->finish[a][0] == LLM_FINISH_ABORT && all_blocks_free(e);
+    test_grammar_hold_set(0);
+    run_engine(e, r);
+    CHECK(aborted && !llm_engine_has_work(e) && all_blocks_free(e) && llm_engine_check_blocks(e, err) == 0,
+          "grammar thread: aborted while parked: finish %d at once, then no work and every block free",
+          r->finish[a][0]);
+    /* 3. turns: four parked samples of one request, then another's: the other goes second, not fifth */
+    memset(r, 0, sizeof *r);
+    test_grammar_hold_set(1);
+    __atomic_store_n(&test_grammar_n_turns, 0, __ATOMIC_RELEASE);
+    llm_sampling_params p4 = pq;
+    p4.n = 4; p4.temperature = 0.5f; p4.seed = 3;
+    int h = run_add(e, r, "Once upon a time", NULL, 0, &p4);
+    run_steps(e, r, 1);
+    int l = run_add(e, r, "The cat", NULL, 0, &pq);
+    run_steps(e, r, 1);
+    test_grammar_hold_set(0);
+    run_engine(e, r);
+    int n_turns = __atomic_load_n(&test_grammar_n_turns, __ATOMIC_ACQUIRE);
+    CHECK(h == 0 && l == 1 && n_turns >= 6 && test_grammar_turns[0] == r->id[h] &&
+          test_grammar_turns[1] == r->id[l] && test_grammar_turns[2] == r->id[h] && all_blocks_free(e),
+          "grammar thread: requests take turns: %d jobs, the first three of requests %llu %llu %llu (%llu has 4 "
+          "samples, %llu one)", n_turns, (unsigned long long)test_grammar_turns[0],
+          (unsigned long long)test_grammar_turns[1], (unsigned long long)test_grammar_turns[2],
+          (unsigned long long)r->id[h], (unsigned long long)r->id[l]);
+    /* 4. the engine destroyed while a job is out: it waits for the job, and frees everything (ASan: no leak) */
+    a = run_add(e, r, "Once upon a time", NULL, 0, &pq);
+    test_grammar_hold_set(1);
+    run_steps(e, r, 1);
+    pthread_t t;
+    int started = pthread_create(&t, NULL, test_grammar_release_later, NULL) == 0;
+    if (!started) test_grammar_hold_set(0);
+    llm_engine_destroy(e);
+    if (started) pthread_join(t, NULL);
+    CHECK(!test_grammar_hold, "grammar thread: the engine destroyed with a job out");
+    /* 5. a seed gives the same tokens whichever thread draws: every draw in the step (but for masks), every
+     * draw parked before it is made, and the default budget; JSON from stories260K (a mask most tokens), two
+     * requests of n = 4. (On stories260K's f32 path a sequence's logits do not depend on the step's other
+     * sequences; on SmolLM2's 8-bit path they can, and a parked sequence changes who shares a step.) */
+    static const char *prompts[2] = {"Describe a cat as a JSON object.", "Write a JSON object with a name."};
+    static const double shares[3] = {1e9, -1, LLM_GRAMMAR_STEP_SHARE};
+    run_result *runs[3];
+    int64_t parked[3] = {0};
+    for (int k = 0; k < 3; k++) {
+        runs[k] = (run_result *)calloc(1, sizeof(run_result));
+        cfg = engine_config("stories260K.gguf");
+        e = engine_new(&cfg);
+        if (!e || !runs[k]) { llm_engine_destroy(e); continue; }
+        e->grammar_step_share = shares[k];
+        for (int i = 0; i < 2; i++) {
+            llm_sampling_params p = llm_sampling_defaults();
+            p.n = 4; p.temperature = 1.0f; p.seed = 40 + i; p.max_tokens = 60; p.logprobs = 2;
+            p.grammar = JSON_OBJECT_GBNF;
+            run_add(e, runs[k], prompts[i], NULL, 0, &p);
+        }
+        run_engine(e, runs[k]);
+        st = llm_engine_get_stats(e);
+        parked[k] = st.grammar_tokens;
+        CHECK(all_blocks_free(e) && runs[k]->bad_audits == 0 && st.grammar_tokens > 100,
+              "grammar thread, step share %g: blocks back, %lld tokens under the grammar, %lld masks", shares[k],
+              (long long)st.grammar_tokens, (long long)st.grammar_masks);
+        llm_engine_destroy(e);
+    }
+    int same = 1;
+    for (int k = 1; k < 3; k++)
+        for (int i = 0; runs[0] && runs[k] && i < 2; i++)
+            for (int j = 0; j < 4; j++)
+                same &= runs[k]->n_tokens[i][j] == runs[0]->n_tokens[i][j] && runs[0]->n_tokens[i][j] > 0 &&
+                        !memcmp(runs[k]->tokens[i][j], runs[0]->tokens[i][j],
+                                (size_t)runs[0]->n_tokens[i][j] * sizeof(int32_t)) &&
+                        !memcmp(runs[k]->logprobs[i][j], runs[0]->logprobs[i][j],
+                                (size_t)runs[0]->n_tokens[i][j] * sizeof(float));
+    CHECK(same && parked[0] == parked[1] && parked[1] == parked[2],
+          "grammar thread: the same tokens and logprobs drawn in the step, on the thread, and as the budget "
+          "falls (%lld, %lld, %lld tokens under the grammar)", (long long)parked[0], (long long)parked[1],
+          (long long)parked[2]);
+    for (int k = 0; k < 3; k++) free(runs[k]);
+    free(r); free(alone);
+}
+
 static void test_grammar_schemas(void) {
     char err[LLM_ERR_LEN], path[1024], cases_path[] = "/tmp/llm-test-schemas-XXXXXX";
     snprintf(path, sizeof path, "%s/schemas/schemas.json", testdata_dir);
@@ -8040,6 +8176,61 @@ static void test_server_tools(void) {
 /* Structured output through the server: every field that asks for it (OpenAI's, vLLM's new and old, llama.cpp's)
  * on both endpoints, the answers checked here with llm_json_parse and by hand; the stream's deltas put together
  * are the answer; what cannot be honoured is a 400 naming the field (and the keyword) */
+/* One request's costly grammar slows that request, not the others: a GBNF of 4,000 alternatives sharing a long
+ * prefix (every mask walks 4,000 stacks) at n = 16, and beside it a 20-token completion: within 10 times its
+ * time alone (before the grammar thread it took ~5,000 times as long: every step waited for 16 masks) */
+static double timed_post(int port, const char *body) {
+    double t0 = test_now();
+    char *r = http_post(port, "/v1/completions", body, NULL);
+    double t = http_status(r) == 200 && strstr(r, "\"completion_tokens\":20") ? test_now() - t0 : 1e9;
+    free(r);
+    return t;
+}
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+static void test_server_grammar_isolation(void) {
+    test_server srv;
+    if (server_start(&srv, "") != 0) { server_stop(&srv); return; }
+    int port = srv.port;
+    const char *light = "{\"prompt\":\"Once upon a time\",\"max_tokens\":20,\"temperature\":0,\"ignore_eos\":true}";
+    double alone[5], beside[5];
+    for (int i = 0; i < 5; i++) alone[i] = timed_post(port, light);
+    size_t cap = 4000 * 80 + 4096, len = 0;
+    char *heavy = (char *)malloc(cap), *req = (char *)malloc(cap + 256);
+    if (!heavy || !req) { free(heavy); free(req); server_stop(&srv); return; }
+    len += (size_t)sprintf(heavy, "{\"prompt\":\"Once upon a time\",\"max_tokens\":60,\"n\":16,"
+                           "\"temperature\":1,\"seed\":1,\"stream\":true,\"grammar\":\"root ::= ");
+    for (int i = 0; i < 4000; i++)
+        len += (size_t)sprintf(heavy + len, "%s\\\"the quick brown fox jumps over the lazy dog again and again "
+                               "%04d\\\"", i ? " | " : "", i);
+    len += (size_t)sprintf(heavy + len, "\"}");
+    int n = sprintf(req, "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
+                    "Content-Length: %zu\r\n\r\n%s", len, heavy);
+    int fd = tcp_connect(port);
+    char first[256];
+    ssize_t k = fd >= 0 && send_all(fd, req, (size_t)n) == 0 ? recv(fd, first, sizeof first, 0) : -1;
+    usleep(300000); /* its prompt computed, its samples forked and masked */
+    double blocks = metric(port, "llm:kv_cache_blocks"), running = metric(port, "vllm:num_requests_running");
+    for (int i = 0; i < 5; i++) beside[i] = timed_post(port, light);
+    double still = metric(port, "vllm:num_requests_running");
+    qsort(alone, 5, sizeof *alone, cmp_double); qsort(beside, 5, sizeof *beside, cmp_double);
+    CHECK(k > 0 && !strncmp(first, "HTTP/1.1 200", 12) && running == 16 && still == 16 &&
+          beside[2] < 10 * alone[2],
+          "serve: a 20-token completion beside a costly grammar at n = 16: median %.4f s, alone %.4f s "
+          "(%.1fx; the grammar's request running %g then %g)", beside[2], alone[2], beside[2] / alone[2],
+          running, still);
+    if (fd >= 0) close(fd); /* the costly request is aborted: its blocks come back */
+    double free_blocks = -1;
+    for (double t0 = test_now(); test_now() - t0 < 30 && free_blocks != blocks; usleep(20000))
+        free_blocks = metric(port, "llm:kv_cache_free_blocks");
+    CHECK(free_blocks == blocks, "serve: the costly grammar's request aborted: %g of %g blocks free", free_blocks,
+          blocks);
+    free(req); free(heavy);
+    CHECK(server_stop(&srv) == 0, "serve: exit status 0");
+}
+
 static void test_server_structured(void) {
     test_server srv;
     if (server_start(&srv, "") != 0) { server_stop(&srv); return; }
@@ -10395,6 +10586,7 @@ int main(int argc, char **argv) {
         {"parallel sampling", test_parallel_sampling},
         {"stop conditions", test_stop_conditions}, {"logit bias", test_logit_bias},
         {"grammar: GBNF", test_grammar_gbnf}, {"grammar: masks", test_grammar_masks},
+        {"grammar: the grammar thread", test_grammar_thread},
         {"grammar: generation", test_grammar_generation}, {"grammar: JSON Schema", test_grammar_schemas},
         {"grammar: command line", test_grammar_cli},
         {"abort and limits", test_abort_and_limits},
@@ -10420,6 +10612,7 @@ int main(int argc, char **argv) {
         {"server prompt logprobs", test_server_prompt_logprobs},
         {"server speculative decoding", test_server_speculative},
         {"server errors", test_server_errors}, {"server structured output", test_server_structured},
+        {"server: a costly grammar slows only itself", test_server_grammar_isolation},
         {"server tools and reasoning", test_server_tools}, {"server tools, Mistral", test_server_mistral_tools},
         {"server connections", test_server_connections},
         {"server sampling from the file", test_server_sampling_keys},
