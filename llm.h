@@ -422,6 +422,9 @@ typedef struct {
                                      * sampled, end of generation only where the sentence is whole, and the
                                      * sequence stops ("stop") when nothing more may follow. Section 9 writes
                                      * JSON Schema, regular expressions and choices as GBNF. */
+    struct llm_grammar *grammar_parsed; /* or the grammar parsed already (llm_engine_parse_grammar, off the
+                                     * thread that adds the request: a large one takes a while); the request
+                                     * takes a reference of its own. Both NULL: none */
     int priority;                   /* under the priority policy, lower is served first (vLLM's); else 0 */
     const char *cache_salt;         /* NULL: none. A request shares cached prefix blocks only with requests of
                                      * the same salt (vLLM's cache_salt: one tenant cannot time another's
@@ -903,6 +906,10 @@ int  llm_engine_wait(llm_engine *e, int timeout_ms);
 int  llm_engine_has_work(llm_engine *e);                      /* llm_engine_wait(e, 0) */
 llm_engine_stats llm_engine_get_stats(llm_engine *e);
 const llm_model *llm_engine_model(const llm_engine *e);
+/* A grammar parsed for requests to come (llm_sampling_params.grammar_parsed), through the engine's cache of
+ * the last grammars it parsed; any thread. A reference: llm_grammar_free drops it. NULL and why when the
+ * text is not GBNF. */
+struct llm_grammar *llm_engine_parse_grammar(llm_engine *e, const char *gbnf, char *err);
 /* Audits the block bookkeeping (for tests): every block's ref_count equals the number of block tables holding
  * it, free blocks are exactly those with ref_count 0, and the prefix-cache map names blocks that carry that
  * hash. 0 when consistent, else -1 and what is wrong. Call it between steps, from the engine's thread. */
@@ -4705,7 +4712,7 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_gram
     r->params.logit_bias_ids = r->bias_ids_copy; r->params.logit_bias = r->bias_copy;
     r->params.allowed_token_ids = r->allowed_copy;
     r->params.bad_word_ids = r->bad_ids_copy; r->params.bad_word_lens = r->bad_lens_copy;
-    r->params.grammar = NULL;
+    r->params.grammar = NULL; r->params.grammar_parsed = NULL;
     s->req = r; s->tokens = ids; s->rng = llm_seed_mix(p->seed, 0); s->fork_pending = p->n > 1;
     s->last_hash = r->prefix_salt;
     s->detok.special = p->special_text != 0;
@@ -10729,9 +10736,10 @@ static int llm_ids_check(const int32_t *ids, int64_t n, int vocab_size, const ch
 }
 
 /* A request's grammar: the one parsed for an earlier request with the same text (its masks cached), or
- * parsed now and kept for the next ones. A reference for the request. */
+ * parsed now and kept for the next ones. A reference for the request (or for a server's worker, which parses
+ * it before the request is added: llm_sampling_params.grammar_parsed). */
 #define LLM_ENGINE_GRAMMARS 32
-static llm_grammar *llm_engine_grammar(llm_engine *e, const char *text, char *err) {
+llm_grammar *llm_engine_parse_grammar(llm_engine *e, const char *text, char *err) {
     llm_grammar *g = NULL;
     pthread_mutex_lock(&e->lock);
     for (ptrdiff_t i = 0; i < arrlen(e->grammars) && !g; i++)
@@ -10802,8 +10810,13 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
         return 0;
     }
     llm_grammar *grammar = NULL;
-    if (p->grammar && !e->model.tok) { arrfree(ids); llm_fail(err, "a grammar needs the model's tokenizer"); return 0; }
-    if (p->grammar && !(grammar = llm_engine_grammar(e, p->grammar, err))) { arrfree(ids); return 0; }
+    if ((p->grammar || p->grammar_parsed) && !e->model.tok) {
+        arrfree(ids);
+        llm_fail(err, "a grammar needs the model's tokenizer");
+        return 0;
+    }
+    if (p->grammar_parsed) __atomic_add_fetch(&(grammar = p->grammar_parsed)->refs, 1, __ATOMIC_ACQ_REL);
+    else if (p->grammar && !(grammar = llm_engine_parse_grammar(e, p->grammar, err))) { arrfree(ids); return 0; }
     llm_seq *s = llm_seq_new(ids, p, grammar, user, e->sched.n_kv_groups);
     if (!s) { llm_fail(err, "out of memory"); return 0; }
     pthread_mutex_lock(&e->lock);

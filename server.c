@@ -32,6 +32,7 @@
 #define SRV_MAX_STOPS    16
 #define SRV_MAX_UNKNOWN  256              /* unknown request field names logged, each once */
 #define SRV_MAX_REQUEST_ID 128            /* bytes of a client's X-Request-Id (a longer one is replaced) */
+#define SRV_WORKERS      2                /* threads that read requests (JSON, templates, tokens, grammars) */
 
 /* ===========================================================================================================
  * Strings that grow: what every response is built in
@@ -257,6 +258,7 @@ static const char *http_reason(int status) {
  * ======================================================================================================== */
 typedef struct srv_conn srv_conn;
 typedef struct srv_req srv_req;
+typedef struct srv_job srv_job;
 
 typedef struct { /* llm_output's prompt logprobs, copied: rows for prompt tokens 1..n (token 0 has none) */
     int n, n_top;
@@ -317,6 +319,7 @@ struct srv_req {
     int32_t *allowed_ids;           /* stb_ds: vLLM's allowed_token_ids */
     int32_t *bad_ids, *bad_lens;    /* stb_ds: vLLM's bad_words, tokenized */
     char *grammar;                  /* the structured output asked for, as GBNF (malloc'ed); NULL: free text */
+    llm_grammar *grammar_parsed;    /* ... parsed, by the worker that prepared the request (a reference) */
     llm_chat_template chat;         /* chat: the server's template, with this request's thinking on or off */
     int tool_calls;                 /* chat: the reply is read for tool calls (tools given, tool_choice not
                                      * "none") */
@@ -332,6 +335,7 @@ struct srv_conn {
     sbuf in, out;
     size_t out_sent;
     srv_req *req;                   /* the request in flight (one at a time: responses keep their order) */
+    srv_job *job;                   /* ... or being read by a worker (then no req) */
     int keep_alive, closing, want_write;  /* closing: 1 once the output is sent, 2 now */
     int sent_continue;              /* "100 Continue" answered for the request being read */
     char request_id[SRV_MAX_REQUEST_ID + 1]; /* X-Request-Id of the response under way ("": mint one) */
@@ -384,7 +388,13 @@ typedef struct {
     double drain_timeout;           /* seconds a stop waits for the requests in flight */
     int reasoning_format_none;      /* --reasoning-format none: the thinking stays in content */
     llm_sampling_params defaults;   /* the command line's sampling flags: the defaults of every request */
-    char **unknown_fields;          /* stb_ds: the unknown request fields logged already */
+    char **unknown_fields;          /* stb_ds: the unknown request fields logged already (under job_lock) */
+    /* the request workers: jobs in, jobs done (under job_lock) */
+    pthread_t workers[SRV_WORKERS];
+    int n_workers, jobs_quit;
+    pthread_mutex_t job_lock;
+    pthread_cond_t job_added;
+    srv_job **jobs_todo, **jobs_done;
 } srv_state;
 
 /* SIGTERM or SIGINT: 1 drains (the requests in flight finish, new ones and /health get 503), 2 exits now */
@@ -645,7 +655,7 @@ static const struct {
     int endpoints;                                  /* F_CMPL, F_CHAT: where the field is defined */
     int (*takes)(const llm_json *v, const llm_json *b);
 } req_fields[] = {
-    /* implemented: parse_sampling and start_generation check their values */
+    /* implemented: parse_sampling and prepare_generation check their values */
     {"model", F_BOTH, fv_any}, {"stream", F_BOTH, fv_any}, {"stream_options", F_BOTH, fv_any},
     {"temperature", F_BOTH, fv_any}, {"top_p", F_BOTH, fv_any}, {"top_k", F_BOTH, fv_any},
     {"min_p", F_BOTH, fv_any}, {"n", F_BOTH, fv_any}, {"seed", F_BOTH, fv_any}, {"stop", F_BOTH, fv_any},
@@ -705,10 +715,13 @@ static int check_fields(srv_state *S, const llm_json *body, int kind, srv_error 
             continue;
         }
         ptrdiff_t m = 0;
+        pthread_mutex_lock(&S->job_lock); /* the workers share the list */
         while (m < arrlen(S->unknown_fields) && strcmp(S->unknown_fields[m], key)) m++;
-        if (m < arrlen(S->unknown_fields) || m >= SRV_MAX_UNKNOWN) continue;
-        char *copy = strdup(key);
+        int logged = m < arrlen(S->unknown_fields) || m >= SRV_MAX_UNKNOWN;
+        char *copy = logged ? NULL : strdup(key);
         if (copy) arrput(S->unknown_fields, copy);
+        pthread_mutex_unlock(&S->job_lock);
+        if (logged) continue;
         sbuf b = {0};
         sb_json_str(&b, key, strnlen(key, 80));  /* quoted and escaped: the log stays one line */
         fprintf(stderr, "llm serve: ignoring unknown request field %s\n", b.s ? b.s : "");
@@ -1946,6 +1959,7 @@ static void req_free(srv_req *r) {
     free(r->prompts); free(r->choices);
     arrfree(r->stop_ids); arrfree(r->bias_ids); arrfree(r->bias); arrfree(r->allowed_ids);
     arrfree(r->bad_ids); arrfree(r->bad_lens); free(r->grammar); free(r->chat_echo);
+    llm_grammar_free(r->grammar_parsed);
     free(r);
 }
 
@@ -2043,47 +2057,45 @@ static int chat_echo(const llm_json *body, srv_req *r, srv_error *e) {
 }
 
 /* /v1/completions and /v1/chat/completions: parse, check, tokenize, add to the engine. */
-static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int kind, srv_error *e) {
-    srv_req *r = (srv_req *)calloc(1, sizeof *r);
-    if (!r) return bad(e, 500, NULL, "out of memory");
-    r->kind = kind; r->logprobs = -1; r->t_arrival = now_s(); r->created = (long long)wall_s();
+/* A generation request, on a worker: its fields checked, its prompts rendered and tokenized, its grammar
+ * written and parsed; into r and p, ready for the engine (attach_generation). -1 with the error in *e. */
+static int prepare_generation(srv_state *S, const llm_json *body, int kind, const char *request_id,
+                              srv_req *r, llm_sampling_params *p, srv_error *e) {
+    r->kind = kind; r->logprobs = -1; r->created = (long long)wall_s();
     /* vLLM's ids: chatcmpl-{X-Request-Id}, cmpl-{X-Request-Id}; the n choices and the prompts of a list share
      * it, as they share the response (a tool call's id adds the choice's index) */
-    snprintf(r->id, sizeof r->id, "%s-%s", kind == REQ_CHAT ? "chatcmpl" : "cmpl", conn_request_id(S, c));
-    r->call_id_seed = llm_splitmix64(&S->id_rng);
-    llm_sampling_params p;
-    int rc = -1;
+    snprintf(r->id, sizeof r->id, "%s-%s", kind == REQ_CHAT ? "chatcmpl" : "cmpl", request_id);
     double x;
-    if (check_model(S, body, e) || parse_sampling(S, body, r, &p, e)) goto fail;
+    if (check_model(S, body, e) || parse_sampling(S, body, r, p, e)) return -1;
     int max_tokens = 16, given = 1;
     if (kind == REQ_COMPLETIONS) {
-        if (get_bool(body, "echo", &r->echo, e)) goto fail;
+        if (get_bool(body, "echo", &r->echo, e)) return -1;
         x = 16;
-        if (get_number(body, "max_tokens", r->echo ? 0 : 1, 1 << 30, 1, &x, e)) goto fail; /* 0: scoring */
+        if (get_number(body, "max_tokens", r->echo ? 0 : 1, 1 << 30, 1, &x, e)) return -1; /* 0: scoring */
         const llm_json *mt = llm_json_get(body, "max_tokens");
         if (mt && mt->type == LLM_JSON_NUMBER) max_tokens = (int)x;
         r->score_only = r->echo && max_tokens == 0;
         x = -1;
-        if (get_number(body, "logprobs", 0, 20, 1, &x, e)) goto fail;
+        if (get_number(body, "logprobs", 0, 20, 1, &x, e)) return -1;
         r->logprobs = (int)x;
-        p.logprobs = r->logprobs;
-        if (r->echo && r->logprobs > p.prompt_logprobs) p.prompt_logprobs = r->logprobs; /* echo's prompt */
-        if (completion_prompts(S, llm_json_get(body, "prompt"), r, e)) goto fail;
+        p->logprobs = r->logprobs;
+        if (r->echo && r->logprobs > p->prompt_logprobs) p->prompt_logprobs = r->logprobs; /* echo's prompt */
+        if (completion_prompts(S, llm_json_get(body, "prompt"), r, e)) return -1;
     } else {
         const llm_json *mt = llm_json_get(body, "max_completion_tokens");
         const char *key = mt && mt->type != LLM_JSON_NULL ? "max_completion_tokens" : "max_tokens";
         x = 0;
-        if (get_number(body, key, 1, 1 << 30, 1, &x, e)) goto fail;
+        if (get_number(body, key, 1, 1 << 30, 1, &x, e)) return -1;
         given = x > 0; max_tokens = (int)x;
         int want_logprobs = 0;
-        if (get_bool(body, "logprobs", &want_logprobs, e)) goto fail;
+        if (get_bool(body, "logprobs", &want_logprobs, e)) return -1;
         x = 0;
-        if (get_number(body, "top_logprobs", 0, 20, 1, &x, e)) goto fail;
+        if (get_number(body, "top_logprobs", 0, 20, 1, &x, e)) return -1;
         r->logprobs = want_logprobs ? 1 : -1; r->top_logprobs = (int)x;
-        p.logprobs = want_logprobs ? r->top_logprobs : -1;
+        p->logprobs = want_logprobs ? r->top_logprobs : -1;
         char *text = NULL;
         int n = 0;
-        if (chat_prompt(S, body, r, &text, &n, e) || chat_echo(body, r, e)) { free(text); goto fail; }
+        if (chat_prompt(S, body, r, &text, &n, e) || chat_echo(body, r, e)) { free(text); return -1; }
         r->prompts = (srv_prompt *)calloc(1, sizeof(srv_prompt));
         int ok = 1;
         if (r->prompts) {
@@ -2092,21 +2104,37 @@ static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int
                 { bad(e, 400, "messages", "the conversation could not be tokenized"); ok = 0; }
         } else { bad(e, 500, NULL, "out of memory"); ok = 0; }
         free(text);
-        if (!ok) goto fail;
+        if (!ok) return -1;
         int32_t stop_ids[8]; /* the template's end of turn */
         int k = llm_chat_stop_ids(&S->chat, S->model->tok, stop_ids, 8);
         for (int i = 0; i < k && i < 8; i++) arrput(r->stop_ids, stop_ids[i]);
     }
-    if (truncate_prompts(S, r, e) || check_context(S, r, max_tokens, given, e)) goto fail;
-    p.max_tokens = r->score_only ? 1 : given ? max_tokens : 0; /* scoring: the token it computes anyway */
-    p.stop_token_ids = r->stop_ids; p.n_stop_token_ids = (int)arrlen(r->stop_ids);
-    p.logit_bias_ids = r->bias_ids; p.logit_bias = r->bias; p.n_logit_bias = (int)arrlen(r->bias_ids);
-    p.allowed_token_ids = r->allowed_ids; p.n_allowed_token_ids = (int)arrlen(r->allowed_ids);
-    p.bad_word_ids = r->bad_ids; p.bad_word_lens = r->bad_lens; p.n_bad_words = (int)arrlen(r->bad_lens);
-    p.grammar = r->grammar;
-    if (S->n_queued + r->n_prompts > S->max_queue)
-        { bad(e, 503, NULL, "the server is busy: %d requests are waiting (--max-queue %d)", S->n_queued,
-              S->max_queue); goto fail; }
+    if (truncate_prompts(S, r, e) || check_context(S, r, max_tokens, given, e)) return -1;
+    p->max_tokens = r->score_only ? 1 : given ? max_tokens : 0; /* scoring: the token it computes anyway */
+    p->stop_token_ids = r->stop_ids; p->n_stop_token_ids = (int)arrlen(r->stop_ids);
+    p->logit_bias_ids = r->bias_ids; p->logit_bias = r->bias; p->n_logit_bias = (int)arrlen(r->bias_ids);
+    p->allowed_token_ids = r->allowed_ids; p->n_allowed_token_ids = (int)arrlen(r->allowed_ids);
+    p->bad_word_ids = r->bad_ids; p->bad_word_lens = r->bad_lens; p->n_bad_words = (int)arrlen(r->bad_lens);
+    if (r->grammar) { /* parsed here, so that adding the request costs the network thread nothing */
+        char err[LLM_ERR_LEN];
+        if (!(r->grammar_parsed = llm_engine_parse_grammar(S->engine, r->grammar, err)))
+            return bad(e, 400, NULL, "%s", err);
+        p->grammar_parsed = r->grammar_parsed;
+    }
+    return 0;
+}
+
+/* A prepared generation joins the engine, on the network thread: its prompts added (ids and a parsed grammar:
+ * cheap), the connection given the request, a stream's headers sent. Frees r and returns -1 with the error in
+ * *e when it cannot start (the queue is full, or the engine refuses its first prompt). */
+static int attach_generation(srv_state *S, srv_conn *c, srv_req *r, const llm_sampling_params *p,
+                             srv_error *e) {
+    r->call_id_seed = llm_splitmix64(&S->id_rng);
+    if (S->n_queued + r->n_prompts > S->max_queue) {
+        bad(e, 503, NULL, "the server is busy: %d requests are waiting (--max-queue %d)", S->n_queued,
+            S->max_queue);
+        goto fail;
+    }
     r->choices = (srv_choice *)calloc((size_t)(r->n_prompts * r->n), sizeof(srv_choice));
     if (!r->choices) { bad(e, 500, NULL, "out of memory"); goto fail; }
     r->n_open = r->n_prompts * r->n;
@@ -2115,7 +2143,7 @@ static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int
     for (int i = 0; i < r->n_prompts; i++) {
         srv_prompt *sp = &r->prompts[i];
         sp->n_prompt = (int)arrlen(sp->prompt_ids);
-        sp->engine_id = llm_engine_add_request(S->engine, NULL, sp->prompt_ids, sp->n_prompt, &p, sp, err);
+        sp->engine_id = llm_engine_add_request(S->engine, NULL, sp->prompt_ids, sp->n_prompt, p, sp, err);
         if (!sp->engine_id) {
             /* the requests already added finish as aborted; this one never started */
             for (int k = 0; k < i; k++) llm_engine_abort(S->engine, r->prompts[k].engine_id);
@@ -2140,62 +2168,54 @@ static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int
     return 0;
 fail:
     req_free(r);
-    return rc;
+    return -1;
 }
 
-static void handle_tokenize(srv_state *S, srv_conn *c, const llm_json *body) {
-    srv_error e = {0};
+/* /tokenize and /detokenize: 0 with the answer's body in out, or -1 with the error in *e */
+static int handle_tokenize(srv_state *S, const llm_json *body, sbuf *out, srv_error *e) {
     int32_t *ids = NULL;
     int add_special = 1;
-    if (check_model(S, body, &e) || get_bool(body, "add_special_tokens", &add_special, &e)) goto fail;
+    if (check_model(S, body, e) || get_bool(body, "add_special_tokens", &add_special, e)) goto fail;
     const llm_json *prompt = llm_json_get(body, "prompt"), *msgs = llm_json_get(body, "messages");
     if (prompt && prompt->type == LLM_JSON_STRING) {
         if (tokenize_text(S, prompt->str, prompt->len, add_special, &ids)) {
-            bad(&e, 400, "prompt", "cannot tokenize");
+            bad(e, 400, "prompt", "cannot tokenize");
             goto fail;
         }
     } else if (msgs && msgs->type == LLM_JSON_ARRAY) { /* a chat's prompt, tools and all, as it would run */
         srv_req tmp;
         memset(&tmp, 0, sizeof tmp);
         char *text = NULL;
-        int n = 0, rc = chat_prompt(S, body, &tmp, &text, &n, &e);
+        int n = 0, rc = chat_prompt(S, body, &tmp, &text, &n, e);
         free(tmp.grammar);
         if (rc == 0 && tokenize_text(S, text, (size_t)n, add_special, &ids))
-            rc = bad(&e, 400, "messages", "cannot tokenize");
+            rc = bad(e, 400, "messages", "cannot tokenize");
         free(text);
         if (rc) goto fail;
     } else {
-        bad(&e, 400, "prompt", "give prompt (a string) or messages (a list)");
+        bad(e, 400, "prompt", "give prompt (a string) or messages (a list)");
         goto fail;
     }
-    sbuf b = {0};
-    sb_printf(&b, "{\"count\":%d,\"max_model_len\":%d,\"tokens\":[", (int)arrlen(ids), S->max_model_len);
-    for (ptrdiff_t i = 0; i < arrlen(ids); i++) sb_printf(&b, i ? ",%d" : "%d", ids[i]);
-    sb_puts(&b, "],\"token_strs\":null}");
-    send_response(S, c, 200, "application/json", b.s, b.len, NULL);
-    sb_free(&b);
+    sb_printf(out, "{\"count\":%d,\"max_model_len\":%d,\"tokens\":[", (int)arrlen(ids), S->max_model_len);
+    for (ptrdiff_t i = 0; i < arrlen(ids); i++) sb_printf(out, i ? ",%d" : "%d", ids[i]);
+    sb_puts(out, "],\"token_strs\":null}");
     arrfree(ids);
-    return;
+    return out->failed ? bad(e, 500, NULL, "out of memory") : 0;
 fail:
     arrfree(ids);
-    send_error(S, c, e.status ? e.status : 400, e.param[0] ? e.param : NULL, "%s", e.msg);
+    return -1;
 }
 
-static void handle_detokenize(srv_state *S, srv_conn *c, const llm_json *body) {
-    srv_error e = {0};
+static int handle_detokenize(srv_state *S, const llm_json *body, sbuf *out, srv_error *e) {
     const llm_json *tokens = llm_json_get(body, "tokens");
-    if (check_model(S, body, &e)) { send_error(S, c, e.status, e.param, "%s", e.msg); return; }
-    if (!tokens || tokens->type != LLM_JSON_ARRAY) {
-        send_error(S, c, 400, "tokens", "tokens must be a list of ids");
-        return;
-    }
+    if (check_model(S, body, e)) return -1;
+    if (!tokens || tokens->type != LLM_JSON_ARRAY) return bad(e, 400, "tokens", "tokens must be a list of ids");
     int32_t *ids = NULL;
     for (int i = 0; i < tokens->n; i++) {
         const llm_json *v = &tokens->items[i];
         if (!is_token_id(S, v)) {
             arrfree(ids);
-            send_error(S, c, 400, "tokens", "tokens must be integers in 0..%d", S->model->cfg.vocab_size - 1);
-            return;
+            return bad(e, 400, "tokens", "tokens must be integers in 0..%d", S->model->cfg.vocab_size - 1);
         }
         arrput(ids, (int32_t)v->num);
     }
@@ -2204,12 +2224,129 @@ static void handle_detokenize(srv_state *S, srv_conn *c, const llm_json *body) {
     if (m > 0 && (t.s = (char *)malloc((size_t)m + 1)))
         t.len = (size_t)llm_detokenize(S->model->tok, ids, (int)arrlen(ids), 0, t.s, m + 1);
     arrfree(ids);
-    sbuf b = {0};
-    sb_puts(&b, "{\"prompt\":");
-    sb_json_str(&b, t.s ? t.s : "", t.len);
-    sb_puts(&b, "}");
-    send_response(S, c, 200, "application/json", b.s, b.len, NULL);
-    sb_free(&b); sb_free(&t);
+    sb_puts(out, "{\"prompt\":");
+    sb_json_str(out, t.s ? t.s : "", t.len);
+    sb_puts(out, "}");
+    sb_free(&t);
+    return out->failed ? bad(e, 500, NULL, "out of memory") : 0;
+}
+
+/* ===========================================================================================================
+ * Request workers: what a request's bytes cost, off the network thread
+ * A request's JSON is parsed, its chat template rendered, its prompts tokenized and its grammar written and
+ * parsed by a worker thread: a 7 MB prompt or a 1 MB grammar takes a second or more, and on the network
+ * thread that second would stall every stream and every health check. The network thread hands a whole
+ * request over (a job: the route and a copy of the body) and goes on; the connection reads no further request
+ * until the job comes back, through the wake-up pipe, as an answer to send (an error, /tokenize's) or as a
+ * generation ready for the engine, which the network thread adds (ids and a parsed grammar: cheap).
+ * ======================================================================================================== */
+enum { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETIONS, JOB_CHAT };
+
+struct srv_job {
+    srv_conn *conn;                 /* the network thread's: NULL once the client has gone */
+    int route;                      /* JOB_* */
+    char *body; size_t body_len;    /* a copy of the request's body */
+    char request_id[SRV_MAX_REQUEST_ID + 1];
+    double t_arrival;
+    /* what the worker made: a generation ready to add (r, p), or an answer */
+    int failed;                     /* 1: the error in e */
+    srv_error e;
+    sbuf answer;                    /* a 200's body (/tokenize, /detokenize) */
+    llm_json json;                  /* the body parsed: r's stop strings and cache salt point into it */
+    int json_ok;
+    srv_req *r;
+    llm_sampling_params p;
+};
+
+static void job_free(srv_job *j) {
+    free(j->body); sb_free(&j->answer);
+    if (j->json_ok) llm_json_free(&j->json);
+    req_free(j->r);
+    free(j);
+}
+
+/* The worker's part of a job: everything a request's bytes can make cost */
+static void job_run(srv_state *S, srv_job *j) {
+    char jerr[LLM_ERR_LEN];
+    j->failed = 1;
+    if (llm_json_parse(j->body, j->body_len, &j->json, jerr) != 0) {
+        bad(&j->e, 400, NULL, "the body is not valid JSON: %s", jerr);
+        return;
+    }
+    j->json_ok = 1;
+    free(j->body); j->body = NULL; /* (the parse copied what it keeps) */
+    if (j->json.type != LLM_JSON_OBJECT) { bad(&j->e, 400, NULL, "the body must be a JSON object"); return; }
+    if (j->route == JOB_TOKENIZE) { j->failed = handle_tokenize(S, &j->json, &j->answer, &j->e) != 0; return; }
+    if (j->route == JOB_DETOKENIZE) { j->failed = handle_detokenize(S, &j->json, &j->answer, &j->e) != 0; return; }
+    if (!(j->r = (srv_req *)calloc(1, sizeof *j->r))) { bad(&j->e, 500, NULL, "out of memory"); return; }
+    j->r->t_arrival = j->t_arrival;
+    j->failed = prepare_generation(S, &j->json, j->route == JOB_CHAT ? REQ_CHAT : REQ_COMPLETIONS,
+                                   j->request_id, j->r, &j->p, &j->e) != 0;
+}
+
+static void *srv_worker(void *arg) {
+    srv_state *S = (srv_state *)arg;
+    pthread_mutex_lock(&S->job_lock);
+    for (;;) {
+        while (!arrlen(S->jobs_todo) && !S->jobs_quit) pthread_cond_wait(&S->job_added, &S->job_lock);
+        if (S->jobs_quit) break;
+        srv_job *j = S->jobs_todo[0];
+        arrdel(S->jobs_todo, 0);
+        pthread_mutex_unlock(&S->job_lock);
+        job_run(S, j);
+        pthread_mutex_lock(&S->job_lock);
+        arrput(S->jobs_done, j);
+        char c = 'j';
+        ssize_t rc = write(S->wake[1], &c, 1);
+        (void)rc;
+    }
+    pthread_mutex_unlock(&S->job_lock);
+    return NULL;
+}
+
+/* A whole request to a worker; the connection waits for it (job_done) */
+static void job_start(srv_state *S, srv_conn *c, int route, const http_request *rq) {
+    srv_job *j = (srv_job *)calloc(1, sizeof *j);
+    if (!j || !(j->body = (char *)malloc(rq->body_len + 1))) {
+        free(j);
+        send_error(S, c, 500, NULL, "out of memory");
+        return;
+    }
+    memcpy(j->body, rq->body, rq->body_len);
+    j->body_len = rq->body_len;
+    j->conn = c; j->route = route; j->t_arrival = now_s();
+    memcpy(j->request_id, conn_request_id(S, c), sizeof j->request_id);
+    c->job = j;
+    pthread_mutex_lock(&S->job_lock);
+    arrput(S->jobs_todo, j);
+    pthread_cond_signal(&S->job_added);
+    pthread_mutex_unlock(&S->job_lock);
+}
+
+/* The jobs the workers finished, on the network thread: each answered, or its generation added */
+static void jobs_done(srv_state *S) {
+    pthread_mutex_lock(&S->job_lock);
+    srv_job **done = S->jobs_done;
+    S->jobs_done = NULL;
+    pthread_mutex_unlock(&S->job_lock);
+    for (ptrdiff_t i = 0; i < arrlen(done); i++) {
+        srv_job *j = done[i];
+        srv_conn *c = j->conn;
+        if (c) {
+            c->job = NULL;
+            c->t_last_active = now_s();
+            srv_error e = j->e;
+            if (!j->failed && j->r) {
+                srv_req *r = j->r;
+                j->r = NULL; /* attach_generation's now, whatever comes */
+                if (attach_generation(S, c, r, &j->p, &e) != 0) j->failed = 1;
+            } else if (!j->failed) send_response(S, c, 200, "application/json", j->answer.s, j->answer.len, NULL);
+            if (j->failed) send_error(S, c, e.status ? e.status : 400, e.param[0] ? e.param : NULL, "%s", e.msg);
+            if (!c->req && !c->keep_alive) c->closing = 1;
+        }
+        job_free(j); /* the body, which the engine copied what it keeps of */
+    }
+    arrfree(done);
 }
 
 static int key_equal(const char *given, const char *key) { /* constant time in the key's length */
@@ -2279,27 +2416,9 @@ static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
         sb_free(&b);
         return;
     }
-    /* the rest take a JSON object */
-    llm_json body;
-    char jerr[LLM_ERR_LEN];
-    if (llm_json_parse(rq->body, rq->body_len, &body, jerr) != 0) {
-        send_error(S, c, 400, NULL, "the body is not valid JSON: %s", jerr);
-        return;
-    }
-    if (body.type != LLM_JSON_OBJECT) {
-        send_error(S, c, 400, NULL, "the body must be a JSON object");
-        llm_json_free(&body);
-        return;
-    }
-    if (!strcmp(path, "/tokenize")) handle_tokenize(S, c, &body);
-    else if (!strcmp(path, "/detokenize")) handle_detokenize(S, c, &body);
-    else {
-        srv_error e = {0};
-        int kind = !strcmp(path, "/v1/chat/completions") ? REQ_CHAT : REQ_COMPLETIONS;
-        if (start_generation(S, c, &body, kind, &e) != 0)
-            send_error(S, c, e.status ? e.status : 400, e.param[0] ? e.param : NULL, "%s", e.msg);
-    }
-    llm_json_free(&body); /* what the engine keeps of it (the stop strings) add_request copied */
+    /* the rest take a JSON object: a worker reads it */
+    job_start(S, c, !strcmp(path, "/tokenize") ? JOB_TOKENIZE : !strcmp(path, "/detokenize") ? JOB_DETOKENIZE :
+              !strcmp(path, "/v1/chat/completions") ? JOB_CHAT : JOB_COMPLETIONS, rq);
 }
 
 /* ===========================================================================================================
@@ -2432,6 +2551,7 @@ static void conn_close(srv_state *S, srv_conn *c) {
         for (int i = 0; i < c->req->n_prompts; i++) llm_engine_abort(S->engine, c->req->prompts[i].engine_id);
         c->req->conn = NULL;
     }
+    if (c->job) c->job->conn = NULL; /* a worker has its request: what it makes is thrown away */
     epoll_ctl(S->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     for (ptrdiff_t i = 0; i < arrlen(S->conns); i++) if (S->conns[i] == c) { arrdelswap(S->conns, i); break; }
@@ -2439,9 +2559,9 @@ static void conn_close(srv_state *S, srv_conn *c) {
     free(c);
 }
 
-/* Parses and answers the requests waiting in c's input, in order, while none is in flight. */
+/* Parses and answers the requests waiting in c's input, in order, while none is in flight (or with a worker). */
 static void conn_process(srv_state *S, srv_conn *c) {
-    while (!c->req && !c->closing && c->in.len > 0) {
+    while (!c->req && !c->job && !c->closing && c->in.len > 0) {
         http_request rq;
         size_t used = 0;
         int rc = http_parse(c->in.s, c->in.len, &rq, &used);
@@ -2470,7 +2590,7 @@ static void conn_process(srv_state *S, srv_conn *c) {
         c->in.len -= used;
         c->in.s[c->in.len] = 0; /* the parser may read one byte past the data: let it be a NUL */
         if (c->in.len) c->t_request_start = now_s(); /* the next pipelined request has begun */
-        if (!c->req && !c->keep_alive) c->closing = 1;
+        if (!c->req && !c->job && !c->keep_alive) c->closing = 1;
     }
 }
 
@@ -2583,6 +2703,8 @@ static int serve(const serve_config *a) {
     srv_state *S = (srv_state *)calloc(1, sizeof *S);
     if (!S) { fprintf(stderr, "llm serve: out of memory\n"); return 1; }
     S->listen_fd = S->epoll_fd = S->wake[0] = S->wake[1] = -1;
+    pthread_mutex_init(&S->job_lock, NULL);
+    pthread_cond_init(&S->job_added, NULL);
     int rc = 1;
     double t0 = now_s();
     S->engine = llm_engine_create(&a->engine, err);
@@ -2666,6 +2788,12 @@ static int serve(const serve_config *a) {
         fprintf(stderr, "llm serve: cannot start the engine thread\n");
         goto out;
     }
+    for (; S->n_workers < SRV_WORKERS; S->n_workers++)
+        if (pthread_create(&S->workers[S->n_workers], NULL, srv_worker, S) != 0) break;
+    if (!S->n_workers) {
+        fprintf(stderr, "llm serve: cannot start the request workers\n");
+        goto out;
+    }
     fprintf(stderr, "llm serve: %s (%s) on the %s, loaded in %.2f s; "
                     "context %d tokens, KV pool %d blocks of %d\n",
             S->model_name, S->model->name, st.backend, now_s() - t0, st.max_model_len, st.num_blocks,
@@ -2700,17 +2828,18 @@ static int serve(const serve_config *a) {
             if (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) conn_read(S, c);
         }
         drain_events(S);
+        jobs_done(S);
         /* after events: closings, finished requests' next pipelined request, time-outs */
         double t = now_s();
         for (ptrdiff_t i = arrlen(S->conns) - 1; i >= 0; i--) {
             srv_conn *c = S->conns[i];
-            if (!c->req && !c->closing && c->in.len) conn_process(S, c);
-            if (!c->req && c->t_request_start && t - c->t_request_start > S->request_timeout) {
+            if (!c->req && !c->job && !c->closing && c->in.len) conn_process(S, c);
+            if (!c->req && !c->job && c->t_request_start && t - c->t_request_start > S->request_timeout) {
                 c->keep_alive = 0; /* slowloris: the request was begun and not finished in time */
                 send_error(S, c, 408, NULL, "the request took more than %g s to arrive", S->request_timeout);
                 c->closing = 1;
             }
-            if (!c->req && !c->in.len && t - c->t_last_active > SRV_IDLE_TIMEOUT) c->closing = 1;
+            if (!c->req && !c->job && !c->in.len && t - c->t_last_active > SRV_IDLE_TIMEOUT) c->closing = 1;
             if (c->closing == 2 || (c->closing == 1 && c->out.len == c->out_sent)) conn_close(S, c);
         }
         /* draining: the listener stays open (a load balancer's checks get 503, not a refused connection, and
@@ -2719,7 +2848,8 @@ static int serve(const serve_config *a) {
         if (g_srv_stop) {
             int busy = 0;
             for (ptrdiff_t i = 0; i < arrlen(S->conns); i++)
-                busy += S->conns[i]->req != NULL || S->conns[i]->out.len > S->conns[i]->out_sent;
+                busy += S->conns[i]->req != NULL || S->conns[i]->job != NULL ||
+                        S->conns[i]->out.len > S->conns[i]->out_sent;
             if (!stop_since) {
                 stop_since = t;
                 fprintf(stderr, "llm serve: %s: draining: /health and new requests get 503; %d connections "
@@ -2741,9 +2871,18 @@ static int serve(const serve_config *a) {
     pthread_join(S->engine_thread, NULL);
     while (arrlen(S->conns)) conn_close(S, S->conns[0]);
     drain_events(S);
+    jobs_done(S); /* (their connections closed: thrown away) */
     while (arrlen(S->live)) { req_free(S->live[0]); arrdelswap(S->live, 0); } /* cut short */
     fprintf(stderr, "llm serve: stopped\n");
 out:
+    pthread_mutex_lock(&S->job_lock); /* the workers end after the job they run, and what is left is freed */
+    S->jobs_quit = 1;
+    pthread_cond_broadcast(&S->job_added);
+    pthread_mutex_unlock(&S->job_lock);
+    for (int i = 0; i < S->n_workers; i++) pthread_join(S->workers[i], NULL);
+    for (ptrdiff_t i = 0; i < arrlen(S->jobs_todo); i++) job_free(S->jobs_todo[i]);
+    for (ptrdiff_t i = 0; i < arrlen(S->jobs_done); i++) job_free(S->jobs_done[i]);
+    arrfree(S->jobs_todo); arrfree(S->jobs_done);
     g_srv_wake_fd = -1;
     if (S->listen_fd >= 0) close(S->listen_fd);
     if (S->epoll_fd >= 0) close(S->epoll_fd);

@@ -8231,6 +8231,54 @@ static void test_server_grammar_isolation(void) {
     CHECK(server_stop(&srv) == 0, "serve: exit status 0");
 }
 
+/* A request's reading (JSON, template, tokens, grammar) is a worker's, not the network thread's: while a
+ * 2 MB prompt is tokenized (a second or more), /health answers at once and a stream goes on */
+static void test_server_request_workers(void) {
+    test_server srv;
+    if (server_start(&srv, "") != 0) { server_stop(&srv); return; }
+    int port = srv.port;
+    static const char *words[] = {"once", "upon", "a", "time", "there", "was", "little", "girl", "lily"};
+    size_t cap = (2 << 20) + 256, len = 0;
+    char *body = (char *)malloc(cap), *req = (char *)malloc(cap + 256);
+    if (!body || !req) { free(body); free(req); server_stop(&srv); return; }
+    len += (size_t)sprintf(body, "{\"max_tokens\":1,\"prompt\":\"");
+    for (unsigned i = 0; len < (2u << 20); i++) len += (size_t)sprintf(body + len, "%s ", words[i * 7 % 9]);
+    len += (size_t)sprintf(body + len, "\"}");
+    int n = sprintf(req, "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
+                    "Connection: close\r\nContent-Length: %zu\r\n\r\n%s", len, body);
+    const char *stream = "{\"prompt\":\"Once upon a time\",\"max_tokens\":400,\"ignore_eos\":true,\"stream\":true}";
+    char sreq[512];
+    int sn = snprintf(sreq, sizeof sreq, "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
+                      "Connection: close\r\nContent-Length: %zu\r\n\r\n%s", strlen(stream), stream);
+    int sfd = tcp_connect(port), bfd = tcp_connect(port);
+    double t0 = test_now();
+    send_all(sfd, sreq, (size_t)sn);
+    send_all(bfd, req, (size_t)n);
+    usleep(100000);
+    double worst = 0;
+    int healthy = 0;
+    for (int i = 0; i < 3; i++) {
+        double t = test_now();
+        char *r = http_get(port, "/health", NULL);
+        healthy += http_status(r) == 200;
+        if (test_now() - t > worst) worst = test_now() - t;
+        free(r);
+        usleep(50000);
+    }
+    size_t got = 0;
+    char *big = recv_all(bfd, 60, &got); /* the server closes after an error: recv_all returns */
+    double t_big = test_now() - t0;
+    char *streamed = recv_all(sfd, 60, NULL);
+    CHECK(healthy == 3 && http_status(big) == 400 && strstr(big, "context") && t_big > 4 * worst &&
+          streamed && strstr(streamed, "data: [DONE]"),
+          "serve: /health during a 2 MB prompt's tokenizing: 3 of 3 (%d) in %.3f s at worst, the prompt's answer "
+          "(%d) after %.3f s; the stream beside them ended: %d", healthy, worst, http_status(big), t_big,
+          streamed && strstr(streamed, "data: [DONE]") != NULL);
+    free(big); free(streamed); free(body); free(req);
+    close(sfd); close(bfd);
+    CHECK(server_stop(&srv) == 0, "serve: exit status 0");
+}
+
 static void test_server_structured(void) {
     test_server srv;
     if (server_start(&srv, "") != 0) { server_stop(&srv); return; }
@@ -10613,6 +10661,7 @@ int main(int argc, char **argv) {
         {"server speculative decoding", test_server_speculative},
         {"server errors", test_server_errors}, {"server structured output", test_server_structured},
         {"server: a costly grammar slows only itself", test_server_grammar_isolation},
+        {"server: requests read by workers", test_server_request_workers},
         {"server tools and reasoning", test_server_tools}, {"server tools, Mistral", test_server_mistral_tools},
         {"server connections", test_server_connections},
         {"server sampling from the file", test_server_sampling_keys},
