@@ -10874,9 +10874,16 @@ int llm_engine_has_work(llm_engine *e) { return llm_engine_wait(e, 0); }
  *    emptied. Only running sequences have output: one the scheduler preempts later in this step has had its
  *    emptied here first. */
 static void llm_engine_begin_step(llm_engine *e) {
-    if (e->step_idle && e->grammar_in_flight) { /* nothing to do but wait for the grammar thread */
+    if (e->grammar_in_flight) {
+        /* nothing else to do: wait for the grammar thread; else a while for its jobs, so that a cheap mask
+         * loses its sequence no step, within the budget (a costly one is left for a later step) */
+        double until = llm_now() + e->grammar_step_budget;
+        struct timespec ts = {(time_t)until, (long)((until - floor(until)) * 1e9)};
         pthread_mutex_lock(&e->lock);
-        while (!llm_engine_news_locked(e)) pthread_cond_wait(&e->work_added, &e->lock);
+        if (e->step_idle) while (!llm_engine_news_locked(e)) pthread_cond_wait(&e->work_added, &e->lock);
+        else
+            while (arrlen(e->grammar_done) < e->grammar_in_flight && llm_now() < until &&
+                   pthread_cond_timedwait(&e->work_added, &e->lock, &ts) != ETIMEDOUT) {}
         pthread_mutex_unlock(&e->lock);
     }
     for (int i = 0; i < arrlen(e->finished); i++) /* a parked one waits for its job */
