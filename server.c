@@ -2773,6 +2773,9 @@ static void conn_read(srv_state *S, srv_conn *c) {
             send_error(S, c, 503, NULL, "the server holds too many unfinished requests' bytes (%d MiB): "
                        "try again", SRV_MAX_BUFFERED >> 20);
             c->closing = 1;
+            http_parser_reset(&c->parser); /* what it held of this request goes back at once */
+            sb_free(&c->in);
+            conn_account(S, c);
             return;
         }
         sb_put(&c->in, buf, (size_t)n);
