@@ -123,7 +123,7 @@ typedef struct {
     char method[16], path[256];
     int keep_alive, expect_continue;
     int json;                       /* Content-Type is application/json (its parameters aside) */
-    int preflight;                  /* Access-Control-Request-Method was given: with OPTIONS, CORS preflight */
+    int preflight;                  /* Access-Control-Request-Method given: with OPTIONS, a CORS preflight */
     int chunked;
     long long content_length;       /* -1: none given */
     char auth[512];
@@ -154,11 +154,13 @@ typedef struct {
     http_request rq;
 } http_parser;
 
+/* A parser for the next request (the body of the last one freed). */
 static void http_parser_reset(http_parser *p) {
     sb_free(&p->rq.body);
     memset(p, 0, sizeof *p);
 }
 
+/* An error status, and why, for the answer (no byte after it is parsed: the connection closes). */
 static int http_fail(http_parser *p, int status, const char *why) { p->why = why; return status; }
 
 static int ascii_ieq(const char *a, const char *b, size_t n) {
@@ -191,7 +193,8 @@ static int http_list_has(const char *v, size_t n, const char *t) {
  * value (the whitespace around it dropped), or 400. A line that begins with whitespace (obs-fold) has no
  * name; whitespace between the name and the colon is not a token character: both are refused, as RFC 9112
  * section 5 asks of a server, for a proxy in front might have read them otherwise. */
-static int http_field(http_parser *p, const char *s, size_t n, size_t *name_len, const char **v, size_t *vlen) {
+static int http_field(http_parser *p, const char *s, size_t n, size_t *name_len, const char **v,
+                      size_t *vlen) {
     size_t i = 0;
     while (i < n && http_tchar((unsigned char)s[i])) i++;
     if (i == 0)
@@ -202,7 +205,8 @@ static int http_field(http_parser *p, const char *s, size_t n, size_t *name_len,
                          "name and its colon" : "a header's name has a character a token cannot have");
     size_t b = i + 1, e = n;
     for (size_t k = b; k < n; k++)
-        if (!http_vchar((unsigned char)s[k])) return http_fail(p, 400, "a control character in a header's value");
+        if (!http_vchar((unsigned char)s[k]))
+            return http_fail(p, 400, "a control character in a header's value");
     while (b < e && (s[b] == ' ' || s[b] == '\t')) b++;
     while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t')) e--;
     *name_len = i; *v = s + b; *vlen = e - b;
@@ -213,7 +217,8 @@ static int http_field(http_parser *p, const char *s, size_t n, size_t *name_len,
  * Sets everything of p->rq but the body. */
 static int http_head(http_parser *p, const char *h, size_t n) {
     http_request *rq = &p->rq;
-    const char *end = h + n, *eol = memchr(h, '\n', n) - 1; /* the request line: METHOD SP TARGET SP HTTP/1.x */
+    /* the request line: METHOD SP TARGET SP HTTP/1.x */
+    const char *end = h + n, *eol = (const char *)memchr(h, '\n', n) - 1;
     const char *sp1 = h;
     while (sp1 < eol && http_tchar((unsigned char)*sp1)) sp1++;
     const char *target = sp1 + 1, *sp2 = target;
@@ -231,7 +236,8 @@ static int http_head(http_parser *p, const char *h, size_t n) {
     }
     if (target[0] != '/' && (target[0] != '*' || target_end - target != 1))
         return http_fail(p, 400, "the request target is not a path");
-    if (target_end - target >= (long)sizeof rq->path) return http_fail(p, 400, "the request target is too long");
+    if (target_end - target >= (long)sizeof rq->path)
+        return http_fail(p, 400, "the request target is too long");
     memcpy(rq->method, h, (size_t)(sp1 - h));
     memcpy(rq->path, target, (size_t)(target_end - target));
     char *query = strchr(rq->path, '?');
@@ -251,7 +257,8 @@ static int http_head(http_parser *p, const char *h, size_t n) {
             if (vlen == 0) return http_fail(p, 400, "an empty Content-Length");
             if (vlen > 15) return http_fail(p, 413, "the request's body is too large");
             for (size_t i = 0; i < vlen; i++) {
-                if (v[i] < '0' || v[i] > '9') return http_fail(p, 400, "a Content-Length that is not a number");
+                if (v[i] < '0' || v[i] > '9')
+                    return http_fail(p, 400, "a Content-Length that is not a number");
                 x = x * 10 + (v[i] - '0');
             }
             if (rq->content_length >= 0 && rq->content_length != x)
@@ -282,7 +289,10 @@ static int http_head(http_parser *p, const char *h, size_t n) {
         } else if (HDR("access-control-request-method")) {
             rq->preflight = 1;
         } else if (HDR("access-control-request-headers")) {
-            if (vlen < sizeof rq->cors_headers) { memcpy(rq->cors_headers, v, vlen); rq->cors_headers[vlen] = 0; }
+            if (vlen < sizeof rq->cors_headers) {
+                memcpy(rq->cors_headers, v, vlen);
+                rq->cors_headers[vlen] = 0;
+            }
         } else if (HDR("x-request-id")) { /* it goes into logs, JSON and a header: printable ASCII only */
             int ok = vlen > 0 && vlen <= SRV_MAX_REQUEST_ID;
             for (size_t i = 0; ok && i < vlen; i++) ok = v[i] >= 0x20 && v[i] < 0x7f; /* signed or not */
@@ -303,7 +313,8 @@ static int http_chunk_size(http_parser *p, const char *s, size_t n, unsigned lon
     size_t i = 0;
     unsigned long long x = 0;
     for (; i < n && isxdigit((unsigned char)s[i]); i++) {
-        x = x * 16 + (unsigned long long)(isdigit((unsigned char)s[i]) ? s[i] - '0' : (s[i] | 0x20) - 'a' + 10);
+        int digit = isdigit((unsigned char)s[i]) ? s[i] - '0' : (s[i] | 0x20) - 'a' + 10;
+        x = x * 16 + (unsigned long long)digit;
         if (x > SRV_MAX_BODY) return http_fail(p, 413, "the request's body is too large");
     }
     if (i == 0) return http_fail(p, 400, "a chunk size that is not a hex number");
@@ -312,7 +323,8 @@ static int http_chunk_size(http_parser *p, const char *s, size_t n, unsigned lon
     if (k < n && s[k] != ';') return http_fail(p, 400, "a chunk size followed by something not an extension");
     if (k == n && k != i) return http_fail(p, 400, "whitespace after a chunk size");
     for (; k < n; k++)
-        if (!http_vchar((unsigned char)s[k])) return http_fail(p, 400, "a control character in a chunk extension");
+        if (!http_vchar((unsigned char)s[k]))
+            return http_fail(p, 400, "a control character in a chunk extension");
     *size = x;
     return 0;
 }
@@ -365,7 +377,8 @@ static int http_feed(http_parser *p, const char *buf, size_t len, size_t *used) 
         }
         if (i == len) { *used = i; return HTTP_INCOMPLETE; }
         i++;
-        if (!p->line_len || p->line[p->line_len - 1] != '\r') return http_fail(p, 400, "a bare LF (lines end in CRLF)");
+        if (!p->line_len || p->line[p->line_len - 1] != '\r')
+            return http_fail(p, 400, "a bare LF (lines end in CRLF)");
         size_t n = p->line_len - 1;
         p->line_len = 0;
         if (p->state == HP_CHUNK_END) {
@@ -381,7 +394,8 @@ static int http_feed(http_parser *p, const char *buf, size_t len, size_t *used) 
             size_t name_len, vlen;
             const char *v;
             p->trailer_bytes += n + 2;
-            if (p->trailer_bytes > SRV_MAX_HEADER) return http_fail(p, 431, "the trailers are larger than 16 KiB");
+            if (p->trailer_bytes > SRV_MAX_HEADER)
+                return http_fail(p, 431, "the trailers are larger than 16 KiB");
             int rc = http_field(p, p->line, n, &name_len, &v, &vlen);
             if (rc) return rc;
         }
@@ -2249,7 +2263,8 @@ static int start_generation(srv_state *S, srv_conn *c, const llm_json *body, int
         x = 0;
         if (get_number(body, "top_logprobs", 0, 20, 1, &x, e)) goto fail;
         if (x > 0 && !want_logprobs) /* as OpenAI and vLLM: top_logprobs asks for nothing without logprobs */
-            { bad(e, 400, "top_logprobs", "when using top_logprobs, logprobs must be set to true"); goto fail; }
+            { bad(e, 400, "top_logprobs", "when using top_logprobs, logprobs must be set to true");
+              goto fail; }
         r->logprobs = want_logprobs ? 1 : -1; r->top_logprobs = (int)x;
         p.logprobs = want_logprobs ? r->top_logprobs : -1;
         char *text = NULL;
@@ -2620,6 +2635,7 @@ static void apply_event(srv_state *S, srv_event *ev) {
  * request aborted). The socket is read only while the connection wants input, so none of this can be
  * outrun by a client that sends faster than it is answered.
  * ======================================================================================================== */
+/* The bytes of c's output the kernel has not taken yet */
 static size_t conn_unsent(const srv_conn *c) { return c->out.len - c->out_sent; }
 
 /* Whether c's socket is to be read now: not while a request of it is in flight (the next one waits in the
@@ -2850,7 +2866,8 @@ static void conn_tick(srv_state *S, srv_conn *c, double t) {
                 c->req ? c->req->id : "-", c->peer, S->request_timeout, c->req ? ", request aborted" : "");
         c->closing = 2;
     }
-    if (!c->req && !c->closing && !c->t_request_start && t - c->t_last_active > SRV_IDLE_TIMEOUT) c->closing = 1;
+    if (!c->req && !c->closing && !c->t_request_start && t - c->t_last_active > SRV_IDLE_TIMEOUT)
+        c->closing = 1;
     if (c->closing == 1 && !conn_unsent(c)) {
         if (c->eof) c->closing = 2;
         else { shutdown(c->fd, SHUT_WR); c->closing = 3; c->t_linger = t; }
@@ -2937,7 +2954,8 @@ static int parse_origins(srv_state *S, const char *v, char *err, size_t cap) {
     for (int i = 0; ok && i < j.n; i++)
         if ((ok = j.items[i].type == LLM_JSON_STRING)) arrput(S->origins, strdup(j.items[i].str));
     llm_json_free(&j);
-    if (!ok) snprintf(err, cap, "--allowed-origins: give a JSON list of strings, or origins separated by commas");
+    if (!ok)
+        snprintf(err, cap, "--allowed-origins: give a JSON list of strings, or origins separated by commas");
     return ok ? 0 : -1;
 }
 

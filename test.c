@@ -7045,8 +7045,8 @@ static int server_start_in(test_server *s, const char *shell, const char *extra)
     static int serial;
     snprintf(s->log, sizeof s->log, "llm-test-serve-%d-%d.log", (int)getpid(), serial++);
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%sexec ./llm serve -m %s --port 0 %s 2>%s", shell, model_path("stories260K.gguf"),
-             extra, s->log);
+    snprintf(cmd, sizeof cmd, "%sexec ./llm serve -m %s --port 0 %s 2>%s", shell,
+             model_path("stories260K.gguf"), extra, s->log);
     s->port = 0;
     s->pid = fork();
     if (s->pid == 0) { execl("/bin/sh", "sh", "-c", cmd, (char *)NULL); _exit(127); }
@@ -8869,7 +8869,8 @@ static double proc_cpu_s(pid_t pid) {
     if (f) { if (!fgets(st, sizeof st, f)) st[0] = 0; fclose(f); }
     const char *p = strrchr(st, ')'); /* the fields after the command's name */
     unsigned long long ut = 0, kt = 0;
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &kt) != 2) return -1;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &kt) != 2)
+        return -1;
     return (double)(ut + kt) / (double)sysconf(_SC_CLK_TCK);
 }
 
@@ -8895,8 +8896,8 @@ static int count_responses(const char *r) {
 }
 
 static const char *malformed(const char *why, char *out, size_t cap) { /* the 400 a broken head gets */
-    snprintf(out, cap, "{\"error\":{\"message\":\"a malformed HTTP request: %s\",\"type\":\"invalid_request_error\","
-             "\"param\":null,\"code\":400}}", why);
+    snprintf(out, cap, "{\"error\":{\"message\":\"a malformed HTTP request: %s\",\"type\":"
+             "\"invalid_request_error\",\"param\":null,\"code\":400}}", why);
     return out;
 }
 
@@ -8916,8 +8917,8 @@ static void test_server_http_framing(void) {
     char req[1024];
     int head = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n" JSON_CT
                         "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
-    int n = head + snprintf(req + head, sizeof req - (size_t)head, "1A;name=\"a value\"\r\n%.26s\r\n%zX\r\n%s\r\n"
-                            "0\r\nX-Trailer: yes\r\n\r\n", body, strlen(body) - 26, body + 26);
+    int n = head + snprintf(req + head, sizeof req - (size_t)head, "1A;name=\"a value\"\r\n%.26s\r\n"
+                            "%zX\r\n%s\r\n0\r\nX-Trailer: yes\r\n\r\n", body, strlen(body) - 26, body + 26);
     int same = 0;
     char first_bad[600] = "";
     for (int cut = 1; cut < n; cut++) {
@@ -8927,20 +8928,21 @@ static void test_server_http_framing(void) {
         else if (!first_bad[0]) snprintf(first_bad, sizeof first_bad, "split at %d: %.500s", cut, r ? r : "");
         free(r);
     }
-    CHECK(*want && same == n - 1, "serve: a chunked request split at each of its %d positions: %d give \"%s\"; %s",
-          n - 1, same, want, first_bad);
+    CHECK(*want && same == n - 1, "serve: a chunked request split at each of its %d positions: %d give "
+          "\"%s\"; %s", n - 1, same, want, first_bad);
     int fd = tcp_connect(port), one = 1; /* and a byte at a time */
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     for (int i = 0; i < n; i++) { send_all(fd, req + i, 1); usleep(1000); }
     r = recv_all(fd, 30, NULL);
     close(fd);
     json_str(http_body(r), "text", text, sizeof text);
-    CHECK(http_status(r) == 200 && !strcmp(text, want), "serve: a chunked request a byte at a time: %s", r ? r : "");
+    CHECK(http_status(r) == 200 && !strcmp(text, want), "serve: a chunked request a byte at a time: %s",
+          r ? r : "");
     free(r);
     /* smuggling: the first chunk's data is "0", an empty line and a request; sent, then the rest */
     const char *inner = "0\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
-    n = snprintf(req, sizeof req, "POST /tokenize HTTP/1.1\r\nHost: x\r\n" JSON_CT "Transfer-Encoding: chunked"
-                 "\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n", strlen(inner), inner);
+    n = snprintf(req, sizeof req, "POST /tokenize HTTP/1.1\r\nHost: x\r\n" JSON_CT
+                 "Transfer-Encoding: chunked\r\n\r\n%zx\r\n%s\r\n0\r\n\r\n", strlen(inner), inner);
     r = http_split(port, req, (size_t)n, (size_t)n - 5, 2); /* kept alive: whatever comes within 2 s */
     CHECK(count_responses(r) == 1 && http_status(r) == 400 && !strstr(r, "\"object\":\"list\"") &&
           strstr(r, "the body is not valid JSON"),
@@ -8948,11 +8950,12 @@ static void test_server_http_framing(void) {
     free(r);
     /* broken framing: 400 with what is wrong, then the connection closes */
     static const struct { const char *req, *why; } broken[] = {
-        {"POST /tokenize HTTP/1.1\r\nHost: x\r\n" JSON_CT "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
-         "0\r\n\r\n", "both Content-Length and Transfer-Encoding"},
+        {"POST /tokenize HTTP/1.1\r\nHost: x\r\n" JSON_CT "Content-Length: 5\r\n"
+         "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "both Content-Length and Transfer-Encoding"},
         {"GET /health HTTP/1.1\nHost: x\n\n", "a bare LF (lines end in CRLF)"},
         {"GET /health HTTP/1.1\r\nHost: x\nX-A: b\r\n\r\n", "a bare LF (lines end in CRLF)"},
-        {"GET /health HTTP/1.1\r\nX-A: a\r\n b\r\n\r\n", "a header line folded onto the one before it (obs-fold)"},
+        {"GET /health HTTP/1.1\r\nX-A: a\r\n b\r\n\r\n",
+         "a header line folded onto the one before it (obs-fold)"},
         {"GET /health HTTP/1.1\r\nHost : x\r\n\r\n", "whitespace between a header's name and its colon"},
         {"GET /health HTTP/1.1\r\nX(A): b\r\n\r\n", "a header's name has a character a token cannot have"},
         {"GET /health HTTP/1.1\r\nX-A: a\x01z\r\n\r\n", "a control character in a header's value"},
@@ -8983,8 +8986,8 @@ static void test_server_http_framing(void) {
     }
     /* a half-close (nc -N): the answers still come */
     char post[512];
-    n = snprintf(post, sizeof post, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n" JSON_CT "Content-Length: %zu"
-                 "\r\n\r\n%s", strlen(body), body);
+    n = snprintf(post, sizeof post, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n" JSON_CT
+                 "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
     const char *asks[2] = {"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", post};
     for (int i = 0; i < 2; i++) {
         fd = tcp_connect(port);
@@ -9049,8 +9052,8 @@ static void test_server_backpressure(void) {
     usleep(1500000);
     double rss1 = proc_rss_kib(s.pid);
     char *h = http_get(port, "/health", NULL);
-    CHECK(rss1 - rss0 < 32 * 1024 && http_status(h) == 200, "serve: a pipeliner that reads nothing (%zu bytes of "
-          "GET /metrics sent): RSS %.0f -> %.0f KiB; /health: %d", sent, rss0, rss1, http_status(h));
+    CHECK(rss1 - rss0 < 32 * 1024 && http_status(h) == 200, "serve: a pipeliner that reads nothing (%zu "
+          "bytes of GET /metrics sent): RSS %.0f -> %.0f KiB; /health: %d", sent, rss0, rss1, http_status(h));
     free(h); free(many);
     close(fd);
     /* 4 streams whose clients read nothing: each a burst of prompt logprobs (15 MB) and 200 tokens more */
@@ -9062,8 +9065,8 @@ static void test_server_backpressure(void) {
         strcat(sbody, "Once upon a time there was a little girl named Lily. She loved to play outside. ");
     strcat(sbody, "\",\"max_tokens\":200,\"ignore_eos\":true,\"stream\":true,\"n\":16,\"echo\":true,"
                   "\"prompt_logprobs\":20}");
-    int m = snprintf(rq, sizeof rq, "POST /v1/completions HTTP/1.1\r\n" JSON_CT "Content-Length: %zu\r\n\r\n%s",
-                     strlen(sbody), sbody);
+    int m = snprintf(rq, sizeof rq, "POST /v1/completions HTTP/1.1\r\n" JSON_CT "Content-Length: %zu\r\n"
+                     "\r\n%s", strlen(sbody), sbody);
     int fds[4];
     for (int i = 0; i < 4; i++) { fds[i] = tcp_connect(port); send_all(fds[i], rq, (size_t)m); }
     double aborted = 0, free_blocks = -1;
@@ -9076,7 +9079,8 @@ static void test_server_backpressure(void) {
     }
     char *log = read_file(s.log, NULL);
     int behind = 0;
-    for (const char *p = log; p && (p = strstr(p, "the client is more than 4 MiB behind its stream")); p++) behind++;
+    for (const char *p = log; p && (p = strstr(p, "the client is more than 4 MiB behind its stream")); p++)
+        behind++;
     CHECK(peak - rss0 < 32 * 1024 && aborted == 4 && free_blocks == blocks && behind == 4,
           "serve: 4 streams that nobody reads: RSS %.0f -> peak %.0f KiB, %g aborted (%d logged), %g of %g "
           "blocks free", rss0, peak, aborted, behind, free_blocks, blocks);
@@ -9089,7 +9093,8 @@ static void test_server_backpressure(void) {
     int bfd[NB];
     char *chunk = (char *)malloc(6 << 20);
     memset(chunk, 'a', 6 << 20);
-    const char *bhead = "POST /v1/completions HTTP/1.1\r\n" JSON_CT "Content-Length: 8000000\r\n\r\n{\"prompt\":\"";
+    const char *bhead = "POST /v1/completions HTTP/1.1\r\n" JSON_CT "Content-Length: 8000000\r\n\r\n"
+                        "{\"prompt\":\"";
     for (int i = 0; i < NB; i++) {
         bfd[i] = tcp_connect(port);
         struct timeval tv = {2, 0};
@@ -9107,8 +9112,8 @@ static void test_server_backpressure(void) {
     }
     free(chunk);
     h = http_get(port, "/health", NULL);
-    CHECK(rss1 - rss0 < 100 * 1024 && busy >= NB - 12 && http_status(h) == 200, "serve: %d bodies of 6 MB begun: "
-          "RSS %.0f -> %.0f KiB, %d got 503; /health %d", NB, rss0, rss1, busy, http_status(h));
+    CHECK(rss1 - rss0 < 100 * 1024 && busy >= NB - 12 && http_status(h) == 200, "serve: %d bodies of 6 MB "
+          "begun: RSS %.0f -> %.0f KiB, %d got 503; /health %d", NB, rss0, rss1, busy, http_status(h));
     free(h);
     CHECK(server_stop(&s) == 0, "serve: exit status 0 after the backpressure tests");
 }
@@ -9128,9 +9133,9 @@ static void test_server_fd_limit(void) {
     usleep(3000000);
     double c1 = proc_cpu_s(s.pid), cpu = (c1 - c0) / (test_now() - t0);
     char *log = read_file(s.log, &log1);
-    CHECK(open_ == N && c0 >= 0 && c1 >= 0 && cpu < 0.3 && log1 - log0 < 65536 && log && strstr(log, "llm serve: accept: Too many open "
-          "files ("), "serve at the fd limit with %d idle connections: %.0f%% of a core, %zu bytes of log",
-          open_, 100 * cpu, log1 - log0);
+    CHECK(open_ == N && c0 >= 0 && c1 >= 0 && cpu < 0.3 && log1 - log0 < 65536 && log &&
+          strstr(log, "llm serve: accept: Too many open files ("), "serve at the fd limit with %d idle "
+          "connections: %.0f%% of a core, %zu bytes of log", open_, 100 * cpu, log1 - log0);
     free(log);
     for (int i = 0; i < N; i++) if (fds[i] >= 0) close(fds[i]);
     char *r = NULL;
@@ -9151,18 +9156,20 @@ static void test_server_cross_origin(void) {
     test_server s, k;
     if (server_start(&s, "") != 0) { server_stop(&s); return; }
     const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2}";
-    const char *e415 = "{\"error\":{\"message\":\"Unsupported Media Type: Only 'application/json' is allowed\","
-                       "\"type\":\"invalid_request_error\",\"param\":null,\"code\":415}}";
+    const char *e415 = "{\"error\":{\"message\":\"Unsupported Media Type: Only 'application/json' is "
+                       "allowed\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":415}}";
     static const struct { const char *type; int status; } types[] = {
-        {"text/plain", 415}, {"application/x-www-form-urlencoded", 415}, {"multipart/form-data; boundary=x", 415},
+        {"text/plain", 415}, {"application/x-www-form-urlencoded", 415},
+        {"multipart/form-data; boundary=x", 415},
         {NULL, 415}, {"application/jsonx", 415}, {"application/json; charset=utf-8", 200},
         {"Application/JSON", 200}, {"application/json ;charset=UTF-8", 200},
     };
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         char req[512], ct[128] = "";
         if (types[i].type) snprintf(ct, sizeof ct, "Content-Type: %s\r\n", types[i].type);
-        int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: %zu\r\n"
-                         "Origin: http://evil.example\r\nConnection: close\r\n\r\n%s", ct, strlen(body), body);
+        int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%sContent-Length: "
+                         "%zu\r\nOrigin: http://evil.example\r\nConnection: close\r\n\r\n%s", ct,
+                         strlen(body), body);
         char *r = http_request_raw(s.port, req, (size_t)n);
         CHECK(http_status(r) == types[i].status && (types[i].status == 200 || !strcmp(http_body(r), e415)) &&
               !strstr(r, "Access-Control-"), "serve: a POST of %s -> %d: %s", types[i].type ? types[i].type :
@@ -9175,29 +9182,33 @@ static void test_server_cross_origin(void) {
     char req[1024];
     int n = snprintf(req, sizeof req, pre, "http://good.example");
     char *r = http_request_raw(s.port, req, (size_t)n);
-    CHECK(http_status(r) == 405 && !strstr(r, "Access-Control-"), "serve: no preflight without --allowed-origins: "
-          "%s", r ? r : "");
+    CHECK(http_status(r) == 405 && !strstr(r, "Access-Control-"), "serve: no preflight without "
+          "--allowed-origins: %s", r ? r : "");
     free(r);
     CHECK(server_stop(&s) == 0, "serve: exit status 0 after the content-type tests");
-    if (server_start(&k, "--api-key sesame --allowed-origins '[\"http://good.example\"]' --request-timeout 1")) {
+    if (server_start(&k, "--api-key sesame --allowed-origins '[\"http://good.example\"]' "
+                         "--request-timeout 1")) {
         server_stop(&k);
         return;
     }
     /* --allowed-origins: that origin gets the headers (errors and streams too) and its preflight */
     r = http_request_raw(k.port, req, (size_t)n);
-    CHECK(http_status(r) == 200 && strstr(r, "\r\nAccess-Control-Allow-Origin: http://good.example\r\nVary: Origin\r\n")
-          && strstr(r, "\r\nAccess-Control-Allow-Methods: POST, OPTIONS\r\n") &&
+    CHECK(http_status(r) == 200 &&
+          strstr(r, "\r\nAccess-Control-Allow-Origin: http://good.example\r\nVary: Origin\r\n") &&
+          strstr(r, "\r\nAccess-Control-Allow-Methods: POST, OPTIONS\r\n") &&
           strstr(r, "\r\nAccess-Control-Allow-Headers: authorization, content-type\r\n") &&
-          strstr(r, "\r\nAccess-Control-Max-Age: 600\r\n"), "serve: a preflight from an allowed origin: %s", r ? r : "");
+          strstr(r, "\r\nAccess-Control-Max-Age: 600\r\n"), "serve: a preflight from an allowed origin: %s",
+          r ? r : "");
     free(r);
     n = snprintf(req, sizeof req, pre, "http://evil.example");
     r = http_request_raw(k.port, req, (size_t)n);
-    CHECK(http_status(r) == 405 && !strstr(r, "Access-Control-"), "serve: a preflight from another origin: %s",
-          r ? r : "");
+    CHECK(http_status(r) == 405 && !strstr(r, "Access-Control-"), "serve: a preflight from another origin: "
+          "%s", r ? r : "");
     free(r);
     static const struct { const char *origin, *auth, *extra; int status, cors; } calls[] = {
         {"http://good.example", "sesame", "", 200, 1}, {"http://good.example", "nope", "", 401, 1},
-        {"http://good.example", "sesame", ",\"stream\":true", 200, 1}, {"http://evil.example", "sesame", "", 200, 0},
+        {"http://good.example", "sesame", ",\"stream\":true", 200, 1},
+        {"http://evil.example", "sesame", "", 200, 0},
         {"http://good.example.evil", "sesame", "", 200, 0},
     };
     for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
@@ -9208,15 +9219,16 @@ static void test_server_cross_origin(void) {
         const char *vary = r ? strstr(r, "\r\nVary: Origin\r\n") : NULL;
         int cors = vary && vary < strstr(r, "\r\n\r\n") &&
                    strstr(r, "\r\nAccess-Control-Allow-Origin: http://good.example\r\n");
-        CHECK(http_status(r) == calls[i].status && cors == calls[i].cors && (cors || !strstr(r, "Access-Control-")),
-              "serve --allowed-origins: %s from %s: %s", b, calls[i].origin, r ? r : "");
+        CHECK(http_status(r) == calls[i].status && cors == calls[i].cors &&
+              (cors || !strstr(r, "Access-Control-")), "serve --allowed-origins: %s from %s: %s", b,
+              calls[i].origin, r ? r : "");
         free(r);
     }
     /* a wrong key with a huge Content-Length: 401 at once, from the headers, and the connection closes */
     static const char *huge[2] = {"8000000", "900000000"};
     for (int i = 0; i < 2; i++) {
-        n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer nope\r\n" JSON_CT
-                     "Content-Length: %s\r\n\r\n", huge[i]);
+        n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer nope\r\n"
+                     JSON_CT "Content-Length: %s\r\n\r\n", huge[i]);
         int fd = tcp_connect(k.port);
         send_all(fd, req, (size_t)n);
         double t0 = test_now();
@@ -9234,8 +9246,8 @@ static void test_server_cross_origin(void) {
         strcat(sbody, "Once upon a time there was a little girl named Lily. She loved to play outside. ");
     strcat(sbody, "\",\"max_tokens\":1200,\"ignore_eos\":true,\"stream\":true,\"n\":4,\"prompt_logprobs\":20,"
                   "\"logprobs\":20}");
-    n = snprintf(sreq, sizeof sreq, "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer sesame\r\n" JSON_CT
-                 "Content-Length: %zu\r\n\r\n%s", strlen(sbody), sbody);
+    n = snprintf(sreq, sizeof sreq, "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer sesame\r\n"
+                 JSON_CT "Content-Length: %zu\r\n\r\n%s", strlen(sbody), sbody);
     int fd = tcp_connect(k.port);
     send_all(fd, sreq, (size_t)n);
     double t0 = test_now(), aborted = -1, free_blocks = -1, length0 = finished(k.port, "length");
@@ -9247,9 +9259,9 @@ static void test_server_cross_origin(void) {
     double took = test_now() - t0;
     close(fd);
     char *log = read_file(k.log, NULL);
-    CHECK(aborted == 1 && free_blocks == blocks && log && strstr(log, "127.0.0.1: the client took no response bytes "
-          "for 1 s: connection closed, request aborted\n"), "serve: a stream nobody reads for 1 s: aborted %g "
-          "after %.1f s, %g of %g blocks free", aborted, took, free_blocks, blocks);
+    CHECK(aborted == 1 && free_blocks == blocks && log && strstr(log, "127.0.0.1: the client took no "
+          "response bytes for 1 s: connection closed, request aborted\n"), "serve: a stream nobody reads for 1 s: "
+          "aborted %g after %.1f s, %g of %g blocks free", aborted, took, free_blocks, blocks);
     free(log);
     /* the comma-separated form; a list that is not one stops the server at its start */
     test_server c;
@@ -9265,8 +9277,8 @@ static void test_server_cross_origin(void) {
     snprintf(cmd, sizeof cmd, "./llm serve -m %s --port 0 --allowed-origins '[1]' 2>&1",
              model_path("stories260K.gguf"));
     r = run_command(cmd, &status);
-    CHECK(status == 1 && r && strstr(r, "llm serve: --allowed-origins: give a JSON list of strings, or origins "
-          "separated by commas\n"), "serve --allowed-origins '[1]': %d: %s", status, r ? r : "");
+    CHECK(status == 1 && r && strstr(r, "llm serve: --allowed-origins: give a JSON list of strings, or "
+          "origins separated by commas\n"), "serve --allowed-origins '[1]': %d: %s", status, r ? r : "");
     free(r);
     CHECK(server_stop(&k) == 0, "serve: exit status 0 after the cross-origin tests");
 }
