@@ -62,7 +62,8 @@ static uint64_t feed(const uint8_t *data, size_t size, unsigned max_piece, uint6
                 http_parser_reset(p);
                 continue;
             }
-            FUZZ_CHECK(rc == 400 || rc == 413 || rc == 431 || rc == 500 || rc == 501, "http_feed answered %d", rc);
+            FUZZ_CHECK(rc == 400 || rc == 413 || rc == 431 || rc == 500 || rc == 501, "http_feed answered %d",
+                       rc);
             FUZZ_CHECK(p->why && p->why[0], "status %d without a reason", rc);
             failed = 1; /* the server answers and closes: nothing after is read */
             break;
