@@ -89,13 +89,24 @@ static const char *usage =
     "serve options:\n"
     "  --host H               address to listen on (default 127.0.0.1)\n"
     "  --port P               port (default 8000; 0: any free one, printed)\n"
-    "  --api-key KEY          ask for 'Authorization: Bearer KEY' (not on /health, /metrics)\n"
+    "  --api-key KEY          ask for 'Authorization: Bearer KEY' (not on /health, /metrics, /ping),\n"
+    "                         checked from the headers: without it, 401 before the body is read\n"
+    "  --allowed-origins L    origins whose browser pages may call the API (CORS), a JSON list as vLLM\n"
+    "                         takes it ('[\"http://localhost:3000\"]', '[\"*\"]': any) or separated by\n"
+    "                         commas; default none: no Access-Control-* headers (vLLM's default is any)\n"
     "  --served-model-name N  the model's name in the API (default: the file's name without .gguf)\n"
     "  --max-queue N          requests waiting at most (default 4096); more get 503\n"
-    "  --request-timeout S    seconds a client has to send a request once begun (default 30)\n"
+    "  --request-timeout S    seconds a client has to send a request once begun (else 408), and to take\n"
+    "                         a response's next bytes (else the connection closes, its request aborted)\n"
+    "                         (default 30)\n"
+
     "  --drain-timeout S      SIGTERM (or SIGINT) drains: /health and new requests get 503 (the listener\n"
     "                         stays open) while the requests in flight finish, then it exits 0; after S\n"
     "                         seconds (default 30) it cuts them short and exits 0; a second signal: at once\n"
+    "  limits (not flags): a request's head 16 KiB (431), its body 8 MiB (413); request bytes held past\n"
+    "  each connection's first 64 KiB, all together, 64 MiB (503); a connection's unsent output 4 MiB: past\n"
+    "  it nothing more of it is read, and its stream is aborted; POST bodies are application/json (415);\n"
+    "  out of fds, accept() rests 0.1 s at a time (logged at most every 10 s)\n"
     "  every response has an X-Request-Id header: the client's (printable ASCII, at most 128 bytes), else\n"
     "  32 random hex digits; the response's id is cmpl-{it} or chatcmpl-{it}, as vLLM writes them\n"
     "  --chat-template NAME   as for chat\n"
@@ -187,7 +198,7 @@ typedef struct {
     const char *system, *chat_template;
     int think;
     /* serve */
-    const char *host, *api_key, *served_model_name;
+    const char *host, *api_key, *served_model_name, *allowed_origins;
     int port, max_queue, reasoning_none;
     double request_timeout, drain_timeout;
     const char *stops[16];
@@ -354,6 +365,7 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         else if (FLAG("--host")) { NEED(); a->host = v; }
         else if (FLAG("--port")) { INT(0, 65535); a->port = (int)x; }
         else if (FLAG("--api-key")) { NEED(); a->api_key = v; }
+        else if (FLAG("--allowed-origins")) { NEED(); a->allowed_origins = v; }
         else if (FLAG("--served-model-name")) { NEED(); a->served_model_name = v; }
         else if (FLAG("--reasoning-format")) {
             NEED();
@@ -1381,7 +1393,8 @@ int main(int argc, char **argv) {
             return 1;
         }
         serve_config sc = {a.engine, a.host, a.api_key, a.served_model_name, a.chat_template, a.port,
-                           a.max_queue, a.request_timeout, a.reasoning_none, a.drain_timeout};
+                           a.max_queue, a.request_timeout, a.reasoning_none, a.drain_timeout,
+                           a.allowed_origins};
         return serve(&sc);
     }
     if (!a.engine.model_path) {

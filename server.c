@@ -27,6 +27,14 @@
 
 #define SRV_MAX_HEADER   16384            /* bytes of request line and headers (431 past it) */
 #define SRV_MAX_BODY     (8 << 20)        /* bytes of body (413 past it) */
+#define SRV_MAX_CHUNK_LINE 4096           /* bytes of a chunk-size line (extensions too) or a trailer line */
+#define SRV_CONN_ALLOWANCE (64 << 10)     /* request bytes a connection may hold outside the shared budget */
+#define SRV_MAX_BUFFERED (64 << 20)       /* request bytes held past each one's allowance, all connections
+                                           * together (503 past it) */
+#define SRV_MAX_BACKLOG  (4 << 20)        /* unsent response bytes of a connection: past it no more of its
+                                           * requests are read, and a stream is aborted */
+#define SRV_LINGER       2.0              /* seconds a closing connection's late input is read and dropped */
+#define SRV_ACCEPT_PAUSE 0.1              /* seconds the listener rests when accept() runs out of fds */
 #define SRV_IDLE_TIMEOUT 120.0            /* seconds a kept-alive connection may sit idle */
 #define SRV_MAX_PROMPTS  1024             /* prompts in one /v1/completions request */
 #define SRV_MAX_STOPS    16
@@ -103,116 +111,189 @@ static void sb_json_float(sbuf *b, double x) { /* JSON has no infinities: vLLM w
 
 /* ===========================================================================================================
  * HTTP/1.1: requests parsed out of a connection's bytes, responses written into its output
+ *
+ * A request is read in two steps. Its head (request line and header fields) is kept in the connection's
+ * input until the blank line that ends it is in, then parsed as a whole, strictly (RFC 9112: lines end in
+ * CRLF, field names are tokens with the colon right after them, no obs-fold, no control characters), so
+ * that this server and a proxy in front of it can never disagree on where a request ends. Its body is then
+ * taken out of the input as it comes, into a buffer of its own: a Content-Length counted down, or a chunked
+ * body decoded by a state machine that keeps its place between reads (a chunk size, an extension or a
+ * trailer may be split anywhere). No byte is ever parsed twice, and none is decoded in place.
  * ======================================================================================================== */
 typedef struct {
     char method[16], path[256];
     int keep_alive, expect_continue;
+    int json;                       /* Content-Type is application/json (its parameters aside) */
+    int preflight;                  /* Access-Control-Request-Method given: with OPTIONS, a CORS preflight */
+    int chunked;
+    long long content_length;       /* -1: none given */
     char auth[512];
+    char origin[256];               /* Origin ("": none, or one longer than this) */
+    char cors_headers[256];         /* Access-Control-Request-Headers ("": none, or too long) */
     char request_id[SRV_MAX_REQUEST_ID + 1]; /* X-Request-Id when it is printable ASCII and short; else "" */
-    size_t header_len, body_len;  /* the body starts at header_len (chunked bodies are decoded in place) */
-    char *body;
+    sbuf body;                      /* the body, decoded */
 } http_request;
 
-enum { HTTP_INCOMPLETE = 0, HTTP_OK = 1 }; /* or an error status (400, 413, 431, 501) */
+/* What http_feed answers: a request's head is in (its body, if any, comes next), a whole request is in,
+ * more bytes are needed, or an error status (400, 413, 431, 500, 501) with p->why saying what was wrong. */
+enum { HTTP_INCOMPLETE = 0, HTTP_OK = 1, HTTP_HEAD = 2 };
+
+/* Where the parser is: the head; a body of known length; a chunk's size line, its data, the CRLF after the
+ * data, the trailer lines; or done (the request is whole). */
+enum { HP_HEAD, HP_BODY, HP_CHUNK_SIZE, HP_CHUNK_DATA, HP_CHUNK_END, HP_TRAILER, HP_DONE };
+
+typedef struct {
+    int state;
+    size_t scanned;                 /* HP_HEAD: bytes of the input already searched for the blank line */
+    size_t line_start;              /* HP_HEAD: where the line being searched begins */
+    size_t skip;                    /* HP_HEAD: empty lines before the request line (ignored, RFC 9112 2.2) */
+    unsigned long long left;        /* HP_BODY, HP_CHUNK_DATA: bytes of data still to come */
+    size_t trailer_bytes;           /* HP_TRAILER: bytes of trailer lines so far */
+    size_t line_len;                /* the chunk-size, chunk-end or trailer line read so far ... */
+    char line[SRV_MAX_CHUNK_LINE];  /* ... and its bytes (a line never spans more than this) */
+    const char *why;                /* what an error status was for */
+    http_request rq;
+} http_parser;
+
+/* A parser for the next request (the body of the last one freed). */
+static void http_parser_reset(http_parser *p) {
+    sb_free(&p->rq.body);
+    memset(p, 0, sizeof *p);
+}
+
+/* An error status, and why, for the answer (no byte after it is parsed: the connection closes). */
+static int http_fail(http_parser *p, int status, const char *why) { p->why = why; return status; }
 
 static int ascii_ieq(const char *a, const char *b, size_t n) {
     for (size_t i = 0; i < n; i++) if (tolower((unsigned char)a[i]) != tolower((unsigned char)b[i])) return 0;
     return 1;
 }
 
-/* Decodes a chunked body in place from buf[at..len); HTTP_INCOMPLETE until the last chunk is in. */
-static int http_dechunk(char *buf, size_t len, size_t at, size_t *body_len, size_t *consumed) {
-    size_t in = at, out = at;
-    for (;;) {
-        char *eol = memchr(buf + in, '\n', len - in);
-        if (!eol) return len - at > SRV_MAX_BODY + 65536 ? 413 : HTTP_INCOMPLETE;
-        char *endp;
-        errno = 0;
-        if (!isxdigit((unsigned char)buf[in])) return 400; /* strtoull would take " 3" and "+3" */
-        unsigned long long size = strtoull(buf + in, &endp, 16);
-        if (endp == buf + in || errno) return 400;
-        if (size > SRV_MAX_BODY || out - at + size > SRV_MAX_BODY) return 413;
-        in = (size_t)(eol - buf) + 1;
-        if (size == 0) { /* trailers, then an empty line */
-            for (;;) {
-                char *e = memchr(buf + in, '\n', len - in);
-                if (!e) return HTTP_INCOMPLETE;
-                size_t line = (size_t)(e - (buf + in));
-                in = (size_t)(e - buf) + 1;
-                if (line == 0 || (line == 1 && buf[in - 2] == '\r')) break;
-            }
-            *body_len = out - at; *consumed = in;
-            return HTTP_OK;
-        }
-        if (len - in < size + 2) return HTTP_INCOMPLETE;
-        memmove(buf + out, buf + in, (size_t)size);
-        out += (size_t)size; in += (size_t)size;
-        if (buf[in] == '\r') in++;
-        if (buf[in] != '\n') return 400;
-        in++;
+/* RFC 9110's tchar, what a method or a field name is made of */
+static int http_tchar(unsigned char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+           (c && strchr("!#$%&'*+-.^_`|~", c));
+}
+/* what a field value (or a chunk extension) may hold: visible ASCII, obs-text, space and tab */
+static int http_vchar(unsigned char c) { return c == '\t' || (c >= 0x20 && c != 0x7f); }
+
+/* Whether a comma-separated field value (Connection's) lists token t. */
+static int http_list_has(const char *v, size_t n, const char *t) {
+    size_t tn = strlen(t);
+    for (size_t i = 0; i < n;) {
+        while (i < n && (v[i] == ' ' || v[i] == '\t' || v[i] == ',')) i++;
+        size_t e = i;
+        while (e < n && v[e] != ',' && v[e] != ' ' && v[e] != '\t') e++;
+        if (e - i == tn && ascii_ieq(v + i, t, tn)) return 1;
+        i = e;
     }
+    return 0;
 }
 
-/* Parses one request from buf[0..len). HTTP_OK with *consumed bytes used, HTTP_INCOMPLETE, or a status. */
-static int http_parse(char *buf, size_t len, http_request *rq, size_t *consumed) {
-    memset(rq, 0, sizeof *rq);
-    char *end = NULL;
-    for (size_t i = 0; i + 3 < len && i < SRV_MAX_HEADER; i++)
-        if (buf[i] == '\r' && !memcmp(buf + i, "\r\n\r\n", 4)) { end = buf + i; break; }
-    if (!end) return len >= SRV_MAX_HEADER ? 431 : HTTP_INCOMPLETE;
-    rq->header_len = (size_t)(end - buf) + 4;
+/* One field line of a head or of the trailers, p[0..n) without its CRLF: 0 with the name's length and the
+ * value (the whitespace around it dropped), or 400. A line that begins with whitespace (obs-fold) has no
+ * name; whitespace between the name and the colon is not a token character: both are refused, as RFC 9112
+ * section 5 asks of a server, for a proxy in front might have read them otherwise. */
+static int http_field(http_parser *p, const char *s, size_t n, size_t *name_len, const char **v,
+                      size_t *vlen) {
+    size_t i = 0;
+    while (i < n && http_tchar((unsigned char)s[i])) i++;
+    if (i == 0)
+        return http_fail(p, 400, n && (s[0] == ' ' || s[0] == '\t') ? "a header line folded onto the one "
+                         "before it (obs-fold)" : "a header line without a name");
+    if (i == n || s[i] != ':')
+        return http_fail(p, 400, i < n && (s[i] == ' ' || s[i] == '\t') ? "whitespace between a header's "
+                         "name and its colon" : "a header's name has a character a token cannot have");
+    size_t b = i + 1, e = n;
+    for (size_t k = b; k < n; k++)
+        if (!http_vchar((unsigned char)s[k]))
+            return http_fail(p, 400, "a control character in a header's value");
+    while (b < e && (s[b] == ' ' || s[b] == '\t')) b++;
+    while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t')) e--;
+    *name_len = i; *v = s + b; *vlen = e - b;
+    return 0;
+}
+
+/* The head h[0..n) (request line, field lines, blank line; every line ends in CRLF): 0, or an error status.
+ * Sets everything of p->rq but the body. */
+static int http_head(http_parser *p, const char *h, size_t n) {
+    http_request *rq = &p->rq;
     /* the request line: METHOD SP TARGET SP HTTP/1.x */
-    char *line_end = memchr(buf, '\r', (size_t)(end - buf) + 1);
-    char *sp1 = memchr(buf, ' ', (size_t)(line_end - buf));
-    char *sp2 = sp1 ? memchr(sp1 + 1, ' ', (size_t)(line_end - sp1 - 1)) : NULL;
-    if (!sp1 || !sp2 || sp1 == buf || sp1 - buf >= (long)sizeof rq->method ||
-        sp2 - sp1 - 1 >= (long)sizeof rq->path ||
-        sp2 - sp1 < 2 || line_end - sp2 != 9 || memcmp(sp2 + 1, "HTTP/1.", 7) ||
-        (sp2[8] != '0' && sp2[8] != '1'))
-        return 400;
-    for (const char *p = buf; p < sp2; p++) /* visible ASCII and the one space: no NUL cuts the path short */
-        if ((unsigned char)*p <= 0x20 && p != sp1) return 400;
-        else if ((unsigned char)*p >= 0x7f) return 400;
-    memcpy(rq->method, buf, (size_t)(sp1 - buf));
-    memcpy(rq->path, sp1 + 1, (size_t)(sp2 - sp1 - 1));
+    const char *end = h + n, *eol = (const char *)memchr(h, '\n', n) - 1;
+    const char *sp1 = h;
+    while (sp1 < eol && http_tchar((unsigned char)*sp1)) sp1++;
+    const char *target = sp1 + 1, *sp2 = target;
+    while (sp2 < eol && (unsigned char)*sp2 > 0x20 && *sp2 != 0x7f) sp2++;
+    if (sp1 == h || sp1 == eol || *sp1 != ' ' || sp2 == target || sp2 == eol || *sp2 != ' ' ||
+        eol - sp2 != 9 || memcmp(sp2 + 1, "HTTP/1.", 7) || (sp2[8] != '0' && sp2[8] != '1'))
+        return http_fail(p, 400, "the request line is not METHOD SP TARGET SP HTTP/1.x");
+    if (sp1 - h >= (long)sizeof rq->method) return http_fail(p, 400, "the method is too long");
+    const char *target_end = sp2;
+    if (target_end - target > 8 && (ascii_ieq(target, "http://", 7) || ascii_ieq(target, "https://", 8))) {
+        /* absolute-form (RFC 9112 3.2.2): the path is what follows the authority */
+        const char *slash = memchr(target + 8, '/', (size_t)(target_end - target - 8));
+        target = slash ? slash : "/";
+        if (!slash) target_end = target + 1;
+    }
+    if (target[0] != '/' && (target[0] != '*' || target_end - target != 1))
+        return http_fail(p, 400, "the request target is not a path");
+    if (target_end - target >= (long)sizeof rq->path)
+        return http_fail(p, 400, "the request target is too long");
+    memcpy(rq->method, h, (size_t)(sp1 - h));
+    memcpy(rq->path, target, (size_t)(target_end - target));
     char *query = strchr(rq->path, '?');
     if (query) *query = 0;
-    int http11 = sp2[8] == '1';
+    int http11 = sp2[8] == '1', content_type = 0;
     rq->keep_alive = http11;
-    long long content_length = -1;
-    int chunked = 0;
-    for (char *p = line_end + 2; p < end;) {
-        char *eol = memchr(p, '\r', (size_t)(end - p) + 1);
-        if (!eol || eol[1] != '\n') return 400;
-        char *colon = memchr(p, ':', (size_t)(eol - p));
-        if (!colon || colon == p) return 400;
-        size_t name_len = (size_t)(colon - p);
-        char *v = colon + 1;
-        while (v < eol && (*v == ' ' || *v == '\t')) v++;
-        char *ve = eol;
-        while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t')) ve--;
-        size_t vlen = (size_t)(ve - v);
-#define HDR(name) (name_len == sizeof(name) - 1 && ascii_ieq(p, name, name_len))
+    rq->content_length = -1;
+    for (const char *s = eol + 2; s < end - 2;) {
+        const char *e = (const char *)memchr(s, '\n', (size_t)(end - s)) - 1;
+        size_t name_len, vlen;
+        const char *v;
+        int rc = http_field(p, s, (size_t)(e - s), &name_len, &v, &vlen);
+        if (rc) return rc;
+#define HDR(name) (name_len == sizeof(name) - 1 && ascii_ieq(s, name, name_len))
         if (HDR("content-length")) {
-            long long n = 0;
-            if (vlen == 0 || vlen > 12) return vlen > 12 ? 413 : 400;
+            long long x = 0;
+            if (vlen == 0) return http_fail(p, 400, "an empty Content-Length");
+            if (vlen > 15) return http_fail(p, 413, "the request's body is too large");
             for (size_t i = 0; i < vlen; i++) {
-                if (!isdigit((unsigned char)v[i])) return 400;
-                n = n * 10 + (v[i] - '0');
+                if (v[i] < '0' || v[i] > '9')
+                    return http_fail(p, 400, "a Content-Length that is not a number");
+                x = x * 10 + (v[i] - '0');
             }
-            if (content_length >= 0 && content_length != n) return 400;
-            content_length = n;
+            if (rq->content_length >= 0 && rq->content_length != x)
+                return http_fail(p, 400, "two different Content-Lengths");
+            rq->content_length = x;
         } else if (HDR("transfer-encoding")) {
-            if (vlen == 7 && ascii_ieq(v, "chunked", 7)) chunked = 1;
-            else return 501;
+            if (!http11) return http_fail(p, 400, "Transfer-Encoding in an HTTP/1.0 request");
+            if (rq->chunked) return http_fail(p, 400, "Transfer-Encoding given twice");
+            if (vlen != 7 || !ascii_ieq(v, "chunked", 7))
+                return http_fail(p, 501, "that transfer encoding is not supported (only chunked)");
+            rq->chunked = 1;
         } else if (HDR("connection")) {
-            if (vlen == 5 && ascii_ieq(v, "close", 5)) rq->keep_alive = 0;
-            if (vlen == 10 && ascii_ieq(v, "keep-alive", 10)) rq->keep_alive = 1;
+            if (http_list_has(v, vlen, "close")) rq->keep_alive = 0;
+            else if (http_list_has(v, vlen, "keep-alive")) rq->keep_alive = 1;
         } else if (HDR("expect")) {
             if (vlen == 12 && ascii_ieq(v, "100-continue", 12)) rq->expect_continue = 1;
+        } else if (HDR("content-type")) { /* the media type; parameters (charset) after a ';' do not matter */
+            if (content_type++) return http_fail(p, 400, "Content-Type given twice");
+            size_t m = 0;
+            while (m < vlen && v[m] != ';') m++;
+            while (m > 0 && (v[m - 1] == ' ' || v[m - 1] == '\t')) m--;
+            rq->json = m == 16 && ascii_ieq(v, "application/json", 16);
         } else if (HDR("authorization")) {
-            if (vlen >= sizeof rq->auth) return 431;
+            if (vlen >= sizeof rq->auth) return http_fail(p, 431, "the Authorization header is too large");
             memcpy(rq->auth, v, vlen); rq->auth[vlen] = 0;
+        } else if (HDR("origin")) {
+            if (vlen < sizeof rq->origin) { memcpy(rq->origin, v, vlen); rq->origin[vlen] = 0; }
+        } else if (HDR("access-control-request-method")) {
+            rq->preflight = 1;
+        } else if (HDR("access-control-request-headers")) {
+            if (vlen < sizeof rq->cors_headers) {
+                memcpy(rq->cors_headers, v, vlen);
+                rq->cors_headers[vlen] = 0;
+            }
         } else if (HDR("x-request-id")) { /* it goes into logs, JSON and a header: printable ASCII only */
             int ok = vlen > 0 && vlen <= SRV_MAX_REQUEST_ID;
             for (size_t i = 0; ok && i < vlen; i++) ok = v[i] >= 0x20 && v[i] < 0x7f; /* signed or not */
@@ -220,19 +301,106 @@ static int http_parse(char *buf, size_t len, http_request *rq, size_t *consumed)
             rq->request_id[ok ? vlen : 0] = 0;
         }
 #undef HDR
-        p = eol + 2;
+        s = e + 2;
     }
-    if (chunked && content_length >= 0) return 400;
-    if (content_length > SRV_MAX_BODY) return 413;
-    rq->body = buf + rq->header_len;
-    if (chunked) {
-        int rc = http_dechunk(buf, len, rq->header_len, &rq->body_len, consumed);
-        return rc;
+    if (rq->chunked && rq->content_length >= 0) /* RFC 9112 6.3: the framing is ambiguous, refuse it */
+        return http_fail(p, 400, "both Content-Length and Transfer-Encoding");
+    return 0;
+}
+
+/* A chunk-size line without its CRLF: hex digits, then maybe extensions (";" and visible text, after
+ * optional whitespace), which mean nothing here. 0 with the size, or an error status. */
+static int http_chunk_size(http_parser *p, const char *s, size_t n, unsigned long long *size) {
+    size_t i = 0;
+    unsigned long long x = 0;
+    for (; i < n && isxdigit((unsigned char)s[i]); i++) {
+        int digit = isdigit((unsigned char)s[i]) ? s[i] - '0' : (s[i] | 0x20) - 'a' + 10;
+        x = x * 16 + (unsigned long long)digit;
+        if (x > SRV_MAX_BODY) return http_fail(p, 413, "the request's body is too large");
     }
-    rq->body_len = content_length > 0 ? (size_t)content_length : 0;
-    if (len - rq->header_len < rq->body_len) return HTTP_INCOMPLETE;
-    *consumed = rq->header_len + rq->body_len;
-    return HTTP_OK;
+    if (i == 0) return http_fail(p, 400, "a chunk size that is not a hex number");
+    size_t k = i;
+    while (k < n && (s[k] == ' ' || s[k] == '\t')) k++;
+    if (k < n && s[k] != ';') return http_fail(p, 400, "a chunk size followed by something not an extension");
+    if (k == n && k != i) return http_fail(p, 400, "whitespace after a chunk size");
+    for (; k < n; k++)
+        if (!http_vchar((unsigned char)s[k]))
+            return http_fail(p, 400, "a control character in a chunk extension");
+    *size = x;
+    return 0;
+}
+
+/* Feeds buf[0..len), the bytes of the connection not taken yet, to the parser. *used: how many it took
+ * (the caller drops them); they are never looked at again, except a head's, which stay in buf (with *used 0)
+ * until the head is whole: the search for its end goes on from where it stopped. Returns HTTP_HEAD once the
+ * head is parsed (p->rq is set; call again for the body), HTTP_OK once the whole request is in,
+ * HTTP_INCOMPLETE for more bytes, or an error status (the connection cannot be read further). */
+static int http_feed(http_parser *p, const char *buf, size_t len, size_t *used) {
+    http_request *rq = &p->rq;
+    size_t i = 0;
+    *used = 0;
+    if (p->state == HP_HEAD) {
+        for (size_t k = p->scanned; k < len; k++) {
+            if (k >= SRV_MAX_HEADER) return http_fail(p, 431, "the request's head is larger than 16 KiB");
+            if (buf[k] != '\n') continue;
+            if (k == 0 || buf[k - 1] != '\r') return http_fail(p, 400, "a bare LF (lines end in CRLF)");
+            if (k - 1 != p->line_start) { p->line_start = k + 1; continue; }
+            if (p->line_start == p->skip) { p->skip = p->line_start = k + 1; continue; } /* before the head */
+            int rc = http_head(p, buf + p->skip, k + 1 - p->skip);
+            if (rc) return rc;
+            *used = k + 1;
+            p->left = rq->content_length > 0 ? (unsigned long long)rq->content_length : 0;
+            p->state = rq->chunked ? HP_CHUNK_SIZE : p->left ? HP_BODY : HP_DONE;
+            return HTTP_HEAD;
+        }
+        p->scanned = len;
+        return HTTP_INCOMPLETE;
+    }
+    for (;;) {
+        if (p->state == HP_DONE) { *used = i; return HTTP_OK; }
+        if (p->state == HP_BODY || p->state == HP_CHUNK_DATA) {
+            if (p->left > SRV_MAX_BODY || rq->body.len + p->left > SRV_MAX_BODY)
+                return http_fail(p, 413, "the request's body is too large");
+            size_t n = len - i < p->left ? len - i : (size_t)p->left;
+            if (!n) { *used = i; return HTTP_INCOMPLETE; }
+            sb_put(&rq->body, buf + i, n);
+            if (rq->body.failed) return http_fail(p, 500, "out of memory reading the body");
+            i += n; p->left -= n;
+            if (!p->left) p->state = p->state == HP_BODY ? HP_DONE : HP_CHUNK_END;
+            continue;
+        }
+        /* a line: a chunk's size, the end of its data, or a trailer */
+        while (i < len && buf[i] != '\n') {
+            if (p->line_len == sizeof p->line)
+                return http_fail(p, p->state == HP_TRAILER ? 431 : 400, "a chunk-size or trailer line longer "
+                                 "than 4 KiB");
+            p->line[p->line_len++] = buf[i++];
+        }
+        if (i == len) { *used = i; return HTTP_INCOMPLETE; }
+        i++;
+        if (!p->line_len || p->line[p->line_len - 1] != '\r')
+            return http_fail(p, 400, "a bare LF (lines end in CRLF)");
+        size_t n = p->line_len - 1;
+        p->line_len = 0;
+        if (p->state == HP_CHUNK_END) {
+            if (n) return http_fail(p, 400, "a chunk's data is longer than its size");
+            p->state = HP_CHUNK_SIZE;
+        } else if (p->state == HP_CHUNK_SIZE) {
+            int rc = http_chunk_size(p, p->line, n, &p->left);
+            if (rc) return rc;
+            p->state = p->left ? HP_CHUNK_DATA : HP_TRAILER;
+        } else if (!n) { /* HP_TRAILER: the empty line ends the request */
+            p->state = HP_DONE;
+        } else { /* a trailer field: checked as a header is, and dropped */
+            size_t name_len, vlen;
+            const char *v;
+            p->trailer_bytes += n + 2;
+            if (p->trailer_bytes > SRV_MAX_HEADER)
+                return http_fail(p, 431, "the trailers are larger than 16 KiB");
+            int rc = http_field(p, p->line, n, &name_len, &v, &vlen);
+            if (rc) return rc;
+        }
+    }
 }
 
 static const char *http_reason(int status) {
@@ -245,6 +413,7 @@ static const char *http_reason(int status) {
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
     case 413: return "Payload Too Large";
+    case 415: return "Unsupported Media Type";
     case 431: return "Request Header Fields Too Large";
     case 500: return "Internal Server Error";
     case 501: return "Not Implemented";
@@ -332,15 +501,25 @@ struct srv_req {
 struct srv_conn {
     int fd;
     char peer[64];
-    sbuf in, out;
+    sbuf in, out;                   /* in: bytes not parsed yet; out: what is unsent from out_sent on */
     size_t out_sent;
+    http_parser parser;             /* the request being read */
     srv_req *req;                   /* the request in flight (one at a time: responses keep their order) */
     srv_job *job;                   /* ... or being read by a worker (then no req) */
-    int keep_alive, closing, want_write;  /* closing: 1 once the output is sent, 2 now */
-    int sent_continue;              /* "100 Continue" answered for the request being read */
+    int keep_alive;
+    int closing;                    /* 1: once the output is sent, 2: now, 3: lingering (output sent, FIN
+                                     * sent, late input read and dropped for SRV_LINGER seconds) */
+    int eof;                        /* the client sent its FIN: nothing more comes, what it asked is answered
+                                     * (a half-close, as nc -N and some proxies do) */
+    int answered;                   /* the request being read was answered from its head alone */
+    unsigned events;                /* the epoll events asked for */
+    size_t held;                    /* its request bytes past SRV_CONN_ALLOWANCE, as counted in S->held */
     char request_id[SRV_MAX_REQUEST_ID + 1]; /* X-Request-Id of the response under way ("": mint one) */
+    char cors[320];                 /* the CORS headers of the response under way ("": none) */
     double t_request_start;         /* when the first byte of the request being read came (0: none yet) */
     double t_last_active;
+    double t_out_stuck;             /* since when unsent output waits with no byte taken (0: nothing waits) */
+    double t_linger;                /* when lingering began */
 };
 
 typedef struct {
@@ -389,6 +568,10 @@ typedef struct {
     int reasoning_format_none;      /* --reasoning-format none: the thinking stays in content */
     llm_sampling_params defaults;   /* the command line's sampling flags: the defaults of every request */
     char **unknown_fields;          /* stb_ds: the unknown request fields logged already (under job_lock) */
+    size_t held;                    /* request bytes held past each connection's allowance, all together */
+    char **origins;                 /* stb_ds: --allowed-origins (NULL: no CORS headers at all) */
+    double accept_resume;           /* accept() ran out of fds or memory: the listener rests until then */
+    double accept_log_t;            /* when that was last logged */
     /* the request workers: jobs in, jobs done (under job_lock) */
     pthread_t workers[SRV_WORKERS];
     int n_workers, jobs_quit;
@@ -536,13 +719,13 @@ static void send_response(srv_state *S, srv_conn *c, int status, const char *con
                           size_t body_len, const char *extra_headers) {
     sbuf h = {0};
     sb_printf(&h, "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-              "X-Request-Id: %s\r\n%s%s\r\n", status, http_reason(status), content_type, body_len,
-              conn_request_id(S, c), extra_headers ? extra_headers : "",
+              "X-Request-Id: %s\r\n%s%s%s\r\n", status, http_reason(status), content_type, body_len,
+              conn_request_id(S, c), c->cors, extra_headers ? extra_headers : "",
               c->keep_alive ? "" : "Connection: close\r\n");
     conn_send(S, c, h.s, h.len);
     if (body_len) conn_send(S, c, body, body_len);
     sb_free(&h);
-    c->request_id[0] = 0; /* answered: the next request on the connection has its own */
+    c->request_id[0] = 0; c->cors[0] = 0; /* answered: the next request on the connection has its own */
 }
 
 /* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} */
@@ -2091,6 +2274,8 @@ static int prepare_generation(srv_state *S, const llm_json *body, int kind, cons
         if (get_bool(body, "logprobs", &want_logprobs, e)) return -1;
         x = 0;
         if (get_number(body, "top_logprobs", 0, 20, 1, &x, e)) return -1;
+        if (x > 0 && !want_logprobs) /* as OpenAI and vLLM: top_logprobs asks for nothing without logprobs */
+            return bad(e, 400, "top_logprobs", "when using top_logprobs, logprobs must be set to true");
         r->logprobs = want_logprobs ? 1 : -1; r->top_logprobs = (int)x;
         p->logprobs = want_logprobs ? r->top_logprobs : -1;
         char *text = NULL;
@@ -2161,7 +2346,7 @@ static int attach_generation(srv_state *S, srv_conn *c, srv_req *r, const llm_sa
     if (r->stream) {
         sbuf h = {0};
         sb_printf(&h, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                  "X-Request-Id: %s\r\nTransfer-Encoding: chunked\r\n\r\n", conn_request_id(S, c));
+                  "X-Request-Id: %s\r\n%sTransfer-Encoding: chunked\r\n\r\n", conn_request_id(S, c), c->cors);
         conn_send(S, c, h.s, h.len);
         sb_free(&h);
     }
@@ -2245,7 +2430,8 @@ enum { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETIONS, JOB_CHAT };
 struct srv_job {
     srv_conn *conn;                 /* the network thread's: NULL once the client has gone */
     int route;                      /* JOB_* */
-    char *body; size_t body_len;    /* a copy of the request's body */
+    char *body; size_t body_len;    /* the request's body (NULL: none) */
+    size_t held;                    /* its bytes past SRV_CONN_ALLOWANCE, counted in S->held until it is done */
     char request_id[SRV_MAX_REQUEST_ID + 1];
     double t_arrival;
     /* what the worker made: a generation ready to add (r, p), or an answer */
@@ -2269,7 +2455,7 @@ static void job_free(srv_job *j) {
 static void job_run(srv_state *S, srv_job *j) {
     char jerr[LLM_ERR_LEN];
     j->failed = 1;
-    if (llm_json_parse(j->body, j->body_len, &j->json, jerr) != 0) {
+    if (llm_json_parse(j->body ? j->body : "", j->body_len, &j->json, jerr) != 0) {
         bad(&j->e, 400, NULL, "the body is not valid JSON: %s", jerr);
         return;
     }
@@ -2305,15 +2491,13 @@ static void *srv_worker(void *arg) {
 }
 
 /* A whole request to a worker; the connection waits for it (job_done) */
-static void job_start(srv_state *S, srv_conn *c, int route, const http_request *rq) {
+static void job_start(srv_state *S, srv_conn *c, int route, http_request *rq) {
     srv_job *j = (srv_job *)calloc(1, sizeof *j);
-    if (!j || !(j->body = (char *)malloc(rq->body_len + 1))) {
-        free(j);
-        send_error(S, c, 500, NULL, "out of memory");
-        return;
-    }
-    memcpy(j->body, rq->body, rq->body_len);
-    j->body_len = rq->body_len;
+    if (!j) { send_error(S, c, 500, NULL, "out of memory"); return; }
+    j->body = rq->body.s; j->body_len = rq->body.len; /* the job's now; it still counts in what is held */
+    memset(&rq->body, 0, sizeof rq->body);
+    j->held = j->body_len > SRV_CONN_ALLOWANCE ? j->body_len - SRV_CONN_ALLOWANCE : 0;
+    S->held += j->held;
     j->conn = c; j->route = route; j->t_arrival = now_s();
     memcpy(j->request_id, conn_request_id(S, c), sizeof j->request_id);
     c->job = j;
@@ -2332,6 +2516,7 @@ static void jobs_done(srv_state *S) {
     for (ptrdiff_t i = 0; i < arrlen(done); i++) {
         srv_job *j = done[i];
         srv_conn *c = j->conn;
+        S->held -= j->held;
         if (c) {
             c->job = NULL;
             c->t_last_active = now_s();
@@ -2356,44 +2541,85 @@ static int key_equal(const char *given, const char *key) { /* constant time in t
     return diff == 0;
 }
 
-/* Routes one parsed request. */
-static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
-    static const struct { const char *path, *method; } routes[] = {
-        {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/models", "GET"},
-        {"/health", "GET"}, {"/version", "GET"}, {"/tokenize", "POST"}, {"/detokenize", "POST"},
-        {"/metrics", "GET"}, {"/ping", "GET"},
-    };
+/* The routes and the one method each takes; the POST ones take a JSON object (Content-Type:
+ * application/json, as vLLM asks: a browser cannot send that cross-origin without a CORS preflight). */
+static const struct { const char *path, *method; int open; } srv_routes[] = {
+    {"/v1/completions", "POST", 0}, {"/v1/chat/completions", "POST", 0}, {"/v1/models", "GET", 0},
+    {"/health", "GET", 1}, {"/version", "GET", 0}, {"/tokenize", "POST", 0}, {"/detokenize", "POST", 0},
+    {"/metrics", "GET", 1}, {"/ping", "GET", 1},
+};
+
+static int origin_allowed(const srv_state *S, const char *origin) {
+    for (ptrdiff_t i = 0; i < arrlen(S->origins); i++)
+        if (!strcmp(S->origins[i], "*") || !strcmp(S->origins[i], origin)) return 1;
+    return 0;
+}
+
+/* A request's head is in: what the head alone decides is answered now, before a byte of the body is read
+ * (an unknown path, a wrong method, a CORS preflight, a missing API key, a body too large or not JSON,
+ * draining). Returns 1 when it answered. Sets the response's X-Request-Id and CORS headers. */
+static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
+    if (rq->request_id[0]) memcpy(c->request_id, rq->request_id, sizeof c->request_id);
+    else mint_request_id(S, c->request_id);
+    c->cors[0] = 0;
+    int cors = rq->origin[0] && origin_allowed(S, rq->origin);
+    if (cors) /* as Starlette's CORSMiddleware (vLLM's) answers an allowed origin */
+        snprintf(c->cors, sizeof c->cors, "Access-Control-Allow-Origin: %s\r\n%s",
+                 origin_allowed(S, "*") ? "*" : rq->origin, origin_allowed(S, "*") ? "" : "Vary: Origin\r\n");
     int route = -1;
-    for (int i = 0; i < (int)(sizeof routes / sizeof routes[0]); i++)
-        if (!strcmp(rq->path, routes[i].path)) route = i;
-    if (route < 0) { send_error(S, c, 404, NULL, "Not Found: %s", rq->path); return; }
-    if (strcmp(rq->method, routes[route].method)) {
+    for (int i = 0; i < (int)(sizeof srv_routes / sizeof srv_routes[0]); i++)
+        if (!strcmp(rq->path, srv_routes[i].path)) route = i;
+    if (route < 0) { send_error(S, c, 404, NULL, "Not Found: %s", rq->path); return 1; }
+    const char *method = srv_routes[route].method;
+    if (cors && rq->preflight && !strcmp(rq->method, "OPTIONS")) { /* before the key: a preflight has none */
+        char h[512];
+        snprintf(h, sizeof h, "Access-Control-Allow-Methods: %s, OPTIONS\r\nAccess-Control-Max-Age: 600\r\n"
+                 "%s%s%s", method, rq->cors_headers[0] ? "Access-Control-Allow-Headers: " : "",
+                 rq->cors_headers, rq->cors_headers[0] ? "\r\n" : "");
+        send_response(S, c, 200, "text/plain; charset=utf-8", "", 0, h);
+        return 1;
+    }
+    if (strcmp(rq->method, method)) {
         char allow[64];
-        snprintf(allow, sizeof allow, "Allow: %s\r\n", routes[route].method);
+        snprintf(allow, sizeof allow, "Allow: %s\r\n", method);
         sbuf b = {0};
         sb_printf(&b, "{\"error\":{\"message\":\"Method Not Allowed: use %s for %s\",\"type\":"
-                  "\"invalid_request_error\",\"param\":null,\"code\":405}}", routes[route].method, rq->path);
+                  "\"invalid_request_error\",\"param\":null,\"code\":405}}", method, rq->path);
         send_response(S, c, 405, "application/json", b.s, b.len, allow);
         sb_free(&b);
-        return;
+        return 1;
     }
-    const char *path = rq->path;
-    int open_route = !strcmp(path, "/health") || !strcmp(path, "/metrics") || !strcmp(path, "/ping");
-    if (S->api_key && !open_route) {
+    if (S->api_key && !srv_routes[route].open) {
         const char *a = rq->auth;
         if (strncasecmp(a, "Bearer ", 7) != 0 || !key_equal(a + 7, S->api_key)) {
             send_error(S, c, 401, NULL, "Unauthorized: give the API key as 'Authorization: Bearer KEY'");
-            return;
+            return 1;
         }
+    }
+    if (rq->content_length > SRV_MAX_BODY) {
+        send_error(S, c, 413, NULL, "the request's body is too large (%lld bytes; at most %d)",
+                   rq->content_length, SRV_MAX_BODY);
+        return 1;
+    }
+    if (!strcmp(method, "POST") && !rq->json) { /* vLLM's words */
+        send_error(S, c, 415, NULL, "Unsupported Media Type: Only 'application/json' is allowed");
+        return 1;
     }
     /* draining (SIGTERM): /health fails, so a load balancer sends new work elsewhere, and new work that
      * comes anyway is refused; what is in flight runs to its end */
+    const char *path = rq->path;
     int generation = !strcmp(path, "/v1/completions") || !strcmp(path, "/v1/chat/completions");
     if (g_srv_stop && (generation || !strcmp(path, "/health") || !strcmp(path, "/ping"))) {
         send_error(S, c, 503, NULL, "the server is shutting down: it finishes the requests it has and takes "
                    "no new ones");
-        return;
+        return 1;
     }
+    return 0;
+}
+
+/* A whole request, which route_head let through: the endpoint's answer. */
+static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
+    const char *path = rq->path;
     if (!strcmp(path, "/health") || !strcmp(path, "/ping")) {
         send_response(S, c, 200, "application/json", "", 0, NULL);
         return;
@@ -2459,7 +2685,7 @@ static void request_done(srv_state *S, srv_req *r) {
     srv_conn *c = r->conn;
     if (c) {
         finish_request(S, r);
-        c->request_id[0] = 0; /* a stream's end: the next request has its own */
+        c->request_id[0] = 0; c->cors[0] = 0; /* a stream's end: the next request has its own */
         c->req = NULL;
         c->t_last_active = t;
         if (!c->keep_alive) c->closing = 1;
@@ -2517,15 +2743,45 @@ static void apply_event(srv_state *S, srv_event *ev) {
 
 /* ===========================================================================================================
  * Connections and the network loop
+ *
+ * What a connection may cost is bounded. In memory: its unparsed input by a head's 16 KiB and one read
+ * (a body is taken out as it comes), its body by 8 MiB, and every connection's request bytes past its
+ * first SRV_CONN_ALLOWANCE by SRV_MAX_BUFFERED in all (503 past it); its unsent output by SRV_MAX_BACKLOG:
+ * past it nothing more of it is read or parsed (pipelined requests from a client that reads nothing make no
+ * more answers), and a stream it runs is aborted. In time: a request must come whole within
+ * --request-timeout (408), and output that waits that long with no byte taken ends the connection (its
+ * request aborted). The socket is read only while the connection wants input, so none of this can be
+ * outrun by a client that sends faster than it is answered.
  * ======================================================================================================== */
-static void conn_update_events(srv_state *S, srv_conn *c) {
-    struct epoll_event e = {0};
-    e.events = EPOLLIN | EPOLLRDHUP | (c->out.len > c->out_sent ? EPOLLOUT : 0);
-    e.data.ptr = c;
-    epoll_ctl(S->epoll_fd, EPOLL_CTL_MOD, c->fd, &e);
+/* The bytes of c's output the kernel has not taken yet */
+static size_t conn_unsent(const srv_conn *c) { return c->out.len - c->out_sent; }
+
+/* Whether a request of c is in flight: in the engine, or still with a worker */
+static int conn_busy(const srv_conn *c) { return c->req || c->job; }
+
+/* Whether c's socket is to be read now: not while a request of it is in flight (the next one waits in the
+ * kernel's buffer), nor while its output is backed up, nor after its FIN; closing, only to drop what comes
+ * while lingering. */
+static int conn_wants_input(const srv_conn *c) {
+    if (c->closing) return c->closing == 3;
+    return !c->eof && !conn_busy(c) && conn_unsent(c) <= SRV_MAX_BACKLOG;
 }
 
+/* Asks epoll for what c waits for now (a call only when that changed; errors and hang-ups always come). */
+static void conn_update_events(srv_state *S, srv_conn *c) {
+    unsigned ev = (conn_wants_input(c) ? EPOLLIN | EPOLLRDHUP : 0) | (conn_unsent(c) ? EPOLLOUT : 0);
+    if (ev == c->events) return;
+    struct epoll_event e = {0};
+    e.events = ev;
+    e.data.ptr = c;
+    epoll_ctl(S->epoll_fd, EPOLL_CTL_MOD, c->fd, &e);
+    c->events = ev;
+}
+
+/* Sends what the kernel takes of c's output. t_out_stuck is when the unsent bytes last moved (0: none). */
 static void conn_flush(srv_state *S, srv_conn *c) {
+    (void)S;
+    size_t before = c->out_sent;
     while (c->out_sent < c->out.len) {
         ssize_t n = send(c->fd, c->out.s + c->out_sent, c->out.len - c->out_sent, MSG_NOSIGNAL);
         if (n > 0) { c->out_sent += (size_t)n; continue; }
@@ -2534,16 +2790,37 @@ static void conn_flush(srv_state *S, srv_conn *c) {
         c->closing = 2; /* the peer is gone */
         return;
     }
-    if (c->out_sent == c->out.len) { c->out.len = 0; c->out_sent = 0; }
-    int want = c->out.len > c->out_sent;
-    if (want != c->want_write) { c->want_write = want; conn_update_events(S, c); }
+    if (c->out_sent == c->out.len) { /* all out: a large buffer goes back to the allocator */
+        if (c->out.cap > SRV_CONN_ALLOWANCE) sb_free(&c->out);
+        c->out.len = 0; c->out_sent = 0; c->t_out_stuck = 0;
+    } else if (c->out_sent > before || !c->t_out_stuck) c->t_out_stuck = now_s();
 }
 
+/* Appends to c's output and sends what can go. The part already sent is dropped before the buffer grows
+ * (a client that reads steadily but never quite catches up cannot make it grow). A stream whose client has
+ * fallen SRV_MAX_BACKLOG behind is ended: its request is aborted when the connection closes. */
 static void conn_send(srv_state *S, srv_conn *c, const char *data, size_t n) {
     if (!c || c->closing == 2) return;
+    if (c->out_sent && c->out_sent >= c->out.len / 2) {
+        memmove(c->out.s, c->out.s + c->out_sent, c->out.len - c->out_sent);
+        c->out.len -= c->out_sent; c->out_sent = 0;
+    }
     sb_put(&c->out, data, n);
     if (c->out.failed) { c->closing = 2; return; }
     conn_flush(S, c);
+    if (c->closing != 2 && c->req && c->req->stream && conn_unsent(c) > SRV_MAX_BACKLOG) {
+        fprintf(stderr, "llm serve: %s %s: the client is more than %d MiB behind its stream: connection "
+                "closed, request aborted\n", c->req->id, c->peer, SRV_MAX_BACKLOG >> 20);
+        c->closing = 2;
+    }
+}
+
+/* Counts c's request bytes past its allowance into S->held (after each change to them). */
+static void conn_account(srv_state *S, srv_conn *c) {
+    size_t have = c->in.len + c->parser.rq.body.len;
+    size_t held = have > SRV_CONN_ALLOWANCE ? have - SRV_CONN_ALLOWANCE : 0;
+    S->held = S->held - c->held + held;
+    c->held = held;
 }
 
 static void conn_close(srv_state *S, srv_conn *c) {
@@ -2555,78 +2832,125 @@ static void conn_close(srv_state *S, srv_conn *c) {
     epoll_ctl(S->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     for (ptrdiff_t i = 0; i < arrlen(S->conns); i++) if (S->conns[i] == c) { arrdelswap(S->conns, i); break; }
+    S->held -= c->held;
+    http_parser_reset(&c->parser);
     sb_free(&c->in); sb_free(&c->out);
     free(c);
 }
 
-/* Parses and answers the requests waiting in c's input, in order, while none is in flight (or with a worker). */
-static void conn_process(srv_state *S, srv_conn *c) {
-    while (!c->req && !c->job && !c->closing && c->in.len > 0) {
-        http_request rq;
-        size_t used = 0;
-        int rc = http_parse(c->in.s, c->in.len, &rq, &used);
-        if (rc == HTTP_INCOMPLETE) { /* curl waits for this before it sends a large body */
-            if (rq.expect_continue && rq.header_len && !c->sent_continue) {
-                conn_send(S, c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
-                c->sent_continue = 1;
-            }
-            if (!c->t_request_start) c->t_request_start = now_s();
-            return;
-        }
-        c->t_request_start = 0; c->sent_continue = 0;
-        if (rc != HTTP_OK) { /* the stream can no longer be trusted: answer and close */
-            c->keep_alive = 0;
-            send_error(S, c, rc, NULL, "%s", rc == 431 ? "the request's headers are too large" :
-                       rc == 413 ? "the request's body is too large" : rc == 501 ?
-                       "that transfer encoding is not supported" : "a malformed HTTP request");
-            c->closing = 1;
-            return;
-        }
-        c->keep_alive = rq.keep_alive && !g_srv_stop;
-        if (rq.request_id[0]) memcpy(c->request_id, rq.request_id, sizeof c->request_id);
-        else mint_request_id(S, c->request_id);
-        handle_request(S, c, &rq);
-        memmove(c->in.s, c->in.s + used, c->in.len - used);
-        c->in.len -= used;
-        c->in.s[c->in.len] = 0; /* the parser may read one byte past the data: let it be a NUL */
-        if (c->in.len) c->t_request_start = now_s(); /* the next pipelined request has begun */
-        if (!c->req && !c->job && !c->keep_alive) c->closing = 1;
+/* The head of the request being read is in: answered now when route_head says so; else its body follows
+ * (after "100 Continue" to a client that waits for it). An answer given before a body ends the connection:
+ * the body is never read (what comes of it is dropped while the connection lingers). */
+static void conn_head(srv_state *S, srv_conn *c) {
+    const http_request *rq = &c->parser.rq;
+    int body = rq->chunked || rq->content_length > 0;
+    c->keep_alive = rq->keep_alive && !g_srv_stop && !body; /* as an answer now says it */
+    if (route_head(S, c, rq)) {
+        c->answered = 1;
+        if (!c->keep_alive) c->closing = 1;
+        return;
     }
+    c->keep_alive = rq->keep_alive && !g_srv_stop;
+    if (rq->expect_continue && body) conn_send(S, c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
 }
 
-static void conn_read(srv_state *S, srv_conn *c) {
-    for (;;) {
-        char buf[65536];
-        ssize_t n = recv(c->fd, buf, sizeof buf, 0);
-        if (n > 0) {
-            if (!c->t_request_start && !c->req) c->t_request_start = now_s();
-            c->t_last_active = now_s();
-            if (c->in.len + (size_t)n > SRV_MAX_HEADER + SRV_MAX_BODY + 65536) {
-                c->keep_alive = 0;
-                send_error(S, c, 413, NULL, "the request is too large");
-                c->closing = 1;
-                return;
-            }
-            sb_put(&c->in, buf, (size_t)n);
+/* Parses and answers the requests waiting in c's input, in order, while none is in flight and its output
+ * is not backed up; then drops the bytes parsed (once), counts what is held and starts the clock of a
+ * request begun. After the client's FIN, a connection with nothing more to answer closes. */
+static void conn_process(srv_state *S, srv_conn *c) {
+    size_t off = 0;
+    int starved = 0;
+    while (!conn_busy(c) && !c->closing && conn_unsent(c) <= SRV_MAX_BACKLOG) {
+        size_t used = 0;
+        int rc = http_feed(&c->parser, c->in.s ? c->in.s + off : "", c->in.len - off, &used);
+        off += used;
+        if (rc == HTTP_INCOMPLETE) { starved = 1; break; }
+        if (rc == HTTP_HEAD) { conn_head(S, c); continue; }
+        if (rc == HTTP_OK) {
+            if (!c->answered) handle_request(S, c, &c->parser.rq);
+            http_parser_reset(&c->parser);
+            c->answered = 0;
+            if (!conn_busy(c) && !c->keep_alive) c->closing = 1;
             continue;
         }
+        /* the stream can no longer be trusted: answer and close */
+        c->keep_alive = 0;
+        send_error(S, c, rc, NULL, "%s%s", rc == 400 ? "a malformed HTTP request: " : "",
+                   c->parser.why ? c->parser.why : "");
+        c->closing = 1;
+    }
+    if (off) {
+        memmove(c->in.s, c->in.s + off, c->in.len - off);
+        c->in.len -= off;
+    }
+    if (!c->in.len && c->in.cap > SRV_CONN_ALLOWANCE) sb_free(&c->in);
+    int begun = !conn_busy(c) && !c->closing && (c->in.len || c->parser.state != HP_HEAD);
+    if (!begun) c->t_request_start = 0;
+    else if (!c->t_request_start) c->t_request_start = now_s();
+    if (c->eof && starved && !conn_busy(c) && !c->closing) c->closing = 1;
+    conn_account(S, c);
+}
+
+/* Reads what c's client sends while c wants input, parsing as it goes; a lingering connection's input is
+ * dropped. recv() == 0 is the client's FIN, which may be a half-close (shutdown(SHUT_WR), nc -N): what it
+ * asked is still answered, then the connection ends. Bytes past a connection's allowance count against
+ * the budget all connections share: a read that would pass it gets a 503. */
+static void conn_read(srv_state *S, srv_conn *c) {
+    while (conn_wants_input(c)) {
+        char buf[65536];
+        ssize_t n = recv(c->fd, buf, sizeof buf, 0);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        c->closing = 2; /* closed or failed: nothing more will come, nothing more can go */
-        return;
+        if (n < 0 || (n == 0 && c->closing == 3)) { c->closing = 2; return; } /* failed, or lingered enough */
+        if (n == 0) { c->eof = 1; break; }
+        if (c->closing == 3) continue;
+        c->t_last_active = now_s();
+        size_t have = c->in.len + c->parser.rq.body.len + (size_t)n;
+        if (have > SRV_CONN_ALLOWANCE && S->held - c->held + (have - SRV_CONN_ALLOWANCE) > SRV_MAX_BUFFERED) {
+            c->keep_alive = 0;
+            send_error(S, c, 503, NULL, "the server holds too many unfinished requests' bytes (%d MiB): "
+                       "try again", SRV_MAX_BUFFERED >> 20);
+            c->closing = 1;
+            http_parser_reset(&c->parser); /* what it held of this request goes back at once */
+            sb_free(&c->in);
+            conn_account(S, c);
+            return;
+        }
+        sb_put(&c->in, buf, (size_t)n);
+        if (c->in.failed) { c->closing = 2; return; }
+        conn_process(S, c);
     }
     conn_process(S, c);
 }
 
+/* The listener in epoll or out of it: out while accept() cannot take a connection (see accept_all). */
+static void listener_rest(srv_state *S, int rest) {
+    struct epoll_event e = {0};
+    e.events = rest ? 0 : EPOLLIN;
+    e.data.ptr = &S->listen_fd;
+    epoll_ctl(S->epoll_fd, EPOLL_CTL_MOD, S->listen_fd, &e);
+    S->accept_resume = rest ? now_s() + SRV_ACCEPT_PAUSE : 0;
+}
+
+/* Takes every connection waiting. Out of fds (EMFILE, ENFILE) or memory, accept() fails again at once for
+ * as long as connections wait, and the level-triggered listener would spin the loop on it (and the log):
+ * the listener rests SRV_ACCEPT_PAUSE seconds instead, the connections waiting in the kernel's backlog
+ * until fds free up, and the failure is logged at most once every 10 seconds. */
 static void accept_all(srv_state *S) {
     for (;;) {
         struct sockaddr_storage addr;
         socklen_t alen = sizeof addr;
         int fd = accept4(S->listen_fd, (struct sockaddr *)&addr, &alen, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno == EINTR) continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                fprintf(stderr, "llm serve: accept: %s\n", strerror(errno));
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            double t = now_s();
+            if (!S->accept_log_t || t - S->accept_log_t >= 10) {
+                fprintf(stderr, "llm serve: accept: %s (%d connections open): new connections wait until "
+                        "some close\n", strerror(errno), (int)arrlen(S->conns));
+                S->accept_log_t = t;
+            }
+            listener_rest(S, 1);
             return;
         }
         srv_conn *c = (srv_conn *)calloc(1, sizeof *c);
@@ -2641,11 +2965,38 @@ static void accept_all(srv_state *S) {
             inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&addr)->sin6_addr, host, sizeof host);
         snprintf(c->peer, sizeof c->peer, "%s", host);
         struct epoll_event e = {0};
-        e.events = EPOLLIN | EPOLLRDHUP;
+        e.events = c->events = EPOLLIN | EPOLLRDHUP;
         e.data.ptr = c;
         if (epoll_ctl(S->epoll_fd, EPOLL_CTL_ADD, fd, &e) != 0) { close(fd); free(c); continue; }
         arrput(S->conns, c);
     }
+}
+
+/* After a pass of events, each connection's state moves on: its next pipelined request, time-outs (a
+ * request begun and not finished, output not taken, idleness), closing (then lingering: FIN sent, late
+ * input dropped for SRV_LINGER seconds, so that an answer given before a body was read is not lost to the
+ * reset that closing on unread input sends), and the epoll events it waits for. */
+static void conn_tick(srv_state *S, srv_conn *c, double t) {
+    if (!conn_busy(c) && !c->closing) conn_process(S, c);
+    if (!conn_busy(c) && !c->closing && c->t_request_start && t - c->t_request_start > S->request_timeout) {
+        c->keep_alive = 0; /* slowloris: the request was begun and not finished in time */
+        send_error(S, c, 408, NULL, "the request took more than %g s to arrive", S->request_timeout);
+        c->closing = 1;
+    }
+    if (c->closing != 2 && c->t_out_stuck && t - c->t_out_stuck > S->request_timeout) {
+        fprintf(stderr, "llm serve: %s %s: the client took no response bytes for %g s: connection closed%s\n",
+                c->req ? c->req->id : "-", c->peer, S->request_timeout, c->req ? ", request aborted" : "");
+        c->closing = 2;
+    }
+    if (!conn_busy(c) && !c->closing && !c->t_request_start && t - c->t_last_active > SRV_IDLE_TIMEOUT)
+        c->closing = 1;
+    if (c->closing == 1 && !conn_unsent(c)) {
+        if (c->eof) c->closing = 2;
+        else { shutdown(c->fd, SHUT_WR); c->closing = 3; c->t_linger = t; }
+    }
+    if (c->closing == 3 && t - c->t_linger > SRV_LINGER) c->closing = 2;
+    if (c->closing == 2) conn_close(S, c);
+    else conn_update_events(S, c);
 }
 
 /* Events from the engine thread, applied in order. */
@@ -2696,7 +3047,39 @@ typedef struct {
     double request_timeout;         /* seconds a client has to send a request once begun */
     int reasoning_none;             /* --reasoning-format none: thinking stays in content */
     double drain_timeout;           /* seconds SIGTERM waits for the requests in flight */
+    const char *allowed_origins;    /* --allowed-origins: a JSON list or comma-separated (NULL: none) */
 } serve_config;
+
+/* --allowed-origins as vLLM takes it (a JSON list of strings) or comma-separated, into S->origins ("*":
+ * any origin): 0, or -1 with err set. */
+static int parse_origins(srv_state *S, const char *v, char *err, size_t cap) {
+    while (*v == ' ') v++;
+    if (*v != '[') {
+        for (const char *p = v; *p;) {
+            const char *e = strchr(p, ',');
+            if (!e) e = p + strlen(p);
+            const char *b = p, *z = e;
+            while (b < z && *b == ' ') b++;
+            while (z > b && z[-1] == ' ') z--;
+            if (z > b) arrput(S->origins, strndup(b, (size_t)(z - b)));
+            p = *e ? e + 1 : e;
+        }
+        return 0;
+    }
+    llm_json j;
+    char jerr[LLM_ERR_LEN];
+    if (llm_json_parse(v, strlen(v), &j, jerr) != 0) {
+        snprintf(err, cap, "--allowed-origins: not a JSON list: %.200s", jerr);
+        return -1;
+    }
+    int ok = j.type == LLM_JSON_ARRAY;
+    for (int i = 0; ok && i < j.n; i++)
+        if ((ok = j.items[i].type == LLM_JSON_STRING)) arrput(S->origins, strdup(j.items[i].str));
+    llm_json_free(&j);
+    if (!ok)
+        snprintf(err, cap, "--allowed-origins: give a JSON list of strings, or origins separated by commas");
+    return ok ? 0 : -1;
+}
 
 static int serve(const serve_config *a) {
     char err[LLM_ERR_LEN];
@@ -2731,6 +3114,10 @@ static int serve(const serve_config *a) {
     S->scheduling_policy = a->engine.scheduling_policy;
     S->request_timeout = a->request_timeout;
     S->api_key = a->api_key;
+    if (a->allowed_origins && parse_origins(S, a->allowed_origins, err, sizeof err) != 0) {
+        fprintf(stderr, "llm serve: %s\n", err);
+        goto out;
+    }
     /* what a request omits: the file's general.sampling.* keys, as vLLM takes a model's generation_config,
      * else OpenAI's defaults (temperature 1, top_p 1) */
     S->defaults = llm_sampling_defaults();
@@ -2813,7 +3200,7 @@ static int serve(const serve_config *a) {
     double stop_since = 0;
     for (;;) {
         struct epoll_event events[256];
-        int n = epoll_wait(S->epoll_fd, events, 256, S->request_timeout < 2 ? 100 : 1000);
+        int n = epoll_wait(S->epoll_fd, events, 256, S->accept_resume || S->request_timeout < 2 ? 100 : 1000);
         if (n < 0 && errno != EINTR) { fprintf(stderr, "llm serve: epoll: %s\n", strerror(errno)); break; }
         for (int i = 0; i < n; i++) {
             void *p = events[i].data.ptr;
@@ -2824,32 +3211,23 @@ static int serve(const serve_config *a) {
                 continue;
             }
             srv_conn *c = (srv_conn *)p;
-            if (events[i].events & EPOLLOUT) conn_flush(S, c);
-            if (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) conn_read(S, c);
+            unsigned e = events[i].events;
+            if (e & (EPOLLERR | EPOLLHUP)) { c->closing = 2; continue; } /* reset, or shut both ways */
+            if (e & EPOLLOUT) conn_flush(S, c);
+            if (e & (EPOLLIN | EPOLLRDHUP)) conn_read(S, c);
         }
         drain_events(S);
         jobs_done(S);
-        /* after events: closings, finished requests' next pipelined request, time-outs */
         double t = now_s();
-        for (ptrdiff_t i = arrlen(S->conns) - 1; i >= 0; i--) {
-            srv_conn *c = S->conns[i];
-            if (!c->req && !c->job && !c->closing && c->in.len) conn_process(S, c);
-            if (!c->req && !c->job && c->t_request_start && t - c->t_request_start > S->request_timeout) {
-                c->keep_alive = 0; /* slowloris: the request was begun and not finished in time */
-                send_error(S, c, 408, NULL, "the request took more than %g s to arrive", S->request_timeout);
-                c->closing = 1;
-            }
-            if (!c->req && !c->job && !c->in.len && t - c->t_last_active > SRV_IDLE_TIMEOUT) c->closing = 1;
-            if (c->closing == 2 || (c->closing == 1 && c->out.len == c->out_sent)) conn_close(S, c);
-        }
+        if (S->accept_resume && t >= S->accept_resume) listener_rest(S, 0);
+        for (ptrdiff_t i = arrlen(S->conns) - 1; i >= 0; i--) conn_tick(S, S->conns[i], t);
         /* draining: the listener stays open (a load balancer's checks get 503, not a refused connection, and
          * new requests get a 503 with Connection: close); the process ends once every request in flight has
          * finished and its bytes are out, after --drain-timeout at the latest, or at a second signal */
         if (g_srv_stop) {
             int busy = 0;
             for (ptrdiff_t i = 0; i < arrlen(S->conns); i++)
-                busy += S->conns[i]->req != NULL || S->conns[i]->job != NULL ||
-                        S->conns[i]->out.len > S->conns[i]->out_sent;
+                busy += conn_busy(S->conns[i]) || conn_unsent(S->conns[i]) > 0;
             if (!stop_since) {
                 stop_since = t;
                 fprintf(stderr, "llm serve: %s: draining: /health and new requests get 503; %d connections "
@@ -2890,6 +3268,8 @@ out:
     arrfree(S->conns); arrfree(S->live);
     for (ptrdiff_t i = 0; i < arrlen(S->unknown_fields); i++) free(S->unknown_fields[i]);
     arrfree(S->unknown_fields);
+    for (ptrdiff_t i = 0; i < arrlen(S->origins); i++) free(S->origins[i]);
+    arrfree(S->origins);
     free(S->ttft.counts); free(S->itl.counts); free(S->e2e.counts); free(S->queue.counts);
     free(S->prefill.counts); free(S->decode.counts); free(S->inference.counts); free(S->req_prompt.counts);
     free(S->req_gen.counts); free(S->token_bounds);

@@ -348,6 +348,7 @@ def json_seeds():
 
 
 def http_seeds():
+    """fuzz_http: a byte choosing where reads end (pieces of 1 to it + 1 bytes), then what a client sent"""
     body = json.dumps(JSON_DOCS[0]).encode()
     get = b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer sk-test\r\n\r\n"
     post = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -355,6 +356,8 @@ def http_seeds():
     chunked = (b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
                b"Expect: 100-continue\r\n\r\n"
                b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nTrailer: x\r\n\r\n")
+    te = (b"POST /tokenize HTTP/1.1\r\nContent-Type: application/json; charset=utf-8\r\n"
+          b"Transfer-Encoding: chunked\r\n\r\n")
     seeds = {
         "get": get, "post": post, "chunked": chunked,
         "pipelined": get + post + chunked + b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
@@ -362,9 +365,25 @@ def http_seeds():
         "incomplete-body": b"POST /tokenize HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"prompt\":",
         "bad-cl": b"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
         "te-gzip": b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
-        "bare-lf-chunks": b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\nabc\n0\n\n",
+        "bare-lf-chunks": te + b"3\nabc\n0\n\n",
+        "cl-and-te": b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        "smuggle": te + b"2a\r\n0\r\n\r\nGET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n\r\n0\r\n\r\n"
+                        b"GET /health HTTP/1.1\r\n\r\n",
+        "extensions-trailers": te + b"1A;a=b;c=\"d e\"\r\n" + b"x" * 26 +
+                               b"\r\n00000003 ;q\r\nabc\r\n0;last\r\nX-One: 1\r\nX-Two:\t2 \r\n\r\n",
+        "obs-fold": b"GET /health HTTP/1.1\r\nX-A: a\r\n b\r\n\r\n",
+        "space-colon": b"GET /health HTTP/1.1\r\nHost : x\r\n\r\n",
+        "leading-crlf": b"\r\n\r\nGET http://example.com/health?x HTTP/1.1\r\n"
+                        b"Connection: keep-alive, Upgrade\r\n\r\n",
+        "cors-preflight": b"OPTIONS /v1/completions HTTP/1.1\r\nOrigin: http://a.example\r\n"
+                          b"Access-Control-Request-Method: POST\r\n"
+                          b"Access-Control-Request-Headers: content-type\r\n\r\n",
+        "huge-chunk": te + b"7fffffffffffffff\r\n",
+        "long-extension": te + b"1;" + b"e" * 5000 + b"\r\nx\r\n0\r\n\r\n",
     }
-    return seeds
+    # each with a byte choosing its reads: one byte at a time (0), up to 8 bytes (7), up to 256 (255)
+    return {"%s-%d" % (name, cut): bytes([cut]) + data
+            for name, data in seeds.items() for cut in (0, 7, 255)}
 
 
 def grammar_seeds():

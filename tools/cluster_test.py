@@ -12,6 +12,10 @@ The test (stories260K, one thread per replica):
   headers     X-Request-Id (the client's, else one minted) and X-Served-By on answers, streamed or not; the
               completion's id names the request id; usage.prompt_tokens_details.cached_tokens on a second
               turn, streamed (include_usage) or not
+  smuggling   a chunked body whose first chunk holds "0", an empty line and a whole request, sent in two
+              parts (HAProxy forwards the first 256 KiB as a chunk alone): one response, the outer request's
+              400 for its whole body, and no replica runs the request inside (issue 50: one did, decoding the
+              body again in place after the split)
   sigkill     streaming load, one replica SIGKILLed: the only failures are streams in flight on it, every
               other request completes; the next turn moves its conversations and no other; restarted, it
               gets them back
@@ -425,6 +429,44 @@ def step_headers(C, cl):
             r.ok and isinstance(cached, int) and 0 < cached <= u.get("prompt_tokens", 0), "usage %s" % u)
 
 
+def step_smuggling(C, cl):
+    S = "smuggling"
+    before = [success_counts(p) for p in cl.ports]
+    inner_body = b'{"prompt":"smuggled","max_tokens":1}'
+    inner = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             b"X-Request-Id: smuggled-1\r\nContent-Length: %d\r\n\r\n" % len(inner_body)) + inner_body
+    first = b"0\r\n\r\n" + inner
+    first += b"x" * (300000 - len(first))  # past HAProxy's buffer (tune.bufsize): forwarded as a chunk alone
+    second = b"y" * 1000
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
+    resp = b""
+    s = socket.create_connection(("127.0.0.1", cl.lb), timeout=10)
+    try:
+        s.sendall(head + b"%x\r\n" % len(first) + first + b"\r\n")
+        time.sleep(0.5)
+        s.sendall(b"%x\r\n" % len(second) + second + b"\r\n0\r\n\r\n")
+        s.settimeout(3)  # kept alive: what comes within 3 s
+        while True:
+            k = s.recv(65536)
+            if not k:
+                break
+            resp += k
+    except socket.timeout:
+        pass
+    finally:
+        s.close()
+    time.sleep(0.5)
+    after = [success_counts(p) for p in cl.ports]
+    ran = [n for n in NAMES if b"smuggled-1" in open(os.path.join(cl.dir, "%s.log" % n), "rb").read()]
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3})", resp)
+    C.check(S, "one response, the outer request's, its body the chunks' data (400: \"0\", then more text)",
+            statuses == [b"400"] and b"not valid JSON: more text after the value at byte 5" in resp,
+            "%r" % resp[:400])
+    C.check(S, "no replica ran the request inside the chunk", after == before and not ran,
+            "finished requests per replica %s -> %s; smuggled-1 in the log of %s" % (before, after, ran))
+
+
 class Load:
     """Threads sending streaming requests, each aimed by an X-Session-Id, until stopped (bounded in count)."""
     def __init__(self, cl, sids, max_tokens, per_thread=200):
@@ -578,6 +620,7 @@ def run_test(a):
         convs = make_conversations(30, SYSTEM_TEST, seed=1)
         for name, fn in (("affinity", lambda: step_affinity(C, cl, convs)),
                          ("headers", lambda: step_headers(C, cl)),
+                         ("smuggling", lambda: step_smuggling(C, cl)),
                          ("sigkill", lambda: step_sigkill(C, cl, convs, session_ids_by_replica(cl))),
                          ("sigterm", lambda: step_sigterm(C, cl, convs, session_ids_by_replica(cl)))):
             try:
