@@ -723,6 +723,17 @@ static int tokenize_text(srv_state *S, const char *text, size_t len, int add_spe
  * (json_object, json_schema), vLLM's structured_outputs {json | regex | choice | grammar | json_object} and
  * its older guided_json, guided_regex, guided_choice and guided_grammar, llama.cpp's grammar and json_schema.
  * A schema the converter cannot honour is a 400 naming the field and the keyword. */
+/* The grammar a field asked for (r->grammar, or NULL with why in err), parsed here as the engine will parse
+ * it: what its limits refuse (rules, nesting, the matcher's stacks at the start) is a 400 naming the field,
+ * not an engine error naming none */
+static int structured_check(srv_req *r, const char *param, const char *err, srv_error *e) {
+    char why[LLM_ERR_LEN];
+    llm_grammar *g = r->grammar ? llm_grammar_parse(r->grammar, why) : NULL;
+    if (!g && r->grammar) { free(r->grammar); r->grammar = NULL; err = why; }
+    llm_grammar_free(g);
+    return r->grammar ? 0 : bad(e, 400, param, "%s: %s", param, err);
+}
+
 static int structured_schema(srv_req *r, const llm_json *schema, const char *param, srv_error *e) {
     char err[LLM_ERR_LEN], *key = (char *)"type";
     llm_json parsed, object = {LLM_JSON_STRING, 0, (char *)"object", 6, NULL, NULL, 0};
@@ -739,7 +750,7 @@ static int structured_schema(srv_req *r, const llm_json *schema, const char *par
         r->grammar = llm_json_schema_to_grammar(schema, err);
     else snprintf(err, sizeof err, "a JSON Schema must be an object");
     if (own) llm_json_free(&parsed);
-    return r->grammar ? 0 : bad(e, 400, param, "%s: %s", param, err);
+    return structured_check(r, param, err, e);
 }
 
 static int structured_regex(srv_req *r, const llm_json *v, const char *param, srv_error *e) {
@@ -747,7 +758,7 @@ static int structured_regex(srv_req *r, const llm_json *v, const char *param, sr
     if (v->type != LLM_JSON_STRING || strlen(v->str) != v->len)
         return bad(e, 400, param, "%s must be a string (a regular expression)", param);
     r->grammar = llm_regex_to_grammar(v->str, err);
-    return r->grammar ? 0 : bad(e, 400, param, "%s: %s", param, err);
+    return structured_check(r, param, err, e);
 }
 
 static int structured_choice(srv_req *r, const llm_json *v, const char *param, srv_error *e) {
@@ -764,18 +775,14 @@ static int structured_choice(srv_req *r, const llm_json *v, const char *param, s
     if (!choices) return bad(e, 400, param, "%s must be a non-empty list of strings", param);
     r->grammar = llm_choice_to_grammar(choices, v->n, err);
     free(choices);
-    return r->grammar ? 0 : bad(e, 400, param, "%s: %s", param, err);
+    return structured_check(r, param, err, e);
 }
 
 static int structured_grammar(srv_req *r, const llm_json *v, const char *param, srv_error *e) {
-    char err[LLM_ERR_LEN];
     if (v->type != LLM_JSON_STRING || strlen(v->str) != v->len)
         return bad(e, 400, param, "%s must be a string (a GBNF grammar)", param);
-    llm_grammar *g = llm_grammar_parse(v->str, err); /* checked here, so that the error names the field */
-    if (!g) return bad(e, 400, param, "%s: %s", param, err);
-    llm_grammar_free(g);
-    r->grammar = strdup(v->str);
-    return r->grammar ? 0 : bad(e, 500, NULL, "out of memory");
+    if (!(r->grammar = strdup(v->str))) return bad(e, 500, NULL, "out of memory");
+    return structured_check(r, param, "", e);
 }
 
 static int parse_structured(const llm_json *body, srv_req *r, srv_error *e) {
@@ -1290,8 +1297,9 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         if (r->grammar) {
             ok = 0;
             bad(e, 400, "tools", "tools and a structured output field both ask for the reply's form: give one");
-        } else if (!(r->grammar = llm_chat_tool_grammar(&r->chat, tools_text, mode, named, parallel, err))) {
-            ok = 0; bad(e, 400, "tools", "tools: %s", err);
+        } else {
+            r->grammar = llm_chat_tool_grammar(&r->chat, tools_text, mode, named, parallel, err);
+            if (structured_check(r, "tools", err, e)) ok = 0;
         }
         r->tool_calls = 1;
     }
