@@ -9045,7 +9045,9 @@ char *llm_choice_to_grammar(const char *const *choices, int n, char *err) {
  * in a way not written here is refused, naming it and where it is; annotations are ignored. */
 #define LLM_JS_XSTR(x) LLM_JS_STR(x) /* a limit's digits, for its message */
 #define LLM_JS_STR(x) #x
+#ifndef LLM_JS_MAX_RULES             /* (overridable, as the grammar's limits) */
 #define LLM_JS_MAX_RULES 10000      /* the rules a schema may need: its work and the grammar's size */
+#endif
 #define LLM_JS_MAX_DEPTH 128        /* schemas written inside each other (properties, items, anyOf, allOf) */
 #define LLM_JS_MAX_PARTS 1000       /* the parts one allOf merges, with the allOf and $ref inside them */
 static const char llm_js_too_many[] = "the schema needs more than " LLM_JS_XSTR(LLM_JS_MAX_RULES)
