@@ -415,6 +415,9 @@ def grammar_seeds():
         "gbnf-fanout": b"\x00root ::= r0\n" + b"".join(b"r%d ::= r%d | r%d\n" % (i, i + 1, i + 1)
                                                        for i in range(30)) + b'r30 ::= "z"',
         "gbnf-rules": b'\x00root ::=' + b' "a"{0,1000}' * 3,
+        "gbnf-stacks": b'\x00root ::= ' + b'|'.join([b'"a"'] * 600) + b"\x00a",
+        "schema-rules": b"\x01" + json.dumps({"properties": dict(("%d" % i, {}) for i in range(340))},
+                                             separators=(",", ":")).encode(),
         "schema-ref-chain": b"\x01" + json.dumps(ref_chain).encode(),
         "schema-allof-loop": b"\x01" + json.dumps({"properties": {"x": {"allOf": [{"$ref": "#"},
                                                                                   {"type": "object"}]}}}).encode(),
