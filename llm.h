@@ -9049,6 +9049,7 @@ char *llm_choice_to_grammar(const char *const *choices, int n, char *err) {
 #define LLM_JS_MAX_RULES 10000      /* the rules a schema may need: its work and the grammar's size */
 #endif
 #define LLM_JS_MAX_DEPTH 128        /* schemas written inside each other (properties, items, anyOf, allOf) */
+#define LLM_JS_MAX_WORK 16777216    /* keywords and properties looked at (an allOf merges its parts' again) */
 #define LLM_JS_MAX_PARTS 1000       /* the parts one allOf merges, with the allOf and $ref inside them */
 static const char llm_js_too_many[] = "the schema needs more than " LLM_JS_XSTR(LLM_JS_MAX_RULES)
                                       " rules (its $refs, properties and alternatives together)";
@@ -9066,6 +9067,7 @@ typedef struct {
     char *out;                      /* stb_ds: the rules written */
     char *err;
     int n_rules, depth;             /* rules named; schemas being written inside each other now */
+    int64_t work;                   /* keywords and properties looked at, against LLM_JS_MAX_WORK */
     struct { char *key; char *value; } *refs;  /* stb_ds string hash: root and "$ref" -> its rule's name */
     llm_js_pending *pending;        /* stb_ds: $refs named and not written yet */
     struct { const llm_json *key; llm_js_key *value; } *index; /* stb_ds: the keys of the big objects $refs go
@@ -9095,6 +9097,15 @@ static int llm_js_fail(llm_js *c, const char *path, const char *fmt, const char 
     snprintf(msg, sizeof msg, fmt, what);
     llm_fail(c->err, "JSON schema: %s at %s", msg, path[0] ? path : "/ (the root)");
     return -1;
+}
+
+/* n more keywords or properties looked at: -1 (the reason in c->err) past LLM_JS_MAX_WORK, checked before
+ * the looking. What else bounds the work (the rules, the depth) lets an object of 100,000 keys be merged by
+ * an allOf at 10,000 places, each a scan. */
+static int llm_js_spend(llm_js *c, int64_t n, const char *path) {
+    if ((c->work += n) <= LLM_JS_MAX_WORK) return 0;
+    return llm_js_fail(c, path, "%s", "the schema is too large to write as a grammar (more than "
+                       LLM_JS_XSTR(LLM_JS_MAX_WORK) " keywords and properties looked at)");
 }
 
 /* A new rule's name: a readable stem and a number */
@@ -9501,6 +9512,7 @@ static int llm_js_object(llm_js *c, const llm_json *s, const char *path, const c
         return llm_js_fail(c, path, "%s", llm_js_too_many);
     if (req && req->n > n)
         return llm_js_fail(c, path, "%s lists more names than there are properties", "required");
+    if (req && llm_js_spend(c, (int64_t)n * req->n, path) != 0) return -1; /* each name looked for, twice */
     for (int k = 0; req && k < req->n; k++) { /* a required key that is not a property: any value */
         if (req->items[k].type != LLM_JSON_STRING) return llm_js_fail(c, path, "%s must list strings", "required");
         if (!llm_json_get(props, req->items[k].str))
@@ -9665,11 +9677,20 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
     arrput(parts, s);
     for (ptrdiff_t part = 0; part < arrlen(parts) && rc == 0; part++) {
         const llm_json *ps = parts[part], *inner = llm_json_get(ps, "allOf"), *ref = llm_json_get(ps, "$ref");
-        if (!ps || ps->type != LLM_JSON_OBJECT) { rc = llm_js_fail(c, path, "%s: a part that is not an object schema", "allOf"); break; }
+        if (!ps || ps->type != LLM_JSON_OBJECT) {
+            rc = llm_js_fail(c, path, "%s: a part that is not an object schema", "allOf");
+            break;
+        }
         if (inner && inner->type != LLM_JSON_ARRAY) {
             rc = llm_js_fail(c, path, "%s must be an array", "allOf");
             break;
         }
+        if (arrlen(parts) + (inner ? inner->n : 0) + 1 > LLM_JS_MAX_PARTS) {
+            rc = llm_js_fail(c, path, "%s merges more than " LLM_JS_XSTR(LLM_JS_MAX_PARTS) " parts (with the "
+                             "allOf and $ref inside them)", "allOf");
+            break;
+        }
+        if ((rc = llm_js_spend(c, ps->n, path)) != 0) break;
         for (int k = 0; inner && k < inner->n; k++) arrput(parts, &inner->items[k]);
         if (part > 0 && ref && ref->type == LLM_JSON_STRING) {
             const llm_json *target = llm_js_resolve(c, ref->str, NULL);
@@ -9678,11 +9699,6 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
                 break;
             }
             arrput(parts, target);
-        }
-        if (arrlen(parts) > LLM_JS_MAX_PARTS) {
-            rc = llm_js_fail(c, path, "%s merges more than " LLM_JS_XSTR(LLM_JS_MAX_PARTS) " parts (with the "
-                             "allOf and $ref inside them)", "allOf");
-            break;
         }
         for (int i = 0; i < ps->n && rc == 0; i++) {
             const char *key = ps->keys[i];
@@ -9697,6 +9713,7 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
             if (!strcmp(key, "properties") && v->type == LLM_JSON_OBJECT) {
                 for (int k = 0; k < v->n; k++) {
                     ptrdiff_t dup = -1;
+                    if ((rc = llm_js_spend(c, 1 + arrlen(p_keys), path)) != 0) break;
                     for (ptrdiff_t j = 0; j < arrlen(p_keys); j++) if (!strcmp(p_keys[j], v->keys[k])) dup = j;
                     if (dup < 0) {
                         arrput(p_keys, v->keys[k]); arrput(p_items, v->items[k]); arrput(list_of, -1);
@@ -9717,6 +9734,7 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
                 continue;
             }
             int same = -1;
+            if ((rc = llm_js_spend(c, 1 + arrlen(m_keys), path)) != 0) break;
             for (ptrdiff_t j = 0; j < arrlen(m_keys); j++) if (!strcmp(m_keys[j], key)) same = (int)j;
             if (same < 0) { arrput(m_keys, (char *)key); arrput(m_items, *v); continue; }
             char *a = NULL, *b = NULL; /* the same keyword twice: it must say the same */
@@ -9894,6 +9912,7 @@ static int llm_js_schema(llm_js *c, const llm_json *s, const char *path, const c
  * the work. $refs add no depth (llm_js_ref). */
 static int llm_js_visit(llm_js *c, const llm_json *s, const char *path, const char *stem, char *name) {
     if (c->n_rules > LLM_JS_MAX_RULES) return llm_js_fail(c, path, "%s", llm_js_too_many);
+    if (llm_js_spend(c, s->type == LLM_JSON_OBJECT ? s->n : 1, path) != 0) return -1;
     if (c->depth >= LLM_JS_MAX_DEPTH)
         return llm_js_fail(c, path, "the schema nests more than %s deep (properties, items, anyOf, allOf "
                            "inside each other)", LLM_JS_XSTR(LLM_JS_MAX_DEPTH));

@@ -5549,6 +5549,10 @@ static void test_grammar_bounds(void) {
         {"JSON Schema, allOf inside allOf", 1,
          strdup("{\"allOf\":[{\"allOf\":[{\"properties\":{\"a\":{\"const\":1}},\"required\":[\"a\"]}]},"
                 "{\"type\":\"object\"}]}"), "{\"a\":2}", "reject"},
+        {"JSON Schema, allOf merging an object of 20,000 keys", 1,
+         repeat_text("{\"$defs\":{\"big\":{", "\"k%d\":0,", 20000, "\"k\":0}},\"properties\":{\"p\":"
+                     "{\"allOf\":[{\"$ref\":\"#/$defs/big\"},{}]}}}", "", 0, ""), "{}",
+         "the schema is too large to write as a grammar (more than 16777216 keywords and properties"},
         {"JSON Schema, an enum of 10,000 values", 1,
          repeat_text("{\"enum\":[\"v0\"", ",\"v%d\"", 10000, "]}", "", 0, ""), "\"v4711\"", "accept"},
         /* choices: a trie */
