@@ -7452,7 +7452,11 @@ static int llm_json_value(llm_json_reader *r, llm_json *v, int depth) {
         }
     }
     if (c != '[' && c != '{') return llm_json_fail(r, "an unexpected character");
-    if (depth >= LLM_JSON_DEPTH) return llm_json_fail(r, "nesting too deep");
+    if (depth >= LLM_JSON_DEPTH) { /* checked before going in: the recursion is at most this deep */
+        char what[80];
+        snprintf(what, sizeof what, "nesting too deep (more than %d arrays and objects)", LLM_JSON_DEPTH);
+        return llm_json_fail(r, what);
+    }
     int object = c == '{';
     v->type = object ? LLM_JSON_OBJECT : LLM_JSON_ARRAY;
     r->p++;
@@ -7518,10 +7522,24 @@ enum { LLM_GR_END, LLM_GR_ALT, LLM_GR_RULE, LLM_GR_CHAR, LLM_GR_CHAR_NOT, LLM_GR
        LLM_GR_CHAR_ANY };
 typedef struct { uint32_t type, value; } llm_gr_elem;
 
+/* The limits of what a grammar may cost (each overridable, as the fuzz target does to reach them) */
+#ifndef LLM_GR_MAX_ELEMS
 #define LLM_GR_MAX_ELEMS  (1 << 22)  /* a grammar's elements: what repetition counts can blow up to */
+#endif
+#ifndef LLM_GR_MAX_RULES
+#define LLM_GR_MAX_RULES  (1 << 18)  /* its rules, groups and repetitions among them (each costs a name) */
+#endif
 #define LLM_GR_MAX_REPEAT 10000      /* the largest m and n of {m,n} */
+#ifndef LLM_GR_MAX_STACKS
 #define LLM_GR_MAX_STACKS 4096       /* the stacks of one state: an ambiguous grammar could grow them without end */
+#endif
+#ifndef LLM_GR_MAX_DEPTH
 #define LLM_GR_MAX_DEPTH  4096       /* the positions of one stack (nesting) */
+#endif
+#ifndef LLM_GR_MAX_WORK
+#define LLM_GR_MAX_WORK   (1 << 24)  /* positions one character's expansion may write (rules that fan out and
+                                      * meet again, r0 ::= r1 | r1 and so on, would double it per rule) */
+#endif
 
 typedef struct { uint32_t *data, *lens; } llm_gr_set; /* stacks one after another, and each one's length */
 
@@ -7587,6 +7605,11 @@ static int llm_gr_id(llm_gr_parser *ps, const char *name, size_t n) {
     memcpy(buf, name, n); buf[n] = 0;
     ptrdiff_t i = shgeti(ps->ids, buf);
     if (i >= 0) return ps->ids[i].value;
+    if (arrlen(ps->rules) >= LLM_GR_MAX_RULES) {
+        char limit[16];
+        snprintf(limit, sizeof limit, "%d", LLM_GR_MAX_RULES);
+        return llm_gr_fail(ps, "more than %s rules (each group and repetition is one)", limit);
+    }
     int id = (int)arrlen(ps->rules);
     shput(ps->ids, buf, id);
     arrput(ps->rules, NULL); arrput(ps->defined, 0); arrput(ps->names, ps->ids[shgeti(ps->ids, buf)].key);
@@ -7635,8 +7658,6 @@ static void llm_gr_push(llm_gr_elem **out, uint32_t type, uint32_t value) {
     arrput(*out, el);
 }
 
-static int llm_gr_alternates(llm_gr_parser *ps, int id, int nested);
-
 /* S{min,max} (max -1: no bound) for the item that begins at (*out)[item]: S min times, then the optional
  * rest as rules: S{0,k} ::= S S{0,k-1} | (empty), and with no bound, S' ::= S S' | (empty). */
 static int llm_gr_repeat(llm_gr_parser *ps, int id, llm_gr_elem **out, size_t item, int64_t min, int64_t max) {
@@ -7677,135 +7698,200 @@ static int64_t llm_gr_number(llm_gr_parser *ps) {
     return v;
 }
 
-/* One alternative: items until '|', ')' or (outside parentheses) the end of the line. */
-static int llm_gr_sequence(llm_gr_parser *ps, int id, llm_gr_elem **out, int nested) {
-    size_t item = (size_t)arrlen(*out); /* where the last item begins: what a repetition repeats */
-    while (*ps->p) {
+/* A rule's alternatives, and inside them the groups in parentheses, each group a rule of its own. Read with
+ * a stack of the groups open, not by recursion: how deep groups nest is the text's to say (100,000 deep is
+ * 20 KB), and it costs this array, not the thread's stack. open[0] is the rule being defined; each group's
+ * elements grow until its ')' (or the rule's end) makes them its rule. item: where the group's last item
+ * begins, what a repetition after it repeats. Groups and repetitions are named after the rule (root_7). */
+typedef struct { int id; llm_gr_elem *elems; size_t item; } llm_gr_group;
+
+static int llm_gr_close(llm_gr_parser *ps, llm_gr_group *gr) { /* the group's elements become its rule */
+    llm_gr_push(&gr->elems, LLM_GR_END, 0);
+    ps->n_elems += arrlen(gr->elems);
+    arrfree(ps->rules[gr->id]);
+    ps->rules[gr->id] = gr->elems; ps->defined[gr->id] = 1;
+    gr->elems = NULL;
+    return ps->n_elems > LLM_GR_MAX_ELEMS ? llm_gr_fail(ps, "the grammar is too large%s", NULL) : 0;
+}
+
+static int llm_gr_alternates(llm_gr_parser *ps, int id) {
+    llm_gr_group *open = NULL, rule = {id, NULL, 0}; /* stb_ds */
+    arrput(open, rule);
+    int rc = 0;
+    while (rc == 0) {
+        llm_gr_group *gr = &arrlast(open);
+        llm_gr_elem **out = &gr->elems;
         char c = *ps->p;
         if (c == '"') {
-            ps->p++; item = (size_t)arrlen(*out);
-            while (*ps->p != '"') {
+            ps->p++; gr->item = (size_t)arrlen(*out);
+            while (rc == 0 && *ps->p != '"') {
                 int64_t ch = llm_gr_char(ps);
-                if (ch < 0) return -1;
-                llm_gr_push(out, LLM_GR_CHAR, (uint32_t)ch);
+                if (ch < 0) rc = -1;
+                else llm_gr_push(out, LLM_GR_CHAR, (uint32_t)ch);
             }
-            ps->p++;
+            ps->p += rc == 0;
         } else if (c == '[') {
-            ps->p++; item = (size_t)arrlen(*out);
+            ps->p++; gr->item = (size_t)arrlen(*out);
             uint32_t type = LLM_GR_CHAR;
             if (*ps->p == '^') { ps->p++; type = LLM_GR_CHAR_NOT; }
-            while (*ps->p != ']') {
-                int64_t lo = llm_gr_char(ps);
-                if (lo < 0) return -1;
-                llm_gr_push(out, (size_t)arrlen(*out) == item ? type : LLM_GR_CHAR_ALT, (uint32_t)lo);
+            while (rc == 0 && *ps->p != ']') {
+                int64_t lo = llm_gr_char(ps), hi;
+                if (lo < 0) { rc = -1; break; }
+                llm_gr_push(out, (size_t)arrlen(*out) == gr->item ? type : LLM_GR_CHAR_ALT, (uint32_t)lo);
                 if (ps->p[0] == '-' && ps->p[1] && ps->p[1] != ']') {
                     ps->p++;
-                    int64_t hi = llm_gr_char(ps);
-                    if (hi < 0) return -1;
-                    if (hi < lo) return llm_gr_fail(ps, "a range that ends before it begins%s", NULL);
-                    llm_gr_push(out, LLM_GR_CHAR_UPPER, (uint32_t)hi);
+                    if ((hi = llm_gr_char(ps)) < 0) rc = -1;
+                    else if (hi < lo) rc = llm_gr_fail(ps, "a range that ends before it begins%s", NULL);
+                    else llm_gr_push(out, LLM_GR_CHAR_UPPER, (uint32_t)hi);
                 }
             }
-            if ((size_t)arrlen(*out) == item) return llm_gr_fail(ps, "an empty character class%s", NULL);
-            ps->p++;
+            if (rc == 0 && (size_t)arrlen(*out) == gr->item)
+                rc = llm_gr_fail(ps, "an empty character class%s", NULL);
+            ps->p += rc == 0;
         } else if (llm_gr_is_word((unsigned char)c)) {
             size_t n = 0;
             while (llm_gr_is_word((unsigned char)ps->p[n])) n++;
             int ref = llm_gr_id(ps, ps->p, n);
-            if (ref < 0) return -1;
-            ps->p += n; item = (size_t)arrlen(*out);
+            if (ref < 0) { rc = -1; break; }
+            ps->p += n; gr->item = (size_t)arrlen(*out);
             llm_gr_push(out, LLM_GR_RULE, (uint32_t)ref);
-        } else if (c == '(') {
+        } else if (c == '(') { /* a group opens: its items go to it until its ')' */
             ps->p++;
             llm_gr_space(ps, 1);
-            int sub = llm_gr_new_id(ps, id);
-            if (sub < 0 || llm_gr_alternates(ps, sub, 1) != 0) return -1;
-            if (*ps->p != ')') return llm_gr_fail(ps, "a ')' is missing%s", NULL);
-            ps->p++; item = (size_t)arrlen(*out);
-            llm_gr_push(out, LLM_GR_RULE, (uint32_t)sub);
+            llm_gr_group sub = {llm_gr_new_id(ps, id), NULL, 0};
+            if (sub.id < 0) { rc = -1; break; }
+            arrput(open, sub);
+            continue;
+        } else if (c == ')' && arrlen(open) > 1) { /* it closes: a reference to it is its parent's item */
+            ps->p++;
+            llm_gr_group done = arrpop(open);
+            if ((rc = llm_gr_close(ps, &done)) != 0) break;
+            gr = &arrlast(open);
+            gr->item = (size_t)arrlen(gr->elems);
+            llm_gr_push(&gr->elems, LLM_GR_RULE, (uint32_t)done.id);
+        } else if (c == '|') {
+            ps->p++;
+            llm_gr_push(out, LLM_GR_ALT, 0);
+            gr->item = (size_t)arrlen(*out);
+            llm_gr_space(ps, 1);
+            continue;
         } else if (c == '.') {
-            ps->p++; item = (size_t)arrlen(*out);
+            ps->p++; gr->item = (size_t)arrlen(*out);
             llm_gr_push(out, LLM_GR_CHAR_ANY, 0);
         } else if (c == '*' || c == '+' || c == '?') {
             ps->p++;
-            if (llm_gr_repeat(ps, id, out, item, c == '+', c == '?' ? 1 : -1) != 0) return -1;
+            rc = llm_gr_repeat(ps, id, out, gr->item, c == '+', c == '?' ? 1 : -1);
         } else if (c == '{') {
             ps->p++;
             llm_gr_space(ps, 1);
             int64_t min = llm_gr_number(ps), max = min;
-            if (min < 0) return -1;
+            if (min < 0) { rc = -1; break; }
             if (*ps->p == ',') {
                 ps->p++;
                 llm_gr_space(ps, 1);
                 max = *ps->p == '}' ? -1 : llm_gr_number(ps);
-                if (max < -1 || (max == -1 && *ps->p != '}')) return -1;
+                if (max < -1 || (max == -1 && *ps->p != '}')) { rc = -1; break; }
             }
-            if (*ps->p != '}') return llm_gr_fail(ps, "a '}' is missing%s", NULL);
-            ps->p++;
-            if (llm_gr_repeat(ps, id, out, item, min, max) != 0) return -1;
-        } else break;
-        llm_gr_space(ps, nested);
+            if (*ps->p != '}') rc = llm_gr_fail(ps, "a '}' is missing%s", NULL);
+            else { ps->p++; rc = llm_gr_repeat(ps, id, out, gr->item, min, max); }
+        } else break; /* the rule's end, or what the caller refuses */
+        if (rc == 0) llm_gr_space(ps, arrlen(open) > 1); /* inside parentheses, lines go on */
     }
-    return 0;
-}
-
-static int llm_gr_alternates(llm_gr_parser *ps, int id, int nested) {
-    llm_gr_elem *r = NULL;
-    int rc = llm_gr_sequence(ps, id, &r, nested);
-    while (rc == 0 && *ps->p == '|') {
-        llm_gr_push(&r, LLM_GR_ALT, 0);
-        ps->p++;
-        llm_gr_space(ps, 1);
-        rc = llm_gr_sequence(ps, id, &r, nested);
-    }
-    llm_gr_push(&r, LLM_GR_END, 0);
-    ps->n_elems += arrlen(r);
-    arrfree(ps->rules[id]);
-    ps->rules[id] = r; ps->defined[id] = 1;
-    if (rc == 0 && ps->n_elems > LLM_GR_MAX_ELEMS) return llm_gr_fail(ps, "the grammar is too large%s", NULL);
+    if (rc == 0 && arrlen(open) > 1) rc = llm_gr_fail(ps, "a ')' is missing%s", NULL);
+    if (rc == 0) rc = llm_gr_close(ps, &open[0]);
+    for (ptrdiff_t i = 0; i < arrlen(open); i++) arrfree(open[i].elems);
+    arrfree(open);
     return rc;
 }
 
 static int llm_gr_is_end(const llm_gr_elem *e) { return e->type == LLM_GR_END || e->type == LLM_GR_ALT; }
 
-/* A rule that can match the empty text before its first character would let the matcher expand it forever:
- * left recursion (a ::= a "x", or through rules that can be empty) is refused, as llama.cpp refuses it. */
-static int llm_gr_left_recursive(const llm_grammar *g, uint8_t *nullable, uint8_t *state, uint32_t r) {
-    state[r] = 1;
-    for (uint32_t pos = g->rule_start[r];; pos++) {
-        for (; !llm_gr_is_end(&g->elems[pos]); pos++) { /* one alternative, while what comes first can be empty */
-            const llm_gr_elem *e = &g->elems[pos];
-            if (e->type != LLM_GR_RULE) break;
-            if (state[e->value] == 1) return (int)e->value + 1;
-            if (state[e->value] == 0) { int bad = llm_gr_left_recursive(g, nullable, state, e->value); if (bad) return bad; }
-            if (!nullable[e->value]) break;
+/* Which rules can match the empty text: those with an alternative made only of references to such rules.
+ * Found from the empty alternatives outward, each alternative counting its references not yet known to be
+ * empty: linear in the grammar (a chain of 100,000 rules ending in an empty one is one pass, not 100,000). */
+static int llm_gr_nullable(const llm_grammar *g, uint8_t *nullable) {
+    uint32_t n_rules = (uint32_t)arrlen(g->rule_start);
+    uint32_t *left = NULL, *alt_rule = NULL, *queue = NULL; /* stb_ds: per alternative, and the rules found */
+    uint32_t *first = (uint32_t *)calloc((size_t)n_rules + 2, sizeof *first), *users = NULL;
+    if (!first) return -1;
+    for (int pass = 0; pass < 2; pass++) { /* by rule, the alternatives that refer to it: counted, then put */
+        arrsetlen(left, 0); arrsetlen(alt_rule, 0);
+        if (pass == 1) {
+            for (uint32_t r = 0; r < n_rules; r++) first[r + 1] += first[r];
+            users = (uint32_t *)malloc(((size_t)first[n_rules] + 1) * sizeof *users);
+            if (!users) break;
         }
-        while (!llm_gr_is_end(&g->elems[pos])) pos++;
-        if (g->elems[pos].type == LLM_GR_END) break;
+        for (uint32_t r = 0; r < n_rules; r++)
+            for (uint32_t pos = g->rule_start[r];;) {
+                uint32_t a = (uint32_t)arrlen(left), refs = 0, at = pos;
+                for (; !llm_gr_is_end(&g->elems[pos]); pos++)
+                    refs = g->elems[pos].type == LLM_GR_RULE && refs != UINT32_MAX ? refs + 1 : UINT32_MAX;
+                arrput(left, refs); arrput(alt_rule, r);
+                for (; refs != UINT32_MAX && at < pos; at++) { /* a character: never empty, nobody waits */
+                    uint32_t ref = g->elems[at].value;
+                    if (pass == 0) first[ref + 1]++;
+                    else users[first[ref]++] = a;
+                }
+                if (g->elems[pos++].type == LLM_GR_END) break;
+            }
     }
-    state[r] = 2;
-    return 0;
+    if (users) { /* first[r] moved to where r's users end: back one rule */
+        for (uint32_t r = n_rules; r > 0; r--) first[r] = first[r - 1];
+        first[0] = 0;
+        for (ptrdiff_t a = 0; a < arrlen(left); a++) {
+            uint32_t r = alt_rule[a];
+            if (left[a] == 0 && !nullable[r]) { nullable[r] = 1; arrput(queue, r); }
+        }
+        for (ptrdiff_t q = 0; q < arrlen(queue); q++)
+            for (uint32_t u = first[queue[q]]; u < first[queue[q] + 1]; u++) {
+                uint32_t a = users[u], r = alt_rule[a];
+                if (--left[a] == 0 && !nullable[r]) { nullable[r] = 1; arrput(queue, r); }
+            }
+    }
+    int rc = users ? 0 : -1;
+    free(first); free(users); arrfree(left); arrfree(alt_rule); arrfree(queue);
+    return rc;
+}
+
+/* A rule that can match the empty text before its first character would let the matcher expand it forever:
+ * left recursion (a ::= a "x", or through rules that can be empty) is refused, as llama.cpp refuses it. A
+ * depth-first walk along what may come first, with its own stack (a chain of 100,000 rules is 100,000 deep):
+ * state 1 while a rule is on the stack, 2 once done. Each frame is a rule and the element it is at; a
+ * reference to a rule not seen yet pushes it, and the element is looked at again once that rule is done.
+ * Returns the rule met again plus 1, 0 when there is none, -1 when out of memory. */
+static int64_t llm_gr_left_recursive(const llm_grammar *g, const uint8_t *nullable, uint8_t *state,
+                                     uint32_t r) {
+    uint32_t *frames = NULL; /* stb_ds: (rule, element) pairs */
+    int64_t found = 0;
+    state[r] = 1;
+    arrput(frames, r); arrput(frames, g->rule_start[r]);
+    while (arrlen(frames) && !found) {
+        uint32_t *f = &frames[arrlen(frames) - 2], pos = f[1];
+        const llm_gr_elem *e = &g->elems[pos];
+        if (e->type == LLM_GR_END) { state[f[0]] = 2; arrsetlen(frames, arrlen(frames) - 2); continue; }
+        if (e->type == LLM_GR_ALT) { f[1]++; continue; }
+        if (e->type == LLM_GR_RULE && state[e->value] == 1) { found = (int64_t)e->value + 1; break; }
+        if (e->type == LLM_GR_RULE && state[e->value] == 0) {
+            state[e->value] = 1;
+            arrput(frames, e->value); arrput(frames, g->rule_start[e->value]);
+            continue;
+        }
+        if (e->type == LLM_GR_RULE && nullable[e->value]) { f[1]++; continue; } /* and what follows it too */
+        while (!llm_gr_is_end(&g->elems[pos])) pos++; /* a character, or a rule that cannot be empty: next */
+        frames[arrlen(frames) - 1] = pos;
+    }
+    arrfree(frames);
+    return found;
 }
 
 static int llm_gr_check(llm_grammar *g, char *err) {
     uint32_t n = (uint32_t)arrlen(g->rule_start);
     uint8_t *nullable = (uint8_t *)calloc(n + 1, 1), *state = (uint8_t *)calloc(n + 1, 1);
-    if (!nullable || !state) { free(nullable); free(state); return llm_fail(err, "out of memory"); }
-    for (int changed = 1; changed;) { /* a rule is nullable when one alternative is nothing but nullable rules */
-        changed = 0;
-        for (uint32_t r = 0; r < n; r++) {
-            if (nullable[r]) continue;
-            uint32_t pos = g->rule_start[r];
-            for (;;) {
-                int all = 1;
-                for (; !llm_gr_is_end(&g->elems[pos]); pos++)
-                    if (g->elems[pos].type != LLM_GR_RULE || !nullable[g->elems[pos].value]) all = 0;
-                if (all) { nullable[r] = 1; changed = 1; break; }
-                if (g->elems[pos++].type == LLM_GR_END) break;
-            }
-        }
+    if (!nullable || !state || llm_gr_nullable(g, nullable) != 0) {
+        free(nullable); free(state);
+        return llm_fail(err, "out of memory");
     }
-    int bad = 0;
+    int64_t bad = 0;
     for (uint32_t r = 0; r < n && !bad; r++) if (!state[r]) bad = llm_gr_left_recursive(g, nullable, state, r);
     free(nullable); free(state);
     if (bad) return llm_fail(err, "grammar: rule %s is left-recursive (it can reach itself before any character)",
@@ -7824,6 +7910,8 @@ void llm_grammar_free(llm_grammar *g) {
     arrfree(g->walk); arrfree(g->walk_buf); arrfree(g->walk_seen.data); arrfree(g->walk_seen.lens);
     free(g);
 }
+
+static int llm_gr_check_start(const llm_grammar *g, char *err); /* with the matcher, below */
 
 llm_grammar *llm_grammar_parse(const char *gbnf, char *err) {
     char buf[LLM_ERR_LEN] = "";
@@ -7849,7 +7937,7 @@ llm_grammar *llm_grammar_parse(const char *gbnf, char *err) {
         if (strncmp(ps.p, "::=", 3) != 0) { rc = llm_gr_fail(&ps, "'::=' is expected%s", NULL); break; }
         ps.p += 3;
         llm_gr_space(&ps, 1);
-        if ((rc = llm_gr_alternates(&ps, id, 0)) != 0) break;
+        if ((rc = llm_gr_alternates(&ps, id)) != 0) break;
         if (*ps.p && *ps.p != '\n' && *ps.p != '\r') { rc = llm_gr_fail(&ps, "an unexpected character%s", NULL); break; }
         llm_gr_space(&ps, 1);
     }
@@ -7872,6 +7960,7 @@ llm_grammar *llm_grammar_parse(const char *gbnf, char *err) {
     for (int r = 0; r < n_rules; r++) arrfree(ps.rules[r]);
     arrfree(ps.rules); arrfree(ps.defined); arrfree(ps.names); shfree(ps.ids);
     if (rc == 0) rc = llm_gr_check(g, ps.err);
+    if (rc == 0) rc = llm_gr_check_start(g, ps.err);
     if (rc != 0) { llm_grammar_free(g); return NULL; }
     return g;
 }
@@ -7899,32 +7988,74 @@ static int llm_gr_set_add(llm_gr_set *s, const uint32_t *stack, uint32_t n) {
     return 1;
 }
 
-/* A stack whose top is a rule reference becomes one stack per alternative of the rule (recursively), until
+/* The matcher's limits, passed (what its functions return; llm_gr_limit says which in words) */
+enum { LLM_GR_FULL = -1, LLM_GR_DEEP = -2, LLM_GR_COSTLY = -3 };
+
+static int llm_gr_limit(char *err, int code, const char *where) {
+    if (code == LLM_GR_DEEP)
+        return llm_fail(err, "grammar: rules nest more than %d deep %s (each rule reference with something "
+                        "after it is one level)", LLM_GR_MAX_DEPTH, where);
+    if (code == LLM_GR_COSTLY)
+        return llm_fail(err, "grammar: expanding its rules %s takes more than %d steps (rules that fan out "
+                        "into alternatives that meet again)", where, LLM_GR_MAX_WORK);
+    return llm_fail(err, "grammar: more than %d alternatives are open at once %s (the matcher's limit)",
+                    LLM_GR_MAX_STACKS, where);
+}
+
+/* A stack whose top is a rule reference becomes one stack per alternative of the rule, and so on, until
  * every top is a character to match, or the stack is empty (the sentence is whole). Added to out. The stack
- * is (*buf)[base, base + n): the stacks being built go after it in the same scratch array, so that a step
- * allocates nothing once the scratch has grown (indices, not pointers: the array may move as it grows).
+ * is (*buf)[base, base + n); the stacks still to expand go after it in the same scratch array, last in first
+ * out, each followed by a word with its length (and bit 31: reached by an empty alternative), so that a step
+ * allocates nothing once the scratch has grown (indices, not pointers: the array may move as it grows). A
+ * rule's alternatives go in last to first, so the first comes out first: the order recursion would take,
+ * without a frame per reference (a chain of 100,000 rules r0 ::= r1 ... is 100,000 references deep).
  * An empty alternative leaves the stack below it, which the rule's other empty derivations reach again:
  * (a|b|)? or x? y? z? reach it by as many ways as there are, and nested, that is exponential. seen holds
- * the stacks so reached in this step (as llama.cpp's matcher keeps those it has seen): each is expanded once. */
+ * the stacks so reached in this step (as llama.cpp's matcher keeps those it has seen): each is expanded once.
+ * *work counts the positions written, against LLM_GR_MAX_WORK: rules that fan out and meet again without an
+ * empty alternative (r0 ::= r1 | r1, r1 ::= r2 | r2 ...) would double it per rule. 0, or an LLM_GR_*
+ * limit. */
 static int llm_gr_expand(const llm_grammar *g, uint32_t **buf, size_t base, uint32_t n, llm_gr_set *out,
-                         llm_gr_set *seen) {
-    uint32_t pos = n ? (*buf)[base + n - 1] : 0;
-    if (n == 0 || g->elems[pos].type != LLM_GR_RULE) return llm_gr_set_add(out, *buf + base, n) < 0 ? -1 : 0;
-    if (n >= LLM_GR_MAX_DEPTH) return -1;
-    uint32_t alt = g->rule_start[g->elems[pos].value], m = n - 1;
-    size_t top = base + n;
-    arrsetlen(*buf, top + n + 1);
-    memcpy(*buf + top, *buf + base, m * sizeof(uint32_t));
-    if (!llm_gr_is_end(&g->elems[pos + 1])) (*buf)[top + m++] = pos + 1; /* what follows the reference */
-    for (;;) {
-        uint32_t k = m;
-        int again = 1;
-        if (!llm_gr_is_end(&g->elems[alt])) (*buf)[top + k++] = alt;
-        else if ((again = llm_gr_set_add(seen, *buf + top, k)) < 0) return -1;
-        if (again && llm_gr_expand(g, buf, top, k, out, seen) != 0) return -1;
-        while (!llm_gr_is_end(&g->elems[alt])) alt++;
-        if (g->elems[alt++].type == LLM_GR_END) break;
+                         llm_gr_set *seen, int64_t *work) {
+    size_t top = base + n + 1; /* the end of the records still to expand */
+    arrsetlen(*buf, top);
+    (*buf)[top - 1] = n;
+    while (top > base) {
+        uint32_t head = (*buf)[top - 1], k = head & 0x7FFFFFFFu;
+        size_t at = top - 1 - k; /* the stack: (*buf)[at, at + k) */
+        top = at;
+        int again;
+        if (head >> 31 && (again = llm_gr_set_add(seen, *buf + at, k)) <= 0) {
+            if (again < 0) return LLM_GR_FULL;
+            continue;
+        }
+        uint32_t pos = k ? (*buf)[at + k - 1] : 0;
+        if (k == 0 || g->elems[pos].type != LLM_GR_RULE) {
+            if (llm_gr_set_add(out, *buf + at, k) < 0) return LLM_GR_FULL;
+            continue;
+        }
+        if (k >= LLM_GR_MAX_DEPTH) return LLM_GR_DEEP;
+        /* each alternative: the stack less its top, what follows the reference, the alternative's start;
+         * the first record is written where the stack was (its positions below the top are already there) */
+        uint32_t m = k - 1, follow = !llm_gr_is_end(&g->elems[pos + 1]);
+        uint32_t first = g->rule_start[g->elems[pos].value], end = first;
+        while (g->elems[end].type != LLM_GR_END) end++;
+        for (uint32_t close = end;;) { /* close: the ALT or END after the alternative */
+            uint32_t alt = close;
+            while (alt > first && g->elems[alt - 1].type != LLM_GR_ALT) alt--;
+            uint32_t len = m + follow + (alt < close);
+            if ((*work += len + 1) > LLM_GR_MAX_WORK) return LLM_GR_COSTLY;
+            arrsetlen(*buf, top + len + 1);
+            if (top != at) memcpy(*buf + top, *buf + at, m * sizeof(uint32_t));
+            if (follow) (*buf)[top + m] = pos + 1;
+            if (alt < close) (*buf)[top + m + follow] = alt;
+            (*buf)[top + len] = len | (alt < close ? 0 : 1u << 31);
+            top += len + 1;
+            if (alt == first) break;
+            close = alt - 1;
+        }
     }
+    arrsetlen(*buf, base + n);
     return 0;
 }
 
@@ -7957,12 +8088,14 @@ static int llm_gr_match_partial(const llm_gr_elem *e, uint32_t partial, int left
     return !positive;
 }
 
-/* One character: every stack whose top matches c pops it and is expanded into out (buf: scratch). */
+/* One character: every stack whose top matches c pops it and is expanded into out (buf: scratch). 0, or
+ * the LLM_GR_* limit passed. */
 static int llm_gr_step(const llm_grammar *g, const llm_gr_set *in, uint32_t c, llm_gr_set *out, uint32_t **buf,
                        llm_gr_set *seen) {
     llm_gr_set_clear(out);
     llm_gr_set_clear(seen);
     size_t at = 0;
+    int64_t work = 0;
     for (ptrdiff_t i = 0; i < arrlen(in->lens); at += in->lens[i++]) {
         uint32_t n = in->lens[i], m = n - 1;
         const llm_gr_elem *next;
@@ -7970,7 +8103,8 @@ static int llm_gr_step(const llm_grammar *g, const llm_gr_set *in, uint32_t c, l
         arrsetlen(*buf, n);
         memcpy(*buf, in->data + at, m * sizeof(uint32_t));
         if (!llm_gr_is_end(next)) (*buf)[m++] = (uint32_t)(next - g->elems);
-        if (llm_gr_expand(g, buf, 0, m, out, seen) != 0) return -1;
+        int rc = llm_gr_expand(g, buf, 0, m, out, seen, &work);
+        if (rc != 0) return rc;
     }
     return 0;
 }
@@ -8004,22 +8138,36 @@ static int llm_gr_byte(uint32_t *cp, int *left, int *len, unsigned char b) {
     return -1;
 }
 
-llm_grammar_state *llm_grammar_start(const llm_grammar *g) {
-    llm_grammar_state *st = (llm_grammar_state *)calloc(1, sizeof *st);
-    if (!st) return NULL;
-    st->g = g;
+/* The stacks at the start: one per alternative of root, each expanded. 0, or the LLM_GR_* limit passed. */
+static int llm_gr_start_set(llm_grammar_state *st) {
+    const llm_grammar *g = st->g;
     uint32_t root = g->rule_start[g->root];
-    for (;;) { /* one stack per alternative of root, each expanded */
+    int64_t work = 0;
+    for (;;) {
         arrsetlen(st->buf, 1);
         st->buf[0] = root;
-        if (llm_gr_expand(g, &st->buf, 0, llm_gr_is_end(&g->elems[root]) ? 0 : 1, &st->set, &st->seen) != 0) {
-            llm_grammar_state_free(st);
-            return NULL;
-        }
+        int rc = llm_gr_expand(g, &st->buf, 0, !llm_gr_is_end(&g->elems[root]), &st->set, &st->seen, &work);
+        if (rc != 0) return rc;
         while (!llm_gr_is_end(&g->elems[root])) root++;
-        if (g->elems[root++].type == LLM_GR_END) break;
+        if (g->elems[root++].type == LLM_GR_END) return 0;
     }
+}
+
+llm_grammar_state *llm_grammar_start(const llm_grammar *g) {
+    llm_grammar_state *st = (llm_grammar_state *)calloc(1, sizeof *st);
+    if (st) st->g = g;
+    if (st && llm_gr_start_set(st) != 0) { llm_grammar_state_free(st); return NULL; }
     return st;
+}
+
+/* A grammar's start within the matcher's limits (the parser asks: else no request could begin with it) */
+static int llm_gr_check_start(const llm_grammar *g, char *err) {
+    llm_grammar_state *st = (llm_grammar_state *)calloc(1, sizeof *st);
+    if (!st) return llm_fail(err, "out of memory");
+    st->g = g;
+    int why = llm_gr_start_set(st);
+    llm_grammar_state_free(st);
+    return why ? llm_gr_limit(err, why, "at its start") : 0;
 }
 
 static void llm_gr_set_assign(llm_gr_set *dst, const llm_gr_set *src) { /* in dst's own memory */
@@ -8421,6 +8569,7 @@ int llm_grammar_allows(const llm_grammar_state *st, const llm_token_trie *tt, in
  * alternation, the quantifiers * + ? {m} {m,} {m,n} (lazy ones taken as greedy: the language is the same),
  * and ^ $ at the ends. Inside a JSON string (a schema's pattern) what the regex matches is the string's value:
  * a quote, a backslash or a control character is written as its JSON escape. */
+#define LLM_RE_DEPTH 64             /* groups inside groups (each a few frames of the recursive reader) */
 typedef struct {
     const char *p, *start;
     char *out;                      /* stb_ds: the GBNF expression */
@@ -8631,7 +8780,11 @@ static int llm_re_atom(llm_re *re, int depth, int nonempty, int *nullable) {
                 if (*re->p++ != '>') return llm_re_fail(re, "a group's name is not closed");
             }
         }
-        if (depth > 64) return llm_re_fail(re, "groups nested too deep");
+        if (depth >= LLM_RE_DEPTH) { /* checked before going in: the recursion is at most this deep */
+            char what[64];
+            snprintf(what, sizeof what, "groups nested too deep (more than %d)", LLM_RE_DEPTH);
+            return llm_re_fail(re, what);
+        }
         arrput(re->out, '(');
         if (llm_re_alternation(re, depth + 1, nonempty, nullable) != 0) return -1;
         if (*re->p != ')') return llm_re_fail(re, "a ')' is missing");
@@ -8796,25 +8949,105 @@ char *llm_regex_to_grammar(const char *regex, char *err) {
     return text;
 }
 
+/* Text as a GBNF literal */
+static void llm_js_literal(char **out, const char *s, size_t n) {
+    arrput(*out, '"');
+    for (size_t i = 0; i < n;) {
+        int k = llm_utf8_check((const unsigned char *)s + i, n - i);
+        if (k <= 0) { llm_re_gbnf_char(out, 0xFFFD, 0); i++; continue; }
+        llm_re_gbnf_char(out, llm_utf8_decode((const unsigned char *)s + i, k), 0);
+        i += (size_t)k;
+    }
+    arrput(*out, '"');
+}
+
+/* Texts as GBNF alternatives whose shared beginnings are written once: a trie. Sorted, a node of it is a
+ * run of texts that share their first `depth` bytes; its alternatives are the empty text when one ends
+ * there, one per next character (the texts that go on with it share a longer part: one literal, then the
+ * node below as a rule of its own), and the characters that end a text alone, as one class. So the grammar
+ * is deterministic: along a shared part one stack moves, not one per text (4,000 choices with a long
+ * common beginning cost a mask what one costs), and a node opens one stack per next character it has,
+ * whatever the number of texts. The root's alternatives go to *body, the nodes below to rules named
+ * prefix-T1, prefix-T2 ... in *rules (names no converter nor the parser makes). Nodes are taken from a
+ * list, not by recursion; the work is linear in the texts' bytes. The texts are sorted in place. */
+typedef struct { const char *s; size_t len; } llm_gr_text;
+typedef struct { int lo, hi; size_t depth; int rule; } llm_gr_trie_node;
+
+static int llm_gr_text_cmp(const void *a, const void *b) {
+    const llm_gr_text *x = (const llm_gr_text *)a, *y = (const llm_gr_text *)b;
+    int c = memcmp(x->s, y->s, x->len < y->len ? x->len : y->len);
+    return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+static void llm_gr_trie(char **body, char **rules, const char *prefix, llm_gr_text *t, int n) {
+    qsort(t, (size_t)n, sizeof *t, llm_gr_text_cmp);
+    int m = 0;
+    for (int i = 0; i < n; i++) if (!m || llm_gr_text_cmp(&t[m - 1], &t[i])) t[m++] = t[i]; /* once each */
+    llm_gr_trie_node *todo = NULL, root = {0, m, 0, 0}; /* stb_ds */
+    int n_rules = 0;
+    uint32_t *ends = NULL; /* stb_ds: a node's characters that end a text alone */
+    arrput(todo, root);
+    while (arrlen(todo)) {
+        llm_gr_trie_node nd = arrpop(todo);
+        char **out = nd.rule ? rules : body;
+        int alts = 0;
+        if (nd.rule) llm_re_printf(out, "%s-T%d ::= ", prefix, nd.rule);
+        arrsetlen(ends, 0);
+        for (int i = nd.lo, j; i < nd.hi; i = j) {
+            const unsigned char *c = (const unsigned char *)t[i].s + nd.depth;
+            if (t[i].len == nd.depth) { llm_re_puts(out, alts++ ? " | \"\"" : "\"\""); j = i + 1; continue; }
+            int k = llm_utf8_check(c, t[i].len - nd.depth);
+            if (k <= 0) k = 1;
+            j = i + 1; /* the run that goes on with the same character */
+            while (j < nd.hi && t[j].len >= nd.depth + k && !memcmp(t[j].s + nd.depth, c, (size_t)k)) j++;
+            if (j - i == 1 && t[i].len == nd.depth + k) { /* one character, and the text ends */
+                arrput(ends, llm_utf8_check(c, (size_t)k) == k ? llm_utf8_decode(c, k) : 0xFFFD);
+                continue;
+            }
+            if (alts++) llm_re_puts(out, " | ");
+            if (j - i == 1) { llm_js_literal(out, (const char *)c, t[i].len - nd.depth); continue; }
+            size_t lcp = nd.depth + (size_t)k; /* the run's common part: its first and last text's */
+            while (lcp < t[i].len && lcp < t[j - 1].len && t[i].s[lcp] == t[j - 1].s[lcp]) lcp++;
+            while (lcp > nd.depth + (size_t)k && lcp < t[j - 1].len && (t[j - 1].s[lcp] & 0xC0) == 0x80)
+                lcp--; /* back to where a character begins */
+            llm_js_literal(out, (const char *)c, lcp - nd.depth);
+            llm_gr_trie_node below = {i, j, lcp, ++n_rules};
+            llm_re_printf(out, " %s-T%d", prefix, below.rule);
+            arrput(todo, below);
+        }
+        if (arrlen(ends)) llm_re_puts(out, alts++ ? " | " : "");
+        if (arrlen(ends) == 1) { arrput(*out, '"'); llm_re_gbnf_char(out, ends[0], 0); arrput(*out, '"'); }
+        else if (arrlen(ends) > 1) {
+            arrput(*out, '[');
+            for (ptrdiff_t e = 0; e < arrlen(ends); e++) llm_re_gbnf_char(out, ends[e], 1);
+            arrput(*out, ']');
+        }
+        if (nd.rule) arrput(*out, '\n');
+    }
+    arrfree(todo); arrfree(ends);
+}
+
 char *llm_choice_to_grammar(const char *const *choices, int n, char *err) {
     if (n < 1 || !choices) { llm_fail(err, "a choice needs at least one string"); return NULL; }
-    char *out = NULL;
-    llm_re_puts(&out, "root ::= ");
+    llm_gr_text *t = (llm_gr_text *)malloc((size_t)n * sizeof *t);
+    if (!t) { llm_fail(err, "out of memory"); return NULL; }
     for (int i = 0; i < n; i++) {
-        const char *s = choices[i] ? choices[i] : "";
-        if (i) llm_re_puts(&out, " | ");
-        arrput(out, '"');
-        for (size_t k = 0; s[k];) {
-            int len = llm_utf8_check((const unsigned char *)s + k, strlen(s + k));
-            if (len <= 0) { arrfree(out); llm_fail(err, "choice %d is not UTF-8", i); return NULL; }
-            llm_re_gbnf_char(&out, llm_utf8_decode((const unsigned char *)s + k, len), 0);
+        t[i].s = choices[i] ? choices[i] : "";
+        t[i].len = strlen(t[i].s);
+        for (size_t k = 0; k < t[i].len;) {
+            int len = llm_utf8_check((const unsigned char *)t[i].s + k, t[i].len - k);
+            if (len <= 0) { free(t); llm_fail(err, "choice %d is not UTF-8", i); return NULL; }
             k += (size_t)len;
         }
-        arrput(out, '"');
     }
-    arrput(out, '\n'); arrput(out, 0);
+    char *out = NULL, *rules = NULL; /* stb_ds */
+    llm_re_puts(&out, "root ::= ");
+    llm_gr_trie(&out, &rules, "root", t, n);
+    arrput(out, '\n');
+    if (arrlen(rules)) memcpy(arraddnptr(out, arrlen(rules)), rules, (size_t)arrlen(rules));
+    arrput(out, 0);
     char *text = strdup(out);
-    arrfree(out);
+    arrfree(out); arrfree(rules); free(t);
     if (!text) llm_fail(err, "out of memory");
     return text;
 }
@@ -8826,12 +9059,35 @@ char *llm_choice_to_grammar(const char *const *choices, int n, char *err) {
  * The root rule ends where the value ends, so the sequence stops there. Properties come in the schema's
  * order; the required ones always, the others as the model likes. A keyword that would constrain the output
  * in a way not written here is refused, naming it and where it is; annotations are ignored. */
+#define LLM_JS_XSTR(x) LLM_JS_STR(x) /* a limit's digits, for its message */
+#define LLM_JS_STR(x) #x
+#ifndef LLM_JS_MAX_RULES             /* (overridable, as the grammar's limits) */
+#define LLM_JS_MAX_RULES 10000      /* the rules a schema may need: its work and the grammar's size */
+#endif
+#define LLM_JS_MAX_DEPTH 128        /* schemas written inside each other (properties, items, anyOf, allOf) */
+#define LLM_JS_MAX_WORK 16777216    /* keywords and properties looked at (an allOf merges its parts' again) */
+#define LLM_JS_MAX_PARTS 1000       /* the parts one allOf merges, with the allOf and $ref inside them */
+static const char llm_js_too_many[] = "the schema needs more than " LLM_JS_XSTR(LLM_JS_MAX_RULES)
+                                      " rules (its $refs, properties and alternatives together)";
+typedef struct {                    /* a $ref's target, named, to be written after the schema that used it */
+    const llm_json *target, *root;
+    const char *ref;                /* the $ref itself (in the schema's own strings) */
+    char name[64];
+} llm_js_pending;
+
+typedef struct { char *key; int value; } llm_js_key; /* stb_ds string hash: an object's key -> its index */
 typedef struct {
-    const llm_json *root;
+    const llm_json *root;           /* what "#" means: the schema, or the document a $ref went into */
+    const llm_json *const *docs;    /* more documents, $ref "llm:K#..." (the tool grammars' parameters) */
+    int n_docs;
     char *out;                      /* stb_ds: the rules written */
     char *err;
-    int n_rules;
-    struct { char *key; char *value; } *refs;  /* stb_ds string hash: "$ref" -> its rule's name */
+    int n_rules, depth;             /* rules named; schemas being written inside each other now */
+    int64_t work;                   /* keywords and properties looked at, against LLM_JS_MAX_WORK */
+    struct { char *key; char *value; } *refs;  /* stb_ds string hash: root and "$ref" -> its rule's name */
+    llm_js_pending *pending;        /* stb_ds: $refs named and not written yet */
+    struct { const llm_json *key; llm_js_key *value; } *index; /* stb_ds: the keys of the big objects $refs go
+                                     * through ($defs), hashed, each found in one look */
     unsigned used;                  /* LLM_JS_* primitives used */
 } llm_js;
 
@@ -8857,6 +9113,15 @@ static int llm_js_fail(llm_js *c, const char *path, const char *fmt, const char 
     snprintf(msg, sizeof msg, fmt, what);
     llm_fail(c->err, "JSON schema: %s at %s", msg, path[0] ? path : "/ (the root)");
     return -1;
+}
+
+/* n more keywords or properties looked at: -1 (the reason in c->err) past LLM_JS_MAX_WORK, checked before
+ * the looking. What else bounds the work (the rules, the depth) lets an object of 100,000 keys be merged by
+ * an allOf at 10,000 places, each a scan. */
+static int llm_js_spend(llm_js *c, int64_t n, const char *path) {
+    if ((c->work += n) <= LLM_JS_MAX_WORK) return 0;
+    return llm_js_fail(c, path, "%s", "the schema is too large to write as a grammar (more than "
+                       LLM_JS_XSTR(LLM_JS_MAX_WORK) " keywords and properties looked at)");
 }
 
 /* A new rule's name: a readable stem and a number */
@@ -8966,18 +9231,6 @@ char *llm_json_dumps(const llm_json *v, int python) {
     return text;
 }
 
-/* Text as a GBNF literal */
-static void llm_js_literal(char **out, const char *s, size_t n) {
-    arrput(*out, '"');
-    for (size_t i = 0; i < n;) {
-        int k = llm_utf8_check((const unsigned char *)s + i, n - i);
-        if (k <= 0) { llm_re_gbnf_char(out, 0xFFFD, 0); i++; continue; }
-        llm_re_gbnf_char(out, llm_utf8_decode((const unsigned char *)s + i, k), 0);
-        i += (size_t)k;
-    }
-    arrput(*out, '"');
-}
-
 /* A JSON value as a GBNF literal of its compact text */
 static void llm_js_const(char **out, const llm_json *v) {
     char *text = NULL;
@@ -9077,10 +9330,34 @@ static int llm_js_key_in(const char *key, const char *const *list, size_t n) {
     return 0;
 }
 
-/* Where a $ref points, in the root schema: "#", or "#/a/b" with ~0 and ~1 decoded */
-static const llm_json *llm_js_resolve(llm_js *c, const char *ref) {
-    if (ref[0] != '#') return NULL;
+/* The value of key in the object v (the last, as llm_json_get): through a hash of its keys when it has many,
+ * made at the first look (a $defs of 100,000 entries would cost a scan per $ref) */
+static const llm_json *llm_js_member(llm_js *c, const llm_json *v, const char *key) {
+    if (v->n < 32) return llm_json_get(v, key);
+    ptrdiff_t i = hmgeti(c->index, v);
+    if (i < 0) {
+        llm_js_key *keys = NULL; /* stb_ds string hash over the object's own key strings (not copied) */
+        for (int k = 0; k < v->n; k++) shput(keys, v->keys[k], k);
+        hmput(c->index, v, keys);
+        i = hmgeti(c->index, v);
+    }
+    ptrdiff_t k = shgeti(c->index[i].value, key);
+    return k < 0 ? NULL : &v->items[c->index[i].value[k].value];
+}
+
+/* Where a $ref points: "#", or "#/a/b" with ~0 and ~1 decoded, in the document it is in (c->root); or
+ * "llm:K#..." in the document c->docs[K]. *root (when not NULL): that document. */
+static const llm_json *llm_js_resolve(llm_js *c, const char *ref, const llm_json **root) {
     const llm_json *v = c->root;
+    if (!strncmp(ref, "llm:", 4)) {
+        char *end;
+        long k = strtol(ref + 4, &end, 10);
+        if (end == ref + 4 || k < 0 || k >= c->n_docs) return NULL;
+        v = c->docs[k];
+        ref = end;
+    }
+    if (ref[0] != '#') return NULL;
+    if (root) *root = v;
     const char *p = ref + 1;
     while (v && *p == '/') {
         char part[256];
@@ -9090,7 +9367,7 @@ static const llm_json *llm_js_resolve(llm_js *c, const char *ref) {
             else part[k++] = *p;
         }
         part[k] = 0;
-        if (v->type == LLM_JSON_OBJECT) v = llm_json_get(v, part);
+        if (v->type == LLM_JSON_OBJECT) v = llm_js_member(c, v, part);
         else if (v->type == LLM_JSON_ARRAY && isdigit((unsigned char)part[0]) && atoi(part) < v->n) v = &v->items[atoi(part)];
         else v = NULL;
     }
@@ -9246,6 +9523,12 @@ static int llm_js_object(llm_js *c, const llm_json *s, const char *path, const c
     if (props && props->type != LLM_JSON_OBJECT) return llm_js_fail(c, path, "%s must be an object", "properties");
     if (req && req->type != LLM_JSON_ARRAY) return llm_js_fail(c, path, "%s must be an array", "required");
     int n = props ? props->n : 0;
+    /* three rules a property, and each required name looked for among them: bounded before the work */
+    if (c->n_rules > LLM_JS_MAX_RULES || (unsigned)n > (unsigned)(LLM_JS_MAX_RULES - c->n_rules) / 3)
+        return llm_js_fail(c, path, "%s", llm_js_too_many);
+    if (req && req->n > n)
+        return llm_js_fail(c, path, "%s lists more names than there are properties", "required");
+    if (req && llm_js_spend(c, (int64_t)n * req->n, path) != 0) return -1; /* each name looked for, twice */
     for (int k = 0; req && k < req->n; k++) { /* a required key that is not a property: any value */
         if (req->items[k].type != LLM_JSON_STRING) return llm_js_fail(c, path, "%s must list strings", "required");
         if (!llm_json_get(props, req->items[k].str))
@@ -9264,7 +9547,11 @@ static int llm_js_object(llm_js *c, const llm_json *s, const char *path, const c
         strcpy(kname, "string");
         if (n) {
             llm_js_name(c, "key", kname, sizeof kname);
-            const char **names = (const char **)malloc((size_t)n * sizeof *names);
+            for (int i = 0; i < n; i++) /* llm_js_not_names recurses once per byte of a name: bounded here */
+                if (strlen(props->keys[i]) > 256)
+                    return llm_js_fail(c, path, "%s: a property name longer than 256 bytes beside it is not "
+                                       "supported", "additionalProperties");
+            const char **names = (const char **)malloc((size_t)(unsigned)n * sizeof *names);
             if (!names) return llm_js_fail(c, path, "%s", "out of memory");
             for (int i = 0; i < n; i++) names[i] = props->keys[i];
             llm_re_puts(&b, "\"\\\"\" ");
@@ -9384,7 +9671,10 @@ static int llm_js_with(const llm_json *s, const char *key, const llm_json *value
 }
 
 /* allOf: the parts (and the schema around them) merged into one object schema: properties and required
- * joined, every other keyword taken where the parts agree on it; what they disagree on is refused. */
+ * joined, every other keyword taken where the parts agree on it; what they disagree on is refused. A part's
+ * own allOf and $ref are more parts, taken in turn from one list (no recursion; LLM_JS_MAX_PARTS ends a
+ * $ref that leads back into the allOf). A property of several parts gets all their schemas, as its own
+ * allOf. */
 static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const char *stem, char *name) {
     const llm_json *all = llm_json_get(s, "allOf");
     if (all->type != LLM_JSON_ARRAY || all->n == 0) return llm_js_fail(c, path, "%s must be a non-empty array", "allOf");
@@ -9392,19 +9682,45 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
     llm_json props = {LLM_JSON_OBJECT, 0, NULL, 0, NULL, NULL, 0}, req = {LLM_JSON_ARRAY, 0, NULL, 0, NULL, NULL, 0};
     llm_json *m_items = NULL, *p_items = NULL, *r_items = NULL; /* stb_ds */
     char **m_keys = NULL, **p_keys = NULL;
-    llm_json **made = NULL; char ***made_keys = NULL; /* stb_ds: what the merge allocated */
+    llm_json **lists = NULL;        /* stb_ds: the schemas of a property several parts have (stb_ds each) */
+    int *list_of = NULL;            /* stb_ds, by property: its list in lists, or -1 (one part has it) */
+    llm_json *made = NULL;          /* stb_ds: the allOf objects made of lists, one key each */
+    const llm_json **parts = NULL;  /* stb_ds: s, its allOf's parts, then theirs and their $refs' targets */
     const llm_json **closed = NULL; /* stb_ds: the properties of each part closed by additionalProperties
                                      * false (NULL: none), which are then the only ones allowed */
+    static char *all_of_key = (char *)"allOf";
     int rc = 0;
-    for (int part = -1; part < all->n && rc == 0; part++) {
-        const llm_json *ps = part < 0 ? s : &all->items[part];
-        const llm_json *ref = llm_json_get(ps, "$ref");
-        if (part >= 0 && ref && ref->type == LLM_JSON_STRING) ps = llm_js_resolve(c, ref->str);
-        if (!ps || ps->type != LLM_JSON_OBJECT) { rc = llm_js_fail(c, path, "%s: a part that is not an object schema", "allOf"); break; }
+    arrput(parts, s);
+    for (ptrdiff_t part = 0; part < arrlen(parts) && rc == 0; part++) {
+        const llm_json *ps = parts[part], *inner = llm_json_get(ps, "allOf"), *ref = llm_json_get(ps, "$ref");
+        if (!ps || ps->type != LLM_JSON_OBJECT) {
+            rc = llm_js_fail(c, path, "%s: a part that is not an object schema", "allOf");
+            break;
+        }
+        if (inner && inner->type != LLM_JSON_ARRAY) {
+            rc = llm_js_fail(c, path, "%s must be an array", "allOf");
+            break;
+        }
+        if (arrlen(parts) + (inner ? inner->n : 0) + 1 > LLM_JS_MAX_PARTS) {
+            rc = llm_js_fail(c, path, "%s merges more than " LLM_JS_XSTR(LLM_JS_MAX_PARTS) " parts (with the "
+                             "allOf and $ref inside them)", "allOf");
+            break;
+        }
+        if ((rc = llm_js_spend(c, ps->n, path)) != 0) break;
+        for (int k = 0; inner && k < inner->n; k++) arrput(parts, &inner->items[k]);
+        if (part > 0 && ref && ref->type == LLM_JSON_STRING) {
+            const llm_json *target = llm_js_resolve(c, ref->str, NULL);
+            if (!target) {
+                rc = llm_js_fail(c, path, "allOf: $ref \"%.80s\" does not point into this schema", ref->str);
+                break;
+            }
+            arrput(parts, target);
+        }
         for (int i = 0; i < ps->n && rc == 0; i++) {
             const char *key = ps->keys[i];
             const llm_json *v = &ps->items[i];
-            if (!strcmp(key, "allOf") || (part >= 0 && !strcmp(key, "$ref"))) continue;
+            if (!strcmp(key, "allOf") || (part > 0 && !strcmp(key, "$ref") && v->type == LLM_JSON_STRING))
+                continue; /* parts of their own, above */
             if (!strcmp(key, "additionalProperties") && v->type == LLM_JSON_FALSE) {
                 const llm_json *own = llm_json_get(ps, "properties");
                 arrput(closed, own);
@@ -9413,18 +9729,19 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
             if (!strcmp(key, "properties") && v->type == LLM_JSON_OBJECT) {
                 for (int k = 0; k < v->n; k++) {
                     ptrdiff_t dup = -1;
+                    if ((rc = llm_js_spend(c, 1 + arrlen(p_keys), path)) != 0) break;
                     for (ptrdiff_t j = 0; j < arrlen(p_keys); j++) if (!strcmp(p_keys[j], v->keys[k])) dup = j;
-                    if (dup < 0) { arrput(p_keys, v->keys[k]); arrput(p_items, v->items[k]); continue; }
-                    /* a property of two parts: both schemas hold, {"allOf": [first, second]} */
-                    llm_json *both = (llm_json *)malloc(2 * sizeof *both), *wrap = (llm_json *)malloc(sizeof *wrap);
-                    char **key = (char **)malloc(sizeof *key);
-                    if (!both || !wrap || !key) { free(both); free(wrap); free(key); rc = llm_js_fail(c, path, "%s", "out of memory"); break; }
-                    both[0] = p_items[dup]; both[1] = v->items[k];
-                    llm_json list = {LLM_JSON_ARRAY, 0, NULL, 0, both, NULL, 2};
-                    *wrap = list; *key = (char *)"allOf";
-                    llm_json obj = {LLM_JSON_OBJECT, 0, NULL, 0, wrap, key, 1};
-                    p_items[dup] = obj;
-                    arrput(made, both); arrput(made, wrap); arrput(made_keys, key);
+                    if (dup < 0) {
+                        arrput(p_keys, v->keys[k]); arrput(p_items, v->items[k]); arrput(list_of, -1);
+                        continue;
+                    }
+                    if (list_of[dup] < 0) { /* a property of two parts: both schemas hold */
+                        llm_json *list = NULL;
+                        arrput(list, p_items[dup]);
+                        list_of[dup] = (int)arrlen(lists);
+                        arrput(lists, list);
+                    }
+                    arrput(lists[list_of[dup]], v->items[k]);
                 }
                 continue;
             }
@@ -9433,6 +9750,7 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
                 continue;
             }
             int same = -1;
+            if ((rc = llm_js_spend(c, 1 + arrlen(m_keys), path)) != 0) break;
             for (ptrdiff_t j = 0; j < arrlen(m_keys); j++) if (!strcmp(m_keys[j], key)) same = (int)j;
             if (same < 0) { arrput(m_keys, (char *)key); arrput(m_items, *v); continue; }
             char *a = NULL, *b = NULL; /* the same keyword twice: it must say the same */
@@ -9442,6 +9760,14 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
             if (differ && !llm_js_key_in(key, llm_js_ignored, sizeof llm_js_ignored / sizeof *llm_js_ignored))
                 rc = llm_js_fail(c, path, "allOf: the parts differ on \"%s\" (not supported)", key);
         }
+    }
+    arrsetlen(made, arrlen(lists)); /* the lists, now that they have stopped growing: {"allOf": list} */
+    for (ptrdiff_t k = 0; k < arrlen(p_keys); k++) {
+        if (list_of[k] < 0) continue;
+        llm_json list = {LLM_JSON_ARRAY, 0, NULL, 0, lists[list_of[k]], NULL, (int)arrlen(lists[list_of[k]])};
+        made[list_of[k]] = list;
+        llm_json obj = {LLM_JSON_OBJECT, 0, NULL, 0, &made[list_of[k]], &all_of_key, 1};
+        p_items[k] = obj;
     }
     for (ptrdiff_t j = 0; rc == 0 && j < arrlen(closed); j++) /* what a closed part does not list goes */
         for (ptrdiff_t k = 0; k < arrlen(p_keys); k++)
@@ -9466,15 +9792,43 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
         rc = llm_js_visit(c, &merged, path, stem, name);
     }
     arrfree(m_items); arrfree(m_keys); arrfree(p_items); arrfree(p_keys); arrfree(r_items); arrfree(closed);
-    for (ptrdiff_t i = 0; i < arrlen(made); i++) free(made[i]);
-    for (ptrdiff_t i = 0; i < arrlen(made_keys); i++) free(made_keys[i]);
-    arrfree(made); arrfree(made_keys);
+    for (ptrdiff_t i = 0; i < arrlen(lists); i++) arrfree(lists[i]);
+    arrfree(lists); arrfree(list_of); arrfree(made); arrfree(parts);
     return rc;
 }
 
+/* How many of a schema's keywords say something of the value (annotations do not) */
+static int llm_js_constraining(const llm_json *s) {
+    int n = 0;
+    for (int i = 0; i < s->n; i++)
+        n += !llm_js_key_in(s->keys[i], llm_js_ignored, sizeof llm_js_ignored / sizeof *llm_js_ignored);
+    return n;
+}
+
+/* A $ref: the name of its target's rule. The first time, the target is named and left in c->pending, to
+ * be written after the schema that used it (llm_js_rules), not here: a chain of 100,000 $refs, each
+ * target another $ref, costs no depth at all. Named before it is written, a schema may refer to itself. */
+static int llm_js_ref(llm_js *c, const char *ref, const char *path, char *name) {
+    const llm_json *root = NULL, *target = llm_js_resolve(c, ref, &root);
+    if (!target)
+        return llm_js_fail(c, path, "$ref \"%.80s\" does not point into this schema (not supported)", ref);
+    char *key = NULL; /* stb_ds: the document and the place in it */
+    llm_re_printf(&key, "%p %s", (const void *)root, strchr(ref, '#'));
+    arrput(key, 0);
+    ptrdiff_t k = shgeti(c->refs, key);
+    if (k >= 0) { snprintf(name, 64, "%s", c->refs[k].value); arrfree(key); return 0; }
+    const char *last = strrchr(ref, '/');
+    llm_js_name(c, last ? last + 1 : "root", name, 64);
+    llm_js_pending p = {target, root, ref, ""};
+    memcpy(p.name, name, 64);
+    char *copy = strdup(name);
+    if (copy) { shput(c->refs, key, copy); arrput(c->pending, p); }
+    arrfree(key);
+    return copy ? 0 : llm_js_fail(c, path, "%s", "out of memory");
+}
+
 /* The rule for schema s (its name in name, 64 bytes): written out, or a primitive's name */
-static int llm_js_visit(llm_js *c, const llm_json *s, const char *path, const char *stem, char *name) {
-    if (c->n_rules > 10000) return llm_js_fail(c, path, "%s", "the schema needs more than 10000 rules");
+static int llm_js_schema(llm_js *c, const llm_json *s, const char *path, const char *stem, char *name) {
     if (s->type == LLM_JSON_TRUE || (s->type == LLM_JSON_OBJECT && s->n == 0)) {
         strcpy(name, "value");
         c->used |= LLM_JS_VALUE | LLM_JS_WS | LLM_JS_STRING | LLM_JS_CHAR | LLM_JS_NUMBER | LLM_JS_BOOLEAN;
@@ -9482,38 +9836,41 @@ static int llm_js_visit(llm_js *c, const llm_json *s, const char *path, const ch
     }
     if (s->type == LLM_JSON_FALSE) return llm_js_fail(c, path, "%s (no value at all) is not supported", "false");
     if (s->type != LLM_JSON_OBJECT) return llm_js_fail(c, path, "%s", "a schema must be an object or a boolean");
-    int constraining = 0; /* keywords that say something of the value, beside $ref, anyOf, ... */
-    for (int i = 0; i < s->n; i++) {
+    for (int i = 0; i < s->n; i++)
         if (llm_js_key_in(s->keys[i], llm_js_refused, sizeof llm_js_refused / sizeof *llm_js_refused))
             return llm_js_fail(c, path, "\"%s\" is not supported", s->keys[i]);
-        constraining += !llm_js_key_in(s->keys[i], llm_js_ignored, sizeof llm_js_ignored / sizeof *llm_js_ignored);
-    }
+    int constraining = llm_js_constraining(s); /* keywords that say something, beside $ref, anyOf ... */
     const llm_json *ref = llm_json_get(s, "$ref"), *cst = llm_json_get(s, "const"), *en = llm_json_get(s, "enum");
     const llm_json *any = llm_json_get(s, "anyOf"), *one = llm_json_get(s, "oneOf"), *type = llm_json_get(s, "type");
-    if (llm_json_get(s, "allOf")) return llm_js_all_of(c, s, path, stem, name);
+    const llm_json *all = llm_json_get(s, "allOf");
+    const llm_json *only = all && all->type == LLM_JSON_ARRAY && all->n == 1 ? &all->items[0] : NULL;
+    if (only && constraining == 1 && only->type == LLM_JSON_OBJECT && llm_js_constraining(only) == 1 &&
+        (ref = llm_json_get(only, "$ref")) && ref->type == LLM_JSON_STRING) /* {"allOf": [{"$ref": ...}]} */
+        return llm_js_ref(c, ref->str, path, name);
+    if (all) return llm_js_all_of(c, s, path, stem, name);
     char *body = NULL;
     int rc = 0;
     if (ref) {
         if (ref->type != LLM_JSON_STRING) return llm_js_fail(c, path, "%s must be a string", "$ref");
         if (constraining > 1) return llm_js_fail(c, path, "%s beside other keywords is not supported", "$ref");
-        ptrdiff_t k = shgeti(c->refs, ref->str);
-        if (k >= 0) { snprintf(name, 64, "%s", c->refs[k].value); return 0; }
-        const llm_json *target = llm_js_resolve(c, ref->str);
-        if (!target) return llm_js_fail(c, path, "$ref \"%.80s\" does not point into this schema (not supported)", ref->str);
-        const char *last = strrchr(ref->str, '/');
-        llm_js_name(c, last ? last + 1 : "root", name, 64);
-        char *copy = strdup(name);
-        if (!copy) return llm_js_fail(c, path, "%s", "out of memory");
-        shput(c->refs, ref->str, copy); /* named before it is written: it may refer to itself */
-        char target_name[64];
-        if (llm_js_visit(c, target, ref->str + 1, last ? last + 1 : "root", target_name) != 0) return -1;
-        llm_js_rule(c, name, target_name, strlen(target_name));
-        return 0;
+        return llm_js_ref(c, ref->str, path, name);
     }
     if (cst) llm_js_const(&body, cst);
     else if (en) {
         if (en->type != LLM_JSON_ARRAY || en->n == 0) return llm_js_fail(c, path, "%s must be a non-empty array", "enum");
-        for (int i = 0; i < en->n; i++) { if (i) llm_re_puts(&body, " | "); llm_js_const(&body, &en->items[i]); }
+        char *texts = NULL, prefix[64]; /* stb_ds: the values' compact texts, one after another, as a trie */
+        size_t *at = (size_t *)malloc(((size_t)en->n + 1) * sizeof *at);
+        llm_gr_text *t = (llm_gr_text *)malloc((size_t)en->n * sizeof *t);
+        if (!at || !t) { free(at); free(t); return llm_js_fail(c, path, "%s", "out of memory"); }
+        for (int i = 0; i < en->n; i++) {
+            at[i] = (size_t)arrlen(texts);
+            llm_js_write_json(&texts, &en->items[i], 0);
+        }
+        at[en->n] = (size_t)arrlen(texts);
+        for (int i = 0; i < en->n; i++) { t[i].s = texts + at[i]; t[i].len = at[i + 1] - at[i]; }
+        llm_js_name(c, stem, prefix, sizeof prefix);
+        llm_gr_trie(&body, &c->out, prefix, t, en->n);
+        arrfree(texts); free(at); free(t);
     } else if (any || one) {
         const llm_json *alts = any ? any : one;
         if (any && one) return llm_js_fail(c, path, "%s together with oneOf is not supported", "anyOf");
@@ -9566,19 +9923,46 @@ static int llm_js_visit(llm_js *c, const llm_json *s, const char *path, const ch
     return rc;
 }
 
+/* llm_js_schema, in the bounds: schemas inside schemas (properties, items, anyOf, allOf) are written by
+ * calling this again, so c->depth, checked before going in, bounds that recursion; and the rules written,
+ * the work. $refs add no depth (llm_js_ref). */
+static int llm_js_visit(llm_js *c, const llm_json *s, const char *path, const char *stem, char *name) {
+    if (c->n_rules > LLM_JS_MAX_RULES) return llm_js_fail(c, path, "%s", llm_js_too_many);
+    if (llm_js_spend(c, s->type == LLM_JSON_OBJECT ? s->n : 1, path) != 0) return -1;
+    if (c->depth >= LLM_JS_MAX_DEPTH)
+        return llm_js_fail(c, path, "the schema nests more than %s deep (properties, items, anyOf, allOf "
+                           "inside each other)", LLM_JS_XSTR(LLM_JS_MAX_DEPTH));
+    c->depth++;
+    int rc = llm_js_schema(c, s, path, stem, name);
+    c->depth--;
+    return rc;
+}
+
 /* The rules of several schemas in one GBNF text, with no root: names[i] is schema i's rule (each schema the
- * root of its own $refs). NULL with the reason in err. */
-static char *llm_js_rules(const llm_json *const *schemas, int n, char (*names)[64], char *err) {
+ * root of its own $refs; $refs "llm:K#..." go into docs[K]). The $refs' targets are written after each
+ * schema, one after another (each may name more), from c.pending. NULL with the reason in err. */
+static char *llm_js_rules(const llm_json *const *schemas, int n, const llm_json *const *docs, int n_docs,
+                          char (*names)[64], char *err) {
     char buf[LLM_ERR_LEN];
     llm_js c;
     memset(&c, 0, sizeof c);
     c.err = err ? err : buf; c.err[0] = 0;
+    c.docs = docs; c.n_docs = n_docs;
     int rc = n > 0 ? 0 : llm_fail(c.err, "JSON schema: none given");
     for (int i = 0; rc == 0 && i < n; i++) {
         c.root = schemas[i];
         sh_new_strdup(c.refs);
         rc = schemas[i] ? llm_js_visit(&c, schemas[i], "", "root", names[i]) :
                           llm_fail(c.err, "JSON schema: none given");
+        while (rc == 0 && arrlen(c.pending)) {
+            llm_js_pending p = arrpop(c.pending);
+            const char *last = strrchr(p.ref, '/');
+            char target_name[64];
+            c.root = p.root;
+            rc = llm_js_visit(&c, p.target, strchr(p.ref, '#') + 1, last ? last + 1 : "root", target_name);
+            if (rc == 0) llm_js_rule(&c, p.name, target_name, strlen(target_name));
+        }
+        arrsetlen(c.pending, 0);
         for (ptrdiff_t k = 0; k < shlen(c.refs); k++) free(c.refs[k].value);
         shfree(c.refs);
     }
@@ -9589,17 +9973,23 @@ static char *llm_js_rules(const llm_json *const *schemas, int n, char (*names)[6
         arrput(c.out, 0);
         if (!(text = strdup(c.out))) llm_fail(c.err, "out of memory");
     }
-    arrfree(c.out);
+    for (ptrdiff_t i = 0; i < hmlen(c.index); i++) shfree(c.index[i].value);
+    hmfree(c.index); arrfree(c.pending); arrfree(c.out);
     return text;
 }
 
-char *llm_json_schema_to_grammar(const llm_json *schema, char *err) {
+/* A schema as GBNF whose start rule is root (docs: as llm_js_rules) */
+static char *llm_js_grammar(const llm_json *schema, const llm_json *const *docs, int n_docs, char *err) {
     char name[1][64];
-    char *rules = llm_js_rules(&schema, 1, name, err), *text = NULL;
+    char *rules = llm_js_rules(&schema, 1, docs, n_docs, name, err), *text = NULL;
     if (rules && (text = (char *)malloc(strlen(rules) + 80)) != NULL) sprintf(text, "root ::= %s\n%s", name[0], rules);
     else if (rules) llm_fail(err, "out of memory");
     free(rules);
     return text;
+}
+
+char *llm_json_schema_to_grammar(const llm_json *schema, char *err) {
+    return llm_js_grammar(schema, NULL, 0, err);
 }
 
 /* ---- Tool calls: the grammar of a call in each family's syntax, and a reply read back --------------------
@@ -9641,7 +10031,9 @@ static void llm_gr_until(char **out, const char *prefix, const char *until, cons
 }
 
 /* The schema of one call in the generic and Hermes syntax, {"name": NAME, "arguments": PARAMETERS}, as JSON
- * text appended to *out; -1 (err) for a tool that is not a function with a name */
+ * text appended to *out; -1 (err) for a tool that is not a function with a name. The parameters are a $ref
+ * to the document "llm:i" (tools[i]'s parameters themselves, see llm_js_resolve), so that their own $refs
+ * ("#/$defs/...", as Pydantic writes them) mean what they mean in a response_format schema. */
 static int llm_tool_call_schema(char **out, const llm_json *tool, int i, const char *args_key, char *err) {
     const llm_json *type = llm_json_get(tool, "type"), *fn = llm_json_get(tool, "function");
     const llm_json *name = llm_json_get(fn, "name"), *params = llm_json_get(fn, "parameters");
@@ -9652,32 +10044,34 @@ static int llm_tool_call_schema(char **out, const llm_json *tool, int i, const c
         return llm_fail(err, "tools[%d].function.name must be a non-empty string", i);
     if (params && params->type != LLM_JSON_OBJECT && params->type != LLM_JSON_NULL)
         return llm_fail(err, "tools[%d].function.parameters must be a JSON Schema object", i);
-    char *name_json = llm_json_dumps(name, 0), *params_json = params && params->type == LLM_JSON_OBJECT ?
-                                                              llm_json_dumps(params, 0) : NULL;
+    char *name_json = llm_json_dumps(name, 0), params_json[48];
+    snprintf(params_json, sizeof params_json, "{\"$ref\":\"llm:%d#\"}", i);
     /* no parameters: OpenAI's "empty parameter list" */
     llm_re_printf(out, "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":%s},\"%s\":%s},"
                   "\"required\":[\"name\",\"%s\"],\"additionalProperties\":false}",
                   name_json ? name_json : "\"\"",
-                  args_key, params_json ? params_json :
+                  args_key, params && params->type == LLM_JSON_OBJECT ? params_json :
                   "{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}", args_key);
     /* the parameters alone through the converter: a keyword it refuses is named where the client wrote it */
     char *alone = params && params->type == LLM_JSON_OBJECT ? llm_json_schema_to_grammar(params, err) : NULL;
     if (params && params->type == LLM_JSON_OBJECT && !alone) {
         char why[LLM_ERR_LEN];
         snprintf(why, sizeof why, "%s", err);
-        free(name_json); free(params_json);
+        free(name_json);
         return llm_fail(err, "tools[%d].function.parameters: %s", i, why);
     }
     free(alone);
-    free(name_json); free(params_json);
+    free(name_json);
     return 0;
 }
 
-/* GBNF of a schema given as JSON text, its start rule renamed from root to `rule` */
-static char *llm_tool_schema_rules(const char *schema, size_t len, const char *rule, char *err) {
+/* GBNF of a schema given as JSON text, its start rule renamed from root to `rule` (docs: the tools'
+ * parameters, by index) */
+static char *llm_tool_schema_rules(const char *schema, size_t len, const char *rule,
+                                   const llm_json *const *docs, int n_docs, char *err) {
     llm_json v;
     if (llm_json_parse(schema, len, &v, err) != 0) return NULL;
-    char *g = llm_json_schema_to_grammar(&v, err);
+    char *g = llm_js_grammar(&v, docs, n_docs, err);
     llm_json_free(&v);
     if (!g) return NULL;
     char *renamed = (char *)malloc(strlen(g) + strlen(rule) + 1);
@@ -9698,6 +10092,10 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
     }
     char *any = NULL, *out = NULL, *rules = NULL; /* stb_ds: the calls' anyOf, the grammar */
     int n = 0, rc = tl.type == LLM_JSON_ARRAY && tl.n > 0 ? 0 : llm_fail(err, "tools must be a non-empty list");
+    const llm_json **docs = rc == 0 ? (const llm_json **)calloc((size_t)tl.n, sizeof *docs) : NULL;
+    if (rc == 0 && !docs) rc = llm_fail(err, "out of memory");
+    for (int i = 0; rc == 0 && i < tl.n; i++) /* what the calls' $refs "llm:i#" point to */
+        docs[i] = llm_json_get(llm_json_get(&tl.items[i], "function"), "parameters");
     for (int i = 0; rc == 0 && i < tl.n; i++) {
         const llm_json *nm = llm_json_get(llm_json_get(&tl.items[i], "function"), "name");
         if (choice == LLM_TOOL_NAMED && (!nm || nm->type != LLM_JSON_STRING || strcmp(nm->str, name))) continue;
@@ -9710,7 +10108,7 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
     arrput(any, 0);
     if (rc == 0 && ct->tool_format == LLM_TOOLS_HERMES) {
         /* <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>, one after another */
-        rules = llm_tool_schema_rules(any, strlen(any), "tool-json", err);
+        rules = llm_tool_schema_rules(any, strlen(any), "tool-json", docs, tl.n, err);
         const char *more = parallel ? " ( \"\\n\"? \"<tool_call>\" call-rest )?" : "";
         int think = ct->thinks && ct->enable_thinking;
         if (choice == LLM_TOOL_AUTO) llm_re_puts(&out, "root ::= text-0\n");
@@ -9723,7 +10121,7 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
     } else if (rc == 0 && ct->tool_format == LLM_TOOLS_MISTRAL) {
         /* Mistral v3: [TOOL_CALLS][{"name": ..., "arguments": ...}, ...] (a space before "[" in the
          * SentencePiece models' history, none in Nemo's: either); auto: text until [TOOL_CALLS] */
-        rules = llm_tool_schema_rules(any, strlen(any), "tool-json", err);
+        rules = llm_tool_schema_rules(any, strlen(any), "tool-json", docs, tl.n, err);
         llm_re_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" :
                     "root ::= \"[TOOL_CALLS]\" call-rest\n");
         llm_re_printf(&out, "call-rest ::= \" \"? \"[\" tool-json%s \"]\"\n",
@@ -9746,7 +10144,7 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
             const llm_json *params = llm_json_get(llm_json_get(&tl.items[i], "function"), "parameters");
             schemas[i] = params && params->type == LLM_JSON_OBJECT ? params : &none;
         }
-        if (rc == 0) rules = llm_js_rules(schemas, tl.n, names, err);
+        if (rc == 0) rules = llm_js_rules(schemas, tl.n, NULL, 0, names, err);
         if (rc == 0) llm_json_free(&none);
         if (harmony) {
             llm_re_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" : "root ::= ( \"<|channel|>analysis"
@@ -9783,7 +10181,7 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
     } else if (rc == 0 && ct->tool_format == LLM_TOOLS_LLAMA3) {
         /* Llama 3.1: one call, {"name": ..., "parameters": ...}, as the whole reply; auto: or a reply that
          * does not begin with "{" */
-        rules = llm_tool_schema_rules(any, strlen(any), "tool-json", err);
+        rules = llm_tool_schema_rules(any, strlen(any), "tool-json", docs, tl.n, err);
         llm_re_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= tool-json | ( [^{] [^\\x00]* )?\n" :
                     "root ::= tool-json\n");
     } else if (rc == 0) {
@@ -9797,7 +10195,7 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
         if (choice == LLM_TOOL_AUTO)
             llm_re_puts(&schema, ",{\"type\":\"object\",\"properties\":{\"response\":{\"type\":\"string\"}},"
                         "\"required\":[\"response\"],\"additionalProperties\":false}]}");
-        rules = llm_tool_schema_rules(schema, (size_t)arrlen(schema), "root", err);
+        rules = llm_tool_schema_rules(schema, (size_t)arrlen(schema), "root", docs, tl.n, err);
         arrfree(schema);
     }
     char *text = NULL;
@@ -9806,7 +10204,7 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
         arrput(out, 0);
         if (!(text = strdup(out))) llm_fail(err, "out of memory");
     }
-    free(rules); arrfree(any); arrfree(out);
+    free(rules); arrfree(any); arrfree(out); free(docs);
     llm_json_free(&tl);
     return text;
 }

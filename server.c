@@ -919,7 +919,20 @@ static int tokenize_text(srv_state *S, const char *text, size_t len, int add_spe
  * (json_object, json_schema), vLLM's structured_outputs {json | regex | choice | grammar | json_object} and
  * its older guided_json, guided_regex, guided_choice and guided_grammar, llama.cpp's grammar and json_schema.
  * A schema the converter cannot honour is a 400 naming the field and the keyword. */
-static int structured_schema(srv_req *r, const llm_json *schema, const char *param, srv_error *e) {
+/* The grammar a field asked for (r->grammar, or NULL with why in err), parsed now (on the worker that reads
+ * the request) through the engine's cache, and kept for the engine (r->grammar_parsed): what its limits
+ * refuse (rules, nesting, the matcher's stacks at the start) is a 400 naming the field, not an engine error
+ * naming none */
+static int structured_check(srv_state *S, srv_req *r, const char *param, const char *err, srv_error *e) {
+    char why[LLM_ERR_LEN];
+    if (r->grammar && !(r->grammar_parsed = llm_engine_parse_grammar(S->engine, r->grammar, why))) {
+        free(r->grammar); r->grammar = NULL; err = why;
+    }
+    return r->grammar ? 0 : bad(e, 400, param, "%s: %s", param, err);
+}
+
+static int structured_schema(srv_state *S, srv_req *r, const llm_json *schema, const char *param,
+                             srv_error *e) {
     char err[LLM_ERR_LEN], *key = (char *)"type";
     llm_json parsed, object = {LLM_JSON_STRING, 0, (char *)"object", 6, NULL, NULL, 0};
     llm_json any_object = {LLM_JSON_OBJECT, 0, NULL, 0, &object, &key, 1};
@@ -935,18 +948,20 @@ static int structured_schema(srv_req *r, const llm_json *schema, const char *par
         r->grammar = llm_json_schema_to_grammar(schema, err);
     else snprintf(err, sizeof err, "a JSON Schema must be an object");
     if (own) llm_json_free(&parsed);
-    return r->grammar ? 0 : bad(e, 400, param, "%s: %s", param, err);
+    return structured_check(S, r, param, err, e);
 }
 
-static int structured_regex(srv_req *r, const llm_json *v, const char *param, srv_error *e) {
+static int structured_regex(srv_state *S, srv_req *r, const llm_json *v, const char *param,
+                            srv_error *e) {
     char err[LLM_ERR_LEN];
     if (v->type != LLM_JSON_STRING || strlen(v->str) != v->len)
         return bad(e, 400, param, "%s must be a string (a regular expression)", param);
     r->grammar = llm_regex_to_grammar(v->str, err);
-    return r->grammar ? 0 : bad(e, 400, param, "%s: %s", param, err);
+    return structured_check(S, r, param, err, e);
 }
 
-static int structured_choice(srv_req *r, const llm_json *v, const char *param, srv_error *e) {
+static int structured_choice(srv_state *S, srv_req *r, const llm_json *v, const char *param,
+                             srv_error *e) {
     char err[LLM_ERR_LEN];
     const char **choices = v->type == LLM_JSON_ARRAY && v->n > 0 ?
                            (const char **)calloc((size_t)v->n, sizeof(char *)) : NULL;
@@ -960,21 +975,18 @@ static int structured_choice(srv_req *r, const llm_json *v, const char *param, s
     if (!choices) return bad(e, 400, param, "%s must be a non-empty list of strings", param);
     r->grammar = llm_choice_to_grammar(choices, v->n, err);
     free(choices);
-    return r->grammar ? 0 : bad(e, 400, param, "%s: %s", param, err);
+    return structured_check(S, r, param, err, e);
 }
 
-static int structured_grammar(srv_req *r, const llm_json *v, const char *param, srv_error *e) {
-    char err[LLM_ERR_LEN];
+static int structured_grammar(srv_state *S, srv_req *r, const llm_json *v, const char *param,
+                              srv_error *e) {
     if (v->type != LLM_JSON_STRING || strlen(v->str) != v->len)
         return bad(e, 400, param, "%s must be a string (a GBNF grammar)", param);
-    llm_grammar *g = llm_grammar_parse(v->str, err); /* checked here, so that the error names the field */
-    if (!g) return bad(e, 400, param, "%s: %s", param, err);
-    llm_grammar_free(g);
-    r->grammar = strdup(v->str);
-    return r->grammar ? 0 : bad(e, 500, NULL, "out of memory");
+    if (!(r->grammar = strdup(v->str))) return bad(e, 500, NULL, "out of memory");
+    return structured_check(S, r, param, "", e);
 }
 
-static int parse_structured(const llm_json *body, srv_req *r, srv_error *e) {
+static int parse_structured(srv_state *S, const llm_json *body, srv_req *r, srv_error *e) {
     const char *given = NULL; /* the field that asked first: a second one is refused */
     const llm_json *v;
 #define STRUCTURED_ONE(name) do { \
@@ -988,7 +1000,7 @@ static int parse_structured(const llm_json *body, srv_req *r, srv_error *e) {
                        "json_object or json_schema)");
         if (!strcmp(type->str, "json_object")) {
             STRUCTURED_ONE("response_format");
-            if (structured_schema(r, NULL, "response_format", e)) return -1;
+            if (structured_schema(S, r, NULL, "response_format", e)) return -1;
         } else if (!strcmp(type->str, "json_schema")) {
             const llm_json *js = llm_json_get(v, "json_schema");
             if (!js || js->type != LLM_JSON_OBJECT)
@@ -1004,7 +1016,7 @@ static int parse_structured(const llm_json *body, srv_req *r, srv_error *e) {
                            "a boolean");
             STRUCTURED_ONE("response_format");
             const llm_json *schema = llm_json_get(js, "schema");
-            if (structured_schema(r, schema && schema->type != LLM_JSON_NULL ? schema : NULL,
+            if (structured_schema(S, r, schema && schema->type != LLM_JSON_NULL ? schema : NULL,
                                   "response_format.json_schema.schema", e)) return -1;
         } else if (strcmp(type->str, "text"))
             return bad(e, 400, "response_format.type", "response_format.type must be text, json_object or "
@@ -1030,9 +1042,11 @@ static int parse_structured(const llm_json *body, srv_req *r, srv_error *e) {
             if (!x || x->type == LLM_JSON_NULL || (i == 4 && x->type == LLM_JSON_FALSE)) continue;
             const char *param = params[i];
             STRUCTURED_ONE(param);
-            int rc = i == 0 ? structured_schema(r, x, param, e) : i == 1 ? structured_regex(r, x, param, e) :
-                     i == 2 ? structured_choice(r, x, param, e) : i == 3 ? structured_grammar(r, x, param, e) :
-                     x->type == LLM_JSON_TRUE ? structured_schema(r, NULL, param, e) :
+            int rc = i == 0 ? structured_schema(S, r, x, param, e) :
+                     i == 1 ? structured_regex(S, r, x, param, e) :
+                     i == 2 ? structured_choice(S, r, x, param, e) :
+                     i == 3 ? structured_grammar(S, r, x, param, e) :
+                     x->type == LLM_JSON_TRUE ? structured_schema(S, r, NULL, param, e) :
                      bad(e, 400, param, "%s must be a boolean", param);
             if (rc) return -1;
         }
@@ -1047,8 +1061,8 @@ static int parse_structured(const llm_json *body, srv_req *r, srv_error *e) {
         STRUCTURED_ONE(fields[i].name);
         int k = fields[i].kind;
         const char *name = fields[i].name;
-        int rc = k == 0 ? structured_schema(r, v, name, e) : k == 1 ? structured_regex(r, v, name, e) :
-                 k == 2 ? structured_choice(r, v, name, e) : structured_grammar(r, v, name, e);
+        int rc = k == 0 ? structured_schema(S, r, v, name, e) : k == 1 ? structured_regex(S, r, v, name, e) :
+                 k == 2 ? structured_choice(S, r, v, name, e) : structured_grammar(S, r, v, name, e);
         if (rc) return -1;
     }
     if ((v = llm_json_get(body, "guided_decoding_backend")) && v->type != LLM_JSON_NULL && v->type != LLM_JSON_STRING)
@@ -1208,7 +1222,7 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r, llm_sa
     x = -1;
     if (get_number(body, "prompt_logprobs", 0, 20, 1, &x, e)) return -1;
     p->prompt_logprobs = r->prompt_logprobs = (int)x;
-    return parse_structured(body, r, e);
+    return parse_structured(S, body, r, e);
 }
 
 /* "model", when given, must be the one served */
@@ -1486,8 +1500,9 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         if (r->grammar) {
             ok = 0;
             bad(e, 400, "tools", "tools and a structured output field both ask for the reply's form: give one");
-        } else if (!(r->grammar = llm_chat_tool_grammar(&r->chat, tools_text, mode, named, parallel, err))) {
-            ok = 0; bad(e, 400, "tools", "tools: %s", err);
+        } else {
+            r->grammar = llm_chat_tool_grammar(&r->chat, tools_text, mode, named, parallel, err);
+            if (structured_check(S, r, "tools", err, e)) ok = 0;
         }
         r->tool_calls = 1;
     }
@@ -2300,12 +2315,7 @@ static int prepare_generation(srv_state *S, const llm_json *body, int kind, cons
     p->logit_bias_ids = r->bias_ids; p->logit_bias = r->bias; p->n_logit_bias = (int)arrlen(r->bias_ids);
     p->allowed_token_ids = r->allowed_ids; p->n_allowed_token_ids = (int)arrlen(r->allowed_ids);
     p->bad_word_ids = r->bad_ids; p->bad_word_lens = r->bad_lens; p->n_bad_words = (int)arrlen(r->bad_lens);
-    if (r->grammar) { /* parsed here, so that adding the request costs the network thread nothing */
-        char err[LLM_ERR_LEN];
-        if (!(r->grammar_parsed = llm_engine_parse_grammar(S->engine, r->grammar, err)))
-            return bad(e, 400, NULL, "%s", err);
-        p->grammar_parsed = r->grammar_parsed;
-    }
+    p->grammar_parsed = r->grammar_parsed; /* (structured_check's): adding it costs the network thread little */
     return 0;
 }
 
@@ -2372,7 +2382,7 @@ static int handle_tokenize(srv_state *S, const llm_json *body, sbuf *out, srv_er
         memset(&tmp, 0, sizeof tmp);
         char *text = NULL;
         int n = 0, rc = chat_prompt(S, body, &tmp, &text, &n, e);
-        free(tmp.grammar);
+        free(tmp.grammar); llm_grammar_free(tmp.grammar_parsed);
         if (rc == 0 && tokenize_text(S, text, (size_t)n, add_special, &ids))
             rc = bad(e, 400, "messages", "cannot tokenize");
         free(text);

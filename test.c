@@ -5554,6 +5554,219 @@ static void test_grammar_schemas(void) {
     }
 }
 
+/* What openai.pydantic_function_tool writes for a Person with nested models: $defs, and $ref to them */
+#define PYDANTIC_PARAMS \
+    "{\"$defs\":{\"Address\":{\"properties\":{\"city\":{\"maxLength\":12,\"title\":\"City\"," \
+    "\"type\":\"string\"},\"zip\":{\"maximum\":99999,\"minimum\":10000,\"title\":\"Zip\",\"type\":" \
+    "\"integer\"}},\"required\":[\"city\",\"zip\"],\"title\":\"Address\",\"type\":\"object\"," \
+    "\"additionalProperties\":false},\"Pet\":{\"properties\":{\"kind\":{\"enum\":[\"cat\",\"dog\"]," \
+    "\"title\":\"Kind\",\"type\":\"string\"},\"home\":{\"$ref\":\"#/$defs/Address\"}},\"required\":" \
+    "[\"kind\",\"home\"],\"title\":\"Pet\",\"type\":\"object\",\"additionalProperties\":false}}," \
+    "\"properties\":{\"name\":{\"maxLength\":10,\"title\":\"Name\",\"type\":\"string\"},\"pets\":{" \
+    "\"items\":{\"$ref\":\"#/$defs/Pet\"},\"maxItems\":2,\"title\":\"Pets\",\"type\":\"array\"}}," \
+    "\"required\":[\"name\",\"pets\"],\"title\":\"Person\",\"type\":\"object\"," \
+    "\"additionalProperties\":false}"
+
+/* Text made of parts repeated: head, unit n times, mid, unit2 n2 times, tail; a unit may hold %d (its index)
+ * and a second %d (the index plus one). malloc'd. */
+static char *repeat_text(const char *head, const char *unit, int n, const char *mid, const char *unit2,
+                         int n2, const char *tail) {
+    size_t cap = strlen(head) + strlen(mid) + strlen(tail) + (strlen(unit) + 12) * (size_t)n +
+                 (strlen(unit2) + 12) * (size_t)n2 + 1, at = 0;
+    char *s = (char *)malloc(cap);
+    at += (size_t)snprintf(s + at, cap - at, "%s", head);
+    for (int i = 0; i < n; i++) at += (size_t)snprintf(s + at, cap - at, unit, i, i + 1);
+    at += (size_t)snprintf(s + at, cap - at, "%s", mid);
+    for (int i = 0; i < n2; i++) at += (size_t)snprintf(s + at, cap - at, unit2, i, i + 1);
+    snprintf(s + at, cap - at, "%s", tail);
+    return s;
+}
+
+/* What a text becomes (kind: 0 GBNF, 1 a JSON Schema, 2 a regex, 3 JSON, 4 choices one a line, 5 tools for
+ * the Hermes format, a call required): "refused" (why in err), or the grammar's verdict on input
+ * ("accept", "prefix", "reject") */
+static const char *bound_verdict(int kind, const char *text, const char *input, char *err) {
+    char *gbnf = NULL;
+    llm_json j;
+    err[0] = 0;
+    if (kind == 3) {
+        if (llm_json_parse(text, strlen(text), &j, err) != 0) return "refused";
+        llm_json_free(&j);
+        return "accept";
+    }
+    if (kind == 0) gbnf = strdup(text);
+    else if (kind == 1 && llm_json_parse(text, strlen(text), &j, err) == 0) {
+        gbnf = llm_json_schema_to_grammar(&j, err);
+        llm_json_free(&j);
+    } else if (kind == 2) gbnf = llm_regex_to_grammar(text, err);
+    else if (kind == 4) {
+        const char **choices = NULL; /* stb_ds */
+        char *copy = strdup(text);
+        for (char *s = copy, *nl; s; s = nl ? nl + 1 : NULL) {
+            if ((nl = strchr(s, '\n'))) *nl = 0;
+            arrput(choices, s);
+        }
+        gbnf = llm_choice_to_grammar(choices, (int)arrlen(choices), err);
+        arrfree(choices); free(copy);
+    } else if (kind == 5) {
+        llm_chat_template ct;
+        memset(&ct, 0, sizeof ct);
+        ct.tool_format = LLM_TOOLS_HERMES;
+        gbnf = llm_chat_tool_grammar(&ct, text, LLM_TOOL_REQUIRED, NULL, 0, err);
+    }
+    llm_grammar *g = gbnf ? llm_grammar_parse(gbnf, err) : NULL;
+    free(gbnf);
+    const char *v = g ? grammar_verdict(g, input, strlen(input)) : "refused";
+    llm_grammar_free(g);
+    return v;
+}
+
+/* Nothing request bytes can drive in the grammar section recurses or works without a bound checked before
+ * it is spent: each deep variant of every recursive path (depths to 200,000) is refused with a message
+ * that names the limit, or works where the code walks its own stack, and quickly (seconds under ASan).
+ * Before, most took the process down by stack overflow. Choices and enums of 10,000 values work, one stack
+ * along a beginning they share; tools' parameters with $defs and $ref (Pydantic's) work. */
+static void test_grammar_bounds(void) {
+    static const char *const pydantic = "[{\"type\":\"function\",\"function\":{\"name\":\"add_person\","
+                                        "\"parameters\":" PYDANTIC_PARAMS ",\"strict\":true}}]";
+    static const char *const call = "<tool_call>\n{\"name\": \"add_person\", \"arguments\": {\"name\": "
+                                    "\"Ann\", \"pets\": [{\"kind\": \"cat\", \"home\": {\"city\": \"Oslo\", "
+                                    "\"zip\": %d}}]}}\n</tool_call>";
+    static const char *const chain = "\"a%d\":{\"$ref\":\"#/$defs/a%d\"},", *const rule = "r%d ::= r%d\n";
+    char call_ok[256], call_bad[256];
+    snprintf(call_ok, sizeof call_ok, call, 12345); snprintf(call_bad, sizeof call_bad, call, 123);
+    struct { const char *what; int kind; char *text; const char *input, *says; } cases[] = {
+        /* GBNF: groups nest on the parser's own stack; references are expanded from the matcher's list */
+        {"GBNF, 10,000 nested parentheses", 0,
+         repeat_text("root ::= ", "(", 10000, "\"a\"", ")", 10000, ""), "a", "accept"},
+        {"GBNF, 100,000 nested parentheses", 0,
+         repeat_text("root ::= ", "(", 100000, "\"a\"", ")", 100000, ""), "a", "accept"},
+        {"GBNF, 100,000 nested parentheses each with more after it", 0,
+         repeat_text("root ::= ", "(", 100000, "\"a\"", ") \"b\"", 100000, ""), "ab",
+         "rules nest more than 4096 deep at its start"},
+        {"GBNF, 70,000 rules in a chain", 0,
+         repeat_text("root ::= r0\n", rule, 70000, "r70000 ::= \"z\"", "", 0, ""), "z", "accept"},
+        {"GBNF, 100,000 rules in a chain to an empty one", 0,
+         repeat_text("root ::= r0 \"q\"\n", rule, 100000, "r100000 ::= \"\" | \"z\"", "", 0, ""), "zq",
+         "accept"},
+        {"GBNF, 200,000 rules in a chain back to root", 0,
+         repeat_text("root ::= r0 \"q\"\n", rule, 200000, "r200000 ::= root \"z\"", "", 0, ""), "zq",
+         "rule root is left-recursive"},
+        {"GBNF, 24 rules that fan out and meet again", 0,
+         repeat_text("root ::= r0\n", "r%1$d ::= r%2$d | r%2$d\n", 24, "r24 ::= \"z\"", "", 0, ""), "z",
+         "expanding its rules at its start takes more than 16777216 steps"},
+        {"GBNF, 30 repetitions of {0,10000}", 0,
+         repeat_text("root ::=", " \"a\"{0,10000}", 30, "", "", 0, ""), "a", "more than 262144 rules"},
+        /* regular expressions and JSON: recursive, bounded before each level */
+        {"regex, 100,000 nested groups", 2, repeat_text("", "(", 100000, "a", ")", 100000, ""), "a",
+         "groups nested too deep (more than 64)"},
+        {"JSON, 100,000 nested arrays", 3, repeat_text("", "[", 100000, "", "]", 100000, ""), "",
+         "nesting too deep (more than 64 arrays and objects)"},
+        /* JSON Schema: $refs from a list, schemas nested to a bound, allOf's parts from a list */
+        {"JSON Schema, a chain of 1,600 $refs", 1, repeat_text("{\"$ref\":\"#/$defs/a0\",\"$defs\":{", chain,
+         1600, "\"a1600\":{\"enum\":[\"ok\"]}}}", "", 0, ""), "\"ok\"", "accept"},
+        {"JSON Schema, a chain of 100,000 $refs", 1,
+         repeat_text("{\"$ref\":\"#/$defs/a0\",\"$defs\":{", chain, 100000,
+                     "\"a100000\":{\"enum\":[\"ok\"]}}}", "", 0, ""), "\"ok\"",
+         "the schema needs more than 10000 rules"},
+        {"JSON Schema, allOf that $refs the schema around it", 1,
+         strdup("{\"properties\":{\"x\":{\"allOf\":[{\"$ref\":\"#\"},{\"type\":\"object\"}]}}}"), "{}",
+         "the schema nests more than 128 deep"},
+        {"JSON Schema, a recursive property as allOf of one $ref", 1,
+         strdup("{\"properties\":{\"x\":{\"allOf\":[{\"$ref\":\"#\"}],\"description\":\"d\"}}}"),
+         "{\"x\":{\"x\":{}}}", "accept"},
+        {"JSON Schema, a 100,000-byte property name beside additionalProperties", 1,
+         repeat_text("{\"properties\":{\"", "k", 100000, "\":{}},\"additionalProperties\":true}", "", 0, ""),
+         "{}", "a property name longer than 256 bytes"},
+        {"JSON Schema, allOf's three parts on one property", 1,
+         strdup("{\"allOf\":[{\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":3}}},"
+                "{\"properties\":{\"a\":{\"maximum\":5}}},{\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                "\"required\":[\"a\"]}]}"),
+         "{\"a\":6}", "reject"},
+        {"JSON Schema, allOf inside allOf", 1,
+         strdup("{\"allOf\":[{\"allOf\":[{\"properties\":{\"a\":{\"const\":1}},\"required\":[\"a\"]}]},"
+                "{\"type\":\"object\"}]}"), "{\"a\":2}", "reject"},
+        {"JSON Schema, allOf merging an object of 20,000 keys", 1,
+         repeat_text("{\"$defs\":{\"big\":{", "\"k%d\":0,", 20000, "\"k\":0}},\"properties\":{\"p\":"
+                     "{\"allOf\":[{\"$ref\":\"#/$defs/big\"},{}]}}}", "", 0, ""), "{}",
+         "the schema is too large to write as a grammar (more than 16777216 keywords and properties"},
+        {"JSON Schema, an enum of 10,000 values", 1,
+         repeat_text("{\"enum\":[\"v0\"", ",\"v%d\"", 10000, "]}", "", 0, ""), "\"v4711\"", "accept"},
+        /* choices: a trie */
+        {"choice, 10,000 values", 4, repeat_text("item-0", "\nitem-%d", 10000, "", "", 0, ""), "item-9999",
+         "accept"},
+        {"choice, 100,000 values", 4, repeat_text("w0", "\nw%d", 100000, "", "", 0, ""), "w31415", "accept"},
+        {"choice, 100,000 values, a beginning of them", 4, repeat_text("w0", "\nw%d", 100000, "", "", 0, ""),
+         "w", "prefix"},
+        {"choice, 100,000 values, none of them", 4, repeat_text("w0", "\nw%d", 100000, "", "", 0, ""),
+         "w100001", "reject"},
+        /* tools: the parameters' own $refs */
+        {"tools, Pydantic's $defs and $ref", 5, strdup(pydantic), call_ok, "accept"},
+        {"tools, Pydantic's $defs and $ref, a nested value out of range", 5, strdup(pydantic), call_bad,
+         "reject"},
+        {"tools, parameters with a chain of 100,000 $refs", 5,
+         repeat_text("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"$ref\":"
+                     "\"#/$defs/a0\",\"$defs\":{", chain, 100000, "\"a100000\":{}}}}}]", "", 0, ""), "",
+         "tools[0].function.parameters: JSON schema: the schema needs more than 10000 rules"},
+    };
+    char err[LLM_ERR_LEN];
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        double t0 = test_now();
+        const char *want = cases[i].says;
+        const char *v = bound_verdict(cases[i].kind, cases[i].text, cases[i].input, err);
+        double t = test_now() - t0;
+        int worked = !strcmp(want, "accept") || !strcmp(want, "reject") || !strcmp(want, "prefix");
+        CHECK((worked ? !strcmp(v, want) : !strcmp(v, "refused") && strstr(err, want)) &&
+              t < (UNDER_ASAN ? 10 : 2), "%s: %s (%s), in %.2f s; want %s", cases[i].what, v, err, t, want);
+        free(cases[i].text);
+    }
+    /* a 10,000-value choice takes each value whole, and is one stack along what values share: 4,000 values
+     * that begin with the same 500 characters are one stack at the 500th (before: one stack a value, which
+     * every mask walked) */
+    const char **values = (const char **)malloc(10000 * sizeof *values);
+    char (*text)[600] = (char (*)[600])malloc(10000 * sizeof *text);
+    for (int i = 0; i < 10000; i++) { snprintf(text[i], sizeof text[i], "item-%d", i); values[i] = text[i]; }
+    char *gbnf = llm_choice_to_grammar(values, 10000, err);
+    llm_grammar *g = gbnf ? llm_grammar_parse(gbnf, err) : NULL;
+    int whole = 0;
+    for (int i = 0; g && i < 10000; i++)
+        whole += !strcmp(grammar_verdict(g, text[i], strlen(text[i])), "accept");
+    CHECK(g && whole == 10000, "a choice of 10,000 values takes each whole: %d (%s)", whole, g ? "" : err);
+    llm_grammar_free(g); free(gbnf);
+    for (int i = 0; i < 4000; i++) {
+        memset(text[i], 'x', 500);
+        snprintf(text[i] + 500, 100, "-%d", i);
+    }
+    gbnf = llm_choice_to_grammar(values, 4000, err);
+    g = gbnf ? llm_grammar_parse(gbnf, err) : NULL;
+    llm_grammar_state *st = g ? llm_grammar_start(g) : NULL;
+    int at_start = st ? (int)arrlen(st->set.lens) : -1, ok = st && llm_grammar_accept(st, text[0], 500) == 0;
+    int at_500 = st ? (int)arrlen(st->set.lens) : -1;
+    CHECK(ok && at_start == 1 && at_500 == 1 && llm_grammar_accept(st, "-3999", 5) == 0 &&
+          llm_grammar_can_end(st), "4,000 values sharing 500 characters: %d stack(s) at the start, %d at the "
+          "500th character (%s)", at_start, at_500, g ? "" : err);
+    llm_grammar_state_free(st); llm_grammar_free(g); free(gbnf);
+    /* more next characters than the matcher keeps stacks: refused at parse time, naming the limit */
+    for (int i = 0; i < 5000; i++) strcpy(text[i] + llm_utf8_encode(0x4E00 + (uint32_t)i, text[i]), "x");
+    gbnf = llm_choice_to_grammar(values, 5000, err);
+    g = gbnf ? llm_grammar_parse(gbnf, err) : NULL;
+    CHECK(gbnf && !g && strstr(err, "more than 4096 alternatives are open at once at its start"),
+          "5,000 values that differ in their first character and go on: refused (%s)", g ? "parsed" : err);
+    llm_grammar_free(g); free(gbnf);
+    free(values); free(text);
+    /* the tools' grammar in each format takes parameters with $defs and $ref, as response_format does */
+    for (int f = LLM_TOOLS_GENERIC; f <= LLM_TOOLS_HARMONY; f++) {
+        llm_chat_template ct;
+        memset(&ct, 0, sizeof ct);
+        ct.tool_format = f;
+        if (f == LLM_TOOLS_HARMONY) ct.family = LLM_CHAT_GPT_OSS;
+        char *tg = llm_chat_tool_grammar(&ct, pydantic, LLM_TOOL_AUTO, NULL, 1, err);
+        g = tg ? llm_grammar_parse(tg, err) : NULL;
+        CHECK(g != NULL, "tool format %d: parameters with $defs and $ref: %s", f, g ? "a grammar" : err);
+        llm_grammar_free(g); free(tg);
+    }
+}
+
 /* The llm command's --grammar, --json-schema and --regex: the output follows them; what cannot be used is
  * refused before the model loads, saying why */
 static void test_grammar_cli(void) {
@@ -8402,6 +8615,120 @@ static void test_server_structured(void) {
     server_stop(&srv);
 }
 
+/* Issue 50's bombs and deeper ones through llm serve, each field that takes a grammar: a 4xx in under a
+ * second whose param and message name the field and the limit, or, where the code walks its own stack now,
+ * the answer; the server alive after (before, the first one took it down by stack overflow). A choice of
+ * 10,000 values answers one of them exactly; a tool whose parameters use $defs and $ref (Pydantic's) is
+ * called with arguments that Python's jsonschema validates (tools/schema_oracle.py; before: a 400). */
+static void test_server_grammar_bounds(void) {
+    test_server srv;
+    if (server_start(&srv, "") != 0) { server_stop(&srv); return; }
+    int port = srv.port;
+    static const char *const chain = "\"a%d\":{\"$ref\":\"#/$defs/a%d\"},";
+    static const char *const schema = "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
+                                      "\"name\":\"x\",\"schema\":{\"$ref\":\"#/$defs/a0\",\"$defs\":{";
+    struct { const char *what; char *field; int status; const char *param, *says; } cases[] = {
+        {"a chain of 1,600 $refs (the issue's)",
+         repeat_text(schema, chain, 1600, "\"a1600\":{\"enum\":[\"ok\"]}}}}}", "", 0, ""), 200, NULL,
+         "\"ok\""},
+        {"a chain of 12,000 $refs", repeat_text(schema, chain, 12000, "\"a12000\":{}}}}}", "", 0, ""), 400,
+         "response_format.json_schema.schema", "the schema needs more than 10000 rules"},
+        {"allOf that $refs the schema around it", strdup("\"structured_outputs\":{\"json\":{\"properties\":"
+         "{\"x\":{\"allOf\":[{\"$ref\":\"#\"},{\"type\":\"object\"}]}}}}"), 400, "structured_outputs.json",
+         "the schema nests more than 128 deep"},
+        {"10,000 nested parentheses (the issue's)",
+         repeat_text("\"grammar\":\"root ::= ", "(", 10000, "\\\"a\\\"", ")", 10000, "\""), 200, NULL, "a"},
+        {"100,000 nested parentheses",
+         repeat_text("\"grammar\":\"root ::= ", "(", 100000, "\\\"a\\\"", ")", 100000, "\""), 200, NULL, "a"},
+        {"100,000 nested parentheses with more after each",
+         repeat_text("\"guided_grammar\":\"root ::= ", "(", 100000, "\\\"a\\\"", ") \\\"b\\\"", 100000, "\""),
+         400, "guided_grammar", "rules nest more than 4096 deep at its start"},
+        {"a chain of 70,000 rules (the issue's)", repeat_text("\"structured_outputs\":{\"grammar\":"
+         "\"root ::= r0\\n", "r%d ::= r%d\\n", 70000, "r70000 ::= \\\"z\\\"\"}", "", 0, ""), 200, NULL, "z"},
+        {"300,000 rules from repetitions", repeat_text("\"structured_outputs\":{\"grammar\":\"root ::=",
+         " \\\"a\\\"{0,10000}", 30, "\"}", "", 0, ""), 400, "structured_outputs.grammar",
+         "more than 262144 rules"},
+        {"a regex of 100,000 nested groups",
+         repeat_text("\"guided_regex\":\"", "(", 100000, "a", ")", 100000, "\""), 400, "guided_regex",
+         "groups nested too deep (more than 64)"},
+        {"a body nested 100,000 deep", repeat_text("\"extra\":", "[", 100000, "", "]", 100000, ""), 400, "",
+         "nesting too deep (more than 64 arrays and objects)"},
+        {"a tool whose parameters chain 12,000 $refs", repeat_text("\"tools\":[{\"type\":\"function\","
+         "\"function\":{\"name\":\"f\",\"parameters\":{\"$ref\":\"#/$defs/a0\",\"$defs\":{", chain, 12000,
+         "\"a12000\":{}}}}}],\"tool_choice\":\"required\"", "", 0, ""), 400, "tools",
+         "tools[0].function.parameters: JSON schema: the schema needs more than 10000 rules"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int chat = !strncmp(cases[i].field, "\"tools\"", 7);
+        char *body = (char *)malloc(strlen(cases[i].field) + 256), msg[512] = "", param[96] = "";
+        char text[64] = "";
+        sprintf(body, "{%s,\"max_tokens\":8,\"temperature\":0,%s}", chat ? "\"messages\":[{\"role\":\"user\","
+                "\"content\":\"Hi\"}]" : "\"prompt\":\"Once\"", cases[i].field);
+        double t0 = test_now();
+        char *r = http_post(port, chat ? "/v1/chat/completions" : "/v1/completions", body, NULL);
+        double t = test_now() - t0;
+        json_str(http_body(r), "message", msg, sizeof msg);
+        json_str(http_body(r), "param", param, sizeof param);
+        json_str(http_body(r), "text", text, sizeof text);
+        int ok = http_status(r) == cases[i].status && (cases[i].status == 200 ? !strcmp(text, cases[i].says) :
+                 !strcmp(param, cases[i].param) && strstr(msg, cases[i].says) && t < 1.0);
+        CHECK(ok, "serve, %s (%zu bytes): %d in %.2f s, want %d: %.300s", cases[i].what, strlen(body),
+              http_status(r), t, cases[i].status, r ? r : "no response");
+        free(r); free(body); free(cases[i].field);
+    }
+    char *r = http_get(port, "/health", NULL);
+    CHECK(http_status(r) == 200, "serve: /health after the bombs: %.200s", r ? r : "no response");
+    free(r);
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}", NULL);
+    CHECK(http_status(r) == 200 && strstr(http_body(r), "\"completion_tokens\":4"),
+          "serve: a completion after the bombs: %.300s", r ? r : "no response");
+    free(r);
+    /* a choice of 10,000 values: the answer is one of them */
+    char *body = repeat_text("{\"prompt\":\"Once\",\"max_tokens\":20,\"temperature\":1,\"seed\":5,"
+                             "\"guided_choice\":[\"item-0\"", ",\"item-%d\"", 10000, "]}", "", 0, "");
+    r = http_post(port, "/v1/completions", body, NULL);
+    char text[64] = "", finish[16] = "";
+    json_str(http_body(r), "text", text, sizeof text);
+    json_str(http_body(r), "finish_reason", finish, sizeof finish);
+    int found = 0;
+    for (int i = 0; i <= 10000 && !found; i++) {
+        char v[16];
+        snprintf(v, sizeof v, "item-%d", i);
+        found = !strcmp(text, v);
+    }
+    CHECK(http_status(r) == 200 && found && !strcmp(finish, "stop"), "serve: a choice of 10,000 values "
+          "answers \"%s\" (%s): %.300s", text, finish, r ? r : "no response");
+    free(r); free(body);
+    CHECK(server_stop(&srv) == 0, "serve: exit status 0 after the bombs");
+    /* a tool with $defs and $ref, on Qwen3's template (Hermes' calls): its arguments validate */
+    char extra[1024];
+    snprintf(extra, sizeof extra, "-m %s", model_path("random-qwen3-qknorm.gguf"));
+    if (server_start(&srv, extra) != 0) { server_stop(&srv); return; }
+    r = http_post(srv.port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":"
+                  "\"Add Ann.\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"add_person\","
+                  "\"parameters\":" PYDANTIC_PARAMS "}}],\"tool_choice\":\"required\",\"parallel_tool_calls\":false,"
+                  "\"max_tokens\":1000,\"temperature\":1,\"seed\":3}", NULL);
+    char name[64] = "", args[4096] = "", cases_path[] = "/tmp/llm-test-args-XXXXXX";
+    char schemas_path[] = "/tmp/llm-test-pydantic-XXXXXX", cmd[256], *out = NULL;
+    json_str(http_body(r), "name", name, sizeof name);
+    json_str(http_body(r), "arguments", args, sizeof args);
+    json_str(http_body(r), "finish_reason", finish, sizeof finish);
+    int fd1 = mkstemp(schemas_path), fd2 = mkstemp(cases_path), status = -1;
+    FILE *fs = fd1 >= 0 ? fdopen(fd1, "w") : NULL, *fc = fd2 >= 0 ? fdopen(fd2, "w") : NULL;
+    if (fs) fputs("[{\"name\": \"add_person\", \"schema\": " PYDANTIC_PARAMS "}]\n", fs);
+    if (fc) json_line(fc, 0, "sample", args, strlen(args), "accept");
+    if (fs) fclose(fs);
+    if (fc) fclose(fc);
+    snprintf(cmd, sizeof cmd, ".venv/bin/python tools/schema_oracle.py %s %s 2>&1", schemas_path, cases_path);
+    if (fs && fc) out = run_command(cmd, &status);
+    CHECK(http_status(r) == 200 && !strcmp(name, "add_person") && !strcmp(finish, "tool_calls") &&
+          status == 0 && out && strstr(out, "1 agree, 0 disagree"), "serve: a tool with $defs and $ref: "
+          "arguments %s (%s): %s; %.400s", args, finish, out ? out : "", r ? r : "no response");
+    free(out); free(r);
+    unlink(schemas_path); unlink(cases_path);
+    CHECK(server_stop(&srv) == 0, "serve (Qwen3): exit status 0");
+}
+
 static void test_server_errors(void) {
     test_server s;
     if (server_start(&s, "--api-key sesame --max-queue 2 --request-timeout 1 --max-model-len 64") != 0) {
@@ -11084,6 +11411,7 @@ int main(int argc, char **argv) {
         {"grammar: the grammar thread", test_grammar_thread},
         {"grammar: generation", test_grammar_generation}, {"grammar: JSON Schema", test_grammar_schemas},
         {"grammar: command line", test_grammar_cli},
+        {"grammar: bounds on what requests drive", test_grammar_bounds},
         {"abort and limits", test_abort_and_limits},
         {"logprobs", test_logprobs}, {"prompt logprobs", test_prompt_logprobs},
         {"requests from a thread", test_threads}, {"user pointers", test_user_pointers},
@@ -11109,6 +11437,7 @@ int main(int argc, char **argv) {
         {"server errors", test_server_errors}, {"server structured output", test_server_structured},
         {"server: a costly grammar slows only itself", test_server_grammar_isolation},
         {"server: requests read by workers", test_server_request_workers},
+        {"server structured output: bounds, big choices, $defs in tools", test_server_grammar_bounds},
         {"server tools and reasoning", test_server_tools}, {"server tools, Mistral", test_server_mistral_tools},
         {"server connections", test_server_connections},
         {"server sampling from the file", test_server_sampling_keys},

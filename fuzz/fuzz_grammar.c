@@ -6,14 +6,22 @@
  *      is taken or refused leaving the state as it was; the mask of the state reached (over the SentencePiece
  *      test vocabulary) counts its bits, allows exactly the tokens the one-token check allows, and allows the
  *      end of generation exactly where the text is whole;
- *   1  a JSON Schema: the converter refuses it with a message, or writes GBNF that parses (and so does
- *      gpt-oss's reply around it, its thinking then the answer);
+ *   1  a JSON Schema: the converter refuses it with a message, or writes GBNF that parses or is refused at
+ *      one of the grammar's limits, by name (and so does gpt-oss's reply around it, its thinking then the
+ *      answer);
  *   2  a regular expression: the same;
  *   3  choices, one a line: the grammar parses and takes each choice whole;
  *   (a first byte of 240 or more:)
  *   4  tools (JSON) written as each family's tool-call grammar: the grammar parses, or a reason is given;
  *   5  a reply read back in each tool format, whole and as each of its prefixes.
  * Any failure of these is an abort(). */
+/* The grammar's limits, smaller than llm.h's, so that inputs of 4 KiB reach them and what happens past each
+ * is fuzzed too (at llm.h's, rules, nesting and the matcher's stacks take 100 KB to 1 MB of text) */
+#define LLM_GR_MAX_RULES 2048
+#define LLM_GR_MAX_STACKS 512
+#define LLM_GR_MAX_DEPTH 512
+#define LLM_GR_MAX_WORK (1 << 18)
+#define LLM_JS_MAX_RULES 1000
 #define LLM_IMPLEMENTATION
 #include "llm.h"
 #include "fuzz/fuzz_common.h"
@@ -34,11 +42,16 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
-/* Text that a writer made must be a grammar the parser takes */
-static llm_grammar *must_parse(const char *gbnf, const char *what) {
+/* Text that a writer made must be a grammar the parser takes, or refuses at one of its limits, by name (a
+ * schema may ask for more rules than a grammar may have: the request is then refused, saying so). refs: the
+ * schema has $refs, which may lead back to where they are before any character ({"$ref": "#"} at the root,
+ * {"anyOf": [{"$ref": "#"}, ...]}): a grammar refused as left-recursive then, naming the rule. */
+static llm_grammar *must_parse(const char *gbnf, const char *what, int refs) {
     char err[LLM_ERR_LEN];
     llm_grammar *g = llm_grammar_parse(gbnf, err);
-    FUZZ_CHECK(g != NULL, "%s wrote GBNF that does not parse: %s\n%s", what, err, gbnf);
+    FUZZ_CHECK(g != NULL || strstr(err, "more than") || strstr(err, "too large") ||
+               (refs && strstr(err, "left-recursive")), "%s wrote GBNF that does not parse: %s\n%s", what,
+               err, gbnf);
     return g;
 }
 
@@ -108,7 +121,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             gbnf = llm_json_schema_to_grammar(&schema, err);
             llm_json_free(&schema);
         }
-        if (gbnf) llm_grammar_free(must_parse(gbnf, mode == 1 ? "the JSON Schema converter" : "the regex converter"));
+        int refs = mode == 1 && strstr(text, "$ref");
+        const char *what = mode == 1 ? "the JSON Schema converter" : "the regex converter";
+        if (gbnf) llm_grammar_free(must_parse(gbnf, what, refs));
         else FUZZ_CHECK(err[0] != 0, "a refusal without a reason");
         if (gbnf && mode == 1) {
             llm_chat_template ct;
@@ -116,7 +131,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             ct.family = LLM_CHAT_GPT_OSS;
             char *whole = llm_chat_answer_grammar(&ct, gbnf, err);
             FUZZ_CHECK(whole != NULL, "gpt-oss's answer grammar not made");
-            llm_grammar_free(must_parse(whole, "gpt-oss's answer grammar"));
+            llm_grammar_free(must_parse(whole, "gpt-oss's answer grammar", refs));
             free(whole);
         }
         free(gbnf);
@@ -127,7 +142,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             ct.tool_format = f; ct.thinks = data[0] & 8; ct.enable_thinking = 1;
             if (f == LLM_TOOLS_HARMONY) ct.family = LLM_CHAT_GPT_OSS;
             char *gbnf = llm_chat_tool_grammar(&ct, text, (data[0] >> 4) % 3, "f", data[0] & 64, err);
-            if (gbnf) llm_grammar_free(must_parse(gbnf, "the tool call grammar"));
+            if (gbnf) llm_grammar_free(must_parse(gbnf, "the tool call grammar", strstr(text, "$ref") != 0));
             else FUZZ_CHECK(err[0] != 0, "tools refused without a reason");
             free(gbnf);
         }
@@ -155,7 +170,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             s = nl ? nl + 1 : text + len;
         }
         char *gbnf = n ? llm_choice_to_grammar(choices, n, err) : NULL;
-        llm_grammar *g = gbnf ? must_parse(gbnf, "the choice writer") : NULL;
+        llm_grammar *g = gbnf ? must_parse(gbnf, "the choice writer", 0) : NULL;
         for (int i = 0; g && i < n; i++) {
             llm_grammar_state *st = llm_grammar_start(g);
             FUZZ_CHECK(st && llm_grammar_accept(st, choices[i], (int)strlen(choices[i])) == 0 &&

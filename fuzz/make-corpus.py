@@ -335,6 +335,8 @@ JSON_RAW = [
     '{"a":"\\ud83d\\ude00\\u00e9\\n\\t\\"\\\\\\/\\b\\f\\r"}', "[1, -2.5e+10, 0.000001, -0, 1E400]",
     '{"a":1,"a":2}', "  true  ", "null", '"\\ud800"', "[" * 70 + "]" * 70, '{"k" "v"}', "[1,]", "01",
     '"\xff"',
+    # past the reader's nesting limit (64): arrays, objects, both
+    "[" * 100 + "]" * 100, '{"a":' * 100 + "1" + "}" * 100, '[{"a":' * 40 + "[]" + "}]" * 40,
 ]
 
 
@@ -398,7 +400,7 @@ def grammar_seeds():
               {"enum": ["a", "b"]}, "maxItems": 2}, "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]},
               "d": {"type": "string", "format": "date"}, "p": {"type": "string", "pattern": "^[A-Z]{2}-\\d+$"}},
               "required": ["name", "n"], "additionalProperties": {"type": "boolean"}}
-    return {
+    deep = {
         "gbnf-json": b"\x00" + json_gbnf + b"\x00" + b'{"a": [1, -2.5, "x\\u00e9"], "b": {}}',
         "gbnf-repeat": b"\x00" + b'root ::= ("a" [bc]{1,3} "d"?){2,4} [^\\n]* .\n' + b"\x00abcdacbd\xc3\xa9!",
         "gbnf-bad": b"\x00" + b"root ::= root \"x\" | [",
@@ -408,6 +410,45 @@ def grammar_seeds():
         "regex": b"\x02" + b"(?:[a-f0-9]{2}:){5}[a-f0-9]{2}|\\(\\d{3}\\) \\w+?\\s*$",
         "choices": b"\x03" + "yes\nno\nmaybe \"so\"\n\u00e9t\u00e9".encode(),
     }
+    # deep inputs that reach the limits (fuzz_grammar.c sets them low): nesting, chains of rules and of $refs,
+    # rules that fan out, too many rules; schemas that loop through allOf; long names; choices that share
+    # beginnings (a trie); tools whose parameters use $defs and $ref
+    pydantic = {"$defs": {"Pet": {"properties": {"kind": {"enum": ["cat", "dog"]}}, "required": ["kind"],
+                                  "type": "object", "additionalProperties": False}},
+                "properties": {"name": {"type": "string", "maxLength": 8},
+                               "pets": {"items": {"$ref": "#/$defs/Pet"}, "type": "array"}},
+                "required": ["name", "pets"], "type": "object"}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": pydantic}}]
+    ref_chain = {"$ref": "#/$defs/a0", "$defs": dict(("a%d" % i, {"$ref": "#/$defs/a%d" % (i + 1)})
+                                                     for i in range(80))}
+    ref_chain["$defs"]["a80"] = {"enum": ["ok"]}
+    deep.update({
+        "gbnf-nested": b"\x00root ::= " + b"(" * 1500 + b'"a"' + b")" * 1500 + b"\x00a",
+        "gbnf-nested-after": b"\x00root ::= " + b"(" * 600 + b'"a"' + b') "b"' * 600 + b"\x00ab",
+        "gbnf-chain": b"\x00root ::= r0\n" + b"".join(b"r%d ::= r%d\n" % (i, i + 1) for i in range(250)) +
+                      b'r250 ::= "z"\x00z',
+        "gbnf-nullable-chain": b"\x00root ::= r0 \"q\"\n" + b"".join(b"r%d ::= r%d\n" % (i, i + 1)
+                                                                     for i in range(250)) + b'r250 ::= "" | "z"',
+        "gbnf-left-chain": b"\x00root ::= r0\n" + b"".join(b"r%d ::= r%d\n" % (i, i + 1) for i in range(250)) +
+                           b'r250 ::= root "z"',
+        "gbnf-fanout": b"\x00root ::= r0\n" + b"".join(b"r%d ::= r%d | r%d\n" % (i, i + 1, i + 1)
+                                                       for i in range(30)) + b'r30 ::= "z"',
+        "gbnf-rules": b'\x00root ::=' + b' "a"{0,1000}' * 3,
+        "gbnf-stacks": b'\x00root ::= ' + b'|'.join([b'"a"'] * 600) + b"\x00a",
+        "schema-rules": b"\x01" + json.dumps({"properties": dict(("%d" % i, {}) for i in range(340))},
+                                             separators=(",", ":")).encode(),
+        "schema-ref-chain": b"\x01" + json.dumps(ref_chain).encode(),
+        "schema-allof-loop": b"\x01" + json.dumps({"properties": {"x": {"allOf": [{"$ref": "#"},
+                                                                                  {"type": "object"}]}}}).encode(),
+        "schema-allof-self": b"\x01" + json.dumps({"allOf": [{"$ref": "#"}, {"type": "object"}]}).encode(),
+        "schema-long-name": b"\x01" + json.dumps({"properties": {"k" * 300: {}}, "additionalProperties": True}).encode(),
+        "schema-enum": b"\x01" + json.dumps({"enum": ["value-%d" % i for i in range(300)] + [1, None]}).encode(),
+        "regex-nested": b"\x02" + b"(" * 100 + b"a" + b")" * 100,
+        "choices-trie": b"\x03" + b"\n".join(b"the same beginning, then %d" % i for i in range(16)),
+        "tools-defs": b"\xf0" + json.dumps(tools).encode(),
+    })
+    assert all(len(v) <= 4096 for v in deep.values()), [k for k, v in deep.items() if len(v) > 4096]
+    return deep
 
 
 TARGETS = {"gguf": None, "tokenizer": tokenizer_seeds, "engine": engine_seeds, "json": json_seeds,

@@ -18,7 +18,8 @@ parts run side by side, and the requests of a part together where they can (the 
      (same seed, temperature 1, n = 1) returns unstreamed (content, calls, reasoning, finish reason, token
      count), on Qwen3 also with thinking on (logit_bias opens and closes the think block before the call);
      the client's own helpers: parse() with pydantic_function_tool (a strict tool, arguments read into the
-     model) and stream(), which puts the deltas together itself;
+     model; a nested model too, its parameters with $defs and $ref) and stream(), which puts the deltas
+     together itself;
   3. a full loop: user -> a call -> the assistant message as the client returned it (the pydantic object
      itself, or model_dump(exclude_none=True), or built from the deltas) and a tool result by tool_call_id ->
      the second request is accepted and answers (text or calls, with new ids), streamed and not;
@@ -292,7 +293,8 @@ def stream_equals_unstreamed(S, tag, extra, seeds):
 
 def client_helpers(S, extra):
     """2, 3: the client's own helpers: parse() with pydantic_function_tool (a strict tool whose arguments it
-    reads into the model) and stream(), which puts the deltas together itself."""
+    reads into the model; and one of a nested model, whose parameters use $defs and $ref) and stream(), which
+    puts the deltas together itself."""
     import typing, pydantic
 
     class GetWeather(pydantic.BaseModel):
@@ -316,6 +318,25 @@ def client_helpers(S, extra):
               f"stream(tools=[GetWeather]): {final} (unstreamed {calls})")
     except (openai.APIError, pydantic.ValidationError) as e:
         check(False, f"the client's helpers: {type(e).__name__} {e}")
+
+    class Place(pydantic.BaseModel):
+        city: str = pydantic.Field(min_length=1, max_length=20)
+        country: typing.Literal["FR", "NO", "IT"]
+
+    class GetForecast(pydantic.BaseModel):  # a nested model: the tool's parameters use $defs and $ref
+        place: Place
+        days: int = pydantic.Field(ge=1, le=7)
+
+    tool = openai.pydantic_function_tool(GetForecast)
+    kw.update(tools=[tool], max_tokens=200)
+    try:
+        r = S.client.chat.completions.parse(**kw)
+        calls = r.choices[0].message.tool_calls or []
+        check("$defs" in json.dumps(tool) and r.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+              and isinstance(calls[0].function.parsed_arguments, GetForecast)
+              and isinstance(calls[0].function.parsed_arguments.place, Place), f"parse(tools=[GetForecast]): {r}")
+    except (openai.APIError, pydantic.ValidationError) as e:
+        check(False, f"the client's helpers, a nested model: {type(e).__name__} {e}")
 
 
 def full_loop(S, tag, extra, seed, stream):
