@@ -4239,7 +4239,7 @@ typedef struct llm_request {
     float *bias_copy;
     llm_grammar *grammar;           /* params.grammar parsed (params.grammar itself is NULL here) */
     uint64_t prefix_salt;           /* params.cache_salt hashed: its blocks' hash chain begins here (0: none) */
-    uint64_t grammar_turn;          /* the grammar thread's: when it last ran one of its jobs (its own count) */
+    uint64_t grammar_turn;          /* the grammar thread's: when it last ran a job of it (its own count) */
     int n_prompt;
     int refs;                       /* sequences still pointing here */
 } llm_request;
@@ -10792,7 +10792,7 @@ int llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int specia
 typedef struct {
     llm_seq *seq;
     float *row;                     /* [vocab_size]: its logits, copied */
-    llm_sample_row r;               /* the draw: r.token (drawn by the step when drawn is set), its logprobs */
+    llm_sample_row r;               /* the draw: r.token (the step's, when drawn is set), its logprobs */
     int drawn;
     int32_t top_ids[20]; float top_logprobs[20]; /* r's top logprobs (a request asks for 20 at most) */
     llm_grammar_state *next;        /* the state r.token leads to */
@@ -10805,7 +10805,7 @@ typedef struct { /* what a thread that runs jobs keeps: a sampler of its own and
     llm_sampler *sampler;
     uint8_t *mask;                  /* [vocab_size bits] */
     int32_t *ids;                   /* [vocab_size] the tokens a mask allows ... */
-    float *logits;                  /* [vocab_size] ... and their logits, the row a refused draw is redrawn from */
+    float *logits;                  /* [vocab_size] ... their logits: what a refused draw is redrawn from */
 } llm_grammar_scratch;
 
 static void llm_grammar_scratch_free(llm_grammar_scratch *w) {
@@ -10856,9 +10856,9 @@ struct llm_engine {
     llm_grammar_job **grammar_spare;/* done with: their rows kept for the next */
     int grammar_in_flight;          /* jobs handed out and not taken back */
     llm_seq **parked_finished;      /* finished (aborted) while parked: freed when their job comes back */
-    llm_grammar_scratch grammar_here; /* the jobs' room on this thread, when the grammar thread would not start */
+    llm_grammar_scratch grammar_here; /* the jobs' room here, if the grammar thread would not start */
     double grammar_step_seconds, grammar_step_budget; /* this step's checks so far, and how far they may go */
-    double grammar_step_share;      /* the budget's share of the forward pass's time (the tests change it: < 0,
+    double grammar_step_share;      /* the budget's share of the forward pass's time (tests change it: < 0,
                                      * every grammar sequence parked before its draw) */
     int step_idle;                  /* the last step planned nothing and gave nothing out */
     struct { char *text; llm_grammar *g; } *grammars; /* stb_ds, under lock: the last LLM_ENGINE_GRAMMARS
@@ -11214,7 +11214,10 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
         return 0;
     }
     if (p->grammar_parsed) __atomic_add_fetch(&(grammar = p->grammar_parsed)->refs, 1, __ATOMIC_ACQ_REL);
-    else if (p->grammar && !(grammar = llm_engine_parse_grammar(e, p->grammar, err))) { arrfree(ids); return 0; }
+    else if (p->grammar && !(grammar = llm_engine_parse_grammar(e, p->grammar, err))) {
+        arrfree(ids);
+        return 0;
+    }
     llm_seq *s = llm_seq_new(ids, p, grammar, user, e->sched.n_kv_groups);
     if (!s) { llm_fail(err, "out of memory"); return 0; }
     pthread_mutex_lock(&e->lock);
@@ -11499,22 +11502,23 @@ static void llm_engine_fail_step(llm_engine *e) {
 }
 
 /* 5. Structured output. Under a grammar, the token sampled first is checked: most of the time the grammar
- *    allows it (a model asked for JSON mostly writes JSON), and that costs one walk of its bytes. When it does
- *    not, every token is checked (a mask, through the vocabulary's trie, or from the cache), the refused ones
- *    are masked out and the sampler draws again: the same distribution as masking first (a refused draw is
- *    thrown away), for the price of a mask only where one is needed. The ends of generation and the
- *    request's stop ids are allowed exactly where the text so far is a whole sentence.
- *    A mask costs microseconds or tens of milliseconds, as the grammar makes it (thousands of stacks in an
- *    ambiguous one), and a request's bytes choose the grammar. So no step waits for a mask: a sequence whose
- *    token was refused is parked, its row of logits copied into a job, and the engine's grammar thread builds
- *    the mask and draws again while the steps go on without it; the token is taken by the first step after.
- *    A costly grammar slows its own request, not the others (vLLM fills its masks beside the forward pass
- *    for the same reason). The checks stay in the step up to a budget, LLM_GRAMMAR_STEP_SHARE of the forward
- *    pass's time; past it the step's other grammar sequences are parked before their draw. A job draws with
- *    its sequence's own generator, so a seed gives the same tokens whichever thread draws. */
+ *    allows it (a model asked for JSON mostly writes JSON), and that costs one walk of its bytes. When it
+ *    does not, every token is checked (a mask, through the vocabulary's trie, or from the cache), the refused
+ *    ones are masked out and the sampler draws again: the same distribution as masking first (a refused draw
+ *    is thrown away), for the price of a mask only where one is needed. The ends of generation and the
+ *    request's stop ids are allowed exactly where the text so far is a whole sentence. A mask costs
+ *    microseconds or tens of milliseconds, as the grammar makes it (thousands of stacks in an ambiguous one),
+ *    and a request's bytes choose the grammar. So no step waits for a mask: a sequence whose token was
+ *    refused is parked, its row of logits copied into a job, and the engine's grammar thread builds the mask
+ *    and draws again while the steps go on without it; the token is taken by the first step after. A costly
+ *    grammar slows its own request, not the others (vLLM fills its masks beside the forward pass for the same
+ *    reason). The checks stay in the step up to a budget, LLM_GRAMMAR_STEP_SHARE of the forward pass's time;
+ *    past it the step's other grammar sequences are parked before their draw. A job draws with its sequence's
+ *    own generator, so a seed gives the same tokens whichever thread draws. */
 
 /* Whether the grammar lets token come next; a token that adds text leaves the state it leads to in next */
-static int llm_seq_grammar_allows(const llm_engine *e, const llm_seq *s, int32_t token, llm_grammar_state *next) {
+static int llm_seq_grammar_allows(const llm_engine *e, const llm_seq *s, int32_t token,
+                                  llm_grammar_state *next) {
     const llm_sampling_params *p = &s->req->params;
     for (int i = 0; i < p->n_stop_token_ids; i++)
         if (p->stop_token_ids[i] == token) return llm_grammar_can_end(s->grammar) && !p->ignore_eos;
@@ -11546,24 +11550,26 @@ static void llm_grammar_job_run(const llm_engine *e, llm_grammar_scratch *w, llm
         int n = llm_grammar_mask(s->grammar, e->trie, w->mask);
         j->masks = 1; j->masks_cached = s->req->grammar->cache_hits - cached;
         if (n < 0) {
-            j->error = "the grammar's mask could not be built (out of memory, or the grammar is too ambiguous)";
+            j->error = "the grammar's mask could not be built (out of memory, or the grammar is too "
+                       "ambiguous)";
             j->seconds = llm_now() - t0;
             return;
         }
         uint8_t *mask = w->mask;
         int can_end = llm_grammar_can_end(s->grammar) && !p->ignore_eos;
-        for (int i = 0; i < p->n_stop_token_ids; i++) { /* stop ids end the text, as the ends of generation do */
+        for (int i = 0; i < p->n_stop_token_ids; i++) { /* stop ids end the text, as ends of generation do */
             int32_t t = p->stop_token_ids[i];
             if (t < 0 || t >= V) continue;
             if (can_end) mask[t >> 3] |= (uint8_t)(1u << (t & 7));
             else mask[t >> 3] &= (uint8_t)~(1u << (t & 7));
         }
-        for (ptrdiff_t i = 0; p->ignore_eos && i < arrlen(e->model.tok->eog); i++) { /* they would not end it */
+        for (ptrdiff_t i = 0; p->ignore_eos && i < arrlen(e->model.tok->eog); i++) { /* would not end it */
             int32_t t = e->model.tok->eog[i];
             mask[t >> 3] &= (uint8_t)~(1u << (t & 7));
         }
         /* the draw again, from the allowed tokens only (gathered: a mask allows a few as a rule, and the
-         * refused ones would weigh nothing), with the request's penalties, the same draw as from the row masked */
+         * refused ones would weigh nothing), with the request's penalties: the same draw as from the row
+         * masked */
         const float *adjusted = llm_sampler_adjust(w->sampler, &j->r, j->row);
         const float *pen = llm_sampler_penalize(w->sampler, p, adjusted, s->tokens, s->req->n_prompt,
                                                 (int)arrlen(s->tokens));
@@ -11601,7 +11607,8 @@ static void *llm_grammar_thread(void *arg) {
         if (e->grammar_quit) break;
         int next = 0;
         for (int i = 1; i < arrlen(e->grammar_todo); i++)
-            if (e->grammar_todo[i]->seq->req->grammar_turn < e->grammar_todo[next]->seq->req->grammar_turn) next = i;
+            if (e->grammar_todo[i]->seq->req->grammar_turn < e->grammar_todo[next]->seq->req->grammar_turn)
+                next = i;
         llm_grammar_job *j = e->grammar_todo[next];
         arrdel(e->grammar_todo, next);
         j->seq->req->grammar_turn = ++turn;
@@ -11619,7 +11626,8 @@ static void *llm_grammar_thread(void *arg) {
     return NULL;
 }
 
-/* s's draw goes to the grammar thread (drawn: r.token is drawn already, and refused): its row copied into a job
+/* s's draw goes to the grammar thread (drawn: r.token is drawn already, and refused): its row copied into a
+ * job
  * (a recycled one when there is one), s parked. Without the thread (it could not start) the job runs here. */
 static void llm_seq_park(llm_engine *e, llm_seq *s, const llm_sample_row *r, const float *logits, int drawn) {
     int V = e->model.cfg.vocab_size;
@@ -11745,7 +11753,8 @@ static int llm_seq_sample_on_host(llm_engine *e, llm_seq *s, const float *logits
     return 0;
 }
 
-/* 1. The grammar thread's finished jobs: each parked sequence takes its token (or fails with the job's error);
+/* 1. The grammar thread's finished jobs: each parked sequence takes its token (or fails with the job's
+ *    error);
  *    one that finished while parked (aborted) is freed now, its job being done with it */
 static void llm_engine_take_grammar_jobs(llm_engine *e) {
     pthread_mutex_lock(&e->lock);

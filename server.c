@@ -41,6 +41,7 @@
 #define SRV_MAX_UNKNOWN  256              /* unknown request field names logged, each once */
 #define SRV_MAX_REQUEST_ID 128            /* bytes of a client's X-Request-Id (a longer one is replaced) */
 #define SRV_WORKERS      2                /* threads that read requests (JSON, templates, tokens, grammars) */
+#define SRV_WORKER_STACK (16 << 20)       /* bytes of stack each one has */
 
 /* ===========================================================================================================
  * Strings that grow: what every response is built in
@@ -2315,7 +2316,7 @@ static int prepare_generation(srv_state *S, const llm_json *body, int kind, cons
     p->logit_bias_ids = r->bias_ids; p->logit_bias = r->bias; p->n_logit_bias = (int)arrlen(r->bias_ids);
     p->allowed_token_ids = r->allowed_ids; p->n_allowed_token_ids = (int)arrlen(r->allowed_ids);
     p->bad_word_ids = r->bad_ids; p->bad_word_lens = r->bad_lens; p->n_bad_words = (int)arrlen(r->bad_lens);
-    p->grammar_parsed = r->grammar_parsed; /* (structured_check's): adding it costs the network thread little */
+    p->grammar_parsed = r->grammar_parsed; /* structured_check's: the network thread adds it cheaply */
     return 0;
 }
 
@@ -2404,7 +2405,8 @@ fail:
 static int handle_detokenize(srv_state *S, const llm_json *body, sbuf *out, srv_error *e) {
     const llm_json *tokens = llm_json_get(body, "tokens");
     if (check_model(S, body, e)) return -1;
-    if (!tokens || tokens->type != LLM_JSON_ARRAY) return bad(e, 400, "tokens", "tokens must be a list of ids");
+    if (!tokens || tokens->type != LLM_JSON_ARRAY)
+        return bad(e, 400, "tokens", "tokens must be a list of ids");
     int32_t *ids = NULL;
     for (int i = 0; i < tokens->n; i++) {
         const llm_json *v = &tokens->items[i];
@@ -2441,7 +2443,7 @@ struct srv_job {
     srv_conn *conn;                 /* the network thread's: NULL once the client has gone */
     int route;                      /* JOB_* */
     char *body; size_t body_len;    /* the request's body (NULL: none) */
-    size_t held;                    /* its bytes past SRV_CONN_ALLOWANCE, counted in S->held until it is done */
+    size_t held;                    /* its bytes past SRV_CONN_ALLOWANCE: in S->held until it is done */
     char request_id[SRV_MAX_REQUEST_ID + 1];
     double t_arrival;
     /* what the worker made: a generation ready to add (r, p), or an answer */
@@ -2472,8 +2474,11 @@ static void job_run(srv_state *S, srv_job *j) {
     j->json_ok = 1;
     free(j->body); j->body = NULL; /* (the parse copied what it keeps) */
     if (j->json.type != LLM_JSON_OBJECT) { bad(&j->e, 400, NULL, "the body must be a JSON object"); return; }
-    if (j->route == JOB_TOKENIZE) { j->failed = handle_tokenize(S, &j->json, &j->answer, &j->e) != 0; return; }
-    if (j->route == JOB_DETOKENIZE) { j->failed = handle_detokenize(S, &j->json, &j->answer, &j->e) != 0; return; }
+    if (j->route == JOB_TOKENIZE || j->route == JOB_DETOKENIZE) {
+        j->failed = (j->route == JOB_TOKENIZE ? handle_tokenize : handle_detokenize)(S, &j->json, &j->answer,
+                                                                                    &j->e) != 0;
+        return;
+    }
     if (!(j->r = (srv_req *)calloc(1, sizeof *j->r))) { bad(&j->e, 500, NULL, "out of memory"); return; }
     j->r->t_arrival = j->t_arrival;
     j->failed = prepare_generation(S, &j->json, j->route == JOB_CHAT ? REQ_CHAT : REQ_COMPLETIONS,
@@ -2535,8 +2540,10 @@ static void jobs_done(srv_state *S) {
                 srv_req *r = j->r;
                 j->r = NULL; /* attach_generation's now, whatever comes */
                 if (attach_generation(S, c, r, &j->p, &e) != 0) j->failed = 1;
-            } else if (!j->failed) send_response(S, c, 200, "application/json", j->answer.s, j->answer.len, NULL);
-            if (j->failed) send_error(S, c, e.status ? e.status : 400, e.param[0] ? e.param : NULL, "%s", e.msg);
+            } else if (!j->failed)
+                send_response(S, c, 200, "application/json", j->answer.s, j->answer.len, NULL);
+            if (j->failed)
+                send_error(S, c, e.status ? e.status : 400, e.param[0] ? e.param : NULL, "%s", e.msg);
             if (!c->req && !c->keep_alive) c->closing = 1;
         }
         job_free(j); /* the body, which the engine copied what it keeps of */
@@ -2653,8 +2660,9 @@ static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
         return;
     }
     /* the rest take a JSON object: a worker reads it */
-    job_start(S, c, !strcmp(path, "/tokenize") ? JOB_TOKENIZE : !strcmp(path, "/detokenize") ? JOB_DETOKENIZE :
-              !strcmp(path, "/v1/chat/completions") ? JOB_CHAT : JOB_COMPLETIONS, rq);
+    job_start(S, c, !strcmp(path, "/tokenize") ? JOB_TOKENIZE :
+                    !strcmp(path, "/detokenize") ? JOB_DETOKENIZE :
+                    !strcmp(path, "/v1/chat/completions") ? JOB_CHAT : JOB_COMPLETIONS, rq);
 }
 
 /* ===========================================================================================================
@@ -3185,8 +3193,12 @@ static int serve(const serve_config *a) {
         fprintf(stderr, "llm serve: cannot start the engine thread\n");
         goto out;
     }
+    pthread_attr_t attr; /* the JSON Schema converter may go 128 schemas deep: ~1 MB of stack, 2 under ASan */
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, SRV_WORKER_STACK);
     for (; S->n_workers < SRV_WORKERS; S->n_workers++)
-        if (pthread_create(&S->workers[S->n_workers], NULL, srv_worker, S) != 0) break;
+        if (pthread_create(&S->workers[S->n_workers], &attr, srv_worker, S) != 0) break;
+    pthread_attr_destroy(&attr);
     if (!S->n_workers) {
         fprintf(stderr, "llm serve: cannot start the request workers\n");
         goto out;

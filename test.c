@@ -5291,10 +5291,10 @@ static void json_line(FILE *f, int i, const char *kind, const char *text, size_t
     fputs("}\n", f);
 }
 
-/* The grammar thread (llm.h's engine, structured output): a sequence whose token the grammar refuses is parked
- * and its mask built off the step. Held at will here (test_grammar_hold), it shows that the steps go on without
- * it, that an abort or the engine's end while a job is out lose nothing, that requests take turns, and that a
- * seed gives the same tokens whichever thread draws. */
+/* The grammar thread (llm.h's engine, structured output): a sequence whose token the grammar refuses is
+ * parked and its mask built off the step. Held at will here (test_grammar_hold), it shows that the steps go
+ * on without it, that an abort or the engine's end while a job is out lose nothing, that requests take turns,
+ * and that a seed gives the same tokens whichever thread draws. */
 static volatile int test_grammar_hold;
 static uint64_t test_grammar_turns[256];
 static int test_grammar_n_turns;
@@ -5304,7 +5304,12 @@ static void test_grammar_job(uint64_t request_id) {
     if (k < 256) test_grammar_turns[k] = request_id;
 }
 static void test_grammar_hold_set(int hold) { __atomic_store_n(&test_grammar_hold, hold, __ATOMIC_RELEASE); }
-static void *test_grammar_release_later(void *arg) { (void)arg; usleep(100000); test_grammar_hold_set(0); return 0; }
+static void *test_grammar_release_later(void *arg) {
+    (void)arg;
+    usleep(100000);
+    test_grammar_hold_set(0);
+    return NULL;
+}
 
 static void test_grammar_thread(void) {
     run_result *r = (run_result *)calloc(1, sizeof *r), *alone = (run_result *)calloc(1, sizeof *alone);
@@ -5326,8 +5331,8 @@ static void test_grammar_thread(void) {
     CHECK(a == 0 && b == 1 && r->finish[b][0] == LLM_FINISH_LENGTH && r->n_tokens[b][0] == 20 &&
           !memcmp(r->tokens[b][0], alone->tokens[0][0], 20 * sizeof(int32_t)) && r->n_tokens[a][0] == 0 &&
           !r->finish[a][0] && st.running == 1,
-          "grammar thread held: the other request's 20 tokens (%d, finish %d, as alone: %d) while the grammar's "
-          "waits (%d tokens, %d running)", r->n_tokens[b][0], r->finish[b][0],
+          "grammar thread held: the other request's 20 tokens (%d, finish %d, as alone: %d) while the "
+          "grammar's waits (%d tokens, %d running)", r->n_tokens[b][0], r->finish[b][0],
           r->n_tokens[b][0] == 20 && !memcmp(r->tokens[b][0], alone->tokens[0][0], 20 * sizeof(int32_t)),
           r->n_tokens[a][0], st.running);
     test_grammar_hold_set(0);
@@ -5365,11 +5370,11 @@ static void test_grammar_thread(void) {
     int n_turns = __atomic_load_n(&test_grammar_n_turns, __ATOMIC_ACQUIRE);
     CHECK(h == 0 && l == 1 && n_turns >= 6 && test_grammar_turns[0] == r->id[h] &&
           test_grammar_turns[1] == r->id[l] && test_grammar_turns[2] == r->id[h] && all_blocks_free(e),
-          "grammar thread: requests take turns: %d jobs, the first three of requests %llu %llu %llu (%llu has 4 "
-          "samples, %llu one)", n_turns, (unsigned long long)test_grammar_turns[0],
+          "grammar thread: requests take turns: %d jobs, the first three of requests %llu %llu %llu "
+          "(%llu has 4 samples, %llu one)", n_turns, (unsigned long long)test_grammar_turns[0],
           (unsigned long long)test_grammar_turns[1], (unsigned long long)test_grammar_turns[2],
           (unsigned long long)r->id[h], (unsigned long long)r->id[l]);
-    /* 4. the engine destroyed while a job is out: it waits for the job, and frees everything (ASan: no leak) */
+    /* 4. the engine destroyed while a job is out: it waits for the job, frees everything (ASan: no leak) */
     a = run_add(e, r, "Once upon a time", NULL, 0, &pq);
     test_grammar_hold_set(1);
     run_steps(e, r, 1);
@@ -5403,8 +5408,8 @@ static void test_grammar_thread(void) {
         st = llm_engine_get_stats(e);
         parked[k] = st.grammar_tokens;
         CHECK(all_blocks_free(e) && runs[k]->bad_audits == 0 && st.grammar_tokens > 100,
-              "grammar thread, step share %g: blocks back, %lld tokens under the grammar, %lld masks", shares[k],
-              (long long)st.grammar_tokens, (long long)st.grammar_masks);
+              "grammar thread, step share %g: blocks back, %lld tokens under the grammar, %lld masks",
+              shares[k], (long long)st.grammar_tokens, (long long)st.grammar_masks);
         llm_engine_destroy(e);
     }
     int same = 1;
@@ -8395,9 +8400,9 @@ static void test_server_tools(void) {
 /* Structured output through the server: every field that asks for it (OpenAI's, vLLM's new and old, llama.cpp's)
  * on both endpoints, the answers checked here with llm_json_parse and by hand; the stream's deltas put together
  * are the answer; what cannot be honoured is a 400 naming the field (and the keyword) */
-/* One request's costly grammar slows that request, not the others: a GBNF of 4,000 alternatives sharing a long
- * prefix (every mask walks 4,000 stacks) at n = 16, and beside it a 20-token completion: within 10 times its
- * time alone (before the grammar thread it took ~5,000 times as long: every step waited for 16 masks) */
+/* One request's costly grammar slows that request, not the others: a GBNF of 4,000 alternatives sharing a
+ * long prefix (every mask walks 4,000 stacks) at n = 16, and beside it a 20-token completion: within 10 times
+ * its time alone (before the grammar thread it took ~5,000 times as long: every step waited for 16 masks) */
 static double timed_post(int port, const char *body) {
     double t0 = test_now();
     char *r = http_post(port, "/v1/completions", body, NULL);
@@ -8413,7 +8418,8 @@ static void test_server_grammar_isolation(void) {
     test_server srv;
     if (server_start(&srv, "") != 0) { server_stop(&srv); return; }
     int port = srv.port;
-    const char *light = "{\"prompt\":\"Once upon a time\",\"max_tokens\":20,\"temperature\":0,\"ignore_eos\":true}";
+    const char *light = "{\"prompt\":\"Once upon a time\",\"max_tokens\":20,\"temperature\":0,"
+                        "\"ignore_eos\":true}";
     double alone[5], beside[5];
     for (int i = 0; i < 5; i++) alone[i] = timed_post(port, light);
     size_t cap = 4000 * 80 + 4096, len = 0;
@@ -8422,8 +8428,8 @@ static void test_server_grammar_isolation(void) {
     len += (size_t)sprintf(heavy, "{\"prompt\":\"Once upon a time\",\"max_tokens\":60,\"n\":16,"
                            "\"temperature\":1,\"seed\":1,\"stream\":true,\"grammar\":\"root ::= ");
     for (int i = 0; i < 4000; i++)
-        len += (size_t)sprintf(heavy + len, "%s\\\"the quick brown fox jumps over the lazy dog again and again "
-                               "%04d\\\"", i ? " | " : "", i);
+        len += (size_t)sprintf(heavy + len, "%s\\\"the quick brown fox jumps over the lazy dog again and "
+                               "again %04d\\\"", i ? " | " : "", i);
     len += (size_t)sprintf(heavy + len, "\"}");
     int n = sprintf(req, "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
                     "Content-Length: %zu\r\n\r\n%s", len, heavy);
@@ -8444,8 +8450,8 @@ static void test_server_grammar_isolation(void) {
     double free_blocks = -1;
     for (double t0 = test_now(); test_now() - t0 < 30 && free_blocks != blocks; usleep(20000))
         free_blocks = metric(port, "llm:kv_cache_free_blocks");
-    CHECK(free_blocks == blocks, "serve: the costly grammar's request aborted: %g of %g blocks free", free_blocks,
-          blocks);
+    CHECK(free_blocks == blocks, "serve: the costly grammar's request aborted: %g of %g blocks free",
+          free_blocks, blocks);
     free(req); free(heavy);
     CHECK(server_stop(&srv) == 0, "serve: exit status 0");
 }
@@ -8465,7 +8471,8 @@ static void test_server_request_workers(void) {
     len += (size_t)sprintf(body + len, "\"}");
     int n = sprintf(req, "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
                     "Connection: close\r\nContent-Length: %zu\r\n\r\n%s", len, body);
-    const char *stream = "{\"prompt\":\"Once upon a time\",\"max_tokens\":400,\"ignore_eos\":true,\"stream\":true}";
+    const char *stream = "{\"prompt\":\"Once upon a time\",\"max_tokens\":400,\"ignore_eos\":true,"
+                         "\"stream\":true}";
     char sreq[512];
     int sn = snprintf(sreq, sizeof sreq, "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
                       "Connection: close\r\nContent-Length: %zu\r\n\r\n%s", strlen(stream), stream);
@@ -8490,8 +8497,9 @@ static void test_server_request_workers(void) {
     char *streamed = recv_all(sfd, 60, NULL);
     CHECK(healthy == 3 && http_status(big) == 400 && strstr(big, "context") && t_big > 4 * worst &&
           streamed && strstr(streamed, "data: [DONE]"),
-          "serve: /health during a 2 MB prompt's tokenizing: 3 of 3 (%d) in %.3f s at worst, the prompt's answer "
-          "(%d) after %.3f s; the stream beside them ended: %d", healthy, worst, http_status(big), t_big,
+          "serve: /health during a 2 MB prompt's tokenizing: 3 of 3 (%d) in %.3f s at worst, the prompt's "
+          "answer (%d) after %.3f s; the stream beside them ended: %d", healthy, worst, http_status(big),
+          t_big,
           streamed && strstr(streamed, "data: [DONE]") != NULL);
     free(big); free(streamed); free(body); free(req);
     close(sfd); close(bfd);
@@ -8706,8 +8714,8 @@ static void test_server_grammar_bounds(void) {
     if (server_start(&srv, extra) != 0) { server_stop(&srv); return; }
     r = http_post(srv.port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":"
                   "\"Add Ann.\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"add_person\","
-                  "\"parameters\":" PYDANTIC_PARAMS "}}],\"tool_choice\":\"required\",\"parallel_tool_calls\":false,"
-                  "\"max_tokens\":1000,\"temperature\":1,\"seed\":3}", NULL);
+                  "\"parameters\":" PYDANTIC_PARAMS "}}],\"tool_choice\":\"required\","
+                  "\"parallel_tool_calls\":false,\"max_tokens\":1000,\"temperature\":1,\"seed\":3}", NULL);
     char name[64] = "", args[4096] = "", cases_path[] = "/tmp/llm-test-args-XXXXXX";
     char schemas_path[] = "/tmp/llm-test-pydantic-XXXXXX", cmd[256], *out = NULL;
     json_str(http_body(r), "name", name, sizeof name);
@@ -9826,8 +9834,9 @@ static void test_server_cross_origin(void) {
     close(fd);
     char *log = read_file(k.log, NULL);
     CHECK(aborted == 1 && free_blocks == blocks && log && strstr(log, "127.0.0.1: the client took no "
-          "response bytes for 1 s: connection closed, request aborted\n"), "serve: a stream nobody reads for 1 s: "
-          "aborted %g after %.1f s, %g of %g blocks free", aborted, took, free_blocks, blocks);
+          "response bytes for 1 s: connection closed, request aborted\n"),
+          "serve: a stream nobody reads for 1 s: aborted %g after %.1f s, %g of %g blocks free", aborted,
+          took, free_blocks, blocks);
     free(log);
     /* the comma-separated form; a list that is not one stops the server at its start */
     test_server c;
