@@ -11627,8 +11627,8 @@ static void *llm_grammar_thread(void *arg) {
 }
 
 /* s's draw goes to the grammar thread (drawn: r.token is drawn already, and refused): its row copied into a
- * job
- * (a recycled one when there is one), s parked. Without the thread (it could not start) the job runs here. */
+ * job (a recycled one when there is one), s parked. Without the thread (it could not start) the job runs
+ * here. */
 static void llm_seq_park(llm_engine *e, llm_seq *s, const llm_sample_row *r, const float *logits, int drawn) {
     int V = e->model.cfg.vocab_size;
     llm_grammar_job *j = arrlen(e->grammar_spare) ? arrpop(e->grammar_spare)
@@ -11754,8 +11754,7 @@ static int llm_seq_sample_on_host(llm_engine *e, llm_seq *s, const float *logits
 }
 
 /* 1. The grammar thread's finished jobs: each parked sequence takes its token (or fails with the job's
- *    error);
- *    one that finished while parked (aborted) is freed now, its job being done with it */
+ *    error); one that finished while parked (aborted) is freed now, its job being done with it */
 static void llm_engine_take_grammar_jobs(llm_engine *e) {
     pthread_mutex_lock(&e->lock);
     llm_grammar_job **done = e->grammar_done;
