@@ -45,7 +45,8 @@
  *   llm_engine_get_stats   llm_engine_model   llm_finish_reason_name   llm_engine_check_blocks
  *   (logprobs of the prompt's own tokens, vLLM's prompt_logprobs: llm_sampling_params.prompt_logprobs in,
  *   llm_output.prompt_logprobs out; structured output: llm_sampling_params.grammar, GBNF text, which
- *   llm_json_schema_to_grammar, llm_regex_to_grammar and llm_choice_to_grammar write; speculative decoding
+ *   llm_json_schema_to_grammar, llm_regex_to_grammar and llm_choice_to_grammar write, or grammar_parsed,
+ *   parsed ahead on another thread by llm_engine_parse_grammar; speculative decoding
  *   by n-gram lookup or a draft model: llm_engine_config.spec_tokens, spec_model_path)
  * The parts: each section's own functions, for tools, tests and programs that take one piece
  *   GGUF: llm_gguf_open, _parse, _close, _find, _tensor_find, _int, _float, _string, _arr_int, _arr_float;
@@ -10782,7 +10783,8 @@ int llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int specia
  * there is one, computes the step's tokens and makes its proposals; the plan becomes one batch and one
  * forward call; each sequence that reached the end of its tokens samples the next one, which
  * goes through the stop conditions and the detokenizer; every sequence with news gives an output, and
- * finished ones leave.
+ * finished ones leave. A grammar's costly masks are the one piece of a step's work done on a thread of the
+ * engine's own (the grammar thread): the sequence that needs one sits out the steps until it is done.
  * ======================================================================================================== */
 /* A step's grammar checks may take this share of its forward pass's time (llm_seq_sample_on_host) */
 #define LLM_GRAMMAR_STEP_SHARE 0.25
