@@ -7912,6 +7912,15 @@ void llm_grammar_free(llm_grammar *g) {
     free(g);
 }
 
+/* One more reference to g: the engine's table of grammars and each request that follows g hold one */
+static llm_grammar *llm_grammar_ref(llm_grammar *g) {
+    __atomic_add_fetch(&g->refs, 1, __ATOMIC_ACQ_REL);
+    return g;
+}
+
+/* The masks g's cache has given so far (the engine's stats) */
+static int64_t llm_grammar_cache_hits(const llm_grammar *g) { return g->cache_hits; }
+
 static int llm_gr_check_start(const llm_grammar *g, char *err); /* with the matcher, below */
 
 llm_grammar *llm_grammar_parse(const char *gbnf, char *err) {
@@ -11135,6 +11144,12 @@ static int llm_ids_check(const int32_t *ids, int64_t n, int vocab_size, const ch
     return 0;
 }
 
+/* The grammar layer's hooks (section 9) that the engine calls besides its public API */
+static llm_grammar *llm_grammar_ref(llm_grammar *g);
+static int64_t llm_grammar_cache_hits(const llm_grammar *g);
+static int llm_gr_allows_into(const llm_grammar_state *st, const llm_token_trie *tt, int32_t token,
+                              llm_grammar_state *next);
+
 /* A request's grammar: the one parsed for an earlier request with the same text (its masks cached), or
  * parsed now and kept for the next ones. A reference for the request (or for a server's worker, which parses
  * it before the request is added: llm_sampling_params.grammar_parsed). */
@@ -11144,12 +11159,12 @@ llm_grammar *llm_engine_parse_grammar(llm_engine *e, const char *text, char *err
     pthread_mutex_lock(&e->lock);
     for (ptrdiff_t i = 0; i < arrlen(e->grammars) && !g; i++)
         if (!strcmp(e->grammars[i].text, text)) g = e->grammars[i].g;
-    if (g) __atomic_add_fetch(&g->refs, 1, __ATOMIC_ACQ_REL);
+    if (g) llm_grammar_ref(g);
     pthread_mutex_unlock(&e->lock);
     if (g || !(g = llm_grammar_parse(text, err))) return g;
     char *copy = strdup(text);
     if (!copy) return g; /* not kept: only the cache is lost */
-    __atomic_add_fetch(&g->refs, 1, __ATOMIC_ACQ_REL);
+    llm_grammar_ref(g);
     pthread_mutex_lock(&e->lock);
     int k = (int)arrlen(e->grammars);
     if (k < LLM_ENGINE_GRAMMARS) arrsetlen(e->grammars, k + 1);
@@ -11215,7 +11230,7 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
         llm_fail(err, "a grammar needs the model's tokenizer");
         return 0;
     }
-    if (p->grammar_parsed) __atomic_add_fetch(&(grammar = p->grammar_parsed)->refs, 1, __ATOMIC_ACQ_REL);
+    if (p->grammar_parsed) grammar = llm_grammar_ref(p->grammar_parsed);
     else if (p->grammar && !(grammar = llm_engine_parse_grammar(e, p->grammar, err))) {
         arrfree(ids);
         return 0;
@@ -11548,9 +11563,9 @@ static void llm_grammar_job_run(const llm_engine *e, llm_grammar_scratch *w, llm
     if (!j->drawn) llm_sampler_draw(w->sampler, &j->r, j->row);
     int32_t token = j->r.token;
     if (token >= 0 && !llm_seq_grammar_allows(e, s, token, j->next)) {
-        int64_t cached = s->req->grammar->cache_hits;
+        int64_t cached = llm_grammar_cache_hits(s->req->grammar);
         int n = llm_grammar_mask(s->grammar, e->trie, w->mask);
-        j->masks = 1; j->masks_cached = s->req->grammar->cache_hits - cached;
+        j->masks = 1; j->masks_cached = llm_grammar_cache_hits(s->req->grammar) - cached;
         if (n < 0) {
             j->error = "the grammar's mask could not be built (out of memory, or the grammar is too "
                        "ambiguous)";
