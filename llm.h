@@ -22,19 +22,25 @@
  * The implementation needs libc, libm, pthreads and stb_ds.h (Debian: libstb-dev; <stb/stb_ds.h>).
  * Errors are returned (0 ok, -1 failed, a message in the caller's char err[LLM_ERR_LEN]), never exit()ed.
  *
- * The data's path, and the order of the sections below, in the declarations and in the implementation:
+ * The data's path, and the order of the sections below, in the declarations and in the implementation. The
+ * core (1 to 10) is the serving engine and reads straight through; the layers after it (11 to 13) are what
+ * it can do without, each opening with what it does and the hook by which the core calls it:
  *   1. GGUF         a file -> metadata and tensors       llm_gguf: memory-mapped, every offset checked
  *   2. Model        tensors -> weights and a config      llm_model: typed pointers into the file
  *   3. Tokenizer    text -> token ids                    llm_tokenizer: SentencePiece and byte-level BPE
- *   4. Chat         messages, tools -> a prompt          llm_chat_render: the chat template families
+ *   4. Chat         messages -> a prompt                 llm_chat_render: the chat template families
  *   5. Requests     token ids -> a step's plan           the scheduler: admission, budget, preemption
  *   6. Blocks       sequences -> KV-cache blocks         llm_block_manager: free list, refs, prefix cache
  *   7. Forward      a batch -> logits                    llm_backend: the CPU one here, CUDA in llm.cu
  *   8. Sampler      logits -> the next token             llm_sampler: temperature, top-k/p, min-p, penalties;
  *                                                        the backends' sample step (llm_sample_row)
- *   9. Grammar      which tokens may come next           llm_grammar: GBNF, JSON Schema, regex; token masks
- *  10. Detokenizer  token ids -> text, stop strings      llm_detok: only whole UTF-8 characters come out
- *  11. Engine       all of the above, one step at a time llm_engine: requests in, outputs out
+ *   9. Detokenizer  token ids -> text, stop strings      llm_detok: only whole UTF-8 characters come out
+ *  10. Engine       all of the above, one step at a time llm_engine: requests in, outputs out
+ *  11. JSON         text <-> values                      llm_json: what tools, schemas and requests are in
+ *  12. Grammar      which tokens may come next           llm_grammar: GBNF, JSON Schema, regex; token masks
+ *                                                        (LLM_NO_GRAMMAR: none; the engine then refuses one)
+ *  13. Tools        tools and calls in a family's syntax the tools a prompt lists, a call's grammar, a reply
+ *                                                        read back into thinking, answer and calls
  *   Appendix        the Unicode table the tokenizer's pre-tokenizers read
  *
  * The engine: what a program that serves a model calls
@@ -421,7 +427,7 @@ typedef struct {
     const char *grammar;            /* GBNF text (copied; start rule "root"), NULL: none. The output, from its
                                      * first byte, is a sentence of it: only tokens that go on in it are
                                      * sampled, end of generation only where the sentence is whole, and the
-                                     * sequence stops ("stop") when nothing more may follow. Section 9 writes
+                                     * sequence stops ("stop") when nothing more may follow. Section 12 writes
                                      * JSON Schema, regular expressions and choices as GBNF. */
     struct llm_grammar *grammar_parsed; /* or the grammar parsed already (llm_engine_parse_grammar, off the
                                      * thread that adds the request: a large one takes a while); the request
@@ -660,99 +666,7 @@ void llm_sample_row_logprobs(llm_sample_row *r, const float *logits, int n_vocab
 void llm_sampler_sample_rows(llm_sampler *s, llm_sample_row *rows, int n_rows, const float *logits);
 
 /* -----------------------------------------------------------------------------------------------------------
- * 9. Grammar: the tokens that may come next, when the output must follow a grammar (structured output). A
- *    grammar is GBNF as llama.cpp writes it; JSON Schema, regular expressions and lists of choices are
- *    converted to GBNF text first. The JSON reader that schemas (and the server's requests) are read with is
- *    here too.
- * -------------------------------------------------------------------------------------------------------- */
-enum { LLM_JSON_NULL, LLM_JSON_FALSE, LLM_JSON_TRUE, LLM_JSON_NUMBER, LLM_JSON_STRING, LLM_JSON_ARRAY,
-       LLM_JSON_OBJECT };
-#define LLM_JSON_DEPTH 64           /* nesting of arrays and objects the reader takes */
-typedef struct llm_json {
-    int type;                       /* LLM_JSON_* */
-    double num;
-    char *str; size_t len;          /* strings: decoded, NUL-terminated (may hold \u0000: use len);
-                                     * integers: their digits as written */
-    struct llm_json *items;         /* array elements, object values */
-    char **keys;                    /* objects: the key of each value, in the text's order */
-    int n;
-    int fraction;                   /* numbers: written with a fraction or an exponent (a float to Python) */
-} llm_json;
-/* RFC 8259 JSON only (valid UTF-8, its escapes, numbers that fit a double). 0, or -1 with where and why in
- * err (LLM_ERR_LEN bytes); *out is freed on failure. */
-int llm_json_parse(const char *text, size_t len, llm_json *out, char *err);
-void llm_json_free(llm_json *v);
-llm_json *llm_json_get(const llm_json *obj, const char *key);  /* the last value of key; NULL: none */
-/* A value as JSON text (malloc'ed; NULL when out of memory): compact, or (python = 1) byte for byte what
- * Python's json.dumps(value, ensure_ascii=False) writes, which is what chat templates' tojson writes
- * (python = N > 1: with indent=N) */
-char *llm_json_dumps(const llm_json *v, int python);
-
-/* GBNF (llama.cpp's grammar format) to GBNF text, from the other ways of saying what the output must be. Each
- * returns malloc'ed text whose start rule is "root", or NULL with the reason in err (a schema keyword that
- * cannot be honoured is named with its path in the schema: nothing is dropped quietly). */
-char *llm_json_schema_to_grammar(const llm_json *schema, char *err);
-char *llm_regex_to_grammar(const char *regex, char *err);      /* the whole output matches the regex */
-char *llm_choice_to_grammar(const char *const *choices, int n, char *err);  /* exactly one of them */
-
-/* Tool calls. The grammar a reply follows to call tools in the family's syntax, each call's arguments following
- * its function's "parameters" schema. choice: LLM_TOOL_AUTO, the model writes freely and a call begins when
- * it writes the family's marker (Hermes: <tool_call>; generic: the reply is either {"response": text} or the
- * calls); LLM_TOOL_REQUIRED, calls from the first token (after the thinking, when thinking); LLM_TOOL_NAMED,
- * one call of `name`. parallel: several calls may come, or one. GBNF text (malloc'ed), or NULL with the reason
- * in err (a tool that is not {"type": "function", "function": {"name", "parameters"}}, parameters the
- * grammar engine cannot honour). */
-enum { LLM_TOOL_AUTO, LLM_TOOL_REQUIRED, LLM_TOOL_NAMED };
-char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int choice, const char *name,
-                            int parallel, char *err);
-/* The grammar of a whole reply whose answer follows gbnf (a structured output's): for gpt-oss, its thinking
- * on the analysis channel, then the answer as the final channel's message; for the other families gbnf
- * itself. GBNF text (malloc'ed), or NULL with the reason in err. */
-char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, char *err);
-/* A reply read back: the thinking apart (think: for a family that thinks, from <think> to </think>, and from
- * the start when the generation prompt opened the block), the answer, and the calls (tools: in the family's
- * syntax). partial: the text so far of a reply still being written; what may yet be a marker is held back,
- * and so the fields of each partial reading begin the next ones (a stream sends the difference), the last
- * call's arguments may be cut (in_call). Strings are malloc'ed; -1 when out of memory. */
-typedef struct {
-    char *reasoning;                /* NULL: no thinking */
-    char *content;                  /* "" for none */
-    llm_chat_tool_call *calls;      /* name, arguments (the model's own JSON text); id NULL */
-    int n_calls;
-    int in_call;                    /* partial: the last call's arguments are not finished */
-} llm_chat_reply;
-int  llm_chat_parse_reply(const llm_chat_template *ct, const char *text, size_t len, int think, int tools,
-                          int partial, llm_chat_reply *reply);
-void llm_chat_reply_free(llm_chat_reply *reply);
-
-/* A grammar parsed into rules, shared by every sequence that follows it (the engine keeps the last few it
- * parsed, by text, so that requests that give the same grammar share its rules and its cache of masks). Its
- * rules are read-only once made; its masks' cache is not: masks of one grammar from one thread at a time. */
-typedef struct llm_grammar llm_grammar;
-llm_grammar *llm_grammar_parse(const char *gbnf, char *err);   /* start rule "root"; NULL with the reason */
-void llm_grammar_free(llm_grammar *g);  /* drops a reference (parse gives one): the last one frees it */
-/* Where a text is in the grammar: the positions it may go on from (a set of pushdown stacks), and the bytes
- * of a UTF-8 character that is not complete yet. */
-typedef struct llm_grammar_state llm_grammar_state;
-llm_grammar_state *llm_grammar_start(const llm_grammar *g);    /* at the start; NULL when out of memory */
-llm_grammar_state *llm_grammar_state_copy(const llm_grammar_state *st);
-void llm_grammar_state_free(llm_grammar_state *st);
-int llm_grammar_accept(llm_grammar_state *st, const char *bytes, int n); /* 0, or -1 (then st is unchanged) */
-int llm_grammar_can_end(const llm_grammar_state *st);  /* 1: the text so far is a whole sentence */
-int llm_grammar_done(const llm_grammar_state *st);     /* 1: a whole sentence, and nothing may follow */
-/* The token masks: the bytes of every token of a vocabulary in a trie, built once per tokenizer. */
-typedef struct llm_token_trie llm_token_trie;
-llm_token_trie *llm_token_trie_build(const llm_tokenizer *t, char *err);
-void llm_token_trie_free(llm_token_trie *tt);
-/* mask[i] (n_vocab bits, bit i of byte i / 8) = 1 when token i may come next from st: its bytes go on in the
- * grammar, or it ends generation (eog) and the text so far is whole. Returns how many may; -1 when out of
- * memory. */
-int llm_grammar_mask(const llm_grammar_state *st, const llm_token_trie *tt, uint8_t *mask);
-/* The same question for one token (the sampler's fast path: the sampled token checked first) */
-int llm_grammar_allows(const llm_grammar_state *st, const llm_token_trie *tt, int32_t token);
-
-/* -----------------------------------------------------------------------------------------------------------
- * 10. Detokenizer: token ids back to text
+ * 9. Detokenizer: token ids back to text
  * -------------------------------------------------------------------------------------------------------- */
 /* The raw bytes a token stands for (may be part of a UTF-8 character); control tokens give "" unless special.
  * Returns the byte count (which may exceed cap), -1 for an id outside the vocabulary. */
@@ -774,7 +688,7 @@ int  llm_detok_flush(llm_detok *d, char *out, int cap);  /* end of stream: what 
 int  llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int special, char *out, int cap);
 
 /* -----------------------------------------------------------------------------------------------------------
- * 11. Engine: requests in, tokens and text out, one step at a time
+ * 10. Engine: requests in, tokens and text out, one step at a time
  *
  * Threads: llm_engine_add_request and llm_engine_abort may be called from any thread at any time (they take
  * the engine's lock and leave the request in an inbox, and wake llm_engine_wait); everything else belongs to
@@ -915,6 +829,108 @@ struct llm_grammar *llm_engine_parse_grammar(llm_engine *e, const char *gbnf, ch
  * it, free blocks are exactly those with ref_count 0, and the prefix-cache map names blocks that carry that
  * hash. 0 when consistent, else -1 and what is wrong. Call it between steps, from the engine's thread. */
 int  llm_engine_check_blocks(llm_engine *e, char *err);
+
+/* -----------------------------------------------------------------------------------------------------------
+ * 11. JSON: the reader and the writer (a layer the core does not need: tools, schemas and
+ *    the server read JSON with it)
+ * -------------------------------------------------------------------------------------------------------- */
+enum { LLM_JSON_NULL, LLM_JSON_FALSE, LLM_JSON_TRUE, LLM_JSON_NUMBER, LLM_JSON_STRING, LLM_JSON_ARRAY,
+       LLM_JSON_OBJECT };
+#define LLM_JSON_DEPTH 64           /* nesting of arrays and objects the reader takes */
+typedef struct llm_json {
+    int type;                       /* LLM_JSON_* */
+    double num;
+    char *str; size_t len;          /* strings: decoded, NUL-terminated (may hold \u0000: use len);
+                                     * integers: their digits as written */
+    struct llm_json *items;         /* array elements, object values */
+    char **keys;                    /* objects: the key of each value, in the text's order */
+    int n;
+    int fraction;                   /* numbers: written with a fraction or an exponent (a float to Python) */
+} llm_json;
+/* RFC 8259 JSON only (valid UTF-8, its escapes, numbers that fit a double). 0, or -1 with where and why in
+ * err (LLM_ERR_LEN bytes); *out is freed on failure. */
+int llm_json_parse(const char *text, size_t len, llm_json *out, char *err);
+void llm_json_free(llm_json *v);
+llm_json *llm_json_get(const llm_json *obj, const char *key);  /* the last value of key; NULL: none */
+/* A value as JSON text (malloc'ed; NULL when out of memory): compact, or (python = 1) byte for byte what
+ * Python's json.dumps(value, ensure_ascii=False) writes, which is what chat templates' tojson writes
+ * (python = N > 1: with indent=N) */
+char *llm_json_dumps(const llm_json *v, int python);
+
+
+/* -----------------------------------------------------------------------------------------------------------
+ * 12. Grammar (a layer; LLM_NO_GRAMMAR leaves it out): the tokens that may come next, when the
+ *    output must follow a grammar (structured output). A grammar is GBNF as llama.cpp writes
+ *    it; JSON Schema, regular expressions and lists of choices are converted to GBNF text
+ *    first. The engine's hook: llm_sampling_params.grammar, parsed by add_request.
+ * -------------------------------------------------------------------------------------------------------- */
+/* GBNF (llama.cpp's grammar format) to GBNF text, from the other ways of saying what the output must be. Each
+ * returns malloc'ed text whose start rule is "root", or NULL with the reason in err (a schema keyword that
+ * cannot be honoured is named with its path in the schema: nothing is dropped quietly). */
+char *llm_json_schema_to_grammar(const llm_json *schema, char *err);
+char *llm_regex_to_grammar(const char *regex, char *err);      /* the whole output matches the regex */
+char *llm_choice_to_grammar(const char *const *choices, int n, char *err);  /* exactly one of them */
+
+/* A grammar parsed into rules, shared by every sequence that follows it (the engine keeps the last few it
+ * parsed, by text, so that requests that give the same grammar share its rules and its cache of masks). Its
+ * rules are read-only once made; its masks' cache is not: masks of one grammar from one thread at a time. */
+typedef struct llm_grammar llm_grammar;
+llm_grammar *llm_grammar_parse(const char *gbnf, char *err);   /* start rule "root"; NULL with the reason */
+void llm_grammar_free(llm_grammar *g);  /* drops a reference (parse gives one): the last one frees it */
+/* Where a text is in the grammar: the positions it may go on from (a set of pushdown stacks), and the bytes
+ * of a UTF-8 character that is not complete yet. */
+typedef struct llm_grammar_state llm_grammar_state;
+llm_grammar_state *llm_grammar_start(const llm_grammar *g);    /* at the start; NULL when out of memory */
+llm_grammar_state *llm_grammar_state_copy(const llm_grammar_state *st);
+void llm_grammar_state_free(llm_grammar_state *st);
+int llm_grammar_accept(llm_grammar_state *st, const char *bytes, int n); /* 0, or -1 (then st is unchanged) */
+int llm_grammar_can_end(const llm_grammar_state *st);  /* 1: the text so far is a whole sentence */
+int llm_grammar_done(const llm_grammar_state *st);     /* 1: a whole sentence, and nothing may follow */
+/* The token masks: the bytes of every token of a vocabulary in a trie, built once per tokenizer. */
+typedef struct llm_token_trie llm_token_trie;
+llm_token_trie *llm_token_trie_build(const llm_tokenizer *t, char *err);
+void llm_token_trie_free(llm_token_trie *tt);
+/* mask[i] (n_vocab bits, bit i of byte i / 8) = 1 when token i may come next from st: its bytes go on in the
+ * grammar, or it ends generation (eog) and the text so far is whole. Returns how many may; -1 when out of
+ * memory. */
+int llm_grammar_mask(const llm_grammar_state *st, const llm_token_trie *tt, uint8_t *mask);
+/* The same question for one token (the sampler's fast path: the sampled token checked first) */
+int llm_grammar_allows(const llm_grammar_state *st, const llm_token_trie *tt, int32_t token);
+
+/* -----------------------------------------------------------------------------------------------------------
+ * 13. Tools (a layer): tool calls in each chat family's syntax. How a family writes tools
+ *    into a prompt is this layer's too (the Chat section calls it); here, the grammar a
+ *    reply follows to call tools, and a reply read back into thinking, answer and calls.
+ * -------------------------------------------------------------------------------------------------------- */
+/* Tool calls. The grammar a reply follows to call tools in the family's syntax, each call's arguments following
+ * its function's "parameters" schema. choice: LLM_TOOL_AUTO, the model writes freely and a call begins when
+ * it writes the family's marker (Hermes: <tool_call>; generic: the reply is either {"response": text} or the
+ * calls); LLM_TOOL_REQUIRED, calls from the first token (after the thinking, when thinking); LLM_TOOL_NAMED,
+ * one call of `name`. parallel: several calls may come, or one. GBNF text (malloc'ed), or NULL with the reason
+ * in err (a tool that is not {"type": "function", "function": {"name", "parameters"}}, parameters the
+ * grammar engine cannot honour). */
+enum { LLM_TOOL_AUTO, LLM_TOOL_REQUIRED, LLM_TOOL_NAMED };
+char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int choice, const char *name,
+                            int parallel, char *err);
+/* The grammar of a whole reply whose answer follows gbnf (a structured output's): for gpt-oss, its thinking
+ * on the analysis channel, then the answer as the final channel's message; for the other families gbnf
+ * itself. GBNF text (malloc'ed), or NULL with the reason in err. */
+char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, char *err);
+/* A reply read back: the thinking apart (think: for a family that thinks, from <think> to </think>, and from
+ * the start when the generation prompt opened the block), the answer, and the calls (tools: in the family's
+ * syntax). partial: the text so far of a reply still being written; what may yet be a marker is held back,
+ * and so the fields of each partial reading begin the next ones (a stream sends the difference), the last
+ * call's arguments may be cut (in_call). Strings are malloc'ed; -1 when out of memory. */
+typedef struct {
+    char *reasoning;                /* NULL: no thinking */
+    char *content;                  /* "" for none */
+    llm_chat_tool_call *calls;      /* name, arguments (the model's own JSON text); id NULL */
+    int n_calls;
+    int in_call;                    /* partial: the last call's arguments are not finished */
+} llm_chat_reply;
+int  llm_chat_parse_reply(const llm_chat_template *ct, const char *text, size_t len, int think, int tools,
+                          int partial, llm_chat_reply *reply);
+void llm_chat_reply_free(llm_chat_reply *reply);
 
 #ifdef __cplusplus
 }
@@ -3374,69 +3390,16 @@ static int llm_chat_put_json(llm_chat_text *c, const char *text) {
     return 0;
 }
 
-/* ---- Tools: Hermes style (Qwen2.5, Qwen3) -------------------------------------------------------------- */
-/* The system turn's list of tools (Qwen/Qwen2.5-7B-Instruct, Qwen/Qwen3-0.6B): each one as tojson writes it */
-static void llm_hermes_tools(llm_chat_text *c, const llm_json *tools) {
-    llm_chat_puts(c, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
-                  "provided with function signatures within <tools></tools> XML tags:\n<tools>");
-    for (int i = 0; i < tools->n; i++) {
-        char *py = llm_json_dumps(&tools->items[i], 1);
-        llm_chat_puts(c, "\n"); llm_chat_puts(c, py ? py : "");
-        free(py);
-    }
-    llm_chat_puts(c, "\n</tools>\n\nFor each function call, return a json object with function name and "
-                  "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
-                  "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
-}
-
-/* An assistant turn's calls: Qwen3 puts a newline before each but a first one that follows no text; Qwen2.5
- * before each */
-static int llm_hermes_calls(llm_chat_text *c, const llm_chat_message *m, int newline_first) {
-    for (int k = 0; k < m->n_tool_calls; k++) {
-        if (k || newline_first) llm_chat_puts(c, "\n");
-        llm_chat_puts(c, "<tool_call>\n{\"name\": \"");
-        llm_chat_puts(c, m->tool_calls[k].name ? m->tool_calls[k].name : "");
-        llm_chat_puts(c, "\", \"arguments\": ");
-        if (llm_chat_put_json(c, m->tool_calls[k].arguments) != 0) return -1;
-        llm_chat_puts(c, "}\n</tool_call>");
-    }
-    return 0;
-}
-
-/* A tool's result: the results in a row share one user turn, each inside <tool_response> */
-static void llm_hermes_result(llm_chat_text *c, const int *role, int n, int i, const char *content) {
-    if (i == 0 || role[i - 1] != LLM_ROLE_TOOL) llm_chat_puts(c, "<|im_start|>user");
-    llm_chat_puts(c, "\n<tool_response>\n"); llm_chat_puts(c, content); llm_chat_puts(c, "\n</tool_response>");
-    if (i == n - 1 || role[i + 1] != LLM_ROLE_TOOL) llm_chat_puts(c, "<|im_end|>\n");
-}
-
-/* ---- Tools: Mistral v3 (Mistral-7B-Instruct-v0.3, Mistral-Nemo-Instruct-2407, Mistral-Large-2407) ---- */
-/* The tools before the last question: each function's keys as the template writes them, a string value
- * between quotes as it is (not escaped: the template does not), any other value as tojson writes it */
-static int llm_mistral_tools(llm_chat_text *c, const llm_json *tools, int tekken) {
-    llm_chat_puts(c, tekken ? "[AVAILABLE_TOOLS][" : "[AVAILABLE_TOOLS] [");
-    for (int i = 0; i < tools->n; i++) {
-        const llm_json *fn = llm_json_get(&tools->items[i], "function");
-        if (!fn || fn->type != LLM_JSON_OBJECT) return -1;
-        llm_chat_puts(c, i ? ", {\"type\": \"function\", \"function\": {" :
-                                "{\"type\": \"function\", \"function\": {");
-        for (int k = 0, first = 1; k < fn->n; k++) {
-            if (!strcmp(fn->keys[k], "return")) continue;
-            llm_chat_puts(c, first ? "\"" : ", \""); llm_chat_puts(c, fn->keys[k]); llm_chat_puts(c, "\": ");
-            first = 0;
-            if (fn->items[k].type == LLM_JSON_STRING) {
-                llm_chat_puts(c, "\""); llm_chat_puts(c, fn->items[k].str); llm_chat_puts(c, "\"");
-            } else {
-                char *py = llm_json_dumps(&fn->items[k], 1);
-                llm_chat_puts(c, py ? py : "");
-                free(py);
-            }
-        }
-        llm_chat_puts(c, "}}");
-    }
-    llm_chat_puts(c, "][/AVAILABLE_TOOLS]");
-    return 0;
-}
+/* The tool writers (the Tools layer, section 13): the render calls them where a family's template writes the
+ * tools, an assistant's calls and a tool's results */
+static void llm_hermes_tools(llm_chat_text *c, const llm_json *tools);
+static int llm_hermes_calls(llm_chat_text *c, const llm_chat_message *m, int newline_first);
+static void llm_hermes_result(llm_chat_text *c, const int *role, int n, int i, const char *content);
+static int llm_mistral_tools(llm_chat_text *c, const llm_json *tools, int tekken);
+static int llm_mistral_calls(llm_chat_text *c, const llm_chat_message *m, int tekken, const char *eos);
+static int llm_harmony_tools(llm_chat_text *c, const llm_json *tools);
+static int llm_chat_generic_tools(const llm_chat_template *ct, const llm_chat_message *msgs, int n,
+                                  const llm_json *tools, llm_chat_message **out, char ***texts);
 
 /* After the system prompt, questions and answers take turns (calls and results aside), as Mistral's
  * templates check (a system turn later on breaks the turns too) */
@@ -3448,281 +3411,10 @@ static int llm_mistral_turns_alternate(const llm_chat_message *msgs, const int *
     return 1;
 }
 
-/* An assistant's calls, [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "..."}, ...], then EOS; -1 for an
- * id that is not 9 characters long (the template refuses it: llm serve makes every id 9 long first) */
-static int llm_mistral_calls(llm_chat_text *c, const llm_chat_message *m, int tekken, const char *eos) {
-    llm_chat_puts(c, tekken ? "[TOOL_CALLS][" : "[TOOL_CALLS] [");
-    for (int k = 0; k < m->n_tool_calls; k++) {
-        const llm_chat_tool_call *tc = &m->tool_calls[k];
-        const char *name = tc->name ? tc->name : "";
-        llm_json name_v = {LLM_JSON_STRING, 0, (char *)name, strlen(name), NULL, NULL, 0, 0};
-        char *py = llm_json_dumps(&name_v, 1);
-        llm_chat_puts(c, k ? ", {\"name\": " : "{\"name\": "); llm_chat_puts(c, py ? py : "");
-        free(py);
-        llm_chat_puts(c, ", \"arguments\": ");
-        if (llm_chat_put_json(c, tc->arguments) != 0 || !tc->id || strlen(tc->id) != 9) return -1;
-        llm_chat_puts(c, ", \"id\": \""); llm_chat_puts(c, tc->id); llm_chat_puts(c, "\"}");
-    }
-    llm_chat_puts(c, "]"); llm_chat_puts(c, eos);
-    return 0;
-}
-
-/* ---- Tools: the generic format, for a family without its own ------------------------------------------
- * As llama.cpp does for such templates: the tools are described at the end of the system turn, the reply is
- * always one JSON object (the grammar sees to it), earlier calls are written as that JSON in the assistant's
- * turn and results as JSON in a user turn; then the family writes the conversation as it writes any. */
-#define LLM_GENERIC_TOOLS_HOWTO \
-    "\n\nRespond in JSON format: to call tools, {\"tool_calls\": [{\"name\": \"<the tool's name>\", " \
-    "\"arguments\": {<its arguments>}}]}; to answer the user, {\"response\": \"<your answer>\"}."
-
-static char *llm_chat_text_dup(llm_chat_text *c) { /* what c holds, as a C string (c from a NULL buffer) */
-    char *s = (char *)malloc(c->n + 1);
-    if (s && c->out) memcpy(s, c->out, c->n);
-    if (s) s[c->n] = 0;
-    free(c->out);
-    return s;
-}
-
-static void llm_chat_grow_put(llm_chat_text *c, const char *s) { /* appends to a growing buffer */
-    size_t n = strlen(s);
-    if (c->n + n + 1 > c->cap) {
-        size_t cap = (c->n + n + 1) * 2;
-        char *out = (char *)realloc(c->out, cap);
-        if (!out) return;
-        c->out = out; c->cap = cap;
-    }
-    memcpy(c->out + c->n, s, n);
-    c->n += n;
-}
-
-/* ---- gpt-oss: OpenAI's harmony format (openai/gpt-oss-20b's template) ----------------------------------- */
-static int llm_json_truthy(const llm_json *v) { /* as Jinja's if: null, false, 0, "", [] and {} are false */
-    if (!v || v->type == LLM_JSON_NULL || v->type == LLM_JSON_FALSE) return 0;
-    if (v->type == LLM_JSON_NUMBER) return v->num != 0;
-    if (v->type == LLM_JSON_STRING) return v->len > 0;
-    return v->type == LLM_JSON_TRUE || v->n > 0;
-}
-static int llm_json_is(const llm_json *v, const char *text) {
-    return v && v->type == LLM_JSON_STRING && !strcmp(v->str, text);
-}
-
-/* A value as Jinja's + and join write it, Python's str(): a string as it is, others as JSON (True, False and
- * None as Python spells them) */
-static void llm_harmony_str(llm_chat_text *c, const llm_json *v) {
-    if (v->type == LLM_JSON_STRING) { llm_chat_grow_put(c, v->str); return; }
-    if (v->type == LLM_JSON_TRUE || v->type == LLM_JSON_FALSE || v->type == LLM_JSON_NULL) {
-        llm_chat_grow_put(c, v->type == LLM_JSON_TRUE ? "True" : v->type == LLM_JSON_FALSE ? "False" : "None");
-        return;
-    }
-    char *js = llm_json_dumps(v, 1);
-    llm_chat_grow_put(c, js ? js : "");
-    free(js);
-}
-
-/* A JSON Schema as the TypeScript type the template's render_typescript_type writes, its white space too */
-static void llm_harmony_type(llm_chat_text *c, const llm_json *spec) {
-    const llm_json *type = llm_json_get(spec, "type"), *items = llm_json_get(spec, "items");
-    const llm_json *one_of = llm_json_get(spec, "oneOf"), *props = llm_json_get(spec, "properties");
-    int nullable = llm_json_truthy(llm_json_get(spec, "nullable"));
-    if (llm_json_is(type, "array")) {
-        if (!llm_json_truthy(items)) llm_chat_grow_put(c, "any[]");
-        else {
-            const llm_json *it = llm_json_get(items, "type");
-            if (llm_json_is(it, "string")) llm_chat_grow_put(c, "string[]");
-            else if (llm_json_is(it, "number") || llm_json_is(it, "integer")) llm_chat_grow_put(c, "number[]");
-            else if (llm_json_is(it, "boolean")) llm_chat_grow_put(c, "boolean[]");
-            else {
-                llm_chat_text inner = {NULL, 0, 0};
-                llm_harmony_type(&inner, items);
-                size_t chars = 0; /* |length counts characters */
-                for (size_t i = 0; i < inner.n; i++) chars += (inner.out[i] & 0xC0) != 0x80;
-                int any = chars > 50 || (inner.n == 15 && !memcmp(inner.out, "object | object", 15));
-                if (any) llm_chat_grow_put(c, "any[]");
-                else { llm_chat_grow_put(c, inner.out ? inner.out : ""); llm_chat_grow_put(c, "[]"); }
-                free(inner.out);
-            }
-        }
-        if (nullable) llm_chat_grow_put(c, " | null");
-    } else if (type && type->type == LLM_JSON_ARRAY && type->n > 0) { /* ["string", "null"] */
-        for (int i = 0; i < type->n; i++) {
-            if (i) llm_chat_grow_put(c, " | ");
-            llm_harmony_str(c, &type->items[i]);
-        }
-    } else if (llm_json_truthy(one_of) && one_of->type == LLM_JSON_ARRAY) {
-        /* (the template's test for object variants sets a variable inside its loop, which Jinja forgets
-         * there: the variants are always written) */
-        for (int i = 0; i < one_of->n; i++) {
-            const llm_json *v = &one_of->items[i], *d = llm_json_get(v, "description");
-            llm_harmony_type(c, v);
-            if (llm_json_truthy(d)) { llm_chat_grow_put(c, "// "); llm_harmony_str(c, d); }
-            if ((d = llm_json_get(v, "default"))) {
-                char *js = llm_json_dumps(d, 1);
-                llm_chat_grow_put(c, "                    // default: "); llm_chat_grow_put(c, js ? js : "");
-                free(js);
-            }
-            if (i < one_of->n - 1) llm_chat_grow_put(c, " | \n");
-        }
-    } else if (llm_json_is(type, "string")) {
-        const llm_json *e = llm_json_get(spec, "enum");
-        if (llm_json_truthy(e) && e->type == LLM_JSON_ARRAY) {
-            llm_chat_grow_put(c, "\"");
-            for (int i = 0; i < e->n; i++) {
-                if (i) llm_chat_grow_put(c, "\" | \"");
-                llm_harmony_str(c, &e->items[i]);
-            }
-            llm_chat_grow_put(c, "\"");
-        } else llm_chat_grow_put(c, nullable ? "string | null" : "string");
-    } else if (llm_json_is(type, "number") || llm_json_is(type, "integer")) llm_chat_grow_put(c, "number");
-    else if (llm_json_is(type, "boolean")) llm_chat_grow_put(c, "boolean");
-    else if (llm_json_is(type, "object")) {
-        if (!llm_json_truthy(props) || props->type != LLM_JSON_OBJECT) {
-            llm_chat_grow_put(c, "object");
-            return;
-        }
-        const llm_json *req = llm_json_get(spec, "required");
-        llm_chat_grow_put(c, "{\n");
-        for (int i = 0; i < props->n; i++) {
-            int required = 0;
-            for (int k = 0; req && req->type == LLM_JSON_ARRAY && k < req->n; k++)
-                required |= llm_json_is(&req->items[k], props->keys[i]);
-            llm_chat_grow_put(c, props->keys[i]);
-            llm_chat_grow_put(c, required ? ": \n                " : "?: \n                ");
-            llm_harmony_type(c, &props->items[i]);
-            if (i < props->n - 1) llm_chat_grow_put(c, ", ");
-        }
-        llm_chat_grow_put(c, "}");
-    } else llm_chat_grow_put(c, "any");
-}
-
-/* The developer message's tools: a TypeScript namespace "functions", each function a type of its parameters
- * (their descriptions and defaults as comments). -1 for a tool the template cannot write (no description). */
-static int llm_harmony_tools(llm_chat_text *c, const llm_json *tools) {
-    llm_chat_text t = {NULL, 0, 0};
-    llm_chat_grow_put(&t, "# Tools\n\n## functions\n\nnamespace functions {\n\n");
-    for (int i = 0; i < tools->n; i++) {
-        const llm_json *fn = llm_json_get(&tools->items[i], "function");
-        const llm_json *desc = llm_json_get(fn, "description"), *name = llm_json_get(fn, "name");
-        const llm_json *params = llm_json_get(fn, "parameters"), *props = llm_json_get(params, "properties");
-        if (!desc || desc->type != LLM_JSON_STRING || !name || name->type != LLM_JSON_STRING) {
-            free(t.out);
-            return -1;
-        }
-        llm_chat_grow_put(&t, "// "); llm_chat_grow_put(&t, desc->str);
-        llm_chat_grow_put(&t, "\ntype "); llm_chat_grow_put(&t, name->str); llm_chat_grow_put(&t, " = ");
-        if (!llm_json_truthy(params) || !llm_json_truthy(props) || props->type != LLM_JSON_OBJECT) {
-            llm_chat_grow_put(&t, "() => any;\n\n");
-            continue;
-        }
-        const llm_json *req = llm_json_get(params, "required");
-        llm_chat_grow_put(&t, "(_: {\n");
-        for (int k = 0; k < props->n; k++) {
-            const llm_json *spec = &props->items[k], *d = llm_json_get(spec, "description");
-            int required = 0;
-            for (int j = 0; req && req->type == LLM_JSON_ARRAY && j < req->n; j++)
-                required |= llm_json_is(&req->items[j], props->keys[k]);
-            if (llm_json_truthy(d)) {
-                llm_chat_grow_put(&t, "// "); llm_harmony_str(&t, d); llm_chat_grow_put(&t, "\n");
-            }
-            llm_chat_grow_put(&t, props->keys[k]);
-            llm_chat_grow_put(&t, required ? ": " : "?: ");
-            llm_harmony_type(&t, spec);
-            if ((d = llm_json_get(spec, "default"))) {
-                if (llm_json_truthy(llm_json_get(spec, "enum"))) {
-                    llm_chat_grow_put(&t, ", // default: "); llm_harmony_str(&t, d);
-                } else if (llm_json_truthy(llm_json_get(spec, "oneOf"))) {
-                    llm_chat_grow_put(&t, "// default: "); llm_harmony_str(&t, d);
-                } else {
-                    char *js = llm_json_dumps(d, 1);
-                    llm_chat_grow_put(&t, ", // default: "); llm_chat_grow_put(&t, js ? js : "");
-                    free(js);
-                }
-            }
-            llm_chat_grow_put(&t, ",\n");
-        }
-        llm_chat_grow_put(&t, "}) => any;\n\n");
-    }
-    llm_chat_grow_put(&t, "} // namespace functions");
-    llm_chat_put(c, t.out, t.n);
-    free(t.out);
-    return 0;
-}
-
 /* A message's body must not hold the markers of another: the template refuses such a message */
 static int llm_harmony_has_channel(const char *text) {
     return text && (strstr(text, "<|channel|>analysis<|message|>") ||
                     strstr(text, "<|channel|>final<|message|>"));
-}
-
-/* The conversation with tools, calls and results written as text for a family without a tool format: new
- * messages in *out (n of them) and their texts in *texts (n, malloc'ed). -1 when arguments are not JSON. */
-static int llm_chat_generic_tools(const llm_chat_template *ct, const llm_chat_message *msgs, int n,
-                                  const llm_json *tools, llm_chat_message **out, char ***texts) {
-    llm_chat_message *m = (llm_chat_message *)calloc((size_t)n + 1, sizeof *m);
-    char **t = (char **)calloc((size_t)n + 1, sizeof(char *));
-    int has_sys = n > 0 && llm_chat_role(msgs[0].role) == LLM_ROLE_SYSTEM, k = 0, ok = m && t;
-    if (ok && tools && tools->n > 0) { /* the system turn: its own text, then the tools */
-        llm_chat_text c = {NULL, 0, 0};
-        llm_chat_grow_put(&c, has_sys ? (msgs[0].content ? msgs[0].content : "") : ct->default_system);
-        if (c.n) llm_chat_grow_put(&c, "\n\n");
-        llm_chat_grow_put(&c, "You can call these tools:");
-        for (int i = 0; i < tools->n; i++) {
-            char *py = llm_json_dumps(&tools->items[i], 1);
-            llm_chat_grow_put(&c, "\n"); llm_chat_grow_put(&c, py ? py : "");
-            free(py);
-        }
-        llm_chat_grow_put(&c, LLM_GENERIC_TOOLS_HOWTO);
-        m[k].role = "system"; m[k].content = t[k] = llm_chat_text_dup(&c); ok = t[k++] != NULL;
-    }
-    for (int i = k && has_sys ? 1 : 0; ok && i < n; i++, k++) {
-        int role = llm_chat_role(msgs[i].role);
-        m[k] = msgs[i];
-        if (role == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0) {
-            llm_chat_text c = {NULL, 0, 0};
-            if (msgs[i].content && msgs[i].content[0]) {
-                llm_chat_grow_put(&c, msgs[i].content); llm_chat_grow_put(&c, "\n");
-            }
-            llm_chat_grow_put(&c, "{\"tool_calls\": [");
-            for (int j = 0; j < msgs[i].n_tool_calls; j++) {
-                const llm_chat_tool_call *tc = &msgs[i].tool_calls[j];
-                llm_json args;
-                if (!tc->arguments || llm_json_parse(tc->arguments, strlen(tc->arguments), &args, NULL) != 0) {
-                    ok = 0;
-                    break;
-                }
-                llm_json name = {LLM_JSON_STRING, 0, (char *)(tc->name ? tc->name : ""), 0, NULL, NULL, 0, 0};
-                name.len = strlen(name.str);
-                char *py_name = llm_json_dumps(&name, 1), *py_args = llm_json_dumps(&args, 1);
-                llm_json_free(&args);
-                llm_chat_grow_put(&c, j ? ", {\"name\": " : "{\"name\": ");
-                llm_chat_grow_put(&c, py_name ? py_name : "\"\"");
-                llm_chat_grow_put(&c, ", \"arguments\": "); llm_chat_grow_put(&c, py_args ? py_args : "{}");
-                llm_chat_grow_put(&c, "}");
-                free(py_name); free(py_args);
-            }
-            llm_chat_grow_put(&c, "]}");
-            m[k].content = t[k] = llm_chat_text_dup(&c);
-            ok = ok && t[k];
-        } else if (role == LLM_ROLE_TOOL) {
-            llm_json content = {LLM_JSON_STRING, 0, (char *)(msgs[i].content ? msgs[i].content : ""), 0, NULL,
-                                NULL, 0, 0};
-            content.len = strlen(content.str);
-            char *py = llm_json_dumps(&content, 1);
-            llm_chat_text c = {NULL, 0, 0};
-            llm_chat_grow_put(&c, "{\"tool_response\": "); llm_chat_grow_put(&c, py ? py : "\"\"");
-            llm_chat_grow_put(&c, "}");
-            free(py);
-            m[k].role = "user"; m[k].content = t[k] = llm_chat_text_dup(&c);
-            ok = t[k] != NULL;
-        }
-        m[k].tool_calls = NULL; m[k].n_tool_calls = 0;
-    }
-    if (!ok) {
-        for (int i = 0; t && i <= n; i++) free(t[i]);
-        free(t); free(m);
-        return -1;
-    }
-    *out = m; *texts = t;
-    return k;
 }
 
 /* Qwen3 (Qwen/Qwen3-0.6B): an assistant turn. Its reasoning (given apart, or inside <think></think> at the
@@ -4272,7 +3964,7 @@ typedef struct llm_seq {
     const char *error;              /* LLM_FINISH_ERROR: what went wrong */
     llm_grammar_state *grammar;     /* with a grammar: where the output so far is in it (a preempted sequence
                                      * keeps its tokens, and so its state) */
-    int parked;                     /* its next token is the grammar thread's (section 11): the scheduler
+    int parked;                     /* its next token is the grammar thread's (section 10): the scheduler
                                      * neither plans nor preempts it until the token comes back */
     llm_detok detok;
     char *held_text;                /* stb_ds array: text decoded, not emitted (may begin a stop string) */
@@ -7313,15 +7005,1461 @@ void llm_sampler_sample_rows(llm_sampler *s, llm_sample_row *rows, int n_rows, c
 }
 
 /* ===========================================================================================================
- * 9. Grammar
- * The output must be a sentence of a grammar. A grammar (GBNF) is parsed once into rules of elements; a
- * sequence's place in it is a set of pushdown stacks, each a path of positions still to match, as llama.cpp's
- * llama-grammar.cpp keeps it. A character is accepted by every stack whose top position matches it; each of
- * those pops it and expands what follows (a rule reference becomes each of its alternatives) until its top is
- * a character to match again. A token is allowed when its bytes leave at least one stack alive. To find all
- * tokens allowed, the vocabulary's bytes are walked as a trie, so that the tokens that share a prefix share
- * its work, and the masks are cached by state (JSON's states repeat: inside a string, after a comma). JSON
- * Schema, regular expressions and choices are written out as GBNF text first, so one engine runs them all.
+ * 9. Detokenizer and stop conditions: token ids back to text, and where the text must stop
+ * ======================================================================================================== */
+
+/* Counts every byte, stores the first cap of them. */
+static void llm_put_byte(char *buf, size_t cap, size_t *n, int byte) {
+    if (*n < cap) buf[*n] = (char)byte;
+    (*n)++;
+}
+
+/* The text of each kind of token, as llama.cpp gives it: control and unknown tokens only when asked for;
+ * user-defined tokens as written; byte tokens as their byte; unused tokens as nothing; normal tokens with
+ * U+2581 as space (SPM) or with each stand-in character back to its byte (BPE). */
+int llm_tokenizer_piece(const llm_tokenizer *t, int32_t id, int special, char *buf, int cap) {
+    if (!t || id < 0 || id >= t->n_vocab) return -1;
+    if (!buf || cap < 0) cap = 0;
+    const unsigned char *s = (const unsigned char *)t->text[id].ptr;
+    size_t len = t->text[id].len, n = 0, i = 0;
+    int type = t->type[id];
+    if (type == LLM_TOKEN_UNUSED || ((type == LLM_TOKEN_CONTROL || type == LLM_TOKEN_UNKNOWN) && !special))
+        return 0;
+    if (type == LLM_TOKEN_BYTE && len == 6 && llm_hex_digit(s[3]) >= 0 && llm_hex_digit(s[4]) >= 0) {
+        llm_put_byte(buf, (size_t)cap, &n, llm_hex_digit(s[3]) * 16 + llm_hex_digit(s[4]));
+    } else if (type != LLM_TOKEN_NORMAL && type != LLM_TOKEN_BYTE) {
+        for (; i < len; i++) llm_put_byte(buf, (size_t)cap, &n, s[i]);
+    } else if (t->kind == LLM_VOCAB_SPM) {
+        while (i < len) {
+            int space = i + 3 <= len && s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81;
+            llm_put_byte(buf, (size_t)cap, &n, space ? ' ' : s[i]);
+            i += space ? 3 : 1;
+        }
+    } else {
+        while (i < len) {
+            int k = llm_utf8_check(s + i, len - i);
+            uint32_t c = k > 0 ? llm_utf8_decode(s + i, k) : 0xFFFFFFFF;
+            size_t clen = k > 0 ? (size_t)k : 1;
+            if (k > 0 && c < 324 && t->char_byte[c] >= 0) llm_put_byte(buf, (size_t)cap, &n, t->char_byte[c]);
+            else for (size_t j = 0; j < clen; j++) llm_put_byte(buf, (size_t)cap, &n, s[i + j]); /* as is */
+            i += clen;
+        }
+    }
+    return n > INT32_MAX ? INT32_MAX : (int)n;
+}
+
+/* Copies in[0..n) to out (when out is not NULL) with each broken sequence replaced by U+FFFD and the
+ * incomplete character at the end, if any, left out; returns the bytes that make and sets *keep to the bytes
+ * left out. */
+static size_t llm_utf8_clean(const unsigned char *in, size_t n, char *out, size_t *keep) {
+    size_t i = 0, m = 0;
+    *keep = 0;
+    while (i < n) {
+        int k = llm_utf8_check(in + i, n - i);
+        if (k == 0) { *keep = n - i; break; }
+        if (k > 0) { if (out) memcpy(out + m, in + i, (size_t)k); m += (size_t)k; i += (size_t)k; }
+        else { if (out) memcpy(out + m, "\xEF\xBF\xBD", 3); m += 3; i += (size_t)-k; }
+    }
+    return m;
+}
+
+/* Writes all of its output or none of it: when the output would not fit in cap bytes, it writes nothing,
+ * keeps its state and returns the room needed (more than cap), so the caller can call again with that
+ * much. The output is at most 3 x (held bytes + piece bytes) <= 3 x piece length + 9 (every byte could
+ * turn into U+FFFD), so a buffer of 3 x the longest token + 9 always suffices. Ids outside the vocabulary
+ * add nothing. */
+int llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, int cap) {
+    if (!t || !d) return 0;
+    if (!out || cap < 0) cap = 0;
+    if (d->n_pending < 0 || d->n_pending > 3) d->n_pending = 0; /* never more than 3: not a state we made */
+    int n = llm_tokenizer_piece(t, id, d->special, NULL, 0);
+    if (n <= 0) return 0;
+    size_t total = (size_t)d->n_pending + (size_t)n, keep;
+    unsigned char small[512], *buf = total <= sizeof small ? small : (unsigned char *)malloc(total);
+    if (!buf) return 0;
+    memcpy(buf, d->pending, (size_t)d->n_pending);
+    llm_tokenizer_piece(t, id, d->special, (char *)buf + d->n_pending, n);
+    size_t m = llm_utf8_clean(buf, total, NULL, &keep);
+    if (m <= (size_t)cap) {
+        llm_utf8_clean(buf, total, out, &keep);
+        memcpy(d->pending, buf + total - keep, keep);
+        d->n_pending = (int)keep;
+    }
+    if (buf != small) free(buf);
+    return (int)m;
+}
+
+int llm_detok_flush(llm_detok *d, char *out, int cap) {
+    if (!d) return 0;
+    if (d->n_pending <= 0 || d->n_pending > 3) { d->n_pending = 0; return 0; }
+    /* what is held is the start of a character that never finished: one U+FFFD for all of it */
+    if (!out || cap < 3) return 3;
+    memcpy(out, "\xEF\xBF\xBD", 3);
+    d->n_pending = 0;
+    return 3;
+}
+
+/* ---- Stop strings -------------------------------------------------------------------------------------- */
+/* Where the first of the stop strings begins in text[0..len), or -1; *stop_len: that stop string's length
+ * (of two that begin there, the first in the list's) */
+static int llm_stop_find(const llm_sampling_params *p, const char *text, int len, int *stop_len) {
+    int first = -1;
+    for (int i = 0; i < p->n_stop; i++) {
+        int sl = (int)strlen(p->stop[i]);
+        if (sl == 0) continue;
+        for (int at = 0; at + sl <= len && (first < 0 || at < first); at++)
+            if (memcmp(text + at, p->stop[i], (size_t)sl) == 0) { first = at; *stop_len = sl; break; }
+    }
+    return first;
+}
+
+/* The longest tail of text[0..len) that is the beginning of a stop string: it must wait for the next
+ * token. */
+static int llm_stop_holdback(const llm_sampling_params *p, const char *text, int len) {
+    int hold = 0;
+    for (int i = 0; i < p->n_stop; i++) {
+        const char *stop = p->stop[i];
+        int sl = (int)strlen(stop);
+        for (int k = sl - 1 < len ? sl - 1 : len; k > hold; k--)
+            if (memcmp(text + len - k, stop, (size_t)k) == 0) { hold = k; break; }
+    }
+    return hold;
+}
+
+/* A sequence's new token (-1: none) becomes text: decoded into what is held back, then emitted up to what
+ * could still begin a stop string. A stop string found ends the sequence (finish "stop") without its text,
+ * or with it (include_stop_str) and nothing after it; finishing releases all that is held. */
+static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *tok, int finishing) {
+    if (tok) { /* a push that needs more room writes nothing and says how much: then once more, on the heap */
+        char small[512], *buf = small;
+        int n = token >= 0 ? llm_detok_push(tok, &s->detok, token, small, (int)sizeof small - 3) : 0;
+        if (n > (int)sizeof small - 3) {
+            buf = (char *)malloc((size_t)n + 3);
+            n = buf ? llm_detok_push(tok, &s->detok, token, buf, n) : 0;
+            if (!buf) buf = small;
+        }
+        if (finishing) n += llm_detok_flush(&s->detok, buf + n, 3);
+        if (n > 0) memcpy(arraddnptr(s->held_text, n), buf, (size_t)n);
+        if (buf != small) free(buf);
+    }
+    const llm_sampling_params *p = &s->req->params;
+    int len = (int)arrlen(s->held_text), stop_len = 0;
+    int stop_at = llm_stop_find(p, s->held_text, len, &stop_len);
+    if (stop_at >= 0) {
+        len = stop_at + (p->include_stop_str ? stop_len : 0);
+        s->finish_reason = LLM_FINISH_STOP;
+    }
+    int emit = s->finish_reason || finishing ? len : len - llm_stop_holdback(p, s->held_text, len);
+    if (emit > 0) memcpy(arraddnptr(s->out_text, emit), s->held_text, (size_t)emit);
+    if (s->finish_reason) arrsetlen(s->held_text, 0);
+    else if (emit > 0) arrdeln(s->held_text, 0, emit);
+}
+
+int llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int special, char *out, int cap) {
+    if (!t || n < 0 || (n && !ids)) return -1;
+    if (!out || cap < 0) cap = 0;
+    llm_detok d;
+    memset(&d, 0, sizeof d);
+    d.special = special != 0;
+    size_t len = 0;
+    int at_start = 1; /* nothing written yet: where SentencePiece's leading space would be */
+    for (int i = 0; i <= n; i++) {
+        char small[256], *buf = small;
+        int m = i < n ? llm_detok_push(t, &d, ids[i], small, (int)sizeof small)
+                      : llm_detok_flush(&d, small, 8);
+        if (m > (int)sizeof small) { /* a long piece: once more, on the heap */
+            if (!(buf = (char *)malloc((size_t)m))) return -1;
+            m = llm_detok_push(t, &d, ids[i], buf, m);
+        }
+        int skip = at_start && m > 0 && t->kind == LLM_VOCAB_SPM && t->add_space_prefix && buf[0] == ' ';
+        for (int k = skip; k < m; k++, len++) if (len < (size_t)cap) out[len] = buf[k];
+        if (m > 0) at_start = 0;
+        if (buf != small) free(buf);
+    }
+    if (len >= (size_t)INT32_MAX) return -1;
+    if (len < (size_t)cap) out[len] = 0;
+    return (int)len;
+}
+
+/* ===========================================================================================================
+ * 10. Engine
+ * The engine owns the model, the backend and its KV pool, the block manager, the scheduler and the sampler.
+ * llm_engine_step runs, in this order (and so do the functions below): what the last step handed out is
+ * freed; new requests and aborts come in from the inbox; the scheduler plans the step; a draft model, when
+ * there is one, computes the step's tokens and makes its proposals; the plan becomes one batch and one
+ * forward call; each sequence that reached the end of its tokens samples the next one, which
+ * goes through the stop conditions and the detokenizer; every sequence with news gives an output, and
+ * finished ones leave. A grammar's costly masks are the one piece of a step's work done on a thread of the
+ * engine's own (the grammar thread): the sequence that needs one sits out the steps until it is done.
+ * ======================================================================================================== */
+/* A step's grammar checks may take this share of its forward pass's time (llm_seq_sample_on_host) */
+#define LLM_GRAMMAR_STEP_SHARE 0.25
+#define LLM_GRAMMAR_STEP_MIN_S 0.0002 /* the budget of a step whose forward pass took next to nothing */
+
+/* A parked sequence's draw, for the grammar thread (llm_seq_park, below) */
+typedef struct {
+    llm_seq *seq;
+    float *row;                     /* [vocab_size]: its logits, copied */
+    llm_sample_row r;               /* the draw: r.token (the step's, when drawn is set), its logprobs */
+    int drawn;
+    int32_t top_ids[20]; float top_logprobs[20]; /* r's top logprobs (a request asks for 20 at most) */
+    llm_grammar_state *next;        /* the state r.token leads to */
+    const char *error;              /* the sequence fails with this; NULL: r.token is taken */
+    int64_t tokens, masks, masks_cached; /* for the engine's stats */
+    double seconds;
+} llm_grammar_job;
+
+typedef struct { /* what a thread that runs jobs keeps: a sampler of its own and the mask's room */
+    llm_sampler *sampler;
+    uint8_t *mask;                  /* [vocab_size bits] */
+    int32_t *ids;                   /* [vocab_size] the tokens a mask allows ... */
+    float *logits;                  /* [vocab_size] ... their logits: what a refused draw is redrawn from */
+} llm_grammar_scratch;
+
+static void llm_grammar_scratch_free(llm_grammar_scratch *w) {
+    llm_sampler_free(w->sampler); free(w->mask); free(w->ids); free(w->logits);
+    memset(w, 0, sizeof *w);
+}
+
+struct llm_engine {
+    llm_engine_config cfg;
+    llm_model model;
+    llm_backend *backend;
+    llm_backend *(*backend_create)(const llm_model *m, char *err); /* the backend's: the draft model's too */
+    char backend_note[LLM_ERR_LEN]; /* why the backends before it did not start */
+    llm_model draft_model;          /* speculative decoding's draft model (spec_model_path) ... */
+    llm_backend *draft_backend;     /* ... on its own backend of the same kind, its K/V in the same blocks */
+    float *draft_logits;            /* [draft_logits_rows][its vocab_size] */
+    int draft_logits_rows;
+    llm_block_manager bm;
+    llm_scheduler sched;
+    llm_sampler *sampler;
+    int max_model_len;
+    llm_engine_stats stats;         /* the engine's own counters; llm_engine_get_stats adds the rest */
+    /* the inbox, filled from any thread */
+    pthread_mutex_t lock;           /* guards the inbox, the aborts and next_id */
+    pthread_cond_t work_added;      /* add_request and abort signal it: it wakes llm_engine_wait */
+    llm_seq **inbox;
+    uint64_t *inbox_abort;
+    uint64_t next_id;
+    /* one step's scratch (stb_ds arrays) */
+    llm_seq **finished;             /* finished this step, freed at the start of the next: outputs point in */
+    int32_t *b_tokens, *b_positions, *b_seq_start, *b_logit_rows;
+    int32_t *b_row_seq;             /* per logit row of a draft pass: its sequence's index in scheduled */
+    uint8_t *b_host_rows;           /* per logit row: the host reads it (llm_batch.host_rows) */
+    const int32_t **b_tables;
+    float *logits;                  /* [logits_rows][vocab_size] */
+    int logits_rows;
+    llm_sample_row *sample_rows;    /* the rows for the backend's sample step ... */
+    llm_seq **sample_seqs;          /* ... the sequence each one's token goes to ... */
+    uint64_t *sample_rngs;          /* ... and its generator, as the draw leaves it */
+    int32_t *top_ids; float *top_logprobs; /* the rows' top logprobs */
+    llm_token_trie *trie;           /* the vocabulary's bytes, built for the first request with a grammar */
+    /* the grammar thread (section 5 of the step, structured output): jobs in, jobs done, under lock */
+    pthread_t grammar_thread;
+    int grammar_thread_on, grammar_thread_failed, grammar_quit;
+    pthread_cond_t grammar_added;   /* a job came, or the thread is to quit */
+    llm_grammar_job **grammar_todo, **grammar_done;
+    /* the engine thread's own */
+    llm_grammar_job **grammar_spare;/* done with: their rows kept for the next */
+    int grammar_in_flight;          /* jobs handed out and not taken back */
+    llm_seq **parked_finished;      /* finished (aborted) while parked: freed when their job comes back */
+    llm_grammar_scratch grammar_here; /* the jobs' room here, if the grammar thread would not start */
+    double grammar_step_seconds, grammar_step_budget; /* this step's checks so far, and how far they may go */
+    double grammar_step_share;      /* the budget's share of the forward pass's time (tests change it: < 0,
+                                     * every grammar sequence parked before its draw) */
+    int step_idle;                  /* the last step planned nothing and gave nothing out */
+    struct { char *text; llm_grammar *g; } *grammars; /* stb_ds, under lock: the last LLM_ENGINE_GRAMMARS
+                                     * grammars parsed, each holding a reference, replaced in turn */
+    int grammars_next;
+    llm_grammar_state *grammar_next;/* scratch: a sequence's state after the token sampled, swapped in once the
+                                     * token is taken */
+    char step_error[LLM_ERR_LEN];   /* why this step's forward pass failed: the error of its outputs */
+    llm_output *outputs;
+};
+
+llm_engine_config llm_engine_defaults(void) {
+    llm_engine_config c;
+    memset(&c, 0, sizeof c);
+    c.block_size = 16; c.max_num_seqs = 256; c.max_num_batched_tokens = 0; c.enable_prefix_caching = 1;
+    c.spec_ngram_max = 4; c.spec_ngram_min = 2;
+    return c;
+}
+
+const char *llm_finish_reason_name(int reason) {
+    switch (reason) {
+    case LLM_FINISH_STOP: return "stop"; case LLM_FINISH_LENGTH: return "length";
+    case LLM_FINISH_ABORT: return "abort"; case LLM_FINISH_ERROR: return "error";
+    }
+    return NULL;
+}
+
+/* ---- Creation: the model, a backend, the KV pool ------------------------------------------------------- */
+/* The backends the engine tries in this order, when the config names none */
+static const struct {
+    const char *name;
+    llm_backend *(*create)(const llm_model *m, char *err);
+} llm_backends[] = {
+#ifdef LLM_CUDA
+    {"cuda", llm_cuda_backend_create},
+#endif
+    {"cpu", llm_cpu_backend_create},
+};
+
+static int llm_engine_check_config(const llm_engine_config *c, char *err) {
+    if (c->block_size <= 0 || c->block_size > 1024)
+        return llm_fail(err, "block_size must be between 1 and 1024, got %d", c->block_size);
+    if (c->max_num_seqs <= 0)
+        return llm_fail(err, "max_num_seqs must be at least 1, got %d", c->max_num_seqs);
+    if (c->max_num_batched_tokens < 0)
+        return llm_fail(err, "max_num_batched_tokens must be at least 1 (0: the backend's), got %d",
+                        c->max_num_batched_tokens);
+    if (c->num_blocks < 0 || c->max_model_len < 0)
+        return llm_fail(err, "num_blocks and max_model_len must be >= 0");
+    if (!(c->kv_fraction >= 0 && c->kv_fraction <= 1))
+        return llm_fail(err, "kv_fraction must be in [0, 1] (0: the backend's default)");
+    if (c->scheduling_policy != LLM_SCHED_FCFS && c->scheduling_policy != LLM_SCHED_PRIORITY)
+        return llm_fail(err, "scheduling_policy must be LLM_SCHED_FCFS or LLM_SCHED_PRIORITY, got %d",
+                        c->scheduling_policy);
+    if (c->spec_tokens < 0 || c->spec_tokens > LLM_SPEC_MAX)
+        return llm_fail(err, "num_speculative_tokens must be between 0 and %d, got %d", LLM_SPEC_MAX,
+                        c->spec_tokens);
+    if (c->spec_tokens &&
+        (c->spec_ngram_min < 1 || c->spec_ngram_max < c->spec_ngram_min || c->spec_ngram_max > 64))
+        return llm_fail(err, "prompt_lookup_min must be at least 1 and prompt_lookup_max between it and 64, got "
+                        "%d and %d", c->spec_ngram_min, c->spec_ngram_max);
+    return 0;
+}
+
+static int llm_engine_start_backend(llm_engine *e, char *err) {
+    e->backend_create = e->cfg.create_backend;
+    if (e->backend_create) return (e->backend = e->backend_create(&e->model, err)) != NULL ? 0 : -1;
+    for (size_t i = 0; i < sizeof llm_backends / sizeof llm_backends[0] && !e->backend; i++) {
+        e->backend = (e->backend_create = llm_backends[i].create)(&e->model, err);
+        if (!e->backend) {
+            size_t at = strlen(e->backend_note);
+            snprintf(e->backend_note + at, sizeof e->backend_note - at, "%s%s: %s", at ? "; " : "",
+                     llm_backends[i].name, err);
+        }
+    }
+    return e->backend ? 0 : -1;
+}
+
+/* The config's KV cache type on a backend (before alloc_kv): auto keeps the backend's own */
+static int llm_backend_kv_dtype(llm_backend *be, int dtype, char *err) {
+    if (dtype == LLM_KV_AUTO) return 0;
+    if (!be->set_kv_dtype)
+        return llm_fail(err, "the %s backend keeps its own KV cache type: f16 and f32 caches are the CPU's",
+                        be->name);
+    return be->set_kv_dtype(be, dtype, err);
+}
+
+/* The draft model (spec_model_path): the model's vocabulary (llama.cpp's rule: sizes within 128 of each
+ * other, and each token both have the same text), one group of layers (its K/V go in the blocks of the
+ * model's first group, which must keep every position), on a backend of the model's kind */
+static int llm_engine_start_draft(llm_engine *e, char *err) {
+    llm_model *d = &e->draft_model;
+    const llm_tokenizer *a = e->model.tok, *b;
+    char why[LLM_ERR_LEN];
+    if (e->cfg.spec_tokens < 1)
+        return llm_fail(err, "a draft model needs num_speculative_tokens between 1 and %d", LLM_SPEC_MAX);
+    if (llm_model_load(d, e->cfg.spec_model_path, why) != 0) return llm_fail(err, "the draft model: %s", why);
+    llm_model_set_context(d, e->max_model_len);
+    b = d->tok;
+    int Va = e->model.cfg.vocab_size, Vb = d->cfg.vocab_size;
+    if (abs(Va - Vb) > 128 || !a != !b)
+        return llm_fail(err, "the draft model's vocabulary (%d tokens%s) is not the model's (%d tokens%s)", Vb,
+                        b ? "" : ", no tokenizer", Va, a ? "" : ", no tokenizer");
+    for (int i = 0; a && b && i < a->n_vocab && i < b->n_vocab; i++)
+        if (a->text[i].len != b->text[i].len || memcmp(a->text[i].ptr, b->text[i].ptr, a->text[i].len))
+            return llm_fail(err, "the draft model's vocabulary is not the model's: token %d is \"%.*s\" in the "
+                            "draft, \"%.*s\" in the model", i, (int)(b->text[i].len < 40 ? b->text[i].len : 40),
+                            b->text[i].ptr, (int)(a->text[i].len < 40 ? a->text[i].len : 40), a->text[i].ptr);
+    if (llm_kv_groups(&d->cfg) != 1)
+        return llm_fail(err, "the draft model has layers with sliding windows: a draft here attends to every "
+                        "position");
+    if (e->sched.kv_window[0] != 0)
+        return llm_fail(err, "every layer of the model has a sliding window: a draft model needs a group of "
+                        "layers that keeps every position");
+    if (!(e->draft_backend = e->backend_create(d, why)))
+        return llm_fail(err, "the draft model on the %s backend: %s", e->backend->name, why);
+    if (llm_backend_kv_dtype(e->draft_backend, e->cfg.kv_cache_dtype, why) != 0)
+        return llm_fail(err, "the draft model: %s", why);
+    return 0;
+}
+
+/* The most blocks a sequence of n tokens holds at once, computed in chunks of up to the step's token budget:
+ * in a global group all of its blocks, in a local one those of a chunk and of the window before it */
+static int64_t llm_engine_blocks_for(const llm_engine *e, int n) {
+    int bs = e->cfg.block_size;
+    int64_t all = ((int64_t)n + bs - 1) / bs, total = 0;
+    for (int g = 0; g < e->sched.n_kv_groups; g++) {
+        int64_t window = e->sched.kv_window[g], chunk = e->cfg.max_num_batched_tokens;
+        int64_t held = window > 0 ? (window + chunk - 2) / bs + 2 : all;
+        total += held < all ? held : all;
+    }
+    return total;
+}
+
+/* The KV pool in blocks, one policy for every backend: num_blocks; else kv_bytes; else kv_fraction of the
+ * memory the backend has free; else the backend's default fraction of it; and a backend with none (the CPU,
+ * like vLLM's) gets room for max_num_seqs full contexts, 4 GiB at most. */
+static int llm_kv_pool_blocks(const llm_engine *e, size_t block_bytes, char *err) {
+    const llm_engine_config *c = &e->cfg;
+    if (c->num_blocks > 0) return c->num_blocks;
+    double fraction = c->kv_fraction > 0 ? c->kv_fraction : e->backend->default_kv_fraction;
+    size_t bytes = c->kv_bytes, free_memory = e->backend->free_memory, act = e->backend->activation_memory;
+    if (e->draft_backend) /* measured after both models' weights, less the draft's activations: less the
+                           * model's too */
+        free_memory = e->draft_backend->free_memory > act ? e->draft_backend->free_memory - act : 0;
+    if (!bytes && fraction > 0) bytes = (size_t)(fraction * (double)free_memory);
+    if (!bytes) {
+        size_t blocks_per_context = (size_t)llm_engine_blocks_for(e, e->max_model_len);
+        bytes = (size_t)c->max_num_seqs * blocks_per_context * block_bytes;
+        if (bytes > ((size_t)4 << 30)) bytes = (size_t)4 << 30;
+    }
+    size_t n = bytes / block_bytes;
+    if (n == 0)
+        return llm_fail(err, "the KV pool of %zu bytes holds no block of %zu bytes", bytes, block_bytes);
+    return n > (1u << 30) ? (1 << 30) : (int)n; /* ids are ints; the block manager keeps a record each */
+}
+
+llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
+    if (llm_engine_check_config(cfg, err) != 0) return NULL;
+    llm_engine *e = (llm_engine *)calloc(1, sizeof *e);
+    if (!e) { llm_fail(err, "out of memory"); return NULL; }
+    e->cfg = *cfg;
+    e->next_id = 1;
+    e->grammar_step_share = LLM_GRAMMAR_STEP_SHARE;
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_condattr_t attr; /* timed waits on the monotonic clock: changes of the wall clock do not matter */
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->work_added, &attr);
+    pthread_cond_init(&e->grammar_added, NULL);
+    pthread_condattr_destroy(&attr);
+    int rc = cfg->dummy ? llm_model_dummy(&e->model, cfg->dummy, cfg->dummy_seed, err)
+           : cfg->model_path ? llm_model_load(&e->model, cfg->model_path, err)
+           : llm_fail(err, "no model given");
+    if (rc != 0) { llm_engine_destroy(e); return NULL; }
+    e->max_model_len = e->model.cfg.context_length;
+    if (cfg->max_model_len > 0 && cfg->max_model_len < e->max_model_len)
+        e->max_model_len = cfg->max_model_len;
+    llm_model_set_context(&e->model, e->max_model_len);
+    if (llm_engine_start_backend(e, err) != 0) { llm_engine_destroy(e); return NULL; }
+    if (llm_backend_kv_dtype(e->backend, cfg->kv_cache_dtype, err) != 0) {
+        llm_engine_destroy(e);
+        return NULL;
+    }
+    int *budget = &e->cfg.max_num_batched_tokens, backend_budget = e->backend->default_batched_tokens;
+    if (!*budget) *budget = backend_budget > 0 ? backend_budget : 2048;
+    llm_scheduler *sch = &e->sched; /* the groups of layers first: the pool's size depends on their windows */
+    sch->n_kv_groups = llm_kv_groups(&e->model.cfg);
+    if (!(sch->kv_window = (int *)calloc((size_t)sch->n_kv_groups, sizeof(int)))) {
+        llm_fail(err, "out of memory"); llm_engine_destroy(e); return NULL;
+    }
+    for (int g = 0; g < sch->n_kv_groups; g++) sch->kv_window[g] = llm_kv_group_window(&e->model.cfg, g);
+    if (cfg->spec_model_path && llm_engine_start_draft(e, err) != 0) { llm_engine_destroy(e); return NULL; }
+    size_t block_bytes = llm_kv_bytes_per_block(&e->model.cfg, cfg->block_size, e->backend->kv_value_bytes);
+    if (e->draft_backend) /* a block id holds the draft's K/V too */
+        block_bytes += llm_kv_bytes_per_block(&e->draft_model.cfg, cfg->block_size,
+                                              e->draft_backend->kv_value_bytes);
+    int num_blocks = llm_kv_pool_blocks(e, block_bytes, err);
+    if (num_blocks < 0 || e->backend->alloc_kv(e->backend, num_blocks, cfg->block_size, err) != 0 ||
+        (e->draft_backend && e->draft_backend->alloc_kv(e->draft_backend, num_blocks, cfg->block_size, err)) ||
+        llm_block_manager_init(&e->bm, num_blocks, cfg->block_size, cfg->enable_prefix_caching, err) != 0 ||
+        !(e->sampler = llm_sampler_create(e->model.cfg.vocab_size, err))) {
+        llm_engine_destroy(e); return NULL;
+    }
+    sch->bm = &e->bm; sch->static_batching = cfg->static_batching; sch->static_batch_open = 1;
+    sch->priority_policy = cfg->scheduling_policy == LLM_SCHED_PRIORITY;
+    sch->max_num_seqs = cfg->max_num_seqs; sch->max_num_batched_tokens = e->cfg.max_num_batched_tokens;
+    sch->spec_tokens = cfg->spec_tokens; sch->spec_ngram_max = cfg->spec_ngram_max;
+    sch->spec_ngram_min = cfg->spec_ngram_min; sch->max_model_len = e->max_model_len;
+    sch->spec_draft_model = e->draft_backend != NULL;
+    return e;
+}
+
+void llm_engine_destroy(llm_engine *e) {
+    if (!e) return;
+    if (e->grammar_thread_on) { /* first: it may be reading a sequence */
+        pthread_mutex_lock(&e->lock);
+        e->grammar_quit = 1;
+        pthread_cond_signal(&e->grammar_added);
+        pthread_mutex_unlock(&e->lock);
+        pthread_join(e->grammar_thread, NULL);
+    }
+    llm_seq **all[5] = {e->sched.waiting, e->sched.running, e->finished, e->inbox, e->parked_finished};
+    for (int k = 0; k < 5; k++) for (int i = 0; i < arrlen(all[k]); i++) llm_seq_free(all[k][i]);
+    arrfree(e->parked_finished);
+    llm_scheduler *sch = &e->sched;
+    arrfree(sch->waiting); arrfree(sch->running);
+    arrfree(sch->scheduled); arrfree(sch->n_new); arrfree(sch->copy_src); arrfree(sch->copy_dst);
+    free(sch->kv_window);
+    arrfree(e->finished); arrfree(e->inbox); arrfree(e->inbox_abort);
+    arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows);
+    arrfree(e->b_host_rows); arrfree(e->b_row_seq);
+    arrfree(e->sample_rows); arrfree(e->sample_seqs); arrfree(e->sample_rngs);
+    arrfree(e->top_ids); arrfree(e->top_logprobs);
+    arrfree(e->b_tables); arrfree(e->outputs);
+    free(e->logits); llm_token_trie_free(e->trie);
+    llm_grammar_state_free(e->grammar_next);
+    llm_grammar_job **jobs[3] = {e->grammar_todo, e->grammar_done, e->grammar_spare};
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < arrlen(jobs[k]); i++) {
+            free(jobs[k][i]->row); llm_grammar_state_free(jobs[k][i]->next); free(jobs[k][i]);
+        }
+    arrfree(e->grammar_todo); arrfree(e->grammar_done); arrfree(e->grammar_spare);
+    llm_grammar_scratch_free(&e->grammar_here);
+    for (ptrdiff_t i = 0; i < arrlen(e->grammars); i++) {
+        free(e->grammars[i].text);
+        llm_grammar_free(e->grammars[i].g);
+    }
+    arrfree(e->grammars);
+    llm_sampler_free(e->sampler);
+    if (e->backend) e->backend->destroy(e->backend);
+    if (e->draft_backend) e->draft_backend->destroy(e->draft_backend);
+    free(e->draft_logits);
+    llm_block_manager_free(&e->bm);
+    llm_model_free(&e->model);
+    llm_model_free(&e->draft_model);
+    pthread_cond_destroy(&e->work_added);
+    pthread_cond_destroy(&e->grammar_added);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}
+
+const llm_model *llm_engine_model(const llm_engine *e) { return &e->model; }
+
+/* ---- Requests in, from any thread ---------------------------------------------------------------------- */
+/* -1 and why when one of the n ids (what: whose they are) is outside the vocabulary */
+static int llm_ids_check(const int32_t *ids, int64_t n, int vocab_size, const char *what, char *err) {
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab_size)
+            return llm_fail(err, "%s token id %d is outside the vocabulary (0..%d)", what, ids[i],
+                            vocab_size - 1);
+    return 0;
+}
+
+/* The grammar layer's hooks (section 12) that the engine calls besides its public API */
+static llm_grammar *llm_grammar_ref(llm_grammar *g);
+static int64_t llm_grammar_cache_hits(const llm_grammar *g);
+static int llm_gr_allows_into(const llm_grammar_state *st, const llm_token_trie *tt, int32_t token,
+                              llm_grammar_state *next);
+
+/* A request's grammar: the one parsed for an earlier request with the same text (its masks cached), or
+ * parsed now and kept for the next ones. A reference for the request (or for a server's worker, which parses
+ * it before the request is added: llm_sampling_params.grammar_parsed). */
+#define LLM_ENGINE_GRAMMARS 32
+llm_grammar *llm_engine_parse_grammar(llm_engine *e, const char *text, char *err) {
+    llm_grammar *g = NULL;
+    pthread_mutex_lock(&e->lock);
+    for (ptrdiff_t i = 0; i < arrlen(e->grammars) && !g; i++)
+        if (!strcmp(e->grammars[i].text, text)) g = e->grammars[i].g;
+    if (g) llm_grammar_ref(g);
+    pthread_mutex_unlock(&e->lock);
+    if (g || !(g = llm_grammar_parse(text, err))) return g;
+    char *copy = strdup(text);
+    if (!copy) return g; /* not kept: only the cache is lost */
+    llm_grammar_ref(g);
+    pthread_mutex_lock(&e->lock);
+    int k = (int)arrlen(e->grammars);
+    if (k < LLM_ENGINE_GRAMMARS) arrsetlen(e->grammars, k + 1);
+    else { /* full: the oldest goes (requests that still hold it keep it alive) */
+        k = e->grammars_next;
+        e->grammars_next = (k + 1) % LLM_ENGINE_GRAMMARS;
+        free(e->grammars[k].text);
+        llm_grammar_free(e->grammars[k].g);
+    }
+    e->grammars[k].text = copy; e->grammars[k].g = g;
+    pthread_mutex_unlock(&e->lock);
+    return g;
+}
+
+uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids,
+                                int n_prompt_ids, const llm_sampling_params *p, void *user, char *err) {
+    int V = e->model.cfg.vocab_size;
+    if (p->priority && !e->sched.priority_policy) {
+        llm_fail(err, "priority needs the priority scheduling policy (this engine serves first come first)");
+        return 0;
+    }
+    if (llm_request_check(p, err) != 0 ||
+        llm_ids_check(p->logit_bias_ids, p->n_logit_bias, V, "logit_bias", err) != 0 ||
+        llm_ids_check(p->allowed_token_ids, p->n_allowed_token_ids, V, "allowed_token_ids", err) != 0 ||
+        llm_ids_check(p->bad_word_ids, llm_bad_words_total(p), V, "bad_words", err) != 0)
+        return 0;
+    /* the prompt's ids: as given, or the text tokenized (llm_tokenize_prompt) */
+    int32_t *ids = NULL;
+    if (prompt_ids) {
+        if (n_prompt_ids < 0) { llm_fail(err, "n_prompt_ids is negative (%d)", n_prompt_ids); return 0; }
+        if (llm_ids_check(prompt_ids, n_prompt_ids, V, "prompt", err) != 0) return 0;
+        if (n_prompt_ids)
+            memcpy(arraddnptr(ids, n_prompt_ids), prompt_ids, (size_t)n_prompt_ids * sizeof(int32_t));
+    } else {
+        if (!e->model.tok) { llm_fail(err, "this model has no tokenizer: give prompt token ids"); return 0; }
+        const char *text = prompt ? prompt : "";
+        size_t len = strlen(text);
+        int cap = len < INT32_MAX / 2 ? (int)len + 8 : INT32_MAX / 2;
+        arrsetlen(ids, cap);
+        int n = llm_tokenize_prompt(e->model.tok, text, len, ids, cap);
+        if (n > cap) { arrsetlen(ids, n); n = llm_tokenize_prompt(e->model.tok, text, len, ids, n); }
+        if (n < 0) { arrfree(ids); llm_fail(err, "could not tokenize the prompt"); return 0; }
+        arrsetlen(ids, n);
+    }
+    int n_prompt = (int)arrlen(ids);
+    int64_t blocks_needed = llm_engine_blocks_for(e, n_prompt + 1); /* with the first new token */
+    if (n_prompt == 0) { arrfree(ids); llm_fail(err, "the prompt is empty"); return 0; }
+    if (n_prompt >= e->max_model_len) {
+        arrfree(ids);
+        llm_fail(err, "the prompt has %d tokens, but this model's context is %d tokens (the prompt and at "
+                 "least one new token must fit)", n_prompt, e->max_model_len);
+        return 0;
+    }
+    if (blocks_needed > e->bm.num_blocks) {
+        arrfree(ids);
+        llm_fail(err, "the prompt needs %lld KV blocks but the whole pool has %d", (long long)blocks_needed,
+                 e->bm.num_blocks);
+        return 0;
+    }
+    llm_grammar *grammar = NULL;
+    if ((p->grammar || p->grammar_parsed) && !e->model.tok) {
+        arrfree(ids);
+        llm_fail(err, "a grammar needs the model's tokenizer");
+        return 0;
+    }
+    if (p->grammar_parsed) grammar = llm_grammar_ref(p->grammar_parsed);
+    else if (p->grammar && !(grammar = llm_engine_parse_grammar(e, p->grammar, err))) {
+        arrfree(ids);
+        return 0;
+    }
+    llm_seq *s = llm_seq_new(ids, p, grammar, user, e->sched.n_kv_groups);
+    if (!s) { llm_fail(err, "out of memory"); return 0; }
+    pthread_mutex_lock(&e->lock);
+    uint64_t id = s->req->id = e->next_id++;
+    arrput(e->inbox, s);
+    pthread_cond_signal(&e->work_added);
+    pthread_mutex_unlock(&e->lock);
+#ifdef LLM_TEST_AFTER_ADD
+    LLM_TEST_AFTER_ADD(); /* the tests widen the window here: the engine thread runs the request to its end */
+#endif
+    return id; /* not s->req->id: once the lock is let go, the engine thread may finish and free it */
+}
+
+void llm_engine_abort(llm_engine *e, uint64_t request_id) {
+    pthread_mutex_lock(&e->lock);
+    arrput(e->inbox_abort, request_id);
+    pthread_cond_signal(&e->work_added);
+    pthread_mutex_unlock(&e->lock);
+}
+
+/* Work: something in the inbox, or sequences waiting or running. Called with the lock held. */
+static int llm_engine_work_locked(llm_engine *e) {
+    return arrlen(e->inbox) > 0 || arrlen(e->inbox_abort) > 0 || arrlen(e->sched.waiting) > 0 ||
+           arrlen(e->sched.running) > 0 || e->grammar_in_flight > 0;
+}
+
+/* News for a step that found nothing to do: a request, an abort, or a grammar job done. Lock held. */
+static int llm_engine_news_locked(llm_engine *e) {
+    return arrlen(e->inbox) > 0 || arrlen(e->inbox_abort) > 0 || arrlen(e->grammar_done) > 0;
+}
+
+int llm_engine_wait(llm_engine *e, int timeout_ms) {
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    if (timeout_ms > 0) {
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
+    }
+    pthread_mutex_lock(&e->lock);
+    int work;
+    while (!(work = llm_engine_work_locked(e)) && timeout_ms != 0) {
+        int rc = timeout_ms < 0 ? pthread_cond_wait(&e->work_added, &e->lock)
+                                : pthread_cond_timedwait(&e->work_added, &e->lock, &until);
+        if (rc == ETIMEDOUT) { work = llm_engine_work_locked(e); break; }
+    }
+    pthread_mutex_unlock(&e->lock);
+    return work;
+}
+
+int llm_engine_has_work(llm_engine *e) { return llm_engine_wait(e, 0); }
+
+/* ---- One step, in the order llm_engine_step runs it ---------------------------------------------------- */
+/* 1. What the last step handed out is done with: its finished sequences are freed, the running ones' output
+ *    emptied. Only running sequences have output: one the scheduler preempts later in this step has had its
+ *    emptied here first. */
+static void llm_engine_begin_step(llm_engine *e) {
+    if (e->grammar_in_flight) {
+        /* nothing else to do: wait for the grammar thread; else a while for its jobs, so that a cheap mask
+         * loses its sequence no step, within the budget (a costly one is left for a later step) */
+        double until = llm_now() + e->grammar_step_budget;
+        struct timespec ts = {(time_t)until, (long)((until - floor(until)) * 1e9)};
+        pthread_mutex_lock(&e->lock);
+        if (e->step_idle) while (!llm_engine_news_locked(e)) pthread_cond_wait(&e->work_added, &e->lock);
+        else
+            while (arrlen(e->grammar_done) < e->grammar_in_flight && llm_now() < until &&
+                   pthread_cond_timedwait(&e->work_added, &e->lock, &ts) != ETIMEDOUT) {}
+        pthread_mutex_unlock(&e->lock);
+    }
+    for (int i = 0; i < arrlen(e->finished); i++) /* a parked one waits for its job */
+        if (e->finished[i]->parked) arrput(e->parked_finished, e->finished[i]);
+        else llm_seq_free(e->finished[i]);
+    arrsetlen(e->finished, 0); arrsetlen(e->outputs, 0);
+    e->step_error[0] = 0;
+    for (int i = 0; i < arrlen(e->sched.running); i++) {
+        llm_seq *s = e->sched.running[i];
+        arrsetlen(s->out_tokens, 0); arrsetlen(s->out_text, 0); arrsetlen(s->out_logprobs, 0);
+        arrsetlen(s->out_top_ids, 0); arrsetlen(s->out_top_logprobs, 0);
+    }
+}
+
+/* A sequence is done: its blocks go back at once; its output says why at the end of the step. */
+static void llm_seq_finish(llm_engine *e, llm_seq *s, int reason, const char *error) {
+    s->finish_reason = reason; s->error = error; s->status = LLM_SEQ_FINISHED;
+    llm_seq_release_blocks(&e->sched, s);
+}
+
+/* The output of a sequence for this step. A sequence that finishes before its prompt was computed (aborted,
+ * or failed) still stands for all n samples of its request: each gets its finish. */
+static void llm_emit(llm_engine *e, llm_seq *s) {
+    llm_output o;
+    memset(&o, 0, sizeof o);
+    o.request_id = s->req->id; o.user = s->req->user; o.index = s->index;
+    o.token_ids = s->out_tokens; o.n_tokens = (int)arrlen(s->out_tokens);
+    o.text = s->out_text; o.text_len = (int)arrlen(s->out_text);
+    if (s->req->params.logprobs >= 0) {
+        o.logprobs = s->out_logprobs; o.n_top = s->req->params.logprobs;
+        o.top_ids = s->out_top_ids; o.top_logprobs = s->out_top_logprobs;
+    }
+    o.finish_reason = s->finish_reason; o.error = s->error;
+    o.n_prompt_tokens = s->req->n_prompt; o.n_cached_tokens = s->n_cached_tokens;
+    o.n_generated = (int)arrlen(s->tokens) - s->req->n_prompt;
+    if (s->plp_state == LLM_PLP_READY) { /* once: a recompute after preemption does not score them again */
+        s->plp_state = LLM_PLP_NONE;
+        o.prompt_logprobs = s->plp; o.prompt_ranks = s->plp_rank; o.n_prompt_logprobs = s->req->n_prompt - 1;
+        o.prompt_top_ids = s->plp_top_ids; o.prompt_top_logprobs = s->plp_top;
+        o.n_prompt_top = s->req->params.prompt_logprobs < e->model.cfg.vocab_size ?
+                         s->req->params.prompt_logprobs : e->model.cfg.vocab_size;
+    }
+    int copies = s->finish_reason && s->fork_pending ? s->req->params.n : 1;
+    for (int i = 0; i < copies; i++) {
+        o.index = s->index + i;
+        arrput(e->outputs, o);
+        if (o.finish_reason) e->stats.requests_finished++;
+    }
+}
+
+/* 2. The inbox: new requests join the waiting queue; aborted requests finish at once, wherever they are. */
+static void llm_engine_take_inbox(llm_engine *e) {
+    pthread_mutex_lock(&e->lock);
+    for (int i = 0; i < arrlen(e->inbox); i++) llm_sched_wait(&e->sched, e->inbox[i], 0);
+    arrsetlen(e->inbox, 0);
+    uint64_t *aborts = e->inbox_abort;
+    e->inbox_abort = NULL;
+    pthread_mutex_unlock(&e->lock);
+    for (int a = 0; a < arrlen(aborts); a++) {
+        llm_seq ***lists[2] = {&e->sched.waiting, &e->sched.running};
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < arrlen(*lists[k]); i++) {
+                llm_seq *s = (*lists[k])[i];
+                if (s->req->id != aborts[a]) continue;
+                llm_seq_finish(e, s, LLM_FINISH_ABORT, NULL);
+                llm_emit(e, s);
+                arrput(e->finished, s);
+                arrdel(*lists[k], i);
+                i--;
+            }
+    }
+    arrfree(aborts);
+}
+
+/* 3. The scheduler plans the step: llm_schedule (section 5). */
+
+/* 3-4. The step's batch, built in the b_* arrays by the draft's passes and the model's: emptied before each */
+static void llm_engine_batch_clear(llm_engine *e) {
+    arrsetlen(e->b_tokens, 0); arrsetlen(e->b_positions, 0); arrsetlen(e->b_logit_rows, 0);
+    arrsetlen(e->b_seq_start, 0); arrsetlen(e->b_tables, 0); arrsetlen(e->b_host_rows, 0);
+    arrsetlen(e->b_row_seq, 0);
+}
+
+/* 3-4. ... then seen as an llm_batch of n_seqs sequences, with the rows of logits it asks for made room for
+ *      in *logits (the model's or the draft's, of vocab_size V: it only grows) */
+static int llm_engine_batch_view(llm_engine *e, llm_batch *b, int n_seqs, float **logits, int *logits_rows,
+                                 int V, char *err) {
+    memset(b, 0, sizeof *b);
+    b->n_tokens = (int)arrlen(e->b_tokens); b->tokens = e->b_tokens; b->positions = e->b_positions;
+    b->n_seqs = n_seqs; b->seq_start = e->b_seq_start; b->block_tables = e->b_tables;
+    b->n_logits = (int)arrlen(e->b_logit_rows); b->logit_rows = e->b_logit_rows;
+    b->host_rows = e->b_host_rows;
+    if (b->n_logits <= *logits_rows) return 0;
+    free(*logits);
+    *logits_rows = b->n_logits;
+    if ((*logits = (float *)malloc((size_t)b->n_logits * (size_t)V * sizeof(float)))) return 0;
+    *logits_rows = 0;
+    return llm_fail(err, "out of memory for %d rows of logits", b->n_logits);
+}
+
+/* 3. Then a draft model's proposals (spec_model_path). First the draft computes the tokens the model computes
+ *    this step, from the first it has not (its K/V stay in step with the model's, in the same blocks: the
+ *    prefix cache, the copies and preemption serve both), the copies first. Then each sequence that
+ *    speculates decodes greedily from its last token, a pass for each proposed token; the last proposed
+ *    token is not computed by the draft (the model computes it, and the draft next step if it is kept). A
+ *    token outside the model's vocabulary ends a proposal, and the blocks past the shorter one go back. */
+static int llm_engine_draft(llm_engine *e, char *err) {
+    llm_scheduler *sch = &e->sched;
+    int n_seqs = (int)arrlen(sch->scheduled), V = e->model.cfg.vocab_size, Vd = e->draft_model.cfg.vocab_size;
+    int rc = 0, longest = 0;
+    llm_sampling_params greedy = llm_sampling_defaults();
+    greedy.temperature = 0;
+    for (int pass = 0; rc == 0 && (pass == 0 || pass < longest); pass++) {
+        llm_engine_batch_clear(e);
+        for (int i = 0; i < n_seqs; i++) {
+            llm_seq *s = sch->scheduled[i];
+            int len = (int)arrlen(s->tokens), from = len + pass - 1, end = from + 1;
+            if (pass == 0) { from = s->n_draft_computed; end = s->n_computed + sch->n_new[i] - s->n_draft; }
+            else if (s->n_draft <= pass) continue;
+            arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
+            arrput(e->b_tables, s->block_tables[0]); /* the model's first group: every position */
+            for (int pos = from; pos < end; pos++) {
+                arrput(e->b_tokens, pos < len ? s->tokens[pos] : s->draft[pos - len]);
+                arrput(e->b_positions, pos);
+            }
+            s->n_draft_computed = end;
+            if (s->n_draft > longest) longest = s->n_draft;
+            if (s->n_draft <= pass) continue;
+            arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
+            arrput(e->b_host_rows, 0);
+            arrput(e->b_row_seq, i);
+        }
+        if (arrlen(e->b_tokens) == 0) break; /* every proposal ended early */
+        arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
+        llm_batch b;
+        int n_batch_seqs = (int)arrlen(e->b_seq_start) - 1;
+        if ((rc = llm_engine_batch_view(e, &b, n_batch_seqs, &e->draft_logits, &e->draft_logits_rows, Vd, err)))
+            break;
+        if (pass == 0) { /* the model's copies, in the draft's blocks too */
+            b.n_copies = (int)arrlen(sch->copy_src); b.copy_src = sch->copy_src; b.copy_dst = sch->copy_dst;
+        }
+        arrsetlen(e->sample_rows, b.n_logits); /* each proposed token: its row's argmax */
+        for (int r = 0; r < b.n_logits; r++)
+            e->sample_rows[r] = (llm_sample_row){.row = r, .params = &greedy};
+        double t0 = llm_now();
+        rc = e->draft_backend->forward(e->draft_backend, &b, e->draft_logits, err);
+        if (rc == 0)
+            rc = e->draft_backend->sample(e->draft_backend, e->sample_rows, b.n_logits, e->draft_logits, err);
+        e->stats.draft_seconds += llm_now() - t0;
+        for (int r = 0; rc == 0 && r < b.n_logits; r++) {
+            int i = e->b_row_seq[r];
+            llm_seq *s = sch->scheduled[i];
+            int32_t token = e->sample_rows[r].token;
+            if (token >= 0 && token < V) { s->draft[pass] = token; continue; }
+            sch->n_new[i] -= s->n_draft - pass; s->n_draft = pass; /* the proposal ends before it */
+            llm_seq_trim_blocks(&e->bm, s, (int)arrlen(s->tokens) + pass);
+        }
+    }
+    return rc;
+}
+
+/* 4. Whether the host reads s's next rows of logits itself: a grammar may mask the whole row. Any other
+ *    sequence's rows (sampling, penalties, logit_bias, logprobs, the samples of n > 1, a proposal's) only go
+ *    to the backend's sample step. */
+static int llm_seq_reads_rows(const llm_seq *s) {
+    return s->grammar != NULL;
+}
+
+/* 4. The plan as one batch: each scheduled sequence's next n_new tokens, flattened, with its block table;
+ *    logits for the sequences whose chunk reaches the end of their tokens, and for every prompt token of a
+ *    chunk that scores its prompt (prompt_logprobs) but the last (its logits are the first sample's); the
+ *    copy-on-write copies first. */
+static int llm_engine_forward(llm_engine *e, char *err) {
+    llm_scheduler *sch = &e->sched;
+    int n_seqs = (int)arrlen(sch->scheduled), V = e->model.cfg.vocab_size;
+    llm_engine_batch_clear(e);
+    int prompt_step = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        llm_seq *s = sch->scheduled[i];
+        prompt_step |= s->n_computed < s->req->n_prompt;
+        arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
+        int scoring = s->plp_state == LLM_PLP_PENDING, n_prompt = s->req->n_prompt;
+        int len = (int)arrlen(s->tokens), end = s->n_computed + sch->n_new[i];
+        for (int pos = s->n_computed; pos < end; pos++) { /* past the tokens: the proposal's */
+            arrput(e->b_tokens, pos < len ? s->tokens[pos] : s->draft[pos - len]);
+            arrput(e->b_positions, pos);
+            if ((scoring && pos < n_prompt - 1) || (end >= len && pos >= len - 1)) { /* the last, proposed */
+                arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
+                int host = pos >= len - 1 && llm_seq_reads_rows(s); /* not a prompt token's: scored there */
+                arrput(e->b_host_rows, (uint8_t)host);
+                e->stats.host_rows += host; e->stats.logit_rows++;
+            }
+        }
+    }
+    arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
+    for (int g = 0; g < sch->n_kv_groups; g++) /* group by group */
+        for (int i = 0; i < n_seqs; i++) arrput(e->b_tables, sch->scheduled[i]->block_tables[g]);
+    llm_batch b;
+    if (llm_engine_batch_view(e, &b, n_seqs, &e->logits, &e->logits_rows, V, err)) return -1;
+    b.n_copies = (int)arrlen(sch->copy_src); b.copy_src = sch->copy_src; b.copy_dst = sch->copy_dst;
+    double t0 = llm_now();
+    int rc = e->backend->forward(e->backend, &b, e->logits, err);
+    e->stats.forward_seconds += llm_now() - t0;
+    e->stats.prompt_steps += prompt_step;
+    return rc;
+}
+
+/* 4, when the forward pass failed: every sequence of the step finishes with the error; nothing else
+ * changes. */
+static void llm_engine_fail_step(llm_engine *e) {
+    if (!e->step_error[0]) /* a backend that gave no reason */
+        snprintf(e->step_error, sizeof e->step_error, "the %s backend failed", e->backend->name);
+    for (int i = 0; i < arrlen(e->sched.scheduled); i++)
+        llm_seq_finish(e, e->sched.scheduled[i], LLM_FINISH_ERROR, e->step_error);
+}
+
+/* 5. Structured output. Under a grammar, the token sampled first is checked: most of the time the grammar
+ *    allows it (a model asked for JSON mostly writes JSON), and that costs one walk of its bytes. When it
+ *    does not, every token is checked (a mask, through the vocabulary's trie, or from the cache), the refused
+ *    ones are masked out and the sampler draws again: the same distribution as masking first (a refused draw
+ *    is thrown away), for the price of a mask only where one is needed. The ends of generation and the
+ *    request's stop ids are allowed exactly where the text so far is a whole sentence. A mask costs
+ *    microseconds or tens of milliseconds, as the grammar makes it (thousands of stacks in an ambiguous one),
+ *    and a request's bytes choose the grammar. So no step waits for a mask: a sequence whose token was
+ *    refused is parked, its row of logits copied into a job, and the engine's grammar thread builds the mask
+ *    and draws again while the steps go on without it; the token is taken by the first step after. A costly
+ *    grammar slows its own request, not the others (vLLM fills its masks beside the forward pass for the same
+ *    reason). The checks stay in the step up to a budget, LLM_GRAMMAR_STEP_SHARE of the forward pass's time;
+ *    past it the step's other grammar sequences are parked before their draw. A job draws with its sequence's
+ *    own generator, so a seed gives the same tokens whichever thread draws. */
+
+/* Whether the grammar lets token come next; a token that adds text leaves the state it leads to in next */
+static int llm_seq_grammar_allows(const llm_engine *e, const llm_seq *s, int32_t token,
+                                  llm_grammar_state *next) {
+    const llm_sampling_params *p = &s->req->params;
+    for (int i = 0; i < p->n_stop_token_ids; i++)
+        if (p->stop_token_ids[i] == token) return llm_grammar_can_end(s->grammar) && !p->ignore_eos;
+    if (p->ignore_eos && llm_tokenizer_is_eog(e->model.tok, token)) return 0; /* it would not end the text */
+    return llm_gr_allows_into(s->grammar, e->trie, token, next);
+}
+
+/* The grammar thread's work on a parked sequence: the draw (unless the step made it), the check, and when the
+ * token is refused the mask and the draw again from the tokens it allows; then the token's logprobs. Only
+ * this thread builds masks, so the grammars' mask caches have one writer. */
+static void llm_grammar_job_run(const llm_engine *e, llm_grammar_scratch *w, llm_grammar_job *j) {
+    llm_seq *s = j->seq;
+    const llm_sampling_params *p = &s->req->params;
+    int V = e->model.cfg.vocab_size;
+    double t0 = llm_now();
+    j->error = NULL; j->tokens = 1; j->masks = j->masks_cached = 0;
+    if ((!w->sampler && !(w->sampler = llm_sampler_create(V, NULL))) ||
+        (!w->mask && !(w->mask = (uint8_t *)malloc(((size_t)V + 7) / 8))) ||
+        (!w->ids && !(w->ids = (int32_t *)malloc((size_t)V * sizeof(int32_t)))) ||
+        (!w->logits && !(w->logits = (float *)malloc((size_t)V * sizeof(float)))) ||
+        (!j->next && !(j->next = llm_grammar_state_copy(s->grammar)))) {
+        j->error = "out of memory for the grammar's mask";
+        return;
+    }
+    if (!j->drawn) llm_sampler_draw(w->sampler, &j->r, j->row);
+    int32_t token = j->r.token;
+    if (token >= 0 && !llm_seq_grammar_allows(e, s, token, j->next)) {
+        int64_t cached = llm_grammar_cache_hits(s->req->grammar);
+        int n = llm_grammar_mask(s->grammar, e->trie, w->mask);
+        j->masks = 1; j->masks_cached = llm_grammar_cache_hits(s->req->grammar) - cached;
+        if (n < 0) {
+            j->error = "the grammar's mask could not be built (out of memory, or the grammar is too "
+                       "ambiguous)";
+            j->seconds = llm_now() - t0;
+            return;
+        }
+        uint8_t *mask = w->mask;
+        int can_end = llm_grammar_can_end(s->grammar) && !p->ignore_eos;
+        for (int i = 0; i < p->n_stop_token_ids; i++) { /* stop ids end the text, as ends of generation do */
+            int32_t t = p->stop_token_ids[i];
+            if (t < 0 || t >= V) continue;
+            if (can_end) mask[t >> 3] |= (uint8_t)(1u << (t & 7));
+            else mask[t >> 3] &= (uint8_t)~(1u << (t & 7));
+        }
+        for (ptrdiff_t i = 0; p->ignore_eos && i < arrlen(e->model.tok->eog); i++) { /* would not end it */
+            int32_t t = e->model.tok->eog[i];
+            mask[t >> 3] &= (uint8_t)~(1u << (t & 7));
+        }
+        /* the draw again, from the allowed tokens only (gathered: a mask allows a few as a rule, and the
+         * refused ones would weigh nothing), with the request's penalties: the same draw as from the row
+         * masked */
+        const float *adjusted = llm_sampler_adjust(w->sampler, &j->r, j->row);
+        const float *pen = llm_sampler_penalize(w->sampler, p, adjusted, s->tokens, s->req->n_prompt,
+                                                (int)arrlen(s->tokens));
+        int n_ids = 0;
+        for (int i = 0; i < V; i += 8)
+            for (unsigned bits = mask[i >> 3]; bits; bits &= bits - 1) {
+                int t = i + __builtin_ctz(bits);
+                if (t < V && pen[t] > -INFINITY) { w->ids[n_ids] = t; w->logits[n_ids++] = pen[t]; }
+            }
+        int32_t at = n_ids ? llm_sampler_pick(w->sampler, p, w->logits, n_ids, &s->rng) : -1;
+        token = at >= 0 ? w->ids[at] : -1;
+        if (token < 0 || !llm_seq_grammar_allows(e, s, token, j->next))
+            j->error = "the grammar allows no token here that the request allows";
+        j->r.token = token;
+    }
+    llm_sample_row_logprobs(&j->r, j->row, V);
+    j->seconds = llm_now() - t0;
+}
+
+/* The grammar thread: the lock let go while a job runs; each one done wakes the engine's wait. Requests take
+ * turns: the next job is the first of the request served least recently, so that one request's many costly
+ * masks (n samples, every step) do not queue another's behind them. Its priority is lowered: the forward
+ * passes' threads come first. */
+static void *llm_grammar_thread(void *arg) {
+    llm_engine *e = (llm_engine *)arg;
+    llm_grammar_scratch w;
+    memset(&w, 0, sizeof w);
+    uint64_t turn = 0;
+#ifdef __linux__
+    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
+#endif
+    pthread_mutex_lock(&e->lock);
+    for (;;) {
+        while (!arrlen(e->grammar_todo) && !e->grammar_quit) pthread_cond_wait(&e->grammar_added, &e->lock);
+        if (e->grammar_quit) break;
+        int next = 0;
+        for (int i = 1; i < arrlen(e->grammar_todo); i++)
+            if (e->grammar_todo[i]->seq->req->grammar_turn < e->grammar_todo[next]->seq->req->grammar_turn)
+                next = i;
+        llm_grammar_job *j = e->grammar_todo[next];
+        arrdel(e->grammar_todo, next);
+        j->seq->req->grammar_turn = ++turn;
+        pthread_mutex_unlock(&e->lock);
+#ifdef LLM_TEST_GRAMMAR_JOB
+        LLM_TEST_GRAMMAR_JOB(j->seq->req->id); /* the tests hold the thread here, and see whose turn it is */
+#endif
+        llm_grammar_job_run(e, &w, j);
+        pthread_mutex_lock(&e->lock);
+        arrput(e->grammar_done, j);
+        pthread_cond_signal(&e->work_added);
+    }
+    pthread_mutex_unlock(&e->lock);
+    llm_grammar_scratch_free(&w);
+    return NULL;
+}
+
+/* s's draw goes to the grammar thread (drawn: r.token is drawn already, and refused): its row copied into a
+ * job (a recycled one when there is one), s parked. Without the thread (it could not start) the job runs
+ * here. */
+static void llm_seq_park(llm_engine *e, llm_seq *s, const llm_sample_row *r, const float *logits, int drawn) {
+    int V = e->model.cfg.vocab_size;
+    llm_grammar_job *j = arrlen(e->grammar_spare) ? arrpop(e->grammar_spare)
+                                                  : (llm_grammar_job *)calloc(1, sizeof(llm_grammar_job));
+    if (j && !j->row) j->row = (float *)malloc((size_t)V * sizeof(float));
+    if (!j || !j->row) {
+        if (j) { llm_grammar_state_free(j->next); free(j); }
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the grammar's job");
+        return;
+    }
+    memcpy(j->row, logits, (size_t)V * sizeof(float));
+    j->seq = s; j->r = *r; j->drawn = drawn;
+    j->r.rng_state = &s->rng; j->r.top_ids = j->top_ids; j->r.top_logprobs = j->top_logprobs;
+    s->parked = 1;
+    e->grammar_in_flight++;
+    if (!e->grammar_thread_on && !e->grammar_thread_failed) {
+        if (pthread_create(&e->grammar_thread, NULL, llm_grammar_thread, e) == 0) e->grammar_thread_on = 1;
+        else e->grammar_thread_failed = 1;
+    }
+    if (!e->grammar_thread_on) llm_grammar_job_run(e, &e->grammar_here, j); /* no thread: the job now, here */
+    pthread_mutex_lock(&e->lock);
+    if (e->grammar_thread_on) { arrput(e->grammar_todo, j); pthread_cond_signal(&e->grammar_added); }
+    else arrput(e->grammar_done, j);
+    pthread_mutex_unlock(&e->lock);
+}
+
+/* 5. The sampling of s's next token, as a row for a sample step: its request's parameters, its tokens so
+ *    far, its generator; the top logprobs' room is given later */
+static llm_sample_row llm_seq_sample_row(const llm_engine *e, llm_seq *s, int row) {
+    llm_sample_row r;
+    memset(&r, 0, sizeof r);
+    r.row = row; r.params = &s->req->params; r.rng_state = &s->rng;
+    r.history = s->tokens; r.n_prompt = s->req->n_prompt; r.n_history = (int)arrlen(s->tokens);
+    if (e->model.tok) { r.eog = e->model.tok->eog; r.n_eog = (int)arrlen(e->model.tok->eog); }
+    return r;
+}
+
+/* 5. Room for the top logprobs of n rows' draws, in the engine's scratch (what it held before is done; a
+ *    scored row's go to its sequence's prompt logprobs) */
+static int llm_sample_row_n_top(const llm_sample_row *r) {
+    return r->score || r->params->logprobs <= 0 ? 0 : r->params->logprobs;
+}
+static void llm_engine_top_room(llm_engine *e, llm_sample_row *rows, int n) {
+    size_t k = 0;
+    for (int i = 0; i < n; i++) k += (size_t)llm_sample_row_n_top(&rows[i]);
+    arrsetlen(e->top_ids, k); arrsetlen(e->top_logprobs, k);
+    for (int i = 0, at = 0; i < n; i++) {
+        if (!llm_sample_row_n_top(&rows[i])) continue; /* none (no array at all when k = 0) */
+        rows[i].top_ids = e->top_ids + at; rows[i].top_logprobs = e->top_logprobs + at;
+        at += llm_sample_row_n_top(&rows[i]);
+    }
+}
+
+/* 5. One sampled token for s (r: its draw): the logprobs asked for, the token, then the stop conditions (end
+ *    of generation, stop ids, max_tokens, the context, the pool) and its text. A draw of -1 (a row that was
+ *    not finite) or -2 (no token left to pick) finishes s with the error; -3: s is finished already. */
+static void llm_seq_accept(llm_engine *e, llm_seq *s, const llm_sample_row *r) {
+    const llm_sampling_params *p = &s->req->params;
+    int V = e->model.cfg.vocab_size, n_prompt = s->req->n_prompt;
+    int32_t token = r->token;
+    if (token == -1) /* a broken model: never sample from it */
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "the model's logits are not finite numbers (NaN or infinite)");
+    if (token == -2)
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "sampling found no token to pick: the logits are not numbers");
+    if (token < 0) return; /* finished with the reason */
+    if (p->logprobs >= 0) {
+        int K = p->logprobs < V ? p->logprobs : V;
+        if (K > 0) {
+            memcpy(arraddnptr(s->out_top_ids, K), r->top_ids, (size_t)K * sizeof(int32_t));
+            memcpy(arraddnptr(s->out_top_logprobs, K), r->top_logprobs, (size_t)K * sizeof(float));
+        }
+        arrput(s->out_logprobs, r->logprob);
+    }
+    arrput(s->tokens, token); arrput(s->out_tokens, token);
+    e->stats.generation_tokens++;
+    int n_tokens = (int)arrlen(s->tokens), reason = LLM_FINISH_NONE;
+    const llm_tokenizer *tok = e->model.tok;
+    if (!p->ignore_eos && tok && llm_tokenizer_is_eog(tok, token)) reason = LLM_FINISH_STOP;
+    for (int i = 0; i < p->n_stop_token_ids; i++) if (p->stop_token_ids[i] == token) reason = LLM_FINISH_STOP;
+    int hidden = reason == LLM_FINISH_STOP; /* a stop token's own text is not output */
+    if (s->grammar && !hidden) { /* the state the token leads to; whole, with nothing to follow: stop */
+        llm_grammar_state *moved = e->grammar_next;
+        e->grammar_next = s->grammar; s->grammar = moved;
+        if (llm_grammar_done(s->grammar)) reason = LLM_FINISH_STOP;
+    }
+    /* out of room: max_tokens, the model's context, or (a tiny pool) the whole KV pool, which the next token
+     * could not fit in */
+    if (!reason && ((p->max_tokens > 0 && n_tokens - n_prompt >= p->max_tokens) ||
+                    n_tokens >= e->max_model_len || llm_engine_blocks_for(e, n_tokens) > e->bm.num_blocks))
+        reason = LLM_FINISH_LENGTH;
+    llm_seq_push_text(s, hidden ? -1 : token, tok, reason != LLM_FINISH_NONE);
+    if (s->finish_reason) reason = s->finish_reason; /* a stop string */
+    if (reason) llm_seq_finish(e, s, reason, NULL);
+}
+
+/* 5. s's next token from its row of logits on the host (a grammar's): the sample step's draw, as the backends
+ *    make it, and the grammar's check, within the step's budget for them; then taken (llm_seq_accept). A
+ *    refused token, or a draw past the budget, parks s (its token comes from the grammar thread): 1 then. */
+static int llm_seq_sample_on_host(llm_engine *e, llm_seq *s, const float *logits) {
+    int V = e->model.cfg.vocab_size;
+    char err[LLM_ERR_LEN];
+    if (!e->trie && !(e->trie = llm_token_trie_build(e->model.tok, err))) { /* once: not in grammar_seconds */
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the vocabulary's trie");
+        return 0;
+    }
+    llm_sample_row r = llm_seq_sample_row(e, s, 0);
+    if (e->grammar_step_seconds > e->grammar_step_budget) { llm_seq_park(e, s, &r, logits, 0); return 1; }
+    double t0 = llm_now();
+    if (!e->grammar_next && !(e->grammar_next = llm_grammar_state_copy(s->grammar))) {
+        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the grammar's state");
+        return 0;
+    }
+    llm_engine_top_room(e, &r, 1);
+    llm_sampler_draw(e->sampler, &r, logits);
+    int allowed = r.token < 0 || llm_seq_grammar_allows(e, s, r.token, e->grammar_next);
+    double seconds = llm_now() - t0;
+    e->grammar_step_seconds += seconds;
+    if (!allowed) { llm_seq_park(e, s, &r, logits, 1); return 1; }
+    e->stats.grammar_tokens += r.token >= 0; e->stats.grammar_seconds += seconds;
+    llm_sample_row_logprobs(&r, logits, V);
+    llm_seq_accept(e, s, &r);
+    return 0;
+}
+
+/* 1. The grammar thread's finished jobs: each parked sequence takes its token (or fails with the job's
+ *    error); one that finished while parked (aborted) is freed now, its job being done with it */
+static void llm_engine_take_grammar_jobs(llm_engine *e) {
+    pthread_mutex_lock(&e->lock);
+    llm_grammar_job **done = e->grammar_done;
+    e->grammar_done = NULL;
+    pthread_mutex_unlock(&e->lock);
+    for (int i = 0; i < arrlen(done); i++) {
+        llm_grammar_job *j = done[i];
+        llm_seq *s = j->seq;
+        s->parked = 0; e->grammar_in_flight--;
+        e->stats.grammar_tokens += j->tokens; e->stats.grammar_masks += j->masks;
+        e->stats.grammar_masks_cached += j->masks_cached; e->stats.grammar_seconds += j->seconds;
+        if (s->status == LLM_SEQ_FINISHED) {
+            for (int k = 0; k < arrlen(e->parked_finished); k++)
+                if (e->parked_finished[k] == s) { arrdelswap(e->parked_finished, k); break; }
+            llm_seq_free(s);
+        } else {
+            if (j->error) llm_seq_finish(e, s, LLM_FINISH_ERROR, j->error);
+            else {
+                llm_grammar_state *next = j->next; /* the state the token leads to, for llm_seq_accept */
+                j->next = e->grammar_next; e->grammar_next = next;
+                llm_seq_accept(e, s, &j->r);
+            }
+            if (s->status == LLM_SEQ_FINISHED) /* out now: the scheduler plans running sequences only */
+                for (int k = 0; k < arrlen(e->sched.running); k++)
+                    if (e->sched.running[k] == s) {
+                        llm_emit(e, s);
+                        arrput(e->finished, s);
+                        arrdel(e->sched.running, k);
+                        break;
+                    }
+        }
+        j->seq = NULL;
+        arrput(e->grammar_spare, j);
+    }
+    arrfree(done);
+}
+
+/* 5. A draw of the sample step taken: the sequence's generator where the draw left it, then the token */
+static void llm_seq_take(llm_engine *e, llm_seq *s, const llm_sample_row *r) {
+    s->rng = *r->rng_state;
+    llm_seq_accept(e, s, r);
+}
+
+/* 5. Speculative decoding: the rows of the last token and of the proposal's tokens (from logit row `row`),
+ *    taken in turn as if each came alone (stop strings, max_tokens, logprobs, penalties see each), while the
+ *    token sampled is the one proposed: its K/V, computed from it, stand. A sampled token is exactly the
+ *    model's draw, so a proposed one is kept with the probability the model gives it and, when not, the
+ *    token drawn instead follows the model's distribution without it: the rejection-sampling rule with a
+ *    one-hot proposal; the same tokens, greedily. The rows were drawn in the sample step (drawn[j]: after the
+ *    tokens and the proposal's first j, the generator as j draws leave it), or are drawn on the host now (a
+ *    grammar's, drawn NULL). The blocks past what was kept go back to the pool. */
+static void llm_seq_verify(llm_engine *e, llm_seq *s, int row, const llm_sample_row *drawn) {
+    int V = e->model.cfg.vocab_size, n_draft = s->n_draft, accepted = 0;
+    for (int j = 0; j <= n_draft; j++) {
+        if (drawn) llm_seq_take(e, s, &drawn[j]);
+        else if (llm_seq_sample_on_host(e, s, e->logits + (size_t)(row + j) * V)) break; /* parked: the
+                                          * proposal's rest is recomputed after the token, as if refused */
+        if (s->status == LLM_SEQ_FINISHED || j == n_draft || s->tokens[arrlen(s->tokens) - 1] != s->draft[j])
+            break;
+        s->n_computed++; accepted++;
+        e->stats.spec_accepted_at[j]++;
+    }
+    e->stats.spec_drafts++; e->stats.spec_draft_tokens += n_draft; e->stats.spec_accepted_tokens += accepted;
+    s->n_draft = 0;
+    int most = e->sched.spec_tokens;
+    s->spec_cap = accepted < n_draft ? (accepted > 1 ? accepted : 1)
+                                     : 2 * s->spec_cap < most ? 2 * s->spec_cap : most;
+    s->spec_rate = 0.5f * s->spec_rate + 0.5f * (float)accepted / (float)n_draft;
+    if (s->spec_rate >= 0.85f) s->spec_backoff = 1;
+    else {
+        s->spec_wait = s->spec_backoff;
+        s->spec_backoff = s->spec_backoff < 64 ? 2 * s->spec_backoff : 64;
+    }
+    if (s->status == LLM_SEQ_FINISHED) return; /* its blocks went back */
+    if (s->n_draft_computed > s->n_computed) s->n_draft_computed = s->n_computed; /* a draft model's: those kept */
+    llm_seq_trim_blocks(&e->bm, s, (int)arrlen(s->tokens));
+    llm_seq_hash_blocks(&e->bm, s);
+}
+
+/* 5. A row for the sample step: s's, drawn with a copy of the generator at rng */
+static void llm_engine_queue_row(llm_engine *e, llm_seq *s, llm_sample_row r, uint64_t rng) {
+    arrput(e->sample_rows, r);
+    arrput(e->sample_seqs, s);
+    arrput(e->sample_rngs, rng);
+}
+
+/* 5. s draws its next token from logit row `row`: on the host now if it reads its rows there (a grammar),
+ *    else in the sample step, with a copy of its generator */
+static void llm_engine_draw(llm_engine *e, llm_seq *s, int row) {
+    if (llm_seq_reads_rows(s)) {
+        llm_seq_sample_on_host(e, s, e->logits + (size_t)row * e->model.cfg.vocab_size);
+        return;
+    }
+    llm_engine_queue_row(e, s, llm_seq_sample_row(e, s, row), s->rng);
+}
+
+/* 5. ... a proposal's rows, from logit row `row`: row j after the tokens and the proposal's first j ... */
+static void llm_engine_draw_proposal(llm_engine *e, llm_seq *s, int row) {
+    int len = (int)arrlen(s->tokens);
+    arrsetlen(s->spec_history, 0);
+    memcpy(arraddnptr(s->spec_history, len), s->tokens, (size_t)len * sizeof(int32_t));
+    memcpy(arraddnptr(s->spec_history, s->n_draft), s->draft, (size_t)s->n_draft * sizeof(int32_t));
+    for (int j = 0; j <= s->n_draft; j++) {
+        llm_sample_row r = llm_seq_sample_row(e, s, row + j);
+        r.history = s->spec_history; r.n_history = len + j;
+        llm_engine_queue_row(e, s, r, llm_sampling_rng_after(&s->req->params, s->rng, j));
+    }
+}
+
+/* 5. ... and prompt logprobs: the row of logits at prompt position pos scores prompt token pos + 1, as a
+ *    sampled token is scored, into s's prompt logprobs */
+static void llm_engine_score(llm_engine *e, llm_seq *s, int pos, int row) {
+    int V = e->model.cfg.vocab_size, K = s->req->params.prompt_logprobs;
+    if (K > V) K = V;
+    llm_sample_row r = llm_seq_sample_row(e, s, row);
+    r.score = 1; r.n_history = pos + 1;
+    r.top_ids = s->plp_top_ids + (size_t)pos * K; r.top_logprobs = s->plp_top + (size_t)pos * K;
+    llm_engine_queue_row(e, s, r, s->rng); /* (no draw: the generator stays) */
+}
+
+/* 5. The step's tokens are computed: full blocks are named for the prefix cache, prompt tokens are scored
+ *    (prompt_logprobs), and each sequence at the end of its tokens draws the next one (n > 1: the prompt
+ *    forks first; each sample draws from its row), or checks its proposal. The draws the host does not make
+ *    itself are the backend's sample step, all at once, where the logits are; then their tokens are taken. */
+static void llm_engine_sample(llm_engine *e) {
+    llm_scheduler *sch = &e->sched;
+    int row = 0;
+    arrsetlen(e->sample_rows, 0); arrsetlen(e->sample_seqs, 0); arrsetlen(e->sample_rngs, 0);
+    for (int i = 0; i < arrlen(sch->scheduled); i++) {
+        llm_seq *s = sch->scheduled[i];
+        int start = s->n_computed, end = start + sch->n_new[i], n_prompt = s->req->n_prompt;
+        if (s->n_draft) { /* its last token computed, and the proposal's, whose K/V stand only if kept */
+            s->n_computed = start + 1;
+            if (llm_seq_reads_rows(s)) llm_seq_verify(e, s, row, NULL);
+            else llm_engine_draw_proposal(e, s, row);
+            row += sch->n_new[i];
+            continue;
+        }
+        if (start < n_prompt) e->stats.prompt_tokens_computed += (end < n_prompt ? end : n_prompt) - start;
+        s->n_computed = end;
+        llm_seq_hash_blocks(&e->bm, s);
+        for (int pos = start; s->plp_state == LLM_PLP_PENDING && pos < end && pos < n_prompt - 1; pos++)
+            llm_engine_score(e, s, pos, row++);
+        if (end < arrlen(s->tokens)) continue; /* a prompt chunk: nothing to sample yet */
+        if (s->plp_state == LLM_PLP_PENDING) s->plp_state = LLM_PLP_READY; /* all scored: out this step */
+        if (s->fork_pending) {
+            int first_child = (int)arrlen(sch->running);
+            if (llm_seq_fork(sch, s) != 0) {
+                llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the samples of a request");
+                row++;
+                continue;
+            }
+            for (int k = first_child; k < arrlen(sch->running); k++) llm_engine_draw(e, sch->running[k], row);
+        }
+        llm_engine_draw(e, s, row++);
+    }
+    int n = (int)arrlen(e->sample_rows);
+    if (!n) return;
+    llm_engine_top_room(e, e->sample_rows, n);
+    for (int i = 0; i < n; i++) e->sample_rows[i].rng_state = &e->sample_rngs[i];
+    double t0 = llm_now();
+    int rc = e->backend->sample(e->backend, e->sample_rows, n, e->logits, e->step_error);
+    e->stats.sample_seconds += llm_now() - t0;
+    for (int i = 0; i < n; i++) {
+        llm_seq *s = e->sample_seqs[i];
+        if (rc != 0) {
+            if (s->status != LLM_SEQ_FINISHED)
+                llm_seq_finish(e, s, LLM_FINISH_ERROR, e->step_error[0] ? e->step_error :
+                               "the backend's sample step failed");
+            continue;
+        }
+        llm_sample_row *r = &e->sample_rows[i];
+        if (r->score) { /* a prompt token's */
+            s->plp[r->n_history - 1] = r->logprob; s->plp_rank[r->n_history - 1] = r->rank;
+            continue;
+        }
+        if (!s->n_draft) { llm_seq_take(e, s, r); continue; }
+        int rows = s->n_draft + 1; /* its proposal's, checked in turn */
+        llm_seq_verify(e, s, 0, r);
+        i += rows - 1;
+    }
+}
+
+/* 6. Outputs: every running sequence with something new, or finished, gives one; the finished leave now. */
+static void llm_engine_collect(llm_engine *e) {
+    llm_scheduler *sch = &e->sched;
+    for (int i = 0; i < arrlen(sch->running); i++) {
+        llm_seq *s = sch->running[i];
+        if (arrlen(s->out_tokens) || arrlen(s->out_text) || s->status == LLM_SEQ_FINISHED) llm_emit(e, s);
+        if (s->status == LLM_SEQ_FINISHED) { arrput(e->finished, s); arrdel(sch->running, i); i--; }
+    }
+}
+
+int llm_engine_step(llm_engine *e, const llm_output **outputs) {
+    llm_engine_begin_step(e);
+    llm_engine_take_grammar_jobs(e);
+    llm_engine_take_inbox(e);
+    llm_schedule(&e->sched);
+    if (arrlen(e->sched.scheduled) > 0) {
+        double t0 = llm_now();
+        if ((!e->draft_backend || llm_engine_draft(e, e->step_error) == 0) &&
+            llm_engine_forward(e, e->step_error) == 0) {
+            e->stats.steps++;
+            e->grammar_step_seconds = 0;
+            e->grammar_step_budget = e->grammar_step_share * (llm_now() - t0);
+            if (e->grammar_step_share > 0 && e->grammar_step_budget < LLM_GRAMMAR_STEP_MIN_S)
+                e->grammar_step_budget = LLM_GRAMMAR_STEP_MIN_S;
+            llm_engine_sample(e);
+        } else llm_engine_fail_step(e);
+    }
+    llm_engine_collect(e);
+    e->step_idle = arrlen(e->sched.scheduled) == 0 && arrlen(e->outputs) == 0;
+    *outputs = e->outputs;
+    return (int)arrlen(e->outputs);
+}
+
+/* ---- Looking inside ------------------------------------------------------------------------------------ */
+llm_engine_stats llm_engine_get_stats(llm_engine *e) {
+    llm_engine_stats s = e->stats;
+    s.backend = e->backend->name; s.backend_note = e->backend_note;
+    s.block_size = e->cfg.block_size; s.max_model_len = e->max_model_len;
+    s.kv_bytes_per_block = llm_kv_bytes_per_block(&e->model.cfg, s.block_size, e->backend->kv_value_bytes);
+    s.kv_groups = e->sched.n_kv_groups; s.spec_tokens = e->sched.spec_tokens;
+    s.running = (int)arrlen(e->sched.running); s.waiting = (int)arrlen(e->sched.waiting);
+    s.num_blocks = e->bm.num_blocks; s.num_free_blocks = e->bm.num_free_blocks;
+    s.num_cached_blocks = (int)hmlen(e->bm.cached);
+    s.preemptions = e->sched.preemptions;
+    s.prefix_cache_queries = e->sched.prefix_cache_queries; s.prefix_cache_hits = e->sched.prefix_cache_hits;
+    for (int i = 0; i < arrlen(e->sched.running); i++) s.kv_tokens += e->sched.running[i]->n_computed;
+    return s;
+}
+
+int llm_engine_check_blocks(llm_engine *e, char *err) {
+    llm_block_manager *bm = &e->bm;
+    int *refs = (int *)calloc((size_t)bm->num_blocks, sizeof(int)), rc = 0;
+    if (!refs) return llm_fail(err, "out of memory");
+    llm_seq **lists[2] = {e->sched.running, e->sched.waiting};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < arrlen(lists[k]); i++)
+            for (int g = 0; g < e->sched.n_kv_groups; g++)
+                for (int b = 0; b < arrlen(lists[k][i]->block_tables[g]); b++) {
+                    int id = lists[k][i]->block_tables[g][b];
+                    if (id == -1 && e->sched.kv_window[g] > 0) continue; /* slid out of a local window */
+                    if (id < 0 || id >= bm->num_blocks) {
+                        rc = llm_fail(err, "block table holds block %d, outside the pool", id);
+                        goto done;
+                    }
+                    refs[id]++;
+                }
+    int n_free = 0;
+    for (int id = 0; id < bm->num_blocks; id++) {
+        if (bm->blocks[id].ref_count != refs[id]) {
+            rc = llm_fail(err, "block %d has ref_count %d but %d block tables hold it", id,
+                          bm->blocks[id].ref_count, refs[id]);
+            goto done;
+        }
+        n_free += refs[id] == 0;
+    }
+    /* the free list links exactly the unreferenced blocks, each once (refs[] now marks the ones walked) */
+    int walked = 0;
+    for (int id = bm->free_head; id >= 0 && walked <= bm->num_blocks; id = bm->blocks[id].next_free) {
+        walked++;
+        if (refs[id] != 0) {
+            rc = llm_fail(err, "block %d is in the free list but %s", id,
+                          refs[id] > 0 ? "referenced" : "linked twice");
+            goto done;
+        }
+        refs[id] = -1;
+    }
+    if (n_free != bm->num_free_blocks || walked != n_free) {
+        rc = llm_fail(err, "%d blocks are unreferenced, num_free_blocks says %d, the free list links %d",
+                      n_free, bm->num_free_blocks, walked);
+        goto done;
+    }
+    for (ptrdiff_t i = 0; i < hmlen(bm->cached); i++) {
+        int id = bm->cached[i].value;
+        if (id < 0 || id >= bm->num_blocks || bm->blocks[id].hash != bm->cached[i].key) {
+            rc = llm_fail(err, "the prefix cache names block %d for a hash it does not carry", id);
+            goto done;
+        }
+    }
+done:
+    free(refs);
+    return rc;
+}
+
+/* ===========================================================================================================
+ * 11. JSON
+ * RFC 8259's JSON, read strictly (errors say where) and written as Python's json.dumps writes it
+ * (what chat templates' tojson writes). A layer: the core needs none of it; the tools, the
+ * schemas and the server's requests are read with it.
  * ======================================================================================================== */
 /* ---- JSON: the reader (RFC 8259, strict; errors say where) --------------------------------------------- */
 typedef struct { const char *p, *start, *end; char *err; } llm_json_reader;
@@ -7513,6 +8651,17 @@ llm_json *llm_json_get(const llm_json *obj, const char *key) {
     return NULL;
 }
 
+/* ===========================================================================================================
+ * 12. Grammar (a layer: LLM_NO_GRAMMAR leaves it out)
+ * The output must be a sentence of a grammar. A grammar (GBNF) is parsed once into rules of elements; a
+ * sequence's place in it is a set of pushdown stacks, each a path of positions still to match, as llama.cpp's
+ * llama-grammar.cpp keeps it. A character is accepted by every stack whose top position matches it; each of
+ * those pops it and expands what follows (a rule reference becomes each of its alternatives) until its top is
+ * a character to match again. A token is allowed when its bytes leave at least one stack alive. To find all
+ * tokens allowed, the vocabulary's bytes are walked as a trie, so that the tokens that share a prefix share
+ * its work, and the masks are cached by state (JSON's states repeat: inside a string, after a comma). JSON
+ * Schema, regular expressions and choices are written out as GBNF text first, so one engine runs them all.
+ * ======================================================================================================== */
 /* ---- GBNF: the parser ---------------------------------------------------------------------------------- */
 /* A rule is a list of elements: its alternatives one after another, each ended by ALT, the last by END. A
  * character class is its first element (CHAR, or CHAR_NOT when negated) then CHAR_ALT for each further
@@ -10002,6 +11151,350 @@ char *llm_json_schema_to_grammar(const llm_json *schema, char *err) {
     return llm_js_grammar(schema, NULL, 0, err);
 }
 
+/* ===========================================================================================================
+ * 13. Tools (a layer)
+ * Tool calling in each chat family's own syntax: how a family writes the tools, a turn's calls and their
+ * results into a prompt (llm_chat_render, section 4, calls these writers where the template puts them), the
+ * grammar a reply follows to call tools (over the grammar layer: without it, none), and a reply read back
+ * into its thinking, its answer and its calls.
+ * ======================================================================================================== */
+/* ---- Tools: Hermes style (Qwen2.5, Qwen3) -------------------------------------------------------------- */
+/* The system turn's list of tools (Qwen/Qwen2.5-7B-Instruct, Qwen/Qwen3-0.6B): each one as tojson writes it */
+static void llm_hermes_tools(llm_chat_text *c, const llm_json *tools) {
+    llm_chat_puts(c, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+                  "provided with function signatures within <tools></tools> XML tags:\n<tools>");
+    for (int i = 0; i < tools->n; i++) {
+        char *py = llm_json_dumps(&tools->items[i], 1);
+        llm_chat_puts(c, "\n"); llm_chat_puts(c, py ? py : "");
+        free(py);
+    }
+    llm_chat_puts(c, "\n</tools>\n\nFor each function call, return a json object with function name and "
+                  "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+                  "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
+}
+
+/* An assistant turn's calls: Qwen3 puts a newline before each but a first one that follows no text; Qwen2.5
+ * before each */
+static int llm_hermes_calls(llm_chat_text *c, const llm_chat_message *m, int newline_first) {
+    for (int k = 0; k < m->n_tool_calls; k++) {
+        if (k || newline_first) llm_chat_puts(c, "\n");
+        llm_chat_puts(c, "<tool_call>\n{\"name\": \"");
+        llm_chat_puts(c, m->tool_calls[k].name ? m->tool_calls[k].name : "");
+        llm_chat_puts(c, "\", \"arguments\": ");
+        if (llm_chat_put_json(c, m->tool_calls[k].arguments) != 0) return -1;
+        llm_chat_puts(c, "}\n</tool_call>");
+    }
+    return 0;
+}
+
+/* A tool's result: the results in a row share one user turn, each inside <tool_response> */
+static void llm_hermes_result(llm_chat_text *c, const int *role, int n, int i, const char *content) {
+    if (i == 0 || role[i - 1] != LLM_ROLE_TOOL) llm_chat_puts(c, "<|im_start|>user");
+    llm_chat_puts(c, "\n<tool_response>\n"); llm_chat_puts(c, content); llm_chat_puts(c, "\n</tool_response>");
+    if (i == n - 1 || role[i + 1] != LLM_ROLE_TOOL) llm_chat_puts(c, "<|im_end|>\n");
+}
+
+/* ---- Tools: Mistral v3 (Mistral-7B-Instruct-v0.3, Mistral-Nemo-Instruct-2407, Mistral-Large-2407) ---- */
+/* The tools before the last question: each function's keys as the template writes them, a string value
+ * between quotes as it is (not escaped: the template does not), any other value as tojson writes it */
+static int llm_mistral_tools(llm_chat_text *c, const llm_json *tools, int tekken) {
+    llm_chat_puts(c, tekken ? "[AVAILABLE_TOOLS][" : "[AVAILABLE_TOOLS] [");
+    for (int i = 0; i < tools->n; i++) {
+        const llm_json *fn = llm_json_get(&tools->items[i], "function");
+        if (!fn || fn->type != LLM_JSON_OBJECT) return -1;
+        llm_chat_puts(c, i ? ", {\"type\": \"function\", \"function\": {" :
+                                "{\"type\": \"function\", \"function\": {");
+        for (int k = 0, first = 1; k < fn->n; k++) {
+            if (!strcmp(fn->keys[k], "return")) continue;
+            llm_chat_puts(c, first ? "\"" : ", \""); llm_chat_puts(c, fn->keys[k]); llm_chat_puts(c, "\": ");
+            first = 0;
+            if (fn->items[k].type == LLM_JSON_STRING) {
+                llm_chat_puts(c, "\""); llm_chat_puts(c, fn->items[k].str); llm_chat_puts(c, "\"");
+            } else {
+                char *py = llm_json_dumps(&fn->items[k], 1);
+                llm_chat_puts(c, py ? py : "");
+                free(py);
+            }
+        }
+        llm_chat_puts(c, "}}");
+    }
+    llm_chat_puts(c, "][/AVAILABLE_TOOLS]");
+    return 0;
+}
+
+
+/* An assistant's calls, [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "..."}, ...], then EOS; -1 for an
+ * id that is not 9 characters long (the template refuses it: llm serve makes every id 9 long first) */
+static int llm_mistral_calls(llm_chat_text *c, const llm_chat_message *m, int tekken, const char *eos) {
+    llm_chat_puts(c, tekken ? "[TOOL_CALLS][" : "[TOOL_CALLS] [");
+    for (int k = 0; k < m->n_tool_calls; k++) {
+        const llm_chat_tool_call *tc = &m->tool_calls[k];
+        const char *name = tc->name ? tc->name : "";
+        llm_json name_v = {LLM_JSON_STRING, 0, (char *)name, strlen(name), NULL, NULL, 0, 0};
+        char *py = llm_json_dumps(&name_v, 1);
+        llm_chat_puts(c, k ? ", {\"name\": " : "{\"name\": "); llm_chat_puts(c, py ? py : "");
+        free(py);
+        llm_chat_puts(c, ", \"arguments\": ");
+        if (llm_chat_put_json(c, tc->arguments) != 0 || !tc->id || strlen(tc->id) != 9) return -1;
+        llm_chat_puts(c, ", \"id\": \""); llm_chat_puts(c, tc->id); llm_chat_puts(c, "\"}");
+    }
+    llm_chat_puts(c, "]"); llm_chat_puts(c, eos);
+    return 0;
+}
+
+/* ---- Tools: the generic format, for a family without its own ------------------------------------------
+ * As llama.cpp does for such templates: the tools are described at the end of the system turn, the reply is
+ * always one JSON object (the grammar sees to it), earlier calls are written as that JSON in the assistant's
+ * turn and results as JSON in a user turn; then the family writes the conversation as it writes any. */
+#define LLM_GENERIC_TOOLS_HOWTO \
+    "\n\nRespond in JSON format: to call tools, {\"tool_calls\": [{\"name\": \"<the tool's name>\", " \
+    "\"arguments\": {<its arguments>}}]}; to answer the user, {\"response\": \"<your answer>\"}."
+
+static char *llm_chat_text_dup(llm_chat_text *c) { /* what c holds, as a C string (c from a NULL buffer) */
+    char *s = (char *)malloc(c->n + 1);
+    if (s && c->out) memcpy(s, c->out, c->n);
+    if (s) s[c->n] = 0;
+    free(c->out);
+    return s;
+}
+
+static void llm_chat_grow_put(llm_chat_text *c, const char *s) { /* appends to a growing buffer */
+    size_t n = strlen(s);
+    if (c->n + n + 1 > c->cap) {
+        size_t cap = (c->n + n + 1) * 2;
+        char *out = (char *)realloc(c->out, cap);
+        if (!out) return;
+        c->out = out; c->cap = cap;
+    }
+    memcpy(c->out + c->n, s, n);
+    c->n += n;
+}
+
+/* ---- gpt-oss: OpenAI's harmony format (openai/gpt-oss-20b's template) ----------------------------------- */
+static int llm_json_truthy(const llm_json *v) { /* as Jinja's if: null, false, 0, "", [] and {} are false */
+    if (!v || v->type == LLM_JSON_NULL || v->type == LLM_JSON_FALSE) return 0;
+    if (v->type == LLM_JSON_NUMBER) return v->num != 0;
+    if (v->type == LLM_JSON_STRING) return v->len > 0;
+    return v->type == LLM_JSON_TRUE || v->n > 0;
+}
+static int llm_json_is(const llm_json *v, const char *text) {
+    return v && v->type == LLM_JSON_STRING && !strcmp(v->str, text);
+}
+
+/* A value as Jinja's + and join write it, Python's str(): a string as it is, others as JSON (True, False and
+ * None as Python spells them) */
+static void llm_harmony_str(llm_chat_text *c, const llm_json *v) {
+    if (v->type == LLM_JSON_STRING) { llm_chat_grow_put(c, v->str); return; }
+    if (v->type == LLM_JSON_TRUE || v->type == LLM_JSON_FALSE || v->type == LLM_JSON_NULL) {
+        llm_chat_grow_put(c, v->type == LLM_JSON_TRUE ? "True" : v->type == LLM_JSON_FALSE ? "False" : "None");
+        return;
+    }
+    char *js = llm_json_dumps(v, 1);
+    llm_chat_grow_put(c, js ? js : "");
+    free(js);
+}
+
+/* A JSON Schema as the TypeScript type the template's render_typescript_type writes, its white space too */
+static void llm_harmony_type(llm_chat_text *c, const llm_json *spec) {
+    const llm_json *type = llm_json_get(spec, "type"), *items = llm_json_get(spec, "items");
+    const llm_json *one_of = llm_json_get(spec, "oneOf"), *props = llm_json_get(spec, "properties");
+    int nullable = llm_json_truthy(llm_json_get(spec, "nullable"));
+    if (llm_json_is(type, "array")) {
+        if (!llm_json_truthy(items)) llm_chat_grow_put(c, "any[]");
+        else {
+            const llm_json *it = llm_json_get(items, "type");
+            if (llm_json_is(it, "string")) llm_chat_grow_put(c, "string[]");
+            else if (llm_json_is(it, "number") || llm_json_is(it, "integer")) llm_chat_grow_put(c, "number[]");
+            else if (llm_json_is(it, "boolean")) llm_chat_grow_put(c, "boolean[]");
+            else {
+                llm_chat_text inner = {NULL, 0, 0};
+                llm_harmony_type(&inner, items);
+                size_t chars = 0; /* |length counts characters */
+                for (size_t i = 0; i < inner.n; i++) chars += (inner.out[i] & 0xC0) != 0x80;
+                int any = chars > 50 || (inner.n == 15 && !memcmp(inner.out, "object | object", 15));
+                if (any) llm_chat_grow_put(c, "any[]");
+                else { llm_chat_grow_put(c, inner.out ? inner.out : ""); llm_chat_grow_put(c, "[]"); }
+                free(inner.out);
+            }
+        }
+        if (nullable) llm_chat_grow_put(c, " | null");
+    } else if (type && type->type == LLM_JSON_ARRAY && type->n > 0) { /* ["string", "null"] */
+        for (int i = 0; i < type->n; i++) {
+            if (i) llm_chat_grow_put(c, " | ");
+            llm_harmony_str(c, &type->items[i]);
+        }
+    } else if (llm_json_truthy(one_of) && one_of->type == LLM_JSON_ARRAY) {
+        /* (the template's test for object variants sets a variable inside its loop, which Jinja forgets
+         * there: the variants are always written) */
+        for (int i = 0; i < one_of->n; i++) {
+            const llm_json *v = &one_of->items[i], *d = llm_json_get(v, "description");
+            llm_harmony_type(c, v);
+            if (llm_json_truthy(d)) { llm_chat_grow_put(c, "// "); llm_harmony_str(c, d); }
+            if ((d = llm_json_get(v, "default"))) {
+                char *js = llm_json_dumps(d, 1);
+                llm_chat_grow_put(c, "                    // default: "); llm_chat_grow_put(c, js ? js : "");
+                free(js);
+            }
+            if (i < one_of->n - 1) llm_chat_grow_put(c, " | \n");
+        }
+    } else if (llm_json_is(type, "string")) {
+        const llm_json *e = llm_json_get(spec, "enum");
+        if (llm_json_truthy(e) && e->type == LLM_JSON_ARRAY) {
+            llm_chat_grow_put(c, "\"");
+            for (int i = 0; i < e->n; i++) {
+                if (i) llm_chat_grow_put(c, "\" | \"");
+                llm_harmony_str(c, &e->items[i]);
+            }
+            llm_chat_grow_put(c, "\"");
+        } else llm_chat_grow_put(c, nullable ? "string | null" : "string");
+    } else if (llm_json_is(type, "number") || llm_json_is(type, "integer")) llm_chat_grow_put(c, "number");
+    else if (llm_json_is(type, "boolean")) llm_chat_grow_put(c, "boolean");
+    else if (llm_json_is(type, "object")) {
+        if (!llm_json_truthy(props) || props->type != LLM_JSON_OBJECT) {
+            llm_chat_grow_put(c, "object");
+            return;
+        }
+        const llm_json *req = llm_json_get(spec, "required");
+        llm_chat_grow_put(c, "{\n");
+        for (int i = 0; i < props->n; i++) {
+            int required = 0;
+            for (int k = 0; req && req->type == LLM_JSON_ARRAY && k < req->n; k++)
+                required |= llm_json_is(&req->items[k], props->keys[i]);
+            llm_chat_grow_put(c, props->keys[i]);
+            llm_chat_grow_put(c, required ? ": \n                " : "?: \n                ");
+            llm_harmony_type(c, &props->items[i]);
+            if (i < props->n - 1) llm_chat_grow_put(c, ", ");
+        }
+        llm_chat_grow_put(c, "}");
+    } else llm_chat_grow_put(c, "any");
+}
+
+/* The developer message's tools: a TypeScript namespace "functions", each function a type of its parameters
+ * (their descriptions and defaults as comments). -1 for a tool the template cannot write (no description). */
+static int llm_harmony_tools(llm_chat_text *c, const llm_json *tools) {
+    llm_chat_text t = {NULL, 0, 0};
+    llm_chat_grow_put(&t, "# Tools\n\n## functions\n\nnamespace functions {\n\n");
+    for (int i = 0; i < tools->n; i++) {
+        const llm_json *fn = llm_json_get(&tools->items[i], "function");
+        const llm_json *desc = llm_json_get(fn, "description"), *name = llm_json_get(fn, "name");
+        const llm_json *params = llm_json_get(fn, "parameters"), *props = llm_json_get(params, "properties");
+        if (!desc || desc->type != LLM_JSON_STRING || !name || name->type != LLM_JSON_STRING) {
+            free(t.out);
+            return -1;
+        }
+        llm_chat_grow_put(&t, "// "); llm_chat_grow_put(&t, desc->str);
+        llm_chat_grow_put(&t, "\ntype "); llm_chat_grow_put(&t, name->str); llm_chat_grow_put(&t, " = ");
+        if (!llm_json_truthy(params) || !llm_json_truthy(props) || props->type != LLM_JSON_OBJECT) {
+            llm_chat_grow_put(&t, "() => any;\n\n");
+            continue;
+        }
+        const llm_json *req = llm_json_get(params, "required");
+        llm_chat_grow_put(&t, "(_: {\n");
+        for (int k = 0; k < props->n; k++) {
+            const llm_json *spec = &props->items[k], *d = llm_json_get(spec, "description");
+            int required = 0;
+            for (int j = 0; req && req->type == LLM_JSON_ARRAY && j < req->n; j++)
+                required |= llm_json_is(&req->items[j], props->keys[k]);
+            if (llm_json_truthy(d)) {
+                llm_chat_grow_put(&t, "// "); llm_harmony_str(&t, d); llm_chat_grow_put(&t, "\n");
+            }
+            llm_chat_grow_put(&t, props->keys[k]);
+            llm_chat_grow_put(&t, required ? ": " : "?: ");
+            llm_harmony_type(&t, spec);
+            if ((d = llm_json_get(spec, "default"))) {
+                if (llm_json_truthy(llm_json_get(spec, "enum"))) {
+                    llm_chat_grow_put(&t, ", // default: "); llm_harmony_str(&t, d);
+                } else if (llm_json_truthy(llm_json_get(spec, "oneOf"))) {
+                    llm_chat_grow_put(&t, "// default: "); llm_harmony_str(&t, d);
+                } else {
+                    char *js = llm_json_dumps(d, 1);
+                    llm_chat_grow_put(&t, ", // default: "); llm_chat_grow_put(&t, js ? js : "");
+                    free(js);
+                }
+            }
+            llm_chat_grow_put(&t, ",\n");
+        }
+        llm_chat_grow_put(&t, "}) => any;\n\n");
+    }
+    llm_chat_grow_put(&t, "} // namespace functions");
+    llm_chat_put(c, t.out, t.n);
+    free(t.out);
+    return 0;
+}
+
+
+/* The conversation with tools, calls and results written as text for a family without a tool format: new
+ * messages in *out (n of them) and their texts in *texts (n, malloc'ed). -1 when arguments are not JSON. */
+static int llm_chat_generic_tools(const llm_chat_template *ct, const llm_chat_message *msgs, int n,
+                                  const llm_json *tools, llm_chat_message **out, char ***texts) {
+    llm_chat_message *m = (llm_chat_message *)calloc((size_t)n + 1, sizeof *m);
+    char **t = (char **)calloc((size_t)n + 1, sizeof(char *));
+    int has_sys = n > 0 && llm_chat_role(msgs[0].role) == LLM_ROLE_SYSTEM, k = 0, ok = m && t;
+    if (ok && tools && tools->n > 0) { /* the system turn: its own text, then the tools */
+        llm_chat_text c = {NULL, 0, 0};
+        llm_chat_grow_put(&c, has_sys ? (msgs[0].content ? msgs[0].content : "") : ct->default_system);
+        if (c.n) llm_chat_grow_put(&c, "\n\n");
+        llm_chat_grow_put(&c, "You can call these tools:");
+        for (int i = 0; i < tools->n; i++) {
+            char *py = llm_json_dumps(&tools->items[i], 1);
+            llm_chat_grow_put(&c, "\n"); llm_chat_grow_put(&c, py ? py : "");
+            free(py);
+        }
+        llm_chat_grow_put(&c, LLM_GENERIC_TOOLS_HOWTO);
+        m[k].role = "system"; m[k].content = t[k] = llm_chat_text_dup(&c); ok = t[k++] != NULL;
+    }
+    for (int i = k && has_sys ? 1 : 0; ok && i < n; i++, k++) {
+        int role = llm_chat_role(msgs[i].role);
+        m[k] = msgs[i];
+        if (role == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0) {
+            llm_chat_text c = {NULL, 0, 0};
+            if (msgs[i].content && msgs[i].content[0]) {
+                llm_chat_grow_put(&c, msgs[i].content); llm_chat_grow_put(&c, "\n");
+            }
+            llm_chat_grow_put(&c, "{\"tool_calls\": [");
+            for (int j = 0; j < msgs[i].n_tool_calls; j++) {
+                const llm_chat_tool_call *tc = &msgs[i].tool_calls[j];
+                llm_json args;
+                if (!tc->arguments || llm_json_parse(tc->arguments, strlen(tc->arguments), &args, NULL) != 0) {
+                    ok = 0;
+                    break;
+                }
+                llm_json name = {LLM_JSON_STRING, 0, (char *)(tc->name ? tc->name : ""), 0, NULL, NULL, 0, 0};
+                name.len = strlen(name.str);
+                char *py_name = llm_json_dumps(&name, 1), *py_args = llm_json_dumps(&args, 1);
+                llm_json_free(&args);
+                llm_chat_grow_put(&c, j ? ", {\"name\": " : "{\"name\": ");
+                llm_chat_grow_put(&c, py_name ? py_name : "\"\"");
+                llm_chat_grow_put(&c, ", \"arguments\": "); llm_chat_grow_put(&c, py_args ? py_args : "{}");
+                llm_chat_grow_put(&c, "}");
+                free(py_name); free(py_args);
+            }
+            llm_chat_grow_put(&c, "]}");
+            m[k].content = t[k] = llm_chat_text_dup(&c);
+            ok = ok && t[k];
+        } else if (role == LLM_ROLE_TOOL) {
+            llm_json content = {LLM_JSON_STRING, 0, (char *)(msgs[i].content ? msgs[i].content : ""), 0, NULL,
+                                NULL, 0, 0};
+            content.len = strlen(content.str);
+            char *py = llm_json_dumps(&content, 1);
+            llm_chat_text c = {NULL, 0, 0};
+            llm_chat_grow_put(&c, "{\"tool_response\": "); llm_chat_grow_put(&c, py ? py : "\"\"");
+            llm_chat_grow_put(&c, "}");
+            free(py);
+            m[k].role = "user"; m[k].content = t[k] = llm_chat_text_dup(&c);
+            ok = t[k] != NULL;
+        }
+        m[k].tool_calls = NULL; m[k].n_tool_calls = 0;
+    }
+    if (!ok) {
+        for (int i = 0; t && i <= n; i++) free(t[i]);
+        free(t); free(m);
+        return -1;
+    }
+    *out = m; *texts = t;
+    return k;
+}
+
 /* ---- Tool calls: the grammar of a call in each family's syntax, and a reply read back --------------------
  * (declared here, beside the converters: they are how a chat family's tool syntax meets the grammar engine) */
 /* GBNF rules for "any text, up to and with `until`": a state per character of `until` matched so far, as a
@@ -10605,1457 +12098,6 @@ void llm_chat_reply_free(llm_chat_reply *r) {
     }
     free(r->calls); free(r->reasoning); free(r->content);
     memset(r, 0, sizeof *r);
-}
-
-/* ===========================================================================================================
- * 10. Detokenizer and stop conditions: token ids back to text, and where the text must stop
- * ======================================================================================================== */
-
-/* Counts every byte, stores the first cap of them. */
-static void llm_put_byte(char *buf, size_t cap, size_t *n, int byte) {
-    if (*n < cap) buf[*n] = (char)byte;
-    (*n)++;
-}
-
-/* The text of each kind of token, as llama.cpp gives it: control and unknown tokens only when asked for;
- * user-defined tokens as written; byte tokens as their byte; unused tokens as nothing; normal tokens with
- * U+2581 as space (SPM) or with each stand-in character back to its byte (BPE). */
-int llm_tokenizer_piece(const llm_tokenizer *t, int32_t id, int special, char *buf, int cap) {
-    if (!t || id < 0 || id >= t->n_vocab) return -1;
-    if (!buf || cap < 0) cap = 0;
-    const unsigned char *s = (const unsigned char *)t->text[id].ptr;
-    size_t len = t->text[id].len, n = 0, i = 0;
-    int type = t->type[id];
-    if (type == LLM_TOKEN_UNUSED || ((type == LLM_TOKEN_CONTROL || type == LLM_TOKEN_UNKNOWN) && !special))
-        return 0;
-    if (type == LLM_TOKEN_BYTE && len == 6 && llm_hex_digit(s[3]) >= 0 && llm_hex_digit(s[4]) >= 0) {
-        llm_put_byte(buf, (size_t)cap, &n, llm_hex_digit(s[3]) * 16 + llm_hex_digit(s[4]));
-    } else if (type != LLM_TOKEN_NORMAL && type != LLM_TOKEN_BYTE) {
-        for (; i < len; i++) llm_put_byte(buf, (size_t)cap, &n, s[i]);
-    } else if (t->kind == LLM_VOCAB_SPM) {
-        while (i < len) {
-            int space = i + 3 <= len && s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81;
-            llm_put_byte(buf, (size_t)cap, &n, space ? ' ' : s[i]);
-            i += space ? 3 : 1;
-        }
-    } else {
-        while (i < len) {
-            int k = llm_utf8_check(s + i, len - i);
-            uint32_t c = k > 0 ? llm_utf8_decode(s + i, k) : 0xFFFFFFFF;
-            size_t clen = k > 0 ? (size_t)k : 1;
-            if (k > 0 && c < 324 && t->char_byte[c] >= 0) llm_put_byte(buf, (size_t)cap, &n, t->char_byte[c]);
-            else for (size_t j = 0; j < clen; j++) llm_put_byte(buf, (size_t)cap, &n, s[i + j]); /* as is */
-            i += clen;
-        }
-    }
-    return n > INT32_MAX ? INT32_MAX : (int)n;
-}
-
-/* Copies in[0..n) to out (when out is not NULL) with each broken sequence replaced by U+FFFD and the
- * incomplete character at the end, if any, left out; returns the bytes that make and sets *keep to the bytes
- * left out. */
-static size_t llm_utf8_clean(const unsigned char *in, size_t n, char *out, size_t *keep) {
-    size_t i = 0, m = 0;
-    *keep = 0;
-    while (i < n) {
-        int k = llm_utf8_check(in + i, n - i);
-        if (k == 0) { *keep = n - i; break; }
-        if (k > 0) { if (out) memcpy(out + m, in + i, (size_t)k); m += (size_t)k; i += (size_t)k; }
-        else { if (out) memcpy(out + m, "\xEF\xBF\xBD", 3); m += 3; i += (size_t)-k; }
-    }
-    return m;
-}
-
-/* Writes all of its output or none of it: when the output would not fit in cap bytes, it writes nothing,
- * keeps its state and returns the room needed (more than cap), so the caller can call again with that
- * much. The output is at most 3 x (held bytes + piece bytes) <= 3 x piece length + 9 (every byte could
- * turn into U+FFFD), so a buffer of 3 x the longest token + 9 always suffices. Ids outside the vocabulary
- * add nothing. */
-int llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, int cap) {
-    if (!t || !d) return 0;
-    if (!out || cap < 0) cap = 0;
-    if (d->n_pending < 0 || d->n_pending > 3) d->n_pending = 0; /* never more than 3: not a state we made */
-    int n = llm_tokenizer_piece(t, id, d->special, NULL, 0);
-    if (n <= 0) return 0;
-    size_t total = (size_t)d->n_pending + (size_t)n, keep;
-    unsigned char small[512], *buf = total <= sizeof small ? small : (unsigned char *)malloc(total);
-    if (!buf) return 0;
-    memcpy(buf, d->pending, (size_t)d->n_pending);
-    llm_tokenizer_piece(t, id, d->special, (char *)buf + d->n_pending, n);
-    size_t m = llm_utf8_clean(buf, total, NULL, &keep);
-    if (m <= (size_t)cap) {
-        llm_utf8_clean(buf, total, out, &keep);
-        memcpy(d->pending, buf + total - keep, keep);
-        d->n_pending = (int)keep;
-    }
-    if (buf != small) free(buf);
-    return (int)m;
-}
-
-int llm_detok_flush(llm_detok *d, char *out, int cap) {
-    if (!d) return 0;
-    if (d->n_pending <= 0 || d->n_pending > 3) { d->n_pending = 0; return 0; }
-    /* what is held is the start of a character that never finished: one U+FFFD for all of it */
-    if (!out || cap < 3) return 3;
-    memcpy(out, "\xEF\xBF\xBD", 3);
-    d->n_pending = 0;
-    return 3;
-}
-
-/* ---- Stop strings -------------------------------------------------------------------------------------- */
-/* Where the first of the stop strings begins in text[0..len), or -1; *stop_len: that stop string's length
- * (of two that begin there, the first in the list's) */
-static int llm_stop_find(const llm_sampling_params *p, const char *text, int len, int *stop_len) {
-    int first = -1;
-    for (int i = 0; i < p->n_stop; i++) {
-        int sl = (int)strlen(p->stop[i]);
-        if (sl == 0) continue;
-        for (int at = 0; at + sl <= len && (first < 0 || at < first); at++)
-            if (memcmp(text + at, p->stop[i], (size_t)sl) == 0) { first = at; *stop_len = sl; break; }
-    }
-    return first;
-}
-
-/* The longest tail of text[0..len) that is the beginning of a stop string: it must wait for the next
- * token. */
-static int llm_stop_holdback(const llm_sampling_params *p, const char *text, int len) {
-    int hold = 0;
-    for (int i = 0; i < p->n_stop; i++) {
-        const char *stop = p->stop[i];
-        int sl = (int)strlen(stop);
-        for (int k = sl - 1 < len ? sl - 1 : len; k > hold; k--)
-            if (memcmp(text + len - k, stop, (size_t)k) == 0) { hold = k; break; }
-    }
-    return hold;
-}
-
-/* A sequence's new token (-1: none) becomes text: decoded into what is held back, then emitted up to what
- * could still begin a stop string. A stop string found ends the sequence (finish "stop") without its text,
- * or with it (include_stop_str) and nothing after it; finishing releases all that is held. */
-static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *tok, int finishing) {
-    if (tok) { /* a push that needs more room writes nothing and says how much: then once more, on the heap */
-        char small[512], *buf = small;
-        int n = token >= 0 ? llm_detok_push(tok, &s->detok, token, small, (int)sizeof small - 3) : 0;
-        if (n > (int)sizeof small - 3) {
-            buf = (char *)malloc((size_t)n + 3);
-            n = buf ? llm_detok_push(tok, &s->detok, token, buf, n) : 0;
-            if (!buf) buf = small;
-        }
-        if (finishing) n += llm_detok_flush(&s->detok, buf + n, 3);
-        if (n > 0) memcpy(arraddnptr(s->held_text, n), buf, (size_t)n);
-        if (buf != small) free(buf);
-    }
-    const llm_sampling_params *p = &s->req->params;
-    int len = (int)arrlen(s->held_text), stop_len = 0;
-    int stop_at = llm_stop_find(p, s->held_text, len, &stop_len);
-    if (stop_at >= 0) {
-        len = stop_at + (p->include_stop_str ? stop_len : 0);
-        s->finish_reason = LLM_FINISH_STOP;
-    }
-    int emit = s->finish_reason || finishing ? len : len - llm_stop_holdback(p, s->held_text, len);
-    if (emit > 0) memcpy(arraddnptr(s->out_text, emit), s->held_text, (size_t)emit);
-    if (s->finish_reason) arrsetlen(s->held_text, 0);
-    else if (emit > 0) arrdeln(s->held_text, 0, emit);
-}
-
-int llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int special, char *out, int cap) {
-    if (!t || n < 0 || (n && !ids)) return -1;
-    if (!out || cap < 0) cap = 0;
-    llm_detok d;
-    memset(&d, 0, sizeof d);
-    d.special = special != 0;
-    size_t len = 0;
-    int at_start = 1; /* nothing written yet: where SentencePiece's leading space would be */
-    for (int i = 0; i <= n; i++) {
-        char small[256], *buf = small;
-        int m = i < n ? llm_detok_push(t, &d, ids[i], small, (int)sizeof small)
-                      : llm_detok_flush(&d, small, 8);
-        if (m > (int)sizeof small) { /* a long piece: once more, on the heap */
-            if (!(buf = (char *)malloc((size_t)m))) return -1;
-            m = llm_detok_push(t, &d, ids[i], buf, m);
-        }
-        int skip = at_start && m > 0 && t->kind == LLM_VOCAB_SPM && t->add_space_prefix && buf[0] == ' ';
-        for (int k = skip; k < m; k++, len++) if (len < (size_t)cap) out[len] = buf[k];
-        if (m > 0) at_start = 0;
-        if (buf != small) free(buf);
-    }
-    if (len >= (size_t)INT32_MAX) return -1;
-    if (len < (size_t)cap) out[len] = 0;
-    return (int)len;
-}
-
-/* ===========================================================================================================
- * 11. Engine
- * The engine owns the model, the backend and its KV pool, the block manager, the scheduler and the sampler.
- * llm_engine_step runs, in this order (and so do the functions below): what the last step handed out is
- * freed; new requests and aborts come in from the inbox; the scheduler plans the step; a draft model, when
- * there is one, computes the step's tokens and makes its proposals; the plan becomes one batch and one
- * forward call; each sequence that reached the end of its tokens samples the next one, which
- * goes through the stop conditions and the detokenizer; every sequence with news gives an output, and
- * finished ones leave. A grammar's costly masks are the one piece of a step's work done on a thread of the
- * engine's own (the grammar thread): the sequence that needs one sits out the steps until it is done.
- * ======================================================================================================== */
-/* A step's grammar checks may take this share of its forward pass's time (llm_seq_sample_on_host) */
-#define LLM_GRAMMAR_STEP_SHARE 0.25
-#define LLM_GRAMMAR_STEP_MIN_S 0.0002 /* the budget of a step whose forward pass took next to nothing */
-
-/* A parked sequence's draw, for the grammar thread (llm_seq_park, below) */
-typedef struct {
-    llm_seq *seq;
-    float *row;                     /* [vocab_size]: its logits, copied */
-    llm_sample_row r;               /* the draw: r.token (the step's, when drawn is set), its logprobs */
-    int drawn;
-    int32_t top_ids[20]; float top_logprobs[20]; /* r's top logprobs (a request asks for 20 at most) */
-    llm_grammar_state *next;        /* the state r.token leads to */
-    const char *error;              /* the sequence fails with this; NULL: r.token is taken */
-    int64_t tokens, masks, masks_cached; /* for the engine's stats */
-    double seconds;
-} llm_grammar_job;
-
-typedef struct { /* what a thread that runs jobs keeps: a sampler of its own and the mask's room */
-    llm_sampler *sampler;
-    uint8_t *mask;                  /* [vocab_size bits] */
-    int32_t *ids;                   /* [vocab_size] the tokens a mask allows ... */
-    float *logits;                  /* [vocab_size] ... their logits: what a refused draw is redrawn from */
-} llm_grammar_scratch;
-
-static void llm_grammar_scratch_free(llm_grammar_scratch *w) {
-    llm_sampler_free(w->sampler); free(w->mask); free(w->ids); free(w->logits);
-    memset(w, 0, sizeof *w);
-}
-
-struct llm_engine {
-    llm_engine_config cfg;
-    llm_model model;
-    llm_backend *backend;
-    llm_backend *(*backend_create)(const llm_model *m, char *err); /* the backend's: the draft model's too */
-    char backend_note[LLM_ERR_LEN]; /* why the backends before it did not start */
-    llm_model draft_model;          /* speculative decoding's draft model (spec_model_path) ... */
-    llm_backend *draft_backend;     /* ... on its own backend of the same kind, its K/V in the same blocks */
-    float *draft_logits;            /* [draft_logits_rows][its vocab_size] */
-    int draft_logits_rows;
-    llm_block_manager bm;
-    llm_scheduler sched;
-    llm_sampler *sampler;
-    int max_model_len;
-    llm_engine_stats stats;         /* the engine's own counters; llm_engine_get_stats adds the rest */
-    /* the inbox, filled from any thread */
-    pthread_mutex_t lock;           /* guards the inbox, the aborts and next_id */
-    pthread_cond_t work_added;      /* add_request and abort signal it: it wakes llm_engine_wait */
-    llm_seq **inbox;
-    uint64_t *inbox_abort;
-    uint64_t next_id;
-    /* one step's scratch (stb_ds arrays) */
-    llm_seq **finished;             /* finished this step, freed at the start of the next: outputs point in */
-    int32_t *b_tokens, *b_positions, *b_seq_start, *b_logit_rows;
-    int32_t *b_row_seq;             /* per logit row of a draft pass: its sequence's index in scheduled */
-    uint8_t *b_host_rows;           /* per logit row: the host reads it (llm_batch.host_rows) */
-    const int32_t **b_tables;
-    float *logits;                  /* [logits_rows][vocab_size] */
-    int logits_rows;
-    llm_sample_row *sample_rows;    /* the rows for the backend's sample step ... */
-    llm_seq **sample_seqs;          /* ... the sequence each one's token goes to ... */
-    uint64_t *sample_rngs;          /* ... and its generator, as the draw leaves it */
-    int32_t *top_ids; float *top_logprobs; /* the rows' top logprobs */
-    llm_token_trie *trie;           /* the vocabulary's bytes, built for the first request with a grammar */
-    /* the grammar thread (section 5 of the step, structured output): jobs in, jobs done, under lock */
-    pthread_t grammar_thread;
-    int grammar_thread_on, grammar_thread_failed, grammar_quit;
-    pthread_cond_t grammar_added;   /* a job came, or the thread is to quit */
-    llm_grammar_job **grammar_todo, **grammar_done;
-    /* the engine thread's own */
-    llm_grammar_job **grammar_spare;/* done with: their rows kept for the next */
-    int grammar_in_flight;          /* jobs handed out and not taken back */
-    llm_seq **parked_finished;      /* finished (aborted) while parked: freed when their job comes back */
-    llm_grammar_scratch grammar_here; /* the jobs' room here, if the grammar thread would not start */
-    double grammar_step_seconds, grammar_step_budget; /* this step's checks so far, and how far they may go */
-    double grammar_step_share;      /* the budget's share of the forward pass's time (tests change it: < 0,
-                                     * every grammar sequence parked before its draw) */
-    int step_idle;                  /* the last step planned nothing and gave nothing out */
-    struct { char *text; llm_grammar *g; } *grammars; /* stb_ds, under lock: the last LLM_ENGINE_GRAMMARS
-                                     * grammars parsed, each holding a reference, replaced in turn */
-    int grammars_next;
-    llm_grammar_state *grammar_next;/* scratch: a sequence's state after the token sampled, swapped in once the
-                                     * token is taken */
-    char step_error[LLM_ERR_LEN];   /* why this step's forward pass failed: the error of its outputs */
-    llm_output *outputs;
-};
-
-llm_engine_config llm_engine_defaults(void) {
-    llm_engine_config c;
-    memset(&c, 0, sizeof c);
-    c.block_size = 16; c.max_num_seqs = 256; c.max_num_batched_tokens = 0; c.enable_prefix_caching = 1;
-    c.spec_ngram_max = 4; c.spec_ngram_min = 2;
-    return c;
-}
-
-const char *llm_finish_reason_name(int reason) {
-    switch (reason) {
-    case LLM_FINISH_STOP: return "stop"; case LLM_FINISH_LENGTH: return "length";
-    case LLM_FINISH_ABORT: return "abort"; case LLM_FINISH_ERROR: return "error";
-    }
-    return NULL;
-}
-
-/* ---- Creation: the model, a backend, the KV pool ------------------------------------------------------- */
-/* The backends the engine tries in this order, when the config names none */
-static const struct {
-    const char *name;
-    llm_backend *(*create)(const llm_model *m, char *err);
-} llm_backends[] = {
-#ifdef LLM_CUDA
-    {"cuda", llm_cuda_backend_create},
-#endif
-    {"cpu", llm_cpu_backend_create},
-};
-
-static int llm_engine_check_config(const llm_engine_config *c, char *err) {
-    if (c->block_size <= 0 || c->block_size > 1024)
-        return llm_fail(err, "block_size must be between 1 and 1024, got %d", c->block_size);
-    if (c->max_num_seqs <= 0)
-        return llm_fail(err, "max_num_seqs must be at least 1, got %d", c->max_num_seqs);
-    if (c->max_num_batched_tokens < 0)
-        return llm_fail(err, "max_num_batched_tokens must be at least 1 (0: the backend's), got %d",
-                        c->max_num_batched_tokens);
-    if (c->num_blocks < 0 || c->max_model_len < 0)
-        return llm_fail(err, "num_blocks and max_model_len must be >= 0");
-    if (!(c->kv_fraction >= 0 && c->kv_fraction <= 1))
-        return llm_fail(err, "kv_fraction must be in [0, 1] (0: the backend's default)");
-    if (c->scheduling_policy != LLM_SCHED_FCFS && c->scheduling_policy != LLM_SCHED_PRIORITY)
-        return llm_fail(err, "scheduling_policy must be LLM_SCHED_FCFS or LLM_SCHED_PRIORITY, got %d",
-                        c->scheduling_policy);
-    if (c->spec_tokens < 0 || c->spec_tokens > LLM_SPEC_MAX)
-        return llm_fail(err, "num_speculative_tokens must be between 0 and %d, got %d", LLM_SPEC_MAX,
-                        c->spec_tokens);
-    if (c->spec_tokens &&
-        (c->spec_ngram_min < 1 || c->spec_ngram_max < c->spec_ngram_min || c->spec_ngram_max > 64))
-        return llm_fail(err, "prompt_lookup_min must be at least 1 and prompt_lookup_max between it and 64, got "
-                        "%d and %d", c->spec_ngram_min, c->spec_ngram_max);
-    return 0;
-}
-
-static int llm_engine_start_backend(llm_engine *e, char *err) {
-    e->backend_create = e->cfg.create_backend;
-    if (e->backend_create) return (e->backend = e->backend_create(&e->model, err)) != NULL ? 0 : -1;
-    for (size_t i = 0; i < sizeof llm_backends / sizeof llm_backends[0] && !e->backend; i++) {
-        e->backend = (e->backend_create = llm_backends[i].create)(&e->model, err);
-        if (!e->backend) {
-            size_t at = strlen(e->backend_note);
-            snprintf(e->backend_note + at, sizeof e->backend_note - at, "%s%s: %s", at ? "; " : "",
-                     llm_backends[i].name, err);
-        }
-    }
-    return e->backend ? 0 : -1;
-}
-
-/* The config's KV cache type on a backend (before alloc_kv): auto keeps the backend's own */
-static int llm_backend_kv_dtype(llm_backend *be, int dtype, char *err) {
-    if (dtype == LLM_KV_AUTO) return 0;
-    if (!be->set_kv_dtype)
-        return llm_fail(err, "the %s backend keeps its own KV cache type: f16 and f32 caches are the CPU's",
-                        be->name);
-    return be->set_kv_dtype(be, dtype, err);
-}
-
-/* The draft model (spec_model_path): the model's vocabulary (llama.cpp's rule: sizes within 128 of each
- * other, and each token both have the same text), one group of layers (its K/V go in the blocks of the
- * model's first group, which must keep every position), on a backend of the model's kind */
-static int llm_engine_start_draft(llm_engine *e, char *err) {
-    llm_model *d = &e->draft_model;
-    const llm_tokenizer *a = e->model.tok, *b;
-    char why[LLM_ERR_LEN];
-    if (e->cfg.spec_tokens < 1)
-        return llm_fail(err, "a draft model needs num_speculative_tokens between 1 and %d", LLM_SPEC_MAX);
-    if (llm_model_load(d, e->cfg.spec_model_path, why) != 0) return llm_fail(err, "the draft model: %s", why);
-    llm_model_set_context(d, e->max_model_len);
-    b = d->tok;
-    int Va = e->model.cfg.vocab_size, Vb = d->cfg.vocab_size;
-    if (abs(Va - Vb) > 128 || !a != !b)
-        return llm_fail(err, "the draft model's vocabulary (%d tokens%s) is not the model's (%d tokens%s)", Vb,
-                        b ? "" : ", no tokenizer", Va, a ? "" : ", no tokenizer");
-    for (int i = 0; a && b && i < a->n_vocab && i < b->n_vocab; i++)
-        if (a->text[i].len != b->text[i].len || memcmp(a->text[i].ptr, b->text[i].ptr, a->text[i].len))
-            return llm_fail(err, "the draft model's vocabulary is not the model's: token %d is \"%.*s\" in the "
-                            "draft, \"%.*s\" in the model", i, (int)(b->text[i].len < 40 ? b->text[i].len : 40),
-                            b->text[i].ptr, (int)(a->text[i].len < 40 ? a->text[i].len : 40), a->text[i].ptr);
-    if (llm_kv_groups(&d->cfg) != 1)
-        return llm_fail(err, "the draft model has layers with sliding windows: a draft here attends to every "
-                        "position");
-    if (e->sched.kv_window[0] != 0)
-        return llm_fail(err, "every layer of the model has a sliding window: a draft model needs a group of "
-                        "layers that keeps every position");
-    if (!(e->draft_backend = e->backend_create(d, why)))
-        return llm_fail(err, "the draft model on the %s backend: %s", e->backend->name, why);
-    if (llm_backend_kv_dtype(e->draft_backend, e->cfg.kv_cache_dtype, why) != 0)
-        return llm_fail(err, "the draft model: %s", why);
-    return 0;
-}
-
-/* The most blocks a sequence of n tokens holds at once, computed in chunks of up to the step's token budget:
- * in a global group all of its blocks, in a local one those of a chunk and of the window before it */
-static int64_t llm_engine_blocks_for(const llm_engine *e, int n) {
-    int bs = e->cfg.block_size;
-    int64_t all = ((int64_t)n + bs - 1) / bs, total = 0;
-    for (int g = 0; g < e->sched.n_kv_groups; g++) {
-        int64_t window = e->sched.kv_window[g], chunk = e->cfg.max_num_batched_tokens;
-        int64_t held = window > 0 ? (window + chunk - 2) / bs + 2 : all;
-        total += held < all ? held : all;
-    }
-    return total;
-}
-
-/* The KV pool in blocks, one policy for every backend: num_blocks; else kv_bytes; else kv_fraction of the
- * memory the backend has free; else the backend's default fraction of it; and a backend with none (the CPU,
- * like vLLM's) gets room for max_num_seqs full contexts, 4 GiB at most. */
-static int llm_kv_pool_blocks(const llm_engine *e, size_t block_bytes, char *err) {
-    const llm_engine_config *c = &e->cfg;
-    if (c->num_blocks > 0) return c->num_blocks;
-    double fraction = c->kv_fraction > 0 ? c->kv_fraction : e->backend->default_kv_fraction;
-    size_t bytes = c->kv_bytes, free_memory = e->backend->free_memory, act = e->backend->activation_memory;
-    if (e->draft_backend) /* measured after both models' weights, less the draft's activations: less the
-                           * model's too */
-        free_memory = e->draft_backend->free_memory > act ? e->draft_backend->free_memory - act : 0;
-    if (!bytes && fraction > 0) bytes = (size_t)(fraction * (double)free_memory);
-    if (!bytes) {
-        size_t blocks_per_context = (size_t)llm_engine_blocks_for(e, e->max_model_len);
-        bytes = (size_t)c->max_num_seqs * blocks_per_context * block_bytes;
-        if (bytes > ((size_t)4 << 30)) bytes = (size_t)4 << 30;
-    }
-    size_t n = bytes / block_bytes;
-    if (n == 0)
-        return llm_fail(err, "the KV pool of %zu bytes holds no block of %zu bytes", bytes, block_bytes);
-    return n > (1u << 30) ? (1 << 30) : (int)n; /* ids are ints; the block manager keeps a record each */
-}
-
-llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
-    if (llm_engine_check_config(cfg, err) != 0) return NULL;
-    llm_engine *e = (llm_engine *)calloc(1, sizeof *e);
-    if (!e) { llm_fail(err, "out of memory"); return NULL; }
-    e->cfg = *cfg;
-    e->next_id = 1;
-    e->grammar_step_share = LLM_GRAMMAR_STEP_SHARE;
-    pthread_mutex_init(&e->lock, NULL);
-    pthread_condattr_t attr; /* timed waits on the monotonic clock: changes of the wall clock do not matter */
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&e->work_added, &attr);
-    pthread_cond_init(&e->grammar_added, NULL);
-    pthread_condattr_destroy(&attr);
-    int rc = cfg->dummy ? llm_model_dummy(&e->model, cfg->dummy, cfg->dummy_seed, err)
-           : cfg->model_path ? llm_model_load(&e->model, cfg->model_path, err)
-           : llm_fail(err, "no model given");
-    if (rc != 0) { llm_engine_destroy(e); return NULL; }
-    e->max_model_len = e->model.cfg.context_length;
-    if (cfg->max_model_len > 0 && cfg->max_model_len < e->max_model_len)
-        e->max_model_len = cfg->max_model_len;
-    llm_model_set_context(&e->model, e->max_model_len);
-    if (llm_engine_start_backend(e, err) != 0) { llm_engine_destroy(e); return NULL; }
-    if (llm_backend_kv_dtype(e->backend, cfg->kv_cache_dtype, err) != 0) {
-        llm_engine_destroy(e);
-        return NULL;
-    }
-    int *budget = &e->cfg.max_num_batched_tokens, backend_budget = e->backend->default_batched_tokens;
-    if (!*budget) *budget = backend_budget > 0 ? backend_budget : 2048;
-    llm_scheduler *sch = &e->sched; /* the groups of layers first: the pool's size depends on their windows */
-    sch->n_kv_groups = llm_kv_groups(&e->model.cfg);
-    if (!(sch->kv_window = (int *)calloc((size_t)sch->n_kv_groups, sizeof(int)))) {
-        llm_fail(err, "out of memory"); llm_engine_destroy(e); return NULL;
-    }
-    for (int g = 0; g < sch->n_kv_groups; g++) sch->kv_window[g] = llm_kv_group_window(&e->model.cfg, g);
-    if (cfg->spec_model_path && llm_engine_start_draft(e, err) != 0) { llm_engine_destroy(e); return NULL; }
-    size_t block_bytes = llm_kv_bytes_per_block(&e->model.cfg, cfg->block_size, e->backend->kv_value_bytes);
-    if (e->draft_backend) /* a block id holds the draft's K/V too */
-        block_bytes += llm_kv_bytes_per_block(&e->draft_model.cfg, cfg->block_size,
-                                              e->draft_backend->kv_value_bytes);
-    int num_blocks = llm_kv_pool_blocks(e, block_bytes, err);
-    if (num_blocks < 0 || e->backend->alloc_kv(e->backend, num_blocks, cfg->block_size, err) != 0 ||
-        (e->draft_backend && e->draft_backend->alloc_kv(e->draft_backend, num_blocks, cfg->block_size, err)) ||
-        llm_block_manager_init(&e->bm, num_blocks, cfg->block_size, cfg->enable_prefix_caching, err) != 0 ||
-        !(e->sampler = llm_sampler_create(e->model.cfg.vocab_size, err))) {
-        llm_engine_destroy(e); return NULL;
-    }
-    sch->bm = &e->bm; sch->static_batching = cfg->static_batching; sch->static_batch_open = 1;
-    sch->priority_policy = cfg->scheduling_policy == LLM_SCHED_PRIORITY;
-    sch->max_num_seqs = cfg->max_num_seqs; sch->max_num_batched_tokens = e->cfg.max_num_batched_tokens;
-    sch->spec_tokens = cfg->spec_tokens; sch->spec_ngram_max = cfg->spec_ngram_max;
-    sch->spec_ngram_min = cfg->spec_ngram_min; sch->max_model_len = e->max_model_len;
-    sch->spec_draft_model = e->draft_backend != NULL;
-    return e;
-}
-
-void llm_engine_destroy(llm_engine *e) {
-    if (!e) return;
-    if (e->grammar_thread_on) { /* first: it may be reading a sequence */
-        pthread_mutex_lock(&e->lock);
-        e->grammar_quit = 1;
-        pthread_cond_signal(&e->grammar_added);
-        pthread_mutex_unlock(&e->lock);
-        pthread_join(e->grammar_thread, NULL);
-    }
-    llm_seq **all[5] = {e->sched.waiting, e->sched.running, e->finished, e->inbox, e->parked_finished};
-    for (int k = 0; k < 5; k++) for (int i = 0; i < arrlen(all[k]); i++) llm_seq_free(all[k][i]);
-    arrfree(e->parked_finished);
-    llm_scheduler *sch = &e->sched;
-    arrfree(sch->waiting); arrfree(sch->running);
-    arrfree(sch->scheduled); arrfree(sch->n_new); arrfree(sch->copy_src); arrfree(sch->copy_dst);
-    free(sch->kv_window);
-    arrfree(e->finished); arrfree(e->inbox); arrfree(e->inbox_abort);
-    arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows);
-    arrfree(e->b_host_rows); arrfree(e->b_row_seq);
-    arrfree(e->sample_rows); arrfree(e->sample_seqs); arrfree(e->sample_rngs);
-    arrfree(e->top_ids); arrfree(e->top_logprobs);
-    arrfree(e->b_tables); arrfree(e->outputs);
-    free(e->logits); llm_token_trie_free(e->trie);
-    llm_grammar_state_free(e->grammar_next);
-    llm_grammar_job **jobs[3] = {e->grammar_todo, e->grammar_done, e->grammar_spare};
-    for (int k = 0; k < 3; k++)
-        for (int i = 0; i < arrlen(jobs[k]); i++) {
-            free(jobs[k][i]->row); llm_grammar_state_free(jobs[k][i]->next); free(jobs[k][i]);
-        }
-    arrfree(e->grammar_todo); arrfree(e->grammar_done); arrfree(e->grammar_spare);
-    llm_grammar_scratch_free(&e->grammar_here);
-    for (ptrdiff_t i = 0; i < arrlen(e->grammars); i++) {
-        free(e->grammars[i].text);
-        llm_grammar_free(e->grammars[i].g);
-    }
-    arrfree(e->grammars);
-    llm_sampler_free(e->sampler);
-    if (e->backend) e->backend->destroy(e->backend);
-    if (e->draft_backend) e->draft_backend->destroy(e->draft_backend);
-    free(e->draft_logits);
-    llm_block_manager_free(&e->bm);
-    llm_model_free(&e->model);
-    llm_model_free(&e->draft_model);
-    pthread_cond_destroy(&e->work_added);
-    pthread_cond_destroy(&e->grammar_added);
-    pthread_mutex_destroy(&e->lock);
-    free(e);
-}
-
-const llm_model *llm_engine_model(const llm_engine *e) { return &e->model; }
-
-/* ---- Requests in, from any thread ---------------------------------------------------------------------- */
-/* -1 and why when one of the n ids (what: whose they are) is outside the vocabulary */
-static int llm_ids_check(const int32_t *ids, int64_t n, int vocab_size, const char *what, char *err) {
-    for (int64_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= vocab_size)
-            return llm_fail(err, "%s token id %d is outside the vocabulary (0..%d)", what, ids[i],
-                            vocab_size - 1);
-    return 0;
-}
-
-/* The grammar layer's hooks (section 9) that the engine calls besides its public API */
-static llm_grammar *llm_grammar_ref(llm_grammar *g);
-static int64_t llm_grammar_cache_hits(const llm_grammar *g);
-static int llm_gr_allows_into(const llm_grammar_state *st, const llm_token_trie *tt, int32_t token,
-                              llm_grammar_state *next);
-
-/* A request's grammar: the one parsed for an earlier request with the same text (its masks cached), or
- * parsed now and kept for the next ones. A reference for the request (or for a server's worker, which parses
- * it before the request is added: llm_sampling_params.grammar_parsed). */
-#define LLM_ENGINE_GRAMMARS 32
-llm_grammar *llm_engine_parse_grammar(llm_engine *e, const char *text, char *err) {
-    llm_grammar *g = NULL;
-    pthread_mutex_lock(&e->lock);
-    for (ptrdiff_t i = 0; i < arrlen(e->grammars) && !g; i++)
-        if (!strcmp(e->grammars[i].text, text)) g = e->grammars[i].g;
-    if (g) llm_grammar_ref(g);
-    pthread_mutex_unlock(&e->lock);
-    if (g || !(g = llm_grammar_parse(text, err))) return g;
-    char *copy = strdup(text);
-    if (!copy) return g; /* not kept: only the cache is lost */
-    llm_grammar_ref(g);
-    pthread_mutex_lock(&e->lock);
-    int k = (int)arrlen(e->grammars);
-    if (k < LLM_ENGINE_GRAMMARS) arrsetlen(e->grammars, k + 1);
-    else { /* full: the oldest goes (requests that still hold it keep it alive) */
-        k = e->grammars_next;
-        e->grammars_next = (k + 1) % LLM_ENGINE_GRAMMARS;
-        free(e->grammars[k].text);
-        llm_grammar_free(e->grammars[k].g);
-    }
-    e->grammars[k].text = copy; e->grammars[k].g = g;
-    pthread_mutex_unlock(&e->lock);
-    return g;
-}
-
-uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids,
-                                int n_prompt_ids, const llm_sampling_params *p, void *user, char *err) {
-    int V = e->model.cfg.vocab_size;
-    if (p->priority && !e->sched.priority_policy) {
-        llm_fail(err, "priority needs the priority scheduling policy (this engine serves first come first)");
-        return 0;
-    }
-    if (llm_request_check(p, err) != 0 ||
-        llm_ids_check(p->logit_bias_ids, p->n_logit_bias, V, "logit_bias", err) != 0 ||
-        llm_ids_check(p->allowed_token_ids, p->n_allowed_token_ids, V, "allowed_token_ids", err) != 0 ||
-        llm_ids_check(p->bad_word_ids, llm_bad_words_total(p), V, "bad_words", err) != 0)
-        return 0;
-    /* the prompt's ids: as given, or the text tokenized (llm_tokenize_prompt) */
-    int32_t *ids = NULL;
-    if (prompt_ids) {
-        if (n_prompt_ids < 0) { llm_fail(err, "n_prompt_ids is negative (%d)", n_prompt_ids); return 0; }
-        if (llm_ids_check(prompt_ids, n_prompt_ids, V, "prompt", err) != 0) return 0;
-        if (n_prompt_ids)
-            memcpy(arraddnptr(ids, n_prompt_ids), prompt_ids, (size_t)n_prompt_ids * sizeof(int32_t));
-    } else {
-        if (!e->model.tok) { llm_fail(err, "this model has no tokenizer: give prompt token ids"); return 0; }
-        const char *text = prompt ? prompt : "";
-        size_t len = strlen(text);
-        int cap = len < INT32_MAX / 2 ? (int)len + 8 : INT32_MAX / 2;
-        arrsetlen(ids, cap);
-        int n = llm_tokenize_prompt(e->model.tok, text, len, ids, cap);
-        if (n > cap) { arrsetlen(ids, n); n = llm_tokenize_prompt(e->model.tok, text, len, ids, n); }
-        if (n < 0) { arrfree(ids); llm_fail(err, "could not tokenize the prompt"); return 0; }
-        arrsetlen(ids, n);
-    }
-    int n_prompt = (int)arrlen(ids);
-    int64_t blocks_needed = llm_engine_blocks_for(e, n_prompt + 1); /* with the first new token */
-    if (n_prompt == 0) { arrfree(ids); llm_fail(err, "the prompt is empty"); return 0; }
-    if (n_prompt >= e->max_model_len) {
-        arrfree(ids);
-        llm_fail(err, "the prompt has %d tokens, but this model's context is %d tokens (the prompt and at "
-                 "least one new token must fit)", n_prompt, e->max_model_len);
-        return 0;
-    }
-    if (blocks_needed > e->bm.num_blocks) {
-        arrfree(ids);
-        llm_fail(err, "the prompt needs %lld KV blocks but the whole pool has %d", (long long)blocks_needed,
-                 e->bm.num_blocks);
-        return 0;
-    }
-    llm_grammar *grammar = NULL;
-    if ((p->grammar || p->grammar_parsed) && !e->model.tok) {
-        arrfree(ids);
-        llm_fail(err, "a grammar needs the model's tokenizer");
-        return 0;
-    }
-    if (p->grammar_parsed) grammar = llm_grammar_ref(p->grammar_parsed);
-    else if (p->grammar && !(grammar = llm_engine_parse_grammar(e, p->grammar, err))) {
-        arrfree(ids);
-        return 0;
-    }
-    llm_seq *s = llm_seq_new(ids, p, grammar, user, e->sched.n_kv_groups);
-    if (!s) { llm_fail(err, "out of memory"); return 0; }
-    pthread_mutex_lock(&e->lock);
-    uint64_t id = s->req->id = e->next_id++;
-    arrput(e->inbox, s);
-    pthread_cond_signal(&e->work_added);
-    pthread_mutex_unlock(&e->lock);
-#ifdef LLM_TEST_AFTER_ADD
-    LLM_TEST_AFTER_ADD(); /* the tests widen the window here: the engine thread runs the request to its end */
-#endif
-    return id; /* not s->req->id: once the lock is let go, the engine thread may finish and free it */
-}
-
-void llm_engine_abort(llm_engine *e, uint64_t request_id) {
-    pthread_mutex_lock(&e->lock);
-    arrput(e->inbox_abort, request_id);
-    pthread_cond_signal(&e->work_added);
-    pthread_mutex_unlock(&e->lock);
-}
-
-/* Work: something in the inbox, or sequences waiting or running. Called with the lock held. */
-static int llm_engine_work_locked(llm_engine *e) {
-    return arrlen(e->inbox) > 0 || arrlen(e->inbox_abort) > 0 || arrlen(e->sched.waiting) > 0 ||
-           arrlen(e->sched.running) > 0 || e->grammar_in_flight > 0;
-}
-
-/* News for a step that found nothing to do: a request, an abort, or a grammar job done. Lock held. */
-static int llm_engine_news_locked(llm_engine *e) {
-    return arrlen(e->inbox) > 0 || arrlen(e->inbox_abort) > 0 || arrlen(e->grammar_done) > 0;
-}
-
-int llm_engine_wait(llm_engine *e, int timeout_ms) {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    if (timeout_ms > 0) {
-        until.tv_sec += timeout_ms / 1000;
-        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
-    }
-    pthread_mutex_lock(&e->lock);
-    int work;
-    while (!(work = llm_engine_work_locked(e)) && timeout_ms != 0) {
-        int rc = timeout_ms < 0 ? pthread_cond_wait(&e->work_added, &e->lock)
-                                : pthread_cond_timedwait(&e->work_added, &e->lock, &until);
-        if (rc == ETIMEDOUT) { work = llm_engine_work_locked(e); break; }
-    }
-    pthread_mutex_unlock(&e->lock);
-    return work;
-}
-
-int llm_engine_has_work(llm_engine *e) { return llm_engine_wait(e, 0); }
-
-/* ---- One step, in the order llm_engine_step runs it ---------------------------------------------------- */
-/* 1. What the last step handed out is done with: its finished sequences are freed, the running ones' output
- *    emptied. Only running sequences have output: one the scheduler preempts later in this step has had its
- *    emptied here first. */
-static void llm_engine_begin_step(llm_engine *e) {
-    if (e->grammar_in_flight) {
-        /* nothing else to do: wait for the grammar thread; else a while for its jobs, so that a cheap mask
-         * loses its sequence no step, within the budget (a costly one is left for a later step) */
-        double until = llm_now() + e->grammar_step_budget;
-        struct timespec ts = {(time_t)until, (long)((until - floor(until)) * 1e9)};
-        pthread_mutex_lock(&e->lock);
-        if (e->step_idle) while (!llm_engine_news_locked(e)) pthread_cond_wait(&e->work_added, &e->lock);
-        else
-            while (arrlen(e->grammar_done) < e->grammar_in_flight && llm_now() < until &&
-                   pthread_cond_timedwait(&e->work_added, &e->lock, &ts) != ETIMEDOUT) {}
-        pthread_mutex_unlock(&e->lock);
-    }
-    for (int i = 0; i < arrlen(e->finished); i++) /* a parked one waits for its job */
-        if (e->finished[i]->parked) arrput(e->parked_finished, e->finished[i]);
-        else llm_seq_free(e->finished[i]);
-    arrsetlen(e->finished, 0); arrsetlen(e->outputs, 0);
-    e->step_error[0] = 0;
-    for (int i = 0; i < arrlen(e->sched.running); i++) {
-        llm_seq *s = e->sched.running[i];
-        arrsetlen(s->out_tokens, 0); arrsetlen(s->out_text, 0); arrsetlen(s->out_logprobs, 0);
-        arrsetlen(s->out_top_ids, 0); arrsetlen(s->out_top_logprobs, 0);
-    }
-}
-
-/* A sequence is done: its blocks go back at once; its output says why at the end of the step. */
-static void llm_seq_finish(llm_engine *e, llm_seq *s, int reason, const char *error) {
-    s->finish_reason = reason; s->error = error; s->status = LLM_SEQ_FINISHED;
-    llm_seq_release_blocks(&e->sched, s);
-}
-
-/* The output of a sequence for this step. A sequence that finishes before its prompt was computed (aborted,
- * or failed) still stands for all n samples of its request: each gets its finish. */
-static void llm_emit(llm_engine *e, llm_seq *s) {
-    llm_output o;
-    memset(&o, 0, sizeof o);
-    o.request_id = s->req->id; o.user = s->req->user; o.index = s->index;
-    o.token_ids = s->out_tokens; o.n_tokens = (int)arrlen(s->out_tokens);
-    o.text = s->out_text; o.text_len = (int)arrlen(s->out_text);
-    if (s->req->params.logprobs >= 0) {
-        o.logprobs = s->out_logprobs; o.n_top = s->req->params.logprobs;
-        o.top_ids = s->out_top_ids; o.top_logprobs = s->out_top_logprobs;
-    }
-    o.finish_reason = s->finish_reason; o.error = s->error;
-    o.n_prompt_tokens = s->req->n_prompt; o.n_cached_tokens = s->n_cached_tokens;
-    o.n_generated = (int)arrlen(s->tokens) - s->req->n_prompt;
-    if (s->plp_state == LLM_PLP_READY) { /* once: a recompute after preemption does not score them again */
-        s->plp_state = LLM_PLP_NONE;
-        o.prompt_logprobs = s->plp; o.prompt_ranks = s->plp_rank; o.n_prompt_logprobs = s->req->n_prompt - 1;
-        o.prompt_top_ids = s->plp_top_ids; o.prompt_top_logprobs = s->plp_top;
-        o.n_prompt_top = s->req->params.prompt_logprobs < e->model.cfg.vocab_size ?
-                         s->req->params.prompt_logprobs : e->model.cfg.vocab_size;
-    }
-    int copies = s->finish_reason && s->fork_pending ? s->req->params.n : 1;
-    for (int i = 0; i < copies; i++) {
-        o.index = s->index + i;
-        arrput(e->outputs, o);
-        if (o.finish_reason) e->stats.requests_finished++;
-    }
-}
-
-/* 2. The inbox: new requests join the waiting queue; aborted requests finish at once, wherever they are. */
-static void llm_engine_take_inbox(llm_engine *e) {
-    pthread_mutex_lock(&e->lock);
-    for (int i = 0; i < arrlen(e->inbox); i++) llm_sched_wait(&e->sched, e->inbox[i], 0);
-    arrsetlen(e->inbox, 0);
-    uint64_t *aborts = e->inbox_abort;
-    e->inbox_abort = NULL;
-    pthread_mutex_unlock(&e->lock);
-    for (int a = 0; a < arrlen(aborts); a++) {
-        llm_seq ***lists[2] = {&e->sched.waiting, &e->sched.running};
-        for (int k = 0; k < 2; k++)
-            for (int i = 0; i < arrlen(*lists[k]); i++) {
-                llm_seq *s = (*lists[k])[i];
-                if (s->req->id != aborts[a]) continue;
-                llm_seq_finish(e, s, LLM_FINISH_ABORT, NULL);
-                llm_emit(e, s);
-                arrput(e->finished, s);
-                arrdel(*lists[k], i);
-                i--;
-            }
-    }
-    arrfree(aborts);
-}
-
-/* 3. The scheduler plans the step: llm_schedule (section 5). */
-
-/* 3-4. The step's batch, built in the b_* arrays by the draft's passes and the model's: emptied before each */
-static void llm_engine_batch_clear(llm_engine *e) {
-    arrsetlen(e->b_tokens, 0); arrsetlen(e->b_positions, 0); arrsetlen(e->b_logit_rows, 0);
-    arrsetlen(e->b_seq_start, 0); arrsetlen(e->b_tables, 0); arrsetlen(e->b_host_rows, 0);
-    arrsetlen(e->b_row_seq, 0);
-}
-
-/* 3-4. ... then seen as an llm_batch of n_seqs sequences, with the rows of logits it asks for made room for
- *      in *logits (the model's or the draft's, of vocab_size V: it only grows) */
-static int llm_engine_batch_view(llm_engine *e, llm_batch *b, int n_seqs, float **logits, int *logits_rows,
-                                 int V, char *err) {
-    memset(b, 0, sizeof *b);
-    b->n_tokens = (int)arrlen(e->b_tokens); b->tokens = e->b_tokens; b->positions = e->b_positions;
-    b->n_seqs = n_seqs; b->seq_start = e->b_seq_start; b->block_tables = e->b_tables;
-    b->n_logits = (int)arrlen(e->b_logit_rows); b->logit_rows = e->b_logit_rows;
-    b->host_rows = e->b_host_rows;
-    if (b->n_logits <= *logits_rows) return 0;
-    free(*logits);
-    *logits_rows = b->n_logits;
-    if ((*logits = (float *)malloc((size_t)b->n_logits * (size_t)V * sizeof(float)))) return 0;
-    *logits_rows = 0;
-    return llm_fail(err, "out of memory for %d rows of logits", b->n_logits);
-}
-
-/* 3. Then a draft model's proposals (spec_model_path). First the draft computes the tokens the model computes
- *    this step, from the first it has not (its K/V stay in step with the model's, in the same blocks: the
- *    prefix cache, the copies and preemption serve both), the copies first. Then each sequence that
- *    speculates decodes greedily from its last token, a pass for each proposed token; the last proposed
- *    token is not computed by the draft (the model computes it, and the draft next step if it is kept). A
- *    token outside the model's vocabulary ends a proposal, and the blocks past the shorter one go back. */
-static int llm_engine_draft(llm_engine *e, char *err) {
-    llm_scheduler *sch = &e->sched;
-    int n_seqs = (int)arrlen(sch->scheduled), V = e->model.cfg.vocab_size, Vd = e->draft_model.cfg.vocab_size;
-    int rc = 0, longest = 0;
-    llm_sampling_params greedy = llm_sampling_defaults();
-    greedy.temperature = 0;
-    for (int pass = 0; rc == 0 && (pass == 0 || pass < longest); pass++) {
-        llm_engine_batch_clear(e);
-        for (int i = 0; i < n_seqs; i++) {
-            llm_seq *s = sch->scheduled[i];
-            int len = (int)arrlen(s->tokens), from = len + pass - 1, end = from + 1;
-            if (pass == 0) { from = s->n_draft_computed; end = s->n_computed + sch->n_new[i] - s->n_draft; }
-            else if (s->n_draft <= pass) continue;
-            arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
-            arrput(e->b_tables, s->block_tables[0]); /* the model's first group: every position */
-            for (int pos = from; pos < end; pos++) {
-                arrput(e->b_tokens, pos < len ? s->tokens[pos] : s->draft[pos - len]);
-                arrput(e->b_positions, pos);
-            }
-            s->n_draft_computed = end;
-            if (s->n_draft > longest) longest = s->n_draft;
-            if (s->n_draft <= pass) continue;
-            arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
-            arrput(e->b_host_rows, 0);
-            arrput(e->b_row_seq, i);
-        }
-        if (arrlen(e->b_tokens) == 0) break; /* every proposal ended early */
-        arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
-        llm_batch b;
-        int n_batch_seqs = (int)arrlen(e->b_seq_start) - 1;
-        if ((rc = llm_engine_batch_view(e, &b, n_batch_seqs, &e->draft_logits, &e->draft_logits_rows, Vd, err)))
-            break;
-        if (pass == 0) { /* the model's copies, in the draft's blocks too */
-            b.n_copies = (int)arrlen(sch->copy_src); b.copy_src = sch->copy_src; b.copy_dst = sch->copy_dst;
-        }
-        arrsetlen(e->sample_rows, b.n_logits); /* each proposed token: its row's argmax */
-        for (int r = 0; r < b.n_logits; r++)
-            e->sample_rows[r] = (llm_sample_row){.row = r, .params = &greedy};
-        double t0 = llm_now();
-        rc = e->draft_backend->forward(e->draft_backend, &b, e->draft_logits, err);
-        if (rc == 0)
-            rc = e->draft_backend->sample(e->draft_backend, e->sample_rows, b.n_logits, e->draft_logits, err);
-        e->stats.draft_seconds += llm_now() - t0;
-        for (int r = 0; rc == 0 && r < b.n_logits; r++) {
-            int i = e->b_row_seq[r];
-            llm_seq *s = sch->scheduled[i];
-            int32_t token = e->sample_rows[r].token;
-            if (token >= 0 && token < V) { s->draft[pass] = token; continue; }
-            sch->n_new[i] -= s->n_draft - pass; s->n_draft = pass; /* the proposal ends before it */
-            llm_seq_trim_blocks(&e->bm, s, (int)arrlen(s->tokens) + pass);
-        }
-    }
-    return rc;
-}
-
-/* 4. Whether the host reads s's next rows of logits itself: a grammar may mask the whole row. Any other
- *    sequence's rows (sampling, penalties, logit_bias, logprobs, the samples of n > 1, a proposal's) only go
- *    to the backend's sample step. */
-static int llm_seq_reads_rows(const llm_seq *s) {
-    return s->grammar != NULL;
-}
-
-/* 4. The plan as one batch: each scheduled sequence's next n_new tokens, flattened, with its block table;
- *    logits for the sequences whose chunk reaches the end of their tokens, and for every prompt token of a
- *    chunk that scores its prompt (prompt_logprobs) but the last (its logits are the first sample's); the
- *    copy-on-write copies first. */
-static int llm_engine_forward(llm_engine *e, char *err) {
-    llm_scheduler *sch = &e->sched;
-    int n_seqs = (int)arrlen(sch->scheduled), V = e->model.cfg.vocab_size;
-    llm_engine_batch_clear(e);
-    int prompt_step = 0;
-    for (int i = 0; i < n_seqs; i++) {
-        llm_seq *s = sch->scheduled[i];
-        prompt_step |= s->n_computed < s->req->n_prompt;
-        arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
-        int scoring = s->plp_state == LLM_PLP_PENDING, n_prompt = s->req->n_prompt;
-        int len = (int)arrlen(s->tokens), end = s->n_computed + sch->n_new[i];
-        for (int pos = s->n_computed; pos < end; pos++) { /* past the tokens: the proposal's */
-            arrput(e->b_tokens, pos < len ? s->tokens[pos] : s->draft[pos - len]);
-            arrput(e->b_positions, pos);
-            if ((scoring && pos < n_prompt - 1) || (end >= len && pos >= len - 1)) { /* the last, proposed */
-                arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
-                int host = pos >= len - 1 && llm_seq_reads_rows(s); /* not a prompt token's: scored there */
-                arrput(e->b_host_rows, (uint8_t)host);
-                e->stats.host_rows += host; e->stats.logit_rows++;
-            }
-        }
-    }
-    arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
-    for (int g = 0; g < sch->n_kv_groups; g++) /* group by group */
-        for (int i = 0; i < n_seqs; i++) arrput(e->b_tables, sch->scheduled[i]->block_tables[g]);
-    llm_batch b;
-    if (llm_engine_batch_view(e, &b, n_seqs, &e->logits, &e->logits_rows, V, err)) return -1;
-    b.n_copies = (int)arrlen(sch->copy_src); b.copy_src = sch->copy_src; b.copy_dst = sch->copy_dst;
-    double t0 = llm_now();
-    int rc = e->backend->forward(e->backend, &b, e->logits, err);
-    e->stats.forward_seconds += llm_now() - t0;
-    e->stats.prompt_steps += prompt_step;
-    return rc;
-}
-
-/* 4, when the forward pass failed: every sequence of the step finishes with the error; nothing else
- * changes. */
-static void llm_engine_fail_step(llm_engine *e) {
-    if (!e->step_error[0]) /* a backend that gave no reason */
-        snprintf(e->step_error, sizeof e->step_error, "the %s backend failed", e->backend->name);
-    for (int i = 0; i < arrlen(e->sched.scheduled); i++)
-        llm_seq_finish(e, e->sched.scheduled[i], LLM_FINISH_ERROR, e->step_error);
-}
-
-/* 5. Structured output. Under a grammar, the token sampled first is checked: most of the time the grammar
- *    allows it (a model asked for JSON mostly writes JSON), and that costs one walk of its bytes. When it
- *    does not, every token is checked (a mask, through the vocabulary's trie, or from the cache), the refused
- *    ones are masked out and the sampler draws again: the same distribution as masking first (a refused draw
- *    is thrown away), for the price of a mask only where one is needed. The ends of generation and the
- *    request's stop ids are allowed exactly where the text so far is a whole sentence. A mask costs
- *    microseconds or tens of milliseconds, as the grammar makes it (thousands of stacks in an ambiguous one),
- *    and a request's bytes choose the grammar. So no step waits for a mask: a sequence whose token was
- *    refused is parked, its row of logits copied into a job, and the engine's grammar thread builds the mask
- *    and draws again while the steps go on without it; the token is taken by the first step after. A costly
- *    grammar slows its own request, not the others (vLLM fills its masks beside the forward pass for the same
- *    reason). The checks stay in the step up to a budget, LLM_GRAMMAR_STEP_SHARE of the forward pass's time;
- *    past it the step's other grammar sequences are parked before their draw. A job draws with its sequence's
- *    own generator, so a seed gives the same tokens whichever thread draws. */
-
-/* Whether the grammar lets token come next; a token that adds text leaves the state it leads to in next */
-static int llm_seq_grammar_allows(const llm_engine *e, const llm_seq *s, int32_t token,
-                                  llm_grammar_state *next) {
-    const llm_sampling_params *p = &s->req->params;
-    for (int i = 0; i < p->n_stop_token_ids; i++)
-        if (p->stop_token_ids[i] == token) return llm_grammar_can_end(s->grammar) && !p->ignore_eos;
-    if (p->ignore_eos && llm_tokenizer_is_eog(e->model.tok, token)) return 0; /* it would not end the text */
-    return llm_gr_allows_into(s->grammar, e->trie, token, next);
-}
-
-/* The grammar thread's work on a parked sequence: the draw (unless the step made it), the check, and when the
- * token is refused the mask and the draw again from the tokens it allows; then the token's logprobs. Only
- * this thread builds masks, so the grammars' mask caches have one writer. */
-static void llm_grammar_job_run(const llm_engine *e, llm_grammar_scratch *w, llm_grammar_job *j) {
-    llm_seq *s = j->seq;
-    const llm_sampling_params *p = &s->req->params;
-    int V = e->model.cfg.vocab_size;
-    double t0 = llm_now();
-    j->error = NULL; j->tokens = 1; j->masks = j->masks_cached = 0;
-    if ((!w->sampler && !(w->sampler = llm_sampler_create(V, NULL))) ||
-        (!w->mask && !(w->mask = (uint8_t *)malloc(((size_t)V + 7) / 8))) ||
-        (!w->ids && !(w->ids = (int32_t *)malloc((size_t)V * sizeof(int32_t)))) ||
-        (!w->logits && !(w->logits = (float *)malloc((size_t)V * sizeof(float)))) ||
-        (!j->next && !(j->next = llm_grammar_state_copy(s->grammar)))) {
-        j->error = "out of memory for the grammar's mask";
-        return;
-    }
-    if (!j->drawn) llm_sampler_draw(w->sampler, &j->r, j->row);
-    int32_t token = j->r.token;
-    if (token >= 0 && !llm_seq_grammar_allows(e, s, token, j->next)) {
-        int64_t cached = llm_grammar_cache_hits(s->req->grammar);
-        int n = llm_grammar_mask(s->grammar, e->trie, w->mask);
-        j->masks = 1; j->masks_cached = llm_grammar_cache_hits(s->req->grammar) - cached;
-        if (n < 0) {
-            j->error = "the grammar's mask could not be built (out of memory, or the grammar is too "
-                       "ambiguous)";
-            j->seconds = llm_now() - t0;
-            return;
-        }
-        uint8_t *mask = w->mask;
-        int can_end = llm_grammar_can_end(s->grammar) && !p->ignore_eos;
-        for (int i = 0; i < p->n_stop_token_ids; i++) { /* stop ids end the text, as ends of generation do */
-            int32_t t = p->stop_token_ids[i];
-            if (t < 0 || t >= V) continue;
-            if (can_end) mask[t >> 3] |= (uint8_t)(1u << (t & 7));
-            else mask[t >> 3] &= (uint8_t)~(1u << (t & 7));
-        }
-        for (ptrdiff_t i = 0; p->ignore_eos && i < arrlen(e->model.tok->eog); i++) { /* would not end it */
-            int32_t t = e->model.tok->eog[i];
-            mask[t >> 3] &= (uint8_t)~(1u << (t & 7));
-        }
-        /* the draw again, from the allowed tokens only (gathered: a mask allows a few as a rule, and the
-         * refused ones would weigh nothing), with the request's penalties: the same draw as from the row
-         * masked */
-        const float *adjusted = llm_sampler_adjust(w->sampler, &j->r, j->row);
-        const float *pen = llm_sampler_penalize(w->sampler, p, adjusted, s->tokens, s->req->n_prompt,
-                                                (int)arrlen(s->tokens));
-        int n_ids = 0;
-        for (int i = 0; i < V; i += 8)
-            for (unsigned bits = mask[i >> 3]; bits; bits &= bits - 1) {
-                int t = i + __builtin_ctz(bits);
-                if (t < V && pen[t] > -INFINITY) { w->ids[n_ids] = t; w->logits[n_ids++] = pen[t]; }
-            }
-        int32_t at = n_ids ? llm_sampler_pick(w->sampler, p, w->logits, n_ids, &s->rng) : -1;
-        token = at >= 0 ? w->ids[at] : -1;
-        if (token < 0 || !llm_seq_grammar_allows(e, s, token, j->next))
-            j->error = "the grammar allows no token here that the request allows";
-        j->r.token = token;
-    }
-    llm_sample_row_logprobs(&j->r, j->row, V);
-    j->seconds = llm_now() - t0;
-}
-
-/* The grammar thread: the lock let go while a job runs; each one done wakes the engine's wait. Requests take
- * turns: the next job is the first of the request served least recently, so that one request's many costly
- * masks (n samples, every step) do not queue another's behind them. Its priority is lowered: the forward
- * passes' threads come first. */
-static void *llm_grammar_thread(void *arg) {
-    llm_engine *e = (llm_engine *)arg;
-    llm_grammar_scratch w;
-    memset(&w, 0, sizeof w);
-    uint64_t turn = 0;
-#ifdef __linux__
-    setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10);
-#endif
-    pthread_mutex_lock(&e->lock);
-    for (;;) {
-        while (!arrlen(e->grammar_todo) && !e->grammar_quit) pthread_cond_wait(&e->grammar_added, &e->lock);
-        if (e->grammar_quit) break;
-        int next = 0;
-        for (int i = 1; i < arrlen(e->grammar_todo); i++)
-            if (e->grammar_todo[i]->seq->req->grammar_turn < e->grammar_todo[next]->seq->req->grammar_turn)
-                next = i;
-        llm_grammar_job *j = e->grammar_todo[next];
-        arrdel(e->grammar_todo, next);
-        j->seq->req->grammar_turn = ++turn;
-        pthread_mutex_unlock(&e->lock);
-#ifdef LLM_TEST_GRAMMAR_JOB
-        LLM_TEST_GRAMMAR_JOB(j->seq->req->id); /* the tests hold the thread here, and see whose turn it is */
-#endif
-        llm_grammar_job_run(e, &w, j);
-        pthread_mutex_lock(&e->lock);
-        arrput(e->grammar_done, j);
-        pthread_cond_signal(&e->work_added);
-    }
-    pthread_mutex_unlock(&e->lock);
-    llm_grammar_scratch_free(&w);
-    return NULL;
-}
-
-/* s's draw goes to the grammar thread (drawn: r.token is drawn already, and refused): its row copied into a
- * job (a recycled one when there is one), s parked. Without the thread (it could not start) the job runs
- * here. */
-static void llm_seq_park(llm_engine *e, llm_seq *s, const llm_sample_row *r, const float *logits, int drawn) {
-    int V = e->model.cfg.vocab_size;
-    llm_grammar_job *j = arrlen(e->grammar_spare) ? arrpop(e->grammar_spare)
-                                                  : (llm_grammar_job *)calloc(1, sizeof(llm_grammar_job));
-    if (j && !j->row) j->row = (float *)malloc((size_t)V * sizeof(float));
-    if (!j || !j->row) {
-        if (j) { llm_grammar_state_free(j->next); free(j); }
-        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the grammar's job");
-        return;
-    }
-    memcpy(j->row, logits, (size_t)V * sizeof(float));
-    j->seq = s; j->r = *r; j->drawn = drawn;
-    j->r.rng_state = &s->rng; j->r.top_ids = j->top_ids; j->r.top_logprobs = j->top_logprobs;
-    s->parked = 1;
-    e->grammar_in_flight++;
-    if (!e->grammar_thread_on && !e->grammar_thread_failed) {
-        if (pthread_create(&e->grammar_thread, NULL, llm_grammar_thread, e) == 0) e->grammar_thread_on = 1;
-        else e->grammar_thread_failed = 1;
-    }
-    if (!e->grammar_thread_on) llm_grammar_job_run(e, &e->grammar_here, j); /* no thread: the job now, here */
-    pthread_mutex_lock(&e->lock);
-    if (e->grammar_thread_on) { arrput(e->grammar_todo, j); pthread_cond_signal(&e->grammar_added); }
-    else arrput(e->grammar_done, j);
-    pthread_mutex_unlock(&e->lock);
-}
-
-/* 5. The sampling of s's next token, as a row for a sample step: its request's parameters, its tokens so
- *    far, its generator; the top logprobs' room is given later */
-static llm_sample_row llm_seq_sample_row(const llm_engine *e, llm_seq *s, int row) {
-    llm_sample_row r;
-    memset(&r, 0, sizeof r);
-    r.row = row; r.params = &s->req->params; r.rng_state = &s->rng;
-    r.history = s->tokens; r.n_prompt = s->req->n_prompt; r.n_history = (int)arrlen(s->tokens);
-    if (e->model.tok) { r.eog = e->model.tok->eog; r.n_eog = (int)arrlen(e->model.tok->eog); }
-    return r;
-}
-
-/* 5. Room for the top logprobs of n rows' draws, in the engine's scratch (what it held before is done; a
- *    scored row's go to its sequence's prompt logprobs) */
-static int llm_sample_row_n_top(const llm_sample_row *r) {
-    return r->score || r->params->logprobs <= 0 ? 0 : r->params->logprobs;
-}
-static void llm_engine_top_room(llm_engine *e, llm_sample_row *rows, int n) {
-    size_t k = 0;
-    for (int i = 0; i < n; i++) k += (size_t)llm_sample_row_n_top(&rows[i]);
-    arrsetlen(e->top_ids, k); arrsetlen(e->top_logprobs, k);
-    for (int i = 0, at = 0; i < n; i++) {
-        if (!llm_sample_row_n_top(&rows[i])) continue; /* none (no array at all when k = 0) */
-        rows[i].top_ids = e->top_ids + at; rows[i].top_logprobs = e->top_logprobs + at;
-        at += llm_sample_row_n_top(&rows[i]);
-    }
-}
-
-/* 5. One sampled token for s (r: its draw): the logprobs asked for, the token, then the stop conditions (end
- *    of generation, stop ids, max_tokens, the context, the pool) and its text. A draw of -1 (a row that was
- *    not finite) or -2 (no token left to pick) finishes s with the error; -3: s is finished already. */
-static void llm_seq_accept(llm_engine *e, llm_seq *s, const llm_sample_row *r) {
-    const llm_sampling_params *p = &s->req->params;
-    int V = e->model.cfg.vocab_size, n_prompt = s->req->n_prompt;
-    int32_t token = r->token;
-    if (token == -1) /* a broken model: never sample from it */
-        llm_seq_finish(e, s, LLM_FINISH_ERROR, "the model's logits are not finite numbers (NaN or infinite)");
-    if (token == -2)
-        llm_seq_finish(e, s, LLM_FINISH_ERROR, "sampling found no token to pick: the logits are not numbers");
-    if (token < 0) return; /* finished with the reason */
-    if (p->logprobs >= 0) {
-        int K = p->logprobs < V ? p->logprobs : V;
-        if (K > 0) {
-            memcpy(arraddnptr(s->out_top_ids, K), r->top_ids, (size_t)K * sizeof(int32_t));
-            memcpy(arraddnptr(s->out_top_logprobs, K), r->top_logprobs, (size_t)K * sizeof(float));
-        }
-        arrput(s->out_logprobs, r->logprob);
-    }
-    arrput(s->tokens, token); arrput(s->out_tokens, token);
-    e->stats.generation_tokens++;
-    int n_tokens = (int)arrlen(s->tokens), reason = LLM_FINISH_NONE;
-    const llm_tokenizer *tok = e->model.tok;
-    if (!p->ignore_eos && tok && llm_tokenizer_is_eog(tok, token)) reason = LLM_FINISH_STOP;
-    for (int i = 0; i < p->n_stop_token_ids; i++) if (p->stop_token_ids[i] == token) reason = LLM_FINISH_STOP;
-    int hidden = reason == LLM_FINISH_STOP; /* a stop token's own text is not output */
-    if (s->grammar && !hidden) { /* the state the token leads to; whole, with nothing to follow: stop */
-        llm_grammar_state *moved = e->grammar_next;
-        e->grammar_next = s->grammar; s->grammar = moved;
-        if (llm_grammar_done(s->grammar)) reason = LLM_FINISH_STOP;
-    }
-    /* out of room: max_tokens, the model's context, or (a tiny pool) the whole KV pool, which the next token
-     * could not fit in */
-    if (!reason && ((p->max_tokens > 0 && n_tokens - n_prompt >= p->max_tokens) ||
-                    n_tokens >= e->max_model_len || llm_engine_blocks_for(e, n_tokens) > e->bm.num_blocks))
-        reason = LLM_FINISH_LENGTH;
-    llm_seq_push_text(s, hidden ? -1 : token, tok, reason != LLM_FINISH_NONE);
-    if (s->finish_reason) reason = s->finish_reason; /* a stop string */
-    if (reason) llm_seq_finish(e, s, reason, NULL);
-}
-
-/* 5. s's next token from its row of logits on the host (a grammar's): the sample step's draw, as the backends
- *    make it, and the grammar's check, within the step's budget for them; then taken (llm_seq_accept). A
- *    refused token, or a draw past the budget, parks s (its token comes from the grammar thread): 1 then. */
-static int llm_seq_sample_on_host(llm_engine *e, llm_seq *s, const float *logits) {
-    int V = e->model.cfg.vocab_size;
-    char err[LLM_ERR_LEN];
-    if (!e->trie && !(e->trie = llm_token_trie_build(e->model.tok, err))) { /* once: not in grammar_seconds */
-        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the vocabulary's trie");
-        return 0;
-    }
-    llm_sample_row r = llm_seq_sample_row(e, s, 0);
-    if (e->grammar_step_seconds > e->grammar_step_budget) { llm_seq_park(e, s, &r, logits, 0); return 1; }
-    double t0 = llm_now();
-    if (!e->grammar_next && !(e->grammar_next = llm_grammar_state_copy(s->grammar))) {
-        llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the grammar's state");
-        return 0;
-    }
-    llm_engine_top_room(e, &r, 1);
-    llm_sampler_draw(e->sampler, &r, logits);
-    int allowed = r.token < 0 || llm_seq_grammar_allows(e, s, r.token, e->grammar_next);
-    double seconds = llm_now() - t0;
-    e->grammar_step_seconds += seconds;
-    if (!allowed) { llm_seq_park(e, s, &r, logits, 1); return 1; }
-    e->stats.grammar_tokens += r.token >= 0; e->stats.grammar_seconds += seconds;
-    llm_sample_row_logprobs(&r, logits, V);
-    llm_seq_accept(e, s, &r);
-    return 0;
-}
-
-/* 1. The grammar thread's finished jobs: each parked sequence takes its token (or fails with the job's
- *    error); one that finished while parked (aborted) is freed now, its job being done with it */
-static void llm_engine_take_grammar_jobs(llm_engine *e) {
-    pthread_mutex_lock(&e->lock);
-    llm_grammar_job **done = e->grammar_done;
-    e->grammar_done = NULL;
-    pthread_mutex_unlock(&e->lock);
-    for (int i = 0; i < arrlen(done); i++) {
-        llm_grammar_job *j = done[i];
-        llm_seq *s = j->seq;
-        s->parked = 0; e->grammar_in_flight--;
-        e->stats.grammar_tokens += j->tokens; e->stats.grammar_masks += j->masks;
-        e->stats.grammar_masks_cached += j->masks_cached; e->stats.grammar_seconds += j->seconds;
-        if (s->status == LLM_SEQ_FINISHED) {
-            for (int k = 0; k < arrlen(e->parked_finished); k++)
-                if (e->parked_finished[k] == s) { arrdelswap(e->parked_finished, k); break; }
-            llm_seq_free(s);
-        } else {
-            if (j->error) llm_seq_finish(e, s, LLM_FINISH_ERROR, j->error);
-            else {
-                llm_grammar_state *next = j->next; /* the state the token leads to, for llm_seq_accept */
-                j->next = e->grammar_next; e->grammar_next = next;
-                llm_seq_accept(e, s, &j->r);
-            }
-            if (s->status == LLM_SEQ_FINISHED) /* out now: the scheduler plans running sequences only */
-                for (int k = 0; k < arrlen(e->sched.running); k++)
-                    if (e->sched.running[k] == s) {
-                        llm_emit(e, s);
-                        arrput(e->finished, s);
-                        arrdel(e->sched.running, k);
-                        break;
-                    }
-        }
-        j->seq = NULL;
-        arrput(e->grammar_spare, j);
-    }
-    arrfree(done);
-}
-
-/* 5. A draw of the sample step taken: the sequence's generator where the draw left it, then the token */
-static void llm_seq_take(llm_engine *e, llm_seq *s, const llm_sample_row *r) {
-    s->rng = *r->rng_state;
-    llm_seq_accept(e, s, r);
-}
-
-/* 5. Speculative decoding: the rows of the last token and of the proposal's tokens (from logit row `row`),
- *    taken in turn as if each came alone (stop strings, max_tokens, logprobs, penalties see each), while the
- *    token sampled is the one proposed: its K/V, computed from it, stand. A sampled token is exactly the
- *    model's draw, so a proposed one is kept with the probability the model gives it and, when not, the
- *    token drawn instead follows the model's distribution without it: the rejection-sampling rule with a
- *    one-hot proposal; the same tokens, greedily. The rows were drawn in the sample step (drawn[j]: after the
- *    tokens and the proposal's first j, the generator as j draws leave it), or are drawn on the host now (a
- *    grammar's, drawn NULL). The blocks past what was kept go back to the pool. */
-static void llm_seq_verify(llm_engine *e, llm_seq *s, int row, const llm_sample_row *drawn) {
-    int V = e->model.cfg.vocab_size, n_draft = s->n_draft, accepted = 0;
-    for (int j = 0; j <= n_draft; j++) {
-        if (drawn) llm_seq_take(e, s, &drawn[j]);
-        else if (llm_seq_sample_on_host(e, s, e->logits + (size_t)(row + j) * V)) break; /* parked: the
-                                          * proposal's rest is recomputed after the token, as if refused */
-        if (s->status == LLM_SEQ_FINISHED || j == n_draft || s->tokens[arrlen(s->tokens) - 1] != s->draft[j])
-            break;
-        s->n_computed++; accepted++;
-        e->stats.spec_accepted_at[j]++;
-    }
-    e->stats.spec_drafts++; e->stats.spec_draft_tokens += n_draft; e->stats.spec_accepted_tokens += accepted;
-    s->n_draft = 0;
-    int most = e->sched.spec_tokens;
-    s->spec_cap = accepted < n_draft ? (accepted > 1 ? accepted : 1)
-                                     : 2 * s->spec_cap < most ? 2 * s->spec_cap : most;
-    s->spec_rate = 0.5f * s->spec_rate + 0.5f * (float)accepted / (float)n_draft;
-    if (s->spec_rate >= 0.85f) s->spec_backoff = 1;
-    else {
-        s->spec_wait = s->spec_backoff;
-        s->spec_backoff = s->spec_backoff < 64 ? 2 * s->spec_backoff : 64;
-    }
-    if (s->status == LLM_SEQ_FINISHED) return; /* its blocks went back */
-    if (s->n_draft_computed > s->n_computed) s->n_draft_computed = s->n_computed; /* a draft model's: those kept */
-    llm_seq_trim_blocks(&e->bm, s, (int)arrlen(s->tokens));
-    llm_seq_hash_blocks(&e->bm, s);
-}
-
-/* 5. A row for the sample step: s's, drawn with a copy of the generator at rng */
-static void llm_engine_queue_row(llm_engine *e, llm_seq *s, llm_sample_row r, uint64_t rng) {
-    arrput(e->sample_rows, r);
-    arrput(e->sample_seqs, s);
-    arrput(e->sample_rngs, rng);
-}
-
-/* 5. s draws its next token from logit row `row`: on the host now if it reads its rows there (a grammar),
- *    else in the sample step, with a copy of its generator */
-static void llm_engine_draw(llm_engine *e, llm_seq *s, int row) {
-    if (llm_seq_reads_rows(s)) {
-        llm_seq_sample_on_host(e, s, e->logits + (size_t)row * e->model.cfg.vocab_size);
-        return;
-    }
-    llm_engine_queue_row(e, s, llm_seq_sample_row(e, s, row), s->rng);
-}
-
-/* 5. ... a proposal's rows, from logit row `row`: row j after the tokens and the proposal's first j ... */
-static void llm_engine_draw_proposal(llm_engine *e, llm_seq *s, int row) {
-    int len = (int)arrlen(s->tokens);
-    arrsetlen(s->spec_history, 0);
-    memcpy(arraddnptr(s->spec_history, len), s->tokens, (size_t)len * sizeof(int32_t));
-    memcpy(arraddnptr(s->spec_history, s->n_draft), s->draft, (size_t)s->n_draft * sizeof(int32_t));
-    for (int j = 0; j <= s->n_draft; j++) {
-        llm_sample_row r = llm_seq_sample_row(e, s, row + j);
-        r.history = s->spec_history; r.n_history = len + j;
-        llm_engine_queue_row(e, s, r, llm_sampling_rng_after(&s->req->params, s->rng, j));
-    }
-}
-
-/* 5. ... and prompt logprobs: the row of logits at prompt position pos scores prompt token pos + 1, as a
- *    sampled token is scored, into s's prompt logprobs */
-static void llm_engine_score(llm_engine *e, llm_seq *s, int pos, int row) {
-    int V = e->model.cfg.vocab_size, K = s->req->params.prompt_logprobs;
-    if (K > V) K = V;
-    llm_sample_row r = llm_seq_sample_row(e, s, row);
-    r.score = 1; r.n_history = pos + 1;
-    r.top_ids = s->plp_top_ids + (size_t)pos * K; r.top_logprobs = s->plp_top + (size_t)pos * K;
-    llm_engine_queue_row(e, s, r, s->rng); /* (no draw: the generator stays) */
-}
-
-/* 5. The step's tokens are computed: full blocks are named for the prefix cache, prompt tokens are scored
- *    (prompt_logprobs), and each sequence at the end of its tokens draws the next one (n > 1: the prompt
- *    forks first; each sample draws from its row), or checks its proposal. The draws the host does not make
- *    itself are the backend's sample step, all at once, where the logits are; then their tokens are taken. */
-static void llm_engine_sample(llm_engine *e) {
-    llm_scheduler *sch = &e->sched;
-    int row = 0;
-    arrsetlen(e->sample_rows, 0); arrsetlen(e->sample_seqs, 0); arrsetlen(e->sample_rngs, 0);
-    for (int i = 0; i < arrlen(sch->scheduled); i++) {
-        llm_seq *s = sch->scheduled[i];
-        int start = s->n_computed, end = start + sch->n_new[i], n_prompt = s->req->n_prompt;
-        if (s->n_draft) { /* its last token computed, and the proposal's, whose K/V stand only if kept */
-            s->n_computed = start + 1;
-            if (llm_seq_reads_rows(s)) llm_seq_verify(e, s, row, NULL);
-            else llm_engine_draw_proposal(e, s, row);
-            row += sch->n_new[i];
-            continue;
-        }
-        if (start < n_prompt) e->stats.prompt_tokens_computed += (end < n_prompt ? end : n_prompt) - start;
-        s->n_computed = end;
-        llm_seq_hash_blocks(&e->bm, s);
-        for (int pos = start; s->plp_state == LLM_PLP_PENDING && pos < end && pos < n_prompt - 1; pos++)
-            llm_engine_score(e, s, pos, row++);
-        if (end < arrlen(s->tokens)) continue; /* a prompt chunk: nothing to sample yet */
-        if (s->plp_state == LLM_PLP_PENDING) s->plp_state = LLM_PLP_READY; /* all scored: out this step */
-        if (s->fork_pending) {
-            int first_child = (int)arrlen(sch->running);
-            if (llm_seq_fork(sch, s) != 0) {
-                llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the samples of a request");
-                row++;
-                continue;
-            }
-            for (int k = first_child; k < arrlen(sch->running); k++) llm_engine_draw(e, sch->running[k], row);
-        }
-        llm_engine_draw(e, s, row++);
-    }
-    int n = (int)arrlen(e->sample_rows);
-    if (!n) return;
-    llm_engine_top_room(e, e->sample_rows, n);
-    for (int i = 0; i < n; i++) e->sample_rows[i].rng_state = &e->sample_rngs[i];
-    double t0 = llm_now();
-    int rc = e->backend->sample(e->backend, e->sample_rows, n, e->logits, e->step_error);
-    e->stats.sample_seconds += llm_now() - t0;
-    for (int i = 0; i < n; i++) {
-        llm_seq *s = e->sample_seqs[i];
-        if (rc != 0) {
-            if (s->status != LLM_SEQ_FINISHED)
-                llm_seq_finish(e, s, LLM_FINISH_ERROR, e->step_error[0] ? e->step_error :
-                               "the backend's sample step failed");
-            continue;
-        }
-        llm_sample_row *r = &e->sample_rows[i];
-        if (r->score) { /* a prompt token's */
-            s->plp[r->n_history - 1] = r->logprob; s->plp_rank[r->n_history - 1] = r->rank;
-            continue;
-        }
-        if (!s->n_draft) { llm_seq_take(e, s, r); continue; }
-        int rows = s->n_draft + 1; /* its proposal's, checked in turn */
-        llm_seq_verify(e, s, 0, r);
-        i += rows - 1;
-    }
-}
-
-/* 6. Outputs: every running sequence with something new, or finished, gives one; the finished leave now. */
-static void llm_engine_collect(llm_engine *e) {
-    llm_scheduler *sch = &e->sched;
-    for (int i = 0; i < arrlen(sch->running); i++) {
-        llm_seq *s = sch->running[i];
-        if (arrlen(s->out_tokens) || arrlen(s->out_text) || s->status == LLM_SEQ_FINISHED) llm_emit(e, s);
-        if (s->status == LLM_SEQ_FINISHED) { arrput(e->finished, s); arrdel(sch->running, i); i--; }
-    }
-}
-
-int llm_engine_step(llm_engine *e, const llm_output **outputs) {
-    llm_engine_begin_step(e);
-    llm_engine_take_grammar_jobs(e);
-    llm_engine_take_inbox(e);
-    llm_schedule(&e->sched);
-    if (arrlen(e->sched.scheduled) > 0) {
-        double t0 = llm_now();
-        if ((!e->draft_backend || llm_engine_draft(e, e->step_error) == 0) &&
-            llm_engine_forward(e, e->step_error) == 0) {
-            e->stats.steps++;
-            e->grammar_step_seconds = 0;
-            e->grammar_step_budget = e->grammar_step_share * (llm_now() - t0);
-            if (e->grammar_step_share > 0 && e->grammar_step_budget < LLM_GRAMMAR_STEP_MIN_S)
-                e->grammar_step_budget = LLM_GRAMMAR_STEP_MIN_S;
-            llm_engine_sample(e);
-        } else llm_engine_fail_step(e);
-    }
-    llm_engine_collect(e);
-    e->step_idle = arrlen(e->sched.scheduled) == 0 && arrlen(e->outputs) == 0;
-    *outputs = e->outputs;
-    return (int)arrlen(e->outputs);
-}
-
-/* ---- Looking inside ------------------------------------------------------------------------------------ */
-llm_engine_stats llm_engine_get_stats(llm_engine *e) {
-    llm_engine_stats s = e->stats;
-    s.backend = e->backend->name; s.backend_note = e->backend_note;
-    s.block_size = e->cfg.block_size; s.max_model_len = e->max_model_len;
-    s.kv_bytes_per_block = llm_kv_bytes_per_block(&e->model.cfg, s.block_size, e->backend->kv_value_bytes);
-    s.kv_groups = e->sched.n_kv_groups; s.spec_tokens = e->sched.spec_tokens;
-    s.running = (int)arrlen(e->sched.running); s.waiting = (int)arrlen(e->sched.waiting);
-    s.num_blocks = e->bm.num_blocks; s.num_free_blocks = e->bm.num_free_blocks;
-    s.num_cached_blocks = (int)hmlen(e->bm.cached);
-    s.preemptions = e->sched.preemptions;
-    s.prefix_cache_queries = e->sched.prefix_cache_queries; s.prefix_cache_hits = e->sched.prefix_cache_hits;
-    for (int i = 0; i < arrlen(e->sched.running); i++) s.kv_tokens += e->sched.running[i]->n_computed;
-    return s;
-}
-
-int llm_engine_check_blocks(llm_engine *e, char *err) {
-    llm_block_manager *bm = &e->bm;
-    int *refs = (int *)calloc((size_t)bm->num_blocks, sizeof(int)), rc = 0;
-    if (!refs) return llm_fail(err, "out of memory");
-    llm_seq **lists[2] = {e->sched.running, e->sched.waiting};
-    for (int k = 0; k < 2; k++)
-        for (int i = 0; i < arrlen(lists[k]); i++)
-            for (int g = 0; g < e->sched.n_kv_groups; g++)
-                for (int b = 0; b < arrlen(lists[k][i]->block_tables[g]); b++) {
-                    int id = lists[k][i]->block_tables[g][b];
-                    if (id == -1 && e->sched.kv_window[g] > 0) continue; /* slid out of a local window */
-                    if (id < 0 || id >= bm->num_blocks) {
-                        rc = llm_fail(err, "block table holds block %d, outside the pool", id);
-                        goto done;
-                    }
-                    refs[id]++;
-                }
-    int n_free = 0;
-    for (int id = 0; id < bm->num_blocks; id++) {
-        if (bm->blocks[id].ref_count != refs[id]) {
-            rc = llm_fail(err, "block %d has ref_count %d but %d block tables hold it", id,
-                          bm->blocks[id].ref_count, refs[id]);
-            goto done;
-        }
-        n_free += refs[id] == 0;
-    }
-    /* the free list links exactly the unreferenced blocks, each once (refs[] now marks the ones walked) */
-    int walked = 0;
-    for (int id = bm->free_head; id >= 0 && walked <= bm->num_blocks; id = bm->blocks[id].next_free) {
-        walked++;
-        if (refs[id] != 0) {
-            rc = llm_fail(err, "block %d is in the free list but %s", id,
-                          refs[id] > 0 ? "referenced" : "linked twice");
-            goto done;
-        }
-        refs[id] = -1;
-    }
-    if (n_free != bm->num_free_blocks || walked != n_free) {
-        rc = llm_fail(err, "%d blocks are unreferenced, num_free_blocks says %d, the free list links %d",
-                      n_free, bm->num_free_blocks, walked);
-        goto done;
-    }
-    for (ptrdiff_t i = 0; i < hmlen(bm->cached); i++) {
-        int id = bm->cached[i].value;
-        if (id < 0 || id >= bm->num_blocks || bm->blocks[id].hash != bm->cached[i].key) {
-            rc = llm_fail(err, "the prefix cache names block %d for a hash it does not carry", id);
-            goto done;
-        }
-    }
-done:
-    free(refs);
-    return rc;
 }
 
 /* ===========================================================================================================

@@ -82,7 +82,7 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
 static void sb_free(sbuf *b) { free(b->s); memset(b, 0, sizeof *b); }
 
 /* ===========================================================================================================
- * JSON: the reader is llm.h's (llm_json_parse, section 9); the writer, here
+ * JSON: the reader is llm.h's (llm_json_parse, section 11); the writer, here
  * ======================================================================================================== */
 /* Text as a JSON string; bytes that are not UTF-8 become U+FFFD (the engine's text is always UTF-8). */
 static void sb_json_str(sbuf *b, const char *s, size_t n) {
