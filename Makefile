@@ -5,9 +5,9 @@
 #                 test.c's server tools test covers those paths there), all in .venv (made once, with
 #                 the oracles the tests also run: gguf's dequantization and Python's regex); every file it reads
 #                 is in testdata/ or made there once (make testdata: the random-weight models, see its README)
-# make test-portable  builds the tests without -march (ARCH=: llm.h's plain-C path, what the SIMD kernels
-#                 are checked against and what a CPU without AVX2 runs) and runs its kernels' and forward
-#                 passes' tests
+#                 It runs the core's tests on llm-test-core too (make test-core): llm.h built without its
+#                 optional layers (LLM_NO_GRAMMAR, LLM_NO_SIMD: the plain-C path, what the SIMD kernels are
+#                 checked against and what a CPU without AVX2 runs)
 # make test-gpu   builds the tests with the CUDA backend and runs the GPU kernel checks (needs a GPU)
 # make test-cluster  deploy/: haproxy -c on haproxy.cfg, the Kubernetes manifests against their schemas (no
 #                 cluster: kubernetes-validate, from PyPI), then tools/cluster_test.py: three llm serve
@@ -117,22 +117,27 @@ llm-example: llm.h | $(STB_H) $(NEED_CC)
 	    $(CC) $(CFLAGS) -x c -o $@ - $(LDFLAGS) $(LDLIBS)
 
 # (first: test.c's GPU checks, which only a CUDA build links, compile; a machine without nvcc checks them so)
-test: llm llm-test llm-example $(MODEL) $(GEMMA3_MODEL) $(VENV) testdata
+test: llm llm-test llm-example $(if $(SANITIZE)$(TSAN),,llm-test-core) $(MODEL) $(GEMMA3_MODEL) $(VENV) testdata
 	@$(CC) $(CFLAGS) -DLLM_CUDA -fsyntax-only test.c
 	$(TEST_ONLY) ./llm-test $(TESTDATA)
+	$(if $(SANITIZE)$(TSAN),,LLM_TEST="$(CORE_TESTS)" ./llm-test-core $(TESTDATA))
 	$(VENV_PY) tools/pretok_check.py ./llm-test
 	$(VENV_PY) tools/openai_test.py $(TESTDATA)
 	$(if $(SANITIZE)$(TSAN),,$(VENV_PY) tools/tools_test.py $(TESTDATA))
 
-# the plain-C path in a build of its own (the flags of llm-test but -march): its products, dequantization and
-# forward passes against the same references (llm-test checks the SIMD path against this C on every build,
-# but this build's own tests otherwise never ran: its 8-bit extremes case failed unseen from ecfd37f on)
-PORTABLE_TESTS = quant,mxfp4,weight types,paged forward,batch invariance,references
-llm-test-portable: test.c llm.h | $(STB_H) $(NEED_CC)
-	$(SAY) "compiling llm-test-portable (test.c without $(ARCH); 30 s to 2 min)"
-	@$(CC) $(filter-out $(ARCH),$(CFLAGS)) -o $@ test.c $(LDFLAGS) $(LDLIBS) -lutil
-test-portable: llm-test-portable $(MODEL) testdata
-	LLM_TEST="$(PORTABLE_TESTS)" ./llm-test-portable $(TESTDATA)
+# the core alone: the header built without its optional layers (LLM_NO_GRAMMAR, LLM_NO_SIMD), and the core's
+# tests run on it: one fails here if the core starts to depend on a layer. It is the plain-C path's own build
+# too (llm-test checks the SIMD path against this C on every build, but the plain C's own tests otherwise never
+# ran: its 8-bit extremes case failed unseen from ecfd37f on)
+CORE_TESTS = test data,tokenizer,streaming detokenizer,gguf values,references,paged forward,weight types,quant,\
+	mxfp4,RoPE,sampler,block manager,batch invariance,prefix cache,parallel sampling,stop conditions,\
+	abort and limits,logprobs,requests from a thread,wait for work,backend errors,token budget,chat templates,\
+	layers left out
+llm-test-core: test.c llm.h | $(STB_H) $(NEED_CC)
+	$(SAY) "compiling llm-test-core (test.c, llm.h with LLM_NO_GRAMMAR and LLM_NO_SIMD; 30 s to 2 min)"
+	@$(CC) $(CFLAGS) -DLLM_NO_GRAMMAR -DLLM_NO_SIMD -o $@ test.c $(LDFLAGS) $(LDLIBS) -lutil
+test-core: llm-test-core $(MODEL) testdata
+	LLM_TEST="$(CORE_TESTS)" ./llm-test-core $(TESTDATA)
 
 # the random-weight models too large to keep in git (108 MB), written once from a fixed seed with the gguf
 # package and checked against the sums of the files llama.cpp's references were made on (testdata/README.md);
@@ -197,7 +202,7 @@ llm-test-gpu: test.c llm.h llm_cuda.o | $(STB_H)
 test-gpu: llm-test-gpu
 	./llm-test-gpu --gpu $(TESTDATA)
 
-.PHONY: all test test-gpu test-portable testdata model model-gemma3 run clean fuzz test-cluster haproxy-installed
+.PHONY: all test test-gpu test-core testdata model model-gemma3 run clean fuzz test-cluster haproxy-installed
 
 # ---- make test-cluster -------------------------------------------------------------------------------------
 # the config as shipped, in both of its forms (replicas listed; replicas from DNS, as deploy/k8s runs it); the
@@ -223,7 +228,7 @@ haproxy-installed:
 
 # the model stays (make clean never deletes a download), and so do testdata's generated models
 clean:
-	rm -f llm llm-test llm-example llm-test-gpu llm-test-portable llm_cuda.o $(FUZZ_ALL:%=fuzz/fuzz_%)
+	rm -f llm llm-test llm-example llm-test-gpu llm-test-core llm_cuda.o $(FUZZ_ALL:%=fuzz/fuzz_%)
 
 # ---- make fuzz ---------------------------------------------------------------------------------------------
 # libFuzzer targets (fuzz/fuzz_*.c), as llama.cpp's and OSS-Fuzz's: the GGUF reader, the tokenizer, the engine

@@ -965,8 +965,24 @@ void llm_chat_reply_free(llm_chat_reply *reply);
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/* The SIMD layer: x86 kernels beside the plain C, which stays the reference they are tested against. They
+ * are compiled where the compiler was told the target (-march=native), and never with LLM_NO_SIMD: the
+ * macros below are the only test of the CPU's features in this file. */
+#if !defined(LLM_NO_SIMD) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define LLM_AVX2 1
 #include <immintrin.h>
+#ifdef __AVX512F__
+#define LLM_AVX512F 1
+#endif
+#ifdef __AVX512VL__
+#define LLM_AVX512VL 1
+#endif
+#ifdef __AVX512BW__
+#define LLM_AVX512BW 1
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define LLM_AVX512VNNI 1
+#endif
 #endif
 #ifndef LLM_NO_STB_DS_IMPLEMENTATION
 #define STB_DS_IMPLEMENTATION
@@ -986,7 +1002,7 @@ static int llm_str_eq(llm_str s, const char *c) {
 
 /* Half-precision floats, as GGUF stores f16 and bf16 weights and scales. */
 static float llm_f16_to_f32(uint16_t h) {
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(LLM_AVX2)
     return _cvtsh_ss(h); /* the same value, in one instruction */
 #else
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
@@ -1010,7 +1026,7 @@ static float llm_bf16_to_f32(uint16_t h) {
 static float llm_half_to_f32(uint32_t type, uint16_t h) {
     return type == LLM_F16 ? llm_f16_to_f32(h) : llm_bf16_to_f32(h);
 }
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(LLM_AVX2)
 /* 8 values of type f16, bf16 or f32 at at, as f32 (exact) */
 static inline __attribute__((always_inline)) __m256 llm_half8(uint32_t type, const void *at) {
     if (type == LLM_F32) return _mm256_loadu_ps((const float *)at);
@@ -1550,7 +1566,7 @@ void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n
     case LLM_F32: memcpy(out, row, (size_t)n * sizeof(float)); return;
     case LLM_F16: case LLM_BF16: {
         int64_t i = 0;
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(LLM_AVX2)
         for (; i + 8 <= n; i += 8) /* 8 at a time, the same values: prompts' tiles and f16 K come here */
             _mm256_storeu_ps(out + i, llm_half8(type, p + 2 * i));
 #endif
@@ -4588,7 +4604,7 @@ static inline __attribute__((always_inline)) void llm_dot_n(const float *a, cons
         out[c] = s + ((q[0] + q[4]) + (q[1] + q[5])) + ((q[2] + q[6]) + (q[3] + q[7]));
     }
 }
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(LLM_AVX2)
 /* llm_dot_n_avx2's last additions for 8 sums of a row without a tail (s = 0) at once, the same ones: per sum,
  * lanes j and j + 4, then pairs 0 + 1 and 2 + 3, each added to 0, then those two (0 + h1 differs from h1 only
  * in a zero's sign, which cannot change (0 + h0) + h1). 12 instructions for 8 sums, not 5 each (a 64-value
@@ -4634,7 +4650,7 @@ static inline __attribute__((always_inline)) void llm_dot_n_avx2(const float *a,
     }
 }
 #define llm_dot_n_simd llm_dot_n_avx2
-#if defined(__AVX512F__)
+#if defined(LLM_AVX512F)
 /* llm_dot_n_avx2 (4 or more vectors, n a multiple of 8) for np pairs of vectors laid side by side 8 values
  * at a time: pair j's values 8i..8i+7 are the 16 floats at b + 2 n j + 16 i, the first vector's then the
  * second's. One 512-bit register holds both vectors' eight running sums, so that one multiply and one add
@@ -4803,7 +4819,7 @@ static float llm_q8_dot_ref(uint32_t type, const void *row, const llm_q8 *x, int
     }
 }
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if defined(LLM_AVX2)
 /* AVX2 (the build was told the target: -march=native). The same products as llm_q8_dot_ref with the same
  * integer sums, on 32 values at a time: each type's stored values are unpacked into 32 bytes, which meet
  * the activations in _mm256_maddubs_epi16 (unsigned times signed bytes, pairs added) and then
@@ -4909,7 +4925,7 @@ static inline float llm_avx2_hsum(__m256 v) {
 /* acc plus 8 sums of 4 products of unsigned bytes u and signed bytes x: one VNNI instruction where the
  * target has it. Without VNNI, _mm256_maddubs_epi16 adds pairs of products into 16 bits, saturating: exact
  * only while u stays under 128 (every type's stored values but q8_0's, which is signed). */
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(LLM_AVX512VNNI)
 #define LLM_AVX2_VNNI 1
 static inline __m256i llm_avx2_dpbusd(__m256i acc, __m256i u, __m256i x) {
     return _mm256_dpbusd_epi32(acc, u, x);
@@ -4927,7 +4943,7 @@ static inline __m256i llm_avx2_dpbusd(__m256i acc, __m256i u, __m256i x) {
 #endif
 /* acc plus 8 sums of 2 products of signed 16-bit integers: one instruction with VNNI, else two */
 static inline __m256i llm_avx2_dpwssd(__m256i acc, __m256i a, __m256i b) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(LLM_AVX512VNNI)
     return _mm256_dpwssd_epi32(acc, a, b);
 #elif defined(__AVXVNNI__)
     return _mm256_dpwssd_avx_epi32(acc, a, b);
@@ -5085,7 +5101,7 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
  * long. */
 /* With AVX-512 VNNI, a 512-bit register holds 16 rows' 4 bytes and one vpdpbusd multiplies them all: 16 rows
  * are packed side by side (Sapphire Rapids issues two 512-bit vpdpbusd a cycle, as it does 256-bit ones) */
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if defined(LLM_AVX512VNNI) && defined(LLM_AVX512BW)
 #define LLM_PACK_ROWS 16
 #else
 #define LLM_PACK_ROWS 8
@@ -5329,7 +5345,7 @@ static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, in
             } else { /* a loop, unrolled twice only where 32 vector registers hold both turns (AVX-512: Q8_0
                     * prompts 1.06 times as fast); with AVX2's 16, GCC issues all the chunks' products first
                     * and spills them (0.75 times) */
-#if defined(__AVX512VL__)
+#if defined(LLM_AVX512VL)
 #pragma GCC unroll 2
 #else
 #pragma GCC unroll 1
@@ -5466,7 +5482,7 @@ static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wid
  * times as fast as one row, 4 rows 1.06; AVX2 build 1.11; once measured 0.8 times on Zen 3, with the prefetch
  * nearer). Rows are w_stride values apart, tokens x_stride; out[c * out_stride + r] */
 #define LLM_HALF_ROWS 4
-#if defined(__AVX512F__)
+#if defined(LLM_AVX512F)
 #define LLM_HALF_TOKENS 6 /* 24 sums of 512 bits in 32 registers: llm_half_runs16 */
 #else
 #define LLM_HALF_TOKENS 3
@@ -5497,7 +5513,7 @@ static inline __attribute__((always_inline)) void llm_half_run(uint32_t type, in
 static inline void llm_half_prefetch(const void *p) {
     __builtin_prefetch((const char *)p + 2 * LLM_PREFETCH_AHEAD);
 }
-#if defined(__AVX512F__)
+#if defined(LLM_AVX512F)
 /* AVX-512: a run of 16 values is an even run of 8 in the low half and the odd run after it in the high half,
  * so one 512-bit sum per (row, token) makes the same multiply-adds, lane by lane, as the two sums of 8: the
  * same result bit for bit, at twice the width; and tiles of 4 rows x 6 tokens, 24 sums in the 32 registers
@@ -5546,7 +5562,7 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
         for (int r = 0; r < nr; r++)
             for (int c = 0; c < nc; c++) sums[h][r][c] = _mm256_setzero_ps();
     int64_t i = 0;
-#if defined(__AVX512F__)
+#if defined(LLM_AVX512F)
     i = llm_half_runs16(type, nr, nc, w, w_stride, x, x_stride, n, sums);
     if (i + 8 <= n) {
         llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
@@ -5729,7 +5745,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
     int64_t tile_rows = LLM_MATMUL_TILE;
     int convert = kind == LLM_ROWS_CONVERT; /* each thread converts a tile's rows to f32 */
 #ifdef LLM_CPU_SIMD
-#if defined(__AVX512F__)
+#if defined(LLM_AVX512F)
     /* with AVX-512, a prompt's f16/bf16 tile too, once (exact: the same products, bit for bit), where the
      * 4 x 6 tile converted its 4 rows' values again for every 6 tokens, 2 micro-ops each on the ports of the
      * multiply-adds (SmolLM2 F16 pp512, one thread: 1.08 times as fast; the 4 x 6 tile alone, in L1, 137 ->
@@ -6109,7 +6125,7 @@ static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
  * before it (40% of a SmolLM2 prompt's attention went there once). Each value's sum is its own, so the
  * runs are as wide as the registers: with AVX-512, 3 heads by 4 runs of 16 (a 64-value head at once: 12
  * sums, 4 v and a weight in the 32 registers); with AVX2, 3 runs of 8 (3 by 4 would need 18 of 16) */
-#if defined(__AVX512F__)
+#if defined(LLM_AVX512F)
 #define LLM_VRUN 16
 #define LLM_VRUNS 4
 typedef __m512 llm_vrun;
@@ -6209,7 +6225,7 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
     float *scores = scratch, *queries = scratch + (size_t)nqt * n_ctx;
     float *k_rows = queries + (size_t)(nqt + 1) * hd;
     int pairs = 0; /* with AVX-512, a prompt's queries (4 to 12) side by side in pairs for llm_dot_pairs */
-#if defined(LLM_CPU_SIMD) && defined(__AVX512F__)
+#if defined(LLM_CPU_SIMD) && defined(LLM_AVX512F)
     pairs = nqt >= 4 && hd % 8 == 0;
     for (int j = 0; pairs && j < nqt + nqt % 2; j++) /* values i..i+7 of query j at 2 hd (j / 2) + 2 i */
         for (int i = 0; i < hd; i += 8)
@@ -6243,7 +6259,7 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
             continue;
         }
         for (int p = lo; p < hi; p++, k += k_stride) { /* a token's dots with later p are left unused */
-#if defined(LLM_CPU_SIMD) && defined(__AVX512F__)
+#if defined(LLM_CPU_SIMD) && defined(LLM_AVX512F)
             if (pairs) llm_dot_pairs(k, queries, (nqt + 1) / 2, hd, dots);
             else
 #endif
@@ -8651,6 +8667,120 @@ llm_json *llm_json_get(const llm_json *obj, const char *key) {
     return NULL;
 }
 
+/* Text appended to a growing char array (stb_ds): the JSON writer's, and the grammar and tool layers' */
+static void llm_str_puts(char **out, const char *s) {
+    size_t n = strlen(s);
+    if (n) memcpy(arraddnptr(*out, n), s, n); /* nothing: not even a pointer into an array not made yet */
+}
+
+static void llm_str_printf(char **out, const char *fmt, ...) {
+    char small[256], *buf = small;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n >= (int)sizeof small && (buf = (char *)malloc((size_t)n + 1)) != NULL) { /* a long one: again */
+        va_start(ap, fmt);
+        vsnprintf(buf, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    if (n > 0 && buf) memcpy(arraddnptr(*out, n), buf, (size_t)n);
+    if (buf != small) free(buf);
+}
+
+/* A float as Python's repr writes it: the fewest digits that read back the same; plain from 1e-4 up to 1e16
+ * (with ".0" when whole), else d.ddde+XX */
+static void llm_json_write_float(char **out, double x) {
+    char digits[32];
+    int p = 1;
+    for (; p < 17; p++) {
+        snprintf(digits, sizeof digits, "%.*e", p - 1, x);
+        if (strtod(digits, NULL) == x) break;
+    }
+    snprintf(digits, sizeof digits, "%.*e", p - 1, x);
+    char *e = strchr(digits, 'e'), mant[24];
+    int exp10 = atoi(e + 1), neg = digits[0] == '-', k = 0;
+    for (const char *c = digits + neg; c < e; c++) if (*c != '.') mant[k++] = *c; /* the significant digits */
+    mant[k] = 0;
+    if (neg) arrput(*out, '-');
+    if (exp10 < -4 || exp10 >= 16) {
+        arrput(*out, mant[0]);
+        if (k > 1) { arrput(*out, '.'); llm_str_puts(out, mant + 1); }
+        llm_str_printf(out, "e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
+    } else if (exp10 < 0) {
+        llm_str_puts(out, "0.");
+        for (int i = 0; i < -exp10 - 1; i++) arrput(*out, '0');
+        llm_str_puts(out, mant);
+    } else {
+        for (int i = 0; i <= exp10; i++) arrput(*out, i < k ? mant[i] : '0');
+        arrput(*out, '.');
+        if (k > exp10 + 1) llm_str_puts(out, mant + exp10 + 1); else arrput(*out, '0');
+    }
+}
+
+/* A JSON value written compactly (for const and enum: the text the model must write), or as Python's
+ * json.dumps writes it: ", " and ": " between the parts, floats as Python writes them, and every control
+ * character escaped (\n, \t, ... by name), everything else as it is */
+static void llm_json_write_indented(char **out, const llm_json *v, int python, int indent, int level);
+static void llm_json_write_compact(char **out, const llm_json *v, int python) {
+    llm_json_write_indented(out, v, python, 0, 0);
+}
+
+/* indent > 0: Python's json.dumps(value, indent=indent): each item on its own line, "," between them */
+static void llm_json_write_indented(char **out, const llm_json *v, int python, int indent, int level) {
+    switch (v->type) {
+    case LLM_JSON_NULL: llm_str_puts(out, "null"); break;
+    case LLM_JSON_TRUE: llm_str_puts(out, "true"); break;
+    case LLM_JSON_FALSE: llm_str_puts(out, "false"); break;
+    case LLM_JSON_NUMBER:
+        if (!python) llm_str_printf(out, "%.17g", v->num);
+        else if (v->fraction) llm_json_write_float(out, v->num);
+        else if (v->str) llm_str_puts(out, v->str); /* Python's int: every digit, as written */
+        else llm_str_printf(out, "%.0f", v->num == 0 ? 0.0 : v->num);
+        break;
+    case LLM_JSON_STRING:
+        arrput(*out, '"');
+        for (size_t i = 0; i < v->len; i++) {
+            unsigned char ch = (unsigned char)v->str[i];
+            const char *named = !python ? NULL : ch == '\n' ? "\\n" : ch == '\r' ? "\\r" : ch == '\t' ? "\\t" :
+                                ch == '\b' ? "\\b" : ch == '\f' ? "\\f" : NULL;
+            if (ch == '"' || ch == '\\') { arrput(*out, '\\'); arrput(*out, (char)ch); }
+            else if (named) llm_str_puts(out, named);
+            else if (ch < 0x20) llm_str_printf(out, "\\u%04x", ch);
+            else arrput(*out, (char)ch);
+        }
+        arrput(*out, '"');
+        break;
+    default: {
+        int obj = v->type == LLM_JSON_OBJECT;
+        arrput(*out, obj ? '{' : '[');
+        for (int i = 0; i < v->n; i++) {
+            if (i) llm_str_puts(out, python && !indent ? ", " : ",");
+            if (indent) arrput(*out, '\n');
+            for (int k = 0; k < (level + 1) * indent; k++) arrput(*out, ' ');
+            if (obj) {
+                llm_json key = {LLM_JSON_STRING, 0, v->keys[i], strlen(v->keys[i]), NULL, NULL, 0, 0};
+                llm_json_write_compact(out, &key, python);
+                llm_str_puts(out, python ? ": " : ":");
+            }
+            llm_json_write_indented(out, &v->items[i], python, indent, level + 1);
+        }
+        if (indent && v->n) arrput(*out, '\n');
+        for (int k = 0; v->n && k < level * indent; k++) arrput(*out, ' ');
+        arrput(*out, obj ? '}' : ']');
+    }
+    }
+}
+
+char *llm_json_dumps(const llm_json *v, int python) {
+    char *b = NULL; /* stb_ds */
+    llm_json_write_indented(&b, v, python > 0, python > 1 ? python : 0, 0);
+    arrput(b, 0);
+    char *text = strdup(b);
+    arrfree(b);
+    return text;
+}
+
 /* ===========================================================================================================
  * 12. Grammar (a layer: LLM_NO_GRAMMAR leaves it out)
  * The output must be a sentence of a grammar. A grammar (GBNF) is parsed once into rules of elements; a
@@ -8662,6 +8792,7 @@ llm_json *llm_json_get(const llm_json *obj, const char *key) {
  * its work, and the masks are cached by state (JSON's states repeat: inside a string, after a comma). JSON
  * Schema, regular expressions and choices are written out as GBNF text first, so one engine runs them all.
  * ======================================================================================================== */
+#ifndef LLM_NO_GRAMMAR
 /* ---- GBNF: the parser ---------------------------------------------------------------------------------- */
 /* A rule is a list of elements: its alternatives one after another, each ended by ALT, the last by END. A
  * character class is its first element (CHAR, or CHAR_NOT when negated) then CHAR_ALT for each further
@@ -9742,35 +9873,15 @@ static int llm_re_fail(llm_re *re, const char *what) {
     return -1;
 }
 
-static void llm_re_puts(char **out, const char *s) {
-    size_t n = strlen(s);
-    if (n) memcpy(arraddnptr(*out, n), s, n); /* nothing: not even a pointer into an array not made yet */
-}
-
-static void llm_re_printf(char **out, const char *fmt, ...) {
-    char small[256], *buf = small;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof small, fmt, ap);
-    va_end(ap);
-    if (n >= (int)sizeof small && (buf = (char *)malloc((size_t)n + 1)) != NULL) { /* a long one: again */
-        va_start(ap, fmt);
-        vsnprintf(buf, (size_t)n + 1, fmt, ap);
-        va_end(ap);
-    }
-    if (n > 0 && buf) memcpy(arraddnptr(*out, n), buf, (size_t)n);
-    if (buf != small) free(buf);
-}
-
 /* A code point inside a GBNF literal or class: printable ASCII as itself (escaped where GBNF needs it),
  * the rest as \x, \u or \U */
 static void llm_re_gbnf_char(char **out, uint32_t c, int in_class) {
     if (c >= 0x20 && c < 0x7F) {
         if (c == '"' || c == '\\' || (in_class && (c == ']' || c == '[' || c == '-' || c == '^'))) arrput(*out, '\\');
         arrput(*out, (char)c);
-    } else if (c < 0x100) llm_re_printf(out, "\\x%02X", c);
-    else if (c < 0x10000) llm_re_printf(out, "\\u%04X", c);
-    else llm_re_printf(out, "\\U%08X", c);
+    } else if (c < 0x100) llm_str_printf(out, "\\x%02X", c);
+    else if (c < 0x10000) llm_str_printf(out, "\\u%04X", c);
+    else llm_str_printf(out, "\\U%08X", c);
 }
 
 /* One character as a GBNF item: itself, or (in a JSON string) its escape */
@@ -9869,11 +9980,11 @@ static void llm_re_class_out(llm_re *re, const llm_re_range *r, int n, int negat
         arrput(re->out, ']');
     }
     for (int k = 0; k < n_special; k++) {
-        if (k || m > 0 || negated) llm_re_puts(&re->out, " | ");
+        if (k || m > 0 || negated) llm_str_puts(&re->out, " | ");
         llm_re_literal(re, specials[k]);
     }
     if (alts > 1) arrput(re->out, ')');
-    if (!alts) llm_re_puts(&re->out, "[^\\x00-\\U0010FFFF]"); /* a class no character matches */
+    if (!alts) llm_str_puts(&re->out, "[^\\x00-\\U0010FFFF]"); /* a class no character matches */
     free(kept);
 }
 
@@ -9953,7 +10064,7 @@ static int llm_re_atom(llm_re *re, int depth, int nonempty, int *nullable) {
         if (llm_re_class(re) != 0) return -1;
     } else if (c == '.') {
         re->p++;
-        llm_re_puts(&re->out, re->json ? "[^\"\\\\\\x00-\\x1F]" : "[^\\n]");
+        llm_str_puts(&re->out, re->json ? "[^\"\\\\\\x00-\\x1F]" : "[^\\n]");
     } else if (c == '\\' && (re->p[1] == 'd' || re->p[1] == 'w' || re->p[1] == 's' || re->p[1] == 'D' ||
                              re->p[1] == 'W' || re->p[1] == 'S')) {
         llm_re_range r[4];
@@ -9994,9 +10105,9 @@ static void llm_re_put_quantifier(llm_re *re, long min, long max) {
     if (min == 0 && max < 0) arrput(re->out, '*');
     else if (min == 1 && max < 0) arrput(re->out, '+');
     else if (min == 0 && max == 1) arrput(re->out, '?');
-    else if (max < 0) llm_re_printf(&re->out, "{%ld,}", min);
-    else if (min == max) llm_re_printf(&re->out, "{%ld}", min);
-    else llm_re_printf(&re->out, "{%ld,%ld}", min, max);
+    else if (max < 0) llm_str_printf(&re->out, "{%ld,}", min);
+    else if (min == max) llm_str_printf(&re->out, "{%ld}", min);
+    else llm_str_printf(&re->out, "{%ld,%ld}", min, max);
 }
 
 /* One item with its quantifier, as it is or (nonempty) less the empty text */
@@ -10014,7 +10125,7 @@ static int llm_re_item(llm_re *re, int depth, int nonempty, int *nullable) {
     }
     if (nonempty && max == 0) { /* a{0} less the empty text: nothing at all, a class no character matches */
         arrsetlen(re->out, out_at);
-        llm_re_puts(&re->out, "[^\\x00-\\U0010FFFF]");
+        llm_str_puts(&re->out, "[^\\x00-\\U0010FFFF]");
     } else {
         if (atom_nullable) { /* the atom again, less the empty text */
             after = re->p; re->p = at;
@@ -10049,13 +10160,13 @@ static int llm_re_sequence(llm_re *re, int depth, int nonempty, int *nullable) {
         *nullable &= item_nullable;
     }
     int n = (int)arrlen(items);
-    if (rc == 0 && n == 0) llm_re_puts(&re->out, nonempty ? "[^\\x00-\\U0010FFFF]" : "\"\"");
+    if (rc == 0 && n == 0) llm_str_puts(&re->out, nonempty ? "[^\\x00-\\U0010FFFF]" : "\"\"");
     if (rc == 0 && n > 0 && nonempty && *nullable) { /* every item can be empty: the first non-empty one is j */
         const char *end = re->p;
         arrsetlen(re->out, out_at);
         arrput(re->out, '(');
         for (int j = 0; rc == 0 && j < n; j++) {
-            if (j) llm_re_puts(&re->out, " | ");
+            if (j) llm_str_puts(&re->out, " | ");
             for (int i = j; rc == 0 && i < n; i++) {
                 if (i > j) arrput(re->out, ' ');
                 re->p = items[i];
@@ -10075,7 +10186,7 @@ static int llm_re_alternation(llm_re *re, int depth, int nonempty, int *nullable
     if (llm_re_sequence(re, depth, nonempty, nullable) != 0) return -1;
     while (*re->p == '|') {
         re->p++;
-        llm_re_puts(&re->out, " | ");
+        llm_str_puts(&re->out, " | ");
         if (llm_re_sequence(re, depth, nonempty, &seq_nullable) != 0) return -1;
         *nullable |= seq_nullable;
     }
@@ -10099,7 +10210,7 @@ char *llm_regex_to_grammar(const char *regex, char *err) {
     char buf[LLM_ERR_LEN], *out = NULL;
     if (!err) err = buf;
     if (!regex) { llm_fail(err, "regex: none given"); return NULL; }
-    llm_re_puts(&out, "root ::= ");
+    llm_str_puts(&out, "root ::= ");
     if (llm_re_to_gbnf(regex, 0, &out, err) != 0) { arrfree(out); return NULL; }
     arrput(out, '\n'); arrput(out, 0);
     char *text = strdup(out);
@@ -10150,11 +10261,11 @@ static void llm_gr_trie(char **body, char **rules, const char *prefix, llm_gr_te
         llm_gr_trie_node nd = arrpop(todo);
         char **out = nd.rule ? rules : body;
         int alts = 0;
-        if (nd.rule) llm_re_printf(out, "%s-T%d ::= ", prefix, nd.rule);
+        if (nd.rule) llm_str_printf(out, "%s-T%d ::= ", prefix, nd.rule);
         arrsetlen(ends, 0);
         for (int i = nd.lo, j; i < nd.hi; i = j) {
             const unsigned char *c = (const unsigned char *)t[i].s + nd.depth;
-            if (t[i].len == nd.depth) { llm_re_puts(out, alts++ ? " | \"\"" : "\"\""); j = i + 1; continue; }
+            if (t[i].len == nd.depth) { llm_str_puts(out, alts++ ? " | \"\"" : "\"\""); j = i + 1; continue; }
             int k = llm_utf8_check(c, t[i].len - nd.depth);
             if (k <= 0) k = 1;
             j = i + 1; /* the run that goes on with the same character */
@@ -10163,7 +10274,7 @@ static void llm_gr_trie(char **body, char **rules, const char *prefix, llm_gr_te
                 arrput(ends, llm_utf8_check(c, (size_t)k) == k ? llm_utf8_decode(c, k) : 0xFFFD);
                 continue;
             }
-            if (alts++) llm_re_puts(out, " | ");
+            if (alts++) llm_str_puts(out, " | ");
             if (j - i == 1) { llm_js_literal(out, (const char *)c, t[i].len - nd.depth); continue; }
             size_t lcp = nd.depth + (size_t)k; /* the run's common part: its first and last text's */
             while (lcp < t[i].len && lcp < t[j - 1].len && t[i].s[lcp] == t[j - 1].s[lcp]) lcp++;
@@ -10171,10 +10282,10 @@ static void llm_gr_trie(char **body, char **rules, const char *prefix, llm_gr_te
                 lcp--; /* back to where a character begins */
             llm_js_literal(out, (const char *)c, lcp - nd.depth);
             llm_gr_trie_node below = {i, j, lcp, ++n_rules};
-            llm_re_printf(out, " %s-T%d", prefix, below.rule);
+            llm_str_printf(out, " %s-T%d", prefix, below.rule);
             arrput(todo, below);
         }
-        if (arrlen(ends)) llm_re_puts(out, alts++ ? " | " : "");
+        if (arrlen(ends)) llm_str_puts(out, alts++ ? " | " : "");
         if (arrlen(ends) == 1) { arrput(*out, '"'); llm_re_gbnf_char(out, ends[0], 0); arrput(*out, '"'); }
         else if (arrlen(ends) > 1) {
             arrput(*out, '[');
@@ -10200,7 +10311,7 @@ char *llm_choice_to_grammar(const char *const *choices, int n, char *err) {
         }
     }
     char *out = NULL, *rules = NULL; /* stb_ds */
-    llm_re_puts(&out, "root ::= ");
+    llm_str_puts(&out, "root ::= ");
     llm_gr_trie(&out, &rules, "root", t, n);
     arrput(out, '\n');
     if (arrlen(rules)) memcpy(arraddnptr(out, arrlen(rules)), rules, (size_t)arrlen(rules));
@@ -10292,108 +10403,15 @@ static void llm_js_name(llm_js *c, const char *stem, char *name, size_t cap) {
 }
 
 static void llm_js_rule(llm_js *c, const char *name, const char *body, size_t n) {
-    llm_re_puts(&c->out, name); llm_re_puts(&c->out, " ::= ");
+    llm_str_puts(&c->out, name); llm_str_puts(&c->out, " ::= ");
     memcpy(arraddnptr(c->out, n), body, n);
     arrput(c->out, '\n');
-}
-
-/* A float as Python's repr writes it: the fewest digits that read back the same; plain from 1e-4 up to 1e16
- * (with ".0" when whole), else d.ddde+XX */
-static void llm_json_write_float(char **out, double x) {
-    char digits[32];
-    int p = 1;
-    for (; p < 17; p++) {
-        snprintf(digits, sizeof digits, "%.*e", p - 1, x);
-        if (strtod(digits, NULL) == x) break;
-    }
-    snprintf(digits, sizeof digits, "%.*e", p - 1, x);
-    char *e = strchr(digits, 'e'), mant[24];
-    int exp10 = atoi(e + 1), neg = digits[0] == '-', k = 0;
-    for (const char *c = digits + neg; c < e; c++) if (*c != '.') mant[k++] = *c; /* the significant digits */
-    mant[k] = 0;
-    if (neg) arrput(*out, '-');
-    if (exp10 < -4 || exp10 >= 16) {
-        arrput(*out, mant[0]);
-        if (k > 1) { arrput(*out, '.'); llm_re_puts(out, mant + 1); }
-        llm_re_printf(out, "e%c%02d", exp10 < 0 ? '-' : '+', exp10 < 0 ? -exp10 : exp10);
-    } else if (exp10 < 0) {
-        llm_re_puts(out, "0.");
-        for (int i = 0; i < -exp10 - 1; i++) arrput(*out, '0');
-        llm_re_puts(out, mant);
-    } else {
-        for (int i = 0; i <= exp10; i++) arrput(*out, i < k ? mant[i] : '0');
-        arrput(*out, '.');
-        if (k > exp10 + 1) llm_re_puts(out, mant + exp10 + 1); else arrput(*out, '0');
-    }
-}
-
-/* A JSON value written compactly (for const and enum: the text the model must write), or as Python's
- * json.dumps writes it: ", " and ": " between the parts, floats as Python writes them, and every control
- * character escaped (\n, \t, ... by name), everything else as it is */
-static void llm_js_write_indented(char **out, const llm_json *v, int python, int indent, int level);
-static void llm_js_write_json(char **out, const llm_json *v, int python) {
-    llm_js_write_indented(out, v, python, 0, 0);
-}
-
-/* indent > 0: Python's json.dumps(value, indent=indent): each item on its own line, "," between them */
-static void llm_js_write_indented(char **out, const llm_json *v, int python, int indent, int level) {
-    switch (v->type) {
-    case LLM_JSON_NULL: llm_re_puts(out, "null"); break;
-    case LLM_JSON_TRUE: llm_re_puts(out, "true"); break;
-    case LLM_JSON_FALSE: llm_re_puts(out, "false"); break;
-    case LLM_JSON_NUMBER:
-        if (!python) llm_re_printf(out, "%.17g", v->num);
-        else if (v->fraction) llm_json_write_float(out, v->num);
-        else if (v->str) llm_re_puts(out, v->str); /* Python's int: every digit, as written */
-        else llm_re_printf(out, "%.0f", v->num == 0 ? 0.0 : v->num);
-        break;
-    case LLM_JSON_STRING:
-        arrput(*out, '"');
-        for (size_t i = 0; i < v->len; i++) {
-            unsigned char ch = (unsigned char)v->str[i];
-            const char *named = !python ? NULL : ch == '\n' ? "\\n" : ch == '\r' ? "\\r" : ch == '\t' ? "\\t" :
-                                ch == '\b' ? "\\b" : ch == '\f' ? "\\f" : NULL;
-            if (ch == '"' || ch == '\\') { arrput(*out, '\\'); arrput(*out, (char)ch); }
-            else if (named) llm_re_puts(out, named);
-            else if (ch < 0x20) llm_re_printf(out, "\\u%04x", ch);
-            else arrput(*out, (char)ch);
-        }
-        arrput(*out, '"');
-        break;
-    default: {
-        int obj = v->type == LLM_JSON_OBJECT;
-        arrput(*out, obj ? '{' : '[');
-        for (int i = 0; i < v->n; i++) {
-            if (i) llm_re_puts(out, python && !indent ? ", " : ",");
-            if (indent) arrput(*out, '\n');
-            for (int k = 0; k < (level + 1) * indent; k++) arrput(*out, ' ');
-            if (obj) {
-                llm_json key = {LLM_JSON_STRING, 0, v->keys[i], strlen(v->keys[i]), NULL, NULL, 0, 0};
-                llm_js_write_json(out, &key, python);
-                llm_re_puts(out, python ? ": " : ":");
-            }
-            llm_js_write_indented(out, &v->items[i], python, indent, level + 1);
-        }
-        if (indent && v->n) arrput(*out, '\n');
-        for (int k = 0; v->n && k < level * indent; k++) arrput(*out, ' ');
-        arrput(*out, obj ? '}' : ']');
-    }
-    }
-}
-
-char *llm_json_dumps(const llm_json *v, int python) {
-    char *b = NULL; /* stb_ds */
-    llm_js_write_indented(&b, v, python > 0, python > 1 ? python : 0, 0);
-    arrput(b, 0);
-    char *text = strdup(b);
-    arrfree(b);
-    return text;
 }
 
 /* A JSON value as a GBNF literal of its compact text */
 static void llm_js_const(char **out, const llm_json *v) {
     char *text = NULL;
-    llm_js_write_json(&text, v, 0);
+    llm_json_write_compact(&text, v, 0);
     llm_js_literal(out, text, (size_t)arrlen(text));
     arrfree(text);
 }
@@ -10401,9 +10419,9 @@ static void llm_js_const(char **out, const llm_json *v) {
 /* Digits: the GBNF for decimal numbers of exactly len(a) digits between a and b (same length, as text) */
 static void llm_js_digits_between(char **out, const char *a, const char *b) {
     size_t n = strlen(a);
-    if (n == 0) { llm_re_puts(out, "\"\""); return; }
+    if (n == 0) { llm_str_puts(out, "\"\""); return; }
     if (a[0] == b[0]) {
-        llm_re_printf(out, "\"%c\" ", a[0]);
+        llm_str_printf(out, "\"%c\" ", a[0]);
         llm_js_digits_between(out, a + 1, b + 1);
         return;
     }
@@ -10415,19 +10433,19 @@ static void llm_js_digits_between(char **out, const char *a, const char *b) {
     char lo = a_low ? a[0] : (char)(a[0] + 1), hi = b_high ? b[0] : (char)(b[0] - 1);
     int alts = 0;
     if (!a_low) {
-        llm_re_printf(out, "\"%c\" (", a[0]);
+        llm_str_printf(out, "\"%c\" (", a[0]);
         llm_js_digits_between(out, a + 1, nines);
         arrput(*out, ')');
         alts++;
     }
     if (lo <= hi) {
-        if (alts++) llm_re_puts(out, " | ");
-        llm_re_printf(out, "[%c-%c]", lo, hi);
-        if (n > 1) llm_re_printf(out, " [0-9]{%d}", (int)n - 1);
+        if (alts++) llm_str_puts(out, " | ");
+        llm_str_printf(out, "[%c-%c]", lo, hi);
+        if (n > 1) llm_str_printf(out, " [0-9]{%d}", (int)n - 1);
     }
     if (!b_high) {
-        if (alts++) llm_re_puts(out, " | ");
-        llm_re_printf(out, "\"%c\" (", b[0]);
+        if (alts++) llm_str_puts(out, " | ");
+        llm_str_printf(out, "\"%c\" (", b[0]);
         llm_js_digits_between(out, zeros, b + 1);
         arrput(*out, ')');
     }
@@ -10444,17 +10462,17 @@ static void llm_js_naturals(char **out, int64_t lo, int64_t hi) {
         for (int k = 1; k < len; k++) { lo_len *= 10; hi_len = hi_len * 10 + 9; }
         int64_t x = lo > lo_len ? lo : lo_len, y = hi >= 0 && hi < hi_len ? hi : hi_len;
         if (x > y) continue;
-        if (!first) llm_re_puts(out, " | ");
+        if (!first) llm_str_puts(out, " | ");
         first = 0;
         if (x == lo_len && y == hi_len) { /* every number of this many digits */
-            llm_re_puts(out, len == 1 ? "[0-9]" : "[1-9]");
-            if (len > 1) llm_re_printf(out, " [0-9]{%d}", len - 1);
+            llm_str_puts(out, len == 1 ? "[0-9]" : "[1-9]");
+            if (len > 1) llm_str_printf(out, " [0-9]{%d}", len - 1);
             continue;
         }
         snprintf(a, sizeof a, "%lld", (long long)x); snprintf(b, sizeof b, "%lld", (long long)y);
         llm_js_digits_between(out, a, b);
     }
-    if (first) llm_re_puts(out, "[^\\x00-\\U0010FFFF]"); /* no number at all */
+    if (first) llm_str_puts(out, "[^\\x00-\\U0010FFFF]"); /* no number at all */
     arrput(*out, ')');
 }
 
@@ -10463,10 +10481,10 @@ static void llm_js_integer_range(char **out, int64_t lo, int64_t hi) {
     int neg = lo < 0, pos = hi >= 0;
     arrput(*out, '(');
     if (neg) { /* -x for x in [max(1, -hi), -lo] */
-        llm_re_puts(out, "\"-\" ");
+        llm_str_puts(out, "\"-\" ");
         llm_js_naturals(out, hi < 0 ? -hi : 1, lo == INT64_MIN ? -1 : -lo);
     }
-    if (neg && pos) llm_re_puts(out, " | ");
+    if (neg && pos) llm_str_puts(out, " | ");
     if (pos) llm_js_naturals(out, lo > 0 ? lo : 0, hi == INT64_MAX ? -1 : hi);
     arrput(*out, ')');
 }
@@ -10551,7 +10569,7 @@ static int llm_js_string(llm_js *c, const llm_json *s, const char *path, char **
     if ((fmt || pattern) && (has_min || has_max))
         return llm_js_fail(c, path, "%s with format or pattern is not supported", "minLength/maxLength");
     if (fmt && pattern) return llm_js_fail(c, path, "%s together with pattern is not supported", "format");
-    llm_re_puts(body, "\"\\\"\" ");
+    llm_str_puts(body, "\"\\\"\" ");
     if (fmt) {
         static const struct { const char *name, *gbnf; } formats[] = {
             {"date", "[0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01])"},
@@ -10568,7 +10586,7 @@ static int llm_js_string(llm_js *c, const llm_json *s, const char *path, char **
         while (fmt->type == LLM_JSON_STRING && i < n && strcmp(formats[i].name, fmt->str)) i++;
         if (i == n) return llm_js_fail(c, path, "format \"%s\" is not supported (date, time, date-time, uuid, "
                                         "email are)", fmt->type == LLM_JSON_STRING ? fmt->str : "?");
-        llm_re_puts(body, formats[i].gbnf);
+        llm_str_puts(body, formats[i].gbnf);
     } else if (pattern) {
         if (pattern->type != LLM_JSON_STRING) return llm_js_fail(c, path, "%s must be a string", "pattern");
         /* a pattern matches anywhere in the string unless anchored: what is around it is any text */
@@ -10576,20 +10594,20 @@ static int llm_js_string(llm_js *c, const llm_json *s, const char *path, char **
         int head = n && pattern->str[0] == '^', tail = n && pattern->str[n - 1] == '$' &&
                    (n < 2 || pattern->str[n - 2] != '\\');
         char err[LLM_ERR_LEN];
-        if (!head) llm_re_puts(body, "char* ");
+        if (!head) llm_str_puts(body, "char* ");
         if (llm_re_to_gbnf(pattern->str, 1, body, err) != 0) {
             char what[200];
             snprintf(what, sizeof what, "pattern \"%.60s\": %.120s", pattern->str, err);
             return llm_js_fail(c, path, "%s", what);
         }
-        if (!tail) llm_re_puts(body, " char*");
+        if (!tail) llm_str_puts(body, " char*");
         c->used |= LLM_JS_CHAR;
     } else {
-        if (!has_max) llm_re_printf(body, "char{%d,}", (int)min);
-        else llm_re_printf(body, "char{%d,%d}", (int)min, (int)max);
+        if (!has_max) llm_str_printf(body, "char{%d,}", (int)min);
+        else llm_str_printf(body, "char{%d,%d}", (int)min, (int)max);
         c->used |= LLM_JS_CHAR;
     }
-    llm_re_puts(body, " \"\\\"\"");
+    llm_str_puts(body, " \"\\\"\"");
     return 0;
 }
 
@@ -10599,13 +10617,13 @@ static int llm_js_number(llm_js *c, const llm_json *s, const char *path, int int
     int has_lo = llm_js_number_of(s, "minimum", &lo), has_hi = llm_js_number_of(s, "maximum", &hi);
     int has_xlo = llm_js_number_of(s, "exclusiveMinimum", &xlo), has_xhi = llm_js_number_of(s, "exclusiveMaximum", &xhi);
     if (!has_lo && !has_hi && !has_xlo && !has_xhi) {
-        llm_re_puts(body, integer ? "integer" : "number");
+        llm_str_puts(body, integer ? "integer" : "number");
         c->used |= integer ? LLM_JS_INTEGER : LLM_JS_NUMBER;
         return 0;
     }
     if (!integer) {
         if (has_lo && lo == 0 && !has_hi && !has_xlo && !has_xhi) { /* a number >= 0: no sign */
-            llm_re_puts(body, "(\"0\" | [1-9] [0-9]{0,15}) (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?");
+            llm_str_puts(body, "(\"0\" | [1-9] [0-9]{0,15}) (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?");
             return 0;
         }
         return llm_js_fail(c, path, "%s on a number (not an integer) is not supported, but minimum 0 is",
@@ -10646,13 +10664,13 @@ static void llm_js_not_names(char **out, const char **names, int n, size_t depth
     }
     arrput(*out, '(');
     /* a character none of them has next, then any text */
-    llm_re_puts(out, "([^\"\\\\\\x00-\\x1F");
+    llm_str_puts(out, "([^\"\\\\\\x00-\\x1F");
     for (ptrdiff_t j = 0; j < arrlen(starts); j++) {
         const unsigned char *ch = (const unsigned char *)firsts + starts[j];
         int k = llm_utf8_check(ch, strlen((const char *)ch));
         llm_re_gbnf_char(out, k > 0 ? llm_utf8_decode(ch, k) : ch[0], 1);
     }
-    llm_re_puts(out, "] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})) char*");
+    llm_str_puts(out, "] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})) char*");
     alts++;
     for (ptrdiff_t j = 0; j < arrlen(starts); j++) { /* one that some have: on to the next character */
         const char *ch = firsts + starts[j];
@@ -10661,14 +10679,14 @@ static void llm_js_not_names(char **out, const char **names, int n, size_t depth
         int m = 0;
         if (!sub) continue;
         for (int i = 0; i < n; i++) if (strlen(names[i]) > depth && !strncmp(names[i] + depth, ch, k)) sub[m++] = names[i];
-        llm_re_puts(out, " | ");
+        llm_str_puts(out, " | ");
         llm_js_literal(out, ch, k);
         arrput(*out, ' ');
         llm_js_not_names(out, sub, m, depth + k);
         free(sub);
         alts++;
     }
-    if (!ends && depth > 0) llm_re_puts(out, " | \"\""); /* stopping here: a prefix of names, not a name */
+    if (!ends && depth > 0) llm_str_puts(out, " | \"\""); /* stopping here: a prefix of names, not a name */
     arrput(*out, ')');
     arrfree(firsts); arrfree(starts);
 }
@@ -10713,14 +10731,14 @@ static int llm_js_object(llm_js *c, const llm_json *s, const char *path, const c
             const char **names = (const char **)malloc((size_t)(unsigned)n * sizeof *names);
             if (!names) return llm_js_fail(c, path, "%s", "out of memory");
             for (int i = 0; i < n; i++) names[i] = props->keys[i];
-            llm_re_puts(&b, "\"\\\"\" ");
+            llm_str_puts(&b, "\"\\\"\" ");
             llm_js_not_names(&b, names, n, 0);
-            llm_re_puts(&b, " \"\\\"\"");
+            llm_str_puts(&b, " \"\\\"\"");
             free(names);
             llm_js_rule(c, kname, b, (size_t)arrlen(b));
             arrsetlen(b, 0);
         }
-        llm_re_printf(&b, "%s ws \":\" ws %s ws", kname, vname);
+        llm_str_printf(&b, "%s ws \":\" ws %s ws", kname, vname);
         llm_js_name(c, "extra", extra, sizeof extra);
         llm_js_rule(c, extra, b, (size_t)arrlen(b));
         arrfree(b);
@@ -10737,7 +10755,7 @@ static int llm_js_object(llm_js *c, const llm_json *s, const char *path, const c
         char *b = NULL;
         llm_json key = {LLM_JSON_STRING, 0, props->keys[i], strlen(props->keys[i]), NULL, NULL, 0};
         llm_js_const(&b, &key);
-        llm_re_printf(&b, " ws \":\" ws %s ws", vname);
+        llm_str_printf(&b, " ws \":\" ws %s ws", vname);
         llm_js_name(c, props->keys[i], kv[i], 64);
         llm_js_rule(c, kv[i], b, (size_t)arrlen(b));
         arrfree(b);
@@ -10747,18 +10765,18 @@ static int llm_js_object(llm_js *c, const llm_json *s, const char *path, const c
         for (int k = 0; i < n && req && k < req->n; k++) required |= !strcmp(req->items[k].str, props->keys[i]);
         char *b = NULL;
         llm_js_name(c, stem, rest[i], 64);
-        if (i == n) { if (extra[0]) llm_re_printf(&b, "(\",\" ws %s)*", extra); else llm_re_puts(&b, "\"\""); }
-        else llm_re_printf(&b, required ? "\",\" ws %s %s" : "(\",\" ws %s)? %s", kv[i], rest[i + 1]);
+        if (i == n) { if (extra[0]) llm_str_printf(&b, "(\",\" ws %s)*", extra); else llm_str_puts(&b, "\"\""); }
+        else llm_str_printf(&b, required ? "\",\" ws %s %s" : "(\",\" ws %s)? %s", kv[i], rest[i + 1]);
         llm_js_rule(c, rest[i], b, (size_t)arrlen(b));
         arrsetlen(b, 0);
         llm_js_name(c, stem, first[i], 64);
-        if (i == n) { if (extra[0]) llm_re_printf(&b, "(%s (\",\" ws %s)*)?", extra, extra); else llm_re_puts(&b, "\"\""); }
-        else if (required) llm_re_printf(&b, "%s %s", kv[i], rest[i + 1]);
-        else llm_re_printf(&b, "%s %s | %s", kv[i], rest[i + 1], first[i + 1]);
+        if (i == n) { if (extra[0]) llm_str_printf(&b, "(%s (\",\" ws %s)*)?", extra, extra); else llm_str_puts(&b, "\"\""); }
+        else if (required) llm_str_printf(&b, "%s %s", kv[i], rest[i + 1]);
+        else llm_str_printf(&b, "%s %s | %s", kv[i], rest[i + 1], first[i + 1]);
         llm_js_rule(c, first[i], b, (size_t)arrlen(b));
         arrfree(b);
     }
-    if (rc == 0) llm_re_printf(body, "\"{\" ws %s \"}\"", first[0]);
+    if (rc == 0) llm_str_printf(body, "\"{\" ws %s \"}\"", first[0]);
     free(kv); free(first); free(rest);
     return rc;
 }
@@ -10780,12 +10798,12 @@ static int llm_js_array(llm_js *c, const llm_json *s, const char *path, char **b
     int n_prefix = prefix ? prefix->n : 0, lo = (int)min, hi = has_max ? (int)max : -1;
     if (hi >= 0 && n_prefix > hi) n_prefix = hi;
     c->used |= LLM_JS_WS;
-    llm_re_puts(body, "\"[\" ws");
+    llm_str_puts(body, "\"[\" ws");
     for (int i = 0; i < n_prefix; i++) {
         char vname[64], sub[512];
         snprintf(sub, sizeof sub, "%.400s/prefixItems/%d", path, i);
         if (llm_js_visit(c, &prefix->items[i], sub, "item", vname) != 0) return -1;
-        llm_re_printf(body, "%s %s ws", i ? " \",\" ws" : "", vname);
+        llm_str_printf(body, "%s %s ws", i ? " \",\" ws" : "", vname);
     }
     int more_lo = lo > n_prefix ? lo - n_prefix : 0, more_hi = hi < 0 ? -1 : hi - n_prefix;
     if (items && items->type == LLM_JSON_FALSE) more_hi = 0;
@@ -10798,18 +10816,18 @@ static int llm_js_array(llm_js *c, const llm_json *s, const char *path, char **b
         char elem[128];
         snprintf(elem, sizeof elem, "%s ws", vname);
         if (n_prefix) { /* each further item after a comma */
-            if (more_hi < 0) llm_re_printf(body, " (\",\" ws %s){%d,}", elem, more_lo);
-            else llm_re_printf(body, " (\",\" ws %s){%d,%d}", elem, more_lo, more_hi);
+            if (more_hi < 0) llm_str_printf(body, " (\",\" ws %s){%d,}", elem, more_lo);
+            else llm_str_printf(body, " (\",\" ws %s){%d,%d}", elem, more_lo, more_hi);
         } else if (more_lo == 0) { /* none, or one and then more after commas */
-            if (more_hi < 0) llm_re_printf(body, " (%s (\",\" ws %s)*)?", elem, elem);
-            else if (more_hi == 1) llm_re_printf(body, " (%s)?", elem);
-            else llm_re_printf(body, " (%s (\",\" ws %s){0,%d})?", elem, elem, more_hi - 1);
+            if (more_hi < 0) llm_str_printf(body, " (%s (\",\" ws %s)*)?", elem, elem);
+            else if (more_hi == 1) llm_str_printf(body, " (%s)?", elem);
+            else llm_str_printf(body, " (%s (\",\" ws %s){0,%d})?", elem, elem, more_hi - 1);
         } else {
-            if (more_hi < 0) llm_re_printf(body, " %s (\",\" ws %s){%d,}", elem, elem, more_lo - 1);
-            else llm_re_printf(body, " %s (\",\" ws %s){%d,%d}", elem, elem, more_lo - 1, more_hi - 1);
+            if (more_hi < 0) llm_str_printf(body, " %s (\",\" ws %s){%d,}", elem, elem, more_lo - 1);
+            else llm_str_printf(body, " %s (\",\" ws %s){%d,%d}", elem, elem, more_lo - 1, more_hi - 1);
         }
     }
-    llm_re_puts(body, " \"]\"");
+    llm_str_puts(body, " \"]\"");
     return 0;
 }
 
@@ -10913,7 +10931,7 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
             for (ptrdiff_t j = 0; j < arrlen(m_keys); j++) if (!strcmp(m_keys[j], key)) same = (int)j;
             if (same < 0) { arrput(m_keys, (char *)key); arrput(m_items, *v); continue; }
             char *a = NULL, *b = NULL; /* the same keyword twice: it must say the same */
-            llm_js_write_json(&a, &m_items[same], 0); llm_js_write_json(&b, v, 0);
+            llm_json_write_compact(&a, &m_items[same], 0); llm_json_write_compact(&b, v, 0);
             int differ = arrlen(a) != arrlen(b) || memcmp(a, b, (size_t)arrlen(a));
             arrfree(a); arrfree(b);
             if (differ && !llm_js_key_in(key, llm_js_ignored, sizeof llm_js_ignored / sizeof *llm_js_ignored))
@@ -10972,7 +10990,7 @@ static int llm_js_ref(llm_js *c, const char *ref, const char *path, char *name) 
     if (!target)
         return llm_js_fail(c, path, "$ref \"%.80s\" does not point into this schema (not supported)", ref);
     char *key = NULL; /* stb_ds: the document and the place in it */
-    llm_re_printf(&key, "%p %s", (const void *)root, strchr(ref, '#'));
+    llm_str_printf(&key, "%p %s", (const void *)root, strchr(ref, '#'));
     arrput(key, 0);
     ptrdiff_t k = shgeti(c->refs, key);
     if (k >= 0) { snprintf(name, 64, "%s", c->refs[k].value); arrfree(key); return 0; }
@@ -11023,7 +11041,7 @@ static int llm_js_schema(llm_js *c, const llm_json *s, const char *path, const c
         if (!at || !t) { free(at); free(t); return llm_js_fail(c, path, "%s", "out of memory"); }
         for (int i = 0; i < en->n; i++) {
             at[i] = (size_t)arrlen(texts);
-            llm_js_write_json(&texts, &en->items[i], 0);
+            llm_json_write_compact(&texts, &en->items[i], 0);
         }
         at[en->n] = (size_t)arrlen(texts);
         for (int i = 0; i < en->n; i++) { t[i].s = texts + at[i]; t[i].len = at[i + 1] - at[i]; }
@@ -11041,7 +11059,7 @@ static int llm_js_schema(llm_js *c, const llm_json *s, const char *path, const c
             char sub[512], alt[64];
             snprintf(sub, sizeof sub, "%.400s/%s/%d", path, any ? "anyOf" : "oneOf", i);
             rc = llm_js_visit(c, &alts->items[i], sub, stem, alt);
-            if (rc == 0) llm_re_printf(&body, "%s%s", i ? " | " : "", alt);
+            if (rc == 0) llm_str_printf(&body, "%s%s", i ? " | " : "", alt);
         }
     } else if (type && type->type == LLM_JSON_ARRAY) { /* a list of types: each is an alternative */
         for (int i = 0; i < type->n && rc == 0; i++) {
@@ -11050,7 +11068,7 @@ static int llm_js_schema(llm_js *c, const llm_json *s, const char *path, const c
             if (llm_js_with(s, "type", &type->items[i], &one_type) != 0) { rc = llm_js_fail(c, path, "%s", "out of memory"); break; }
             rc = llm_js_visit(c, &one_type, path, stem, alt);
             free(one_type.items); free(one_type.keys);
-            if (rc == 0) llm_re_printf(&body, "%s%s", i ? " | " : "", alt);
+            if (rc == 0) llm_str_printf(&body, "%s%s", i ? " | " : "", alt);
         }
         if (type->n == 0) rc = llm_js_fail(c, path, "%s must not be empty", "type");
     } else {
@@ -11068,8 +11086,8 @@ static int llm_js_schema(llm_js *c, const llm_json *s, const char *path, const c
         if (!t) { strcpy(name, "value"); c->used |= LLM_JS_VALUE | LLM_JS_WS | LLM_JS_STRING | LLM_JS_CHAR | LLM_JS_NUMBER | LLM_JS_BOOLEAN; return 0; }
         if (!strcmp(t, "string")) rc = llm_js_string(c, s, path, &body);
         else if (!strcmp(t, "integer") || !strcmp(t, "number")) rc = llm_js_number(c, s, path, t[0] == 'i', &body);
-        else if (!strcmp(t, "boolean")) { llm_re_puts(&body, "boolean"); c->used |= LLM_JS_BOOLEAN; }
-        else if (!strcmp(t, "null")) llm_re_puts(&body, "\"null\"");
+        else if (!strcmp(t, "boolean")) { llm_str_puts(&body, "boolean"); c->used |= LLM_JS_BOOLEAN; }
+        else if (!strcmp(t, "null")) llm_str_puts(&body, "\"null\"");
         else if (!strcmp(t, "object")) rc = llm_js_object(c, s, path, stem, &body);
         else if (!strcmp(t, "array")) rc = llm_js_array(c, s, path, &body);
         else rc = llm_js_fail(c, path, "type \"%s\" is not a JSON Schema type", t);
@@ -11128,7 +11146,7 @@ static char *llm_js_rules(const llm_json *const *schemas, int n, const llm_json 
     char *text = NULL;
     if (rc == 0) {
         for (size_t i = 0; i < sizeof llm_js_primitives / sizeof *llm_js_primitives; i++)
-            if (c.used & llm_js_primitives[i].bit) llm_re_puts(&c.out, llm_js_primitives[i].rules);
+            if (c.used & llm_js_primitives[i].bit) llm_str_puts(&c.out, llm_js_primitives[i].rules);
         arrput(c.out, 0);
         if (!(text = strdup(c.out))) llm_fail(c.err, "out of memory");
     }
@@ -11150,6 +11168,52 @@ static char *llm_js_grammar(const llm_json *schema, const llm_json *const *docs,
 char *llm_json_schema_to_grammar(const llm_json *schema, char *err) {
     return llm_js_grammar(schema, NULL, 0, err);
 }
+
+#else /* LLM_NO_GRAMMAR: the API stays and refuses: the engine and the server then refuse a grammar */
+struct llm_grammar { int refs; };
+static char *llm_gr_none(char *err) {
+    llm_fail(err, "this build has no grammars (LLM_NO_GRAMMAR)");
+    return NULL;
+}
+char *llm_json_schema_to_grammar(const llm_json *schema, char *err) { (void)schema; return llm_gr_none(err); }
+char *llm_regex_to_grammar(const char *regex, char *err) { (void)regex; return llm_gr_none(err); }
+char *llm_choice_to_grammar(const char *const *choices, int n, char *err) {
+    (void)choices; (void)n;
+    return llm_gr_none(err);
+}
+llm_grammar *llm_grammar_parse(const char *gbnf, char *err) { (void)gbnf; llm_gr_none(err); return NULL; }
+void llm_grammar_free(llm_grammar *g) { (void)g; }
+static llm_grammar *llm_grammar_ref(llm_grammar *g) { return g; }
+static int64_t llm_grammar_cache_hits(const llm_grammar *g) { (void)g; return 0; }
+llm_grammar_state *llm_grammar_start(const llm_grammar *g) { (void)g; return NULL; }
+llm_grammar_state *llm_grammar_state_copy(const llm_grammar_state *st) { (void)st; return NULL; }
+void llm_grammar_state_free(llm_grammar_state *st) { (void)st; }
+int llm_grammar_accept(llm_grammar_state *st, const char *bytes, int n) {
+    (void)st; (void)bytes; (void)n;
+    return -1;
+}
+int llm_grammar_can_end(const llm_grammar_state *st) { (void)st; return 1; }
+int llm_grammar_done(const llm_grammar_state *st) { (void)st; return 0; }
+llm_token_trie *llm_token_trie_build(const llm_tokenizer *t, char *err) {
+    (void)t;
+    llm_gr_none(err);
+    return NULL;
+}
+void llm_token_trie_free(llm_token_trie *tt) { (void)tt; }
+int llm_grammar_mask(const llm_grammar_state *st, const llm_token_trie *tt, uint8_t *mask) {
+    (void)st; (void)tt; (void)mask;
+    return -1;
+}
+int llm_grammar_allows(const llm_grammar_state *st, const llm_token_trie *tt, int32_t token) {
+    (void)st; (void)tt; (void)token;
+    return 0;
+}
+static int llm_gr_allows_into(const llm_grammar_state *st, const llm_token_trie *tt, int32_t token,
+                              llm_grammar_state *next) {
+    (void)st; (void)tt; (void)token; (void)next;
+    return 0;
+}
+#endif /* LLM_NO_GRAMMAR */
 
 /* ===========================================================================================================
  * 13. Tools (a layer)
@@ -11495,223 +11559,7 @@ static int llm_chat_generic_tools(const llm_chat_template *ct, const llm_chat_me
     return k;
 }
 
-/* ---- Tool calls: the grammar of a call in each family's syntax, and a reply read back --------------------
- * (declared here, beside the converters: they are how a chat family's tool syntax meets the grammar engine) */
-/* GBNF rules for "any text, up to and with `until`": a state per character of `until` matched so far, as a
- * string-search automaton (KMP) steps; at the end of `until` the text goes on with rule `then` (NULL: it
- * ends). can_end: the text may end in any state before that. Rules are named prefix-0, prefix-1, ... */
-static void llm_gr_until(char **out, const char *prefix, const char *until, const char *then, int can_end) {
-    int n = (int)strlen(until);
-    for (int j = 0; j < n; j++) {
-        llm_re_printf(out, "%s-%d ::= ", prefix, j);
-        if (can_end) llm_re_puts(out, "\"\" | ");
-        /* on the next character of until: one state on (or the rest); on any other: where the automaton
-         * falls back to, which for a character c is the longest prefix of until that ends the text with c */
-        arrput(*out, '"'); llm_re_gbnf_char(out, (unsigned char)until[j], 0); arrput(*out, '"');
-        if (j + 1 < n) llm_re_printf(out, " %s-%d", prefix, j + 1);
-        else if (then) llm_re_printf(out, " %s", then);
-        char seen[256] = {0};
-        seen[(unsigned char)until[j]] = 1;
-        for (int k = j; k >= 0; k--) { /* characters that fall back to a state above 0 */
-            unsigned char ch = (unsigned char)until[k];
-            if (seen[ch]) continue;
-            /* the text is until[0..j) + ch; its longest suffix that is a prefix of until */
-            int best = 0;
-            for (int len = j + 1 < n ? j + 1 : n; len > 0 && !best; len--) {
-                if (len > j + 1) continue;
-                if ((unsigned char)until[len - 1] != ch) continue;
-                if (!memcmp(until, until + j + 1 - len, (size_t)len - 1)) best = len;
-            }
-            if (!best) continue;
-            seen[ch] = 1;
-            llm_re_puts(out, " | \""); llm_re_gbnf_char(out, ch, 0);
-            llm_re_printf(out, "\" %s-%d", prefix, best);
-        }
-        llm_re_puts(out, " | [^");
-        for (int ch = 1; ch < 256; ch++) if (seen[ch]) llm_re_gbnf_char(out, (uint32_t)ch, 1);
-        llm_re_printf(out, "] %s-0\n", prefix);
-    }
-}
-
-/* The schema of one call in the generic and Hermes syntax, {"name": NAME, "arguments": PARAMETERS}, as JSON
- * text appended to *out; -1 (err) for a tool that is not a function with a name. The parameters are a $ref
- * to the document "llm:i" (tools[i]'s parameters themselves, see llm_js_resolve), so that their own $refs
- * ("#/$defs/...", as Pydantic writes them) mean what they mean in a response_format schema. */
-static int llm_tool_call_schema(char **out, const llm_json *tool, int i, const char *args_key, char *err) {
-    const llm_json *type = llm_json_get(tool, "type"), *fn = llm_json_get(tool, "function");
-    const llm_json *name = llm_json_get(fn, "name"), *params = llm_json_get(fn, "parameters");
-    if (!type || type->type != LLM_JSON_STRING || strcmp(type->str, "function") || !fn ||
-        fn->type != LLM_JSON_OBJECT)
-        return llm_fail(err, "tools[%d] must be {\"type\": \"function\", \"function\": {...}}", i);
-    if (!name || name->type != LLM_JSON_STRING || !name->len)
-        return llm_fail(err, "tools[%d].function.name must be a non-empty string", i);
-    if (params && params->type != LLM_JSON_OBJECT && params->type != LLM_JSON_NULL)
-        return llm_fail(err, "tools[%d].function.parameters must be a JSON Schema object", i);
-    char *name_json = llm_json_dumps(name, 0), params_json[48];
-    snprintf(params_json, sizeof params_json, "{\"$ref\":\"llm:%d#\"}", i);
-    /* no parameters: OpenAI's "empty parameter list" */
-    llm_re_printf(out, "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":%s},\"%s\":%s},"
-                  "\"required\":[\"name\",\"%s\"],\"additionalProperties\":false}",
-                  name_json ? name_json : "\"\"",
-                  args_key, params && params->type == LLM_JSON_OBJECT ? params_json :
-                  "{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}", args_key);
-    /* the parameters alone through the converter: a keyword it refuses is named where the client wrote it */
-    char *alone = params && params->type == LLM_JSON_OBJECT ? llm_json_schema_to_grammar(params, err) : NULL;
-    if (params && params->type == LLM_JSON_OBJECT && !alone) {
-        char why[LLM_ERR_LEN];
-        snprintf(why, sizeof why, "%s", err);
-        free(name_json);
-        return llm_fail(err, "tools[%d].function.parameters: %s", i, why);
-    }
-    free(alone);
-    free(name_json);
-    return 0;
-}
-
-/* GBNF of a schema given as JSON text, its start rule renamed from root to `rule` (docs: the tools'
- * parameters, by index) */
-static char *llm_tool_schema_rules(const char *schema, size_t len, const char *rule,
-                                   const llm_json *const *docs, int n_docs, char *err) {
-    llm_json v;
-    if (llm_json_parse(schema, len, &v, err) != 0) return NULL;
-    char *g = llm_js_grammar(&v, docs, n_docs, err);
-    llm_json_free(&v);
-    if (!g) return NULL;
-    char *renamed = (char *)malloc(strlen(g) + strlen(rule) + 1);
-    if (renamed) sprintf(renamed, "%s%s", rule, g + 4); /* "root ::= ..." -> "rule ::= ..." */
-    free(g);
-    if (!renamed) llm_fail(err, "out of memory");
-    return renamed;
-}
-
-char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int choice, const char *name,
-                            int parallel, char *err) {
-    llm_json tl;
-    char buf[LLM_ERR_LEN];
-    if (!err) err = buf;
-    if (!tools || llm_json_parse(tools, strlen(tools), &tl, err) != 0) {
-        if (!tools) llm_fail(err, "no tools");
-        return NULL;
-    }
-    char *any = NULL, *out = NULL, *rules = NULL; /* stb_ds: the calls' anyOf, the grammar */
-    int n = 0, rc = tl.type == LLM_JSON_ARRAY && tl.n > 0 ? 0 : llm_fail(err, "tools must be a non-empty list");
-    const llm_json **docs = rc == 0 ? (const llm_json **)calloc((size_t)tl.n, sizeof *docs) : NULL;
-    if (rc == 0 && !docs) rc = llm_fail(err, "out of memory");
-    for (int i = 0; rc == 0 && i < tl.n; i++) /* what the calls' $refs "llm:i#" point to */
-        docs[i] = llm_json_get(llm_json_get(&tl.items[i], "function"), "parameters");
-    for (int i = 0; rc == 0 && i < tl.n; i++) {
-        const llm_json *nm = llm_json_get(llm_json_get(&tl.items[i], "function"), "name");
-        if (choice == LLM_TOOL_NAMED && (!nm || nm->type != LLM_JSON_STRING || strcmp(nm->str, name))) continue;
-        llm_re_puts(&any, n++ ? "," : "{\"anyOf\":[");
-        rc = llm_tool_call_schema(&any, &tl.items[i], i, ct->tool_format == LLM_TOOLS_LLAMA3 ? "parameters" :
-                                  "arguments", err);
-    }
-    if (rc == 0 && !n) rc = llm_fail(err, "tool_choice names \"%.64s\", which is none of the tools", name);
-    llm_re_puts(&any, "]}");
-    arrput(any, 0);
-    if (rc == 0 && ct->tool_format == LLM_TOOLS_HERMES) {
-        /* <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>, one after another */
-        rules = llm_tool_schema_rules(any, strlen(any), "tool-json", docs, tl.n, err);
-        const char *more = parallel ? " ( \"\\n\"? \"<tool_call>\" call-rest )?" : "";
-        int think = ct->thinks && ct->enable_thinking;
-        if (choice == LLM_TOOL_AUTO) llm_re_puts(&out, "root ::= text-0\n");
-        else if (think)
-            llm_re_puts(&out, "root ::= ( \"<think>\" think-0 )? [\\n]{0,2} \"<tool_call>\" call-rest\n");
-        else llm_re_puts(&out, "root ::= \"<tool_call>\" call-rest\n");
-        llm_re_printf(&out, "call-rest ::= \"\\n\"? tool-json \"\\n\"? \"</tool_call>\"%s\n", more);
-        if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "<tool_call>", "call-rest", 1);
-        else if (think) llm_gr_until(&out, "think", "</think>", NULL, 0);
-    } else if (rc == 0 && ct->tool_format == LLM_TOOLS_MISTRAL) {
-        /* Mistral v3: [TOOL_CALLS][{"name": ..., "arguments": ...}, ...] (a space before "[" in the
-         * SentencePiece models' history, none in Nemo's: either); auto: text until [TOOL_CALLS] */
-        rules = llm_tool_schema_rules(any, strlen(any), "tool-json", docs, tl.n, err);
-        llm_re_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" :
-                    "root ::= \"[TOOL_CALLS]\" call-rest\n");
-        llm_re_printf(&out, "call-rest ::= \" \"? \"[\" tool-json%s \"]\"\n",
-                      parallel ? " ( \",\" \" \"? tool-json )*" : "");
-        if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "[TOOL_CALLS]", "call-rest", 1);
-    } else if (rc == 0 && (ct->tool_format == LLM_TOOLS_MISTRAL_ARGS || ct->tool_format == LLM_TOOLS_HARMONY)) {
-        /* Mistral v11: [TOOL_CALLS]name[ARGS]{...} (and [CALL_ID] and 9 letters and digits before [ARGS], as
-         * the history writes them), one call after another; gpt-oss: after its thinking, one message
-         * <|channel|>commentary to=functions.name <|constrain|>json<|message|>{...} (the header's parts in
-         * either order its template or the model writes them). The name is outside the JSON, so each
-         * function's arguments are a rule of their own. */
-        int harmony = ct->tool_format == LLM_TOOLS_HARMONY;
-        const llm_json **schemas = (const llm_json **)calloc((size_t)tl.n, sizeof *schemas);
-        char (*names)[64] = (char (*)[64])calloc((size_t)tl.n, 64);
-        llm_json none;
-        if (!schemas || !names) rc = llm_fail(err, "out of memory");
-        static const char no_params[] = "{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}";
-        if (rc == 0) rc = llm_json_parse(no_params, sizeof no_params - 1, &none, err);
-        for (int i = 0; rc == 0 && i < tl.n; i++) {
-            const llm_json *params = llm_json_get(llm_json_get(&tl.items[i], "function"), "parameters");
-            schemas[i] = params && params->type == LLM_JSON_OBJECT ? params : &none;
-        }
-        if (rc == 0) rules = llm_js_rules(schemas, tl.n, NULL, 0, names, err);
-        if (rc == 0) llm_json_free(&none);
-        if (harmony) {
-            llm_re_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" : "root ::= ( \"<|channel|>analysis"
-                        "<|message|>\" think-0 \"<|start|>assistant\" )? \"<|channel|>commentary to=functions.\" "
-                        "call-rest\n");
-            llm_re_puts(&out, "call-rest ::= call\ncall ::= ");
-        } else {
-            llm_re_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" :
-                        "root ::= \"[TOOL_CALLS]\" call-rest\n");
-            llm_re_printf(&out, "call-rest ::= call%s\ncall ::= ", parallel ? " ( \"[TOOL_CALLS]\" call )*" : "");
-        }
-        for (int i = 0, k = 0; rules && i < tl.n; i++) {
-            const llm_json *nm = llm_json_get(llm_json_get(&tl.items[i], "function"), "name");
-            if (choice == LLM_TOOL_NAMED && strcmp(nm->str, name)) continue;
-            llm_re_puts(&out, k++ ? " | \"" : "\"");
-            for (size_t b = 0; b < nm->len;) { /* the name's characters */
-                int len = llm_utf8_check((const unsigned char *)nm->str + b, nm->len - b);
-                if (len <= 0) { rc = llm_fail(err, "tools[%d].function.name is not UTF-8", i); break; }
-                llm_re_gbnf_char(&out, llm_utf8_decode((const unsigned char *)nm->str + b, len), 0);
-                b += (size_t)len;
-            }
-            llm_re_printf(&out, harmony ? "\" header %s" : "\" call-id? \"[ARGS]\" %s", names[i]);
-        }
-        if (harmony) {
-            llm_re_puts(&out, "\nheader ::= \" \"? ( \"<|channel|>commentary\" \" \"? )? \"<|constrain|>\"? "
-                        "\"json\"? \"<|message|>\"\n");
-            if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "to=functions.", "call-rest", 1);
-            else llm_gr_until(&out, "think", "<|end|>", NULL, 0);
-        } else {
-            llm_re_puts(&out, "\ncall-id ::= \"[CALL_ID]\" [a-zA-Z0-9]{9}\n");
-            if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "[TOOL_CALLS]", "call-rest", 1);
-        }
-        free(schemas); free(names);
-    } else if (rc == 0 && ct->tool_format == LLM_TOOLS_LLAMA3) {
-        /* Llama 3.1: one call, {"name": ..., "parameters": ...}, as the whole reply; auto: or a reply that
-         * does not begin with "{" */
-        rules = llm_tool_schema_rules(any, strlen(any), "tool-json", docs, tl.n, err);
-        llm_re_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= tool-json | ( [^{] [^\\x00]* )?\n" :
-                    "root ::= tool-json\n");
-    } else if (rc == 0) {
-        /* generic: the whole reply is {"tool_calls": [...]} or, unless required, {"response": "..."} */
-        char *schema = NULL;
-        llm_re_puts(&schema, choice == LLM_TOOL_AUTO ? "{\"anyOf\":[" : "");
-        llm_re_printf(&schema, "{\"type\":\"object\",\"properties\":{\"tool_calls\":{\"type\":\"array\","
-                      "\"items\":%s,\"minItems\":1%s}},\"required\":[\"tool_calls\"],"
-                      "\"additionalProperties\":false}",
-                      any, parallel ? "" : ",\"maxItems\":1");
-        if (choice == LLM_TOOL_AUTO)
-            llm_re_puts(&schema, ",{\"type\":\"object\",\"properties\":{\"response\":{\"type\":\"string\"}},"
-                        "\"required\":[\"response\"],\"additionalProperties\":false}]}");
-        rules = llm_tool_schema_rules(schema, (size_t)arrlen(schema), "root", docs, tl.n, err);
-        arrfree(schema);
-    }
-    char *text = NULL;
-    if (rc == 0 && rules) {
-        llm_re_puts(&out, rules);
-        arrput(out, 0);
-        if (!(text = strdup(out))) llm_fail(err, "out of memory");
-    }
-    free(rules); arrfree(any); arrfree(out); free(docs);
-    llm_json_free(&tl);
-    return text;
-}
-
+/* ---- A reply read back: its thinking, its answer, its calls ------------------------------------------- */
 /* Where a JSON value that begins at s[i] ends: 1 and *end past it; 0 when the text ends first; -1 when it is
  * not JSON there. Only the nesting and the strings are followed (a grammar wrote it). */
 static int llm_json_span(const char *s, size_t n, size_t i, size_t *end) {
@@ -11848,57 +11696,6 @@ static int llm_reply_call(llm_chat_reply *r, const char *s, size_t n, size_t i, 
 
 static void llm_bytes_put(char **b, const char *s, size_t n) { /* appends n bytes to an stb_ds array */
     if (n) memcpy(arraddnptr(*b, n), s, n);
-}
-
-/* GBNF with its rule `from` named `to`: each whole rule name outside literals, classes and comments */
-static char *llm_gbnf_rename(const char *g, const char *from, const char *to) {
-    char *out = NULL; /* stb_ds */
-    size_t n_from = strlen(from);
-    for (const char *p = g; *p;) {
-        if (*p == '"' || *p == '[') { /* a literal or a class, escapes and all */
-            char close = *p == '"' ? '"' : ']';
-            const char *q = p + 1;
-            while (*q && *q != close) q += q[0] == '\\' && q[1] ? 2 : 1;
-            if (*q) q++;
-            llm_bytes_put(&out, p, (size_t)(q - p));
-            p = q;
-        } else if (*p == '#') {
-            const char *q = p;
-            while (*q && *q != '\n') q++;
-            llm_bytes_put(&out, p, (size_t)(q - p));
-            p = q;
-        } else if (llm_gr_is_word((unsigned char)*p)) {
-            const char *q = p;
-            while (llm_gr_is_word((unsigned char)*q)) q++;
-            int same = (size_t)(q - p) == n_from && !memcmp(p, from, n_from);
-            llm_bytes_put(&out, same ? to : p, same ? strlen(to) : (size_t)(q - p));
-            p = q;
-        } else llm_bytes_put(&out, p++, 1);
-    }
-    arrput(out, 0);
-    char *text = strdup(out);
-    arrfree(out);
-    return text;
-}
-
-char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, char *err) {
-    if (ct->family != LLM_CHAT_GPT_OSS) {
-        char *copy = strdup(gbnf);
-        if (!copy) llm_fail(err, "out of memory");
-        return copy;
-    }
-    /* its rules renamed out of the way of the two added here: root and the thinking's */
-    char *answer = llm_gbnf_rename(gbnf, "root", "harmony-answer"), *out = NULL; /* stb_ds */
-    if (!answer) { llm_fail(err, "out of memory"); return NULL; }
-    llm_re_puts(&out, "root ::= ( \"<|channel|>analysis<|message|>\" harmony-think-0 \"<|start|>assistant\" )? "
-                "\"<|channel|>final<|message|>\" harmony-answer\n");
-    llm_gr_until(&out, "harmony-think", "<|end|>", NULL, 0);
-    llm_re_puts(&out, answer);
-    arrput(out, 0);
-    char *text = strdup(out);
-    arrfree(out); free(answer);
-    if (!text) llm_fail(err, "out of memory");
-    return text;
 }
 
 /* gpt-oss: the reply is harmony messages, each a header (<|channel|>NAME, a recipient to=functions.NAME, a
@@ -12099,6 +11896,289 @@ void llm_chat_reply_free(llm_chat_reply *r) {
     free(r->calls); free(r->reasoning); free(r->content);
     memset(r, 0, sizeof *r);
 }
+
+/* ---- The grammar of a call in each family's syntax (over the grammar layer) -------------------------- */
+#ifndef LLM_NO_GRAMMAR
+/* GBNF rules for "any text, up to and with `until`": a state per character of `until` matched so far, as a
+ * string-search automaton (KMP) steps; at the end of `until` the text goes on with rule `then` (NULL: it
+ * ends). can_end: the text may end in any state before that. Rules are named prefix-0, prefix-1, ... */
+static void llm_gr_until(char **out, const char *prefix, const char *until, const char *then, int can_end) {
+    int n = (int)strlen(until);
+    for (int j = 0; j < n; j++) {
+        llm_str_printf(out, "%s-%d ::= ", prefix, j);
+        if (can_end) llm_str_puts(out, "\"\" | ");
+        /* on the next character of until: one state on (or the rest); on any other: where the automaton
+         * falls back to, which for a character c is the longest prefix of until that ends the text with c */
+        arrput(*out, '"'); llm_re_gbnf_char(out, (unsigned char)until[j], 0); arrput(*out, '"');
+        if (j + 1 < n) llm_str_printf(out, " %s-%d", prefix, j + 1);
+        else if (then) llm_str_printf(out, " %s", then);
+        char seen[256] = {0};
+        seen[(unsigned char)until[j]] = 1;
+        for (int k = j; k >= 0; k--) { /* characters that fall back to a state above 0 */
+            unsigned char ch = (unsigned char)until[k];
+            if (seen[ch]) continue;
+            /* the text is until[0..j) + ch; its longest suffix that is a prefix of until */
+            int best = 0;
+            for (int len = j + 1 < n ? j + 1 : n; len > 0 && !best; len--) {
+                if (len > j + 1) continue;
+                if ((unsigned char)until[len - 1] != ch) continue;
+                if (!memcmp(until, until + j + 1 - len, (size_t)len - 1)) best = len;
+            }
+            if (!best) continue;
+            seen[ch] = 1;
+            llm_str_puts(out, " | \""); llm_re_gbnf_char(out, ch, 0);
+            llm_str_printf(out, "\" %s-%d", prefix, best);
+        }
+        llm_str_puts(out, " | [^");
+        for (int ch = 1; ch < 256; ch++) if (seen[ch]) llm_re_gbnf_char(out, (uint32_t)ch, 1);
+        llm_str_printf(out, "] %s-0\n", prefix);
+    }
+}
+
+/* The schema of one call in the generic and Hermes syntax, {"name": NAME, "arguments": PARAMETERS}, as JSON
+ * text appended to *out; -1 (err) for a tool that is not a function with a name. The parameters are a $ref
+ * to the document "llm:i" (tools[i]'s parameters themselves, see llm_js_resolve), so that their own $refs
+ * ("#/$defs/...", as Pydantic writes them) mean what they mean in a response_format schema. */
+static int llm_tool_call_schema(char **out, const llm_json *tool, int i, const char *args_key, char *err) {
+    const llm_json *type = llm_json_get(tool, "type"), *fn = llm_json_get(tool, "function");
+    const llm_json *name = llm_json_get(fn, "name"), *params = llm_json_get(fn, "parameters");
+    if (!type || type->type != LLM_JSON_STRING || strcmp(type->str, "function") || !fn ||
+        fn->type != LLM_JSON_OBJECT)
+        return llm_fail(err, "tools[%d] must be {\"type\": \"function\", \"function\": {...}}", i);
+    if (!name || name->type != LLM_JSON_STRING || !name->len)
+        return llm_fail(err, "tools[%d].function.name must be a non-empty string", i);
+    if (params && params->type != LLM_JSON_OBJECT && params->type != LLM_JSON_NULL)
+        return llm_fail(err, "tools[%d].function.parameters must be a JSON Schema object", i);
+    char *name_json = llm_json_dumps(name, 0), params_json[48];
+    snprintf(params_json, sizeof params_json, "{\"$ref\":\"llm:%d#\"}", i);
+    /* no parameters: OpenAI's "empty parameter list" */
+    llm_str_printf(out, "{\"type\":\"object\",\"properties\":{\"name\":{\"const\":%s},\"%s\":%s},"
+                  "\"required\":[\"name\",\"%s\"],\"additionalProperties\":false}",
+                  name_json ? name_json : "\"\"",
+                  args_key, params && params->type == LLM_JSON_OBJECT ? params_json :
+                  "{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}", args_key);
+    /* the parameters alone through the converter: a keyword it refuses is named where the client wrote it */
+    char *alone = params && params->type == LLM_JSON_OBJECT ? llm_json_schema_to_grammar(params, err) : NULL;
+    if (params && params->type == LLM_JSON_OBJECT && !alone) {
+        char why[LLM_ERR_LEN];
+        snprintf(why, sizeof why, "%s", err);
+        free(name_json);
+        return llm_fail(err, "tools[%d].function.parameters: %s", i, why);
+    }
+    free(alone);
+    free(name_json);
+    return 0;
+}
+
+/* GBNF of a schema given as JSON text, its start rule renamed from root to `rule` (docs: the tools'
+ * parameters, by index) */
+static char *llm_tool_schema_rules(const char *schema, size_t len, const char *rule,
+                                   const llm_json *const *docs, int n_docs, char *err) {
+    llm_json v;
+    if (llm_json_parse(schema, len, &v, err) != 0) return NULL;
+    char *g = llm_js_grammar(&v, docs, n_docs, err);
+    llm_json_free(&v);
+    if (!g) return NULL;
+    char *renamed = (char *)malloc(strlen(g) + strlen(rule) + 1);
+    if (renamed) sprintf(renamed, "%s%s", rule, g + 4); /* "root ::= ..." -> "rule ::= ..." */
+    free(g);
+    if (!renamed) llm_fail(err, "out of memory");
+    return renamed;
+}
+
+char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int choice, const char *name,
+                            int parallel, char *err) {
+    llm_json tl;
+    char buf[LLM_ERR_LEN];
+    if (!err) err = buf;
+    if (!tools || llm_json_parse(tools, strlen(tools), &tl, err) != 0) {
+        if (!tools) llm_fail(err, "no tools");
+        return NULL;
+    }
+    char *any = NULL, *out = NULL, *rules = NULL; /* stb_ds: the calls' anyOf, the grammar */
+    int n = 0, rc = tl.type == LLM_JSON_ARRAY && tl.n > 0 ? 0 : llm_fail(err, "tools must be a non-empty list");
+    const llm_json **docs = rc == 0 ? (const llm_json **)calloc((size_t)tl.n, sizeof *docs) : NULL;
+    if (rc == 0 && !docs) rc = llm_fail(err, "out of memory");
+    for (int i = 0; rc == 0 && i < tl.n; i++) /* what the calls' $refs "llm:i#" point to */
+        docs[i] = llm_json_get(llm_json_get(&tl.items[i], "function"), "parameters");
+    for (int i = 0; rc == 0 && i < tl.n; i++) {
+        const llm_json *nm = llm_json_get(llm_json_get(&tl.items[i], "function"), "name");
+        if (choice == LLM_TOOL_NAMED && (!nm || nm->type != LLM_JSON_STRING || strcmp(nm->str, name))) continue;
+        llm_str_puts(&any, n++ ? "," : "{\"anyOf\":[");
+        rc = llm_tool_call_schema(&any, &tl.items[i], i, ct->tool_format == LLM_TOOLS_LLAMA3 ? "parameters" :
+                                  "arguments", err);
+    }
+    if (rc == 0 && !n) rc = llm_fail(err, "tool_choice names \"%.64s\", which is none of the tools", name);
+    llm_str_puts(&any, "]}");
+    arrput(any, 0);
+    if (rc == 0 && ct->tool_format == LLM_TOOLS_HERMES) {
+        /* <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>, one after another */
+        rules = llm_tool_schema_rules(any, strlen(any), "tool-json", docs, tl.n, err);
+        const char *more = parallel ? " ( \"\\n\"? \"<tool_call>\" call-rest )?" : "";
+        int think = ct->thinks && ct->enable_thinking;
+        if (choice == LLM_TOOL_AUTO) llm_str_puts(&out, "root ::= text-0\n");
+        else if (think)
+            llm_str_puts(&out, "root ::= ( \"<think>\" think-0 )? [\\n]{0,2} \"<tool_call>\" call-rest\n");
+        else llm_str_puts(&out, "root ::= \"<tool_call>\" call-rest\n");
+        llm_str_printf(&out, "call-rest ::= \"\\n\"? tool-json \"\\n\"? \"</tool_call>\"%s\n", more);
+        if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "<tool_call>", "call-rest", 1);
+        else if (think) llm_gr_until(&out, "think", "</think>", NULL, 0);
+    } else if (rc == 0 && ct->tool_format == LLM_TOOLS_MISTRAL) {
+        /* Mistral v3: [TOOL_CALLS][{"name": ..., "arguments": ...}, ...] (a space before "[" in the
+         * SentencePiece models' history, none in Nemo's: either); auto: text until [TOOL_CALLS] */
+        rules = llm_tool_schema_rules(any, strlen(any), "tool-json", docs, tl.n, err);
+        llm_str_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" :
+                    "root ::= \"[TOOL_CALLS]\" call-rest\n");
+        llm_str_printf(&out, "call-rest ::= \" \"? \"[\" tool-json%s \"]\"\n",
+                      parallel ? " ( \",\" \" \"? tool-json )*" : "");
+        if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "[TOOL_CALLS]", "call-rest", 1);
+    } else if (rc == 0 && (ct->tool_format == LLM_TOOLS_MISTRAL_ARGS || ct->tool_format == LLM_TOOLS_HARMONY)) {
+        /* Mistral v11: [TOOL_CALLS]name[ARGS]{...} (and [CALL_ID] and 9 letters and digits before [ARGS], as
+         * the history writes them), one call after another; gpt-oss: after its thinking, one message
+         * <|channel|>commentary to=functions.name <|constrain|>json<|message|>{...} (the header's parts in
+         * either order its template or the model writes them). The name is outside the JSON, so each
+         * function's arguments are a rule of their own. */
+        int harmony = ct->tool_format == LLM_TOOLS_HARMONY;
+        const llm_json **schemas = (const llm_json **)calloc((size_t)tl.n, sizeof *schemas);
+        char (*names)[64] = (char (*)[64])calloc((size_t)tl.n, 64);
+        llm_json none;
+        if (!schemas || !names) rc = llm_fail(err, "out of memory");
+        static const char no_params[] = "{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}";
+        if (rc == 0) rc = llm_json_parse(no_params, sizeof no_params - 1, &none, err);
+        for (int i = 0; rc == 0 && i < tl.n; i++) {
+            const llm_json *params = llm_json_get(llm_json_get(&tl.items[i], "function"), "parameters");
+            schemas[i] = params && params->type == LLM_JSON_OBJECT ? params : &none;
+        }
+        if (rc == 0) rules = llm_js_rules(schemas, tl.n, NULL, 0, names, err);
+        if (rc == 0) llm_json_free(&none);
+        if (harmony) {
+            llm_str_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" : "root ::= ( \"<|channel|>analysis"
+                        "<|message|>\" think-0 \"<|start|>assistant\" )? \"<|channel|>commentary to=functions.\" "
+                        "call-rest\n");
+            llm_str_puts(&out, "call-rest ::= call\ncall ::= ");
+        } else {
+            llm_str_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" :
+                        "root ::= \"[TOOL_CALLS]\" call-rest\n");
+            llm_str_printf(&out, "call-rest ::= call%s\ncall ::= ", parallel ? " ( \"[TOOL_CALLS]\" call )*" : "");
+        }
+        for (int i = 0, k = 0; rules && i < tl.n; i++) {
+            const llm_json *nm = llm_json_get(llm_json_get(&tl.items[i], "function"), "name");
+            if (choice == LLM_TOOL_NAMED && strcmp(nm->str, name)) continue;
+            llm_str_puts(&out, k++ ? " | \"" : "\"");
+            for (size_t b = 0; b < nm->len;) { /* the name's characters */
+                int len = llm_utf8_check((const unsigned char *)nm->str + b, nm->len - b);
+                if (len <= 0) { rc = llm_fail(err, "tools[%d].function.name is not UTF-8", i); break; }
+                llm_re_gbnf_char(&out, llm_utf8_decode((const unsigned char *)nm->str + b, len), 0);
+                b += (size_t)len;
+            }
+            llm_str_printf(&out, harmony ? "\" header %s" : "\" call-id? \"[ARGS]\" %s", names[i]);
+        }
+        if (harmony) {
+            llm_str_puts(&out, "\nheader ::= \" \"? ( \"<|channel|>commentary\" \" \"? )? \"<|constrain|>\"? "
+                        "\"json\"? \"<|message|>\"\n");
+            if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "to=functions.", "call-rest", 1);
+            else llm_gr_until(&out, "think", "<|end|>", NULL, 0);
+        } else {
+            llm_str_puts(&out, "\ncall-id ::= \"[CALL_ID]\" [a-zA-Z0-9]{9}\n");
+            if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "[TOOL_CALLS]", "call-rest", 1);
+        }
+        free(schemas); free(names);
+    } else if (rc == 0 && ct->tool_format == LLM_TOOLS_LLAMA3) {
+        /* Llama 3.1: one call, {"name": ..., "parameters": ...}, as the whole reply; auto: or a reply that
+         * does not begin with "{" */
+        rules = llm_tool_schema_rules(any, strlen(any), "tool-json", docs, tl.n, err);
+        llm_str_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= tool-json | ( [^{] [^\\x00]* )?\n" :
+                    "root ::= tool-json\n");
+    } else if (rc == 0) {
+        /* generic: the whole reply is {"tool_calls": [...]} or, unless required, {"response": "..."} */
+        char *schema = NULL;
+        llm_str_puts(&schema, choice == LLM_TOOL_AUTO ? "{\"anyOf\":[" : "");
+        llm_str_printf(&schema, "{\"type\":\"object\",\"properties\":{\"tool_calls\":{\"type\":\"array\","
+                      "\"items\":%s,\"minItems\":1%s}},\"required\":[\"tool_calls\"],"
+                      "\"additionalProperties\":false}",
+                      any, parallel ? "" : ",\"maxItems\":1");
+        if (choice == LLM_TOOL_AUTO)
+            llm_str_puts(&schema, ",{\"type\":\"object\",\"properties\":{\"response\":{\"type\":\"string\"}},"
+                        "\"required\":[\"response\"],\"additionalProperties\":false}]}");
+        rules = llm_tool_schema_rules(schema, (size_t)arrlen(schema), "root", docs, tl.n, err);
+        arrfree(schema);
+    }
+    char *text = NULL;
+    if (rc == 0 && rules) {
+        llm_str_puts(&out, rules);
+        arrput(out, 0);
+        if (!(text = strdup(out))) llm_fail(err, "out of memory");
+    }
+    free(rules); arrfree(any); arrfree(out); free(docs);
+    llm_json_free(&tl);
+    return text;
+}
+
+/* GBNF with its rule `from` named `to`: each whole rule name outside literals, classes and comments */
+static char *llm_gbnf_rename(const char *g, const char *from, const char *to) {
+    char *out = NULL; /* stb_ds */
+    size_t n_from = strlen(from);
+    for (const char *p = g; *p;) {
+        if (*p == '"' || *p == '[') { /* a literal or a class, escapes and all */
+            char close = *p == '"' ? '"' : ']';
+            const char *q = p + 1;
+            while (*q && *q != close) q += q[0] == '\\' && q[1] ? 2 : 1;
+            if (*q) q++;
+            llm_bytes_put(&out, p, (size_t)(q - p));
+            p = q;
+        } else if (*p == '#') {
+            const char *q = p;
+            while (*q && *q != '\n') q++;
+            llm_bytes_put(&out, p, (size_t)(q - p));
+            p = q;
+        } else if (llm_gr_is_word((unsigned char)*p)) {
+            const char *q = p;
+            while (llm_gr_is_word((unsigned char)*q)) q++;
+            int same = (size_t)(q - p) == n_from && !memcmp(p, from, n_from);
+            llm_bytes_put(&out, same ? to : p, same ? strlen(to) : (size_t)(q - p));
+            p = q;
+        } else llm_bytes_put(&out, p++, 1);
+    }
+    arrput(out, 0);
+    char *text = strdup(out);
+    arrfree(out);
+    return text;
+}
+
+char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, char *err) {
+    if (ct->family != LLM_CHAT_GPT_OSS) {
+        char *copy = strdup(gbnf);
+        if (!copy) llm_fail(err, "out of memory");
+        return copy;
+    }
+    /* its rules renamed out of the way of the two added here: root and the thinking's */
+    char *answer = llm_gbnf_rename(gbnf, "root", "harmony-answer"), *out = NULL; /* stb_ds */
+    if (!answer) { llm_fail(err, "out of memory"); return NULL; }
+    llm_str_puts(&out, "root ::= ( \"<|channel|>analysis<|message|>\" harmony-think-0 \"<|start|>assistant\" )? "
+                "\"<|channel|>final<|message|>\" harmony-answer\n");
+    llm_gr_until(&out, "harmony-think", "<|end|>", NULL, 0);
+    llm_str_puts(&out, answer);
+    arrput(out, 0);
+    char *text = strdup(out);
+    arrfree(out); free(answer);
+    if (!text) llm_fail(err, "out of memory");
+    return text;
+}
+
+#else /* LLM_NO_GRAMMAR: no grammar, no call held to one */
+char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int choice, const char *name,
+                            int parallel, char *err) {
+    (void)ct; (void)tools; (void)choice; (void)name; (void)parallel;
+    llm_fail(err, "tool calls under a grammar: this build has no grammars (LLM_NO_GRAMMAR)");
+    return NULL;
+}
+char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, char *err) {
+    (void)ct; (void)gbnf;
+    llm_fail(err, "this build has no grammars (LLM_NO_GRAMMAR)");
+    return NULL;
+}
+#endif /* LLM_NO_GRAMMAR */
+
 
 /* ===========================================================================================================
  * Appendix: the Unicode classes of the pre-tokenizers (section 3)
