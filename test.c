@@ -29,6 +29,7 @@ static void test_grammar_job(uint64_t request_id); /* the grammar thread's tests
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <dirent.h>
 
 static int n_passed, n_failed;
 #define CHECK(cond, ...) do { if (cond) n_passed++; else { n_failed++; \
@@ -9868,26 +9869,29 @@ static void test_server_cross_origin(void) {
     CHECK(server_stop(&k) == 0, "serve: exit status 0 after the cross-origin tests");
 }
 
-/* Every command of README.md's ```sh blocks before "## Models" (the top and Usage), run as a user runs it
- * from a clone, checking its exit status and, where a line "# prints: TEXT" follows it, its stdout exactly:
- * the README and the program cannot drift apart. Read from the file, so a new example is tested as well.
- * MODEL.gguf stands for the default chat model in a chat, else for stories260K. Run in a short form, each
- * for a reason:
- *   make test             skipped: it is what runs this test
- *   make run, llm chat    interactive: stdin from /dev/null, so the chat ends at once (stdout must be empty:
- *                         make run leaves stdout to the chat); make runs with a clean environment (no
- *                         MAKEFLAGS from the make that runs the tests), as from a shell
- *   llm serve             on --port 0 (8000 may be taken), in the background; the commands after it that
- *                         name port 8000 get its port; it is stopped with SIGTERM at the end
- *   llm bench serve, llm bench --dummy tiny   --num-prompts 8 --output-len 8:16 added (the last flag
- *                         wins): minutes else
- *   llm bench --dummy tinyllama-1.1b          skipped: 2 GB of random weights, meant for a GPU
- *   curl                  skipped when the machine has no curl */
-static void test_readme(void) {
-    char *md = read_file("README.md", NULL);
-    if (!md) { CHECK(0, "read README.md"); return; }
-    char *end = strstr(md, "\n## Models");
-    if (end) *end = 0;
+static int doc_page_cmp(const void *a, const void *b) { return strcmp((const char *)a, (const char *)b); }
+
+/* The pages a reader is pointed to: README.md, then the .md files of docs/ in name order (names[0] is
+ * README.md). */
+static int doc_pages(char names[][64], int max) {
+    int n = 0;
+    snprintf(names[n++], 64, "README.md");
+    DIR *d = opendir("docs");
+    for (struct dirent *e; d && (e = readdir(d)) != NULL && n < max;) {
+        size_t len = strlen(e->d_name);
+        if (len > 3 && len < 58 && !strcmp(e->d_name + len - 3, ".md"))
+            snprintf(names[n++], 64, "docs/%s", e->d_name);
+    }
+    if (d) closedir(d);
+    qsort(names + 1, (size_t)(n - 1), sizeof names[0], doc_page_cmp);
+    return n;
+}
+
+/* The commands of one page's ```sh blocks, run as test_readme says; adds to *found and *ran. The page's own
+ * llm serve (if any) serves its later commands and is stopped at the page's end. */
+static void readme_run_page(const char *page, int *found, int *ran) {
+    char *md = read_file(page, NULL);
+    if (!md) { CHECK(0, "read %s", page); return; }
     char *cmds[64], *expect[64];
     int n = 0, in_sh = 0;
     for (char *line = md, *next; line && *line && n < 64; line = next) {
@@ -9913,10 +9917,9 @@ static void test_readme(void) {
         expect[n] = NULL;
         cmds[n++] = cmd;
     }
-    CHECK(n >= 17, "README.md: %d commands found in its sh blocks", n);
+    *found += n;
     test_server srv = {0, 0, ""};
     char port[16] = "";
-    int ran = 0;
     for (int i = 0; i < n; i++) {
         char cmd[8192], *c = cmds[i];
         /* MODEL.gguf -> a real file */
@@ -9924,7 +9927,7 @@ static void test_readme(void) {
         char *m = strstr(c, "MODEL.gguf");
         if (m) snprintf(cmd, sizeof cmd, "%.*s%s%s", (int)(m - c), c, model, m + strlen("MODEL.gguf"));
         else snprintf(cmd, sizeof cmd, "%s", c);
-        /* port 8000 -> the port the README's llm serve got */
+        /* port 8000 -> the port the page's llm serve got */
         for (char *p8; port[0] && (p8 = strstr(cmd, "8000")) != NULL;) {
             char rest[8192];
             snprintf(rest, sizeof rest, "%s", p8 + 4);
@@ -9932,14 +9935,14 @@ static void test_readme(void) {
         }
         const char *stdin_from = "";
         if (!strcmp(cmd, "make test")) continue;
-        if (strstr(cmd, "--dummy tinyllama-1.1b")) continue;
         if (!strncmp(cmd, "curl ", 5) && system("command -v curl >/dev/null 2>&1") != 0) {
-            printf("    README: no curl on this machine: not run: %s\n", cmd);
+            printf("    %s: no curl on this machine: not run: %s\n", page, cmd);
             continue;
         }
         if (!strncmp(cmd, "./llm serve", 11)) {
             char *p = strstr(cmd, "--port 8000");
-            if (!p) { CHECK(0, "README: llm serve without --port 8000: %s", cmd); continue; }
+            if (!p) { CHECK(0, "%s: llm serve without --port 8000: %s", page, cmd); continue; }
+            if (srv.pid > 0) { CHECK(0, "%s: a second llm serve: %s", page, cmd); continue; }
             snprintf(srv.log, sizeof srv.log, "llm-test-readme-serve-%d.log", (int)getpid());
             char run[8192];
             snprintf(run, sizeof run, "exec %.*s--port 0%s 2>%s", (int)(p - cmd), cmd, p + 11, srv.log);
@@ -9951,9 +9954,9 @@ static void test_readme(void) {
                 if (at) srv.port = atoi(at + strlen("listening on http://127.0.0.1:"));
                 free(log);
             }
-            CHECK(srv.port > 0, "README: %s starts and listens", cmd);
+            CHECK(srv.port > 0, "%s: %s starts and listens", page, cmd);
             snprintf(port, sizeof port, "%d", srv.port);
-            ran++;
+            (*ran)++;
             continue;
         }
         if (strstr(cmd, "llm bench serve") || strstr(cmd, "--dummy tiny"))
@@ -9965,23 +9968,139 @@ static void test_readme(void) {
         snprintf(run, sizeof run, "%s%s%s 2>llm-test-readme.err", clean_env, cmd, stdin_from);
         int status;
         char *out = run_command(run, &status);
-        /* what the README shows, with or without the newline that ends it (llm -p writes none) */
+        /* what the page shows, with or without the newline that ends it (llm -p writes none) */
         size_t out_len = out ? strlen(out) : 0;
         if (out_len && out[out_len - 1] == '\n') out[--out_len] = 0;
         int shown_ok = !expect[i] || (out && !strcmp(out, expect[i]));
         int quiet_ok = stdin_from[0] ? out && !out[0] : 1;
         char *err = read_file("llm-test-readme.err", NULL);
-        CHECK(out && status == 0 && shown_ok && quiet_ok, "README: %s\n    (run as: %s): exit %d, stdout "
-              "\"%.400s\"%s%s\n    stderr: %.600s", c, run, status, out ? out : "",
-              expect[i] ? ", README shows: " : "", expect[i] ? expect[i] : "", err ? err : "");
+        CHECK(out && status == 0 && shown_ok && quiet_ok, "%s: %s\n    (run as: %s): exit %d, stdout "
+              "\"%.400s\"%s%s\n    stderr: %.600s", page, c, run, status, out ? out : "",
+              expect[i] ? ", the page shows: " : "", expect[i] ? expect[i] : "", err ? err : "");
         free(out); free(err);
-        ran++;
+        (*ran)++;
     }
-    if (srv.pid > 0) CHECK(server_stop(&srv) == 0, "README: llm serve exits 0 after SIGTERM");
-    printf("    README: %d of %d commands run\n", ran, n);
-    remove("llm-test-readme.err");
+    if (srv.pid > 0) CHECK(server_stop(&srv) == 0, "%s: llm serve exits 0 after SIGTERM", page);
     for (int i = 0; i < n; i++) free(cmds[i]);
     free(md);
+}
+
+/* Every command of the ```sh blocks of README.md and of the pages in docs/, run as a user runs it from a
+ * clone, checking its exit status and, where a line "# prints: TEXT" follows it, its stdout exactly: the
+ * pages and the program cannot drift apart. Read from the files, so a new example is tested as well. A shell
+ * command that a test cannot run (a GPU, root, the network, an hour) goes in a ```console block instead.
+ * MODEL.gguf stands for the default chat model in a chat, else for stories260K. Run in a short form, each
+ * for a reason:
+ *   make test             skipped: it is what runs this test
+ *   make run, llm chat    interactive: stdin from /dev/null, so the chat ends at once (stdout must be empty:
+ *                         make run leaves stdout to the chat); make runs with a clean environment (no
+ *                         MAKEFLAGS from the make that runs the tests), as from a shell
+ *   llm serve             on --port 0 (8000 may be taken), in the background, one a page; the page's
+ *                         commands after it that name port 8000 get its port; SIGTERM stops it at the page's end
+ *   llm bench serve, llm bench --dummy tiny   --num-prompts 8 --output-len 8:16 added (the last flag
+ *                         wins): minutes else
+ *   curl                  skipped when the machine has no curl */
+static void test_readme(void) {
+    char pages[64][64];
+    int n_pages = doc_pages(pages, 64), found = 0, ran = 0;
+    for (int i = 0; i < n_pages; i++) {
+        int f = 0, r = 0;
+        readme_run_page(pages[i], &f, &r);
+        if (f) printf("    %s: %d of %d commands run\n", pages[i], r, f);
+        found += f; ran += r;
+    }
+    remove("llm-test-readme.err");
+    /* README.md's own: make run, make test, a chat, one prompt, the server with curl and bench serve, ... */
+    CHECK(found >= 25, "README.md and docs/: %d commands found in their sh blocks", found);
+    printf("    %d of %d commands run\n", ran, found);
+}
+
+/* GitHub's anchor of a heading: lower case, spaces to '-', nothing but letters, digits, '-' and '_' kept. */
+static void heading_anchor(const char *heading, char *out, size_t cap) {
+    size_t n = 0;
+    for (const char *p = heading; *p && n + 1 < cap; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (isalnum(ch) || ch == '-' || ch == '_' || ch >= 0x80) out[n++] = (char)tolower(ch);
+        else if (ch == ' ') out[n++] = '-';
+    }
+    out[n] = 0;
+}
+
+/* Whether the page at path has a heading whose anchor is frag. */
+static int page_has_anchor(const char *path, const char *frag) {
+    char *md = read_file(path, NULL);
+    int found = 0, in_code = 0;
+    for (char *line = md, *next; line && *line && !found; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        if (!strncmp(line, "```", 3)) in_code = !in_code;
+        if (in_code || line[0] != '#') continue;
+        char anchor[256];
+        heading_anchor(line + strspn(line, "#") + 1, anchor, sizeof anchor);
+        found = !strcmp(anchor, frag);
+    }
+    free(md);
+    return found;
+}
+
+/* The README guides and the pages hold the detail: README.md stays under 300 lines and links every page of
+ * docs/, each page opens with its summary paragraph, and every link of README.md and docs/ (a file, or a
+ * heading of a page) and every results/ log they name is there. */
+static void test_readme_pages(void) {
+    char pages[64][64];
+    int n_pages = doc_pages(pages, 64);
+    char *readme = read_file("README.md", NULL);
+    if (!readme) { CHECK(0, "read README.md"); return; }
+    int lines = 0;
+    for (const char *p = readme; *p; p++) lines += *p == '\n';
+    CHECK(lines < 300, "README.md: %d lines, fewer than 300 wanted (the details go to docs/)", lines);
+    CHECK(n_pages > 1, "docs/: %d pages", n_pages - 1);
+    for (int i = 1; i < n_pages; i++) {
+        char link[80];
+        snprintf(link, sizeof link, "](%s)", pages[i]);
+        CHECK(strstr(readme, link) != NULL, "README.md links %s", pages[i]);
+    }
+    int links = 0, logs = 0;
+    for (int i = 0; i < n_pages; i++) {
+        char *md = read_file(pages[i], NULL);
+        if (!md) { CHECK(0, "read %s", pages[i]); continue; }
+        /* a page opens with "# Title", a blank line, then a paragraph */
+        const char *nl = strchr(md, '\n');
+        if (i > 0)
+            CHECK(!strncmp(md, "# ", 2) && nl && nl[1] == '\n' &&
+                  (isalpha((unsigned char)nl[2]) || nl[2] == '`'),
+                  "%s opens with a title, a blank line and its summary paragraph", pages[i]);
+        const char *dir = i == 0 ? "" : "docs/";
+        for (const char *p = md; (p = strstr(p, "](")) != NULL;) {
+            p += 2;
+            size_t len = strcspn(p, ")");
+            char target[512], path[600], frag[256] = "";
+            snprintf(target, sizeof target, "%.*s", (int)len, p);
+            if (!strncmp(target, "http://", 7) || !strncmp(target, "https://", 8)) continue;
+            char *hash = strchr(target, '#');
+            if (hash) { snprintf(frag, sizeof frag, "%s", hash + 1); *hash = 0; }
+            if (target[0]) snprintf(path, sizeof path, "%s%s", dir, target);
+            else snprintf(path, sizeof path, "%.63s", pages[i]);
+            links++;
+            CHECK(access(path, F_OK) == 0, "%s links %s: it is there", pages[i], path);
+            if (frag[0])
+                CHECK(page_has_anchor(path, frag), "%s links %s#%s: the heading is there", pages[i], path,
+                      frag);
+        }
+        for (const char *p = md; (p = strstr(p, "results/")) != NULL;) {
+            size_t len = strspn(p + 8, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-");
+            char path[300];
+            snprintf(path, sizeof path, "results/%.*s", (int)len, p + 8);
+            p += 8;
+            if (len < 5 || strcmp(path + strlen(path) - 4, ".log")) continue;
+            logs++;
+            CHECK(access(path, R_OK) == 0, "%s names %s: it is there", pages[i], path);
+        }
+        free(md);
+    }
+    printf("    README.md: %d lines; %d pages in docs/; %d links and %d results/ logs checked\n", lines,
+           n_pages - 1, links, logs);
+    free(readme);
 }
 
 static int header_sections(const char *h, const char *from, const char *to, const char *prefix,
@@ -11499,7 +11618,7 @@ int main(int argc, char **argv) {
         {"server hostile http: cross-origin", test_server_cross_origin},
         {"layers left out", test_layers},
         {"llm.h's layout", test_header_layout},
-        {"README's commands", test_readme},
+        {"README's size and links", test_readme_pages}, {"README's commands", test_readme},
     };
     /* LLM_TEST=server,chat runs the tests whose names hold "server" or "chat" */
     const char *only = getenv("LLM_TEST");
