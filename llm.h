@@ -72,9 +72,9 @@
  *         llm_sampler_sample
  *   grammar: llm_json_parse, _free, _get, _dumps; llm_json_schema_to_grammar, llm_regex_to_grammar,
  *         llm_choice_to_grammar; llm_chat_tool_grammar, llm_chat_answer_grammar, llm_chat_parse_reply,
- *         llm_chat_reply_free (tool calls and thinking, in each chat family's syntax); llm_grammar_parse, _free,
- *         _start, _state_copy, _state_free, _accept, _can_end, _done, _mask, _allows; llm_token_trie_build,
- *         _free
+ *         llm_chat_reply_free (tool calls and thinking, in each chat family's syntax); llm_grammar_parse,
+ *         _free, _start, _state_copy, _state_free, _accept, _can_end, _done, _mask, _allows;
+ *         llm_token_trie_build, _free
  *   detokenizer: llm_tokenizer_piece, llm_detok_push, llm_detok_flush, llm_detokenize
  *
  * An example: the greedy continuation of a prompt, streamed to stdout (`make test` compiles and runs it).
@@ -213,14 +213,15 @@ typedef struct {
     int rope_neox;            /* 1: rotate x[i] with x[i + rope_dim/2] (qwen); 0: adjacent pairs (llama) */
     float rope_base, rms_eps;
     /* RoPE scaling (rope.scaling.*, as llama.cpp reads it): angles times rope_freq_scale (1 / the factor;
-     * "linear"; local layers: rope_freq_scale_swa), cos and sin times rope_attn_factor, and with YaRN (gpt-oss:
-     * factor 32 over an original 4096 positions) the fast dimensions kept as they were, a ramp between
-     * yarn_dims[0] and [1], and cos and sin times 1 + 0.1 ln(1 / scale) too (0, in a config written by hand: 1) */
+     * "linear"; local layers: rope_freq_scale_swa), cos and sin times rope_attn_factor, and with YaRN
+     * (gpt-oss: factor 32 over an original 4096 positions) the fast dimensions kept as they were, a ramp
+     * between yarn_dims[0] and [1], and cos and sin times 1 + 0.1 ln(1 / scale) too (0, in a config written
+     * by hand: 1) */
     float rope_freq_scale, rope_freq_scale_swa, rope_attn_factor, yarn_dims[2];
     int rope_yarn;
-    /* per-pair divisors of the angles (rope_dim / 2 of them; NULL: none): Llama 3.1's rope_freqs, or Phi-3.5's
-     * LongRoPE, whose long factors serve a context past rope_orig_ctx and the short ones one within it (as
-     * llama.cpp picks them, by the context the engine runs with: llm_model_set_context) */
+    /* per-pair divisors of the angles (rope_dim / 2 of them; NULL: none): Llama 3.1's rope_freqs, or
+     * Phi-3.5's LongRoPE, whose long factors serve a context past rope_orig_ctx and the short ones one within
+     * it (as llama.cpp picks them, by the context the engine runs with: llm_model_set_context) */
     const float *rope_factors, *rope_factors_long, *rope_factors_short;
     int rope_orig_ctx;
     /* Gemma 3, gpt-oss: local layers attend to the last sliding_window positions only, with their own RoPE
@@ -229,9 +230,10 @@ typedef struct {
     int sliding_window, swa_pattern;
     float rope_base_swa;
     int nope_every;           /* SmolLM3: every nope_every-th layer has no RoPE (0: all have it) */
-    /* mixture of experts (qwen3moe, qwen2moe, gpt-oss; llama files with experts, as Mixtral): each token's FFN
-     * is the weighted sum of n_experts_used of n_experts FFNs of width expert_ffn_dim, picked by a router (0: a
-     * dense FFN); qwen2moe adds a shared expert of width shared_ffn_dim that every token goes through */
+    /* mixture of experts (qwen3moe, qwen2moe, gpt-oss; llama files with experts, as Mixtral): each token's
+     * FFN is the weighted sum of n_experts_used of n_experts FFNs of width expert_ffn_dim, picked by a router
+     * (0: a dense FFN); qwen2moe adds a shared expert of width shared_ffn_dim that every token goes
+     * through */
     int n_experts, n_experts_used, expert_ffn_dim, shared_ffn_dim;
 } llm_config;
 
@@ -265,8 +267,9 @@ typedef struct llm_model {
 
 int  llm_model_load(llm_model *m, const char *path, char *err);
 /* A model of a real checkpoint's shape with random weights and no file, like vLLM's dummy load format; the
- * presets are named by llm_model_dummy_names ("tiny", "tinyllama-1.1b", "llama-3.2-1b", "qwen2.5-0.5b", and the
- * mixtures of experts "tiny-moe" and "qwen3-30b-a3b-4l", Qwen3-30B-A3B's shape with 4 of its 48 layers). */
+ * presets are named by llm_model_dummy_names ("tiny", "tinyllama-1.1b", "llama-3.2-1b", "qwen2.5-0.5b", and
+ * the mixtures of experts "tiny-moe" and "qwen3-30b-a3b-4l", Qwen3-30B-A3B's shape with 4 of its 48
+ * layers). */
 int  llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err);
 const char *llm_model_dummy_names(void);
 void llm_model_free(llm_model *m);
@@ -295,8 +298,8 @@ int  llm_tokenizer_bos(const llm_tokenizer *t);                /* -1 when the vo
 int  llm_tokenizer_eos(const llm_tokenizer *t);
 int  llm_tokenizer_adds_bos(const llm_tokenizer *t);           /* add_bos_token, or the type's default */
 int  llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id); /* end of generation: eos, eot, <|im_end|> */
-/* What loading found doubtful, for the program to show ("" when nothing): a pre-tokenizer (tokenizer.ggml.pre)
- * it does not know, split as llama.cpp's 'default' instead. */
+/* What loading found doubtful, for the program to show ("" when nothing): a pre-tokenizer
+ * (tokenizer.ggml.pre) it does not know, split as llama.cpp's 'default' instead. */
 const char *llm_tokenizer_warning(const llm_tokenizer *t);
 /* A prompt's ids, as the engine takes a text prompt: special tokens parsed, and BOS first when the vocabulary
  * asks for one and the text does not begin with it already (chat templates write it themselves). */
@@ -312,8 +315,8 @@ int  llm_tokenize_prompt(const llm_tokenizer *t, const char *text, size_t len, i
 enum llm_chat_family {
     LLM_CHAT_CHATML, LLM_CHAT_QWEN3, LLM_CHAT_LLAMA3, LLM_CHAT_LLAMA2,
     LLM_CHAT_MISTRAL_V1, LLM_CHAT_MISTRAL_V3, LLM_CHAT_MISTRAL_V3_TEKKEN, LLM_CHAT_MISTRAL_V7,
-    LLM_CHAT_MISTRAL_V7_TEKKEN, LLM_CHAT_ZEPHYR, LLM_CHAT_PHI3, LLM_CHAT_GEMMA, LLM_CHAT_QWQ, LLM_CHAT_GPT_OSS,
-    LLM_CHAT_NFAMILIES
+    LLM_CHAT_MISTRAL_V7_TEKKEN, LLM_CHAT_ZEPHYR, LLM_CHAT_PHI3, LLM_CHAT_GEMMA, LLM_CHAT_QWQ,
+    LLM_CHAT_GPT_OSS, LLM_CHAT_NFAMILIES
 };
 
 typedef struct {                    /* a call of a tool that an assistant turn made */
@@ -341,8 +344,8 @@ enum llm_tool_format {
     LLM_TOOLS_LLAMA3,               /* Llama 3.1-3.3: JSON {"name", "parameters"}, the ipython role */
     LLM_TOOLS_MISTRAL,              /* Mistral v3 (7B v0.3, Nemo, Large 2407): [AVAILABLE_TOOLS], calls as
                                      * [TOOL_CALLS][{"name", "arguments", "id"}], [TOOL_RESULTS]; ids of 9 */
-    LLM_TOOLS_MISTRAL_ARGS,         /* Mistral Small 3.2 (v11): [TOOL_CALLS]name[CALL_ID]id[ARGS]{...}, results
-                                     * [TOOL_RESULTS]id[TOOL_CONTENT]...[/TOOL_RESULTS]; ids of 9 */
+    LLM_TOOLS_MISTRAL_ARGS,         /* Mistral Small 3.2 (v11): [TOOL_CALLS]name[CALL_ID]id[ARGS]{...},
+                                     * results [TOOL_RESULTS]id[TOOL_CONTENT]...[/TOOL_RESULTS]; ids of 9 */
     LLM_TOOLS_HARMONY               /* gpt-oss: the tools as a TypeScript namespace in the developer message,
                                      * calls as messages to=functions.NAME on the commentary channel */
 };
@@ -360,7 +363,8 @@ typedef struct {
                                      * gpt-oss: today's, as "2026-11-26") */
     char reasoning_effort[16];      /* gpt-oss: its system message's "Reasoning:" (init: "medium") */
     int tool_format;                /* enum llm_tool_format */
-    int call_id_len;                /* Mistral: the template takes only call ids of 9 letters and digits; 0 any */
+    int call_id_len;                /* Mistral: the template takes only call ids of 9 letters and digits; 0
+                                     * any */
     int thinks;                     /* the model writes <think>...</think> before its answer (Qwen3) */
     int opens_think;                /* the generation prompt opens the <think> block itself (Qwen3's
                                      * thinking-only templates, as DeepSeek-R1's): the reply starts inside */
@@ -502,7 +506,8 @@ typedef struct {
     const int32_t *tokens, *positions;  /* [n_tokens]: a sequence's tokens are at consecutive positions */
     int n_seqs;
     const int32_t *seq_start;           /* [n_seqs + 1]: sequence s: tokens [seq_start[s], seq_start[s+1]) */
-    const int32_t *const *block_tables; /* [groups * n_seqs]: group g's table of sequence s at g * n_seqs + s */
+    const int32_t *const *block_tables; /* [groups * n_seqs]: group g's table of sequence s at g * n_seqs +
+                                         * s */
     int n_logits;
     const int32_t *logit_rows;          /* [n_logits]: the tokens whose logits come out, in this order */
     /* host_rows[i] = 1 when the engine reads logit row i on the host (a grammar's mask may need the whole
@@ -777,7 +782,8 @@ typedef struct {
     const char *backend;            /* "cpu", "cuda" */
     const char *backend_note;       /* why the backends before it did not start ("" when none was skipped) */
     int block_size, max_model_len;
-    size_t kv_bytes_per_block;      /* K and V of one group of layers for one block, as the backend stores them */
+    size_t kv_bytes_per_block;      /* K and V of one group of layers for one block, as the backend stores
+                                     * them */
     int kv_groups;                  /* the groups of layers (1 but for windows): each holds its own blocks */
     int running, waiting;
     int num_blocks, num_free_blocks, num_cached_blocks;
@@ -902,13 +908,13 @@ int llm_grammar_allows(const llm_grammar_state *st, const llm_token_trie *tt, in
  *    into a prompt is this layer's too (the Chat section calls it); here, the grammar a
  *    reply follows to call tools, and a reply read back into thinking, answer and calls.
  * -------------------------------------------------------------------------------------------------------- */
-/* Tool calls. The grammar a reply follows to call tools in the family's syntax, each call's arguments following
- * its function's "parameters" schema. choice: LLM_TOOL_AUTO, the model writes freely and a call begins when
- * it writes the family's marker (Hermes: <tool_call>; generic: the reply is either {"response": text} or the
- * calls); LLM_TOOL_REQUIRED, calls from the first token (after the thinking, when thinking); LLM_TOOL_NAMED,
- * one call of `name`. parallel: several calls may come, or one. GBNF text (malloc'ed), or NULL with the reason
- * in err (a tool that is not {"type": "function", "function": {"name", "parameters"}}, parameters the
- * grammar engine cannot honour). */
+/* Tool calls. The grammar a reply follows to call tools in the family's syntax, each call's arguments
+ * following its function's "parameters" schema. choice: LLM_TOOL_AUTO, the model writes freely and a call
+ * begins when it writes the family's marker (Hermes: <tool_call>; generic: the reply is either {"response":
+ * text} or the calls); LLM_TOOL_REQUIRED, calls from the first token (after the thinking, when thinking);
+ * LLM_TOOL_NAMED, one call of `name`. parallel: several calls may come, or one. GBNF text (malloc'ed), or
+ * NULL with the reason in err (a tool that is not {"type": "function", "function": {"name", "parameters"}},
+ * parameters the grammar engine cannot honour). */
 enum { LLM_TOOL_AUTO, LLM_TOOL_REQUIRED, LLM_TOOL_NAMED };
 char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int choice, const char *name,
                             int parallel, char *err);
@@ -1429,7 +1435,8 @@ static float llm_f16_at(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return
  * The 2-bit fields run across 32 bytes: value i of a 128-value half is bits 2 * (i / 32) of byte i % 32.
  * mxfp4 (OCP microscaling, gpt-oss's experts) is 17 bytes for 32 values: an exponent e (E8M0: the scale is a
  * power of two, 2^(e - 127)), then 16 bytes of 4-bit E2M1 codes laid out as q4_0's, each an index into the
- * values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; doubled, those are integers, and the scale halved. */
+ * values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; doubled, those are integers, and the scale
+ * halved. */
 static const int8_t llm_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 static float llm_e8m0_half(uint8_t e) { /* 2^(e - 128), denormal below e = 2, as ggml_e8m0_to_fp32_half */
@@ -1839,7 +1846,8 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
         char name[96];
 #define LLM_W(field, suffix, cols, rows, req) (snprintf(name, sizeof name, "blk.%d.%s", l, suffix), \
                                               llm_model_weight(m, &L->field, name, cols, rows, req, err))
-        if (phi3) { /* Phi-3 fuses Q, K and V in one matrix, and the FFN's gate and up in another: their rows */
+        if (phi3) { /* Phi-3 fuses Q, K and V in one matrix, and the FFN's gate and up in another: their
+                     * rows */
             llm_weight qkv, gate_up;
             if (LLM_W(attn_norm, "attn_norm.weight", c->dim, 0, 1) ||
                 LLM_W(wo, "attn_output.weight", q_dim, c->dim, 1) ||
@@ -1959,7 +1967,8 @@ int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) 
     int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
     int64_t E = c->n_experts, ffn_mats = E ? E * 3 : 3; /* the experts' gate, up and down, or the FFN's */
     /* one allocation: the matrices, then the f32 norm weights and biases */
-    int64_t per_layer_mat = q_dim * c->dim * 2 + kv_dim * c->dim * 2 + (int64_t)c->ffn_dim * c->dim * ffn_mats +
+    int64_t per_layer_mat = q_dim * c->dim * 2 + kv_dim * c->dim * 2 +
+        (int64_t)c->ffn_dim * c->dim * ffn_mats +
                             E * c->dim;
     int64_t n_mat = (int64_t)c->vocab_size * c->dim + per_layer_mat * c->n_layers;
     int64_t per_layer_vec = 2 * c->dim + q_dim + 2 * kv_dim + 2 * c->head_dim;
@@ -2003,7 +2012,8 @@ int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) 
         LLM_TAKE_MAT(L->wo, c->dim, q_dim);
         if (E) { /* qwen3moe: the router, the experts stacked, Q/K norms */
             LLM_TAKE_MAT(L->router, E, c->dim);
-            LLM_TAKE_MAT(L->gate_exps, E * c->ffn_dim, c->dim); LLM_TAKE_MAT(L->up_exps, E * c->ffn_dim, c->dim);
+            LLM_TAKE_MAT(L->gate_exps, E * c->ffn_dim, c->dim);
+            LLM_TAKE_MAT(L->up_exps, E * c->ffn_dim, c->dim);
             LLM_TAKE_MAT(L->down_exps, E * c->dim, c->ffn_dim);
             LLM_TAKE_VEC(L->q_norm, c->head_dim); LLM_TAKE_VEC(L->k_norm, c->head_dim);
         } else {
@@ -2266,8 +2276,8 @@ static void llm_tokenize_spm(const llm_tokenizer *t, const char *text, size_t le
 
 /* ---- Byte-level BPE: pre-tokenizers -------------------------------------------------------------------- */
 /* llama.cpp splits a text with a list of regexes chosen by tokenizer.ggml.pre: the first regex cuts the text
- * into its matches and the runs of text between them, and each later regex cuts each of those pieces again, the
- * same way (a regex sees only its piece). A regex here is a list of alternatives, tried in order at each
+ * into its matches and the runs of text between them, and each later regex cuts each of those pieces again,
+ * the same way (a regex sees only its piece). A regex here is a list of alternatives, tried in order at each
  * position as a regex engine tries them, and each kind of alternative is one hand-written matcher below that
  * takes sets of characters as parameters. The patterns themselves are llama.cpp's (src/llama-vocab.cpp);
  * tools/pretok_check.py checks every one against Python's regex module. */
@@ -2308,42 +2318,47 @@ enum {
     LLM_SET_CASED_LOWER_NO_HAN, /* [\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]] */
     LLM_SET_HAN,                /* \p{Han} */
     LLM_SET_DIGIT,              /* \d (\p{Nd}) */
-    LLM_SET_DEEPSEEK_LETTER,    /* [A-Za-zµÀ-ÖØ-ö...]: deepseek-llm's cased letters, llm_deepseek_letters */
+    LLM_SET_DEEPSEEK_LETTER,    /* [A-Za-zµÀ-ÖØ-ö...]: deepseek-llm's cased letters,
+                                 * llm_deepseek_letters */
     LLM_SET_DEEPSEEK_PUNCT,     /* [!-/:-~！-／：-～‘-‟　-。] */
     LLM_SET_YOUTU_HANGUL,       /* [가-힣ㄱ-ㆎ] */
     LLM_SET_YOUTU_PUNCT,        /* [！…“”‘’—：；，、-〿︰-﹏] */
     LLM_SET_BOPOMOFO,           /* [ㄅ-ㄯ] */
-    LLM_SET_AFMOE_ASIAN,        /* [一-鿿㐀-䶿豈-﫿぀-ゟ...]: afmoe's CJK and Southeast Asian blocks */
+    LLM_SET_AFMOE_ASIAN,        /* [一-鿿㐀-䶿豈-﫿぀-ゟ...]: afmoe's CJK and Southeast Asian
+                                 * blocks */
     LLM_SET_A_TO_I,             /* [A-I] */
     LLM_SET_TAB_NEWLINE,        /* [\t\n] */
     LLM_SET_PUNCT_ASCII         /* [\p{P}!-/:-@\[-`{-~] */
 };
 
 /* deepseek-llm's letters: its regex lists them, the letters with case of some Unicode version, rather than
- * \p{L}. Written as code points, since some (U+1F7D, U+1FBE, U+1FD3, U+1FDB, U+2126, U+212A) are the ones that
- * Unicode normalization replaces: a copy of the regex's text through an editor loses them. Ranges, in order. */
+ * \p{L}. Written as code points, since some (U+1F7D, U+1FBE, U+1FD3, U+1FDB, U+2126, U+212A) are the ones
+ * that Unicode normalization replaces: a copy of the regex's text through an editor loses them. Ranges, in
+ * order. */
 static const uint32_t llm_deepseek_letters[][2] = {
     {0x41, 0x5A}, {0x61, 0x7A}, {0xB5, 0xB5}, {0xC0, 0xD6}, {0xD8, 0xF6}, {0xF8, 0x1BA}, {0x1BC, 0x1BF},
     {0x1C4, 0x293}, {0x295, 0x2AF}, {0x370, 0x373}, {0x376, 0x377}, {0x37B, 0x37D}, {0x37F, 0x37F},
     {0x386, 0x386}, {0x388, 0x38A}, {0x38C, 0x38C}, {0x38E, 0x3A1}, {0x3A3, 0x3F5}, {0x3F7, 0x481},
     {0x48A, 0x52F}, {0x531, 0x556}, {0x10A0, 0x10C5}, {0x13A0, 0x13F5}, {0x13F8, 0x13FD}, {0x1C90, 0x1CBA},
-    {0x1CBD, 0x1CBF}, {0x1D00, 0x1D2B}, {0x1D6B, 0x1D77}, {0x1D79, 0x1D9A}, {0x1E00, 0x1F15}, {0x1F18, 0x1F1D},
-    {0x1F20, 0x1F45}, {0x1F48, 0x1F4D}, {0x1F50, 0x1F57}, {0x1F59, 0x1F59}, {0x1F5B, 0x1F5B}, {0x1F5D, 0x1F5D},
-    {0x1F5F, 0x1F7D}, {0x1F80, 0x1FB4}, {0x1FB6, 0x1FBC}, {0x1FBE, 0x1FBE}, {0x1FC2, 0x1FC4}, {0x1FC6, 0x1FCC},
-    {0x1FD0, 0x1FD3}, {0x1FD6, 0x1FDB}, {0x1FE0, 0x1FEC}, {0x1FF2, 0x1FF4}, {0x1FF6, 0x1FFC}, {0x2102, 0x2102},
-    {0x2107, 0x2107}, {0x210A, 0x2113}, {0x2115, 0x2115}, {0x2119, 0x211D}, {0x2124, 0x2124}, {0x2126, 0x2126},
-    {0x2128, 0x2128}, {0x212A, 0x212D}, {0x212F, 0x2134}, {0x2139, 0x2139}, {0x213C, 0x213F}, {0x2145, 0x2149},
-    {0x214E, 0x214E}, {0x2183, 0x2184}, {0x2C00, 0x2C7B}, {0x2C7E, 0x2CE4}, {0x2CEB, 0x2CEE}, {0x2CF2, 0x2CF3},
-    {0xA640, 0xA66D}, {0xA680, 0xA69B}, {0xA722, 0xA76F}, {0xA771, 0xA787}, {0xA78B, 0xA78E}, {0xAB70, 0xABBF},
-    {0xFB00, 0xFB06}, {0xFB13, 0xFB17}, {0xFF21, 0xFF3A}, {0xFF41, 0xFF5A}, {0x10400, 0x1044F},
-    {0x104B0, 0x104D3}, {0x104D8, 0x104FB}, {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x118A0, 0x118DF},
-    {0x1E900, 0x1E943}};
-/* afmoe's [一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ], in order (豈 is U+F900, which normalization
- * would also replace) */
+    {0x1CBD, 0x1CBF}, {0x1D00, 0x1D2B}, {0x1D6B, 0x1D77}, {0x1D79, 0x1D9A}, {0x1E00, 0x1F15},
+    {0x1F18, 0x1F1D}, {0x1F20, 0x1F45}, {0x1F48, 0x1F4D}, {0x1F50, 0x1F57}, {0x1F59, 0x1F59},
+    {0x1F5B, 0x1F5B}, {0x1F5D, 0x1F5D}, {0x1F5F, 0x1F7D}, {0x1F80, 0x1FB4}, {0x1FB6, 0x1FBC},
+    {0x1FBE, 0x1FBE}, {0x1FC2, 0x1FC4}, {0x1FC6, 0x1FCC}, {0x1FD0, 0x1FD3}, {0x1FD6, 0x1FDB},
+    {0x1FE0, 0x1FEC}, {0x1FF2, 0x1FF4}, {0x1FF6, 0x1FFC}, {0x2102, 0x2102}, {0x2107, 0x2107},
+    {0x210A, 0x2113}, {0x2115, 0x2115}, {0x2119, 0x211D}, {0x2124, 0x2124}, {0x2126, 0x2126},
+    {0x2128, 0x2128}, {0x212A, 0x212D}, {0x212F, 0x2134}, {0x2139, 0x2139}, {0x213C, 0x213F},
+    {0x2145, 0x2149}, {0x214E, 0x214E}, {0x2183, 0x2184}, {0x2C00, 0x2C7B}, {0x2C7E, 0x2CE4},
+    {0x2CEB, 0x2CEE}, {0x2CF2, 0x2CF3}, {0xA640, 0xA66D}, {0xA680, 0xA69B}, {0xA722, 0xA76F},
+    {0xA771, 0xA787}, {0xA78B, 0xA78E}, {0xAB70, 0xABBF}, {0xFB00, 0xFB06}, {0xFB13, 0xFB17},
+    {0xFF21, 0xFF3A}, {0xFF41, 0xFF5A}, {0x10400, 0x1044F}, {0x104B0, 0x104D3}, {0x104D8, 0x104FB},
+    {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x118A0, 0x118DF}, {0x1E900, 0x1E943}};
+/* afmoe's [一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟
+ * เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ], in order (豈 is U+F900, which
+ * normalization would also replace) */
 static const uint32_t llm_afmoe_asian[][2] = {
-    {0x0E00, 0x0EFF}, {0x1000, 0x109F}, {0x1100, 0x11FF}, {0x1780, 0x17FF}, {0x2F00, 0x2FDF}, {0x3040, 0x30FF},
-    {0x3400, 0x4DBF}, {0x4E00, 0x9FFF}, {0xA9E0, 0xA9FF}, {0xAA60, 0xAA7F}, {0xAC00, 0xD7AF}, {0xF900, 0xFAFF},
-    {0xFF65, 0xFF9F}};
+    {0x0E00, 0x0EFF}, {0x1000, 0x109F}, {0x1100, 0x11FF}, {0x1780, 0x17FF}, {0x2F00, 0x2FDF},
+    {0x3040, 0x30FF}, {0x3400, 0x4DBF}, {0x4E00, 0x9FFF}, {0xA9E0, 0xA9FF}, {0xAA60, 0xAA7F},
+    {0xAC00, 0xD7AF}, {0xF900, 0xFAFF}, {0xFF65, 0xFF9F}};
 
 /* Whether c is in one of the n ranges (in order, apart). */
 static int llm_in_ranges(uint32_t c, const uint32_t (*ranges)[2], int n) {
@@ -2421,7 +2436,8 @@ static int llm_in_set(int set, uint32_t c, int flags) {
     return 0;
 }
 
-/* The kinds of alternative. prefix: a set of one optional character in front (NONE: none); body, tail: sets. */
+/* The kinds of alternative. prefix: a set of one optional character in front (NONE: none); body, tail:
+ * sets. */
 enum {
     LLM_ALT_END,            /* ends a regex's list */
     LLM_ALT_RUN,            /* prefix? body{min,max} tail{0,tail_max} (0: no limit; min 0 means 1) */
@@ -2436,7 +2452,8 @@ enum {
     LLM_ALT_THREES,         /* body{1,3}(?=(?:body{3})*(?!body)): a run cut in threes from its end; with
                              * LLM_ALT_WORD_AFTER, \d{1,3}(?=(?:\d{3})*\b): only a run no \w follows */
     LLM_ALT_TRAILING_SPACES, /* \s+$ */
-    LLM_ALT_LITERAL         /* before body{1,max} after: literal ASCII strings around a run (body NONE: none) */
+    LLM_ALT_LITERAL         /* before body{1,max} after: literal ASCII strings around a run (body NONE:
+                             * none) */
 };
 enum { /* flags */
     LLM_ALT_ANY_CASE = 1, LLM_ALT_PREFIX_REQUIRED = 2, LLM_ALT_THEN_CONTRACTION = 4, LLM_ALT_WORD_AFTER = 8
@@ -2527,7 +2544,8 @@ static int llm_alt_match(const llm_alt *a, const uint32_t *cp, const char *cls, 
             if (j >= n || !llm_in_set(LLM_SET_LETTER, cp[j], cls[j])) continue;
             for (end = j + 1; end < n;) {
                 if (llm_in_set(LLM_SET_LETTER_MARK, cp[end], cls[end])) end++;
-                else if (cp[end] == ' ' && end + 1 < n && llm_in_set(LLM_SET_LETTER, cp[end + 1], cls[end + 1]))
+                else if (cp[end] == ' ' && end + 1 < n &&
+                         llm_in_set(LLM_SET_LETTER, cp[end + 1], cls[end + 1]))
                     end += 2;
                 else break;
             }
@@ -2569,9 +2587,9 @@ static const llm_alt llm_re_gpt2[] = {
     {.kind = LLM_ALT_SPACES}, {0}};
 /* (?:'[sS]|...|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+,
  * and the same with \p{N} one at a time (qwen2), or as many as there are (minicpm5) */
-#define LLM_RE_LLAMA3(max_digits) {                                                                           \
+#define LLM_RE_LLAMA3(max_digits) {                                                                          \
     LLM_CONTRACTIONS_ANY_CASE, LLM_RUN(LLM_SET_NOT_BREAK_L_N, LLM_SET_LETTER),                               \
-    LLM_RUN_MAX(LLM_SET_NUMBER, max_digits),                                                                  \
+    LLM_RUN_MAX(LLM_SET_NUMBER, max_digits),                                                                 \
     LLM_RUN_TAIL(LLM_SET_SPACE_CHAR, LLM_SET_NOT_SPACE_L_N, LLM_SET_BREAK, 0), {.kind = LLM_ALT_BREAKS},     \
     LLM_SPACES_THEN_ANY, {0}}
 static const llm_alt llm_re_llama3[] = LLM_RE_LLAMA3(3);
@@ -2611,12 +2629,12 @@ static const llm_alt llm_re_exaone_moe[] = {
  * [^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|... ;
  * gpt-4o: the same with an optional contraction after each word and \p{N}{1,3}; granite-embed-multi-97m:
  * gpt-4o's with marks as letters */
-#define LLM_RE_CASED(upper, lower, flags_, max_digits) {                                                      \
-    {.kind = LLM_ALT_CASED, .prefix = LLM_SET_NOT_BREAK_L_N, .body = upper, .tail = lower, .flags = flags_},  \
-    {.kind = LLM_ALT_CASED_UPPER, .prefix = LLM_SET_NOT_BREAK_L_N, .body = upper, .tail = lower,               \
-     .flags = flags_},                                                                                        \
-    LLM_RUN_MAX(LLM_SET_NUMBER, max_digits),                                                                  \
-    LLM_RUN_TAIL(LLM_SET_SPACE_CHAR, LLM_SET_NOT_SPACE_L_N, LLM_SET_BREAK_SLASH, 0),                          \
+#define LLM_RE_CASED(upper, lower, flags_, max_digits) {                                                     \
+    {.kind = LLM_ALT_CASED, .prefix = LLM_SET_NOT_BREAK_L_N, .body = upper, .tail = lower, .flags = flags_}, \
+    {.kind = LLM_ALT_CASED_UPPER, .prefix = LLM_SET_NOT_BREAK_L_N, .body = upper, .tail = lower,             \
+     .flags = flags_},                                                                                       \
+    LLM_RUN_MAX(LLM_SET_NUMBER, max_digits),                                                                 \
+    LLM_RUN_TAIL(LLM_SET_SPACE_CHAR, LLM_SET_NOT_SPACE_L_N, LLM_SET_BREAK_SLASH, 0),                         \
     {.kind = LLM_ALT_BREAKS}, LLM_SPACES_THEN_ANY, {0}}
 static const llm_alt llm_re_tekken[] = LLM_RE_CASED(LLM_SET_NOT_LOWER, LLM_SET_NOT_UPPER, 0, 1);
 static const llm_alt llm_re_gpt4o[] =
@@ -2663,8 +2681,10 @@ static const llm_alt llm_re_digits3[] = {LLM_RUN_MAX(LLM_SET_NUMBER, 3), {0}};  
 static const llm_alt llm_re_ascii_digits3[] = {                                         /* [0-9][0-9][0-9] */
     {.kind = LLM_ALT_RUN, .body = LLM_SET_ASCII_DIGIT, .min = 3, .max = 3}, {0}};
 static const llm_alt llm_re_break[] = {LLM_RUN_MAX(LLM_SET_BREAK, 1), {0}};              /* [\r\n] */
-static const llm_alt llm_re_han_kana[] = {LLM_RUN(0, LLM_SET_HAN_KANA), {0}};            /* [一-龥぀-ゟ゠-ヿ]+ */
-static const llm_alt llm_re_han_hangul[] = {LLM_RUN(0, LLM_SET_HAN_HANGUL), {0}};        /* [一-龥ࠀ-一가-퟿]+ */
+/* [一-龥぀-ゟ゠-ヿ]+ */
+static const llm_alt llm_re_han_kana[] = {LLM_RUN(0, LLM_SET_HAN_KANA), {0}};
+/* [一-龥ࠀ-一가-퟿]+ */
+static const llm_alt llm_re_han_hangul[] = {LLM_RUN(0, LLM_SET_HAN_HANGUL), {0}};
 static const llm_alt llm_re_space_letters[] = {LLM_RUN(LLM_SET_SPACE, LLM_SET_LETTER), {0}}; /* \s?\p{L}+ */
 static const llm_alt llm_re_space_punct[] = {LLM_RUN(LLM_SET_SPACE, LLM_SET_PUNCT), {0}};    /* \s?\p{P}+ */
 /* [\p{P}\$\+<=>\^~\|`]+ and [\p{P}\$\+<=>\^~\|]+ */
@@ -2685,11 +2705,13 @@ static const llm_alt llm_re_number_threes[] = {{.kind = LLM_ALT_THREES, .body = 
 static const llm_alt llm_re_space_deepseek_letters[] = {LLM_RUN(LLM_SET_SPACE, LLM_SET_DEEPSEEK_LETTER), {0}};
 static const llm_alt llm_re_space_deepseek_punct[] = {LLM_RUN(LLM_SET_SPACE, LLM_SET_DEEPSEEK_PUNCT), {0}};
 static const llm_alt llm_re_trailing_spaces[] = {{.kind = LLM_ALT_TRAILING_SPACES}, {0}};
-/* youtu: [가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+ */
+/* youtu:
+ * [가-힣ㄱ-ㆎ]+|[！…“”‘’—：；，、-〿︰-﹏]+|[ㄅ-ㄯ]+|[一-龥぀-ゟ゠-ヿ]+ */
 static const llm_alt llm_re_youtu_cjk[] = {
     LLM_RUN(0, LLM_SET_YOUTU_HANGUL), LLM_RUN(0, LLM_SET_YOUTU_PUNCT), LLM_RUN(0, LLM_SET_BOPOMOFO),
     LLM_RUN(0, LLM_SET_HAN_KANA), {0}};
-/* afmoe: [一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ]+ */
+/* afmoe: [一-鿿㐀-䶿豈-﫿぀-ゟ゠-ヿ･-ﾟ⼀-⿟
+ * เ-๿຀-໿ក-៿က-႟ꩠ-ꩿꧠ-꧿가-힯ᄀ-ᇿ]+ (one class) */
 static const llm_alt llm_re_afmoe_asian[] = {LLM_RUN(0, LLM_SET_AFMOE_ASIAN), {0}};
 /* chameleon's image and sentinel tokens: <sentinel:[0-9]+> and (IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z; then
  * ([\t\n]|    |  ) and [\p{P}!-/:-@\[-`{-~] */
@@ -2706,7 +2728,8 @@ static const llm_alt llm_re_punct_ascii[] = {LLM_RUN_MAX(LLM_SET_PUNCT_ASCII, 1)
 enum {
     LLM_PRE_DEFAULT, LLM_PRE_GPT2, LLM_PRE_LLAMA3, LLM_PRE_QWEN2, LLM_PRE_STARCODER, LLM_PRE_FALCON,
     LLM_PRE_DEEPSEEK_CODER, LLM_PRE_DEEPSEEK3, LLM_PRE_SPARK2_5, LLM_PRE_JAIS2, LLM_PRE_QWEN35, LLM_PRE_BLOOM,
-    LLM_PRE_VIKING, LLM_PRE_TEKKEN, LLM_PRE_GPT4O, LLM_PRE_GRANITE_MULTI, LLM_PRE_SUPERBPE, LLM_PRE_BAILINGMOE,
+    LLM_PRE_VIKING, LLM_PRE_TEKKEN, LLM_PRE_GPT4O, LLM_PRE_GRANITE_MULTI, LLM_PRE_SUPERBPE,
+    LLM_PRE_BAILINGMOE,
     LLM_PRE_SEED_CODER, LLM_PRE_UFAKZEKA, LLM_PRE_LAGUNA, LLM_PRE_EXAONE_MOE, LLM_PRE_MINICPM5,
     LLM_PRE_DEEPSEEK_LLM, LLM_PRE_YOUTU, LLM_PRE_TINY_AYA, LLM_PRE_KIMI_K2, LLM_PRE_AFMOE, LLM_PRE_CHAMELEON,
     LLM_PRE_COUNT
@@ -2987,7 +3010,8 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
         } else if ((pre_row = llm_pre_find(pre)) < 0) {
             /* as llama.cpp's 'default', which is what it uses when it is given no name */
             pre_row = 0;
-            snprintf(warning, sizeof warning, "unknown pre-tokenizer '%.*s' (tokenizer.ggml.pre): splitting as "
+            snprintf(warning, sizeof warning, "unknown pre-tokenizer '%.*s' "
+                                              "(tokenizer.ggml.pre): splitting as "
                      "'default' does, which may give other ids than the model was trained on",
                      (int)(pre.len < 64 ? pre.len : 64), pre.ptr);
         }
@@ -3071,9 +3095,9 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
         t->ignore_merges = (pre_flags & LLM_PRE_IGNORE_MERGES) != 0;
     }
 
-    /* the control tokens of a tool-call syntax are text in the output, as user-defined tokens are: the reply's
-     * reader finds the calls by them, and the grammar writes them (llama.cpp's "preserved tokens"; vLLM
-     * keeps special tokens for Mistral's calls) */
+    /* the control tokens of a tool-call syntax are text in the output, as user-defined tokens are: the
+     * reply's reader finds the calls by them, and the grammar writes them (llama.cpp's "preserved tokens";
+     * vLLM keeps special tokens for Mistral's calls) */
     static const char *const marker_texts[] = {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]", "<|channel|>",
                                                "<|message|>", "<|start|>", "<|constrain|>", "<|end|>"};
     /* gpt-oss's harmony messages: <|start|>assistant<|channel|>final<|message|>...<|end|>, the reply's
@@ -3190,7 +3214,8 @@ int llm_chat_family_from_name(const char *name) {
 
 static const char *llm_find(const char *s, size_t n, const char *what) { /* what in s[0..n), or NULL */
     size_t m = strlen(what);
-    for (size_t i = 0; m <= n && i <= n - m; i++) if (s[i] == what[0] && !memcmp(s + i, what, m)) return s + i;
+    for (size_t i = 0; m <= n && i <= n - m; i++)
+        if (s[i] == what[0] && !memcmp(s + i, what, m)) return s + i;
     return NULL;
 }
 static int llm_has(const char *s, size_t n, const char *what) { return llm_find(s, n, what) != NULL; }
@@ -3265,7 +3290,8 @@ static void llm_chat_find_mistral_system(const char *tt, size_t n, char *out, si
     static const char set[] = "set default_system_message = ";
     const char *p = NULL;
     size_t k = 0;
-    for (size_t i = 0; tt && i + sizeof set - 1 <= n && !p; i++) if (!memcmp(tt + i, set, sizeof set - 1)) p = tt + i;
+    for (size_t i = 0; tt && i + sizeof set - 1 <= n && !p; i++)
+        if (!memcmp(tt + i, set, sizeof set - 1)) p = tt + i;
     out[0] = 0;
     if (!p) return;
     const char *end = tt + n;
@@ -3327,7 +3353,8 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
      * with no template, the vocabulary has the token), v11's where it writes [CALL_ID]; the generic format
      * elsewhere */
     int hermes = tt.len ? llm_has(tt.ptr, tt.len, "<tool_call>") : llm_vocab_has(t, "<tool_call>");
-    if ((ct->family == LLM_CHAT_CHATML || ct->family == LLM_CHAT_QWEN3 || ct->family == LLM_CHAT_QWQ) && hermes)
+    if ((ct->family == LLM_CHAT_CHATML || ct->family == LLM_CHAT_QWEN3 ||
+         ct->family == LLM_CHAT_QWQ) && hermes)
         ct->tool_format = LLM_TOOLS_HERMES;
     if (ct->family == LLM_CHAT_LLAMA3 && llm_has(tt.ptr, tt.len, "Environment: ipython"))
         ct->tool_format = LLM_TOOLS_LLAMA3;
@@ -3338,7 +3365,8 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
     int v7 = ct->family == LLM_CHAT_MISTRAL_V7 || ct->family == LLM_CHAT_MISTRAL_V7_TEKKEN;
     if (v7 && (tt.len ? llm_has(tt.ptr, tt.len, "[CALL_ID]") : llm_vocab_has(t, "[CALL_ID]")))
         ct->tool_format = LLM_TOOLS_MISTRAL_ARGS;
-    if (ct->tool_format == LLM_TOOLS_MISTRAL || ct->tool_format == LLM_TOOLS_MISTRAL_ARGS) ct->call_id_len = 9;
+    if (ct->tool_format == LLM_TOOLS_MISTRAL || ct->tool_format == LLM_TOOLS_MISTRAL_ARGS)
+        ct->call_id_len = 9;
     if (v7) llm_chat_find_mistral_system(tt.ptr, tt.len, ct->default_system, sizeof ct->default_system);
     ct->thinks = ct->family == LLM_CHAT_QWEN3 || ct->family == LLM_CHAT_QWQ;
     ct->opens_think = ct->thinks && llm_has(tt.ptr, tt.len, "'<|im_start|>assistant\\n<think>\\n'");
@@ -3534,7 +3562,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
                 llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "<|im_end|>\n");
             }
         }
-        if (gen) llm_chat_puts(&c, ct->opens_think ? "<|im_start|>assistant\n<think>\n" : ct->enable_thinking ?
+        if (gen)
+            llm_chat_puts(&c, ct->opens_think ? "<|im_start|>assistant\n<think>\n" : ct->enable_thinking ?
                                "<|im_start|>assistant\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
         break;
     }
@@ -3543,7 +3572,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
             llm_chat_puts(&c, "<|im_start|>system\n"); llm_chat_puts(&c, sys); llm_chat_puts(&c, "\n\n");
             llm_hermes_tools(&c, tl_given);
         } else if (has_sys) {
-            llm_chat_puts(&c, "<|im_start|>system\n"); llm_chat_puts(&c, sys); llm_chat_puts(&c, "<|im_end|>\n");
+            llm_chat_puts(&c, "<|im_start|>system\n"); llm_chat_puts(&c, sys);
+            llm_chat_puts(&c, "<|im_end|>\n");
         }
         for (int i = first; i < n && !failed; i++) {
             if (role[i] == LLM_ROLE_TOOL) { llm_hermes_result(&c, role, n, i, CONTENT(i)); continue; }
@@ -3577,7 +3607,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         if (tools_here) { /* Llama 3.1: the tools go in the first user turn, each as tojson(indent=4) */
             if (i >= n) { failed = 1; break; }
             llm_chat_puts(&c, "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, "
-                          "please respond with a JSON for a function call with its proper arguments that best "
+                          "please respond with a JSON for a function call with its "
+                          "proper arguments that best "
                           "answers the given prompt.\n\nRespond in the format {\"name\": function name, "
                           "\"parameters\": dictionary of argument name and its value}.Do not use "
                           "variables.\n\n");
@@ -3591,7 +3622,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         }
         for (; i < n && !failed; i++) {
             if (role[i] == LLM_ROLE_TOOL) { /* a result: tojson of its text (a string is iterable to Jinja) */
-                llm_json text = {LLM_JSON_STRING, 0, (char *)CONTENT(i), strlen(CONTENT(i)), NULL, NULL, 0, 0};
+                llm_json text = {LLM_JSON_STRING, 0, (char *)CONTENT(i),
+                                 strlen(CONTENT(i)), NULL, NULL, 0, 0};
                 char *py = llm_json_dumps(&text, 1);
                 llm_chat_puts(&c, "<|start_header_id|>ipython<|end_header_id|>\n\n");
                 llm_chat_puts(&c, py ? py : "");
@@ -3679,7 +3711,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
     }
     case LLM_CHAT_MISTRAL_V7: /* mistralai/Mistral-Large-Instruct-2411 */
     case LLM_CHAT_MISTRAL_V7_TEKKEN: { /* mistralai/Mistral-Small-24B-Instruct-2501; Small 3.2 (v11 tools) */
-        int tekken = ct->family == LLM_CHAT_MISTRAL_V7_TEKKEN, args = ct->tool_format == LLM_TOOLS_MISTRAL_ARGS;
+        int tekken = ct->family == LLM_CHAT_MISTRAL_V7_TEKKEN,
+            args = ct->tool_format == LLM_TOOLS_MISTRAL_ARGS;
         int last_user = -1;
         for (int i = first; i < n; i++) if (role[i] == LLM_ROLE_USER) last_user = i;
         if (args && (failed = !llm_mistral_turns_alternate(msgs, role, first, n))) break;
@@ -3701,7 +3734,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
                 }
                 llm_chat_puts(&c, tekken ? "[INST]" : "[INST] "); llm_chat_puts(&c, CONTENT(i));
                 llm_chat_puts(&c, "[/INST]");
-            } else if (role[i] == LLM_ROLE_TOOL) { /* v11: [TOOL_RESULTS]id[TOOL_CONTENT]text[/TOOL_RESULTS] */
+            } else if (role[i] == LLM_ROLE_TOOL) { /* v11:
+                                                    * [TOOL_RESULTS]id[TOOL_CONTENT]text[/TOOL_RESULTS] */
                 const char *id = msgs[i].tool_call_id;
                 failed = !id || strlen(id) != 9;
                 llm_chat_puts(&c, "[TOOL_RESULTS]"); llm_chat_puts(&c, id ? id : "");
@@ -3767,7 +3801,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
                         answered |= role[k] == LLM_ROLE_ASSISTANT && !msgs[k].n_tool_calls;
                     const llm_chat_tool_call *tc = &msgs[i].tool_calls[0];
                     if (CONTENT(i)[0] && thinking && thinking[0]) { failed = 1; break; }
-                    const char *analysis = CONTENT(i)[0] ? CONTENT(i) : thinking && thinking[0] ? thinking : NULL;
+                    const char *analysis = CONTENT(i)[0] ? CONTENT(i) :
+                                           thinking && thinking[0] ? thinking : NULL;
                     if (analysis && !answered) {
                         llm_chat_puts(&c, "<|start|>assistant<|channel|>analysis<|message|>");
                         llm_chat_puts(&c, analysis); llm_chat_puts(&c, "<|end|>");
@@ -3851,7 +3886,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
 
 int llm_chat_stop_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32_t *ids, int cap) {
     static const char *const end_of_turn[LLM_CHAT_NFAMILIES][2] = {
-        [LLM_CHAT_CHATML] = {"<|im_end|>"}, [LLM_CHAT_QWEN3] = {"<|im_end|>"}, [LLM_CHAT_QWQ] = {"<|im_end|>"},
+        [LLM_CHAT_CHATML] = {"<|im_end|>"}, [LLM_CHAT_QWEN3] = {"<|im_end|>"},
+        [LLM_CHAT_QWQ] = {"<|im_end|>"},
         [LLM_CHAT_LLAMA3] = {"<|eot_id|>", "<|eom_id|>"}, [LLM_CHAT_PHI3] = {"<|end|>"},
         [LLM_CHAT_GEMMA] = {"<end_of_turn>"}, [LLM_CHAT_GPT_OSS] = {"<|return|>", "<|call|>"},
     };
@@ -3947,7 +3983,8 @@ typedef struct llm_request {
     int32_t *stop_ids_copy, *bias_ids_copy, *allowed_copy, *bad_ids_copy, *bad_lens_copy;
     float *bias_copy;
     llm_grammar *grammar;           /* params.grammar parsed (params.grammar itself is NULL here) */
-    uint64_t prefix_salt;           /* params.cache_salt hashed: its blocks' hash chain begins here (0: none) */
+    uint64_t prefix_salt;           /* params.cache_salt hashed: its blocks' hash chain begins here (0:
+                                     * none) */
     uint64_t grammar_turn;          /* the grammar thread's: when it last ran a job of it (its own count) */
     int n_prompt;
     int refs;                       /* sequences still pointing here */
@@ -3963,17 +4000,21 @@ typedef struct llm_seq {
     int n_computed;                 /* tokens [0, n_computed) have their K/V in the cache */
     int n_kv_groups;
     int32_t **block_tables;         /* [n_kv_groups] stb_ds arrays: the blocks that hold them, in position
-                                     * order, for each group of layers (-1: slid out of a local group's window) */
+                                     * order, for each group of layers (-1: slid out of a local group's
+                                     * window) */
     int n_hashed_blocks;            /* leading full blocks named in the prefix cache ... */
     uint64_t last_hash;             /* ... and the name of the last of them */
     int fork_pending;               /* n > 1 and the prompt is not computed yet: this one stands for all n */
     int n_cached_tokens;            /* prompt tokens the prefix cache had at admission */
-    int32_t draft[LLM_SPEC_MAX];    /* speculative decoding: the tokens proposed to follow, checked this step */
+    int32_t draft[LLM_SPEC_MAX];    /* speculative decoding: the tokens proposed to follow, checked this
+                                     * step */
     int n_draft;
     int32_t *spec_history;          /* stb_ds: the tokens, then the proposal: what its rows are drawn after */
     int n_draft_computed;           /* a draft model's K/V: tokens [0, n_draft_computed) (at most n_computed
-                                     * but for the proposal it computes; one behind after a proposal kept whole) */
-    int spec_cap, spec_wait, spec_backoff; /* how many it may propose, steps to wait, the next wait after a miss */
+                                     * but for the proposal it computes; one behind after a proposal kept
+                                     * whole) */
+    int spec_cap, spec_wait, spec_backoff; /* how many it may propose, steps to wait, the next wait after a
+                                            * miss */
     float spec_rate;                /* the share of proposed tokens kept, recent proposals weighing most */
     uint64_t rng;
     int finish_reason;
@@ -4003,7 +4044,8 @@ typedef struct {
     int priority_policy;            /* LLM_SCHED_PRIORITY (llm_engine_config.scheduling_policy) */
     llm_block_manager *bm;
     int spec_tokens, spec_ngram_max, spec_ngram_min; /* speculative decoding (llm_engine_config) */
-    int spec_draft_model;           /* the proposals come from a draft model, written before the forward pass */
+    int spec_draft_model;           /* the proposals come from a draft model, written before the forward
+                                     * pass */
     int max_model_len;
     int n_kv_groups;                /* the model's groups of layers (llm_kv_groups) ... */
     int *kv_window;                 /* ... and each one's window (0: a global group keeps every block) */
@@ -4215,14 +4257,15 @@ static int llm_seq_speculate(llm_scheduler *sch, llm_seq *s, int budget) {
         return 0;
     if (max > budget) max = budget;                         /* the step's token budget */
     if (max > sch->max_model_len - len - 1) max = sch->max_model_len - len - 1; /* the context */
-    if (p->max_tokens > 0 && max > p->max_tokens - (len - s->req->n_prompt) - 1) /* accepted, all would end it */
+    /* accepted, all would end it */
+    if (p->max_tokens > 0 && max > p->max_tokens - (len - s->req->n_prompt) - 1)
         max = p->max_tokens - (len - s->req->n_prompt) - 1;
     /* the proposal's length follows how the last ones fared: all kept, twice as many next time; some, that
      * many. And a step of k + 1 tokens costs more than one of 1 (on a CPU, SmolLM2 Q4_1's matrix products on
      * one thread: 2 tokens 1.5 times one, 5 tokens 1.8, 8 tokens 2.3, 17 tokens 3.9, on a Sapphire Rapids:
-     * tools/matmul_steps.c), so proposals that are mostly refused cost more than they give: while under 85% of
-     * the proposed tokens are kept (recent proposals weighing most), none for a while, twice as long each time
-     * in a row (a text that does not repeat soon stops paying for proposals) */
+     * tools/matmul_steps.c), so proposals that are mostly refused cost more than they give: while under 85%
+     * of the proposed tokens are kept (recent proposals weighing most), none for a while, twice as long each
+     * time in a row (a text that does not repeat soon stops paying for proposals) */
     if (!s->spec_cap) { s->spec_cap = sch->spec_tokens; s->spec_backoff = 1; s->spec_rate = 1; }
     if (s->spec_wait > 0) { s->spec_wait--; return 0; }
     if (max > s->spec_cap) max = s->spec_cap;
@@ -4391,11 +4434,13 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_gram
         r->stop_ids_copy = (int32_t *)llm_copy_of(p->stop_token_ids, p->n_stop_token_ids, sizeof(int32_t));
         r->bias_ids_copy = (int32_t *)llm_copy_of(p->logit_bias_ids, p->n_logit_bias, sizeof(int32_t));
         r->bias_copy = (float *)llm_copy_of(p->logit_bias, p->n_logit_bias, sizeof(float));
-        r->allowed_copy = (int32_t *)llm_copy_of(p->allowed_token_ids, p->n_allowed_token_ids, sizeof(int32_t));
+        r->allowed_copy = (int32_t *)llm_copy_of(p->allowed_token_ids,
+                                                 p->n_allowed_token_ids, sizeof(int32_t));
         r->bad_ids_copy = (int32_t *)llm_copy_of(p->bad_word_ids, llm_bad_words_total(p), sizeof(int32_t));
         r->bad_lens_copy = (int32_t *)llm_copy_of(p->bad_word_lens, p->n_bad_words, sizeof(int32_t));
     }
-    int ok = s && s->block_tables && r && r->stop_copies && r->stop_ids_copy && r->bias_ids_copy && r->bias_copy &&
+    int ok = s && s->block_tables && r && r->stop_copies && r->stop_ids_copy && r->bias_ids_copy &&
+        r->bias_copy &&
              r->allowed_copy && r->bad_ids_copy && r->bad_lens_copy;
     if (ok && grammar) { r->grammar = grammar; ok = (s->grammar = llm_grammar_start(grammar)) != NULL; }
     else llm_grammar_free(grammar); /* not taken: the caller's copy goes with the rest */
@@ -4445,7 +4490,8 @@ static int llm_seq_fork(llm_scheduler *sch, llm_seq *s) {
     if (!ok) {
         for (int i = 1; children && i < n; i++)
             if (children[i]) {
-                llm_grammar_state_free(children[i]->grammar); free(children[i]->block_tables); free(children[i]);
+                llm_grammar_state_free(children[i]->grammar);
+                free(children[i]->block_tables); free(children[i]);
             }
         free(children);
         return -1;
@@ -4620,7 +4666,8 @@ static inline __attribute__((always_inline)) __m256 llm_avx2_hsum8(const __m256 
 }
 /* llm_dot_n in AVX2, the same roundings bit for bit: the compiler vectorizes one vector well, but 2 to 4 into
  * shuffles (a SmolLM2 prompt's attention scores, 3 query heads to a K head: 6 times slower than one) */
-static inline __attribute__((always_inline)) void llm_dot_n_avx2(const float *a, const float *b, int64_t b_stride,
+static inline __attribute__((always_inline)) void llm_dot_n_avx2(const float *a, const float *b,
+                                                                 int64_t b_stride,
                                                                 int nc, int64_t n, float *out) {
     __m256 acc[LLM_DOT_MAX_VECTORS];
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
@@ -4742,9 +4789,11 @@ static void llm_dot_many(const float *a, const float *b, int64_t b_stride, int n
  * The reference backend, "cpu-exact", rounds nothing. */
 enum llm_cpu_path { LLM_PATH_ACT16, LLM_PATH_ACT8, LLM_PATH_EXACT };
 typedef struct {
-    float d;            /* value j = d * (256 q[j] + r[j]) with 16-bit activations, d * q[j] with 8-bit ones */
+    float d;            /* value j = d * (256 q[j] + r[j]) with 16-bit activations, d * q[j] with 8-bit
+                         * ones */
     float s;            /* d * (the sum of those integers): what a block minimum (q4_1, q5_1) multiplies */
-    int32_t sum[2];     /* the integers of values 0..15 and 16..31 added up: what sub-block minimums multiply */
+    int32_t sum[2];     /* the integers of values 0..15 and 16..31 added up: what sub-block minimums
+                         * multiply */
     int8_t q[32];
     int8_t r[32];       /* what q's rounding left, in 256ths of q's step (16-bit activations; else 0) */
     int16_t a[32];      /* 256 q + r as one 16-bit integer, what 16-bit products meet (16-bit; else 0) */
@@ -4961,9 +5010,10 @@ static inline __m256i llm_avx2_dpwssd(__m256i acc, __m256i a, __m256i b) {
  * a decode step, one thread of a Sapphire Rapids: 1.4 times as fast; Q4_1 decode 1.13 times). Even and odd
  * blocks add into two sets of accumulators: two chains of additions, which the CPU overlaps (the calls are
  * written out so the sets stay in registers). */
-static inline __attribute__((always_inline)) void llm_q8_block32_avx2(uint32_t type, int wide, const uint8_t *p,
-                                                                      const llm_q8 *x, int64_t x_stride, int nc,
-                                                                      __m256 acc[4], float mins[4]) {
+static inline __attribute__((always_inline)) void llm_q8_block32_avx2(uint32_t type, int wide,
+                                                                      const uint8_t *p,
+                                                                      const llm_q8 *x, int64_t x_stride,
+                                                                      int nc, __m256 acc[4], float mins[4]) {
     const int has_min = type == LLM_Q4_1 || type == LLM_Q5_1;
     float d = type == LLM_MXFP4 ? llm_e8m0_half(p[0]) : _cvtsh_ss(*(const uint16_t *)p);
     float m = has_min ? _cvtsh_ss(*(const uint16_t *)(p + 2)) : 0;
@@ -5019,18 +5069,18 @@ static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t typ
  * d and the group's activation scale (even and odd groups into two sets of accumulators); the offsets and
  * minimums meet the activation sums once per block, for its 8 groups side by side (one gather for the first
  * halves' sums, one for the second's) */
-static inline __attribute__((always_inline)) void llm_q8_groupk_avx2(uint32_t type, int wide, const uint8_t *p,
-                                                                     int g,
+static inline __attribute__((always_inline)) void llm_q8_groupk_avx2(uint32_t type, int wide,
+                                                                     const uint8_t *p, int g,
                                                                      const int32_t half_scale[2][8], float d,
-                                                                     const llm_q8 *x, int64_t x_stride, int nc,
-                                                                     __m256 acc[4]) {
+                                                                     const llm_q8 *x, int64_t x_stride,
+                                                                     int nc, __m256 acc[4]) {
     __m256i w = llm_avx2_group(type, p, g);
     __m256i sc = _mm256_set_m128i(_mm_set1_epi16((int16_t)half_scale[1][g]),   /* scales fit 16 bits */
                                   _mm_set1_epi16((int16_t)half_scale[0][g]));
     for (int c = 0; c < nc; c++) {
         const llm_q8 *xg = x + c * x_stride + g;
-        __m256i scaled = _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)xg->q)),
-                                           sc);
+        __m256i scaled =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)xg->q)), sc);
         if (!wide) {
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled), _mm256_set1_ps(xg->d * d), acc[c]);
             continue;
@@ -5438,12 +5488,14 @@ static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wid
                                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)out[b].q, q8);
         const float fine = d / 256, inv_fine = fine > 0 ? 1 / fine : 0;
-        if (wide) { /* the residual in 256ths of the step, rounded and clamped to +-127 as the reference does */
+        if (wide) { /* the residual in 256ths of the step, rounded and clamped to +-127 as the reference
+                     * does */
             __m256i r[4];
             for (int i = 0; i < 4; i++) {
                 __m256 rest = _mm256_sub_ps(v[i], _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(q[i])));
                 r[i] = _mm256_cvtps_epi32(_mm256_mul_ps(rest, _mm256_set1_ps(inv_fine)));
-                r[i] = _mm256_max_epi32(_mm256_min_epi32(r[i], _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+                r[i] = _mm256_max_epi32(_mm256_min_epi32(r[i], _mm256_set1_epi32(127)),
+                                        _mm256_set1_epi32(-127));
                 q[i] = _mm256_add_epi32(_mm256_slli_epi32(q[i], 8), r[i]); /* what the sums add */
             }
             __m256i r16 = _mm256_packs_epi32(r[0], r[1]), r16b = _mm256_packs_epi32(r[2], r[3]);
@@ -5469,18 +5521,19 @@ static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wid
 }
 
 /* f16 and bf16 weights meet f32 activations in tiles of nr (1 to 4) rows times nc (1 to 3) tokens: 8 weights
- * converted once serve 3 tokens and 8 activations loaded once serve 4 rows. Each (row, token) keeps two running
- * sums of 8, for the even and the odd runs of 8 along the row (a chain of fused multiply-adds waits on each one
- * before it: two chains overlap, where a decode step has one row and one token); then the two sums added,
- * their lanes added as llm_avx2_hsum does, then the rest of the row one value at a time. So a token's product
- * is the same bit for bit in whatever tile it falls (alone, in a decode step of a few, in a prefill of many),
- * and test.c's half_dot_ref says what it is in plain C. Up to 6 (row, token) pairs keep both sums in registers
- * (12 of the 16); a tile of more runs twice over its rows, the even runs then the odd ones, with one sum each
- * in registers (a 4 x 3 tile: 12 sums, 4 conversions and 3 loads for 12 multiply-adds, where 2 x 3 has 2 and
- * 3 for 6: 1.2 times as fast on Zen 3). A decode step (one token) takes two rows at a time: two chains of
- * multiply-adds, and half the calls and ends of rows (SmolLM2 F16 decode, Sapphire Rapids, one thread: 1.18
- * times as fast as one row, 4 rows 1.06; AVX2 build 1.11; once measured 0.8 times on Zen 3, with the prefetch
- * nearer). Rows are w_stride values apart, tokens x_stride; out[c * out_stride + r] */
+ * converted once serve 3 tokens and 8 activations loaded once serve 4 rows. Each (row, token) keeps two
+ * running sums of 8, for the even and the odd runs of 8 along the row (a chain of fused multiply-adds waits
+ * on each one before it: two chains overlap, where a decode step has one row and one token); then the two
+ * sums added, their lanes added as llm_avx2_hsum does, then the rest of the row one value at a time. So a
+ * token's product is the same bit for bit in whatever tile it falls (alone, in a decode step of a few, in a
+ * prefill of many), and test.c's half_dot_ref says what it is in plain C. Up to 6 (row, token) pairs keep
+ * both sums in registers (12 of the 16); a tile of more runs twice over its rows, the even runs then the odd
+ * ones, with one sum each in registers (a 4 x 3 tile: 12 sums, 4 conversions and 3 loads for 12
+ * multiply-adds, where 2 x 3 has 2 and 3 for 6: 1.2 times as fast on Zen 3). A decode step (one token) takes
+ * two rows at a time: two chains of multiply-adds, and half the calls and ends of rows (SmolLM2 F16 decode,
+ * Sapphire Rapids, one thread: 1.18 times as fast as one row, 4 rows 1.06; AVX2 build 1.11; once measured 0.8
+ * times on Zen 3, with the prefetch nearer). Rows are w_stride values apart, tokens x_stride; out[c *
+ * out_stride + r] */
 #define LLM_HALF_ROWS 4
 #if defined(LLM_AVX512F)
 #define LLM_HALF_TOKENS 6 /* 24 sums of 512 bits in 32 registers: llm_half_runs16 */
@@ -5495,7 +5548,8 @@ static inline float llm_half_value(uint32_t type, const void *w, int64_t k) {
 }
 /* one run of 8 values of the tile's rows and tokens, into sums */
 static inline __attribute__((always_inline)) void llm_half_run(uint32_t type, int nr, int nc, const void *w,
-                                                              int64_t w_stride, const float *x, int64_t x_stride,
+                                                              int64_t w_stride, const float *x,
+                                                              int64_t x_stride,
                                                               __m256 sums[LLM_HALF_ROWS][LLM_HALF_TOKENS]) {
     __m256 xv[LLM_HALF_TOKENS];
     for (int c = 0; c < nc; c++) {
@@ -5555,7 +5609,8 @@ static inline __attribute__((always_inline)) int64_t llm_half_runs16(uint32_t ty
 #endif
 static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t type, int nr, int nc,
                                                                    const void *w, int64_t w_stride,
-                                                                   const float *x, int64_t x_stride, int64_t n,
+                                                                   const float *x, int64_t x_stride,
+                                                                   int64_t n,
                                                                    float *out, int64_t out_stride) {
     llm_half_sums sums;
     for (int h = 0; h < 2; h++)
@@ -5703,8 +5758,8 @@ static int llm_matmul_kind(uint32_t type, int path) {
 #ifdef LLM_CPU_SIMD
 /* One tile of rows r0..r1 (of rows), packed 8 rows at a time, times every token's quantized activations */
 static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t type,
-                              const uint8_t *tile_data, size_t row_bytes, int64_t r0, int64_t r1, int64_t rows,
-                              int64_t cols, int T, uint8_t *pack) {
+                              const uint8_t *tile_data, size_t row_bytes, int64_t r0, int64_t r1,
+                              int64_t rows, int64_t cols, int T, uint8_t *pack) {
     int64_t n_groups = cols / 32;
     size_t pack_bytes = (size_t)n_groups * llm_pack_group_bytes(wide); /* 8 rows' */
     int n_packs = (int)((r1 - r0 + LLM_PACK_ROWS - 1) / LLM_PACK_ROWS);
@@ -5970,12 +6025,14 @@ static float llm_rope_yarn_keep(const llm_config *c, int i) {
  * The angle of pair i is pos * base^(-2i/rope_dim), built by repeated multiplication as llama.cpp does, so
  * that greedy outputs match it bit for bit more often; divided by the pair's factor, times freq_scale (the
  * layer's RoPE scaling; 0: 1), as the config says. */
-static void llm_rope_angles(float *cs, float *sn, int pos, const llm_config *c, float base, float freq_scale) {
+static void llm_rope_angles(float *cs, float *sn, int pos, const llm_config *c,
+                            float base, float freq_scale) {
     float theta_scale = powf(base, -2.0f / (float)c->rope_dim), theta = (float)pos;
     if (!(freq_scale > 0)) freq_scale = 1;
     float mscale = llm_rope_mscale(c, freq_scale);
     for (int i = 0; i < c->rope_dim / 2; i++, theta *= theta_scale) {
-        float pair = c->rope_factors ? theta / c->rope_factors[i] : theta; /* Llama 3.1's, Phi-3.5's factors */
+        float pair = c->rope_factors ? theta / c->rope_factors[i] : theta; /* Llama 3.1's, Phi-3.5's
+                                                                            * factors */
         float angle = freq_scale * pair; /* interpolated (linear, YaRN) or, at scale 1, as it was */
         if (c->rope_yarn) { /* YaRN: dimensions below yarn_dims[0] keep their angle, those past [1] scale */
             float keep = llm_rope_yarn_keep(c, i);
@@ -6177,8 +6234,8 @@ static inline __attribute__((always_inline)) void llm_cpu_weighted_v_tile(const 
         for (int j = 0; j < nv; j++) llm_vrun_store(o + (size_t)g * hd + i0 + LLM_VRUN * j, acc[g][j]);
 }
 static void llm_cpu_weighted_v(const llm_cpu *c, int ng, int nv, int index, const int32_t *block_table,
-                               size_t head_offset, int first, int last, const float *w, int64_t w_stride, int i0,
-                               float *o, int hd) {
+                               size_t head_offset, int first, int last, const float *w, int64_t w_stride,
+                               int i0, float *o, int hd) {
 #define LLM_WEIGHTED_V(G, V)                                                                               \
     case (G) * 4 + (V):                                                                                    \
         if (c->kv_half)                                                                                    \
@@ -6246,11 +6303,11 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
                                       k_rows + (size_t)(p - lo) * hd, hd);
             k = k_rows, k_stride = hd;
         }
-        if (nqt < 4) { /* a decode step's few queries: each against the block's K rows, 12 or 8 at a time, their
-                        * lanes added 8 sums at once (llm_dot_many): the same products and sums as k against
-                        * the queries, bit for bit, where 3 sums a call added their lanes one by one (16
-                        * SmolLM2 Q8_0 sequences decoding, 2 threads: the scores 15% of the time before, 10%
-                        * after; decode 1.065 times as fast) */
+        if (nqt < 4) { /* a decode step's few queries: each against the block's K rows, 12 or 8 at a time,
+                        * their lanes added 8 sums at once (llm_dot_many): the same products and sums as k
+                        * against the queries, bit for bit, where 3 sums a call added their lanes one by one
+                        * (16 SmolLM2 Q8_0 sequences decoding, 2 threads: the scores 15% of the time before,
+                        * 10% after; decode 1.065 times as fast) */
             for (int j = 0; j < nqt; j++) {
                 float *sc = scores + (size_t)j * n_ctx + lo;
                 llm_dot_many(queries + (size_t)j * hd, k, k_stride, hi - lo, hd, sc);
@@ -6285,7 +6342,8 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
             int nv = (hd - i0) / LLM_VRUN < LLM_VRUNS ? (hd - i0) / LLM_VRUN : LLM_VRUNS;
             for (int g0 = 0; g0 < nq; g0 += 3)
                 llm_cpu_weighted_v(c, nq - g0 < 3 ? nq - g0 : 3, nv, index, block_table, kv_head * head_bytes,
-                                   first_i, last, sc + (size_t)g0 * n_ctx, n_ctx, i0, o + (size_t)g0 * hd, hd);
+                                   first_i, last, sc + (size_t)g0 * n_ctx, n_ctx, i0,
+                                   o + (size_t)g0 * hd, hd);
             i0 += LLM_VRUN * nv;
         }
 #endif
@@ -6330,7 +6388,8 @@ void llm_moe_route(const llm_config *cf, const float *router_bias, float *scores
                 if (!taken && (best < 0 || p[e] > p[best])) best = e;
             }
             chosen[t * K + k] = best;
-            weight[t * K + k] = gpt_oss ? expf(p[best] - mx) : p[best] / sum; /* gpt-oss: the kept ones' softmax */
+            weight[t * K + k] = gpt_oss ? expf(p[best] - mx) : p[best] / sum; /* gpt-oss: the kept ones'
+                                                                               * softmax */
             kept += weight[t * K + k];
         }
         for (int k = 0; renormalise && k < K; k++) weight[t * K + k] /= kept;
@@ -6338,14 +6397,16 @@ void llm_moe_route(const llm_config *cf, const float *router_bias, float *scores
 }
 
 static size_t llm_cpu_moe_floats(const llm_config *cf) {
-    size_t width = (size_t)(cf->shared_ffn_dim > cf->expert_ffn_dim ? cf->shared_ffn_dim : cf->expert_ffn_dim);
+    size_t width = (size_t)(cf->shared_ffn_dim > cf->expert_ffn_dim ? cf->shared_ffn_dim :
+                            cf->expert_ffn_dim);
     return cf->n_experts ? (size_t)cf->n_experts + 2 * (size_t)cf->n_experts_used + 1 + 2 * (size_t)cf->dim +
                            2 * width : 0;
 }
 
-static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn, int T, float *delta, int path,
-                       float *scratch) {
-    int D = cf->dim, E = cf->n_experts, K = cf->n_experts_used, Fe = cf->expert_ffn_dim, Fs = cf->shared_ffn_dim;
+static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn, int T, float *delta,
+                       int path, float *scratch) {
+    int D = cf->dim, E = cf->n_experts, K = cf->n_experts_used, Fe = cf->expert_ffn_dim,
+        Fs = cf->shared_ffn_dim;
     int failed = 0, width = Fs > Fe ? Fs : Fe;
     /* per token: scores [E], weight [K], chosen [K] (ints), rows [1] (ints), xe and oe [D], ge and ue [Fe]
      * (or the shared expert's [Fs], when wider) */
@@ -6362,7 +6423,8 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
         for (int t = 0; t < T; t++)
             for (int k = 0; k < K; k++) if (chosen[t * K + k] == e) rows[n++] = t;
         if (!n) continue;
-        for (int i = 0; i < n; i++) memcpy(xe + (size_t)i * D, xn + (size_t)rows[i] * D, (size_t)D * sizeof(float));
+        for (int i = 0; i < n; i++)
+            memcpy(xe + (size_t)i * D, xn + (size_t)rows[i] * D, (size_t)D * sizeof(float));
         llm_weight wg = llm_weight_rows(L->gate_exps, (int64_t)e * Fe, Fe);
         llm_weight wu = llm_weight_rows(L->up_exps, (int64_t)e * Fe, Fe);
         llm_weight wd = llm_weight_rows(L->down_exps, (int64_t)e * D, D);
@@ -6571,8 +6633,8 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         for (int t = 0; L->bo.data && t < T; t++)
             for (int i = 0; i < D; i++) delta[(size_t)t * D + i] += ((const float *)L->bo.data)[i];
         for (int t = 0; L->post_attn_norm.data && t < T; t++)
-            llm_rmsnorm(delta + (size_t)t * D, delta + (size_t)t * D, (const float *)L->post_attn_norm.data, D,
-                        cf->rms_eps);
+            llm_rmsnorm(delta + (size_t)t * D, delta + (size_t)t * D, (const float *)L->post_attn_norm.data,
+                        D, cf->rms_eps);
         #pragma omp parallel for schedule(static) if (T >= LLM_TOKENS_PARALLEL)
         for (int t = 0; t < T; t++) { /* the residual stream, normalised for the feed-forward block */
             for (int i = 0; i < D; i++) x[(size_t)t * D + i] += delta[(size_t)t * D + i];
@@ -6601,8 +6663,8 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         #pragma omp parallel for schedule(static) if (T >= LLM_TOKENS_PARALLEL)
         for (int t = 0; t < T; t++) {
             if (L->post_ffn_norm.data)
-                llm_rmsnorm(delta + (size_t)t * D, delta + (size_t)t * D, (const float *)L->post_ffn_norm.data,
-                            D, cf->rms_eps);
+                llm_rmsnorm(delta + (size_t)t * D, delta + (size_t)t * D,
+                            (const float *)L->post_ffn_norm.data, D, cf->rms_eps);
             for (int i = 0; i < D; i++) x[(size_t)t * D + i] += delta[(size_t)t * D + i];
         }
     }
@@ -6780,9 +6842,9 @@ static int llm_prob_desc(const void *a, const void *b) {
 }
 
 /* The k most likely of c[0..n) moved to c[0..k) (in no order): c[0..k) is kept as a heap whose root is the
- * least of them, so each other candidate costs one comparison with it as a rule. The order is llm_prob_desc's,
- * ties and all, so these are the first k of a full sort, at a fraction of its cost (a sort of 150k candidates
- * takes ~10 ms, every step). */
+ * least of them, so each other candidate costs one comparison with it as a rule. The order is
+ * llm_prob_desc's, ties and all, so these are the first k of a full sort, at a fraction of its cost (a sort
+ * of 150k candidates takes ~10 ms, every step). */
 static void llm_prob_sift(llm_prob_id *c, int k, int i) {
     for (;;) { /* the heap's order: a parent after its children in llm_prob_desc's order */
         int least = i, l = 2 * i + 1, r = l + 1;
@@ -7288,8 +7350,8 @@ struct llm_engine {
     struct { char *text; llm_grammar *g; } *grammars; /* stb_ds, under lock: the last LLM_ENGINE_GRAMMARS
                                      * grammars parsed, each holding a reference, replaced in turn */
     int grammars_next;
-    llm_grammar_state *grammar_next;/* scratch: a sequence's state after the token sampled, swapped in once the
-                                     * token is taken */
+    llm_grammar_state *grammar_next;/* scratch: a sequence's state after the token sampled, swapped in once
+                                     * the token is taken */
     char step_error[LLM_ERR_LEN];   /* why this step's forward pass failed: the error of its outputs */
     llm_output *outputs;
 };
@@ -7342,7 +7404,8 @@ static int llm_engine_check_config(const llm_engine_config *c, char *err) {
                         c->spec_tokens);
     if (c->spec_tokens &&
         (c->spec_ngram_min < 1 || c->spec_ngram_max < c->spec_ngram_min || c->spec_ngram_max > 64))
-        return llm_fail(err, "prompt_lookup_min must be at least 1 and prompt_lookup_max between it and 64, got "
+        return llm_fail(err, "prompt_lookup_min must be at least 1 and prompt_lookup_max "
+                             "between it and 64, got "
                         "%d and %d", c->spec_ngram_min, c->spec_ngram_max);
     return 0;
 }
@@ -7384,12 +7447,14 @@ static int llm_engine_start_draft(llm_engine *e, char *err) {
     b = d->tok;
     int Va = e->model.cfg.vocab_size, Vb = d->cfg.vocab_size;
     if (abs(Va - Vb) > 128 || !a != !b)
-        return llm_fail(err, "the draft model's vocabulary (%d tokens%s) is not the model's (%d tokens%s)", Vb,
-                        b ? "" : ", no tokenizer", Va, a ? "" : ", no tokenizer");
+        return llm_fail(err, "the draft model's vocabulary (%d tokens%s) is not the model's (%d tokens%s)",
+                        Vb, b ? "" : ", no tokenizer", Va, a ? "" : ", no tokenizer");
     for (int i = 0; a && b && i < a->n_vocab && i < b->n_vocab; i++)
         if (a->text[i].len != b->text[i].len || memcmp(a->text[i].ptr, b->text[i].ptr, a->text[i].len))
-            return llm_fail(err, "the draft model's vocabulary is not the model's: token %d is \"%.*s\" in the "
-                            "draft, \"%.*s\" in the model", i, (int)(b->text[i].len < 40 ? b->text[i].len : 40),
+            return llm_fail(err, "the draft model's vocabulary is not the model's: "
+                                 "token %d is \"%.*s\" in the "
+                            "draft, \"%.*s\" in the model", i,
+                            (int)(b->text[i].len < 40 ? b->text[i].len : 40),
                             b->text[i].ptr, (int)(a->text[i].len < 40 ? a->text[i].len : 40), a->text[i].ptr);
     if (llm_kv_groups(&d->cfg) != 1)
         return llm_fail(err, "the draft model has layers with sliding windows: a draft here attends to every "
@@ -7482,7 +7547,8 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
                                               e->draft_backend->kv_value_bytes);
     int num_blocks = llm_kv_pool_blocks(e, block_bytes, err);
     if (num_blocks < 0 || e->backend->alloc_kv(e->backend, num_blocks, cfg->block_size, err) != 0 ||
-        (e->draft_backend && e->draft_backend->alloc_kv(e->draft_backend, num_blocks, cfg->block_size, err)) ||
+        (e->draft_backend && e->draft_backend->alloc_kv(e->draft_backend, num_blocks, cfg->block_size,
+                                                        err)) ||
         llm_block_manager_init(&e->bm, num_blocks, cfg->block_size, cfg->enable_prefix_caching, err) != 0 ||
         !(e->sampler = llm_sampler_create(e->model.cfg.vocab_size, err))) {
         llm_engine_destroy(e); return NULL;
@@ -7791,7 +7857,8 @@ static void llm_engine_take_inbox(llm_engine *e) {
 
 /* 3. The scheduler plans the step: llm_schedule (section 5). */
 
-/* 3-4. The step's batch, built in the b_* arrays by the draft's passes and the model's: emptied before each */
+/* 3-4. The step's batch, built in the b_* arrays by the draft's passes and the model's: emptied before
+ * each */
 static void llm_engine_batch_clear(llm_engine *e) {
     arrsetlen(e->b_tokens, 0); arrsetlen(e->b_positions, 0); arrsetlen(e->b_logit_rows, 0);
     arrsetlen(e->b_seq_start, 0); arrsetlen(e->b_tables, 0); arrsetlen(e->b_host_rows, 0);
@@ -7851,7 +7918,8 @@ static int llm_engine_draft(llm_engine *e, char *err) {
         arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
         llm_batch b;
         int n_batch_seqs = (int)arrlen(e->b_seq_start) - 1;
-        if ((rc = llm_engine_batch_view(e, &b, n_batch_seqs, &e->draft_logits, &e->draft_logits_rows, Vd, err)))
+        if ((rc = llm_engine_batch_view(e, &b, n_batch_seqs, &e->draft_logits,
+                                        &e->draft_logits_rows, Vd, err)))
             break;
         if (pass == 0) { /* the model's copies, in the draft's blocks too */
             b.n_copies = (int)arrlen(sch->copy_src); b.copy_src = sch->copy_src; b.copy_dst = sch->copy_dst;
@@ -8259,7 +8327,8 @@ static void llm_seq_verify(llm_engine *e, llm_seq *s, int row, const llm_sample_
         s->spec_backoff = s->spec_backoff < 64 ? 2 * s->spec_backoff : 64;
     }
     if (s->status == LLM_SEQ_FINISHED) return; /* its blocks went back */
-    if (s->n_draft_computed > s->n_computed) s->n_draft_computed = s->n_computed; /* a draft model's: those kept */
+    /* a draft model's: those kept */
+    if (s->n_draft_computed > s->n_computed) s->n_draft_computed = s->n_computed;
     llm_seq_trim_blocks(&e->bm, s, (int)arrlen(s->tokens));
     llm_seq_hash_blocks(&e->bm, s);
 }
@@ -8656,7 +8725,8 @@ int llm_json_parse(const char *text, size_t len, llm_json *out, char *err) {
     llm_json_reader r = {text, text, text + len, err ? err : buf};
     r.err[0] = 0;
     int rc = llm_json_value(&r, out, 0);
-    if (rc == 0) { llm_json_space(&r); if (r.p != r.end) rc = llm_json_fail(&r, "more text after the value"); }
+    if (rc == 0) { llm_json_space(&r);
+                   if (r.p != r.end) rc = llm_json_fail(&r, "more text after the value"); }
     if (rc != 0) llm_json_free(out);
     return rc;
 }
@@ -8742,8 +8812,8 @@ static void llm_json_write_indented(char **out, const llm_json *v, int python, i
         arrput(*out, '"');
         for (size_t i = 0; i < v->len; i++) {
             unsigned char ch = (unsigned char)v->str[i];
-            const char *named = !python ? NULL : ch == '\n' ? "\\n" : ch == '\r' ? "\\r" : ch == '\t' ? "\\t" :
-                                ch == '\b' ? "\\b" : ch == '\f' ? "\\f" : NULL;
+            const char *named = !python ? NULL : ch == '\n' ? "\\n" : ch == '\r' ? "\\r" :
+                                ch == '\t' ? "\\t" : ch == '\b' ? "\\b" : ch == '\f' ? "\\f" : NULL;
             if (ch == '"' || ch == '\\') { arrput(*out, '\\'); arrput(*out, (char)ch); }
             else if (named) llm_str_puts(out, named);
             else if (ch < 0x20) llm_str_printf(out, "\\u%04x", ch);
@@ -8812,7 +8882,8 @@ typedef struct { uint32_t type, value; } llm_gr_elem;
 #endif
 #define LLM_GR_MAX_REPEAT 10000      /* the largest m and n of {m,n} */
 #ifndef LLM_GR_MAX_STACKS
-#define LLM_GR_MAX_STACKS 4096       /* the stacks of one state: an ambiguous grammar could grow them without end */
+/* the stacks of one state: an ambiguous grammar could grow them without end */
+#define LLM_GR_MAX_STACKS 4096
 #endif
 #ifndef LLM_GR_MAX_DEPTH
 #define LLM_GR_MAX_DEPTH  4096       /* the positions of one stack (nesting) */
@@ -8916,7 +8987,8 @@ static int64_t llm_gr_char(llm_gr_parser *ps) {
             uint32_t v = 0;
             for (int i = 0; i < digits; i++) {
                 int d = llm_hex_digit(s[2 + i]);
-                if (d < 0) return llm_gr_fail(ps, "\\%s needs hex digits", e == 'x' ? "x" : e == 'u' ? "u" : "U");
+                if (d < 0)
+                    return llm_gr_fail(ps, "\\%s needs hex digits", e == 'x' ? "x" : e == 'u' ? "u" : "U");
                 v = v * 16 + (uint32_t)d;
             }
             if (v > 0x10FFFF) return llm_gr_fail(ps, "a character past U+10FFFF%s", NULL);
@@ -8941,7 +9013,8 @@ static void llm_gr_push(llm_gr_elem **out, uint32_t type, uint32_t value) {
 
 /* S{min,max} (max -1: no bound) for the item that begins at (*out)[item]: S min times, then the optional
  * rest as rules: S{0,k} ::= S S{0,k-1} | (empty), and with no bound, S' ::= S S' | (empty). */
-static int llm_gr_repeat(llm_gr_parser *ps, int id, llm_gr_elem **out, size_t item, int64_t min, int64_t max) {
+static int llm_gr_repeat(llm_gr_parser *ps, int id, llm_gr_elem **out, size_t item,
+                         int64_t min, int64_t max) {
     size_t n = (size_t)arrlen(*out) - item;
     if (n == 0) return llm_gr_fail(ps, "a repetition with nothing before it%s", NULL);
     if (min > LLM_GR_MAX_REPEAT || max > LLM_GR_MAX_REPEAT)
@@ -9173,9 +9246,11 @@ static int llm_gr_check(llm_grammar *g, char *err) {
         return llm_fail(err, "out of memory");
     }
     int64_t bad = 0;
-    for (uint32_t r = 0; r < n && !bad; r++) if (!state[r]) bad = llm_gr_left_recursive(g, nullable, state, r);
+    for (uint32_t r = 0; r < n && !bad; r++)
+        if (!state[r]) bad = llm_gr_left_recursive(g, nullable, state, r);
     free(nullable); free(state);
-    if (bad) return llm_fail(err, "grammar: rule %s is left-recursive (it can reach itself before any character)",
+    if (bad)
+        return llm_fail(err, "grammar: rule %s is left-recursive (it can reach itself before any character)",
                              g->rule_names[bad - 1]);
     return 0;
 }
@@ -9228,7 +9303,8 @@ llm_grammar *llm_grammar_parse(const char *gbnf, char *err) {
         ps.p += 3;
         llm_gr_space(&ps, 1);
         if ((rc = llm_gr_alternates(&ps, id)) != 0) break;
-        if (*ps.p && *ps.p != '\n' && *ps.p != '\r') { rc = llm_gr_fail(&ps, "an unexpected character%s", NULL); break; }
+        if (*ps.p && *ps.p != '\n' && *ps.p != '\r') {
+            rc = llm_gr_fail(&ps, "an unexpected character%s", NULL); break; }
         llm_gr_space(&ps, 1);
     }
     int n_rules = (int)arrlen(ps.rules);
@@ -9240,12 +9316,14 @@ llm_grammar *llm_grammar_parse(const char *gbnf, char *err) {
         g->root = (uint32_t)ps.ids[root].value;
         for (int r = 0; r < n_rules; r++) {
             arrput(g->rule_start, (uint32_t)arrlen(g->elems));
-            memcpy(arraddnptr(g->elems, arrlen(ps.rules[r])), ps.rules[r], (size_t)arrlen(ps.rules[r]) * sizeof(llm_gr_elem));
+            memcpy(arraddnptr(g->elems, arrlen(ps.rules[r])), ps.rules[r],
+                   (size_t)arrlen(ps.rules[r]) * sizeof(llm_gr_elem));
             char *name = strdup(ps.names[r]);
             arrput(g->rule_names, name);
             if (!name) rc = llm_fail(ps.err, "out of memory");
         }
-        llm_gr_push(&g->elems, LLM_GR_END, 0); /* the element after the last: reading one past a class is safe */
+        llm_gr_push(&g->elems, LLM_GR_END, 0); /* the element after the last: reading one past a class is
+                                                * safe */
     }
     for (int r = 0; r < n_rules; r++) arrfree(ps.rules[r]);
     arrfree(ps.rules); arrfree(ps.defined); arrfree(ps.names); shfree(ps.ids);
@@ -9380,8 +9458,8 @@ static int llm_gr_match_partial(const llm_gr_elem *e, uint32_t partial, int left
 
 /* One character: every stack whose top matches c pops it and is expanded into out (buf: scratch). 0, or
  * the LLM_GR_* limit passed. */
-static int llm_gr_step(const llm_grammar *g, const llm_gr_set *in, uint32_t c, llm_gr_set *out, uint32_t **buf,
-                       llm_gr_set *seen) {
+static int llm_gr_step(const llm_grammar *g, const llm_gr_set *in, uint32_t c, llm_gr_set *out,
+                       uint32_t **buf, llm_gr_set *seen) {
     llm_gr_set_clear(out);
     llm_gr_set_clear(seen);
     size_t at = 0;
@@ -9497,7 +9575,8 @@ int llm_grammar_accept(llm_grammar_state *st, const char *bytes, int n) {
         else if (r == 1) {
             llm_gr_set *out = &sets[k];
             k ^= 1;
-            rc = llm_gr_step(st->g, cur, cp, out, &st->buf, &st->seen) != 0 || arrlen(out->lens) == 0 ? -1 : 0;
+            rc = llm_gr_step(st->g, cur, cp, out, &st->buf, &st->seen) != 0 ||
+                arrlen(out->lens) == 0 ? -1 : 0;
             cur = out;
         }
     }
@@ -9527,10 +9606,12 @@ struct llm_token_trie {
     uint8_t *byte;                  /* [n_nodes] the byte from the node's parent to it */
     uint16_t *depth;                /* [n_nodes] its bytes: 1 for the root's children */
     int32_t *end;                   /* [n_nodes] the node after its subtree */
-    int32_t *first;                 /* [n_nodes + 1] where the tokens whose bytes end at a node begin in ... */
+    int32_t *first;                 /* [n_nodes + 1] where the tokens whose bytes end at a node begin in
+                                     * ... */
     int32_t *tokens;                /* [tokens with bytes] ... every such token, in the nodes' order */
     char *bytes; int64_t *offset;   /* [n_vocab + 1] every token's bytes, one after another */
-    int32_t *ends;                  /* stb_ds: the tokens that end generation (allowed where the text is whole) */
+    int32_t *ends;                  /* stb_ds: the tokens that end generation (allowed where the text is
+                                     * whole) */
 };
 
 typedef struct { const char *s; int len; int32_t id; } llm_trie_entry;
@@ -9572,16 +9653,19 @@ llm_token_trie *llm_token_trie_build(const llm_tokenizer *t, char *err) {
     int64_t n_bytes = 0;
     for (int id = 0; id < V; id++) {
         int len = (int)(tt->offset[id + 1] - tt->offset[id]);
-        if (len > 0) { llm_trie_entry e = {tt->bytes + tt->offset[id], len, id}; ent[n_ent++] = e; n_bytes += len; }
+        if (len > 0) { llm_trie_entry e = {tt->bytes + tt->offset[id], len, id};
+                       ent[n_ent++] = e; n_bytes += len; }
     }
     qsort(ent, (size_t)n_ent, sizeof *ent, llm_trie_entry_cmp);
     size_t cap = (size_t)n_bytes + 1;
     tt->byte = (uint8_t *)malloc(cap); tt->depth = (uint16_t *)malloc(cap * sizeof(uint16_t));
-    tt->end = (int32_t *)malloc(cap * sizeof(int32_t)); tt->first = (int32_t *)calloc(cap + 1, sizeof(int32_t));
+    tt->end = (int32_t *)malloc(cap * sizeof(int32_t));
+    tt->first = (int32_t *)calloc(cap + 1, sizeof(int32_t));
     tt->tokens = (int32_t *)malloc(((size_t)n_ent + 1) * sizeof(int32_t));
     int32_t *path = (int32_t *)malloc(((size_t)tt->max_len + 1) * sizeof(int32_t));
     if (!tt->byte || !tt->depth || !tt->end || !tt->first || !tt->tokens || !path) { free(path); goto oom; }
-    for (int i = 0; i < n_ent; i++) { /* sorted: each token shares a prefix with the one before, the rest is new */
+    for (int i = 0; i < n_ent; i++) { /* sorted: each token shares a prefix with the one before, the rest is
+                                       * new */
         int common = 0;
         if (i > 0) {
             int m = ent[i - 1].len < ent[i].len ? ent[i - 1].len : ent[i].len;
@@ -9640,7 +9724,8 @@ typedef struct { uint64_t key; int32_t value; } llm_gr_memo;
 
 /* The walk's steps, (set, character) -> set: an open-addressed table of 64-bit keys (a general hash map
  * costs half the walk here) */
-typedef struct { uint64_t *keys; int32_t *vals; size_t cap, n; } llm_gr_steps; /* vals: 0 empty, else set + 2 */
+typedef struct { uint64_t *keys; int32_t *vals; size_t cap, n; } llm_gr_steps; /* vals: 0 empty, else set +
+                                                                                * 2 */
 
 static uint64_t llm_gr_mix(uint64_t k) { k ^= k >> 33; k *= 0xff51afd7ed558ccdull; return k ^ (k >> 33); }
 
@@ -9857,8 +9942,8 @@ int llm_grammar_allows(const llm_grammar_state *st, const llm_token_trie *tt, in
 /* ---- Regular expressions, written as GBNF ---------------------------------------------------------------
  * The subset people write in patterns: literals and escapes, ., classes, groups (capturing, (?:...), named),
  * alternation, the quantifiers * + ? {m} {m,} {m,n} (lazy ones taken as greedy: the language is the same),
- * and ^ $ at the ends. Inside a JSON string (a schema's pattern) what the regex matches is the string's value:
- * a quote, a backslash or a control character is written as its JSON escape. */
+ * and ^ $ at the ends. Inside a JSON string (a schema's pattern) what the regex matches is the string's
+ * value: a quote, a backslash or a control character is written as its JSON escape. */
 #define LLM_RE_DEPTH 64             /* groups inside groups (each a few frames of the recursive reader) */
 typedef struct {
     const char *p, *start;
@@ -9877,7 +9962,8 @@ static int llm_re_fail(llm_re *re, const char *what) {
  * the rest as \x, \u or \U */
 static void llm_re_gbnf_char(char **out, uint32_t c, int in_class) {
     if (c >= 0x20 && c < 0x7F) {
-        if (c == '"' || c == '\\' || (in_class && (c == ']' || c == '[' || c == '-' || c == '^'))) arrput(*out, '\\');
+        if (c == '"' || c == '\\' || (in_class && (c == ']' || c == '[' || c == '-' || c == '^')))
+            arrput(*out, '\\');
         arrput(*out, (char)c);
     } else if (c < 0x100) llm_str_printf(out, "\\x%02X", c);
     else if (c < 0x10000) llm_str_printf(out, "\\u%04X", c);
@@ -9891,7 +9977,8 @@ static void llm_re_literal(llm_re *re, uint32_t c) {
     arrput(re->out, '"');
     if (re->json && (named || c < 0x20)) {
         if (named) for (const char *s = named; *s; s++) llm_re_gbnf_char(&re->out, (unsigned char)*s, 0);
-        else { char u[8]; snprintf(u, sizeof u, "\\u%04x", c); for (char *s = u; *s; s++) llm_re_gbnf_char(&re->out, (unsigned char)*s, 0); }
+        else { char u[8]; snprintf(u, sizeof u, "\\u%04x", c);
+               for (char *s = u; *s; s++) llm_re_gbnf_char(&re->out, (unsigned char)*s, 0); }
     } else llm_re_gbnf_char(&re->out, c, 0);
     arrput(re->out, '"');
 }
@@ -9935,7 +10022,8 @@ static int64_t llm_re_char(llm_re *re) {
     if (e < 0x80 && ispunct(e)) { re->p += 2; return e; }
     if (e >= '1' && e <= '9') return llm_re_fail(re, "backreferences (\\1) are not supported");
     if (e == 'b' || e == 'B' || e == 'A' || e == 'Z' || e == 'z')
-        return llm_re_fail(re, "anchors and word boundaries inside the pattern (\\b, \\A, \\Z) are not supported");
+        return llm_re_fail(re, "anchors and word boundaries inside the pattern (\\b, \\A, "
+                               "\\Z) are not supported");
     return llm_re_fail(re, "an unknown escape");
 }
 
@@ -9955,7 +10043,8 @@ static void llm_re_class_out(llm_re *re, const llm_re_range *r, int n, int negat
     for (int i = 0; i < n; i++) {
         if (!re->json || negated) { kept[m++] = r[i]; continue; }
         for (uint32_t c = 0; c < 0x60; c++) /* the specials in this range */
-            if ((c < 0x20 || c == '"' || c == '\\') && c >= r[i].lo && c <= r[i].hi) specials[n_special++] = c;
+            if ((c < 0x20 || c == '"' || c == '\\') && c >= r[i].lo && c <= r[i].hi)
+                specials[n_special++] = c;
         uint32_t lo = r[i].lo < 0x20 ? 0x20 : r[i].lo; /* and the range less them, in pieces */
         for (uint32_t c = lo; c <= r[i].hi && c <= '\\'; c++)
             if (c == '"' || c == '\\') {
@@ -10003,7 +10092,8 @@ static int llm_re_class(llm_re *re) {
             arrfree(r);
             return llm_re_fail(re, "\\D, \\W and \\S inside a class are not supported");
         }
-        if (re->p[0] == '[' && re->p[1] == ':') { arrfree(r); return llm_re_fail(re, "POSIX classes ([:alpha:]) are not supported"); }
+        if (re->p[0] == '[' && re->p[1] == ':') {
+            arrfree(r); return llm_re_fail(re, "POSIX classes ([:alpha:]) are not supported"); }
         int64_t lo = llm_re_char(re), hi = lo;
         if (lo < 0) { arrfree(r); return -1; }
         if (re->p[0] == '-' && re->p[1] && re->p[1] != ']') {
@@ -10027,8 +10117,8 @@ static int llm_re_class(llm_re *re) {
     return 0;
 }
 
-/* A repetition of what can match the empty text (a?*, (a|)+, (a?b?){2,}) would be a left-recursive rule in GBNF
- * (its part could go round without reading a character), which GBNF refuses; its language is that of the
+/* A repetition of what can match the empty text (a?*, (a|)+, (a?b?){2,}) would be a left-recursive rule in
+ * GBNF (its part could go round without reading a character), which GBNF refuses; its language is that of the
  * part's non-empty texts repeated: (a|)* is (a)*. So each part is written in one of two forms: as it is, or
  * (nonempty) less the empty text. A part learnt to be able to match nothing is read again from its text in
  * the other form; re->work bounds what patterns of such parts nested in each other cost. */
@@ -10116,7 +10206,8 @@ static int llm_re_item(llm_re *re, int depth, int nonempty, int *nullable) {
     size_t out_at = (size_t)arrlen(re->out);
     int atom_nullable;
     long min = 1, max = 1;
-    if (++re->work > 100000) return llm_re_fail(re, "a pattern too complex (repetitions of what can be empty)");
+    if (++re->work > 100000)
+        return llm_re_fail(re, "a pattern too complex (repetitions of what can be empty)");
     if (llm_re_atom(re, depth, 0, &atom_nullable) != 0 || llm_re_quantifier(re, &min, &max) < 0) return -1;
     *nullable = atom_nullable || min == 0;
     if (nonempty ? !*nullable : !(atom_nullable && max < 0)) { /* as written */
@@ -10161,7 +10252,8 @@ static int llm_re_sequence(llm_re *re, int depth, int nonempty, int *nullable) {
     }
     int n = (int)arrlen(items);
     if (rc == 0 && n == 0) llm_str_puts(&re->out, nonempty ? "[^\\x00-\\U0010FFFF]" : "\"\"");
-    if (rc == 0 && n > 0 && nonempty && *nullable) { /* every item can be empty: the first non-empty one is j */
+    if (rc == 0 && n > 0 && nonempty && *nullable) { /* every item can be empty: the first non-empty one is
+                                                      * j */
         const char *end = re->p;
         arrsetlen(re->out, out_at);
         arrput(re->out, '(');
@@ -10370,10 +10462,12 @@ static const struct { unsigned bit; const char *rules; } llm_js_primitives[] = {
     {LLM_JS_CHAR, "char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4})\n"},
     {LLM_JS_STRING, "string ::= \"\\\"\" char* \"\\\"\"\n"},
     {LLM_JS_INTEGER, "integer ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15})\n"},
-    {LLM_JS_NUMBER, "number ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15}) (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"},
+    {LLM_JS_NUMBER, "number ::= \"-\"? (\"0\" | [1-9] [0-9]{0,15}) (\".\" [0-9]{1,16})? "
+                    "([eE] [-+]? [0-9]{1,3})?\n"},
     {LLM_JS_BOOLEAN, "boolean ::= \"true\" | \"false\"\n"},
     {LLM_JS_VALUE, "value ::= object | array | string | number | boolean | \"null\"\n"
-                   "object ::= \"{\" ws ( string ws \":\" ws value ws (\",\" ws string ws \":\" ws value ws)* )? \"}\"\n"
+                   "object ::= \"{\" ws ( string ws \":\" ws value ws (\",\" ws string ws \":\" "
+                   "ws value ws)* )? \"}\"\n"
                    "array ::= \"[\" ws ( value ws (\",\" ws value ws)* )? \"]\"\n"},
 };
 
@@ -10545,7 +10639,8 @@ static const llm_json *llm_js_resolve(llm_js *c, const char *ref, const llm_json
         }
         part[k] = 0;
         if (v->type == LLM_JSON_OBJECT) v = llm_js_member(c, v, part);
-        else if (v->type == LLM_JSON_ARRAY && isdigit((unsigned char)part[0]) && atoi(part) < v->n) v = &v->items[atoi(part)];
+        else if (v->type == LLM_JSON_ARRAY && isdigit((unsigned char)part[0]) && atoi(part) < v->n)
+            v = &v->items[atoi(part)];
         else v = NULL;
     }
     return *p ? NULL : v;
@@ -10563,28 +10658,35 @@ static int llm_js_string(llm_js *c, const llm_json *s, const char *path, char **
     const llm_json *fmt = llm_json_get(s, "format"), *pattern = llm_json_get(s, "pattern");
     double min = 0, max = -1;
     int has_min = llm_js_number_of(s, "minLength", &min), has_max = llm_js_number_of(s, "maxLength", &max);
-    if ((has_min && (min < 0 || min > 10000 || min != floor(min))) || (has_max && (max < 0 || max > 10000 || max != floor(max))))
+    if ((has_min && (min < 0 || min > 10000 || min != floor(min))) ||
+        (has_max && (max < 0 || max > 10000 || max != floor(max))))
         return llm_js_fail(c, path, "%s must be a whole number from 0 to 10000", "minLength/maxLength");
-    if (has_min && has_max && max < min) return llm_js_fail(c, path, "%s: maxLength is below minLength", "maxLength");
+    if (has_min && has_max && max < min)
+        return llm_js_fail(c, path, "%s: maxLength is below minLength", "maxLength");
     if ((fmt || pattern) && (has_min || has_max))
         return llm_js_fail(c, path, "%s with format or pattern is not supported", "minLength/maxLength");
     if (fmt && pattern) return llm_js_fail(c, path, "%s together with pattern is not supported", "format");
     llm_str_puts(body, "\"\\\"\" ");
     if (fmt) {
         static const struct { const char *name, *gbnf; } formats[] = {
-            {"date", "[0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01])"},
+            {"date", "[0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | "
+                     "[12] [0-9] | \"3\" [01])"},
             {"time", "([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? "
                      "(\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])"},
-            {"date-time", "[0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) "
-                          "\"T\" ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,6})? "
+            {"date-time", "[0-9]{4} \"-\" (\"0\" [1-9] | \"1\" [0-2]) \"-\" (\"0\" [1-9] | "
+                          "[12] [0-9] | \"3\" [01]) "
+                          "\"T\" ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] "
+                          "[0-9] (\".\" [0-9]{1,6})? "
                           "(\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])"},
-            {"uuid", "[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [1-8] [0-9a-f]{3} \"-\" [89ab] [0-9a-f]{3} \"-\" [0-9a-f]{12}"},
+            {"uuid", "[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [1-8] [0-9a-f]{3} \"-\" [89ab] "
+                     "[0-9a-f]{3} \"-\" [0-9a-f]{12}"},
             {"email", "[a-zA-Z0-9_+-] [a-zA-Z0-9._+-]{0,40} \"@\" [a-zA-Z0-9] [a-zA-Z0-9-]{0,30} "
                       "(\".\" [a-zA-Z0-9] [a-zA-Z0-9-]{0,30}){0,3} \".\" [a-zA-Z]{2,8}"},
         };
         size_t i = 0, n = sizeof formats / sizeof *formats;
         while (fmt->type == LLM_JSON_STRING && i < n && strcmp(formats[i].name, fmt->str)) i++;
-        if (i == n) return llm_js_fail(c, path, "format \"%s\" is not supported (date, time, date-time, uuid, "
+        if (i == n)
+            return llm_js_fail(c, path, "format \"%s\" is not supported (date, time, date-time, uuid, "
                                         "email are)", fmt->type == LLM_JSON_STRING ? fmt->str : "?");
         llm_str_puts(body, formats[i].gbnf);
     } else if (pattern) {
@@ -10615,7 +10717,8 @@ static int llm_js_string(llm_js *c, const llm_json *s, const char *path, char **
 static int llm_js_number(llm_js *c, const llm_json *s, const char *path, int integer, char **body) {
     double lo = 0, hi = 0, xlo = 0, xhi = 0;
     int has_lo = llm_js_number_of(s, "minimum", &lo), has_hi = llm_js_number_of(s, "maximum", &hi);
-    int has_xlo = llm_js_number_of(s, "exclusiveMinimum", &xlo), has_xhi = llm_js_number_of(s, "exclusiveMaximum", &xhi);
+    int has_xlo = llm_js_number_of(s, "exclusiveMinimum", &xlo),
+        has_xhi = llm_js_number_of(s, "exclusiveMaximum", &xhi);
     if (!has_lo && !has_hi && !has_xlo && !has_xhi) {
         llm_str_puts(body, integer ? "integer" : "number");
         c->used |= integer ? LLM_JS_INTEGER : LLM_JS_NUMBER;
@@ -10631,10 +10734,13 @@ static int llm_js_number(llm_js *c, const llm_json *s, const char *path, int int
     }
     int64_t min = INT64_MIN, max = INT64_MAX;
     const double limit = 1e15;
-    if (has_lo) { if (fabs(lo) > limit) return llm_js_fail(c, path, "%s beyond 10^15", "minimum"); min = (int64_t)ceil(lo); }
+    if (has_lo) { if (fabs(lo) > limit) return llm_js_fail(c, path, "%s beyond 10^15", "minimum");
+                  min = (int64_t)ceil(lo); }
     if (has_xlo) { if (fabs(xlo) > limit) return llm_js_fail(c, path, "%s beyond 10^15", "exclusiveMinimum");
-                   int64_t m = (int64_t)floor(xlo) + 1; if (m > min || min == INT64_MIN) min = m > min ? m : min; }
-    if (has_hi) { if (fabs(hi) > limit) return llm_js_fail(c, path, "%s beyond 10^15", "maximum"); max = (int64_t)floor(hi); }
+                   int64_t m = (int64_t)floor(xlo) + 1;
+                   if (m > min || min == INT64_MIN) min = m > min ? m : min; }
+    if (has_hi) { if (fabs(hi) > limit) return llm_js_fail(c, path, "%s beyond 10^15", "maximum");
+                  max = (int64_t)floor(hi); }
     if (has_xhi) { if (fabs(xhi) > limit) return llm_js_fail(c, path, "%s beyond 10^15", "exclusiveMaximum");
                    int64_t m = (int64_t)ceil(xhi) - 1; if (m < max) max = m; }
     if (min > max) return llm_js_fail(c, path, "%s: no integer is within the bounds", "minimum/maximum");
@@ -10678,7 +10784,8 @@ static void llm_js_not_names(char **out, const char **names, int n, size_t depth
         const char **sub = (const char **)malloc((size_t)n * sizeof *sub);
         int m = 0;
         if (!sub) continue;
-        for (int i = 0; i < n; i++) if (strlen(names[i]) > depth && !strncmp(names[i] + depth, ch, k)) sub[m++] = names[i];
+        for (int i = 0; i < n; i++)
+            if (strlen(names[i]) > depth && !strncmp(names[i] + depth, ch, k)) sub[m++] = names[i];
         llm_str_puts(out, " | ");
         llm_js_literal(out, ch, k);
         arrput(*out, ' ');
@@ -10697,7 +10804,8 @@ static void llm_js_not_names(char **out, const char **names, int n, size_t depth
 static int llm_js_object(llm_js *c, const llm_json *s, const char *path, const char *stem, char **body) {
     const llm_json *props = llm_json_get(s, "properties"), *req = llm_json_get(s, "required");
     const llm_json *add = llm_json_get(s, "additionalProperties");
-    if (props && props->type != LLM_JSON_OBJECT) return llm_js_fail(c, path, "%s must be an object", "properties");
+    if (props && props->type != LLM_JSON_OBJECT)
+        return llm_js_fail(c, path, "%s must be an object", "properties");
     if (req && req->type != LLM_JSON_ARRAY) return llm_js_fail(c, path, "%s must be an array", "required");
     int n = props ? props->n : 0;
     /* three rules a property, and each required name looked for among them: bounded before the work */
@@ -10707,9 +10815,11 @@ static int llm_js_object(llm_js *c, const llm_json *s, const char *path, const c
         return llm_js_fail(c, path, "%s lists more names than there are properties", "required");
     if (req && llm_js_spend(c, (int64_t)n * req->n, path) != 0) return -1; /* each name looked for, twice */
     for (int k = 0; req && k < req->n; k++) { /* a required key that is not a property: any value */
-        if (req->items[k].type != LLM_JSON_STRING) return llm_js_fail(c, path, "%s must list strings", "required");
+        if (req->items[k].type != LLM_JSON_STRING)
+            return llm_js_fail(c, path, "%s must list strings", "required");
         if (!llm_json_get(props, req->items[k].str))
-            return llm_js_fail(c, path, "required \"%s\" is not among the properties (not supported)", req->items[k].str);
+            return llm_js_fail(c, path, "required \"%s\" is not among the properties (not supported)",
+                               req->items[k].str);
     }
     char extra[64] = "";
     c->used |= LLM_JS_WS | LLM_JS_STRING | LLM_JS_CHAR;
@@ -10744,8 +10854,10 @@ static int llm_js_object(llm_js *c, const llm_json *s, const char *path, const c
         arrfree(b);
     }
     char (*kv)[64] = (char (*)[64])calloc((size_t)n + 1, 64);
-    char (*first)[64] = (char (*)[64])calloc((size_t)n + 1, 64), (*rest)[64] = (char (*)[64])calloc((size_t)n + 1, 64);
-    if (!kv || !first || !rest) { free(kv); free(first); free(rest); return llm_js_fail(c, path, "%s", "out of memory"); }
+    char (*first)[64] = (char (*)[64])calloc((size_t)n + 1, 64),
+        (*rest)[64] = (char (*)[64])calloc((size_t)n + 1, 64);
+    if (!kv || !first || !rest) { free(kv); free(first); free(rest);
+                                  return llm_js_fail(c, path, "%s", "out of memory"); }
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) { /* each property: "key" ws ":" ws value ws */
         char vname[64], sub[512];
@@ -10762,15 +10874,18 @@ static int llm_js_object(llm_js *c, const llm_json *s, const char *path, const c
     }
     for (int i = n; i >= 0 && rc == 0; i--) {
         int required = 0;
-        for (int k = 0; i < n && req && k < req->n; k++) required |= !strcmp(req->items[k].str, props->keys[i]);
+        for (int k = 0; i < n && req && k < req->n; k++)
+            required |= !strcmp(req->items[k].str, props->keys[i]);
         char *b = NULL;
         llm_js_name(c, stem, rest[i], 64);
-        if (i == n) { if (extra[0]) llm_str_printf(&b, "(\",\" ws %s)*", extra); else llm_str_puts(&b, "\"\""); }
+        if (i == n) { if (extra[0]) llm_str_printf(&b, "(\",\" ws %s)*", extra);
+                      else llm_str_puts(&b, "\"\""); }
         else llm_str_printf(&b, required ? "\",\" ws %s %s" : "(\",\" ws %s)? %s", kv[i], rest[i + 1]);
         llm_js_rule(c, rest[i], b, (size_t)arrlen(b));
         arrsetlen(b, 0);
         llm_js_name(c, stem, first[i], 64);
-        if (i == n) { if (extra[0]) llm_str_printf(&b, "(%s (\",\" ws %s)*)?", extra, extra); else llm_str_puts(&b, "\"\""); }
+        if (i == n) { if (extra[0]) llm_str_printf(&b, "(%s (\",\" ws %s)*)?", extra, extra);
+                      else llm_str_puts(&b, "\"\""); }
         else if (required) llm_str_printf(&b, "%s %s", kv[i], rest[i + 1]);
         else llm_str_printf(&b, "%s %s | %s", kv[i], rest[i + 1], first[i + 1]);
         llm_js_rule(c, first[i], b, (size_t)arrlen(b));
@@ -10786,14 +10901,18 @@ static int llm_js_object(llm_js *c, const llm_json *s, const char *path, const c
 static int llm_js_array(llm_js *c, const llm_json *s, const char *path, char **body) {
     const llm_json *prefix = llm_json_get(s, "prefixItems"), *items = llm_json_get(s, "items");
     const llm_json *unique = llm_json_get(s, "uniqueItems");
-    if (unique && unique->type == LLM_JSON_TRUE) return llm_js_fail(c, path, "%s is not supported", "uniqueItems");
-    if (prefix && prefix->type != LLM_JSON_ARRAY) return llm_js_fail(c, path, "%s must be an array", "prefixItems");
-    if (items && items->type == LLM_JSON_ARRAY) return llm_js_fail(c, path, "%s as an array (draft 4's tuples) is not "
+    if (unique && unique->type == LLM_JSON_TRUE)
+        return llm_js_fail(c, path, "%s is not supported", "uniqueItems");
+    if (prefix && prefix->type != LLM_JSON_ARRAY)
+        return llm_js_fail(c, path, "%s must be an array", "prefixItems");
+    if (items && items->type == LLM_JSON_ARRAY)
+        return llm_js_fail(c, path, "%s as an array (draft 4's tuples) is not "
                                                                    "supported: use prefixItems", "items");
     double min = 0, max = -1;
     llm_js_number_of(s, "minItems", &min);
     int has_max = llm_js_number_of(s, "maxItems", &max);
-    if (min < 0 || min > 1000 || min != floor(min) || (has_max && (max < min || max > 100000 || max != floor(max))))
+    if (min < 0 || min > 1000 || min != floor(min) ||
+        (has_max && (max < min || max > 100000 || max != floor(max))))
         return llm_js_fail(c, path, "%s out of range (0 to 1000, maxItems >= minItems)", "minItems/maxItems");
     int n_prefix = prefix ? prefix->n : 0, lo = (int)min, hi = has_max ? (int)max : -1;
     if (hi >= 0 && n_prefix > hi) n_prefix = hi;
@@ -10807,12 +10926,14 @@ static int llm_js_array(llm_js *c, const llm_json *s, const char *path, char **b
     }
     int more_lo = lo > n_prefix ? lo - n_prefix : 0, more_hi = hi < 0 ? -1 : hi - n_prefix;
     if (items && items->type == LLM_JSON_FALSE) more_hi = 0;
-    if (more_lo > 0 && more_hi == 0) return llm_js_fail(c, path, "%s: minItems needs items that are refused", "items");
+    if (more_lo > 0 && more_hi == 0)
+        return llm_js_fail(c, path, "%s: minItems needs items that are refused", "items");
     if (more_hi != 0) {
         char vname[64], sub[512];
         snprintf(sub, sizeof sub, "%.400s/items", path);
         if (items) { if (llm_js_visit(c, items, sub, "item", vname) != 0) return -1; }
-        else { strcpy(vname, "value"); c->used |= LLM_JS_VALUE | LLM_JS_STRING | LLM_JS_CHAR | LLM_JS_NUMBER | LLM_JS_BOOLEAN; }
+        else { strcpy(vname, "value");
+               c->used |= LLM_JS_VALUE | LLM_JS_STRING | LLM_JS_CHAR | LLM_JS_NUMBER | LLM_JS_BOOLEAN; }
         char elem[128];
         snprintf(elem, sizeof elem, "%s ws", vname);
         if (n_prefix) { /* each further item after a comma */
@@ -10854,9 +10975,11 @@ static int llm_js_with(const llm_json *s, const char *key, const llm_json *value
  * allOf. */
 static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const char *stem, char *name) {
     const llm_json *all = llm_json_get(s, "allOf");
-    if (all->type != LLM_JSON_ARRAY || all->n == 0) return llm_js_fail(c, path, "%s must be a non-empty array", "allOf");
+    if (all->type != LLM_JSON_ARRAY || all->n == 0)
+        return llm_js_fail(c, path, "%s must be a non-empty array", "allOf");
     llm_json merged = {LLM_JSON_OBJECT, 0, NULL, 0, NULL, NULL, 0};
-    llm_json props = {LLM_JSON_OBJECT, 0, NULL, 0, NULL, NULL, 0}, req = {LLM_JSON_ARRAY, 0, NULL, 0, NULL, NULL, 0};
+    llm_json props = {LLM_JSON_OBJECT, 0, NULL, 0, NULL, NULL, 0},
+        req = {LLM_JSON_ARRAY, 0, NULL, 0, NULL, NULL, 0};
     llm_json *m_items = NULL, *p_items = NULL, *r_items = NULL; /* stb_ds */
     char **m_keys = NULL, **p_keys = NULL;
     llm_json **lists = NULL;        /* stb_ds: the schemas of a property several parts have (stb_ds each) */
@@ -10907,7 +11030,8 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
                 for (int k = 0; k < v->n; k++) {
                     ptrdiff_t dup = -1;
                     if ((rc = llm_js_spend(c, 1 + arrlen(p_keys), path)) != 0) break;
-                    for (ptrdiff_t j = 0; j < arrlen(p_keys); j++) if (!strcmp(p_keys[j], v->keys[k])) dup = j;
+                    for (ptrdiff_t j = 0; j < arrlen(p_keys); j++)
+                        if (!strcmp(p_keys[j], v->keys[k])) dup = j;
                     if (dup < 0) {
                         arrput(p_keys, v->keys[k]); arrput(p_items, v->items[k]); arrput(list_of, -1);
                         continue;
@@ -10954,7 +11078,8 @@ static int llm_js_all_of(llm_js *c, const llm_json *s, const char *path, const c
         for (ptrdiff_t j = 0; j < arrlen(p_keys) && !listed; j++)
             listed = r_items[k].type == LLM_JSON_STRING && !strcmp(p_keys[j], r_items[k].str);
         if (!listed) rc = llm_js_fail(c, path, "allOf: \"%s\" is required but another part's "
-                                      "additionalProperties false forbids it", r_items[k].str ? r_items[k].str : "?");
+                                      "additionalProperties false forbids it",
+                                      r_items[k].str ? r_items[k].str : "?");
     }
     if (rc == 0 && arrlen(closed)) { /* closed: no other keys */
         llm_json no = {LLM_JSON_FALSE, 0, NULL, 0, NULL, NULL, 0};
@@ -11011,14 +11136,18 @@ static int llm_js_schema(llm_js *c, const llm_json *s, const char *path, const c
         c->used |= LLM_JS_VALUE | LLM_JS_WS | LLM_JS_STRING | LLM_JS_CHAR | LLM_JS_NUMBER | LLM_JS_BOOLEAN;
         return 0;
     }
-    if (s->type == LLM_JSON_FALSE) return llm_js_fail(c, path, "%s (no value at all) is not supported", "false");
-    if (s->type != LLM_JSON_OBJECT) return llm_js_fail(c, path, "%s", "a schema must be an object or a boolean");
+    if (s->type == LLM_JSON_FALSE)
+        return llm_js_fail(c, path, "%s (no value at all) is not supported", "false");
+    if (s->type != LLM_JSON_OBJECT)
+        return llm_js_fail(c, path, "%s", "a schema must be an object or a boolean");
     for (int i = 0; i < s->n; i++)
         if (llm_js_key_in(s->keys[i], llm_js_refused, sizeof llm_js_refused / sizeof *llm_js_refused))
             return llm_js_fail(c, path, "\"%s\" is not supported", s->keys[i]);
     int constraining = llm_js_constraining(s); /* keywords that say something, beside $ref, anyOf ... */
-    const llm_json *ref = llm_json_get(s, "$ref"), *cst = llm_json_get(s, "const"), *en = llm_json_get(s, "enum");
-    const llm_json *any = llm_json_get(s, "anyOf"), *one = llm_json_get(s, "oneOf"), *type = llm_json_get(s, "type");
+    const llm_json *ref = llm_json_get(s, "$ref"), *cst = llm_json_get(s, "const"),
+        *en = llm_json_get(s, "enum");
+    const llm_json *any = llm_json_get(s, "anyOf"), *one = llm_json_get(s, "oneOf"),
+        *type = llm_json_get(s, "type");
     const llm_json *all = llm_json_get(s, "allOf");
     const llm_json *only = all && all->type == LLM_JSON_ARRAY && all->n == 1 ? &all->items[0] : NULL;
     if (only && constraining == 1 && only->type == LLM_JSON_OBJECT && llm_js_constraining(only) == 1 &&
@@ -11029,12 +11158,14 @@ static int llm_js_schema(llm_js *c, const llm_json *s, const char *path, const c
     int rc = 0;
     if (ref) {
         if (ref->type != LLM_JSON_STRING) return llm_js_fail(c, path, "%s must be a string", "$ref");
-        if (constraining > 1) return llm_js_fail(c, path, "%s beside other keywords is not supported", "$ref");
+        if (constraining > 1)
+            return llm_js_fail(c, path, "%s beside other keywords is not supported", "$ref");
         return llm_js_ref(c, ref->str, path, name);
     }
     if (cst) llm_js_const(&body, cst);
     else if (en) {
-        if (en->type != LLM_JSON_ARRAY || en->n == 0) return llm_js_fail(c, path, "%s must be a non-empty array", "enum");
+        if (en->type != LLM_JSON_ARRAY || en->n == 0)
+            return llm_js_fail(c, path, "%s must be a non-empty array", "enum");
         char *texts = NULL, prefix[64]; /* stb_ds: the values' compact texts, one after another, as a trie */
         size_t *at = (size_t *)malloc(((size_t)en->n + 1) * sizeof *at);
         llm_gr_text *t = (llm_gr_text *)malloc((size_t)en->n * sizeof *t);
@@ -11053,7 +11184,8 @@ static int llm_js_schema(llm_js *c, const llm_json *s, const char *path, const c
         if (any && one) return llm_js_fail(c, path, "%s together with oneOf is not supported", "anyOf");
         if (alts->type != LLM_JSON_ARRAY || alts->n == 0)
             return llm_js_fail(c, path, "%s must be a non-empty array", any ? "anyOf" : "oneOf");
-        if (constraining > 1) return llm_js_fail(c, path, "%s beside other keywords is not supported (put them "
+        if (constraining > 1)
+            return llm_js_fail(c, path, "%s beside other keywords is not supported (put them "
                                                  "in each alternative)", any ? "anyOf" : "oneOf");
         for (int i = 0; i < alts->n && rc == 0; i++) {
             char sub[512], alt[64];
@@ -11065,7 +11197,8 @@ static int llm_js_schema(llm_js *c, const llm_json *s, const char *path, const c
         for (int i = 0; i < type->n && rc == 0; i++) {
             llm_json one_type;
             char alt[64];
-            if (llm_js_with(s, "type", &type->items[i], &one_type) != 0) { rc = llm_js_fail(c, path, "%s", "out of memory"); break; }
+            if (llm_js_with(s, "type", &type->items[i],
+                            &one_type) != 0) { rc = llm_js_fail(c, path, "%s", "out of memory"); break; }
             rc = llm_js_visit(c, &one_type, path, stem, alt);
             free(one_type.items); free(one_type.keys);
             if (rc == 0) llm_str_printf(&body, "%s%s", i ? " | " : "", alt);
@@ -11081,11 +11214,15 @@ static int llm_js_schema(llm_js *c, const llm_json *s, const char *path, const c
                 {"minLength", "string"}, {"maxLength", "string"}, {"pattern", "string"}, {"format", "string"},
                 {"minimum", "number"}, {"maximum", "number"}, {"exclusiveMinimum", "number"},
                 {"exclusiveMaximum", "number"}};
-            for (size_t i = 0; !t && i < sizeof hints / sizeof *hints; i++) if (llm_json_get(s, hints[i].key)) t = hints[i].type;
+            for (size_t i = 0; !t && i < sizeof hints / sizeof *hints; i++)
+                if (llm_json_get(s, hints[i].key)) t = hints[i].type;
         }
-        if (!t) { strcpy(name, "value"); c->used |= LLM_JS_VALUE | LLM_JS_WS | LLM_JS_STRING | LLM_JS_CHAR | LLM_JS_NUMBER | LLM_JS_BOOLEAN; return 0; }
+        if (!t) { strcpy(name, "value");
+                  c->used |= LLM_JS_VALUE | LLM_JS_WS | LLM_JS_STRING | LLM_JS_CHAR | LLM_JS_NUMBER |
+                      LLM_JS_BOOLEAN; return 0; }
         if (!strcmp(t, "string")) rc = llm_js_string(c, s, path, &body);
-        else if (!strcmp(t, "integer") || !strcmp(t, "number")) rc = llm_js_number(c, s, path, t[0] == 'i', &body);
+        else if (!strcmp(t, "integer") || !strcmp(t, "number"))
+            rc = llm_js_number(c, s, path, t[0] == 'i', &body);
         else if (!strcmp(t, "boolean")) { llm_str_puts(&body, "boolean"); c->used |= LLM_JS_BOOLEAN; }
         else if (!strcmp(t, "null")) llm_str_puts(&body, "\"null\"");
         else if (!strcmp(t, "object")) rc = llm_js_object(c, s, path, stem, &body);
@@ -11159,7 +11296,8 @@ static char *llm_js_rules(const llm_json *const *schemas, int n, const llm_json 
 static char *llm_js_grammar(const llm_json *schema, const llm_json *const *docs, int n_docs, char *err) {
     char name[1][64];
     char *rules = llm_js_rules(&schema, 1, docs, n_docs, name, err), *text = NULL;
-    if (rules && (text = (char *)malloc(strlen(rules) + 80)) != NULL) sprintf(text, "root ::= %s\n%s", name[0], rules);
+    if (rules && (text = (char *)malloc(strlen(rules) + 80)) != NULL)
+        sprintf(text, "root ::= %s\n%s", name[0], rules);
     else if (rules) llm_fail(err, "out of memory");
     free(rules);
     return text;
@@ -11223,9 +11361,11 @@ static int llm_gr_allows_into(const llm_grammar_state *st, const llm_token_trie 
  * into its thinking, its answer and its calls.
  * ======================================================================================================== */
 /* ---- Tools: Hermes style (Qwen2.5, Qwen3) -------------------------------------------------------------- */
-/* The system turn's list of tools (Qwen/Qwen2.5-7B-Instruct, Qwen/Qwen3-0.6B): each one as tojson writes it */
+/* The system turn's list of tools (Qwen/Qwen2.5-7B-Instruct, Qwen/Qwen3-0.6B): each one as tojson writes
+ * it */
 static void llm_hermes_tools(llm_chat_text *c, const llm_json *tools) {
-    llm_chat_puts(c, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
+    llm_chat_puts(c, "# Tools\n\nYou may call one or more functions to assist with the "
+                     "user query.\n\nYou are "
                   "provided with function signatures within <tools></tools> XML tags:\n<tools>");
     for (int i = 0; i < tools->n; i++) {
         char *py = llm_json_dumps(&tools->items[i], 1);
@@ -11254,7 +11394,8 @@ static int llm_hermes_calls(llm_chat_text *c, const llm_chat_message *m, int new
 /* A tool's result: the results in a row share one user turn, each inside <tool_response> */
 static void llm_hermes_result(llm_chat_text *c, const int *role, int n, int i, const char *content) {
     if (i == 0 || role[i - 1] != LLM_ROLE_TOOL) llm_chat_puts(c, "<|im_start|>user");
-    llm_chat_puts(c, "\n<tool_response>\n"); llm_chat_puts(c, content); llm_chat_puts(c, "\n</tool_response>");
+    llm_chat_puts(c, "\n<tool_response>\n"); llm_chat_puts(c, content);
+    llm_chat_puts(c, "\n</tool_response>");
     if (i == n - 1 || role[i + 1] != LLM_ROLE_TOOL) llm_chat_puts(c, "<|im_end|>\n");
 }
 
@@ -11287,8 +11428,8 @@ static int llm_mistral_tools(llm_chat_text *c, const llm_json *tools, int tekken
 }
 
 
-/* An assistant's calls, [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "..."}, ...], then EOS; -1 for an
- * id that is not 9 characters long (the template refuses it: llm serve makes every id 9 long first) */
+/* An assistant's calls, [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "..."}, ...], then EOS; -1 for
+ * an id that is not 9 characters long (the template refuses it: llm serve makes every id 9 long first) */
 static int llm_mistral_calls(llm_chat_text *c, const llm_chat_message *m, int tekken, const char *eos) {
     llm_chat_puts(c, tekken ? "[TOOL_CALLS][" : "[TOOL_CALLS] [");
     for (int k = 0; k < m->n_tool_calls; k++) {
@@ -11334,7 +11475,7 @@ static void llm_chat_grow_put(llm_chat_text *c, const char *s) { /* appends to a
     c->n += n;
 }
 
-/* ---- gpt-oss: OpenAI's harmony format (openai/gpt-oss-20b's template) ----------------------------------- */
+/* ---- gpt-oss: OpenAI's harmony format (openai/gpt-oss-20b's template) ---------------------------------- */
 static int llm_json_truthy(const llm_json *v) { /* as Jinja's if: null, false, 0, "", [] and {} are false */
     if (!v || v->type == LLM_JSON_NULL || v->type == LLM_JSON_FALSE) return 0;
     if (v->type == LLM_JSON_NUMBER) return v->num != 0;
@@ -11350,7 +11491,8 @@ static int llm_json_is(const llm_json *v, const char *text) {
 static void llm_harmony_str(llm_chat_text *c, const llm_json *v) {
     if (v->type == LLM_JSON_STRING) { llm_chat_grow_put(c, v->str); return; }
     if (v->type == LLM_JSON_TRUE || v->type == LLM_JSON_FALSE || v->type == LLM_JSON_NULL) {
-        llm_chat_grow_put(c, v->type == LLM_JSON_TRUE ? "True" : v->type == LLM_JSON_FALSE ? "False" : "None");
+        llm_chat_grow_put(c, v->type == LLM_JSON_TRUE ? "True" :
+                          v->type == LLM_JSON_FALSE ? "False" : "None");
         return;
     }
     char *js = llm_json_dumps(v, 1);
@@ -11368,7 +11510,8 @@ static void llm_harmony_type(llm_chat_text *c, const llm_json *spec) {
         else {
             const llm_json *it = llm_json_get(items, "type");
             if (llm_json_is(it, "string")) llm_chat_grow_put(c, "string[]");
-            else if (llm_json_is(it, "number") || llm_json_is(it, "integer")) llm_chat_grow_put(c, "number[]");
+            else if (llm_json_is(it, "number") || llm_json_is(it, "integer"))
+                llm_chat_grow_put(c, "number[]");
             else if (llm_json_is(it, "boolean")) llm_chat_grow_put(c, "boolean[]");
             else {
                 llm_chat_text inner = {NULL, 0, 0};
@@ -11519,7 +11662,8 @@ static int llm_chat_generic_tools(const llm_chat_template *ct, const llm_chat_me
             for (int j = 0; j < msgs[i].n_tool_calls; j++) {
                 const llm_chat_tool_call *tc = &msgs[i].tool_calls[j];
                 llm_json args;
-                if (!tc->arguments || llm_json_parse(tc->arguments, strlen(tc->arguments), &args, NULL) != 0) {
+                if (!tc->arguments || llm_json_parse(tc->arguments, strlen(tc->arguments),
+                                                     &args, NULL) != 0) {
                     ok = 0;
                     break;
                 }
@@ -11599,7 +11743,8 @@ static int llm_json_string_prefix(const char *s, size_t n, size_t i, char **out 
             if (i + 12 > n) break;
             char low[5] = {s[i + 8], s[i + 9], s[i + 10], s[i + 11], 0};
             unsigned lo = s[i + 6] == '\\' && s[i + 7] == 'u' ? (unsigned)strtoul(low, NULL, 16) : 0;
-            if (lo >= 0xdc00 && lo <= 0xdfff) { cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00); i += 6; }
+            if (lo >= 0xdc00 && lo <= 0xdfff) { cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                                                i += 6; }
             else cp = 0xfffd;
         } else if ((cp >= 0xdc00 && cp <= 0xdfff) || cp == 0) { /* a lone low half; NUL would end the text */
             cp = 0xfffd;
@@ -11626,9 +11771,11 @@ static char *llm_strndup(const char *s, size_t n) {
     return d;
 }
 
-/* A call read from a reply: its name and the first n bytes of args (a NULL name or arguments: out of memory) */
+/* A call read from a reply: its name and the first n bytes of args (a NULL name or arguments: out of
+ * memory) */
 static void llm_reply_add_call(llm_chat_reply *r, const char *name, const char *args, size_t n) {
-    llm_chat_tool_call *calls = (llm_chat_tool_call *)realloc(r->calls, (size_t)(r->n_calls + 1) * sizeof *calls);
+    llm_chat_tool_call *calls = (llm_chat_tool_call *)realloc(r->calls,
+                                                              (size_t)(r->n_calls + 1) * sizeof *calls);
     if (!calls) return;
     r->calls = calls;
     calls[r->n_calls].id = NULL;
@@ -11738,7 +11885,8 @@ static int llm_harmony_parse_reply(const char *s, size_t n, int tools, int parti
             if (nm) llm_reply_add_call(r, nm, body + a, body_len - a);
             free(nm);
             r->in_call = partial && !end; /* (whole, the turn ended at <|call|>) */
-        } else if (channel && (size_t)(head + head_len - channel) >= 19 && !memcmp(channel + 11, "analysis", 8)) {
+        } else if (channel && (size_t)(head + head_len - channel) >= 19 &&
+                   !memcmp(channel + 11, "analysis", 8)) {
             if (thought++) llm_bytes_put(&reasoning, "\n", 1);
             llm_bytes_put(&reasoning, body, body_len);
         } else llm_bytes_put(&content, body, body_len);
@@ -11880,7 +12028,8 @@ int llm_chat_parse_reply(const llm_chat_template *ct, const char *s, size_t n, i
     }
     /* Hermes puts a newline between the text and the first call: not part of the answer (and so, while the
      * reply is being written, white space at the end is held back: a call may follow) */
-    while ((r->n_calls || (tools && partial)) && arrlen(content) && llm_is_space(content[arrlen(content) - 1]))
+    while ((r->n_calls || (tools && partial)) && arrlen(content) &&
+           llm_is_space(content[arrlen(content) - 1]))
         arrsetlen(content, arrlen(content) - 1);
     r->content = llm_strndup(content ? content : "", (size_t)arrlen(content));
     arrfree(content);
@@ -11996,14 +12145,16 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
         return NULL;
     }
     char *any = NULL, *out = NULL, *rules = NULL; /* stb_ds: the calls' anyOf, the grammar */
-    int n = 0, rc = tl.type == LLM_JSON_ARRAY && tl.n > 0 ? 0 : llm_fail(err, "tools must be a non-empty list");
+    int n = 0, rc = tl.type == LLM_JSON_ARRAY && tl.n > 0 ? 0 :
+        llm_fail(err, "tools must be a non-empty list");
     const llm_json **docs = rc == 0 ? (const llm_json **)calloc((size_t)tl.n, sizeof *docs) : NULL;
     if (rc == 0 && !docs) rc = llm_fail(err, "out of memory");
     for (int i = 0; rc == 0 && i < tl.n; i++) /* what the calls' $refs "llm:i#" point to */
         docs[i] = llm_json_get(llm_json_get(&tl.items[i], "function"), "parameters");
     for (int i = 0; rc == 0 && i < tl.n; i++) {
         const llm_json *nm = llm_json_get(llm_json_get(&tl.items[i], "function"), "name");
-        if (choice == LLM_TOOL_NAMED && (!nm || nm->type != LLM_JSON_STRING || strcmp(nm->str, name))) continue;
+        if (choice == LLM_TOOL_NAMED && (!nm || nm->type != LLM_JSON_STRING || strcmp(nm->str, name)))
+            continue;
         llm_str_puts(&any, n++ ? "," : "{\"anyOf\":[");
         rc = llm_tool_call_schema(&any, &tl.items[i], i, ct->tool_format == LLM_TOOLS_LLAMA3 ? "parameters" :
                                   "arguments", err);
@@ -12032,7 +12183,8 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
         llm_str_printf(&out, "call-rest ::= \" \"? \"[\" tool-json%s \"]\"\n",
                       parallel ? " ( \",\" \" \"? tool-json )*" : "");
         if (choice == LLM_TOOL_AUTO) llm_gr_until(&out, "text", "[TOOL_CALLS]", "call-rest", 1);
-    } else if (rc == 0 && (ct->tool_format == LLM_TOOLS_MISTRAL_ARGS || ct->tool_format == LLM_TOOLS_HARMONY)) {
+    } else if (rc == 0 && (ct->tool_format == LLM_TOOLS_MISTRAL_ARGS ||
+                           ct->tool_format == LLM_TOOLS_HARMONY)) {
         /* Mistral v11: [TOOL_CALLS]name[ARGS]{...} (and [CALL_ID] and 9 letters and digits before [ARGS], as
          * the history writes them), one call after another; gpt-oss: after its thinking, one message
          * <|channel|>commentary to=functions.name <|constrain|>json<|message|>{...} (the header's parts in
@@ -12043,7 +12195,8 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
         char (*names)[64] = (char (*)[64])calloc((size_t)tl.n, 64);
         llm_json none;
         if (!schemas || !names) rc = llm_fail(err, "out of memory");
-        static const char no_params[] = "{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}";
+        static const char no_params[] = "{\"type\":\"object\",\"properties\":{},"
+                                        "\"additionalProperties\":false}";
         if (rc == 0) rc = llm_json_parse(no_params, sizeof no_params - 1, &none, err);
         for (int i = 0; rc == 0 && i < tl.n; i++) {
             const llm_json *params = llm_json_get(llm_json_get(&tl.items[i], "function"), "parameters");
@@ -12052,14 +12205,17 @@ char *llm_chat_tool_grammar(const llm_chat_template *ct, const char *tools, int 
         if (rc == 0) rules = llm_js_rules(schemas, tl.n, NULL, 0, names, err);
         if (rc == 0) llm_json_free(&none);
         if (harmony) {
-            llm_str_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" : "root ::= ( \"<|channel|>analysis"
-                        "<|message|>\" think-0 \"<|start|>assistant\" )? \"<|channel|>commentary to=functions.\" "
+            llm_str_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" :
+                         "root ::= ( \"<|channel|>analysis"
+                        "<|message|>\" think-0 \"<|start|>assistant\" )? "
+                        "\"<|channel|>commentary to=functions.\" "
                         "call-rest\n");
             llm_str_puts(&out, "call-rest ::= call\ncall ::= ");
         } else {
             llm_str_puts(&out, choice == LLM_TOOL_AUTO ? "root ::= text-0\n" :
                         "root ::= \"[TOOL_CALLS]\" call-rest\n");
-            llm_str_printf(&out, "call-rest ::= call%s\ncall ::= ", parallel ? " ( \"[TOOL_CALLS]\" call )*" : "");
+            llm_str_printf(&out, "call-rest ::= call%s\ncall ::= ",
+                           parallel ? " ( \"[TOOL_CALLS]\" call )*" : "");
         }
         for (int i = 0, k = 0; rules && i < tl.n; i++) {
             const llm_json *nm = llm_json_get(llm_json_get(&tl.items[i], "function"), "name");
@@ -12154,7 +12310,8 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
     /* its rules renamed out of the way of the two added here: root and the thinking's */
     char *answer = llm_gbnf_rename(gbnf, "root", "harmony-answer"), *out = NULL; /* stb_ds */
     if (!answer) { llm_fail(err, "out of memory"); return NULL; }
-    llm_str_puts(&out, "root ::= ( \"<|channel|>analysis<|message|>\" harmony-think-0 \"<|start|>assistant\" )? "
+    llm_str_puts(&out, "root ::= ( \"<|channel|>analysis<|message|>\" harmony-think-0 "
+                       "\"<|start|>assistant\" )? "
                 "\"<|channel|>final<|message|>\" harmony-answer\n");
     llm_gr_until(&out, "harmony-think", "<|end|>", NULL, 0);
     llm_str_puts(&out, answer);
