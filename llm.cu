@@ -196,7 +196,8 @@ __global__ void swiglu_kernel(bf16 *act, int lda, const float *gu, int F, int ge
  * residual row, weighted, in the order its router chose them: x[t] += sum_k weight[t][k] y[row_of[t][k]] */
 __global__ void gather_rows_kernel(bf16 *dst, const bf16 *src, int ld, const int *rows) {
     int r = blockIdx.x;
-    for (int i = threadIdx.x; i < ld; i += blockDim.x) dst[(size_t)r * ld + i] = src[(size_t)rows[r] * ld + i];
+    for (int i = threadIdx.x; i < ld; i += blockDim.x)
+        dst[(size_t)r * ld + i] = src[(size_t)rows[r] * ld + i];
 }
 __global__ void moe_combine_kernel(float *x, const float *y, const int *row_of, const float *weight, int K,
                                    int D) {
@@ -505,7 +506,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_q_kernel(gemv_args g) {
     }
 }
 
-/* x[t][:] = embedding row tokens[t] of a quantized matrix, as f32 (exact, as the CPU's lookup), times scale */
+/* x[t][:] = embedding row tokens[t] of a quantized matrix, as f32 (exact, as the CPU's lookup), times
+ * scale */
 template <int T>
 __global__ void embed_q_kernel(float *x, const uint8_t *emb, size_t row_bytes, const int *tokens, int D,
                                float scale) {
@@ -684,7 +686,8 @@ struct attn_args {
     float *part_acc, *part_ml;                    /* partials: [row][n_heads][hd], [row][n_heads][2] */
     int n_heads, n_kv_heads, hd, block_size, part_size;
     int window;                                   /* a local layer's: the last window positions (0: all) */
-    const float *sinks;                           /* gpt-oss: a logit per head in the softmax's sum (else NULL) */
+    const float *sinks;                           /* gpt-oss: a logit per head in the softmax's sum (else
+                                                   * NULL) */
     float scale_log2;
 };
 
@@ -907,7 +910,8 @@ typedef struct {
     /* gpt-oss: attention sinks [n_heads], the output projection's bias [dim], the router's bias (the host's:
      * it routes), the experts' biases [n_experts][expert_ffn_dim] (gate, up) and [n_experts][dim] (down) */
     float *sinks, *bo, *gate_exps_b, *up_exps_b, *down_exps_b;
-    float *router_b;           /* a host copy (the host routes): the backend keeps no pointer into the model */
+    float *router_b;           /* a host copy (the host routes): the backend keeps no pointer into the
+                                * model */
     /* qwen2moe's shared expert: gate and up stacked as wgu's, down, its gate's vector [dim] (else NULL) */
     dmat shexp_gu, shexp_down;
     float *shexp_gate_inp;
@@ -919,7 +923,8 @@ typedef struct {
     cudaStream_t stream;
     dmat tok_embd, output;
     float *output_norm;
-    float *inv_freq[2], mscale[2];             /* RoPE (llm_rope_freqs): global layers' [0], local ones' [1] */
+    float *inv_freq[2], mscale[2];             /* RoPE (llm_rope_freqs): global layers' [0], local ones'
+                                                * [1] */
     float embed_scale;                         /* Gemma: sqrt(dim); else 1 */
     int kv_layers, kv_groups;                  /* llm_kv_group_layers, llm_kv_groups */
     int *group_window;                         /* [kv_groups]: the window of a group's layers (0: global) */
@@ -938,7 +943,8 @@ typedef struct {
     float *x, *qkv, *q, *gu, *delta, *logits, *part_acc, *part_ml; /* delta: a block's output (Gemma 3) */
     /* a mixture of experts' step, for cap_tokens tokens: router logits [T][n_experts] (and their pinned host
      * copy), the rows gathered by expert [T K] (bf16 in, gate/up out, SwiGLU, down out), and the routing the
-     * host sends back: each row's token, each (token, k)'s row, and its weight (pinned, then on the device) */
+     * host sends back: each row's token, each (token, k)'s row, and its weight (pinned, then on the
+     * device) */
     float *moe_logits, *moe_logits_h, *moe_gu, *moe_y;
     bf16 *moe_x, *moe_act;
     int *moe_route_d, *moe_route_h;
@@ -1440,7 +1446,8 @@ static int plan_step(cuda_ctx *c, const llm_batch *b, step_layout *L, char *err)
                 int p = b->positions[i];
                 if (p > mx) mx = p;
                 int blk = tab[p / bs];
-                if (blk < 0 || blk >= c->num_blocks) return fail(err, "block table entry outside the KV pool");
+                if (blk < 0 || blk >= c->num_blocks)
+                    return fail(err, "block table entry outside the KV pool");
                 h[L->off_slots + g * L->T + i] = blk * bs + p % bs;
             }
             /* a local group's blocks that slid out of the window are -1: never read (attn_kernel starts at
@@ -1536,7 +1543,8 @@ static int moe_ffn(cuda_ctx *c, const dlayer *ly, int T, char *err) {
     CK(cudaStreamSynchronize(st));
     llm_moe_route(cf, ly->router_b, c->moe_logits_h, T, c->moe_chosen, c->moe_weight);
     /* the route sent back: row_token [T K], row_of [T K], weight [T K] (as floats), row_expert [T K]. The
-     * rows grouped by expert, each expert's in token order: a counting sort (expert e's rows from start[e]) */
+     * rows grouped by expert, each expert's in token order: a counting sort (expert e's rows from
+     * start[e]) */
     int *row_token = c->moe_route_h, *row_of = row_token + T * K, *row_expert = row_of + 2 * T * K;
     float *weight = (float *)(row_of + T * K);
     int start[MOE_MAX_EXPERTS + 1] = {0}, next[MOE_MAX_EXPERTS];
@@ -1549,8 +1557,8 @@ static int moe_ffn(cuda_ctx *c, const dlayer *ly, int T, char *err) {
     int n = start[E];
     const int *row_expert_d = c->moe_route_d + 3 * T * K;
     memcpy(weight, c->moe_weight, (size_t)T * K * sizeof(float));
-    CK(cudaMemcpyAsync(c->moe_route_d, c->moe_route_h, (size_t)4 * T * K * sizeof(int), cudaMemcpyHostToDevice,
-                       st));
+    CK(cudaMemcpyAsync(c->moe_route_d, c->moe_route_h, (size_t)4 * T * K * sizeof(int),
+                       cudaMemcpyHostToDevice, st));
     gather_rows_kernel<<<n, 128, 0, st>>>(c->moe_x, c->xn, c->ld_dim, c->moe_route_d);
     CK_LAUNCH();
     for (int e = 0; e < E; e++) {
@@ -1880,8 +1888,8 @@ static int ctx_init_device(cuda_ctx *c, const llm_config *cf, char *err) {
     c->ld_q = round_up(cf->n_heads * cf->head_dim, 8);
     c->ffn_width = cf->shared_ffn_dim > cf->ffn_dim ? cf->shared_ffn_dim : cf->ffn_dim;
     c->ld_ffn = round_up(c->ffn_width, 8);
-    /* RoPE's frequencies as the file scales them: the global layers' and the local layers' (their own base and
-     * scale) */
+    /* RoPE's frequencies as the file scales them: the global layers' and the local layers' (their own base
+     * and scale) */
     float inv[MAX_HEAD_DIM / 2] = {0};
     for (int local = 0; local < 2; local++) {
         llm_rope_freqs(cf, local && cf->sliding_window > 0 ? cf->rope_base_swa : cf->rope_base,
@@ -1950,8 +1958,8 @@ static int upload_model(cuda_ctx *c, const llm_model *m, char *err) {
         if (upload_vec(c, &d->attn_norm, &L->attn_norm, err) || upload_vec(c, &d->ffn_norm, &L->ffn_norm, err)
             || upload_vec(c, &d->q_norm, &L->q_norm, err) || upload_vec(c, &d->k_norm, &L->k_norm, err) ||
             upload_vec(c, &d->post_attn_norm, &L->post_attn_norm, err) ||
-            upload_vec(c, &d->post_ffn_norm, &L->post_ffn_norm, err) || upload_vec(c, &d->sinks, &L->sinks, err) ||
-            upload_vec(c, &d->bo, &L->bo, err))
+            upload_vec(c, &d->post_ffn_norm, &L->post_ffn_norm, err) ||
+            upload_vec(c, &d->sinks, &L->sinks, err) || upload_vec(c, &d->bo, &L->bo, err))
             return -1;
         d->window = llm_layer_window(cf, l);
         d->rope = !cf->nope_every || (l + 1) % cf->nope_every != 0; /* as the CPU's forward */
