@@ -76,9 +76,12 @@ static const char *usage =
     "  --spec-ngram K         speculative decoding by n-gram lookup: up to K tokens proposed from the text\n"
     "                         before (prompt lookup), checked in one step; the same output (default off)\n"
     "  --speculative-model F  speculative decoding with a draft model: the GGUF file F, smaller, with the\n"
-    "                         model's vocabulary, proposes K tokens by greedy decoding (K 5, or the config's)\n"
-    "  --speculative-config J the same as vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": K,\n"
-    "                         \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}, or {\"method\": \"draft_model\",\n"
+    "                         model's vocabulary, proposes K tokens by greedy decoding "
+    "(K 5, or the config's)\n"
+    "  --speculative-config J the same as vLLM's JSON: {\"method\": \"ngram\", "
+    "\"num_speculative_tokens\": K,\n"
+    "                         \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}, or "
+    "{\"method\": \"draft_model\",\n"
     "                         \"model\": F, \"num_speculative_tokens\": K}\n"
     "  --cpu                  run on the CPU even when a GPU is there\n"
     "  --cpu-exact            the CPU's plain-C reference path: weights converted to f32 row by row, no\n"
@@ -261,7 +264,8 @@ static char *read_text_file(const char *path, const char *flag) {
         if (ferror(f)) { free(text); text = NULL; }
         fclose(f);
     }
-    if (!text) { fprintf(stderr, "llm: %s %s: %s\n", flag, path, strerror(errno ? errno : ENOMEM)); return NULL; }
+    if (!text) { fprintf(stderr, "llm: %s %s: %s\n", flag, path, strerror(errno ? errno : ENOMEM));
+                 return NULL; }
     text[len] = 0;
     return text;
 }
@@ -285,7 +289,8 @@ static int grammar_from_flags(args_t *a, char **gbnf) {
         if (text && llm_json_parse(text, strlen(text), &schema, err) != 0)
             fprintf(stderr, "llm: --json-schema: not JSON: %s\n", err);
         else if (text) {
-            if (!(*gbnf = llm_json_schema_to_grammar(&schema, err))) fprintf(stderr, "llm: --json-schema: %s\n", err);
+            if (!(*gbnf = llm_json_schema_to_grammar(&schema, err)))
+                fprintf(stderr, "llm: --json-schema: %s\n", err);
             llm_json_free(&schema);
         }
         free(text);
@@ -317,7 +322,8 @@ static int speculative_config(args_t *a, const char *text) {
         if (field == &c->spec_tokens) a->spec_tokens_given = 1;
         if (!strcmp(k, "method")) {
             if (v->type == LLM_JSON_STRING && !strcmp(v->str, "ngram")) { a->spec_method = 1; continue; }
-            if (v->type == LLM_JSON_STRING && !strcmp(v->str, "draft_model")) { a->spec_method = 2; continue; }
+            if (v->type == LLM_JSON_STRING && !strcmp(v->str, "draft_model")) { a->spec_method = 2;
+                                                                                continue; }
             fprintf(stderr, "llm: --speculative-config: method must be \"ngram\" or \"draft_model\"\n");
             rc = -1;
         } else if (!strcmp(k, "model")) { /* kept for the program's life, as argv's strings are */
@@ -483,7 +489,8 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
     /* speculative decoding: one method; a draft model proposes 5 tokens unless told (vLLM's example) */
     if (a->engine.spec_model_path) a->spec_method |= 2;
     if (a->spec_method == 3) {
-        fprintf(stderr, "llm: speculative decoding takes one method: n-gram lookup (--spec-ngram, \"ngram\") or "
+        fprintf(stderr, "llm: speculative decoding takes one method: n-gram lookup "
+                        "(--spec-ngram, \"ngram\") or "
                 "a draft model (--speculative-model, \"draft_model\" with its \"model\")\n");
         return -1;
     }
@@ -777,7 +784,8 @@ static void chat_turn(chat_t *c, const char *user) {
             for (int j = 0; j < out[i].n_tokens; j++) arrput(reply_ids, out[i].token_ids[j]);
             if (out[i].text_len)
                 memcpy(arraddnptr(reply, out[i].text_len), out[i].text, (size_t)out[i].text_len);
-            if (dim_thinking || harmony) chat_show_reply(c, reply, &shown_thinking, &shown_answer, 0, dim_thinking);
+            if (dim_thinking || harmony)
+                chat_show_reply(c, reply, &shown_thinking, &shown_answer, 0, dim_thinking);
             else fwrite(out[i].text, 1, (size_t)out[i].text_len, stdout);
             fflush(stdout);
             if (out[i].finish_reason) finish = out[i].finish_reason;
@@ -1165,7 +1173,8 @@ static int bench(args_t *a) {
     llm_engine_stats st = llm_engine_get_stats(e);
     int bs = st.block_size, max_model_len = st.max_model_len;
     /* a token's K and V in every layer: in each group of layers' blocks */
-    double kv_token_bytes = (double)st.kv_bytes_per_block * st.kv_groups / bs, mib = kv_token_bytes / (1 << 20);
+    double kv_token_bytes = (double)st.kv_bytes_per_block * st.kv_groups / bs,
+        mib = kv_token_bytes / (1 << 20);
     char weights[160];
     fprintf(stderr, "llm bench: %s on %s, loaded in %.2f s; %s; KV pool %d blocks of %d tokens (%.1f MiB), "
             "%s batching\n", m->name, st.backend, now_s() - t_load,
@@ -1206,7 +1215,8 @@ static int bench(args_t *a) {
         char *prompt = edit_prompt(&tmpl, &rng);
         llm_sampling_params p = llm_sampling_defaults();
         p.temperature = 0; p.max_tokens = 1024; p.stop_token_ids = stop_ids; p.n_stop_token_ids = n_stop_ids;
-        if (!prompt || !llm_engine_add_request(e, prompt, NULL, 0, &p, NULL, err)) { /* its tokens: at the end */
+        /* its tokens: at the end */
+        if (!prompt || !llm_engine_add_request(e, prompt, NULL, 0, &p, NULL, err)) {
             fprintf(stderr, "llm bench: request rejected: %s\n", prompt ? err : "out of memory");
             rejected++;
         }
@@ -1223,7 +1233,8 @@ static int bench(args_t *a) {
         /* --json-schema, --grammar or --regex: every request follows it (greedy unless --temp is given,
          * with --seed; and the other sampling flags given) */
         p.grammar = a->sampling.grammar;
-        if (a->sampling_given & LLM_SAMPLING_TEMP) { p.temperature = a->sampling.temperature; p.seed = (int64_t)r; }
+        if (a->sampling_given & LLM_SAMPLING_TEMP) { p.temperature = a->sampling.temperature;
+                                                     p.seed = (int64_t)r; }
         if (a->sampling_given & LLM_SAMPLING_TOP_K) p.top_k = a->sampling.top_k;
         if (a->sampling_given & LLM_SAMPLING_TOP_P) p.top_p = a->sampling.top_p;
         if (a->sampling_given & LLM_SAMPLING_MIN_P) p.min_p = a->sampling.min_p;
@@ -1294,7 +1305,8 @@ static int bench(args_t *a) {
            elapsed - backend_s - st.draft_seconds, (long long)st.prompt_steps,
            (long long)(st.steps - st.prompt_steps), (long long)st.logit_rows, (long long)st.host_rows);
     if (st.grammar_tokens)
-        printf("grammar: %.3f ms per token, %.1f%% of a decode step's time per token (%lld tokens; %lld needed "
+        printf("grammar: %.3f ms per token, %.1f%% of a decode step's time per token "
+               "(%lld tokens; %lld needed "
                "a full mask, %lld of them from the cache)\n", 1e3 * st.grammar_seconds / st.grammar_tokens,
                decode_tokens && decode_s > 0 ? 100.0 * st.grammar_seconds / st.grammar_tokens /
                (decode_s / decode_tokens) : 0.0, (long long)st.grammar_tokens, (long long)st.grammar_masks,
@@ -1375,7 +1387,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (grammar_from_flags(&a, &gbnf) != 0) return 1;
-    if (cmd == 5) { /* llm grammar: the GBNF that --json-schema or --regex makes, for reading or for llama.cpp */
+    if (cmd == 5) { /* llm grammar: the GBNF that --json-schema or --regex makes, for reading or for
+                     * llama.cpp */
         if (!gbnf) { fprintf(stderr, "llm grammar: give --json-schema, --regex or --grammar\n"); return 1; }
         fputs(gbnf, stdout);
         free(gbnf);
