@@ -488,7 +488,8 @@ struct srv_req {
     float *bias;                    /* ... and their biases */
     int32_t *allowed_ids;           /* stb_ds: vLLM's allowed_token_ids */
     int32_t *bad_ids, *bad_lens;    /* stb_ds: vLLM's bad_words, tokenized */
-    char *grammar;                  /* the structured output asked for, as GBNF (malloc'ed); NULL: free text */
+    char *grammar;                  /* the structured output asked for, as GBNF (malloc'ed); NULL: free
+                                     * text */
     llm_grammar *grammar_parsed;    /* ... parsed, by the worker that prepared the request (a reference) */
     llm_chat_template chat;         /* chat: the server's template, with this request's thinking on or off */
     int tool_calls;                 /* chat: the reply is read for tool calls (tools given, tool_choice not
@@ -797,30 +798,36 @@ static int get_number(const llm_json *body, const char *key, double lo, double h
 static int get_bool(const llm_json *body, const char *key, int *out, srv_error *e) {
     const llm_json *v = llm_json_get(body, key);
     if (!v || v->type == LLM_JSON_NULL) return 0;
-    if (v->type != LLM_JSON_TRUE && v->type != LLM_JSON_FALSE) return bad(e, 400, key, "%s must be true or false", key);
+    if (v->type != LLM_JSON_TRUE && v->type != LLM_JSON_FALSE)
+        return bad(e, 400, key, "%s must be true or false", key);
     *out = v->type == LLM_JSON_TRUE;
     return 0;
 }
 
 /* A JSON value that is a token id of the model: an integer in [0, vocab_size). */
 static int is_token_id(const srv_state *S, const llm_json *v) {
-    return v->type == LLM_JSON_NUMBER && v->num == floor(v->num) && v->num >= 0 && v->num < S->model->cfg.vocab_size;
+    return v->type == LLM_JSON_NUMBER && v->num == floor(v->num) && v->num >= 0 &&
+        v->num < S->model->cfg.vocab_size;
 }
 
 /* Fail closed: a field of OpenAI's or vLLM's request (or llama.cpp's structured output) that this server does
  * not implement is refused with a 400 unless its value asks for nothing (null always means "not given"): a
  * client that asks for JSON, a tool call or a biased sampling must not get free text it takes for that. */
-static int fv_str(const llm_json *v, const char *s) { return v && v->type == LLM_JSON_STRING && !strcmp(v->str, s); }
+static int fv_str(const llm_json *v, const char *s) { return v && v->type == LLM_JSON_STRING &&
+                                                      !strcmp(v->str, s); }
 static int fv_empty(const llm_json *v) {
-    return !v || v->type == LLM_JSON_NULL || ((v->type == LLM_JSON_ARRAY || v->type == LLM_JSON_OBJECT) && v->n == 0);
+    return !v || v->type == LLM_JSON_NULL || ((v->type == LLM_JSON_ARRAY ||
+                                               v->type == LLM_JSON_OBJECT) && v->n == 0);
 }
 /* The values a row takes (null already accepted); body, for those that depend on other fields. */
 static int fv_any(const llm_json *v, const llm_json *b) { (void)v; (void)b; return 1; }
 static int fv_never(const llm_json *v, const llm_json *b) { (void)v; (void)b; return 0; }
 static int fv_true(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_TRUE; }
 static int fv_false(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_FALSE; }
-static int fv_1(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_NUMBER && v->num == 1; }
-static int fv_none(const llm_json *v, const llm_json *b) { (void)b; return fv_empty(v) || fv_str(v, ""); } /* [] {} "" */
+static int fv_1(const llm_json *v, const llm_json *b) { (void)b;
+                                                        return v->type == LLM_JSON_NUMBER && v->num == 1; }
+/* [] {} "" */
+static int fv_none(const llm_json *v, const llm_json *b) { (void)b; return fv_empty(v) || fv_str(v, ""); }
 static int fv_text_only(const llm_json *v, const llm_json *b) {  /* modalities: ["text"] */
     (void)b;
     return v->type == LLM_JSON_ARRAY && v->n == 1 && fv_str(&v->items[0], "text");
@@ -828,9 +835,11 @@ static int fv_text_only(const llm_json *v, const llm_json *b) {  /* modalities: 
 static int fv_no_tool(const llm_json *v, const llm_json *b) {  /* "none", or "auto" with no functions */
     return fv_str(v, "none") || (fv_str(v, "auto") && fv_empty(llm_json_get(b, "functions")));
 }
-static int fv_best_of(const llm_json *v, const llm_json *b) {  /* best of n among n samples: nothing to pick */
+static int fv_best_of(const llm_json *v, const llm_json *b) {  /* best of n among n samples: nothing to
+                                                                * pick */
     const llm_json *n = llm_json_get(b, "n");
-    return v->type == LLM_JSON_NUMBER && (v->num == 1 || (n && n->type == LLM_JSON_NUMBER && v->num == n->num));
+    return v->type == LLM_JSON_NUMBER && (v->num == 1 ||
+                                          (n && n->type == LLM_JSON_NUMBER && v->num == n->num));
 }
 
 enum { F_CMPL = 1 << REQ_COMPLETIONS, F_CHAT = 1 << REQ_CHAT, F_BOTH = F_CMPL | F_CHAT };
@@ -991,7 +1000,8 @@ static int parse_structured(srv_state *S, const llm_json *body, srv_req *r, srv_
     const char *given = NULL; /* the field that asked first: a second one is refused */
     const llm_json *v;
 #define STRUCTURED_ONE(name) do { \
-        if (given) return bad(e, 400, name, "%s and %s both ask for structured output: give one", given, name); \
+        if (given) \
+            return bad(e, 400, name, "%s and %s both ask for structured output: give one", given, name); \
         given = name; \
     } while (0)
     if ((v = llm_json_get(body, "response_format")) && v->type != LLM_JSON_NULL) {
@@ -1005,15 +1015,18 @@ static int parse_structured(srv_state *S, const llm_json *body, srv_req *r, srv_
         } else if (!strcmp(type->str, "json_schema")) {
             const llm_json *js = llm_json_get(v, "json_schema");
             if (!js || js->type != LLM_JSON_OBJECT)
-                return bad(e, 400, "response_format.json_schema", "response_format.json_schema must be an object "
+                return bad(e, 400, "response_format.json_schema",
+                           "response_format.json_schema must be an object "
                            "with the schema");
             const llm_json *name = llm_json_get(js, "name"), *strict = llm_json_get(js, "strict");
             if (name && name->type != LLM_JSON_STRING)
-                return bad(e, 400, "response_format.json_schema.name", "response_format.json_schema.name must be "
+                return bad(e, 400, "response_format.json_schema.name",
+                           "response_format.json_schema.name must be "
                            "a string");
             if (strict && strict->type != LLM_JSON_TRUE && strict->type != LLM_JSON_FALSE &&
                 strict->type != LLM_JSON_NULL)
-                return bad(e, 400, "response_format.json_schema.strict", "response_format.json_schema.strict must be "
+                return bad(e, 400, "response_format.json_schema.strict",
+                           "response_format.json_schema.strict must be "
                            "a boolean");
             STRUCTURED_ONE("response_format");
             const llm_json *schema = llm_json_get(js, "schema");
@@ -1026,13 +1039,13 @@ static int parse_structured(srv_state *S, const llm_json *body, srv_req *r, srv_
     if ((v = llm_json_get(body, "structured_outputs")) && v->type != LLM_JSON_NULL) {
         if (v->type != LLM_JSON_OBJECT)
             return bad(e, 400, "structured_outputs", "structured_outputs must be an object");
-        static const char *const refused[] = {"whitespace_pattern", "structural_tag", "disable_any_whitespace",
-                                              "disable_additional_properties"};
+        static const char *const refused[] = {"whitespace_pattern", "structural_tag",
+                                              "disable_any_whitespace", "disable_additional_properties"};
         for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
             const llm_json *x = llm_json_get(v, refused[i]);
             if (x && x->type != LLM_JSON_NULL && x->type != LLM_JSON_FALSE)
-                return bad(e, 400, "structured_outputs", "structured_outputs.%s is not supported by this server",
-                           refused[i]);
+                return bad(e, 400, "structured_outputs",
+                           "structured_outputs.%s is not supported by this server", refused[i]);
         }
         /* each kind by its full name, which outlives the loop: a second one is named as given */
         static const char *const kinds[] = {"json", "regex", "choice", "grammar", "json_object"};
@@ -1051,7 +1064,8 @@ static int parse_structured(srv_state *S, const llm_json *body, srv_req *r, srv_
                      bad(e, 400, param, "%s must be a boolean", param);
             if (rc) return -1;
         }
-        if (!r->grammar) return bad(e, 400, "structured_outputs", "structured_outputs needs one of json, regex, "
+        if (!r->grammar)
+            return bad(e, 400, "structured_outputs", "structured_outputs needs one of json, regex, "
                                     "choice, grammar or json_object");
     }
     static const struct { const char *name; int kind; } fields[] = { /* vLLM's older names, llama.cpp's */
@@ -1066,14 +1080,16 @@ static int parse_structured(srv_state *S, const llm_json *body, srv_req *r, srv_
                  k == 2 ? structured_choice(S, r, v, name, e) : structured_grammar(S, r, v, name, e);
         if (rc) return -1;
     }
-    if ((v = llm_json_get(body, "guided_decoding_backend")) && v->type != LLM_JSON_NULL && v->type != LLM_JSON_STRING)
+    if ((v = llm_json_get(body, "guided_decoding_backend")) && v->type != LLM_JSON_NULL &&
+        v->type != LLM_JSON_STRING)
         return bad(e, 400, "guided_decoding_backend", "guided_decoding_backend must be a string");
 #undef STRUCTURED_ONE
     return 0;
 }
 
 /* The sampling fields both endpoints share (vLLM's extras included), into p and r. */
-static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r, llm_sampling_params *p, srv_error *e) {
+static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r,
+                          llm_sampling_params *p, srv_error *e) {
     double x;
     if (check_fields(S, body, r->kind, e)) return -1;
     *p = S->defaults;
@@ -1149,7 +1165,8 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r, llm_sa
             if (stop->items[i].type != LLM_JSON_STRING) return bad(e, 400, "stop", "stop must be strings");
             if (stop->items[i].len) r->stops[r->n_stops++] = stop->items[i].str;
         }
-    } else if (stop && stop->type != LLM_JSON_NULL) return bad(e, 400, "stop", "stop must be a string or a list");
+    } else if (stop && stop->type != LLM_JSON_NULL)
+        return bad(e, 400, "stop", "stop must be a string or a list");
     p->stop = (const char *const *)r->stops; p->n_stop = r->n_stops;
     const llm_json *ids = llm_json_get(body, "stop_token_ids");
     if (ids && ids->type == LLM_JSON_ARRAY) {
@@ -1181,7 +1198,8 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r, llm_sa
         return bad(e, 400, "logit_bias", "logit_bias must be an object of token ids to biases");
     const llm_json *allowed = llm_json_get(body, "allowed_token_ids"); /* vLLM's: only these may be sampled */
     if (allowed && allowed->type != LLM_JSON_NULL) {
-        for (int i = 0; allowed->type == LLM_JSON_ARRAY && i < allowed->n && is_token_id(S, &allowed->items[i]); i++)
+        for (int i = 0; allowed->type == LLM_JSON_ARRAY && i < allowed->n &&
+             is_token_id(S, &allowed->items[i]); i++)
             arrput(r->allowed_ids, (int32_t)allowed->items[i].num);
         if (allowed->type != LLM_JSON_ARRAY || allowed->n == 0 || arrlen(r->allowed_ids) != allowed->n)
             return bad(e, 400, "allowed_token_ids", "allowed_token_ids must be a non-empty list of token ids "
@@ -1190,12 +1208,14 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r, llm_sa
     /* vLLM's bad_words: each word's tokens, as it starts the text and after a space (as vLLM tokenizes it) */
     const llm_json *words = llm_json_get(body, "bad_words");
     if (words && words->type != LLM_JSON_NULL) {
-        if (words->type != LLM_JSON_ARRAY) return bad(e, 400, "bad_words", "bad_words must be a list of strings");
+        if (words->type != LLM_JSON_ARRAY)
+            return bad(e, 400, "bad_words", "bad_words must be a list of strings");
         if (!S->model->tok) return bad(e, 400, "bad_words", "bad_words needs a model with a tokenizer");
         for (int i = 0; i < words->n; i++) {
             const llm_json *w = &words->items[i];
             size_t skip = 0;
-            while (w->type == LLM_JSON_STRING && skip < w->len && isspace((unsigned char)w->str[skip])) skip++;
+            while (w->type == LLM_JSON_STRING && skip < w->len && isspace((unsigned char)w->str[skip]))
+                skip++;
             if (w->type != LLM_JSON_STRING || skip == w->len)
                 return bad(e, 400, "bad_words", "bad_words must be a list of strings with a word in each");
             for (int space = 0; space < 2; space++) {
@@ -1261,8 +1281,10 @@ static int chat_content(const llm_json *m, int i, sbuf *out, srv_error *e) {
     if (c->type == LLM_JSON_STRING) { sb_put(out, c->str, c->len); return 0; }
     if (c->type != LLM_JSON_ARRAY) return bad(e, 400, param, "%s must be a string or a list of parts", param);
     for (int k = 0; k < c->n; k++) {
-        const llm_json *part = &c->items[k], *type = llm_json_get(part, "type"), *text = llm_json_get(part, "text");
-        if (!type || type->type != LLM_JSON_STRING || strcmp(type->str, "text") || !text || text->type != LLM_JSON_STRING)
+        const llm_json *part = &c->items[k], *type = llm_json_get(part, "type"),
+            *text = llm_json_get(part, "text");
+        if (!type || type->type != LLM_JSON_STRING || strcmp(type->str, "text") || !text ||
+            text->type != LLM_JSON_STRING)
             return bad(e, 400, param, "%s: only {\"type\": \"text\", \"text\": ...} parts are supported",
                        param);
         if (k) sb_puts(out, "\n");
@@ -1273,7 +1295,8 @@ static int chat_content(const llm_json *m, int i, sbuf *out, srv_error *e) {
 
 /* A tool call of an assistant message: {"id", "type": "function", "function": {"name", "arguments"}}, its
  * arguments a JSON object given as text (OpenAI's way) or as the object */
-static int chat_tool_call(const llm_json *tc, int i, int k, llm_chat_tool_call *out, sbuf *args, srv_error *e) {
+static int chat_tool_call(const llm_json *tc, int i, int k, llm_chat_tool_call *out,
+                          sbuf *args, srv_error *e) {
     char param[64];
     snprintf(param, sizeof param, "messages[%d].tool_calls[%d]", i, k);
     const llm_json *id = llm_json_get(tc, "id"), *type = llm_json_get(tc, "type");
@@ -1332,7 +1355,8 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
     if (v && v->type != LLM_JSON_NULL && v->type != LLM_JSON_OBJECT)
         return bad(e, 400, "chat_template_kwargs", "chat_template_kwargs must be an object");
     const llm_json *think = llm_json_get(v, "enable_thinking");
-    if (think && think->type != LLM_JSON_NULL && think->type != LLM_JSON_TRUE && think->type != LLM_JSON_FALSE)
+    if (think && think->type != LLM_JSON_NULL && think->type != LLM_JSON_TRUE &&
+        think->type != LLM_JSON_FALSE)
         return bad(e, 400, "chat_template_kwargs",
                    "chat_template_kwargs.enable_thinking must be true or false");
     if (think && think->type != LLM_JSON_NULL) r->chat.enable_thinking = think->type == LLM_JSON_TRUE;
@@ -1354,7 +1378,8 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         get_bool(body, "parallel_tool_calls", &parallel, e))
         return -1;
     if (gen && cont)
-        return bad(e, 400, "continue_final_message", "continue_final_message and add_generation_prompt cannot "
+        return bad(e, 400, "continue_final_message",
+                   "continue_final_message and add_generation_prompt cannot "
                    "both be true: set add_generation_prompt to false to continue the last message");
     /* the tools, and which may be called */
     const llm_json *tools = llm_json_get(body, "tools"), *choice = llm_json_get(body, "tool_choice");
@@ -1391,7 +1416,8 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         for (int i = 0; !found && i < n_tools; i++)
             found = fv_str(llm_json_get(llm_json_get(&tools->items[i], "function"), "name"), named);
         if (!found)
-            return bad(e, 400, "tool_choice", "tool_choice names the function \"%.64s\", which is not in tools",
+            return bad(e, 400, "tool_choice", "tool_choice names the function "
+                                              "\"%.64s\", which is not in tools",
                        named);
     }
     char *tools_text = n_tools ? llm_json_dumps(tools, 0) : NULL;
@@ -1467,7 +1493,8 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         if (cm[i].tool_call_id) cm[i].tool_call_id = mistral_call_id(cm[i].tool_call_id, short_ids[i]);
     }
     if (ok && cont && strcmp(cm[n - 1].role, "assistant")) {
-        ok = 0; bad(e, 400, "continue_final_message", "continue_final_message needs an assistant message last");
+        ok = 0;
+        bad(e, 400, "continue_final_message", "continue_final_message needs an assistant message last");
     }
     int m = ok ? llm_chat_render(&r->chat, cm, n, tools_text, gen, NULL, 0) : -1;
     if (ok && m < 0) {
@@ -1500,7 +1527,8 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         char err[LLM_ERR_LEN];
         if (r->grammar) {
             ok = 0;
-            bad(e, 400, "tools", "tools and a structured output field both ask for the reply's form: give one");
+            bad(e, 400, "tools", "tools and a structured output field both ask for the "
+                                 "reply's form: give one");
         } else {
             r->grammar = llm_chat_tool_grammar(&r->chat, tools_text, mode, named, parallel, err);
             if (structured_check(S, r, "tools", err, e)) ok = 0;
@@ -1553,8 +1581,8 @@ static void put_usage(sbuf *b, srv_req *r) {
 
 /* A token's text for logprobs: its piece; bytes that are not whole UTF-8 as vLLM writes them,
    "bytes:\xNN". */
-/* A token as logprobs name it: its text (a JSON string where its bytes are UTF-8, else "bytes:\\x.."), or with
- * as_id (vLLM's return_tokens_as_token_ids) "token_id:N"; and the bytes of that */
+/* A token as logprobs name it: its text (a JSON string where its bytes are UTF-8, else "bytes:\\x.."), or
+ * with as_id (vLLM's return_tokens_as_token_ids) "token_id:N"; and the bytes of that */
 static void put_token_str(sbuf *b, srv_state *S, int32_t id, int as_id) {
     if (as_id) { sb_printf(b, "\"token_id:%d\"", (int)id); return; }
     char piece[256];
@@ -1589,8 +1617,8 @@ static void put_token_bytes(sbuf *b, srv_state *S, int32_t id, int as_id) {
  * top_ids/top_lps) and offset in the choice's text; a NULL logprob writes null for both (the first token of
  * an echoed prompt, which nothing predicts). Returns the offset of the next token. */
 static size_t add_completion_entry(srv_state *S, const srv_req *r, srv_choice *ch, int32_t id,
-                                   const float *logprob, const int32_t *top_ids, const float *top_lps, int n_top,
-                                   size_t text_start) {
+                                   const float *logprob, const int32_t *top_ids, const float *top_lps,
+                                   int n_top, size_t text_start) {
     if (ch->lp_tokens.len) {
         sb_puts(&ch->lp_tokens, ","); sb_puts(&ch->lp_values, ",");
         sb_puts(&ch->lp_top, ","); sb_puts(&ch->lp_offsets, ",");
@@ -1715,7 +1743,7 @@ static void choice_reset_logprobs(srv_choice *ch) {
     sb_free(&ch->logprobs);
 }
 
-/* ---- A chat reply read for its thinking and tool calls --------------------------------------------------- */
+/* ---- A chat reply read for its thinking and tool calls ------------------------------------------------- */
 /* A call's id, as OpenAI writes them ("call_" and 24 characters), from the request, choice and call */
 /* The id of choice ci's call k: "call_" and 24 letters and digits, or 9 of them for Mistral's models (their
  * templates take no other); the same every time the reply is read, streamed or not */
@@ -1771,12 +1799,13 @@ static int put_read_message(sbuf *b, srv_req *r, int ci, const srv_choice *ch) {
 }
 
 /* One delta chunk of a streamed chat reply: `fields` are the delta's members (JSON, without braces) */
-/* continuous_usage_stats: a chunk of choice ci says its usage so far (its prompt's tokens, done of its own) */
+/* continuous_usage_stats: a chunk of choice ci says its usage so far (its prompt's tokens, done of its
+ * own) */
 static void put_chunk_usage(sbuf *b, const srv_req *r, int ci, int done) {
     if (!r->continuous_usage) return;
     int prompt = (int)arrlen(r->prompts[ci / r->n].prompt_ids);
-    sb_printf(b, ",\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", prompt, done,
-              prompt + done);
+    sb_printf(b, ",\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", prompt,
+              done, prompt + done);
 }
 
 /* A chat chunk of choice ci: its delta's fields, logprobs and finish reason (NULL: null); done: its tokens so
@@ -1805,7 +1834,8 @@ static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, i
                              const char *logprobs) {
     llm_chat_reply rep;
     const char *text = ch->text.s ? ch->text.s : "";
-    int rc = llm_chat_parse_reply(&r->chat, text, ch->text.len, r->reasoning > 0, r->tool_calls, !final, &rep);
+    int rc = llm_chat_parse_reply(&r->chat, text, ch->text.len, r->reasoning > 0,
+                                  r->tool_calls, !final, &rep);
     if (rc != 0) {
         llm_chat_reply_free(&rep);
         return 0;
@@ -1831,7 +1861,8 @@ static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, i
         size_t na = strlen(rep.calls[k].arguments);
         if (k >= arrlen(ch->sent_args)) { /* a new call: its head */
             sb_printf(&d, "\"tool_calls\":[{\"index\":%d,\"id\":", k); put_tool_call_id(&d, r, ci, k);
-            sb_puts(&d, ",\"type\":\"function\",\"function\":{\"name\":"); sb_json_cstr(&d, rep.calls[k].name);
+            sb_puts(&d, ",\"type\":\"function\",\"function\":{\"name\":");
+            sb_json_cstr(&d, rep.calls[k].name);
             sb_puts(&d, ",\"arguments\":\"\"}}]");
             send_delta(S, r, ci, d.s, d.len, NULL, NULL, ch->n_tokens);
             arrput(ch->sent_args, 0);
@@ -4316,7 +4347,8 @@ static int bench_serve(int argc, char **argv, int start) {
                   .in_min = 32, .in_max = 256, .out_min = 16, .out_max = 128, .tok_min = 3, .tok_max = 500,
                   .rate = INFINITY, .timeout = 120, .system_words = 200, .turn_min = 16, .turn_max = 48};
     const char *model = NULL, *host = "127.0.0.1", **metrics_urls = NULL; /* stb_ds */
-    const char *single_only = NULL, *multi_only = NULL; /* a flag given that only one of the two kinds reads */
+    const char *single_only = NULL, *multi_only = NULL; /* a flag given that only one of the two kinds
+                                                         * reads */
     int max_conc = 0, port = 8000;
     for (int i = start; i < argc; i++) {
         const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -4367,7 +4399,8 @@ static int bench_serve(int argc, char **argv, int start) {
         return 1;
     }
     if (b.users ? single_only != NULL : multi_only != NULL) { /* given, it would be ignored: refused */
-        if (b.users) fprintf(stderr, "llm bench serve: %s does not apply to --multi-turn (see --help)\n", single_only);
+        if (b.users)
+            fprintf(stderr, "llm bench serve: %s does not apply to --multi-turn (see --help)\n", single_only);
         else fprintf(stderr, "llm bench serve: %s applies only to --multi-turn (see --help)\n", multi_only);
         arrfree(metrics_urls);
         return 1;
