@@ -3623,8 +3623,8 @@ static void test_spec_propose(void) {
 static void spec_story_prompts(char repeated[3][1024]) {
     static const char *const story =
         "Once upon a time there was a little girl named Lily. She loved to play in the park with her big red "
-        "ball. One day she saw a dog. The dog was sad because it was lost. Lily helped the dog find its "
-        "home.";
+        "ball. One day she saw a dog. The dog was sad because it was lost. "
+        "Lily helped the dog find its home.";
     for (int k = 0; k < 3; k++)
         snprintf(repeated[k], 1024, "%s %s %.*s", story + k * 10, story + k * 10, 40 + k * 9, story);
 }
@@ -5295,9 +5295,8 @@ static void test_grammar_generation(void) {
         run_engine(e, r);
         llm_engine_stats st = llm_engine_get_stats(e);
         int stops = 0;
-        const char *what = mi == 0 ? "SmolLM2, JSON grammar, n = 4" : mi == 1 ? "random Qwen2, JSON grammar, "
-                                                                                "n = 4" :
-                           "SmolLM2, JSON grammar, preempted";
+        const char *what = mi == 0 ? "SmolLM2, JSON grammar, n = 4" :
+                           mi == 1 ? "random Qwen2, JSON grammar, n = 4" : "SmolLM2, JSON grammar, preempted";
         check_grammar_outputs(what, g, r, n_req, 4, &stops);
         CHECK(all_blocks_free(e) && st.grammar_tokens > 0, "%s: blocks back, %lld tokens under the grammar",
               what, (long long)st.grammar_tokens);
@@ -5597,8 +5596,8 @@ static void test_grammar_schemas(void) {
         {"{\"properties\": {\"x\": {\"patternProperties\": {}}}}", "\"patternProperties\" is not supported "
          "at /properties/x"},
         {"{\"if\": {}, \"then\": {}}", "\"if\" is not supported"},
-        {"{\"type\": \"number\", \"maximum\": 5}", "minimum/maximum on a number (not an integer) is not "
-         "supported"},
+        {"{\"type\": \"number\", \"maximum\": 5}",
+         "minimum/maximum on a number (not an integer) is not supported"},
         {"{\"type\": \"integer\", \"multipleOf\": 2}", "\"multipleOf\" is not supported"},
         {"{\"$ref\": \"https://example.com/s.json\"}", "does not point into this schema"},
         {"{\"type\": \"string\", \"pattern\": \"(?=a)b\"}", "lookaround"},
@@ -6922,8 +6921,8 @@ static void test_tool_marker_token(void) {
     char piece[32], err[LLM_ERR_LEN];
     int len = llm_tokenizer_piece(t, marker, 0, piece, sizeof piece);
     CHECK(len == 12 && !memcmp(piece, "[TOOL_CALLS]", 12) &&
-          llm_tokenizer_piece(t, im_end, 0, piece, 32) == 0, "[TOOL_CALLS] is text (%d bytes), <|im_end|> is "
-          "not", len);
+          llm_tokenizer_piece(t, im_end, 0, piece, 32) == 0,
+          "[TOOL_CALLS] is text (%d bytes), <|im_end|> is not", len);
     CHECK(llm_tokenizer_piece(t, args, 0, piece, sizeof piece) == 6 && !memcmp(piece, "[ARGS]", 6),
           "[ARGS] is text");
     static const char reply[] = "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}]";
@@ -7036,8 +7035,8 @@ static void test_harmony_tokens(void) {
     llm_chat_template chatml;
     memset(&chatml, 0, sizeof chatml);
     char *same = answer ? llm_chat_answer_grammar(&chatml, answer, err) : NULL;
-    CHECK(whole && same && !strcmp(same, answer), "the answer's grammar for gpt-oss and, unchanged, ChatML: "
-          "%s", err);
+    CHECK(whole && same && !strcmp(same, answer),
+          "the answer's grammar for gpt-oss and, unchanged, ChatML: %s", err);
     if (whole) {
         CHECK(gbnf_takes(whole, "<|channel|>analysis<|message|>Kids?<|end|><|start|>assistant<|channel|>final"
                                 "<|message|>{\"a\": 1, \"kids\": [{\"a\": 2, \"kids\": []}]}") &&
@@ -8666,8 +8665,7 @@ static void test_server_structured(void) {
         {1, "\"guided_grammar\":\"root ::= \\\"x\\\"+ \\\"!\\\"\"", "x!"},
         {0, "\"grammar\":\"root ::= \\\"x\\\"+ \\\"!\\\"\"", "x!"},
         {1, "\"json_schema\":{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"cat\",\"dog\"]},"
-         "\"age\":"
-            "{\"type\":\"integer\",\"minimum\":0,\"maximum\":30}},\"required\":[\"kind\",\"age\"],"
+            "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":30}},\"required\":[\"kind\",\"age\"],"
             "\"additionalProperties\":false}", "pet"},
     };
     char err[LLM_ERR_LEN];
