@@ -1,10 +1,12 @@
-# make            builds llm and llm-test (llm.cu too, with nvcc, when nvcc is on the PATH; make CUDA=0 skips it)
+# make            builds llm and llm-test (llm.cu too, with nvcc, when nvcc is on the PATH; make CUDA=0 skips
+#                 it)
 # make test       builds and runs the tests (CPU backend; SANITIZE=1 under AddressSanitizer + UBSan), then the
 #                 official openai client against llm serve (tools/openai_test.py; tool calling and reasoning:
 #                 tools/tools_test.py, not under the sanitizers: 656 requests take them past 10 minutes, and
 #                 test.c's server tools test covers those paths there), all in .venv (made once, with
-#                 the oracles the tests also run: gguf's dequantization and Python's regex); every file it reads
-#                 is in testdata/ or made there once (make testdata: the random-weight models, see its README)
+#                 the oracles the tests also run: gguf's dequantization and Python's regex); every file it
+#                 reads is in testdata/ or made there once (make testdata: the random-weight models, see its
+#                 README)
 #                 It runs the core's tests on llm-test-core too (make test-core): llm.h built without its
 #                 optional layers (LLM_NO_GRAMMAR, LLM_NO_SIMD: the plain-C path, what the SIMD kernels are
 #                 checked against and what a CPU without AVX2 runs)
@@ -29,7 +31,8 @@ OPENMP   ?= -fopenmp
 ARCH     ?= -march=native
 # a * b + c stays two roundings, fused or not by the target: the same results on every CPU, and the exact
 # dequantization of the reference path; no errno from libm (never read), so lrintf and sqrtf are inlined
-CFLAGS   += -Wall -Wextra -Wno-missing-field-initializers -std=gnu11 $(ARCH) -ffp-contract=off -fno-math-errno $(OPENMP) -I$(STB_INC) -I.
+CFLAGS   += -Wall -Wextra -Wno-missing-field-initializers -std=gnu11 $(ARCH) -ffp-contract=off \
+            -fno-math-errno $(OPENMP) -I$(STB_INC) -I.
 LDLIBS   += -lm -lpthread
 # the tests' data: in the repository (testdata/README.md); TESTDATA=DIR reads another copy of the same layout
 TESTDATA ?= testdata
@@ -56,7 +59,8 @@ ifeq ($(SANITIZE),1)
   # shift checks off: stb_ds.h hashes 8-byte keys with (byte << 24) on int, which UBSan flags inside stb_ds;
   # float-cast-overflow on: a float out of an integer's range (NaN from a file) is undefined behaviour too
   SAN      = -fsanitize=address,undefined,float-cast-overflow -fno-sanitize=shift -fno-sanitize-recover=all
-  # -O2, not the -O1 sanitizers' docs suggest: the same checks, and the kernels' loops 1.3-1.8x faster under them
+  # -O2, not the -O1 sanitizers' docs suggest: the same checks, and the kernels' loops 1.3-1.8x faster under
+  # them
   CFLAGS  += -O2 -fno-omit-frame-pointer $(SAN)
   LDFLAGS += $(SAN)
 endif
@@ -117,7 +121,8 @@ llm-example: llm.h | $(STB_H) $(NEED_CC)
 	    $(CC) $(CFLAGS) -x c -o $@ - $(LDFLAGS) $(LDLIBS)
 
 # (first: test.c's GPU checks, which only a CUDA build links, compile; a machine without nvcc checks them so)
-test: llm llm-test llm-example $(if $(SANITIZE)$(TSAN),,llm-test-core) $(MODEL) $(GEMMA3_MODEL) $(VENV) testdata
+test: llm llm-test llm-example $(if $(SANITIZE)$(TSAN),,llm-test-core) $(MODEL) $(GEMMA3_MODEL) $(VENV) \
+      testdata
 	@$(CC) $(CFLAGS) -DLLM_CUDA -fsyntax-only test.c
 	$(TEST_ONLY) ./llm-test $(TESTDATA)
 	$(if $(SANITIZE)$(TSAN),,LLM_TEST="$(CORE_TESTS)" ./llm-test-core $(TESTDATA))
@@ -127,10 +132,10 @@ test: llm llm-test llm-example $(if $(SANITIZE)$(TSAN),,llm-test-core) $(MODEL) 
 
 # the core alone: the header built without its optional layers (LLM_NO_GRAMMAR, LLM_NO_SIMD), and the core's
 # tests run on it: one fails here if the core starts to depend on a layer. It is the plain-C path's own build
-# too (llm-test checks the SIMD path against this C on every build, but the plain C's own tests otherwise never
-# ran: its 8-bit extremes case failed unseen from ecfd37f on)
-CORE_TESTS = test data,tokenizer,streaming detokenizer,gguf values,references,paged forward,weight types,quant,\
-	mxfp4,RoPE,sampler,block manager,batch invariance,prefix cache,parallel sampling,stop conditions,\
+# too (llm-test checks the SIMD path against this C on every build, but the plain C's own tests otherwise
+# never ran: its 8-bit extremes case failed unseen from ecfd37f on)
+CORE_TESTS = test data,tokenizer,streaming detokenizer,gguf values,references,paged forward,weight types,\
+	quant,mxfp4,RoPE,sampler,block manager,batch invariance,prefix cache,parallel sampling,stop conditions,\
 	abort and limits,logprobs,requests from a thread,wait for work,backend errors,token budget,chat templates,\
 	layers left out
 llm-test-core: test.c llm.h | $(STB_H) $(NEED_CC)
@@ -141,8 +146,9 @@ test-core: llm-test-core $(MODEL) testdata
 
 # the random-weight models too large to keep in git (108 MB), written once from a fixed seed with the gguf
 # package and checked against the sums of the files llama.cpp's references were made on (testdata/README.md);
-# qwen2moe's; random-gpt-oss with MXFP4 weights and random-phi3 with LongRoPE factors, made from the ones in git,
-# random-llama3-gqa with Llama 3.1's rope_freqs, and random-llama2-untied with 64 more tokens (a draft model)
+# qwen2moe's; random-gpt-oss with MXFP4 weights and random-phi3 with LongRoPE factors, made from the ones in
+# git, random-llama3-gqa with Llama 3.1's rope_freqs, and random-llama2-untied with 64 more tokens (a draft
+# model)
 RANDOM_MODELS = random-llama3-gqa random-qwen2-bias random-qwen3-qknorm random-llama2-untied random-qwen2moe \
                 random-gpt-oss-mxfp4 random-llama3-rope-freqs random-phi3-longrope random-llama2-wider
 RANDOM_STAMP  = testdata/models/.random-ok
@@ -163,7 +169,8 @@ $(RANDOM_STAMP): testdata/make_random_models.py testdata/models/random-models.sh
 $(VENV):
 	@if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then \
 	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	        echo "make: installing python3-venv with apt-get (for .venv, the tests' Python packages; 20 s)" >&2; \
+	        echo "make: installing python3-venv with apt-get (for .venv, the tests' Python packages; 20 s)" \
+	            >&2; \
 	        $(call APT_INSTALL,python3-venv) || \
 	            { echo "make: apt-get install python3-venv failed (its messages are above)" >&2; exit 1; }; \
 	    else echo "make: Python's venv is missing: run 'sudo apt-get install python3-venv'" >&2; exit 1; fi; \
@@ -232,17 +239,19 @@ clean:
 
 # ---- make fuzz ---------------------------------------------------------------------------------------------
 # libFuzzer targets (fuzz/fuzz_*.c), as llama.cpp's and OSS-Fuzz's: the GGUF reader, the tokenizer, the engine
-# on stories260K, llm.h's JSON reader and server.c's HTTP parser, the grammar (GBNF, JSON Schema, regex). Each is built with clang under ASan and UBSan (no
-# OpenMP: one thread is faster for tiny inputs), gets seed inputs from fuzz/make-corpus.py in fuzz/corpus/NAME
-# once, and runs FUZZ_SECONDS; libFuzzer adds what it finds to the corpus. Full logs go to fuzz/logs/NAME.log,
-# a crash's input to fuzz/crashes/NAME-crash-*; make fuzz fails when a target found one.
+# on stories260K, llm.h's JSON reader and server.c's HTTP parser, the grammar (GBNF, JSON Schema, regex). Each
+# is built with clang under ASan and UBSan (no OpenMP: one thread is faster for tiny inputs), gets seed inputs
+# from fuzz/make-corpus.py in fuzz/corpus/NAME once, and runs FUZZ_SECONDS; libFuzzer adds what it finds to
+# the corpus. Full logs go to fuzz/logs/NAME.log, a crash's input to fuzz/crashes/NAME-crash-*; make fuzz
+# fails when a target found one.
 #   make fuzz FUZZ_SECONDS=20 FUZZ_TARGETS="json http"     a shorter run of two of them
 #   ./fuzz/fuzz_gguf fuzz/crashes/gguf-crash-...            runs one input again (with its stack trace)
 FUZZ_SECONDS ?= 60
 FUZZ_ALL      = gguf tokenizer engine json http grammar
 FUZZ_TARGETS ?= $(FUZZ_ALL)
 # UBSan aborts at the first report; fuzz/sanitize.ignore leaves out stb_ds.h and llm_dot (see the file)
-FUZZ_CFLAGS   = -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wno-missing-field-initializers -std=gnu11 -I$(STB_INC) -I. \
+FUZZ_CFLAGS   = -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wno-missing-field-initializers -std=gnu11 \
+                -I$(STB_INC) -I. \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                 -fsanitize-ignorelist=fuzz/sanitize.ignore
 FUZZ_ENV      = LLM_TESTDATA=$(TESTDATA) UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

@@ -656,7 +656,8 @@ typedef struct {
     size_t n_prompt, n_completion;
     int32_t ids[512];
     int n_ids, max_tokens;
-    int n_ctx;          /* the context llama.cpp ran with where the case names it (the engine's max_model_len) */
+    int n_ctx;          /* the context llama.cpp ran with where the case names it (the engine's
+                         * max_model_len) */
     float gaps[512];    /* top2_logprob_gaps where the case has them: llama.cpp's top-two gap at each step */
     int n_gaps;
 } ref_case;
@@ -929,11 +930,11 @@ static void test_stories_reference(void) {
     free(r); free(cases);
 }
 
-/* A copy of a test model (stories260K, say) with metadata keys added: each key name, a GGUF value type and its
- * bytes (strings as the file writes them: a u64 length, then the bytes). The keys go right after the header,
- * with a padding key that makes what was added a multiple of the alignment (32), so the tensor data, which the
- * file only locates by alignment, moves whole and stays aligned. Writes the copy's path to path (room for
- * 64). */
+/* A copy of a test model (stories260K, say) with metadata keys added: each key name, a GGUF value type and
+ * its bytes (strings as the file writes them: a u64 length, then the bytes). The keys go right after the
+ * header, with a padding key that makes what was added a multiple of the alignment (32), so the tensor data,
+ * which the file only locates by alignment, moves whole and stays aligned. Writes the copy's path to path
+ * (room for 64). */
 typedef struct { const char *key; uint32_t type; const void *value; size_t n; } test_kv;
 static int gguf_with_keys(const char *model, const test_kv *kvs, int n_kvs, char *path) {
     size_t size, add = 0, room = 64 + 32;
@@ -967,7 +968,8 @@ static int gguf_with_keys(const char *model, const test_kv *kvs, int n_kvs, char
 
 /* Each case of a reference file run greedily on a backend, against the ids under ids_key (whose they are) */
 static void check_greedy_references(const char *file, const char *ids_key, int n_cases,
-                                    llm_backend *(*backend)(const llm_model *m, char *err), const char *whose) {
+                                    llm_backend *(*backend)(const llm_model *m, char *err),
+                                    const char *whose) {
     ref_case *cases = (ref_case *)calloc(16, sizeof *cases);
     int n = load_ref_cases(file, ids_key, cases, 16);
     CHECK(n == n_cases, "%s: %d cases", file, n);
@@ -1020,9 +1022,10 @@ static int greedy_case_run(const char *path, const ref_case *c, int exact, int b
     run_add(e, r, c->prompt, NULL, 0, &p);
     run_engine(e, r);
     int at = batched ? 1 : 0;
-    int same = r->n_tokens[at][0] == c->n_ids && !memcmp(r->tokens[at][0], c->ids, (size_t)c->n_ids * sizeof(int32_t));
-    CHECK(same, "%s \"%s\" (%s path, block size %d%s): greedy ids differ from llama.cpp's", c->model, c->prompt,
-          exact ? "exact" : "default", block_size, batched ? ", batched" : "");
+    int same = r->n_tokens[at][0] == c->n_ids &&
+        !memcmp(r->tokens[at][0], c->ids, (size_t)c->n_ids * sizeof(int32_t));
+    CHECK(same, "%s \"%s\" (%s path, block size %d%s): greedy ids differ from llama.cpp's", c->model,
+          c->prompt, exact ? "exact" : "default", block_size, batched ? ", batched" : "");
     if (!same) {
         tok_print_ids("ours", r->tokens[at][0], r->n_tokens[at][0]);
         tok_print_ids("llama.cpp", c->ids, c->n_ids);
@@ -1037,8 +1040,8 @@ static void test_random_archs_reference(void) {
     n += load_ref_cases("random-qwen2moe-greedy.json", "completion_token_ids", cases + n, 16 - n);
     run_result *r = (run_result *)calloc(1, sizeof *r);
     static const char *const supported[] = {"random-gemma3.gguf", "random-phi3.gguf", "random-smollm3.gguf",
-                                            "random-qwen3moe.gguf", "random-llama-moe.gguf", "random-gpt-oss.gguf",
-                                            "random-qwen2moe.gguf"};
+                                            "random-qwen3moe.gguf", "random-llama-moe.gguf",
+                                            "random-gpt-oss.gguf", "random-qwen2moe.gguf"};
     for (int i = 0; i < n; i++) {
         int known = 0;
         for (size_t k = 0; k < sizeof supported / sizeof *supported; k++)
@@ -1049,7 +1052,8 @@ static void test_random_archs_reference(void) {
                                        run % 2, r);
         }
     }
-    CHECK(checked == 8 * ((int)(sizeof supported / sizeof *supported) + 1), "%d runs of the new architectures",
+    CHECK(checked == 8 * ((int)(sizeof supported / sizeof *supported) + 1),
+          "%d runs of the new architectures",
           checked); /* qwen2moe has two prompts */
     free(r); free(cases);
 }
@@ -1058,8 +1062,8 @@ static void test_random_archs_reference(void) {
  * gpt-oss-20b has it (factor 32 over an original 4096 positions: the fast dimensions kept, the slow ones
  * interpolated, a ramp between, cos and sin times 1 + 0.1 ln 32) on random-gpt-oss, two prompts; linear by 8
  * as Gemma 3 4B and larger have it, on random-gemma3, where it scales the global layer only (llama.cpp's
- * rope_freq_scale_train_swa is 1) while its 24 tokens run past the local layers' window of 8. On the exact and
- * default paths, alone and batched. */
+ * rope_freq_scale_train_swa is 1) while its 24 tokens run past the local layers' window of 8. On the exact
+ * and default paths, alone and batched. */
 static void test_rope_scaling(void) {
     static const char yarn[] = "\x04\0\0\0\0\0\0\0yarn", linear[] = "\x06\0\0\0\0\0\0\0linear";
     float factor32 = 32, factor8 = 8;
@@ -1090,8 +1094,8 @@ static void test_rope_scaling(void) {
 /* RoPE's per-pair factors against llama.cpp's greedy ids (made by testdata/make_random_models.py): Llama
  * 3.1's rope_freqs on random-llama3-gqa; Phi-3.5's LongRoPE on random-phi3, whose long factors serve the
  * model's context of 4096 (past its original 2048: cos and sin times its attention factor too) and the short
- * ones a max_model_len of 2048 (llama.cpp's n_ctx), as llama.cpp picks them. Two prompts each, on the exact and
- * default paths, alone and batched; without the factors every case parts from these ids (checked). */
+ * ones a max_model_len of 2048 (llama.cpp's n_ctx), as llama.cpp picks them. Two prompts each, on the exact
+ * and default paths, alone and batched; without the factors every case parts from these ids (checked). */
 static void test_rope_factors(void) {
     ref_case *cases = (ref_case *)calloc(16, sizeof *cases);
     int n = load_ref_cases("random-rope-factors-greedy.json", "completion_token_ids", cases, 16), checked = 0;
@@ -1129,8 +1133,8 @@ static void test_rope_freqs(void) {
                 worst = fmax(worst, fmax(fabs(cos(a) * mscale - cs[i]), fabs(sin(a) * mscale - sn[i])));
             }
         }
-        CHECK(worst < 2e-4, "RoPE scaling kind %d: llm_rope_freqs' cos and sin differ from llm_rope_angles' by "
-              "%.3g", kind, worst);
+        CHECK(worst < 2e-4, "RoPE scaling kind %d: llm_rope_freqs' cos and sin differ from llm_rope_angles' "
+              "by %.3g", kind, worst);
     }
 }
 
@@ -1169,7 +1173,8 @@ static void test_gemma3_270m(void) {
     double oracle_gap[N][MAX];
     for (int i = 0; i < N; i++) {
         const llm_json *c = &all.items[i], *ids = llm_json_get(c, "completion_token_ids"),
-                       *gaps = llm_json_get(c, "top2_logprob_gap"), *pids = llm_json_get(c, "prompt_token_ids");
+                       *gaps = llm_json_get(c, "top2_logprob_gap"),
+                       *pids = llm_json_get(c, "prompt_token_ids");
         n_prompt[i] = pids ? (pids->n < 64 ? pids->n : 64) : 0;
         for (int k = 0; k < n_prompt[i]; k++) prompt[i][k] = (int32_t)pids->items[k].num;
         for (int k = 0; k < MAX; k++) {
@@ -1232,10 +1237,11 @@ static void test_gemma3_270m(void) {
                 worst = fmax(worst, fabs(gap[i][k] - oracle_gap[i][k]));
             }
             CHECK(n_out[i] == MAX && parted == MAX && worst < (exact ? 0.002 : int8 ? 1 : f32 ? 0.005 : 0.01),
-                  "Gemma 3 270M, %s path%s%s, prompt %d: the float64 oracle's tokens up to step %d (its first "
-                  "gap under %g): %s at step %d; gaps within %.4f of the oracle's",
+                  "Gemma 3 270M, %s path%s%s, prompt %d: the float64 oracle's tokens up to step %d (its "
+                  "first gap under %g): %s at step %d; gaps within %.4f of the oracle's",
                   exact ? "exact" : int8 ? "cpu-int8" : "default", f32 ? " with an f32 KV cache" : "",
-                  batched ? ", batched" : "", i, until, bound, parted == MAX ? "all" : "parts", parted, worst);
+                  batched ? ", batched" : "", i, until, bound, parted == MAX ? "all" : "parts", parted,
+                  worst);
             double *w = exact ? &worst_exact : int8 ? &worst_int8 : f32 ? &worst_f32 : &worst_default;
             *w = fmax(*w, worst);
         }
@@ -1252,8 +1258,8 @@ static void test_gemma3_270m(void) {
         int k = 0;
         while (ids && k < ids->n && k < MAX && (int32_t)ids->items[k].num == want[i][k]) k++;
         if (k < MAX && gaps && k < gaps->n)
-            printf("    llama.cpp parts from it on prompt %d at step %d: its gap %.4f, the oracle's %.4f the other "
-                   "way\n", i, k, gaps->items[k].num, oracle_gap[i][k]);
+            printf("    llama.cpp parts from it on prompt %d at step %d: its gap %.4f, the oracle's %.4f the "
+                   "other way\n", i, k, gaps->items[k].num, oracle_gap[i][k]);
     }
     llm_json_free(&all);
     free(text);
@@ -1370,8 +1376,8 @@ static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 
 /* The default path's f16/bf16 product of one row and one token in plain C, in the order llm.h's SIMD tile
  * computes it: two sets of 8 running sums, fused multiply-adds, for the even and the odd runs of 8 along the
- * row; then the two added, lanes i and i + 4 added, those sums 0 + 2 and 1 + 3, then the two; then the rest of
- * the row one value at a time */
+ * row; then the two added, lanes i and i + 4 added, those sums 0 + 2 and 1 + 3, then the two; then the rest
+ * of the row one value at a time */
 #ifdef LLM_CPU_SIMD
 static float half_dot_ref(uint32_t type, const uint16_t *w, const float *x, int64_t n) {
     float sums[2][8] = {{0}}, s4[4];
@@ -1473,8 +1479,9 @@ static void test_weight_types(void) {
 
     /* f32 dot products of 1 to 12 vectors at once (llm_dot_many: AVX2 where the build has it, from 4 vectors
      * on their lanes added 8 sums at a time where a row has no rest) are the plain-C llm_dot_n's of one at a
-     * time, bit for bit: lengths with and without a rest past the runs of 8; one vector all -0, whose sums are
-     * zeros of either sign. (It tests the AVX2 kernel in SIMD builds; in a plain-C build it is llm_dot_n.) */
+     * time, bit for bit: lengths with and without a rest past the runs of 8; one vector all -0, whose sums
+     * are zeros of either sign. (It tests the AVX2 kernel in SIMD builds; in a plain-C build it
+     * is llm_dot_n.) */
     {
         static float a[108], b[12 * 108];
         uint64_t rng = 9;
@@ -1596,8 +1603,8 @@ static void test_weight_types(void) {
 #endif
                     }
                 }
-                CHECK(bad == 0, "%s rows, %s path: %d tokens' products differ in a step of 2, 3, 5 or 7 tokens "
-                      "from one at a time", llm_dtype_name(type), path ? "exact" : "default", bad);
+                CHECK(bad == 0, "%s rows, %s path: %d tokens' products differ in a step of 2, 3, 5 or 7 "
+                      "tokens from one at a time", llm_dtype_name(type), path ? "exact" : "default", bad);
                 CHECK(off_ref == 0, "%s rows, default path: %d products differ from the plain-C model of the "
                       "SIMD kernel", llm_dtype_name(type), off_ref);
             }
@@ -1687,8 +1694,8 @@ enum { N_QUANT_TYPES = sizeof quant_types / sizeof quant_types[0] };
 
 /* tools/gguf_dequant.py writes each quantized tensor as the gguf package dequantizes it: compare bit for
  * bit */
-/* Every quantized tensor of a model file, dequantized, against the gguf package's values bit for bit; adds the
- * values compared to values_seen[type] */
+/* Every quantized tensor of a model file, dequantized, against the gguf package's values bit for bit; adds
+ * the values compared to values_seen[type] */
 static void dequant_against_gguf(const char *model, int64_t values_seen[64]) {
     llm_gguf g;
     char err[LLM_ERR_LEN], cmd[1200];
@@ -1799,8 +1806,8 @@ static void quant_dots_check(int wide) {
         }
         sums_ok &= sum[0] == xq[b].sum[0] && sum[1] == xq[b].sum[1] && xq[b].s == xq[b].d * (sum[0] + sum[1]);
     }
-    CHECK(worst <= (wide ? 1.0001f : 0.5001f) && sums_ok, "%s activations: off by %g of a step, sums %s", width,
-          worst, sums_ok ? "right" : "wrong");
+    CHECK(worst <= (wide ? 1.0001f : 0.5001f) && sums_ok, "%s activations: off by %g of a step, sums %s",
+          width, worst, sums_ok ? "right" : "wrong");
 #ifdef LLM_CPU_SIMD
     { /* the SIMD quantization gives the same bytes, ties and a block of zeros included */
         llm_q8 simd[N / 32];
@@ -1909,9 +1916,11 @@ static void quant_dots_check(int wide) {
             worst_fast = fmax(worst_fast, fabs((double)fast - ref) / size);
             worst_q8 = fmax(worst_q8, fabs((double)ref - exact) / size);
         }
-        /* the rounding of 8-bit activations costs up to a few thousandths of the sum; 16 bits 256 times less */
-        CHECK(worst_fast < 1e-5 && worst_q8 < (wide ? 4e-5 : 0.01), "%s, %s activations: fast vs plain C %.2g, "
-              "plain C vs exact %.2g (of the sum of |terms|)", llm_dtype_name(type), width, worst_fast, worst_q8);
+        /* the rounding of 8-bit activations costs up to a few thousandths of the sum; 16 bits 256
+         * times less */
+        CHECK(worst_fast < 1e-5 && worst_q8 < (wide ? 4e-5 : 0.01), "%s, %s activations: fast vs plain C "
+              "%.2g, plain C vs exact %.2g (of the sum of |terms|)", llm_dtype_name(type), width, worst_fast,
+              worst_q8);
     }
 }
 static void test_quant_dots(void) {
@@ -1940,7 +1949,8 @@ static void test_quant_tiles(void) {
         size_t row_bytes = llm_dtype_row_bytes(type, N);
         for (int variant = 0; variant < 6; variant++) {
             int extreme = variant >= 4, real = !extreme && variant % 2;
-            int path = variant < 2 || variant == 4 ? LLM_PATH_ACT16 : LLM_PATH_ACT8, wide = path == LLM_PATH_ACT16;
+            int path = variant < 2 || variant == 4 ? LLM_PATH_ACT16 : LLM_PATH_ACT8,
+                wide = path == LLM_PATH_ACT16;
             const char *width = wide ? "16-bit" : "8-bit";
             /* integers: d = dmin = 1, and every activation block holds a 127 so that its scale is 1. At the
              * extremes (where sums kept in 16 bits would overflow first): every stored value the type's
@@ -2065,14 +2075,14 @@ static void test_quant_fast_path(void) {
             int exact_products = 1;
 #endif
             if (exact_products && f32)
-                CHECK(worst == 0, "%s: without SIMD and with an f32 KV cache the fast path is the exact path, "
-                      "yet logits differ by %g", quant_models[f], worst);
+                CHECK(worst == 0, "%s: without SIMD and with an f32 KV cache the fast path is the exact "
+                      "path, yet logits differ by %g", quant_models[f], worst);
             else
                 CHECK(worst > 0 && worst < (wide || exact_products ? 0.001 : 0.05) &&
                       same_top >= T - (wide || exact_products ? 1 : 5),
                       "%s, %s activations%s: fast logits within %.3g of exact's, %d of %d argmaxes the same",
-                      quant_models[f], wide ? "16-bit" : "8-bit", f32 ? ", f32 KV cache" : "", worst, same_top,
-                      T);
+                      quant_models[f], wide ? "16-bit" : "8-bit", f32 ? ", f32 KV cache" : "", worst,
+                      same_top, T);
             printf("  %s, %s activations%s: logits within %.2g of the exact path's, %d of %d argmaxes the "
                    "same\n", quant_models[f], wide ? "16-bit" : "8-bit", f32 ? ", f32 KV cache" : "", worst,
                    same_top, T);
@@ -2168,9 +2178,9 @@ static void test_quant_smollm2(void) {
 static const llm_chat_message fidelity_chat[] = {
     {"user", "What is the difference between weather and climate?"},
     {"assistant", "Weather is what the atmosphere does over hours and days: rain this afternoon, a cold "
-                  "front tomorrow, a heat wave next week. Climate is the pattern of weather over decades, such "
-                  "as the average summer temperature of a region or how often it floods. In short, climate is "
-                  "what you expect, and weather is what you get."},
+                  "front tomorrow, a heat wave next week. Climate is the pattern of weather over decades, "
+                  "such as the average summer temperature of a region or how often it floods. In short, "
+                  "climate is what you expect, and weather is what you get."},
     {"user", "Can you give me an example of each, for a city like London?"},
     {"assistant", "Of course. A weather report for London might say that tomorrow will be cloudy with light "
                   "showers in the morning and a high of fourteen degrees. A description of London's "
@@ -2251,7 +2261,8 @@ static void test_fidelity_smollm2(void) {
         fidelity_run(wide ? llm_cpu_backend_create : llm_cpu_int8_backend_create,
                      kv_f32 ? LLM_KV_F32 : LLM_KV_AUTO, ids, P, ids_fast, lp_fast);
         int agree = 0;
-        double kl = 0, kl_max = 0, margin = 0; /* margin: the widest gap of exact's top two where they differ */
+        /* margin: the widest gap of exact's top two where they differ */
+        double kl = 0, kl_max = 0, margin = 0;
         for (int i = 0; i < P - 1; i++) {
             agree += ids_exact[i][0] == ids_fast[i][0];
             if (ids_exact[i][0] != ids_fast[i][0]) margin = fmax(margin, lp_exact[i][0] - lp_exact[i][1]);
@@ -2285,16 +2296,16 @@ static void test_fidelity_smollm2(void) {
         cfg.create_backend = exact ? llm_cpu_exact_backend_create : llm_cpu_backend_create;
         llm_engine *e = llm_engine_create(&cfg, e_err);
         int got = e ? e->backend->kv_value_bytes : 0;
-        CHECK(got == want && (e || strstr(e_err, "exact")), "the %s path's KV cache, asked for %s: %d bytes a "
-              "value (want %d) %s", exact ? "exact" : "default", dtype == LLM_KV_F16 ? "f16" :
+        CHECK(got == want && (e || strstr(e_err, "exact")), "the %s path's KV cache, asked for %s: %d bytes "
+              "a value (want %d) %s", exact ? "exact" : "default", dtype == LLM_KV_F16 ? "f16" :
               dtype == LLM_KV_F32 ? "f32" : "auto", got, want, e_err);
         llm_engine_destroy(e);
     }
     free(ids_exact); free(ids_fast); free(lp_exact); free(lp_fast);
 }
 
-/* Mixture of experts, grouped by expert: on the exact path, two sequences' tokens in one call (the experts' rows
- * gathered from both) give each token the logits it gets alone, one token a call, bit for bit. */
+/* Mixture of experts, grouped by expert: on the exact path, two sequences' tokens in one call (the experts'
+ * rows gathered from both) give each token the logits it gets alone, one token a call, bit for bit. */
 static void test_moe_grouped(const char *model) {
     llm_model m;
     char err[LLM_ERR_LEN] = "";
@@ -2311,7 +2322,8 @@ static void test_moe_grouped(const char *model) {
     for (int i = 0; i < S * LEN; i++) {
         toks[i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)V); pos[i] = i % LEN; rows[i] = i;
     }
-    float *grouped = (float *)malloc((size_t)S * LEN * V * sizeof(float)), *one = (float *)malloc((size_t)V * 4);
+    float *grouped = (float *)malloc((size_t)S * LEN * V * sizeof(float)),
+        *one = (float *)malloc((size_t)V * 4);
     llm_backend *be = llm_cpu_exact_backend_create(&m, err);
     int ok = G <= 4 && be && be->alloc_kv(be, G * S, 64, err) == 0 && grouped && one;
     llm_batch all = {.n_tokens = S * LEN, .tokens = toks, .positions = pos, .n_seqs = S, .seq_start = start,
@@ -2323,22 +2335,23 @@ static void test_moe_grouped(const char *model) {
             int32_t st[2] = {0, 1}, row = 0;
             const int32_t *alone[4]; /* sequence s's table in each group */
             for (int g = 0; g < G && g < 4; g++) alone[g] = tables[g * S + s];
-            llm_batch b1 = {.n_tokens = 1, .tokens = toks + s * LEN + i, .positions = pos + s * LEN + i, .n_seqs = 1,
-                            .seq_start = st, .block_tables = alone, .n_logits = 1, .logit_rows = &row};
+            llm_batch b1 = {.n_tokens = 1, .tokens = toks + s * LEN + i, .positions = pos + s * LEN + i,
+                            .n_seqs = 1, .seq_start = st, .block_tables = alone, .n_logits = 1,
+                            .logit_rows = &row};
             ok = be->forward(be, &b1, one, err) == 0;
             same &= ok && !memcmp(one, grouped + (size_t)(s * LEN + i) * V, (size_t)V * sizeof(float));
         }
-    CHECK(ok && same, "%s: experts grouped over a batch give each token its logits alone, bit for bit: %s", model,
-          err);
+    CHECK(ok && same, "%s: experts grouped over a batch give each token its logits alone, bit for bit: %s",
+          model, err);
     if (be) be->destroy(be);
     free(grouped); free(one); llm_model_free(&m);
 }
 
-/* Attention with more than LLM_MAX_GROUP (8) query heads per K/V head (Qwen3-235B has 16, Falcon's MQA 71): the
- * CPU takes a token's query heads 8 at a time. stories260K's weights read as 16 heads of 4 dims, first with
- * one K/V head that all 16 share (two calls of 8 heads), then with two K/V heads that are copies of it (8 each,
- * one call): the same model, so the same logits, bit for bit, for every token of a 40-token prompt (each
- * reading its whole prefix), on the default path and the exact one. */
+/* Attention with more than LLM_MAX_GROUP (8) query heads per K/V head (Qwen3-235B has 16, Falcon's MQA 71):
+ * the CPU takes a token's query heads 8 at a time. stories260K's weights read as 16 heads of 4 dims, first
+ * with one K/V head that all 16 share (two calls of 8 heads), then with two K/V heads that are copies of it
+ * (8 each, one call): the same model, so the same logits, bit for bit, for every token of a 40-token prompt
+ * (each reading its whole prefix), on the default path and the exact one. */
 static void test_attention_wide_groups(void) {
     llm_model m;
     char err[LLM_ERR_LEN] = "";
@@ -2346,7 +2359,8 @@ static void test_attention_wide_groups(void) {
     enum { LEN = 40, HD = 4 };
     llm_config *c = &m.cfg;
     int D = c->dim, V = c->vocab_size, L = c->n_layers;
-    CHECK(D == 16 * HD && c->n_kv_heads * c->head_dim >= HD, "stories260K: %d wide, as this test reads it", D);
+    CHECK(D == 16 * HD && c->n_kv_heads * c->head_dim >= HD, "stories260K: %d wide, as this test reads it",
+          D);
     c->n_heads = 16; c->head_dim = HD; c->rope_dim = HD;
     float *copies = (float *)malloc((size_t)L * 2 * 2 * HD * D * sizeof(float));
     float *logits = (float *)malloc((size_t)2 * 2 * LEN * V * sizeof(float));
@@ -2354,7 +2368,8 @@ static void test_attention_wide_groups(void) {
     int32_t toks[LEN], pos[LEN], rows[LEN], start[2] = {0, LEN}, block = 0;
     const int32_t *table[1] = {&block};
     uint64_t rng = 5;
-    for (int i = 0; i < LEN; i++) toks[i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)V), pos[i] = rows[i] = i;
+    for (int i = 0; i < LEN; i++)
+        toks[i] = (int32_t)(llm_splitmix64(&rng) % (uint64_t)V), pos[i] = rows[i] = i;
     for (int l = 0; copies && orig && l < L; l++)
         orig[2 * l] = m.layers[l].wk.data, orig[2 * l + 1] = m.layers[l].wv.data;
     int ok = copies && logits && orig;
@@ -2383,15 +2398,16 @@ static void test_attention_wide_groups(void) {
               "attention, 16 query heads per K/V head (in two calls of 8) against 8 per head of a copy (one "
               "call), %s path: the same logits, bit for bit", v ? "exact" : "default");
     CHECK(ok, "attention, 16 query heads per K/V head: %s", err);
-    for (int l = 0; orig && l < L; l++) m.layers[l].wk.data = orig[2 * l], m.layers[l].wv.data = orig[2 * l + 1];
+    for (int l = 0; orig && l < L; l++)
+        m.layers[l].wk.data = orig[2 * l], m.layers[l].wv.data = orig[2 * l + 1];
     free(copies); free(logits); free(orig); llm_model_free(&m);
 }
 
-/* An f16 KV cache holds K and V rounded to f16, and attention over it must give what an f32 cache holding those
- * same values gives, bit for bit: K rows are converted exactly before the f32 code's products, V rows in the
- * weighted sums. Heads of 64 (AVX-512: in runs of 16), 40 (a tail after the runs) and 20 (not a multiple of 8:
- * no paired scores), a decode step's 3 queries and a prompt's 4 tokens x 3 (paired with AVX-512), a window;
- * the block table out of order. */
+/* An f16 KV cache holds K and V rounded to f16, and attention over it must give what an f32 cache holding
+ * those same values gives, bit for bit: K rows are converted exactly before the f32 code's products, V rows
+ * in the weighted sums. Heads of 64 (AVX-512: in runs of 16), 40 (a tail after the runs) and 20 (not a
+ * multiple of 8: no paired scores), a decode step's 3 queries and a prompt's 4 tokens x 3 (paired with
+ * AVX-512), a window; the block table out of order. */
 static void test_attention_f16_cache(void) {
     enum { BS = 16, NB = 5, KVH = 2, NQ = 3, MAXT = 4 };
     int32_t table[NB] = {3, 0, 4, 1, 2};
@@ -2438,8 +2454,8 @@ static void test_attention_f16_cache(void) {
             }
         free(c32.k); free(c32.v); free(c16.k); free(c16.v); free(q); free(o32); free(o16); free(scratch);
     }
-    CHECK(same == cases, "attention over an f16 KV cache against an f32 one holding the same values: %d of %d "
-          "runs the same bit for bit", same, cases);
+    CHECK(same == cases, "attention over an f16 KV cache against an f32 one holding the same values: %d of "
+          "%d runs the same bit for bit", same, cases);
     /* and the store's rounding (8 at a time with F16C) against llm_f32_to_f16: any bits, ties, subnormals */
     enum { N = 1 << 16 };
     float *x = malloc(N * sizeof(float));
@@ -2454,8 +2470,8 @@ static void test_attention_f16_cache(void) {
     }
     if (x && h) llm_cpu_kv_store(&c16, h, x, N - 3);
     for (int i = 0; x && h && i < N - 3; i++) differ += h[i] != llm_f32_to_f16(x[i]);
-    CHECK(x && h && differ == 0, "f16 KV store: %d of %d values rounded otherwise than llm_f32_to_f16", differ,
-          N - 3);
+    CHECK(x && h && differ == 0, "f16 KV store: %d of %d values rounded otherwise than llm_f32_to_f16",
+          differ, N - 3);
     free(x); free(h);
 }
 
@@ -2522,8 +2538,8 @@ static void test_sampler(void) {
     CHECK(candidate_mask(&p, probs, 5) == ((1u << 1) | (1u << 3)),
           "temperature 0.5 with min_p 0.3 keeps {1, 3}");
 
-    /* top-k chosen without sorting the vocabulary: the same k, in the same order (ties by id), as a full sort of
-     * the weights; logits of 13 levels, so that there are ties everywhere */
+    /* top-k chosen without sorting the vocabulary: the same k, in the same order (ties by id), as a full sort
+     * of the weights; logits of 13 levels, so that there are ties everywhere */
     {
         enum { NV = 3000 };
         static float lg[NV];
@@ -2569,7 +2585,8 @@ static void test_sampler(void) {
                 ref[i] = e >= 0.0f ? e : 0.0f;
                 part[i % 8] += ref[i];
             }
-            double sum = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+            double sum = ((part[0] + part[1]) + (part[2] + part[3])) +
+                         ((part[4] + part[5]) + (part[6] + part[7]));
             double got = llm_sampler_weights(x, len, mx, inv_t, w);
             bad_sum += memcmp(&got, &sum, sizeof sum) != 0;
             for (int i = 0; i < len; i++) ref[i] = (float)(ref[i] / sum);
@@ -2595,7 +2612,8 @@ static void test_sampler(void) {
             if (k > n) k = n;
             llm_logprobs_top(row, n, k, ids, lps);
             int ok = 1, prev = -1;
-            for (int j = 0; j < k && ok; j++) { /* the j-th: the first id of the largest value not taken yet */
+            /* the j-th: the first id of the largest value not taken yet */
+            for (int j = 0; j < k && ok; j++) {
                 int best = -1;
                 for (int i = 0; i < n; i++) {
                     int taken = 0;
@@ -3002,8 +3020,8 @@ static void test_gguf_errors(void) {
         char scaled[64];
         llm_model sm;
         CHECK(gguf_with_keys("random-gpt-oss.gguf", &kv, 1, scaled) == 0 &&
-              llm_model_load(&sm, scaled, err) != 0 && strstr(err, "longrope") && strstr(err, "linear and yarn"),
-              "RoPE scaling longrope refused: \"%s\"", err);
+              llm_model_load(&sm, scaled, err) != 0 && strstr(err, "longrope") &&
+              strstr(err, "linear and yarn"), "RoPE scaling longrope refused: \"%s\"", err);
         remove(scaled);
     }
     memcpy(buf, file, n); uint32_t v9 = 9; memcpy(buf + 4, &v9, 4);
@@ -3344,8 +3362,8 @@ static void test_priority_scheduling(void) {
                        memcmp(r->tokens[i][k], alone->tokens[i][0], (size_t)alone->n_tokens[i][0] * 4) != 0;
         CHECK(bad == 0 && st.preemptions > 0 && r->bad_audits == 0 && all_blocks_free(e),
               "priority policy, pool of %d: %d of %d samples differ from their request alone, %lld "
-              "preemptions, %d bad audits, blocks back %d", pools[pi], bad, samples, (long long)st.preemptions,
-              r->bad_audits, all_blocks_free(e));
+              "preemptions, %d bad audits, blocks back %d", pools[pi], bad, samples,
+              (long long)st.preemptions, r->bad_audits, all_blocks_free(e));
         llm_engine_destroy(e);
     }
     free(alone); free(r);
@@ -3368,10 +3386,10 @@ static void test_priority_scheduling(void) {
         arrput(sch.copy_src, 8); arrput(sch.copy_dst, 3);  /* into s's block 3 */
         int budget = 10;
         llm_sched_unplan(&sch, &s, &budget);
-        CHECK(budget == 12 && arrlen(sch.scheduled) == 2 && sch.scheduled[0] == &x && sch.scheduled[1] == &y &&
-              sch.n_new[0] == 1 && sch.n_new[1] == 3 && arrlen(sch.copy_dst) == 1 && sch.copy_src[0] == 6 &&
-              sch.copy_dst[0] == 7, "out of the plan: budget %d, %d planned, %d copies left", budget,
-              (int)arrlen(sch.scheduled), (int)arrlen(sch.copy_dst));
+        CHECK(budget == 12 && arrlen(sch.scheduled) == 2 && sch.scheduled[0] == &x &&
+              sch.scheduled[1] == &y && sch.n_new[0] == 1 && sch.n_new[1] == 3 && arrlen(sch.copy_dst) == 1 &&
+              sch.copy_src[0] == 6 && sch.copy_dst[0] == 7, "out of the plan: budget %d, %d planned, %d "
+              "copies left", budget, (int)arrlen(sch.scheduled), (int)arrlen(sch.copy_dst));
         arrfree(table); arrfree(sch.scheduled); arrfree(sch.n_new);
         arrfree(sch.copy_src); arrfree(sch.copy_dst);
     }
@@ -3505,14 +3523,14 @@ static void test_sliding_window_blocks(void) {
  * path, asked to repeat a text, alone and with a stop string that lands inside an accepted run. Fewer steps
  * each time; every block comes back; the metrics add up: the accepted tokens are those counted at each
  * position, at most those proposed.
- * With a draft model the same, and more: stories260K drafting for itself has every proposed token kept (alone,
- * batched, preempted, from the prefix cache, n = 2): the draft's K/V, in the model's blocks, are right after
- * every one of those; a request with a repetition penalty (which the draft does not see) has some refused; a
- * random draft (random-phi3 for random-llama2) has nearly all refused, and the output is still the same; the
- * model with 64 tokens more, one of them now and then its greedy pick, proposes fewer tokens than the model
- * itself (each proposal ends before such a token, and the blocks past it go back), every one kept; SmolLM2
- * drafting for itself on the default path. A draft of another vocabulary, with windows, or with no tokens to
- * propose is refused.
+ * With a draft model the same, and more: stories260K drafting for itself has every proposed token kept
+ * (alone, batched, preempted, from the prefix cache, n = 2): the draft's K/V, in the model's blocks, are
+ * right after every one of those; a request with a repetition penalty (which the draft does not see) has some
+ * refused; a random draft (random-phi3 for random-llama2) has nearly all refused, and the output is still the
+ * same; the model with 64 tokens more, one of them now and then its greedy pick, proposes fewer tokens than
+ * the model itself (each proposal ends before such a token, and the blocks past it go back), every one kept;
+ * SmolLM2 drafting for itself on the default path. A draft of another vocabulary, with windows, or with no
+ * tokens to propose is refused.
  * Sampled (stories260K, temperature 1): each seed gives the same tokens with speculation (n-gram lookup, a
  * draft model) as without, and over other seeds the tokens' frequencies pass a chi-square test of one
  * distribution. And step by step, each proposal's length follows how the last ones fared (the adaptive length
@@ -3540,8 +3558,8 @@ static void spec_run(run_result *r, const char *model, int spec, int num_blocks,
     llm_engine_destroy(e);
 }
 
-/* Seeds 0..n-1, a batch at a time, each request sampled at temperature 1 for len tokens, into out[n][len] (the
- * sampled checks of test_speculative) */
+/* Seeds 0..n-1, a batch at a time, each request sampled at temperature 1 for len tokens, into out[n][len]
+ * (the sampled checks of test_speculative) */
 static void spec_sample_seeds(llm_engine *e, run_result *r, const char *prompt, int n, int len, int batch,
                               int32_t *out) {
     for (int b0 = 0; e && b0 < n; b0 += batch) {
@@ -3605,7 +3623,8 @@ static void test_spec_propose(void) {
 static void spec_story_prompts(char repeated[3][1024]) {
     static const char *const story =
         "Once upon a time there was a little girl named Lily. She loved to play in the park with her big red "
-        "ball. One day she saw a dog. The dog was sad because it was lost. Lily helped the dog find its home.";
+        "ball. One day she saw a dog. The dog was sad because it was lost. "
+        "Lily helped the dog find its home.";
     for (int k = 0; k < 3; k++)
         snprintf(repeated[k], 1024, "%s %s %.*s", story + k * 10, story + k * 10, 40 + k * 9, story);
 }
@@ -3615,9 +3634,10 @@ static void test_speculative(void) {
     spec_story_prompts(repeated);
     const char *prompts[3] = {repeated[0], repeated[1], repeated[2]};
     static const char *const repeat_prompts[1] = {
-        "<|im_start|>user\nRepeat this text exactly, word for word: The committee met on Tuesday to review the "
-        "budget for the new library. After a long discussion, the members agreed to fund the children's reading "
-        "room, the computer lab, and a small garden behind the building. The work will begin in March.<|im_end|>\n"
+        "<|im_start|>user\nRepeat this text exactly, word for word: The committee met on Tuesday to review "
+        "the budget for the new library. After a long discussion, the members agreed to fund the children's "
+        "reading room, the computer lab, and a small garden behind the building. The work will begin in "
+        "March.<|im_end|>\n"
         "<|im_start|>assistant\n"};
     run_result *r = (run_result *)calloc(3, sizeof *r);
     if (!r) return;
@@ -3632,7 +3652,8 @@ static void test_speculative(void) {
                               * refuses now and then (DRAFT_PENALIZED: the request has a repetition penalty,
                               * the draft not), or nearly always (DRAFT_MISSES: a random model), or the model
                               * with more tokens, whose proposals end before a token the model does not have
-                              * (DRAFT_CUT: every token proposed kept, fewer than the model itself proposes) */
+                              * (DRAFT_CUT: every token proposed kept, fewer than the model
+                              * itself proposes) */
         const char *draft;   /* that model (NULL: the model itself) */
     } cases[] = {
         {"alone", "stories260K.gguf", 1, 0, 1, 0, NULL, NULL},
@@ -3654,14 +3675,16 @@ static void test_speculative(void) {
         {"draft model (itself), prefix cached", "stories260K.gguf", 1, 0, 1, 1, NULL, NULL, 0, DRAFT_SELF},
         {"draft model (itself), n = 2", "stories260K.gguf", 2, 0, 2, 0, NULL, NULL, 0, DRAFT_SELF},
         {"draft model, a stop string", "stories260K.gguf", 1, 0, 1, 0, "mommy told", NULL, 0, DRAFT_ANY},
-        {"draft model, a grammar", "stories260K.gguf", 2, 0, 1, 0, NULL, "root ::= [A-Za-z .,]+", 0, DRAFT_ANY},
-        {"draft model, a repetition penalty", "stories260K.gguf", 3, 40, 1, 0, NULL, NULL, 0, DRAFT_PENALIZED},
+        {"draft model, a grammar", "stories260K.gguf", 2, 0, 1, 0, NULL, "root ::= [A-Za-z .,]+", 0,
+         DRAFT_ANY},
+        {"draft model, a repetition penalty", "stories260K.gguf", 3, 40, 1, 0, NULL, NULL, 0,
+         DRAFT_PENALIZED},
         {"draft model that misses", "stories260K.gguf", 2, 0, 1, 0, NULL, NULL, 0, DRAFT_MISSES,
          "random-quant-q4_k_m.gguf"},
         {"draft model of another architecture (random-phi3)", "random-llama2-untied.gguf", 2, 0, 1, 0,
          NULL, NULL, 1, DRAFT_MISSES, "random-phi3.gguf"},
-        {"draft model of 64 more tokens (random-llama2-wider)", "random-llama2-untied.gguf", 2, 0, 1, 0, NULL, NULL,
-         1, DRAFT_CUT, "random-llama2-wider.gguf"},
+        {"draft model of 64 more tokens (random-llama2-wider)", "random-llama2-untied.gguf", 2, 0, 1, 0, NULL,
+         NULL, 1, DRAFT_CUT, "random-llama2-wider.gguf"},
         {"draft model, SmolLM2 (itself)", SMOLLM2, 1, 0, 1, 0, NULL, NULL, 0, DRAFT_ANY},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
@@ -3684,17 +3707,18 @@ static void test_speculative(void) {
         if (kind == DRAFT_CUT) { /* the model drafting for itself: the same output, longer proposals */
             spec_run(&r[2], cases[c].model, 5, cases[c].num_blocks, texts, cases[c].n_prompts, &p, &st[2],
                      cases[c].twice, cases[c].model);
-            printf("  speculative decoding, %s: %lld tokens proposed in %lld steps; by the model itself %lld in "
-                   "%lld\n", cases[c].what, (long long)st[1].spec_draft_tokens, (long long)st[1].steps,
+            printf("  speculative decoding, %s: %lld tokens proposed in %lld steps; by the model itself %lld "
+                   "in %lld\n", cases[c].what, (long long)st[1].spec_draft_tokens, (long long)st[1].steps,
                    (long long)st[2].spec_draft_tokens, (long long)st[2].steps);
-            cut_ok = spec_same(&r[0], &r[2], cases[c].n) && st[1].spec_draft_tokens < st[2].spec_draft_tokens &&
+            cut_ok = spec_same(&r[0], &r[2], cases[c].n) &&
+                st[1].spec_draft_tokens < st[2].spec_draft_tokens &&
                      st[1].steps > st[2].steps;
         }
         int64_t at = 0;
         for (int j = 0; j < LLM_SPEC_MAX; j++) at += st[1].spec_accepted_at[j];
-        printf("  speculative decoding, %s: %lld of %lld proposed tokens accepted, %lld steps instead of %lld\n",
-               cases[c].what, (long long)st[1].spec_accepted_tokens, (long long)st[1].spec_draft_tokens,
-               (long long)st[1].steps, (long long)st[0].steps);
+        printf("  speculative decoding, %s: %lld of %lld proposed tokens accepted, %lld steps instead of "
+               "%lld\n", cases[c].what, (long long)st[1].spec_accepted_tokens,
+               (long long)st[1].spec_draft_tokens, (long long)st[1].steps, (long long)st[0].steps);
         int64_t accepted = st[1].spec_accepted_tokens, proposed = st[1].spec_draft_tokens;
         int gains = kind == DRAFT_MISSES ? st[1].spec_drafts > 0 : accepted > 0 && st[1].steps < st[0].steps;
         int draft_ok = kind == DRAFT_SELF || kind == DRAFT_CUT ? accepted == proposed && cut_ok
@@ -3703,10 +3727,11 @@ static void test_speculative(void) {
               at == accepted && accepted <= proposed && (!cases[c].num_blocks || st[1].preemptions > 0) &&
               (!cases[c].twice || st[1].prefix_cache_hits > 0) &&
               (!cases[c].stop || r[1].finish[0][0] == LLM_FINISH_STOP),
-              "speculative decoding, %s: the same output as without (%lld proposals, %lld of %lld tokens accepted; "
-              "%lld steps, not %lld; %lld preemptions)", cases[c].what, (long long)st[1].spec_drafts,
-              (long long)st[1].spec_accepted_tokens, (long long)st[1].spec_draft_tokens, (long long)st[1].steps,
-              (long long)st[0].steps, (long long)st[1].preemptions);
+              "speculative decoding, %s: the same output as without (%lld proposals, %lld of %lld tokens "
+              "accepted; %lld steps, not %lld; %lld preemptions)", cases[c].what,
+              (long long)st[1].spec_drafts, (long long)st[1].spec_accepted_tokens,
+              (long long)st[1].spec_draft_tokens, (long long)st[1].steps, (long long)st[0].steps,
+              (long long)st[1].preemptions);
     }
     free(r);
 
@@ -3753,7 +3778,8 @@ static void test_speculative(void) {
      * temperature 1 keeps now and then) */
     llm_engine *draft_e = spec_engine("stories260K.gguf", 5, 0, "stories260K.gguf");
     int same_draft = 0;
-    if (seqs && r) spec_sample_seeds(draft_e, r, prompts[0], SEEDS, LEN, BATCH, seqs[1][0]); /* over the last */
+    if (seqs && r) /* over the last */
+        spec_sample_seeds(draft_e, r, prompts[0], SEEDS, LEN, BATCH, seqs[1][0]);
     for (int i = 0; seqs && r && draft_e && i < SEEDS; i++)
         same_draft += !memcmp(seqs[0][i], seqs[1][i], sizeof seqs[0][i]);
     st = draft_e ? llm_engine_get_stats(draft_e) : st;
@@ -4263,10 +4289,10 @@ static void plp_run(llm_engine *e, const int32_t *ids, int n, const llm_sampling
     }
 }
 
-/* Prompt logprobs against teacher forcing: the greedy continuation G of a prompt A, with its logprobs, is what
- * the prompt logprobs of the prompt A + G must say at G's positions, value for value (the same rows of logits
- * scored by the same function): over several steps (chunked prefill), again with the prompt in the prefix
- * cache (which such a request must not take), and with n = 2. */
+/* Prompt logprobs against teacher forcing: the greedy continuation G of a prompt A, with its logprobs, is
+ * what the prompt logprobs of the prompt A + G must say at G's positions, value for value (the same rows of
+ * logits scored by the same function): over several steps (chunked prefill), again with the prompt in the
+ * prefix cache (which such a request must not take), and with n = 2. */
 static void test_prompt_logprobs(void) {
     llm_engine_config cfg = engine_config("stories260K.gguf");
     cfg.max_num_batched_tokens = 7;                 /* the prompt of 40-odd tokens spans several steps */
@@ -4300,13 +4326,15 @@ static void test_prompt_logprobs(void) {
         }
         CHECK(x->n_outputs_with_plp == 1 && x->n_plp == P - 1 && x->n_top == 5 && same == G - 1 &&
               rank1 == G - 1 && computed == P && x->n_cached == 0,
-              "prompt logprobs (round %d): %d outputs with them, %d rows of %d, %d of %d equal to generation's, "
-              "%d of rank 1, %lld prompt tokens computed of %d, %d cached", round, x->n_outputs_with_plp,
-              x->n_plp, P - 1, same, G - 1, rank1, (long long)computed, P, x->n_cached);
+              "prompt logprobs (round %d): %d outputs with them, %d rows of %d, %d of %d equal to "
+              "generation's, %d of rank 1, %lld prompt tokens computed of %d, %d cached", round,
+              x->n_outputs_with_plp, x->n_plp, P - 1, same, G - 1, rank1, (long long)computed, P,
+              x->n_cached);
         CHECK(x->n_gen == p.n && x->gen[0] == g->gen[G - 1] && x->gen_lp[0] == g->gen_lp[G - 1],
               "prompt logprobs (round %d): the sampled token after them is generation's", round);
     }
-    /* the rows before A: each the logprob of a prompt token, its rank and the top 5 holding it when it ranks in */
+    /* the rows before A: each the logprob of a prompt token, its rank and the top 5 holding it when it
+     * ranks in */
     int consistent = 1;
     for (int row = 0; row < A - 1; row++) {
         int32_t tok = ids[row + 1];
@@ -4742,8 +4770,8 @@ static void test_sample_step(void) {
         for (int i = 0; i < n; i++) if (out[i].request_id == c) c_tokens += out[i].n_tokens;
     }
     CHECK(failed == 2 && g_done && c_tokens == 40 && all_blocks_free(e), "a sample step that fails: %d of "
-          "the 2 requests it drew for end with its error (100s: others), the grammar's request finishes (%d), "
-          "a new one gives its 40 tokens (%d), every block back", failed, g_done, c_tokens);
+          "the 2 requests it drew for end with its error (100s: others), the grammar's request finishes "
+          "(%d), a new one gives its 40 tokens (%d), every block back", failed, g_done, c_tokens);
     llm_engine_destroy(e);
     flaky_poison = 0; flaky_sample_fail = 0;
 }
@@ -4783,12 +4811,14 @@ static void test_backend_budget(void) {
  * hold the model's K/V and the draft's. */
 static void test_draft_pool_memory(void) {
     llm_engine_config cfg = engine_config("stories260K.gguf");
-    cfg.create_backend = flaky_create; cfg.spec_tokens = 3; cfg.spec_model_path = model_path("stories260K.gguf");
+    cfg.create_backend = flaky_create; cfg.spec_tokens = 3;
+    cfg.spec_model_path = model_path("stories260K.gguf");
     flaky_device_free = (size_t)1 << 30; /* no step runs: flaky_calls and flaky_fail_at play no part */
     llm_engine *e = engine_new(&cfg);
     flaky_device_free = 0; /* read by flaky_create only */
     if (!e) return;
-    size_t block_bytes = 2 * llm_kv_bytes_per_block(&e->model.cfg, cfg.block_size, e->backend->kv_value_bytes);
+    size_t block_bytes = 2 * llm_kv_bytes_per_block(&e->model.cfg, cfg.block_size,
+                                                    e->backend->kv_value_bytes);
     size_t want = (size_t)(0.5 * (double)(((size_t)1 << 30) - ((size_t)328 << 20))) / block_bytes;
     CHECK(e->bm.num_blocks == (int)want, "a draft on the same device: %d blocks of %zu bytes, want %zu",
           e->bm.num_blocks, block_bytes, want);
@@ -4907,7 +4937,8 @@ static void test_backend_errors(void) {
 static char *run_command(const char *cmd, int *status) {
     FILE *f = popen(cmd, "r");
     if (!f) { *status = -1; return NULL; }
-    /* read to the end, whatever its length: a reader that stops early makes the writer fail (curl's exit 23) */
+    /* read to the end, whatever its length: a reader that stops early makes the writer fail (curl's
+     * exit 23) */
     size_t cap = 1 << 16, n = 0, got;
     char *buf = (char *)malloc(cap);
     while ((got = fread(buf + n, 1, cap - 1 - n, f)) > 0) {
@@ -4929,7 +4960,8 @@ static char *run_command(const char *cmd, int *status) {
     "value ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n" \
     "object ::= \"{\" ws ( string ws \":\" ws value ws (\",\" ws string ws \":\" ws value ws)* )? \"}\"\n" \
     "array ::= \"[\" ws ( value ws (\",\" ws value ws)* )? \"]\"\n" \
-    "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* \"\\\"\"\n" \
+    "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* " \
+    "\"\\\"\"\n" \
     "number ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n" \
     "ws ::= [ \\t\\n\\r]*   # RFC 8259's whitespace, so that json.loads is the oracle\n"
 /* JSON objects as a schema's grammar writes them: whitespace bounded, so that a small model cannot run on
@@ -4939,7 +4971,8 @@ static char *run_command(const char *cmd, int *status) {
     "value ::= object | array | string | number | \"true\" | \"false\" | \"null\"\n" \
     "object ::= \"{\" ws ( string ws \":\" ws value ws (\",\" ws string ws \":\" ws value ws)* )? \"}\"\n" \
     "array ::= \"[\" ws ( value ws (\",\" ws value ws)* )? \"]\"\n" \
-    "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* \"\\\"\"\n" \
+    "string ::= \"\\\"\" ( [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* " \
+    "\"\\\"\"\n" \
     "number ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n" \
     "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n"
 
@@ -4953,11 +4986,14 @@ typedef struct {
 
 static const grammar_case grammar_cases[] = {
     {"JSON", JSON_GBNF, "json", "", "{}[]\",:0123456789.-eE+ \\u\nabtrulfsn",
-     {"{}", " [1, 2.5e-3, \"a\\u00e9\\n\"] ", "{\"k\": {\"x\": [true, false, null]}}", "-0", "\"\xc3\xa9\xe2\x82\xac\""},
+     {"{}", " [1, 2.5e-3, \"a\\u00e9\\n\"] ", "{\"k\": {\"x\": [true, false, null]}}", "-0",
+      "\"\xc3\xa9\xe2\x82\xac\""},
      {"{", "[1,", "{\"a\":", "\"\\u00", "tr", "-", "1.", ""},
      {"{,}", "[1,]", "01", "\"a\nb\"", "{\"a\" 1}", "1.e", "nul1", "'a'"}},
-    {"arithmetic", "root ::= expr\nexpr ::= term ((\"+\" | \"-\") term)*\nterm ::= factor ((\"*\" | \"/\") factor)*\n"
-     "factor ::= number | \"(\" expr \")\"\nnumber ::= \"0\"+ | [1-9] [0-9]*\n", "arith", "", "0123456789+-*/()",
+    {"arithmetic", "root ::= expr\nexpr ::= term ((\"+\" | \"-\") term)*\n"
+     "term ::= factor ((\"*\" | \"/\") factor)*\n"
+     "factor ::= number | \"(\" expr \")\"\nnumber ::= \"0\"+ | [1-9] [0-9]*\n", "arith", "",
+     "0123456789+-*/()",
      {"1", "1+2*3", "(1+2)*3", "((7))/00", "10-(2*(3+4))"},
      {"(", "1+", "((1+2)*", "12*(", "", "(1"},
      {"+1", "1++2", "()", "1)", "01", "1 + 2"}},
@@ -4965,29 +5001,36 @@ static const grammar_case grammar_cases[] = {
      "\\[(?:(?:[a-z]+|[0-9]{1,3})(?:,(?:[a-z]+|[0-9]{1,3}))*)?\\]", "[],ab0129",
      {"[]", "[a]", "[abc,12,z]", "[999,a,b]"}, {"[", "[ab", "[1,", "[123"}, {"]", "[,]", "[1234]", "[a,]"}},
     {"C-like statements",
-     "root ::= stmt+\nstmt ::= ws (decl | assign | ifs | block) ws\ndecl ::= \"int \" id (\"=\" expr)? \";\"\n"
+     "root ::= stmt+\nstmt ::= ws (decl | assign | ifs | block) ws\n"
+     "decl ::= \"int \" id (\"=\" expr)? \";\"\n"
      "assign ::= id \"=\" expr \";\"\nifs ::= \"if(\" expr \")\" stmt (\"else \" stmt)?\n"
      "block ::= \"{\" stmt* \"}\"\nexpr ::= term ((\"+\" | \"-\" | \"<\" | \"==\") term)*\n"
      "term ::= id | [0-9]+ | \"(\" expr \")\"\nid ::= [a-z_] [a-z0-9_]*\nws ::= [ \\n]*\n", NULL, NULL, NULL,
      {"int x=1;", "x=x+1;", "if(x<3){y=2;}else z=1;", "{}", " int a; {b=(a+1)==2;}\n", "{{}{}}"},
      {"int", "if(x<3)", "{x=1;", "x=(1", "x=1"}, {"int 1x;", "x=;", "if x<3 y=1;", "}", "else y=1;"}},
-    {"nested repetition", "root ::= (\"a\" [bc]{1,3} \"d\"?){2,4}\n", "regex", "(?:a[bc]{1,3}d?){2,4}", "abcd",
+    {"nested repetition", "root ::= (\"a\" [bc]{1,3} \"d\"?){2,4}\n", "regex", "(?:a[bc]{1,3}d?){2,4}",
+     "abcd",
      {"abab", "abcdacbd", "abbbdacab", "abac"}, {"a", "ab", "abcd", ""},
      {"abbbbab", "aab", "abababababab", "b", "abdd"}},
-    {"classes and escapes", "root ::= [^a-z\\n]+ \"\\xe9\" [\\u03b1-\\u03c9]* (\"\\t\" | [\\]\\[\\-])?\n", "regex",
-     "[^a-z\\n]+\u00e9[\u03b1-\u03c9]*(?:\t|[\\]\\[\\-])?", "aZ9 \n\xc3\xa9\xce\xb1\xcf\x89\t[]-\xe2\x82\xac",
+    {"classes and escapes", "root ::= [^a-z\\n]+ \"\\xe9\" [\\u03b1-\\u03c9]* (\"\\t\" | [\\]\\[\\-])?\n",
+     "regex", "[^a-z\\n]+\u00e9[\u03b1-\u03c9]*(?:\t|[\\]\\[\\-])?", "aZ9 \n"
+     "\xc3\xa9\xce\xb1\xcf\x89\t[]-\xe2\x82\xac",
      {"X\xc3\xa9", "9 \xe2\x82\xac\xc3\xa9\xce\xb1\xcf\x89", "Z\xc3\xa9\t", "Z\xc3\xa9]"},
-     {"Z", "Z\xc3", "\xc3\xa9", "Z\xc3\xa9\xcf"}, {"a\xc3\xa9", "Z\n\xc3\xa9", "Z\xc3\xa9\xce\xb1" "a", "Z\xc3\xa9\xce\xb1\n"}},
+     {"Z", "Z\xc3", "\xc3\xa9", "Z\xc3\xa9\xcf"},
+     {"a\xc3\xa9", "Z\n\xc3\xa9", "Z\xc3\xa9\xce\xb1" "a", "Z\xc3\xa9\xce\xb1\n"}},
     {"any character", "root ::= \"<\" .{1,5} \">\" # any character, newlines too\n", "regex", "(?s)<.{1,5}>",
      "<>a\n\xc3\xa9",
-     {"<a>", "<\n\n>", "<>>>>>", "<\xc3\xa9\xc3\xa9>"}, {"<", "<abcde", "<>"}, {"<abcdef>", "a", "<a>bcdef>"}},
+     {"<a>", "<\n\n>", "<>>>>>", "<\xc3\xa9\xc3\xa9>"}, {"<", "<abcde", "<>"},
+     {"<abcdef>", "a", "<a>bcdef>"}},
     {"empty alternatives and comments",
-     "# a comment\nroot ::= (\"x\" | ) \"y\" |  # x is optional\n  \"z\"{0,2}\n", "regex", "x?y|z{0,2}", "xyz",
+     "# a comment\nroot ::= (\"x\" | ) \"y\" |  # x is optional\n  \"z\"{0,2}\n", "regex", "x?y|z{0,2}",
+     "xyz",
      {"y", "xy", "", "z", "zz"}, {"x"}, {"zzz", "xx", "yx"}},
     /* an empty text reached by 40 ways at each of six places: 40^6 expansions, unless the matcher expands
      * what it reached once (fuzz/fuzz_grammar found a grammar like it) */
-    {"many empty alternatives", "root ::= (||||||||||||||||||||||||||||||||||||||||\"a\" [bc]{0,3} \"d\"){1,6}\n",
-     "regex", "(?:a[bc]{0,3}d){0,6}", "abcd", {"", "ad", "abcdad", "adadadadadad"}, {"a", "abc", "adab"},
+    {"many empty alternatives", "root ::= (||||||||||||||||||||||||||||||||||||||||\"a\" [bc]{0,3} \"d\"){1,"
+     "6}\n", "regex", "(?:a[bc]{0,3}d){0,6}", "abcd", {"", "ad", "abcdad", "adadadadadad"},
+     {"a", "abc", "adab"},
      {"d", "abcbcd", "adadadadadadad", "aa"}},
     /* no GBNF: the regular expression's, from llm_regex_to_grammar. Repetitions of what can be empty, which
      * GBNF writes without left recursion (fuzz/fuzz_grammar found the first one) */
@@ -5038,7 +5081,8 @@ static void test_grammar_gbnf(void) {
         for (int l = 0; l < 3; l++)
             for (int i = 0; i < 8 && lists[l][i]; i++) {
                 const char *v = grammar_verdict(g, lists[l][i], strlen(lists[l][i]));
-                CHECK(!strcmp(v, want[l]), "grammar %s on \"%s\": %s, not %s", gc->name, lists[l][i], v, want[l]);
+                CHECK(!strcmp(v, want[l]), "grammar %s on \"%s\": %s, not %s", gc->name, lists[l][i], v,
+                      want[l]);
             }
         if (!gc->oracle) { llm_grammar_free(g); continue; }
         /* random texts over the alphabet (by characters), and the examples with one character changed */
@@ -5060,7 +5104,9 @@ static void test_grammar_gbnf(void) {
                 int ch = (int)(llm_splitmix64(&rng) % (uint64_t)n_chars), len = starts[ch + 1] - starts[ch];
                 size_t at = n ? (size_t)(llm_splitmix64(&rng) % (n + 1)) : 0;
                 if (!base) at = n; /* random texts grow at the end */
-                if (base && llm_splitmix64(&rng) % 3 == 0 && at < n) { memmove(text + at, text + at + 1, n - at - 1); n--; }
+                if (base && llm_splitmix64(&rng) % 3 == 0 && at < n) {
+                    memmove(text + at, text + at + 1, n - at - 1); n--;
+                }
                 else if (n + (size_t)len < sizeof text) {
                     memmove(text + at + len, text + at, n - at);
                     memcpy(text + at, alpha + starts[ch], (size_t)len);
@@ -5087,8 +5133,8 @@ static void test_grammar_gbnf(void) {
     snprintf(cmd, sizeof cmd, ".venv/bin/python tools/grammar_oracle.py %s 2>&1", path);
     int status;
     char *out = run_command(cmd, &status);
-    CHECK(out && status == 0 && n_oracle > 2000, "the grammars against Python's matchers (%d texts): %s", n_oracle,
-          out ? out : "no output");
+    CHECK(out && status == 0 && n_oracle > 2000, "the grammars against Python's matchers (%d texts): %s",
+          n_oracle, out ? out : "no output");
     free(out);
     unlink(path);
     /* UTF-8 split across tokens: a character begun is taken only when some next bytes can complete it
@@ -5106,9 +5152,11 @@ static void test_grammar_gbnf(void) {
     static const struct { const char *gbnf, *why; } bad[] = {
         {"root ::= a", "rule a is used but not defined"}, {"a ::= \"x\"", "no rule named root"},
         {"root ::= root \"x\" | \"y\"", "rule root is left-recursive"},
-        {"root ::= a \"x\"\na ::= \"\" | root", "left-recursive"}, {"root ::= \"abc", "ends inside a literal"},
+        {"root ::= a \"x\"\na ::= \"\" | root", "left-recursive"},
+        {"root ::= \"abc", "ends inside a literal"},
         {"root ::= \"\\q\"", "unknown escape"}, {"root ::= []", "empty character class"},
-        {"root ::= \"a\"{3,1}", "n < m"}, {"root ::= *", "nothing before it"}, {"root ::= (\"a\"", "')' is missing"},
+        {"root ::= \"a\"{3,1}", "n < m"}, {"root ::= *", "nothing before it"},
+        {"root ::= (\"a\"", "')' is missing"},
         {"root ::= \"a\"\nroot ::= \"b\"", "defined twice"}, {"root = \"a\"", "'::=' is expected at line 1"},
         {"root ::= \"a\"{20000}", "over 10000"}, {"root ::= \"a\" )", "unexpected character"},
         {"root ::= [\\x4]", "hex digits"}, {"", "no rule named root"},
@@ -5139,9 +5187,9 @@ static void test_grammar_masks(void) {
         /* JSON; a C-like language; classes that take every character past ASCII ([^a-z\n]) or tell them apart
          * ([\u03b1-\u03c9], "\xe9"); any character; never two Greek or CJK letters in a row (the walk steps
          * such characters one by one: one for all of them would let the vocabulary's CJK words through) */
-        const char *gbnfs[5] = {JSON_GBNF, grammar_cases[3].gbnf, grammar_cases[5].gbnf, grammar_cases[6].gbnf,
-                                "root ::= ([\\u03b1-\\u03c9\\u4e00-\\u9fff] [^\\u03b1-\\u03c9\\u4e00-\\u9fff] | "
-                                "[^\\u03b1-\\u03c9\\u4e00-\\u9fff])*"};
+        const char *gbnfs[5] = {JSON_GBNF, grammar_cases[3].gbnf, grammar_cases[5].gbnf,
+                                grammar_cases[6].gbnf, "root ::= ([\\u03b1-\\u03c9\\u4e00-\\u9fff] "
+                                "[^\\u03b1-\\u03c9\\u4e00-\\u9fff] | [^\\u03b1-\\u03c9\\u4e00-\\u9fff])*"};
         uint64_t rng = 7 + (uint64_t)mi;
         for (int gi = 0; tt && gi < 5; gi++) {
             llm_grammar *g = llm_grammar_parse(gbnfs[gi], err);
@@ -5162,7 +5210,8 @@ static void test_grammar_masks(void) {
                 CHECK(counted == n, "mask count %d, bits %d", n, counted);
                 /* on: a random allowed token that adds text */
                 int32_t pick = -1;
-                int32_t from = (int32_t)(llm_splitmix64(&rng) % (uint64_t)V); /* the first allowed from there */
+                /* the first allowed from there */
+                int32_t from = (int32_t)(llm_splitmix64(&rng) % (uint64_t)V);
                 for (int32_t k = 0; k < V && pick < 0; k++) {
                     int32_t t = (from + k) % V;
                     if (mask[t >> 3] >> (t & 7) & 1 && !llm_tokenizer_is_eog(m.tok, t)) pick = t;
@@ -5200,7 +5249,8 @@ static void test_grammar_masks(void) {
  * model whose free output is noise; with a pool so small that sequences are preempted and recomputed. Every
  * answer that stops is JSON (llm_json_parse, another reader) and a whole sentence of the grammar; one cut by
  * max_tokens is the start of one. A grammar with nothing after its sentence stops the sequence there. */
-static void check_grammar_outputs(const char *what, llm_grammar *g, run_result *r, int n_req, int n, int *stops) {
+static void check_grammar_outputs(const char *what, llm_grammar *g, run_result *r, int n_req, int n,
+                                  int *stops) {
     for (int i = 0; i < n_req; i++)
         for (int k = 0; k < n; k++) {
             const char *text = r->text[i][k];
@@ -5229,27 +5279,30 @@ static void test_grammar_generation(void) {
     for (int mi = 0; mi < 3; mi++) {
         llm_engine_config cfg = engine_config(mi == 1 ? "random-qwen2-bias.gguf" : "stories260K.gguf");
         if (mi != 1) cfg.model_path = CHAT_MODEL;
-        if (mi == 2) { cfg.num_blocks = 14; cfg.block_size = 16; } /* 4 x 4 samples cannot all fit: preemption */
+        /* 4 x 4 samples cannot all fit: preemption */
+        if (mi == 2) { cfg.num_blocks = 14; cfg.block_size = 16; }
         llm_engine *e = engine_new(&cfg);
         if (!e) continue;
         memset(r, 0, sizeof *r);
         int n_req = mi == 0 ? 2 : 4; /* SmolLM2's answers are long: 2 x 4 of them */
         for (int i = 0; i < n_req; i++) {
             llm_sampling_params p = llm_sampling_defaults();
-            p.n = 4; p.temperature = 1.0f; p.seed = 100 + i; p.max_tokens = mi == 0 ? 300 : mi == 1 ? 100 : 40;
+            p.n = 4; p.temperature = 1.0f; p.seed = 100 + i;
+            p.max_tokens = mi == 0 ? 300 : mi == 1 ? 100 : 40;
             p.grammar = JSON_OBJECT_GBNF;
             run_add(e, r, prompts[i], NULL, 0, &p);
         }
         run_engine(e, r);
         llm_engine_stats st = llm_engine_get_stats(e);
         int stops = 0;
-        const char *what = mi == 0 ? "SmolLM2, JSON grammar, n = 4" : mi == 1 ? "random Qwen2, JSON grammar, n = 4" :
-                           "SmolLM2, JSON grammar, preempted";
+        const char *what = mi == 0 ? "SmolLM2, JSON grammar, n = 4" :
+                           mi == 1 ? "random Qwen2, JSON grammar, n = 4" : "SmolLM2, JSON grammar, preempted";
         check_grammar_outputs(what, g, r, n_req, 4, &stops);
         CHECK(all_blocks_free(e) && st.grammar_tokens > 0, "%s: blocks back, %lld tokens under the grammar",
               what, (long long)st.grammar_tokens);
         if (mi == 0) CHECK(stops >= 4, "%s: most answers end as whole JSON (%d of 8)", what, stops);
-        if (mi == 2) CHECK(st.preemptions > 0, "%s: preemptions happened (%lld)", what, (long long)st.preemptions);
+        if (mi == 2)
+            CHECK(st.preemptions > 0, "%s: preemptions happened (%lld)", what, (long long)st.preemptions);
         llm_engine_destroy(e);
     }
     llm_grammar_free(g);
@@ -5266,10 +5319,11 @@ static void test_grammar_generation(void) {
             run_add(e, r, "Once upon a time", NULL, 0, &p);
             run_engine(e, r);
             for (int k = 0; k < p.n; k++)
-                CHECK(r->finish[0][k] == LLM_FINISH_STOP && ((r->text_len[0][k] == 4 && !memcmp(r->text[0][k], "yes.", 4))
-                      || (r->text_len[0][k] == 3 && !memcmp(r->text[0][k], "no.", 3))),
-                      "a choice (temp %d, sample %d): \"%.*s\", %s", temp, k, r->text_len[0][k], r->text[0][k],
-                      llm_finish_reason_name(r->finish[0][k]));
+                CHECK(r->finish[0][k] == LLM_FINISH_STOP &&
+                      ((r->text_len[0][k] == 4 && !memcmp(r->text[0][k], "yes.", 4)) ||
+                       (r->text_len[0][k] == 3 && !memcmp(r->text[0][k], "no.", 3))),
+                      "a choice (temp %d, sample %d): \"%.*s\", %s", temp, k, r->text_len[0][k],
+                      r->text[0][k], llm_finish_reason_name(r->finish[0][k]));
         }
         llm_sampling_params p = greedy(5);
         p.grammar = "root ::= [a-";
@@ -5504,9 +5558,10 @@ static void test_grammar_schemas(void) {
         }
         CHECK(all_blocks_free(e), "after the schemas' samples: blocks back");
         llm_engine_stats st = llm_engine_get_stats(e);
-        printf("    %s: %lld tokens under grammars, %.2f s in the grammar (%lld masks, %lld from the cache), %.1f s\n",
-               mi ? "random Llama 2" : "SmolLM2", (long long)st.grammar_tokens, st.grammar_seconds,
-               (long long)st.grammar_masks, (long long)st.grammar_masks_cached, test_now() - t_model);
+        printf("    %s: %lld tokens under grammars, %.2f s in the grammar (%lld masks, %lld from the cache), "
+               "%.1f s\n", mi ? "random Llama 2" : "SmolLM2", (long long)st.grammar_tokens,
+               st.grammar_seconds, (long long)st.grammar_masks, (long long)st.grammar_masks_cached,
+               test_now() - t_model);
         for (size_t k = 0; k < (size_t)all.n * (size_t)samples; k++) arrfree(out[k]);
         free(out); free(ids);
         llm_engine_destroy(e);
@@ -5519,8 +5574,8 @@ static void test_grammar_schemas(void) {
           "every sample stopped or was cut as a start of a sentence (SmolLM2 %d + %d, random %d + %d of %d)",
           finished[0], cut[0], finished[1], cut[1], total);
     CHECK(finished[0] >= total * 3 / 4, "SmolLM2: most answers are whole (%d of %d)", finished[0], total);
-    printf("    JSON Schema samples: SmolLM2 %d whole, %d cut by max_tokens; random Llama 2 %d whole, %d cut\n",
-           finished[0], cut[0], finished[1], cut[1]);
+    printf("    JSON Schema samples: SmolLM2 %d whole, %d cut by max_tokens; random Llama 2 %d whole, %d "
+           "cut\n", finished[0], cut[0], finished[1], cut[1]);
     char cmd[1200];
     snprintf(cmd, sizeof cmd, ".venv/bin/python tools/schema_oracle.py %s %s 2>&1", path, cases_path);
     int status;
@@ -5538,9 +5593,11 @@ static void test_grammar_schemas(void) {
         {"{\"type\": \"array\", \"uniqueItems\": true}", "uniqueItems is not supported at / (the root)"},
         {"{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"format\": \"hostname\"}}}",
          "format \"hostname\" is not supported (date, time, date-time, uuid, email are) at /properties/a"},
-        {"{\"properties\": {\"x\": {\"patternProperties\": {}}}}", "\"patternProperties\" is not supported at /properties/x"},
+        {"{\"properties\": {\"x\": {\"patternProperties\": {}}}}", "\"patternProperties\" is not supported "
+         "at /properties/x"},
         {"{\"if\": {}, \"then\": {}}", "\"if\" is not supported"},
-        {"{\"type\": \"number\", \"maximum\": 5}", "minimum/maximum on a number (not an integer) is not supported"},
+        {"{\"type\": \"number\", \"maximum\": 5}",
+         "minimum/maximum on a number (not an integer) is not supported"},
         {"{\"type\": \"integer\", \"multipleOf\": 2}", "\"multipleOf\" is not supported"},
         {"{\"$ref\": \"https://example.com/s.json\"}", "does not point into this schema"},
         {"{\"type\": \"string\", \"pattern\": \"(?=a)b\"}", "lookaround"},
@@ -5553,8 +5610,8 @@ static void test_grammar_schemas(void) {
         err[0] = 0;
         char *out = llm_json_parse(refused[i].schema, strlen(refused[i].schema), &s, err) == 0 ?
                     llm_json_schema_to_grammar(&s, err) : NULL;
-        CHECK(!out && strstr(err, refused[i].says), "schema %s: refused with \"%s\", got \"%s\"", refused[i].schema,
-              refused[i].says, out ? "(a grammar)" : err);
+        CHECK(!out && strstr(err, refused[i].says), "schema %s: refused with \"%s\", got \"%s\"",
+              refused[i].schema, refused[i].says, out ? "(a grammar)" : err);
         free(out);
         llm_json_free(&s);
     }
@@ -5801,12 +5858,14 @@ static void test_grammar_cli(void) {
           !strcmp(rest + 14 + digits, ".") , "llm --grammar: \"%s\"", out ? out : "");
     free(out);
     /* llm grammar: the GBNF a schema becomes, which parses and takes a valid instance */
-    out = run_command("./llm grammar --json-schema '{\"type\": \"object\", \"properties\": {\"n\": {\"type\": "
-                      "\"integer\", \"minimum\": 1, \"maximum\": 12}}, \"required\": [\"n\"]}' 2>&1", &status);
+    out = run_command("./llm grammar --json-schema '{\"type\": \"object\", \"properties\": {\"n\": "
+                      "{\"type\": \"integer\", \"minimum\": 1, \"maximum\": 12}}, \"required\": [\"n\"]}' "
+                      "2>&1", &status);
     char gerr[LLM_ERR_LEN];
     llm_grammar *g = out && status == 0 ? llm_grammar_parse(out, gerr) : NULL;
     CHECK(g && !strcmp(grammar_verdict(g, "{\"n\": 12}", 9), "accept") &&
-          !strcmp(grammar_verdict(g, "{\"n\": 13}", 9), "reject"), "llm grammar --json-schema: %s", out ? out : "");
+          !strcmp(grammar_verdict(g, "{\"n\": 13}", 9), "reject"), "llm grammar --json-schema: %s",
+          out ? out : "");
     llm_grammar_free(g);
     free(out);
     static const struct { const char *flags, *says; } bad[] = {
@@ -5928,8 +5987,8 @@ static void test_cli(void) {
     free(cold);
     free(out);
     /* a mixture of experts' shape (qwen3moe's, small): every request finishes */
-    out = run_command("./llm bench --dummy tiny-moe --num-prompts 6 --input-len 20:40 --output-len 5:9 2>/dev/null",
-                      &status);
+    out = run_command("./llm bench --dummy tiny-moe --num-prompts 6 --input-len 20:40 --output-len 5:9 "
+                      "2>/dev/null", &status);
     CHECK(out && status == 0 && strstr(out, "requests: 6 in"), "llm bench --dummy tiny-moe: \"%s\"",
           out ? out : "");
     free(out);
@@ -6561,10 +6620,11 @@ static void test_chat_templates(void) {
  * the history without tools, thinking (in content, and apart in reasoning_content), and arguments whose JSON
  * tojson writes its own way (floats, escapes, non-ASCII, nesting). */
 #define TOOLS_JSON \
-    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"The weather in a city, " \
-    "°C or °F.\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},\"unit\":" \
-    "{\"type\":\"string\",\"enum\":[\"celsius\",\"fahrenheit\"]}},\"required\":[\"city\"]}}}," \
-    "{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":{\"type\":\"object\",\"properties\":" \
+    "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":\"The weather in a " \
+    "city, °C or °F.\",\"parameters\":{\"type\":\"object\"," \
+    "\"properties\":{\"city\":{\"type\":\"string\"},\"unit\":{\"type\":\"string\",\"enum\":[\"celsius\"," \
+    "\"fahrenheit\"]}},\"required\":[\"city\"]}}},{\"type\":\"function\",\"function\":{\"name\":\"add\"," \
+    "\"parameters\":{\"type\":\"object\",\"properties\":" \
     "{\"a\":{\"type\":\"number\",\"minimum\":-1.5e-7},\"b\":{\"type\":\"number\",\"maximum\":1e22}}}}}]"
 /* tools of every kind of parameter gpt-oss's template writes as TypeScript: descriptions, defaults, enums,
  * arrays of each kind, nullable, a list of types, oneOf, a nested object, none at all */
@@ -6573,73 +6633,82 @@ static void test_chat_templates(void) {
     "\"parameters\":{\"type\":\"object\",\"properties\":{\"query\":{\"type\":\"string\",\"description\":" \
     "\"What to look for\"}," \
     "\"topn\":{\"type\":\"integer\",\"default\":10},\"lang\":{\"type\":\"string\",\"enum\":[\"en\",\"fr\"]," \
-    "\"default\":\"en\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},\"scores\":{\"type\":" \
-    "\"array\",\"items\":{\"type\":\"number\"},\"nullable\":true},\"filters\":{\"type\":\"array\",\"items\":" \
-    "{\"type\":\"object\",\"properties\":{\"field\":{\"type\":\"string\"},\"value\":{\"type\":[\"string\"," \
-    "\"number\"]}},\"required\":[\"field\"]}},\"when\":{\"oneOf\":[{\"type\":\"string\",\"description\":" \
-    "\"a date\"},{\"type\":\"integer\",\"default\":0}]},\"strict\":{\"type\":\"boolean\",\"default\":false}," \
-    "\"opts\":{\"type\":\"object\",\"properties\":{\"safe\":{\"type\":\"boolean\"},\"depth\":{\"type\":" \
-    "\"integer\"}},\"required\":[\"safe\"]},\"raw\":{},\"any\":{\"type\":\"array\"},\"note\":{\"type\":" \
-    "\"string\",\"nullable\":true},\"obj\":{\"type\":\"object\"}},\"required\":[\"query\"]}}}," \
+    "\"default\":\"en\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}," \
+    "\"scores\":{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"nullable\":true}," \
+    "\"filters\":{\"type\":\"array\",\"items\":{\"type\":\"object\"," \
+    "\"properties\":{\"field\":{\"type\":\"string\"},\"value\":{\"type\":[\"string\",\"number\"]}}," \
+    "\"required\":[\"field\"]}},\"when\":{\"oneOf\":[{\"type\":\"string\",\"description\":\"a date\"}," \
+    "{\"type\":\"integer\",\"default\":0}]},\"strict\":{\"type\":\"boolean\",\"default\":false}," \
+    "\"opts\":{\"type\":\"object\",\"properties\":{\"safe\":{\"type\":\"boolean\"}," \
+    "\"depth\":{\"type\":\"integer\"}},\"required\":[\"safe\"]},\"raw\":{},\"any\":{\"type\":\"array\"}," \
+    "\"note\":{\"type\":\"string\",\"nullable\":true},\"obj\":{\"type\":\"object\"}}," \
+    "\"required\":[\"query\"]}}}," \
     "{\"type\":\"function\",\"function\":{\"name\":\"now\",\"description\":\"The time now.\"}}]"
 #define CALL(id, name, args) \
-    "{\"id\":\"" id "\",\"type\":\"function\",\"function\":{\"name\":\"" name "\",\"arguments\":\"" args "\"}}"
+    "{\"id\":\"" id "\",\"type\":\"function\",\"function\":{\"name\":\"" name "\"," \
+    "\"arguments\":\"" args "\"}}"
 static const char *const tool_conversations[] = {
     /* every kind of parameter; then a call with its thinking, its result, an answer, a new question */
     "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":"
     "\"Find cats.\"}],\"tools\":" TOOLS_RICH "}",
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Find cats.\"},{\"role\":\"assistant\",\"content\":\"\","
-    "\"reasoning_content\":\"Search it.\",\"tool_calls\":[" CALL("callCats1", "search", "{\\\"query\\\":\\\"cats\\\"}")
-    "]},{\"role\":\"tool\",\"tool_call_id\":\"callCats1\",\"content\":\"3 results\"},{\"role\":\"assistant\","
+    "\"reasoning_content\":\"Search it.\","
+    "\"tool_calls\":[" CALL("callCats1", "search", "{\\\"query\\\":\\\"cats\\\"}") "]},{\"role\":\"tool\","
+    "\"tool_call_id\":\"callCats1\",\"content\":\"3 results\"},{\"role\":\"assistant\","
     "\"content\":\"Three.\"},{\"role\":\"user\",\"content\":\"More?\"}],\"tools\":" TOOLS_RICH "}",
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Find cats.\"},{\"role\":\"assistant\",\"content\":\"\","
-    "\"reasoning_content\":\"Search it.\",\"tool_calls\":[" CALL("callCats2", "search", "{\\\"query\\\":\\\"cats\\\"}")
-    "]},{\"role\":\"tool\",\"tool_call_id\":\"callCats2\",\"content\":\"3 results\"}],\"tools\":" TOOLS_RICH "}",
+    "\"reasoning_content\":\"Search it.\","
+    "\"tool_calls\":[" CALL("callCats2", "search", "{\\\"query\\\":\\\"cats\\\"}") "]},{\"role\":\"tool\","
+    "\"tool_call_id\":\"callCats2\",\"content\":\"3 results\"}],\"tools\":" TOOLS_RICH "}",
     /* tools, a system turn */
     "{\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},{\"role\":\"user\",\"content\":"
     "\"Weather in Paris?\"}],\"tools\":" TOOLS_JSON "}",
     /* tools, no system turn */
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],\"tools\":" TOOLS_JSON "}",
     /* a whole loop: the call, its result, the answer asked for */
-    "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},{\"role\":\"assistant\",\"content\":"
-    "\"\",\"tool_calls\":[" CALL("call0001a", "get_weather", "{\\\"city\\\":\\\"Paris\\\"}") "]},{\"role\":\"tool\","
-    "\"tool_call_id\":\"call0001a\",\"content\":\"{\\\"temperature\\\": 18}\"}],\"tools\":" TOOLS_JSON "}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},{\"role\":\"assistant\","
+    "\"content\":\"\",\"tool_calls\":[" CALL("call0001a", "get_weather", "{\\\"city\\\":\\\"Paris\\\"}") "]},"
+    "{\"role\":\"tool\",\"tool_call_id\":\"call0001a\",\"content\":\"{\\\"temperature\\\": 18}\"}],"
+    "\"tools\":" TOOLS_JSON "}",
     /* parallel calls and their results, an answer, a new question */
     "{\"messages\":[{\"role\":\"system\",\"content\":\"You are terse.\"},{\"role\":\"user\",\"content\":"
     "\"Paris and Rome?\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":["
     CALL("callParis", "get_weather", "{\\\"city\\\": \\\"Paris\\\", \\\"unit\\\": \\\"celsius\\\"}") ","
-    CALL("call0Rome", "get_weather", "{\\\"city\\\":\\\"Rome\\\"}") "]},{\"role\":\"tool\",\"tool_call_id\":\"callParis\","
-    "\"content\":\"18\"},{\"role\":\"tool\",\"tool_call_id\":\"call0Rome\",\"content\":\"24\"},{\"role\":\"assistant\","
-    "\"content\":\"Paris 18, Rome 24.\"},{\"role\":\"user\",\"content\":\"Thanks\"}],\"tools\":" TOOLS_JSON "}",
+    CALL("call0Rome", "get_weather", "{\\\"city\\\":\\\"Rome\\\"}") "]},{\"role\":\"tool\","
+    "\"tool_call_id\":\"callParis\",\"content\":\"18\"},{\"role\":\"tool\",\"tool_call_id\":\"call0Rome\","
+    "\"content\":\"24\"},{\"role\":\"assistant\",\"content\":\"Paris 18, Rome 24.\"},{\"role\":\"user\","
+    "\"content\":\"Thanks\"}],\"tools\":" TOOLS_JSON "}",
     /* text beside a call */
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Add 1.5 and 2\"},{\"role\":\"assistant\",\"content\":"
-    "\"Let me add them.\",\"tool_calls\":[" CALL("callAdd01", "add", "{\\\"a\\\":1.5,\\\"b\\\":2}") "]},{\"role\":"
-    "\"tool\",\"tool_call_id\":\"callAdd01\",\"content\":\"3.5\"}],\"tools\":" TOOLS_JSON "}",
+    "\"Let me add them.\",\"tool_calls\":[" CALL("callAdd01", "add", "{\\\"a\\\":1.5,\\\"b\\\":2}") "]},"
+    "{\"role\":\"tool\",\"tool_call_id\":\"callAdd01\",\"content\":\"3.5\"}],\"tools\":" TOOLS_JSON "}",
     /* calls and results in the history, no tools given now */
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Add\"},{\"role\":\"assistant\",\"content\":\"\","
     "\"tool_calls\":[" CALL("callAdd02", "add", "{\\\"a\\\":2.0,\\\"b\\\":1e-7}") "]},{\"role\":\"tool\","
-    "\"tool_call_id\":\"callAdd02\",\"content\":\"2.0000001\"},{\"role\":\"assistant\",\"content\":\"About 2.\"},"
-    "{\"role\":\"user\",\"content\":\"ok\"}]}",
+    "\"tool_call_id\":\"callAdd02\",\"content\":\"2.0000001\"},{\"role\":\"assistant\",\"content\":\"About "
+    "2.\"},{\"role\":\"user\",\"content\":\"ok\"}]}",
     /* arguments JSON that tojson writes its own way: escapes, non-ASCII, nesting, big and small numbers */
     "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"assistant\",\"content\":\"\","
-    "\"tool_calls\":[" CALL("callZurch", "get_weather", "{\\\"city\\\":\\\"Zürich \\\\\\\"old\\\\\\\"\\\\n\\\\ttown\\\","
+    "\"tool_calls\":[" CALL("callZurch", "get_weather",
+                            "{\\\"city\\\":\\\"Zürich \\\\\\\"old\\\\\\\"\\\\n\\\\ttown\\\","
     "\\\"n\\\":[1,-0,1e300,12345678901234567,0.1,[{}],{\\\"k\\\":null,\\\"t\\\":true}]}") "]},{\"role\":"
     "\"tool\",\"tool_call_id\":\"callZurch\",\"content\":\"ok\"}],\"tools\":" TOOLS_JSON "}",
     /* thinking: a reply after the last question keeps it, with a call */
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\",\"content\":"
     "\"<think>\\nThe user wants weather.\\n</think>\\n\\n\",\"tool_calls\":[" CALL("callOslo0", "get_weather",
-    "{\\\"city\\\":\\\"Oslo\\\"}") "]},{\"role\":\"tool\",\"tool_call_id\":\"callOslo0\",\"content\":\"-3\"}],"
-    "\"tools\":" TOOLS_JSON "}",
+    "{\\\"city\\\":\\\"Oslo\\\"}") "]},{\"role\":\"tool\",\"tool_call_id\":\"callOslo0\","
+    "\"content\":\"-3\"}],\"tools\":" TOOLS_JSON "}",
     /* thinking given apart, and thinking off */
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"Hello!\","
     "\"reasoning_content\":\"\\nA greeting.\\n\"}],\"add_generation_prompt\":false}",
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"\","
-    "\"tool_calls\":[" CALL("callEmpty", "add", "{}") "]},{\"role\":\"tool\",\"tool_call_id\":\"callEmpty\",\"content\":"
-    "\"0\"}],\"tools\":" TOOLS_JSON ",\"kwargs\":{\"enable_thinking\":false,\"date_string\":\"26 Jul 2024\"}}",
+    "\"tool_calls\":[" CALL("callEmpty", "add", "{}") "]},{\"role\":\"tool\",\"tool_call_id\":\"callEmpty\","
+    "\"content\":\"0\"}],\"tools\":" TOOLS_JSON ",\"kwargs\":{\"enable_thinking\":false,\"date_string\":\"26 "
+    "Jul 2024\"}}",
     /* an id of another length (Mistral's templates refuse it), and two questions in a row (Mistral's too) */
     "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"},{\"role\":\"assistant\",\"content\":\"\","
-    "\"tool_calls\":[" CALL("call_1", "add", "{}") "]},{\"role\":\"tool\",\"tool_call_id\":\"call_1\",\"content\":"
-    "\"0\"}],\"tools\":" TOOLS_JSON "}",
+    "\"tool_calls\":[" CALL("call_1", "add", "{}") "]},{\"role\":\"tool\",\"tool_call_id\":\"call_1\","
+    "\"content\":\"0\"}],\"tools\":" TOOLS_JSON "}",
     "{\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"Hi\"},"
     "{\"role\":\"user\",\"content\":\"Hello?\"}]}",
 };
@@ -6652,7 +6721,8 @@ static int tool_conversation(const llm_json *v, llm_chat_message *m, llm_chat_to
     int n_calls = 0;
     *tools = tl ? llm_json_dumps(tl, 0) : NULL;
     for (int i = 0; i < msgs->n && i < cap; i++) {
-        const llm_json *x = &msgs->items[i], *c = llm_json_get(x, "content"), *tc = llm_json_get(x, "tool_calls");
+        const llm_json *x = &msgs->items[i], *c = llm_json_get(x, "content"),
+            *tc = llm_json_get(x, "tool_calls");
         const llm_json *rc = llm_json_get(x, "reasoning_content"), *id = llm_json_get(x, "tool_call_id");
         memset(&m[i], 0, sizeof m[i]);
         m[i].role = llm_json_get(x, "role")->str;
@@ -6676,7 +6746,8 @@ static void test_chat_tools_jinja(void) {
         /* each a family with a tool format of its own, and the vocabulary its tokens come from */
         {"testdata/templates/Qwen-Qwen2.5-7B-Instruct.jinja", "ggml-vocab-qwen2.gguf", "", "<|im_end|>",
          LLM_TOOLS_HERMES},
-        {"testdata/templates/Qwen-Qwen3-0.6B.jinja", "ggml-vocab-qwen2.gguf", "", "<|im_end|>", LLM_TOOLS_HERMES},
+        {"testdata/templates/Qwen-Qwen3-0.6B.jinja", "ggml-vocab-qwen2.gguf", "", "<|im_end|>",
+         LLM_TOOLS_HERMES},
         {"gguf:testdata/tokenizer/ggml-vocab-qwen2.gguf", "ggml-vocab-qwen2.gguf", "", "<|im_end|>",
          LLM_TOOLS_HERMES},
         /* Qwen3's thinking-only variant (as Qwen3-*-Thinking-2507's): the generation prompt opens <think> */
@@ -6687,25 +6758,29 @@ static void test_chat_tools_jinja(void) {
          "<|begin_of_text|>", "<|eot_id|>", LLM_TOOLS_LLAMA3},
         {"testdata/templates/meta-llama-Llama-3.3-70B-Instruct.jinja", "ggml-vocab-llama-bpe.gguf",
          "<|begin_of_text|>", "<|eot_id|>", LLM_TOOLS_LLAMA3},
-        /* Mistral v3 (SentencePiece, "[INST] ") and v3-tekken (Nemo): <s> and </s> as Mistral's vocabularies */
-        {"testdata/templates/mistralai-Mistral-Large-Instruct-2407-v3.jinja", "ggml-vocab-llama-spm.gguf", "<s>",
-         "</s>", LLM_TOOLS_MISTRAL},
+        /* Mistral v3 (SentencePiece, "[INST] ") and v3-tekken (Nemo): <s> and </s> as
+         * Mistral's vocabularies */
+        {"testdata/templates/mistralai-Mistral-Large-Instruct-2407-v3.jinja", "ggml-vocab-llama-spm.gguf",
+         "<s>", "</s>", LLM_TOOLS_MISTRAL},
         {"testdata/templates/mistralai-Mistral-Nemo-Instruct-2407.jinja", "ggml-vocab-llama-spm.gguf", "<s>",
          "</s>", LLM_TOOLS_MISTRAL},
         /* QwQ: the thinking of earlier answers cut from them; the generation prompt opens <think> */
-        {"testdata/templates/Qwen-QwQ-32B.jinja", "ggml-vocab-qwen2.gguf", "", "<|im_end|>", LLM_TOOLS_HERMES},
-        /* Mistral Small 3.2 (v11 calls; its own system prompt, dated today, when the conversation has none) */
-        {"testdata/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja", "ggml-vocab-llama-spm.gguf", "<s>", "</s>",
-         LLM_TOOLS_MISTRAL_ARGS},
+        {"testdata/templates/Qwen-QwQ-32B.jinja", "ggml-vocab-qwen2.gguf", "", "<|im_end|>",
+         LLM_TOOLS_HERMES},
+        /* Mistral Small 3.2 (v11 calls; its own system prompt, dated today, when the conversation
+         * has none) */
+        {"testdata/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja", "ggml-vocab-llama-spm.gguf", "<s>",
+         "</s>", LLM_TOOLS_MISTRAL_ARGS},
         /* gpt-oss (harmony): its thinking is the template's "thinking" (llama.cpp's mapping); dated today */
-        {"testdata/templates/openai-gpt-oss-120b.jinja", "ggml-vocab-gpt-2.gguf", "<|endoftext|>", "<|endoftext|>",
-         LLM_TOOLS_HARMONY},
+        {"testdata/templates/openai-gpt-oss-120b.jinja", "ggml-vocab-gpt-2.gguf", "<|endoftext|>",
+         "<|endoftext|>", LLM_TOOLS_HARMONY},
     };
     char err[LLM_ERR_LEN];
     size_t qwen3_len;
     char *qwen3 = read_file("testdata/templates/Qwen-Qwen3-0.6B.jinja", &qwen3_len);
     const char *gen_prompt = "    {{- '<|im_start|>assistant\\n' }}\n    {%- if enable_thinking";
-    char *at = qwen3 ? strstr(qwen3, gen_prompt) : NULL, *end = at ? strstr(at, "{%- endif %}\n{%- endif %}") : NULL;
+    char *at = qwen3 ? strstr(qwen3, gen_prompt) : NULL,
+        *end = at ? strstr(at, "{%- endif %}\n{%- endif %}") : NULL;
     CHECK(at && end, "Qwen3's generation prompt in its template");
     FILE *thinking = at && end ? fopen("llm-test-qwen3-thinking.jinja", "w") : NULL;
     if (thinking) {
@@ -6716,15 +6791,17 @@ static void test_chat_tools_jinja(void) {
     free(qwen3);
     const char *cases_path = "llm-test-chat-tools.jsonl", *out_path = "llm-test-chat-tools.out";
     FILE *f = fopen(cases_path, "w");
-    size_t n_conv = sizeof tool_conversations / sizeof *tool_conversations, n_tmpl = sizeof templates / sizeof *templates;
+    size_t n_conv = sizeof tool_conversations / sizeof *tool_conversations,
+        n_tmpl = sizeof templates / sizeof *templates;
     for (size_t k = 0; f && k < n_tmpl; k++)
-        for (size_t i = 0; i < n_conv; i++) { /* the case: the conversation, with its template, tokens, date */
+        for (size_t i = 0; i < n_conv; i++) {
+            /* the case: the conversation, with its template, tokens, date */
             const char *conv = tool_conversations[i], *rc = strstr(conv, "\"reasoning_content\"");
             int harmony = templates[k].format == LLM_TOOLS_HARMONY;
-            fprintf(f, "{\"template\":\"%s\",\"bos_token\":\"%s\",\"eos_token\":\"%s\",%s%s", templates[k].path,
-                    templates[k].bos, templates[k].eos, strstr(conv, "\"kwargs\"") ? "" :
-                    "\"kwargs\":{\"date_string\":\"26 Jul 2024\"},", strstr(conv, "\"add_generation_prompt\"") ? "" :
-                    "\"add_generation_prompt\":true,");
+            fprintf(f, "{\"template\":\"%s\",\"bos_token\":\"%s\",\"eos_token\":\"%s\",%s%s",
+                    templates[k].path, templates[k].bos, templates[k].eos, strstr(conv, "\"kwargs\"") ? "" :
+                    "\"kwargs\":{\"date_string\":\"26 Jul 2024\"},",
+                    strstr(conv, "\"add_generation_prompt\"") ? "" : "\"add_generation_prompt\":true,");
             if (harmony && rc) fprintf(f, "%.*s\"thinking\"%s\n", (int)(rc - conv - 1), conv + 1, rc + 19);
             else fprintf(f, "%s\n", conv + 1);
         }
@@ -6749,7 +6826,8 @@ static void test_chat_tools_jinja(void) {
               ct.tool_format == templates[k].format &&
               ct.opens_think == (strstr(templates[k].path, "thinking") || strstr(templates[k].path, "QwQ")),
               "%s: its tool format, and whether it opens <think>: %s", templates[k].path, err);
-        if (ct.family != LLM_CHAT_GPT_OSS) snprintf(ct.date, sizeof ct.date, "26 Jul 2024"); /* its: today's */
+        if (ct.family != LLM_CHAT_GPT_OSS) /* its: today's */
+            snprintf(ct.date, sizeof ct.date, "26 Jul 2024");
         for (size_t i = 0; i < n_conv && line && *line; i++) {
             char *next = strchr(line, '\n');
             if (next) *next++ = 0;
@@ -6806,7 +6884,8 @@ static int gbnf_takes(const char *gbnf, const char *text) {
 /* A made-up GPT-2-style vocabulary, loaded from b: a token per printable ASCII character, the space, then
  * the control tokens given (their ids from 95 on) */
 #define MADE_UP_CONTROLS 95
-static llm_tokenizer *made_up_vocab(llm_gguf *g, tok_gguf_buf *b, const char *const *controls, int n_controls) {
+static llm_tokenizer *made_up_vocab(llm_gguf *g, tok_gguf_buf *b, const char *const *controls,
+                                    int n_controls) {
     const char *tokens[128];
     char chars[95][2];
     int32_t types[128];
@@ -6814,7 +6893,9 @@ static llm_tokenizer *made_up_vocab(llm_gguf *g, tok_gguf_buf *b, const char *co
     for (int c = 0x21; c < 0x7f; c++) { chars[n][0] = (char)c; chars[n][1] = 0; tokens[n] = chars[n]; n++; }
     tokens[n++] = "\xc4\xa0"; /* GPT-2's stand-in for the space */
     for (int i = 0; i < n; i++) types[i] = LLM_TOKEN_NORMAL;
-    for (int k = 0; k < n_controls && n < 128; k++) { tokens[n] = controls[k]; types[n++] = LLM_TOKEN_CONTROL; }
+    for (int k = 0; k < n_controls && n < 128; k++) {
+        tokens[n] = controls[k]; types[n++] = LLM_TOKEN_CONTROL;
+    }
     static const char *const merges[] = {"a b"};
     tok_gguf_start(b, 5);
     tok_gguf_kv_str(b, "tokenizer.ggml.model", "gpt2");
@@ -6839,9 +6920,11 @@ static void test_tool_marker_token(void) {
     if (!t) return;
     char piece[32], err[LLM_ERR_LEN];
     int len = llm_tokenizer_piece(t, marker, 0, piece, sizeof piece);
-    CHECK(len == 12 && !memcmp(piece, "[TOOL_CALLS]", 12) && llm_tokenizer_piece(t, im_end, 0, piece, 32) == 0,
+    CHECK(len == 12 && !memcmp(piece, "[TOOL_CALLS]", 12) &&
+          llm_tokenizer_piece(t, im_end, 0, piece, 32) == 0,
           "[TOOL_CALLS] is text (%d bytes), <|im_end|> is not", len);
-    CHECK(llm_tokenizer_piece(t, args, 0, piece, sizeof piece) == 6 && !memcmp(piece, "[ARGS]", 6), "[ARGS] is text");
+    CHECK(llm_tokenizer_piece(t, args, 0, piece, sizeof piece) == 6 && !memcmp(piece, "[ARGS]", 6),
+          "[ARGS] is text");
     static const char reply[] = "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}]";
     int32_t ids[128];
     int n_ids = llm_tokenize(t, reply, strlen(reply), 0, 1, ids, 128);
@@ -6862,8 +6945,8 @@ static void test_tool_marker_token(void) {
         len = llm_tokenizer_piece(t, ids[i], 0, piece, sizeof piece);
         if (llm_grammar_accept(st, piece, len) != 0) break;
     }
-    CHECK(walked == n_ids && st && llm_grammar_done(st), "the grammar takes the reply token by token (%d of %d)",
-          walked, n_ids);
+    CHECK(walked == n_ids && st && llm_grammar_done(st), "the grammar takes the reply token by token (%d of "
+          "%d)", walked, n_ids);
     char text[256];
     len = llm_detokenize(t, ids, n_ids, 0, text, sizeof text);
     llm_chat_reply r;
@@ -6894,17 +6977,19 @@ static void test_harmony_tokens(void) {
     int text_ok = 1;
     for (int k = 0; k < 8; k++) {
         int len = llm_tokenizer_piece(t, first + k, 0, piece, sizeof piece);
-        text_ok &= k < 4 || k == 6 ? len == (int)strlen(controls[k]) && !memcmp(piece, controls[k], len) : len == 0;
+        text_ok &= k < 4 || k == 6 ? len == (int)strlen(controls[k]) &&
+            !memcmp(piece, controls[k], len) : len == 0;
     }
     CHECK(text_ok, "harmony's markers are text, <|return|>, <|call|> and <|endoftext|> not");
     CHECK(!llm_tokenizer_is_eog(t, first + 3) && llm_tokenizer_is_eog(t, first + 4) &&
           llm_tokenizer_is_eog(t, first + 5), "<|return|> and <|call|> end the turn, <|end|> does not");
     llm_chat_template ct;
     int32_t stop[8];
-    int n_stop = llm_chat_template_init(&ct, NULL, 0, t, NULL, err) == 0 ? llm_chat_stop_ids(&ct, t, stop, 8) : 0;
+    int n_stop = llm_chat_template_init(&ct, NULL, 0, t, NULL, err) == 0 ?
+        llm_chat_stop_ids(&ct, t, stop, 8) : 0;
     CHECK(ct.family == LLM_CHAT_GPT_OSS && ct.tool_format == LLM_TOOLS_HARMONY && ct.thinks && n_stop == 2 &&
-          stop[0] == first + 4 && stop[1] == first + 5, "the vocabulary names gpt-oss; it stops at <|return|> "
-          "and <|call|> (%d stop ids)", n_stop);
+          stop[0] == first + 4 && stop[1] == first + 5, "the vocabulary names gpt-oss; it stops at "
+          "<|return|> and <|call|> (%d stop ids)", n_stop);
     /* the request's reasoning effort goes into the system message */
     llm_chat_message hi = {"user", "Hi", NULL, NULL, 0, NULL};
     snprintf(ct.reasoning_effort, sizeof ct.reasoning_effort, "high");
@@ -6913,9 +6998,10 @@ static void test_harmony_tokens(void) {
     CHECK(plen > 0 && plen < (int)sizeof prompt && strstr(prompt, "\n\nReasoning: high\n\n") &&
           !strcmp(prompt + plen - 51, "<|start|>user<|message|>Hi<|end|><|start|>assistant"),
           "gpt-oss's prompt with reasoning effort high: %s", plen > 0 ? prompt : "(none)");
-    static const char tools[] = "[{\"type\":\"function\",\"function\":{\"name\":\"now\",\"description\":\"Time.\"}}]";
-    static const char reply[] = "<|channel|>analysis<|message|>Time?<|end|><|start|>assistant<|channel|>commentary "
-                                "to=functions.now <|constrain|>json<|message|>{}";
+    static const char tools[] = "[{\"type\":\"function\",\"function\":{\"name\":\"now\","
+                                "\"description\":\"Time.\"}}]";
+    static const char reply[] = "<|channel|>analysis<|message|>Time?<|end|><|start|>assistant"
+                                "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}";
     char *gbnf = llm_chat_tool_grammar(&ct, tools, LLM_TOOL_AUTO, NULL, 1, err);
     llm_grammar *gr = gbnf ? llm_grammar_parse(gbnf, err) : NULL;
     llm_grammar_state *st = gr ? llm_grammar_start(gr) : NULL;
@@ -6927,8 +7013,8 @@ static void test_harmony_tokens(void) {
         if (llm_grammar_accept(st, piece, len) != 0) break;
     }
     CHECK(n_ids > 0 && ids[0] == first + 1 && walked == n_ids && st && llm_grammar_can_end(st) &&
-          llm_grammar_allows(st, tt, first + 5), "the grammar takes the reply token by token, markers as single "
-          "tokens (%d of %d), then <|call|>", walked, n_ids);
+          llm_grammar_allows(st, tt, first + 5), "the grammar takes the reply token by token, markers as "
+          "single tokens (%d of %d), then <|call|>", walked, n_ids);
     char text[512];
     int len = llm_detokenize(t, ids, n_ids, 0, text, sizeof text);
     llm_chat_reply r;
@@ -6949,7 +7035,8 @@ static void test_harmony_tokens(void) {
     llm_chat_template chatml;
     memset(&chatml, 0, sizeof chatml);
     char *same = answer ? llm_chat_answer_grammar(&chatml, answer, err) : NULL;
-    CHECK(whole && same && !strcmp(same, answer), "the answer's grammar for gpt-oss and, unchanged, ChatML: %s", err);
+    CHECK(whole && same && !strcmp(same, answer),
+          "the answer's grammar for gpt-oss and, unchanged, ChatML: %s", err);
     if (whole) {
         CHECK(gbnf_takes(whole, "<|channel|>analysis<|message|>Kids?<|end|><|start|>assistant<|channel|>final"
                                 "<|message|>{\"a\": 1, \"kids\": [{\"a\": 2, \"kids\": []}]}") &&
@@ -6964,8 +7051,8 @@ static void test_harmony_tokens(void) {
                              "<|message|>{\"a\": 1}";
         memset(&r, 0, sizeof r);
         CHECK(llm_chat_parse_reply(&ct, reply2, strlen(reply2), 1, 0, 0, &r) == 0 && r.reasoning &&
-              !strcmp(r.reasoning, "Kids?") && !strcmp(r.content, "{\"a\": 1}"), "the answer read back: \"%s\"",
-              r.content ? r.content : "");
+              !strcmp(r.reasoning, "Kids?") && !strcmp(r.content, "{\"a\": 1}"),
+              "the answer read back: \"%s\"", r.content ? r.content : "");
         llm_chat_reply_free(&r);
     }
     if (parsed) llm_json_free(&js);
@@ -6990,17 +7077,18 @@ static void test_tool_calls(void) {
          "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", 1,
          "", NULL, "get_weather", "{\"city\": \"Paris\"}", NULL},
         {LLM_TOOLS_HERMES, 0, LLM_TOOL_REQUIRED, 1,
-         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>\n"
+         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n"
+         "</tool_call>\n"
          "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>", 1,
          "", NULL, "get_weather", "{\"city\": \"Paris\", \"days\": 2}", "now"},
         {LLM_TOOLS_HERMES, 0, LLM_TOOL_REQUIRED, 0, /* one call asked for */
-         "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", "
-         "\"arguments\": {}}\n</tool_call>", 0, NULL, NULL, NULL, NULL, NULL},
+         "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n"
+         "{\"name\": \"now\", \"arguments\": {}}\n</tool_call>", 0, NULL, NULL, NULL, NULL, NULL},
         {LLM_TOOLS_HERMES, 0, LLM_TOOL_REQUIRED, 1, /* a name not in tools; arguments against the schema */
          "<tool_call>\n{\"name\": \"rm\", \"arguments\": {}}\n</tool_call>", 0, NULL, NULL, NULL, NULL, NULL},
         {LLM_TOOLS_HERMES, 0, LLM_TOOL_REQUIRED, 1,
-         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 9}}\n</tool_call>",
-         0, NULL, NULL, NULL, NULL, NULL},
+         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 9}}\n"
+         "</tool_call>", 0, NULL, NULL, NULL, NULL, NULL},
         {LLM_TOOLS_HERMES, 0, LLM_TOOL_REQUIRED, 1, "Sure.", 0, NULL, NULL, NULL, NULL, NULL},
         {LLM_TOOLS_HERMES, 0, LLM_TOOL_AUTO, 1, "It is sunny <tool> and <tool_cal.", 1,
          "It is sunny <tool> and <tool_cal.", NULL, NULL, NULL, NULL},
@@ -7010,49 +7098,52 @@ static void test_tool_calls(void) {
         {LLM_TOOLS_HERMES, 0, LLM_TOOL_AUTO, 1, "Let me look.\n<tool_call>\n{\"name\": \"rm\"", 0,
          NULL, NULL, NULL, NULL, NULL},
         {LLM_TOOLS_HERMES, 1, LLM_TOOL_REQUIRED, 1, /* thinking first, then the call */
-         "<think>\nWhich city? <b>Paris</b>.\n</think>\n\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n"
+         "<think>\nWhich city? <b>Paris</b>.\n</think>\n\n<tool_call>\n"
+         "{\"name\": \"now\", \"arguments\": {}}\n"
          "</tool_call>", 1, "", "Which city? <b>Paris</b>.", "now", "{}", NULL},
-        {LLM_TOOLS_HERMES, 1, LLM_TOOL_AUTO, 1, "<think>\nhm\n</think>\n\nIt is 9.", 1, "It is 9.", "hm", NULL,
-         NULL, NULL},
+        {LLM_TOOLS_HERMES, 1, LLM_TOOL_AUTO, 1, "<think>\nhm\n</think>\n\nIt is 9.", 1, "It is 9.", "hm",
+         NULL, NULL, NULL},
         {LLM_TOOLS_HERMES, 0, LLM_TOOL_NAMED, 1, /* named: that one only */
          "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>", 0,
          NULL, NULL, NULL, NULL, NULL},
         {LLM_TOOLS_GENERIC, 0, LLM_TOOL_AUTO, 1, "{\"response\": \"It is \\\"9\\\" \\u00b0C.\"}", 1,
          "It is \"9\" \xc2\xb0" "C.", NULL, NULL, NULL, NULL},
         {LLM_TOOLS_GENERIC, 0, LLM_TOOL_AUTO, 1,
-         "{\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}, {\"name\": \"now\", "
-         "\"arguments\": {}}]}", 1, "", NULL, "get_weather", "{\"city\": \"Rome\"}", "now"},
+         "{\"tool_calls\": [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}, {\"name\": "
+         "\"now\", \"arguments\": {}}]}", 1, "", NULL, "get_weather", "{\"city\": \"Rome\"}", "now"},
         {LLM_TOOLS_GENERIC, 0, LLM_TOOL_AUTO, 1, /* surrogates: a pair, a lone high half, a lone low half */
          "{\"response\": \"\\ud83d\\ude00a\\ud8d8\\u8d8db\\udc00c\"}", 1,
          "\xf0\x9f\x98\x80" "a\xef\xbf\xbd\xe8\xb6\x8d" "b\xef\xbf\xbd" "c", NULL, NULL, NULL, NULL},
         {LLM_TOOLS_HERMES, 0, LLM_TOOL_REQUIRED, 1, /* no parameters: no arguments */
-         "<tool_call>\n{\"name\": \"now\", \"arguments\": {\"x\": 1}}\n</tool_call>", 0, NULL, NULL, NULL, NULL,
+         "<tool_call>\n{\"name\": \"now\", \"arguments\": {\"x\": 1}}\n</tool_call>", 0, NULL, NULL, NULL,
+         NULL, NULL},
+        {LLM_TOOLS_GENERIC, 0, LLM_TOOL_REQUIRED, 0, "{\"response\": \"no\"}", 0, NULL, NULL, NULL, NULL,
          NULL},
-        {LLM_TOOLS_GENERIC, 0, LLM_TOOL_REQUIRED, 0, "{\"response\": \"no\"}", 0, NULL, NULL, NULL, NULL, NULL},
         {LLM_TOOLS_GENERIC, 0, LLM_TOOL_REQUIRED, 0,
-         "{\"tool_calls\": [{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"now\", \"arguments\": {}}]}", 0,
-         NULL, NULL, NULL, NULL, NULL},
-        {LLM_TOOLS_GENERIC, 0, LLM_TOOL_AUTO, 1, "Hello", 0, NULL, NULL, NULL, NULL, NULL},
-        {LLM_TOOLS_LLAMA3, 0, LLM_TOOL_AUTO, 1, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}",
-         1, "", NULL, "get_weather", "{\"city\": \"Rome\"}", NULL},
-        {LLM_TOOLS_LLAMA3, 0, LLM_TOOL_AUTO, 1, "It is 9 {degrees}.", 1, "It is 9 {degrees}.", NULL, NULL, NULL,
-         NULL},
-        {LLM_TOOLS_LLAMA3, 0, LLM_TOOL_REQUIRED, 1, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"R\"}}",
+         "{\"tool_calls\": [{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"now\", \"arguments\": {}}]}",
          0, NULL, NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_GENERIC, 0, LLM_TOOL_AUTO, 1, "Hello", 0, NULL, NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_LLAMA3, 0, LLM_TOOL_AUTO, 1, "{\"name\": \"get_weather\", \"parameters\": {\"city\": "
+         "\"Rome\"}}", 1, "", NULL, "get_weather", "{\"city\": \"Rome\"}", NULL},
+        {LLM_TOOLS_LLAMA3, 0, LLM_TOOL_AUTO, 1, "It is 9 {degrees}.", 1, "It is 9 {degrees}.", NULL, NULL,
+         NULL, NULL},
+        {LLM_TOOLS_LLAMA3, 0, LLM_TOOL_REQUIRED, 1, "{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+         "\"R\"}}", 0, NULL, NULL, NULL, NULL, NULL},
         {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_REQUIRED, 1, /* Mistral v3: a list after the marker */
-         "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \"days\": 3}}, {\"name\": "
-         "\"now\", \"arguments\": {}}]", 1, "", NULL, "get_weather", "{\"city\": \"Rome\", \"days\": 3}", "now"},
+         "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\", \"days\": 3}}, "
+         "{\"name\": \"now\", \"arguments\": {}}]", 1, "", NULL, "get_weather",
+         "{\"city\": \"Rome\", \"days\": 3}", "now"},
         {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_REQUIRED, 0, /* Nemo writes no space; one call asked for */
          "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}]", 1, "", NULL, "now", "{}", NULL},
         {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_REQUIRED, 0,
          "[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}, {\"name\": \"now\", \"arguments\": {}}]", 0,
          NULL, NULL, NULL, NULL, NULL},
-        {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_REQUIRED, 1, "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": "
-         "{\"city\": \"Rome\", \"days\": 0}}]", 0, NULL, NULL, NULL, NULL, NULL},
-        {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_AUTO, 1, "It is [TOOL] 9 [TOOL_CALL.", 1, "It is [TOOL] 9 [TOOL_CALL.",
-         NULL, NULL, NULL, NULL},
-        {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_AUTO, 1, "Looking.[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}]",
-         1, "Looking.", NULL, "now", "{}", NULL},
+        {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_REQUIRED, 1, "[TOOL_CALLS][{\"name\": \"get_weather\", "
+         "\"arguments\": {\"city\": \"Rome\", \"days\": 0}}]", 0, NULL, NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_AUTO, 1, "It is [TOOL] 9 [TOOL_CALL.", 1,
+         "It is [TOOL] 9 [TOOL_CALL.", NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_AUTO, 1, "Looking.[TOOL_CALLS][{\"name\": \"now\", \"arguments\": "
+         "{}}]", 1, "Looking.", NULL, "now", "{}", NULL},
         {LLM_TOOLS_MISTRAL, 0, LLM_TOOL_AUTO, 1, "[TOOL_CALLS][{\"name\": \"rm\"", 0, NULL, NULL, NULL, NULL,
          NULL},
         {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_REQUIRED, 1, /* Mistral v11: the name outside the JSON */
@@ -7060,37 +7151,41 @@ static void test_tool_calls(void) {
          NULL, "get_weather", "{\"city\": \"Rome\"}", "now"},
         {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_REQUIRED, 0, "[TOOL_CALLS]now[ARGS]{}[TOOL_CALLS]now[ARGS]{}", 0,
          NULL, NULL, NULL, NULL, NULL},
-        {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_REQUIRED, 1, "[TOOL_CALLS]now[ARGS]{\"city\": \"Rome\"}", 0, NULL,
-         NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_REQUIRED, 1, "[TOOL_CALLS]now[ARGS]{\"city\": \"Rome\"}", 0,
+         NULL, NULL, NULL, NULL, NULL},
         {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_REQUIRED, 1, "[TOOL_CALLS]get_weather[CALL_ID]short[ARGS]{}", 0,
          NULL, NULL, NULL, NULL, NULL},
         {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_AUTO, 1, "Let me see. [TOOL_CALLS]get_weather[ARGS]{\"city\": "
-         "\"Oslo\", \"days\": 7}", 1, "Let me see.", NULL, "get_weather", "{\"city\": \"Oslo\", \"days\": 7}", NULL},
-        {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_NAMED, 1, "[TOOL_CALLS]now[ARGS]{}", 1, "", NULL, "now", "{}", NULL},
+         "\"Oslo\", \"days\": 7}", 1, "Let me see.", NULL, "get_weather", "{\"city\": \"Oslo\", \"days\": 7}",
+         NULL},
+        {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_NAMED, 1, "[TOOL_CALLS]now[ARGS]{}", 1, "", NULL, "now", "{}",
+         NULL},
         {LLM_TOOLS_MISTRAL_ARGS, 0, LLM_TOOL_NAMED, 1, "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}", 0,
          NULL, NULL, NULL, NULL, NULL},
         /* gpt-oss (harmony): the thinking on the analysis channel, then a message to=functions.NAME */
-        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_REQUIRED, 1, "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>"
-         "assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
-         1, "", "Need the weather.", "get_weather", "{\"city\": \"Paris\"}", NULL},
-        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_REQUIRED, 1, "<|channel|>commentary to=functions.now <|constrain|>json"
-         "<|message|>{}", 1, "", NULL, "now", "{}", NULL},
-        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_REQUIRED, 1, "<|channel|>commentary to=functions.get_weather <|constrain|>"
-         "json<|message|>{\"city\": \"Paris\", \"days\": 9}", 0, NULL, NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_REQUIRED, 1, "<|channel|>analysis<|message|>Need the "
+         "weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather "
+         "<|constrain|>json<|message|>{\"city\": \"Paris\"}", 1, "", "Need the weather.", "get_weather",
+         "{\"city\": \"Paris\"}", NULL},
+        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_REQUIRED, 1, "<|channel|>commentary to=functions.now "
+         "<|constrain|>json<|message|>{}", 1, "", NULL, "now", "{}", NULL},
+        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_REQUIRED, 1, "<|channel|>commentary to=functions.get_weather "
+         "<|constrain|>json<|message|>{\"city\": \"Paris\", \"days\": 9}", 0, NULL, NULL, NULL, NULL, NULL},
         {LLM_TOOLS_HARMONY, 1, LLM_TOOL_REQUIRED, 1, "<|channel|>commentary to=functions.rm <|constrain|>json"
          "<|message|>{}", 0, NULL, NULL, NULL, NULL, NULL},
-        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_REQUIRED, 1, "<|channel|>final<|message|>It is 9.", 0, NULL, NULL, NULL,
-         NULL, NULL},
-        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_AUTO, 1, "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant"
-         "<|channel|>final<|message|>It is 9.", 1, "It is 9.", "Easy.", NULL, NULL, NULL},
+        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_REQUIRED, 1, "<|channel|>final<|message|>It is 9.", 0, NULL, NULL,
+         NULL, NULL, NULL},
+        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_AUTO, 1,
+         "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>It is 9.", 1,
+         "It is 9.", "Easy.", NULL, NULL, NULL},
         {LLM_TOOLS_HARMONY, 1, LLM_TOOL_AUTO, 1, /* the header as the template writes it: recipient first */
-         "<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=functions.now<|channel|>commentary json"
-         "<|message|>{}", 1, "", "hm", "now", "{}", NULL},
+         "<|channel|>analysis<|message|>hm<|end|><|start|>assistant to=functions.now<|channel|>commentary "
+         "json<|message|>{}", 1, "", "hm", "now", "{}", NULL},
         {LLM_TOOLS_HARMONY, 1, LLM_TOOL_AUTO, 1, "<|channel|>analysis<|message|>hm<|end|><|start|>assistant"
          "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{\"x\": 1}", 0, NULL, NULL, NULL,
          NULL, NULL},
-        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_NAMED, 1, "<|channel|>commentary to=functions.get_weather <|constrain|>json"
-         "<|message|>{\"city\": \"Oslo\"}", 0, NULL, NULL, NULL, NULL, NULL},
+        {LLM_TOOLS_HARMONY, 1, LLM_TOOL_NAMED, 1, "<|channel|>commentary to=functions.get_weather "
+         "<|constrain|>json<|message|>{\"city\": \"Oslo\"}", 0, NULL, NULL, NULL, NULL, NULL},
     };
     char err[LLM_ERR_LEN];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -7110,8 +7205,9 @@ static void test_tool_calls(void) {
         if (!cases[i].content) continue;
         llm_chat_reply r;
         size_t n = strlen(cases[i].text);
-        CHECK(llm_chat_parse_reply(&ct, cases[i].text, n, 1, 1, 0, &r) == 0 && !strcmp(r.content, cases[i].content)
-              && (cases[i].reasoning ? r.reasoning && !strcmp(r.reasoning, cases[i].reasoning) : !r.reasoning) &&
+        CHECK(llm_chat_parse_reply(&ct, cases[i].text, n, 1, 1, 0, &r) == 0 &&
+              !strcmp(r.content, cases[i].content) &&
+              (cases[i].reasoning ? r.reasoning && !strcmp(r.reasoning, cases[i].reasoning) : !r.reasoning) &&
               r.n_calls == (cases[i].name1 ? 2 : cases[i].name0 ? 1 : 0) && !r.in_call &&
               (!cases[i].name0 || (!strcmp(r.calls[0].name, cases[i].name0) &&
                                    !strcmp(r.calls[0].arguments, cases[i].args0))) &&
@@ -7127,8 +7223,8 @@ static void test_tool_calls(void) {
             for (int c = 0; ok && c < p.n_calls; c++)
                 ok = !strcmp(p.calls[c].name, r.calls[c].name) &&
                      !strncmp(r.calls[c].arguments, p.calls[c].arguments, strlen(p.calls[c].arguments));
-            CHECK(ok, "tool reply %zu, its first %zu bytes read as a partial reply: content \"%s\", %d calls", i,
-                  k, p.content ? p.content : "", p.n_calls);
+            CHECK(ok, "tool reply %zu, its first %zu bytes read as a partial reply: content \"%s\", %d calls",
+                  i, k, p.content ? p.content : "", p.n_calls);
             llm_chat_reply_free(&p);
         }
         llm_chat_reply_free(&r);
@@ -7140,11 +7236,12 @@ static void test_tool_calls(void) {
     llm_chat_reply r;
     static const char opened[] = "\nabc\n</think>\n\nxyz";
     CHECK(llm_chat_parse_reply(&th, opened, strlen(opened), 1, 0, 0, &r) == 0 && r.reasoning &&
-          !strcmp(r.reasoning, "abc") && !strcmp(r.content, "xyz"), "thinking opened by the prompt: \"%s\", \"%s\"",
-          r.reasoning ? r.reasoning : "(none)", r.content);
+          !strcmp(r.reasoning, "abc") && !strcmp(r.content, "xyz"), "thinking opened by the prompt: \"%s\", "
+          "\"%s\"", r.reasoning ? r.reasoning : "(none)", r.content);
     llm_chat_reply_free(&r);
-    CHECK(llm_chat_parse_reply(&th, opened, 3, 1, 0, 1, &r) == 0 && r.reasoning && !strcmp(r.reasoning, "ab") &&
-          !r.content[0], "thinking opened by the prompt, partial: \"%s\"", r.reasoning ? r.reasoning : "(none)");
+    CHECK(llm_chat_parse_reply(&th, opened, 3, 1, 0, 1, &r) == 0 && r.reasoning &&
+          !strcmp(r.reasoning, "ab") && !r.content[0], "thinking opened by the prompt, partial: \"%s\"",
+          r.reasoning ? r.reasoning : "(none)");
     llm_chat_reply_free(&r);
     /* tools the grammar cannot take: each refused, naming why */
     llm_chat_template ct;
@@ -7153,9 +7250,11 @@ static void test_tool_calls(void) {
     static const struct { const char *tools, *says; } bad[] = {
         {"[{\"type\":\"function\"}]", "tools[0] must be"},
         {"[{\"type\":\"function\",\"function\":{\"parameters\":{}}}]", "tools[0].function.name"},
-        {"[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]", "tools[0].function.parameters"},
-        {"[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":"
-         "{\"x\":{\"type\":\"string\",\"format\":\"hostname\"}}}}}]", "tools[0].function.parameters: "},
+        {"[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[]}}]",
+         "tools[0].function.parameters"},
+        {"[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+         "\"properties\":{\"x\":{\"type\":\"string\",\"format\":\"hostname\"}}}}}]",
+         "tools[0].function.parameters: "},
         {"[]", "non-empty"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
@@ -7264,9 +7363,9 @@ static long stat_after(const char *text, const char *key, int nth) {
 }
 
 /* The chat REPL with piped stdin: a turn a line, replies on stdout, /stats on stderr. The first is the
- * README's chat example, as a user runs it (the default path): SmolLM2's greedy reply, whose every token leads
- * the next best by 1.07 nats or more (on "What is the capital of France?" the best two first tokens are 0.3
- * apart, and the fast path's 8-bit activations turn "The" into "L'Étoile, ...", as llama.cpp's do). */
+ * README's chat example, as a user runs it (the default path): SmolLM2's greedy reply, whose every token
+ * leads the next best by 1.07 nats or more (on "What is the capital of France?" the best two first tokens are
+ * 0.3 apart, and the fast path's 8-bit activations turn "The" into "L'Étoile, ...", as llama.cpp's do). */
 static void test_chat_piped(void) {
     if (access(CHAT_MODEL, R_OK) != 0) { CHECK(0, "%s missing (make model fetches it)", CHAT_MODEL); return; }
     int status;
@@ -7627,8 +7726,8 @@ static void test_server_speculative(void) {
                             "\"prompt_lookup_max\": 3, \"prompt_lookup_min\": 2}'") != 0) {
         server_stop(&plain); server_stop(&spec); return;
     }
-    const char *body = "{\"prompt\":\"Lily and Ben went to the park. They saw a big red ball. Lily and Ben went "
-                       "to the park. They saw\",\"max_tokens\":60,\"temperature\":0}";
+    const char *body = "{\"prompt\":\"Lily and Ben went to the park. They saw a big red ball. Lily and Ben "
+                       "went to the park. They saw\",\"max_tokens\":60,\"temperature\":0}";
     char *a = http_post(plain.port, "/v1/completions", body, NULL);
     char *b = http_post(spec.port, "/v1/completions", body, NULL);
     const char *ta = a ? strstr(a, "\"text\":") : NULL, *tb = b ? strstr(b, "\"text\":") : NULL;
@@ -7642,14 +7741,15 @@ static void test_server_speculative(void) {
     double proposed = metric(spec.port, "vllm:spec_decode_num_draft_tokens_total");
     double accepted = metric(spec.port, "vllm:spec_decode_num_accepted_tokens_total"), per_pos = 0;
     int positions = 0;
-    for (const char *p = m; p && (p = strstr(p, "\nvllm:spec_decode_num_accepted_tokens_per_pos_total{")); p++) {
+    for (const char *p = m; p && (p = strstr(p, "\nvllm:spec_decode_num_accepted_tokens_per_pos_total{"));
+         p++) {
         const char *end = strchr(p, '}');
         if (end) { per_pos += strtod(end + 1, NULL); positions++; }
     }
     CHECK(m && strstr(m, "\n# TYPE vllm:spec_decode_num_drafts_total counter\n") && drafts > 0 &&
-          accepted > 0 && accepted <= proposed && proposed <= 4 * drafts && positions == 4 && per_pos == accepted,
-          "serve --speculative-config: /metrics drafts %g, proposed %g, accepted %g (per position %g in %d)",
-          drafts, proposed, accepted, per_pos, positions);
+          accepted > 0 && accepted <= proposed && proposed <= 4 * drafts && positions == 4 &&
+          per_pos == accepted, "serve --speculative-config: /metrics drafts %g, proposed %g, accepted %g "
+          "(per position %g in %d)", drafts, proposed, accepted, per_pos, positions);
     free(m);
     m = http_get(plain.port, "/metrics", NULL);
     CHECK(m && !strstr(m, "spec_decode"), "serve without speculation: no spec_decode metrics, as vLLM");
@@ -7665,18 +7765,20 @@ static void test_server_speculative(void) {
         ta = a ? strstr(a, "\"text\":") : NULL; tb = b ? strstr(b, "\"text\":") : NULL;
         ea = ta ? strstr(ta, "\",\"") : NULL; eb = tb ? strstr(tb, "\",\"") : NULL;
         CHECK(http_status(a) == 200 && http_status(b) == 200 && ea && eb && ea - ta == eb - tb &&
-              !memcmp(ta, tb, (size_t)(ea - ta)), "serve with a draft model: the same text as without: %s / %s",
-              a ? a : "", b ? b : "");
+              !memcmp(ta, tb, (size_t)(ea - ta)), "serve with a draft model: the same text as without: %s / "
+              "%s", a ? a : "", b ? b : "");
         free(a); free(b);
         drafts = metric(spec.port, "vllm:spec_decode_num_drafts_total");
         proposed = metric(spec.port, "vllm:spec_decode_num_draft_tokens_total");
         accepted = metric(spec.port, "vllm:spec_decode_num_accepted_tokens_total");
         CHECK(drafts > 0 && accepted > 0 && accepted <= proposed && proposed <= 3 * drafts,
-              "serve with a draft model: /metrics drafts %g, proposed %g, accepted %g", drafts, proposed, accepted);
+              "serve with a draft model: /metrics drafts %g, proposed %g, accepted %g", drafts, proposed,
+              accepted);
     }
     CHECK(server_stop(&plain) == 0 && server_stop(&spec) == 0, "serve with a draft model: both stop cleanly");
     char wrong_vocab[1100], missing[1100];
-    snprintf(wrong_vocab, sizeof wrong_vocab, "--speculative-model %s", model_path("random-llama2-untied.gguf"));
+    snprintf(wrong_vocab, sizeof wrong_vocab, "--speculative-model %s",
+             model_path("random-llama2-untied.gguf"));
     snprintf(missing, sizeof missing, "--speculative-model %s", model_path("no-such-draft.gguf"));
     const char *const refused[][2] = {
         {"--speculative-config '{\"method\": \"eagle\"}'", "method must be \"ngram\" or \"draft_model\""},
@@ -7694,8 +7796,8 @@ static void test_server_speculative(void) {
         snprintf(cmd, sizeof cmd, "./llm serve -m %s --port 0 %s 2>&1", model_path("stories260K.gguf"),
                  refused[i][0]);
         char *out = run_command(cmd, &status);
-        CHECK(status != 0 && out && strstr(out, refused[i][1]), "llm serve %s: refused (%s): %s", refused[i][0],
-              refused[i][1], out ? out : "");
+        CHECK(status != 0 && out && strstr(out, refused[i][1]), "llm serve %s: refused (%s): %s",
+              refused[i][0], refused[i][1], out ? out : "");
         free(out);
     }
 }
@@ -7877,9 +7979,9 @@ static void test_server_vllm_fields(void) {
     for (int i = 0; i < 3; i++) {
         for (int stream = 0; stream < 2; stream++) {
             char body[512];
-            snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":20,\"temperature\":0,"
-                     "\"stop\":[\"%s\"],\"include_stop_str_in_output\":true%s}", stops[i].stop,
-                     stream ? ",\"stream\":true" : "");
+            snprintf(body, sizeof body, "{\"prompt\":\"Once upon a time\",\"max_tokens\":20,"
+                     "\"temperature\":0,\"stop\":[\"%s\"],\"include_stop_str_in_output\":true%s}",
+                     stops[i].stop, stream ? ",\"stream\":true" : "");
             r = http_post(port, "/v1/completions", body, NULL);
             char *ev = stream ? dechunk(http_body(r)) : NULL;
             if (stream) sse_collect(ev ? ev : "", 0, 0, buf, sizeof buf, &n_events, finish, &done);
@@ -7901,8 +8003,8 @@ static void test_server_vllm_fields(void) {
 
     /* return_tokens_as_token_ids: "token_id:N" for each token and top token (432 is ","), and in chat the
      * bytes of that string; the same ids as the tokens' texts name without it */
-    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,\"temperature\":0,"
-                  "\"logprobs\":1,\"return_tokens_as_token_ids\":true}", NULL);
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,"
+                  "\"temperature\":0,\"logprobs\":1,\"return_tokens_as_token_ids\":true}", NULL);
     char *plain = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,"
                             "\"temperature\":0,\"logprobs\":1}", NULL);
     const char *lp = r ? strstr(r, "\"logprobs\":{\"tokens\":[\"token_id:432\",\"token_id:") : NULL;
@@ -7940,18 +8042,18 @@ static void test_server_vllm_fields(void) {
     json_str(http_body(cut), "text", cut_text, sizeof cut_text);
     json_str(http_body(ids), "text", ids_text, sizeof ids_text);
     CHECK(http_status(cut) == 200 && !strcmp(cut_text, ids_text) && !strncmp(cut_text, "a time", 6) &&
-          strstr(cut, "\"prompt_tokens\":2,"), "serve: truncate_prompt_tokens 2: %s (ids: %s)", cut ? cut : "",
-          ids ? ids : "");
+          strstr(cut, "\"prompt_tokens\":2,"), "serve: truncate_prompt_tokens 2: %s (ids: %s)",
+          cut ? cut : "", ids ? ids : "");
     free(cut); free(ids);
-    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0,"
-                  "\"truncate_prompt_tokens\":-1}", NULL);
+    r = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,"
+                  "\"temperature\":0,\"truncate_prompt_tokens\":-1}", NULL);
     CHECK(http_status(r) == 200 && strstr(r, "\"text\":\", there was\"") && strstr(r, "\"prompt_tokens\":5,"),
           "serve: truncate_prompt_tokens -1 (the context's length): %s", r ? r : "");
     free(r);
-    r = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi there\"}],"
-                  "\"max_tokens\":1,\"truncate_prompt_tokens\":3}", NULL);
-    CHECK(http_status(r) == 200 && strstr(r, "\"prompt_tokens\":3,"), "serve: chat truncate_prompt_tokens: %s",
-          r ? r : "");
+    r = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi "
+                  "there\"}],\"max_tokens\":1,\"truncate_prompt_tokens\":3}", NULL);
+    CHECK(http_status(r) == 200 && strstr(r, "\"prompt_tokens\":3,"), "serve: chat truncate_prompt_tokens: "
+          "%s", r ? r : "");
     free(r);
     static const char *bad_cut[] = {"0", "4096", "1.5", "\"2\""};
     for (int i = 0; i < 4; i++) {
@@ -7963,14 +8065,16 @@ static void test_server_vllm_fields(void) {
         free(r);
     }
 
-    /* cache_salt: a prompt's cached blocks serve again only a request of the same salt (none is a salt too) */
+    /* cache_salt: a prompt's cached blocks serve again only a request of the same salt (none is a
+     * salt too) */
     const char *salts[] = {"", ",\"cache_salt\":\"tenant-a\"", ",\"cache_salt\":\"tenant-a\"",
                            ",\"cache_salt\":\"tenant-b\"", ""};
     int cached[5];
     for (int i = 0; i < 5; i++) {
         char body[512];
         snprintf(body, sizeof body, "{\"prompt\":\"The cat sat on the mat and the dog sat on the log and the "
-                 "bird sat on the tree and the fish swam in the sea, and then\",\"max_tokens\":1%s}", salts[i]);
+                 "bird sat on the tree and the fish swam in the sea, and then\",\"max_tokens\":1%s}",
+                 salts[i]);
         r = http_post(port, "/v1/completions", body, NULL);
         const char *c = r ? strstr(r, "\"cached_tokens\":") : NULL;
         cached[i] = http_status(r) == 200 && c ? atoi(c + strlen("\"cached_tokens\":")) : -1;
@@ -7984,16 +8088,16 @@ static void test_server_vllm_fields(void) {
         char body[256];
         snprintf(body, sizeof body, "{\"prompt\":\"Once\",\"cache_salt\":%s}", bad_salt[i]);
         r = http_post(port, "/v1/completions", body, NULL);
-        CHECK(http_status(r) == 400 && strstr(r, "\"param\":\"cache_salt\""), "serve: cache_salt %s refused: %s",
-              bad_salt[i], r ? r : "");
+        CHECK(http_status(r) == 400 && strstr(r, "\"param\":\"cache_salt\""), "serve: cache_salt %s refused: "
+              "%s", bad_salt[i], r ? r : "");
         free(r);
     }
 
     /* add_special_tokens false: a completion's prompt without BOS, as its ids without 1 */
     char *nobos = http_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,"
                             "\"temperature\":0,\"add_special_tokens\":false}", NULL);
-    ids = http_post(port, "/v1/completions", "{\"prompt\":[403,407,261,378],\"max_tokens\":4,\"temperature\":0}",
-                    NULL);
+    ids = http_post(port, "/v1/completions", "{\"prompt\":[403,407,261,378],\"max_tokens\":4,"
+                    "\"temperature\":0}", NULL);
     json_str(http_body(nobos), "text", cut_text, sizeof cut_text);
     json_str(http_body(ids), "text", ids_text, sizeof ids_text);
     CHECK(http_status(nobos) == 200 && !strcmp(cut_text, ids_text) && strstr(nobos, "\"prompt_tokens\":4,"),
@@ -8003,9 +8107,10 @@ static void test_server_vllm_fields(void) {
      * first, the role's: 0 tokens), then the usage chunk; without include_usage none */
     for (int chat = 0; chat < 2; chat++) {
         r = http_post(port, chat ? "/v1/chat/completions" : "/v1/completions", chat ?
-                      "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":3,\"stream\":true,"
-                      "\"temperature\":0,\"stream_options\":{\"include_usage\":true,\"continuous_usage_stats\":true}}" :
-                      "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0,\"stream\":true,"
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":3,"
+                      "\"stream\":true,\"temperature\":0,\"stream_options\":{\"include_usage\":true,"
+                      "\"continuous_usage_stats\":true}}" : "{\"prompt\":\"Once upon a time\","
+                      "\"max_tokens\":3,\"temperature\":0,\"stream\":true,"
                       "\"stream_options\":{\"include_usage\":true,\"continuous_usage_stats\":true}}", NULL);
         char *ev = dechunk(http_body(r));
         int chunks = 0, in_order = 1, n_prompt = -1;
@@ -8034,13 +8139,14 @@ static void test_server_vllm_fields(void) {
     /* a chat's echo: the reply's content begins with the last message's text where that message has the
      * reply's role (continuing the assistant's message; without add_generation_prompt, any), streamed too */
     static const struct { const char *msgs; int gen; const char *echo, *extra; } echoes[] = {
-        {"{\"role\":\"user\",\"content\":\"Tell a story\"},{\"role\":\"assistant\",\"content\":\"Once upon a\"}", 0,
-         "Once upon a", ""},
+        {"{\"role\":\"user\",\"content\":\"Tell a story\"},{\"role\":\"assistant\",\"content\":\"Once upon "
+         "a\"}", 0, "Once upon a", ""},
         {"{\"role\":\"user\",\"content\":\"Tell a story\"}", 1, "", ""},
-        {"{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Lily\"},{\"type\":\"text\",\"text\":\"had\"}]}",
-         0, "Lily\nhad", ""},
-        {"{\"role\":\"user\",\"content\":\"Tell a story\"},{\"role\":\"assistant\",\"content\":\"Once upon a\"}", 0,
-         "Once upon a", ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"}, /* read for calls */
+        {"{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Lily\"},{\"type\":\"text\","
+         "\"text\":\"had\"}]}", 0, "Lily\nhad", ""},
+        {"{\"role\":\"user\",\"content\":\"Tell a story\"},{\"role\":\"assistant\",\"content\":\"Once upon "
+         "a\"}", 0, /* read for calls */
+         "Once upon a", ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]"},
     };
     for (int i = 0; i < 4; i++) {
         char replies[3][1024], body[512];
@@ -8061,7 +8167,8 @@ static void test_server_vllm_fields(void) {
         char want[1100];
         snprintf(want, sizeof want, "%s%s", echoes[i].echo, replies[0]);
         CHECK(!strcmp(replies[1], want) && !strcmp(replies[2], want) && strlen(replies[0]) > 0,
-              "serve: chat echo %d: \"%s\" and streamed \"%s\", want \"%s\"", i, replies[1], replies[2], want);
+              "serve: chat echo %d: \"%s\" and streamed \"%s\", want \"%s\"", i, replies[1], replies[2],
+              want);
     }
     /* priority: under first come first served only 0 */
     r = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":1,\"priority\":0}", NULL);
@@ -8190,10 +8297,11 @@ static void test_server_prompt_logprobs(void) {
     free(x);
 }
 
-/* Tools and thinking through the server, on a random-weight model with Qwen3's template (Hermes tools, a model
- * that thinks): the thinking split from the answer (a grammar makes the model write <think>...</think>), whole
- * and streamed; the prompt /tokenize gives with thinking off is the chat REPL's; a continued last message; a
- * required call; and each bad shape of tools and messages a 400 naming its field. */
+/* Tools and thinking through the server, on a random-weight model with Qwen3's template (Hermes tools, a
+ * model that thinks): the thinking split from the answer (a grammar makes the model write
+ * <think>...</think>), whole and streamed; the prompt /tokenize gives with thinking off is the chat REPL's;
+ * a continued last message; a required call; and each bad shape of tools and messages a 400 naming
+ * its field. */
 /* A copy of stories260K carrying the chat template of template_file, at path (room for 64) */
 static int stories_with_template(const char *template_file, char *path) {
     size_t n;
@@ -8226,7 +8334,8 @@ static void test_server_mistral_tools(void) {
         "\"required\":[\"city\"],\"additionalProperties\":false}}}]";
     char body[2048];
     snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"}],%s,"
-             "\"tool_choice\":\"required\",\"parallel_tool_calls\":false,\"max_tokens\":200,\"seed\":1}", tools);
+             "\"tool_choice\":\"required\",\"parallel_tool_calls\":false,\"max_tokens\":200,\"seed\":1}",
+             tools);
     char *r = http_post(srv.port, "/v1/chat/completions", body, NULL);
     const char *id = r ? strstr(r, "\"tool_calls\":[{\"id\":\"") : NULL;
     int id_len = 0;
@@ -8236,10 +8345,10 @@ static void test_server_mistral_tools(void) {
           !strstr(r, "TOOL_CALLS"), "Mistral: a required call, its id 9 letters and digits: %s", r);
     free(r);
     /* a whole loop whose ids are OpenAI's length: made 9 long, so the template takes the conversation */
-    static const char loop[] = "{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\",\"content\":null,"
-        "\"tool_calls\":[{\"id\":\"call_0123456789abcdefABCDEF\",\"type\":\"function\",\"function\":{\"name\":"
-        "\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Rome\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
-        "\"call_0123456789abcdefABCDEF\",\"content\":\"24\"}";
+    static const char loop[] = "{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\","
+        "\"content\":null,\"tool_calls\":[{\"id\":\"call_0123456789abcdefABCDEF\",\"type\":\"function\","
+        "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Rome\\\"}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_0123456789abcdefABCDEF\",\"content\":\"24\"}";
     snprintf(body, sizeof body, "{\"messages\":[%s],%s,\"max_tokens\":4}", loop, tools);
     r = http_post(srv.port, "/v1/chat/completions", body, NULL);
     CHECK(http_status(r) == 200, "Mistral: a call and its result with ids of 29 characters: %s", r);
@@ -8289,14 +8398,16 @@ static void test_server_tools(void) {
     char body[2048];
     snprintf(body, sizeof body, "{%s}", think);
     char *r = http_post(port, "/v1/chat/completions", body, NULL);
-    CHECK(http_status(r) == 200 && strstr(http_body(r), "\"message\":{\"role\":\"assistant\",\"content\":\"xyz\","
-          "\"reasoning_content\":\"abc\",\"reasoning\":\"abc\",\"refusal\":null},\"logprobs\":null,"
+    CHECK(http_status(r) == 200 &&
+          strstr(http_body(r), "\"message\":{\"role\":\"assistant\",\"content\":\"xyz\","
+                 "\"reasoning_content\":\"abc\",\"reasoning\":\"abc\",\"refusal\":null},\"logprobs\":null,"
           "\"finish_reason\":\"stop\""), "thinking apart from the answer: %s", r);
     free(r);
     snprintf(body, sizeof body, "{%s,\"include_reasoning\":false}", think);
     r = http_post(port, "/v1/chat/completions", body, NULL);
-    CHECK(http_status(r) == 200 && strstr(http_body(r), "\"message\":{\"role\":\"assistant\",\"content\":\"xyz\","
-          "\"refusal\":null}"), "include_reasoning false: %s", r);
+    CHECK(http_status(r) == 200 &&
+          strstr(http_body(r), "\"message\":{\"role\":\"assistant\",\"content\":\"xyz\",\"refusal\":null}"),
+          "include_reasoning false: %s", r);
     free(r);
     snprintf(body, sizeof body, "{%s,\"stream\":true}", think);
     r = http_post(port, "/v1/chat/completions", body, NULL);
@@ -8310,7 +8421,8 @@ static void test_server_tools(void) {
             strncat(reasoning, json_str(delta, "reasoning_content", piece, sizeof piece),
                     sizeof reasoning - strlen(reasoning) - 1);
         if (!strncmp(delta + 9, "\"content\":", 10))
-            strncat(content, json_str(delta, "content", piece, sizeof piece), sizeof content - strlen(content) - 1);
+            strncat(content, json_str(delta, "content", piece, sizeof piece),
+                    sizeof content - strlen(content) - 1);
     }
     CHECK(!strcmp(reasoning, "abc") && !strcmp(content, "xyz") && r && !strstr(r, "think>") &&
           strstr(r, "\"finish_reason\":\"stop\""), "thinking streamed apart: \"%s\", \"%s\": %s", reasoning,
@@ -8333,29 +8445,35 @@ static void test_server_tools(void) {
         };
         for (size_t i = 0; i < sizeof prompts / sizeof *prompts; i++) {
             int len = llm_chat_render(&ct, msgs, prompts[i].n, NULL, prompts[i].gen, text, sizeof text);
-            if (prompts[i].cut) len = (int)(strstr(text, prompts[i].cut) - text) + (int)strlen(prompts[i].cut);
+            if (prompts[i].cut)
+                len = (int)(strstr(text, prompts[i].cut) - text) + (int)strlen(prompts[i].cut);
             int n = llm_tokenize_prompt(m.tok, text, (size_t)len, ids, 256);
             char want[2048] = "";
-            for (int k = 0; k < n; k++) snprintf(want + strlen(want), sizeof want - strlen(want), k ? ",%d" : "%d", ids[k]);
+            for (int k = 0; k < n; k++)
+                snprintf(want + strlen(want), sizeof want - strlen(want), k ? ",%d" : "%d", ids[k]);
             snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}%s],%s}",
-                     prompts[i].n == 2 ? ",{\"role\":\"assistant\",\"content\":\"Hello the\"}" : "", prompts[i].fields);
+                     prompts[i].n == 2 ? ",{\"role\":\"assistant\",\"content\":\"Hello the\"}" : "",
+                     prompts[i].fields);
             r = http_post(port, "/tokenize", body, NULL);
-            CHECK(http_status(r) == 200 && strstr(http_body(r), want) && (prompts[i].cut || strstr(text, "</think>")),
-                  "/tokenize %s: %s\nwant the ids of %s", prompts[i].fields, r, text);
+            CHECK(http_status(r) == 200 && strstr(http_body(r), want) &&
+                  (prompts[i].cut || strstr(text, "</think>")), "/tokenize %s: %s\nwant the ids of %s",
+                  prompts[i].fields, r, text);
             free(r);
         }
         llm_model_free(&m);
     } else CHECK(0, "load random-qwen3-qknorm: %s", err);
     /* a required call: Hermes' syntax read back into tool_calls */
-    const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":"
-                        "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":8}},"
-                        "\"required\":[\"city\"],\"additionalProperties\":false}}}]";
-    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"}],%s,\"tool_choice\":"
-             "\"required\",\"parallel_tool_calls\":false,\"max_tokens\":100,\"seed\":1,\"temperature\":1}", tools);
+    const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+                        "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\","
+                        "\"maxLength\":8}},\"required\":[\"city\"],\"additionalProperties\":false}}}]";
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"}],%s,"
+             "\"tool_choice\":\"required\",\"parallel_tool_calls\":false,\"max_tokens\":100,\"seed\":1,"
+             "\"temperature\":1}", tools);
     r = http_post(port, "/v1/chat/completions", body, NULL);
     CHECK(http_status(r) == 200 && strstr(http_body(r), "\"content\":null,\"tool_calls\":[{\"id\":\"call_") &&
           strstr(r, "\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{") &&
-          strstr(r, "\"finish_reason\":\"tool_calls\"") && !strstr(r, "tool_call>"), "a required call: %s", r);
+          strstr(r, "\"finish_reason\":\"tool_calls\"") && !strstr(r, "tool_call>"), "a required call: %s",
+          r);
     free(r);
     /* bad shapes: a 400 naming the field */
 #define U "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}"
@@ -8363,19 +8481,21 @@ static void test_server_tools(void) {
     static const struct { const char *fields, *param, *says; } bad[] = {
         {HI "\"tools\":{}", "tools", "must be a list"},
         {HI "\"tools\":[{\"type\":\"function\",\"function\":{}}]", "tools[0]", "name"},
-        {HI "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[1]}}]", "tools[0]",
-         "parameters"},
-        {HI "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
-         "\"properties\":{\"x\":{\"type\":\"string\",\"format\":\"hostname\"}}}}}]", "tools", "format"},
-        {HI "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":{\"type\":\"function\","
-         "\"function\":{\"name\":\"g\"}}", "tool_choice", "\\\"g\\\""},
+        {HI "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":[1]}}]",
+         "tools[0]", "parameters"},
+        {HI "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+         "\"parameters\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\","
+         "\"format\":\"hostname\"}}}}}]", "tools", "format"},
+        {HI "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+         "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}", "tool_choice", "\\\"g\\\""},
         {HI "\"tool_choice\":\"required\"", "tool_choice", "tools"},
         {HI "\"tool_choice\":\"always\"", "tool_choice", "must be"},
         {HI "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],\"response_format\":{\"type\":"
          "\"json_object\"}", "tools", "give one"},
         {HI "\"chat_template_kwargs\":{\"enable_thinking\":1}", "chat_template_kwargs", "true or false"},
         {HI "\"reasoning_effort\":\"max\"", "reasoning_effort", "none, minimal"},
-        {HI "\"add_generation_prompt\":true,\"continue_final_message\":true", "continue_final_message", "both"},
+        {HI "\"add_generation_prompt\":true,\"continue_final_message\":true", "continue_final_message",
+         "both"},
         /* messages */
         {U ",{\"role\":\"tool\",\"tool_call_id\":\"x\",\"content\":\"1\"}]", "messages[1].tool_call_id",
          "no earlier tool call"},
@@ -8398,19 +8518,20 @@ static void test_server_tools(void) {
         free(r);
     }
     /* a whole loop's second request: the call and its result, answered */
-    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},{\"role\":\"assistant\","
-             "\"content\":null,\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":"
-             "\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Oslo\\\"}\"}}]},{\"role\":\"tool\",\"tool_call_id\":"
-             "\"call_1\",\"content\":\"-3\"}],%s,\"max_tokens\":8}", tools);
+    snprintf(body, sizeof body, "{\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},"
+             "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"call_1\","
+             "\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+             "\"arguments\":\"{\\\"city\\\":\\\"Oslo\\\"}\"}}]},{\"role\":\"tool\","
+             "\"tool_call_id\":\"call_1\",\"content\":\"-3\"}],%s,\"max_tokens\":8}", tools);
     r = http_post(port, "/v1/chat/completions", body, NULL);
     CHECK(http_status(r) == 200, "a tool's result answered: %s", r);
     free(r);
     CHECK(server_stop(&srv) == 0, "llm serve exits 0");
 }
 
-/* Structured output through the server: every field that asks for it (OpenAI's, vLLM's new and old, llama.cpp's)
- * on both endpoints, the answers checked here with llm_json_parse and by hand; the stream's deltas put together
- * are the answer; what cannot be honoured is a 400 naming the field (and the keyword) */
+/* Structured output through the server: every field that asks for it (OpenAI's, vLLM's new and old,
+ * llama.cpp's) on both endpoints, the answers checked here with llm_json_parse and by hand; the stream's
+ * deltas put together are the answer; what cannot be honoured is a 400 naming the field (and the keyword) */
 /* One request's costly grammar slows that request, not the others: a GBNF of 4,000 alternatives sharing a
  * long prefix (every mask walks 4,000 stacks) at n = 16, and beside it a 20-token completion: within 10 times
  * its time alone (before the grammar thread it took ~5,000 times as long: every step waited for 16 masks) */
@@ -8528,7 +8649,8 @@ static void test_server_structured(void) {
             "\"schema\":{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"cat\",\"dog\"]},\"age\":"
             "{\"type\":\"integer\",\"minimum\":0,\"maximum\":30}},\"required\":[\"kind\",\"age\"],"
             "\"additionalProperties\":false}}}", "pet"},
-        {1, "\"structured_outputs\":{\"json\":{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"maxItems\":3}}",
+        {1, "\"structured_outputs\":{\"json\":{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},"
+         "\"maxItems\":3}}",
             "booleans"},
         {0, "\"structured_outputs\":{\"json\":\"{\\\"type\\\": \\\"array\\\", \\\"items\\\": {\\\"type\\\": "
             "\\\"boolean\\\"}, \\\"maxItems\\\": 3}\"}", "booleans"},
@@ -8536,13 +8658,14 @@ static void test_server_structured(void) {
         {1, "\"structured_outputs\":{\"choice\":[\"yes\",\"no\"]}", "yes/no"},
         {0, "\"structured_outputs\":{\"grammar\":\"root ::= \\\"x\\\"+ \\\"!\\\"\"}", "x!"},
         {1, "\"structured_outputs\":{\"json_object\":true}", "object"},
-        {0, "\"guided_json\":{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"maxItems\":3}", "booleans"},
+        {0, "\"guided_json\":{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"maxItems\":3}",
+         "booleans"},
         {1, "\"guided_regex\":\"[ab]{3}c\"", "abc"},
         {0, "\"guided_choice\":[\"yes\",\"no\"],\"guided_decoding_backend\":\"xgrammar\"", "yes/no"},
         {1, "\"guided_grammar\":\"root ::= \\\"x\\\"+ \\\"!\\\"\"", "x!"},
         {0, "\"grammar\":\"root ::= \\\"x\\\"+ \\\"!\\\"\"", "x!"},
-        {1, "\"json_schema\":{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"cat\",\"dog\"]},\"age\":"
-            "{\"type\":\"integer\",\"minimum\":0,\"maximum\":30}},\"required\":[\"kind\",\"age\"],"
+        {1, "\"json_schema\":{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"cat\",\"dog\"]},"
+            "\"age\":{\"type\":\"integer\",\"minimum\":0,\"maximum\":30}},\"required\":[\"kind\",\"age\"],"
             "\"additionalProperties\":false}", "pet"},
     };
     char err[LLM_ERR_LEN];
@@ -8551,9 +8674,9 @@ static void test_server_structured(void) {
         char whole[2048] = "";
         for (int stream = 0; stream < 2; stream++) {
             char body[1024];
-            snprintf(body, sizeof body, "{%s,\"max_tokens\":300,\"temperature\":1,\"seed\":%d,\"stream\":%s,%s}",
-                     cases[i].chat ? "\"messages\":[{\"role\":\"user\",\"content\":\"Answer.\"}]" : "\"prompt\":\"Once\"",
-                     (int)i, stream ? "true" : "false", cases[i].fields);
+            snprintf(body, sizeof body, "{%s,\"max_tokens\":300,\"temperature\":1,\"seed\":%d,\"stream\":%s,"
+                     "%s}", cases[i].chat ? "\"messages\":[{\"role\":\"user\",\"content\":\"Answer.\"}]" :
+                     "\"prompt\":\"Once\"", (int)i, stream ? "true" : "false", cases[i].fields);
             char *r = http_post(port, cases[i].chat ? "/v1/chat/completions" : "/v1/completions", body, auth);
             char text[2048] = "", finish[32] = "";
             const char *b = http_body(r);
@@ -8566,46 +8689,61 @@ static void test_server_structured(void) {
                     char piece[1024] = "", fin[32] = "";
                     const char *field = cases[i].chat ? "\"content\":" : "\"text\":", *x = strstr(ev, field);
                     const char *next = strstr(ev + 1, "data: ");
-                    if (x && (!next || x < next)) json_str(ev, cases[i].chat ? "content" : "text", piece, sizeof piece);
-                    if (at + strlen(piece) < sizeof text) { memcpy(text + at, piece, strlen(piece)); at += strlen(piece); }
+                    if (x && (!next || x < next))
+                        json_str(ev, cases[i].chat ? "content" : "text", piece, sizeof piece);
+                    if (at + strlen(piece) < sizeof text) {
+                        memcpy(text + at, piece, strlen(piece)); at += strlen(piece);
+                    }
                     text[at] = 0;
                     const char *f = strstr(ev, "\"finish_reason\":\"");
-                    if (f && (!next || f < next)) { json_str(ev, "finish_reason", fin, sizeof fin); strcpy(finish, fin); }
+                    if (f && (!next || f < next)) {
+                        json_str(ev, "finish_reason", fin, sizeof fin); strcpy(finish, fin);
+                    }
                 }
             }
             const char *k = cases[i].kind;
             /* any object: stories260K writes stories into its strings, which may not end by max_tokens */
             int cut = !strcmp(k, "object") && !strcmp(finish, "length") &&
                       !strcmp(grammar_verdict(object, text, strlen(text)), "prefix");
-            int ok = http_status(r) == 200 && (!strcmp(finish, "stop") || cut) && (!stream || !strcmp(text, whole));
+            int ok = http_status(r) == 200 && (!strcmp(finish, "stop") || cut) &&
+                (!stream || !strcmp(text, whole));
             if (!stream) snprintf(whole, sizeof whole, "%s", text);
             llm_json j;
             int is_json = llm_json_parse(text, strlen(text), &j, err) == 0;
             if (cut) { if (is_json) llm_json_free(&j); is_json = 0; }
             else if (!strcmp(k, "object")) ok &= is_json && j.type == LLM_JSON_OBJECT;
             else if (!strcmp(k, "pet")) {
-                const llm_json *kind = is_json ? llm_json_get(&j, "kind") : NULL, *age = is_json ? llm_json_get(&j, "age") : NULL;
-                ok &= is_json && j.n == 2 && kind && kind->type == LLM_JSON_STRING && (!strcmp(kind->str, "cat") ||
-                      !strcmp(kind->str, "dog")) && age && age->type == LLM_JSON_NUMBER && age->num == floor(age->num) &&
-                      age->num >= 0 && age->num <= 30;
+                const llm_json *kind = is_json ? llm_json_get(&j, "kind") : NULL,
+                    *age = is_json ? llm_json_get(&j, "age") : NULL;
+                ok &= is_json && j.n == 2 && kind && kind->type == LLM_JSON_STRING &&
+                      (!strcmp(kind->str, "cat") || !strcmp(kind->str, "dog")) && age &&
+                      age->type == LLM_JSON_NUMBER && age->num == floor(age->num) && age->num >= 0 &&
+                      age->num <= 30;
             } else if (!strcmp(k, "booleans")) {
                 ok &= is_json && j.type == LLM_JSON_ARRAY && j.n <= 3;
-                for (int e2 = 0; ok && e2 < j.n; e2++) ok &= j.items[e2].type == LLM_JSON_TRUE || j.items[e2].type == LLM_JSON_FALSE;
-            } else if (!strcmp(k, "abc")) ok &= strlen(text) == 4 && strspn(text, "ab") == 3 && text[3] == 'c';
+                for (int e2 = 0; ok && e2 < j.n; e2++)
+                    ok &= j.items[e2].type == LLM_JSON_TRUE || j.items[e2].type == LLM_JSON_FALSE;
+            } else if (!strcmp(k, "abc"))
+                ok &= strlen(text) == 4 && strspn(text, "ab") == 3 && text[3] == 'c';
             else if (!strcmp(k, "yes/no")) ok &= !strcmp(text, "yes") || !strcmp(text, "no");
-            else ok &= strlen(text) >= 2 && strspn(text, "x") == strlen(text) - 1 && text[strlen(text) - 1] == '!';
+            else
+                ok &= strlen(text) >= 2 && strspn(text, "x") == strlen(text) - 1 &&
+                      text[strlen(text) - 1] == '!';
             if (is_json) llm_json_free(&j);
-            CHECK(ok, "serve, structured output (%s): %s -> %s, \"%s\"; %.300s", stream ? "streamed" : "whole", body,
-                  finish, text, r ? r : "");
+            CHECK(ok, "serve, structured output (%s): %s -> %s, \"%s\"; %.300s",
+                  stream ? "streamed" : "whole", body, finish, text, r ? r : "");
             free(r);
         }
     }
     /* refused: a keyword the converter cannot honour, a bad shape, two constraints, a broken grammar */
     static const struct { int chat; const char *fields, *param, *says; } bad[] = {
-        {1, "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":"
-            "\"array\",\"uniqueItems\":true}}}", "response_format.json_schema.schema", "uniqueItems is not supported"},
-        {0, "\"response_format\":{\"type\":\"xml\"}", "response_format.type", "must be text, json_object or json_schema"},
-        {0, "\"response_format\":{\"type\":\"json_schema\"}", "response_format.json_schema", "must be an object"},
+        {1, "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
+            "\"schema\":{\"type\":\"array\",\"uniqueItems\":true}}}", "response_format.json_schema.schema",
+            "uniqueItems is not supported"},
+        {0, "\"response_format\":{\"type\":\"xml\"}", "response_format.type", "must be text, json_object or "
+         "json_schema"},
+        {0, "\"response_format\":{\"type\":\"json_schema\"}", "response_format.json_schema",
+         "must be an object"},
         {1, "\"response_format\":{\"type\":\"json_object\"},\"guided_regex\":\"a\"", "guided_regex",
             "response_format and guided_regex both ask for structured output"},
         {0, "\"structured_outputs\":{\"regex\":\"(?=a)\"}", "structured_outputs.regex", "lookaround"},
@@ -8622,7 +8760,8 @@ static void test_server_structured(void) {
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char body[1024], msg[512] = "", param[96] = "";
         snprintf(body, sizeof body, "{%s,\"max_tokens\":4,%s}", bad[i].chat ?
-                 "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]" : "\"prompt\":\"Once\"", bad[i].fields);
+                 "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]" : "\"prompt\":\"Once\"",
+                 bad[i].fields);
         char *r = http_post(port, bad[i].chat ? "/v1/chat/completions" : "/v1/completions", body, auth);
         json_str(http_body(r), "message", msg, sizeof msg);
         json_str(http_body(r), "param", param, sizeof param);
@@ -8918,7 +9057,8 @@ static void test_server_errors(void) {
     strcpy(forced_text, "Once");
     json_str(http_body(forced), "text", forced_text + 4, sizeof forced_text - 4);
     CHECK(http_status(forced) == 200 && *want && !strcmp(forced_text, want),
-          "serve: allowed_token_ids [300]: \"%s\" (want \"%s\"): %s", forced_text, want, forced ? forced : "");
+          "serve: allowed_token_ids [300]: \"%s\" (want \"%s\"): %s", forced_text, want,
+          forced ? forced : "");
     free(forced); free(four);
     /* a field neither OpenAI nor vLLM defines (or one of the other endpoint's) is ignored and said once */
     const char *unknown[] = {"{\"prompt\":\"Once\",\"max_tokens\":2,\"frobnicate\":1,\"a\\nb\":2}",
@@ -9332,9 +9472,9 @@ static void test_server_replica(void) {
      * two equal deltas give the same rate */
     char cmd[512];
     int status;
-    snprintf(cmd, sizeof cmd, "./llm bench serve --port %d --multi-turn 2:2 --request-rate 20 --system-words 60 "
-             "--turn-words 8:12 --output-len 4:6 --session-header --metrics-url http://127.0.0.1:%d/metrics "
-             "--metrics-url http://127.0.0.1:%d 2>/dev/null", port, port, port);
+    snprintf(cmd, sizeof cmd, "./llm bench serve --port %d --multi-turn 2:2 --request-rate 20 --system-words "
+             "60 --turn-words 8:12 --output-len 4:6 --session-header --metrics-url "
+             "http://127.0.0.1:%d/metrics --metrics-url http://127.0.0.1:%d 2>/dev/null", port, port, port);
     r = run_command(cmd, &status);
     const char *rate = r ? strstr(r, "\nPrefix cache hit rate:") : NULL;
     const char *hits = r ? strstr(r, "\nPrefix cache hits (tokens):") : NULL;
@@ -9996,7 +10136,8 @@ static void readme_run_page(const char *page, int *found, int *ran) {
  *                         make run leaves stdout to the chat); make runs with a clean environment (no
  *                         MAKEFLAGS from the make that runs the tests), as from a shell
  *   llm serve             on --port 0 (8000 may be taken), in the background, one a page; the page's
- *                         commands after it that name port 8000 get its port; SIGTERM stops it at the page's end
+ *                         commands after it that name port 8000 get its port; SIGTERM stops it at
+ *                         the page's end
  *   llm bench serve, llm bench --dummy tiny   --num-prompts 8 --output-len 8:16 added (the last flag
  *                         wins): minutes else
  *   curl                  skipped when the machine has no curl */
@@ -10143,7 +10284,8 @@ static void test_layers(void) {
     for (int steps = 0; id && llm_engine_has_work(e) && steps < 50; steps++) {
         const llm_output *out;
         int n = llm_engine_step(e, &out);
-        for (int i = 0; i < n; i++) if (out[i].text) strncat(text, out[i].text, sizeof text - strlen(text) - 1);
+        for (int i = 0; i < n; i++)
+            if (out[i].text) strncat(text, out[i].text, sizeof text - strlen(text) - 1);
     }
     CHECK(id && (!strcmp(text, "yes.") || !strcmp(text, "no.")), "a grammar request: %llu, \"%s\" (%s)",
           (unsigned long long)id, text, err);
@@ -10216,7 +10358,8 @@ static void test_docs_example(void) {
  *      multi-sequence batch (prefill, chunked prefill, decode, a copy-on-write fork whose block copy rides in
  *      the next step's batch) on dummy models and the model files found.
  * With LLM_GPU_BENCH=1 it then prints kernel and forward-pass benchmarks (and the GEMM's tile shapes timed
- * against each other); LLM_GPU_BENCH=gemm, tiles, attention or forward (a list) runs only those, no checks. */
+ * against each other); LLM_GPU_BENCH=gemm, tiles, attention or forward (a list) runs only
+ * those, no checks. */
 
 static uint64_t gt_rng;
 static float gt_uniform(void) { return llm_rand_uniform(&gt_rng) * 2.0f - 1.0f; } /* [-1, 1) */
@@ -10407,7 +10550,8 @@ static void gt_check_qmat(const gt_qmat *q) {
 static void gpu_test_quant_gemm(void) {
     for (int ti = 0; ti < N_QUANT_TYPES; ti++) {
         uint32_t type = quant_types[ti];
-        if (type == LLM_MXFP4) continue; /* the CUDA backend uploads mxfp4 matrices as bf16: no kernel for it */
+        /* the CUDA backend uploads mxfp4 matrices as bf16: no kernel for it */
+        if (type == LLM_MXFP4) continue;
         gt_qmat q = {0};
         if (gt_qmat_from_files(type, &q)) { gt_check_qmat(&q); free(q.raw); }
         else if (type != LLM_Q8_0 && type != LLM_Q4_0 && type != LLM_Q4_1)
@@ -10723,9 +10867,9 @@ static void gpu_test_forward_model(const llm_model *m, const char *name, int qua
     /* each layer rounds four product inputs to bf16 (relative 2^-9) and the rounding compounds with depth:
      * seen 5e-3 for 4-5 layers, 3e-2 to 3.6e-2 for the 24 of dummy qwen2.5-0.5b. How much a model's logits
      * move under such rounding depends on its weights too: the CPU run again on the unrounded weights
-     * measures it (rounding the weights alone moves random-smollm3's and random-gemma3's by 3.6%, random-phi3's
-     * by 0.5%), and the GPU, which rounds twice as many things (activations, K/V), may differ by 4 times
-     * that. A wrong kernel (a window, a norm, a RoPE table) moves them by far more. */
+     * measures it (rounding the weights alone moves random-smollm3's and random-gemma3's by 3.6%,
+     * random-phi3's by 0.5%), and the GPU, which rounds twice as many things (activations, K/V), may differ
+     * by 4 times that. A wrong kernel (a window, a norm, a RoPE table) moves them by far more. */
     double tol_l2 = fmax(3e-2, 2e-3 * m->cfg.n_layers), tol_max = fmax(5e-2, 3e-3 * m->cfg.n_layers);
     double sens_l2 = 0, sens_max = 0;
     llm_backend *cpu32 = quantized ? NULL : gt_backend(llm_cpu_backend_create, m, num_blocks, bs, name,
@@ -10880,8 +11024,8 @@ static void gpu_test_forward_model(const llm_model *m, const char *name, int qua
           name, worst_max, tol_max);
     printf("forward %-28s %d steps: logits rel. L2 err %.2e, max-abs err %.2e of max |logit| (bf16 weights "
            "alone: %.1e, %.1e); greedy %d/%d same, %d near ties; %d picks on the device, rows again within "
-           "%.1e\n", name, STEPS, worst_l2, worst_max, sens_l2, sens_max, argmax_same, argmax_total, near_ties,
-           argmax_picks, repeat_err);
+           "%.1e\n", name, STEPS, worst_l2, worst_max, sens_l2, sens_max, argmax_same, argmax_total,
+           near_ties, argmax_picks, repeat_err);
     cpu->destroy(cpu); gpu->destroy(gpu);
     if (cpu32) cpu32->destroy(cpu32);
     free(mr.mem); free(mr.m.layers);
@@ -10898,10 +11042,10 @@ static void gpu_test_forward(void) {
         gpu_test_forward_model(&m, name, 0);
         llm_model_free(&m);
     }
-    /* and the architectures since: Gemma 3 (windows, groups of layers in the KV cache, norms after each block,
-     * GeGLU, scaled embeddings), SmolLM3 (layers without RoPE), Phi-3 (fused matrices), mixtures of experts
-     * (Qwen3-MoE; Mixtral as llama files with experts; gpt-oss: attention sinks, biases, a window on every
-     * other layer, its clamped SwiGLU; qwen2moe: weights not renormalised, and its shared expert) */
+    /* and the architectures since: Gemma 3 (windows, groups of layers in the KV cache, norms after each
+     * block, GeGLU, scaled embeddings), SmolLM3 (layers without RoPE), Phi-3 (fused matrices), mixtures of
+     * experts (Qwen3-MoE; Mixtral as llama files with experts; gpt-oss: attention sinks, biases, a window on
+     * every other layer, its clamped SwiGLU; qwen2moe: weights not renormalised, and its shared expert) */
     static const char *files[] = {"stories260K.gguf", "random-llama2-untied.gguf", "random-llama3-gqa.gguf",
                                   "random-qwen2-bias.gguf", "random-qwen3-qknorm.gguf", "random-gemma3.gguf",
                                   "random-smollm3.gguf", "random-phi3.gguf", "random-qwen3moe.gguf",
@@ -10959,7 +11103,8 @@ static void gpu_test_engine_archs(void) {
     ref_case *cases = calloc(16, sizeof *cases), *prompts = calloc(16, sizeof *prompts);
     run_result *r = calloc(1, sizeof *r);
     int n = load_ref_cases("random-archs-greedy.json", "completion_token_ids", cases, 16);
-    int np = load_ref_cases("random-archs-greedy.json", "prompt_token_ids", prompts, 16), runs = 0, present = 0;
+    int np = load_ref_cases("random-archs-greedy.json", "prompt_token_ids", prompts, 16), runs = 0,
+        present = 0;
     CHECK(n == np && n > 0, "random-archs-greedy.json: %d cases, %d prompts", n, np);
     for (int i = 0; i < n && i < np; i++) {
         const ref_case *c = &cases[i];
@@ -10987,9 +11132,9 @@ static void gpu_test_engine_archs(void) {
                 int at = run > 0, same = 0;
                 while (same < sure && same < r->n_tokens[at][0] && r->tokens[at][0][same] == c->ids[same])
                     same++;
-                CHECK(same == sure, "%s \"%s\" on the GPU (block size %d%s): greedy ids part from llama.cpp's "
-                      "at step %d, before its first step with a gap under %g (%d)", c->model, c->prompt,
-                      cfg.block_size, run ? ", batched" : "", same, GT_CLEAR_GAP, sure);
+                CHECK(same == sure, "%s \"%s\" on the GPU (block size %d%s): greedy ids part from "
+                      "llama.cpp's at step %d, before its first step with a gap under %g (%d)", c->model,
+                      c->prompt, cfg.block_size, run ? ", batched" : "", same, GT_CLEAR_GAP, sure);
                 decoded += same;
             } else { /* teacher-forced */
                 int32_t ids[512], want[64];
@@ -11005,11 +11150,12 @@ static void gpu_test_engine_archs(void) {
                 for (int q = 0; q < r->n_requests; q++, forced++) {
                     int ok = r->n_tokens[q][0] == 1 && r->tokens[q][0][0] == want[q];
                     forced_ok += ok;
-                    CHECK(ok, "%s teacher-forced on the GPU, request %d: token %d, llama.cpp's %d", c->model, q,
-                          r->n_tokens[q][0] ? r->tokens[q][0][0] : -1, want[q]);
+                    CHECK(ok, "%s teacher-forced on the GPU, request %d: token %d, llama.cpp's %d", c->model,
+                          q, r->n_tokens[q][0] ? r->tokens[q][0][0] : -1, want[q]);
                 }
             }
-            CHECK(all_blocks_free(e) && r->bad_audits == 0, "%s on the GPU: blocks back in the pool", c->model);
+            CHECK(all_blocks_free(e) && r->bad_audits == 0, "%s on the GPU: blocks back in the pool",
+                  c->model);
             llm_engine_destroy(e);
             runs++;
         }
@@ -11574,7 +11720,8 @@ int main(int argc, char **argv) {
         {"block manager", test_block_manager},
         {"batch invariance", test_batch_invariance}, {"priority scheduling", test_priority_scheduling},
         {"prefix cache", test_prefix_cache}, {"sliding window blocks", test_sliding_window_blocks},
-        {"speculative decoding", test_speculative}, {"speculative decoding: n-gram proposer", test_spec_propose},
+        {"speculative decoding", test_speculative},
+        {"speculative decoding: n-gram proposer", test_spec_propose},
         {"parallel sampling", test_parallel_sampling},
         {"stop conditions", test_stop_conditions}, {"logit bias", test_logit_bias},
         {"grammar: GBNF", test_grammar_gbnf}, {"grammar: masks", test_grammar_masks},
@@ -11595,7 +11742,8 @@ int main(int argc, char **argv) {
         {"fault: requests", test_fault_requests}, {"fault: gguf numbers", test_fault_gguf_numbers},
         {"fault: command line", test_fault_command_line}, {"fault: wait policy", test_fault_wait_policy},
         {"threads for the load", test_threads_for_load},
-        {"chat templates", test_chat_templates}, {"chat templates: tools against Jinja", test_chat_tools_jinja},
+        {"chat templates", test_chat_templates},
+        {"chat templates: tools against Jinja", test_chat_tools_jinja},
         {"tool calls: grammar and reading back", test_tool_calls},
         {"tool calls: Mistral's marker token", test_tool_marker_token},
         {"gpt-oss: harmony tokens, grammar, reply", test_harmony_tokens},
@@ -11608,7 +11756,8 @@ int main(int argc, char **argv) {
         {"server: a costly grammar slows only itself", test_server_grammar_isolation},
         {"server: requests read by workers", test_server_request_workers},
         {"server structured output: bounds, big choices, $defs in tools", test_server_grammar_bounds},
-        {"server tools and reasoning", test_server_tools}, {"server tools, Mistral", test_server_mistral_tools},
+        {"server tools and reasoning", test_server_tools},
+        {"server tools, Mistral", test_server_mistral_tools},
         {"server connections", test_server_connections},
         {"server sampling from the file", test_server_sampling_keys},
         {"server replicas: ids, cache, metrics", test_server_replica}, {"server draining", test_server_drain},

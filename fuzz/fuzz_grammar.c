@@ -1,5 +1,5 @@
-/* fuzz_grammar.c - libFuzzer target: llm.h's grammar section: the GBNF parser and matcher, the token masks, and
- * the writers of JSON Schema, regular expressions and choices as GBNF.
+/* fuzz_grammar.c - libFuzzer target: llm.h's grammar section: the GBNF parser and matcher, the token masks,
+ * and the writers of JSON Schema, regular expressions and choices as GBNF.
  *
  * The input's first byte picks the mode, the rest is its text:
  *   0  GBNF, then (after a NUL) text fed to the matcher in chunks: the parser takes it or says why; a chunk
@@ -55,8 +55,9 @@ static llm_grammar *must_parse(const char *gbnf, const char *what, int refs) {
     return g;
 }
 
-/* The one-token checks of one input stop after a second: a grammar ambiguous enough to keep thousands of stacks
- * makes each check slow, and 32,000 of them would pass libFuzzer's timeout without finding anything more */
+/* The one-token checks of one input stop after a second: a grammar ambiguous enough to keep thousands of
+ * stacks makes each check slow, and 32,000 of them would pass libFuzzer's timeout without finding
+ * anything more */
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -74,7 +75,8 @@ static void check_mask(const llm_grammar_state *st) {
             bits += bit;
             if (checking && t % 256 == 0) checking = now_s() - t0 < 1.0;
             if (checking && (t % 7 == 0 || bit)) /* every allowed token, and a sample of the others */
-                FUZZ_CHECK(bit == llm_grammar_allows(st, g_trie, t), "mask and one-token check differ on %d", t);
+                FUZZ_CHECK(bit == llm_grammar_allows(st, g_trie, t), "mask and one-token check differ on %d",
+                           t);
             if (llm_tokenizer_is_eog(g_tok, t))
                 FUZZ_CHECK(bit == llm_grammar_can_end(st), "the end of generation allowed wrongly");
         }
@@ -85,7 +87,8 @@ static void check_mask(const llm_grammar_state *st) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1 || size > 4096) return 0;
-    /* modes 0-3 by the first byte mod 4, as before tools came (so the corpus keeps its meaning); 4-5 above 239 */
+    /* modes 0-3 by the first byte mod 4, as before tools came (so the corpus keeps its meaning); 4-5
+     * above 239 */
     int mode = data[0] >= 240 ? 4 + (data[0] & 1) : data[0] % 4;
     char *text = (char *)malloc(size), err[LLM_ERR_LEN];
     memcpy(text, data + 1, size - 1);
@@ -155,7 +158,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             llm_chat_reply whole, part;
             FUZZ_CHECK(llm_chat_parse_reply(&ct, text, len, 1, 1, 0, &whole) == 0, "a reply not read");
             for (size_t k = 0; k <= len; k += 1 + k / 16) {
-                FUZZ_CHECK(llm_chat_parse_reply(&ct, text, k, 1, 1, 1, &part) == 0, "a partial reply not read");
+                FUZZ_CHECK(llm_chat_parse_reply(&ct, text, k, 1, 1, 1, &part) == 0,
+                           "a partial reply not read");
                 llm_chat_reply_free(&part);
             }
             llm_chat_reply_free(&whole);

@@ -1,8 +1,8 @@
 /* fuzz_tokenizer.c - libFuzzer target: llm.h's tokenizer and detokenizer on two real vocabularies.
  *
- * Loaded once: $LLM_TESTDATA/tokenizer/ggml-vocab-llama-spm.gguf (SentencePiece) and ggml-vocab-llama-bpe.gguf
- * (byte-level BPE, Llama 3). The input's first byte picks the vocabulary and the flags, the rest is text (or,
- * in one mode, raw token ids). Properties checked (abort() when one fails):
+ * Loaded once: $LLM_TESTDATA/tokenizer/ggml-vocab-llama-spm.gguf (SentencePiece) and
+ * ggml-vocab-llama-bpe.gguf (byte-level BPE, Llama 3). The input's first byte picks the vocabulary and the
+ * flags, the rest is text (or, in one mode, raw token ids). Properties checked (abort() when one fails):
  *   - llm_tokenize gives the same ids with any room; given too little it returns the count and fills cap;
  *     every id is inside the vocabulary; llm_tokenize_prompt is llm_tokenize as it documents;
  *   - llm_detokenize gives the same text with any room, NUL-terminated, and that text is valid UTF-8;

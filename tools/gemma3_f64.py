@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
-"""Gemma 3 270M in float64, the oracle of make test's Gemma 3 test: greedy continuations of the five prompts of
-llama.cpp's references (their token ids), computed with numpy from the GGUF file's weights (dequantized by the
-gguf package), and the gap between the top two log-probabilities at each step.
+"""Gemma 3 270M in float64, the oracle of make test's Gemma 3 test: greedy continuations of the five prompts
+of llama.cpp's references (their token ids), computed with numpy from the GGUF file's weights (dequantized by
+the gguf package), and the gap between the top two log-probabilities at each step.
 
     .venv/bin/python tools/gemma3_f64.py models/gemma-3-270m-q4_k_m.gguf LLAMA_CPP_REFS.json OUT.json
 
 Written straight from Gemma 3's definition (Hugging Face transformers' Gemma3 text model): embeddings times
-sqrt(dim); per layer an RMS norm (weights stored as 1 + w in the GGUF file), Q/K/V, RMS norms of each query and
-key head, RoPE (NEOX halves; base 10000 on local layers, 1e6 on every sixth, global, one), softmax attention
-scaled by 1/sqrt(head_dim) over the last sliding_window positions on local layers, the output projection and
-its RMS norm added to the stream; then an RMS norm, GeGLU (tanh GELU) and the down projection with its RMS
-norm; a final RMS norm and the tied embedding as the output matrix. Nothing of llm.h is used. LLAMA_CPP_REFS
-gives the prompts and llama.cpp's own continuations, kept beside ours in OUT for comparison."""
+sqrt(dim); per layer an RMS norm (weights stored as 1 + w in the GGUF file), Q/K/V, RMS norms of each query
+and key head, RoPE (NEOX halves; base 10000 on local layers, 1e6 on every sixth, global, one), softmax
+attention scaled by 1/sqrt(head_dim) over the last sliding_window positions on local layers, the output
+projection and its RMS norm added to the stream; then an RMS norm, GeGLU (tanh GELU) and the down projection
+with its RMS norm; a final RMS norm and the tied embedding as the output matrix. Nothing of llm.h is used.
+LLAMA_CPP_REFS gives the prompts and llama.cpp's own continuations, kept beside ours in OUT for comparison."""
 import json, sys
 import numpy as np
 import gguf
@@ -60,7 +60,8 @@ out_norm = weight("output_norm.weight")
 
 
 def forward(ids, start, cache):
-    """Log-probabilities after each of ids (at positions start...), keys and values kept in cache per layer."""
+    """Log-probabilities after each of ids (at positions start...), keys and values kept in cache per
+    layer."""
     n = len(ids)
     pos = np.arange(start, start + n, dtype=np.float64)
     x = emb[ids] * np.sqrt(D)

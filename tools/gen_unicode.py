@@ -1,24 +1,24 @@
 #!/usr/bin/env python3
 """gen_unicode.py - print the Unicode category table that the tokenizer's pre-tokenizers use.
 
-The split patterns of the byte-level BPE vocabularies (see llm.h, section 3) ask of a character whether it is a
-letter (\\p{L}), a combining mark (\\p{M}), a decimal digit (\\d, \\p{Nd}), another number (\\p{N}), punctuation
-(\\p{P}), a symbol (\\p{S}) or white space (\\s); a few also ask which kind of letter (\\p{Lu}, \\p{Ll}, ...),
-whether it is Han (\\p{Han}) or a word character (\\w, for \\b). This script derives a class byte for each code
-point from the Unicode Character Database and prints them as one sorted table of runs: each entry is the first
-code point of a run of code points of one class byte, shifted left by 8, with the byte in the low 8 bits; the
-run lasts until the next entry's first code point. Code points of no class (controls, unassigned, ...) are class
-0. Ready to paste into llm.h's appendix (the tokenizer binary-searches it). Debian's package unicode-data
-installs UnicodeData.txt, and beside it the files the flags come from (Scripts.txt, DerivedCoreProperties.txt,
-PropList.txt).
+The split patterns of the byte-level BPE vocabularies (see llm.h, section 3) ask of a character whether it is
+a letter (\\p{L}), a combining mark (\\p{M}), a decimal digit (\\d, \\p{Nd}), another number (\\p{N}),
+punctuation (\\p{P}), a symbol (\\p{S}) or white space (\\s); a few also ask which kind of letter (\\p{Lu},
+\\p{Ll}, ...), whether it is Han (\\p{Han}) or a word character (\\w, for \\b). This script derives a class
+byte for each code point from the Unicode Character Database and prints them as one sorted table of runs: each
+entry is the first code point of a run of code points of one class byte, shifted left by 8, with the byte in
+the low 8 bits; the run lasts until the next entry's first code point. Code points of no class (controls,
+unassigned, ...) are class 0. Ready to paste into llm.h's appendix (the tokenizer binary-searches it).
+Debian's package unicode-data installs UnicodeData.txt, and beside it the files the flags come from
+(Scripts.txt, DerivedCoreProperties.txt, PropList.txt).
 
 The class byte: the class (the low 3 bits, llm.h's LLM_UC_*) and flags
 
     python3 tools/gen_unicode.py [/usr/share/unicode/UnicodeData.txt] > /tmp/table.txt
 
-  white space: the White_Space property, which is what \\s means to the regex engines the patterns were written
-          for (Python's `regex`, Oniguruma) and to llama.cpp. UnicodeData.txt has no property column, but
-          White_Space is exactly Zs, Zl, Zp plus U+0009..U+000D and U+0085; when PropList.txt sits beside
+  white space: the White_Space property, which is what \\s means to the regex engines the patterns were
+          written for (Python's `regex`, Oniguruma) and to llama.cpp. UnicodeData.txt has no property column,
+          but White_Space is exactly Zs, Zl, Zp plus U+0009..U+000D and U+0085; when PropList.txt sits beside
           UnicodeData.txt we check that. (Python's str.isspace() would also take U+001C..U+001F: not \\s.)
   the others: the general category's first letter (L, M, P, S), N split into Nd and the rest (Nl, No)
   8:  upper: Lu or Lt (\\p{Lu}, \\p{Lt}); 16: lower: Ll. A letter with neither is Lm or Lo.

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""gpt-oss in float64, an oracle for the gpt-oss models of testdata/: greedy ids from prompt ids, computed with
-numpy from the GGUF file's weights as the gguf package dequantizes them (MXFP4 too), and the smallest gap
+"""gpt-oss in float64, an oracle for the gpt-oss models of testdata/: greedy ids from prompt ids, computed
+with numpy from the GGUF file's weights as the gguf package dequantizes them (MXFP4 too), and the smallest gap
 between the top two log-probabilities along the way.
 
     .venv/bin/python tools/gpt_oss_f64.py MODEL.gguf N_TOKENS PROMPT_ID...
@@ -23,7 +23,8 @@ r = gguf.GGUFReader(path)
 T = {t.name: t for t in r.tensors}
 field = lambda k: r.fields["gpt-oss." + k].contents()
 D, L = int(field("embedding_length")), int(field("block_count"))
-H, KV, HD = int(field("attention.head_count")), int(field("attention.head_count_kv")), int(field("attention.key_length"))
+H, KV, HD = (int(field("attention.head_count")), int(field("attention.head_count_kv")),
+              int(field("attention.key_length")))
 E, K = int(field("expert_count")), int(field("expert_used_count"))
 EPS, BASE, WINDOW = float(field("attention.layer_norm_rms_epsilon")), float(field("rope.freq_base")), \
     int(field("attention.sliding_window"))
@@ -47,9 +48,10 @@ def rope(x, pos):  # x [n, HD], NEOX: the first half rotates with the second
 
 emb, out_norm, out_w = w("token_embd.weight"), w("output_norm.weight"), w("output.weight")
 names = ["attn_norm.weight", "attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias", "attn_v.weight",
-         "attn_v.bias", "attn_output.weight", "attn_output.bias", "attn_sinks.weight", "post_attention_norm.weight",
-         "ffn_gate_inp.weight", "ffn_gate_inp.bias", "ffn_gate_exps.weight", "ffn_gate_exps.bias",
-         "ffn_up_exps.weight", "ffn_up_exps.bias", "ffn_down_exps.weight", "ffn_down_exps.bias"]
+         "attn_v.bias", "attn_output.weight", "attn_output.bias", "attn_sinks.weight",
+         "post_attention_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp.bias", "ffn_gate_exps.weight",
+         "ffn_gate_exps.bias", "ffn_up_exps.weight", "ffn_up_exps.bias", "ffn_down_exps.weight",
+         "ffn_down_exps.bias"]
 layers = [{k: w("blk.%d.%s" % (l, k)) for k in names} for l in range(L)]
 
 
@@ -73,7 +75,8 @@ def logprobs(ids):
             sink = p["attn_sinks.weight"][hh]
             mx = np.maximum(s.max(-1, keepdims=True), sink)
             e = np.exp(s - mx)
-            att[:, hh * HD:(hh + 1) * HD] = (e / (e.sum(-1, keepdims=True) + np.exp(sink - mx))) @ v[:, j * HD:(j + 1) * HD]
+            att[:, hh * HD:(hh + 1) * HD] = ((e / (e.sum(-1, keepdims=True) + np.exp(sink - mx)))
+                                             @ v[:, j * HD:(j + 1) * HD])
         x = x + att @ p["attn_output.weight"].T + p["attn_output.bias"]
         h = rms(x, p["post_attention_norm.weight"])
         logits = h @ p["ffn_gate_inp.weight"].T + p["ffn_gate_inp.bias"]

@@ -131,14 +131,15 @@ try:
         check(False, "top_p=2 was accepted")
     except openai.BadRequestError as e:
         check("top_p" in str(e), f"BadRequestError: {e}")
-    # fields not implemented are refused, not ignored
-    for kw in ({"suffix": " The end."}, {"functions": [{"name": "f", "parameters": {}}]}):  # functions: use tools
+    # fields not implemented are refused, not ignored (functions: use tools)
+    for kw in ({"suffix": " The end."}, {"functions": [{"name": "f", "parameters": {}}]}):
         field = next(iter(kw))
         try:
             if field == "suffix":
                 client.completions.create(model="stories260K", prompt="x", max_tokens=2, **kw)
             else:
-                client.chat.completions.create(model="stories260K", messages=[{"role": "user", "content": "x"}],
+                client.chat.completions.create(model="stories260K",
+                                               messages=[{"role": "user", "content": "x"}],
                                                max_tokens=2, extra_body=kw)
             check(False, f"{field} was accepted")
         except openai.BadRequestError as e:
@@ -153,10 +154,12 @@ try:
         age: int = pydantic.Field(ge=0, le=30)
 
     for seed in range(3):
-        parsed = client.chat.completions.parse(model="stories260K", messages=[{"role": "user", "content": "A pet"}],
+        parsed = client.chat.completions.parse(model="stories260K",
+                                               messages=[{"role": "user", "content": "A pet"}],
                                                response_format=Pet, max_tokens=200, seed=seed)
         msg = parsed.choices[0].message
-        check(isinstance(msg.parsed, Pet) and msg.refusal is None and parsed.choices[0].finish_reason == "stop",
+        check(isinstance(msg.parsed, Pet) and msg.refusal is None
+              and parsed.choices[0].finish_reason == "stop",
               f"parse(response_format=Pet), seed {seed}: {parsed}")
     pet_schema = openai.lib._pydantic.to_strict_json_schema(Pet)
     obj = client.chat.completions.create(model="stories260K", messages=[{"role": "user", "content": "x"}],
@@ -167,9 +170,11 @@ try:
           f"json_object: {obj}")
     check(text.startswith("{"), f"json_object starts an object: {text!r}")
     chunks = list(client.completions.create(model="stories260K", prompt="My pet", max_tokens=200, seed=5,
-                                            stream=True, extra_body={"structured_outputs": {"json": pet_schema}}))
+                                            stream=True,
+                                            extra_body={"structured_outputs": {"json": pet_schema}}))
     text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
-    check(chunks[-1].choices[0].finish_reason == "stop", f"stream under a schema ends with stop: {chunks[-1]}")
+    check(chunks[-1].choices[0].finish_reason == "stop",
+          f"stream under a schema ends with stop: {chunks[-1]}")
     try:
         jsonschema.validate(json.loads(text), pet_schema)
         check(True, "")
@@ -196,15 +201,17 @@ try:
           f"logit_bias -100 on {comma} (','): {toks}")
     # vLLM's fields, as its users send them (extra_body): the stop string kept, tokens named by id, the prompt
     # cut to its last two tokens (" a time" as ids: the same text as the ids given)
-    kept = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=20, temperature=0,
-                                     stop=[" lit"], extra_body={"include_stop_str_in_output": True})
+    kept = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=20,
+                                     temperature=0, stop=[" lit"],
+                                     extra_body={"include_stop_str_in_output": True})
     check(kept.choices[0].text == ", there was a lit" and kept.choices[0].finish_reason == "stop",
           f"include_stop_str_in_output: {kept.choices[0].text!r}")
-    as_ids = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=1, temperature=0,
-                                       logprobs=1, extra_body={"return_tokens_as_token_ids": True})
+    as_ids = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=1,
+                                       temperature=0, logprobs=1,
+                                       extra_body={"return_tokens_as_token_ids": True})
     check(as_ids.choices[0].logprobs.tokens == [f"token_id:{comma}"], f"return_tokens_as_token_ids: {as_ids}")
-    cut = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=4, temperature=0,
-                                    extra_body={"truncate_prompt_tokens": 2})
+    cut = client.completions.create(model="stories260K", prompt="Once upon a time", max_tokens=4,
+                                    temperature=0, extra_body={"truncate_prompt_tokens": 2})
     tail = client.completions.create(model="stories260K", prompt=[261, 378], max_tokens=4, temperature=0)
     check(cut.usage.prompt_tokens == 2 and cut.choices[0].text == tail.choices[0].text,
           f"truncate_prompt_tokens: {cut} against {tail}")

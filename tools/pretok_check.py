@@ -52,7 +52,8 @@ DEEPSEEK_LETTERS = ("A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\
 UPPER, LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
 CASED_LETTERS = (r"[^\r\n\p{L}\p{N}]?" + UPPER + "*" + LOWER + "+" + CONTRACTIONS + "?"
                  r"|[^\r\n\p{L}\p{N}]?" + UPPER + "+" + LOWER + "*" + CONTRACTIONS + "?")
-BLOOM = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"         # ?[^(\s|.,!?…。，、।۔،)]+
+# ?[^(\s|.,!?…。，、।۔،)]+
+BLOOM = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
 
 PATTERNS = {
     "default": [r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", "[0-9][0-9][0-9]"],
@@ -69,8 +70,8 @@ PATTERNS = {
                  ASCII_PUNCT_WORD + r"|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+|[\r\n]"
                  r"|\s+(?!\S)|\s+", r"\p{N}"],
     "jais-2": [CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-               r"|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)"
-               r"|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}"],
+               r"|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)"
+               r"|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}"],
     "qwen35": [CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+"],
     "bloom": [BLOOM],
@@ -79,7 +80,8 @@ PATTERNS = {
     "gpt-4o": [CASED + CONTRACTIONS + "?|" + CASED_UPPER + CONTRACTIONS + "?"
                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
     "granite-embed-multi-97m": [
-        (CASED + CONTRACTIONS + "?|" + CASED_UPPER + CONTRACTIONS + "?").replace(r"(?=[\p{L}])", r"(?=[\p{L}\p{M}])")
+        (CASED + CONTRACTIONS + "?|" + CASED_UPPER + CONTRACTIONS + "?").replace(r"(?=[\p{L}])",
+                                                                                 r"(?=[\p{L}\p{M}])")
         + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
     "superbpe": [r"\p{N}+", r"(?=(\d{3})+(?!\d))"],
     "bailingmoe": [r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -106,8 +108,8 @@ PATTERNS = {
                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"
                 r"[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*" + CONTRACTIONS
                 + r"?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
-    # \p{AFMoE_digits} is llama.cpp's own code (unicode_regex_split_custom_afmoe): a run of \p{N} cut in threes
-    # from its end, which is this regex
+    # \p{AFMoE_digits} is llama.cpp's own code (unicode_regex_split_custom_afmoe): a run of \p{N} cut in
+    # threes from its end, which is this regex
     "afmoe": [r"\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))",
               "[\u4e00-\u9fff\u3400-\u4dbf\uf900-\ufaff\u3040-\u309f\u30a0-\u30ff\uff65-\uff9f\u2f00-\u2fdf"
               "\u0e00-\u0e7f\u0e80-\u0eff\u1780-\u17ff\u1000-\u109f\uaa60-\uaa7f\ua9e0-\ua9ff\uac00-\ud7af"
@@ -120,24 +122,25 @@ PATTERNS = {
                  r"|\s*[\r\n]+|\s+(?!\S)|\s+"],
 }
 
-# every tokenizer.ggml.pre name llama.cpp maps, with the pattern it gets there; None: llm.h warns and splits as
-# 'default': the vocabularies whose words llama.cpp hands to BPE as raw UTF-8 (byte_encode = false), not
-# byte-level BPE: gemma4 and granite-embed-multi-311m (one pattern in llama.cpp) and sarvam-moe (SentencePiece
-# vocabularies written as BPE, spaces as U+2581), and whitespace (\S+)
+# every tokenizer.ggml.pre name llama.cpp maps, with the pattern it gets there; None: llm.h warns and splits
+# as 'default': the vocabularies whose words llama.cpp hands to BPE as raw UTF-8 (byte_encode = false), not
+# byte-level BPE: gemma4 and granite-embed-multi-311m (one pattern in llama.cpp) and sarvam-moe
+# (SentencePiece vocabularies written as BPE, spaces as U+2581), and whitespace (\S+)
 NAMES = {}
 for pattern, names in [
     ("default", "default"),
-    ("llama3", "llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano dbrx smaug-bpe "
-               "glm4 chatglm-bpe"),
-    ("gpt2", "gpt-2 phi-2 jina-es jina-de gigachat jina-v2-es jina-v2-de a.x-4.0 mellum modern-bert jina-v1-en "
-             "jina-v2-code roberta-bpe mpt olmo jais trillion granite-docling exaone4"),
+    ("llama3", "llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano dbrx "
+               "smaug-bpe glm4 chatglm-bpe"),
+    ("gpt2", "gpt-2 phi-2 jina-es jina-de gigachat jina-v2-es jina-v2-de a.x-4.0 mellum modern-bert "
+             "jina-v1-en jina-v2-code roberta-bpe mpt olmo jais trillion granite-docling exaone4"),
     ("qwen2", "qwen2 deepseek-r1-qwen kormo f2llmv2 megrez stablelm2 hunyuan solar-open grok-2"),
     ("starcoder", "starcoder refact command-r smollm codeshell exaone minerva-7b mellum2"),
     ("falcon", "falcon"), ("deepseek-coder", "deepseek-coder"),
-    ("deepseek-v3", "deepseek-v3 hunyuan-dense hy_v4 joyai-llm"), ("spark2_5", "spark2_5"), ("jais-2", "jais-2"),
-    ("qwen35", "qwen35"), ("bloom", "bloom gpt3-finnish poro-chat"), ("viking", "viking"), ("tekken", "tekken"),
-    ("gpt-4o", "gpt-4o llama4 kanana2 talkie minimax-m2"), ("granite-embed-multi-97m", "granite-embed-multi-97m"),
-    ("superbpe", "superbpe"), ("bailingmoe", "bailingmoe bailingmoe2 llada-moe"), ("seed-coder", "seed-coder"),
+    ("deepseek-v3", "deepseek-v3 hunyuan-dense hy_v4 joyai-llm"), ("spark2_5", "spark2_5"),
+    ("jais-2", "jais-2"), ("qwen35", "qwen35"), ("bloom", "bloom gpt3-finnish poro-chat"),
+    ("viking", "viking"), ("tekken", "tekken"), ("gpt-4o", "gpt-4o llama4 kanana2 talkie minimax-m2"),
+    ("granite-embed-multi-97m", "granite-embed-multi-97m"), ("superbpe", "superbpe"),
+    ("bailingmoe", "bailingmoe bailingmoe2 llada-moe"), ("seed-coder", "seed-coder"),
     ("ufakzeka", "ufakzeka"), ("laguna", "laguna"), ("exaone-moe", "exaone-moe"), ("minicpm5", "minicpm5"),
     ("deepseek-llm", "deepseek-llm"), ("youtu", "youtu"), ("tiny_aya", "tiny_aya cohere2moe"),
     ("kimi-k2", "kimi-k2"), ("afmoe", "afmoe"), ("chameleon", "chameleon"),
@@ -153,14 +156,15 @@ def pool():
     return {
         "ascii letters": r(0x41, 0x5A) + r(0x61, 0x7A),
         "digits": r(0x30, 0x39) + ["\u0663", "\uff15", "\u00b2", "\u00bd", "\u2167", "\u2460", "\u0f33"],
-        "punctuation": list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~") + list("\u2026\u3002\uff0c\u3001\u0964\u06d4"
-                                                                         "\u060c\u2018\u201c\u00bf\uff01\u00a7"),
+        "punctuation": list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+                       + list("\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c\u2018\u201c\u00bf\uff01\u00a7"),
         "contractions": ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'LL", "'Re", "'x", "'"],
-        "spaces": [" ", " ", " ", "\t", "\n", "\r", "\r\n", "\u00a0", "\u3000", "\u2009", "\u0085", "\u2028", "\x0b"],
+        "spaces": [" ", " ", " ", "\t", "\n", "\r", "\r\n", "\u00a0", "\u3000", "\u2009", "\u0085", "\u2028",
+                   "\x0b"],
         "latin": list("\u00e9\u00c0\u00df\u00f8\u0141\u0133\u01c5\u1e9e\u00b5\u00aa\u02b0"),
         "greek, cyrillic": r(0x391, 0x3A9) + r(0x3B1, 0x3C9) + r(0x410, 0x44F),
-        "cjk": r(0x4E00, 0x4E40) + r(0x9FA0, 0x9FAF) + r(0x3040, 0x30FF) + r(0xAC00, 0xAC30) + r(0x3131, 0x3140)
-               + r(0x0800, 0x0815) + ["\u3005", "\uff76"],
+        "cjk": r(0x4E00, 0x4E40) + r(0x9FA0, 0x9FAF) + r(0x3040, 0x30FF) + r(0xAC00, 0xAC30)
+               + r(0x3131, 0x3140) + r(0x0800, 0x0815) + ["\u3005", "\uff76"],
         "emoji": r(0x1F600, 0x1F64F) + ["\u2764\ufe0f", "\U0001F44D\U0001F3FD", "\u200d", "\u00a9"],
         "marks": r(0x300, 0x36F) + r(0x900, 0x97F) + r(0xE01, 0xE3A) + ["\u20dd"],
         "other": ["\x00", "\x01", "\x7f", "\u200b", "\ufeff", "\ue000"],
@@ -188,7 +192,8 @@ def random_bmp(rng):
             return c
 
 
-INVALID = [b"\xff", b"\xc3", b"\xe4\xb8", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc0\xaf", b"\x80", b"\xf0\x9f"]
+INVALID = [b"\xff", b"\xc3", b"\xe4\xb8", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xc0\xaf", b"\x80",
+           b"\xf0\x9f"]
 
 
 def generate(n, seed=14):

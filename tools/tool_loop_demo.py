@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
 """A streamed tool loop through the official openai client, against a running `llm serve`.
 
-Usage: tools/tool_loop_demo.py [--tool-choice required|auto] [--parallel] [--seed S] [--temperature T] [--rounds N]
-                               BASE_URL
+Usage: tools/tool_loop_demo.py [--tool-choice required|auto] [--parallel] [--seed S] [--temperature T]
+                               [--rounds N] BASE_URL
   e.g. ./llm serve -m models/SmolLM2-135M-Instruct.Q4_1.gguf --port 8000 &
        .venv/bin/python tools/tool_loop_demo.py http://127.0.0.1:8000
 
-The user asks for the weather in Paris; the model is given a get_weather tool (parallel_tool_calls false unless
---parallel: a model as small as SmolLM2 repeats its call until max_tokens). Each reply is streamed and each
-delta printed as it arrives (text, the head of a call, pieces of its arguments); the calls are put together
-from the deltas, run (a fake weather service), and their results sent back with their tool_call_id, until
-the model answers in text (after --rounds rounds of calls, tool_choice "none" asks for the answer). A
+The user asks for the weather in Paris; the model is given a get_weather tool (parallel_tool_calls false
+unless --parallel: a model as small as SmolLM2 repeats its call until max_tokens). Each reply is streamed and
+each delta printed as it arrives (text, the head of a call, pieces of its arguments); the calls are put
+together from the deltas, run (a fake weather service), and their results sent back with their tool_call_id,
+until the model answers in text (after --rounds rounds of calls, tool_choice "none" asks for the answer). A
 transcript of the conversation follows. Exit status 1 when the server refuses a turn or a call is not valid.
 """
 import argparse, json, sys
@@ -23,7 +23,8 @@ ap.add_argument("--tool-choice", default="required", choices=["auto", "required"
                 help="for the first turn (the later ones: auto)")
 ap.add_argument("--seed", type=int, default=1)
 ap.add_argument("--temperature", type=float, default=0.7)
-ap.add_argument("--rounds", type=int, default=2, help="rounds of calls before tool_choice none asks for the answer")
+ap.add_argument("--rounds", type=int, default=2,
+                help="rounds of calls before tool_choice none asks for the answer")
 ap.add_argument("--parallel", action="store_true", help="parallel_tool_calls true (tiny models repeat calls)")
 ap.add_argument("--api-key", default="none")
 args = ap.parse_args()
@@ -67,9 +68,10 @@ class Printer:
 def stream_turn(messages, tool_choice):
     """One streamed reply: each delta printed as it comes; returns (content, calls, finish)."""
     content, calls, finish, out = "", [], None, Printer()
-    stream = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice=tool_choice,
-                                            parallel_tool_calls=args.parallel, max_tokens=200, seed=args.seed,
-                                            temperature=args.temperature, stream=True)
+    stream = client.chat.completions.create(model=model, messages=messages, tools=TOOLS,
+                                            tool_choice=tool_choice, parallel_tool_calls=args.parallel,
+                                            max_tokens=200, seed=args.seed, temperature=args.temperature,
+                                            stream=True)
     for chunk in stream:
         for choice in chunk.choices:
             d = choice.delta
@@ -84,8 +86,10 @@ def stream_turn(messages, tool_choice):
             for tc in d.tool_calls or []:
                 if tc.id:  # the first delta of a call: its index, id, name (and arguments "")
                     calls.append({"id": tc.id, "type": "function",
-                                  "function": {"name": tc.function.name, "arguments": tc.function.arguments or ""}})
-                    out.end(f"[tool_calls[{tc.index}] begins] id={tc.id} type={tc.type} name={tc.function.name}")
+                                  "function": {"name": tc.function.name,
+                                               "arguments": tc.function.arguments or ""}})
+                    out.end(f"[tool_calls[{tc.index}] begins] id={tc.id} type={tc.type} "
+                            f"name={tc.function.name}")
                 elif tc.function and tc.function.arguments:  # then pieces of its arguments
                     calls[tc.index]["function"]["arguments"] += tc.function.arguments
                     out.put(f"[tool_calls[{tc.index}].arguments +=]", tc.function.arguments)

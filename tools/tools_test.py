@@ -36,7 +36,8 @@ parts run side by side, and the requests of a part together where they can (the 
      the message names them), tools with response_format).
 Prints what failed, the seconds each part took and "tools: N passed, M failed"; exit status 1 on any failure.
 """
-import concurrent.futures, json, os, re, signal, subprocess, sys, threading, time, urllib.error, urllib.request
+import concurrent.futures, json, os, re, signal, subprocess, sys, threading, time, urllib.error, \
+    urllib.request
 
 import jsonschema
 import openai
@@ -80,8 +81,8 @@ class Server:
             time.sleep(0.05)
         if not check(self.port is not None, f"the {self.name} server starts"):
             return False
-        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none", max_retries=0,
-                                    timeout=600)
+        self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none",
+                                    max_retries=0, timeout=600)
         self.model = self.client.models.list().data[0].id
         return True
 
@@ -182,11 +183,13 @@ def read_message(msg):
 
 def read_stream(what, chunks):
     """The choices of a streamed chat reply, put together from their deltas: {index: {...}}; content None
-    when no delta had any (the first chunk's "" says only who speaks). What the deltas break is one failure."""
+    when no delta had any (the first chunk's "" says only who speaks). What the deltas break is one
+    failure."""
     out, problems = {}, []
     for ch in chunks:
         for c in ch.choices:
-            o = out.setdefault(c.index, {"content": None, "reasoning": None, "calls": [], "ids": [], "finish": None})
+            o = out.setdefault(c.index, {"content": None, "reasoning": None, "calls": [], "ids": [],
+                                         "finish": None})
             d = c.delta
             if o["finish"] is not None:
                 problems.append(f"a delta after finish_reason: {ch}")
@@ -234,15 +237,17 @@ def tool_choices(S, tag, extra):
     """1 and 4: required, named, auto; n = 3; streamed and not; parallel on and off; all at once."""
     def one(mode, parallel, stream):
         what = f"{tag} tool_choice={json.dumps(mode)} parallel={parallel}{' streamed' if stream else ''}"
-        kw = dict(model=S.model, messages=ASK, tools=TOOLS, tool_choice=mode, n=3, max_tokens=80 if parallel else 120,
-                  parallel_tool_calls=parallel, seed=(11 if parallel else 12) + 100 * stream, extra_body=extra)
+        kw = dict(model=S.model, messages=ASK, tools=TOOLS, tool_choice=mode, n=3,
+                  max_tokens=80 if parallel else 120, parallel_tool_calls=parallel,
+                  seed=(11 if parallel else 12) + 100 * stream, extra_body=extra)
         try:
             if not stream:
                 r = S.client.chat.completions.create(**kw)
                 check(len(r.choices) == 3, f"{what}: {len(r.choices)} choices")
                 for c in r.choices:
                     content, calls, ids = read_message(c.message)
-                    check_choice(f"{what} choice {c.index}", mode, c.finish_reason, content, calls, ids, parallel)
+                    check_choice(f"{what} choice {c.index}", mode, c.finish_reason, content, calls, ids,
+                                 parallel)
                 return
             got = read_stream(what, S.client.chat.completions.create(stream=True, **kw))
             check(sorted(got) == [0, 1, 2], f"{what}: choices {sorted(got)}")
@@ -250,13 +255,14 @@ def tool_choices(S, tag, extra):
                 calls = o["calls"]
                 if o["finish"] == "length" and calls and call_problem(*calls[-1]):
                     calls = calls[:-1]  # the call max_tokens cut short: sent in part, not whole
-                check_choice(f"{what} choice {i}", mode, o["finish"], o["content"], calls, o["ids"][:len(calls)],
-                             parallel)
+                check_choice(f"{what} choice {i}", mode, o["finish"], o["content"], calls,
+                             o["ids"][:len(calls)], parallel)
         except openai.APIError as e:
             check(False, f"{what}: {e}")
 
     modes = ["required", {"type": "function", "function": {"name": "add"}}, "auto"]
-    together([lambda m=m, p=p, st=st: one(m, p, st) for m in modes for p in (True, False) for st in (False, True)])
+    together([lambda m=m, p=p, st=st: one(m, p, st)
+              for m in modes for p in (True, False) for st in (False, True)])
 
 
 def stream_equals_unstreamed(S, tag, extra, seeds):
@@ -269,8 +275,10 @@ def stream_equals_unstreamed(S, tag, extra, seeds):
         try:
             r = S.client.chat.completions.create(**kw)
             content, calls, ids = read_message(r.choices[0].message)
-            chunks = list(S.client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
-            check(chunks[-1].choices == [] and chunks[-1].usage is not None, f"{what}: the usage chunk {chunks[-1]}")
+            chunks = list(S.client.chat.completions.create(
+                stream=True, stream_options={"include_usage": True}, **kw))
+            check(chunks[-1].choices == [] and chunks[-1].usage is not None,
+                  f"{what}: the usage chunk {chunks[-1]}")
             o = read_stream(what, chunks).get(0)
             if not check(o is not None, f"{what}: no streamed choice"):
                 continue
@@ -281,12 +289,15 @@ def stream_equals_unstreamed(S, tag, extra, seeds):
                   f"({chunks[-1].usage.completion_tokens} tokens) != unstreamed {r.choices[0].finish_reason} "
                   f"{content!r} {calls} ({r.usage.completion_tokens} tokens)")
             if o["finish"] != "length":
-                check_choice(what + " streamed", mode, o["finish"], o["content"], o["calls"], o["ids"], parallel)
+                check_choice(what + " streamed", mode, o["finish"], o["content"], o["calls"], o["ids"],
+                             parallel)
             reasoning = getattr(r.choices[0].message, "reasoning_content", None)
             check((reasoning or "") == (o["reasoning"] or ""),
                   f"{what}: streamed reasoning {o['reasoning']!r} != {reasoning!r}")
-            if more.get("logit_bias"):  # the think block that the bias opens and closes at once: no call in it
-                check(reasoning is not None and "<" not in reasoning and calls, f"{what}: {r.choices[0].message}")
+            # the think block that the bias opens and closes at once: no call in it
+            if more.get("logit_bias"):
+                check(reasoning is not None and "<" not in reasoning and calls,
+                      f"{what}: {r.choices[0].message}")
         except openai.APIError as e:
             check(False, f"{what}: {e}")
 
@@ -301,13 +312,14 @@ def client_helpers(S, extra):
         city: str = pydantic.Field(min_length=1, max_length=20)
         unit: typing.Literal["celsius", "fahrenheit"]
 
-    kw = dict(model=S.model, messages=ASK, tools=[openai.pydantic_function_tool(GetWeather)], tool_choice="required",
-              max_tokens=100, seed=5, parallel_tool_calls=False, extra_body=extra)
+    kw = dict(model=S.model, messages=ASK, tools=[openai.pydantic_function_tool(GetWeather)],
+              tool_choice="required", max_tokens=100, seed=5, parallel_tool_calls=False, extra_body=extra)
     try:
         r = S.client.chat.completions.parse(**kw)
         calls = r.choices[0].message.tool_calls or []
         check(r.choices[0].finish_reason == "tool_calls" and len(calls) == 1
-              and isinstance(calls[0].function.parsed_arguments, GetWeather), f"parse(tools=[GetWeather]): {r}")
+              and isinstance(calls[0].function.parsed_arguments, GetWeather),
+              f"parse(tools=[GetWeather]): {r}")
         with S.client.chat.completions.stream(**kw) as stream:
             done = [ev for ev in stream if ev.type == "tool_calls.function.arguments.done"]
             final = stream.get_final_completion()
@@ -334,7 +346,8 @@ def client_helpers(S, extra):
         calls = r.choices[0].message.tool_calls or []
         check("$defs" in json.dumps(tool) and r.choices[0].finish_reason == "tool_calls" and len(calls) == 1
               and isinstance(calls[0].function.parsed_arguments, GetForecast)
-              and isinstance(calls[0].function.parsed_arguments.place, Place), f"parse(tools=[GetForecast]): {r}")
+              and isinstance(calls[0].function.parsed_arguments.place, Place),
+              f"parse(tools=[GetForecast]): {r}")
     except (openai.APIError, pydantic.ValidationError) as e:
         check(False, f"the client's helpers, a nested model: {type(e).__name__} {e}")
 
@@ -343,7 +356,8 @@ def full_loop(S, tag, extra, seed, stream):
     """3: user -> calls -> the assistant message and a result per call -> a second answer."""
     what = f"{tag} loop seed {seed}{' streamed' if stream else ''}"
     msgs = list(ASK)
-    kw = dict(model=S.model, tools=TOOLS, max_tokens=120, seed=seed, parallel_tool_calls=False, extra_body=extra)
+    kw = dict(model=S.model, tools=TOOLS, max_tokens=120, seed=seed, parallel_tool_calls=False,
+              extra_body=extra)
     try:
         if stream:
             o = read_stream(what, S.client.chat.completions.create(messages=msgs, tool_choice="required",
@@ -357,7 +371,8 @@ def full_loop(S, tag, extra, seed, stream):
         else:
             r = S.client.chat.completions.create(messages=msgs, tool_choice="required", **kw)
             content, calls, ids = read_message(r.choices[0].message)
-            if not check(r.choices[0].finish_reason == "tool_calls" and len(calls) == 1, f"{what}: first turn {r}"):
+            if not check(r.choices[0].finish_reason == "tool_calls" and len(calls) == 1,
+                         f"{what}: first turn {r}"):
                 return
             # the message as the client returned it: the object itself (the client sends its fields, nulls
             # and all) on even seeds, model_dump(exclude_none=True) on odd ones
@@ -395,7 +410,8 @@ def reasoning(S, tag):
     msgs = [{"role": "user", "content": "Think, then answer."}]
     for seed in (1, 2):
         what = f"{tag} reasoning seed {seed}"
-        kw = dict(model=S.model, messages=msgs, max_tokens=60, seed=seed, extra_body={"grammar": THINK_GRAMMAR})
+        kw = dict(model=S.model, messages=msgs, max_tokens=60, seed=seed,
+                  extra_body={"grammar": THINK_GRAMMAR})
         try:
             r = S.client.chat.completions.create(logprobs=True, **kw)
             m = r.choices[0].message
@@ -404,13 +420,15 @@ def reasoning(S, tag):
             check(r.choices[0].finish_reason == "stop"
                   and re.fullmatch(r"<think>[a-z]{3,10}</think>[a-z]{3,10}", raw),
                   f"{what}: the reply {raw!r} ({r.choices[0].finish_reason}) does not follow the grammar")
-            check(rc == rs and re.fullmatch("[a-z]{3,10}", rc or "") and re.fullmatch("[a-z]{3,10}", m.content or "")
+            check(rc == rs and re.fullmatch("[a-z]{3,10}", rc or "")
+                  and re.fullmatch("[a-z]{3,10}", m.content or "")
                   and raw == f"<think>{rc}</think>{m.content}",
                   f"{what}: reasoning_content {rc!r}, reasoning {rs!r}, content {m.content!r}, reply {raw!r}")
             chunks = list(S.client.chat.completions.create(stream=True, **kw))
             o = read_stream(what + " streamed", chunks)[0]
             check(o["reasoning"] == rc and o["content"] == m.content and o["finish"] == "stop",
-                  f"{what} streamed: reasoning {o['reasoning']!r} content {o['content']!r} vs {rc!r} {m.content!r}")
+                  f"{what} streamed: reasoning {o['reasoning']!r} content {o['content']!r} "
+                  f"vs {rc!r} {m.content!r}")
             r = S.client.chat.completions.create(**{**kw, "extra_body": {**kw["extra_body"],
                                                                           "include_reasoning": False}})
             m2 = r.choices[0].message
@@ -424,7 +442,8 @@ def reasoning(S, tag):
                        ("off", {"chat_template_kwargs": {"enable_thinking": False}}),
                        ("effort none", {"reasoning_effort": "none"}), ("default", {})):
         status, body = S.post("/tokenize", {"model": S.model, "messages": msgs, **extra})
-        check(status == 200 and body.get("count") == len(body.get("tokens", [])), f"/tokenize {key}: {status} {body}")
+        check(status == 200 and body.get("count") == len(body.get("tokens", [])),
+              f"/tokenize {key}: {status} {body}")
         counts[key] = body.get("count")
     check(counts["off"] is not None and counts["on"] is not None and counts["off"] > counts["on"]
           and counts["effort none"] == counts["off"] and counts["default"] == counts["on"],
@@ -442,7 +461,8 @@ def reasoning_format_none(S):
         check(re.fullmatch(r"<think>[a-z]{3,10}</think>[a-z]{3,10}", m.content or "")
               and getattr(m, "reasoning_content", None) is None and getattr(m, "reasoning", None) is None,
               f"--reasoning-format none: {m}")
-        o = read_stream("--reasoning-format none streamed", S.client.chat.completions.create(stream=True, **kw))[0]
+        o = read_stream("--reasoning-format none streamed",
+                        S.client.chat.completions.create(stream=True, **kw))[0]
         check(o["content"] == m.content and o["reasoning"] is None, f"--reasoning-format none streamed: {o}")
     except openai.APIError as e:
         check(False, f"--reasoning-format none: {e}")
@@ -455,9 +475,11 @@ def bad_shapes(S):
     call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     cases = [
         ("tools not a list", dict(messages=user, tools={"type": "function"}), "tools", "list"),
-        ("a tool without a name", dict(messages=user, tools=[{"type": "function", "function": {"parameters": {}}}]),
+        ("a tool without a name",
+         dict(messages=user, tools=[{"type": "function", "function": {"parameters": {}}}]),
          "tools[0]", "name"),
-        ("a tool not a function", dict(messages=user, tools=[f, {"type": "retrieval"}]), "tools[1]", "function"),
+        ("a tool not a function", dict(messages=user, tools=[f, {"type": "retrieval"}]), "tools[1]",
+         "function"),
         ("parameters not an object", dict(messages=user, tools=[{"type": "function", "function": {
             "name": "f", "parameters": ["x"]}}]), "tools[0]", "parameters"),
         ("tool_choice naming no tool", dict(messages=user, tools=[f], tool_choice={
@@ -467,7 +489,8 @@ def bad_shapes(S):
         ("required without tools", dict(messages=user, tool_choice="required"), "tool_choice", None),
         ("a tool message answering no call", dict(messages=user + [
             {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "call_2", "content": "42"}]), "messages[2].tool_call_id", "call_2"),
+            {"role": "tool", "tool_call_id": "call_2", "content": "42"}]),
+         "messages[2].tool_call_id", "call_2"),
         ("a tool message without tool_call_id", dict(messages=user + [
             {"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "content": "42"}]), "messages[2].tool_call_id", None),
@@ -478,8 +501,10 @@ def bad_shapes(S):
             call, {**call, "id": "call_2", "function": {"name": "f", "arguments": "[1, 2]"}}]}]),
          "messages[1].tool_calls[1]", "arguments"),
         ("a schema keyword the grammar engine refuses", dict(messages=user, tools=[f, {
-            "type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {
-                "x": {"type": "string", "format": "hostname-idn-weird"}}}}}]), "tools", "hostname-idn-weird"),
+            "type": "function", "function": {"name": "lookup", "parameters": {
+                "type": "object",
+                "properties": {"x": {"type": "string", "format": "hostname-idn-weird"}}}}}]),
+         "tools", "hostname-idn-weird"),
         ("uniqueItems in parameters", dict(messages=user, tools=[{"type": "function", "function": {
             "name": "f", "parameters": {"type": "object", "properties": {
                 "xs": {"type": "array", "uniqueItems": True}}}}}]), "tools", "uniqueItems"),
@@ -493,7 +518,8 @@ def bad_shapes(S):
             check(False, f"{what}: accepted")
         except openai.BadRequestError as e:
             check(e.status_code == 400 and e.param == param and (words is None or words in e.message)
-                  and e.type == "invalid_request_error", f"{what}: {e.status_code} param {e.param!r}: {e.message}")
+                  and e.type == "invalid_request_error",
+                  f"{what}: {e.status_code} param {e.param!r}: {e.message}")
         except openai.APIError as e:
             check(False, f"{what}: {type(e).__name__} {e}")
 
@@ -508,7 +534,8 @@ try:
         smol, qwen3 = servers["smol"], servers["qwen3"]
         no_think = {"chat_template_kwargs": {"enable_thinking": False}}
 
-        # two lists of parts, one per model, run side by side (the servers batch; the machine may have 2 cores)
+        # two lists of parts, one per model, run side by side (the servers batch; the machine may have 2
+        # cores)
         on_smol = [
             ("choices", lambda: tool_choices(smol, "SmolLM2", None)),
             ("stream=unstreamed", lambda: stream_equals_unstreamed(smol, "SmolLM2", None, [
@@ -541,7 +568,8 @@ try:
                 times.append(f"{tag} {name} {time.time() - t:.1f}")
 
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            for fut in [pool.submit(run_parts, "SmolLM2", on_smol), pool.submit(run_parts, "Qwen3", on_qwen3)]:
+            for fut in [pool.submit(run_parts, "SmolLM2", on_smol),
+                        pool.submit(run_parts, "Qwen3", on_qwen3)]:
                 fut.result()
 finally:
     for s in servers.values():

@@ -11,10 +11,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 SHAPES = {  # the shapes of llm.h's dummy presets of the same names
-    "tinyllama-1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
-                           num_key_value_heads=4, vocab_size=32000, rope_theta=10000.0, tie_word_embeddings=False),
-    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-                         num_key_value_heads=8, vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True),
+    "tinyllama-1.1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                           num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
+                           rope_theta=10000.0, tie_word_embeddings=False),
+    "llama-3.2-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                         rope_theta=500000.0, tie_word_embeddings=True),
 }
 
 ap = argparse.ArgumentParser()
@@ -44,4 +46,5 @@ torch.cuda.synchronize()
 dt = time.perf_counter() - t0
 new = (out.shape[1] - a.input_len) * a.batch
 print(f"torch generate {a.shape}: batch {a.batch} x ({a.input_len} in, {a.output_len} out): {dt:.2f} s, "
-      f"output {new / dt:.0f} tok/s (prefill included), {torch.cuda.get_device_name()}, torch {torch.__version__}")
+      f"output {new / dt:.0f} tok/s (prefill included), {torch.cuda.get_device_name()}, "
+      f"torch {torch.__version__}")

@@ -13,7 +13,8 @@ Each runs a warmup first, left out of its figures (llama-bench's warmup run; llm
 Building llama.cpp at its best on the machine at hand (the yardstick; never a dependency): its source ships in
 PyPI's source package llama-cpp-python (0.3.36: a 2026 llama.cpp in vendor/llama.cpp):
 
-    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 && tar xzf llama_cpp_python-0.3.36.tar.gz
+    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 && \\
+        tar xzf llama_cpp_python-0.3.36.tar.gz
     cd llama_cpp_python-0.3.36/vendor/llama.cpp
     cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \\
           -DGGML_BMI2=ON -DLLAMA_CURL=OFF      # AVX2-only CPUs
