@@ -20,6 +20,9 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <strings.h>
 #include <sys/epoll.h>
 #include <sys/random.h>
@@ -3220,6 +3223,13 @@ static int serve(const serve_config *a) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+#ifdef __GLIBC__
+    /* Request bodies, prompts and streams come and go in megabytes. glibc raises its mmap threshold to the
+     * largest block freed (up to 32 MiB), after which such buffers grow by realloc on the heap, copying and
+     * leaving freed holes that stay resident. A fixed threshold keeps them in mmaps, which grow in place
+     * (mremap) and go back to the system when freed (10 bodies of 6 MB begun: RSS +60 MiB, not +65). */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
     if (pthread_create(&S->engine_thread, NULL, srv_engine_loop, S) != 0) {
         fprintf(stderr, "llm serve: cannot start the engine thread\n");
         goto out;
