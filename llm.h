@@ -16,6 +16,9 @@
  *   LLM_IMPLEMENTATION            compile the implementation here (in one C file only)
  *   LLM_NO_STB_DS_IMPLEMENTATION  your program defines STB_DS_IMPLEMENTATION itself, elsewhere
  *   LLM_CUDA                      link llm.cu (built with nvcc): the engine runs on the GPU when one answers
+ *   LLM_NO_GRAMMAR                leave the grammar layer out (structured output, tool calls' grammars): a
+ *                                 request with a grammar is then refused, by name
+ *   LLM_NO_SIMD                   the plain C only, even where the compiler may use AVX2 or AVX-512
  *   -fopenmp                      the CPU forward pass uses every core (without it, one). Run with
  *                                 GOMP_SPINCOUNT=2000: libgomp's default spinning costs 75x beside a busy
  *                                 process (the llm command sets it for itself)
@@ -42,6 +45,11 @@
  *  13. Tools        tools and calls in a family's syntax the tools a prompt lists, a call's grammar, a reply
  *                                                        read back into thinking, answer and calls
  *   Appendix        the Unicode table the tokenizer's pre-tokenizers read
+ * Their sizes in the implementation (lines; a test keeps them within a fifth of the truth): 1 GGUF 480,
+ * 2 Model 440, 3 Tokenizer 1150, 4 Chat 710, 5 Requests 630, 6 Blocks 90, 7 Forward 2110 (with the SIMD
+ * kernels, about 1180), 8 Sampler 350, 9 Detokenizer 180, 10 Engine 1280: the core, 7420; then the layers:
+ * 11 JSON 310, 12 Grammar 2500, 13 Tools 1360. A first reading: the engine's API below, then 5 Requests, 6
+ * Blocks, 10 Engine (llm_engine_step), 7 Forward (llm_cpu_forward) and 8 Sampler; the rest as needed.
  *
  * The engine: what a program that serves a model calls
  *   llm_engine_defaults   llm_engine_create   llm_engine_destroy           a model, a backend, a KV pool

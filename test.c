@@ -30,6 +30,7 @@ static void test_grammar_job(uint64_t request_id); /* the grammar thread's tests
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <dirent.h>
+#include <glob.h>
 
 static int n_passed, n_failed;
 #define CHECK(cond, ...) do { if (cond) n_passed++; else { n_failed++; \
@@ -10296,8 +10297,9 @@ static void test_layers(void) {
     for (int steps = 0; id && llm_engine_has_work(e) && steps < 50; steps++) {
         const llm_output *out;
         int n = llm_engine_step(e, &out);
-        for (int i = 0; i < n; i++)
-            if (out[i].text) strncat(text, out[i].text, sizeof text - strlen(text) - 1);
+        for (int i = 0; i < n; i++) /* (an output's text is text_len bytes, not a C string) */
+            if (out[i].text_len < (int)(sizeof text - strlen(text)))
+                strncat(text, out[i].text, (size_t)out[i].text_len);
     }
     CHECK(id && (!strcmp(text, "yes.") || !strcmp(text, "no.")), "a grammar request: %llu, \"%s\" (%s)",
           (unsigned long long)id, text, err);
@@ -10307,6 +10309,111 @@ static void test_layers(void) {
 #if defined(LLM_NO_SIMD) && (defined(LLM_CPU_SIMD) || defined(LLM_AVX2))
     CHECK(0, "LLM_NO_SIMD, yet SIMD kernels were compiled");
 #endif
+}
+
+/* Whole-line comments in text (lines holding comment text and no code, as the issue counts them): a plain
+ * scanner of C's comments and string literals */
+static int comment_line_flags(const char *text, int n_lines, char *is_comment) {
+    int in_block = 0, line = 0, has = 0, code = 0;
+    for (const char *p = text; *p && line < n_lines; p++) {
+        if (*p == '\n') { is_comment[line++] = has && !code; has = in_block; code = 0; continue; }
+        if (in_block) { has = 1; if (p[0] == '*' && p[1] == '/') { in_block = 0; p++; } continue; }
+        if (p[0] == '/' && p[1] == '*') { in_block = has = 1; p++; continue; }
+        if (p[0] == '/' && p[1] == '/') { has = 1; while (p[1] && p[1] != '\n') p++; continue; }
+        if (*p == '"' || *p == '\'') { /* a literal: code, and no comment inside it */
+            char q = *p;
+            code = 1;
+            while (p[1] && p[1] != q && p[1] != '\n') p += p[1] == '\\' && p[2] ? 2 : 1;
+            if (p[1] == q) p++;
+            continue;
+        }
+        if (!isspace((unsigned char)*p)) code = 1;
+    }
+    return line;
+}
+
+/* Lines in [from, to) of text's flagged lines, and how many of them are comments */
+static int count_flags(const char *flags, int from, int to, int *n_comments) {
+    *n_comments = 0;
+    for (int i = from; i < to; i++) *n_comments += flags[i];
+    return to - from;
+}
+
+/* The sources read as the style says: no line past 110 characters (UTF-8 characters, not bytes) in the code,
+ * the tests, the tools and the build. Prints the core's size and comment share (llm.h's sections 1 to 10 of
+ * the implementation, the serving engine a reader came for) beside the layers', as issue 51 measures them. */
+static void test_source_shape(void) {
+    const char *patterns[] = {"llm.h", "llm.cu", "main.c", "server.c", "test.c", "Makefile", ".ci/run",
+                              "fuzz/*.[ch]", "tools/*.py", "tools/*.sh", "models/*.sh"};
+    int n_files = 0;
+    for (size_t k = 0; k < sizeof patterns / sizeof patterns[0]; k++) {
+        glob_t g;
+        if (glob(patterns[k], 0, NULL, &g) != 0) { CHECK(0, "no file matches %s", patterns[k]); continue; }
+        for (size_t f = 0; f < g.gl_pathc; f++, n_files++) {
+            char *text = read_file(g.gl_pathv[f], NULL);
+            int line = 1, width = 0, worst = 0, worst_line = 0, n_long = 0;
+            for (const char *p = text; p && *p; p++) {
+                if (*p == '\n') { n_long += width > 110; line++; width = 0; continue; }
+                if (((unsigned char)*p & 0xC0) != 0x80) width++; /* a character's first byte */
+                if (width > worst) { worst = width; worst_line = line; }
+            }
+            n_long += width > 110;
+            CHECK(text && n_long == 0, "%s: %d lines past 110 characters (the widest: line %d, %d)",
+                  g.gl_pathv[f], n_long, worst_line, worst);
+            free(text);
+        }
+        globfree(&g);
+    }
+    CHECK(n_files >= 20, "%d source files checked for their width", n_files);
+    /* the implementation's sections: where each begins */
+    char *h = read_file("llm.h", NULL);
+    if (!h) { CHECK(0, "read llm.h"); return; }
+    int n_lines = 0;
+    for (const char *p = h; *p; p++) n_lines += *p == '\n';
+    char *flags = (char *)calloc((size_t)n_lines + 1, 1);
+    comment_line_flags(h, n_lines, flags);
+    int starts[32], n_sections = 0, line = 0, impl = 0, core_end = 0;
+    for (const char *p = h; *p && n_sections < 31; p = strchr(p, '\n') + 1, line++) {
+        if (!strncmp(p, "#ifdef LLM_IMPLEMENTATION", 25)) impl = 1;
+        const char *next = strchr(p, '\n');
+        if (!next) break;
+        if (impl && !strncmp(p, "/* =====", 8) && !strncmp(next + 1, " * ", 3) &&
+            isdigit((unsigned char)next[4])) {
+            if (atoi(next + 4) == 11) core_end = n_sections;
+            starts[n_sections++] = line;
+        }
+    }
+    starts[n_sections] = n_lines;
+    /* the docs block's sizes ("1 GGUF 480, 2 Model 440, ..."): each within a fifth of the section's lines */
+    const char *sizes = strstr(h, "Their sizes in the implementation");
+    const char *end = sizes ? strstr(sizes, "\n *\n") : NULL;
+    int n_sizes = 0, n_wrong = 0;
+    for (const char *p = sizes; p && p < end; p++) {
+        int k, said, used = 0;
+        char name[32];
+        if (!isdigit((unsigned char)*p) || isdigit((unsigned char)p[-1]) ||
+            sscanf(p, "%d %31[A-Za-z] %d%n", &k, name, &said, &used) != 3 || k < 1 || k > n_sections)
+            continue;
+        int lines = (k < n_sections ? starts[k] : n_lines) - starts[k - 1];
+        n_sizes++;
+        if (said < lines * 0.8 || said > lines * 1.2) {
+            n_wrong++;
+            printf("    %d %s: said %d lines, has %d\n", k, name, said, lines);
+        }
+        p += used - 1;
+    }
+    CHECK(n_sizes == n_sections && n_wrong == 0, "llm.h's docs block: %d of %d sections' sizes said, %d of "
+          "them off by more than a fifth", n_sizes, n_sections, n_wrong);
+    int c_core, c_layers, c_all;
+    int core = count_flags(flags, starts[0], starts[core_end], &c_core);
+    int layers = count_flags(flags, starts[core_end], starts[n_sections], &c_layers);
+    count_flags(flags, 0, n_lines, &c_all);
+    CHECK(n_sections >= 13 && core_end == 10, "llm.h: %d numbered sections in the implementation, the core's "
+          "ending at %d", n_sections, core_end);
+    printf("  llm.h: the core (sections 1-10) %d lines, %.1f%% comments; the layers and the appendix "
+           "after it %d lines, %.1f%%; the whole header %d lines, %.1f%%\n", core, 100.0 * c_core / core,
+           layers, 100.0 * c_layers / layers, n_lines, 100.0 * c_all / n_lines);
+    free(flags); free(h);
 }
 
 static void test_header_layout(void) {
@@ -11779,6 +11886,7 @@ int main(int argc, char **argv) {
         {"server hostile http: cross-origin", test_server_cross_origin},
         {"layers left out", test_layers},
         {"llm.h's layout", test_header_layout},
+        {"source lines", test_source_shape},
         {"README's size and links", test_readme_pages}, {"README's commands", test_readme},
     };
     /* LLM_TEST=server,chat runs the tests whose names hold "server" or "chat" */
