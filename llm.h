@@ -2058,6 +2058,46 @@ void llm_model_free(llm_model *m) {
  * n log n. Special tokens are cut out of the text first, when the caller asks for them. Lookups go through
  * stb_ds hash maps (token text -> id, pair of ids -> merge) that are only read after loading, so several
  * threads may tokenize with one tokenizer at once.
+ *
+ * Takes in: the GGUF's tokenizer.ggml.* keys (llm_tokenizer_load) and, per request, a text. Hands on: token
+ * ids, the prompt the scheduler (section 5) is given. The way of one text through llm_tokenize:
+ *
+ *   "Hi<|im_end|> 42"   special tokens cut out first (llm_special_at), each part tokenized on its own:
+ *   "Hi" | <|im_end|> | " 42"
+ *     SPM part: ' ' -> U+2581, one symbol per UTF-8 character, merge       (llm_tokenize_spm)
+ *     BPE part: split into words by the pre-tokenizer's regexes            (llm_pretokenize)
+ *               (gpt2's keeps " 42" one word, by ` ?\p{N}+`); a word starts as its bytes' tokens
+ *               (H i), and merges happen within a word only                (llm_bpe_word)
+ *   ids go to the caller's array through llm_out, which counts them all and stores what fits
+ *
+ * Why merges go by priority rather than left to right: BPE is trained by merging, again and again, the most
+ * frequent adjacent pair of the corpus, and tokenizing replays that training. So the pair learned first (the
+ * lowest rank, the line number in tokenizer.ggml.merges) merges first wherever it is in the word, and the
+ * new symbol can then take part in later merges. SentencePiece BPE keeps no merge list: the score of each
+ * token stands in for it, and the pair whose concatenation scores best merges first. With the merges
+ * "l o" (rank 0), "lo w" (1), "e r" (2):
+ *
+ *   l o w e r  ->  lo w e r  ->  low e r  ->  low er      (a longest-match scan may give other tokens)
+ *
+ * The merge loop (llm_merge_symbols) keeps sym[], one entry per starting symbol, linked in text order; each
+ * is a byte range [start, start + len) of the text and the id of its token. A merge grows the left symbol
+ * over the right one and sets the right one's len to 0: symbols only grow, a symbol of len 0 is gone, and
+ * the live symbols always tile the text. A merged symbol is always a token (merges only make tokens), so
+ * what is left as no token at the end is a single character (SPM: written as <0xNN> byte tokens) or a byte
+ * the vocabulary lacks (BPE: <unk>).
+ *
+ * Special tokens: a control token (<|im_end|>, <s>) is matched in the text only when the caller asks
+ * (parse_special: the engine's prompts, a chat template's output); a user-defined token always, as
+ * llama.cpp and Hugging Face's tokenizers match them. A few control tokens of tool-call syntaxes are made
+ * user-defined at load (see llm_tokenizer_load) so that they read back as text.
+ *
+ * Memory: a text of len bytes costs about 30 bytes a byte for BPE (code points, classes, cuts, offsets,
+ * symbols) and up to 63 for SPM (its copy and symbols are sized for each space grown to 3 bytes), plus the
+ * heap of pairs (at most 3 pairs a symbol: n - 1 at first, 2 more a merge); llm_tokenize refuses texts over
+ * INT32_MAX / 4 bytes, so that byte offsets, SPM's grown ones too, fit in an int.
+ *
+ * vLLM hands the same job to Hugging Face's tokenizers (Rust); this section follows llama.cpp's
+ * src/llama-vocab.cpp instead, id for id. Read first: llm_tokenize, llm_merge_symbols, llm_pretokenize.
  * ======================================================================================================== */
 enum { LLM_VOCAB_SPM, LLM_VOCAB_BPE };
 /* token kinds, numbered as tokenizer.ggml.token_type numbers them */
@@ -2133,6 +2173,8 @@ static uint32_t llm_utf8_decode(const unsigned char *s, int len) { /* of a chara
     return c;
 }
 
+/* Writes code point c (below U+110000) as UTF-8 at out (room for 4); returns its length. Used for GPT-2's
+ * byte stand-ins, all below U+0800, so 1 or 2 bytes there. */
 static int llm_utf8_encode(uint32_t c, char *out) {
     if (c < 0x80) { out[0] = (char)c; return 1; }
     if (c < 0x800) { out[0] = (char)(0xC0 | c >> 6); out[1] = (char)(0x80 | (c & 0x3F)); return 2; }
@@ -2158,6 +2200,8 @@ static int llm_tok_find(const llm_tokenizer *t, const char *s, size_t n) {
     return i >= 0 ? ids[i].value : -1;
 }
 
+/* The merge of the pair (left, right) of token ids: 1 and *m (its rank and the merged token's id), or 0 when
+ * the merges list has no such line. The key packs both ids in 64 bits, left in the high half. */
 static int llm_merge_find(const llm_tokenizer *t, int left, int right, llm_merge *m) {
     llm_merge_entry *map = t->merges;
     uint64_t key = (uint64_t)(uint32_t)left << 32 | (uint32_t)right;
@@ -2170,6 +2214,12 @@ static int llm_merge_find(const llm_tokenizer *t, int left, int right, llm_merge
 }
 
 /* ---- The merge loop, for both kinds -------------------------------------------------------------------- */
+/* A symbol: text[start, start + len), its token's id (-1: none), and its neighbours' indices in sym[] (-1:
+ * none). Symbols live in one array, one per starting character or byte, and are never moved: a merge only
+ * changes lengths and links, so an index stays a symbol's name for the whole loop.
+ *
+ *   sym:   [0] "lo" next 2   [1] "" (merged into 0)   [2] "w" prev 0 next 3   [3] "er" ...
+ */
 typedef struct { int start, len, prev, next, id; } llm_sym;          /* a run of bytes of the text, merged */
 typedef struct { double score; int left, right, len, id; } llm_pair; /* adjacent symbols that could merge */
 
@@ -2178,6 +2228,10 @@ static int llm_pair_first(const llm_pair *a, const llm_pair *b) {
     return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
+/* A binary heap of candidate pairs in an stb_ds array, best (llm_pair_first) at [0]; the children of [i] are
+ * [2i + 1] and [2i + 2]. Push appends and sifts up; pop takes [0], moves the last entry there and sifts it
+ * down. Both cost log n. The heap may hold pairs that are no longer adjacent: llm_merge_symbols skips
+ * them. */
 static void llm_heap_push(llm_pair **heap, llm_pair p) {
     arrput(*heap, p);
     llm_pair *h = *heap;
@@ -2201,7 +2255,10 @@ static llm_pair llm_heap_pop(llm_pair **heap) {
     }
 }
 
-/* Can symbols a and b (adjacent, a first) merge? If so fill *p. */
+/* Can symbols a and b (adjacent, a first) merge? If so fill *p. a or b < 0 (the end of the list): no.
+ * p->len remembers the pair's length in bytes, so that the pop can tell a pair made stale by a merge next to
+ * it. SPM looks the concatenation up as text (adjacent symbols are adjacent bytes of the text); BPE looks the
+ * two ids up in the merges. */
 static int llm_pair_make(const llm_tokenizer *t, const char *text, const llm_sym *sym, int a, int b,
                          llm_pair *p) {
     if (a < 0 || b < 0) return 0;
@@ -2220,7 +2277,16 @@ static int llm_pair_make(const llm_tokenizer *t, const char *text, const llm_sym
     return 1;
 }
 
-/* Merges the n symbols (a linked list over text, in order) until no pair can merge. */
+/* Merges the n symbols (a linked list over text, in order) until no pair can merge.
+ * The idea: every adjacent pair that could merge goes in a heap, best first. Pop the best; merge it (the
+ * left symbol takes the right one's bytes and the merged token's id; the right one is emptied and unlinked);
+ * then only two new pairs can have appeared, the merged symbol with each of its new neighbours, so push
+ * those. Pairs already in the heap that involve the two old symbols are not removed (a heap cannot find
+ * them cheaply): they are recognised when popped, because one of their symbols is now empty, no longer
+ * next to the other, or longer than when the pair was made (symbols only grow, so the lengths' sum is
+ * enough). Each pop is log n and there are at most 3n pushes: n log n for the word, where rescanning every
+ * pair after each merge, as a plain reading of BPE does, costs n^2. On return the live symbols (len > 0,
+ * from sym[0] along next) are the tokens, in order. */
 static void llm_merge_symbols(const llm_tokenizer *t, const char *text, llm_sym *sym, int n) {
     llm_pair *heap = NULL, p;
     for (int i = 1; i < n; i++) if (llm_pair_make(t, text, sym, i - 1, i, &p)) llm_heap_push(&heap, p);
@@ -2239,6 +2305,10 @@ static void llm_merge_symbols(const llm_tokenizer *t, const char *text, llm_sym 
 }
 
 /* ---- Output -------------------------------------------------------------------------------------------- */
+/* The caller's array and how much of it is used. Counting past cap lets a caller tokenize with a guess of
+ * room (or cap 0) and, when the count is larger, again with room for all (the engine does so), with no
+ * growing buffer inside the tokenizer. An id of -1 (a token the vocabulary lacks, as a missing BOS) is
+ * skipped. */
 typedef struct { int32_t *ids; int cap, n, failed; } llm_out; /* counts every id, stores the first cap */
 
 static void llm_out_put(llm_out *o, int id) {
@@ -2248,9 +2318,14 @@ static void llm_out_put(llm_out *o, int id) {
 }
 
 /* ---- SentencePiece ------------------------------------------------------------------------------------- */
+/* Tokenizes text[0..len) with a SentencePiece vocabulary, appending to o (o->failed on no memory).
+ * SentencePiece has no pre-tokenizer: the whole part is one word, and spaces are ordinary characters,
+ * written as U+2581 ("\u2581Hello\u2581world"), so that a token can start with one. space_prefix puts one
+ * in front, so that the first word tokenizes as it would after a space. */
 static void llm_tokenize_spm(const llm_tokenizer *t, const char *text, size_t len, int space_prefix,
                              llm_out *o) {
     static const char space[] = "\xE2\x96\x81"; /* U+2581, SentencePiece's visible space */
+    /* 1. the text again, with its spaces as U+2581 (3 bytes each): s, of n bytes */
     size_t n = space_prefix ? 3 : 0;
     for (size_t i = 0; i < len; i++) n += text[i] == ' ' ? 3 : 1;
     char *s = (char *)malloc(n ? n : 1);
@@ -2270,6 +2345,7 @@ static void llm_tokenize_spm(const llm_tokenizer *t, const char *text, size_t le
         sym[ns] = x;
         i += (size_t)clen;
     }
+    /* 2. merge, best score first; 3. the symbols left, in order, as ids */
     llm_merge_symbols(t, s, sym, ns);
     for (int i = ns ? 0 : -1; i >= 0; i = sym[i].next) {
         if (sym[i].id >= 0) { llm_out_put(o, sym[i].id); continue; }
@@ -2288,7 +2364,15 @@ static void llm_tokenize_spm(const llm_tokenizer *t, const char *text, size_t le
  * the same way (a regex sees only its piece). A regex here is a list of alternatives, tried in order at each
  * position as a regex engine tries them, and each kind of alternative is one hand-written matcher below that
  * takes sets of characters as parameters. The patterns themselves are llama.cpp's (src/llama-vocab.cpp);
- * tools/pretok_check.py checks every one against Python's regex module. */
+ * tools/pretok_check.py checks every one against Python's regex module.
+ * Why split at all: byte-level BPE learned its merges inside words only, so merging across a word's edge
+ * would make tokens the model never saw. The split decides, for instance, that a space belongs to the word
+ * after it (" world"), that digits go in groups of at most 3 (llama3), or one by one (qwen2).
+ * Why by hand: a regex engine with \p{L} and look-ahead is a large dependency; the patterns in use are
+ * built from a dozen kinds of alternative, and each is a short loop over classified code points. The
+ * alternatives are tried as Python's regex tries them: leftmost first, the first alternative that matches
+ * wins (not the longest), each greedy, with only the backing off the pattern needs written out (as
+ * \s+(?!\S), which gives back the last space so that the next word can take it: "a   b" -> "a" "  " " b"). */
 
 /* The sets of characters the patterns name (cls[] holds each character's LLM_UC_* class and flags) */
 enum {
@@ -2381,6 +2465,8 @@ static int llm_in_ranges(uint32_t c, const uint32_t (*ranges)[2], int n) {
 }
 #define LLM_IN_RANGES(c, ranges) llm_in_ranges(c, ranges, (int)(sizeof ranges / sizeof ranges[0]))
 
+/* Whether code point c, of class and flags `flags` (llm_uni_class), is in the set (LLM_SET_*). The class
+ * answers the Unicode properties; the code point the ASCII and block ranges some patterns list. */
 static int llm_in_set(int set, uint32_t c, int flags) {
     int uc = flags & LLM_UC_CLASS;
     int letter = uc == LLM_UC_LETTER, number = uc == LLM_UC_DIGIT || uc == LLM_UC_NUMBER;
@@ -2467,6 +2553,9 @@ enum { /* flags */
     LLM_ALT_ANY_CASE = 1, LLM_ALT_PREFIX_REQUIRED = 2, LLM_ALT_THEN_CONTRACTION = 4, LLM_ALT_WORD_AFTER = 8
 };
 
+/* One alternative of a regex: a kind (LLM_ALT_*) and the sets and counts it takes. A regex is an array of
+ * them ended by {0} (LLM_ALT_END). Example: llama3's ` ?[^\s\p{L}\p{N}]+[\r\n]*` is
+ * {RUN, prefix SPACE_CHAR, body NOT_SPACE_L_N, tail BREAK, tail_max 0}. */
 typedef struct {
     uint8_t kind, prefix, body, min, max, tail, tail_max, flags;
     const char *before, *after; /* LLM_ALT_LITERAL */
@@ -2481,6 +2570,8 @@ static int llm_set_run(int set, const uint32_t *cp, const char *cls, int j, int 
 
 static uint32_t llm_ascii_lower(uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
 
+/* English contractions: where 's 't 're 've 'm 'll or 'd ends when one starts at i (ASCII letters of either
+ * case when any_case), else -1. Note 's matches in "'sun" too, as the regex does: no word boundary after. */
 static int llm_contraction(const uint32_t *cp, int i, int n, int any_case) {
     if (cp[i] != '\'' || i + 1 >= n) return -1;
     uint32_t a = cp[i + 1], b = i + 2 < n ? cp[i + 2] : 0;
@@ -2497,7 +2588,11 @@ static int llm_literal(const char *lit, const uint32_t *cp, int j, int n) {
 }
 
 /* Where alternative a, tried at i, ends (i itself for an empty match), or -1 when it does not match there. n
- * ends the piece. */
+ * ends the piece. A regex engine would search the ways to match by backtracking; each kind here computes
+ * the one match that search ends with. The switch handles the kinds without an optional prefix; the rest
+ * try the prefix character first (`?` is greedy), then without it. Cost: a call scans at most to n; most
+ * matches then take what was scanned, but LLM_ALT_THREES and LLM_ALT_DIGIT_GROUPS scan the rest of a digit
+ * run at each of their matches, so a run of d digits costs of the order of d^2 there. */
 static int llm_alt_match(const llm_alt *a, const uint32_t *cp, const char *cls, int i, int n) {
     int run, end;
     switch (a->kind) {
@@ -2732,7 +2827,10 @@ static const llm_alt llm_re_tab_spaces[] = {
     {.kind = LLM_ALT_LITERAL, .before = "  "}, {0}};
 static const llm_alt llm_re_punct_ascii[] = {LLM_RUN_MAX(LLM_SET_PUNCT_ASCII, 1), {0}};
 
-/* The split patterns: each a list of regexes applied one after the other */
+/* The split patterns: each a list of regexes applied one after the other (at most LLM_PRE_MAX_REGEXES, the
+ * row ended by NULL), as llama.cpp lists them. deepseek-v3's, for one, first cuts numbers into runs of at
+ * most 3 digits, then Han and kana runs, then the rest; each later regex only sees the pieces the earlier
+ * ones left (llm_pretokenize). */
 enum {
     LLM_PRE_DEFAULT, LLM_PRE_GPT2, LLM_PRE_LLAMA3, LLM_PRE_QWEN2, LLM_PRE_STARCODER, LLM_PRE_FALCON,
     LLM_PRE_DEEPSEEK_CODER, LLM_PRE_DEEPSEEK3, LLM_PRE_SPARK2_5, LLM_PRE_JAIS2, LLM_PRE_QWEN35, LLM_PRE_BLOOM,
@@ -2778,7 +2876,10 @@ static const llm_alt *const llm_pre_regexes[LLM_PRE_COUNT][LLM_PRE_MAX_REGEXES] 
                            llm_re_gpt2},
 };
 
-/* tokenizer.ggml.pre names, as llama.cpp maps them to patterns, with what else the name sets there */
+/* tokenizer.ggml.pre names, as llama.cpp maps them to patterns, with what else the name sets there. The
+ * converter that wrote the GGUF (llama.cpp's convert_hf_to_gguf.py) names the pre-tokenizer by a hash of the
+ * ids the model's own tokenizer gives a fixed test text, so a name stands for a split the model was trained
+ * with; several names share one split. Names are matched exactly. */
 enum { LLM_PRE_IGNORE_MERGES = 1, LLM_PRE_ADD_BOS = 2 };
 static const struct { const char *names; int pre, flags; } llm_pre_names[] = {
     {"default", LLM_PRE_DEFAULT, 0},
@@ -2831,7 +2932,15 @@ static int llm_pre_find(llm_str name) {
 }
 
 /* Cuts the nc characters into words by pattern pre: cut[i] = 1 where a word starts (cut has nc + 1 entries;
- * cut[nc] = 1 ends the last). */
+ * cut[nc] = 1 ends the last). Each regex of the pattern runs over each piece the regexes before it left,
+ * and a match sets a cut at its start and its end; a cut is never removed, so the pieces only get smaller.
+ * With gpt2's regex:
+ *
+ *   text  H e l l o _ w o r l d _ 1 2 3        ("_": a space)
+ *   cut   1 0 0 0 0 1 0 0 0 0 0 1 0 0 0 1   ->  "Hello" " world" " 123"
+ *
+ * An empty match (a look-ahead only, as superbpe's (?=(\d{3})+(?!\d))) sets a cut where it is, and the
+ * scan goes on one character further: "1234567" -> "1" "234" "567". */
 static void llm_pretokenize(int pre, const uint32_t *cp, const char *cls, int nc, uint8_t *cut) {
     memset(cut, 0, (size_t)nc + 1);
     cut[0] = cut[nc] = 1;
@@ -2870,7 +2979,10 @@ static int llm_decode_text(const char *text, size_t len, uint32_t *cp, char *cls
 }
 
 /* ---- Byte-level BPE: words ----------------------------------------------------------------------------- */
-/* Tokenizes one word w[0..n) (raw bytes). sym has room for n symbols, buf for 2 * t->max_len bytes. */
+/* Tokenizes one word w[0..n) (raw bytes). sym has room for n symbols, buf for 2 * t->max_len bytes (a
+ * byte's stand-in is 1 or 2 bytes of UTF-8). The symbols are the word's bytes, each with the id of the
+ * token that spells the byte's stand-in (byte_token); the merges then work on ids only, never on text,
+ * because a pair's merge is looked up by its two ids. */
 static void llm_bpe_word(const llm_tokenizer *t, const char *w, int n, llm_sym *sym, char *buf, llm_out *o) {
     if (t->ignore_merges && (size_t)n <= t->max_len) {
         /* a word that is itself a token is taken whole, even where the merges would split it differently */
@@ -2888,6 +3000,9 @@ static void llm_bpe_word(const llm_tokenizer *t, const char *w, int n, llm_sym *
     for (int i = n ? 0 : -1; i >= 0; i = sym[i].next) llm_out_put(o, sym[i].id >= 0 ? sym[i].id : t->unk);
 }
 
+/* Tokenizes text[0..len) with a byte-level BPE vocabulary, appending to o (o->failed on no memory): the
+ * text decoded to classified code points, cut into words by the pre-tokenizer, each word merged on its
+ * own. The arrays are sized for the whole text once, and each word reuses sym and buf. */
 static void llm_tokenize_bpe(const llm_tokenizer *t, const char *text, size_t len, llm_out *o) {
     if (len == 0) return;
     uint32_t *cp = (uint32_t *)malloc(len * sizeof *cp);
@@ -2909,7 +3024,9 @@ static void llm_tokenize_bpe(const llm_tokenizer *t, const char *text, size_t le
 
 /* ---- Public: tokenize ---------------------------------------------------------------------------------- */
 /* The longest special token at s, or -1: a control token only when parse_special, a user-defined one always
- * (as llama.cpp and Hugging Face's tokenizers take them). */
+ * (as llama.cpp and Hugging Face's tokenizers take them). t->special is sorted longest first, so the first
+ * that matches is the longest. The scan is linear in the number of special tokens; llm_tokenize calls it
+ * only where special_start says some special token starts with the byte there. */
 static int llm_special_at(const llm_tokenizer *t, const char *s, size_t n, int parse_special, size_t *len) {
     for (ptrdiff_t k = 0; k < arrlen(t->special); k++) {
         if (!parse_special && t->type[t->special[k]] != LLM_TOKEN_USER) continue;
@@ -2919,6 +3036,7 @@ static int llm_special_at(const llm_tokenizer *t, const char *s, size_t n, int p
     return -1;
 }
 
+/* One part of a text with no special token in it, by the vocabulary's kind */
 static void llm_tokenize_text(const llm_tokenizer *t, const char *s, size_t n, llm_out *o) {
     /* every part of the text starts the text or follows a special token: either way llama.cpp gives it
      * SentencePiece's space prefix */
@@ -2927,7 +3045,10 @@ static void llm_tokenize_text(const llm_tokenizer *t, const char *s, size_t n, l
 }
 
 /* add_bos also appends EOS when the vocabulary asks for it (add_eos_token), as llama.cpp's add_special
- * does */
+ * does. Returns the number of ids, which may exceed cap (then only the first cap are in out: call again
+ * with room for them all), or -1 for bad arguments, a text over INT32_MAX / 4 bytes or no memory. The
+ * text is scanned once for special tokens; the plain text between two of them (or the text's ends) is
+ * tokenized as a text of its own, so no token ever spans a special token's edge. */
 int llm_tokenize(const llm_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special,
                  int32_t *out, int cap) {
     if (!t || (!text && len) || cap < 0 || (!out && cap > 0)) return -1;
@@ -2952,6 +3073,8 @@ int llm_tokenize(const llm_tokenizer *t, const char *text, size_t len, int add_b
 }
 
 /* ---- Loading ------------------------------------------------------------------------------------------- */
+/* A special token's id from the GGUF key, fallback when absent; -1 when it is out of the vocabulary, so a
+ * bad file cannot make the engine index past the token arrays. */
 static int llm_tok_id_key(const llm_gguf *g, const char *key, int fallback, int n_vocab) {
     int64_t v = llm_gguf_int(g, key, fallback); /* absent ids are stored as -1 or as 2^32 - 1 */
     return v >= 0 && v < n_vocab ? (int)v : -1;
@@ -2964,12 +3087,19 @@ static int llm_special_cmp(const void *a, const void *b) { /* longest text first
     return x->id - y->id;
 }
 
+/* Adds id to the end-of-generation set unless it is -1 or there already (the set is a few ids: a scan) */
 static void llm_add_eog(llm_tokenizer *t, int id) {
     if (id < 0) return;
     for (ptrdiff_t i = 0; i < arrlen(t->eog); i++) if (t->eog[i] == id) return;
     arrput(t->eog, id);
 }
 
+/* Builds the tokenizer from the GGUF's keys. The token texts stay in the GGUF (t->text points into it, so
+ * the GGUF must outlive the tokenizer); the maps are built here. The steps: check the keys' types and sizes
+ * (a file is input like any other); copy the types and scores, refusing scores no float holds; the map
+ * text -> id; GPT-2's byte stand-ins and each byte's token; the merges by id pair; the special tokens,
+ * longest first; the special ids and flags; the end-of-generation set. An unknown pre-tokenizer is no
+ * error: it splits as 'default', with a warning (t->warning). NULL and a message in err on error. */
 llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
     llm_str model = llm_gguf_string(g, "tokenizer.ggml.model");
     llm_str pre = llm_gguf_string(g, "tokenizer.ggml.pre");
@@ -2981,6 +3111,7 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
     char warning[LLM_ERR_LEN] = "";
     char *key = NULL;
 
+    /* 1. the keys: a kind this engine knows, the arrays of the vocabulary's size, the pre-tokenizer */
     if (!model.ptr) {
         llm_fail(err, "the GGUF file has no tokenizer (no tokenizer.ggml.model)");
         return NULL;
@@ -3025,6 +3156,7 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
         }
     }
 
+    /* 2. each token's type and score, and the longest text (llm_tok_find's bound) */
     llm_tokenizer *t = (llm_tokenizer *)calloc(1, sizeof *t);
     if (!t) { llm_fail(err, "out of memory loading the tokenizer"); return NULL; }
     t->kind = kind; t->n_vocab = (int)n; t->text = tokens->strs;
@@ -3047,7 +3179,7 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
         if (t->text[i].len > t->max_len) t->max_len = t->text[i].len;
     }
 
-    /* token text -> id; where a text repeats, the last id wins, as in llama.cpp */
+    /* 3. token text -> id; where a text repeats, the last id wins, as in llama.cpp */
     if (!(key = (char *)malloc(t->max_len + 1))) goto oom;
     sh_new_arena(t->ids);
     for (uint64_t i = 0; i < n; i++) {
@@ -3057,8 +3189,11 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
         shput(t->ids, key, (int)i);
     }
 
-    /* GPT-2 gives every byte a printable stand-in so that no token has spaces or control bytes in it: the
-     * printable Latin-1 bytes stand for themselves, the other 68 take U+0100 onwards in byte order */
+    /* 4. GPT-2 gives every byte a printable stand-in so that no token has spaces or control bytes in it: the
+     * printable Latin-1 bytes stand for themselves, the other 68 take U+0100 onwards in byte order:
+     *   byte 0x00 -> U+0100 "Ā", ..., 0x20 (space) -> U+0120 "Ġ", 0x21 '!' -> '!', 0x0A (\n) -> U+010A "Ċ"
+     * so " world" is the token text "Ġworld". byte_char maps a byte to its stand-in, char_byte back (the
+     * detokenizer's way from token text to bytes), byte_token a byte to the token that spells it. */
     for (int c = 0; c < 324; c++) t->char_byte[c] = -1;
     for (int b = 0, extra = 0; b < 256; b++) {
         int printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
@@ -3081,7 +3216,7 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
             if (t->byte_token[b] >= 0 && t->text[t->byte_token[b]].len == 6)
                 t->type[t->byte_token[b]] = LLM_TOKEN_BYTE;
 
-    /* merges: "left right", rank = line number. We keep them by the ids of the two halves; a line whose
+    /* 5. merges: "left right", rank = line number. We keep them by the ids of the two halves; a line whose
      * halves or whole are no tokens could never apply to our symbols (which are always tokens) and is
      * dropped. Going from the last line up lets a pair listed twice keep its first rank without a lookup. */
     if (kind == LLM_VOCAB_BPE) {
@@ -3103,7 +3238,7 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
         t->ignore_merges = (pre_flags & LLM_PRE_IGNORE_MERGES) != 0;
     }
 
-    /* the control tokens of a tool-call syntax are text in the output, as user-defined tokens are: the
+    /* 6. the control tokens of a tool-call syntax are text in the output, as user-defined tokens are: the
      * reply's reader finds the calls by them, and the grammar writes them (llama.cpp's "preserved tokens";
      * vLLM keeps special tokens for Mistral's calls) */
     static const char *const marker_texts[] = {"[TOOL_CALLS]", "[CALL_ID]", "[ARGS]", "<|channel|>",
@@ -3119,7 +3254,7 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
             if (t->type[i] == LLM_TOKEN_CONTROL && llm_str_eq(t->text[i], marker_texts[k]))
                 t->type[i] = LLM_TOKEN_USER;
 
-    /* special tokens, matched in the text when the caller asks: longest first, so that "<|im_end|>" is not
+    /* 7. special tokens, matched in the text when the caller asks: longest first, so that "<|im_end|>" is not
      * taken for a shorter token that is a prefix of it */
     llm_special_sort *sp = NULL;
     for (uint64_t i = 0; i < n; i++) {
@@ -3135,7 +3270,7 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
     }
     arrfree(sp);
 
-    /* the special ids; llama.cpp's defaults for SentencePiece where the file gives none */
+    /* 8. the special ids; llama.cpp's defaults for SentencePiece where the file gives none */
     int spm = kind == LLM_VOCAB_SPM;
     t->bos = llm_tok_id_key(g, "tokenizer.ggml.bos_token_id", spm ? 1 : -1, t->n_vocab);
     t->eos = llm_tok_id_key(g, "tokenizer.ggml.eos_token_id", spm ? 2 : -1, t->n_vocab);
@@ -3148,7 +3283,8 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
     t->add_eos = llm_gguf_int(g, "tokenizer.ggml.add_eos_token", 0) != 0;
     t->add_space_prefix = llm_gguf_int(g, "tokenizer.ggml.add_space_prefix", spm) != 0;
 
-    /* end of generation: eos, eot, eom, and the control tokens chat models end their turns with */
+    /* 9. end of generation: eos, eot, eom, and the control tokens chat models end their turns with. A
+     * request's generation stops at any of them unless it asks not to (ignore_eos). */
     static const char *const eog_texts[] = {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end_of_text|>",
                                             "<|endoftext|>", "<end_of_turn>", "</s>", "<|end|>", "<|return|>",
                                             "<|call|>"};
@@ -3190,6 +3326,9 @@ int llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id) {
 
 const char *llm_tokenizer_warning(const llm_tokenizer *t) { return t ? t->warning : ""; }
 
+/* Special tokens parsed, and BOS added when the vocabulary asks for it (add_bos) and the text does not begin
+ * with BOS's text already: a rendered chat template often writes it, and a doubled BOS changes what the
+ * model reads. */
 int llm_tokenize_prompt(const llm_tokenizer *t, const char *text, size_t len, int32_t *out, int cap) {
     if (!t || (!text && len)) return -1;
     size_t n = 0;
@@ -3204,7 +3343,46 @@ int llm_tokenize_prompt(const llm_tokenizer *t, const char *text, size_t len, in
  * llama.cpp does, we recognise the family by its markers and write each one out by hand. Each family below
  * names the published template it follows; the tests render a fixed conversation with each and compare it
  * with what that template renders (Hugging Face's apply_chat_template: trim_blocks, lstrip_blocks).
+ *
+ * Takes in: the GGUF's tokenizer.chat_template text (or only the vocabulary, when there is none), then per
+ * request a list of messages and the request's tools. Hands on: one text, the prompt, which the engine
+ * tokenizes with special tokens parsed (llm_tokenize_prompt), and the ids that end the answer's turn. A
+ * ChatML conversation with the generation prompt:
+ *
+ *   <|im_start|>system\nYou are brief.<|im_end|>\n
+ *   <|im_start|>user\nHi<|im_end|>\n
+ *   <|im_start|>assistant\n                       <- the generation prompt: the model writes from here
+ *   Hello!<|im_end|>                              <- its answer; <|im_end|> is a stop id (llm_chat_stop_ids)
+ *
+ * How much of Jinja runs: none. The template text is never executed: it is only searched for fixed strings,
+ * the markers that tell its family (llm_chat_detect), a few features (tools, dates, thinking) and two
+ * literal default system prompts (ChatML's, Mistral Small 3.2's). What the template's {% for %}, {% if %},
+ * filters (trim, tojson) and raise_exception do is written in C, once per family (llm_chat_render), for what
+ * that family's published template does. Hence the bounds: a template only picks a family and those
+ * features, and cannot make the engine loop, recurse or allocate on its behalf; rendering is one pass over
+ * the messages (llm_chat_render calls itself once at most, for the generic tool format); the output is the
+ * messages' and tools' text with a fixed markup per message, except that Mistral's families write the tools
+ * before each user message equal to the last one, as their templates do. Where a family's template would
+ * raise an exception (a role it does not know, turns that do not alternate where Mistral's templates check
+ * it, a Mistral call id not 9 long, a Llama 3 turn with two calls), llm_chat_render returns -1. The price:
+ * a fine-tune that changed its template's markup is rendered as its family, not as written; when no family
+ * matches, ChatML is used and ct->note says so.
+ *
+ * Why byte for byte: a chat model was fine-tuned on text its template wrote, and a newline more or a space
+ * less gives other tokens, a prompt the model never saw in that form, and worse answers; it also changes
+ * which blocks the prefix cache can share between requests. Hence the exact trims, the Python-style JSON
+ * (tojson) and the BOS written as text where the template writes it (llm_tokenize_prompt then adds none).
+ *
+ * The generation prompt (add_generation_prompt) opens an assistant turn after the conversation so that the
+ * model's next tokens are the answer: "<|im_start|>assistant\n" (ChatML), "<start_of_turn>model\n" (Gemma),
+ * "<|start|>assistant" (gpt-oss, whose model then names its channel). Llama 2 and the Mistral families
+ * write none: a user turn ends with [/INST], and the answer follows it directly.
+ *
+ * vLLM renders the template itself with Jinja (Hugging Face's apply_chat_template); this follows
+ * llama.cpp's hand-written templates (src/llama-chat.cpp) instead. Read first: llm_chat_template_init, then
+ * llm_chat_render's ChatML case (the switch's default) and one other family.
  * ======================================================================================================== */
+/* The families' names, in enum llm_chat_family's order: what --chat-template and the logs call them */
 static const char *llm_chat_family_names[LLM_CHAT_NFAMILIES] = {
     "chatml", "qwen3", "llama3", "llama2", "mistral-v1", "mistral-v3", "mistral-v3-tekken", "mistral-v7",
     "mistral-v7-tekken", "zephyr", "phi3", "gemma", "qwq", "gpt-oss"
@@ -3220,6 +3398,7 @@ int llm_chat_family_from_name(const char *name) {
     return -1;
 }
 
+/* The template text is a counted string (a GGUF string has no NUL), so strstr cannot search it */
 static const char *llm_find(const char *s, size_t n, const char *what) { /* what in s[0..n), or NULL */
     size_t m = strlen(what);
     for (size_t i = 0; m <= n && i <= n - m; i++)
@@ -3228,11 +3407,20 @@ static const char *llm_find(const char *s, size_t n, const char *what) { /* what
 }
 static int llm_has(const char *s, size_t n, const char *what) { return llm_find(s, n, what) != NULL; }
 
+/* Whether the vocabulary has a token spelled text: the fallback evidence when a model has no template */
 static int llm_vocab_has(const llm_tokenizer *t, const char *text) {
     return t && llm_tok_find(t, text, strlen(text)) >= 0;
 }
 
-/* Each family's markers, checked most specific first (the order of llama.cpp's llm_chat_detect_template). */
+/* Each family's markers, checked most specific first (the order of llama.cpp's llm_chat_detect_template).
+ * The order matters because families share markers: Qwen3's and QwQ's templates are ChatML with <think>
+ * added, so <|im_start|> alone says ChatML only once the thinking markers are ruled out; Phi-3 and Zephyr
+ * both write <|user|>, and only Phi-3 ends turns with <|end|>; every Mistral template and Llama 2's write
+ * [INST], and what tells them apart is the spacing around it in the template's own strings. The markers are
+ * the template's literal text, so a template that builds them from pieces is not recognised (-1: the caller
+ * falls back to ChatML). Without a template the vocabulary's special tokens are all there is: they tell the
+ * family but not its variant, so one variant stands for each (Mistral v3 for [INST], v7-tekken for
+ * [SYSTEM_PROMPT], Qwen3 for <|im_start|> with <think>). */
 int llm_chat_detect(const char *tt, size_t n, const llm_tokenizer *t) {
     if (tt && n) {
         if (llm_has(tt, n, "<|channel|>")) return LLM_CHAT_GPT_OSS; /* OpenAI's harmony format */
@@ -3258,6 +3446,7 @@ int llm_chat_detect(const char *tt, size_t n, const llm_tokenizer *t) {
         }
         return -1;
     }
+    /* no template: the vocabulary's special tokens, in the same order */
     if (llm_vocab_has(t, "<|channel|>")) return LLM_CHAT_GPT_OSS;
     if (llm_vocab_has(t, "<|im_start|>"))
         return llm_vocab_has(t, "<think>") ? LLM_CHAT_QWEN3 : LLM_CHAT_CHATML;
@@ -3272,7 +3461,10 @@ int llm_chat_detect(const char *tt, size_t n, const llm_tokenizer *t) {
 /* A ChatML template's own system prompt, for conversations without one (SmolLM2: "You are a helpful AI
  * assistant named SmolLM, trained by Hugging Face"; Qwen2.5: "You are Qwen, created by Alibaba Cloud. ..."):
  * the literal text after "<|im_start|>system" and a newline (a real one, or \n inside a Jinja string), up to
- * <|im_end|>. Where an expression follows instead (messages[0]['content']), that is not it. */
+ * <|im_end|>. Where an expression follows instead (messages[0]['content']), that is not it. The scan is a
+ * heuristic on the template's source, not an evaluation: a quote or '{' before <|im_end|> means the text
+ * is not one literal, and the next occurrence of the marker is tried. out holds at most cap - 1 bytes; a
+ * prompt that does not fit is not taken (out stays ""). */
 static void llm_chat_find_default_system(const char *tt, size_t n, char *out, size_t cap) {
     static const char marker[] = "<|im_start|>system";
     size_t m = sizeof marker - 1;
@@ -3293,7 +3485,10 @@ static void llm_chat_find_default_system(const char *tt, size_t n, char *out, si
 }
 
 /* Mistral Small 3.2's own system prompt: `set default_system_message = "..." + today + "..."`, Jinja string
- * literals (with their escapes) and `today`, which the template sets to strftime_now("%Y-%m-%d") */
+ * literals (with their escapes) and `today`, which the template sets to strftime_now("%Y-%m-%d"). A tiny
+ * evaluator of exactly that expression: string literals and `today` joined by +, read until anything else
+ * (the %} that ends the statement). The date is taken at init, in local time, and kept in the text: the
+ * server inits once, at its start, so it keeps that day. What does not fit in cap is cut. */
 static void llm_chat_find_mistral_system(const char *tt, size_t n, char *out, size_t cap) {
     static const char set[] = "set default_system_message = ";
     const char *p = NULL;
@@ -3325,6 +3520,7 @@ static void llm_chat_find_mistral_system(const char *tt, size_t n, char *out, si
     out[k] = 0;
 }
 
+/* The text of token id as a C string in out; "" when there is no such token or its text does not fit */
 static void llm_chat_copy_token_text(const llm_tokenizer *t, int id, char *out, size_t cap) {
     out[0] = 0;
     if (id < 0 || id >= t->n_vocab || t->text[id].len >= cap) return;
@@ -3332,10 +3528,17 @@ static void llm_chat_copy_token_text(const llm_tokenizer *t, int id, char *out, 
     out[t->text[id].len] = 0;
 }
 
+/* Everything the render needs, decided once per model: the family, the BOS/EOS texts some families write,
+ * the tool format, the default system prompt, the date, the thinking flags. All of it is read from the
+ * template's text by llm_has (and the two system prompt scanners), never by running it. ct is a plain
+ * value with no pointers: a caller copies it per request to change enable_thinking or reasoning_effort
+ * (the server does). Returns -1 only without a tokenizer; an unknown family is a note, not an error. */
 int llm_chat_template_init(llm_chat_template *ct, const char *template_text, size_t len,
                            const llm_tokenizer *t, const char *name, char *err) {
     memset(ct, 0, sizeof *ct);
     if (!t) return llm_fail(err, "this model has no vocabulary, so it cannot chat");
+    /* 1. the family: the one named, else the one the template's (or vocabulary's) markers tell, else
+     * ChatML */
     llm_str tt = {template_text, template_text ? len : 0};
     ct->family = name ? llm_chat_family_from_name(name) : llm_chat_detect(tt.ptr, tt.len, t);
     if (ct->family < 0) {
@@ -3353,13 +3556,15 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
                      "the model has no chat template and its vocabulary names none");
         }
     }
+    /* 2. the BOS and EOS texts: the families that write them write them as text, which the tokenizer turns
+     * back into the ids (special tokens parsed) */
     llm_chat_copy_token_text(t, t->bos, ct->bos, sizeof ct->bos);
     llm_chat_copy_token_text(t, t->eos, ct->eos, sizeof ct->eos);
     ct->enable_thinking = 1;
-    /* tools: Hermes style where the template (or, without one, the vocabulary) knows <tool_call>; Llama 3.1's
-     * JSON calls where it says "Environment: ipython"; Mistral v3's where it writes "[TOOL_CALLS][" (or,
-     * with no template, the vocabulary has the token), v11's where it writes [CALL_ID]; the generic format
-     * elsewhere */
+    /* 3. tools: Hermes style where the template (or, without one, the vocabulary) knows <tool_call>;
+     * Llama 3.1's JSON calls where it says "Environment: ipython"; Mistral v3's where it writes
+     * "[TOOL_CALLS][" (or, with no template, the vocabulary has the token), v11's where it writes [CALL_ID];
+     * the generic format elsewhere */
     int hermes = tt.len ? llm_has(tt.ptr, tt.len, "<tool_call>") : llm_vocab_has(t, "<tool_call>");
     if ((ct->family == LLM_CHAT_CHATML || ct->family == LLM_CHAT_QWEN3 ||
          ct->family == LLM_CHAT_QWQ) && hermes)
@@ -3373,10 +3578,14 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
     int v7 = ct->family == LLM_CHAT_MISTRAL_V7 || ct->family == LLM_CHAT_MISTRAL_V7_TEKKEN;
     if (v7 && (tt.len ? llm_has(tt.ptr, tt.len, "[CALL_ID]") : llm_vocab_has(t, "[CALL_ID]")))
         ct->tool_format = LLM_TOOLS_MISTRAL_ARGS;
+    /* Mistral's templates refuse a call id that is not 9 letters and digits: the caller shortens ids */
     if (ct->tool_format == LLM_TOOLS_MISTRAL || ct->tool_format == LLM_TOOLS_MISTRAL_ARGS)
         ct->call_id_len = 9;
+    /* 4. the default system prompt, thinking, and the date the system turn carries */
     if (v7) llm_chat_find_mistral_system(tt.ptr, tt.len, ct->default_system, sizeof ct->default_system);
     ct->thinks = ct->family == LLM_CHAT_QWEN3 || ct->family == LLM_CHAT_QWQ;
+    /* a template whose generation prompt is the literal '<|im_start|>assistant\n<think>\n' always thinks:
+     * the model's reply starts inside the think block (the reply's reader must know it) */
     ct->opens_think = ct->thinks && llm_has(tt.ptr, tt.len, "'<|im_start|>assistant\\n<think>\\n'");
     if (ct->family == LLM_CHAT_CHATML)
         llm_chat_find_default_system(tt.ptr, tt.len, ct->default_system, sizeof ct->default_system);
@@ -3397,8 +3606,12 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
 }
 
 /* ---- Rendering ----------------------------------------------------------------------------------------- */
+/* The output: the caller's buffer, written up to cap and counted past it, as llm_out is for ids. A render
+ * with cap 0 measures; the caller then allocates n + 1 and renders again. The two passes write the same
+ * bytes because a render depends only on its arguments (the date is fixed at init). */
 typedef struct { char *out; size_t cap, n; } llm_chat_text; /* counts every byte, stores the first cap */
 
+/* Appends n bytes: what fits is copied, all are counted (c->out may be NULL with cap 0) */
 static void llm_chat_put(llm_chat_text *c, const char *s, size_t n) {
     if (n && c->n < c->cap) memcpy(c->out + c->n, s, c->n + n <= c->cap ? n : c->cap - c->n);
     c->n += n;
@@ -3406,7 +3619,9 @@ static void llm_chat_put(llm_chat_text *c, const char *s, size_t n) {
 static void llm_chat_puts(llm_chat_text *c, const char *s) { llm_chat_put(c, s, strlen(s)); }
 
 /* Python's str.strip() of white space (Jinja's trim), and strip(chars) of one character, on each side asked
- * (ASCII white space, and the separators 0x1c-0x1f that Python counts too) */
+ * (ASCII white space, and the separators 0x1c-0x1f that Python counts too). Byte for byte matters here:
+ * the prompt's tokens, and so the prefix cache and the model's answer, change with one space more or less.
+ * Non-ASCII white space (U+00A0, U+3000), which Python strips too, is kept. */
 static int llm_is_space(char ch) {
     return ch == ' ' || (ch >= '\t' && ch <= '\r') || (ch >= 0x1c && ch <= 0x1f);
 }
@@ -3420,6 +3635,8 @@ static void llm_chat_put_stripped(llm_chat_text *c, const char *s, int left, int
 }
 static void llm_chat_put_trimmed(llm_chat_text *c, const char *s) { llm_chat_put_stripped(c, s, 1, 1, 0); }
 
+/* A message's role as a number, -1 for a role no family writes (the render then fails, as a template's
+ * raise_exception would). "developer", OpenAI's newer name for the system role, is the system role. */
 enum { LLM_ROLE_SYSTEM, LLM_ROLE_USER, LLM_ROLE_ASSISTANT, LLM_ROLE_TOOL };
 static int llm_chat_role(const char *role) {
     if (!role) return -1;
@@ -3430,7 +3647,9 @@ static int llm_chat_role(const char *role) {
 }
 static const char *llm_chat_role_names[] = {"system", "user", "assistant", "tool"};
 
-/* A JSON text written again as Python's json.dumps writes it (a template's tojson); -1 when it is not JSON */
+/* A JSON text written again as Python's json.dumps writes it (a template's tojson); -1 when it is not JSON.
+ * The arguments of a call come from the client as a JSON text, and the template would print them with
+ * tojson, so ", " and ": " separators and Python's escapes, whatever spacing the client used. */
 static int llm_chat_put_json(llm_chat_text *c, const char *text) {
     llm_json v;
     if (!text || llm_json_parse(text, strlen(text), &v, NULL) != 0) return -1;
@@ -3443,7 +3662,9 @@ static int llm_chat_put_json(llm_chat_text *c, const char *text) {
 }
 
 /* The tool writers (the Tools layer, section 13): the render calls them where a family's template writes the
- * tools, an assistant's calls and a tool's results */
+ * tools, an assistant's calls and a tool's results. Hermes (<tool_call> JSON) serves ChatML, Qwen3 and QwQ;
+ * Mistral's serve v3 and v3-tekken; harmony's serves gpt-oss; Llama 3 and Mistral v7 write theirs inline
+ * below; every other family goes through llm_chat_generic_tools, which makes plain turns of them. */
 static void llm_hermes_tools(llm_chat_text *c, const llm_json *tools);
 static int llm_hermes_calls(llm_chat_text *c, const llm_chat_message *m, int newline_first);
 static void llm_hermes_result(llm_chat_text *c, const int *role, int n, int i, const char *content);
@@ -3454,7 +3675,8 @@ static int llm_chat_generic_tools(const llm_chat_template *ct, const llm_chat_me
                                   const llm_json *tools, llm_chat_message **out, char ***texts);
 
 /* After the system prompt, questions and answers take turns (calls and results aside), as Mistral's
- * templates check (a system turn later on breaks the turns too) */
+ * templates check (a system turn later on breaks the turns too): the k-th counted message from `first`
+ * must be a user's for even k and an assistant's for odd k. 1 when they do. */
 static int llm_mistral_turns_alternate(const llm_chat_message *msgs, const int *role, int first, int n) {
     for (int i = first, turns = 0; i < n; i++) {
         if (role[i] == LLM_ROLE_TOOL || (role[i] == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0)) continue;
@@ -3473,6 +3695,8 @@ static int llm_harmony_has_channel(const char *text) {
  * start of its content) is kept after the last user query, where the last turn always shows the <think>
  * block; elsewhere only the text after </think>. Then its calls. */
 static int llm_qwen3_assistant(llm_chat_text *c, const llm_chat_message *m, int after_last_query, int last) {
+    /* 1. reasoning and body: the reasoning given apart, or else the content up to its first </think>, from
+     * after the last <think> before that (or from the start); the body: what follows the last </think> */
     const char *content = m->content ? m->content : "";
     const char *first_end = strstr(content, "</think>"), *body = content, *reasoning = m->reasoning;
     size_t n_reasoning = reasoning ? strlen(reasoning) : 0;
@@ -3488,6 +3712,7 @@ static int llm_qwen3_assistant(llm_chat_text *c, const llm_chat_message *m, int 
         while (n_reasoning && reasoning[0] == '\n') { reasoning++; n_reasoning--; }
         while (n_reasoning && reasoning[n_reasoning - 1] == '\n') n_reasoning--;
     }
+    /* 2. the turn: the think block only after the last query, then the body, the calls, the end */
     llm_chat_puts(c, "<|im_start|>assistant\n");
     if (after_last_query && (last || n_reasoning)) {
         llm_chat_puts(c, "<think>\n");
@@ -3501,7 +3726,9 @@ static int llm_qwen3_assistant(llm_chat_text *c, const llm_chat_message *m, int 
     return 0;
 }
 
-/* Qwen3's last query: the last user turn that is not tool results wrapped in <tool_response> */
+/* Qwen3's last query: the last user turn that is not tool results wrapped in <tool_response> (the template
+ * tests content.startswith('<tool_response>') and endswith('</tool_response>'): both need 31 bytes at
+ * least). With none, n - 1: every assistant turn is then before it, and keeps no reasoning. */
 static int llm_qwen3_last_query(const llm_chat_message *msgs, const int *role, int n) {
     for (int i = n - 1; i >= 0; i--) {
         if (role[i] != LLM_ROLE_USER) continue;
@@ -3513,6 +3740,29 @@ static int llm_qwen3_last_query(const llm_chat_message *msgs, const int *role, i
     return n - 1;
 }
 
+/* The families' turns at a glance: a user's "Hi" and the answer "Yo", as rendered (\n a newline; BOS, EOS
+ * the vocabulary's texts, as <s> and </s>):
+ *   chatml, qwen3, qwq  <|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nYo<|im_end|>\n
+ *   llama3              BOS<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>
+ *                       <|start_header_id|>assistant<|end_header_id|>\n\nYo<|eot_id|>
+ *   llama2              BOS[INST] Hi [/INST] Yo EOS
+ *   mistral-v1          BOS [INST] Hi [/INST] YoEOS
+ *   mistral-v3, -v7     BOS[INST] Hi[/INST] YoEOS           (their -tekken forms: BOS[INST]Hi[/INST]YoEOS)
+ *   zephyr              <|user|>\nHiEOS\n<|assistant|>\nYoEOS\n
+ *   phi3                <|user|>\nHi<|end|>\n<|assistant|>\nYo<|end|>\n
+ *   gemma               BOS<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\nYo<end_of_turn>\n
+ *   gpt-oss             <|start|>system<|message|>...<|end|><|start|>user<|message|>Hi<|end|>
+ *                       <|start|>assistant<|channel|>final<|message|>Yo<|return|>  (<|end|> if not last)
+ *
+ * The conversation as the family's template writes it (see the section's opener). The steps: parse the
+ * tools; for a family with no tool format of its own, rewrite tools, calls and results as plain turns and
+ * render that instead; map the roles; write the family's turns; the generation prompt when gen. Each
+ * family's case is the C form of its template's loop over the messages: `first` skips the system message
+ * where the family writes it elsewhere (Llama 2, Mistral v1, Gemma: inside the first turn after it;
+ * Mistral v3: inside the last message, when that is a user's, else nowhere; gpt-oss: in the developer
+ * message; Qwen3 and QwQ: first, with the tools). Failing cases set `failed` and stop at the
+ * next check; the function then returns -1 and what it wrote to out is not to be used. The messages are
+ * only read: the strings they point to belong to the caller. */
 int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, int n, const char *tools,
                     int gen, char *out, int cap) {
     llm_chat_text c = {out, out && cap > 0 ? (size_t)cap : 0, 0};
@@ -3524,14 +3774,18 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         llm_json_free(&tl);
         return -1;
     }
+    /* 1. the tools: a JSON array, or the render fails; an empty one is as none */
     const llm_json *tl_given = tools && tl.n > 0 ? &tl : NULL;
-    /* a family without a tool format of its own: tools, calls and results become plain turns first */
+    /* 2. a family without a tool format of its own: tools, calls and results become plain turns first. The
+     * rewritten conversation has no tools, calls or tool turns, so the call below does not come back here */
     int uses_tools = tl_given != NULL;
     for (int i = 0; i < n; i++)
         uses_tools |= msgs[i].n_tool_calls > 0 || llm_chat_role(msgs[i].role) == LLM_ROLE_TOOL;
     if (uses_tools && ct->tool_format == LLM_TOOLS_GENERIC) {
         llm_chat_message *plain;
         char **texts;
+        /* plain: the rewritten messages; texts: the n + 1 strings made for them (NULL where a message was
+         * kept as it was), both owned here and freed after the render */
         int m = llm_chat_generic_tools(ct, msgs, n, tl_given, &plain, &texts);
         llm_json_free(&tl);
         if (m < 0) return -1;
@@ -3540,18 +3794,22 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         free(texts); free(plain);
         return len;
     }
+    /* 3. the roles, as numbers; one the families do not know fails the render */
     int *role = (int *)calloc((size_t)(n > 0 ? n : 1), sizeof(int)), failed = 0;
     if (!role) { llm_json_free(&tl); return -1; }
     for (int i = 0; i < n; i++) if ((role[i] = llm_chat_role(msgs[i].role)) < 0) failed = 1;
+    /* a message's content, "" for none (an assistant turn that only calls tools) */
 #define CONTENT(i) (msgs[i].content ? msgs[i].content : "")
     int has_sys = n > 0 && role[0] == LLM_ROLE_SYSTEM, first = has_sys; /* first: after the system turn */
     const char *sys = has_sys ? CONTENT(0) : "";
     const char *bos = ct->bos, *eos = ct->eos;
-    /* only the families with a tool format write a tool's turn themselves */
+    /* 4. the family's turns (only the families with a tool format write a tool's turn themselves) */
     for (int i = 0; i < n && ct->tool_format == LLM_TOOLS_GENERIC; i++) failed |= role[i] == LLM_ROLE_TOOL;
+    /* a role no family knows, or a tool turn that no writer takes: nothing is written, the render fails */
     switch (failed ? -1 : ct->family) {
     case -1: break;
     case LLM_CHAT_QWEN3: { /* Qwen/Qwen3-0.6B */
+        /* the system turn: the system prompt, then the tools when there are any */
         if (tl_given) {
             llm_chat_puts(&c, "<|im_start|>system\n");
             if (has_sys) { llm_chat_puts(&c, sys); llm_chat_puts(&c, "\n\n"); }
@@ -3560,6 +3818,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
             llm_chat_puts(&c, "<|im_start|>system\n"); llm_chat_puts(&c, sys);
             llm_chat_puts(&c, "<|im_end|>\n");
         }
+        /* the turns: results grouped as the template groups them, answers with or without their thinking */
         int last_query = llm_qwen3_last_query(msgs, role, n);
         for (int i = first; i < n && !failed; i++) {
             if (role[i] == LLM_ROLE_TOOL) llm_hermes_result(&c, role, n, i, CONTENT(i));
@@ -3570,6 +3829,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
                 llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "<|im_end|>\n");
             }
         }
+        /* the generation prompt: with <think> opened (templates that always think), plain (the model chooses
+         * to think), or with an empty think block, which is how enable_thinking=false tells it not to */
         if (gen)
             llm_chat_puts(&c, ct->opens_think ? "<|im_start|>assistant\n<think>\n" : ct->enable_thinking ?
                                "<|im_start|>assistant\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
@@ -3590,6 +3851,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
                 llm_chat_puts(&c, "\n"); llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "<|im_end|>\n");
                 continue;
             }
+            /* an answer: the last one whole (it may be the one being continued), earlier ones thoughtless */
             const char *body = CONTENT(i); /* but the last: what follows the last </think>, newlines cut */
             for (const char *p = body; i < n - 1 && (p = strstr(p, "</think>")); p += 8) body = p + 8;
             while (i < n - 1 && *body == '\n') body++;
@@ -3604,6 +3866,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
     case LLM_CHAT_LLAMA3: { /* meta-llama/Meta-Llama-3-8B-Instruct; dated: Llama-3.1-8B-Instruct, 3.2-1B */
         int tools_here = ct->tool_format == LLM_TOOLS_LLAMA3 && tl_given;
         llm_chat_puts(&c, bos);
+        /* 3.1 and later: a system turn always, even without a system message, with the knowledge cutoff and
+         * the date (the system message, trimmed, after them); 3.0 writes a system message as any turn */
         if (ct->dated_system) {
             llm_chat_puts(&c, "<|start_header_id|>system<|end_header_id|>\n\n");
             if (tools_here) llm_chat_puts(&c, "Environment: ipython\n");
@@ -3613,6 +3877,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         }
         int i = ct->dated_system ? first : 0;
         if (tools_here) { /* Llama 3.1: the tools go in the first user turn, each as tojson(indent=4) */
+            /* no message left to hold them: the template raises an exception there, so this fails */
             if (i >= n) { failed = 1; break; }
             llm_chat_puts(&c, "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, "
                           "please respond with a JSON for a function call with its "
@@ -3628,6 +3893,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
             llm_chat_put_trimmed(&c, CONTENT(i)); llm_chat_puts(&c, "<|eot_id|>");
             i++;
         }
+        /* the turns: a result in the ipython role, a call as JSON, anything else as a trimmed turn */
         for (; i < n && !failed; i++) {
             if (role[i] == LLM_ROLE_TOOL) { /* a result: tojson of its text (a string is iterable to Jinja) */
                 llm_json text = {LLM_JSON_STRING, 0, (char *)CONTENT(i),
@@ -3653,6 +3919,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         if (gen) llm_chat_puts(&c, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         break;
     }
+    /* Llama 2: each user turn is "<s>[INST] ... [/INST]" and each answer " ... </s>", so every exchange is
+     * a BOS..EOS pair of its own; the system prompt goes in <<SYS>> inside the first turn */
     case LLM_CHAT_LLAMA2: /* meta-llama/Llama-2-7b-chat-hf: no generation prompt; no later system turns */
         for (int i = first; i < n; i++) {
             char *joined = NULL; /* the system block joins the first turn before the strip */
@@ -3673,6 +3941,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
             free(joined);
         }
         break;
+    /* Mistral v1: one BOS for the whole conversation, " [INST] ... [/INST]" and " ...</s>" turns */
     case LLM_CHAT_MISTRAL_V1: /* mistralai/Mistral-7B-Instruct-v0.1, its template with a system prompt */
         llm_chat_puts(&c, bos);
         for (int i = first; i < n; i++) {
@@ -3685,6 +3954,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
             }
         }
         break;
+    /* Mistral v3: "[INST] ...[/INST]" and " ...</s>" after one BOS; tekken writes no space after [INST] and
+     * none before an answer. The template checks that user and assistant alternate, and so does this. */
     case LLM_CHAT_MISTRAL_V3: /* mistralai/Mistral-7B-Instruct-v0.3: the system prompt joins the last turn */
     case LLM_CHAT_MISTRAL_V3_TEKKEN: { /* mistralai/Mistral-Nemo-Instruct-2407 */
         int tekken = ct->family == LLM_CHAT_MISTRAL_V3_TEKKEN, last_user = -1;
@@ -3692,6 +3963,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         for (int i = first; i < n; i++) if (role[i] == LLM_ROLE_USER) last_user = i;
         if ((failed = !llm_mistral_turns_alternate(msgs, role, first, n))) break;
         llm_chat_puts(&c, bos);
+        /* per message: the tools before the last question, then a call, a result, a question or an answer */
         for (int i = first; i < n && !failed; i++) {
             if (role[i] == LLM_ROLE_USER && tl_given && ct->tool_format == LLM_TOOLS_MISTRAL &&
                 !strcmp(CONTENT(i), CONTENT(last_user)))
@@ -3699,7 +3971,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
             int calls = role[i] == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0;
             if (calls && ct->tool_format == LLM_TOOLS_MISTRAL) {
                 failed = llm_mistral_calls(&c, &msgs[i], tekken, eos) != 0;
-            } else if (role[i] == LLM_ROLE_TOOL) {
+            } else if (role[i] == LLM_ROLE_TOOL) { /* the content written as it is, not quoted */
                 const char *id = msgs[i].tool_call_id;
                 llm_chat_puts(&c, tekken ? "[TOOL_RESULTS]{\"content\": " : "[TOOL_RESULTS] {\"content\": ");
                 llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, ", \"call_id\": \"");
@@ -3717,6 +3989,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         }
         break;
     }
+    /* Mistral v7: system messages where they are, as [SYSTEM_PROMPT]...[/SYSTEM_PROMPT]; v11 (Small 3.2)
+     * adds the tools as [AVAILABLE_TOOLS], calls and results with a 9-character call id each */
     case LLM_CHAT_MISTRAL_V7: /* mistralai/Mistral-Large-Instruct-2411 */
     case LLM_CHAT_MISTRAL_V7_TEKKEN: { /* mistralai/Mistral-Small-24B-Instruct-2501; Small 3.2 (v11 tools) */
         int tekken = ct->family == LLM_CHAT_MISTRAL_V7_TEKKEN,
@@ -3729,6 +4003,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
             llm_chat_puts(&c, "[SYSTEM_PROMPT]"); llm_chat_puts(&c, ct->default_system);
             llm_chat_puts(&c, "[/SYSTEM_PROMPT]");
         }
+        /* every message where it is, the system messages too: no `first` here */
         for (int i = 0; i < n && !failed; i++) {
             if (role[i] == LLM_ROLE_SYSTEM) {
                 llm_chat_puts(&c, tekken ? "[SYSTEM_PROMPT]" : "[SYSTEM_PROMPT] ");
@@ -3765,7 +4040,12 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         }
         break;
     }
+    /* gpt-oss (harmony): every message is <|start|>ROLE<|channel|>CHANNEL<|message|>TEXT<|end|>. A fixed
+     * system message (date, reasoning effort), a developer message with the system prompt and the tools,
+     * then the turns. An answer's thinking (the analysis channel) is dropped from earlier answers, and kept
+     * before a call until a final answer follows; a tool's result is a message from functions.NAME. */
     case LLM_CHAT_GPT_OSS: { /* openai/gpt-oss-20b: system (date, reasoning effort), developer, messages */
+        /* the system message: fixed text, today's date and the reasoning effort the request asks for */
         llm_chat_puts(&c, "<|start|>system<|message|>You are ChatGPT, a large language model trained by "
                       "OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: ");
         llm_chat_puts(&c, ct->date);
@@ -3775,6 +4055,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         if (tl_given)
             llm_chat_puts(&c, "\nCalls to these tools must go to the commentary channel: 'functions'.");
         llm_chat_puts(&c, "<|end|>");
+        /* the developer message: the system prompt as instructions, then the tools as TypeScript */
         if (sys[0] || tl_given) {
             llm_chat_puts(&c, "<|start|>developer<|message|>");
             if (sys[0]) {
@@ -3788,7 +4069,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
             if (role[i] == LLM_ROLE_USER) {
                 llm_chat_puts(&c, "<|start|>user<|message|>"); llm_chat_puts(&c, CONTENT(i));
                 llm_chat_puts(&c, "<|end|>");
-            } else if (role[i] == LLM_ROLE_TOOL) {
+            } else if (role[i] == LLM_ROLE_TOOL) { /* a result, as a JSON string, from the tool last called */
                 if (!last_call) { failed = 1; break; }
                 llm_json v = {LLM_JSON_STRING, 0, (char *)CONTENT(i), strlen(CONTENT(i)), NULL, NULL, 0, 0};
                 char *quoted = llm_json_dumps(&v, 1);
@@ -3798,6 +4079,9 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
                 failed = !quoted;
                 free(quoted);
             } else if (role[i] == LLM_ROLE_ASSISTANT) {
+                /* an answer: refused when its text holds another message's markers; then a call (its
+                 * thinking kept unless a final answer follows), the last answer whole, or an earlier
+                 * answer without its thinking */
                 const char *thinking = msgs[i].reasoning;
                 if (llm_harmony_has_channel(CONTENT(i)) || llm_harmony_has_channel(thinking)) {
                     failed = 1;
@@ -3838,6 +4122,9 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         if (gen) llm_chat_puts(&c, "<|start|>assistant");
         break;
     }
+    /* Zephyr and Phi-3: "<|role|>\n...END\n" for every message, the system message too; END is EOS for
+     * Zephyr and <|end|> for Phi-3. Their templates differ at the end: Zephyr's prompts only after a
+     * message, and Phi-3's ends with EOS when it does not prompt. */
     case LLM_CHAT_ZEPHYR: /* TinyLlama/TinyLlama-1.1B-Chat-v1.0, HuggingFaceH4/zephyr-7b-beta */
     case LLM_CHAT_PHI3:   /* microsoft/Phi-3.5-mini-instruct */
         for (int i = 0; i < n; i++) {
@@ -3849,6 +4136,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         if (gen && (n > 0 || ct->family == LLM_CHAT_PHI3)) llm_chat_puts(&c, "<|assistant|>\n");
         else if (ct->family == LLM_CHAT_PHI3) llm_chat_puts(&c, eos);
         break;
+    /* Gemma: <start_of_turn>user|model\n...<end_of_turn>\n after one BOS; there is no system role, so the
+     * system prompt opens the first turn after it, and every content is trimmed */
     case LLM_CHAT_GEMMA: /* google/gemma-3-1b-it: the system prompt opens the first turn */
         llm_chat_puts(&c, bos);
         for (int i = first; i < n; i++) {
@@ -3860,6 +4149,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         }
         if (gen) llm_chat_puts(&c, "<start_of_turn>model\n");
         break;
+    /* ChatML: "<|im_start|>ROLE\n...<|im_end|>\n" for every message, the template's own system prompt when
+     * the conversation has none; with tools, one system turn holds the system prompt and the tools */
     default: /* ChatML: HuggingFaceTB/SmolLM2-135M-Instruct, Qwen/Qwen2.5-0.5B-Instruct (Hermes tools) */
         if (tl_given) {
             llm_chat_puts(&c, "<|im_start|>system\n"); llm_chat_puts(&c, has_sys ? sys : ct->default_system);
@@ -3869,6 +4160,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
             llm_chat_puts(&c, "<|im_start|>system\n"); llm_chat_puts(&c, ct->default_system);
             llm_chat_puts(&c, "<|im_end|>\n");
         }
+        /* the turns; the system message among them unless the tools' system turn took it */
         for (int i = tl_given ? first : 0; i < n && !failed; i++) {
             if (role[i] == LLM_ROLE_TOOL) { llm_hermes_result(&c, role, n, i, CONTENT(i)); continue; }
             if (role[i] == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0) { /* Qwen2.5's calls */
@@ -3885,6 +4177,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         break;
     }
 #undef CONTENT
+    /* 5. the length, which the caller's int must hold; the text NUL-terminated when it fits */
     free(role);
     llm_json_free(&tl);
     if (failed || c.n >= (size_t)INT32_MAX) return -1;
@@ -3892,6 +4185,10 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
     return (int)c.n;
 }
 
+/* EOS and the family's end-of-turn tokens that the vocabulary has (EOS not twice). The server and the REPL
+ * give them to chat requests as stop_token_ids, on top of the vocabulary's end-of-generation set
+ * (llm_tokenizer_is_eog), which is chosen by token type and text with no knowledge of the family. Returns
+ * the count, which may exceed cap (only the first cap written). */
 int llm_chat_stop_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32_t *ids, int cap) {
     static const char *const end_of_turn[LLM_CHAT_NFAMILIES][2] = {
         [LLM_CHAT_CHATML] = {"<|im_end|>"}, [LLM_CHAT_QWEN3] = {"<|im_end|>"},
