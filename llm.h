@@ -2110,6 +2110,15 @@ typedef struct { char *key; int value; } llm_tok_entry;             /* token tex
 typedef struct { int rank, id; } llm_merge;                        /* rank in the merges list, merged token */
 typedef struct { uint64_t key; llm_merge value; } llm_merge_entry; /* left id << 32 | right id -> merge */
 
+/* The tokenizer, built once by llm_tokenizer_load and then only read. For a gpt2 vocabulary, say:
+ *
+ *   text[id]            "!" ... "Ġt" ... "Ġthe" ... "<|endoftext|>"   (in the GGUF's memory)
+ *   ids                 "Ġthe" -> its id                              (every token's text, a hash map)
+ *   merges              (id of "Ġ", id of "t") -> {rank, id of "Ġt"}  (from the merges line "Ġ t")
+ *   byte_token[0x20]    the id of "Ġ", the token of the space byte
+ *   special             "<|endoftext|>" and the other control and user-defined ids, longest first
+ *
+ * A SentencePiece vocabulary has score[] instead of merges, and byte_token[b] is the id of "<0xNN>". */
 struct llm_tokenizer {
     int kind;                   /* LLM_VOCAB_SPM or LLM_VOCAB_BPE */
     int pre;                    /* LLM_PRE_*: how a BPE vocabulary splits text into words */
@@ -2133,6 +2142,9 @@ struct llm_tokenizer {
 };
 
 /* ---- UTF-8, and the classes of characters the pre-tokenizers split by ---------------------------------- */
+/* A prompt is bytes from a client and need not be UTF-8. Tokenizing must still give ids for every byte
+ * (BPE is byte-level, and SPM has its <0xNN> tokens), so broken UTF-8 is not an error here: it is cut into
+ * the same pieces llama.cpp cuts it into, and those bytes go through BPE like any other. */
 /* A character's class for the split patterns: letter \p{L}, mark \p{M}, digit \p{Nd}, number the rest of
  * \p{N}, punctuation \p{P}, symbol \p{S}, white space \s (the White_Space property), other the rest; in the
  * low 3 bits (LLM_UC_CLASS) of a byte whose other bits are flags that a few patterns ask for. */
@@ -2189,6 +2201,7 @@ static int llm_utf8_encode(uint32_t c, char *out) {
 static int llm_tok_find(const llm_tokenizer *t, const char *s, size_t n) {
     /* stb_ds keys are C strings: a string with a NUL byte, or longer than every token, can be no token */
     if (n == 0 || n > t->max_len || memchr(s, 0, n)) return -1;
+    /* the key is built on the stack when short, as nearly all are: SPM's merge loop looks up every pair */
     char small[256], *key = n < sizeof small ? small : (char *)malloc(n + 1);
     if (!key) return -1;
     memcpy(key, s, n); key[n] = 0;
@@ -2221,6 +2234,8 @@ static int llm_merge_find(const llm_tokenizer *t, int left, int right, llm_merge
  *   sym:   [0] "lo" next 2   [1] "" (merged into 0)   [2] "w" prev 0 next 3   [3] "er" ...
  */
 typedef struct { int start, len, prev, next, id; } llm_sym;          /* a run of bytes of the text, merged */
+/* A candidate merge: symbols left and right (indices in sym[]), the merged token's id, its length in bytes,
+ * and its priority: SPM, the merged token's score; BPE, minus the merge's rank (a double holds both). */
 typedef struct { double score; int left, right, len, id; } llm_pair; /* adjacent symbols that could merge */
 
 /* The order llama.cpp's queues pop in: higher score first (BPE scores are minus the rank), then leftmost. */
@@ -2290,6 +2305,7 @@ static int llm_pair_make(const llm_tokenizer *t, const char *text, const llm_sym
 static void llm_merge_symbols(const llm_tokenizer *t, const char *text, llm_sym *sym, int n) {
     llm_pair *heap = NULL, p;
     for (int i = 1; i < n; i++) if (llm_pair_make(t, text, sym, i - 1, i, &p)) llm_heap_push(&heap, p);
+    /* the best pair left: merge it unless stale, then offer the merged symbol's two new pairs */
     while (arrlen(heap) > 0) {
         p = llm_heap_pop(&heap);
         llm_sym *l = &sym[p.left], *r = &sym[p.right];
@@ -2675,6 +2691,8 @@ static int llm_alt_match(const llm_alt *a, const uint32_t *cp, const char *cls, 
 
 /* The regexes, as llama.cpp writes them (its adapted forms: (?i:'s|...) spelled '[sS]|..., which is what
  * LLM_ALT_ANY_CASE means: ASCII letters only) */
+/* LLM_RUN(pre, set): pre? set+ ; LLM_RUN_MAX(set, n): set{1,n} (n 0: set+) ; LLM_RUN_TAIL(pre, set, t, m):
+ * pre? set+ t{0,m} (m 0: t*) */
 #define LLM_RUN(pre, set) {.kind = LLM_ALT_RUN, .prefix = pre, .body = set}
 #define LLM_RUN_MAX(set, n) {.kind = LLM_ALT_RUN, .body = set, .max = n}
 #define LLM_RUN_TAIL(pre, set, t, t_max) \
@@ -2880,6 +2898,8 @@ static const llm_alt *const llm_pre_regexes[LLM_PRE_COUNT][LLM_PRE_MAX_REGEXES] 
  * converter that wrote the GGUF (llama.cpp's convert_hf_to_gguf.py) names the pre-tokenizer by a hash of the
  * ids the model's own tokenizer gives a fixed test text, so a name stands for a split the model was trained
  * with; several names share one split. Names are matched exactly. */
+/* What a name sets besides its split: ignore_merges (a word that is a token is taken whole), and BOS by
+ * default when the file has no tokenizer.ggml.add_bos_token */
 enum { LLM_PRE_IGNORE_MERGES = 1, LLM_PRE_ADD_BOS = 2 };
 static const struct { const char *names; int pre, flags; } llm_pre_names[] = {
     {"default", LLM_PRE_DEFAULT, 0},
@@ -2919,7 +2939,8 @@ static const struct { const char *names; int pre, flags; } llm_pre_names[] = {
      * SentencePiece vocabularies written as BPE, spaces as U+2581), not byte-level BPE */
 };
 
-/* The row of llm_pre_names that holds name, or -1. */
+/* The row of llm_pre_names that holds name, or -1. A row's names are one string, separated by single
+ * spaces; a name matches whole, never as a prefix ("qwen2" is not "qwen35"). */
 static int llm_pre_find(llm_str name) {
     for (size_t r = 0; r < sizeof llm_pre_names / sizeof llm_pre_names[0]; r++) {
         for (const char *s = llm_pre_names[r].names; *s;) {
@@ -3011,9 +3032,11 @@ static void llm_tokenize_bpe(const llm_tokenizer *t, const char *text, size_t le
     int *off = (int *)malloc((len + 1) * sizeof *off);
     llm_sym *sym = (llm_sym *)malloc(len * sizeof *sym);
     char *buf = (char *)malloc(2 * t->max_len + 1);
+    /* one code point, class, cut and offset per byte at most: sized by len, whatever the text holds */
     if (cp && cls && cut && off && sym && buf) {
         int nc = llm_decode_text(text, len, cp, cls, off);
         llm_pretokenize(t->pre, cp, cls, nc, cut);
+        /* each word, from one cut to the next, as its bytes (off maps characters back to bytes) */
         for (int i = 0, end; i < nc; i = end) {
             for (end = i + 1; !cut[end]; end++) {}
             llm_bpe_word(t, text + off[i], off[end] - off[i], sym, buf, o);
@@ -3053,9 +3076,10 @@ int llm_tokenize(const llm_tokenizer *t, const char *text, size_t len, int add_b
                  int32_t *out, int cap) {
     if (!t || (!text && len) || cap < 0 || (!out && cap > 0)) return -1;
     if (len > (size_t)INT32_MAX / 4) return -1; /* offsets are ints: tokenize such a text in parts */
+    /* 1. BOS (a vocabulary without one has bos -1, which llm_out_put skips) */
     llm_out o = {out, cap, 0, 0};
     if (add_bos) llm_out_put(&o, t->bos);
-    /* text between special tokens is tokenized on its own, as if each part were a whole text */
+    /* 2. text between special tokens is tokenized on its own, as if each part were a whole text */
     size_t start = 0;
     for (size_t i = 0; i < len && !o.failed;) {
         size_t n = 0;
@@ -3067,6 +3091,7 @@ int llm_tokenize(const llm_tokenizer *t, const char *text, size_t len, int add_b
         llm_out_put(&o, id);
         start = i += n;
     }
+    /* 3. the text after the last special token; then EOS where the vocabulary asks for it */
     if (len > start && !o.failed) llm_tokenize_text(t, text + start, len - start, &o);
     if (add_bos && t->add_eos) llm_out_put(&o, t->eos);
     return o.failed ? -1 : o.n;
@@ -3080,6 +3105,9 @@ static int llm_tok_id_key(const llm_gguf *g, const char *key, int fallback, int 
     return v >= 0 && v < n_vocab ? (int)v : -1;
 }
 
+/* The special tokens' order: longest text first, so that the first match is the longest (a text like
+ * "<|im_end|>" must not be read as a shorter token it starts with); equal lengths by id, so the order does
+ * not depend on qsort's */
 typedef struct { size_t len; int id; } llm_special_sort;
 static int llm_special_cmp(const void *a, const void *b) { /* longest text first, then lowest id */
     const llm_special_sort *x = (const llm_special_sort *)a, *y = (const llm_special_sort *)b;
@@ -3138,6 +3166,7 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
         llm_fail(err, "tokenizer.ggml.token_type is not a list of %llu numbers", (unsigned long long)n);
         return NULL;
     }
+    /* gpt2: the merges are required; a missing or unknown pre-tokenizer only warns */
     if (kind == LLM_VOCAB_BPE) {
         if (!merges || merges->type != LLM_GGUF_ARRAY || merges->arr_type != LLM_GGUF_STRING) {
             llm_fail(err, "a gpt2 tokenizer needs tokenizer.ggml.merges (a list of strings)"); return NULL;
@@ -3270,7 +3299,8 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
     }
     arrfree(sp);
 
-    /* 8. the special ids; llama.cpp's defaults for SentencePiece where the file gives none */
+    /* 8. the special ids; llama.cpp's defaults for SentencePiece where the file gives none (<unk> 0, <s> 1,
+     * </s> 2, as in Llama 2's vocabulary); an id past the vocabulary is taken as none */
     int spm = kind == LLM_VOCAB_SPM;
     t->bos = llm_tok_id_key(g, "tokenizer.ggml.bos_token_id", spm ? 1 : -1, t->n_vocab);
     t->eos = llm_tok_id_key(g, "tokenizer.ggml.eos_token_id", spm ? 2 : -1, t->n_vocab);
@@ -3305,6 +3335,7 @@ fail:
     return NULL;
 }
 
+/* Frees what load allocated; the token texts belong to the GGUF, which the caller closes after this */
 void llm_tokenizer_free(llm_tokenizer *t) {
     if (!t) return;
     free(t->score); free(t->type);
@@ -3318,6 +3349,7 @@ int llm_tokenizer_bos(const llm_tokenizer *t) { return t ? t->bos : -1; }
 int llm_tokenizer_eos(const llm_tokenizer *t) { return t ? t->eos : -1; }
 int llm_tokenizer_adds_bos(const llm_tokenizer *t) { return t ? t->add_bos : 0; }
 
+/* A scan of the few end-of-generation ids (eos, eot, eom and the turn-ending control tokens) */
 int llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id) {
     if (!t || id < 0) return 0;
     for (ptrdiff_t i = 0; i < arrlen(t->eog); i++) if (t->eog[i] == id) return 1;
@@ -3378,6 +3410,9 @@ int llm_tokenize_prompt(const llm_tokenizer *t, const char *text, size_t len, in
  * "<|start|>assistant" (gpt-oss, whose model then names its channel). Llama 2 and the Mistral families
  * write none: a user turn ends with [/INST], and the answer follows it directly.
  *
+ * llm_chat_render keeps no state between calls and only reads ct, so any number of threads may render
+ * with one template at once; llm_chat_template_init is the only place that reads the clock.
+ *
  * vLLM renders the template itself with Jinja (Hugging Face's apply_chat_template); this follows
  * llama.cpp's hand-written templates (src/llama-chat.cpp) instead. Read first: llm_chat_template_init, then
  * llm_chat_render's ChatML case (the switch's default) and one other family.
@@ -3392,6 +3427,8 @@ const char *llm_chat_family_name(int family) {
     return family >= 0 && family < LLM_CHAT_NFAMILIES ? llm_chat_family_names[family] : NULL;
 }
 
+/* The family of a name given by the user (--chat-template); -1 for none, which init turns into ChatML with
+ * a note listing the known names */
 int llm_chat_family_from_name(const char *name) {
     for (int f = 0; name && f < LLM_CHAT_NFAMILIES; f++)
         if (!strcmp(name, llm_chat_family_names[f])) return f;
@@ -3470,6 +3507,7 @@ static void llm_chat_find_default_system(const char *tt, size_t n, char *out, si
     size_t m = sizeof marker - 1;
     out[0] = 0;
     for (size_t i = 0; tt && m <= n && i <= n - m; i++) {
+        /* 1. the marker, then a newline written either way; 2. the literal up to <|im_end|> */
         if (memcmp(tt + i, marker, m)) continue;
         size_t j = i + m, k = 0;
         if (j < n && tt[j] == '\n') j++;
@@ -3499,6 +3537,7 @@ static void llm_chat_find_mistral_system(const char *tt, size_t n, char *out, si
     if (!p) return;
     const char *end = tt + n;
     for (p += sizeof set - 1; p < end && k + 1 < cap;) {
+        /* the next operand, after the spaces and + that join them: a literal, `today`, or the end */
         while (p < end && (*p == ' ' || *p == '+')) p++;
         if (p < end && (*p == '"' || *p == '\'')) { /* a string literal */
             char q = *p++;
@@ -3560,6 +3599,7 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
      * back into the ids (special tokens parsed) */
     llm_chat_copy_token_text(t, t->bos, ct->bos, sizeof ct->bos);
     llm_chat_copy_token_text(t, t->eos, ct->eos, sizeof ct->eos);
+    /* Qwen3 thinks unless told not to: a request's enable_thinking = false turns it off in its copy */
     ct->enable_thinking = 1;
     /* 3. tools: Hermes style where the template (or, without one, the vocabulary) knows <tool_call>;
      * Llama 3.1's JSON calls where it says "Environment: ipython"; Mistral v3's where it writes
@@ -3589,7 +3629,9 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
     ct->opens_think = ct->thinks && llm_has(tt.ptr, tt.len, "'<|im_start|>assistant\\n<think>\\n'");
     if (ct->family == LLM_CHAT_CHATML)
         llm_chat_find_default_system(tt.ptr, tt.len, ct->default_system, sizeof ct->default_system);
-    /* Llama 3.1's template dates the system turn 26 Jul 2024; 3.2's asks for today's date (strftime_now) */
+    /* Llama 3.1's template dates the system turn 26 Jul 2024; 3.2's asks for today's date (strftime_now).
+     * %b is the month's English abbreviation in the C locale: nothing here calls setlocale, but a program
+     * that sets LC_TIME before this gets its own locale's names, which the model was not trained on. */
     ct->dated_system = ct->family == LLM_CHAT_LLAMA3 && llm_has(tt.ptr, tt.len, "Cutting Knowledge Date");
     snprintf(ct->date, sizeof ct->date, "26 Jul 2024");
     int gpt_oss = ct->family == LLM_CHAT_GPT_OSS;
@@ -3601,6 +3643,7 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
     }
     /* gpt-oss always thinks first (its analysis channel) */
     if (gpt_oss) { ct->thinks = 1; ct->tool_format = LLM_TOOLS_HARMONY; }
+    /* gpt-oss's default effort; a request's reasoning_effort replaces it in its copy */
     snprintf(ct->reasoning_effort, sizeof ct->reasoning_effort, "medium");
     return 0;
 }
@@ -3645,9 +3688,11 @@ static int llm_chat_role(const char *role) {
     if (!strcmp(role, "tool")) return LLM_ROLE_TOOL;
     return !strcmp(role, "assistant") ? LLM_ROLE_ASSISTANT : -1;
 }
+/* Indexed by LLM_ROLE_*: the names the templates write in their turns ("developer" is written "system") */
 static const char *llm_chat_role_names[] = {"system", "user", "assistant", "tool"};
 
-/* A JSON text written again as Python's json.dumps writes it (a template's tojson); -1 when it is not JSON.
+/* A JSON text written again as Python's json.dumps writes it (a template's tojson); -1 when it is not JSON
+ * (or NULL, or out of memory), which fails the render: a call's arguments must be JSON to be written.
  * The arguments of a call come from the client as a JSON text, and the template would print them with
  * tojson, so ", " and ": " separators and Python's escapes, whatever spacing the client used. */
 static int llm_chat_put_json(llm_chat_text *c, const char *text) {
@@ -3762,7 +3807,8 @@ static int llm_qwen3_last_query(const llm_chat_message *msgs, const int *role, i
  * Mistral v3: inside the last message, when that is a user's, else nowhere; gpt-oss: in the developer
  * message; Qwen3 and QwQ: first, with the tools). Failing cases set `failed` and stop at the
  * next check; the function then returns -1 and what it wrote to out is not to be used. The messages are
- * only read: the strings they point to belong to the caller. */
+ * only read: the strings they point to belong to the caller. The length returned counts the text's bytes
+ * without a NUL: a caller that measured with cap 0 allocates that + 1 and renders again with it. */
 int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, int n, const char *tools,
                     int gen, char *out, int cap) {
     llm_chat_text c = {out, out && cap > 0 ? (size_t)cap : 0, 0};
@@ -3800,6 +3846,9 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
     for (int i = 0; i < n; i++) if ((role[i] = llm_chat_role(msgs[i].role)) < 0) failed = 1;
     /* a message's content, "" for none (an assistant turn that only calls tools) */
 #define CONTENT(i) (msgs[i].content ? msgs[i].content : "")
+    /* only a first message can be the system prompt; a later system message is a turn where the family
+     * writes one (ChatML, Qwen3, QwQ, Llama 3, Gemma, Zephyr, Phi-3, Mistral v7), else dropped or
+     * refused */
     int has_sys = n > 0 && role[0] == LLM_ROLE_SYSTEM, first = has_sys; /* first: after the system turn */
     const char *sys = has_sys ? CONTENT(0) : "";
     const char *bos = ct->bos, *eos = ct->eos;
@@ -3837,6 +3886,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         break;
     }
     case LLM_CHAT_QWQ: { /* Qwen/QwQ-32B: earlier answers lose their thinking; the prompt opens <think> */
+        /* with tools, a system turn always, even with no system prompt (it then opens with "\n\n"); Qwen3's
+         * case writes the prompt and its "\n\n" only when there is one */
         if (tl_given) {
             llm_chat_puts(&c, "<|im_start|>system\n"); llm_chat_puts(&c, sys); llm_chat_puts(&c, "\n\n");
             llm_hermes_tools(&c, tl_given);
@@ -3969,7 +4020,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
                 !strcmp(CONTENT(i), CONTENT(last_user)))
                 failed = llm_mistral_tools(&c, tl_given, tekken) != 0;
             int calls = role[i] == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0;
-            if (calls && ct->tool_format == LLM_TOOLS_MISTRAL) {
+            if (calls && ct->tool_format == LLM_TOOLS_MISTRAL) { /* [TOOL_CALLS] and a JSON list, then EOS */
                 failed = llm_mistral_calls(&c, &msgs[i], tekken, eos) != 0;
             } else if (role[i] == LLM_ROLE_TOOL) { /* the content written as it is, not quoted */
                 const char *id = msgs[i].tool_call_id;
@@ -3997,8 +4048,10 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
             args = ct->tool_format == LLM_TOOLS_MISTRAL_ARGS;
         int last_user = -1;
         for (int i = first; i < n; i++) if (role[i] == LLM_ROLE_USER) last_user = i;
+        /* with v11's tool format only, the turns must alternate (llm_mistral_turns_alternate) */
         if (args && (failed = !llm_mistral_turns_alternate(msgs, role, first, n))) break;
         llm_chat_puts(&c, bos);
+        /* no system message: the template's own system prompt, where it has one */
         if (!has_sys && ct->default_system[0]) { /* Small 3.2's own, dated today */
             llm_chat_puts(&c, "[SYSTEM_PROMPT]"); llm_chat_puts(&c, ct->default_system);
             llm_chat_puts(&c, "[/SYSTEM_PROMPT]");
@@ -4099,6 +4152,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
                         llm_chat_puts(&c, "<|start|>assistant<|channel|>analysis<|message|>");
                         llm_chat_puts(&c, analysis); llm_chat_puts(&c, "<|end|>");
                     }
+                    /* the call: a message to functions.NAME on the commentary channel, its arguments as
+                     * JSON, ended by <|call|> (where the model stops to wait for the result) */
                     llm_chat_puts(&c, "<|start|>assistant to=functions.");
                     llm_chat_puts(&c, tc->name ? tc->name : "");
                     llm_chat_puts(&c, "<|channel|>commentary json<|message|>");
@@ -4127,6 +4182,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
      * message, and Phi-3's ends with EOS when it does not prompt. */
     case LLM_CHAT_ZEPHYR: /* TinyLlama/TinyLlama-1.1B-Chat-v1.0, HuggingFaceH4/zephyr-7b-beta */
     case LLM_CHAT_PHI3:   /* microsoft/Phi-3.5-mini-instruct */
+        /* every message by its role's name, the system message too */
         for (int i = 0; i < n; i++) {
             llm_chat_puts(&c, "<|"); llm_chat_puts(&c, llm_chat_role_names[role[i]]);
             llm_chat_puts(&c, "|>\n");
@@ -4140,6 +4196,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
      * system prompt opens the first turn after it, and every content is trimmed */
     case LLM_CHAT_GEMMA: /* google/gemma-3-1b-it: the system prompt opens the first turn */
         llm_chat_puts(&c, bos);
+        /* each turn trimmed, the system prompt (untrimmed) in front of the first one's */
         for (int i = first; i < n; i++) {
             llm_chat_puts(&c, "<start_of_turn>");
             llm_chat_puts(&c, role[i] == LLM_ROLE_ASSISTANT ? "model" : llm_chat_role_names[role[i]]);
@@ -4190,6 +4247,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
  * (llm_tokenizer_is_eog), which is chosen by token type and text with no knowledge of the family. Returns
  * the count, which may exceed cap (only the first cap written). */
 int llm_chat_stop_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32_t *ids, int cap) {
+    /* each family's end-of-turn texts (none for the families whose turns end with EOS), looked up in the
+     * vocabulary: a token the vocabulary lacks is left out */
     static const char *const end_of_turn[LLM_CHAT_NFAMILIES][2] = {
         [LLM_CHAT_CHATML] = {"<|im_end|>"}, [LLM_CHAT_QWEN3] = {"<|im_end|>"},
         [LLM_CHAT_QWQ] = {"<|im_end|>"},
