@@ -3924,6 +3924,57 @@ int llm_chat_stop_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32
  * allow. (Under the priority policy the queue is kept in order of priority, then arrival, and the sequence
  * preempted is the last in that order.) The plan is a list of (sequence, new tokens) and the block copies
  * that copy-on-write needs before the forward pass.
+ *
+ * A request's life, as the status of each of its sequences (llm_seq.status):
+ *
+ *   llm_engine_add_request -> inbox -> WAITING --admitted (llm_schedule)--> RUNNING --a stop--> FINISHED
+ *                                        ^      prefix cache looked up       |       blocks back at once;
+ *                                        |                                   |       output at the end of
+ *                                        +--- preempted (llm_preempt) -------+       the step; freed at the
+ *                                             blocks back, tokens kept,              start of the next
+ *                                             head of the queue
+ *
+ * There is no PREEMPTED status: a preempted sequence is WAITING with more tokens than its prompt. It keeps
+ * its tokens, its generator and its grammar state; it loses its K/V, so on its return it computes tokens
+ * [0, len) again as one long prompt (recompute, as vLLM's V1 scheduler does: its _preempt_request frees the
+ * blocks and sets num_computed_tokens to 0; there is no swapping to host memory here). Nothing is sampled
+ * again: the tokens it has stand, and its next token is drawn when the recompute reaches their end. Its full
+ * blocks were named in the prefix cache and wait at the free list's tail (section 6: evicted last), so a
+ * return before the pool reuses them takes most of them back from the cache and computes only the rest.
+ *
+ * One step's plan (llm_schedule) has no prefill phase and no decode phase (vLLM's words): each sequence gets
+ * n_new tokens so that its n_computed catches up with its tokens.
+ *   1. Running sequences in list order (the order of admission), each its next chunk (llm_seq_chunk: all it
+ *      has left, within the step's token budget, max_num_batched_tokens) and the blocks for it
+ *      (llm_seq_reserve). Decoding costs 1 token; a prompt takes what the budget has left, so chunked prefill
+ *      is just that minimum: a 10,000-token prompt under a budget of 2048 takes at least 5 steps, and when
+ *      the budget runs out the sequences after it wait for the next step (they are not preempted).
+ *   2. When the pool cannot give those blocks, the youngest running sequence (the last admitted) is
+ *      preempted, again and again until the blocks are there, or until the sequence asking is the youngest
+ *      and goes itself. Why the youngest: first come, first served holds among running sequences too, so an
+ *      older request never loses its blocks to a younger one, and the one preempted goes back to the head of
+ *      the queue, the first to return. What it costs is the recompute (less with the prefix cache). vLLM:
+ *      self.running.pop() under FCFS, the max of (priority, arrival) under the priority policy, as
+ *      llm_sched_victim.
+ *   3. Speculative decoding's proposals, from the budget and the blocks left (never preempting for them).
+ *   4. Waiting sequences from the head of the queue, while the budget, max_num_seqs and the pool allow; the
+ *      first that does not fit stops the rest (strict order, as vLLM's waiting loop). None at all in a step
+ *      that preempted: the pool is short, and a newcomer would take the blocks the preempted ones need back.
+ *
+ * Prefix caching at admission (llm_seq_take_cached_prefix): a sequence with no K/V (new, or back from a
+ * preemption) looks up its full blocks by the hash of the whole prefix up to each block's end, a chain:
+ *
+ *   tokens (block_size 16, 50 tokens):  [t0 .. t15]     [t16 .. t31]    [t32 .. t47]    [t48 t49]
+ *   the name of each full block:         h1 = H(salt,..)  h2 = H(h1, ..)  h3 = H(h2, ..)  (not full: no name)
+ *   in the cache?                        yes              yes             no
+ *   -> blocks 0 and 1 are shared (ref_count + 1), n_computed = 32, the step computes tokens 32..49
+ *
+ * One name stands for the whole prefix, so a block matches only where everything before it matches too, and
+ * the first miss ends the run. At least one token is always left to compute, as its logits give the next
+ * token (vLLM's max_cache_hit_length = num_tokens - 1). A block from the cache is never written: writing
+ * starts at n_computed, a block boundary after a hit. The salt (cache_salt) starts the chain, so requests
+ * with different salts share nothing. Entry points: llm_schedule, then llm_seq_reserve and
+ * llm_seq_take_cached_prefix.
  * ======================================================================================================== */
 llm_sampling_params llm_sampling_defaults(void) {
     llm_sampling_params p;
@@ -3983,6 +4034,10 @@ int llm_model_sampling_defaults(const llm_model *m, llm_sampling_params *p, char
     return got;
 }
 
+/* What the n sequences of one request share: its id, the caller's pointer, its parameters. The caller's
+ * arrays (stop strings, stop ids, biases, allowed ids, bad words) are copied here, since a request outlives
+ * the call that added it; params points at the copies. Counted: each sequence holds a reference (refs), and
+ * the last one to be freed frees the request (llm_request_unref). */
 typedef struct llm_request {
     uint64_t id;
     void *user;
@@ -3998,8 +4053,16 @@ typedef struct llm_request {
     int refs;                       /* sequences still pointing here */
 } llm_request;
 
+/* Where a sequence is: in the scheduler's waiting queue (new, or preempted), in its running list, or done
+ * (its blocks already back, its output and then its memory going at the end of the step and the start of
+ * the next) */
 enum { LLM_SEQ_WAITING, LLM_SEQ_RUNNING, LLM_SEQ_FINISHED };
 
+/* One sample of a request, the unit the scheduler plans: its tokens, how many of them have K/V in the cache
+ * (n_computed), the blocks that hold them (a block table for each group of layers), where it is in the
+ * prefix cache's hash chain, its generator, its detokenizer and its output for the step. The invariant the
+ * scheduler keeps: the block tables cover at least positions [0, n_computed), and after llm_seq_reserve the
+ * chunk planned too. */
 typedef struct llm_seq {
     llm_request *req;
     int index;                      /* which of the request's n samples */
@@ -4047,6 +4110,9 @@ enum { LLM_PLP_NONE, LLM_PLP_PENDING, LLM_PLP_READY }; /* none asked (or handed 
  * tokens needs a row of logits (vocab_size floats), and a whole 2048-token budget of them is gigabytes. */
 #define LLM_PLP_CHUNK 256
 
+/* The scheduler: its limits (max_num_seqs running at once, max_num_batched_tokens a step), the block
+ * manager it hands blocks from, the two queues, and the plan of the step it last made (scheduled, n_new and
+ * the block copies), which the engine reads to build the batch. */
 typedef struct {
     int max_num_seqs, max_num_batched_tokens, static_batching;
     int priority_policy;            /* LLM_SCHED_PRIORITY (llm_engine_config.scheduling_policy) */
@@ -4068,6 +4134,9 @@ typedef struct {
     int64_t preemptions, prefix_cache_queries, prefix_cache_hits;
 } llm_scheduler;
 
+/* All of s's blocks go back to the pool, and its K/V with them (n_computed 0: all of its tokens are to be
+ * computed again). A block the prefix cache named keeps its name on the free list until it is reused, so a
+ * later admission may take it back; the hash chain starts again from the request's salt. */
 static void llm_seq_release_blocks(llm_scheduler *sch, llm_seq *s) {
     for (int g = 0; g < sch->n_kv_groups; g++) {
         for (int i = 0; i < arrlen(s->block_tables[g]); i++)
@@ -4100,6 +4169,9 @@ static int llm_window_first_block(int window, int pos, int block_size) {
 static int llm_seq_reserve(llm_scheduler *sch, llm_seq *s, int n_total) {
     llm_block_manager *bm = sch->bm;
     int bs = bm->block_size, first = s->n_computed / bs, want = (n_total + bs - 1) / bs, need = 0;
+    /* 1. count: a new block for each one the table lacks up to want (none where the window has passed),
+     *    and a private copy of each shared block from `first` (the block n_computed falls in) on, as those
+     *    are the ones this chunk writes into */
     for (int g = 0; g < sch->n_kv_groups; g++) {
         int32_t *table = s->block_tables[g];
         int have = (int)arrlen(table), gone = llm_window_first_block(sch->kv_window[g], s->n_computed, bs);
@@ -4108,7 +4180,11 @@ static int llm_seq_reserve(llm_scheduler *sch, llm_seq *s, int n_total) {
         for (int b = have; b < want; b++) need += b >= gone;
         for (int b = first; b < have && b * bs < n_total; b++) need += bm->blocks[table[b]].ref_count > 1;
     }
+    /* 2. all or nothing: without that many free blocks nothing is taken (cached blocks with no user count as
+     *    free: they are on the free list, and taking one drops its name) */
     if (need > bm->num_free_blocks) return 0;
+    /* 3. the copies (each planned in copy_src/copy_dst for the forward pass, the shared block's reference
+     *    dropped), then the new blocks at the table's end */
     for (int g = 0; g < sch->n_kv_groups; g++) {
         int gone = llm_window_first_block(sch->kv_window[g], s->n_computed, bs);
         for (int b = first; b < arrlen(s->block_tables[g]) && b * bs < n_total; b++) {
@@ -4143,6 +4219,8 @@ static void llm_seq_take_cached_prefix(llm_scheduler *sch, llm_seq *s) {
     while (n_global < sch->n_kv_groups && sch->kv_window[n_global] == 0) n_global++; /* they come first */
     uint64_t *hashes = NULL, h = s->req->prefix_salt; /* stb_ds array: each block's prefix hash, while the
                                                         * global groups have it */
+    /* 1. the run of full blocks (of the first n - 1 tokens) that every global group has, block by block
+     *    along the hash chain */
     for (int b = 0; (b + 1) * bs <= n - 1; b++) {
         h = llm_block_hash(h, s->tokens + b * bs, bs);
         int all = 1;
@@ -4151,10 +4229,14 @@ static void llm_seq_take_cached_prefix(llm_scheduler *sch, llm_seq *s) {
         arrput(hashes, h);
     }
     int L = (int)arrlen(hashes);
+    /* 2. shortened until each local group has the blocks its window reads at position L * bs (a miss
+     *    shortens L, which moves the window: the local groups are checked again from the first) */
     for (int g = n_global; g < sch->n_kv_groups && L > 0; g++) { /* a miss at block b: L at most b */
         for (int b = L - 1; b >= llm_window_first_block(sch->kv_window[g], L * bs, bs); b--)
             if (hmgeti(bm->cached, llm_kv_group_hash(hashes[b], g)) < 0) { L = b; g = n_global - 1; break; }
     }
+    /* 3. the L blocks taken: each one a reference more (llm_block_lookup takes an unused one off the free
+     *    list), -1 for those a local window has left */
     for (int g = 0; g < sch->n_kv_groups && L > 0; g++) {
         int gone = llm_window_first_block(sch->kv_window[g], L * bs, bs);
         for (int b = 0; b < L; b++)
@@ -4183,7 +4265,9 @@ static void llm_sched_wait(llm_scheduler *sch, llm_seq *s, int preempted) {
     arrins(sch->waiting, at, s);
 }
 
-/* Preemption by recompute: the sequence gives its blocks back and waits again. */
+/* Preemption by recompute: the sequence gives its blocks back and waits again (vLLM's _preempt_request). Its
+ * tokens, generator, grammar state and text stay, so it goes on where it stopped once its tokens are
+ * computed again; a proposal not checked yet is dropped. The caller has taken it out of the running list. */
 static void llm_preempt(llm_scheduler *sch, llm_seq *s) {
     llm_seq_release_blocks(sch, s);
     s->n_draft = 0;
@@ -4220,7 +4304,9 @@ static void llm_sched_unplan(llm_scheduler *sch, llm_seq *s, int *budget) {
     }
 }
 
-/* The next chunk of s: the rest of its tokens, within the budget (and LLM_PLP_CHUNK for prompt logprobs) */
+/* The next chunk of s: the rest of its tokens, within the budget (and LLM_PLP_CHUNK for prompt logprobs).
+ * This minimum is all of chunked prefill: a prompt longer than the budget goes through over several steps,
+ * a part a step, and only the step that reaches its end samples. */
 static int llm_seq_chunk(const llm_seq *s, int budget) {
     int n_new = (int)arrlen(s->tokens) - s->n_computed;
     if (n_new > budget) n_new = budget;
@@ -4283,6 +4369,10 @@ static int llm_seq_speculate(llm_scheduler *sch, llm_seq *s, int budget) {
     return s->n_draft;
 }
 
+/* Plans one step, in the four parts the section's opening describes: running sequences (preempting the
+ * youngest when blocks run out), proposals, then waiting ones. Writes scheduled, n_new and the copies; moves
+ * sequences between the queues (admitted: waiting -> running; preempted: running -> waiting). Sequences
+ * are only planned here: n_computed moves when the step's tokens are computed (llm_engine_sample). */
 static void llm_schedule(llm_scheduler *sch) {
     int budget = sch->max_num_batched_tokens, preempted = 0;
     arrsetlen(sch->scheduled, 0); arrsetlen(sch->n_new, 0);
@@ -4320,6 +4410,8 @@ static void llm_schedule(llm_scheduler *sch) {
     /* then waiting sequences, first come first served: the first that does not fit stops the rest */
     while (arrlen(sch->waiting) > 0 && budget > 0) {
         llm_seq *s = sch->waiting[0];
+        /* a request of n samples takes n places at once, as it forks once its prompt is computed; with
+         * nothing running it goes in even when n > max_num_seqs, or it could never run */
         int width = s->fork_pending ? s->req->params.n : 1;
         if (arrlen(sch->running) > 0 && arrlen(sch->running) + width > sch->max_num_seqs) break;
         /* prompt logprobs need the logits of every prompt position, so such a request computes its whole
@@ -4327,6 +4419,7 @@ static void llm_schedule(llm_scheduler *sch) {
         if (s->n_computed == 0 && arrlen(s->block_tables[0]) == 0 && s->plp_state != LLM_PLP_PENDING)
             llm_seq_take_cached_prefix(sch, s);
         int n_new = llm_seq_chunk(s, budget);
+        /* no room: the cached blocks it took go back too (it looks again next step) */
         if (!llm_seq_reserve(sch, s, s->n_computed + n_new)) { llm_seq_release_blocks(sch, s); break; }
         arrdel(sch->waiting, 0);
         /* counted at admission: a request that waits at the head looks the cache up again every step */
@@ -4387,7 +4480,11 @@ static int llm_request_check(const llm_sampling_params *p, char *err) {
     return 0;
 }
 
-/* The generator of sample `index` of a request: seed + index, or the clock when the seed is -1 */
+/* The generator of sample `index` of a request: seed + index, or the clock when the seed is -1. Each
+ * sequence has a generator of its own (splitmix64's state, llm_seq.rng), so that the draws of a seeded
+ * request depend on its seed and its logits alone: not on the other sequences in the batch, their order, the
+ * thread that draws its row, or a preemption. Sample i of n mixes in its index: the n samples differ, and
+ * each is reproducible. */
 static uint64_t llm_seed_mix(int64_t seed, int index) {
     uint64_t s = seed >= 0 ? (uint64_t)seed
                            : ((uint64_t)time(NULL) ^ ((uint64_t)clock() << 20) ^ (uint64_t)(uintptr_t)&seed);
@@ -4395,6 +4492,7 @@ static uint64_t llm_seed_mix(int64_t seed, int index) {
     return llm_splitmix64(&s);
 }
 
+/* A sequence lets go of its request: the last one frees the copies, the grammar and the request */
 static void llm_request_unref(llm_request *r) {
     if (--r->refs > 0) return;
     for (int i = 0; i < r->params.n_stop; i++) free(r->stop_copies[i]);
@@ -4403,6 +4501,8 @@ static void llm_request_unref(llm_request *r) {
     free(r);
 }
 
+/* Frees s and its arrays, and lets go of its request. Its blocks are not given back here: finishing did that
+ * (llm_seq_finish), or the pool goes with the engine. */
 static void llm_seq_free(llm_seq *s) {
     for (int g = 0; s->block_tables && g < s->n_kv_groups; g++) arrfree(s->block_tables[g]);
     free(s->block_tables);
@@ -4415,8 +4515,6 @@ static void llm_seq_free(llm_seq *s) {
     free(s);
 }
 
-/* A request and its first sequence, which takes the prompt's ids (an stb_ds array). The caller's stop strings
- * and stop ids are copied: the request outlives the call. NULL when out of memory (ids freed). */
 /* A copy of n values of size bytes each (room for one more, so that n = 0 is not a NULL) */
 static void *llm_copy_of(const void *src, int64_t n, size_t size) {
     void *copy = malloc(((size_t)n + 1) * size);
@@ -4424,6 +4522,10 @@ static void *llm_copy_of(const void *src, int64_t n, size_t size) {
     return copy;
 }
 
+/* A request and its first sequence, which takes the prompt's ids (an stb_ds array). The caller's stop strings
+ * and stop ids are copied: the request outlives the call. NULL when out of memory (ids freed). The grammar,
+ * when given, is taken (freed on failure). The sequence starts WAITING, with no blocks and n_computed 0; with
+ * n > 1 it stands for all n samples until its prompt is computed (fork_pending). */
 static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_grammar *grammar, void *user,
                             int n_kv_groups) {
     llm_request *r = (llm_request *)calloc(1, sizeof *r);
@@ -4484,7 +4586,12 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_gram
 
 /* n > 1, when the prompt is computed: samples 1..n-1 start from it, sharing all its blocks (a block is copied
  * only when a sample writes into it), each with its own generator. They join the end of the running list. -1
- * when out of memory (then nothing changed). */
+ * when out of memory (then nothing changed). Why fork this late: the prompt is computed once, not n times,
+ * and its K/V are shared for free; only a last, partly filled block is copied, by each sample that writes
+ * into it while another still shares it (llm_seq_reserve). Until then the one sequence stands for all n
+ * (admission counts n places).
+ * A child copies the parent's tokens and block tables (each block a reference more) and its place in the
+ * hash chain; its output, text and speculation start empty. */
 static int llm_seq_fork(llm_scheduler *sch, llm_seq *s) {
     int n = s->req->params.n;
     llm_seq **children = (llm_seq **)calloc((size_t)n, sizeof *children);
@@ -4529,7 +4636,11 @@ static int llm_seq_fork(llm_scheduler *sch, llm_seq *s) {
     return 0;
 }
 
-/* Names each newly completed block by its prefix (and group), so that later requests can share it. */
+/* Names each newly completed block by its prefix (and group), so that later requests can share it. Called
+ * when a step's tokens are computed and when a proposal is checked: blocks [n_hashed_blocks, n_computed / bs)
+ * get the next links of the chain from last_hash. Generated tokens are named too, so a preempted sequence
+ * finds them on its return, as does a later prompt with the same tokens. A block whose content is cached in
+ * another block already keeps no name (llm_block_set_hash). */
 static void llm_seq_hash_blocks(llm_block_manager *bm, llm_seq *s) {
     int bs = bm->block_size;
     while ((s->n_hashed_blocks + 1) * bs <= s->n_computed) {
