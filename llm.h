@@ -6861,7 +6861,38 @@ llm_backend *llm_cpu_int8_backend_create(const llm_model *m, char *err) {
  * distribution, renormalised, and one uniform draw picks from it. The logits are only read; what changes is
  * copied into the sampler's scratch. A backend's sample step is llm_sampler_sample_rows where the rows are
  * on the host (the CPU's), and the engine's for the rows it reads itself.
+ *
+ * One row's way (llm_sampler_draw), each stage a function:
+ *
+ *   the model's row of logits (read only) ---> logprobs: log-softmax of this row as it is
+ *     |                                         (llm_sample_row_logprobs; as vLLM's by default)
+ *     v
+ *   llm_sampler_adjust    allowed ids, logit_bias, bad words; under min_tokens the stop ids and the ends of
+ *     |                   generation masked (-inf)                                     -> a copy, `adjusted`
+ *   llm_sampler_penalize  repetition (prompt and output tokens), presence and frequency (output tokens)
+ *     |                                                                                -> a copy, `penalized`
+ *   llm_sampler_pick      greedy (temperature < 1e-5, or top_k 1): the argmax, no draw. Else
+ *                         llm_sampler_candidates: weights exp((x - max) / T), then top-k, top-p, min-p keep
+ *                         a head of them, renormalised; and one uniform u in [0, 1) from the sequence's
+ *                         generator picks the first candidate whose cumulative probability passes u.
+ *
+ * vLLM's V1 sampler applies min-p right after the temperature, before top-k and top-p (so its top-p
+ * measures mass among min-p's survivors); here min-p comes last, as in vLLM's V0 sampler, and with both
+ * top_p and min_p set the head kept can be longer than V1's. vLLM draws by an exponential race (probs / q,
+ * q ~ Exp(1), the argmax), not by the inverse of the cumulative distribution: the same distribution, other
+ * tokens for a seed.
+ *
+ * Seeds: each sequence has a generator of its own, splitmix64 seeded from the request's seed and the sample's
+ * index (llm_seed_mix, section 5), and a draw takes exactly one number from it (a greedy one: none). So a
+ * seeded request draws the same tokens from the same logits whatever else is in the batch, whichever thread
+ * samples its row, and after a preemption; and speculative decoding can give the row of a proposal's token
+ * j the state that j draws leave (llm_sampling_rng_after) and draw all the rows at once. vLLM keeps a
+ * torch.Generator for each seeded request, and the others share the global one. The sums that normalise are
+ * made in double in a fixed order (llm_sampler_weights), so a seed picks the same token in every build, with
+ * or without SIMD.
  * ======================================================================================================== */
+/* A candidate token while the head is chosen: its weight (exp((x - max) / T), not yet divided by the sum)
+ * and its id */
 typedef struct { float p; int32_t id; } llm_prob_id;
 #define LLM_SAMPLING_EPS 1e-5f /* temperatures below it are greedy (vLLM's _SAMPLING_EPS): 1 / T overflows */
 
@@ -6892,6 +6923,9 @@ static int llm_sample_row_too_early(const llm_sample_row *r) {
     return r->n_history - r->n_prompt < r->params->min_tokens;
 }
 
+/* The scratch of one thread: the rows it changes are copies here (the model's logits stay as they are, for
+ * logprobs and the other samples of the row), each [n_vocab], made once. Not shared between threads: the
+ * sample step gives each thread its own (helpers). */
 struct llm_sampler {
     int n_vocab;
     float *penalized;               /* [n_vocab] the logits with penalties applied */
@@ -6930,7 +6964,8 @@ void llm_sampler_free(llm_sampler *s) {
 
 /* vLLM's definitions: the repetition penalty divides a positive logit (multiplies a negative one) of every
  * token seen in the prompt or the output; presence and frequency penalties subtract, for tokens of the
- * output, once and once per occurrence. */
+ * output, once and once per occurrence. The whole history counts (no window of the last n tokens); ids in it
+ * outside the vocabulary are skipped. Two passes: count the history into seen/count, then change the copy. */
 const float *llm_sampler_penalize(llm_sampler *s, const llm_sampling_params *p, const float *logits,
                                   const int32_t *history, int n_prompt, int n_history) {
     if (!llm_sampling_has_penalties(p)) return logits;
@@ -6974,6 +7009,8 @@ static void llm_prob_sift(llm_prob_id *c, int k, int i) {
         i = least;
     }
 }
+/* (The heap of the first k is built bottom up; then a candidate that beats its root takes the root's place
+ * and sinks to where it belongs.) */
 static void llm_prob_top_k(llm_prob_id *c, int n, int k) {
     for (int i = k / 2 - 1; i >= 0; i--) llm_prob_sift(c, k, i);
     for (int i = k; i < n; i++)
@@ -7021,6 +7058,12 @@ static void llm_sampler_normalize(float *w, int n, double sum) {
     for (; i < n; i++) w[i] = (float)(w[i] / sum);
 }
 
+/* The head of the distribution a draw picks from (see the declaration). Each filter keeps a head of the
+ * tokens in llm_prob_desc's order, so they compose: top-k the k first, top-p the shortest head whose mass
+ * (among those top-k left) reaches top_p, min-p those whose weight is at least min_p times the largest. The
+ * work is kept off the whole vocabulary where it can be: a heap for top-k, a floor before the sort for top-p,
+ * no sort at all when no filter is on (then the ids come in id order, not most likely first). 0 when the
+ * weights sum to no positive number (every logit -inf or NaN). */
 int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const float *logits, int V,
                            const int32_t **ids, const float **probs) {
     llm_prob_id *c = s->cand;
@@ -7050,6 +7093,8 @@ int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const f
         for (int i = 0; i < n; i++) if (c[i].p >= floor_w) c[kept++] = c[i];
         n = kept;
     }
+    /* top-k: the k heaviest to the front, then sorted (only k of them); top-p alone sorts what the floor
+     * left */
     if (top_k_on) llm_prob_top_k(c, n, p->top_k);
     if (top_k_on || p->top_p < 1.0f) qsort(c, (size_t)(top_k_on ? p->top_k : n), sizeof *c, llm_prob_desc);
     if (top_k_on) {
@@ -7067,11 +7112,14 @@ int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const f
         for (int i = 0; i < n; i++) if (c[i].p >= p->min_p) { c[keep++] = c[i]; kept_sum += c[i].p; }
         n = keep; sum = kept_sum;
     }
+    /* what is left, renormalised: its weights over their own sum, most likely first */
     for (int i = 0; i < n; i++) { s->ids[i] = c[i].id; s->probs[i] = (float)(c[i].p / sum); }
     return n;
 }
 
-/* One draw from n logits with penalties applied: a position in x, -1 when none can be picked */
+/* One draw from n logits with penalties applied: a position in x, -1 when none can be picked. The inverse
+ * of the cumulative distribution: u uniform in [0, 1) (24 bits), the first candidate whose running sum of
+ * probabilities passes it. Greedy rows take the argmax and leave the generator alone. */
 static int32_t llm_sampler_pick(llm_sampler *s, const llm_sampling_params *p, const float *x, int n_x,
                                 uint64_t *rng_state) {
     if (llm_sampling_is_greedy(p)) return llm_argmax(x, n_x);
@@ -7083,6 +7131,7 @@ static int32_t llm_sampler_pick(llm_sampler *s, const llm_sampling_params *p, co
     return ids[n - 1]; /* u beyond the rounded sum of the probabilities */
 }
 
+/* Penalties, then the pick (the row adjusted already, when the request adjusts it: llm_sampler_draw) */
 int32_t llm_sampler_sample(llm_sampler *s, const llm_sampling_params *p, const float *logits,
                            const int32_t *history, int n_prompt, int n_history, uint64_t *rng_state) {
     const float *x = llm_sampler_penalize(s, p, logits, history, n_prompt, n_history);
@@ -7113,7 +7162,10 @@ static float llm_logprobs_top(const float *logits, int n, int k, int32_t *top_id
 }
 
 /* vLLM's logits processors, on a copy of the row: only the allowed ids, the bias, the bad words, and under
- * min_tokens what would stop the text */
+ * min_tokens what would stop the text. The ids of the allowed list, the biases and the bad words are trusted
+ * here: llm_engine_add_request checks them against the vocabulary (stop ids are not checked there, so they
+ * are here). A bad word of one token is always masked; a longer one only where the output ends with all of
+ * it but its last token. */
 const float *llm_sampler_adjust(llm_sampler *s, const llm_sample_row *r, const float *logits) {
     const llm_sampling_params *p = r->params;
     int V = s->n_vocab, too_early = llm_sample_row_too_early(r);
@@ -7145,12 +7197,17 @@ const float *llm_sampler_adjust(llm_sampler *s, const llm_sample_row *r, const f
     return x;
 }
 
+/* The fast path's test: no score, greedy, nothing that changes the row, no logprobs to compute, so one pass
+ * over the row (its argmax) is the whole draw */
 int llm_sample_row_is_argmax(const llm_sample_row *r) {
     const llm_sampling_params *p = r->params;
     return !r->score && llm_sampling_is_greedy(p) && !llm_sampling_has_penalties(p) &&
            !llm_sampling_adjusts_row(p) && !llm_sample_row_too_early(r) && p->logprobs < 0;
 }
 
+/* One row's draw in order: a scored row takes its given token; an argmax row one pass; else a row with a
+ * value that is not finite fails (-1: a broken model is never sampled from), and the rest go through
+ * adjust, penalties and the pick (-2 when nothing is left to pick). */
 int32_t llm_sampler_draw(llm_sampler *s, llm_sample_row *r, const float *logits) {
     int V = s->n_vocab;
     if (r->score) return r->token = r->history[r->n_history]; /* no draw: the token given */
@@ -7164,6 +7221,9 @@ int32_t llm_sampler_draw(llm_sampler *s, llm_sample_row *r, const float *logits)
     return r->token = token >= 0 ? token : -2;
 }
 
+/* r's logprobs from the raw row: the top k and the token's own (k: logprobs for a draw, prompt_logprobs
+ * for a scored prompt token, at most the vocabulary), and for a scored token its rank (1 + the tokens with a
+ * larger logit). Nothing for k < 0 or a failed draw. */
 void llm_sample_row_logprobs(llm_sample_row *r, const float *logits, int n_vocab) {
     int k = r->score ? r->params->prompt_logprobs : r->params->logprobs;
     if (k > n_vocab) k = n_vocab;
@@ -7177,7 +7237,8 @@ void llm_sample_row_logprobs(llm_sample_row *r, const float *logits, int n_vocab
 
 /* The threads take rows in turn, each with scratch of its own (the helpers, made as they are first needed;
  * without memory for one, fewer threads): a draw is a few passes over the vocabulary (SmolLM2, 64 sequences,
- * one thread: 8% of a decode step's time greedy, 14% sampled) */
+ * one thread: 8% of a decode step's time greedy, 14% sampled). Each row draws from its own generator
+ * (r->rng_state), so which thread takes it, and when, changes no token. */
 void llm_sampler_sample_rows(llm_sampler *s, llm_sample_row *rows, int n_rows, const float *logits) {
     int threads = 1;
 #ifdef _OPENMP
