@@ -7264,6 +7264,32 @@ void llm_sampler_sample_rows(llm_sampler *s, llm_sample_row *rows, int n_rows, c
 
 /* ===========================================================================================================
  * 9. Detokenizer and stop conditions: token ids back to text, and where the text must stop
+ * A token is a string of bytes (its piece: llm_tokenizer_piece), not of characters: a byte-level BPE may
+ * split a rare character over several tokens, and SentencePiece's byte fallback gives one token a byte. So a
+ * sequence's new token goes through two holding stages before its text is output:
+ *
+ *   token -> piece bytes -> llm_detok (pending: at most 3 bytes, the start of one character not finished)
+ *         -> whole UTF-8 characters -> held_text (a tail that may begin a stop string) -> out_text
+ *
+ *   "e" with an acute accent as byte tokens <0xC3> <0xA9>:  push <0xC3>: 0 bytes out, C3 pending
+ *                                                         push <0xA9>: C3 A9 out, nothing pending
+ *   <0xC3> then "a": C3 can never begin a character followed by "a": U+FFFD, then "a"
+ *
+ *   stop "\n\nUser:", text "Hi!\n\nUs":  "Hi!" out, "\n\nUs" held (it begins the stop string)
+ *   next token "er: ok":               held "\n\nUser: ok": the stop string found, the sequence finishes
+ *                                      (finish "stop") and none of it goes out
+ *
+ * The invariants: every byte out is part of a whole, valid character (or a U+FFFD standing for bytes that
+ * never were one), and no stop string can begin in text already out, so the search for one looks at the
+ * held text only, which stays short: what was held (less than the longest stop string) and the newest
+ * token's text. A sequence that finishes for another reason (an end of generation, max_tokens) lets all it
+ * holds out, an unfinished character as one U+FFFD.
+ *
+ * vLLM's incremental detokenizer decodes a window of tokens and waits while the new text ends in U+FFFD
+ * (detokenize_incrementally); here the bytes themselves wait. For stop strings vLLM's V1 holds back a fixed
+ * number of characters, the longest stop string's length - 1 (when the stop string is not to be output);
+ * here only the tail that could still begin one waits (in bytes), so text that begins no stop string goes
+ * out at once. Entry points: llm_detok_push, llm_seq_push_text.
  * ======================================================================================================== */
 
 /* Counts every byte, stores the first cap of them. */
@@ -7330,6 +7356,7 @@ int llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, 
     if (!t || !d) return 0;
     if (!out || cap < 0) cap = 0;
     if (d->n_pending < 0 || d->n_pending > 3) d->n_pending = 0; /* never more than 3: not a state we made */
+    /* 1. the piece's length, then the held bytes and the piece in one buffer (on the stack when small) */
     int n = llm_tokenizer_piece(t, id, d->special, NULL, 0);
     if (n <= 0) return 0;
     size_t total = (size_t)d->n_pending + (size_t)n, keep;
@@ -7337,6 +7364,7 @@ int llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, 
     if (!buf) return 0;
     memcpy(buf, d->pending, (size_t)d->n_pending);
     llm_tokenizer_piece(t, id, d->special, (char *)buf + d->n_pending, n);
+    /* 2. measured first, written only when it fits: the whole characters out, the unfinished tail kept */
     size_t m = llm_utf8_clean(buf, total, NULL, &keep);
     if (m <= (size_t)cap) {
         llm_utf8_clean(buf, total, out, &keep);
@@ -7347,6 +7375,8 @@ int llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, 
     return (int)m;
 }
 
+/* The end of the stream: bytes still pending never became a character. Returns 3 (U+FFFD written, when cap
+ * allows) or 0 when nothing was pending; like a push, it writes nothing when there is no room. */
 int llm_detok_flush(llm_detok *d, char *out, int cap) {
     if (!d) return 0;
     if (d->n_pending <= 0 || d->n_pending > 3) { d->n_pending = 0; return 0; }
@@ -7360,6 +7390,7 @@ int llm_detok_flush(llm_detok *d, char *out, int cap) {
 /* ---- Stop strings -------------------------------------------------------------------------------------- */
 /* Where the first of the stop strings begins in text[0..len), or -1; *stop_len: that stop string's length
  * (of two that begin there, the first in the list's) */
+/* (A plain scan: at most 16 stop strings over the held text, which is short, each token.) */
 static int llm_stop_find(const llm_sampling_params *p, const char *text, int len, int *stop_len) {
     int first = -1;
     for (int i = 0; i < p->n_stop; i++) {
@@ -7372,7 +7403,9 @@ static int llm_stop_find(const llm_sampling_params *p, const char *text, int len
 }
 
 /* The longest tail of text[0..len) that is the beginning of a stop string: it must wait for the next
- * token. */
+ * token. Tails of length 1 to (that stop string's length - 1) are tried, longest first: a whole stop string
+ * would have been found by llm_stop_find. With stop "</s>" and text "ab</": 2 ("</" begins it, "b</" does
+ * not). Everything before this tail can go out, as no stop string can begin there any more. */
 static int llm_stop_holdback(const llm_sampling_params *p, const char *text, int len) {
     int hold = 0;
     for (int i = 0; i < p->n_stop; i++) {
@@ -7388,6 +7421,8 @@ static int llm_stop_holdback(const llm_sampling_params *p, const char *text, int
  * could still begin a stop string. A stop string found ends the sequence (finish "stop") without its text,
  * or with it (include_stop_str) and nothing after it; finishing releases all that is held. */
 static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *tok, int finishing) {
+    /* 1. the token's text (none for -1: a stop token's own text is not output) into the held text; on
+     *    finishing, the detokenizer's pending bytes as U+FFFD (3 bytes of room kept for that) */
     if (tok) { /* a push that needs more room writes nothing and says how much: then once more, on the heap */
         char small[512], *buf = small;
         int n = token >= 0 ? llm_detok_push(tok, &s->detok, token, small, (int)sizeof small - 3) : 0;
@@ -7400,6 +7435,7 @@ static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *to
         if (n > 0) memcpy(arraddnptr(s->held_text, n), buf, (size_t)n);
         if (buf != small) free(buf);
     }
+    /* 2. a stop string in the held text ends the sequence there (the text cut before it, or after it) */
     const llm_sampling_params *p = &s->req->params;
     int len = (int)arrlen(s->held_text), stop_len = 0;
     int stop_at = llm_stop_find(p, s->held_text, len, &stop_len);
@@ -7407,12 +7443,16 @@ static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *to
         len = stop_at + (p->include_stop_str ? stop_len : 0);
         s->finish_reason = LLM_FINISH_STOP;
     }
+    /* 3. out goes all of it but a tail that may begin a stop string (all of it when finishing) */
     int emit = s->finish_reason || finishing ? len : len - llm_stop_holdback(p, s->held_text, len);
     if (emit > 0) memcpy(arraddnptr(s->out_text, emit), s->held_text, (size_t)emit);
     if (s->finish_reason) arrsetlen(s->held_text, 0);
     else if (emit > 0) arrdeln(s->held_text, 0, emit);
 }
 
+/* The whole ids at once, pushed through an llm_detok as a stream is, then the flush. Where the tokenizer
+ * adds a space prefix (SentencePiece's add_space_prefix), the first text's leading space is dropped. Bytes
+ * past cap are counted, not written: the caller may call again with the length returned. */
 int llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int special, char *out, int cap) {
     if (!t || n < 0 || (n && !ids)) return -1;
     if (!out || cap < 0) cap = 0;
