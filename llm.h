@@ -4369,8 +4369,8 @@ static int llm_seq_speculate(llm_scheduler *sch, llm_seq *s, int budget) {
     return s->n_draft;
 }
 
-/* Plans one step, in the four parts the section's opening describes: running sequences (preempting the
- * youngest when blocks run out), proposals, then waiting ones. Writes scheduled, n_new and the copies; moves
+/* Plans one step, parts 1-4 of the section's opening: running sequences (preempting the youngest when
+ * blocks run out), proposals, then waiting ones. Writes scheduled, n_new and the copies; moves
  * sequences between the queues (admitted: waiting -> running; preempted: running -> waiting). Sequences
  * are only planned here: n_computed moves when the step's tokens are computed (llm_engine_sample). */
 static void llm_schedule(llm_scheduler *sch) {
