@@ -4280,6 +4280,57 @@ int llm_chat_stop_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32
  * allow. (Under the priority policy the queue is kept in order of priority, then arrival, and the sequence
  * preempted is the last in that order.) The plan is a list of (sequence, new tokens) and the block copies
  * that copy-on-write needs before the forward pass.
+ *
+ * A request's life, as the status of each of its sequences (llm_seq.status):
+ *
+ *   llm_engine_add_request -> inbox -> WAITING --admitted (llm_schedule)--> RUNNING --a stop--> FINISHED
+ *                                        ^      prefix cache looked up       |       blocks back at once;
+ *                                        |                                   |       output at the end of
+ *                                        +--- preempted (llm_preempt) -------+       the step; freed at the
+ *                                             blocks back, tokens kept,              start of the next
+ *                                             head of the queue
+ *
+ * There is no PREEMPTED status: a preempted sequence is WAITING with more tokens than its prompt. It keeps
+ * its tokens, its generator and its grammar state; it loses its K/V, so on its return it computes tokens
+ * [0, len) again as one long prompt (recompute, as vLLM's V1 scheduler does: its _preempt_request frees the
+ * blocks and sets num_computed_tokens to 0; there is no swapping to host memory here). Nothing is sampled
+ * again: the tokens it has stand, and its next token is drawn when the recompute reaches their end. Its full
+ * blocks were named in the prefix cache and wait at the free list's tail (section 6: evicted last), so a
+ * return before the pool reuses them takes most of them back from the cache and computes only the rest.
+ *
+ * One step's plan (llm_schedule) has no prefill phase and no decode phase (vLLM's words): each sequence gets
+ * n_new tokens so that its n_computed catches up with its tokens.
+ *   1. Running sequences in list order (the order of admission), each its next chunk (llm_seq_chunk: all it
+ *      has left, within the step's token budget, max_num_batched_tokens) and the blocks for it
+ *      (llm_seq_reserve). Decoding costs 1 token; a prompt takes what the budget has left, so chunked prefill
+ *      is just that minimum: a 10,000-token prompt under a budget of 2048 takes at least 5 steps, and when
+ *      the budget runs out the sequences after it wait for the next step (they are not preempted).
+ *   2. When the pool cannot give those blocks, the youngest running sequence (the last admitted) is
+ *      preempted, again and again until the blocks are there, or until the sequence asking is the youngest
+ *      and goes itself. Why the youngest: first come, first served holds among running sequences too, so an
+ *      older request never loses its blocks to a younger one, and the one preempted goes back to the head of
+ *      the queue, the first to return. What it costs is the recompute (less with the prefix cache). vLLM:
+ *      self.running.pop() under FCFS, the max of (priority, arrival) under the priority policy, as
+ *      llm_sched_victim.
+ *   3. Speculative decoding's proposals, from the budget and the blocks left (never preempting for them).
+ *   4. Waiting sequences from the head of the queue, while the budget, max_num_seqs and the pool allow; the
+ *      first that does not fit stops the rest (strict order, as vLLM's waiting loop). None at all in a step
+ *      that preempted: the pool is short, and a newcomer would take the blocks the preempted ones need back.
+ *
+ * Prefix caching at admission (llm_seq_take_cached_prefix): a sequence with no K/V (new, or back from a
+ * preemption) looks up its full blocks by the hash of the whole prefix up to each block's end, a chain:
+ *
+ *   tokens (block_size 16, 50 tokens):  [t0 .. t15]     [t16 .. t31]    [t32 .. t47]    [t48 t49]
+ *   the name of each full block:         h1 = H(salt,..)  h2 = H(h1, ..)  h3 = H(h2, ..)  (not full: no name)
+ *   in the cache?                        yes              yes             no
+ *   -> blocks 0 and 1 are shared (ref_count + 1), n_computed = 32, the step computes tokens 32..49
+ *
+ * One name stands for the whole prefix, so a block matches only where everything before it matches too, and
+ * the first miss ends the run. At least one token is always left to compute, as its logits give the next
+ * token (vLLM's max_cache_hit_length = num_tokens - 1). A block from the cache is never written: writing
+ * starts at n_computed, a block boundary after a hit. The salt (cache_salt) starts the chain, so requests
+ * with different salts share nothing. Entry points: llm_schedule, then llm_seq_reserve and
+ * llm_seq_take_cached_prefix.
  * ======================================================================================================== */
 llm_sampling_params llm_sampling_defaults(void) {
     llm_sampling_params p;
@@ -4339,6 +4390,10 @@ int llm_model_sampling_defaults(const llm_model *m, llm_sampling_params *p, char
     return got;
 }
 
+/* What the n sequences of one request share: its id, the caller's pointer, its parameters. The caller's
+ * arrays (stop strings, stop ids, biases, allowed ids, bad words) are copied here, since a request outlives
+ * the call that added it; params points at the copies. Counted: each sequence holds a reference (refs), and
+ * the last one to be freed frees the request (llm_request_unref). */
 typedef struct llm_request {
     uint64_t id;
     void *user;
@@ -4354,8 +4409,16 @@ typedef struct llm_request {
     int refs;                       /* sequences still pointing here */
 } llm_request;
 
+/* Where a sequence is: in the scheduler's waiting queue (new, or preempted), in its running list, or done
+ * (its blocks already back, its output and then its memory going at the end of the step and the start of
+ * the next) */
 enum { LLM_SEQ_WAITING, LLM_SEQ_RUNNING, LLM_SEQ_FINISHED };
 
+/* One sample of a request, the unit the scheduler plans: its tokens, how many of them have K/V in the cache
+ * (n_computed), the blocks that hold them (a block table for each group of layers), where it is in the
+ * prefix cache's hash chain, its generator, its detokenizer and its output for the step. The invariant the
+ * scheduler keeps: the block tables cover at least positions [0, n_computed), and after llm_seq_reserve the
+ * chunk planned too. */
 typedef struct llm_seq {
     llm_request *req;
     int index;                      /* which of the request's n samples */
@@ -4403,6 +4466,9 @@ enum { LLM_PLP_NONE, LLM_PLP_PENDING, LLM_PLP_READY }; /* none asked (or handed 
  * tokens needs a row of logits (vocab_size floats), and a whole 2048-token budget of them is gigabytes. */
 #define LLM_PLP_CHUNK 256
 
+/* The scheduler: its limits (max_num_seqs running at once, max_num_batched_tokens a step), the block
+ * manager it hands blocks from, the two queues, and the plan of the step it last made (scheduled, n_new and
+ * the block copies), which the engine reads to build the batch. */
 typedef struct {
     int max_num_seqs, max_num_batched_tokens, static_batching;
     int priority_policy;            /* LLM_SCHED_PRIORITY (llm_engine_config.scheduling_policy) */
@@ -4424,6 +4490,9 @@ typedef struct {
     int64_t preemptions, prefix_cache_queries, prefix_cache_hits;
 } llm_scheduler;
 
+/* All of s's blocks go back to the pool, and its K/V with them (n_computed 0: all of its tokens are to be
+ * computed again). A block the prefix cache named keeps its name on the free list until it is reused, so a
+ * later admission may take it back; the hash chain starts again from the request's salt. */
 static void llm_seq_release_blocks(llm_scheduler *sch, llm_seq *s) {
     for (int g = 0; g < sch->n_kv_groups; g++) {
         for (int i = 0; i < arrlen(s->block_tables[g]); i++)
@@ -4456,6 +4525,9 @@ static int llm_window_first_block(int window, int pos, int block_size) {
 static int llm_seq_reserve(llm_scheduler *sch, llm_seq *s, int n_total) {
     llm_block_manager *bm = sch->bm;
     int bs = bm->block_size, first = s->n_computed / bs, want = (n_total + bs - 1) / bs, need = 0;
+    /* 1. count: a new block for each one the table lacks up to want (none where the window has passed),
+     *    and a private copy of each shared block from `first` (the block n_computed falls in) on, as those
+     *    are the ones this chunk writes into */
     for (int g = 0; g < sch->n_kv_groups; g++) {
         int32_t *table = s->block_tables[g];
         int have = (int)arrlen(table), gone = llm_window_first_block(sch->kv_window[g], s->n_computed, bs);
@@ -4464,7 +4536,11 @@ static int llm_seq_reserve(llm_scheduler *sch, llm_seq *s, int n_total) {
         for (int b = have; b < want; b++) need += b >= gone;
         for (int b = first; b < have && b * bs < n_total; b++) need += bm->blocks[table[b]].ref_count > 1;
     }
+    /* 2. all or nothing: without that many free blocks nothing is taken (cached blocks with no user count as
+     *    free: they are on the free list, and taking one drops its name) */
     if (need > bm->num_free_blocks) return 0;
+    /* 3. the copies (each planned in copy_src/copy_dst for the forward pass, the shared block's reference
+     *    dropped), then the new blocks at the table's end */
     for (int g = 0; g < sch->n_kv_groups; g++) {
         int gone = llm_window_first_block(sch->kv_window[g], s->n_computed, bs);
         for (int b = first; b < arrlen(s->block_tables[g]) && b * bs < n_total; b++) {
@@ -4499,6 +4575,8 @@ static void llm_seq_take_cached_prefix(llm_scheduler *sch, llm_seq *s) {
     while (n_global < sch->n_kv_groups && sch->kv_window[n_global] == 0) n_global++; /* they come first */
     uint64_t *hashes = NULL, h = s->req->prefix_salt; /* stb_ds array: each block's prefix hash, while the
                                                         * global groups have it */
+    /* 1. the run of full blocks (of the first n - 1 tokens) that every global group has, block by block
+     *    along the hash chain */
     for (int b = 0; (b + 1) * bs <= n - 1; b++) {
         h = llm_block_hash(h, s->tokens + b * bs, bs);
         int all = 1;
@@ -4507,10 +4585,14 @@ static void llm_seq_take_cached_prefix(llm_scheduler *sch, llm_seq *s) {
         arrput(hashes, h);
     }
     int L = (int)arrlen(hashes);
+    /* 2. shortened until each local group has the blocks its window reads at position L * bs (a miss
+     *    shortens L, which moves the window: the local groups are checked again from the first) */
     for (int g = n_global; g < sch->n_kv_groups && L > 0; g++) { /* a miss at block b: L at most b */
         for (int b = L - 1; b >= llm_window_first_block(sch->kv_window[g], L * bs, bs); b--)
             if (hmgeti(bm->cached, llm_kv_group_hash(hashes[b], g)) < 0) { L = b; g = n_global - 1; break; }
     }
+    /* 3. the L blocks taken: each one a reference more (llm_block_lookup takes an unused one off the free
+     *    list), -1 for those a local window has left */
     for (int g = 0; g < sch->n_kv_groups && L > 0; g++) {
         int gone = llm_window_first_block(sch->kv_window[g], L * bs, bs);
         for (int b = 0; b < L; b++)
@@ -4539,7 +4621,9 @@ static void llm_sched_wait(llm_scheduler *sch, llm_seq *s, int preempted) {
     arrins(sch->waiting, at, s);
 }
 
-/* Preemption by recompute: the sequence gives its blocks back and waits again. */
+/* Preemption by recompute: the sequence gives its blocks back and waits again (vLLM's _preempt_request). Its
+ * tokens, generator, grammar state and text stay, so it goes on where it stopped once its tokens are
+ * computed again; a proposal not checked yet is dropped. The caller has taken it out of the running list. */
 static void llm_preempt(llm_scheduler *sch, llm_seq *s) {
     llm_seq_release_blocks(sch, s);
     s->n_draft = 0;
@@ -4576,7 +4660,9 @@ static void llm_sched_unplan(llm_scheduler *sch, llm_seq *s, int *budget) {
     }
 }
 
-/* The next chunk of s: the rest of its tokens, within the budget (and LLM_PLP_CHUNK for prompt logprobs) */
+/* The next chunk of s: the rest of its tokens, within the budget (and LLM_PLP_CHUNK for prompt logprobs).
+ * This minimum is all of chunked prefill: a prompt longer than the budget goes through over several steps,
+ * a part a step, and only the step that reaches its end samples. */
 static int llm_seq_chunk(const llm_seq *s, int budget) {
     int n_new = (int)arrlen(s->tokens) - s->n_computed;
     if (n_new > budget) n_new = budget;
@@ -4639,6 +4725,10 @@ static int llm_seq_speculate(llm_scheduler *sch, llm_seq *s, int budget) {
     return s->n_draft;
 }
 
+/* Plans one step, parts 1-4 of the section's opening: running sequences (preempting the youngest when
+ * blocks run out), proposals, then waiting ones. Writes scheduled, n_new and the copies; moves
+ * sequences between the queues (admitted: waiting -> running; preempted: running -> waiting). Sequences
+ * are only planned here: n_computed moves when the step's tokens are computed (llm_engine_sample). */
 static void llm_schedule(llm_scheduler *sch) {
     int budget = sch->max_num_batched_tokens, preempted = 0;
     arrsetlen(sch->scheduled, 0); arrsetlen(sch->n_new, 0);
@@ -4676,6 +4766,8 @@ static void llm_schedule(llm_scheduler *sch) {
     /* then waiting sequences, first come first served: the first that does not fit stops the rest */
     while (arrlen(sch->waiting) > 0 && budget > 0) {
         llm_seq *s = sch->waiting[0];
+        /* a request of n samples takes n places at once, as it forks once its prompt is computed; with
+         * nothing running it goes in even when n > max_num_seqs, or it could never run */
         int width = s->fork_pending ? s->req->params.n : 1;
         if (arrlen(sch->running) > 0 && arrlen(sch->running) + width > sch->max_num_seqs) break;
         /* prompt logprobs need the logits of every prompt position, so such a request computes its whole
@@ -4683,6 +4775,7 @@ static void llm_schedule(llm_scheduler *sch) {
         if (s->n_computed == 0 && arrlen(s->block_tables[0]) == 0 && s->plp_state != LLM_PLP_PENDING)
             llm_seq_take_cached_prefix(sch, s);
         int n_new = llm_seq_chunk(s, budget);
+        /* no room: the cached blocks it took go back too (it looks again next step) */
         if (!llm_seq_reserve(sch, s, s->n_computed + n_new)) { llm_seq_release_blocks(sch, s); break; }
         arrdel(sch->waiting, 0);
         /* counted at admission: a request that waits at the head looks the cache up again every step */
@@ -4743,7 +4836,11 @@ static int llm_request_check(const llm_sampling_params *p, char *err) {
     return 0;
 }
 
-/* The generator of sample `index` of a request: seed + index, or the clock when the seed is -1 */
+/* The generator of sample `index` of a request: seed + index, or the clock when the seed is -1. Each
+ * sequence has a generator of its own (splitmix64's state, llm_seq.rng), so that the draws of a seeded
+ * request depend on its seed and its logits alone: not on the other sequences in the batch, their order, the
+ * thread that draws its row, or a preemption. Sample i of n mixes in its index: the n samples differ, and
+ * each is reproducible. */
 static uint64_t llm_seed_mix(int64_t seed, int index) {
     uint64_t s = seed >= 0 ? (uint64_t)seed
                            : ((uint64_t)time(NULL) ^ ((uint64_t)clock() << 20) ^ (uint64_t)(uintptr_t)&seed);
@@ -4751,6 +4848,7 @@ static uint64_t llm_seed_mix(int64_t seed, int index) {
     return llm_splitmix64(&s);
 }
 
+/* A sequence lets go of its request: the last one frees the copies, the grammar and the request */
 static void llm_request_unref(llm_request *r) {
     if (--r->refs > 0) return;
     for (int i = 0; i < r->params.n_stop; i++) free(r->stop_copies[i]);
@@ -4759,6 +4857,8 @@ static void llm_request_unref(llm_request *r) {
     free(r);
 }
 
+/* Frees s and its arrays, and lets go of its request. Its blocks are not given back here: finishing did that
+ * (llm_seq_finish), or the pool goes with the engine. */
 static void llm_seq_free(llm_seq *s) {
     for (int g = 0; s->block_tables && g < s->n_kv_groups; g++) arrfree(s->block_tables[g]);
     free(s->block_tables);
@@ -4771,8 +4871,6 @@ static void llm_seq_free(llm_seq *s) {
     free(s);
 }
 
-/* A request and its first sequence, which takes the prompt's ids (an stb_ds array). The caller's stop strings
- * and stop ids are copied: the request outlives the call. NULL when out of memory (ids freed). */
 /* A copy of n values of size bytes each (room for one more, so that n = 0 is not a NULL) */
 static void *llm_copy_of(const void *src, int64_t n, size_t size) {
     void *copy = malloc(((size_t)n + 1) * size);
@@ -4780,6 +4878,10 @@ static void *llm_copy_of(const void *src, int64_t n, size_t size) {
     return copy;
 }
 
+/* A request and its first sequence, which takes the prompt's ids (an stb_ds array). The caller's stop strings
+ * and stop ids are copied: the request outlives the call. NULL when out of memory (ids freed). The grammar,
+ * when given, is taken (freed on failure). The sequence starts WAITING, with no blocks and n_computed 0; with
+ * n > 1 it stands for all n samples until its prompt is computed (fork_pending). */
 static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_grammar *grammar, void *user,
                             int n_kv_groups) {
     llm_request *r = (llm_request *)calloc(1, sizeof *r);
@@ -4840,7 +4942,12 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_gram
 
 /* n > 1, when the prompt is computed: samples 1..n-1 start from it, sharing all its blocks (a block is copied
  * only when a sample writes into it), each with its own generator. They join the end of the running list. -1
- * when out of memory (then nothing changed). */
+ * when out of memory (then nothing changed). Why fork this late: the prompt is computed once, not n times,
+ * and its K/V are shared for free; only a last, partly filled block is copied, by each sample that writes
+ * into it while another still shares it (llm_seq_reserve). Until then the one sequence stands for all n
+ * (admission counts n places).
+ * A child copies the parent's tokens and block tables (each block a reference more) and its place in the
+ * hash chain; its output, text and speculation start empty. */
 static int llm_seq_fork(llm_scheduler *sch, llm_seq *s) {
     int n = s->req->params.n;
     llm_seq **children = (llm_seq **)calloc((size_t)n, sizeof *children);
@@ -4885,7 +4992,11 @@ static int llm_seq_fork(llm_scheduler *sch, llm_seq *s) {
     return 0;
 }
 
-/* Names each newly completed block by its prefix (and group), so that later requests can share it. */
+/* Names each newly completed block by its prefix (and group), so that later requests can share it. Called
+ * when a step's tokens are computed and when a proposal is checked: blocks [n_hashed_blocks, n_computed / bs)
+ * get the next links of the chain from last_hash. Generated tokens are named too, so a preempted sequence
+ * finds them on its return, as does a later prompt with the same tokens. A block whose content is cached in
+ * another block already keeps no name (llm_block_set_hash). */
 static void llm_seq_hash_blocks(llm_block_manager *bm, llm_seq *s) {
     int bs = bm->block_size;
     while ((s->n_hashed_blocks + 1) * bs <= s->n_computed) {
@@ -7106,7 +7217,38 @@ llm_backend *llm_cpu_int8_backend_create(const llm_model *m, char *err) {
  * distribution, renormalised, and one uniform draw picks from it. The logits are only read; what changes is
  * copied into the sampler's scratch. A backend's sample step is llm_sampler_sample_rows where the rows are
  * on the host (the CPU's), and the engine's for the rows it reads itself.
+ *
+ * One row's way (llm_sampler_draw), each stage a function:
+ *
+ *   the model's row of logits (read only) ---> logprobs: log-softmax of this row as it is
+ *     |                                         (llm_sample_row_logprobs; as vLLM's by default)
+ *     v
+ *   llm_sampler_adjust    allowed ids, logit_bias, bad words; under min_tokens the stop ids and the ends of
+ *     |                   generation masked (-inf)                                     -> a copy, `adjusted`
+ *   llm_sampler_penalize  repetition (prompt and output tokens), presence and frequency (output tokens)
+ *     |                                                                                -> a copy, `penalized`
+ *   llm_sampler_pick      greedy (temperature < 1e-5, or top_k 1): the argmax, no draw. Else
+ *                         llm_sampler_candidates: weights exp((x - max) / T), then top-k, top-p, min-p keep
+ *                         a head of them, renormalised; and one uniform u in [0, 1) from the sequence's
+ *                         generator picks the first candidate whose cumulative probability passes u.
+ *
+ * vLLM's V1 sampler applies min-p right after the temperature, before top-k and top-p (so its top-p
+ * measures mass among min-p's survivors); here min-p comes last, as in vLLM's V0 sampler, and with both
+ * top_p and min_p set the head kept can be longer than V1's. vLLM draws by an exponential race (probs / q,
+ * q ~ Exp(1), the argmax), not by the inverse of the cumulative distribution: the same distribution, other
+ * tokens for a seed.
+ *
+ * Seeds: each sequence has a generator of its own, splitmix64 seeded from the request's seed and the sample's
+ * index (llm_seed_mix, section 5), and a draw takes exactly one number from it (a greedy one: none). So a
+ * seeded request draws the same tokens from the same logits whatever else is in the batch, whichever thread
+ * samples its row, and after a preemption; and speculative decoding can give the row of a proposal's token
+ * j the state that j draws leave (llm_sampling_rng_after) and draw all the rows at once. vLLM keeps a
+ * torch.Generator for each seeded request, and the others share the global one. The sums that normalise are
+ * made in double in a fixed order (llm_sampler_weights), so a seed picks the same token in every build, with
+ * or without SIMD.
  * ======================================================================================================== */
+/* A candidate token while the head is chosen: its weight (exp((x - max) / T), not yet divided by the sum)
+ * and its id */
 typedef struct { float p; int32_t id; } llm_prob_id;
 #define LLM_SAMPLING_EPS 1e-5f /* temperatures below it are greedy (vLLM's _SAMPLING_EPS): 1 / T overflows */
 
@@ -7137,6 +7279,9 @@ static int llm_sample_row_too_early(const llm_sample_row *r) {
     return r->n_history - r->n_prompt < r->params->min_tokens;
 }
 
+/* The scratch of one thread: the rows it changes are copies here (the model's logits stay as they are, for
+ * logprobs and the other samples of the row), each [n_vocab], made once. Not shared between threads: the
+ * sample step gives each thread its own (helpers). */
 struct llm_sampler {
     int n_vocab;
     float *penalized;               /* [n_vocab] the logits with penalties applied */
@@ -7175,7 +7320,8 @@ void llm_sampler_free(llm_sampler *s) {
 
 /* vLLM's definitions: the repetition penalty divides a positive logit (multiplies a negative one) of every
  * token seen in the prompt or the output; presence and frequency penalties subtract, for tokens of the
- * output, once and once per occurrence. */
+ * output, once and once per occurrence. The whole history counts (no window of the last n tokens); ids in it
+ * outside the vocabulary are skipped. Two passes: count the history into seen/count, then change the copy. */
 const float *llm_sampler_penalize(llm_sampler *s, const llm_sampling_params *p, const float *logits,
                                   const int32_t *history, int n_prompt, int n_history) {
     if (!llm_sampling_has_penalties(p)) return logits;
@@ -7219,6 +7365,8 @@ static void llm_prob_sift(llm_prob_id *c, int k, int i) {
         i = least;
     }
 }
+/* (The heap of the first k is built bottom up; then a candidate that beats its root takes the root's place
+ * and sinks to where it belongs.) */
 static void llm_prob_top_k(llm_prob_id *c, int n, int k) {
     for (int i = k / 2 - 1; i >= 0; i--) llm_prob_sift(c, k, i);
     for (int i = k; i < n; i++)
@@ -7266,6 +7414,12 @@ static void llm_sampler_normalize(float *w, int n, double sum) {
     for (; i < n; i++) w[i] = (float)(w[i] / sum);
 }
 
+/* The head of the distribution a draw picks from (see the declaration). Each filter keeps a head of the
+ * tokens in llm_prob_desc's order, so they compose: top-k the k first, top-p the shortest head whose mass
+ * (among those top-k left) reaches top_p, min-p those whose weight is at least min_p times the largest. The
+ * work is kept off the whole vocabulary where it can be: a heap for top-k, a floor before the sort for top-p,
+ * no sort at all when no filter is on (then the ids come in id order, not most likely first). 0 when the
+ * weights sum to no positive number (every logit -inf or NaN). */
 int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const float *logits, int V,
                            const int32_t **ids, const float **probs) {
     llm_prob_id *c = s->cand;
@@ -7295,6 +7449,8 @@ int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const f
         for (int i = 0; i < n; i++) if (c[i].p >= floor_w) c[kept++] = c[i];
         n = kept;
     }
+    /* top-k: the k heaviest to the front, then sorted (only k of them); top-p alone sorts what the floor
+     * left */
     if (top_k_on) llm_prob_top_k(c, n, p->top_k);
     if (top_k_on || p->top_p < 1.0f) qsort(c, (size_t)(top_k_on ? p->top_k : n), sizeof *c, llm_prob_desc);
     if (top_k_on) {
@@ -7312,11 +7468,14 @@ int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const f
         for (int i = 0; i < n; i++) if (c[i].p >= p->min_p) { c[keep++] = c[i]; kept_sum += c[i].p; }
         n = keep; sum = kept_sum;
     }
+    /* what is left, renormalised: its weights over their own sum, most likely first */
     for (int i = 0; i < n; i++) { s->ids[i] = c[i].id; s->probs[i] = (float)(c[i].p / sum); }
     return n;
 }
 
-/* One draw from n logits with penalties applied: a position in x, -1 when none can be picked */
+/* One draw from n logits with penalties applied: a position in x, -1 when none can be picked. The inverse
+ * of the cumulative distribution: u uniform in [0, 1) (24 bits), the first candidate whose running sum of
+ * probabilities passes it. Greedy rows take the argmax and leave the generator alone. */
 static int32_t llm_sampler_pick(llm_sampler *s, const llm_sampling_params *p, const float *x, int n_x,
                                 uint64_t *rng_state) {
     if (llm_sampling_is_greedy(p)) return llm_argmax(x, n_x);
@@ -7328,6 +7487,7 @@ static int32_t llm_sampler_pick(llm_sampler *s, const llm_sampling_params *p, co
     return ids[n - 1]; /* u beyond the rounded sum of the probabilities */
 }
 
+/* Penalties, then the pick (the row adjusted already, when the request adjusts it: llm_sampler_draw) */
 int32_t llm_sampler_sample(llm_sampler *s, const llm_sampling_params *p, const float *logits,
                            const int32_t *history, int n_prompt, int n_history, uint64_t *rng_state) {
     const float *x = llm_sampler_penalize(s, p, logits, history, n_prompt, n_history);
@@ -7358,7 +7518,10 @@ static float llm_logprobs_top(const float *logits, int n, int k, int32_t *top_id
 }
 
 /* vLLM's logits processors, on a copy of the row: only the allowed ids, the bias, the bad words, and under
- * min_tokens what would stop the text */
+ * min_tokens what would stop the text. The ids of the allowed list, the biases and the bad words are trusted
+ * here: llm_engine_add_request checks them against the vocabulary (stop ids are not checked there, so they
+ * are here). A bad word of one token is always masked; a longer one only where the output ends with all of
+ * it but its last token. */
 const float *llm_sampler_adjust(llm_sampler *s, const llm_sample_row *r, const float *logits) {
     const llm_sampling_params *p = r->params;
     int V = s->n_vocab, too_early = llm_sample_row_too_early(r);
@@ -7390,12 +7553,17 @@ const float *llm_sampler_adjust(llm_sampler *s, const llm_sample_row *r, const f
     return x;
 }
 
+/* The fast path's test: no score, greedy, nothing that changes the row, no logprobs to compute, so one pass
+ * over the row (its argmax) is the whole draw */
 int llm_sample_row_is_argmax(const llm_sample_row *r) {
     const llm_sampling_params *p = r->params;
     return !r->score && llm_sampling_is_greedy(p) && !llm_sampling_has_penalties(p) &&
            !llm_sampling_adjusts_row(p) && !llm_sample_row_too_early(r) && p->logprobs < 0;
 }
 
+/* One row's draw in order: a scored row takes its given token; an argmax row one pass; else a row with a
+ * value that is not finite fails (-1: a broken model is never sampled from), and the rest go through
+ * adjust, penalties and the pick (-2 when nothing is left to pick). */
 int32_t llm_sampler_draw(llm_sampler *s, llm_sample_row *r, const float *logits) {
     int V = s->n_vocab;
     if (r->score) return r->token = r->history[r->n_history]; /* no draw: the token given */
@@ -7409,6 +7577,9 @@ int32_t llm_sampler_draw(llm_sampler *s, llm_sample_row *r, const float *logits)
     return r->token = token >= 0 ? token : -2;
 }
 
+/* r's logprobs from the raw row: the top k and the token's own (k: logprobs for a draw, prompt_logprobs
+ * for a scored prompt token, at most the vocabulary), and for a scored token its rank (1 + the tokens with a
+ * larger logit). Nothing for k < 0 or a failed draw. */
 void llm_sample_row_logprobs(llm_sample_row *r, const float *logits, int n_vocab) {
     int k = r->score ? r->params->prompt_logprobs : r->params->logprobs;
     if (k > n_vocab) k = n_vocab;
@@ -7422,7 +7593,8 @@ void llm_sample_row_logprobs(llm_sample_row *r, const float *logits, int n_vocab
 
 /* The threads take rows in turn, each with scratch of its own (the helpers, made as they are first needed;
  * without memory for one, fewer threads): a draw is a few passes over the vocabulary (SmolLM2, 64 sequences,
- * one thread: 8% of a decode step's time greedy, 14% sampled) */
+ * one thread: 8% of a decode step's time greedy, 14% sampled). Each row draws from its own generator
+ * (r->rng_state), so which thread takes it, and when, changes no token. */
 void llm_sampler_sample_rows(llm_sampler *s, llm_sample_row *rows, int n_rows, const float *logits) {
     int threads = 1;
 #ifdef _OPENMP
@@ -7448,6 +7620,32 @@ void llm_sampler_sample_rows(llm_sampler *s, llm_sample_row *rows, int n_rows, c
 
 /* ===========================================================================================================
  * 9. Detokenizer and stop conditions: token ids back to text, and where the text must stop
+ * A token is a string of bytes (its piece: llm_tokenizer_piece), not of characters: a byte-level BPE may
+ * split a rare character over several tokens, and SentencePiece's byte fallback gives one token a byte. So a
+ * sequence's new token goes through two holding stages before its text is output:
+ *
+ *   token -> piece bytes -> llm_detok (pending: at most 3 bytes, the start of one character not finished)
+ *         -> whole UTF-8 characters -> held_text (a tail that may begin a stop string) -> out_text
+ *
+ *   "e" with an acute accent as byte tokens <0xC3> <0xA9>:  push <0xC3>: 0 bytes out, C3 pending
+ *                                                         push <0xA9>: C3 A9 out, nothing pending
+ *   <0xC3> then "a": C3 can never begin a character followed by "a": U+FFFD, then "a"
+ *
+ *   stop "\n\nUser:", text "Hi!\n\nUs":  "Hi!" out, "\n\nUs" held (it begins the stop string)
+ *   next token "er: ok":               held "\n\nUser: ok": the stop string found, the sequence finishes
+ *                                      (finish "stop") and none of it goes out
+ *
+ * The invariants: every byte out is part of a whole, valid character (or a U+FFFD standing for bytes that
+ * never were one), and no stop string can begin in text already out, so the search for one looks at the
+ * held text only, which stays short: what was held (less than the longest stop string) and the newest
+ * token's text. A sequence that finishes for another reason (an end of generation, max_tokens) lets all it
+ * holds out, an unfinished character as one U+FFFD.
+ *
+ * vLLM's incremental detokenizer decodes a window of tokens and waits while the new text ends in U+FFFD
+ * (detokenize_incrementally); here the bytes themselves wait. For stop strings vLLM's V1 holds back a fixed
+ * number of characters, the longest stop string's length - 1 (when the stop string is not to be output);
+ * here only the tail that could still begin one waits (in bytes), so text that begins no stop string goes
+ * out at once. Entry points: llm_detok_push, llm_seq_push_text.
  * ======================================================================================================== */
 
 /* Counts every byte, stores the first cap of them. */
@@ -7514,6 +7712,7 @@ int llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, 
     if (!t || !d) return 0;
     if (!out || cap < 0) cap = 0;
     if (d->n_pending < 0 || d->n_pending > 3) d->n_pending = 0; /* never more than 3: not a state we made */
+    /* 1. the piece's length, then the held bytes and the piece in one buffer (on the stack when small) */
     int n = llm_tokenizer_piece(t, id, d->special, NULL, 0);
     if (n <= 0) return 0;
     size_t total = (size_t)d->n_pending + (size_t)n, keep;
@@ -7521,6 +7720,7 @@ int llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, 
     if (!buf) return 0;
     memcpy(buf, d->pending, (size_t)d->n_pending);
     llm_tokenizer_piece(t, id, d->special, (char *)buf + d->n_pending, n);
+    /* 2. measured first, written only when it fits: the whole characters out, the unfinished tail kept */
     size_t m = llm_utf8_clean(buf, total, NULL, &keep);
     if (m <= (size_t)cap) {
         llm_utf8_clean(buf, total, out, &keep);
@@ -7531,6 +7731,8 @@ int llm_detok_push(const llm_tokenizer *t, llm_detok *d, int32_t id, char *out, 
     return (int)m;
 }
 
+/* The end of the stream: bytes still pending never became a character. Returns 3 (U+FFFD written, when cap
+ * allows) or 0 when nothing was pending; like a push, it writes nothing when there is no room. */
 int llm_detok_flush(llm_detok *d, char *out, int cap) {
     if (!d) return 0;
     if (d->n_pending <= 0 || d->n_pending > 3) { d->n_pending = 0; return 0; }
@@ -7544,6 +7746,7 @@ int llm_detok_flush(llm_detok *d, char *out, int cap) {
 /* ---- Stop strings -------------------------------------------------------------------------------------- */
 /* Where the first of the stop strings begins in text[0..len), or -1; *stop_len: that stop string's length
  * (of two that begin there, the first in the list's) */
+/* (A plain scan: at most 16 stop strings over the held text, which is short, each token.) */
 static int llm_stop_find(const llm_sampling_params *p, const char *text, int len, int *stop_len) {
     int first = -1;
     for (int i = 0; i < p->n_stop; i++) {
@@ -7556,7 +7759,9 @@ static int llm_stop_find(const llm_sampling_params *p, const char *text, int len
 }
 
 /* The longest tail of text[0..len) that is the beginning of a stop string: it must wait for the next
- * token. */
+ * token. Tails of length 1 to (that stop string's length - 1) are tried, longest first: a whole stop string
+ * would have been found by llm_stop_find. With stop "</s>" and text "ab</": 2 ("</" begins it, "b</" does
+ * not). Everything before this tail can go out, as no stop string can begin there any more. */
 static int llm_stop_holdback(const llm_sampling_params *p, const char *text, int len) {
     int hold = 0;
     for (int i = 0; i < p->n_stop; i++) {
@@ -7572,6 +7777,8 @@ static int llm_stop_holdback(const llm_sampling_params *p, const char *text, int
  * could still begin a stop string. A stop string found ends the sequence (finish "stop") without its text,
  * or with it (include_stop_str) and nothing after it; finishing releases all that is held. */
 static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *tok, int finishing) {
+    /* 1. the token's text (none for -1: a stop token's own text is not output) into the held text; on
+     *    finishing, the detokenizer's pending bytes as U+FFFD (3 bytes of room kept for that) */
     if (tok) { /* a push that needs more room writes nothing and says how much: then once more, on the heap */
         char small[512], *buf = small;
         int n = token >= 0 ? llm_detok_push(tok, &s->detok, token, small, (int)sizeof small - 3) : 0;
@@ -7584,6 +7791,7 @@ static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *to
         if (n > 0) memcpy(arraddnptr(s->held_text, n), buf, (size_t)n);
         if (buf != small) free(buf);
     }
+    /* 2. a stop string in the held text ends the sequence there (the text cut before it, or after it) */
     const llm_sampling_params *p = &s->req->params;
     int len = (int)arrlen(s->held_text), stop_len = 0;
     int stop_at = llm_stop_find(p, s->held_text, len, &stop_len);
@@ -7591,12 +7799,16 @@ static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *to
         len = stop_at + (p->include_stop_str ? stop_len : 0);
         s->finish_reason = LLM_FINISH_STOP;
     }
+    /* 3. out goes all of it but a tail that may begin a stop string (all of it when finishing) */
     int emit = s->finish_reason || finishing ? len : len - llm_stop_holdback(p, s->held_text, len);
     if (emit > 0) memcpy(arraddnptr(s->out_text, emit), s->held_text, (size_t)emit);
     if (s->finish_reason) arrsetlen(s->held_text, 0);
     else if (emit > 0) arrdeln(s->held_text, 0, emit);
 }
 
+/* The whole ids at once, pushed through an llm_detok as a stream is, then the flush. Where the tokenizer
+ * adds a space prefix (SentencePiece's add_space_prefix), the first text's leading space is dropped. Bytes
+ * past cap are counted, not written: the caller may call again with the length returned. */
 int llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int special, char *out, int cap) {
     if (!t || n < 0 || (n && !ids)) return -1;
     if (!out || cap < 0) cap = 0;
