@@ -653,8 +653,9 @@ void llm_sampler_free(llm_sampler *s);
  * or logits itself when no penalty is on. history: the prompt's n_prompt tokens, then the output so far. */
 const float *llm_sampler_penalize(llm_sampler *s, const llm_sampling_params *p, const float *logits,
                                   const int32_t *history, int n_prompt, int n_history);
-/* The tokens sampling may pick after temperature, top-k, top-p and min-p, most likely first, with their
- * renormalised probabilities (in the sampler's scratch, valid until its next call); returns how many. logits:
+/* The tokens sampling may pick after temperature, top-k, top-p and min-p (most likely first when top-k or
+ * top-p is on, else in id order: a draw needs no order), with their renormalised probabilities (in the
+ * sampler's scratch, valid until its next call); returns how many. logits:
  * n of them, the vocabulary's (n = n_vocab) or a part of it gathered (the ids are then positions in it). */
 int llm_sampler_candidates(llm_sampler *s, const llm_sampling_params *p, const float *logits, int n,
                            const int32_t **ids, const float **probs);
