@@ -153,27 +153,27 @@ typedef struct {
     llm_str key;
     uint32_t type;          /* enum llm_gguf_type */
     uint32_t arr_type;      /* element type when type == LLM_GGUF_ARRAY */
-    uint64_t arr_len;
+    uint64_t arr_len;       /* elements in the array (checked against the file's size) */
     const uint8_t *data;    /* the value (or the first array element) in the file */
     llm_str *strs;          /* arrays of strings: each element, indexed once at load */
 } llm_gguf_kv;
 
 typedef struct {
-    llm_str name;
-    uint32_t n_dims;
+    llm_str name;           /* "token_embd.weight", "blk.0.attn_q.weight", ... */
+    uint32_t n_dims;        /* 1 to 4 */
     uint64_t ne[4];         /* innermost first: ne[0] values per row */
     uint32_t type;          /* enum llm_dtype */
-    uint64_t offset, nbytes;
-    const void *data;
+    uint64_t offset, nbytes; /* offset from the data section's start (a multiple of the alignment); size */
+    const void *data;       /* the tensor's first byte in the file, checked to lie within it */
 } llm_gguf_tensor;
 
 typedef struct {
-    const uint8_t *base; uint64_t size; int mapped;
-    uint32_t version;
-    uint64_t alignment;
+    const uint8_t *base; uint64_t size; int mapped; /* the file's bytes; mapped: llm_gguf_close unmaps them */
+    uint32_t version;       /* 2 or 3 */
+    uint64_t alignment;     /* of the data section and each tensor's offset: general.alignment, else 32 */
     int64_t n_kv, n_tensors;
-    llm_gguf_kv *kv;
-    llm_gguf_tensor *tensors;
+    llm_gguf_kv *kv;        /* n_kv entries, in file order */
+    llm_gguf_tensor *tensors; /* n_tensors entries, in file order */
 } llm_gguf;
 
 int  llm_gguf_open(llm_gguf *g, const char *path, char *err);                 /* map a file and parse it */
@@ -216,6 +216,8 @@ enum llm_arch {
 
 typedef struct {
     int arch;                 /* enum llm_arch */
+    /* the shape: the residual stream's width, layers, query heads, K/V heads (fewer: grouped-query
+     * attention), values per head, the dense FFN's hidden width, the embedding's rows, trained context */
     int dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size, context_length;
     int rope_dim;             /* leading dims of each head that RoPE rotates (usually head_dim) */
     int rope_neox;            /* 1: rotate x[i] with x[i + rope_dim/2] (qwen); 0: adjacent pairs (llama) */
@@ -268,8 +270,8 @@ typedef struct llm_model {
     char name[128];
     llm_gguf gguf;            /* the mapped file (zeroed for a dummy model) */
     llm_tokenizer *tok;       /* NULL for a dummy model: it takes token ids only */
-    llm_weight tok_embd, output_norm, output;
-    llm_layer *layers;
+    llm_weight tok_embd, output_norm, output; /* output is tok_embd when the file ties them */
+    llm_layer *layers;        /* n_layers of them */
     void *owned;              /* weights we allocated (dummy models) */
 } llm_model;
 
@@ -482,12 +484,12 @@ typedef struct {
 typedef struct { uint64_t key; int value; } llm_block_hash_entry;
 
 typedef struct {
-    int num_blocks, block_size;
-    llm_block *blocks;
-    int free_head, free_tail, num_free_blocks;
+    int num_blocks, block_size;     /* blocks in the pool; token positions per block */
+    llm_block *blocks;              /* num_blocks records, indexed by block id */
+    int free_head, free_tail, num_free_blocks; /* the free list's ends (-1 when empty) and length */
     llm_block_hash_entry *cached;   /* stb_ds hash map: block hash -> block id */
-    int enable_prefix_caching;
-    int64_t evictions;
+    int enable_prefix_caching;      /* 0: no block is ever named or looked up */
+    int64_t evictions;              /* named blocks taken for new content, since init */
 } llm_block_manager;
 
 int  llm_block_manager_init(llm_block_manager *bm, int num_blocks, int block_size, int enable_prefix_caching,
@@ -1132,7 +1134,40 @@ static int32_t llm_argmax_finite(const float *x, int n) { return llm_row_argmax(
  * 1. GGUF
  * A GGUF file is a header, key/value metadata, a table of tensor infos, then the aligned tensor data. We map
  * the file and keep pointers into it; every read goes through llm_rd, which refuses to step past the end.
+ *
+ * The layout (little-endian throughout; a string is a u64 byte count and that many bytes, no NUL):
+ *
+ *   "GGUF" | u32 version (2 or 3) | u64 n_tensors | u64 n_kv
+ *   n_kv times:      string key | u32 value type | value
+ *                    (a scalar: its 1-8 bytes; a string; an array: u32 element type, u64 count, elements)
+ *   n_tensors times: string name | u32 n_dims | u64 ne[n_dims] | u32 dtype | u64 offset
+ *   padding to a multiple of general.alignment (32 when the key is absent)
+ *   the data section: tensor i's bytes at data_start + offset_i, each offset a multiple of the alignment
+ *
+ * Nothing is copied out: llm_gguf_open maps the file read-only, and each key, string and tensor is a
+ * pointer into the mapping (llm_str is not NUL-terminated). The weights are then the kernel's page cache:
+ * opening a file of gigabytes reads only its metadata and tensor table, pages come in on first touch, and
+ * processes that serve the same file share them. The mapping must outlive everything that points into it:
+ * the model, the tokenizer, the weights (llm_model_free closes it last). llama.cpp's gguf.cpp reads the
+ * header with fread and copies each value into its own vectors; it also refuses duplicate keys and tensor
+ * names, where here the first of a name wins (llm_gguf_find, llm_gguf_tensor_find).
+ *
+ * The file is untrusted input: every count is checked against the bytes left before anything is allocated
+ * by it, every shape against overflow, every tensor against the end of the file; an error returns -1 and
+ * says what is wrong (naming the key or tensor where there is one), and nothing reads past the mapping.
+ *
+ * Tensors: ne[0] is the innermost dimension, the values of one row, stored contiguously; a PyTorch weight of
+ * shape (out, in) is ne = {in, out}, so row r holds output r's weights and a matrix-vector product reads
+ * whole rows. A quantized row is a run of blocks (32 or 256 values each, llm_dtype_info), so row r starts at
+ * r * llm_dtype_row_bytes(type, ne[0]). The block layouts and their exact dequantization follow below.
+ *
+ * Read first: llm_gguf_parse (the layout above, step by step), then llm_gguf_int and llm_gguf_string (how
+ * section 2 reads the config), then llm_qblock_read_scales and llm_dequant_blocks (what a weight's bytes
+ * mean).
  * ======================================================================================================== */
+/* A bounded cursor over the file's bytes. Once a read fails, failed stays set and every later read returns
+ * nothing, so a parser can chain several reads and test r->failed once; err has the first failure's
+ * message. */
 typedef struct { const uint8_t *p, *end; char *err; int failed; } llm_rd;
 
 static const uint8_t *llm_rd_take(llm_rd *r, uint64_t n, const char *what) {
@@ -1153,6 +1188,7 @@ static uint64_t llm_rd_u64(llm_rd *r, const char *what) {
     if (p) memcpy(&v, p, 8);
     return v;
 }
+/* A string: its u64 byte count, then the bytes; the result points into the file ({NULL, 0} on failure). */
 static llm_str llm_rd_str(llm_rd *r, const char *what) {
     llm_str s = {0, 0}; uint64_t n = llm_rd_u64(r, what);
     const uint8_t *p = llm_rd_take(r, n, what);
@@ -1160,9 +1196,14 @@ static llm_str llm_rd_str(llm_rd *r, const char *what) {
     return s;
 }
 
+/* Bytes of one metadata value, by enum llm_gguf_type; 0 for a string and an array, whose sizes are in the
+ * data (a bool takes one byte). */
 static const uint64_t llm_gguf_type_size[LLM_GGUF_NTYPES] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
 
-/* Bytes per block and values per block of each tensor type; 0 for a type we cannot compute with. */
+/* Bytes per block and values per block of each tensor type; 0 for a type we cannot compute with.
+ * A block is the unit a quantized type is stored in: block_values values share their scales, packed in
+ * block_bytes bytes (q4_0: a f16 scale and 32 4-bit values, 2 + 16 = 18 bytes, 4.5 bits a value). A row of
+ * a tensor is a whole number of blocks, which llm_gguf_parse_tensor checks. */
 static int llm_dtype_info(uint32_t type, uint64_t *block_bytes, uint64_t *block_values) {
     switch (type) {
     case LLM_F32:  *block_bytes = 4;   *block_values = 1;   return 1;
@@ -1194,8 +1235,15 @@ const char *llm_dtype_name(uint32_t type) {
     }
 }
 
-/* The metadata: each value stays in the file; arrays of strings get an index of their elements. */
+/* The metadata: each value stays in the file; arrays of strings get an index of their elements.
+ * Reads one key/value pair at r and leaves r after it. A scalar or string is only stepped over (kv->data
+ * points at it); a numeric array is stepped over as count * element size; an array of strings (a
+ * tokenizer's vocabulary, tokenizer.ggml.tokens: tens of thousands of strings) must be walked, as its
+ * elements have their own lengths, so their llm_str are indexed once here in kv->strs (malloc'd, freed by
+ * llm_gguf_close, also on error). An array's count is checked against the bytes left before it sizes that
+ * index: a 40-byte file cannot make us allocate 2^64 entries. Arrays of arrays are refused. */
 static int llm_gguf_parse_kv(llm_gguf_kv *kv, llm_rd *r, char *err) {
+    /* 1. the key and the value's type */
     kv->key = llm_rd_str(r, "metadata key");
     kv->type = llm_rd_u32(r, "metadata type");
     if (r->failed) return -1;
@@ -1203,12 +1251,14 @@ static int llm_gguf_parse_kv(llm_gguf_kv *kv, llm_rd *r, char *err) {
     if (kv->type >= LLM_GGUF_NTYPES)
         return llm_fail(err, "corrupt GGUF metadata: key '%.*s' has unknown value type %u", klen, kv->key.ptr,
                         kv->type);
+    /* 2. a string or a scalar: step over it */
     kv->data = r->p;
     if (kv->type == LLM_GGUF_STRING) { llm_rd_str(r, "metadata string"); return r->failed ? -1 : 0; }
     if (kv->type != LLM_GGUF_ARRAY) {
         llm_rd_take(r, llm_gguf_type_size[kv->type], "metadata value");
         return r->failed ? -1 : 0;
     }
+    /* 3. an array: its element type and count, the count bounded by the bytes left, then its elements */
     kv->arr_type = llm_rd_u32(r, "metadata array");
     kv->arr_len = llm_rd_u64(r, "metadata array");
     if (r->failed) return -1;
@@ -1233,8 +1283,13 @@ static int llm_gguf_parse_kv(llm_gguf_kv *kv, llm_rd *r, char *err) {
     return r->failed ? -1 : 0;
 }
 
-/* A tensor info: name, shape, type, offset. The size follows from the shape and the type's blocks. */
+/* A tensor info: name, shape, type, offset. The size follows from the shape and the type's blocks.
+ * Unused dimensions are 1, so ne[0] * ne[1] * ne[2] * ne[3] is always the count of values. The bounds (each
+ * dimension 1 to 2^40, the product at most 2^50) keep the count, and the bytes computed from it, free of
+ * overflow before the data pointer is checked against the file (in llm_gguf_parse, once the data section's
+ * start is known). */
 static int llm_gguf_parse_tensor(llm_gguf_tensor *t, llm_rd *r, char *err) {
+    /* 1. the name and the shape, unused dimensions set to 1 */
     t->name = llm_rd_str(r, "tensor info");
     t->n_dims = llm_rd_u32(r, "tensor info");
     if (r->failed) return -1;
@@ -1243,6 +1298,7 @@ static int llm_gguf_parse_tensor(llm_gguf_tensor *t, llm_rd *r, char *err) {
         return llm_fail(err, "corrupt tensor '%.*s': %u dimensions", nlen, t->name.ptr, t->n_dims);
     for (int d = 0; d < 4; d++) t->ne[d] = 1;
     for (uint32_t d = 0; d < t->n_dims; d++) t->ne[d] = llm_rd_u64(r, "tensor info");
+    /* 2. the type, which must be one we compute with, and the offset */
     t->type = llm_rd_u32(r, "tensor info");
     t->offset = llm_rd_u64(r, "tensor info");
     if (r->failed) return -1;
@@ -1250,6 +1306,7 @@ static int llm_gguf_parse_tensor(llm_gguf_tensor *t, llm_rd *r, char *err) {
     if (!llm_dtype_info(t->type, &bb, &bv))
         return llm_fail(err, "tensor '%.*s' has unknown or unsupported tensor type %u", nlen, t->name.ptr,
                         t->type);
+    /* 3. the count of values, bounded as it is multiplied up, then the bytes: whole blocks per row */
     uint64_t n = 1;
     for (int d = 0; d < 4; d++) {
         if (t->ne[d] == 0 || t->ne[d] > ((uint64_t)1 << 40) || n > ((uint64_t)1 << 50) / t->ne[d])
@@ -1263,10 +1320,15 @@ static int llm_gguf_parse_tensor(llm_gguf_tensor *t, llm_rd *r, char *err) {
     return 0;
 }
 
+/* Parses a whole GGUF image in memory (the mapped file, or bytes a test or fuzzer made): the steps follow the
+ * layout in the section's opener. data is not copied and must outlive g. On success g's tensors have their
+ * data pointers, each checked to lie inside [data, data + size); on error the message is in err, -1 is
+ * returned and g holds nothing to free (whatever was allocated is freed). */
 int llm_gguf_parse(llm_gguf *g, const void *data, uint64_t size, char *err) {
     memset(g, 0, sizeof *g);
     g->base = (const uint8_t *)data; g->size = size; g->alignment = 32;
     llm_rd r = {g->base, g->base + size, err, 0};
+    /* 1. the header: magic, version, the two counts */
     const uint8_t *magic = llm_rd_take(&r, 4, "header");
     if (!magic) return -1;
     if (memcmp(magic, "GGUF", 4) != 0) return llm_fail(err, "not a GGUF file: bad magic (expected \"GGUF\")");
@@ -1280,6 +1342,7 @@ int llm_gguf_parse(llm_gguf *g, const void *data, uint64_t size, char *err) {
         return llm_fail(err, "GGUF file truncated or corrupt: its header counts %llu tensors and %llu "
                         "metadata keys, more than a %llu-byte file holds", (unsigned long long)n_tensors,
                         (unsigned long long)n_kv, (unsigned long long)size);
+    /* the tables, zeroed: a half-parsed g (strs NULL past the failing entry) is safe for llm_gguf_close */
     g->n_kv = (int64_t)n_kv; g->n_tensors = (int64_t)n_tensors;
     g->kv = (llm_gguf_kv *)calloc(n_kv ? n_kv : 1, sizeof *g->kv);
     g->tensors = (llm_gguf_tensor *)calloc(n_tensors ? n_tensors : 1, sizeof *g->tensors);
@@ -1288,6 +1351,7 @@ int llm_gguf_parse(llm_gguf *g, const void *data, uint64_t size, char *err) {
         return llm_fail(err, "out of memory reading GGUF header");
     }
 
+    /* 2. the metadata; general.alignment, if any, sets where the data section starts */
     for (uint64_t i = 0; i < n_kv; i++)
         if (llm_gguf_parse_kv(&g->kv[i], &r, err) != 0) { llm_gguf_close(g); return -1; }
     if (llm_gguf_find(g, "general.alignment")) {
@@ -1299,10 +1363,12 @@ int llm_gguf_parse(llm_gguf *g, const void *data, uint64_t size, char *err) {
         }
         g->alignment = (uint64_t)a;
     }
+    /* 3. the tensor infos: names, shapes, types, offsets relative to the data section */
     for (uint64_t i = 0; i < n_tensors; i++)
         if (llm_gguf_parse_tensor(&g->tensors[i], &r, err) != 0) { llm_gguf_close(g); return -1; }
 
-    /* the data section starts at the next multiple of the alignment; each tensor must lie inside the file */
+    /* 4. the data section starts at the next multiple of the alignment; each tensor must lie inside the file
+     * (the comparisons are arranged so that none of them can overflow) */
     uint64_t data_start = (uint64_t)(r.p - g->base);
     data_start = (data_start + g->alignment - 1) / g->alignment * g->alignment;
     for (int64_t i = 0; i < g->n_tensors; i++) {
@@ -1320,6 +1386,10 @@ int llm_gguf_parse(llm_gguf *g, const void *data, uint64_t size, char *err) {
     return 0;
 }
 
+/* Maps the file and parses it. MAP_PRIVATE and PROT_READ: the weights are never written, and pages are read
+ * from disk on first touch, so a model larger than free memory still opens (and runs, slowly). The file
+ * descriptor is closed at once: the mapping keeps the file. A file under 4 bytes is refused before mmap
+ * (it cannot hold the magic, and mmap cannot map 0 bytes); the mapping is undone if parsing fails. */
 int llm_gguf_open(llm_gguf *g, const char *path, char *err) {
     memset(g, 0, sizeof *g);
     int fd = open(path, O_RDONLY);
@@ -1344,6 +1414,8 @@ int llm_gguf_open(llm_gguf *g, const char *path, char *err) {
     return 0;
 }
 
+/* Frees what parsing allocated (the tables, the string indexes) and unmaps a mapped file. It zeroes g, so a
+ * zeroed or already closed g is safe to close again. */
 void llm_gguf_close(llm_gguf *g) {
     if (g->kv) for (int64_t i = 0; i < g->n_kv; i++) free(g->kv[i].strs);
     free(g->kv); free(g->tensors);
@@ -1351,6 +1423,8 @@ void llm_gguf_close(llm_gguf *g) {
     memset(g, 0, sizeof *g);
 }
 
+/* Lookups by name are linear scans: a model has a few dozen keys and a few hundred tensors, each looked up
+ * once at load, so an index would cost more than it saves. */
 const llm_gguf_kv *llm_gguf_find(const llm_gguf *g, const char *key) {
     for (int64_t i = 0; i < g->n_kv; i++) if (llm_str_eq(g->kv[i].key, key)) return &g->kv[i];
     return NULL;
@@ -1362,7 +1436,10 @@ const llm_gguf_tensor *llm_gguf_tensor_find(const llm_gguf *g, const char *name)
     return NULL;
 }
 
-/* One value of a numeric type, as an integer and as a double. 0 for strings and arrays. */
+/* One value of a numeric type, as an integer and as a double. 0 for strings and arrays.
+ * The bytes are copied into a union first: a value in the file has no alignment (it follows a string of any
+ * length), and reading it through a cast pointer would be undefined behaviour. Any numeric type reads as
+ * either result, so callers need not care which width a converter chose for a key. */
 static int llm_gguf_scalar(uint32_t type, const uint8_t *p, int64_t *iv, double *fv) {
     union {
         uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32; float f32;
@@ -1389,6 +1466,7 @@ static int llm_gguf_scalar(uint32_t type, const uint8_t *p, int64_t *iv, double 
     return 1;
 }
 
+/* The typed getters: fallback (or an empty string) when the key is absent or not of a fitting kind. */
 int64_t llm_gguf_int(const llm_gguf *g, const char *key, int64_t fallback) {
     const llm_gguf_kv *kv = llm_gguf_find(g, key); int64_t iv; double fv;
     return kv && llm_gguf_scalar(kv->type, kv->data, &iv, &fv) ? iv : fallback;
@@ -1399,7 +1477,7 @@ double llm_gguf_float(const llm_gguf *g, const char *key, double fallback) {
 }
 llm_str llm_gguf_string(const llm_gguf *g, const char *key) {
     const llm_gguf_kv *kv = llm_gguf_find(g, key); llm_str s = {NULL, 0};
-    if (kv && kv->type == LLM_GGUF_STRING) {
+    if (kv && kv->type == LLM_GGUF_STRING) { /* data points at the string's u64 length, then its bytes */
         uint64_t n; memcpy(&n, kv->data, 8);
         s.ptr = (const char *)kv->data + 8; s.len = n;
     }
@@ -1411,6 +1489,7 @@ static void llm_gguf_arr_at(const llm_gguf_kv *kv, uint64_t i, int64_t *iv, doub
     if (i < kv->arr_len) llm_gguf_scalar(kv->arr_type, kv->data + i * llm_gguf_type_size[kv->arr_type], iv,
                                          fv);
 }
+/* The exported forms, which the tokenizer reads its token types and scores with */
 int64_t llm_gguf_arr_int(const llm_gguf_kv *kv, uint64_t i) {
     int64_t iv; double fv;
     llm_gguf_arr_at(kv, i, &iv, &fv);
@@ -1423,12 +1502,15 @@ double llm_gguf_arr_float(const llm_gguf_kv *kv, uint64_t i) {
 }
 
 /* ---- Tensor data: quantized blocks, and a row of a weight as f32 ------------------------------------- */
+/* The bytes of a row of n values: n / block_values blocks; 0 when n is not a whole number of blocks or the
+ * type is unknown, which callers treat as "cannot compute with this tensor" (llm_model_weight). */
 size_t llm_dtype_row_bytes(uint32_t type, int64_t n) {
     uint64_t bb, bv;
     if (!llm_dtype_info(type, &bb, &bv) || n % (int64_t)bv) return 0;
     return (size_t)(n / bv * bb);
 }
 
+/* A f16 at any byte offset (a block's fields are not aligned: q4_0's blocks are 18 bytes apart) */
 static float llm_f16_at(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return llm_f16_to_f32(h); }
 
 /* The block layouts, from the GGUF/ggml specification. 32-value blocks: a f16 scale d (and a f16 minimum m
@@ -1455,6 +1537,19 @@ static float llm_e8m0_half(uint8_t e) { /* 2^(e - 128), denormal below e = 2, as
     return f;
 }
 
+/* A block's scales, into the one form of llm_qblock: value i = (d * scale[s]) * q[i] - dmin * min[s]. The
+ * byte offsets are those of the layouts above (q2_K: 16 bytes of scales, 64 of values, then d at 80 and
+ * dmin at 82). How each type fits that form:
+ *   q4_0, q5_0, q8_0, mxfp4: one sub-block of 32, scale 1, no minimum; mxfp4's d is its power of two
+ *   q4_1, q5_1: d, and the minimum m as dmin with min = -1, so the subtraction adds m
+ *   q2_K: 16 sub-blocks of 16, a 4-bit scale and a 4-bit min each, scaled by d and dmin
+ *   q3_K: 16 sub-blocks of 16, 6-bit scales stored with 32 added (so signed, -32 to 31), no minimum
+ *   q4_K, q5_K: 8 sub-blocks of 32, 6-bit scales and mins in 12 bytes:
+ *       bytes 0-3: scale[0..3] in bits 0-5       bytes 4-7: min[0..3] in bits 0-5
+ *       bytes 8-11: scale[4..7] low 4 bits | min[4..7] low 4 bits << 4; their top 2 bits in bits 6-7 of
+ *       bytes 0-3 (scales) and 4-7 (mins)
+ *   q6_K: 16 sub-blocks of 16, int8 scales, no minimum
+ * offset is the bias the stored values carry, subtracted from q by llm_qblock_read. */
 static inline __attribute__((always_inline)) void llm_qblock_read_scales(uint32_t type, const uint8_t *p,
                                                                         llm_qblock *b) {
     const uint8_t *sc;
@@ -1492,7 +1587,12 @@ static inline __attribute__((always_inline)) void llm_qblock_read_scales(uint32_
     }
 }
 
-/* The values of a block, type by type, in loops over the layout's own runs (which the compiler vectorizes) */
+/* The values of a block, type by type, in loops over the layout's own runs (which the compiler vectorizes)
+ * On return b->q[0 .. b->n) holds the block's integer values in their natural order, the offset taken out
+ * (q4_0: -8 to 7; q6_K: -32 to 31; mxfp4: twice the E2M1 value), ready for llm_dequant_blocks or an integer
+ * dot product. The bit fields are gathered so that each inner loop reads a run of consecutive bytes: one
+ * byte of a 2-bit field holds values l, l + 32, l + 64, l + 96 of a 128-value half, one byte of nibbles
+ * values l and l + 16 (32-value blocks), l and l + 32 (q4_K, q5_K) or l and l + 64 (q6_K). */
 static inline __attribute__((always_inline)) void llm_qblock_read(uint32_t type, const uint8_t *p,
                                                                  llm_qblock *b) {
     llm_qblock_read_scales(type, p, b);
@@ -1542,6 +1642,7 @@ static inline __attribute__((always_inline)) void llm_qblock_read(uint32_t type,
                 q[c * 64 + l] = (int8_t)lo; q[c * 64 + 32 + l] = (int8_t)hi;
             }
         break;
+    /* q6_K: each value is a low nibble and 2 high bits, 0 to 63 (32 is taken out below) */
     case LLM_Q6_K: /* per half of 128: low nibbles across 64 bytes, the 2-bit high parts across 32 */
         for (int half = 0; half < 2; half++)
             for (int l = 0; l < 32; l++) {
@@ -1556,12 +1657,14 @@ static inline __attribute__((always_inline)) void llm_qblock_read(uint32_t type,
     }
     if (b->offset) for (int i = 0; i < b->n; i++) q[i] = (int8_t)(q[i] - b->offset);
 }
+/* The exported form of llm_qblock_read, which stays inlined in the loops of this file */
 void llm_qblock_unpack(uint32_t type, const void *block, llm_qblock *b) {
     llm_qblock_read(type, (const uint8_t *)block, b);
 }
 
 /* Exactly what the file's values are in f32, each written in the specification's order of operations,
  * (d * scale) * q - dmin * min, so that the result is bit-exact (the build keeps a * b - c unfused). */
+/* n must be a whole number of blocks (a row of a checked tensor is): the loop stops before a partial one. */
 static inline __attribute__((always_inline)) void llm_dequant_blocks(uint32_t type, const uint8_t *p,
                                                                     float *out, int64_t n) {
     uint64_t block_bytes, block_values;
@@ -1569,6 +1672,7 @@ static inline __attribute__((always_inline)) void llm_dequant_blocks(uint32_t ty
     llm_qblock b;
     for (int64_t at = 0; at + (int64_t)block_values <= n; at += (int64_t)block_values, p += block_bytes) {
         llm_qblock_unpack(type, p, &b); /* a call: inlined, GCC scalarizes b.q byte by byte */
+        /* per sub-block: its two products of scales once, then a multiply and a subtract per value */
         for (int s = 0; s < b.n / b.sub; s++) {
             float ds = b.d * (float)b.scale[s], dm = b.dmin * (float)b.min[s];
             for (int i = s * b.sub; i < (s + 1) * b.sub; i++) out[at + i] = ds * (float)b.q[i] - dm;
@@ -1576,10 +1680,16 @@ static inline __attribute__((always_inline)) void llm_dequant_blocks(uint32_t ty
     }
 }
 
+/* A row of n values as f32, exactly: the reference the SIMD and CUDA dot products are tested against, and
+ * what the CPU path reads embeddings (a row per token), f16 K and a prompt's tiles of weight rows with.
+ * Each quantized case calls the inlined llm_dequant_blocks with a constant type, so the compiler drops the
+ * type switches from the inner loops; an unknown type writes nothing (llm_model_weight refused such tensors
+ * at load). */
 void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n) {
     const uint8_t *p = (const uint8_t *)row;
     switch (type) { /* each call specializes the inlined loops to its type */
     case LLM_F32: memcpy(out, row, (size_t)n * sizeof(float)); return;
+    /* the half-precision types have no blocks: a value in every 2 bytes */
     case LLM_F16: case LLM_BF16: {
         int64_t i = 0;
 #if defined(LLM_AVX2)
@@ -1609,12 +1719,57 @@ void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n
 
 /* ===========================================================================================================
  * 2. Model: the configuration from the metadata, the weights as typed pointers into the mapped file
+ * Takes the parsed GGUF (section 1) and hands on an llm_model: an llm_config of plain numbers that the
+ * forward pass (section 7) and the KV cache's sizing read, an llm_weight per matrix pointing into the
+ * mapping (no copy, no conversion: a q4_K file stays q4_K in memory), and the tokenizer (section 3).
+ *
+ * The metadata keys are named after the architecture, general.architecture's value:
+ *
+ *   general.architecture = "qwen2"
+ *   qwen2.embedding_length      dim             qwen2.block_count               n_layers
+ *   qwen2.feed_forward_length   ffn_dim         qwen2.context_length            context_length
+ *   qwen2.attention.head_count  n_heads         qwen2.attention.head_count_kv   n_kv_heads (GQA)
+ *   qwen2.attention.key_length  head_dim        qwen2.rope.dimension_count      rope_dim
+ *   qwen2.rope.freq_base        rope_base       qwen2.attention.layer_norm_rms_epsilon  rms_eps
+ *
+ * and the tensors after llama.cpp's names: token_embd.weight, output_norm.weight, output.weight (absent when
+ * the output projection is tied to the embedding), and per layer blk.N.attn_norm, attn_q, attn_k, attn_v,
+ * attn_output, ffn_norm, ffn_gate, ffn_up, ffn_down (.weight, and .bias for biases).
+ *
+ * Why configurations differ: a converter (llama.cpp's convert_hf_to_gguf.py) writes what a checkpoint's
+ * config.json says in numbers, but much of an architecture is in its modelling code, not its config, so the
+ * architecture's name implies it, here as in llama.cpp:
+ *   llama    RoPE on adjacent pairs (rope_neox 0); optional rope_freqs (Llama 3.1); experts if expert_count
+ *            is set (Mixtral)
+ *   qwen2    biases on Q, K and V (required); RoPE on halves (rope_neox 1), as every model below but smollm3
+ *   qwen3    a RMS norm over each head of Q and K (q_norm, k_norm) instead of qwen2's biases
+ *   gemma3   q/k norms, a norm after attention and after the FFN too, 5 local (sliding window) layers then
+ *            a global one, the local ones with their own RoPE base
+ *   phi3     Q, K, V fused in one matrix and gate, up in another (bound as row ranges); LongRoPE factors
+ *   smollm3  llama's RoPE, none at all in every 4th layer
+ *   qwen3moe, qwen2moe, gpt-oss  mixtures of experts (qwen2moe with a shared expert; gpt-oss with biases,
+ *            attention sinks, every other layer local, YaRN, experts in mxfp4)
+ * A key that only some architectures have is read only for them (the sliding window: gemma3, gpt-oss); a
+ * tensor an architecture needs and the file lacks is an error naming the tensor; every number is
+ * range-checked before it sizes anything.
+ *
+ * A weight is rows x cols (llm_weight): cols = ne[0], the input dimension; y = W x takes row r's dot product
+ * with x for y[r]. The experts of a layer are one 3-D tensor, ne = {cols, rows per expert, n_experts}, bound
+ * as rows_per_expert * n_experts rows, expert e's from row e * rows_per_expert on.
+ *
+ * Read first: llm_model_load (the order of things), llm_model_read_config, llm_model_bind_weights; then the
+ * KV cache's groups of layers (llm_kv_group_layers), which the block manager and the backends size by.
  * ======================================================================================================== */
 static const char *llm_arch_names[LLM_ARCH_COUNT] = {"llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3",
                                                      "qwen3moe", "gpt-oss", "qwen2moe"};
 
 /* Weights stay in the file's type; the forward pass converts one row at a time (llm_dtype_dequant_row). rows
- * 0: a vector (a norm or a bias), which must be f32. */
+ * 0: a vector (a norm or a bias), which must be f32.
+ * Binds w to tensor name, checked to hold cols values a row and rows rows (the dimensions past ne[0] are
+ * multiplied together, so a stack of experts binds as one tall matrix). Absent and not required: w stays
+ * zeroed (data NULL, which the forward pass reads as "this model has none") and 0 is returned. A type
+ * without a row size here (llm_dtype_row_bytes 0) is refused now rather than met in the middle of a
+ * forward pass. */
 static int llm_model_weight(llm_model *m, llm_weight *w, const char *name, int64_t cols, int64_t rows,
                             int required, char *err) {
     const llm_gguf_tensor *t = llm_gguf_tensor_find(&m->gguf, name);
@@ -1672,7 +1827,11 @@ static int llm_kv_group_window(const llm_config *c, int group) {
     return group < n_global / llm_kv_group_layers(c) ? 0 : c->sliding_window;
 }
 
-/* Where a layer's K and V are: its group, and its place among the group's layers in a block */
+/* Where a layer's K and V are: its group, and its place among the group's layers in a block
+ * The global layers, counted in order, fill the first groups, then the local ones the rest, g at a time
+ * (g = llm_kv_group_layers). Gemma 3 270M (18 layers, global 5, 11, 17; g = 3): group 0 holds layers 5, 11,
+ * 17; group 1 layers 0, 1, 2; group 2 layers 3, 4, 6 (so layer 6 is at index 2); ... group 5 layers 14,
+ * 15, 16. A model without windows: group 0, index = the layer. */
 void llm_kv_place(const llm_config *c, int layer, int *group, int *index) {
     int g = llm_kv_group_layers(c), local = llm_layer_window(c, layer) > 0, n_global = 0, before = 0;
     for (int l = 0; l < c->n_layers; l++) {
@@ -1690,7 +1849,10 @@ static llm_weight llm_weight_rows(llm_weight w, int64_t first, int64_t n) {
     return w;
 }
 
-/* An integer key of the config, in [lo, hi] (absent: fallback, when that is in range). */
+/* An integer key of the config, in [lo, hi] (absent: fallback, when that is in range).
+ * A fallback below lo makes the key required ("is missing"). A value of any numeric type is accepted if it
+ * is a whole number (a f32 2.0 is 2; 2.5 and NaN are errors), and the range check comes before the cast to
+ * int, so no value in a file reaches an int it does not fit. */
 static int llm_config_int(const llm_gguf *g, const char *key, int64_t fallback, int64_t lo, int64_t hi,
                           int *out, char *err) {
     const llm_gguf_kv *kv = llm_gguf_find(g, key);
@@ -1716,9 +1878,13 @@ static int llm_config_float(const llm_gguf *g, const char *key, double fallback,
     return 0;
 }
 
+/* The llm_config from the metadata, in steps: the architecture, the shape, the sliding windows, RoPE and its
+ * scaling, the experts, then the checks across keys. Returns -1 with err naming the key at the first value
+ * that is missing, of the wrong kind or out of range; c is then partly filled, and llm_model_load frees. */
 static int llm_model_read_config(llm_model *m, char *err) {
     llm_gguf *g = &m->gguf;
     llm_config *c = &m->cfg;
+    /* 1. the architecture: its name prefixes every key below */
     llm_str arch = llm_gguf_string(g, "general.architecture");
     if (!arch.ptr) return llm_fail(err, "model file has no general.architecture key");
     c->arch = -1;
@@ -1729,12 +1895,17 @@ static int llm_model_read_config(llm_model *m, char *err) {
     /* keys are prefixed by the architecture: llama.embedding_length, qwen2.block_count, ... Every number is
      * checked against its range before it is used (a count drives allocations; a cast of a value out of range
      * is undefined behaviour), and an error names the key. */
+    /* LLM_KEY(suffix) builds "<arch>.<suffix>" in key; LLM_INT and LLM_FLOAT read a key into a field of c,
+     * or return -1 from here with err set */
     char key[128];
 #define LLM_KEY(suffix) (snprintf(key, sizeof key, "%s.%s", llm_arch_names[c->arch], suffix), key)
 #define LLM_INT(field, suffix, fallback, lo, hi) \
     if (llm_config_int(g, LLM_KEY(suffix), fallback, lo, hi, &c->field, err)) return -1
 #define LLM_FLOAT(field, suffix, fallback, lo, hi) \
     if (llm_config_float(g, LLM_KEY(suffix), fallback, lo, hi, &c->field, err)) return -1
+    /* 2. the shape. head_dim defaults to dim / n_heads, but Qwen3 and Gemma 3 give key_length, which differs
+     * from it (Qwen3-0.6B: 1024 / 16 = 64, key_length 128); n_kv_heads < n_heads is grouped-query attention,
+     * each K/V head serving n_heads / n_kv_heads query heads */
     LLM_INT(dim, "embedding_length", -1, 1, 1 << 20);
     LLM_INT(n_layers, "block_count", -1, 1, 4096);
     LLM_INT(ffn_dim, "feed_forward_length", -1, 1, 1 << 22);
@@ -1745,6 +1916,8 @@ static int llm_model_read_config(llm_model *m, char *err) {
     LLM_INT(rope_dim, "rope.dimension_count", c->head_dim, 2, c->head_dim);
     LLM_FLOAT(rms_eps, "attention.layer_norm_rms_epsilon", 1e-5, 1e-12, 1.0);
     LLM_FLOAT(rope_base, "rope.freq_base", 10000.0, 1.0, 1e12);
+    /* 3. sliding windows: the file gives the window; which layers are local is the architecture's (a
+     * layer l is global when (l + 1) % swa_pattern == 0, llm_layer_window) */
     if (c->arch == LLM_ARCH_GEMMA3) { /* llama.cpp's pattern: 5 local layers, then a global one */
         LLM_INT(sliding_window, "attention.sliding_window", 0, 0, 1 << 24);
         LLM_FLOAT(rope_base_swa, "rope.freq_base_swa", 10000.0, 1.0, 1e12);
@@ -1755,7 +1928,10 @@ static int llm_model_read_config(llm_model *m, char *err) {
         LLM_FLOAT(rope_base_swa, "rope.freq_base_swa", c->rope_base, 1.0, 1e12);
         c->swa_pattern = 2;
     }
-    /* RoPE scaling, as llama.cpp reads it: linear unless named, the factor 1 unless given */
+    /* 4. RoPE scaling, as llama.cpp reads it: linear unless named, the factor 1 unless given. Scaling lets a
+     * model run past the context it was trained on: "linear" divides every angle by the factor (position
+     * interpolation); YaRN divides only the slow dimensions and ramps between, so that the fast ones, which
+     * encode nearby order, keep their trained frequencies */
     llm_str scaling = llm_gguf_string(g, LLM_KEY("rope.scaling.type"));
     float factor = 1, attn_factor = 1, log_mul = 0;
     int orig_ctx = 0;
@@ -1783,6 +1959,11 @@ static int llm_model_read_config(llm_model *m, char *err) {
     c->rope_orig_ctx = orig_ctx;
     /* local layers: gpt-oss scales them as the others, Gemma 3 not (llama.cpp's rope_freq_scale_train_swa) */
     c->rope_freq_scale_swa = c->arch == LLM_ARCH_GPT_OSS ? c->rope_freq_scale : 1.0f;
+    /* YaRN's ramp: rotary pair i turns orig_ctx / (2 pi base^(2i / rope_dim)) times over the original
+     * context; solving that for turns = beta gives the pair index below, as llama.cpp's
+     * ggml_rope_yarn_corr_dims does. Pairs before yarn_dims[0] turn more than beta_fast times and keep
+     * their angles, pairs past yarn_dims[1] fewer than beta_slow times and are divided by the factor, and
+     * those between are blended */
     if (c->rope_yarn) { /* the dimensions that turn beta_fast (32) and beta_slow (1) times in orig_ctx */
         float beta[2] = {32, 1};
         for (int k = 0; k < 2; k++) {
@@ -1792,6 +1973,7 @@ static int llm_model_read_config(llm_model *m, char *err) {
         }
     }
     if (c->arch == LLM_ARCH_SMOLLM3) c->nope_every = 4; /* as llama.cpp has it: layers 3, 7, 11, ... */
+    /* 5. the experts: expert_count of them, expert_used_count chosen per token by the router */
     LLM_INT(n_experts, "expert_count", 0, 0, 1 << 16);
     int qwen2moe = c->arch == LLM_ARCH_QWEN2MOE;
     if ((c->arch == LLM_ARCH_QWEN3MOE || c->arch == LLM_ARCH_GPT_OSS || qwen2moe) && !c->n_experts)
@@ -1805,6 +1987,7 @@ static int llm_model_read_config(llm_model *m, char *err) {
     }
 #undef LLM_INT
 #undef LLM_FLOAT
+    /* 6. what no single key's range can say: the keys must agree with each other and with the tensors */
     const char *an = llm_arch_names[c->arch];
     if (c->n_heads % c->n_kv_heads)
         return llm_fail(err, "model metadata is inconsistent: %s.attention.head_count=%d is not a multiple "
@@ -1816,6 +1999,9 @@ static int llm_model_read_config(llm_model *m, char *err) {
     if (!llm_gguf_tensor_find(g, key))
         return llm_fail(err, "%s.block_count is %d, but the file has no tensor '%s'", an, c->n_layers, key);
 #undef LLM_KEY
+    /* 7. what the architecture implies: the RoPE pairing (HF's Llama checkpoints are permuted by the
+     * converter into adjacent pairs; the others keep HF's halves), and the vocabulary from the embedding's
+     * rows (the tokenizer must not have more tokens, which llm_model_load checks) */
     c->rope_neox = c->arch != LLM_ARCH_LLAMA && c->arch != LLM_ARCH_SMOLLM3;
     const llm_gguf_tensor *emb = llm_gguf_tensor_find(g, "token_embd.weight");
     if (!emb) return llm_fail(err, "model file is missing tensor 'token_embd.weight'");
@@ -1823,6 +2009,10 @@ static int llm_model_read_config(llm_model *m, char *err) {
     return 0;
 }
 
+/* Every weight of the model, bound and shape-checked against the config: first the model-wide ones, then
+ * each layer's, by the tensor names of the section's opener. What an architecture must have is required
+ * (qwen2's biases, gemma3's extra norms, gpt-oss's sinks); what it may have is optional and stays NULL
+ * when absent. Allocates m->layers; on error llm_model_load frees it. */
 static int llm_model_bind_weights(llm_model *m, char *err) {
     llm_config *c = &m->cfg;
     int64_t q_dim = (int64_t)c->n_heads * c->head_dim, kv_dim = (int64_t)c->n_kv_heads * c->head_dim;
@@ -1850,6 +2040,7 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
     int64_t E = c->n_experts, Fe = c->expert_ffn_dim;
     int gemma3 = c->arch == LLM_ARCH_GEMMA3, phi3 = c->arch == LLM_ARCH_PHI3;
     int gpt_oss = c->arch == LLM_ARCH_GPT_OSS;
+    /* each layer: attention, its norms, then the FFN (dense, or the router and the experts) */
     for (int l = 0; l < c->n_layers; l++) {
         llm_layer *L = &m->layers[l];
         char name[96];
@@ -1873,6 +2064,8 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
             L->w_up = llm_weight_rows(gate_up, c->ffn_dim, c->ffn_dim);
             continue;
         }
+        /* attention: Q has n_heads * head_dim rows, K and V n_kv_heads * head_dim; the output projection
+         * maps the heads back to dim */
         if (LLM_W(attn_norm, "attn_norm.weight", c->dim, 0, 1) ||
             LLM_W(wq, "attn_q.weight", c->dim, q_dim, 1) ||
             LLM_W(wk, "attn_k.weight", c->dim, kv_dim, 1) || LLM_W(wv, "attn_v.weight", c->dim, kv_dim, 1) ||
@@ -1890,11 +2083,15 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
                       LLM_W(post_ffn_norm, "post_ffw_norm.weight", c->dim, 0, gemma3) ||
                       LLM_W(ffn_norm, "ffn_norm.weight", c->dim, 0, 1))
             return -1;
+        /* qwen2moe's shared expert: a SwiGLU every token goes through, weighted by the sigmoid of the dot
+         * product of shared_gate_inp (one row) with the token's normed vector */
         if (qwen2moe && (LLM_W(shared_gate_inp, "ffn_gate_inp_shexp.weight", c->dim, 0, 1) ||
                          LLM_W(shared_gate, "ffn_gate_shexp.weight", c->dim, c->shared_ffn_dim, 1) ||
                          LLM_W(shared_up, "ffn_up_shexp.weight", c->dim, c->shared_ffn_dim, 1) ||
                          LLM_W(shared_down, "ffn_down_shexp.weight", c->shared_ffn_dim, c->dim, 1)))
             return -1;
+        /* gpt-oss's router and experts have biases: the router's one per expert, each expert's matrices'
+         * a row of their output width per expert; f32, as the forward pass adds them as they are */
         if (gpt_oss && (LLM_W(router_b, "ffn_gate_inp.bias", E, 0, 1) ||
                         LLM_W(gate_exps_b, "ffn_gate_exps.bias", Fe, E, 1) ||
                         LLM_W(up_exps_b, "ffn_up_exps.bias", Fe, E, 1) ||
@@ -1903,6 +2100,8 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
         if ((gpt_oss && (L->gate_exps_b.type != LLM_F32 || L->up_exps_b.type != LLM_F32 ||
                          L->down_exps_b.type != LLM_F32)))
             return llm_fail(err, "blk.%d: the experts' biases must be f32", l);
+        /* the FFN: gate and up map dim to the hidden width, down maps it back; with experts, each of those
+         * is E matrices stacked, and the router gives a logit per expert */
         if (E ? LLM_W(router, "ffn_gate_inp.weight", c->dim, E, 1) ||
                 LLM_W(gate_exps, "ffn_gate_exps.weight", c->dim, Fe * E, 1) ||
                 LLM_W(up_exps, "ffn_up_exps.weight", c->dim, Fe * E, 1) ||
@@ -1916,6 +2115,9 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
     return 0;
 }
 
+/* Loads a model file: map and parse it, read the config, bind the weights, build the tokenizer, each step
+ * checking what the next one relies on. On any error everything is freed (llm_model_free on the partial
+ * model) and err says why. The model then owns the mapping: free it with llm_model_free. */
 int llm_model_load(llm_model *m, const char *path, char *err) {
     memset(m, 0, sizeof *m);
     if (llm_gguf_open(&m->gguf, path, err) != 0) return -1;
@@ -1923,6 +2125,7 @@ int llm_model_load(llm_model *m, const char *path, char *err) {
         llm_model_free(m);
         return -1;
     }
+    /* the tokenizer's ids index the embedding's rows: none may be past them */
     m->tok = llm_tokenizer_load(&m->gguf, err);
     if (!m->tok) { llm_model_free(m); return -1; }
     if (llm_tokenizer_n_vocab(m->tok) > m->cfg.vocab_size) {
@@ -1958,8 +2161,13 @@ const char *llm_model_dummy_names(void) {
     return "tiny, tinyllama-1.1b, llama-3.2-1b, qwen2.5-0.5b, tiny-moe, qwen3-30b-a3b-4l";
 }
 
+/* A dummy model: the preset's shape, deterministic random weights from seed, no file and no tokenizer. All
+ * weights live in one allocation (m->owned), carved in order by LLM_TAKE_MAT and LLM_TAKE_VEC: the matrices
+ * (f32 for a small model, f16 past 64 M values, so the big presets' memory is a checkpoint's), then the f32
+ * norms (all ones) and biases (zeros). */
 int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) {
     memset(m, 0, sizeof *m);
+    /* 1. the preset, and the config it implies */
     const llm_dummy_preset *p = NULL;
     for (size_t i = 0; i < sizeof llm_dummy_presets / sizeof *llm_dummy_presets; i++)
         if (!strcmp(llm_dummy_presets[i].name, preset)) p = &llm_dummy_presets[i];
@@ -1992,6 +2200,7 @@ int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) 
     }
     m->owned = mat;
     float *vec = (float *)(mat + (size_t)n_mat * esize);
+    /* 2. fill it: random matrices, norms of ones */
     uint64_t rng = seed;
     /* a small table of random f16 values, tiled: filling billions of weights one by one would take longer
      * than the benchmark; the scale keeps activations bounded like a trained model's */
@@ -2009,6 +2218,8 @@ int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) 
         }
     }
     for (int64_t i = 0; i < n_vec; i++) vec[i] = 1.0f;
+    /* 3. carve the allocation in order: the embedding (tied to the output), the output norm, then each
+     * layer's matrices and vectors */
 #define LLM_TAKE_MAT(w, r, cl) \
     (w.data = mat, w.type = mat_type, w.rows = (r), w.cols = (cl), mat += (size_t)(r) * (cl) * esize)
 #define LLM_TAKE_VEC(w, n) (w.data = vec, w.type = LLM_F32, w.rows = 1, w.cols = (n), vec += (n))
@@ -2040,6 +2251,8 @@ int llm_model_dummy(llm_model *m, const char *preset, uint64_t seed, char *err) 
     return 0;
 }
 
+/* Frees in the reverse order of llm_model_load: the tokenizer and the layers point into the mapping, which
+ * goes last. Safe on a zeroed or partly loaded model. */
 void llm_model_free(llm_model *m) {
     if (m->tok) llm_tokenizer_free(m->tok);
     free(m->layers); free(m->owned);
@@ -5012,7 +5225,39 @@ static void llm_seq_hash_blocks(llm_block_manager *bm, llm_seq *s) {
 
 /* ===========================================================================================================
  * 6. Blocks: KV blocks handed out from a free list, named by hash for prefix caching
+ * The bookkeeping of the paged KV cache, as vLLM's BlockPool: block ids, reference counts, names; the K and V
+ * memory itself is the backend's (section 7), a block id an index into it. The scheduler (section 5) asks
+ * for blocks (llm_seq_reserve), shares them (a cached prefix, the n samples of one request), copies a
+ * shared block before writing it (copy-on-write) and names each block once it is full (llm_seq_hash_blocks).
+ *
+ * The free list, a doubly linked list through the block records (O(1) to take the head, to append, to
+ * unlink any block):
+ *
+ *   free_head -> [unnamed, freed last] ... [unnamed] [named, freed first] ... [named, freed last] <- tail
+ *                 taken first                         evicted first                 evicted last
+ *
+ * Invariants:
+ *   - ref_count > 0: the block is in that many block-table entries and not in the list; ref_count 0: it is
+ *     in the list. num_free_blocks is the list's length. (llm_engine_check_blocks audits these.)
+ *   - hash != 0 exactly when cached maps hash to this block: a name belongs to one block, and a block has
+ *     at most one name, which it keeps while free (its K and V are still there) until llm_block_alloc
+ *     takes it for new content (an eviction).
+ *   - a name is the hash of the whole prefix up to and including the block (llm_block_hash chains them),
+ *     seeded by the request's cache_salt (0 without one): equal names mean equal tokens at equal
+ *     positions, so equal K/V (the draft model's too, when there is one: a block id holds both).
+ *
+ * Where vLLM differs: its free queue appends every freed block to the tail, named or not, and it lets
+ * several blocks carry the same hash (so that a block table never changes once written); here unnamed
+ * blocks go to the head (reused while their memory is warm, evicting no cached prefix while any unnamed
+ * block is free), and a block whose content is already cached elsewhere stays unnamed
+ * (llm_block_set_hash), which changes no block table either. vLLM hashes with SHA-256 or xxHash
+ * (prefix_caching_hash_algo); llm_block_hash is a 64-bit splitmix64 chain: fast, but not collision-resistant
+ * against someone who chooses prompts to collide. A cache_salt keeps tenants apart: the same tokens under
+ * different salts get different names.
  * ======================================================================================================== */
+/* All blocks start free and unnamed, in id order, so the first allocations take blocks 0, 1, 2, ... No KV
+ * memory is allocated here: the engine sizes the pool (llm_kv_pool_blocks), has the backend allocate it
+ * (alloc_kv), and then gives its num_blocks to this. */
 int llm_block_manager_init(llm_block_manager *bm, int num_blocks, int block_size, int enable_prefix_caching,
                            char *err) {
     memset(bm, 0, sizeof *bm);
@@ -5034,6 +5279,8 @@ void llm_block_manager_free(llm_block_manager *bm) {
     memset(bm, 0, sizeof *bm);
 }
 
+/* Unlinks a free block from wherever it is in the list: for llm_block_alloc (the head) and for a cache
+ * hit on a free block (llm_block_lookup, anywhere in the named part). */
 static void llm_free_list_remove(llm_block_manager *bm, int id) {
     llm_block *b = &bm->blocks[id];
     if (b->prev_free >= 0) bm->blocks[b->prev_free].next_free = b->next_free;
@@ -5059,6 +5306,10 @@ int llm_block_alloc(llm_block_manager *bm) {
     return id;
 }
 
+/* Drops one reference. A block still shared (a cached prefix another sequence uses, a parent's block a
+ * sample shares) stays as it is; the last reference puts it in the free list, where a named block waits at
+ * the tail as a cache entry and an unnamed one goes to the head. The caller must hold a reference: a
+ * release of a free block would link it into the list a second time, and the list would be corrupt. */
 void llm_block_release(llm_block_manager *bm, int id) {
     llm_block *b = &bm->blocks[id];
     if (--b->ref_count > 0) return;
@@ -5075,12 +5326,20 @@ void llm_block_release(llm_block_manager *bm, int id) {
     bm->num_free_blocks++;
 }
 
+/* The name of a block: its predecessor's name and its tokens, mixed one token at a time by splitmix64 (a
+ * 64-bit mixer: a changed input bit changes about half the output bits). Chaining through prev_hash
+ * makes the name depend on the whole prefix, so two requests that share a block's tokens at different
+ * places, or after different prefixes, do not share its K and V. The result is never 0, which marks "no
+ * name". Also used with n = 1 to chain other things into a name: the cache_salt's bytes, a group id. */
 uint64_t llm_block_hash(uint64_t prev_hash, const int32_t *tokens, int n) {
     uint64_t h = prev_hash ^ 0x243f6a8885a308d3ull;
     for (int i = 0; i < n; i++) { uint64_t s = h ^ (uint32_t)tokens[i]; h = llm_splitmix64(&s); }
     return h ? h : 1;
 }
 
+/* A cache hit: the block named hash, with a reference taken for the caller (vLLM's touch); a free block
+ * leaves the free list, so it cannot be evicted while in use. -1 when nothing has that name or prefix caching
+ * is off. */
 int llm_block_lookup(llm_block_manager *bm, uint64_t hash) {
     if (!bm->enable_prefix_caching) return -1;
     ptrdiff_t i = hmgeti(bm->cached, hash);
@@ -5091,6 +5350,9 @@ int llm_block_lookup(llm_block_manager *bm, uint64_t hash) {
     return id;
 }
 
+/* Names a full block so later requests can find it. A block keeps its first name (its content does not change
+ * once full), and a name already held by another block is not moved: the first copy stays the cached one,
+ * and this block is freed unnamed, to the head of the list, when its users are done. */
 void llm_block_set_hash(llm_block_manager *bm, int id, uint64_t hash) {
     if (!bm->enable_prefix_caching || bm->blocks[id].hash) return;
     if (hmgeti(bm->cached, hash) >= 0) return; /* the same content is cached in another block already */
