@@ -99,12 +99,6 @@ static int tok_utf8_valid(const char *str, size_t n) {
     return 1;
 }
 
-static double test_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Prints s with the bytes that would not show escaped, for failure messages. */
 static void tok_print_escaped(const char *s, size_t n) {
     for (size_t i = 0; i < n && i < 200; i++) {
@@ -149,9 +143,9 @@ static llm_tokenizer *tok_load(llm_gguf *g, const char *name, double *ms) {
     int ok = llm_gguf_open(g, path, err) == 0;
     CHECK(ok, "open %s: %s", path, err);
     if (!ok) return NULL;
-    double t0 = test_now();
+    double t0 = llm_now();
     llm_tokenizer *t = llm_tokenizer_load(g, err);
-    if (ms) *ms = (test_now() - t0) * 1e3;
+    if (ms) *ms = (llm_now() - t0) * 1e3;
     CHECK(t != NULL, "load tokenizer %s: %s", name, err);
     if (!t) llm_gguf_close(g);
     return t;
@@ -5532,7 +5526,7 @@ static void test_grammar_schemas(void) {
         if (mi == 0) cfg.model_path = CHAT_MODEL;
         llm_engine *e = engine_new(&cfg);
         if (!e) continue;
-        double t_model = test_now();
+        double t_model = llm_now();
         uint64_t *ids = (uint64_t *)calloc((size_t)all.n, sizeof *ids);
         char **out = (char **)calloc((size_t)all.n * (size_t)samples, sizeof *out); /* stb_ds strings */
         for (int i = 0; i < all.n; i++) {
@@ -5572,7 +5566,7 @@ static void test_grammar_schemas(void) {
         printf("    %s: %lld tokens under grammars, %.2f s in the grammar (%lld masks, %lld from the cache), "
                "%.1f s\n", mi ? "random Llama 2" : "SmolLM2", (long long)st.grammar_tokens,
                st.grammar_seconds, (long long)st.grammar_masks, (long long)st.grammar_masks_cached,
-               test_now() - t_model);
+               llm_now() - t_model);
         for (size_t k = 0; k < (size_t)all.n * (size_t)samples; k++) arrfree(out[k]);
         free(out); free(ids);
         llm_engine_destroy(e);
@@ -5795,10 +5789,10 @@ static void test_grammar_bounds(void) {
     };
     char err[LLM_ERR_LEN];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        double t0 = test_now();
+        double t0 = llm_now();
         const char *want = cases[i].says;
         const char *v = bound_verdict(cases[i].kind, cases[i].text, cases[i].input, err);
-        double t = test_now() - t0;
+        double t = llm_now() - t0;
         int worked = !strcmp(want, "accept") || !strcmp(want, "reject") || !strcmp(want, "prefix");
         CHECK((worked ? !strcmp(v, want) : !strcmp(v, "refused") && strstr(err, want)) &&
               t < (UNDER_ASAN ? 10 : 2), "%s: %s (%s), in %.2f s; want %s", cases[i].what, v, err, t, want);
@@ -7437,8 +7431,8 @@ static void test_chat_piped(void) {
  * brings back the last line; Ctrl-D at an empty prompt leaves with status 0. */
 static int pty_wait_for(int fd, char *buf, size_t cap, size_t *len, size_t from, const char *what,
                         double timeout_s) {
-    double t0 = test_now();
-    while (test_now() - t0 < timeout_s) {
+    double t0 = llm_now();
+    while (llm_now() - t0 < timeout_s) {
         buf[*len] = 0;
         if (strstr(buf + from, what)) return 1;
         struct pollfd p = {fd, POLLIN, 0};
@@ -7471,7 +7465,7 @@ static void test_chat_terminal(void) {
     size_t mark = len;
     streaming = streaming && pty_wait_for(fd, buf, cap, &len, strstr(buf, "knight.") - buf, "\r\n", 30);
     mark = strstr(strstr(buf, "knight."), "\r\n") - buf + 2;
-    for (double t0 = test_now(); streaming && len < mark + 40 && test_now() - t0 < 30;)
+    for (double t0 = llm_now(); streaming && len < mark + 40 && llm_now() - t0 < 30;)
         pty_wait_for(fd, buf, cap, &len, len, "\x01", 0.1); /* reads what comes, for a tenth of a second */
     CHECK(streaming && len >= mark + 40, "chat on a terminal: the reply streams: %s", buf + mark);
     CHECK(write(fd, "\x03", 1) == 1, "write Ctrl-C");
@@ -7497,8 +7491,8 @@ static void test_chat_terminal(void) {
     pty_wait_for(fd, buf, cap, &len, strstr(buf + mark, "cached prefixes)") - buf, "> ", 30);
     CHECK(write(fd, "\x04", 1) == 1, "write Ctrl-D");
     int status = -1;
-    double t0 = test_now();
-    while (test_now() - t0 < 30 && waitpid(pid, &status, WNOHANG) == 0) {
+    double t0 = llm_now();
+    while (llm_now() - t0 < 30 && waitpid(pid, &status, WNOHANG) == 0) {
         char sink[4096];
         struct pollfd p = {fd, POLLIN, 0};
         if (poll(&p, 1, 100) > 0 && read(fd, sink, sizeof sink) <= 0) usleep(10000);
@@ -7525,7 +7519,7 @@ static int server_start_in(test_server *s, const char *shell, const char *extra)
     s->port = 0;
     s->pid = fork();
     if (s->pid == 0) { execl("/bin/sh", "sh", "-c", cmd, (char *)NULL); _exit(127); }
-    for (double t0 = test_now(); s->pid > 0 && test_now() - t0 < 60 && !s->port; usleep(20000)) {
+    for (double t0 = llm_now(); s->pid > 0 && llm_now() - t0 < 60 && !s->port; usleep(20000)) {
         char *log = read_file(s->log, NULL);
         const char *p = log ? strstr(log, "listening on http://127.0.0.1:") : NULL;
         if (p) s->port = atoi(p + strlen("listening on http://127.0.0.1:"));
@@ -7543,9 +7537,9 @@ static int server_stop(test_server *s) {
     int status = -1;
     if (s->pid <= 0) return -1;
     kill(s->pid, SIGTERM);
-    double t0 = test_now();
+    double t0 = llm_now();
     while (waitpid(s->pid, &status, WNOHANG) == 0) {
-        if (test_now() - t0 > 60) { kill(s->pid, SIGKILL); waitpid(s->pid, &status, 0); break; }
+        if (llm_now() - t0 > 60) { kill(s->pid, SIGKILL); waitpid(s->pid, &status, 0); break; }
         usleep(10000);
     }
     remove(s->log);
@@ -7619,7 +7613,7 @@ static int send_all(int fd, const char *data, size_t n) {
 static char *recv_all(int fd, double timeout_s, size_t *len) {
     size_t cap = 1 << 16, n = 0;
     char *buf = (char *)malloc(cap);
-    for (double t0 = test_now(); buf && test_now() - t0 < timeout_s;) {
+    for (double t0 = llm_now(); buf && llm_now() - t0 < timeout_s;) {
         struct pollfd p = {fd, POLLIN, 0};
         if (poll(&p, 1, 50) <= 0) continue;
         if (n + 4096 > cap) { char *b = (char *)realloc(buf, cap *= 2); if (!b) break; buf = b; }
@@ -8547,9 +8541,9 @@ static void test_server_tools(void) {
  * long prefix (every mask walks 4,000 stacks) at n = 16, and beside it a 20-token completion: within 10 times
  * its time alone (before the grammar thread it took ~5,000 times as long: every step waited for 16 masks) */
 static double timed_post(int port, const char *body) {
-    double t0 = test_now();
+    double t0 = llm_now();
     char *r = http_post(port, "/v1/completions", body, NULL);
-    double t = http_status(r) == 200 && strstr(r, "\"completion_tokens\":20") ? test_now() - t0 : 1e9;
+    double t = http_status(r) == 200 && strstr(r, "\"completion_tokens\":20") ? llm_now() - t0 : 1e9;
     free(r);
     return t;
 }
@@ -8591,7 +8585,7 @@ static void test_server_grammar_isolation(void) {
           running, still);
     if (fd >= 0) close(fd); /* the costly request is aborted: its blocks come back */
     double free_blocks = -1;
-    for (double t0 = test_now(); test_now() - t0 < 30 && free_blocks != blocks; usleep(20000))
+    for (double t0 = llm_now(); llm_now() - t0 < 30 && free_blocks != blocks; usleep(20000))
         free_blocks = metric(port, "llm:kv_cache_free_blocks");
     CHECK(free_blocks == blocks, "serve: the costly grammar's request aborted: %g of %g blocks free",
           free_blocks, blocks);
@@ -8620,23 +8614,23 @@ static void test_server_request_workers(void) {
     int sn = snprintf(sreq, sizeof sreq, "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
                       "Connection: close\r\nContent-Length: %zu\r\n\r\n%s", strlen(stream), stream);
     int sfd = tcp_connect(port), bfd = tcp_connect(port);
-    double t0 = test_now();
+    double t0 = llm_now();
     send_all(sfd, sreq, (size_t)sn);
     send_all(bfd, req, (size_t)n);
     usleep(100000);
     double worst = 0;
     int healthy = 0;
     for (int i = 0; i < 3; i++) {
-        double t = test_now();
+        double t = llm_now();
         char *r = http_get(port, "/health", NULL);
         healthy += http_status(r) == 200;
-        if (test_now() - t > worst) worst = test_now() - t;
+        if (llm_now() - t > worst) worst = llm_now() - t;
         free(r);
         usleep(50000);
     }
     size_t got = 0;
     char *big = recv_all(bfd, 60, &got); /* the server closes after an error: recv_all returns */
-    double t_big = test_now() - t0;
+    double t_big = llm_now() - t0;
     char *streamed = recv_all(sfd, 60, NULL);
     CHECK(healthy == 3 && http_status(big) == 400 && strstr(big, "context") && t_big > 4 * worst &&
           streamed && strstr(streamed, "data: [DONE]"),
@@ -8833,9 +8827,9 @@ static void test_server_grammar_bounds(void) {
         char text[64] = "";
         sprintf(body, "{%s,\"max_tokens\":8,\"temperature\":0,%s}", chat ? "\"messages\":[{\"role\":\"user\","
                 "\"content\":\"Hi\"}]" : "\"prompt\":\"Once\"", cases[i].field);
-        double t0 = test_now();
+        double t0 = llm_now();
         char *r = http_post(port, chat ? "/v1/chat/completions" : "/v1/completions", body, NULL);
-        double t = test_now() - t0;
+        double t = llm_now() - t0;
         json_str(http_body(r), "message", msg, sizeof msg);
         json_str(http_body(r), "param", param, sizeof param);
         json_str(http_body(r), "text", text, sizeof text);
@@ -9127,12 +9121,12 @@ static void test_server_errors(void) {
     free(r);
     /* slowloris: a request begun and not finished is cut off after --request-timeout */
     int fd = tcp_connect(port);
-    double t0 = test_now();
+    double t0 = llm_now();
     const char *slow = "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer sesame\r\nContent-Type: "
                        "application/json\r\nContent-Length: 100\r\n\r\n{\"pro";
     send_all(fd, slow, strlen(slow));
     r = recv_all(fd, 10, NULL);
-    CHECK(http_status(r) == 408 && test_now() - t0 < 8, "serve: a slow client is cut off: %s", r ? r : "");
+    CHECK(http_status(r) == 408 && llm_now() - t0 < 8, "serve: a slow client is cut off: %s", r ? r : "");
     free(r); close(fd);
     /* Expect: 100-continue, as curl sends for large bodies */
     fd = tcp_connect(port);
@@ -9189,7 +9183,7 @@ static void test_server_connections(void) {
     ssize_t k = recv(fd, part, sizeof part, 0); /* the stream has begun */
     close(fd);
     double free_blocks = -1, aborted = -1;
-    for (double t0 = test_now(); test_now() - t0 < 10; usleep(20000)) {
+    for (double t0 = llm_now(); llm_now() - t0 < 10; usleep(20000)) {
         free_blocks = metric(port, "llm:kv_cache_free_blocks");
         aborted = metric(port, "vllm:request_success_total");
         char *m = http_get(port, "/metrics", NULL);
@@ -9572,7 +9566,7 @@ static void test_server_drain(void) {
           all && n_all > 300 ? all + n_all - 300 : "");
     free(ev); free(rest); free(all);
     int status = -1;
-    for (double t0 = test_now(); test_now() - t0 < 60 && waitpid(s.pid, &status, WNOHANG) == 0;)
+    for (double t0 = llm_now(); llm_now() - t0 < 60 && waitpid(s.pid, &status, WNOHANG) == 0;)
         usleep(10000);
     char *log = read_file(s.log, NULL);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && log &&
@@ -9712,11 +9706,11 @@ static void test_server_http_framing(void) {
     for (size_t i = 0; i < sizeof broken / sizeof broken[0]; i++) {
         fd = tcp_connect(port);
         send_all(fd, broken[i].req, strlen(broken[i].req));
-        double t0 = test_now();
+        double t0 = llm_now();
         r = recv_all(fd, 10, NULL);
         close(fd);
         CHECK(http_status(r) == 400 && !strcmp(http_body(r), malformed(broken[i].why, msg, sizeof msg)) &&
-              strstr(r, "\r\nConnection: close\r\n") && test_now() - t0 < 5,
+              strstr(r, "\r\nConnection: close\r\n") && llm_now() - t0 < 5,
               "serve: %s -> 400 and a close: %s", broken[i].why, r ? r : "");
         free(r);
     }
@@ -9781,7 +9775,7 @@ static void test_server_backpressure(void) {
     char *many = (char *)malloc(n_all);
     for (size_t i = 0; i < 8000; i++) memcpy(many + i * (sizeof get - 1), get, sizeof get - 1);
     int fd = tcp_connect(port);
-    for (double t0 = test_now(); sent < n_all && test_now() - t0 < 5;) {
+    for (double t0 = llm_now(); sent < n_all && llm_now() - t0 < 5;) {
         ssize_t k = send(fd, many + sent, n_all - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (k > 0) sent += (size_t)k; else usleep(10000);
     }
@@ -9806,7 +9800,7 @@ static void test_server_backpressure(void) {
     int fds[4];
     for (int i = 0; i < 4; i++) { fds[i] = tcp_connect(port); send_all(fds[i], rq, (size_t)m); }
     double aborted = 0, free_blocks = -1;
-    for (double t0 = test_now(); test_now() - t0 < 120; usleep(100000)) {
+    for (double t0 = llm_now(); llm_now() - t0 < 120; usleep(100000)) {
         double x = proc_rss_kib(s.pid);
         if (x > peak) peak = x;
         aborted = finished(port, "abort") - aborted0;
@@ -9867,9 +9861,9 @@ static void test_server_fd_limit(void) {
     free(read_file(s.log, &log0));
     for (int i = 0; i < N; i++) open_ += (fds[i] = tcp_connect(s.port)) >= 0;
     usleep(1000000);
-    double c0 = proc_cpu_s(s.pid), t0 = test_now();
+    double c0 = proc_cpu_s(s.pid), t0 = llm_now();
     usleep(3000000);
-    double c1 = proc_cpu_s(s.pid), cpu = (c1 - c0) / (test_now() - t0);
+    double c1 = proc_cpu_s(s.pid), cpu = (c1 - c0) / (llm_now() - t0);
     char *log = read_file(s.log, &log1);
     CHECK(open_ == N && c0 >= 0 && c1 >= 0 && cpu < 0.3 && log1 - log0 < 65536 && log &&
           strstr(log, "llm serve: accept: Too many open files ("), "serve at the fd limit with %d idle "
@@ -9877,7 +9871,7 @@ static void test_server_fd_limit(void) {
     free(log);
     for (int i = 0; i < N; i++) if (fds[i] >= 0) close(fds[i]);
     char *r = NULL;
-    for (double t = test_now(); test_now() - t < 20 && http_status(r) != 200; usleep(100000)) {
+    for (double t = llm_now(); llm_now() - t < 20 && http_status(r) != 200; usleep(100000)) {
         free(r);
         r = http_get(s.port, "/health", NULL);
     }
@@ -9969,12 +9963,12 @@ static void test_server_cross_origin(void) {
                      JSON_CT "Content-Length: %s\r\n\r\n", huge[i]);
         int fd = tcp_connect(k.port);
         send_all(fd, req, (size_t)n);
-        double t0 = test_now();
+        double t0 = llm_now();
         r = recv_all(fd, 10, NULL);
         close(fd);
-        CHECK(http_status(r) == 401 && strstr(r, "\r\nConnection: close\r\n") && test_now() - t0 < 0.9,
+        CHECK(http_status(r) == 401 && strstr(r, "\r\nConnection: close\r\n") && llm_now() - t0 < 0.9,
               "serve: a wrong key with Content-Length %s: 401 before the body (%.2f s): %s", huge[i],
-              test_now() - t0, r ? r : "");
+              llm_now() - t0, r ? r : "");
         free(r);
     }
     /* a stream whose client takes no byte for --request-timeout (1 s) is aborted, its blocks back */
@@ -9988,13 +9982,13 @@ static void test_server_cross_origin(void) {
                  JSON_CT "Content-Length: %zu\r\n\r\n%s", strlen(sbody), sbody);
     int fd = tcp_connect(k.port);
     send_all(fd, sreq, (size_t)n);
-    double t0 = test_now(), aborted = -1, free_blocks = -1, length0 = finished(k.port, "length");
-    for (; test_now() - t0 < 60; usleep(100000)) {
+    double t0 = llm_now(), aborted = -1, free_blocks = -1, length0 = finished(k.port, "length");
+    for (; llm_now() - t0 < 60; usleep(100000)) {
         aborted = finished(k.port, "abort");
         if (aborted == 1 && (free_blocks = metric(k.port, "llm:kv_cache_free_blocks")) == blocks) break;
         if (finished(k.port, "length") > length0) break; /* before the fix: it ran to its end */
     }
-    double took = test_now() - t0;
+    double took = llm_now() - t0;
     close(fd);
     char *log = read_file(k.log, NULL);
     CHECK(aborted == 1 && free_blocks == blocks && log && strstr(log, "127.0.0.1: the client took no "
@@ -10101,7 +10095,7 @@ static void readme_run_page(const char *page, int *found, int *ran) {
             snprintf(run, sizeof run, "exec %.*s--port 0%s 2>%s", (int)(p - cmd), cmd, p + 11, srv.log);
             srv.pid = fork();
             if (srv.pid == 0) { execl("/bin/sh", "sh", "-c", run, (char *)NULL); _exit(127); }
-            for (double t0 = test_now(); srv.pid > 0 && test_now() - t0 < 60 && !srv.port; usleep(20000)) {
+            for (double t0 = llm_now(); srv.pid > 0 && llm_now() - t0 < 60 && !srv.port; usleep(20000)) {
                 char *log = read_file(srv.log, NULL);
                 const char *at = log ? strstr(log, "listening on http://127.0.0.1:") : NULL;
                 if (at) srv.port = atoi(at + strlen("listening on http://127.0.0.1:"));
@@ -11649,7 +11643,7 @@ static void gpu_bench_forward(const char *preset) {
     float *logits = malloc((size_t)n_seqs * m.cfg.vocab_size * 4);
     llm_batch b = {0}; /* n_tokens, n_seqs and n_logits per step */
     b.tokens = tokens; b.positions = pos; b.seq_start = start; b.block_tables = bt; b.logit_rows = rows;
-    double t0 = test_now();
+    double t0 = llm_now();
     int ok = 1;
     for (int s0 = 0; s0 < n_seqs && ok; s0 += 2048 / prompt) { /* 16 prompts per step */
         int ns = 2048 / prompt, T = 0;
@@ -11662,7 +11656,7 @@ static void gpu_bench_forward(const char *preset) {
         b.n_tokens = T; b.n_seqs = b.n_logits = ns;
         ok = be->forward(be, &b, logits, err) == 0;
     }
-    double t1 = test_now();
+    double t1 = llm_now();
     for (int step = 0; step < decode_steps && ok; step++) {
         for (int s = 0; s < n_seqs; s++) {
             start[s] = s; tokens[s] = (s + step) % m.cfg.vocab_size; pos[s] = prompt + step;
@@ -11672,7 +11666,7 @@ static void gpu_bench_forward(const char *preset) {
         b.n_tokens = b.n_seqs = b.n_logits = n_seqs;
         ok = be->forward(be, &b, logits, err) == 0;
     }
-    double t2 = test_now();
+    double t2 = llm_now();
     CHECK(ok, "bench %s: %s", preset, err);
     if (ok)
         printf("forward %-16s prefill %d x %d tokens: %.0f tok/s | decode %d seqs x %d steps (ctx %d-%d): "
@@ -11690,7 +11684,7 @@ static void run_gpu_tests(void) {
     printf("gpu tests: seed %llu (LLM_GPU_SEED=%llu repeats this run)\n", (unsigned long long)seed,
            (unsigned long long)seed);
     gt_rng = seed;
-    double t0 = test_now();
+    double t0 = llm_now();
     /* LLM_GPU_BENCH=1: the checks, then every benchmark; a list of parts (gemm, tiles, attention, forward):
      * those benchmarks alone (to profile one, say) */
     const char *bench = getenv("LLM_GPU_BENCH");
@@ -11712,19 +11706,19 @@ static void run_gpu_tests(void) {
         goto benchmarks;
     }
     gpu_test_gemm();
-    printf("gemm checks: %.1f s\n", test_now() - t0);
+    printf("gemm checks: %.1f s\n", llm_now() - t0);
     gpu_test_quant_gemm();
-    printf("quantized GEMV / GEMM checks: %.1f s\n", test_now() - t0);
+    printf("quantized GEMV / GEMM checks: %.1f s\n", llm_now() - t0);
     gpu_test_attention();
-    printf("attention checks: %.1f s\n", test_now() - t0);
+    printf("attention checks: %.1f s\n", llm_now() - t0);
     gpu_test_forward();
-    printf("forward checks: %.1f s\n", test_now() - t0);
+    printf("forward checks: %.1f s\n", llm_now() - t0);
     gpu_test_engine_archs();
-    printf("engine checks (new architectures): %.1f s\n", test_now() - t0);
+    printf("engine checks (new architectures): %.1f s\n", llm_now() - t0);
     gpu_test_speculative();
-    printf("speculative decoding checks: %.1f s\n", test_now() - t0);
+    printf("speculative decoding checks: %.1f s\n", llm_now() - t0);
     gpu_test_quant_forward();
-    printf("quantized model checks: %.1f s\n", test_now() - t0);
+    printf("quantized model checks: %.1f s\n", llm_now() - t0);
 benchmarks:
     if (bench) {
         char err[LLM_ERR_LEN] = "";
@@ -11903,10 +11897,10 @@ int main(int argc, char **argv) {
         }
         if (!picked) continue;
         int failed_before = n_failed;
-        double t0 = test_now();
+        double t0 = llm_now();
         tests[i].fn();
         printf("%-28s %s (%.1f s)\n", tests[i].name, n_failed == failed_before ? "ok" : "FAILED",
-               test_now() - t0);
+               llm_now() - t0);
     }
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
