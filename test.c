@@ -718,6 +718,13 @@ static int load_ref_cases(const char *file, const char *ids_key, ref_case *cases
     return n;
 }
 
+/* stories260K's cases (stories260K-greedy.json, 4 at most) in an array the caller frees; *n: how many */
+static ref_case *stories_cases(int *n) {
+    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
+    *n = load_ref_cases("stories260K-greedy.json", "completion_token_ids", cases, 4);
+    return cases;
+}
+
 static const char *model_path(const char *name) {
     static char paths[8][1024];   /* a few at a time stay valid: engine configs keep the pointer */
     static int next;
@@ -726,22 +733,30 @@ static const char *model_path(const char *name) {
     return path;
 }
 
+/* A copy of a shared model with the value of one key (or element index of an array key) overwritten by n
+ * bytes of the same type. Writes the copy's path to path (room for 64); 0 on success. */
+static int gguf_patched(const char *model, const char *key, uint64_t index, const void *bytes, size_t n,
+                        char *path) {
+    size_t size;
+    char *file = read_file(model_path(model), &size), err[LLM_ERR_LEN];
+    llm_gguf g;
+    if (!file || llm_gguf_parse(&g, file, size, err) != 0) { free(file); return -1; }
+    const llm_gguf_kv *kv = llm_gguf_find(&g, key);
+    int ok = kv != NULL;
+    if (ok) memcpy(file + (kv->data - g.base) + index * n, bytes, n);
+    llm_gguf_close(&g);
+    strcpy(path, "/tmp/llm-test-patched-XXXXXX");
+    int fd = ok ? mkstemp(path) : -1;
+    if (fd >= 0) { ok = write(fd, file, size) == (ssize_t)size; close(fd); }
+    free(file);
+    return ok && fd >= 0 ? 0 : -1;
+}
+
 /* stories260K never emits its EOS (2): a copy whose EOS is another token, to test stopping there. Writes the
  * copy to path (room for 64); 0 on success. */
 static int stories_with_eos(int32_t eos, char *path) {
-    size_t n;
-    char *file = read_file(model_path("stories260K.gguf"), &n), err[LLM_ERR_LEN];
-    llm_gguf g;
-    if (!file || llm_gguf_parse(&g, file, n, err) != 0) { free(file); return -1; }
-    const llm_gguf_kv *kv = llm_gguf_find(&g, "tokenizer.ggml.eos_token_id");
-    int ok = kv && kv->type == LLM_GGUF_U32;
-    if (ok) { uint32_t v = (uint32_t)eos; memcpy(file + (kv->data - g.base), &v, 4); }
-    llm_gguf_close(&g);
-    strcpy(path, "/tmp/llm-test-eos-XXXXXX");
-    int fd = ok ? mkstemp(path) : -1;
-    if (fd >= 0) { ok = write(fd, file, n) == (ssize_t)n; close(fd); }
-    free(file);
-    return ok && fd >= 0 ? 0 : -1;
+    uint32_t v = (uint32_t)eos; /* the key is a u32 */
+    return gguf_patched("stories260K.gguf", "tokenizer.ggml.eos_token_id", 0, &v, 4, path);
 }
 
 /* llama.cpp's greedy completions in testdata/reference, as ids and as text: streaming the ids through the
@@ -3110,14 +3125,29 @@ static void story_prompt(char *out, size_t cap, int i, int n_words) {
 }
 
 enum { N_MIX = 32 };
+/* The i-th of the N_MIX requests of the mix: its prompt (room for 1024) and its sampling */
+static llm_sampling_params mixed_request(int i, char *prompt) {
+    story_prompt(prompt, 1024, i, 1 + (i * 13) % 40);
+    llm_sampling_params p = greedy(1 + (i * 17) % 48);
+    p.ignore_eos = i % 2;   /* half of them may stop early at EOS */
+    return p;
+}
+
 static void mixed_requests(llm_engine *e, run_result *r) {
     for (int i = 0; i < N_MIX; i++) {
         char prompt[1024];
-        story_prompt(prompt, sizeof prompt, i, 1 + (i * 13) % 40);
-        llm_sampling_params p = greedy(1 + (i * 17) % 48);
-        p.ignore_eos = i % 2;   /* half of them may stop early at EOS */
+        llm_sampling_params p = mixed_request(i, prompt);
         run_add(e, r, prompt, NULL, 0, &p);
     }
+}
+
+/* A new engine of cfg that has run the whole mix together into r (cleared first); the caller destroys it */
+static llm_engine *run_mixed(const llm_engine_config *cfg, run_result *r) {
+    llm_engine *e = engine_new(cfg);
+    memset(r, 0, sizeof *r);
+    mixed_requests(e, r);
+    run_engine(e, r);
+    return e;
 }
 
 static int same_outputs(const run_result *a, const run_result *b, const char *what) {
@@ -3152,9 +3182,7 @@ static void test_batch_invariance(void) {
     CHECK(all_blocks_free(e), "aborting waiting requests frees everything");
     for (int i = 0; i < N_MIX; i++) {
         char prompt[1024];
-        story_prompt(prompt, sizeof prompt, i, 1 + (i * 13) % 40);
-        llm_sampling_params p = greedy(1 + (i * 17) % 48);
-        p.ignore_eos = i % 2;
+        llm_sampling_params p = mixed_request(i, prompt);
         memset(one, 0, sizeof *one);
         run_add(e, one, prompt, NULL, 0, &p);
         run_engine(e, one);
@@ -3171,9 +3199,7 @@ static void test_batch_invariance(void) {
     free(one);
 
     /* together, with the default pool and budget */
-    e = engine_new(&cfg);
-    mixed_requests(e, r);
-    run_engine(e, r);
+    e = run_mixed(&cfg, r);
     llm_engine_stats st = llm_engine_get_stats(e);
     same_outputs(alone, r, "32 together");
     CHECK(r->bad_audits == 0 && all_blocks_free(e), "together: blocks consistent and all back");
@@ -3183,10 +3209,7 @@ static void test_batch_invariance(void) {
     /* a pool of 12 blocks of 16 tokens: requests are preempted and recomputed,
      * and still give the same tokens */
     cfg.num_blocks = 12;
-    e = engine_new(&cfg);
-    memset(r, 0, sizeof *r);
-    mixed_requests(e, r);
-    run_engine(e, r);
+    e = run_mixed(&cfg, r);
     st = llm_engine_get_stats(e);
     same_outputs(alone, r, "small pool");
     CHECK(st.preemptions > 0, "small pool: preemption happened (%lld)", (long long)st.preemptions);
@@ -3195,16 +3218,13 @@ static void test_batch_invariance(void) {
 
     /* a token budget of 7: prompts are chunked over steps, mixed with decodes */
     cfg.num_blocks = 0; cfg.max_num_batched_tokens = 7;
-    e = engine_new(&cfg);
-    memset(r, 0, sizeof *r);
-    mixed_requests(e, r);
-    run_engine(e, r);
+    e = run_mixed(&cfg, r);
     st = llm_engine_get_stats(e);
     same_outputs(alone, r, "budget 7");
     int64_t prompt_total = 0;
     for (int i = 0; i < N_MIX; i++) {
         char pr[1024];
-        story_prompt(pr, sizeof pr, i, 1 + (i * 13) % 40);
+        mixed_request(i, pr);
         int32_t ids[512];
         prompt_total += llm_tokenize(llm_engine_model(e)->tok, pr, strlen(pr), 1, 0, ids, 512);
     }
@@ -3217,10 +3237,7 @@ static void test_batch_invariance(void) {
     /* max_num_seqs 3 and static batching: the same tokens again */
     cfg.max_num_batched_tokens = llm_engine_defaults().max_num_batched_tokens;
     cfg.max_num_seqs = 3; cfg.static_batching = 1;
-    e = engine_new(&cfg);
-    memset(r, 0, sizeof *r);
-    mixed_requests(e, r);
-    run_engine(e, r);
+    e = run_mixed(&cfg, r);
     same_outputs(alone, r, "static batches of 3");
     CHECK(r->bad_audits == 0 && all_blocks_free(e), "static: blocks consistent and all back");
     llm_engine_destroy(e);
@@ -4069,8 +4086,8 @@ static void test_logit_bias(void) {
 }
 
 static void test_stop_conditions(void) {
-    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
-    int n = load_ref_cases("stories260K-greedy.json", "completion_token_ids", cases, 4);
+    int n;
+    ref_case *cases = stories_cases(&n);
     llm_engine_config cfg = engine_config("stories260K.gguf");
     llm_engine *e = engine_new(&cfg);
     if (!e || n < 1) { free(cases); llm_engine_destroy(e); return; }
@@ -4386,8 +4403,8 @@ static void *feeder(void *arg) {
 }
 
 static void test_threads(void) {
-    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
-    int n = load_ref_cases("stories260K-greedy.json", "completion_token_ids", cases, 4);
+    int n;
+    ref_case *cases = stories_cases(&n);
     llm_engine_config cfg = engine_config("stories260K.gguf");
     llm_engine *e = engine_new(&cfg);
     if (!e || n < 1) { free(cases); llm_engine_destroy(e); return; }
@@ -4867,8 +4884,8 @@ static void test_pool_reuse(void) {
 }
 
 static void test_backend_errors(void) {
-    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
-    int n_cases = load_ref_cases("stories260K-greedy.json", "completion_token_ids", cases, 4);
+    int n_cases;
+    ref_case *cases = stories_cases(&n_cases);
     llm_engine_config cfg = engine_config("stories260K.gguf");
     cfg.create_backend = flaky_create;
     flaky_calls = 0; flaky_fail_at = -1;
@@ -5893,8 +5910,8 @@ static void test_grammar_cli(void) {
 
 static void test_cli(void) {
     if (access("./llm", X_OK) != 0) { CHECK(0, "./llm not built (make test builds it)"); return; }
-    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
-    int n = load_ref_cases("stories260K-greedy.json", "completion_token_ids", cases, 4);
+    int n;
+    ref_case *cases = stories_cases(&n);
     char cmd[2048];
     int status;
     for (int i = 0; i < n && i < 2; i++) {
@@ -6093,25 +6110,6 @@ static void test_sampling_keys(void) {
 /* -----------------------------------------------------------------------------------------------------------
  * Hardening: the faults a fuzzing and sanitizer pass found in 0736d1f, each with the input that showed it
  * -------------------------------------------------------------------------------------------------------- */
-/* A copy of a shared model with the value of one key (or element index of an array key) overwritten by n
- * bytes of the same type. Writes the copy's path to path (room for 64); 0 on success. */
-static int gguf_patched(const char *model, const char *key, uint64_t index, const void *bytes, size_t n,
-                        char *path) {
-    size_t size;
-    char *file = read_file(model_path(model), &size), err[LLM_ERR_LEN];
-    llm_gguf g;
-    if (!file || llm_gguf_parse(&g, file, size, err) != 0) { free(file); return -1; }
-    const llm_gguf_kv *kv = llm_gguf_find(&g, key);
-    int ok = kv != NULL;
-    if (ok) memcpy(file + (kv->data - g.base) + index * n, bytes, n);
-    llm_gguf_close(&g);
-    strcpy(path, "/tmp/llm-test-patched-XXXXXX");
-    int fd = ok ? mkstemp(path) : -1;
-    if (fd >= 0) { ok = write(fd, file, size) == (ssize_t)size; close(fd); }
-    free(file);
-    return ok && fd >= 0 ? 0 : -1;
-}
-
 /* Steps e until it has no work, then once more (which frees what finished); returns the outputs' finishes. */
 static int drain_engine(llm_engine *e, uint64_t *last_finished) {
     int finishes = 0;
@@ -7813,8 +7811,8 @@ static void test_server_endpoints(void) {
     int port = s.port;
     char *r, buf[8192], finish[16];
     /* the references: llama.cpp's greedy texts on stories260K, over /v1/completions */
-    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
-    int n_ref = load_ref_cases("stories260K-greedy.json", "completion_token_ids", cases, 4);
+    int n_ref;
+    ref_case *cases = stories_cases(&n_ref);
     for (int i = 0; i < n_ref; i++) {
         char body[2048];
         snprintf(body, sizeof body, "{\"model\":\"stories260K\",\"prompt\":\"%s\",\"max_tokens\":%d,"
@@ -10438,8 +10436,8 @@ static void test_docs_example(void) {
         CHECK(0, "./llm-example not built (make test builds it)");
         return;
     }
-    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
-    int n = load_ref_cases("stories260K-greedy.json", "completion_token_ids", cases, 4), status;
+    int n, status;
+    ref_case *cases = stories_cases(&n);
     char cmd[2048];
     for (int i = 0; i < n && i < 2; i++) {
         snprintf(cmd, sizeof cmd, "./llm-example %s '%s' %d 2>/dev/null", model_path("stories260K.gguf"),
