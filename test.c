@@ -834,6 +834,12 @@ static llm_engine *engine_new(const llm_engine_config *cfg) {
     return e;
 }
 
+/* An engine on stories260K as engine_config sets it up, for the tests that change nothing of it */
+static llm_engine *stories_engine(void) {
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    return engine_new(&cfg);
+}
+
 static int run_slot(run_result *r, uint64_t id) {
     for (int i = 0; i < r->n_requests; i++) if (r->id[i] == id) return i;
     return -1;
@@ -3250,8 +3256,7 @@ static void test_batch_invariance(void) {
  * Prefix cache and parallel sampling
  * -------------------------------------------------------------------------------------------------------- */
 static void test_prefix_cache(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     run_result *r = (run_result *)calloc(2, sizeof *r);
     char prompt[2048];
@@ -3974,8 +3979,7 @@ static int add_refused(llm_engine *e, const llm_sampling_params *p, const char *
  * own; the caller's arrays are copied; bad values and ids are refused with the reason. vLLM's
  * allowed_token_ids beside it. */
 static void test_logit_bias(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     run_result *r = (run_result *)calloc(1, sizeof *r);
     llm_sampling_params p = greedy(16);
@@ -4246,8 +4250,7 @@ static void test_abort_and_limits(void) {
 }
 
 static void test_logprobs(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     llm_sampling_params p = greedy(10);
     p.logprobs = 3;
@@ -4447,8 +4450,7 @@ static void test_threads(void) {
  * -------------------------------------------------------------------------------------------------------- */
 /* Every output carries the user pointer its request was added with: finished, aborted, each of n samples. */
 static void test_user_pointers(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     char err[LLM_ERR_LEN] = "", tags[3];
     uint64_t ids[3];
@@ -4511,8 +4513,7 @@ static void poke_add(llm_engine *e) {
 static void poke_abort(llm_engine *e) { llm_engine_abort(e, 424242); }
 
 static void test_wait(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     CHECK(llm_engine_wait(e, 0) == 0 && llm_engine_wait(e, 30) == 0,
           "wait with no work: 0, at once and after 30 ms");
@@ -6134,8 +6135,7 @@ static void run_request_to_its_end(void) {
 }
 
 static void test_fault_add_request_race(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     char err[LLM_ERR_LEN];
     llm_sampling_params p = llm_sampling_defaults();
@@ -6237,8 +6237,7 @@ static void test_fault_sampling(void) {
 /* 3. A negative n_prompt_ids overflowed the heap inside stb_ds. 4. Aborting an n > 1 request before its
  *    prompt was computed finished sample 0 only. */
 static void test_fault_requests(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     char err[LLM_ERR_LEN] = "";
     llm_sampling_params p = llm_sampling_defaults();
@@ -7506,8 +7505,22 @@ static void test_chat_terminal(void) {
  * -------------------------------------------------------------------------------------------------------- */
 typedef struct { pid_t pid; int port; char log[64]; } test_server;
 
+/* SIGTERM, then the exit status (0 expected: in-flight requests finish, then it exits). */
+static int server_stop(test_server *s) {
+    int status = -1;
+    if (s->pid <= 0) return -1;
+    kill(s->pid, SIGTERM);
+    double t0 = llm_now();
+    while (waitpid(s->pid, &status, WNOHANG) == 0) {
+        if (llm_now() - t0 > 60) { kill(s->pid, SIGKILL); waitpid(s->pid, &status, 0); break; }
+        usleep(10000);
+    }
+    remove(s->log);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 /* Starts ./llm serve on stories260K with extra flags, after shell commands (e.g. "ulimit -n 200; "); reads
- * the port from its "listening on" line. */
+ * the port from its "listening on" line. 0 once it listens; else -1 (a failed CHECK), the server stopped. */
 static int server_start_in(test_server *s, const char *shell, const char *extra) {
     static int serial;
     snprintf(s->log, sizeof s->log, "llm-test-serve-%d-%d.log", (int)getpid(), serial++);
@@ -7525,24 +7538,13 @@ static int server_start_in(test_server *s, const char *shell, const char *extra)
         if (waitpid(s->pid, NULL, WNOHANG) == s->pid) break;
     }
     CHECK(s->port > 0, "llm serve %s starts and listens", extra);
-    return s->port > 0 ? 0 : -1;
+    if (s->port > 0) return 0;
+    server_stop(s); /* nothing left running or on disk: the caller just returns */
+    s->pid = 0;     /* and a server_stop of its own does nothing */
+    return -1;
 }
 
 static int server_start(test_server *s, const char *extra) { return server_start_in(s, "", extra); }
-
-/* SIGTERM, then the exit status (0 expected: in-flight requests finish, then it exits). */
-static int server_stop(test_server *s) {
-    int status = -1;
-    if (s->pid <= 0) return -1;
-    kill(s->pid, SIGTERM);
-    double t0 = llm_now();
-    while (waitpid(s->pid, &status, WNOHANG) == 0) {
-        if (llm_now() - t0 > 60) { kill(s->pid, SIGKILL); waitpid(s->pid, &status, 0); break; }
-        usleep(10000);
-    }
-    remove(s->log);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 static char *http_post(int port, const char *path, const char *body, const char *extra_headers);
 /* llm serve takes the file's general.sampling.* for what a request omits (as vLLM takes generation_config):
@@ -7560,7 +7562,7 @@ static void test_server_sampling_keys(void) {
     }
     test_server s;
     snprintf(extra, sizeof extra, "-m %s", path);
-    if (server_start(&s, extra) != 0) { server_stop(&s); remove(path); return; }
+    if (server_start(&s, extra) != 0) { remove(path); return; }
     char *log = read_file(s.log, NULL);
     CHECK(log && strstr(log, "llm serve: sampling, for what a request omits: temperature 1.5, top_p 0.5, "
                              "top_k 3, min_p 0, repetition_penalty 1 (the file's general.sampling.* over "
@@ -7724,10 +7726,10 @@ static double metric(int port, const char *name) {
  * does not know, stops the server at its start, naming it. */
 static void test_server_speculative(void) {
     test_server plain, spec;
-    if (server_start(&plain, "") != 0) { server_stop(&plain); return; }
+    if (server_start(&plain, "") != 0) return;
     if (server_start(&spec, "--speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
                             "\"prompt_lookup_max\": 3, \"prompt_lookup_min\": 2}'") != 0) {
-        server_stop(&plain); server_stop(&spec); return;
+        server_stop(&plain); return;
     }
     const char *body = "{\"prompt\":\"Lily and Ben went to the park. They saw a big red ball. Lily and Ben "
                        "went to the park. They saw\",\"max_tokens\":60,\"temperature\":0}";
@@ -7807,7 +7809,7 @@ static void test_server_speculative(void) {
 
 static void test_server_endpoints(void) {
     test_server s;
-    if (server_start(&s, "") != 0) { server_stop(&s); return; }
+    if (server_start(&s, "") != 0) return;
     int port = s.port;
     char *r, buf[8192], finish[16];
     /* the references: llama.cpp's greedy texts on stories260K, over /v1/completions */
@@ -7972,7 +7974,7 @@ static void test_server_endpoints(void) {
  * truncate_prompt_tokens, cache_salt, add_special_tokens */
 static void test_server_vllm_fields(void) {
     test_server s;
-    if (server_start(&s, "") != 0) { server_stop(&s); return; }
+    if (server_start(&s, "") != 0) return;
     int port = s.port;
     char *r, buf[4096], finish[16];
     int n_events, done;
@@ -8184,10 +8186,7 @@ static void test_server_vllm_fields(void) {
 
     /* a chat's add_special_tokens true: BOS before the template's own (llama2's writes <s>), as vLLM's
      * tokenizer adds it; false (the default) keeps the template's one */
-    if (server_start(&s, "--chat-template llama2 --scheduling-policy priority") != 0) {
-        server_stop(&s);
-        return;
-    }
+    if (server_start(&s, "--chat-template llama2 --scheduling-policy priority") != 0) return;
     static const struct { const char *value; int status; } prios[] = {{"-3", 200}, {"7", 200}, {"1.5", 400},
                                                                       {"\"high\"", 400}};
     for (int i = 0; i < 4; i++) { /* under the priority policy: any integer */
@@ -8221,8 +8220,7 @@ static void test_server_vllm_fields(void) {
 /* echo with logprobs and prompt_logprobs: the values are the engine's own (run here on the same model and
  * backend), written as the server writes floats (%.9g) */
 static void test_server_prompt_logprobs(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     static const int32_t ids[] = {1, 403, 407, 261, 378}; /* "Once upon a time", BOS first */
     plp_result *x = (plp_result *)calloc(1, sizeof *x);
@@ -8246,7 +8244,7 @@ static void test_server_prompt_logprobs(void) {
     CHECK(x->n_gen == 2 && x->n_plp == 4 && x->top_ids[0][0] == 403 && x->ranks[0] == 1 && x->ranks[1] == 1,
           "serve: the engine's prompt logprobs of \"Once upon a time\"");
     test_server s;
-    if (server_start(&s, "") != 0) { server_stop(&s); free(x); return; }
+    if (server_start(&s, "") != 0) { free(x); return; }
     /* echo + logprobs: the prompt's tokens first, the first with nulls; offsets into the echoed text */
     char *r = http_post(s.port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,"
                         "\"temperature\":0,\"echo\":true,\"logprobs\":2}", NULL);
@@ -8331,7 +8329,7 @@ static void test_server_mistral_tools(void) {
     }
     snprintf(extra, sizeof extra, "-m %s", path);
     test_server srv;
-    if (server_start(&srv, extra) != 0) { server_stop(&srv); remove(path); return; }
+    if (server_start(&srv, extra) != 0) { remove(path); return; }
     static const char tools[] = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
         "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"enum\":[\"Paris\",\"Rome\"]}},"
         "\"required\":[\"city\"],\"additionalProperties\":false}}}]";
@@ -8394,7 +8392,7 @@ static void test_server_tools(void) {
     char extra[1024], err[LLM_ERR_LEN];
     snprintf(extra, sizeof extra, "-m %s", model_path("random-qwen3-qknorm.gguf"));
     test_server srv;
-    if (server_start(&srv, extra) != 0) { server_stop(&srv); return; }
+    if (server_start(&srv, extra) != 0) return;
     int port = srv.port;
     const char *think = "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"grammar\":\"root ::= "
                         "\\\"<think>\\\\nabc\\\\n</think>\\\\n\\\\nxyz\\\"\"";
@@ -8551,7 +8549,7 @@ static int cmp_double(const void *a, const void *b) {
 }
 static void test_server_grammar_isolation(void) {
     test_server srv;
-    if (server_start(&srv, "") != 0) { server_stop(&srv); return; }
+    if (server_start(&srv, "") != 0) return;
     int port = srv.port;
     const char *light = "{\"prompt\":\"Once upon a time\",\"max_tokens\":20,\"temperature\":0,"
                         "\"ignore_eos\":true}";
@@ -8595,7 +8593,7 @@ static void test_server_grammar_isolation(void) {
  * 2 MB prompt is tokenized (a second or more), /health answers at once and a stream goes on */
 static void test_server_request_workers(void) {
     test_server srv;
-    if (server_start(&srv, "") != 0) { server_stop(&srv); return; }
+    if (server_start(&srv, "") != 0) return;
     int port = srv.port;
     static const char *words[] = {"once", "upon", "a", "time", "there", "was", "little", "girl", "lily"};
     size_t cap = (2 << 20) + 256, len = 0;
@@ -8643,7 +8641,7 @@ static void test_server_request_workers(void) {
 
 static void test_server_structured(void) {
     test_server srv;
-    if (server_start(&srv, "") != 0) { server_stop(&srv); return; }
+    if (server_start(&srv, "") != 0) return;
     int port = srv.port;
     const char *auth = NULL;
     static const struct { int chat; const char *fields; const char *kind; } cases[] = {
@@ -8783,7 +8781,7 @@ static void test_server_structured(void) {
  * called with arguments that Python's jsonschema validates (tools/schema_oracle.py; before: a 400). */
 static void test_server_grammar_bounds(void) {
     test_server srv;
-    if (server_start(&srv, "") != 0) { server_stop(&srv); return; }
+    if (server_start(&srv, "") != 0) return;
     int port = srv.port;
     static const char *const chain = "\"a%d\":{\"$ref\":\"#/$defs/a%d\"},";
     static const char *const schema = "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
@@ -8864,7 +8862,7 @@ static void test_server_grammar_bounds(void) {
     /* a tool with $defs and $ref, on Qwen3's template (Hermes' calls): its arguments validate */
     char extra[1024];
     snprintf(extra, sizeof extra, "-m %s", model_path("random-qwen3-qknorm.gguf"));
-    if (server_start(&srv, extra) != 0) { server_stop(&srv); return; }
+    if (server_start(&srv, extra) != 0) return;
     r = http_post(srv.port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":"
                   "\"Add Ann.\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"add_person\","
                   "\"parameters\":" PYDANTIC_PARAMS "}}],\"tool_choice\":\"required\","
@@ -8892,10 +8890,8 @@ static void test_server_grammar_bounds(void) {
 
 static void test_server_errors(void) {
     test_server s;
-    if (server_start(&s, "--api-key sesame --max-queue 2 --request-timeout 1 --max-model-len 64") != 0) {
-        server_stop(&s);
+    if (server_start(&s, "--api-key sesame --max-queue 2 --request-timeout 1 --max-model-len 64") != 0)
         return;
-    }
     int port = s.port;
     const char *auth = "Authorization: Bearer sesame\r\n";
     static const struct { const char *body; int status; const char *param, *message; } bad[] = {
@@ -9149,7 +9145,7 @@ static void test_server_errors(void) {
 /* Keep-alive with pipelining, a client that disconnects mid-stream, and 64 streaming clients at once. */
 static void test_server_connections(void) {
     test_server s;
-    if (server_start(&s, "") != 0) { server_stop(&s); return; }
+    if (server_start(&s, "") != 0) return;
     int port = s.port;
     /* three pipelined requests on one connection, sent at once: three responses in order */
     const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0}";
@@ -9289,7 +9285,7 @@ static int cached_tokens(const char *resp) {
 
 static void test_server_replica(void) {
     test_server s;
-    if (server_start(&s, "--block-size 8") != 0) { server_stop(&s); return; }
+    if (server_start(&s, "--block-size 8") != 0) return;
     int port = s.port;
     char hdr[256], want[512], *r;
     /* X-Request-Id: echoed, and the OpenAI id is cmpl-{it} / chatcmpl-{it}, as vLLM names them */
@@ -9516,7 +9512,7 @@ static void test_server_replica(void) {
 /* SIGTERM drains: /health and new requests get 503 at once, the streams in flight run to [DONE], exit 0 */
 static void test_server_drain(void) {
     test_server s;
-    if (server_start(&s, "--drain-timeout 60") != 0) { server_stop(&s); return; }
+    if (server_start(&s, "--drain-timeout 60") != 0) return;
     int fd = tcp_connect(s.port);
     const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2000,\"ignore_eos\":true,\"n\":2,"
                        "\"stream\":true}";
@@ -9636,7 +9632,7 @@ static const char *malformed(const char *why, char *out, size_t cap) { /* the 40
  * still gets the answer; chat's top_logprobs without logprobs is refused, naming it. */
 static void test_server_http_framing(void) {
     test_server s;
-    if (server_start(&s, "") != 0) { server_stop(&s); return; }
+    if (server_start(&s, "") != 0) return;
     int port = s.port;
     const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0}";
     char *r = http_post(port, "/v1/completions", body, NULL), want[256], text[256], msg[512];
@@ -9762,7 +9758,7 @@ static void test_server_backpressure(void) {
     /* under AddressSanitizer freed memory waits in its quarantine (256 MiB) and counts in RSS: a small one */
     const char *shell = UNDER_ASAN ? "ASAN_OPTIONS=\"$ASAN_OPTIONS:quarantine_size_mb=1:"
                                      "allocator_release_to_os_interval_ms=50\" " : "";
-    if (server_start_in(&s, shell, "") != 0) { server_stop(&s); return; }
+    if (server_start_in(&s, shell, "") != 0) return;
     int port = s.port;
     free(http_get(port, "/metrics", NULL));
     free(http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":4}", NULL));
@@ -9852,7 +9848,7 @@ static void test_server_backpressure(void) {
  * its log (issue 50: 100% of a core, 20 MB/s of one line), and serves again once the connections close. */
 static void test_server_fd_limit(void) {
     test_server s;
-    if (server_start_in(&s, "ulimit -n 200; ", "") != 0) { server_stop(&s); return; }
+    if (server_start_in(&s, "ulimit -n 200; ", "") != 0) return;
     enum { N = 260 };
     int fds[N], open_ = 0;
     size_t log0 = 0, log1 = 0;
@@ -9884,7 +9880,7 @@ static void test_server_fd_limit(void) {
  * any of the body is read; and a stream whose client reads nothing for --request-timeout is aborted. */
 static void test_server_cross_origin(void) {
     test_server s, k;
-    if (server_start(&s, "") != 0) { server_stop(&s); return; }
+    if (server_start(&s, "") != 0) return;
     const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2}";
     const char *e415 = "{\"error\":{\"message\":\"Unsupported Media Type: Only 'application/json' is "
                        "allowed\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":415}}";
@@ -9917,10 +9913,8 @@ static void test_server_cross_origin(void) {
     free(r);
     CHECK(server_stop(&s) == 0, "serve: exit status 0 after the content-type tests");
     if (server_start(&k, "--api-key sesame --allowed-origins '[\"http://good.example\"]' "
-                         "--request-timeout 1")) {
-        server_stop(&k);
+                         "--request-timeout 1"))
         return;
-    }
     /* --allowed-origins: that origin gets the headers (errors and streams too) and its preflight */
     r = http_request_raw(k.port, req, (size_t)n);
     CHECK(http_status(r) == 200 &&
@@ -10274,8 +10268,7 @@ static int header_sections(const char *h, const char *from, const char *to, cons
  * and the core's tests). Without the grammar layer a request with a grammar is refused by name, never run
  * unconstrained; with it, the same request runs and its output follows the grammar. */
 static void test_layers(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     char err[LLM_ERR_LEN] = "";
     llm_sampling_params p = greedy(8);
