@@ -173,11 +173,8 @@ static const char *sampling_text(const llm_sampling_params *p, char *out, size_t
     return out;
 }
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
+/* server.c's clock (its header names now_s): llm.h's monotonic seconds */
+static double now_s(void) { return llm_now(); }
 
 /* The process's memory as the kernel counts it, in bytes: field "VmRSS" (resident now) or "VmHWM" (its peak)
  * of /proc/self/status; -1 where there is none (not Linux). For llm bench and /metrics. */

@@ -99,12 +99,6 @@ static int tok_utf8_valid(const char *str, size_t n) {
     return 1;
 }
 
-static double test_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Prints s with the bytes that would not show escaped, for failure messages. */
 static void tok_print_escaped(const char *s, size_t n) {
     for (size_t i = 0; i < n && i < 200; i++) {
@@ -149,9 +143,9 @@ static llm_tokenizer *tok_load(llm_gguf *g, const char *name, double *ms) {
     int ok = llm_gguf_open(g, path, err) == 0;
     CHECK(ok, "open %s: %s", path, err);
     if (!ok) return NULL;
-    double t0 = test_now();
+    double t0 = llm_now();
     llm_tokenizer *t = llm_tokenizer_load(g, err);
-    if (ms) *ms = (test_now() - t0) * 1e3;
+    if (ms) *ms = (llm_now() - t0) * 1e3;
     CHECK(t != NULL, "load tokenizer %s: %s", name, err);
     if (!t) llm_gguf_close(g);
     return t;
@@ -724,6 +718,13 @@ static int load_ref_cases(const char *file, const char *ids_key, ref_case *cases
     return n;
 }
 
+/* stories260K's cases (stories260K-greedy.json, 4 at most) in an array the caller frees; *n: how many */
+static ref_case *stories_cases(int *n) {
+    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
+    *n = load_ref_cases("stories260K-greedy.json", "completion_token_ids", cases, 4);
+    return cases;
+}
+
 static const char *model_path(const char *name) {
     static char paths[8][1024];   /* a few at a time stay valid: engine configs keep the pointer */
     static int next;
@@ -732,22 +733,30 @@ static const char *model_path(const char *name) {
     return path;
 }
 
+/* A copy of a shared model with the value of one key (or element index of an array key) overwritten by n
+ * bytes of the same type. Writes the copy's path to path (room for 64); 0 on success. */
+static int gguf_patched(const char *model, const char *key, uint64_t index, const void *bytes, size_t n,
+                        char *path) {
+    size_t size;
+    char *file = read_file(model_path(model), &size), err[LLM_ERR_LEN];
+    llm_gguf g;
+    if (!file || llm_gguf_parse(&g, file, size, err) != 0) { free(file); return -1; }
+    const llm_gguf_kv *kv = llm_gguf_find(&g, key);
+    int ok = kv != NULL;
+    if (ok) memcpy(file + (kv->data - g.base) + index * n, bytes, n);
+    llm_gguf_close(&g);
+    strcpy(path, "/tmp/llm-test-patched-XXXXXX");
+    int fd = ok ? mkstemp(path) : -1;
+    if (fd >= 0) { ok = write(fd, file, size) == (ssize_t)size; close(fd); }
+    free(file);
+    return ok && fd >= 0 ? 0 : -1;
+}
+
 /* stories260K never emits its EOS (2): a copy whose EOS is another token, to test stopping there. Writes the
  * copy to path (room for 64); 0 on success. */
 static int stories_with_eos(int32_t eos, char *path) {
-    size_t n;
-    char *file = read_file(model_path("stories260K.gguf"), &n), err[LLM_ERR_LEN];
-    llm_gguf g;
-    if (!file || llm_gguf_parse(&g, file, n, err) != 0) { free(file); return -1; }
-    const llm_gguf_kv *kv = llm_gguf_find(&g, "tokenizer.ggml.eos_token_id");
-    int ok = kv && kv->type == LLM_GGUF_U32;
-    if (ok) { uint32_t v = (uint32_t)eos; memcpy(file + (kv->data - g.base), &v, 4); }
-    llm_gguf_close(&g);
-    strcpy(path, "/tmp/llm-test-eos-XXXXXX");
-    int fd = ok ? mkstemp(path) : -1;
-    if (fd >= 0) { ok = write(fd, file, n) == (ssize_t)n; close(fd); }
-    free(file);
-    return ok && fd >= 0 ? 0 : -1;
+    uint32_t v = (uint32_t)eos; /* the key is a u32 */
+    return gguf_patched("stories260K.gguf", "tokenizer.ggml.eos_token_id", 0, &v, 4, path);
 }
 
 /* llama.cpp's greedy completions in testdata/reference, as ids and as text: streaming the ids through the
@@ -823,6 +832,12 @@ static llm_engine *engine_new(const llm_engine_config *cfg) {
     llm_engine *e = llm_engine_create(cfg, err);
     CHECK(e != NULL, "engine on %s: %s", cfg->model_path ? cfg->model_path : cfg->dummy, err);
     return e;
+}
+
+/* An engine on stories260K as engine_config sets it up, for the tests that change nothing of it */
+static llm_engine *stories_engine(void) {
+    llm_engine_config cfg = engine_config("stories260K.gguf");
+    return engine_new(&cfg);
 }
 
 static int run_slot(run_result *r, uint64_t id) {
@@ -3116,14 +3131,29 @@ static void story_prompt(char *out, size_t cap, int i, int n_words) {
 }
 
 enum { N_MIX = 32 };
+/* The i-th of the N_MIX requests of the mix: its prompt (room for 1024) and its sampling */
+static llm_sampling_params mixed_request(int i, char *prompt) {
+    story_prompt(prompt, 1024, i, 1 + (i * 13) % 40);
+    llm_sampling_params p = greedy(1 + (i * 17) % 48);
+    p.ignore_eos = i % 2;   /* half of them may stop early at EOS */
+    return p;
+}
+
 static void mixed_requests(llm_engine *e, run_result *r) {
     for (int i = 0; i < N_MIX; i++) {
         char prompt[1024];
-        story_prompt(prompt, sizeof prompt, i, 1 + (i * 13) % 40);
-        llm_sampling_params p = greedy(1 + (i * 17) % 48);
-        p.ignore_eos = i % 2;   /* half of them may stop early at EOS */
+        llm_sampling_params p = mixed_request(i, prompt);
         run_add(e, r, prompt, NULL, 0, &p);
     }
+}
+
+/* A new engine of cfg that has run the whole mix together into r (cleared first); the caller destroys it */
+static llm_engine *run_mixed(const llm_engine_config *cfg, run_result *r) {
+    llm_engine *e = engine_new(cfg);
+    memset(r, 0, sizeof *r);
+    mixed_requests(e, r);
+    run_engine(e, r);
+    return e;
 }
 
 static int same_outputs(const run_result *a, const run_result *b, const char *what) {
@@ -3158,9 +3188,7 @@ static void test_batch_invariance(void) {
     CHECK(all_blocks_free(e), "aborting waiting requests frees everything");
     for (int i = 0; i < N_MIX; i++) {
         char prompt[1024];
-        story_prompt(prompt, sizeof prompt, i, 1 + (i * 13) % 40);
-        llm_sampling_params p = greedy(1 + (i * 17) % 48);
-        p.ignore_eos = i % 2;
+        llm_sampling_params p = mixed_request(i, prompt);
         memset(one, 0, sizeof *one);
         run_add(e, one, prompt, NULL, 0, &p);
         run_engine(e, one);
@@ -3177,9 +3205,7 @@ static void test_batch_invariance(void) {
     free(one);
 
     /* together, with the default pool and budget */
-    e = engine_new(&cfg);
-    mixed_requests(e, r);
-    run_engine(e, r);
+    e = run_mixed(&cfg, r);
     llm_engine_stats st = llm_engine_get_stats(e);
     same_outputs(alone, r, "32 together");
     CHECK(r->bad_audits == 0 && all_blocks_free(e), "together: blocks consistent and all back");
@@ -3189,10 +3215,7 @@ static void test_batch_invariance(void) {
     /* a pool of 12 blocks of 16 tokens: requests are preempted and recomputed,
      * and still give the same tokens */
     cfg.num_blocks = 12;
-    e = engine_new(&cfg);
-    memset(r, 0, sizeof *r);
-    mixed_requests(e, r);
-    run_engine(e, r);
+    e = run_mixed(&cfg, r);
     st = llm_engine_get_stats(e);
     same_outputs(alone, r, "small pool");
     CHECK(st.preemptions > 0, "small pool: preemption happened (%lld)", (long long)st.preemptions);
@@ -3201,16 +3224,13 @@ static void test_batch_invariance(void) {
 
     /* a token budget of 7: prompts are chunked over steps, mixed with decodes */
     cfg.num_blocks = 0; cfg.max_num_batched_tokens = 7;
-    e = engine_new(&cfg);
-    memset(r, 0, sizeof *r);
-    mixed_requests(e, r);
-    run_engine(e, r);
+    e = run_mixed(&cfg, r);
     st = llm_engine_get_stats(e);
     same_outputs(alone, r, "budget 7");
     int64_t prompt_total = 0;
     for (int i = 0; i < N_MIX; i++) {
         char pr[1024];
-        story_prompt(pr, sizeof pr, i, 1 + (i * 13) % 40);
+        mixed_request(i, pr);
         int32_t ids[512];
         prompt_total += llm_tokenize(llm_engine_model(e)->tok, pr, strlen(pr), 1, 0, ids, 512);
     }
@@ -3223,10 +3243,7 @@ static void test_batch_invariance(void) {
     /* max_num_seqs 3 and static batching: the same tokens again */
     cfg.max_num_batched_tokens = llm_engine_defaults().max_num_batched_tokens;
     cfg.max_num_seqs = 3; cfg.static_batching = 1;
-    e = engine_new(&cfg);
-    memset(r, 0, sizeof *r);
-    mixed_requests(e, r);
-    run_engine(e, r);
+    e = run_mixed(&cfg, r);
     same_outputs(alone, r, "static batches of 3");
     CHECK(r->bad_audits == 0 && all_blocks_free(e), "static: blocks consistent and all back");
     llm_engine_destroy(e);
@@ -3239,8 +3256,7 @@ static void test_batch_invariance(void) {
  * Prefix cache and parallel sampling
  * -------------------------------------------------------------------------------------------------------- */
 static void test_prefix_cache(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     run_result *r = (run_result *)calloc(2, sizeof *r);
     char prompt[2048];
@@ -3963,8 +3979,7 @@ static int add_refused(llm_engine *e, const llm_sampling_params *p, const char *
  * own; the caller's arrays are copied; bad values and ids are refused with the reason. vLLM's
  * allowed_token_ids beside it. */
 static void test_logit_bias(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     run_result *r = (run_result *)calloc(1, sizeof *r);
     llm_sampling_params p = greedy(16);
@@ -4075,8 +4090,8 @@ static void test_logit_bias(void) {
 }
 
 static void test_stop_conditions(void) {
-    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
-    int n = load_ref_cases("stories260K-greedy.json", "completion_token_ids", cases, 4);
+    int n;
+    ref_case *cases = stories_cases(&n);
     llm_engine_config cfg = engine_config("stories260K.gguf");
     llm_engine *e = engine_new(&cfg);
     if (!e || n < 1) { free(cases); llm_engine_destroy(e); return; }
@@ -4235,8 +4250,7 @@ static void test_abort_and_limits(void) {
 }
 
 static void test_logprobs(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     llm_sampling_params p = greedy(10);
     p.logprobs = 3;
@@ -4392,8 +4406,8 @@ static void *feeder(void *arg) {
 }
 
 static void test_threads(void) {
-    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
-    int n = load_ref_cases("stories260K-greedy.json", "completion_token_ids", cases, 4);
+    int n;
+    ref_case *cases = stories_cases(&n);
     llm_engine_config cfg = engine_config("stories260K.gguf");
     llm_engine *e = engine_new(&cfg);
     if (!e || n < 1) { free(cases); llm_engine_destroy(e); return; }
@@ -4436,8 +4450,7 @@ static void test_threads(void) {
  * -------------------------------------------------------------------------------------------------------- */
 /* Every output carries the user pointer its request was added with: finished, aborted, each of n samples. */
 static void test_user_pointers(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     char err[LLM_ERR_LEN] = "", tags[3];
     uint64_t ids[3];
@@ -4500,8 +4513,7 @@ static void poke_add(llm_engine *e) {
 static void poke_abort(llm_engine *e) { llm_engine_abort(e, 424242); }
 
 static void test_wait(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     CHECK(llm_engine_wait(e, 0) == 0 && llm_engine_wait(e, 30) == 0,
           "wait with no work: 0, at once and after 30 ms");
@@ -4873,8 +4885,8 @@ static void test_pool_reuse(void) {
 }
 
 static void test_backend_errors(void) {
-    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
-    int n_cases = load_ref_cases("stories260K-greedy.json", "completion_token_ids", cases, 4);
+    int n_cases;
+    ref_case *cases = stories_cases(&n_cases);
     llm_engine_config cfg = engine_config("stories260K.gguf");
     cfg.create_backend = flaky_create;
     flaky_calls = 0; flaky_fail_at = -1;
@@ -5532,7 +5544,7 @@ static void test_grammar_schemas(void) {
         if (mi == 0) cfg.model_path = CHAT_MODEL;
         llm_engine *e = engine_new(&cfg);
         if (!e) continue;
-        double t_model = test_now();
+        double t_model = llm_now();
         uint64_t *ids = (uint64_t *)calloc((size_t)all.n, sizeof *ids);
         char **out = (char **)calloc((size_t)all.n * (size_t)samples, sizeof *out); /* stb_ds strings */
         for (int i = 0; i < all.n; i++) {
@@ -5572,7 +5584,7 @@ static void test_grammar_schemas(void) {
         printf("    %s: %lld tokens under grammars, %.2f s in the grammar (%lld masks, %lld from the cache), "
                "%.1f s\n", mi ? "random Llama 2" : "SmolLM2", (long long)st.grammar_tokens,
                st.grammar_seconds, (long long)st.grammar_masks, (long long)st.grammar_masks_cached,
-               test_now() - t_model);
+               llm_now() - t_model);
         for (size_t k = 0; k < (size_t)all.n * (size_t)samples; k++) arrfree(out[k]);
         free(out); free(ids);
         llm_engine_destroy(e);
@@ -5795,10 +5807,10 @@ static void test_grammar_bounds(void) {
     };
     char err[LLM_ERR_LEN];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        double t0 = test_now();
+        double t0 = llm_now();
         const char *want = cases[i].says;
         const char *v = bound_verdict(cases[i].kind, cases[i].text, cases[i].input, err);
-        double t = test_now() - t0;
+        double t = llm_now() - t0;
         int worked = !strcmp(want, "accept") || !strcmp(want, "reject") || !strcmp(want, "prefix");
         CHECK((worked ? !strcmp(v, want) : !strcmp(v, "refused") && strstr(err, want)) &&
               t < (UNDER_ASAN ? 10 : 2), "%s: %s (%s), in %.2f s; want %s", cases[i].what, v, err, t, want);
@@ -5899,8 +5911,8 @@ static void test_grammar_cli(void) {
 
 static void test_cli(void) {
     if (access("./llm", X_OK) != 0) { CHECK(0, "./llm not built (make test builds it)"); return; }
-    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
-    int n = load_ref_cases("stories260K-greedy.json", "completion_token_ids", cases, 4);
+    int n;
+    ref_case *cases = stories_cases(&n);
     char cmd[2048];
     int status;
     for (int i = 0; i < n && i < 2; i++) {
@@ -6099,25 +6111,6 @@ static void test_sampling_keys(void) {
 /* -----------------------------------------------------------------------------------------------------------
  * Hardening: the faults a fuzzing and sanitizer pass found in 0736d1f, each with the input that showed it
  * -------------------------------------------------------------------------------------------------------- */
-/* A copy of a shared model with the value of one key (or element index of an array key) overwritten by n
- * bytes of the same type. Writes the copy's path to path (room for 64); 0 on success. */
-static int gguf_patched(const char *model, const char *key, uint64_t index, const void *bytes, size_t n,
-                        char *path) {
-    size_t size;
-    char *file = read_file(model_path(model), &size), err[LLM_ERR_LEN];
-    llm_gguf g;
-    if (!file || llm_gguf_parse(&g, file, size, err) != 0) { free(file); return -1; }
-    const llm_gguf_kv *kv = llm_gguf_find(&g, key);
-    int ok = kv != NULL;
-    if (ok) memcpy(file + (kv->data - g.base) + index * n, bytes, n);
-    llm_gguf_close(&g);
-    strcpy(path, "/tmp/llm-test-patched-XXXXXX");
-    int fd = ok ? mkstemp(path) : -1;
-    if (fd >= 0) { ok = write(fd, file, size) == (ssize_t)size; close(fd); }
-    free(file);
-    return ok && fd >= 0 ? 0 : -1;
-}
-
 /* Steps e until it has no work, then once more (which frees what finished); returns the outputs' finishes. */
 static int drain_engine(llm_engine *e, uint64_t *last_finished) {
     int finishes = 0;
@@ -6142,8 +6135,7 @@ static void run_request_to_its_end(void) {
 }
 
 static void test_fault_add_request_race(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     char err[LLM_ERR_LEN];
     llm_sampling_params p = llm_sampling_defaults();
@@ -6245,8 +6237,7 @@ static void test_fault_sampling(void) {
 /* 3. A negative n_prompt_ids overflowed the heap inside stb_ds. 4. Aborting an n > 1 request before its
  *    prompt was computed finished sample 0 only. */
 static void test_fault_requests(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     char err[LLM_ERR_LEN] = "";
     llm_sampling_params p = llm_sampling_defaults();
@@ -7437,8 +7428,8 @@ static void test_chat_piped(void) {
  * brings back the last line; Ctrl-D at an empty prompt leaves with status 0. */
 static int pty_wait_for(int fd, char *buf, size_t cap, size_t *len, size_t from, const char *what,
                         double timeout_s) {
-    double t0 = test_now();
-    while (test_now() - t0 < timeout_s) {
+    double t0 = llm_now();
+    while (llm_now() - t0 < timeout_s) {
         buf[*len] = 0;
         if (strstr(buf + from, what)) return 1;
         struct pollfd p = {fd, POLLIN, 0};
@@ -7471,7 +7462,7 @@ static void test_chat_terminal(void) {
     size_t mark = len;
     streaming = streaming && pty_wait_for(fd, buf, cap, &len, strstr(buf, "knight.") - buf, "\r\n", 30);
     mark = strstr(strstr(buf, "knight."), "\r\n") - buf + 2;
-    for (double t0 = test_now(); streaming && len < mark + 40 && test_now() - t0 < 30;)
+    for (double t0 = llm_now(); streaming && len < mark + 40 && llm_now() - t0 < 30;)
         pty_wait_for(fd, buf, cap, &len, len, "\x01", 0.1); /* reads what comes, for a tenth of a second */
     CHECK(streaming && len >= mark + 40, "chat on a terminal: the reply streams: %s", buf + mark);
     CHECK(write(fd, "\x03", 1) == 1, "write Ctrl-C");
@@ -7497,8 +7488,8 @@ static void test_chat_terminal(void) {
     pty_wait_for(fd, buf, cap, &len, strstr(buf + mark, "cached prefixes)") - buf, "> ", 30);
     CHECK(write(fd, "\x04", 1) == 1, "write Ctrl-D");
     int status = -1;
-    double t0 = test_now();
-    while (test_now() - t0 < 30 && waitpid(pid, &status, WNOHANG) == 0) {
+    double t0 = llm_now();
+    while (llm_now() - t0 < 30 && waitpid(pid, &status, WNOHANG) == 0) {
         char sink[4096];
         struct pollfd p = {fd, POLLIN, 0};
         if (poll(&p, 1, 100) > 0 && read(fd, sink, sizeof sink) <= 0) usleep(10000);
@@ -7514,8 +7505,22 @@ static void test_chat_terminal(void) {
  * -------------------------------------------------------------------------------------------------------- */
 typedef struct { pid_t pid; int port; char log[64]; } test_server;
 
+/* SIGTERM, then the exit status (0 expected: in-flight requests finish, then it exits). */
+static int server_stop(test_server *s) {
+    int status = -1;
+    if (s->pid <= 0) return -1;
+    kill(s->pid, SIGTERM);
+    double t0 = llm_now();
+    while (waitpid(s->pid, &status, WNOHANG) == 0) {
+        if (llm_now() - t0 > 60) { kill(s->pid, SIGKILL); waitpid(s->pid, &status, 0); break; }
+        usleep(10000);
+    }
+    remove(s->log);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 /* Starts ./llm serve on stories260K with extra flags, after shell commands (e.g. "ulimit -n 200; "); reads
- * the port from its "listening on" line. */
+ * the port from its "listening on" line. 0 once it listens; else -1 (a failed CHECK), the server stopped. */
 static int server_start_in(test_server *s, const char *shell, const char *extra) {
     static int serial;
     snprintf(s->log, sizeof s->log, "llm-test-serve-%d-%d.log", (int)getpid(), serial++);
@@ -7525,7 +7530,7 @@ static int server_start_in(test_server *s, const char *shell, const char *extra)
     s->port = 0;
     s->pid = fork();
     if (s->pid == 0) { execl("/bin/sh", "sh", "-c", cmd, (char *)NULL); _exit(127); }
-    for (double t0 = test_now(); s->pid > 0 && test_now() - t0 < 60 && !s->port; usleep(20000)) {
+    for (double t0 = llm_now(); s->pid > 0 && llm_now() - t0 < 60 && !s->port; usleep(20000)) {
         char *log = read_file(s->log, NULL);
         const char *p = log ? strstr(log, "listening on http://127.0.0.1:") : NULL;
         if (p) s->port = atoi(p + strlen("listening on http://127.0.0.1:"));
@@ -7533,24 +7538,13 @@ static int server_start_in(test_server *s, const char *shell, const char *extra)
         if (waitpid(s->pid, NULL, WNOHANG) == s->pid) break;
     }
     CHECK(s->port > 0, "llm serve %s starts and listens", extra);
-    return s->port > 0 ? 0 : -1;
+    if (s->port > 0) return 0;
+    server_stop(s); /* nothing left running or on disk: the caller just returns */
+    s->pid = 0;     /* and a server_stop of its own does nothing */
+    return -1;
 }
 
 static int server_start(test_server *s, const char *extra) { return server_start_in(s, "", extra); }
-
-/* SIGTERM, then the exit status (0 expected: in-flight requests finish, then it exits). */
-static int server_stop(test_server *s) {
-    int status = -1;
-    if (s->pid <= 0) return -1;
-    kill(s->pid, SIGTERM);
-    double t0 = test_now();
-    while (waitpid(s->pid, &status, WNOHANG) == 0) {
-        if (test_now() - t0 > 60) { kill(s->pid, SIGKILL); waitpid(s->pid, &status, 0); break; }
-        usleep(10000);
-    }
-    remove(s->log);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 static char *http_post(int port, const char *path, const char *body, const char *extra_headers);
 /* llm serve takes the file's general.sampling.* for what a request omits (as vLLM takes generation_config):
@@ -7568,7 +7562,7 @@ static void test_server_sampling_keys(void) {
     }
     test_server s;
     snprintf(extra, sizeof extra, "-m %s", path);
-    if (server_start(&s, extra) != 0) { server_stop(&s); remove(path); return; }
+    if (server_start(&s, extra) != 0) { remove(path); return; }
     char *log = read_file(s.log, NULL);
     CHECK(log && strstr(log, "llm serve: sampling, for what a request omits: temperature 1.5, top_p 0.5, "
                              "top_k 3, min_p 0, repetition_penalty 1 (the file's general.sampling.* over "
@@ -7619,7 +7613,7 @@ static int send_all(int fd, const char *data, size_t n) {
 static char *recv_all(int fd, double timeout_s, size_t *len) {
     size_t cap = 1 << 16, n = 0;
     char *buf = (char *)malloc(cap);
-    for (double t0 = test_now(); buf && test_now() - t0 < timeout_s;) {
+    for (double t0 = llm_now(); buf && llm_now() - t0 < timeout_s;) {
         struct pollfd p = {fd, POLLIN, 0};
         if (poll(&p, 1, 50) <= 0) continue;
         if (n + 4096 > cap) { char *b = (char *)realloc(buf, cap *= 2); if (!b) break; buf = b; }
@@ -7732,10 +7726,10 @@ static double metric(int port, const char *name) {
  * does not know, stops the server at its start, naming it. */
 static void test_server_speculative(void) {
     test_server plain, spec;
-    if (server_start(&plain, "") != 0) { server_stop(&plain); return; }
+    if (server_start(&plain, "") != 0) return;
     if (server_start(&spec, "--speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
                             "\"prompt_lookup_max\": 3, \"prompt_lookup_min\": 2}'") != 0) {
-        server_stop(&plain); server_stop(&spec); return;
+        server_stop(&plain); return;
     }
     const char *body = "{\"prompt\":\"Lily and Ben went to the park. They saw a big red ball. Lily and Ben "
                        "went to the park. They saw\",\"max_tokens\":60,\"temperature\":0}";
@@ -7815,12 +7809,12 @@ static void test_server_speculative(void) {
 
 static void test_server_endpoints(void) {
     test_server s;
-    if (server_start(&s, "") != 0) { server_stop(&s); return; }
+    if (server_start(&s, "") != 0) return;
     int port = s.port;
     char *r, buf[8192], finish[16];
     /* the references: llama.cpp's greedy texts on stories260K, over /v1/completions */
-    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
-    int n_ref = load_ref_cases("stories260K-greedy.json", "completion_token_ids", cases, 4);
+    int n_ref;
+    ref_case *cases = stories_cases(&n_ref);
     for (int i = 0; i < n_ref; i++) {
         char body[2048];
         snprintf(body, sizeof body, "{\"model\":\"stories260K\",\"prompt\":\"%s\",\"max_tokens\":%d,"
@@ -7980,7 +7974,7 @@ static void test_server_endpoints(void) {
  * truncate_prompt_tokens, cache_salt, add_special_tokens */
 static void test_server_vllm_fields(void) {
     test_server s;
-    if (server_start(&s, "") != 0) { server_stop(&s); return; }
+    if (server_start(&s, "") != 0) return;
     int port = s.port;
     char *r, buf[4096], finish[16];
     int n_events, done;
@@ -8192,10 +8186,7 @@ static void test_server_vllm_fields(void) {
 
     /* a chat's add_special_tokens true: BOS before the template's own (llama2's writes <s>), as vLLM's
      * tokenizer adds it; false (the default) keeps the template's one */
-    if (server_start(&s, "--chat-template llama2 --scheduling-policy priority") != 0) {
-        server_stop(&s);
-        return;
-    }
+    if (server_start(&s, "--chat-template llama2 --scheduling-policy priority") != 0) return;
     static const struct { const char *value; int status; } prios[] = {{"-3", 200}, {"7", 200}, {"1.5", 400},
                                                                       {"\"high\"", 400}};
     for (int i = 0; i < 4; i++) { /* under the priority policy: any integer */
@@ -8229,8 +8220,7 @@ static void test_server_vllm_fields(void) {
 /* echo with logprobs and prompt_logprobs: the values are the engine's own (run here on the same model and
  * backend), written as the server writes floats (%.9g) */
 static void test_server_prompt_logprobs(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     static const int32_t ids[] = {1, 403, 407, 261, 378}; /* "Once upon a time", BOS first */
     plp_result *x = (plp_result *)calloc(1, sizeof *x);
@@ -8254,7 +8244,7 @@ static void test_server_prompt_logprobs(void) {
     CHECK(x->n_gen == 2 && x->n_plp == 4 && x->top_ids[0][0] == 403 && x->ranks[0] == 1 && x->ranks[1] == 1,
           "serve: the engine's prompt logprobs of \"Once upon a time\"");
     test_server s;
-    if (server_start(&s, "") != 0) { server_stop(&s); free(x); return; }
+    if (server_start(&s, "") != 0) { free(x); return; }
     /* echo + logprobs: the prompt's tokens first, the first with nulls; offsets into the echoed text */
     char *r = http_post(s.port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,"
                         "\"temperature\":0,\"echo\":true,\"logprobs\":2}", NULL);
@@ -8339,7 +8329,7 @@ static void test_server_mistral_tools(void) {
     }
     snprintf(extra, sizeof extra, "-m %s", path);
     test_server srv;
-    if (server_start(&srv, extra) != 0) { server_stop(&srv); remove(path); return; }
+    if (server_start(&srv, extra) != 0) { remove(path); return; }
     static const char tools[] = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
         "\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{\"enum\":[\"Paris\",\"Rome\"]}},"
         "\"required\":[\"city\"],\"additionalProperties\":false}}}]";
@@ -8402,7 +8392,7 @@ static void test_server_tools(void) {
     char extra[1024], err[LLM_ERR_LEN];
     snprintf(extra, sizeof extra, "-m %s", model_path("random-qwen3-qknorm.gguf"));
     test_server srv;
-    if (server_start(&srv, extra) != 0) { server_stop(&srv); return; }
+    if (server_start(&srv, extra) != 0) return;
     int port = srv.port;
     const char *think = "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"grammar\":\"root ::= "
                         "\\\"<think>\\\\nabc\\\\n</think>\\\\n\\\\nxyz\\\"\"";
@@ -8547,9 +8537,9 @@ static void test_server_tools(void) {
  * long prefix (every mask walks 4,000 stacks) at n = 16, and beside it a 20-token completion: within 10 times
  * its time alone (before the grammar thread it took ~5,000 times as long: every step waited for 16 masks) */
 static double timed_post(int port, const char *body) {
-    double t0 = test_now();
+    double t0 = llm_now();
     char *r = http_post(port, "/v1/completions", body, NULL);
-    double t = http_status(r) == 200 && strstr(r, "\"completion_tokens\":20") ? test_now() - t0 : 1e9;
+    double t = http_status(r) == 200 && strstr(r, "\"completion_tokens\":20") ? llm_now() - t0 : 1e9;
     free(r);
     return t;
 }
@@ -8559,7 +8549,7 @@ static int cmp_double(const void *a, const void *b) {
 }
 static void test_server_grammar_isolation(void) {
     test_server srv;
-    if (server_start(&srv, "") != 0) { server_stop(&srv); return; }
+    if (server_start(&srv, "") != 0) return;
     int port = srv.port;
     const char *light = "{\"prompt\":\"Once upon a time\",\"max_tokens\":20,\"temperature\":0,"
                         "\"ignore_eos\":true}";
@@ -8591,7 +8581,7 @@ static void test_server_grammar_isolation(void) {
           running, still);
     if (fd >= 0) close(fd); /* the costly request is aborted: its blocks come back */
     double free_blocks = -1;
-    for (double t0 = test_now(); test_now() - t0 < 30 && free_blocks != blocks; usleep(20000))
+    for (double t0 = llm_now(); llm_now() - t0 < 30 && free_blocks != blocks; usleep(20000))
         free_blocks = metric(port, "llm:kv_cache_free_blocks");
     CHECK(free_blocks == blocks, "serve: the costly grammar's request aborted: %g of %g blocks free",
           free_blocks, blocks);
@@ -8603,7 +8593,7 @@ static void test_server_grammar_isolation(void) {
  * 2 MB prompt is tokenized (a second or more), /health answers at once and a stream goes on */
 static void test_server_request_workers(void) {
     test_server srv;
-    if (server_start(&srv, "") != 0) { server_stop(&srv); return; }
+    if (server_start(&srv, "") != 0) return;
     int port = srv.port;
     static const char *words[] = {"once", "upon", "a", "time", "there", "was", "little", "girl", "lily"};
     size_t cap = (2 << 20) + 256, len = 0;
@@ -8620,23 +8610,23 @@ static void test_server_request_workers(void) {
     int sn = snprintf(sreq, sizeof sreq, "POST /v1/completions HTTP/1.1\r\nContent-Type: application/json\r\n"
                       "Connection: close\r\nContent-Length: %zu\r\n\r\n%s", strlen(stream), stream);
     int sfd = tcp_connect(port), bfd = tcp_connect(port);
-    double t0 = test_now();
+    double t0 = llm_now();
     send_all(sfd, sreq, (size_t)sn);
     send_all(bfd, req, (size_t)n);
     usleep(100000);
     double worst = 0;
     int healthy = 0;
     for (int i = 0; i < 3; i++) {
-        double t = test_now();
+        double t = llm_now();
         char *r = http_get(port, "/health", NULL);
         healthy += http_status(r) == 200;
-        if (test_now() - t > worst) worst = test_now() - t;
+        if (llm_now() - t > worst) worst = llm_now() - t;
         free(r);
         usleep(50000);
     }
     size_t got = 0;
     char *big = recv_all(bfd, 60, &got); /* the server closes after an error: recv_all returns */
-    double t_big = test_now() - t0;
+    double t_big = llm_now() - t0;
     char *streamed = recv_all(sfd, 60, NULL);
     CHECK(healthy == 3 && http_status(big) == 400 && strstr(big, "context") && t_big > 4 * worst &&
           streamed && strstr(streamed, "data: [DONE]"),
@@ -8651,7 +8641,7 @@ static void test_server_request_workers(void) {
 
 static void test_server_structured(void) {
     test_server srv;
-    if (server_start(&srv, "") != 0) { server_stop(&srv); return; }
+    if (server_start(&srv, "") != 0) return;
     int port = srv.port;
     const char *auth = NULL;
     static const struct { int chat; const char *fields; const char *kind; } cases[] = {
@@ -8791,7 +8781,7 @@ static void test_server_structured(void) {
  * called with arguments that Python's jsonschema validates (tools/schema_oracle.py; before: a 400). */
 static void test_server_grammar_bounds(void) {
     test_server srv;
-    if (server_start(&srv, "") != 0) { server_stop(&srv); return; }
+    if (server_start(&srv, "") != 0) return;
     int port = srv.port;
     static const char *const chain = "\"a%d\":{\"$ref\":\"#/$defs/a%d\"},";
     static const char *const schema = "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{"
@@ -8833,9 +8823,9 @@ static void test_server_grammar_bounds(void) {
         char text[64] = "";
         sprintf(body, "{%s,\"max_tokens\":8,\"temperature\":0,%s}", chat ? "\"messages\":[{\"role\":\"user\","
                 "\"content\":\"Hi\"}]" : "\"prompt\":\"Once\"", cases[i].field);
-        double t0 = test_now();
+        double t0 = llm_now();
         char *r = http_post(port, chat ? "/v1/chat/completions" : "/v1/completions", body, NULL);
-        double t = test_now() - t0;
+        double t = llm_now() - t0;
         json_str(http_body(r), "message", msg, sizeof msg);
         json_str(http_body(r), "param", param, sizeof param);
         json_str(http_body(r), "text", text, sizeof text);
@@ -8872,7 +8862,7 @@ static void test_server_grammar_bounds(void) {
     /* a tool with $defs and $ref, on Qwen3's template (Hermes' calls): its arguments validate */
     char extra[1024];
     snprintf(extra, sizeof extra, "-m %s", model_path("random-qwen3-qknorm.gguf"));
-    if (server_start(&srv, extra) != 0) { server_stop(&srv); return; }
+    if (server_start(&srv, extra) != 0) return;
     r = http_post(srv.port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":"
                   "\"Add Ann.\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"add_person\","
                   "\"parameters\":" PYDANTIC_PARAMS "}}],\"tool_choice\":\"required\","
@@ -8900,10 +8890,8 @@ static void test_server_grammar_bounds(void) {
 
 static void test_server_errors(void) {
     test_server s;
-    if (server_start(&s, "--api-key sesame --max-queue 2 --request-timeout 1 --max-model-len 64") != 0) {
-        server_stop(&s);
+    if (server_start(&s, "--api-key sesame --max-queue 2 --request-timeout 1 --max-model-len 64") != 0)
         return;
-    }
     int port = s.port;
     const char *auth = "Authorization: Bearer sesame\r\n";
     static const struct { const char *body; int status; const char *param, *message; } bad[] = {
@@ -9127,12 +9115,12 @@ static void test_server_errors(void) {
     free(r);
     /* slowloris: a request begun and not finished is cut off after --request-timeout */
     int fd = tcp_connect(port);
-    double t0 = test_now();
+    double t0 = llm_now();
     const char *slow = "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer sesame\r\nContent-Type: "
                        "application/json\r\nContent-Length: 100\r\n\r\n{\"pro";
     send_all(fd, slow, strlen(slow));
     r = recv_all(fd, 10, NULL);
-    CHECK(http_status(r) == 408 && test_now() - t0 < 8, "serve: a slow client is cut off: %s", r ? r : "");
+    CHECK(http_status(r) == 408 && llm_now() - t0 < 8, "serve: a slow client is cut off: %s", r ? r : "");
     free(r); close(fd);
     /* Expect: 100-continue, as curl sends for large bodies */
     fd = tcp_connect(port);
@@ -9157,7 +9145,7 @@ static void test_server_errors(void) {
 /* Keep-alive with pipelining, a client that disconnects mid-stream, and 64 streaming clients at once. */
 static void test_server_connections(void) {
     test_server s;
-    if (server_start(&s, "") != 0) { server_stop(&s); return; }
+    if (server_start(&s, "") != 0) return;
     int port = s.port;
     /* three pipelined requests on one connection, sent at once: three responses in order */
     const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":3,\"temperature\":0}";
@@ -9189,7 +9177,7 @@ static void test_server_connections(void) {
     ssize_t k = recv(fd, part, sizeof part, 0); /* the stream has begun */
     close(fd);
     double free_blocks = -1, aborted = -1;
-    for (double t0 = test_now(); test_now() - t0 < 10; usleep(20000)) {
+    for (double t0 = llm_now(); llm_now() - t0 < 10; usleep(20000)) {
         free_blocks = metric(port, "llm:kv_cache_free_blocks");
         aborted = metric(port, "vllm:request_success_total");
         char *m = http_get(port, "/metrics", NULL);
@@ -9297,7 +9285,7 @@ static int cached_tokens(const char *resp) {
 
 static void test_server_replica(void) {
     test_server s;
-    if (server_start(&s, "--block-size 8") != 0) { server_stop(&s); return; }
+    if (server_start(&s, "--block-size 8") != 0) return;
     int port = s.port;
     char hdr[256], want[512], *r;
     /* X-Request-Id: echoed, and the OpenAI id is cmpl-{it} / chatcmpl-{it}, as vLLM names them */
@@ -9524,7 +9512,7 @@ static void test_server_replica(void) {
 /* SIGTERM drains: /health and new requests get 503 at once, the streams in flight run to [DONE], exit 0 */
 static void test_server_drain(void) {
     test_server s;
-    if (server_start(&s, "--drain-timeout 60") != 0) { server_stop(&s); return; }
+    if (server_start(&s, "--drain-timeout 60") != 0) return;
     int fd = tcp_connect(s.port);
     const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2000,\"ignore_eos\":true,\"n\":2,"
                        "\"stream\":true}";
@@ -9572,7 +9560,7 @@ static void test_server_drain(void) {
           all && n_all > 300 ? all + n_all - 300 : "");
     free(ev); free(rest); free(all);
     int status = -1;
-    for (double t0 = test_now(); test_now() - t0 < 60 && waitpid(s.pid, &status, WNOHANG) == 0;)
+    for (double t0 = llm_now(); llm_now() - t0 < 60 && waitpid(s.pid, &status, WNOHANG) == 0;)
         usleep(10000);
     char *log = read_file(s.log, NULL);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0 && log &&
@@ -9644,7 +9632,7 @@ static const char *malformed(const char *why, char *out, size_t cap) { /* the 40
  * still gets the answer; chat's top_logprobs without logprobs is refused, naming it. */
 static void test_server_http_framing(void) {
     test_server s;
-    if (server_start(&s, "") != 0) { server_stop(&s); return; }
+    if (server_start(&s, "") != 0) return;
     int port = s.port;
     const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0}";
     char *r = http_post(port, "/v1/completions", body, NULL), want[256], text[256], msg[512];
@@ -9712,11 +9700,11 @@ static void test_server_http_framing(void) {
     for (size_t i = 0; i < sizeof broken / sizeof broken[0]; i++) {
         fd = tcp_connect(port);
         send_all(fd, broken[i].req, strlen(broken[i].req));
-        double t0 = test_now();
+        double t0 = llm_now();
         r = recv_all(fd, 10, NULL);
         close(fd);
         CHECK(http_status(r) == 400 && !strcmp(http_body(r), malformed(broken[i].why, msg, sizeof msg)) &&
-              strstr(r, "\r\nConnection: close\r\n") && test_now() - t0 < 5,
+              strstr(r, "\r\nConnection: close\r\n") && llm_now() - t0 < 5,
               "serve: %s -> 400 and a close: %s", broken[i].why, r ? r : "");
         free(r);
     }
@@ -9770,7 +9758,7 @@ static void test_server_backpressure(void) {
     /* under AddressSanitizer freed memory waits in its quarantine (256 MiB) and counts in RSS: a small one */
     const char *shell = UNDER_ASAN ? "ASAN_OPTIONS=\"$ASAN_OPTIONS:quarantine_size_mb=1:"
                                      "allocator_release_to_os_interval_ms=50\" " : "";
-    if (server_start_in(&s, shell, "") != 0) { server_stop(&s); return; }
+    if (server_start_in(&s, shell, "") != 0) return;
     int port = s.port;
     free(http_get(port, "/metrics", NULL));
     free(http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":4}", NULL));
@@ -9781,7 +9769,7 @@ static void test_server_backpressure(void) {
     char *many = (char *)malloc(n_all);
     for (size_t i = 0; i < 8000; i++) memcpy(many + i * (sizeof get - 1), get, sizeof get - 1);
     int fd = tcp_connect(port);
-    for (double t0 = test_now(); sent < n_all && test_now() - t0 < 5;) {
+    for (double t0 = llm_now(); sent < n_all && llm_now() - t0 < 5;) {
         ssize_t k = send(fd, many + sent, n_all - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (k > 0) sent += (size_t)k; else usleep(10000);
     }
@@ -9806,7 +9794,7 @@ static void test_server_backpressure(void) {
     int fds[4];
     for (int i = 0; i < 4; i++) { fds[i] = tcp_connect(port); send_all(fds[i], rq, (size_t)m); }
     double aborted = 0, free_blocks = -1;
-    for (double t0 = test_now(); test_now() - t0 < 120; usleep(100000)) {
+    for (double t0 = llm_now(); llm_now() - t0 < 120; usleep(100000)) {
         double x = proc_rss_kib(s.pid);
         if (x > peak) peak = x;
         aborted = finished(port, "abort") - aborted0;
@@ -9860,16 +9848,16 @@ static void test_server_backpressure(void) {
  * its log (issue 50: 100% of a core, 20 MB/s of one line), and serves again once the connections close. */
 static void test_server_fd_limit(void) {
     test_server s;
-    if (server_start_in(&s, "ulimit -n 200; ", "") != 0) { server_stop(&s); return; }
+    if (server_start_in(&s, "ulimit -n 200; ", "") != 0) return;
     enum { N = 260 };
     int fds[N], open_ = 0;
     size_t log0 = 0, log1 = 0;
     free(read_file(s.log, &log0));
     for (int i = 0; i < N; i++) open_ += (fds[i] = tcp_connect(s.port)) >= 0;
     usleep(1000000);
-    double c0 = proc_cpu_s(s.pid), t0 = test_now();
+    double c0 = proc_cpu_s(s.pid), t0 = llm_now();
     usleep(3000000);
-    double c1 = proc_cpu_s(s.pid), cpu = (c1 - c0) / (test_now() - t0);
+    double c1 = proc_cpu_s(s.pid), cpu = (c1 - c0) / (llm_now() - t0);
     char *log = read_file(s.log, &log1);
     CHECK(open_ == N && c0 >= 0 && c1 >= 0 && cpu < 0.3 && log1 - log0 < 65536 && log &&
           strstr(log, "llm serve: accept: Too many open files ("), "serve at the fd limit with %d idle "
@@ -9877,7 +9865,7 @@ static void test_server_fd_limit(void) {
     free(log);
     for (int i = 0; i < N; i++) if (fds[i] >= 0) close(fds[i]);
     char *r = NULL;
-    for (double t = test_now(); test_now() - t < 20 && http_status(r) != 200; usleep(100000)) {
+    for (double t = llm_now(); llm_now() - t < 20 && http_status(r) != 200; usleep(100000)) {
         free(r);
         r = http_get(s.port, "/health", NULL);
     }
@@ -9892,7 +9880,7 @@ static void test_server_fd_limit(void) {
  * any of the body is read; and a stream whose client reads nothing for --request-timeout is aborted. */
 static void test_server_cross_origin(void) {
     test_server s, k;
-    if (server_start(&s, "") != 0) { server_stop(&s); return; }
+    if (server_start(&s, "") != 0) return;
     const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2}";
     const char *e415 = "{\"error\":{\"message\":\"Unsupported Media Type: Only 'application/json' is "
                        "allowed\",\"type\":\"invalid_request_error\",\"param\":null,\"code\":415}}";
@@ -9925,10 +9913,8 @@ static void test_server_cross_origin(void) {
     free(r);
     CHECK(server_stop(&s) == 0, "serve: exit status 0 after the content-type tests");
     if (server_start(&k, "--api-key sesame --allowed-origins '[\"http://good.example\"]' "
-                         "--request-timeout 1")) {
-        server_stop(&k);
+                         "--request-timeout 1"))
         return;
-    }
     /* --allowed-origins: that origin gets the headers (errors and streams too) and its preflight */
     r = http_request_raw(k.port, req, (size_t)n);
     CHECK(http_status(r) == 200 &&
@@ -9969,12 +9955,12 @@ static void test_server_cross_origin(void) {
                      JSON_CT "Content-Length: %s\r\n\r\n", huge[i]);
         int fd = tcp_connect(k.port);
         send_all(fd, req, (size_t)n);
-        double t0 = test_now();
+        double t0 = llm_now();
         r = recv_all(fd, 10, NULL);
         close(fd);
-        CHECK(http_status(r) == 401 && strstr(r, "\r\nConnection: close\r\n") && test_now() - t0 < 0.9,
+        CHECK(http_status(r) == 401 && strstr(r, "\r\nConnection: close\r\n") && llm_now() - t0 < 0.9,
               "serve: a wrong key with Content-Length %s: 401 before the body (%.2f s): %s", huge[i],
-              test_now() - t0, r ? r : "");
+              llm_now() - t0, r ? r : "");
         free(r);
     }
     /* a stream whose client takes no byte for --request-timeout (1 s) is aborted, its blocks back */
@@ -9988,13 +9974,13 @@ static void test_server_cross_origin(void) {
                  JSON_CT "Content-Length: %zu\r\n\r\n%s", strlen(sbody), sbody);
     int fd = tcp_connect(k.port);
     send_all(fd, sreq, (size_t)n);
-    double t0 = test_now(), aborted = -1, free_blocks = -1, length0 = finished(k.port, "length");
-    for (; test_now() - t0 < 60; usleep(100000)) {
+    double t0 = llm_now(), aborted = -1, free_blocks = -1, length0 = finished(k.port, "length");
+    for (; llm_now() - t0 < 60; usleep(100000)) {
         aborted = finished(k.port, "abort");
         if (aborted == 1 && (free_blocks = metric(k.port, "llm:kv_cache_free_blocks")) == blocks) break;
         if (finished(k.port, "length") > length0) break; /* before the fix: it ran to its end */
     }
-    double took = test_now() - t0;
+    double took = llm_now() - t0;
     close(fd);
     char *log = read_file(k.log, NULL);
     CHECK(aborted == 1 && free_blocks == blocks && log && strstr(log, "127.0.0.1: the client took no "
@@ -10101,7 +10087,7 @@ static void readme_run_page(const char *page, int *found, int *ran) {
             snprintf(run, sizeof run, "exec %.*s--port 0%s 2>%s", (int)(p - cmd), cmd, p + 11, srv.log);
             srv.pid = fork();
             if (srv.pid == 0) { execl("/bin/sh", "sh", "-c", run, (char *)NULL); _exit(127); }
-            for (double t0 = test_now(); srv.pid > 0 && test_now() - t0 < 60 && !srv.port; usleep(20000)) {
+            for (double t0 = llm_now(); srv.pid > 0 && llm_now() - t0 < 60 && !srv.port; usleep(20000)) {
                 char *log = read_file(srv.log, NULL);
                 const char *at = log ? strstr(log, "listening on http://127.0.0.1:") : NULL;
                 if (at) srv.port = atoi(at + strlen("listening on http://127.0.0.1:"));
@@ -10282,8 +10268,7 @@ static int header_sections(const char *h, const char *from, const char *to, cons
  * and the core's tests). Without the grammar layer a request with a grammar is refused by name, never run
  * unconstrained; with it, the same request runs and its output follows the grammar. */
 static void test_layers(void) {
-    llm_engine_config cfg = engine_config("stories260K.gguf");
-    llm_engine *e = engine_new(&cfg);
+    llm_engine *e = stories_engine();
     if (!e) return;
     char err[LLM_ERR_LEN] = "";
     llm_sampling_params p = greedy(8);
@@ -10444,8 +10429,8 @@ static void test_docs_example(void) {
         CHECK(0, "./llm-example not built (make test builds it)");
         return;
     }
-    ref_case *cases = (ref_case *)calloc(4, sizeof *cases);
-    int n = load_ref_cases("stories260K-greedy.json", "completion_token_ids", cases, 4), status;
+    int n, status;
+    ref_case *cases = stories_cases(&n);
     char cmd[2048];
     for (int i = 0; i < n && i < 2; i++) {
         snprintf(cmd, sizeof cmd, "./llm-example %s '%s' %d 2>/dev/null", model_path("stories260K.gguf"),
@@ -11649,7 +11634,7 @@ static void gpu_bench_forward(const char *preset) {
     float *logits = malloc((size_t)n_seqs * m.cfg.vocab_size * 4);
     llm_batch b = {0}; /* n_tokens, n_seqs and n_logits per step */
     b.tokens = tokens; b.positions = pos; b.seq_start = start; b.block_tables = bt; b.logit_rows = rows;
-    double t0 = test_now();
+    double t0 = llm_now();
     int ok = 1;
     for (int s0 = 0; s0 < n_seqs && ok; s0 += 2048 / prompt) { /* 16 prompts per step */
         int ns = 2048 / prompt, T = 0;
@@ -11662,7 +11647,7 @@ static void gpu_bench_forward(const char *preset) {
         b.n_tokens = T; b.n_seqs = b.n_logits = ns;
         ok = be->forward(be, &b, logits, err) == 0;
     }
-    double t1 = test_now();
+    double t1 = llm_now();
     for (int step = 0; step < decode_steps && ok; step++) {
         for (int s = 0; s < n_seqs; s++) {
             start[s] = s; tokens[s] = (s + step) % m.cfg.vocab_size; pos[s] = prompt + step;
@@ -11672,7 +11657,7 @@ static void gpu_bench_forward(const char *preset) {
         b.n_tokens = b.n_seqs = b.n_logits = n_seqs;
         ok = be->forward(be, &b, logits, err) == 0;
     }
-    double t2 = test_now();
+    double t2 = llm_now();
     CHECK(ok, "bench %s: %s", preset, err);
     if (ok)
         printf("forward %-16s prefill %d x %d tokens: %.0f tok/s | decode %d seqs x %d steps (ctx %d-%d): "
@@ -11690,7 +11675,7 @@ static void run_gpu_tests(void) {
     printf("gpu tests: seed %llu (LLM_GPU_SEED=%llu repeats this run)\n", (unsigned long long)seed,
            (unsigned long long)seed);
     gt_rng = seed;
-    double t0 = test_now();
+    double t0 = llm_now();
     /* LLM_GPU_BENCH=1: the checks, then every benchmark; a list of parts (gemm, tiles, attention, forward):
      * those benchmarks alone (to profile one, say) */
     const char *bench = getenv("LLM_GPU_BENCH");
@@ -11712,19 +11697,19 @@ static void run_gpu_tests(void) {
         goto benchmarks;
     }
     gpu_test_gemm();
-    printf("gemm checks: %.1f s\n", test_now() - t0);
+    printf("gemm checks: %.1f s\n", llm_now() - t0);
     gpu_test_quant_gemm();
-    printf("quantized GEMV / GEMM checks: %.1f s\n", test_now() - t0);
+    printf("quantized GEMV / GEMM checks: %.1f s\n", llm_now() - t0);
     gpu_test_attention();
-    printf("attention checks: %.1f s\n", test_now() - t0);
+    printf("attention checks: %.1f s\n", llm_now() - t0);
     gpu_test_forward();
-    printf("forward checks: %.1f s\n", test_now() - t0);
+    printf("forward checks: %.1f s\n", llm_now() - t0);
     gpu_test_engine_archs();
-    printf("engine checks (new architectures): %.1f s\n", test_now() - t0);
+    printf("engine checks (new architectures): %.1f s\n", llm_now() - t0);
     gpu_test_speculative();
-    printf("speculative decoding checks: %.1f s\n", test_now() - t0);
+    printf("speculative decoding checks: %.1f s\n", llm_now() - t0);
     gpu_test_quant_forward();
-    printf("quantized model checks: %.1f s\n", test_now() - t0);
+    printf("quantized model checks: %.1f s\n", llm_now() - t0);
 benchmarks:
     if (bench) {
         char err[LLM_ERR_LEN] = "";
@@ -11903,10 +11888,10 @@ int main(int argc, char **argv) {
         }
         if (!picked) continue;
         int failed_before = n_failed;
-        double t0 = test_now();
+        double t0 = llm_now();
         tests[i].fn();
         printf("%-28s %s (%.1f s)\n", tests[i].name, n_failed == failed_before ? "ok" : "FAILED",
-               test_now() - t0);
+               llm_now() - t0);
     }
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;

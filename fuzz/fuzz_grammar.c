@@ -58,22 +58,16 @@ static llm_grammar *must_parse(const char *gbnf, const char *what, int refs) {
 /* The one-token checks of one input stop after a second: a grammar ambiguous enough to keep thousands of
  * stacks makes each check slow, and 32,000 of them would pass libFuzzer's timeout without finding
  * anything more */
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void check_mask(const llm_grammar_state *st) {
     int V = llm_tokenizer_n_vocab(g_tok);
     uint8_t *mask = (uint8_t *)malloc((size_t)V / 8 + 1);
     int n = llm_grammar_mask(st, g_trie, mask), bits = 0;
-    double t0 = now_s();
+    double t0 = llm_now();
     if (n >= 0) { /* -1: past the matcher's limits, which it may say */
         for (int t = 0, checking = 1; t < V; t++) {
             int bit = mask[t >> 3] >> (t & 7) & 1;
             bits += bit;
-            if (checking && t % 256 == 0) checking = now_s() - t0 < 1.0;
+            if (checking && t % 256 == 0) checking = llm_now() - t0 < 1.0;
             if (checking && (t % 7 == 0 || bit)) /* every allowed token, and a sample of the others */
                 FUZZ_CHECK(bit == llm_grammar_allows(st, g_trie, t), "mask and one-token check differ on %d",
                            t);
@@ -99,8 +93,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (!g) FUZZ_CHECK(err[0] != 0, "a grammar refused without a reason");
         llm_grammar_state *st = g ? llm_grammar_start(g) : NULL;
         const char *feed = text + len + 1, *end = text + size - 1;
-        double t0 = now_s(); /* a second of feeding at most, as check_mask: an ambiguous grammar is slow */
-        for (int chunk = 0; st && feed < end && chunk < 64 && now_s() - t0 < 1.0; chunk++) {
+        double t0 = llm_now(); /* a second of feeding at most, as check_mask: an ambiguous grammar is slow */
+        for (int chunk = 0; st && feed < end && chunk < 64 && llm_now() - t0 < 1.0; chunk++) {
             int n = 1 + (int)((unsigned char)*feed % 8);
             if (n > end - feed) n = (int)(end - feed);
             int before = llm_grammar_can_end(st);
@@ -113,7 +107,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             llm_grammar_state_free(copy);
             feed += n;
         }
-        if (st && now_s() - t0 < 1.0) check_mask(st);
+        if (st && llm_now() - t0 < 1.0) check_mask(st);
         llm_grammar_state_free(st);
         llm_grammar_free(g);
     } else if (mode == 1 || mode == 2) {

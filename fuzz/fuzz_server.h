@@ -12,11 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+static double now_s(void) { return llm_now(); } /* as main.c's */
 
 #include "server.c"
 #include "fuzz/fuzz_common.h"

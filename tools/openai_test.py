@@ -6,12 +6,14 @@ It starts ./llm serve on a free loopback port, runs the client through completio
 not, n > 1, logprobs, invalid requests and fields refused as not supported, stops the server, and prints
 "N passed, M failed".
 """
-import json, os, re, signal, subprocess, sys, time, typing
+import json, os, re, signal, subprocess, sys, typing
 
 import jsonschema
 import openai
 import openai.lib._pydantic
 import pydantic
+
+from serve_port import listening_port
 
 testdata = sys.argv[1] if len(sys.argv) > 1 else "testdata"
 model_path = os.path.join(testdata, "models", "stories260K.gguf")
@@ -31,15 +33,7 @@ def check(ok, what):
 log = open(log_path, "w")
 server = subprocess.Popen(["./llm", "serve", "-m", model_path, "--port", "0", "--api-key", "k3y"],
                           stderr=log)
-port = None
-for _ in range(600):
-    m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(log_path).read())
-    if m:
-        port = int(m.group(1))
-        break
-    if server.poll() is not None:
-        break
-    time.sleep(0.05)
+port = listening_port(server, log_path, 30)
 check(port is not None, "the server starts")
 try:
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k3y", max_retries=0, timeout=60)

@@ -48,6 +48,8 @@ import subprocess
 import threading
 import time
 
+from serve_port import listening_port
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TEXT_PROMPTS = [
@@ -701,16 +703,7 @@ def main():
     except OSError as e:
         print(f"FAIL: cannot start {args.llm}: {e} (make llm?)")
         return 1
-    port = None
-    t_start = time.monotonic()
-    while time.monotonic() - t_start < 120:
-        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", log_tail(log_path, 50))
-        if m:
-            port = int(m.group(1))
-            break
-        if server.poll() is not None:
-            break
-        time.sleep(0.05)
+    port = listening_port(server, log_path, 120)
     if port is None:
         print(f"FAIL: the server did not start (exit {server.poll()}); log tail:\n{log_tail(log_path)}")
         if server.poll() is None:

@@ -42,6 +42,8 @@ import concurrent.futures, json, os, re, signal, subprocess, sys, threading, tim
 import jsonschema
 import openai
 
+from serve_port import listening_port
+
 testdata = sys.argv[1] if len(sys.argv) > 1 else "testdata"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -71,14 +73,7 @@ class Server:
         self.proc = subprocess.Popen(["./llm", "serve", "-m", model, "--port", "0", *flags], stderr=self.log)
 
     def wait_ready(self):
-        for _ in range(1200):
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", open(self.log_path).read())
-            if m:
-                self.port = int(m.group(1))
-                break
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
+        self.port = listening_port(self.proc, self.log_path, 60)
         if not check(self.port is not None, f"the {self.name} server starts"):
             return False
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none",

@@ -8,14 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include "llama_cpu.h"
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 int main(int argc, char **argv) {
     if (argc < 5) return 2;
-    llama_backend_init();
-    struct llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
-    struct llama_model *m = llama_model_load_from_file(argv[1], mp);
-    if (!m) { fprintf(stderr, "load failed\n"); return 1; }
+    struct llama_model *m = load_cpu_model(argv[1]);
+    if (!m) return 1;
     int threads = atoi(argv[2]), n_gen = atoi(argv[3]), n = argc - 4, ids[4096];
     if (n + n_gen > 4096) return 2;
     for (int i = 0; i < n; i++) ids[i] = atoi(argv[4 + i]);
@@ -28,12 +26,7 @@ int main(int argc, char **argv) {
     double gap = INFINITY, t0 = now(), t1 = t0;
     printf("{\"completion_token_ids\": [");
     for (int step = 0, pos = 0, todo = n; step < n_gen; step++) {
-        struct llama_batch b = llama_batch_init(todo, 0, 1);
-        for (int i = 0; i < todo; i++) {
-            b.token[i] = ids[pos + i]; b.pos[i] = pos + i; b.n_seq_id[i] = 1; b.seq_id[i][0] = 0;
-            b.logits[i] = i == todo - 1;
-        }
-        b.n_tokens = todo;
+        struct llama_batch b = one_sequence(ids, pos, todo, 0);
         if (llama_decode(c, b)) { fprintf(stderr, "decode failed\n"); return 1; }
         if (step == 0) t1 = now();
         pos += todo;

@@ -3,13 +3,11 @@
 #include "llama.h"
 #include <stdio.h>
 #include <stdlib.h>
+#include "llama_cpu.h"
 int main(int argc, char **argv) {
     if (argc < 5) return 2;
-    llama_backend_init();
-    struct llama_model_params mp = llama_model_default_params();
-    mp.n_gpu_layers = 0;
-    struct llama_model *m = llama_model_load_from_file(argv[1], mp);
-    if (!m) { fprintf(stderr, "load failed\n"); return 1; }
+    struct llama_model *m = load_cpu_model(argv[1]);
+    if (!m) return 1;
     int ids[8192], n = 0;
     FILE *f = fopen(argv[2], "r");
     while (n < 8192 && fscanf(f, "%d", &ids[n]) == 1) n++;
@@ -20,11 +18,7 @@ int main(int argc, char **argv) {
     struct llama_context *c = llama_init_from_model(m, cp);
     const struct llama_vocab *v = llama_model_get_vocab(m);
     int V = llama_vocab_n_tokens(v);
-    struct llama_batch b = llama_batch_init(n, 0, 1);
-    for (int i = 0; i < n; i++) {
-        b.token[i] = ids[i]; b.pos[i] = i; b.n_seq_id[i] = 1; b.seq_id[i][0] = 0; b.logits[i] = 1;
-    }
-    b.n_tokens = n;
+    struct llama_batch b = one_sequence(ids, 0, n, 1);
     if (llama_decode(c, b)) { fprintf(stderr, "decode failed\n"); return 1; }
     FILE *o = fopen(argv[3], "wb");
     for (int i = 0; i < n; i++) fwrite(llama_get_logits_ith(c, i), sizeof(float), V, o);

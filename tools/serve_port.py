@@ -1,0 +1,22 @@
+"""The port of an `llm serve --port 0` that a tool started, read from the server's log.
+
+openai_test.py, tools_test.py and soak.py start the server with its stderr in a log file and import this
+(python puts the script's folder, tools/, first on sys.path). Standard library only.
+"""
+import re
+import time
+
+
+def listening_port(proc, log_path, seconds):
+    """Reads log_path every 50 ms for the server's "listening on http://127.0.0.1:PORT" line and returns PORT;
+    None once proc has exited without it, or after `seconds`."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        with open(log_path, errors="replace") as f:
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", f.read())
+        if m:
+            return int(m.group(1))
+        if proc.poll() is not None:
+            return None
+        time.sleep(0.05)
+    return None
