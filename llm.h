@@ -721,7 +721,7 @@ enum llm_sched_policy { LLM_SCHED_FCFS, LLM_SCHED_PRIORITY }; /* who waits and w
 typedef struct {
     const char *model_path;         /* a GGUF file, or: */
     const char *dummy;              /* a dummy preset name (random weights, token ids only) */
-    uint64_t dummy_seed;
+    uint64_t dummy_seed;            /* the dummy's random weights: the same seed, the same model */
     /* NULL: the first backend that starts, of CUDA (when built in) and the CPU; or e.g.
      * llm_cpu_backend_create */
     llm_backend *(*create_backend)(const llm_model *m, char *err);
@@ -756,27 +756,33 @@ typedef struct {
     const char *spec_model_path;
 } llm_engine_config;
 
-#define LLM_SPEC_MAX 16
+#define LLM_SPEC_MAX 16                /* the most tokens one proposal holds (spec_tokens) */
 
+/* The values in the comments above; model_path (or dummy) is the caller's to set */
 llm_engine_config llm_engine_defaults(void);
 
 enum llm_finish { LLM_FINISH_NONE, LLM_FINISH_STOP, LLM_FINISH_LENGTH, LLM_FINISH_ABORT, LLM_FINISH_ERROR };
 const char *llm_finish_reason_name(int reason);   /* "stop", "length", "abort", "error"; NULL for none */
 
+/* What one sample of a request did in one step. Its pointers are the engine's, valid until the next
+ * llm_engine_step (or llm_engine_destroy): copy what must live longer. */
 typedef struct {
-    uint64_t request_id;
+    uint64_t request_id;            /* what add_request returned */
     void *user;                     /* what add_request was given */
     int index;                      /* which of the request's n samples */
-    const int32_t *token_ids;       /* new tokens this step */
+    const int32_t *token_ids;       /* new tokens this step (several with speculative decoding; a stop token
+                                     * is among them though its text is not) */
     int n_tokens;
     const char *text;               /* new text this step (text that may begin a stop string is held back) */
-    int text_len;
+    int text_len;                   /* in bytes; text is not NUL-terminated */
     const float *logprobs;          /* when asked: per new token, its log-probability */
     const int32_t *top_ids;         /* when logprobs = K > 0: per new token K alternatives ... */
     const float *top_logprobs;      /* ... and their log-probabilities */
-    int n_top;
+    int n_top;                      /* K, the alternatives per token in top_ids and top_logprobs */
     int finish_reason;              /* LLM_FINISH_NONE while it runs */
     const char *error;              /* LLM_FINISH_ERROR: what went wrong */
+    /* the usage: the prompt's tokens, those of them the prefix cache had at admission (not computed), and
+     * the tokens generated so far by this sample */
     int n_prompt_tokens, n_cached_tokens, n_generated;
     /* prompt_logprobs >= 0: once, in sample 0's output of the step that computes the prompt's end (the one
      * with the first new token), row i - 1 for prompt token i = 1 .. n_prompt_tokens - 1: its log-probability
@@ -792,14 +798,18 @@ typedef struct {
 typedef struct {
     const char *backend;            /* "cpu", "cuda" */
     const char *backend_note;       /* why the backends before it did not start ("" when none was skipped) */
-    int block_size, max_model_len;
+    int block_size, max_model_len;  /* as the engine runs: the config's, or what create chose */
     size_t kv_bytes_per_block;      /* K and V of one group of layers for one block, as the backend stores
                                      * them */
     int kv_groups;                  /* the groups of layers (1 but for windows): each holds its own blocks */
-    int running, waiting;
+    int running, waiting;           /* sequences (samples) in each queue now */
+    /* the KV pool: all its blocks, the free ones (cached ones among them: a prefix hit takes one back until
+     * the block is handed out anew), and those the prefix cache names (held or free) */
     int num_blocks, num_free_blocks, num_cached_blocks;
     int64_t prefix_cache_queries, prefix_cache_hits;  /* in tokens */
     int64_t kv_tokens;              /* tokens whose K/V the running sequences hold */
+    /* since create: sequences preempted, prompt tokens computed (not those from the cache, recomputed ones
+     * again), tokens generated, steps whose forward pass succeeded, and samples finished (each of n) */
     int64_t preemptions, prompt_tokens_computed, generation_tokens, steps, requests_finished;
     /* structured output: tokens sampled under a grammar, how many of them took a full mask (the token sampled
      * first was refused: every token was checked, or the mask came from the cache), and the seconds the
@@ -821,8 +831,10 @@ typedef struct {
 
 typedef struct llm_engine llm_engine;
 
+/* Loads the model, starts a backend and allocates the KV pool; NULL and why (config, file, memory). cfg is
+ * copied; its strings need live only for the call. */
 llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err);
-void llm_engine_destroy(llm_engine *e);
+void llm_engine_destroy(llm_engine *e);         /* every request dropped without an output; NULL: nothing */
 /* Returns the request id (> 0), or 0 with a message when the request can never run (prompt longer than the
  * context or the KV pool, bad parameters). Give text, or token ids (prompt_ids non-NULL). user comes back in
  * every output of the request. */
@@ -836,8 +848,8 @@ int  llm_engine_step(llm_engine *e, const llm_output **outputs);
  * timeout_ms passes (-1: no limit). Returns 1 when there is work, 0 when there is none. */
 int  llm_engine_wait(llm_engine *e, int timeout_ms);
 int  llm_engine_has_work(llm_engine *e);                      /* llm_engine_wait(e, 0) */
-llm_engine_stats llm_engine_get_stats(llm_engine *e);
-const llm_model *llm_engine_model(const llm_engine *e);
+llm_engine_stats llm_engine_get_stats(llm_engine *e); /* the counters now, by value (the engine's thread) */
+const llm_model *llm_engine_model(const llm_engine *e); /* the model it runs: its config and tokenizer */
 /* A grammar parsed for requests to come (llm_sampling_params.grammar_parsed), through the engine's cache of
  * the last grammars it parsed; any thread. A reference: llm_grammar_free drops it. NULL and why when the
  * text is not GBNF. */
@@ -8108,12 +8120,70 @@ int llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int specia
  * goes through the stop conditions and the detokenizer; every sequence with news gives an output, and
  * finished ones leave. A grammar's costly masks are the one piece of a step's work done on a thread of the
  * engine's own (the grammar thread): the sequence that needs one sits out the steps until it is done.
+ *
+ * The public API, and who may call what:
+ *   llm_engine_create(cfg, err)     the model loaded, a backend started, the KV pool sized and allocated
+ *   llm_engine_add_request(...)     any thread: checks the request, tokenizes it, leaves it in the inbox
+ *   llm_engine_abort(e, id)         any thread: leaves the id in the inbox; the next step finishes it
+ *   llm_engine_parse_grammar(...)   any thread: a grammar for requests to come, through a cache
+ *   llm_engine_wait / has_work      the engine's thread: sleeps until the inbox or the queues hold work
+ *   llm_engine_step(e, &outputs)    the engine's thread: one step; the outputs live until the next step
+ *   llm_engine_get_stats, check_blocks, destroy: the engine's thread, between steps
+ * The functions that any thread may call touch only the inbox and the grammar cache (under e->lock) and what
+ * create fixed (the model, the pool's size, the policy); everything else (the queues, the block manager, the
+ * sampler, the step's scratch) belongs to the engine's thread alone and takes no lock. The one other thread
+ * that reads a sequence is the grammar thread, and only a parked sequence, which the engine's thread neither
+ * plans nor frees while it is parked (an abort finishes it; it is freed when its job comes back).
+ *
+ * A request's life, in the engine's lists (section 5's llm_seq and llm_scheduler):
+ *
+ *   add_request --> inbox --(step 2)--> sched.waiting --(llm_schedule admits)--> sched.running
+ *                                             ^                                      |  |
+ *                                             +-------- preempted (blocks freed) ----+  |
+ *                                                                                      v
+ *   llm_seq_free <--(start of next step)-- e->finished <--(finished: stop, length, abort, error)
+ *
+ * For example, alone with a 2048-token budget (nothing cached, no speculation), a request with a 3000-token
+ * prompt and max_tokens 3: step 1 admits it and computes prompt tokens 0..2047 (no output: nothing is
+ * sampled yet); step 2 computes 2048..2999 and samples token 1 (an output with it and its text); steps 3
+ * and 4 compute one token each and sample the next, and the output of step 4 carries finish_reason "length"
+ * (its blocks already back in the pool); step 5 frees the sequence. Requests added meanwhile share each
+ * step's budget (running ones are planned first).
+ *
+ * The pieces that are not in the step's straight line: the prefix cache is looked up by the scheduler when it
+ * admits a waiting sequence (llm_seq_take_cached_prefix) and fed after each forward pass, which names each
+ * block once it is full (llm_seq_hash_blocks). Preemption is the scheduler's too (recompute: a sequence that
+ * does not fit gives all its blocks back and waits again, first in line under FCFS, its tokens kept; when
+ * readmitted it computes them again, less the full blocks the prefix cache still holds). Speculation is
+ * proposals planned by the scheduler (n-gram lookup, or a slot the draft model fills in llm_engine_draft)
+ * and checked here after the forward pass (llm_seq_verify). The grammar thread takes rows of logits the
+ * step could not afford to mask (llm_seq_park) and hands tokens back at the start of a later step.
+ *
+ * Ownership: the engine copies what a request gives it (the prompt, the stop strings and ids, the biases) and
+ * keeps a reference to its grammar; the caller's memory is free again when add_request returns. An output's
+ * arrays point into the sequence's own buffers (out_tokens, out_text, ...), emptied at the start of the next
+ * step, and a finished sequence is freed then: copy what must live longer, as server.c does.
+ * Errors: create returns NULL and add_request 0, each with the message in err; a failure inside a step is
+ * no return code but a finish, LLM_FINISH_ERROR with a message, of the sequences it touched.
+ *
+ * vLLM's EngineCore.step is the same loop (scheduler.schedule, execute_model, update_from_output), with the
+ * detokenizer in another process (its OutputProcessor); here the text is made in the step, and the engine
+ * is one thread and the grammar thread beside it (the backend may use threads of its own inside a forward
+ * pass). Read llm_engine_step first, then the functions it calls, in order.
  * ======================================================================================================== */
 /* A step's grammar checks may take this share of its forward pass's time (llm_seq_sample_on_host) */
 #define LLM_GRAMMAR_STEP_SHARE 0.25
 #define LLM_GRAMMAR_STEP_MIN_S 0.0002 /* the budget of a step whose forward pass took next to nothing */
 
-/* A parked sequence's draw, for the grammar thread (llm_seq_park, below) */
+/* A parked sequence's draw, for the grammar thread (llm_seq_park, below). A job's life (todo and done are
+ * shared, under e->lock; spare is the engine thread's own):
+ *
+ *   grammar_spare (or calloc) --llm_seq_park--> grammar_todo --grammar thread runs it--> grammar_done
+ *        ^                                                                                    |
+ *        +------------------- llm_engine_take_grammar_jobs (next step: the token taken) ------+
+ *
+ * The job owns its row and its next state, both reused from one job to the next; seq is borrowed: the
+ * sequence is not freed while a job holds it (e->parked_finished keeps an aborted one till it returns). */
 typedef struct {
     llm_seq *seq;
     float *row;                     /* [vocab_size]: its logits, copied */
@@ -8138,29 +8208,35 @@ static void llm_grammar_scratch_free(llm_grammar_scratch *w) {
     memset(w, 0, sizeof *w);
 }
 
+/* The engine. Three kinds of fields: what create sets up and never changes after (cfg, the models, the
+ * backends, the pool's size, the scheduler's limits), which any thread may read; the inbox and the grammar
+ * cache, shared with other threads under lock; and the engine thread's own state and scratch (the block
+ * manager, the queues in sched, the b_* batch arrays, the rows of logits and samples, the outputs), which
+ * grow to the largest step seen and are reused, never shrunk, so that steps do not allocate them again. */
 struct llm_engine {
-    llm_engine_config cfg;
+    llm_engine_config cfg;          /* as given, but max_num_batched_tokens filled in (0: the backend's) */
     llm_model model;
-    llm_backend *backend;
+    llm_backend *backend;           /* forward, sample, the KV pool's memory (llm_backend, section 7) */
     llm_backend *(*backend_create)(const llm_model *m, char *err); /* the backend's: the draft model's too */
     char backend_note[LLM_ERR_LEN]; /* why the backends before it did not start */
     llm_model draft_model;          /* speculative decoding's draft model (spec_model_path) ... */
     llm_backend *draft_backend;     /* ... on its own backend of the same kind, its K/V in the same blocks */
     float *draft_logits;            /* [draft_logits_rows][its vocab_size] */
     int draft_logits_rows;
-    llm_block_manager bm;
-    llm_scheduler sched;
-    llm_sampler *sampler;
-    int max_model_len;
+    llm_block_manager bm;           /* the pool's block ids: ref counts, the free list, the prefix cache */
+    llm_scheduler sched;            /* the queues and each step's plan (section 5) */
+    llm_sampler *sampler;           /* the host's: the draws of the rows the host reads (a grammar's) */
+    int max_model_len;              /* the model's context, or less (cfg.max_model_len) */
     llm_engine_stats stats;         /* the engine's own counters; llm_engine_get_stats adds the rest */
     /* the inbox, filled from any thread */
     pthread_mutex_t lock;           /* guards the inbox, the aborts and next_id */
     pthread_cond_t work_added;      /* add_request and abort signal it: it wakes llm_engine_wait */
-    llm_seq **inbox;
-    uint64_t *inbox_abort;
-    uint64_t next_id;
+    llm_seq **inbox;                /* added, not yet taken by a step: stb_ds, in the order they came */
+    uint64_t *inbox_abort;          /* request ids to abort, taken by the next step */
+    uint64_t next_id;               /* the next request's id: 1, 2, ... (0 is add_request's failure) */
     /* one step's scratch (stb_ds arrays) */
     llm_seq **finished;             /* finished this step, freed at the start of the next: outputs point in */
+    /* the batch's arrays, llm_batch's fields of the same names (a picture above llm_engine_forward) */
     int32_t *b_tokens, *b_positions, *b_seq_start, *b_logit_rows;
     int32_t *b_row_seq;             /* per logit row of a draft pass: its sequence's index in scheduled */
     uint8_t *b_host_rows;           /* per logit row: the host reads it (llm_batch.host_rows) */
@@ -8174,6 +8250,7 @@ struct llm_engine {
     llm_token_trie *trie;           /* the vocabulary's bytes, built for the first request with a grammar */
     /* the grammar thread (section 5 of the step, structured output): jobs in, jobs done, under lock */
     pthread_t grammar_thread;
+    /* started (at the first parked sequence), could not start (jobs run on the engine's thread), to quit */
     int grammar_thread_on, grammar_thread_failed, grammar_quit;
     pthread_cond_t grammar_added;   /* a job came, or the thread is to quit */
     llm_grammar_job **grammar_todo, **grammar_done;
@@ -8192,9 +8269,12 @@ struct llm_engine {
     llm_grammar_state *grammar_next;/* scratch: a sequence's state after the token sampled, swapped in once
                                      * the token is taken */
     char step_error[LLM_ERR_LEN];   /* why this step's forward pass failed: the error of its outputs */
-    llm_output *outputs;
+    llm_output *outputs;            /* stb_ds: the step's outputs, handed out by llm_engine_step */
 };
 
+/* vLLM's defaults where it has them (16-token blocks, 256 sequences, the prefix cache on, prompt lookup of
+ * 2 to 4 tokens); the zeros (the pool, the token budget, the context) are filled in by create, from the
+ * model and the backend */
 llm_engine_config llm_engine_defaults(void) {
     llm_engine_config c;
     memset(&c, 0, sizeof c);
@@ -8223,6 +8303,8 @@ static const struct {
     {"cpu", llm_cpu_backend_create},
 };
 
+/* A config that could never work is refused before anything is loaded: -1 and the field that is wrong.
+ * (What depends on the model or the backend, such as a pool too small for one block, is checked later.) */
 static int llm_engine_check_config(const llm_engine_config *c, char *err) {
     if (c->block_size <= 0 || c->block_size > 1024)
         return llm_fail(err, "block_size must be between 1 and 1024, got %d", c->block_size);
@@ -8241,6 +8323,8 @@ static int llm_engine_check_config(const llm_engine_config *c, char *err) {
     if (c->spec_tokens < 0 || c->spec_tokens > LLM_SPEC_MAX)
         return llm_fail(err, "num_speculative_tokens must be between 0 and %d, got %d", LLM_SPEC_MAX,
                         c->spec_tokens);
+    /* n-gram lookup compares up to spec_ngram_max tokens at each earlier position, for each length: the cap
+     * of 64 bounds that work per step */
     if (c->spec_tokens &&
         (c->spec_ngram_min < 1 || c->spec_ngram_max < c->spec_ngram_min || c->spec_ngram_max > 64))
         return llm_fail(err, "prompt_lookup_min must be at least 1 and prompt_lookup_max "
@@ -8249,6 +8333,9 @@ static int llm_engine_check_config(const llm_engine_config *c, char *err) {
     return 0;
 }
 
+/* The config's backend, or the first of llm_backends that starts. Each one that does not start adds its
+ * reason to backend_note (get_stats shows it), so that an engine that fell back to the CPU can say why;
+ * -1 with the last one's error when none starts. backend_create is kept: the draft model starts with it. */
 static int llm_engine_start_backend(llm_engine *e, char *err) {
     e->backend_create = e->cfg.create_backend;
     if (e->backend_create) return (e->backend = e->backend_create(&e->model, err)) != NULL ? 0 : -1;
@@ -8281,8 +8368,10 @@ static int llm_engine_start_draft(llm_engine *e, char *err) {
     char why[LLM_ERR_LEN];
     if (e->cfg.spec_tokens < 1)
         return llm_fail(err, "a draft model needs num_speculative_tokens between 1 and %d", LLM_SPEC_MAX);
+    /* 1. The file, run with the model's context */
     if (llm_model_load(d, e->cfg.spec_model_path, why) != 0) return llm_fail(err, "the draft model: %s", why);
     llm_model_set_context(d, e->max_model_len);
+    /* 2. The same vocabulary: a proposed token id must mean the same text to both models */
     b = d->tok;
     int Va = e->model.cfg.vocab_size, Vb = d->cfg.vocab_size;
     if (abs(Va - Vb) > 128 || !a != !b)
@@ -8295,12 +8384,14 @@ static int llm_engine_start_draft(llm_engine *e, char *err) {
                             "draft, \"%.*s\" in the model", i,
                             (int)(b->text[i].len < 40 ? b->text[i].len : 40),
                             b->text[i].ptr, (int)(a->text[i].len < 40 ? a->text[i].len : 40), a->text[i].ptr);
+    /* 3. The blocks: the draft's K/V follow the model's first group's block table, every position kept */
     if (llm_kv_groups(&d->cfg) != 1)
         return llm_fail(err, "the draft model has layers with sliding windows: a draft here attends to every "
                         "position");
     if (e->sched.kv_window[0] != 0)
         return llm_fail(err, "every layer of the model has a sliding window: a draft model needs a group of "
                         "layers that keeps every position");
+    /* 4. Its backend, of the model's kind, with the same KV cache type */
     if (!(e->draft_backend = e->backend_create(d, why)))
         return llm_fail(err, "the draft model on the %s backend: %s", e->backend->name, why);
     if (llm_backend_kv_dtype(e->draft_backend, e->cfg.kv_cache_dtype, why) != 0)
@@ -8309,7 +8400,12 @@ static int llm_engine_start_draft(llm_engine *e, char *err) {
 }
 
 /* The most blocks a sequence of n tokens holds at once, computed in chunks of up to the step's token budget:
- * in a global group all of its blocks, in a local one those of a chunk and of the window before it */
+ * in a global group all of its blocks, in a local one those of a chunk and of the window before it. The
+ * queries of a chunk of c tokens read the window's w - 1 positions before its first and the c of the chunk,
+ * w + c - 1 positions, which touch at most (w + c - 2) / bs + 2 blocks: with w 4096, c 2048 and bs 16, 385
+ * blocks in a local group however long the sequence. add_request refuses a prompt whose count exceeds the
+ * whole pool (it could never run), and llm_kv_pool_blocks sizes a pool with no memory figure (the CPU's)
+ * as max_num_seqs full contexts of it. */
 static int64_t llm_engine_blocks_for(const llm_engine *e, int n) {
     int bs = e->cfg.block_size;
     int64_t all = ((int64_t)n + bs - 1) / bs, total = 0;
@@ -8344,7 +8440,14 @@ static int llm_kv_pool_blocks(const llm_engine *e, size_t block_bytes, char *err
     return n > (1u << 30) ? (1 << 30) : (int)n; /* ids are ints; the block manager keeps a record each */
 }
 
+/* The engine, or NULL and why. The order matters: the context length picks the model's RoPE factors (a
+ * long-context model's), the backend chooses the token budget and the KV value size, the groups of layers
+ * and their windows decide how many blocks a context holds, the draft model adds its K/V to every block,
+ * and only then is the pool sized.
+ * Every failure after the calloc goes through llm_engine_destroy, which frees whatever was made so far (e
+ * is calloc'ed: NULL and 0 mean "not made"). */
 llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
+    /* 1. The config alone, then the engine's lock and condition variables */
     if (llm_engine_check_config(cfg, err) != 0) return NULL;
     llm_engine *e = (llm_engine *)calloc(1, sizeof *e);
     if (!e) { llm_fail(err, "out of memory"); return NULL; }
@@ -8358,6 +8461,7 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
     pthread_cond_init(&e->work_added, &attr);
     pthread_cond_init(&e->grammar_added, NULL);
     pthread_condattr_destroy(&attr);
+    /* 2. The model (or a dummy one), and the context it runs with: its own, or max_model_len if shorter */
     int rc = cfg->dummy ? llm_model_dummy(&e->model, cfg->dummy, cfg->dummy_seed, err)
            : cfg->model_path ? llm_model_load(&e->model, cfg->model_path, err)
            : llm_fail(err, "no model given");
@@ -8366,6 +8470,7 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
     if (cfg->max_model_len > 0 && cfg->max_model_len < e->max_model_len)
         e->max_model_len = cfg->max_model_len;
     llm_model_set_context(&e->model, e->max_model_len);
+    /* 3. The backend, its KV cache type, and the step's token budget (the backend's default unless given) */
     if (llm_engine_start_backend(e, err) != 0) { llm_engine_destroy(e); return NULL; }
     if (llm_backend_kv_dtype(e->backend, cfg->kv_cache_dtype, err) != 0) {
         llm_engine_destroy(e);
@@ -8379,6 +8484,8 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
         llm_fail(err, "out of memory"); llm_engine_destroy(e); return NULL;
     }
     for (int g = 0; g < sch->n_kv_groups; g++) sch->kv_window[g] = llm_kv_group_window(&e->model.cfg, g);
+    /* 4. The draft model, then the pool: one block id holds the model's K/V in each backend (and the
+     *    draft's), so both backends get the same number of blocks; then the block manager and the sampler */
     if (cfg->spec_model_path && llm_engine_start_draft(e, err) != 0) { llm_engine_destroy(e); return NULL; }
     size_t block_bytes = llm_kv_bytes_per_block(&e->model.cfg, cfg->block_size, e->backend->kv_value_bytes);
     if (e->draft_backend) /* a block id holds the draft's K/V too */
@@ -8392,6 +8499,7 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
         !(e->sampler = llm_sampler_create(e->model.cfg.vocab_size, err))) {
         llm_engine_destroy(e); return NULL;
     }
+    /* 5. The scheduler's limits, copied from the config */
     sch->bm = &e->bm; sch->static_batching = cfg->static_batching; sch->static_batch_open = 1;
     sch->priority_policy = cfg->scheduling_policy == LLM_SCHED_PRIORITY;
     sch->max_num_seqs = cfg->max_num_seqs; sch->max_num_batched_tokens = e->cfg.max_num_batched_tokens;
@@ -8401,6 +8509,10 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
     return e;
 }
 
+/* Frees everything, in any state create left it in (also a half-made engine: fields not made are NULL or
+ * 0). The grammar thread stops first, as it may be reading a parked sequence; then every sequence wherever
+ * it is (waiting, running, finished last step, still in the inbox, parked and finished), and only then the
+ * backends and models the sequences' blocks lived in. The last step's outputs die with it. */
 void llm_engine_destroy(llm_engine *e) {
     if (!e) return;
     if (e->grammar_thread_on) { /* first: it may be reading a sequence */
@@ -8470,7 +8582,11 @@ static int llm_gr_allows_into(const llm_grammar_state *st, const llm_token_trie 
 
 /* A request's grammar: the one parsed for an earlier request with the same text (its masks cached), or
  * parsed now and kept for the next ones. A reference for the request (or for a server's worker, which parses
- * it before the request is added: llm_sampling_params.grammar_parsed). */
+ * it before the request is added: llm_sampling_params.grammar_parsed). The cache is a ring of the last
+ * LLM_ENGINE_GRAMMARS texts, looked up by the whole text; the lock is held only to look up and to insert,
+ * never while parsing, so a costly grammar does not hold up add_request or abort on other threads (two
+ * threads that parse the same new text at once both insert it: a wasted slot, nothing worse). A grammar's
+ * references are counted atomically, so the engine's thread drops a finished request's without the lock. */
 #define LLM_ENGINE_GRAMMARS 32
 llm_grammar *llm_engine_parse_grammar(llm_engine *e, const char *text, char *err) {
     llm_grammar *g = NULL;
@@ -8497,9 +8613,17 @@ llm_grammar *llm_engine_parse_grammar(llm_engine *e, const char *text, char *err
     return g;
 }
 
+/* Any thread. What can be known wrong with a request before it runs is checked here, on the caller's
+ * thread, so that it fails at once with a message the caller can give its client rather than later in a
+ * step: the parameters, every token id against the vocabulary, the prompt against the context and the whole
+ * KV pool, the grammar parsed. The tokenizing (and the parsing of a grammar not parsed yet) also happens
+ * here, off the engine's thread. Besides the grammar cache's look-up, only a request that passes takes the
+ * lock, for an arrput. Returns its id, or 0 with the reason in err; on 0 nothing of the request is kept
+ * (its ids and its grammar reference are freed). */
 uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t *prompt_ids,
                                 int n_prompt_ids, const llm_sampling_params *p, void *user, char *err) {
     int V = e->model.cfg.vocab_size;
+    /* 1. The sampling parameters, and the token ids they name */
     if (p->priority && !e->sched.priority_policy) {
         llm_fail(err, "priority needs the priority scheduling policy (this engine serves first come first)");
         return 0;
@@ -8527,6 +8651,8 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
         if (n < 0) { arrfree(ids); llm_fail(err, "could not tokenize the prompt"); return 0; }
         arrsetlen(ids, n);
     }
+    /* 2. The prompt must leave room for one new token in the context, and fit the pool on its own: a prompt
+     *    that needs more blocks than the pool has would wait forever */
     int n_prompt = (int)arrlen(ids);
     int64_t blocks_needed = llm_engine_blocks_for(e, n_prompt + 1); /* with the first new token */
     if (n_prompt == 0) { arrfree(ids); llm_fail(err, "the prompt is empty"); return 0; }
@@ -8542,6 +8668,7 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
                  e->bm.num_blocks);
         return 0;
     }
+    /* 3. The grammar: a reference of the request's own, to the one given or to the cache's */
     llm_grammar *grammar = NULL;
     if ((p->grammar || p->grammar_parsed) && !e->model.tok) {
         arrfree(ids);
@@ -8553,6 +8680,8 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
         arrfree(ids);
         return 0;
     }
+    /* 4. The request and its first sequence (its copies made), then into the inbox; the engine's thread is
+     *    woken if it sleeps in llm_engine_wait */
     llm_seq *s = llm_seq_new(ids, p, grammar, user, e->sched.n_kv_groups);
     if (!s) { llm_fail(err, "out of memory"); return 0; }
     pthread_mutex_lock(&e->lock);
@@ -8566,6 +8695,9 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
     return id; /* not s->req->id: once the lock is let go, the engine thread may finish and free it */
 }
 
+/* Any thread. Only the id is noted here: the next step finishes every sample of the request (waiting or
+ * running, parked too) with LLM_FINISH_ABORT and gives each an output. An id that is unknown or finished
+ * already changes nothing. */
 void llm_engine_abort(llm_engine *e, uint64_t request_id) {
     pthread_mutex_lock(&e->lock);
     arrput(e->inbox_abort, request_id);
@@ -8573,7 +8705,8 @@ void llm_engine_abort(llm_engine *e, uint64_t request_id) {
     pthread_mutex_unlock(&e->lock);
 }
 
-/* Work: something in the inbox, or sequences waiting or running. Called with the lock held. */
+/* Work: something in the inbox, or sequences waiting or running, or a grammar job out (its sequence's token
+ * comes back: a step then waits for it in llm_engine_begin_step rather than spinning). Lock held. */
 static int llm_engine_work_locked(llm_engine *e) {
     return arrlen(e->inbox) > 0 || arrlen(e->inbox_abort) > 0 || arrlen(e->sched.waiting) > 0 ||
            arrlen(e->sched.running) > 0 || e->grammar_in_flight > 0;
@@ -8584,6 +8717,10 @@ static int llm_engine_news_locked(llm_engine *e) {
     return arrlen(e->inbox) > 0 || arrlen(e->inbox_abort) > 0 || arrlen(e->grammar_done) > 0;
 }
 
+/* The engine thread's sleep between steps: on work_added, which add_request, abort and the grammar thread
+ * signal. The deadline is on the monotonic clock (create set the condition variable to it), so a change of
+ * the wall clock neither cuts the wait short nor stretches it. Waiting and running are read under the lock
+ * but changed only by the engine's thread, the caller: they cannot change during the wait. */
 int llm_engine_wait(llm_engine *e, int timeout_ms) {
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
@@ -8592,6 +8729,7 @@ int llm_engine_wait(llm_engine *e, int timeout_ms) {
         until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
         if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
     }
+    /* the deadline is fixed before the loop: a spurious wakeup waits again for what is left, not longer */
     pthread_mutex_lock(&e->lock);
     int work;
     while (!(work = llm_engine_work_locked(e)) && timeout_ms != 0) {
@@ -8610,6 +8748,9 @@ int llm_engine_has_work(llm_engine *e) { return llm_engine_wait(e, 0); }
  *    emptied. Only running sequences have output: one the scheduler preempts later in this step has had its
  *    emptied here first. */
 static void llm_engine_begin_step(llm_engine *e) {
+    /* the wait for grammar jobs: after a step that did nothing, until a job comes back, a request or an
+     * abort (no timeout: each of them signals work_added); else for the jobs out, up to the grammar budget
+     * of the last step (a sequence whose mask comes in time loses no step) */
     if (e->grammar_in_flight) {
         /* nothing else to do: wait for the grammar thread; else a while for its jobs, so that a cheap mask
          * loses its sequence no step, within the budget (a costly one is left for a later step) */
@@ -8622,6 +8763,7 @@ static void llm_engine_begin_step(llm_engine *e) {
                    pthread_cond_timedwait(&e->work_added, &e->lock, &ts) != ETIMEDOUT) {}
         pthread_mutex_unlock(&e->lock);
     }
+    /* what the last step's outputs pointed into goes now: the finished sequences, the running ones' output */
     for (int i = 0; i < arrlen(e->finished); i++) /* a parked one waits for its job */
         if (e->finished[i]->parked) arrput(e->parked_finished, e->finished[i]);
         else llm_seq_free(e->finished[i]);
@@ -8634,7 +8776,11 @@ static void llm_engine_begin_step(llm_engine *e) {
     }
 }
 
-/* A sequence is done: its blocks go back at once; its output says why at the end of the step. */
+/* A sequence is done: its blocks go back at once; its output says why at the end of the step. The
+ * invariant: each sample gets exactly one output with a finish_reason. A sequence finished while in running
+ * gives it in llm_engine_collect; one taken out of the lists at once (an abort, a grammar job's end) gives it
+ * there with llm_emit; one aborted while parked gives it at the abort, and is freed silently when its job
+ * comes back. (llm_engine_destroy drops what is left without outputs.) */
 static void llm_seq_finish(llm_engine *e, llm_seq *s, int reason, const char *error) {
     s->finish_reason = reason; s->error = error; s->status = LLM_SEQ_FINISHED;
     llm_seq_release_blocks(&e->sched, s);
@@ -8643,6 +8789,8 @@ static void llm_seq_finish(llm_engine *e, llm_seq *s, int reason, const char *er
 /* The output of a sequence for this step. A sequence that finishes before its prompt was computed (aborted,
  * or failed) still stands for all n samples of its request: each gets its finish. */
 static void llm_emit(llm_engine *e, llm_seq *s) {
+    /* no copies: the output's arrays are s's own (this step's tokens, text, logprobs), valid until s's
+     * output is emptied or s freed, both at the start of the next step */
     llm_output o;
     memset(&o, 0, sizeof o);
     o.request_id = s->req->id; o.user = s->req->user; o.index = s->index;
@@ -8672,12 +8820,15 @@ static void llm_emit(llm_engine *e, llm_seq *s) {
 
 /* 2. The inbox: new requests join the waiting queue; aborted requests finish at once, wherever they are. */
 static void llm_engine_take_inbox(llm_engine *e) {
+    /* under the lock only the moves: the new sequences into the waiting queue, the aborts' list taken */
     pthread_mutex_lock(&e->lock);
     for (int i = 0; i < arrlen(e->inbox); i++) llm_sched_wait(&e->sched, e->inbox[i], 0);
     arrsetlen(e->inbox, 0);
     uint64_t *aborts = e->inbox_abort;
     e->inbox_abort = NULL;
     pthread_mutex_unlock(&e->lock);
+    /* each abort finds all the samples of its request, in both queues (a request added and aborted before
+     * this step is in waiting by now), and finishes them: blocks back, an output, freed next step */
     for (int a = 0; a < arrlen(aborts); a++) {
         llm_seq ***lists[2] = {&e->sched.waiting, &e->sched.running};
         for (int k = 0; k < 2; k++)
@@ -8694,7 +8845,14 @@ static void llm_engine_take_inbox(llm_engine *e) {
     arrfree(aborts);
 }
 
-/* 3. The scheduler plans the step: llm_schedule (section 5). */
+/* 3. The scheduler plans the step: llm_schedule (section 5). Its plan is sched.scheduled[i], which computes
+ *    sched.n_new[i] tokens from its n_computed on, and the block copies (copy_src to copy_dst) to make
+ *    first. Within max_num_batched_tokens tokens and max_num_seqs sequences: the running sequences first,
+ *    each its next token or prompt chunk (when the pool runs out, the youngest running one, or the lowest
+ *    priority's, is preempted, and no one new is admitted that step); then the proposals of speculative
+ *    decoding, from what is left; then waiting sequences in order, each taking what the prefix cache holds
+ *    of its prompt before its blocks are counted, until one does not fit. A parked sequence is left out.
+ *    Every block the plan writes is reserved by then: the forward pass cannot run out of blocks. */
 
 /* 3-4. The step's batch, built in the b_* arrays by the draft's passes and the model's: emptied before
  * each */
@@ -8708,12 +8866,14 @@ static void llm_engine_batch_clear(llm_engine *e) {
  *      in *logits (the model's or the draft's, of vocab_size V: it only grows) */
 static int llm_engine_batch_view(llm_engine *e, llm_batch *b, int n_seqs, float **logits, int *logits_rows,
                                  int V, char *err) {
+    /* the batch points into the b_* arrays (no copy): valid until the next llm_engine_batch_clear */
     memset(b, 0, sizeof *b);
     b->n_tokens = (int)arrlen(e->b_tokens); b->tokens = e->b_tokens; b->positions = e->b_positions;
     b->n_seqs = n_seqs; b->seq_start = e->b_seq_start; b->block_tables = e->b_tables;
     b->n_logits = (int)arrlen(e->b_logit_rows); b->logit_rows = e->b_logit_rows;
     b->host_rows = e->b_host_rows;
     if (b->n_logits <= *logits_rows) return 0;
+    /* too small: replaced, not realloc'ed (the old rows are done with, no need to copy them) */
     free(*logits);
     *logits_rows = b->n_logits;
     if ((*logits = (float *)malloc((size_t)b->n_logits * (size_t)V * sizeof(float)))) return 0;
@@ -8733,6 +8893,10 @@ static int llm_engine_draft(llm_engine *e, char *err) {
     int rc = 0, longest = 0;
     llm_sampling_params greedy = llm_sampling_defaults();
     greedy.temperature = 0;
+    /* pass 0: for each scheduled sequence, the tokens the model computes this step (the proposal's aside)
+     * that the draft has not computed yet; a speculating sequence's last token gives the logits that
+     * propose token 0. Pass j > 0: proposed token j - 1 alone, whose logits propose token j. A proposal of
+     * k tokens takes k passes, so the step makes as many passes as its longest proposal. */
     for (int pass = 0; rc == 0 && (pass == 0 || pass < longest); pass++) {
         llm_engine_batch_clear(e);
         for (int i = 0; i < n_seqs; i++) {
@@ -8766,6 +8930,8 @@ static int llm_engine_draft(llm_engine *e, char *err) {
         arrsetlen(e->sample_rows, b.n_logits); /* each proposed token: its row's argmax */
         for (int r = 0; r < b.n_logits; r++)
             e->sample_rows[r] = (llm_sample_row){.row = r, .params = &greedy};
+        /* the draft's forward pass and its argmax per row, on the draft's backend; then each row's token
+         * becomes the proposal's next, or ends it */
         double t0 = llm_now();
         rc = e->draft_backend->forward(e->draft_backend, &b, e->draft_logits, err);
         if (rc == 0)
@@ -8793,12 +8959,21 @@ static int llm_seq_reads_rows(const llm_seq *s) {
 /* 4. The plan as one batch: each scheduled sequence's next n_new tokens, flattened, with its block table;
  *    logits for the sequences whose chunk reaches the end of their tokens, and for every prompt token of a
  *    chunk that scores its prompt (prompt_logprobs) but the last (its logits are the first sample's); the
- *    copy-on-write copies first. */
+ *    copy-on-write copies first. A step of three sequences: A decodes (7 tokens, 6 computed), B's prompt of
+ *    10 tokens gets its first chunk of 4, C's prompt of 3 fits whole:
+ *
+ *      b_tokens      A6 | B0 B1 B2 B3 | C0 C1 C2      b_seq_start  0, 1, 5, 8
+ *      b_positions    6 |  0  1  2  3 |  0  1  2      b_logit_rows 0, 7  (A's next token, C's first)
+ *      b_tables      [A's, B's, C's] for group 0, then the same for group 1, ... (llm_batch.block_tables)
+ *
+ *    B's chunk gives no logits: its prompt goes on next step. With a proposal (A proposing d0 d1), A's part
+ *    is A6 d0 d1 at positions 6 7 8, each with a row of logits, to verify d0 and d1 and draw one more. */
 static int llm_engine_forward(llm_engine *e, char *err) {
     llm_scheduler *sch = &e->sched;
     int n_seqs = (int)arrlen(sch->scheduled), V = e->model.cfg.vocab_size;
     llm_engine_batch_clear(e);
     int prompt_step = 0;
+    /* 1. Each scheduled sequence's tokens and positions, and the rows of logits it needs, in plan order */
     for (int i = 0; i < n_seqs; i++) {
         llm_seq *s = sch->scheduled[i];
         prompt_step |= s->n_computed < s->req->n_prompt;
@@ -8816,11 +8991,15 @@ static int llm_engine_forward(llm_engine *e, char *err) {
             }
         }
     }
+    /* 2. The end of the last sequence, and the block tables (pointers to the sequences' own arrays: the
+     *    scheduler has given them every block the step writes) */
     arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
     for (int g = 0; g < sch->n_kv_groups; g++) /* group by group */
         for (int i = 0; i < n_seqs; i++) arrput(e->b_tables, sch->scheduled[i]->block_tables[g]);
     llm_batch b;
     if (llm_engine_batch_view(e, &b, n_seqs, &e->logits, &e->logits_rows, V, err)) return -1;
+    /* 3. The forward pass: the copies, then every token's K/V written into its block, and the rows of
+     *    logits asked for, in b_logit_rows' order (in e->logits: the host rows at least, llm_batch) */
     b.n_copies = (int)arrlen(sch->copy_src); b.copy_src = sch->copy_src; b.copy_dst = sch->copy_dst;
     double t0 = llm_now();
     int rc = e->backend->forward(e->backend, &b, e->logits, err);
@@ -8830,7 +9009,8 @@ static int llm_engine_forward(llm_engine *e, char *err) {
 }
 
 /* 4, when the forward pass failed: every sequence of the step finishes with the error; nothing else
- * changes. */
+ * changes. Whatever the failed pass wrote is in blocks that go back to the pool unnamed (the prefix cache
+ * names a block only after a pass that computed it succeeded), so no later request reuses those values. */
 static void llm_engine_fail_step(llm_engine *e) {
     if (!e->step_error[0]) /* a backend that gave no reason */
         snprintf(e->step_error, sizeof e->step_error, "the %s backend failed", e->backend->name);
@@ -8872,6 +9052,7 @@ static void llm_grammar_job_run(const llm_engine *e, llm_grammar_scratch *w, llm
     int V = e->model.cfg.vocab_size;
     double t0 = llm_now();
     j->error = NULL; j->tokens = 1; j->masks = j->masks_cached = 0;
+    /* 1. The thread's room, made once and kept (w), and the state the token leads to (kept in the job) */
     if ((!w->sampler && !(w->sampler = llm_sampler_create(V, NULL))) ||
         (!w->mask && !(w->mask = (uint8_t *)malloc(((size_t)V + 7) / 8))) ||
         (!w->ids && !(w->ids = (int32_t *)malloc((size_t)V * sizeof(int32_t)))) ||
@@ -8880,9 +9061,12 @@ static void llm_grammar_job_run(const llm_engine *e, llm_grammar_scratch *w, llm
         j->error = "out of memory for the grammar's mask";
         return;
     }
+    /* 2. The draw, unless the step made it, and the cheap check of the one token drawn */
     if (!j->drawn) llm_sampler_draw(w->sampler, &j->r, j->row);
     int32_t token = j->r.token;
     if (token >= 0 && !llm_seq_grammar_allows(e, s, token, j->next)) {
+        /* 3. Refused: the mask of every token the grammar allows here (from the grammar's cache when this
+         *    state was met before) */
         int64_t cached = llm_grammar_cache_hits(s->req->grammar);
         int n = llm_grammar_mask(s->grammar, e->trie, w->mask);
         j->masks = 1; j->masks_cached = llm_grammar_cache_hits(s->req->grammar) - cached;
@@ -8892,6 +9076,8 @@ static void llm_grammar_job_run(const llm_engine *e, llm_grammar_scratch *w, llm
             j->seconds = llm_now() - t0;
             return;
         }
+        /* 4. The request's stop ids are allowed exactly where the grammar may end; under ignore_eos no end
+         *    of generation is (it would not end the text) */
         uint8_t *mask = w->mask;
         int can_end = llm_grammar_can_end(s->grammar) && !p->ignore_eos;
         for (int i = 0; i < p->n_stop_token_ids; i++) { /* stop ids end the text, as ends of generation do */
@@ -8904,7 +9090,7 @@ static void llm_grammar_job_run(const llm_engine *e, llm_grammar_scratch *w, llm
             int32_t t = e->model.tok->eog[i];
             mask[t >> 3] &= (uint8_t)~(1u << (t & 7));
         }
-        /* the draw again, from the allowed tokens only (gathered: a mask allows a few as a rule, and the
+        /* 5. The draw again, from the allowed tokens only (gathered: a mask allows a few as a rule, and the
          * refused ones would weigh nothing), with the request's penalties: the same draw as from the row
          * masked */
         const float *adjusted = llm_sampler_adjust(w->sampler, &j->r, j->row);
@@ -8922,6 +9108,7 @@ static void llm_grammar_job_run(const llm_engine *e, llm_grammar_scratch *w, llm
             j->error = "the grammar allows no token here that the request allows";
         j->r.token = token;
     }
+    /* 6. The logprobs of the token taken (and the top ones, when asked), from the row as the model gave it */
     llm_sample_row_logprobs(&j->r, j->row, V);
     j->seconds = llm_now() - t0;
 }
@@ -8942,6 +9129,7 @@ static void *llm_grammar_thread(void *arg) {
     for (;;) {
         while (!arrlen(e->grammar_todo) && !e->grammar_quit) pthread_cond_wait(&e->grammar_added, &e->lock);
         if (e->grammar_quit) break;
+        /* the next job: of the request whose last turn is oldest (0: never served) */
         int next = 0;
         for (int i = 1; i < arrlen(e->grammar_todo); i++)
             if (e->grammar_todo[i]->seq->req->grammar_turn < e->grammar_todo[next]->seq->req->grammar_turn)
@@ -8954,6 +9142,7 @@ static void *llm_grammar_thread(void *arg) {
         LLM_TEST_GRAMMAR_JOB(j->seq->req->id); /* the tests hold the thread here, and see whose turn it is */
 #endif
         llm_grammar_job_run(e, &w, j);
+        /* done: back to the engine, whose wait (llm_engine_wait or llm_engine_begin_step) it wakes */
         pthread_mutex_lock(&e->lock);
         arrput(e->grammar_done, j);
         pthread_cond_signal(&e->work_added);
@@ -8981,6 +9170,8 @@ static void llm_seq_park(llm_engine *e, llm_seq *s, const llm_sample_row *r, con
     j->r.rng_state = &s->rng; j->r.top_ids = j->top_ids; j->r.top_logprobs = j->top_logprobs;
     s->parked = 1;
     e->grammar_in_flight++;
+    /* the thread starts with the first job: an engine that never meets a costly grammar never has one; if it
+     * cannot start, each job runs here, at once (slower steps, the same tokens) */
     if (!e->grammar_thread_on && !e->grammar_thread_failed) {
         if (pthread_create(&e->grammar_thread, NULL, llm_grammar_thread, e) == 0) e->grammar_thread_on = 1;
         else e->grammar_thread_failed = 1;
@@ -9031,6 +9222,7 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const llm_sample_row *r) {
     if (token == -2)
         llm_seq_finish(e, s, LLM_FINISH_ERROR, "sampling found no token to pick: the logits are not numbers");
     if (token < 0) return; /* finished with the reason */
+    /* 1. Into the output: the logprobs asked for, then the token itself, in the sequence and the output */
     if (p->logprobs >= 0) {
         int K = p->logprobs < V ? p->logprobs : V;
         if (K > 0) {
@@ -9041,11 +9233,14 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const llm_sample_row *r) {
     }
     arrput(s->tokens, token); arrput(s->out_tokens, token);
     e->stats.generation_tokens++;
+    /* 2. The stop conditions on the token: an end of generation (unless ignore_eos) or a stop id */
     int n_tokens = (int)arrlen(s->tokens), reason = LLM_FINISH_NONE;
     const llm_tokenizer *tok = e->model.tok;
     if (!p->ignore_eos && tok && llm_tokenizer_is_eog(tok, token)) reason = LLM_FINISH_STOP;
     for (int i = 0; i < p->n_stop_token_ids; i++) if (p->stop_token_ids[i] == token) reason = LLM_FINISH_STOP;
     int hidden = reason == LLM_FINISH_STOP; /* a stop token's own text is not output */
+    /* 3. The grammar moves on: e->grammar_next, filled by the check that allowed the token, becomes s's
+     *    state, and s's old state becomes the scratch for the next check (a swap, no copy) */
     if (s->grammar && !hidden) { /* the state the token leads to; whole, with nothing to follow: stop */
         llm_grammar_state *moved = e->grammar_next;
         e->grammar_next = s->grammar; s->grammar = moved;
@@ -9056,6 +9251,8 @@ static void llm_seq_accept(llm_engine *e, llm_seq *s, const llm_sample_row *r) {
     if (!reason && ((p->max_tokens > 0 && n_tokens - n_prompt >= p->max_tokens) ||
                     n_tokens >= e->max_model_len || llm_engine_blocks_for(e, n_tokens) > e->bm.num_blocks))
         reason = LLM_FINISH_LENGTH;
+    /* 4. The text: the detokenizer and the stop strings (llm_seq_push_text, section 9), which may finish s
+     *    too; a finish gives s's blocks back at once */
     llm_seq_push_text(s, hidden ? -1 : token, tok, reason != LLM_FINISH_NONE);
     if (s->finish_reason) reason = s->finish_reason; /* a stop string */
     if (reason) llm_seq_finish(e, s, reason, NULL);
@@ -9071,8 +9268,10 @@ static int llm_seq_sample_on_host(llm_engine *e, llm_seq *s, const float *logits
         llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the vocabulary's trie");
         return 0;
     }
+    /* 1. The step's budget for grammar checks spent: no draw here, the whole of it goes to the thread */
     llm_sample_row r = llm_seq_sample_row(e, s, 0);
     if (e->grammar_step_seconds > e->grammar_step_budget) { llm_seq_park(e, s, &r, logits, 0); return 1; }
+    /* 2. The draw from the unmasked row, and the one check of the token drawn (e->grammar_next: its state) */
     double t0 = llm_now();
     if (!e->grammar_next && !(e->grammar_next = llm_grammar_state_copy(s->grammar))) {
         llm_seq_finish(e, s, LLM_FINISH_ERROR, "out of memory for the grammar's state");
@@ -9083,6 +9282,7 @@ static int llm_seq_sample_on_host(llm_engine *e, llm_seq *s, const float *logits
     int allowed = r.token < 0 || llm_seq_grammar_allows(e, s, r.token, e->grammar_next);
     double seconds = llm_now() - t0;
     e->grammar_step_seconds += seconds;
+    /* 3. Refused: the mask is the thread's; allowed: taken now, as any sampled token */
     if (!allowed) { llm_seq_park(e, s, &r, logits, 1); return 1; }
     e->stats.grammar_tokens += r.token >= 0; e->stats.grammar_seconds += seconds;
     llm_sample_row_logprobs(&r, logits, V);
@@ -9091,7 +9291,8 @@ static int llm_seq_sample_on_host(llm_engine *e, llm_seq *s, const float *logits
 }
 
 /* 1. The grammar thread's finished jobs: each parked sequence takes its token (or fails with the job's
- *    error); one that finished while parked (aborted) is freed now, its job being done with it */
+ *    error); one that finished while parked (aborted) is freed now, its job being done with it. This runs
+ *    before the scheduler: a sequence whose token came back is unparked and planned in this very step. */
 static void llm_engine_take_grammar_jobs(llm_engine *e) {
     pthread_mutex_lock(&e->lock);
     llm_grammar_job **done = e->grammar_done;
@@ -9103,11 +9304,13 @@ static void llm_engine_take_grammar_jobs(llm_engine *e) {
         s->parked = 0; e->grammar_in_flight--;
         e->stats.grammar_tokens += j->tokens; e->stats.grammar_masks += j->masks;
         e->stats.grammar_masks_cached += j->masks_cached; e->stats.grammar_seconds += j->seconds;
+        /* aborted while parked: it is in parked_finished (moved there by llm_engine_begin_step), and the job
+         * was its last user */
         if (s->status == LLM_SEQ_FINISHED) {
             for (int k = 0; k < arrlen(e->parked_finished); k++)
                 if (e->parked_finished[k] == s) { arrdelswap(e->parked_finished, k); break; }
             llm_seq_free(s);
-        } else {
+        } else { /* the token taken as if the step had drawn it: stop conditions, text, output this step */
             if (j->error) llm_seq_finish(e, s, LLM_FINISH_ERROR, j->error);
             else {
                 llm_grammar_state *next = j->next; /* the state the token leads to, for llm_seq_accept */
@@ -9142,7 +9345,10 @@ static void llm_seq_take(llm_engine *e, llm_seq *s, const llm_sample_row *r) {
  *    token drawn instead follows the model's distribution without it: the rejection-sampling rule with a
  *    one-hot proposal; the same tokens, greedily. The rows were drawn in the sample step (drawn[j]: after the
  *    tokens and the proposal's first j, the generator as j draws leave it), or are drawn on the host now (a
- *    grammar's, drawn NULL). The blocks past what was kept go back to the pool. */
+ *    grammar's, drawn NULL). The blocks past what was kept go back to the pool. For example a proposal
+ *    d0 d1 d2 has rows r0..r3: r0 draws t0 = d0, kept (d0's K/V stand); r1 draws t1 != d1: t1 is taken
+ *    and the check stops. Two new tokens (d0, t1), one accepted; d1's and d2's K/V are thrown away (t1's
+ *    position is computed next step). Had all three been kept, r3 would give a fourth token. */
 static void llm_seq_verify(llm_engine *e, llm_seq *s, int row, const llm_sample_row *drawn) {
     int V = e->model.cfg.vocab_size, n_draft = s->n_draft, accepted = 0;
     for (int j = 0; j <= n_draft; j++) {
@@ -9156,6 +9362,9 @@ static void llm_seq_verify(llm_engine *e, llm_seq *s, int row, const llm_sample_
     }
     e->stats.spec_drafts++; e->stats.spec_draft_tokens += n_draft; e->stats.spec_accepted_tokens += accepted;
     s->n_draft = 0;
+    /* the next proposals (llm_seq_speculate's rule): as long as this one's kept part (at least 1), or twice
+     * this one's cap (spec_tokens at most) when all was kept; and while the recent share kept is under 85%,
+     * a wait of some steps without any, doubling each time (64 at most) */
     int most = e->sched.spec_tokens;
     s->spec_cap = accepted < n_draft ? (accepted > 1 ? accepted : 1)
                                      : 2 * s->spec_cap < most ? 2 * s->spec_cap : most;
@@ -9166,7 +9375,8 @@ static void llm_seq_verify(llm_engine *e, llm_seq *s, int row, const llm_sample_
         s->spec_backoff = s->spec_backoff < 64 ? 2 * s->spec_backoff : 64;
     }
     if (s->status == LLM_SEQ_FINISHED) return; /* its blocks went back */
-    /* a draft model's: those kept */
+    /* the refused tokens' K/V: the blocks past the tokens go back, and the draft model's count (it computed
+     * the proposal's tokens up to the last) falls back to the model's */
     if (s->n_draft_computed > s->n_computed) s->n_draft_computed = s->n_computed;
     llm_seq_trim_blocks(&e->bm, s, (int)arrlen(s->tokens));
     llm_seq_hash_blocks(&e->bm, s);
@@ -9191,6 +9401,8 @@ static void llm_engine_draw(llm_engine *e, llm_seq *s, int row) {
 
 /* 5. ... a proposal's rows, from logit row `row`: row j after the tokens and the proposal's first j ... */
 static void llm_engine_draw_proposal(llm_engine *e, llm_seq *s, int row) {
+    /* row j's penalties see the tokens and the proposal's first j as history (spec_history, which lives in s
+     * until the sample step has read it), and its generator is where j draws would leave it */
     int len = (int)arrlen(s->tokens);
     arrsetlen(s->spec_history, 0);
     memcpy(arraddnptr(s->spec_history, len), s->tokens, (size_t)len * sizeof(int32_t));
@@ -9221,9 +9433,14 @@ static void llm_engine_sample(llm_engine *e) {
     llm_scheduler *sch = &e->sched;
     int row = 0;
     arrsetlen(e->sample_rows, 0); arrsetlen(e->sample_seqs, 0); arrsetlen(e->sample_rngs, 0);
+    /* 1. Walk the plan in the batch's order; `row` follows the logit rows llm_engine_forward asked for, in
+     *    the same order. A host draw (a grammar's) happens now; every other draw and every prompt score is
+     *    queued as a row for the sample step */
     for (int i = 0; i < arrlen(sch->scheduled); i++) {
         llm_seq *s = sch->scheduled[i];
         int start = s->n_computed, end = start + sch->n_new[i], n_prompt = s->req->n_prompt;
+        /* a decoding sequence with a proposal: its n_draft + 1 rows are checked together (llm_seq_verify),
+         * now if it draws on the host, else after the sample step */
         if (s->n_draft) { /* its last token computed, and the proposal's, whose K/V stand only if kept */
             s->n_computed = start + 1;
             if (llm_seq_reads_rows(s)) llm_seq_verify(e, s, row, NULL);
@@ -9231,6 +9448,7 @@ static void llm_engine_sample(llm_engine *e) {
             row += sch->n_new[i];
             continue;
         }
+        /* the chunk's K/V are in the cache now: its full blocks get their prefix-cache names */
         if (start < n_prompt) e->stats.prompt_tokens_computed += (end < n_prompt ? end : n_prompt) - start;
         s->n_computed = end;
         llm_seq_hash_blocks(&e->bm, s);
@@ -9238,6 +9456,8 @@ static void llm_engine_sample(llm_engine *e) {
             llm_engine_score(e, s, pos, row++);
         if (end < arrlen(s->tokens)) continue; /* a prompt chunk: nothing to sample yet */
         if (s->plp_state == LLM_PLP_PENDING) s->plp_state = LLM_PLP_READY; /* all scored: out this step */
+        /* the prompt is done: with n > 1 the samples 1..n-1 fork from it now (sharing its blocks), and all n
+         * draw their first token from the same row, each with its own generator */
         if (s->fork_pending) {
             int first_child = (int)arrlen(sch->running);
             if (llm_seq_fork(sch, s) != 0) {
@@ -9249,6 +9469,8 @@ static void llm_engine_sample(llm_engine *e) {
         }
         llm_engine_draw(e, s, row++);
     }
+    /* 2. The sample step: the queued rows drawn all at once on the backend, each with a copy of its
+     *    sequence's generator (sample_rngs: a proposal's rows start from different states) */
     int n = (int)arrlen(e->sample_rows);
     if (!n) return;
     llm_engine_top_room(e, e->sample_rows, n);
@@ -9256,6 +9478,8 @@ static void llm_engine_sample(llm_engine *e) {
     double t0 = llm_now();
     int rc = e->backend->sample(e->backend, e->sample_rows, n, e->logits, e->step_error);
     e->stats.sample_seconds += llm_now() - t0;
+    /* 3. The draws taken, in the order queued: a score into the prompt logprobs, a token accepted, a
+     *    proposal's n_draft + 1 rows verified together; a failed sample step fails those sequences */
     for (int i = 0; i < n; i++) {
         llm_seq *s = e->sample_seqs[i];
         if (rc != 0) {
@@ -9276,7 +9500,10 @@ static void llm_engine_sample(llm_engine *e) {
     }
 }
 
-/* 6. Outputs: every running sequence with something new, or finished, gives one; the finished leave now. */
+/* 6. Outputs: every running sequence with something new, or finished, gives one; the finished leave now.
+ *    arrdel, not a swap: running stays in the order sequences were admitted (or forked), the order the
+ *    scheduler serves them in and preempts the youngest by. A sequence that only computed a prompt chunk
+ *    gives none. */
 static void llm_engine_collect(llm_engine *e) {
     llm_scheduler *sch = &e->sched;
     for (int i = 0; i < arrlen(sch->running); i++) {
@@ -9286,12 +9513,22 @@ static void llm_engine_collect(llm_engine *e) {
     }
 }
 
+/* One step: the numbers are those of the functions above. Returns how many outputs *outputs holds (0 when
+ * nothing happened); they are e->outputs, valid until the next call. A step never fails as a whole: a
+ * failed draft or forward pass finishes the step's sequences with LLM_FINISH_ERROR (llm_engine_fail_step),
+ * a failed sample step those whose rows it held, and the step still hands out their outputs. The grammar
+ * checks' budget is LLM_GRAMMAR_STEP_SHARE of this step's own draft and forward time: once the checks have
+ * spent it, the step's remaining grammar draws are parked (a share below 0, from the tests, parks all). */
 int llm_engine_step(llm_engine *e, const llm_output **outputs) {
+    /* 1. The last step's finished sequences freed, the outputs emptied; tokens from the grammar thread */
     llm_engine_begin_step(e);
     llm_engine_take_grammar_jobs(e);
+    /* 2. New requests and aborts */
     llm_engine_take_inbox(e);
+    /* 3. The plan: who computes how many tokens, with which blocks (prefix cache, preemption, proposals) */
     llm_schedule(&e->sched);
     if (arrlen(e->sched.scheduled) > 0) {
+        /* 3-4. The draft's passes, then the model's forward pass; 5. sampling, stop conditions and text */
         double t0 = llm_now();
         if ((!e->draft_backend || llm_engine_draft(e, e->step_error) == 0) &&
             llm_engine_forward(e, e->step_error) == 0) {
@@ -9303,6 +9540,8 @@ int llm_engine_step(llm_engine *e, const llm_output **outputs) {
             llm_engine_sample(e);
         } else llm_engine_fail_step(e);
     }
+    /* 6. The outputs. A step that did nothing, with grammar jobs out, makes the next one sleep until news
+     *    (llm_engine_begin_step) rather than spin */
     llm_engine_collect(e);
     e->step_idle = arrlen(e->sched.scheduled) == 0 && arrlen(e->outputs) == 0;
     *outputs = e->outputs;
@@ -9310,6 +9549,11 @@ int llm_engine_step(llm_engine *e, const llm_output **outputs) {
 }
 
 /* ---- Looking inside ------------------------------------------------------------------------------------ */
+/* For monitoring (the server's /metrics and the benchmarks read get_stats) and for tests (check_blocks):
+ * neither changes the engine. */
+/* A copy of the counters, by value: the engine's own (e->stats), plus what the scheduler and the block
+ * manager count and a look at the queues now. The engine's thread only (it reads the queues unlocked):
+ * server.c copies it after each step for its other threads. backend and backend_note live as long as e. */
 llm_engine_stats llm_engine_get_stats(llm_engine *e) {
     llm_engine_stats s = e->stats;
     s.backend = e->backend->name; s.backend_note = e->backend_note;
@@ -9329,6 +9573,7 @@ int llm_engine_check_blocks(llm_engine *e, char *err) {
     llm_block_manager *bm = &e->bm;
     int *refs = (int *)calloc((size_t)bm->num_blocks, sizeof(int)), rc = 0;
     if (!refs) return llm_fail(err, "out of memory");
+    /* 1. Count the block tables' references to each block (waiting sequences too, which should hold none) */
     llm_seq **lists[2] = {e->sched.running, e->sched.waiting};
     for (int k = 0; k < 2; k++)
         for (int i = 0; i < arrlen(lists[k]); i++)
@@ -9342,6 +9587,7 @@ int llm_engine_check_blocks(llm_engine *e, char *err) {
                     }
                     refs[id]++;
                 }
+    /* 2. Each block's ref_count is that count: a leak (too high) or a block reused while held (too low) */
     int n_free = 0;
     for (int id = 0; id < bm->num_blocks; id++) {
         if (bm->blocks[id].ref_count != refs[id]) {
@@ -9367,6 +9613,7 @@ int llm_engine_check_blocks(llm_engine *e, char *err) {
                       n_free, bm->num_free_blocks, walked);
         goto done;
     }
+    /* 3. The prefix cache: each hash names a block that carries it */
     for (ptrdiff_t i = 0; i < hmlen(bm->cached); i++) {
         int id = bm->cached[i].value;
         if (id < 0 || id >= bm->num_blocks || bm->blocks[id].hash != bm->cached[i].key) {
