@@ -1,17 +1,53 @@
 /* server.c - llm serve: an OpenAI-compatible HTTP/1.1 server on bare POSIX sockets, like vLLM's API server.
  *
  * main.c includes this file (the llm command is one translation unit), after llm.h's implementation and a
- * now_s() (a monotonic clock in seconds); it uses the engine API of llm.h and nothing else. Two threads:
- *   - the network thread (the one that calls serve) runs one epoll loop over the listening socket, every
- *     connection and a wake-up pipe. It parses HTTP and JSON, renders chat templates and tokenizes, adds
- *     requests to the engine, and writes the engine's outputs to the clients as JSON bodies or SSE streams.
- *   - the engine thread runs llm_engine_wait and llm_engine_step in a loop. Each output becomes an event (a
- *     copy of it) in a queue under a lock, and a byte down the wake-up pipe tells the network thread.
- * So a connection costs no thread, a request's text and tokens are never touched by two threads, and an
- * idle server sleeps in two blocking calls.
+ * now_s() (a monotonic clock in seconds); it uses the engine API of llm.h and nothing else. It serves one
+ * model: /v1/completions and /v1/chat/completions (whole JSON bodies, or streamed as Server-Sent Events),
+ * /v1/models, /tokenize, /detokenize, /health, /ping, /version and /metrics, with vLLM's extra fields and
+ * its metric names, so that OpenAI's clients, vLLM's benchmarks and Prometheus dashboards work unchanged.
  *
- * The file follows a request: JSON (reading and writing), HTTP (parsing and answering), the engine thread and
- * its events, the endpoints (parameters in, responses out), metrics, the network loop, then serve(). */
+ * Three kinds of thread, and what each one owns:
+ *   - the network thread (the one that calls serve) runs one epoll loop over the listening socket, every
+ *     connection and a wake-up pipe. It reads and parses HTTP, answers what a request's head alone decides,
+ *     adds prepared requests to the engine and writes the engine's outputs back to the clients.
+ *   - SRV_WORKERS request workers do what a request's bytes can make expensive: parse its JSON, render its
+ *     chat template, tokenize its prompts, write and parse its grammar. A 7 MB prompt takes a second; on the
+ *     network thread that second would stall every stream and every health check.
+ *   - the engine thread runs llm_engine_wait and llm_engine_step in a loop. Each output becomes an event (a
+ *     copy of it) in a queue under a lock, and a byte down the wake-up pipe wakes the network thread.
+ * A connection costs no thread; a request belongs to one thread at a time (handed to a worker as a whole
+ * job and handed back, through a queue and the pipe); an idle server sleeps in blocking calls.
+ *
+ * A request's path, and the function that takes each step:
+ *   network thread  conn_read -> http_feed (the head) -> route_head (path, method, key, CORS, limits)
+ *                   -> http_feed (the body) -> handle_request: /health, /metrics... answered now; else
+ *                   job_start hands it to a worker
+ *   a worker        job_run: the JSON -> prepare_generation (check_fields, parse_sampling, chat_prompt,
+ *                   tokenize_text): an srv_req and its llm_sampling_params, or a 400 naming the field
+ *   network thread  jobs_done -> attach_generation: llm_engine_add_request for each prompt
+ *   engine thread   srv_engine_loop: llm_engine_step -> each llm_output copied into an srv_event
+ *   network thread  drain_events -> apply_event -> stream_event (an SSE chunk) as tokens come, or at the
+ *                   end finish_request (the whole body) -> conn_send -> the client
+ *
+ * The sections below follow that path:
+ *   Strings that grow, JSON     sbuf, and values written as JSON text: what every response is built in
+ *   HTTP/1.1                    a connection's bytes -> a request (head, then body), strictly; status texts
+ *   The server's state          srv_conn, srv_req, srv_job, srv_event, srv_state, and what frees each
+ *   Connections, network loop   bytes in and out: accept, read, parse, time-outs, the output's backlog
+ *   Responses                   a whole response, an OpenAI error, an SSE chunk; X-Request-Id
+ *   Routes                      what the head decides (the route table), then which endpoint answers
+ *   Requests in                 parse and validate: OpenAI's and vLLM's fields -> llm_sampling_params
+ *   Endpoints                   a generation prepared (on a worker) and attached to the engine; /tokenize
+ *   Request workers             the threads that run the two sections above, and the hand-back
+ *   The engine thread           the engine steps; its outputs become events
+ *   Requests out                stream back: what each output adds to the response, as OpenAI writes it
+ *   The engine's events         apply_event: each event through "Requests out", on the network thread
+ *   Metrics                     /metrics: vLLM's names and histogram buckets
+ *   llm serve                   serve(): set up, the loop, draining on SIGTERM, stopping
+ *   llm bench serve             not the server: a client of it, vLLM's load generator (names bs_*)
+ * A first reading: serve's loop (at the end of llm serve), conn_process, route_head, handle_request, job_run,
+ * prepare_generation, attach_generation, srv_engine_loop, apply_event and stream_event. What each
+ * connection and request may cost is bounded by the limits below, each checked before the cost is spent. */
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <fcntl.h>
@@ -48,6 +84,10 @@
 
 /* ===========================================================================================================
  * Strings that grow: what every response is built in
+ *
+ * An sbuf is a byte string, always NUL-terminated, whose capacity doubles as it grows. A failed allocation
+ * sets failed and makes every later append a no-op, so a function writes a whole response without checking
+ * each call and looks at failed once at the end (then answers 500, or closes the connection).
  * ======================================================================================================== */
 typedef struct { char *s; size_t len, cap; int failed; } sbuf;
 
@@ -66,6 +106,8 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
 }
 static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
 static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* printf into b: through a 512-byte buffer on the stack; the heap only for a longer result (then formatted
+ * twice) */
 static void sb_printf(sbuf *b, const char *fmt, ...) {
     char small[512];
     va_list ap;
@@ -86,6 +128,10 @@ static void sb_free(sbuf *b) { free(b->s); memset(b, 0, sizeof *b); }
 
 /* ===========================================================================================================
  * JSON: the reader is llm.h's (llm_json_parse, section 11); the writer, here
+ *
+ * Responses are written field by field straight into an sbuf, never built as a tree first: a chunk of a
+ * stream is a few hundred bytes written once. These three write the values whose text needs care: strings
+ * (escaped, always valid UTF-8) and floats (JSON has no NaN or infinities); the rest is sb_printf.
  * ======================================================================================================== */
 /* Text as a JSON string; bytes that are not UTF-8 become U+FFFD (the engine's text is always UTF-8). */
 static void sb_json_str(sbuf *b, const char *s, size_t n) {
@@ -123,6 +169,8 @@ static void sb_json_float(sbuf *b, double x) { /* JSON has no infinities: vLLM w
  * taken out of the input as it comes, into a buffer of its own: a Content-Length counted down, or a chunked
  * body decoded by a state machine that keeps its place between reads (a chunk size, an extension or a
  * trailer may be split anywhere). No byte is ever parsed twice, and none is decoded in place.
+ * The entry point is http_feed, which conn_process calls with each connection's unparsed input; the parser
+ * knows nothing of sockets or of the server, so a fuzzer can drive it alone.
  * ======================================================================================================== */
 typedef struct {
     char method[16], path[256];
@@ -168,6 +216,7 @@ static void http_parser_reset(http_parser *p) {
 /* An error status, and why, for the answer (no byte after it is parsed: the connection closes). */
 static int http_fail(http_parser *p, int status, const char *why) { p->why = why; return status; }
 
+/* Whether a[0..n) and b[0..n) are equal but for ASCII case (field names, and some values, ignore case) */
 static int ascii_ieq(const char *a, const char *b, size_t n) {
     for (size_t i = 0; i < n; i++) if (tolower((unsigned char)a[i]) != tolower((unsigned char)b[i])) return 0;
     return 1;
@@ -407,6 +456,7 @@ static int http_feed(http_parser *p, const char *buf, size_t len, size_t *used) 
     }
 }
 
+/* The reason phrase of a status line (RFC 9110 section 15), for every status this server sends. */
 static const char *http_reason(int status) {
     switch (status) {
     case 100: return "Continue";
@@ -428,6 +478,19 @@ static const char *http_reason(int status) {
 
 /* ===========================================================================================================
  * The server's state: connections, requests, the engine thread's events
+ *
+ * What points to what (one srv_state; the network thread owns everything but what is marked):
+ *   srv_state   the engine, the listener, epoll, the metrics, the settings of every request
+ *     conns[]   srv_conn: a socket, its unparsed input and unsent output, its parser, and at most one of:
+ *                 req  srv_req: a request in the engine: prompts[] (each one engine request of n samples),
+ *                      choices[] (n per prompt: what the response has so far)
+ *                 job  srv_job: a request with a worker (the worker's until it is on jobs_done)
+ *     live[]    every srv_req not finished, whether its client is still there or not
+ *     events[]  srv_event: an engine output copied, waiting for the network thread (under lock)
+ *     jobs_todo[], jobs_done[]   the workers' queues (under job_lock)
+ * A request outlives its connection: a client that leaves has its generation aborted and r->conn set to
+ * NULL; the engine's last output for it (every sample finishes, aborted or not) frees it. Responses keep
+ * their order because a connection reads its next request only once the one in flight is done.
  * ======================================================================================================== */
 typedef struct srv_conn srv_conn;
 typedef struct srv_req srv_req;
@@ -585,8 +648,11 @@ typedef struct {
     srv_job **jobs_todo, **jobs_done;
 } srv_state;
 
+/* A request refused: the HTTP status, the field it names (OpenAI's param; "": none) and the message. The
+ * parsers fill one with bad() and return -1; the network thread sends it as an OpenAI error. */
 typedef struct { int status; char param[64]; char msg[512]; } srv_error;
 
+/* A request with a worker (see Request workers): the endpoint it is for, and what the worker made of it */
 enum { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETIONS, JOB_CHAT };
 
 struct srv_job {
@@ -606,6 +672,8 @@ struct srv_job {
     llm_sampling_params p;
 };
 
+/* The structures above own their buffers, and these free them: prompt_lp_free and req_free take NULL (a
+ * prompt that never had logprobs, a job whose request was never made). */
 static void prompt_lp_free(srv_prompt_lp *lp) {
     if (lp) { free(lp->logprobs); free(lp->ranks); free(lp->top_ids); free(lp->top_logprobs); }
     free(lp);
@@ -617,6 +685,8 @@ static void srv_event_free(srv_event *ev) {
     prompt_lp_free(ev->prompt_lp);
 }
 
+/* A choice's logprob lists emptied: when the request is freed, and after each streamed chunk that sent them
+ * (a stream sends each token's logprobs once). */
 static void choice_reset_logprobs(srv_choice *ch) {
     sb_free(&ch->lp_tokens); sb_free(&ch->lp_values); sb_free(&ch->lp_top); sb_free(&ch->lp_offsets);
     sb_free(&ch->logprobs);
@@ -648,6 +718,9 @@ static void job_free(srv_job *j) {
     free(j);
 }
 
+/* A histogram as Prometheus keeps one: counts[i] holds the samples in (bounds[i-1], bounds[i]] and counts[n]
+ * those above the last bound (+Inf); put_hist writes them cumulated. The bounds are not copied: a static
+ * table, or S->token_bounds, which lives as long as the server. */
 static int hist_init(srv_hist *h, const double *bounds, int n) {
     h->bounds = bounds; h->n_bounds = n;
     h->counts = (int64_t *)calloc((size_t)n + 1, sizeof(int64_t));
@@ -669,6 +742,7 @@ static void srv_on_signal(int sig) {
     if (g_srv_wake_fd >= 0) { char c = 's'; ssize_t rc = write(g_srv_wake_fd, &c, 1); (void)rc; }
 }
 
+/* The wall clock in seconds, for OpenAI's "created" (now_s is monotonic: for durations). */
 static double wall_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_REALTIME, &t);
@@ -695,6 +769,11 @@ static void job_start(srv_state *S, srv_conn *c, int route, http_request *rq);
  * --request-timeout (408), and output that waits that long with no byte taken ends the connection (its
  * request aborted). The socket is read only while the connection wants input, so none of this can be
  * outrun by a client that sends faster than it is answered.
+ *
+ * The loop itself is serve's (in llm serve, at the end): each pass it reads the sockets epoll names
+ * (conn_read, conn_flush), accepts (accept_all), applies the engine's events (drain_events) and the jobs
+ * the workers finished (jobs_done), then moves every connection on (conn_tick). conn_process is where
+ * bytes become requests: http_feed parses, route_head judges a head, handle_request answers a whole one.
  * ======================================================================================================== */
 /* The bytes of c's output the kernel has not taken yet */
 static size_t conn_unsent(const srv_conn *c) { return c->out.len - c->out_sent; }
@@ -766,6 +845,9 @@ static void conn_account(srv_state *S, srv_conn *c) {
     c->held = held;
 }
 
+/* Ends c now: its request's generation aborted (the engine frees its blocks at its next step, and the request
+ * is freed when its last output comes), a worker's job orphaned (what the worker makes is thrown away), the
+ * socket closed and its bytes no longer counted in S->held. */
 static void conn_close(srv_state *S, srv_conn *c) {
     if (c->req) { /* the client left mid-request: stop its generation, its blocks go back at the next step */
         for (int i = 0; i < c->req->n_prompts; i++) llm_engine_abort(S->engine, c->req->prompts[i].engine_id);
@@ -942,6 +1024,8 @@ static void conn_tick(srv_state *S, srv_conn *c, double t) {
     else conn_update_events(S, c);
 }
 
+/* A non-blocking listening socket on the first address of host:port that binds (port 0: any free one);
+ * *bound_port is the port it got. -1 with err set. */
 static int open_listener(const char *host, int port, int *bound_port, char *err, size_t err_cap) {
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_family = AF_UNSPEC; hints.ai_socktype = SOCK_STREAM; hints.ai_flags = AI_PASSIVE;
@@ -972,6 +1056,11 @@ static int open_listener(const char *host, int port, int *bound_port, char *err,
 
 /* ===========================================================================================================
  * Responses: the bytes that go back
+ *
+ * Every answer goes through conn_send into its connection's output: a whole response (status line, headers,
+ * body) by send_response, an error in OpenAI's shape by send_error, one Server-Sent Event as a chunk of a
+ * chunked body by send_sse (a stream's head is sent by attach_generation, its end by finish_request). Each
+ * response carries the X-Request-Id of its request, and the CORS headers route_head chose for it.
  * ======================================================================================================== */
 /* The id of a request whose client sent no usable X-Request-Id: 32 random hex digits, the shape of vLLM's
  * random_uuid(), so that logs and a load balancer's traces name every request. */
@@ -1032,6 +1121,17 @@ static void send_sse(srv_state *S, srv_conn *c, const char *json, size_t n) {
     conn_send(S, c, "\n\n\r\n", 4);
 }
 
+/* ===========================================================================================================
+ * Routes: what a request's head decides, then which endpoint answers
+ *
+ * route_head runs as soon as a head is parsed, before a byte of the body is read: an unknown path, a wrong
+ * method, a missing API key, a body too large or not JSON, a draining server are answered from the head
+ * alone, and the body is never read (the connection closes). handle_request runs once the body is in: the
+ * cheap endpoints answer at once, the others go to a worker. srv_routes is the table of every path, the one
+ * method it takes and whether it is open (no API key: the health checks and the metrics).
+ * ======================================================================================================== */
+/* Whether the key given is the server's, comparing every byte (no early exit): the time taken does not tell
+ * how much of a guess was right. */
 static int key_equal(const char *given, const char *key) { /* constant time in the key's length */
     size_t n = strlen(key), m = strlen(given);
     unsigned diff = (unsigned)(n ^ m);
@@ -1047,6 +1147,7 @@ static const struct { const char *path, *method; int open; } srv_routes[] = {
     {"/metrics", "GET", 1}, {"/ping", "GET", 1},
 };
 
+/* Whether --allowed-origins lets origin in ("*" lets any) */
 static int origin_allowed(const srv_state *S, const char *origin) {
     for (ptrdiff_t i = 0; i < arrlen(S->origins); i++)
         if (!strcmp(S->origins[i], "*") || !strcmp(S->origins[i], origin)) return 1;
@@ -1148,6 +1249,16 @@ static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
 
 /* ===========================================================================================================
  * Requests in: the OpenAI parameters, checked, as llm_sampling_params
+ *
+ * Each field is checked before anything is spent on it, and a bad value is a 400 that names the field
+ * (srv_error, filled by bad). The order for a generation (prepare_generation, in Endpoints, calls these):
+ *   check_fields       every field of the body against req_fields, the table of each OpenAI, vLLM and
+ *                      llama.cpp field this server knows: implemented, accepted only at a value that asks
+ *                      for nothing, or refused (fail closed: no client gets free text it took for JSON)
+ *   parse_sampling     the sampling fields, over the server's defaults, into llm_sampling_params and r
+ *   parse_structured   the one structured output field given, into a grammar (GBNF), parsed now
+ *   chat_prompt        a chat's messages and tools, through the chat template, into the prompt's text
+ * All of it runs on a request worker: a schema, a grammar or a prompt may take seconds to read.
  * ======================================================================================================== */
 static int bad(srv_error *e, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -1175,6 +1286,7 @@ static int get_number(const llm_json *body, const char *key, double lo, double h
     return 0;
 }
 
+/* A boolean field: absent (or null) leaves *out; else it must be true or false. */
 static int get_bool(const llm_json *body, const char *key, int *out, srv_error *e) {
     const llm_json *v = llm_json_get(body, key);
     if (!v || v->type == LLM_JSON_NULL) return 0;
@@ -1305,10 +1417,6 @@ static int check_fields(srv_state *S, const llm_json *body, int kind, srv_error 
 
 static int tokenize_text(srv_state *S, const char *text, size_t len, int add_special, int32_t **ids);
 
-/* Structured output: the one field that asks for it, as GBNF in r->grammar. OpenAI's response_format
- * (json_object, json_schema), vLLM's structured_outputs {json | regex | choice | grammar | json_object} and
- * its older guided_json, guided_regex, guided_choice and guided_grammar, llama.cpp's grammar and json_schema.
- * A schema the converter cannot honour is a 400 naming the field and the keyword. */
 /* The grammar a field asked for (r->grammar, or NULL with why in err), parsed now (on the worker that reads
  * the request) through the engine's cache, and kept for the engine (r->grammar_parsed): what its limits
  * refuse (rules, nesting, the matcher's stacks at the start) is a 400 naming the field, not an engine error
@@ -1321,6 +1429,7 @@ static int structured_check(srv_state *S, srv_req *r, const char *param, const c
     return r->grammar ? 0 : bad(e, 400, param, "%s: %s", param, err);
 }
 
+/* A JSON Schema (an object, true, or the JSON text of one; NULL: any object, json_object's) as r->grammar */
 static int structured_schema(srv_state *S, srv_req *r, const llm_json *schema, const char *param,
                              srv_error *e) {
     char err[LLM_ERR_LEN], *key = (char *)"type";
@@ -1341,6 +1450,7 @@ static int structured_schema(srv_state *S, srv_req *r, const llm_json *schema, c
     return structured_check(S, r, param, err, e);
 }
 
+/* A regular expression (a string without NUL) as r->grammar: the whole output must match it */
 static int structured_regex(srv_state *S, srv_req *r, const llm_json *v, const char *param,
                             srv_error *e) {
     char err[LLM_ERR_LEN];
@@ -1350,6 +1460,7 @@ static int structured_regex(srv_state *S, srv_req *r, const llm_json *v, const c
     return structured_check(S, r, param, err, e);
 }
 
+/* A non-empty list of strings as r->grammar: the output is exactly one of them */
 static int structured_choice(srv_state *S, srv_req *r, const llm_json *v, const char *param,
                              srv_error *e) {
     char err[LLM_ERR_LEN];
@@ -1368,6 +1479,7 @@ static int structured_choice(srv_state *S, srv_req *r, const llm_json *v, const 
     return structured_check(S, r, param, err, e);
 }
 
+/* A GBNF grammar given as it is, copied into r->grammar (structured_check parses it) */
 static int structured_grammar(srv_state *S, srv_req *r, const llm_json *v, const char *param,
                               srv_error *e) {
     if (v->type != LLM_JSON_STRING || strlen(v->str) != v->len)
@@ -1376,6 +1488,11 @@ static int structured_grammar(srv_state *S, srv_req *r, const llm_json *v, const
     return structured_check(S, r, param, "", e);
 }
 
+/* Structured output: the one field that asks for it, as GBNF in r->grammar. OpenAI's response_format
+ * (json_object, json_schema), vLLM's structured_outputs {json | regex | choice | grammar | json_object} and
+ * its older guided_json, guided_regex, guided_choice and guided_grammar, llama.cpp's grammar and json_schema.
+ * A schema the converter cannot honour is a 400 naming the field and the keyword. A second
+ * field that asks for a form too is refused (STRUCTURED_ONE), rather than one of them silently ignored. */
 static int parse_structured(srv_state *S, const llm_json *body, srv_req *r, srv_error *e) {
     const char *given = NULL; /* the field that asked first: a second one is refused */
     const llm_json *v;
@@ -1931,9 +2048,15 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
 }
 
 /* ===========================================================================================================
- * Endpoints
+ * Endpoints: a generation prepared (on a worker) and attached to the engine; /tokenize and /detokenize
+ *
+ * /v1/completions and /v1/chat/completions take two steps. prepare_generation, on a worker, does all that a
+ * request's bytes can make costly: the fields checked, the prompts tokenized (a completion's: a string, a
+ * list of strings, a list of ids, a list of lists; a chat's: the template's text), the context checked as
+ * vLLM does, into an srv_req and its llm_sampling_params. attach_generation, on the network thread, adds its
+ * prompts to the engine (cheap: ids and a grammar already parsed) and gives the request to its connection;
+ * it is there because the queue's count, the connection and the list of live requests are that thread's.
  * ======================================================================================================== */
-/* The prompts of /v1/completions: a string, a list of strings, a list of ids, or a list of lists of ids. */
 /* What echo shows of a prompt given as ids, or truncated: the text of its ids */
 static int echo_ids_text(srv_state *S, srv_prompt *sp) {
     int n = (int)arrlen(sp->prompt_ids), m = llm_detokenize(S->model->tok, sp->prompt_ids, n, 0, NULL, 0);
@@ -1956,6 +2079,9 @@ static int truncate_prompts(srv_state *S, srv_req *r, srv_error *e) {
     return 0;
 }
 
+/* The prompts of /v1/completions: a string, a list of strings, a list of ids, or a list of lists of ids,
+ * each into an srv_prompt (its text tokenized, or its ids checked against the vocabulary); at most
+ * SRV_MAX_PROMPTS of them, each a separate engine request whose choices share the response. */
 static int completion_prompts(srv_state *S, const llm_json *prompt, srv_req *r, srv_error *e) {
     if (!prompt) return bad(e, 400, "prompt", "prompt is required");
     const llm_json *list = prompt;
@@ -2026,7 +2152,6 @@ static int chat_echo(const llm_json *body, srv_req *r, srv_error *e) {
     return failed ? bad(e, 500, NULL, "out of memory") : 0;
 }
 
-/* /v1/completions and /v1/chat/completions: parse, check, tokenize, add to the engine. */
 /* A generation request, on a worker: its fields checked, its prompts rendered and tokenized, its grammar
  * written and parsed; into r and p, ready for the engine (attach_generation). -1 with the error in *e. */
 static int prepare_generation(srv_state *S, const llm_json *body, int kind, const char *request_id,
@@ -2173,6 +2298,7 @@ fail:
     return -1;
 }
 
+/* ids -> text; every id checked against the vocabulary first */
 static int handle_detokenize(srv_state *S, const llm_json *body, sbuf *out, srv_error *e) {
     const llm_json *tokens = llm_json_get(body, "tokens");
     if (check_model(S, body, e)) return -1;
@@ -2230,6 +2356,8 @@ static void job_run(srv_state *S, srv_job *j) {
                                    j->request_id, j->r, &j->p, &j->e) != 0;
 }
 
+/* A worker thread: takes the oldest job, runs it without the lock, puts it on jobs_done and writes a byte
+ * down the wake-up pipe; ends when jobs_quit is set (a job left in the queue is freed by serve). */
 static void *srv_worker(void *arg) {
     srv_state *S = (srv_state *)arg;
     pthread_mutex_lock(&S->job_lock);
@@ -2298,6 +2426,12 @@ static void jobs_done(srv_state *S) {
 
 /* ===========================================================================================================
  * The engine thread: wait for work, step, hand every output over as an event
+ *
+ * The one thread that calls llm_engine_step. A step's outputs are valid only until the next step, so each
+ * is copied into an srv_event (text, ids, logprobs, prompt logprobs), and the step's events go onto
+ * S->events under S->lock with the engine's stats, then one byte down the wake-up pipe. Out of memory
+ * while copying aborts that request with an error event: a client never gets text with a hole in it. The
+ * network thread never waits for a step; the engine thread never touches a request or a connection.
  * ======================================================================================================== */
 static void *srv_engine_loop(void *arg) {
     srv_state *S = (srv_state *)arg;
@@ -2388,12 +2522,21 @@ static void *srv_engine_loop(void *arg) {
 
 /* ===========================================================================================================
  * Requests out: what each engine output adds to the response
+ *
+ * A whole response keeps each choice's text and logprobs in its srv_choice until every choice is done, then
+ * finish_request writes the body. A stream sends one SSE chunk per output (stream_event) and, at the end,
+ * the usage, [DONE] and the chunked body's end. The JSON is OpenAI's, with vLLM's additions (prompt_logprobs,
+ * continuous usage, tokens as ids). A chat reply read for thinking or tool calls is parsed again after each
+ * output (llm_chat_parse_reply) and a stream sends only what each part gained since the last chunk.
  * ======================================================================================================== */
+/* OpenAI's finish_reason for the engine's (a reply that made a tool call says "tool_calls" instead) */
 static const char *finish_name(int reason) {
     return reason == LLM_FINISH_STOP ? "stop" : reason == LLM_FINISH_LENGTH ? "length" :
            reason == LLM_FINISH_ABORT ? "abort" : "error";
 }
 
+/* What every response and chunk opens with: id, object, created, model, system_fingerprint; the object is
+ * left open for the caller's fields. */
 static void put_header_fields(sbuf *b, srv_state *S, srv_req *r, const char *object) {
     sb_puts(b, "{\"id\":");
     sb_json_cstr(b, r->id);
@@ -2415,8 +2558,6 @@ static void put_usage(sbuf *b, srv_req *r) {
               r->prompt_tokens, r->completion_tokens, r->prompt_tokens + r->completion_tokens, cached);
 }
 
-/* A token's text for logprobs: its piece; bytes that are not whole UTF-8 as vLLM writes them,
-   "bytes:\xNN". */
 /* A token as logprobs name it: its text (a JSON string where its bytes are UTF-8, else "bytes:\\x.."), or
  * with as_id (vLLM's return_tokens_as_token_ids) "token_id:N"; and the bytes of that */
 static void put_token_str(sbuf *b, srv_state *S, int32_t id, int as_id) {
@@ -2439,6 +2580,7 @@ static void put_token_str(sbuf *b, srv_state *S, int32_t id, int as_id) {
     sb_free(&t);
 }
 
+/* A token's bytes as a JSON list of numbers (chat logprobs' "bytes") */
 static void put_token_bytes(sbuf *b, srv_state *S, int32_t id, int as_id) {
     char piece[256];
     int n = as_id ? snprintf(piece, sizeof piece, "token_id:%d", (int)id)
@@ -2562,6 +2704,7 @@ static void add_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const srv_eve
     }
 }
 
+/* /v1/completions' logprobs object, from the choice's four lists */
 static void put_completion_logprobs(sbuf *b, srv_choice *ch) {
     sb_puts(b, "{\"tokens\":[");
     sb_put(b, ch->lp_tokens.s ? ch->lp_tokens.s : "", ch->lp_tokens.len);
@@ -2575,7 +2718,6 @@ static void put_completion_logprobs(sbuf *b, srv_choice *ch) {
 }
 
 /* ---- A chat reply read for its thinking and tool calls ------------------------------------------------- */
-/* A call's id, as OpenAI writes them ("call_" and 24 characters), from the request, choice and call */
 /* The id of choice ci's call k: "call_" and 24 letters and digits, or 9 of them for Mistral's models (their
  * templates take no other); the same every time the reply is read, streamed or not */
 static void put_tool_call_id(sbuf *b, const srv_req *r, int ci, int k) {
@@ -2629,7 +2771,6 @@ static int put_read_message(sbuf *b, srv_req *r, int ci, const srv_choice *ch) {
     return n_calls > 0;
 }
 
-/* One delta chunk of a streamed chat reply: `fields` are the delta's members (JSON, without braces) */
 /* continuous_usage_stats: a chunk of choice ci says its usage so far (its prompt's tokens, done of its
  * own) */
 static void put_chunk_usage(sbuf *b, const srv_req *r, int ci, int done) {
@@ -2868,7 +3009,15 @@ static void finish_request(srv_state *S, srv_req *r) {
 
 /* ===========================================================================================================
  * The engine's events, on the network thread: each adds to its request's response
+ *
+ * apply_event is where an engine output meets its request: the clocks the metrics need (queue, first token,
+ * the gaps between tokens), the choice's tokens and finish, then the text sent (stream_event) or kept for
+ * finish_request. request_done runs when the request's last choice finishes. A request whose client has
+ * gone (r->conn NULL) is counted and freed the same way; nothing is written for it.
  * ======================================================================================================== */
+/* Every choice of r has finished: the request's finish reason (the worst of its choices': error, abort,
+ * length, stop), the metrics, one log line, the response's end; its connection is free for its next request,
+ * and r is freed. */
 static void request_done(srv_state *S, srv_req *r) {
     double t = now_s();
     const char *reason = "stop";
@@ -2913,6 +3062,8 @@ static void request_done(srv_state *S, srv_req *r) {
     req_free(r);
 }
 
+/* One event into its request: ev->user is the srv_prompt attach_generation gave the engine, ev->index the
+ * sample, and the choice is prompt * n + sample. */
 static void apply_event(srv_state *S, srv_event *ev) {
     srv_prompt *sp = (srv_prompt *)ev->user;
     srv_req *r = sp->req;
@@ -2997,6 +3148,7 @@ static int hist_1_2_5(double *out, int cap, int max) {
 /* Every series has vLLM's labels: model_name and engine (the engine's index: one engine here, "0") */
 #define SRV_LABELS "model_name=\"%s\",engine=\"0\""
 
+/* A histogram in Prometheus' text format: cumulative buckets (le), then its sum and count */
 static void put_hist(sbuf *b, const char *name, const char *help, const srv_hist *h, const char *model) {
     sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     int64_t cum = 0;
@@ -3012,6 +3164,8 @@ static void put_hist(sbuf *b, const char *name, const char *help, const srv_hist
     sb_printf(b, "%s_count{" SRV_LABELS "} %lld\n", name, model, (long long)h->count);
 }
 
+/* GET /metrics: the engine's stats (as its thread last left them, under S->lock) and the network thread's
+ * counters and histograms, in Prometheus' text format, with vLLM's names and labels. */
 static void handle_metrics(srv_state *S, srv_conn *c) {
     pthread_mutex_lock(&S->lock);
     llm_engine_stats st = S->stats;
@@ -3138,6 +3292,11 @@ static int parse_origins(srv_state *S, const char *v, char *err, size_t cap) {
     return ok ? 0 : -1;
 }
 
+/* llm serve: the engine and everything around it set up (chat template, sampling defaults, histograms,
+ * listener, wake-up pipe, signals, the engine thread, the workers), then the network loop until a stop,
+ * then the teardown in the order that frees each thing once: the engine thread stopped first (no more
+ * events), the connections closed, the last events and jobs applied, the workers joined. Returns the exit
+ * status. */
 static int serve(const serve_config *a) {
     char err[LLM_ERR_LEN];
     srv_state *S = (srv_state *)calloc(1, sizeof *S);
