@@ -2447,6 +2447,7 @@ static void *srv_engine_loop(void *arg) {
         double t_step = now_s();
         int n = llm_engine_step(S->engine, &out);
         double t = now_s();
+        /* each output copied: the engine reuses its buffers at its next step */
         srv_event *batch = NULL;
         for (int i = 0; i < n; i++) {
             const llm_output *o = &out[i];
@@ -2501,6 +2502,8 @@ static void *srv_engine_loop(void *arg) {
             }
             arrput(batch, ev);
         }
+        /* the step's events handed over at once, with the stats /metrics reads; then the network thread
+         * woken */
         llm_engine_stats st = llm_engine_get_stats(S->engine);
         pthread_mutex_lock(&S->lock);
         for (ptrdiff_t i = 0; i < arrlen(batch); i++) arrput(S->events, batch[i]);
@@ -3306,6 +3309,7 @@ static int serve(const serve_config *a) {
     pthread_cond_init(&S->job_added, NULL);
     int rc = 1;
     double t0 = now_s();
+    /* 1. the engine and the model's chat template; then the settings every request starts from */
     S->engine = llm_engine_create(&a->engine, err);
     if (!S->engine) { fprintf(stderr, "llm serve: %s\n", err); free(S); return 1; }
     S->model = llm_engine_model(S->engine);
@@ -3353,6 +3357,7 @@ static int serve(const serve_config *a) {
     if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) /* else the clock and the pid */
         seed = (uint64_t)(wall_s() * 1e9) ^ ((uint64_t)getpid() << 32);
     S->id_rng = seed;
+    /* 2. the metrics' histograms (the token counts' buckets go up to the context's length) */
     int n_lat = (int)(sizeof hist_e2e / sizeof *hist_e2e), n_tok = 0;
     S->token_bounds = (double *)malloc(64 * sizeof(double));
     if (S->token_bounds) n_tok = hist_1_2_5(S->token_bounds, 64, S->max_model_len);
@@ -3365,6 +3370,7 @@ static int serve(const serve_config *a) {
         fprintf(stderr, "llm serve: out of memory\n");
         goto out;
     }
+    /* 3. the listener, the wake-up pipe, epoll and the signals (SIGTERM drains); then the threads */
     int port = 0;
     S->listen_fd = open_listener(a->host, a->port, &port, err, sizeof err);
     if (S->listen_fd < 0) { fprintf(stderr, "llm serve: %s\n", err); goto out; }
@@ -3424,6 +3430,8 @@ static int serve(const serve_config *a) {
             sampling_note[0] ? "; the file's " : "", sampling_note);
     fprintf(stderr, "listening on http://%s:%d\n", a->host, port);
 
+    /* 4. the network loop: each pass the sockets' events, the engine's events and the workers' jobs, then
+     * every connection moved on; a stop ends it once the requests in flight are out */
     double stop_since = 0;
     for (;;) {
         struct epoll_event events[256];
@@ -3469,6 +3477,8 @@ static int serve(const serve_config *a) {
             if (!busy) break;
         }
     }
+    /* 5. the teardown: the engine thread first (no event comes after it), then the connections, the last
+     * events and jobs, and the requests cut short */
     rc = 0;
     pthread_mutex_lock(&S->lock);
     S->stop_engine = 1;
