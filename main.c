@@ -1,5 +1,21 @@
-/* main.c - the llm command: one-shot generation, a REPL, tokenize, and the offline throughput benchmark.
- * Everything it does goes through the engine API of llm.h, the same one the server uses. */
+/* main.c - the llm command: one-shot generation, a REPL, chat, tokenize, the offline throughput benchmark,
+ * and (server.c, included at the end) the OpenAI-compatible server and its load generator.
+ * Everything it does goes through the engine API of llm.h, the same one the server uses; the command is one
+ * translation unit (llm.h's implementation, this file, server.c), built by make llm.
+ *
+ * The parts, in order:
+ *   usage, flags     the help text; parse_args: argv into args_t (the engine's config, the sampling, each
+ *                    command's own flags), --speculative-config and the grammar flags read and checked
+ *   one-shot, REPL   llm -p: generate (one request, stepped on this thread to its end, streamed to stdout);
+ *                    llm -m without a chat template: repl (each line typed is continued)
+ *   chat             llm chat: a conversation rendered with the model's template each turn, whose earlier
+ *                    turns the prefix cache still holds; a small line editor for the terminal
+ *   tokenize         llm tokenize: the tokenizer alone, no weights loaded
+ *   bench            llm bench: offline throughput, as vLLM's bench throughput (random or edit workload)
+ *   server.c         llm serve and llm bench serve
+ *   main             the command picked from argv[1], the flags read, the model loaded, the command run
+ * A first reading: main, then generate (the smallest complete use of the engine: add a request, step until
+ * no work is left, print each output), then chat_turn. */
 #define _GNU_SOURCE /* accept4, pipe2 (server.c) */
 #define LLM_IMPLEMENTATION
 #include "llm.h"
@@ -344,6 +360,9 @@ static int speculative_config(args_t *a, const char *text) {
     return rc;
 }
 
+/* Reads the flags of argv[start..] into a (every command's: a flag a command has no use for is ignored by
+ * it). Returns the index of the first word that is not a flag (argc: none), or -1 on a bad flag or value,
+ * with the message printed. */
 static int parse_args(int argc, char **argv, int start, args_t *a) {
     for (int i = start; i < argc; i++) {
         const char *f = argv[i];
@@ -559,6 +578,9 @@ static void print_spec(FILE *f, const llm_engine_stats *st) {
     fprintf(f, "\n");
 }
 
+/* llm -p: one request, the engine stepped on this thread until it has no work left, each output's text (or,
+ * with --ids, its token ids) written as it comes; the prompt's and the generation's speeds on stderr (the
+ * prompt's: up to the first token). Returns 1 when the request failed. */
 static int generate(llm_engine *e, args_t *a, const char *prompt, int echo_prompt) {
     char err[LLM_ERR_LEN];
     double t0 = now_s();
@@ -595,6 +617,8 @@ static int generate(llm_engine *e, args_t *a, const char *prompt, int echo_promp
     return rc;
 }
 
+/* llm -m MODEL with no chat template: each line typed is a prompt of its own, continued (no template, and no
+ * memory of the lines before). */
 static int repl(llm_engine *e, args_t *a) {
     char *line = NULL;
     size_t cap = 0;
@@ -642,6 +666,9 @@ typedef struct {
     const char *sampling_origin;    /* where the sampling came from (resolve_sampling) */
 } chat_t;
 
+/* The ids of the turns before forgotten: the next prompt is tokenized whole. When a turn is dropped (the
+ * context is full), a reply failed or was cut short, or the conversation is reset: the text the ids stand
+ * for is no longer the beginning of the next prompt. */
 static void chat_forget_ids(chat_t *c) {
     free(c->known_text); c->known_text = NULL;
     arrsetlen(c->known_ids, 0);
@@ -862,10 +889,12 @@ static const char *chat_help =
 static struct termios g_saved_termios;
 static int g_raw;
 
+/* The terminal back as it was (after a line is read, and before anything else is printed) */
 static void term_restore(void) {
     if (g_raw) { tcsetattr(STDIN_FILENO, TCSADRAIN, &g_saved_termios); g_raw = 0; }
 }
 
+/* The terminal in raw mode for the line editor: each key as it is pressed, no echo, Ctrl-C as a byte */
 static int term_raw(void) {
     struct termios raw;
     if (tcgetattr(STDIN_FILENO, &g_saved_termios) != 0) return -1;
@@ -1058,6 +1087,7 @@ static int chat(llm_engine *e, args_t *a, const char *sampling_origin) {
     return 0;
 }
 
+/* llm tokenize: the file's tokenizer alone (no weights loaded, no engine), TEXT's ids on one line */
 static int tokenize_cmd(args_t *a, const char *text) {
     char err[LLM_ERR_LEN];
     llm_gguf g;
@@ -1157,6 +1187,9 @@ static void stats_since(llm_engine_stats *s, const llm_engine_stats *w) {
     s->sample_seconds -= w->sample_seconds;
 }
 
+/* llm bench: --num-prompts requests of random lengths (or the edit workload's), all added at once, the
+ * engine stepped until they finish; then vLLM's throughput figures, the engine's step and KV-cache
+ * statistics, and the process's peak memory. Returns the exit status. */
 static int bench(args_t *a) {
     char err[LLM_ERR_LEN];
     if (!a->engine.model_path && !a->engine.dummy) {
@@ -1340,6 +1373,8 @@ static int bench(args_t *a) {
 /* llm serve, the OpenAI-compatible HTTP server, and llm bench serve, its load generator: in their own file */
 #include "server.c"
 
+/* The command is argv[1] (tokenize, bench, bench serve, chat, serve, grammar; none: generate or a REPL);
+ * the flags after it are read by parse_args, then the command runs. */
 int main(int argc, char **argv) {
 #ifdef _OPENMP
     /* OpenMP's threads spin while they wait for work (libgomp: 300,000 turns by default): beside a busy

@@ -1,17 +1,53 @@
 /* server.c - llm serve: an OpenAI-compatible HTTP/1.1 server on bare POSIX sockets, like vLLM's API server.
  *
  * main.c includes this file (the llm command is one translation unit), after llm.h's implementation and a
- * now_s() (a monotonic clock in seconds); it uses the engine API of llm.h and nothing else. Two threads:
- *   - the network thread (the one that calls serve) runs one epoll loop over the listening socket, every
- *     connection and a wake-up pipe. It parses HTTP and JSON, renders chat templates and tokenizes, adds
- *     requests to the engine, and writes the engine's outputs to the clients as JSON bodies or SSE streams.
- *   - the engine thread runs llm_engine_wait and llm_engine_step in a loop. Each output becomes an event (a
- *     copy of it) in a queue under a lock, and a byte down the wake-up pipe tells the network thread.
- * So a connection costs no thread, a request's text and tokens are never touched by two threads, and an
- * idle server sleeps in two blocking calls.
+ * now_s() (a monotonic clock in seconds); it uses the engine API of llm.h and nothing else. It serves one
+ * model: /v1/completions and /v1/chat/completions (whole JSON bodies, or streamed as Server-Sent Events),
+ * /v1/models, /tokenize, /detokenize, /health, /ping, /version and /metrics, with vLLM's extra fields and
+ * its metric names, so that OpenAI's clients, vLLM's benchmarks and Prometheus dashboards work unchanged.
  *
- * The file follows a request: JSON (reading and writing), HTTP (parsing and answering), the engine thread and
- * its events, the endpoints (parameters in, responses out), metrics, the network loop, then serve(). */
+ * Three kinds of thread, and what each one owns:
+ *   - the network thread (the one that calls serve) runs one epoll loop over the listening socket, every
+ *     connection and a wake-up pipe. It reads and parses HTTP, answers what a request's head alone decides,
+ *     adds prepared requests to the engine and writes the engine's outputs back to the clients.
+ *   - SRV_WORKERS request workers do what a request's bytes can make expensive: parse its JSON, render its
+ *     chat template, tokenize its prompts, write and parse its grammar. A 7 MB prompt takes a second; on the
+ *     network thread that second would stall every stream and every health check.
+ *   - the engine thread runs llm_engine_wait and llm_engine_step in a loop. Each output becomes an event (a
+ *     copy of it) in a queue under a lock, and a byte down the wake-up pipe wakes the network thread.
+ * A connection costs no thread; a request belongs to one thread at a time (handed to a worker as a whole
+ * job and handed back, through a queue and the pipe); an idle server sleeps in blocking calls.
+ *
+ * A request's path, and the function that takes each step:
+ *   network thread  conn_read -> http_feed (the head) -> route_head (path, method, key, CORS, limits)
+ *                   -> http_feed (the body) -> handle_request: /health, /metrics... answered now; else
+ *                   job_start hands it to a worker
+ *   a worker        job_run: the JSON -> prepare_generation (check_fields, parse_sampling, chat_prompt,
+ *                   tokenize_text): an srv_req and its llm_sampling_params, or a 400 naming the field
+ *   network thread  jobs_done -> attach_generation: llm_engine_add_request for each prompt
+ *   engine thread   srv_engine_loop: llm_engine_step -> each llm_output copied into an srv_event
+ *   network thread  drain_events -> apply_event -> stream_event (an SSE chunk) as tokens come, or at the
+ *                   end finish_request (the whole body) -> conn_send -> the client
+ *
+ * The sections below follow that path:
+ *   Strings that grow, JSON     sbuf, and values written as JSON text: what every response is built in
+ *   HTTP/1.1                    a connection's bytes -> a request (head, then body), strictly; status texts
+ *   The server's state          srv_conn, srv_req, srv_job, srv_event, srv_state, and what frees each
+ *   Connections, network loop   bytes in and out: accept, read, parse, time-outs, the output's backlog
+ *   Responses                   a whole response, an OpenAI error, an SSE chunk; X-Request-Id
+ *   Routes                      what the head decides (the route table), then which endpoint answers
+ *   Requests in                 parse and validate: OpenAI's and vLLM's fields -> llm_sampling_params
+ *   Endpoints                   a generation prepared (on a worker) and attached to the engine; /tokenize
+ *   Request workers             the threads that run the two sections above, and the hand-back
+ *   The engine thread           the engine steps; its outputs become events
+ *   Requests out                stream back: what each output adds to the response, as OpenAI writes it
+ *   The engine's events         apply_event: each event through "Requests out", on the network thread
+ *   Metrics                     /metrics: vLLM's names and histogram buckets
+ *   llm serve                   serve(): set up, the loop, draining on SIGTERM, stopping
+ *   llm bench serve             not the server: a client of it, vLLM's load generator (names bs_*)
+ * A first reading: serve's loop (at the end of llm serve), conn_process, route_head, handle_request, job_run,
+ * prepare_generation, attach_generation, srv_engine_loop, apply_event and stream_event. What each
+ * connection and request may cost is bounded by the limits below, each checked before the cost is spent. */
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <fcntl.h>
@@ -48,6 +84,10 @@
 
 /* ===========================================================================================================
  * Strings that grow: what every response is built in
+ *
+ * An sbuf is a byte string, always NUL-terminated, whose capacity doubles as it grows. A failed allocation
+ * sets failed and makes every later append a no-op, so a function writes a whole response without checking
+ * each call and looks at failed once at the end (then answers 500, or closes the connection).
  * ======================================================================================================== */
 typedef struct { char *s; size_t len, cap; int failed; } sbuf;
 
@@ -66,6 +106,8 @@ static void sb_put(sbuf *b, const char *s, size_t n) {
 }
 static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
 static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* printf into b: through a 512-byte buffer on the stack; the heap only for a longer result (then formatted
+ * twice) */
 static void sb_printf(sbuf *b, const char *fmt, ...) {
     char small[512];
     va_list ap;
@@ -86,6 +128,10 @@ static void sb_free(sbuf *b) { free(b->s); memset(b, 0, sizeof *b); }
 
 /* ===========================================================================================================
  * JSON: the reader is llm.h's (llm_json_parse, section 11); the writer, here
+ *
+ * Responses are written field by field straight into an sbuf, never built as a tree first: a chunk of a
+ * stream is a few hundred bytes written once. These three write the values whose text needs care: strings
+ * (escaped, always valid UTF-8) and floats (JSON has no NaN or infinities); the rest is sb_printf.
  * ======================================================================================================== */
 /* Text as a JSON string; bytes that are not UTF-8 become U+FFFD (the engine's text is always UTF-8). */
 static void sb_json_str(sbuf *b, const char *s, size_t n) {
@@ -123,6 +169,8 @@ static void sb_json_float(sbuf *b, double x) { /* JSON has no infinities: vLLM w
  * taken out of the input as it comes, into a buffer of its own: a Content-Length counted down, or a chunked
  * body decoded by a state machine that keeps its place between reads (a chunk size, an extension or a
  * trailer may be split anywhere). No byte is ever parsed twice, and none is decoded in place.
+ * The entry point is http_feed, which conn_process calls with each connection's unparsed input; the parser
+ * knows nothing of sockets or of the server, so a fuzzer can drive it alone.
  * ======================================================================================================== */
 typedef struct {
     char method[16], path[256];
@@ -168,6 +216,7 @@ static void http_parser_reset(http_parser *p) {
 /* An error status, and why, for the answer (no byte after it is parsed: the connection closes). */
 static int http_fail(http_parser *p, int status, const char *why) { p->why = why; return status; }
 
+/* Whether a[0..n) and b[0..n) are equal but for ASCII case (field names, and some values, ignore case) */
 static int ascii_ieq(const char *a, const char *b, size_t n) {
     for (size_t i = 0; i < n; i++) if (tolower((unsigned char)a[i]) != tolower((unsigned char)b[i])) return 0;
     return 1;
@@ -407,6 +456,7 @@ static int http_feed(http_parser *p, const char *buf, size_t len, size_t *used) 
     }
 }
 
+/* The reason phrase of a status line (RFC 9110 section 15), for every status this server sends. */
 static const char *http_reason(int status) {
     switch (status) {
     case 100: return "Continue";
@@ -428,6 +478,19 @@ static const char *http_reason(int status) {
 
 /* ===========================================================================================================
  * The server's state: connections, requests, the engine thread's events
+ *
+ * What points to what (one srv_state; the network thread owns everything but what is marked):
+ *   srv_state   the engine, the listener, epoll, the metrics, the settings of every request
+ *     conns[]   srv_conn: a socket, its unparsed input and unsent output, its parser, and at most one of:
+ *                 req  srv_req: a request in the engine: prompts[] (each one engine request of n samples),
+ *                      choices[] (n per prompt: what the response has so far)
+ *                 job  srv_job: a request with a worker (the worker's until it is on jobs_done)
+ *     live[]    every srv_req not finished, whether its client is still there or not
+ *     events[]  srv_event: an engine output copied, waiting for the network thread (under lock)
+ *     jobs_todo[], jobs_done[]   the workers' queues (under job_lock)
+ * A request outlives its connection: a client that leaves has its generation aborted and r->conn set to
+ * NULL; the engine's last output for it (every sample finishes, aborted or not) frees it. Responses keep
+ * their order because a connection reads its next request only once the one in flight is done.
  * ======================================================================================================== */
 typedef struct srv_conn srv_conn;
 typedef struct srv_req srv_req;
@@ -585,111 +648,32 @@ typedef struct {
     srv_job **jobs_todo, **jobs_done;
 } srv_state;
 
-/* SIGTERM or SIGINT: 1 drains (the requests in flight finish, new ones and /health get 503), 2 exits now */
-static volatile sig_atomic_t g_srv_stop, g_srv_signal;
-static int g_srv_wake_fd = -1;
-static void srv_on_signal(int sig) {
-    g_srv_signal = sig;
-    if (g_srv_stop < 2) g_srv_stop++;
-    if (g_srv_wake_fd >= 0) { char c = 's'; ssize_t rc = write(g_srv_wake_fd, &c, 1); (void)rc; }
-}
+/* A request refused: the HTTP status, the field it names (OpenAI's param; "": none) and the message. The
+ * parsers fill one with bad() and return -1; the network thread sends it as an OpenAI error. */
+typedef struct { int status; char param[64]; char msg[512]; } srv_error;
 
-static double wall_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
+/* A request with a worker (see Request workers): the endpoint it is for, and what the worker made of it */
+enum { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETIONS, JOB_CHAT };
 
-/* ===========================================================================================================
- * The engine thread: wait for work, step, hand every output over as an event
- * ======================================================================================================== */
-static void *srv_engine_loop(void *arg) {
-    srv_state *S = (srv_state *)arg;
-    double last_log = now_s();
-    int64_t last_prompt = 0, last_gen = 0;
-    for (;;) {
-        pthread_mutex_lock(&S->lock);
-        int stop = S->stop_engine;
-        pthread_mutex_unlock(&S->lock);
-        if (stop) break;
-        if (!llm_engine_wait(S->engine, 1000)) continue; /* a second at most: then the stop flag again */
-        const llm_output *out;
-        double t_step = now_s();
-        int n = llm_engine_step(S->engine, &out);
-        double t = now_s();
-        srv_event *batch = NULL;
-        for (int i = 0; i < n; i++) {
-            const llm_output *o = &out[i];
-            srv_event ev;
-            memset(&ev, 0, sizeof ev);
-            ev.user = o->user; ev.index = o->index; ev.finish = o->finish_reason;
-            ev.t = t; ev.t_step = t_step;
-            ev.n_tokens = o->n_tokens; ev.n_top = o->n_top; ev.n_prompt = o->n_prompt_tokens;
-            ev.n_cached = o->n_cached_tokens;
-            int ok = 1;
-            if (o->text_len && (ev.text = (char *)malloc((size_t)o->text_len)))
-                memcpy(ev.text, o->text, (size_t)(ev.text_len = o->text_len));
-            else ok = !o->text_len;
-            if (o->n_tokens) {
-                ok = ok && (ev.ids = (int32_t *)malloc((size_t)o->n_tokens * sizeof(int32_t)));
-                if (ok) memcpy(ev.ids, o->token_ids, (size_t)o->n_tokens * sizeof(int32_t));
-            }
-            if (ok && o->logprobs && o->n_tokens) {
-                size_t nt = (size_t)o->n_tokens, nk = nt * (size_t)o->n_top;
-                ok = (ev.logprobs = (float *)malloc(nt * sizeof(float))) != NULL;
-                if (ok) memcpy(ev.logprobs, o->logprobs, nt * sizeof(float));
-                if (ok && nk) {
-                    ok = (ev.top_ids = (int32_t *)malloc(nk * sizeof(int32_t))) &&
-                         (ev.top_logprobs = (float *)malloc(nk * sizeof(float)));
-                    if (ok) {
-                        memcpy(ev.top_ids, o->top_ids, nk * sizeof(int32_t));
-                        memcpy(ev.top_logprobs, o->top_logprobs, nk * sizeof(float));
-                    }
-                }
-            }
-            if (ok && o->prompt_logprobs) {
-                size_t nr = (size_t)o->n_prompt_logprobs + 1, nk = nr * (size_t)o->n_prompt_top;
-                srv_prompt_lp *lp = ev.prompt_lp = (srv_prompt_lp *)calloc(1, sizeof *lp);
-                ok = lp && (lp->logprobs = (float *)malloc(nr * sizeof(float))) &&
-                     (lp->ranks = (int32_t *)malloc(nr * sizeof(int32_t))) &&
-                     (lp->top_ids = (int32_t *)malloc(nk * sizeof(int32_t) + 4)) && /* + 4: K may be 0 */
-                     (lp->top_logprobs = (float *)malloc(nk * sizeof(float) + 4));
-                if (ok) {
-                    lp->n = o->n_prompt_logprobs; lp->n_top = o->n_prompt_top;
-                    memcpy(lp->logprobs, o->prompt_logprobs, (size_t)lp->n * sizeof(float));
-                    memcpy(lp->ranks, o->prompt_ranks, (size_t)lp->n * sizeof(int32_t));
-                    size_t n_top = (size_t)lp->n * (size_t)lp->n_top;
-                    memcpy(lp->top_ids, o->prompt_top_ids, n_top * sizeof(int32_t));
-                    memcpy(lp->top_logprobs, o->prompt_top_logprobs, n_top * sizeof(float));
-                }
-            }
-            if (o->error) ev.error = strdup(o->error);
-            if (!ok) { /* out of memory: the client gets an error rather than a hole in its text */
-                llm_engine_abort(S->engine, o->request_id);
-                if (!ev.error) ev.error = strdup("out of memory in the server");
-                if (!ev.finish) ev.finish = LLM_FINISH_ERROR;
-            }
-            arrput(batch, ev);
-        }
-        llm_engine_stats st = llm_engine_get_stats(S->engine);
-        pthread_mutex_lock(&S->lock);
-        for (ptrdiff_t i = 0; i < arrlen(batch); i++) arrput(S->events, batch[i]);
-        S->stats = st;
-        pthread_mutex_unlock(&S->lock);
-        arrfree(batch);
-        if (n > 0) { char c = 'e'; ssize_t rc = write(S->wake[1], &c, 1); (void)rc; }
-        if (t - last_log >= 10 && st.running + st.waiting > 0) { /* like vLLM's periodic line */
-            fprintf(stderr, "llm serve: running %d, waiting %d, KV cache %.1f%% used, prompt %.1f tok/s, "
-                    "generation %.1f tok/s\n", st.running, st.waiting,
-                    100.0 * (st.num_blocks - st.num_free_blocks) / st.num_blocks,
-                    (st.prompt_tokens_computed - last_prompt) / (t - last_log),
-                    (st.generation_tokens - last_gen) / (t - last_log));
-            last_log = t; last_prompt = st.prompt_tokens_computed; last_gen = st.generation_tokens;
-        }
-    }
-    return NULL;
-}
+struct srv_job {
+    srv_conn *conn;                 /* the network thread's: NULL once the client has gone */
+    int route;                      /* JOB_* */
+    char *body; size_t body_len;    /* the request's body (NULL: none) */
+    size_t held;                    /* its bytes past SRV_CONN_ALLOWANCE: in S->held until it is done */
+    char request_id[SRV_MAX_REQUEST_ID + 1];
+    double t_arrival;
+    /* what the worker made: a generation ready to add (r, p), or an answer */
+    int failed;                     /* 1: the error in e */
+    srv_error e;
+    sbuf answer;                    /* a 200's body (/tokenize, /detokenize) */
+    llm_json json;                  /* the body parsed: r's stop strings and cache salt point into it */
+    int json_ok;
+    srv_req *r;
+    llm_sampling_params p;
+};
 
+/* The structures above own their buffers, and these free them: prompt_lp_free and req_free take NULL (a
+ * prompt that never had logprobs, a job whose request was never made). */
 static void prompt_lp_free(srv_prompt_lp *lp) {
     if (lp) { free(lp->logprobs); free(lp->ranks); free(lp->top_ids); free(lp->top_logprobs); }
     free(lp);
@@ -701,11 +685,383 @@ static void srv_event_free(srv_event *ev) {
     prompt_lp_free(ev->prompt_lp);
 }
 
+/* A choice's logprob lists emptied: when the request is freed, and after each streamed chunk that sent them
+ * (a stream sends each token's logprobs once). */
+static void choice_reset_logprobs(srv_choice *ch) {
+    sb_free(&ch->lp_tokens); sb_free(&ch->lp_values); sb_free(&ch->lp_top); sb_free(&ch->lp_offsets);
+    sb_free(&ch->logprobs);
+}
+
+static void req_free(srv_req *r) {
+    if (!r) return;
+    for (int i = 0; i < r->n_prompts; i++) {
+        arrfree(r->prompts[i].prompt_ids);
+        free(r->prompts[i].echo_text);
+        prompt_lp_free(r->prompts[i].lp);
+    }
+    for (int i = 0; r->choices && i < r->n_prompts * r->n; i++) {
+        sb_free(&r->choices[i].text);
+        arrfree(r->choices[i].sent_args);
+        choice_reset_logprobs(&r->choices[i]);
+    }
+    free(r->prompts); free(r->choices);
+    arrfree(r->stop_ids); arrfree(r->bias_ids); arrfree(r->bias); arrfree(r->allowed_ids);
+    arrfree(r->bad_ids); arrfree(r->bad_lens); free(r->grammar); free(r->chat_echo);
+    llm_grammar_free(r->grammar_parsed);
+    free(r);
+}
+
+static void job_free(srv_job *j) {
+    free(j->body); sb_free(&j->answer);
+    if (j->json_ok) llm_json_free(&j->json);
+    req_free(j->r);
+    free(j);
+}
+
+/* A histogram as Prometheus keeps one: counts[i] holds the samples in (bounds[i-1], bounds[i]] and counts[n]
+ * those above the last bound (+Inf); put_hist writes them cumulated. The bounds are not copied: a static
+ * table, or S->token_bounds, which lives as long as the server. */
+static int hist_init(srv_hist *h, const double *bounds, int n) {
+    h->bounds = bounds; h->n_bounds = n;
+    h->counts = (int64_t *)calloc((size_t)n + 1, sizeof(int64_t));
+    return h->counts ? 0 : -1;
+}
+
+static void hist_add(srv_hist *h, double x) {
+    int i = 0;
+    while (i < h->n_bounds && x > h->bounds[i]) i++;
+    h->counts[i]++; h->sum += x; h->count++;
+}
+
+/* SIGTERM or SIGINT: 1 drains (the requests in flight finish, new ones and /health get 503), 2 exits now */
+static volatile sig_atomic_t g_srv_stop, g_srv_signal;
+static int g_srv_wake_fd = -1;
+static void srv_on_signal(int sig) {
+    g_srv_signal = sig;
+    if (g_srv_stop < 2) g_srv_stop++;
+    if (g_srv_wake_fd >= 0) { char c = 's'; ssize_t rc = write(g_srv_wake_fd, &c, 1); (void)rc; }
+}
+
+/* The wall clock in seconds, for OpenAI's "created" (now_s is monotonic: for durations). */
+static double wall_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* The hand-offs down a request's path that come before their definitions: the network loop gives a request
+ * to its route (and answers errors), a route to the metrics or to a worker. */
+static void send_error(srv_state *S, srv_conn *c, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int route_head(srv_state *S, srv_conn *c, const http_request *rq);
+static void handle_request(srv_state *S, srv_conn *c, http_request *rq);
+static void handle_metrics(srv_state *S, srv_conn *c);
+static void job_start(srv_state *S, srv_conn *c, int route, http_request *rq);
+
+/* ===========================================================================================================
+ * Connections and the network loop
+ *
+ * What a connection may cost is bounded. In memory: its unparsed input by a head's 16 KiB and one read
+ * (a body is taken out as it comes), its body by 8 MiB, and every connection's request bytes past its
+ * first SRV_CONN_ALLOWANCE by SRV_MAX_BUFFERED in all (503 past it); its unsent output by SRV_MAX_BACKLOG:
+ * past it nothing more of it is read or parsed (pipelined requests from a client that reads nothing make no
+ * more answers), and a stream it runs is aborted. In time: a request must come whole within
+ * --request-timeout (408), and output that waits that long with no byte taken ends the connection (its
+ * request aborted). The socket is read only while the connection wants input, so none of this can be
+ * outrun by a client that sends faster than it is answered.
+ *
+ * The loop itself is serve's (in llm serve, at the end): each pass it reads the sockets epoll names
+ * (conn_read, conn_flush), accepts (accept_all), applies the engine's events (drain_events) and the jobs
+ * the workers finished (jobs_done), then moves every connection on (conn_tick). conn_process is where
+ * bytes become requests: http_feed parses, route_head judges a head, handle_request answers a whole one.
+ * ======================================================================================================== */
+/* The bytes of c's output the kernel has not taken yet */
+static size_t conn_unsent(const srv_conn *c) { return c->out.len - c->out_sent; }
+
+/* Whether a request of c is in flight: in the engine, or still with a worker */
+static int conn_busy(const srv_conn *c) { return c->req || c->job; }
+
+/* Whether c's socket is to be read now: not while a request of it is in flight (the next one waits in the
+ * kernel's buffer), nor while its output is backed up, nor after its FIN; closing, only to drop what comes
+ * while lingering. */
+static int conn_wants_input(const srv_conn *c) {
+    if (c->closing) return c->closing == 3;
+    return !c->eof && !conn_busy(c) && conn_unsent(c) <= SRV_MAX_BACKLOG;
+}
+
+/* Asks epoll for what c waits for now (a call only when that changed; errors and hang-ups always come). */
+static void conn_update_events(srv_state *S, srv_conn *c) {
+    unsigned ev = (conn_wants_input(c) ? EPOLLIN | EPOLLRDHUP : 0) | (conn_unsent(c) ? EPOLLOUT : 0);
+    if (ev == c->events) return;
+    struct epoll_event e = {0};
+    e.events = ev;
+    e.data.ptr = c;
+    epoll_ctl(S->epoll_fd, EPOLL_CTL_MOD, c->fd, &e);
+    c->events = ev;
+}
+
+/* Sends what the kernel takes of c's output. t_out_stuck is when the unsent bytes last moved (0: none). */
+static void conn_flush(srv_state *S, srv_conn *c) {
+    (void)S;
+    size_t before = c->out_sent;
+    while (c->out_sent < c->out.len) {
+        ssize_t n = send(c->fd, c->out.s + c->out_sent, c->out.len - c->out_sent, MSG_NOSIGNAL);
+        if (n > 0) { c->out_sent += (size_t)n; continue; }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        c->closing = 2; /* the peer is gone */
+        return;
+    }
+    if (c->out_sent == c->out.len) { /* all out: a large buffer goes back to the allocator */
+        if (c->out.cap > SRV_CONN_ALLOWANCE) sb_free(&c->out);
+        c->out.len = 0; c->out_sent = 0; c->t_out_stuck = 0;
+    } else if (c->out_sent > before || !c->t_out_stuck) c->t_out_stuck = now_s();
+}
+
+/* Appends to c's output and sends what can go. The part already sent is dropped before the buffer grows
+ * (a client that reads steadily but never quite catches up cannot make it grow). A stream whose client has
+ * fallen SRV_MAX_BACKLOG behind is ended: its request is aborted when the connection closes. */
+static void conn_send(srv_state *S, srv_conn *c, const char *data, size_t n) {
+    if (!c || c->closing == 2) return;
+    if (c->out_sent && c->out_sent >= c->out.len / 2) {
+        memmove(c->out.s, c->out.s + c->out_sent, c->out.len - c->out_sent);
+        c->out.len -= c->out_sent; c->out_sent = 0;
+    }
+    sb_put(&c->out, data, n);
+    if (c->out.failed) { c->closing = 2; return; }
+    conn_flush(S, c);
+    if (c->closing != 2 && c->req && c->req->stream && conn_unsent(c) > SRV_MAX_BACKLOG) {
+        fprintf(stderr, "llm serve: %s %s: the client is more than %d MiB behind its stream: connection "
+                "closed, request aborted\n", c->req->id, c->peer, SRV_MAX_BACKLOG >> 20);
+        c->closing = 2;
+    }
+}
+
+/* Counts c's request bytes past its allowance into S->held (after each change to them). */
+static void conn_account(srv_state *S, srv_conn *c) {
+    size_t have = c->in.len + c->parser.rq.body.len;
+    size_t held = have > SRV_CONN_ALLOWANCE ? have - SRV_CONN_ALLOWANCE : 0;
+    S->held = S->held - c->held + held;
+    c->held = held;
+}
+
+/* Ends c now: its request's generation aborted (the engine frees its blocks at its next step, and the request
+ * is freed when its last output comes), a worker's job orphaned (what the worker makes is thrown away), the
+ * socket closed and its bytes no longer counted in S->held. */
+static void conn_close(srv_state *S, srv_conn *c) {
+    if (c->req) { /* the client left mid-request: stop its generation, its blocks go back at the next step */
+        for (int i = 0; i < c->req->n_prompts; i++) llm_engine_abort(S->engine, c->req->prompts[i].engine_id);
+        c->req->conn = NULL;
+    }
+    if (c->job) c->job->conn = NULL; /* a worker has its request: what it makes is thrown away */
+    epoll_ctl(S->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    for (ptrdiff_t i = 0; i < arrlen(S->conns); i++) if (S->conns[i] == c) { arrdelswap(S->conns, i); break; }
+    S->held -= c->held;
+    http_parser_reset(&c->parser);
+    sb_free(&c->in); sb_free(&c->out);
+    free(c);
+}
+
+/* The head of the request being read is in: answered now when route_head says so; else its body follows
+ * (after "100 Continue" to a client that waits for it). An answer given before a body ends the connection:
+ * the body is never read (what comes of it is dropped while the connection lingers). */
+static void conn_head(srv_state *S, srv_conn *c) {
+    const http_request *rq = &c->parser.rq;
+    int body = rq->chunked || rq->content_length > 0;
+    c->keep_alive = rq->keep_alive && !g_srv_stop && !body; /* as an answer now says it */
+    if (route_head(S, c, rq)) {
+        c->answered = 1;
+        if (!c->keep_alive) c->closing = 1;
+        return;
+    }
+    c->keep_alive = rq->keep_alive && !g_srv_stop;
+    if (rq->expect_continue && body) conn_send(S, c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+}
+
+/* Parses and answers the requests waiting in c's input, in order, while none is in flight and its output
+ * is not backed up; then drops the bytes parsed (once), counts what is held and starts the clock of a
+ * request begun. After the client's FIN, a connection with nothing more to answer closes. */
+static void conn_process(srv_state *S, srv_conn *c) {
+    size_t off = 0;
+    int starved = 0;
+    while (!conn_busy(c) && !c->closing && conn_unsent(c) <= SRV_MAX_BACKLOG) {
+        size_t used = 0;
+        int rc = http_feed(&c->parser, c->in.s ? c->in.s + off : "", c->in.len - off, &used);
+        off += used;
+        if (rc == HTTP_INCOMPLETE) { starved = 1; break; }
+        if (rc == HTTP_HEAD) { conn_head(S, c); continue; }
+        if (rc == HTTP_OK) {
+            if (!c->answered) handle_request(S, c, &c->parser.rq);
+            http_parser_reset(&c->parser);
+            c->answered = 0;
+            if (!conn_busy(c) && !c->keep_alive) c->closing = 1;
+            continue;
+        }
+        /* the stream can no longer be trusted: answer and close */
+        c->keep_alive = 0;
+        send_error(S, c, rc, NULL, "%s%s", rc == 400 ? "a malformed HTTP request: " : "",
+                   c->parser.why ? c->parser.why : "");
+        c->closing = 1;
+    }
+    if (off) {
+        memmove(c->in.s, c->in.s + off, c->in.len - off);
+        c->in.len -= off;
+    }
+    if (!c->in.len && c->in.cap > SRV_CONN_ALLOWANCE) sb_free(&c->in);
+    int begun = !conn_busy(c) && !c->closing && (c->in.len || c->parser.state != HP_HEAD);
+    if (!begun) c->t_request_start = 0;
+    else if (!c->t_request_start) c->t_request_start = now_s();
+    if (c->eof && starved && !conn_busy(c) && !c->closing) c->closing = 1;
+    conn_account(S, c);
+}
+
+/* Reads what c's client sends while c wants input, parsing as it goes; a lingering connection's input is
+ * dropped. recv() == 0 is the client's FIN, which may be a half-close (shutdown(SHUT_WR), nc -N): what it
+ * asked is still answered, then the connection ends. Bytes past a connection's allowance count against
+ * the budget all connections share: a read that would pass it gets a 503. */
+static void conn_read(srv_state *S, srv_conn *c) {
+    while (conn_wants_input(c)) {
+        char buf[65536];
+        ssize_t n = recv(c->fd, buf, sizeof buf, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (n < 0 || (n == 0 && c->closing == 3)) { c->closing = 2; return; } /* failed, or lingered enough */
+        if (n == 0) { c->eof = 1; break; }
+        if (c->closing == 3) continue;
+        c->t_last_active = now_s();
+        size_t have = c->in.len + c->parser.rq.body.len + (size_t)n;
+        if (have > SRV_CONN_ALLOWANCE && S->held - c->held + (have - SRV_CONN_ALLOWANCE) > SRV_MAX_BUFFERED) {
+            c->keep_alive = 0;
+            send_error(S, c, 503, NULL, "the server holds too many unfinished requests' bytes (%d MiB): "
+                       "try again", SRV_MAX_BUFFERED >> 20);
+            c->closing = 1;
+            http_parser_reset(&c->parser); /* what it held of this request goes back at once */
+            sb_free(&c->in);
+            conn_account(S, c);
+            return;
+        }
+        sb_put(&c->in, buf, (size_t)n);
+        if (c->in.failed) { c->closing = 2; return; }
+        conn_process(S, c);
+    }
+    conn_process(S, c);
+}
+
+/* The listener in epoll or out of it: out while accept() cannot take a connection (see accept_all). */
+static void listener_rest(srv_state *S, int rest) {
+    struct epoll_event e = {0};
+    e.events = rest ? 0 : EPOLLIN;
+    e.data.ptr = &S->listen_fd;
+    epoll_ctl(S->epoll_fd, EPOLL_CTL_MOD, S->listen_fd, &e);
+    S->accept_resume = rest ? now_s() + SRV_ACCEPT_PAUSE : 0;
+}
+
+/* Takes every connection waiting. Out of fds (EMFILE, ENFILE) or memory, accept() fails again at once for
+ * as long as connections wait, and the level-triggered listener would spin the loop on it (and the log):
+ * the listener rests SRV_ACCEPT_PAUSE seconds instead, the connections waiting in the kernel's backlog
+ * until fds free up, and the failure is logged at most once every 10 seconds. */
+static void accept_all(srv_state *S) {
+    for (;;) {
+        struct sockaddr_storage addr;
+        socklen_t alen = sizeof addr;
+        int fd = accept4(S->listen_fd, (struct sockaddr *)&addr, &alen, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+            double t = now_s();
+            if (!S->accept_log_t || t - S->accept_log_t >= 10) {
+                fprintf(stderr, "llm serve: accept: %s (%d connections open): new connections wait until "
+                        "some close\n", strerror(errno), (int)arrlen(S->conns));
+                S->accept_log_t = t;
+            }
+            listener_rest(S, 1);
+            return;
+        }
+        srv_conn *c = (srv_conn *)calloc(1, sizeof *c);
+        if (!c) { close(fd); continue; }
+        c->fd = fd; c->keep_alive = 1; c->t_last_active = now_s();
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* stream tokens as they come */
+        char host[INET6_ADDRSTRLEN] = "?";
+        if (addr.ss_family == AF_INET)
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&addr)->sin_addr, host, sizeof host);
+        else if (addr.ss_family == AF_INET6)
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&addr)->sin6_addr, host, sizeof host);
+        snprintf(c->peer, sizeof c->peer, "%s", host);
+        struct epoll_event e = {0};
+        e.events = c->events = EPOLLIN | EPOLLRDHUP;
+        e.data.ptr = c;
+        if (epoll_ctl(S->epoll_fd, EPOLL_CTL_ADD, fd, &e) != 0) { close(fd); free(c); continue; }
+        arrput(S->conns, c);
+    }
+}
+
+/* After a pass of events, each connection's state moves on: its next pipelined request, time-outs (a
+ * request begun and not finished, output not taken, idleness), closing (then lingering: FIN sent, late
+ * input dropped for SRV_LINGER seconds, so that an answer given before a body was read is not lost to the
+ * reset that closing on unread input sends), and the epoll events it waits for. */
+static void conn_tick(srv_state *S, srv_conn *c, double t) {
+    if (!conn_busy(c) && !c->closing) conn_process(S, c);
+    if (!conn_busy(c) && !c->closing && c->t_request_start && t - c->t_request_start > S->request_timeout) {
+        c->keep_alive = 0; /* slowloris: the request was begun and not finished in time */
+        send_error(S, c, 408, NULL, "the request took more than %g s to arrive", S->request_timeout);
+        c->closing = 1;
+    }
+    if (c->closing != 2 && c->t_out_stuck && t - c->t_out_stuck > S->request_timeout) {
+        fprintf(stderr, "llm serve: %s %s: the client took no response bytes for %g s: connection closed%s\n",
+                c->req ? c->req->id : "-", c->peer, S->request_timeout, c->req ? ", request aborted" : "");
+        c->closing = 2;
+    }
+    if (!conn_busy(c) && !c->closing && !c->t_request_start && t - c->t_last_active > SRV_IDLE_TIMEOUT)
+        c->closing = 1;
+    if (c->closing == 1 && !conn_unsent(c)) {
+        if (c->eof) c->closing = 2;
+        else { shutdown(c->fd, SHUT_WR); c->closing = 3; c->t_linger = t; }
+    }
+    if (c->closing == 3 && t - c->t_linger > SRV_LINGER) c->closing = 2;
+    if (c->closing == 2) conn_close(S, c);
+    else conn_update_events(S, c);
+}
+
+/* A non-blocking listening socket on the first address of host:port that binds (port 0: any free one);
+ * *bound_port is the port it got. -1 with err set. */
+static int open_listener(const char *host, int port, int *bound_port, char *err, size_t err_cap) {
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC; hints.ai_socktype = SOCK_STREAM; hints.ai_flags = AI_PASSIVE;
+    char ports[16];
+    snprintf(ports, sizeof ports, "%d", port);
+    int rc = getaddrinfo(host, ports, &hints, &res);
+    if (rc != 0) { snprintf(err, err_cap, "cannot resolve %s: %s", host, gai_strerror(rc)); return -1; }
+    int fd = -1;
+    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+            snprintf(err, err_cap, "cannot listen on %s:%d: %s", host, port, strerror(errno));
+            close(fd); fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd < 0) return -1;
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &len);
+    *bound_port = ntohs(sa.ss_family == AF_INET ? ((struct sockaddr_in *)&sa)->sin_port
+                                                : ((struct sockaddr_in6 *)&sa)->sin6_port);
+    return fd;
+}
+
 /* ===========================================================================================================
  * Responses: the bytes that go back
+ *
+ * Every answer goes through conn_send into its connection's output: a whole response (status line, headers,
+ * body) by send_response, an error in OpenAI's shape by send_error, one Server-Sent Event as a chunk of a
+ * chunked body by send_sse (a stream's head is sent by attach_generation, its end by finish_request). Each
+ * response carries the X-Request-Id of its request, and the CORS headers route_head chose for it.
  * ======================================================================================================== */
-static void conn_send(srv_state *S, srv_conn *c, const char *data, size_t n);
-
 /* The id of a request whose client sent no usable X-Request-Id: 32 random hex digits, the shape of vLLM's
  * random_uuid(), so that logs and a load balancer's traces name every request. */
 static void mint_request_id(srv_state *S, char out[SRV_MAX_REQUEST_ID + 1]) {
@@ -734,8 +1090,6 @@ static void send_response(srv_state *S, srv_conn *c, int status, const char *con
 }
 
 /* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} */
-static void send_error(srv_state *S, srv_conn *c, int status, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
 static void send_error(srv_state *S, srv_conn *c, int status, const char *param, const char *fmt, ...) {
     char msg[1024];
     va_list ap;
@@ -768,10 +1122,144 @@ static void send_sse(srv_state *S, srv_conn *c, const char *json, size_t n) {
 }
 
 /* ===========================================================================================================
- * Requests in: the OpenAI parameters, checked, as llm_sampling_params
+ * Routes: what a request's head decides, then which endpoint answers
+ *
+ * route_head runs as soon as a head is parsed, before a byte of the body is read: an unknown path, a wrong
+ * method, a missing API key, a body too large or not JSON, a draining server are answered from the head
+ * alone, and the body is never read (the connection closes). handle_request runs once the body is in: the
+ * cheap endpoints answer at once, the others go to a worker. srv_routes is the table of every path, the one
+ * method it takes and whether it is open (no API key: the health checks and the metrics).
  * ======================================================================================================== */
-typedef struct { int status; char param[64]; char msg[512]; } srv_error;
+/* Whether the key given is the server's, comparing every byte (no early exit): the time taken does not tell
+ * how much of a guess was right. */
+static int key_equal(const char *given, const char *key) { /* constant time in the key's length */
+    size_t n = strlen(key), m = strlen(given);
+    unsigned diff = (unsigned)(n ^ m);
+    for (size_t i = 0; i < n; i++) diff |= (unsigned char)key[i] ^ (unsigned char)(i < m ? given[i] : 0);
+    return diff == 0;
+}
 
+/* The routes and the one method each takes; the POST ones take a JSON object (Content-Type:
+ * application/json, as vLLM asks: a browser cannot send that cross-origin without a CORS preflight). */
+static const struct { const char *path, *method; int open; } srv_routes[] = {
+    {"/v1/completions", "POST", 0}, {"/v1/chat/completions", "POST", 0}, {"/v1/models", "GET", 0},
+    {"/health", "GET", 1}, {"/version", "GET", 0}, {"/tokenize", "POST", 0}, {"/detokenize", "POST", 0},
+    {"/metrics", "GET", 1}, {"/ping", "GET", 1},
+};
+
+/* Whether --allowed-origins lets origin in ("*" lets any) */
+static int origin_allowed(const srv_state *S, const char *origin) {
+    for (ptrdiff_t i = 0; i < arrlen(S->origins); i++)
+        if (!strcmp(S->origins[i], "*") || !strcmp(S->origins[i], origin)) return 1;
+    return 0;
+}
+
+/* A request's head is in: what the head alone decides is answered now, before a byte of the body is read
+ * (an unknown path, a wrong method, a CORS preflight, a missing API key, a body too large or not JSON,
+ * draining). Returns 1 when it answered. Sets the response's X-Request-Id and CORS headers. */
+static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
+    if (rq->request_id[0]) memcpy(c->request_id, rq->request_id, sizeof c->request_id);
+    else mint_request_id(S, c->request_id);
+    c->cors[0] = 0;
+    int cors = rq->origin[0] && origin_allowed(S, rq->origin);
+    if (cors) /* as Starlette's CORSMiddleware (vLLM's) answers an allowed origin */
+        snprintf(c->cors, sizeof c->cors, "Access-Control-Allow-Origin: %s\r\n%s",
+                 origin_allowed(S, "*") ? "*" : rq->origin, origin_allowed(S, "*") ? "" : "Vary: Origin\r\n");
+    int route = -1;
+    for (int i = 0; i < (int)(sizeof srv_routes / sizeof srv_routes[0]); i++)
+        if (!strcmp(rq->path, srv_routes[i].path)) route = i;
+    if (route < 0) { send_error(S, c, 404, NULL, "Not Found: %s", rq->path); return 1; }
+    const char *method = srv_routes[route].method;
+    if (cors && rq->preflight && !strcmp(rq->method, "OPTIONS")) { /* before the key: a preflight has none */
+        char h[512];
+        snprintf(h, sizeof h, "Access-Control-Allow-Methods: %s, OPTIONS\r\nAccess-Control-Max-Age: 600\r\n"
+                 "%s%s%s", method, rq->cors_headers[0] ? "Access-Control-Allow-Headers: " : "",
+                 rq->cors_headers, rq->cors_headers[0] ? "\r\n" : "");
+        send_response(S, c, 200, "text/plain; charset=utf-8", "", 0, h);
+        return 1;
+    }
+    if (strcmp(rq->method, method)) {
+        char allow[64];
+        snprintf(allow, sizeof allow, "Allow: %s\r\n", method);
+        sbuf b = {0};
+        sb_printf(&b, "{\"error\":{\"message\":\"Method Not Allowed: use %s for %s\",\"type\":"
+                  "\"invalid_request_error\",\"param\":null,\"code\":405}}", method, rq->path);
+        send_response(S, c, 405, "application/json", b.s, b.len, allow);
+        sb_free(&b);
+        return 1;
+    }
+    if (S->api_key && !srv_routes[route].open) {
+        const char *a = rq->auth;
+        if (strncasecmp(a, "Bearer ", 7) != 0 || !key_equal(a + 7, S->api_key)) {
+            send_error(S, c, 401, NULL, "Unauthorized: give the API key as 'Authorization: Bearer KEY'");
+            return 1;
+        }
+    }
+    if (rq->content_length > SRV_MAX_BODY) {
+        send_error(S, c, 413, NULL, "the request's body is too large (%lld bytes; at most %d)",
+                   rq->content_length, SRV_MAX_BODY);
+        return 1;
+    }
+    if (!strcmp(method, "POST") && !rq->json) { /* vLLM's words */
+        send_error(S, c, 415, NULL, "Unsupported Media Type: Only 'application/json' is allowed");
+        return 1;
+    }
+    /* draining (SIGTERM): /health fails, so a load balancer sends new work elsewhere, and new work that
+     * comes anyway is refused; what is in flight runs to its end */
+    const char *path = rq->path;
+    int generation = !strcmp(path, "/v1/completions") || !strcmp(path, "/v1/chat/completions");
+    if (g_srv_stop && (generation || !strcmp(path, "/health") || !strcmp(path, "/ping"))) {
+        send_error(S, c, 503, NULL, "the server is shutting down: it finishes the requests it has and takes "
+                   "no new ones");
+        return 1;
+    }
+    return 0;
+}
+
+/* A whole request, which route_head let through: the endpoint's answer. */
+static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
+    const char *path = rq->path;
+    if (!strcmp(path, "/health") || !strcmp(path, "/ping")) {
+        send_response(S, c, 200, "application/json", "", 0, NULL);
+        return;
+    }
+    if (!strcmp(path, "/metrics")) { handle_metrics(S, c); return; }
+    if (!strcmp(path, "/version")) {
+        const char v[] = "{\"version\":\"0.1.0\"}";
+        send_response(S, c, 200, "application/json", v, sizeof v - 1, NULL);
+        return;
+    }
+    if (!strcmp(path, "/v1/models")) {
+        sbuf b = {0};
+        sb_puts(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
+        sb_json_cstr(&b, S->model_name);
+        sb_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"llm\",\"root\":",
+                  (long long)wall_s());
+        sb_json_cstr(&b, S->model_name);
+        sb_printf(&b, ",\"parent\":null,\"max_model_len\":%d,\"permission\":[]}]}", S->max_model_len);
+        send_response(S, c, 200, "application/json", b.s, b.len, NULL);
+        sb_free(&b);
+        return;
+    }
+    /* the rest take a JSON object: a worker reads it */
+    job_start(S, c, !strcmp(path, "/tokenize") ? JOB_TOKENIZE :
+                    !strcmp(path, "/detokenize") ? JOB_DETOKENIZE :
+                    !strcmp(path, "/v1/chat/completions") ? JOB_CHAT : JOB_COMPLETIONS, rq);
+}
+
+/* ===========================================================================================================
+ * Requests in: the OpenAI parameters, checked, as llm_sampling_params
+ *
+ * Each field is checked before anything is spent on it, and a bad value is a 400 that names the field
+ * (srv_error, filled by bad). The order for a generation (prepare_generation, in Endpoints, calls these):
+ *   check_fields       every field of the body against req_fields, the table of each OpenAI, vLLM and
+ *                      llama.cpp field this server knows: implemented, accepted only at a value that asks
+ *                      for nothing, or refused (fail closed: no client gets free text it took for JSON)
+ *   parse_sampling     the sampling fields, over the server's defaults, into llm_sampling_params and r
+ *   parse_structured   the one structured output field given, into a grammar (GBNF), parsed now
+ *   chat_prompt        a chat's messages and tools, through the chat template, into the prompt's text
+ * All of it runs on a request worker: a schema, a grammar or a prompt may take seconds to read.
+ * ======================================================================================================== */
 static int bad(srv_error *e, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static int bad(srv_error *e, int status, const char *param, const char *fmt, ...) {
@@ -798,6 +1286,7 @@ static int get_number(const llm_json *body, const char *key, double lo, double h
     return 0;
 }
 
+/* A boolean field: absent (or null) leaves *out; else it must be true or false. */
 static int get_bool(const llm_json *body, const char *key, int *out, srv_error *e) {
     const llm_json *v = llm_json_get(body, key);
     if (!v || v->type == LLM_JSON_NULL) return 0;
@@ -928,10 +1417,6 @@ static int check_fields(srv_state *S, const llm_json *body, int kind, srv_error 
 
 static int tokenize_text(srv_state *S, const char *text, size_t len, int add_special, int32_t **ids);
 
-/* Structured output: the one field that asks for it, as GBNF in r->grammar. OpenAI's response_format
- * (json_object, json_schema), vLLM's structured_outputs {json | regex | choice | grammar | json_object} and
- * its older guided_json, guided_regex, guided_choice and guided_grammar, llama.cpp's grammar and json_schema.
- * A schema the converter cannot honour is a 400 naming the field and the keyword. */
 /* The grammar a field asked for (r->grammar, or NULL with why in err), parsed now (on the worker that reads
  * the request) through the engine's cache, and kept for the engine (r->grammar_parsed): what its limits
  * refuse (rules, nesting, the matcher's stacks at the start) is a 400 naming the field, not an engine error
@@ -944,6 +1429,7 @@ static int structured_check(srv_state *S, srv_req *r, const char *param, const c
     return r->grammar ? 0 : bad(e, 400, param, "%s: %s", param, err);
 }
 
+/* A JSON Schema (an object, true, or the JSON text of one; NULL: any object, json_object's) as r->grammar */
 static int structured_schema(srv_state *S, srv_req *r, const llm_json *schema, const char *param,
                              srv_error *e) {
     char err[LLM_ERR_LEN], *key = (char *)"type";
@@ -964,6 +1450,7 @@ static int structured_schema(srv_state *S, srv_req *r, const llm_json *schema, c
     return structured_check(S, r, param, err, e);
 }
 
+/* A regular expression (a string without NUL) as r->grammar: the whole output must match it */
 static int structured_regex(srv_state *S, srv_req *r, const llm_json *v, const char *param,
                             srv_error *e) {
     char err[LLM_ERR_LEN];
@@ -973,6 +1460,7 @@ static int structured_regex(srv_state *S, srv_req *r, const llm_json *v, const c
     return structured_check(S, r, param, err, e);
 }
 
+/* A non-empty list of strings as r->grammar: the output is exactly one of them */
 static int structured_choice(srv_state *S, srv_req *r, const llm_json *v, const char *param,
                              srv_error *e) {
     char err[LLM_ERR_LEN];
@@ -991,6 +1479,7 @@ static int structured_choice(srv_state *S, srv_req *r, const llm_json *v, const 
     return structured_check(S, r, param, err, e);
 }
 
+/* A GBNF grammar given as it is, copied into r->grammar (structured_check parses it) */
 static int structured_grammar(srv_state *S, srv_req *r, const llm_json *v, const char *param,
                               srv_error *e) {
     if (v->type != LLM_JSON_STRING || strlen(v->str) != v->len)
@@ -999,6 +1488,11 @@ static int structured_grammar(srv_state *S, srv_req *r, const llm_json *v, const
     return structured_check(S, r, param, "", e);
 }
 
+/* Structured output: the one field that asks for it, as GBNF in r->grammar. OpenAI's response_format
+ * (json_object, json_schema), vLLM's structured_outputs {json | regex | choice | grammar | json_object} and
+ * its older guided_json, guided_regex, guided_choice and guided_grammar, llama.cpp's grammar and json_schema.
+ * A schema the converter cannot honour is a 400 naming the field and the keyword. A second
+ * field that asks for a form too is refused (STRUCTURED_ONE), rather than one of them silently ignored. */
 static int parse_structured(srv_state *S, const llm_json *body, srv_req *r, srv_error *e) {
     const char *given = NULL; /* the field that asked first: a second one is refused */
     const llm_json *v;
@@ -1554,13 +2048,498 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
 }
 
 /* ===========================================================================================================
- * Requests out: what each engine output adds to the response
+ * Endpoints: a generation prepared (on a worker) and attached to the engine; /tokenize and /detokenize
+ *
+ * /v1/completions and /v1/chat/completions take two steps. prepare_generation, on a worker, does all that a
+ * request's bytes can make costly: the fields checked, the prompts tokenized (a completion's: a string, a
+ * list of strings, a list of ids, a list of lists; a chat's: the template's text), the context checked as
+ * vLLM does, into an srv_req and its llm_sampling_params. attach_generation, on the network thread, adds its
+ * prompts to the engine (cheap: ids and a grammar already parsed) and gives the request to its connection;
+ * it is there because the queue's count, the connection and the list of live requests are that thread's.
  * ======================================================================================================== */
+/* What echo shows of a prompt given as ids, or truncated: the text of its ids */
+static int echo_ids_text(srv_state *S, srv_prompt *sp) {
+    int n = (int)arrlen(sp->prompt_ids), m = llm_detokenize(S->model->tok, sp->prompt_ids, n, 0, NULL, 0);
+    free(sp->echo_text);
+    sp->echo_text = NULL;
+    if (m < 0 || !(sp->echo_text = (char *)malloc((size_t)m + 1))) return -1;
+    llm_detokenize(S->model->tok, sp->prompt_ids, n, 0, sp->echo_text, m + 1);
+    return 0;
+}
+
+/* vLLM's truncate_prompt_tokens: only the last K tokens of each prompt (echo shows what is left) */
+static int truncate_prompts(srv_state *S, srv_req *r, srv_error *e) {
+    for (int i = 0; i < r->n_prompts && r->truncate_prompt_tokens; i++) {
+        srv_prompt *sp = &r->prompts[i];
+        int cut = (int)arrlen(sp->prompt_ids) - r->truncate_prompt_tokens;
+        if (cut <= 0) continue;
+        arrdeln(sp->prompt_ids, 0, cut);
+        if (sp->echo_text && echo_ids_text(S, sp)) return bad(e, 500, NULL, "out of memory");
+    }
+    return 0;
+}
+
+/* The prompts of /v1/completions: a string, a list of strings, a list of ids, or a list of lists of ids,
+ * each into an srv_prompt (its text tokenized, or its ids checked against the vocabulary); at most
+ * SRV_MAX_PROMPTS of them, each a separate engine request whose choices share the response. */
+static int completion_prompts(srv_state *S, const llm_json *prompt, srv_req *r, srv_error *e) {
+    if (!prompt) return bad(e, 400, "prompt", "prompt is required");
+    const llm_json *list = prompt;
+    int n = 1, one = 1;
+    if (prompt->type == LLM_JSON_ARRAY && prompt->n > 0 && (prompt->items[0].type == LLM_JSON_STRING ||
+                                                     prompt->items[0].type == LLM_JSON_ARRAY)) {
+        n = prompt->n; one = 0;
+    } else if (prompt->type != LLM_JSON_STRING && prompt->type != LLM_JSON_ARRAY) {
+        return bad(e, 400, "prompt", "prompt must be a string, a list of strings or a list of token ids");
+    }
+    if (n > SRV_MAX_PROMPTS)
+        return bad(e, 400, "prompt", "at most %d prompts in one request", SRV_MAX_PROMPTS);
+    r->prompts = (srv_prompt *)calloc((size_t)n, sizeof(srv_prompt));
+    if (!r->prompts) return bad(e, 500, NULL, "out of memory");
+    r->n_prompts = n;
+    for (int i = 0; i < n; i++) {
+        const llm_json *p = one ? list : &list->items[i];
+        srv_prompt *sp = &r->prompts[i];
+        sp->req = r; sp->index = i;
+        if (p->type == LLM_JSON_STRING) {
+            if (tokenize_text(S, p->str, p->len, r->add_special, &sp->prompt_ids) != 0)
+                return bad(e, 400, "prompt", "the prompt could not be tokenized");
+            if (r->echo && !(sp->echo_text = strdup(p->str))) return bad(e, 500, NULL, "out of memory");
+        } else if (p->type == LLM_JSON_ARRAY) {
+            for (int k = 0; k < p->n; k++) {
+                const llm_json *t = &p->items[k];
+                if (!is_token_id(S, t))
+                    return bad(e, 400, "prompt", "a prompt's token ids must be integers in 0..%d",
+                               S->model->cfg.vocab_size - 1);
+                arrput(sp->prompt_ids, (int32_t)t->num);
+            }
+            if (r->echo && echo_ids_text(S, sp)) return bad(e, 500, NULL, "out of memory");
+        } else {
+            return bad(e, 400, "prompt", "prompt must be a string, a list of strings or a list of token ids");
+        }
+        if (arrlen(sp->prompt_ids) == 0) return bad(e, 400, "prompt", "the prompt is empty");
+    }
+    return 0;
+}
+
+/* The context check vLLM makes: prompt + max_tokens within max_model_len. */
+static int check_context(srv_state *S, srv_req *r, int max_tokens, int max_tokens_given, srv_error *e) {
+    for (int i = 0; i < r->n_prompts; i++) {
+        int n = (int)arrlen(r->prompts[i].prompt_ids);
+        if (n >= S->max_model_len || (max_tokens_given && n + max_tokens > S->max_model_len))
+            return bad(e, 400, r->kind == REQ_CHAT ? "messages" : "prompt",
+                       "This model's maximum context length is %d tokens. However, you requested %d tokens "
+                       "(%d in the %s, %d in the completion). Please reduce the length of the %s "
+                       "or completion.",
+                       S->max_model_len, n + (max_tokens_given ? max_tokens : 1), n,
+                       r->kind == REQ_CHAT ? "messages" : "prompt", max_tokens_given ? max_tokens : 1,
+                       r->kind == REQ_CHAT ? "messages" : "prompt");
+    }
+    return 0;
+}
+
+/* vLLM's echo on a chat: the reply's content begins with the last message's text when that message has the
+ * reply's role (the assistant's; without add_generation_prompt, the last message's own) */
+static int chat_echo(const llm_json *body, srv_req *r, srv_error *e) {
+    int echo = 0, gen = 1;
+    if (get_bool(body, "echo", &echo, e) || get_bool(body, "add_generation_prompt", &gen, e)) return -1;
+    const llm_json *msgs = llm_json_get(body, "messages"), *last = &msgs->items[msgs->n - 1];
+    if (!echo || (gen && !fv_str(llm_json_get(last, "role"), "assistant"))) return 0;
+    sbuf t = {0};
+    if (chat_content(last, msgs->n - 1, &t, e)) { sb_free(&t); return -1; }
+    int failed = t.failed || !(r->chat_echo = strdup(t.s ? t.s : ""));
+    sb_free(&t);
+    return failed ? bad(e, 500, NULL, "out of memory") : 0;
+}
+
+/* A generation request, on a worker: its fields checked, its prompts rendered and tokenized, its grammar
+ * written and parsed; into r and p, ready for the engine (attach_generation). -1 with the error in *e. */
+static int prepare_generation(srv_state *S, const llm_json *body, int kind, const char *request_id,
+                              srv_req *r, llm_sampling_params *p, srv_error *e) {
+    r->kind = kind; r->logprobs = -1; r->created = (long long)wall_s();
+    /* vLLM's ids: chatcmpl-{X-Request-Id}, cmpl-{X-Request-Id}; the n choices and the prompts of a list share
+     * it, as they share the response (a tool call's id adds the choice's index) */
+    snprintf(r->id, sizeof r->id, "%s-%s", kind == REQ_CHAT ? "chatcmpl" : "cmpl", request_id);
+    double x;
+    if (check_model(S, body, e) || parse_sampling(S, body, r, p, e)) return -1;
+    int max_tokens = 16, given = 1;
+    if (kind == REQ_COMPLETIONS) {
+        if (get_bool(body, "echo", &r->echo, e)) return -1;
+        x = 16;
+        if (get_number(body, "max_tokens", r->echo ? 0 : 1, 1 << 30, 1, &x, e)) return -1; /* 0: scoring */
+        const llm_json *mt = llm_json_get(body, "max_tokens");
+        if (mt && mt->type == LLM_JSON_NUMBER) max_tokens = (int)x;
+        r->score_only = r->echo && max_tokens == 0;
+        x = -1;
+        if (get_number(body, "logprobs", 0, 20, 1, &x, e)) return -1;
+        r->logprobs = (int)x;
+        p->logprobs = r->logprobs;
+        if (r->echo && r->logprobs > p->prompt_logprobs) p->prompt_logprobs = r->logprobs; /* echo's prompt */
+        if (completion_prompts(S, llm_json_get(body, "prompt"), r, e)) return -1;
+    } else {
+        const llm_json *mt = llm_json_get(body, "max_completion_tokens");
+        const char *key = mt && mt->type != LLM_JSON_NULL ? "max_completion_tokens" : "max_tokens";
+        x = 0;
+        if (get_number(body, key, 1, 1 << 30, 1, &x, e)) return -1;
+        given = x > 0; max_tokens = (int)x;
+        int want_logprobs = 0;
+        if (get_bool(body, "logprobs", &want_logprobs, e)) return -1;
+        x = 0;
+        if (get_number(body, "top_logprobs", 0, 20, 1, &x, e)) return -1;
+        if (x > 0 && !want_logprobs) /* as OpenAI and vLLM: top_logprobs asks for nothing without logprobs */
+            return bad(e, 400, "top_logprobs", "when using top_logprobs, logprobs must be set to true");
+        r->logprobs = want_logprobs ? 1 : -1; r->top_logprobs = (int)x;
+        p->logprobs = want_logprobs ? r->top_logprobs : -1;
+        char *text = NULL;
+        int n = 0;
+        if (chat_prompt(S, body, r, &text, &n, e) || chat_echo(body, r, e)) { free(text); return -1; }
+        r->prompts = (srv_prompt *)calloc(1, sizeof(srv_prompt));
+        int ok = 1;
+        if (r->prompts) {
+            r->n_prompts = 1; r->prompts[0].req = r;
+            if (tokenize_text(S, text, (size_t)n, r->add_special, &r->prompts[0].prompt_ids) != 0)
+                { bad(e, 400, "messages", "the conversation could not be tokenized"); ok = 0; }
+        } else { bad(e, 500, NULL, "out of memory"); ok = 0; }
+        free(text);
+        if (!ok) return -1;
+        int32_t stop_ids[8]; /* the template's end of turn */
+        int k = llm_chat_stop_ids(&S->chat, S->model->tok, stop_ids, 8);
+        for (int i = 0; i < k && i < 8; i++) arrput(r->stop_ids, stop_ids[i]);
+    }
+    if (truncate_prompts(S, r, e) || check_context(S, r, max_tokens, given, e)) return -1;
+    p->max_tokens = r->score_only ? 1 : given ? max_tokens : 0; /* scoring: the token it computes anyway */
+    p->stop_token_ids = r->stop_ids; p->n_stop_token_ids = (int)arrlen(r->stop_ids);
+    p->logit_bias_ids = r->bias_ids; p->logit_bias = r->bias; p->n_logit_bias = (int)arrlen(r->bias_ids);
+    p->allowed_token_ids = r->allowed_ids; p->n_allowed_token_ids = (int)arrlen(r->allowed_ids);
+    p->bad_word_ids = r->bad_ids; p->bad_word_lens = r->bad_lens; p->n_bad_words = (int)arrlen(r->bad_lens);
+    p->grammar_parsed = r->grammar_parsed; /* structured_check's: the network thread adds it cheaply */
+    return 0;
+}
+
+/* A prepared generation joins the engine, on the network thread: its prompts added (ids and a parsed grammar:
+ * cheap), the connection given the request, a stream's headers sent. Frees r and returns -1 with the error in
+ * *e when it cannot start (the queue is full, or the engine refuses its first prompt). */
+static int attach_generation(srv_state *S, srv_conn *c, srv_req *r, const llm_sampling_params *p,
+                             srv_error *e) {
+    r->call_id_seed = llm_splitmix64(&S->id_rng);
+    if (S->n_queued + r->n_prompts > S->max_queue) {
+        bad(e, 503, NULL, "the server is busy: %d requests are waiting (--max-queue %d)", S->n_queued,
+            S->max_queue);
+        goto fail;
+    }
+    r->choices = (srv_choice *)calloc((size_t)(r->n_prompts * r->n), sizeof(srv_choice));
+    if (!r->choices) { bad(e, 500, NULL, "out of memory"); goto fail; }
+    r->n_open = r->n_prompts * r->n;
+    r->conn = c;
+    char err[LLM_ERR_LEN];
+    for (int i = 0; i < r->n_prompts; i++) {
+        srv_prompt *sp = &r->prompts[i];
+        sp->n_prompt = (int)arrlen(sp->prompt_ids);
+        sp->engine_id = llm_engine_add_request(S->engine, NULL, sp->prompt_ids, sp->n_prompt, p, sp, err);
+        if (!sp->engine_id) {
+            /* the requests already added finish as aborted; this one never started */
+            for (int k = 0; k < i; k++) llm_engine_abort(S->engine, r->prompts[k].engine_id);
+            if (i == 0) { bad(e, 400, NULL, "%s", err); r->conn = NULL; goto fail; }
+            snprintf(r->error, sizeof r->error, "%s", err);
+            r->n_open -= (r->n_prompts - i) * r->n;
+            r->n_prompts = i;
+            break;
+        }
+        S->n_queued++;
+        r->prompt_tokens += sp->n_prompt;
+    }
+    c->req = r;
+    arrput(S->live, r);
+    if (r->stream) {
+        sbuf h = {0};
+        sb_printf(&h, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                  "X-Request-Id: %s\r\n%sTransfer-Encoding: chunked\r\n\r\n", conn_request_id(S, c), c->cors);
+        conn_send(S, c, h.s, h.len);
+        sb_free(&h);
+    }
+    return 0;
+fail:
+    req_free(r);
+    return -1;
+}
+
+/* /tokenize and /detokenize: 0 with the answer's body in out, or -1 with the error in *e */
+static int handle_tokenize(srv_state *S, const llm_json *body, sbuf *out, srv_error *e) {
+    int32_t *ids = NULL;
+    int add_special = 1;
+    if (check_model(S, body, e) || get_bool(body, "add_special_tokens", &add_special, e)) goto fail;
+    const llm_json *prompt = llm_json_get(body, "prompt"), *msgs = llm_json_get(body, "messages");
+    if (prompt && prompt->type == LLM_JSON_STRING) {
+        if (tokenize_text(S, prompt->str, prompt->len, add_special, &ids)) {
+            bad(e, 400, "prompt", "cannot tokenize");
+            goto fail;
+        }
+    } else if (msgs && msgs->type == LLM_JSON_ARRAY) { /* a chat's prompt, tools and all, as it would run */
+        srv_req tmp;
+        memset(&tmp, 0, sizeof tmp);
+        char *text = NULL;
+        int n = 0, rc = chat_prompt(S, body, &tmp, &text, &n, e);
+        free(tmp.grammar); llm_grammar_free(tmp.grammar_parsed);
+        if (rc == 0 && tokenize_text(S, text, (size_t)n, add_special, &ids))
+            rc = bad(e, 400, "messages", "cannot tokenize");
+        free(text);
+        if (rc) goto fail;
+    } else {
+        bad(e, 400, "prompt", "give prompt (a string) or messages (a list)");
+        goto fail;
+    }
+    sb_printf(out, "{\"count\":%d,\"max_model_len\":%d,\"tokens\":[", (int)arrlen(ids), S->max_model_len);
+    for (ptrdiff_t i = 0; i < arrlen(ids); i++) sb_printf(out, i ? ",%d" : "%d", ids[i]);
+    sb_puts(out, "],\"token_strs\":null}");
+    arrfree(ids);
+    return out->failed ? bad(e, 500, NULL, "out of memory") : 0;
+fail:
+    arrfree(ids);
+    return -1;
+}
+
+/* ids -> text; every id checked against the vocabulary first */
+static int handle_detokenize(srv_state *S, const llm_json *body, sbuf *out, srv_error *e) {
+    const llm_json *tokens = llm_json_get(body, "tokens");
+    if (check_model(S, body, e)) return -1;
+    if (!tokens || tokens->type != LLM_JSON_ARRAY)
+        return bad(e, 400, "tokens", "tokens must be a list of ids");
+    int32_t *ids = NULL;
+    for (int i = 0; i < tokens->n; i++) {
+        const llm_json *v = &tokens->items[i];
+        if (!is_token_id(S, v)) {
+            arrfree(ids);
+            return bad(e, 400, "tokens", "tokens must be integers in 0..%d", S->model->cfg.vocab_size - 1);
+        }
+        arrput(ids, (int32_t)v->num);
+    }
+    sbuf t = {0};
+    int m = llm_detokenize(S->model->tok, ids, (int)arrlen(ids), 0, NULL, 0);
+    if (m > 0 && (t.s = (char *)malloc((size_t)m + 1)))
+        t.len = (size_t)llm_detokenize(S->model->tok, ids, (int)arrlen(ids), 0, t.s, m + 1);
+    arrfree(ids);
+    sb_puts(out, "{\"prompt\":");
+    sb_json_str(out, t.s ? t.s : "", t.len);
+    sb_puts(out, "}");
+    sb_free(&t);
+    return out->failed ? bad(e, 500, NULL, "out of memory") : 0;
+}
+
+/* ===========================================================================================================
+ * Request workers: what a request's bytes cost, off the network thread
+ * A request's JSON is parsed, its chat template rendered, its prompts tokenized and its grammar written and
+ * parsed by a worker thread: a 7 MB prompt or a 1 MB grammar takes a second or more, and on the network
+ * thread that second would stall every stream and every health check. The network thread hands a whole
+ * request over (a job: the route and a copy of the body) and goes on; the connection reads no further request
+ * until the job comes back, through the wake-up pipe, as an answer to send (an error, /tokenize's) or as a
+ * generation ready for the engine, which the network thread adds (ids and a parsed grammar: cheap).
+ * ======================================================================================================== */
+/* The worker's part of a job: everything a request's bytes can make cost */
+static void job_run(srv_state *S, srv_job *j) {
+    char jerr[LLM_ERR_LEN];
+    j->failed = 1;
+    if (llm_json_parse(j->body ? j->body : "", j->body_len, &j->json, jerr) != 0) {
+        bad(&j->e, 400, NULL, "the body is not valid JSON: %s", jerr);
+        return;
+    }
+    j->json_ok = 1;
+    free(j->body); j->body = NULL; /* (the parse copied what it keeps) */
+    if (j->json.type != LLM_JSON_OBJECT) { bad(&j->e, 400, NULL, "the body must be a JSON object"); return; }
+    if (j->route == JOB_TOKENIZE || j->route == JOB_DETOKENIZE) {
+        j->failed = (j->route == JOB_TOKENIZE ? handle_tokenize : handle_detokenize)(S, &j->json, &j->answer,
+                                                                                    &j->e) != 0;
+        return;
+    }
+    if (!(j->r = (srv_req *)calloc(1, sizeof *j->r))) { bad(&j->e, 500, NULL, "out of memory"); return; }
+    j->r->t_arrival = j->t_arrival;
+    j->failed = prepare_generation(S, &j->json, j->route == JOB_CHAT ? REQ_CHAT : REQ_COMPLETIONS,
+                                   j->request_id, j->r, &j->p, &j->e) != 0;
+}
+
+/* A worker thread: takes the oldest job, runs it without the lock, puts it on jobs_done and writes a byte
+ * down the wake-up pipe; ends when jobs_quit is set (a job left in the queue is freed by serve). */
+static void *srv_worker(void *arg) {
+    srv_state *S = (srv_state *)arg;
+    pthread_mutex_lock(&S->job_lock);
+    for (;;) {
+        while (!arrlen(S->jobs_todo) && !S->jobs_quit) pthread_cond_wait(&S->job_added, &S->job_lock);
+        if (S->jobs_quit) break;
+        srv_job *j = S->jobs_todo[0];
+        arrdel(S->jobs_todo, 0);
+        pthread_mutex_unlock(&S->job_lock);
+        job_run(S, j);
+        pthread_mutex_lock(&S->job_lock);
+        arrput(S->jobs_done, j);
+        char c = 'j';
+        ssize_t rc = write(S->wake[1], &c, 1);
+        (void)rc;
+    }
+    pthread_mutex_unlock(&S->job_lock);
+    return NULL;
+}
+
+/* A whole request to a worker; the connection waits for it (job_done) */
+static void job_start(srv_state *S, srv_conn *c, int route, http_request *rq) {
+    srv_job *j = (srv_job *)calloc(1, sizeof *j);
+    if (!j) { send_error(S, c, 500, NULL, "out of memory"); return; }
+    j->body = rq->body.s; j->body_len = rq->body.len; /* the job's now; it still counts in what is held */
+    memset(&rq->body, 0, sizeof rq->body);
+    j->held = j->body_len > SRV_CONN_ALLOWANCE ? j->body_len - SRV_CONN_ALLOWANCE : 0;
+    S->held += j->held;
+    j->conn = c; j->route = route; j->t_arrival = now_s();
+    memcpy(j->request_id, conn_request_id(S, c), sizeof j->request_id);
+    c->job = j;
+    pthread_mutex_lock(&S->job_lock);
+    arrput(S->jobs_todo, j);
+    pthread_cond_signal(&S->job_added);
+    pthread_mutex_unlock(&S->job_lock);
+}
+
+/* The jobs the workers finished, on the network thread: each answered, or its generation added */
+static void jobs_done(srv_state *S) {
+    pthread_mutex_lock(&S->job_lock);
+    srv_job **done = S->jobs_done;
+    S->jobs_done = NULL;
+    pthread_mutex_unlock(&S->job_lock);
+    for (ptrdiff_t i = 0; i < arrlen(done); i++) {
+        srv_job *j = done[i];
+        srv_conn *c = j->conn;
+        S->held -= j->held;
+        if (c) {
+            c->job = NULL;
+            c->t_last_active = now_s();
+            srv_error e = j->e;
+            if (!j->failed && j->r) {
+                srv_req *r = j->r;
+                j->r = NULL; /* attach_generation's now, whatever comes */
+                if (attach_generation(S, c, r, &j->p, &e) != 0) j->failed = 1;
+            } else if (!j->failed)
+                send_response(S, c, 200, "application/json", j->answer.s, j->answer.len, NULL);
+            if (j->failed)
+                send_error(S, c, e.status ? e.status : 400, e.param[0] ? e.param : NULL, "%s", e.msg);
+            if (!c->req && !c->keep_alive) c->closing = 1;
+        }
+        job_free(j); /* the body, which the engine copied what it keeps of */
+    }
+    arrfree(done);
+}
+
+/* ===========================================================================================================
+ * The engine thread: wait for work, step, hand every output over as an event
+ *
+ * The one thread that calls llm_engine_step. A step's outputs are valid only until the next step, so each
+ * is copied into an srv_event (text, ids, logprobs, prompt logprobs), and the step's events go onto
+ * S->events under S->lock with the engine's stats, then one byte down the wake-up pipe. Out of memory
+ * while copying aborts that request with an error event: a client never gets text with a hole in it. The
+ * network thread never waits for a step; the engine thread never touches a request or a connection.
+ * ======================================================================================================== */
+static void *srv_engine_loop(void *arg) {
+    srv_state *S = (srv_state *)arg;
+    double last_log = now_s();
+    int64_t last_prompt = 0, last_gen = 0;
+    for (;;) {
+        pthread_mutex_lock(&S->lock);
+        int stop = S->stop_engine;
+        pthread_mutex_unlock(&S->lock);
+        if (stop) break;
+        if (!llm_engine_wait(S->engine, 1000)) continue; /* a second at most: then the stop flag again */
+        const llm_output *out;
+        double t_step = now_s();
+        int n = llm_engine_step(S->engine, &out);
+        double t = now_s();
+        /* each output copied: the engine reuses its buffers at its next step */
+        srv_event *batch = NULL;
+        for (int i = 0; i < n; i++) {
+            const llm_output *o = &out[i];
+            srv_event ev;
+            memset(&ev, 0, sizeof ev);
+            ev.user = o->user; ev.index = o->index; ev.finish = o->finish_reason;
+            ev.t = t; ev.t_step = t_step;
+            ev.n_tokens = o->n_tokens; ev.n_top = o->n_top; ev.n_prompt = o->n_prompt_tokens;
+            ev.n_cached = o->n_cached_tokens;
+            int ok = 1;
+            if (o->text_len && (ev.text = (char *)malloc((size_t)o->text_len)))
+                memcpy(ev.text, o->text, (size_t)(ev.text_len = o->text_len));
+            else ok = !o->text_len;
+            if (o->n_tokens) {
+                ok = ok && (ev.ids = (int32_t *)malloc((size_t)o->n_tokens * sizeof(int32_t)));
+                if (ok) memcpy(ev.ids, o->token_ids, (size_t)o->n_tokens * sizeof(int32_t));
+            }
+            if (ok && o->logprobs && o->n_tokens) {
+                size_t nt = (size_t)o->n_tokens, nk = nt * (size_t)o->n_top;
+                ok = (ev.logprobs = (float *)malloc(nt * sizeof(float))) != NULL;
+                if (ok) memcpy(ev.logprobs, o->logprobs, nt * sizeof(float));
+                if (ok && nk) {
+                    ok = (ev.top_ids = (int32_t *)malloc(nk * sizeof(int32_t))) &&
+                         (ev.top_logprobs = (float *)malloc(nk * sizeof(float)));
+                    if (ok) {
+                        memcpy(ev.top_ids, o->top_ids, nk * sizeof(int32_t));
+                        memcpy(ev.top_logprobs, o->top_logprobs, nk * sizeof(float));
+                    }
+                }
+            }
+            if (ok && o->prompt_logprobs) {
+                size_t nr = (size_t)o->n_prompt_logprobs + 1, nk = nr * (size_t)o->n_prompt_top;
+                srv_prompt_lp *lp = ev.prompt_lp = (srv_prompt_lp *)calloc(1, sizeof *lp);
+                ok = lp && (lp->logprobs = (float *)malloc(nr * sizeof(float))) &&
+                     (lp->ranks = (int32_t *)malloc(nr * sizeof(int32_t))) &&
+                     (lp->top_ids = (int32_t *)malloc(nk * sizeof(int32_t) + 4)) && /* + 4: K may be 0 */
+                     (lp->top_logprobs = (float *)malloc(nk * sizeof(float) + 4));
+                if (ok) {
+                    lp->n = o->n_prompt_logprobs; lp->n_top = o->n_prompt_top;
+                    memcpy(lp->logprobs, o->prompt_logprobs, (size_t)lp->n * sizeof(float));
+                    memcpy(lp->ranks, o->prompt_ranks, (size_t)lp->n * sizeof(int32_t));
+                    size_t n_top = (size_t)lp->n * (size_t)lp->n_top;
+                    memcpy(lp->top_ids, o->prompt_top_ids, n_top * sizeof(int32_t));
+                    memcpy(lp->top_logprobs, o->prompt_top_logprobs, n_top * sizeof(float));
+                }
+            }
+            if (o->error) ev.error = strdup(o->error);
+            if (!ok) { /* out of memory: the client gets an error rather than a hole in its text */
+                llm_engine_abort(S->engine, o->request_id);
+                if (!ev.error) ev.error = strdup("out of memory in the server");
+                if (!ev.finish) ev.finish = LLM_FINISH_ERROR;
+            }
+            arrput(batch, ev);
+        }
+        /* the step's events handed over at once, with the stats /metrics reads; then the network thread
+         * woken */
+        llm_engine_stats st = llm_engine_get_stats(S->engine);
+        pthread_mutex_lock(&S->lock);
+        for (ptrdiff_t i = 0; i < arrlen(batch); i++) arrput(S->events, batch[i]);
+        S->stats = st;
+        pthread_mutex_unlock(&S->lock);
+        arrfree(batch);
+        if (n > 0) { char c = 'e'; ssize_t rc = write(S->wake[1], &c, 1); (void)rc; }
+        if (t - last_log >= 10 && st.running + st.waiting > 0) { /* like vLLM's periodic line */
+            fprintf(stderr, "llm serve: running %d, waiting %d, KV cache %.1f%% used, prompt %.1f tok/s, "
+                    "generation %.1f tok/s\n", st.running, st.waiting,
+                    100.0 * (st.num_blocks - st.num_free_blocks) / st.num_blocks,
+                    (st.prompt_tokens_computed - last_prompt) / (t - last_log),
+                    (st.generation_tokens - last_gen) / (t - last_log));
+            last_log = t; last_prompt = st.prompt_tokens_computed; last_gen = st.generation_tokens;
+        }
+    }
+    return NULL;
+}
+
+/* ===========================================================================================================
+ * Requests out: what each engine output adds to the response
+ *
+ * A whole response keeps each choice's text and logprobs in its srv_choice until every choice is done, then
+ * finish_request writes the body. A stream sends one SSE chunk per output (stream_event) and, at the end,
+ * the usage, [DONE] and the chunked body's end. The JSON is OpenAI's, with vLLM's additions (prompt_logprobs,
+ * continuous usage, tokens as ids). A chat reply read for thinking or tool calls is parsed again after each
+ * output (llm_chat_parse_reply) and a stream sends only what each part gained since the last chunk.
+ * ======================================================================================================== */
+/* OpenAI's finish_reason for the engine's (a reply that made a tool call says "tool_calls" instead) */
 static const char *finish_name(int reason) {
     return reason == LLM_FINISH_STOP ? "stop" : reason == LLM_FINISH_LENGTH ? "length" :
            reason == LLM_FINISH_ABORT ? "abort" : "error";
 }
 
+/* What every response and chunk opens with: id, object, created, model, system_fingerprint; the object is
+ * left open for the caller's fields. */
 static void put_header_fields(sbuf *b, srv_state *S, srv_req *r, const char *object) {
     sb_puts(b, "{\"id\":");
     sb_json_cstr(b, r->id);
@@ -1582,8 +2561,6 @@ static void put_usage(sbuf *b, srv_req *r) {
               r->prompt_tokens, r->completion_tokens, r->prompt_tokens + r->completion_tokens, cached);
 }
 
-/* A token's text for logprobs: its piece; bytes that are not whole UTF-8 as vLLM writes them,
-   "bytes:\xNN". */
 /* A token as logprobs name it: its text (a JSON string where its bytes are UTF-8, else "bytes:\\x.."), or
  * with as_id (vLLM's return_tokens_as_token_ids) "token_id:N"; and the bytes of that */
 static void put_token_str(sbuf *b, srv_state *S, int32_t id, int as_id) {
@@ -1606,6 +2583,7 @@ static void put_token_str(sbuf *b, srv_state *S, int32_t id, int as_id) {
     sb_free(&t);
 }
 
+/* A token's bytes as a JSON list of numbers (chat logprobs' "bytes") */
 static void put_token_bytes(sbuf *b, srv_state *S, int32_t id, int as_id) {
     char piece[256];
     int n = as_id ? snprintf(piece, sizeof piece, "token_id:%d", (int)id)
@@ -1729,6 +2707,7 @@ static void add_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const srv_eve
     }
 }
 
+/* /v1/completions' logprobs object, from the choice's four lists */
 static void put_completion_logprobs(sbuf *b, srv_choice *ch) {
     sb_puts(b, "{\"tokens\":[");
     sb_put(b, ch->lp_tokens.s ? ch->lp_tokens.s : "", ch->lp_tokens.len);
@@ -1741,13 +2720,7 @@ static void put_completion_logprobs(sbuf *b, srv_choice *ch) {
     sb_puts(b, "]}");
 }
 
-static void choice_reset_logprobs(srv_choice *ch) {
-    sb_free(&ch->lp_tokens); sb_free(&ch->lp_values); sb_free(&ch->lp_top); sb_free(&ch->lp_offsets);
-    sb_free(&ch->logprobs);
-}
-
 /* ---- A chat reply read for its thinking and tool calls ------------------------------------------------- */
-/* A call's id, as OpenAI writes them ("call_" and 24 characters), from the request, choice and call */
 /* The id of choice ci's call k: "call_" and 24 letters and digits, or 9 of them for Mistral's models (their
  * templates take no other); the same every time the reply is read, streamed or not */
 static void put_tool_call_id(sbuf *b, const srv_req *r, int ci, int k) {
@@ -1801,7 +2774,6 @@ static int put_read_message(sbuf *b, srv_req *r, int ci, const srv_choice *ch) {
     return n_calls > 0;
 }
 
-/* One delta chunk of a streamed chat reply: `fields` are the delta's members (JSON, without braces) */
 /* continuous_usage_stats: a chunk of choice ci says its usage so far (its prompt's tokens, done of its
  * own) */
 static void put_chunk_usage(sbuf *b, const srv_req *r, int ci, int done) {
@@ -2039,6 +3011,120 @@ static void finish_request(srv_state *S, srv_req *r) {
 }
 
 /* ===========================================================================================================
+ * The engine's events, on the network thread: each adds to its request's response
+ *
+ * apply_event is where an engine output meets its request: the clocks the metrics need (queue, first token,
+ * the gaps between tokens), the choice's tokens and finish, then the text sent (stream_event) or kept for
+ * finish_request. request_done runs when the request's last choice finishes. A request whose client has
+ * gone (r->conn NULL) is counted and freed the same way; nothing is written for it.
+ * ======================================================================================================== */
+/* Every choice of r has finished: the request's finish reason (the worst of its choices': error, abort,
+ * length, stop), the metrics, one log line, the response's end; its connection is free for its next request,
+ * and r is freed. */
+static void request_done(srv_state *S, srv_req *r) {
+    double t = now_s();
+    const char *reason = "stop";
+    for (int i = 0; i < r->n_prompts * r->n; i++) {
+        int f = r->choices[i].finish;
+        if (f == LLM_FINISH_ERROR || (f == LLM_FINISH_ABORT && strcmp(reason, "error")) ||
+            (f == LLM_FINISH_LENGTH && !strcmp(reason, "stop")))
+            reason = finish_name(f);
+    }
+    S->success[!strcmp(reason, "stop") ? 0 : !strcmp(reason, "length") ? 1 :
+               !strcmp(reason, "abort") ? 2 : 3]++;
+    hist_add(&S->e2e, t - r->t_arrival);
+    /* vLLM's per-request phases, for each engine request (a prompt, its n samples together): waiting from
+     * arrival until the step that first ran it began, prefill until its first token, decode until its last.
+     * A prompt longer than one step's token budget shows its earlier chunks as waiting. */
+    int cached = 0;
+    for (int i = 0; i < r->n_prompts; i++) {
+        srv_prompt *sp = &r->prompts[i];
+        cached += sp->n_cached;
+        if (!sp->started) continue;
+        hist_add(&S->queue, sp->t_scheduled - r->t_arrival);
+        hist_add(&S->req_prompt, sp->n_prompt);
+        hist_add(&S->req_gen, sp->n_generated);
+        if (!sp->t_first) continue;
+        hist_add(&S->prefill, sp->t_first - sp->t_scheduled);
+        hist_add(&S->decode, sp->t_last - sp->t_first);
+        hist_add(&S->inference, sp->t_last - sp->t_scheduled);
+    }
+    fprintf(stderr, "llm serve: %s %s: prompt %d tokens (%d cached), output %d tokens, TTFT %.3f s, %.3f s, "
+            "%s%s%s\n", r->id, r->conn ? r->conn->peer : "(gone)", r->prompt_tokens, cached,
+            r->completion_tokens, r->t_first ? r->t_first - r->t_arrival : 0.0, t - r->t_arrival, reason,
+            r->error[0] ? ": " : "", r->error);
+    srv_conn *c = r->conn;
+    if (c) {
+        finish_request(S, r);
+        c->request_id[0] = 0; c->cors[0] = 0; /* a stream's end: the next request has its own */
+        c->req = NULL;
+        c->t_last_active = t;
+        if (!c->keep_alive) c->closing = 1;
+    }
+    for (ptrdiff_t i = 0; i < arrlen(S->live); i++) if (S->live[i] == r) { arrdelswap(S->live, i); break; }
+    req_free(r);
+}
+
+/* One event into its request: ev->user is the srv_prompt attach_generation gave the engine, ev->index the
+ * sample, and the choice is prompt * n + sample. */
+static void apply_event(srv_state *S, srv_event *ev) {
+    srv_prompt *sp = (srv_prompt *)ev->user;
+    srv_req *r = sp->req;
+    int ci = sp->index * r->n + ev->index;
+    if (ci < 0 || ci >= r->n_prompts * r->n) return;
+    srv_choice *ch = &r->choices[ci];
+    if (ev->prompt_lp && !sp->lp) { sp->lp = ev->prompt_lp; ev->prompt_lp = NULL; } /* for each choice */
+    if (r->score_only) { /* the one token computed for nothing: no completion, as if max_tokens ran out */
+        ev->n_tokens = 0; ev->text_len = 0;
+        if (ev->finish == LLM_FINISH_STOP) ev->finish = LLM_FINISH_LENGTH;
+    }
+    if (!sp->started) {
+        sp->started = 1; S->n_queued--; S->prompt_tokens_total += ev->n_prompt;
+        sp->t_scheduled = ev->t_step;
+    }
+    sp->n_cached = ev->n_cached;
+    if (ev->n_tokens) {
+        if (!sp->t_first) sp->t_first = ev->t;
+        sp->t_last = ev->t;
+        sp->n_generated += ev->n_tokens;
+        if (!r->t_first) { r->t_first = ev->t; hist_add(&S->ttft, ev->t - r->t_arrival); }
+        else if (ev->t > r->t_last) hist_add(&S->itl, ev->t - r->t_last);
+        r->t_last = ev->t;
+        ch->n_tokens += ev->n_tokens;
+        r->completion_tokens += ev->n_tokens;
+    }
+    if (ev->finish) {
+        ch->finish = ev->finish;
+        if (ev->finish == LLM_FINISH_ERROR && !r->error[0])
+            snprintf(r->error, sizeof r->error, "%s", ev->error ? ev->error : "the engine failed");
+    }
+    if (r->conn) {
+        if (r->stream) stream_event(S, r, ci, ch, ev);
+        else {
+            if (r->echo && sp->echo_text && !ch->echoed) {
+                if (r->logprobs >= 0) add_prompt_logprobs(S, r, ch, sp, ch->text.len);
+                sb_puts(&ch->text, sp->echo_text);
+                ch->echoed = 1;
+            }
+            if (r->logprobs >= 0 && ev->n_tokens)
+                add_logprobs(S, r, ch, ev, &ch->logprobs, ch->text.len);
+            if (ev->text_len) sb_put(&ch->text, ev->text, (size_t)ev->text_len);
+        }
+    }
+    if (ev->finish && --r->n_open == 0) request_done(S, r);
+}
+
+/* Events from the engine thread, applied in order. */
+static void drain_events(srv_state *S) {
+    pthread_mutex_lock(&S->lock);
+    srv_event *evs = S->events;
+    S->events = NULL;
+    pthread_mutex_unlock(&S->lock);
+    for (ptrdiff_t i = 0; i < arrlen(evs); i++) { apply_event(S, &evs[i]); srv_event_free(&evs[i]); }
+    arrfree(evs);
+}
+
+/* ===========================================================================================================
  * Metrics: vLLM's names, so existing dashboards work
  * ======================================================================================================== */
 static const double hist_ttft[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -2062,21 +3148,10 @@ static int hist_1_2_5(double *out, int cap, int max) {
     return n;
 }
 
-static int hist_init(srv_hist *h, const double *bounds, int n) {
-    h->bounds = bounds; h->n_bounds = n;
-    h->counts = (int64_t *)calloc((size_t)n + 1, sizeof(int64_t));
-    return h->counts ? 0 : -1;
-}
-
-static void hist_add(srv_hist *h, double x) {
-    int i = 0;
-    while (i < h->n_bounds && x > h->bounds[i]) i++;
-    h->counts[i]++; h->sum += x; h->count++;
-}
-
 /* Every series has vLLM's labels: model_name and engine (the engine's index: one engine here, "0") */
 #define SRV_LABELS "model_name=\"%s\",engine=\"0\""
 
+/* A histogram in Prometheus' text format: cumulative buckets (le), then its sum and count */
 static void put_hist(sbuf *b, const char *name, const char *help, const srv_hist *h, const char *model) {
     sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     int64_t cum = 0;
@@ -2092,6 +3167,8 @@ static void put_hist(sbuf *b, const char *name, const char *help, const srv_hist
     sb_printf(b, "%s_count{" SRV_LABELS "} %lld\n", name, model, (long long)h->count);
 }
 
+/* GET /metrics: the engine's stats (as its thread last left them, under S->lock) and the network thread's
+ * counters and histograms, in Prometheus' text format, with vLLM's names and labels. */
 static void handle_metrics(srv_state *S, srv_conn *c) {
     pthread_mutex_lock(&S->lock);
     llm_engine_stats st = S->stats;
@@ -2175,921 +3252,6 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
 }
 
 /* ===========================================================================================================
- * Endpoints
- * ======================================================================================================== */
-static void req_free(srv_req *r) {
-    if (!r) return;
-    for (int i = 0; i < r->n_prompts; i++) {
-        arrfree(r->prompts[i].prompt_ids);
-        free(r->prompts[i].echo_text);
-        prompt_lp_free(r->prompts[i].lp);
-    }
-    for (int i = 0; r->choices && i < r->n_prompts * r->n; i++) {
-        sb_free(&r->choices[i].text);
-        arrfree(r->choices[i].sent_args);
-        choice_reset_logprobs(&r->choices[i]);
-    }
-    free(r->prompts); free(r->choices);
-    arrfree(r->stop_ids); arrfree(r->bias_ids); arrfree(r->bias); arrfree(r->allowed_ids);
-    arrfree(r->bad_ids); arrfree(r->bad_lens); free(r->grammar); free(r->chat_echo);
-    llm_grammar_free(r->grammar_parsed);
-    free(r);
-}
-
-/* The prompts of /v1/completions: a string, a list of strings, a list of ids, or a list of lists of ids. */
-/* What echo shows of a prompt given as ids, or truncated: the text of its ids */
-static int echo_ids_text(srv_state *S, srv_prompt *sp) {
-    int n = (int)arrlen(sp->prompt_ids), m = llm_detokenize(S->model->tok, sp->prompt_ids, n, 0, NULL, 0);
-    free(sp->echo_text);
-    sp->echo_text = NULL;
-    if (m < 0 || !(sp->echo_text = (char *)malloc((size_t)m + 1))) return -1;
-    llm_detokenize(S->model->tok, sp->prompt_ids, n, 0, sp->echo_text, m + 1);
-    return 0;
-}
-
-/* vLLM's truncate_prompt_tokens: only the last K tokens of each prompt (echo shows what is left) */
-static int truncate_prompts(srv_state *S, srv_req *r, srv_error *e) {
-    for (int i = 0; i < r->n_prompts && r->truncate_prompt_tokens; i++) {
-        srv_prompt *sp = &r->prompts[i];
-        int cut = (int)arrlen(sp->prompt_ids) - r->truncate_prompt_tokens;
-        if (cut <= 0) continue;
-        arrdeln(sp->prompt_ids, 0, cut);
-        if (sp->echo_text && echo_ids_text(S, sp)) return bad(e, 500, NULL, "out of memory");
-    }
-    return 0;
-}
-
-static int completion_prompts(srv_state *S, const llm_json *prompt, srv_req *r, srv_error *e) {
-    if (!prompt) return bad(e, 400, "prompt", "prompt is required");
-    const llm_json *list = prompt;
-    int n = 1, one = 1;
-    if (prompt->type == LLM_JSON_ARRAY && prompt->n > 0 && (prompt->items[0].type == LLM_JSON_STRING ||
-                                                     prompt->items[0].type == LLM_JSON_ARRAY)) {
-        n = prompt->n; one = 0;
-    } else if (prompt->type != LLM_JSON_STRING && prompt->type != LLM_JSON_ARRAY) {
-        return bad(e, 400, "prompt", "prompt must be a string, a list of strings or a list of token ids");
-    }
-    if (n > SRV_MAX_PROMPTS)
-        return bad(e, 400, "prompt", "at most %d prompts in one request", SRV_MAX_PROMPTS);
-    r->prompts = (srv_prompt *)calloc((size_t)n, sizeof(srv_prompt));
-    if (!r->prompts) return bad(e, 500, NULL, "out of memory");
-    r->n_prompts = n;
-    for (int i = 0; i < n; i++) {
-        const llm_json *p = one ? list : &list->items[i];
-        srv_prompt *sp = &r->prompts[i];
-        sp->req = r; sp->index = i;
-        if (p->type == LLM_JSON_STRING) {
-            if (tokenize_text(S, p->str, p->len, r->add_special, &sp->prompt_ids) != 0)
-                return bad(e, 400, "prompt", "the prompt could not be tokenized");
-            if (r->echo && !(sp->echo_text = strdup(p->str))) return bad(e, 500, NULL, "out of memory");
-        } else if (p->type == LLM_JSON_ARRAY) {
-            for (int k = 0; k < p->n; k++) {
-                const llm_json *t = &p->items[k];
-                if (!is_token_id(S, t))
-                    return bad(e, 400, "prompt", "a prompt's token ids must be integers in 0..%d",
-                               S->model->cfg.vocab_size - 1);
-                arrput(sp->prompt_ids, (int32_t)t->num);
-            }
-            if (r->echo && echo_ids_text(S, sp)) return bad(e, 500, NULL, "out of memory");
-        } else {
-            return bad(e, 400, "prompt", "prompt must be a string, a list of strings or a list of token ids");
-        }
-        if (arrlen(sp->prompt_ids) == 0) return bad(e, 400, "prompt", "the prompt is empty");
-    }
-    return 0;
-}
-
-/* The context check vLLM makes: prompt + max_tokens within max_model_len. */
-static int check_context(srv_state *S, srv_req *r, int max_tokens, int max_tokens_given, srv_error *e) {
-    for (int i = 0; i < r->n_prompts; i++) {
-        int n = (int)arrlen(r->prompts[i].prompt_ids);
-        if (n >= S->max_model_len || (max_tokens_given && n + max_tokens > S->max_model_len))
-            return bad(e, 400, r->kind == REQ_CHAT ? "messages" : "prompt",
-                       "This model's maximum context length is %d tokens. However, you requested %d tokens "
-                       "(%d in the %s, %d in the completion). Please reduce the length of the %s "
-                       "or completion.",
-                       S->max_model_len, n + (max_tokens_given ? max_tokens : 1), n,
-                       r->kind == REQ_CHAT ? "messages" : "prompt", max_tokens_given ? max_tokens : 1,
-                       r->kind == REQ_CHAT ? "messages" : "prompt");
-    }
-    return 0;
-}
-
-/* vLLM's echo on a chat: the reply's content begins with the last message's text when that message has the
- * reply's role (the assistant's; without add_generation_prompt, the last message's own) */
-static int chat_echo(const llm_json *body, srv_req *r, srv_error *e) {
-    int echo = 0, gen = 1;
-    if (get_bool(body, "echo", &echo, e) || get_bool(body, "add_generation_prompt", &gen, e)) return -1;
-    const llm_json *msgs = llm_json_get(body, "messages"), *last = &msgs->items[msgs->n - 1];
-    if (!echo || (gen && !fv_str(llm_json_get(last, "role"), "assistant"))) return 0;
-    sbuf t = {0};
-    if (chat_content(last, msgs->n - 1, &t, e)) { sb_free(&t); return -1; }
-    int failed = t.failed || !(r->chat_echo = strdup(t.s ? t.s : ""));
-    sb_free(&t);
-    return failed ? bad(e, 500, NULL, "out of memory") : 0;
-}
-
-/* /v1/completions and /v1/chat/completions: parse, check, tokenize, add to the engine. */
-/* A generation request, on a worker: its fields checked, its prompts rendered and tokenized, its grammar
- * written and parsed; into r and p, ready for the engine (attach_generation). -1 with the error in *e. */
-static int prepare_generation(srv_state *S, const llm_json *body, int kind, const char *request_id,
-                              srv_req *r, llm_sampling_params *p, srv_error *e) {
-    r->kind = kind; r->logprobs = -1; r->created = (long long)wall_s();
-    /* vLLM's ids: chatcmpl-{X-Request-Id}, cmpl-{X-Request-Id}; the n choices and the prompts of a list share
-     * it, as they share the response (a tool call's id adds the choice's index) */
-    snprintf(r->id, sizeof r->id, "%s-%s", kind == REQ_CHAT ? "chatcmpl" : "cmpl", request_id);
-    double x;
-    if (check_model(S, body, e) || parse_sampling(S, body, r, p, e)) return -1;
-    int max_tokens = 16, given = 1;
-    if (kind == REQ_COMPLETIONS) {
-        if (get_bool(body, "echo", &r->echo, e)) return -1;
-        x = 16;
-        if (get_number(body, "max_tokens", r->echo ? 0 : 1, 1 << 30, 1, &x, e)) return -1; /* 0: scoring */
-        const llm_json *mt = llm_json_get(body, "max_tokens");
-        if (mt && mt->type == LLM_JSON_NUMBER) max_tokens = (int)x;
-        r->score_only = r->echo && max_tokens == 0;
-        x = -1;
-        if (get_number(body, "logprobs", 0, 20, 1, &x, e)) return -1;
-        r->logprobs = (int)x;
-        p->logprobs = r->logprobs;
-        if (r->echo && r->logprobs > p->prompt_logprobs) p->prompt_logprobs = r->logprobs; /* echo's prompt */
-        if (completion_prompts(S, llm_json_get(body, "prompt"), r, e)) return -1;
-    } else {
-        const llm_json *mt = llm_json_get(body, "max_completion_tokens");
-        const char *key = mt && mt->type != LLM_JSON_NULL ? "max_completion_tokens" : "max_tokens";
-        x = 0;
-        if (get_number(body, key, 1, 1 << 30, 1, &x, e)) return -1;
-        given = x > 0; max_tokens = (int)x;
-        int want_logprobs = 0;
-        if (get_bool(body, "logprobs", &want_logprobs, e)) return -1;
-        x = 0;
-        if (get_number(body, "top_logprobs", 0, 20, 1, &x, e)) return -1;
-        if (x > 0 && !want_logprobs) /* as OpenAI and vLLM: top_logprobs asks for nothing without logprobs */
-            return bad(e, 400, "top_logprobs", "when using top_logprobs, logprobs must be set to true");
-        r->logprobs = want_logprobs ? 1 : -1; r->top_logprobs = (int)x;
-        p->logprobs = want_logprobs ? r->top_logprobs : -1;
-        char *text = NULL;
-        int n = 0;
-        if (chat_prompt(S, body, r, &text, &n, e) || chat_echo(body, r, e)) { free(text); return -1; }
-        r->prompts = (srv_prompt *)calloc(1, sizeof(srv_prompt));
-        int ok = 1;
-        if (r->prompts) {
-            r->n_prompts = 1; r->prompts[0].req = r;
-            if (tokenize_text(S, text, (size_t)n, r->add_special, &r->prompts[0].prompt_ids) != 0)
-                { bad(e, 400, "messages", "the conversation could not be tokenized"); ok = 0; }
-        } else { bad(e, 500, NULL, "out of memory"); ok = 0; }
-        free(text);
-        if (!ok) return -1;
-        int32_t stop_ids[8]; /* the template's end of turn */
-        int k = llm_chat_stop_ids(&S->chat, S->model->tok, stop_ids, 8);
-        for (int i = 0; i < k && i < 8; i++) arrput(r->stop_ids, stop_ids[i]);
-    }
-    if (truncate_prompts(S, r, e) || check_context(S, r, max_tokens, given, e)) return -1;
-    p->max_tokens = r->score_only ? 1 : given ? max_tokens : 0; /* scoring: the token it computes anyway */
-    p->stop_token_ids = r->stop_ids; p->n_stop_token_ids = (int)arrlen(r->stop_ids);
-    p->logit_bias_ids = r->bias_ids; p->logit_bias = r->bias; p->n_logit_bias = (int)arrlen(r->bias_ids);
-    p->allowed_token_ids = r->allowed_ids; p->n_allowed_token_ids = (int)arrlen(r->allowed_ids);
-    p->bad_word_ids = r->bad_ids; p->bad_word_lens = r->bad_lens; p->n_bad_words = (int)arrlen(r->bad_lens);
-    p->grammar_parsed = r->grammar_parsed; /* structured_check's: the network thread adds it cheaply */
-    return 0;
-}
-
-/* A prepared generation joins the engine, on the network thread: its prompts added (ids and a parsed grammar:
- * cheap), the connection given the request, a stream's headers sent. Frees r and returns -1 with the error in
- * *e when it cannot start (the queue is full, or the engine refuses its first prompt). */
-static int attach_generation(srv_state *S, srv_conn *c, srv_req *r, const llm_sampling_params *p,
-                             srv_error *e) {
-    r->call_id_seed = llm_splitmix64(&S->id_rng);
-    if (S->n_queued + r->n_prompts > S->max_queue) {
-        bad(e, 503, NULL, "the server is busy: %d requests are waiting (--max-queue %d)", S->n_queued,
-            S->max_queue);
-        goto fail;
-    }
-    r->choices = (srv_choice *)calloc((size_t)(r->n_prompts * r->n), sizeof(srv_choice));
-    if (!r->choices) { bad(e, 500, NULL, "out of memory"); goto fail; }
-    r->n_open = r->n_prompts * r->n;
-    r->conn = c;
-    char err[LLM_ERR_LEN];
-    for (int i = 0; i < r->n_prompts; i++) {
-        srv_prompt *sp = &r->prompts[i];
-        sp->n_prompt = (int)arrlen(sp->prompt_ids);
-        sp->engine_id = llm_engine_add_request(S->engine, NULL, sp->prompt_ids, sp->n_prompt, p, sp, err);
-        if (!sp->engine_id) {
-            /* the requests already added finish as aborted; this one never started */
-            for (int k = 0; k < i; k++) llm_engine_abort(S->engine, r->prompts[k].engine_id);
-            if (i == 0) { bad(e, 400, NULL, "%s", err); r->conn = NULL; goto fail; }
-            snprintf(r->error, sizeof r->error, "%s", err);
-            r->n_open -= (r->n_prompts - i) * r->n;
-            r->n_prompts = i;
-            break;
-        }
-        S->n_queued++;
-        r->prompt_tokens += sp->n_prompt;
-    }
-    c->req = r;
-    arrput(S->live, r);
-    if (r->stream) {
-        sbuf h = {0};
-        sb_printf(&h, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                  "X-Request-Id: %s\r\n%sTransfer-Encoding: chunked\r\n\r\n", conn_request_id(S, c), c->cors);
-        conn_send(S, c, h.s, h.len);
-        sb_free(&h);
-    }
-    return 0;
-fail:
-    req_free(r);
-    return -1;
-}
-
-/* /tokenize and /detokenize: 0 with the answer's body in out, or -1 with the error in *e */
-static int handle_tokenize(srv_state *S, const llm_json *body, sbuf *out, srv_error *e) {
-    int32_t *ids = NULL;
-    int add_special = 1;
-    if (check_model(S, body, e) || get_bool(body, "add_special_tokens", &add_special, e)) goto fail;
-    const llm_json *prompt = llm_json_get(body, "prompt"), *msgs = llm_json_get(body, "messages");
-    if (prompt && prompt->type == LLM_JSON_STRING) {
-        if (tokenize_text(S, prompt->str, prompt->len, add_special, &ids)) {
-            bad(e, 400, "prompt", "cannot tokenize");
-            goto fail;
-        }
-    } else if (msgs && msgs->type == LLM_JSON_ARRAY) { /* a chat's prompt, tools and all, as it would run */
-        srv_req tmp;
-        memset(&tmp, 0, sizeof tmp);
-        char *text = NULL;
-        int n = 0, rc = chat_prompt(S, body, &tmp, &text, &n, e);
-        free(tmp.grammar); llm_grammar_free(tmp.grammar_parsed);
-        if (rc == 0 && tokenize_text(S, text, (size_t)n, add_special, &ids))
-            rc = bad(e, 400, "messages", "cannot tokenize");
-        free(text);
-        if (rc) goto fail;
-    } else {
-        bad(e, 400, "prompt", "give prompt (a string) or messages (a list)");
-        goto fail;
-    }
-    sb_printf(out, "{\"count\":%d,\"max_model_len\":%d,\"tokens\":[", (int)arrlen(ids), S->max_model_len);
-    for (ptrdiff_t i = 0; i < arrlen(ids); i++) sb_printf(out, i ? ",%d" : "%d", ids[i]);
-    sb_puts(out, "],\"token_strs\":null}");
-    arrfree(ids);
-    return out->failed ? bad(e, 500, NULL, "out of memory") : 0;
-fail:
-    arrfree(ids);
-    return -1;
-}
-
-static int handle_detokenize(srv_state *S, const llm_json *body, sbuf *out, srv_error *e) {
-    const llm_json *tokens = llm_json_get(body, "tokens");
-    if (check_model(S, body, e)) return -1;
-    if (!tokens || tokens->type != LLM_JSON_ARRAY)
-        return bad(e, 400, "tokens", "tokens must be a list of ids");
-    int32_t *ids = NULL;
-    for (int i = 0; i < tokens->n; i++) {
-        const llm_json *v = &tokens->items[i];
-        if (!is_token_id(S, v)) {
-            arrfree(ids);
-            return bad(e, 400, "tokens", "tokens must be integers in 0..%d", S->model->cfg.vocab_size - 1);
-        }
-        arrput(ids, (int32_t)v->num);
-    }
-    sbuf t = {0};
-    int m = llm_detokenize(S->model->tok, ids, (int)arrlen(ids), 0, NULL, 0);
-    if (m > 0 && (t.s = (char *)malloc((size_t)m + 1)))
-        t.len = (size_t)llm_detokenize(S->model->tok, ids, (int)arrlen(ids), 0, t.s, m + 1);
-    arrfree(ids);
-    sb_puts(out, "{\"prompt\":");
-    sb_json_str(out, t.s ? t.s : "", t.len);
-    sb_puts(out, "}");
-    sb_free(&t);
-    return out->failed ? bad(e, 500, NULL, "out of memory") : 0;
-}
-
-/* ===========================================================================================================
- * Request workers: what a request's bytes cost, off the network thread
- * A request's JSON is parsed, its chat template rendered, its prompts tokenized and its grammar written and
- * parsed by a worker thread: a 7 MB prompt or a 1 MB grammar takes a second or more, and on the network
- * thread that second would stall every stream and every health check. The network thread hands a whole
- * request over (a job: the route and a copy of the body) and goes on; the connection reads no further request
- * until the job comes back, through the wake-up pipe, as an answer to send (an error, /tokenize's) or as a
- * generation ready for the engine, which the network thread adds (ids and a parsed grammar: cheap).
- * ======================================================================================================== */
-enum { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETIONS, JOB_CHAT };
-
-struct srv_job {
-    srv_conn *conn;                 /* the network thread's: NULL once the client has gone */
-    int route;                      /* JOB_* */
-    char *body; size_t body_len;    /* the request's body (NULL: none) */
-    size_t held;                    /* its bytes past SRV_CONN_ALLOWANCE: in S->held until it is done */
-    char request_id[SRV_MAX_REQUEST_ID + 1];
-    double t_arrival;
-    /* what the worker made: a generation ready to add (r, p), or an answer */
-    int failed;                     /* 1: the error in e */
-    srv_error e;
-    sbuf answer;                    /* a 200's body (/tokenize, /detokenize) */
-    llm_json json;                  /* the body parsed: r's stop strings and cache salt point into it */
-    int json_ok;
-    srv_req *r;
-    llm_sampling_params p;
-};
-
-static void job_free(srv_job *j) {
-    free(j->body); sb_free(&j->answer);
-    if (j->json_ok) llm_json_free(&j->json);
-    req_free(j->r);
-    free(j);
-}
-
-/* The worker's part of a job: everything a request's bytes can make cost */
-static void job_run(srv_state *S, srv_job *j) {
-    char jerr[LLM_ERR_LEN];
-    j->failed = 1;
-    if (llm_json_parse(j->body ? j->body : "", j->body_len, &j->json, jerr) != 0) {
-        bad(&j->e, 400, NULL, "the body is not valid JSON: %s", jerr);
-        return;
-    }
-    j->json_ok = 1;
-    free(j->body); j->body = NULL; /* (the parse copied what it keeps) */
-    if (j->json.type != LLM_JSON_OBJECT) { bad(&j->e, 400, NULL, "the body must be a JSON object"); return; }
-    if (j->route == JOB_TOKENIZE || j->route == JOB_DETOKENIZE) {
-        j->failed = (j->route == JOB_TOKENIZE ? handle_tokenize : handle_detokenize)(S, &j->json, &j->answer,
-                                                                                    &j->e) != 0;
-        return;
-    }
-    if (!(j->r = (srv_req *)calloc(1, sizeof *j->r))) { bad(&j->e, 500, NULL, "out of memory"); return; }
-    j->r->t_arrival = j->t_arrival;
-    j->failed = prepare_generation(S, &j->json, j->route == JOB_CHAT ? REQ_CHAT : REQ_COMPLETIONS,
-                                   j->request_id, j->r, &j->p, &j->e) != 0;
-}
-
-static void *srv_worker(void *arg) {
-    srv_state *S = (srv_state *)arg;
-    pthread_mutex_lock(&S->job_lock);
-    for (;;) {
-        while (!arrlen(S->jobs_todo) && !S->jobs_quit) pthread_cond_wait(&S->job_added, &S->job_lock);
-        if (S->jobs_quit) break;
-        srv_job *j = S->jobs_todo[0];
-        arrdel(S->jobs_todo, 0);
-        pthread_mutex_unlock(&S->job_lock);
-        job_run(S, j);
-        pthread_mutex_lock(&S->job_lock);
-        arrput(S->jobs_done, j);
-        char c = 'j';
-        ssize_t rc = write(S->wake[1], &c, 1);
-        (void)rc;
-    }
-    pthread_mutex_unlock(&S->job_lock);
-    return NULL;
-}
-
-/* A whole request to a worker; the connection waits for it (job_done) */
-static void job_start(srv_state *S, srv_conn *c, int route, http_request *rq) {
-    srv_job *j = (srv_job *)calloc(1, sizeof *j);
-    if (!j) { send_error(S, c, 500, NULL, "out of memory"); return; }
-    j->body = rq->body.s; j->body_len = rq->body.len; /* the job's now; it still counts in what is held */
-    memset(&rq->body, 0, sizeof rq->body);
-    j->held = j->body_len > SRV_CONN_ALLOWANCE ? j->body_len - SRV_CONN_ALLOWANCE : 0;
-    S->held += j->held;
-    j->conn = c; j->route = route; j->t_arrival = now_s();
-    memcpy(j->request_id, conn_request_id(S, c), sizeof j->request_id);
-    c->job = j;
-    pthread_mutex_lock(&S->job_lock);
-    arrput(S->jobs_todo, j);
-    pthread_cond_signal(&S->job_added);
-    pthread_mutex_unlock(&S->job_lock);
-}
-
-/* The jobs the workers finished, on the network thread: each answered, or its generation added */
-static void jobs_done(srv_state *S) {
-    pthread_mutex_lock(&S->job_lock);
-    srv_job **done = S->jobs_done;
-    S->jobs_done = NULL;
-    pthread_mutex_unlock(&S->job_lock);
-    for (ptrdiff_t i = 0; i < arrlen(done); i++) {
-        srv_job *j = done[i];
-        srv_conn *c = j->conn;
-        S->held -= j->held;
-        if (c) {
-            c->job = NULL;
-            c->t_last_active = now_s();
-            srv_error e = j->e;
-            if (!j->failed && j->r) {
-                srv_req *r = j->r;
-                j->r = NULL; /* attach_generation's now, whatever comes */
-                if (attach_generation(S, c, r, &j->p, &e) != 0) j->failed = 1;
-            } else if (!j->failed)
-                send_response(S, c, 200, "application/json", j->answer.s, j->answer.len, NULL);
-            if (j->failed)
-                send_error(S, c, e.status ? e.status : 400, e.param[0] ? e.param : NULL, "%s", e.msg);
-            if (!c->req && !c->keep_alive) c->closing = 1;
-        }
-        job_free(j); /* the body, which the engine copied what it keeps of */
-    }
-    arrfree(done);
-}
-
-static int key_equal(const char *given, const char *key) { /* constant time in the key's length */
-    size_t n = strlen(key), m = strlen(given);
-    unsigned diff = (unsigned)(n ^ m);
-    for (size_t i = 0; i < n; i++) diff |= (unsigned char)key[i] ^ (unsigned char)(i < m ? given[i] : 0);
-    return diff == 0;
-}
-
-/* The routes and the one method each takes; the POST ones take a JSON object (Content-Type:
- * application/json, as vLLM asks: a browser cannot send that cross-origin without a CORS preflight). */
-static const struct { const char *path, *method; int open; } srv_routes[] = {
-    {"/v1/completions", "POST", 0}, {"/v1/chat/completions", "POST", 0}, {"/v1/models", "GET", 0},
-    {"/health", "GET", 1}, {"/version", "GET", 0}, {"/tokenize", "POST", 0}, {"/detokenize", "POST", 0},
-    {"/metrics", "GET", 1}, {"/ping", "GET", 1},
-};
-
-static int origin_allowed(const srv_state *S, const char *origin) {
-    for (ptrdiff_t i = 0; i < arrlen(S->origins); i++)
-        if (!strcmp(S->origins[i], "*") || !strcmp(S->origins[i], origin)) return 1;
-    return 0;
-}
-
-/* A request's head is in: what the head alone decides is answered now, before a byte of the body is read
- * (an unknown path, a wrong method, a CORS preflight, a missing API key, a body too large or not JSON,
- * draining). Returns 1 when it answered. Sets the response's X-Request-Id and CORS headers. */
-static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
-    if (rq->request_id[0]) memcpy(c->request_id, rq->request_id, sizeof c->request_id);
-    else mint_request_id(S, c->request_id);
-    c->cors[0] = 0;
-    int cors = rq->origin[0] && origin_allowed(S, rq->origin);
-    if (cors) /* as Starlette's CORSMiddleware (vLLM's) answers an allowed origin */
-        snprintf(c->cors, sizeof c->cors, "Access-Control-Allow-Origin: %s\r\n%s",
-                 origin_allowed(S, "*") ? "*" : rq->origin, origin_allowed(S, "*") ? "" : "Vary: Origin\r\n");
-    int route = -1;
-    for (int i = 0; i < (int)(sizeof srv_routes / sizeof srv_routes[0]); i++)
-        if (!strcmp(rq->path, srv_routes[i].path)) route = i;
-    if (route < 0) { send_error(S, c, 404, NULL, "Not Found: %s", rq->path); return 1; }
-    const char *method = srv_routes[route].method;
-    if (cors && rq->preflight && !strcmp(rq->method, "OPTIONS")) { /* before the key: a preflight has none */
-        char h[512];
-        snprintf(h, sizeof h, "Access-Control-Allow-Methods: %s, OPTIONS\r\nAccess-Control-Max-Age: 600\r\n"
-                 "%s%s%s", method, rq->cors_headers[0] ? "Access-Control-Allow-Headers: " : "",
-                 rq->cors_headers, rq->cors_headers[0] ? "\r\n" : "");
-        send_response(S, c, 200, "text/plain; charset=utf-8", "", 0, h);
-        return 1;
-    }
-    if (strcmp(rq->method, method)) {
-        char allow[64];
-        snprintf(allow, sizeof allow, "Allow: %s\r\n", method);
-        sbuf b = {0};
-        sb_printf(&b, "{\"error\":{\"message\":\"Method Not Allowed: use %s for %s\",\"type\":"
-                  "\"invalid_request_error\",\"param\":null,\"code\":405}}", method, rq->path);
-        send_response(S, c, 405, "application/json", b.s, b.len, allow);
-        sb_free(&b);
-        return 1;
-    }
-    if (S->api_key && !srv_routes[route].open) {
-        const char *a = rq->auth;
-        if (strncasecmp(a, "Bearer ", 7) != 0 || !key_equal(a + 7, S->api_key)) {
-            send_error(S, c, 401, NULL, "Unauthorized: give the API key as 'Authorization: Bearer KEY'");
-            return 1;
-        }
-    }
-    if (rq->content_length > SRV_MAX_BODY) {
-        send_error(S, c, 413, NULL, "the request's body is too large (%lld bytes; at most %d)",
-                   rq->content_length, SRV_MAX_BODY);
-        return 1;
-    }
-    if (!strcmp(method, "POST") && !rq->json) { /* vLLM's words */
-        send_error(S, c, 415, NULL, "Unsupported Media Type: Only 'application/json' is allowed");
-        return 1;
-    }
-    /* draining (SIGTERM): /health fails, so a load balancer sends new work elsewhere, and new work that
-     * comes anyway is refused; what is in flight runs to its end */
-    const char *path = rq->path;
-    int generation = !strcmp(path, "/v1/completions") || !strcmp(path, "/v1/chat/completions");
-    if (g_srv_stop && (generation || !strcmp(path, "/health") || !strcmp(path, "/ping"))) {
-        send_error(S, c, 503, NULL, "the server is shutting down: it finishes the requests it has and takes "
-                   "no new ones");
-        return 1;
-    }
-    return 0;
-}
-
-/* A whole request, which route_head let through: the endpoint's answer. */
-static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
-    const char *path = rq->path;
-    if (!strcmp(path, "/health") || !strcmp(path, "/ping")) {
-        send_response(S, c, 200, "application/json", "", 0, NULL);
-        return;
-    }
-    if (!strcmp(path, "/metrics")) { handle_metrics(S, c); return; }
-    if (!strcmp(path, "/version")) {
-        const char v[] = "{\"version\":\"0.1.0\"}";
-        send_response(S, c, 200, "application/json", v, sizeof v - 1, NULL);
-        return;
-    }
-    if (!strcmp(path, "/v1/models")) {
-        sbuf b = {0};
-        sb_puts(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
-        sb_json_cstr(&b, S->model_name);
-        sb_printf(&b, ",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"llm\",\"root\":",
-                  (long long)wall_s());
-        sb_json_cstr(&b, S->model_name);
-        sb_printf(&b, ",\"parent\":null,\"max_model_len\":%d,\"permission\":[]}]}", S->max_model_len);
-        send_response(S, c, 200, "application/json", b.s, b.len, NULL);
-        sb_free(&b);
-        return;
-    }
-    /* the rest take a JSON object: a worker reads it */
-    job_start(S, c, !strcmp(path, "/tokenize") ? JOB_TOKENIZE :
-                    !strcmp(path, "/detokenize") ? JOB_DETOKENIZE :
-                    !strcmp(path, "/v1/chat/completions") ? JOB_CHAT : JOB_COMPLETIONS, rq);
-}
-
-/* ===========================================================================================================
- * The engine's events, on the network thread: each adds to its request's response
- * ======================================================================================================== */
-static void request_done(srv_state *S, srv_req *r) {
-    double t = now_s();
-    const char *reason = "stop";
-    for (int i = 0; i < r->n_prompts * r->n; i++) {
-        int f = r->choices[i].finish;
-        if (f == LLM_FINISH_ERROR || (f == LLM_FINISH_ABORT && strcmp(reason, "error")) ||
-            (f == LLM_FINISH_LENGTH && !strcmp(reason, "stop")))
-            reason = finish_name(f);
-    }
-    S->success[!strcmp(reason, "stop") ? 0 : !strcmp(reason, "length") ? 1 :
-               !strcmp(reason, "abort") ? 2 : 3]++;
-    hist_add(&S->e2e, t - r->t_arrival);
-    /* vLLM's per-request phases, for each engine request (a prompt, its n samples together): waiting from
-     * arrival until the step that first ran it began, prefill until its first token, decode until its last.
-     * A prompt longer than one step's token budget shows its earlier chunks as waiting. */
-    int cached = 0;
-    for (int i = 0; i < r->n_prompts; i++) {
-        srv_prompt *sp = &r->prompts[i];
-        cached += sp->n_cached;
-        if (!sp->started) continue;
-        hist_add(&S->queue, sp->t_scheduled - r->t_arrival);
-        hist_add(&S->req_prompt, sp->n_prompt);
-        hist_add(&S->req_gen, sp->n_generated);
-        if (!sp->t_first) continue;
-        hist_add(&S->prefill, sp->t_first - sp->t_scheduled);
-        hist_add(&S->decode, sp->t_last - sp->t_first);
-        hist_add(&S->inference, sp->t_last - sp->t_scheduled);
-    }
-    fprintf(stderr, "llm serve: %s %s: prompt %d tokens (%d cached), output %d tokens, TTFT %.3f s, %.3f s, "
-            "%s%s%s\n", r->id, r->conn ? r->conn->peer : "(gone)", r->prompt_tokens, cached,
-            r->completion_tokens, r->t_first ? r->t_first - r->t_arrival : 0.0, t - r->t_arrival, reason,
-            r->error[0] ? ": " : "", r->error);
-    srv_conn *c = r->conn;
-    if (c) {
-        finish_request(S, r);
-        c->request_id[0] = 0; c->cors[0] = 0; /* a stream's end: the next request has its own */
-        c->req = NULL;
-        c->t_last_active = t;
-        if (!c->keep_alive) c->closing = 1;
-    }
-    for (ptrdiff_t i = 0; i < arrlen(S->live); i++) if (S->live[i] == r) { arrdelswap(S->live, i); break; }
-    req_free(r);
-}
-
-static void apply_event(srv_state *S, srv_event *ev) {
-    srv_prompt *sp = (srv_prompt *)ev->user;
-    srv_req *r = sp->req;
-    int ci = sp->index * r->n + ev->index;
-    if (ci < 0 || ci >= r->n_prompts * r->n) return;
-    srv_choice *ch = &r->choices[ci];
-    if (ev->prompt_lp && !sp->lp) { sp->lp = ev->prompt_lp; ev->prompt_lp = NULL; } /* for each choice */
-    if (r->score_only) { /* the one token computed for nothing: no completion, as if max_tokens ran out */
-        ev->n_tokens = 0; ev->text_len = 0;
-        if (ev->finish == LLM_FINISH_STOP) ev->finish = LLM_FINISH_LENGTH;
-    }
-    if (!sp->started) {
-        sp->started = 1; S->n_queued--; S->prompt_tokens_total += ev->n_prompt;
-        sp->t_scheduled = ev->t_step;
-    }
-    sp->n_cached = ev->n_cached;
-    if (ev->n_tokens) {
-        if (!sp->t_first) sp->t_first = ev->t;
-        sp->t_last = ev->t;
-        sp->n_generated += ev->n_tokens;
-        if (!r->t_first) { r->t_first = ev->t; hist_add(&S->ttft, ev->t - r->t_arrival); }
-        else if (ev->t > r->t_last) hist_add(&S->itl, ev->t - r->t_last);
-        r->t_last = ev->t;
-        ch->n_tokens += ev->n_tokens;
-        r->completion_tokens += ev->n_tokens;
-    }
-    if (ev->finish) {
-        ch->finish = ev->finish;
-        if (ev->finish == LLM_FINISH_ERROR && !r->error[0])
-            snprintf(r->error, sizeof r->error, "%s", ev->error ? ev->error : "the engine failed");
-    }
-    if (r->conn) {
-        if (r->stream) stream_event(S, r, ci, ch, ev);
-        else {
-            if (r->echo && sp->echo_text && !ch->echoed) {
-                if (r->logprobs >= 0) add_prompt_logprobs(S, r, ch, sp, ch->text.len);
-                sb_puts(&ch->text, sp->echo_text);
-                ch->echoed = 1;
-            }
-            if (r->logprobs >= 0 && ev->n_tokens)
-                add_logprobs(S, r, ch, ev, &ch->logprobs, ch->text.len);
-            if (ev->text_len) sb_put(&ch->text, ev->text, (size_t)ev->text_len);
-        }
-    }
-    if (ev->finish && --r->n_open == 0) request_done(S, r);
-}
-
-/* ===========================================================================================================
- * Connections and the network loop
- *
- * What a connection may cost is bounded. In memory: its unparsed input by a head's 16 KiB and one read
- * (a body is taken out as it comes), its body by 8 MiB, and every connection's request bytes past its
- * first SRV_CONN_ALLOWANCE by SRV_MAX_BUFFERED in all (503 past it); its unsent output by SRV_MAX_BACKLOG:
- * past it nothing more of it is read or parsed (pipelined requests from a client that reads nothing make no
- * more answers), and a stream it runs is aborted. In time: a request must come whole within
- * --request-timeout (408), and output that waits that long with no byte taken ends the connection (its
- * request aborted). The socket is read only while the connection wants input, so none of this can be
- * outrun by a client that sends faster than it is answered.
- * ======================================================================================================== */
-/* The bytes of c's output the kernel has not taken yet */
-static size_t conn_unsent(const srv_conn *c) { return c->out.len - c->out_sent; }
-
-/* Whether a request of c is in flight: in the engine, or still with a worker */
-static int conn_busy(const srv_conn *c) { return c->req || c->job; }
-
-/* Whether c's socket is to be read now: not while a request of it is in flight (the next one waits in the
- * kernel's buffer), nor while its output is backed up, nor after its FIN; closing, only to drop what comes
- * while lingering. */
-static int conn_wants_input(const srv_conn *c) {
-    if (c->closing) return c->closing == 3;
-    return !c->eof && !conn_busy(c) && conn_unsent(c) <= SRV_MAX_BACKLOG;
-}
-
-/* Asks epoll for what c waits for now (a call only when that changed; errors and hang-ups always come). */
-static void conn_update_events(srv_state *S, srv_conn *c) {
-    unsigned ev = (conn_wants_input(c) ? EPOLLIN | EPOLLRDHUP : 0) | (conn_unsent(c) ? EPOLLOUT : 0);
-    if (ev == c->events) return;
-    struct epoll_event e = {0};
-    e.events = ev;
-    e.data.ptr = c;
-    epoll_ctl(S->epoll_fd, EPOLL_CTL_MOD, c->fd, &e);
-    c->events = ev;
-}
-
-/* Sends what the kernel takes of c's output. t_out_stuck is when the unsent bytes last moved (0: none). */
-static void conn_flush(srv_state *S, srv_conn *c) {
-    (void)S;
-    size_t before = c->out_sent;
-    while (c->out_sent < c->out.len) {
-        ssize_t n = send(c->fd, c->out.s + c->out_sent, c->out.len - c->out_sent, MSG_NOSIGNAL);
-        if (n > 0) { c->out_sent += (size_t)n; continue; }
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        c->closing = 2; /* the peer is gone */
-        return;
-    }
-    if (c->out_sent == c->out.len) { /* all out: a large buffer goes back to the allocator */
-        if (c->out.cap > SRV_CONN_ALLOWANCE) sb_free(&c->out);
-        c->out.len = 0; c->out_sent = 0; c->t_out_stuck = 0;
-    } else if (c->out_sent > before || !c->t_out_stuck) c->t_out_stuck = now_s();
-}
-
-/* Appends to c's output and sends what can go. The part already sent is dropped before the buffer grows
- * (a client that reads steadily but never quite catches up cannot make it grow). A stream whose client has
- * fallen SRV_MAX_BACKLOG behind is ended: its request is aborted when the connection closes. */
-static void conn_send(srv_state *S, srv_conn *c, const char *data, size_t n) {
-    if (!c || c->closing == 2) return;
-    if (c->out_sent && c->out_sent >= c->out.len / 2) {
-        memmove(c->out.s, c->out.s + c->out_sent, c->out.len - c->out_sent);
-        c->out.len -= c->out_sent; c->out_sent = 0;
-    }
-    sb_put(&c->out, data, n);
-    if (c->out.failed) { c->closing = 2; return; }
-    conn_flush(S, c);
-    if (c->closing != 2 && c->req && c->req->stream && conn_unsent(c) > SRV_MAX_BACKLOG) {
-        fprintf(stderr, "llm serve: %s %s: the client is more than %d MiB behind its stream: connection "
-                "closed, request aborted\n", c->req->id, c->peer, SRV_MAX_BACKLOG >> 20);
-        c->closing = 2;
-    }
-}
-
-/* Counts c's request bytes past its allowance into S->held (after each change to them). */
-static void conn_account(srv_state *S, srv_conn *c) {
-    size_t have = c->in.len + c->parser.rq.body.len;
-    size_t held = have > SRV_CONN_ALLOWANCE ? have - SRV_CONN_ALLOWANCE : 0;
-    S->held = S->held - c->held + held;
-    c->held = held;
-}
-
-static void conn_close(srv_state *S, srv_conn *c) {
-    if (c->req) { /* the client left mid-request: stop its generation, its blocks go back at the next step */
-        for (int i = 0; i < c->req->n_prompts; i++) llm_engine_abort(S->engine, c->req->prompts[i].engine_id);
-        c->req->conn = NULL;
-    }
-    if (c->job) c->job->conn = NULL; /* a worker has its request: what it makes is thrown away */
-    epoll_ctl(S->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL);
-    close(c->fd);
-    for (ptrdiff_t i = 0; i < arrlen(S->conns); i++) if (S->conns[i] == c) { arrdelswap(S->conns, i); break; }
-    S->held -= c->held;
-    http_parser_reset(&c->parser);
-    sb_free(&c->in); sb_free(&c->out);
-    free(c);
-}
-
-/* The head of the request being read is in: answered now when route_head says so; else its body follows
- * (after "100 Continue" to a client that waits for it). An answer given before a body ends the connection:
- * the body is never read (what comes of it is dropped while the connection lingers). */
-static void conn_head(srv_state *S, srv_conn *c) {
-    const http_request *rq = &c->parser.rq;
-    int body = rq->chunked || rq->content_length > 0;
-    c->keep_alive = rq->keep_alive && !g_srv_stop && !body; /* as an answer now says it */
-    if (route_head(S, c, rq)) {
-        c->answered = 1;
-        if (!c->keep_alive) c->closing = 1;
-        return;
-    }
-    c->keep_alive = rq->keep_alive && !g_srv_stop;
-    if (rq->expect_continue && body) conn_send(S, c, "HTTP/1.1 100 Continue\r\n\r\n", 25);
-}
-
-/* Parses and answers the requests waiting in c's input, in order, while none is in flight and its output
- * is not backed up; then drops the bytes parsed (once), counts what is held and starts the clock of a
- * request begun. After the client's FIN, a connection with nothing more to answer closes. */
-static void conn_process(srv_state *S, srv_conn *c) {
-    size_t off = 0;
-    int starved = 0;
-    while (!conn_busy(c) && !c->closing && conn_unsent(c) <= SRV_MAX_BACKLOG) {
-        size_t used = 0;
-        int rc = http_feed(&c->parser, c->in.s ? c->in.s + off : "", c->in.len - off, &used);
-        off += used;
-        if (rc == HTTP_INCOMPLETE) { starved = 1; break; }
-        if (rc == HTTP_HEAD) { conn_head(S, c); continue; }
-        if (rc == HTTP_OK) {
-            if (!c->answered) handle_request(S, c, &c->parser.rq);
-            http_parser_reset(&c->parser);
-            c->answered = 0;
-            if (!conn_busy(c) && !c->keep_alive) c->closing = 1;
-            continue;
-        }
-        /* the stream can no longer be trusted: answer and close */
-        c->keep_alive = 0;
-        send_error(S, c, rc, NULL, "%s%s", rc == 400 ? "a malformed HTTP request: " : "",
-                   c->parser.why ? c->parser.why : "");
-        c->closing = 1;
-    }
-    if (off) {
-        memmove(c->in.s, c->in.s + off, c->in.len - off);
-        c->in.len -= off;
-    }
-    if (!c->in.len && c->in.cap > SRV_CONN_ALLOWANCE) sb_free(&c->in);
-    int begun = !conn_busy(c) && !c->closing && (c->in.len || c->parser.state != HP_HEAD);
-    if (!begun) c->t_request_start = 0;
-    else if (!c->t_request_start) c->t_request_start = now_s();
-    if (c->eof && starved && !conn_busy(c) && !c->closing) c->closing = 1;
-    conn_account(S, c);
-}
-
-/* Reads what c's client sends while c wants input, parsing as it goes; a lingering connection's input is
- * dropped. recv() == 0 is the client's FIN, which may be a half-close (shutdown(SHUT_WR), nc -N): what it
- * asked is still answered, then the connection ends. Bytes past a connection's allowance count against
- * the budget all connections share: a read that would pass it gets a 503. */
-static void conn_read(srv_state *S, srv_conn *c) {
-    while (conn_wants_input(c)) {
-        char buf[65536];
-        ssize_t n = recv(c->fd, buf, sizeof buf, 0);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        if (n < 0 || (n == 0 && c->closing == 3)) { c->closing = 2; return; } /* failed, or lingered enough */
-        if (n == 0) { c->eof = 1; break; }
-        if (c->closing == 3) continue;
-        c->t_last_active = now_s();
-        size_t have = c->in.len + c->parser.rq.body.len + (size_t)n;
-        if (have > SRV_CONN_ALLOWANCE && S->held - c->held + (have - SRV_CONN_ALLOWANCE) > SRV_MAX_BUFFERED) {
-            c->keep_alive = 0;
-            send_error(S, c, 503, NULL, "the server holds too many unfinished requests' bytes (%d MiB): "
-                       "try again", SRV_MAX_BUFFERED >> 20);
-            c->closing = 1;
-            http_parser_reset(&c->parser); /* what it held of this request goes back at once */
-            sb_free(&c->in);
-            conn_account(S, c);
-            return;
-        }
-        sb_put(&c->in, buf, (size_t)n);
-        if (c->in.failed) { c->closing = 2; return; }
-        conn_process(S, c);
-    }
-    conn_process(S, c);
-}
-
-/* The listener in epoll or out of it: out while accept() cannot take a connection (see accept_all). */
-static void listener_rest(srv_state *S, int rest) {
-    struct epoll_event e = {0};
-    e.events = rest ? 0 : EPOLLIN;
-    e.data.ptr = &S->listen_fd;
-    epoll_ctl(S->epoll_fd, EPOLL_CTL_MOD, S->listen_fd, &e);
-    S->accept_resume = rest ? now_s() + SRV_ACCEPT_PAUSE : 0;
-}
-
-/* Takes every connection waiting. Out of fds (EMFILE, ENFILE) or memory, accept() fails again at once for
- * as long as connections wait, and the level-triggered listener would spin the loop on it (and the log):
- * the listener rests SRV_ACCEPT_PAUSE seconds instead, the connections waiting in the kernel's backlog
- * until fds free up, and the failure is logged at most once every 10 seconds. */
-static void accept_all(srv_state *S) {
-    for (;;) {
-        struct sockaddr_storage addr;
-        socklen_t alen = sizeof addr;
-        int fd = accept4(S->listen_fd, (struct sockaddr *)&addr, &alen, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-            double t = now_s();
-            if (!S->accept_log_t || t - S->accept_log_t >= 10) {
-                fprintf(stderr, "llm serve: accept: %s (%d connections open): new connections wait until "
-                        "some close\n", strerror(errno), (int)arrlen(S->conns));
-                S->accept_log_t = t;
-            }
-            listener_rest(S, 1);
-            return;
-        }
-        srv_conn *c = (srv_conn *)calloc(1, sizeof *c);
-        if (!c) { close(fd); continue; }
-        c->fd = fd; c->keep_alive = 1; c->t_last_active = now_s();
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* stream tokens as they come */
-        char host[INET6_ADDRSTRLEN] = "?";
-        if (addr.ss_family == AF_INET)
-            inet_ntop(AF_INET, &((struct sockaddr_in *)&addr)->sin_addr, host, sizeof host);
-        else if (addr.ss_family == AF_INET6)
-            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&addr)->sin6_addr, host, sizeof host);
-        snprintf(c->peer, sizeof c->peer, "%s", host);
-        struct epoll_event e = {0};
-        e.events = c->events = EPOLLIN | EPOLLRDHUP;
-        e.data.ptr = c;
-        if (epoll_ctl(S->epoll_fd, EPOLL_CTL_ADD, fd, &e) != 0) { close(fd); free(c); continue; }
-        arrput(S->conns, c);
-    }
-}
-
-/* After a pass of events, each connection's state moves on: its next pipelined request, time-outs (a
- * request begun and not finished, output not taken, idleness), closing (then lingering: FIN sent, late
- * input dropped for SRV_LINGER seconds, so that an answer given before a body was read is not lost to the
- * reset that closing on unread input sends), and the epoll events it waits for. */
-static void conn_tick(srv_state *S, srv_conn *c, double t) {
-    if (!conn_busy(c) && !c->closing) conn_process(S, c);
-    if (!conn_busy(c) && !c->closing && c->t_request_start && t - c->t_request_start > S->request_timeout) {
-        c->keep_alive = 0; /* slowloris: the request was begun and not finished in time */
-        send_error(S, c, 408, NULL, "the request took more than %g s to arrive", S->request_timeout);
-        c->closing = 1;
-    }
-    if (c->closing != 2 && c->t_out_stuck && t - c->t_out_stuck > S->request_timeout) {
-        fprintf(stderr, "llm serve: %s %s: the client took no response bytes for %g s: connection closed%s\n",
-                c->req ? c->req->id : "-", c->peer, S->request_timeout, c->req ? ", request aborted" : "");
-        c->closing = 2;
-    }
-    if (!conn_busy(c) && !c->closing && !c->t_request_start && t - c->t_last_active > SRV_IDLE_TIMEOUT)
-        c->closing = 1;
-    if (c->closing == 1 && !conn_unsent(c)) {
-        if (c->eof) c->closing = 2;
-        else { shutdown(c->fd, SHUT_WR); c->closing = 3; c->t_linger = t; }
-    }
-    if (c->closing == 3 && t - c->t_linger > SRV_LINGER) c->closing = 2;
-    if (c->closing == 2) conn_close(S, c);
-    else conn_update_events(S, c);
-}
-
-/* Events from the engine thread, applied in order. */
-static void drain_events(srv_state *S) {
-    pthread_mutex_lock(&S->lock);
-    srv_event *evs = S->events;
-    S->events = NULL;
-    pthread_mutex_unlock(&S->lock);
-    for (ptrdiff_t i = 0; i < arrlen(evs); i++) { apply_event(S, &evs[i]); srv_event_free(&evs[i]); }
-    arrfree(evs);
-}
-
-static int open_listener(const char *host, int port, int *bound_port, char *err, size_t err_cap) {
-    struct addrinfo hints = {0}, *res = NULL;
-    hints.ai_family = AF_UNSPEC; hints.ai_socktype = SOCK_STREAM; hints.ai_flags = AI_PASSIVE;
-    char ports[16];
-    snprintf(ports, sizeof ports, "%d", port);
-    int rc = getaddrinfo(host, ports, &hints, &res);
-    if (rc != 0) { snprintf(err, err_cap, "cannot resolve %s: %s", host, gai_strerror(rc)); return -1; }
-    int fd = -1;
-    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0) continue;
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
-            snprintf(err, err_cap, "cannot listen on %s:%d: %s", host, port, strerror(errno));
-            close(fd); fd = -1;
-        }
-    }
-    freeaddrinfo(res);
-    if (fd < 0) return -1;
-    struct sockaddr_storage sa;
-    socklen_t len = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &len);
-    *bound_port = ntohs(sa.ss_family == AF_INET ? ((struct sockaddr_in *)&sa)->sin_port
-                                                : ((struct sockaddr_in6 *)&sa)->sin6_port);
-    return fd;
-}
-
-/* ===========================================================================================================
  * llm serve
  * ======================================================================================================== */
 typedef struct {
@@ -3133,6 +3295,11 @@ static int parse_origins(srv_state *S, const char *v, char *err, size_t cap) {
     return ok ? 0 : -1;
 }
 
+/* llm serve: the engine and everything around it set up (chat template, sampling defaults, histograms,
+ * listener, wake-up pipe, signals, the engine thread, the workers), then the network loop until a stop,
+ * then the teardown in the order that frees each thing once: the engine thread stopped first (no more
+ * events), the connections closed, the last events and jobs applied, the workers joined. Returns the exit
+ * status. */
 static int serve(const serve_config *a) {
     char err[LLM_ERR_LEN];
     srv_state *S = (srv_state *)calloc(1, sizeof *S);
@@ -3142,6 +3309,7 @@ static int serve(const serve_config *a) {
     pthread_cond_init(&S->job_added, NULL);
     int rc = 1;
     double t0 = now_s();
+    /* 1. the engine and the model's chat template; then the settings every request starts from */
     S->engine = llm_engine_create(&a->engine, err);
     if (!S->engine) { fprintf(stderr, "llm serve: %s\n", err); free(S); return 1; }
     S->model = llm_engine_model(S->engine);
@@ -3189,6 +3357,7 @@ static int serve(const serve_config *a) {
     if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) /* else the clock and the pid */
         seed = (uint64_t)(wall_s() * 1e9) ^ ((uint64_t)getpid() << 32);
     S->id_rng = seed;
+    /* 2. the metrics' histograms (the token counts' buckets go up to the context's length) */
     int n_lat = (int)(sizeof hist_e2e / sizeof *hist_e2e), n_tok = 0;
     S->token_bounds = (double *)malloc(64 * sizeof(double));
     if (S->token_bounds) n_tok = hist_1_2_5(S->token_bounds, 64, S->max_model_len);
@@ -3201,6 +3370,7 @@ static int serve(const serve_config *a) {
         fprintf(stderr, "llm serve: out of memory\n");
         goto out;
     }
+    /* 3. the listener, the wake-up pipe, epoll and the signals (SIGTERM drains); then the threads */
     int port = 0;
     S->listen_fd = open_listener(a->host, a->port, &port, err, sizeof err);
     if (S->listen_fd < 0) { fprintf(stderr, "llm serve: %s\n", err); goto out; }
@@ -3260,6 +3430,8 @@ static int serve(const serve_config *a) {
             sampling_note[0] ? "; the file's " : "", sampling_note);
     fprintf(stderr, "listening on http://%s:%d\n", a->host, port);
 
+    /* 4. the network loop: each pass the sockets' events, the engine's events and the workers' jobs, then
+     * every connection moved on; a stop ends it once the requests in flight are out */
     double stop_since = 0;
     for (;;) {
         struct epoll_event events[256];
@@ -3305,6 +3477,8 @@ static int serve(const serve_config *a) {
             if (!busy) break;
         }
     }
+    /* 5. the teardown: the engine thread first (no event comes after it), then the connections, the last
+     * events and jobs, and the requests cut short */
     rc = 0;
     pthread_mutex_lock(&S->lock);
     S->stop_engine = 1;
