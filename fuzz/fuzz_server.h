@@ -1,5 +1,6 @@
 /* fuzz_server.h - server.c in a fuzz target, as main.c takes it in: llm.h's implementation, the two functions
- * main.c lends server.c (now_s, proc_memory_bytes), then the file itself. Its network loop, endpoints and serve() go unused (built with -Wno-unused-function). */
+ * main.c lends server.c (now_s, proc_memory_bytes), then the file itself. Its network loop, endpoints and
+ * serve() go unused (built with -Wno-unused-function). */
 #define _GNU_SOURCE
 #define LLM_IMPLEMENTATION
 #include "llm.h"
