@@ -4641,6 +4641,36 @@ void llm_block_set_hash(llm_block_manager *bm, int id, uint64_t hash) {
 /* ===========================================================================================================
  * 7. Forward: the model over a batch, reading and writing the paged KV cache. The CPU backend, which is the
  *    reference the CUDA kernels are checked against; llm.cu has the CUDA one behind the same llm_backend.
+ * In comes an llm_batch: the new tokens of several sequences, flattened one after the other, each with its
+ * position, and each sequence's block tables; out comes a row of vocab_size logits for each of the
+ * batch's logit rows (a prompt's prefill usually asks for one: its last). llm_cpu_forward runs the whole
+ * model over the batch, a layer at a time, on activations of one row per token:
+ *     token ids -> their embedding rows                    x [T][dim]: the residual stream
+ *     each layer:  xn = rmsnorm(x)
+ *                  q, k, v = xn Wq, xn Wk, xn Wv           (biases, q/k norms, RoPE at the token's position)
+ *                  k, v -> the cache, at the token's slot: block_table[pos / block_size], pos % block_size
+ *                  att = softmax(q . k_p / sqrt(head_dim)) v_p, over the positions p the token sees, read
+ *                        back from the cache through its sequence's block table (paged attention)
+ *                  x += att Wo;  xn = rmsnorm(x)
+ *                  x += (silu(xn Wgate) * xn Wup) Wdown    (or a mixture of experts; Gemma: GELU for silu)
+ *     the logit rows only: logits = rmsnorm(x) Woutput
+ * Every matrix product is llm_matmul's, out[t][r] = W[r] . x[t], which reads each weight row once for all
+ * the step's tokens: what batching many sequences into one step buys, since a decode step's time goes to
+ * reading the weights. A token's arithmetic is meant not to depend on the tokens batched beside it (test
+ * "batch invariance": requests batched give the tokens they give alone).
+ * How the products meet the weights is the backend's path (llm_cpu_path): "cpu", the default, rounds the
+ * activations to 16-bit integers and multiplies them by the weights as the file stores them; "cpu-int8"
+ * rounds to 8 bits, as llama.cpp does; "cpu-exact" converts each weight row to f32 and rounds nothing, the
+ * reference the others are measured against. The kernels here are plain C; a build with SIMD runs section
+ * 14's versions of them, declared just before the function that calls them (#ifdef LLM_CPU_SIMD).
+ * Threads (OpenMP, with -fopenmp; else one thread runs the same code): a matrix product's tiles of rows,
+ * attention's (run of a sequence's tokens, K/V head) pairs, and the token-by-token steps from
+ * LLM_TOKENS_PARALLEL tokens on are shared among them. Memory: the activations are allocated once and grown
+ * on demand (llm_cpu.scratch), the KV pool once (alloc_kv); a step allocates only scratch (the quantized
+ * activations, each thread's buffers), and when one fails the step returns -1, out of memory.
+ * Read first: llm_cpu_forward (the layers), llm_cpu_attention (paged attention), llm_matmul (the products).
+ * vLLM's PagedAttention kernels read K and V through block tables the same way, on the GPU. llama.cpp
+ * builds a graph of ggml operations for each batch and runs it; here a layer is C loops, read in order.
  * ======================================================================================================== */
 /* K and V of one group's layers (all the layers of a model without windows) for one block: what one block
  * of the pool costs a backend */
@@ -4649,6 +4679,9 @@ static size_t llm_kv_bytes_per_block(const llm_config *c, int block_size, int va
 }
 
 /* ---- The math ------------------------------------------------------------------------------------------ */
+/* The f32 dot products everything else is made of: attention's scores, f32 weights and the exact path's
+ * rows converted to f32. However many vectors one call takes, each sum is added up in the same order as
+ * alone, so that a token's result does not depend on what was computed beside it. */
 /* a . b[c] for nc (1 to LLM_DOT_MAX_VECTORS) vectors b[c], b_stride floats apart, into out[c]: eight running
  * sums per vector (the compiler keeps them in one vector register), so that a is read once for all of them
  * while each sum is added up in the same order as alone, bit for bit */
@@ -4740,6 +4773,12 @@ typedef struct {
     int16_t a[32];      /* 256 q + r as one 16-bit integer, what 16-bit products meet (16-bit; else 0) */
 } llm_q8;
 
+/* One block of activations, 32 values x[0..31]:
+ *     d = max |x[j]| / 127                    q[j] = round(x[j] / d)                 8 bits: x[j] ~ d q[j]
+ *     16 bits: r[j] = round((x[j] - d q[j]) / (d / 256)), within +-127;  x[j] ~ (d / 256) (256 q[j] + r[j])
+ *     sum[0], sum[1]: the integers of values 0-15 and 16-31 added up (what a weight block's minimum and
+ *     offset multiply), s = the block's d times their total
+ * Rounding is to nearest, ties to even (lrintf), so that the SIMD version gives the same bytes. */
 /* The reference quantization (a SIMD build calls it only from the tests: unused otherwise); wide: 16 bits */
 static __attribute__((unused)) void llm_q8_quantize_ref(const float *x, llm_q8 *out, int64_t n, int wide) {
     for (int64_t b = 0; b < n / 32; b++, x += 32) {
@@ -4876,6 +4915,7 @@ static void llm_q8_dot(uint32_t type, int wide, const void *row, const llm_q8 *x
 #undef LLM_Q8_WIDTHS
 #undef LLM_Q8_CALL
 #endif
+    /* plain C: a build without SIMD (whose llm_matmul converts the rows instead: only the tests come here) */
     for (int c = 0; c < nc; c++) out[c] = llm_q8_dot_ref(type, row, x + c * x_stride, n, wide);
 }
 
@@ -4925,6 +4965,7 @@ static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr,
                          int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride);
 #endif
 static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, int path) {
+    /* 1. how the rows are read (the kind), and the tiles the threads share */
     int64_t rows = w->rows, cols = w->cols;
     size_t row_bytes = llm_dtype_row_bytes(w->type, cols);
     int kind = llm_matmul_kind(w->type, path), failed = 0, wide = path == LLM_PATH_ACT16;
@@ -4950,6 +4991,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
         tile_rows = ((share + pieces - 1) / pieces + LLM_HALF_ROWS - 1) / LLM_HALF_ROWS * LLM_HALF_ROWS;
     }
 #endif
+    /* 2. the fast path's activations, quantized once for every row to meet */
     int64_t n_tiles = (rows + tile_rows - 1) / tile_rows;
     llm_q8 *xq = NULL;
     if (kind == LLM_ROWS_Q8 && !(xq = (llm_q8 *)malloc((size_t)T * (size_t)(cols / 32) * sizeof(llm_q8))))
@@ -4958,6 +5000,8 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
 #ifdef LLM_CPU_SIMD
     if (kind == LLM_ROWS_Q8 && T >= LLM_PACK_MIN_TOKENS) kind = LLM_ROWS_PACKED;
 #endif
+    /* 3. each thread: its buffers (a tile's rows converted to f32, or packed), then its share of the tiles,
+     * each tile's rows times every token */
     #pragma omp parallel
     {
         float *converted = NULL;
@@ -4993,6 +5037,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
                                           converted + (size_t)(r - r0) * cols, cols);
             }
 #ifdef LLM_CPU_SIMD
+            /* a prefill's packed tiles, and the f16/bf16 tiles: section 14's kernels */
             if (kind == LLM_ROWS_PACKED) {
                 if (pack)
                     llm_matmul_packed(out, xq, wide, w->type, tile_data, row_bytes, r0, r1, rows, cols,
@@ -5040,6 +5085,8 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
     return failed ? -1 : 0;
 }
 
+/* RMS norm: out = x / sqrt(mean(x^2) + eps) * weight, element by element (no mean taken off and no bias, as
+ * LayerNorm has: Llama's and every model's here). out may be x. */
 static void llm_rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
     double ss = 0; /* in double, as llama.cpp does: the mean of squares of thousands of values */
     for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
@@ -5134,7 +5181,9 @@ void llm_rope_freqs(const llm_config *c, float base, float freq_scale, float *fr
     }
 }
 
-/* Rotate the first rope_dim values of one head by the angles of llm_rope_angles */
+/* Rotate the first rope_dim values of one head by the angles of llm_rope_angles: pair i is values (i,
+ * i + rope_dim / 2) with rope_neox (GPT-NeoX's layout: Qwen, Gemma, gpt-oss...), else the adjacent (2i,
+ * 2i + 1) (Llama's and SmolLM3's, as llama.cpp has them); values past rope_dim stay as they are */
 static void llm_rope(float *x, const float *cs, const float *sn, const llm_config *c) {
     int half = c->rope_dim / 2;
     for (int i = 0; i < half; i++) {
@@ -5146,10 +5195,18 @@ static void llm_rope(float *x, const float *cs, const float *sn, const llm_confi
 }
 
 /* ---- The CPU backend ----------------------------------------------------------------------------------- */
+/* In order: its state, the threads, the KV pool (its addresses, stores, allocation and block copies),
+ * paged attention, the mixture-of-experts FFN, the forward call, the sample step, and the backends made. */
 /* Its state: the model (weights read where they are), and the KV cache in host memory, K and V each
  * laid out [index][block][slot][kv_head][head_dim], index a layer's place in its group (llm_kv_place): for
  * one layer, the K of a sequence's position p is the n_kv_heads * head_dim values at slot
- * block_table[p / block_size] * block_size + p % block_size, block_table its group's. */
+ * block_table[p / block_size] * block_size + p % block_size, block_table its group's. One layer's K, in a
+ * pool of 3 blocks of 4 slots, for a model of 2 K/V heads:
+ *     block 0: slot 0 [head 0 | head 1]  slot 1 [head 0 | head 1]  slot 2 [...]  slot 3 [...]
+ *     block 1: slot 0 [head 0 | head 1]  ...
+ *     block 2: ...
+ * A sequence whose block table is [2, 0] has its positions 0-3 in block 2, 4-7 in block 0; the next
+ * layer's K comes after the whole pool's, so that a block number means the same slots in every layer. */
 typedef struct {
     const llm_model *model;
     int num_blocks, block_size;
@@ -5187,10 +5244,15 @@ static __attribute__((unused)) int llm_cpu_threads_for_load(double *others_runni
     return n < 1 ? 1 : n;
 }
 
+/* The bytes of one cached K or V value: 2 in f16, 4 in f32 */
 static size_t llm_cpu_kv_value_bytes(const llm_cpu *c) {
     return c->kv_half ? sizeof(uint16_t) : sizeof(float);
 }
 
+/* Where the K (cache c->k) or V (c->v) row of a sequence's position pos lies, for the layer at index in its
+ * group: the block table turns the position into a slot of the pool (block_table[pos / block_size], slot
+ * pos % block_size), and the slot holds the n_kv_heads heads' rows side by side. The table's entry for pos
+ * must be a block (not -1). */
 static uint8_t *llm_cpu_kv_at(const llm_cpu *c, void *cache, int index, const int32_t *block_table, int pos) {
     size_t slot = (size_t)block_table[pos / c->block_size] * c->block_size + (size_t)(pos % c->block_size);
     size_t per_slot = (size_t)c->model->cfg.n_kv_heads * c->model->cfg.head_dim;
@@ -5213,10 +5275,14 @@ static void llm_cpu_kv_store(const llm_cpu *c, void *dst, const float *src, int 
     for (; i < n; i++) ((uint16_t *)dst)[i] = llm_f32_to_f16(src[i]);
 }
 
+/* Value i of a cached row, as f32 */
 static float llm_cpu_kv_value(const llm_cpu *c, const void *v, int i) {
     return c->kv_half ? llm_f16_to_f32(((const uint16_t *)v)[i]) : ((const float *)v)[i];
 }
 
+/* The pool: K and V, each one anonymous mapping for all of a group's layers (its kv_bytes). alloc_kv may
+ * be called again: the old pool goes first. Its pages cost memory only once written; -1 with the reason
+ * when a mapping fails. */
 static void llm_cpu_free_kv(llm_cpu *c) {
     if (c->k) munmap(c->k, c->kv_bytes);
     if (c->v) munmap(c->v, c->kv_bytes);
@@ -5293,6 +5359,10 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
     float scale = 1.0f / sqrtf((float)hd), dots[LLM_DOT_MAX_VECTORS];
     /* scores[j * n_ctx + p] for query j = token i's head g = i * nq + g; the queries side by side; an f16
      * cache's block of K rows as f32 */
+    /* 1. the queries side by side in scratch (with AVX-512, 4 or more of them, in pairs). A run of nt = 3
+     * tokens and nq = 2 heads: 6 queries, each k_p read once for all of them,
+     *     queries   [t0 h0][t0 h1][t1 h0][t1 h1][t2 h0][t2 h1]      query j = token j / nq's head j % nq
+     *     scores    row j: query j's scores over positions first..pos + nt - 1 (token i sees to pos + i) */
     float *scores = scratch, *queries = scratch + (size_t)nqt * n_ctx;
     float *k_rows = queries + (size_t)(nqt + 1) * hd;
     int pairs = 0; /* with AVX-512, a prompt's queries (4 to 12) side by side in pairs for llm_dot_pairs */
@@ -5306,6 +5376,7 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
 #endif
     for (int i = 0; !pairs && i < nt; i++)
         memcpy(queries + (size_t)i * nq * hd, q + i * stride, (size_t)nq * hd * sizeof(float));
+    /* 2. the scores q . k_p / sqrt(hd) of every query with every position from first to the last token's */
     for (int p0 = first - first % bs; p0 < n_ctx; p0 += bs) { /* block by block: the table read once each */
         int lo = p0 > first ? p0 : first, hi = p0 + bs < n_ctx ? p0 + bs : n_ctx; /* the positions wanted */
         const uint8_t *kp = llm_cpu_kv_at(c, c->k, index, block_table, lo) + kv_head * head_bytes;
@@ -5329,6 +5400,7 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
             }
             continue;
         }
+        /* a prompt's run: each k_p against all its queries at once (llm_dot_many, or the pairs) */
         for (int p = lo; p < hi; p++, k += k_stride) { /* a token's dots with later p are left unused */
 #if defined(LLM_CPU_SIMD) && defined(LLM_AVX512F)
             if (pairs) llm_dot_pairs(k, queries, (nqt + 1) / 2, hd, dots);
@@ -5338,11 +5410,14 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
             for (int j = 0; j < nqt; j++) scores[(size_t)j * n_ctx + p] = dots[j] * scale;
         }
     }
+    /* 3. per token, per head: the softmax of its scores over the positions it sees (a sink's logit joins the
+     * sum but has no value), then the weighted sum of the V rows */
     for (int i = 0; i < nt; i++) { /* token i: positions first_i..pos + i */
         int last = pos + i, first_i = window > 0 && last + 1 > window ? last + 1 - window : 0;
         float *sc = scores + (size_t)i * nq * n_ctx, *o = out + i * stride;
         for (int g = 0; g < nq; g++) {
             float *row = sc + (size_t)g * n_ctx, mx = sinks ? sinks[g] : -INFINITY, sum = 0;
+            /* exp(s - the largest s) / their sum: the largest taken off first, so that no exp overflows */
             mx = llm_max(row + first_i, last + 1 - first_i, mx);
             llm_softmax_exp(row + first_i, last + 1 - first_i, mx);
             for (int p = first_i; p <= last; p++) sum += row[p];
@@ -5410,6 +5485,7 @@ void llm_moe_route(const llm_config *cf, const float *router_bias, float *scores
     }
 }
 
+/* The scratch floats llm_cpu_moe needs per token of a batch (0 for a model without experts) */
 static size_t llm_cpu_moe_floats(const llm_config *cf) {
     size_t width = (size_t)(cf->shared_ffn_dim > cf->expert_ffn_dim ? cf->shared_ffn_dim :
                             cf->expert_ffn_dim);
@@ -5429,8 +5505,11 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
     float *xe = (float *)(rows + T), *oe = xe + (size_t)T * D, *ge = oe + (size_t)T * D;
     float *ue = ge + (size_t)T * width;
     int gpt_oss = cf->arch == LLM_ARCH_GPT_OSS;
+    /* 1. the router's scores, each token's chosen experts and their weights */
     failed = llm_matmul(scores, xn, &L->router, T, path);
     if (!failed) llm_moe_route(cf, (const float *)L->router_b.data, scores, T, chosen, weight);
+    /* 2. expert by expert: the tokens that chose it gathered into rows xe, its FFN on them, each output
+     * added to its token's delta times the token's weight for that expert */
     memset(delta, 0, (size_t)T * D * sizeof(float));
     for (int e = 0; !failed && e < E; e++) {
         int n = 0;
@@ -5465,6 +5544,7 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
             for (int d = 0; d < D; d++) delta[(size_t)t * D + d] += w * oe[(size_t)i * D + d];
         }
     }
+    /* 3. a shared expert: every token through it, gated by sigmoid(shared_gate_inp . xn) */
     if (!failed && L->shared_gate.data) { /* qwen2moe's shared expert, for every token */
         failed = llm_matmul(ge, xn, &L->shared_gate, T, path) | llm_matmul(ue, xn, &L->shared_up, T, path);
         if (!failed) llm_swiglu(ge, ue, (size_t)T * Fs);
@@ -5483,8 +5563,16 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
  * other waited: SmolLM2 pp512, two threads, F16 and Q8_0 1.03 to 1.08 times as fast; 16 sequences decoding,
  * Q8_0, 1.05 to 1.08) */
 #define LLM_TOKENS_PARALLEL 8
+/* The backend's forward call: the batch's tokens through every layer, their K and V written into the cache
+ * at their slots, the logit rows' logits into logits ([n_logits][vocab_size]). The block copies of the
+ * batch (copy-on-write) are made first, before any token reads a block. Each step of a layer is over all T
+ * tokens at once (the matrix products), or token by token where tokens are independent (norms, RoPE, the
+ * activation), shared among the threads; attention runs over (run of a sequence's tokens, K/V head) pairs.
+ * 0, or -1 with the reason: no KV cache, a block copy outside the pool or a token id outside the vocabulary
+ * (found before any layer runs), or out of memory (the logits are then not to be read). */
 static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, char *err) {
     llm_cpu *c = (llm_cpu *)be->ctx;
+    /* 0. this step's threads: fewer while other processes keep cores busy */
 #ifdef _OPENMP
     if (c->adapt_threads) {
         char line[128];
@@ -5494,6 +5582,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         omp_set_num_threads(llm_cpu_threads_for_load(&c->others_running, c->max_threads, ok ? line : NULL));
     }
 #endif
+    /* 1. the batch checked, the copies made */
     const llm_model *m = c->model;
     const llm_config *cf = &m->cfg;
     int T = b->n_tokens, D = cf->dim, hd = cf->head_dim, F = cf->ffn_dim;
@@ -5512,6 +5601,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         if (b->tokens[i] < 0 || b->tokens[i] >= cf->vocab_size)
             return llm_fail(err, "token id %d outside the vocabulary", b->tokens[i]);
 
+    /* 2. the activations' rows, and what the layers share: each token's sequence, attention's runs, RoPE */
     /* Scratch, one row per token of the batch:
      *   x         [T][D]      the residual stream: the token's embedding, plus the output of every block
      *   xn        [T][D]      x normalised: the input of the next matrix products (later, of the logits)
@@ -5549,7 +5639,9 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
             if (b->positions[i] + 1 > max_ctx) max_ctx = b->positions[i] + 1;
         }
     /* attention's runs: consecutive tokens of a sequence at consecutive positions (a prompt's), as many as
-     * make LLM_DOT_MAX_VECTORS queries of a K/V head, meet each k_p together (llm_cpu_attention) */
+     * make LLM_DOT_MAX_VECTORS queries of a K/V head, meet each k_p together (llm_cpu_attention). A batch
+     * of 5 prompt tokens of sequence 0 and a decode token of sequence 1, 3 query heads to a K/V head
+     * (run_tokens = 12 / 3 = 4): runs [0..3], [4], [5] */
     int32_t *run_start = seq_of + T;
     int n_runs = 0, group_calls = (group + LLM_MAX_GROUP - 1) / LLM_MAX_GROUP;
     int run_tokens = LLM_DOT_MAX_VECTORS / (group < LLM_MAX_GROUP ? group : LLM_MAX_GROUP);
@@ -5578,6 +5670,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         for (size_t i = 0; i < (size_t)T * D; i++) x[i] *= scale;
     }
 
+    /* 3. the layers, each adding its attention's and its feed-forward's outputs to the residual stream x */
     for (int l = 0; l < cf->n_layers; l++) {
         const llm_layer *L = &m->layers[l];
         /* Gemma 3's local layers: a window of the last positions, and a RoPE base of their own; their K and
@@ -5682,6 +5775,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
             for (int i = 0; i < D; i++) x[(size_t)t * D + i] += delta[(size_t)t * D + i];
         }
     }
+    /* 4. the logits */
     /* the final norm and the output matrix, only for the rows that need logits: a prefill of 500 tokens
      * samples once */
     for (int i = 0; i < b->n_logits; i++)
@@ -5699,6 +5793,7 @@ static int llm_cpu_sample(llm_backend *be, llm_sample_row *rows, int n_rows, flo
     return 0;
 }
 
+/* The KV pool, the sampler and the scratch freed, and the backend; the model is the caller's */
 static void llm_cpu_destroy(llm_backend *be) {
     llm_cpu *c = (llm_cpu *)be->ctx;
     llm_cpu_free_kv(c);
@@ -5716,6 +5811,10 @@ static int llm_cpu_set_kv_dtype(llm_backend *be, int dtype, char *err) {
     return 0;
 }
 
+/* A CPU backend on path (enum llm_cpu_path) over the model, which it reads in place and must outlive it. The
+ * KV cache holds f16 but on the exact path (set_kv_dtype may say otherwise before alloc_kv); free_memory is
+ * the RAM free now; the threads are OpenMP's (OMP_NUM_THREADS, else as many as the cores, fewer while other
+ * processes run: llm_cpu_threads_for_load). NULL with the reason when out of memory. */
 static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err) {
     llm_backend *be = (llm_backend *)calloc(1, sizeof *be);
     llm_cpu *c = (llm_cpu *)calloc(1, sizeof *c);
@@ -5739,6 +5838,8 @@ static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err)
     return be;
 }
 
+/* The three CPU backends, by path: "cpu" (16-bit activations, the default), "cpu-exact" (the reference),
+ * "cpu-int8" (8-bit activations, llama.cpp's rounding) */
 llm_backend *llm_cpu_backend_create(const llm_model *m, char *err) {
     return llm_cpu_backend_new(m, LLM_PATH_ACT16, err);
 }
@@ -11367,11 +11468,12 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *   the row kernels      llm_exp_avx2 (glibc's expf, bit for bit; the sampler's too), llm_max_avx2,
  *                        llm_softmax_exp_avx2, llm_swiglu_avx2, llm_f16_store_avx2 (the KV cache in f16),
  *                        llm_cpu_weighted_v (attention's sum of V weighted by the softmax)
- * The hook: section 7 declares each kernel (a prototype under #ifdef LLM_CPU_SIMD) just before the plain-C
- * function that calls it, and that function is the dispatch: with SIMD it calls the kernel, without it runs
- * its own loop (llm_dot_many, llm_q8_quantize, llm_q8_dot, llm_matmul, llm_max, llm_softmax_exp,
- * llm_swiglu, llm_cpu_kv_store, llm_cpu_attention). A row kernel does the first values of a row and returns
- * how many it did; the plain loop does the rest. The always_inline kernels are compiled into their callers as
+ * The hook: section 7 declares each kernel (a prototype under #ifdef LLM_CPU_SIMD, or LLM_AVX2: the same
+ * test) just before the plain-C function that calls it, and that function is the dispatch: with SIMD it
+ * calls the kernel, without it runs its own loop (llm_dot_many, llm_q8_quantize, llm_q8_dot, llm_matmul,
+ * llm_max, llm_softmax_exp, llm_swiglu, llm_cpu_kv_store, llm_cpu_attention). A row kernel does the first
+ * values of a row and returns how many it did, and the plain loop does the rest (llm_softmax_exp_avx2 does
+ * the whole row). The always_inline kernels are compiled into their callers as
  * if written there (GCC and Clang read the whole file before they inline, so a body may follow its call).
  * The plain C stays the reference, and test.c holds the kernels to it: the f32 products, the pairs, the
  * f16/bf16 tiles, exp, softmax and SwiGLU bit for bit ("weight types"); the quantization byte for byte and
