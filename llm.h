@@ -26,7 +26,7 @@
  * Errors are returned (0 ok, -1 failed, a message in the caller's char err[LLM_ERR_LEN]), never exit()ed.
  *
  * The data's path, and the order of the sections below, in the declarations and in the implementation. The
- * core (1 to 10) is the serving engine and reads straight through; the layers after it (11 to 13) are what
+ * core (1 to 10) is the serving engine and reads straight through; the layers after it (11 to 14) are what
  * it can do without, each opening with what it does and the hook by which the core calls it:
  *   1. GGUF         a file -> metadata and tensors       llm_gguf: memory-mapped, every offset checked
  *   2. Model        tensors -> weights and a config      llm_model: typed pointers into the file
@@ -44,6 +44,8 @@
  *                                                        (LLM_NO_GRAMMAR: none; the engine then refuses one)
  *  13. Tools        tools and calls in a family's syntax the tools a prompt lists, a call's grammar, a reply
  *                                                        read back into thinking, answer and calls
+ *  14. SIMD         kernels -> the same, 8 or 16 at once x86 AVX2 and AVX-512 kernels for the CPU
+ *                                                        forward (LLM_NO_SIMD: none; the plain C runs)
  *   Appendix        the Unicode table the tokenizer's pre-tokenizers read
  * Their sizes in the implementation (lines; a test keeps them within a fifth of the truth): 1 GGUF 480,
  * 2 Model 440, 3 Tokenizer 1150, 4 Chat 710, 5 Requests 630, 6 Blocks 90, 7 Forward 2110 (with the SIMD
@@ -960,6 +962,12 @@ typedef struct {
 int  llm_chat_parse_reply(const llm_chat_template *ct, const char *text, size_t len, int think, int tools,
                           int partial, llm_chat_reply *reply);
 void llm_chat_reply_free(llm_chat_reply *reply);
+
+/* -----------------------------------------------------------------------------------------------------------
+ * 14. SIMD kernels (a layer; LLM_NO_SIMD leaves it out): AVX2 and AVX-512 versions of the CPU
+ *    forward pass's kernels, compiled where the compiler was told the target (-march=native). Nothing
+ *    here is public: the CPU backend (section 7) calls them where the build has them.
+ * -------------------------------------------------------------------------------------------------------- */
 
 #ifdef __cplusplus
 }
@@ -5375,6 +5383,36 @@ void llm_block_set_hash(llm_block_manager *bm, int id, uint64_t hash) {
 /* ===========================================================================================================
  * 7. Forward: the model over a batch, reading and writing the paged KV cache. The CPU backend, which is the
  *    reference the CUDA kernels are checked against; llm.cu has the CUDA one behind the same llm_backend.
+ * In comes an llm_batch: the new tokens of several sequences, flattened one after the other, each with its
+ * position, and each sequence's block tables; out comes a row of vocab_size logits for each of the
+ * batch's logit rows (a prompt's prefill usually asks for one: its last). llm_cpu_forward runs the whole
+ * model over the batch, a layer at a time, on activations of one row per token:
+ *     token ids -> their embedding rows                    x [T][dim]: the residual stream
+ *     each layer:  xn = rmsnorm(x)
+ *                  q, k, v = xn Wq, xn Wk, xn Wv           (biases, q/k norms, RoPE at the token's position)
+ *                  k, v -> the cache, at the token's slot: block_table[pos / block_size], pos % block_size
+ *                  att = softmax(q . k_p / sqrt(head_dim)) v_p, over the positions p the token sees, read
+ *                        back from the cache through its sequence's block table (paged attention)
+ *                  x += att Wo;  xn = rmsnorm(x)
+ *                  x += (silu(xn Wgate) * xn Wup) Wdown    (or a mixture of experts; Gemma: GELU for silu)
+ *     the logit rows only: logits = rmsnorm(x) Woutput
+ * Every matrix product is llm_matmul's, out[t][r] = W[r] . x[t], which reads each weight row once for all
+ * the step's tokens: what batching many sequences into one step buys, since a decode step's time goes to
+ * reading the weights. A token's arithmetic is meant not to depend on the tokens batched beside it (test
+ * "batch invariance": requests batched give the tokens they give alone).
+ * How the products meet the weights is the backend's path (llm_cpu_path): "cpu", the default, rounds the
+ * activations to 16-bit integers and multiplies them by the weights as the file stores them; "cpu-int8"
+ * rounds to 8 bits, as llama.cpp does; "cpu-exact" converts each weight row to f32 and rounds nothing, the
+ * reference the others are measured against. The kernels here are plain C; a build with SIMD runs section
+ * 14's versions of them, declared just before the function that calls them (#ifdef LLM_CPU_SIMD).
+ * Threads (OpenMP, with -fopenmp; else one thread runs the same code): a matrix product's tiles of rows,
+ * attention's (run of a sequence's tokens, K/V head) pairs, and the token-by-token steps from
+ * LLM_TOKENS_PARALLEL tokens on are shared among them. Memory: the activations are allocated once and grown
+ * on demand (llm_cpu.scratch), the KV pool once (alloc_kv); a step allocates only scratch (the quantized
+ * activations, each thread's buffers), and when one fails the step returns -1, out of memory.
+ * Read first: llm_cpu_forward (the layers), llm_cpu_attention (paged attention), llm_matmul (the products).
+ * vLLM's PagedAttention kernels read K and V through block tables the same way, on the GPU. llama.cpp
+ * builds a graph of ggml operations for each batch and runs it; here a layer is C loops, read in order.
  * ======================================================================================================== */
 /* K and V of one group's layers (all the layers of a model without windows) for one block: what one block
  * of the pool costs a backend */
@@ -5383,6 +5421,9 @@ static size_t llm_kv_bytes_per_block(const llm_config *c, int block_size, int va
 }
 
 /* ---- The math ------------------------------------------------------------------------------------------ */
+/* The f32 dot products everything else is made of: attention's scores, f32 weights and the exact path's
+ * rows converted to f32. However many vectors one call takes, each sum is added up in the same order as
+ * alone, so that a token's result does not depend on what was computed beside it. */
 /* a . b[c] for nc (1 to LLM_DOT_MAX_VECTORS) vectors b[c], b_stride floats apart, into out[c]: eight running
  * sums per vector (the compiler keeps them in one vector register), so that a is read once for all of them
  * while each sum is added up in the same order as alone, bit for bit */
@@ -5401,89 +5442,14 @@ static inline __attribute__((always_inline)) void llm_dot_n(const float *a, cons
     }
 }
 #if defined(LLM_AVX2)
-/* llm_dot_n_avx2's last additions for 8 sums of a row without a tail (s = 0) at once, the same ones: per sum,
- * lanes j and j + 4, then pairs 0 + 1 and 2 + 3, each added to 0, then those two (0 + h1 differs from h1 only
- * in a zero's sign, which cannot change (0 + h0) + h1). 12 instructions for 8 sums, not 5 each (a 64-value
- * attention score's lanes took as long as its products) */
-static inline __attribute__((always_inline)) __m256 llm_avx2_hsum8(const __m256 v[8]) {
-    __m256 t[4], zero = _mm256_setzero_ps();
-    for (int k = 0; k < 4; k++) /* [v_2k's lanes j + (j + 4) | v_2k+1's] */
-        t[k] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x20),
-                             _mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x31));
-    __m256 u0 = _mm256_add_ps(_mm256_hadd_ps(t[0], t[1]), zero); /* [v0 h0 h1, v2 h0 h1 | v1, v3] */
-    __m256 u1 = _mm256_add_ps(_mm256_hadd_ps(t[2], t[3]), zero); /* [v4, v6 | v5, v7] */
-    return _mm256_permutevar8x32_ps(_mm256_hadd_ps(u0, u1), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-/* llm_dot_n in AVX2, the same roundings bit for bit: the compiler vectorizes one vector well, but 2 to 4 into
- * shuffles (a SmolLM2 prompt's attention scores, 3 query heads to a K head: 6 times slower than one) */
+/* With AVX2 the products are section 14's llm_dot_n_avx2, the same sums bit for bit; with AVX-512 a
+ * prompt's attention scores also take llm_dot_pairs (two queries' sums in one 512-bit register) */
 static inline __attribute__((always_inline)) void llm_dot_n_avx2(const float *a, const float *b,
-                                                                 int64_t b_stride,
-                                                                int nc, int64_t n, float *out) {
-    __m256 acc[LLM_DOT_MAX_VECTORS];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 av = _mm256_loadu_ps(a + i);
-        for (int c = 0; c < nc; c++)
-            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(av, _mm256_loadu_ps(b + c * b_stride + i)));
-    }
-    if (nc >= 4 && i == n) { /* no tail (s = 0), 4 or more sums: their lanes added 8 sums at a time */
-        for (int c0 = 0; c0 < nc; c0 += 8) {
-            __m256 v[8];
-            float r[8];
-            for (int k = 0; k < 8; k++) v[k] = c0 + k < nc ? acc[c0 + k] : _mm256_setzero_ps();
-            _mm256_storeu_ps(r, llm_avx2_hsum8(v));
-            for (int k = 0; k < 8 && c0 + k < nc; k++) out[c0 + k] = r[k];
-        }
-        return;
-    }
-    for (int c = 0; c < nc; c++) {
-        float s = 0;
-        for (int64_t k = i; k < n; k++) s += a[k] * b[c * b_stride + k];
-        /* lanes j and j + 4, then those pairs 0 + 1 and 2 + 3, added to s one after the other */
-        __m128 q = _mm_add_ps(_mm256_castps256_ps128(acc[c]), _mm256_extractf128_ps(acc[c], 1));
-        q = _mm_hadd_ps(q, q);
-        out[c] = (s + _mm_cvtss_f32(q)) + _mm_cvtss_f32(_mm_movehdup_ps(q));
-    }
-}
+                                                                 int64_t b_stride, int nc, int64_t n,
+                                                                 float *out);
 #define llm_dot_n_simd llm_dot_n_avx2
 #if defined(LLM_AVX512F)
-/* llm_dot_n_avx2 (4 or more vectors, n a multiple of 8) for np pairs of vectors laid side by side 8 values
- * at a time: pair j's values 8i..8i+7 are the 16 floats at b + 2 n j + 16 i, the first vector's then the
- * second's. One 512-bit register holds both vectors' eight running sums, so that one multiply and one add
- * serve two: the same sums, lane by lane, and the same last additions (llm_avx2_hsum8), bit for bit. */
-static inline __attribute__((always_inline)) void llm_dot_pairs_n(const float *a, const float *b, int np,
-                                                                 int64_t n, float *out) {
-    __m512 acc[LLM_DOT_MAX_VECTORS / 2];
-    for (int j = 0; j < np; j++) acc[j] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 8) {
-        __m512 av = _mm512_broadcast_f32x8(_mm256_loadu_ps(a + i));
-        for (int j = 0; j < np; j++)
-            acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(av, _mm512_loadu_ps(b + 2 * n * j + 2 * i)));
-    }
-    for (int c0 = 0; c0 < 2 * np; c0 += 8) {
-        __m256 v[8];
-        float r[8];
-        for (int k = 0; k < 8; k++) {
-            int c = c0 + k;
-            __m512 both = c < 2 * np ? acc[c / 2] : _mm512_setzero_ps();
-            v[k] = c % 2 ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(both), 1))
-                         : _mm512_castps512_ps256(both);
-        }
-        _mm256_storeu_ps(r, llm_avx2_hsum8(v));
-        for (int k = 0; k < 8 && c0 + k < 2 * np; k++) out[c0 + k] = r[k];
-    }
-}
-/* llm_dot_pairs_n specialized to 2 to 6 pairs */
-static void llm_dot_pairs(const float *a, const float *b, int np, int64_t n, float *out) {
-    switch (np) {
-    case 2: llm_dot_pairs_n(a, b, 2, n, out); return;
-    case 3: llm_dot_pairs_n(a, b, 3, n, out); return;
-    case 4: llm_dot_pairs_n(a, b, 4, n, out); return;
-    case 5: llm_dot_pairs_n(a, b, 5, n, out); return;
-    case 6: llm_dot_pairs_n(a, b, 6, n, out); return;
-    }
-}
+static void llm_dot_pairs(const float *a, const float *b, int np, int64_t n, float *out);
 #endif
 #else
 #define llm_dot_n_simd llm_dot_n
@@ -5549,6 +5515,12 @@ typedef struct {
     int16_t a[32];      /* 256 q + r as one 16-bit integer, what 16-bit products meet (16-bit; else 0) */
 } llm_q8;
 
+/* One block of activations, 32 values x[0..31]:
+ *     d = max |x[j]| / 127                    q[j] = round(x[j] / d)                 8 bits: x[j] ~ d q[j]
+ *     16 bits: r[j] = round((x[j] - d q[j]) / (d / 256)), within +-127;  x[j] ~ (d / 256) (256 q[j] + r[j])
+ *     sum[0], sum[1]: the integers of values 0-15 and 16-31 added up (what a weight block's minimum and
+ *     offset multiply), s = the block's d times their total
+ * Rounding is to nearest, ties to even (lrintf), so that the SIMD version gives the same bytes. */
 /* The reference quantization (a SIMD build calls it only from the tests: unused otherwise); wide: 16 bits */
 static __attribute__((unused)) void llm_q8_quantize_ref(const float *x, llm_q8 *out, int64_t n, int wide) {
     for (int64_t b = 0; b < n / 32; b++, x += 32) {
@@ -5619,286 +5591,11 @@ static float llm_q8_dot_ref(uint32_t type, const void *row, const llm_q8 *x, int
 }
 
 #if defined(LLM_AVX2)
-/* AVX2 (the build was told the target: -march=native). The same products as llm_q8_dot_ref with the same
- * integer sums, on 32 values at a time: each type's stored values are unpacked into 32 bytes, which meet
- * the activations in _mm256_maddubs_epi16 (unsigned times signed bytes, pairs added) and then
- * _mm256_madd_epi16 with the sub-blocks' scales. The stored values are unsigned (q = stored - offset): the
- * offsets come back out with the activations' sums, outside the vector loop. */
+/* With SIMD (LLM_AVX2: the build was told an x86 target with AVX2, FMA and F16C), the fast path's kernels
+ * are section 14's: the activations quantized 32 values at a time, the row products of 32-value and
+ * 256-value blocks, the packed tiles of a prefill, the f16/bf16 tiles. Their shapes are set here, where
+ * llm_matmul sizes its tiles and buffers by them. */
 #define LLM_CPU_SIMD "avx2"
-
-static inline __m256i llm_avx2_nibbles(const uint8_t *q) { /* 16 bytes: the low nibbles, then the high */
-    __m128i b = _mm_loadu_si128((const __m128i *)q);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
-}
-static inline __m256i llm_avx2_bits(uint32_t bits, char value) { /* bit j set: byte j is value, else 0 */
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
-    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread), bit);
-    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(value));
-}
-static inline __m256i llm_avx2_field(const uint8_t *p, int shift, char mask) { /* 32 bytes >> shift & mask */
-    __m256i v = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)p), _mm_cvtsi32_si128(shift));
-    return _mm256_and_si256(v, _mm256_set1_epi8(mask));
-}
-
-/* A decode step reads each weight once, from memory, in one run: loads that miss wait on DRAM unless the
- * prefetchers have fetched the line already. The hardware's run too little ahead on some machines (a
- * virtualized Sapphire Rapids: 4 GB/s out of the 14 a plain loop reads at), so the products ask for the line
- * this far ahead themselves (there, SmolLM2 Q4_K_M decode, one thread: the matrix products' time per token
- * 21.3 ms, 11.4 with 2 kB ahead, 14.9 with 1 kB, 19.0 with 256 bytes; 4 kB as 2) */
-#define LLM_PREFETCH_AHEAD 2048
-static inline void llm_prefetch(const void *p) { __builtin_prefetch((const char *)p + LLM_PREFETCH_AHEAD); }
-
-/* The stored values of group g (values 32g..32g+31) of a block, as llm_qblock_unpack reads them; mxfp4's
- * are its table's values plus 12 (unsigned, as the others: llm_pack_offset takes the 12 back out) */
-static inline __m256i llm_avx2_group(uint32_t type, const uint8_t *p, int g) {
-    uint32_t qh;
-    switch (type) {
-    case LLM_Q4_0: return llm_avx2_nibbles(p + 2);
-    case LLM_MXFP4: {
-        const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
-                                               12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-        return _mm256_shuffle_epi8(table, llm_avx2_nibbles(p + 1));
-    }
-    case LLM_Q4_1: return llm_avx2_nibbles(p + 4);
-    case LLM_Q5_0: memcpy(&qh, p + 2, 4);
-        return _mm256_or_si256(llm_avx2_nibbles(p + 6), llm_avx2_bits(qh, 16));
-    case LLM_Q5_1: memcpy(&qh, p + 4, 4);
-        return _mm256_or_si256(llm_avx2_nibbles(p + 8), llm_avx2_bits(qh, 16));
-    case LLM_Q2_K: return llm_avx2_field(p + 16 + g / 4 * 32, 2 * (g % 4), 3);
-    case LLM_Q3_K:
-        return _mm256_or_si256(llm_avx2_field(p + 32 + g / 4 * 32, 2 * (g % 4), 3),
-                               _mm256_slli_epi16(llm_avx2_field(p, g, 1), 2));
-    case LLM_Q4_K: return llm_avx2_field(p + 16 + g / 2 * 32, 4 * (g % 2), 15);
-    case LLM_Q5_K:
-        return _mm256_or_si256(llm_avx2_field(p + 48 + g / 2 * 32, 4 * (g % 2), 15),
-                               _mm256_slli_epi16(llm_avx2_field(p + 16, g, 1), 4));
-    case LLM_Q6_K:
-        return _mm256_or_si256(llm_avx2_field(p + g / 4 * 64 + g % 2 * 32, 4 * (g % 4 / 2), 15),
-                               _mm256_slli_epi16(llm_avx2_field(p + 128 + g / 4 * 32, 2 * (g % 4), 3), 4));
-    default: return _mm256_loadu_si256((const __m256i *)(p + 2)); /* q8_0: signed */
-    }
-}
-
-/* A 32-value block's stored values as 16-bit integers, the offset taken off (q4_1's and q5_1's stay
- * unsigned: their minimum is added apart): values 0-15, and 16-31 in *hi. Nibbles are widened first, then
- * split (an and, a shift); fifth bit j is lane j of a 16-bit broadcast of its half of qh, tested against
- * 1 << j */
-static inline __m256i llm_avx2_group16(uint32_t type, const uint8_t *p, __m256i *hi) {
-    if (type == LLM_Q8_0) { /* signed bytes, widened */
-        *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 18)));
-        return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 2)));
-    }
-    if (type == LLM_MXFP4) {
-        __m256i w = _mm256_sub_epi8(llm_avx2_group(type, p, 0), _mm256_set1_epi8(12));
-        *hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
-        return _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
-    }
-    const int qh_at = type == LLM_Q5_0 ? 2 : 4, /* after d (and m): then the nibbles */
-        qs_at = type == LLM_Q4_0 ? 2 : type == LLM_Q4_1 ? 4 : type == LLM_Q5_0 ? 6 : 8;
-    __m256i n = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + qs_at)));
-    __m256i v[2] = {_mm256_and_si256(n, _mm256_set1_epi16(15)), _mm256_srli_epi16(n, 4)};
-    for (int h = 0; h < 2; h++) {
-        if (type == LLM_Q4_0) v[h] = _mm256_sub_epi16(v[h], _mm256_set1_epi16(8));
-        if (type != LLM_Q5_0 && type != LLM_Q5_1) continue;
-        const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
-                                              16384, -32768);
-        int16_t half;
-        memcpy(&half, p + qh_at + 2 * h, 2);
-        __m256i set = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(half), bit), bit);
-        if (type == LLM_Q5_0) /* a clear bit: the nibble with 0xfff0 over it, the nibble - 16 */
-            v[h] = _mm256_or_si256(v[h], _mm256_andnot_si256(set, _mm256_set1_epi16(-16)));
-        else v[h] = _mm256_or_si256(v[h], _mm256_and_si256(set, _mm256_set1_epi16(16)));
-    }
-    *hi = v[1];
-    return v[0];
-}
-
-static inline float llm_avx2_hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-/* acc plus 8 sums of 4 products of unsigned bytes u and signed bytes x: one VNNI instruction where the
- * target has it. Without VNNI, _mm256_maddubs_epi16 adds pairs of products into 16 bits, saturating: exact
- * only while u stays under 128 (every type's stored values but q8_0's, which is signed). */
-#if defined(LLM_AVX512VNNI)
-#define LLM_AVX2_VNNI 1
-static inline __m256i llm_avx2_dpbusd(__m256i acc, __m256i u, __m256i x) {
-    return _mm256_dpbusd_epi32(acc, u, x);
-}
-#elif defined(__AVXVNNI__)
-#define LLM_AVX2_VNNI 1
-static inline __m256i llm_avx2_dpbusd(__m256i acc, __m256i u, __m256i x) {
-    return _mm256_dpbusd_avx_epi32(acc, u, x);
-}
-#else
-#define LLM_AVX2_VNNI 0
-static inline __m256i llm_avx2_dpbusd(__m256i acc, __m256i u, __m256i x) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
-}
-#endif
-/* acc plus 8 sums of 2 products of signed 16-bit integers: one instruction with VNNI, else two */
-static inline __m256i llm_avx2_dpwssd(__m256i acc, __m256i a, __m256i b) {
-#if defined(LLM_AVX512VNNI)
-    return _mm256_dpwssd_epi32(acc, a, b);
-#elif defined(__AVXVNNI__)
-    return _mm256_dpwssd_avx_epi32(acc, a, b);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
-#endif
-}
-
-/* The products of one weight row with nc rows of activations (nc up to 4, x_stride blocks apart): a step of
- * a few tokens unpacks each weight block once for them all. 32-value blocks: one scale per block; q4_1 and
- * q5_1 add their minimum times the block's activation sum. With 8-bit activations the signed types (q8_0,
- * and q4_0 and q5_0 once their offset is taken off) multiply |w| by x with w's sign, in bytes. With 16-bit
- * ones the weights are widened to 16 bits and meet 256 q + r at once: two 16-bit multiply-adds a block,
- * where bytes took two products for q and r, a shift and three sign flips (SmolLM2 Q4_K_M's q5_0 matrices,
- * a decode step, one thread of a Sapphire Rapids: 1.4 times as fast; Q4_1 decode 1.13 times). Even and odd
- * blocks add into two sets of accumulators: two chains of additions, which the CPU overlaps (the calls are
- * written out so the sets stay in registers). */
-static inline __attribute__((always_inline)) void llm_q8_block32_avx2(uint32_t type, int wide,
-                                                                      const uint8_t *p,
-                                                                      const llm_q8 *x, int64_t x_stride,
-                                                                      int nc, __m256 acc[4], float mins[4]) {
-    const int has_min = type == LLM_Q4_1 || type == LLM_Q5_1;
-    float d = type == LLM_MXFP4 ? llm_e8m0_half(p[0]) : _cvtsh_ss(*(const uint16_t *)p);
-    float m = has_min ? _cvtsh_ss(*(const uint16_t *)(p + 2)) : 0;
-    if (wide) { /* 4 sums of 2 products in each 32-bit lane of each half: at most 4 x 128 x 32,639 < 2^24 */
-        __m256i hi, lo = llm_avx2_group16(type, p, &hi);
-        for (int c = 0; c < nc; c++) {
-            const llm_q8 *xb = x + c * x_stride;
-            __m256i dot = llm_avx2_dpwssd(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)xb->a)),
-                                          hi, _mm256_loadu_si256((const __m256i *)xb->a + 1));
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xb->d), acc[c]);
-            if (has_min) mins[c] += m * xb->s;
-        }
-        return;
-    }
-    __m256i w = llm_avx2_group(type, p, 0), w_abs = w;
-    if (type == LLM_Q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
-    if (type == LLM_Q5_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
-    if (type == LLM_MXFP4) w = _mm256_sub_epi8(w, _mm256_set1_epi8(12));
-    if (!has_min) w_abs = _mm256_sign_epi8(w, w);
-    for (int c = 0; c < nc; c++) {
-        const llm_q8 *xb = x + c * x_stride;
-        __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);
-        if (!has_min) xq = _mm256_sign_epi8(xq, w);
-        __m256i dot = llm_avx2_dpbusd(_mm256_setzero_si256(), w_abs, xq);
-        acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xb->d), acc[c]);
-        if (has_min) mins[c] += m * xb->s;
-    }
-}
-
-static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t type, int wide, const uint8_t *p,
-                                                                    const llm_q8 *x, int64_t n_blocks,
-                                                                    int64_t x_stride, int nc, float *out) {
-    const size_t bytes = type == LLM_Q8_0 ? 34 : type == LLM_Q4_0 ? 18 : type == LLM_Q4_1 ? 20 :
-                         type == LLM_Q5_0 ? 22 : type == LLM_MXFP4 ? 17 : 24;
-    __m256 even[4], odd[4];
-    float mins_even[4], mins_odd[4];
-    for (int c = 0; c < nc; c++) {
-        even[c] = odd[c] = _mm256_setzero_ps();
-        mins_even[c] = mins_odd[c] = 0;
-    }
-    int64_t b = 0;
-    for (; b + 2 <= n_blocks; b += 2, p += 2 * bytes) {
-        llm_prefetch(p); /* a line each 64 bytes, at most */
-        llm_q8_block32_avx2(type, wide, p, x + b, x_stride, nc, even, mins_even);
-        llm_q8_block32_avx2(type, wide, p + bytes, x + b + 1, x_stride, nc, odd, mins_odd);
-    }
-    if (b < n_blocks) llm_q8_block32_avx2(type, wide, p, x + b, x_stride, nc, even, mins_even);
-    for (int c = 0; c < nc; c++)
-        out[c] = llm_avx2_hsum(_mm256_add_ps(even[c], odd[c])) + (mins_even[c] + mins_odd[c]);
-}
-
-/* 256-value k-quant blocks: per group of 32, the products scaled by the sub-block scales in integers, then by
- * d and the group's activation scale (even and odd groups into two sets of accumulators); the offsets and
- * minimums meet the activation sums once per block, for its 8 groups side by side (one gather for the first
- * halves' sums, one for the second's) */
-static inline __attribute__((always_inline)) void llm_q8_groupk_avx2(uint32_t type, int wide,
-                                                                     const uint8_t *p, int g,
-                                                                     const int32_t half_scale[2][8], float d,
-                                                                     const llm_q8 *x, int64_t x_stride,
-                                                                     int nc, __m256 acc[4]) {
-    __m256i w = llm_avx2_group(type, p, g);
-    __m256i sc = _mm256_set_m128i(_mm_set1_epi16((int16_t)half_scale[1][g]),   /* scales fit 16 bits */
-                                  _mm_set1_epi16((int16_t)half_scale[0][g]));
-    for (int c = 0; c < nc; c++) {
-        const llm_q8 *xg = x + c * x_stride + g;
-        __m256i scaled =
-            _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)xg->q)), sc);
-        if (!wide) {
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled), _mm256_set1_ps(xg->d * d), acc[c]);
-            continue;
-        }
-        /* 256 times the q part would pass 2^31 with q6_k's scales: q and r each to float, then added */
-        __m256i fine = _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)xg->r)),
-                                         sc);
-        __m256 both = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled), _mm256_set1_ps(256.0f),
-                                      _mm256_cvtepi32_ps(fine));
-        acc[c] = _mm256_fmadd_ps(both, _mm256_set1_ps(xg->d * d), acc[c]);
-    }
-}
-
-static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type, int wide, const uint8_t *p,
-                                                                   const llm_q8 *x, int64_t n_blocks,
-                                                                   int64_t x_stride, int nc, float *out) {
-    const int sub = type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q6_K ? 16 : 32;
-    const size_t bytes = type == LLM_Q2_K ? 84 : type == LLM_Q3_K ? 110 : type == LLM_Q4_K ? 144 :
-                         type == LLM_Q5_K ? 176 : 210;
-    const __m256i group_at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                                _mm256_set1_epi32((int)sizeof(llm_q8)));
-    __m256 even[4], odd[4], rest[4];
-    for (int c = 0; c < nc; c++) even[c] = odd[c] = rest[c] = _mm256_setzero_ps();
-    llm_qblock b;
-    int32_t half_scale[2][8], half_min[2][8]; /* [half][group] */
-    for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes, x += 8) {
-        for (size_t line = 0; line < bytes; line += 64) llm_prefetch(p + line);
-        llm_qblock_read_scales(type, p, &b);
-        for (int h = 0; h < 16; h++) {
-            half_scale[h % 2][h / 2] = b.scale[h * 16 / sub];
-            half_min[h % 2][h / 2] = b.min[h * 16 / sub];
-        }
-        for (int g = 0; g < 8; g += 2) {
-            llm_q8_groupk_avx2(type, wide, p, g, half_scale, b.d, x, x_stride, nc, even);
-            llm_q8_groupk_avx2(type, wide, p, g + 1, half_scale, b.d, x, x_stride, nc, odd);
-        }
-        __m256i sc[2], mn[2];
-        for (int h = 0; h < 2; h++) {
-            sc[h] = _mm256_loadu_si256((const __m256i *)half_scale[h]);
-            mn[h] = _mm256_loadu_si256((const __m256i *)half_min[h]);
-        }
-        __m256 offset = _mm256_set1_ps(b.d * (float)b.offset), dmin = _mm256_set1_ps(b.dmin);
-        for (int c = 0; c < nc; c++) {
-            const llm_q8 *xb = x + c * x_stride;
-            __m256 xd = _mm256_i32gather_ps(&xb->d, group_at, 1);
-            __m256i sum0 = _mm256_i32gather_epi32((const int *)&xb->sum[0], group_at, 1);
-            __m256i sum1 = _mm256_i32gather_epi32((const int *)&xb->sum[1], group_at, 1);
-            __m256 offsets = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_mullo_epi32(sum0, sc[0]),
-                                                                 _mm256_mullo_epi32(sum1, sc[1])));
-            __m256 minimums = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_mullo_epi32(sum0, mn[0]),
-                                                                  _mm256_mullo_epi32(sum1, mn[1])));
-            __m256 per_group = _mm256_add_ps(_mm256_mul_ps(offsets, offset), _mm256_mul_ps(minimums, dmin));
-            rest[c] = _mm256_fmadd_ps(per_group, xd, rest[c]);
-        }
-    }
-    for (int c = 0; c < nc; c++)
-        out[c] = llm_avx2_hsum(_mm256_add_ps(even[c], odd[c])) - llm_avx2_hsum(rest[c]);
-}
-
-/* Prefill: a tile of weight rows unpacked once for every token of the step ("packing", as BLAS libraries
- * do), from LLM_PACK_MIN_TOKENS on. The row-at-a-time products above unpack each weight block again for
- * every 4 tokens and add up each product across the 8 lanes of a register. Packed, 8 rows lie side by side,
- * their stored values interleaved 4 bytes at a time: one _mm256_dpbusd multiplies 4 values of each of the 8
- * rows by the same 4 activations (broadcast), and lane r of the sum is row r's. The scales are vectors over
- * the 8 rows too, so that a group of 32 values costs 8 integer instructions and a few float ones per token
- * for 8 rows, with no sum across lanes. The integer parts are those of llm_q8_dot_ref: the stored values'
- * products, less the offset times the activations' sums, per half of 16 values when the sub-blocks are 16
- * long. */
 /* With AVX-512 VNNI, a 512-bit register holds 16 rows' 4 bytes and one vpdpbusd multiplies them all: 16 rows
  * are packed side by side (Sapphire Rapids issues two 512-bit vpdpbusd a cycle, as it does 256-bit ones) */
 #if defined(LLM_AVX512VNNI) && defined(LLM_AVX512BW)
@@ -5906,527 +5603,20 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
 #else
 #define LLM_PACK_ROWS 8
 #endif
-typedef struct {
-    float scale[2][LLM_PACK_ROWS];  /* per half of 16 values: d * the sub-block's scale */
-    float min[2][LLM_PACK_ROWS];    /* per half: dmin * the sub-block's minimum, which the x sums multiply */
-} llm_pack_scales;
-typedef struct {
-    uint8_t q[8][LLM_PACK_ROWS][4]; /* [chunk j][row r]: stored values 4j..4j+3 of row r in this group */
-    llm_pack_scales s;
-} llm_pack_group;
-/* The same group with its values widened to 16 bits, 2 at a time (llm_pack_pairs_of below) */
-typedef struct {
-    int16_t q[16][LLM_PACK_ROWS][2]; /* [pair j][row r]: stored values 2j, 2j + 1 of row r */
-    llm_pack_scales s;
-} llm_pack_pairs;
-
-/* q8_0's bytes are signed: with VNNI they are stored + 128 (an offset like q4_0's 8); without, where
- * _mm256_maddubs_epi16 would overflow on them, they stay signed and meet x as |w| times x with w's sign. */
-static inline __attribute__((always_inline)) int llm_pack_two_halves(uint32_t type) {
-    return type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q6_K; /* sub-blocks of 16 */
-}
-static inline __attribute__((always_inline)) int llm_pack_has_min(uint32_t type) {
-    return type == LLM_Q4_1 || type == LLM_Q5_1 || type == LLM_Q2_K || type == LLM_Q4_K || type == LLM_Q5_K;
-}
-static inline __attribute__((always_inline)) int llm_pack_offset(uint32_t type) {
-    return type == LLM_Q8_0 ? (LLM_AVX2_VNNI ? 128 : 0) : type == LLM_Q4_0 ? 8 : type == LLM_Q5_0 ? 16 :
-           type == LLM_MXFP4 ? 12 : type == LLM_Q3_K ? 4 : type == LLM_Q6_K ? 32 : 0;
-}
-
-/* Without VNNI, _mm256_maddubs_epi16 gives a chunk's products as pairs added in 16 bits, and
- * _mm256_madd_epi16 widens them to 32 bits. Where the pairs of all of a half's chunks (8, or 4 in sub-blocks
- * of 16) fit 16 bits (each at most 2 * 128 * the type's largest stored value), they add up there and are
- * widened once at the end, one multiply for them all, not one each: the same integers (SmolLM2 Q4_1, 16
- * tokens: 13% fewer instructions, 7% less time). */
-static inline __attribute__((always_inline)) int llm_pack_adds16(uint32_t type) {
-    int most = type == LLM_Q2_K ? 3 : type == LLM_Q3_K ? 7 : type == LLM_MXFP4 ? 24 : type == LLM_Q6_K ? 63 :
-               type == LLM_Q5_0 || type == LLM_Q5_1 || type == LLM_Q5_K ? 31 : type == LLM_Q8_0 ? 128 : 15;
-    return !LLM_AVX2_VNNI && 2 * 128 * most * (llm_pack_two_halves(type) ? 4 : 8) <= 32767;
-}
-/* Without VNNI, 16-bit activations meet the weights packed as 16-bit pairs (llm_pack_pairs): each
- * activation is one 16-bit integer, 256 q + r (at most 32,639 in size), and one _mm256_madd_epi16 per 2
- * values of the 8 rows gives their products added in 32 bits, the same integers as w . q and w . r apart,
- * which take a maddubs each and, where their 16-bit pairs cannot add up there (q8_0's signed bytes, 5- and
- * 6-bit values), a widening multiply each too (q8_0: two sign flips as well). SmolLM2 pp512, one thread,
- * Sapphire Rapids, built for AVX2: Q4_K_M (mostly q5_0) 1.23 times as fast as the two products, Q4_1 1.07;
- * Q8_0, Zen 3: 1.35. */
-static inline __attribute__((always_inline)) int llm_pack_pairs_of(int wide) {
-    return wide && !LLM_AVX2_VNNI;
-}
-static inline __attribute__((always_inline)) size_t llm_pack_group_bytes(int wide) {
-    return llm_pack_pairs_of(wide) ? sizeof(llm_pack_pairs) : sizeof(llm_pack_group);
-}
-
-/* 8 registers of 8 32-bit lanes transposed: lane j of register r goes to lane r of register j */
-static inline void llm_avx2_transpose8(__m256i v[8]) {
-    __m256i t[8], u[8];
-    for (int i = 0; i < 8; i += 2) {
-        t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);      /* per 128-bit lane: r0 r1 of dwords 0, 1 */
-        t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);  /* dwords 2, 3 */
-    }
-    for (int i = 0; i < 8; i += 4)
-        for (int k = 0; k < 2; k++) {
-            u[i + 2 * k] = _mm256_unpacklo_epi64(t[i + k], t[i + 2 + k]);      /* 4 rows of dword 2k */
-            u[i + 2 * k + 1] = _mm256_unpackhi_epi64(t[i + k], t[i + 2 + k]);  /* 4 rows of dword 2k + 1 */
-        }
-    for (int j = 0; j < 4; j++) { /* the 128-bit halves: rows 0-3 from u[j], rows 4-7 from u[4 + j] */
-        v[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
-        v[j + 4] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
-    }
-}
-
-/* Rows of a weight (n_rows of them, LLM_PACK_ROWS at most: the rest are zeros), n values each, into n / 32
- * packed groups: each group's rows of 32 stored bytes, transposed 8 rows at a time as 8 x 8 lanes of 4 bytes
- * (or, widened to 16 bits for 16-bit activations where llm_pack_pairs_of says, as 2 x 8 x 8 lanes of 2
- * values) */
-static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, int wide, const uint8_t *rows,
-                                                                size_t row_bytes, int n_rows, int64_t n,
-                                                                void *pack) {
-    uint64_t block_bytes, block_values;
-    llm_dtype_info(type, &block_bytes, &block_values);
-    const int groups_per_block = (int)block_values / 32, halves = llm_pack_two_halves(type) ? 2 : 1;
-    const int pairs = llm_pack_pairs_of(wide);
-    /* a 32-value block's scale is its f16 d (and, for the _1 types, its minimum its f16 m): 8 rows' converted
-     * at once, the same floats as d * 1 and m * -1 below (one f16 at a time, the scales took half of the
-     * packing: SmolLM2 Q4_1, 17 tokens) */
-    const int f16_scales = type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q5_0 || type == LLM_Q5_1 ||
-                           type == LLM_Q8_0;
-    llm_qblock b[LLM_PACK_ROWS];
-    for (int r = n_rows; r < LLM_PACK_ROWS; r++) memset(&b[r], 0, offsetof(llm_qblock, q)); /* zeros */
-    /* the rows are read a group at a time across all of them, a few cache lines of each before the next: too
-     * short a run for the hardware's prefetcher, so the cache lines are asked for from memory first, all at
-     * once (SmolLM2 Q4_1, one thread: 8 tokens' products in 0.8 of the time, 16 tokens' in 0.88) */
-    for (size_t at = 0; at < (size_t)n_rows * row_bytes; at += 64)
-        _mm_prefetch((const char *)rows + at, _MM_HINT_T0);
-    for (int64_t g0 = 0; g0 < n / 32; g0 += groups_per_block) {
-        const uint8_t *p = rows + (size_t)(g0 / groups_per_block) * block_bytes;
-        uint16_t d16[LLM_PACK_ROWS] = {0}, m16[LLM_PACK_ROWS] = {0};
-        for (int r = 0; r < n_rows; r++) {
-            if (f16_scales) {
-                memcpy(&d16[r], p + (size_t)r * row_bytes, 2);
-                if (llm_pack_has_min(type)) memcpy(&m16[r], p + (size_t)r * row_bytes + 2, 2);
-            } else
-                llm_qblock_read_scales(type, p + (size_t)r * row_bytes, &b[r]);
-        }
-        for (int g = 0; g < groups_per_block; g++) {
-            uint8_t *at = (uint8_t *)pack + (size_t)(g0 + g) * llm_pack_group_bytes(wide);
-            llm_pack_scales *s = pairs ? &((llm_pack_pairs *)at)->s : &((llm_pack_group *)at)->s;
-            for (int r0 = 0; r0 < LLM_PACK_ROWS; r0 += 8) { /* 8 rows: r0 .. r0 + 7 */
-                __m256i v[8];
-                for (int r = 0; r < 8; r++) {
-                    v[r] = r0 + r < n_rows ? llm_avx2_group(type, p + (size_t)(r0 + r) * row_bytes, g)
-                                           : _mm256_setzero_si256();
-                    if (type == LLM_Q8_0 && LLM_AVX2_VNNI) /* stored + 128: unsigned */
-                        v[r] = _mm256_xor_si256(v[r], _mm256_set1_epi8((char)0x80));
-                }
-                if (pairs) { /* values 0-15, then 16-31, sign-extended (q8_0's), transposed in pairs */
-                    llm_pack_pairs *pp = (llm_pack_pairs *)at;
-                    for (int part = 0; part < 2; part++) {
-                        __m256i v16[8];
-                        for (int r = 0; r < 8; r++)
-                            v16[r] = _mm256_cvtepi8_epi16(part ? _mm256_extracti128_si256(v[r], 1)
-                                                               : _mm256_castsi256_si128(v[r]));
-                        llm_avx2_transpose8(v16);
-                        for (int j = 0; j < 8; j++)
-                            _mm256_storeu_si256((__m256i *)pp->q[part * 8 + j][r0], v16[j]);
-                    }
-                } else {
-                    llm_pack_group *pg = (llm_pack_group *)at;
-                    llm_avx2_transpose8(v);
-                    for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)pg->q[j][r0], v[j]);
-                }
-                if (f16_scales) {
-                    __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)&d16[r0]));
-                    __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)&m16[r0]));
-                    _mm256_storeu_ps(s->scale[0] + r0, d);
-                    _mm256_storeu_ps(s->min[0] + r0, llm_pack_has_min(type) ?
-                                     _mm256_sub_ps(_mm256_setzero_ps(), m) : _mm256_setzero_ps());
-                }
-            }
-            for (int h = 0; !f16_scales && h < halves; h++)
-                for (int r = 0; r < LLM_PACK_ROWS; r++) {
-                    int k = (g * 32 + h * 16) / (halves == 2 ? 16 : 32);
-                    s->scale[h][r] = b[r].d * (float)b[r].scale[k];
-                    s->min[h][r] = b[r].dmin * (float)b[r].min[k];
-                }
-        }
-    }
-}
-
-/* sum plus one chunk's products: 4 stored values of each of the 8 rows times the same 4 activations */
-static inline __attribute__((always_inline)) __m256i llm_pack_chunk(uint32_t type, int add16, __m256i sum,
-                                                                    __m256i w, const int8_t *four_x) {
-    int32_t four;
-    memcpy(&four, four_x, 4);
-    __m256i xs = _mm256_set1_epi32(four);
-    if (add16) return _mm256_add_epi16(sum, _mm256_maddubs_epi16(w, xs));
-    if (type == LLM_Q8_0 && !LLM_AVX2_VNNI) /* signed: |w| times x, w's sign */
-        return llm_avx2_dpbusd(sum, _mm256_sign_epi8(w, w), _mm256_sign_epi8(xs, w));
-    return llm_avx2_dpbusd(sum, w, xs);
-}
-
-#if LLM_PACK_ROWS == 16
-/* 16 packed rows times nc tokens (1 to 4, x_stride blocks apart): out[c * out_stride + r], as below with
- * 512-bit registers: one vpdpbusd per 4 values of the 16 rows and a token (and one more for r with 16-bit
- * activations), lane by lane the same integers and floats as the 8-row version (SmolLM2 Q8_0, 512 tokens,
- * one thread: pp512 1.28 to 1.39 times as fast) */
-static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, int wide, const void *pack,
-                                                               int64_t n_groups, const llm_q8 *x,
-                                                               int64_t x_stride, int nc,
-                                                               float *out, int64_t out_stride) {
-    const int halves = llm_pack_two_halves(type) ? 2 : 1, offset = llm_pack_offset(type);
-    __m512 acc[4];
-    for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < n_groups; g++) {
-        const llm_pack_group *pg = (const llm_pack_group *)pack + g;
-        for (int h = 0; h < halves; h++) {
-            __m512i dot[4], fine[4];
-            for (int c = 0; c < nc; c++) dot[c] = fine[c] = _mm512_setzero_si512();
-            for (int j = h * 8 / halves; j < (h + 1) * 8 / halves; j++) {
-                __m512i w = _mm512_loadu_si512(pg->q[j]);
-                for (int c = 0; c < nc; c++) {
-                    const llm_q8 *xg = x + c * x_stride + g;
-                    int32_t four;
-                    memcpy(&four, xg->q + 4 * j, 4);
-                    dot[c] = _mm512_dpbusd_epi32(dot[c], w, _mm512_set1_epi32(four));
-                    if (wide) {
-                        memcpy(&four, xg->r + 4 * j, 4);
-                        fine[c] = _mm512_dpbusd_epi32(fine[c], w, _mm512_set1_epi32(four));
-                    }
-                }
-            }
-            for (int c = 0; wide && c < nc; c++) /* 256 (w . q) + w . r */
-                dot[c] = _mm512_add_epi32(_mm512_slli_epi32(dot[c], 8), fine[c]);
-            __m512 scale = _mm512_loadu_ps(pg->s.scale[h]), min = _mm512_loadu_ps(pg->s.min[h]);
-            for (int c = 0; c < nc; c++) {
-                const llm_q8 *xg = x + c * x_stride + g;
-                int sum = halves == 2 ? xg->sum[h] : xg->sum[0] + xg->sum[1];
-                if (offset) dot[c] = _mm512_sub_epi32(dot[c], _mm512_set1_epi32(offset * sum));
-                __m512 xd = _mm512_set1_ps(xg->d);
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[c]), _mm512_mul_ps(scale, xd), acc[c]);
-                if (llm_pack_has_min(type))
-                    acc[c] = _mm512_fnmadd_ps(min, _mm512_set1_ps(xg->d * (float)sum), acc[c]);
-            }
-        }
-    }
-    for (int c = 0; c < nc; c++) _mm512_storeu_ps(out + c * out_stride, acc[c]);
-}
-#else
-/* 8 packed rows times nc tokens (1 to 4, x_stride blocks apart): out[c * out_stride + r]. With 16-bit
- * activations each weight register meets q and r: two products, joined as 256 (w . q) + w . r; or, packed in
- * pairs, it meets a, 256 q + r as 16-bit integers */
-static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, int wide, const void *pack,
-                                                               int64_t n_groups, const llm_q8 *x,
-                                                               int64_t x_stride, int nc,
-                                                               float *out, int64_t out_stride) {
-    const int halves = llm_pack_two_halves(type) ? 2 : 1, offset = llm_pack_offset(type);
-    const int pairs = llm_pack_pairs_of(wide), add16 = llm_pack_adds16(type);
-    __m256 acc[4];
-    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < n_groups; g++) {
-        const uint8_t *at = (const uint8_t *)pack + (size_t)g * llm_pack_group_bytes(wide);
-        const llm_pack_scales *s = pairs ? &((const llm_pack_pairs *)at)->s
-                                         : &((const llm_pack_group *)at)->s;
-        for (int h = 0; h < halves; h++) {
-            __m256i dot[4], fine[4];
-            for (int c = 0; c < nc; c++) dot[c] = fine[c] = _mm256_setzero_si256();
-            if (pairs) { /* 2 values at a time: 256 q + r at once; unrolled twice, not 16 times: GCC then
-                          * issues the loads first and spills the products (AVX2, SmolLM2 Q8_0 pp512, one
-                          * thread: 1.35 times as fast) */
-#pragma GCC unroll 2
-                for (int j = h * 16 / halves; j < (h + 1) * 16 / halves; j++) {
-                    __m256i w = _mm256_loadu_si256((const __m256i *)((const llm_pack_pairs *)at)->q[j]);
-                    for (int c = 0; c < nc; c++) {
-                        int32_t two;
-                        memcpy(&two, x[c * x_stride + g].a + 2 * j, 4);
-                        dot[c] = _mm256_add_epi32(dot[c], _mm256_madd_epi16(w, _mm256_set1_epi32(two)));
-                    }
-                }
-            } else { /* a loop, unrolled twice only where 32 vector registers hold both turns (AVX-512: Q8_0
-                    * prompts 1.06 times as fast); with AVX2's 16, GCC issues all the chunks' products first
-                    * and spills them (0.75 times) */
-#if defined(LLM_AVX512VL)
-#pragma GCC unroll 2
-#else
-#pragma GCC unroll 1
-#endif
-                for (int j = h * 8 / halves; j < (h + 1) * 8 / halves; j++) {
-                    __m256i w = _mm256_loadu_si256((const __m256i *)((const llm_pack_group *)at)->q[j]);
-                    for (int c = 0; c < nc; c++) {
-                        const llm_q8 *xg = x + c * x_stride + g;
-                        dot[c] = llm_pack_chunk(type, add16, dot[c], w, xg->q + 4 * j);
-                        if (wide) fine[c] = llm_pack_chunk(type, add16, fine[c], w, xg->r + 4 * j);
-                    }
-                }
-                for (int c = 0; add16 && c < nc; c++) { /* widened: 8 sums of 4 products */
-                    dot[c] = _mm256_madd_epi16(dot[c], _mm256_set1_epi16(1));
-                    fine[c] = _mm256_madd_epi16(fine[c], _mm256_set1_epi16(1));
-                }
-                for (int c = 0; wide && c < nc; c++) /* 256 (w . q) + w . r */
-                    dot[c] = _mm256_add_epi32(_mm256_slli_epi32(dot[c], 8), fine[c]);
-            }
-            __m256 scale = _mm256_loadu_ps(s->scale[h]), min = _mm256_loadu_ps(s->min[h]);
-            for (int c = 0; c < nc; c++) {
-                const llm_q8 *xg = x + c * x_stride + g;
-                int sum = halves == 2 ? xg->sum[h] : xg->sum[0] + xg->sum[1];
-                if (offset) dot[c] = _mm256_sub_epi32(dot[c], _mm256_set1_epi32(offset * sum));
-                __m256 xd = _mm256_set1_ps(xg->d);
-                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[c]), _mm256_mul_ps(scale, xd), acc[c]);
-                if (llm_pack_has_min(type))
-                    acc[c] = _mm256_fnmadd_ps(min, _mm256_set1_ps(xg->d * (float)sum), acc[c]);
-            }
-        }
-    }
-    for (int c = 0; c < nc; c++) _mm256_storeu_ps(out + c * out_stride, acc[c]);
-}
-#endif
-
-/* The two above, each specialized to its type and activations (and the product to 4 tokens or 1) */
-static void llm_pack(uint32_t type, int wide, const uint8_t *rows, size_t row_bytes, int n_rows, int64_t n,
-                     void *pack) {
-#define LLM_PACK_ROWS_CASE(T)                                                                              \
-    case T:                                                                                                \
-        if (wide) llm_pack_rows(T, 1, rows, row_bytes, n_rows, n, pack);                                   \
-        else llm_pack_rows(T, 0, rows, row_bytes, n_rows, n, pack);                                        \
-        return;
-    switch (type) {
-    LLM_PACK_ROWS_CASE(LLM_Q8_0) LLM_PACK_ROWS_CASE(LLM_Q4_0) LLM_PACK_ROWS_CASE(LLM_Q4_1)
-    LLM_PACK_ROWS_CASE(LLM_Q5_0) LLM_PACK_ROWS_CASE(LLM_Q5_1) LLM_PACK_ROWS_CASE(LLM_Q2_K)
-    LLM_PACK_ROWS_CASE(LLM_Q3_K) LLM_PACK_ROWS_CASE(LLM_Q4_K) LLM_PACK_ROWS_CASE(LLM_Q5_K)
-    LLM_PACK_ROWS_CASE(LLM_MXFP4) LLM_PACK_ROWS_CASE(LLM_Q6_K)
-    }
-#undef LLM_PACK_ROWS_CASE
-}
-static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_groups, const llm_q8 *x,
-                         int64_t x_stride, int nc, float *out, int64_t out_stride) {
-#define LLM_PACK_CALL(k, s, T, W) \
-    llm_pack_dot(T, W, pack, n_groups, x + (s) * x_stride, x_stride, k, out + (s) * out_stride, out_stride)
-#define LLM_PACK_WIDTHS(T, W) LLM_BY_TOKENS(nc, LLM_PACK_CALL, T, W);
-#define LLM_PACK_CASE(T)                                                                                   \
-    case T:                                                                                                \
-        if (wide) { LLM_PACK_WIDTHS(T, 1) } else { LLM_PACK_WIDTHS(T, 0) }                                 \
-        return;
-    switch (type) {
-    LLM_PACK_CASE(LLM_Q8_0) LLM_PACK_CASE(LLM_Q4_0) LLM_PACK_CASE(LLM_Q4_1) LLM_PACK_CASE(LLM_Q5_0)
-    LLM_PACK_CASE(LLM_Q5_1) LLM_PACK_CASE(LLM_Q2_K) LLM_PACK_CASE(LLM_Q3_K) LLM_PACK_CASE(LLM_Q4_K)
-    LLM_PACK_CASE(LLM_Q5_K) LLM_PACK_CASE(LLM_Q6_K) LLM_PACK_CASE(LLM_MXFP4)
-    }
-#undef LLM_PACK_CASE
-#undef LLM_PACK_WIDTHS
-#undef LLM_PACK_CALL
-}
-
-/* llm_q8_quantize_ref, 32 values at a time: the same scale, the same rounding (to nearest, ties to even, as
- * lrintf does), the same bytes */
-static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wide) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    for (int64_t b = 0; b < n / 32; b++, x += 32) {
-        __m256 v[4], amax = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            v[i] = _mm256_loadu_ps(x + 8 * i);
-            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-        }
-        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-        m = _mm_max_ss(m, _mm_movehdup_ps(m));
-        float d = _mm_cvtss_f32(m) / 127, inv = d > 0 ? 1 / d : 0;
-        __m256i q[4];
-        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
-        /* 32-bit to 8-bit: the packs interleave 128-bit lanes, the permute puts them back in order */
-        __m256i q16 = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
-        __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16, q16b),
-                                                 _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)out[b].q, q8);
-        const float fine = d / 256, inv_fine = fine > 0 ? 1 / fine : 0;
-        if (wide) { /* the residual in 256ths of the step, rounded and clamped to +-127 as the reference
-                     * does */
-            __m256i r[4];
-            for (int i = 0; i < 4; i++) {
-                __m256 rest = _mm256_sub_ps(v[i], _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(q[i])));
-                r[i] = _mm256_cvtps_epi32(_mm256_mul_ps(rest, _mm256_set1_ps(inv_fine)));
-                r[i] = _mm256_max_epi32(_mm256_min_epi32(r[i], _mm256_set1_epi32(127)),
-                                        _mm256_set1_epi32(-127));
-                q[i] = _mm256_add_epi32(_mm256_slli_epi32(q[i], 8), r[i]); /* what the sums add */
-            }
-            __m256i r16 = _mm256_packs_epi32(r[0], r[1]), r16b = _mm256_packs_epi32(r[2], r[3]);
-            _mm256_storeu_si256((__m256i *)out[b].r,
-                                _mm256_permutevar8x32_epi32(_mm256_packs_epi16(r16, r16b),
-                                                            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-            for (int i = 0; i < 2; i++) /* 256 q + r in 16 bits: the pack interleaves 64-bit quarters */
-                _mm256_storeu_si256((__m256i *)out[b].a + i,
-                                    _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2 * i], q[2 * i + 1]),
-                                                             0xd8));
-        } else {
-            memset(out[b].r, 0, sizeof out[b].r);
-            memset(out[b].a, 0, sizeof out[b].a);
-        }
-        __m256i halves = _mm256_hadd_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-        halves = _mm256_hadd_epi32(halves, halves); /* per 128-bit lane: the halves' sums over it */
-        int sum0 = _mm256_extract_epi32(halves, 0) + _mm256_extract_epi32(halves, 4);
-        int sum1 = _mm256_extract_epi32(halves, 1) + _mm256_extract_epi32(halves, 5);
-        out[b].d = wide ? fine : d;
-        out[b].sum[0] = sum0; out[b].sum[1] = sum1;
-        out[b].s = out[b].d * (float)(sum0 + sum1);
-    }
-}
-
-/* f16 and bf16 weights meet f32 activations in tiles of nr (1 to 4) rows times nc (1 to 3) tokens: 8 weights
- * converted once serve 3 tokens and 8 activations loaded once serve 4 rows. Each (row, token) keeps two
- * running sums of 8, for the even and the odd runs of 8 along the row (a chain of fused multiply-adds waits
- * on each one before it: two chains overlap, where a decode step has one row and one token); then the two
- * sums added, their lanes added as llm_avx2_hsum does, then the rest of the row one value at a time. So a
- * token's product is the same bit for bit in whatever tile it falls (alone, in a decode step of a few, in a
- * prefill of many), and test.c's half_dot_ref says what it is in plain C. Up to 6 (row, token) pairs keep
- * both sums in registers (12 of the 16); a tile of more runs twice over its rows, the even runs then the odd
- * ones, with one sum each in registers (a 4 x 3 tile: 12 sums, 4 conversions and 3 loads for 12
- * multiply-adds, where 2 x 3 has 2 and 3 for 6: 1.2 times as fast on Zen 3). A decode step (one token) takes
- * two rows at a time: two chains of multiply-adds, and half the calls and ends of rows (SmolLM2 F16 decode,
- * Sapphire Rapids, one thread: 1.18 times as fast as one row, 4 rows 1.06; AVX2 build 1.11; once measured 0.8
- * times on Zen 3, with the prefetch nearer). Rows are w_stride values apart, tokens x_stride; out[c *
- * out_stride + r] */
+/* f16/bf16 weights meet f32 activations in tiles of up to LLM_HALF_ROWS rows times LLM_HALF_TOKENS tokens */
 #define LLM_HALF_ROWS 4
 #if defined(LLM_AVX512F)
 #define LLM_HALF_TOKENS 6 /* 24 sums of 512 bits in 32 registers: llm_half_runs16 */
 #else
 #define LLM_HALF_TOKENS 3
 #endif
-typedef __m256 llm_half_sums[2][LLM_HALF_ROWS][LLM_HALF_TOKENS]; /* [even, odd][row][token] */
-/* value k of rows w of type f16, bf16 or f32 (a tile's f16/bf16 rows converted for a prompt: llm_matmul) */
-#define LLM_HALF_AT(type, w, k) ((const char *)(w) + (k) * ((type) == LLM_F32 ? 4 : 2))
-static inline float llm_half_value(uint32_t type, const void *w, int64_t k) {
-    return type == LLM_F32 ? ((const float *)w)[k] : llm_half_to_f32(type, ((const uint16_t *)w)[k]);
-}
-/* one run of 8 values of the tile's rows and tokens, into sums */
-static inline __attribute__((always_inline)) void llm_half_run(uint32_t type, int nr, int nc, const void *w,
-                                                              int64_t w_stride, const float *x,
-                                                              int64_t x_stride,
-                                                              __m256 sums[LLM_HALF_ROWS][LLM_HALF_TOKENS]) {
-    __m256 xv[LLM_HALF_TOKENS];
-    for (int c = 0; c < nc; c++) {
-        xv[c] = _mm256_loadu_ps(x + c * x_stride);
-        __asm__("" : "+x"(xv[c])); /* in a register: else GCC loads it again for each row's product */
-    }
-    for (int r = 0; r < nr; r++) {
-        __m256 wv = llm_half8(type, LLM_HALF_AT(type, w, r * w_stride));
-        for (int c = 0; c < nc; c++) sums[r][c] = _mm256_fmadd_ps(wv, xv[c], sums[r][c]);
-    }
-}
-/* a 16-bit row holds 2 to 4 times the bytes of a quantized one per value: asked for from memory twice as far
- * ahead (SmolLM2 F16 decode, one thread: 1.03 to 1.05 times as fast as 2 kB ahead in the AVX2 build, 1.02 to
- * 1.04 with AVX-512) */
-static inline void llm_half_prefetch(const void *p) {
-    __builtin_prefetch((const char *)p + 2 * LLM_PREFETCH_AHEAD);
-}
-#if defined(LLM_AVX512F)
-/* AVX-512: a run of 16 values is an even run of 8 in the low half and the odd run after it in the high half,
- * so one 512-bit sum per (row, token) makes the same multiply-adds, lane by lane, as the two sums of 8: the
- * same result bit for bit, at twice the width; and tiles of 4 rows x 6 tokens, 24 sums in the 32 registers
- * (SmolLM2 F16 pp512, one thread, Sapphire Rapids, best of 3 alternations: 290 -> 355 tok/s at 4 x 3, 378 at
- * 4 x 6) */
-static inline __attribute__((always_inline)) __m512 llm_half16(uint32_t type, const void *at) {
-    if (type == LLM_F32) return _mm512_loadu_ps((const float *)at);
-    __m256i h = _mm256_loadu_si256((const __m256i *)at);
-    return type == LLM_F16 ? _mm512_cvtph_ps(h)
-                           : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-static inline __attribute__((always_inline)) int64_t llm_half_runs16(uint32_t type, int nr, int nc,
-                                                                     const void *w, int64_t w_stride,
-                                                                     const float *x, int64_t x_stride,
-                                                                     int64_t n, llm_half_sums sums) {
-    __m512 both[LLM_HALF_ROWS][LLM_HALF_TOKENS];
-    for (int r = 0; r < nr; r++)
-        for (int c = 0; c < nc; c++) both[r][c] = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 xv[LLM_HALF_TOKENS];
-        for (int c = 0; c < nc; c++) {
-            xv[c] = _mm512_loadu_ps(x + c * x_stride + i);
-            __asm__("" : "+v"(xv[c])); /* in a register: else GCC loads it again for each row's product */
-        }
-        for (int r = 0; r < nr; r++) {
-            if (type != LLM_F32) llm_half_prefetch(LLM_HALF_AT(type, w, r * w_stride + i)); /* f32: in L2 */
-            __m512 wv = llm_half16(type, LLM_HALF_AT(type, w, r * w_stride + i));
-            for (int c = 0; c < nc; c++) both[r][c] = _mm512_fmadd_ps(wv, xv[c], both[r][c]);
-        }
-    }
-    for (int r = 0; r < nr; r++)
-        for (int c = 0; c < nc; c++) {
-            sums[0][r][c] = _mm512_castps512_ps256(both[r][c]);
-            sums[1][r][c] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(both[r][c]), 1));
-        }
-    return i;
-}
-#endif
-static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t type, int nr, int nc,
-                                                                   const void *w, int64_t w_stride,
-                                                                   const float *x, int64_t x_stride,
-                                                                   int64_t n,
-                                                                   float *out, int64_t out_stride) {
-    llm_half_sums sums;
-    for (int h = 0; h < 2; h++)
-        for (int r = 0; r < nr; r++)
-            for (int c = 0; c < nc; c++) sums[h][r][c] = _mm256_setzero_ps();
-    int64_t i = 0;
-#if defined(LLM_AVX512F)
-    i = llm_half_runs16(type, nr, nc, w, w_stride, x, x_stride, n, sums);
-    if (i + 8 <= n) {
-        llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
-        i += 8;
-    }
-#else
-    if (nr * nc <= 6) {
-        for (; i + 16 <= n; i += 16) { /* an even run, then an odd one */
-            for (int r = 0; r < nr; r++) llm_half_prefetch(LLM_HALF_AT(type, w, r * w_stride + i));
-            llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
-            llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i + 8), w_stride, x + i + 8, x_stride, sums[1]);
-        }
-        if (i + 8 <= n) {
-            llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
-            i += 8;
-        }
-    } else {
-        __m256 one[LLM_HALF_ROWS][LLM_HALF_TOKENS]; /* the even runs' sums, then the odd runs' */
-        for (int h = 0; h < 2; h++) {
-            for (int r = 0; r < nr; r++)
-                for (int c = 0; c < nc; c++) one[r][c] = _mm256_setzero_ps();
-            for (int64_t j = 8 * h; j + 8 <= n; j += 16)
-                llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, j), w_stride, x + j, x_stride, one);
-            for (int r = 0; r < nr; r++)
-                for (int c = 0; c < nc; c++) sums[h][r][c] = one[r][c];
-        }
-        i = n / 8 * 8;
-    }
-#endif
-    for (int r = 0; r < nr; r++)
-        for (int c = 0; c < nc; c++) {
-            float s = llm_avx2_hsum(_mm256_add_ps(sums[0][r][c], sums[1][r][c]));
-            for (int64_t k = i; k < n; k++)
-                s += llm_half_value(type, w, r * w_stride + k) * x[c * x_stride + k];
-            out[c * out_stride + r] = s;
-        }
-}
-/* llm_dot_half_tile specialized to each tile shape and type */
-static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
-                         int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride) {
-#define LLM_HALF_TILE(R, C)                                                                                 \
-    case (R) * 8 + (C):                                                                                    \
-        if (type == LLM_F16) llm_dot_half_tile(LLM_F16, R, C, w, w_stride, x, x_stride, n, out, out_stride); \
-        else if (type == LLM_BF16) llm_dot_half_tile(LLM_BF16, R, C, w, w_stride, x, x_stride, n, out,      \
-                                                     out_stride);                                          \
-        else llm_dot_half_tile(LLM_F32, R, C, w, w_stride, x, x_stride, n, out, out_stride);               \
-        return;
-    switch (nr * 8 + nc) {
-    LLM_HALF_TILE(1, 1) LLM_HALF_TILE(1, 2) LLM_HALF_TILE(1, 3) LLM_HALF_TILE(2, 1) LLM_HALF_TILE(2, 2)
-    LLM_HALF_TILE(2, 3) LLM_HALF_TILE(3, 1) LLM_HALF_TILE(3, 2) LLM_HALF_TILE(3, 3) LLM_HALF_TILE(4, 1)
-    LLM_HALF_TILE(4, 2) LLM_HALF_TILE(4, 3)
-#if LLM_HALF_TOKENS == 6
-    LLM_HALF_TILE(1, 4) LLM_HALF_TILE(1, 5) LLM_HALF_TILE(1, 6) LLM_HALF_TILE(2, 4) LLM_HALF_TILE(2, 5)
-    LLM_HALF_TILE(2, 6) LLM_HALF_TILE(3, 4) LLM_HALF_TILE(3, 5) LLM_HALF_TILE(3, 6) LLM_HALF_TILE(4, 4)
-    LLM_HALF_TILE(4, 5) LLM_HALF_TILE(4, 6)
-#endif
-    }
-#undef LLM_HALF_TILE
-}
+static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wide);
+static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t type, int wide, const uint8_t *p,
+                                                                    const llm_q8 *x, int64_t n_blocks,
+                                                                    int64_t x_stride, int nc, float *out);
+static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type, int wide, const uint8_t *p,
+                                                                   const llm_q8 *x, int64_t n_blocks,
+                                                                   int64_t x_stride, int nc, float *out);
 #endif
 
 /* A row of activations quantized for the fast path: with SIMD when the build has it */
@@ -6467,6 +5657,7 @@ static void llm_q8_dot(uint32_t type, int wide, const void *row, const llm_q8 *x
 #undef LLM_Q8_WIDTHS
 #undef LLM_Q8_CALL
 #endif
+    /* plain C: a build without SIMD (whose llm_matmul converts the rows instead: only the tests come here) */
     for (int c = 0; c < nc; c++) out[c] = llm_q8_dot_ref(type, row, x + c * x_stride, n, wide);
 }
 
@@ -6506,44 +5697,17 @@ static int llm_matmul_kind(uint32_t type, int path) {
  * Q4_1, 2.65 and 2.58 on Q8_0) */
 #define LLM_PACK_MIN_TOKENS 5
 #ifdef LLM_CPU_SIMD
-/* One tile of rows r0..r1 (of rows), packed 8 rows at a time, times every token's quantized activations */
+/* Section 14's: a tile of rows packed and multiplied by every token (from LLM_PACK_MIN_TOKENS on), the
+ * bytes a packed group takes, and the f16/bf16 tiles */
 static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t type,
                               const uint8_t *tile_data, size_t row_bytes, int64_t r0, int64_t r1,
-                              int64_t rows, int64_t cols, int T, uint8_t *pack) {
-    int64_t n_groups = cols / 32;
-    size_t pack_bytes = (size_t)n_groups * llm_pack_group_bytes(wide); /* 8 rows' */
-    int n_packs = (int)((r1 - r0 + LLM_PACK_ROWS - 1) / LLM_PACK_ROWS);
-    for (int i = 0; i < n_packs; i++) {
-        int64_t n_rows = r1 - r0 - i * LLM_PACK_ROWS;
-        llm_pack(type, wide, tile_data + (size_t)i * LLM_PACK_ROWS * row_bytes, row_bytes,
-                 n_rows < LLM_PACK_ROWS ? (int)n_rows : LLM_PACK_ROWS, cols, pack + i * pack_bytes);
-    }
-    /* the next tile's rows are asked for from memory a few cache lines at a time between the products, so
-     * that their reads overlap this tile's work rather than stall its packing */
-    const char *next = (const char *)tile_data + (size_t)(r1 - r0) * row_bytes;
-    size_t next_bytes = r1 < rows ? (size_t)(r1 - r0) * row_bytes : 0, next_at = 0;
-    size_t next_step = next_bytes / (size_t)(n_packs * ((T + LLM_DOT_MAX_COLS - 1) / LLM_DOT_MAX_COLS)) + 64;
-    for (int t = 0; t < T; t += LLM_DOT_MAX_COLS) {
-        int nc = T - t < LLM_DOT_MAX_COLS ? T - t : LLM_DOT_MAX_COLS;
-        for (int i = 0; i < n_packs; i++) {
-            int64_t first = r0 + i * LLM_PACK_ROWS, n_rows = r1 - first;
-            for (size_t end = next_at + next_step; next_at < next_bytes && next_at < end; next_at += 64)
-                _mm_prefetch(next + next_at, _MM_HINT_T0);
-            float v[LLM_DOT_MAX_COLS][LLM_PACK_ROWS];
-            if (n_rows >= LLM_PACK_ROWS) { /* straight into out */
-                llm_pack_mul(type, wide, pack + i * pack_bytes, n_groups, xq + (size_t)t * n_groups,
-                             n_groups, nc, out + (size_t)t * rows + first, rows);
-                continue;
-            }
-            llm_pack_mul(type, wide, pack + i * pack_bytes, n_groups, xq + (size_t)t * n_groups,
-                         n_groups, nc, v[0], LLM_PACK_ROWS);
-            for (int c = 0; c < nc; c++)
-                memcpy(out + (size_t)(t + c) * rows + first, v[c], (size_t)n_rows * sizeof(float));
-        }
-    }
-}
+                              int64_t rows, int64_t cols, int T, uint8_t *pack);
+static inline __attribute__((always_inline)) size_t llm_pack_group_bytes(int wide);
+static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
+                         int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride);
 #endif
 static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, int path) {
+    /* 1. how the rows are read (the kind), and the tiles the threads share */
     int64_t rows = w->rows, cols = w->cols;
     size_t row_bytes = llm_dtype_row_bytes(w->type, cols);
     int kind = llm_matmul_kind(w->type, path), failed = 0, wide = path == LLM_PATH_ACT16;
@@ -6569,6 +5733,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
         tile_rows = ((share + pieces - 1) / pieces + LLM_HALF_ROWS - 1) / LLM_HALF_ROWS * LLM_HALF_ROWS;
     }
 #endif
+    /* 2. the fast path's activations, quantized once for every row to meet */
     int64_t n_tiles = (rows + tile_rows - 1) / tile_rows;
     llm_q8 *xq = NULL;
     if (kind == LLM_ROWS_Q8 && !(xq = (llm_q8 *)malloc((size_t)T * (size_t)(cols / 32) * sizeof(llm_q8))))
@@ -6577,6 +5742,8 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
 #ifdef LLM_CPU_SIMD
     if (kind == LLM_ROWS_Q8 && T >= LLM_PACK_MIN_TOKENS) kind = LLM_ROWS_PACKED;
 #endif
+    /* 3. each thread: its buffers (a tile's rows converted to f32, or packed), then its share of the tiles,
+     * each tile's rows times every token */
     #pragma omp parallel
     {
         float *converted = NULL;
@@ -6612,6 +5779,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
                                           converted + (size_t)(r - r0) * cols, cols);
             }
 #ifdef LLM_CPU_SIMD
+            /* a prefill's packed tiles, and the f16/bf16 tiles: section 14's kernels */
             if (kind == LLM_ROWS_PACKED) {
                 if (pack)
                     llm_matmul_packed(out, xq, wide, w->type, tile_data, row_bytes, r0, r1, rows, cols,
@@ -6659,6 +5827,8 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
     return failed ? -1 : 0;
 }
 
+/* RMS norm: out = x / sqrt(mean(x^2) + eps) * weight, element by element (no mean taken off and no bias, as
+ * LayerNorm has: Llama's and every model's here). out may be x. */
 static void llm_rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
     double ss = 0; /* in double, as llama.cpp does: the mean of squares of thousands of values */
     for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
@@ -6667,79 +5837,31 @@ static void llm_rmsnorm(float *out, const float *x, const float *weight, int n, 
 }
 
 #ifdef LLM_CPU_SIMD
-/* exp(x) of 8 floats, bit for bit what glibc's expf gives on a machine with FMA (the algorithm of Arm's
- * optimized routines, glibc's since 2.27; a NaN's bits aside): x / ln2 = (k + r) / 32 with k whole and r in
- * [-1/2, 1/2]; exp(x) = 2^(k/32) 2^(r/32), 2^(k/32) from a table of 2^(j/32), j = k mod 32, and 2^(r/32) a
- * cubic in r, in double. Attention's softmax takes one for every score (libm's, a call each, were a fifth of
- * a prompt's attention), SwiGLU one for every value of the FFN. test.c holds it to a plain-C copy and to
- * expf. */
-static const double llm_exp2_32nds[32] = { /* 2^(j/32), rounded to nearest */
-    0x1.0000000000000p+0, 0x1.059b0d3158574p+0, 0x1.0b5586cf9890fp+0, 0x1.11301d0125b51p+0,
-    0x1.172b83c7d517bp+0, 0x1.1d4873168b9aap+0, 0x1.2387a6e756238p+0, 0x1.29e9df51fdee1p+0,
-    0x1.306fe0a31b715p+0, 0x1.371a7373aa9cbp+0, 0x1.3dea64c123422p+0, 0x1.44e086061892dp+0,
-    0x1.4bfdad5362a27p+0, 0x1.5342b569d4f82p+0, 0x1.5ab07dd485429p+0, 0x1.6247eb03a5585p+0,
-    0x1.6a09e667f3bcdp+0, 0x1.71f75e8ec5f74p+0, 0x1.7a11473eb0187p+0, 0x1.82589994cce13p+0,
-    0x1.8ace5422aa0dbp+0, 0x1.93737b0cdc5e5p+0, 0x1.9c49182a3f090p+0, 0x1.a5503b23e255dp+0,
-    0x1.ae89f995ad3adp+0, 0x1.b7f76f2fb5e47p+0, 0x1.c199bdd85529cp+0, 0x1.cb720dcef9069p+0,
-    0x1.d5818dcfba487p+0, 0x1.dfc97337b9b5fp+0, 0x1.ea4afa2a490dap+0, 0x1.f50765b6e4540p+0,
-};
-static inline __attribute__((always_inline)) __m256 llm_exp_avx2(__m256 x) {
-    const __m256d invln2_32 = _mm256_set1_pd(0x1.71547652b82fep+5), shift = _mm256_set1_pd(0x1.8p+52);
-    const __m256d c0 = _mm256_set1_pd(0x1.c6af84b912394p-20), c1 = _mm256_set1_pd(0x1.ebfce50fac4f3p-13);
-    const __m256d c2 = _mm256_set1_pd(0x1.62e42ff0c52d6p-6), one = _mm256_set1_pd(1.0);
-    __m128 half[2];
-    for (int h = 0; h < 2; h++) {
-        __m256d xd = _mm256_cvtps_pd(h ? _mm256_extractf128_ps(x, 1) : _mm256_castps256_ps128(x));
-        __m256d kd = _mm256_fmadd_pd(invln2_32, xd, shift); /* k in the low bits: rounded to nearest */
-        __m256i ki = _mm256_castpd_si256(kd);
-        kd = _mm256_sub_pd(kd, shift);
-        __m256d r = _mm256_fmsub_pd(invln2_32, xd, kd);
-        /* 2^(k/32): the table's 2^(j/32) with k div 32 added to its exponent */
-        __m256i j = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
-        __m256i s = _mm256_i64gather_epi64((const long long *)llm_exp2_32nds, j, 8);
-        s = _mm256_add_epi64(s, _mm256_slli_epi64(_mm256_sub_epi64(ki, j), 47));
-        __m256d z = _mm256_fmadd_pd(c0, r, c1), r2 = _mm256_mul_pd(r, r);
-        __m256d y = _mm256_fmadd_pd(z, r2, _mm256_fmadd_pd(r, c2, one));
-        half[h] = _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(s)));
-    }
-    __m256 e = _mm256_set_m128(half[1], half[0]);
-    /* below -0x1.9fe368p6f (-inf too) the result is 0, above 0x1.62e42ep6f infinity */
-    e = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-0x1.9fe368p6f), _CMP_LT_OQ), e);
-    __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ);
-    return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), over);
-}
+/* Section 14's: exp of 8 floats, glibc's expf bit for bit (the sampler's too), and the row kernels below
+ * in vectors. Each does the first values of the row and returns how many it did, and the plain loop after
+ * it does the rest; llm_softmax_exp_avx2 does the whole row (the last 8 padded) */
+static inline __attribute__((always_inline)) __m256 llm_exp_avx2(__m256 x);
+static inline __attribute__((always_inline)) int llm_max_avx2(const float *x, int n, float *mx);
+static inline __attribute__((always_inline)) void llm_softmax_exp_avx2(float *row, int n, float mx);
+static inline __attribute__((always_inline)) size_t llm_swiglu_avx2(float *gate, const float *up, size_t n);
 #endif
 /* The largest of x[0..n-1] and mx, NaNs passed over: with SIMD 8 lanes at a time (a largest value is the
  * same in any order, but for a zero's sign, which exp(x - mx) does not see) */
 static float llm_max(const float *x, int n, float mx) {
     int i = 0;
 #ifdef LLM_CPU_SIMD
-    if (n >= 8) {
-        __m256 m = _mm256_set1_ps(mx);
-        for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m); /* x > m ? x : m */
-        float lanes[8];
-        _mm256_storeu_ps(lanes, m);
-        for (int j = 0; j < 8; j++) mx = lanes[j] > mx ? lanes[j] : mx;
-    }
+    i = llm_max_avx2(x, n, &mx);
 #endif
     for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
     return mx;
 }
 /* row[p] = exp(row[p] - mx) for p < n: with SIMD 8 at a time (the last 8 padded), else libm's expf */
 static void llm_softmax_exp(float *row, int n, float mx) {
-    int p = 0;
 #ifdef LLM_CPU_SIMD
-    for (; p + 8 <= n; p += 8)
-        _mm256_storeu_ps(row + p, llm_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(row + p), _mm256_set1_ps(mx))));
-    if (p < n) {
-        float tail[8] = {0};
-        memcpy(tail, row + p, (size_t)(n - p) * sizeof(float));
-        _mm256_storeu_ps(tail, llm_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(tail), _mm256_set1_ps(mx))));
-        memcpy(row + p, tail, (size_t)(n - p) * sizeof(float));
-        return;
-    }
+    llm_softmax_exp_avx2(row, n, mx);
+#else
+    for (int p = 0; p < n; p++) row[p] = expf(row[p] - mx);
 #endif
-    for (; p < n; p++) row[p] = expf(row[p] - mx);
 }
 
 /* gate[i] = silu(gate[i]) up[i] = gate[i] / (1 + exp(-gate[i])) up[i] for i < n (SwiGLU): with SIMD 8 at a
@@ -6747,11 +5869,7 @@ static void llm_softmax_exp(float *row, int n, float mx) {
 static void llm_swiglu(float *gate, const float *up, size_t n) {
     size_t i = 0;
 #ifdef LLM_CPU_SIMD
-    for (; i + 8 <= n; i += 8) {
-        __m256 g = _mm256_loadu_ps(gate + i), e = llm_exp_avx2(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
-        __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-        _mm256_storeu_ps(gate + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
-    }
+    i = llm_swiglu_avx2(gate, up, n);
 #endif
     for (; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
@@ -6805,7 +5923,9 @@ void llm_rope_freqs(const llm_config *c, float base, float freq_scale, float *fr
     }
 }
 
-/* Rotate the first rope_dim values of one head by the angles of llm_rope_angles */
+/* Rotate the first rope_dim values of one head by the angles of llm_rope_angles: pair i is values (i,
+ * i + rope_dim / 2) with rope_neox (GPT-NeoX's layout: Qwen, Gemma, gpt-oss...), else the adjacent (2i,
+ * 2i + 1) (Llama's and SmolLM3's, as llama.cpp has them); values past rope_dim stay as they are */
 static void llm_rope(float *x, const float *cs, const float *sn, const llm_config *c) {
     int half = c->rope_dim / 2;
     for (int i = 0; i < half; i++) {
@@ -6817,10 +5937,18 @@ static void llm_rope(float *x, const float *cs, const float *sn, const llm_confi
 }
 
 /* ---- The CPU backend ----------------------------------------------------------------------------------- */
+/* In order: its state, the threads, the KV pool (its addresses, stores, allocation and block copies),
+ * paged attention, the mixture-of-experts FFN, the forward call, the sample step, and the backends made. */
 /* Its state: the model (weights read where they are), and the KV cache in host memory, K and V each
  * laid out [index][block][slot][kv_head][head_dim], index a layer's place in its group (llm_kv_place): for
  * one layer, the K of a sequence's position p is the n_kv_heads * head_dim values at slot
- * block_table[p / block_size] * block_size + p % block_size, block_table its group's. */
+ * block_table[p / block_size] * block_size + p % block_size, block_table its group's. One layer's K, in a
+ * pool of 3 blocks of 4 slots, for a model of 2 K/V heads:
+ *     block 0: slot 0 [head 0 | head 1]  slot 1 [head 0 | head 1]  slot 2 [...]  slot 3 [...]
+ *     block 1: slot 0 [head 0 | head 1]  ...
+ *     block 2: ...
+ * A sequence whose block table is [2, 0] has its positions 0-3 in block 2, 4-7 in block 0; the next
+ * layer's K comes after the whole pool's, so that a block number means the same slots in every layer. */
 typedef struct {
     const llm_model *model;
     int num_blocks, block_size;
@@ -6858,10 +5986,15 @@ static __attribute__((unused)) int llm_cpu_threads_for_load(double *others_runni
     return n < 1 ? 1 : n;
 }
 
+/* The bytes of one cached K or V value: 2 in f16, 4 in f32 */
 static size_t llm_cpu_kv_value_bytes(const llm_cpu *c) {
     return c->kv_half ? sizeof(uint16_t) : sizeof(float);
 }
 
+/* Where the K (cache c->k) or V (c->v) row of a sequence's position pos lies, for the layer at index in its
+ * group: the block table turns the position into a slot of the pool (block_table[pos / block_size], slot
+ * pos % block_size), and the slot holds the n_kv_heads heads' rows side by side. The table's entry for pos
+ * must be a block (not -1). */
 static uint8_t *llm_cpu_kv_at(const llm_cpu *c, void *cache, int index, const int32_t *block_table, int pos) {
     size_t slot = (size_t)block_table[pos / c->block_size] * c->block_size + (size_t)(pos % c->block_size);
     size_t per_slot = (size_t)c->model->cfg.n_kv_heads * c->model->cfg.head_dim;
@@ -6869,23 +6002,29 @@ static uint8_t *llm_cpu_kv_at(const llm_cpu *c, void *cache, int index, const in
                               llm_cpu_kv_value_bytes(c);
 }
 
+#ifdef LLM_CPU_SIMD
+/* Section 14's: the f16 values below, 8 at a time */
+static inline __attribute__((always_inline)) int llm_f16_store_avx2(void *dst, const float *src, int n);
+#endif
 /* n values of K or V into the cache, as it holds them (f16: rounded to nearest even, 8 at a time with F16C:
  * the same bits as llm_f32_to_f16, which took 2.6% of a SmolLM2 prompt's time one at a time) */
 static void llm_cpu_kv_store(const llm_cpu *c, void *dst, const float *src, int n) {
     if (!c->kv_half) { memcpy(dst, src, (size_t)n * sizeof(float)); return; }
     int i = 0;
 #ifdef LLM_CPU_SIMD
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128((__m128i *)((uint16_t *)dst + i),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    i = llm_f16_store_avx2(dst, src, n);
 #endif
     for (; i < n; i++) ((uint16_t *)dst)[i] = llm_f32_to_f16(src[i]);
 }
 
+/* Value i of a cached row, as f32 */
 static float llm_cpu_kv_value(const llm_cpu *c, const void *v, int i) {
     return c->kv_half ? llm_f16_to_f32(((const uint16_t *)v)[i]) : ((const float *)v)[i];
 }
 
+/* The pool: K and V, each one anonymous mapping for all of a group's layers (its kv_bytes). alloc_kv may
+ * be called again: the old pool goes first. Its pages cost memory only once written; -1 with the reason
+ * when a mapping fails. */
 static void llm_cpu_free_kv(llm_cpu *c) {
     if (c->k) munmap(c->k, c->kv_bytes);
     if (c->v) munmap(c->v, c->kv_bytes);
@@ -6925,85 +6064,18 @@ static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
 }
 
 #ifdef LLM_CPU_SIMD
-/* A token's o = sum_p w_p v_p, p = first..last, for ng (1 to 3) heads (weights w_stride apart, outputs hd)
- * and nv (1 to LLM_VRUNS) runs of LLM_VRUN values from i0: a multiply then an add for each p in turn, the
- * roundings of the plain loop, with the sums in registers over all p. Specialized to each ng and nv and to
- * the cache's type: with them variables, GCC kept the sums and v in memory, each add waiting on the store
- * before it (40% of a SmolLM2 prompt's attention went there once). Each value's sum is its own, so the
- * runs are as wide as the registers: with AVX-512, 3 heads by 4 runs of 16 (a 64-value head at once: 12
- * sums, 4 v and a weight in the 32 registers); with AVX2, 3 runs of 8 (3 by 4 would need 18 of 16) */
+/* Section 14's: o = sum_p w_p v_p for ng (1 to 3) heads, over nv runs of LLM_VRUN values from i0, in
+ * registers (with AVX-512 up to 4 runs of 16, a 64-value head at once; with AVX2 3 runs of 8) */
 #if defined(LLM_AVX512F)
 #define LLM_VRUN 16
 #define LLM_VRUNS 4
-typedef __m512 llm_vrun;
-#define llm_vrun_zero _mm512_setzero_ps
-#define llm_vrun_set1 _mm512_set1_ps
-#define llm_vrun_add _mm512_add_ps
-#define llm_vrun_mul _mm512_mul_ps
-#define llm_vrun_store _mm512_storeu_ps
-#define llm_vrun_load(half, at) ((half) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(at))) \
-                                        : _mm512_loadu_ps((const float *)(at)))
 #else
 #define LLM_VRUN 8
 #define LLM_VRUNS 3
-typedef __m256 llm_vrun;
-#define llm_vrun_zero _mm256_setzero_ps
-#define llm_vrun_set1 _mm256_set1_ps
-#define llm_vrun_add _mm256_add_ps
-#define llm_vrun_mul _mm256_mul_ps
-#define llm_vrun_store _mm256_storeu_ps
-#define llm_vrun_load(half, at) ((half) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(at))) \
-                                        : _mm256_loadu_ps((const float *)(at)))
 #endif
-static inline __attribute__((always_inline)) void llm_cpu_weighted_v_tile(const llm_cpu *c, int half, int ng,
-                                                                         int nv, int index,
-                                                                         const int32_t *block_table,
-                                                                         size_t head_offset, int first,
-                                                                         int last, const float *w,
-                                                                         int64_t w_stride, int i0, float *o,
-                                                                         int hd) {
-    int bs = c->block_size;
-    size_t per_slot = (size_t)c->model->cfg.n_kv_heads * hd * (half ? sizeof(uint16_t) : sizeof(float));
-    llm_vrun acc[3][LLM_VRUNS];
-    for (int g = 0; g < ng; g++)
-        for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_zero();
-    for (int p0 = first - first % bs; p0 <= last; p0 += bs) {
-        const uint8_t *vp = llm_cpu_kv_at(c, c->v, index, block_table, p0) + head_offset;
-        for (int p = p0; p <= last && p < p0 + bs; p++, vp += per_slot) {
-            if (p < first) continue;
-            llm_vrun v[LLM_VRUNS];
-            for (int j = 0; j < nv; j++)
-                v[j] = llm_vrun_load(half, vp + (size_t)(i0 + LLM_VRUN * j) * (half ? 2 : 4));
-            for (int g = 0; g < ng; g++) {
-                llm_vrun wg = llm_vrun_set1(w[g * w_stride + p]);
-                for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_add(acc[g][j], llm_vrun_mul(wg, v[j]));
-            }
-        }
-    }
-    for (int g = 0; g < ng; g++)
-        for (int j = 0; j < nv; j++) llm_vrun_store(o + (size_t)g * hd + i0 + LLM_VRUN * j, acc[g][j]);
-}
 static void llm_cpu_weighted_v(const llm_cpu *c, int ng, int nv, int index, const int32_t *block_table,
                                size_t head_offset, int first, int last, const float *w, int64_t w_stride,
-                               int i0, float *o, int hd) {
-#define LLM_WEIGHTED_V(G, V)                                                                               \
-    case (G) * 4 + (V):                                                                                    \
-        if (c->kv_half)                                                                                    \
-            llm_cpu_weighted_v_tile(c, 1, G, V, index, block_table, head_offset, first, last, w, w_stride, \
-                                    i0, o, hd);                                                            \
-        else                                                                                               \
-            llm_cpu_weighted_v_tile(c, 0, G, V, index, block_table, head_offset, first, last, w, w_stride, \
-                                    i0, o, hd);                                                            \
-        return;
-    switch (ng * 4 + nv) {
-    LLM_WEIGHTED_V(1, 1) LLM_WEIGHTED_V(1, 2) LLM_WEIGHTED_V(1, 3) LLM_WEIGHTED_V(2, 1) LLM_WEIGHTED_V(2, 2)
-    LLM_WEIGHTED_V(2, 3) LLM_WEIGHTED_V(3, 1) LLM_WEIGHTED_V(3, 2) LLM_WEIGHTED_V(3, 3)
-#if LLM_VRUNS == 4
-    LLM_WEIGHTED_V(1, 4) LLM_WEIGHTED_V(2, 4) LLM_WEIGHTED_V(3, 4)
-#endif
-    }
-#undef LLM_WEIGHTED_V
-}
+                               int i0, float *o, int hd);
 #endif
 
 /* Paged attention for the nq query heads that share K/V head kv_head (grouped-query attention) of nt tokens
@@ -7029,6 +6101,10 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
     float scale = 1.0f / sqrtf((float)hd), dots[LLM_DOT_MAX_VECTORS];
     /* scores[j * n_ctx + p] for query j = token i's head g = i * nq + g; the queries side by side; an f16
      * cache's block of K rows as f32 */
+    /* 1. the queries side by side in scratch (with AVX-512, 4 or more of them, in pairs). A run of nt = 3
+     * tokens and nq = 2 heads: 6 queries, each k_p read once for all of them,
+     *     queries   [t0 h0][t0 h1][t1 h0][t1 h1][t2 h0][t2 h1]      query j = token j / nq's head j % nq
+     *     scores    row j: query j's scores over positions first..pos + nt - 1 (token i sees to pos + i) */
     float *scores = scratch, *queries = scratch + (size_t)nqt * n_ctx;
     float *k_rows = queries + (size_t)(nqt + 1) * hd;
     int pairs = 0; /* with AVX-512, a prompt's queries (4 to 12) side by side in pairs for llm_dot_pairs */
@@ -7042,6 +6118,7 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
 #endif
     for (int i = 0; !pairs && i < nt; i++)
         memcpy(queries + (size_t)i * nq * hd, q + i * stride, (size_t)nq * hd * sizeof(float));
+    /* 2. the scores q . k_p / sqrt(hd) of every query with every position from first to the last token's */
     for (int p0 = first - first % bs; p0 < n_ctx; p0 += bs) { /* block by block: the table read once each */
         int lo = p0 > first ? p0 : first, hi = p0 + bs < n_ctx ? p0 + bs : n_ctx; /* the positions wanted */
         const uint8_t *kp = llm_cpu_kv_at(c, c->k, index, block_table, lo) + kv_head * head_bytes;
@@ -7065,6 +6142,7 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
             }
             continue;
         }
+        /* a prompt's run: each k_p against all its queries at once (llm_dot_many, or the pairs) */
         for (int p = lo; p < hi; p++, k += k_stride) { /* a token's dots with later p are left unused */
 #if defined(LLM_CPU_SIMD) && defined(LLM_AVX512F)
             if (pairs) llm_dot_pairs(k, queries, (nqt + 1) / 2, hd, dots);
@@ -7074,11 +6152,14 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
             for (int j = 0; j < nqt; j++) scores[(size_t)j * n_ctx + p] = dots[j] * scale;
         }
     }
+    /* 3. per token, per head: the softmax of its scores over the positions it sees (a sink's logit joins the
+     * sum but has no value), then the weighted sum of the V rows */
     for (int i = 0; i < nt; i++) { /* token i: positions first_i..pos + i */
         int last = pos + i, first_i = window > 0 && last + 1 > window ? last + 1 - window : 0;
         float *sc = scores + (size_t)i * nq * n_ctx, *o = out + i * stride;
         for (int g = 0; g < nq; g++) {
             float *row = sc + (size_t)g * n_ctx, mx = sinks ? sinks[g] : -INFINITY, sum = 0;
+            /* exp(s - the largest s) / their sum: the largest taken off first, so that no exp overflows */
             mx = llm_max(row + first_i, last + 1 - first_i, mx);
             llm_softmax_exp(row + first_i, last + 1 - first_i, mx);
             for (int p = first_i; p <= last; p++) sum += row[p];
@@ -7146,6 +6227,7 @@ void llm_moe_route(const llm_config *cf, const float *router_bias, float *scores
     }
 }
 
+/* The scratch floats llm_cpu_moe needs per token of a batch (0 for a model without experts) */
 static size_t llm_cpu_moe_floats(const llm_config *cf) {
     size_t width = (size_t)(cf->shared_ffn_dim > cf->expert_ffn_dim ? cf->shared_ffn_dim :
                             cf->expert_ffn_dim);
@@ -7165,8 +6247,11 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
     float *xe = (float *)(rows + T), *oe = xe + (size_t)T * D, *ge = oe + (size_t)T * D;
     float *ue = ge + (size_t)T * width;
     int gpt_oss = cf->arch == LLM_ARCH_GPT_OSS;
+    /* 1. the router's scores, each token's chosen experts and their weights */
     failed = llm_matmul(scores, xn, &L->router, T, path);
     if (!failed) llm_moe_route(cf, (const float *)L->router_b.data, scores, T, chosen, weight);
+    /* 2. expert by expert: the tokens that chose it gathered into rows xe, its FFN on them, each output
+     * added to its token's delta times the token's weight for that expert */
     memset(delta, 0, (size_t)T * D * sizeof(float));
     for (int e = 0; !failed && e < E; e++) {
         int n = 0;
@@ -7201,6 +6286,7 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
             for (int d = 0; d < D; d++) delta[(size_t)t * D + d] += w * oe[(size_t)i * D + d];
         }
     }
+    /* 3. a shared expert: every token through it, gated by sigmoid(shared_gate_inp . xn) */
     if (!failed && L->shared_gate.data) { /* qwen2moe's shared expert, for every token */
         failed = llm_matmul(ge, xn, &L->shared_gate, T, path) | llm_matmul(ue, xn, &L->shared_up, T, path);
         if (!failed) llm_swiglu(ge, ue, (size_t)T * Fs);
@@ -7219,8 +6305,16 @@ static int llm_cpu_moe(const llm_config *cf, const llm_layer *L, const float *xn
  * other waited: SmolLM2 pp512, two threads, F16 and Q8_0 1.03 to 1.08 times as fast; 16 sequences decoding,
  * Q8_0, 1.05 to 1.08) */
 #define LLM_TOKENS_PARALLEL 8
+/* The backend's forward call: the batch's tokens through every layer, their K and V written into the cache
+ * at their slots, the logit rows' logits into logits ([n_logits][vocab_size]). The block copies of the
+ * batch (copy-on-write) are made first, before any token reads a block. Each step of a layer is over all T
+ * tokens at once (the matrix products), or token by token where tokens are independent (norms, RoPE, the
+ * activation), shared among the threads; attention runs over (run of a sequence's tokens, K/V head) pairs.
+ * 0, or -1 with the reason: no KV cache, a block copy outside the pool or a token id outside the vocabulary
+ * (found before any layer runs), or out of memory (the logits are then not to be read). */
 static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, char *err) {
     llm_cpu *c = (llm_cpu *)be->ctx;
+    /* 0. this step's threads: fewer while other processes keep cores busy */
 #ifdef _OPENMP
     if (c->adapt_threads) {
         char line[128];
@@ -7230,6 +6324,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         omp_set_num_threads(llm_cpu_threads_for_load(&c->others_running, c->max_threads, ok ? line : NULL));
     }
 #endif
+    /* 1. the batch checked, the copies made */
     const llm_model *m = c->model;
     const llm_config *cf = &m->cfg;
     int T = b->n_tokens, D = cf->dim, hd = cf->head_dim, F = cf->ffn_dim;
@@ -7248,6 +6343,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         if (b->tokens[i] < 0 || b->tokens[i] >= cf->vocab_size)
             return llm_fail(err, "token id %d outside the vocabulary", b->tokens[i]);
 
+    /* 2. the activations' rows, and what the layers share: each token's sequence, attention's runs, RoPE */
     /* Scratch, one row per token of the batch:
      *   x         [T][D]      the residual stream: the token's embedding, plus the output of every block
      *   xn        [T][D]      x normalised: the input of the next matrix products (later, of the logits)
@@ -7285,7 +6381,9 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
             if (b->positions[i] + 1 > max_ctx) max_ctx = b->positions[i] + 1;
         }
     /* attention's runs: consecutive tokens of a sequence at consecutive positions (a prompt's), as many as
-     * make LLM_DOT_MAX_VECTORS queries of a K/V head, meet each k_p together (llm_cpu_attention) */
+     * make LLM_DOT_MAX_VECTORS queries of a K/V head, meet each k_p together (llm_cpu_attention). A batch
+     * of 5 prompt tokens of sequence 0 and a decode token of sequence 1, 3 query heads to a K/V head
+     * (run_tokens = 12 / 3 = 4): runs [0..3], [4], [5] */
     int32_t *run_start = seq_of + T;
     int n_runs = 0, group_calls = (group + LLM_MAX_GROUP - 1) / LLM_MAX_GROUP;
     int run_tokens = LLM_DOT_MAX_VECTORS / (group < LLM_MAX_GROUP ? group : LLM_MAX_GROUP);
@@ -7314,6 +6412,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         for (size_t i = 0; i < (size_t)T * D; i++) x[i] *= scale;
     }
 
+    /* 3. the layers, each adding its attention's and its feed-forward's outputs to the residual stream x */
     for (int l = 0; l < cf->n_layers; l++) {
         const llm_layer *L = &m->layers[l];
         /* Gemma 3's local layers: a window of the last positions, and a RoPE base of their own; their K and
@@ -7418,6 +6517,7 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
             for (int i = 0; i < D; i++) x[(size_t)t * D + i] += delta[(size_t)t * D + i];
         }
     }
+    /* 4. the logits */
     /* the final norm and the output matrix, only for the rows that need logits: a prefill of 500 tokens
      * samples once */
     for (int i = 0; i < b->n_logits; i++)
@@ -7435,6 +6535,7 @@ static int llm_cpu_sample(llm_backend *be, llm_sample_row *rows, int n_rows, flo
     return 0;
 }
 
+/* The KV pool, the sampler and the scratch freed, and the backend; the model is the caller's */
 static void llm_cpu_destroy(llm_backend *be) {
     llm_cpu *c = (llm_cpu *)be->ctx;
     llm_cpu_free_kv(c);
@@ -7452,6 +6553,10 @@ static int llm_cpu_set_kv_dtype(llm_backend *be, int dtype, char *err) {
     return 0;
 }
 
+/* A CPU backend on path (enum llm_cpu_path) over the model, which it reads in place and must outlive it. The
+ * KV cache holds f16 but on the exact path (set_kv_dtype may say otherwise before alloc_kv); free_memory is
+ * the RAM free now; the threads are OpenMP's (OMP_NUM_THREADS, else as many as the cores, fewer while other
+ * processes run: llm_cpu_threads_for_load). NULL with the reason when out of memory. */
 static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err) {
     llm_backend *be = (llm_backend *)calloc(1, sizeof *be);
     llm_cpu *c = (llm_cpu *)calloc(1, sizeof *c);
@@ -7475,6 +6580,8 @@ static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err)
     return be;
 }
 
+/* The three CPU backends, by path: "cpu" (16-bit activations, the default), "cpu-exact" (the reference),
+ * "cpu-int8" (8-bit activations, llama.cpp's rounding) */
 llm_backend *llm_cpu_backend_create(const llm_model *m, char *err) {
     return llm_cpu_backend_new(m, LLM_PATH_ACT16, err);
 }
@@ -13421,6 +12528,1122 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
     return NULL;
 }
 #endif /* LLM_NO_GRAMMAR */
+
+/* ===========================================================================================================
+ * 14. SIMD kernels (a layer: LLM_NO_SIMD leaves it out)
+ * The Forward section's kernels again, in x86 vector instructions, for a build whose compiler was told that
+ * its target has AVX2, FMA and F16C (-march=native on Intel CPUs since Haswell, AMD's since Zen): the
+ * preamble then sets LLM_AVX2 (and LLM_AVX512F, _VL, _BW and _VNNI where the target has those too),
+ * section 7 sets LLM_CPU_SIMD, and this section is compiled. Nothing tests the CPU at run time: a binary
+ * built for AVX-512 needs a CPU that has it. What is here, in the order section 7 calls it:
+ *   f32 dot products     llm_dot_n_avx2 (8 running sums a vector in one register); with AVX-512,
+ *                        llm_dot_pairs (two queries' sums in one 512-bit register: a prompt's attention)
+ *   quantized weights    llm_q8_quantize_avx2 (activations to blocks of 8- or 16-bit integers);
+ *                        llm_q8_dot32_avx2 and llm_q8_dotk_avx2 (a weight row times 1 to 4 tokens, 32-value
+ *                        blocks and k-quants); llm_pack_rows, llm_pack_dot and llm_matmul_packed (a prefill:
+ *                        8 rows, 16 with AVX-512 VNNI, unpacked side by side once for every token)
+ *   f16 and bf16 weights llm_dot_half (tiles of up to 4 rows times 3 tokens, 6 with AVX-512)
+ *   the row kernels      llm_exp_avx2 (glibc's expf, bit for bit; the sampler's too), llm_max_avx2,
+ *                        llm_softmax_exp_avx2, llm_swiglu_avx2, llm_f16_store_avx2 (the KV cache in f16),
+ *                        llm_cpu_weighted_v (attention's sum of V weighted by the softmax)
+ * The hook: section 7 declares each kernel (a prototype under #ifdef LLM_CPU_SIMD, or LLM_AVX2: the same
+ * test) just before the plain-C function that calls it, and that function is the dispatch: with SIMD it
+ * calls the kernel, without it runs its own loop (llm_dot_many, llm_q8_quantize, llm_q8_dot, llm_matmul,
+ * llm_max, llm_softmax_exp, llm_swiglu, llm_cpu_kv_store, llm_cpu_attention). A row kernel does the first
+ * values of a row and returns how many it did, and the plain loop does the rest (llm_softmax_exp_avx2 does
+ * the whole row). The always_inline kernels are compiled into their callers as
+ * if written there (GCC and Clang read the whole file before they inline, so a body may follow its call).
+ * The plain C stays the reference, and test.c holds the kernels to it: the f32 products, the pairs, the
+ * f16/bf16 tiles, exp, softmax and SwiGLU bit for bit ("weight types"); the quantization byte for byte and
+ * the quantized products' integer parts exactly, on blocks whose scales make every product an integer
+ * ("quant dot products", "quant prefill tiles"); the whole forward pass through the model references, and
+ * the fast path's logits against the exact path's ("quant fast path"). make test-core builds without this
+ * section (LLM_NO_SIMD) and runs the core's tests on the plain C alone.
+ * ======================================================================================================== */
+#if defined(LLM_AVX2)
+/* ---- f32 dot products (llm_dot_n) ---------------------------------------------------------------------- */
+/* llm_dot_n_avx2's last additions for 8 sums of a row without a tail (s = 0) at once, the same ones: per sum,
+ * lanes j and j + 4, then pairs 0 + 1 and 2 + 3, each added to 0, then those two (0 + h1 differs from h1 only
+ * in a zero's sign, which cannot change (0 + h0) + h1). 12 instructions for 8 sums, not 5 each (a 64-value
+ * attention score's lanes took as long as its products) */
+static inline __attribute__((always_inline)) __m256 llm_avx2_hsum8(const __m256 v[8]) {
+    __m256 t[4], zero = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) /* [v_2k's lanes j + (j + 4) | v_2k+1's] */
+        t[k] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * k], v[2 * k + 1], 0x31));
+    __m256 u0 = _mm256_add_ps(_mm256_hadd_ps(t[0], t[1]), zero); /* [v0 h0 h1, v2 h0 h1 | v1, v3] */
+    __m256 u1 = _mm256_add_ps(_mm256_hadd_ps(t[2], t[3]), zero); /* [v4, v6 | v5, v7] */
+    return _mm256_permutevar8x32_ps(_mm256_hadd_ps(u0, u1), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+/* llm_dot_n in AVX2, the same roundings bit for bit: the compiler vectorizes one vector well, but 2 to 4 into
+ * shuffles (a SmolLM2 prompt's attention scores, 3 query heads to a K head: 6 times slower than one) */
+static inline __attribute__((always_inline)) void llm_dot_n_avx2(const float *a, const float *b,
+                                                                 int64_t b_stride,
+                                                                int nc, int64_t n, float *out) {
+    __m256 acc[LLM_DOT_MAX_VECTORS];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 av = _mm256_loadu_ps(a + i);
+        for (int c = 0; c < nc; c++)
+            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(av, _mm256_loadu_ps(b + c * b_stride + i)));
+    }
+    if (nc >= 4 && i == n) { /* no tail (s = 0), 4 or more sums: their lanes added 8 sums at a time */
+        for (int c0 = 0; c0 < nc; c0 += 8) {
+            __m256 v[8];
+            float r[8];
+            for (int k = 0; k < 8; k++) v[k] = c0 + k < nc ? acc[c0 + k] : _mm256_setzero_ps();
+            _mm256_storeu_ps(r, llm_avx2_hsum8(v));
+            for (int k = 0; k < 8 && c0 + k < nc; k++) out[c0 + k] = r[k];
+        }
+        return;
+    }
+    for (int c = 0; c < nc; c++) {
+        float s = 0;
+        for (int64_t k = i; k < n; k++) s += a[k] * b[c * b_stride + k];
+        /* lanes j and j + 4, then those pairs 0 + 1 and 2 + 3, added to s one after the other */
+        __m128 q = _mm_add_ps(_mm256_castps256_ps128(acc[c]), _mm256_extractf128_ps(acc[c], 1));
+        q = _mm_hadd_ps(q, q);
+        out[c] = (s + _mm_cvtss_f32(q)) + _mm_cvtss_f32(_mm_movehdup_ps(q));
+    }
+}
+#if defined(LLM_AVX512F)
+/* llm_dot_n_avx2 (4 or more vectors, n a multiple of 8) for np pairs of vectors laid side by side 8 values
+ * at a time: pair j's values 8i..8i+7 are the 16 floats at b + 2 n j + 16 i, the first vector's then the
+ * second's. One 512-bit register holds both vectors' eight running sums, so that one multiply and one add
+ * serve two: the same sums, lane by lane, and the same last additions (llm_avx2_hsum8), bit for bit. */
+static inline __attribute__((always_inline)) void llm_dot_pairs_n(const float *a, const float *b, int np,
+                                                                 int64_t n, float *out) {
+    __m512 acc[LLM_DOT_MAX_VECTORS / 2];
+    for (int j = 0; j < np; j++) acc[j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        __m512 av = _mm512_broadcast_f32x8(_mm256_loadu_ps(a + i));
+        for (int j = 0; j < np; j++)
+            acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(av, _mm512_loadu_ps(b + 2 * n * j + 2 * i)));
+    }
+    for (int c0 = 0; c0 < 2 * np; c0 += 8) {
+        __m256 v[8];
+        float r[8];
+        for (int k = 0; k < 8; k++) {
+            int c = c0 + k;
+            __m512 both = c < 2 * np ? acc[c / 2] : _mm512_setzero_ps();
+            v[k] = c % 2 ? _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(both), 1))
+                         : _mm512_castps512_ps256(both);
+        }
+        _mm256_storeu_ps(r, llm_avx2_hsum8(v));
+        for (int k = 0; k < 8 && c0 + k < 2 * np; k++) out[c0 + k] = r[k];
+    }
+}
+/* llm_dot_pairs_n specialized to 2 to 6 pairs */
+static void llm_dot_pairs(const float *a, const float *b, int np, int64_t n, float *out) {
+    switch (np) {
+    case 2: llm_dot_pairs_n(a, b, 2, n, out); return;
+    case 3: llm_dot_pairs_n(a, b, 3, n, out); return;
+    case 4: llm_dot_pairs_n(a, b, 4, n, out); return;
+    case 5: llm_dot_pairs_n(a, b, 5, n, out); return;
+    case 6: llm_dot_pairs_n(a, b, 6, n, out); return;
+    }
+}
+#endif
+
+/* ---- Quantized weights times quantized activations (llm_q8_dot, llm_matmul) ---------------------------- */
+/* AVX2 (the build was told the target: -march=native). The same products as llm_q8_dot_ref with the same
+ * integer sums, on 32 values at a time: each type's stored values are unpacked into 32 bytes, which meet
+ * the activations in _mm256_maddubs_epi16 (unsigned times signed bytes, pairs added) and then
+ * _mm256_madd_epi16 with the sub-blocks' scales. The stored values are unsigned (q = stored - offset): the
+ * offsets come back out with the activations' sums, outside the vector loop. */
+
+static inline __m256i llm_avx2_nibbles(const uint8_t *q) { /* 16 bytes: the low nibbles, then the high */
+    __m128i b = _mm_loadu_si128((const __m128i *)q);
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
+}
+static inline __m256i llm_avx2_bits(uint32_t bits, char value) { /* bit j set: byte j is value, else 0 */
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), spread), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(value));
+}
+static inline __m256i llm_avx2_field(const uint8_t *p, int shift, char mask) { /* 32 bytes >> shift & mask */
+    __m256i v = _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)p), _mm_cvtsi32_si128(shift));
+    return _mm256_and_si256(v, _mm256_set1_epi8(mask));
+}
+
+/* A decode step reads each weight once, from memory, in one run: loads that miss wait on DRAM unless the
+ * prefetchers have fetched the line already. The hardware's run too little ahead on some machines (a
+ * virtualized Sapphire Rapids: 4 GB/s out of the 14 a plain loop reads at), so the products ask for the line
+ * this far ahead themselves (there, SmolLM2 Q4_K_M decode, one thread: the matrix products' time per token
+ * 21.3 ms, 11.4 with 2 kB ahead, 14.9 with 1 kB, 19.0 with 256 bytes; 4 kB as 2) */
+#define LLM_PREFETCH_AHEAD 2048
+static inline void llm_prefetch(const void *p) { __builtin_prefetch((const char *)p + LLM_PREFETCH_AHEAD); }
+
+/* The stored values of group g (values 32g..32g+31) of a block, as llm_qblock_unpack reads them; mxfp4's
+ * are its table's values plus 12 (unsigned, as the others: llm_pack_offset takes the 12 back out) */
+static inline __m256i llm_avx2_group(uint32_t type, const uint8_t *p, int g) {
+    uint32_t qh;
+    switch (type) {
+    case LLM_Q4_0: return llm_avx2_nibbles(p + 2);
+    case LLM_MXFP4: {
+        const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                               12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+        return _mm256_shuffle_epi8(table, llm_avx2_nibbles(p + 1));
+    }
+    case LLM_Q4_1: return llm_avx2_nibbles(p + 4);
+    case LLM_Q5_0: memcpy(&qh, p + 2, 4);
+        return _mm256_or_si256(llm_avx2_nibbles(p + 6), llm_avx2_bits(qh, 16));
+    case LLM_Q5_1: memcpy(&qh, p + 4, 4);
+        return _mm256_or_si256(llm_avx2_nibbles(p + 8), llm_avx2_bits(qh, 16));
+    case LLM_Q2_K: return llm_avx2_field(p + 16 + g / 4 * 32, 2 * (g % 4), 3);
+    case LLM_Q3_K:
+        return _mm256_or_si256(llm_avx2_field(p + 32 + g / 4 * 32, 2 * (g % 4), 3),
+                               _mm256_slli_epi16(llm_avx2_field(p, g, 1), 2));
+    case LLM_Q4_K: return llm_avx2_field(p + 16 + g / 2 * 32, 4 * (g % 2), 15);
+    case LLM_Q5_K:
+        return _mm256_or_si256(llm_avx2_field(p + 48 + g / 2 * 32, 4 * (g % 2), 15),
+                               _mm256_slli_epi16(llm_avx2_field(p + 16, g, 1), 4));
+    case LLM_Q6_K:
+        return _mm256_or_si256(llm_avx2_field(p + g / 4 * 64 + g % 2 * 32, 4 * (g % 4 / 2), 15),
+                               _mm256_slli_epi16(llm_avx2_field(p + 128 + g / 4 * 32, 2 * (g % 4), 3), 4));
+    default: return _mm256_loadu_si256((const __m256i *)(p + 2)); /* q8_0: signed */
+    }
+}
+
+/* A 32-value block's stored values as 16-bit integers, the offset taken off (q4_1's and q5_1's stay
+ * unsigned: their minimum is added apart): values 0-15, and 16-31 in *hi. Nibbles are widened first, then
+ * split (an and, a shift); fifth bit j is lane j of a 16-bit broadcast of its half of qh, tested against
+ * 1 << j */
+static inline __m256i llm_avx2_group16(uint32_t type, const uint8_t *p, __m256i *hi) {
+    if (type == LLM_Q8_0) { /* signed bytes, widened */
+        *hi = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 18)));
+        return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 2)));
+    }
+    if (type == LLM_MXFP4) {
+        __m256i w = _mm256_sub_epi8(llm_avx2_group(type, p, 0), _mm256_set1_epi8(12));
+        *hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+        return _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w));
+    }
+    const int qh_at = type == LLM_Q5_0 ? 2 : 4, /* after d (and m): then the nibbles */
+        qs_at = type == LLM_Q4_0 ? 2 : type == LLM_Q4_1 ? 4 : type == LLM_Q5_0 ? 6 : 8;
+    __m256i n = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p + qs_at)));
+    __m256i v[2] = {_mm256_and_si256(n, _mm256_set1_epi16(15)), _mm256_srli_epi16(n, 4)};
+    for (int h = 0; h < 2; h++) {
+        if (type == LLM_Q4_0) v[h] = _mm256_sub_epi16(v[h], _mm256_set1_epi16(8));
+        if (type != LLM_Q5_0 && type != LLM_Q5_1) continue;
+        const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
+                                              16384, -32768);
+        int16_t half;
+        memcpy(&half, p + qh_at + 2 * h, 2);
+        __m256i set = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16(half), bit), bit);
+        if (type == LLM_Q5_0) /* a clear bit: the nibble with 0xfff0 over it, the nibble - 16 */
+            v[h] = _mm256_or_si256(v[h], _mm256_andnot_si256(set, _mm256_set1_epi16(-16)));
+        else v[h] = _mm256_or_si256(v[h], _mm256_and_si256(set, _mm256_set1_epi16(16)));
+    }
+    *hi = v[1];
+    return v[0];
+}
+
+static inline float llm_avx2_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* acc plus 8 sums of 4 products of unsigned bytes u and signed bytes x: one VNNI instruction where the
+ * target has it. Without VNNI, _mm256_maddubs_epi16 adds pairs of products into 16 bits, saturating: exact
+ * only while u stays under 128 (every type's stored values but q8_0's, which is signed). */
+#if defined(LLM_AVX512VNNI)
+#define LLM_AVX2_VNNI 1
+static inline __m256i llm_avx2_dpbusd(__m256i acc, __m256i u, __m256i x) {
+    return _mm256_dpbusd_epi32(acc, u, x);
+}
+#elif defined(__AVXVNNI__)
+#define LLM_AVX2_VNNI 1
+static inline __m256i llm_avx2_dpbusd(__m256i acc, __m256i u, __m256i x) {
+    return _mm256_dpbusd_avx_epi32(acc, u, x);
+}
+#else
+#define LLM_AVX2_VNNI 0
+static inline __m256i llm_avx2_dpbusd(__m256i acc, __m256i u, __m256i x) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+}
+#endif
+/* acc plus 8 sums of 2 products of signed 16-bit integers: one instruction with VNNI, else two */
+static inline __m256i llm_avx2_dpwssd(__m256i acc, __m256i a, __m256i b) {
+#if defined(LLM_AVX512VNNI)
+    return _mm256_dpwssd_epi32(acc, a, b);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+
+/* The products of one weight row with nc rows of activations (nc up to 4, x_stride blocks apart): a step of
+ * a few tokens unpacks each weight block once for them all. 32-value blocks: one scale per block; q4_1 and
+ * q5_1 add their minimum times the block's activation sum. With 8-bit activations the signed types (q8_0,
+ * and q4_0 and q5_0 once their offset is taken off) multiply |w| by x with w's sign, in bytes. With 16-bit
+ * ones the weights are widened to 16 bits and meet 256 q + r at once: two 16-bit multiply-adds a block,
+ * where bytes took two products for q and r, a shift and three sign flips (SmolLM2 Q4_K_M's q5_0 matrices,
+ * a decode step, one thread of a Sapphire Rapids: 1.4 times as fast; Q4_1 decode 1.13 times). Even and odd
+ * blocks add into two sets of accumulators: two chains of additions, which the CPU overlaps (the calls are
+ * written out so the sets stay in registers). */
+static inline __attribute__((always_inline)) void llm_q8_block32_avx2(uint32_t type, int wide,
+                                                                      const uint8_t *p,
+                                                                      const llm_q8 *x, int64_t x_stride,
+                                                                      int nc, __m256 acc[4], float mins[4]) {
+    const int has_min = type == LLM_Q4_1 || type == LLM_Q5_1;
+    float d = type == LLM_MXFP4 ? llm_e8m0_half(p[0]) : _cvtsh_ss(*(const uint16_t *)p);
+    float m = has_min ? _cvtsh_ss(*(const uint16_t *)(p + 2)) : 0;
+    if (wide) { /* 4 sums of 2 products in each 32-bit lane of each half: at most 4 x 128 x 32,639 < 2^24 */
+        __m256i hi, lo = llm_avx2_group16(type, p, &hi);
+        for (int c = 0; c < nc; c++) {
+            const llm_q8 *xb = x + c * x_stride;
+            __m256i dot = llm_avx2_dpwssd(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)xb->a)),
+                                          hi, _mm256_loadu_si256((const __m256i *)xb->a + 1));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xb->d), acc[c]);
+            if (has_min) mins[c] += m * xb->s;
+        }
+        return;
+    }
+    __m256i w = llm_avx2_group(type, p, 0), w_abs = w;
+    if (type == LLM_Q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
+    if (type == LLM_Q5_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+    if (type == LLM_MXFP4) w = _mm256_sub_epi8(w, _mm256_set1_epi8(12));
+    if (!has_min) w_abs = _mm256_sign_epi8(w, w);
+    for (int c = 0; c < nc; c++) {
+        const llm_q8 *xb = x + c * x_stride;
+        __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);
+        if (!has_min) xq = _mm256_sign_epi8(xq, w);
+        __m256i dot = llm_avx2_dpbusd(_mm256_setzero_si256(), w_abs, xq);
+        acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xb->d), acc[c]);
+        if (has_min) mins[c] += m * xb->s;
+    }
+}
+
+static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t type, int wide, const uint8_t *p,
+                                                                    const llm_q8 *x, int64_t n_blocks,
+                                                                    int64_t x_stride, int nc, float *out) {
+    const size_t bytes = type == LLM_Q8_0 ? 34 : type == LLM_Q4_0 ? 18 : type == LLM_Q4_1 ? 20 :
+                         type == LLM_Q5_0 ? 22 : type == LLM_MXFP4 ? 17 : 24;
+    __m256 even[4], odd[4];
+    float mins_even[4], mins_odd[4];
+    for (int c = 0; c < nc; c++) {
+        even[c] = odd[c] = _mm256_setzero_ps();
+        mins_even[c] = mins_odd[c] = 0;
+    }
+    int64_t b = 0;
+    for (; b + 2 <= n_blocks; b += 2, p += 2 * bytes) {
+        llm_prefetch(p); /* a line each 64 bytes, at most */
+        llm_q8_block32_avx2(type, wide, p, x + b, x_stride, nc, even, mins_even);
+        llm_q8_block32_avx2(type, wide, p + bytes, x + b + 1, x_stride, nc, odd, mins_odd);
+    }
+    if (b < n_blocks) llm_q8_block32_avx2(type, wide, p, x + b, x_stride, nc, even, mins_even);
+    for (int c = 0; c < nc; c++)
+        out[c] = llm_avx2_hsum(_mm256_add_ps(even[c], odd[c])) + (mins_even[c] + mins_odd[c]);
+}
+
+/* 256-value k-quant blocks: per group of 32, the products scaled by the sub-block scales in integers, then by
+ * d and the group's activation scale (even and odd groups into two sets of accumulators); the offsets and
+ * minimums meet the activation sums once per block, for its 8 groups side by side (one gather for the first
+ * halves' sums, one for the second's) */
+static inline __attribute__((always_inline)) void llm_q8_groupk_avx2(uint32_t type, int wide,
+                                                                     const uint8_t *p, int g,
+                                                                     const int32_t half_scale[2][8], float d,
+                                                                     const llm_q8 *x, int64_t x_stride,
+                                                                     int nc, __m256 acc[4]) {
+    __m256i w = llm_avx2_group(type, p, g);
+    __m256i sc = _mm256_set_m128i(_mm_set1_epi16((int16_t)half_scale[1][g]),   /* scales fit 16 bits */
+                                  _mm_set1_epi16((int16_t)half_scale[0][g]));
+    for (int c = 0; c < nc; c++) {
+        const llm_q8 *xg = x + c * x_stride + g;
+        __m256i scaled =
+            _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)xg->q)), sc);
+        if (!wide) {
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled), _mm256_set1_ps(xg->d * d), acc[c]);
+            continue;
+        }
+        /* 256 times the q part would pass 2^31 with q6_k's scales: q and r each to float, then added */
+        __m256i fine = _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_loadu_si256((const __m256i *)xg->r)),
+                                         sc);
+        __m256 both = _mm256_fmadd_ps(_mm256_cvtepi32_ps(scaled), _mm256_set1_ps(256.0f),
+                                      _mm256_cvtepi32_ps(fine));
+        acc[c] = _mm256_fmadd_ps(both, _mm256_set1_ps(xg->d * d), acc[c]);
+    }
+}
+
+static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type, int wide, const uint8_t *p,
+                                                                   const llm_q8 *x, int64_t n_blocks,
+                                                                   int64_t x_stride, int nc, float *out) {
+    const int sub = type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q6_K ? 16 : 32;
+    const size_t bytes = type == LLM_Q2_K ? 84 : type == LLM_Q3_K ? 110 : type == LLM_Q4_K ? 144 :
+                         type == LLM_Q5_K ? 176 : 210;
+    const __m256i group_at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                _mm256_set1_epi32((int)sizeof(llm_q8)));
+    __m256 even[4], odd[4], rest[4];
+    for (int c = 0; c < nc; c++) even[c] = odd[c] = rest[c] = _mm256_setzero_ps();
+    llm_qblock b;
+    int32_t half_scale[2][8], half_min[2][8]; /* [half][group] */
+    for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes, x += 8) {
+        for (size_t line = 0; line < bytes; line += 64) llm_prefetch(p + line);
+        llm_qblock_read_scales(type, p, &b);
+        for (int h = 0; h < 16; h++) {
+            half_scale[h % 2][h / 2] = b.scale[h * 16 / sub];
+            half_min[h % 2][h / 2] = b.min[h * 16 / sub];
+        }
+        for (int g = 0; g < 8; g += 2) {
+            llm_q8_groupk_avx2(type, wide, p, g, half_scale, b.d, x, x_stride, nc, even);
+            llm_q8_groupk_avx2(type, wide, p, g + 1, half_scale, b.d, x, x_stride, nc, odd);
+        }
+        __m256i sc[2], mn[2];
+        for (int h = 0; h < 2; h++) {
+            sc[h] = _mm256_loadu_si256((const __m256i *)half_scale[h]);
+            mn[h] = _mm256_loadu_si256((const __m256i *)half_min[h]);
+        }
+        __m256 offset = _mm256_set1_ps(b.d * (float)b.offset), dmin = _mm256_set1_ps(b.dmin);
+        for (int c = 0; c < nc; c++) {
+            const llm_q8 *xb = x + c * x_stride;
+            __m256 xd = _mm256_i32gather_ps(&xb->d, group_at, 1);
+            __m256i sum0 = _mm256_i32gather_epi32((const int *)&xb->sum[0], group_at, 1);
+            __m256i sum1 = _mm256_i32gather_epi32((const int *)&xb->sum[1], group_at, 1);
+            __m256 offsets = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_mullo_epi32(sum0, sc[0]),
+                                                                 _mm256_mullo_epi32(sum1, sc[1])));
+            __m256 minimums = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_mullo_epi32(sum0, mn[0]),
+                                                                  _mm256_mullo_epi32(sum1, mn[1])));
+            __m256 per_group = _mm256_add_ps(_mm256_mul_ps(offsets, offset), _mm256_mul_ps(minimums, dmin));
+            rest[c] = _mm256_fmadd_ps(per_group, xd, rest[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++)
+        out[c] = llm_avx2_hsum(_mm256_add_ps(even[c], odd[c])) - llm_avx2_hsum(rest[c]);
+}
+
+/* Prefill: a tile of weight rows unpacked once for every token of the step ("packing", as BLAS libraries
+ * do), from LLM_PACK_MIN_TOKENS on. The row-at-a-time products above unpack each weight block again for
+ * every 4 tokens and add up each product across the 8 lanes of a register. Packed, 8 rows lie side by side,
+ * their stored values interleaved 4 bytes at a time: one _mm256_dpbusd multiplies 4 values of each of the 8
+ * rows by the same 4 activations (broadcast), and lane r of the sum is row r's. The scales are vectors over
+ * the 8 rows too, so that a group of 32 values costs 8 integer instructions and a few float ones per token
+ * for 8 rows, with no sum across lanes. The integer parts are those of llm_q8_dot_ref: the stored values'
+ * products, less the offset times the activations' sums, per half of 16 values when the sub-blocks are 16
+ * long. */
+typedef struct {
+    float scale[2][LLM_PACK_ROWS];  /* per half of 16 values: d * the sub-block's scale */
+    float min[2][LLM_PACK_ROWS];    /* per half: dmin * the sub-block's minimum, which the x sums multiply */
+} llm_pack_scales;
+typedef struct {
+    uint8_t q[8][LLM_PACK_ROWS][4]; /* [chunk j][row r]: stored values 4j..4j+3 of row r in this group */
+    llm_pack_scales s;
+} llm_pack_group;
+/* The same group with its values widened to 16 bits, 2 at a time (llm_pack_pairs_of below) */
+typedef struct {
+    int16_t q[16][LLM_PACK_ROWS][2]; /* [pair j][row r]: stored values 2j, 2j + 1 of row r */
+    llm_pack_scales s;
+} llm_pack_pairs;
+
+/* q8_0's bytes are signed: with VNNI they are stored + 128 (an offset like q4_0's 8); without, where
+ * _mm256_maddubs_epi16 would overflow on them, they stay signed and meet x as |w| times x with w's sign. */
+static inline __attribute__((always_inline)) int llm_pack_two_halves(uint32_t type) {
+    return type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q6_K; /* sub-blocks of 16 */
+}
+static inline __attribute__((always_inline)) int llm_pack_has_min(uint32_t type) {
+    return type == LLM_Q4_1 || type == LLM_Q5_1 || type == LLM_Q2_K || type == LLM_Q4_K || type == LLM_Q5_K;
+}
+static inline __attribute__((always_inline)) int llm_pack_offset(uint32_t type) {
+    return type == LLM_Q8_0 ? (LLM_AVX2_VNNI ? 128 : 0) : type == LLM_Q4_0 ? 8 : type == LLM_Q5_0 ? 16 :
+           type == LLM_MXFP4 ? 12 : type == LLM_Q3_K ? 4 : type == LLM_Q6_K ? 32 : 0;
+}
+
+/* Without VNNI, _mm256_maddubs_epi16 gives a chunk's products as pairs added in 16 bits, and
+ * _mm256_madd_epi16 widens them to 32 bits. Where the pairs of all of a half's chunks (8, or 4 in sub-blocks
+ * of 16) fit 16 bits (each at most 2 * 128 * the type's largest stored value), they add up there and are
+ * widened once at the end, one multiply for them all, not one each: the same integers (SmolLM2 Q4_1, 16
+ * tokens: 13% fewer instructions, 7% less time). */
+static inline __attribute__((always_inline)) int llm_pack_adds16(uint32_t type) {
+    int most = type == LLM_Q2_K ? 3 : type == LLM_Q3_K ? 7 : type == LLM_MXFP4 ? 24 : type == LLM_Q6_K ? 63 :
+               type == LLM_Q5_0 || type == LLM_Q5_1 || type == LLM_Q5_K ? 31 : type == LLM_Q8_0 ? 128 : 15;
+    return !LLM_AVX2_VNNI && 2 * 128 * most * (llm_pack_two_halves(type) ? 4 : 8) <= 32767;
+}
+/* Without VNNI, 16-bit activations meet the weights packed as 16-bit pairs (llm_pack_pairs): each
+ * activation is one 16-bit integer, 256 q + r (at most 32,639 in size), and one _mm256_madd_epi16 per 2
+ * values of the 8 rows gives their products added in 32 bits, the same integers as w . q and w . r apart,
+ * which take a maddubs each and, where their 16-bit pairs cannot add up there (q8_0's signed bytes, 5- and
+ * 6-bit values), a widening multiply each too (q8_0: two sign flips as well). SmolLM2 pp512, one thread,
+ * Sapphire Rapids, built for AVX2: Q4_K_M (mostly q5_0) 1.23 times as fast as the two products, Q4_1 1.07;
+ * Q8_0, Zen 3: 1.35. */
+static inline __attribute__((always_inline)) int llm_pack_pairs_of(int wide) {
+    return wide && !LLM_AVX2_VNNI;
+}
+static inline __attribute__((always_inline)) size_t llm_pack_group_bytes(int wide) {
+    return llm_pack_pairs_of(wide) ? sizeof(llm_pack_pairs) : sizeof(llm_pack_group);
+}
+
+/* 8 registers of 8 32-bit lanes transposed: lane j of register r goes to lane r of register j */
+static inline void llm_avx2_transpose8(__m256i v[8]) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);      /* per 128-bit lane: r0 r1 of dwords 0, 1 */
+        t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);  /* dwords 2, 3 */
+    }
+    for (int i = 0; i < 8; i += 4)
+        for (int k = 0; k < 2; k++) {
+            u[i + 2 * k] = _mm256_unpacklo_epi64(t[i + k], t[i + 2 + k]);      /* 4 rows of dword 2k */
+            u[i + 2 * k + 1] = _mm256_unpackhi_epi64(t[i + k], t[i + 2 + k]);  /* 4 rows of dword 2k + 1 */
+        }
+    for (int j = 0; j < 4; j++) { /* the 128-bit halves: rows 0-3 from u[j], rows 4-7 from u[4 + j] */
+        v[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+        v[j + 4] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+    }
+}
+
+/* Rows of a weight (n_rows of them, LLM_PACK_ROWS at most: the rest are zeros), n values each, into n / 32
+ * packed groups: each group's rows of 32 stored bytes, transposed 8 rows at a time as 8 x 8 lanes of 4 bytes
+ * (or, widened to 16 bits for 16-bit activations where llm_pack_pairs_of says, as 2 x 8 x 8 lanes of 2
+ * values) */
+static inline __attribute__((always_inline)) void llm_pack_rows(uint32_t type, int wide, const uint8_t *rows,
+                                                                size_t row_bytes, int n_rows, int64_t n,
+                                                                void *pack) {
+    uint64_t block_bytes, block_values;
+    llm_dtype_info(type, &block_bytes, &block_values);
+    const int groups_per_block = (int)block_values / 32, halves = llm_pack_two_halves(type) ? 2 : 1;
+    const int pairs = llm_pack_pairs_of(wide);
+    /* a 32-value block's scale is its f16 d (and, for the _1 types, its minimum its f16 m): 8 rows' converted
+     * at once, the same floats as d * 1 and m * -1 below (one f16 at a time, the scales took half of the
+     * packing: SmolLM2 Q4_1, 17 tokens) */
+    const int f16_scales = type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q5_0 || type == LLM_Q5_1 ||
+                           type == LLM_Q8_0;
+    llm_qblock b[LLM_PACK_ROWS];
+    for (int r = n_rows; r < LLM_PACK_ROWS; r++) memset(&b[r], 0, offsetof(llm_qblock, q)); /* zeros */
+    /* the rows are read a group at a time across all of them, a few cache lines of each before the next: too
+     * short a run for the hardware's prefetcher, so the cache lines are asked for from memory first, all at
+     * once (SmolLM2 Q4_1, one thread: 8 tokens' products in 0.8 of the time, 16 tokens' in 0.88) */
+    for (size_t at = 0; at < (size_t)n_rows * row_bytes; at += 64)
+        _mm_prefetch((const char *)rows + at, _MM_HINT_T0);
+    for (int64_t g0 = 0; g0 < n / 32; g0 += groups_per_block) {
+        const uint8_t *p = rows + (size_t)(g0 / groups_per_block) * block_bytes;
+        uint16_t d16[LLM_PACK_ROWS] = {0}, m16[LLM_PACK_ROWS] = {0};
+        for (int r = 0; r < n_rows; r++) {
+            if (f16_scales) {
+                memcpy(&d16[r], p + (size_t)r * row_bytes, 2);
+                if (llm_pack_has_min(type)) memcpy(&m16[r], p + (size_t)r * row_bytes + 2, 2);
+            } else
+                llm_qblock_read_scales(type, p + (size_t)r * row_bytes, &b[r]);
+        }
+        for (int g = 0; g < groups_per_block; g++) {
+            uint8_t *at = (uint8_t *)pack + (size_t)(g0 + g) * llm_pack_group_bytes(wide);
+            llm_pack_scales *s = pairs ? &((llm_pack_pairs *)at)->s : &((llm_pack_group *)at)->s;
+            for (int r0 = 0; r0 < LLM_PACK_ROWS; r0 += 8) { /* 8 rows: r0 .. r0 + 7 */
+                __m256i v[8];
+                for (int r = 0; r < 8; r++) {
+                    v[r] = r0 + r < n_rows ? llm_avx2_group(type, p + (size_t)(r0 + r) * row_bytes, g)
+                                           : _mm256_setzero_si256();
+                    if (type == LLM_Q8_0 && LLM_AVX2_VNNI) /* stored + 128: unsigned */
+                        v[r] = _mm256_xor_si256(v[r], _mm256_set1_epi8((char)0x80));
+                }
+                if (pairs) { /* values 0-15, then 16-31, sign-extended (q8_0's), transposed in pairs */
+                    llm_pack_pairs *pp = (llm_pack_pairs *)at;
+                    for (int part = 0; part < 2; part++) {
+                        __m256i v16[8];
+                        for (int r = 0; r < 8; r++)
+                            v16[r] = _mm256_cvtepi8_epi16(part ? _mm256_extracti128_si256(v[r], 1)
+                                                               : _mm256_castsi256_si128(v[r]));
+                        llm_avx2_transpose8(v16);
+                        for (int j = 0; j < 8; j++)
+                            _mm256_storeu_si256((__m256i *)pp->q[part * 8 + j][r0], v16[j]);
+                    }
+                } else {
+                    llm_pack_group *pg = (llm_pack_group *)at;
+                    llm_avx2_transpose8(v);
+                    for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)pg->q[j][r0], v[j]);
+                }
+                if (f16_scales) {
+                    __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)&d16[r0]));
+                    __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)&m16[r0]));
+                    _mm256_storeu_ps(s->scale[0] + r0, d);
+                    _mm256_storeu_ps(s->min[0] + r0, llm_pack_has_min(type) ?
+                                     _mm256_sub_ps(_mm256_setzero_ps(), m) : _mm256_setzero_ps());
+                }
+            }
+            for (int h = 0; !f16_scales && h < halves; h++)
+                for (int r = 0; r < LLM_PACK_ROWS; r++) {
+                    int k = (g * 32 + h * 16) / (halves == 2 ? 16 : 32);
+                    s->scale[h][r] = b[r].d * (float)b[r].scale[k];
+                    s->min[h][r] = b[r].dmin * (float)b[r].min[k];
+                }
+        }
+    }
+}
+
+/* sum plus one chunk's products: 4 stored values of each of the 8 rows times the same 4 activations */
+static inline __attribute__((always_inline)) __m256i llm_pack_chunk(uint32_t type, int add16, __m256i sum,
+                                                                    __m256i w, const int8_t *four_x) {
+    int32_t four;
+    memcpy(&four, four_x, 4);
+    __m256i xs = _mm256_set1_epi32(four);
+    if (add16) return _mm256_add_epi16(sum, _mm256_maddubs_epi16(w, xs));
+    if (type == LLM_Q8_0 && !LLM_AVX2_VNNI) /* signed: |w| times x, w's sign */
+        return llm_avx2_dpbusd(sum, _mm256_sign_epi8(w, w), _mm256_sign_epi8(xs, w));
+    return llm_avx2_dpbusd(sum, w, xs);
+}
+
+#if LLM_PACK_ROWS == 16
+/* 16 packed rows times nc tokens (1 to 4, x_stride blocks apart): out[c * out_stride + r], as below with
+ * 512-bit registers: one vpdpbusd per 4 values of the 16 rows and a token (and one more for r with 16-bit
+ * activations), lane by lane the same integers and floats as the 8-row version (SmolLM2 Q8_0, 512 tokens,
+ * one thread: pp512 1.28 to 1.39 times as fast) */
+static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, int wide, const void *pack,
+                                                               int64_t n_groups, const llm_q8 *x,
+                                                               int64_t x_stride, int nc,
+                                                               float *out, int64_t out_stride) {
+    const int halves = llm_pack_two_halves(type) ? 2 : 1, offset = llm_pack_offset(type);
+    __m512 acc[4];
+    for (int c = 0; c < nc; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < n_groups; g++) {
+        const llm_pack_group *pg = (const llm_pack_group *)pack + g;
+        for (int h = 0; h < halves; h++) {
+            __m512i dot[4], fine[4];
+            for (int c = 0; c < nc; c++) dot[c] = fine[c] = _mm512_setzero_si512();
+            for (int j = h * 8 / halves; j < (h + 1) * 8 / halves; j++) {
+                __m512i w = _mm512_loadu_si512(pg->q[j]);
+                for (int c = 0; c < nc; c++) {
+                    const llm_q8 *xg = x + c * x_stride + g;
+                    int32_t four;
+                    memcpy(&four, xg->q + 4 * j, 4);
+                    dot[c] = _mm512_dpbusd_epi32(dot[c], w, _mm512_set1_epi32(four));
+                    if (wide) {
+                        memcpy(&four, xg->r + 4 * j, 4);
+                        fine[c] = _mm512_dpbusd_epi32(fine[c], w, _mm512_set1_epi32(four));
+                    }
+                }
+            }
+            for (int c = 0; wide && c < nc; c++) /* 256 (w . q) + w . r */
+                dot[c] = _mm512_add_epi32(_mm512_slli_epi32(dot[c], 8), fine[c]);
+            __m512 scale = _mm512_loadu_ps(pg->s.scale[h]), min = _mm512_loadu_ps(pg->s.min[h]);
+            for (int c = 0; c < nc; c++) {
+                const llm_q8 *xg = x + c * x_stride + g;
+                int sum = halves == 2 ? xg->sum[h] : xg->sum[0] + xg->sum[1];
+                if (offset) dot[c] = _mm512_sub_epi32(dot[c], _mm512_set1_epi32(offset * sum));
+                __m512 xd = _mm512_set1_ps(xg->d);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[c]), _mm512_mul_ps(scale, xd), acc[c]);
+                if (llm_pack_has_min(type))
+                    acc[c] = _mm512_fnmadd_ps(min, _mm512_set1_ps(xg->d * (float)sum), acc[c]);
+            }
+        }
+    }
+    for (int c = 0; c < nc; c++) _mm512_storeu_ps(out + c * out_stride, acc[c]);
+}
+#else
+/* 8 packed rows times nc tokens (1 to 4, x_stride blocks apart): out[c * out_stride + r]. With 16-bit
+ * activations each weight register meets q and r: two products, joined as 256 (w . q) + w . r; or, packed in
+ * pairs, it meets a, 256 q + r as 16-bit integers */
+static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, int wide, const void *pack,
+                                                               int64_t n_groups, const llm_q8 *x,
+                                                               int64_t x_stride, int nc,
+                                                               float *out, int64_t out_stride) {
+    const int halves = llm_pack_two_halves(type) ? 2 : 1, offset = llm_pack_offset(type);
+    const int pairs = llm_pack_pairs_of(wide), add16 = llm_pack_adds16(type);
+    __m256 acc[4];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < n_groups; g++) {
+        const uint8_t *at = (const uint8_t *)pack + (size_t)g * llm_pack_group_bytes(wide);
+        const llm_pack_scales *s = pairs ? &((const llm_pack_pairs *)at)->s
+                                         : &((const llm_pack_group *)at)->s;
+        for (int h = 0; h < halves; h++) {
+            __m256i dot[4], fine[4];
+            for (int c = 0; c < nc; c++) dot[c] = fine[c] = _mm256_setzero_si256();
+            if (pairs) { /* 2 values at a time: 256 q + r at once; unrolled twice, not 16 times: GCC then
+                          * issues the loads first and spills the products (AVX2, SmolLM2 Q8_0 pp512, one
+                          * thread: 1.35 times as fast) */
+#pragma GCC unroll 2
+                for (int j = h * 16 / halves; j < (h + 1) * 16 / halves; j++) {
+                    __m256i w = _mm256_loadu_si256((const __m256i *)((const llm_pack_pairs *)at)->q[j]);
+                    for (int c = 0; c < nc; c++) {
+                        int32_t two;
+                        memcpy(&two, x[c * x_stride + g].a + 2 * j, 4);
+                        dot[c] = _mm256_add_epi32(dot[c], _mm256_madd_epi16(w, _mm256_set1_epi32(two)));
+                    }
+                }
+            } else { /* a loop, unrolled twice only where 32 vector registers hold both turns (AVX-512: Q8_0
+                    * prompts 1.06 times as fast); with AVX2's 16, GCC issues all the chunks' products first
+                    * and spills them (0.75 times) */
+#if defined(LLM_AVX512VL)
+#pragma GCC unroll 2
+#else
+#pragma GCC unroll 1
+#endif
+                for (int j = h * 8 / halves; j < (h + 1) * 8 / halves; j++) {
+                    __m256i w = _mm256_loadu_si256((const __m256i *)((const llm_pack_group *)at)->q[j]);
+                    for (int c = 0; c < nc; c++) {
+                        const llm_q8 *xg = x + c * x_stride + g;
+                        dot[c] = llm_pack_chunk(type, add16, dot[c], w, xg->q + 4 * j);
+                        if (wide) fine[c] = llm_pack_chunk(type, add16, fine[c], w, xg->r + 4 * j);
+                    }
+                }
+                for (int c = 0; add16 && c < nc; c++) { /* widened: 8 sums of 4 products */
+                    dot[c] = _mm256_madd_epi16(dot[c], _mm256_set1_epi16(1));
+                    fine[c] = _mm256_madd_epi16(fine[c], _mm256_set1_epi16(1));
+                }
+                for (int c = 0; wide && c < nc; c++) /* 256 (w . q) + w . r */
+                    dot[c] = _mm256_add_epi32(_mm256_slli_epi32(dot[c], 8), fine[c]);
+            }
+            __m256 scale = _mm256_loadu_ps(s->scale[h]), min = _mm256_loadu_ps(s->min[h]);
+            for (int c = 0; c < nc; c++) {
+                const llm_q8 *xg = x + c * x_stride + g;
+                int sum = halves == 2 ? xg->sum[h] : xg->sum[0] + xg->sum[1];
+                if (offset) dot[c] = _mm256_sub_epi32(dot[c], _mm256_set1_epi32(offset * sum));
+                __m256 xd = _mm256_set1_ps(xg->d);
+                acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[c]), _mm256_mul_ps(scale, xd), acc[c]);
+                if (llm_pack_has_min(type))
+                    acc[c] = _mm256_fnmadd_ps(min, _mm256_set1_ps(xg->d * (float)sum), acc[c]);
+            }
+        }
+    }
+    for (int c = 0; c < nc; c++) _mm256_storeu_ps(out + c * out_stride, acc[c]);
+}
+#endif
+
+/* The two above, each specialized to its type and activations (and the product to 4 tokens or 1) */
+static void llm_pack(uint32_t type, int wide, const uint8_t *rows, size_t row_bytes, int n_rows, int64_t n,
+                     void *pack) {
+#define LLM_PACK_ROWS_CASE(T)                                                                              \
+    case T:                                                                                                \
+        if (wide) llm_pack_rows(T, 1, rows, row_bytes, n_rows, n, pack);                                   \
+        else llm_pack_rows(T, 0, rows, row_bytes, n_rows, n, pack);                                        \
+        return;
+    switch (type) {
+    LLM_PACK_ROWS_CASE(LLM_Q8_0) LLM_PACK_ROWS_CASE(LLM_Q4_0) LLM_PACK_ROWS_CASE(LLM_Q4_1)
+    LLM_PACK_ROWS_CASE(LLM_Q5_0) LLM_PACK_ROWS_CASE(LLM_Q5_1) LLM_PACK_ROWS_CASE(LLM_Q2_K)
+    LLM_PACK_ROWS_CASE(LLM_Q3_K) LLM_PACK_ROWS_CASE(LLM_Q4_K) LLM_PACK_ROWS_CASE(LLM_Q5_K)
+    LLM_PACK_ROWS_CASE(LLM_MXFP4) LLM_PACK_ROWS_CASE(LLM_Q6_K)
+    }
+#undef LLM_PACK_ROWS_CASE
+}
+static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_groups, const llm_q8 *x,
+                         int64_t x_stride, int nc, float *out, int64_t out_stride) {
+#define LLM_PACK_CALL(k, s, T, W) \
+    llm_pack_dot(T, W, pack, n_groups, x + (s) * x_stride, x_stride, k, out + (s) * out_stride, out_stride)
+#define LLM_PACK_WIDTHS(T, W) LLM_BY_TOKENS(nc, LLM_PACK_CALL, T, W);
+#define LLM_PACK_CASE(T)                                                                                   \
+    case T:                                                                                                \
+        if (wide) { LLM_PACK_WIDTHS(T, 1) } else { LLM_PACK_WIDTHS(T, 0) }                                 \
+        return;
+    switch (type) {
+    LLM_PACK_CASE(LLM_Q8_0) LLM_PACK_CASE(LLM_Q4_0) LLM_PACK_CASE(LLM_Q4_1) LLM_PACK_CASE(LLM_Q5_0)
+    LLM_PACK_CASE(LLM_Q5_1) LLM_PACK_CASE(LLM_Q2_K) LLM_PACK_CASE(LLM_Q3_K) LLM_PACK_CASE(LLM_Q4_K)
+    LLM_PACK_CASE(LLM_Q5_K) LLM_PACK_CASE(LLM_Q6_K) LLM_PACK_CASE(LLM_MXFP4)
+    }
+#undef LLM_PACK_CASE
+#undef LLM_PACK_WIDTHS
+#undef LLM_PACK_CALL
+}
+
+/* One tile of rows r0..r1 (of rows), packed 8 rows at a time, times every token's quantized activations */
+static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t type,
+                              const uint8_t *tile_data, size_t row_bytes, int64_t r0, int64_t r1,
+                              int64_t rows, int64_t cols, int T, uint8_t *pack) {
+    int64_t n_groups = cols / 32;
+    size_t pack_bytes = (size_t)n_groups * llm_pack_group_bytes(wide); /* 8 rows' */
+    int n_packs = (int)((r1 - r0 + LLM_PACK_ROWS - 1) / LLM_PACK_ROWS);
+    for (int i = 0; i < n_packs; i++) {
+        int64_t n_rows = r1 - r0 - i * LLM_PACK_ROWS;
+        llm_pack(type, wide, tile_data + (size_t)i * LLM_PACK_ROWS * row_bytes, row_bytes,
+                 n_rows < LLM_PACK_ROWS ? (int)n_rows : LLM_PACK_ROWS, cols, pack + i * pack_bytes);
+    }
+    /* the next tile's rows are asked for from memory a few cache lines at a time between the products, so
+     * that their reads overlap this tile's work rather than stall its packing */
+    const char *next = (const char *)tile_data + (size_t)(r1 - r0) * row_bytes;
+    size_t next_bytes = r1 < rows ? (size_t)(r1 - r0) * row_bytes : 0, next_at = 0;
+    size_t next_step = next_bytes / (size_t)(n_packs * ((T + LLM_DOT_MAX_COLS - 1) / LLM_DOT_MAX_COLS)) + 64;
+    for (int t = 0; t < T; t += LLM_DOT_MAX_COLS) {
+        int nc = T - t < LLM_DOT_MAX_COLS ? T - t : LLM_DOT_MAX_COLS;
+        for (int i = 0; i < n_packs; i++) {
+            int64_t first = r0 + i * LLM_PACK_ROWS, n_rows = r1 - first;
+            for (size_t end = next_at + next_step; next_at < next_bytes && next_at < end; next_at += 64)
+                _mm_prefetch(next + next_at, _MM_HINT_T0);
+            float v[LLM_DOT_MAX_COLS][LLM_PACK_ROWS];
+            if (n_rows >= LLM_PACK_ROWS) { /* straight into out */
+                llm_pack_mul(type, wide, pack + i * pack_bytes, n_groups, xq + (size_t)t * n_groups,
+                             n_groups, nc, out + (size_t)t * rows + first, rows);
+                continue;
+            }
+            llm_pack_mul(type, wide, pack + i * pack_bytes, n_groups, xq + (size_t)t * n_groups,
+                         n_groups, nc, v[0], LLM_PACK_ROWS);
+            for (int c = 0; c < nc; c++)
+                memcpy(out + (size_t)(t + c) * rows + first, v[c], (size_t)n_rows * sizeof(float));
+        }
+    }
+}
+
+/* llm_q8_quantize_ref, 32 values at a time: the same scale, the same rounding (to nearest, ties to even, as
+ * lrintf does), the same bytes */
+static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wide) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / 32; b++, x += 32) {
+        __m256 v[4], amax = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(x + 8 * i);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        float d = _mm_cvtss_f32(m) / 127, inv = d > 0 ? 1 / d : 0;
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
+        /* 32-bit to 8-bit: the packs interleave 128-bit lanes, the permute puts them back in order */
+        __m256i q16 = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
+        __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16, q16b),
+                                                 _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)out[b].q, q8);
+        const float fine = d / 256, inv_fine = fine > 0 ? 1 / fine : 0;
+        if (wide) { /* the residual in 256ths of the step, rounded and clamped to +-127 as the reference
+                     * does */
+            __m256i r[4];
+            for (int i = 0; i < 4; i++) {
+                __m256 rest = _mm256_sub_ps(v[i], _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(q[i])));
+                r[i] = _mm256_cvtps_epi32(_mm256_mul_ps(rest, _mm256_set1_ps(inv_fine)));
+                r[i] = _mm256_max_epi32(_mm256_min_epi32(r[i], _mm256_set1_epi32(127)),
+                                        _mm256_set1_epi32(-127));
+                q[i] = _mm256_add_epi32(_mm256_slli_epi32(q[i], 8), r[i]); /* what the sums add */
+            }
+            __m256i r16 = _mm256_packs_epi32(r[0], r[1]), r16b = _mm256_packs_epi32(r[2], r[3]);
+            _mm256_storeu_si256((__m256i *)out[b].r,
+                                _mm256_permutevar8x32_epi32(_mm256_packs_epi16(r16, r16b),
+                                                            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            for (int i = 0; i < 2; i++) /* 256 q + r in 16 bits: the pack interleaves 64-bit quarters */
+                _mm256_storeu_si256((__m256i *)out[b].a + i,
+                                    _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2 * i], q[2 * i + 1]),
+                                                             0xd8));
+        } else {
+            memset(out[b].r, 0, sizeof out[b].r);
+            memset(out[b].a, 0, sizeof out[b].a);
+        }
+        __m256i halves = _mm256_hadd_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        halves = _mm256_hadd_epi32(halves, halves); /* per 128-bit lane: the halves' sums over it */
+        int sum0 = _mm256_extract_epi32(halves, 0) + _mm256_extract_epi32(halves, 4);
+        int sum1 = _mm256_extract_epi32(halves, 1) + _mm256_extract_epi32(halves, 5);
+        out[b].d = wide ? fine : d;
+        out[b].sum[0] = sum0; out[b].sum[1] = sum1;
+        out[b].s = out[b].d * (float)(sum0 + sum1);
+    }
+}
+
+/* ---- f16 and bf16 weights times f32 activations (llm_matmul) ------------------------------------------- */
+/* f16 and bf16 weights meet f32 activations in tiles of nr (1 to 4) rows times nc (1 to 3) tokens: 8 weights
+ * converted once serve 3 tokens and 8 activations loaded once serve 4 rows. Each (row, token) keeps two
+ * running sums of 8, for the even and the odd runs of 8 along the row (a chain of fused multiply-adds waits
+ * on each one before it: two chains overlap, where a decode step has one row and one token); then the two
+ * sums added, their lanes added as llm_avx2_hsum does, then the rest of the row one value at a time. So a
+ * token's product is the same bit for bit in whatever tile it falls (alone, in a decode step of a few, in a
+ * prefill of many), and test.c's half_dot_ref says what it is in plain C. Up to 6 (row, token) pairs keep
+ * both sums in registers (12 of the 16); a tile of more runs twice over its rows, the even runs then the odd
+ * ones, with one sum each in registers (a 4 x 3 tile: 12 sums, 4 conversions and 3 loads for 12
+ * multiply-adds, where 2 x 3 has 2 and 3 for 6: 1.2 times as fast on Zen 3). A decode step (one token) takes
+ * two rows at a time: two chains of multiply-adds, and half the calls and ends of rows (SmolLM2 F16 decode,
+ * Sapphire Rapids, one thread: 1.18 times as fast as one row, 4 rows 1.06; AVX2 build 1.11; once measured 0.8
+ * times on Zen 3, with the prefetch nearer). Rows are w_stride values apart, tokens x_stride; out[c *
+ * out_stride + r] */
+typedef __m256 llm_half_sums[2][LLM_HALF_ROWS][LLM_HALF_TOKENS]; /* [even, odd][row][token] */
+/* value k of rows w of type f16, bf16 or f32 (a tile's f16/bf16 rows converted for a prompt: llm_matmul) */
+#define LLM_HALF_AT(type, w, k) ((const char *)(w) + (k) * ((type) == LLM_F32 ? 4 : 2))
+static inline float llm_half_value(uint32_t type, const void *w, int64_t k) {
+    return type == LLM_F32 ? ((const float *)w)[k] : llm_half_to_f32(type, ((const uint16_t *)w)[k]);
+}
+/* one run of 8 values of the tile's rows and tokens, into sums */
+static inline __attribute__((always_inline)) void llm_half_run(uint32_t type, int nr, int nc, const void *w,
+                                                              int64_t w_stride, const float *x,
+                                                              int64_t x_stride,
+                                                              __m256 sums[LLM_HALF_ROWS][LLM_HALF_TOKENS]) {
+    __m256 xv[LLM_HALF_TOKENS];
+    for (int c = 0; c < nc; c++) {
+        xv[c] = _mm256_loadu_ps(x + c * x_stride);
+        __asm__("" : "+x"(xv[c])); /* in a register: else GCC loads it again for each row's product */
+    }
+    for (int r = 0; r < nr; r++) {
+        __m256 wv = llm_half8(type, LLM_HALF_AT(type, w, r * w_stride));
+        for (int c = 0; c < nc; c++) sums[r][c] = _mm256_fmadd_ps(wv, xv[c], sums[r][c]);
+    }
+}
+/* a 16-bit row holds 2 to 4 times the bytes of a quantized one per value: asked for from memory twice as far
+ * ahead (SmolLM2 F16 decode, one thread: 1.03 to 1.05 times as fast as 2 kB ahead in the AVX2 build, 1.02 to
+ * 1.04 with AVX-512) */
+static inline void llm_half_prefetch(const void *p) {
+    __builtin_prefetch((const char *)p + 2 * LLM_PREFETCH_AHEAD);
+}
+#if defined(LLM_AVX512F)
+/* AVX-512: a run of 16 values is an even run of 8 in the low half and the odd run after it in the high half,
+ * so one 512-bit sum per (row, token) makes the same multiply-adds, lane by lane, as the two sums of 8: the
+ * same result bit for bit, at twice the width; and tiles of 4 rows x 6 tokens, 24 sums in the 32 registers
+ * (SmolLM2 F16 pp512, one thread, Sapphire Rapids, best of 3 alternations: 290 -> 355 tok/s at 4 x 3, 378 at
+ * 4 x 6) */
+static inline __attribute__((always_inline)) __m512 llm_half16(uint32_t type, const void *at) {
+    if (type == LLM_F32) return _mm512_loadu_ps((const float *)at);
+    __m256i h = _mm256_loadu_si256((const __m256i *)at);
+    return type == LLM_F16 ? _mm512_cvtph_ps(h)
+                           : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline __attribute__((always_inline)) int64_t llm_half_runs16(uint32_t type, int nr, int nc,
+                                                                     const void *w, int64_t w_stride,
+                                                                     const float *x, int64_t x_stride,
+                                                                     int64_t n, llm_half_sums sums) {
+    __m512 both[LLM_HALF_ROWS][LLM_HALF_TOKENS];
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) both[r][c] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 xv[LLM_HALF_TOKENS];
+        for (int c = 0; c < nc; c++) {
+            xv[c] = _mm512_loadu_ps(x + c * x_stride + i);
+            __asm__("" : "+v"(xv[c])); /* in a register: else GCC loads it again for each row's product */
+        }
+        for (int r = 0; r < nr; r++) {
+            if (type != LLM_F32) llm_half_prefetch(LLM_HALF_AT(type, w, r * w_stride + i)); /* f32: in L2 */
+            __m512 wv = llm_half16(type, LLM_HALF_AT(type, w, r * w_stride + i));
+            for (int c = 0; c < nc; c++) both[r][c] = _mm512_fmadd_ps(wv, xv[c], both[r][c]);
+        }
+    }
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) {
+            sums[0][r][c] = _mm512_castps512_ps256(both[r][c]);
+            sums[1][r][c] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(both[r][c]), 1));
+        }
+    return i;
+}
+#endif
+static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t type, int nr, int nc,
+                                                                   const void *w, int64_t w_stride,
+                                                                   const float *x, int64_t x_stride,
+                                                                   int64_t n,
+                                                                   float *out, int64_t out_stride) {
+    llm_half_sums sums;
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < nr; r++)
+            for (int c = 0; c < nc; c++) sums[h][r][c] = _mm256_setzero_ps();
+    int64_t i = 0;
+#if defined(LLM_AVX512F)
+    i = llm_half_runs16(type, nr, nc, w, w_stride, x, x_stride, n, sums);
+    if (i + 8 <= n) {
+        llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
+        i += 8;
+    }
+#else
+    if (nr * nc <= 6) {
+        for (; i + 16 <= n; i += 16) { /* an even run, then an odd one */
+            for (int r = 0; r < nr; r++) llm_half_prefetch(LLM_HALF_AT(type, w, r * w_stride + i));
+            llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
+            llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i + 8), w_stride, x + i + 8, x_stride, sums[1]);
+        }
+        if (i + 8 <= n) {
+            llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
+            i += 8;
+        }
+    } else {
+        __m256 one[LLM_HALF_ROWS][LLM_HALF_TOKENS]; /* the even runs' sums, then the odd runs' */
+        for (int h = 0; h < 2; h++) {
+            for (int r = 0; r < nr; r++)
+                for (int c = 0; c < nc; c++) one[r][c] = _mm256_setzero_ps();
+            for (int64_t j = 8 * h; j + 8 <= n; j += 16)
+                llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, j), w_stride, x + j, x_stride, one);
+            for (int r = 0; r < nr; r++)
+                for (int c = 0; c < nc; c++) sums[h][r][c] = one[r][c];
+        }
+        i = n / 8 * 8;
+    }
+#endif
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) {
+            float s = llm_avx2_hsum(_mm256_add_ps(sums[0][r][c], sums[1][r][c]));
+            for (int64_t k = i; k < n; k++)
+                s += llm_half_value(type, w, r * w_stride + k) * x[c * x_stride + k];
+            out[c * out_stride + r] = s;
+        }
+}
+/* llm_dot_half_tile specialized to each tile shape and type */
+static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
+                         int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride) {
+#define LLM_HALF_TILE(R, C)                                                                                 \
+    case (R) * 8 + (C):                                                                                    \
+        if (type == LLM_F16) llm_dot_half_tile(LLM_F16, R, C, w, w_stride, x, x_stride, n, out, out_stride); \
+        else if (type == LLM_BF16) llm_dot_half_tile(LLM_BF16, R, C, w, w_stride, x, x_stride, n, out,      \
+                                                     out_stride);                                          \
+        else llm_dot_half_tile(LLM_F32, R, C, w, w_stride, x, x_stride, n, out, out_stride);               \
+        return;
+    switch (nr * 8 + nc) {
+    LLM_HALF_TILE(1, 1) LLM_HALF_TILE(1, 2) LLM_HALF_TILE(1, 3) LLM_HALF_TILE(2, 1) LLM_HALF_TILE(2, 2)
+    LLM_HALF_TILE(2, 3) LLM_HALF_TILE(3, 1) LLM_HALF_TILE(3, 2) LLM_HALF_TILE(3, 3) LLM_HALF_TILE(4, 1)
+    LLM_HALF_TILE(4, 2) LLM_HALF_TILE(4, 3)
+#if LLM_HALF_TOKENS == 6
+    LLM_HALF_TILE(1, 4) LLM_HALF_TILE(1, 5) LLM_HALF_TILE(1, 6) LLM_HALF_TILE(2, 4) LLM_HALF_TILE(2, 5)
+    LLM_HALF_TILE(2, 6) LLM_HALF_TILE(3, 4) LLM_HALF_TILE(3, 5) LLM_HALF_TILE(3, 6) LLM_HALF_TILE(4, 4)
+    LLM_HALF_TILE(4, 5) LLM_HALF_TILE(4, 6)
+#endif
+    }
+#undef LLM_HALF_TILE
+}
+
+/* ---- exp, and the row kernels of the norms, softmax, SwiGLU and attention ------------------------------ */
+/* exp(x) of 8 floats, bit for bit what glibc's expf gives on a machine with FMA (the algorithm of Arm's
+ * optimized routines, glibc's since 2.27; a NaN's bits aside): x / ln2 = (k + r) / 32 with k whole and r in
+ * [-1/2, 1/2]; exp(x) = 2^(k/32) 2^(r/32), 2^(k/32) from a table of 2^(j/32), j = k mod 32, and 2^(r/32) a
+ * cubic in r, in double. Attention's softmax takes one for every score (libm's, a call each, were a fifth of
+ * a prompt's attention), SwiGLU one for every value of the FFN. test.c holds it to a plain-C copy and to
+ * expf. */
+static const double llm_exp2_32nds[32] = { /* 2^(j/32), rounded to nearest */
+    0x1.0000000000000p+0, 0x1.059b0d3158574p+0, 0x1.0b5586cf9890fp+0, 0x1.11301d0125b51p+0,
+    0x1.172b83c7d517bp+0, 0x1.1d4873168b9aap+0, 0x1.2387a6e756238p+0, 0x1.29e9df51fdee1p+0,
+    0x1.306fe0a31b715p+0, 0x1.371a7373aa9cbp+0, 0x1.3dea64c123422p+0, 0x1.44e086061892dp+0,
+    0x1.4bfdad5362a27p+0, 0x1.5342b569d4f82p+0, 0x1.5ab07dd485429p+0, 0x1.6247eb03a5585p+0,
+    0x1.6a09e667f3bcdp+0, 0x1.71f75e8ec5f74p+0, 0x1.7a11473eb0187p+0, 0x1.82589994cce13p+0,
+    0x1.8ace5422aa0dbp+0, 0x1.93737b0cdc5e5p+0, 0x1.9c49182a3f090p+0, 0x1.a5503b23e255dp+0,
+    0x1.ae89f995ad3adp+0, 0x1.b7f76f2fb5e47p+0, 0x1.c199bdd85529cp+0, 0x1.cb720dcef9069p+0,
+    0x1.d5818dcfba487p+0, 0x1.dfc97337b9b5fp+0, 0x1.ea4afa2a490dap+0, 0x1.f50765b6e4540p+0,
+};
+static inline __attribute__((always_inline)) __m256 llm_exp_avx2(__m256 x) {
+    const __m256d invln2_32 = _mm256_set1_pd(0x1.71547652b82fep+5), shift = _mm256_set1_pd(0x1.8p+52);
+    const __m256d c0 = _mm256_set1_pd(0x1.c6af84b912394p-20), c1 = _mm256_set1_pd(0x1.ebfce50fac4f3p-13);
+    const __m256d c2 = _mm256_set1_pd(0x1.62e42ff0c52d6p-6), one = _mm256_set1_pd(1.0);
+    __m128 half[2];
+    for (int h = 0; h < 2; h++) {
+        __m256d xd = _mm256_cvtps_pd(h ? _mm256_extractf128_ps(x, 1) : _mm256_castps256_ps128(x));
+        __m256d kd = _mm256_fmadd_pd(invln2_32, xd, shift); /* k in the low bits: rounded to nearest */
+        __m256i ki = _mm256_castpd_si256(kd);
+        kd = _mm256_sub_pd(kd, shift);
+        __m256d r = _mm256_fmsub_pd(invln2_32, xd, kd);
+        /* 2^(k/32): the table's 2^(j/32) with k div 32 added to its exponent */
+        __m256i j = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+        __m256i s = _mm256_i64gather_epi64((const long long *)llm_exp2_32nds, j, 8);
+        s = _mm256_add_epi64(s, _mm256_slli_epi64(_mm256_sub_epi64(ki, j), 47));
+        __m256d z = _mm256_fmadd_pd(c0, r, c1), r2 = _mm256_mul_pd(r, r);
+        __m256d y = _mm256_fmadd_pd(z, r2, _mm256_fmadd_pd(r, c2, one));
+        half[h] = _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(s)));
+    }
+    __m256 e = _mm256_set_m128(half[1], half[0]);
+    /* below -0x1.9fe368p6f (-inf too) the result is 0, above 0x1.62e42ep6f infinity */
+    e = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-0x1.9fe368p6f), _CMP_LT_OQ), e);
+    __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ);
+    return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), over);
+}
+/* llm_max's first n / 8 * 8 values (when n >= 8), 8 lanes at a time: into *mx; returns how many */
+static inline __attribute__((always_inline)) int llm_max_avx2(const float *x, int n, float *mx_io) {
+    int i = 0;
+    float mx = *mx_io;
+    if (n >= 8) {
+        __m256 m = _mm256_set1_ps(mx);
+        for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m); /* x > m ? x : m */
+        float lanes[8];
+        _mm256_storeu_ps(lanes, m);
+        for (int j = 0; j < 8; j++) mx = lanes[j] > mx ? lanes[j] : mx;
+    }
+    *mx_io = mx;
+    return i;
+}
+/* llm_softmax_exp's whole row, 8 at a time, the last 8 padded with zeros */
+static inline __attribute__((always_inline)) void llm_softmax_exp_avx2(float *row, int n, float mx) {
+    int p = 0;
+    for (; p + 8 <= n; p += 8)
+        _mm256_storeu_ps(row + p, llm_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(row + p), _mm256_set1_ps(mx))));
+    if (p < n) {
+        float tail[8] = {0};
+        memcpy(tail, row + p, (size_t)(n - p) * sizeof(float));
+        _mm256_storeu_ps(tail, llm_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(tail), _mm256_set1_ps(mx))));
+        memcpy(row + p, tail, (size_t)(n - p) * sizeof(float));
+        return;
+    }
+}
+/* llm_swiglu's first n / 8 * 8 values, 8 at a time, the same roundings: returns how many */
+static inline __attribute__((always_inline)) size_t llm_swiglu_avx2(float *gate, const float *up, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i), e = llm_exp_avx2(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
+        __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+    }
+    return i;
+}
+/* llm_cpu_kv_store's f16 values, n / 8 * 8 of them, 8 at a time with F16C: rounded to nearest even, the same
+ * bits as llm_f32_to_f16. Returns how many */
+static inline __attribute__((always_inline)) int llm_f16_store_avx2(void *dst, const float *src, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)((uint16_t *)dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    return i;
+}
+/* A token's o = sum_p w_p v_p, p = first..last, for ng (1 to 3) heads (weights w_stride apart, outputs hd)
+ * and nv (1 to LLM_VRUNS) runs of LLM_VRUN values from i0: a multiply then an add for each p in turn, the
+ * roundings of the plain loop, with the sums in registers over all p. Specialized to each ng and nv and to
+ * the cache's type: with them variables, GCC kept the sums and v in memory, each add waiting on the store
+ * before it (40% of a SmolLM2 prompt's attention went there once). Each value's sum is its own, so the
+ * runs are as wide as the registers: with AVX-512, 3 heads by 4 runs of 16 (a 64-value head at once: 12
+ * sums, 4 v and a weight in the 32 registers); with AVX2, 3 runs of 8 (3 by 4 would need 18 of 16) */
+#if defined(LLM_AVX512F)
+typedef __m512 llm_vrun;
+#define llm_vrun_zero _mm512_setzero_ps
+#define llm_vrun_set1 _mm512_set1_ps
+#define llm_vrun_add _mm512_add_ps
+#define llm_vrun_mul _mm512_mul_ps
+#define llm_vrun_store _mm512_storeu_ps
+#define llm_vrun_load(half, at) ((half) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(at))) \
+                                        : _mm512_loadu_ps((const float *)(at)))
+#else
+typedef __m256 llm_vrun;
+#define llm_vrun_zero _mm256_setzero_ps
+#define llm_vrun_set1 _mm256_set1_ps
+#define llm_vrun_add _mm256_add_ps
+#define llm_vrun_mul _mm256_mul_ps
+#define llm_vrun_store _mm256_storeu_ps
+#define llm_vrun_load(half, at) ((half) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(at))) \
+                                        : _mm256_loadu_ps((const float *)(at)))
+#endif
+static inline __attribute__((always_inline)) void llm_cpu_weighted_v_tile(const llm_cpu *c, int half, int ng,
+                                                                         int nv, int index,
+                                                                         const int32_t *block_table,
+                                                                         size_t head_offset, int first,
+                                                                         int last, const float *w,
+                                                                         int64_t w_stride, int i0, float *o,
+                                                                         int hd) {
+    int bs = c->block_size;
+    size_t per_slot = (size_t)c->model->cfg.n_kv_heads * hd * (half ? sizeof(uint16_t) : sizeof(float));
+    llm_vrun acc[3][LLM_VRUNS];
+    for (int g = 0; g < ng; g++)
+        for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_zero();
+    for (int p0 = first - first % bs; p0 <= last; p0 += bs) {
+        const uint8_t *vp = llm_cpu_kv_at(c, c->v, index, block_table, p0) + head_offset;
+        for (int p = p0; p <= last && p < p0 + bs; p++, vp += per_slot) {
+            if (p < first) continue;
+            llm_vrun v[LLM_VRUNS];
+            for (int j = 0; j < nv; j++)
+                v[j] = llm_vrun_load(half, vp + (size_t)(i0 + LLM_VRUN * j) * (half ? 2 : 4));
+            for (int g = 0; g < ng; g++) {
+                llm_vrun wg = llm_vrun_set1(w[g * w_stride + p]);
+                for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_add(acc[g][j], llm_vrun_mul(wg, v[j]));
+            }
+        }
+    }
+    for (int g = 0; g < ng; g++)
+        for (int j = 0; j < nv; j++) llm_vrun_store(o + (size_t)g * hd + i0 + LLM_VRUN * j, acc[g][j]);
+}
+static void llm_cpu_weighted_v(const llm_cpu *c, int ng, int nv, int index, const int32_t *block_table,
+                               size_t head_offset, int first, int last, const float *w, int64_t w_stride,
+                               int i0, float *o, int hd) {
+#define LLM_WEIGHTED_V(G, V)                                                                               \
+    case (G) * 4 + (V):                                                                                    \
+        if (c->kv_half)                                                                                    \
+            llm_cpu_weighted_v_tile(c, 1, G, V, index, block_table, head_offset, first, last, w, w_stride, \
+                                    i0, o, hd);                                                            \
+        else                                                                                               \
+            llm_cpu_weighted_v_tile(c, 0, G, V, index, block_table, head_offset, first, last, w, w_stride, \
+                                    i0, o, hd);                                                            \
+        return;
+    switch (ng * 4 + nv) {
+    LLM_WEIGHTED_V(1, 1) LLM_WEIGHTED_V(1, 2) LLM_WEIGHTED_V(1, 3) LLM_WEIGHTED_V(2, 1) LLM_WEIGHTED_V(2, 2)
+    LLM_WEIGHTED_V(2, 3) LLM_WEIGHTED_V(3, 1) LLM_WEIGHTED_V(3, 2) LLM_WEIGHTED_V(3, 3)
+#if LLM_VRUNS == 4
+    LLM_WEIGHTED_V(1, 4) LLM_WEIGHTED_V(2, 4) LLM_WEIGHTED_V(3, 4)
+#endif
+    }
+#undef LLM_WEIGHTED_V
+}
+#endif /* LLM_AVX2 */
 
 
 /* ===========================================================================================================
