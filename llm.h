@@ -1063,16 +1063,6 @@ static float llm_bf16_to_f32(uint16_t h) {
 static float llm_half_to_f32(uint32_t type, uint16_t h) {
     return type == LLM_F16 ? llm_f16_to_f32(h) : llm_bf16_to_f32(h);
 }
-#if defined(LLM_AVX2)
-/* 8 values of type f16, bf16 or f32 at at, as f32 (exact) */
-static inline __attribute__((always_inline)) __m256 llm_half8(uint32_t type, const void *at) {
-    if (type == LLM_F32) return _mm256_loadu_ps((const float *)at);
-    __m128i h = _mm_loadu_si128((const __m128i *)at);
-    return type == LLM_F16 ? _mm256_cvtph_ps(h)
-                           : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-#endif
-
 static uint16_t llm_f32_to_f16(float f) { /* round to nearest even */
     uint32_t x; memcpy(&x, &f, 4);
     uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff, mant = x & 0x7fffff;
@@ -1705,6 +1695,12 @@ static inline __attribute__((always_inline)) void llm_dequant_blocks(uint32_t ty
  * Each quantized case calls the inlined llm_dequant_blocks with a constant type, so the compiler drops the
  * type switches from the inner loops; an unknown type writes nothing (llm_model_weight refused such tensors
  * at load). */
+#if defined(LLM_AVX2)
+/* Section 14's: an f16 or bf16 row's first n / 8 * 8 values as f32, 8 at a time (the same values); returns
+ * how many */
+static inline __attribute__((always_inline)) int64_t llm_half_row_avx2(uint32_t type, const uint8_t *p,
+                                                                       float *out, int64_t n);
+#endif
 void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n) {
     const uint8_t *p = (const uint8_t *)row;
     switch (type) { /* each call specializes the inlined loops to its type */
@@ -1713,8 +1709,7 @@ void llm_dtype_dequant_row(uint32_t type, const void *row, float *out, int64_t n
     case LLM_F16: case LLM_BF16: {
         int64_t i = 0;
 #if defined(LLM_AVX2)
-        for (; i + 8 <= n; i += 8) /* 8 at a time, the same values: prompts' tiles and f16 K come here */
-            _mm256_storeu_ps(out + i, llm_half8(type, p + 2 * i));
+        i = llm_half_row_avx2(type, p, out, n); /* section 14: prompts' tiles and f16 K come here */
 #endif
         for (; i < n; i++) {
             uint16_t h;
@@ -6760,20 +6755,19 @@ static void llm_prob_top_k(llm_prob_id *c, int n, int k) {
  * The sum is kept in 8 partial sums in double, whether SIMD adds them 8 at a time or plain C one at a time,
  * and llm_exp_avx2 is libm's expf bit for bit: so a seed picks the same token in every build. (One scalar
  * expf and one add a token, each waiting on the last, took 100 of a sampled SmolLM2 row's 190 us.) */
+#ifdef LLM_CPU_SIMD
+/* Section 14's: the weights' first n / 8 * 8 values and their 8 partial sums, and the division by the sum,
+ * in vectors; each returns how many values it did */
+static inline __attribute__((always_inline)) int llm_sampler_weights_avx2(const float *x, int n, float mx,
+                                                                          float inv_t, float *w,
+                                                                          double part[8]);
+static inline __attribute__((always_inline)) int llm_sampler_normalize_avx2(float *w, int n, double sum);
+#endif
 static double llm_sampler_weights(const float *x, int n, float mx, float inv_t, float *w) {
     double part[8] = {0};
     int i = 0;
 #ifdef LLM_CPU_SIMD
-    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
-    for (; i + 8 <= n; i += 8) {
-        __m256 t = _mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(mx));
-        __m256 e = llm_exp_avx2(_mm256_mul_ps(t, _mm256_set1_ps(inv_t)));
-        e = _mm256_and_ps(e, _mm256_cmp_ps(e, e, _CMP_ORD_Q)); /* a NaN: 0 */
-        if (w) _mm256_storeu_ps(w + i, e);
-        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
-    }
-    _mm256_storeu_pd(part, lo); _mm256_storeu_pd(part + 4, hi);
+    i = llm_sampler_weights_avx2(x, n, mx, inv_t, w, part);
 #endif
     for (; i < n; i += 8)
         for (int j = 0; j < 8 && i + j < n; j++) {
@@ -6789,9 +6783,7 @@ static double llm_sampler_weights(const float *x, int n, float mx, float inv_t, 
 static void llm_sampler_normalize(float *w, int n, double sum) {
     int i = 0;
 #ifdef LLM_CPU_SIMD
-    for (; i + 4 <= n; i += 4)
-        _mm_storeu_ps(w + i, _mm256_cvtpd_ps(_mm256_div_pd(_mm256_cvtps_pd(_mm_loadu_ps(w + i)),
-                                                            _mm256_set1_pd(sum))));
+    i = llm_sampler_normalize_avx2(w, n, sum);
 #endif
     for (; i < n; i++) w[i] = (float)(w[i] / sum);
 }
@@ -12535,7 +12527,8 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  * its target has AVX2, FMA and F16C (-march=native on Intel CPUs since Haswell, AMD's since Zen): the
  * preamble then sets LLM_AVX2 (and LLM_AVX512F, _VL, _BW and _VNNI where the target has those too),
  * section 7 sets LLM_CPU_SIMD, and this section is compiled. Nothing tests the CPU at run time: a binary
- * built for AVX-512 needs a CPU that has it. What is here, in the order section 7 calls it:
+ * built for AVX-512 needs a CPU that has it. What is here, in the order the core calls it:
+ *   f16 and bf16 values  llm_half8 (8 values as f32), llm_half_row_avx2 (section 1's rows of them)
  *   f32 dot products     llm_dot_n_avx2 (8 running sums a vector in one register); with AVX-512,
  *                        llm_dot_pairs (two queries' sums in one 512-bit register: a prompt's attention)
  *   quantized weights    llm_q8_quantize_avx2 (activations to blocks of 8- or 16-bit integers);
@@ -12546,13 +12539,14 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *   the row kernels      llm_exp_avx2 (glibc's expf, bit for bit; the sampler's too), llm_max_avx2,
  *                        llm_softmax_exp_avx2, llm_swiglu_avx2, llm_f16_store_avx2 (the KV cache in f16),
  *                        llm_cpu_weighted_v (attention's sum of V weighted by the softmax)
- * The hook: section 7 declares each kernel (a prototype under #ifdef LLM_CPU_SIMD, or LLM_AVX2: the same
- * test) just before the plain-C function that calls it, and that function is the dispatch: with SIMD it
- * calls the kernel, without it runs its own loop (llm_dot_many, llm_q8_quantize, llm_q8_dot, llm_matmul,
- * llm_max, llm_softmax_exp, llm_swiglu, llm_cpu_kv_store, llm_cpu_attention). A row kernel does the first
- * values of a row and returns how many it did, and the plain loop does the rest (llm_softmax_exp_avx2 does
- * the whole row). The always_inline kernels are compiled into their callers as
- * if written there (GCC and Clang read the whole file before they inline, so a body may follow its call).
+ *   the sampler's rows   llm_sampler_weights_avx2, llm_sampler_normalize_avx2 (section 8)
+ * The hook: section 7 (1 and 8 for theirs) declares each kernel (a prototype under #ifdef LLM_CPU_SIMD, or
+ * LLM_AVX2: the same test) just before the plain-C function that calls it, and that function is the
+ * dispatch: with SIMD it calls the kernel, without it runs its own loop (llm_dot_many, llm_q8_quantize,
+ * llm_q8_dot, llm_matmul, llm_max, llm_softmax_exp, llm_swiglu, llm_cpu_kv_store, llm_cpu_attention,
+ * llm_dtype_dequant_row, llm_sampler_weights, llm_sampler_normalize). A row kernel does the first values of
+ * a row and returns how many it did, and the plain loop does the rest (llm_softmax_exp_avx2 does the whole
+ * row). The always_inline kernels are compiled into their callers as if written there (GCC and Clang read the whole file before they inline, so a body may follow its call).
  * The plain C stays the reference, and test.c holds the kernels to it: the f32 products, the pairs, the
  * f16/bf16 tiles, exp, softmax and SwiGLU bit for bit ("weight types"); the quantization byte for byte and
  * the quantized products' integer parts exactly, on blocks whose scales make every product an integer
@@ -12561,6 +12555,21 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  * section (LLM_NO_SIMD) and runs the core's tests on the plain C alone.
  * ======================================================================================================== */
 #if defined(LLM_AVX2)
+/* ---- f16 and bf16 values (section 1's rows, the f16/bf16 tiles below) ---------------------------------- */
+/* 8 values of type f16, bf16 or f32 at at, as f32 (exact) */
+static inline __attribute__((always_inline)) __m256 llm_half8(uint32_t type, const void *at) {
+    if (type == LLM_F32) return _mm256_loadu_ps((const float *)at);
+    __m128i h = _mm_loadu_si128((const __m128i *)at);
+    return type == LLM_F16 ? _mm256_cvtph_ps(h)
+                           : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+/* llm_dtype_dequant_row's f16 or bf16 row, its first n / 8 * 8 values: returns how many */
+static inline __attribute__((always_inline)) int64_t llm_half_row_avx2(uint32_t type, const uint8_t *p,
+                                                                       float *out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, llm_half8(type, p + 2 * i));
+    return i;
+}
 /* ---- f32 dot products (llm_dot_n) ---------------------------------------------------------------------- */
 /* llm_dot_n_avx2's last additions for 8 sums of a row without a tail (s = 0) at once, the same ones: per sum,
  * lanes j and j + 4, then pairs 0 + 1 and 2 + 3, each added to 0, then those two (0 + h1 differs from h1 only
@@ -12578,8 +12587,8 @@ static inline __attribute__((always_inline)) __m256 llm_avx2_hsum8(const __m256 
 /* llm_dot_n in AVX2, the same roundings bit for bit: the compiler vectorizes one vector well, but 2 to 4 into
  * shuffles (a SmolLM2 prompt's attention scores, 3 query heads to a K head: 6 times slower than one) */
 static inline __attribute__((always_inline)) void llm_dot_n_avx2(const float *a, const float *b,
-                                                                 int64_t b_stride,
-                                                                int nc, int64_t n, float *out) {
+                                                                 int64_t b_stride, int nc, int64_t n,
+                                                                 float *out) {
     __m256 acc[LLM_DOT_MAX_VECTORS];
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
     int64_t i = 0;
@@ -13566,6 +13575,34 @@ static inline __attribute__((always_inline)) int llm_f16_store_avx2(void *dst, c
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)((uint16_t *)dst + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    return i;
+}
+/* ---- the sampler's weights (section 8) ----------------------------------------------------------------- */
+/* llm_sampler_weights' first n / 8 * 8 values, 8 at a time: w[i] = exp((x[i] - mx) inv_t), a NaN weighing 0,
+ * and lane j's values added into part[j] in double, in the plain loop's order (so a seed draws the same token
+ * in every build). Returns how many */
+static inline __attribute__((always_inline)) int llm_sampler_weights_avx2(const float *x, int n, float mx,
+                                                                          float inv_t, float *w,
+                                                                          double part[8]) {
+    int i = 0;
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    for (; i + 8 <= n; i += 8) {
+        __m256 t = _mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(mx));
+        __m256 e = llm_exp_avx2(_mm256_mul_ps(t, _mm256_set1_ps(inv_t)));
+        e = _mm256_and_ps(e, _mm256_cmp_ps(e, e, _CMP_ORD_Q)); /* a NaN: 0 */
+        if (w) _mm256_storeu_ps(w + i, e);
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    _mm256_storeu_pd(part, lo); _mm256_storeu_pd(part + 4, hi);
+    return i;
+}
+/* llm_sampler_normalize's first n / 4 * 4 values: w[i] / sum in double, 4 at a time. Returns how many */
+static inline __attribute__((always_inline)) int llm_sampler_normalize_avx2(float *w, int n, double sum) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4)
+        _mm_storeu_ps(w + i, _mm256_cvtpd_ps(_mm256_div_pd(_mm256_cvtps_pd(_mm_loadu_ps(w + i)),
+                                                            _mm256_set1_pd(sum))));
     return i;
 }
 /* A token's o = sum_p w_p v_p, p = first..last, for ng (1 to 3) heads (weights w_stride apart, outputs hd)
