@@ -47,11 +47,12 @@
  *  14. SIMD         kernels -> the same, 8 or 16 at once x86 AVX2 and AVX-512 kernels for the CPU
  *                                                        forward (LLM_NO_SIMD: none; the plain C runs)
  *   Appendix        the Unicode table the tokenizer's pre-tokenizers read
- * Their sizes in the implementation (lines; a test keeps them within a fifth of the truth): 1 GGUF 480,
- * 2 Model 440, 3 Tokenizer 1150, 4 Chat 710, 5 Requests 630, 6 Blocks 90, 7 Forward 2110 (with the SIMD
- * kernels, about 1180), 8 Sampler 350, 9 Detokenizer 180, 10 Engine 1280: the core, 7420; then the layers:
- * 11 JSON 310, 12 Grammar 2500, 13 Tools 1360. A first reading: the engine's API below, then 5 Requests, 6
- * Blocks, 10 Engine (llm_engine_step), 7 Forward (llm_cpu_forward) and 8 Sampler; the rest as needed.
+ * Their sizes in the implementation (lines, a quarter of the core's comments; a test keeps them within a
+ * fifth of the truth): 1 GGUF 590, 2 Model 540, 3 Tokenizer 1320, 4 Chat 900, 5 Requests 740, 6 Blocks 140,
+ * 7 Forward 1210, 8 Sampler 410, 9 Detokenizer 220, 10 Engine 1520: the core, 7590; then the layers:
+ * 11 JSON 310, 12 Grammar 2500, 13 Tools 980, 14 SIMD 1540 (1160, then the appendix's 380). A first
+ * reading: the engine's API below, then 5 Requests, 6 Blocks, 10 Engine (llm_engine_step), 7 Forward
+ * (llm_cpu_forward) and 8 Sampler; the rest as needed.
  *
  * The engine: what a program that serves a model calls
  *   llm_engine_defaults   llm_engine_create   llm_engine_destroy           a model, a backend, a KV pool
@@ -12546,7 +12547,8 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  * llm_q8_dot, llm_matmul, llm_max, llm_softmax_exp, llm_swiglu, llm_cpu_kv_store, llm_cpu_attention,
  * llm_dtype_dequant_row, llm_sampler_weights, llm_sampler_normalize). A row kernel does the first values of
  * a row and returns how many it did, and the plain loop does the rest (llm_softmax_exp_avx2 does the whole
- * row). The always_inline kernels are compiled into their callers as if written there (GCC and Clang read the whole file before they inline, so a body may follow its call).
+ * row). The always_inline kernels are compiled into their callers as if written there (GCC and Clang read
+ * the whole file before they inline, so a body may follow its call).
  * The plain C stays the reference, and test.c holds the kernels to it: the f32 products, the pairs, the
  * f16/bf16 tiles, exp, softmax and SwiGLU bit for bit ("weight types"); the quantization byte for byte and
  * the quantized products' integer parts exactly, on blocks whose scales make every product an integer

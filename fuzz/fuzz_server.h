@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 static double now_s(void) { return llm_now(); } /* as main.c's */
-/* main.c's reads /proc/self/status for /metrics; a fuzz target answers "none" (-1), as main.c does off Linux */
+/* main.c reads /proc/self/status for /metrics; a fuzz target answers "none" (-1), as off Linux */
 static double proc_memory_bytes(const char *field) { (void)field; return -1; }
 
 #include "server.c"
