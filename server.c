@@ -626,7 +626,8 @@ typedef struct {
     srv_req **live;                 /* stb_ds: requests not finished (freed at exit if the engine
                                        stops first) */
     int n_queued;                   /* prompts added that have not produced anything yet */
-    int64_t prompt_tokens_total, generation_tokens_total, success[4];
+    int64_t prompt_tokens_total, generation_tokens_total;
+    int64_t success[LLM_FINISH_ERROR + 1]; /* requests finished, by finish reason (llm_finish) */
     srv_hist ttft, itl, e2e;
     srv_hist queue, prefill, decode, inference, req_prompt, req_gen; /* per engine request (a prompt) */
     double *token_bounds;           /* the token-count histograms' buckets: 1, 2, 5, 10, ... to the context */
@@ -1089,6 +1090,12 @@ static void send_response(srv_state *S, srv_conn *c, int status, const char *con
     c->request_id[0] = 0; c->cors[0] = 0; /* answered: the next request on the connection has its own */
 }
 
+/* OpenAI's error type for the statuses that have their own; any other is "server_error" from 500 up and
+ * "invalid_request_error" below (send_error) */
+static const struct { int status; const char *type; } srv_error_types[] = {
+    {401, "authentication_error"}, {404, "not_found_error"}, {503, "service_unavailable_error"},
+};
+
 /* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} */
 static void send_error(srv_state *S, srv_conn *c, int status, const char *param, const char *fmt, ...) {
     char msg[1024];
@@ -1096,9 +1103,9 @@ static void send_error(srv_state *S, srv_conn *c, int status, const char *param,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    const char *type = status == 401 ? "authentication_error" : status == 404 ? "not_found_error" :
-                       status == 503 ? "service_unavailable_error" : status >= 500 ? "server_error" :
-                       "invalid_request_error";
+    const char *type = status >= 500 ? "server_error" : "invalid_request_error";
+    for (size_t i = 0; i < sizeof srv_error_types / sizeof srv_error_types[0]; i++)
+        if (srv_error_types[i].status == status) type = srv_error_types[i].type;
     sbuf b = {0};
     sb_puts(&b, "{\"error\":{\"message\":");
     sb_json_cstr(&b, msg);
@@ -1139,13 +1146,22 @@ static int key_equal(const char *given, const char *key) { /* constant time in t
     return diff == 0;
 }
 
-/* The routes and the one method each takes; the POST ones take a JSON object (Content-Type:
+/* The routes: the one method each takes, whether it is open, and the job a worker does for it (-1: none,
+ * the network thread answers it in handle_request). The POST ones take a JSON object (Content-Type:
  * application/json, as vLLM asks: a browser cannot send that cross-origin without a CORS preflight). */
-static const struct { const char *path, *method; int open; } srv_routes[] = {
-    {"/v1/completions", "POST", 0}, {"/v1/chat/completions", "POST", 0}, {"/v1/models", "GET", 0},
-    {"/health", "GET", 1}, {"/version", "GET", 0}, {"/tokenize", "POST", 0}, {"/detokenize", "POST", 0},
-    {"/metrics", "GET", 1}, {"/ping", "GET", 1},
+static const struct { const char *path, *method; int open, job; } srv_routes[] = {
+    {"/v1/completions", "POST", 0, JOB_COMPLETIONS}, {"/v1/chat/completions", "POST", 0, JOB_CHAT},
+    {"/tokenize", "POST", 0, JOB_TOKENIZE}, {"/detokenize", "POST", 0, JOB_DETOKENIZE},
+    {"/v1/models", "GET", 0, -1}, {"/version", "GET", 0, -1},
+    {"/health", "GET", 1, -1}, {"/ping", "GET", 1, -1}, {"/metrics", "GET", 1, -1},
 };
+
+/* path's index in srv_routes, or -1 */
+static int find_route(const char *path) {
+    for (int i = 0; i < (int)(sizeof srv_routes / sizeof srv_routes[0]); i++)
+        if (!strcmp(path, srv_routes[i].path)) return i;
+    return -1;
+}
 
 /* Whether --allowed-origins lets origin in ("*" lets any) */
 static int origin_allowed(const srv_state *S, const char *origin) {
@@ -1165,9 +1181,7 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
     if (cors) /* as Starlette's CORSMiddleware (vLLM's) answers an allowed origin */
         snprintf(c->cors, sizeof c->cors, "Access-Control-Allow-Origin: %s\r\n%s",
                  origin_allowed(S, "*") ? "*" : rq->origin, origin_allowed(S, "*") ? "" : "Vary: Origin\r\n");
-    int route = -1;
-    for (int i = 0; i < (int)(sizeof srv_routes / sizeof srv_routes[0]); i++)
-        if (!strcmp(rq->path, srv_routes[i].path)) route = i;
+    int route = find_route(rq->path);
     if (route < 0) { send_error(S, c, 404, NULL, "Not Found: %s", rq->path); return 1; }
     const char *method = srv_routes[route].method;
     if (cors && rq->preflight && !strcmp(rq->method, "OPTIONS")) { /* before the key: a preflight has none */
@@ -1207,7 +1221,7 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
     /* draining (SIGTERM): /health fails, so a load balancer sends new work elsewhere, and new work that
      * comes anyway is refused; what is in flight runs to its end */
     const char *path = rq->path;
-    int generation = !strcmp(path, "/v1/completions") || !strcmp(path, "/v1/chat/completions");
+    int generation = srv_routes[route].job == JOB_COMPLETIONS || srv_routes[route].job == JOB_CHAT;
     if (g_srv_stop && (generation || !strcmp(path, "/health") || !strcmp(path, "/ping"))) {
         send_error(S, c, 503, NULL, "the server is shutting down: it finishes the requests it has and takes "
                    "no new ones");
@@ -1219,6 +1233,8 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
 /* A whole request, which route_head let through: the endpoint's answer. */
 static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
     const char *path = rq->path;
+    int job = srv_routes[find_route(path)].job;
+    if (job >= 0) { job_start(S, c, job, rq); return; } /* it takes a JSON object: a worker reads it */
     if (!strcmp(path, "/health") || !strcmp(path, "/ping")) {
         send_response(S, c, 200, "application/json", "", 0, NULL);
         return;
@@ -1239,12 +1255,7 @@ static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
         sb_printf(&b, ",\"parent\":null,\"max_model_len\":%d,\"permission\":[]}]}", S->max_model_len);
         send_response(S, c, 200, "application/json", b.s, b.len, NULL);
         sb_free(&b);
-        return;
     }
-    /* the rest take a JSON object: a worker reads it */
-    job_start(S, c, !strcmp(path, "/tokenize") ? JOB_TOKENIZE :
-                    !strcmp(path, "/detokenize") ? JOB_DETOKENIZE :
-                    !strcmp(path, "/v1/chat/completions") ? JOB_CHAT : JOB_COMPLETIONS, rq);
 }
 
 /* ===========================================================================================================
@@ -1939,10 +1950,14 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         const llm_json *m = &msgs->items[i], *role = llm_json_get(m, "role");
         char param[64];
         snprintf(param, sizeof param, "messages[%d].role", i);
-        static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
-        size_t k = 0;
-        while (k < 5 && !fv_str(role, roles[k])) k++;
-        if (m->type != LLM_JSON_OBJECT || k == 5) {
+        enum { ROLE_SYSTEM, ROLE_DEVELOPER, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL, N_ROLES };
+        static const char *const roles[N_ROLES] = {
+            [ROLE_SYSTEM] = "system", [ROLE_DEVELOPER] = "developer", [ROLE_USER] = "user",
+            [ROLE_ASSISTANT] = "assistant", [ROLE_TOOL] = "tool",
+        };
+        int k = 0;
+        while (k < N_ROLES && !fv_str(role, roles[k])) k++;
+        if (m->type != LLM_JSON_OBJECT || k == N_ROLES) {
             ok = 0; bad(e, 400, param, "%s must be system, developer, user, assistant or tool", param);
             break;
         }
@@ -1950,10 +1965,10 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         cm[i].role = role->str; cm[i].content = texts[i].s ? texts[i].s : "";
         const llm_json *tc = llm_json_get(m, "tool_calls"), *rc = llm_json_get(m, "reasoning_content");
         if (!rc || rc->type == LLM_JSON_NULL) rc = llm_json_get(m, "reasoning");
-        if (k == 3 && rc && rc->type == LLM_JSON_STRING) cm[i].reasoning = rc->str;
+        if (k == ROLE_ASSISTANT && rc && rc->type == LLM_JSON_STRING) cm[i].reasoning = rc->str;
         if (tc && tc->type != LLM_JSON_NULL) {
             snprintf(param, sizeof param, "messages[%d].tool_calls", i);
-            if (k != 3 || tc->type != LLM_JSON_ARRAY) {
+            if (k != ROLE_ASSISTANT || tc->type != LLM_JSON_ARRAY) {
                 ok = 0; bad(e, 400, param, "%s must be a list, in an assistant message", param);
                 break;
             }
@@ -1964,7 +1979,7 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
                 else calls[c].arguments = a->s ? a->s : "{}";
             }
         }
-        if (ok && k == 4) { /* a tool's result answers an earlier call */
+        if (ok && k == ROLE_TOOL) { /* a tool's result answers an earlier call */
             const llm_json *id = llm_json_get(m, "tool_call_id");
             snprintf(param, sizeof param, "messages[%d].tool_call_id", i);
             if (!id || id->type != LLM_JSON_STRING) {
@@ -2532,10 +2547,18 @@ static void *srv_engine_loop(void *arg) {
  * continuous usage, tokens as ids). A chat reply read for thinking or tool calls is parsed again after each
  * output (llm_chat_parse_reply) and a stream sends only what each part gained since the last chunk.
  * ======================================================================================================== */
+/* OpenAI's finish_reason for each of the engine's, and vLLM's finished_reason label in /metrics. llm_finish
+ * lists them from the best to the worst, which request_done relies on. */
+static const char *const srv_finish_names[LLM_FINISH_ERROR + 1] = {
+    [LLM_FINISH_STOP] = "stop", [LLM_FINISH_LENGTH] = "length", [LLM_FINISH_ABORT] = "abort",
+    [LLM_FINISH_ERROR] = "error",
+};
+_Static_assert(LLM_FINISH_STOP < LLM_FINISH_LENGTH && LLM_FINISH_LENGTH < LLM_FINISH_ABORT &&
+               LLM_FINISH_ABORT < LLM_FINISH_ERROR, "llm_finish goes from the best reason to the worst");
+
 /* OpenAI's finish_reason for the engine's (a reply that made a tool call says "tool_calls" instead) */
 static const char *finish_name(int reason) {
-    return reason == LLM_FINISH_STOP ? "stop" : reason == LLM_FINISH_LENGTH ? "length" :
-           reason == LLM_FINISH_ABORT ? "abort" : "error";
+    return reason >= LLM_FINISH_STOP && reason <= LLM_FINISH_ERROR ? srv_finish_names[reason] : "error";
 }
 
 /* What every response and chunk opens with: id, object, created, model, system_fingerprint; the object is
@@ -3023,15 +3046,12 @@ static void finish_request(srv_state *S, srv_req *r) {
  * and r is freed. */
 static void request_done(srv_state *S, srv_req *r) {
     double t = now_s();
-    const char *reason = "stop";
-    for (int i = 0; i < r->n_prompts * r->n; i++) {
-        int f = r->choices[i].finish;
-        if (f == LLM_FINISH_ERROR || (f == LLM_FINISH_ABORT && strcmp(reason, "error")) ||
-            (f == LLM_FINISH_LENGTH && !strcmp(reason, "stop")))
-            reason = finish_name(f);
-    }
-    S->success[!strcmp(reason, "stop") ? 0 : !strcmp(reason, "length") ? 1 :
-               !strcmp(reason, "abort") ? 2 : 3]++;
+    int worst = LLM_FINISH_STOP;
+    for (int i = 0; i < r->n_prompts * r->n; i++)
+        if (r->choices[i].finish > worst && r->choices[i].finish <= LLM_FINISH_ERROR)
+            worst = r->choices[i].finish;
+    const char *reason = finish_name(worst);
+    S->success[worst]++;
     hist_add(&S->e2e, t - r->t_arrival);
     /* vLLM's per-request phases, for each engine request (a prompt, its n samples together): waiting from
      * arrival until the step that first ran it began, prefill until its first token, decode until its last.
@@ -3219,10 +3239,9 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
               proc_memory_bytes("VmRSS"));
     sb_puts(&b, "# HELP vllm:request_success_total Count of successfully processed requests.\n"
                 "# TYPE vllm:request_success_total counter\n");
-    static const char *reasons[4] = {"stop", "length", "abort", "error"};
-    for (int i = 0; i < 4; i++)
+    for (int f = LLM_FINISH_STOP; f <= LLM_FINISH_ERROR; f++)
         sb_printf(&b, "vllm:request_success_total{" SRV_LABELS ",finished_reason=\"%s\"} %lld\n", model,
-                  reasons[i], (long long)S->success[i]);
+                  srv_finish_names[f], (long long)S->success[f]);
     /* vLLM's info gauge of the cache config (its labels are CacheConfig's fields; these are the ones that
      * mean something here), then engine */
     sb_printf(&b, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
