@@ -227,6 +227,7 @@ typedef struct {
     uint64_t bench_seed;
 } args_t;
 
+/* "MIN:MAX" or "N" (MIN = MAX = N), as --input-len and --output-len take them: 0, or -1 when s is not one */
 static int parse_range(const char *s, int *lo, int *hi) {
     char *end;
     errno = 0;
@@ -313,7 +314,6 @@ static int grammar_from_flags(args_t *a, char **gbnf) {
     return 0;
 }
 
-/* Returns the index of the first positional argument, or -1 after printing what is wrong. */
 /* --speculative-config, vLLM's JSON: the ngram method and its keys, or a draft model (method draft_model, the
  * default when a model is named); any other method or key is refused */
 static int speculative_config(args_t *a, const char *text) {
@@ -751,7 +751,11 @@ static void chat_show_reply(chat_t *c, const char *reply, size_t *shown_thinking
     llm_chat_reply_free(&rep);
 }
 
-/* One turn: the user's text in, the reply streamed out. */
+/* One turn: the user's text in, the reply streamed out. The invariant the turn keeps: known_text and
+ * known_ids describe the same conversation (the last prompt and its reply), so that the next prompt's ids
+ * begin with exactly the ids the engine computed and the prefix cache serves them; when that cannot hold
+ * (a turn dropped, an error, an interruption), chat_forget_ids drops them and the next prompt is tokenized
+ * whole. On a failure before the request starts, the user's message is taken back (drop_user). */
 static void chat_turn(chat_t *c, const char *user) {
     char err[LLM_ERR_LEN];
     llm_engine_stats st = llm_engine_get_stats(c->e);
@@ -761,6 +765,8 @@ static void chat_turn(chat_t *c, const char *user) {
     if (chat_push(c, "user", user) != 0) { fprintf(stderr, "llm: out of memory\n"); return; }
     int32_t *ids = NULL;
     char *text = NULL;
+    /* 1. the prompt: the conversation rendered and tokenized; while it leaves less than reserve tokens for
+     * the reply, the oldest turn goes */
     for (;;) {
         free(text);
         text = chat_render(c);
@@ -784,6 +790,8 @@ static void chat_turn(chat_t *c, const char *user) {
                 max_len);
     }
 
+    /* 2. the request, stepped on this thread until done; Ctrl-C aborts it (the engine ends it with
+     * LLM_FINISH_ABORT, so the loop still ends by itself) */
     llm_sampling_params p = c->a->sampling;
     p.stop_token_ids = c->stop_ids; p.n_stop_token_ids = c->n_stop_ids;
     double t0 = now_s(), t_first = 0;
@@ -843,6 +851,7 @@ static void chat_turn(chat_t *c, const char *user) {
         c->end_id = ended_by_stop ? reply_ids[n_gen - 1] : -1;
         if (finish == LLM_FINISH_ABORT) chat_forget_ids(c); /* text held back may be missing: start over */
     }
+    /* 3. the figures /stats shows, and the speed line under the reply */
     c->turns++;
     c->context_used = n_prompt + n_gen;
     c->last_prompt = n_prompt; c->last_cached = n_cached; c->last_generated = n_gen;

@@ -626,7 +626,8 @@ typedef struct {
     srv_req **live;                 /* stb_ds: requests not finished (freed at exit if the engine
                                        stops first) */
     int n_queued;                   /* prompts added that have not produced anything yet */
-    int64_t prompt_tokens_total, generation_tokens_total, success[4];
+    int64_t prompt_tokens_total, generation_tokens_total;
+    int64_t success[LLM_FINISH_ERROR + 1]; /* requests finished, by finish reason (llm_finish) */
     srv_hist ttft, itl, e2e;
     srv_hist queue, prefill, decode, inference, req_prompt, req_gen; /* per engine request (a prompt) */
     double *token_bounds;           /* the token-count histograms' buckets: 1, 2, 5, 10, ... to the context */
@@ -1089,6 +1090,12 @@ static void send_response(srv_state *S, srv_conn *c, int status, const char *con
     c->request_id[0] = 0; c->cors[0] = 0; /* answered: the next request on the connection has its own */
 }
 
+/* OpenAI's error type for the statuses that have their own; any other is "server_error" from 500 up and
+ * "invalid_request_error" below (send_error) */
+static const struct { int status; const char *type; } srv_error_types[] = {
+    {401, "authentication_error"}, {404, "not_found_error"}, {503, "service_unavailable_error"},
+};
+
 /* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} */
 static void send_error(srv_state *S, srv_conn *c, int status, const char *param, const char *fmt, ...) {
     char msg[1024];
@@ -1096,9 +1103,9 @@ static void send_error(srv_state *S, srv_conn *c, int status, const char *param,
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    const char *type = status == 401 ? "authentication_error" : status == 404 ? "not_found_error" :
-                       status == 503 ? "service_unavailable_error" : status >= 500 ? "server_error" :
-                       "invalid_request_error";
+    const char *type = status >= 500 ? "server_error" : "invalid_request_error";
+    for (size_t i = 0; i < sizeof srv_error_types / sizeof srv_error_types[0]; i++)
+        if (srv_error_types[i].status == status) type = srv_error_types[i].type;
     sbuf b = {0};
     sb_puts(&b, "{\"error\":{\"message\":");
     sb_json_cstr(&b, msg);
@@ -1139,13 +1146,22 @@ static int key_equal(const char *given, const char *key) { /* constant time in t
     return diff == 0;
 }
 
-/* The routes and the one method each takes; the POST ones take a JSON object (Content-Type:
+/* The routes: the one method each takes, whether it is open, and the job a worker does for it (-1: none,
+ * the network thread answers it in handle_request). The POST ones take a JSON object (Content-Type:
  * application/json, as vLLM asks: a browser cannot send that cross-origin without a CORS preflight). */
-static const struct { const char *path, *method; int open; } srv_routes[] = {
-    {"/v1/completions", "POST", 0}, {"/v1/chat/completions", "POST", 0}, {"/v1/models", "GET", 0},
-    {"/health", "GET", 1}, {"/version", "GET", 0}, {"/tokenize", "POST", 0}, {"/detokenize", "POST", 0},
-    {"/metrics", "GET", 1}, {"/ping", "GET", 1},
+static const struct { const char *path, *method; int open, job; } srv_routes[] = {
+    {"/v1/completions", "POST", 0, JOB_COMPLETIONS}, {"/v1/chat/completions", "POST", 0, JOB_CHAT},
+    {"/tokenize", "POST", 0, JOB_TOKENIZE}, {"/detokenize", "POST", 0, JOB_DETOKENIZE},
+    {"/v1/models", "GET", 0, -1}, {"/version", "GET", 0, -1},
+    {"/health", "GET", 1, -1}, {"/ping", "GET", 1, -1}, {"/metrics", "GET", 1, -1},
 };
+
+/* path's index in srv_routes, or -1 */
+static int find_route(const char *path) {
+    for (int i = 0; i < (int)(sizeof srv_routes / sizeof srv_routes[0]); i++)
+        if (!strcmp(path, srv_routes[i].path)) return i;
+    return -1;
+}
 
 /* Whether --allowed-origins lets origin in ("*" lets any) */
 static int origin_allowed(const srv_state *S, const char *origin) {
@@ -1165,9 +1181,7 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
     if (cors) /* as Starlette's CORSMiddleware (vLLM's) answers an allowed origin */
         snprintf(c->cors, sizeof c->cors, "Access-Control-Allow-Origin: %s\r\n%s",
                  origin_allowed(S, "*") ? "*" : rq->origin, origin_allowed(S, "*") ? "" : "Vary: Origin\r\n");
-    int route = -1;
-    for (int i = 0; i < (int)(sizeof srv_routes / sizeof srv_routes[0]); i++)
-        if (!strcmp(rq->path, srv_routes[i].path)) route = i;
+    int route = find_route(rq->path);
     if (route < 0) { send_error(S, c, 404, NULL, "Not Found: %s", rq->path); return 1; }
     const char *method = srv_routes[route].method;
     if (cors && rq->preflight && !strcmp(rq->method, "OPTIONS")) { /* before the key: a preflight has none */
@@ -1207,7 +1221,7 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
     /* draining (SIGTERM): /health fails, so a load balancer sends new work elsewhere, and new work that
      * comes anyway is refused; what is in flight runs to its end */
     const char *path = rq->path;
-    int generation = !strcmp(path, "/v1/completions") || !strcmp(path, "/v1/chat/completions");
+    int generation = srv_routes[route].job == JOB_COMPLETIONS || srv_routes[route].job == JOB_CHAT;
     if (g_srv_stop && (generation || !strcmp(path, "/health") || !strcmp(path, "/ping"))) {
         send_error(S, c, 503, NULL, "the server is shutting down: it finishes the requests it has and takes "
                    "no new ones");
@@ -1219,6 +1233,8 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
 /* A whole request, which route_head let through: the endpoint's answer. */
 static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
     const char *path = rq->path;
+    int job = srv_routes[find_route(path)].job;
+    if (job >= 0) { job_start(S, c, job, rq); return; } /* it takes a JSON object: a worker reads it */
     if (!strcmp(path, "/health") || !strcmp(path, "/ping")) {
         send_response(S, c, 200, "application/json", "", 0, NULL);
         return;
@@ -1239,12 +1255,7 @@ static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
         sb_printf(&b, ",\"parent\":null,\"max_model_len\":%d,\"permission\":[]}]}", S->max_model_len);
         send_response(S, c, 200, "application/json", b.s, b.len, NULL);
         sb_free(&b);
-        return;
     }
-    /* the rest take a JSON object: a worker reads it */
-    job_start(S, c, !strcmp(path, "/tokenize") ? JOB_TOKENIZE :
-                    !strcmp(path, "/detokenize") ? JOB_DETOKENIZE :
-                    !strcmp(path, "/v1/chat/completions") ? JOB_CHAT : JOB_COMPLETIONS, rq);
 }
 
 /* ===========================================================================================================
@@ -1492,7 +1503,10 @@ static int structured_grammar(srv_state *S, srv_req *r, const llm_json *v, const
  * (json_object, json_schema), vLLM's structured_outputs {json | regex | choice | grammar | json_object} and
  * its older guided_json, guided_regex, guided_choice and guided_grammar, llama.cpp's grammar and json_schema.
  * A schema the converter cannot honour is a 400 naming the field and the keyword. A second
- * field that asks for a form too is refused (STRUCTURED_ONE), rather than one of them silently ignored. */
+ * field that asks for a form too is refused (STRUCTURED_ONE), rather than one of them silently ignored.
+ * Every form ends in one of four converters (structured_schema, _regex, _choice, _grammar), each of which
+ * writes r->grammar and has structured_check parse it here, on the worker: the grammar's limits are met or
+ * the request is refused before the engine sees it, and the engine gets r->grammar_parsed, ready. */
 static int parse_structured(srv_state *S, const llm_json *body, srv_req *r, srv_error *e) {
     const char *given = NULL; /* the field that asked first: a second one is refused */
     const llm_json *v;
@@ -1501,6 +1515,7 @@ static int parse_structured(srv_state *S, const llm_json *body, srv_req *r, srv_
             return bad(e, 400, name, "%s and %s both ask for structured output: give one", given, name); \
         given = name; \
     } while (0)
+    /* 1. OpenAI's response_format: text (nothing asked), json_object, or json_schema with its schema */
     if ((v = llm_json_get(body, "response_format")) && v->type != LLM_JSON_NULL) {
         const llm_json *type = llm_json_get(v, "type");
         if (v->type != LLM_JSON_OBJECT || !type || type->type != LLM_JSON_STRING)
@@ -1533,6 +1548,8 @@ static int parse_structured(srv_state *S, const llm_json *body, srv_req *r, srv_
             return bad(e, 400, "response_format.type", "response_format.type must be text, json_object or "
                        "json_schema, not \"%.40s\"", type->str);
     }
+    /* 2. vLLM's structured_outputs: an object with one kind; its options that change the grammar and that
+     * this converter has not are refused, not ignored */
     if ((v = llm_json_get(body, "structured_outputs")) && v->type != LLM_JSON_NULL) {
         if (v->type != LLM_JSON_OBJECT)
             return bad(e, 400, "structured_outputs", "structured_outputs must be an object");
@@ -1565,6 +1582,7 @@ static int parse_structured(srv_state *S, const llm_json *body, srv_req *r, srv_
             return bad(e, 400, "structured_outputs", "structured_outputs needs one of json, regex, "
                                     "choice, grammar or json_object");
     }
+    /* 3. the top-level fields of vLLM's older API and llama.cpp's, each a kind as in step 2 */
     static const struct { const char *name; int kind; } fields[] = { /* vLLM's older names, llama.cpp's */
         {"guided_json", 0}, {"guided_regex", 1}, {"guided_choice", 2}, {"guided_grammar", 3},
         {"json_schema", 0}, {"grammar", 3}};
@@ -1584,11 +1602,19 @@ static int parse_structured(srv_state *S, const llm_json *body, srv_req *r, srv_
     return 0;
 }
 
-/* The sampling fields both endpoints share (vLLM's extras included), into p and r. */
+/* The sampling fields both endpoints share (vLLM's extras included), into p and r. p starts as the server's
+ * defaults (S->defaults: the model file's general.sampling.* over OpenAI's) and each field given replaces one
+ * value, checked first: a number within its range, a list within its bound (SRV_MAX_STOPS), a token id below
+ * the vocabulary's size. Strings are not copied: r->stops and p->cache_salt point into the body's JSON, which
+ * the job keeps until attach_generation has added the request (llm_engine_add_request copies what it keeps);
+ * the id lists go into r's stb_ds arrays, which prepare_generation points p at. Returns 0, or -1 with e
+ * naming the field. */
 static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r,
                           llm_sampling_params *p, srv_error *e) {
     double x;
+    /* 1. every field known, and an unimplemented one asking for nothing (check_fields) */
     if (check_fields(S, body, r->kind, e)) return -1;
+    /* 2. the numbers of sampling, each over its default: x holds the default, get_number replaces it */
     *p = S->defaults;
     x = p->temperature;
     if (get_number(body, "temperature", 0, 100, 0, &x, e)) return -1;
@@ -1622,6 +1648,8 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r,
     x = 0;
     if (get_number(body, "min_tokens", 0, 1 << 30, 1, &x, e)) return -1;
     p->min_tokens = (int)x;
+    /* 3. the switches, and vLLM's scheduling and prompt options (priority, special tokens, truncation,
+     * the prefix cache's salt) */
     if (get_bool(body, "ignore_eos", &p->ignore_eos, e)) return -1;
     if (get_bool(body, "include_stop_str_in_output", &p->include_stop_str, e)) return -1;
     x = 0; /* vLLM's: lower first, under --scheduling-policy priority; else only 0 */
@@ -1653,6 +1681,7 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r,
     int skip = 1;
     if (get_bool(body, "skip_special_tokens", &skip, e)) return -1;
     p->special_text = !skip;
+    /* 4. where to stop: strings (empty ones dropped: they would match everywhere), then token ids */
     /* stop: a string or a list of strings */
     const llm_json *stop = llm_json_get(body, "stop");
     if (stop && stop->type == LLM_JSON_STRING) { if (stop->len) r->stops[r->n_stops++] = stop->str; }
@@ -1676,6 +1705,7 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r,
         }
     } else if (ids && ids->type != LLM_JSON_NULL)
         return bad(e, 400, "stop_token_ids", "stop_token_ids must be a list");
+    /* 5. what may be sampled: biases, an allow-list, banned words (each a token sequence) */
     /* OpenAI's logit_bias: {"token id": bias in [-100, 100]}, the ids written as decimal strings */
     const llm_json *lb = llm_json_get(body, "logit_bias");
     if (lb && lb->type == LLM_JSON_OBJECT) {
@@ -1729,6 +1759,7 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r,
             }
         }
     }
+    /* 6. how the answer comes back: streamed or whole, with usage, with the prompt's logprobs */
     const llm_json *so = llm_json_get(body, "stream_options");
     if (so && so->type == LLM_JSON_OBJECT && get_bool(so, "include_usage", &r->include_usage, e)) return -1;
     if (so && so->type == LLM_JSON_OBJECT && get_bool(so, "continuous_usage_stats", &r->continuous_usage, e))
@@ -1740,6 +1771,7 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r,
     x = -1;
     if (get_number(body, "prompt_logprobs", 0, 20, 1, &x, e)) return -1;
     p->prompt_logprobs = r->prompt_logprobs = (int)x;
+    /* 7. a structured output, as a grammar parsed now */
     return parse_structured(S, body, r, e);
 }
 
@@ -1845,8 +1877,13 @@ static const char *mistral_call_id(const char *id, char out[10]) {
 
 /* A chat request's prompt: the messages (and tools) written with the template, in *text (malloc'ed, *len
  * bytes), with the request's thinking, tool and reasoning settings in r (r->chat, r->grammar for the tool
- * call, r->tool_calls, r->reasoning). /tokenize reads it the same way. */
+ * call, r->tool_calls, r->reasoning). /tokenize reads it the same way.
+ * The template is rendered twice, as snprintf is called: once with no buffer to learn the length, then into
+ * a buffer of that size. The llm_chat_message array points into the body's JSON and into texts (a message's
+ * content parts joined, a call's arguments written as JSON text), all freed before return; only *text
+ * outlives the call. On an error *text is NULL and e names the field (messages[i].role and the like). */
 static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **text, int *len, srv_error *e) {
+    /* 1. the template's switches: enable_thinking, reasoning_effort, and how the prompt ends */
     r->chat = S->chat;
     const llm_json *v = llm_json_get(body, "chat_template_kwargs");
     if (v && v->type != LLM_JSON_NULL && v->type != LLM_JSON_OBJECT)
@@ -1878,7 +1915,7 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         return bad(e, 400, "continue_final_message",
                    "continue_final_message and add_generation_prompt cannot "
                    "both be true: set add_generation_prompt to false to continue the last message");
-    /* the tools, and which may be called */
+    /* 2. the tools, each checked, and which may be called (tool_choice) */
     const llm_json *tools = llm_json_get(body, "tools"), *choice = llm_json_get(body, "tool_choice");
     if (tools && tools->type == LLM_JSON_NULL) tools = NULL;
     if (tools && tools->type != LLM_JSON_ARRAY) return bad(e, 400, "tools", "tools must be a list");
@@ -1919,7 +1956,7 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
     }
     char *tools_text = n_tools ? llm_json_dumps(tools, 0) : NULL;
     if (n_tools && !tools_text) return bad(e, 500, NULL, "out of memory");
-    /* the messages */
+    /* 3. the messages, into llm_chat_message: each role known, its content, its calls and their ids */
     const llm_json *msgs = llm_json_get(body, "messages");
     if (!msgs || msgs->type != LLM_JSON_ARRAY || msgs->n == 0) {
         free(tools_text);
@@ -1930,6 +1967,8 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         const llm_json *tc = llm_json_get(&msgs->items[i], "tool_calls");
         if (tc && tc->type == LLM_JSON_ARRAY) total_calls += tc->n;
     }
+    /* every call of every message is counted first, so that one allocation holds them all: the messages
+     * point at slices of calls, and texts holds each message's content then each call's arguments */
     size_t n_msgs = (size_t)(unsigned)n, n_calls = (size_t)(unsigned)total_calls;
     llm_chat_message *cm = (llm_chat_message *)calloc(n_msgs, sizeof *cm);
     llm_chat_tool_call *calls = (llm_chat_tool_call *)calloc(n_calls + 1, sizeof *calls);
@@ -1939,10 +1978,14 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         const llm_json *m = &msgs->items[i], *role = llm_json_get(m, "role");
         char param[64];
         snprintf(param, sizeof param, "messages[%d].role", i);
-        static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
-        size_t k = 0;
-        while (k < 5 && !fv_str(role, roles[k])) k++;
-        if (m->type != LLM_JSON_OBJECT || k == 5) {
+        enum { ROLE_SYSTEM, ROLE_DEVELOPER, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL, N_ROLES };
+        static const char *const roles[N_ROLES] = {
+            [ROLE_SYSTEM] = "system", [ROLE_DEVELOPER] = "developer", [ROLE_USER] = "user",
+            [ROLE_ASSISTANT] = "assistant", [ROLE_TOOL] = "tool",
+        };
+        int k = 0;
+        while (k < N_ROLES && !fv_str(role, roles[k])) k++;
+        if (m->type != LLM_JSON_OBJECT || k == N_ROLES) {
             ok = 0; bad(e, 400, param, "%s must be system, developer, user, assistant or tool", param);
             break;
         }
@@ -1950,10 +1993,10 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         cm[i].role = role->str; cm[i].content = texts[i].s ? texts[i].s : "";
         const llm_json *tc = llm_json_get(m, "tool_calls"), *rc = llm_json_get(m, "reasoning_content");
         if (!rc || rc->type == LLM_JSON_NULL) rc = llm_json_get(m, "reasoning");
-        if (k == 3 && rc && rc->type == LLM_JSON_STRING) cm[i].reasoning = rc->str;
+        if (k == ROLE_ASSISTANT && rc && rc->type == LLM_JSON_STRING) cm[i].reasoning = rc->str;
         if (tc && tc->type != LLM_JSON_NULL) {
             snprintf(param, sizeof param, "messages[%d].tool_calls", i);
-            if (k != 3 || tc->type != LLM_JSON_ARRAY) {
+            if (k != ROLE_ASSISTANT || tc->type != LLM_JSON_ARRAY) {
                 ok = 0; bad(e, 400, param, "%s must be a list, in an assistant message", param);
                 break;
             }
@@ -1964,7 +2007,7 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
                 else calls[c].arguments = a->s ? a->s : "{}";
             }
         }
-        if (ok && k == 4) { /* a tool's result answers an earlier call */
+        if (ok && k == ROLE_TOOL) { /* a tool's result answers an earlier call */
             const llm_json *id = llm_json_get(m, "tool_call_id");
             snprintf(param, sizeof param, "messages[%d].tool_call_id", i);
             if (!id || id->type != LLM_JSON_STRING) {
@@ -1980,8 +2023,9 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
             cm[i].tool_call_id = id->str;
         }
     }
-    /* Mistral's templates take only ids of 9 characters (and the model saw only such): any other id becomes
-     * 9 letters and digits made from it, the same for a call and its result (as vLLM shortens them) */
+    /* 4. Mistral's templates take only ids of 9 characters (and the model saw only such): any other id
+     * becomes 9 letters and digits made from it, the same for a call and its result (as vLLM shortens
+     * them) */
     char (*short_ids)[10] = ok && r->chat.call_id_len == 9 ?
                             (char (*)[10])calloc(n_msgs + n_calls, 10) : NULL;
     for (int i = 0, c = 0; short_ids && i < n; i++) {
@@ -1993,6 +2037,7 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         ok = 0;
         bad(e, 400, "continue_final_message", "continue_final_message needs an assistant message last");
     }
+    /* 5. the text: the length first, then the text itself into a buffer of that size */
     int m = ok ? llm_chat_render(&r->chat, cm, n, tools_text, gen, NULL, 0) : -1;
     if (ok && m < 0) {
         ok = 0;
@@ -2532,10 +2577,18 @@ static void *srv_engine_loop(void *arg) {
  * continuous usage, tokens as ids). A chat reply read for thinking or tool calls is parsed again after each
  * output (llm_chat_parse_reply) and a stream sends only what each part gained since the last chunk.
  * ======================================================================================================== */
+/* OpenAI's finish_reason for each of the engine's, and vLLM's finished_reason label in /metrics. llm_finish
+ * lists them from the best to the worst, which request_done relies on. */
+static const char *const srv_finish_names[LLM_FINISH_ERROR + 1] = {
+    [LLM_FINISH_STOP] = "stop", [LLM_FINISH_LENGTH] = "length", [LLM_FINISH_ABORT] = "abort",
+    [LLM_FINISH_ERROR] = "error",
+};
+_Static_assert(LLM_FINISH_STOP < LLM_FINISH_LENGTH && LLM_FINISH_LENGTH < LLM_FINISH_ABORT &&
+               LLM_FINISH_ABORT < LLM_FINISH_ERROR, "llm_finish goes from the best reason to the worst");
+
 /* OpenAI's finish_reason for the engine's (a reply that made a tool call says "tool_calls" instead) */
 static const char *finish_name(int reason) {
-    return reason == LLM_FINISH_STOP ? "stop" : reason == LLM_FINISH_LENGTH ? "length" :
-           reason == LLM_FINISH_ABORT ? "abort" : "error";
+    return reason >= LLM_FINISH_STOP && reason <= LLM_FINISH_ERROR ? srv_finish_names[reason] : "error";
 }
 
 /* What every response and chunk opens with: id, object, created, model, system_fingerprint; the object is
@@ -2856,10 +2909,17 @@ static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, i
     return arrlen(ch->sent_args) > 0;
 }
 
-/* One event of a streaming request: its SSE chunk. */
+/* One event of a streaming request: its SSE chunk. A chunk is one `data: {json}` event, written as one chunk
+ * of the chunked body by send_sse, with choices[0] the choice ci (the n choices of a request interleave,
+ * each with its index). What a chunk holds, in OpenAI's order: a chat's first chunk of each choice is the
+ * role alone (and the echo after it); a completion's first one carries the echoed prompt and its logprobs;
+ * then each event's text, its tokens' logprobs, and on the last one the finish reason. The events that add
+ * nothing (no text, no finish, nothing to echo) send nothing. The stream's end (usage, [DONE]) is
+ * finish_request's. */
 static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const srv_event *ev) {
     sbuf b = {0};
     int chat = r->kind == REQ_CHAT;
+    /* 1. a chat choice's opening chunks */
     if (chat && !ch->sent_role) { /* the first chunk of each choice says who speaks (before any token) */
         const char role[] = "\"role\":\"assistant\",\"content\":\"\"";
         send_delta(S, r, ci, role, sizeof role - 1, NULL, NULL, 0);
@@ -2871,6 +2931,7 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
             b.len = 0;
         }
     }
+    /* 2. what this event adds; nothing: no chunk */
     const srv_prompt *pr = (const srv_prompt *)ev->user;
     int echo_now = !chat && r->echo && pr->echo_text && !ch->echoed; /* the prompt before the first text */
     int prompt_lp_now = r->prompt_logprobs >= 0 && pr->lp && !ch->sent_prompt_lp; /* in the first chunk */
@@ -2879,6 +2940,7 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
         sb_free(&b);
         return;
     }
+    /* 3. a chat read for thinking or calls: stream_read_reply sends what each part gained */
     if (chat && (r->tool_calls || r->reasoning)) { /* the reply read again: what it adds to each part */
         sbuf lp = {0};
         if (r->logprobs > 0 && ev->n_tokens) {
@@ -2898,6 +2960,8 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
         sb_free(&lp); sb_free(&b);
         return;
     }
+    /* 4. else one chunk: a chat's delta and logprobs, or a completion's text (the echo first) and its four
+     * logprobs lists, which are sent and emptied each chunk (choice_reset_logprobs) */
     put_header_fields(&b, S, r, chat ? "chat.completion.chunk" : "text_completion");
     sb_printf(&b, ",\"choices\":[{\"index\":%d,", ci);
     size_t echo_len = echo_now ? strlen(pr->echo_text) : 0;
@@ -2928,6 +2992,7 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
         } else sb_puts(&b, "null");
     }
     ch->text_offset += echo_len + (size_t)ev->text_len;
+    /* 5. the finish reason (null until the last), the prompt's logprobs once, the usage so far */
     if (ev->finish) { sb_puts(&b, ",\"finish_reason\":"); sb_json_cstr(&b, finish_name(ev->finish)); }
     else sb_puts(&b, ",\"finish_reason\":null");
     if (prompt_lp_now) { put_prompt_logprobs(&b, S, r, pr); ch->sent_prompt_lp = 1; }
@@ -2938,10 +3003,16 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
     sb_free(&b);
 }
 
-/* The whole response of a request whose every choice has finished. */
+/* The end of a request whose every choice has finished. A stream's status line went out with its first
+ * chunk, so an error now is an SSE error event, then (include_usage) a chunk with no choices and the usage,
+ * then data: [DONE] and the chunked body's last chunk, as vLLM ends a stream. A whole response is one body:
+ * every choice in index order (prompt i / n's samples together) with its text or message, logprobs and
+ * finish reason ("tool_calls" when a read reply called), then the usage; or a 500 with the engine's
+ * error. */
 static void finish_request(srv_state *S, srv_req *r) {
     srv_conn *c = r->conn;
     if (!c) return;
+    /* 1. a stream: the tail of the stream */
     if (r->stream) {
         if (r->error[0]) { /* the stream cannot change its status now: an error event, as vLLM sends */
             sbuf b = {0};
@@ -2964,6 +3035,7 @@ static void finish_request(srv_state *S, srv_req *r) {
         conn_send(S, c, "0\r\n\r\n", 5); /* the chunked body's end */
         return;
     }
+    /* 2. a whole response: the error, or every choice's object */
     if (r->error[0]) { send_error(S, c, 500, NULL, "%s", r->error); return; }
     sbuf b = {0};
     int chat = r->kind == REQ_CHAT;
@@ -3023,15 +3095,12 @@ static void finish_request(srv_state *S, srv_req *r) {
  * and r is freed. */
 static void request_done(srv_state *S, srv_req *r) {
     double t = now_s();
-    const char *reason = "stop";
-    for (int i = 0; i < r->n_prompts * r->n; i++) {
-        int f = r->choices[i].finish;
-        if (f == LLM_FINISH_ERROR || (f == LLM_FINISH_ABORT && strcmp(reason, "error")) ||
-            (f == LLM_FINISH_LENGTH && !strcmp(reason, "stop")))
-            reason = finish_name(f);
-    }
-    S->success[!strcmp(reason, "stop") ? 0 : !strcmp(reason, "length") ? 1 :
-               !strcmp(reason, "abort") ? 2 : 3]++;
+    int worst = LLM_FINISH_STOP;
+    for (int i = 0; i < r->n_prompts * r->n; i++)
+        if (r->choices[i].finish > worst && r->choices[i].finish <= LLM_FINISH_ERROR)
+            worst = r->choices[i].finish;
+    const char *reason = finish_name(worst);
+    S->success[worst]++;
     hist_add(&S->e2e, t - r->t_arrival);
     /* vLLM's per-request phases, for each engine request (a prompt, its n samples together): waiting from
      * arrival until the step that first ran it began, prefill until its first token, decode until its last.
@@ -3126,7 +3195,19 @@ static void drain_events(srv_state *S) {
 
 /* ===========================================================================================================
  * Metrics: vLLM's names, so existing dashboards work
+ *
+ * GET /metrics answers in Prometheus' text format: for each metric a "# HELP name text" line, a "# TYPE name
+ * counter|gauge|histogram" line, then its samples, "name{labels} value". A histogram is written as its
+ * cumulative buckets (name_bucket{le="bound"}: the samples <= bound, the last le="+Inf"), then name_sum and
+ * name_count; Prometheus computes quantiles from them (histogram_quantile). The names, help texts, labels and
+ * bucket bounds are vLLM's (vllm/v1/metrics/loggers.py), so that dashboards made for vLLM read this server.
+ * Where the figures come from: the engine's counters (running, waiting, blocks, prefix cache, preemptions)
+ * are the engine thread's llm_engine_stats, copied under S->lock after each step; the request figures
+ * (latencies, tokens per request, finish reasons) are kept by the network thread as events are applied
+ * (apply_event, request_done), so it reads them without a lock. Each histogram is a fixed array of counts
+ * (srv_hist): a metric costs the same memory after a billion requests as after one.
  * ======================================================================================================== */
+/* vLLM's buckets, in seconds: time to first token and the gap between two tokens of a request */
 static const double hist_ttft[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                                    5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 static const double hist_itl[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
@@ -3170,6 +3251,7 @@ static void put_hist(sbuf *b, const char *name, const char *help, const srv_hist
 /* GET /metrics: the engine's stats (as its thread last left them, under S->lock) and the network thread's
  * counters and histograms, in Prometheus' text format, with vLLM's names and labels. */
 static void handle_metrics(srv_state *S, srv_conn *c) {
+    /* 1. a copy of the engine's stats, and the model's name made safe inside a label's quotes */
     pthread_mutex_lock(&S->lock);
     llm_engine_stats st = S->stats;
     pthread_mutex_unlock(&S->lock);
@@ -3184,6 +3266,7 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
 #define COUNTER(name, help, value) \
     sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " counter\n" name "{" SRV_LABELS "} %lld\n", \
               model, (long long)(value))
+    /* 2. the engine's gauges and counters (the speculative ones only when it drafts) */
     GAUGE("vllm:num_requests_running", "Number of requests in model execution batches.", "%d", st.running);
     GAUGE("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "%d", st.waiting);
     GAUGE("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "%.6f",
@@ -3212,6 +3295,7 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
     }
 #undef GAUGE
 #undef COUNTER
+    /* 3. the process's memory, and the requests finished by reason (one series per finish reason) */
     /* as Prometheus's process collector names it (vLLM's prometheus_client exports it): a server's memory
      * should settle, and this shows whether it does */
     sb_printf(&b, "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
@@ -3219,10 +3303,9 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
               proc_memory_bytes("VmRSS"));
     sb_puts(&b, "# HELP vllm:request_success_total Count of successfully processed requests.\n"
                 "# TYPE vllm:request_success_total counter\n");
-    static const char *reasons[4] = {"stop", "length", "abort", "error"};
-    for (int i = 0; i < 4; i++)
+    for (int f = LLM_FINISH_STOP; f <= LLM_FINISH_ERROR; f++)
         sb_printf(&b, "vllm:request_success_total{" SRV_LABELS ",finished_reason=\"%s\"} %lld\n", model,
-                  reasons[i], (long long)S->success[i]);
+                  srv_finish_names[f], (long long)S->success[f]);
     /* vLLM's info gauge of the cache config (its labels are CacheConfig's fields; these are the ones that
      * mean something here), then engine */
     sb_printf(&b, "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
@@ -3230,6 +3313,7 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
               "vllm:cache_config_info{block_size=\"%d\",enable_prefix_caching=\"%s\",num_cpu_blocks=\"None\","
               "num_gpu_blocks=\"%d\",engine=\"0\"} 1\n", st.block_size,
               S->enable_prefix_caching ? "True" : "False", st.num_blocks);
+    /* 4. the histograms: per request (ttft, gaps, end to end), then per engine request (a prompt) */
     put_hist(&b, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &S->ttft,
              model);
     put_hist(&b, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &S->itl,
@@ -3253,6 +3337,13 @@ static void handle_metrics(srv_state *S, srv_conn *c) {
 
 /* ===========================================================================================================
  * llm serve
+ *
+ * The command: serve_config is what main.c's flags give (vLLM's names: --port, --api-key,
+ * --served-model-name, --max-num-seqs...), serve sets up each piece the sections above use and runs the
+ * network loop until a signal. SIGTERM or SIGINT drains (g_srv_stop): /health turns 503 and new
+ * generations are refused, the requests in flight run to their end for up to --drain-timeout seconds, then
+ * the ones left are cut short; a second signal stops at once. Read serve's numbered steps in order; the
+ * loop of step 4 is the server's heartbeat.
  * ======================================================================================================== */
 typedef struct {
     llm_engine_config engine;
