@@ -2112,7 +2112,11 @@ static int echo_ids_text(srv_state *S, srv_prompt *sp) {
     return 0;
 }
 
-/* vLLM's truncate_prompt_tokens: only the last K tokens of each prompt (echo shows what is left) */
+/* vLLM's truncate_prompt_tokens: only the last K tokens of each prompt (echo shows what is left).
+ * It runs on the prompt's tokens, not its text, after tokenizing and before check_context, so a long prompt
+ * cut to K tokens passes the context check; parse_sampling has made -1 mean max_model_len and 0 means off.
+ * The first tokens go (the last ones are what the model continues); an echoed prompt's text is written
+ * again from the tokens kept, so echo and logprobs' offsets show what the model was given. */
 static int truncate_prompts(srv_state *S, srv_req *r, srv_error *e) {
     for (int i = 0; i < r->n_prompts && r->truncate_prompt_tokens; i++) {
         srv_prompt *sp = &r->prompts[i];
@@ -2126,7 +2130,13 @@ static int truncate_prompts(srv_state *S, srv_req *r, srv_error *e) {
 
 /* The prompts of /v1/completions: a string, a list of strings, a list of ids, or a list of lists of ids,
  * each into an srv_prompt (its text tokenized, or its ids checked against the vocabulary); at most
- * SRV_MAX_PROMPTS of them, each a separate engine request whose choices share the response. */
+ * SRV_MAX_PROMPTS of them, each a separate engine request whose choices share the response.
+ * Which of the four shapes a prompt is, is read from its first item: a string or a list there makes it a
+ * list of prompts; otherwise the whole value is one prompt (a string, or a list of ids: [] is one empty
+ * prompt, refused as empty). Each item is then checked on its own, so a list that mixes shapes fails on
+ * the first item that does not fit. The count is checked before the array of prompts is allocated; the
+ * ids are bounded by the body's size (SRV_MAX_BODY), and each id must name a token of the vocabulary
+ * (is_token_id) because the engine indexes its embedding table with it. */
 static int completion_prompts(srv_state *S, const llm_json *prompt, srv_req *r, srv_error *e) {
     if (!prompt) return bad(e, 400, "prompt", "prompt is required");
     const llm_json *list = prompt;
@@ -2167,7 +2177,11 @@ static int completion_prompts(srv_state *S, const llm_json *prompt, srv_req *r, 
     return 0;
 }
 
-/* The context check vLLM makes: prompt + max_tokens within max_model_len. */
+/* The context check vLLM makes: prompt + max_tokens within max_model_len.
+ * Two rules, for each prompt: the prompt alone must leave room for one token (n < max_model_len), and when
+ * the request gave max_tokens, prompt + max_tokens must fit. A chat without max_tokens generates until the
+ * context is full (max_tokens 0 for the engine), so only the first rule applies to it, and the message counts
+ * the one token it needs. The message is vLLM's word for word: clients match on it to shorten a prompt. */
 static int check_context(srv_state *S, srv_req *r, int max_tokens, int max_tokens_given, srv_error *e) {
     for (int i = 0; i < r->n_prompts; i++) {
         int n = (int)arrlen(r->prompts[i].prompt_ids);
@@ -2263,20 +2277,29 @@ static int prepare_generation(srv_state *S, const llm_json *body, int kind, cons
 
 /* A prepared generation joins the engine, on the network thread: its prompts added (ids and a parsed grammar:
  * cheap), the connection given the request, a stream's headers sent. Frees r and returns -1 with the error in
- * *e when it cannot start (the queue is full, or the engine refuses its first prompt). */
+ * *e when it cannot start (the queue is full, or the engine refuses its first prompt).
+ * Once it returns 0 the request belongs to the engine's outputs: each of its n_prompts * n choices finishes
+ * exactly once (n_open counts those still open), and the last finish frees it (request_done). */
 static int attach_generation(srv_state *S, srv_conn *c, srv_req *r, const llm_sampling_params *p,
                              srv_error *e) {
+    /* 1. the seed of its tool calls' ids (put_tool_call_id), so a reply read twice gives the same ids */
     r->call_id_seed = llm_splitmix64(&S->id_rng);
+    /* 2. --max-queue counts prompts waiting for their first output (n_queued), as each is one engine request:
+     * a list of 1,000 prompts is 1,000 waiting requests */
     if (S->n_queued + r->n_prompts > S->max_queue) {
         bad(e, 503, NULL, "the server is busy: %d requests are waiting (--max-queue %d)", S->n_queued,
             S->max_queue);
         goto fail;
     }
+    /* 3. the choices, prompt-major: choice prompt * n + sample, the index OpenAI's response gives it */
     r->choices = (srv_choice *)calloc((size_t)(r->n_prompts * r->n), sizeof(srv_choice));
     if (!r->choices) { bad(e, 500, NULL, "out of memory"); goto fail; }
     r->n_open = r->n_prompts * r->n;
     r->conn = c;
     char err[LLM_ERR_LEN];
+    /* 4. each prompt into the engine, with its srv_prompt as the output's user pointer (apply_event finds
+     * the request by it). A refusal after the first prompt cannot undo a request that has begun: the prompts
+     * added are aborted, and their aborted outputs finish the request with the engine's error in r->error */
     for (int i = 0; i < r->n_prompts; i++) {
         srv_prompt *sp = &r->prompts[i];
         sp->n_prompt = (int)arrlen(sp->prompt_ids);
@@ -2293,9 +2316,13 @@ static int attach_generation(srv_state *S, srv_conn *c, srv_req *r, const llm_sa
         S->n_queued++;
         r->prompt_tokens += sp->n_prompt;
     }
+    /* 5. the connection's request in flight (it reads no other until this one ends), and the live list that
+     * a stop drains; a stream's status line and headers go now, before any token, so that an error later
+     * can only be an event inside the stream (finish_request) */
     c->req = r;
     arrput(S->live, r);
     if (r->stream) {
+
         sbuf h = {0};
         sb_printf(&h, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                   "X-Request-Id: %s\r\n%sTransfer-Encoding: chunked\r\n\r\n", conn_request_id(S, c), c->cors);
@@ -2676,7 +2703,12 @@ static size_t add_completion_entry(srv_state *S, const srv_req *r, srv_choice *c
     return text_start + (n > 0 ? (size_t)n : 0);
 }
 
-/* echo with logprobs: the prompt's tokens open the choice's lists, the first with nulls (as OpenAI, vLLM) */
+/* echo with logprobs: the prompt's tokens open the choice's lists, the first with nulls (as OpenAI, vLLM).
+ * text_start is where the echoed prompt begins in the choice's text, and each token's text_offset is a byte
+ * offset into that text: the sum of the pieces before it. Row t - 1 of sp->lp scores prompt token t (the
+ * first token has no row: nothing comes before it to predict it). The engine computes the rows with the
+ * larger of logprobs and prompt_logprobs (prepare_generation), so only the first r->logprobs of each row's
+ * top list are written here. */
 static void add_prompt_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const srv_prompt *sp,
                                 size_t text_start) {
     const srv_prompt_lp *lp = sp->lp;
@@ -2686,6 +2718,8 @@ static void add_prompt_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const 
     int n = (int)arrlen(sp->prompt_ids), first = 0;
     size_t pieces = 0, skip = 0;
     char piece[256];
+    /* skip: the pieces up to the first one with bytes, less what llm_detokenize makes of the same tokens
+     * (a BOS has no bytes; "▁Once" is " Once" as a piece and "Once" detokenized: skip 1) */
     for (; first < n && !pieces; first++) {
         int k = llm_tokenizer_piece(S->model->tok, sp->prompt_ids[first], 0, piece, sizeof piece);
         pieces += k > 0 ? (size_t)k : 0;
@@ -2693,6 +2727,7 @@ static void add_prompt_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const 
     int detok = llm_detokenize(S->model->tok, sp->prompt_ids, first, 0, NULL, 0);
     if (detok >= 0 && (size_t)detok < pieces) skip = pieces - (size_t)detok;
     pieces = 0;
+    /* each token's offset: the bytes of the pieces before it, less skip, never before text_start */
     for (int t = 0; t < n && lp; t++) {
         int scored = t > 0 && t <= lp->n; /* row t - 1 scores token t */
         size_t row = scored ? (size_t)(t - 1) * (size_t)lp->n_top : 0;
@@ -2703,7 +2738,12 @@ static void add_prompt_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const 
 }
 
 /* vLLM's prompt_logprobs of a choice: null for the first prompt token, then for each a map from token id to
- * its logprob, rank and text: the prompt's own token first, then the top K (each id once). */
+ * its logprob, rank and text: the prompt's own token first, then the top K (each id once).
+ * The list has one entry per prompt token, so entry t is row t - 1 of sp->lp (the row that scores token t);
+ * a map holds K + 1 entries, or K when the prompt's token is among the top K (then written once, first,
+ * with its rank). The own token's rank is the engine's (1 + the tokens more likely than it); the top K's
+ * ranks are their places, 1..K. K is the request's prompt_logprobs: the rows may hold more (echo's logprobs
+ * asked for more), and the rest of each row is not written. */
 static void put_prompt_logprobs(sbuf *b, srv_state *S, srv_req *r, const srv_prompt *sp) {
     const srv_prompt_lp *lp = sp->lp;
     int n_top = lp && r->prompt_logprobs < lp->n_top ? r->prompt_logprobs : lp ? lp->n_top : 0;
@@ -2857,7 +2897,12 @@ static void send_delta(srv_state *S, srv_req *r, int ci, const char *fields, siz
 /* A streamed reply read for thinking and calls: the reply so far is read again after each output, and what
  * it adds to each part is sent: thinking as reasoning_content and reasoning, the answer as content, each call
  * first with its index, id, type, name and empty arguments, then its arguments piece by piece, as OpenAI
- * streams them. The marker text of the syntax never reaches content. Returns whether a call was sent. */
+ * streams them. The marker text of the syntax never reaches content. Returns whether a call was sent.
+ * The invariant that makes differences enough: a partial reading holds back what may yet be a marker, so
+ * each part of one reading begins the same part of every later one (llm_chat_parse_reply's partial). The
+ * choice's sent_reasoning, sent_content and sent_args[k] are byte counts into those parts: what is past
+ * them is new. Each output parses the whole reply so far again: simple, and a reply is at most the
+ * context's length. */
 static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, int final,
                              const char *logprobs) {
     llm_chat_reply rep;
@@ -2868,8 +2913,12 @@ static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, i
         llm_chat_reply_free(&rep);
         return 0;
     }
+    /* 1. the calls to send: while the reply is written, the last one too, its arguments as far as they go;
+     * at the end, a call that max_tokens cut short is no call */
     int n_calls = rep.n_calls - (final ? rep.in_call : 0);
     sbuf d = {0};
+    /* 2. one delta with what the thinking and the answer gained (and this output's logprobs). Thinking read
+     * apart but not asked for (reasoning 1) is counted as sent and dropped: it never reaches content */
     size_t nr = rep.reasoning ? strlen(rep.reasoning) : 0, nc = strlen(rep.content);
     if (nr > ch->sent_reasoning && r->reasoning == 2) {
         const char *piece = rep.reasoning + ch->sent_reasoning;
@@ -2884,6 +2933,8 @@ static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, i
         ch->sent_content = nc;
     }
     if (d.len || logprobs) send_delta(S, r, ci, d.s ? d.s : "", d.len, NULL, logprobs, ch->n_tokens);
+    /* 3. each call: a new one's head in a chunk of its own (index, id, name, "" arguments), then in each
+     * later chunk what its arguments gained, as OpenAI streams a call (a client joins the pieces by index) */
     for (int k = 0; k < n_calls; k++) {
         d.len = 0;
         size_t na = strlen(rep.calls[k].arguments);
@@ -3137,16 +3188,23 @@ static void request_done(srv_state *S, srv_req *r) {
 /* One event into its request: ev->user is the srv_prompt attach_generation gave the engine, ev->index the
  * sample, and the choice is prompt * n + sample. */
 static void apply_event(srv_state *S, srv_event *ev) {
+    /* 1. the choice; the prompt's logprobs move from the event to the prompt (the event is freed after
+     * this), where every sample of the prompt reads them */
     srv_prompt *sp = (srv_prompt *)ev->user;
     srv_req *r = sp->req;
     int ci = sp->index * r->n + ev->index;
     if (ci < 0 || ci >= r->n_prompts * r->n) return;
     srv_choice *ch = &r->choices[ci];
     if (ev->prompt_lp && !sp->lp) { sp->lp = ev->prompt_lp; ev->prompt_lp = NULL; } /* for each choice */
+    /* 2. scoring (echo and max_tokens 0) asks the engine for 1 token, and that token is dropped here */
     if (r->score_only) { /* the one token computed for nothing: no completion, as if max_tokens ran out */
         ev->n_tokens = 0; ev->text_len = 0;
         if (ev->finish == LLM_FINISH_STOP) ev->finish = LLM_FINISH_LENGTH;
     }
+    /* 3. the clocks. A prompt's first output: it has left the waiting queue (n_queued, which --max-queue
+     * bounds), and the step that ran it began at t_step. TTFT is the request's first token; an inter-token
+     * gap is measured between two outputs of the request that came in different steps, so the n choices
+     * of one step add one gap, as vLLM measures per request */
     if (!sp->started) {
         sp->started = 1; S->n_queued--; S->prompt_tokens_total += ev->n_prompt;
         sp->t_scheduled = ev->t_step;
@@ -3162,11 +3220,15 @@ static void apply_event(srv_state *S, srv_event *ev) {
         ch->n_tokens += ev->n_tokens;
         r->completion_tokens += ev->n_tokens;
     }
+    /* 4. the choice's finish; the request keeps the first error of its choices */
     if (ev->finish) {
         ch->finish = ev->finish;
         if (ev->finish == LLM_FINISH_ERROR && !r->error[0])
             snprintf(r->error, sizeof r->error, "%s", ev->error ? ev->error : "the engine failed");
     }
+    /* 5. the response: a stream sends a chunk now; a whole response collects the choice's text (the echoed
+     * prompt first, and its logprobs) and logprobs, with offsets into that text, for finish_request. A
+     * client gone (conn NULL) gets nothing, but its request is counted and freed as any other */
     if (r->conn) {
         if (r->stream) stream_event(S, r, ci, ch, ev);
         else {
@@ -3180,8 +3242,10 @@ static void apply_event(srv_state *S, srv_event *ev) {
             if (ev->text_len) sb_put(&ch->text, ev->text, (size_t)ev->text_len);
         }
     }
+    /* 6. the last choice to finish ends the request and frees it: r is not used after this line */
     if (ev->finish && --r->n_open == 0) request_done(S, r);
 }
+
 
 /* Events from the engine thread, applied in order. */
 static void drain_events(srv_state *S) {
