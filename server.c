@@ -268,7 +268,12 @@ static int http_field(http_parser *p, const char *s, size_t n, size_t *name_len,
 }
 
 /* The head h[0..n) (request line, field lines, blank line; every line ends in CRLF): 0, or an error status.
- * Sets everything of p->rq but the body. */
+ * Sets everything of p->rq but the body. http_feed calls it only once it has seen every LF of h preceded
+ * by a CR, so the memchr for a line's end below always finds one. Each value is copied only when it fits
+ * its field of rq (the head is 16 KiB at most): an Authorization too long is a 431, an Origin, an
+ * Access-Control-Request-Headers or an X-Request-Id that is too long is taken as not given. The framing
+ * fields are the ones a proxy must read the same way: Content-Length and Transfer-Encoding are checked
+ * strictly, alone and together. */
 static int http_head(http_parser *p, const char *h, size_t n) {
     http_request *rq = &p->rq;
     /* the request line: METHOD SP TARGET SP HTTP/1.x */
@@ -294,11 +299,13 @@ static int http_head(http_parser *p, const char *h, size_t n) {
         return http_fail(p, 400, "the request target is too long");
     memcpy(rq->method, h, (size_t)(sp1 - h));
     memcpy(rq->path, target, (size_t)(target_end - target));
-    char *query = strchr(rq->path, '?');
+    char *query = strchr(rq->path, '?'); /* the routes are paths: a query string means nothing here */
     if (query) *query = 0;
+    /* HTTP/1.1 keeps the connection unless told to close; HTTP/1.0 closes it unless told to keep it */
     int http11 = sp2[8] == '1', content_type = 0;
     rq->keep_alive = http11;
     rq->content_length = -1;
+    /* the field lines, from after the request line's CRLF to before the blank line's */
     for (const char *s = eol + 2; s < end - 2;) {
         const char *e = (const char *)memchr(s, '\n', (size_t)(end - s)) - 1;
         size_t name_len, vlen;
@@ -306,7 +313,7 @@ static int http_head(http_parser *p, const char *h, size_t n) {
         int rc = http_field(p, s, (size_t)(e - s), &name_len, &v, &vlen);
         if (rc) return rc;
 #define HDR(name) (name_len == sizeof(name) - 1 && ascii_ieq(s, name, name_len))
-        if (HDR("content-length")) {
+        if (HDR("content-length")) { /* digits only (no sign, no list); 16 digits or more: 413, no overflow */
             long long x = 0;
             if (vlen == 0) return http_fail(p, 400, "an empty Content-Length");
             if (vlen > 15) return http_fail(p, 413, "the request's body is too large");
@@ -392,6 +399,10 @@ static int http_feed(http_parser *p, const char *buf, size_t len, size_t *used) 
     http_request *rq = &p->rq;
     size_t i = 0;
     *used = 0;
+    /* 1. the head: search for the blank line that ends it, from where the last call stopped (scanned), so
+     * a head that comes a byte at a time costs its length in all, not its square. line_start is where the
+     * line being searched begins: a CRLF right at it is an empty line, which ends the head, or, before the
+     * request line, is skipped. The 16 KiB bound is checked before each byte is looked at. */
     if (p->state == HP_HEAD) {
         for (size_t k = p->scanned; k < len; k++) {
             if (k >= SRV_MAX_HEADER) return http_fail(p, 431, "the request's head is larger than 16 KiB");
@@ -409,8 +420,12 @@ static int http_feed(http_parser *p, const char *buf, size_t len, size_t *used) 
         p->scanned = len;
         return HTTP_INCOMPLETE;
     }
+    /* 2. the body: each pass of this loop takes one piece (data, or one line) and moves the state on. The
+     * bytes taken are consumed (*used), so a line split across reads is kept in p->line, never in buf */
     for (;;) {
         if (p->state == HP_DONE) { *used = i; return HTTP_OK; }
+        /* data: the size declared (Content-Length, or the chunk's plus those before it) is checked against
+         * SRV_MAX_BODY before a byte of it is stored, so a client cannot make the body grow past it */
         if (p->state == HP_BODY || p->state == HP_CHUNK_DATA) {
             if (p->left > SRV_MAX_BODY || rq->body.len + p->left > SRV_MAX_BODY)
                 return http_fail(p, 413, "the request's body is too large");
@@ -886,6 +901,9 @@ static void conn_head(srv_state *S, srv_conn *c) {
 static void conn_process(srv_state *S, srv_conn *c) {
     size_t off = 0;
     int starved = 0;
+    /* 1. parse from offset off of the input: a head (judged at once), a whole request (answered, or given
+     * to a worker: then conn_busy stops the loop, and the next pipelined request waits in c->in), or an
+     * error (answered, and the connection closes: what follows cannot be framed) */
     while (!conn_busy(c) && !c->closing && conn_unsent(c) <= SRV_MAX_BACKLOG) {
         size_t used = 0;
         int rc = http_feed(&c->parser, c->in.s ? c->in.s + off : "", c->in.len - off, &used);
@@ -905,11 +923,16 @@ static void conn_process(srv_state *S, srv_conn *c) {
                    c->parser.why ? c->parser.why : "");
         c->closing = 1;
     }
+    /* 2. the bytes parsed leave the input in one move (not one per request), and a large empty buffer goes
+     * back to the allocator */
     if (off) {
         memmove(c->in.s, c->in.s + off, c->in.len - off);
         c->in.len -= off;
     }
     if (!c->in.len && c->in.cap > SRV_CONN_ALLOWANCE) sb_free(&c->in);
+    /* 3. --request-timeout's clock runs from a request's first byte until it is whole; a connection idle
+     * between requests is SRV_IDLE_TIMEOUT's (conn_tick). After the client's FIN, input that ends short of
+     * a whole request never becomes one: the connection closes */
     int begun = !conn_busy(c) && !c->closing && (c->in.len || c->parser.state != HP_HEAD);
     if (!begun) c->t_request_start = 0;
     else if (!c->t_request_start) c->t_request_start = now_s();
@@ -1003,7 +1026,10 @@ static void accept_all(srv_state *S) {
  * input dropped for SRV_LINGER seconds, so that an answer given before a body was read is not lost to the
  * reset that closing on unread input sends), and the epoll events it waits for. */
 static void conn_tick(srv_state *S, srv_conn *c, double t) {
+    /* 1. a request that just finished frees the connection: the next one already read is parsed now */
     if (!conn_busy(c) && !c->closing) conn_process(S, c);
+    /* 2. the time-outs: a request too slow to arrive (408), output not taken (closed now, its request
+     * aborted by conn_close), a kept-alive connection idle too long (closed quietly) */
     if (!conn_busy(c) && !c->closing && c->t_request_start && t - c->t_request_start > S->request_timeout) {
         c->keep_alive = 0; /* slowloris: the request was begun and not finished in time */
         send_error(S, c, 408, NULL, "the request took more than %g s to arrive", S->request_timeout);
@@ -1016,8 +1042,11 @@ static void conn_tick(srv_state *S, srv_conn *c, double t) {
     }
     if (!conn_busy(c) && !c->closing && !c->t_request_start && t - c->t_last_active > SRV_IDLE_TIMEOUT)
         c->closing = 1;
+    /* 3. closing: 1 -> (output all sent) 3, lingering after our FIN -> 2, closed; a client that sent its
+     * FIN already has nothing more to say, so it skips the linger */
     if (c->closing == 1 && !conn_unsent(c)) {
         if (c->eof) c->closing = 2;
+
         else { shutdown(c->fd, SHUT_WR); c->closing = 3; c->t_linger = t; }
     }
     if (c->closing == 3 && t - c->t_linger > SRV_LINGER) c->closing = 2;
