@@ -3706,6 +3706,22 @@ out:
  * plain HTTP/1.1 sockets. From the Server-Sent Events it times the first token (TTFT), the gaps between
  * tokens (ITL) and the whole request (E2EL), and prints vLLM's results table and one by prompt length.
  * Its names begin with bs_; it is the server's client, and shares only server.c's growable strings.
+ *
+ * What it measures, and how, for each request (one thread, one connection, Connection: close):
+ *   t_start        before connect(): the connection's set-up is part of every latency, as a client sees it
+ *   tok_t[i]       when the read that brought the i-th SSE event with text returned (bs_http_do): the
+ *                  client's clock, so the network and the server's output buffering are in it too
+ *   t_end          when data: [DONE] came (the server must close the body within BS_DONE_GRACE after it)
+ *   TTFT = tok_t[0] - t_start; E2EL = t_end - t_start; TPOT = (E2EL - TTFT) / (completion tokens - 1), the
+ *   mean decode time of a request (vLLM's formula); ITL = the gaps between events, each divided among the
+ *   tokens it held when usage says the events carried more tokens than there were (bs_itl).
+ * Token counts come from the usage chunk (stream_options.include_usage), else from what was sent and the
+ * events that came. A request is "successful" only with a 200, some text and (streamed) [DONE]; any failure is counted
+ * and the first one's message printed, and the exit status is 1 unless every request succeeded.
+ * The workload is reproducible: prompts are --seed's random token ids (no tokenizer needed on this side),
+ * max_tokens is drawn per request and ignore_eos asks the server for exactly that many, temperature 0.
+ * Percentiles are nearest-rank (a latency some request really had); vLLM's numpy percentiles interpolate,
+ * which differs a little on small runs.
  * ======================================================================================================== */
 #define BS_MAX_THREADS 1024        /* requests in flight when --max-concurrency is not given */
 #define BS_MAX_HEADER (64 << 10)   /* a response's status line and headers */
@@ -3805,6 +3821,8 @@ static int bs_rand_int(uint64_t *s, int lo, int hi) { /* [lo, hi] */
     return lo + (int)(llm_splitmix64(s) % (uint64_t)(hi - lo + 1));
 }
 
+/* bs_buf_add and bs_buf_printf: sb_put and sb_printf returning -1 once the buffer has failed, for the
+ * "if (!rc) rc = ..." chains of the code below */
 static int bs_buf_add(bs_buf *b, const void *s, size_t n) {
     sb_put(b, (const char *)s, n);
     return -b->failed;
@@ -3912,6 +3930,7 @@ static int bs_connect(const bs_target *t, double timeout, char *err, size_t errn
     return -1;
 }
 
+/* Sends all n bytes of p, waiting (up to timeout each time) while the socket's buffer is full */
 static int bs_send_all(double timeout, int fd, const char *p, size_t n, char *err, size_t errn) {
     while (n) {
         /* MSG_NOSIGNAL: a server that hung up makes this call fail, not SIGPIPE end the process */
@@ -3958,6 +3977,8 @@ static int bs_parse_headers(bs_http *h, char *hdr, char *err, size_t errn) {
     return 0;
 }
 
+/* Appends n decoded body bytes: an SSE body is consumed line by line as it comes (bs_sse_lines), so only a
+ * body kept whole (an error, /v1/models, /metrics) can come near BS_MAX_BODY */
 static int bs_body_add(bs_http *h, const char *p, size_t n, char *err, size_t errn) {
     if (h->body.len + n > BS_MAX_BODY) {
         snprintf(err, errn, "response body over %d bytes", BS_MAX_BODY);
@@ -4037,7 +4058,10 @@ static void bs_sse_lines(bs_request *r, bs_http *h, double t, int final) {
 }
 
 /* One exchange: connect, send req, read the response. For a streamed 200 the SSE events go to r as they
- * arrive; otherwise the body is kept whole in h->body. Returns 0 when a complete response was read. */
+ * arrive; otherwise the body is kept whole in h->body. Returns 0 when a complete response was read.
+ * --timeout bounds each wait for the server (connect, send, each read), not the whole exchange: a long
+ * stream whose tokens keep coming never times out. t, taken when each read returns, is the time of every
+ * event in that read. */
 static int bs_http_do(const bs_target *t, double timeout, const char *req, size_t req_n, bs_http *h,
                       bs_request *r, char *err, size_t errn) {
     int fd = bs_connect(t, timeout, err, errn);
@@ -4046,6 +4070,9 @@ static int bs_http_do(const bs_target *t, double timeout, const char *req, size_
     bs_buf hdr = {0};
     char buf[16384];
     if (bs_send_all(timeout, fd, req, req_n, err, errn)) goto out;
+    /* each pass: wait for bytes, read them, then: the headers gathered until their blank line (and the
+     * body bytes that came with them fed on), or body bytes decoded (bs_feed); a stream's complete lines
+     * are consumed as events at once, so the time of an event is the time its bytes came */
     for (;;) {
         int streaming = in_body && r && h->status == 200 && h->sse;
         double deadline = now_s() + timeout;
@@ -4148,6 +4175,9 @@ static int bs_make_request(const bs_target *t, const char *api_key, bs_buf *req,
 
 static void bs_exchange(bs_request *r, const bs_buf *body, const char *extra_headers);
 
+/* The random-prompt request of --num-prompts: r->in_len token ids drawn from r->seed in [--min-token-id,
+ * --max-token-id] (ids, not text, so its length in tokens is exact on any server that takes ids), exactly
+ * r->out_len tokens asked (ignore_eos), greedy, streamed with the usage at the end. */
 static void bs_run_request(bs_request *r) {
     bs_bench *b = r->b;
     bs_buf body = {0};
@@ -4204,6 +4234,8 @@ out:
     free(h.body.s);
 }
 
+/* A request's thread: it runs the request, then frees its slot (in_flight) and wakes the dispatcher, which
+ * waits on cv for a slot under --max-concurrency and for the last request at the end */
 static void *bs_thread(void *arg) {
     bs_request *r = arg;
     bs_bench *b = r->b;
@@ -4309,6 +4341,10 @@ static int bs_itl(const bs_request *r, double *out) {
     return r->n_tok - 1;
 }
 
+/* vLLM's "Serving Benchmark Result" table from the requests that succeeded: the counts, the throughputs
+ * over the whole run's duration (the first request's dispatch to the last one's end: idle time at a low
+ * --request-rate is in it, as in vLLM), and mean, median and P99 of TTFT, TPOT, ITL and E2EL in ms; then
+ * the same by prompt length. Returns the exit status: 0 when every request succeeded. */
 static int bs_report(bs_bench *b, bs_request *rs, double duration) {
     int n = b->num_prompts, ok = 0, failed = 0, n_itl_max = 0, first_failed = -1;
     long long in_tok = 0, out_tok = 0;
@@ -4430,6 +4466,12 @@ typedef struct {
     bs_request *rounds;     /* [b->rounds] */
 } bs_user;
 
+/* One user's conversation: its rounds one after another, each sent once the last answer is whole (a user
+ * reads before asking again), the answer's text put into the history as it came (still JSON-escaped), so
+ * that the next round's prompt repeats the earlier rounds and can find them in the prefix cache. A failed
+ * round ends the conversation: the rounds after it fail without being sent. With --request-rate, user u
+ * starts at u / rate seconds (evenly spaced, not Poisson); --max-concurrency is refused with --multi-turn:
+ * the users are the concurrency. */
 static void *bs_user_thread(void *arg) {
     bs_user *u = arg;
     bs_bench *b = u->b;
@@ -4561,6 +4603,10 @@ static void bs_ttft_lines(const char *what, double *v, int n) { /* v in seconds;
     printf("%-40s %.2f\n", label, 1e3 * bs_pct(v, n, 90));
 }
 
+/* --multi-turn's run: the shared system prompt drawn from --seed, the prefix cache's counters read, one
+ * thread per user, the counters read again; then its table: throughputs, TTFT P50/P90 of round 1 and of
+ * rounds 2+ (the prefix cache's gain shows as their gap), the hit rate of the replicas read both times,
+ * and the cached tokens the responses' usage reported. */
 static int bs_multi_turn(bs_bench *b) {
     int n = b->users * b->rounds, n_metrics = (int)arrlen(b->metrics), rc = 1;
     bs_request *rs = calloc(n, sizeof *rs);
@@ -4710,7 +4756,12 @@ static void bs_sleep_until(double t) {
     }
 }
 
+/* llm bench serve's main: the flags (each checked; a flag of the other mode than the one chosen is refused
+ * rather than ignored), the target resolved, the model named or found (GET /v1/models), then either --multi-turn
+ * or the random workload below. The dispatcher sleeps until each request's arrival time, waits for a free
+ * slot under --max-concurrency, and gives the request a detached thread of its own. */
 static int bench_serve(int argc, char **argv, int start) {
+
     bs_bench b = {.endpoint = NULL, .num_prompts = 200,
                   .in_min = 32, .in_max = 256, .out_min = 16, .out_max = 128, .tok_min = 3, .tok_max = 500,
                   .rate = INFINITY, .timeout = 120, .system_words = 200, .turn_min = 16, .turn_max = 48};
