@@ -3716,8 +3716,8 @@ out:
  *   mean decode time of a request (vLLM's formula); ITL = the gaps between events, each divided among the
  *   tokens it held when usage says the events carried more tokens than there were (bs_itl).
  * Token counts come from the usage chunk (stream_options.include_usage), else from what was sent and the
- * events that came. A request is "successful" only with a 200, some text and (streamed) [DONE]; any failure is counted
- * and the first one's message printed, and the exit status is 1 unless every request succeeded.
+ * events that came. A request is "successful" only with a 200, some text and (streamed) [DONE]; any
+ * failure is counted and the first one's message printed; the exit status is 1 unless all succeeded.
  * The workload is reproducible: prompts are --seed's random token ids (no tokenizer needed on this side),
  * max_tokens is drawn per request and ignore_eos asks the server for exactly that many, temperature 0.
  * Percentiles are nearest-rank (a latency some request really had); vLLM's numpy percentiles interpolate,
@@ -4757,8 +4757,8 @@ static void bs_sleep_until(double t) {
 }
 
 /* llm bench serve's main: the flags (each checked; a flag of the other mode than the one chosen is refused
- * rather than ignored), the target resolved, the model named or found (GET /v1/models), then either --multi-turn
- * or the random workload below. The dispatcher sleeps until each request's arrival time, waits for a free
+ * rather than ignored), the target resolved, the model named or found (GET /v1/models), then either
+ * --multi-turn or the random workload below. The dispatcher sleeps until each request's arrival time, waits for a free
  * slot under --max-concurrency, and gives the request a detached thread of its own. */
 static int bench_serve(int argc, char **argv, int start) {
 
