@@ -4758,8 +4758,8 @@ static void bs_sleep_until(double t) {
 
 /* llm bench serve's main: the flags (each checked; a flag of the other mode than the one chosen is refused
  * rather than ignored), the target resolved, the model named or found (GET /v1/models), then either
- * --multi-turn or the random workload below. The dispatcher sleeps until each request's arrival time, waits for a free
- * slot under --max-concurrency, and gives the request a detached thread of its own. */
+ * --multi-turn or the random workload below. The dispatcher sleeps until each request's arrival time,
+ * waits for a free slot under --max-concurrency, and gives the request a detached thread of its own. */
 static int bench_serve(int argc, char **argv, int start) {
 
     bs_bench b = {.endpoint = NULL, .num_prompts = 200,
