@@ -694,6 +694,7 @@ static void chat_reset(chat_t *c) {
     chat_forget_ids(c);
 }
 
+/* A message appended to the conversation, its text copied (chat_t owns every message's content) */
 static int chat_push(chat_t *c, const char *role, const char *text) {
     char *copy = strdup(text);
     if (!copy) return -1;
@@ -727,7 +728,12 @@ static int chat_tokenize(const llm_tokenizer *t, const char *text, int bos, int3
     return n < 0 ? -1 : 0;
 }
 
-/* The prompt's ids: the ids of the turns before as they were computed, then the rest of the text. */
+/* The prompt's ids: the ids of the turns before as they were computed, then the rest of the text.
+ * This works because a template renders a conversation so that its text for the first k turns is a prefix
+ * of its text for k + 1 (known_text is checked to be one, else the whole text is tokenized). Between the two
+ * sits the reply's end-of-turn token: the engine sampled it (end_id) but it wrote no text, and the template
+ * writes its marker after the reply; where the marker is that token's text, the sampled id is reused, so the
+ * prompt's ids stay exactly those the engine computed. What follows is tokenized without a BOS. */
 static int chat_prompt_ids(chat_t *c, const char *text, int32_t **ids) {
     arrsetlen(*ids, 0);
     size_t known = c->known_text ? strlen(c->known_text) : 0;
@@ -882,6 +888,8 @@ drop_user:
     arrfree(ids); free(text);
 }
 
+/* /stats: the sampling and where it came from, the context used, the last reply's prompt (how much of it the
+ * prefix cache served) and speeds, and the KV pool's blocks (free, and holding cached prefixes) */
 static void chat_stats(chat_t *c) {
     llm_engine_stats st = llm_engine_get_stats(c->e);
     FILE *f = c->info;
@@ -935,6 +943,9 @@ static int utf8_width(const char *s, int n) { /* characters, counting each UTF-8
     return w;
 }
 
+/* The line drawn again: to the line's start, the prompt and the text, the rest of the screen line erased
+ * (ESC [K), then the cursor put at pos's column from the start (ESC [nC; a character is one column, which
+ * holds for most scripts but not for wide CJK characters or emoji) */
 static void edit_refresh(const char *prompt, const char *buf, int len, int pos) {
     char seq[64];
     fputs("\r", stdout); fputs(prompt, stdout); fwrite(buf, 1, (size_t)len, stdout); fputs("\033[K", stdout);
@@ -1183,7 +1194,9 @@ static char *edit_prompt(const llm_chat_template *tmpl, uint64_t *rng) {
     return out;
 }
 
-/* a prompt of n random token ids below vocab_size (malloc'd; NULL: out of memory) */
+/* a prompt of n random token ids below vocab_size (malloc'd; NULL: out of memory). Random ids make every
+ * prompt its own: two prompts almost never share a first block, so the prefix cache saves nothing and every
+ * prompt token is computed */
 static int32_t *random_prompt(uint64_t *rng, int n, int vocab_size) {
     int32_t *ids = (int32_t *)malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     for (int i = 0; ids && i < n; i++) ids[i] = (int32_t)(llm_splitmix64(rng) % (uint64_t)vocab_size);
@@ -1241,6 +1254,7 @@ static int bench(args_t *a) {
         fprintf(stderr, "llm bench: give -m MODEL.gguf or --dummy NAME\n");
         return 1;
     }
+    /* 1. the engine, its load timed; the load line says what the weights and the KV pool take */
     double t_load = now_s();
     llm_engine *e = llm_engine_create(&a->engine, err);
     if (!e) { fprintf(stderr, "llm: %s\n", err); return 1; }
@@ -1269,7 +1283,7 @@ static int bench(args_t *a) {
         llm_engine_destroy(e);
         return 1;
     }
-    /* a warmup request first, left out of every figure (llama-bench runs one too): the weights' pages get
+    /* 2. a warmup request first, left out of every figure (llama-bench runs one too): the weights' pages get
      * mapped, the pool's first blocks touched and the caches warm before the clock starts, as they are for
      * every request but the first of a long run (SmolLM2 pp512, one thread: the first prompt of a process
      * 2-7% slower than one after it). Random ids of its own: no block of it is a prefix of the workload's */
@@ -1284,6 +1298,8 @@ static int bench(args_t *a) {
                "figures)\n", (long long)warm.prompt_tokens_computed, (long long)warm.generation_tokens,
                now_s() - w0);
     }
+    /* 3. the clock starts, every request is added (the edit workload's as text: the engine tokenizes it;
+     * the random one's as ids, a prompt cut to fit the context), then the steps */
     st = llm_engine_get_stats(e);
     double t0 = now_s();
     for (int r = 0; r < a->num_prompts && a->workload_edit; r++) {
@@ -1357,6 +1373,7 @@ static int bench(args_t *a) {
             last_progress = t;
         }
     }
+    /* 4. the figures: the engine's counters since the warmup, the throughputs over the whole run */
     double elapsed = now_s() - t0;
     st = llm_engine_get_stats(e);
     stats_since(&st, &warm);
@@ -1517,7 +1534,11 @@ int main(int argc, char **argv) {
     if (a.engine.spec_model_path)
         fprintf(stderr, "llm: speculative decoding: the draft model %s proposes up to %d tokens a step\n",
                 a.engine.spec_model_path, a.engine.spec_tokens);
-    /* where it runs, and what a user can change about it: threads, and why not the GPU */
+    /* where it runs, and what a user can change about it: threads, and why not the GPU. On the CPU the line
+     * names the thread count, whether it is fixed (OMP_NUM_THREADS) or a ceiling the backend lowers while
+     * other processes keep cores busy, and a wait policy the user set (the short spin set above is not
+     * named); then why the GPU is not used: --cpu, the CUDA backend's note, or a build without CUDA */
+
     const char *note = st.backend_note;
     if (!strncmp(note, "cuda: ", 6)) note += 6;
     if (!strcmp(st.backend, "cuda")) snprintf(where, sizeof where, "the GPU (CUDA)");
