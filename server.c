@@ -1201,8 +1201,13 @@ static int origin_allowed(const srv_state *S, const char *origin) {
 
 /* A request's head is in: what the head alone decides is answered now, before a byte of the body is read
  * (an unknown path, a wrong method, a CORS preflight, a missing API key, a body too large or not JSON,
- * draining). Returns 1 when it answered. Sets the response's X-Request-Id and CORS headers. */
+ * draining). Returns 1 when it answered. Sets the response's X-Request-Id and CORS headers.
+ * The order of the checks is the answer a client gets when several fail: the path (404), a preflight
+ * (answered before the key, as a browser sends none with it), the method (405), the key (401: before
+ * anything about the body, so a client without the key learns nothing from 413 or 415), the body's size
+ * (413) and type (415), then draining (503). */
 static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
+    /* 1. the ids and headers every answer from here on carries, this one's too */
     if (rq->request_id[0]) memcpy(c->request_id, rq->request_id, sizeof c->request_id);
     else mint_request_id(S, c->request_id);
     c->cors[0] = 0;
@@ -1210,6 +1215,7 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
     if (cors) /* as Starlette's CORSMiddleware (vLLM's) answers an allowed origin */
         snprintf(c->cors, sizeof c->cors, "Access-Control-Allow-Origin: %s\r\n%s",
                  origin_allowed(S, "*") ? "*" : rq->origin, origin_allowed(S, "*") ? "" : "Vary: Origin\r\n");
+    /* 2. the checks, in the order above */
     int route = find_route(rq->path);
     if (route < 0) { send_error(S, c, 404, NULL, "Not Found: %s", rq->path); return 1; }
     const char *method = srv_routes[route].method;
@@ -2438,7 +2444,9 @@ static int handle_detokenize(srv_state *S, const llm_json *body, sbuf *out, srv_
 /* The worker's part of a job: everything a request's bytes can make cost */
 static void job_run(srv_state *S, srv_job *j) {
     char jerr[LLM_ERR_LEN];
+    /* failed until the end says otherwise: each early return leaves a 400 or 500 in j->e */
     j->failed = 1;
+    /* 1. the body as JSON (llm_json_parse bounds its depth), and an object */
     if (llm_json_parse(j->body ? j->body : "", j->body_len, &j->json, jerr) != 0) {
         bad(&j->e, 400, NULL, "the body is not valid JSON: %s", jerr);
         return;
@@ -2446,11 +2454,14 @@ static void job_run(srv_state *S, srv_job *j) {
     j->json_ok = 1;
     free(j->body); j->body = NULL; /* (the parse copied what it keeps) */
     if (j->json.type != LLM_JSON_OBJECT) { bad(&j->e, 400, NULL, "the body must be a JSON object"); return; }
+    /* 2. /tokenize and /detokenize: the whole answer, made here */
     if (j->route == JOB_TOKENIZE || j->route == JOB_DETOKENIZE) {
         j->failed = (j->route == JOB_TOKENIZE ? handle_tokenize : handle_detokenize)(S, &j->json, &j->answer,
                                                                                     &j->e) != 0;
         return;
     }
+    /* 3. a generation: a request prepared, left for the network thread to attach (jobs_done). Its arrival
+     * is when the whole request was read, so the time it waited for a worker is in its latency */
     if (!(j->r = (srv_req *)calloc(1, sizeof *j->r))) { bad(&j->e, 500, NULL, "out of memory"); return; }
     j->r->t_arrival = j->t_arrival;
     j->failed = prepare_generation(S, &j->json, j->route == JOB_CHAT ? REQ_CHAT : REQ_COMPLETIONS,
@@ -2502,10 +2513,12 @@ static void jobs_done(srv_state *S) {
     srv_job **done = S->jobs_done;
     S->jobs_done = NULL;
     pthread_mutex_unlock(&S->job_lock);
+    /* the list taken whole under the lock, then handled without it (a worker never waits on this) */
     for (ptrdiff_t i = 0; i < arrlen(done); i++) {
         srv_job *j = done[i];
         srv_conn *c = j->conn;
         S->held -= j->held;
+        /* a job whose client left (conn_close set conn NULL) is only freed: its request never starts */
         if (c) {
             c->job = NULL;
             c->t_last_active = now_s();
@@ -2534,11 +2547,15 @@ static void jobs_done(srv_state *S) {
  * while copying aborts that request with an error event: a client never gets text with a hole in it. The
  * network thread never waits for a step; the engine thread never touches a request or a connection.
  * ======================================================================================================== */
+/* The engine thread's loop: 1. the stop flag, 2. wait for work (llm_engine_wait sleeps until there is some,
+ * a second at most), 3. one step, 4. each output copied into an event, 5. the events and stats handed
+ * over under the lock and the network thread woken, 6. every 10 s, while there is work, a log line. */
 static void *srv_engine_loop(void *arg) {
     srv_state *S = (srv_state *)arg;
     double last_log = now_s();
     int64_t last_prompt = 0, last_gen = 0;
     for (;;) {
+
         pthread_mutex_lock(&S->lock);
         int stop = S->stop_engine;
         pthread_mutex_unlock(&S->lock);
