@@ -3636,12 +3636,14 @@ static int serve(const serve_config *a) {
     double stop_since = 0;
     for (;;) {
         struct epoll_event events[256];
+        /* the timeout is the time-outs' resolution (conn_tick runs at least this often): a second, or a
+         * tenth while the listener rests or --request-timeout is under 2 s */
         int n = epoll_wait(S->epoll_fd, events, 256, S->accept_resume || S->request_timeout < 2 ? 100 : 1000);
         if (n < 0 && errno != EINTR) { fprintf(stderr, "llm serve: epoll: %s\n", strerror(errno)); break; }
         for (int i = 0; i < n; i++) {
             void *p = events[i].data.ptr;
             if (p == &S->listen_fd) { accept_all(S); continue; } /* draining too: /health must answer 503 */
-            if (p == &S->wake[0]) {
+            if (p == &S->wake[0]) { /* its bytes say nothing: they only end epoll_wait; the work is below */
                 char buf[256];
                 while (read(S->wake[0], buf, sizeof buf) > 0) {}
                 continue;
@@ -3656,7 +3658,9 @@ static int serve(const serve_config *a) {
         jobs_done(S);
         double t = now_s();
         if (S->accept_resume && t >= S->accept_resume) listener_rest(S, 0);
+        /* from the last: conn_tick may close a connection, which moves the last one into its place */
         for (ptrdiff_t i = arrlen(S->conns) - 1; i >= 0; i--) conn_tick(S, S->conns[i], t);
+
         /* draining: the listener stays open (a load balancer's checks get 503, not a refused connection, and
          * new requests get a 503 with Connection: close); the process ends once every request in flight has
          * finished and its bytes are out, after --drain-timeout at the latest, or at a second signal */
