@@ -1519,7 +1519,6 @@ int main(int argc, char **argv) {
     char err[LLM_ERR_LEN];
     double t0 = now_s();
     llm_engine *e = llm_engine_create(&a.engine, err);
-
     if (!e) { fprintf(stderr, "llm: %s\n", err); free(gbnf); return 1; }
     const char *tok_warning = llm_tokenizer_warning(llm_engine_model(e)->tok);
     if (*tok_warning) fprintf(stderr, "llm: warning: %s\n", tok_warning);
@@ -1538,7 +1537,6 @@ int main(int argc, char **argv) {
      * names the thread count, whether it is fixed (OMP_NUM_THREADS) or a ceiling the backend lowers while
      * other processes keep cores busy, and a wait policy the user set (the short spin set above is not
      * named); then why the GPU is not used: --cpu, the CUDA backend's note, or a build without CUDA */
-
     const char *note = st.backend_note;
     if (!strncmp(note, "cuda: ", 6)) note += 6;
     if (!strcmp(st.backend, "cuda")) snprintf(where, sizeof where, "the GPU (CUDA)");

@@ -154,6 +154,8 @@ static void sb_json_str(sbuf *b, const char *s, size_t n) {
 }
 static void sb_json_cstr(sbuf *b, const char *s) { sb_json_str(b, s, strlen(s)); }
 
+/* A number: %.9g gives 9 significant digits, enough to read every float (the engine's logprobs are floats)
+ * back to the same value */
 static void sb_json_float(sbuf *b, double x) { /* JSON has no infinities: vLLM writes -9999.0 for -inf */
     if (!isfinite(x)) x = x < 0 ? -9999.0 : 9999.0;
     sb_printf(b, "%.9g", x);
@@ -1046,7 +1048,6 @@ static void conn_tick(srv_state *S, srv_conn *c, double t) {
      * FIN already has nothing more to say, so it skips the linger */
     if (c->closing == 1 && !conn_unsent(c)) {
         if (c->eof) c->closing = 2;
-
         else { shutdown(c->fd, SHUT_WR); c->closing = 3; c->t_linger = t; }
     }
     if (c->closing == 3 && t - c->t_linger > SRV_LINGER) c->closing = 2;
@@ -1105,7 +1106,11 @@ static const char *conn_request_id(srv_state *S, srv_conn *c) {
     return c->request_id;
 }
 
-/* A whole response: every one carries the X-Request-Id of its request, errors included. */
+/* A whole response: every one carries the X-Request-Id of its request, errors included. Its framing is
+ * always Content-Length (the body is whole: a chunked body is only a stream's); "Connection: close" tells
+ * the client when the connection ends after it (keep_alive off: HTTP/1.0 without keep-alive, a client's
+ * close, an error the input cannot be read past, draining). The request's id and CORS headers are spent
+ * here. */
 static void send_response(srv_state *S, srv_conn *c, int status, const char *content_type, const char *body,
                           size_t body_len, const char *extra_headers) {
     sbuf h = {0};
@@ -1148,7 +1153,11 @@ static void send_error(srv_state *S, srv_conn *c, int status, const char *param,
     sb_free(&b);
 }
 
-/* One SSE event as one chunk of a chunked body. */
+/* One SSE event as one chunk of a chunked body. On the wire, for a JSON text of n bytes:
+ *   {n + 8 in hex}\r\n data: {json}\n\n \r\n
+ * the chunk's size counts "data: " (6 bytes), the JSON and the blank line that ends the event (2); the last
+ * CRLF ends the chunk. One event per chunk: a client or proxy that reads chunk by chunk gets each event
+ * whole. Three sends, no copy of the JSON into a buffer of its own. */
 static void send_sse(srv_state *S, srv_conn *c, const char *json, size_t n) {
     char head[32];
     int h = snprintf(head, sizeof head, "%zx\r\ndata: ", n + 8);
@@ -2357,7 +2366,6 @@ static int attach_generation(srv_state *S, srv_conn *c, srv_req *r, const llm_sa
     c->req = r;
     arrput(S->live, r);
     if (r->stream) {
-
         sbuf h = {0};
         sb_printf(&h, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                   "X-Request-Id: %s\r\n%sTransfer-Encoding: chunked\r\n\r\n", conn_request_id(S, c), c->cors);
@@ -2555,7 +2563,6 @@ static void *srv_engine_loop(void *arg) {
     double last_log = now_s();
     int64_t last_prompt = 0, last_gen = 0;
     for (;;) {
-
         pthread_mutex_lock(&S->lock);
         int stop = S->stop_engine;
         pthread_mutex_unlock(&S->lock);
@@ -3292,7 +3299,6 @@ static void apply_event(srv_state *S, srv_event *ev) {
     if (ev->finish && --r->n_open == 0) request_done(S, r);
 }
 
-
 /* Events from the engine thread, applied in order. */
 static void drain_events(srv_state *S) {
     pthread_mutex_lock(&S->lock);
@@ -3660,7 +3666,6 @@ static int serve(const serve_config *a) {
         if (S->accept_resume && t >= S->accept_resume) listener_rest(S, 0);
         /* from the last: conn_tick may close a connection, which moves the last one into its place */
         for (ptrdiff_t i = arrlen(S->conns) - 1; i >= 0; i--) conn_tick(S, S->conns[i], t);
-
         /* draining: the listener stays open (a load balancer's checks get 503, not a refused connection, and
          * new requests get a 503 with Connection: close); the process ends once every request in flight has
          * finished and its bytes are out, after --drain-timeout at the latest, or at a second signal */
@@ -4782,7 +4787,6 @@ static void bs_sleep_until(double t) {
  * --multi-turn or the random workload below. The dispatcher sleeps until each request's arrival time,
  * waits for a free slot under --max-concurrency, and gives the request a detached thread of its own. */
 static int bench_serve(int argc, char **argv, int start) {
-
     bs_bench b = {.endpoint = NULL, .num_prompts = 200,
                   .in_min = 32, .in_max = 256, .out_min = 16, .out_max = 128, .tok_min = 3, .tok_max = 500,
                   .rate = INFINITY, .timeout = 120, .system_words = 200, .turn_min = 16, .turn_max = 48};
