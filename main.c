@@ -623,6 +623,8 @@ static int generate(llm_engine *e, args_t *a, const char *prompt, int echo_promp
     if (a->ids_only) printf("\n");
     double t1 = now_s();
     if (!t_first) t_first = t1;
+    /* the prompt's speed up to the first token (its prefill brings the first token too), the generation's
+     * after it: n - 1 tokens over the time from the first to the last */
     fprintf(stderr, "\nllm: prompt %d tokens, %.1f tok/s; generated %d tokens, %.1f tok/s\n", n_prompt,
             n_prompt / (t_first - t0 + 1e-9), n_gen, n_gen > 1 ? (n_gen - 1) / (t1 - t_first + 1e-9) : 0.0);
     llm_engine_stats st = llm_engine_get_stats(e);
@@ -1349,6 +1351,8 @@ static int bench(args_t *a) {
         int64_t step_out = 0;
         for (int i = 0; i < n; i++) step_out += out[i].n_tokens;
         st = llm_engine_get_stats(e);
+        /* a step that computed any prompt token counts whole as a prompt step, the decodes batched with it
+         * too; so "decode" is the speed of steps with decodes alone, and "prompt" is a lower bound */
         if (st.prompt_tokens_computed > prompt_before) {
             prompt_s += step_s; prompt_tokens += st.prompt_tokens_computed - prompt_before;
         } else { decode_s += step_s; decode_tokens += step_out; }
@@ -1411,6 +1415,10 @@ static int bench(args_t *a) {
     /* The waste table of the vLLM paper: reserving max_model_len contiguous slots per request against
      * paging. Tokens here are a token's K and V in every layer: with windows (several groups of layers) the
      * pool's blocks hold less than that for the tokens they serve, and paging's waste goes below zero. */
+    /* Means over the steps with work: R running requests holding T tokens of K/V (their computed tokens).
+     * Contiguous: each running request reserves max_model_len slots, R * max_model_len in all. Paged: the
+     * blocks in use, in tokens (bs per block; each of the kv_groups groups of layers holds its own blocks,
+     * so a token's K/V in every layer takes kv_groups of them). Wasted: 1 - T / what the scheme holds. */
     double R = samples ? sum_running / samples : 0, T = samples ? sum_kv_tokens / samples : 0;
     double reserve_tokens = R * max_model_len;
     double paged_tokens = (samples ? sum_blocks_used / samples : 0) * bs / st.kv_groups;
