@@ -1418,7 +1418,7 @@ static int bench(args_t *a) {
     /* Means over the steps with work: R running requests holding T tokens of K/V (their computed tokens).
      * Contiguous: each running request reserves max_model_len slots, R * max_model_len in all. Paged: the
      * blocks in use, in tokens (bs per block; each of the kv_groups groups of layers holds its own blocks,
-     * so a token's K/V in every layer takes kv_groups of them). Wasted: 1 - T / what the scheme holds. */
+     * so a token's K/V in every layer takes a slot in kv_groups blocks). Wasted: 1 - T / what it holds. */
     double R = samples ? sum_running / samples : 0, T = samples ? sum_kv_tokens / samples : 0;
     double reserve_tokens = R * max_model_len;
     double paged_tokens = (samples ? sum_blocks_used / samples : 0) * bs / st.kv_groups;
