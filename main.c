@@ -362,13 +362,21 @@ static int speculative_config(args_t *a, const char *text) {
 
 /* Reads the flags of argv[start..] into a (every command's: a flag a command has no use for is ignored by
  * it). Returns the index of the first word that is not a flag (argc: none), or -1 on a bad flag or value,
- * with the message printed. */
+ * with the message printed.
+ * One table for every command keeps a flag's meaning the same everywhere (-n is max_tokens for llm -p, the
+ * longest reply for chat). Each value is checked where it is read (flag_number: whole, in range), so a
+ * command never starts with a half-understood flag. A sampling flag also sets its LLM_SAMPLING_* bit in
+ * sampling_given: the value alone cannot say whether it was given (--temp 0.8 is also the default), and
+ * resolve_sampling lays the flags given over the file's keys by those bits. The checks that need all the
+ * flags (speculative decoding's one method) come after the loop. */
 static int parse_args(int argc, char **argv, int start, args_t *a) {
     for (int i = start; i < argc; i++) {
         const char *f = argv[i];
         int has = i + 1 < argc;
         const char *v = has ? argv[i + 1] : NULL;
         double x;
+        /* FLAG: f is this flag; NEED: it takes a value (v, and i moves past it); INT and REAL: a number in
+         * [lo, hi] into x, or return -1 with flag_number's message */
 #define FLAG(name) (!strcmp(f, name))
 #define NEED() do { if (!has) { fprintf(stderr, "llm: %s needs a value\n", f); return -1; } i++; } while (0)
 #define INT(lo, hi) do { NEED(); if (flag_number(f, v, lo, hi, 1, &x)) return -1; } while (0)
@@ -495,7 +503,7 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
             fprintf(stderr, "llm: unknown option %s (see llm --help)\n", f);
             return -1;
         }
-        else return i;
+        else return i; /* a word that is no flag ("-" alone too): tokenize's TEXT, or an error for main */
 #undef FLAG
 #undef NEED
 #undef INT
@@ -528,6 +536,8 @@ static void resolve_sampling(args_t *a, const llm_model *m, int chat_mode, char 
         {LLM_SAMPLING_TEMP, "--temp", "temp"}, {LLM_SAMPLING_TOP_K, "--top-k", "top_k"},
         {LLM_SAMPLING_TOP_P, "--top-p", "top_p"}, {LLM_SAMPLING_MIN_P, "--min-p", "min_p"},
         {LLM_SAMPLING_REPEAT, "--repeat-penalty", "penalty_repeat"}};
+    /* the three layers, lowest first: the default, the file's keys (llm_model_sampling_defaults returns
+     * the bits of the keys it took), then each flag given (its bit in sampling_given) */
     llm_sampling_params given = a->sampling, *p = &a->sampling;
     int chat_default = 0;
     p->temperature = 0.8f; p->top_k = 40; p->top_p = 0.95f; p->min_p = 0.05f; p->repetition_penalty = 1;
@@ -542,6 +552,9 @@ static void resolve_sampling(args_t *a, const llm_model *m, int chat_mode, char 
     if (a->sampling_given & LLM_SAMPLING_TOP_P) p->top_p = given.top_p;
     if (a->sampling_given & LLM_SAMPLING_MIN_P) p->min_p = given.min_p;
     if (a->sampling_given & LLM_SAMPLING_REPEAT) p->repetition_penalty = given.repetition_penalty;
+    /* where each of the five fields came from, as three disjoint bit sets: flags (the command line), file
+     * (the file's keys that no flag overrides) and rest (31: all five LLM_SAMPLING_* bits; those neither
+     * set, left at the default). origin names them in that order */
     int flags = a->sampling_given, file = from_file & ~flags, rest = 31 & ~flags & ~file;
     size_t at = 0;
     origin[0] = 0;
@@ -610,6 +623,8 @@ static int generate(llm_engine *e, args_t *a, const char *prompt, int echo_promp
     if (a->ids_only) printf("\n");
     double t1 = now_s();
     if (!t_first) t_first = t1;
+    /* the prompt's speed up to the first token (its prefill brings the first token too), the generation's
+     * after it: n - 1 tokens over the time from the first to the last */
     fprintf(stderr, "\nllm: prompt %d tokens, %.1f tok/s; generated %d tokens, %.1f tok/s\n", n_prompt,
             n_prompt / (t_first - t0 + 1e-9), n_gen, n_gen > 1 ? (n_gen - 1) / (t1 - t_first + 1e-9) : 0.0);
     llm_engine_stats st = llm_engine_get_stats(e);
@@ -681,6 +696,7 @@ static void chat_reset(chat_t *c) {
     chat_forget_ids(c);
 }
 
+/* A message appended to the conversation, its text copied (chat_t owns every message's content) */
 static int chat_push(chat_t *c, const char *role, const char *text) {
     char *copy = strdup(text);
     if (!copy) return -1;
@@ -714,7 +730,12 @@ static int chat_tokenize(const llm_tokenizer *t, const char *text, int bos, int3
     return n < 0 ? -1 : 0;
 }
 
-/* The prompt's ids: the ids of the turns before as they were computed, then the rest of the text. */
+/* The prompt's ids: the ids of the turns before as they were computed, then the rest of the text.
+ * This works because a template renders a conversation so that its text for the first k turns is a prefix
+ * of its text for k + 1 (known_text is checked to be one, else the whole text is tokenized). Between the two
+ * sits the reply's end-of-turn token: the engine sampled it (end_id) but it wrote no text, and the template
+ * writes its marker after the reply; where the marker is that token's text, the sampled id is reused, so the
+ * prompt's ids stay exactly those the engine computed. What follows is tokenized without a BOS. */
 static int chat_prompt_ids(chat_t *c, const char *text, int32_t **ids) {
     arrsetlen(*ids, 0);
     size_t known = c->known_text ? strlen(c->known_text) : 0;
@@ -869,6 +890,8 @@ drop_user:
     arrfree(ids); free(text);
 }
 
+/* /stats: the sampling and where it came from, the context used, the last reply's prompt (how much of it the
+ * prefix cache served) and speeds, and the KV pool's blocks (free, and holding cached prefixes) */
 static void chat_stats(chat_t *c) {
     llm_engine_stats st = llm_engine_get_stats(c->e);
     FILE *f = c->info;
@@ -922,6 +945,9 @@ static int utf8_width(const char *s, int n) { /* characters, counting each UTF-8
     return w;
 }
 
+/* The line drawn again: to the line's start, the prompt and the text, the rest of the screen line erased
+ * (ESC [K), then the cursor put at pos's column from the start (ESC [nC; a character is one column, which
+ * holds for most scripts but not for wide CJK characters or emoji) */
 static void edit_refresh(const char *prompt, const char *buf, int len, int pos) {
     char seq[64];
     fputs("\r", stdout); fputs(prompt, stdout); fwrite(buf, 1, (size_t)len, stdout); fputs("\033[K", stdout);
@@ -931,7 +957,14 @@ static void edit_refresh(const char *prompt, const char *buf, int len, int pos) 
 }
 
 /* Reads one line into *line (malloc'd). Returns 1 for a line, 0 to quit (Ctrl-D or Ctrl-C on an empty line,
- * or the end of input). */
+ * or the end of input).
+ * A small readline: the terminal in raw mode (term_raw), one byte read at a time, and after each key the
+ * whole line redrawn (edit_refresh: carriage return, prompt, text, erase to the end, cursor moved to its
+ * column). The invariants: buf[0..len) is the line, pos is a byte offset in it that is always at the start
+ * of a UTF-8 character (the moves and deletions step over continuation bytes, 10xxxxxx), so a character is
+ * never split. History: hist_at indexes *history, arrlen(*history) being the line being typed, which is kept
+ * in saved while older lines are shown. A line is added to the history unless it repeats the last one. The
+ * terminal is restored before returning, whatever ends the line. */
 static int edit_line(const char *prompt, char ***history, char **line) {
     char *buf = NULL; /* stb_ds, NUL not counted in len */
     int len = 0, pos = 0, hist_at = (int)arrlen(*history), done = -1;
@@ -966,6 +999,8 @@ static int edit_line(const char *prompt, char ***history, char **line) {
         else if (k == 21) { memmove(buf, buf + pos, (size_t)(len - pos)); len -= pos; pos = 0; } /* Ctrl-U */
         else if (k == 11) len = pos;              /* Ctrl-K */
         else if (k == 27) { /* escape sequences: arrows, Home, End, Delete */
+            /* ESC [ digit ~ (Home 1 or 7, Delete 3, End 4 or 8), ESC [ or ESC O then a letter: A up, B down,
+             * C right, D left, H Home, F End (terminals send either form) */
             char s[3] = {0};
             if (read(STDIN_FILENO, &s[0], 1) != 1 || read(STDIN_FILENO, &s[1], 1) != 1) continue;
             if (s[0] == '[' && s[1] >= '0' && s[1] <= '9') {
@@ -1034,6 +1069,11 @@ static int chat_template_load(const llm_model *m, const args_t *a, llm_chat_temp
     return 0;
 }
 
+/* llm chat: the template loaded, then a loop of lines: a /command acts on the conversation (/reset and
+ * /system start a new one: chat_reset forgets its ids too), any other line is a user turn (chat_turn). Lines
+ * come from the line editor on a terminal, else one per line from the pipe (a script can drive a chat).
+ * SIGINT is caught without SA_RESTART: during a reply it sets g_interrupted, which chat_turn checks between
+ * steps to abort that reply; at a piped read it ends the chat. */
 static int chat(llm_engine *e, args_t *a, const char *sampling_origin) {
     char err[LLM_ERR_LEN];
     chat_t c;
@@ -1156,7 +1196,9 @@ static char *edit_prompt(const llm_chat_template *tmpl, uint64_t *rng) {
     return out;
 }
 
-/* a prompt of n random token ids below vocab_size (malloc'd; NULL: out of memory) */
+/* a prompt of n random token ids below vocab_size (malloc'd; NULL: out of memory). Random ids make every
+ * prompt its own: two prompts almost never share a first block, so the prefix cache saves nothing and every
+ * prompt token is computed */
 static int32_t *random_prompt(uint64_t *rng, int n, int vocab_size) {
     int32_t *ids = (int32_t *)malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     for (int i = 0; ids && i < n; i++) ids[i] = (int32_t)(llm_splitmix64(rng) % (uint64_t)vocab_size);
@@ -1198,13 +1240,23 @@ static void stats_since(llm_engine_stats *s, const llm_engine_stats *w) {
 
 /* llm bench: --num-prompts requests of random lengths (or the edit workload's), all added at once, the
  * engine stepped until they finish; then vLLM's throughput figures, the engine's step and KV-cache
- * statistics, and the process's peak memory. Returns the exit status. */
+ * statistics, and the process's peak memory. Returns the exit status.
+ * Like vLLM's bench throughput it measures the engine alone (no HTTP, no tokenizing of random prompts: they
+ * are ids), all the requests queued at time 0, so the scheduler always has work and the figure is the
+ * most the engine can do. The steps:
+ *   1. the engine made, the model loaded; the workload drawn from --seed (the same for --static)
+ *   2. a warmup request, then the counters read, so that stats_since subtracts it from every figure
+ *   3. every request added; then the engine stepped until it has no work, each step timed and counted as a
+ *      prompt step (it computed prompt tokens) or a decode step, and the KV cache's use sampled
+ *   4. the figures: throughput over the whole run, prompt and decode speeds (llama-bench's pp and tg), the
+ *      time split, and the vLLM paper's table of KV memory wasted by contiguous reservation vs paging */
 static int bench(args_t *a) {
     char err[LLM_ERR_LEN];
     if (!a->engine.model_path && !a->engine.dummy) {
         fprintf(stderr, "llm bench: give -m MODEL.gguf or --dummy NAME\n");
         return 1;
     }
+    /* 1. the engine, its load timed; the load line says what the weights and the KV pool take */
     double t_load = now_s();
     llm_engine *e = llm_engine_create(&a->engine, err);
     if (!e) { fprintf(stderr, "llm: %s\n", err); return 1; }
@@ -1233,7 +1285,7 @@ static int bench(args_t *a) {
         llm_engine_destroy(e);
         return 1;
     }
-    /* a warmup request first, left out of every figure (llama-bench runs one too): the weights' pages get
+    /* 2. a warmup request first, left out of every figure (llama-bench runs one too): the weights' pages get
      * mapped, the pool's first blocks touched and the caches warm before the clock starts, as they are for
      * every request but the first of a long run (SmolLM2 pp512, one thread: the first prompt of a process
      * 2-7% slower than one after it). Random ids of its own: no block of it is a prefix of the workload's */
@@ -1248,6 +1300,8 @@ static int bench(args_t *a) {
                "figures)\n", (long long)warm.prompt_tokens_computed, (long long)warm.generation_tokens,
                now_s() - w0);
     }
+    /* 3. the clock starts, every request is added (the edit workload's as text: the engine tokenizes it;
+     * the random one's as ids, a prompt cut to fit the context), then the steps */
     st = llm_engine_get_stats(e);
     double t0 = now_s();
     for (int r = 0; r < a->num_prompts && a->workload_edit; r++) {
@@ -1297,6 +1351,8 @@ static int bench(args_t *a) {
         int64_t step_out = 0;
         for (int i = 0; i < n; i++) step_out += out[i].n_tokens;
         st = llm_engine_get_stats(e);
+        /* a step that computed any prompt token counts whole as a prompt step, the decodes batched with it
+         * too; so "decode" is the speed of steps with decodes alone, and "prompt" is a lower bound */
         if (st.prompt_tokens_computed > prompt_before) {
             prompt_s += step_s; prompt_tokens += st.prompt_tokens_computed - prompt_before;
         } else { decode_s += step_s; decode_tokens += step_out; }
@@ -1321,6 +1377,7 @@ static int bench(args_t *a) {
             last_progress = t;
         }
     }
+    /* 4. the figures: the engine's counters since the warmup, the throughputs over the whole run */
     double elapsed = now_s() - t0;
     st = llm_engine_get_stats(e);
     stats_since(&st, &warm);
@@ -1358,6 +1415,10 @@ static int bench(args_t *a) {
     /* The waste table of the vLLM paper: reserving max_model_len contiguous slots per request against
      * paging. Tokens here are a token's K and V in every layer: with windows (several groups of layers) the
      * pool's blocks hold less than that for the tokens they serve, and paging's waste goes below zero. */
+    /* Means over the steps with work: R running requests holding T tokens of K/V (their computed tokens).
+     * Contiguous: each running request reserves max_model_len slots, R * max_model_len in all. Paged: the
+     * blocks in use, in tokens (bs per block; each of the kv_groups groups of layers holds its own blocks,
+     * so a token's K/V in every layer takes a slot in kv_groups blocks). Wasted: 1 - T / what it holds. */
     double R = samples ? sum_running / samples : 0, T = samples ? sum_kv_tokens / samples : 0;
     double reserve_tokens = R * max_model_len;
     double paged_tokens = (samples ? sum_blocks_used / samples : 0) * bs / st.kv_groups;
@@ -1383,7 +1444,12 @@ static int bench(args_t *a) {
 #include "server.c"
 
 /* The command is argv[1] (tokenize, bench, bench serve, chat, serve, grammar; none: generate or a REPL);
- * the flags after it are read by parse_args, then the command runs. */
+ * the flags after it are read by parse_args, then the command runs.
+ * The order matters: the commands that need no engine (bench serve, tokenize, grammar) return before one
+ * is made, and llm bench and llm serve make their own engines (bench times its load; serve runs
+ * it on its engine thread); only generate, the REPL and chat share the engine made here, after which the
+ * sampling is resolved against the model's file (resolve_sampling) and the load lines say where it runs
+ * and why. */
 int main(int argc, char **argv) {
 #ifdef _OPENMP
     /* OpenMP's threads spin while they wait for work (libgomp: 300,000 turns by default): beside a busy
@@ -1395,6 +1461,7 @@ int main(int argc, char **argv) {
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT") && setenv("GOMP_SPINCOUNT", "2000", 1) == 0)
         execv("/proc/self/exe", argv); /* returns only when it fails: then run as we are */
 #endif
+    /* 1. the defaults, then the command word, then the flags */
     args_t a;
     memset(&a, 0, sizeof a);
     a.engine = llm_engine_defaults();
@@ -1413,6 +1480,7 @@ int main(int argc, char **argv) {
     else if (argc > 1 && !strcmp(argv[1], "grammar")) { cmd = 5; start = 2; }
     int pos = parse_args(argc, argv, start, &a);
     if (pos < 0) return 1;
+    /* 2. the commands that need no engine of this function's: tokenize, grammar, bench, serve */
     if (cmd == 1) {
         if (pos >= argc) { fprintf(stderr, "llm tokenize: give the TEXT\n"); return 1; }
         return tokenize_cmd(&a, argv[pos]);
@@ -1455,6 +1523,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "llm: give a model with -m MODEL.gguf (see llm --help)\n");
         return 1;
     }
+    /* 3. generate, the REPL or chat: the engine, the load lines, the sampling, then the command */
     char err[LLM_ERR_LEN];
     double t0 = now_s();
     llm_engine *e = llm_engine_create(&a.engine, err);
@@ -1472,7 +1541,10 @@ int main(int argc, char **argv) {
     if (a.engine.spec_model_path)
         fprintf(stderr, "llm: speculative decoding: the draft model %s proposes up to %d tokens a step\n",
                 a.engine.spec_model_path, a.engine.spec_tokens);
-    /* where it runs, and what a user can change about it: threads, and why not the GPU */
+    /* where it runs, and what a user can change about it: threads, and why not the GPU. On the CPU the line
+     * names the thread count, whether it is fixed (OMP_NUM_THREADS) or a ceiling the backend lowers while
+     * other processes keep cores busy, and a wait policy the user set (the short spin set above is not
+     * named); then why the GPU is not used: --cpu, the CUDA backend's note, or a build without CUDA */
     const char *note = st.backend_note;
     if (!strncmp(note, "cuda: ", 6)) note += 6;
     if (!strcmp(st.backend, "cuda")) snprintf(where, sizeof where, "the GPU (CUDA)");

@@ -154,6 +154,8 @@ static void sb_json_str(sbuf *b, const char *s, size_t n) {
 }
 static void sb_json_cstr(sbuf *b, const char *s) { sb_json_str(b, s, strlen(s)); }
 
+/* A number: %.9g gives 9 significant digits, enough to read every float (the engine's logprobs are floats)
+ * back to the same value */
 static void sb_json_float(sbuf *b, double x) { /* JSON has no infinities: vLLM writes -9999.0 for -inf */
     if (!isfinite(x)) x = x < 0 ? -9999.0 : 9999.0;
     sb_printf(b, "%.9g", x);
@@ -268,7 +270,12 @@ static int http_field(http_parser *p, const char *s, size_t n, size_t *name_len,
 }
 
 /* The head h[0..n) (request line, field lines, blank line; every line ends in CRLF): 0, or an error status.
- * Sets everything of p->rq but the body. */
+ * Sets everything of p->rq but the body. http_feed calls it only once it has seen every LF of h preceded
+ * by a CR, so the memchr for a line's end below always finds one. Each value is copied only when it fits
+ * its field of rq (the head is 16 KiB at most): an Authorization too long is a 431, an Origin, an
+ * Access-Control-Request-Headers or an X-Request-Id that is too long is taken as not given. The framing
+ * fields are the ones a proxy must read the same way: Content-Length and Transfer-Encoding are checked
+ * strictly, alone and together. */
 static int http_head(http_parser *p, const char *h, size_t n) {
     http_request *rq = &p->rq;
     /* the request line: METHOD SP TARGET SP HTTP/1.x */
@@ -294,11 +301,13 @@ static int http_head(http_parser *p, const char *h, size_t n) {
         return http_fail(p, 400, "the request target is too long");
     memcpy(rq->method, h, (size_t)(sp1 - h));
     memcpy(rq->path, target, (size_t)(target_end - target));
-    char *query = strchr(rq->path, '?');
+    char *query = strchr(rq->path, '?'); /* the routes are paths: a query string means nothing here */
     if (query) *query = 0;
+    /* HTTP/1.1 keeps the connection unless told to close; HTTP/1.0 closes it unless told to keep it */
     int http11 = sp2[8] == '1', content_type = 0;
     rq->keep_alive = http11;
     rq->content_length = -1;
+    /* the field lines, from after the request line's CRLF to before the blank line's */
     for (const char *s = eol + 2; s < end - 2;) {
         const char *e = (const char *)memchr(s, '\n', (size_t)(end - s)) - 1;
         size_t name_len, vlen;
@@ -306,7 +315,7 @@ static int http_head(http_parser *p, const char *h, size_t n) {
         int rc = http_field(p, s, (size_t)(e - s), &name_len, &v, &vlen);
         if (rc) return rc;
 #define HDR(name) (name_len == sizeof(name) - 1 && ascii_ieq(s, name, name_len))
-        if (HDR("content-length")) {
+        if (HDR("content-length")) { /* digits only (no sign, no list); 16 digits or more: 413, no overflow */
             long long x = 0;
             if (vlen == 0) return http_fail(p, 400, "an empty Content-Length");
             if (vlen > 15) return http_fail(p, 413, "the request's body is too large");
@@ -392,6 +401,10 @@ static int http_feed(http_parser *p, const char *buf, size_t len, size_t *used) 
     http_request *rq = &p->rq;
     size_t i = 0;
     *used = 0;
+    /* 1. the head: search for the blank line that ends it, from where the last call stopped (scanned), so
+     * a head that comes a byte at a time costs its length in all, not its square. line_start is where the
+     * line being searched begins: a CRLF right at it is an empty line, which ends the head, or, before the
+     * request line, is skipped. The 16 KiB bound is checked before each byte is looked at. */
     if (p->state == HP_HEAD) {
         for (size_t k = p->scanned; k < len; k++) {
             if (k >= SRV_MAX_HEADER) return http_fail(p, 431, "the request's head is larger than 16 KiB");
@@ -409,8 +422,12 @@ static int http_feed(http_parser *p, const char *buf, size_t len, size_t *used) 
         p->scanned = len;
         return HTTP_INCOMPLETE;
     }
+    /* 2. the body: each pass of this loop takes one piece (data, or one line) and moves the state on. The
+     * bytes taken are consumed (*used), so a line split across reads is kept in p->line, never in buf */
     for (;;) {
         if (p->state == HP_DONE) { *used = i; return HTTP_OK; }
+        /* data: the size declared (Content-Length, or the chunk's plus those before it) is checked against
+         * SRV_MAX_BODY before a byte of it is stored, so a client cannot make the body grow past it */
         if (p->state == HP_BODY || p->state == HP_CHUNK_DATA) {
             if (p->left > SRV_MAX_BODY || rq->body.len + p->left > SRV_MAX_BODY)
                 return http_fail(p, 413, "the request's body is too large");
@@ -886,6 +903,9 @@ static void conn_head(srv_state *S, srv_conn *c) {
 static void conn_process(srv_state *S, srv_conn *c) {
     size_t off = 0;
     int starved = 0;
+    /* 1. parse from offset off of the input: a head (judged at once), a whole request (answered, or given
+     * to a worker: then conn_busy stops the loop, and the next pipelined request waits in c->in), or an
+     * error (answered, and the connection closes: what follows cannot be framed) */
     while (!conn_busy(c) && !c->closing && conn_unsent(c) <= SRV_MAX_BACKLOG) {
         size_t used = 0;
         int rc = http_feed(&c->parser, c->in.s ? c->in.s + off : "", c->in.len - off, &used);
@@ -905,11 +925,16 @@ static void conn_process(srv_state *S, srv_conn *c) {
                    c->parser.why ? c->parser.why : "");
         c->closing = 1;
     }
+    /* 2. the bytes parsed leave the input in one move (not one per request), and a large empty buffer goes
+     * back to the allocator */
     if (off) {
         memmove(c->in.s, c->in.s + off, c->in.len - off);
         c->in.len -= off;
     }
     if (!c->in.len && c->in.cap > SRV_CONN_ALLOWANCE) sb_free(&c->in);
+    /* 3. --request-timeout's clock runs from a request's first byte until it is whole; a connection idle
+     * between requests is SRV_IDLE_TIMEOUT's (conn_tick). After the client's FIN, input that ends short of
+     * a whole request never becomes one: the connection closes */
     int begun = !conn_busy(c) && !c->closing && (c->in.len || c->parser.state != HP_HEAD);
     if (!begun) c->t_request_start = 0;
     else if (!c->t_request_start) c->t_request_start = now_s();
@@ -1003,7 +1028,10 @@ static void accept_all(srv_state *S) {
  * input dropped for SRV_LINGER seconds, so that an answer given before a body was read is not lost to the
  * reset that closing on unread input sends), and the epoll events it waits for. */
 static void conn_tick(srv_state *S, srv_conn *c, double t) {
+    /* 1. a request that just finished frees the connection: the next one already read is parsed now */
     if (!conn_busy(c) && !c->closing) conn_process(S, c);
+    /* 2. the time-outs: a request too slow to arrive (408), output not taken (closed now, its request
+     * aborted by conn_close), a kept-alive connection idle too long (closed quietly) */
     if (!conn_busy(c) && !c->closing && c->t_request_start && t - c->t_request_start > S->request_timeout) {
         c->keep_alive = 0; /* slowloris: the request was begun and not finished in time */
         send_error(S, c, 408, NULL, "the request took more than %g s to arrive", S->request_timeout);
@@ -1016,6 +1044,8 @@ static void conn_tick(srv_state *S, srv_conn *c, double t) {
     }
     if (!conn_busy(c) && !c->closing && !c->t_request_start && t - c->t_last_active > SRV_IDLE_TIMEOUT)
         c->closing = 1;
+    /* 3. closing: 1 -> (output all sent) 3, lingering after our FIN -> 2, closed; a client that sent its
+     * FIN already has nothing more to say, so it skips the linger */
     if (c->closing == 1 && !conn_unsent(c)) {
         if (c->eof) c->closing = 2;
         else { shutdown(c->fd, SHUT_WR); c->closing = 3; c->t_linger = t; }
@@ -1076,7 +1106,11 @@ static const char *conn_request_id(srv_state *S, srv_conn *c) {
     return c->request_id;
 }
 
-/* A whole response: every one carries the X-Request-Id of its request, errors included. */
+/* A whole response: every one carries the X-Request-Id of its request, errors included. Its framing is
+ * always Content-Length (the body is whole: a chunked body is only a stream's); "Connection: close" tells
+ * the client when the connection ends after it (keep_alive off: HTTP/1.0 without keep-alive, a client's
+ * close, an error the input cannot be read past, draining). The request's id and CORS headers are spent
+ * here. */
 static void send_response(srv_state *S, srv_conn *c, int status, const char *content_type, const char *body,
                           size_t body_len, const char *extra_headers) {
     sbuf h = {0};
@@ -1119,7 +1153,11 @@ static void send_error(srv_state *S, srv_conn *c, int status, const char *param,
     sb_free(&b);
 }
 
-/* One SSE event as one chunk of a chunked body. */
+/* One SSE event as one chunk of a chunked body. On the wire, for a JSON text of n bytes:
+ *   {n + 8 in hex}\r\n data: {json}\n\n \r\n
+ * the chunk's size counts "data: " (6 bytes), the JSON and the blank line that ends the event (2); the last
+ * CRLF ends the chunk. One event per chunk: a client or proxy that reads chunk by chunk gets each event
+ * whole. Three sends, no copy of the JSON into a buffer of its own. */
 static void send_sse(srv_state *S, srv_conn *c, const char *json, size_t n) {
     char head[32];
     int h = snprintf(head, sizeof head, "%zx\r\ndata: ", n + 8);
@@ -1172,8 +1210,13 @@ static int origin_allowed(const srv_state *S, const char *origin) {
 
 /* A request's head is in: what the head alone decides is answered now, before a byte of the body is read
  * (an unknown path, a wrong method, a CORS preflight, a missing API key, a body too large or not JSON,
- * draining). Returns 1 when it answered. Sets the response's X-Request-Id and CORS headers. */
+ * draining). Returns 1 when it answered. Sets the response's X-Request-Id and CORS headers.
+ * The order of the checks is the answer a client gets when several fail: the path (404), a preflight
+ * (answered before the key, as a browser sends none with it), the method (405), the key (401: before
+ * anything about the body, so a client without the key learns nothing from 413 or 415), the body's size
+ * (413) and type (415), then draining (503). */
 static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
+    /* 1. the ids and headers every answer from here on carries, this one's too */
     if (rq->request_id[0]) memcpy(c->request_id, rq->request_id, sizeof c->request_id);
     else mint_request_id(S, c->request_id);
     c->cors[0] = 0;
@@ -1181,6 +1224,7 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
     if (cors) /* as Starlette's CORSMiddleware (vLLM's) answers an allowed origin */
         snprintf(c->cors, sizeof c->cors, "Access-Control-Allow-Origin: %s\r\n%s",
                  origin_allowed(S, "*") ? "*" : rq->origin, origin_allowed(S, "*") ? "" : "Vary: Origin\r\n");
+    /* 2. the checks, in the order above */
     int route = find_route(rq->path);
     if (route < 0) { send_error(S, c, 404, NULL, "Not Found: %s", rq->path); return 1; }
     const char *method = srv_routes[route].method;
@@ -2112,7 +2156,11 @@ static int echo_ids_text(srv_state *S, srv_prompt *sp) {
     return 0;
 }
 
-/* vLLM's truncate_prompt_tokens: only the last K tokens of each prompt (echo shows what is left) */
+/* vLLM's truncate_prompt_tokens: only the last K tokens of each prompt (echo shows what is left).
+ * It runs on the prompt's tokens, not its text, after tokenizing and before check_context, so a long prompt
+ * cut to K tokens passes the context check; parse_sampling has made -1 mean max_model_len and 0 means off.
+ * The first tokens go (the last ones are what the model continues); an echoed prompt's text is written
+ * again from the tokens kept, so echo and logprobs' offsets show what the model was given. */
 static int truncate_prompts(srv_state *S, srv_req *r, srv_error *e) {
     for (int i = 0; i < r->n_prompts && r->truncate_prompt_tokens; i++) {
         srv_prompt *sp = &r->prompts[i];
@@ -2126,7 +2174,13 @@ static int truncate_prompts(srv_state *S, srv_req *r, srv_error *e) {
 
 /* The prompts of /v1/completions: a string, a list of strings, a list of ids, or a list of lists of ids,
  * each into an srv_prompt (its text tokenized, or its ids checked against the vocabulary); at most
- * SRV_MAX_PROMPTS of them, each a separate engine request whose choices share the response. */
+ * SRV_MAX_PROMPTS of them, each a separate engine request whose choices share the response.
+ * Which of the four shapes a prompt is, is read from its first item: a string or a list there makes it a
+ * list of prompts; otherwise the whole value is one prompt (a string, or a list of ids: [] is one empty
+ * prompt, refused as empty). Each item is then checked on its own, so a list that mixes shapes fails on
+ * the first item that does not fit. The count is checked before the array of prompts is allocated; the
+ * ids are bounded by the body's size (SRV_MAX_BODY), and each id must name a token of the vocabulary
+ * (is_token_id) because the engine indexes its embedding table with it. */
 static int completion_prompts(srv_state *S, const llm_json *prompt, srv_req *r, srv_error *e) {
     if (!prompt) return bad(e, 400, "prompt", "prompt is required");
     const llm_json *list = prompt;
@@ -2167,7 +2221,11 @@ static int completion_prompts(srv_state *S, const llm_json *prompt, srv_req *r, 
     return 0;
 }
 
-/* The context check vLLM makes: prompt + max_tokens within max_model_len. */
+/* The context check vLLM makes: prompt + max_tokens within max_model_len.
+ * Two rules, for each prompt: the prompt alone must leave room for one token (n < max_model_len), and when
+ * the request gave max_tokens, prompt + max_tokens must fit. A chat without max_tokens generates until the
+ * context is full (max_tokens 0 for the engine), so only the first rule applies to it, and the message counts
+ * the one token it needs. The message is vLLM's word for word: clients match on it to shorten a prompt. */
 static int check_context(srv_state *S, srv_req *r, int max_tokens, int max_tokens_given, srv_error *e) {
     for (int i = 0; i < r->n_prompts; i++) {
         int n = (int)arrlen(r->prompts[i].prompt_ids);
@@ -2263,20 +2321,29 @@ static int prepare_generation(srv_state *S, const llm_json *body, int kind, cons
 
 /* A prepared generation joins the engine, on the network thread: its prompts added (ids and a parsed grammar:
  * cheap), the connection given the request, a stream's headers sent. Frees r and returns -1 with the error in
- * *e when it cannot start (the queue is full, or the engine refuses its first prompt). */
+ * *e when it cannot start (the queue is full, or the engine refuses its first prompt).
+ * Once it returns 0 the request belongs to the engine's outputs: each of its n_prompts * n choices finishes
+ * exactly once (n_open counts those still open), and the last finish frees it (request_done). */
 static int attach_generation(srv_state *S, srv_conn *c, srv_req *r, const llm_sampling_params *p,
                              srv_error *e) {
+    /* 1. the seed of its tool calls' ids (put_tool_call_id), so a reply read twice gives the same ids */
     r->call_id_seed = llm_splitmix64(&S->id_rng);
+    /* 2. --max-queue counts prompts waiting for their first output (n_queued), as each is one engine request:
+     * a list of 1,000 prompts is 1,000 waiting requests */
     if (S->n_queued + r->n_prompts > S->max_queue) {
         bad(e, 503, NULL, "the server is busy: %d requests are waiting (--max-queue %d)", S->n_queued,
             S->max_queue);
         goto fail;
     }
+    /* 3. the choices, prompt-major: choice prompt * n + sample, the index OpenAI's response gives it */
     r->choices = (srv_choice *)calloc((size_t)(r->n_prompts * r->n), sizeof(srv_choice));
     if (!r->choices) { bad(e, 500, NULL, "out of memory"); goto fail; }
     r->n_open = r->n_prompts * r->n;
     r->conn = c;
     char err[LLM_ERR_LEN];
+    /* 4. each prompt into the engine, with its srv_prompt as the output's user pointer (apply_event finds
+     * the request by it). A refusal after the first prompt cannot undo a request that has begun: the prompts
+     * added are aborted, and their aborted outputs finish the request with the engine's error in r->error */
     for (int i = 0; i < r->n_prompts; i++) {
         srv_prompt *sp = &r->prompts[i];
         sp->n_prompt = (int)arrlen(sp->prompt_ids);
@@ -2293,6 +2360,9 @@ static int attach_generation(srv_state *S, srv_conn *c, srv_req *r, const llm_sa
         S->n_queued++;
         r->prompt_tokens += sp->n_prompt;
     }
+    /* 5. the connection's request in flight (it reads no other until this one ends), and the live list that
+     * a stop drains; a stream's status line and headers go now, before any token, so that an error later
+     * can only be an event inside the stream (finish_request) */
     c->req = r;
     arrput(S->live, r);
     if (r->stream) {
@@ -2382,7 +2452,9 @@ static int handle_detokenize(srv_state *S, const llm_json *body, sbuf *out, srv_
 /* The worker's part of a job: everything a request's bytes can make cost */
 static void job_run(srv_state *S, srv_job *j) {
     char jerr[LLM_ERR_LEN];
+    /* failed until the end says otherwise: each early return leaves a 400 or 500 in j->e */
     j->failed = 1;
+    /* 1. the body as JSON (llm_json_parse bounds its depth), and an object */
     if (llm_json_parse(j->body ? j->body : "", j->body_len, &j->json, jerr) != 0) {
         bad(&j->e, 400, NULL, "the body is not valid JSON: %s", jerr);
         return;
@@ -2390,11 +2462,14 @@ static void job_run(srv_state *S, srv_job *j) {
     j->json_ok = 1;
     free(j->body); j->body = NULL; /* (the parse copied what it keeps) */
     if (j->json.type != LLM_JSON_OBJECT) { bad(&j->e, 400, NULL, "the body must be a JSON object"); return; }
+    /* 2. /tokenize and /detokenize: the whole answer, made here */
     if (j->route == JOB_TOKENIZE || j->route == JOB_DETOKENIZE) {
         j->failed = (j->route == JOB_TOKENIZE ? handle_tokenize : handle_detokenize)(S, &j->json, &j->answer,
                                                                                     &j->e) != 0;
         return;
     }
+    /* 3. a generation: a request prepared, left for the network thread to attach (jobs_done). Its arrival
+     * is when the whole request was read, so the time it waited for a worker is in its latency */
     if (!(j->r = (srv_req *)calloc(1, sizeof *j->r))) { bad(&j->e, 500, NULL, "out of memory"); return; }
     j->r->t_arrival = j->t_arrival;
     j->failed = prepare_generation(S, &j->json, j->route == JOB_CHAT ? REQ_CHAT : REQ_COMPLETIONS,
@@ -2446,10 +2521,12 @@ static void jobs_done(srv_state *S) {
     srv_job **done = S->jobs_done;
     S->jobs_done = NULL;
     pthread_mutex_unlock(&S->job_lock);
+    /* the list taken whole under the lock, then handled without it (a worker never waits on this) */
     for (ptrdiff_t i = 0; i < arrlen(done); i++) {
         srv_job *j = done[i];
         srv_conn *c = j->conn;
         S->held -= j->held;
+        /* a job whose client left (conn_close set conn NULL) is only freed: its request never starts */
         if (c) {
             c->job = NULL;
             c->t_last_active = now_s();
@@ -2478,6 +2555,9 @@ static void jobs_done(srv_state *S) {
  * while copying aborts that request with an error event: a client never gets text with a hole in it. The
  * network thread never waits for a step; the engine thread never touches a request or a connection.
  * ======================================================================================================== */
+/* The engine thread's loop: 1. the stop flag, 2. wait for work (llm_engine_wait sleeps until there is some,
+ * a second at most), 3. one step, 4. each output copied into an event, 5. the events and stats handed
+ * over under the lock and the network thread woken, 6. every 10 s, while there is work, a log line. */
 static void *srv_engine_loop(void *arg) {
     srv_state *S = (srv_state *)arg;
     double last_log = now_s();
@@ -2676,7 +2756,12 @@ static size_t add_completion_entry(srv_state *S, const srv_req *r, srv_choice *c
     return text_start + (n > 0 ? (size_t)n : 0);
 }
 
-/* echo with logprobs: the prompt's tokens open the choice's lists, the first with nulls (as OpenAI, vLLM) */
+/* echo with logprobs: the prompt's tokens open the choice's lists, the first with nulls (as OpenAI, vLLM).
+ * text_start is where the echoed prompt begins in the choice's text, and each token's text_offset is a byte
+ * offset into that text: the sum of the pieces before it. Row t - 1 of sp->lp scores prompt token t (the
+ * first token has no row: nothing comes before it to predict it). The engine computes the rows with the
+ * larger of logprobs and prompt_logprobs (prepare_generation), so only the first r->logprobs of each row's
+ * top list are written here. */
 static void add_prompt_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const srv_prompt *sp,
                                 size_t text_start) {
     const srv_prompt_lp *lp = sp->lp;
@@ -2686,6 +2771,8 @@ static void add_prompt_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const 
     int n = (int)arrlen(sp->prompt_ids), first = 0;
     size_t pieces = 0, skip = 0;
     char piece[256];
+    /* skip: the pieces up to the first one with bytes, less what llm_detokenize makes of the same tokens
+     * (a BOS has no bytes; "▁Once" is " Once" as a piece and "Once" detokenized: skip 1) */
     for (; first < n && !pieces; first++) {
         int k = llm_tokenizer_piece(S->model->tok, sp->prompt_ids[first], 0, piece, sizeof piece);
         pieces += k > 0 ? (size_t)k : 0;
@@ -2693,6 +2780,7 @@ static void add_prompt_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const 
     int detok = llm_detokenize(S->model->tok, sp->prompt_ids, first, 0, NULL, 0);
     if (detok >= 0 && (size_t)detok < pieces) skip = pieces - (size_t)detok;
     pieces = 0;
+    /* each token's offset: the bytes of the pieces before it, less skip, never before text_start */
     for (int t = 0; t < n && lp; t++) {
         int scored = t > 0 && t <= lp->n; /* row t - 1 scores token t */
         size_t row = scored ? (size_t)(t - 1) * (size_t)lp->n_top : 0;
@@ -2703,7 +2791,12 @@ static void add_prompt_logprobs(srv_state *S, srv_req *r, srv_choice *ch, const 
 }
 
 /* vLLM's prompt_logprobs of a choice: null for the first prompt token, then for each a map from token id to
- * its logprob, rank and text: the prompt's own token first, then the top K (each id once). */
+ * its logprob, rank and text: the prompt's own token first, then the top K (each id once).
+ * The list has one entry per prompt token, so entry t is row t - 1 of sp->lp (the row that scores token t);
+ * a map holds K + 1 entries, or K when the prompt's token is among the top K (then written once, first,
+ * with its rank). The own token's rank is the engine's (1 + the tokens more likely than it); the top K's
+ * ranks are their places, 1..K. K is the request's prompt_logprobs: the rows may hold more (echo's logprobs
+ * asked for more), and the rest of each row is not written. */
 static void put_prompt_logprobs(sbuf *b, srv_state *S, srv_req *r, const srv_prompt *sp) {
     const srv_prompt_lp *lp = sp->lp;
     int n_top = lp && r->prompt_logprobs < lp->n_top ? r->prompt_logprobs : lp ? lp->n_top : 0;
@@ -2857,7 +2950,12 @@ static void send_delta(srv_state *S, srv_req *r, int ci, const char *fields, siz
 /* A streamed reply read for thinking and calls: the reply so far is read again after each output, and what
  * it adds to each part is sent: thinking as reasoning_content and reasoning, the answer as content, each call
  * first with its index, id, type, name and empty arguments, then its arguments piece by piece, as OpenAI
- * streams them. The marker text of the syntax never reaches content. Returns whether a call was sent. */
+ * streams them. The marker text of the syntax never reaches content. Returns whether a call was sent.
+ * The invariant that makes differences enough: a partial reading holds back what may yet be a marker, so
+ * each part of one reading begins the same part of every later one (llm_chat_parse_reply's partial). The
+ * choice's sent_reasoning, sent_content and sent_args[k] are byte counts into those parts: what is past
+ * them is new. Each output parses the whole reply so far again: simple, and a reply is at most the
+ * context's length. */
 static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, int final,
                              const char *logprobs) {
     llm_chat_reply rep;
@@ -2868,8 +2966,12 @@ static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, i
         llm_chat_reply_free(&rep);
         return 0;
     }
+    /* 1. the calls to send: while the reply is written, the last one too, its arguments as far as they go;
+     * at the end, a call that max_tokens cut short is no call */
     int n_calls = rep.n_calls - (final ? rep.in_call : 0);
     sbuf d = {0};
+    /* 2. one delta with what the thinking and the answer gained (and this output's logprobs). Thinking read
+     * apart but not asked for (reasoning 1) is counted as sent and dropped: it never reaches content */
     size_t nr = rep.reasoning ? strlen(rep.reasoning) : 0, nc = strlen(rep.content);
     if (nr > ch->sent_reasoning && r->reasoning == 2) {
         const char *piece = rep.reasoning + ch->sent_reasoning;
@@ -2884,6 +2986,8 @@ static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, i
         ch->sent_content = nc;
     }
     if (d.len || logprobs) send_delta(S, r, ci, d.s ? d.s : "", d.len, NULL, logprobs, ch->n_tokens);
+    /* 3. each call: a new one's head in a chunk of its own (index, id, name, "" arguments), then in each
+     * later chunk what its arguments gained, as OpenAI streams a call (a client joins the pieces by index) */
     for (int k = 0; k < n_calls; k++) {
         d.len = 0;
         size_t na = strlen(rep.calls[k].arguments);
@@ -3137,16 +3241,23 @@ static void request_done(srv_state *S, srv_req *r) {
 /* One event into its request: ev->user is the srv_prompt attach_generation gave the engine, ev->index the
  * sample, and the choice is prompt * n + sample. */
 static void apply_event(srv_state *S, srv_event *ev) {
+    /* 1. the choice; the prompt's logprobs move from the event to the prompt (the event is freed after
+     * this), where every sample of the prompt reads them */
     srv_prompt *sp = (srv_prompt *)ev->user;
     srv_req *r = sp->req;
     int ci = sp->index * r->n + ev->index;
     if (ci < 0 || ci >= r->n_prompts * r->n) return;
     srv_choice *ch = &r->choices[ci];
     if (ev->prompt_lp && !sp->lp) { sp->lp = ev->prompt_lp; ev->prompt_lp = NULL; } /* for each choice */
+    /* 2. scoring (echo and max_tokens 0) asks the engine for 1 token, and that token is dropped here */
     if (r->score_only) { /* the one token computed for nothing: no completion, as if max_tokens ran out */
         ev->n_tokens = 0; ev->text_len = 0;
         if (ev->finish == LLM_FINISH_STOP) ev->finish = LLM_FINISH_LENGTH;
     }
+    /* 3. the clocks. A prompt's first output: it has left the waiting queue (n_queued, which --max-queue
+     * bounds), and the step that ran it began at t_step. TTFT is the request's first token; an inter-token
+     * gap is measured between two outputs of the request that came in different steps, so the n choices
+     * of one step add one gap, as vLLM measures per request */
     if (!sp->started) {
         sp->started = 1; S->n_queued--; S->prompt_tokens_total += ev->n_prompt;
         sp->t_scheduled = ev->t_step;
@@ -3162,11 +3273,15 @@ static void apply_event(srv_state *S, srv_event *ev) {
         ch->n_tokens += ev->n_tokens;
         r->completion_tokens += ev->n_tokens;
     }
+    /* 4. the choice's finish; the request keeps the first error of its choices */
     if (ev->finish) {
         ch->finish = ev->finish;
         if (ev->finish == LLM_FINISH_ERROR && !r->error[0])
             snprintf(r->error, sizeof r->error, "%s", ev->error ? ev->error : "the engine failed");
     }
+    /* 5. the response: a stream sends a chunk now; a whole response collects the choice's text (the echoed
+     * prompt first, and its logprobs) and logprobs, with offsets into that text, for finish_request. A
+     * client gone (conn NULL) gets nothing, but its request is counted and freed as any other */
     if (r->conn) {
         if (r->stream) stream_event(S, r, ci, ch, ev);
         else {
@@ -3180,6 +3295,7 @@ static void apply_event(srv_state *S, srv_event *ev) {
             if (ev->text_len) sb_put(&ch->text, ev->text, (size_t)ev->text_len);
         }
     }
+    /* 6. the last choice to finish ends the request and frees it: r is not used after this line */
     if (ev->finish && --r->n_open == 0) request_done(S, r);
 }
 
@@ -3526,12 +3642,14 @@ static int serve(const serve_config *a) {
     double stop_since = 0;
     for (;;) {
         struct epoll_event events[256];
+        /* the timeout is the time-outs' resolution (conn_tick runs at least this often): a second, or a
+         * tenth while the listener rests or --request-timeout is under 2 s */
         int n = epoll_wait(S->epoll_fd, events, 256, S->accept_resume || S->request_timeout < 2 ? 100 : 1000);
         if (n < 0 && errno != EINTR) { fprintf(stderr, "llm serve: epoll: %s\n", strerror(errno)); break; }
         for (int i = 0; i < n; i++) {
             void *p = events[i].data.ptr;
             if (p == &S->listen_fd) { accept_all(S); continue; } /* draining too: /health must answer 503 */
-            if (p == &S->wake[0]) {
+            if (p == &S->wake[0]) { /* its bytes say nothing: they only end epoll_wait; the work is below */
                 char buf[256];
                 while (read(S->wake[0], buf, sizeof buf) > 0) {}
                 continue;
@@ -3546,6 +3664,7 @@ static int serve(const serve_config *a) {
         jobs_done(S);
         double t = now_s();
         if (S->accept_resume && t >= S->accept_resume) listener_rest(S, 0);
+        /* from the last: conn_tick may close a connection, which moves the last one into its place */
         for (ptrdiff_t i = arrlen(S->conns) - 1; i >= 0; i--) conn_tick(S, S->conns[i], t);
         /* draining: the listener stays open (a load balancer's checks get 503, not a refused connection, and
          * new requests get a 503 with Connection: close); the process ends once every request in flight has
@@ -3613,6 +3732,22 @@ out:
  * plain HTTP/1.1 sockets. From the Server-Sent Events it times the first token (TTFT), the gaps between
  * tokens (ITL) and the whole request (E2EL), and prints vLLM's results table and one by prompt length.
  * Its names begin with bs_; it is the server's client, and shares only server.c's growable strings.
+ *
+ * What it measures, and how, for each request (one thread, one connection, Connection: close):
+ *   t_start        before connect(): the connection's set-up is part of every latency, as a client sees it
+ *   tok_t[i]       when the read that brought the i-th SSE event with text returned (bs_http_do): the
+ *                  client's clock, so the network and the server's output buffering are in it too
+ *   t_end          when data: [DONE] came (the server must close the body within BS_DONE_GRACE after it)
+ *   TTFT = tok_t[0] - t_start; E2EL = t_end - t_start; TPOT = (E2EL - TTFT) / (completion tokens - 1), the
+ *   mean decode time of a request (vLLM's formula); ITL = the gaps between events, each divided among the
+ *   tokens it held when usage says the events carried more tokens than there were (bs_itl).
+ * Token counts come from the usage chunk (stream_options.include_usage), else from what was sent and the
+ * events that came. A request is "successful" only with a 200, some text and (streamed) [DONE]; any
+ * failure is counted and the first one's message printed; the exit status is 1 unless all succeeded.
+ * The workload is reproducible: prompts are --seed's random token ids (no tokenizer needed on this side),
+ * max_tokens is drawn per request and ignore_eos asks the server for exactly that many, temperature 0.
+ * Percentiles are nearest-rank (a latency some request really had); vLLM's numpy percentiles interpolate,
+ * which differs a little on small runs.
  * ======================================================================================================== */
 #define BS_MAX_THREADS 1024        /* requests in flight when --max-concurrency is not given */
 #define BS_MAX_HEADER (64 << 10)   /* a response's status line and headers */
@@ -3712,6 +3847,8 @@ static int bs_rand_int(uint64_t *s, int lo, int hi) { /* [lo, hi] */
     return lo + (int)(llm_splitmix64(s) % (uint64_t)(hi - lo + 1));
 }
 
+/* bs_buf_add and bs_buf_printf: sb_put and sb_printf returning -1 once the buffer has failed, for the
+ * "if (!rc) rc = ..." chains of the code below */
 static int bs_buf_add(bs_buf *b, const void *s, size_t n) {
     sb_put(b, (const char *)s, n);
     return -b->failed;
@@ -3819,6 +3956,7 @@ static int bs_connect(const bs_target *t, double timeout, char *err, size_t errn
     return -1;
 }
 
+/* Sends all n bytes of p, waiting (up to timeout each time) while the socket's buffer is full */
 static int bs_send_all(double timeout, int fd, const char *p, size_t n, char *err, size_t errn) {
     while (n) {
         /* MSG_NOSIGNAL: a server that hung up makes this call fail, not SIGPIPE end the process */
@@ -3865,6 +4003,8 @@ static int bs_parse_headers(bs_http *h, char *hdr, char *err, size_t errn) {
     return 0;
 }
 
+/* Appends n decoded body bytes: an SSE body is consumed line by line as it comes (bs_sse_lines), so only a
+ * body kept whole (an error, /v1/models, /metrics) can come near BS_MAX_BODY */
 static int bs_body_add(bs_http *h, const char *p, size_t n, char *err, size_t errn) {
     if (h->body.len + n > BS_MAX_BODY) {
         snprintf(err, errn, "response body over %d bytes", BS_MAX_BODY);
@@ -3944,7 +4084,10 @@ static void bs_sse_lines(bs_request *r, bs_http *h, double t, int final) {
 }
 
 /* One exchange: connect, send req, read the response. For a streamed 200 the SSE events go to r as they
- * arrive; otherwise the body is kept whole in h->body. Returns 0 when a complete response was read. */
+ * arrive; otherwise the body is kept whole in h->body. Returns 0 when a complete response was read.
+ * --timeout bounds each wait for the server (connect, send, each read), not the whole exchange: a long
+ * stream whose tokens keep coming never times out. t, taken when each read returns, is the time of every
+ * event in that read. */
 static int bs_http_do(const bs_target *t, double timeout, const char *req, size_t req_n, bs_http *h,
                       bs_request *r, char *err, size_t errn) {
     int fd = bs_connect(t, timeout, err, errn);
@@ -3953,6 +4096,9 @@ static int bs_http_do(const bs_target *t, double timeout, const char *req, size_
     bs_buf hdr = {0};
     char buf[16384];
     if (bs_send_all(timeout, fd, req, req_n, err, errn)) goto out;
+    /* each pass: wait for bytes, read them, then: the headers gathered until their blank line (and the
+     * body bytes that came with them fed on), or body bytes decoded (bs_feed); a stream's complete lines
+     * are consumed as events at once, so the time of an event is the time its bytes came */
     for (;;) {
         int streaming = in_body && r && h->status == 200 && h->sse;
         double deadline = now_s() + timeout;
@@ -4055,6 +4201,9 @@ static int bs_make_request(const bs_target *t, const char *api_key, bs_buf *req,
 
 static void bs_exchange(bs_request *r, const bs_buf *body, const char *extra_headers);
 
+/* The random-prompt request of --num-prompts: r->in_len token ids drawn from r->seed in [--min-token-id,
+ * --max-token-id] (ids, not text, so its length in tokens is exact on any server that takes ids), exactly
+ * r->out_len tokens asked (ignore_eos), greedy, streamed with the usage at the end. */
 static void bs_run_request(bs_request *r) {
     bs_bench *b = r->b;
     bs_buf body = {0};
@@ -4111,6 +4260,8 @@ out:
     free(h.body.s);
 }
 
+/* A request's thread: it runs the request, then frees its slot (in_flight) and wakes the dispatcher, which
+ * waits on cv for a slot under --max-concurrency and for the last request at the end */
 static void *bs_thread(void *arg) {
     bs_request *r = arg;
     bs_bench *b = r->b;
@@ -4216,6 +4367,10 @@ static int bs_itl(const bs_request *r, double *out) {
     return r->n_tok - 1;
 }
 
+/* vLLM's "Serving Benchmark Result" table from the requests that succeeded: the counts, the throughputs
+ * over the whole run's duration (the first request's dispatch to the last one's end: idle time at a low
+ * --request-rate is in it, as in vLLM), and mean, median and P99 of TTFT, TPOT, ITL and E2EL in ms; then
+ * the same by prompt length. Returns the exit status: 0 when every request succeeded. */
 static int bs_report(bs_bench *b, bs_request *rs, double duration) {
     int n = b->num_prompts, ok = 0, failed = 0, n_itl_max = 0, first_failed = -1;
     long long in_tok = 0, out_tok = 0;
@@ -4337,6 +4492,12 @@ typedef struct {
     bs_request *rounds;     /* [b->rounds] */
 } bs_user;
 
+/* One user's conversation: its rounds one after another, each sent once the last answer is whole (a user
+ * reads before asking again), the answer's text put into the history as it came (still JSON-escaped), so
+ * that the next round's prompt repeats the earlier rounds and can find them in the prefix cache. A failed
+ * round ends the conversation: the rounds after it fail without being sent. With --request-rate, user u
+ * starts at u / rate seconds (evenly spaced, not Poisson); --max-concurrency is refused with --multi-turn:
+ * the users are the concurrency. */
 static void *bs_user_thread(void *arg) {
     bs_user *u = arg;
     bs_bench *b = u->b;
@@ -4468,6 +4629,10 @@ static void bs_ttft_lines(const char *what, double *v, int n) { /* v in seconds;
     printf("%-40s %.2f\n", label, 1e3 * bs_pct(v, n, 90));
 }
 
+/* --multi-turn's run: the shared system prompt drawn from --seed, the prefix cache's counters read, one
+ * thread per user, the counters read again; then its table: throughputs, TTFT P50/P90 of round 1 and of
+ * rounds 2+ (the prefix cache's gain shows as their gap), the hit rate of the replicas read both times,
+ * and the cached tokens the responses' usage reported. */
 static int bs_multi_turn(bs_bench *b) {
     int n = b->users * b->rounds, n_metrics = (int)arrlen(b->metrics), rc = 1;
     bs_request *rs = calloc(n, sizeof *rs);
@@ -4617,6 +4782,10 @@ static void bs_sleep_until(double t) {
     }
 }
 
+/* llm bench serve's main: the flags (each checked; a flag of the other mode than the one chosen is refused
+ * rather than ignored), the target resolved, the model named or found (GET /v1/models), then either
+ * --multi-turn or the random workload below. The dispatcher sleeps until each request's arrival time,
+ * waits for a free slot under --max-concurrency, and gives the request a detached thread of its own. */
 static int bench_serve(int argc, char **argv, int start) {
     bs_bench b = {.endpoint = NULL, .num_prompts = 200,
                   .in_min = 32, .in_max = 256, .out_min = 16, .out_max = 128, .tok_min = 3, .tok_max = 500,
