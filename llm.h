@@ -72,8 +72,8 @@
  *         llm_kv_group_layers, llm_kv_groups, llm_kv_place
  *   tokenizer: llm_tokenizer_load, llm_tokenizer_free, llm_tokenize, llm_tokenizer_n_vocab, _bos, _eos,
  *         _adds_bos, _is_eog, _warning; llm_tokenize_prompt
- *   chat: llm_chat_template_init, llm_chat_render, llm_chat_stop_ids, llm_chat_detect, llm_chat_family_name,
- *         llm_chat_family_from_name
+ *   chat: llm_chat_template_init, llm_chat_template_set_today, llm_chat_render, llm_chat_stop_ids,
+ *         llm_chat_detect, llm_chat_family_name, llm_chat_family_from_name
  *   blocks: llm_block_manager_init, llm_block_manager_free, llm_block_alloc, llm_block_release,
  *         llm_block_hash, llm_block_lookup, llm_block_set_hash
  *   forward: llm_rope_freqs, llm_moe_route, llm_cpu_backend_create, llm_cpu_exact_backend_create,
@@ -374,6 +374,8 @@ typedef struct {
                                      * and today's date, always */
     char date[32];                  /* that date, as "26 Jul 2024" (init: today's, or the template's own;
                                      * gpt-oss: today's, as "2026-11-26") */
+    int dated_today;                /* the date is today's (Llama 3.2's strftime_now, gpt-oss): a program
+                                     * that runs for days renews it (llm_chat_template_set_today) */
     char reasoning_effort[16];      /* gpt-oss: its system message's "Reasoning:" (init: "medium") */
     int tool_format;                /* enum llm_tool_format */
     int call_id_len;                /* Mistral: the template takes only call ids of 9 letters and digits; 0
@@ -395,6 +397,10 @@ int  llm_chat_detect(const char *template_text, size_t len, const llm_tokenizer 
  * without a tokenizer. */
 int  llm_chat_template_init(llm_chat_template *ct, const char *template_text, size_t len,
                             const llm_tokenizer *t, const char *name, char *err);
+/* A template that dates its prompts today (ct->dated_today) gets the date of unix_seconds in the local time
+ * zone, in its format, the month's name in English whatever the locale; any other keeps its date. A server
+ * calls it for each request, or a prompt would carry the day it started. */
+void llm_chat_template_set_today(llm_chat_template *ct, int64_t unix_seconds);
 /* The conversation as text, with the assistant's generation prompt at the end when asked; tools: the JSON
  * text of a request's tools, a list of {"type": "function", "function": {"name", "description",
  * "parameters"}} (NULL: none), written as the family writes them. Returns the length (which may exceed cap:
@@ -3859,23 +3865,31 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
     ct->opens_think = ct->thinks && llm_has(tt.ptr, tt.len, "'<|im_start|>assistant\\n<think>\\n'");
     if (ct->family == LLM_CHAT_CHATML)
         llm_chat_find_default_system(tt.ptr, tt.len, ct->default_system, sizeof ct->default_system);
-    /* Llama 3.1's template dates the system turn 26 Jul 2024; 3.2's asks for today's date (strftime_now).
-     * %b is the month's English abbreviation in the C locale: nothing here calls setlocale, but a program
-     * that sets LC_TIME before this gets its own locale's names, which the model was not trained on. */
+    /* Llama 3.1's template dates the system turn 26 Jul 2024; 3.2's asks for today's date (strftime_now) */
     ct->dated_system = ct->family == LLM_CHAT_LLAMA3 && llm_has(tt.ptr, tt.len, "Cutting Knowledge Date");
     snprintf(ct->date, sizeof ct->date, "26 Jul 2024");
     int gpt_oss = ct->family == LLM_CHAT_GPT_OSS;
-    if (gpt_oss || llm_has(tt.ptr, tt.len, "strftime_now")) {
-        time_t now = time(NULL);
-        struct tm tm;
-        if (localtime_r(&now, &tm))
-            strftime(ct->date, sizeof ct->date, gpt_oss ? "%Y-%m-%d" : "%d %b %Y", &tm);
-    }
+    ct->dated_today = gpt_oss || llm_has(tt.ptr, tt.len, "strftime_now");
+    llm_chat_template_set_today(ct, (int64_t)time(NULL));
     /* gpt-oss always thinks first (its analysis channel) */
     if (gpt_oss) { ct->thinks = 1; ct->tool_format = LLM_TOOLS_HARMONY; }
     /* gpt-oss's default effort; a request's reasoning_effort replaces it in its copy */
     snprintf(ct->reasoning_effort, sizeof ct->reasoning_effort, "medium");
     return 0;
+}
+
+/* The date as the templates' strftime_now writes it: "%d %b %Y" (Llama 3.2, "02 Jan 2030") or "%Y-%m-%d"
+ * (gpt-oss). The month's name comes from this table, not strftime's %b, whose names follow LC_TIME: a
+ * program that sets a locale would otherwise write names the model never saw in training. */
+void llm_chat_template_set_today(llm_chat_template *ct, int64_t unix_seconds) {
+    static const char months[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
+                                       "Nov", "Dec"};
+    time_t now = (time_t)unix_seconds;
+    struct tm tm;
+    if (!ct->dated_today || !localtime_r(&now, &tm) || tm.tm_mon < 0 || tm.tm_mon > 11) return;
+    if (ct->family == LLM_CHAT_GPT_OSS)
+        snprintf(ct->date, sizeof ct->date, "%04d-%02d-%02d", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday);
+    else snprintf(ct->date, sizeof ct->date, "%02d %s %04d", tm.tm_mday, months[tm.tm_mon], tm.tm_year + 1900);
 }
 
 /* ---- Rendering ----------------------------------------------------------------------------------------- */

@@ -1929,6 +1929,7 @@ static const char *mistral_call_id(const char *id, char out[10]) {
 static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **text, int *len, srv_error *e) {
     /* 1. the template's switches: enable_thinking, reasoning_effort, and how the prompt ends */
     r->chat = S->chat;
+    llm_chat_template_set_today(&r->chat, (int64_t)time(NULL)); /* today's, not the start's */
     const llm_json *v = llm_json_get(body, "chat_template_kwargs");
     if (v && v->type != LLM_JSON_NULL && v->type != LLM_JSON_OBJECT)
         return bad(e, 400, "chat_template_kwargs", "chat_template_kwargs must be an object");

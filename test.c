@@ -6606,6 +6606,31 @@ static void test_chat_templates(void) {
                   "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
                   "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
                   "<|start_header_id|>assistant<|end_header_id|>\n\n"), "llama 3.1 dated: %s", out);
+    /* Llama 3.2's and gpt-oss's templates date the prompt today (strftime_now): renewed for each request, so a
+     * server that runs past midnight writes the new day; the month in English whatever the locale (strftime
+     * in this program's C locale is the oracle); a template with its own date keeps it */
+    {
+        const time_t when = 1893580000; /* 2 Jan 2030 in most time zones */
+        struct tm tm;
+        char want[32] = "";
+        localtime_r(&when, &tm);
+        strftime(want, sizeof want, "%d %b %Y", &tm);
+        ct.dated_today = 1;
+        llm_chat_template_set_today(&ct, (int64_t)when);
+        CHECK(!strcmp(ct.date, want), "today's date, Llama 3.2's way: %s, want %s", ct.date, want);
+        llm_chat_render(&ct, conv + 1, 1, NULL, 1, out, sizeof out);
+        char line[64];
+        snprintf(line, sizeof line, "\nToday Date: %s\n", want);
+        CHECK(strstr(out, line) != NULL, "the prompt carries it: %s", out);
+        ct.family = LLM_CHAT_GPT_OSS;
+        strftime(want, sizeof want, "%Y-%m-%d", &tm);
+        llm_chat_template_set_today(&ct, (int64_t)when);
+        CHECK(!strcmp(ct.date, want), "today's date, gpt-oss's way: %s, want %s", ct.date, want);
+        ct.family = LLM_CHAT_LLAMA3; ct.dated_today = 0;
+        snprintf(ct.date, sizeof ct.date, "26 Jul 2024");
+        llm_chat_template_set_today(&ct, (int64_t)when);
+        CHECK(!strcmp(ct.date, "26 Jul 2024"), "a template's own date is kept: %s", ct.date);
+    }
     /* the length comes back when the room is short, nothing past cap is written; a role it does not know */
     char small[8];
     memset(small, 'x', sizeof small);
