@@ -3889,7 +3889,8 @@ void llm_chat_template_set_today(llm_chat_template *ct, int64_t unix_seconds) {
     if (!ct->dated_today || !localtime_r(&now, &tm) || tm.tm_mon < 0 || tm.tm_mon > 11) return;
     if (ct->family == LLM_CHAT_GPT_OSS)
         snprintf(ct->date, sizeof ct->date, "%04d-%02d-%02d", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday);
-    else snprintf(ct->date, sizeof ct->date, "%02d %s %04d", tm.tm_mday, months[tm.tm_mon], tm.tm_year + 1900);
+    else
+        snprintf(ct->date, sizeof ct->date, "%02d %s %04d", tm.tm_mday, months[tm.tm_mon], tm.tm_year + 1900);
 }
 
 /* ---- Rendering ----------------------------------------------------------------------------------------- */

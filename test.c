@@ -6606,8 +6606,8 @@ static void test_chat_templates(void) {
                   "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
                   "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
                   "<|start_header_id|>assistant<|end_header_id|>\n\n"), "llama 3.1 dated: %s", out);
-    /* Llama 3.2's and gpt-oss's templates date the prompt today (strftime_now): renewed for each request, so a
-     * server that runs past midnight writes the new day; the month in English whatever the locale (strftime
+    /* Llama 3.2's and gpt-oss's templates date the prompt today (strftime_now): renewed for each request, so
+     * a server that runs past midnight writes the new day; the month in English whatever the locale (strftime
      * in this program's C locale is the oracle); a template with its own date keeps it */
     {
         const time_t when = 1893580000; /* 2 Jan 2030 in most time zones */
