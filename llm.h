@@ -2584,6 +2584,25 @@ static int llm_set_run(int set, const uint32_t *cp, const char *cls, int j, int 
     return end;
 }
 
+/* The last unbounded run scanned in a piece: characters [from, end) of set, and end_break, the end of the
+ * last line break in it (-1: none). Why: a run from any j inside [from, end) ends at end too, so the kinds
+ * that match only part of a run and come back for the rest (LLM_ALT_THREES takes three digits at a time,
+ * LLM_ALT_DIGIT_GROUPS an empty match, jais2's spaces 512 at a time, \s+$ and \s*[\r\n]+ that fail at
+ * each space of a run with no end or break) look its end up instead of scanning it again: each run is
+ * scanned once per regex, so a piece costs linear time, where a scan at each match made a run of d digits
+ * cost d^2 / 3 (a 1 MB prompt of digits: minutes). Valid for one piece (one n): llm_pretokenize resets it. */
+typedef struct { int set, from, end, end_break; } llm_run_memo;
+
+/* llm_set_run with no limit, through the memo: the end of the run of set from j, before n */
+static int llm_set_run_memo(llm_run_memo *memo, int set, const uint32_t *cp, const char *cls, int j, int n) {
+    if (memo->set != set || j < memo->from || j >= memo->end) {
+        memo->set = set; memo->from = j; memo->end_break = -1;
+        for (memo->end = j; memo->end < n && llm_in_set(set, cp[memo->end], cls[memo->end]); memo->end++)
+            if (cp[memo->end] == '\r' || cp[memo->end] == '\n') memo->end_break = memo->end + 1;
+    }
+    return memo->end > j ? memo->end : j;
+}
+
 static uint32_t llm_ascii_lower(uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
 
 /* English contractions: where 's 't 're 've 'm 'll or 'd ends when one starts at i (ASCII letters of either
@@ -2607,38 +2626,36 @@ static int llm_literal(const char *lit, const uint32_t *cp, int j, int n) {
  * ends the piece. A regex engine would search the ways to match by backtracking; each kind here computes
  * the one match that search ends with. The switch handles the kinds without an optional prefix; the rest
  * try the prefix character first (`?` is greedy), then without it. Cost: a call scans at most to n; most
- * matches then take what was scanned, but LLM_ALT_THREES and LLM_ALT_DIGIT_GROUPS scan the rest of a digit
- * run at each of their matches, so a run of d digits costs of the order of d^2 there. */
-static int llm_alt_match(const llm_alt *a, const uint32_t *cp, const char *cls, int i, int n) {
+ * matches then take what was scanned, and the kinds that take part of a run, or fail inside one, read the
+ * run's end from memo (llm_run_memo), so a piece costs linear time. */
+static int llm_alt_match(const llm_alt *a, const uint32_t *cp, const char *cls, int i, int n,
+                         llm_run_memo *memo) {
     int run, end;
     switch (a->kind) {
     case LLM_ALT_CONTRACTION: return llm_contraction(cp, i, n, a->flags & LLM_ALT_ANY_CASE);
-    case LLM_ALT_BREAKS: /* all the white space, backed off to its last line break */
-        end = -1;
-        for (int j = i; j < n && llm_in_set(LLM_SET_SPACE, cp[j], cls[j]); j++)
-            if (cp[j] == '\r' || cp[j] == '\n') end = j + 1;
-        return end;
+    case LLM_ALT_BREAKS: /* all the white space, backed off to its last line break (one at i or later) */
+        llm_set_run_memo(memo, LLM_SET_SPACE, cp, cls, i, n);
+        return memo->end_break > i ? memo->end_break : -1;
     case LLM_ALT_SPACES: /* all the white space at the end of the piece, else all of it but the last */
         run = llm_set_run(LLM_SET_SPACE, cp, cls, i, n, 0) - i;
         return run == 0 ? -1 : i + run == n ? n : run > 1 ? i + run - 1 : -1;
     case LLM_ALT_SPACES_JAIS2: /* the same, but in lengths of 512, 256, ..., 4, then 2 or 1 */
-        run = llm_set_run(LLM_SET_SPACE, cp, cls, i, n, 0) - i;
+        run = llm_set_run_memo(memo, LLM_SET_SPACE, cp, cls, i, n) - i;
         if (run == 0) return -1;
         for (int len = 512; len >= 1; len = len == 4 ? 2 : len / 2)
             if (len < run || (len == run && i + run == n)) return i + len;
         return i + 1;
     case LLM_ALT_DIGIT_GROUPS:
-        run = 0;
-        while (i + run < n && (cls[i + run] & LLM_UC_CLASS) == LLM_UC_DIGIT) run++;
+        run = llm_set_run_memo(memo, LLM_SET_DIGIT, cp, cls, i, n) - i;
         return run > 0 && run % 3 == 0 ? i : -1;
     case LLM_ALT_THREES: /* what is left of the run over whole threes, else three */
-        run = llm_set_run(a->body, cp, cls, i, n, 0) - i;
+        run = llm_set_run_memo(memo, a->body, cp, cls, i, n) - i;
         if (run == 0) return -1;
         /* \b after a digit (a \w): the piece ends, or what follows is no \w */
         if ((a->flags & LLM_ALT_WORD_AFTER) && i + run < n && (cls[i + run] & LLM_UC_WORD)) return -1;
         return i + (run % 3 ? run % 3 : 3);
     case LLM_ALT_TRAILING_SPACES: /* the white space that ends the piece */
-        run = llm_set_run(LLM_SET_SPACE, cp, cls, i, n, 0);
+        run = llm_set_run_memo(memo, LLM_SET_SPACE, cp, cls, i, n);
         return run > i && run == n ? n : -1;
     case LLM_ALT_LITERAL: /* the string after is no character of body's set: there is nothing to back off */
         end = llm_literal(a->before, cp, i, n);
@@ -2970,10 +2987,11 @@ static void llm_pretokenize(int pre, const uint32_t *cp, const char *cls, int nc
         for (int start = 0, end; start < nc; start = end) {
             for (end = start + 1; !cut[end]; end++) {}
             /* the regex's matches in the piece [start, end); the text between them stays as it is */
+            llm_run_memo memo = {-1, 0, 0, -1}; /* no run scanned yet in this piece */
             for (int i = start; i < end;) {
                 int m = -1;
                 for (const llm_alt *a = alts; a->kind != LLM_ALT_END && m < 0; a++)
-                    m = llm_alt_match(a, cp, cls, i, end);
+                    m = llm_alt_match(a, cp, cls, i, end, &memo);
                 if (m < 0) { i++; continue; }
                 cut[i] = cut[m] = 1;
                 i = m > i ? m : i + 1;

@@ -609,6 +609,47 @@ static void test_pretokenizers(void) {
     }
 }
 
+/* The CPU seconds this thread spends splitting n copies of unit, then tail, with pattern pre. */
+static double tok_split_seconds(int pre, const char *unit, int n, const char *tail) {
+    size_t unit_len = strlen(unit), tail_len = strlen(tail), len = unit_len * (size_t)n + tail_len;
+    char *text = (char *)malloc(len);
+    uint32_t *cp = (uint32_t *)malloc(len * sizeof *cp);
+    char *cls = (char *)malloc(len);
+    uint8_t *cut = (uint8_t *)malloc(len + 1);
+    int *off = (int *)malloc((len + 1) * sizeof *off);
+    struct timespec a, b;
+    for (int i = 0; i < n; i++) memcpy(text + (size_t)i * unit_len, unit, unit_len);
+    memcpy(text + unit_len * (size_t)n, tail, tail_len);
+    int nc = llm_decode_text(text, len, cp, cls, off);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+    llm_pretokenize(pre, cp, cls, nc, cut);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    free(text); free(cp); free(cls); free(cut); free(off);
+    return (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9;
+}
+
+/* Request bytes drive the pre-tokenizer's work: the runs that its kinds cut in parts or fail inside (digits
+ * cut in threes from the end, superbpe's empty matches, jais2's spaces 512 at a time, deepseek-llm's \s+$
+ * before a digit) cost linear time, as letters do: each within 20x the same length of letters, plus 50 ms
+ * (CPU time of this thread: a slow shared machine does not count). Scanning the rest of the run at each
+ * match made 50,000 digits take seconds (50,000 letters: about a millisecond), 300,000 spaces for jais2
+ * about 2 s. */
+static void test_pretokenizer_long_runs(void) {
+    /* jais2's longer: its quadratic cost was 512 times smaller */
+    static const struct { int pre; const char *name, *unit, *tail; int n; } runs[] = {
+        {LLM_PRE_TINY_AYA, "tiny_aya", "1", "", 50000}, {LLM_PRE_TINY_AYA, "tiny_aya", "1", "a", 50000},
+        {LLM_PRE_AFMOE, "afmoe", "1", "", 50000}, {LLM_PRE_SUPERBPE, "superbpe", "1", "x", 50000},
+        {LLM_PRE_JAIS2, "jais-2", " ", "x", 300000}, {LLM_PRE_DEEPSEEK_LLM, "deepseek-llm", "\t", "1", 50000},
+    };
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        int n = runs[k].n;
+        double letters = tok_split_seconds(runs[k].pre, "a", n, runs[k].tail);
+        double run = tok_split_seconds(runs[k].pre, runs[k].unit, n, runs[k].tail);
+        CHECK(run <= 20 * letters + 0.05, "%s: %d of \"%s\" then \"%s\" split in %.3f s (letters: %.4f s)",
+              runs[k].name, n, runs[k].unit[0] == '\t' ? "\\t" : runs[k].unit, runs[k].tail, run, letters);
+    }
+}
+
 /* Decodes the JSON string whose opening quote is at q into out (room for cap bytes); returns its length. */
 static size_t tok_json_string(const char *q, char *out, size_t cap) {
     size_t n = 0;
@@ -11820,7 +11861,9 @@ int main(int argc, char **argv) {
         {"tokenizer fixtures", test_tokenizer_fixtures},
         {"streaming detokenizer", test_detokenizer_streaming},
         {"tokenizer api", test_tokenizer_api}, {"odd vocabularies", test_tokenizer_odd_vocabularies},
-        {"pre-tokenizers", test_pretokenizers}, {"detokenizer on references", test_detokenizer_references},
+        {"pre-tokenizers", test_pretokenizers},
+        {"pre-tokenizers on long runs", test_pretokenizer_long_runs},
+        {"detokenizer on references", test_detokenizer_references},
         {"gguf values", test_gguf_values}, {"gguf errors", test_gguf_errors},
         {"stories260K references", test_stories_reference},
         {"random model references", test_random_models_reference},
