@@ -4136,6 +4136,12 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
             llm_chat_puts(&c, "<|end|>");
         }
         const char *last_call = NULL; /* a tool's result answers the last call made */
+        /* the last final answer (an assistant message without calls; -1: none), found once: a call's
+         * thinking is kept unless one follows it, and a scan of the later messages at each call would cost
+         * calls x messages, quadratic in a request's messages */
+        int last_answer = -1;
+        for (int k = n - 1; k >= first && last_answer < 0; k--)
+            if (role[k] == LLM_ROLE_ASSISTANT && !msgs[k].n_tool_calls) last_answer = k;
         for (int i = first; i < n && !failed; i++) {
             if (role[i] == LLM_ROLE_USER) {
                 llm_chat_puts(&c, "<|start|>user<|message|>"); llm_chat_puts(&c, CONTENT(i));
@@ -4159,9 +4165,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
                     break;
                 }
                 if (msgs[i].n_tool_calls > 0) { /* its first call; the thinking kept until a final answer */
-                    int answered = 0;
-                    for (int k = i + 1; k < n; k++)
-                        answered |= role[k] == LLM_ROLE_ASSISTANT && !msgs[k].n_tool_calls;
+                    int answered = last_answer > i;
                     const llm_chat_tool_call *tc = &msgs[i].tool_calls[0];
                     if (CONTENT(i)[0] && thinking && thinking[0]) { failed = 1; break; }
                     const char *analysis = CONTENT(i)[0] ? CONTENT(i) :

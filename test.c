@@ -6552,6 +6552,51 @@ static const struct { const char *model, *text; int family; } chat_published[] =
      "add_generation_prompt -%}\n    {{'<start_of_turn>model\n'}}\n{%- endif -%}\n", LLM_CHAT_GEMMA},
 };
 
+/* The CPU seconds this thread spends rendering msgs[0..n) with ct (measuring: no text kept); *len the
+ * length llm_chat_render returned. */
+static double chat_render_seconds(const llm_chat_template *ct, const llm_chat_message *msgs, int n,
+                                  const char *tools, int *len) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+    *len = llm_chat_render(ct, msgs, n, tools, 1, NULL, 0);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    return (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9;
+}
+
+/* Request bytes drive the render's work: gpt-oss keeps a call's thinking unless a final answer follows it,
+ * found once for the whole conversation. 50,000 calls, each with its result, render within 20x the time of
+ * as many user messages, plus 50 ms (this thread's CPU time); a scan of the later messages at each call
+ * took seconds. */
+static void test_chat_render_work(void) {
+    llm_gguf g;
+    llm_tokenizer *t = tok_load(&g, "ggml-vocab-gpt-2.gguf", NULL);
+    size_t text_len = 0;
+    char *text = read_file("testdata/templates/openai-gpt-oss-120b.jinja", &text_len), err[LLM_ERR_LEN] = "";
+    llm_chat_template ct;
+    int ok = t && text && llm_chat_template_init(&ct, text, text_len, t, NULL, err) == 0 &&
+             ct.family == LLM_CHAT_GPT_OSS;
+    CHECK(ok, "gpt-oss's template: %s", err);
+    const int calls = 50000, n = 1 + 2 * calls;
+    llm_chat_message *msgs = (llm_chat_message *)calloc((size_t)n, sizeof *msgs),
+                     *users = (llm_chat_message *)calloc((size_t)n, sizeof *users);
+    static const llm_chat_tool_call call = {.name = "f", .arguments = "{}"};
+    msgs[0] = (llm_chat_message){.role = "user", .content = "Hi"};
+    for (int i = 0; i < calls; i++) {
+        msgs[1 + 2 * i] = (llm_chat_message){.role = "assistant", .reasoning = "hm", .tool_calls = &call,
+                                             .n_tool_calls = 1};
+        msgs[2 + 2 * i] = (llm_chat_message){.role = "tool", .content = "1"};
+    }
+    for (int i = 0; i < n; i++) users[i] = (llm_chat_message){.role = "user", .content = "Hi"};
+    int len_calls = -1, len_users = -1;
+    double t_calls = ok ? chat_render_seconds(&ct, msgs, n, NULL, &len_calls) : 0;
+    double t_users = ok ? chat_render_seconds(&ct, users, n, NULL, &len_users) : 0;
+    CHECK(!ok || (len_calls > 0 && len_users > 0 && t_calls <= 20 * t_users + 0.05),
+          "gpt-oss: %d calls rendered in %.3f s (length %d), %d user messages in %.4f s", calls, t_calls,
+          len_calls, n, t_users);
+    free(msgs); free(users); free(text);
+    if (t) { llm_tokenizer_free(t); llm_gguf_close(&g); }
+}
+
 static void test_chat_templates(void) {
     /* the fixed conversation; the reply has a space on each side, which some templates trim */
     const llm_chat_message conv[] = {{"system", "You are a helpful assistant."}, {"user", "Hello"},
@@ -11906,6 +11951,7 @@ int main(int argc, char **argv) {
         {"threads for the load", test_threads_for_load},
         {"chat templates", test_chat_templates},
         {"chat templates: tools against Jinja", test_chat_tools_jinja},
+        {"chat templates: work per message", test_chat_render_work},
         {"tool calls: grammar and reading back", test_tool_calls},
         {"tool calls: Mistral's marker token", test_tool_marker_token},
         {"gpt-oss: harmony tokens, grammar, reply", test_harmony_tokens},
