@@ -376,6 +376,8 @@ typedef struct {
     int thinks;                     /* the model writes <think>...</think> before its answer (Qwen3) */
     int opens_think;                /* the generation prompt opens the <think> block itself (Qwen3's
                                      * thinking-only templates, as DeepSeek-R1's): the reply starts inside */
+    size_t max_text;                /* the longest text a render writes, in bytes: past it the render stops
+                                     * and returns -2 (init 0, as is more than LLM_CHAT_MAX_TEXT: that) */
     char note[LLM_ERR_LEN];         /* a warning: why the family is not what was asked for ("" when it is) */
 } llm_chat_template;
 
@@ -390,11 +392,14 @@ int  llm_chat_detect(const char *template_text, size_t len, const llm_tokenizer 
  * without a tokenizer. */
 int  llm_chat_template_init(llm_chat_template *ct, const char *template_text, size_t len,
                             const llm_tokenizer *t, const char *name, char *err);
+/* The longest text llm_tokenize takes (INT32_MAX / 4 bytes): a render's bound unless ct->max_text is less
+ * (a longer text could not be tokenized anyway) */
+#define LLM_CHAT_MAX_TEXT ((size_t)INT32_MAX / 4)
 /* The conversation as text, with the assistant's generation prompt at the end when asked; tools: the JSON
  * text of a request's tools, a list of {"type": "function", "function": {"name", "description",
  * "parameters"}} (NULL: none), written as the family writes them. Returns the length (which may exceed cap:
- * then call again with more room; out is NUL-terminated when the text fits), or -1 for a role it does not
- * know or tools or arguments that are not JSON. */
+ * then call again with more room; out is NUL-terminated when the text fits), -1 for a role it does not
+ * know or tools or arguments that are not JSON, or -2 for a text longer than ct->max_text. */
 int  llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, int n_msgs, const char *tools,
                      int add_generation_prompt, char *out, int cap);
 /* The ids that end the assistant's turn in this family (<|im_end|>, <|eot_id|>, <end_of_turn>, ... and EOS),
@@ -3669,15 +3674,20 @@ int llm_chat_template_init(llm_chat_template *ct, const char *template_text, siz
 /* ---- Rendering ----------------------------------------------------------------------------------------- */
 /* The output: the caller's buffer, written up to cap and counted past it, as llm_out is for ids. A render
  * with cap 0 measures; the caller then allocates n + 1 and renders again. The two passes write the same
- * bytes because a render depends only on its arguments (the date is fixed at init). */
-typedef struct { char *out; size_t cap, n; } llm_chat_text; /* counts every byte, stores the first cap */
+ * bytes because a render depends only on its arguments (the date is fixed at init). max bounds the text
+ * (0: no bound): a write past it sets over and nothing more is written or counted. Why: the text is not
+ * linear in the request's bytes (Mistral's templates write all the tools again before each user message
+ * that repeats the last one: an 8 MB request could render to gigabytes), and a caller allocates what a
+ * measure counts; with over set, each later write costs nothing, so the render stops early in effect. */
+typedef struct { char *out; size_t cap, n, max; int over; } llm_chat_text; /* counts, stores the first cap */
 
-/* Appends n bytes: what fits is copied, all are counted (c->out may be NULL with cap 0) */
+/* Appends n bytes: what fits is copied, all are counted (c->out may be NULL with cap 0); none past max */
 static void llm_chat_put(llm_chat_text *c, const char *s, size_t n) {
+    if (c->over || (c->max && n > c->max - c->n)) { c->over = 1; return; }
     if (n && c->n < c->cap) memcpy(c->out + c->n, s, c->n + n <= c->cap ? n : c->cap - c->n);
     c->n += n;
 }
-static void llm_chat_puts(llm_chat_text *c, const char *s) { llm_chat_put(c, s, strlen(s)); }
+static void llm_chat_puts(llm_chat_text *c, const char *s) { if (!c->over) llm_chat_put(c, s, strlen(s)); }
 
 /* Python's str.strip() of white space (Jinja's trim), and strip(chars) of one character, on each side asked
  * (ASCII white space, and the separators 0x1c-0x1f that Python counts too). Byte for byte matters here:
@@ -3829,7 +3839,9 @@ static int llm_qwen3_last_query(const llm_chat_message *msgs, const int *role, i
  * without a NUL: a caller that measured with cap 0 allocates that + 1 and renders again with it. */
 int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, int n, const char *tools,
                     int gen, char *out, int cap) {
-    llm_chat_text c = {out, out && cap > 0 ? (size_t)cap : 0, 0};
+    /* the bound: the caller's, within what llm_tokenize takes (and so within an int) */
+    size_t max = ct->max_text && ct->max_text < LLM_CHAT_MAX_TEXT ? ct->max_text : LLM_CHAT_MAX_TEXT;
+    llm_chat_text c = {out, out && cap > 0 ? (size_t)cap : 0, 0, max, 0};
     llm_json tl;
     memset(&tl, 0, sizeof tl);
     int bad_tools = tools && (llm_json_parse(tools, strlen(tools), &tl, NULL) != 0 ||
@@ -4034,7 +4046,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         llm_chat_puts(&c, bos);
         /* per message: the tools before the last question, then a call, a result, a question or an answer */
         for (int i = first; i < n && !failed; i++) {
-            if (role[i] == LLM_ROLE_USER && tl_given && ct->tool_format == LLM_TOOLS_MISTRAL &&
+            if (role[i] == LLM_ROLE_USER && tl_given && ct->tool_format == LLM_TOOLS_MISTRAL && !c.over &&
                 !strcmp(CONTENT(i), CONTENT(last_user)))
                 failed = llm_mistral_tools(&c, tl_given, tekken) != 0;
             int calls = role[i] == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0;
@@ -4080,7 +4092,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
                 llm_chat_puts(&c, tekken ? "[SYSTEM_PROMPT]" : "[SYSTEM_PROMPT] ");
                 llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "[/SYSTEM_PROMPT]");
             } else if (role[i] == LLM_ROLE_USER) {
-                if (args && tl_given && !strcmp(CONTENT(i), CONTENT(last_user))) { /* the tools, as tojson */
+                /* the tools, as tojson (not once over the bound: each dump costs the tools' size) */
+                if (args && tl_given && !c.over && !strcmp(CONTENT(i), CONTENT(last_user))) {
                     char *py = llm_json_dumps(tl_given, 1);
                     llm_chat_puts(&c, "[AVAILABLE_TOOLS]"); llm_chat_puts(&c, py ? py : "");
                     llm_chat_puts(&c, "[/AVAILABLE_TOOLS]");
@@ -4256,10 +4269,11 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         break;
     }
 #undef CONTENT
-    /* 5. the length, which the caller's int must hold; the text NUL-terminated when it fits */
+    /* 5. the length (max keeps it within an int); the text NUL-terminated when it fits */
     free(role);
     llm_json_free(&tl);
-    if (failed || c.n >= (size_t)INT32_MAX) return -1;
+    if (failed) return -1;
+    if (c.over) return -2;
     if (c.n < c.cap) out[c.n] = 0;
     return (int)c.n;
 }

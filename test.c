@@ -6566,7 +6566,7 @@ static double chat_render_seconds(const llm_chat_template *ct, const llm_chat_me
 /* Request bytes drive the render's work: gpt-oss keeps a call's thinking unless a final answer follows it,
  * found once for the whole conversation. 50,000 calls, each with its result, render within 20x the time of
  * as many user messages, plus 50 ms (this thread's CPU time); a scan of the later messages at each call
- * took seconds. */
+ * took seconds. And the text is bounded as it is written (max_text). */
 static void test_chat_render_work(void) {
     llm_gguf g;
     llm_tokenizer *t = tok_load(&g, "ggml-vocab-gpt-2.gguf", NULL);
@@ -6595,6 +6595,34 @@ static void test_chat_render_work(void) {
           len_calls, n, t_users);
     free(msgs); free(users); free(text);
     if (t) { llm_tokenizer_free(t); llm_gguf_close(&g); }
+
+    /* Mistral v3 and v11 write the tools before each question that repeats the last: 1,000 of them and 100
+     * KB of tools are 100 MB; with max_text 1 MB the render stops there, -2, within a second (unbounded,
+     * the measure and the write each took the 100 MB's time, and the caller its malloc) */
+    static const char *const mistral[] = {"testdata/templates/mistralai-Mistral-Large-Instruct-2407-v3.jinja",
+                                          "testdata/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja"};
+    const int questions = 1000, desc = 100 << 10;
+    char *tools = (char *)malloc((size_t)desc + 128);
+    int k = sprintf(tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"");
+    memset(tools + k, 'a', (size_t)desc);
+    sprintf(tools + k + desc, "\"}}]");
+    llm_chat_message *turns = (llm_chat_message *)calloc(2 * (size_t)questions, sizeof *turns);
+    for (int i = 0; i < 2 * questions - 1; i++)
+        turns[i] = (llm_chat_message){.role = i % 2 ? "assistant" : "user", .content = i % 2 ? "y" : "x"};
+    for (size_t f = 0; f < sizeof mistral / sizeof mistral[0]; f++) {
+        t = tok_load(&g, "ggml-vocab-llama-spm.gguf", NULL);
+        text = read_file(mistral[f], &text_len);
+        ok = t && text && llm_chat_template_init(&ct, text, text_len, t, NULL, err) == 0;
+        CHECK(ok, "%s: %s", mistral[f], err);
+        ct.max_text = 1 << 20;
+        int len = -1;
+        double secs = ok ? chat_render_seconds(&ct, turns, 2 * questions - 1, tools, &len) : 0;
+        CHECK(!ok || (len == -2 && secs < 1), "%s: tools before 1,000 questions under a 1 MB bound: %d in "
+              "%.3f s", mistral[f], len, secs);
+        free(text);
+        if (t) { llm_tokenizer_free(t); llm_gguf_close(&g); }
+    }
+    free(turns); free(tools);
 }
 
 static void test_chat_templates(void) {
@@ -8480,6 +8508,28 @@ static void test_server_mistral_tools(void) {
     CHECK(http_status(r) == 400 && strstr(http_body(r), "\"param\":\"messages\""),
           "Mistral: two questions in a row are a 400 naming messages: %s", r);
     free(r);
+    /* the tools written again before each question that repeats the last: a 1 MB tool and 70 questions
+     * render to 70 MB, past the server's bound (8 bodies, 64 MB), which the render checks as it writes */
+    const int mb = 1 << 20, questions = 70;
+    char *big = (char *)malloc((size_t)mb + 64 * (size_t)questions + 256);
+    if (big) {
+        int k = sprintf(big, "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+                        "\"description\":\"");
+        memset(big + k, 'a', (size_t)mb);
+        k += mb;
+        k += sprintf(big + k, "\"}}],\"max_tokens\":1,\"messages\":[");
+        for (int q = 0; q < questions; q++)
+            k += sprintf(big + k, "%s{\"role\":\"user\",\"content\":\"x\"}%s", q ? "," : "",
+                         q + 1 < questions ? ",{\"role\":\"assistant\",\"content\":\"y\"}" : "");
+        sprintf(big + k, "]}");
+        r = http_post(srv.port, "/v1/chat/completions", big, NULL);
+        CHECK(http_status(r) == 400 && strstr(http_body(r), "{\"error\":{\"message\":\"This model's maximum "
+              "context length is 2048 tokens. However, the messages written with the chat template are over "
+              "67108864 bytes. Please reduce the length of the messages or tools.\",\"type\":"
+              "\"invalid_request_error\",\"param\":\"messages\",\"code\":400}"),
+              "Mistral: tools written 70 times, 70 MB, are a 400 naming messages: %.300s", r);
+        free(r); free(big);
+    }
     CHECK(server_stop(&srv) == 0, "serve (Mistral's template): exit status 0");
     remove(path);
 }
