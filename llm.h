@@ -2134,6 +2134,9 @@ struct llm_tokenizer {
     llm_tok_entry *ids;         /* stb_ds string map */
     llm_merge_entry *merges;    /* stb_ds map, BPE only */
     int *special;               /* stb_ds array: control and user-defined tokens, longest text first */
+    int *special_text;          /* the same ids by text (bytes, then id): llm_special_at's binary search */
+    int *special_head;          /* for each of those, the first with the same text */
+    int *special_up;            /* ... and the first of the longest text that is a proper prefix of it, -1 */
     uint8_t special_start[256]; /* first bytes of the special tokens: most text positions need no search */
     int *eog;                   /* stb_ds array: ids that end generation */
     int byte_token[256];        /* SPM: the <0xNN> token; BPE: the token of the byte's stand-in; -1 if none */
@@ -3070,14 +3073,35 @@ static void llm_tokenize_bpe(const llm_tokenizer *t, const char *text, size_t le
 
 /* ---- Public: tokenize ---------------------------------------------------------------------------------- */
 /* The longest special token at s, or -1: a control token only when parse_special, a user-defined one always
- * (as llama.cpp and Hugging Face's tokenizers take them). t->special is sorted longest first, so the first
- * that matches is the longest. The scan is linear in the number of special tokens; llm_tokenize calls it
- * only where special_start says some special token starts with the byte there. */
+ * (as llama.cpp and Hugging Face's tokenizers take them); of two with one text, the lower id. A scan of
+ * every special token at each position whose first byte can start one cost text x tokens (Llama 3's 256
+ * all start "<|": an 8 MB prompt of "<|" spent 8 s here), so the search is by text instead: e, the last
+ * special text <= s in byte order (a binary search), then up the chain of its prefixes (special_up). Each
+ * special text that is a prefix of s is on that chain: it sorts between itself and s, so does e, and what
+ * sorts between a prefix of s and s starts with that prefix. The first on the chain within the bytes e
+ * and s share is the longest. Work per position: log2(tokens) comparisons and the chain's length, both
+ * bounded by the vocabulary, not by the text; llm_tokenize calls it only where special_start says some
+ * special token starts with the byte there. */
 static int llm_special_at(const llm_tokenizer *t, const char *s, size_t n, int parse_special, size_t *len) {
-    for (ptrdiff_t k = 0; k < arrlen(t->special); k++) {
-        if (!parse_special && t->type[t->special[k]] != LLM_TOKEN_USER) continue;
-        llm_str x = t->text[t->special[k]];
-        if (x.len <= n && memcmp(x.ptr, s, x.len) == 0) { *len = x.len; return t->special[k]; }
+    const int *by = t->special_text;
+    ptrdiff_t lo = 0, hi = arrlen(by);
+    while (lo < hi) { /* lo: how many special texts are <= s */
+        ptrdiff_t mid = lo + (hi - lo) / 2;
+        llm_str x = t->text[by[mid]];
+        int c = memcmp(x.ptr, s, x.len < n ? x.len : n);
+        if (c < 0 || (c == 0 && x.len <= n)) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo == 0) return -1;
+    llm_str e = t->text[by[lo - 1]];
+    size_t shared = 0; /* the bytes e and s share */
+    while (shared < e.len && shared < n && e.ptr[shared] == s[shared]) shared++;
+    for (int k = t->special_head[lo - 1]; k >= 0; k = t->special_up[k]) {
+        llm_str x = t->text[by[k]];
+        if (x.len > shared) continue; /* no prefix of s: a shorter one up the chain may be */
+        /* that text's ids, lowest first */
+        for (ptrdiff_t j = k; j < arrlen(by) && t->special_head[j] == k; j++)
+            if (parse_special || t->type[by[j]] == LLM_TOKEN_USER) { *len = x.len; return by[j]; }
     }
     return -1;
 }
@@ -3135,6 +3159,16 @@ typedef struct { size_t len; int id; } llm_special_sort;
 static int llm_special_cmp(const void *a, const void *b) { /* longest text first, then lowest id */
     const llm_special_sort *x = (const llm_special_sort *)a, *y = (const llm_special_sort *)b;
     if (x->len != y->len) return x->len > y->len ? -1 : 1;
+    return x->id - y->id;
+}
+
+/* The special tokens by text: bytes in order, a prefix first, then the lower id */
+typedef struct { llm_str text; int id; } llm_special_text;
+static int llm_special_text_cmp(const void *a, const void *b) {
+    const llm_special_text *x = (const llm_special_text *)a, *y = (const llm_special_text *)b;
+    int c = memcmp(x->text.ptr, y->text.ptr, x->text.len < y->text.len ? x->text.len : y->text.len);
+    if (c) return c;
+    if (x->text.len != y->text.len) return x->text.len < y->text.len ? -1 : 1;
     return x->id - y->id;
 }
 
@@ -3320,6 +3354,34 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
         arrput(t->special, sp[i].id);
         t->special_start[(unsigned char)t->text[sp[i].id].ptr[0]] = 1;
     }
+    /* ... and by text for llm_special_at: each text's first, and the first of its longest proper prefix,
+     * from a stack that holds the chain of prefixes of the text before (in byte order a text's prefixes
+     * come before it, and what sorts between them and it starts with them) */
+    llm_special_text *by = NULL;
+    for (ptrdiff_t i = 0; i < arrlen(sp); i++) {
+        llm_special_text x = {t->text[sp[i].id], sp[i].id};
+        arrput(by, x);
+    }
+    if (arrlen(by) > 1) qsort(by, (size_t)arrlen(by), sizeof *by, llm_special_text_cmp);
+    int *chain = NULL;
+    for (ptrdiff_t i = 0; i < arrlen(by); i++) {
+        llm_str x = by[i].text, before = i > 0 ? by[i - 1].text : x;
+        arrput(t->special_text, by[i].id);
+        if (i > 0 && before.len == x.len && memcmp(before.ptr, x.ptr, x.len) == 0) { /* the same text */
+            arrput(t->special_head, t->special_head[i - 1]);
+            arrput(t->special_up, t->special_up[i - 1]);
+            continue;
+        }
+        while (arrlen(chain)) { /* down to the longest text before that is a prefix of this one */
+            llm_str p = by[arrlast(chain)].text;
+            if (p.len < x.len && memcmp(p.ptr, x.ptr, p.len) == 0) break;
+            (void)arrpop(chain);
+        }
+        arrput(t->special_head, (int)i);
+        arrput(t->special_up, arrlen(chain) ? arrlast(chain) : -1);
+        arrput(chain, (int)i);
+    }
+    arrfree(chain); arrfree(by);
     arrfree(sp);
 
     /* 8. the special ids; llama.cpp's defaults for SentencePiece where the file gives none (<unk> 0, <s> 1,
@@ -3363,7 +3425,8 @@ void llm_tokenizer_free(llm_tokenizer *t) {
     if (!t) return;
     free(t->score); free(t->type);
     shfree(t->ids); hmfree(t->merges);
-    arrfree(t->special); arrfree(t->eog);
+    arrfree(t->special); arrfree(t->special_text); arrfree(t->special_head); arrfree(t->special_up);
+    arrfree(t->eog);
     free(t);
 }
 

@@ -650,6 +650,35 @@ static void test_pretokenizer_long_runs(void) {
     }
 }
 
+/* The CPU seconds this thread spends tokenizing n copies of unit with special tokens parsed */
+static double tok_seconds(const llm_tokenizer *t, const char *unit, int n) {
+    size_t unit_len = strlen(unit), len = unit_len * (size_t)n;
+    char *text = (char *)malloc(len);
+    int32_t *ids = (int32_t *)malloc((len + 2) * sizeof *ids);
+    struct timespec a, b;
+    for (int i = 0; i < n; i++) memcpy(text + (size_t)i * unit_len, unit, unit_len);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+    int got = llm_tokenize(t, text, len, 0, 1, ids, (int)len + 2);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    CHECK(got > 0, "tokenize %d copies of \"%s\"", n, unit);
+    free(text); free(ids);
+    return (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9;
+}
+
+/* Special tokens are found by a search bounded per position, not a scan of them all: Llama 3's 256 all
+ * start with "<|", and 1 MB of "<| " (a position in three to search) tokenizes within 3x the time of 1 MB
+ * of "(| " (none), plus 50 ms (this thread's CPU time); the scan took 5x. */
+static void test_special_token_search(void) {
+    llm_gguf g;
+    llm_tokenizer *t = tok_load(&g, "ggml-vocab-llama-bpe.gguf", NULL);
+    if (!t) return;
+    const int n = (1 << 20) / 3;
+    double plain = tok_seconds(t, "(| ", n), starts = tok_seconds(t, "<| ", n);
+    CHECK(starts <= 3 * plain + 0.05, "llama-bpe: 1 MB of \"<| \" tokenized in %.3f s, of \"(| \" in %.3f s",
+          starts, plain);
+    llm_tokenizer_free(t); llm_gguf_close(&g);
+}
+
 /* Decodes the JSON string whose opening quote is at q into out (room for cap bytes); returns its length. */
 static size_t tok_json_string(const char *q, char *out, size_t cap) {
     size_t n = 0;
@@ -11958,6 +11987,7 @@ int main(int argc, char **argv) {
         {"tokenizer api", test_tokenizer_api}, {"odd vocabularies", test_tokenizer_odd_vocabularies},
         {"pre-tokenizers", test_pretokenizers},
         {"pre-tokenizers on long runs", test_pretokenizer_long_runs},
+        {"special token search", test_special_token_search},
         {"detokenizer on references", test_detokenizer_references},
         {"gguf values", test_gguf_values}, {"gguf errors", test_gguf_errors},
         {"stories260K references", test_stories_reference},
