@@ -383,6 +383,8 @@ typedef struct {
     int thinks;                     /* the model writes <think>...</think> before its answer (Qwen3) */
     int opens_think;                /* the generation prompt opens the <think> block itself (Qwen3's
                                      * thinking-only templates, as DeepSeek-R1's): the reply starts inside */
+    size_t max_text;                /* the longest text a render writes, in bytes: past it the render stops
+                                     * and returns -2 (init 0, as is more than LLM_CHAT_MAX_TEXT: that) */
     char note[LLM_ERR_LEN];         /* a warning: why the family is not what was asked for ("" when it is) */
 } llm_chat_template;
 
@@ -401,11 +403,14 @@ int  llm_chat_template_init(llm_chat_template *ct, const char *template_text, si
  * zone, in its format, the month's name in English whatever the locale; any other keeps its date. A server
  * calls it for each request, or a prompt would carry the day it started. */
 void llm_chat_template_set_today(llm_chat_template *ct, int64_t unix_seconds);
+/* The longest text llm_tokenize takes (INT32_MAX / 4 bytes): a render's bound unless ct->max_text is less
+ * (a longer text could not be tokenized anyway) */
+#define LLM_CHAT_MAX_TEXT ((size_t)INT32_MAX / 4)
 /* The conversation as text, with the assistant's generation prompt at the end when asked; tools: the JSON
  * text of a request's tools, a list of {"type": "function", "function": {"name", "description",
  * "parameters"}} (NULL: none), written as the family writes them. Returns the length (which may exceed cap:
- * then call again with more room; out is NUL-terminated when the text fits), or -1 for a role it does not
- * know or tools or arguments that are not JSON. */
+ * then call again with more room; out is NUL-terminated when the text fits), -1 for a role it does not
+ * know or tools or arguments that are not JSON, or -2 for a text longer than ct->max_text. */
 int  llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, int n_msgs, const char *tools,
                      int add_generation_prompt, char *out, int cap);
 /* The ids that end the assistant's turn in this family (<|im_end|>, <|eot_id|>, <end_of_turn>, ... and EOS),
@@ -2365,6 +2370,9 @@ struct llm_tokenizer {
     llm_tok_entry *ids;         /* stb_ds string map */
     llm_merge_entry *merges;    /* stb_ds map, BPE only */
     int *special;               /* stb_ds array: control and user-defined tokens, longest text first */
+    int *special_text;          /* the same ids by text (bytes, then id): llm_special_at's binary search */
+    int *special_head;          /* for each of those, the first with the same text */
+    int *special_up;            /* ... and the first of the longest text that is a proper prefix of it, -1 */
     uint8_t special_start[256]; /* first bytes of the special tokens: most text positions need no search */
     int *eog;                   /* stb_ds array: ids that end generation */
     int byte_token[256];        /* SPM: the <0xNN> token; BPE: the token of the byte's stand-in; -1 if none */
@@ -2820,6 +2828,25 @@ static int llm_set_run(int set, const uint32_t *cp, const char *cls, int j, int 
     return end;
 }
 
+/* The last unbounded run scanned in a piece: characters [from, end) of set, and end_break, the end of the
+ * last line break in it (-1: none). Why: a run from any j inside [from, end) ends at end too, so the kinds
+ * that match only part of a run and come back for the rest (LLM_ALT_THREES takes three digits at a time,
+ * LLM_ALT_DIGIT_GROUPS an empty match, jais2's spaces 512 at a time, \s+$ and \s*[\r\n]+ that fail at
+ * each space of a run with no end or break) look its end up instead of scanning it again: each run is
+ * scanned once per regex, so a piece costs linear time, where a scan at each match made a run of d digits
+ * cost d^2 / 3 (a 1 MB prompt of digits: minutes). Valid for one piece (one n): llm_pretokenize resets it. */
+typedef struct { int set, from, end, end_break; } llm_run_memo;
+
+/* llm_set_run with no limit, through the memo: the end of the run of set from j, before n */
+static int llm_set_run_memo(llm_run_memo *memo, int set, const uint32_t *cp, const char *cls, int j, int n) {
+    if (memo->set != set || j < memo->from || j >= memo->end) {
+        memo->set = set; memo->from = j; memo->end_break = -1;
+        for (memo->end = j; memo->end < n && llm_in_set(set, cp[memo->end], cls[memo->end]); memo->end++)
+            if (cp[memo->end] == '\r' || cp[memo->end] == '\n') memo->end_break = memo->end + 1;
+    }
+    return memo->end > j ? memo->end : j;
+}
+
 static uint32_t llm_ascii_lower(uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
 
 /* English contractions: where 's 't 're 've 'm 'll or 'd ends when one starts at i (ASCII letters of either
@@ -2843,38 +2870,36 @@ static int llm_literal(const char *lit, const uint32_t *cp, int j, int n) {
  * ends the piece. A regex engine would search the ways to match by backtracking; each kind here computes
  * the one match that search ends with. The switch handles the kinds without an optional prefix; the rest
  * try the prefix character first (`?` is greedy), then without it. Cost: a call scans at most to n; most
- * matches then take what was scanned, but LLM_ALT_THREES and LLM_ALT_DIGIT_GROUPS scan the rest of a digit
- * run at each of their matches, so a run of d digits costs of the order of d^2 there. */
-static int llm_alt_match(const llm_alt *a, const uint32_t *cp, const char *cls, int i, int n) {
+ * matches then take what was scanned, and the kinds that take part of a run, or fail inside one, read the
+ * run's end from memo (llm_run_memo), so a piece costs linear time. */
+static int llm_alt_match(const llm_alt *a, const uint32_t *cp, const char *cls, int i, int n,
+                         llm_run_memo *memo) {
     int run, end;
     switch (a->kind) {
     case LLM_ALT_CONTRACTION: return llm_contraction(cp, i, n, a->flags & LLM_ALT_ANY_CASE);
-    case LLM_ALT_BREAKS: /* all the white space, backed off to its last line break */
-        end = -1;
-        for (int j = i; j < n && llm_in_set(LLM_SET_SPACE, cp[j], cls[j]); j++)
-            if (cp[j] == '\r' || cp[j] == '\n') end = j + 1;
-        return end;
+    case LLM_ALT_BREAKS: /* all the white space, backed off to its last line break (one at i or later) */
+        llm_set_run_memo(memo, LLM_SET_SPACE, cp, cls, i, n);
+        return memo->end_break > i ? memo->end_break : -1;
     case LLM_ALT_SPACES: /* all the white space at the end of the piece, else all of it but the last */
         run = llm_set_run(LLM_SET_SPACE, cp, cls, i, n, 0) - i;
         return run == 0 ? -1 : i + run == n ? n : run > 1 ? i + run - 1 : -1;
     case LLM_ALT_SPACES_JAIS2: /* the same, but in lengths of 512, 256, ..., 4, then 2 or 1 */
-        run = llm_set_run(LLM_SET_SPACE, cp, cls, i, n, 0) - i;
+        run = llm_set_run_memo(memo, LLM_SET_SPACE, cp, cls, i, n) - i;
         if (run == 0) return -1;
         for (int len = 512; len >= 1; len = len == 4 ? 2 : len / 2)
             if (len < run || (len == run && i + run == n)) return i + len;
         return i + 1;
     case LLM_ALT_DIGIT_GROUPS:
-        run = 0;
-        while (i + run < n && (cls[i + run] & LLM_UC_CLASS) == LLM_UC_DIGIT) run++;
+        run = llm_set_run_memo(memo, LLM_SET_DIGIT, cp, cls, i, n) - i;
         return run > 0 && run % 3 == 0 ? i : -1;
     case LLM_ALT_THREES: /* what is left of the run over whole threes, else three */
-        run = llm_set_run(a->body, cp, cls, i, n, 0) - i;
+        run = llm_set_run_memo(memo, a->body, cp, cls, i, n) - i;
         if (run == 0) return -1;
         /* \b after a digit (a \w): the piece ends, or what follows is no \w */
         if ((a->flags & LLM_ALT_WORD_AFTER) && i + run < n && (cls[i + run] & LLM_UC_WORD)) return -1;
         return i + (run % 3 ? run % 3 : 3);
     case LLM_ALT_TRAILING_SPACES: /* the white space that ends the piece */
-        run = llm_set_run(LLM_SET_SPACE, cp, cls, i, n, 0);
+        run = llm_set_run_memo(memo, LLM_SET_SPACE, cp, cls, i, n);
         return run > i && run == n ? n : -1;
     case LLM_ALT_LITERAL: /* the string after is no character of body's set: there is nothing to back off */
         end = llm_literal(a->before, cp, i, n);
@@ -3206,10 +3231,11 @@ static void llm_pretokenize(int pre, const uint32_t *cp, const char *cls, int nc
         for (int start = 0, end; start < nc; start = end) {
             for (end = start + 1; !cut[end]; end++) {}
             /* the regex's matches in the piece [start, end); the text between them stays as it is */
+            llm_run_memo memo = {-1, 0, 0, -1}; /* no run scanned yet in this piece */
             for (int i = start; i < end;) {
                 int m = -1;
                 for (const llm_alt *a = alts; a->kind != LLM_ALT_END && m < 0; a++)
-                    m = llm_alt_match(a, cp, cls, i, end);
+                    m = llm_alt_match(a, cp, cls, i, end, &memo);
                 if (m < 0) { i++; continue; }
                 cut[i] = cut[m] = 1;
                 i = m > i ? m : i + 1;
@@ -3283,14 +3309,35 @@ static void llm_tokenize_bpe(const llm_tokenizer *t, const char *text, size_t le
 
 /* ---- Public: tokenize ---------------------------------------------------------------------------------- */
 /* The longest special token at s, or -1: a control token only when parse_special, a user-defined one always
- * (as llama.cpp and Hugging Face's tokenizers take them). t->special is sorted longest first, so the first
- * that matches is the longest. The scan is linear in the number of special tokens; llm_tokenize calls it
- * only where special_start says some special token starts with the byte there. */
+ * (as llama.cpp and Hugging Face's tokenizers take them); of two with one text, the lower id. A scan of
+ * every special token at each position whose first byte can start one cost text x tokens (Llama 3's 256
+ * all start "<|": an 8 MB prompt of "<|" spent 8 s here), so the search is by text instead: e, the last
+ * special text <= s in byte order (a binary search), then up the chain of its prefixes (special_up). Each
+ * special text that is a prefix of s is on that chain: it sorts between itself and s, so does e, and what
+ * sorts between a prefix of s and s starts with that prefix. The first on the chain within the bytes e
+ * and s share is the longest. Work per position: log2(tokens) comparisons and the chain's length, both
+ * bounded by the vocabulary, not by the text; llm_tokenize calls it only where special_start says some
+ * special token starts with the byte there. */
 static int llm_special_at(const llm_tokenizer *t, const char *s, size_t n, int parse_special, size_t *len) {
-    for (ptrdiff_t k = 0; k < arrlen(t->special); k++) {
-        if (!parse_special && t->type[t->special[k]] != LLM_TOKEN_USER) continue;
-        llm_str x = t->text[t->special[k]];
-        if (x.len <= n && memcmp(x.ptr, s, x.len) == 0) { *len = x.len; return t->special[k]; }
+    const int *by = t->special_text;
+    ptrdiff_t lo = 0, hi = arrlen(by);
+    while (lo < hi) { /* lo: how many special texts are <= s */
+        ptrdiff_t mid = lo + (hi - lo) / 2;
+        llm_str x = t->text[by[mid]];
+        int c = memcmp(x.ptr, s, x.len < n ? x.len : n);
+        if (c < 0 || (c == 0 && x.len <= n)) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo == 0) return -1;
+    llm_str e = t->text[by[lo - 1]];
+    size_t shared = 0; /* the bytes e and s share */
+    while (shared < e.len && shared < n && e.ptr[shared] == s[shared]) shared++;
+    for (int k = t->special_head[lo - 1]; k >= 0; k = t->special_up[k]) {
+        llm_str x = t->text[by[k]];
+        if (x.len > shared) continue; /* no prefix of s: a shorter one up the chain may be */
+        /* that text's ids, lowest first */
+        for (ptrdiff_t j = k; j < arrlen(by) && t->special_head[j] == k; j++)
+            if (parse_special || t->type[by[j]] == LLM_TOKEN_USER) { *len = x.len; return by[j]; }
     }
     return -1;
 }
@@ -3348,6 +3395,16 @@ typedef struct { size_t len; int id; } llm_special_sort;
 static int llm_special_cmp(const void *a, const void *b) { /* longest text first, then lowest id */
     const llm_special_sort *x = (const llm_special_sort *)a, *y = (const llm_special_sort *)b;
     if (x->len != y->len) return x->len > y->len ? -1 : 1;
+    return x->id - y->id;
+}
+
+/* The special tokens by text: bytes in order, a prefix first, then the lower id */
+typedef struct { llm_str text; int id; } llm_special_text;
+static int llm_special_text_cmp(const void *a, const void *b) {
+    const llm_special_text *x = (const llm_special_text *)a, *y = (const llm_special_text *)b;
+    int c = memcmp(x->text.ptr, y->text.ptr, x->text.len < y->text.len ? x->text.len : y->text.len);
+    if (c) return c;
+    if (x->text.len != y->text.len) return x->text.len < y->text.len ? -1 : 1;
     return x->id - y->id;
 }
 
@@ -3533,6 +3590,34 @@ llm_tokenizer *llm_tokenizer_load(const llm_gguf *g, char *err) {
         arrput(t->special, sp[i].id);
         t->special_start[(unsigned char)t->text[sp[i].id].ptr[0]] = 1;
     }
+    /* ... and by text for llm_special_at: each text's first, and the first of its longest proper prefix,
+     * from a stack that holds the chain of prefixes of the text before (in byte order a text's prefixes
+     * come before it, and what sorts between them and it starts with them) */
+    llm_special_text *by = NULL;
+    for (ptrdiff_t i = 0; i < arrlen(sp); i++) {
+        llm_special_text x = {t->text[sp[i].id], sp[i].id};
+        arrput(by, x);
+    }
+    if (arrlen(by) > 1) qsort(by, (size_t)arrlen(by), sizeof *by, llm_special_text_cmp);
+    int *chain = NULL;
+    for (ptrdiff_t i = 0; i < arrlen(by); i++) {
+        llm_str x = by[i].text, before = i > 0 ? by[i - 1].text : x;
+        arrput(t->special_text, by[i].id);
+        if (i > 0 && before.len == x.len && memcmp(before.ptr, x.ptr, x.len) == 0) { /* the same text */
+            arrput(t->special_head, t->special_head[i - 1]);
+            arrput(t->special_up, t->special_up[i - 1]);
+            continue;
+        }
+        while (arrlen(chain)) { /* down to the longest text before that is a prefix of this one */
+            llm_str p = by[arrlast(chain)].text;
+            if (p.len < x.len && memcmp(p.ptr, x.ptr, p.len) == 0) break;
+            (void)arrpop(chain);
+        }
+        arrput(t->special_head, (int)i);
+        arrput(t->special_up, arrlen(chain) ? arrlast(chain) : -1);
+        arrput(chain, (int)i);
+    }
+    arrfree(chain); arrfree(by);
     arrfree(sp);
 
     /* 8. the special ids; llama.cpp's defaults for SentencePiece where the file gives none (<unk> 0, <s> 1,
@@ -3576,7 +3661,8 @@ void llm_tokenizer_free(llm_tokenizer *t) {
     if (!t) return;
     free(t->score); free(t->type);
     shfree(t->ids); hmfree(t->merges);
-    arrfree(t->special); arrfree(t->eog);
+    arrfree(t->special); arrfree(t->special_text); arrfree(t->special_head); arrfree(t->special_up);
+    arrfree(t->eog);
     free(t);
 }
 
@@ -3896,15 +3982,20 @@ void llm_chat_template_set_today(llm_chat_template *ct, int64_t unix_seconds) {
 /* ---- Rendering ----------------------------------------------------------------------------------------- */
 /* The output: the caller's buffer, written up to cap and counted past it, as llm_out is for ids. A render
  * with cap 0 measures; the caller then allocates n + 1 and renders again. The two passes write the same
- * bytes because a render depends only on its arguments (the date is fixed at init). */
-typedef struct { char *out; size_t cap, n; } llm_chat_text; /* counts every byte, stores the first cap */
+ * bytes because a render depends only on its arguments (the date is fixed at init). max bounds the text
+ * (0: no bound): a write past it sets over and nothing more is written or counted. Why: the text is not
+ * linear in the request's bytes (Mistral's templates write all the tools again before each user message
+ * that repeats the last one: an 8 MB request could render to gigabytes), and a caller allocates what a
+ * measure counts; with over set, each later write costs nothing, so the render stops early in effect. */
+typedef struct { char *out; size_t cap, n, max; int over; } llm_chat_text; /* counts, stores the first cap */
 
-/* Appends n bytes: what fits is copied, all are counted (c->out may be NULL with cap 0) */
+/* Appends n bytes: what fits is copied, all are counted (c->out may be NULL with cap 0); none past max */
 static void llm_chat_put(llm_chat_text *c, const char *s, size_t n) {
+    if (c->over || (c->max && n > c->max - c->n)) { c->over = 1; return; }
     if (n && c->n < c->cap) memcpy(c->out + c->n, s, c->n + n <= c->cap ? n : c->cap - c->n);
     c->n += n;
 }
-static void llm_chat_puts(llm_chat_text *c, const char *s) { llm_chat_put(c, s, strlen(s)); }
+static void llm_chat_puts(llm_chat_text *c, const char *s) { if (!c->over) llm_chat_put(c, s, strlen(s)); }
 
 /* Python's str.strip() of white space (Jinja's trim), and strip(chars) of one character, on each side asked
  * (ASCII white space, and the separators 0x1c-0x1f that Python counts too). Byte for byte matters here:
@@ -4056,7 +4147,9 @@ static int llm_qwen3_last_query(const llm_chat_message *msgs, const int *role, i
  * without a NUL: a caller that measured with cap 0 allocates that + 1 and renders again with it. */
 int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, int n, const char *tools,
                     int gen, char *out, int cap) {
-    llm_chat_text c = {out, out && cap > 0 ? (size_t)cap : 0, 0};
+    /* the bound: the caller's, within what llm_tokenize takes (and so within an int) */
+    size_t max = ct->max_text && ct->max_text < LLM_CHAT_MAX_TEXT ? ct->max_text : LLM_CHAT_MAX_TEXT;
+    llm_chat_text c = {out, out && cap > 0 ? (size_t)cap : 0, 0, max, 0};
     llm_json tl;
     memset(&tl, 0, sizeof tl);
     int bad_tools = tools && (llm_json_parse(tools, strlen(tools), &tl, NULL) != 0 ||
@@ -4261,7 +4354,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         llm_chat_puts(&c, bos);
         /* per message: the tools before the last question, then a call, a result, a question or an answer */
         for (int i = first; i < n && !failed; i++) {
-            if (role[i] == LLM_ROLE_USER && tl_given && ct->tool_format == LLM_TOOLS_MISTRAL &&
+            if (role[i] == LLM_ROLE_USER && tl_given && ct->tool_format == LLM_TOOLS_MISTRAL && !c.over &&
                 !strcmp(CONTENT(i), CONTENT(last_user)))
                 failed = llm_mistral_tools(&c, tl_given, tekken) != 0;
             int calls = role[i] == LLM_ROLE_ASSISTANT && msgs[i].n_tool_calls > 0;
@@ -4307,7 +4400,8 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
                 llm_chat_puts(&c, tekken ? "[SYSTEM_PROMPT]" : "[SYSTEM_PROMPT] ");
                 llm_chat_puts(&c, CONTENT(i)); llm_chat_puts(&c, "[/SYSTEM_PROMPT]");
             } else if (role[i] == LLM_ROLE_USER) {
-                if (args && tl_given && !strcmp(CONTENT(i), CONTENT(last_user))) { /* the tools, as tojson */
+                /* the tools, as tojson (not once over the bound: each dump costs the tools' size) */
+                if (args && tl_given && !c.over && !strcmp(CONTENT(i), CONTENT(last_user))) {
                     char *py = llm_json_dumps(tl_given, 1);
                     llm_chat_puts(&c, "[AVAILABLE_TOOLS]"); llm_chat_puts(&c, py ? py : "");
                     llm_chat_puts(&c, "[/AVAILABLE_TOOLS]");
@@ -4363,6 +4457,12 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
             llm_chat_puts(&c, "<|end|>");
         }
         const char *last_call = NULL; /* a tool's result answers the last call made */
+        /* the last final answer (an assistant message without calls; -1: none), found once: a call's
+         * thinking is kept unless one follows it, and a scan of the later messages at each call would cost
+         * calls x messages, quadratic in a request's messages */
+        int last_answer = -1;
+        for (int k = n - 1; k >= first && last_answer < 0; k--)
+            if (role[k] == LLM_ROLE_ASSISTANT && !msgs[k].n_tool_calls) last_answer = k;
         for (int i = first; i < n && !failed; i++) {
             if (role[i] == LLM_ROLE_USER) {
                 llm_chat_puts(&c, "<|start|>user<|message|>"); llm_chat_puts(&c, CONTENT(i));
@@ -4386,9 +4486,7 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
                     break;
                 }
                 if (msgs[i].n_tool_calls > 0) { /* its first call; the thinking kept until a final answer */
-                    int answered = 0;
-                    for (int k = i + 1; k < n; k++)
-                        answered |= role[k] == LLM_ROLE_ASSISTANT && !msgs[k].n_tool_calls;
+                    int answered = last_answer > i;
                     const llm_chat_tool_call *tc = &msgs[i].tool_calls[0];
                     if (CONTENT(i)[0] && thinking && thinking[0]) { failed = 1; break; }
                     const char *analysis = CONTENT(i)[0] ? CONTENT(i) :
@@ -4479,10 +4577,11 @@ int llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, i
         break;
     }
 #undef CONTENT
-    /* 5. the length, which the caller's int must hold; the text NUL-terminated when it fits */
+    /* 5. the length (max keeps it within an int); the text NUL-terminated when it fits */
     free(role);
     llm_json_free(&tl);
-    if (failed || c.n >= (size_t)INT32_MAX) return -1;
+    if (failed) return -1;
+    if (c.over) return -2;
     if (c.n < c.cap) out[c.n] = 0;
     return (int)c.n;
 }

@@ -2082,9 +2082,19 @@ static int chat_prompt(srv_state *S, const llm_json *body, srv_req *r, char **te
         ok = 0;
         bad(e, 400, "continue_final_message", "continue_final_message needs an assistant message last");
     }
-    /* 5. the text: the length first, then the text itself into a buffer of that size */
+    /* 5. the text: the length first, then the text itself into a buffer of that size. The rendered text's
+     * bound, checked as it is written (before the malloc below): 8 bodies. Each message and tool written
+     * once takes at most about 3x its bytes in the body (json.dumps's \uXXXX escapes); more comes only from
+     * Mistral's templates, which write all the tools before each user message that repeats the last one: an
+     * 8 MB body could render to gigabytes */
+    r->chat.max_text = 8 * (size_t)SRV_MAX_BODY;
     int m = ok ? llm_chat_render(&r->chat, cm, n, tools_text, gen, NULL, 0) : -1;
-    if (ok && m < 0) {
+    if (ok && m == -2) {
+        ok = 0;
+        bad(e, 400, "messages", "This model's maximum context length is %d tokens. However, the messages "
+            "written with the chat template are over %d bytes. Please reduce the length of the messages "
+            "or tools.", S->max_model_len, 8 * SRV_MAX_BODY);
+    } else if (ok && m < 0) {
         ok = 0;
         bad(e, 400, "messages", "the messages could not be written with the chat template");
     }

@@ -603,6 +603,76 @@ static void test_pretokenizers(void) {
     }
 }
 
+/* The CPU seconds this thread spends splitting n copies of unit, then tail, with pattern pre. */
+static double tok_split_seconds(int pre, const char *unit, int n, const char *tail) {
+    size_t unit_len = strlen(unit), tail_len = strlen(tail), len = unit_len * (size_t)n + tail_len;
+    char *text = (char *)malloc(len);
+    uint32_t *cp = (uint32_t *)malloc(len * sizeof *cp);
+    char *cls = (char *)malloc(len);
+    uint8_t *cut = (uint8_t *)malloc(len + 1);
+    int *off = (int *)malloc((len + 1) * sizeof *off);
+    struct timespec a, b;
+    for (int i = 0; i < n; i++) memcpy(text + (size_t)i * unit_len, unit, unit_len);
+    memcpy(text + unit_len * (size_t)n, tail, tail_len);
+    int nc = llm_decode_text(text, len, cp, cls, off);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+    llm_pretokenize(pre, cp, cls, nc, cut);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    free(text); free(cp); free(cls); free(cut); free(off);
+    return (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9;
+}
+
+/* Request bytes drive the pre-tokenizer's work: the runs that its kinds cut in parts or fail inside (digits
+ * cut in threes from the end, superbpe's empty matches, jais2's spaces 512 at a time, deepseek-llm's \s+$
+ * before a digit) cost linear time, as letters do: each within 20x the same length of letters, plus 50 ms
+ * (CPU time of this thread: a slow shared machine does not count). Scanning the rest of the run at each
+ * match made 50,000 digits take seconds (50,000 letters: about a millisecond), 300,000 spaces for jais2
+ * about 2 s. */
+static void test_pretokenizer_long_runs(void) {
+    /* jais2's longer: its quadratic cost was 512 times smaller */
+    static const struct { int pre; const char *name, *unit, *tail; int n; } runs[] = {
+        {LLM_PRE_TINY_AYA, "tiny_aya", "1", "", 50000}, {LLM_PRE_TINY_AYA, "tiny_aya", "1", "a", 50000},
+        {LLM_PRE_AFMOE, "afmoe", "1", "", 50000}, {LLM_PRE_SUPERBPE, "superbpe", "1", "x", 50000},
+        {LLM_PRE_JAIS2, "jais-2", " ", "x", 300000}, {LLM_PRE_DEEPSEEK_LLM, "deepseek-llm", "\t", "1", 50000},
+    };
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        int n = runs[k].n;
+        double letters = tok_split_seconds(runs[k].pre, "a", n, runs[k].tail);
+        double run = tok_split_seconds(runs[k].pre, runs[k].unit, n, runs[k].tail);
+        CHECK(run <= 20 * letters + 0.05, "%s: %d of \"%s\" then \"%s\" split in %.3f s (letters: %.4f s)",
+              runs[k].name, n, runs[k].unit[0] == '\t' ? "\\t" : runs[k].unit, runs[k].tail, run, letters);
+    }
+}
+
+/* The CPU seconds this thread spends tokenizing n copies of unit with special tokens parsed */
+static double tok_seconds(const llm_tokenizer *t, const char *unit, int n) {
+    size_t unit_len = strlen(unit), len = unit_len * (size_t)n;
+    char *text = (char *)malloc(len);
+    int32_t *ids = (int32_t *)malloc((len + 2) * sizeof *ids);
+    struct timespec a, b;
+    for (int i = 0; i < n; i++) memcpy(text + (size_t)i * unit_len, unit, unit_len);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+    int got = llm_tokenize(t, text, len, 0, 1, ids, (int)len + 2);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    CHECK(got > 0, "tokenize %d copies of \"%s\"", n, unit);
+    free(text); free(ids);
+    return (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9;
+}
+
+/* Special tokens are found by a search bounded per position, not a scan of them all: Llama 3's 256 all
+ * start with "<|", and 1 MB of "<| " (a position in three to search) tokenizes within 3x the time of 1 MB
+ * of "(| " (none), plus 50 ms (this thread's CPU time); the scan took 5x. */
+static void test_special_token_search(void) {
+    llm_gguf g;
+    llm_tokenizer *t = tok_load(&g, "ggml-vocab-llama-bpe.gguf", NULL);
+    if (!t) return;
+    const int n = (1 << 20) / 3;
+    double plain = tok_seconds(t, "(| ", n), starts = tok_seconds(t, "<| ", n);
+    CHECK(starts <= 3 * plain + 0.05, "llama-bpe: 1 MB of \"<| \" tokenized in %.3f s, of \"(| \" in %.3f s",
+          starts, plain);
+    llm_tokenizer_free(t); llm_gguf_close(&g);
+}
+
 /* Decodes the JSON string whose opening quote is at q into out (room for cap bytes); returns its length. */
 static size_t tok_json_string(const char *q, char *out, size_t cap) {
     size_t n = 0;
@@ -6502,6 +6572,79 @@ static const struct { const char *model, *text; int family; } chat_published[] =
      "add_generation_prompt -%}\n    {{'<start_of_turn>model\n'}}\n{%- endif -%}\n", LLM_CHAT_GEMMA},
 };
 
+/* The CPU seconds this thread spends rendering msgs[0..n) with ct (measuring: no text kept); *len the
+ * length llm_chat_render returned. */
+static double chat_render_seconds(const llm_chat_template *ct, const llm_chat_message *msgs, int n,
+                                  const char *tools, int *len) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+    *len = llm_chat_render(ct, msgs, n, tools, 1, NULL, 0);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+    return (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9;
+}
+
+/* Request bytes drive the render's work: gpt-oss keeps a call's thinking unless a final answer follows it,
+ * found once for the whole conversation. 50,000 calls, each with its result, render within 20x the time of
+ * as many user messages, plus 50 ms (this thread's CPU time); a scan of the later messages at each call
+ * took seconds. And the text is bounded as it is written (max_text). */
+static void test_chat_render_work(void) {
+    llm_gguf g;
+    llm_tokenizer *t = tok_load(&g, "ggml-vocab-gpt-2.gguf", NULL);
+    size_t text_len = 0;
+    char *text = read_file("testdata/templates/openai-gpt-oss-120b.jinja", &text_len), err[LLM_ERR_LEN] = "";
+    llm_chat_template ct;
+    int ok = t && text && llm_chat_template_init(&ct, text, text_len, t, NULL, err) == 0 &&
+             ct.family == LLM_CHAT_GPT_OSS;
+    CHECK(ok, "gpt-oss's template: %s", err);
+    const int calls = 50000, n = 1 + 2 * calls;
+    llm_chat_message *msgs = (llm_chat_message *)calloc((size_t)n, sizeof *msgs),
+                     *users = (llm_chat_message *)calloc((size_t)n, sizeof *users);
+    static const llm_chat_tool_call call = {.name = "f", .arguments = "{}"};
+    msgs[0] = (llm_chat_message){.role = "user", .content = "Hi"};
+    for (int i = 0; i < calls; i++) {
+        msgs[1 + 2 * i] = (llm_chat_message){.role = "assistant", .reasoning = "hm", .tool_calls = &call,
+                                             .n_tool_calls = 1};
+        msgs[2 + 2 * i] = (llm_chat_message){.role = "tool", .content = "1"};
+    }
+    for (int i = 0; i < n; i++) users[i] = (llm_chat_message){.role = "user", .content = "Hi"};
+    int len_calls = -1, len_users = -1;
+    double t_calls = ok ? chat_render_seconds(&ct, msgs, n, NULL, &len_calls) : 0;
+    double t_users = ok ? chat_render_seconds(&ct, users, n, NULL, &len_users) : 0;
+    CHECK(!ok || (len_calls > 0 && len_users > 0 && t_calls <= 20 * t_users + 0.05),
+          "gpt-oss: %d calls rendered in %.3f s (length %d), %d user messages in %.4f s", calls, t_calls,
+          len_calls, n, t_users);
+    free(msgs); free(users); free(text);
+    if (t) { llm_tokenizer_free(t); llm_gguf_close(&g); }
+
+    /* Mistral v3 and v11 write the tools before each question that repeats the last: 1,000 of them and 100
+     * KB of tools are 100 MB; with max_text 1 MB the render stops there, -2, within a second (unbounded,
+     * the measure and the write each took the 100 MB's time, and the caller its malloc) */
+    static const char *const mistral[] = {"testdata/templates/mistralai-Mistral-Large-Instruct-2407-v3.jinja",
+                                          "testdata/templates/Mistral-Small-3.2-24B-Instruct-2506.jinja"};
+    const int questions = 1000, desc = 100 << 10;
+    char *tools = (char *)malloc((size_t)desc + 128);
+    int k = sprintf(tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"");
+    memset(tools + k, 'a', (size_t)desc);
+    sprintf(tools + k + desc, "\"}}]");
+    llm_chat_message *turns = (llm_chat_message *)calloc(2 * (size_t)questions, sizeof *turns);
+    for (int i = 0; i < 2 * questions - 1; i++)
+        turns[i] = (llm_chat_message){.role = i % 2 ? "assistant" : "user", .content = i % 2 ? "y" : "x"};
+    for (size_t f = 0; f < sizeof mistral / sizeof mistral[0]; f++) {
+        t = tok_load(&g, "ggml-vocab-llama-spm.gguf", NULL);
+        text = read_file(mistral[f], &text_len);
+        ok = t && text && llm_chat_template_init(&ct, text, text_len, t, NULL, err) == 0;
+        CHECK(ok, "%s: %s", mistral[f], err);
+        ct.max_text = 1 << 20;
+        int len = -1;
+        double secs = ok ? chat_render_seconds(&ct, turns, 2 * questions - 1, tools, &len) : 0;
+        CHECK(!ok || (len == -2 && secs < 1), "%s: tools before 1,000 questions under a 1 MB bound: %d in "
+              "%.3f s", mistral[f], len, secs);
+        free(text);
+        if (t) { llm_tokenizer_free(t); llm_gguf_close(&g); }
+    }
+    free(turns); free(tools);
+}
+
 static void test_chat_templates(void) {
     /* the fixed conversation; the reply has a space on each side, which some templates trim */
     const llm_chat_message conv[] = {{"system", "You are a helpful assistant."}, {"user", "Hello"},
@@ -8409,6 +8552,28 @@ static void test_server_mistral_tools(void) {
     CHECK(http_status(r) == 400 && strstr(http_body(r), "\"param\":\"messages\""),
           "Mistral: two questions in a row are a 400 naming messages: %s", r);
     free(r);
+    /* the tools written again before each question that repeats the last: a 1 MB tool and 70 questions
+     * render to 70 MB, past the server's bound (8 bodies, 64 MB), which the render checks as it writes */
+    const int mb = 1 << 20, questions = 70;
+    char *big = (char *)malloc((size_t)mb + 64 * (size_t)questions + 256);
+    if (big) {
+        int k = sprintf(big, "{\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+                        "\"description\":\"");
+        memset(big + k, 'a', (size_t)mb);
+        k += mb;
+        k += sprintf(big + k, "\"}}],\"max_tokens\":1,\"messages\":[");
+        for (int q = 0; q < questions; q++)
+            k += sprintf(big + k, "%s{\"role\":\"user\",\"content\":\"x\"}%s", q ? "," : "",
+                         q + 1 < questions ? ",{\"role\":\"assistant\",\"content\":\"y\"}" : "");
+        sprintf(big + k, "]}");
+        r = http_post(srv.port, "/v1/chat/completions", big, NULL);
+        CHECK(http_status(r) == 400 && strstr(http_body(r), "{\"error\":{\"message\":\"This model's maximum "
+              "context length is 2048 tokens. However, the messages written with the chat template are over "
+              "67108864 bytes. Please reduce the length of the messages or tools.\",\"type\":"
+              "\"invalid_request_error\",\"param\":\"messages\",\"code\":400}"),
+              "Mistral: tools written 70 times, 70 MB, are a 400 naming messages: %.300s", r);
+        free(r); free(big);
+    }
     CHECK(server_stop(&srv) == 0, "serve (Mistral's template): exit status 0");
     remove(path);
 }
@@ -11830,7 +11995,10 @@ int main(int argc, char **argv) {
         {"tokenizer fixtures", test_tokenizer_fixtures},
         {"streaming detokenizer", test_detokenizer_streaming},
         {"tokenizer api", test_tokenizer_api}, {"odd vocabularies", test_tokenizer_odd_vocabularies},
-        {"pre-tokenizers", test_pretokenizers}, {"detokenizer on references", test_detokenizer_references},
+        {"pre-tokenizers", test_pretokenizers},
+        {"pre-tokenizers on long runs", test_pretokenizer_long_runs},
+        {"special token search", test_special_token_search},
+        {"detokenizer on references", test_detokenizer_references},
         {"gguf values", test_gguf_values}, {"gguf errors", test_gguf_errors},
         {"stories260K references", test_stories_reference},
         {"random model references", test_random_models_reference},
@@ -11873,6 +12041,7 @@ int main(int argc, char **argv) {
         {"threads for the load", test_threads_for_load},
         {"chat templates", test_chat_templates},
         {"chat templates: tools against Jinja", test_chat_tools_jinja},
+        {"chat templates: work per message", test_chat_render_work},
         {"tool calls: grammar and reading back", test_tool_calls},
         {"tool calls: Mistral's marker token", test_tool_marker_token},
         {"gpt-oss: harmony tokens, grammar, reply", test_harmony_tokens},
