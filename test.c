@@ -10433,13 +10433,17 @@ static void test_readme_pages(void) {
     free(readme);
 }
 
-static int header_sections(const char *h, const char *from, const char *to, const char *prefix,
+/* The section names ("1. GGUF" .. "Appendix") of the lines that begin with prefix between from and to; with
+ * ruled set, only those right under a rule ("/" "* ====" or "/" "* ----": a section's heading), so that a
+ * numbered list in a comment is not taken for sections */
+static int header_sections(const char *h, const char *from, const char *to, const char *prefix, int ruled,
                            char names[][16]) {
-    const char *p = strstr(h, from), *end = p ? strstr(p, to) : NULL;
+    const char *p = strstr(h, from), *end = p ? strstr(p, to) : NULL, *last = NULL;
     int n = 0;
-    for (; p && p < end && n < 16; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+    for (; p && p < end && n < 16; last = p, p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
         size_t k = strlen(prefix);
         if (strncmp(p, prefix, k) != 0) continue;
+        if (ruled && !(last && (!strncmp(last, "/* ====", 7) || !strncmp(last, "/* ----", 7)))) continue;
         const char *w = p + k;
         while (*w == ' ') w++;
         const char *digits = w;
@@ -10595,9 +10599,9 @@ static void test_header_layout(void) {
     char *h = read_file("llm.h", NULL);
     if (!h) { CHECK(0, "read llm.h"); return; }
     char map[16][16], decl[16][16], impl[16][16];
-    int n_map = header_sections(h, "The data's path", "#ifndef LLM_H", " *  ", map);
-    int n_decl = header_sections(h, "#ifndef LLM_H", "#endif /* LLM_H", " * ", decl);
-    int n_impl = header_sections(h, "#ifdef LLM_IMPLEMENTATION", "#endif /* LLM_IMPLEMENTATION */", " * ",
+    int n_map = header_sections(h, "The data's path", "#ifndef LLM_H", " *  ", 0, map);
+    int n_decl = header_sections(h, "#ifndef LLM_H", "#endif /* LLM_H", " * ", 1, decl);
+    int n_impl = header_sections(h, "#ifdef LLM_IMPLEMENTATION", "#endif /* LLM_IMPLEMENTATION */", " * ", 1,
                                  impl);
     /* the sections of the data's path, the layers after them, then an appendix: the declarations list them
      * all but the appendix, the implementation all */
