@@ -5709,6 +5709,8 @@ static void test_grammar_number_ranges(void) {
         {"{\"type\": \"number\", \"minimum\": 3, \"exclusiveMinimum\": 2.5, \"exclusiveMaximum\": 10.5, "
          "\"maximum\": 7}", 3, 1, 7, 1}, /* the stricter of each */
         {"{\"type\": \"integer\", \"exclusiveMinimum\": 2.5, \"maximum\": 7.5}", 3, 1, 7, 1},
+        {"{\"type\": \"integer\", \"minimum\": 10, \"exclusiveMinimum\": true, \"maximum\": 20, "
+         "\"exclusiveMaximum\": true}", 10, 2, 20, 2}, /* draft 4's form on integers */
         {"{\"type\": \"number\", \"minimum\": 0, \"maximum\": 0}", 0, 1, 0, 1},
     };
     char err[LLM_ERR_LEN];
