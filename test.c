@@ -9344,6 +9344,28 @@ static void test_server_errors(void) {
               r ? r : "");
         free(r);
     }
+    /* prompt_cache_key (the balancer's routing key, deploy/haproxy.cfg): a string of at most 256 bytes on
+     * both endpoints (256 taken, 257 not); anything else is a 400 naming it */
+    char keys[7][300] = {"\"conversation-7\"", "null", "\"\"", "", "5", "{\"id\":\"x\"}", ""};
+    for (int k = 3; k < 7; k += 3) {
+        memset(keys[k], 'k', 256 + k / 6 + 2);
+        keys[k][0] = keys[k][256 + k / 6 + 1] = '"';
+    }
+    const char *refused = "{\"error\":{\"message\":\"prompt_cache_key must be a string of at most 256 "
+        "bytes\","
+        "\"type\":\"invalid_request_error\",\"param\":\"prompt_cache_key\",\"code\":400}}";
+    for (int i = 0; i < 14; i++) {
+        int chat = i % 2, k = i / 2, ok = k < 4;
+        char body[512];
+        snprintf(body, sizeof body, "{%s,\"max_tokens\":2,\"prompt_cache_key\":%s}", chat ?
+                 "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]" : "\"prompt\":\"Once\"", keys[k]);
+        char *r = http_post(port, chat ? "/v1/chat/completions" : "/v1/completions", body, auth);
+        const char *b = http_body(r);
+        CHECK(ok ? http_status(r) == 200 && strstr(b, "\"finish_reason\":\"length\"") :
+              http_status(r) == 400 && !strcmp(b, refused), "serve: %s prompt_cache_key %.20s (%zu bytes) -> "
+              "%d: %s", chat ? "chat" : "completions", keys[k], strlen(keys[k]), ok ? 200 : 400, r ? r : "");
+        free(r);
+    }
     /* logit_bias +100 forces its token: the greedy text is that token's, four times over (/detokenize's,
      * after the prompt's token "Once", 403, so that SentencePiece's leading space stays) */
     char *forced = http_post(port, "/v1/completions", "{\"prompt\":\"Once\",\"max_tokens\":4,"
