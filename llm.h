@@ -11013,38 +11013,183 @@ static int llm_js_string(llm_js *c, const llm_json *s, const char *path, char **
     return 0;
 }
 
-/* A number schema: bounds only for integers (a grammar writes integer ranges), and minimum 0 for numbers */
+/* A decimal bound's digits: |x| as its integer part and its fraction's digits (no trailing zeros), from the
+ * shortest text that reads back as x (llm_json_write_float's): the number the schema's author wrote, for any
+ * a double keeps. -1 when |x| is beyond 10^15 or has more than 16 digits after the point (what the number
+ * grammars write). */
+typedef struct { int64_t whole; char frac[20]; } llm_js_decimal;
+static int llm_js_decimal_of(double x, llm_js_decimal *d) {
+    x = fabs(x);
+    if (!(x <= 1e15)) return -1;
+    char *text = NULL, mant[40];
+    llm_json_write_float(&text, x);
+    arrput(text, 0);
+    int k = 0, point = -1;
+    const char *c = text;
+    for (; *c && *c != 'e' && k < 32; c++) { if (*c == '.') point = k; else mant[k++] = *c; }
+    int exp10 = (point < 0 ? k : point) - 1 + (*c == 'e' ? atoi(c + 1) : 0); /* mant[0]'s power of ten */
+    arrfree(text);
+    int last = k - 1;
+    while (last >= 0 && mant[last] == '0') last--;
+    if (last - exp10 > 16) return -1; /* the last digit that is not 0 is the 17th after the point, or later */
+    d->whole = 0;
+    for (int i = 0; i <= exp10; i++) d->whole = d->whole * 10 + (i < k ? mant[i] - '0' : 0);
+    int n = 0;
+    for (int i = exp10 + 1; i < k && n < 16; i++) d->frac[n++] = i < 0 ? '0' : mant[i];
+    while (n > 0 && d->frac[n - 1] == '0') n--;
+    d->frac[n] = 0;
+    return 0;
+}
+
+/* out += open, the stb_ds string b, close: how the number rules put their parts together */
+static void llm_js_append(char **out, const char *open, const char *b, const char *close) {
+    llm_str_puts(out, open);
+    if (arrlen(b)) memcpy(arraddnptr(*out, arrlen(b)), b, (size_t)arrlen(b));
+    llm_str_puts(out, close);
+}
+
+/* The digit strings s of length 0..n (each read as the fraction 0.s) from the lower bound 0.p (p_ex: strictly
+ * above it) to the upper 0.q (q_kind 0: none, 1: at most, 2: below it), p and q without trailing zeros; the
+ * empty string only when allow_empty. Digit by digit as llm_js_digits_between: the first digit equal to p's
+ * (or q's) goes on with the same question one digit on, the digits between take any rest. n falls at each
+ * call (depth <= 16), and once the digits leave p's or q's the rest is one-sided: O(n) alternatives. 1 when
+ * the set is not empty (then it was written to out as one parenthesized GBNF expression). */
+static int llm_js_fraction_digits(char **out, const char *p, int p_ex, const char *q, int q_kind, int n,
+                                  int allow_empty) {
+    int empty_ok = allow_empty && !*p && !p_ex && (q_kind != 2 || *q), alts = 0;
+    if (!*p && !p_ex && (!q_kind || (q_kind == 1 && !*q)) && n > 0) { /* any digits; at most 0: 0s */
+        llm_str_printf(out, q_kind ? "(\"0\"{%d,%d})" : "([0-9]{%d,%d})", allow_empty ? 0 : 1, n);
+        return 1;
+    }
+    char *b = NULL;                         /* stb_ds: the alternatives */
+    if (empty_ok) { llm_str_puts(&b, "\"\""); alts++; }
+    int pd = *p ? *p : '0', qd = q_kind ? (*q ? *q : '0') : '9' + 1;
+    const char *p_rest = *p ? p + 1 : p, *q_rest = *q ? q + 1 : q;
+    for (int part = 0; n > 0 && part < 3; part++) {
+        char *sub = NULL;
+        int d = part == 0 ? pd : part == 2 ? qd : 0, ok = 0;
+        if (part == 0 && pd <= '9' && pd <= qd) /* p's digit: still at p (and at q when it is q's too) */
+            ok = llm_js_fraction_digits(&sub, p_rest, p_ex, pd == qd ? q_rest : "", pd == qd ? q_kind : 0,
+                                        n - 1, 1);
+        else if (part == 2 && qd <= '9' && qd > pd) /* q's digit above p's: p left behind */
+            ok = llm_js_fraction_digits(&sub, "", 0, q_rest, q_kind, n - 1, 1);
+        else if (part == 1 && pd + 1 <= (qd - 1 < '9' ? qd - 1 : '9')) { /* between: any rest */
+            llm_str_printf(&sub, "[%c-%c] [0-9]{0,%d}", pd + 1, qd - 1 < '9' ? qd - 1 : '9', n - 1);
+            ok = 1;
+        }
+        if (ok) {
+            if (alts++) llm_str_puts(&b, " | ");
+            if (part != 1) llm_str_printf(&b, "\"%c\" ", d);
+            llm_js_append(&b, "", sub, "");
+        }
+        arrfree(sub);
+    }
+    if (alts) llm_js_append(out, "(", b, ")");
+    arrfree(b);
+    return alts > 0;
+}
+
+/* A number's fraction ("." and digits, or none) between 0.p and 0.q (as llm_js_fraction_digits): 1 when
+ * some fraction is, then written to out */
+static int llm_js_fraction(char **out, const char *p, int p_ex, const char *q, int q_kind) {
+    int none_ok = !*p && !p_ex && (q_kind != 2 || *q); /* no fraction: .0 */
+    char *digits = NULL;
+    int some = llm_js_fraction_digits(&digits, p, p_ex, q, q_kind, 16, 0);
+    if (some) {
+        llm_js_append(out, none_ok ? "(\".\" " : "\".\" ", digits, none_ok ? ")?" : "");
+    } else if (none_ok) llm_str_puts(out, "\"\"");
+    arrfree(digits);
+    return some || none_ok;
+}
+
+/* The numbers m >= 0 without sign or exponent from lo (lo_ex: strictly above) to hi (hi_kind 0: none, 1: at
+ * most, 2: below), split by the integer part: lo's own takes fractions from lo's, those between take any,
+ * hi's own fractions up to hi's (one part and both bounds when they share it). 1 when any is, then
+ * written. */
+static int llm_js_magnitude(char **out, const llm_js_decimal *lo, int lo_ex, const llm_js_decimal *hi,
+                            int hi_kind) {
+    int64_t a = lo->whole, b = hi_kind ? hi->whole : -1;
+    if (hi_kind && b < a) return 0;
+    char *alts = NULL, *f = NULL;
+    int n = 0;
+    if (llm_js_fraction(&f, lo->frac, lo_ex, b == a ? hi->frac : "", b == a ? hi_kind : 0)) { /* lo's part */
+        llm_str_printf(&alts, "\"%lld\" ", (long long)a);
+        llm_js_append(&alts, "", f, "");
+        n++;
+    }
+    arrsetlen(f, 0);
+    if (b < 0 || b - 1 > a) { /* the parts between: any fraction */
+        if (n++) llm_str_puts(&alts, " | ");
+        llm_js_naturals(&alts, a + 1, b < 0 ? -1 : b - 1);
+        llm_str_puts(&alts, " (\".\" [0-9]{1,16})?");
+    }
+    if (b > a && llm_js_fraction(&f, "", 0, hi->frac, hi_kind)) { /* hi's part */
+        if (n++) llm_str_puts(&alts, " | ");
+        llm_str_printf(&alts, "\"%lld\" ", (long long)b);
+        llm_js_append(&alts, "", f, "");
+    }
+    if (n) llm_js_append(out, "(", alts, ")");
+    arrfree(alts); arrfree(f);
+    return n > 0;
+}
+
+/* A bound: minimum and exclusiveMinimum (a number, or draft 4's true making minimum strict), the stricter
+ * when both are (lower: which = 0), or maximum and exclusiveMaximum (which = 1). 1 when there is one, 0 when
+ * none, -1 when it is not a number a grammar writes (the reason, naming the keyword, in c->err). */
+static int llm_js_bound(llm_js *c, const llm_json *s, const char *path, int which, int integer, double *x,
+                        int *ex) {
+    const char *key = which ? "maximum" : "minimum", *xkey = which ? "exclusiveMaximum" : "exclusiveMinimum";
+    double v = 0, xv = 0;
+    int has = llm_js_number_of(s, key, &v), has_x = llm_js_number_of(s, xkey, &xv);
+    const llm_json *draft4 = llm_json_get(s, xkey);
+    llm_js_decimal d;
+    if (has && llm_js_decimal_of(v, &d) != 0 && (!integer || fabs(v) > 1e15))
+        return llm_js_fail(c, path, "%s beyond 10^15 or with more than 16 digits after the point", key);
+    if (has_x && llm_js_decimal_of(xv, &d) != 0 && (!integer || fabs(xv) > 1e15))
+        return llm_js_fail(c, path, "%s beyond 10^15 or with more than 16 digits after the point", xkey);
+    *ex = has && draft4 && draft4->type == LLM_JSON_TRUE;
+    *x = v;
+    if (has_x && (!has || (which ? xv <= v : xv >= v))) { *x = xv; *ex = 1; }
+    return has || has_x;
+}
+
+/* A number schema: integers as a range of their digits (llm_js_integer_range); numbers with bounds as a sign
+ * when the range goes below zero ("-" and a magnitude above 0: no "-0") and a magnitude, with no exponent */
 static int llm_js_number(llm_js *c, const llm_json *s, const char *path, int integer, char **body) {
-    double lo = 0, hi = 0, xlo = 0, xhi = 0;
-    int has_lo = llm_js_number_of(s, "minimum", &lo), has_hi = llm_js_number_of(s, "maximum", &hi);
-    int has_xlo = llm_js_number_of(s, "exclusiveMinimum", &xlo),
-        has_xhi = llm_js_number_of(s, "exclusiveMaximum", &xhi);
-    if (!has_lo && !has_hi && !has_xlo && !has_xhi) {
+    double lo = 0, hi = 0;
+    int lo_ex = 0, hi_ex = 0;
+    int has_lo = llm_js_bound(c, s, path, 0, integer, &lo, &lo_ex);
+    int has_hi = llm_js_bound(c, s, path, 1, integer, &hi, &hi_ex);
+    if (has_lo < 0 || has_hi < 0) return -1;
+    if (!has_lo && !has_hi) {
         llm_str_puts(body, integer ? "integer" : "number");
         c->used |= integer ? LLM_JS_INTEGER : LLM_JS_NUMBER;
         return 0;
     }
-    if (!integer) {
-        if (has_lo && lo == 0 && !has_hi && !has_xlo && !has_xhi) { /* a number >= 0: no sign */
-            llm_str_puts(body, "(\"0\" | [1-9] [0-9]{0,15}) (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?");
-            return 0;
-        }
-        return llm_js_fail(c, path, "%s on a number (not an integer) is not supported, but minimum 0 is",
-                           "minimum/maximum");
+    if (integer) {
+        int64_t min = !has_lo ? INT64_MIN : lo_ex ? (int64_t)floor(lo) + 1 : (int64_t)ceil(lo);
+        int64_t max = !has_hi ? INT64_MAX : hi_ex ? (int64_t)ceil(hi) - 1 : (int64_t)floor(hi);
+        if (min > max) return llm_js_fail(c, path, "%s: no integer is within the bounds", "minimum/maximum");
+        llm_js_integer_range(body, min, max);
+        return 0;
     }
-    int64_t min = INT64_MIN, max = INT64_MAX;
-    const double limit = 1e15;
-    if (has_lo) { if (fabs(lo) > limit) return llm_js_fail(c, path, "%s beyond 10^15", "minimum");
-                  min = (int64_t)ceil(lo); }
-    if (has_xlo) { if (fabs(xlo) > limit) return llm_js_fail(c, path, "%s beyond 10^15", "exclusiveMinimum");
-                   int64_t m = (int64_t)floor(xlo) + 1;
-                   if (m > min || min == INT64_MIN) min = m > min ? m : min; }
-    if (has_hi) { if (fabs(hi) > limit) return llm_js_fail(c, path, "%s beyond 10^15", "maximum");
-                  max = (int64_t)floor(hi); }
-    if (has_xhi) { if (fabs(xhi) > limit) return llm_js_fail(c, path, "%s beyond 10^15", "exclusiveMaximum");
-                   int64_t m = (int64_t)ceil(xhi) - 1; if (m < max) max = m; }
-    if (min > max) return llm_js_fail(c, path, "%s: no integer is within the bounds", "minimum/maximum");
-    llm_js_integer_range(body, min, max);
+    llm_js_decimal l, h, zero = {0, ""};
+    llm_js_decimal_of(lo, &l); llm_js_decimal_of(hi, &h);
+    char *neg = NULL, *pos = NULL;
+    int has_neg = 0, has_pos = 0;
+    if (!has_hi || hi > 0 || (hi == 0 && !hi_ex)) /* the numbers >= 0: from max(lo, 0) */
+        has_pos = llm_js_magnitude(&pos, has_lo && lo >= 0 ? &l : &zero, has_lo && lo >= 0 && lo_ex,
+                                   &h, has_hi ? 1 + hi_ex : 0);
+    if (!has_lo || lo < 0) /* the numbers below 0: "-" and a magnitude above max(-hi, 0), up to -lo */
+        has_neg = llm_js_magnitude(&neg, has_hi && hi < 0 ? &h : &zero, has_hi && hi < 0 ? hi_ex : 1,
+                                   &l, has_lo ? 1 + lo_ex : 0);
+    if (has_neg || has_pos) {
+        if (has_neg) llm_js_append(body, "(\"-\" ", neg, has_pos ? " | " : ")");
+        if (has_pos) llm_js_append(body, has_neg ? "" : "(", pos, ")");
+    }
+    arrfree(neg); arrfree(pos);
+    if (!has_neg && !has_pos)
+        return llm_js_fail(c, path, "%s: no number is within the bounds", "minimum/maximum");
     return 0;
 }
 
@@ -11196,13 +11341,67 @@ static int llm_js_object(llm_js *c, const llm_json *s, const char *path, const c
     return rc;
 }
 
+static const char llm_js_not_unique[] = "%s: a grammar cannot keep array items distinct (it can for an enum "
+                                        "of at most 64 values)";
+
+/* uniqueItems true, items an enum (or const; or a $ref to one) of at most 64 distinct values: the values in
+ * the enum's order, each at most once (an increasing choice: linear in the values). first[k]: the array from
+ * value k on, none written yet; rest[k]: after one, each then after a comma. minItems 0 or 1; maxItems, when
+ * given, at least the values' number (else the 400). */
+static int llm_js_unique(llm_js *c, const llm_json *s, const char *path, char **body) {
+    const llm_json *items = llm_json_get(s, "items"), *ref = items ? llm_json_get(items, "$ref") : NULL;
+    if (ref && ref->type == LLM_JSON_STRING) items = llm_js_resolve(c, ref->str, NULL);
+    const llm_json *en = items ? llm_json_get(items, "enum") : NULL;
+    const llm_json *cst = items ? llm_json_get(items, "const") : NULL;
+    double min = 0, max = 64;
+    llm_js_number_of(s, "minItems", &min);
+    int has_max = llm_js_number_of(s, "maxItems", &max), n = en && en->type == LLM_JSON_ARRAY ? en->n : 1;
+    if (llm_json_get(s, "prefixItems") || (!cst && (!en || en->type != LLM_JSON_ARRAY || en->n == 0)) ||
+        n > 64 || (min != 0 && min != 1) || (has_max && max < n))
+        return llm_js_fail(c, path, llm_js_not_unique, "uniqueItems");
+    char **text = (char **)calloc((size_t)n, sizeof *text); /* stb_ds: each value's compact JSON */
+    int rc = text ? 0 : llm_js_fail(c, path, "%s", "out of memory");
+    for (int i = 0; rc == 0 && i < n; i++) {
+        llm_json_write_compact(&text[i], cst ? cst : &en->items[i], 0);
+        for (int j = 0; j < i; j++) /* a value twice: the grammar would let both in */
+            if (arrlen(text[j]) == arrlen(text[i]) && !memcmp(text[j], text[i], (size_t)arrlen(text[i])))
+                rc = llm_js_fail(c, path, llm_js_not_unique, "uniqueItems");
+    }
+    if (rc == 0 && (c->n_rules > LLM_JS_MAX_RULES || 2 * n > LLM_JS_MAX_RULES - c->n_rules))
+        rc = llm_js_fail(c, path, "%s", llm_js_too_many);
+    char first[64] = "", rest[64] = "", name[64];
+    for (int k = n - 1; rc == 0 && k >= 0; k--) {
+        char *b = NULL, *v = NULL;
+        llm_js_literal(&v, text[k], (size_t)arrlen(text[k]));
+        arrput(v, 0);
+        if (k > 0) { /* rest[k]: value k after a comma, or not; then rest[k+1] */
+            llm_str_printf(&b, "\",\" ws %s ws", v);
+            if (rest[0]) llm_str_printf(&b, " %s | %s", rest, rest);
+            else llm_str_puts(&b, " | \"\"");
+            llm_js_name(c, "unique-rest", name, sizeof name);
+            llm_js_rule(c, name, b, (size_t)arrlen(b));
+            arrsetlen(b, 0);
+        }
+        llm_str_printf(&b, "%s ws%s%s", v, rest[0] ? " " : "", rest); /* first[k]: value k first, or later */
+        if (first[0]) llm_str_printf(&b, " | %s", first);
+        strcpy(rest, name);
+        llm_js_name(c, "unique", first, sizeof first);
+        llm_js_rule(c, first, b, (size_t)arrlen(b));
+        arrfree(b); arrfree(v);
+    }
+    c->used |= LLM_JS_WS;
+    if (rc == 0) llm_str_printf(body, min ? "\"[\" ws %s \"]\"" : "\"[\" ws (%s)? \"]\"", first);
+    for (int i = 0; text && i < n; i++) arrfree(text[i]);
+    free(text);
+    return rc;
+}
+
 /* Array: prefixItems in order, then items (a schema, or any value when absent; none when false), between
  * minItems and maxItems. Every prefix item is written (the schema would let the array stop sooner). */
 static int llm_js_array(llm_js *c, const llm_json *s, const char *path, char **body) {
     const llm_json *prefix = llm_json_get(s, "prefixItems"), *items = llm_json_get(s, "items");
     const llm_json *unique = llm_json_get(s, "uniqueItems");
-    if (unique && unique->type == LLM_JSON_TRUE)
-        return llm_js_fail(c, path, "%s is not supported", "uniqueItems");
+    if (unique && unique->type == LLM_JSON_TRUE) return llm_js_unique(c, s, path, body);
     if (prefix && prefix->type != LLM_JSON_ARRAY)
         return llm_js_fail(c, path, "%s must be an array", "prefixItems");
     if (items && items->type == LLM_JSON_ARRAY)

@@ -79,6 +79,7 @@
 #define SRV_MAX_STOPS    16
 #define SRV_MAX_UNKNOWN  256              /* unknown request field names logged, each once */
 #define SRV_MAX_REQUEST_ID 128            /* bytes of a client's X-Request-Id (a longer one is replaced) */
+#define SRV_MAX_CACHE_KEY 256             /* bytes of a prompt_cache_key (OpenAI's: 64 characters) */
 #define SRV_WORKERS      2                /* threads that read requests (JSON, templates, tokens, grammars) */
 #define SRV_WORKER_STACK (16 << 20)       /* bytes of stack each one has */
 
@@ -1411,8 +1412,9 @@ static const struct {
     {"add_special_tokens", F_BOTH, fv_any}, {"priority", F_BOTH, fv_any},
     /* metadata, which changes no output; no tools are ever taken, so none run in parallel */
     {"user", F_BOTH, fv_any}, {"metadata", F_BOTH, fv_any}, {"store", F_BOTH, fv_any},
-    {"service_tier", F_BOTH, fv_any}, {"request_id", F_BOTH, fv_any}, {"prompt_cache_key", F_CHAT, fv_any},
-    {"safety_identifier", F_CHAT, fv_any},
+    {"service_tier", F_BOTH, fv_any}, {"request_id", F_BOTH, fv_any}, {"safety_identifier", F_CHAT, fv_any},
+    /* the balancer's routing key (deploy/haproxy.cfg); in one server the prefix cache needs none */
+    {"prompt_cache_key", F_BOTH, fv_any},
     /* chat: chat_prompt reads them */
     {"tools", F_CHAT, fv_any}, {"tool_choice", F_CHAT, fv_any}, {"parallel_tool_calls", F_CHAT, fv_any},
     {"chat_template_kwargs", F_CHAT, fv_any}, {"reasoning_effort", F_CHAT, fv_any},
@@ -1722,6 +1724,13 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r,
             return bad(e, 400, "cache_salt", "cache_salt must be a non-empty string with no NUL character");
         p->cache_salt = salt->str;
     }
+    /* OpenAI's cache-routing hint: checked, never used here (the prefix cache finds every shared prefix
+     * by itself); deploy/haproxy.cfg hashes on it, so one key's requests meet their prefix on one replica */
+    const llm_json *pck = llm_json_get(body, "prompt_cache_key");
+    if (pck && pck->type != LLM_JSON_NULL &&
+        (pck->type != LLM_JSON_STRING || pck->len > SRV_MAX_CACHE_KEY))
+        return bad(e, 400, "prompt_cache_key", "prompt_cache_key must be a string of at most %d bytes",
+                   SRV_MAX_CACHE_KEY);
     int skip = 1;
     if (get_bool(body, "skip_special_tokens", &skip, e)) return -1;
     p->special_text = !skip;

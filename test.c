@@ -5683,14 +5683,22 @@ static void test_grammar_schemas(void) {
     /* what cannot be honoured is refused, naming the keyword and where it is */
     static const struct { const char *schema, *says; } refused[] = {
         {"{\"not\": {\"type\": \"string\"}}", "\"not\" is not supported at / (the root)"},
-        {"{\"type\": \"array\", \"uniqueItems\": true}", "uniqueItems is not supported at / (the root)"},
+        {"{\"type\": \"array\", \"uniqueItems\": true}", "uniqueItems: a grammar cannot keep array items "
+         "distinct (it can for an enum of at most 64 values) at / (the root)"},
+        {"{\"type\": \"array\", \"uniqueItems\": true, \"items\": {\"enum\": [1, 2, 1]}}",
+         "uniqueItems: a grammar cannot keep array items distinct"},
+        {"{\"type\": \"array\", \"uniqueItems\": true, \"items\": {\"enum\": [1, 2]}, \"minItems\": 2}",
+         "uniqueItems: a grammar cannot keep array items distinct"},
         {"{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"format\": \"hostname\"}}}",
          "format \"hostname\" is not supported (date, time, date-time, uuid, email are) at /properties/a"},
         {"{\"properties\": {\"x\": {\"patternProperties\": {}}}}", "\"patternProperties\" is not supported "
          "at /properties/x"},
         {"{\"if\": {}, \"then\": {}}", "\"if\" is not supported"},
-        {"{\"type\": \"number\", \"maximum\": 5}",
-         "minimum/maximum on a number (not an integer) is not supported"},
+        {"{\"type\": \"number\", \"minimum\": 0.12345678901234567}",
+         "minimum beyond 10^15 or with more than 16 digits after the point at / (the root)"},
+        {"{\"type\": \"number\", \"exclusiveMaximum\": 1e16}",
+         "exclusiveMaximum beyond 10^15 or with more than 16 digits after the point"},
+        {"{\"type\": \"number\", \"minimum\": 2, \"maximum\": 1}", "minimum/maximum: no number is within"},
         {"{\"type\": \"integer\", \"multipleOf\": 2}", "\"multipleOf\" is not supported"},
         {"{\"$ref\": \"https://example.com/s.json\"}", "does not point into this schema"},
         {"{\"type\": \"string\", \"pattern\": \"(?=a)b\"}", "lookaround"},
@@ -5707,6 +5715,128 @@ static void test_grammar_schemas(void) {
               refused[i].schema, refused[i].says, out ? "(a grammar)" : err);
         free(out);
         llm_json_free(&s);
+    }
+}
+
+/* A number range for test_grammar_number_ranges: lo_kind and hi_kind 0 none, 1 inclusive, 2 exclusive (an
+ * integer schema writes no fraction) */
+typedef struct { const char *schema; double lo; int lo_kind; double hi; int hi_kind; } number_range;
+
+/* What a bounded number schema's grammar must accept: JSON number text (no exponent: the alphabet has no e;
+ * no fraction for an integer), not a negative zero (the grammar writes no "-0"), its value in the range */
+static int number_range_wants(const char *s, const number_range *r) {
+    const char *p = s + (*s == '-');
+    if (*p == '0') p++;
+    else if (*p >= '1' && *p <= '9') while (*p >= '0' && *p <= '9') p++;
+    else return 0;
+    if (*p == '.') { if (!(p[1] >= '0' && p[1] <= '9')) return 0;
+                     for (p++; *p >= '0' && *p <= '9'; p++) {} }
+    if (*p || (strchr(s, '.') && strstr(r->schema, "integer"))) return 0;
+    double x = strtod(s, NULL);
+    if (s[0] == '-' && x == 0) return 0;
+    return (r->lo_kind == 0 || (r->lo_kind == 1 ? x >= r->lo : x > r->lo)) &&
+           (r->hi_kind == 0 || (r->hi_kind == 1 ? x <= r->hi : x < r->hi));
+}
+
+/* Every string of up to 6 characters over [-0-9.] below s (st: the grammar after s; NULL once it refused a
+ * byte): the grammar accepts it exactly when number_range_wants. *bad counts disagreements; the first in
+ * first_bad. */
+static void number_range_walk(const llm_grammar_state *st, char *s, int len, const number_range *r, int *bad,
+                              char *first_bad) {
+    s[len] = 0;
+    int accepted = st && llm_grammar_can_end(st), wanted = len > 0 && number_range_wants(s, r);
+    if (accepted != wanted && (*bad)++ == 0)
+        snprintf(first_bad, 64, "\"%s\" %s", s, accepted ? "accepted" : "refused");
+    if (len == 6) return;
+    static const char alphabet[] = "-0123456789.";
+    for (const char *c = alphabet; *c; c++) {
+        llm_grammar_state *next = st ? llm_grammar_state_copy(st) : NULL;
+        if (next && llm_grammar_accept(next, c, 1) != 0) { llm_grammar_state_free(next); next = NULL; }
+        s[len] = *c;
+        number_range_walk(next, s, len + 1, r, bad, first_bad);
+        llm_grammar_state_free(next);
+        s[len] = 0;
+    }
+}
+
+static const char *bound_verdict(int kind, const char *text, const char *input, char *err);
+
+/* Bounds on numbers and integers (Pydantic's Field(ge=0, le=1)): against an oracle, every string of up to 6
+ * characters over [-0-9.]; a bound with 16 digits writes a small grammar. uniqueItems over an enum. */
+static void test_grammar_number_ranges(void) {
+    static const number_range ranges[] = {
+        {"{\"type\": \"number\", \"minimum\": 0, \"maximum\": 1}", 0, 1, 1, 1},
+        {"{\"type\": \"number\", \"exclusiveMinimum\": 0, \"exclusiveMaximum\": 1}", 0, 2, 1, 2},
+        {"{\"type\": \"number\", \"minimum\": -2.5, \"maximum\": 3.75}", -2.5, 1, 3.75, 1},
+        {"{\"type\": \"number\", \"minimum\": 0.5}", 0.5, 1, 0, 0},
+        {"{\"type\": \"number\", \"maximum\": -1}", 0, 0, -1, 1},
+        {"{\"type\": \"integer\", \"minimum\": 10, \"maximum\": 250}", 10, 1, 250, 1},
+        {"{\"type\": \"number\", \"minimum\": 1e3, \"maximum\": 1e6}", 1e3, 1, 1e6, 1},
+        {"{\"type\": \"number\", \"exclusiveMinimum\": 0.049, \"maximum\": 0.05}", 0.049, 2, 0.05, 1},
+        {"{\"type\": \"number\", \"exclusiveMinimum\": -1, \"exclusiveMaximum\": 0}", -1, 2, 0, 2},
+        {"{\"type\": \"number\", \"minimum\": -0.25, \"exclusiveMinimum\": true, \"maximum\": 0.125, "
+         "\"exclusiveMaximum\": true}", -0.25, 2, 0.125, 2}, /* draft 4's form */
+        {"{\"type\": \"number\", \"minimum\": 3, \"exclusiveMinimum\": 2.5, \"exclusiveMaximum\": 10.5, "
+         "\"maximum\": 7}", 3, 1, 7, 1}, /* the stricter of each */
+        {"{\"type\": \"integer\", \"exclusiveMinimum\": 2.5, \"maximum\": 7.5}", 3, 1, 7, 1},
+        {"{\"type\": \"integer\", \"minimum\": 10, \"exclusiveMinimum\": true, \"maximum\": 20, "
+         "\"exclusiveMaximum\": true}", 10, 2, 20, 2}, /* draft 4's form on integers */
+        {"{\"type\": \"number\", \"minimum\": 0, \"maximum\": 0}", 0, 1, 0, 1},
+    };
+    char err[LLM_ERR_LEN];
+    for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++) {
+        llm_json s;
+        char *gbnf = llm_json_parse(ranges[i].schema, strlen(ranges[i].schema), &s, err) == 0 ?
+                     llm_json_schema_to_grammar(&s, err) : NULL;
+        llm_grammar *g = gbnf ? llm_grammar_parse(gbnf, err) : NULL;
+        llm_grammar_state *st = g ? llm_grammar_start(g) : NULL;
+        char text[8], first_bad[64] = "";
+        int bad = 0;
+        if (st) number_range_walk(st, text, 0, &ranges[i], &bad, first_bad);
+        CHECK(st && bad == 0, "schema %s: %s%d strings of up to 6 characters judged wrong (%s)",
+              ranges[i].schema, st ? "" : err, bad, first_bad);
+        llm_grammar_state_free(st); llm_grammar_free(g); free(gbnf);
+        if (gbnf) llm_json_free(&s);
+    }
+    /* uniqueItems over an enum: the values in its order, each at most once; false: any array */
+    static const char enum3[] = "{\"type\": \"array\", \"uniqueItems\": true, \"items\": {\"enum\": "
+                                "[\"a\", 2, null]}}",
+                      ref2[] = "{\"type\": \"array\", \"uniqueItems\": true, \"minItems\": 1, \"items\": "
+                               "{\"$ref\": \"#/$defs/c\"}, \"$defs\": {\"c\": {\"enum\": [1, 2]}}}";
+    static const struct { const char *schema, *input, *verdict; } unique[] = {
+        {enum3, "[\"a\", null]", "accept"}, {enum3, "[]", "accept"}, {enum3, "[\"a\", \"a\"]", "reject"},
+        {enum3, "[2, \"a\"]", "reject"}, {enum3, "[\"a\", 2, null]", "accept"}, {ref2, "[]", "reject"},
+        {ref2, "[1, 2]", "accept"},
+        {"{\"type\": \"array\", \"uniqueItems\": false, \"items\": {\"type\": \"integer\"}}", "[1, 1]",
+         "accept"},
+    };
+    for (size_t i = 0; i < sizeof unique / sizeof *unique; i++) {
+        const char *v = bound_verdict(1, unique[i].schema, unique[i].input, err);
+        CHECK(!strcmp(v, unique[i].verdict), "schema %s on %s: %s, not %s (%s)", unique[i].schema,
+              unique[i].input, v, unique[i].verdict, err);
+    }
+    /* 16 digits on each side of the point: the rule grows with the digits, not with the range */
+    static const char *const wide[] = {
+        "{\"type\": \"number\", \"exclusiveMinimum\": -999999999999999.9, "
+        "\"exclusiveMaximum\": 0.9999999999999999}",
+        "{\"type\": \"number\", \"minimum\": 0.1234567890123456, \"maximum\": 0.1234567890123457}",
+    };
+    const char *checks[][3] = {{"-999999999999999.8", "0.9999999999999998", "-999999999999999.9"},
+                               {"0.1234567890123456", "0.12345678901234565", "0.12345678901234571"}};
+    for (int i = 0; i < 2; i++) {
+        llm_json s;
+        char *gbnf = llm_json_parse(wide[i], strlen(wide[i]), &s, err) == 0 ?
+                     llm_json_schema_to_grammar(&s, err) : NULL;
+        llm_grammar *g = gbnf ? llm_grammar_parse(gbnf, err) : NULL;
+        CHECK(g && strlen(gbnf) < 8000 && !strcmp(grammar_verdict(g, checks[i][0], strlen(checks[i][0])),
+                                                  "accept") &&
+              !strcmp(grammar_verdict(g, checks[i][1], strlen(checks[i][1])), i ? "reject" : "accept") &&
+              strcmp(grammar_verdict(g, checks[i][2], strlen(checks[i][2])), "accept"),
+              "schema %s: a grammar of %zu bytes (%s), %s in, %s %s, %s out", wide[i],
+              gbnf ? strlen(gbnf) : 0, g ? "parsed" : err, checks[i][0], checks[i][1], i ? "out" : "in",
+              checks[i][2]);
+        llm_grammar_free(g); free(gbnf);
+        if (gbnf) llm_json_free(&s);
     }
 }
 
@@ -8930,7 +9060,7 @@ static void test_server_structured(void) {
     static const struct { int chat; const char *fields, *param, *says; } bad[] = {
         {1, "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
             "\"schema\":{\"type\":\"array\",\"uniqueItems\":true}}}", "response_format.json_schema.schema",
-            "uniqueItems is not supported"},
+            "uniqueItems: a grammar cannot keep array items distinct"},
         {0, "\"response_format\":{\"type\":\"xml\"}", "response_format.type", "must be text, json_object or "
          "json_schema"},
         {0, "\"response_format\":{\"type\":\"json_schema\"}", "response_format.json_schema",
@@ -9215,6 +9345,28 @@ static void test_server_errors(void) {
               strstr(b, "\"finish_reason\":\"length\"") != NULL : !strcmp(b, want[0]) || !strcmp(b, want[1])),
               "serve: %s %s -> %d: %s", fields[i].chat ? "chat" : "completions", body, fields[i].status,
               r ? r : "");
+        free(r);
+    }
+    /* prompt_cache_key (the balancer's routing key, deploy/haproxy.cfg): a string of at most 256 bytes on
+     * both endpoints (256 taken, 257 not); anything else is a 400 naming it */
+    char keys[7][300] = {"\"conversation-7\"", "null", "\"\"", "", "5", "{\"id\":\"x\"}", ""};
+    for (int k = 3; k < 7; k += 3) {
+        memset(keys[k], 'k', 256 + k / 6 + 2);
+        keys[k][0] = keys[k][256 + k / 6 + 1] = '"';
+    }
+    const char *refused = "{\"error\":{\"message\":\"prompt_cache_key must be a string of at most 256 "
+        "bytes\","
+        "\"type\":\"invalid_request_error\",\"param\":\"prompt_cache_key\",\"code\":400}}";
+    for (int i = 0; i < 14; i++) {
+        int chat = i % 2, k = i / 2, ok = k < 4;
+        char body[512];
+        snprintf(body, sizeof body, "{%s,\"max_tokens\":2,\"prompt_cache_key\":%s}", chat ?
+                 "\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]" : "\"prompt\":\"Once\"", keys[k]);
+        char *r = http_post(port, chat ? "/v1/chat/completions" : "/v1/completions", body, auth);
+        const char *b = http_body(r);
+        CHECK(ok ? http_status(r) == 200 && strstr(b, "\"finish_reason\":\"length\"") :
+              http_status(r) == 400 && !strcmp(b, refused), "serve: %s prompt_cache_key %.20s (%zu bytes) -> "
+              "%d: %s", chat ? "chat" : "completions", keys[k], strlen(keys[k]), ok ? 200 : 400, r ? r : "");
         free(r);
     }
     /* logit_bias +100 forces its token: the greedy text is that token's, four times over (/detokenize's,
@@ -12031,6 +12183,7 @@ int main(int argc, char **argv) {
         {"grammar: GBNF", test_grammar_gbnf}, {"grammar: masks", test_grammar_masks},
         {"grammar: the grammar thread", test_grammar_thread},
         {"grammar: generation", test_grammar_generation}, {"grammar: JSON Schema", test_grammar_schemas},
+        {"grammar: JSON Schema number ranges, uniqueItems", test_grammar_number_ranges},
         {"grammar: command line", test_grammar_cli},
         {"grammar: bounds on what requests drive", test_grammar_bounds},
         {"abort and limits", test_abort_and_limits},

@@ -10,6 +10,9 @@ The test (stories260K, one thread per replica):
   affinity    30 conversations x 4 turns, one request at a time: every turn of a conversation on one replica,
               no replica above 1.5x the mean, the replicas' prefix caches hit; an X-Session-Id header wins
               over the body; /v1/completions keys on the first 2 KiB of the prompt
+  cache key   8 conversations with one first message, a prompt_cache_key each: each on one replica, more
+              than one replica used, cached_tokens > 0 from the second turn; /v1/completions keys on it too;
+              X-Session-Id wins over it
   headers     X-Request-Id (the client's, else one minted) and X-Served-By on answers, streamed or not; the
               completion's id names the request id; usage.prompt_tokens_details.cached_tokens on a second
               turn, streamed (include_usage) or not
@@ -395,6 +398,52 @@ def step_affinity(C, cl, convs):
             len(spread - {"error"}) > 1 and "error" not in spread, "served by %s" % sorted(spread))
 
 
+def step_cache_key(C, cl):
+    S = "cache key"
+    # 8 conversations with one system prompt and one first message, which the content rules would send to
+    # one replica: a distinct prompt_cache_key each spreads them, and keeps each where its prefix is cached
+    convs = make_conversations(8, SYSTEM_TEST, seed=11)
+    for c in convs:
+        c.messages[1]["content"] = "Story: once upon a time, a cat and a dog."
+    errors, uncached = [], []
+    for t in range(3):
+        for c in convs:
+            r = post(cl.lb, CHAT, c.request(6, prompt_cache_key="conversation-%d" % c.cid))
+            c.replicas.append(r.served_by if r.ok else None)
+            if not r.ok:
+                errors.append("conversation %d turn %d: %s %s" % (c.cid, t + 1, r.status, r.error))
+                continue
+            c.answered(answer_of(r))
+            u = r.body.get("usage") or {}
+            if t > 0 and not (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) > 0:
+                uncached.append("conversation %d turn %d: usage %s" % (c.cid, t + 1, u))
+    C.check(S, "24 turns (8 conversations x 3, one prompt_cache_key each) answered 200", not errors,
+            "; ".join(errors[:3]))
+    where = {"conversation-%d" % c.cid: c.replicas for c in convs}
+    C.check(S, "X-Served-By constant per prompt_cache_key", all(len(set(w)) == 1 for w in where.values()),
+            "served by %s" % where)
+    used = {w[0] for w in where.values()}
+    C.check(S, "8 prompt_cache_keys, same messages: more than one replica used", len(used) > 1 and
+            used <= set(NAMES), "served by %s" % sorted(map(str, used)))
+    C.check(S, "turns 2 and 3 report cached_tokens > 0 (llm serve)", not uncached, "; ".join(uncached[:3]))
+    # /v1/completions: one prompt, 8 keys: spread the same way, each key to its conversation's replica
+    comp = {}
+    for k in range(8):
+        r = post(cl.lb, COMP, {"prompt": "Once upon a time", "max_tokens": 1,
+                               "prompt_cache_key": "conversation-%d" % k})
+        comp["conversation-%d" % k] = r.served_by if r.ok else "error %s %s" % (r.status, r.error)
+    C.check(S, "/v1/completions: each prompt_cache_key goes where its chat went",
+            all(comp[k] == w[0] for k, w in where.items()), "completions %s" % comp)
+    # X-Session-Id wins over prompt_cache_key: one session, 8 keys, one replica
+    seen = set()
+    for k in range(8):
+        r = post(cl.lb, COMP, {"prompt": "Once", "max_tokens": 1, "prompt_cache_key": "conversation-%d" % k},
+                 {"X-Session-Id": "one-session"})
+        seen.add(r.served_by if r.ok else "error %s %s" % (r.status, r.error))
+    C.check(S, "an X-Session-Id header wins over prompt_cache_key: 8 keys, one session, one replica",
+            len(seen) == 1 and seen <= set(NAMES), "served by %s" % sorted(seen))
+
+
 def step_headers(C, cl):
     S = "headers"
     rid = "cluster-test-request-42"
@@ -629,6 +678,7 @@ def run_test(a):
         cl.start()
         convs = make_conversations(30, SYSTEM_TEST, seed=1)
         for name, fn in (("affinity", lambda: step_affinity(C, cl, convs)),
+                         ("cache key", lambda: step_cache_key(C, cl)),
                          ("headers", lambda: step_headers(C, cl)),
                          ("smuggling", lambda: step_smuggling(C, cl)),
                          ("sigkill", lambda: step_sigkill(C, cl, convs, session_ids_by_replica(cl))),
