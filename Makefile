@@ -40,7 +40,8 @@ CLANG    ?= clang
 MODEL    ?= models/SmolLM2-135M-Instruct.Q4_1.gguf
 GEMMA3_MODEL = models/gemma-3-270m-q4_k_m.gguf
 PY_PKGS   = openai==3.54.0 gguf==0.19.0 numpy==2.4.6 regex==2026.11.15 jsonschema==4.26.0 \
-            rfc3339-validator==0.1.4 jinja2==3.1.6 kubernetes-validate==1.37.0
+            rfc3339-validator==0.1.4 jinja2==3.1.6 kubernetes-validate==1.37.0 \
+            anthropic==2.10.0 openai-agents==0.24.0 langchain-openai==1.7.4
 VENV_PY   = .venv/bin/python
 # a stamp named after the package list: a venv made for another list is filled up again
 VENV      = .venv/ok-$(shell echo '$(PY_PKGS)' | cksum | cut -d' ' -f1)
