@@ -1155,14 +1155,18 @@ static void send_error(srv_state *S, srv_conn *c, int status, const char *param,
 }
 
 /* One SSE event as one chunk of a chunked body. On the wire, for a JSON text of n bytes:
- *   {n + 8 in hex}\r\n data: {json}\n\n \r\n
- * the chunk's size counts "data: " (6 bytes), the JSON and the blank line that ends the event (2); the last
- * CRLF ends the chunk. One event per chunk: a client or proxy that reads chunk by chunk gets each event
- * whole. Three sends, no copy of the JSON into a buffer of its own. */
-static void send_sse(srv_state *S, srv_conn *c, const char *json, size_t n) {
-    char head[32];
-    int h = snprintf(head, sizeof head, "%zx\r\ndata: ", n + 8);
+ *   {size in hex}\r\n [event: {name}\n] data: {json}\n\n \r\n
+ * the chunk's size counts the event line when there is one (Anthropic's and the Responses API's typed events
+ * name themselves; chat completions' do not), "data: " (6 bytes), the JSON and the blank line that ends the
+ * event (2); the last CRLF ends the chunk. One event per chunk: a client or proxy that reads chunk by chunk
+ * gets each event whole. No copy of the JSON into a buffer of its own. */
+static void send_sse(srv_state *S, srv_conn *c, const char *event, const char *json, size_t n) {
+    char head[160];
+    size_t e = event ? strlen(event) + 8 : 0; /* "event: " name "\n" */
+    int h = snprintf(head, sizeof head, "%zx\r\n%s%s%s", n + 8 + e, event ? "event: " : "", event ? event : "",
+                     event ? "\n" : "");
     conn_send(S, c, head, (size_t)h);
+    conn_send(S, c, "data: ", 6);
     conn_send(S, c, json, n);
     conn_send(S, c, "\n\n\r\n", 4);
 }
@@ -2963,7 +2967,7 @@ static void send_delta(srv_state *S, srv_req *r, int ci, const char *fields, siz
     sb_puts(&b, "}]");
     put_chunk_usage(&b, r, ci, done);
     sb_puts(&b, "}");
-    send_sse(S, r->conn, b.s, b.len);
+    send_sse(S, r->conn, NULL, b.s, b.len);
     sb_free(&b);
 }
 
@@ -3123,7 +3127,7 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
     sb_puts(&b, "}]");
     put_chunk_usage(&b, r, ci, ch->n_tokens);
     sb_puts(&b, "}");
-    send_sse(S, r->conn, b.s, b.len);
+    send_sse(S, r->conn, NULL, b.s, b.len);
     sb_free(&b);
 }
 
@@ -3142,7 +3146,7 @@ static void finish_request(srv_state *S, srv_req *r) {
             sbuf b = {0};
             sb_puts(&b, "{\"error\":{\"message\":"); sb_json_cstr(&b, r->error);
             sb_puts(&b, ",\"type\":\"server_error\",\"param\":null,\"code\":500}}");
-            send_sse(S, c, b.s, b.len);
+            send_sse(S, c, NULL, b.s, b.len);
             sb_free(&b);
         }
         if (r->include_usage) {
@@ -3151,11 +3155,11 @@ static void finish_request(srv_state *S, srv_req *r) {
             sb_puts(&b, ",\"choices\":[],");
             put_usage(&b, r);
             sb_puts(&b, "}");
-            send_sse(S, c, b.s, b.len);
+            send_sse(S, c, NULL, b.s, b.len);
             sb_free(&b);
         }
         const char done[] = "[DONE]";
-        send_sse(S, c, done, sizeof done - 1);
+        send_sse(S, c, NULL, done, sizeof done - 1);
         conn_send(S, c, "0\r\n\r\n", 5); /* the chunked body's end */
         return;
     }
