@@ -1163,8 +1163,8 @@ static void send_error(srv_state *S, srv_conn *c, int status, const char *param,
 static void send_sse(srv_state *S, srv_conn *c, const char *event, const char *json, size_t n) {
     char head[160];
     size_t e = event ? strlen(event) + 8 : 0; /* "event: " name "\n" */
-    int h = snprintf(head, sizeof head, "%zx\r\n%s%s%s", n + 8 + e, event ? "event: " : "", event ? event : "",
-                     event ? "\n" : "");
+    int h = snprintf(head, sizeof head, "%zx\r\n%s%s%s", n + 8 + e, event ? "event: " : "",
+                     event ? event : "", event ? "\n" : "");
     conn_send(S, c, head, (size_t)h);
     conn_send(S, c, "data: ", 6);
     conn_send(S, c, json, n);
