@@ -3435,6 +3435,7 @@ static int fv_service_tier(const llm_json *v, const llm_json *b) {
     (void)b;
     return fv_str(v, "auto") || fv_str(v, "standard_only");
 }
+static int fv_speed(const llm_json *v, const llm_json *b) { (void)b; return fv_str(v, "standard"); }
 static const struct {
     const char *name;
     int (*takes)(const llm_json *v, const llm_json *b);
@@ -3442,9 +3443,12 @@ static const struct {
     {"model", fv_any}, {"messages", fv_any}, {"max_tokens", fv_any}, {"system", fv_any},
     {"stop_sequences", fv_any}, {"temperature", fv_any}, {"top_p", fv_any}, {"top_k", fv_any},
     {"stream", fv_any}, {"tools", fv_any}, {"tool_choice", fv_any}, {"thinking", fv_any},
-    {"metadata", fv_any}, {"service_tier", fv_service_tier},
+    {"metadata", fv_any}, {"service_tier", fv_service_tier}, {"speed", fv_speed},
+    /* attribution, and a cache hint that asks for what the prefix cache does anyway */
+    {"user_profile_id", fv_any}, {"workspace_id", fv_any}, {"cache_control", fv_any},
     {"container", fv_never}, {"mcp_servers", fv_never}, {"context_management", fv_never},
     {"output_config", fv_never}, {"output_format", fv_never}, {"inference_geo", fv_never},
+    {"diagnostics", fv_never},
 };
 
 /* Writes v (any JSON value) as JSON text into out */
