@@ -36,10 +36,11 @@ def check(ok, what):
 
 
 def with_template(src, dst, template_file):
-    """A copy of the GGUF src at dst with tokenizer.chat_template replaced by template_file's text, by the gguf
-    package's own script (every other key and tensor as it is)"""
+    """A copy of the GGUF src at dst with tokenizer.chat_template replaced by template_file's text, by the
+    gguf package's own script (every other key and tensor as it is)"""
     subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", src, dst, "--chat-template-file",
-                    template_file, "--force"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    template_file, "--force"], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
 
 
 def serve(name, model, *flags):
