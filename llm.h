@@ -794,6 +794,9 @@ typedef struct {
     const float *top_logprobs;      /* ... and their log-probabilities */
     int n_top;                      /* K, the alternatives per token in top_ids and top_logprobs */
     int finish_reason;              /* LLM_FINISH_NONE while it runs */
+    int stop_string;                /* finish "stop" by a stop string: 1 + its index in params.stop; 0: by a
+                                     * stop token, a grammar's end, or another reason (Anthropic's
+                                     * stop_sequence names it) */
     const char *error;              /* LLM_FINISH_ERROR: what went wrong */
     /* the usage: the prompt's tokens, those of them the prefix cache had at admission (not computed), and
      * the tokens generated so far by this sample */
@@ -4789,6 +4792,7 @@ typedef struct llm_seq {
     float spec_rate;                /* the share of proposed tokens kept, recent proposals weighing most */
     uint64_t rng;
     int finish_reason;
+    int stop_string;                /* finished by a stop string: 1 + its index in params.stop (0: not) */
     const char *error;              /* LLM_FINISH_ERROR: what went wrong */
     llm_grammar_state *grammar;     /* with a grammar: where the output so far is in it (a preempted sequence
                                      * keeps its tokens, and so its state) */
@@ -7234,15 +7238,20 @@ int llm_detok_flush(llm_detok *d, char *out, int cap) {
 
 /* ---- Stop strings -------------------------------------------------------------------------------------- */
 /* Where the first of the stop strings begins in text[0..len), or -1; *stop_len: that stop string's length
+ * and *which its index in p->stop
  * (of two that begin there, the first in the list's) */
 /* (A plain scan: at most 16 stop strings over the held text, which is short, each token.) */
-static int llm_stop_find(const llm_sampling_params *p, const char *text, int len, int *stop_len) {
+static int llm_stop_find(const llm_sampling_params *p, const char *text, int len, int *stop_len,
+                         int *which) {
     int first = -1;
     for (int i = 0; i < p->n_stop; i++) {
         int sl = (int)strlen(p->stop[i]);
         if (sl == 0) continue;
         for (int at = 0; at + sl <= len && (first < 0 || at < first); at++)
-            if (memcmp(text + at, p->stop[i], (size_t)sl) == 0) { first = at; *stop_len = sl; break; }
+            if (memcmp(text + at, p->stop[i], (size_t)sl) == 0) {
+                first = at; *stop_len = sl; *which = i;
+                break;
+            }
     }
     return first;
 }
@@ -7282,11 +7291,12 @@ static void llm_seq_push_text(llm_seq *s, int32_t token, const llm_tokenizer *to
     }
     /* 2. a stop string in the held text ends the sequence there (the text cut before it, or after it) */
     const llm_sampling_params *p = &s->req->params;
-    int len = (int)arrlen(s->held_text), stop_len = 0;
-    int stop_at = llm_stop_find(p, s->held_text, len, &stop_len);
+    int len = (int)arrlen(s->held_text), stop_len = 0, which = 0;
+    int stop_at = llm_stop_find(p, s->held_text, len, &stop_len, &which);
     if (stop_at >= 0) {
         len = stop_at + (p->include_stop_str ? stop_len : 0);
         s->finish_reason = LLM_FINISH_STOP;
+        s->stop_string = which + 1;
     }
     /* 3. out goes all of it but a tail that may begin a stop string (all of it when finishing) */
     int emit = s->finish_reason || finishing ? len : len - llm_stop_holdback(p, s->held_text, len);
@@ -8014,7 +8024,7 @@ static void llm_emit(llm_engine *e, llm_seq *s) {
         o.logprobs = s->out_logprobs; o.n_top = s->req->params.logprobs;
         o.top_ids = s->out_top_ids; o.top_logprobs = s->out_top_logprobs;
     }
-    o.finish_reason = s->finish_reason; o.error = s->error;
+    o.finish_reason = s->finish_reason; o.error = s->error; o.stop_string = s->stop_string;
     o.n_prompt_tokens = s->req->n_prompt; o.n_cached_tokens = s->n_cached_tokens;
     o.n_generated = (int)arrlen(s->tokens) - s->req->n_prompt;
     if (s->plp_state == LLM_PLP_READY) { /* once: a recompute after preemption does not score them again */

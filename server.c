@@ -183,6 +183,7 @@ typedef struct {
     int chunked;
     long long content_length;       /* -1: none given */
     char auth[512];
+    char api_key[512];              /* x-api-key (Anthropic's way to give the key; "": none) */
     char origin[256];               /* Origin ("": none, or one longer than this) */
     char cors_headers[256];         /* Access-Control-Request-Headers ("": none, or too long) */
     char request_id[SRV_MAX_REQUEST_ID + 1]; /* X-Request-Id when it is printable ASCII and short; else "" */
@@ -348,6 +349,9 @@ static int http_head(http_parser *p, const char *h, size_t n) {
         } else if (HDR("authorization")) {
             if (vlen >= sizeof rq->auth) return http_fail(p, 431, "the Authorization header is too large");
             memcpy(rq->auth, v, vlen); rq->auth[vlen] = 0;
+        } else if (HDR("x-api-key")) {
+            if (vlen >= sizeof rq->api_key) return http_fail(p, 431, "the x-api-key header is too large");
+            memcpy(rq->api_key, v, vlen); rq->api_key[vlen] = 0;
         } else if (HDR("origin")) {
             if (vlen < sizeof rq->origin) { memcpy(rq->origin, v, vlen); rq->origin[vlen] = 0; }
         } else if (HDR("access-control-request-method")) {
@@ -490,6 +494,7 @@ static const char *http_reason(int status) {
     case 500: return "Internal Server Error";
     case 501: return "Not Implemented";
     case 503: return "Service Unavailable";
+    case 529: return "Overloaded";
     default: return "Error";
     }
 }
@@ -541,9 +546,15 @@ typedef struct { /* one choice of the response */
     size_t text_offset;
     /* a chat reply read for thinking and tool calls: how much of each part a stream has sent */
     size_t sent_reasoning, sent_content, *sent_args; /* sent_args: stb_ds, one per call begun */
+    int stop_string;                /* the engine's: finished by stop string stop_string - 1 (0: not) */
+    /* Anthropic's stream: the content blocks started, and the kind of the open one (0: none, 1: thinking,
+     * 2: text, 3 + k: tool call k) */
+    int msg_blocks, msg_open;
 } srv_choice;
 
 enum { REQ_COMPLETIONS, REQ_CHAT };
+/* The wire format a request is answered in: OpenAI's, or Anthropic's Messages API (a chat underneath) */
+enum { API_OPENAI, API_MESSAGES };
 
 struct srv_req {
     srv_conn *conn;                 /* NULL once the client is gone */
@@ -581,6 +592,9 @@ struct srv_req {
     int reasoning;                  /* chat: the thinking is read apart (a family that thinks, and not
                                      * --reasoning-format none); 2: and sent (include_reasoning) */
     char error[LLM_ERR_LEN];        /* the first error of a choice (finish reason "error") */
+    int api;                        /* API_*: API_MESSAGES is a chat answered as Anthropic's message */
+    char **msg_stops;               /* stb_ds, API_MESSAGES: copies of its stop strings (stop_sequence names
+                                     * the one that ended it; r->stops point into the job's JSON) */
     srv_req *next_done;
 };
 
@@ -602,6 +616,7 @@ struct srv_conn {
     size_t held;                    /* its request bytes past SRV_CONN_ALLOWANCE, as counted in S->held */
     char request_id[SRV_MAX_REQUEST_ID + 1]; /* X-Request-Id of the response under way ("": mint one) */
     char cors[320];                 /* the CORS headers of the response under way ("": none) */
+    int api;                        /* API_*: the error shape of the response under way (its path's) */
     double t_request_start;         /* when the first byte of the request being read came (0: none yet) */
     double t_last_active;
     double t_out_stuck;             /* since when unsent output waits with no byte taken (0: nothing waits) */
@@ -613,7 +628,7 @@ typedef struct {
     int index;                      /* the sample */
     char *text; int text_len;
     int32_t *ids; float *logprobs; int32_t *top_ids; float *top_logprobs;
-    int n_tokens, n_top, finish;
+    int n_tokens, n_top, finish, stop_string;
     srv_prompt_lp *prompt_lp;       /* the prompt's logprobs, in the one output that has them */
     char *error;
     int n_prompt, n_cached;
@@ -672,7 +687,7 @@ typedef struct {
 typedef struct { int status; char param[64]; char msg[512]; } srv_error;
 
 /* A request with a worker (see Request workers): the endpoint it is for, and what the worker made of it */
-enum { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETIONS, JOB_CHAT };
+enum { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETIONS, JOB_CHAT, JOB_MESSAGES, JOB_COUNT_TOKENS };
 
 struct srv_job {
     srv_conn *conn;                 /* the network thread's: NULL once the client has gone */
@@ -687,6 +702,9 @@ struct srv_job {
     sbuf answer;                    /* a 200's body (/tokenize, /detokenize) */
     llm_json json;                  /* the body parsed: r's stop strings and cache salt point into it */
     int json_ok;
+    llm_json chat_json;             /* JOB_MESSAGES: the chat request the body became (r's strings point into
+                                     * it as into json) */
+    int chat_json_ok;
     srv_req *r;
     llm_sampling_params p;
 };
@@ -727,12 +745,15 @@ static void req_free(srv_req *r) {
     arrfree(r->stop_ids); arrfree(r->bias_ids); arrfree(r->bias); arrfree(r->allowed_ids);
     arrfree(r->bad_ids); arrfree(r->bad_lens); free(r->grammar); free(r->chat_echo);
     llm_grammar_free(r->grammar_parsed);
+    for (ptrdiff_t i = 0; i < arrlen(r->msg_stops); i++) free(r->msg_stops[i]);
+    arrfree(r->msg_stops);
     free(r);
 }
 
 static void job_free(srv_job *j) {
     free(j->body); sb_free(&j->answer);
     if (j->json_ok) llm_json_free(&j->json);
+    if (j->chat_json_ok) llm_json_free(&j->chat_json);
     req_free(j->r);
     free(j);
 }
@@ -776,6 +797,11 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq);
 static void handle_request(srv_state *S, srv_conn *c, http_request *rq);
 static void handle_metrics(srv_state *S, srv_conn *c);
 static void job_start(srv_state *S, srv_conn *c, int route, http_request *rq);
+/* and Anthropic's Messages API (its own section, after the engine's events): a worker's job, what each
+ * output adds, the end */
+static void msgs_job(srv_state *S, srv_job *j);
+static void msgs_stream_event(srv_state *S, srv_req *r, srv_choice *ch, const srv_event *ev);
+static void msgs_finish(srv_state *S, srv_req *r);
 
 /* ===========================================================================================================
  * Connections and the network loop
@@ -1123,6 +1149,7 @@ static void send_response(srv_state *S, srv_conn *c, int status, const char *con
     if (body_len) conn_send(S, c, body, body_len);
     sb_free(&h);
     c->request_id[0] = 0; c->cors[0] = 0; /* answered: the next request on the connection has its own */
+    c->api = API_OPENAI;
 }
 
 /* OpenAI's error type for the statuses that have their own; any other is "server_error" from 500 up and
@@ -1130,28 +1157,56 @@ static void send_response(srv_state *S, srv_conn *c, int status, const char *con
 static const struct { int status; const char *type; } srv_error_types[] = {
     {401, "authentication_error"}, {404, "not_found_error"}, {503, "service_unavailable_error"},
 };
+/* Anthropic's (docs.claude.com/en/api/errors): any other is "api_error" from 500 up, "invalid_request_error"
+ * below; our busy 503 goes out as its 529 overloaded_error, which the anthropic SDK retries */
+static const struct { int status; const char *type; } msgs_error_types[] = {
+    {401, "authentication_error"}, {403, "permission_error"}, {404, "not_found_error"},
+    {413, "request_too_large"}, {429, "rate_limit_error"}, {503, "overloaded_error"},
+};
 
-/* An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}} */
+/* An error in the shape of the API the request's path belongs to (c->api): OpenAI's {"error": {"message",
+ * "type", "param", "code"}}, or Anthropic's {"type": "error", "error": {"type", "message"}} (no param: its
+ * messages name the field first); extra: more header lines (NULL: none). */
+static void send_error_shaped(srv_state *S, srv_conn *c, int status, const char *param, const char *extra,
+                              const char *msg) {
+    int anthropic = c->api == API_MESSAGES;
+    const char *type = status >= 500 ? (anthropic ? "api_error" : "server_error") : "invalid_request_error";
+    for (size_t i = 0; !anthropic && i < sizeof srv_error_types / sizeof srv_error_types[0]; i++)
+        if (srv_error_types[i].status == status) type = srv_error_types[i].type;
+    for (size_t i = 0; anthropic && i < sizeof msgs_error_types / sizeof msgs_error_types[0]; i++)
+        if (msgs_error_types[i].status == status) type = msgs_error_types[i].type;
+    sbuf b = {0};
+    if (anthropic) {
+        sb_puts(&b, "{\"type\":\"error\",\"error\":{\"type\":");
+        sb_json_cstr(&b, type);
+        sb_puts(&b, ",\"message\":");
+        sb_json_cstr(&b, msg);
+        sb_puts(&b, "}}");
+        if (status == 503) status = 529;
+    } else {
+        sb_puts(&b, "{\"error\":{\"message\":");
+        sb_json_cstr(&b, msg);
+        sb_puts(&b, ",\"type\":");
+        sb_json_cstr(&b, type);
+        sb_puts(&b, ",\"param\":");
+        if (param) sb_json_cstr(&b, param); else sb_puts(&b, "null");
+        sb_printf(&b, ",\"code\":%d}}", status);
+    }
+    sbuf h = {0};
+    if (status == 401) sb_puts(&h, "WWW-Authenticate: Bearer\r\n");
+    if (extra) sb_puts(&h, extra);
+    send_response(S, c, status, "application/json", b.s ? b.s : "", b.len, h.s);
+    sb_free(&b); sb_free(&h);
+}
+
+/* An error, its message formatted as printf does, in the shape of the request's API */
 static void send_error(srv_state *S, srv_conn *c, int status, const char *param, const char *fmt, ...) {
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    const char *type = status >= 500 ? "server_error" : "invalid_request_error";
-    for (size_t i = 0; i < sizeof srv_error_types / sizeof srv_error_types[0]; i++)
-        if (srv_error_types[i].status == status) type = srv_error_types[i].type;
-    sbuf b = {0};
-    sb_puts(&b, "{\"error\":{\"message\":");
-    sb_json_cstr(&b, msg);
-    sb_puts(&b, ",\"type\":");
-    sb_json_cstr(&b, type);
-    sb_puts(&b, ",\"param\":");
-    if (param) sb_json_cstr(&b, param); else sb_puts(&b, "null");
-    sb_printf(&b, ",\"code\":%d}}", status);
-    const char *extra = status == 401 ? "WWW-Authenticate: Bearer\r\n" : NULL;
-    send_response(S, c, status, "application/json", b.s ? b.s : "", b.len, extra);
-    sb_free(&b);
+    send_error_shaped(S, c, status, param, NULL, msg);
 }
 
 /* One SSE event as one chunk of a chunked body. On the wire, for a JSON text of n bytes:
@@ -1195,6 +1250,7 @@ static int key_equal(const char *given, const char *key) { /* constant time in t
 static const struct { const char *path, *method; int open, job; } srv_routes[] = {
     {"/v1/completions", "POST", 0, JOB_COMPLETIONS}, {"/v1/chat/completions", "POST", 0, JOB_CHAT},
     {"/tokenize", "POST", 0, JOB_TOKENIZE}, {"/detokenize", "POST", 0, JOB_DETOKENIZE},
+    {"/v1/messages", "POST", 0, JOB_MESSAGES}, {"/v1/messages/count_tokens", "POST", 0, JOB_COUNT_TOKENS},
     {"/v1/models", "GET", 0, -1}, {"/version", "GET", 0, -1},
     {"/health", "GET", 1, -1}, {"/ping", "GET", 1, -1}, {"/metrics", "GET", 1, -1},
 };
@@ -1225,6 +1281,7 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
     if (rq->request_id[0]) memcpy(c->request_id, rq->request_id, sizeof c->request_id);
     else mint_request_id(S, c->request_id);
     c->cors[0] = 0;
+    c->api = !strncmp(rq->path, "/v1/messages", 12) ? API_MESSAGES : API_OPENAI; /* the shape of errors */
     int cors = rq->origin[0] && origin_allowed(S, rq->origin);
     if (cors) /* as Starlette's CORSMiddleware (vLLM's) answers an allowed origin */
         snprintf(c->cors, sizeof c->cors, "Access-Control-Allow-Origin: %s\r\n%s",
@@ -1242,19 +1299,18 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
         return 1;
     }
     if (strcmp(rq->method, method)) {
-        char allow[64];
+        char allow[64], msg[320];
         snprintf(allow, sizeof allow, "Allow: %s\r\n", method);
-        sbuf b = {0};
-        sb_printf(&b, "{\"error\":{\"message\":\"Method Not Allowed: use %s for %s\",\"type\":"
-                  "\"invalid_request_error\",\"param\":null,\"code\":405}}", method, rq->path);
-        send_response(S, c, 405, "application/json", b.s, b.len, allow);
-        sb_free(&b);
+        snprintf(msg, sizeof msg, "Method Not Allowed: use %s for %s", method, rq->path);
+        send_error_shaped(S, c, 405, NULL, allow, msg);
         return 1;
     }
-    if (S->api_key && !srv_routes[route].open) {
+    if (S->api_key && !srv_routes[route].open) { /* OpenAI's header, or Anthropic's x-api-key */
         const char *a = rq->auth;
-        if (strncasecmp(a, "Bearer ", 7) != 0 || !key_equal(a + 7, S->api_key)) {
-            send_error(S, c, 401, NULL, "Unauthorized: give the API key as 'Authorization: Bearer KEY'");
+        if ((strncasecmp(a, "Bearer ", 7) != 0 || !key_equal(a + 7, S->api_key)) &&
+            (!rq->api_key[0] || !key_equal(rq->api_key, S->api_key))) {
+            send_error(S, c, 401, NULL, "Unauthorized: give the API key as %s", c->api == API_MESSAGES ?
+                       "'x-api-key: KEY' (or 'Authorization: Bearer KEY')" : "'Authorization: Bearer KEY'");
             return 1;
         }
     }
@@ -1270,7 +1326,8 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
     /* draining (SIGTERM): /health fails, so a load balancer sends new work elsewhere, and new work that
      * comes anyway is refused; what is in flight runs to its end */
     const char *path = rq->path;
-    int generation = srv_routes[route].job == JOB_COMPLETIONS || srv_routes[route].job == JOB_CHAT;
+    int job = srv_routes[route].job;
+    int generation = job == JOB_COMPLETIONS || job == JOB_CHAT || job == JOB_MESSAGES;
     if (g_srv_stop && (generation || !strcmp(path, "/health") || !strcmp(path, "/ping"))) {
         send_error(S, c, 503, NULL, "the server is shutting down: it finishes the requests it has and takes "
                    "no new ones");
@@ -1446,8 +1503,24 @@ static const struct {
     {"web_search_options", F_CHAT, fv_never}, {"verbosity", F_CHAT, fv_never},
 };
 
-/* Each field of the body against req_fields. A name no row of this endpoint has is ignored, as vLLM does,
- * and said once on stderr (the first SRV_MAX_UNKNOWN names: a client cannot grow the list without end). */
+/* A field name no table knows: ignored, as vLLM does, and said once on stderr (the first SRV_MAX_UNKNOWN
+ * names: a client cannot grow the list without end). */
+static void log_unknown_field(srv_state *S, const char *key) {
+    ptrdiff_t m = 0;
+    pthread_mutex_lock(&S->job_lock); /* the workers share the list */
+    while (m < arrlen(S->unknown_fields) && strcmp(S->unknown_fields[m], key)) m++;
+    int logged = m < arrlen(S->unknown_fields) || m >= SRV_MAX_UNKNOWN;
+    char *copy = logged ? NULL : strdup(key);
+    if (copy) arrput(S->unknown_fields, copy);
+    pthread_mutex_unlock(&S->job_lock);
+    if (logged) return;
+    sbuf b = {0};
+    sb_json_str(&b, key, strnlen(key, 80));  /* quoted and escaped: the log stays one line */
+    fprintf(stderr, "llm serve: ignoring unknown request field %s\n", b.s ? b.s : "");
+    sb_free(&b);
+}
+
+/* Each field of the body against req_fields (a name no row of this endpoint has: log_unknown_field). */
 static int check_fields(srv_state *S, const llm_json *body, int kind, srv_error *e) {
     for (int i = 0; i < body->n; i++) {
         const char *key = body->keys[i];
@@ -1460,18 +1533,7 @@ static int check_fields(srv_state *S, const llm_json *body, int kind, srv_error 
                            req_fields[k].takes == fv_never ? "null" : "null or its default value");
             continue;
         }
-        ptrdiff_t m = 0;
-        pthread_mutex_lock(&S->job_lock); /* the workers share the list */
-        while (m < arrlen(S->unknown_fields) && strcmp(S->unknown_fields[m], key)) m++;
-        int logged = m < arrlen(S->unknown_fields) || m >= SRV_MAX_UNKNOWN;
-        char *copy = logged ? NULL : strdup(key);
-        if (copy) arrput(S->unknown_fields, copy);
-        pthread_mutex_unlock(&S->job_lock);
-        if (logged) continue;
-        sbuf b = {0};
-        sb_json_str(&b, key, strnlen(key, 80));  /* quoted and escaped: the log stays one line */
-        fprintf(stderr, "llm serve: ignoring unknown request field %s\n", b.s ? b.s : "");
-        sb_free(&b);
+        log_unknown_field(S, key);
     }
     return 0;
 }
@@ -2402,6 +2464,20 @@ fail:
     return -1;
 }
 
+/* A chat's prompt, tools and all, as a generation would run it, tokenized into *ids (stb_ds): /tokenize's
+ * count and Anthropic's count_tokens */
+static int chat_tokens(srv_state *S, const llm_json *body, int add_special, int32_t **ids, srv_error *e) {
+    srv_req tmp;
+    memset(&tmp, 0, sizeof tmp);
+    char *text = NULL;
+    int n = 0, rc = chat_prompt(S, body, &tmp, &text, &n, e);
+    free(tmp.grammar); llm_grammar_free(tmp.grammar_parsed);
+    if (rc == 0 && tokenize_text(S, text, (size_t)n, add_special, ids))
+        rc = bad(e, 400, "messages", "cannot tokenize");
+    free(text);
+    return rc;
+}
+
 /* /tokenize and /detokenize: 0 with the answer's body in out, or -1 with the error in *e */
 static int handle_tokenize(srv_state *S, const llm_json *body, sbuf *out, srv_error *e) {
     int32_t *ids = NULL;
@@ -2414,15 +2490,7 @@ static int handle_tokenize(srv_state *S, const llm_json *body, sbuf *out, srv_er
             goto fail;
         }
     } else if (msgs && msgs->type == LLM_JSON_ARRAY) { /* a chat's prompt, tools and all, as it would run */
-        srv_req tmp;
-        memset(&tmp, 0, sizeof tmp);
-        char *text = NULL;
-        int n = 0, rc = chat_prompt(S, body, &tmp, &text, &n, e);
-        free(tmp.grammar); llm_grammar_free(tmp.grammar_parsed);
-        if (rc == 0 && tokenize_text(S, text, (size_t)n, add_special, &ids))
-            rc = bad(e, 400, "messages", "cannot tokenize");
-        free(text);
-        if (rc) goto fail;
+        if (chat_tokens(S, body, add_special, &ids, e)) goto fail;
     } else {
         bad(e, 400, "prompt", "give prompt (a string) or messages (a list)");
         goto fail;
@@ -2492,7 +2560,9 @@ static void job_run(srv_state *S, srv_job *j) {
                                                                                     &j->e) != 0;
         return;
     }
-    /* 3. a generation: a request prepared, left for the network thread to attach (jobs_done). Its arrival
+    /* 3. Anthropic's Messages API: its body becomes a chat request (its section) */
+    if (j->route == JOB_MESSAGES || j->route == JOB_COUNT_TOKENS) { msgs_job(S, j); return; }
+    /* 4. a generation: a request prepared, left for the network thread to attach (jobs_done). Its arrival
      * is when the whole request was read, so the time it waited for a worker is in its latency */
     if (!(j->r = (srv_req *)calloc(1, sizeof *j->r))) { bad(&j->e, 500, NULL, "out of memory"); return; }
     j->r->t_arrival = j->t_arrival;
@@ -2603,6 +2673,7 @@ static void *srv_engine_loop(void *arg) {
             srv_event ev;
             memset(&ev, 0, sizeof ev);
             ev.user = o->user; ev.index = o->index; ev.finish = o->finish_reason;
+            ev.stop_string = o->stop_string;
             ev.t = t; ev.t_step = t_step;
             ev.n_tokens = o->n_tokens; ev.n_top = o->n_top; ev.n_prompt = o->n_prompt_tokens;
             ev.n_cached = o->n_cached_tokens;
@@ -2710,9 +2781,13 @@ static void put_header_fields(sbuf *b, srv_state *S, srv_req *r, const char *obj
  * so it is always here. Each prompt counts once, as in prompt_tokens and as vLLM counts a request's
  * num_cached_tokens: its n samples share one prefill (the engine forks them after it), so n > 1 does not
  * multiply them; the prompts of a list add theirs up. */
-static void put_usage(sbuf *b, srv_req *r) {
+static int req_cached_tokens(const srv_req *r) { /* its prompts' tokens the prefix cache had */
     int cached = 0;
     for (int i = 0; i < r->n_prompts; i++) cached += r->prompts[i].n_cached;
+    return cached;
+}
+static void put_usage(sbuf *b, srv_req *r) {
+    int cached = req_cached_tokens(r);
     sb_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
               "\"prompt_tokens_details\":{\"cached_tokens\":%d}}",
               r->prompt_tokens, r->completion_tokens, r->prompt_tokens + r->completion_tokens, cached);
@@ -2891,15 +2966,16 @@ static void put_completion_logprobs(sbuf *b, srv_choice *ch) {
 }
 
 /* ---- A chat reply read for its thinking and tool calls ------------------------------------------------- */
-/* The id of choice ci's call k: "call_" and 24 letters and digits, or 9 of them for Mistral's models (their
- * templates take no other); the same every time the reply is read, streamed or not */
+/* The id of choice ci's call k: "call_" (Anthropic's "toolu_") and 24 letters and digits, or 9 of them for
+ * Mistral's models (their templates take no other); the same every time the reply is read, streamed or not */
 static void put_tool_call_id(sbuf *b, const srv_req *r, int ci, int k) {
     uint64_t h = r->call_id_seed;
     h = (h ^ (uint64_t)ci) * 1099511628211ull;
     h = (h ^ (uint64_t)k) * 1099511628211ull;
-    char id[30] = "call_";
+    char id[32];
+    int pre = snprintf(id, sizeof id, "%s", r->api == API_MESSAGES ? "toolu_" : "call_");
     if (r->chat.call_id_len == 9) put_id_chars(id, 9, h);
-    else put_id_chars(id + 5, 24, h);
+    else put_id_chars(id + pre, 24, h);
     sb_json_cstr(b, id);
 }
 
@@ -3045,6 +3121,7 @@ static int stream_read_reply(srv_state *S, srv_req *r, int ci, srv_choice *ch, i
  * nothing (no text, no finish, nothing to echo) send nothing. The stream's end (usage, [DONE]) is
  * finish_request's. */
 static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const srv_event *ev) {
+    if (r->api == API_MESSAGES) { msgs_stream_event(S, r, ch, ev); return; } /* Anthropic's events */
     sbuf b = {0};
     int chat = r->kind == REQ_CHAT;
     /* 1. a chat choice's opening chunks */
@@ -3140,6 +3217,7 @@ static void stream_event(srv_state *S, srv_req *r, int ci, srv_choice *ch, const
 static void finish_request(srv_state *S, srv_req *r) {
     srv_conn *c = r->conn;
     if (!c) return;
+    if (r->api == API_MESSAGES) { msgs_finish(S, r); return; } /* Anthropic's message, or its stream's end */
     /* 1. a stream: the tail of the stream */
     if (r->stream) {
         if (r->error[0]) { /* the stream cannot change its status now: an error event, as vLLM sends */
@@ -3254,6 +3332,7 @@ static void request_done(srv_state *S, srv_req *r) {
     if (c) {
         finish_request(S, r);
         c->request_id[0] = 0; c->cors[0] = 0; /* a stream's end: the next request has its own */
+        c->api = API_OPENAI;
         c->req = NULL;
         c->t_last_active = t;
         if (!c->keep_alive) c->closing = 1;
@@ -3299,7 +3378,7 @@ static void apply_event(srv_state *S, srv_event *ev) {
     }
     /* 4. the choice's finish; the request keeps the first error of its choices */
     if (ev->finish) {
-        ch->finish = ev->finish;
+        ch->finish = ev->finish; ch->stop_string = ev->stop_string;
         if (ev->finish == LLM_FINISH_ERROR && !r->error[0])
             snprintf(r->error, sizeof r->error, "%s", ev->error ? ev->error : "the engine failed");
     }
@@ -3331,6 +3410,618 @@ static void drain_events(srv_state *S) {
     pthread_mutex_unlock(&S->lock);
     for (ptrdiff_t i = 0; i < arrlen(evs); i++) { apply_event(S, &evs[i]); srv_event_free(&evs[i]); }
     arrfree(evs);
+}
+
+/* ===========================================================================================================
+ * Anthropic's Messages API: POST /v1/messages and /v1/messages/count_tokens
+ *
+ * Not a second chat path: the body is translated, on the worker (msgs_job), into the chat completions body
+ * this server already takes (msgs_to_chat: system and messages with their text, tool_use, tool_result and
+ * thinking blocks; tools with input_schema; tool_choice; max_tokens; stop_sequences; thinking), which
+ * prepare_generation then reads as any chat: the same template, tool-call grammar, reasoning split and
+ * sampling. What comes back is written in Anthropic's shape from the same reading of the reply
+ * (llm_chat_parse_reply): content blocks (thinking, text, tool_use) in a message object (msgs_finish), or,
+ * streamed, as Anthropic's events (msgs_stream_event): message_start, then for each block
+ * content_block_start, its deltas and content_block_stop, then one message_delta (stop_reason, usage) and
+ * message_stop. Every field Anthropic defines that this server does not implement (images, documents,
+ * server tools, MCP servers, containers...) is a 400 naming it; errors have Anthropic's shape (send_error
+ * reads the route's c->api). Sizes: the chat body written is at most a few times the request's (escapes),
+ * which SRV_MAX_BODY bounds; its depth is the parsed body's (llm_json's limit); no recursion here.
+ * ======================================================================================================== */
+/* The top-level fields: those read below, and those at a value that asks for nothing; every other one
+ * Anthropic defines asks for what this server has not (fv_never: a 400 naming it). Unknown names are
+ * ignored and logged, as the chat endpoints do. */
+static int fv_service_tier(const llm_json *v, const llm_json *b) {
+    (void)b;
+    return fv_str(v, "auto") || fv_str(v, "standard_only");
+}
+static int fv_speed(const llm_json *v, const llm_json *b) { (void)b; return fv_str(v, "standard"); }
+static const struct {
+    const char *name;
+    int (*takes)(const llm_json *v, const llm_json *b);
+} msgs_fields[] = {
+    {"model", fv_any}, {"messages", fv_any}, {"max_tokens", fv_any}, {"system", fv_any},
+    {"stop_sequences", fv_any}, {"temperature", fv_any}, {"top_p", fv_any}, {"top_k", fv_any},
+    {"stream", fv_any}, {"tools", fv_any}, {"tool_choice", fv_any}, {"thinking", fv_any},
+    {"metadata", fv_any}, {"service_tier", fv_service_tier}, {"speed", fv_speed},
+    /* attribution, and a cache hint that asks for what the prefix cache does anyway */
+    {"user_profile_id", fv_any}, {"workspace_id", fv_any}, {"cache_control", fv_any},
+    {"container", fv_never}, {"mcp_servers", fv_never}, {"context_management", fv_never},
+    {"output_config", fv_never}, {"output_format", fv_never}, {"inference_geo", fv_never},
+    {"diagnostics", fv_never},
+};
+
+/* Writes v (any JSON value) as JSON text into out */
+static void msgs_put_value(sbuf *out, const llm_json *v) {
+    char *text = llm_json_dumps(v, 0);
+    if (text) sb_puts(out, text); else out->failed = 1;
+    free(text);
+}
+
+/* The text of a block list's text blocks (a tool_result's content, the system's): a string, or a list of
+ * {"type": "text", "text"} blocks (cache_control and citations aside), joined by newlines; any other block
+ * is a 400 naming it at path. Appended to out. */
+static int msgs_text_blocks(const llm_json *c, const char *path, sbuf *out, srv_error *e) {
+    if (c->type == LLM_JSON_STRING) { sb_put(out, c->str, c->len); return 0; }
+    if (c->type != LLM_JSON_ARRAY) return bad(e, 400, NULL, "%s: must be a string or a list of blocks", path);
+    for (int k = 0; k < c->n; k++) {
+        const llm_json *t = llm_json_get(&c->items[k], "type"), *text = llm_json_get(&c->items[k], "text");
+        if (!fv_str(t, "text") || !text || text->type != LLM_JSON_STRING)
+            return bad(e, 400, NULL, "%s.%d.type: %.40s blocks are not supported by this server here (only "
+                       "text)", path, k, t && t->type == LLM_JSON_STRING ? t->str : "untyped");
+        if (k) sb_puts(out, "\n");
+        sb_put(out, text->str, text->len);
+    }
+    return 0;
+}
+
+/* One chat message {"role", "content": text} appended to the "messages" list being written */
+static void msgs_put_chat_message(sbuf *out, int *n_out, const char *role, const char *text, size_t len) {
+    sb_printf(out, "%s{\"role\":\"%s\",\"content\":", (*n_out)++ ? "," : "", role);
+    sb_json_str(out, text ? text : "", len);
+    sb_puts(out, "}");
+}
+
+/* Message i of Anthropic's list as chat messages, appended to out. A user's text blocks become one user
+ * message and each tool_result a tool message (in their order); an assistant's text, thinking and tool_use
+ * blocks one assistant message (content, reasoning_content, tool_calls). Other blocks: a 400 naming them. */
+static int msgs_message(const llm_json *m, int i, sbuf *out, int *n_out, srv_error *e) {
+    const llm_json *role = llm_json_get(m, "role"), *c = llm_json_get(m, "content");
+    int user = fv_str(role, "user");
+    if (m->type != LLM_JSON_OBJECT || (!user && !fv_str(role, "assistant")))
+        return bad(e, 400, NULL, "messages.%d.role: must be user or assistant", i);
+    if (!c || (c->type != LLM_JSON_STRING && c->type != LLM_JSON_ARRAY))
+        return bad(e, 400, NULL, "messages.%d.content: must be a string or a list of content blocks", i);
+    if (c->type == LLM_JSON_STRING) {
+        msgs_put_chat_message(out, n_out, user ? "user" : "assistant", c->str, c->len);
+        return 0;
+    }
+    sbuf text = {0}, thinking = {0}, calls = {0};
+    int n_text = 0, rc = 0;
+    for (int k = 0; k < c->n && !rc; k++) {
+        const llm_json *b = &c->items[k], *type = llm_json_get(b, "type");
+        const char *t = type && type->type == LLM_JSON_STRING ? type->str : "";
+        char path[64];
+        snprintf(path, sizeof path, "messages.%d.content.%d", i, k);
+        if (!strcmp(t, "text")) {
+            const llm_json *x = llm_json_get(b, "text");
+            if (!x || x->type != LLM_JSON_STRING) {
+                rc = bad(e, 400, NULL, "%s.text: must be a string", path);
+                break;
+            }
+            if (n_text++) sb_puts(&text, "\n");
+            sb_put(&text, x->str, x->len);
+        } else if (!strcmp(t, "tool_result") && user) { /* the text before it goes first, as written */
+            const llm_json *id = llm_json_get(b, "tool_use_id"), *content = llm_json_get(b, "content");
+            const llm_json *is_error = llm_json_get(b, "is_error");
+            if (!id || id->type != LLM_JSON_STRING) {
+                rc = bad(e, 400, NULL, "%s.tool_use_id: must be a string", path);
+                break;
+            }
+            if (n_text) msgs_put_chat_message(out, n_out, "user", text.s, text.len);
+            text.len = 0; n_text = 0;
+            sbuf result = {0};
+            if (is_error && is_error->type == LLM_JSON_TRUE) sb_puts(&result, "Error: ");
+            if (content && content->type != LLM_JSON_NULL) {
+                char cpath[80];
+                snprintf(cpath, sizeof cpath, "%s.content", path);
+                rc = msgs_text_blocks(content, cpath, &result, e);
+            }
+            sb_printf(out, "%s{\"role\":\"tool\",\"tool_call_id\":", (*n_out)++ ? "," : "");
+            sb_json_str(out, id->str, id->len);
+            sb_puts(out, ",\"content\":");
+            sb_json_str(out, result.s ? result.s : "", result.len);
+            sb_puts(out, "}");
+            sb_free(&result);
+        } else if (!strcmp(t, "tool_use") && !user) {
+            const llm_json *id = llm_json_get(b, "id"), *name = llm_json_get(b, "name");
+            const llm_json *input = llm_json_get(b, "input");
+            if (!id || id->type != LLM_JSON_STRING || !name || name->type != LLM_JSON_STRING || !input ||
+                input->type != LLM_JSON_OBJECT) {
+                rc = bad(e, 400, NULL, "%s: a tool_use block is {\"id\", \"name\", \"input\": {...}}", path);
+                break;
+            }
+            sb_puts(&calls, calls.len ? ",{\"id\":" : "{\"id\":");
+            sb_json_str(&calls, id->str, id->len);
+            sb_puts(&calls, ",\"type\":\"function\",\"function\":{\"name\":");
+            sb_json_str(&calls, name->str, name->len);
+            sb_puts(&calls, ",\"arguments\":");
+            msgs_put_value(&calls, input);
+            sb_puts(&calls, "}}");
+        } else if (!strcmp(t, "thinking") && !user) { /* its signature is ours or another's: not checked */
+            const llm_json *x = llm_json_get(b, "thinking");
+            if (!x || x->type != LLM_JSON_STRING) {
+                rc = bad(e, 400, NULL, "%s.thinking: must be a string", path);
+                break;
+            }
+            sb_put(&thinking, x->str, x->len);
+        } else if (!strcmp(t, "redacted_thinking") && !user) {
+            /* opaque (another server's encrypted thinking): nothing a template can show */
+        } else
+            rc = bad(e, 400, NULL, "%s.type: %s%.40s%s blocks are not supported by this server (a %s message "
+                     "takes %s)", path, t[0] ? "" : "untyped", t, t[0] ? "" : "", user ? "user" : "assistant",
+                     user ? "text and tool_result" : "text, thinking, redacted_thinking and tool_use");
+    }
+    if (!rc && (user ? n_text > 0 : 1)) {
+        if (user) msgs_put_chat_message(out, n_out, "user", text.s, text.len);
+        else {
+            sb_printf(out, "%s{\"role\":\"assistant\",\"content\":", (*n_out)++ ? "," : "");
+            sb_json_str(out, text.s ? text.s : "", text.len);
+            if (thinking.len) {
+                sb_puts(out, ",\"reasoning_content\":");
+                sb_json_str(out, thinking.s, thinking.len);
+            }
+            if (calls.len) {
+                sb_puts(out, ",\"tool_calls\":[");
+                sb_put(out, calls.s, calls.len);
+                sb_puts(out, "]");
+            }
+            sb_puts(out, "}");
+        }
+    }
+    out->failed |= text.failed | thinking.failed | calls.failed;
+    sb_free(&text); sb_free(&thinking); sb_free(&calls);
+    return rc;
+}
+
+/* Anthropic's body as the chat completions body prepare_generation reads, written into out (JSON text):
+ * each field checked and named in Anthropic's terms ("max_tokens: Field required",
+ * "messages.1.content.0.type: ..."), e's param left empty. count: count_tokens' body (no max_tokens). */
+static int msgs_to_chat(srv_state *S, const llm_json *body, int count, sbuf *out, srv_error *e) {
+    /* 1. the fields: known, or refused, or unknown (logged) */
+    for (int i = 0; i < body->n; i++) {
+        const char *key = body->keys[i];
+        size_t k = 0, n = sizeof msgs_fields / sizeof msgs_fields[0];
+        while (k < n && strcmp(msgs_fields[k].name, key)) k++;
+        if (k == n) log_unknown_field(S, key);
+        else if (body->items[i].type != LLM_JSON_NULL && !msgs_fields[k].takes(&body->items[i], body))
+            return bad(e, 400, NULL, "%s: not supported by this server", key);
+    }
+    /* 2. the numbers: max_tokens (required, as Anthropic), temperature in Anthropic's range, top_p, top_k
+     * (prepare_generation checks these two under the same names) */
+    const llm_json *v = llm_json_get(body, "model");
+    sb_puts(out, "{");
+    if (v && v->type != LLM_JSON_NULL) {
+        sb_puts(out, "\"model\":");
+        msgs_put_value(out, v);
+        sb_puts(out, ",");
+    }
+    v = llm_json_get(body, "max_tokens");
+    double max_tokens = 0, x = -1;
+    if (!count) {
+        if (!v || v->type == LLM_JSON_NULL) return bad(e, 400, NULL, "max_tokens: Field required");
+        if (v->type != LLM_JSON_NUMBER || v->num != floor(v->num) || v->num < 1 || v->num > 1 << 30)
+            return bad(e, 400, NULL, "max_tokens: must be an integer of at least 1");
+        max_tokens = v->num;
+        sb_printf(out, "\"max_tokens\":%d,", (int)max_tokens);
+    }
+    if (get_number(body, "temperature", 0, 1, 0, &x, e)) {
+        char why[sizeof e->msg];
+        snprintf(why, sizeof why, "%s", e->msg);
+        return bad(e, 400, NULL, "temperature: %s", why);
+    }
+    if (x >= 0) { sb_puts(out, "\"temperature\":"); sb_json_float(out, x); sb_puts(out, ","); }
+    static const char *const copied[] = {"top_p", "top_k", "stream"};
+    for (size_t k = 0; k < 3; k++)
+        if ((v = llm_json_get(body, copied[k])) && v->type != LLM_JSON_NULL && !(count && k == 2)) {
+            sb_printf(out, "\"%s\":", copied[k]);
+            msgs_put_value(out, v);
+            sb_puts(out, ",");
+        }
+    /* 3. stop_sequences: a list of strings, at most SRV_MAX_STOPS */
+    if ((v = llm_json_get(body, "stop_sequences")) && v->type != LLM_JSON_NULL) {
+        int ok = v->type == LLM_JSON_ARRAY && v->n <= SRV_MAX_STOPS;
+        for (int i = 0; ok && i < v->n; i++) ok = v->items[i].type == LLM_JSON_STRING;
+        if (!ok)
+            return bad(e, 400, NULL, "stop_sequences: must be a list of at most %d strings", SRV_MAX_STOPS);
+        sb_puts(out, "\"stop\":");
+        msgs_put_value(out, v);
+        sb_puts(out, ",");
+    }
+    /* 4. metadata.user_id: a string that changes no output */
+    if ((v = llm_json_get(body, "metadata")) && v->type != LLM_JSON_NULL) {
+        const llm_json *u = llm_json_get(v, "user_id");
+        if (v->type != LLM_JSON_OBJECT || (u && u->type != LLM_JSON_NULL && u->type != LLM_JSON_STRING))
+            return bad(e, 400, NULL, "metadata: must be an object {\"user_id\": a string}");
+        for (int i = 0; i < v->n; i++)
+            if (strcmp(v->keys[i], "user_id"))
+                return bad(e, 400, NULL, "metadata.%.40s: Extra inputs are not permitted", v->keys[i]);
+    }
+    /* 5. thinking: enabled (with a budget, checked as Anthropic checks it) or disabled, as the template's
+     * switch; absent is disabled, Anthropic's default. A thinking block the template writes anyway (a
+     * family whose prompt opens it) is read apart and dropped unless asked for. The budget is checked, not
+     * enforced: the thinking ends where the model ends it, or at max_tokens */
+    int think = 0;
+    if ((v = llm_json_get(body, "thinking")) && v->type != LLM_JSON_NULL) {
+        const llm_json *type = llm_json_get(v, "type"), *budget = llm_json_get(v, "budget_tokens");
+        if (v->type != LLM_JSON_OBJECT || (!fv_str(type, "enabled") && !fv_str(type, "disabled")))
+            return bad(e, 400, NULL, "thinking.type: must be enabled or disabled");
+        think = fv_str(type, "enabled");
+        if (think && (!budget || budget->type != LLM_JSON_NUMBER || budget->num != floor(budget->num) ||
+                      budget->num < 1024))
+            return bad(e, 400, NULL, "thinking.budget_tokens: must be an integer of at least 1024");
+        if (think && !count && budget->num >= max_tokens)
+            return bad(e, 400, NULL, "thinking.budget_tokens: must be less than max_tokens");
+        if (think && !S->chat.thinks)
+            return bad(e, 400, NULL, "thinking: this model's chat template does not think");
+    }
+    sb_printf(out, "\"chat_template_kwargs\":{\"enable_thinking\":%s},\"include_reasoning\":%s,",
+              think ? "true" : "false", think ? "true" : "false");
+    /* 6. tools: custom tools (name, description, input_schema) as functions; server tools refused */
+    const llm_json *tools = llm_json_get(body, "tools");
+    if (tools && tools->type != LLM_JSON_NULL) {
+        if (tools->type != LLM_JSON_ARRAY) return bad(e, 400, NULL, "tools: must be a list");
+        sb_puts(out, "\"tools\":[");
+        for (int i = 0; i < tools->n; i++) {
+            const llm_json *t = &tools->items[i], *type = llm_json_get(t, "type");
+            const llm_json *name = llm_json_get(t, "name"), *desc = llm_json_get(t, "description");
+            const llm_json *schema = llm_json_get(t, "input_schema");
+            if (t->type != LLM_JSON_OBJECT) return bad(e, 400, NULL, "tools.%d: must be an object", i);
+            if (type && type->type != LLM_JSON_NULL && !fv_str(type, "custom"))
+                return bad(e, 400, NULL, "tools.%d.type: %.60s tools are not supported by this server (only "
+                           "custom tools: name, description, input_schema)", i,
+                           type->type == LLM_JSON_STRING ? type->str : "such");
+            if (!name || name->type != LLM_JSON_STRING || !name->len)
+                return bad(e, 400, NULL, "tools.%d.name: must be a non-empty string", i);
+            if (!schema || schema->type != LLM_JSON_OBJECT)
+                return bad(e, 400, NULL, "tools.%d.input_schema: Field required (a JSON Schema object)", i);
+            if (desc && desc->type != LLM_JSON_NULL && desc->type != LLM_JSON_STRING)
+                return bad(e, 400, NULL, "tools.%d.description: must be a string", i);
+            sb_puts(out, i ? ",{\"type\":\"function\",\"function\":{\"name\":" :
+                             "{\"type\":\"function\",\"function\":{\"name\":");
+            sb_json_str(out, name->str, name->len);
+            if (desc && desc->type == LLM_JSON_STRING) {
+                sb_puts(out, ",\"description\":");
+                sb_json_str(out, desc->str, desc->len);
+            }
+            sb_puts(out, ",\"parameters\":");
+            msgs_put_value(out, schema);
+            sb_puts(out, "}}");
+        }
+        sb_puts(out, "],");
+    }
+    /* 7. tool_choice: auto, any (a call: required), tool (that one), none; disable_parallel_tool_use */
+    if ((v = llm_json_get(body, "tool_choice")) && v->type != LLM_JSON_NULL) {
+        const llm_json *type = llm_json_get(v, "type"), *name = llm_json_get(v, "name");
+        const llm_json *one = llm_json_get(v, "disable_parallel_tool_use");
+        if (v->type != LLM_JSON_OBJECT || !type || type->type != LLM_JSON_STRING)
+            return bad(e, 400, NULL, "tool_choice: must be {\"type\": auto, any, tool or none}");
+        if (one && one->type != LLM_JSON_NULL && one->type != LLM_JSON_TRUE && one->type != LLM_JSON_FALSE)
+            return bad(e, 400, NULL, "tool_choice.disable_parallel_tool_use: must be a boolean");
+        if (fv_str(type, "tool")) {
+            if (!name || name->type != LLM_JSON_STRING)
+                return bad(e, 400, NULL, "tool_choice.name: Field required");
+            sb_puts(out, "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":");
+            sb_json_str(out, name->str, name->len);
+            sb_puts(out, "}},");
+        } else if (fv_str(type, "auto") || fv_str(type, "any") || fv_str(type, "none"))
+            sb_printf(out, "\"tool_choice\":\"%s\",", fv_str(type, "any") ? "required" : type->str);
+        else return bad(e, 400, NULL, "tool_choice.type: must be auto, any, tool or none");
+        if (one && one->type == LLM_JSON_TRUE) sb_puts(out, "\"parallel_tool_calls\":false,");
+    }
+    /* 8. the messages: the system first (a string or text blocks; Claude Code's per-request billing
+     * header block dropped: it changes nothing the model should read and would defeat the prefix cache),
+     * then each message's blocks; a last assistant message is continued (Anthropic's prefill) */
+    const llm_json *msgs = llm_json_get(body, "messages");
+    if (!msgs || msgs->type != LLM_JSON_ARRAY || !msgs->n)
+        return bad(e, 400, NULL, "messages: must be a non-empty list");
+    int n_out = 0;
+    sb_puts(out, "\"messages\":[");
+    if ((v = llm_json_get(body, "system")) && v->type != LLM_JSON_NULL) {
+        sbuf sys = {0};
+        llm_json kept = *v;
+        llm_json *items = NULL;
+        if (v->type == LLM_JSON_ARRAY) { /* the blocks but the billing header's */
+            items = (llm_json *)calloc((size_t)v->n + 1, sizeof *items);
+            if (!items) return bad(e, 500, NULL, "out of memory");
+            kept.n = 0; kept.items = items;
+            for (int k = 0; k < v->n; k++) {
+                const llm_json *t = llm_json_get(&v->items[k], "text");
+                if (!(t && t->type == LLM_JSON_STRING && !strncmp(t->str, "x-anthropic-billing-header", 26)))
+                    items[kept.n++] = v->items[k];
+            }
+        }
+        int rc = msgs_text_blocks(&kept, "system", &sys, e);
+        if (!rc && sys.len) msgs_put_chat_message(out, &n_out, "system", sys.s, sys.len);
+        free(items); sb_free(&sys);
+        if (rc) return -1;
+    }
+    for (int i = 0; i < msgs->n; i++)
+        if (msgs_message(&msgs->items[i], i, out, &n_out, e)) return -1;
+    sb_puts(out, "]");
+    if (fv_str(llm_json_get(&msgs->items[msgs->n - 1], "role"), "assistant"))
+        sb_puts(out, ",\"add_generation_prompt\":false,\"continue_final_message\":true");
+    sb_puts(out, "}");
+    return out->failed ? bad(e, 500, NULL, "out of memory") : 0;
+}
+
+/* A worker's job for /v1/messages (a chat request prepared, answered as Anthropic's message) or
+ * /v1/messages/count_tokens ({"input_tokens": N}: the prompt's tokens as /v1/messages counts them, tools
+ * and all). The chat body stays in the job (chat_json) until the engine has the request: r's stop strings
+ * point into it (and msg_stops copies them for the end, which stop_sequence names). */
+static void msgs_job(srv_state *S, srv_job *j) {
+    char jerr[LLM_ERR_LEN];
+    int count = j->route == JOB_COUNT_TOKENS;
+    sbuf chat = {0};
+    int rc = msgs_to_chat(S, &j->json, count, &chat, &j->e);
+    if (!rc && llm_json_parse(chat.s, chat.len, &j->chat_json, jerr) != 0)
+        rc = bad(&j->e, 500, NULL, "the request could not be translated: %s", jerr);
+    sb_free(&chat);
+    if (rc) return;
+    j->chat_json_ok = 1;
+    if (count) {
+        int32_t *ids = NULL;
+        j->failed = check_model(S, &j->chat_json, &j->e) || chat_tokens(S, &j->chat_json, 1, &ids, &j->e);
+        if (!j->failed) sb_printf(&j->answer, "{\"input_tokens\":%d}", (int)arrlen(ids));
+        arrfree(ids);
+        return;
+    }
+    srv_req *r = j->r = (srv_req *)calloc(1, sizeof *j->r);
+    if (!r) { bad(&j->e, 500, NULL, "out of memory"); return; }
+    r->t_arrival = j->t_arrival; r->api = API_MESSAGES;
+    j->failed = prepare_generation(S, &j->chat_json, REQ_CHAT, j->request_id, r, &j->p, &j->e) != 0;
+    for (int i = 0; !j->failed && i < r->n_stops; i++) {
+        char *copy = strdup(r->stops[i]);
+        if (!copy) { j->failed = 1; bad(&j->e, 500, NULL, "out of memory"); }
+        else arrput(r->msg_stops, copy);
+    }
+}
+
+/* ---- Anthropic's message out ------------------------------------------------------------------------- */
+/* The message's id: "msg_" and 24 letters and digits drawn from the request's seed (the same in the stream's
+ * message_start and anywhere else it is written) */
+static void msgs_put_id(sbuf *b, const srv_req *r) {
+    char id[32] = "msg_";
+    put_id_chars(id + 4, 24, r->call_id_seed ^ 0x6d73675f6d736721ull);
+    sb_json_cstr(b, id);
+}
+
+/* A thinking block's signature: opaque to the client, which sends it back with the block. Ours is not a
+ * secret (nothing is checked on the way in): "llm1." and a hash of the thinking, so it is the same streamed
+ * or not. */
+static void msgs_put_signature(sbuf *b, const char *thinking) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (const char *p = thinking; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    sb_printf(b, "\"llm1.%016llx\"", (unsigned long long)h);
+}
+
+/* usage as Anthropic counts it: input_tokens are the prompt's tokens the prefix cache did NOT have (the
+ * cached ones are cache_read_input_tokens: the three together are the prompt), then output_tokens */
+static void msgs_put_usage(sbuf *b, const srv_req *r) {
+    int cached = req_cached_tokens(r);
+    sb_printf(b, "\"usage\":{\"input_tokens\":%d,\"cache_creation_input_tokens\":0,"
+              "\"cache_read_input_tokens\":%d,\"output_tokens\":%d}", r->prompt_tokens - cached, cached,
+              r->completion_tokens);
+}
+
+/* stop_reason and stop_sequence: tool_use (a call made), max_tokens (the length ran out), stop_sequence (a
+ * stop string ended it: named), else end_turn */
+static void msgs_put_stop(sbuf *b, const srv_req *r, const srv_choice *ch, int calls) {
+    int s = ch->stop_string;
+    const char *reason = calls && ch->finish == LLM_FINISH_STOP ? "tool_use" :
+                         ch->finish == LLM_FINISH_LENGTH ? "max_tokens" :
+                         s > 0 && s <= arrlen(r->msg_stops) ? "stop_sequence" : "end_turn";
+    sb_printf(b, "\"stop_reason\":\"%s\",\"stop_sequence\":", reason);
+    if (reason[0] == 's') sb_json_cstr(b, r->msg_stops[s - 1]); else sb_puts(b, "null");
+}
+
+/* A tool_use block's input: the call's arguments (the model's JSON text) when they are an object, else {} */
+static void msgs_put_input(sbuf *b, const char *arguments) {
+    llm_json v;
+    int ok = llm_json_parse(arguments, strlen(arguments), &v, NULL) == 0;
+    sb_puts(b, ok && v.type == LLM_JSON_OBJECT ? arguments : "{}");
+    if (ok) llm_json_free(&v);
+}
+
+/* One content block's opening: a thinking block (empty), a text block (empty), or call k's tool_use
+ * block (its id and name, input {}: the stream's deltas fill it; the whole message's puts its input) */
+static void msgs_put_block(sbuf *b, const srv_req *r, const llm_chat_reply *rep, int kind) {
+    if (kind == 1) { sb_puts(b, "{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}"); return; }
+    if (kind == 2) { sb_puts(b, "{\"type\":\"text\",\"text\":\"\"}"); return; }
+    sb_puts(b, "{\"type\":\"tool_use\",\"id\":");
+    put_tool_call_id(b, r, 0, kind - 3);
+    sb_puts(b, ",\"name\":");
+    sb_json_cstr(b, rep->calls[kind - 3].name);
+    sb_puts(b, ",\"input\":{}}");
+}
+
+/* One of Anthropic's events: `event: TYPE` and its JSON, {"type": TYPE, ...the fields} */
+static void msgs_send_event(srv_state *S, srv_req *r, const char *type, const char *fields) {
+    sbuf b = {0};
+    sb_printf(&b, "{\"type\":\"%s\"%s%s}", type, fields[0] ? "," : "", fields);
+    send_sse(S, r->conn, type, b.s ? b.s : "{}", b.len);
+    sb_free(&b);
+}
+
+/* The stream's open block closed (a thinking block gets its signature first); then, when kind is not 0,
+ * a block of that kind started, at the next index */
+static void msgs_switch_block(srv_state *S, srv_req *r, srv_choice *ch, const llm_chat_reply *rep, int kind) {
+    sbuf f = {0};
+    if (ch->msg_open == 1) {
+        sb_printf(&f, "\"index\":%d,\"delta\":{\"type\":\"signature_delta\",\"signature\":",
+                  ch->msg_blocks - 1);
+        msgs_put_signature(&f, rep->reasoning ? rep->reasoning : "");
+        sb_puts(&f, "}");
+        msgs_send_event(S, r, "content_block_delta", f.s);
+        f.len = 0;
+    }
+    if (ch->msg_open) {
+        sb_printf(&f, "\"index\":%d", ch->msg_blocks - 1);
+        msgs_send_event(S, r, "content_block_stop", f.s);
+        f.len = 0;
+    }
+    ch->msg_open = kind;
+    if (kind) {
+        sb_printf(&f, "\"index\":%d,\"content_block\":", ch->msg_blocks++);
+        msgs_put_block(&f, r, rep, kind);
+        msgs_send_event(S, r, "content_block_start", f.s ? f.s : "");
+    }
+    sb_free(&f);
+}
+
+/* A delta of the open block: its type, the field and the piece of text */
+static void msgs_send_delta(srv_state *S, srv_req *r, srv_choice *ch, const char *type, const char *field,
+                            const char *piece, size_t n) {
+    sbuf f = {0};
+    sb_printf(&f, "\"index\":%d,\"delta\":{\"type\":\"%s\",\"%s\":", ch->msg_blocks - 1, type, field);
+    sb_json_str(&f, piece, n);
+    sb_puts(&f, "}");
+    msgs_send_event(S, r, "content_block_delta", f.s ? f.s : "");
+    sb_free(&f);
+}
+
+/* An output of a streamed /v1/messages: the reply so far read again (as stream_read_reply does, with the
+ * same invariant: each part of a partial reading begins the same part of every later one), and what each
+ * part gained sent as a delta of its block, a block started whenever the part changes (thinking, text,
+ * call k): message_start before the first, every block stopped at the end (then msgs_finish sends
+ * message_delta and message_stop). A reply with no block at all gets one empty text block, as the whole
+ * message has. */
+static void msgs_stream_event(srv_state *S, srv_req *r, srv_choice *ch, const srv_event *ev) {
+    if (!ch->sent_role) { /* message_start: the message, empty, with the prompt's usage */
+        sbuf f = {0};
+        sb_puts(&f, "\"message\":{\"id\":");
+        msgs_put_id(&f, r);
+        sb_puts(&f, ",\"type\":\"message\",\"role\":\"assistant\",\"model\":");
+        sb_json_cstr(&f, S->model_name);
+        sb_puts(&f, ",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,");
+        msgs_put_usage(&f, r);
+        sb_puts(&f, "}");
+        msgs_send_event(S, r, "message_start", f.s ? f.s : "");
+        sb_free(&f);
+        ch->sent_role = 1;
+    }
+    if (ev->text_len) sb_put(&ch->text, ev->text, (size_t)ev->text_len);
+    int final = ev->finish != 0;
+    llm_chat_reply rep;
+    const char *text = ch->text.s ? ch->text.s : "";
+    if (llm_chat_parse_reply(&r->chat, text, ch->text.len, r->reasoning > 0, r->tool_calls, !final, &rep)) {
+        llm_chat_reply_free(&rep);
+        return;
+    }
+    /* the thinking (when asked for: else read apart and dropped), the text, then each call */
+    size_t nr = rep.reasoning ? strlen(rep.reasoning) : 0, nc = strlen(rep.content);
+    if (nr > ch->sent_reasoning && r->reasoning == 2) {
+        if (ch->msg_open != 1) msgs_switch_block(S, r, ch, &rep, 1);
+        msgs_send_delta(S, r, ch, "thinking_delta", "thinking", rep.reasoning + ch->sent_reasoning,
+                        nr - ch->sent_reasoning);
+    }
+    if (nr > ch->sent_reasoning) ch->sent_reasoning = nr;
+    if (nc > ch->sent_content) {
+        if (ch->msg_open != 2) msgs_switch_block(S, r, ch, &rep, 2);
+        msgs_send_delta(S, r, ch, "text_delta", "text", rep.content + ch->sent_content,
+                        nc - ch->sent_content);
+        ch->sent_content = nc;
+    }
+    int n_calls = rep.n_calls - (final ? rep.in_call : 0);
+    for (int k = 0; k < n_calls; k++) {
+        if (k >= arrlen(ch->sent_args)) {
+            msgs_switch_block(S, r, ch, &rep, 3 + k);
+            arrput(ch->sent_args, 0);
+        }
+        size_t na = strlen(rep.calls[k].arguments);
+        if (na > ch->sent_args[k] && ch->msg_open == 3 + k) {
+            msgs_send_delta(S, r, ch, "input_json_delta", "partial_json", rep.calls[k].arguments +
+                            ch->sent_args[k], na - ch->sent_args[k]);
+            ch->sent_args[k] = na;
+        }
+    }
+    if (final) {
+        if (!ch->msg_blocks) msgs_switch_block(S, r, ch, &rep, 2);
+        msgs_switch_block(S, r, ch, &rep, 0);
+    }
+    llm_chat_reply_free(&rep);
+}
+
+/* The end of a /v1/messages request. Streamed: message_delta (stop_reason, stop_sequence, usage) and
+ * message_stop, or after an engine error an error event; then the chunked body's end. Whole: the message
+ * object, its content blocks from the reply read once (thinking when asked for, with its signature; text;
+ * each tool_use with its input), or a 500 in Anthropic's shape. */
+static void msgs_finish(srv_state *S, srv_req *r) {
+    srv_conn *c = r->conn;
+    srv_choice *ch = &r->choices[0];
+    sbuf b = {0};
+    if (r->stream) {
+        if (r->error[0]) {
+            sb_puts(&b, "\"error\":{\"type\":\"api_error\",\"message\":");
+            sb_json_cstr(&b, r->error);
+            sb_puts(&b, "}");
+            msgs_send_event(S, r, "error", b.s ? b.s : "");
+        } else {
+            sb_puts(&b, "\"delta\":{");
+            msgs_put_stop(&b, r, ch, arrlen(ch->sent_args) > 0);
+            sb_printf(&b, "},\"usage\":{\"output_tokens\":%d}", r->completion_tokens);
+            msgs_send_event(S, r, "message_delta", b.s ? b.s : "");
+            msgs_send_event(S, r, "message_stop", "");
+        }
+        conn_send(S, c, "0\r\n\r\n", 5); /* the chunked body's end */
+        sb_free(&b);
+        return;
+    }
+    if (r->error[0]) { send_error(S, c, 500, NULL, "%s", r->error); return; }
+    llm_chat_reply rep;
+    const char *text = ch->text.s ? ch->text.s : "";
+    if (llm_chat_parse_reply(&r->chat, text, ch->text.len, r->reasoning > 0, r->tool_calls, 0, &rep)) {
+        llm_chat_reply_free(&rep);
+        send_error(S, c, 500, NULL, "out of memory reading the reply");
+        return;
+    }
+    int n_calls = rep.n_calls - rep.in_call, blocks = 0;
+    sb_puts(&b, "{\"id\":");
+    msgs_put_id(&b, r);
+    sb_puts(&b, ",\"type\":\"message\",\"role\":\"assistant\",\"model\":");
+    sb_json_cstr(&b, S->model_name);
+    sb_puts(&b, ",\"content\":[");
+    if (rep.reasoning && rep.reasoning[0] && r->reasoning == 2) {
+        sb_puts(&b, "{\"type\":\"thinking\",\"thinking\":");
+        sb_json_cstr(&b, rep.reasoning);
+        sb_puts(&b, ",\"signature\":");
+        msgs_put_signature(&b, rep.reasoning);
+        sb_puts(&b, "}");
+        blocks++;
+    }
+    if (rep.content[0] || (!blocks && !n_calls)) {
+        sb_puts(&b, blocks++ ? ",{\"type\":\"text\",\"text\":" : "{\"type\":\"text\",\"text\":");
+        sb_json_cstr(&b, rep.content);
+        sb_puts(&b, "}");
+    }
+    for (int k = 0; k < n_calls; k++) {
+        sb_puts(&b, blocks++ ? ",{\"type\":\"tool_use\",\"id\":" : "{\"type\":\"tool_use\",\"id\":");
+        put_tool_call_id(&b, r, 0, k);
+        sb_puts(&b, ",\"name\":");
+        sb_json_cstr(&b, rep.calls[k].name);
+        sb_puts(&b, ",\"input\":");
+        msgs_put_input(&b, rep.calls[k].arguments);
+        sb_puts(&b, "}");
+    }
+    sb_puts(&b, "],");
+    msgs_put_stop(&b, r, ch, n_calls > 0);
+    sb_puts(&b, ",");
+    msgs_put_usage(&b, r);
+    sb_puts(&b, "}");
+    llm_chat_reply_free(&rep);
+    if (b.failed) send_error(S, c, 500, NULL, "out of memory writing the response");
+    else send_response(S, c, 200, "application/json", b.s, b.len, NULL);
+    sb_free(&b);
 }
 
 /* ===========================================================================================================

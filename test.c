@@ -9211,6 +9211,147 @@ static void test_server_grammar_bounds(void) {
     CHECK(server_stop(&srv) == 0, "serve (Qwen3): exit status 0");
 }
 
+/* The JSON string at p (its opening quote) as it is written, escapes and all, into out: NULL p gives "" */
+static void raw_json_str(const char *p, char *out, size_t cap) {
+    size_t n = 0;
+    if (p && (p = strchr(p, ':')) && p[1] == '"')
+        for (p += 2; *p && *p != '"' && n + 2 < cap; p++) {
+            if (*p == '\\' && p[1]) out[n++] = *p++;
+            out[n++] = *p;
+        }
+    out[n] = 0;
+}
+
+/* Anthropic's Messages API on stories260K: its error shape and statuses (a missing max_tokens, an image
+ * block, a wrong x-api-key, the head's 404/405/413), x-api-key beside Authorization: Bearer, a message's
+ * exact body, a stream's events in Anthropic's order (every block stopped, one message_delta, its text the
+ * message's), stop_sequence naming the stop string, and count_tokens equal to the message's prompt. */
+static void test_server_messages(void) {
+    test_server s;
+    if (server_start(&s, "--api-key k3y") != 0) return;
+    int port = s.port;
+#define KEY "x-api-key: k3y\r\n"
+#define ANTHROPIC_ERROR(type, message) "{\"type\":\"error\",\"error\":{\"type\":\"" type "\",\"message\":\"" \
+    message "\"}}"
+    const char *key = KEY;
+    /* 1. errors in Anthropic's shape, exact */
+    static const struct { const char *body, *extra; int status; const char *error; } errs[] = {
+        {"{\"model\":\"stories260K\",\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}", KEY, 400,
+         ANTHROPIC_ERROR("invalid_request_error", "max_tokens: Field required")},
+        {"{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":"
+         "{\"type\":\"url\",\"url\":\"http://x/y.png\"}}]}]}", KEY, 400,
+         ANTHROPIC_ERROR("invalid_request_error", "messages.0.content.0.type: image blocks are not "
+                         "supported by this server (a user message takes text and tool_result)")},
+        {"{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}]}", "x-api-key: wrong\r\n",
+         401, ANTHROPIC_ERROR("authentication_error", "Unauthorized: give the API key as 'x-api-key: KEY' "
+                              "(or 'Authorization: Bearer KEY')")},
+        {"{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"mcp_servers\":[{}]}",
+         KEY, 400, ANTHROPIC_ERROR("invalid_request_error", "mcp_servers: not supported by this server")},
+        {"{\"max_tokens\":4,\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"model\":\"claude\"}",
+         KEY, 404, ANTHROPIC_ERROR("not_found_error", "The model `claude` does not exist (this server serves "
+                                   "`stories260K`)")},
+    };
+    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
+        char *r = http_post(port, "/v1/messages", errs[i].body, errs[i].extra);
+        CHECK(http_status(r) == errs[i].status && !strcmp(http_body(r), errs[i].error),
+              "messages: error %zu: %s", i, r ? r : "");
+        free(r);
+    }
+    /* the head's answers on Anthropic's routes: 404 and 405 in its shape, a body too large its 413 */
+    char *r = http_post(port, "/v1/messages/nope", "{}", key);
+    CHECK(http_status(r) == 404 && !strcmp(http_body(r), ANTHROPIC_ERROR("not_found_error", "Not Found: "
+          "/v1/messages/nope")), "messages: 404: %s", r ? r : "");
+    free(r);
+    r = http_get(port, "/v1/messages", key);
+    CHECK(http_status(r) == 405 && strstr(r, "\r\nAllow: POST\r\n") && !strcmp(http_body(r),
+          ANTHROPIC_ERROR("invalid_request_error", "Method Not Allowed: use POST for /v1/messages")),
+          "messages: 405: %s", r ? r : "");
+    free(r);
+    const char big[] = "POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-api-key: k3y\r\n" JSON_CT
+                       "Content-Length: 9000000\r\n\r\n";
+    r = http_request_raw(port, big, sizeof big - 1);
+    CHECK(http_status(r) == 413 && !strcmp(http_body(r), ANTHROPIC_ERROR("request_too_large", "the request's "
+          "body is too large (9000000 bytes; at most 8388608)")), "messages: 413: %s", r ? r : "");
+    free(r);
+    /* the OpenAI routes keep their shape, and take x-api-key too; /v1/messages takes Authorization: Bearer */
+    r = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                  "\"max_tokens\":1}", key);
+    CHECK(http_status(r) == 200, "messages: x-api-key on /v1/chat/completions: %s", r ? r : "");
+    free(r);
+    r = http_post(port, "/v1/chat/completions", "{}", "x-api-key: wrong\r\n");
+    CHECK(http_status(r) == 401 && !strcmp(http_body(r), "{\"error\":{\"message\":\"Unauthorized: give the "
+          "API key as 'Authorization: Bearer KEY'\",\"type\":\"authentication_error\",\"param\":null,"
+          "\"code\":401}}"), "messages: a wrong key on chat: OpenAI's shape: %s", r ? r : "");
+    free(r);
+    /* 2. a message, exact but for its id */
+    const char *hi = "{\"model\":\"stories260K\",\"max_tokens\":6,\"temperature\":0,\"system\":\"You tell "
+                     "stories.\",\"messages\":[{\"role\":\"user\",\"content\":\"A story, please.\"}]";
+    char body[1024], text[512], ref[1024];
+    snprintf(body, sizeof body, "%s}", hi);
+    r = http_post(port, "/v1/messages", body, "Authorization: Bearer k3y\r\n");
+    const char *b = http_body(r);
+    raw_json_str(strstr(b, "\"text\":\""), text, sizeof text); /* as JSON writes it: the stream's too */
+    snprintf(ref, sizeof ref, "\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"stories260K\","
+             "\"content\":[{\"type\":\"text\",\"text\":\"%s\"}],\"stop_reason\":\"max_tokens\","
+             "\"stop_sequence\":null,\"usage\":{\"input_tokens\":", text);
+    CHECK(http_status(r) == 200 && !strncmp(b, "{\"id\":\"msg_", 11) && strlen(b) > 35 &&
+          !strncmp(b + 35, ref, strlen(ref)) && text[0] && strstr(b, ",\"cache_creation_input_tokens\":0,"
+          "\"cache_read_input_tokens\":0,\"output_tokens\":6}}"), "messages: a message: %s", r ? r : "");
+    int input_tokens = atoi(strstr(b, "\"input_tokens\":") ? strstr(b, "\"input_tokens\":") + 15 : "0");
+    free(r);
+    /* count_tokens: the same prompt's tokens */
+    snprintf(body, sizeof body, "{\"model\":\"stories260K\",\"system\":\"You tell stories.\",\"messages\":"
+             "[{\"role\":\"user\",\"content\":\"A story, please.\"}]}");
+    r = http_post(port, "/v1/messages/count_tokens", body, key);
+    char want[64];
+    snprintf(want, sizeof want, "{\"input_tokens\":%d}", input_tokens);
+    CHECK(http_status(r) == 200 && input_tokens > 5 && !strcmp(http_body(r), want),
+          "messages: count_tokens %s: %s", want, r ? r : "");
+    free(r);
+    /* 3. the stream: message_start, one text block (start, deltas, stop), message_delta, message_stop; the
+     * deltas make the message's text; the prompt again: its tokens read from the cache, not counted as
+     * input (input + cache reads = the prompt) */
+    snprintf(body, sizeof body, "%s,\"stream\":true}", hi);
+    r = http_post(port, "/v1/messages", body, key);
+    char events[2048] = "", streamed[512] = "";
+    for (const char *p = r ? strstr(r, "event: ") : NULL; p; p = strstr(p + 1, "\nevent: ")) {
+        if (*p == '\n') p++;
+        const char *e = strchr(p, '\n');
+        if (!e) break;
+        snprintf(events + strlen(events), sizeof events - strlen(events), "%.*s,", (int)(e - p - 7), p + 7);
+        const char *d = strstr(e, "\"text_delta\",\"text\":\"");
+        size_t at = strlen(streamed);
+        if (!strncmp(p + 7, "content_block_delta", 19) && d)
+            raw_json_str(d + 14, streamed + at, sizeof streamed - at);
+    }
+    const char *cbd = "content_block_delta,";
+    char *after = strstr(events, "message_start,content_block_start,") == events ? events + 34 : NULL;
+    while (after && !strncmp(after, cbd, strlen(cbd))) after += strlen(cbd);
+    CHECK(after && after != events + 34 && !strcmp(after, "content_block_stop,message_delta,message_stop,") &&
+          !strcmp(streamed, text), "messages: the stream's events %s, text %s (the message's: %s)", events,
+          streamed, text);
+    snprintf(want, sizeof want, "\"cache_read_input_tokens\":%d,", (input_tokens - 1) / 16 * 16);
+    CHECK(r && strstr(r, "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\","
+          "\"stop_sequence\":null},\"usage\":{\"output_tokens\":6}}\n\n") && strstr(r, want) &&
+          strstr(r, "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":"
+          "\"text\",\"text\":\"\"}}\n\n") && strstr(r, "data: {\"type\":\"message_stop\"}\n\n\r\n0\r\n\r\n"),
+          "messages: the stream's blocks and end: %s", r ? r : "");
+    free(r);
+    /* 4. stop_sequences: two letters inside the text end it, and stop_sequence names them */
+    char word[3] = "";
+    for (size_t i = 1; !word[0] && text[i] && text[i + 1]; i++)
+        if (isalpha((unsigned char)text[i]) && isalpha((unsigned char)text[i + 1])) memcpy(word, text + i, 2);
+    snprintf(body, sizeof body, "%s,\"stop_sequences\":[\"zzz\",\"%s\"]}", hi, word);
+    r = http_post(port, "/v1/messages", body, key);
+    snprintf(ref, sizeof ref, "\"stop_reason\":\"stop_sequence\",\"stop_sequence\":\"%s\"", word);
+    CHECK(word[0] && http_status(r) == 200 && strstr(http_body(r), ref), "messages: stop_sequences [%s]: %s",
+          word, r ? r : "");
+    free(r);
+    CHECK(server_stop(&s) == 0, "serve: exit status 0");
+#undef KEY
+#undef ANTHROPIC_ERROR
+}
+
 static void test_server_errors(void) {
     test_server s;
     if (server_start(&s, "--api-key sesame --max-queue 2 --request-timeout 1 --max-model-len 64") != 0)
@@ -12210,7 +12351,8 @@ int main(int argc, char **argv) {
         {"server endpoints", test_server_endpoints}, {"server vLLM fields", test_server_vllm_fields},
         {"server prompt logprobs", test_server_prompt_logprobs},
         {"server speculative decoding", test_server_speculative},
-        {"server errors", test_server_errors}, {"server structured output", test_server_structured},
+        {"server errors", test_server_errors}, {"server messages", test_server_messages},
+        {"server structured output", test_server_structured},
         {"server: a costly grammar slows only itself", test_server_grammar_isolation},
         {"server: requests read by workers", test_server_request_workers},
         {"server structured output: bounds, big choices, $defs in tools", test_server_grammar_bounds},
