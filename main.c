@@ -123,7 +123,7 @@ static const char *usage =
     "                         stays open) while the requests in flight finish, then it exits 0; after S\n"
     "                         seconds (default 30) it cuts them short and exits 0; a second signal: at once\n"
     "  --responses-store N    /v1/responses with store (the default) keep at most N responses (default\n"
-    "                         1024) for GET /v1/responses/{id} and previous_response_id; the oldest go first\n"
+    "                         1024) for GET /v1/responses/{id} and previous_response_id, oldest out first\n"
     "  --responses-store-bytes B  ... and at most B bytes of them (default 268435456)\n"
     "  limits (not flags): a request's head 16 KiB (431), its body 8 MiB (413); request bytes held past\n"
     "  each connection's first 64 KiB, all together, 64 MiB (503); a connection's unsent output 4 MiB: past\n"

@@ -3379,8 +3379,8 @@ static void drain_events(srv_state *S) {
  * object and GET /v1/responses/{id} cannot disagree. The ids are pure functions: resp_ + 32 random hex per
  * response, rs_/msg_/fc_ + 32 hex of (response id, output index), a call's call_id put_tool_call_id's.
  * ======================================================================================================== */
-enum { RESP_NONE, RESP_REASONING, RESP_MESSAGE, RESP_CALL }; /* an output item's kind */
-#define RESP_MAX_METADATA 16        /* metadata: keys, each <= 64 bytes, each value a string <= 512 (OpenAI's) */
+enum { RESP_NONE, RESP_REASONING, RESP_MESSAGE, RESP_CALL, RESP_CUSTOM }; /* an output item's kind */
+#define RESP_MAX_METADATA 16        /* metadata: keys (each <= 64 bytes; values strings <= 512), as OpenAI */
 
 struct srv_resp {
     char id[40];                    /* "resp_" and 32 hex digits */
@@ -3395,11 +3395,14 @@ struct srv_resp {
     sbuf part;                      /* the open item's text so far: thinking, answer or arguments */
     sbuf items;                     /* the closed items' JSON, comma-separated: the object's output */
     int reasoning_tokens;           /* the reply's tokens when its thinking ended */
+    char **customs;                 /* stb_ds: the custom tools' names (their calls are custom_tool_call) */
 };
 
 static void resp_free(srv_resp *rs) {
     if (!rs) return;
     free(rs->echo); free(rs->history); free(rs->call_name); sb_free(&rs->part); sb_free(&rs->items);
+    for (ptrdiff_t i = 0; i < arrlen(rs->customs); i++) free(rs->customs[i]);
+    arrfree(rs->customs);
     free(rs);
 }
 
@@ -3419,8 +3422,13 @@ static int fv_tier(const llm_json *v, const llm_json *b) {
     (void)b; return fv_str(v, "auto") || fv_str(v, "default");
 }
 static int fv_in_memory(const llm_json *v, const llm_json *b) { (void)b; return fv_str(v, "in_memory"); }
-static int fv_0(const llm_json *v, const llm_json *b) { (void)b; return v->type == LLM_JSON_NUMBER && !v->num; }
-static const struct { const char *name; int (*takes)(const llm_json *v, const llm_json *b); } resp_fields[] = {
+static int fv_0(const llm_json *v, const llm_json *b) {
+    (void)b; return v->type == LLM_JSON_NUMBER && !v->num;
+}
+static const struct {
+    const char *name;
+    int (*takes)(const llm_json *v, const llm_json *b);
+} resp_fields[] = {
     {"model", fv_any}, {"input", fv_any}, {"instructions", fv_any}, {"tools", fv_any},
     {"tool_choice", fv_any}, {"parallel_tool_calls", fv_any}, {"text", fv_any}, {"reasoning", fv_any},
     {"max_output_tokens", fv_any}, {"temperature", fv_any}, {"top_p", fv_any}, {"stream", fv_any},
@@ -3485,8 +3493,8 @@ static int resp_text(const llm_json *c, const char *param, sbuf *out, srv_error 
         size_t t = 0;
         while (t < sizeof types / sizeof *types && !fv_str(type, types[t])) t++;
         if (t == sizeof types / sizeof *types || !text || text->type != LLM_JSON_STRING)
-            return bad(e, 400, param, "%s[%d]: %.40s parts are not supported (input_text and output_text are)",
-                       param, k, type && type->type == LLM_JSON_STRING ? type->str : "untyped");
+            return bad(e, 400, param, "%s[%d]: %.40s parts are not supported (input_text and output_text "
+                       "are)", param, k, type && type->type == LLM_JSON_STRING ? type->str : "untyped");
         if (k) sb_puts(out, "\n");
         sb_put(out, text->str, text->len);
     }
@@ -3519,12 +3527,19 @@ static int conv_item(resp_conv *cv, const llm_json *it, int i, srv_error *e) {
                 sb_put(&cv->system, text.s ? text.s : "", text.len);
             }
         }
-    } else if (fv_str(type, "function_call")) {
+    } else if (fv_str(type, "function_call") || fv_str(type, "custom_tool_call")) {
+        /* a custom tool's call is the function call of its shim (resp_tools): arguments {"input": input} */
         const llm_json *id = llm_json_get(it, "call_id"), *name = llm_json_get(it, "name");
-        const llm_json *args = llm_json_get(it, "arguments");
-        llm_json parsed;
-        int object = 0;
-        if (args && args->type == LLM_JSON_STRING && llm_json_parse(args->str, args->len, &parsed, NULL) == 0) {
+        const llm_json *args = llm_json_get(it, "arguments"), *in = llm_json_get(it, "input");
+        llm_json parsed, wrapped = {0};
+        int object = 0, custom = fv_str(type, "custom_tool_call");
+        if (custom && in && in->type == LLM_JSON_STRING) { /* its input wrapped as the shim's arguments */
+            sb_puts(&text, "{\"input\":"); sb_json_str(&text, in->str, in->len); sb_puts(&text, "}");
+            wrapped.type = LLM_JSON_STRING; wrapped.str = text.s; wrapped.len = text.len;
+            args = text.failed ? NULL : &wrapped;
+        }
+        if (args && args->type == LLM_JSON_STRING &&
+            llm_json_parse(args->str, args->len, &parsed, NULL) == 0) {
             object = parsed.type == LLM_JSON_OBJECT;
             llm_json_free(&parsed);
         }
@@ -3535,8 +3550,9 @@ static int conv_item(resp_conv *cv, const llm_json *it, int i, srv_error *e) {
             snprintf(param, sizeof param, "input[%d].name", i);
             rc = bad(e, 400, param, "%s must be a non-empty string", param);
         } else if (!object) {
-            snprintf(param, sizeof param, "input[%d].arguments", i);
-            rc = bad(e, 400, param, "%s must be a JSON object, as text", param);
+            snprintf(param, sizeof param, "input[%d].%s", i, custom ? "input" : "arguments");
+            rc = bad(e, 400, param, custom ? "%s must be a string" : "%s must be a JSON object, as text",
+                     param);
         } else {
             sb_puts(&cv->a_calls, cv->a_calls.len ? ",{\"id\":" : "{\"id\":");
             sb_json_str(&cv->a_calls, id->str, id->len);
@@ -3548,7 +3564,7 @@ static int conv_item(resp_conv *cv, const llm_json *it, int i, srv_error *e) {
             cv->a_open = 1;
             arrput(cv->call_ids, id->str);
         }
-    } else if (fv_str(type, "function_call_output")) {
+    } else if (fv_str(type, "function_call_output") || fv_str(type, "custom_tool_call_output")) {
         const llm_json *id = llm_json_get(it, "call_id");
         int known = 0;
         for (ptrdiff_t k = 0; id && id->type == LLM_JSON_STRING && k < arrlen(cv->call_ids) && !known; k++)
@@ -3571,8 +3587,9 @@ static int conv_item(resp_conv *cv, const llm_json *it, int i, srv_error *e) {
         }
     } else if (fv_str(type, "reasoning")) { /* its text, else its summary: the assistant turn's thinking */
         const llm_json *c = llm_json_get(it, "content");
-        snprintf(param, sizeof param, "input[%d].%s", i, c && c->type != LLM_JSON_NULL ? "content" : "summary");
-        rc = resp_text(c && c->type != LLM_JSON_NULL ? c : llm_json_get(it, "summary"), param, &text, e);
+        if (!c || c->type == LLM_JSON_NULL) c = NULL;
+        snprintf(param, sizeof param, "input[%d].%s", i, c ? "content" : "summary");
+        rc = resp_text(c ? c : llm_json_get(it, "summary"), param, &text, e);
         if (!rc) { sb_put(&cv->a_reasoning, text.s ? text.s : "", text.len); cv->a_open = 1; }
     } else {
         snprintf(param, sizeof param, "input[%d].type", i);
@@ -3584,18 +3601,27 @@ static int conv_item(resp_conv *cv, const llm_json *it, int i, srv_error *e) {
     return rc;
 }
 
-/* tools: function tools into chat's {"type": "function", "function": {...}}; OpenAI's built-in tools (web
- * search and the like) run on OpenAI's side, and this server runs none: refused, by name */
-static int resp_tools(const llm_json *tools, sbuf *out, srv_error *e) {
+/* tools: function tools into chat's {"type": "function", "function": {...}}; a custom tool (free text in,
+ * Codex's apply_patch) into a function of one string, input, its name kept in customs; OpenAI's built-in
+ * tools (web search and the like) run on OpenAI's side, and this server runs none: refused, by name */
+static int resp_tools(const llm_json *tools, sbuf *out, const char ***customs, srv_error *e) {
     if (!tools || tools->type == LLM_JSON_NULL) return 0;
     if (tools->type != LLM_JSON_ARRAY) return bad(e, 400, "tools", "tools must be a list");
     for (int i = 0; i < tools->n; i++) {
-        const llm_json *t = &tools->items[i], *type = llm_json_get(t, "type"), *name = llm_json_get(t, "name");
+        const llm_json *t = &tools->items[i], *type = llm_json_get(t, "type");
+        const llm_json *name = llm_json_get(t, "name");
         char param[48];
+        const llm_json *format = llm_json_get(t, "format");
+        int custom = fv_str(type, "custom");
         snprintf(param, sizeof param, "tools[%d].type", i);
-        if (!fv_str(type, "function"))
-            return bad(e, 400, param, "%s: %.40s is a built-in tool this server does not run (function tools "
-                       "are)", param, type && type->type == LLM_JSON_STRING ? type->str : "an untyped tool");
+        if (!fv_str(type, "function") && !custom)
+            return bad(e, 400, param, "%s: %.40s is a built-in tool this server does not run (function and "
+                       "custom tools are)", param, type && type->type == LLM_JSON_STRING ? type->str :
+                       "an untyped tool");
+        snprintf(param, sizeof param, "tools[%d].format", i);
+        if (custom && format && format->type != LLM_JSON_NULL &&
+            !fv_str(llm_json_get(format, "type"), "text"))
+            return bad(e, 400, param, "%s: grammar formats (lark, regex) are not supported; text is", param);
         snprintf(param, sizeof param, "tools[%d].name", i);
         if (!name || name->type != LLM_JSON_STRING || !name->len)
             return bad(e, 400, param, "%s must be a non-empty string", param);
@@ -3603,7 +3629,12 @@ static int resp_tools(const llm_json *tools, sbuf *out, srv_error *e) {
                 "\"function\":{\"name\":");
         sb_json_str(out, name->str, name->len);
         sb_puts(out, ",\"description\":"); sb_json_value(out, llm_json_get(t, "description"));
-        sb_puts(out, ",\"parameters\":"); sb_json_value(out, llm_json_get(t, "parameters"));
+        sb_puts(out, ",\"parameters\":");
+        if (custom) { /* free text, as the one string of a function (vLLM's shim): its input */
+            sb_puts(out, "{\"type\":\"object\",\"properties\":{\"input\":{\"type\":\"string\"}},"
+                    "\"required\":[\"input\"]}");
+            arrput(*customs, name->str);
+        } else sb_json_value(out, llm_json_get(t, "parameters"));
         sb_puts(out, "}}");
     }
     return 0;
@@ -3627,12 +3658,14 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
         if (k == n) { log_unknown_field(S, body->keys[i]); continue; }
         if (body->items[i].type != LLM_JSON_NULL && !resp_fields[k].takes(&body->items[i], body))
             return bad(e, 400, body->keys[i], "%s is not supported by this server (only %s is accepted)",
-                       body->keys[i], resp_fields[k].takes == fv_never ? "null" : "null or its default value");
+                       body->keys[i],
+                       resp_fields[k].takes == fv_never ? "null" : "null or its default value");
     }
     const llm_json *input = llm_json_get(body, "input"), *text = llm_json_get(body, "text");
     const llm_json *fmt = llm_json_get(text, "format"), *ftype = llm_json_get(fmt, "type");
     const llm_json *reasoning = llm_json_get(body, "reasoning"), *meta = llm_json_get(body, "metadata");
-    const llm_json *effort = llm_json_get(reasoning, "effort"), *prev = llm_json_get(body, "previous_response_id");
+    const llm_json *effort = llm_json_get(reasoning, "effort");
+    const llm_json *prev = llm_json_get(body, "previous_response_id");
     const llm_json *choice = llm_json_get(body, "tool_choice");
     double x = 0;
     rs->store = 1;
@@ -3651,8 +3684,10 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
     if (meta && meta->type != LLM_JSON_NULL) {
         int ok = meta->type == LLM_JSON_OBJECT && meta->n <= RESP_MAX_METADATA;
         for (int i = 0; ok && i < meta->n; i++)
-            ok = strlen(meta->keys[i]) <= 64 && meta->items[i].type == LLM_JSON_STRING && meta->items[i].len <= 512;
-        if (!ok) return bad(e, 400, "metadata", "metadata must be an object of at most 16 strings (keys of at "
+            ok = strlen(meta->keys[i]) <= 64 && meta->items[i].type == LLM_JSON_STRING &&
+                 meta->items[i].len <= 512;
+        if (!ok)
+            return bad(e, 400, "metadata", "metadata must be an object of at most 16 strings (keys of at "
                             "most 64 characters, values of at most 512)");
     }
     if (text && text->type != LLM_JSON_NULL && text->type != LLM_JSON_OBJECT)
@@ -3669,7 +3704,8 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
     size_t ek = 0;
     while (effort && effort->type != LLM_JSON_NULL && ek < 6 && !fv_str(effort, efforts[ek])) ek++;
     if (ek == 6)
-        return bad(e, 400, "reasoning.effort", "reasoning.effort must be none, minimal, low, medium, high or xhigh");
+        return bad(e, 400, "reasoning.effort",
+                   "reasoning.effort must be none, minimal, low, medium, high or xhigh");
     const llm_json *summary = llm_json_get(reasoning, "summary");
     if (!summary || summary->type == LLM_JSON_NULL) summary = llm_json_get(reasoning, "generate_summary");
     if (summary && summary->type != LLM_JSON_NULL)
@@ -3738,9 +3774,10 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
         if (!v || v->type == LLM_JSON_NULL) continue;
         sb_printf(chat, ",\"%s\":", copied[k][1]);
         if (!strcmp(copied[k][0], "tool_choice") && v->type == LLM_JSON_OBJECT) { /* {type, name} */
-            if (!fv_str(llm_json_get(v, "type"), "function")) {
-                if (!rc) rc = bad(e, 400, "tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" "
-                                  "or {\"type\": \"function\", \"name\": ...}");
+            if (!fv_str(llm_json_get(v, "type"), "function") && !fv_str(llm_json_get(v, "type"), "custom")) {
+                if (!rc)
+                    rc = bad(e, 400, "tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or "
+                             "{\"type\": \"function\", \"name\": ...}");
                 continue;
             }
             sb_puts(chat, "{\"type\":\"function\",\"function\":{\"name\":");
@@ -3751,7 +3788,13 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
     const llm_json *tools = llm_json_get(body, "tools");
     if (!rc && tools && tools->type != LLM_JSON_NULL) {
         sb_puts(chat, ",\"tools\":[");
-        rc = resp_tools(tools, chat, e);
+        const char **customs = NULL;
+        rc = resp_tools(tools, chat, &customs, e);
+        for (ptrdiff_t k = 0; !rc && k < arrlen(customs); k++) {
+            char *copy = strdup(customs[k]);
+            if (copy) arrput(rs->customs, copy); else rc = bad(e, 500, NULL, "out of memory");
+        }
+        arrfree(customs);
         sb_puts(chat, "]");
     }
     if (ek < 6) sb_printf(chat, ",\"reasoning_effort\":\"%s\"", ek == 5 ? "high" : efforts[ek]);
@@ -3777,24 +3820,28 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
     sb_puts(&echo, ",\"reasoning\":{\"effort\":"); sb_json_value(&echo, effort);
     sb_puts(&echo, ",\"summary\":null},\"safety_identifier\":");
     sb_json_value(&echo, llm_json_get(body, "safety_identifier"));
-    sb_printf(&echo, ",\"service_tier\":\"default\",\"store\":%s,\"temperature\":", rs->store ? "true" : "false");
+    sb_printf(&echo, ",\"service_tier\":\"default\",\"store\":%s,\"temperature\":",
+              rs->store ? "true" : "false");
     const llm_json *v = llm_json_get(body, "temperature");
     if (v && v->type == LLM_JSON_NUMBER) sb_json_value(&echo, v); else sb_puts(&echo, "1.0");
     sb_puts(&echo, ",\"text\":{\"format\":");
-    if (fmt && fmt->type == LLM_JSON_OBJECT) sb_json_value(&echo, fmt); else sb_puts(&echo, "{\"type\":\"text\"}");
+    if (fmt && fmt->type == LLM_JSON_OBJECT) sb_json_value(&echo, fmt);
+    else sb_puts(&echo, "{\"type\":\"text\"}");
     sb_puts(&echo, ",\"verbosity\":\"medium\"},\"tool_choice\":");
-    if (choice && choice->type != LLM_JSON_NULL) sb_json_value(&echo, choice); else sb_puts(&echo, "\"auto\"");
+    if (choice && choice->type != LLM_JSON_NULL) sb_json_value(&echo, choice);
+    else sb_puts(&echo, "\"auto\"");
     sb_puts(&echo, ",\"tools\":");
     if (tools && tools->type == LLM_JSON_ARRAY) sb_json_value(&echo, tools); else sb_puts(&echo, "[]");
     sb_puts(&echo, ",\"top_logprobs\":0,\"top_p\":");
     v = llm_json_get(body, "top_p");
     if (v && v->type == LLM_JSON_NUMBER) sb_json_value(&echo, v); else sb_puts(&echo, "1.0");
-    sb_puts(&echo, ",\"truncation\":\"disabled\",\"user\":"); sb_json_value(&echo, llm_json_get(body, "user"));
+    sb_puts(&echo, ",\"truncation\":\"disabled\",\"user\":");
+    sb_json_value(&echo, llm_json_get(body, "user"));
     sb_puts(&echo, ",\"background\":false");
-    sb_puts(&echo, ""); sb_puts(&history, "");
+    sb_puts(&history, ""); /* "" rather than NULL for none */
     rs->echo = echo.s; rs->history = history.s;
-    if (echo.failed || history.failed || chat->failed || cv.messages.failed) rc = rc ? rc : bad(e, 500, NULL,
-                                                                                                "out of memory");
+    if (!rc && (echo.failed || history.failed || chat->failed || cv.messages.failed))
+        rc = bad(e, 500, NULL, "out of memory");
     sb_free(&cv.system); sb_free(&cv.messages); sb_free(&cv.a_content); sb_free(&cv.a_reasoning);
     sb_free(&cv.a_calls); arrfree(cv.call_ids);
     return rc;
@@ -3805,8 +3852,8 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
  * chat body's JSON replaces the request's (the request's strings point into it). */
 static int resp_prepare(srv_state *S, srv_job *j) {
     static const char *const renamed[][2] = { /* chat's field (a prefix), the Responses one */
-        {"messages", "input"}, {"max_completion_tokens", "max_output_tokens"}, {"response_format", "text.format"},
-        {"reasoning_effort", "reasoning.effort"},
+        {"messages", "input"}, {"max_completion_tokens", "max_output_tokens"},
+        {"response_format", "text.format"}, {"reasoning_effort", "reasoning.effort"},
     };
     srv_resp *rs = (srv_resp *)calloc(1, sizeof *rs);
     if (!rs || !(j->r = (srv_req *)calloc(1, sizeof *j->r))) {
@@ -3817,7 +3864,8 @@ static int resp_prepare(srv_state *S, srv_job *j) {
     j->r->t_arrival = j->t_arrival;
     unsigned char rnd[16];
     if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) /* else the request id's hash and the clock */
-        for (int i = 0; i < 16; i++) rnd[i] = (unsigned char)(j->request_id[i % 32] ^ (uint64_t)(now_s() * 1e9) >> i);
+        for (int i = 0; i < 16; i++)
+            rnd[i] = (unsigned char)(j->request_id[i % 32] ^ (uint64_t)(now_s() * 1e9) >> i);
     char *p = rs->id + sprintf(rs->id, "resp_");
     for (int i = 0; i < 16; i++) p += sprintf(p, "%02x", rnd[i]);
     sbuf chat = {0};
@@ -3875,6 +3923,20 @@ static void resp_put_part(sbuf *b, const char *text, size_t n) {
     sb_puts(b, ",\"annotations\":[],\"logprobs\":[]}");
 }
 
+/* A custom tool call's input: its shim's arguments {"input": ...} read (the raw arguments if the model
+ * wrote something else: a call cut short) */
+static void resp_custom_input(const srv_resp *rs, sbuf *out) {
+    llm_json a;
+    if (llm_json_parse(rs->part.s ? rs->part.s : "", rs->part.len, &a, NULL) != 0) {
+        sb_put(out, rs->part.s ? rs->part.s : "", rs->part.len);
+        return;
+    }
+    const llm_json *in = llm_json_get(&a, "input");
+    if (in && in->type == LLM_JSON_STRING) sb_put(out, in->str, in->len);
+    else sb_put(out, rs->part.s ? rs->part.s : "", rs->part.len);
+    llm_json_free(&a);
+}
+
 /* The open item as JSON: as output_item.added shows it (done 0: in progress, no text) or as it is done
  * (status completed, or incomplete when cut short) */
 static void resp_put_item(sbuf *b, srv_req *r, int done, int incomplete) {
@@ -3886,7 +3948,9 @@ static void resp_put_item(sbuf *b, srv_req *r, int done, int incomplete) {
         sb_puts(b, "{\"type\":\"reasoning\",\"id\":"); resp_item_id(b, rs, "rs_", index);
         sb_puts(b, ",\"summary\":[],\"content\":[");
         if (done) {
-            sb_puts(b, "{\"type\":\"reasoning_text\",\"text\":"); sb_json_str(b, t, rs->part.len); sb_puts(b, "}");
+            sb_puts(b, "{\"type\":\"reasoning_text\",\"text\":");
+            sb_json_str(b, t, rs->part.len);
+            sb_puts(b, "}");
         }
         sb_printf(b, "],\"status\":\"%s\"}", status);
     } else if (rs->open == RESP_MESSAGE) {
@@ -3894,6 +3958,16 @@ static void resp_put_item(sbuf *b, srv_req *r, int done, int incomplete) {
         sb_printf(b, ",\"status\":\"%s\",\"role\":\"assistant\",\"content\":[", status);
         if (done) resp_put_part(b, t, rs->part.len);
         sb_puts(b, "]}");
+    } else if (rs->open == RESP_CUSTOM) {
+        sbuf in = {0};
+        if (done) resp_custom_input(rs, &in);
+        sb_puts(b, "{\"type\":\"custom_tool_call\",\"id\":"); resp_item_id(b, rs, "ctc_", index);
+        sb_puts(b, ",\"call_id\":"); put_tool_call_id(b, r, 0, rs->open_call);
+        sb_puts(b, ",\"name\":"); sb_json_cstr(b, rs->call_name ? rs->call_name : "");
+        sb_puts(b, ",\"input\":"); sb_json_str(b, in.s ? in.s : "", in.len);
+        sb_printf(b, ",\"status\":\"%s\"}", status);
+        b->failed |= in.failed;
+        sb_free(&in);
     } else {
         sb_puts(b, "{\"type\":\"function_call\",\"id\":"); resp_item_id(b, rs, "fc_", index);
         sb_puts(b, ",\"call_id\":"); put_tool_call_id(b, r, 0, rs->open_call);
@@ -3905,7 +3979,7 @@ static void resp_put_item(sbuf *b, srv_req *r, int done, int incomplete) {
 
 /* The members every event of an item names it by: item_id, output_index (and content_index for text) */
 static void resp_put_where(sbuf *b, srv_resp *rs, int content) {
-    static const char *const prefix[] = {"", "rs_", "msg_", "fc_"};
+    static const char *const prefix[] = {"", "rs_", "msg_", "fc_", "ctc_"};
     sb_puts(b, "\"item_id\":"); resp_item_id(b, rs, prefix[rs->open], rs->n_items - 1);
     sb_printf(b, ",\"output_index\":%d", rs->n_items - 1);
     if (content) sb_puts(b, ",\"content_index\":0");
@@ -3918,7 +3992,7 @@ static void resp_close(srv_state *S, srv_req *r, int incomplete) {
     if (rs->open == RESP_NONE) return;
     sbuf b = {0}, item = {0};
     const char *t = rs->part.s ? rs->part.s : "";
-    resp_put_where(&b, rs, rs->open != RESP_CALL);
+    resp_put_where(&b, rs, rs->open != RESP_CALL && rs->open != RESP_CUSTOM);
     if (rs->open == RESP_REASONING) {
         sb_puts(&b, ",\"text\":"); sb_json_str(&b, t, rs->part.len);
         resp_emit(S, r, "response.reasoning_text.done", b.s, b.len);
@@ -3929,6 +4003,16 @@ static void resp_close(srv_state *S, srv_req *r, int incomplete) {
         b.len = where;
         sb_puts(&b, ",\"part\":"); resp_put_part(&b, t, rs->part.len);
         resp_emit(S, r, "response.content_part.done", b.s, b.len);
+    } else if (rs->open == RESP_CUSTOM) { /* its input whole, once the shim's arguments can be read */
+        sbuf in = {0};
+        size_t where = b.len;
+        resp_custom_input(rs, &in);
+        sb_puts(&b, ",\"delta\":"); sb_json_str(&b, in.s ? in.s : "", in.len);
+        if (in.len) resp_emit(S, r, "response.custom_tool_call_input.delta", b.s, b.len);
+        b.len = where;
+        sb_puts(&b, ",\"input\":"); sb_json_str(&b, in.s ? in.s : "", in.len);
+        resp_emit(S, r, "response.custom_tool_call_input.done", b.s, b.len);
+        sb_free(&in);
     } else {
         sb_puts(&b, ",\"name\":"); sb_json_cstr(&b, rs->call_name ? rs->call_name : "");
         sb_puts(&b, ",\"arguments\":"); sb_json_str(&b, t, rs->part.len);
@@ -3972,6 +4056,7 @@ static void resp_delta(srv_state *S, srv_req *r, const char *piece, size_t n) {
                                          "response.function_call_arguments.delta"};
     srv_resp *rs = r->resp;
     sb_put(&rs->part, piece, n);
+    if (rs->open == RESP_CUSTOM) return; /* its input is sent when it closes (resp_close) */
     sbuf b = {0};
     resp_put_where(&b, rs, rs->open != RESP_CALL);
     sb_puts(&b, ",\"delta\":"); sb_json_str(&b, piece, n);
@@ -4007,9 +4092,15 @@ static void resp_advance(srv_state *S, srv_req *r, srv_choice *ch, int finish) {
         ch->sent_content = nc;
     }
     for (int k = 0; k < rep.n_calls; k++) {
-        if (k >= arrlen(ch->sent_args)) { resp_open(S, r, RESP_CALL, k, rep.calls[k].name); arrput(ch->sent_args, 0); }
+        if (k >= arrlen(ch->sent_args)) {
+            int custom = 0;
+            for (ptrdiff_t m = 0; m < arrlen(rs->customs) && !custom; m++)
+                custom = !strcmp(rs->customs[m], rep.calls[k].name);
+            resp_open(S, r, custom ? RESP_CUSTOM : RESP_CALL, k, rep.calls[k].name);
+            arrput(ch->sent_args, 0);
+        }
         size_t na = strlen(rep.calls[k].arguments);
-        if (na > ch->sent_args[k] && rs->open == RESP_CALL && rs->open_call == k) {
+        if (na > ch->sent_args[k] && rs->open >= RESP_CALL && rs->open_call == k) {
             resp_delta(S, r, rep.calls[k].arguments + ch->sent_args[k], na - ch->sent_args[k]);
             ch->sent_args[k] = na;
         }
@@ -4017,7 +4108,7 @@ static void resp_advance(srv_state *S, srv_req *r, srv_choice *ch, int finish) {
     if (thinking && (rs->open != RESP_REASONING || finish)) rs->reasoning_tokens = ch->n_tokens;
     if (finish) {
         if (!rs->n_items) resp_open(S, r, RESP_MESSAGE, 0, NULL);
-        resp_close(S, r, finish == LLM_FINISH_LENGTH || (rs->open == RESP_CALL && rep.in_call));
+        resp_close(S, r, finish == LLM_FINISH_LENGTH || (rs->open >= RESP_CALL && rep.in_call));
     }
     llm_chat_reply_free(&rep);
 }
@@ -4028,8 +4119,8 @@ static void resp_put_object(sbuf *b, srv_state *S, srv_req *r, const char *statu
     srv_resp *rs = r->resp;
     int done = strcmp(status, "in_progress") != 0;
     sb_puts(b, "{\"id\":"); sb_json_cstr(b, rs->id);
-    sb_printf(b, ",\"object\":\"response\",\"created_at\":%lld,\"status\":\"%s\",\"completed_at\":", r->created,
-              status);
+    sb_printf(b, ",\"object\":\"response\",\"created_at\":%lld,\"status\":\"%s\",\"completed_at\":",
+              r->created, status);
     if (!strcmp(status, "completed")) sb_printf(b, "%lld", (long long)wall_s()); else sb_puts(b, "null");
     sb_puts(b, ",\"error\":");
     if (!strcmp(status, "failed")) {
@@ -4045,8 +4136,9 @@ static void resp_put_object(sbuf *b, srv_state *S, srv_req *r, const char *statu
     sb_puts(b, ",\"usage\":");
     int cached = r->n_prompts ? r->prompts[0].n_cached : 0;
     if (done) /* openai 3.54.0's InputTokensDetails requires cache_write_tokens */
-        sb_printf(b, "{\"input_tokens\":%d,\"input_tokens_details\":{\"cached_tokens\":%d,\"cache_write_tokens\":0},"
-                  "\"output_tokens\":%d,\"output_tokens_details\":{\"reasoning_tokens\":%d},\"total_tokens\":%d}",
+        sb_printf(b, "{\"input_tokens\":%d,\"input_tokens_details\":{\"cached_tokens\":%d,"
+                  "\"cache_write_tokens\":0},\"output_tokens\":%d,\"output_tokens_details\":"
+                  "{\"reasoning_tokens\":%d},\"total_tokens\":%d}",
                   r->prompt_tokens, cached, r->completion_tokens, rs->reasoning_tokens,
                   r->prompt_tokens + r->completion_tokens);
     else sb_puts(b, "null");
@@ -4079,7 +4171,8 @@ static void resp_finish(srv_state *S, srv_req *r) {
     int finish = r->choices[0].finish;
     const char *status = r->error[0] || finish >= LLM_FINISH_ABORT ? "failed" :
                          finish == LLM_FINISH_LENGTH ? "incomplete" : "completed";
-    if (!r->error[0] && finish >= LLM_FINISH_ABORT) snprintf(r->error, sizeof r->error, "the request was aborted");
+    if (!r->error[0] && finish >= LLM_FINISH_ABORT)
+        snprintf(r->error, sizeof r->error, "the request was aborted");
     sbuf b = {0};
     sb_puts(&b, "\"response\":");
     size_t at = b.len;
@@ -4131,8 +4224,9 @@ static void store_put(srv_state *S, const srv_resp *rs, const char *object, size
     e.bytes = n + h.len + sizeof e;
     e.object = (char *)malloc(n + 1);
     if (h.failed || !e.object || e.bytes > S->store_max_bytes / 4 || S->store_max < 1) {
-        if (e.object) fprintf(stderr, "llm serve: %s not stored (%zu bytes; --responses-store-bytes %zu keeps "
-                              "entries up to a quarter of it)\n", rs->id, e.bytes, S->store_max_bytes);
+        if (e.object)
+            fprintf(stderr, "llm serve: %s not stored (%zu bytes; --responses-store-bytes %zu keeps entries "
+                    "up to a quarter of it)\n", rs->id, e.bytes, S->store_max_bytes);
         free(e.object); sb_free(&h);
         return;
     }
@@ -4160,7 +4254,8 @@ static void handle_stored_response(srv_state *S, srv_conn *c, const http_request
     if (!found) { send_error(S, c, 404, "response_id", "Response with id '%.64s' not found.", id); return; }
     if (del) {
         sbuf b = {0};
-        sb_puts(&b, "{\"id\":"); sb_json_cstr(&b, id); sb_puts(&b, ",\"object\":\"response\",\"deleted\":true}");
+        sb_puts(&b, "{\"id\":"); sb_json_cstr(&b, id);
+        sb_puts(&b, ",\"object\":\"response\",\"deleted\":true}");
         send_response(S, c, 200, "application/json", b.s, b.len, NULL);
         sb_free(&b);
     } else if (!object) send_error(S, c, 500, NULL, "out of memory");

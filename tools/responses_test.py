@@ -12,7 +12,8 @@ store) and on models/SmolLM2-135M-Instruct.Q4_1.gguf (tool calls, structured out
   3. the store: previous_response_id continues with cached_tokens > 0; store false cannot be continued (400
      previous_response_id); DELETE then GET is a 404; an unknown previous_response_id is a 400;
   4. refusals: a built-in tool (web_search) names tools[0].type; an output for no call names input[0].call_id;
-     arguments that are not JSON name input[1].arguments; an input_image part, background true;
+     arguments that are not JSON name input[1].arguments; an input_image part, background true; a custom
+     tool with a lark grammar names tools[0].format; a tool_choice naming no tool names tool_choice;
   5. responses.stream (the client's helper, unchanged) on SmolLM2: get_final_response() is completed and its
      text is the deltas joined; the ids of the events are the final object's;
   6. a function-tool loop (tool_choice required, parallel_tool_calls false): one function_call item, fc_ id,
@@ -20,7 +21,9 @@ store) and on models/SmolLM2-135M-Instruct.Q4_1.gguf (tool calls, structured out
      call_id in added, arguments.done, output_item.done and completed; then the call and its
      function_call_output sent back answer with a message; a Codex-like history (developer, user, reasoning
      without status, function_call, function_call_output, assistant output_text, an assistant message with
-     empty content, user) is accepted;
+     empty content, user) is accepted; a custom tool (tool_choice {"type": "custom"}): a custom_tool_call
+     item, ctc_ id, its input in custom_tool_call_input.done as in the item, its custom_tool_call_output
+     accepted;
   7. text.format json_schema: responses.parse(text_format=a Pydantic model) gives a valid parsed object;
   8. the OpenAI Agents SDK's default Responses model (OpenAIResponsesModel) with a @function_tool: the tool
      runs with valid arguments and the run ends with a final output.
@@ -75,8 +78,8 @@ def text_part(client, port):
     r = client.responses.create(model="stories260K", input="Once upon a time", max_output_tokens=8,
                                 temperature=0)
     check(r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens", f"status: {r}")
-    check(len(r.output) == 1 and r.output[0].type == "message" and re.fullmatch(r"msg_[0-9a-f]{32}", r.output[0].id)
-          and r.output_text, f"output: {r.output}")
+    check(len(r.output) == 1 and r.output[0].type == "message" and
+          re.fullmatch(r"msg_[0-9a-f]{32}", r.output[0].id) and r.output_text, f"output: {r.output}")
     u = r.usage
     check(u.output_tokens == 8 and u.total_tokens == u.input_tokens + u.output_tokens and
           u.input_tokens_details.cache_write_tokens == 0 and u.output_tokens_details.reasoning_tokens == 0,
@@ -118,18 +121,26 @@ def text_part(client, port):
         check(False, "GET after DELETE")
     except openai.NotFoundError as e:
         check(e.body.get("param") == "response_id", f"404: {e.body}")
-    check(refused(client, "previous_response_id", input="y", previous_response_id=r.id) is True, "deleted parent")
+    check(refused(client, "previous_response_id", input="y", previous_response_id=r.id) is True,
+          "deleted parent")
     # 4. refusals
     check(refused(client, "tools[0].type", input="x", tools=[{"type": "web_search"}]) is True, "web_search")
     check(refused(client, "input[0].call_id", input=[{"type": "function_call_output", "call_id": "c",
                                                       "output": "x"}]) is True, "output for no call")
     check(refused(client, "input[1].arguments",
                   input=[{"role": "user", "content": "x"},
-                         {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{nope"}]) is True,
+                         {"type": "function_call", "call_id": "c", "name": "f",
+                          "arguments": "{nope"}]) is True,
           "arguments not JSON")
     check(refused(client, "input[0].content", input=[{"role": "user", "content": [
         {"type": "input_image", "image_url": "http://x"}]}]) is True, "input_image")
     check(refused(client, "background", input="x", background=True) is True, "background")
+    lark = {"type": "grammar", "syntax": "lark", "definition": "start: /x/"}
+    check(refused(client, "tools[0].format", input="x",
+                  tools=[{"type": "custom", "name": "apply_patch", "format": lark}]) is True,
+          "a lark grammar")
+    check(refused(client, "tool_choice", input="x", tools=[WEATHER],
+                  tool_choice={"type": "function", "name": "nope"}) is True, "tool_choice naming no tool")
 
 
 class Weather(pydantic.BaseModel):
@@ -142,7 +153,8 @@ calls = []
 
 def tool_part(client, port):
     # 5. responses.stream, the client's helper
-    with client.responses.stream(model=SMOL_NAME, input="Say hello.", max_output_tokens=48, temperature=0) as s:
+    with client.responses.stream(model=SMOL_NAME, input="Say hello.", max_output_tokens=48,
+                                 temperature=0) as s:
         evs = list(s)
         final = s.get_final_response()
     deltas = "".join(e.delta for e in evs if e.type == "response.output_text.delta")
@@ -154,7 +166,8 @@ def tool_part(client, port):
                                 parallel_tool_calls=False, temperature=0, max_output_tokens=64)
     fc = [o for o in r.output if o.type == "function_call"]
     check(len(fc) == 1 and re.fullmatch(r"fc_[0-9a-f]{32}", fc[0].id) and
-          re.fullmatch(r"call_[A-Za-z0-9]{24}", fc[0].call_id) and fc[0].name == "get_weather", f"call: {r.output}")
+          re.fullmatch(r"call_[A-Za-z0-9]{24}", fc[0].call_id) and fc[0].name == "get_weather",
+          f"call: {r.output}")
     if fc:
         args = json.loads(fc[0].arguments)
         try:
@@ -164,7 +177,8 @@ def tool_part(client, port):
             check(False, f"arguments: {e}")
         back = ask + [o.model_dump(exclude_none=True) for o in r.output] + \
             [{"type": "function_call_output", "call_id": fc[0].call_id, "output": "Sunny, 24 C."}]
-        r2 = client.responses.create(model=SMOL_NAME, input=back, tools=[WEATHER], temperature=0, max_output_tokens=48)
+        r2 = client.responses.create(model=SMOL_NAME, input=back, tools=[WEATHER], temperature=0,
+                                     max_output_tokens=48)
         check(r2.output and r2.output[0].type in ("message", "function_call"), f"after the tool: {r2.output}")
     events = list(client.responses.create(model=SMOL_NAME, input=ask, tools=[WEATHER], tool_choice="required",
                                           parallel_tool_calls=False, temperature=0, max_output_tokens=64,
@@ -182,12 +196,30 @@ def tool_part(client, port):
           f"call ids: {done}")
     codex = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Weather?"},
              {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Call it."}]},
-             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Rome"}'},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+              "arguments": '{"city":"Rome"}'},
              {"type": "function_call_output", "call_id": "call_1", "output": "Rainy."},
              {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Rainy."}]},
              {"type": "message", "role": "assistant", "content": []}, {"role": "user", "content": "Thanks."}]
     r3 = client.responses.create(model=SMOL_NAME, input=codex, tools=[WEATHER], max_output_tokens=4)
     check(r3.status in ("completed", "incomplete"), f"codex history: {r3}")
+    # custom tools (free text in): a custom_tool_call item, ctc_ id, its input events, its round trip
+    shell = {"type": "custom", "name": "shell", "description": "Runs a shell command."}
+    ask = [{"role": "user", "content": "List the files."}]
+    events = list(client.responses.create(model=SMOL_NAME, input=ask, tools=[shell], temperature=0,
+                                          tool_choice={"type": "custom", "name": "shell"},
+                                          max_output_tokens=64, parallel_tool_calls=False, stream=True))
+    out = events[-1].response.output
+    done = [e for e in events if e.type == "response.custom_tool_call_input.done"]
+    check(len(out) == 1 and out[0].type == "custom_tool_call" and
+          re.fullmatch(r"ctc_[0-9a-f]{32}", out[0].id) and
+          out[0].name == "shell" and isinstance(out[0].input, str) and len(done) == 1 and
+          done[0].input == out[0].input and done[0].item_id == out[0].id, f"custom tool call: {out}")
+    if out and out[0].type == "custom_tool_call":
+        back = ask + [out[0].model_dump(exclude_none=True),
+                      {"type": "custom_tool_call_output", "call_id": out[0].call_id, "output": "a.txt"}]
+        r4 = client.responses.create(model=SMOL_NAME, input=back, tools=[shell], max_output_tokens=4)
+        check(r4.status in ("completed", "incomplete"), f"custom round trip: {r4}")
     # 7. structured output
     p = client.responses.parse(model=SMOL_NAME, input="The weather in Oslo: sunny.", text_format=Weather,
                                temperature=0, max_output_tokens=64)
@@ -211,7 +243,8 @@ def tool_part(client, port):
         return await Runner.run(agent, "What is the weather in Paris?", max_turns=4)
     result = asyncio.run(run())
     check(calls and all(isinstance(c, str) and c for c in calls), f"agent's tool calls: {calls}")
-    check(isinstance(result.final_output, str) and result.final_output, f"agent's answer: {result.final_output!r}")
+    check(isinstance(result.final_output, str) and result.final_output,
+          f"agent's answer: {result.final_output!r}")
 
 
 servers = []
@@ -223,7 +256,8 @@ try:
         check(port is not None, f"the server starts ({model})")
         if port is None:
             continue
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k3y", max_retries=0, timeout=300)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k3y", max_retries=0,
+                               timeout=300)
         part(client, port)
 finally:
     for proc in servers:
