@@ -3396,6 +3396,8 @@ struct srv_resp {
     sbuf items;                     /* the closed items' JSON, comma-separated: the object's output */
     int reasoning_tokens;           /* the reply's tokens when its thinking ended */
     char **customs;                 /* stb_ds: the custom tools' names (their calls are custom_tool_call) */
+    int summary;                    /* reasoning.summary: the thinking is its own summary too (no model
+                                     * writes another) */
 };
 
 static void resp_free(srv_resp *rs) {
@@ -3708,9 +3710,11 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
                    "reasoning.effort must be none, minimal, low, medium, high or xhigh");
     const llm_json *summary = llm_json_get(reasoning, "summary");
     if (!summary || summary->type == LLM_JSON_NULL) summary = llm_json_get(reasoning, "generate_summary");
-    if (summary && summary->type != LLM_JSON_NULL)
-        return bad(e, 400, "reasoning.summary", "reasoning.summary is not supported by this server (the "
-                   "reasoning item carries the thinking itself)");
+    if (summary && summary->type != LLM_JSON_NULL && !fv_str(summary, "auto") &&
+        !fv_str(summary, "concise") && !fv_str(summary, "detailed"))
+        return bad(e, 400, "reasoning.summary", "reasoning.summary must be auto, concise or detailed (the "
+                   "summary is the thinking itself)");
+    rs->summary = summary && summary->type == LLM_JSON_STRING;
     /* 2. the conversation: a stored parent's items first (previous_response_id), then input's */
     resp_conv cv = {0};
     int rc = 0;
@@ -3818,7 +3822,8 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
     sb_json_value(&echo, prev);
     sb_puts(&echo, ",\"prompt_cache_key\":"); sb_json_value(&echo, llm_json_get(body, "prompt_cache_key"));
     sb_puts(&echo, ",\"reasoning\":{\"effort\":"); sb_json_value(&echo, effort);
-    sb_puts(&echo, ",\"summary\":null},\"safety_identifier\":");
+    sb_puts(&echo, ",\"summary\":"); sb_json_value(&echo, summary);
+    sb_puts(&echo, "},\"safety_identifier\":");
     sb_json_value(&echo, llm_json_get(body, "safety_identifier"));
     sb_printf(&echo, ",\"service_tier\":\"default\",\"store\":%s,\"temperature\":",
               rs->store ? "true" : "false");
@@ -3946,7 +3951,13 @@ static void resp_put_item(sbuf *b, srv_req *r, int done, int incomplete) {
     int index = rs->n_items - 1;
     if (rs->open == RESP_REASONING) {
         sb_puts(b, "{\"type\":\"reasoning\",\"id\":"); resp_item_id(b, rs, "rs_", index);
-        sb_puts(b, ",\"summary\":[],\"content\":[");
+        sb_puts(b, ",\"summary\":[");
+        if (done && rs->summary) {
+            sb_puts(b, "{\"type\":\"summary_text\",\"text\":");
+            sb_json_str(b, t, rs->part.len);
+            sb_puts(b, "}");
+        }
+        sb_puts(b, "],\"content\":[");
         if (done) {
             sb_puts(b, "{\"type\":\"reasoning_text\",\"text\":");
             sb_json_str(b, t, rs->part.len);
@@ -3994,8 +4005,19 @@ static void resp_close(srv_state *S, srv_req *r, int incomplete) {
     const char *t = rs->part.s ? rs->part.s : "";
     resp_put_where(&b, rs, rs->open != RESP_CALL && rs->open != RESP_CUSTOM);
     if (rs->open == RESP_REASONING) {
+        size_t where = b.len;
         sb_puts(&b, ",\"text\":"); sb_json_str(&b, t, rs->part.len);
         resp_emit(S, r, "response.reasoning_text.done", b.s, b.len);
+        if (rs->summary) {
+            b.len = where;
+            sb_puts(&b, ",\"summary_index\":0,\"text\":"); sb_json_str(&b, t, rs->part.len);
+            resp_emit(S, r, "response.reasoning_summary_text.done", b.s, b.len);
+            b.len = where;
+            sb_puts(&b, ",\"summary_index\":0,\"part\":{\"type\":\"summary_text\",\"text\":");
+            sb_json_str(&b, t, rs->part.len);
+            sb_puts(&b, "}");
+            resp_emit(S, r, "response.reasoning_summary_part.done", b.s, b.len);
+        }
     } else if (rs->open == RESP_MESSAGE) {
         size_t where = b.len;
         sb_puts(&b, ",\"text\":"); sb_json_str(&b, t, rs->part.len); sb_puts(&b, ",\"logprobs\":[]");
@@ -4047,6 +4069,12 @@ static void resp_open(srv_state *S, srv_req *r, int kind, int call, const char *
         sb_puts(&b, ",\"part\":"); resp_put_part(&b, "", 0);
         resp_emit(S, r, "response.content_part.added", b.s, b.len);
     }
+    if (kind == RESP_REASONING && rs->summary) {
+        b.len = 0;
+        resp_put_where(&b, rs, 0);
+        sb_puts(&b, ",\"summary_index\":0,\"part\":{\"type\":\"summary_text\",\"text\":\"\"}");
+        resp_emit(S, r, "response.reasoning_summary_part.added", b.s, b.len);
+    }
     sb_free(&b);
 }
 
@@ -4062,6 +4090,12 @@ static void resp_delta(srv_state *S, srv_req *r, const char *piece, size_t n) {
     sb_puts(&b, ",\"delta\":"); sb_json_str(&b, piece, n);
     if (rs->open == RESP_MESSAGE) sb_puts(&b, ",\"logprobs\":[]");
     resp_emit(S, r, events[rs->open], b.s, b.len);
+    if (rs->open == RESP_REASONING && rs->summary) {
+        b.len = 0;
+        resp_put_where(&b, rs, 0);
+        sb_puts(&b, ",\"summary_index\":0,\"delta\":"); sb_json_str(&b, piece, n);
+        resp_emit(S, r, "response.reasoning_summary_text.delta", b.s, b.len);
+    }
     sb_free(&b);
 }
 
