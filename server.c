@@ -3398,6 +3398,7 @@ struct srv_resp {
     char **customs;                 /* stb_ds: the custom tools' names (their calls are custom_tool_call) */
     int summary;                    /* reasoning.summary: the thinking is its own summary too (no model
                                      * writes another) */
+    int encrypted;                  /* include reasoning.encrypted_content: the thinking, encoded, in it */
 };
 
 static void resp_free(srv_resp *rs) {
@@ -3414,6 +3415,37 @@ static void sb_json_value(sbuf *b, const llm_json *v) {
     sb_puts(b, t ? t : "null");
     if (v && v->type != LLM_JSON_NULL && !t) b->failed = 1;
     free(t);
+}
+
+/* Base64 (RFC 4648, with padding): a reasoning item's encrypted_content carries the thinking so encoded
+ * ("llm-rs1." first), for clients that keep no store (Codex sends store false and replays it) */
+static const char b64_digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+static void sb_base64(sbuf *b, const unsigned char *p, size_t n) {
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) |
+                     (i + 2 < n ? p[i + 2] : 0);
+        char q[4] = {b64_digits[v >> 18 & 63], b64_digits[v >> 12 & 63],
+                     i + 1 < n ? b64_digits[v >> 6 & 63] : '=', i + 2 < n ? b64_digits[v & 63] : '='};
+        sb_put(b, q, 4);
+    }
+}
+
+/* s[0..n) decoded into b; -1 if it is not base64 (a length not a multiple of 4, a foreign character) */
+static int sb_unbase64(sbuf *b, const char *s, size_t n) {
+    if (n % 4) return -1;
+    for (size_t i = 0; i < n; i += 4) {
+        uint32_t v = 0;
+        int pad = 0;
+        for (int k = 0; k < 4; k++) {
+            const char *d = s[i + k] && s[i + k] != '=' ? strchr(b64_digits, s[i + k]) : NULL;
+            if (s[i + k] == '=' && i + 4 == n && k >= 2) pad++;
+            else if (!d || pad) return -1;
+            v = v << 6 | (d ? (uint32_t)(d - b64_digits) : 0);
+        }
+        unsigned char o[3] = {(unsigned char)(v >> 16), (unsigned char)(v >> 8), (unsigned char)v};
+        sb_put(b, (const char *)o, (size_t)(3 - pad));
+    }
+    return 0;
 }
 
 /* ---- Requests in ------------------------------------------------------------------------------------- */
@@ -3437,7 +3469,7 @@ static const struct {
     {"store", fv_any}, {"previous_response_id", fv_any}, {"metadata", fv_any}, {"user", fv_any},
     {"safety_identifier", fv_any}, {"prompt_cache_key", fv_any},
     {"service_tier", fv_tier}, {"truncation", fv_disabled}, {"background", fv_false},
-    {"prompt_cache_retention", fv_in_memory}, {"top_logprobs", fv_0}, {"include", fv_none},
+    {"prompt_cache_retention", fv_in_memory}, {"top_logprobs", fv_0}, {"include", fv_any},
     {"max_tool_calls", fv_any}, /* it bounds built-in tool calls: this server runs none */
     {"stream_options", fv_none}, {"conversation", fv_never}, {"prompt", fv_never},
     {"context_management", fv_never}, {"moderation", fv_never},
@@ -3587,11 +3619,16 @@ static int conv_item(resp_conv *cv, const llm_json *it, int i, srv_error *e) {
                 sb_puts(&cv->messages, "}");
             }
         }
-    } else if (fv_str(type, "reasoning")) { /* its text, else its summary: the assistant turn's thinking */
-        const llm_json *c = llm_json_get(it, "content");
+    } else if (fv_str(type, "reasoning")) { /* the assistant turn's thinking: our encrypted_content (the
+                                              * whole thinking), else its text, else its summary */
+        const llm_json *c = llm_json_get(it, "content"), *enc = llm_json_get(it, "encrypted_content");
         if (!c || c->type == LLM_JSON_NULL) c = NULL;
         snprintf(param, sizeof param, "input[%d].%s", i, c ? "content" : "summary");
-        rc = resp_text(c ? c : llm_json_get(it, "summary"), param, &text, e);
+        if (enc && enc->type == LLM_JSON_STRING && !strncmp(enc->str, "llm-rs1.", 8)) {
+            snprintf(param, sizeof param, "input[%d].encrypted_content", i);
+            if (sb_unbase64(&text, enc->str + 8, enc->len - 8))
+                rc = bad(e, 400, param, "%s is not this server's (its base64 is broken)", param);
+        } else rc = resp_text(c ? c : llm_json_get(it, "summary"), param, &text, e);
         if (!rc) { sb_put(&cv->a_reasoning, text.s ? text.s : "", text.len); cv->a_open = 1; }
     } else {
         snprintf(param, sizeof param, "input[%d].type", i);
@@ -3715,6 +3752,15 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
         return bad(e, 400, "reasoning.summary", "reasoning.summary must be auto, concise or detailed (the "
                    "summary is the thinking itself)");
     rs->summary = summary && summary->type == LLM_JSON_STRING;
+    const llm_json *include = llm_json_get(body, "include");
+    if (include && include->type != LLM_JSON_NULL && include->type != LLM_JSON_ARRAY)
+        return bad(e, 400, "include", "include must be a list");
+    for (int i = 0; include && include->type == LLM_JSON_ARRAY && i < include->n; i++) {
+        if (!fv_str(&include->items[i], "reasoning.encrypted_content"))
+            return bad(e, 400, "include", "include: %.60s is not supported (reasoning.encrypted_content is)",
+                       include->items[i].type == LLM_JSON_STRING ? include->items[i].str : "a non-string");
+        rs->encrypted = 1;
+    }
     /* 2. the conversation: a stored parent's items first (previous_response_id), then input's */
     resp_conv cv = {0};
     int rc = 0;
@@ -3881,7 +3927,10 @@ static int resp_prepare(srv_state *S, srv_job *j) {
     if (rc) return -1;
     llm_json_free(&j->json);
     j->json = cj;
-    if (prepare_generation(S, &j->json, REQ_CHAT, j->request_id, j->r, &j->p, &j->e) == 0) return 0;
+    if (prepare_generation(S, &j->json, REQ_CHAT, j->request_id, j->r, &j->p, &j->e) == 0) {
+        snprintf(j->r->id, sizeof j->r->id, "%s", rs->id); /* the log line names it so */
+        return 0;
+    }
     for (size_t k = 0; k < sizeof renamed / sizeof *renamed; k++) {
         size_t n = strlen(renamed[k][0]);
         char *m;
@@ -3963,7 +4012,13 @@ static void resp_put_item(sbuf *b, srv_req *r, int done, int incomplete) {
             sb_json_str(b, t, rs->part.len);
             sb_puts(b, "}");
         }
-        sb_printf(b, "],\"status\":\"%s\"}", status);
+        sb_puts(b, "]");
+        if (done && rs->encrypted) {
+            sb_puts(b, ",\"encrypted_content\":\"llm-rs1.");
+            sb_base64(b, (const unsigned char *)t, rs->part.len);
+            sb_puts(b, "\"");
+        }
+        sb_printf(b, ",\"status\":\"%s\"}", status);
     } else if (rs->open == RESP_MESSAGE) {
         sb_puts(b, "{\"type\":\"message\",\"id\":"); resp_item_id(b, rs, "msg_", index);
         sb_printf(b, ",\"status\":\"%s\",\"role\":\"assistant\",\"content\":[", status);

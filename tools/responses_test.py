@@ -29,7 +29,7 @@ store) and on models/SmolLM2-135M-Instruct.Q4_1.gguf (tool calls, structured out
      runs with valid arguments and the run ends with a final output.
 Prints what failed and "responses: N passed, M failed"; exit status 1 on any failure.
 """
-import asyncio, json, os, re, signal, subprocess, sys, urllib.request
+import asyncio, base64, json, os, re, signal, subprocess, sys
 
 import jsonschema
 import openai
@@ -135,6 +135,17 @@ def text_part(client, port):
     check(refused(client, "input[0].content", input=[{"role": "user", "content": [
         {"type": "input_image", "image_url": "http://x"}]}]) is True, "input_image")
     check(refused(client, "background", input="x", background=True) is True, "background")
+    # a reasoning item replayed without a store (as Codex does): our encrypted_content is read back
+    blob = "llm-rs1." + base64.b64encode(b"Think of a story.").decode()
+    replay = [{"role": "user", "content": "Once"},
+              {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": blob},
+              {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "upon"}]},
+              {"role": "user", "content": "a time"}]
+    r5 = client.responses.create(model="stories260K", input=replay, store=False, max_output_tokens=2,
+                                 include=["reasoning.encrypted_content"])
+    check(r5.status == "incomplete" and r5.store is False, f"encrypted_content replayed: {r5}")
+    replay[1]["encrypted_content"] = "llm-rs1.!"
+    check(refused(client, "input[1].encrypted_content", input=replay) is True, "a broken encrypted_content")
     lark = {"type": "grammar", "syntax": "lark", "definition": "start: /x/"}
     check(refused(client, "tools[0].format", input="x",
                   tools=[{"type": "custom", "name": "apply_patch", "format": lark}]) is True,
