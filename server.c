@@ -3401,6 +3401,7 @@ struct srv_resp {
     int encrypted;                  /* include reasoning.encrypted_content: the thinking, encoded, in it */
 };
 
+/* req_free's part for a Responses request (NULL: none) */
 static void resp_free(srv_resp *rs) {
     if (!rs) return;
     free(rs->echo); free(rs->history); free(rs->call_name); sb_free(&rs->part); sb_free(&rs->items);
@@ -3679,7 +3680,7 @@ static int resp_tools(const llm_json *tools, sbuf *out, const char ***customs, s
     return 0;
 }
 
-/* A string field (absent or null: none): *out its JSON for the echo ("null" when absent) */
+/* A string field that the response object echoes: absent, null, or a string of at most max bytes */
 static int resp_string(const llm_json *body, const char *key, size_t max, srv_error *e) {
     const llm_json *v = llm_json_get(body, key);
     if (!v || v->type == LLM_JSON_NULL) return 0;
@@ -4301,6 +4302,8 @@ static void store_drop(srv_state *S, ptrdiff_t i) { /* under store_lock */
     arrdel(S->store, i);
 }
 
+/* A finished response kept (on the network thread): its object as sent and its conversation, the parent's
+ * first, then its own input and output items; then the oldest dropped until both bounds hold */
 static void store_put(srv_state *S, const srv_resp *rs, const char *object, size_t n) {
     resp_stored e = {{0}, NULL, NULL, 0};
     memcpy(e.id, rs->id, sizeof e.id);
