@@ -122,6 +122,9 @@ static const char *usage =
     "  --drain-timeout S      SIGTERM (or SIGINT) drains: /health and new requests get 503 (the listener\n"
     "                         stays open) while the requests in flight finish, then it exits 0; after S\n"
     "                         seconds (default 30) it cuts them short and exits 0; a second signal: at once\n"
+    "  --responses-store N    /v1/responses with store (the default) keep at most N responses (default\n"
+    "                         1024) for GET /v1/responses/{id} and previous_response_id, oldest out first\n"
+    "  --responses-store-bytes B  ... and at most B bytes of them (default 268435456)\n"
     "  limits (not flags): a request's head 16 KiB (431), its body 8 MiB (413); request bytes held past\n"
     "  each connection's first 64 KiB, all together, 64 MiB (503); a connection's unsent output 4 MiB: past\n"
     "  it nothing more of it is read, and its stream is aborted; POST bodies are application/json (415);\n"
@@ -217,6 +220,7 @@ typedef struct {
     const char *host, *api_key, *served_model_name, *allowed_origins;
     int port, max_queue, reasoning_none;
     double request_timeout, drain_timeout;
+    int store_max; size_t store_max_bytes; /* --responses-store, --responses-store-bytes */
     const char *stops[16];
     const char *grammar_file, *json_schema, *regex; /* at most one: made into sampling.grammar */
     int spec_method, spec_tokens_given; /* speculative decoding: 1 n-gram lookup, 2 a draft model (3: both) */
@@ -408,6 +412,8 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         else if (FLAG("--max-queue")) { INT(1, 1 << 30); a->max_queue = (int)x; }
         else if (FLAG("--request-timeout")) { REAL(0.001, 1e6); a->request_timeout = x; }
         else if (FLAG("--drain-timeout")) { REAL(0, 1e6); a->drain_timeout = x; }
+        else if (FLAG("--responses-store")) { INT(0, 1 << 30); a->store_max = (int)x; }
+        else if (FLAG("--responses-store-bytes")) { REAL(0, 1e15); a->store_max_bytes = (size_t)x; }
         else if (FLAG("--temp")) {
             REAL(0, 1e6); a->sampling.temperature = (float)x; a->sampling_given |= LLM_SAMPLING_TEMP;
         }
@@ -1469,6 +1475,7 @@ int main(int argc, char **argv) {
     a.sampling.max_tokens = 128;
     a.num_prompts = 256; a.in_min = 100; a.in_max = 1024; a.out_min = 100; a.out_max = 1024;
     a.host = "127.0.0.1"; a.port = 8000; a.max_queue = 4096; a.request_timeout = 30; a.drain_timeout = 30;
+    a.store_max = 1024; a.store_max_bytes = (size_t)256 << 20;
     int cmd = 0; /* 0 generate/REPL, 1 tokenize, 2 bench, 3 chat, 4 serve, 5 grammar */
     int start = 1;
     if (argc > 1 && !strcmp(argv[1], "tokenize")) { cmd = 1; start = 2; }
@@ -1516,7 +1523,7 @@ int main(int argc, char **argv) {
         }
         serve_config sc = {a.engine, a.host, a.api_key, a.served_model_name, a.chat_template, a.port,
                            a.max_queue, a.request_timeout, a.reasoning_none, a.drain_timeout,
-                           a.allowed_origins};
+                           a.allowed_origins, a.store_max, a.store_max_bytes};
         return serve(&sc);
     }
     if (!a.engine.model_path) {

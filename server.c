@@ -518,6 +518,7 @@ static const char *http_reason(int status) {
 typedef struct srv_conn srv_conn;
 typedef struct srv_req srv_req;
 typedef struct srv_job srv_job;
+typedef struct srv_resp srv_resp;
 
 typedef struct { /* llm_output's prompt logprobs, copied: rows for prompt tokens 1..n (token 0 has none) */
     int n, n_top;
@@ -596,6 +597,8 @@ struct srv_req {
     char **msg_stops;               /* stb_ds, API_MESSAGES: copies of its stop strings (stop_sequence names
                                      * the one that ended it; r->stops point into the job's JSON) */
     srv_req *next_done;
+    srv_resp *resp;                 /* a Responses API request's own state (NULL: chat or completions; see
+                                     * "The Responses API") */
 };
 
 struct srv_conn {
@@ -634,6 +637,10 @@ typedef struct {
     int n_prompt, n_cached;
     double t, t_step;               /* when the step that made it ended, and when it began */
 } srv_event;
+
+/* A stored response (The store of responses): its id, the object GET returns, its conversation as a JSON
+ * list of items, and the bytes it holds */
+typedef struct resp_stored { char id[40]; char *object, *history; size_t bytes; } resp_stored;
 
 /* Histograms with vLLM's buckets, for /metrics */
 typedef struct { const double *bounds; int n_bounds; int64_t *counts; double sum; int64_t count; } srv_hist;
@@ -680,6 +687,11 @@ typedef struct {
     pthread_mutex_t job_lock;
     pthread_cond_t job_added;
     srv_job **jobs_todo, **jobs_done;
+    /* the stored responses (The store of responses): written by the network thread, read by workers */
+    pthread_mutex_t store_lock;
+    resp_stored *store;             /* stb_ds, oldest first */
+    size_t store_bytes, store_max_bytes;
+    int store_max;
 } srv_state;
 
 /* A request refused: the HTTP status, the field it names (OpenAI's param; "": none) and the message. The
@@ -687,7 +699,8 @@ typedef struct {
 typedef struct { int status; char param[64]; char msg[512]; } srv_error;
 
 /* A request with a worker (see Request workers): the endpoint it is for, and what the worker made of it */
-enum { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETIONS, JOB_CHAT, JOB_MESSAGES, JOB_COUNT_TOKENS };
+enum { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETIONS, JOB_CHAT, JOB_MESSAGES, JOB_COUNT_TOKENS,
+       JOB_RESPONSES };
 
 struct srv_job {
     srv_conn *conn;                 /* the network thread's: NULL once the client has gone */
@@ -729,8 +742,10 @@ static void choice_reset_logprobs(srv_choice *ch) {
     sb_free(&ch->logprobs);
 }
 
+static void resp_free(srv_resp *rs);
 static void req_free(srv_req *r) {
     if (!r) return;
+    resp_free(r->resp);
     for (int i = 0; i < r->n_prompts; i++) {
         arrfree(r->prompts[i].prompt_ids);
         free(r->prompts[i].echo_text);
@@ -802,6 +817,11 @@ static void job_start(srv_state *S, srv_conn *c, int route, http_request *rq);
 static void msgs_job(srv_state *S, srv_job *j);
 static void msgs_stream_event(srv_state *S, srv_req *r, srv_choice *ch, const srv_event *ev);
 static void msgs_finish(srv_state *S, srv_req *r);
+static void handle_stored_response(srv_state *S, srv_conn *c, const http_request *rq);
+static int resp_prepare(srv_state *S, srv_job *j);
+static void resp_started(srv_state *S, srv_req *r);
+static void resp_output(srv_state *S, srv_req *r, srv_choice *ch, const srv_event *ev);
+static void resp_finish(srv_state *S, srv_req *r);
 
 /* ===========================================================================================================
  * Connections and the network loop
@@ -1249,16 +1269,20 @@ static int key_equal(const char *given, const char *key) { /* constant time in t
  * application/json, as vLLM asks: a browser cannot send that cross-origin without a CORS preflight). */
 static const struct { const char *path, *method; int open, job; } srv_routes[] = {
     {"/v1/completions", "POST", 0, JOB_COMPLETIONS}, {"/v1/chat/completions", "POST", 0, JOB_CHAT},
+    {"/v1/responses", "POST", 0, JOB_RESPONSES}, {"/v1/responses/", "GET, DELETE", 0, -1}, /* a prefix */
     {"/tokenize", "POST", 0, JOB_TOKENIZE}, {"/detokenize", "POST", 0, JOB_DETOKENIZE},
     {"/v1/messages", "POST", 0, JOB_MESSAGES}, {"/v1/messages/count_tokens", "POST", 0, JOB_COUNT_TOKENS},
     {"/v1/models", "GET", 0, -1}, {"/version", "GET", 0, -1},
     {"/health", "GET", 1, -1}, {"/ping", "GET", 1, -1}, {"/metrics", "GET", 1, -1},
 };
 
-/* path's index in srv_routes, or -1 */
+/* path's index in srv_routes, or -1; a row whose path ends with '/' takes the paths under it */
 static int find_route(const char *path) {
-    for (int i = 0; i < (int)(sizeof srv_routes / sizeof srv_routes[0]); i++)
-        if (!strcmp(path, srv_routes[i].path)) return i;
+    for (int i = 0; i < (int)(sizeof srv_routes / sizeof srv_routes[0]); i++) {
+        const char *p = srv_routes[i].path;
+        size_t n = strlen(p);
+        if (!strcmp(path, p) || (p[n - 1] == '/' && !strncmp(path, p, n) && path[n])) return i;
+    }
     return -1;
 }
 
@@ -1298,7 +1322,7 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
         send_response(S, c, 200, "text/plain; charset=utf-8", "", 0, h);
         return 1;
     }
-    if (strcmp(rq->method, method)) {
+    if (!http_list_has(method, strlen(method), rq->method) || !strcmp(rq->method, "OPTIONS")) {
         char allow[64], msg[320];
         snprintf(allow, sizeof allow, "Allow: %s\r\n", method);
         snprintf(msg, sizeof msg, "Method Not Allowed: use %s for %s", method, rq->path);
@@ -1327,7 +1351,7 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
      * comes anyway is refused; what is in flight runs to its end */
     const char *path = rq->path;
     int job = srv_routes[route].job;
-    int generation = job == JOB_COMPLETIONS || job == JOB_CHAT || job == JOB_MESSAGES;
+    int generation = job == JOB_COMPLETIONS || job == JOB_CHAT || job == JOB_MESSAGES || job == JOB_RESPONSES;
     if (g_srv_stop && (generation || !strcmp(path, "/health") || !strcmp(path, "/ping"))) {
         send_error(S, c, 503, NULL, "the server is shutting down: it finishes the requests it has and takes "
                    "no new ones");
@@ -1346,6 +1370,7 @@ static void handle_request(srv_state *S, srv_conn *c, http_request *rq) {
         return;
     }
     if (!strcmp(path, "/metrics")) { handle_metrics(S, c); return; }
+    if (!strncmp(path, "/v1/responses/", 14)) { handle_stored_response(S, c, rq); return; }
     if (!strcmp(path, "/version")) {
         const char v[] = "{\"version\":\"0.1.0\"}";
         send_response(S, c, 200, "application/json", v, sizeof v - 1, NULL);
@@ -1527,13 +1552,10 @@ static int check_fields(srv_state *S, const llm_json *body, int kind, srv_error 
         const llm_json *v = &body->items[i];
         size_t k = 0, n = sizeof req_fields / sizeof req_fields[0];
         while (k < n && (strcmp(req_fields[k].name, key) || !(req_fields[k].endpoints & 1 << kind))) k++;
-        if (k < n) {
-            if (v->type != LLM_JSON_NULL && !req_fields[k].takes(v, body))
-                return bad(e, 400, key, "%s is not supported by this server (only %s is accepted)", key,
-                           req_fields[k].takes == fv_never ? "null" : "null or its default value");
-            continue;
-        }
-        log_unknown_field(S, key);
+        if (k == n) { log_unknown_field(S, key); continue; }
+        if (v->type != LLM_JSON_NULL && !req_fields[k].takes(v, body))
+            return bad(e, 400, key, "%s is not supported by this server (only %s is accepted)", key,
+                       req_fields[k].takes == fv_never ? "null" : "null or its default value");
     }
     return 0;
 }
@@ -2562,7 +2584,8 @@ static void job_run(srv_state *S, srv_job *j) {
     }
     /* 3. Anthropic's Messages API: its body becomes a chat request (its section) */
     if (j->route == JOB_MESSAGES || j->route == JOB_COUNT_TOKENS) { msgs_job(S, j); return; }
-    /* 4. a generation: a request prepared, left for the network thread to attach (jobs_done). Its arrival
+        if (j->route == JOB_RESPONSES) { j->failed = resp_prepare(S, j) != 0; return; } /* a chat inside */
+    /* 5. a generation: a request prepared, left for the network thread to attach (jobs_done). Its arrival
      * is when the whole request was read, so the time it waited for a worker is in its latency */
     if (!(j->r = (srv_req *)calloc(1, sizeof *j->r))) { bad(&j->e, 500, NULL, "out of memory"); return; }
     j->r->t_arrival = j->t_arrival;
@@ -2629,6 +2652,7 @@ static void jobs_done(srv_state *S) {
                 srv_req *r = j->r;
                 j->r = NULL; /* attach_generation's now, whatever comes */
                 if (attach_generation(S, c, r, &j->p, &e) != 0) j->failed = 1;
+                else if (r->resp) resp_started(S, r); /* the Responses stream's first events */
             } else if (!j->failed)
                 send_response(S, c, 200, "application/json", j->answer.s, j->answer.len, NULL);
             if (j->failed)
@@ -3218,6 +3242,7 @@ static void finish_request(srv_state *S, srv_req *r) {
     srv_conn *c = r->conn;
     if (!c) return;
     if (r->api == API_MESSAGES) { msgs_finish(S, r); return; } /* Anthropic's message, or its stream's end */
+    if (r->resp) { resp_finish(S, r); return; } /* the Responses API's own shape */
     /* 1. a stream: the tail of the stream */
     if (r->stream) {
         if (r->error[0]) { /* the stream cannot change its status now: an error event, as vLLM sends */
@@ -3386,7 +3411,8 @@ static void apply_event(srv_state *S, srv_event *ev) {
      * prompt first, and its logprobs) and logprobs, with offsets into that text, for finish_request. A
      * client gone (conn NULL) gets nothing, but its request is counted and freed as any other */
     if (r->conn) {
-        if (r->stream) stream_event(S, r, ci, ch, ev);
+        if (r->resp) resp_output(S, r, ch, ev);
+        else if (r->stream) stream_event(S, r, ci, ch, ev);
         else {
             if (r->echo && sp->echo_text && !ch->echoed) {
                 if (r->logprobs >= 0) add_prompt_logprobs(S, r, ch, sp, ch->text.len);
@@ -4025,6 +4051,997 @@ static void msgs_finish(srv_state *S, srv_req *r) {
 }
 
 /* ===========================================================================================================
+ * The Responses API: POST /v1/responses over the chat path, its typed stream, its store
+ *
+ * OpenAI's Responses API is a new wire format over what chat completions already do, as llama.cpp and vLLM
+ * serve it. In: resp_prepare (on a worker) checks the body against resp_fields, turns its input items,
+ * instructions, tools, tool_choice, text.format and reasoning into a chat completions body (JSON text, every
+ * string escaped by sb_json_str) and hands that to prepare_generation: one template, tool parser, reasoning
+ * parser and grammar for both APIs. Out: the reply is read again after each output (llm_chat_parse_reply,
+ * as a streamed chat is) and what it gained opens, extends and closes output items: a reasoning item, a
+ * message, one function_call per call, never interleaved. Streamed or not, the same code walks the items
+ * (resp_advance); a stream also sends each step as a typed event. Each closed item's JSON is kept as it is
+ * sent in output_item.done, and the final object's output is exactly those texts: the stream, the final
+ * object and GET /v1/responses/{id} cannot disagree. The ids are pure functions: resp_ + 32 random hex per
+ * response, rs_/msg_/fc_ + 32 hex of (response id, output index), a call's call_id put_tool_call_id's.
+ * ======================================================================================================== */
+enum { RESP_NONE, RESP_REASONING, RESP_MESSAGE, RESP_CALL, RESP_CUSTOM }; /* an output item's kind */
+#define RESP_MAX_METADATA 16        /* metadata: keys (each <= 64 bytes; values strings <= 512), as OpenAI */
+
+struct srv_resp {
+    char id[40];                    /* "resp_" and 32 hex digits */
+    char *echo;                     /* the request's fields the response object repeats: JSON members */
+    char *history;                  /* the conversation's input items (a stored parent's first): the members
+                                     * of a JSON list, kept with the output items when stored */
+    int store;
+    int seq;                        /* the stream's next sequence_number */
+    int n_items;                    /* output items opened so far (the next one's output_index) */
+    int open, open_call;            /* the open item's kind (RESP_NONE: none) and, for a call, its index */
+    char *call_name;                /* the open call's name */
+    sbuf part;                      /* the open item's text so far: thinking, answer or arguments */
+    sbuf items;                     /* the closed items' JSON, comma-separated: the object's output */
+    int reasoning_tokens;           /* the reply's tokens when its thinking ended */
+    char **customs;                 /* stb_ds: the custom tools' names (their calls are custom_tool_call) */
+    int summary;                    /* reasoning.summary: the thinking is its own summary too (no model
+                                     * writes another) */
+    int encrypted;                  /* include reasoning.encrypted_content: the thinking, encoded, in it */
+};
+
+/* req_free's part for a Responses request (NULL: none) */
+static void resp_free(srv_resp *rs) {
+    if (!rs) return;
+    free(rs->echo); free(rs->history); free(rs->call_name); sb_free(&rs->part); sb_free(&rs->items);
+    for (ptrdiff_t i = 0; i < arrlen(rs->customs); i++) free(rs->customs[i]);
+    arrfree(rs->customs);
+    free(rs);
+}
+
+/* A JSON value as the request gave it (NULL: null) */
+static void sb_json_value(sbuf *b, const llm_json *v) {
+    char *t = v && v->type != LLM_JSON_NULL ? llm_json_dumps(v, 0) : NULL;
+    sb_puts(b, t ? t : "null");
+    if (v && v->type != LLM_JSON_NULL && !t) b->failed = 1;
+    free(t);
+}
+
+/* Base64 (RFC 4648, with padding): a reasoning item's encrypted_content carries the thinking so encoded
+ * ("llm-rs1." first), for clients that keep no store (Codex sends store false and replays it) */
+static const char b64_digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+static void sb_base64(sbuf *b, const unsigned char *p, size_t n) {
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16 | (i + 1 < n ? (uint32_t)p[i + 1] << 8 : 0) |
+                     (i + 2 < n ? p[i + 2] : 0);
+        char q[4] = {b64_digits[v >> 18 & 63], b64_digits[v >> 12 & 63],
+                     i + 1 < n ? b64_digits[v >> 6 & 63] : '=', i + 2 < n ? b64_digits[v & 63] : '='};
+        sb_put(b, q, 4);
+    }
+}
+
+/* s[0..n) decoded into b; -1 if it is not base64 (a length not a multiple of 4, a foreign character) */
+static int sb_unbase64(sbuf *b, const char *s, size_t n) {
+    if (n % 4) return -1;
+    for (size_t i = 0; i < n; i += 4) {
+        uint32_t v = 0;
+        int pad = 0;
+        for (int k = 0; k < 4; k++) {
+            const char *d = s[i + k] && s[i + k] != '=' ? strchr(b64_digits, s[i + k]) : NULL;
+            if (s[i + k] == '=' && i + 4 == n && k >= 2) pad++;
+            else if (!d || pad) return -1;
+            v = v << 6 | (d ? (uint32_t)(d - b64_digits) : 0);
+        }
+        unsigned char o[3] = {(unsigned char)(v >> 16), (unsigned char)(v >> 8), (unsigned char)v};
+        sb_put(b, (const char *)o, (size_t)(3 - pad));
+    }
+    return 0;
+}
+
+/* ---- Requests in ------------------------------------------------------------------------------------- */
+/* Every field of OpenAI's Responses request: read by resp_prepare (fv_any), accepted at a value that asks
+ * for nothing, or refused (fv_never: no value asks for something this server does) */
+static int fv_disabled(const llm_json *v, const llm_json *b) { (void)b; return fv_str(v, "disabled"); }
+static int fv_tier(const llm_json *v, const llm_json *b) {
+    (void)b; return fv_str(v, "auto") || fv_str(v, "default");
+}
+static int fv_in_memory(const llm_json *v, const llm_json *b) { (void)b; return fv_str(v, "in_memory"); }
+static int fv_0(const llm_json *v, const llm_json *b) {
+    (void)b; return v->type == LLM_JSON_NUMBER && !v->num;
+}
+static const struct {
+    const char *name;
+    int (*takes)(const llm_json *v, const llm_json *b);
+} resp_fields[] = {
+    {"model", fv_any}, {"input", fv_any}, {"instructions", fv_any}, {"tools", fv_any},
+    {"tool_choice", fv_any}, {"parallel_tool_calls", fv_any}, {"text", fv_any}, {"reasoning", fv_any},
+    {"max_output_tokens", fv_any}, {"temperature", fv_any}, {"top_p", fv_any}, {"stream", fv_any},
+    {"store", fv_any}, {"previous_response_id", fv_any}, {"metadata", fv_any}, {"user", fv_any},
+    {"safety_identifier", fv_any}, {"prompt_cache_key", fv_any},
+    {"service_tier", fv_tier}, {"truncation", fv_disabled}, {"background", fv_false},
+    {"prompt_cache_retention", fv_in_memory}, {"top_logprobs", fv_0}, {"include", fv_any},
+    {"max_tool_calls", fv_any}, /* it bounds built-in tool calls: this server runs none */
+    {"stream_options", fv_none}, {"conversation", fv_never}, {"prompt", fv_never},
+    {"context_management", fv_never}, {"moderation", fv_never},
+};
+
+/* The conversation being turned into chat messages: the system text (instructions, then every system or
+ * developer message: the templates take one system turn, first), the messages, and the assistant turn being
+ * gathered (its thinking, text and calls come as separate items, and fold into one chat message) */
+typedef struct {
+    sbuf system, messages;
+    sbuf a_content, a_reasoning, a_calls; /* the assistant turn: a_calls is the tool_calls list's members */
+    int a_open;
+    const char **call_ids;          /* stb_ds: the call_ids of the calls so far (into the JSON) */
+} resp_conv;
+
+/* The assistant turn gathered so far, as one chat message */
+static void conv_flush(resp_conv *cv) {
+    if (!cv->a_open) return;
+    sb_puts(&cv->messages, cv->messages.len ? ",{\"role\":\"assistant\",\"content\":"
+                                            : "{\"role\":\"assistant\",\"content\":");
+    sb_json_str(&cv->messages, cv->a_content.s ? cv->a_content.s : "", cv->a_content.len);
+    if (cv->a_reasoning.len) {
+        sb_puts(&cv->messages, ",\"reasoning_content\":");
+        sb_json_str(&cv->messages, cv->a_reasoning.s, cv->a_reasoning.len);
+    }
+    if (cv->a_calls.len) {
+        sb_puts(&cv->messages, ",\"tool_calls\":[");
+        sb_put(&cv->messages, cv->a_calls.s, cv->a_calls.len);
+        sb_puts(&cv->messages, "]");
+    }
+    sb_puts(&cv->messages, "}");
+    cv->a_content.len = cv->a_reasoning.len = cv->a_calls.len = 0;
+    cv->a_open = 0;
+}
+
+/* A message of role with its text */
+static void conv_message(resp_conv *cv, const char *role, const sbuf *text) {
+    conv_flush(cv);
+    sb_printf(&cv->messages, "%s{\"role\":\"%s\",\"content\":", cv->messages.len ? "," : "", role);
+    sb_json_str(&cv->messages, text->s ? text->s : "", text->len);
+    sb_puts(&cv->messages, "}");
+}
+
+/* An item's text: a string, or a list of parts of the types allowed (input_text, output_text, refusal,
+ * summary_text, reasoning_text), joined by "\n"; param names the field in errors */
+static int resp_text(const llm_json *c, const char *param, sbuf *out, srv_error *e) {
+    if (!c || c->type == LLM_JSON_NULL) return 0;
+    if (c->type == LLM_JSON_STRING) { sb_put(out, c->str, c->len); return 0; }
+    if (c->type != LLM_JSON_ARRAY) return bad(e, 400, param, "%s must be a string or a list of parts", param);
+    static const char *const types[] = {"input_text", "output_text", "refusal", "summary_text",
+                                        "reasoning_text", "text"};
+    for (int k = 0; k < c->n; k++) {
+        const llm_json *part = &c->items[k], *type = llm_json_get(part, "type");
+        const llm_json *text = llm_json_get(part, fv_str(type, "refusal") ? "refusal" : "text");
+        size_t t = 0;
+        while (t < sizeof types / sizeof *types && !fv_str(type, types[t])) t++;
+        if (t == sizeof types / sizeof *types || !text || text->type != LLM_JSON_STRING)
+            return bad(e, 400, param, "%s[%d]: %.40s parts are not supported (input_text and output_text "
+                       "are)", param, k, type && type->type == LLM_JSON_STRING ? type->str : "untyped");
+        if (k) sb_puts(out, "\n");
+        sb_put(out, text->str, text->len);
+    }
+    return 0;
+}
+
+/* One input item into the conversation: a message, a function_call, its function_call_output or a
+ * reasoning item. i names it in errors (input[i]) */
+static int conv_item(resp_conv *cv, const llm_json *it, int i, srv_error *e) {
+    char param[64];
+    const llm_json *type = llm_json_get(it, "type"), *role = llm_json_get(it, "role");
+    snprintf(param, sizeof param, "input[%d]", i);
+    if (it->type != LLM_JSON_OBJECT) return bad(e, 400, param, "%s must be an object (an input item)", param);
+    sbuf text = {0};
+    int rc = 0;
+    if ((!type || fv_str(type, "message")) && role) {
+        snprintf(param, sizeof param, "input[%d].content", i);
+        if (!fv_str(role, "user") && !fv_str(role, "assistant") && !fv_str(role, "system") &&
+            !fv_str(role, "developer")) {
+            snprintf(param, sizeof param, "input[%d].role", i);
+            rc = bad(e, 400, param, "%s must be user, assistant, system or developer", param);
+        } else if (!(rc = resp_text(llm_json_get(it, "content"), param, &text, e))) {
+            if (fv_str(role, "user")) conv_message(cv, "user", &text);
+            else if (fv_str(role, "assistant")) {
+                if (cv->a_content.len && text.len) sb_puts(&cv->a_content, "\n");
+                sb_put(&cv->a_content, text.s ? text.s : "", text.len);
+                cv->a_open = 1;
+            } else { /* system and developer: into the one system turn */
+                if (cv->system.len && text.len) sb_puts(&cv->system, "\n\n");
+                sb_put(&cv->system, text.s ? text.s : "", text.len);
+            }
+        }
+    } else if (fv_str(type, "function_call") || fv_str(type, "custom_tool_call")) {
+        /* a custom tool's call is the function call of its shim (resp_tools): arguments {"input": input} */
+        const llm_json *id = llm_json_get(it, "call_id"), *name = llm_json_get(it, "name");
+        const llm_json *args = llm_json_get(it, "arguments"), *in = llm_json_get(it, "input");
+        llm_json parsed, wrapped = {0};
+        int object = 0, custom = fv_str(type, "custom_tool_call");
+        if (custom && in && in->type == LLM_JSON_STRING) { /* its input wrapped as the shim's arguments */
+            sb_puts(&text, "{\"input\":"); sb_json_str(&text, in->str, in->len); sb_puts(&text, "}");
+            wrapped.type = LLM_JSON_STRING; wrapped.str = text.s; wrapped.len = text.len;
+            args = text.failed ? NULL : &wrapped;
+        }
+        if (args && args->type == LLM_JSON_STRING &&
+            llm_json_parse(args->str, args->len, &parsed, NULL) == 0) {
+            object = parsed.type == LLM_JSON_OBJECT;
+            llm_json_free(&parsed);
+        }
+        if (!id || id->type != LLM_JSON_STRING || !id->len) {
+            snprintf(param, sizeof param, "input[%d].call_id", i);
+            rc = bad(e, 400, param, "%s must be a non-empty string", param);
+        } else if (!name || name->type != LLM_JSON_STRING || !name->len) {
+            snprintf(param, sizeof param, "input[%d].name", i);
+            rc = bad(e, 400, param, "%s must be a non-empty string", param);
+        } else if (!object) {
+            snprintf(param, sizeof param, "input[%d].%s", i, custom ? "input" : "arguments");
+            rc = bad(e, 400, param, custom ? "%s must be a string" : "%s must be a JSON object, as text",
+                     param);
+        } else {
+            sb_puts(&cv->a_calls, cv->a_calls.len ? ",{\"id\":" : "{\"id\":");
+            sb_json_str(&cv->a_calls, id->str, id->len);
+            sb_puts(&cv->a_calls, ",\"type\":\"function\",\"function\":{\"name\":");
+            sb_json_str(&cv->a_calls, name->str, name->len);
+            sb_puts(&cv->a_calls, ",\"arguments\":");
+            sb_json_str(&cv->a_calls, args->str, args->len);
+            sb_puts(&cv->a_calls, "}}");
+            cv->a_open = 1;
+            arrput(cv->call_ids, id->str);
+        }
+    } else if (fv_str(type, "function_call_output") || fv_str(type, "custom_tool_call_output")) {
+        const llm_json *id = llm_json_get(it, "call_id");
+        int known = 0;
+        for (ptrdiff_t k = 0; id && id->type == LLM_JSON_STRING && k < arrlen(cv->call_ids) && !known; k++)
+            known = !strcmp(cv->call_ids[k], id->str);
+        snprintf(param, sizeof param, "input[%d].call_id", i);
+        if (!known)
+            rc = bad(e, 400, param, "%s: no function_call before it has the call_id \"%.64s\"", param,
+                     id && id->type == LLM_JSON_STRING ? id->str : "");
+        else {
+            snprintf(param, sizeof param, "input[%d].output", i);
+            if (!(rc = resp_text(llm_json_get(it, "output"), param, &text, e))) {
+                conv_flush(cv);
+                sb_puts(&cv->messages, cv->messages.len ? ",{\"role\":\"tool\",\"tool_call_id\":"
+                                                        : "{\"role\":\"tool\",\"tool_call_id\":");
+                sb_json_str(&cv->messages, id->str, id->len);
+                sb_puts(&cv->messages, ",\"content\":");
+                sb_json_str(&cv->messages, text.s ? text.s : "", text.len);
+                sb_puts(&cv->messages, "}");
+            }
+        }
+    } else if (fv_str(type, "reasoning")) { /* the assistant turn's thinking: our encrypted_content (the
+                                              * whole thinking), else its text, else its summary */
+        const llm_json *c = llm_json_get(it, "content"), *enc = llm_json_get(it, "encrypted_content");
+        if (!c || c->type == LLM_JSON_NULL) c = NULL;
+        snprintf(param, sizeof param, "input[%d].%s", i, c ? "content" : "summary");
+        if (enc && enc->type == LLM_JSON_STRING && !strncmp(enc->str, "llm-rs1.", 8)) {
+            snprintf(param, sizeof param, "input[%d].encrypted_content", i);
+            if (sb_unbase64(&text, enc->str + 8, enc->len - 8))
+                rc = bad(e, 400, param, "%s is not this server's (its base64 is broken)", param);
+        } else rc = resp_text(c ? c : llm_json_get(it, "summary"), param, &text, e);
+        if (!rc) { sb_put(&cv->a_reasoning, text.s ? text.s : "", text.len); cv->a_open = 1; }
+    } else {
+        snprintf(param, sizeof param, "input[%d].type", i);
+        rc = bad(e, 400, param, "%s: %.40s items are not supported (message, function_call, "
+                 "function_call_output and reasoning are)", param,
+                 type && type->type == LLM_JSON_STRING ? type->str : "untyped");
+    }
+    sb_free(&text);
+    return rc;
+}
+
+/* tools: function tools into chat's {"type": "function", "function": {...}}; a custom tool (free text in,
+ * Codex's apply_patch) into a function of one string, input, its name kept in customs; OpenAI's built-in
+ * tools (web search and the like) run on OpenAI's side, and this server runs none: refused, by name */
+static int resp_tools(const llm_json *tools, sbuf *out, const char ***customs, srv_error *e) {
+    if (!tools || tools->type == LLM_JSON_NULL) return 0;
+    if (tools->type != LLM_JSON_ARRAY) return bad(e, 400, "tools", "tools must be a list");
+    for (int i = 0; i < tools->n; i++) {
+        const llm_json *t = &tools->items[i], *type = llm_json_get(t, "type");
+        const llm_json *name = llm_json_get(t, "name");
+        char param[48];
+        const llm_json *format = llm_json_get(t, "format");
+        int custom = fv_str(type, "custom");
+        snprintf(param, sizeof param, "tools[%d].type", i);
+        if (!fv_str(type, "function") && !custom)
+            return bad(e, 400, param, "%s: %.40s is a built-in tool this server does not run (function and "
+                       "custom tools are)", param, type && type->type == LLM_JSON_STRING ? type->str :
+                       "an untyped tool");
+        snprintf(param, sizeof param, "tools[%d].format", i);
+        if (custom && format && format->type != LLM_JSON_NULL &&
+            !fv_str(llm_json_get(format, "type"), "text"))
+            return bad(e, 400, param, "%s: grammar formats (lark, regex) are not supported; text is", param);
+        snprintf(param, sizeof param, "tools[%d].name", i);
+        if (!name || name->type != LLM_JSON_STRING || !name->len)
+            return bad(e, 400, param, "%s must be a non-empty string", param);
+        sb_puts(out, i ? ",{\"type\":\"function\",\"function\":{\"name\":" : "{\"type\":\"function\","
+                "\"function\":{\"name\":");
+        sb_json_str(out, name->str, name->len);
+        sb_puts(out, ",\"description\":"); sb_json_value(out, llm_json_get(t, "description"));
+        sb_puts(out, ",\"parameters\":");
+        if (custom) { /* free text, as the one string of a function (vLLM's shim): its input */
+            sb_puts(out, "{\"type\":\"object\",\"properties\":{\"input\":{\"type\":\"string\"}},"
+                    "\"required\":[\"input\"]}");
+            arrput(*customs, name->str);
+        } else sb_json_value(out, llm_json_get(t, "parameters"));
+        sb_puts(out, "}}");
+    }
+    return 0;
+}
+
+/* A string field that the response object echoes: absent, null, or a string of at most max bytes */
+static int resp_string(const llm_json *body, const char *key, size_t max, srv_error *e) {
+    const llm_json *v = llm_json_get(body, key);
+    if (!v || v->type == LLM_JSON_NULL) return 0;
+    if (v->type != LLM_JSON_STRING) return bad(e, 400, key, "%s must be a string", key);
+    if (v->len > max) return bad(e, 400, key, "%s is longer than %zu bytes", key, max);
+    return 0;
+}
+
+/* The chat body of a Responses request, its echo and its history into r->resp; chat has the JSON text */
+static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *chat, srv_error *e) {
+    /* 1. every field known: read, accepted at a value that asks for nothing, or refused */
+    for (int i = 0; i < body->n; i++) {
+        size_t k = 0, n = sizeof resp_fields / sizeof *resp_fields;
+        while (k < n && strcmp(resp_fields[k].name, body->keys[i])) k++;
+        if (k == n) { log_unknown_field(S, body->keys[i]); continue; }
+        if (body->items[i].type != LLM_JSON_NULL && !resp_fields[k].takes(&body->items[i], body))
+            return bad(e, 400, body->keys[i], "%s is not supported by this server (only %s is accepted)",
+                       body->keys[i],
+                       resp_fields[k].takes == fv_never ? "null" : "null or its default value");
+    }
+    const llm_json *input = llm_json_get(body, "input"), *text = llm_json_get(body, "text");
+    const llm_json *fmt = llm_json_get(text, "format"), *ftype = llm_json_get(fmt, "type");
+    const llm_json *reasoning = llm_json_get(body, "reasoning"), *meta = llm_json_get(body, "metadata");
+    const llm_json *effort = llm_json_get(reasoning, "effort");
+    const llm_json *prev = llm_json_get(body, "previous_response_id");
+    const llm_json *choice = llm_json_get(body, "tool_choice");
+    double x = 0;
+    rs->store = 1;
+    int stream = 0, parallel = 1;
+    if (get_bool(body, "store", &rs->store, e) || get_bool(body, "stream", &stream, e) ||
+        get_bool(body, "parallel_tool_calls", &parallel, e) ||
+        get_number(body, "max_output_tokens", 1, 1 << 30, 1, &x, e) ||
+        get_number(body, "temperature", 0, 2, 0, &x, e) || get_number(body, "top_p", 0, 1, 0, &x, e) ||
+        resp_string(body, "instructions", SRV_MAX_BODY, e) || resp_string(body, "user", 256, e) ||
+        resp_string(body, "safety_identifier", 256, e) ||
+        resp_string(body, "prompt_cache_key", SRV_MAX_CACHE_KEY, e) ||
+        resp_string(body, "previous_response_id", 64, e))
+        return -1;
+    if (!input || (input->type != LLM_JSON_STRING && input->type != LLM_JSON_ARRAY))
+        return bad(e, 400, "input", "input must be a string or a list of items");
+    if (meta && meta->type != LLM_JSON_NULL) {
+        int ok = meta->type == LLM_JSON_OBJECT && meta->n <= RESP_MAX_METADATA;
+        for (int i = 0; ok && i < meta->n; i++)
+            ok = strlen(meta->keys[i]) <= 64 && meta->items[i].type == LLM_JSON_STRING &&
+                 meta->items[i].len <= 512;
+        if (!ok)
+            return bad(e, 400, "metadata", "metadata must be an object of at most 16 strings (keys of at "
+                            "most 64 characters, values of at most 512)");
+    }
+    if (text && text->type != LLM_JSON_NULL && text->type != LLM_JSON_OBJECT)
+        return bad(e, 400, "text", "text must be an object");
+    const llm_json *verbosity = llm_json_get(text, "verbosity");
+    if (verbosity && verbosity->type != LLM_JSON_NULL && !fv_str(verbosity, "medium"))
+        return bad(e, 400, "text.verbosity", "text.verbosity is not supported by this server (only medium)");
+    if (fmt && fmt->type != LLM_JSON_NULL && !fv_str(ftype, "text") && !fv_str(ftype, "json_object") &&
+        !fv_str(ftype, "json_schema"))
+        return bad(e, 400, "text.format.type", "text.format.type must be text, json_object or json_schema");
+    if (reasoning && reasoning->type != LLM_JSON_NULL && reasoning->type != LLM_JSON_OBJECT)
+        return bad(e, 400, "reasoning", "reasoning must be an object");
+    static const char *const efforts[] = {"none", "minimal", "low", "medium", "high", "xhigh"};
+    size_t ek = 0;
+    while (effort && effort->type != LLM_JSON_NULL && ek < 6 && !fv_str(effort, efforts[ek])) ek++;
+    if (ek == 6)
+        return bad(e, 400, "reasoning.effort",
+                   "reasoning.effort must be none, minimal, low, medium, high or xhigh");
+    const llm_json *summary = llm_json_get(reasoning, "summary");
+    if (!summary || summary->type == LLM_JSON_NULL) summary = llm_json_get(reasoning, "generate_summary");
+    if (summary && summary->type != LLM_JSON_NULL && !fv_str(summary, "auto") &&
+        !fv_str(summary, "concise") && !fv_str(summary, "detailed"))
+        return bad(e, 400, "reasoning.summary", "reasoning.summary must be auto, concise or detailed (the "
+                   "summary is the thinking itself)");
+    rs->summary = summary && summary->type == LLM_JSON_STRING;
+    const llm_json *include = llm_json_get(body, "include");
+    if (include && include->type != LLM_JSON_NULL && include->type != LLM_JSON_ARRAY)
+        return bad(e, 400, "include", "include must be a list");
+    for (int i = 0; include && include->type == LLM_JSON_ARRAY && i < include->n; i++) {
+        if (!fv_str(&include->items[i], "reasoning.encrypted_content"))
+            return bad(e, 400, "include", "include: %.60s is not supported (reasoning.encrypted_content is)",
+                       include->items[i].type == LLM_JSON_STRING ? include->items[i].str : "a non-string");
+        rs->encrypted = 1;
+    }
+    /* 2. the conversation: a stored parent's items first (previous_response_id), then input's */
+    resp_conv cv = {0};
+    int rc = 0;
+    sbuf history = {0};
+    if (prev && prev->type == LLM_JSON_STRING) {
+        char *h = NULL;
+        pthread_mutex_lock(&S->store_lock);
+        for (ptrdiff_t i = 0; i < arrlen(S->store); i++)
+            if (!strcmp(S->store[i].id, prev->str)) { h = strdup(S->store[i].history); break; }
+        pthread_mutex_unlock(&S->store_lock);
+        llm_json items;
+        if (!h) rc = bad(e, 400, "previous_response_id", "Previous response with id '%.64s' not found.",
+                         prev->str);
+        else if (llm_json_parse(h, strlen(h), &items, NULL) != 0) rc = bad(e, 500, NULL, "out of memory");
+        else {
+            for (int i = 0; !rc && i < items.n; i++) rc = conv_item(&cv, &items.items[i], i, e);
+            llm_json_free(&items);
+            sb_put(&history, h + 1, strlen(h) - 2); /* the list's members */
+        }
+        free(h);
+    }
+    if (!rc && input->type == LLM_JSON_STRING) {
+        sbuf t = {0};
+        sb_put(&t, input->str, input->len);
+        conv_message(&cv, "user", &t);
+        sb_puts(&history, history.len ? ",{\"type\":\"message\",\"role\":\"user\",\"content\":"
+                                      : "{\"type\":\"message\",\"role\":\"user\",\"content\":");
+        sb_json_str(&history, input->str, input->len);
+        sb_puts(&history, "}");
+        sb_free(&t);
+    }
+    for (int i = 0; !rc && input->type == LLM_JSON_ARRAY && i < input->n; i++) {
+        rc = conv_item(&cv, &input->items[i], i, e);
+        if (history.len) sb_puts(&history, ",");
+        sb_json_value(&history, &input->items[i]);
+    }
+    conv_flush(&cv);
+    const llm_json *instructions = llm_json_get(body, "instructions");
+    if (instructions && instructions->type == LLM_JSON_STRING && instructions->len) { /* before the others */
+        sbuf s = {0};
+        sb_put(&s, instructions->str, instructions->len);
+        if (cv.system.len) { sb_puts(&s, "\n\n"); sb_put(&s, cv.system.s, cv.system.len); }
+        sb_free(&cv.system); cv.system = s;
+    }
+    /* 3. the chat body: the messages (the system turn first), tools and the sampling fields */
+    sb_puts(chat, "{\"messages\":[");
+    if (cv.system.len) {
+        sb_puts(chat, "{\"role\":\"system\",\"content\":");
+        sb_json_str(chat, cv.system.s, cv.system.len);
+        sb_puts(chat, cv.messages.len ? "}," : "}");
+    }
+    sb_put(chat, cv.messages.s ? cv.messages.s : "", cv.messages.len);
+    sb_puts(chat, "]");
+    static const char *const copied[][2] = { /* Responses' name, chat's */
+        {"model", "model"}, {"tool_choice", "tool_choice"}, {"parallel_tool_calls", "parallel_tool_calls"},
+        {"max_output_tokens", "max_completion_tokens"}, {"temperature", "temperature"}, {"top_p", "top_p"},
+        {"stream", "stream"},
+    };
+    for (size_t k = 0; k < sizeof copied / sizeof *copied; k++) {
+        const llm_json *v = llm_json_get(body, copied[k][0]);
+        if (!v || v->type == LLM_JSON_NULL) continue;
+        sb_printf(chat, ",\"%s\":", copied[k][1]);
+        if (!strcmp(copied[k][0], "tool_choice") && v->type == LLM_JSON_OBJECT) { /* {type, name} */
+            if (!fv_str(llm_json_get(v, "type"), "function") && !fv_str(llm_json_get(v, "type"), "custom")) {
+                if (!rc)
+                    rc = bad(e, 400, "tool_choice", "tool_choice must be \"none\", \"auto\", \"required\" or "
+                             "{\"type\": \"function\", \"name\": ...}");
+                continue;
+            }
+            sb_puts(chat, "{\"type\":\"function\",\"function\":{\"name\":");
+            sb_json_value(chat, llm_json_get(v, "name"));
+            sb_puts(chat, "}}");
+        } else sb_json_value(chat, v);
+    }
+    const llm_json *tools = llm_json_get(body, "tools");
+    if (!rc && tools && tools->type != LLM_JSON_NULL) {
+        sb_puts(chat, ",\"tools\":[");
+        const char **customs = NULL;
+        rc = resp_tools(tools, chat, &customs, e);
+        for (ptrdiff_t k = 0; !rc && k < arrlen(customs); k++) {
+            char *copy = strdup(customs[k]);
+            if (copy) arrput(rs->customs, copy); else rc = bad(e, 500, NULL, "out of memory");
+        }
+        arrfree(customs);
+        sb_puts(chat, "]");
+    }
+    if (ek < 6) sb_printf(chat, ",\"reasoning_effort\":\"%s\"", ek == 5 ? "high" : efforts[ek]);
+    if (fv_str(ftype, "json_object")) sb_puts(chat, ",\"response_format\":{\"type\":\"json_object\"}");
+    if (fv_str(ftype, "json_schema")) { /* Responses puts name, schema and strict beside type */
+        sb_puts(chat, ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":");
+        sb_json_value(chat, llm_json_get(fmt, "name"));
+        sb_puts(chat, ",\"schema\":"); sb_json_value(chat, llm_json_get(fmt, "schema"));
+        sb_puts(chat, ",\"strict\":"); sb_json_value(chat, llm_json_get(fmt, "strict"));
+        sb_puts(chat, "}}");
+    }
+    sb_puts(chat, "}");
+    /* 4. what the response object repeats of the request (OpenAI's defaults where none is given) */
+    sbuf echo = {0};
+    sb_puts(&echo, "\"instructions\":"); sb_json_value(&echo, instructions);
+    sb_puts(&echo, ",\"max_output_tokens\":"); sb_json_value(&echo, llm_json_get(body, "max_output_tokens"));
+    sb_puts(&echo, ",\"max_tool_calls\":"); sb_json_value(&echo, llm_json_get(body, "max_tool_calls"));
+    sb_puts(&echo, ",\"metadata\":");
+    if (meta && meta->type == LLM_JSON_OBJECT) sb_json_value(&echo, meta); else sb_puts(&echo, "{}");
+    sb_printf(&echo, ",\"parallel_tool_calls\":%s,\"previous_response_id\":", parallel ? "true" : "false");
+    sb_json_value(&echo, prev);
+    sb_puts(&echo, ",\"prompt_cache_key\":"); sb_json_value(&echo, llm_json_get(body, "prompt_cache_key"));
+    sb_puts(&echo, ",\"reasoning\":{\"effort\":"); sb_json_value(&echo, effort);
+    sb_puts(&echo, ",\"summary\":"); sb_json_value(&echo, summary);
+    sb_puts(&echo, "},\"safety_identifier\":");
+    sb_json_value(&echo, llm_json_get(body, "safety_identifier"));
+    sb_printf(&echo, ",\"service_tier\":\"default\",\"store\":%s,\"temperature\":",
+              rs->store ? "true" : "false");
+    const llm_json *v = llm_json_get(body, "temperature");
+    if (v && v->type == LLM_JSON_NUMBER) sb_json_value(&echo, v); else sb_puts(&echo, "1.0");
+    sb_puts(&echo, ",\"text\":{\"format\":");
+    if (fmt && fmt->type == LLM_JSON_OBJECT) sb_json_value(&echo, fmt);
+    else sb_puts(&echo, "{\"type\":\"text\"}");
+    sb_puts(&echo, ",\"verbosity\":\"medium\"},\"tool_choice\":");
+    if (choice && choice->type != LLM_JSON_NULL) sb_json_value(&echo, choice);
+    else sb_puts(&echo, "\"auto\"");
+    sb_puts(&echo, ",\"tools\":");
+    if (tools && tools->type == LLM_JSON_ARRAY) sb_json_value(&echo, tools); else sb_puts(&echo, "[]");
+    sb_puts(&echo, ",\"top_logprobs\":0,\"top_p\":");
+    v = llm_json_get(body, "top_p");
+    if (v && v->type == LLM_JSON_NUMBER) sb_json_value(&echo, v); else sb_puts(&echo, "1.0");
+    sb_puts(&echo, ",\"truncation\":\"disabled\",\"user\":");
+    sb_json_value(&echo, llm_json_get(body, "user"));
+    sb_puts(&echo, ",\"background\":false");
+    sb_puts(&history, ""); /* "" rather than NULL for none */
+    rs->echo = echo.s; rs->history = history.s;
+    if (!rc && (echo.failed || history.failed || chat->failed || cv.messages.failed))
+        rc = bad(e, 500, NULL, "out of memory");
+    sb_free(&cv.system); sb_free(&cv.messages); sb_free(&cv.a_content); sb_free(&cv.a_reasoning);
+    sb_free(&cv.a_calls); arrfree(cv.call_ids);
+    return rc;
+}
+
+/* The worker's part of POST /v1/responses: the body read into a chat body, which prepare_generation takes
+ * as any chat request; an error it finds in a chat field is named as the Responses field it came from. The
+ * chat body's JSON replaces the request's (the request's strings point into it). */
+static int resp_prepare(srv_state *S, srv_job *j) {
+    static const char *const renamed[][2] = { /* chat's field (a prefix), the Responses one */
+        {"messages", "input"}, {"max_completion_tokens", "max_output_tokens"},
+        {"response_format", "text.format"}, {"reasoning_effort", "reasoning.effort"},
+    };
+    srv_resp *rs = (srv_resp *)calloc(1, sizeof *rs);
+    if (!rs || !(j->r = (srv_req *)calloc(1, sizeof *j->r))) {
+        free(rs);
+        return bad(&j->e, 500, NULL, "out of memory");
+    }
+    j->r->resp = rs;
+    j->r->t_arrival = j->t_arrival;
+    unsigned char rnd[16];
+    if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) /* else the request id's hash and the clock */
+        for (int i = 0; i < 16; i++)
+            rnd[i] = (unsigned char)(j->request_id[i % 32] ^ (uint64_t)(now_s() * 1e9) >> i);
+    char *p = rs->id + sprintf(rs->id, "resp_");
+    for (int i = 0; i < 16; i++) p += sprintf(p, "%02x", rnd[i]);
+    sbuf chat = {0};
+    llm_json cj;
+    int rc = resp_to_chat(S, &j->json, rs, &chat, &j->e);
+    if (!rc && llm_json_parse(chat.s, chat.len, &cj, NULL) != 0) rc = bad(&j->e, 500, NULL, "out of memory");
+    sb_free(&chat);
+    if (rc) return -1;
+    llm_json_free(&j->json);
+    j->json = cj;
+    if (prepare_generation(S, &j->json, REQ_CHAT, j->request_id, j->r, &j->p, &j->e) == 0) {
+        snprintf(j->r->id, sizeof j->r->id, "%s", rs->id); /* the log line names it so */
+        return 0;
+    }
+    for (size_t k = 0; k < sizeof renamed / sizeof *renamed; k++) {
+        size_t n = strlen(renamed[k][0]);
+        char *m;
+        if (strncmp(j->e.param, renamed[k][0], n)) continue;
+        char tail[64];
+        snprintf(tail, sizeof tail, "%s", j->e.param + n);
+        snprintf(j->e.param, sizeof j->e.param, "%s%s", renamed[k][1], tail);
+        while ((m = strstr(j->e.msg, renamed[k][0])) != NULL) { /* the message names it too */
+            char rest[512];
+            snprintf(rest, sizeof rest, "%s", m + n);
+            snprintf(m, sizeof j->e.msg - (size_t)(m - j->e.msg), "%s%s", renamed[k][1], rest);
+        }
+    }
+    return -1;
+}
+
+/* ---- Responses out ----------------------------------------------------------------------------------- */
+/* One typed event of the stream: {"type", "sequence_number", fields...} under `event: TYPE`. sequence_number
+ * counts every event from 0; nothing is sent for a whole (non-streamed) response, whose items are walked
+ * the same way. */
+static void resp_emit(srv_state *S, srv_req *r, const char *type, const char *fields, size_t n) {
+    if (!r->stream || !r->conn) return;
+    sbuf b = {0};
+    sb_printf(&b, "{\"type\":\"%s\",\"sequence_number\":%d", type, r->resp->seq++);
+    if (n) { sb_puts(&b, ","); sb_put(&b, fields, n); }
+    sb_puts(&b, "}");
+    send_sse(S, r->conn, type, b.s, b.len);
+    sb_free(&b);
+}
+
+/* The id of output item index: its kind's prefix and 32 hex digits of (response id, index) */
+static void resp_item_id(sbuf *b, const srv_resp *rs, const char *prefix, int index) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a of the response id, then the index mixed in */
+    for (const char *p = rs->id; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    h ^= (uint64_t)index * 0x9e3779b97f4a7c15ull;
+    uint64_t a = llm_splitmix64(&h), c = llm_splitmix64(&h);
+    sb_printf(b, "\"%s%016llx%016llx\"", prefix, (unsigned long long)a, (unsigned long long)c);
+}
+
+/* An output_text part with its text */
+static void resp_put_part(sbuf *b, const char *text, size_t n) {
+    sb_puts(b, "{\"type\":\"output_text\",\"text\":");
+    sb_json_str(b, text, n);
+    sb_puts(b, ",\"annotations\":[],\"logprobs\":[]}");
+}
+
+/* A custom tool call's input: its shim's arguments {"input": ...} read (the raw arguments if the model
+ * wrote something else: a call cut short) */
+static void resp_custom_input(const srv_resp *rs, sbuf *out) {
+    llm_json a;
+    if (llm_json_parse(rs->part.s ? rs->part.s : "", rs->part.len, &a, NULL) != 0) {
+        sb_put(out, rs->part.s ? rs->part.s : "", rs->part.len);
+        return;
+    }
+    const llm_json *in = llm_json_get(&a, "input");
+    if (in && in->type == LLM_JSON_STRING) sb_put(out, in->str, in->len);
+    else sb_put(out, rs->part.s ? rs->part.s : "", rs->part.len);
+    llm_json_free(&a);
+}
+
+/* The open item as JSON: as output_item.added shows it (done 0: in progress, no text) or as it is done
+ * (status completed, or incomplete when cut short) */
+static void resp_put_item(sbuf *b, srv_req *r, int done, int incomplete) {
+    srv_resp *rs = r->resp;
+    const char *status = !done ? "in_progress" : incomplete ? "incomplete" : "completed";
+    const char *t = rs->part.s ? rs->part.s : "";
+    int index = rs->n_items - 1;
+    if (rs->open == RESP_REASONING) {
+        sb_puts(b, "{\"type\":\"reasoning\",\"id\":"); resp_item_id(b, rs, "rs_", index);
+        sb_puts(b, ",\"summary\":[");
+        if (done && rs->summary) {
+            sb_puts(b, "{\"type\":\"summary_text\",\"text\":");
+            sb_json_str(b, t, rs->part.len);
+            sb_puts(b, "}");
+        }
+        sb_puts(b, "],\"content\":[");
+        if (done) {
+            sb_puts(b, "{\"type\":\"reasoning_text\",\"text\":");
+            sb_json_str(b, t, rs->part.len);
+            sb_puts(b, "}");
+        }
+        sb_puts(b, "]");
+        if (done && rs->encrypted) {
+            sb_puts(b, ",\"encrypted_content\":\"llm-rs1.");
+            sb_base64(b, (const unsigned char *)t, rs->part.len);
+            sb_puts(b, "\"");
+        }
+        sb_printf(b, ",\"status\":\"%s\"}", status);
+    } else if (rs->open == RESP_MESSAGE) {
+        sb_puts(b, "{\"type\":\"message\",\"id\":"); resp_item_id(b, rs, "msg_", index);
+        sb_printf(b, ",\"status\":\"%s\",\"role\":\"assistant\",\"content\":[", status);
+        if (done) resp_put_part(b, t, rs->part.len);
+        sb_puts(b, "]}");
+    } else if (rs->open == RESP_CUSTOM) {
+        sbuf in = {0};
+        if (done) resp_custom_input(rs, &in);
+        sb_puts(b, "{\"type\":\"custom_tool_call\",\"id\":"); resp_item_id(b, rs, "ctc_", index);
+        sb_puts(b, ",\"call_id\":"); put_tool_call_id(b, r, 0, rs->open_call);
+        sb_puts(b, ",\"name\":"); sb_json_cstr(b, rs->call_name ? rs->call_name : "");
+        sb_puts(b, ",\"input\":"); sb_json_str(b, in.s ? in.s : "", in.len);
+        sb_printf(b, ",\"status\":\"%s\"}", status);
+        b->failed |= in.failed;
+        sb_free(&in);
+    } else {
+        sb_puts(b, "{\"type\":\"function_call\",\"id\":"); resp_item_id(b, rs, "fc_", index);
+        sb_puts(b, ",\"call_id\":"); put_tool_call_id(b, r, 0, rs->open_call);
+        sb_puts(b, ",\"name\":"); sb_json_cstr(b, rs->call_name ? rs->call_name : "");
+        sb_puts(b, ",\"arguments\":"); sb_json_str(b, t, done ? rs->part.len : 0);
+        sb_printf(b, ",\"status\":\"%s\"}", status);
+    }
+}
+
+/* The members every event of an item names it by: item_id, output_index (and content_index for text) */
+static void resp_put_where(sbuf *b, srv_resp *rs, int content) {
+    static const char *const prefix[] = {"", "rs_", "msg_", "fc_", "ctc_"};
+    sb_puts(b, "\"item_id\":"); resp_item_id(b, rs, prefix[rs->open], rs->n_items - 1);
+    sb_printf(b, ",\"output_index\":%d", rs->n_items - 1);
+    if (content) sb_puts(b, ",\"content_index\":0");
+}
+
+/* The open item closed: its *.done events, then output_item.done with the item, whose JSON is kept as is for
+ * the final object's output */
+static void resp_close(srv_state *S, srv_req *r, int incomplete) {
+    srv_resp *rs = r->resp;
+    if (rs->open == RESP_NONE) return;
+    sbuf b = {0}, item = {0};
+    const char *t = rs->part.s ? rs->part.s : "";
+    resp_put_where(&b, rs, rs->open != RESP_CALL && rs->open != RESP_CUSTOM);
+    if (rs->open == RESP_REASONING) {
+        size_t where = b.len;
+        sb_puts(&b, ",\"text\":"); sb_json_str(&b, t, rs->part.len);
+        resp_emit(S, r, "response.reasoning_text.done", b.s, b.len);
+        if (rs->summary) {
+            b.len = where;
+            sb_puts(&b, ",\"summary_index\":0,\"text\":"); sb_json_str(&b, t, rs->part.len);
+            resp_emit(S, r, "response.reasoning_summary_text.done", b.s, b.len);
+            b.len = where;
+            sb_puts(&b, ",\"summary_index\":0,\"part\":{\"type\":\"summary_text\",\"text\":");
+            sb_json_str(&b, t, rs->part.len);
+            sb_puts(&b, "}");
+            resp_emit(S, r, "response.reasoning_summary_part.done", b.s, b.len);
+        }
+    } else if (rs->open == RESP_MESSAGE) {
+        size_t where = b.len;
+        sb_puts(&b, ",\"text\":"); sb_json_str(&b, t, rs->part.len); sb_puts(&b, ",\"logprobs\":[]");
+        resp_emit(S, r, "response.output_text.done", b.s, b.len);
+        b.len = where;
+        sb_puts(&b, ",\"part\":"); resp_put_part(&b, t, rs->part.len);
+        resp_emit(S, r, "response.content_part.done", b.s, b.len);
+    } else if (rs->open == RESP_CUSTOM) { /* its input whole, once the shim's arguments can be read */
+        sbuf in = {0};
+        size_t where = b.len;
+        resp_custom_input(rs, &in);
+        sb_puts(&b, ",\"delta\":"); sb_json_str(&b, in.s ? in.s : "", in.len);
+        if (in.len) resp_emit(S, r, "response.custom_tool_call_input.delta", b.s, b.len);
+        b.len = where;
+        sb_puts(&b, ",\"input\":"); sb_json_str(&b, in.s ? in.s : "", in.len);
+        resp_emit(S, r, "response.custom_tool_call_input.done", b.s, b.len);
+        sb_free(&in);
+    } else {
+        sb_puts(&b, ",\"name\":"); sb_json_cstr(&b, rs->call_name ? rs->call_name : "");
+        sb_puts(&b, ",\"arguments\":"); sb_json_str(&b, t, rs->part.len);
+        resp_emit(S, r, "response.function_call_arguments.done", b.s, b.len);
+    }
+    resp_put_item(&item, r, 1, incomplete);
+    b.len = 0;
+    sb_printf(&b, "\"output_index\":%d,\"item\":", rs->n_items - 1);
+    sb_put(&b, item.s, item.len);
+    resp_emit(S, r, "response.output_item.done", b.s, b.len);
+    if (rs->items.len) sb_puts(&rs->items, ",");
+    sb_put(&rs->items, item.s, item.len);
+    rs->items.failed |= item.failed | b.failed;
+    sb_free(&b); sb_free(&item);
+    rs->open = RESP_NONE; rs->part.len = 0;
+}
+
+/* A new output item: the open one closed, then output_item.added (and a message's content_part.added) */
+static void resp_open(srv_state *S, srv_req *r, int kind, int call, const char *name) {
+    srv_resp *rs = r->resp;
+    resp_close(S, r, 0);
+    rs->open = kind; rs->open_call = call; rs->n_items++;
+    free(rs->call_name);
+    rs->call_name = name ? strdup(name) : NULL;
+    sbuf b = {0};
+    sb_printf(&b, "\"output_index\":%d,\"item\":", rs->n_items - 1);
+    resp_put_item(&b, r, 0, 0);
+    resp_emit(S, r, "response.output_item.added", b.s, b.len);
+    if (kind == RESP_MESSAGE) {
+        b.len = 0;
+        resp_put_where(&b, rs, 1);
+        sb_puts(&b, ",\"part\":"); resp_put_part(&b, "", 0);
+        resp_emit(S, r, "response.content_part.added", b.s, b.len);
+    }
+    if (kind == RESP_REASONING && rs->summary) {
+        b.len = 0;
+        resp_put_where(&b, rs, 0);
+        sb_puts(&b, ",\"summary_index\":0,\"part\":{\"type\":\"summary_text\",\"text\":\"\"}");
+        resp_emit(S, r, "response.reasoning_summary_part.added", b.s, b.len);
+    }
+    sb_free(&b);
+}
+
+/* What the open item's text gained: kept, and sent as its kind's delta event */
+static void resp_delta(srv_state *S, srv_req *r, const char *piece, size_t n) {
+    static const char *const events[] = {"", "response.reasoning_text.delta", "response.output_text.delta",
+                                         "response.function_call_arguments.delta"};
+    srv_resp *rs = r->resp;
+    sb_put(&rs->part, piece, n);
+    if (rs->open == RESP_CUSTOM) return; /* its input is sent when it closes (resp_close) */
+    sbuf b = {0};
+    resp_put_where(&b, rs, rs->open != RESP_CALL);
+    sb_puts(&b, ",\"delta\":"); sb_json_str(&b, piece, n);
+    if (rs->open == RESP_MESSAGE) sb_puts(&b, ",\"logprobs\":[]");
+    resp_emit(S, r, events[rs->open], b.s, b.len);
+    if (rs->open == RESP_REASONING && rs->summary) {
+        b.len = 0;
+        resp_put_where(&b, rs, 0);
+        sb_puts(&b, ",\"summary_index\":0,\"delta\":"); sb_json_str(&b, piece, n);
+        resp_emit(S, r, "response.reasoning_summary_text.delta", b.s, b.len);
+    }
+    sb_free(&b);
+}
+
+/* The reply so far read again (llm_chat_parse_reply; final: the whole reply) and what each part gained turned
+ * into items: thinking into the reasoning item, the answer into the message, each call into its own
+ * function_call item, in the order they come; an item is closed when the next one opens. At the end the
+ * last is closed (incomplete when max_output_tokens cut it, or a call's arguments were cut), and a reply
+ * with nothing in it still has its (empty) message. The choice's sent_* counts are what each part had. */
+static void resp_advance(srv_state *S, srv_req *r, srv_choice *ch, int finish) {
+    srv_resp *rs = r->resp;
+    llm_chat_reply rep;
+    const char *text = ch->text.s ? ch->text.s : "";
+    if (llm_chat_parse_reply(&r->chat, text, ch->text.len, r->reasoning > 0, r->tool_calls, !finish, &rep)) {
+        llm_chat_reply_free(&rep);
+        rs->items.failed = 1;
+        return;
+    }
+    size_t nr = rep.reasoning ? strlen(rep.reasoning) : 0, nc = strlen(rep.content);
+    if (nr > ch->sent_reasoning) {
+        if (rs->open != RESP_REASONING) resp_open(S, r, RESP_REASONING, 0, NULL);
+        resp_delta(S, r, rep.reasoning + ch->sent_reasoning, nr - ch->sent_reasoning);
+        ch->sent_reasoning = nr;
+    }
+    int thinking = rs->open == RESP_REASONING;
+    if (nc > ch->sent_content) {
+        if (rs->open != RESP_MESSAGE) resp_open(S, r, RESP_MESSAGE, 0, NULL);
+        resp_delta(S, r, rep.content + ch->sent_content, nc - ch->sent_content);
+        ch->sent_content = nc;
+    }
+    for (int k = 0; k < rep.n_calls; k++) {
+        if (k >= arrlen(ch->sent_args)) {
+            int custom = 0;
+            for (ptrdiff_t m = 0; m < arrlen(rs->customs) && !custom; m++)
+                custom = !strcmp(rs->customs[m], rep.calls[k].name);
+            resp_open(S, r, custom ? RESP_CUSTOM : RESP_CALL, k, rep.calls[k].name);
+            arrput(ch->sent_args, 0);
+        }
+        size_t na = strlen(rep.calls[k].arguments);
+        if (na > ch->sent_args[k] && rs->open >= RESP_CALL && rs->open_call == k) {
+            resp_delta(S, r, rep.calls[k].arguments + ch->sent_args[k], na - ch->sent_args[k]);
+            ch->sent_args[k] = na;
+        }
+    }
+    if (thinking && (rs->open != RESP_REASONING || finish)) rs->reasoning_tokens = ch->n_tokens;
+    if (finish) {
+        if (!rs->n_items) resp_open(S, r, RESP_MESSAGE, 0, NULL);
+        resp_close(S, r, finish == LLM_FINISH_LENGTH || (rs->open >= RESP_CALL && rep.in_call));
+    }
+    llm_chat_reply_free(&rep);
+}
+
+/* The response object: as created, in progress (no output, no usage yet) or done (status completed,
+ * incomplete or failed, the closed items, the usage) */
+static void resp_put_object(sbuf *b, srv_state *S, srv_req *r, const char *status) {
+    srv_resp *rs = r->resp;
+    int done = strcmp(status, "in_progress") != 0;
+    sb_puts(b, "{\"id\":"); sb_json_cstr(b, rs->id);
+    sb_printf(b, ",\"object\":\"response\",\"created_at\":%lld,\"status\":\"%s\",\"completed_at\":",
+              r->created, status);
+    if (!strcmp(status, "completed")) sb_printf(b, "%lld", (long long)wall_s()); else sb_puts(b, "null");
+    sb_puts(b, ",\"error\":");
+    if (!strcmp(status, "failed")) {
+        sb_puts(b, "{\"code\":\"server_error\",\"message\":"); sb_json_cstr(b, r->error); sb_puts(b, "}");
+    } else sb_puts(b, "null");
+    sb_printf(b, ",\"incomplete_details\":%s,\"model\":", !strcmp(status, "incomplete") ?
+              "{\"reason\":\"max_output_tokens\"}" : "null");
+    sb_json_cstr(b, S->model_name);
+    sb_puts(b, ",\"output\":[");
+    if (done) sb_put(b, rs->items.s ? rs->items.s : "", rs->items.len);
+    sb_puts(b, "],");
+    sb_puts(b, rs->echo ? rs->echo : "");
+    sb_puts(b, ",\"usage\":");
+    int cached = r->n_prompts ? r->prompts[0].n_cached : 0;
+    if (done) /* openai 3.54.0's InputTokensDetails requires cache_write_tokens */
+        sb_printf(b, "{\"input_tokens\":%d,\"input_tokens_details\":{\"cached_tokens\":%d,"
+                  "\"cache_write_tokens\":0},\"output_tokens\":%d,\"output_tokens_details\":"
+                  "{\"reasoning_tokens\":%d},\"total_tokens\":%d}",
+                  r->prompt_tokens, cached, r->completion_tokens, rs->reasoning_tokens,
+                  r->prompt_tokens + r->completion_tokens);
+    else sb_puts(b, "null");
+    sb_puts(b, "}");
+}
+
+/* The stream's first events, once the request is in the engine: response.created, response.in_progress */
+static void resp_started(srv_state *S, srv_req *r) {
+    sbuf b = {0};
+    sb_puts(&b, "\"response\":");
+    resp_put_object(&b, S, r, "in_progress");
+    resp_emit(S, r, "response.created", b.s, b.len);
+    resp_emit(S, r, "response.in_progress", b.s, b.len);
+    sb_free(&b);
+}
+
+/* An engine output of a Responses request: its text kept, the items advanced (apply_event) */
+static void resp_output(srv_state *S, srv_req *r, srv_choice *ch, const srv_event *ev) {
+    if (ev->text_len) sb_put(&ch->text, ev->text, (size_t)ev->text_len);
+    if (ev->text_len || ev->finish) resp_advance(S, r, ch, ev->finish);
+}
+
+static void store_put(srv_state *S, const srv_resp *rs, const char *object, size_t n);
+
+/* The end (finish_request): the object with its status; a stream's terminal event (after an error event
+ * when the engine failed) and the chunked body's end, or the whole body; stored when store is on */
+static void resp_finish(srv_state *S, srv_req *r) {
+    srv_conn *c = r->conn;
+    srv_resp *rs = r->resp;
+    int finish = r->choices[0].finish;
+    const char *status = r->error[0] || finish >= LLM_FINISH_ABORT ? "failed" :
+                         finish == LLM_FINISH_LENGTH ? "incomplete" : "completed";
+    if (!r->error[0] && finish >= LLM_FINISH_ABORT)
+        snprintf(r->error, sizeof r->error, "the request was aborted");
+    sbuf b = {0};
+    sb_puts(&b, "\"response\":");
+    size_t at = b.len;
+    resp_put_object(&b, S, r, status);
+    if (b.failed || rs->items.failed) { /* the object could not be written whole */
+        snprintf(r->error, sizeof r->error, "out of memory writing the response");
+        status = "failed";
+    }
+    if (r->stream) {
+        if (!strcmp(status, "failed")) {
+            sbuf er = {0};
+            sb_puts(&er, "\"code\":\"server_error\",\"message\":"); sb_json_cstr(&er, r->error);
+            sb_puts(&er, ",\"param\":null");
+            resp_emit(S, r, "error", er.s, er.len);
+            sb_free(&er);
+        }
+        char type[40];
+        snprintf(type, sizeof type, "response.%s", status);
+        resp_emit(S, r, type, b.s, b.len);
+        conn_send(S, c, "0\r\n\r\n", 5); /* the chunked body's end */
+    } else if (!strcmp(status, "failed")) send_error(S, c, 500, NULL, "%s", r->error);
+    else send_response(S, c, 200, "application/json", b.s + at, b.len - at, NULL);
+    if (rs->store && strcmp(status, "failed")) store_put(S, rs, b.s + at, b.len - at);
+    sb_free(&b);
+}
+
+/* ---- The store of responses -------------------------------------------------------------------------- */
+/* store (true by default, as OpenAI's) keeps a response for GET /v1/responses/{id} and for a later request's
+ * previous_response_id: its object and its conversation (the input items, its parent's first, then its
+ * output items), so a continuation reads one entry, whatever became of its ancestors. In memory, bounded by
+ * --responses-store entries and --responses-store-bytes: the oldest go first; an entry larger than a quarter
+ * of the bytes is not kept. Written on the network thread, read by the workers: store_lock. */
+
+static void store_drop(srv_state *S, ptrdiff_t i) { /* under store_lock */
+    S->store_bytes -= S->store[i].bytes;
+    free(S->store[i].object); free(S->store[i].history);
+    arrdel(S->store, i);
+}
+
+/* A finished response kept (on the network thread): its object as sent and its conversation, the parent's
+ * first, then its own input and output items; then the oldest dropped until both bounds hold */
+static void store_put(srv_state *S, const srv_resp *rs, const char *object, size_t n) {
+    resp_stored e = {{0}, NULL, NULL, 0};
+    memcpy(e.id, rs->id, sizeof e.id);
+    sbuf h = {0};
+    sb_puts(&h, "[");
+    sb_puts(&h, rs->history ? rs->history : "");
+    if (rs->history && rs->history[0] && rs->items.len) sb_puts(&h, ",");
+    sb_put(&h, rs->items.s ? rs->items.s : "", rs->items.len);
+    sb_puts(&h, "]");
+    e.bytes = n + h.len + sizeof e;
+    e.object = (char *)malloc(n + 1);
+    if (h.failed || !e.object || e.bytes > S->store_max_bytes / 4 || S->store_max < 1) {
+        if (e.object)
+            fprintf(stderr, "llm serve: %s not stored (%zu bytes; --responses-store-bytes %zu keeps entries "
+                    "up to a quarter of it)\n", rs->id, e.bytes, S->store_max_bytes);
+        free(e.object); sb_free(&h);
+        return;
+    }
+    memcpy(e.object, object, n); e.object[n] = 0;
+    e.history = h.s;
+    pthread_mutex_lock(&S->store_lock);
+    arrput(S->store, e);
+    S->store_bytes += e.bytes;
+    while (arrlen(S->store) > S->store_max || S->store_bytes > S->store_max_bytes) store_drop(S, 0);
+    pthread_mutex_unlock(&S->store_lock);
+}
+
+/* GET /v1/responses/{id}: the stored object; DELETE: forgotten. An id not in the store: 404. */
+static void handle_stored_response(srv_state *S, srv_conn *c, const http_request *rq) {
+    const char *id = rq->path + 14;
+    char *object = NULL;
+    int found = 0, del = !strcmp(rq->method, "DELETE");
+    pthread_mutex_lock(&S->store_lock);
+    for (ptrdiff_t i = 0; i < arrlen(S->store) && !found; i++) {
+        if (strcmp(S->store[i].id, id)) continue;
+        found = 1;
+        if (del) store_drop(S, i); else object = strdup(S->store[i].object);
+    }
+    pthread_mutex_unlock(&S->store_lock);
+    if (!found) { send_error(S, c, 404, "response_id", "Response with id '%.64s' not found.", id); return; }
+    if (del) {
+        sbuf b = {0};
+        sb_puts(&b, "{\"id\":"); sb_json_cstr(&b, id);
+        sb_puts(&b, ",\"object\":\"response\",\"deleted\":true}");
+        send_response(S, c, 200, "application/json", b.s, b.len, NULL);
+        sb_free(&b);
+    } else if (!object) send_error(S, c, 500, NULL, "out of memory");
+    else send_response(S, c, 200, "application/json", object, strlen(object), NULL);
+    free(object);
+}
+
+/* ===========================================================================================================
  * Metrics: vLLM's names, so existing dashboards work
  *
  * GET /metrics answers in Prometheus' text format: for each metric a "# HELP name text" line, a "# TYPE name
@@ -4184,6 +5201,8 @@ typedef struct {
     int reasoning_none;             /* --reasoning-format none: thinking stays in content */
     double drain_timeout;           /* seconds SIGTERM waits for the requests in flight */
     const char *allowed_origins;    /* --allowed-origins: a JSON list or comma-separated (NULL: none) */
+    int store_max;                  /* --responses-store: stored responses kept, at most */
+    size_t store_max_bytes;         /* --responses-store-bytes: their bytes, at most */
 } serve_config;
 
 /* --allowed-origins as vLLM takes it (a JSON list of strings) or comma-separated, into S->origins ("*":
@@ -4274,6 +5293,8 @@ static int serve(const serve_config *a) {
         if (dot && !dot[5]) *dot = 0;
     }
     S->drain_timeout = a->drain_timeout;
+    S->store_max = a->store_max; S->store_max_bytes = a->store_max_bytes;
+    pthread_mutex_init(&S->store_lock, NULL);
     S->enable_prefix_caching = a->engine.enable_prefix_caching;
     uint64_t seed = 0;
     if (getrandom(&seed, sizeof seed, 0) != (ssize_t)sizeof seed) /* else the clock and the pid */
@@ -4430,6 +5451,8 @@ out:
     arrfree(S->conns); arrfree(S->live);
     for (ptrdiff_t i = 0; i < arrlen(S->unknown_fields); i++) free(S->unknown_fields[i]);
     arrfree(S->unknown_fields);
+    while (arrlen(S->store)) store_drop(S, 0);
+    arrfree(S->store);
     for (ptrdiff_t i = 0; i < arrlen(S->origins); i++) free(S->origins[i]);
     arrfree(S->origins);
     free(S->ttft.counts); free(S->itl.counts); free(S->e2e.counts); free(S->queue.counts);

@@ -9094,6 +9094,213 @@ static void test_server_structured(void) {
     server_stop(&srv);
 }
 
+/* POST /v1/responses (OpenAI's Responses API) on stories260K, greedy, over raw sockets: a stream's typed
+ * events in their exact order, each `event:` line naming its data's type, sequence_number 0, 1, 2, ..., no
+ * [DONE]; one msg_ id in every event; the terminal event's response object byte for byte what GET
+ * /v1/responses/{id} returns and what the same request unstreamed gives (but its id, created_at and times);
+ * the refused fields' exact errors; the store's bounds (--responses-store, --responses-store-bytes). */
+static void test_server_responses(void) {
+    test_server s;
+    if (server_start(&s, "--responses-store 2") != 0) return;
+    int port = s.port;
+    char id[64], msg_id[64], path[128], want[512];
+    /* 1. a stream: the events and their order */
+    char *r = http_post(port, "/v1/responses", "{\"input\":\"Once upon a time\",\"max_output_tokens\":3,"
+                        "\"temperature\":0,\"stream\":true}", NULL);
+    char *ev = r ? dechunk(http_body(r)) : NULL;
+    static const char *const order[] = {"response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+        "response.output_item.done", "response.incomplete"};
+    int n = 0, ok = ev != NULL;
+    const char *last = NULL;
+    for (const char *p = ev; ok && p && *p; n++) {
+        char name[64], head[256];
+        ok = n < 11 && sscanf(p, "event: %63[^\n]\n", name) == 1 && !strcmp(name, order[n]);
+        snprintf(head, sizeof head, "event: %s\ndata: {\"type\":\"%s\",\"sequence_number\":%d", name, name,
+                 n);
+        ok = ok && !strncmp(p, head, strlen(head));
+        last = strstr(p, "data: ");
+        p = strstr(p, "\n\n");
+        p = p ? p + 2 : NULL;
+    }
+    CHECK(http_status(r) == 200 && ok && n == 11 && !strstr(ev, "[DONE]"),
+          "responses: a stream's events in order, numbered from 0 (%d events): %s", n, ev ? ev : "");
+    json_str(ev ? strstr(ev, "\"item\":") : NULL, "id", msg_id, sizeof msg_id);
+    int uses = 0;
+    for (const char *p = ev ? strstr(ev, msg_id) : NULL; p && msg_id[0]; p = strstr(p + 1, msg_id)) uses++;
+    CHECK(strlen(msg_id) == 36 && !strncmp(msg_id, "msg_", 4) && uses == 9,
+          "responses: one message id in added, content_part x2, 3 deltas, done x3, the final object (%d): %s",
+          uses, msg_id);
+    CHECK(ev && strstr(ev, "\"delta\":\"\\\"\",\"logprobs\":[]}") &&
+          strstr(ev, "\"type\":\"response.output_text.done\",\"sequence_number\":7,\"item_id\":") &&
+          strstr(ev, "\"output_index\":0,\"content_index\":0,\"text\":\"\\\"He\",\"logprobs\":[]}"),
+          "responses: the deltas and the done text: %s", ev ? ev : "");
+    /* 2. the terminal event's object is what GET returns, byte for byte */
+    json_str(last ? strstr(last, "\"response\":") : NULL, "id", id, sizeof id);
+    snprintf(path, sizeof path, "/v1/responses/%s", id);
+    char *g = http_get(port, path, NULL);
+    const char *object = last ? strstr(last, "\"response\":") : NULL;
+    size_t on = object ? strlen(object + 11) - 3 : 0; /* without the event's "}\n\n" */
+    CHECK(http_status(g) == 200 && object && strlen(http_body(g)) == on &&
+          !strncmp(http_body(g), object + 11, on) && strstr(http_body(g), "\"status\":\"incomplete\"") &&
+          strstr(http_body(g), "\"incomplete_details\":{\"reason\":\"max_output_tokens\"}"),
+          "responses: GET gives the stream's final object: %s\n---\n%s", g ? g : "", object ? object : "");
+    free(g);
+    /* 3. unstreamed: the same output, under ids of its own */
+    char *w = http_post(port, "/v1/responses", "{\"input\":\"Once upon a time\",\"max_output_tokens\":3,"
+                        "\"temperature\":0}", NULL);
+    CHECK(http_status(w) == 200 && !strncmp(http_body(w), "{\"id\":\"resp_", 12) &&
+          strstr(http_body(w), "\",\"status\":\"incomplete\",\"role\":\"assistant\",\"content\":[{\"type\":"
+                 "\"output_text\",\"text\":\"\\\"He\",\"annotations\":[],\"logprobs\":[]}]}],") &&
+          strstr(http_body(w), "\"usage\":{\"input_tokens\":46,\"input_tokens_details\":"
+                 "{\"cached_tokens\":32,\"cache_write_tokens\":0},\"output_tokens\":3,"
+                 "\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":49}}") &&
+          !strstr(http_body(w), msg_id),
+          "responses: unstreamed: %s", w ? w : "");
+    free(w); free(ev); free(r);
+    /* 4. what is refused, in OpenAI's shape, naming the field */
+    static const char *const refused[][3] = {
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"},{\"type\":\"web_search\"}]}",
+         "tools[1].type", "tools[1].type: web_search is a built-in tool this server does not run (function "
+         "and custom tools are)"},
+        {"{\"input\":\"x\",\"tools\":[{\"type\":\"custom\",\"name\":\"p\",\"format\":{\"type\":\"grammar\","
+         "\"syntax\":\"lark\"}}]}", "tools[0].format",
+         "tools[0].format: grammar formats (lark, regex) are not supported; text is"},
+        {"{\"input\":\"x\",\"background\":true}", "background",
+         "background is not supported by this server (only null or its default value is accepted)"},
+        {"{\"input\":\"x\",\"conversation\":\"c\"}", "conversation",
+         "conversation is not supported by this server (only null is accepted)"},
+        {"{\"input\":\"x\",\"previous_response_id\":\"resp_0\"}", "previous_response_id",
+         "Previous response with id 'resp_0' not found."},
+        {"{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":\"o\"}]}",
+         "input[0].call_id",
+         "input[0].call_id: no function_call before it has the call_id \\\"c\\\""},
+        {"{\"input\":[{\"type\":\"function_call\",\"call_id\":\"c\",\"name\":\"f\",\"arguments\":\"[1]\"}]}",
+         "input[0].arguments", "input[0].arguments must be a JSON object, as text"},
+        {"{\"input\":[{\"type\":\"web_search_call\"}]}", "input[0].type",
+         "input[0].type: web_search_call items are not supported (message, function_call, "
+         "function_call_output and reasoning are)"},
+        {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\"}]}]}", "input[0].content",
+         "input[0].content[0]: input_image parts are not supported (input_text and output_text are)"},
+        {"{\"input\":\"x\",\"reasoning\":{\"summary\":\"long\"}}", "reasoning.summary",
+         "reasoning.summary must be auto, concise or detailed (the summary is the thinking itself)"},
+        {"{\"input\":\"x\",\"include\":[\"message.output_text.logprobs\"]}", "include",
+         "include: message.output_text.logprobs is not supported (reasoning.encrypted_content is)"},
+        {"{\"input\":[{\"type\":\"reasoning\",\"summary\":[],\"encrypted_content\":\"llm-rs1.@\"}]}",
+         "input[0].encrypted_content",
+         "input[0].encrypted_content is not this server's (its base64 is broken)"},
+        {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"grammar\"}}}", "text.format.type",
+         "text.format.type must be text, json_object or json_schema"},
+        {"{\"input\":[]}", "input", "input must be a non-empty list"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        r = http_post(port, "/v1/responses", refused[i][0], NULL);
+        snprintf(want, sizeof want, "{\"error\":{\"message\":\"%s\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"%s\",\"code\":400}}", refused[i][2], refused[i][1]);
+        CHECK(http_status(r) == 400 && !strcmp(http_body(r), want), "responses: %s refused: %s",
+              refused[i][0], r ? r : "");
+        free(r);
+    }
+    snprintf(want, sizeof want, "PUT /v1/responses/resp_1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    r = http_request_raw(port, want, strlen(want));
+    CHECK(http_status(r) == 405 && strstr(r, "\r\nAllow: GET, DELETE\r\n"), "responses: PUT: %s", r ? r : "");
+    free(r);
+    /* 5. the store: --responses-store 2 keeps the last two; DELETE forgets; an unknown id is a 404 */
+    char ids[3][64];
+    for (int i = 0; i < 3; i++) {
+        r = http_post(port, "/v1/responses", "{\"input\":\"Once\",\"max_output_tokens\":1}", NULL);
+        json_str(http_body(r), "id", ids[i], sizeof ids[i]);
+        free(r);
+    }
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "/v1/responses/%s", ids[i]);
+        g = http_get(port, path, NULL);
+        snprintf(want, sizeof want, "{\"error\":{\"message\":\"Response with id '%s' not found.\",\"type\":"
+                 "\"not_found_error\",\"param\":\"response_id\",\"code\":404}}", ids[i]);
+        CHECK(i ? http_status(g) == 200 : http_status(g) == 404 && !strcmp(http_body(g), want),
+              "responses: the store keeps the newest 2 (%d): %s", i, g ? g : "");
+        free(g);
+    }
+    snprintf(path, sizeof path, "/v1/responses/%s", ids[2]);
+    snprintf(want, sizeof want, "DELETE %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", path);
+    r = http_request_raw(port, want, strlen(want));
+    snprintf(want, sizeof want, "{\"id\":\"%s\",\"object\":\"response\",\"deleted\":true}", ids[2]);
+    CHECK(http_status(r) == 200 && !strcmp(http_body(r), want), "responses: DELETE: %s", r ? r : "");
+    free(r);
+    g = http_get(port, path, NULL);
+    CHECK(http_status(g) == 404, "responses: GET after DELETE: %s", g ? g : "");
+    free(g);
+    /* 6. a continuation reads its parent's conversation and the prefix cache holds it */
+    snprintf(want, sizeof want, "{\"input\":\"Then\",\"previous_response_id\":\"%s\","
+             "\"max_output_tokens\":1}", ids[1]);
+    r = http_post(port, "/v1/responses", want, NULL);
+    CHECK(http_status(r) == 200 && strstr(http_body(r), "\"input_tokens_details\":{\"cached_tokens\":32,"),
+          "responses: a continuation's prompt is cached: %s", r ? r : "");
+    free(r);
+    CHECK(server_stop(&s) == 0, "responses: exit status 0");
+    /* 7. --responses-store-bytes: the oldest go first, and an entry over a quarter of it is not kept */
+    if (server_start(&s, "--responses-store-bytes 6000") != 0) return;
+    char first[64] = "", big[64] = "", *body = (char *)malloc(8000);
+    for (int i = 0; i < 8; i++) {
+        r = http_post(s.port, "/v1/responses", "{\"input\":\"Once\",\"max_output_tokens\":1}", NULL);
+        json_str(http_body(r), "id", i ? id : first, 64);
+        free(r);
+    }
+    int k = snprintf(body, 8000, "{\"input\":\"Once\",\"max_output_tokens\":1,\"metadata\":{");
+    for (int i = 0; i < 4; i++) /* 2,000 bytes of metadata: over a quarter of 6,000 */
+        k += snprintf(body + k, 8000 - (size_t)k, "%s\"k%d\":\"%0500d\"", i ? "," : "", i, 0);
+    snprintf(body + k, 8000 - (size_t)k, "}}");
+    r = http_post(s.port, "/v1/responses", body, NULL);
+    json_str(http_body(r), "id", big, sizeof big);
+    CHECK(http_status(r) == 200, "responses: a large one is answered: %s", r ? r : "");
+    free(r); free(body);
+    const char *which[3] = {first, id, big};
+    int want_status[3] = {404, 200, 404};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "/v1/responses/%s", which[i]);
+        g = http_get(s.port, path, NULL);
+        CHECK(http_status(g) == want_status[i], "responses: --responses-store-bytes (%d): %s", i, g ? g : "");
+        free(g);
+    }
+    CHECK(server_stop(&s) == 0, "responses: exit status 0");
+    /* 8. thinking: stories260K wearing QwQ's template, whose generation prompt opens <think>, so the whole
+     * reply is thinking: a reasoning item, its text and (reasoning.summary) the same text as its summary, in
+     * the events' order, and reasoning_tokens counting the reply */
+    char tpath[64], extra[128];
+    if (stories_with_template("testdata/templates/Qwen-QwQ-32B.jinja", tpath) != 0) {
+        CHECK(0, "a copy of stories260K with QwQ's template");
+        return;
+    }
+    snprintf(extra, sizeof extra, "-m %s", tpath);
+    if (server_start(&s, extra) != 0) { remove(tpath); return; }
+    r = http_post(s.port, "/v1/responses", "{\"input\":\"Once\",\"max_output_tokens\":3,\"temperature\":0,"
+                  "\"stream\":true,\"reasoning\":{\"summary\":\"auto\"},"
+                  "\"include\":[\"reasoning.encrypted_content\"]}", NULL);
+    ev = r ? dechunk(http_body(r)) : NULL;
+    char names[2048] = "";
+    size_t nn = 0;
+    for (const char *p = ev; p && !strncmp(p, "event: ", 7); p = strstr(p, "\n\n"), p = p ? p + 2 : NULL) {
+        int e = (int)strcspn(p, "\n") - 16; /* the name without "event: response." */
+        if (e > 0 && nn + (size_t)e + 2 < sizeof names)
+            nn += (size_t)snprintf(names + nn, sizeof names - nn, "%.*s ", e, p + 16);
+    }
+    const char *want_names = "created in_progress output_item.added reasoning_summary_part.added "
+        "reasoning_text.delta reasoning_summary_text.delta reasoning_text.delta reasoning_summary_text.delta "
+        "reasoning_text.delta reasoning_summary_text.delta reasoning_text.done reasoning_summary_text.done "
+        "reasoning_summary_part.done output_item.done incomplete ";
+    CHECK(!strcmp(names, want_names), "responses: a reasoning item's events: %s", names);
+    CHECK(ev && strstr(ev, "\"item\":{\"type\":\"reasoning\",\"id\":\"rs_") &&
+          strstr(ev, "\"summary\":[{\"type\":\"summary_text\",\"text\":") &&
+          strstr(ev, "\"output_tokens_details\":{\"reasoning_tokens\":3}") &&
+          strstr(ev, "\"encrypted_content\":\"llm-rs1."),
+          "responses: the reasoning item and its tokens: %s", ev ? ev : "");
+    free(ev); free(r);
+    CHECK(server_stop(&s) == 0, "responses: exit status 0");
+    remove(tpath);
+}
+
 /* Issue 50's bombs and deeper ones through llm serve, each field that takes a grammar: a 4xx in under a
  * second whose param and message name the field and the limit, or, where the code walks its own stack now,
  * the answer; the server alive after (before, the first one took it down by stack overflow). A choice of
@@ -12352,6 +12559,7 @@ int main(int argc, char **argv) {
         {"server prompt logprobs", test_server_prompt_logprobs},
         {"server speculative decoding", test_server_speculative},
         {"server errors", test_server_errors}, {"server messages", test_server_messages},
+        {"server errors", test_server_errors}, {"server responses", test_server_responses},
         {"server structured output", test_server_structured},
         {"server: a costly grammar slows only itself", test_server_grammar_isolation},
         {"server: requests read by workers", test_server_request_workers},
