@@ -2015,7 +2015,7 @@ extern "C" llm_backend *llm_cuda_backend_create(const llm_model *m, char *err) {
         return NULL;
     }
     be->name = "cuda";
-    be->kv_value_bytes = (int)sizeof(bf16);
+    be->kv_head_bytes = m->cfg.head_dim * (int)sizeof(bf16);
     be->default_kv_fraction = 0.9; /* like vLLM's gpu_memory_utilization */
     be->default_batched_tokens = CUDA_BATCHED_TOKENS;
     be->alloc_kv = cuda_alloc_kv; be->forward = cuda_forward; be->sample = cuda_sample;

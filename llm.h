@@ -568,8 +568,9 @@ typedef struct {
  * sizes the KV pool from that and calls alloc_kv once. Then each step is a forward call and a sample step. */
 typedef struct llm_backend {
     const char *name;
-    int kv_value_bytes;             /* bytes per cached K or V value: 2 on the CPU (f16; 4 on the exact path,
-                                     * f32) and on CUDA (bf16) */
+    int kv_head_bytes;              /* bytes of one cached K or V head (head_dim values): 2 a value on the CPU
+                                     * (f16; 4 on the exact path, f32; q8_0 34 and q4_0 18 per 32, a head
+                                     * whole blocks) and on CUDA (bf16) */
     size_t free_memory;             /* bytes left for the KV pool, after the weights and the activations */
     size_t activation_memory;       /* the room for the activations free_memory leaves out (0: none held
                                      * back): a second model on the same device must leave it too */
@@ -730,7 +731,8 @@ int  llm_detokenize(const llm_tokenizer *t, const int32_t *ids, int n, int speci
  * Requests that were not in that step are untouched, and the engine goes on: a backend that cannot recover
  * (a GPU fault) fails each later step's sequences the same way, so every request still gets its one finish.
  * -------------------------------------------------------------------------------------------------------- */
-enum llm_kv_dtype { LLM_KV_AUTO, LLM_KV_F16, LLM_KV_F32 }; /* the KV cache's values (llm_engine_config) */
+/* the KV cache's values (llm_engine_config); q8_0 and q4_0: GGUF's blocks of 32 values and a scale */
+enum llm_kv_dtype { LLM_KV_AUTO, LLM_KV_F16, LLM_KV_F32, LLM_KV_Q8_0, LLM_KV_Q4_0 };
 enum llm_sched_policy { LLM_SCHED_FCFS, LLM_SCHED_PRIORITY }; /* who waits and who is preempted (the same) */
 typedef struct {
     const char *model_path;         /* a GGUF file, or: */
@@ -756,7 +758,9 @@ typedef struct {
     int kv_cache_dtype;             /* enum llm_kv_dtype (vLLM's --kv-cache-dtype, llama.cpp's -ctk): auto,
                                      * the backend's: the CPU's f16 (as llama.cpp's; f32 on the exact path),
                                      * CUDA's bf16. f32 on the CPU: twice the memory, the logits 3 to 4 times
-                                     * nearer the exact path's */
+                                     * nearer the exact path's; q8_0 and q4_0 (CPU): 1.88 and 3.56 times the
+                                     * blocks of f16 in the same bytes where head_dim is a multiple of 32 (a
+                                     * head is padded to whole blocks of 32: head_dim 8 costs 4 times f16) */
     /* speculative decoding by n-gram lookup (vLLM's "ngram" method, prompt lookup): a decoding sequence whose
      * last spec_ngram_max..spec_ngram_min tokens occurred before in its prompt or output proposes the up to
      * spec_tokens tokens that followed there, and one step checks them all: the same tokens come out as
@@ -5530,8 +5534,8 @@ void llm_block_set_hash(llm_block_manager *bm, int id, uint64_t hash) {
  * ======================================================================================================== */
 /* K and V of one group's layers (all the layers of a model without windows) for one block: what one block
  * of the pool costs a backend */
-static size_t llm_kv_bytes_per_block(const llm_config *c, int block_size, int value_bytes) {
-    return (size_t)2 * llm_kv_group_layers(c) * block_size * c->n_kv_heads * c->head_dim * value_bytes;
+static size_t llm_kv_bytes_per_block(const llm_config *c, int block_size, int head_bytes) {
+    return (size_t)2 * llm_kv_group_layers(c) * block_size * c->n_kv_heads * head_bytes;
 }
 
 /* ---- The math ------------------------------------------------------------------------------------------ */
@@ -6071,6 +6075,7 @@ typedef struct {
     size_t kv_bytes;
     int kv_half;                    /* K and V in f16 (the default but on the exact path: half the memory,
                                      * and half the bytes attention reads, as llama.cpp's cache), else f32 */
+    uint32_t kv_quant;              /* or (kv_half 0) in LLM_Q8_0 or LLM_Q4_0 blocks (--kv-cache-dtype); 0 */
     float *scratch;                 /* the forward pass's activations for up to scratch_tokens tokens ... */
     int32_t *seq_of;                /* ... and their sequences: grown on demand, reused every step */
     int scratch_tokens;
@@ -6100,9 +6105,12 @@ static __attribute__((unused)) int llm_cpu_threads_for_load(double *others_runni
     return n < 1 ? 1 : n;
 }
 
-/* The bytes of one cached K or V value: 2 in f16, 4 in f32 */
-static size_t llm_cpu_kv_value_bytes(const llm_cpu *c) {
-    return c->kv_half ? sizeof(uint16_t) : sizeof(float);
+/* The bytes of one cached K or V head (head_dim values): 2 a value in f16, 4 in f32; q8_0's 34 and q4_0's
+ * 18 per block of 32, a head whole blocks (the last padded with zeros), so that no block spans two heads */
+static size_t llm_cpu_kv_head_bytes(const llm_cpu *c) {
+    size_t hd = (size_t)c->model->cfg.head_dim;
+    return c->kv_quant ? llm_dtype_row_bytes(c->kv_quant, (int64_t)(hd + 31) / 32 * 32)
+                       : hd * (c->kv_half ? 2 : 4);
 }
 
 /* Where the K (cache c->k) or V (c->v) row of a sequence's position pos lies, for the layer at index in its
@@ -6111,18 +6119,61 @@ static size_t llm_cpu_kv_value_bytes(const llm_cpu *c) {
  * must be a block (not -1). */
 static uint8_t *llm_cpu_kv_at(const llm_cpu *c, void *cache, int index, const int32_t *block_table, int pos) {
     size_t slot = (size_t)block_table[pos / c->block_size] * c->block_size + (size_t)(pos % c->block_size);
-    size_t per_slot = (size_t)c->model->cfg.n_kv_heads * c->model->cfg.head_dim;
-    return (uint8_t *)cache + ((size_t)index * c->num_blocks * c->block_size + slot) * per_slot *
-                              llm_cpu_kv_value_bytes(c);
+    size_t per_slot = (size_t)c->model->cfg.n_kv_heads * llm_cpu_kv_head_bytes(c); /* bytes */
+    return (uint8_t *)cache + ((size_t)index * c->num_blocks * c->block_size + slot) * per_slot;
 }
 
 #ifdef LLM_CPU_SIMD
 /* Section 14's: the f16 values below, 8 at a time */
 static inline __attribute__((always_inline)) int llm_f16_store_avx2(void *dst, const float *src, int n);
 #endif
-/* n values of K or V into the cache, as it holds them (f16: rounded to nearest even, 8 at a time with F16C:
- * the same bits as llm_f32_to_f16, which took 2.6% of a SmolLM2 prompt's time one at a time) */
+/* n values into GGUF's q8_0 or q4_0 blocks, as ggml's reference quantizers: q8_0 a scale d = max |x| / 127
+ * (stored in f16) and x / d rounded; q4_0 d = -(the value of largest magnitude) / 8, and x / d + 8 in 4 bits
+ * (values j and j + 16 of a block share a byte, j in the low half), so that the extreme value is exactly
+ * -8 d. A last block of fewer than 32 values is padded with zeros. The quantized KV cache's stores, read
+ * back by llm_kv_dequant_head. */
+static void llm_kv_quantize_row(uint32_t type, const float *src, uint8_t *out, int n) {
+    for (int b = 0; b < n; b += 32, src += 32) {
+        float amax = 0, max = 0, x[32] = {0};
+        memcpy(x, src, (size_t)(n - b < 32 ? n - b : 32) * sizeof(float));
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
+        float d = type == LLM_Q8_0 ? amax / 127 : max / -8, id = d != 0 ? 1 / d : 0;
+        uint16_t h = llm_f32_to_f16(d);
+        memcpy(out, &h, 2);
+        if (type == LLM_Q8_0) {
+            for (int j = 0; j < 32; j++) out[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+            out += 34;
+            continue;
+        }
+        for (int j = 0; j < 16; j++) {
+            int lo = (int)(int8_t)(x[j] * id + 8.5f), hi = (int)(int8_t)(x[j + 16] * id + 8.5f);
+            out[2 + j] = (uint8_t)((lo < 15 ? lo : 15) | (hi < 15 ? hi : 15) << 4);
+        }
+        out += 18;
+    }
+}
+
+/* A quantized cache's head of hd values back as f32: its whole blocks, then the padded last one's first
+ * hd % 32 values */
+static void llm_kv_dequant_head(uint32_t type, const uint8_t *p, float *out, int hd) {
+    int whole = hd / 32 * 32;
+    llm_dtype_dequant_row(type, p, out, whole);
+    if (whole == hd) return;
+    float last[32];
+    llm_dtype_dequant_row(type, p + llm_dtype_row_bytes(type, whole), last, 32);
+    memcpy(out + whole, last, (size_t)(hd - whole) * sizeof(float));
+}
+
+/* A slot's n values of K or V (its heads side by side) into the cache, as it holds them (f16: rounded to
+ * nearest even, 8 at a time with F16C: the same bits as llm_f32_to_f16, which took 2.6% of a SmolLM2
+ * prompt's time one at a time; q8_0, q4_0: each head into its whole blocks, llm_kv_quantize_row) */
 static void llm_cpu_kv_store(const llm_cpu *c, void *dst, const float *src, int n) {
+    int hd = c->model->cfg.head_dim;
+    for (int h = 0; c->kv_quant && h < n / hd; h++)
+        llm_kv_quantize_row(c->kv_quant, src + (size_t)h * hd, (uint8_t *)dst + h * llm_cpu_kv_head_bytes(c),
+                            hd);
+    if (c->kv_quant) return;
     if (!c->kv_half) { memcpy(dst, src, (size_t)n * sizeof(float)); return; }
     int i = 0;
 #ifdef LLM_CPU_SIMD
@@ -6149,9 +6200,8 @@ static int llm_cpu_alloc_kv(llm_backend *be, int num_blocks, int block_size, cha
     llm_cpu *c = (llm_cpu *)be->ctx;
     if (num_blocks <= 0 || block_size <= 0)
         return llm_fail(err, "KV cache needs at least one block of one slot");
-    size_t value_bytes = llm_cpu_kv_value_bytes(c);
     llm_cpu_free_kv(c);
-    c->kv_bytes = llm_kv_bytes_per_block(&c->model->cfg, block_size, (int)value_bytes) / 2 *
+    c->kv_bytes = llm_kv_bytes_per_block(&c->model->cfg, block_size, be->kv_head_bytes) / 2 *
                   (size_t)num_blocks; /* K's, and V's */
     c->k = mmap(NULL, c->kv_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     c->v = mmap(NULL, c->kv_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -6167,8 +6217,7 @@ static int llm_cpu_alloc_kv(llm_backend *be, int num_blocks, int block_size, cha
 
 /* Copy-on-write: block dst becomes a copy of block src, in every layer of a group, for K and V. */
 static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
-    size_t per_block = (size_t)c->block_size * c->model->cfg.n_kv_heads * c->model->cfg.head_dim *
-                       llm_cpu_kv_value_bytes(c); /* bytes */
+    size_t per_block = (size_t)c->block_size * c->model->cfg.n_kv_heads * llm_cpu_kv_head_bytes(c);
     for (int l = 0, n = llm_kv_group_layers(&c->model->cfg); l < n; l++) {
         size_t layer = (size_t)l * c->num_blocks * per_block;
         uint8_t *k = (uint8_t *)c->k + layer, *v = (uint8_t *)c->v + layer;
@@ -6210,7 +6259,7 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
     int hd = c->model->cfg.head_dim, n_ctx = pos + nt, bs = c->block_size, nqt = nt * nq;
     int first = window > 0 && pos + 1 > window ? pos + 1 - window : 0; /* a local layer: the last window */
     /* a block's slots are per_slot bytes apart, a slot's heads head_bytes */
-    size_t head_bytes = (size_t)hd * llm_cpu_kv_value_bytes(c);
+    size_t head_bytes = llm_cpu_kv_head_bytes(c);
     size_t per_slot = c->model->cfg.n_kv_heads * head_bytes;
     float scale = 1.0f / sqrtf((float)hd), dots[LLM_DOT_MAX_VECTORS];
     /* scores[j * n_ctx + p] for query j = token i's head g = i * nq + g; the queries side by side; an f16
@@ -6238,10 +6287,14 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
         const uint8_t *kp = llm_cpu_kv_at(c, c->k, index, block_table, lo) + kv_head * head_bytes;
         const float *k = (const float *)kp; /* position lo's K row, the next k_stride floats on */
         int64_t k_stride = (int64_t)(per_slot / sizeof(float));
-        if (c->kv_half) {
+        if (c->kv_half || c->kv_quant) {
             for (int p = lo; p < hi; p++)
-                llm_dtype_dequant_row(LLM_F16, kp + (size_t)(p - lo) * per_slot,
-                                      k_rows + (size_t)(p - lo) * hd, hd);
+                if (c->kv_quant)
+                    llm_kv_dequant_head(c->kv_quant, kp + (size_t)(p - lo) * per_slot,
+                                        k_rows + (size_t)(p - lo) * hd, hd);
+                else
+                    llm_dtype_dequant_row(LLM_F16, kp + (size_t)(p - lo) * per_slot,
+                                          k_rows + (size_t)(p - lo) * hd, hd);
             k = k_rows, k_stride = hd;
         }
         if (nqt < 4) { /* a decode step's few queries: each against the block's K rows, 12 or 8 at a time,
@@ -6283,7 +6336,7 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
         /* o = sum_p w_p v_p, a multiply then an add for each p in turn (with SIMD: llm_cpu_weighted_v) */
         int i0 = 0;
 #ifdef LLM_CPU_SIMD
-        while (i0 + LLM_VRUN <= hd) { /* nv runs of LLM_VRUN values at a time */
+        while (!c->kv_quant && i0 + LLM_VRUN <= hd) { /* nv runs of LLM_VRUN values at a time */
             int nv = (hd - i0) / LLM_VRUN < LLM_VRUNS ? (hd - i0) / LLM_VRUN : LLM_VRUNS;
             for (int g0 = 0; g0 < nq; g0 += 3)
                 llm_cpu_weighted_v(c, nq - g0 < 3 ? nq - g0 : 3, nv, index, block_table, kv_head * head_bytes,
@@ -6298,6 +6351,13 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
             const uint8_t *vp = llm_cpu_kv_at(c, c->v, index, block_table, p0) + kv_head * head_bytes;
             for (int p = p0; p <= last && p < p0 + bs; p++, vp += per_slot) {
                 if (p < first_i) continue;
+                if (c->kv_quant) { /* the row's blocks as f32 once, for all nq heads (k_rows is free now) */
+                    llm_kv_dequant_head(c->kv_quant, vp, k_rows, hd);
+                    for (int g = 0; g < nq; g++)
+                        for (int k = 0; k < hd; k++)
+                            o[(size_t)g * hd + k] += sc[(size_t)g * n_ctx + p] * k_rows[k];
+                    continue;
+                }
                 for (int g = 0; g < nq; g++)
                     for (int k = i0; k < hd; k++)
                         o[(size_t)g * hd + k] += sc[(size_t)g * n_ctx + p] * llm_cpu_kv_value(c, vp, k);
@@ -6657,13 +6717,16 @@ static void llm_cpu_destroy(llm_backend *be) {
     free(be);
 }
 
-/* K/V in f16 or f32 from now on (before alloc_kv); f16 not on the exact path, which rounds nothing */
+/* K/V in f16, f32, q8_0 or q4_0 from now on (before alloc_kv); none but f32 on the exact path, which rounds
+ * nothing */
 static int llm_cpu_set_kv_dtype(llm_backend *be, int dtype, char *err) {
     llm_cpu *c = (llm_cpu *)be->ctx;
-    if (dtype == LLM_KV_F16 && c->path == LLM_PATH_EXACT)
+    int quant = dtype == LLM_KV_Q8_0 || dtype == LLM_KV_Q4_0;
+    if ((dtype == LLM_KV_F16 || quant) && c->path == LLM_PATH_EXACT)
         return llm_fail(err, "the exact CPU path keeps K/V in f32: it rounds nothing");
     c->kv_half = dtype == LLM_KV_F16;
-    be->kv_value_bytes = (int)llm_cpu_kv_value_bytes(c);
+    c->kv_quant = dtype == LLM_KV_Q8_0 ? LLM_Q8_0 : dtype == LLM_KV_Q4_0 ? LLM_Q4_0 : 0;
+    be->kv_head_bytes = (int)llm_cpu_kv_head_bytes(c);
     return 0;
 }
 
@@ -6684,7 +6747,7 @@ static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err)
     c->max_threads = 1;
 #endif
     be->name = path == LLM_PATH_EXACT ? "cpu-exact" : path == LLM_PATH_ACT8 ? "cpu-int8" : "cpu"; be->ctx = c;
-    be->kv_value_bytes = (int)llm_cpu_kv_value_bytes(c);
+    be->kv_head_bytes = (int)llm_cpu_kv_head_bytes(c);
     be->set_kv_dtype = llm_cpu_set_kv_dtype;
     long pages = sysconf(_SC_AVPHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
     be->free_memory = pages > 0 && page_size > 0 ? (size_t)pages * (size_t)page_size : 0;
@@ -7578,8 +7641,8 @@ static int llm_engine_start_backend(llm_engine *e, char *err) {
 static int llm_backend_kv_dtype(llm_backend *be, int dtype, char *err) {
     if (dtype == LLM_KV_AUTO) return 0;
     if (!be->set_kv_dtype)
-        return llm_fail(err, "the %s backend keeps its own KV cache type: f16 and f32 caches are the CPU's",
-                        be->name);
+        return llm_fail(err, "the %s backend keeps its own KV cache type: f16, f32, q8_0 and q4_0 caches are "
+                        "the CPU's", be->name);
     return be->set_kv_dtype(be, dtype, err);
 }
 
@@ -7711,10 +7774,10 @@ llm_engine *llm_engine_create(const llm_engine_config *cfg, char *err) {
     /* 4. The draft model, then the pool: one block id holds the model's K/V in each backend (and the
      *    draft's), so both backends get the same number of blocks; then the block manager and the sampler */
     if (cfg->spec_model_path && llm_engine_start_draft(e, err) != 0) { llm_engine_destroy(e); return NULL; }
-    size_t block_bytes = llm_kv_bytes_per_block(&e->model.cfg, cfg->block_size, e->backend->kv_value_bytes);
+    size_t block_bytes = llm_kv_bytes_per_block(&e->model.cfg, cfg->block_size, e->backend->kv_head_bytes);
     if (e->draft_backend) /* a block id holds the draft's K/V too */
         block_bytes += llm_kv_bytes_per_block(&e->draft_model.cfg, cfg->block_size,
-                                              e->draft_backend->kv_value_bytes);
+                                              e->draft_backend->kv_head_bytes);
     int num_blocks = llm_kv_pool_blocks(e, block_bytes, err);
     if (num_blocks < 0 || e->backend->alloc_kv(e->backend, num_blocks, cfg->block_size, err) != 0 ||
         (e->draft_backend && e->draft_backend->alloc_kv(e->draft_backend, num_blocks, cfg->block_size,
@@ -8782,7 +8845,7 @@ llm_engine_stats llm_engine_get_stats(llm_engine *e) {
     llm_engine_stats s = e->stats;
     s.backend = e->backend->name; s.backend_note = e->backend_note;
     s.block_size = e->cfg.block_size; s.max_model_len = e->max_model_len;
-    s.kv_bytes_per_block = llm_kv_bytes_per_block(&e->model.cfg, s.block_size, e->backend->kv_value_bytes);
+    s.kv_bytes_per_block = llm_kv_bytes_per_block(&e->model.cfg, s.block_size, e->backend->kv_head_bytes);
     s.kv_groups = e->sched.n_kv_groups; s.spec_tokens = e->sched.spec_tokens;
     s.running = (int)arrlen(e->sched.running); s.waiting = (int)arrlen(e->sched.waiting);
     s.num_blocks = e->bm.num_blocks; s.num_free_blocks = e->bm.num_free_blocks;
