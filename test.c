@@ -3355,6 +3355,144 @@ static void test_prefix_cache(void) {
     free(r);
 }
 
+/* Embeddings (llm_sampling_params.pooling) against tools/embed_oracle.py's float64 vectors of the random
+ * qwen3 embedding model (testdata/reference/random-qwen3-embed-f64.json: three prompts given as ids, EOS
+ * last, pooled mean, cls and last and L2-normalised), normalised here as the server does them:
+ * - the pooling type is the file's (qwen3.pooling_type 3: last);
+ * - all nine in one batch with a generating request of the first prompt, whose tokens come in the same
+ *   steps as the vectors and are those it gives alone; on the exact path with an f32 cache the cosine is
+ *   >= 0.99999 and the largest difference <= 1e-5 (measured: 1 - 1e-9, 2e-7); on the default path (16-bit
+ *   activations, f16 cache) >= 0.9999 and <= 1e-3 (measured: 1 - 5e-8, 1.1e-4);
+ * - mean after the prompt's blocks were cached (by a last pooling, which may take them, and a generation,
+ *   which does: 32 of 41 tokens) takes nothing from the cache, and is still the vector. */
+static double pool_compare(const float *got, int n, const llm_json *want, double *max_diff) {
+    double norm = 0, dot = 0, wn = 0;
+    for (int i = 0; i < n; i++) norm += (double)got[i] * got[i];
+    norm = sqrt(norm);
+    *max_diff = 0;
+    if (!want || want->type != LLM_JSON_ARRAY || want->n != n || norm == 0) { *max_diff = 1e9; return 0; }
+    for (int i = 0; i < n; i++) {
+        double g = got[i] / norm, w = want->items[i].num;
+        dot += g * w; wn += w * w;
+        if (fabs(g - w) > *max_diff) *max_diff = fabs(g - w);
+    }
+    return dot / sqrt(wn);
+}
+
+/* Runs the engine until it has no work; each output's vector (user: the slot + 1) copied into vec, each
+ * generated token into gen; returns the steps in which a vector and a generated token both came out */
+static int pool_run(llm_engine *e, float (*vec)[64], int *cached, int32_t *gen, int *n_gen) {
+    int both = 0;
+    while (llm_engine_has_work(e)) {
+        const llm_output *out;
+        int k = llm_engine_step(e, &out), vecs = 0, toks = 0;
+        for (int i = 0; i < k; i++) {
+            int slot = (int)(intptr_t)out[i].user - 1;
+            if (out[i].embedding && slot >= 0 && out[i].n_embedding <= 64) {
+                memcpy(vec[slot], out[i].embedding, (size_t)out[i].n_embedding * sizeof(float));
+                cached[slot] = out[i].n_cached_tokens; vecs++;
+            }
+            for (int t = 0; t < out[i].n_tokens && *n_gen < 64; t++) gen[(*n_gen)++] = out[i].token_ids[t];
+            toks += out[i].n_tokens;
+            if (slot < 0) cached[63] = out[i].n_cached_tokens; /* the generation's */
+        }
+        both += vecs && toks;
+    }
+    return both;
+}
+
+static void test_engine_pooling(void) {
+    char err[LLM_ERR_LEN], path[1024];
+    snprintf(path, sizeof path, "%s/reference/random-qwen3-embed-f64.json", testdata_dir);
+    size_t len;
+    char *text = read_file(path, &len);
+    llm_json ref;
+    if (!text || llm_json_parse(text, len, &ref, err) != 0) { CHECK(0, "read %s", path); free(text); return; }
+    const llm_json *prompts = llm_json_get(&ref, "prompts");
+    static const char *names[4] = {"", "mean", "cls", "last"};
+    int32_t alone[64], mixed[64];
+    int n_alone = 0, n_mixed = 0;
+    for (int run = 0; run < 3; run++) { /* the exact path, the default one, and alone (the generation) */
+        llm_engine_config cfg = engine_config("random-qwen3-embed.gguf");
+        if (run == 0) { cfg.create_backend = llm_cpu_exact_backend_create; cfg.kv_cache_dtype = LLM_KV_F32; }
+        llm_engine *e = engine_new(&cfg);
+        if (!e || !prompts || prompts->n != 3) { llm_engine_destroy(e); break; }
+        int dim = llm_engine_model(e)->cfg.dim;
+        CHECK(llm_engine_model(e)->cfg.pooling == LLM_POOL_LAST && dim == 32, "pooling type %d, dim %d",
+              llm_engine_model(e)->cfg.pooling, dim);
+        static float vec[64][64];
+        int cached[64] = {0}, n_gen = 0;
+        int32_t gen[64];
+        memset(vec, 0, sizeof vec);
+        const llm_json *ids0 = llm_json_get(&prompts->items[0], "ids");
+        int32_t ids[3][64], n_ids[3];
+        for (int i = 0; i < 3; i++) {
+            const llm_json *v = llm_json_get(&prompts->items[i], "ids");
+            n_ids[i] = v && v->n <= 64 ? v->n : 0;
+            for (int k = 0; k < n_ids[i]; k++) ids[i][k] = (int32_t)v->items[k].num;
+        }
+        llm_sampling_params g = greedy(8);
+        g.ignore_eos = 1;
+        CHECK(ids0 && llm_engine_add_request(e, NULL, ids[0], n_ids[0], &g, NULL, err), "generation: %s",
+              err);
+        if (run == 2) {
+            pool_run(e, vec, cached, alone, &n_alone);
+            CHECK(n_alone == n_mixed && !memcmp(alone, mixed, sizeof(int32_t) * (size_t)n_alone),
+                  "the generation beside the poolings: the tokens it gives alone");
+            llm_engine_destroy(e);
+            break;
+        }
+        for (int i = 0; i < 3; i++)
+            for (int pool = LLM_POOL_MEAN; pool <= LLM_POOL_LAST; pool++) {
+                llm_sampling_params p = llm_sampling_defaults();
+                p.pooling = pool;
+                CHECK(llm_engine_add_request(e, NULL, ids[i], n_ids[i], &p, (void *)(intptr_t)(i * 3 + pool),
+                                             err), "pooling request: %s", err);
+            }
+        int both = pool_run(e, vec, cached, gen, &n_gen);
+        CHECK(both >= 1 && n_gen == 8, "pooling beside a generation: %d steps with both, %d tokens", both,
+              n_gen);
+        double worst_cos = 1, worst_diff = 0, bound_cos = run == 0 ? 0.99999 : 0.9999;
+        double bound_diff = run == 0 ? 1e-5 : 1e-3;
+        for (int i = 0; i < 3; i++)
+            for (int pool = LLM_POOL_MEAN; pool <= LLM_POOL_LAST; pool++) {
+                const llm_json *want = llm_json_get(&prompts->items[i], names[pool]);
+                double diff, cos = pool_compare(vec[i * 3 + pool - 1], dim, want, &diff); /* slot: user - 1 */
+                CHECK(cos >= bound_cos && diff <= bound_diff, "%s prompt %d %s: cosine %.9f, max diff %.2g",
+                      run == 0 ? "exact" : "default", i, names[pool], cos, diff);
+                if (cos < worst_cos) worst_cos = cos;
+                if (diff > worst_diff) worst_diff = diff;
+            }
+        printf("  pooling on the %s path: cosine >= %.9f, max |diff| %.2g\n", run == 0 ? "exact" : "default",
+               worst_cos, worst_diff);
+        /* the long prompt cached by a last pooling and a generation; then mean and cls of it again */
+        if (run == 0) {
+            llm_sampling_params p = llm_sampling_defaults();
+            p.pooling = LLM_POOL_LAST;
+            llm_engine_add_request(e, NULL, ids[2], n_ids[2], &p, (void *)(intptr_t)20, err);
+            pool_run(e, vec, cached, gen, &n_gen);
+            llm_engine_add_request(e, NULL, ids[2], n_ids[2], &g, NULL, err);
+            pool_run(e, vec, cached, gen, &n_gen);
+            CHECK(cached[63] == 32, "the generation took %d cached tokens of the prompt (32)", cached[63]);
+            for (int pool = LLM_POOL_MEAN; pool <= LLM_POOL_CLS; pool++) {
+                p.pooling = pool;
+                llm_engine_add_request(e, NULL, ids[2], n_ids[2], &p, (void *)(intptr_t)(20 + pool), err);
+                pool_run(e, vec, cached, gen, &n_gen);
+                const llm_json *want = llm_json_get(&prompts->items[2], names[pool]);
+                double diff, cos = pool_compare(vec[19 + pool], dim, want, &diff);
+                CHECK(cos >= 0.99999 && diff <= 1e-5 && cached[19 + pool] == 0,
+                      "%s after the prompt was cached: cosine %.9f, max diff %.2g, %d cached", names[pool],
+                      cos, diff, cached[19 + pool]);
+            }
+            CHECK(all_blocks_free(e), "pooling: every block back");
+        }
+        if (run == 1) { memcpy(mixed, gen, sizeof gen); n_mixed = n_gen; }
+        llm_engine_destroy(e);
+    }
+    llm_json_free(&ref);
+    free(text);
+}
+
 /* The priority policy (vLLM's --scheduling-policy priority): requests wait in order of (priority, arrival);
  * when blocks run out the lowest priority's latest running sequence is preempted, even one the step has
  * planned already (its copy-on-write copies dropped with it).
@@ -12176,6 +12314,7 @@ int main(int argc, char **argv) {
         {"block manager", test_block_manager},
         {"batch invariance", test_batch_invariance}, {"priority scheduling", test_priority_scheduling},
         {"prefix cache", test_prefix_cache}, {"sliding window blocks", test_sliding_window_blocks},
+        {"engine pooling", test_engine_pooling},
         {"speculative decoding", test_speculative},
         {"speculative decoding: n-gram proposer", test_spec_propose},
         {"parallel sampling", test_parallel_sampling},
