@@ -312,6 +312,8 @@ int  llm_tokenizer_n_vocab(const llm_tokenizer *t);
 int  llm_tokenizer_bos(const llm_tokenizer *t);                /* -1 when the vocabulary has none */
 int  llm_tokenizer_eos(const llm_tokenizer *t);
 int  llm_tokenizer_adds_bos(const llm_tokenizer *t);           /* add_bos_token, or the type's default */
+int  llm_tokenizer_adds_eos(const llm_tokenizer *t);           /* add_eos_token: an embedding's text ends
+                                                                * with EOS (llama.cpp's add_special) */
 int  llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id); /* end of generation: eos, eot, <|im_end|> */
 /* What loading found doubtful, for the program to show ("" when nothing): a pre-tokenizer
  * (tokenizer.ggml.pre) it does not know, split as llama.cpp's 'default' instead. */
@@ -885,6 +887,9 @@ int  llm_engine_wait(llm_engine *e, int timeout_ms);
 int  llm_engine_has_work(llm_engine *e);                      /* llm_engine_wait(e, 0) */
 llm_engine_stats llm_engine_get_stats(llm_engine *e); /* the counters now, by value (the engine's thread) */
 const llm_model *llm_engine_model(const llm_engine *e); /* the model it runs: its config and tokenizer */
+/* An embedding (llm_output.embedding) as clients take one: its first n values (Matryoshka truncation: n
+ * below the model's dim where the model was trained for it) scaled to length 1, in place (all zero: left) */
+void llm_embedding_normalize(float *v, int n);
 /* A grammar parsed for requests to come (llm_sampling_params.grammar_parsed), through the engine's cache of
  * the last grammars it parsed; any thread. A reference: llm_grammar_free drops it. NULL and why when the
  * text is not GBNF. */
@@ -3692,6 +3697,7 @@ int llm_tokenizer_n_vocab(const llm_tokenizer *t) { return t ? t->n_vocab : 0; }
 int llm_tokenizer_bos(const llm_tokenizer *t) { return t ? t->bos : -1; }
 int llm_tokenizer_eos(const llm_tokenizer *t) { return t ? t->eos : -1; }
 int llm_tokenizer_adds_bos(const llm_tokenizer *t) { return t ? t->add_bos : 0; }
+int llm_tokenizer_adds_eos(const llm_tokenizer *t) { return t ? t->add_eos : 0; }
 
 /* A scan of the few end-of-generation ids (eos, eot, eom and the turn-ending control tokens) */
 int llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id) {
@@ -7833,6 +7839,13 @@ static int llm_ids_check(const int32_t *ids, int64_t n, int vocab_size, const ch
     return 0;
 }
 
+/* In double: a vector of thousands of values keeps its float32 precision */
+void llm_embedding_normalize(float *v, int n) {
+    double norm = 0;
+    for (int i = 0; i < n; i++) norm += (double)v[i] * v[i];
+    if (norm > 0) for (int i = 0; i < n; i++) v[i] = (float)(v[i] / sqrt(norm));
+}
+
 /* The grammar layer's hooks (section 12) that the engine calls besides its public API */
 static llm_grammar *llm_grammar_ref(llm_grammar *g);
 static int64_t llm_grammar_cache_hits(const llm_grammar *g);
@@ -7909,6 +7922,10 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
         if (n > cap) { arrsetlen(ids, n); n = llm_tokenize_prompt(e->model.tok, text, len, ids, n); }
         if (n < 0) { arrfree(ids); llm_fail(err, "could not tokenize the prompt"); return 0; }
         arrsetlen(ids, n);
+        /* an embedding's text ends with EOS when the vocabulary asks (Qwen3-Embedding pools that position) */
+        int eos = llm_tokenizer_eos(e->model.tok);
+        if (p->pooling && llm_tokenizer_adds_eos(e->model.tok) && eos >= 0 && (n == 0 || ids[n - 1] != eos))
+            arrput(ids, eos);
     }
     /* 2. The prompt must leave room for one new token in the context, and fit the pool on its own: a prompt
      *    that needs more blocks than the pool has would wait forever */

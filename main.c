@@ -217,6 +217,7 @@ typedef struct {
     const char *host, *api_key, *served_model_name, *allowed_origins;
     int port, max_queue, reasoning_none;
     double request_timeout, drain_timeout;
+    int pooling, matryoshka;        /* llm embed and serve: --pooling (enum llm_pooling), --matryoshka */
     const char *stops[16];
     const char *grammar_file, *json_schema, *regex; /* at most one: made into sampling.grammar */
     int spec_method, spec_tokens_given; /* speculative decoding: 1 n-gram lookup, 2 a draft model (3: both) */
@@ -406,6 +407,16 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
             a->reasoning_none = !strcmp(v, "none");
         }
         else if (FLAG("--max-queue")) { INT(1, 1 << 30); a->max_queue = (int)x; }
+        else if (FLAG("--pooling")) {
+            NEED();
+            for (a->pooling = LLM_POOL_MEAN; a->pooling <= LLM_POOL_LAST; a->pooling++)
+                if (!strcmp(v, (const char *[]){"", "mean", "cls", "last"}[a->pooling])) break;
+            if (a->pooling > LLM_POOL_LAST) {
+                fprintf(stderr, "llm: --pooling must be mean, cls or last, not '%s'\n", v);
+                return -1;
+            }
+        }
+        else if (FLAG("--matryoshka")) a->matryoshka = 1;
         else if (FLAG("--request-timeout")) { REAL(0.001, 1e6); a->request_timeout = x; }
         else if (FLAG("--drain-timeout")) { REAL(0, 1e6); a->drain_timeout = x; }
         else if (FLAG("--temp")) {
@@ -1137,6 +1148,56 @@ static int chat(llm_engine *e, args_t *a, const char *sampling_origin) {
 }
 
 /* llm tokenize: the file's tokenizer alone (no weights loaded, no engine), TEXT's ids on one line */
+/* llm embed -m F [--pooling P] TEXT...: each text's embedding on a line of space-separated floats, L2-
+ * normalised, computed as /v1/embeddings computes them (a pooling request each, all in the engine at once) */
+static int embed_cmd(args_t *a, char **texts, int n) {
+    if (!a->engine.model_path || n < 1) {
+        fprintf(stderr, "llm embed: give a model with -m MODEL.gguf and at least one TEXT\n");
+        return 1;
+    }
+    char err[LLM_ERR_LEN];
+    llm_engine *e = llm_engine_create(&a->engine, err);
+    if (!e) { fprintf(stderr, "llm embed: %s\n", err); return 1; }
+    const llm_model *m = llm_engine_model(e);
+    llm_sampling_params p = llm_sampling_defaults();
+    p.pooling = a->pooling ? a->pooling : m->cfg.pooling;
+    int dim = m->cfg.dim, rc = 0, done = 0;
+    float *vecs = (float *)calloc((size_t)n * (size_t)dim, sizeof(float));
+    if (!vecs) { fprintf(stderr, "llm embed: out of memory\n"); llm_engine_destroy(e); return 1; }
+    if (p.pooling < LLM_POOL_MEAN || p.pooling > LLM_POOL_LAST) {
+        fprintf(stderr, "llm embed: the model's pooling type (GGUF key %s.pooling_type) is %d: give "
+                "--pooling mean|cls|last\n", llm_arch_names[m->cfg.arch], m->cfg.pooling);
+        rc = 1;
+    }
+    for (int i = 0; !rc && i < n; i++)
+        if (!llm_engine_add_request(e, texts[i], NULL, 0, &p, (void *)(intptr_t)i, err)) {
+            fprintf(stderr, "llm embed: text %d: %s\n", i + 1, err);
+            rc = 1;
+        }
+    while (!rc && done < n && llm_engine_has_work(e)) {
+        const llm_output *out;
+        int k = llm_engine_step(e, &out);
+        for (int j = 0; j < k; j++) {
+            int i = (int)(intptr_t)out[j].user;
+            if (out[j].finish_reason && !out[j].embedding) {
+                fprintf(stderr, "llm embed: text %d: %s\n", i + 1, out[j].error ? out[j].error : "failed");
+                rc = 1;
+            }
+            if (!out[j].embedding) continue;
+            memcpy(vecs + (size_t)i * dim, out[j].embedding, (size_t)dim * sizeof(float));
+            done++;
+        }
+    }
+    for (int i = 0; !rc && i < n; i++) { /* in the order given */
+        llm_embedding_normalize(vecs + (size_t)i * dim, dim);
+        for (int k = 0; k < dim; k++) printf("%s%.9g", k ? " " : "", (double)vecs[(size_t)i * dim + k]);
+        printf("\n");
+    }
+    free(vecs);
+    llm_engine_destroy(e);
+    return rc;
+}
+
 static int tokenize_cmd(args_t *a, const char *text) {
     char err[LLM_ERR_LEN];
     llm_gguf g;
@@ -1478,6 +1539,7 @@ int main(int argc, char **argv) {
     else if (argc > 1 && !strcmp(argv[1], "chat")) { cmd = 3; start = 2; }
     else if (argc > 1 && !strcmp(argv[1], "serve")) { cmd = 4; start = 2; }
     else if (argc > 1 && !strcmp(argv[1], "grammar")) { cmd = 5; start = 2; }
+    else if (argc > 1 && !strcmp(argv[1], "embed")) { cmd = 6; start = 2; }
     int pos = parse_args(argc, argv, start, &a);
     if (pos < 0) return 1;
     /* 2. the commands that need no engine of this function's: tokenize, grammar, bench, serve */
@@ -1485,6 +1547,7 @@ int main(int argc, char **argv) {
         if (pos >= argc) { fprintf(stderr, "llm tokenize: give the TEXT\n"); return 1; }
         return tokenize_cmd(&a, argv[pos]);
     }
+    if (cmd == 6) return embed_cmd(&a, argv + pos, argc - pos);
     if (pos < argc) {
         fprintf(stderr, "llm: unexpected argument '%s' (see llm --help)\n", argv[pos]);
         return 1;
@@ -1516,7 +1579,7 @@ int main(int argc, char **argv) {
         }
         serve_config sc = {a.engine, a.host, a.api_key, a.served_model_name, a.chat_template, a.port,
                            a.max_queue, a.request_timeout, a.reasoning_none, a.drain_timeout,
-                           a.allowed_origins};
+                           a.allowed_origins, a.pooling, a.matryoshka};
         return serve(&sc);
     }
     if (!a.engine.model_path) {
