@@ -1,7 +1,8 @@
 # make            builds llm and llm-test (llm.cu too, with nvcc, when nvcc is on the PATH; make CUDA=0 skips
 #                 it)
 # make test       builds and runs the tests (CPU backend; SANITIZE=1 under AddressSanitizer + UBSan), then the
-#                 official openai client against llm serve (tools/openai_test.py; tool calling and reasoning:
+#                 official openai client against llm serve (tools/openai_test.py; embeddings, with LangChain:
+#                 tools/embeddings_test.py; tool calling and reasoning:
 #                 tools/tools_test.py, not under the sanitizers: 656 requests take them past 10 minutes, and
 #                 test.c's server tools test covers those paths there), all in .venv (made once, with
 #                 the oracles the tests also run: gguf's dequantization and Python's regex); every file it
@@ -129,6 +130,7 @@ test: llm llm-test llm-example $(if $(SANITIZE)$(TSAN),,llm-test-core) $(MODEL) 
 	$(if $(SANITIZE)$(TSAN),,LLM_TEST="$(CORE_TESTS)" ./llm-test-core $(TESTDATA))
 	$(VENV_PY) tools/pretok_check.py ./llm-test
 	$(VENV_PY) tools/openai_test.py $(TESTDATA)
+	$(VENV_PY) tools/embeddings_test.py $(TESTDATA)
 	$(if $(SANITIZE)$(TSAN),,$(VENV_PY) tools/tools_test.py $(TESTDATA))
 
 # the core alone: the header built without its optional layers (LLM_NO_GRAMMAR, LLM_NO_SIMD), and the core's

@@ -8243,6 +8243,169 @@ static void test_server_speculative(void) {
     }
 }
 
+/* POST /v1/embeddings (and /v1/rerank, /v1/score), on the random qwen3 embedding model (last-token pooling,
+ * EOS appended by its vocabulary) against tools/embed_oracle.py's vectors, and on stories260K (no pooling):
+ * - "Hello world" as a string is the reference's prompt 0 (its ids and EOS): the vector within 1e-3 of the
+ *   oracle's, the exact body around it; as base64, the same float32 values (little-endian, padded); as ids
+ *   the same; a list of two strings: two items in order, their tokens in usage;
+ * - dimensions 8 with --matryoshka: the oracle's first 8 values renormalised;
+ * - refused, with exact bodies: dimensions without --matryoshka, encoding_format, normalize false, an empty
+ *   string, no input, 1025 inputs, /v1/rerank and /v1/score, and a model with no pooling type. */
+static int parse_floats(const char *s, float *out, int cap) {
+    int n = 0;
+    const char *p = s ? strstr(s, "\"embedding\":[") : NULL;
+    if (!p) return 0;
+    p += strlen("\"embedding\":[");
+    while (n < cap && *p && *p != ']') {
+        char *end;
+        out[n++] = strtof(p, &end);
+        if (end == p) return -1;
+        p = end + (*end == ',');
+    }
+    return n;
+}
+
+static int decode_base64_floats(const char *s, float *out, int cap) {
+    const char *p = s ? strstr(s, "\"embedding\":\"") : NULL;
+    if (!p) return 0;
+    p += strlen("\"embedding\":\"");
+    uint8_t bytes[4096];
+    int nb = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (; *p && *p != '"' && *p != '='; p++) {
+        const char *d = strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", *p);
+        if (!d) return -1;
+        acc = acc << 6 | (uint32_t)(d - "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/");
+        bits += 6;
+        if (bits >= 8 && nb < (int)sizeof bytes) { bits -= 8; bytes[nb++] = (uint8_t)(acc >> bits); }
+    }
+    int n = nb / 4 < cap ? nb / 4 : cap;
+    for (int i = 0; i < n; i++) {
+        uint32_t u = bytes[4 * i] | (uint32_t)bytes[4 * i + 1] << 8 | (uint32_t)bytes[4 * i + 2] << 16 |
+                     (uint32_t)bytes[4 * i + 3] << 24;
+        memcpy(&out[i], &u, 4);
+    }
+    return n;
+}
+
+static void test_server_embeddings(void) {
+    char path[1024], extra[1200], err[LLM_ERR_LEN];
+    snprintf(path, sizeof path, "%s/reference/random-qwen3-embed-f64.json", testdata_dir);
+    size_t len;
+    char *text = read_file(path, &len);
+    llm_json ref;
+    if (!text || llm_json_parse(text, len, &ref, err) != 0) { CHECK(0, "read %s", path); free(text); return; }
+    const llm_json *p0 = llm_json_get(&ref, "prompts");
+    const llm_json *want = p0 && p0->n ? llm_json_get(&p0->items[0], "last") : NULL;
+    test_server s;
+    snprintf(extra, sizeof extra, "-m %s --matryoshka", model_path("random-qwen3-embed.gguf"));
+    if (!want || server_start(&s, extra) != 0) { llm_json_free(&ref); free(text); return; }
+    float v[64] = {0}, w[64] = {0}, u[64];
+    char *r = http_post(s.port, "/v1/embeddings",
+                        "{\"input\":\"Hello world\",\"model\":\"random-qwen3-embed\"}", NULL);
+    int n = parse_floats(http_body(r), v, 64);
+    double diff;
+    double cos = pool_compare(v, n, want, &diff);
+    CHECK(http_status(r) == 200 && n == 32 && cos >= 0.9999 && diff <= 1e-3 &&
+          !strncmp(http_body(r), "{\"object\":\"list\",\"data\":[{\"object\":\"embedding\",\"index\":0,"
+                   "\"embedding\":[", 70) &&
+          strstr(r, "]}],\"model\":\"random-qwen3-embed\",\"usage\":{\"prompt_tokens\":3,"
+                    "\"total_tokens\":3}}"),
+          "embeddings: \"Hello world\" as the oracle's (cosine %.9f, max diff %.2g): %s", cos, diff, r);
+    free(r);
+    /* 128 bytes: 172 digits, the last '=' */
+    r = http_post(s.port, "/v1/embeddings", "{\"input\":\"Hello world\",\"encoding_format\":\"base64\"}",
+                  NULL);
+    int m = decode_base64_floats(http_body(r), w, 64);
+    const char *q = r ? strstr(r, "\"embedding\":\"") : NULL;
+    CHECK(http_status(r) == 200 && m == 32 && !memcmp(v, w, sizeof(float) * 32) && q &&
+          !strcmp(q + 13 + 171, "=\"}],\"model\":\"random-qwen3-embed\",\"usage\":{\"prompt_tokens\":3,"
+                  "\"total_tokens\":3}}") &&
+          strspn(q + 13, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/") == 171,
+          "embeddings: base64, the same float32 values: %s", r);
+    free(r);
+    r = http_post(s.port, "/v1/embeddings", "{\"input\":[[9707,1879,151645]],\"encoding_format\":\"float\"}",
+                  NULL);
+    m = parse_floats(http_body(r), w, 64);
+    CHECK(http_status(r) == 200 && m == 32 && !memcmp(v, w, sizeof(float) * 32), "embeddings: ids: %s", r);
+    free(r);
+    r = http_post(s.port, "/v1/embeddings", "{\"input\":[\"Hello world\",\"Hi\"],\"user\":\"u\"}", NULL);
+    m = parse_floats(http_body(r), w, 64);
+    CHECK(http_status(r) == 200 && m == 32 && !memcmp(v, w, sizeof(float) * 32) &&
+          strstr(r, "]},{\"object\":\"embedding\",\"index\":1,\"embedding\":[") &&
+          strstr(r, "\"usage\":{\"prompt_tokens\":5,\"total_tokens\":5}}"), "embeddings: two strings: %s", r);
+    free(r);
+    r = http_post(s.port, "/v1/embeddings", "{\"input\":\"Hello world\",\"dimensions\":8}", NULL);
+    m = parse_floats(http_body(r), w, 64);
+    double norm = 0, worst = 0;
+    for (int i = 0; i < 8; i++) norm += want->items[i].num * want->items[i].num;
+    for (int i = 0; i < 8 && m == 8; i++)
+        if (fabs(w[i] - want->items[i].num / sqrt(norm)) > worst)
+            worst = fabs(w[i] - want->items[i].num / sqrt(norm));
+    CHECK(http_status(r) == 200 && m == 8 && worst <= 1e-3, "embeddings: dimensions 8 (%.2g): %s", worst, r);
+    free(r);
+    static const struct { const char *path, *body, *want; } refused[] = {
+        {"/v1/embeddings", "{\"input\":\"a\",\"encoding_format\":\"int8\"}", "{\"error\":{\"message\":"
+         "\"encoding_format must be \\\"float\\\" or \\\"base64\\\"\",\"type\":\"invalid_request_error\","
+         "\"param\":\"encoding_format\",\"code\":400}}"},
+        {"/v1/embeddings", "{\"input\":\"a\",\"normalize\":false}", "{\"error\":{\"message\":\"normalize is "
+         "not supported by this server (only null or its default value is accepted)\",\"type\":"
+         "\"invalid_request_error\",\"param\":\"normalize\",\"code\":400}}"},
+        {"/v1/embeddings", "{\"input\":[\"a\",\"\"]}", "{\"error\":{\"message\":\"input has an empty "
+         "string\",\"type\":\"invalid_request_error\",\"param\":\"input\",\"code\":400}}"},
+        {"/v1/embeddings", "{\"model\":\"random-qwen3-embed\"}", "{\"error\":{\"message\":\"input is "
+         "required\",\"type\":\"invalid_request_error\",\"param\":\"input\",\"code\":400}}"},
+        {"/v1/embeddings", "{\"input\":\"a\",\"dimensions\":33}", "{\"error\":{\"message\":\"dimensions "
+         "must be between 1 and 32, got 33\",\"type\":\"invalid_request_error\",\"param\":\"dimensions\","
+         "\"code\":400}}"},
+        {"/v1/rerank", "{\"query\":\"a\",\"documents\":[\"b\"]}", "{\"error\":{\"message\":\"this model is "
+         "not a reranker: its pooling type is 3 (last), not 4 (rank)\",\"type\":\"invalid_request_error\","
+         "\"param\":null,\"code\":400}}"},
+        {"/v1/score", "{\"text_1\":\"a\",\"text_2\":\"b\"}", "{\"error\":{\"message\":\"this model is "
+         "not a reranker: its pooling type is 3 (last), not 4 (rank)\",\"type\":\"invalid_request_error\","
+         "\"param\":null,\"code\":400}}"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        r = http_post(s.port, refused[i].path, refused[i].body, NULL);
+        CHECK(http_status(r) == 400 && !strcmp(http_body(r), refused[i].want), "embeddings: %s %s: %s",
+              refused[i].path, refused[i].body, r);
+        free(r);
+    }
+    char many[8192] = "{\"input\":[\"a\""; /* 1025 inputs: over the bound, refused before any is read */
+    for (int i = 1; i < 1025; i++) strcat(many, ",\"a\"");
+    strcat(many, "]}");
+    r = http_post(s.port, "/v1/embeddings", many, NULL);
+    CHECK(http_status(r) == 400 && strstr(r, "\"message\":\"at most 1024 prompts in one request\","
+                                          "\"type\":\"invalid_request_error\",\"param\":\"input\""),
+          "embeddings: 1025 inputs: %s", r);
+    free(r);
+    CHECK(server_stop(&s) == 0, "embeddings: the server exits cleanly");
+    /* stories260K: no pooling type; with --pooling mean it embeds, but dimensions needs --matryoshka */
+    if (server_start(&s, "") != 0) { llm_json_free(&ref); free(text); return; }
+    r = http_post(s.port, "/v1/embeddings", "{\"input\":\"a\"}", NULL);
+    CHECK(http_status(r) == 400 && !strcmp(http_body(r), "{\"error\":{\"message\":\"this model makes no "
+          "embeddings: it has no pooling type (GGUF key llama.pooling_type) and --pooling was not given\","
+          "\"type\":\"invalid_request_error\",\"param\":null,\"code\":400}}"),
+          "embeddings: no pooling: %s", r);
+    free(r);
+    server_stop(&s);
+    if (server_start(&s, "--pooling mean") != 0) { llm_json_free(&ref); free(text); return; }
+    r = http_post(s.port, "/v1/embeddings", "{\"input\":\"Once upon a time\"}", NULL);
+    m = parse_floats(http_body(r), u, 64);
+    CHECK(http_status(r) == 200 && m == 64, "embeddings: stories260K with --pooling mean: %s", r);
+    free(r);
+    r = http_post(s.port, "/v1/embeddings", "{\"input\":\"a\",\"dimensions\":8}", NULL);
+    CHECK(http_status(r) == 400 && !strcmp(http_body(r), "{\"error\":{\"message\":\"this model does not "
+          "declare Matryoshka embeddings: dimensions must be its size, 64, or absent (llm serve --matryoshka "
+          "allows fewer)\",\"type\":\"invalid_request_error\",\"param\":\"dimensions\",\"code\":400}}"),
+          "embeddings: dimensions without --matryoshka: %s", r);
+    free(r);
+    server_stop(&s);
+    llm_json_free(&ref);
+    free(text);
+}
+
 static void test_server_endpoints(void) {
     test_server s;
     if (server_start(&s, "") != 0) return;
@@ -12350,6 +12513,7 @@ int main(int argc, char **argv) {
         {"server prompt logprobs", test_server_prompt_logprobs},
         {"server speculative decoding", test_server_speculative},
         {"server errors", test_server_errors}, {"server structured output", test_server_structured},
+        {"server embeddings", test_server_embeddings},
         {"server: a costly grammar slows only itself", test_server_grammar_isolation},
         {"server: requests read by workers", test_server_request_workers},
         {"server structured output: bounds, big choices, $defs in tools", test_server_grammar_bounds},
