@@ -3401,13 +3401,23 @@ static int pool_run(llm_engine *e, float (*vec)[64], int *cached, int32_t *gen, 
     return both;
 }
 
-static void test_engine_pooling(void) {
+/* The oracle's reference, parsed into *ref: its text (to free after ref), or NULL (a failed CHECK) */
+static char *pool_reference(llm_json *ref) {
     char err[LLM_ERR_LEN], path[1024];
     snprintf(path, sizeof path, "%s/reference/random-qwen3-embed-f64.json", testdata_dir);
     size_t len;
     char *text = read_file(path, &len);
+    if (text && llm_json_parse(text, len, ref, err) == 0) return text;
+    CHECK(0, "read %s", path);
+    free(text);
+    return NULL;
+}
+
+static void test_engine_pooling(void) {
+    char err[LLM_ERR_LEN];
     llm_json ref;
-    if (!text || llm_json_parse(text, len, &ref, err) != 0) { CHECK(0, "read %s", path); free(text); return; }
+    char *text = pool_reference(&ref);
+    if (!text) return;
     const llm_json *prompts = llm_json_get(&ref, "prompts");
     static const char *names[4] = {"", "mean", "cls", "last"};
     int32_t alone[64], mixed[64];
@@ -8290,12 +8300,10 @@ static int decode_base64_floats(const char *s, float *out, int cap) {
 }
 
 static void test_server_embeddings(void) {
-    char path[1024], extra[1200], err[LLM_ERR_LEN];
-    snprintf(path, sizeof path, "%s/reference/random-qwen3-embed-f64.json", testdata_dir);
-    size_t len;
-    char *text = read_file(path, &len);
+    char extra[1200];
     llm_json ref;
-    if (!text || llm_json_parse(text, len, &ref, err) != 0) { CHECK(0, "read %s", path); free(text); return; }
+    char *text = pool_reference(&ref);
+    if (!text) return;
     const llm_json *p0 = llm_json_get(&ref, "prompts");
     const llm_json *want = p0 && p0->n ? llm_json_get(&p0->items[0], "last") : NULL;
     test_server s;

@@ -8,14 +8,14 @@ It starts ./llm serve --matryoshka with default flags otherwise (16-bit activati
 prints "N passed, M failed". The bound: cosine >= 0.9999 and max |diff| <= 1e-3 against the oracle (measured
 on the default path: 1 - 5e-8 and 1.1e-4; test.c's "engine pooling" holds the exact path to 1e-5).
 """
-import json, os, signal, subprocess, sys, urllib.request
+import json, os, subprocess, sys, urllib.request
 
 import numpy as np
 import openai
 from langchain_openai import OpenAIEmbeddings
 
 import embed_oracle
-from serve_port import listening_port
+from serve_port import close_log, listening_port, stop
 
 testdata = sys.argv[1] if len(sys.argv) > 1 else "testdata"
 model_path = os.path.join(testdata, "models", "random-qwen3-embed.gguf")
@@ -99,17 +99,9 @@ try:
 except Exception as e:  # the server or the client broke: a failure, with what happened
     check(False, f"unexpected {type(e).__name__}: {e}")
 finally:
-    server.send_signal(signal.SIGTERM)
-    try:
-        code = server.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        code = None
+    code = stop(server)
     check(code == 0, f"the server exits 0 on SIGTERM (got {code})")
-    log.close()
-    if failed:
-        print(open(log_path).read()[-4000:])
-    os.remove(log_path)
+    close_log(log, log_path, failed)
 
 print(f"embeddings: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
