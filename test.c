@@ -8322,6 +8322,21 @@ static void test_server_embeddings(void) {
                     "\"total_tokens\":3}}"),
           "embeddings: \"Hello world\" as the oracle's (cosine %.9f, max diff %.2g): %s", cos, diff, r);
     free(r);
+    /* llm embed: the same vector, a line of space-separated floats per text */
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "./llm embed -m %s 'Hello world' Hi 2>/dev/null",
+             model_path("random-qwen3-embed.gguf"));
+    int status, lines = 0, same = 1;
+    char *out = run_command(cmd, &status), *at = out;
+    for (int i = 0; at && i < 32; i++) {
+        char *end;
+        float x = strtof(at, &end);
+        same &= end != at && x == v[i] && *end == (i < 31 ? ' ' : '\n');
+        at = end + 1;
+    }
+    for (char *c = out; c && *c; c++) lines += *c == '\n';
+    CHECK(status == 0 && same && lines == 2, "llm embed: the server's vector: %.300s", out ? out : "");
+    free(out);
     /* 128 bytes: 172 digits, the last '=' */
     r = http_post(s.port, "/v1/embeddings", "{\"input\":\"Hello world\",\"encoding_format\":\"base64\"}",
                   NULL);
