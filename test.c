@@ -6305,7 +6305,8 @@ static void test_cli(void) {
     free(out);
     out = run_command("./llm --help 2>&1", &status);
     const char *flags[] = {"-m", "-p", "-n", "--temp", "--top-p", "--top-k", "--min-p", "--seed", "--ids",
-                           "tokenize", "--no-bos", "bench", "--dummy", "--static", "--kv-cache-dtype"};
+                           "tokenize", "--no-bos", "bench", "--dummy", "--static", "--kv-cache-dtype",
+                           "llm embed", "--pooling", "--matryoshka"};
     int missing = 0;
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!out || !strstr(out, flags[i])) { missing++; printf("    --help lacks %s\n", flags[i]); }
