@@ -1,10 +1,11 @@
 # make            builds llm and llm-test (llm.cu too, with nvcc, when nvcc is on the PATH; make CUDA=0 skips
 #                 it)
 # make test       builds and runs the tests (CPU backend; SANITIZE=1 under AddressSanitizer + UBSan), then the
-#                 official openai and anthropic clients against llm serve (tools/openai_test.py,
-#                 tools/anthropic_test.py: Anthropic's Messages API; tool calling and reasoning:
-#                 tools/tools_test.py; the Responses API and the Agents SDK: tools/responses_test.py; these
-#                 not under the sanitizers: 656 requests take them past 10 minutes, and
+#                 official openai and anthropic clients against llm serve (tools/openai_test.py;
+#                 tools/anthropic_test.py: Anthropic's Messages API; embeddings, with LangChain:
+#                 tools/embeddings_test.py; tool calling and reasoning: tools/tools_test.py; the Responses API
+#                 and the Agents SDK: tools/responses_test.py; these two not under the sanitizers: 656
+#                 requests take them past 10 minutes, and
 #                 test.c's server tools test covers those paths there), all in .venv (made once, with
 #                 the oracles the tests also run: gguf's dequantization and Python's regex); every file it
 #                 reads is in testdata/ or made there once (make testdata: the random-weight models, see its
@@ -132,6 +133,7 @@ test: llm llm-test llm-example $(if $(SANITIZE)$(TSAN),,llm-test-core) $(MODEL) 
 	$(VENV_PY) tools/pretok_check.py ./llm-test
 	$(VENV_PY) tools/openai_test.py $(TESTDATA)
 	$(VENV_PY) tools/anthropic_test.py $(TESTDATA)
+	$(VENV_PY) tools/embeddings_test.py $(TESTDATA)
 	$(if $(SANITIZE)$(TSAN),,$(VENV_PY) tools/tools_test.py $(TESTDATA))
 	$(if $(SANITIZE)$(TSAN),,$(VENV_PY) tools/responses_test.py $(TESTDATA))
 

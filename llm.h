@@ -248,6 +248,8 @@ typedef struct {
      * (0: a dense FFN); qwen2moe adds a shared expert of width shared_ffn_dim that every token goes
      * through */
     int n_experts, n_experts_used, expert_ffn_dim, shared_ffn_dim;
+    int pooling;              /* an embedding model's pooling ({arch}.pooling_type, llama.cpp's enum: 0 none,
+                               * 1 mean, 2 cls, 3 last, 4 rank; enum llm_pooling for the first four) */
 } llm_config;
 
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; } llm_weight; /* rows of cols values */
@@ -310,6 +312,8 @@ int  llm_tokenizer_n_vocab(const llm_tokenizer *t);
 int  llm_tokenizer_bos(const llm_tokenizer *t);                /* -1 when the vocabulary has none */
 int  llm_tokenizer_eos(const llm_tokenizer *t);
 int  llm_tokenizer_adds_bos(const llm_tokenizer *t);           /* add_bos_token, or the type's default */
+int  llm_tokenizer_adds_eos(const llm_tokenizer *t);           /* add_eos_token: an embedding's text ends
+                                                                * with EOS (llama.cpp's add_special) */
 int  llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id); /* end of generation: eos, eot, <|im_end|> */
 /* What loading found doubtful, for the program to show ("" when nothing): a pre-tokenizer
  * (tokenizer.ggml.pre) it does not know, split as llama.cpp's 'default' instead. */
@@ -464,7 +468,17 @@ typedef struct {
     const char *cache_salt;         /* NULL: none. A request shares cached prefix blocks only with requests of
                                      * the same salt (vLLM's cache_salt: one tenant cannot time another's
                                      * prompts through the cache). Hashed by add_request, not kept. */
+    int pooling;                    /* enum llm_pooling: 0 generates; else an embedding: the prompt's final
+                                     * hidden states (after the final norm, no output layer) pooled into one
+                                     * vector, in the finishing output (llm_output.embedding), nothing
+                                     * generated. Mean and cls compute every position: they take nothing
+                                     * from the prefix cache; last may. n must be 1, no grammar or
+                                     * prompt_logprobs */
 } llm_sampling_params;
+
+/* How an embedding pools a prompt's hidden states (llama.cpp's pooling_type values): their mean, the first
+ * position's (cls), or the last position's (last: Qwen3-Embedding reads the EOS its tokenizer appends) */
+enum llm_pooling { LLM_POOL_NONE, LLM_POOL_MEAN, LLM_POOL_CLS, LLM_POOL_LAST };
 
 llm_sampling_params llm_sampling_defaults(void);
 /* The sampling a model's file recommends, as llama.cpp reads it: the general.sampling.* keys this sampler has
@@ -540,6 +554,9 @@ typedef struct {
     const uint8_t *host_rows;
     int n_copies;
     const int32_t *copy_src, *copy_dst; /* [n_copies]: blocks copied first (copy-on-write of shared blocks) */
+    int n_hidden;                       /* embeddings (llm_sampling_params.pooling): these tokens' last */
+    const int32_t *hidden_rows;         /* hidden states after the final norm, without the output layer, */
+    float *hidden;                      /* written into hidden[n_hidden][dim] (a backend that has_hidden) */
 } llm_batch;
 
 /* One draw from a row of logits, as its request asks (the backend's sample step, and the engine's own for
@@ -578,6 +595,8 @@ typedef struct llm_backend {
                                      * (0: room for max_num_seqs full contexts, 4 GiB at most) */
     int default_batched_tokens;     /* the step's token budget when the config gives none (0: 2048): a GPU
                                      * takes long prompts in fewer, larger steps */
+    int has_hidden;                 /* 1: forward writes llm_batch.hidden (embeddings); 0: it cannot, and
+                                     * the engine refuses pooling requests */
     int  (*alloc_kv)(struct llm_backend *be, int num_blocks, int block_size, char *err);
     /* K/V in the config's kv_cache_dtype (enum llm_kv_dtype, not auto) from now on, called before alloc_kv
      * when the config names one (NULL: the backend keeps its one type) */
@@ -814,6 +833,10 @@ typedef struct {
     const int32_t *prompt_top_ids;  /* [n_prompt_logprobs][n_prompt_top] */
     const float *prompt_top_logprobs;
     int n_prompt_logprobs, n_prompt_top;
+    /* pooling: the prompt's vector, pooled as asked but not normalised, in the finishing output (NULL in
+     * every other) */
+    const float *embedding;         /* [n_embedding], the model's dim */
+    int n_embedding;
 } llm_output;
 
 typedef struct {
@@ -871,6 +894,9 @@ int  llm_engine_wait(llm_engine *e, int timeout_ms);
 int  llm_engine_has_work(llm_engine *e);                      /* llm_engine_wait(e, 0) */
 llm_engine_stats llm_engine_get_stats(llm_engine *e); /* the counters now, by value (the engine's thread) */
 const llm_model *llm_engine_model(const llm_engine *e); /* the model it runs: its config and tokenizer */
+/* An embedding (llm_output.embedding) as clients take one: its first n values (Matryoshka truncation: n
+ * below the model's dim where the model was trained for it) scaled to length 1, in place (all zero: left) */
+void llm_embedding_normalize(float *v, int n);
 /* A grammar parsed for requests to come (llm_sampling_params.grammar_parsed), through the engine's cache of
  * the last grammars it parsed; any thread. A reference: llm_grammar_free drops it. NULL and why when the
  * text is not GBNF. */
@@ -1950,6 +1976,7 @@ static int llm_model_read_config(llm_model *m, char *err) {
     LLM_INT(rope_dim, "rope.dimension_count", c->head_dim, 2, c->head_dim);
     LLM_FLOAT(rms_eps, "attention.layer_norm_rms_epsilon", 1e-5, 1e-12, 1.0);
     LLM_FLOAT(rope_base, "rope.freq_base", 10000.0, 1.0, 1e12);
+    LLM_INT(pooling, "pooling_type", 0, 0, 4); /* embedding models: how a prompt's vector is pooled */
     /* 3. sliding windows: the file gives the window; which layers are local is the architecture's (a
      * layer l is global when (l + 1) % swa_pattern == 0, llm_layer_window) */
     if (c->arch == LLM_ARCH_GEMMA3) { /* llama.cpp's pattern: 5 local layers, then a global one */
@@ -3677,6 +3704,7 @@ int llm_tokenizer_n_vocab(const llm_tokenizer *t) { return t ? t->n_vocab : 0; }
 int llm_tokenizer_bos(const llm_tokenizer *t) { return t ? t->bos : -1; }
 int llm_tokenizer_eos(const llm_tokenizer *t) { return t ? t->eos : -1; }
 int llm_tokenizer_adds_bos(const llm_tokenizer *t) { return t ? t->add_bos : 0; }
+int llm_tokenizer_adds_eos(const llm_tokenizer *t) { return t ? t->add_eos : 0; }
 
 /* A scan of the few end-of-generation ids (eos, eot, eom and the turn-ending control tokens) */
 int llm_tokenizer_is_eog(const llm_tokenizer *t, int32_t id) {
@@ -4810,6 +4838,12 @@ typedef struct llm_seq {
      * recompute after preemption writes them again), handed out once, by the step that computes its end */
     int plp_state;                  /* enum below */
     float *plp; int32_t *plp_rank, *plp_top_ids; float *plp_top;  /* malloc'ed: [n_prompt - 1] (x K) */
+    /* an embedding (params.pooling): the hidden rows so far, summed in double (mean), or the one row kept
+     * (cls, last), emptied when a chunk starts from position 0 again (a recompute after preemption); the
+     * vector handed out in the finishing output */
+    double *pool;                   /* malloc'ed: [dim] */
+    int pool_rows;
+    float *embedding;               /* malloc'ed: [dim] */
 } llm_seq;
 
 enum { LLM_PLP_NONE, LLM_PLP_PENDING, LLM_PLP_READY }; /* none asked (or handed out), computing, to go out */
@@ -5055,7 +5089,7 @@ static int llm_seq_propose(const llm_scheduler *sch, llm_seq *s, int max) {
 static int llm_seq_speculate(llm_scheduler *sch, llm_seq *s, int budget) {
     int len = (int)arrlen(s->tokens), max = sch->spec_tokens;
     const llm_sampling_params *p = &s->req->params;
-    if (!max || s->n_computed != len - 1 || s->fork_pending || s->plp_state == LLM_PLP_PENDING)
+    if (!max || s->n_computed != len - 1 || s->fork_pending || s->plp_state == LLM_PLP_PENDING || p->pooling)
         return 0;
     if (max > budget) max = budget;                         /* the step's token budget */
     if (max > sch->max_model_len - len - 1) max = sch->max_model_len - len - 1; /* the context */
@@ -5124,7 +5158,11 @@ static void llm_schedule(llm_scheduler *sch) {
         if (arrlen(sch->running) > 0 && arrlen(sch->running) + width > sch->max_num_seqs) break;
         /* prompt logprobs need the logits of every prompt position, so such a request computes its whole
          * prompt and takes nothing from the prefix cache, as vLLM does (its blocks are named for others) */
-        if (s->n_computed == 0 && arrlen(s->block_tables[0]) == 0 && s->plp_state != LLM_PLP_PENDING)
+        /* so does a mean or cls embedding: it needs the hidden state of every position, which the cache
+         * does not keep (a last-token one computes its last position anyway) */
+        int pool_all = s->req->params.pooling == LLM_POOL_MEAN || s->req->params.pooling == LLM_POOL_CLS;
+        if (s->n_computed == 0 && arrlen(s->block_tables[0]) == 0 && s->plp_state != LLM_PLP_PENDING &&
+            !pool_all)
             llm_seq_take_cached_prefix(sch, s);
         int n_new = llm_seq_chunk(s, budget);
         /* no room: the cached blocks it took go back too (it looks again next step) */
@@ -5168,6 +5206,11 @@ static int llm_request_check(const llm_sampling_params *p, char *err) {
         return llm_fail(err, "min_tokens must be between 0 and max_tokens");
     if (p->logprobs > 20) return llm_fail(err, "logprobs must be at most 20");
     if (p->prompt_logprobs > 20) return llm_fail(err, "prompt_logprobs must be at most 20");
+    if (p->pooling < LLM_POOL_NONE || p->pooling > LLM_POOL_LAST)
+        return llm_fail(err, "pooling must be none, mean, cls or last (%d)", p->pooling);
+    if (p->pooling && (p->n != 1 || p->prompt_logprobs >= 0 || p->grammar || p->grammar_parsed))
+        return llm_fail(err, "an embedding (pooling) generates nothing: n must be 1, and no prompt_logprobs "
+                        "or grammar");
     if (p->n_stop < 0 || p->n_stop > 16 || (p->n_stop && !p->stop))
         return llm_fail(err, "at most 16 stop strings");
     if (p->n_stop_token_ids < 0 || (p->n_stop_token_ids && !p->stop_token_ids))
@@ -5218,6 +5261,7 @@ static void llm_seq_free(llm_seq *s) {
     arrfree(s->out_tokens); arrfree(s->out_text); arrfree(s->out_logprobs);
     arrfree(s->out_top_ids); arrfree(s->out_top_logprobs); arrfree(s->spec_history);
     free(s->plp); free(s->plp_rank); free(s->plp_top_ids); free(s->plp_top);
+    free(s->pool); free(s->embedding);
     llm_grammar_state_free(s->grammar);
     llm_request_unref(s->req);
     free(s);
@@ -6698,6 +6742,10 @@ static int llm_cpu_forward(llm_backend *be, const llm_batch *b, float *logits, c
         llm_rmsnorm(xn + (size_t)i * D, x + (size_t)b->logit_rows[i] * D, (const float *)m->output_norm.data,
                     D, cf->rms_eps);
     failed |= llm_matmul(logits, xn, &m->output, b->n_logits, path);
+    /* an embedding's rows: the same final norm, and no output matrix */
+    for (int i = 0; i < b->n_hidden; i++)
+        llm_rmsnorm(b->hidden + (size_t)i * D, x + (size_t)b->hidden_rows[i] * D,
+                    (const float *)m->output_norm.data, D, cf->rms_eps);
     return failed ? llm_fail(err, "out of memory in the forward pass (%d tokens)", T) : 0;
 }
 
@@ -6753,7 +6801,7 @@ static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err)
     be->free_memory = pages > 0 && page_size > 0 ? (size_t)pages * (size_t)page_size : 0;
     be->default_kv_fraction = 0; /* vLLM's CPU backend sizes its KV cache by the workload, not the RAM */
     be->alloc_kv = llm_cpu_alloc_kv; be->forward = llm_cpu_forward; be->sample = llm_cpu_sample;
-    be->destroy = llm_cpu_destroy;
+    be->destroy = llm_cpu_destroy; be->has_hidden = 1;
     return be;
 }
 
@@ -7527,6 +7575,9 @@ struct llm_engine {
     int32_t *b_tokens, *b_positions, *b_seq_start, *b_logit_rows;
     int32_t *b_row_seq;             /* per logit row of a draft pass: its sequence's index in scheduled */
     uint8_t *b_host_rows;           /* per logit row: the host reads it (llm_batch.host_rows) */
+    int32_t *b_hidden_rows;         /* the tokens whose hidden states embeddings pool (llm_batch) ... */
+    float *hidden;                  /* ... and the states: [hidden_cap][dim] */
+    int hidden_cap;
     const int32_t **b_tables;
     float *logits;                  /* [logits_rows][vocab_size] */
     int logits_rows;
@@ -7818,7 +7869,7 @@ void llm_engine_destroy(llm_engine *e) {
     free(sch->kv_window);
     arrfree(e->finished); arrfree(e->inbox); arrfree(e->inbox_abort);
     arrfree(e->b_tokens); arrfree(e->b_positions); arrfree(e->b_seq_start); arrfree(e->b_logit_rows);
-    arrfree(e->b_host_rows); arrfree(e->b_row_seq);
+    arrfree(e->b_host_rows); arrfree(e->b_row_seq); arrfree(e->b_hidden_rows); free(e->hidden);
     arrfree(e->sample_rows); arrfree(e->sample_seqs); arrfree(e->sample_rngs);
     arrfree(e->top_ids); arrfree(e->top_logprobs);
     arrfree(e->b_tables); arrfree(e->outputs);
@@ -7859,6 +7910,13 @@ static int llm_ids_check(const int32_t *ids, int64_t n, int vocab_size, const ch
             return llm_fail(err, "%s token id %d is outside the vocabulary (0..%d)", what, ids[i],
                             vocab_size - 1);
     return 0;
+}
+
+/* In double: a vector of thousands of values keeps its float32 precision */
+void llm_embedding_normalize(float *v, int n) {
+    double norm = 0;
+    for (int i = 0; i < n; i++) norm += (double)v[i] * v[i];
+    if (norm > 0) for (int i = 0; i < n; i++) v[i] = (float)(v[i] / sqrt(norm));
 }
 
 /* The grammar layer's hooks (section 12) that the engine calls besides its public API */
@@ -7937,13 +7995,29 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
         if (n > cap) { arrsetlen(ids, n); n = llm_tokenize_prompt(e->model.tok, text, len, ids, n); }
         if (n < 0) { arrfree(ids); llm_fail(err, "could not tokenize the prompt"); return 0; }
         arrsetlen(ids, n);
+        /* an embedding's text ends with EOS when the vocabulary asks (Qwen3-Embedding pools that position) */
+        int eos = llm_tokenizer_eos(e->model.tok);
+        if (p->pooling && llm_tokenizer_adds_eos(e->model.tok) && eos >= 0 && (n == 0 || ids[n - 1] != eos))
+            arrput(ids, eos);
     }
     /* 2. The prompt must leave room for one new token in the context, and fit the pool on its own: a prompt
      *    that needs more blocks than the pool has would wait forever */
-    int n_prompt = (int)arrlen(ids);
-    int64_t blocks_needed = llm_engine_blocks_for(e, n_prompt + 1); /* with the first new token */
+    int n_prompt = (int)arrlen(ids), gen = !p->pooling; /* an embedding generates no token */
+    int64_t blocks_needed = llm_engine_blocks_for(e, n_prompt + gen); /* with the first new token */
     if (n_prompt == 0) { arrfree(ids); llm_fail(err, "the prompt is empty"); return 0; }
-    if (n_prompt >= e->max_model_len) {
+    if (p->pooling && !e->backend->has_hidden) {
+        arrfree(ids);
+        llm_fail(err, "embeddings (pooling) need the CPU backend: the %s backend gives no hidden states yet",
+                 e->backend->name);
+        return 0;
+    }
+    if (!gen && n_prompt > e->max_model_len) {
+        arrfree(ids);
+        llm_fail(err, "the prompt has %d tokens, but this model's context is %d tokens", n_prompt,
+                 e->max_model_len);
+        return 0;
+    }
+    if (gen && n_prompt >= e->max_model_len) {
         arrfree(ids);
         llm_fail(err, "the prompt has %d tokens, but this model's context is %d tokens (the prompt and at "
                  "least one new token must fit)", n_prompt, e->max_model_len);
@@ -7971,6 +8045,13 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
      *    woken if it sleeps in llm_engine_wait */
     llm_seq *s = llm_seq_new(ids, p, grammar, user, e->sched.n_kv_groups);
     if (!s) { llm_fail(err, "out of memory"); return 0; }
+    size_t dim = (size_t)e->model.cfg.dim;
+    if (p->pooling && (!(s->pool = (double *)calloc(dim, sizeof(double))) ||
+                       !(s->embedding = (float *)malloc(dim * sizeof(float))))) {
+        llm_seq_free(s);
+        llm_fail(err, "out of memory");
+        return 0;
+    }
     pthread_mutex_lock(&e->lock);
     uint64_t id = s->req->id = e->next_id++;
     arrput(e->inbox, s);
@@ -8090,6 +8171,9 @@ static void llm_emit(llm_engine *e, llm_seq *s) {
     o.finish_reason = s->finish_reason; o.error = s->error; o.stop_string = s->stop_string;
     o.n_prompt_tokens = s->req->n_prompt; o.n_cached_tokens = s->n_cached_tokens;
     o.n_generated = (int)arrlen(s->tokens) - s->req->n_prompt;
+    if (s->req->params.pooling && s->finish_reason == LLM_FINISH_STOP) {
+        o.embedding = s->embedding; o.n_embedding = e->model.cfg.dim;
+    }
     if (s->plp_state == LLM_PLP_READY) { /* once: a recompute after preemption does not score them again */
         s->plp_state = LLM_PLP_NONE;
         o.prompt_logprobs = s->plp; o.prompt_ranks = s->plp_rank; o.n_prompt_logprobs = s->req->n_prompt - 1;
@@ -8146,7 +8230,7 @@ static void llm_engine_take_inbox(llm_engine *e) {
 static void llm_engine_batch_clear(llm_engine *e) {
     arrsetlen(e->b_tokens, 0); arrsetlen(e->b_positions, 0); arrsetlen(e->b_logit_rows, 0);
     arrsetlen(e->b_seq_start, 0); arrsetlen(e->b_tables, 0); arrsetlen(e->b_host_rows, 0);
-    arrsetlen(e->b_row_seq, 0);
+    arrsetlen(e->b_row_seq, 0); arrsetlen(e->b_hidden_rows, 0);
 }
 
 /* 3-4. ... then seen as an llm_batch of n_seqs sequences, with the rows of logits it asks for made room for
@@ -8243,6 +8327,13 @@ static int llm_seq_reads_rows(const llm_seq *s) {
     return s->grammar != NULL;
 }
 
+/* 4. Whether an embedding pooled as pool reads the hidden state of position pos of its len tokens: mean
+ *    every one, cls the first, last the last */
+static int llm_pool_reads(int pool, int pos, int len) {
+    return pool == LLM_POOL_MEAN || (pool == LLM_POOL_CLS && pos == 0) ||
+           (pool == LLM_POOL_LAST && pos == len - 1);
+}
+
 /* 4. The plan as one batch: each scheduled sequence's next n_new tokens, flattened, with its block table;
  *    logits for the sequences whose chunk reaches the end of their tokens, and for every prompt token of a
  *    chunk that scores its prompt (prompt_logprobs) but the last (its logits are the first sample's); the
@@ -8266,10 +8357,15 @@ static int llm_engine_forward(llm_engine *e, char *err) {
         prompt_step |= s->n_computed < s->req->n_prompt;
         arrput(e->b_seq_start, (int32_t)arrlen(e->b_tokens));
         int scoring = s->plp_state == LLM_PLP_PENDING, n_prompt = s->req->n_prompt;
-        int len = (int)arrlen(s->tokens), end = s->n_computed + sch->n_new[i];
+        int len = (int)arrlen(s->tokens), end = s->n_computed + sch->n_new[i], pool = s->req->params.pooling;
         for (int pos = s->n_computed; pos < end; pos++) { /* past the tokens: the proposal's */
             arrput(e->b_tokens, pos < len ? s->tokens[pos] : s->draft[pos - len]);
             arrput(e->b_positions, pos);
+            if (pool) { /* an embedding: hidden rows, no logits */
+                if (llm_pool_reads(pool, pos, len))
+                    arrput(e->b_hidden_rows, (int32_t)arrlen(e->b_tokens) - 1);
+                continue;
+            }
             if ((scoring && pos < n_prompt - 1) || (end >= len && pos >= len - 1)) { /* the last, proposed */
                 arrput(e->b_logit_rows, (int32_t)arrlen(e->b_tokens) - 1);
                 int host = pos >= len - 1 && llm_seq_reads_rows(s); /* not a prompt token's: scored there */
@@ -8285,6 +8381,14 @@ static int llm_engine_forward(llm_engine *e, char *err) {
         for (int i = 0; i < n_seqs; i++) arrput(e->b_tables, sch->scheduled[i]->block_tables[g]);
     llm_batch b;
     if (llm_engine_batch_view(e, &b, n_seqs, &e->logits, &e->logits_rows, V, err)) return -1;
+    b.n_hidden = (int)arrlen(e->b_hidden_rows); b.hidden_rows = e->b_hidden_rows;
+    if (b.n_hidden > e->hidden_cap) { /* grows only; the old rows are done with */
+        free(e->hidden);
+        e->hidden = (float *)malloc((size_t)b.n_hidden * (size_t)e->model.cfg.dim * sizeof(float));
+        e->hidden_cap = e->hidden ? b.n_hidden : 0;
+        if (!e->hidden) return llm_fail(err, "out of memory for %d hidden rows", b.n_hidden);
+    }
+    b.hidden = e->hidden;
     /* 3. The forward pass: the copies, then every token's K/V written into its block, and the rows of
      *    logits asked for, in b_logit_rows' order (in e->logits: the host rows at least, llm_batch) */
     b.n_copies = (int)arrlen(sch->copy_src); b.copy_src = sch->copy_src; b.copy_dst = sch->copy_dst;
@@ -8712,13 +8816,31 @@ static void llm_engine_score(llm_engine *e, llm_seq *s, int pos, int row) {
     llm_engine_queue_row(e, s, r, s->rng); /* (no draw: the generator stays) */
 }
 
+/* 5. ... and embeddings: a chunk's hidden rows (from row on: as llm_engine_forward asked for them) into s's
+ *    pool; the chunk that ends the prompt finishes s with the vector (the mean, or the one row kept).
+ *    Returns how many rows it took. */
+static int llm_seq_pool(llm_engine *e, llm_seq *s, int start, int end, int row) {
+    int D = e->model.cfg.dim, pool = s->req->params.pooling, len = (int)arrlen(s->tokens), n = 0;
+    if (start == 0) { memset(s->pool, 0, (size_t)D * sizeof(double)); s->pool_rows = 0; } /* anew */
+    for (int pos = start; pos < end; pos++) {
+        if (!llm_pool_reads(pool, pos, len)) continue;
+        const float *h = e->hidden + (size_t)(row + n++) * D;
+        for (int i = 0; i < D; i++) s->pool[i] += h[i];
+        s->pool_rows++;
+    }
+    if (end < len) return n; /* a prompt chunk: more rows to come */
+    for (int i = 0; i < D; i++) s->embedding[i] = (float)(s->pool[i] / (s->pool_rows ? s->pool_rows : 1));
+    llm_seq_finish(e, s, LLM_FINISH_STOP, NULL);
+    return n;
+}
+
 /* 5. The step's tokens are computed: full blocks are named for the prefix cache, prompt tokens are scored
  *    (prompt_logprobs), and each sequence at the end of its tokens draws the next one (n > 1: the prompt
  *    forks first; each sample draws from its row), or checks its proposal. The draws the host does not make
  *    itself are the backend's sample step, all at once, where the logits are; then their tokens are taken. */
 static void llm_engine_sample(llm_engine *e) {
     llm_scheduler *sch = &e->sched;
-    int row = 0;
+    int row = 0, hidden_row = 0;
     arrsetlen(e->sample_rows, 0); arrsetlen(e->sample_seqs, 0); arrsetlen(e->sample_rngs, 0);
     /* 1. Walk the plan in the batch's order; `row` follows the logit rows llm_engine_forward asked for, in
      *    the same order. A host draw (a grammar's) happens now; every other draw and every prompt score is
@@ -8739,6 +8861,7 @@ static void llm_engine_sample(llm_engine *e) {
         if (start < n_prompt) e->stats.prompt_tokens_computed += (end < n_prompt ? end : n_prompt) - start;
         s->n_computed = end;
         llm_seq_hash_blocks(&e->bm, s);
+        if (s->req->params.pooling) { hidden_row += llm_seq_pool(e, s, start, end, hidden_row); continue; }
         for (int pos = start; s->plp_state == LLM_PLP_PENDING && pos < end && pos < n_prompt - 1; pos++)
             llm_engine_score(e, s, pos, row++);
         if (end < arrlen(s->tokens)) continue; /* a prompt chunk: nothing to sample yet */

@@ -41,6 +41,7 @@ static const char *usage =
     "  llm tokenize -m MODEL.gguf [--no-bos] TEXT     print TEXT's token ids on one line\n"
     "  llm grammar (--json-schema S | --regex RE)     print the GBNF grammar they are written as\n"
     "  llm bench (-m MODEL.gguf | --dummy NAME) [options]  offline throughput, as vLLM's bench throughput\n"
+    "  llm embed -m MODEL.gguf [--pooling P] TEXT...  print each TEXT's embedding (L2-normalised) on a line\n"
     "  llm serve -m MODEL.gguf [options]              OpenAI-compatible HTTP server (vLLM's API)\n"
     "  llm bench serve [options]                      load a running server, as vLLM's bench serve\n"
     "                                                 (llm bench serve --help lists its options)\n"
@@ -135,6 +136,9 @@ static const char *usage =
     "  every response has an X-Request-Id header: the client's (printable ASCII, at most 128 bytes), else\n"
     "  32 random hex digits; the response's id is cmpl-{it} or chatcmpl-{it}, as vLLM writes them\n"
     "  --chat-template NAME   as for chat\n"
+    "  --pooling P            mean, cls or last: how /v1/embeddings (and llm embed) pool a prompt's hidden\n"
+    "                         states (default: the file's {arch}.pooling_type; none: embeddings get 400)\n"
+    "  --matryoshka           /v1/embeddings' dimensions may keep fewer values than the model's\n"
     "  --reasoning-format F   deepseek (default): a thinking model's <think>...</think> goes to\n"
     "                         reasoning_content and reasoning, apart from content; none: left in content\n"
     "  sampling: what a request omits comes from the file's general.sampling.* keys, else OpenAI's defaults\n"
@@ -224,6 +228,7 @@ typedef struct {
     int port, max_queue, reasoning_none;
     double request_timeout, drain_timeout;
     int store_max; size_t store_max_bytes; /* --responses-store, --responses-store-bytes */
+    int pooling, matryoshka;        /* llm embed and serve: --pooling (enum llm_pooling), --matryoshka */
     const char *stops[16];
     const char *grammar_file, *json_schema, *regex; /* at most one: made into sampling.grammar */
     int spec_method, spec_tokens_given; /* speculative decoding: 1 n-gram lookup, 2 a draft model (3: both) */
@@ -413,6 +418,16 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
             a->reasoning_none = !strcmp(v, "none");
         }
         else if (FLAG("--max-queue")) { INT(1, 1 << 30); a->max_queue = (int)x; }
+        else if (FLAG("--pooling")) {
+            NEED();
+            for (a->pooling = LLM_POOL_MEAN; a->pooling <= LLM_POOL_LAST; a->pooling++)
+                if (!strcmp(v, (const char *[]){"", "mean", "cls", "last"}[a->pooling])) break;
+            if (a->pooling > LLM_POOL_LAST) {
+                fprintf(stderr, "llm: --pooling must be mean, cls or last, not '%s'\n", v);
+                return -1;
+            }
+        }
+        else if (FLAG("--matryoshka")) a->matryoshka = 1;
         else if (FLAG("--request-timeout")) { REAL(0.001, 1e6); a->request_timeout = x; }
         else if (FLAG("--drain-timeout")) { REAL(0, 1e6); a->drain_timeout = x; }
         else if (FLAG("--responses-store")) { INT(0, 1 << 30); a->store_max = (int)x; }
@@ -1149,6 +1164,56 @@ static int chat(llm_engine *e, args_t *a, const char *sampling_origin) {
 }
 
 /* llm tokenize: the file's tokenizer alone (no weights loaded, no engine), TEXT's ids on one line */
+/* llm embed -m F [--pooling P] TEXT...: each text's embedding on a line of space-separated floats, L2-
+ * normalised, computed as /v1/embeddings computes them (a pooling request each, all in the engine at once) */
+static int embed_cmd(args_t *a, char **texts, int n) {
+    if (!a->engine.model_path || n < 1) {
+        fprintf(stderr, "llm embed: give a model with -m MODEL.gguf and at least one TEXT\n");
+        return 1;
+    }
+    char err[LLM_ERR_LEN];
+    llm_engine *e = llm_engine_create(&a->engine, err);
+    if (!e) { fprintf(stderr, "llm embed: %s\n", err); return 1; }
+    const llm_model *m = llm_engine_model(e);
+    llm_sampling_params p = llm_sampling_defaults();
+    p.pooling = a->pooling ? a->pooling : m->cfg.pooling;
+    int dim = m->cfg.dim, rc = 0, done = 0;
+    float *vecs = (float *)calloc((size_t)n * (size_t)dim, sizeof(float));
+    if (!vecs) { fprintf(stderr, "llm embed: out of memory\n"); llm_engine_destroy(e); return 1; }
+    if (p.pooling < LLM_POOL_MEAN || p.pooling > LLM_POOL_LAST) {
+        fprintf(stderr, "llm embed: the model's pooling type (GGUF key %s.pooling_type) is %d: give "
+                "--pooling mean|cls|last\n", llm_arch_names[m->cfg.arch], m->cfg.pooling);
+        rc = 1;
+    }
+    for (int i = 0; !rc && i < n; i++)
+        if (!llm_engine_add_request(e, texts[i], NULL, 0, &p, (void *)(intptr_t)i, err)) {
+            fprintf(stderr, "llm embed: text %d: %s\n", i + 1, err);
+            rc = 1;
+        }
+    while (!rc && done < n && llm_engine_has_work(e)) {
+        const llm_output *out;
+        int k = llm_engine_step(e, &out);
+        for (int j = 0; j < k; j++) {
+            int i = (int)(intptr_t)out[j].user;
+            if (out[j].finish_reason && !out[j].embedding) {
+                fprintf(stderr, "llm embed: text %d: %s\n", i + 1, out[j].error ? out[j].error : "failed");
+                rc = 1;
+            }
+            if (!out[j].embedding) continue;
+            memcpy(vecs + (size_t)i * dim, out[j].embedding, (size_t)dim * sizeof(float));
+            done++;
+        }
+    }
+    for (int i = 0; !rc && i < n; i++) { /* in the order given */
+        llm_embedding_normalize(vecs + (size_t)i * dim, dim);
+        for (int k = 0; k < dim; k++) printf("%s%.9g", k ? " " : "", (double)vecs[(size_t)i * dim + k]);
+        printf("\n");
+    }
+    free(vecs);
+    llm_engine_destroy(e);
+    return rc;
+}
+
 static int tokenize_cmd(args_t *a, const char *text) {
     char err[LLM_ERR_LEN];
     llm_gguf g;
@@ -1491,6 +1556,7 @@ int main(int argc, char **argv) {
     else if (argc > 1 && !strcmp(argv[1], "chat")) { cmd = 3; start = 2; }
     else if (argc > 1 && !strcmp(argv[1], "serve")) { cmd = 4; start = 2; }
     else if (argc > 1 && !strcmp(argv[1], "grammar")) { cmd = 5; start = 2; }
+    else if (argc > 1 && !strcmp(argv[1], "embed")) { cmd = 6; start = 2; }
     int pos = parse_args(argc, argv, start, &a);
     if (pos < 0) return 1;
     /* 2. the commands that need no engine of this function's: tokenize, grammar, bench, serve */
@@ -1498,6 +1564,7 @@ int main(int argc, char **argv) {
         if (pos >= argc) { fprintf(stderr, "llm tokenize: give the TEXT\n"); return 1; }
         return tokenize_cmd(&a, argv[pos]);
     }
+    if (cmd == 6) return embed_cmd(&a, argv + pos, argc - pos);
     if (pos < argc) {
         fprintf(stderr, "llm: unexpected argument '%s' (see llm --help)\n", argv[pos]);
         return 1;
@@ -1529,7 +1596,8 @@ int main(int argc, char **argv) {
         }
         serve_config sc = {a.engine, a.host, a.api_key, a.served_model_name, a.chat_template, a.port,
                            a.max_queue, a.request_timeout, a.reasoning_none, a.drain_timeout,
-                           a.allowed_origins, a.store_max, a.store_max_bytes};
+                           a.allowed_origins, a.store_max, a.store_max_bytes,
+                           a.pooling, a.matryoshka};
         return serve(&sc);
     }
     if (!a.engine.model_path) {

@@ -537,6 +537,9 @@ typedef struct { /* one prompt of a request: one engine request (n samples) */
     int n_generated;                /* tokens of its n samples */
     double t_scheduled, t_first, t_last; /* the step that first ran it began; its first and last tokens */
     srv_prompt_lp *lp;              /* its prompt logprobs once the engine gave them (NULL: not yet, none) */
+    float *embedding;               /* /v1/embeddings: its pooled vector once the engine gave it (NULL: not
+                                     * yet), n_embedding values, not normalised */
+    int n_embedding;
 } srv_prompt;
 
 typedef struct { /* one choice of the response */
@@ -553,7 +556,7 @@ typedef struct { /* one choice of the response */
     int msg_blocks, msg_open;
 } srv_choice;
 
-enum { REQ_COMPLETIONS, REQ_CHAT };
+enum { REQ_COMPLETIONS, REQ_CHAT, REQ_EMBED };
 /* The wire format a request is answered in: OpenAI's, or Anthropic's Messages API (a chat underneath) */
 enum { API_OPENAI, API_MESSAGES };
 
@@ -599,6 +602,7 @@ struct srv_req {
     srv_req *next_done;
     srv_resp *resp;                 /* a Responses API request's own state (NULL: chat or completions; see
                                      * "The Responses API") */
+    int base64, dimensions;         /* /v1/embeddings: encoding_format base64; the values kept (0: all) */
 };
 
 struct srv_conn {
@@ -633,6 +637,7 @@ typedef struct {
     int32_t *ids; float *logprobs; int32_t *top_ids; float *top_logprobs;
     int n_tokens, n_top, finish, stop_string;
     srv_prompt_lp *prompt_lp;       /* the prompt's logprobs, in the one output that has them */
+    float *embedding; int n_embedding; /* an embedding's vector, in its finishing output */
     char *error;
     int n_prompt, n_cached;
     double t, t_step;               /* when the step that made it ended, and when it began */
@@ -679,6 +684,9 @@ typedef struct {
     char **unknown_fields;          /* stb_ds: the unknown request fields logged already (under job_lock) */
     size_t held;                    /* request bytes held past each connection's allowance, all together */
     char **origins;                 /* stb_ds: --allowed-origins (NULL: no CORS headers at all) */
+    int pooling;                    /* /v1/embeddings: --pooling, else the file's pooling_type (llama.cpp's
+                                     * enum: 0 none, 4 rank refused) */
+    int matryoshka;                 /* --matryoshka: dimensions may keep fewer values than the model's */
     double accept_resume;           /* accept() ran out of fds or memory: the listener rests until then */
     double accept_log_t;            /* when that was last logged */
     /* the request workers: jobs in, jobs done (under job_lock) */
@@ -700,7 +708,7 @@ typedef struct { int status; char param[64]; char msg[512]; } srv_error;
 
 /* A request with a worker (see Request workers): the endpoint it is for, and what the worker made of it */
 enum { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETIONS, JOB_CHAT, JOB_MESSAGES, JOB_COUNT_TOKENS,
-       JOB_RESPONSES };
+       JOB_RESPONSES, JOB_EMBEDDINGS, JOB_RERANK };
 
 struct srv_job {
     srv_conn *conn;                 /* the network thread's: NULL once the client has gone */
@@ -731,7 +739,7 @@ static void prompt_lp_free(srv_prompt_lp *lp) {
 
 static void srv_event_free(srv_event *ev) {
     free(ev->text); free(ev->ids); free(ev->logprobs); free(ev->top_ids); free(ev->top_logprobs);
-    free(ev->error);
+    free(ev->error); free(ev->embedding);
     prompt_lp_free(ev->prompt_lp);
 }
 
@@ -748,7 +756,7 @@ static void req_free(srv_req *r) {
     resp_free(r->resp);
     for (int i = 0; i < r->n_prompts; i++) {
         arrfree(r->prompts[i].prompt_ids);
-        free(r->prompts[i].echo_text);
+        free(r->prompts[i].echo_text); free(r->prompts[i].embedding);
         prompt_lp_free(r->prompts[i].lp);
     }
     for (int i = 0; r->choices && i < r->n_prompts * r->n; i++) {
@@ -1272,6 +1280,8 @@ static const struct { const char *path, *method; int open, job; } srv_routes[] =
     {"/v1/responses", "POST", 0, JOB_RESPONSES}, {"/v1/responses/", "GET, DELETE", 0, -1}, /* a prefix */
     {"/tokenize", "POST", 0, JOB_TOKENIZE}, {"/detokenize", "POST", 0, JOB_DETOKENIZE},
     {"/v1/messages", "POST", 0, JOB_MESSAGES}, {"/v1/messages/count_tokens", "POST", 0, JOB_COUNT_TOKENS},
+    {"/v1/embeddings", "POST", 0, JOB_EMBEDDINGS}, {"/v1/rerank", "POST", 0, JOB_RERANK},
+    {"/v1/score", "POST", 0, JOB_RERANK},
     {"/v1/models", "GET", 0, -1}, {"/version", "GET", 0, -1},
     {"/health", "GET", 1, -1}, {"/ping", "GET", 1, -1}, {"/metrics", "GET", 1, -1},
 };
@@ -1351,7 +1361,8 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
      * comes anyway is refused; what is in flight runs to its end */
     const char *path = rq->path;
     int job = srv_routes[route].job;
-    int generation = job == JOB_COMPLETIONS || job == JOB_CHAT || job == JOB_MESSAGES || job == JOB_RESPONSES;
+    int generation = job == JOB_COMPLETIONS || job == JOB_CHAT || job == JOB_MESSAGES ||
+                     job == JOB_RESPONSES || job == JOB_EMBEDDINGS;
     if (g_srv_stop && (generation || !strcmp(path, "/health") || !strcmp(path, "/ping"))) {
         send_error(S, c, 503, NULL, "the server is shutting down: it finishes the requests it has and takes "
                    "no new ones");
@@ -1476,7 +1487,12 @@ static int fv_best_of(const llm_json *v, const llm_json *b) {  /* best of n amon
                                           (n && n->type == LLM_JSON_NUMBER && v->num == n->num));
 }
 
-enum { F_CMPL = 1 << REQ_COMPLETIONS, F_CHAT = 1 << REQ_CHAT, F_BOTH = F_CMPL | F_CHAT };
+enum { F_CMPL = 1 << REQ_COMPLETIONS, F_CHAT = 1 << REQ_CHAT, F_BOTH = F_CMPL | F_CHAT,
+       F_EMBED = 1 << REQ_EMBED };
+static int fv_float32(const llm_json *v, const llm_json *b) { (void)b; return fv_str(v, "float32"); }
+static int fv_0(const llm_json *v, const llm_json *b) {
+    (void)b; return v->type == LLM_JSON_NUMBER && !v->num;
+}
 static const struct {
     const char *name;
     int endpoints;                                  /* F_CMPL, F_CHAT: where the field is defined */
@@ -1526,6 +1542,15 @@ static const struct {
     {"prompt_embeds", F_CMPL, fv_never}, {"chat_template", F_CHAT, fv_never}, {"audio", F_CHAT, fv_never},
     {"prediction", F_CHAT, fv_never},
     {"web_search_options", F_CHAT, fv_never}, {"verbosity", F_CHAT, fv_never},
+    /* /v1/embeddings (OpenAI's, and vLLM's pooling fields): prepare_embeddings reads the first ones */
+    {"model", F_EMBED, fv_any}, {"input", F_EMBED, fv_any}, {"encoding_format", F_EMBED, fv_any},
+    {"dimensions", F_EMBED, fv_any}, {"user", F_EMBED, fv_any},
+    {"truncate_prompt_tokens", F_EMBED, fv_any}, {"add_special_tokens", F_EMBED, fv_any},
+    {"request_id", F_EMBED, fv_any}, {"priority", F_EMBED, fv_0},
+    {"normalize", F_EMBED, fv_true}, {"embed_dtype", F_EMBED, fv_float32},
+    {"messages", F_EMBED, fv_never}, {"chat_template", F_EMBED, fv_never},
+    {"mm_processor_kwargs", F_EMBED, fv_none}, {"use_activation", F_EMBED, fv_never},
+    {"softmax", F_EMBED, fv_never}, {"activation", F_EMBED, fv_never},
 };
 
 /* A field name no table knows: ignored, as vLLM does, and said once on stderr (the first SRV_MAX_UNKNOWN
@@ -1743,6 +1768,20 @@ static int parse_structured(srv_state *S, const llm_json *body, srv_req *r, srv_
  * the job keeps until attach_generation has added the request (llm_engine_add_request copies what it keeps);
  * the id lists go into r's stb_ds arrays, which prepare_generation points p at. Returns 0, or -1 with e
  * naming the field. */
+/* vLLM's truncate_prompt_tokens into r: K >= 1, or -1 for the context's length; 0 stays "not given" */
+static int parse_truncation(srv_state *S, const llm_json *body, srv_req *r, srv_error *e) {
+    double x = 0;
+    if (get_number(body, "truncate_prompt_tokens", -1, 1 << 30, 1, &x, e)) return -1;
+    const llm_json *tpt = llm_json_get(body, "truncate_prompt_tokens");
+    if (x == 0 && tpt && tpt->type != LLM_JSON_NULL)
+        return bad(e, 400, "truncate_prompt_tokens", "truncate_prompt_tokens must be -1 or at least 1");
+    if (x > S->max_model_len)
+        return bad(e, 400, "truncate_prompt_tokens", "truncate_prompt_tokens value (%d) is greater than "
+                   "max_model_len (%d). Please, select a smaller truncation size.", (int)x, S->max_model_len);
+    r->truncate_prompt_tokens = x < 0 ? S->max_model_len : (int)x;
+    return 0;
+}
+
 static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r,
                           llm_sampling_params *p, srv_error *e) {
     double x;
@@ -1797,15 +1836,7 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r,
                                                 * template (ours gets it as the vocabulary asks, once) */
     if (get_bool(body, "add_special_tokens", &special, e)) return -1;
     r->add_special = r->kind == REQ_CHAT ? (special ? 2 : 1) : special;
-    x = 0; /* vLLM's: K >= 1, or -1 for the context's length; 0 stays "not given" */
-    if (get_number(body, "truncate_prompt_tokens", -1, 1 << 30, 1, &x, e)) return -1;
-    const llm_json *tpt = llm_json_get(body, "truncate_prompt_tokens");
-    if (x == 0 && tpt && tpt->type != LLM_JSON_NULL)
-        return bad(e, 400, "truncate_prompt_tokens", "truncate_prompt_tokens must be -1 or at least 1");
-    if (x > S->max_model_len)
-        return bad(e, 400, "truncate_prompt_tokens", "truncate_prompt_tokens value (%d) is greater than "
-                   "max_model_len (%d). Please, select a smaller truncation size.", (int)x, S->max_model_len);
-    r->truncate_prompt_tokens = x < 0 ? S->max_model_len : (int)x;
+    if (parse_truncation(S, body, r, e)) return -1;
     const llm_json *salt = llm_json_get(body, "cache_salt"); /* hashed by add_request: the body may go */
     if (salt && salt->type != LLM_JSON_NULL) {
         if (salt->type != LLM_JSON_STRING || !salt->len || strlen(salt->str) != salt->len)
@@ -2289,18 +2320,19 @@ static int truncate_prompts(srv_state *S, srv_req *r, srv_error *e) {
  * the first item that does not fit. The count is checked before the array of prompts is allocated; the
  * ids are bounded by the body's size (SRV_MAX_BODY), and each id must name a token of the vocabulary
  * (is_token_id) because the engine indexes its embedding table with it. */
-static int completion_prompts(srv_state *S, const llm_json *prompt, srv_req *r, srv_error *e) {
-    if (!prompt) return bad(e, 400, "prompt", "prompt is required");
+static int completion_prompts(srv_state *S, const llm_json *prompt, const char *param, srv_req *r,
+                              srv_error *e) {
+    if (!prompt) return bad(e, 400, param, "%s is required", param);
     const llm_json *list = prompt;
     int n = 1, one = 1;
     if (prompt->type == LLM_JSON_ARRAY && prompt->n > 0 && (prompt->items[0].type == LLM_JSON_STRING ||
                                                      prompt->items[0].type == LLM_JSON_ARRAY)) {
         n = prompt->n; one = 0;
     } else if (prompt->type != LLM_JSON_STRING && prompt->type != LLM_JSON_ARRAY) {
-        return bad(e, 400, "prompt", "prompt must be a string, a list of strings or a list of token ids");
+        return bad(e, 400, param, "%s must be a string, a list of strings or a list of token ids", param);
     }
     if (n > SRV_MAX_PROMPTS)
-        return bad(e, 400, "prompt", "at most %d prompts in one request", SRV_MAX_PROMPTS);
+        return bad(e, 400, param, "at most %d prompts in one request", SRV_MAX_PROMPTS);
     r->prompts = (srv_prompt *)calloc((size_t)n, sizeof(srv_prompt));
     if (!r->prompts) return bad(e, 500, NULL, "out of memory");
     r->n_prompts = n;
@@ -2310,21 +2342,21 @@ static int completion_prompts(srv_state *S, const llm_json *prompt, srv_req *r, 
         sp->req = r; sp->index = i;
         if (p->type == LLM_JSON_STRING) {
             if (tokenize_text(S, p->str, p->len, r->add_special, &sp->prompt_ids) != 0)
-                return bad(e, 400, "prompt", "the prompt could not be tokenized");
+                return bad(e, 400, param, "the prompt could not be tokenized");
             if (r->echo && !(sp->echo_text = strdup(p->str))) return bad(e, 500, NULL, "out of memory");
         } else if (p->type == LLM_JSON_ARRAY) {
             for (int k = 0; k < p->n; k++) {
                 const llm_json *t = &p->items[k];
                 if (!is_token_id(S, t))
-                    return bad(e, 400, "prompt", "a prompt's token ids must be integers in 0..%d",
+                    return bad(e, 400, param, "a prompt's token ids must be integers in 0..%d",
                                S->model->cfg.vocab_size - 1);
                 arrput(sp->prompt_ids, (int32_t)t->num);
             }
             if (r->echo && echo_ids_text(S, sp)) return bad(e, 500, NULL, "out of memory");
         } else {
-            return bad(e, 400, "prompt", "prompt must be a string, a list of strings or a list of token ids");
+            return bad(e, 400, param, "%s must be a string, a list of strings or a list of token ids", param);
         }
-        if (arrlen(sp->prompt_ids) == 0) return bad(e, 400, "prompt", "the prompt is empty");
+        if (arrlen(sp->prompt_ids) == 0) return bad(e, 400, param, "the prompt is empty");
     }
     return 0;
 }
@@ -2386,7 +2418,7 @@ static int prepare_generation(srv_state *S, const llm_json *body, int kind, cons
         r->logprobs = (int)x;
         p->logprobs = r->logprobs;
         if (r->echo && r->logprobs > p->prompt_logprobs) p->prompt_logprobs = r->logprobs; /* echo's prompt */
-        if (completion_prompts(S, llm_json_get(body, "prompt"), r, e)) return -1;
+        if (completion_prompts(S, llm_json_get(body, "prompt"), "prompt", r, e)) return -1;
     } else {
         const llm_json *mt = llm_json_get(body, "max_completion_tokens");
         const char *key = mt && mt->type != LLM_JSON_NULL ? "max_completion_tokens" : "max_tokens";
@@ -2563,6 +2595,12 @@ static int handle_detokenize(srv_state *S, const llm_json *body, sbuf *out, srv_
  * until the job comes back, through the wake-up pipe, as an answer to send (an error, /tokenize's) or as a
  * generation ready for the engine, which the network thread adds (ids and a parsed grammar: cheap).
  * ======================================================================================================== */
+/* The embeddings' endpoints (their section, after the engine's events) */
+static int prepare_embeddings(srv_state *S, const llm_json *body, const char *request_id, srv_req *r,
+                              llm_sampling_params *p, srv_error *e);
+static int rerank_refuse(srv_state *S, srv_error *e);
+static void embed_finish(srv_state *S, srv_req *r);
+
 /* The worker's part of a job: everything a request's bytes can make cost */
 static void job_run(srv_state *S, srv_job *j) {
     char jerr[LLM_ERR_LEN];
@@ -2576,6 +2614,7 @@ static void job_run(srv_state *S, srv_job *j) {
     j->json_ok = 1;
     free(j->body); j->body = NULL; /* (the parse copied what it keeps) */
     if (j->json.type != LLM_JSON_OBJECT) { bad(&j->e, 400, NULL, "the body must be a JSON object"); return; }
+    if (j->route == JOB_RERANK) { rerank_refuse(S, &j->e); return; }
     /* 2. /tokenize and /detokenize: the whole answer, made here */
     if (j->route == JOB_TOKENIZE || j->route == JOB_DETOKENIZE) {
         j->failed = (j->route == JOB_TOKENIZE ? handle_tokenize : handle_detokenize)(S, &j->json, &j->answer,
@@ -2589,8 +2628,11 @@ static void job_run(srv_state *S, srv_job *j) {
      * is when the whole request was read, so the time it waited for a worker is in its latency */
     if (!(j->r = (srv_req *)calloc(1, sizeof *j->r))) { bad(&j->e, 500, NULL, "out of memory"); return; }
     j->r->t_arrival = j->t_arrival;
-    j->failed = prepare_generation(S, &j->json, j->route == JOB_CHAT ? REQ_CHAT : REQ_COMPLETIONS,
-                                   j->request_id, j->r, &j->p, &j->e) != 0;
+    if (j->route == JOB_EMBEDDINGS)
+        j->failed = prepare_embeddings(S, &j->json, j->request_id, j->r, &j->p, &j->e) != 0;
+    else
+        j->failed = prepare_generation(S, &j->json, j->route == JOB_CHAT ? REQ_CHAT : REQ_COMPLETIONS,
+                                       j->request_id, j->r, &j->p, &j->e) != 0;
 }
 
 /* A worker thread: takes the oldest job, runs it without the lock, puts it on jobs_done and writes a byte
@@ -2737,6 +2779,11 @@ static void *srv_engine_loop(void *arg) {
                     memcpy(lp->top_ids, o->prompt_top_ids, n_top * sizeof(int32_t));
                     memcpy(lp->top_logprobs, o->prompt_top_logprobs, n_top * sizeof(float));
                 }
+            }
+            if (ok && o->embedding) {
+                size_t bytes = (size_t)o->n_embedding * sizeof(float);
+                ok = (ev.embedding = (float *)malloc(bytes)) != NULL;
+                if (ok) { memcpy(ev.embedding, o->embedding, bytes); ev.n_embedding = o->n_embedding; }
             }
             if (o->error) ev.error = strdup(o->error);
             if (!ok) { /* out of memory: the client gets an error rather than a hole in its text */
@@ -3266,8 +3313,9 @@ static void finish_request(srv_state *S, srv_req *r) {
         conn_send(S, c, "0\r\n\r\n", 5); /* the chunked body's end */
         return;
     }
-    /* 2. a whole response: the error, or every choice's object */
+    /* 2. a whole response: the error, or every choice's object (an embedding's: its vectors) */
     if (r->error[0]) { send_error(S, c, 500, NULL, "%s", r->error); return; }
+    if (r->kind == REQ_EMBED) { embed_finish(S, r); return; }
     sbuf b = {0};
     int chat = r->kind == REQ_CHAT;
     put_header_fields(&b, S, r, chat ? "chat.completion" : "text_completion");
@@ -3377,6 +3425,9 @@ static void apply_event(srv_state *S, srv_event *ev) {
     if (ci < 0 || ci >= r->n_prompts * r->n) return;
     srv_choice *ch = &r->choices[ci];
     if (ev->prompt_lp && !sp->lp) { sp->lp = ev->prompt_lp; ev->prompt_lp = NULL; } /* for each choice */
+    if (ev->embedding && !sp->embedding) { /* an embedding's vector, for embed_finish */
+        sp->embedding = ev->embedding; sp->n_embedding = ev->n_embedding; ev->embedding = NULL;
+    }
     /* 2. scoring (echo and max_tokens 0) asks the engine for 1 token, and that token is dropped here */
     if (r->score_only) { /* the one token computed for nothing: no completion, as if max_tokens ran out */
         ev->n_tokens = 0; ev->text_len = 0;
@@ -4143,9 +4194,6 @@ static int fv_tier(const llm_json *v, const llm_json *b) {
     (void)b; return fv_str(v, "auto") || fv_str(v, "default");
 }
 static int fv_in_memory(const llm_json *v, const llm_json *b) { (void)b; return fv_str(v, "in_memory"); }
-static int fv_0(const llm_json *v, const llm_json *b) {
-    (void)b; return v->type == LLM_JSON_NUMBER && !v->num;
-}
 static const struct {
     const char *name;
     int (*takes)(const llm_json *v, const llm_json *b);
@@ -5042,6 +5090,133 @@ static void handle_stored_response(srv_state *S, srv_conn *c, const http_request
 }
 
 /* ===========================================================================================================
+ * Embeddings: POST /v1/embeddings (OpenAI's shape, vLLM's pooling); /v1/rerank and /v1/score refused
+ *
+ * Each input (a string, a list of them, a list of ids, a list of lists: completion_prompts reads them as it
+ * reads a completion's prompts, with the same bounds) is one engine request whose sampling asks for the
+ * model's pooling (llm_sampling_params.pooling): attach_generation adds them, so they share the scheduler,
+ * the queue's bound and the steps with the generations. The finishing output of each carries its vector;
+ * embed_finish normalises it (L2), keeps the first `dimensions` values (Matryoshka: then normalised again)
+ * and writes floats (%.9g: a float32 read back is the same float) or base64 of the little-endian float32
+ * values, padded, which the openai client asks for unless told otherwise and decodes with numpy.
+ * ======================================================================================================== */
+static const char *const pooling_names[5] = {"none", "mean", "cls", "last", "rank"};
+
+/* /v1/embeddings' fields, checked, and its inputs tokenized into r (one prompt each) and p: 0, or -1 with
+ * the 400 in *e. The model must pool: --pooling, or its GGUF pooling_type (mean, cls, last). */
+static int prepare_embeddings(srv_state *S, const llm_json *body, const char *request_id, srv_req *r,
+                              llm_sampling_params *p, srv_error *e) {
+    r->kind = REQ_EMBED; r->n = 1; r->logprobs = -1; r->prompt_logprobs = -1;
+    r->created = (long long)wall_s();
+    snprintf(r->id, sizeof r->id, "embd-%s", request_id);
+    if (check_fields(S, body, REQ_EMBED, e) || check_model(S, body, e)) return -1;
+    const char *arch = llm_arch_names[S->model->cfg.arch];
+    if (S->pooling == 0)
+        return bad(e, 400, NULL, "this model makes no embeddings: it has no pooling type (GGUF key "
+                   "%s.pooling_type) and --pooling was not given", arch);
+    if (S->pooling > LLM_POOL_LAST)
+        return bad(e, 400, NULL, "this model is a reranker (GGUF key %s.pooling_type is %d, %s), which this "
+                   "server does not run; --pooling mean|cls|last embeds with it anyway", arch, S->pooling,
+                   pooling_names[S->pooling]);
+    const llm_json *fmt = llm_json_get(body, "encoding_format"), *user = llm_json_get(body, "user");
+    if (fmt && fmt->type != LLM_JSON_NULL && !fv_str(fmt, "float") && !(r->base64 = fv_str(fmt, "base64")))
+        return bad(e, 400, "encoding_format", "encoding_format must be \"float\" or \"base64\"");
+    if (user && user->type != LLM_JSON_NULL && user->type != LLM_JSON_STRING)
+        return bad(e, 400, "user", "user must be a string");
+    int dim = S->model->cfg.dim;
+    double x = 0;
+    if (get_number(body, "dimensions", 1, dim, 1, &x, e)) return -1;
+    /* fewer values than the model's only where it was trained for them (GGUF has no key that says so) */
+    int matryoshka = S->matryoshka || strstr(S->model->name, "Qwen3-Embedding") != NULL;
+    if (x && x < dim && !matryoshka)
+        return bad(e, 400, "dimensions", "this model does not declare Matryoshka embeddings: dimensions must "
+                   "be its size, %d, or absent (llm serve --matryoshka allows fewer)", dim);
+    r->dimensions = (int)x;
+    r->add_special = 1; /* BOS and EOS as the vocabulary asks: a last-token pooling reads the EOS */
+    if (get_bool(body, "add_special_tokens", &r->add_special, e) || parse_truncation(S, body, r, e))
+        return -1;
+    const llm_json *input = llm_json_get(body, "input");
+    for (int i = 0; input && i < (input->type == LLM_JSON_ARRAY ? input->n : 1); i++) {
+        const llm_json *v = input->type == LLM_JSON_ARRAY ? &input->items[i] : input;
+        if (v->type == LLM_JSON_STRING && v->len == 0)
+            return bad(e, 400, "input", "input has an empty string");
+    }
+    if (completion_prompts(S, input, "input", r, e)) return -1;
+    /* a text's ids end with EOS when the vocabulary asks, as llama.cpp's add_special (the engine's text
+     * prompts too): an input item is a string when the input is a string or a list of them */
+    int eos = llm_tokenizer_eos(S->model->tok), strings = input->type == LLM_JSON_STRING ||
+        (input->type == LLM_JSON_ARRAY && input->n > 0 && input->items[0].type == LLM_JSON_STRING);
+    strings = strings && r->add_special && llm_tokenizer_adds_eos(S->model->tok) && eos >= 0;
+    for (int i = 0; i < r->n_prompts && strings; i++)
+        if (arrlast(r->prompts[i].prompt_ids) != eos) arrput(r->prompts[i].prompt_ids, eos);
+    if (truncate_prompts(S, r, e)) return -1;
+    for (int i = 0; i < r->n_prompts; i++) { /* vLLM's words; all of the context, no token generated */
+        int n = (int)arrlen(r->prompts[i].prompt_ids);
+        if (n > S->max_model_len)
+            return bad(e, 400, "input", "This model's maximum context length is %d tokens. However, you "
+                       "requested %d tokens in the input for embedding generation. Please reduce the length "
+                       "of the input.", S->max_model_len, n);
+    }
+    *p = llm_sampling_defaults();
+    p->pooling = S->pooling;
+    return 0;
+}
+
+/* /v1/rerank and /v1/score (vLLM's, and llama.cpp's /v1/rerank): a 400 that says why */
+static int rerank_refuse(srv_state *S, srv_error *e) {
+    if (S->pooling == 4)
+        return bad(e, 400, NULL, "this model is a reranker (GGUF key %s.pooling_type 4, rank), but this "
+                   "server does not run rerankers yet", llm_arch_names[S->model->cfg.arch]);
+    return bad(e, 400, NULL, "this model is not a reranker: its pooling type is %d (%s), not 4 (rank)",
+               S->pooling, pooling_names[S->pooling]);
+}
+
+/* n float32 values as standard base64, padded, of their little-endian bytes (the openai client's default:
+ * it decodes them with numpy's frombuffer as float32) */
+static void put_base64_floats(sbuf *b, const float *v, int n) {
+    size_t len = (size_t)n * 4;
+    uint8_t *bytes = (uint8_t *)malloc(len ? len : 1);
+    if (!bytes) { b->failed = 1; return; }
+    for (int i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], 4);
+        for (int k = 0; k < 4; k++) bytes[i * 4 + k] = (uint8_t)(u >> (8 * k));
+    }
+    sb_puts(b, "\"");
+    sb_base64(b, bytes, len);
+    sb_puts(b, "\"");
+    free(bytes);
+}
+
+/* The whole response of an embeddings request, every input's vector in order */
+static void embed_finish(srv_state *S, srv_req *r) {
+    srv_conn *c = r->conn;
+    sbuf b = {0};
+    sb_puts(&b, "{\"object\":\"list\",\"data\":[");
+    for (int i = 0; i < r->n_prompts; i++) {
+        srv_prompt *sp = &r->prompts[i];
+        int d = r->dimensions && r->dimensions < sp->n_embedding ? r->dimensions : sp->n_embedding;
+        if (!sp->embedding) { b.failed = 1; break; } /* (every prompt finished with its vector) */
+        llm_embedding_normalize(sp->embedding, d);
+        sb_printf(&b, "%s{\"object\":\"embedding\",\"index\":%d,\"embedding\":", i ? "," : "", i);
+        if (r->base64) put_base64_floats(&b, sp->embedding, d);
+        else {
+            sb_puts(&b, "[");
+            for (int k = 0; k < d; k++) sb_printf(&b, "%s%.9g", k ? "," : "", (double)sp->embedding[k]);
+            sb_puts(&b, "]");
+        }
+        sb_puts(&b, "}");
+    }
+    sb_puts(&b, "],\"model\":");
+    sb_json_cstr(&b, S->model_name);
+    sb_printf(&b, ",\"usage\":{\"prompt_tokens\":%d,\"total_tokens\":%d}}", r->prompt_tokens,
+              r->prompt_tokens);
+    if (b.failed) send_error(S, c, 500, NULL, "out of memory writing the response");
+    else send_response(S, c, 200, "application/json", b.s, b.len, NULL);
+    sb_free(&b);
+}
+
+/* ===========================================================================================================
  * Metrics: vLLM's names, so existing dashboards work
  *
  * GET /metrics answers in Prometheus' text format: for each metric a "# HELP name text" line, a "# TYPE name
@@ -5203,6 +5378,8 @@ typedef struct {
     const char *allowed_origins;    /* --allowed-origins: a JSON list or comma-separated (NULL: none) */
     int store_max;                  /* --responses-store: stored responses kept, at most */
     size_t store_max_bytes;         /* --responses-store-bytes: their bytes, at most */
+    int pooling;                    /* --pooling (enum llm_pooling; 0: the file's pooling_type) */
+    int matryoshka;                 /* --matryoshka: /v1/embeddings' dimensions may be under the model's */
 } serve_config;
 
 /* --allowed-origins as vLLM takes it (a JSON list of strings) or comma-separated, into S->origins ("*":
@@ -5285,6 +5462,7 @@ static int serve(const serve_config *a) {
     char sampling_note[LLM_ERR_LEN];
     int from_file = llm_model_sampling_defaults(S->model, &S->defaults, sampling_note);
     S->reasoning_format_none = a->reasoning_none;
+    S->pooling = a->pooling ? a->pooling : S->model->cfg.pooling; S->matryoshka = a->matryoshka;
     if (a->served_model_name) snprintf(S->model_name, sizeof S->model_name, "%s", a->served_model_name);
     else { /* the file's name without its folders and .gguf, as vLLM names a model by its path */
         const char *base = strrchr(a->engine.model_path, '/');

@@ -3498,6 +3498,154 @@ static void test_prefix_cache(void) {
     free(r);
 }
 
+/* Embeddings (llm_sampling_params.pooling) against tools/embed_oracle.py's float64 vectors of the random
+ * qwen3 embedding model (testdata/reference/random-qwen3-embed-f64.json: three prompts given as ids, EOS
+ * last, pooled mean, cls and last and L2-normalised), normalised here as the server does them:
+ * - the pooling type is the file's (qwen3.pooling_type 3: last);
+ * - all nine in one batch with a generating request of the first prompt, whose tokens come in the same
+ *   steps as the vectors and are those it gives alone; on the exact path with an f32 cache the cosine is
+ *   >= 0.99999 and the largest difference <= 1e-5 (measured: 1 - 1e-9, 2e-7); on the default path (16-bit
+ *   activations, f16 cache) >= 0.9999 and <= 1e-3 (measured: 1 - 5e-8, 1.1e-4);
+ * - mean after the prompt's blocks were cached (by a last pooling, which may take them, and a generation,
+ *   which does: 32 of 41 tokens) takes nothing from the cache, and is still the vector. */
+static double pool_compare(const float *got, int n, const llm_json *want, double *max_diff) {
+    double norm = 0, dot = 0, wn = 0;
+    for (int i = 0; i < n; i++) norm += (double)got[i] * got[i];
+    norm = sqrt(norm);
+    *max_diff = 0;
+    if (!want || want->type != LLM_JSON_ARRAY || want->n != n || norm == 0) { *max_diff = 1e9; return 0; }
+    for (int i = 0; i < n; i++) {
+        double g = got[i] / norm, w = want->items[i].num;
+        dot += g * w; wn += w * w;
+        if (fabs(g - w) > *max_diff) *max_diff = fabs(g - w);
+    }
+    return dot / sqrt(wn);
+}
+
+/* Runs the engine until it has no work; each output's vector (user: the slot + 1) copied into vec, each
+ * generated token into gen; returns the steps in which a vector and a generated token both came out */
+static int pool_run(llm_engine *e, float (*vec)[64], int *cached, int32_t *gen, int *n_gen) {
+    int both = 0;
+    while (llm_engine_has_work(e)) {
+        const llm_output *out;
+        int k = llm_engine_step(e, &out), vecs = 0, toks = 0;
+        for (int i = 0; i < k; i++) {
+            int slot = (int)(intptr_t)out[i].user - 1;
+            if (out[i].embedding && slot >= 0 && out[i].n_embedding <= 64) {
+                memcpy(vec[slot], out[i].embedding, (size_t)out[i].n_embedding * sizeof(float));
+                cached[slot] = out[i].n_cached_tokens; vecs++;
+            }
+            for (int t = 0; t < out[i].n_tokens && *n_gen < 64; t++) gen[(*n_gen)++] = out[i].token_ids[t];
+            toks += out[i].n_tokens;
+            if (slot < 0) cached[63] = out[i].n_cached_tokens; /* the generation's */
+        }
+        both += vecs && toks;
+    }
+    return both;
+}
+
+/* The oracle's reference, parsed into *ref: its text (to free after ref), or NULL (a failed CHECK) */
+static char *pool_reference(llm_json *ref) {
+    char err[LLM_ERR_LEN], path[1024];
+    snprintf(path, sizeof path, "%s/reference/random-qwen3-embed-f64.json", testdata_dir);
+    size_t len;
+    char *text = read_file(path, &len);
+    if (text && llm_json_parse(text, len, ref, err) == 0) return text;
+    CHECK(0, "read %s", path);
+    free(text);
+    return NULL;
+}
+
+static void test_engine_pooling(void) {
+    char err[LLM_ERR_LEN];
+    llm_json ref;
+    char *text = pool_reference(&ref);
+    if (!text) return;
+    const llm_json *prompts = llm_json_get(&ref, "prompts");
+    static const char *names[4] = {"", "mean", "cls", "last"};
+    int32_t alone[64], mixed[64];
+    int n_alone = 0, n_mixed = 0;
+    for (int run = 0; run < 3; run++) { /* the exact path, the default one, and alone (the generation) */
+        llm_engine_config cfg = engine_config("random-qwen3-embed.gguf");
+        if (run == 0) { cfg.create_backend = llm_cpu_exact_backend_create; cfg.kv_cache_dtype = LLM_KV_F32; }
+        llm_engine *e = engine_new(&cfg);
+        if (!e || !prompts || prompts->n != 3) { llm_engine_destroy(e); break; }
+        int dim = llm_engine_model(e)->cfg.dim;
+        CHECK(llm_engine_model(e)->cfg.pooling == LLM_POOL_LAST && dim == 32, "pooling type %d, dim %d",
+              llm_engine_model(e)->cfg.pooling, dim);
+        static float vec[64][64];
+        int cached[64] = {0}, n_gen = 0;
+        int32_t gen[64];
+        memset(vec, 0, sizeof vec);
+        const llm_json *ids0 = llm_json_get(&prompts->items[0], "ids");
+        int32_t ids[3][64], n_ids[3];
+        for (int i = 0; i < 3; i++) {
+            const llm_json *v = llm_json_get(&prompts->items[i], "ids");
+            n_ids[i] = v && v->n <= 64 ? v->n : 0;
+            for (int k = 0; k < n_ids[i]; k++) ids[i][k] = (int32_t)v->items[k].num;
+        }
+        llm_sampling_params g = greedy(8);
+        g.ignore_eos = 1;
+        CHECK(ids0 && llm_engine_add_request(e, NULL, ids[0], n_ids[0], &g, NULL, err), "generation: %s",
+              err);
+        if (run == 2) {
+            pool_run(e, vec, cached, alone, &n_alone);
+            CHECK(n_alone == n_mixed && !memcmp(alone, mixed, sizeof(int32_t) * (size_t)n_alone),
+                  "the generation beside the poolings: the tokens it gives alone");
+            llm_engine_destroy(e);
+            break;
+        }
+        for (int i = 0; i < 3; i++)
+            for (int pool = LLM_POOL_MEAN; pool <= LLM_POOL_LAST; pool++) {
+                llm_sampling_params p = llm_sampling_defaults();
+                p.pooling = pool;
+                CHECK(llm_engine_add_request(e, NULL, ids[i], n_ids[i], &p, (void *)(intptr_t)(i * 3 + pool),
+                                             err), "pooling request: %s", err);
+            }
+        int both = pool_run(e, vec, cached, gen, &n_gen);
+        CHECK(both >= 1 && n_gen == 8, "pooling beside a generation: %d steps with both, %d tokens", both,
+              n_gen);
+        double worst_cos = 1, worst_diff = 0, bound_cos = run == 0 ? 0.99999 : 0.9999;
+        double bound_diff = run == 0 ? 1e-5 : 1e-3;
+        for (int i = 0; i < 3; i++)
+            for (int pool = LLM_POOL_MEAN; pool <= LLM_POOL_LAST; pool++) {
+                const llm_json *want = llm_json_get(&prompts->items[i], names[pool]);
+                double diff, cos = pool_compare(vec[i * 3 + pool - 1], dim, want, &diff); /* slot: user - 1 */
+                CHECK(cos >= bound_cos && diff <= bound_diff, "%s prompt %d %s: cosine %.9f, max diff %.2g",
+                      run == 0 ? "exact" : "default", i, names[pool], cos, diff);
+                if (cos < worst_cos) worst_cos = cos;
+                if (diff > worst_diff) worst_diff = diff;
+            }
+        printf("  pooling on the %s path: cosine >= %.9f, max |diff| %.2g\n", run == 0 ? "exact" : "default",
+               worst_cos, worst_diff);
+        /* the long prompt cached by a last pooling and a generation; then mean and cls of it again */
+        if (run == 0) {
+            llm_sampling_params p = llm_sampling_defaults();
+            p.pooling = LLM_POOL_LAST;
+            llm_engine_add_request(e, NULL, ids[2], n_ids[2], &p, (void *)(intptr_t)20, err);
+            pool_run(e, vec, cached, gen, &n_gen);
+            llm_engine_add_request(e, NULL, ids[2], n_ids[2], &g, NULL, err);
+            pool_run(e, vec, cached, gen, &n_gen);
+            CHECK(cached[63] == 32, "the generation took %d cached tokens of the prompt (32)", cached[63]);
+            for (int pool = LLM_POOL_MEAN; pool <= LLM_POOL_CLS; pool++) {
+                p.pooling = pool;
+                llm_engine_add_request(e, NULL, ids[2], n_ids[2], &p, (void *)(intptr_t)(20 + pool), err);
+                pool_run(e, vec, cached, gen, &n_gen);
+                const llm_json *want = llm_json_get(&prompts->items[2], names[pool]);
+                double diff, cos = pool_compare(vec[19 + pool], dim, want, &diff);
+                CHECK(cos >= 0.99999 && diff <= 1e-5 && cached[19 + pool] == 0,
+                      "%s after the prompt was cached: cosine %.9f, max diff %.2g, %d cached", names[pool],
+                      cos, diff, cached[19 + pool]);
+            }
+            CHECK(all_blocks_free(e), "pooling: every block back");
+        }
+        if (run == 1) { memcpy(mixed, gen, sizeof gen); n_mixed = n_gen; }
+        llm_engine_destroy(e);
+    }
+    llm_json_free(&ref);
+    free(text);
+}
+
 /* The priority policy (vLLM's --scheduling-policy priority): requests wait in order of (priority, arrival);
  * when blocks run out the lowest priority's latest running sequence is preempted, even one the step has
  * planned already (its copy-on-write copies dropped with it).
@@ -6325,7 +6473,8 @@ static void test_cli(void) {
     free(out);
     out = run_command("./llm --help 2>&1", &status);
     const char *flags[] = {"-m", "-p", "-n", "--temp", "--top-p", "--top-k", "--min-p", "--seed", "--ids",
-                           "tokenize", "--no-bos", "bench", "--dummy", "--static", "--kv-cache-dtype"};
+                           "tokenize", "--no-bos", "bench", "--dummy", "--static", "--kv-cache-dtype",
+                           "llm embed", "--pooling", "--matryoshka"};
     int missing = 0;
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
         if (!out || !strstr(out, flags[i])) { missing++; printf("    --help lacks %s\n", flags[i]); }
@@ -8271,6 +8420,182 @@ static void test_server_speculative(void) {
               refused[i][0], refused[i][1], out ? out : "");
         free(out);
     }
+}
+
+/* POST /v1/embeddings (and /v1/rerank, /v1/score), on the random qwen3 embedding model (last-token pooling,
+ * EOS appended by its vocabulary) against tools/embed_oracle.py's vectors, and on stories260K (no pooling):
+ * - "Hello world" as a string is the reference's prompt 0 (its ids and EOS): the vector within 1e-3 of the
+ *   oracle's, the exact body around it; as base64, the same float32 values (little-endian, padded); as ids
+ *   the same; a list of two strings: two items in order, their tokens in usage;
+ * - dimensions 8 with --matryoshka: the oracle's first 8 values renormalised;
+ * - refused, with exact bodies: dimensions without --matryoshka, encoding_format, normalize false, an empty
+ *   string, no input, 1025 inputs, /v1/rerank and /v1/score, and a model with no pooling type. */
+static int parse_floats(const char *s, float *out, int cap) {
+    int n = 0;
+    const char *p = s ? strstr(s, "\"embedding\":[") : NULL;
+    if (!p) return 0;
+    p += strlen("\"embedding\":[");
+    while (n < cap && *p && *p != ']') {
+        char *end;
+        out[n++] = strtof(p, &end);
+        if (end == p) return -1;
+        p = end + (*end == ',');
+    }
+    return n;
+}
+
+static int decode_base64_floats(const char *s, float *out, int cap) {
+    const char *p = s ? strstr(s, "\"embedding\":\"") : NULL;
+    if (!p) return 0;
+    p += strlen("\"embedding\":\"");
+    uint8_t bytes[4096];
+    int nb = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (; *p && *p != '"' && *p != '='; p++) {
+        const char *d = strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", *p);
+        if (!d) return -1;
+        acc = acc << 6 | (uint32_t)(d - "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/");
+        bits += 6;
+        if (bits >= 8 && nb < (int)sizeof bytes) { bits -= 8; bytes[nb++] = (uint8_t)(acc >> bits); }
+    }
+    int n = nb / 4 < cap ? nb / 4 : cap;
+    for (int i = 0; i < n; i++) {
+        uint32_t u = bytes[4 * i] | (uint32_t)bytes[4 * i + 1] << 8 | (uint32_t)bytes[4 * i + 2] << 16 |
+                     (uint32_t)bytes[4 * i + 3] << 24;
+        memcpy(&out[i], &u, 4);
+    }
+    return n;
+}
+
+static void test_server_embeddings(void) {
+    char extra[1200];
+    llm_json ref;
+    char *text = pool_reference(&ref);
+    if (!text) return;
+    const llm_json *p0 = llm_json_get(&ref, "prompts");
+    const llm_json *want = p0 && p0->n ? llm_json_get(&p0->items[0], "last") : NULL;
+    test_server s;
+    snprintf(extra, sizeof extra, "-m %s --matryoshka", model_path("random-qwen3-embed.gguf"));
+    if (!want || server_start(&s, extra) != 0) { llm_json_free(&ref); free(text); return; }
+    float v[64] = {0}, w[64] = {0}, u[64];
+    char *r = http_post(s.port, "/v1/embeddings",
+                        "{\"input\":\"Hello world\",\"model\":\"random-qwen3-embed\"}", NULL);
+    int n = parse_floats(http_body(r), v, 64);
+    double diff;
+    double cos = pool_compare(v, n, want, &diff);
+    CHECK(http_status(r) == 200 && n == 32 && cos >= 0.9999 && diff <= 1e-3 &&
+          !strncmp(http_body(r), "{\"object\":\"list\",\"data\":[{\"object\":\"embedding\",\"index\":0,"
+                   "\"embedding\":[", 70) &&
+          strstr(r, "]}],\"model\":\"random-qwen3-embed\",\"usage\":{\"prompt_tokens\":3,"
+                    "\"total_tokens\":3}}"),
+          "embeddings: \"Hello world\" as the oracle's (cosine %.9f, max diff %.2g): %s", cos, diff, r);
+    free(r);
+    /* llm embed: the same vector, a line of space-separated floats per text */
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "./llm embed -m %s 'Hello world' Hi 2>/dev/null",
+             model_path("random-qwen3-embed.gguf"));
+    int status, lines = 0, same = 1;
+    char *out = run_command(cmd, &status), *at = out;
+    for (int i = 0; at && i < 32; i++) {
+        char *end;
+        float x = strtof(at, &end);
+        same &= end != at && x == v[i] && *end == (i < 31 ? ' ' : '\n');
+        at = end + 1;
+    }
+    for (char *c = out; c && *c; c++) lines += *c == '\n';
+    CHECK(status == 0 && same && lines == 2, "llm embed: the server's vector: %.300s", out ? out : "");
+    free(out);
+    /* 128 bytes: 172 digits, the last '=' */
+    r = http_post(s.port, "/v1/embeddings", "{\"input\":\"Hello world\",\"encoding_format\":\"base64\"}",
+                  NULL);
+    int m = decode_base64_floats(http_body(r), w, 64);
+    const char *q = r ? strstr(r, "\"embedding\":\"") : NULL;
+    CHECK(http_status(r) == 200 && m == 32 && !memcmp(v, w, sizeof(float) * 32) && q &&
+          !strcmp(q + 13 + 171, "=\"}],\"model\":\"random-qwen3-embed\",\"usage\":{\"prompt_tokens\":3,"
+                  "\"total_tokens\":3}}") &&
+          strspn(q + 13, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/") == 171,
+          "embeddings: base64, the same float32 values: %s", r);
+    free(r);
+    r = http_post(s.port, "/v1/embeddings", "{\"input\":[[9707,1879,151645]],\"encoding_format\":\"float\"}",
+                  NULL);
+    m = parse_floats(http_body(r), w, 64);
+    CHECK(http_status(r) == 200 && m == 32 && !memcmp(v, w, sizeof(float) * 32), "embeddings: ids: %s", r);
+    free(r);
+    r = http_post(s.port, "/v1/embeddings", "{\"input\":[\"Hello world\",\"Hi\"],\"user\":\"u\"}", NULL);
+    m = parse_floats(http_body(r), w, 64);
+    CHECK(http_status(r) == 200 && m == 32 && !memcmp(v, w, sizeof(float) * 32) &&
+          strstr(r, "]},{\"object\":\"embedding\",\"index\":1,\"embedding\":[") &&
+          strstr(r, "\"usage\":{\"prompt_tokens\":5,\"total_tokens\":5}}"), "embeddings: two strings: %s", r);
+    free(r);
+    r = http_post(s.port, "/v1/embeddings", "{\"input\":\"Hello world\",\"dimensions\":8}", NULL);
+    m = parse_floats(http_body(r), w, 64);
+    double norm = 0, worst = 0;
+    for (int i = 0; i < 8; i++) norm += want->items[i].num * want->items[i].num;
+    for (int i = 0; i < 8 && m == 8; i++)
+        if (fabs(w[i] - want->items[i].num / sqrt(norm)) > worst)
+            worst = fabs(w[i] - want->items[i].num / sqrt(norm));
+    CHECK(http_status(r) == 200 && m == 8 && worst <= 1e-3, "embeddings: dimensions 8 (%.2g): %s", worst, r);
+    free(r);
+    static const struct { const char *path, *body, *want; } refused[] = {
+        {"/v1/embeddings", "{\"input\":\"a\",\"encoding_format\":\"int8\"}", "{\"error\":{\"message\":"
+         "\"encoding_format must be \\\"float\\\" or \\\"base64\\\"\",\"type\":\"invalid_request_error\","
+         "\"param\":\"encoding_format\",\"code\":400}}"},
+        {"/v1/embeddings", "{\"input\":\"a\",\"normalize\":false}", "{\"error\":{\"message\":\"normalize is "
+         "not supported by this server (only null or its default value is accepted)\",\"type\":"
+         "\"invalid_request_error\",\"param\":\"normalize\",\"code\":400}}"},
+        {"/v1/embeddings", "{\"input\":[\"a\",\"\"]}", "{\"error\":{\"message\":\"input has an empty "
+         "string\",\"type\":\"invalid_request_error\",\"param\":\"input\",\"code\":400}}"},
+        {"/v1/embeddings", "{\"model\":\"random-qwen3-embed\"}", "{\"error\":{\"message\":\"input is "
+         "required\",\"type\":\"invalid_request_error\",\"param\":\"input\",\"code\":400}}"},
+        {"/v1/embeddings", "{\"input\":\"a\",\"dimensions\":33}", "{\"error\":{\"message\":\"dimensions "
+         "must be between 1 and 32, got 33\",\"type\":\"invalid_request_error\",\"param\":\"dimensions\","
+         "\"code\":400}}"},
+        {"/v1/rerank", "{\"query\":\"a\",\"documents\":[\"b\"]}", "{\"error\":{\"message\":\"this model is "
+         "not a reranker: its pooling type is 3 (last), not 4 (rank)\",\"type\":\"invalid_request_error\","
+         "\"param\":null,\"code\":400}}"},
+        {"/v1/score", "{\"text_1\":\"a\",\"text_2\":\"b\"}", "{\"error\":{\"message\":\"this model is "
+         "not a reranker: its pooling type is 3 (last), not 4 (rank)\",\"type\":\"invalid_request_error\","
+         "\"param\":null,\"code\":400}}"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        r = http_post(s.port, refused[i].path, refused[i].body, NULL);
+        CHECK(http_status(r) == 400 && !strcmp(http_body(r), refused[i].want), "embeddings: %s %s: %s",
+              refused[i].path, refused[i].body, r);
+        free(r);
+    }
+    char many[8192] = "{\"input\":[\"a\""; /* 1025 inputs: over the bound, refused before any is read */
+    for (int i = 1; i < 1025; i++) strcat(many, ",\"a\"");
+    strcat(many, "]}");
+    r = http_post(s.port, "/v1/embeddings", many, NULL);
+    CHECK(http_status(r) == 400 && strstr(r, "\"message\":\"at most 1024 prompts in one request\","
+                                          "\"type\":\"invalid_request_error\",\"param\":\"input\""),
+          "embeddings: 1025 inputs: %s", r);
+    free(r);
+    CHECK(server_stop(&s) == 0, "embeddings: the server exits cleanly");
+    /* stories260K: no pooling type; with --pooling mean it embeds, but dimensions needs --matryoshka */
+    if (server_start(&s, "") != 0) { llm_json_free(&ref); free(text); return; }
+    r = http_post(s.port, "/v1/embeddings", "{\"input\":\"a\"}", NULL);
+    CHECK(http_status(r) == 400 && !strcmp(http_body(r), "{\"error\":{\"message\":\"this model makes no "
+          "embeddings: it has no pooling type (GGUF key llama.pooling_type) and --pooling was not given\","
+          "\"type\":\"invalid_request_error\",\"param\":null,\"code\":400}}"),
+          "embeddings: no pooling: %s", r);
+    free(r);
+    server_stop(&s);
+    if (server_start(&s, "--pooling mean") != 0) { llm_json_free(&ref); free(text); return; }
+    r = http_post(s.port, "/v1/embeddings", "{\"input\":\"Once upon a time\"}", NULL);
+    m = parse_floats(http_body(r), u, 64);
+    CHECK(http_status(r) == 200 && m == 64, "embeddings: stories260K with --pooling mean: %s", r);
+    free(r);
+    r = http_post(s.port, "/v1/embeddings", "{\"input\":\"a\",\"dimensions\":8}", NULL);
+    CHECK(http_status(r) == 400 && !strcmp(http_body(r), "{\"error\":{\"message\":\"this model does not "
+          "declare Matryoshka embeddings: dimensions must be its size, 64, or absent (llm serve --matryoshka "
+          "allows fewer)\",\"type\":\"invalid_request_error\",\"param\":\"dimensions\",\"code\":400}}"),
+          "embeddings: dimensions without --matryoshka: %s", r);
+    free(r);
+    server_stop(&s);
+    llm_json_free(&ref);
+    free(text);
 }
 
 static void test_server_endpoints(void) {
@@ -12694,6 +13019,7 @@ int main(int argc, char **argv) {
         {"block manager", test_block_manager},
         {"batch invariance", test_batch_invariance}, {"priority scheduling", test_priority_scheduling},
         {"prefix cache", test_prefix_cache}, {"sliding window blocks", test_sliding_window_blocks},
+        {"engine pooling", test_engine_pooling},
         {"speculative decoding", test_speculative},
         {"speculative decoding: n-gram proposer", test_spec_propose},
         {"parallel sampling", test_parallel_sampling},
@@ -12729,7 +13055,7 @@ int main(int argc, char **argv) {
         {"server prompt logprobs", test_server_prompt_logprobs},
         {"server speculative decoding", test_server_speculative},
         {"server errors", test_server_errors}, {"server messages", test_server_messages},
-        {"server errors", test_server_errors}, {"server responses", test_server_responses},
+        {"server responses", test_server_responses}, {"server embeddings", test_server_embeddings},
         {"server structured output", test_server_structured},
         {"server: a costly grammar slows only itself", test_server_grammar_isolation},
         {"server: requests read by workers", test_server_request_workers},

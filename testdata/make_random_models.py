@@ -162,3 +162,9 @@ copy_changed("random-phi3.gguf", "random-phi3-longrope.gguf",
 # 64 tokens more than random-llama2-untied, a draft model for it whose greedy pick is now and then a token the
 # model does not have (the first new token's logit is the largest about a third of the time)
 copy_changed("random-llama2-untied.gguf", "random-llama2-wider.gguf", extra_tokens=64)
+
+# an embedding model as Qwen3-Embedding's GGUF is: random-qwen3-qknorm with last-token pooling, and EOS
+# appended to every prompt (its last position is the one pooled); tools/embed_oracle.py computes its vectors
+BOOL = GGUFValueType.BOOL
+copy_changed("random-qwen3-qknorm.gguf", "random-qwen3-embed.gguf",
+             add_keys=[("qwen3.pooling_type", 3, U32), ("tokenizer.ggml.add_eos_token", True, BOOL)])

@@ -6,14 +6,14 @@ It starts ./llm serve on a free loopback port, runs the client through completio
 not, n > 1, logprobs, invalid requests and fields refused as not supported, stops the server, and prints
 "N passed, M failed".
 """
-import json, os, re, signal, subprocess, sys, typing
+import json, os, re, subprocess, sys, typing
 
 import jsonschema
 import openai
 import openai.lib._pydantic
 import pydantic
 
-from serve_port import listening_port
+from serve_port import close_log, listening_port, stop
 
 testdata = sys.argv[1] if len(sys.argv) > 1 else "testdata"
 model_path = os.path.join(testdata, "models", "stories260K.gguf")
@@ -222,17 +222,9 @@ try:
 except Exception as e:  # the server or the client broke: a failure, with what happened
     check(False, f"unexpected {type(e).__name__}: {e}")
 finally:
-    server.send_signal(signal.SIGTERM)
-    try:
-        code = server.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        code = None
+    code = stop(server)
     check(code == 0, f"the server exits 0 on SIGTERM (got {code})")
-    log.close()
-    if failed:
-        print(open(log_path).read()[-4000:])
-    os.remove(log_path)
+    close_log(log, log_path, failed)
 
 print(f"openai client: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -1,9 +1,13 @@
 """The port of an `llm serve --port 0` that a tool started, read from the server's log.
 
-openai_test.py, tools_test.py and soak.py start the server with its stderr in a log file and import this
-(python puts the script's folder, tools/, first on sys.path). Standard library only.
+openai_test.py, embeddings_test.py, tools_test.py and soak.py start the server with its stderr in a log file
+and import this (python puts the script's folder, tools/, first on sys.path); stop and close_log end it.
+Standard library only.
 """
+import os
 import re
+import signal
+import subprocess
 import time
 
 
@@ -20,3 +24,22 @@ def listening_port(proc, log_path, seconds):
             return None
         time.sleep(0.05)
     return None
+
+
+
+def stop(proc):
+    """SIGTERM, and the server's exit code (None: killed, after 60 s without exiting)"""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return None
+
+
+def close_log(log, log_path, failed):
+    """The server's log closed, its last 4000 characters printed when a check failed, and removed"""
+    log.close()
+    if failed:
+        print(open(log_path).read()[-4000:])
+    os.remove(log_path)
