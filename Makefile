@@ -154,15 +154,16 @@ test-core: llm-test-core $(MODEL) testdata
 # the random-weight models too large to keep in git (108 MB), written once from a fixed seed with the gguf
 # package and checked against the sums of the files llama.cpp's references were made on (testdata/README.md);
 # qwen2moe's; random-gpt-oss with MXFP4 weights and random-phi3 with LongRoPE factors, made from the ones in
-# git, random-llama3-gqa with Llama 3.1's rope_freqs, and random-llama2-untied with 64 more tokens (a draft
-# model)
+# git, random-llama3-gqa with Llama 3.1's rope_freqs, random-llama2-untied with 64 more tokens (a draft
+# model), and random-qwen3-embed (pooling_type last, EOS added: embeddings)
 RANDOM_MODELS = random-llama3-gqa random-qwen2-bias random-qwen3-qknorm random-llama2-untied random-qwen2moe \
-                random-gpt-oss-mxfp4 random-llama3-rope-freqs random-phi3-longrope random-llama2-wider
+                random-gpt-oss-mxfp4 random-llama3-rope-freqs random-phi3-longrope random-llama2-wider \
+                random-qwen3-embed
 RANDOM_STAMP  = testdata/models/.random-ok
 testdata: $(RANDOM_STAMP)
 $(RANDOM_STAMP): testdata/make_random_models.py testdata/models/random-models.sha256 \
                  testdata/models/random-gpt-oss.gguf testdata/models/random-phi3.gguf | $(VENV)
-	@echo "make: writing testdata/models/random-*.gguf (9 random-weight models, 249 MB, about 45 s)" >&2
+	@echo "make: writing testdata/models/random-*.gguf (10 random-weight models, 276 MB, about 50 s)" >&2
 	@$(VENV_PY) testdata/make_random_models.py testdata/tokenizer testdata/models >/dev/null
 	@cd testdata/models && sha256sum --quiet -c random-models.sha256 || { \
 	    echo "make: testdata/models/random-*.gguf differ from the files the references were made on" \
