@@ -1493,64 +1493,68 @@ static int fv_float32(const llm_json *v, const llm_json *b) { (void)b; return fv
 static int fv_0(const llm_json *v, const llm_json *b) {
     (void)b; return v->type == LLM_JSON_NUMBER && !v->num;
 }
-static const struct {
+/* A row of a field table: a field's name, what value it takes (fv_*: fv_any, implemented and checked where
+ * it is read; fv_never, refused at any value but null), and, in req_fields, the endpoints that define it
+ * (F_*; 0 in the tables of one API: msgs_fields, resp_fields) */
+typedef struct {
     const char *name;
-    int endpoints;                                  /* F_CMPL, F_CHAT: where the field is defined */
     int (*takes)(const llm_json *v, const llm_json *b);
-} req_fields[] = {
+    int endpoints;
+} srv_field;
+static const srv_field req_fields[] = {
     /* implemented: parse_sampling and prepare_generation check their values */
-    {"model", F_BOTH, fv_any}, {"stream", F_BOTH, fv_any}, {"stream_options", F_BOTH, fv_any},
-    {"temperature", F_BOTH, fv_any}, {"top_p", F_BOTH, fv_any}, {"top_k", F_BOTH, fv_any},
-    {"min_p", F_BOTH, fv_any}, {"n", F_BOTH, fv_any}, {"seed", F_BOTH, fv_any}, {"stop", F_BOTH, fv_any},
-    {"stop_token_ids", F_BOTH, fv_any}, {"presence_penalty", F_BOTH, fv_any},
-    {"frequency_penalty", F_BOTH, fv_any}, {"repetition_penalty", F_BOTH, fv_any},
-    {"ignore_eos", F_BOTH, fv_any}, {"min_tokens", F_BOTH, fv_any}, {"skip_special_tokens", F_BOTH, fv_any},
-    {"max_tokens", F_BOTH, fv_any}, {"logprobs", F_BOTH, fv_any}, {"prompt_logprobs", F_BOTH, fv_any},
-    {"prompt", F_CMPL, fv_any}, {"echo", F_BOTH, fv_any}, {"messages", F_CHAT, fv_any},
-    {"max_completion_tokens", F_CHAT, fv_any}, {"top_logprobs", F_CHAT, fv_any},
-    {"logit_bias", F_BOTH, fv_any}, {"allowed_token_ids", F_BOTH, fv_any}, {"bad_words", F_BOTH, fv_any},
-    {"include_stop_str_in_output", F_BOTH, fv_any}, {"return_tokens_as_token_ids", F_BOTH, fv_any},
-    {"truncate_prompt_tokens", F_BOTH, fv_any}, {"cache_salt", F_BOTH, fv_any},
-    {"add_special_tokens", F_BOTH, fv_any}, {"priority", F_BOTH, fv_any},
+    {"model", fv_any, F_BOTH}, {"stream", fv_any, F_BOTH}, {"stream_options", fv_any, F_BOTH},
+    {"temperature", fv_any, F_BOTH}, {"top_p", fv_any, F_BOTH}, {"top_k", fv_any, F_BOTH},
+    {"min_p", fv_any, F_BOTH}, {"n", fv_any, F_BOTH}, {"seed", fv_any, F_BOTH}, {"stop", fv_any, F_BOTH},
+    {"stop_token_ids", fv_any, F_BOTH}, {"presence_penalty", fv_any, F_BOTH},
+    {"frequency_penalty", fv_any, F_BOTH}, {"repetition_penalty", fv_any, F_BOTH},
+    {"ignore_eos", fv_any, F_BOTH}, {"min_tokens", fv_any, F_BOTH}, {"skip_special_tokens", fv_any, F_BOTH},
+    {"max_tokens", fv_any, F_BOTH}, {"logprobs", fv_any, F_BOTH}, {"prompt_logprobs", fv_any, F_BOTH},
+    {"prompt", fv_any, F_CMPL}, {"echo", fv_any, F_BOTH}, {"messages", fv_any, F_CHAT},
+    {"max_completion_tokens", fv_any, F_CHAT}, {"top_logprobs", fv_any, F_CHAT},
+    {"logit_bias", fv_any, F_BOTH}, {"allowed_token_ids", fv_any, F_BOTH}, {"bad_words", fv_any, F_BOTH},
+    {"include_stop_str_in_output", fv_any, F_BOTH}, {"return_tokens_as_token_ids", fv_any, F_BOTH},
+    {"truncate_prompt_tokens", fv_any, F_BOTH}, {"cache_salt", fv_any, F_BOTH},
+    {"add_special_tokens", fv_any, F_BOTH}, {"priority", fv_any, F_BOTH},
     /* metadata, which changes no output; no tools are ever taken, so none run in parallel */
-    {"user", F_BOTH, fv_any}, {"metadata", F_BOTH, fv_any}, {"store", F_BOTH, fv_any},
-    {"service_tier", F_BOTH, fv_any}, {"request_id", F_BOTH, fv_any}, {"safety_identifier", F_CHAT, fv_any},
+    {"user", fv_any, F_BOTH}, {"metadata", fv_any, F_BOTH}, {"store", fv_any, F_BOTH},
+    {"service_tier", fv_any, F_BOTH}, {"request_id", fv_any, F_BOTH}, {"safety_identifier", fv_any, F_CHAT},
     /* the balancer's routing key (deploy/haproxy.cfg); in one server the prefix cache needs none */
-    {"prompt_cache_key", F_BOTH, fv_any},
+    {"prompt_cache_key", fv_any, F_BOTH},
     /* chat: chat_prompt reads them */
-    {"tools", F_CHAT, fv_any}, {"tool_choice", F_CHAT, fv_any}, {"parallel_tool_calls", F_CHAT, fv_any},
-    {"chat_template_kwargs", F_CHAT, fv_any}, {"reasoning_effort", F_CHAT, fv_any},
-    {"add_generation_prompt", F_CHAT, fv_any}, {"continue_final_message", F_CHAT, fv_any},
-    {"include_reasoning", F_CHAT, fv_any},
+    {"tools", fv_any, F_CHAT}, {"tool_choice", fv_any, F_CHAT}, {"parallel_tool_calls", fv_any, F_CHAT},
+    {"chat_template_kwargs", fv_any, F_CHAT}, {"reasoning_effort", fv_any, F_CHAT},
+    {"add_generation_prompt", fv_any, F_CHAT}, {"continue_final_message", fv_any, F_CHAT},
+    {"include_reasoning", fv_any, F_CHAT},
     /* not implemented: only the values that ask for what this server does anyway */
-    {"spaces_between_special_tokens", F_BOTH, fv_true},
-    {"use_beam_search", F_BOTH, fv_false}, {"length_penalty", F_BOTH, fv_1},
-    {"best_of", F_BOTH, fv_best_of},
-    {"suffix", F_CMPL, fv_none},
-    {"functions", F_CHAT, fv_none}, {"function_call", F_CHAT, fv_no_tool}, /* the old API: use tools */
-    {"modalities", F_CHAT, fv_text_only},
-    {"logits_processors", F_BOTH, fv_none}, {"vllm_xargs", F_BOTH, fv_none},
-    {"kv_transfer_params", F_BOTH, fv_none}, {"mm_processor_kwargs", F_BOTH, fv_none},
-    {"documents", F_CHAT, fv_none},
+    {"spaces_between_special_tokens", fv_true, F_BOTH},
+    {"use_beam_search", fv_false, F_BOTH}, {"length_penalty", fv_1, F_BOTH},
+    {"best_of", fv_best_of, F_BOTH},
+    {"suffix", fv_none, F_CMPL},
+    {"functions", fv_none, F_CHAT}, {"function_call", fv_no_tool, F_CHAT}, /* the old API: use tools */
+    {"modalities", fv_text_only, F_CHAT},
+    {"logits_processors", fv_none, F_BOTH}, {"vllm_xargs", fv_none, F_BOTH},
+    {"kv_transfer_params", fv_none, F_BOTH}, {"mm_processor_kwargs", fv_none, F_BOTH},
+    {"documents", fv_none, F_CHAT},
     /* structured output: parse_structured reads them (the backend is ours, whichever vLLM's names) */
-    {"response_format", F_BOTH, fv_any}, {"structured_outputs", F_BOTH, fv_any},
-    {"guided_json", F_BOTH, fv_any}, {"guided_regex", F_BOTH, fv_any}, {"guided_choice", F_BOTH, fv_any},
-    {"guided_grammar", F_BOTH, fv_any}, {"guided_decoding_backend", F_BOTH, fv_any},
-    {"grammar", F_BOTH, fv_any}, {"json_schema", F_BOTH, fv_any},
+    {"response_format", fv_any, F_BOTH}, {"structured_outputs", fv_any, F_BOTH},
+    {"guided_json", fv_any, F_BOTH}, {"guided_regex", fv_any, F_BOTH}, {"guided_choice", fv_any, F_BOTH},
+    {"guided_grammar", fv_any, F_BOTH}, {"guided_decoding_backend", fv_any, F_BOTH},
+    {"grammar", fv_any, F_BOTH}, {"json_schema", fv_any, F_BOTH},
     /* not implemented, and every value asks for something */
-    {"guided_whitespace_pattern", F_BOTH, fv_never}, {"structural_tag", F_CHAT, fv_never},
-    {"prompt_embeds", F_CMPL, fv_never}, {"chat_template", F_CHAT, fv_never}, {"audio", F_CHAT, fv_never},
-    {"prediction", F_CHAT, fv_never},
-    {"web_search_options", F_CHAT, fv_never}, {"verbosity", F_CHAT, fv_never},
+    {"guided_whitespace_pattern", fv_never, F_BOTH}, {"structural_tag", fv_never, F_CHAT},
+    {"prompt_embeds", fv_never, F_CMPL}, {"chat_template", fv_never, F_CHAT}, {"audio", fv_never, F_CHAT},
+    {"prediction", fv_never, F_CHAT},
+    {"web_search_options", fv_never, F_CHAT}, {"verbosity", fv_never, F_CHAT},
     /* /v1/embeddings (OpenAI's, and vLLM's pooling fields): prepare_embeddings reads the first ones */
-    {"model", F_EMBED, fv_any}, {"input", F_EMBED, fv_any}, {"encoding_format", F_EMBED, fv_any},
-    {"dimensions", F_EMBED, fv_any}, {"user", F_EMBED, fv_any},
-    {"truncate_prompt_tokens", F_EMBED, fv_any}, {"add_special_tokens", F_EMBED, fv_any},
-    {"request_id", F_EMBED, fv_any}, {"priority", F_EMBED, fv_0},
-    {"normalize", F_EMBED, fv_true}, {"embed_dtype", F_EMBED, fv_float32},
-    {"messages", F_EMBED, fv_never}, {"chat_template", F_EMBED, fv_never},
-    {"mm_processor_kwargs", F_EMBED, fv_none}, {"use_activation", F_EMBED, fv_never},
-    {"softmax", F_EMBED, fv_never}, {"activation", F_EMBED, fv_never},
+    {"model", fv_any, F_EMBED}, {"input", fv_any, F_EMBED}, {"encoding_format", fv_any, F_EMBED},
+    {"dimensions", fv_any, F_EMBED}, {"user", fv_any, F_EMBED},
+    {"truncate_prompt_tokens", fv_any, F_EMBED}, {"add_special_tokens", fv_any, F_EMBED},
+    {"request_id", fv_any, F_EMBED}, {"priority", fv_0, F_EMBED},
+    {"normalize", fv_true, F_EMBED}, {"embed_dtype", fv_float32, F_EMBED},
+    {"messages", fv_never, F_EMBED}, {"chat_template", fv_never, F_EMBED},
+    {"mm_processor_kwargs", fv_none, F_EMBED}, {"use_activation", fv_never, F_EMBED},
+    {"softmax", fv_never, F_EMBED}, {"activation", fv_never, F_EMBED},
 };
 
 /* A field name no table knows: ignored, as vLLM does, and said once on stderr (the first SRV_MAX_UNKNOWN
@@ -1570,19 +1574,31 @@ static void log_unknown_field(srv_state *S, const char *key) {
     sb_free(&b);
 }
 
-/* Each field of the body against req_fields (a name no row of this endpoint has: log_unknown_field). */
-static int check_fields(srv_state *S, const llm_json *body, int kind, srv_error *e) {
+/* The first field of body that table (n rows) refuses: its index in body, its row in *rule; -1 if none. A
+ * name no row has (no row of this endpoint's, when mask is not 0) is ignored, as vLLM does, and logged. */
+static int refused_field(srv_state *S, const llm_json *body, const srv_field *table, size_t n, int mask,
+                         const srv_field **rule) {
     for (int i = 0; i < body->n; i++) {
-        const char *key = body->keys[i];
-        const llm_json *v = &body->items[i];
-        size_t k = 0, n = sizeof req_fields / sizeof req_fields[0];
-        while (k < n && (strcmp(req_fields[k].name, key) || !(req_fields[k].endpoints & 1 << kind))) k++;
-        if (k == n) { log_unknown_field(S, key); continue; }
-        if (v->type != LLM_JSON_NULL && !req_fields[k].takes(v, body))
-            return bad(e, 400, key, "%s is not supported by this server (only %s is accepted)", key,
-                       req_fields[k].takes == fv_never ? "null" : "null or its default value");
+        size_t k = 0;
+        while (k < n && (strcmp(table[k].name, body->keys[i]) || (mask && !(table[k].endpoints & mask)))) k++;
+        if (k == n) { log_unknown_field(S, body->keys[i]); continue; }
+        if (body->items[i].type != LLM_JSON_NULL && !table[k].takes(&body->items[i], body)) {
+            *rule = &table[k];
+            return i;
+        }
     }
-    return 0;
+    return -1;
+}
+
+/* Each field of the body against a table of OpenAI's shape (req_fields for endpoint mask, resp_fields): a
+ * refused one is a 400 naming it */
+static int check_fields(srv_state *S, const llm_json *body, const srv_field *table, size_t n, int mask,
+                        srv_error *e) {
+    const srv_field *rule;
+    int i = refused_field(S, body, table, n, mask, &rule);
+    if (i < 0) return 0;
+    return bad(e, 400, body->keys[i], "%s is not supported by this server (only %s is accepted)",
+               body->keys[i], rule->takes == fv_never ? "null" : "null or its default value");
 }
 
 static int tokenize_text(srv_state *S, const char *text, size_t len, int add_special, int32_t **ids);
@@ -1786,7 +1802,7 @@ static int parse_sampling(srv_state *S, const llm_json *body, srv_req *r,
                           llm_sampling_params *p, srv_error *e) {
     double x;
     /* 1. every field known, and an unimplemented one asking for nothing (check_fields) */
-    if (check_fields(S, body, r->kind, e)) return -1;
+    if (check_fields(S, body, req_fields, sizeof req_fields / sizeof *req_fields, 1 << r->kind, e)) return -1;
     /* 2. the numbers of sampling, each over its default: x holds the default, get_number replaces it */
     *p = S->defaults;
     x = p->temperature;
@@ -3513,10 +3529,7 @@ static int fv_service_tier(const llm_json *v, const llm_json *b) {
     return fv_str(v, "auto") || fv_str(v, "standard_only");
 }
 static int fv_speed(const llm_json *v, const llm_json *b) { (void)b; return fv_str(v, "standard"); }
-static const struct {
-    const char *name;
-    int (*takes)(const llm_json *v, const llm_json *b);
-} msgs_fields[] = {
+static const srv_field msgs_fields[] = {
     {"model", fv_any}, {"messages", fv_any}, {"max_tokens", fv_any}, {"system", fv_any},
     {"stop_sequences", fv_any}, {"temperature", fv_any}, {"top_p", fv_any}, {"top_k", fv_any},
     {"stream", fv_any}, {"tools", fv_any}, {"tool_choice", fv_any}, {"thinking", fv_any},
@@ -3666,14 +3679,9 @@ static int msgs_message(const llm_json *m, int i, sbuf *out, int *n_out, srv_err
  * "messages.1.content.0.type: ..."), e's param left empty. count: count_tokens' body (no max_tokens). */
 static int msgs_to_chat(srv_state *S, const llm_json *body, int count, sbuf *out, srv_error *e) {
     /* 1. the fields: known, or refused, or unknown (logged) */
-    for (int i = 0; i < body->n; i++) {
-        const char *key = body->keys[i];
-        size_t k = 0, n = sizeof msgs_fields / sizeof msgs_fields[0];
-        while (k < n && strcmp(msgs_fields[k].name, key)) k++;
-        if (k == n) log_unknown_field(S, key);
-        else if (body->items[i].type != LLM_JSON_NULL && !msgs_fields[k].takes(&body->items[i], body))
-            return bad(e, 400, NULL, "%s: not supported by this server", key);
-    }
+    const srv_field *rule;
+    int refused = refused_field(S, body, msgs_fields, sizeof msgs_fields / sizeof *msgs_fields, 0, &rule);
+    if (refused >= 0) return bad(e, 400, NULL, "%s: not supported by this server", body->keys[refused]);
     /* 2. the numbers: max_tokens (required, as Anthropic), temperature in Anthropic's range, top_p, top_k
      * (prepare_generation checks these two under the same names) */
     const llm_json *v = llm_json_get(body, "model");
@@ -4194,10 +4202,7 @@ static int fv_tier(const llm_json *v, const llm_json *b) {
     (void)b; return fv_str(v, "auto") || fv_str(v, "default");
 }
 static int fv_in_memory(const llm_json *v, const llm_json *b) { (void)b; return fv_str(v, "in_memory"); }
-static const struct {
-    const char *name;
-    int (*takes)(const llm_json *v, const llm_json *b);
-} resp_fields[] = {
+static const srv_field resp_fields[] = {
     {"model", fv_any}, {"input", fv_any}, {"instructions", fv_any}, {"tools", fv_any},
     {"tool_choice", fv_any}, {"parallel_tool_calls", fv_any}, {"text", fv_any}, {"reasoning", fv_any},
     {"max_output_tokens", fv_any}, {"temperature", fv_any}, {"top_p", fv_any}, {"stream", fv_any},
@@ -4426,15 +4431,7 @@ static int resp_string(const llm_json *body, const char *key, size_t max, srv_er
 /* The chat body of a Responses request, its echo and its history into r->resp; chat has the JSON text */
 static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *chat, srv_error *e) {
     /* 1. every field known: read, accepted at a value that asks for nothing, or refused */
-    for (int i = 0; i < body->n; i++) {
-        size_t k = 0, n = sizeof resp_fields / sizeof *resp_fields;
-        while (k < n && strcmp(resp_fields[k].name, body->keys[i])) k++;
-        if (k == n) { log_unknown_field(S, body->keys[i]); continue; }
-        if (body->items[i].type != LLM_JSON_NULL && !resp_fields[k].takes(&body->items[i], body))
-            return bad(e, 400, body->keys[i], "%s is not supported by this server (only %s is accepted)",
-                       body->keys[i],
-                       resp_fields[k].takes == fv_never ? "null" : "null or its default value");
-    }
+    if (check_fields(S, body, resp_fields, sizeof resp_fields / sizeof *resp_fields, 0, e)) return -1;
     const llm_json *input = llm_json_get(body, "input"), *text = llm_json_get(body, "text");
     const llm_json *fmt = llm_json_get(text, "format"), *ftype = llm_json_get(fmt, "type");
     const llm_json *reasoning = llm_json_get(body, "reasoning"), *meta = llm_json_get(body, "metadata");
@@ -5109,7 +5106,9 @@ static int prepare_embeddings(srv_state *S, const llm_json *body, const char *re
     r->kind = REQ_EMBED; r->n = 1; r->logprobs = -1; r->prompt_logprobs = -1;
     r->created = (long long)wall_s();
     snprintf(r->id, sizeof r->id, "embd-%s", request_id);
-    if (check_fields(S, body, REQ_EMBED, e) || check_model(S, body, e)) return -1;
+    if (check_fields(S, body, req_fields, sizeof req_fields / sizeof *req_fields, F_EMBED, e) ||
+        check_model(S, body, e))
+        return -1;
     const char *arch = llm_arch_names[S->model->cfg.arch];
     if (S->pooling == 0)
         return bad(e, 400, NULL, "this model makes no embeddings: it has no pooling type (GGUF key "
