@@ -6213,11 +6213,13 @@ static void llm_kv_dequant_head(uint32_t type, const uint8_t *p, float *out, int
  * nearest even, 8 at a time with F16C: the same bits as llm_f32_to_f16, which took 2.6% of a SmolLM2
  * prompt's time one at a time; q8_0, q4_0: each head into its whole blocks, llm_kv_quantize_row) */
 static void llm_cpu_kv_store(const llm_cpu *c, void *dst, const float *src, int n) {
-    int hd = c->model->cfg.head_dim;
-    for (int h = 0; c->kv_quant && h < n / hd; h++)
-        llm_kv_quantize_row(c->kv_quant, src + (size_t)h * hd, (uint8_t *)dst + h * llm_cpu_kv_head_bytes(c),
-                            hd);
-    if (c->kv_quant) return;
+    if (c->kv_quant) {
+        int hd = c->model->cfg.head_dim;
+        for (int h = 0; h < n / hd; h++)
+            llm_kv_quantize_row(c->kv_quant, src + (size_t)h * hd,
+                                (uint8_t *)dst + h * llm_cpu_kv_head_bytes(c), hd);
+        return;
+    }
     if (!c->kv_half) { memcpy(dst, src, (size_t)n * sizeof(float)); return; }
     int i = 0;
 #ifdef LLM_CPU_SIMD
