@@ -73,7 +73,7 @@
  *   tokenizer: llm_tokenizer_load, llm_tokenizer_free, llm_tokenize, llm_tokenizer_n_vocab, _bos, _eos,
  *         _adds_bos, _is_eog, _warning; llm_tokenize_prompt
  *   chat: llm_chat_template_init, llm_chat_template_set_today, llm_chat_render, llm_chat_stop_ids,
- *         llm_chat_detect, llm_chat_family_name, llm_chat_family_from_name
+ *         llm_chat_think_end_ids, llm_chat_detect, llm_chat_family_name, llm_chat_family_from_name
  *   blocks: llm_block_manager_init, llm_block_manager_free, llm_block_alloc, llm_block_release,
  *         llm_block_hash, llm_block_lookup, llm_block_set_hash
  *   forward: llm_rope_freqs, llm_moe_route, llm_cpu_backend_create, llm_cpu_exact_backend_create,
