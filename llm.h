@@ -73,7 +73,7 @@
  *   tokenizer: llm_tokenizer_load, llm_tokenizer_free, llm_tokenize, llm_tokenizer_n_vocab, _bos, _eos,
  *         _adds_bos, _is_eog, _warning; llm_tokenize_prompt
  *   chat: llm_chat_template_init, llm_chat_template_set_today, llm_chat_render, llm_chat_stop_ids,
- *         llm_chat_detect, llm_chat_family_name, llm_chat_family_from_name
+ *         llm_chat_think_end_ids, llm_chat_detect, llm_chat_family_name, llm_chat_family_from_name
  *   blocks: llm_block_manager_init, llm_block_manager_free, llm_block_alloc, llm_block_release,
  *         llm_block_hash, llm_block_lookup, llm_block_set_hash
  *   forward: llm_rope_freqs, llm_moe_route, llm_cpu_backend_create, llm_cpu_exact_backend_create,
@@ -420,6 +420,11 @@ int  llm_chat_render(const llm_chat_template *ct, const llm_chat_message *msgs, 
 /* The ids that end the assistant's turn in this family (<|im_end|>, <|eot_id|>, <end_of_turn>, ... and EOS),
  * to give a request as stop_token_ids. Returns how many (at most cap written). */
 int  llm_chat_stop_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32_t *ids, int cap);
+/* The ids that close this family's think block ("</think>", tokenized with its control tokens: one id in
+ * Qwen3's vocabulary, several in a vocabulary without it), to give a request as think_end_ids with a
+ * think_budget. Returns how many (at most cap written); 0 for a family that does not think in <think> blocks
+ * (gpt-oss thinks in a channel) or too many for cap. */
+int  llm_chat_think_end_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32_t *ids, int cap);
 
 /* -----------------------------------------------------------------------------------------------------------
  * 5. Requests: what a request asks for. (The scheduler that turns requests into each step's plan is private
@@ -468,6 +473,15 @@ typedef struct {
     const char *cache_salt;         /* NULL: none. A request shares cached prefix blocks only with requests of
                                      * the same salt (vLLM's cache_salt: one tenant cannot time another's
                                      * prompts through the cache). Hashed by add_request, not kept. */
+    int think_budget;               /* 0: none. A thinking budget (vLLM's thinking_token_budget, Anthropic's
+                                     * budget_tokens): once think_budget tokens are out and none of them
+                                     * closed the think block (think_end_ids in a row), the next tokens are
+                                     * think_end_ids, forced (through a grammar's check too: a grammar that
+                                     * refuses them wins); then the answer, sampled. The output counts as
+                                     * thinking from its first token: the family's reply opens its think
+                                     * block first (Qwen3's <think>), or its prompt did (QwQ) */
+    const int32_t *think_end_ids;   /* the family's "</think>" as token ids, 1 to 8 of them (copied) */
+    int n_think_end_ids;
     int pooling;                    /* enum llm_pooling: 0 generates; else an embedding: the prompt's final
                                      * hidden states (after the final norm, no output layer) pooled into one
                                      * vector, in the finishing output (llm_output.embedding), nothing
@@ -4645,6 +4659,13 @@ int llm_chat_stop_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32
     return n;
 }
 
+/* The </think> text the Qwen3 and QwQ families close their thinking with, as the tokenizer writes it */
+int llm_chat_think_end_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32_t *ids, int cap) {
+    if (!t || (ct->family != LLM_CHAT_QWEN3 && ct->family != LLM_CHAT_QWQ)) return 0;
+    int n = llm_tokenize(t, "</think>", 8, 0, 1, ids, cap);
+    return n > 0 && n <= cap ? n : 0;
+}
+
 
 /* ===========================================================================================================
  * 5. Requests and the scheduler
@@ -4778,7 +4799,7 @@ typedef struct llm_request {
     void *user;
     llm_sampling_params params;     /* its stop strings, stop ids and logit biases point at the copies */
     char **stop_copies;
-    int32_t *stop_ids_copy, *bias_ids_copy, *allowed_copy, *bad_ids_copy, *bad_lens_copy;
+    int32_t *stop_ids_copy, *bias_ids_copy, *allowed_copy, *bad_ids_copy, *bad_lens_copy, *think_end_copy;
     float *bias_copy;
     llm_grammar *grammar;           /* params.grammar parsed (params.grammar itself is NULL here) */
     uint64_t prefix_salt;           /* params.cache_salt hashed: its blocks' hash chain begins here (0:
@@ -5224,6 +5245,9 @@ static int llm_request_check(const llm_sampling_params *p, char *err) {
     for (int i = 0; i < p->n_bad_words; i++)
         if (p->bad_word_lens[i] < 1 || p->bad_word_lens[i] > 4096)
             return llm_fail(err, "bad word %d has %d tokens (1 to 4096)", i, p->bad_word_lens[i]);
+    if (p->think_budget < 0 || (p->think_budget && (p->n_think_end_ids < 1 || p->n_think_end_ids > 8 ||
+                                                   !p->think_end_ids)))
+        return llm_fail(err, "think_budget must be >= 0, and with one think_end_ids must hold 1 to 8 ids");
     for (int i = 0; i < p->n_logit_bias; i++)
         if (!(fabsf(p->logit_bias[i]) <= 100.0f))
             return llm_fail(err, "logit_bias values must be in [-100, 100], got %g for token %d",
@@ -5248,7 +5272,8 @@ static void llm_request_unref(llm_request *r) {
     if (--r->refs > 0) return;
     for (int i = 0; i < r->params.n_stop; i++) free(r->stop_copies[i]);
     free(r->stop_copies); free(r->stop_ids_copy); free(r->bias_ids_copy); free(r->bias_copy);
-    free(r->allowed_copy); free(r->bad_ids_copy); free(r->bad_lens_copy); llm_grammar_free(r->grammar);
+    free(r->allowed_copy); free(r->bad_ids_copy); free(r->bad_lens_copy); free(r->think_end_copy);
+    llm_grammar_free(r->grammar);
     free(r);
 }
 
@@ -5300,10 +5325,10 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_gram
                                                  p->n_allowed_token_ids, sizeof(int32_t));
         r->bad_ids_copy = (int32_t *)llm_copy_of(p->bad_word_ids, llm_bad_words_total(p), sizeof(int32_t));
         r->bad_lens_copy = (int32_t *)llm_copy_of(p->bad_word_lens, p->n_bad_words, sizeof(int32_t));
+        r->think_end_copy = (int32_t *)llm_copy_of(p->think_end_ids, p->n_think_end_ids, sizeof(int32_t));
     }
     int ok = s && s->block_tables && r && r->stop_copies && r->stop_ids_copy && r->bias_ids_copy &&
-        r->bias_copy &&
-             r->allowed_copy && r->bad_ids_copy && r->bad_lens_copy;
+        r->bias_copy && r->allowed_copy && r->bad_ids_copy && r->bad_lens_copy && r->think_end_copy;
     if (ok && grammar) { r->grammar = grammar; ok = (s->grammar = llm_grammar_start(grammar)) != NULL; }
     else llm_grammar_free(grammar); /* not taken: the caller's copy goes with the rest */
     if (ok && p->prompt_logprobs >= 0) { /* the rows of prompt tokens 1.., and K alternatives each */
@@ -5328,6 +5353,7 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_gram
     r->params.logit_bias_ids = r->bias_ids_copy; r->params.logit_bias = r->bias_copy;
     r->params.allowed_token_ids = r->allowed_copy;
     r->params.bad_word_ids = r->bad_ids_copy; r->params.bad_word_lens = r->bad_lens_copy;
+    r->params.think_end_ids = r->think_end_copy;
     r->params.grammar = NULL; r->params.grammar_parsed = NULL;
     s->req = r; s->tokens = ids; s->rng = llm_seed_mix(p->seed, 0); s->fork_pending = p->n > 1;
     s->last_hash = r->prefix_salt;
@@ -6888,6 +6914,19 @@ static int llm_sample_row_too_early(const llm_sample_row *r) {
     return r->n_history - r->n_prompt < r->params->min_tokens;
 }
 
+/* The token a thinking budget forces next, or -1: with think_budget tokens out and no think_end_ids in a
+ * row among them, the end's ids one after another (the k-th token past the budget is the end's k-th: the
+ * ones before it were forced). The scan of the budget's tokens runs in those few steps only. */
+static int32_t llm_sample_row_forced(const llm_sample_row *r) {
+    const llm_sampling_params *p = r->params;
+    int n = p->n_think_end_ids, k = r->n_history - r->n_prompt - p->think_budget;
+    if (p->think_budget <= 0 || r->score || k < 0 || k >= n) return -1;
+    const int32_t *out = r->history + r->n_prompt;
+    for (int i = 0; i + n <= p->think_budget; i++)
+        if (!memcmp(out + i, p->think_end_ids, (size_t)n * sizeof(int32_t))) return -1; /* closed already */
+    return p->think_end_ids[k];
+}
+
 /* The scratch of one thread: the rows it changes are copies here (the model's logits stay as they are, for
  * logprobs and the other samples of the row), each [n_vocab], made once. Not shared between threads: the
  * sample step gives each thread its own (helpers). */
@@ -7164,7 +7203,8 @@ const float *llm_sampler_adjust(llm_sampler *s, const llm_sample_row *r, const f
 int llm_sample_row_is_argmax(const llm_sample_row *r) {
     const llm_sampling_params *p = r->params;
     return !r->score && llm_sampling_is_greedy(p) && !llm_sampling_has_penalties(p) &&
-           !llm_sampling_adjusts_row(p) && !llm_sample_row_too_early(r) && p->logprobs < 0;
+           !llm_sampling_adjusts_row(p) && !llm_sample_row_too_early(r) && p->logprobs < 0 &&
+           llm_sample_row_forced(r) < 0;
 }
 
 /* One row's draw in order: a scored row takes its given token; an argmax row one pass; else a row with a
@@ -7173,6 +7213,9 @@ int llm_sample_row_is_argmax(const llm_sample_row *r) {
 int32_t llm_sampler_draw(llm_sampler *s, llm_sample_row *r, const float *logits) {
     int V = s->n_vocab;
     if (r->score) return r->token = r->history[r->n_history]; /* no draw: the token given */
+    int32_t forced = llm_sample_row_forced(r); /* a thinking budget's end: it takes a draw's number */
+    if (forced >= 0 && !llm_sampling_is_greedy(r->params)) llm_splitmix64(r->rng_state);
+    if (forced >= 0) return r->token = forced;
     if (llm_sample_row_is_argmax(r)) return r->token = llm_argmax_finite(logits, V); /* one pass */
     r->token = -1;
     int finite;
@@ -7978,7 +8021,8 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
     if (llm_request_check(p, err) != 0 ||
         llm_ids_check(p->logit_bias_ids, p->n_logit_bias, V, "logit_bias", err) != 0 ||
         llm_ids_check(p->allowed_token_ids, p->n_allowed_token_ids, V, "allowed_token_ids", err) != 0 ||
-        llm_ids_check(p->bad_word_ids, llm_bad_words_total(p), V, "bad_words", err) != 0)
+        llm_ids_check(p->bad_word_ids, llm_bad_words_total(p), V, "bad_words", err) != 0 ||
+        llm_ids_check(p->think_end_ids, p->n_think_end_ids, V, "think_end_ids", err) != 0)
         return 0;
     /* the prompt's ids: as given, or the text tokenized (llm_tokenize_prompt) */
     int32_t *ids = NULL;

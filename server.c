@@ -587,6 +587,8 @@ struct srv_req {
     float *bias;                    /* ... and their biases */
     int32_t *allowed_ids;           /* stb_ds: vLLM's allowed_token_ids */
     int32_t *bad_ids, *bad_lens;    /* stb_ds: vLLM's bad_words, tokenized */
+    int32_t think_end[8];           /* chat with a thinking budget: the template's "</think>" ids */
+    int n_think_end;
     char *grammar;                  /* the structured output asked for, as GBNF (malloc'ed); NULL: free
                                      * text */
     llm_grammar *grammar_parsed;    /* ... parsed, by the worker that prepared the request (a reference) */
@@ -1525,7 +1527,7 @@ static const srv_field req_fields[] = {
     {"tools", fv_any, F_CHAT}, {"tool_choice", fv_any, F_CHAT}, {"parallel_tool_calls", fv_any, F_CHAT},
     {"chat_template_kwargs", fv_any, F_CHAT}, {"reasoning_effort", fv_any, F_CHAT},
     {"add_generation_prompt", fv_any, F_CHAT}, {"continue_final_message", fv_any, F_CHAT},
-    {"include_reasoning", fv_any, F_CHAT},
+    {"include_reasoning", fv_any, F_CHAT}, {"thinking_token_budget", fv_any, F_CHAT},
     /* not implemented: only the values that ask for what this server does anyway */
     {"spaces_between_special_tokens", fv_true, F_BOTH},
     {"use_beam_search", fv_false, F_BOTH}, {"length_penalty", fv_1, F_BOTH},
@@ -2464,6 +2466,18 @@ static int prepare_generation(srv_state *S, const llm_json *body, int kind, cons
         int32_t stop_ids[8]; /* the template's end of turn */
         int k = llm_chat_stop_ids(&S->chat, S->model->tok, stop_ids, 8);
         for (int i = 0; i < k && i < 8; i++) arrput(r->stop_ids, stop_ids[i]);
+        /* vLLM's thinking_token_budget (Anthropic's budget_tokens comes here too): the thinking cut after
+         * that many tokens, the template's "</think>" forced (the engine's think_budget); a request that
+         * does not think has nothing to cut */
+        x = 0;
+        if (get_number(body, "thinking_token_budget", 1, 1 << 30, 1, &x, e)) return -1;
+        if (x > 0 && r->chat.thinks && r->chat.enable_thinking) {
+            r->n_think_end = llm_chat_think_end_ids(&r->chat, S->model->tok, r->think_end, 8);
+            if (!r->n_think_end)
+                return bad(e, 400, "thinking_token_budget", "thinking_token_budget is not supported for "
+                           "this model's chat template (its thinking does not end with </think>)");
+            p->think_budget = (int)x;
+        }
     }
     if (truncate_prompts(S, r, e) || check_context(S, r, max_tokens, given, e)) return -1;
     p->max_tokens = r->score_only ? 1 : given ? max_tokens : 0; /* scoring: the token it computes anyway */
@@ -2471,6 +2485,7 @@ static int prepare_generation(srv_state *S, const llm_json *body, int kind, cons
     p->logit_bias_ids = r->bias_ids; p->logit_bias = r->bias; p->n_logit_bias = (int)arrlen(r->bias_ids);
     p->allowed_token_ids = r->allowed_ids; p->n_allowed_token_ids = (int)arrlen(r->allowed_ids);
     p->bad_word_ids = r->bad_ids; p->bad_word_lens = r->bad_lens; p->n_bad_words = (int)arrlen(r->bad_lens);
+    p->think_end_ids = r->think_end; p->n_think_end_ids = r->n_think_end;
     p->grammar_parsed = r->grammar_parsed; /* structured_check's: the network thread adds it cheaply */
     return 0;
 }
@@ -3734,9 +3749,9 @@ static int msgs_to_chat(srv_state *S, const llm_json *body, int count, sbuf *out
     }
     /* 5. thinking: enabled (with a budget, checked as Anthropic checks it) or disabled, as the template's
      * switch; absent is disabled, Anthropic's default. A thinking block the template writes anyway (a
-     * family whose prompt opens it) is read apart and dropped unless asked for. The budget is checked, not
-     * enforced: the thinking ends where the model ends it, or at max_tokens */
-    int think = 0;
+     * family whose prompt opens it) is read apart and dropped unless asked for. The budget is enforced:
+     * it goes on as vLLM's thinking_token_budget (the thinking cut there, "</think>" forced) */
+    int think = 0, budget_tokens = 0;
     if ((v = llm_json_get(body, "thinking")) && v->type != LLM_JSON_NULL) {
         const llm_json *type = llm_json_get(v, "type"), *budget = llm_json_get(v, "budget_tokens");
         if (v->type != LLM_JSON_OBJECT || (!fv_str(type, "enabled") && !fv_str(type, "disabled")))
@@ -3749,9 +3764,11 @@ static int msgs_to_chat(srv_state *S, const llm_json *body, int count, sbuf *out
             return bad(e, 400, NULL, "thinking.budget_tokens: must be less than max_tokens");
         if (think && !S->chat.thinks)
             return bad(e, 400, NULL, "thinking: this model's chat template does not think");
+        if (think && !count) budget_tokens = (int)budget->num; /* < max_tokens */
     }
     sb_printf(out, "\"chat_template_kwargs\":{\"enable_thinking\":%s},\"include_reasoning\":%s,",
               think ? "true" : "false", think ? "true" : "false");
+    if (think && !count) sb_printf(out, "\"thinking_token_budget\":%d,", budget_tokens);
     /* 6. tools: custom tools (name, description, input_schema) as functions; server tools refused */
     const llm_json *tools = llm_json_get(body, "tools");
     if (tools && tools->type != LLM_JSON_NULL) {

@@ -4361,6 +4361,116 @@ static int add_refused(llm_engine *e, const llm_sampling_params *p, const char *
     return refused;
 }
 
+/* A thinking budget (llm_sampling_params.think_budget), on random-qwen3-qknorm greedily, whose "Think about
+ * it." thinks past 24 tokens without a "</think>" (its Qwen3 vocabulary's one id, from
+ * llm_chat_think_end_ids):
+ * - budget 6: the first 6 tokens as without one, then "</think>", then the model's own greedy answer (the
+ *   same tokens as a request whose prompt holds those 7), to max_tokens;
+ * - the same with n-gram speculation (no proposal crosses the forced token), in a pool of 3 blocks that
+ *   preempts and recomputes four such requests, twice on one engine (the second from the prefix cache), and
+ *   sampled (temperature 1, a seed): the forced token at 6, the same tokens with speculation as without;
+ * - an end already written among the budget's tokens (the 3rd token named the end): nothing forced;
+ * - think_end_ids missing or outside the vocabulary: refused. */
+static void think_budget_run(llm_engine *e, run_result *r, const llm_sampling_params *p, int copies) {
+    memset(r, 0, sizeof *r);
+    for (int i = 0; i < copies; i++) run_add(e, r, "Think about it.", NULL, 0, p);
+    run_engine(e, r);
+}
+static void test_engine_think_budget(void) {
+    llm_engine_config cfg = engine_config("random-qwen3-qknorm.gguf");
+    llm_engine *e = engine_new(&cfg);
+    run_result *a = (run_result *)calloc(1, sizeof *a), *b = (run_result *)calloc(1, sizeof *b);
+    run_result *c = (run_result *)calloc(1, sizeof *c);
+    llm_chat_template ct;
+    char err[LLM_ERR_LEN] = "";
+    int32_t end[8], n_end = 0, budget = 6, len = 24;
+    if (e && llm_chat_template_init(&ct, NULL, 0, llm_engine_model(e)->tok, "qwen3", err) == 0)
+        n_end = llm_chat_think_end_ids(&ct, llm_engine_model(e)->tok, end, 8);
+    CHECK(n_end == 1, "think budget: </think> is one id of Qwen3's vocabulary (%d)", n_end);
+    if (!e || !a || !b || !c || n_end != 1) { free(a); free(b); free(c); llm_engine_destroy(e); return; }
+    /* 1. without a budget: no </think> in 24 tokens */
+    llm_sampling_params p = greedy(len);
+    think_budget_run(e, a, &p, 1);
+    int closed = 0;
+    for (int i = 0; i < a->n_tokens[0][0]; i++) closed |= a->tokens[0][0][i] == end[0];
+    CHECK(a->n_tokens[0][0] == len && !closed, "think budget: none: 24 tokens of thinking (%d, closed %d)",
+          a->n_tokens[0][0], closed);
+    /* 2. budget 6: 6 tokens, </think>, the answer as the model goes on from them */
+    p.think_budget = budget; p.think_end_ids = end; p.n_think_end_ids = n_end;
+    think_budget_run(e, b, &p, 1);
+    const int32_t *bt = b->tokens[0][0];
+    CHECK(b->n_tokens[0][0] == len && !memcmp(bt, a->tokens[0][0], (size_t)budget * 4) && bt[budget] == end[0]
+          && b->finish[0][0] == LLM_FINISH_LENGTH,
+          "think budget 6: the thinking cut at 6 tokens, then </think> (%d tokens, [6] = %d)",
+          b->n_tokens[0][0], bt[budget]);
+    int32_t prompt[256];
+    int np = llm_tokenize(llm_engine_model(e)->tok, "Think about it.", 15, 0, 0, prompt, 200);
+    memcpy(prompt + np, bt, (size_t)(budget + 1) * 4);
+    llm_sampling_params plain = greedy(len - budget - 1);
+    memset(c, 0, sizeof *c);
+    run_add(e, c, NULL, prompt, np + budget + 1, &plain);
+    run_engine(e, c);
+    CHECK(c->n_tokens[0][0] == len - budget - 1 && !memcmp(c->tokens[0][0], bt + budget + 1,
+                                                           (size_t)(len - budget - 1) * 4),
+          "think budget 6: after </think>, the model's own answer");
+    /* 3. an end among the budget's tokens already: nothing forced */
+    llm_sampling_params own = p;
+    own.think_end_ids = &a->tokens[0][0][2];
+    think_budget_run(e, c, &own, 1);
+    CHECK(c->n_tokens[0][0] == len && !memcmp(c->tokens[0][0], a->tokens[0][0], (size_t)len * 4),
+          "think budget: a block closed within the budget is left as it is");
+    /* 4. refused: no ids, or ids outside the vocabulary */
+    llm_sampling_params bad = p;
+    bad.n_think_end_ids = 0;
+    CHECK(add_refused(e, &bad, "think_budget must be >= 0, and with one think_end_ids must hold 1 to 8 ids"),
+          "think budget: no think_end_ids refused");
+    int32_t outside = 1 << 30;
+    bad.think_end_ids = &outside; bad.n_think_end_ids = 1;
+    CHECK(add_refused(e, &bad, "think_end_ids token id 1073741824 is outside the vocabulary"),
+          "think budget: an id outside the vocabulary refused");
+    llm_engine_destroy(e);
+    /* 5. speculation, preemption and recompute, the prefix cache: the same tokens */
+    e = spec_engine("random-qwen3-qknorm.gguf", 4, 3, NULL);
+    for (int round = 0; e && round < 2; round++) {
+        think_budget_run(e, c, &p, 4);
+        int same = 1;
+        for (int i = 0; i < 4; i++)
+            same &= c->n_tokens[i][0] == len && !memcmp(c->tokens[i][0], bt, (size_t)len * 4);
+        llm_engine_stats st = llm_engine_get_stats(e);
+        CHECK(same && st.preemptions > 0 && st.spec_drafts > 0 && (round == 0 || st.prefix_cache_hits > 0),
+              "think budget: speculative, preempted, cached (round %d): the same tokens (preemptions %lld, "
+              "drafts %lld, cache hits %lld)", round, (long long)st.preemptions, (long long)st.spec_drafts,
+              (long long)st.prefix_cache_hits);
+    }
+    llm_engine_destroy(e);
+    /* 6. sampled: the forced token takes a draw's number, so a speculative run draws the same tokens */
+    p.temperature = 1; p.top_k = 0; p.top_p = 1; p.min_p = 0; p.seed = 7;
+    for (int spec = 0; spec <= 4; spec += 4) {
+        e = spec_engine("random-qwen3-qknorm.gguf", spec, 0, NULL);
+        if (e) think_budget_run(e, spec ? c : a, &p, 1);
+        llm_engine_destroy(e);
+    }
+    CHECK(a->n_tokens[0][0] == len && a->tokens[0][0][budget] == end[0] && c->n_tokens[0][0] == len &&
+          !memcmp(a->tokens[0][0], c->tokens[0][0], (size_t)len * 4),
+          "think budget, sampled: </think> at 6, the same tokens with speculation");
+    /* 7. a tool call's grammar (Qwen3's, tool_choice auto: text, or a call after "<tool_call>"): the forced
+     *    "</think>" goes through its check (the text the grammar allows), the grammar moves on over it */
+    char *g = llm_chat_tool_grammar(&ct, "[{\"type\":\"function\",\"function\":{\"name\":\"f\","
+                                    "\"parameters\":{\"type\":\"object\",\"properties\":{}}}}]",
+                                    LLM_TOOL_AUTO, NULL, 0, err);
+    CHECK(g != NULL, "think budget: a tool grammar: %s", err);
+    llm_sampling_params gp = greedy(12);
+    gp.grammar = g; gp.think_budget = 4; gp.think_end_ids = end; gp.n_think_end_ids = n_end;
+    e = engine_new(&cfg);
+    if (e && g) think_budget_run(e, c, &gp, 1);
+    CHECK(c->n_tokens[0][0] == 12 && c->tokens[0][0][4] == end[0] && c->text_len[0][0] < 4096 &&
+          strstr(c->text[0][0], "</think>"),
+          "think budget: under a tool call's grammar, </think> at 4 (%d tokens: %.*s)",
+          c->n_tokens[0][0], c->text_len[0][0] < 300 ? c->text_len[0][0] : 300, c->text[0][0]);
+    llm_engine_destroy(e);
+    free(g); free(a); free(b); free(c);
+}
+
 /* OpenAI's logit_bias: -100 keeps a token out, +100 forces it, greedy and sampled; logprobs stay the model's
  * own; the caller's arrays are copied; bad values and ids are refused with the reason. vLLM's
  * allowed_token_ids beside it. */
@@ -13019,7 +13129,7 @@ int main(int argc, char **argv) {
         {"block manager", test_block_manager},
         {"batch invariance", test_batch_invariance}, {"priority scheduling", test_priority_scheduling},
         {"prefix cache", test_prefix_cache}, {"sliding window blocks", test_sliding_window_blocks},
-        {"engine pooling", test_engine_pooling},
+        {"engine pooling", test_engine_pooling}, {"think budget", test_engine_think_budget},
         {"speculative decoding", test_speculative},
         {"speculative decoding: n-gram proposer", test_spec_propose},
         {"parallel sampling", test_parallel_sampling},

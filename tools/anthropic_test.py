@@ -8,11 +8,12 @@ template is QwQ's (testdata/templates/Qwen-QwQ-32B.jinja: its generation prompt 
 reply begins in its thinking), then runs the client unchanged: messages.create and messages.stream (text,
 the same greedy text both ways, the events in Anthropic's order), a tool-use loop (tool_choice any: tool_use
 -> tool_result -> answer), count_tokens equal to the prompt's tokens a message reports, stop_sequences,
-thinking (a thinking block with its signature, streamed as thinking_delta and signature_delta), and the
+thinking (a thinking block with its signature, streamed as thinking_delta and signature_delta; budget_tokens
+enforced: the thinking cut there, as chat completions' thinking_token_budget cuts it), and the
 errors (BadRequestError's status_code and body for a missing max_tokens, an image block, a server tool;
 AuthenticationError). It prints "N passed, M failed" and exits non-zero on a failure.
 """
-import json, os, shutil, subprocess, sys, tempfile
+import json, os, shutil, subprocess, sys, tempfile, urllib.error, urllib.request
 
 import anthropic
 
@@ -167,19 +168,49 @@ def errors(client, model):
               f"another model: {e.body}")
 
 
-def thinking(client, model):
-    """thinking enabled on a template whose prompt opens <think>: a thinking block (its signature too), the
-    same streamed (thinking_delta, signature_delta); disabled, or not asked for: no thinking block"""
+def chat(port, body):
+    """POST /v1/chat/completions with body (raw HTTP, as vLLM's fields go): the status and the JSON answer"""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+
+
+def thinking(client, model, port):
+    """thinking enabled on a template whose prompt opens <think>, and whose model thinks past 1030 tokens
+    greedily: budget_tokens 1024 of max_tokens 1030 cuts the thinking at 1024 tokens ("</think>" forced),
+    so a thinking block (its signature too) whose text is that of the first 1024 tokens (chat completions'
+    reasoning at max_tokens 1024), then a text block; the same streamed (thinking_delta, signature_delta)
+    and as chat completions' thinking_token_budget (vLLM's); disabled, or not asked for: no thinking block"""
     kw = dict(model=model, max_tokens=1030, messages=[{"role": "user", "content": "Think."}],
               extra_body=GREEDY)
     m = client.messages.create(**kw, thinking={"type": "enabled", "budget_tokens": 1024})
-    check(len(m.content) == 1 and m.content[0].type == "thinking" and len(m.content[0].thinking) > 0
+    check([b.type for b in m.content] == ["thinking", "text"] and len(m.content[0].thinking) > 0
           and m.content[0].signature.startswith("llm1.") and m.stop_reason == "max_tokens"
           and m.usage.output_tokens == 1030, f"thinking: {str(m)[:400]}")
+    status, cut = chat(port, {"messages": kw["messages"], "max_tokens": 1024, "temperature": 0})
+    cut = cut["choices"][0]["message"] if status == 200 else cut
+    check(cut.get("reasoning_content") == m.content[0].thinking and not cut.get("content"),
+          f"thinking: the first 1024 tokens' thinking: {str(cut)[-200:]} != {m.content[0].thinking[-200:]}")
+    status, vllm = chat(port, {"messages": kw["messages"], "max_tokens": 1030, "temperature": 0,
+                               "thinking_token_budget": 1024})
+    vllm = vllm["choices"][0]["message"] if status == 200 else vllm
+    check(vllm.get("reasoning_content") == m.content[0].thinking and
+          vllm.get("content") == m.content[-1].text,
+          f"thinking_token_budget: {str(vllm)[-300:]}")
+    status, zero = chat(port, {"messages": kw["messages"], "max_tokens": 4, "thinking_token_budget": 0})
+    check(status == 400 and zero["error"]["param"] == "thinking_token_budget" and zero["error"]["message"] ==
+          "thinking_token_budget must be between 1 and 1073741824, got 0", f"thinking_token_budget 0: {zero}")
     with client.messages.stream(**kw, thinking={"type": "enabled", "budget_tokens": 1024}) as s:
         kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in s]
         final = s.get_final_message()
-    check(final.content == m.content, f"streamed thinking: {str(final)[:300]} != {str(m)[:300]}")
+    def blocks(msg):  # the stream's text block is a ParsedTextBlock: compare what the blocks say
+        return [(b.type, getattr(b, "thinking", None), getattr(b, "signature", None),
+                 getattr(b, "text", None)) for b in msg.content]
+    check(blocks(final) == blocks(m), f"streamed thinking: {str(final)[-300:]} != {str(m)[-300:]}")
     check(("content_block_delta", "thinking_delta") in kinds and
           ("content_block_delta", "signature_delta") in kinds, f"thinking events: {set(kinds)}")
     off = client.messages.create(**kw, thinking={"type": "disabled"})
@@ -214,7 +245,7 @@ try:
         check(e.status_code == 401 and e.body["error"]["type"] == "authentication_error",
               f"wrong key: {e.body}")
     thinking(anthropic.Anthropic(base_url=f"http://127.0.0.1:{think_port}", api_key="none", max_retries=0,
-                                 timeout=120), "random-qwen3-qwq")
+                                 timeout=120), "random-qwen3-qwq", think_port)
 finally:
     for p, log_path in servers:
         p.terminate()
