@@ -4136,12 +4136,16 @@ struct srv_resp {
     int summary;                    /* reasoning.summary: the thinking is its own summary too (no model
                                      * writes another) */
     int encrypted;                  /* include reasoning.encrypted_content: the thinking, encoded, in it */
+    sbuf lp_pending;                /* include message.output_text.logprobs: the logprobs of the tokens no
+                                     * delta has shown yet (chat's entries, add_logprobs') */
+    sbuf part_lp;                   /* the open message's logprobs so far: its deltas' entries joined */
 };
 
 /* req_free's part for a Responses request (NULL: none) */
 static void resp_free(srv_resp *rs) {
     if (!rs) return;
     free(rs->echo); free(rs->history); free(rs->call_name); sb_free(&rs->part); sb_free(&rs->items);
+    sb_free(&rs->lp_pending); sb_free(&rs->part_lp);
     for (ptrdiff_t i = 0; i < arrlen(rs->customs); i++) free(rs->customs[i]);
     arrfree(rs->customs);
     free(rs);
@@ -4204,7 +4208,7 @@ static const struct {
     {"store", fv_any}, {"previous_response_id", fv_any}, {"metadata", fv_any}, {"user", fv_any},
     {"safety_identifier", fv_any}, {"prompt_cache_key", fv_any},
     {"service_tier", fv_tier}, {"truncation", fv_disabled}, {"background", fv_false},
-    {"prompt_cache_retention", fv_in_memory}, {"top_logprobs", fv_0}, {"include", fv_any},
+    {"prompt_cache_retention", fv_in_memory}, {"top_logprobs", fv_any}, {"include", fv_any},
     {"max_tool_calls", fv_any}, /* it bounds built-in tool calls: this server runs none */
     {"stream_options", fv_none}, {"conversation", fv_never}, {"prompt", fv_never},
     {"context_management", fv_never}, {"moderation", fv_never},
@@ -4441,12 +4445,13 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
     const llm_json *effort = llm_json_get(reasoning, "effort");
     const llm_json *prev = llm_json_get(body, "previous_response_id");
     const llm_json *choice = llm_json_get(body, "tool_choice");
-    double x = 0;
+    double x = 0, top_logprobs = 0;
     rs->store = 1;
-    int stream = 0, parallel = 1;
+    int stream = 0, parallel = 1, logprobs = 0; /* logprobs: include message.output_text.logprobs */
     if (get_bool(body, "store", &rs->store, e) || get_bool(body, "stream", &stream, e) ||
         get_bool(body, "parallel_tool_calls", &parallel, e) ||
         get_number(body, "max_output_tokens", 1, 1 << 30, 1, &x, e) ||
+        get_number(body, "top_logprobs", 0, 20, 1, &top_logprobs, e) ||
         get_number(body, "temperature", 0, 2, 0, &x, e) || get_number(body, "top_p", 0, 1, 0, &x, e) ||
         resp_string(body, "instructions", SRV_MAX_BODY, e) || resp_string(body, "user", 256, e) ||
         resp_string(body, "safety_identifier", 256, e) ||
@@ -4491,8 +4496,10 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
     if (include && include->type != LLM_JSON_NULL && include->type != LLM_JSON_ARRAY)
         return bad(e, 400, "include", "include must be a list");
     for (int i = 0; include && include->type == LLM_JSON_ARRAY && i < include->n; i++) {
+        if (fv_str(&include->items[i], "message.output_text.logprobs")) { logprobs = 1; continue; }
         if (!fv_str(&include->items[i], "reasoning.encrypted_content"))
-            return bad(e, 400, "include", "include: %.60s is not supported (reasoning.encrypted_content is)",
+            return bad(e, 400, "include", "include: %.60s is not supported (reasoning.encrypted_content and "
+                       "message.output_text.logprobs are)",
                        include->items[i].type == LLM_JSON_STRING ? include->items[i].str : "a non-string");
         rs->encrypted = 1;
     }
@@ -4583,6 +4590,7 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
         sb_puts(chat, "]");
     }
     if (ek < 6) sb_printf(chat, ",\"reasoning_effort\":\"%s\"", ek == 5 ? "high" : efforts[ek]);
+    if (logprobs) sb_printf(chat, ",\"logprobs\":true,\"top_logprobs\":%d", (int)top_logprobs);
     if (fv_str(ftype, "json_object")) sb_puts(chat, ",\"response_format\":{\"type\":\"json_object\"}");
     if (fv_str(ftype, "json_schema")) { /* Responses puts name, schema and strict beside type */
         sb_puts(chat, ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":");
@@ -4618,7 +4626,7 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
     else sb_puts(&echo, "\"auto\"");
     sb_puts(&echo, ",\"tools\":");
     if (tools && tools->type == LLM_JSON_ARRAY) sb_json_value(&echo, tools); else sb_puts(&echo, "[]");
-    sb_puts(&echo, ",\"top_logprobs\":0,\"top_p\":");
+    sb_printf(&echo, ",\"top_logprobs\":%d,\"top_p\":", (int)top_logprobs);
     v = llm_json_get(body, "top_p");
     if (v && v->type == LLM_JSON_NUMBER) sb_json_value(&echo, v); else sb_puts(&echo, "1.0");
     sb_puts(&echo, ",\"truncation\":\"disabled\",\"user\":");
@@ -4705,11 +4713,20 @@ static void resp_item_id(sbuf *b, const srv_resp *rs, const char *prefix, int in
     sb_printf(b, "\"%s%016llx%016llx\"", prefix, (unsigned long long)a, (unsigned long long)c);
 }
 
-/* An output_text part with its text */
-static void resp_put_part(sbuf *b, const char *text, size_t n) {
+/* The logprobs member of an output_text part or event: lp's entries (NULL: none yet) */
+static void resp_put_logprobs(sbuf *b, const sbuf *lp) {
+    sb_puts(b, ",\"logprobs\":[");
+    if (lp && lp->len) sb_put(b, lp->s, lp->len);
+    sb_puts(b, "]");
+}
+
+/* An output_text part with its text and its tokens' logprobs (NULL: none) */
+static void resp_put_part(sbuf *b, const char *text, size_t n, const sbuf *lp) {
     sb_puts(b, "{\"type\":\"output_text\",\"text\":");
     sb_json_str(b, text, n);
-    sb_puts(b, ",\"annotations\":[],\"logprobs\":[]}");
+    sb_puts(b, ",\"annotations\":[]");
+    resp_put_logprobs(b, lp);
+    sb_puts(b, "}");
 }
 
 /* A custom tool call's input: its shim's arguments {"input": ...} read (the raw arguments if the model
@@ -4757,7 +4774,7 @@ static void resp_put_item(sbuf *b, srv_req *r, int done, int incomplete) {
     } else if (rs->open == RESP_MESSAGE) {
         sb_puts(b, "{\"type\":\"message\",\"id\":"); resp_item_id(b, rs, "msg_", index);
         sb_printf(b, ",\"status\":\"%s\",\"role\":\"assistant\",\"content\":[", status);
-        if (done) resp_put_part(b, t, rs->part.len);
+        if (done) resp_put_part(b, t, rs->part.len, &rs->part_lp);
         sb_puts(b, "]}");
     } else if (rs->open == RESP_CUSTOM) {
         sbuf in = {0};
@@ -4810,10 +4827,10 @@ static void resp_close(srv_state *S, srv_req *r, int incomplete) {
         }
     } else if (rs->open == RESP_MESSAGE) {
         size_t where = b.len;
-        sb_puts(&b, ",\"text\":"); sb_json_str(&b, t, rs->part.len); sb_puts(&b, ",\"logprobs\":[]");
+        sb_puts(&b, ",\"text\":"); sb_json_str(&b, t, rs->part.len); resp_put_logprobs(&b, &rs->part_lp);
         resp_emit(S, r, "response.output_text.done", b.s, b.len);
         b.len = where;
-        sb_puts(&b, ",\"part\":"); resp_put_part(&b, t, rs->part.len);
+        sb_puts(&b, ",\"part\":"); resp_put_part(&b, t, rs->part.len, &rs->part_lp);
         resp_emit(S, r, "response.content_part.done", b.s, b.len);
     } else if (rs->open == RESP_CUSTOM) { /* its input whole, once the shim's arguments can be read */
         sbuf in = {0};
@@ -4839,7 +4856,7 @@ static void resp_close(srv_state *S, srv_req *r, int incomplete) {
     sb_put(&rs->items, item.s, item.len);
     rs->items.failed |= item.failed | b.failed;
     sb_free(&b); sb_free(&item);
-    rs->open = RESP_NONE; rs->part.len = 0;
+    rs->open = RESP_NONE; rs->part.len = 0; rs->part_lp.len = 0;
 }
 
 /* A new output item: the open one closed, then output_item.added (and a message's content_part.added) */
@@ -4856,7 +4873,7 @@ static void resp_open(srv_state *S, srv_req *r, int kind, int call, const char *
     if (kind == RESP_MESSAGE) {
         b.len = 0;
         resp_put_where(&b, rs, 1);
-        sb_puts(&b, ",\"part\":"); resp_put_part(&b, "", 0);
+        sb_puts(&b, ",\"part\":"); resp_put_part(&b, "", 0, NULL);
         resp_emit(S, r, "response.content_part.added", b.s, b.len);
     }
     if (kind == RESP_REASONING && rs->summary) {
@@ -4874,11 +4891,20 @@ static void resp_delta(srv_state *S, srv_req *r, const char *piece, size_t n) {
                                          "response.function_call_arguments.delta"};
     srv_resp *rs = r->resp;
     sb_put(&rs->part, piece, n);
-    if (rs->open == RESP_CUSTOM) return; /* its input is sent when it closes (resp_close) */
+    if (rs->open == RESP_CUSTOM) { /* its input is sent when it closes (resp_close) */
+        rs->lp_pending.len = 0;
+        return;
+    }
     sbuf b = {0};
     resp_put_where(&b, rs, rs->open != RESP_CALL);
     sb_puts(&b, ",\"delta\":"); sb_json_str(&b, piece, n);
-    if (rs->open == RESP_MESSAGE) sb_puts(&b, ",\"logprobs\":[]");
+    if (rs->open == RESP_MESSAGE) { /* the tokens not shown yet are this delta's: it and the part carry them */
+        resp_put_logprobs(&b, &rs->lp_pending);
+        if (rs->part_lp.len && rs->lp_pending.len) sb_puts(&rs->part_lp, ",");
+        sb_put(&rs->part_lp, rs->lp_pending.s ? rs->lp_pending.s : "", rs->lp_pending.len);
+        rs->part_lp.failed |= rs->lp_pending.failed;
+    }
+    rs->lp_pending.len = 0; /* a thought's or a call's tokens: no part of the text */
     resp_emit(S, r, events[rs->open], b.s, b.len);
     if (rs->open == RESP_REASONING && rs->summary) {
         b.len = 0;
@@ -4981,6 +5007,7 @@ static void resp_started(srv_state *S, srv_req *r) {
 
 /* An engine output of a Responses request: its text kept, the items advanced (apply_event) */
 static void resp_output(srv_state *S, srv_req *r, srv_choice *ch, const srv_event *ev) {
+    if (r->logprobs >= 0 && ev->n_tokens) add_logprobs(S, r, ch, ev, &r->resp->lp_pending, 0);
     if (ev->text_len) sb_put(&ch->text, ev->text, (size_t)ev->text_len);
     if (ev->text_len || ev->finish) resp_advance(S, r, ch, ev->finish);
 }
