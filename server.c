@@ -4898,7 +4898,7 @@ static void resp_delta(srv_state *S, srv_req *r, const char *piece, size_t n) {
     sbuf b = {0};
     resp_put_where(&b, rs, rs->open != RESP_CALL);
     sb_puts(&b, ",\"delta\":"); sb_json_str(&b, piece, n);
-    if (rs->open == RESP_MESSAGE) { /* the tokens not shown yet are this delta's: it and the part carry them */
+    if (rs->open == RESP_MESSAGE) { /* tokens no delta showed are this one's, and the part's */
         resp_put_logprobs(&b, &rs->lp_pending);
         if (rs->part_lp.len && rs->lp_pending.len) sb_puts(&rs->part_lp, ",");
         sb_put(&rs->part_lp, rs->lp_pending.s ? rs->lp_pending.s : "", rs->lp_pending.len);

@@ -9685,8 +9685,8 @@ static void test_server_responses(void) {
     strcat(joined, "]");
     CHECK(http_status(r) == 200 && deltas == 3 && !strcmp(joined, lp_want) && alls == 4 &&
           strstr(ev, "\"top_logprobs\":1,\"top_p\""),
-          "responses: logprobs: the deltas' (%d) joined: %s; in the done events and the final object: %d of 4:"
-          " %s", deltas, joined, alls, ev ? ev : "");
+          "responses: logprobs: the deltas' (%d) joined: %s; in the done events and the final object: "
+          "%d of 4: %s", deltas, joined, alls, ev ? ev : "");
     free(ev); free(r);
     /* 4. what is refused, in OpenAI's shape, naming the field */
     static const char *const refused[][3] = {
@@ -9717,7 +9717,8 @@ static void test_server_responses(void) {
         {"{\"input\":\"x\",\"include\":[\"file_search_call.results\"]}", "include",
          "include: file_search_call.results is not supported (reasoning.encrypted_content and "
          "message.output_text.logprobs are)"},
-        {"{\"input\":\"x\",\"top_logprobs\":21}", "top_logprobs", "top_logprobs must be between 0 and 20, got 21"},
+        {"{\"input\":\"x\",\"top_logprobs\":21}", "top_logprobs",
+         "top_logprobs must be between 0 and 20, got 21"},
         {"{\"input\":[{\"type\":\"reasoning\",\"summary\":[],\"encrypted_content\":\"llm-rs1.@\"}]}",
          "input[0].encrypted_content",
          "input[0].encrypted_content is not this server's (its base64 is broken)"},

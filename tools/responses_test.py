@@ -110,8 +110,8 @@ def text_part(client, port):
     check(got.model_dump() == final.model_dump(), f"GET: {got} != {final}")
     # 2b. include message.output_text.logprobs: the deltas' logprobs joined are the done events' and the final
     # object's, their tokens joined are the text, top_logprobs alternatives each; unstreamed the same
-    lp = dict(model="stories260K", input="Once upon a time", max_output_tokens=8, temperature=0, top_logprobs=2,
-              include=["message.output_text.logprobs"])
+    lp = dict(model="stories260K", input="Once upon a time", max_output_tokens=8, temperature=0,
+              top_logprobs=2, include=["message.output_text.logprobs"])
     events = list(client.responses.create(stream=True, **lp))
     dlp = [x.model_dump() for e in events if e.type == "response.output_text.delta" for x in e.logprobs]
     final = events[-1].response
