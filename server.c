@@ -4190,6 +4190,32 @@ static int sb_unbase64(sbuf *b, const char *s, size_t n) {
     return 0;
 }
 
+/* An item_reference input item ({"type": "item_reference", "id"}) resolved: the output item of that id in a
+ * stored response, found in a copy of the stored object (taken under store_lock; *doc holds it, the caller
+ * frees it) and pointed to by *item; a 400 naming input[i].id when no stored response has it */
+static int resp_item_ref(srv_state *S, const llm_json *ref, int i, llm_json *doc, const llm_json **item,
+                         srv_error *e) {
+    const llm_json *id = llm_json_get(ref, "id");
+    char param[64], quoted[80];
+    snprintf(param, sizeof param, "input[%d].id", i);
+    if (!id || id->type != LLM_JSON_STRING || !id->len || id->len > 64)
+        return bad(e, 400, param, "%s must be the id of an output item (a string of at most 64 bytes)",
+                   param);
+    snprintf(quoted, sizeof quoted, "\"id\":\"%s\"", id->str);
+    char *object = NULL;
+    pthread_mutex_lock(&S->store_lock);
+    for (ptrdiff_t k = arrlen(S->store) - 1; k >= 0 && !object; k--) /* the newest first */
+        if (strstr(S->store[k].object, quoted)) object = strdup(S->store[k].object);
+    pthread_mutex_unlock(&S->store_lock);
+    const llm_json *output = NULL;
+    if (object && llm_json_parse(object, strlen(object), doc, NULL) == 0)
+        output = llm_json_get(doc, "output");
+    free(object);
+    for (int k = 0; output && output->type == LLM_JSON_ARRAY && k < output->n; k++)
+        if (fv_str(llm_json_get(&output->items[k], "id"), id->str)) { *item = &output->items[k]; return 0; }
+    return bad(e, 400, param, "%s: no stored response has an output item with id '%.64s'", param, id->str);
+}
+
 /* ---- Requests in ------------------------------------------------------------------------------------- */
 /* Every field of OpenAI's Responses request: read by resp_prepare (fv_any), accepted at a value that asks
  * for nothing, or refused (fv_never: no value asks for something this server does) */
@@ -4211,7 +4237,8 @@ static const struct {
     {"prompt_cache_retention", fv_in_memory}, {"top_logprobs", fv_any}, {"include", fv_any},
     {"max_tool_calls", fv_any}, /* it bounds built-in tool calls: this server runs none */
     {"stream_options", fv_none}, {"conversation", fv_never}, {"prompt", fv_never},
-    {"context_management", fv_never}, {"moderation", fv_never},
+    {"context_management", fv_never}, {"moderation", fv_never}, {"access_programs", fv_never},
+    {"background_options", fv_never}, {"image", fv_never}, {"prompt_cache_options", fv_never},
 };
 
 /* The conversation being turned into chat messages: the system text (instructions, then every system or
@@ -4535,9 +4562,13 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
         sb_free(&t);
     }
     for (int i = 0; !rc && input->type == LLM_JSON_ARRAY && i < input->n; i++) {
-        rc = conv_item(&cv, &input->items[i], i, e);
+        llm_json stored = {0};
+        const llm_json *it = &input->items[i];
+        if (fv_str(llm_json_get(it, "type"), "item_reference")) rc = resp_item_ref(S, it, i, &stored, &it, e);
+        if (!rc) rc = conv_item(&cv, it, i, e);
         if (history.len) sb_puts(&history, ",");
-        sb_json_value(&history, &input->items[i]);
+        sb_json_value(&history, it); /* a reference as the item it names: the history stands alone */
+        llm_json_free(&stored);
     }
     conv_flush(&cv);
     const llm_json *instructions = llm_json_get(body, "instructions");

@@ -9688,6 +9688,29 @@ static void test_server_responses(void) {
           "responses: logprobs: the deltas' (%d) joined: %s; in the done events and the final object: "
           "%d of 4: %s", deltas, joined, alls, ev ? ev : "");
     free(ev); free(r);
+    /* 3c. item_reference: a stored output item by its id, read as if the request held it (same prompt) */
+    char ref_id[64], body3[512];
+    int in_tokens[3] = {0, 0, 0};
+    w = http_post(port, "/v1/responses", "{\"input\":\"Once upon a time\",\"max_output_tokens\":3,"
+                  "\"temperature\":0}", NULL);
+    json_str(w ? strstr(http_body(w), "\"output\":") : NULL, "id", ref_id, sizeof ref_id);
+    free(w);
+    for (int k = 2; k >= 0; k--) { /* the reference first: --responses-store 2 keeps two */
+        snprintf(body3, sizeof body3, "{\"input\":[{\"role\":\"user\",\"content\":\"Once upon a time\"},%s"
+                 "{\"role\":\"user\",\"content\":\"and\"}],\"max_output_tokens\":1}",
+                 k == 0 ? "{\"type\":\"message\",\"role\":\"assistant\",\"content\":[{\"type\":"
+                 "\"output_text\",\"text\":\"\\\"He\"}]}," : k == 1 ? ""
+                 : "{\"type\":\"item_reference\",\"id\":\"%s\"},");
+        char body4[512];
+        snprintf(body4, sizeof body4, body3, ref_id);
+        w = http_post(port, "/v1/responses", body4, NULL);
+        const char *it = w && http_status(w) == 200 ? strstr(http_body(w), "\"input_tokens\":") : NULL;
+        if (it) in_tokens[k] = atoi(it + 15);
+        free(w);
+    }
+    CHECK(!strncmp(ref_id, "msg_", 4) && in_tokens[2] == in_tokens[0] && in_tokens[0] > in_tokens[1] &&
+          in_tokens[1] > 0, "responses: item_reference %s reads as the item (input_tokens %d %d %d)", ref_id,
+          in_tokens[0], in_tokens[1], in_tokens[2]);
     /* 4. what is refused, in OpenAI's shape, naming the field */
     static const char *const refused[][3] = {
         {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"},{\"type\":\"web_search\"}]}",
@@ -9700,6 +9723,10 @@ static void test_server_responses(void) {
          "background is not supported by this server (only null or its default value is accepted)"},
         {"{\"input\":\"x\",\"conversation\":\"c\"}", "conversation",
          "conversation is not supported by this server (only null is accepted)"},
+        {"{\"input\":\"x\",\"image\":{}}", "image",
+         "image is not supported by this server (only null is accepted)"},
+        {"{\"input\":\"x\",\"prompt_cache_options\":{\"mode\":\"explicit\"}}", "prompt_cache_options",
+         "prompt_cache_options is not supported by this server (only null is accepted)"},
         {"{\"input\":\"x\",\"previous_response_id\":\"resp_0\"}", "previous_response_id",
          "Previous response with id 'resp_0' not found."},
         {"{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":\"o\"}]}",
@@ -9725,6 +9752,8 @@ static void test_server_responses(void) {
         {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"grammar\"}}}", "text.format.type",
          "text.format.type must be text, json_object or json_schema"},
         {"{\"input\":[]}", "input", "input must be a non-empty list"},
+        {"{\"input\":[{\"type\":\"item_reference\",\"id\":\"msg_0\"}]}", "input[0].id",
+         "input[0].id: no stored response has an output item with id 'msg_0'"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
         r = http_post(port, "/v1/responses", refused[i][0], NULL);
