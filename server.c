@@ -4161,12 +4161,16 @@ struct srv_resp {
     int summary;                    /* reasoning.summary: the thinking is its own summary too (no model
                                      * writes another) */
     int encrypted;                  /* include reasoning.encrypted_content: the thinking, encoded, in it */
+    sbuf lp_pending;                /* include message.output_text.logprobs: the logprobs of the tokens no
+                                     * delta has shown yet (chat's entries, add_logprobs') */
+    sbuf part_lp;                   /* the open message's logprobs so far: its deltas' entries joined */
 };
 
 /* req_free's part for a Responses request (NULL: none) */
 static void resp_free(srv_resp *rs) {
     if (!rs) return;
     free(rs->echo); free(rs->history); free(rs->call_name); sb_free(&rs->part); sb_free(&rs->items);
+    sb_free(&rs->lp_pending); sb_free(&rs->part_lp);
     for (ptrdiff_t i = 0; i < arrlen(rs->customs); i++) free(rs->customs[i]);
     arrfree(rs->customs);
     free(rs);
@@ -4211,6 +4215,32 @@ static int sb_unbase64(sbuf *b, const char *s, size_t n) {
     return 0;
 }
 
+/* An item_reference input item ({"type": "item_reference", "id"}) resolved: the output item of that id in a
+ * stored response, found in a copy of the stored object (taken under store_lock; *doc holds it, the caller
+ * frees it) and pointed to by *item; a 400 naming input[i].id when no stored response has it */
+static int resp_item_ref(srv_state *S, const llm_json *ref, int i, llm_json *doc, const llm_json **item,
+                         srv_error *e) {
+    const llm_json *id = llm_json_get(ref, "id");
+    char param[64], quoted[80];
+    snprintf(param, sizeof param, "input[%d].id", i);
+    if (!id || id->type != LLM_JSON_STRING || !id->len || id->len > 64)
+        return bad(e, 400, param, "%s must be the id of an output item (a string of at most 64 bytes)",
+                   param);
+    snprintf(quoted, sizeof quoted, "\"id\":\"%s\"", id->str);
+    char *object = NULL;
+    pthread_mutex_lock(&S->store_lock);
+    for (ptrdiff_t k = arrlen(S->store) - 1; k >= 0 && !object; k--) /* the newest first */
+        if (strstr(S->store[k].object, quoted)) object = strdup(S->store[k].object);
+    pthread_mutex_unlock(&S->store_lock);
+    const llm_json *output = NULL;
+    if (object && llm_json_parse(object, strlen(object), doc, NULL) == 0)
+        output = llm_json_get(doc, "output");
+    free(object);
+    for (int k = 0; output && output->type == LLM_JSON_ARRAY && k < output->n; k++)
+        if (fv_str(llm_json_get(&output->items[k], "id"), id->str)) { *item = &output->items[k]; return 0; }
+    return bad(e, 400, param, "%s: no stored response has an output item with id '%.64s'", param, id->str);
+}
+
 /* ---- Requests in ------------------------------------------------------------------------------------- */
 /* Every field of OpenAI's Responses request: read by resp_prepare (fv_any), accepted at a value that asks
  * for nothing, or refused (fv_never: no value asks for something this server does) */
@@ -4226,10 +4256,11 @@ static const srv_field resp_fields[] = {
     {"store", fv_any}, {"previous_response_id", fv_any}, {"metadata", fv_any}, {"user", fv_any},
     {"safety_identifier", fv_any}, {"prompt_cache_key", fv_any},
     {"service_tier", fv_tier}, {"truncation", fv_disabled}, {"background", fv_false},
-    {"prompt_cache_retention", fv_in_memory}, {"top_logprobs", fv_0}, {"include", fv_any},
+    {"prompt_cache_retention", fv_in_memory}, {"top_logprobs", fv_any}, {"include", fv_any},
     {"max_tool_calls", fv_any}, /* it bounds built-in tool calls: this server runs none */
     {"stream_options", fv_none}, {"conversation", fv_never}, {"prompt", fv_never},
-    {"context_management", fv_never}, {"moderation", fv_never},
+    {"context_management", fv_never}, {"moderation", fv_never}, {"access_programs", fv_never},
+    {"background_options", fv_never}, {"image", fv_never}, {"prompt_cache_options", fv_never},
 };
 
 /* The conversation being turned into chat messages: the system text (instructions, then every system or
@@ -4455,12 +4486,13 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
     const llm_json *effort = llm_json_get(reasoning, "effort");
     const llm_json *prev = llm_json_get(body, "previous_response_id");
     const llm_json *choice = llm_json_get(body, "tool_choice");
-    double x = 0;
+    double x = 0, top_logprobs = 0;
     rs->store = 1;
-    int stream = 0, parallel = 1;
+    int stream = 0, parallel = 1, logprobs = 0; /* logprobs: include message.output_text.logprobs */
     if (get_bool(body, "store", &rs->store, e) || get_bool(body, "stream", &stream, e) ||
         get_bool(body, "parallel_tool_calls", &parallel, e) ||
         get_number(body, "max_output_tokens", 1, 1 << 30, 1, &x, e) ||
+        get_number(body, "top_logprobs", 0, 20, 1, &top_logprobs, e) ||
         get_number(body, "temperature", 0, 2, 0, &x, e) || get_number(body, "top_p", 0, 1, 0, &x, e) ||
         resp_string(body, "instructions", SRV_MAX_BODY, e) || resp_string(body, "user", 256, e) ||
         resp_string(body, "safety_identifier", 256, e) ||
@@ -4505,8 +4537,10 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
     if (include && include->type != LLM_JSON_NULL && include->type != LLM_JSON_ARRAY)
         return bad(e, 400, "include", "include must be a list");
     for (int i = 0; include && include->type == LLM_JSON_ARRAY && i < include->n; i++) {
+        if (fv_str(&include->items[i], "message.output_text.logprobs")) { logprobs = 1; continue; }
         if (!fv_str(&include->items[i], "reasoning.encrypted_content"))
-            return bad(e, 400, "include", "include: %.60s is not supported (reasoning.encrypted_content is)",
+            return bad(e, 400, "include", "include: %.60s is not supported (reasoning.encrypted_content and "
+                       "message.output_text.logprobs are)",
                        include->items[i].type == LLM_JSON_STRING ? include->items[i].str : "a non-string");
         rs->encrypted = 1;
     }
@@ -4542,9 +4576,13 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
         sb_free(&t);
     }
     for (int i = 0; !rc && input->type == LLM_JSON_ARRAY && i < input->n; i++) {
-        rc = conv_item(&cv, &input->items[i], i, e);
+        llm_json stored = {0};
+        const llm_json *it = &input->items[i];
+        if (fv_str(llm_json_get(it, "type"), "item_reference")) rc = resp_item_ref(S, it, i, &stored, &it, e);
+        if (!rc) rc = conv_item(&cv, it, i, e);
         if (history.len) sb_puts(&history, ",");
-        sb_json_value(&history, &input->items[i]);
+        sb_json_value(&history, it); /* a reference as the item it names: the history stands alone */
+        llm_json_free(&stored);
     }
     conv_flush(&cv);
     const llm_json *instructions = llm_json_get(body, "instructions");
@@ -4597,6 +4635,7 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
         sb_puts(chat, "]");
     }
     if (ek < 6) sb_printf(chat, ",\"reasoning_effort\":\"%s\"", ek == 5 ? "high" : efforts[ek]);
+    if (logprobs) sb_printf(chat, ",\"logprobs\":true,\"top_logprobs\":%d", (int)top_logprobs);
     if (fv_str(ftype, "json_object")) sb_puts(chat, ",\"response_format\":{\"type\":\"json_object\"}");
     if (fv_str(ftype, "json_schema")) { /* Responses puts name, schema and strict beside type */
         sb_puts(chat, ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":");
@@ -4632,7 +4671,7 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
     else sb_puts(&echo, "\"auto\"");
     sb_puts(&echo, ",\"tools\":");
     if (tools && tools->type == LLM_JSON_ARRAY) sb_json_value(&echo, tools); else sb_puts(&echo, "[]");
-    sb_puts(&echo, ",\"top_logprobs\":0,\"top_p\":");
+    sb_printf(&echo, ",\"top_logprobs\":%d,\"top_p\":", (int)top_logprobs);
     v = llm_json_get(body, "top_p");
     if (v && v->type == LLM_JSON_NUMBER) sb_json_value(&echo, v); else sb_puts(&echo, "1.0");
     sb_puts(&echo, ",\"truncation\":\"disabled\",\"user\":");
@@ -4719,11 +4758,20 @@ static void resp_item_id(sbuf *b, const srv_resp *rs, const char *prefix, int in
     sb_printf(b, "\"%s%016llx%016llx\"", prefix, (unsigned long long)a, (unsigned long long)c);
 }
 
-/* An output_text part with its text */
-static void resp_put_part(sbuf *b, const char *text, size_t n) {
+/* The logprobs member of an output_text part or event: lp's entries (NULL: none yet) */
+static void resp_put_logprobs(sbuf *b, const sbuf *lp) {
+    sb_puts(b, ",\"logprobs\":[");
+    if (lp && lp->len) sb_put(b, lp->s, lp->len);
+    sb_puts(b, "]");
+}
+
+/* An output_text part with its text and its tokens' logprobs (NULL: none) */
+static void resp_put_part(sbuf *b, const char *text, size_t n, const sbuf *lp) {
     sb_puts(b, "{\"type\":\"output_text\",\"text\":");
     sb_json_str(b, text, n);
-    sb_puts(b, ",\"annotations\":[],\"logprobs\":[]}");
+    sb_puts(b, ",\"annotations\":[]");
+    resp_put_logprobs(b, lp);
+    sb_puts(b, "}");
 }
 
 /* A custom tool call's input: its shim's arguments {"input": ...} read (the raw arguments if the model
@@ -4771,7 +4819,7 @@ static void resp_put_item(sbuf *b, srv_req *r, int done, int incomplete) {
     } else if (rs->open == RESP_MESSAGE) {
         sb_puts(b, "{\"type\":\"message\",\"id\":"); resp_item_id(b, rs, "msg_", index);
         sb_printf(b, ",\"status\":\"%s\",\"role\":\"assistant\",\"content\":[", status);
-        if (done) resp_put_part(b, t, rs->part.len);
+        if (done) resp_put_part(b, t, rs->part.len, &rs->part_lp);
         sb_puts(b, "]}");
     } else if (rs->open == RESP_CUSTOM) {
         sbuf in = {0};
@@ -4824,10 +4872,10 @@ static void resp_close(srv_state *S, srv_req *r, int incomplete) {
         }
     } else if (rs->open == RESP_MESSAGE) {
         size_t where = b.len;
-        sb_puts(&b, ",\"text\":"); sb_json_str(&b, t, rs->part.len); sb_puts(&b, ",\"logprobs\":[]");
+        sb_puts(&b, ",\"text\":"); sb_json_str(&b, t, rs->part.len); resp_put_logprobs(&b, &rs->part_lp);
         resp_emit(S, r, "response.output_text.done", b.s, b.len);
         b.len = where;
-        sb_puts(&b, ",\"part\":"); resp_put_part(&b, t, rs->part.len);
+        sb_puts(&b, ",\"part\":"); resp_put_part(&b, t, rs->part.len, &rs->part_lp);
         resp_emit(S, r, "response.content_part.done", b.s, b.len);
     } else if (rs->open == RESP_CUSTOM) { /* its input whole, once the shim's arguments can be read */
         sbuf in = {0};
@@ -4853,7 +4901,7 @@ static void resp_close(srv_state *S, srv_req *r, int incomplete) {
     sb_put(&rs->items, item.s, item.len);
     rs->items.failed |= item.failed | b.failed;
     sb_free(&b); sb_free(&item);
-    rs->open = RESP_NONE; rs->part.len = 0;
+    rs->open = RESP_NONE; rs->part.len = 0; rs->part_lp.len = 0;
 }
 
 /* A new output item: the open one closed, then output_item.added (and a message's content_part.added) */
@@ -4870,7 +4918,7 @@ static void resp_open(srv_state *S, srv_req *r, int kind, int call, const char *
     if (kind == RESP_MESSAGE) {
         b.len = 0;
         resp_put_where(&b, rs, 1);
-        sb_puts(&b, ",\"part\":"); resp_put_part(&b, "", 0);
+        sb_puts(&b, ",\"part\":"); resp_put_part(&b, "", 0, NULL);
         resp_emit(S, r, "response.content_part.added", b.s, b.len);
     }
     if (kind == RESP_REASONING && rs->summary) {
@@ -4888,11 +4936,20 @@ static void resp_delta(srv_state *S, srv_req *r, const char *piece, size_t n) {
                                          "response.function_call_arguments.delta"};
     srv_resp *rs = r->resp;
     sb_put(&rs->part, piece, n);
-    if (rs->open == RESP_CUSTOM) return; /* its input is sent when it closes (resp_close) */
+    if (rs->open == RESP_CUSTOM) { /* its input is sent when it closes (resp_close) */
+        rs->lp_pending.len = 0;
+        return;
+    }
     sbuf b = {0};
     resp_put_where(&b, rs, rs->open != RESP_CALL);
     sb_puts(&b, ",\"delta\":"); sb_json_str(&b, piece, n);
-    if (rs->open == RESP_MESSAGE) sb_puts(&b, ",\"logprobs\":[]");
+    if (rs->open == RESP_MESSAGE) { /* tokens no delta showed are this one's, and the part's */
+        resp_put_logprobs(&b, &rs->lp_pending);
+        if (rs->part_lp.len && rs->lp_pending.len) sb_puts(&rs->part_lp, ",");
+        sb_put(&rs->part_lp, rs->lp_pending.s ? rs->lp_pending.s : "", rs->lp_pending.len);
+        rs->part_lp.failed |= rs->lp_pending.failed;
+    }
+    rs->lp_pending.len = 0; /* a thought's or a call's tokens: no part of the text */
     resp_emit(S, r, events[rs->open], b.s, b.len);
     if (rs->open == RESP_REASONING && rs->summary) {
         b.len = 0;
@@ -4995,6 +5052,7 @@ static void resp_started(srv_state *S, srv_req *r) {
 
 /* An engine output of a Responses request: its text kept, the items advanced (apply_event) */
 static void resp_output(srv_state *S, srv_req *r, srv_choice *ch, const srv_event *ev) {
+    if (r->logprobs >= 0 && ev->n_tokens) add_logprobs(S, r, ch, ev, &r->resp->lp_pending, 0);
     if (ev->text_len) sb_put(&ch->text, ev->text, (size_t)ev->text_len);
     if (ev->text_len || ev->finish) resp_advance(S, r, ch, ev->finish);
 }

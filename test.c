@@ -9763,6 +9763,64 @@ static void test_server_responses(void) {
           !strstr(http_body(w), msg_id),
           "responses: unstreamed: %s", w ? w : "");
     free(w); free(ev); free(r);
+    /* 3b. include message.output_text.logprobs (greedy): each delta carries its tokens' logprobs, and the
+     * done events and the final object carry them all, the same bytes (vLLM PR 56285's defect 4) */
+    r = http_post(port, "/v1/responses", "{\"input\":\"Once upon a time\",\"max_output_tokens\":3,"
+                  "\"temperature\":0,\"stream\":true,\"top_logprobs\":1,"
+                  "\"include\":[\"message.output_text.logprobs\"]}", NULL);
+    ev = r ? dechunk(http_body(r)) : NULL;
+    static const char lp_want[] = "[{\"token\":\"\\\"\",\"logprob\":-1.06536961,\"bytes\":[34],"
+        "\"top_logprobs\":[{\"token\":\"\\\"\",\"logprob\":-1.06536961,\"bytes\":[34]}]},"
+        "{\"token\":\"H\",\"logprob\":-1.4087019,\"bytes\":[72],"
+        "\"top_logprobs\":[{\"token\":\"H\",\"logprob\":-1.4087019,\"bytes\":[72]}]},"
+        "{\"token\":\"e\",\"logprob\":-0.772014618,\"bytes\":[101],"
+        "\"top_logprobs\":[{\"token\":\"e\",\"logprob\":-0.772014618,\"bytes\":[101]}]}]";
+    char joined[2048] = "[";
+    int deltas = 0, alls = 0;
+    for (const char *p = ev; p && *p; p = strstr(p, "\n\n") ? strstr(p, "\n\n") + 2 : NULL) {
+        const char *lp = strstr(p, "\"logprobs\":["), *end = strstr(p, "\n\n");
+        if (!lp || !end || lp > end) continue;
+        lp += 11; /* at its "[" */
+        if (!strncmp(p, "event: response.output_text.delta\n", 34)) { /* "[...]}" ends the event */
+            size_t n = (size_t)(end - lp) - 3, at = strlen(joined);
+            if (n && at + n + 2 < sizeof joined) {
+                if (at > 1) joined[at++] = ',';
+                memcpy(joined + at, lp + 1, n); joined[at + n] = 0;
+            }
+            deltas++;
+        } else for (const char *q = lp - 11; q && q < end; q = strstr(q + 1, "\"logprobs\":[")) {
+            alls += !strncmp(q + 11, lp_want, sizeof lp_want - 1) && q[11 + sizeof lp_want - 1] != ',';
+        }
+    }
+    strcat(joined, "]");
+    CHECK(http_status(r) == 200 && deltas == 3 && !strcmp(joined, lp_want) && alls == 4 &&
+          strstr(ev, "\"top_logprobs\":1,\"top_p\""),
+          "responses: logprobs: the deltas' (%d) joined: %s; in the done events and the final object: "
+          "%d of 4: %s", deltas, joined, alls, ev ? ev : "");
+    free(ev); free(r);
+    /* 3c. item_reference: a stored output item by its id, read as if the request held it (same prompt) */
+    char ref_id[64], body3[512];
+    int in_tokens[3] = {0, 0, 0};
+    w = http_post(port, "/v1/responses", "{\"input\":\"Once upon a time\",\"max_output_tokens\":3,"
+                  "\"temperature\":0}", NULL);
+    json_str(w ? strstr(http_body(w), "\"output\":") : NULL, "id", ref_id, sizeof ref_id);
+    free(w);
+    for (int k = 2; k >= 0; k--) { /* the reference first: --responses-store 2 keeps two */
+        snprintf(body3, sizeof body3, "{\"input\":[{\"role\":\"user\",\"content\":\"Once upon a time\"},%s"
+                 "{\"role\":\"user\",\"content\":\"and\"}],\"max_output_tokens\":1}",
+                 k == 0 ? "{\"type\":\"message\",\"role\":\"assistant\",\"content\":[{\"type\":"
+                 "\"output_text\",\"text\":\"\\\"He\"}]}," : k == 1 ? ""
+                 : "{\"type\":\"item_reference\",\"id\":\"%s\"},");
+        char body4[512];
+        snprintf(body4, sizeof body4, body3, ref_id);
+        w = http_post(port, "/v1/responses", body4, NULL);
+        const char *it = w && http_status(w) == 200 ? strstr(http_body(w), "\"input_tokens\":") : NULL;
+        if (it) in_tokens[k] = atoi(it + 15);
+        free(w);
+    }
+    CHECK(!strncmp(ref_id, "msg_", 4) && in_tokens[2] == in_tokens[0] && in_tokens[0] > in_tokens[1] &&
+          in_tokens[1] > 0, "responses: item_reference %s reads as the item (input_tokens %d %d %d)", ref_id,
+          in_tokens[0], in_tokens[1], in_tokens[2]);
     /* 4. what is refused, in OpenAI's shape, naming the field */
     static const char *const refused[][3] = {
         {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"},{\"type\":\"web_search\"}]}",
@@ -9775,6 +9833,10 @@ static void test_server_responses(void) {
          "background is not supported by this server (only null or its default value is accepted)"},
         {"{\"input\":\"x\",\"conversation\":\"c\"}", "conversation",
          "conversation is not supported by this server (only null is accepted)"},
+        {"{\"input\":\"x\",\"image\":{}}", "image",
+         "image is not supported by this server (only null is accepted)"},
+        {"{\"input\":\"x\",\"prompt_cache_options\":{\"mode\":\"explicit\"}}", "prompt_cache_options",
+         "prompt_cache_options is not supported by this server (only null is accepted)"},
         {"{\"input\":\"x\",\"previous_response_id\":\"resp_0\"}", "previous_response_id",
          "Previous response with id 'resp_0' not found."},
         {"{\"input\":[{\"type\":\"function_call_output\",\"call_id\":\"c\",\"output\":\"o\"}]}",
@@ -9789,14 +9851,19 @@ static void test_server_responses(void) {
          "input[0].content[0]: input_image parts are not supported (input_text and output_text are)"},
         {"{\"input\":\"x\",\"reasoning\":{\"summary\":\"long\"}}", "reasoning.summary",
          "reasoning.summary must be auto, concise or detailed (the summary is the thinking itself)"},
-        {"{\"input\":\"x\",\"include\":[\"message.output_text.logprobs\"]}", "include",
-         "include: message.output_text.logprobs is not supported (reasoning.encrypted_content is)"},
+        {"{\"input\":\"x\",\"include\":[\"file_search_call.results\"]}", "include",
+         "include: file_search_call.results is not supported (reasoning.encrypted_content and "
+         "message.output_text.logprobs are)"},
+        {"{\"input\":\"x\",\"top_logprobs\":21}", "top_logprobs",
+         "top_logprobs must be between 0 and 20, got 21"},
         {"{\"input\":[{\"type\":\"reasoning\",\"summary\":[],\"encrypted_content\":\"llm-rs1.@\"}]}",
          "input[0].encrypted_content",
          "input[0].encrypted_content is not this server's (its base64 is broken)"},
         {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"grammar\"}}}", "text.format.type",
          "text.format.type must be text, json_object or json_schema"},
         {"{\"input\":[]}", "input", "input must be a non-empty list"},
+        {"{\"input\":[{\"type\":\"item_reference\",\"id\":\"msg_0\"}]}", "input[0].id",
+         "input[0].id: no stored response has an output item with id 'msg_0'"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
         r = http_post(port, "/v1/responses", refused[i][0], NULL);

@@ -9,6 +9,8 @@ store) and on models/SmolLM2-135M-Instruct.Q4_1.gguf (tool calls, structured out
   2. create(stream=True), raw events: the exact order of a text reply's events, sequence_number 0, 1, 2, ...,
      the same response id in created/in_progress/incomplete, the same msg_ id in every event, deltas joined ==
      output_text.done == content_part.done == output_item.done == the final output == GET /v1/responses/{id};
+     include message.output_text.logprobs with top_logprobs 2: the deltas' logprobs joined are those of the
+     done events, the final object and the unstreamed reply, their tokens joined the text;
   3. the store: previous_response_id continues with cached_tokens > 0; store false cannot be continued (400
      previous_response_id); DELETE then GET is a 404; an unknown previous_response_id is a 400;
   4. refusals: a built-in tool (web_search) names tools[0].type; an output for no call names input[0].call_id;
@@ -106,6 +108,20 @@ def text_part(client, port):
           events[-2].item.content[0].text == final.output_text, f"texts: {deltas!r} {r.output_text!r}")
     got = client.responses.retrieve(rid)
     check(got.model_dump() == final.model_dump(), f"GET: {got} != {final}")
+    # 2b. include message.output_text.logprobs: the deltas' logprobs joined are the done events' and the final
+    # object's, their tokens joined are the text, top_logprobs alternatives each; unstreamed the same
+    lp = dict(model="stories260K", input="Once upon a time", max_output_tokens=8, temperature=0,
+              top_logprobs=2, include=["message.output_text.logprobs"])
+    events = list(client.responses.create(stream=True, **lp))
+    dlp = [x.model_dump() for e in events if e.type == "response.output_text.delta" for x in e.logprobs]
+    final = events[-1].response
+    whole = [[x.model_dump() for x in lps] for lps in (events[-4].logprobs, events[-3].part.logprobs,
+             events[-2].item.content[0].logprobs, final.output[0].content[0].logprobs,
+             client.responses.create(**lp).output[0].content[0].logprobs)]
+    check(len(dlp) == 8 and all(w == dlp for w in whole) and final.top_logprobs == 2 and
+          "".join(x["token"] for x in dlp) == final.output_text and
+          all(len(x["top_logprobs"]) == 2 and x["logprob"] <= 0 and bytes(x["bytes"]).decode() == x["token"]
+              for x in dlp), f"logprobs: {dlp} {whole}")
     # 3. the store
     r2 = client.responses.create(model="stories260K", input="and then", previous_response_id=r.id,
                                  max_output_tokens=8, temperature=0)
