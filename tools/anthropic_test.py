@@ -17,23 +17,15 @@ import json, os, shutil, subprocess, sys, tempfile, urllib.error, urllib.request
 
 import anthropic
 
-from serve_port import listening_port
+from serve_port import Checks, listening_port
 
 testdata = sys.argv[1] if len(sys.argv) > 1 else "testdata"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 QWEN3 = os.path.join(testdata, "models", "random-qwen3-qknorm.gguf")
 QWQ_TEMPLATE = os.path.join(testdata, "templates", "Qwen-QwQ-32B.jinja")
-passed = failed = 0
+check = Checks("anthropic client")
 
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL anthropic client:", what)
 
 
 def with_template(src, dst, template_file):
@@ -250,10 +242,9 @@ finally:
     for p, log_path in servers:
         p.terminate()
         check(p.wait(timeout=60) == 0, f"{log_path}: the server exits 0 on SIGTERM")
-        if failed:
+        if check.failed:
             print(open(log_path).read()[-4000:])
     shutil.rmtree(tmp)
 if transcript:
     print("anthropic client tool loop against llm serve (SmolLM2):\n  " + "\n  ".join(transcript))
-print(f"anthropic client: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(check.summary())

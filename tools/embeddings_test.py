@@ -15,22 +15,14 @@ import openai
 from langchain_openai import OpenAIEmbeddings
 
 import embed_oracle
-from serve_port import close_log, listening_port, stop
+from serve_port import Checks, close_log, listening_port, stop
 
 testdata = sys.argv[1] if len(sys.argv) > 1 else "testdata"
 model_path = os.path.join(testdata, "models", "random-qwen3-embed.gguf")
 log_path = "llm-test-embeddings.log"
-passed = failed = 0
+check = Checks("embeddings")
 EOS = 151645  # the vocabulary's EOS, which its add_eos_token puts after every text
 
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL embeddings:", what)
 
 
 m = embed_oracle.load(model_path)
@@ -101,7 +93,6 @@ except Exception as e:  # the server or the client broke: a failure, with what h
 finally:
     code = stop(server)
     check(code == 0, f"the server exits 0 on SIGTERM (got {code})")
-    close_log(log, log_path, failed)
+    close_log(log, log_path, check.failed)
 
-print(f"embeddings: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(check.summary())

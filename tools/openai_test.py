@@ -13,21 +13,13 @@ import openai
 import openai.lib._pydantic
 import pydantic
 
-from serve_port import close_log, listening_port, stop
+from serve_port import Checks, close_log, listening_port, stop
 
 testdata = sys.argv[1] if len(sys.argv) > 1 else "testdata"
 model_path = os.path.join(testdata, "models", "stories260K.gguf")
 log_path = "llm-test-openai.log"
-passed = failed = 0
+check = Checks("openai client")
 
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL openai client:", what)
 
 
 log = open(log_path, "w")
@@ -224,7 +216,6 @@ except Exception as e:  # the server or the client broke: a failure, with what h
 finally:
     code = stop(server)
     check(code == 0, f"the server exits 0 on SIGTERM (got {code})")
-    close_log(log, log_path, failed)
+    close_log(log, log_path, check.failed)
 
-print(f"openai client: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(check.summary())

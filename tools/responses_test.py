@@ -37,23 +37,15 @@ import jsonschema
 import openai
 import pydantic
 
-from serve_port import listening_port
+from serve_port import Checks, listening_port
 
 testdata = sys.argv[1] if len(sys.argv) > 1 else "testdata"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STORIES = os.path.join(testdata, "models", "stories260K.gguf")
 SMOL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 SMOL_NAME = "SmolLM2-135M-Instruct.Q4_1"
-passed = failed = 0
+check = Checks("responses")
 
-
-def check(ok, what):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL responses:", what)
 
 
 def start(model, log_path):
@@ -290,5 +282,4 @@ finally:
     for proc in servers:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
-print(f"responses: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+sys.exit(check.summary())

@@ -1,4 +1,5 @@
-"""The port of an `llm serve --port 0` that a tool started, read from the server's log.
+"""The port of an `llm serve --port 0` that a tool started, read from the server's log; and the count of a
+test's checks (Checks).
 
 openai_test.py, embeddings_test.py, tools_test.py and soak.py start the server with its stderr in a log file
 and import this (python puts the script's folder, tools/, first on sys.path); stop and close_log end it.
@@ -43,3 +44,22 @@ def close_log(log, log_path, failed):
     if failed:
         print(open(log_path).read()[-4000:])
     os.remove(log_path)
+
+
+class Checks:
+    """A test's checks counted: check(ok, what) counts one and prints "FAIL NAME: what" when ok is false;
+    summary() prints "NAME: N passed, M failed" (and any note) and returns the exit status, 1 on a failure."""
+
+    def __init__(self, name):
+        self.name, self.passed, self.failed = name, 0, 0
+
+    def __call__(self, ok, what):
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+            print("FAIL %s: %s" % (self.name, what), flush=True)
+
+    def summary(self):
+        print(f"{self.name}: {self.passed} passed, {self.failed} failed")
+        return 1 if self.failed else 0
