@@ -10,7 +10,8 @@ store) and on models/SmolLM2-135M-Instruct.Q4_1.gguf (tool calls, structured out
      the same response id in created/in_progress/incomplete, the same msg_ id in every event, deltas joined ==
      output_text.done == content_part.done == output_item.done == the final output == GET /v1/responses/{id};
      include message.output_text.logprobs with top_logprobs 2: the deltas' logprobs joined are those of the
-     done events, the final object and the unstreamed reply, their tokens joined the text;
+     done events, the final object and the unstreamed reply, their tokens joined the text; a client that
+     leaves mid-stream has its generation aborted (the server's log) and nothing left running (/metrics);
   3. the store: previous_response_id continues with cached_tokens > 0; store false cannot be continued (400
      previous_response_id); DELETE then GET is a 404; an unknown previous_response_id is a 400;
   4. refusals: a built-in tool (web_search) names tools[0].type; an output for no call names input[0].call_id;
@@ -26,12 +27,15 @@ store) and on models/SmolLM2-135M-Instruct.Q4_1.gguf (tool calls, structured out
      empty content, user) is accepted; a custom tool (tool_choice {"type": "custom"}): a custom_tool_call
      item, ctc_ id, its input in custom_tool_call_input.done as in the item, its custom_tool_call_output
      accepted;
-  7. text.format json_schema: responses.parse(text_format=a Pydantic model) gives a valid parsed object;
+     parallel calls (tool_choice required): one function_call item per call at consecutive output indexes,
+     never interleaved, distinct call_ids;
+  7. text.format json_schema: responses.parse(text_format=a Pydantic model) gives a valid parsed object, and
+     so does responses.stream(text_format=...)'s final response;
   8. the OpenAI Agents SDK's default Responses model (OpenAIResponsesModel) with a @function_tool: the tool
      runs with valid arguments and the run ends with a final output.
 Prints what failed and "responses: N passed, M failed"; exit status 1 on any failure.
 """
-import asyncio, base64, json, os, re, signal, subprocess, sys
+import asyncio, base64, json, os, re, signal, socket, subprocess, sys, time, urllib.request
 
 import jsonschema
 import openai
@@ -114,6 +118,34 @@ def text_part(client, port):
           "".join(x["token"] for x in dlp) == final.output_text and
           all(len(x["top_logprobs"]) == 2 and x["logprob"] <= 0 and bytes(x["bytes"]).decode() == x["token"]
               for x in dlp), f"logprobs: {dlp} {whole}")
+    # a client that leaves mid-stream: its generation is aborted (the log names it "(gone)", "abort", with
+    # fewer tokens than it asked for) and no request is left running
+    body = json.dumps({"model": "stories260K", "input": "Once upon a time", "max_output_tokens": 400,
+                       "temperature": 0, "stream": True, "metadata": {"case": "disconnect"}}).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k3y\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    got = b""
+    while got.count(b"response.output_text.delta") < 6:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    rid = re.search(rb'"id":"(resp_[0-9a-f]{32})"', got)
+    sock.close()
+    line = None
+    for _ in range(600):
+        m = rid and re.search(r"llm serve: %s \(gone\): .*output (\d+) tokens.*abort" % rid.group(1).decode(),
+                              open("llm-test-responses.log").read())
+        if m:
+            line = m
+            break
+        time.sleep(0.05)
+    check(line is not None and 6 <= int(line.group(1)) < 400,
+          f"a client gone mid-stream: aborted ({got[-300:]})")
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+    check(re.search(r"^vllm:num_requests_running\S* 0(\.0)?$", metrics, re.M),
+          "no request left running after the client left")
     # 3. the store
     r2 = client.responses.create(model="stories260K", input="and then", previous_response_id=r.id,
                                  max_output_tokens=8, temperature=0)
@@ -239,6 +271,35 @@ def tool_part(client, port):
                       {"type": "custom_tool_call_output", "call_id": out[0].call_id, "output": "a.txt"}]
         r4 = client.responses.create(model=SMOL_NAME, input=back, tools=[shell], max_output_tokens=4)
         check(r4.status in ("completed", "incomplete"), f"custom round trip: {r4}")
+    # parallel calls (tool_choice required, parallel_tool_calls true: SmolLM2 greedy calls again and again):
+    # one function_call item per call at consecutive output indexes, each closed (arguments.done,
+    # output_item.done) before the next opens, call_ids distinct, all of it in the completed object
+    events = list(client.responses.create(model=SMOL_NAME, input=[{"role": "user", "content":
+                                          "What is the weather in Paris and in Rome?"}], tools=[WEATHER],
+                                          tool_choice="required", temperature=0, max_output_tokens=96,
+                                          stream=True))
+    final = events[-1].response
+    fcalls = [o for o in final.output if o.type == "function_call"]
+    order, open_index, interleaved = [], None, False
+    for e in events:
+        if e.type == "response.output_item.added":
+            interleaved |= open_index is not None
+            open_index = e.output_index
+            order.append(e.output_index)
+        elif e.type == "response.output_item.done":
+            interleaved |= open_index != e.output_index
+            open_index = None
+        elif hasattr(e, "output_index"):
+            interleaved |= open_index != e.output_index
+    check(len(fcalls) >= 2 and order == list(range(len(final.output))) and not interleaved and
+          len({c.call_id for c in fcalls}) == len(fcalls) and
+          all(re.fullmatch(r"call_[A-Za-z0-9]{24}", c.call_id) for c in fcalls),
+          f"parallel calls: {len(fcalls)} calls, order {order}, interleaved {interleaved}: {final.output}")
+    # 7. structured output, streamed through the client's helper: its final response is parsed
+    with client.responses.stream(model=SMOL_NAME, input="The weather in Oslo: sunny.", text_format=Weather,
+                                 temperature=0, max_output_tokens=64) as s:
+        parsed = s.get_final_response().output_parsed
+    check(isinstance(parsed, Weather), f"stream(text_format=...): {parsed!r}")
     # 7. structured output
     p = client.responses.parse(model=SMOL_NAME, input="The weather in Oslo: sunny.", text_format=Weather,
                                temperature=0, max_output_tokens=64)
