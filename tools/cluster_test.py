@@ -13,6 +13,9 @@ The test (stories260K, one thread per replica):
   cache key   8 conversations with one first message, a prompt_cache_key each: each on one replica, more
               than one replica used, cached_tokens > 0 from the second turn; /v1/completions keys on it too;
               X-Session-Id wins over it
+  other APIs  /v1/messages and /v1/responses: 6 conversations x 3 turns each, each on one replica, more than
+              one replica used, the prefix cache hits; stored responses chained by previous_response_id
+              with a prompt_cache_key each find their parent
   headers     X-Request-Id (the client's, else one minted) and X-Served-By on answers, streamed or not; the
               completion's id names the request id; usage.prompt_tokens_details.cached_tokens on a second
               turn, streamed (include_usage) or not
@@ -444,6 +447,68 @@ def step_cache_key(C, cl):
             len(seen) == 1 and seen <= set(NAMES), "served by %s" % sorted(seen))
 
 
+def step_other_apis(C, cl):
+    S = "other APIs"
+    # Anthropic's /v1/messages and the Responses API keep a conversation on one replica too (its first
+    # message, or input, is the key), spread conversations over the replicas, and the prefix cache hits;
+    # a Responses conversation continued by previous_response_id with a prompt_cache_key finds its parent
+    errors, where, uncached = [], {}, []
+    for api in ("messages", "responses"):
+        for k in range(6):
+            rng = random.Random(100 + k)
+            first = "Story %d: %s." % (k, " ".join(rng.choice(WORDS) for _ in range(8)))
+            turns = [first, "And then?", "What happened next?"]
+            history, served = [], []
+            for t, text in enumerate(turns):
+                history.append({"role": "user", "content": text})
+                if api == "messages":
+                    r = post(cl.lb, "/v1/messages", {"max_tokens": 6, "temperature": 0, "messages": history})
+                    reply = "".join(b.get("text", "") for b in (r.body or {}).get("content", []))
+                    cached = ((r.body or {}).get("usage") or {}).get("cache_read_input_tokens", 0)
+                else:
+                    r = post(cl.lb, "/v1/responses", {"max_output_tokens": 6, "temperature": 0,
+                                                      "input": history if t else text})
+                    reply = "".join(c.get("text", "") for o in (r.body or {}).get("output", [])
+                                    for c in o.get("content", []))
+                    cached = (((r.body or {}).get("usage") or {}).get("input_tokens_details") or {}).get(
+                        "cached_tokens", 0)
+                served.append(r.served_by if r.ok else None)
+                if not r.ok:
+                    errors.append("%s %d turn %d: %s %s" % (api, k, t + 1, r.status, r.error))
+                    break
+                if t and not cached > 0:
+                    uncached.append("%s %d turn %d" % (api, k, t + 1))
+                history.append({"role": "assistant", "content": reply or "..."})
+            where["%s-%d" % (api, k)] = served
+    C.check(S, "36 turns (6 conversations x 3 on /v1/messages and on /v1/responses) answered 200", not errors,
+            "; ".join(errors[:3]))
+    C.check(S, "X-Served-By constant per conversation", all(len(set(w)) == 1 for w in where.values()),
+            "served by %s" % where)
+    for api in ("messages", "responses"):
+        used = {w[0] for k, w in where.items() if k.startswith(api)}
+        C.check(S, "/v1/%s: 6 conversations on more than one replica" % api, len(used) > 1 and
+                used <= set(NAMES), "served by %s" % sorted(map(str, used)))
+    C.check(S, "turns 2 and 3 report cached tokens > 0 (llm serve)", not uncached, "; ".join(uncached[:4]))
+    # stored responses continued by previous_response_id: the prompt_cache_key sends each turn to the
+    # replica whose store holds the one before
+    ids, bad = {}, []
+    for k in range(6):
+        prev = None
+        for t in range(3):
+            body = {"max_output_tokens": 4, "temperature": 0, "prompt_cache_key": "chain-%d" % k,
+                    "input": "Chain %d, turn %d: go on." % (k, t)}
+            if prev:
+                body["previous_response_id"] = prev
+            r = post(cl.lb, "/v1/responses", body)
+            if not r.ok:
+                bad.append("chain %d turn %d: %s %s" % (k, t + 1, r.status, (r.body or r.error)))
+                break
+            prev = r.body.get("id")
+            ids.setdefault(k, set()).add(r.served_by)
+    C.check(S, "6 chains of 3 responses by previous_response_id, each with its prompt_cache_key: all found "
+            "their parent", not bad and all(len(v) == 1 for v in ids.values()), "; ".join(map(str, bad[:3])))
+
+
 def step_headers(C, cl):
     S = "headers"
     rid = "cluster-test-request-42"
@@ -681,6 +746,7 @@ def run_test(a):
         convs = make_conversations(30, SYSTEM_TEST, seed=1)
         for name, fn in (("affinity", lambda: step_affinity(C, cl, convs)),
                          ("cache key", lambda: step_cache_key(C, cl)),
+                         ("other APIs", lambda: step_other_apis(C, cl)),
                          ("headers", lambda: step_headers(C, cl)),
                          ("smuggling", lambda: step_smuggling(C, cl)),
                          ("sigkill", lambda: step_sigkill(C, cl, convs, session_ids_by_replica(cl))),
