@@ -13,7 +13,7 @@ import openai
 import openai.lib._pydantic
 import pydantic
 
-from serve_port import Checks, close_log, listening_port, stop
+from serve_port import Checks, finish, listening_port
 
 testdata = sys.argv[1] if len(sys.argv) > 1 else "testdata"
 model_path = os.path.join(testdata, "models", "stories260K.gguf")
@@ -214,8 +214,5 @@ try:
 except Exception as e:  # the server or the client broke: a failure, with what happened
     check(False, f"unexpected {type(e).__name__}: {e}")
 finally:
-    code = stop(server)
-    check(code == 0, f"the server exits 0 on SIGTERM (got {code})")
-    close_log(log, log_path, check.failed)
-
-sys.exit(check.summary())
+    status = finish(check, server, log, log_path)
+sys.exit(status)

@@ -2,7 +2,8 @@
 test's checks (Checks).
 
 openai_test.py, embeddings_test.py, tools_test.py and soak.py start the server with its stderr in a log file
-and import this (python puts the script's folder, tools/, first on sys.path); stop and close_log end it.
+and import this (python puts the script's folder, tools/, first on sys.path); stop and close_log end it
+(finish: both, and the summary of its Checks).
 Standard library only.
 """
 import os
@@ -63,3 +64,12 @@ class Checks:
     def summary(self):
         print(f"{self.name}: {self.passed} passed, {self.failed} failed")
         return 1 if self.failed else 0
+
+
+def finish(check, server, log, log_path):
+    """A test's end: its server stopped (SIGTERM: it must exit 0), the log closed, the summary printed;
+    returns the exit status"""
+    code = stop(server)
+    check(code == 0, f"the server exits 0 on SIGTERM (got {code})")
+    close_log(log, log_path, check.failed)
+    return check.summary()
