@@ -155,6 +155,14 @@ static void sb_json_str(sbuf *b, const char *s, size_t n) {
 }
 static void sb_json_cstr(sbuf *b, const char *s) { sb_json_str(b, s, strlen(s)); }
 
+/* A JSON value as the request gave it (NULL: null) */
+static void sb_json_value(sbuf *b, const llm_json *v) {
+    char *t = v && v->type != LLM_JSON_NULL ? llm_json_dumps(v, 0) : NULL;
+    sb_puts(b, t ? t : "null");
+    if (v && v->type != LLM_JSON_NULL && !t) b->failed = 1;
+    free(t);
+}
+
 /* A number: %.9g gives 9 significant digits, enough to read every float (the engine's logprobs are floats)
  * back to the same value */
 static void sb_json_float(sbuf *b, double x) { /* JSON has no infinities: vLLM writes -9999.0 for -inf */
@@ -646,8 +654,16 @@ typedef struct {
 } srv_event;
 
 /* A stored response (The store of responses): its id, the object GET returns, its conversation as a JSON
- * list of items, and the bytes it holds */
-typedef struct resp_stored { char id[40]; char *object, *history; size_t bytes; } resp_stored;
+ * list of items, its output items by id (what an item_reference finds: where each item's JSON text stands
+ * in the conversation, so a reference costs its item, not a search of the whole store), and the bytes it
+ * holds */
+typedef struct { char id[48]; size_t off, len; } resp_item;
+typedef struct resp_stored {
+    char id[40];
+    char *object, *history;
+    resp_item *items;               /* stb_ds */
+    size_t bytes;
+} resp_stored;
 
 /* Histograms with vLLM's buckets, for /metrics */
 typedef struct { const double *bounds; int n_bounds; int64_t *counts; double sum; int64_t count; } srv_hist;
@@ -710,7 +726,7 @@ typedef struct { int status; char param[64]; char msg[512]; } srv_error;
 
 /* A request with a worker (see Request workers): the endpoint it is for, and what the worker made of it */
 enum { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETIONS, JOB_CHAT, JOB_MESSAGES, JOB_COUNT_TOKENS,
-       JOB_RESPONSES, JOB_EMBEDDINGS, JOB_RERANK };
+       JOB_RESPONSES, JOB_COMPACT, JOB_EMBEDDINGS, JOB_RERANK };
 
 struct srv_job {
     srv_conn *conn;                 /* the network thread's: NULL once the client has gone */
@@ -1279,7 +1295,8 @@ static int key_equal(const char *given, const char *key) { /* constant time in t
  * application/json, as vLLM asks: a browser cannot send that cross-origin without a CORS preflight). */
 static const struct { const char *path, *method; int open, job; } srv_routes[] = {
     {"/v1/completions", "POST", 0, JOB_COMPLETIONS}, {"/v1/chat/completions", "POST", 0, JOB_CHAT},
-    {"/v1/responses", "POST", 0, JOB_RESPONSES}, {"/v1/responses/", "GET, DELETE", 0, -1}, /* a prefix */
+    {"/v1/responses", "POST", 0, JOB_RESPONSES}, {"/v1/responses/compact", "POST", 0, JOB_COMPACT},
+    {"/v1/responses/", "GET, DELETE", 0, -1}, /* a prefix: a stored response */
     {"/tokenize", "POST", 0, JOB_TOKENIZE}, {"/detokenize", "POST", 0, JOB_DETOKENIZE},
     {"/v1/messages", "POST", 0, JOB_MESSAGES}, {"/v1/messages/count_tokens", "POST", 0, JOB_COUNT_TOKENS},
     {"/v1/embeddings", "POST", 0, JOB_EMBEDDINGS}, {"/v1/rerank", "POST", 0, JOB_RERANK},
@@ -1364,7 +1381,7 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
     const char *path = rq->path;
     int job = srv_routes[route].job;
     int generation = job == JOB_COMPLETIONS || job == JOB_CHAT || job == JOB_MESSAGES ||
-                     job == JOB_RESPONSES || job == JOB_EMBEDDINGS;
+                     job == JOB_RESPONSES || job == JOB_COMPACT || job == JOB_EMBEDDINGS;
     if (g_srv_stop && (generation || !strcmp(path, "/health") || !strcmp(path, "/ping"))) {
         send_error(S, c, 503, NULL, "the server is shutting down: it finishes the requests it has and takes "
                    "no new ones");
@@ -1496,8 +1513,8 @@ static int fv_0(const llm_json *v, const llm_json *b) {
     (void)b; return v->type == LLM_JSON_NUMBER && !v->num;
 }
 /* A row of a field table: a field's name, what value it takes (fv_*: fv_any, implemented and checked where
- * it is read; fv_never, refused at any value but null), and, in req_fields, the endpoints that define it
- * (F_*; 0 in the tables of one API: msgs_fields, resp_fields) */
+ * it is read; fv_never, refused at any value but null), and the endpoints that define it (req_fields: F_*;
+ * resp_fields: RF_*; 0 in msgs_fields, a table of one endpoint) */
 typedef struct {
     const char *name;
     int (*takes)(const llm_json *v, const llm_json *b);
@@ -2654,7 +2671,11 @@ static void job_run(srv_state *S, srv_job *j) {
     }
     /* 3. Anthropic's Messages API: its body becomes a chat request (its section) */
     if (j->route == JOB_MESSAGES || j->route == JOB_COUNT_TOKENS) { msgs_job(S, j); return; }
-        if (j->route == JOB_RESPONSES) { j->failed = resp_prepare(S, j) != 0; return; } /* a chat inside */
+    /* 4. OpenAI's Responses API and its compaction: a chat request inside (their section) */
+    if (j->route == JOB_RESPONSES || j->route == JOB_COMPACT) {
+        j->failed = resp_prepare(S, j) != 0;
+        return;
+    }
     /* 5. a generation: a request prepared, left for the network thread to attach (jobs_done). Its arrival
      * is when the whole request was read, so the time it waited for a worker is in its latency */
     if (!(j->r = (srv_req *)calloc(1, sizeof *j->r))) { bad(&j->e, 500, NULL, "out of memory"); return; }
@@ -3556,13 +3577,6 @@ static const srv_field msgs_fields[] = {
     {"diagnostics", fv_never},
 };
 
-/* Writes v (any JSON value) as JSON text into out */
-static void msgs_put_value(sbuf *out, const llm_json *v) {
-    char *text = llm_json_dumps(v, 0);
-    if (text) sb_puts(out, text); else out->failed = 1;
-    free(text);
-}
-
 /* The text of a block list's text blocks (a tool_result's content, the system's): a string, or a list of
  * {"type": "text", "text"} blocks (cache_control and citations aside), joined by newlines; any other block
  * is a 400 naming it at path. Appended to out. */
@@ -3651,7 +3665,7 @@ static int msgs_message(const llm_json *m, int i, sbuf *out, int *n_out, srv_err
             sb_puts(&calls, ",\"type\":\"function\",\"function\":{\"name\":");
             sb_json_str(&calls, name->str, name->len);
             sb_puts(&calls, ",\"arguments\":");
-            msgs_put_value(&calls, input);
+            sb_json_value(&calls, input);
             sb_puts(&calls, "}}");
         } else if (!strcmp(t, "thinking") && !user) { /* its signature is ours or another's: not checked */
             const llm_json *x = llm_json_get(b, "thinking");
@@ -3703,7 +3717,7 @@ static int msgs_to_chat(srv_state *S, const llm_json *body, int count, sbuf *out
     sb_puts(out, "{");
     if (v && v->type != LLM_JSON_NULL) {
         sb_puts(out, "\"model\":");
-        msgs_put_value(out, v);
+        sb_json_value(out, v);
         sb_puts(out, ",");
     }
     v = llm_json_get(body, "max_tokens");
@@ -3725,7 +3739,7 @@ static int msgs_to_chat(srv_state *S, const llm_json *body, int count, sbuf *out
     for (size_t k = 0; k < 3; k++)
         if ((v = llm_json_get(body, copied[k])) && v->type != LLM_JSON_NULL && !(count && k == 2)) {
             sb_printf(out, "\"%s\":", copied[k]);
-            msgs_put_value(out, v);
+            sb_json_value(out, v);
             sb_puts(out, ",");
         }
     /* 3. stop_sequences: a list of strings, at most SRV_MAX_STOPS */
@@ -3735,7 +3749,7 @@ static int msgs_to_chat(srv_state *S, const llm_json *body, int count, sbuf *out
         if (!ok)
             return bad(e, 400, NULL, "stop_sequences: must be a list of at most %d strings", SRV_MAX_STOPS);
         sb_puts(out, "\"stop\":");
-        msgs_put_value(out, v);
+        sb_json_value(out, v);
         sb_puts(out, ",");
     }
     /* 4. metadata.user_id: a string that changes no output */
@@ -3797,7 +3811,7 @@ static int msgs_to_chat(srv_state *S, const llm_json *body, int count, sbuf *out
                 sb_json_str(out, desc->str, desc->len);
             }
             sb_puts(out, ",\"parameters\":");
-            msgs_put_value(out, schema);
+            sb_json_value(out, schema);
             sb_puts(out, "}}");
         }
         sb_puts(out, "],");
@@ -4143,6 +4157,13 @@ static void msgs_finish(srv_state *S, srv_req *r) {
  * ======================================================================================================== */
 enum { RESP_NONE, RESP_REASONING, RESP_MESSAGE, RESP_CALL, RESP_CUSTOM }; /* an output item's kind */
 #define RESP_MAX_METADATA 16        /* metadata: keys (each <= 64 bytes; values strings <= 512), as OpenAI */
+/* POST /v1/responses/compact: the model asked for a summary after the conversation (greedy, no tool call);
+ * the compaction item carries it ("llm-cmp1." and its base64), and reads back as a user message */
+#define RESP_COMPACT_PROMPT "Summarize the conversation so far for someone who will continue it with no " \
+    "other record of it: what the user wants (goals, constraints, preferences), what has been done and " \
+    "found (decisions, names, commands, results), what is still open, and the next step. Be specific and " \
+    "brief. Write only the summary."
+#define RESP_COMPACT_PREFIX "A summary of the conversation before this point:\n\n"
 
 struct srv_resp {
     char id[40];                    /* "resp_" and 32 hex digits */
@@ -4156,6 +4177,7 @@ struct srv_resp {
     char *call_name;                /* the open call's name */
     sbuf part;                      /* the open item's text so far: thinking, answer or arguments */
     sbuf items;                     /* the closed items' JSON, comma-separated: the object's output */
+    size_t *item_ends;              /* stb_ds: where each closed item's JSON ends in items */
     int reasoning_tokens;           /* the reply's tokens when its thinking ended */
     char **customs;                 /* stb_ds: the custom tools' names (their calls are custom_tool_call) */
     int summary;                    /* reasoning.summary: the thinking is its own summary too (no model
@@ -4164,24 +4186,20 @@ struct srv_resp {
     sbuf lp_pending;                /* include message.output_text.logprobs: the logprobs of the tokens no
                                      * delta has shown yet (chat's entries, add_logprobs') */
     sbuf part_lp;                   /* the open message's logprobs so far: its deltas' entries joined */
+    int compact;                    /* POST /v1/responses/compact: the reply is the conversation's summary */
+    sbuf kept;                      /* a compaction's output before its summary: the conversation's user
+                                     * messages as given, comma-separated */
 };
 
 /* req_free's part for a Responses request (NULL: none) */
 static void resp_free(srv_resp *rs) {
     if (!rs) return;
     free(rs->echo); free(rs->history); free(rs->call_name); sb_free(&rs->part); sb_free(&rs->items);
-    sb_free(&rs->lp_pending); sb_free(&rs->part_lp);
+    arrfree(rs->item_ends);
+    sb_free(&rs->lp_pending); sb_free(&rs->part_lp); sb_free(&rs->kept);
     for (ptrdiff_t i = 0; i < arrlen(rs->customs); i++) free(rs->customs[i]);
     arrfree(rs->customs);
     free(rs);
-}
-
-/* A JSON value as the request gave it (NULL: null) */
-static void sb_json_value(sbuf *b, const llm_json *v) {
-    char *t = v && v->type != LLM_JSON_NULL ? llm_json_dumps(v, 0) : NULL;
-    sb_puts(b, t ? t : "null");
-    if (v && v->type != LLM_JSON_NULL && !t) b->failed = 1;
-    free(t);
 }
 
 /* Base64 (RFC 4648, with padding): a reasoning item's encrypted_content carries the thinking so encoded
@@ -4216,29 +4234,45 @@ static int sb_unbase64(sbuf *b, const char *s, size_t n) {
 }
 
 /* An item_reference input item ({"type": "item_reference", "id"}) resolved: the output item of that id in a
- * stored response, found in a copy of the stored object (taken under store_lock; *doc holds it, the caller
- * frees it) and pointed to by *item; a 400 naming input[i].id when no stored response has it */
-static int resp_item_ref(srv_state *S, const llm_json *ref, int i, llm_json *doc, const llm_json **item,
+ * stored response (the store's index of output items), copied under store_lock and parsed into *doc (the
+ * caller frees it); a 400 naming input[i].id when no stored response has it. *budget: the bytes the
+ * request's references may still bring in (SRV_MAX_BODY in all, as if the client had sent the items): a
+ * body of many references to a large item is refused before it is copied, not expanded. */
+static int resp_item_ref(srv_state *S, const llm_json *ref, int i, size_t *budget, llm_json *doc,
                          srv_error *e) {
     const llm_json *id = llm_json_get(ref, "id");
-    char param[64], quoted[80];
+    char param[64];
     snprintf(param, sizeof param, "input[%d].id", i);
     if (!id || id->type != LLM_JSON_STRING || !id->len || id->len > 64)
         return bad(e, 400, param, "%s must be the id of an output item (a string of at most 64 bytes)",
                    param);
-    snprintf(quoted, sizeof quoted, "\"id\":\"%s\"", id->str);
-    char *object = NULL;
+    char *item = NULL;
+    size_t n = 0;
+    int found = 0;
     pthread_mutex_lock(&S->store_lock);
-    for (ptrdiff_t k = arrlen(S->store) - 1; k >= 0 && !object; k--) /* the newest first */
-        if (strstr(S->store[k].object, quoted)) object = strdup(S->store[k].object);
+    for (ptrdiff_t k = arrlen(S->store) - 1; k >= 0 && !found; k--) /* the newest first */
+        for (ptrdiff_t j = 0; j < arrlen(S->store[k].items) && !found; j++) {
+            const resp_item *it = &S->store[k].items[j];
+            if (strlen(it->id) != id->len || memcmp(it->id, id->str, id->len)) continue;
+            found = 1;
+            n = it->len;
+            if (n <= *budget && (item = (char *)malloc(n + 1))) {
+                memcpy(item, S->store[k].history + it->off, n);
+                item[n] = 0;
+            }
+        }
     pthread_mutex_unlock(&S->store_lock);
-    const llm_json *output = NULL;
-    if (object && llm_json_parse(object, strlen(object), doc, NULL) == 0)
-        output = llm_json_get(doc, "output");
-    free(object);
-    for (int k = 0; output && output->type == LLM_JSON_ARRAY && k < output->n; k++)
-        if (fv_str(llm_json_get(&output->items[k], "id"), id->str)) { *item = &output->items[k]; return 0; }
-    return bad(e, 400, param, "%s: no stored response has an output item with id '%.64s'", param, id->str);
+    if (found && n > *budget)
+        return bad(e, 400, param, "%s: the items referenced come to more than %d bytes (send them instead)",
+                   param, SRV_MAX_BODY);
+    if (found && !item) return bad(e, 500, NULL, "out of memory");
+    if (!found)
+        return bad(e, 400, param, "%s: no stored response has an output item with id '%.64s'", param,
+                   id->str);
+    *budget -= n;
+    int rc = llm_json_parse(item, n, doc, NULL) == 0 ? 0 : bad(e, 500, NULL, "out of memory");
+    free(item);
+    return rc;
 }
 
 /* ---- Requests in ------------------------------------------------------------------------------------- */
@@ -4249,18 +4283,26 @@ static int fv_tier(const llm_json *v, const llm_json *b) {
     (void)b; return fv_str(v, "auto") || fv_str(v, "default");
 }
 static int fv_in_memory(const llm_json *v, const llm_json *b) { (void)b; return fv_str(v, "in_memory"); }
+enum { RF_CREATE = 1, RF_COMPACT = 2, RF_BOTH = 3 }; /* POST /v1/responses, /v1/responses/compact */
 static const srv_field resp_fields[] = {
-    {"model", fv_any}, {"input", fv_any}, {"instructions", fv_any}, {"tools", fv_any},
-    {"tool_choice", fv_any}, {"parallel_tool_calls", fv_any}, {"text", fv_any}, {"reasoning", fv_any},
-    {"max_output_tokens", fv_any}, {"temperature", fv_any}, {"top_p", fv_any}, {"stream", fv_any},
-    {"store", fv_any}, {"previous_response_id", fv_any}, {"metadata", fv_any}, {"user", fv_any},
-    {"safety_identifier", fv_any}, {"prompt_cache_key", fv_any},
-    {"service_tier", fv_tier}, {"truncation", fv_disabled}, {"background", fv_false},
-    {"prompt_cache_retention", fv_in_memory}, {"top_logprobs", fv_any}, {"include", fv_any},
-    {"max_tool_calls", fv_any}, /* it bounds built-in tool calls: this server runs none */
-    {"stream_options", fv_none}, {"conversation", fv_never}, {"prompt", fv_never},
-    {"context_management", fv_never}, {"moderation", fv_never}, {"access_programs", fv_never},
-    {"background_options", fv_never}, {"image", fv_never}, {"prompt_cache_options", fv_never},
+    {"model", fv_any, RF_BOTH}, {"input", fv_any, RF_BOTH}, {"instructions", fv_any, RF_BOTH},
+    {"tools", fv_any, RF_BOTH}, {"parallel_tool_calls", fv_any, RF_BOTH}, {"reasoning", fv_any, RF_BOTH},
+    {"previous_response_id", fv_any, RF_BOTH}, {"prompt_cache_key", fv_any, RF_BOTH},
+    {"service_tier", fv_tier, RF_BOTH}, {"prompt_cache_retention", fv_in_memory, RF_BOTH},
+    {"image", fv_never, RF_BOTH}, {"prompt_cache_options", fv_never, RF_BOTH},
+    {"text", fv_any, RF_BOTH}, /* compaction: the later answers' format (the summary is text) */
+    {"tool_choice", fv_any, RF_CREATE}, {"max_output_tokens", fv_any, RF_CREATE},
+    {"temperature", fv_any, RF_CREATE}, {"top_p", fv_any, RF_CREATE}, {"stream", fv_any, RF_CREATE},
+    {"store", fv_any, RF_CREATE}, {"metadata", fv_any, RF_CREATE}, {"user", fv_any, RF_CREATE},
+    {"safety_identifier", fv_any, RF_CREATE},
+    {"truncation", fv_disabled, RF_CREATE}, {"background", fv_false, RF_CREATE},
+    {"top_logprobs", fv_any, RF_CREATE}, {"include", fv_any, RF_CREATE},
+    {"max_tool_calls", fv_any, RF_CREATE}, /* it bounds built-in tool calls: this server runs none */
+    {"stream_options", fv_none, RF_CREATE}, {"conversation", fv_never, RF_CREATE},
+    {"prompt", fv_never, RF_CREATE}, {"context_management", fv_never, RF_CREATE},
+    {"moderation", fv_never, RF_CREATE}, {"access_programs", fv_never, RF_CREATE},
+    {"background_options", fv_never, RF_CREATE},
+    {"stream", fv_false, RF_COMPACT}, {"store", fv_false, RF_COMPACT}, /* a compaction is neither */
 };
 
 /* The conversation being turned into chat messages: the system text (instructions, then every system or
@@ -4418,10 +4460,19 @@ static int conv_item(resp_conv *cv, const llm_json *it, int i, srv_error *e) {
                 rc = bad(e, 400, param, "%s is not this server's (its base64 is broken)", param);
         } else rc = resp_text(c ? c : llm_json_get(it, "summary"), param, &text, e);
         if (!rc) { sb_put(&cv->a_reasoning, text.s ? text.s : "", text.len); cv->a_open = 1; }
+    } else if (fv_str(type, "compaction")) { /* a summary from POST /v1/responses/compact: ours only */
+        const llm_json *enc = llm_json_get(it, "encrypted_content");
+        snprintf(param, sizeof param, "input[%d].encrypted_content", i);
+        sb_puts(&text, RESP_COMPACT_PREFIX);
+        if (!enc || enc->type != LLM_JSON_STRING || strncmp(enc->str, "llm-cmp1.", 9) ||
+            sb_unbase64(&text, enc->str + 9, enc->len - 9))
+            rc = bad(e, 400, param, "%s is not this server's (a compaction made elsewhere cannot be read)",
+                     param);
+        else conv_message(cv, "user", &text);
     } else {
         snprintf(param, sizeof param, "input[%d].type", i);
         rc = bad(e, 400, param, "%s: %.40s items are not supported (message, function_call, "
-                 "function_call_output and reasoning are)", param,
+                 "function_call_output, reasoning and compaction are)", param,
                  type && type->type == LLM_JSON_STRING ? type->str : "untyped");
     }
     sb_free(&text);
@@ -4476,10 +4527,32 @@ static int resp_string(const llm_json *body, const char *key, size_t max, srv_er
     return 0;
 }
 
+/* A compaction's output before its summary (rs->kept): the user's messages of the conversation (history:
+ * the members of a JSON list of items, a stored parent's first), as they were given; an earlier
+ * compaction item goes, its summary being in the new one */
+static int resp_keep_user(srv_resp *rs, const sbuf *history, srv_error *e) {
+    sbuf list = {0};
+    llm_json items;
+    sb_puts(&list, "[");
+    sb_put(&list, history->s ? history->s : "", history->len);
+    sb_puts(&list, "]");
+    int rc = list.failed || llm_json_parse(list.s, list.len, &items, NULL) ? -1 : 0;
+    for (int i = 0; !rc && i < items.n; i++) {
+        const llm_json *it = &items.items[i], *type = llm_json_get(it, "type");
+        if (!fv_str(llm_json_get(it, "role"), "user") || (type && !fv_str(type, "message"))) continue;
+        if (rs->kept.len) sb_puts(&rs->kept, ",");
+        sb_json_value(&rs->kept, it);
+    }
+    if (!rc) llm_json_free(&items);
+    sb_free(&list);
+    return rc || rs->kept.failed ? bad(e, 500, NULL, "out of memory") : 0;
+}
+
 /* The chat body of a Responses request, its echo and its history into r->resp; chat has the JSON text */
 static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *chat, srv_error *e) {
     /* 1. every field known: read, accepted at a value that asks for nothing, or refused */
-    if (check_fields(S, body, resp_fields, sizeof resp_fields / sizeof *resp_fields, 0, e)) return -1;
+    if (check_fields(S, body, resp_fields, sizeof resp_fields / sizeof *resp_fields, RF_CREATE, e))
+        return -1;
     const llm_json *input = llm_json_get(body, "input"), *text = llm_json_get(body, "text");
     const llm_json *fmt = llm_json_get(text, "format"), *ftype = llm_json_get(fmt, "type");
     const llm_json *reasoning = llm_json_get(body, "reasoning"), *meta = llm_json_get(body, "metadata");
@@ -4499,6 +4572,9 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
         resp_string(body, "prompt_cache_key", SRV_MAX_CACHE_KEY, e) ||
         resp_string(body, "previous_response_id", 64, e))
         return -1;
+    llm_json none = {LLM_JSON_ARRAY, 0, NULL, 0, NULL, NULL, 0, 0};
+    if (rs->compact && (!input || input->type == LLM_JSON_NULL) && prev && prev->type == LLM_JSON_STRING)
+        input = &none; /* a stored conversation compacted as it is */
     if (!input || (input->type != LLM_JSON_STRING && input->type != LLM_JSON_ARRAY))
         return bad(e, 400, "input", "input must be a string or a list of items");
     if (meta && meta->type != LLM_JSON_NULL) {
@@ -4575,14 +4651,25 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
         sb_puts(&history, "}");
         sb_free(&t);
     }
+    size_t ref_budget = SRV_MAX_BODY; /* the bytes item_references may bring in */
     for (int i = 0; !rc && input->type == LLM_JSON_ARRAY && i < input->n; i++) {
         llm_json stored = {0};
         const llm_json *it = &input->items[i];
-        if (fv_str(llm_json_get(it, "type"), "item_reference")) rc = resp_item_ref(S, it, i, &stored, &it, e);
+        if (fv_str(llm_json_get(it, "type"), "item_reference")) {
+            rc = resp_item_ref(S, it, i, &ref_budget, &stored, e);
+            it = &stored;
+        }
         if (!rc) rc = conv_item(&cv, it, i, e);
         if (history.len) sb_puts(&history, ",");
         sb_json_value(&history, it); /* a reference as the item it names: the history stands alone */
         llm_json_free(&stored);
+    }
+    if (!rc && rs->compact) { /* the summary asked for after the conversation; its user messages kept */
+        sbuf ask = {0};
+        sb_puts(&ask, RESP_COMPACT_PROMPT);
+        conv_message(&cv, "user", &ask);
+        sb_free(&ask);
+        rc = resp_keep_user(rs, &history, e);
     }
     conv_flush(&cv);
     const llm_json *instructions = llm_json_get(body, "instructions");
@@ -4686,6 +4773,39 @@ static int resp_to_chat(srv_state *S, const llm_json *body, srv_resp *rs, sbuf *
     return rc;
 }
 
+/* A compaction's body (POST /v1/responses/compact) as resp_to_chat reads a request's: its own fields
+ * checked (resp_fields' RF_COMPACT rows) and kept, the others left out (ignored, as unknown ones), and
+ * what a summary is asked with added: greedy, no tool call, neither stored nor streamed. The view's values
+ * are the body's: free only its two arrays. */
+static int resp_compact_view(srv_state *S, const llm_json *body, llm_json *view, srv_error *e) {
+    static const char *const kept[] = {"model", "input", "instructions", "tools", "parallel_tool_calls",
+                                       "reasoning", "previous_response_id", "prompt_cache_key"};
+    static char *added_keys[] = {"tool_choice", "temperature", "store"};
+    static llm_json added[] = {{LLM_JSON_STRING, 0, (char *)"none", 4, NULL, NULL, 0, 0},
+                               {LLM_JSON_NUMBER, 0, (char *)"0", 1, NULL, NULL, 0, 0},
+                               {LLM_JSON_FALSE, 0, NULL, 0, NULL, NULL, 0, 0}};
+    if (check_fields(S, body, resp_fields, sizeof resp_fields / sizeof *resp_fields, RF_COMPACT, e))
+        return -1;
+    const llm_json *input = llm_json_get(body, "input"), *prev = llm_json_get(body, "previous_response_id");
+    if ((!input || input->type == LLM_JSON_NULL) && (!prev || prev->type == LLM_JSON_NULL))
+        return bad(e, 400, "input", "input: a compaction needs a conversation (input, previous_response_id "
+                   "or both)");
+    int n = 0, cap = body->n + 3;
+    view->type = LLM_JSON_OBJECT;
+    view->keys = (char **)malloc(sizeof *view->keys * (size_t)cap);
+    view->items = (llm_json *)malloc(sizeof *view->items * (size_t)cap);
+    if (!view->keys || !view->items) return bad(e, 500, NULL, "out of memory");
+    for (int i = 0; i < body->n; i++)
+        for (size_t k = 0; k < sizeof kept / sizeof *kept; k++)
+            if (!strcmp(body->keys[i], kept[k])) {
+                view->keys[n] = body->keys[i]; view->items[n++] = body->items[i];
+                break;
+            }
+    for (int k = 0; k < 3; k++) { view->keys[n] = added_keys[k]; view->items[n++] = added[k]; }
+    view->n = n;
+    return 0;
+}
+
 /* The worker's part of POST /v1/responses: the body read into a chat body, which prepare_generation takes
  * as any chat request; an error it finds in a chat field is named as the Responses field it came from. The
  * chat body's JSON replaces the request's (the request's strings point into it). */
@@ -4708,8 +4828,11 @@ static int resp_prepare(srv_state *S, srv_job *j) {
     char *p = rs->id + sprintf(rs->id, "resp_");
     for (int i = 0; i < 16; i++) p += sprintf(p, "%02x", rnd[i]);
     sbuf chat = {0};
-    llm_json cj;
-    int rc = resp_to_chat(S, &j->json, rs, &chat, &j->e);
+    llm_json cj, view = {0};
+    rs->compact = j->route == JOB_COMPACT;
+    int rc = rs->compact ? resp_compact_view(S, &j->json, &view, &j->e) : 0;
+    if (!rc) rc = resp_to_chat(S, rs->compact ? &view : &j->json, rs, &chat, &j->e);
+    free(view.keys); free(view.items); /* (its values are the body's) */
     if (!rc && llm_json_parse(chat.s, chat.len, &cj, NULL) != 0) rc = bad(&j->e, 500, NULL, "out of memory");
     sb_free(&chat);
     if (rc) return -1;
@@ -4899,6 +5022,7 @@ static void resp_close(srv_state *S, srv_req *r, int incomplete) {
     resp_emit(S, r, "response.output_item.done", b.s, b.len);
     if (rs->items.len) sb_puts(&rs->items, ",");
     sb_put(&rs->items, item.s, item.len);
+    arrput(rs->item_ends, rs->items.len);
     rs->items.failed |= item.failed | b.failed;
     sb_free(&b); sb_free(&item);
     rs->open = RESP_NONE; rs->part.len = 0; rs->part_lp.len = 0;
@@ -5008,6 +5132,16 @@ static void resp_advance(srv_state *S, srv_req *r, srv_choice *ch, int finish) {
     llm_chat_reply_free(&rep);
 }
 
+/* A finished response's usage (a compaction's too) */
+static void resp_put_usage(sbuf *b, const srv_req *r) { /* openai 3.54.0's InputTokensDetails requires
+                                                         * cache_write_tokens */
+    sb_printf(b, "{\"input_tokens\":%d,\"input_tokens_details\":{\"cached_tokens\":%d,"
+              "\"cache_write_tokens\":0},\"output_tokens\":%d,\"output_tokens_details\":"
+              "{\"reasoning_tokens\":%d},\"total_tokens\":%d}",
+              r->prompt_tokens, r->n_prompts ? r->prompts[0].n_cached : 0, r->completion_tokens,
+              r->resp->reasoning_tokens, r->prompt_tokens + r->completion_tokens);
+}
+
 /* The response object: as created, in progress (no output, no usage yet) or done (status completed,
  * incomplete or failed, the closed items, the usage) */
 static void resp_put_object(sbuf *b, srv_state *S, srv_req *r, const char *status) {
@@ -5029,14 +5163,7 @@ static void resp_put_object(sbuf *b, srv_state *S, srv_req *r, const char *statu
     sb_puts(b, "],");
     sb_puts(b, rs->echo ? rs->echo : "");
     sb_puts(b, ",\"usage\":");
-    int cached = r->n_prompts ? r->prompts[0].n_cached : 0;
-    if (done) /* openai 3.54.0's InputTokensDetails requires cache_write_tokens */
-        sb_printf(b, "{\"input_tokens\":%d,\"input_tokens_details\":{\"cached_tokens\":%d,"
-                  "\"cache_write_tokens\":0},\"output_tokens\":%d,\"output_tokens_details\":"
-                  "{\"reasoning_tokens\":%d},\"total_tokens\":%d}",
-                  r->prompt_tokens, cached, r->completion_tokens, rs->reasoning_tokens,
-                  r->prompt_tokens + r->completion_tokens);
-    else sb_puts(b, "null");
+    if (done) resp_put_usage(b, r); else sb_puts(b, "null");
     sb_puts(b, "}");
 }
 
@@ -5059,12 +5186,44 @@ static void resp_output(srv_state *S, srv_req *r, srv_choice *ch, const srv_even
 
 static void store_put(srv_state *S, const srv_resp *rs, const char *object, size_t n);
 
+/* A compaction's end: {"id", "object": "response.compaction", "created_at", "output", "usage"}, its output
+ * the conversation's user messages (rs->kept) and one compaction item, the reply's text (its thinking
+ * aside) as the summary; never streamed, never stored. A summary cut by the context is still one. */
+static void resp_compact_finish(srv_state *S, srv_req *r) {
+    srv_resp *rs = r->resp;
+    srv_choice *ch = &r->choices[0];
+    llm_chat_reply rep;
+    if (!r->error[0] && ch->finish >= LLM_FINISH_ABORT)
+        snprintf(r->error, sizeof r->error, "the request was aborted");
+    if (!r->error[0] && llm_chat_parse_reply(&r->chat, ch->text.s ? ch->text.s : "", ch->text.len,
+                                             r->reasoning > 0, 0, 0, &rep) == 0) {
+        sbuf b = {0};
+        sb_puts(&b, "{\"id\":"); sb_json_cstr(&b, rs->id);
+        sb_printf(&b, ",\"object\":\"response.compaction\",\"created_at\":%lld,\"output\":[", r->created);
+        sb_put(&b, rs->kept.s ? rs->kept.s : "", rs->kept.len);
+        sb_puts(&b, rs->kept.len ? ",{\"type\":\"compaction\",\"id\":" : "{\"type\":\"compaction\",\"id\":");
+        resp_item_id(&b, rs, "cmp_", 0);
+        sb_puts(&b, ",\"encrypted_content\":\"llm-cmp1.");
+        sb_base64(&b, (const unsigned char *)rep.content, strlen(rep.content));
+        sb_puts(&b, "\"}],\"usage\":");
+        resp_put_usage(&b, r);
+        sb_puts(&b, "}");
+        llm_chat_reply_free(&rep);
+        if (!b.failed) send_response(S, r->conn, 200, "application/json", b.s, b.len, NULL);
+        else snprintf(r->error, sizeof r->error, "out of memory writing the compaction");
+        sb_free(&b);
+        if (!r->error[0]) return;
+    } else if (!r->error[0]) snprintf(r->error, sizeof r->error, "the summary could not be read");
+    send_error(S, r->conn, 500, NULL, "%s", r->error);
+}
+
 /* The end (finish_request): the object with its status; a stream's terminal event (after an error event
  * when the engine failed) and the chunked body's end, or the whole body; stored when store is on */
 static void resp_finish(srv_state *S, srv_req *r) {
     srv_conn *c = r->conn;
     srv_resp *rs = r->resp;
     int finish = r->choices[0].finish;
+    if (rs->compact) { resp_compact_finish(S, r); return; }
     const char *status = r->error[0] || finish >= LLM_FINISH_ABORT ? "failed" :
                          finish == LLM_FINISH_LENGTH ? "incomplete" : "completed";
     if (!r->error[0] && finish >= LLM_FINISH_ABORT)
@@ -5102,34 +5261,60 @@ static void resp_finish(srv_state *S, srv_req *r) {
  * --responses-store entries and --responses-store-bytes: the oldest go first; an entry larger than a quarter
  * of the bytes is not kept. Written on the network thread, read by the workers: store_lock. */
 
+/* An entry's memory freed (not yet in the store, or dropped from it) */
+static void store_free(resp_stored *e) {
+    free(e->object); free(e->history);
+    arrfree(e->items);
+}
+
 static void store_drop(srv_state *S, ptrdiff_t i) { /* under store_lock */
     S->store_bytes -= S->store[i].bytes;
-    free(S->store[i].object); free(S->store[i].history);
+    store_free(&S->store[i]);
     arrdel(S->store, i);
+}
+
+/* The output items of a response indexed by id into e->items: each one's place in e->history, where its
+ * output items (rs->items) begin at base. An item's JSON begins {"type":"...","id":"...": resp_put_item
+ * writes every one so. */
+static void store_index_items(resp_stored *e, const srv_resp *rs, size_t base) {
+    size_t start = 0;
+    for (ptrdiff_t k = 0; k < arrlen(rs->item_ends); k++) {
+        size_t end = rs->item_ends[k];
+        resp_item it = {{0}, base + start, end - start};
+        const char *json = e->history + it.off, *id = strstr(json, "\"id\":\"");
+        if (id && id < json + it.len) {
+            id += 6;
+            size_t n = strcspn(id, "\"");
+            if (n < sizeof it.id) { memcpy(it.id, id, n); arrput(e->items, it); e->bytes += sizeof it; }
+        }
+        start = end + 1; /* past the comma */
+    }
 }
 
 /* A finished response kept (on the network thread): its object as sent and its conversation, the parent's
  * first, then its own input and output items; then the oldest dropped until both bounds hold */
 static void store_put(srv_state *S, const srv_resp *rs, const char *object, size_t n) {
-    resp_stored e = {{0}, NULL, NULL, 0};
+    resp_stored e = {{0}, NULL, NULL, NULL, 0};
     memcpy(e.id, rs->id, sizeof e.id);
     sbuf h = {0};
     sb_puts(&h, "[");
     sb_puts(&h, rs->history ? rs->history : "");
     if (rs->history && rs->history[0] && rs->items.len) sb_puts(&h, ",");
+    size_t items_at = h.len;
     sb_put(&h, rs->items.s ? rs->items.s : "", rs->items.len);
     sb_puts(&h, "]");
     e.bytes = n + h.len + sizeof e;
     e.object = (char *)malloc(n + 1);
-    if (h.failed || !e.object || e.bytes > S->store_max_bytes / 4 || S->store_max < 1) {
+    e.history = h.s;
+    if (!h.failed && !rs->items.failed) store_index_items(&e, rs, items_at);
+    if (h.failed || rs->items.failed || !e.object || e.bytes > S->store_max_bytes / 4 || S->store_max < 1) {
         if (e.object)
             fprintf(stderr, "llm serve: %s not stored (%zu bytes; --responses-store-bytes %zu keeps entries "
                     "up to a quarter of it)\n", rs->id, e.bytes, S->store_max_bytes);
-        free(e.object); sb_free(&h);
+        store_free(&e);
         return;
     }
     memcpy(e.object, object, n); e.object[n] = 0;
-    e.history = h.s;
     pthread_mutex_lock(&S->store_lock);
     arrput(S->store, e);
     S->store_bytes += e.bytes;

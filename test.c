@@ -8554,21 +8554,28 @@ static int parse_floats(const char *s, float *out, int cap) {
     return n;
 }
 
+/* Base64 from p up to a '"' or the end, into out (at most cap bytes): the count, or -1 on a foreign
+ * character */
+static int decode_base64(const char *p, uint8_t *out, int cap) {
+    static const char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    int nb = 0, bits = 0;
+    uint32_t acc = 0;
+    for (; *p && *p != '"' && *p != '='; p++) {
+        const char *d = strchr(digits, *p);
+        if (!d) return -1;
+        acc = acc << 6 | (uint32_t)(d - digits);
+        bits += 6;
+        if (bits >= 8 && nb < cap) { bits -= 8; out[nb++] = (uint8_t)(acc >> bits); }
+    }
+    return nb;
+}
+
 static int decode_base64_floats(const char *s, float *out, int cap) {
     const char *p = s ? strstr(s, "\"embedding\":\"") : NULL;
     if (!p) return 0;
-    p += strlen("\"embedding\":\"");
     uint8_t bytes[4096];
-    int nb = 0;
-    uint32_t acc = 0;
-    int bits = 0;
-    for (; *p && *p != '"' && *p != '='; p++) {
-        const char *d = strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", *p);
-        if (!d) return -1;
-        acc = acc << 6 | (uint32_t)(d - "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/");
-        bits += 6;
-        if (bits >= 8 && nb < (int)sizeof bytes) { bits -= 8; bytes[nb++] = (uint8_t)(acc >> bits); }
-    }
+    int nb = decode_base64(p + strlen("\"embedding\":\""), bytes, (int)sizeof bytes);
+    if (nb < 0) return -1;
     int n = nb / 4 < cap ? nb / 4 : cap;
     for (int i = 0; i < n; i++) {
         uint32_t u = bytes[4 * i] | (uint32_t)bytes[4 * i + 1] << 8 | (uint32_t)bytes[4 * i + 2] << 16 |
@@ -9821,6 +9828,30 @@ static void test_server_responses(void) {
     CHECK(!strncmp(ref_id, "msg_", 4) && in_tokens[2] == in_tokens[0] && in_tokens[0] > in_tokens[1] &&
           in_tokens[1] > 0, "responses: item_reference %s reads as the item (input_tokens %d %d %d)", ref_id,
           in_tokens[0], in_tokens[1], in_tokens[2]);
+    /* 3d. references are bounded by what they bring in: 100,000 of one item (7.2 MB of body) would expand to
+     * well over SRV_MAX_BODY: refused naming the first reference past it, before it is copied */
+    w = http_post(port, "/v1/responses", "{\"input\":\"Once upon a time\",\"max_output_tokens\":3,"
+                  "\"temperature\":0}", NULL);
+    json_str(w ? strstr(http_body(w), "\"output\":") : NULL, "id", ref_id, sizeof ref_id);
+    free(w);
+    enum { N_REFS = 100000 };
+    size_t cap = (size_t)N_REFS * (strlen(ref_id) + 40) + 64, at = 0;
+    char *many_refs = (char *)malloc(cap);
+    if (many_refs) at = (size_t)snprintf(many_refs, cap, "{\"input\":[");
+    for (int k = 0; many_refs && k < N_REFS; k++)
+        at += (size_t)snprintf(many_refs + at, cap - at, "%s{\"type\":\"item_reference\",\"id\":\"%s\"}",
+                               k ? "," : "", ref_id);
+    if (many_refs) snprintf(many_refs + at, cap - at, "],\"max_output_tokens\":1}");
+    w = many_refs ? http_post(port, "/v1/responses", many_refs, NULL) : NULL;
+    const char *past = w ? strstr(http_body(w), "\"message\":\"input[") : NULL;
+    int past_i = past ? atoi(past + 17) : -1;
+    char want_msg[256];
+    snprintf(want_msg, sizeof want_msg, "\"message\":\"input[%d].id: the items referenced come to more "
+             "than 8388608 bytes (send them instead)\",\"type\":\"invalid_request_error\","
+             "\"param\":\"input[%d].id\"", past_i, past_i);
+    CHECK(http_status(w) == 400 && past_i > 1000 && past_i < N_REFS && strstr(http_body(w), want_msg),
+          "responses: %d references to one item are refused past SRV_MAX_BODY: %.300s", N_REFS, w ? w : "");
+    free(w); free(many_refs);
     /* 4. what is refused, in OpenAI's shape, naming the field */
     static const char *const refused[][3] = {
         {"{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"},{\"type\":\"web_search\"}]}",
@@ -9846,7 +9877,7 @@ static void test_server_responses(void) {
          "input[0].arguments", "input[0].arguments must be a JSON object, as text"},
         {"{\"input\":[{\"type\":\"web_search_call\"}]}", "input[0].type",
          "input[0].type: web_search_call items are not supported (message, function_call, "
-         "function_call_output and reasoning are)"},
+         "function_call_output, reasoning and compaction are)"},
         {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\"}]}]}", "input[0].content",
          "input[0].content[0]: input_image parts are not supported (input_text and output_text are)"},
         {"{\"input\":\"x\",\"reasoning\":{\"summary\":\"long\"}}", "reasoning.summary",
@@ -9969,6 +10000,122 @@ static void test_server_responses(void) {
     free(ev); free(r);
     CHECK(server_stop(&s) == 0, "responses: exit status 0");
     remove(tpath);
+}
+
+/* POST /v1/responses/compact (what Codex calls when its context fills): the output is the conversation's
+ * user messages as given, then one compaction item whose summary is exactly what the model answers
+ * (greedy, no tool call) to the conversation followed by the compaction prompt, the usage that answer's;
+ * a compaction item in a later input reads as a user message of the summary (same prompt, same reply); a
+ * stored conversation is compacted by its previous_response_id; nothing is stored; the refusals' words.
+ * --max-model-len 512: stories260K's summary runs to the context's end, and this keeps it short. */
+static void test_server_compact(void) {
+    static const char conv[] = "{\"role\":\"user\",\"content\":\"Once upon a time\"},{\"type\":"
+        "\"message\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"there "
+        "was\"}]},{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a cat\"}]}";
+    static const char kept[] = "\"output\":[{\"role\":\"user\",\"content\":\"Once upon a time\"},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a cat\"}]},"
+        "{\"type\":\"compaction\",\"id\":\"cmp_";
+    static const char prompt[] = "Summarize the conversation so far for someone who will continue it with no "
+        "other record of it: what the user wants (goals, constraints, preferences), what has been done and "
+        "found (decisions, names, commands, results), what is still open, and the next step. Be specific and "
+        "brief. Write only the summary.";
+    enum { CAP = 16384 };
+    test_server s;
+    if (server_start(&s, "--max-model-len 512") != 0) return;
+    char *body = (char *)malloc(CAP), *summary = (char *)calloc(1, CAP), *enc = (char *)malloc(CAP);
+    char *said = (char *)malloc(CAP), cid[64], rid[64], path[128];
+    if (!body || !summary || !enc || !said) { CHECK(0, "compact: memory"); goto out; }
+    /* 1. the compaction, and the same conversation with the prompt asked as a request */
+    snprintf(body, CAP, "{\"model\":\"stories260K\",\"input\":[%s]}", conv);
+    char *r = http_post(s.port, "/v1/responses/compact", body, NULL);
+    json_str(r ? strstr(http_body(r), "\"type\":\"compaction\"") : NULL, "encrypted_content", enc, CAP);
+    json_str(r ? strstr(http_body(r), "\"type\":\"compaction\"") : NULL, "id", cid, sizeof cid);
+    json_str(http_body(r), "id", rid, sizeof rid);
+    int n = !strncmp(enc, "llm-cmp1.", 9) ? decode_base64(enc + 9, (uint8_t *)summary, CAP - 1) : -1;
+    if (n >= 0) summary[n] = 0;
+    CHECK(http_status(r) == 200 && !strncmp(http_body(r), "{\"id\":\"resp_", 12) &&
+          strstr(http_body(r), "\",\"object\":\"response.compaction\",\"created_at\":") &&
+          strstr(http_body(r), kept) && strlen(cid) == 36 && n > 0 &&
+          strstr(http_body(r), "\"}],\"usage\":{\"input_tokens\":"),
+          "compact: the user messages, then a compaction item: %.600s", r ? r : "");
+    snprintf(body, CAP, "{\"input\":[%s,{\"role\":\"user\",\"content\":\"%s\"}],\"temperature\":0,"
+             "\"store\":false}", conv, prompt);
+    char *w = http_post(s.port, "/v1/responses", body, NULL);
+    json_str(w ? strstr(http_body(w), "\"output\":") : NULL, "text", said, CAP);
+    const char *u1 = r ? strstr(http_body(r), "\"usage\":") : NULL;
+    const char *u2 = w ? strstr(http_body(w), "\"usage\":") : NULL;
+    CHECK(http_status(w) == 200 && !strcmp(said, summary) && u1 && u2 &&
+          atoi(u1 + 24) == atoi(u2 + 24) && atoi(u1 + 24) > 0 && strstr(u1, "\"output_tokens\":") &&
+          atoi(strstr(u1, "\"output_tokens\":") + 16) == atoi(strstr(u2, "\"output_tokens\":") + 16),
+          "compact: the summary is the model's answer to the prompt:\n%s\n---\n%s\n---%.300s\n%.300s",
+          summary, said, u1 ? u1 : "", u2 ? u2 : "");
+    free(w);
+    /* 2. the compacted conversation continued: the item reads as the summary's user message */
+    char *cont[2] = {NULL, NULL}, text[2][256];
+    const char *out = r ? strstr(http_body(r), "\"output\":") : NULL, *end = out ? strstr(out, "}],") : NULL;
+    for (int k = 0; k < 2 && end; k++) {
+        int at = snprintf(body, CAP, "{\"input\":%.*s,", (int)(end - out - 9) + 1, out + 9); /* "[...}," */
+        if (k) { /* the compaction item replaced by its reading */
+            char *item = strstr(body, ",{\"type\":\"compaction\"");
+            at = item ? (int)(item - body) : at;
+            at += snprintf(body + at, CAP - (size_t)at, ",{\"role\":\"user\",\"content\":\"A summary of the "
+                           "conversation before this point:\\n\\n");
+            for (const char *c = summary; *c && at < CAP - 64; c++) /* escaped as JSON */
+                at += *c == '"' || *c == '\\' ? snprintf(body + at, CAP - (size_t)at, "\\%c", *c)
+                    : *c == '\n' ? snprintf(body + at, CAP - (size_t)at, "\\n")
+                    : (unsigned char)*c < 32 ? snprintf(body + at, CAP - (size_t)at, "\\u%04x", *c)
+                    : snprintf(body + at, CAP - (size_t)at, "%c", *c);
+            at += snprintf(body + at, CAP - (size_t)at, "\"},");
+        }
+        snprintf(body + at, CAP - (size_t)at, "{\"role\":\"user\",\"content\":\"Then\"}],"
+                 "\"max_output_tokens\":4,\"temperature\":0}");
+        cont[k] = http_post(s.port, "/v1/responses", body, NULL);
+        json_str(cont[k] ? strstr(http_body(cont[k]), "\"output\":") : NULL, "text", text[k], 256);
+    }
+    const char *t0 = cont[0] ? strstr(http_body(cont[0]), "\"input_tokens\":") : NULL;
+    const char *t1 = cont[1] ? strstr(http_body(cont[1]), "\"input_tokens\":") : NULL;
+    CHECK(http_status(cont[0]) == 200 && http_status(cont[1]) == 200 && t0 && t1 && atoi(t0 + 15) > 0 &&
+          atoi(t0 + 15) == atoi(t1 + 15) && text[0][0] && !strcmp(text[0], text[1]),
+          "compact: a compaction item reads as its summary: %.300s\n---\n%.300s", cont[0] ? cont[0] : "",
+          cont[1] ? cont[1] : "");
+    free(cont[0]); free(cont[1]);
+    /* 3. not stored; a stored conversation compacted by its id */
+    snprintf(path, sizeof path, "/v1/responses/%s", rid);
+    char *g = http_get(s.port, path, NULL);
+    CHECK(http_status(g) == 404, "compact: a compaction is not stored: %s", g ? g : "");
+    free(g); free(r);
+    r = http_post(s.port, "/v1/responses", "{\"input\":\"Once upon a time\",\"max_output_tokens\":3}", NULL);
+    json_str(http_body(r), "id", rid, sizeof rid);
+    free(r);
+    snprintf(body, CAP, "{\"previous_response_id\":\"%s\"}", rid);
+    r = http_post(s.port, "/v1/responses/compact", body, NULL);
+    CHECK(http_status(r) == 200 && strstr(http_body(r), "\"output\":[{\"type\":\"message\",\"role\":"
+          "\"user\",\"content\":\"Once upon a time\"},{\"type\":\"compaction\",\"id\":\"cmp_"),
+          "compact: by previous_response_id: %.400s", r ? r : "");
+    free(r);
+    /* 4. refused, naming the field */
+    static const char *const refused[][4] = {
+        {"/v1/responses/compact", "{\"model\":\"stories260K\"}", "input",
+         "input: a compaction needs a conversation (input, previous_response_id or both)"},
+        {"/v1/responses/compact", "{\"input\":\"x\",\"stream\":true}", "stream",
+         "stream is not supported by this server (only null or its default value is accepted)"},
+        {"/v1/responses/compact", "{\"input\":\"x\",\"prompt_cache_options\":{}}", "prompt_cache_options",
+         "prompt_cache_options is not supported by this server (only null is accepted)"},
+        {"/v1/responses", "{\"input\":[{\"type\":\"compaction\",\"encrypted_content\":\"gAAAAB\"}]}",
+         "input[0].encrypted_content",
+         "input[0].encrypted_content is not this server's (a compaction made elsewhere cannot be read)"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        r = http_post(s.port, refused[i][0], refused[i][1], NULL);
+        snprintf(body, CAP, "{\"error\":{\"message\":\"%s\",\"type\":\"invalid_request_error\","
+                 "\"param\":\"%s\",\"code\":400}}", refused[i][3], refused[i][2]);
+        CHECK(http_status(r) == 400 && !strcmp(http_body(r), body), "compact: %s refused: %s", refused[i][1],
+              r ? r : "");
+        free(r);
+    }
+out:
+    free(body); free(summary); free(enc); free(said);
+    CHECK(server_stop(&s) == 0, "compact: exit status 0");
 }
 
 /* Issue 50's bombs and deeper ones through llm serve, each field that takes a grammar: a 4xx in under a
@@ -13232,7 +13379,8 @@ int main(int argc, char **argv) {
         {"server prompt logprobs", test_server_prompt_logprobs},
         {"server speculative decoding", test_server_speculative},
         {"server errors", test_server_errors}, {"server messages", test_server_messages},
-        {"server responses", test_server_responses}, {"server embeddings", test_server_embeddings},
+        {"server responses", test_server_responses}, {"server compact", test_server_compact},
+        {"server embeddings", test_server_embeddings},
         {"server structured output", test_server_structured},
         {"server: a costly grammar slows only itself", test_server_grammar_isolation},
         {"server: requests read by workers", test_server_request_workers},
