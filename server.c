@@ -4528,8 +4528,9 @@ static int resp_string(const llm_json *body, const char *key, size_t max, srv_er
 }
 
 /* A compaction's output before its summary (rs->kept): the user's messages of the conversation (history:
- * the members of a JSON list of items, a stored parent's first), as they were given; an earlier
- * compaction item goes, its summary being in the new one */
+ * the members of a JSON list of items, a stored parent's first), each a message item of its content as
+ * given (a string as an input_text part); an earlier compaction item goes, its summary being in the new
+ * one */
 static int resp_keep_user(srv_resp *rs, const sbuf *history, srv_error *e) {
     sbuf list = {0};
     llm_json items;
@@ -4540,8 +4541,14 @@ static int resp_keep_user(srv_resp *rs, const sbuf *history, srv_error *e) {
     for (int i = 0; !rc && i < items.n; i++) {
         const llm_json *it = &items.items[i], *type = llm_json_get(it, "type");
         if (!fv_str(llm_json_get(it, "role"), "user") || (type && !fv_str(type, "message"))) continue;
-        if (rs->kept.len) sb_puts(&rs->kept, ",");
-        sb_json_value(&rs->kept, it);
+        sb_puts(&rs->kept, rs->kept.len ? ",{\"type\":\"message\",\"role\":\"user\",\"content\":"
+                                        : "{\"type\":\"message\",\"role\":\"user\",\"content\":");
+        const llm_json *c = llm_json_get(it, "content");
+        if (c && c->type == LLM_JSON_STRING) { /* a string as its one part, as OpenAI writes it */
+            sb_puts(&rs->kept, "[{\"type\":\"input_text\",\"text\":");
+            sb_json_str(&rs->kept, c->str, c->len);
+            sb_puts(&rs->kept, "}]}");
+        } else { sb_json_value(&rs->kept, c); sb_puts(&rs->kept, "}"); }
     }
     if (!rc) llm_json_free(&items);
     sb_free(&list);

@@ -10003,8 +10003,8 @@ static void test_server_responses(void) {
 }
 
 /* POST /v1/responses/compact (what Codex calls when its context fills): the output is the conversation's
- * user messages as given, then one compaction item whose summary is exactly what the model answers
- * (greedy, no tool call) to the conversation followed by the compaction prompt, the usage that answer's;
+ * user messages (their content as given), then one compaction item whose summary is exactly what the model
+ * answers (greedy, no tool call) to the conversation followed by the compaction prompt, its usage that's;
  * a compaction item in a later input reads as a user message of the summary (same prompt, same reply); a
  * stored conversation is compacted by its previous_response_id; nothing is stored; the refusals' words.
  * --max-model-len 512: stories260K's summary runs to the context's end, and this keeps it short. */
@@ -10012,9 +10012,10 @@ static void test_server_compact(void) {
     static const char conv[] = "{\"role\":\"user\",\"content\":\"Once upon a time\"},{\"type\":"
         "\"message\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"there "
         "was\"}]},{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a cat\"}]}";
-    static const char kept[] = "\"output\":[{\"role\":\"user\",\"content\":\"Once upon a time\"},"
-        "{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a cat\"}]},"
-        "{\"type\":\"compaction\",\"id\":\"cmp_";
+    static const char kept[] = "\"output\":[{\"type\":\"message\",\"role\":\"user\",\"content\":"
+        "[{\"type\":\"input_text\",\"text\":\"Once upon a time\"}]},{\"type\":\"message\",\"role\":"
+        "\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"a cat\"}]},{\"type\":\"compaction\","
+        "\"id\":\"cmp_";
     static const char prompt[] = "Summarize the conversation so far for someone who will continue it with no "
         "other record of it: what the user wants (goals, constraints, preferences), what has been done and "
         "found (decisions, names, commands, results), what is still open, and the next step. Be specific and "
@@ -10090,7 +10091,8 @@ static void test_server_compact(void) {
     snprintf(body, CAP, "{\"previous_response_id\":\"%s\"}", rid);
     r = http_post(s.port, "/v1/responses/compact", body, NULL);
     CHECK(http_status(r) == 200 && strstr(http_body(r), "\"output\":[{\"type\":\"message\",\"role\":"
-          "\"user\",\"content\":\"Once upon a time\"},{\"type\":\"compaction\",\"id\":\"cmp_"),
+          "\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"Once upon a time\"}]},"
+          "{\"type\":\"compaction\",\"id\":\"cmp_"),
           "compact: by previous_response_id: %.400s", r ? r : "");
     free(r);
     /* 4. refused, naming the field */

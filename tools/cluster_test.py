@@ -14,8 +14,9 @@ The test (stories260K, one thread per replica):
               than one replica used, cached_tokens > 0 from the second turn; /v1/completions keys on it too;
               X-Session-Id wins over it
   other APIs  /v1/messages and /v1/responses: 6 conversations x 3 turns each, each on one replica, more than
-              one replica used, the prefix cache hits; stored responses chained by previous_response_id
-              with a prompt_cache_key each find their parent
+              one replica used, the prefix cache hits; two compacted (/v1/responses/compact) on their
+              replica, cached; stored responses chained by previous_response_id with a prompt_cache_key
+              each find their parent
   headers     X-Request-Id (the client's, else one minted) and X-Served-By on answers, streamed or not; the
               completion's id names the request id; usage.prompt_tokens_details.cached_tokens on a second
               turn, streamed (include_usage) or not
@@ -452,7 +453,7 @@ def step_other_apis(C, cl):
     # Anthropic's /v1/messages and the Responses API keep a conversation on one replica too (its first
     # message, or input, is the key), spread conversations over the replicas, and the prefix cache hits;
     # a Responses conversation continued by previous_response_id with a prompt_cache_key finds its parent
-    errors, where, uncached = [], {}, []
+    errors, where, uncached, histories = [], {}, [], {}
     for api in ("messages", "responses"):
         for k in range(6):
             rng = random.Random(100 + k)
@@ -480,6 +481,7 @@ def step_other_apis(C, cl):
                     uncached.append("%s %d turn %d" % (api, k, t + 1))
                 history.append({"role": "assistant", "content": reply or "..."})
             where["%s-%d" % (api, k)] = served
+            histories["%s-%d" % (api, k)] = history
     C.check(S, "36 turns (6 conversations x 3 on /v1/messages and on /v1/responses) answered 200", not errors,
             "; ".join(errors[:3]))
     C.check(S, "X-Served-By constant per conversation", all(len(set(w)) == 1 for w in where.values()),
@@ -489,6 +491,19 @@ def step_other_apis(C, cl):
         C.check(S, "/v1/%s: 6 conversations on more than one replica" % api, len(used) > 1 and
                 used <= set(NAMES), "served by %s" % sorted(map(str, used)))
     C.check(S, "turns 2 and 3 report cached tokens > 0 (llm serve)", not uncached, "; ".join(uncached[:4]))
+    # a conversation compacted (POST /v1/responses/compact, as Codex does when its context fills) goes to
+    # the replica that holds it, and its prompt is cached there
+    compacted = []
+    for k in range(2):
+        key = "responses-%d" % k
+        r = post(cl.lb, "/v1/responses/compact", {"input": histories[key]})
+        usage = (r.body or {}).get("usage") or {}
+        out = (r.body or {}).get("output") or [{}]
+        compacted.append((r.status, r.served_by, where[key][0], out[-1].get("type"),
+                          (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)))
+    C.check(S, "2 conversations compacted on their replica, their prompts cached",
+            all(st == 200 and by == home and t == "compaction" and c > 0 for st, by, home, t, c in compacted),
+            "(status, served by, conversation's replica, last item, cached tokens): %s" % compacted)
     # stored responses continued by previous_response_id: the prompt_cache_key sends each turn to the
     # replica whose store holds the one before
     ids, bad = {}, []

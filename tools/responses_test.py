@@ -35,7 +35,7 @@ store) and on models/SmolLM2-135M-Instruct.Q4_1.gguf (tool calls, structured out
      runs with valid arguments and the run ends with a final output.
 Prints what failed and "responses: N passed, M failed"; exit status 1 on any failure.
 """
-import asyncio, base64, json, os, re, signal, socket, subprocess, sys, time, urllib.request
+import asyncio, base64, json, os, re, signal, socket, subprocess, sys, time, urllib.request, warnings
 
 import jsonschema
 import openai
@@ -255,6 +255,24 @@ def tool_part(client, port):
              {"type": "message", "role": "assistant", "content": []}, {"role": "user", "content": "Thanks."}]
     r3 = client.responses.create(model=SMOL_NAME, input=codex, tools=[WEATHER], max_output_tokens=4)
     check(r3.status in ("completed", "incomplete"), f"codex history: {r3}")
+    # compaction (Codex's, when its context fills): the history's user messages and one compaction item;
+    # with the same tools the conversation's prompt is the one just served, so the prefix cache holds it;
+    # the compacted items continue the conversation
+    c = client.responses.compact(model=SMOL_NAME, input=codex, extra_body={"tools": [WEATHER]})  # as Codex
+    check(c.object == "response.compaction" and
+          [o.type for o in c.output] == ["message", "message", "compaction"] and
+          [[(p.type, p.text) for p in o.content] for o in c.output[:2]] ==
+          [[("input_text", "Weather?")], [("input_text", "Thanks.")]] and
+          c.output[2].encrypted_content.startswith("llm-cmp1.") and
+          re.fullmatch(r"cmp_[0-9a-f]{32}", c.output[2].id) and
+          c.usage.input_tokens_details.cached_tokens > 0 and c.usage.output_tokens > 0, f"compact: {c}")
+    with warnings.catch_warnings():  # the SDK types an output message as the assistant's: the user's warn
+        warnings.simplefilter("ignore", UserWarning)
+        kept = [o.model_dump(exclude_none=True) for o in c.output]
+    r5 = client.responses.create(model=SMOL_NAME, input=kept +
+                                 [{"role": "user", "content": "And in Rome?"}], tools=[WEATHER],
+                                 max_output_tokens=4)
+    check(r5.status in ("completed", "incomplete"), f"after the compaction: {r5}")
     # custom tools (free text in): a custom_tool_call item, ctc_ id, its input events, its round trip
     shell = {"type": "custom", "name": "shell", "description": "Runs a shell command."}
     ask = [{"role": "user", "content": "List the files."}]
