@@ -425,11 +425,16 @@ int  llm_chat_stop_ids(const llm_chat_template *ct, const llm_tokenizer *t, int3
  * think_budget. Returns how many (at most cap written); 0 for a family that does not think in <think> blocks
  * (gpt-oss thinks in a channel) or too many for cap. */
 int  llm_chat_think_end_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32_t *ids, int cap);
+/* The ids that open the think block ("<think>") when the reply opens it itself (Qwen3), to give as
+ * think_start_ids with a think_budget; 0 when the generation prompt opened it (QwQ, thinking-only
+ * templates: the reply starts inside) or the family does not think in <think> blocks. */
+int  llm_chat_think_start_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32_t *ids, int cap);
 
 /* -----------------------------------------------------------------------------------------------------------
  * 5. Requests: what a request asks for. (The scheduler that turns requests into each step's plan is private
  *    to the implementation: see its section 5.)
  * -------------------------------------------------------------------------------------------------------- */
+#define LLM_THINK_OPENS_WITHIN 4    /* think_start_ids are looked for at the output's tokens 0..4 */
 typedef struct {
     int n;                          /* parallel samples of one prompt (they share the prompt's KV blocks) */
     float temperature;              /* 0: greedy */
@@ -477,11 +482,16 @@ typedef struct {
                                      * budget_tokens): once think_budget tokens are out and none of them
                                      * closed the think block (think_end_ids in a row), the next tokens are
                                      * think_end_ids, forced (through a grammar's check too: a grammar that
-                                     * refuses them wins); then the answer, sampled. The output counts as
-                                     * thinking from its first token: the family's reply opens its think
-                                     * block first (Qwen3's <think>), or its prompt did (QwQ) */
+                                     * refuses them wins); then the answer, sampled. The budget counts
+                                     * from the output's first token (the prompt opened the think block:
+                                     * QwQ), or from the end of think_start_ids when given */
     const int32_t *think_end_ids;   /* the family's "</think>" as token ids, 1 to 8 of them (copied) */
     int n_think_end_ids;
+    const int32_t *think_start_ids; /* the family's "<think>", when the reply opens its block itself (Qwen3):
+                                     * 0 to 8 ids (copied). The budget counts from their end if they open
+                                     * the output (within its first LLM_THINK_OPENS_WITHIN tokens); a reply
+                                     * that opens no think block has nothing of it cut */
+    int n_think_start_ids;
     int pooling;                    /* enum llm_pooling: 0 generates; else an embedding: the prompt's final
                                      * hidden states (after the final norm, no output layer) pooled into one
                                      * vector, in the finishing output (llm_output.embedding), nothing
@@ -4666,6 +4676,14 @@ int llm_chat_think_end_ids(const llm_chat_template *ct, const llm_tokenizer *t, 
     return n > 0 && n <= cap ? n : 0;
 }
 
+/* <think>, as the tokenizer writes it, where the reply writes it (Qwen3's, but for its thinking-only
+ * templates, whose generation prompt opens the block as QwQ's does) */
+int llm_chat_think_start_ids(const llm_chat_template *ct, const llm_tokenizer *t, int32_t *ids, int cap) {
+    if (!t || ct->family != LLM_CHAT_QWEN3 || ct->opens_think) return 0;
+    int n = llm_tokenize(t, "<think>", 7, 0, 1, ids, cap);
+    return n > 0 && n <= cap ? n : 0;
+}
+
 
 /* ===========================================================================================================
  * 5. Requests and the scheduler
@@ -4800,6 +4818,7 @@ typedef struct llm_request {
     llm_sampling_params params;     /* its stop strings, stop ids and logit biases point at the copies */
     char **stop_copies;
     int32_t *stop_ids_copy, *bias_ids_copy, *allowed_copy, *bad_ids_copy, *bad_lens_copy, *think_end_copy;
+    int32_t *think_start_copy;
     float *bias_copy;
     llm_grammar *grammar;           /* params.grammar parsed (params.grammar itself is NULL here) */
     uint64_t prefix_salt;           /* params.cache_salt hashed: its blocks' hash chain begins here (0:
@@ -5248,6 +5267,8 @@ static int llm_request_check(const llm_sampling_params *p, char *err) {
     if (p->think_budget < 0 || (p->think_budget && (p->n_think_end_ids < 1 || p->n_think_end_ids > 8 ||
                                                    !p->think_end_ids)))
         return llm_fail(err, "think_budget must be >= 0, and with one think_end_ids must hold 1 to 8 ids");
+    if (p->n_think_start_ids < 0 || p->n_think_start_ids > 8 || (p->n_think_start_ids && !p->think_start_ids))
+        return llm_fail(err, "think_start_ids must hold 0 to 8 ids");
     for (int i = 0; i < p->n_logit_bias; i++)
         if (!(fabsf(p->logit_bias[i]) <= 100.0f))
             return llm_fail(err, "logit_bias values must be in [-100, 100], got %g for token %d",
@@ -5273,6 +5294,7 @@ static void llm_request_unref(llm_request *r) {
     for (int i = 0; i < r->params.n_stop; i++) free(r->stop_copies[i]);
     free(r->stop_copies); free(r->stop_ids_copy); free(r->bias_ids_copy); free(r->bias_copy);
     free(r->allowed_copy); free(r->bad_ids_copy); free(r->bad_lens_copy); free(r->think_end_copy);
+    free(r->think_start_copy);
     llm_grammar_free(r->grammar);
     free(r);
 }
@@ -5326,9 +5348,12 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_gram
         r->bad_ids_copy = (int32_t *)llm_copy_of(p->bad_word_ids, llm_bad_words_total(p), sizeof(int32_t));
         r->bad_lens_copy = (int32_t *)llm_copy_of(p->bad_word_lens, p->n_bad_words, sizeof(int32_t));
         r->think_end_copy = (int32_t *)llm_copy_of(p->think_end_ids, p->n_think_end_ids, sizeof(int32_t));
+        r->think_start_copy = (int32_t *)llm_copy_of(p->think_start_ids, p->n_think_start_ids,
+                                                     sizeof(int32_t));
     }
     int ok = s && s->block_tables && r && r->stop_copies && r->stop_ids_copy && r->bias_ids_copy &&
-        r->bias_copy && r->allowed_copy && r->bad_ids_copy && r->bad_lens_copy && r->think_end_copy;
+        r->bias_copy && r->allowed_copy && r->bad_ids_copy && r->bad_lens_copy && r->think_end_copy &&
+        r->think_start_copy;
     if (ok && grammar) { r->grammar = grammar; ok = (s->grammar = llm_grammar_start(grammar)) != NULL; }
     else llm_grammar_free(grammar); /* not taken: the caller's copy goes with the rest */
     if (ok && p->prompt_logprobs >= 0) { /* the rows of prompt tokens 1.., and K alternatives each */
@@ -5353,7 +5378,7 @@ static llm_seq *llm_seq_new(int32_t *ids, const llm_sampling_params *p, llm_gram
     r->params.logit_bias_ids = r->bias_ids_copy; r->params.logit_bias = r->bias_copy;
     r->params.allowed_token_ids = r->allowed_copy;
     r->params.bad_word_ids = r->bad_ids_copy; r->params.bad_word_lens = r->bad_lens_copy;
-    r->params.think_end_ids = r->think_end_copy;
+    r->params.think_end_ids = r->think_end_copy; r->params.think_start_ids = r->think_start_copy;
     r->params.grammar = NULL; r->params.grammar_parsed = NULL;
     s->req = r; s->tokens = ids; s->rng = llm_seed_mix(p->seed, 0); s->fork_pending = p->n > 1;
     s->last_hash = r->prefix_salt;
@@ -6914,14 +6939,25 @@ static int llm_sample_row_too_early(const llm_sample_row *r) {
     return r->n_history - r->n_prompt < r->params->min_tokens;
 }
 
-/* The token a thinking budget forces next, or -1: with think_budget tokens out and no think_end_ids in a
- * row among them, the end's ids one after another (the k-th token past the budget is the end's k-th: the
- * ones before it were forced). The scan of the budget's tokens runs in those few steps only. */
+/* The token a thinking budget forces next, or -1: with think_budget tokens of thinking out and no
+ * think_end_ids in a row among them, the end's ids one after another (the k-th token past the budget is the
+ * end's k-th: the ones before it were forced). The thinking starts at the output's start, or past
+ * think_start_ids where they open it (looked for in its first few tokens: a block opens a reply, and the
+ * look stays short every step). The scan of the budget's tokens runs in those few steps only. */
 static int32_t llm_sample_row_forced(const llm_sample_row *r) {
     const llm_sampling_params *p = r->params;
-    int n = p->n_think_end_ids, k = r->n_history - r->n_prompt - p->think_budget;
-    if (p->think_budget <= 0 || r->score || k < 0 || k >= n) return -1;
     const int32_t *out = r->history + r->n_prompt;
+    int n = p->n_think_end_ids, n_out = r->n_history - r->n_prompt, start = 0, m = p->n_think_start_ids;
+    if (p->think_budget <= 0 || r->score) return -1;
+    if (m) { /* the reply opens its think block itself: where it does, if it does */
+        start = -1;
+        for (int i = 0; start < 0 && i <= LLM_THINK_OPENS_WITHIN && i + m <= n_out; i++)
+            if (!memcmp(out + i, p->think_start_ids, (size_t)m * sizeof(int32_t))) start = i + m;
+        if (start < 0) return -1;
+    }
+    int k = n_out - start - p->think_budget;
+    if (k < 0 || k >= n) return -1;
+    out += start;
     for (int i = 0; i + n <= p->think_budget; i++)
         if (!memcmp(out + i, p->think_end_ids, (size_t)n * sizeof(int32_t))) return -1; /* closed already */
     return p->think_end_ids[k];
@@ -8022,7 +8058,8 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
         llm_ids_check(p->logit_bias_ids, p->n_logit_bias, V, "logit_bias", err) != 0 ||
         llm_ids_check(p->allowed_token_ids, p->n_allowed_token_ids, V, "allowed_token_ids", err) != 0 ||
         llm_ids_check(p->bad_word_ids, llm_bad_words_total(p), V, "bad_words", err) != 0 ||
-        llm_ids_check(p->think_end_ids, p->n_think_end_ids, V, "think_end_ids", err) != 0)
+        llm_ids_check(p->think_end_ids, p->n_think_end_ids, V, "think_end_ids", err) != 0 ||
+        llm_ids_check(p->think_start_ids, p->n_think_start_ids, V, "think_start_ids", err) != 0)
         return 0;
     /* the prompt's ids: as given, or the text tokenized (llm_tokenize_prompt) */
     int32_t *ids = NULL;

@@ -597,6 +597,9 @@ struct srv_req {
     int32_t *bad_ids, *bad_lens;    /* stb_ds: vLLM's bad_words, tokenized */
     int32_t think_end[8];           /* chat with a thinking budget: the template's "</think>" ids */
     int n_think_end;
+    int32_t think_start[8];         /* and its "<think>" ids, when the reply opens the block (none: the
+                                     * prompt did) */
+    int n_think_start;
     char *grammar;                  /* the structured output asked for, as GBNF (malloc'ed); NULL: free
                                      * text */
     llm_grammar *grammar_parsed;    /* ... parsed, by the worker that prepared the request (a reference) */
@@ -2494,6 +2497,7 @@ static int prepare_generation(srv_state *S, const llm_json *body, int kind, cons
                 return bad(e, 400, "thinking_token_budget", "thinking_token_budget is not supported for "
                            "this model's chat template (its thinking does not end with </think>)");
             p->think_budget = (int)x;
+            r->n_think_start = llm_chat_think_start_ids(&r->chat, S->model->tok, r->think_start, 8);
         }
     }
     if (truncate_prompts(S, r, e) || check_context(S, r, max_tokens, given, e)) return -1;
@@ -2503,6 +2507,7 @@ static int prepare_generation(srv_state *S, const llm_json *body, int kind, cons
     p->allowed_token_ids = r->allowed_ids; p->n_allowed_token_ids = (int)arrlen(r->allowed_ids);
     p->bad_word_ids = r->bad_ids; p->bad_word_lens = r->bad_lens; p->n_bad_words = (int)arrlen(r->bad_lens);
     p->think_end_ids = r->think_end; p->n_think_end_ids = r->n_think_end;
+    p->think_start_ids = r->think_start; p->n_think_start_ids = r->n_think_start;
     p->grammar_parsed = r->grammar_parsed; /* structured_check's: the network thread adds it cheaply */
     return 0;
 }

@@ -4370,7 +4370,9 @@ static int add_refused(llm_engine *e, const llm_sampling_params *p, const char *
  *   preempts and recomputes four such requests, twice on one engine (the second from the prefix cache), and
  *   sampled (temperature 1, a seed): the forced token at 6, the same tokens with speculation as without;
  * - an end already written among the budget's tokens (the 3rd token named the end): nothing forced;
- * - think_end_ids missing or outside the vocabulary: refused. */
+ * - think_start_ids (a reply that opens its block itself, as Qwen3's does): counted from their end; a reply
+ *   that never opens a block, nothing forced;
+ * - think_end_ids missing or outside the vocabulary, think_start_ids outside it or too many: refused. */
 static void think_budget_run(llm_engine *e, run_result *r, const llm_sampling_params *p, int copies) {
     memset(r, 0, sizeof *r);
     for (int i = 0; i < copies; i++) run_add(e, r, "Think about it.", NULL, 0, p);
@@ -4419,6 +4421,29 @@ static void test_engine_think_budget(void) {
     think_budget_run(e, c, &own, 1);
     CHECK(c->n_tokens[0][0] == len && !memcmp(c->tokens[0][0], a->tokens[0][0], (size_t)len * 4),
           "think budget: a block closed within the budget is left as it is");
+    /* 3b. a reply that opens its own block (think_start_ids: Qwen3's "<think>", one id; none for QwQ's
+     *     template, whose prompt opens it): the budget counts from where the start ends (here the model's
+     *     own 2nd token stands for it), and a reply that never opens one has nothing forced */
+    int32_t start[8];
+    llm_chat_template qwq;
+    int n_start = llm_chat_think_start_ids(&ct, llm_engine_model(e)->tok, start, 8), n_qwq = -1;
+    if (llm_chat_template_init(&qwq, NULL, 0, llm_engine_model(e)->tok, "qwq", err) == 0)
+        n_qwq = llm_chat_think_start_ids(&qwq, llm_engine_model(e)->tok, start + 1, 7);
+    CHECK(n_start == 1 && n_qwq == 0, "think budget: <think> is one id of Qwen3's vocabulary (%d), none for "
+          "QwQ's template (%d)", n_start, n_qwq);
+    llm_sampling_params opens = p;
+    int at = 0;
+    while (a->tokens[0][0][at] != a->tokens[0][0][1]) at++; /* the first place of the token standing in */
+    opens.think_start_ids = &a->tokens[0][0][1]; opens.n_think_start_ids = 1;
+    think_budget_run(e, c, &opens, 1);
+    CHECK(c->n_tokens[0][0] == len && !memcmp(c->tokens[0][0], a->tokens[0][0], (size_t)(at + 1 + budget) * 4)
+          && c->tokens[0][0][at + 1 + budget] == end[0],
+          "think budget: counted from the start's end: </think> at %d (%d)", at + 1 + budget,
+          c->tokens[0][0][at + 1 + budget]);
+    opens.think_start_ids = end; /* never in this reply: it opens no block */
+    think_budget_run(e, c, &opens, 1);
+    CHECK(c->n_tokens[0][0] == len && !memcmp(c->tokens[0][0], a->tokens[0][0], (size_t)len * 4),
+          "think budget: a reply that opens no think block has nothing forced");
     /* 4. refused: no ids, or ids outside the vocabulary */
     llm_sampling_params bad = p;
     bad.n_think_end_ids = 0;
@@ -4428,6 +4453,12 @@ static void test_engine_think_budget(void) {
     bad.think_end_ids = &outside; bad.n_think_end_ids = 1;
     CHECK(add_refused(e, &bad, "think_end_ids token id 1073741824 is outside the vocabulary"),
           "think budget: an id outside the vocabulary refused");
+    bad = p;
+    bad.think_start_ids = &outside; bad.n_think_start_ids = 1;
+    CHECK(add_refused(e, &bad, "think_start_ids token id 1073741824 is outside the vocabulary"),
+          "think budget: a start id outside the vocabulary refused");
+    bad.n_think_start_ids = 9;
+    CHECK(add_refused(e, &bad, "think_start_ids must hold 0 to 8 ids"), "think budget: 9 start ids refused");
     llm_engine_destroy(e);
     /* 5. speculation, preemption and recompute, the prefix cache: the same tokens */
     e = spec_engine("random-qwen3-qknorm.gguf", 4, 3, NULL);
@@ -9359,6 +9390,19 @@ static void test_server_tools(void) {
           strstr(r, "\"finish_reason\":\"stop\""), "thinking streamed apart: \"%s\", \"%s\": %s", reasoning,
           content, r);
     free(r);
+    /* thinking_token_budget on Qwen3's template, whose reply opens its own <think>: this random model's never
+     * does, so the budget cuts nothing (it forced "</think>" into the answer) */
+    char *plain = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":"
+                            "\"Hi\"}],\"max_tokens\":12,\"temperature\":0}", NULL);
+    r = http_post(port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                  "\"max_tokens\":12,\"temperature\":0,\"thinking_token_budget\":4}", NULL);
+    const char *pc = plain ? strstr(http_body(plain), "\"choices\":") : NULL;
+    const char *bc = r ? strstr(http_body(r), "\"choices\":") : NULL;
+    CHECK(http_status(plain) == 200 && http_status(r) == 200 && pc && bc && !strcmp(pc, bc) &&
+          !strstr(pc, "think>"),
+          "thinking_token_budget: a reply that opens no <think> is left as it is:\n%s\n%s", pc ? pc : "",
+          bc ? bc : "");
+    free(plain); free(r);
     /* /tokenize with thinking off: the prompt the chat REPL writes (llm chat, without --think) */
     llm_model m;
     if (llm_model_load(&m, model_path("random-qwen3-qknorm.gguf"), err) == 0) {
