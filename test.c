@@ -2452,7 +2452,22 @@ static void test_kv_quant_blocks(void) {
         }
         CHECK(bad < 0, "%s KV blocks: value %d: %g back as %g", type == LLM_Q8_0 ? "q8_0" : "q4_0", bad,
               bad >= 0 && bad < 40 ? x[bad] : 0, bad >= 0 && bad < 40 ? back[bad] : 0);
+    }    /* the q8_0 store's rounding (no libm call) is roundf's: at and around every half from -130.5 to 130.5 (4
+     * floats either side of each), at each integer, and at a million values spread over [-200, 200] */
+    float worst = 0;
+    int wrong = 0;
+    for (int k = -261; k <= 261; k++)
+        for (int side = 0; side < 2; side++) {
+            float v = (float)k * 0.5f;
+            for (int step = 0; step < 5; step++, v = nextafterf(v, side ? 1e9f : -1e9f))
+                if (llm_round_away(v) != (int)roundf(v)) { wrong++; worst = v; }
+        }
+    uint64_t state = 12345;
+    for (int i = 0; i < 1000000; i++) {
+        float v = (float)(llm_splitmix64(&state) >> 40) / (float)(1 << 24) * 400.0f - 200.0f;
+        if (llm_round_away(v) != (int)roundf(v)) { wrong++; worst = v; }
     }
+    CHECK(!wrong, "llm_round_away is roundf: %d differ (%.9g)", wrong, worst);
 }
 
 /* The pool in the same bytes (--kv-gib 0.0625) by the cache's type, on SmolLM2 (30 layers, 3 K/V heads of
