@@ -2452,7 +2452,8 @@ static void test_kv_quant_blocks(void) {
         }
         CHECK(bad < 0, "%s KV blocks: value %d: %g back as %g", type == LLM_Q8_0 ? "q8_0" : "q4_0", bad,
               bad >= 0 && bad < 40 ? x[bad] : 0, bad >= 0 && bad < 40 ? back[bad] : 0);
-    }    /* the q8_0 store's rounding (no libm call) is roundf's: at and around every half from -130.5 to 130.5 (4
+    }
+    /* the q8_0 store's rounding (no libm call) is roundf's: at and around every half from -130.5 to 130.5 (4
      * floats either side of each), at each integer, and at a million values spread over [-200, 200] */
     float worst = 0;
     int wrong = 0;
