@@ -134,6 +134,7 @@ test: llm llm-test llm-example $(if $(SANITIZE)$(TSAN),,llm-test-core) $(MODEL) 
 	$(VENV_PY) tools/openai_test.py $(TESTDATA)
 	$(VENV_PY) tools/anthropic_test.py $(TESTDATA)
 	$(VENV_PY) tools/embeddings_test.py $(TESTDATA)
+	$(VENV_PY) tools/rerank_test.py $(TESTDATA)
 	$(if $(SANITIZE)$(TSAN),,$(VENV_PY) tools/tools_test.py $(TESTDATA))
 	$(if $(SANITIZE)$(TSAN),,$(VENV_PY) tools/responses_test.py $(TESTDATA))
 
@@ -158,12 +159,12 @@ test-core: llm-test-core $(MODEL) testdata
 # model), and random-qwen3-embed (pooling_type last, EOS added: embeddings)
 RANDOM_MODELS = random-llama3-gqa random-qwen2-bias random-qwen3-qknorm random-llama2-untied random-qwen2moe \
                 random-gpt-oss-mxfp4 random-llama3-rope-freqs random-phi3-longrope random-llama2-wider \
-                random-qwen3-embed
+                random-qwen3-embed random-qwen3-rerank
 RANDOM_STAMP  = testdata/models/.random-ok
 testdata: $(RANDOM_STAMP)
 $(RANDOM_STAMP): testdata/make_random_models.py testdata/models/random-models.sha256 \
                  testdata/models/random-gpt-oss.gguf testdata/models/random-phi3.gguf | $(VENV)
-	@echo "make: writing testdata/models/random-*.gguf (10 random-weight models, 276 MB, about 50 s)" >&2
+	@echo "make: writing testdata/models/random-*.gguf (11 random-weight models, 301 MB, about a minute)" >&2
 	@$(VENV_PY) testdata/make_random_models.py testdata/tokenizer testdata/models >/dev/null
 	@cd testdata/models && sha256sum --quiet -c random-models.sha256 || { \
 	    echo "make: testdata/models/random-*.gguf differ from the files the references were made on" \

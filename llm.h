@@ -276,6 +276,8 @@ typedef struct llm_model {
     llm_gguf gguf;            /* the mapped file (zeroed for a dummy model) */
     llm_tokenizer *tok;       /* NULL for a dummy model: it takes token ids only */
     llm_weight tok_embd, output_norm, output; /* output is tok_embd when the file ties them */
+    llm_weight cls_out, cls_out_bias; /* a reranker's classifier (llama.cpp's cls.output: Qwen3-Reranker's
+                                       * "yes" and "no" rows), or data NULL */
     llm_layer *layers;        /* n_layers of them */
     void *owned;              /* weights we allocated (dummy models) */
 } llm_model;
@@ -498,11 +500,16 @@ typedef struct {
                                      * generated. Mean and cls compute every position: they take nothing
                                      * from the prefix cache; last may. n must be 1, no grammar or
                                      * prompt_logprobs */
+    int rank_ids[2];                /* rank pooling on a model without cls.output: its relevance logit is
+                                     * the output rows of rank_ids[0] ("yes") minus rank_ids[1] ("no") at
+                                     * the last position (vLLM's classifier_from_token, Qwen3-Reranker) */
 } llm_sampling_params;
 
 /* How an embedding pools a prompt's hidden states (llama.cpp's pooling_type values): their mean, the first
- * position's (cls), or the last position's (last: Qwen3-Embedding reads the EOS its tokenizer appends) */
-enum llm_pooling { LLM_POOL_NONE, LLM_POOL_MEAN, LLM_POOL_CLS, LLM_POOL_LAST };
+ * position's (cls), or the last position's (last: Qwen3-Embedding reads the EOS its tokenizer appends).
+ * rank: a reranker's one value, the relevance logit of the last position (llm_rank_logit); its output's
+ * embedding holds that value alone */
+enum llm_pooling { LLM_POOL_NONE, LLM_POOL_MEAN, LLM_POOL_CLS, LLM_POOL_LAST, LLM_POOL_RANK };
 
 llm_sampling_params llm_sampling_defaults(void);
 /* The sampling a model's file recommends, as llama.cpp reads it: the general.sampling.* keys this sampler has
@@ -2105,6 +2112,14 @@ static int llm_model_bind_weights(llm_model *m, char *err) {
         llm_model_weight(m, &m->output_norm, "output_norm.weight", c->dim, 0, 1, err) ||
         llm_model_weight(m, &m->output, "output.weight", c->dim, c->vocab_size, 0, err)) return -1;
     if (!m->output.data) m->output = m->tok_embd; /* tied output embedding */
+    /* a reranker as llama.cpp converts one: 1 or 2 classifier rows (Qwen3-Reranker's "yes", "no") */
+    const llm_gguf_tensor *cls = llm_gguf_tensor_find(&m->gguf, "cls.output.weight");
+    int64_t n_cls = cls ? (int64_t)(cls->ne[1] * cls->ne[2] * cls->ne[3]) : 0;
+    if (cls && n_cls != 1 && n_cls != 2)
+        return llm_fail(err, "tensor 'cls.output.weight' has %lld rows: a reranker has 1 or 2",
+                        (long long)n_cls);
+    if (cls && (llm_model_weight(m, &m->cls_out, "cls.output.weight", c->dim, n_cls, 1, err) ||
+                llm_model_weight(m, &m->cls_out_bias, "cls.output.bias", n_cls, 0, 0, err))) return -1;
     /* RoPE's per-pair factors: Llama 3.1's rope_freqs; Phi-3.5's long and short ones (both or neither) */
     llm_weight freqs, factors_long, factors_short;
     if (llm_model_weight(m, &freqs, "rope_freqs.weight", c->rope_dim / 2, 0, 0, err) ||
@@ -5246,8 +5261,8 @@ static int llm_request_check(const llm_sampling_params *p, char *err) {
         return llm_fail(err, "min_tokens must be between 0 and max_tokens");
     if (p->logprobs > 20) return llm_fail(err, "logprobs must be at most 20");
     if (p->prompt_logprobs > 20) return llm_fail(err, "prompt_logprobs must be at most 20");
-    if (p->pooling < LLM_POOL_NONE || p->pooling > LLM_POOL_LAST)
-        return llm_fail(err, "pooling must be none, mean, cls or last (%d)", p->pooling);
+    if (p->pooling < LLM_POOL_NONE || p->pooling > LLM_POOL_RANK)
+        return llm_fail(err, "pooling must be none, mean, cls, last or rank (%d)", p->pooling);
     if (p->pooling && (p->n != 1 || p->prompt_logprobs >= 0 || p->grammar || p->grammar_parsed))
         return llm_fail(err, "an embedding (pooling) generates nothing: n must be 1, and no prompt_logprobs "
                         "or grammar");
@@ -8136,6 +8151,14 @@ uint64_t llm_engine_add_request(llm_engine *e, const char *prompt, const int32_t
                  e->backend->name);
         return 0;
     }
+    int n_vocab = e->model.cfg.vocab_size;
+    const int *rank = p->rank_ids;
+    if (p->pooling == LLM_POOL_RANK && !e->model.cls_out.data &&
+        (rank[0] < 0 || rank[0] >= n_vocab || rank[1] < 0 || rank[1] >= n_vocab)) {
+        arrfree(ids);
+        llm_fail(err, "rank pooling without the file's cls.output needs rank_ids in [0, %d)", n_vocab);
+        return 0;
+    }
     if (!gen && n_prompt > e->max_model_len) {
         arrfree(ids);
         llm_fail(err, "the prompt has %d tokens, but this model's context is %d tokens", n_prompt,
@@ -8297,7 +8320,8 @@ static void llm_emit(llm_engine *e, llm_seq *s) {
     o.n_prompt_tokens = s->req->n_prompt; o.n_cached_tokens = s->n_cached_tokens;
     o.n_generated = (int)arrlen(s->tokens) - s->req->n_prompt;
     if (s->req->params.pooling && s->finish_reason == LLM_FINISH_STOP) {
-        o.embedding = s->embedding; o.n_embedding = e->model.cfg.dim;
+        o.embedding = s->embedding;
+        o.n_embedding = s->req->params.pooling == LLM_POOL_RANK ? 1 : e->model.cfg.dim;
     }
     if (s->plp_state == LLM_PLP_READY) { /* once: a recompute after preemption does not score them again */
         s->plp_state = LLM_PLP_NONE;
@@ -8456,7 +8480,7 @@ static int llm_seq_reads_rows(const llm_seq *s) {
  *    every one, cls the first, last the last */
 static int llm_pool_reads(int pool, int pos, int len) {
     return pool == LLM_POOL_MEAN || (pool == LLM_POOL_CLS && pos == 0) ||
-           (pool == LLM_POOL_LAST && pos == len - 1);
+           ((pool == LLM_POOL_LAST || pool == LLM_POOL_RANK) && pos == len - 1);
 }
 
 /* 4. The plan as one batch: each scheduled sequence's next n_new tokens, flattened, with its block table;
@@ -8941,6 +8965,28 @@ static void llm_engine_score(llm_engine *e, llm_seq *s, int pos, int row) {
     llm_engine_queue_row(e, s, r, s->rng); /* (no draw: the generator stays) */
 }
 
+/* 5. A reranker's relevance logit from the last position's hidden state h (final-normed): the classifier's
+ *    first row times h less its second (so the score, its sigmoid, is the softmax probability of the first
+ *    label: Qwen3-Reranker's "yes"), plus the bias; a model without cls.output takes the output layer's rows
+ *    of rank_ids (the same rows llama.cpp's converter copies into cls.output). In double: one dot per row */
+static float llm_rank_logit(const llm_model *m, const double *h, const int *rank_ids) {
+    int D = m->cfg.dim, n_rows = m->cls_out.data ? (int)m->cls_out.rows : 2;
+    float *row = (float *)malloc((size_t)D * sizeof(float));
+    if (!row) return NAN;
+    double logit = 0;
+    for (int r = 0; r < n_rows; r++) {
+        llm_weight w = m->cls_out.data ? m->cls_out : m->output;
+        int64_t index = m->cls_out.data ? r : rank_ids[r];
+        size_t row_bytes = llm_dtype_row_bytes(w.type, D);
+        llm_dtype_dequant_row(w.type, (const uint8_t *)w.data + (size_t)index * row_bytes, row, D);
+        double dot = m->cls_out_bias.data ? ((const float *)m->cls_out_bias.data)[r] : 0;
+        for (int i = 0; i < D; i++) dot += (double)row[i] * h[i];
+        logit += r == 0 ? dot : -dot;
+    }
+    free(row);
+    return (float)logit;
+}
+
 /* 5. ... and embeddings: a chunk's hidden rows (from row on: as llm_engine_forward asked for them) into s's
  *    pool; the chunk that ends the prompt finishes s with the vector (the mean, or the one row kept).
  *    Returns how many rows it took. */
@@ -8955,6 +9001,7 @@ static int llm_seq_pool(llm_engine *e, llm_seq *s, int start, int end, int row) 
     }
     if (end < len) return n; /* a prompt chunk: more rows to come */
     for (int i = 0; i < D; i++) s->embedding[i] = (float)(s->pool[i] / (s->pool_rows ? s->pool_rows : 1));
+    if (pool == LLM_POOL_RANK) s->embedding[0] = llm_rank_logit(&e->model, s->pool, s->req->params.rank_ids);
     llm_seq_finish(e, s, LLM_FINISH_STOP, NULL);
     return n;
 }

@@ -137,7 +137,9 @@ static const char *usage =
     "  32 random hex digits; the response's id is cmpl-{it} or chatcmpl-{it}, as vLLM writes them\n"
     "  --chat-template NAME   as for chat\n"
     "  --pooling P            mean, cls or last: how /v1/embeddings (and llm embed) pool a prompt's hidden\n"
-    "                         states (default: the file's {arch}.pooling_type; none: embeddings get 400)\n"
+    "                         states (default: the file's {arch}.pooling_type; none: embeddings get 400);\n"
+    "                         rank: a reranker for /v1/rerank and /v1/score (the default for a file whose\n"
+    "                         pooling_type is rank or whose general.name has \"Reranker\")\n"
     "  --matryoshka           /v1/embeddings' dimensions may keep fewer values than the model's\n"
     "  --reasoning-format F   deepseek (default): a thinking model's <think>...</think> goes to\n"
     "                         reasoning_content and reasoning, apart from content; none: left in content\n"
@@ -420,10 +422,10 @@ static int parse_args(int argc, char **argv, int start, args_t *a) {
         else if (FLAG("--max-queue")) { INT(1, 1 << 30); a->max_queue = (int)x; }
         else if (FLAG("--pooling")) {
             NEED();
-            for (a->pooling = LLM_POOL_MEAN; a->pooling <= LLM_POOL_LAST; a->pooling++)
-                if (!strcmp(v, (const char *[]){"", "mean", "cls", "last"}[a->pooling])) break;
-            if (a->pooling > LLM_POOL_LAST) {
-                fprintf(stderr, "llm: --pooling must be mean, cls or last, not '%s'\n", v);
+            for (a->pooling = LLM_POOL_MEAN; a->pooling <= LLM_POOL_RANK; a->pooling++)
+                if (!strcmp(v, (const char *[]){"", "mean", "cls", "last", "rank"}[a->pooling])) break;
+            if (a->pooling > LLM_POOL_RANK) {
+                fprintf(stderr, "llm: --pooling must be mean, cls, last or rank, not '%s'\n", v);
                 return -1;
             }
         }

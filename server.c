@@ -546,8 +546,11 @@ typedef struct { /* one prompt of a request: one engine request (n samples) */
     double t_scheduled, t_first, t_last; /* the step that first ran it began; its first and last tokens */
     srv_prompt_lp *lp;              /* its prompt logprobs once the engine gave them (NULL: not yet, none) */
     float *embedding;               /* /v1/embeddings: its pooled vector once the engine gave it (NULL: not
-                                     * yet), n_embedding values, not normalised */
+                                     * yet), n_embedding values, not normalised; /v1/rerank and /v1/score:
+                                     * its one value, the relevance logit */
     int n_embedding;
+    char *document;                 /* /v1/rerank: the document's text, for return_documents */
+    size_t document_len;
 } srv_prompt;
 
 typedef struct { /* one choice of the response */
@@ -564,7 +567,7 @@ typedef struct { /* one choice of the response */
     int msg_blocks, msg_open;
 } srv_choice;
 
-enum { REQ_COMPLETIONS, REQ_CHAT, REQ_EMBED };
+enum { REQ_COMPLETIONS, REQ_CHAT, REQ_EMBED, REQ_RERANK, REQ_SCORE };
 /* The wire format a request is answered in: OpenAI's, or Anthropic's Messages API (a chat underneath) */
 enum { API_OPENAI, API_MESSAGES };
 
@@ -579,6 +582,7 @@ struct srv_req {
     int add_special;                /* how its prompt text is tokenized: tokenize_text's add_special */
     int prompt_logprobs;            /* vLLM's prompt_logprobs: -1 none, else K */
     int score_only;                 /* echo with max_tokens 0: the prompt and its logprobs, no completion */
+    int rank_top_n, rank_documents; /* /v1/rerank: the results it answers with; whether they show the text */
     char id[16 + SRV_MAX_REQUEST_ID]; /* "cmpl-" or "chatcmpl-" and the X-Request-Id, as vLLM names them */
     uint64_t call_id_seed;          /* its tool calls' ids are drawn from this (a client may reuse its id) */
     long long created;
@@ -706,7 +710,9 @@ typedef struct {
     size_t held;                    /* request bytes held past each connection's allowance, all together */
     char **origins;                 /* stb_ds: --allowed-origins (NULL: no CORS headers at all) */
     int pooling;                    /* /v1/embeddings: --pooling, else the file's pooling_type (llama.cpp's
-                                     * enum: 0 none, 4 rank refused) */
+                                     * enum: 0 none; 4 rank: a reranker, for /v1/rerank and /v1/score) */
+    int rank_ids[2];                /* a reranker without cls.output: its "yes" and "no" tokens */
+    llm_str rank_template;          /* a reranker's prompt: {query} and {document} in the text */
     int matryoshka;                 /* --matryoshka: dimensions may keep fewer values than the model's */
     double accept_resume;           /* accept() ran out of fds or memory: the listener rests until then */
     double accept_log_t;            /* when that was last logged */
@@ -729,7 +735,7 @@ typedef struct { int status; char param[64]; char msg[512]; } srv_error;
 
 /* A request with a worker (see Request workers): the endpoint it is for, and what the worker made of it */
 enum { JOB_TOKENIZE, JOB_DETOKENIZE, JOB_COMPLETIONS, JOB_CHAT, JOB_MESSAGES, JOB_COUNT_TOKENS,
-       JOB_RESPONSES, JOB_COMPACT, JOB_EMBEDDINGS, JOB_RERANK };
+       JOB_RESPONSES, JOB_COMPACT, JOB_EMBEDDINGS, JOB_RERANK, JOB_SCORE };
 
 struct srv_job {
     srv_conn *conn;                 /* the network thread's: NULL once the client has gone */
@@ -777,7 +783,7 @@ static void req_free(srv_req *r) {
     resp_free(r->resp);
     for (int i = 0; i < r->n_prompts; i++) {
         arrfree(r->prompts[i].prompt_ids);
-        free(r->prompts[i].echo_text); free(r->prompts[i].embedding);
+        free(r->prompts[i].echo_text); free(r->prompts[i].embedding); free(r->prompts[i].document);
         prompt_lp_free(r->prompts[i].lp);
     }
     for (int i = 0; r->choices && i < r->n_prompts * r->n; i++) {
@@ -1303,7 +1309,7 @@ static const struct { const char *path, *method; int open, job; } srv_routes[] =
     {"/tokenize", "POST", 0, JOB_TOKENIZE}, {"/detokenize", "POST", 0, JOB_DETOKENIZE},
     {"/v1/messages", "POST", 0, JOB_MESSAGES}, {"/v1/messages/count_tokens", "POST", 0, JOB_COUNT_TOKENS},
     {"/v1/embeddings", "POST", 0, JOB_EMBEDDINGS}, {"/v1/rerank", "POST", 0, JOB_RERANK},
-    {"/v1/score", "POST", 0, JOB_RERANK},
+    {"/v1/score", "POST", 0, JOB_SCORE},
     {"/v1/models", "GET", 0, -1}, {"/version", "GET", 0, -1},
     {"/health", "GET", 1, -1}, {"/ping", "GET", 1, -1}, {"/metrics", "GET", 1, -1},
 };
@@ -1384,7 +1390,8 @@ static int route_head(srv_state *S, srv_conn *c, const http_request *rq) {
     const char *path = rq->path;
     int job = srv_routes[route].job;
     int generation = job == JOB_COMPLETIONS || job == JOB_CHAT || job == JOB_MESSAGES ||
-                     job == JOB_RESPONSES || job == JOB_COMPACT || job == JOB_EMBEDDINGS;
+                     job == JOB_RESPONSES || job == JOB_COMPACT || job == JOB_EMBEDDINGS ||
+                     job == JOB_RERANK || job == JOB_SCORE;
     if (g_srv_stop && (generation || !strcmp(path, "/health") || !strcmp(path, "/ping"))) {
         send_error(S, c, 503, NULL, "the server is shutting down: it finishes the requests it has and takes "
                    "no new ones");
@@ -1510,7 +1517,7 @@ static int fv_best_of(const llm_json *v, const llm_json *b) {  /* best of n amon
 }
 
 enum { F_CMPL = 1 << REQ_COMPLETIONS, F_CHAT = 1 << REQ_CHAT, F_BOTH = F_CMPL | F_CHAT,
-       F_EMBED = 1 << REQ_EMBED };
+       F_EMBED = 1 << REQ_EMBED, F_RANK = 1 << REQ_RERANK | 1 << REQ_SCORE };
 static int fv_float32(const llm_json *v, const llm_json *b) { (void)b; return fv_str(v, "float32"); }
 static int fv_0(const llm_json *v, const llm_json *b) {
     (void)b; return v->type == LLM_JSON_NUMBER && !v->num;
@@ -1577,6 +1584,15 @@ static const srv_field req_fields[] = {
     {"messages", fv_never, F_EMBED}, {"chat_template", fv_never, F_EMBED},
     {"mm_processor_kwargs", fv_none, F_EMBED}, {"use_activation", fv_never, F_EMBED},
     {"softmax", fv_never, F_EMBED}, {"activation", fv_never, F_EMBED},
+    /* /v1/rerank (query, documents, top_n, return_documents), /v1/score (text_1, text_2): prepare_rerank */
+    {"model", fv_any, F_RANK}, {"query", fv_any, F_RANK}, {"documents", fv_any, F_RANK},
+    {"top_n", fv_any, F_RANK}, {"return_documents", fv_any, F_RANK}, {"text_1", fv_any, F_RANK},
+    {"text_2", fv_any, F_RANK}, {"user", fv_any, F_RANK}, {"truncate_prompt_tokens", fv_any, F_RANK},
+    {"request_id", fv_any, F_RANK}, {"priority", fv_0, F_RANK},
+    {"rank_fields", fv_never, F_RANK}, {"max_chunks_per_doc", fv_never, F_RANK},
+    {"max_tokens_per_doc", fv_never, F_RANK}, {"data_1", fv_never, F_RANK}, {"data_2", fv_never, F_RANK},
+    {"mm_processor_kwargs", fv_none, F_RANK}, {"use_activation", fv_never, F_RANK},
+    {"softmax", fv_never, F_RANK}, {"activation", fv_never, F_RANK}, {"chat_template", fv_never, F_RANK},
 };
 
 /* A field name no table knows: ignored, as vLLM does, and said once on stderr (the first SRV_MAX_UNKNOWN
@@ -2651,8 +2667,10 @@ static int handle_detokenize(srv_state *S, const llm_json *body, sbuf *out, srv_
 /* The embeddings' endpoints (their section, after the engine's events) */
 static int prepare_embeddings(srv_state *S, const llm_json *body, const char *request_id, srv_req *r,
                               llm_sampling_params *p, srv_error *e);
-static int rerank_refuse(srv_state *S, srv_error *e);
+static int prepare_rerank(srv_state *S, const llm_json *body, int score, const char *request_id, srv_req *r,
+                          llm_sampling_params *p, srv_error *e);
 static void embed_finish(srv_state *S, srv_req *r);
+static void rerank_finish(srv_state *S, srv_req *r);
 
 /* The worker's part of a job: everything a request's bytes can make cost */
 static void job_run(srv_state *S, srv_job *j) {
@@ -2667,7 +2685,6 @@ static void job_run(srv_state *S, srv_job *j) {
     j->json_ok = 1;
     free(j->body); j->body = NULL; /* (the parse copied what it keeps) */
     if (j->json.type != LLM_JSON_OBJECT) { bad(&j->e, 400, NULL, "the body must be a JSON object"); return; }
-    if (j->route == JOB_RERANK) { rerank_refuse(S, &j->e); return; }
     /* 2. /tokenize and /detokenize: the whole answer, made here */
     if (j->route == JOB_TOKENIZE || j->route == JOB_DETOKENIZE) {
         j->failed = (j->route == JOB_TOKENIZE ? handle_tokenize : handle_detokenize)(S, &j->json, &j->answer,
@@ -2687,6 +2704,9 @@ static void job_run(srv_state *S, srv_job *j) {
     j->r->t_arrival = j->t_arrival;
     if (j->route == JOB_EMBEDDINGS)
         j->failed = prepare_embeddings(S, &j->json, j->request_id, j->r, &j->p, &j->e) != 0;
+    else if (j->route == JOB_RERANK || j->route == JOB_SCORE)
+        j->failed = prepare_rerank(S, &j->json, j->route == JOB_SCORE, j->request_id, j->r, &j->p,
+                                   &j->e) != 0;
     else
         j->failed = prepare_generation(S, &j->json, j->route == JOB_CHAT ? REQ_CHAT : REQ_COMPLETIONS,
                                        j->request_id, j->r, &j->p, &j->e) != 0;
@@ -3373,6 +3393,7 @@ static void finish_request(srv_state *S, srv_req *r) {
     /* 2. a whole response: the error, or every choice's object (an embedding's: its vectors) */
     if (r->error[0]) { send_error(S, c, 500, NULL, "%s", r->error); return; }
     if (r->kind == REQ_EMBED) { embed_finish(S, r); return; }
+    if (r->kind == REQ_RERANK || r->kind == REQ_SCORE) { rerank_finish(S, r); return; }
     sbuf b = {0};
     int chat = r->kind == REQ_CHAT;
     put_header_fields(&b, S, r, chat ? "chat.completion" : "text_completion");
@@ -4164,6 +4185,7 @@ enum { RESP_NONE, RESP_REASONING, RESP_MESSAGE, RESP_CALL, RESP_CUSTOM }; /* an 
 #define RESP_MAX_METADATA 16        /* metadata: keys (each <= 64 bytes; values strings <= 512), as OpenAI */
 /* POST /v1/responses/compact: the model asked for a summary after the conversation (greedy, no tool call);
  * the compaction item carries it ("llm-cmp1." and its base64), and reads back as a user message */
+#define RESP_COMPACT_MAX_TOKENS 1024 /* the summary's tokens at most (the context's end first, if nearer) */
 #define RESP_COMPACT_PROMPT "Summarize the conversation so far for someone who will continue it with no " \
     "other record of it: what the user wants (goals, constraints, preferences), what has been done and " \
     "found (decisions, names, commands, results), what is still open, and the next step. Be specific and " \
@@ -4852,6 +4874,9 @@ static int resp_prepare(srv_state *S, srv_job *j) {
     j->json = cj;
     if (prepare_generation(S, &j->json, REQ_CHAT, j->request_id, j->r, &j->p, &j->e) == 0) {
         snprintf(j->r->id, sizeof j->r->id, "%s", rs->id); /* the log line names it so */
+        /* a summary is bounded (a small model's greedy one can loop to the context's end: minutes); set
+         * here, after the context check, so that a compaction near the context's end is no 400 */
+        if (rs->compact) j->p.max_tokens = RESP_COMPACT_MAX_TOKENS;
         return 0;
     }
     for (size_t k = 0; k < sizeof renamed / sizeof *renamed; k++) {
@@ -5359,7 +5384,7 @@ static void handle_stored_response(srv_state *S, srv_conn *c, const http_request
 }
 
 /* ===========================================================================================================
- * Embeddings: POST /v1/embeddings (OpenAI's shape, vLLM's pooling); /v1/rerank and /v1/score refused
+ * Embeddings: POST /v1/embeddings (OpenAI's shape, vLLM's pooling)
  *
  * Each input (a string, a list of them, a list of ids, a list of lists: completion_prompts reads them as it
  * reads a completion's prompts, with the same bounds) is one engine request whose sampling asks for the
@@ -5386,9 +5411,8 @@ static int prepare_embeddings(srv_state *S, const llm_json *body, const char *re
         return bad(e, 400, NULL, "this model makes no embeddings: it has no pooling type (GGUF key "
                    "%s.pooling_type) and --pooling was not given", arch);
     if (S->pooling > LLM_POOL_LAST)
-        return bad(e, 400, NULL, "this model is a reranker (GGUF key %s.pooling_type is %d, %s), which this "
-                   "server does not run; --pooling mean|cls|last embeds with it anyway", arch, S->pooling,
-                   pooling_names[S->pooling]);
+        return bad(e, 400, NULL, "this model is a reranker: it answers /v1/rerank and /v1/score; --pooling "
+                   "mean|cls|last embeds with it");
     const llm_json *fmt = llm_json_get(body, "encoding_format"), *user = llm_json_get(body, "user");
     if (fmt && fmt->type != LLM_JSON_NULL && !fv_str(fmt, "float") && !(r->base64 = fv_str(fmt, "base64")))
         return bad(e, 400, "encoding_format", "encoding_format must be \"float\" or \"base64\"");
@@ -5433,15 +5457,6 @@ static int prepare_embeddings(srv_state *S, const llm_json *body, const char *re
     return 0;
 }
 
-/* /v1/rerank and /v1/score (vLLM's, and llama.cpp's /v1/rerank): a 400 that says why */
-static int rerank_refuse(srv_state *S, srv_error *e) {
-    if (S->pooling == 4)
-        return bad(e, 400, NULL, "this model is a reranker (GGUF key %s.pooling_type 4, rank), but this "
-                   "server does not run rerankers yet", llm_arch_names[S->model->cfg.arch]);
-    return bad(e, 400, NULL, "this model is not a reranker: its pooling type is %d (%s), not 4 (rank)",
-               S->pooling, pooling_names[S->pooling]);
-}
-
 /* n float32 values as standard base64, padded, of their little-endian bytes (the openai client's default:
  * it decodes them with numpy's frombuffer as float32) */
 static void put_base64_floats(sbuf *b, const float *v, int n) {
@@ -5484,6 +5499,208 @@ static void embed_finish(srv_state *S, srv_req *r) {
               r->prompt_tokens);
     if (b.failed) send_error(S, c, 500, NULL, "out of memory writing the response");
     else send_response(S, c, 200, "application/json", b.s, b.len, NULL);
+    sb_free(&b);
+}
+
+/* ===========================================================================================================
+ * Reranking: POST /v1/rerank (Jina's and Cohere's shape, as vLLM and llama-server serve it) and /v1/score
+ * (vLLM's), on a reranker: a file llama.cpp converted (pooling_type rank, and cls.output: Qwen3-Reranker's
+ * "yes" and "no" rows), the Qwen3-Reranker model as published (a plain Qwen3 LM, general.name with
+ * "Reranker": the output layer's rows of "yes" and "no"), or any model with --pooling rank.
+ *
+ * Each (query, document) pair is one engine request pooled as rank (llm_sampling_params.pooling), so they
+ * share the scheduler and the prefix cache (a query's shared opening is computed once) with generations.
+ * Its prompt is the file's tokenizer.chat_template.rerank with {query} and {document} put in (llama.cpp's
+ * converter writes it), else Qwen3-Reranker's own format (RANK_TEMPLATE, with its default instruction);
+ * the engine's one value, the relevance logit l(yes) - l(no) of the last position, becomes the score
+ * through a sigmoid: the softmax probability of "yes" against "no", as vLLM's Qwen3 reranker gives it.
+ * ======================================================================================================== */
+#define RANK_TEMPLATE "<|im_start|>system\nJudge whether the Document meets the requirements based on the " \
+    "Query and the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n"      \
+    "<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that answer the "  \
+    "query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n"                  \
+    "<think>\n\n</think>\n\n"
+
+/* At the start: whether the model is a reranker, and how it scores: the file's pooling_type rank, --pooling
+ * rank, or a general.name with "Reranker" (Qwen3-Reranker's GGUFs as published are the plain LM). One
+ * without cls.output scores with its output rows of "yes" and "no", which must be one token each */
+static int rank_setup(srv_state *S, char *err, size_t cap) {
+    if (!S->pooling && strstr(S->model->name, "Reranker")) S->pooling = LLM_POOL_RANK;
+    if (S->pooling != LLM_POOL_RANK) return 0;
+    S->rank_template = llm_gguf_string(&S->model->gguf, "tokenizer.chat_template.rerank");
+    if (!S->rank_template.ptr) S->rank_template = (llm_str){RANK_TEMPLATE, strlen(RANK_TEMPLATE)};
+    const char *words[2] = {"yes", "no"};
+    for (int k = 0; k < 2 && !S->model->cls_out.data; k++) {
+        int32_t ids[4];
+        if (llm_tokenize(S->model->tok, words[k], strlen(words[k]), 0, 0, ids, 4) != 1) {
+            snprintf(err, cap, "--pooling rank: the model has no cls.output, and \"%s\" is not one token of "
+                     "its vocabulary to score with", words[k]);
+            return -1;
+        }
+        S->rank_ids[k] = ids[0];
+    }
+    return 0;
+}
+
+/* A text of a rerank or score field: a string, or (a document) {"text": string} */
+static const llm_json *rank_text(const llm_json *v) {
+    if (v->type == LLM_JSON_OBJECT) v = llm_json_get(v, "text");
+    return v && v->type == LLM_JSON_STRING ? v : NULL;
+}
+
+/* The prompt of one pair: the template with the query and the document in place of {query} and
+ * {document} (each once, where the template has it), tokenized with its special tokens */
+static int rank_prompt(srv_state *S, const llm_json *query, const llm_json *doc, int32_t **ids) {
+    sbuf b = {0};
+    const char *t = S->rank_template.ptr, *end = t + S->rank_template.len;
+    while (t < end) {
+        const char *q = memchr(t, '{', (size_t)(end - t));
+        if (!q) { sb_put(&b, t, (size_t)(end - t)); break; }
+        sb_put(&b, t, (size_t)(q - t));
+        if ((size_t)(end - q) >= 7 && !memcmp(q, "{query}", 7)) {
+            sb_put(&b, query->str, query->len); t = q + 7;
+        } else if ((size_t)(end - q) >= 10 && !memcmp(q, "{document}", 10)) {
+            sb_put(&b, doc->str, doc->len); t = q + 10;
+        } else { sb_put(&b, q, 1); t = q + 1; }
+    }
+    int rc = b.failed ? -1 : tokenize_text(S, b.s ? b.s : "", b.len, 1, ids);
+    sb_free(&b);
+    return rc;
+}
+
+/* /v1/rerank's fields (query, documents, top_n, return_documents) or /v1/score's (text_1, text_2: one to
+ * one, one to many, or many to many pairwise), checked, and each pair's prompt into r; 0, or -1 with the
+ * 400 in *e. The count of pairs is bounded before anything is allocated (SRV_MAX_PROMPTS) */
+static int prepare_rerank(srv_state *S, const llm_json *body, int score, const char *request_id, srv_req *r,
+                          llm_sampling_params *p, srv_error *e) {
+    r->kind = score ? REQ_SCORE : REQ_RERANK; r->n = 1; r->logprobs = -1; r->prompt_logprobs = -1;
+    r->created = (long long)wall_s();
+    snprintf(r->id, sizeof r->id, "%s-%s", score ? "score" : "rerank", request_id);
+    if (check_fields(S, body, req_fields, sizeof req_fields / sizeof *req_fields, 1 << r->kind, e) ||
+        check_model(S, body, e))
+        return -1;
+    if (S->pooling != LLM_POOL_RANK)
+        return bad(e, 400, NULL, "this model is not a reranker: its pooling type is %d (%s), not 4 (rank); "
+                   "llm serve --pooling rank scores with it anyway", S->pooling, pooling_names[S->pooling]);
+    const char *f1 = score ? "text_1" : "query", *f2 = score ? "text_2" : "documents";
+    const llm_json *a = llm_json_get(body, f1), *b = llm_json_get(body, f2);
+    const llm_json *user = llm_json_get(body, "user");
+    if (user && user->type != LLM_JSON_NULL && user->type != LLM_JSON_STRING)
+        return bad(e, 400, "user", "user must be a string");
+    if (score && (!a || (a->type != LLM_JSON_STRING && a->type != LLM_JSON_ARRAY)))
+        return bad(e, 400, f1, "text_1 must be a string or a list of strings");
+    if (!score && (!a || a->type != LLM_JSON_STRING)) return bad(e, 400, f1, "query must be a string");
+    if (!b || (b->type != LLM_JSON_ARRAY && !(score && b->type == LLM_JSON_STRING)))
+        return bad(e, 400, f2, score ? "text_2 must be a string or a list of strings"
+                                     : "documents must be a list of strings or of {\"text\": ...} objects");
+    int n1 = a->type == LLM_JSON_ARRAY ? a->n : 1, n2 = b->type == LLM_JSON_ARRAY ? b->n : 1;
+    if (n1 <= 0 || n2 <= 0) return bad(e, 400, n1 > 0 ? f2 : f1, "%s is empty", n1 > 0 ? f2 : f1);
+    if (n1 > 1 && n1 != n2)
+        return bad(e, 400, f1, "text_1 has %d texts and text_2 %d: give one text_1, or as many as text_2", n1,
+                   n2);
+    if (n2 > SRV_MAX_PROMPTS) return bad(e, 400, f2, "at most %d %s in one request", SRV_MAX_PROMPTS, f2);
+    double top_n = 0;
+    if (!score && (get_number(body, "top_n", 0, 1e9, 1, &top_n, e) ||
+                   get_bool(body, "return_documents", &r->rank_documents, e)))
+        return -1;
+    if (!score && !llm_json_get(body, "return_documents")) r->rank_documents = 1; /* (vLLM's and Jina's) */
+    r->rank_top_n = top_n > 0 && top_n < n2 ? (int)top_n : n2;
+    if (parse_truncation(S, body, r, e)) return -1;
+    /* the text tokenized: a query repeats in every pair, so 1024 documents under one long query would be
+     * a thousand times the body's bytes (and truncate_prompt_tokens lets each pair past the context) */
+    size_t text_bytes = 0;
+    for (int i = 0; i < n2; i++) {
+        const llm_json *qv = a->type == LLM_JSON_ARRAY ? &a->items[n1 > 1 ? i : 0] : a;
+        const llm_json *dv = b->type == LLM_JSON_ARRAY ? &b->items[i] : b;
+        const llm_json *q = rank_text(qv), *d = rank_text(dv);
+        text_bytes += S->rank_template.len + (q ? q->len : 0) + (d ? d->len : 0);
+    }
+    if (text_bytes > SRV_MAX_BODY)
+        return bad(e, 400, f1, "the prompts of these pairs come to %zu bytes, more than %d: send fewer or "
+                   "shorter texts", text_bytes, SRV_MAX_BODY);
+    if (!(r->prompts = (srv_prompt *)calloc((size_t)n2, sizeof(srv_prompt))))
+        return bad(e, 500, NULL, "out of memory");
+    r->n_prompts = n2;
+    for (int i = 0; i < n2; i++) {
+        const llm_json *qv = a->type == LLM_JSON_ARRAY ? &a->items[n1 > 1 ? i : 0] : a;
+        const llm_json *dv = b->type == LLM_JSON_ARRAY ? &b->items[i] : b, *q = rank_text(qv), *d;
+        char param[48];
+        if (!q || qv->type != LLM_JSON_STRING) {
+            snprintf(param, sizeof param, a->type == LLM_JSON_ARRAY ? "%s[%d]" : "%s", f1, n1 > 1 ? i : 0);
+            return bad(e, 400, param, "%s must be a string", param);
+        }
+        snprintf(param, sizeof param, b->type == LLM_JSON_ARRAY ? "%s[%d]" : "%s", f2, i);
+        if (!(d = rank_text(dv)) || (score && dv->type != LLM_JSON_STRING))
+            return bad(e, 400, param, score ? "%s must be a string" : "%s must be a string or {\"text\": "
+                       "string}", param);
+        if (dv->type == LLM_JSON_OBJECT && dv->n != 1)
+            return bad(e, 400, param, "%s: a document object has only \"text\"", param);
+        srv_prompt *sp = &r->prompts[i];
+        sp->req = r; sp->index = i;
+        if (rank_prompt(S, q, d, &sp->prompt_ids))
+            return bad(e, 400, param, "%s could not be tokenized", param);
+        if (!score && r->rank_documents) {
+            if (!(sp->document = (char *)malloc(d->len + 1))) return bad(e, 500, NULL, "out of memory");
+            memcpy(sp->document, d->str, d->len); sp->document[d->len] = 0; sp->document_len = d->len;
+        }
+    }
+    if (truncate_prompts(S, r, e)) return -1;
+    for (int i = 0; i < r->n_prompts; i++) { /* all of the context, no token generated */
+        int n = (int)arrlen(r->prompts[i].prompt_ids);
+        if (n > S->max_model_len)
+            return bad(e, 400, f2, "This model's maximum context length is %d tokens. However, you requested "
+                       "%d tokens in the input for scoring (%s[%d] with its query and the reranker's "
+                       "prompt). Please reduce the length of the input.", S->max_model_len, n, f2, i);
+    }
+    *p = llm_sampling_defaults();
+    p->pooling = LLM_POOL_RANK;
+    p->rank_ids[0] = S->rank_ids[0]; p->rank_ids[1] = S->rank_ids[1];
+    return 0;
+}
+
+/* A relevance logit as a score: the probability of "yes" against "no" */
+static double rank_score(float logit) { return 1.0 / (1.0 + exp(-(double)logit)); }
+
+/* The order of /v1/rerank's results: the higher score first, the earlier document on a tie */
+static int rank_cmp(const void *x, const void *y) {
+    const srv_prompt *a = *(const srv_prompt *const *)x, *b = *(const srv_prompt *const *)y;
+    float sa = a->embedding[0], sb = b->embedding[0];
+    return sa > sb ? -1 : sa < sb ? 1 : a->index - b->index;
+}
+
+/* The whole response of /v1/rerank (the top_n results, best first) or /v1/score (every pair's, in order) */
+static void rerank_finish(srv_state *S, srv_req *r) {
+    srv_conn *c = r->conn;
+    sbuf b = {0};
+    srv_prompt **order = (srv_prompt **)malloc((size_t)r->n_prompts * sizeof *order);
+    int ok = order != NULL;
+    for (int i = 0; ok && i < r->n_prompts; i++) {
+        order[i] = &r->prompts[i];
+        ok = r->prompts[i].embedding && r->prompts[i].n_embedding == 1; /* (every pair came with its value) */
+    }
+    if (ok && r->kind == REQ_RERANK) qsort(order, (size_t)r->n_prompts, sizeof *order, rank_cmp);
+    sb_printf(&b, "{\"id\":\"%s\",", r->id);
+    if (r->kind == REQ_SCORE) sb_printf(&b, "\"object\":\"list\",\"created\":%lld,", r->created);
+    sb_puts(&b, "\"model\":");
+    sb_json_cstr(&b, S->model_name);
+    sb_puts(&b, r->kind == REQ_SCORE ? ",\"data\":[" : ",\"results\":[");
+    for (int i = 0; ok && i < (r->kind == REQ_RERANK ? r->rank_top_n : r->n_prompts); i++) {
+        const srv_prompt *sp = order[i];
+        sb_printf(&b, "%s{\"index\":%d,", i ? "," : "", sp->index);
+        double x = rank_score(sp->embedding[0]);
+        if (r->kind == REQ_SCORE) { sb_printf(&b, "\"object\":\"score\",\"score\":%.9g}", x); continue; }
+        if (sp->document) {
+            sb_puts(&b, "\"document\":{\"text\":");
+            sb_json_str(&b, sp->document, sp->document_len);
+            sb_puts(&b, "},");
+        }
+        sb_printf(&b, "\"relevance_score\":%.9g}", x);
+    }
+    sb_printf(&b, "],\"usage\":{\"prompt_tokens\":%d,\"total_tokens\":%d}}", r->prompt_tokens,
+              r->prompt_tokens);
+    if (!ok || b.failed) send_error(S, c, 500, NULL, "out of memory writing the response");
+    else send_response(S, c, 200, "application/json", b.s, b.len, NULL);
+    free(order);
     sb_free(&b);
 }
 
@@ -5734,6 +5951,7 @@ static int serve(const serve_config *a) {
     int from_file = llm_model_sampling_defaults(S->model, &S->defaults, sampling_note);
     S->reasoning_format_none = a->reasoning_none;
     S->pooling = a->pooling ? a->pooling : S->model->cfg.pooling; S->matryoshka = a->matryoshka;
+    if (rank_setup(S, err, sizeof err)) { fprintf(stderr, "llm serve: %s\n", err); goto out; }
     if (a->served_model_name) snprintf(S->model_name, sizeof S->model_name, "%s", a->served_model_name);
     else { /* the file's name without its folders and .gguf, as vLLM names a model by its path */
         const char *base = strrchr(a->engine.model_path, '/');

@@ -3653,6 +3653,22 @@ static void test_engine_pooling(void) {
                       "%s after the prompt was cached: cosine %.9f, max diff %.2g, %d cached", names[pool],
                       cos, diff, cached[19 + pool]);
             }
+            /* rank (a reranker without cls.output): the last row's dot with the output rows of rank_ids[0]
+             * less rank_ids[1], here two of the prompt's tokens (the tied embedding's f32 rows) */
+            p.pooling = LLM_POOL_RANK; p.rank_ids[0] = ids[2][1]; p.rank_ids[1] = ids[2][3];
+            llm_engine_add_request(e, NULL, ids[2], n_ids[2], &p, (void *)(intptr_t)30, err);
+            pool_run(e, vec, cached, gen, &n_gen);
+            const llm_weight *emb = &llm_engine_model(e)->tok_embd;
+            const float *yes = (const float *)emb->data + (size_t)p.rank_ids[0] * (size_t)dim;
+            const float *no = (const float *)emb->data + (size_t)p.rank_ids[1] * (size_t)dim;
+            double logit = 0;
+            const float *last = vec[2 * 3 + LLM_POOL_LAST - 1];
+            for (int k = 0; k < dim; k++) logit += (double)last[k] * (yes[k] - no[k]);
+            CHECK(emb->type == LLM_F32 && fabs(vec[29][0] - logit) <= 1e-5 * (1 + fabs(logit)),
+                  "rank: logit %.9g, the last row's dot %.9g", vec[29][0], logit);
+            p.rank_ids[1] = llm_engine_model(e)->cfg.vocab_size;
+            CHECK(!llm_engine_add_request(e, NULL, ids[2], n_ids[2], &p, NULL, err) &&
+                  strstr(err, "rank_ids in [0, 151669)"), "rank_ids past the vocabulary: %s", err);
             CHECK(all_blocks_free(e), "pooling: every block back");
         }
         if (run == 1) { memcpy(mixed, gen, sizeof gen); n_mixed = n_gen; }
@@ -8716,10 +8732,12 @@ static void test_server_embeddings(void) {
          "must be between 1 and 32, got 33\",\"type\":\"invalid_request_error\",\"param\":\"dimensions\","
          "\"code\":400}}"},
         {"/v1/rerank", "{\"query\":\"a\",\"documents\":[\"b\"]}", "{\"error\":{\"message\":\"this model is "
-         "not a reranker: its pooling type is 3 (last), not 4 (rank)\",\"type\":\"invalid_request_error\","
+         "not a reranker: its pooling type is 3 (last), not 4 (rank); llm serve --pooling rank scores with "
+         "it anyway\",\"type\":\"invalid_request_error\","
          "\"param\":null,\"code\":400}}"},
         {"/v1/score", "{\"text_1\":\"a\",\"text_2\":\"b\"}", "{\"error\":{\"message\":\"this model is "
-         "not a reranker: its pooling type is 3 (last), not 4 (rank)\",\"type\":\"invalid_request_error\","
+         "not a reranker: its pooling type is 3 (last), not 4 (rank); llm serve --pooling rank scores with "
+         "it anyway\",\"type\":\"invalid_request_error\","
          "\"param\":null,\"code\":400}}"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
@@ -10067,7 +10085,8 @@ static void test_server_responses(void) {
  * answers (greedy, no tool call) to the conversation followed by the compaction prompt, its usage that's;
  * a compaction item in a later input reads as a user message of the summary (same prompt, same reply); a
  * stored conversation is compacted by its previous_response_id; nothing is stored; the refusals' words.
- * --max-model-len 512: stories260K's summary runs to the context's end, and this keeps it short. */
+ * --max-model-len 512: stories260K's summary runs to the context's end, and this keeps it short; on a
+ * model of a longer context a summary stops at RESP_COMPACT_MAX_TOKENS. */
 static void test_server_compact(void) {
     static const char conv[] = "{\"role\":\"user\",\"content\":\"Once upon a time\"},{\"type\":"
         "\"message\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"there "
@@ -10174,6 +10193,19 @@ static void test_server_compact(void) {
         CHECK(http_status(r) == 400 && !strcmp(http_body(r), body), "compact: %s refused: %s", refused[i][1],
               r ? r : "");
         free(r);
+    }
+    /* 5. the summary bounded (RESP_COMPACT_MAX_TOKENS): random-qwen3-qknorm's greedy one never ends, and its
+     * context (2048) is past the bound */
+    test_server q;
+    char extra[512];
+    snprintf(extra, sizeof extra, "-m %s", model_path("random-qwen3-qknorm.gguf"));
+    if (server_start(&q, extra) == 0) {
+        r = http_post(q.port, "/v1/responses/compact", "{\"input\":\"Once upon a time\"}", NULL);
+        const char *u = r ? strstr(http_body(r), "\"output_tokens\":") : NULL;
+        CHECK(http_status(r) == 200 && u && atoi(u + 16) == 1024, "compact: the summary's bound: %.200s",
+              u ? u : r ? r : "");
+        free(r);
+        CHECK(server_stop(&q) == 0, "compact: exit status 0");
     }
 out:
     free(body); free(summary); free(enc); free(said);

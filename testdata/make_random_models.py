@@ -168,3 +168,19 @@ copy_changed("random-llama2-untied.gguf", "random-llama2-wider.gguf", extra_toke
 BOOL = GGUFValueType.BOOL
 copy_changed("random-qwen3-qknorm.gguf", "random-qwen3-embed.gguf",
              add_keys=[("qwen3.pooling_type", 3, U32), ("tokenizer.ggml.add_eos_token", True, BOOL)])
+
+# a reranker as llama.cpp's converter writes Qwen3-Reranker: random-qwen3-qknorm with pooling_type 4 (rank),
+# cls.output the output rows (the tied embedding's) of "yes" and "no", and a rerank template; its instruction
+# differs from Qwen3-Reranker's default (server.c's RANK_TEMPLATE) so that a test tells which one was used
+src = GGUFReader(f"{out_dir}/random-qwen3-qknorm.gguf")
+vocab = [bytes(src.fields["tokenizer.ggml.tokens"].parts[i]).decode("utf-8")
+         for i in src.fields["tokenizer.ggml.tokens"].data]
+emb = np.asarray(next(t for t in src.tensors if t.name == "token_embd.weight").data)
+RERANK = ('<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the '
+          'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+          '<Instruct>: Given a question, find the passage that answers it\n<Query>: {query}\n<Document>: '
+          '{document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n')
+copy_changed("random-qwen3-qknorm.gguf", "random-qwen3-rerank.gguf",
+             add_keys=[("qwen3.pooling_type", 4, U32),
+                       ("tokenizer.chat_template.rerank", RERANK, GGUFValueType.STRING)],
+             add_tensors=[("cls.output.weight", emb[[vocab.index("yes"), vocab.index("no")]])])
