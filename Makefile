@@ -3,9 +3,9 @@
 # make test       builds and runs the tests (CPU backend; SANITIZE=1 under AddressSanitizer + UBSan), then the
 #                 official openai and anthropic clients against llm serve (tools/openai_test.py;
 #                 tools/anthropic_test.py: Anthropic's Messages API; embeddings, with LangChain:
-#                 tools/embeddings_test.py; tool calling and reasoning: tools/tools_test.py; the Responses API
-#                 and the Agents SDK: tools/responses_test.py; these two not under the sanitizers: 656
-#                 requests take them past 10 minutes, and
+#                 tools/embeddings_test.py; reranking: tools/rerank_test.py; tool calling and reasoning:
+#                 tools/tools_test.py; the Responses API and the Agents SDK: tools/responses_test.py; these
+#                 two not under the sanitizers: 656 requests take them past 10 minutes, and
 #                 test.c's server tools test covers those paths there), all in .venv (made once, with
 #                 the oracles the tests also run: gguf's dequantization and Python's regex); every file it
 #                 reads is in testdata/ or made there once (make testdata: the random-weight models, see its
