@@ -1517,7 +1517,8 @@ static int fv_best_of(const llm_json *v, const llm_json *b) {  /* best of n amon
 }
 
 enum { F_CMPL = 1 << REQ_COMPLETIONS, F_CHAT = 1 << REQ_CHAT, F_BOTH = F_CMPL | F_CHAT,
-       F_EMBED = 1 << REQ_EMBED, F_RANK = 1 << REQ_RERANK | 1 << REQ_SCORE };
+       F_EMBED = 1 << REQ_EMBED, F_RERANK = 1 << REQ_RERANK, F_SCORE = 1 << REQ_SCORE,
+       F_RANK = F_RERANK | F_SCORE };
 static int fv_float32(const llm_json *v, const llm_json *b) { (void)b; return fv_str(v, "float32"); }
 static int fv_0(const llm_json *v, const llm_json *b) {
     (void)b; return v->type == LLM_JSON_NUMBER && !v->num;
@@ -1584,10 +1585,13 @@ static const srv_field req_fields[] = {
     {"messages", fv_never, F_EMBED}, {"chat_template", fv_never, F_EMBED},
     {"mm_processor_kwargs", fv_none, F_EMBED}, {"use_activation", fv_never, F_EMBED},
     {"softmax", fv_never, F_EMBED}, {"activation", fv_never, F_EMBED},
-    /* /v1/rerank (query, documents, top_n, return_documents), /v1/score (text_1, text_2): prepare_rerank */
-    {"model", fv_any, F_RANK}, {"query", fv_any, F_RANK}, {"documents", fv_any, F_RANK},
-    {"top_n", fv_any, F_RANK}, {"return_documents", fv_any, F_RANK}, {"text_1", fv_any, F_RANK},
-    {"text_2", fv_any, F_RANK}, {"user", fv_any, F_RANK}, {"truncate_prompt_tokens", fv_any, F_RANK},
+    /* /v1/rerank (query, documents, top_n, return_documents), /v1/score (text_1, text_2): prepare_rerank;
+     * each refuses the other's */
+    {"model", fv_any, F_RANK}, {"query", fv_any, F_RERANK}, {"documents", fv_any, F_RERANK},
+    {"top_n", fv_any, F_RERANK}, {"return_documents", fv_any, F_RERANK}, {"text_1", fv_any, F_SCORE},
+    {"text_2", fv_any, F_SCORE}, {"query", fv_never, F_SCORE}, {"documents", fv_never, F_SCORE},
+    {"top_n", fv_never, F_SCORE}, {"return_documents", fv_never, F_SCORE}, {"text_1", fv_never, F_RERANK},
+    {"text_2", fv_never, F_RERANK}, {"user", fv_any, F_RANK}, {"truncate_prompt_tokens", fv_any, F_RANK},
     {"request_id", fv_any, F_RANK}, {"priority", fv_0, F_RANK},
     {"rank_fields", fv_never, F_RANK}, {"max_chunks_per_doc", fv_never, F_RANK},
     {"max_tokens_per_doc", fv_never, F_RANK}, {"data_1", fv_never, F_RANK}, {"data_2", fv_never, F_RANK},

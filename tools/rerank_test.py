@@ -111,6 +111,9 @@ def run(path, flags, template, rows_of, name):
                                    ("/v1/rerank", {"query": "a", "documents": ["a"], "rank_fields": ["x"]},
                                     "rank_fields"),
                                    ("/v1/score", {"text_1": ["a", "b"], "text_2": ["a", "b", "c"]}, "text_1"),
+                                   ("/v1/score", {"text_1": "a", "text_2": "b", "top_n": 1}, "top_n"),
+                                   ("/v1/rerank", {"query": "a", "documents": ["b"], "text_2": "c"},
+                                    "text_2"),
                                    ("/v1/rerank", {"query": "a", "documents": ["a " * 5000]}, "documents"),
                                    # a query repeats in every pair: 1024 x 8 KB is past the bound, even
                                    # with truncate_prompt_tokens
