@@ -8968,11 +8968,10 @@ static void llm_engine_score(llm_engine *e, llm_seq *s, int pos, int row) {
 /* 5. A reranker's relevance logit from the last position's hidden state h (final-normed): the classifier's
  *    first row times h less its second (so the score, its sigmoid, is the softmax probability of the first
  *    label: Qwen3-Reranker's "yes"), plus the bias; a model without cls.output takes the output layer's rows
- *    of rank_ids (the same rows llama.cpp's converter copies into cls.output). In double: one dot per row */
-static float llm_rank_logit(const llm_model *m, const double *h, const int *rank_ids) {
+ *    of rank_ids (the same rows llama.cpp's converter copies into cls.output). In double: one dot per row.
+ *    row: room for dim values, each row converted there in turn */
+static float llm_rank_logit(const llm_model *m, const double *h, const int *rank_ids, float *row) {
     int D = m->cfg.dim, n_rows = m->cls_out.data ? (int)m->cls_out.rows : 2;
-    float *row = (float *)malloc((size_t)D * sizeof(float));
-    if (!row) return NAN;
     double logit = 0;
     for (int r = 0; r < n_rows; r++) {
         llm_weight w = m->cls_out.data ? m->cls_out : m->output;
@@ -8983,7 +8982,6 @@ static float llm_rank_logit(const llm_model *m, const double *h, const int *rank
         for (int i = 0; i < D; i++) dot += (double)row[i] * h[i];
         logit += r == 0 ? dot : -dot;
     }
-    free(row);
     return (float)logit;
 }
 
@@ -9000,8 +8998,10 @@ static int llm_seq_pool(llm_engine *e, llm_seq *s, int start, int end, int row) 
         s->pool_rows++;
     }
     if (end < len) return n; /* a prompt chunk: more rows to come */
-    for (int i = 0; i < D; i++) s->embedding[i] = (float)(s->pool[i] / (s->pool_rows ? s->pool_rows : 1));
-    if (pool == LLM_POOL_RANK) s->embedding[0] = llm_rank_logit(&e->model, s->pool, s->req->params.rank_ids);
+    if (pool == LLM_POOL_RANK) /* (the vector's room is the rows' scratch: its one value is the logit) */
+        s->embedding[0] = llm_rank_logit(&e->model, s->pool, s->req->params.rank_ids, s->embedding);
+    else
+        for (int i = 0; i < D; i++) s->embedding[i] = (float)(s->pool[i] / (s->pool_rows ? s->pool_rows : 1));
     llm_seq_finish(e, s, LLM_FINISH_STOP, NULL);
     return n;
 }

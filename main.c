@@ -1182,7 +1182,11 @@ static int embed_cmd(args_t *a, char **texts, int n) {
     int dim = m->cfg.dim, rc = 0, done = 0;
     float *vecs = (float *)calloc((size_t)n * (size_t)dim, sizeof(float));
     if (!vecs) { fprintf(stderr, "llm embed: out of memory\n"); llm_engine_destroy(e); return 1; }
-    if (p.pooling < LLM_POOL_MEAN || p.pooling > LLM_POOL_LAST) {
+    if (a->pooling == LLM_POOL_RANK) {
+        fprintf(stderr, "llm embed: --pooling rank scores pairs (llm serve's /v1/rerank), not texts: give "
+                "--pooling mean|cls|last\n");
+        rc = 1;
+    } else if (p.pooling < LLM_POOL_MEAN || p.pooling > LLM_POOL_LAST) {
         fprintf(stderr, "llm embed: the model's pooling type (GGUF key %s.pooling_type) is %d: give "
                 "--pooling mean|cls|last\n", llm_arch_names[m->cfg.arch], m->cfg.pooling);
         rc = 1;

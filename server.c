@@ -5546,6 +5546,11 @@ static int rank_setup(srv_state *S, char *err, size_t cap) {
     return 0;
 }
 
+/* Item i of a rerank or score field: of a list, or the one value */
+static const llm_json *rank_item(const llm_json *v, int i) {
+    return v->type == LLM_JSON_ARRAY ? &v->items[i] : v;
+}
+
 /* A text of a rerank or score field: a string, or (a document) {"text": string} */
 static const llm_json *rank_text(const llm_json *v) {
     if (v->type == LLM_JSON_OBJECT) v = llm_json_get(v, "text");
@@ -5604,19 +5609,17 @@ static int prepare_rerank(srv_state *S, const llm_json *body, int score, const c
                    n2);
     if (n2 > SRV_MAX_PROMPTS) return bad(e, 400, f2, "at most %d %s in one request", SRV_MAX_PROMPTS, f2);
     double top_n = 0;
+    r->rank_documents = !score; /* by default (vLLM's and Jina's) */
     if (!score && (get_number(body, "top_n", 0, 1e9, 1, &top_n, e) ||
                    get_bool(body, "return_documents", &r->rank_documents, e)))
         return -1;
-    if (!score && !llm_json_get(body, "return_documents")) r->rank_documents = 1; /* (vLLM's and Jina's) */
     r->rank_top_n = top_n > 0 && top_n < n2 ? (int)top_n : n2;
     if (parse_truncation(S, body, r, e)) return -1;
     /* the text tokenized: a query repeats in every pair, so 1024 documents under one long query would be
      * a thousand times the body's bytes (and truncate_prompt_tokens lets each pair past the context) */
     size_t text_bytes = 0;
     for (int i = 0; i < n2; i++) {
-        const llm_json *qv = a->type == LLM_JSON_ARRAY ? &a->items[n1 > 1 ? i : 0] : a;
-        const llm_json *dv = b->type == LLM_JSON_ARRAY ? &b->items[i] : b;
-        const llm_json *q = rank_text(qv), *d = rank_text(dv);
+        const llm_json *q = rank_text(rank_item(a, n1 > 1 ? i : 0)), *d = rank_text(rank_item(b, i));
         text_bytes += S->rank_template.len + (q ? q->len : 0) + (d ? d->len : 0);
     }
     if (text_bytes > SRV_MAX_BODY)
@@ -5626,8 +5629,7 @@ static int prepare_rerank(srv_state *S, const llm_json *body, int score, const c
         return bad(e, 500, NULL, "out of memory");
     r->n_prompts = n2;
     for (int i = 0; i < n2; i++) {
-        const llm_json *qv = a->type == LLM_JSON_ARRAY ? &a->items[n1 > 1 ? i : 0] : a;
-        const llm_json *dv = b->type == LLM_JSON_ARRAY ? &b->items[i] : b, *q = rank_text(qv), *d;
+        const llm_json *qv = rank_item(a, n1 > 1 ? i : 0), *dv = rank_item(b, i), *q = rank_text(qv), *d;
         char param[48];
         if (!q || qv->type != LLM_JSON_STRING) {
             snprintf(param, sizeof param, a->type == LLM_JSON_ARRAY ? "%s[%d]" : "%s", f1, n1 > 1 ? i : 0);

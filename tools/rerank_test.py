@@ -91,6 +91,11 @@ def run(path, flags, template, rows_of, name):
               all("document" not in x for x in r2["results"]) and
               [x["relevance_score"] for x in r2["results"]] == [x["relevance_score"] for x in got[:2]],
               f"{name}: top_n 2: {r2}")
+        # return_documents null: the default (the documents shown)
+        status, r3 = post(base, "/v1/rerank",
+                          {"query": query, "documents": docs[:1], "return_documents": None})
+        check(status == 200 and r3["results"][0].get("document") == {"text": docs[0]},
+              f"{name}: return_documents null: {r3}")
         # /v1/score: one to many, then pairwise; the same scores in the documents' order
         status, s1 = post(base, "/v1/score", {"text_1": query, "text_2": docs})
         by_index = {x["index"]: x["relevance_score"] for x in got}
