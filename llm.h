@@ -6361,7 +6361,8 @@ static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
 
 #ifdef LLM_CPU_SIMD
 /* Section 14's: o = sum_p w_p v_p for ng (1 to 3) heads, over nv runs of LLM_VRUN values from i0, in
- * registers (with AVX-512 up to 4 runs of 16, a 64-value head at once; with AVX2 3 runs of 8) */
+ * registers (with AVX-512 up to 4 runs of 16, a 64-value head at once; with AVX2 3 runs of 8): from the f16
+ * cache's blocks (llm_cpu_weighted_v), or from a quantized cache's rows once converted (llm_weighted_rows) */
 #if defined(LLM_AVX512F)
 #define LLM_VRUN 16
 #define LLM_VRUNS 4
@@ -6369,6 +6370,8 @@ static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
 #define LLM_VRUN 8
 #define LLM_VRUNS 3
 #endif
+static void llm_weighted_rows(int ng, int nv, const float *rows, int64_t row_stride, int n_rows,
+                              const float *w, int64_t w_stride, int i0, float *o, int hd);
 static void llm_cpu_weighted_v(const llm_cpu *c, int ng, int nv, int index, const int32_t *block_table,
                                size_t head_offset, int first, int last, const float *w, int64_t w_stride,
                                int i0, float *o, int hd);
@@ -6479,13 +6482,26 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
                                     k_rows + (size_t)(p - p0) * hd, hd);
             for (int i = 0; i < nt; i++) {
                 int last = pos + i, first_i = window > 0 && last + 1 > window ? last + 1 - window : 0;
+                int from = lo > first_i ? lo : first_i, to = hi - 1 < last ? hi - 1 : last;
                 const float *sc = scores + (size_t)i * nq * n_ctx;
                 float *o = out + i * stride;
-                for (int p = lo > first_i ? lo : first_i; p < hi && p <= last; p++) {
+                if (from > to) continue;
+                int k0 = 0; /* with SIMD: runs of LLM_VRUN values, o in registers over the block's rows */
+#ifdef LLM_CPU_SIMD
+                while (k0 + LLM_VRUN <= hd) {
+                    int nv = (hd - k0) / LLM_VRUN < LLM_VRUNS ? (hd - k0) / LLM_VRUN : LLM_VRUNS;
+                    for (int g0 = 0; g0 < nq; g0 += 3)
+                        llm_weighted_rows(nq - g0 < 3 ? nq - g0 : 3, nv, k_rows + (size_t)(from - p0) * hd,
+                                          hd, to - from + 1, sc + (size_t)g0 * n_ctx + from, n_ctx, k0,
+                                          o + (size_t)g0 * hd, hd);
+                    k0 += LLM_VRUN * nv;
+                }
+#endif
+                for (int p = from; p <= to; p++) {
                     const float *v = k_rows + (size_t)(p - p0) * hd;
                     for (int g = 0; g < nq; g++) {
                         float w = sc[(size_t)g * n_ctx + p];
-                        for (int k = 0; k < hd; k++) o[(size_t)g * hd + k] += w * v[k];
+                        for (int k = k0; k < hd; k++) o[(size_t)g * hd + k] += w * v[k];
                     }
                 }
             }
@@ -13220,7 +13236,8 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *   f16 and bf16 weights llm_dot_half (tiles of up to 4 rows times 3 tokens, 6 with AVX-512)
  *   the row kernels      llm_exp_avx2 (glibc's expf, bit for bit; the sampler's too), llm_max_avx2,
  *                        llm_softmax_exp_avx2, llm_swiglu_avx2, llm_f16_store_avx2 (the KV cache in f16),
- *                        llm_cpu_weighted_v (attention's sum of V weighted by the softmax)
+ *                        llm_cpu_weighted_v and llm_weighted_rows (attention's sum of V weighted by the
+ *                        softmax, from the f16 cache and from a quantized cache's converted rows)
  *   the sampler's rows   llm_sampler_weights_avx2, llm_sampler_normalize_avx2 (section 8)
  * The hook: section 7 (1 and 8 for theirs) declares each kernel (a prototype under #ifdef LLM_CPU_SIMD, or
  * LLM_AVX2: the same test) just before the plain-C function that calls it, and that function is the
@@ -14362,6 +14379,42 @@ static void llm_cpu_weighted_v(const llm_cpu *c, int ng, int nv, int index, cons
 #endif
     }
 #undef LLM_WEIGHTED_V
+}
+/* o += sum_p w_p v_p over n_rows f32 rows (a quantized cache's rows, converted), for ng heads and nv runs
+ * from i0: o loaded into registers, each row's product added in turn, stored once: the plain loop's bits */
+static inline __attribute__((always_inline)) void llm_weighted_rows_tile(int ng, int nv, const float *rows,
+                                                                        int64_t row_stride, int n_rows,
+                                                                        const float *w, int64_t w_stride,
+                                                                        int i0, float *o, int hd) {
+    llm_vrun acc[3][LLM_VRUNS];
+    for (int g = 0; g < ng; g++)
+        for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_load(0, o + (size_t)g * hd + i0 + LLM_VRUN * j);
+    for (int p = 0; p < n_rows; p++, rows += row_stride) {
+        llm_vrun v[LLM_VRUNS];
+        for (int j = 0; j < nv; j++) v[j] = llm_vrun_load(0, rows + i0 + LLM_VRUN * j);
+        for (int g = 0; g < ng; g++) {
+            llm_vrun wg = llm_vrun_set1(w[g * w_stride + p]);
+            for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_add(acc[g][j], llm_vrun_mul(wg, v[j]));
+        }
+    }
+    for (int g = 0; g < ng; g++)
+        for (int j = 0; j < nv; j++) llm_vrun_store(o + (size_t)g * hd + i0 + LLM_VRUN * j, acc[g][j]);
+}
+static void llm_weighted_rows(int ng, int nv, const float *rows, int64_t row_stride, int n_rows,
+                              const float *w, int64_t w_stride, int i0, float *o, int hd) {
+#define LLM_WEIGHTED_ROWS(G, V)                                                                          \
+    case (G) * 4 + (V):                                                                                      \
+        llm_weighted_rows_tile(G, V, rows, row_stride, n_rows, w, w_stride, i0, o, hd);                      \
+        return;
+    switch (ng * 4 + nv) {
+    LLM_WEIGHTED_ROWS(1, 1) LLM_WEIGHTED_ROWS(1, 2) LLM_WEIGHTED_ROWS(1, 3) LLM_WEIGHTED_ROWS(2, 1)
+    LLM_WEIGHTED_ROWS(2, 2) LLM_WEIGHTED_ROWS(2, 3) LLM_WEIGHTED_ROWS(3, 1) LLM_WEIGHTED_ROWS(3, 2)
+    LLM_WEIGHTED_ROWS(3, 3)
+#if LLM_VRUNS == 4
+    LLM_WEIGHTED_ROWS(1, 4) LLM_WEIGHTED_ROWS(2, 4) LLM_WEIGHTED_ROWS(3, 4)
+#endif
+    }
+#undef LLM_WEIGHTED_ROWS
 }
 #endif /* LLM_AVX2 */
 

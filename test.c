@@ -2469,6 +2469,28 @@ static void test_kv_quant_blocks(void) {
         if (llm_round_away(v) != (int)roundf(v)) { wrong++; worst = v; }
     }
     CHECK(!wrong, "llm_round_away is roundf: %d differ (%.9g)", wrong, worst);
+#ifdef LLM_CPU_SIMD
+    /* the quantized cache's weighted V sum (llm_weighted_rows: o in registers over a block's converted rows)
+     * is the plain loop's, bit for bit: every tile of 1 to 3 heads and 1 to LLM_VRUNS runs, 1 to 16 rows */
+    enum { HD = 128, ROWS = 16 };
+    static float rows[ROWS * HD], w[3 * ROWS], o_simd[3 * HD], o_plain[3 * HD];
+    for (int i = 0; i < ROWS * HD; i++) rows[i] = sinf(0.37f * (float)i) * 1.7f;
+    for (int i = 0; i < 3 * ROWS; i++) w[i] = cosf(0.91f * (float)i) * 0.25f + 0.3f;
+    int tiles_bad = 0;
+    for (int ng = 1; ng <= 3; ng++)
+        for (int nv = 1; nv <= LLM_VRUNS; nv++)
+            for (int n_rows = 1; n_rows <= ROWS; n_rows += 5) {
+                int i0 = HD - LLM_VRUN * nv; /* the runs end at the head's end */
+                for (int i = 0; i < 3 * HD; i++) o_simd[i] = o_plain[i] = 0.01f * (float)(i % 17) - 0.05f;
+                llm_weighted_rows(ng, nv, rows, HD, n_rows, w, ROWS, i0, o_simd, HD);
+                for (int p = 0; p < n_rows; p++)
+                    for (int g = 0; g < ng; g++)
+                        for (int k = i0; k < i0 + LLM_VRUN * nv; k++)
+                            o_plain[g * HD + k] += w[g * ROWS + p] * rows[p * HD + k];
+                if (memcmp(o_simd, o_plain, sizeof o_simd)) tiles_bad++;
+            }
+    CHECK(!tiles_bad, "llm_weighted_rows is the plain loop bit for bit: %d tiles differ", tiles_bad);
+#endif
 }
 
 /* The pool in the same bytes (--kv-gib 0.0625) by the cache's type, on SmolLM2 (30 layers, 3 K/V heads of
