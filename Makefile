@@ -13,6 +13,12 @@
 #                 It runs the core's tests on llm-test-core too (make test-core): llm.h built without its
 #                 optional layers (LLM_NO_GRAMMAR, LLM_NO_SIMD: the plain-C path, what the SIMD kernels are
 #                 checked against and what a CPU without AVX2 runs)
+# make test-variants  the kernels' and the forward pass's tests on the builds other CPUs get, beside the
+#                 native one make test runs: -march=haswell (AVX2 without AVX-512: on an AVX-512 machine those
+#                 kernels never run otherwise), -march=x86-64 (no SIMD: a distribution's build), and 64-bit
+#                 ARM, cross-compiled with Debian's gcc-aarch64-linux-gnu and run under qemu-aarch64
+#                 (qemu-user; both installed with apt-get when missing, if run as root). ARM has no kernels of
+#                 its own yet: it runs the plain C, and these tests show that C gives the same answers there
 # make test-gpu   builds the tests with the CUDA backend and runs the GPU kernel checks (needs a GPU)
 # make test-cluster  deploy/: haproxy -c on haproxy.cfg, the Kubernetes manifests against their schemas (no
 #                 cluster: kubernetes-validate, from PyPI), then tools/cluster_test.py: three llm serve
@@ -144,13 +150,47 @@ test: llm llm-test llm-example $(if $(SANITIZE)$(TSAN),,llm-test-core) $(MODEL) 
 # never ran: its 8-bit extremes case failed unseen from ecfd37f on)
 CORE_TESTS = test data,tokenizer,streaming detokenizer,gguf values,references,paged forward,weight types,\
 	quant,mxfp4,RoPE,sampler,block manager,batch invariance,prefix cache,parallel sampling,stop conditions,\
-	abort and limits,logprobs,requests from a thread,wait for work,backend errors,token budget,chat templates,\
-	layers left out
+	abort and limits,logprobs,requests from a thread,wait for work,cpu features,backend errors,token budget,\
+	chat templates,layers left out
 llm-test-core: test.c llm.h | $(STB_H) $(NEED_CC)
 	$(SAY) "compiling llm-test-core (test.c, llm.h with LLM_NO_GRAMMAR and LLM_NO_SIMD; 30 s to 2 min)"
 	@$(CC) $(CFLAGS) -DLLM_NO_GRAMMAR -DLLM_NO_SIMD -o $@ test.c $(LDFLAGS) $(LDLIBS) -lutil
 test-core: llm-test-core $(MODEL) testdata
 	LLM_TEST="$(CORE_TESTS)" ./llm-test-core $(TESTDATA)
+
+# ---- make test-variants ------------------------------------------------------------------------------------
+# the tests that check the kernels against the plain C, and the forward pass against llama.cpp's references,
+# on other targets: each build's own kernels (or none) against the same C and the same references. The ARM
+# build is static (qemu-user then needs no ARM libraries) and armv8.2-a (dotprod: Graviton 2 on, Apple M1 on)
+VARIANT_TESTS = test data,gguf values,stories260K references,random model references,paged forward,\
+	weight types,quant dequantization,quant references,mxfp4,quant dot products,quant prefill tiles,\
+	quant fast path,kv quant blocks,sampler,batch invariance,prefix cache,cpu features
+AARCH64_CC ?= aarch64-linux-gnu-gcc
+QEMU_AARCH64 ?= qemu-aarch64
+VARIANT_FLAGS = -O2 -Wall -Wextra -Wno-missing-field-initializers -std=gnu11 -ffp-contract=off \
+                -fno-math-errno -fopenmp -I$(STB_INC) -I.
+llm-test-haswell: test.c llm.h | $(STB_H)
+	$(SAY) "compiling llm-test-haswell (test.c, llm.h, -march=haswell: AVX2 alone)"
+	@$(CC) $(VARIANT_FLAGS) -march=haswell -o $@ test.c -lm -lpthread -lutil
+llm-test-x86-64: test.c llm.h | $(STB_H)
+	$(SAY) "compiling llm-test-x86-64 (test.c, llm.h, -march=x86-64: no SIMD)"
+	@$(CC) $(VARIANT_FLAGS) -march=x86-64 -o $@ test.c -lm -lpthread -lutil
+llm-test-aarch64: test.c llm.h | $(STB_H) aarch64-installed
+	$(SAY) "compiling llm-test-aarch64 (test.c, llm.h, for 64-bit ARM with $(AARCH64_CC))"
+	@$(AARCH64_CC) $(VARIANT_FLAGS) -march=armv8.2-a+dotprod -static -o $@ test.c -lm -lpthread -lutil
+aarch64-installed:
+	@if command -v $(AARCH64_CC) >/dev/null && command -v $(QEMU_AARCH64) >/dev/null; then exit 0; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "make: $(AARCH64_CC) or $(QEMU_AARCH64) is missing: install Debian's gcc-aarch64-linux-gnu" \
+	         "and qemu-user" >&2; exit 1; \
+	fi; \
+	echo "make: installing gcc-aarch64-linux-gnu and qemu-user with apt-get (a cross compiler: a minute)" >&2; \
+	$(call APT_INSTALL,gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user) || \
+	    { echo "make: apt-get install gcc-aarch64-linux-gnu qemu-user failed (above)" >&2; exit 1; }
+test-variants: llm-test-haswell llm-test-x86-64 llm-test-aarch64 $(MODEL) testdata
+	LLM_TEST="$(VARIANT_TESTS)" ./llm-test-haswell $(TESTDATA)
+	LLM_TEST="$(VARIANT_TESTS)" ./llm-test-x86-64 $(TESTDATA)
+	LLM_TEST="$(VARIANT_TESTS)" $(QEMU_AARCH64) ./llm-test-aarch64 $(TESTDATA)
 
 # the random-weight models too large to keep in git (108 MB), written once from a fixed seed with the gguf
 # package and checked against the sums of the files llama.cpp's references were made on (testdata/README.md);
@@ -218,7 +258,8 @@ llm-test-gpu: test.c llm.h llm_cuda.o | $(STB_H)
 test-gpu: llm-test-gpu
 	./llm-test-gpu --gpu $(TESTDATA)
 
-.PHONY: all test test-gpu test-core testdata model model-gemma3 run clean fuzz test-cluster haproxy-installed
+.PHONY: all test test-gpu test-core test-variants aarch64-installed testdata model model-gemma3 run clean \
+        fuzz test-cluster haproxy-installed
 
 # ---- make test-cluster -------------------------------------------------------------------------------------
 # the config as shipped, in both of its forms (replicas listed; replicas from DNS, as deploy/k8s runs it); the
@@ -244,7 +285,8 @@ haproxy-installed:
 
 # the model stays (make clean never deletes a download), and so do testdata's generated models
 clean:
-	rm -f llm llm-test llm-example llm-test-gpu llm-test-core llm_cuda.o $(FUZZ_ALL:%=fuzz/fuzz_%)
+	rm -f llm llm-test llm-example llm-test-gpu llm-test-core llm-test-haswell llm-test-x86-64 llm-test-aarch64 \
+	      llm_cuda.o $(FUZZ_ALL:%=fuzz/fuzz_%)
 
 # ---- make fuzz ---------------------------------------------------------------------------------------------
 # libFuzzer targets (fuzz/fuzz_*.c), as llama.cpp's and OSS-Fuzz's: the GGUF reader, the tokenizer, the engine

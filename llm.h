@@ -1080,7 +1080,8 @@ void llm_chat_reply_free(llm_chat_reply *reply);
 #endif
 /* The SIMD layer: x86 kernels beside the plain C, which stays the reference they are tested against. They
  * are compiled where the compiler was told the target (-march=native), and never with LLM_NO_SIMD: the
- * macros below are the only test of the CPU's features in this file. */
+ * macros below choose the kernels; at run time the CPU backend only checks that the CPU has what the build
+ * was told of (llm_cpu_missing_feature, section 7). */
 #if !defined(LLM_NO_SIMD) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LLM_AVX2 1
 #include <immintrin.h>
@@ -6904,11 +6905,70 @@ static int llm_cpu_set_kv_dtype(llm_backend *be, int dtype, char *err) {
     return 0;
 }
 
+/* A binary built for one CPU (-march=native) and run on another that lacks a feature the compiler was told
+ * of dies of an illegal instruction in its first product, or anywhere the compiler vectorized a loop. The CPU
+ * backend asks the CPU first (GCC's and Clang's __builtin_cpu_supports, which takes only a literal: hence the
+ * calls one by one) and refuses to start, naming what is missing. has is that question (a test's stand-in
+ * too); NULL when the CPU has everything the build needs (always off x86) */
+static int llm_cpu_supports(const char *feature) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LLM_CPU_FEATURE(name) if (!strcmp(feature, name)) return __builtin_cpu_supports(name);
+    LLM_CPU_FEATURE("avx2") LLM_CPU_FEATURE("fma") LLM_CPU_FEATURE("f16c") LLM_CPU_FEATURE("bmi2")
+    LLM_CPU_FEATURE("avx512f") LLM_CPU_FEATURE("avx512vl") LLM_CPU_FEATURE("avx512bw")
+    LLM_CPU_FEATURE("avx512dq") LLM_CPU_FEATURE("avx512vnni")
+#undef LLM_CPU_FEATURE
+#endif
+    (void)feature;
+    return 0;
+}
+static const char *llm_cpu_missing_feature(int (*has)(const char *feature)) {
+    static const char *const built_for[] = {
+#if defined(__x86_64__)
+#ifdef __AVX2__
+        "avx2",
+#endif
+#ifdef __FMA__
+        "fma",
+#endif
+#ifdef __F16C__
+        "f16c",
+#endif
+#ifdef __BMI2__
+        "bmi2",
+#endif
+#ifdef __AVX512F__
+        "avx512f",
+#endif
+#ifdef __AVX512VL__
+        "avx512vl",
+#endif
+#ifdef __AVX512BW__
+        "avx512bw",
+#endif
+#ifdef __AVX512DQ__
+        "avx512dq",
+#endif
+#ifdef __AVX512VNNI__
+        "avx512vnni",
+#endif
+#endif
+        NULL};
+    for (int i = 0; built_for[i]; i++)
+        if (!has(built_for[i])) return built_for[i];
+    return NULL;
+}
+
 /* A CPU backend on path (enum llm_cpu_path) over the model, which it reads in place and must outlive it. The
  * KV cache holds f16 but on the exact path (set_kv_dtype may say otherwise before alloc_kv); free_memory is
  * the RAM free now; the threads are OpenMP's (OMP_NUM_THREADS, else as many as the cores, fewer while other
  * processes run: llm_cpu_threads_for_load). NULL with the reason when out of memory. */
 static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err) {
+    const char *missing = llm_cpu_missing_feature(llm_cpu_supports);
+    if (missing) {
+        llm_fail(err, "this build needs a CPU with %s, which this one lacks: build it on this machine "
+                      "(make), or for any x86-64 CPU (make ARCH=)", missing);
+        return NULL;
+    }
     llm_backend *be = (llm_backend *)calloc(1, sizeof *be);
     llm_cpu *c = (llm_cpu *)calloc(1, sizeof *c);
     if (!be || !c) { free(be); free(c); llm_fail(err, "out of memory"); return NULL; }
@@ -13224,8 +13284,9 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  * The Forward section's kernels again, in x86 vector instructions, for a build whose compiler was told that
  * its target has AVX2, FMA and F16C (-march=native on Intel CPUs since Haswell, AMD's since Zen): the
  * preamble then sets LLM_AVX2 (and LLM_AVX512F, _VL, _BW and _VNNI where the target has those too),
- * section 7 sets LLM_CPU_SIMD, and this section is compiled. Nothing tests the CPU at run time: a binary
- * built for AVX-512 needs a CPU that has it. What is here, in the order the core calls it:
+ * section 7 sets LLM_CPU_SIMD, and this section is compiled. The kernels are chosen when the file is
+ * compiled, not at run time: a binary built for AVX-512 needs a CPU that has it (the CPU backend refuses to
+ * start on one without, saying so: llm_cpu_missing_feature). What is here, in the order the core calls it:
  *   f16 and bf16 values  llm_half8 (8 values as f32), llm_half_row_avx2 (section 1's rows of them)
  *   f32 dot products     llm_dot_n_avx2 (8 running sums a vector in one register); with AVX-512,
  *                        llm_dot_pairs (two queries' sums in one 512-bit register: a prompt's attention)

@@ -5465,6 +5465,51 @@ static void test_pool_reuse(void) {
     }
 }
 
+/* A build run on a CPU without what it was built for is refused by name, not killed by an illegal
+ * instruction: this CPU runs this build (nothing missing), and a CPU lacking any one feature the compiler was
+ * told of (its own macros are the oracle) is named; one the build does not use is not asked about */
+static const char *cpu_denied;
+static int cpu_has_but_denied(const char *feature) {
+    return strcmp(feature, cpu_denied) && llm_cpu_supports(feature);
+}
+static void test_cpu_features(void) {
+    const char *missing = llm_cpu_missing_feature(llm_cpu_supports);
+    CHECK(!missing, "this CPU runs this build: %s missing", missing ? missing : "");
+    static const struct { const char *name; int built_for; } features[] = {
+        {"avx2", 0
+#if defined(__x86_64__) && defined(__AVX2__)
+                 + 1
+#endif
+        },
+        {"fma", 0
+#if defined(__x86_64__) && defined(__FMA__)
+                + 1
+#endif
+        },
+        {"avx512f", 0
+#if defined(__x86_64__) && defined(__AVX512F__)
+                    + 1
+#endif
+        },
+        {"avx512vnni", 0
+#if defined(__x86_64__) && defined(__AVX512VNNI__)
+                       + 1
+#endif
+        },
+        {"sse4_2", 0}, /* asked about by no build: never named */
+    };
+    char named[64] = "";
+    for (size_t i = 0; i < sizeof features / sizeof features[0]; i++) {
+        cpu_denied = features[i].name;
+        const char *m = llm_cpu_missing_feature(cpu_has_but_denied);
+        CHECK(features[i].built_for ? m && !strcmp(m, features[i].name) : !m,
+              "a CPU without %s (the build %s it): %s named", features[i].name,
+              features[i].built_for ? "uses" : "does not use", m ? m : "nothing");
+        if (m) snprintf(named + strlen(named), sizeof named - strlen(named), " %s", m);
+    }
+    printf("  a CPU without one of these is refused by this build:%s\n", named[0] ? named : " (none)");
+}
+
 static void test_backend_errors(void) {
     int n_cases;
     ref_case *cases = stories_cases(&n_cases);
@@ -13474,7 +13519,8 @@ int main(int argc, char **argv) {
         {"logprobs", test_logprobs}, {"prompt logprobs", test_prompt_logprobs},
         {"requests from a thread", test_threads}, {"user pointers", test_user_pointers},
         {"wait for work", test_wait},
-        {"backend errors", test_backend_errors}, {"sample step", test_sample_step},
+        {"cpu features", test_cpu_features}, {"backend errors", test_backend_errors},
+        {"sample step", test_sample_step},
         {"token budget per backend", test_backend_budget}, {"KV pool reuse", test_pool_reuse},
         {"KV pool beside a draft model", test_draft_pool_memory},
         {"llm command", test_cli}, {"llm.h's example", test_docs_example},
