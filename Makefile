@@ -18,7 +18,8 @@
 #                 kernels never run otherwise), -march=x86-64 (no SIMD: a distribution's build), and 64-bit
 #                 ARM, cross-compiled with Debian's gcc-aarch64-linux-gnu and run under qemu-aarch64
 #                 (qemu-user; both installed with apt-get when missing, if run as root). ARM has no kernels of
-#                 its own yet: it runs the plain C, and these tests show that C gives the same answers there
+#                 its own yet (but half floats' fcvt): it runs the plain C, and these tests show that it gives
+#                 the same answers there
 # make test-gpu   builds the tests with the CUDA backend and runs the GPU kernel checks (needs a GPU)
 # make test-cluster  deploy/: haproxy -c on haproxy.cfg, the Kubernetes manifests against their schemas (no
 #                 cluster: kubernetes-validate, from PyPI), then tools/cluster_test.py: three llm serve
@@ -148,10 +149,10 @@ test: llm llm-test llm-example $(if $(SANITIZE)$(TSAN),,llm-test-core) $(MODEL) 
 # tests run on it: one fails here if the core starts to depend on a layer. It is the plain-C path's own build
 # too (llm-test checks the SIMD path against this C on every build, but the plain C's own tests otherwise
 # never ran: its 8-bit extremes case failed unseen from ecfd37f on)
-CORE_TESTS = test data,tokenizer,streaming detokenizer,gguf values,references,paged forward,weight types,\
-	quant,mxfp4,RoPE,sampler,block manager,batch invariance,prefix cache,parallel sampling,stop conditions,\
-	abort and limits,logprobs,requests from a thread,wait for work,cpu features,backend errors,token budget,\
-	chat templates,layers left out
+CORE_TESTS = test data,tokenizer,streaming detokenizer,gguf values,references,paged forward,half floats,\
+	weight types,quant,mxfp4,RoPE,sampler,block manager,batch invariance,prefix cache,parallel sampling,\
+	stop conditions,abort and limits,logprobs,requests from a thread,wait for work,cpu features,\
+	backend errors,token budget,chat templates,layers left out
 llm-test-core: test.c llm.h | $(STB_H) $(NEED_CC)
 	$(SAY) "compiling llm-test-core (test.c, llm.h with LLM_NO_GRAMMAR and LLM_NO_SIMD; 30 s to 2 min)"
 	@$(CC) $(CFLAGS) -DLLM_NO_GRAMMAR -DLLM_NO_SIMD -o $@ test.c $(LDFLAGS) $(LDLIBS) -lutil
@@ -163,7 +164,7 @@ test-core: llm-test-core $(MODEL) testdata
 # on other targets: each build's own kernels (or none) against the same C and the same references. The ARM
 # build is static (qemu-user then needs no ARM libraries) and armv8.2-a (dotprod: Graviton 2 on, Apple M1 on)
 VARIANT_TESTS = test data,gguf values,stories260K references,random model references,paged forward,\
-	weight types,quant dequantization,quant references,mxfp4,quant dot products,quant prefill tiles,\
+	half floats,weight types,quant dequantization,quant references,mxfp4,quant dot products,quant prefill tiles,\
 	quant fast path,kv quant blocks,sampler,batch invariance,prefix cache,cpu features
 AARCH64_CC ?= aarch64-linux-gnu-gcc
 QEMU_AARCH64 ?= qemu-aarch64

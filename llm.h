@@ -1098,6 +1098,11 @@ void llm_chat_reply_free(llm_chat_reply *reply);
 #define LLM_AVX512VNNI 1
 #endif
 #endif
+/* 64-bit ARM converts half floats in one instruction (fcvt, through the compiler's __fp16), which the
+ * compiler also vectorizes in the loops over rows of them (fcvtl): no kernels of its own yet */
+#if !defined(LLM_NO_SIMD) && defined(__aarch64__)
+#define LLM_ARM64 1
+#endif
 #ifndef LLM_NO_STB_DS_IMPLEMENTATION
 #define STB_DS_IMPLEMENTATION
 #endif
@@ -1118,6 +1123,10 @@ static int llm_str_eq(llm_str s, const char *c) {
 static float llm_f16_to_f32(uint16_t h) {
 #if defined(LLM_AVX2)
     return _cvtsh_ss(h); /* the same value, in one instruction */
+#elif defined(LLM_ARM64)
+    __fp16 v;
+    memcpy(&v, &h, 2);
+    return (float)v;
 #else
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
     if (exp == 0) {
@@ -1141,6 +1150,14 @@ static float llm_half_to_f32(uint32_t type, uint16_t h) {
     return type == LLM_F16 ? llm_f16_to_f32(h) : llm_bf16_to_f32(h);
 }
 static uint16_t llm_f32_to_f16(float f) { /* round to nearest even */
+#if defined(LLM_AVX2)
+    return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); /* the same bits, in one instruction */
+#elif defined(LLM_ARM64)
+    __fp16 v = (__fp16)f; /* fcvt: to nearest even, the default rounding */
+    uint16_t h;
+    memcpy(&h, &v, 2);
+    return h;
+#else
     uint32_t x; memcpy(&x, &f, 4);
     uint32_t sign = (x >> 16) & 0x8000, exp = (x >> 23) & 0xff, mant = x & 0x7fffff;
     if (exp == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 | mant >> 13 : 0)); /* as F16C's */
@@ -1157,6 +1174,7 @@ static uint16_t llm_f32_to_f16(float f) { /* round to nearest even */
     uint32_t half = sign | ((uint32_t)e << 10) | (mant >> 13), rem = mant & 0x1fff;
     if (rem > 0x1000 || (rem == 0x1000 && (half & 1))) half++; /* may carry into the exponent: still right */
     return (uint16_t)half;
+#endif
 }
 
 /* splitmix64: the random numbers of dummy weights and of sampling, and the mixing step of block hashes */

@@ -1542,6 +1542,43 @@ static float expf_ref(float x) {
     return (float)(y * s);
 }
 
+/* Half floats both ways (llm_f16_to_f32 and llm_f32_to_f16: F16C's instructions on x86, fcvt on ARM, the
+ * plain C in a build without SIMD) against their definition: each of the 65,536 halves to its value ((-1)^s
+ * 2^(e-15) (1 + m / 1024), subnormals 2^-14 m / 1024, infinities, NaNs), each finite half back from its
+ * value, each midpoint between neighbours to the even one (65520, between the largest half and 2^16, to
+ * infinity), and the floats either side of a midpoint to the nearer half */
+static double half_value(uint32_t h) { /* h's magnitude; 0x7c00 (infinity) as 2^16, the next step's value */
+    uint32_t e = (h >> 10) & 31, m = h & 1023;
+    return e == 31 ? ldexp(1, 16) : e ? ldexp(1 + m / 1024.0, (int)e - 15) : ldexp(m / 1024.0, -14);
+}
+static void test_half_conversion(void) {
+    int bad_value = 0, bad_back = 0, bad_mid = 0;
+    uint32_t first = 0x10000;
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        uint32_t negative = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+        float f = llm_f16_to_f32((uint16_t)h);
+        double value = negative ? -half_value(h) : half_value(h);
+        int ok = (e == 31 ? (m ? isnan(f) : isinf(f)) : (double)f == value) && !signbit(f) == !negative;
+        if (!ok) { bad_value++; if (first > h) first = h; }
+        if (e == 31) continue;
+        if (llm_f32_to_f16(f) != h) { bad_back++; if (first > h) first = h; }
+        double lo = half_value(h), hi = half_value(h + 1), sign = negative ? -1 : 1;
+        float mid = (float)(sign * (lo + hi) / 2); /* exact: 12 significant bits */
+        uint16_t even = (uint16_t)(h & 1 ? h + 1 : h);
+        if (llm_f32_to_f16(mid) != even || llm_f32_to_f16(nextafterf(mid, 0)) != h ||
+            llm_f32_to_f16(nextafterf(mid, (float)(sign * 1e9))) != h + 1) {
+            bad_mid++;
+            if (first > h) first = h;
+        }
+    }
+    CHECK(!bad_value && !bad_back && !bad_mid,
+          "half floats: %d values, %d round trips, %d midpoints wrong (the first at 0x%04x)", bad_value,
+          bad_back, bad_mid, first);
+    CHECK(llm_f32_to_f16(1e9f) == 0x7c00 && llm_f32_to_f16(-1e-9f) == 0x8000 &&
+          (llm_f32_to_f16(NAN) & 0x7e00) == 0x7e00, "half floats: overflow, underflow, NaN: %04x %04x %04x",
+          llm_f32_to_f16(1e9f), llm_f32_to_f16(-1e-9f), llm_f32_to_f16(NAN));
+}
+
 static void test_weight_types(void) {
     /* exact values */
     uint8_t row[64];
@@ -13492,7 +13529,7 @@ int main(int argc, char **argv) {
         {"RoPE factors (Llama 3.1, Phi-3.5)", test_rope_factors},
         {"RoPE as frequencies (llm.cu's)", test_rope_freqs},
         {"paged forward", test_paged_forward_models},
-        {"weight types", test_weight_types},
+        {"half floats", test_half_conversion}, {"weight types", test_weight_types},
         {"quant dequantization", test_quant_dequant}, {"quant references", test_quant_reference},
         {"mxfp4", test_mxfp4},
         {"quant dot products", test_quant_dots}, {"quant prefill tiles", test_quant_tiles},
