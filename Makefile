@@ -17,9 +17,8 @@
 #                 native one make test runs: -march=haswell (AVX2 without AVX-512: on an AVX-512 machine those
 #                 kernels never run otherwise), -march=x86-64 (no SIMD: a distribution's build), and 64-bit
 #                 ARM, cross-compiled with Debian's gcc-aarch64-linux-gnu and run under qemu-aarch64
-#                 (qemu-user; both installed with apt-get when missing, if run as root). ARM has no kernels of
-#                 its own yet (but half floats' fcvt): it runs the plain C, and these tests show that it gives
-#                 the same answers there
+#                 (qemu-user; both installed with apt-get when missing, if run as root): ARM's NEON kernels
+#                 (the fast path's q8_0, q4_0 and q4_1) against the plain C, and the plain C's answers there
 # make test-gpu   builds the tests with the CUDA backend and runs the GPU kernel checks (needs a GPU)
 # make test-cluster  deploy/: haproxy -c on haproxy.cfg, the Kubernetes manifests against their schemas (no
 #                 cluster: kubernetes-validate, from PyPI), then tools/cluster_test.py: three llm serve

@@ -1073,6 +1073,9 @@ void llm_chat_reply_free(llm_chat_reply *reply);
 #include <unistd.h>
 #ifdef __linux__
 #include <sys/resource.h> /* the grammar thread's priority */
+#if defined(__aarch64__)
+#include <sys/auxv.h> /* getauxval: what the CPU has (llm_cpu_supports) */
+#endif
 #include <sys/syscall.h>
 #endif
 #ifdef _OPENMP
@@ -1099,9 +1102,13 @@ void llm_chat_reply_free(llm_chat_reply *reply);
 #endif
 #endif
 /* 64-bit ARM converts half floats in one instruction (fcvt, through the compiler's __fp16), which the
- * compiler also vectorizes in the loops over rows of them (fcvtl): no kernels of its own yet */
+ * compiler also vectorizes in the loops over rows of them (fcvtl); with the dot product instructions
+ * (armv8.2-a+dotprod: Graviton 2 on, Apple M1 on) the fast path's simplest types have NEON kernels */
 #if !defined(LLM_NO_SIMD) && defined(__aarch64__)
 #define LLM_ARM64 1
+#ifdef __ARM_FEATURE_DOTPROD
+#define LLM_NEON_DOT 1
+#endif
 #endif
 #ifndef LLM_NO_STB_DS_IMPLEMENTATION
 #define STB_DS_IMPLEMENTATION
@@ -5864,12 +5871,22 @@ static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t typ
 static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type, int wide, const uint8_t *p,
                                                                    const llm_q8 *x, int64_t n_blocks,
                                                                    int64_t x_stride, int nc, float *out);
+#elif defined(LLM_NEON_DOT)
+/* On 64-bit ARM, section 14's NEON kernels for the activations' quantization and the row products of the
+ * simplest 32-value types (q8_0, q4_0, q4_1; sdot: four bytes' products into each 32-bit lane); every other
+ * type's rows are converted to f32, as in a build without SIMD, and the other kernels are plain C */
+static void llm_q8_quantize_neon(const float *x, llm_q8 *out, int64_t n, int wide);
+static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t type, int wide, const uint8_t *p,
+                                                                    const llm_q8 *x, int64_t n_blocks,
+                                                                    int64_t x_stride, int nc, float *out);
 #endif
 
 /* A row of activations quantized for the fast path: with SIMD when the build has it */
 static void llm_q8_quantize(const float *x, llm_q8 *out, int64_t n, int wide) {
 #ifdef LLM_CPU_SIMD
     llm_q8_quantize_avx2(x, out, n, wide);
+#elif defined(LLM_NEON_DOT)
+    llm_q8_quantize_neon(x, out, n, wide);
 #else
     llm_q8_quantize_ref(x, out, n, wide);
 #endif
@@ -5880,7 +5897,7 @@ static void llm_q8_quantize(const float *x, llm_q8 *out, int64_t n, int wide) {
 #define LLM_DOT_MAX_COLS 4
 static void llm_q8_dot(uint32_t type, int wide, const void *row, const llm_q8 *x, int64_t n, int64_t x_stride,
                        int nc, float *out) {
-#ifdef LLM_CPU_SIMD
+#if defined(LLM_CPU_SIMD) || defined(LLM_NEON_DOT)
     /* each call specializes the inlined loops to its type, its activations' width, and to 1 to 4 tokens: a
      * step of 2 or 3 (a few sequences decoding together, a short speculative proposal) then reads each weight
      * block once, not once per token (SmolLM2 Q4_1, one thread: 2 tokens 1.5 times one, was 1.8; 3 tokens
@@ -5893,12 +5910,17 @@ static void llm_q8_dot(uint32_t type, int wide, const void *row, const llm_q8 *x
         if (wide) { LLM_Q8_WIDTHS(T, dot, per_block, 1) } else { LLM_Q8_WIDTHS(T, dot, per_block, 0) } \
         return;
     switch (type) {
+#if defined(LLM_NEON_DOT)
+    LLM_Q8_CASE(LLM_Q8_0, llm_q8_dot32_neon, 32) LLM_Q8_CASE(LLM_Q4_0, llm_q8_dot32_neon, 32)
+    LLM_Q8_CASE(LLM_Q4_1, llm_q8_dot32_neon, 32)
+#else
     LLM_Q8_CASE(LLM_Q8_0, llm_q8_dot32_avx2, 32) LLM_Q8_CASE(LLM_Q4_0, llm_q8_dot32_avx2, 32)
     LLM_Q8_CASE(LLM_Q4_1, llm_q8_dot32_avx2, 32) LLM_Q8_CASE(LLM_Q5_0, llm_q8_dot32_avx2, 32)
     LLM_Q8_CASE(LLM_Q5_1, llm_q8_dot32_avx2, 32) LLM_Q8_CASE(LLM_Q2_K, llm_q8_dotk_avx2, 256)
     LLM_Q8_CASE(LLM_Q3_K, llm_q8_dotk_avx2, 256) LLM_Q8_CASE(LLM_Q4_K, llm_q8_dotk_avx2, 256)
     LLM_Q8_CASE(LLM_Q5_K, llm_q8_dotk_avx2, 256) LLM_Q8_CASE(LLM_Q6_K, llm_q8_dotk_avx2, 256)
     LLM_Q8_CASE(LLM_MXFP4, llm_q8_dot32_avx2, 32)
+#endif
     }
 #undef LLM_Q8_CASE
 #undef LLM_Q8_WIDTHS
@@ -5919,6 +5941,10 @@ static int llm_matmul_kind(uint32_t type, int path) {
 #ifdef LLM_CPU_SIMD
     if (path == LLM_PATH_EXACT) return LLM_ROWS_CONVERT;
     return type == LLM_F16 || type == LLM_BF16 ? LLM_ROWS_HALF : LLM_ROWS_Q8;
+#elif defined(LLM_NEON_DOT)
+    /* the types with NEON products (a prefill's too: 4 tokens a row, no packed tiles yet) */
+    int neon = type == LLM_Q8_0 || type == LLM_Q4_0 || type == LLM_Q4_1;
+    return path != LLM_PATH_EXACT && neon ? LLM_ROWS_Q8 : LLM_ROWS_CONVERT;
 #else
     (void)path;
     return LLM_ROWS_CONVERT;
@@ -6927,7 +6953,8 @@ static int llm_cpu_set_kv_dtype(llm_backend *be, int dtype, char *err) {
  * of dies of an illegal instruction in its first product, or anywhere the compiler vectorized a loop. The CPU
  * backend asks the CPU first (GCC's and Clang's __builtin_cpu_supports, which takes only a literal: hence the
  * calls one by one) and refuses to start, naming what is missing. has is that question (a test's stand-in
- * too); NULL when the CPU has everything the build needs (always off x86) */
+ * too; on 64-bit ARM Linux the kernel's hwcaps, for the dot product instructions); NULL when the CPU has
+ * everything the build needs */
 static int llm_cpu_supports(const char *feature) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LLM_CPU_FEATURE(name) if (!strcmp(feature, name)) return __builtin_cpu_supports(name);
@@ -6938,6 +6965,8 @@ static int llm_cpu_supports(const char *feature) {
     LLM_CPU_FEATURE("f16c")
 #endif
 #undef LLM_CPU_FEATURE
+#elif defined(__aarch64__) && defined(__linux__)
+    if (!strcmp(feature, "asimddp")) return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
 #endif
     (void)feature;
     return 0;
@@ -6972,6 +7001,8 @@ static const char *llm_cpu_missing_feature(int (*has)(const char *feature)) {
 #ifdef __AVX512VNNI__
         "avx512vnni",
 #endif
+#elif defined(__aarch64__) && defined(__linux__) && defined(__ARM_FEATURE_DOTPROD)
+        "asimddp",
 #endif
         NULL};
     for (int i = 0; built_for[i]; i++)
@@ -13335,6 +13366,9 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  * ("quant dot products", "quant prefill tiles"); the whole forward pass through the model references, and
  * the fast path's logits against the exact path's ("quant fast path"). make test-core builds without this
  * section (LLM_NO_SIMD) and runs the core's tests on the plain C alone.
+ * At the end, 64-bit ARM's part (LLM_NEON_DOT, with the dot product instructions): llm_q8_quantize_neon and
+ * llm_q8_dot32_neon (q8_0, q4_0, q4_1), shaped like their AVX2 twins and held to the same tests (make
+ * test-variants runs them under qemu-aarch64); every other kernel is plain C there.
  * ======================================================================================================== */
 #if defined(LLM_AVX2)
 /* ---- f16 and bf16 values (section 1's rows, the f16/bf16 tiles below) ---------------------------------- */
@@ -14499,6 +14533,122 @@ static void llm_weighted_rows(int ng, int nv, const float *rows, int64_t row_str
 #undef LLM_WEIGHTED_ROWS
 }
 #endif /* LLM_AVX2 */
+
+#if defined(LLM_NEON_DOT)
+/* ---- 64-bit ARM: NEON (section 7's fast path, its simplest types) -------------------------------------- */
+#include <arm_neon.h>
+static inline int8x16_t llm_neon_bytes(const int32x4_t v[4]) { /* 16 integers within +-127, as bytes */
+    return vcombine_s8(vmovn_s16(vcombine_s16(vmovn_s32(v[0]), vmovn_s32(v[1]))),
+                       vmovn_s16(vcombine_s16(vmovn_s32(v[2]), vmovn_s32(v[3]))));
+}
+/* llm_q8_quantize_ref, 32 values at a time: the same scale, the same rounding (vcvtnq: to nearest, ties to
+ * even, as lrintf in the default mode), the same bytes */
+static void llm_q8_quantize_neon(const float *x, llm_q8 *out, int64_t n, int wide) {
+    for (int64_t b = 0; b < n / 32; b++, x += 32) {
+        float32x4_t v[8], amax = vdupq_n_f32(0);
+        for (int i = 0; i < 8; i++) {
+            v[i] = vld1q_f32(x + 4 * i);
+            amax = vmaxq_f32(amax, vabsq_f32(v[i]));
+        }
+        float d = vmaxvq_f32(amax) / 127, inv = d > 0 ? 1 / d : 0;
+        float fine = d / 256, inv_fine = fine > 0 ? 1 / fine : 0;
+        int32x4_t q[8], r[8];
+        for (int i = 0; i < 8; i++) q[i] = vcvtnq_s32_f32(vmulq_n_f32(v[i], inv));
+        for (int h = 0; h < 2; h++) vst1q_s8(out[b].q + 16 * h, llm_neon_bytes(q + 4 * h)); /* |q| <= 127 */
+        if (wide) { /* the residual in 256ths of the step, rounded and clamped to +-127 as the reference */
+            for (int i = 0; i < 8; i++) {
+                float32x4_t rest = vsubq_f32(v[i], vmulq_n_f32(vcvtq_f32_s32(q[i]), d));
+                r[i] = vcvtnq_s32_f32(vmulq_n_f32(rest, inv_fine));
+                r[i] = vmaxq_s32(vminq_s32(r[i], vdupq_n_s32(127)), vdupq_n_s32(-127));
+                q[i] = vaddq_s32(vshlq_n_s32(q[i], 8), r[i]); /* what the sums add */
+            }
+            for (int h = 0; h < 2; h++) vst1q_s8(out[b].r + 16 * h, llm_neon_bytes(r + 4 * h));
+            for (int i = 0; i < 4; i++) /* 256 q + r in 16 bits */
+                vst1q_s16(out[b].a + 8 * i, vcombine_s16(vmovn_s32(q[2 * i]), vmovn_s32(q[2 * i + 1])));
+        } else {
+            memset(out[b].r, 0, sizeof out[b].r);
+            memset(out[b].a, 0, sizeof out[b].a);
+        }
+        out[b].d = wide ? fine : d;
+        for (int h = 0; h < 2; h++)
+            out[b].sum[h] = vaddvq_s32(vaddq_s32(vaddq_s32(q[4 * h], q[4 * h + 1]),
+                                                 vaddq_s32(q[4 * h + 2], q[4 * h + 3])));
+        out[b].s = out[b].d * (float)(out[b].sum[0] + out[b].sum[1]);
+    }
+}
+
+/* The products of one weight row with nc rows of activations, as llm_q8_dot32_avx2 takes them: a block's 32
+ * weights as signed bytes (q4_0's offset taken off; q4_1's nibbles, below 128, the same as signed bytes, its
+ * minimum added apart with the activations' sum); with 8-bit activations two sdot a block, with 16-bit ones
+ * the weights widened to 16 bits against 256 q + r (two sums of 4 products a lane: at most 4 x 128 x 32,639
+ * < 2^24 each, exact as floats, as llm_q8_block32_avx2's); even and odd blocks into two sets of
+ * accumulators */
+static inline __attribute__((always_inline)) void llm_q8_block32_neon(uint32_t type, int wide,
+                                                                      const uint8_t *p, const llm_q8 *x,
+                                                                      int64_t x_stride, int nc,
+                                                                      float32x4_t acc[4], float mins[4]) {
+    const int has_min = type == LLM_Q4_1;
+    float d = llm_f16_to_f32(*(const uint16_t *)p);
+    float m = has_min ? llm_f16_to_f32(*(const uint16_t *)(p + 2)) : 0;
+    int8x16_t w[2];
+    if (type == LLM_Q8_0) {
+        w[0] = vld1q_s8((const int8_t *)p + 2);
+        w[1] = vld1q_s8((const int8_t *)p + 18);
+    } else {
+        uint8x16_t packed = vld1q_u8(p + (has_min ? 4 : 2));
+        w[0] = vreinterpretq_s8_u8(vandq_u8(packed, vdupq_n_u8(15)));
+        w[1] = vreinterpretq_s8_u8(vshrq_n_u8(packed, 4));
+        if (type == LLM_Q4_0) {
+            w[0] = vsubq_s8(w[0], vdupq_n_s8(8));
+            w[1] = vsubq_s8(w[1], vdupq_n_s8(8));
+        }
+    }
+    if (wide) {
+        int16x8_t w16[4] = {vmovl_s8(vget_low_s8(w[0])), vmovl_s8(vget_high_s8(w[0])),
+                            vmovl_s8(vget_low_s8(w[1])), vmovl_s8(vget_high_s8(w[1]))};
+        for (int c = 0; c < nc; c++) {
+            const llm_q8 *xb = x + c * x_stride;
+            int32x4_t dot[2] = {vdupq_n_s32(0), vdupq_n_s32(0)};
+            for (int i = 0; i < 4; i++) {
+                int16x8_t a = vld1q_s16(xb->a + 8 * i);
+                dot[i / 2] = vmlal_s16(dot[i / 2], vget_low_s16(w16[i]), vget_low_s16(a));
+                dot[i / 2] = vmlal_high_s16(dot[i / 2], w16[i], a);
+            }
+            float32x4_t sum = vaddq_f32(vcvtq_f32_s32(dot[0]), vcvtq_f32_s32(dot[1]));
+            acc[c] = vfmaq_n_f32(acc[c], sum, d * xb->d);
+            if (has_min) mins[c] += m * xb->s;
+        }
+        return;
+    }
+    for (int c = 0; c < nc; c++) {
+        const llm_q8 *xb = x + c * x_stride;
+        int32x4_t dot = vdotq_s32(vdupq_n_s32(0), w[0], vld1q_s8(xb->q));
+        dot = vdotq_s32(dot, w[1], vld1q_s8(xb->q + 16));
+        acc[c] = vfmaq_n_f32(acc[c], vcvtq_f32_s32(dot), d * xb->d);
+        if (has_min) mins[c] += m * xb->s;
+    }
+}
+static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t type, int wide, const uint8_t *p,
+                                                                    const llm_q8 *x, int64_t n_blocks,
+                                                                    int64_t x_stride, int nc, float *out) {
+    const size_t bytes = type == LLM_Q8_0 ? 34 : type == LLM_Q4_0 ? 18 : 20;
+    float32x4_t even[4], odd[4];
+    float mins_even[4], mins_odd[4];
+    for (int c = 0; c < nc; c++) {
+        even[c] = odd[c] = vdupq_n_f32(0);
+        mins_even[c] = mins_odd[c] = 0;
+    }
+    int64_t b = 0;
+    for (; b + 2 <= n_blocks; b += 2, p += 2 * bytes) {
+        __builtin_prefetch(p + 2048);
+        llm_q8_block32_neon(type, wide, p, x + b, x_stride, nc, even, mins_even);
+        llm_q8_block32_neon(type, wide, p + bytes, x + b + 1, x_stride, nc, odd, mins_odd);
+    }
+    if (b < n_blocks) llm_q8_block32_neon(type, wide, p, x + b, x_stride, nc, even, mins_even);
+    for (int c = 0; c < nc; c++)
+        out[c] = vaddvq_f32(vaddq_f32(even[c], odd[c])) + (mins_even[c] + mins_odd[c]);
+}
+#endif /* LLM_NEON_DOT */
 
 
 /* ===========================================================================================================

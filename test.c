@@ -1941,17 +1941,21 @@ static void quant_dots_check(int wide) {
     }
     CHECK(worst <= (wide ? 1.0001f : 0.5001f) && sums_ok, "%s activations: off by %g of a step, sums %s",
           width, worst, sums_ok ? "right" : "wrong");
-#ifdef LLM_CPU_SIMD
+#if defined(LLM_CPU_SIMD) || defined(LLM_NEON_DOT)
     { /* the SIMD quantization gives the same bytes, ties and a block of zeros included */
         llm_q8 simd[N / 32];
         for (int i = 0; i < N; i++)
             x[i] = i < 32 ? 0 : i == 32 ? 127 : i < 64 ? (float)(i % 8) + 0.5f /* scale 1: halves tie */
                                                        : (float)((int)(llm_splitmix64(&rng) % 2001) - 1000);
         llm_q8_quantize_ref(x, xq, N, wide);
-        llm_q8_quantize_avx2(x, simd, N, wide);
+        llm_q8_quantize(x, simd, N, wide);
         CHECK(!memcmp(xq, simd, sizeof simd), "%s activations: the SIMD quantization differs", width);
     }
+#ifdef LLM_CPU_SIMD
     printf("  (SIMD dot products: %s, %s activations)\n", LLM_CPU_SIMD, width);
+#else
+    printf("  (SIMD dot products: NEON for q8_0, q4_0 and q4_1, %s activations)\n", width);
+#endif
 #else
     printf("  (no SIMD in this build: quantized rows are converted to f32, as the exact path does)\n");
 #endif
@@ -5533,9 +5537,14 @@ static void test_cpu_features(void) {
                        + 1
 #endif
         },
+        {"asimddp", 0
+#if defined(__aarch64__) && defined(__linux__) && defined(__ARM_FEATURE_DOTPROD)
+                    + 1
+#endif
+        },
         {"sse4_2", 0}, /* asked about by no build: never named */
     };
-    char named[64] = "";
+    char named[80] = "";
     for (size_t i = 0; i < sizeof features / sizeof features[0]; i++) {
         cpu_denied = features[i].name;
         const char *m = llm_cpu_missing_feature(cpu_has_but_denied);
