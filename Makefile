@@ -18,7 +18,7 @@
 #                 kernels never run otherwise), -march=x86-64 (no SIMD: a distribution's build), and 64-bit
 #                 ARM, cross-compiled with Debian's gcc-aarch64-linux-gnu and run under qemu-aarch64
 #                 (qemu-user; both installed with apt-get when missing, if run as root): ARM's NEON kernels
-#                 (the fast path's q8_0, q4_0 and q4_1) against the plain C, and the plain C's answers there
+#                 (the fast path's q8_0, q4_0, q4_1, k-quants) against the plain C, and the plain C's answers
 # make test-gpu   builds the tests with the CUDA backend and runs the GPU kernel checks (needs a GPU)
 # make test-cluster  deploy/: haproxy -c on haproxy.cfg, the Kubernetes manifests against their schemas (no
 #                 cluster: kubernetes-validate, from PyPI), then tools/cluster_test.py: three llm serve

@@ -5872,13 +5872,16 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
                                                                    const llm_q8 *x, int64_t n_blocks,
                                                                    int64_t x_stride, int nc, float *out);
 #elif defined(LLM_NEON_DOT)
-/* On 64-bit ARM, section 14's NEON kernels for the activations' quantization and the row products of the
- * simplest 32-value types (q8_0, q4_0, q4_1; sdot: four bytes' products into each 32-bit lane); every other
- * type's rows are converted to f32, as in a build without SIMD, and the other kernels are plain C */
+/* On 64-bit ARM, section 14's NEON kernels for the activations' quantization and the row products of q8_0,
+ * q4_0, q4_1 and the k-quants (sdot: four bytes' products into each 32-bit lane); every other type's rows
+ * are converted to f32, as in a build without SIMD, and the other kernels are plain C */
 static void llm_q8_quantize_neon(const float *x, llm_q8 *out, int64_t n, int wide);
 static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t type, int wide, const uint8_t *p,
                                                                     const llm_q8 *x, int64_t n_blocks,
                                                                     int64_t x_stride, int nc, float *out);
+static inline __attribute__((always_inline)) void llm_q8_dotk_neon(uint32_t type, int wide, const uint8_t *p,
+                                                                   const llm_q8 *x, int64_t n_blocks,
+                                                                   int64_t x_stride, int nc, float *out);
 #endif
 
 /* A row of activations quantized for the fast path: with SIMD when the build has it */
@@ -5912,7 +5915,9 @@ static void llm_q8_dot(uint32_t type, int wide, const void *row, const llm_q8 *x
     switch (type) {
 #if defined(LLM_NEON_DOT)
     LLM_Q8_CASE(LLM_Q8_0, llm_q8_dot32_neon, 32) LLM_Q8_CASE(LLM_Q4_0, llm_q8_dot32_neon, 32)
-    LLM_Q8_CASE(LLM_Q4_1, llm_q8_dot32_neon, 32)
+    LLM_Q8_CASE(LLM_Q4_1, llm_q8_dot32_neon, 32) LLM_Q8_CASE(LLM_Q2_K, llm_q8_dotk_neon, 256)
+    LLM_Q8_CASE(LLM_Q3_K, llm_q8_dotk_neon, 256) LLM_Q8_CASE(LLM_Q4_K, llm_q8_dotk_neon, 256)
+    LLM_Q8_CASE(LLM_Q5_K, llm_q8_dotk_neon, 256) LLM_Q8_CASE(LLM_Q6_K, llm_q8_dotk_neon, 256)
 #else
     LLM_Q8_CASE(LLM_Q8_0, llm_q8_dot32_avx2, 32) LLM_Q8_CASE(LLM_Q4_0, llm_q8_dot32_avx2, 32)
     LLM_Q8_CASE(LLM_Q4_1, llm_q8_dot32_avx2, 32) LLM_Q8_CASE(LLM_Q5_0, llm_q8_dot32_avx2, 32)
@@ -5943,7 +5948,8 @@ static int llm_matmul_kind(uint32_t type, int path) {
     return type == LLM_F16 || type == LLM_BF16 ? LLM_ROWS_HALF : LLM_ROWS_Q8;
 #elif defined(LLM_NEON_DOT)
     /* the types with NEON products (a prefill's too: 4 tokens a row, no packed tiles yet) */
-    int neon = type == LLM_Q8_0 || type == LLM_Q4_0 || type == LLM_Q4_1;
+    int neon = type == LLM_Q8_0 || type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q2_K ||
+               type == LLM_Q3_K || type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q6_K;
     return path != LLM_PATH_EXACT && neon ? LLM_ROWS_Q8 : LLM_ROWS_CONVERT;
 #else
     (void)path;
@@ -13366,9 +13372,10 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  * ("quant dot products", "quant prefill tiles"); the whole forward pass through the model references, and
  * the fast path's logits against the exact path's ("quant fast path"). make test-core builds without this
  * section (LLM_NO_SIMD) and runs the core's tests on the plain C alone.
- * At the end, 64-bit ARM's part (LLM_NEON_DOT, with the dot product instructions): llm_q8_quantize_neon and
- * llm_q8_dot32_neon (q8_0, q4_0, q4_1), shaped like their AVX2 twins and held to the same tests (make
- * test-variants runs them under qemu-aarch64); every other kernel is plain C there.
+ * At the end, 64-bit ARM's part (LLM_NEON_DOT, with the dot product instructions): llm_q8_quantize_neon,
+ * llm_q8_dot32_neon (q8_0, q4_0, q4_1) and llm_q8_dotk_neon (the k-quants), shaped like their AVX2 twins
+ * and held to the same tests (make test-variants runs them under qemu-aarch64); every other kernel is plain
+ * C there.
  * ======================================================================================================== */
 #if defined(LLM_AVX2)
 /* ---- f16 and bf16 values (section 1's rows, the f16/bf16 tiles below) ---------------------------------- */
@@ -14647,6 +14654,87 @@ static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t typ
     if (b < n_blocks) llm_q8_block32_neon(type, wide, p, x + b, x_stride, nc, even, mins_even);
     for (int c = 0; c < nc; c++)
         out[c] = vaddvq_f32(vaddq_f32(even[c], odd[c])) + (mins_even[c] + mins_odd[c]);
+}
+
+/* The k-quants' 256-value blocks, as llm_q8_dotk_avx2 takes them: per group of 32, the stored values
+ * (unsigned, below 128: signed bytes all the same) times the activations with sdot, per half of 16 times its
+ * sub-block's scale in integers, then by d and the group's activation scale (even and odd groups into two
+ * sets of accumulators); the offsets and minimums meet the activations' half sums once per block */
+static inline void llm_neon_field(const uint8_t *p, int shift, uint8_t mask, uint8x16_t out[2]) {
+    int8x16_t s = vdupq_n_s8((int8_t)-shift); /* 32 bytes >> shift & mask */
+    out[0] = vandq_u8(vshlq_u8(vld1q_u8(p), s), vdupq_n_u8(mask));
+    out[1] = vandq_u8(vshlq_u8(vld1q_u8(p + 16), s), vdupq_n_u8(mask));
+}
+static inline void llm_neon_groupk(uint32_t type, const uint8_t *p, int g, int8x16_t w[2]) {
+    uint8x16_t a[2], b[2]; /* group g's 32 stored values, as llm_avx2_group reads them */
+    switch (type) {
+    case LLM_Q2_K: llm_neon_field(p + 16 + g / 4 * 32, 2 * (g % 4), 3, a); break;
+    case LLM_Q3_K:
+        llm_neon_field(p + 32 + g / 4 * 32, 2 * (g % 4), 3, a);
+        llm_neon_field(p, g, 1, b);
+        for (int h = 0; h < 2; h++) a[h] = vorrq_u8(a[h], vshlq_n_u8(b[h], 2));
+        break;
+    case LLM_Q4_K: llm_neon_field(p + 16 + g / 2 * 32, 4 * (g % 2), 15, a); break;
+    case LLM_Q5_K:
+        llm_neon_field(p + 48 + g / 2 * 32, 4 * (g % 2), 15, a);
+        llm_neon_field(p + 16, g, 1, b);
+        for (int h = 0; h < 2; h++) a[h] = vorrq_u8(a[h], vshlq_n_u8(b[h], 4));
+        break;
+    default: /* q6_K */
+        llm_neon_field(p + g / 4 * 64 + g % 2 * 32, 4 * (g % 4 / 2), 15, a);
+        llm_neon_field(p + 128 + g / 4 * 32, 2 * (g % 4), 3, b);
+        for (int h = 0; h < 2; h++) a[h] = vorrq_u8(a[h], vshlq_n_u8(b[h], 4));
+        break;
+    }
+    w[0] = vreinterpretq_s8_u8(a[0]);
+    w[1] = vreinterpretq_s8_u8(a[1]);
+}
+static inline __attribute__((always_inline)) void llm_q8_dotk_neon(uint32_t type, int wide, const uint8_t *p,
+                                                                   const llm_q8 *x, int64_t n_blocks,
+                                                                   int64_t x_stride, int nc, float *out) {
+    const int sub = type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q6_K ? 16 : 32;
+    const size_t bytes = type == LLM_Q2_K ? 84 : type == LLM_Q3_K ? 110 : type == LLM_Q4_K ? 144 :
+                         type == LLM_Q5_K ? 176 : 210;
+    float32x4_t acc[2][4];
+    float rest[4];
+    for (int c = 0; c < nc; c++) {
+        acc[0][c] = acc[1][c] = vdupq_n_f32(0);
+        rest[c] = 0;
+    }
+    llm_qblock b;
+    for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes, x += 8) {
+        for (size_t line = 0; line < bytes; line += 64) __builtin_prefetch(p + line + 2048);
+        llm_qblock_read_scales(type, p, &b);
+        for (int g = 0; g < 8; g++) {
+            int8x16_t w[2];
+            llm_neon_groupk(type, p, g, w);
+            int s0 = b.scale[g * 32 / sub], s1 = b.scale[(g * 32 + 16) / sub];
+            for (int c = 0; c < nc; c++) {
+                const llm_q8 *xg = x + c * x_stride + g;
+                int32x4_t q0 = vdotq_s32(vdupq_n_s32(0), w[0], vld1q_s8(xg->q));
+                int32x4_t q1 = vdotq_s32(vdupq_n_s32(0), w[1], vld1q_s8(xg->q + 16));
+                float32x4_t v = vcvtq_f32_s32(vmlaq_n_s32(vmulq_n_s32(q0, s0), q1, s1));
+                if (wide) { /* 256 times the q part would pass 2^31 with q6_k's scales: each to float */
+                    int32x4_t r0 = vdotq_s32(vdupq_n_s32(0), w[0], vld1q_s8(xg->r));
+                    int32x4_t r1 = vdotq_s32(vdupq_n_s32(0), w[1], vld1q_s8(xg->r + 16));
+                    v = vfmaq_n_f32(vcvtq_f32_s32(vmlaq_n_s32(vmulq_n_s32(r0, s0), r1, s1)), v, 256.0f);
+                }
+                acc[g % 2][c] = vfmaq_n_f32(acc[g % 2][c], v, xg->d * b.d);
+            }
+        }
+        for (int c = 0; c < nc; c++) { /* the offsets and minimums, with the activations' half sums */
+            const llm_q8 *xb = x + c * x_stride;
+            float r = 0;
+            for (int g = 0; g < 8; g++) {
+                int h0 = g * 32 / sub, h1 = (g * 32 + 16) / sub;
+                int offsets = xb[g].sum[0] * b.scale[h0] + xb[g].sum[1] * b.scale[h1];
+                int minimums = xb[g].sum[0] * b.min[h0] + xb[g].sum[1] * b.min[h1];
+                r += xb[g].d * ((float)offsets * (b.d * (float)b.offset) + (float)minimums * b.dmin);
+            }
+            rest[c] += r;
+        }
+    }
+    for (int c = 0; c < nc; c++) out[c] = vaddvq_f32(vaddq_f32(acc[0][c], acc[1][c])) - rest[c];
 }
 #endif /* LLM_NEON_DOT */
 
