@@ -7016,6 +7016,27 @@ static const char *llm_cpu_missing_feature(int (*has)(const char *feature)) {
     return NULL;
 }
 
+/* How far ahead of the matrix products, in bytes, section 14's kernels ask for the weight rows from memory
+ * ([0] quantized rows, [1] f16/bf16 ones: 2 to 4 times the bytes per value). A decode step reads every weight
+ * once, in one run: the CPU's own prefetchers should have each line in cache before a load asks for it, but
+ * run too little ahead on some machines. How far is best was measured per CPU, SmolLM2-135M decode on one
+ * thread (tools/decode_bandwidth.c: the products' GB/s against a plain loop's over the same bytes):
+ * - a virtualized Sapphire Rapids: 2 kB for quantized rows (Q4_K_M's products per token 21.3 ms without,
+ *   11.4 with 2 kB, 14.9 with 1 kB; 4 kB as 2), 4 kB for f16 (1.03 to 1.05 times 2 kB's speed);
+ * - a virtualized AMD EPYC (family 26, Zen 5): 8 kB for both (Q8_0 decode 1.14 to 1.17 times 2 kB's tok/s,
+ *   16 kB 1.12; F16 1.18 times 4 kB's, 16 kB 0.98, 2 kB 0.77; q4_0 to q5_1 and the k-quants alike with
+ *   any: their products are bound by the instructions, not the memory).
+ * The first for Intel's and every other CPU, the second for AMD's. Set when a CPU backend is created (each
+ * time to the same values: atomic stores, so that backends made on two threads are no data race) */
+static int llm_prefetch_ahead[2] = {2048, 4096};
+static void llm_prefetch_choose(void) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    int amd = __builtin_cpu_is("amd");
+    __atomic_store_n(&llm_prefetch_ahead[0], amd ? 8192 : 2048, __ATOMIC_RELAXED);
+    __atomic_store_n(&llm_prefetch_ahead[1], amd ? 8192 : 4096, __ATOMIC_RELAXED);
+#endif
+}
+
 /* A CPU backend on path (enum llm_cpu_path) over the model, which it reads in place and must outlive it. The
  * KV cache holds f16 but on the exact path (set_kv_dtype may say otherwise before alloc_kv); free_memory is
  * the RAM free now; the threads are OpenMP's (OMP_NUM_THREADS, else as many as the cores, fewer while other
@@ -7027,6 +7048,7 @@ static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err)
                       "(make), or for any x86-64 CPU (make ARCH=)", missing);
         return NULL;
     }
+    llm_prefetch_choose();
     llm_backend *be = (llm_backend *)calloc(1, sizeof *be);
     llm_cpu *c = (llm_cpu *)calloc(1, sizeof *c);
     if (!be || !c) { free(be); free(c); llm_fail(err, "out of memory"); return NULL; }
@@ -13502,12 +13524,10 @@ static inline __m256i llm_avx2_field(const uint8_t *p, int shift, char mask) { /
 }
 
 /* A decode step reads each weight once, from memory, in one run: loads that miss wait on DRAM unless the
- * prefetchers have fetched the line already. The hardware's run too little ahead on some machines (a
- * virtualized Sapphire Rapids: 4 GB/s out of the 14 a plain loop reads at), so the products ask for the line
- * this far ahead themselves (there, SmolLM2 Q4_K_M decode, one thread: the matrix products' time per token
- * 21.3 ms, 11.4 with 2 kB ahead, 14.9 with 1 kB, 19.0 with 256 bytes; 4 kB as 2) */
-#define LLM_PREFETCH_AHEAD 2048
-static inline void llm_prefetch(const void *p) { __builtin_prefetch((const char *)p + LLM_PREFETCH_AHEAD); }
+ * prefetchers have fetched the line already. The hardware's run too little ahead on some machines, so the
+ * products ask for the line llm_prefetch_ahead[0] bytes ahead themselves (f16/bf16 rows: [1]; section 7
+ * sets them per CPU) */
+static inline void llm_prefetch(const void *p, int ahead) { __builtin_prefetch((const char *)p + ahead); }
 
 /* The stored values of group g (values 32g..32g+31) of a block, as llm_qblock_unpack reads them; mxfp4's
  * are its table's values plus 12 (unsigned, as the others: llm_pack_offset takes the 12 back out) */
@@ -13664,8 +13684,9 @@ static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t typ
         mins_even[c] = mins_odd[c] = 0;
     }
     int64_t b = 0;
+    const int ahead = __atomic_load_n(&llm_prefetch_ahead[0], __ATOMIC_RELAXED);
     for (; b + 2 <= n_blocks; b += 2, p += 2 * bytes) {
-        llm_prefetch(p); /* a line each 64 bytes, at most */
+        llm_prefetch(p, ahead); /* a line each 64 bytes, at most */
         llm_q8_block32_avx2(type, wide, p, x + b, x_stride, nc, even, mins_even);
         llm_q8_block32_avx2(type, wide, p + bytes, x + b + 1, x_stride, nc, odd, mins_odd);
     }
@@ -13715,8 +13736,9 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
     for (int c = 0; c < nc; c++) even[c] = odd[c] = rest[c] = _mm256_setzero_ps();
     llm_qblock b;
     int32_t half_scale[2][8], half_min[2][8]; /* [half][group] */
+    const int ahead = __atomic_load_n(&llm_prefetch_ahead[0], __ATOMIC_RELAXED);
     for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes, x += 8) {
-        for (size_t line = 0; line < bytes; line += 64) llm_prefetch(p + line);
+        for (size_t line = 0; line < bytes; line += 64) llm_prefetch(p + line, ahead);
         llm_qblock_read_scales(type, p, &b);
         for (int h = 0; h < 16; h++) {
             half_scale[h % 2][h / 2] = b.scale[h * 16 / sub];
@@ -14195,12 +14217,6 @@ static inline __attribute__((always_inline)) void llm_half_run(uint32_t type, in
         for (int c = 0; c < nc; c++) sums[r][c] = _mm256_fmadd_ps(wv, xv[c], sums[r][c]);
     }
 }
-/* a 16-bit row holds 2 to 4 times the bytes of a quantized one per value: asked for from memory twice as far
- * ahead (SmolLM2 F16 decode, one thread: 1.03 to 1.05 times as fast as 2 kB ahead in the AVX2 build, 1.02 to
- * 1.04 with AVX-512) */
-static inline void llm_half_prefetch(const void *p) {
-    __builtin_prefetch((const char *)p + 2 * LLM_PREFETCH_AHEAD);
-}
 #if defined(LLM_AVX512F)
 /* AVX-512: a run of 16 values is an even run of 8 in the low half and the odd run after it in the high half,
  * so one 512-bit sum per (row, token) makes the same multiply-adds, lane by lane, as the two sums of 8: the
@@ -14221,6 +14237,7 @@ static inline __attribute__((always_inline)) int64_t llm_half_runs16(uint32_t ty
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < nc; c++) both[r][c] = _mm512_setzero_ps();
     int64_t i = 0;
+    const int ahead = __atomic_load_n(&llm_prefetch_ahead[1], __ATOMIC_RELAXED);
     for (; i + 16 <= n; i += 16) {
         __m512 xv[LLM_HALF_TOKENS];
         for (int c = 0; c < nc; c++) {
@@ -14228,7 +14245,7 @@ static inline __attribute__((always_inline)) int64_t llm_half_runs16(uint32_t ty
             __asm__("" : "+v"(xv[c])); /* in a register: else GCC loads it again for each row's product */
         }
         for (int r = 0; r < nr; r++) {
-            if (type != LLM_F32) llm_half_prefetch(LLM_HALF_AT(type, w, r * w_stride + i)); /* f32: in L2 */
+            if (type != LLM_F32) llm_prefetch(LLM_HALF_AT(type, w, r * w_stride + i), ahead); /* f32: L2 */
             __m512 wv = llm_half16(type, LLM_HALF_AT(type, w, r * w_stride + i));
             for (int c = 0; c < nc; c++) both[r][c] = _mm512_fmadd_ps(wv, xv[c], both[r][c]);
         }
@@ -14259,8 +14276,9 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
     }
 #else
     if (nr * nc <= 6) {
+        const int ahead = __atomic_load_n(&llm_prefetch_ahead[1], __ATOMIC_RELAXED);
         for (; i + 16 <= n; i += 16) { /* an even run, then an odd one */
-            for (int r = 0; r < nr; r++) llm_half_prefetch(LLM_HALF_AT(type, w, r * w_stride + i));
+            for (int r = 0; r < nr; r++) llm_prefetch(LLM_HALF_AT(type, w, r * w_stride + i), ahead);
             llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
             llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i + 8), w_stride, x + i + 8, x_stride, sums[1]);
         }

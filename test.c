@@ -1986,13 +1986,15 @@ static void quant_dots_check(int wide) {
                 xq[b].sum[0] = sum[0]; xq[b].sum[1] = sum[1];
                 xq[b].s = (float)(sum[0] + sum[1]);
             }
-            llm_dtype_dequant_row(type, row, deq, N);
+            /* rows of 1 to 16 blocks of 32 (kernels that take blocks 2 or 4 at a time end in 1 to 3) */
+            const int n = bv == 32 ? 32 * (1 + trial % (N / 32)) : N;
+            llm_dtype_dequant_row(type, row, deq, n);
             double exact = 0;
-            for (int i = 0; i < N; i++)
+            for (int i = 0; i < n; i++)
                 exact += (double)deq[i] * (wide ? 256 * xq[i / 32].q[i % 32] + xq[i / 32].r[i % 32]
                                                 : xq[i / 32].q[i % 32]);
-            float ref = llm_q8_dot_ref(type, row, xq, N, wide), fast;
-            llm_q8_dot(type, wide, row, xq, N, 0, 1, &fast);
+            float ref = llm_q8_dot_ref(type, row, xq, n, wide), fast;
+            llm_q8_dot(type, wide, row, xq, n, 0, 1, &fast);
             mismatches += ref != fast || (double)ref != exact;
             if (mismatches == 1 && (ref != fast || (double)ref != exact))
                 printf("  %s: exact %.1f, plain C %.1f, fast %.1f\n", llm_dtype_name(type), exact, ref, fast);
@@ -2016,10 +2018,11 @@ static void quant_dots_check(int wide) {
         for (size_t at = 0; at < llm_dtype_row_bytes(type, N); at += bb)
             quant_random_block(type, row + at, bb, &rng);
         float together[COLS], alone[COLS];
-        for (int c = 0; c < COLS; c++) llm_q8_dot(type, wide, row, xs + c * (N / 32), N, 0, 1, &alone[c]);
+        const int n = bv == 32 ? N - 3 * 32 : N; /* 13 blocks of 32: 3 times 4, and one */
+        for (int c = 0; c < COLS; c++) llm_q8_dot(type, wide, row, xs + c * (N / 32), n, 0, 1, &alone[c]);
         for (int nc = 2; nc <= COLS; nc++) {
             memset(together, 0, sizeof together);
-            llm_q8_dot(type, wide, row, xs, N, N / 32, nc, together);
+            llm_q8_dot(type, wide, row, xs, n, N / 32, nc, together);
             CHECK(!memcmp(together, alone, (size_t)nc * sizeof(float)),
                   "%s, %s: %d tokens at once %g %g %g %g, one at a time %g %g %g %g", llm_dtype_name(type),
                   width, nc, together[0], together[1], together[2], together[3], alone[0], alone[1], alone[2],
@@ -2042,14 +2045,15 @@ static void quant_dots_check(int wide) {
             }
             for (int i = 0; i < N; i++) x[i] = (float)((int)(llm_splitmix64(&rng) % 2001) - 1000) / 700.0f;
             llm_q8_quantize(x, xq, N, wide);
-            llm_dtype_dequant_row(type, row, deq, N);
+            const int n = bv == 32 ? 32 * (1 + trial % (N / 32)) : N; /* 1 to 16 blocks of 32 */
+            llm_dtype_dequant_row(type, row, deq, n);
             double exact = 0, size = 0;
-            for (int i = 0; i < N; i++) {
+            for (int i = 0; i < n; i++) {
                 exact += (double)deq[i] * x[i];
                 size += fabs((double)deq[i] * x[i]);
             }
-            float ref = llm_q8_dot_ref(type, row, xq, N, wide), fast;
-            llm_q8_dot(type, wide, row, xq, N, 0, 1, &fast);
+            float ref = llm_q8_dot_ref(type, row, xq, n, wide), fast;
+            llm_q8_dot(type, wide, row, xq, n, 0, 1, &fast);
             worst_fast = fmax(worst_fast, fabs((double)fast - ref) / size);
             worst_q8 = fmax(worst_q8, fabs((double)ref - exact) / size);
         }
@@ -5553,6 +5557,26 @@ static void test_cpu_features(void) {
         if (m) snprintf(named + strlen(named), sizeof named - strlen(named), " %s", m);
     }
     printf("  a CPU without one of these is refused by this build:%s\n", named[0] ? named : " (none)");
+    /* a CPU backend sets how far ahead the products prefetch the weights: AMD's CPUs further */
+    llm_model m;
+    char err[LLM_ERR_LEN];
+    if (llm_model_load(&m, model_path("stories260K.gguf"), err) != 0) { CHECK(0, "load: %s", err); return; }
+    __atomic_store_n(&llm_prefetch_ahead[0], 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&llm_prefetch_ahead[1], 0, __ATOMIC_RELAXED);
+    llm_backend *be = llm_cpu_backend_create(&m, err);
+    int amd = 0;
+#if defined(__x86_64__)
+    amd = __builtin_cpu_is("amd");
+#endif
+    int want[2] = {amd ? 8192 : 2048, amd ? 8192 : 4096};
+#if !defined(__x86_64__)
+    want[0] = want[1] = 0; /* set only on x86-64 (NEON's kernels prefetch 2 kB ahead as written) */
+#endif
+    CHECK(be && llm_prefetch_ahead[0] == want[0] && llm_prefetch_ahead[1] == want[1],
+          "prefetch distances %d and %d bytes on this %s CPU, want %d and %d", llm_prefetch_ahead[0],
+          llm_prefetch_ahead[1], amd ? "AMD" : "non-AMD", want[0], want[1]);
+    if (be) be->destroy(be);
+    llm_model_free(&m);
 }
 
 static void test_backend_errors(void) {
