@@ -2780,7 +2780,7 @@ static void test_attention_f16_cache(void) {
     /* and the store's rounding (8 at a time with F16C) against llm_f32_to_f16: any bits, ties, subnormals */
     enum { N = 1 << 16 };
     float *x = malloc(N * sizeof(float));
-    uint16_t *h = malloc(N * sizeof(uint16_t));
+    uint16_t *h = malloc(N * sizeof(float)); /* room for f32 too: GCC 12 checks the store's f32 branch */
     llm_cpu c16 = {.kv_half = 1};
     int differ = 0;
     for (int i = 0; x && h && i < N; i++) {
