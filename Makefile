@@ -18,7 +18,11 @@
 #                 kernels never run otherwise), -march=x86-64 (no SIMD: a distribution's build), and 64-bit
 #                 ARM, cross-compiled with Debian's gcc-aarch64-linux-gnu and run under qemu-aarch64
 #                 (qemu-user; both installed with apt-get when missing, if run as root): ARM's NEON kernels
-#                 (the fast path's q8_0, q4_0, q4_1, k-quants) against the plain C, and the plain C's answers
+#                 (the fast path's quantized types) against the plain C, and the plain C's answers
+# make llm-dist   llm for any x86-64 CPU (what a package or a container image ships): the CPU backend compiled
+#                 once per variant of CPU_VARIANTS (AVX-512 VNNI, AVX-512, AVX2), the best the CPU has picked
+#                 when it starts, plain C on a CPU without AVX2 (llm_cpu_variant in llm.h); make test-variants
+#                 runs it (tools/dist_check.sh)
 # make test-gpu   builds the tests with the CUDA backend and runs the GPU kernel checks (needs a GPU)
 # make test-cluster  deploy/: haproxy -c on haproxy.cfg, the Kubernetes manifests against their schemas (no
 #                 cluster: kubernetes-validate, from PyPI), then tools/cluster_test.py: three llm serve
@@ -187,10 +191,29 @@ aarch64-installed:
 	echo "make: installing gcc-aarch64-linux-gnu and qemu-user with apt-get (a cross compiler: a minute)" >&2; \
 	$(call APT_INSTALL,gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user) || \
 	    { echo "make: apt-get install gcc-aarch64-linux-gnu qemu-user failed (above)" >&2; exit 1; }
-test-variants: llm-test-haswell llm-test-x86-64 llm-test-aarch64 $(MODEL) testdata
+test-variants: llm-test-haswell llm-test-x86-64 llm-test-aarch64 llm-dist llm $(MODEL) testdata
 	LLM_TEST="$(VARIANT_TESTS)" ./llm-test-haswell $(TESTDATA)
 	LLM_TEST="$(VARIANT_TESTS)" ./llm-test-x86-64 $(TESTDATA)
 	LLM_TEST="$(VARIANT_TESTS)" $(QEMU_AARCH64) ./llm-test-aarch64 $(TESTDATA)
+	tools/dist_check.sh ./llm-dist ./llm $(TESTDATA) $(MODEL) $(CPU_VARIANTS)
+
+# ---- make llm-dist: one binary, the CPU backend in variants ------------------------------------------------
+# each variant is llm.h compiled with its flags and LLM_CPU_VARIANT, then every global but its
+# llm_cpu_variant_NAME made local (objcopy), so that the copies of the library do not collide; the program
+# (LLM_CPU_DISPATCH, built for any x86-64) picks one when a CPU backend starts. Best first.
+CPU_VARIANTS     = avx512vnni avx512 avx2
+MARCH_avx2       = -march=haswell
+MARCH_avx512     = -march=haswell -mavx512f -mavx512vl -mavx512bw -mavx512dq -mavx512cd
+MARCH_avx512vnni = $(MARCH_avx512) -mavx512vnni
+OBJCOPY ?= objcopy
+llm-cpu-%.o: llm.h | $(STB_H) $(NEED_CC)
+	$(SAY) "compiling $@ (llm.h's CPU variant $*: $(MARCH_$*))"
+	@$(CC) $(filter-out $(ARCH),$(CFLAGS)) $(MARCH_$*) -DLLM_IMPLEMENTATION -DLLM_CPU_VARIANT=$* -x c -c \
+	    -o $@.tmp llm.h && $(OBJCOPY) --keep-global-symbol=llm_cpu_variant_$* $@.tmp $@ && rm -f $@.tmp
+llm-dist: main.c server.c llm.h $(CPU_VARIANTS:%=llm-cpu-%.o) $(CUDA_OBJ) | $(STB_H) $(NEED_CC)
+	$(SAY) "compiling llm-dist (main.c, server.c, llm.h for any x86-64, and the CPU variants $(CPU_VARIANTS))"
+	@$(CC) $(filter-out $(ARCH),$(CFLAGS)) -march=x86-64 -DLLM_CPU_DISPATCH $(CUDA_DEFS) -o $@ main.c \
+	    $(CPU_VARIANTS:%=llm-cpu-%.o) $(CUDA_OBJ) $(LDFLAGS) $(LDLIBS) $(CUDA_LIBS)
 
 # the random-weight models too large to keep in git (108 MB), written once from a fixed seed with the gguf
 # package and checked against the sums of the files llama.cpp's references were made on (testdata/README.md);
@@ -286,7 +309,8 @@ haproxy-installed:
 # the model stays (make clean never deletes a download), and so do testdata's generated models
 clean:
 	rm -f llm llm-test llm-example llm-test-gpu llm-test-core llm-test-haswell llm-test-x86-64 llm-test-aarch64 \
-	      llm_cuda.o $(FUZZ_ALL:%=fuzz/fuzz_%)
+	    llm-dist llm-cpu-*.o \
+	    llm_cuda.o $(FUZZ_ALL:%=fuzz/fuzz_%)
 
 # ---- make fuzz ---------------------------------------------------------------------------------------------
 # libFuzzer targets (fuzz/fuzz_*.c), as llama.cpp's and OSS-Fuzz's: the GGUF reader, the tokenizer, the engine

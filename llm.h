@@ -19,6 +19,8 @@
  *   LLM_NO_GRAMMAR                leave the grammar layer out (structured output, tool calls' grammars): a
  *                                 request with a grammar is then refused, by name
  *   LLM_NO_SIMD                   the plain C only, even where the compiler may use AVX2 or AVX-512
+ *   LLM_CPU_VARIANT=NAME          (make llm-dist) this copy is a CPU variant: it exports llm_cpu_variant_NAME
+ *   LLM_CPU_DISPATCH              (make llm-dist) the CPU backends start the CPU's best variant (section 7)
  *   -fopenmp                      the CPU forward pass uses every core (without it, one). Run with
  *                                 GOMP_SPINCOUNT=2000: libgomp's default spinning costs 75x beside a busy
  *                                 process (the llm command sets it for itself)
@@ -616,6 +618,8 @@ typedef struct {
  * sizes the KV pool from that and calls alloc_kv once. Then each step is a forward call and a sample step. */
 typedef struct llm_backend {
     const char *name;
+    const char *kernels;            /* the CPU's SIMD kernels: "avx512vnni", "avx512", "avx2", "neon" or
+                                     * "plain C" (a distribution build's: the variant it picked); or NULL */
     int kv_head_bytes;              /* bytes of one cached K or V head (head_dim values): 2 a value on the CPU
                                      * (f16; 4 on the exact path, f32; q8_0 34 and q4_0 18 per 32, a head
                                      * whole blocks) and on CUDA (bf16) */
@@ -872,6 +876,7 @@ typedef struct {
 
 typedef struct {
     const char *backend;            /* "cpu", "cuda" */
+    const char *backend_kernels;    /* the CPU backend's SIMD kernels (llm_backend.kernels), or NULL */
     const char *backend_note;       /* why the backends before it did not start ("" when none was skipped) */
     int block_size, max_model_len;  /* as the engine runs: the config's, or what create chose */
     size_t kv_bytes_per_block;      /* K and V of one group of layers for one block, as the backend stores
@@ -1084,7 +1089,8 @@ void llm_chat_reply_free(llm_chat_reply *reply);
 /* The SIMD layer: x86 kernels beside the plain C, which stays the reference they are tested against. They
  * are compiled where the compiler was told the target (-march=native), and never with LLM_NO_SIMD: the
  * macros below choose the kernels; at run time the CPU backend only checks that the CPU has what the build
- * was told of (llm_cpu_missing_feature, section 7). */
+ * was told of (llm_cpu_missing_feature, section 7), or in make llm-dist's program picks the copy of this
+ * file, compiled for a variant of CPU, that it has (llm_cpu_variant). */
 #if !defined(LLM_NO_SIMD) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define LLM_AVX2 1
 #include <immintrin.h>
@@ -1103,7 +1109,7 @@ void llm_chat_reply_free(llm_chat_reply *reply);
 #endif
 /* 64-bit ARM converts half floats in one instruction (fcvt, through the compiler's __fp16), which the
  * compiler also vectorizes in the loops over rows of them (fcvtl); with the dot product instructions
- * (armv8.2-a+dotprod: Graviton 2 on, Apple M1 on) the fast path's simplest types have NEON kernels */
+ * (armv8.2-a+dotprod: Graviton 2 on, Apple M1 on) the fast path's quantized types have NEON kernels */
 #if !defined(LLM_NO_SIMD) && defined(__aarch64__)
 #define LLM_ARM64 1
 #ifdef __ARM_FEATURE_DOTPROD
@@ -5872,9 +5878,9 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
                                                                    const llm_q8 *x, int64_t n_blocks,
                                                                    int64_t x_stride, int nc, float *out);
 #elif defined(LLM_NEON_DOT)
-/* On 64-bit ARM, section 14's NEON kernels for the activations' quantization and the row products of q8_0,
- * q4_0, q4_1 and the k-quants (sdot: four bytes' products into each 32-bit lane); every other type's rows
- * are converted to f32, as in a build without SIMD, and the other kernels are plain C */
+/* On 64-bit ARM, section 14's NEON kernels for the activations' quantization and the row products of every
+ * quantized type (sdot: four bytes' products into each 32-bit lane); f16 and bf16 rows are converted to f32,
+ * as in a build without SIMD, and the other kernels are plain C */
 static void llm_q8_quantize_neon(const float *x, llm_q8 *out, int64_t n, int wide);
 static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t type, int wide, const uint8_t *p,
                                                                     const llm_q8 *x, int64_t n_blocks,
@@ -5915,9 +5921,11 @@ static void llm_q8_dot(uint32_t type, int wide, const void *row, const llm_q8 *x
     switch (type) {
 #if defined(LLM_NEON_DOT)
     LLM_Q8_CASE(LLM_Q8_0, llm_q8_dot32_neon, 32) LLM_Q8_CASE(LLM_Q4_0, llm_q8_dot32_neon, 32)
-    LLM_Q8_CASE(LLM_Q4_1, llm_q8_dot32_neon, 32) LLM_Q8_CASE(LLM_Q2_K, llm_q8_dotk_neon, 256)
+    LLM_Q8_CASE(LLM_Q4_1, llm_q8_dot32_neon, 32) LLM_Q8_CASE(LLM_Q5_0, llm_q8_dot32_neon, 32)
+    LLM_Q8_CASE(LLM_Q5_1, llm_q8_dot32_neon, 32) LLM_Q8_CASE(LLM_Q2_K, llm_q8_dotk_neon, 256)
     LLM_Q8_CASE(LLM_Q3_K, llm_q8_dotk_neon, 256) LLM_Q8_CASE(LLM_Q4_K, llm_q8_dotk_neon, 256)
     LLM_Q8_CASE(LLM_Q5_K, llm_q8_dotk_neon, 256) LLM_Q8_CASE(LLM_Q6_K, llm_q8_dotk_neon, 256)
+    LLM_Q8_CASE(LLM_MXFP4, llm_q8_dot32_neon, 32)
 #else
     LLM_Q8_CASE(LLM_Q8_0, llm_q8_dot32_avx2, 32) LLM_Q8_CASE(LLM_Q4_0, llm_q8_dot32_avx2, 32)
     LLM_Q8_CASE(LLM_Q4_1, llm_q8_dot32_avx2, 32) LLM_Q8_CASE(LLM_Q5_0, llm_q8_dot32_avx2, 32)
@@ -5947,9 +5955,8 @@ static int llm_matmul_kind(uint32_t type, int path) {
     if (path == LLM_PATH_EXACT) return LLM_ROWS_CONVERT;
     return type == LLM_F16 || type == LLM_BF16 ? LLM_ROWS_HALF : LLM_ROWS_Q8;
 #elif defined(LLM_NEON_DOT)
-    /* the types with NEON products (a prefill's too: 4 tokens a row, no packed tiles yet) */
-    int neon = type == LLM_Q8_0 || type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q2_K ||
-               type == LLM_Q3_K || type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q6_K;
+    /* every quantized type has NEON products (a prefill's too: 4 tokens a row, no packed tiles yet) */
+    int neon = type != LLM_F16 && type != LLM_BF16;
     return path != LLM_PATH_EXACT && neon ? LLM_ROWS_Q8 : LLM_ROWS_CONVERT;
 #else
     (void)path;
@@ -6977,40 +6984,41 @@ static int llm_cpu_supports(const char *feature) {
     (void)feature;
     return 0;
 }
-static const char *llm_cpu_missing_feature(int (*has)(const char *feature)) {
-    static const char *const built_for[] = {
+/* what this build was compiled for, which a CPU must have */
+static const char *const llm_cpu_built_for[] = {
 #if defined(__x86_64__)
 #ifdef __AVX2__
-        "avx2",
+    "avx2",
 #endif
 #ifdef __FMA__
-        "fma",
+    "fma",
 #endif
 #if defined(__F16C__) && !defined(__clang__)
-        "f16c",
+    "f16c",
 #endif
 #ifdef __BMI2__
-        "bmi2",
+    "bmi2",
 #endif
 #ifdef __AVX512F__
-        "avx512f",
+    "avx512f",
 #endif
 #ifdef __AVX512VL__
-        "avx512vl",
+    "avx512vl",
 #endif
 #ifdef __AVX512BW__
-        "avx512bw",
+    "avx512bw",
 #endif
 #ifdef __AVX512DQ__
-        "avx512dq",
+    "avx512dq",
 #endif
 #ifdef __AVX512VNNI__
-        "avx512vnni",
+    "avx512vnni",
 #endif
 #elif defined(__aarch64__) && defined(__linux__) && defined(__ARM_FEATURE_DOTPROD)
-        "asimddp",
+    "asimddp",
 #endif
-        NULL};
+    NULL};
+static const char *llm_cpu_missing_feature(const char *const *built_for, int (*has)(const char *feature)) {
     for (int i = 0; built_for[i]; i++)
         if (!has(built_for[i])) return built_for[i];
     return NULL;
@@ -7041,8 +7049,63 @@ static void llm_prefetch_choose(void) {
  * KV cache holds f16 but on the exact path (set_kv_dtype may say otherwise before alloc_kv); free_memory is
  * the RAM free now; the threads are OpenMP's (OMP_NUM_THREADS, else as many as the cores, fewer while other
  * processes run: llm_cpu_threads_for_load). NULL with the reason when out of memory. */
+/* ---- A distribution build: the CPU backend in variants, the CPU's best picked when it starts ---------- */
+/* -march=native fits a binary to the CPU it was built on. A binary shipped to many (a package, a container
+ * image) carries several builds of the CPU backend instead, as llama.cpp's GGML_CPU_ALL_VARIANTS does:
+ * make llm-dist compiles this file once more for each variant (LLM_CPU_VARIANT=avx512vnni, avx512, avx2,
+ * each with its -march flags), keeps only the variant's llm_cpu_variant_NAME global in each object (objcopy
+ * makes the rest local: a whole copy of the library, of which the CPU backend alone is used), and builds the
+ * program for any x86-64 with LLM_CPU_DISPATCH: its CPU backends start the first variant, best first, whose
+ * features the CPU has, or the one the environment's LLM_CPU_VARIANT names, or the program's own plain C when
+ * none fits. The model, the batch and the backend are the same structs in every copy of the header. */
+typedef struct {
+    const char *name;
+    const char *const *built_for; /* the features the variant was compiled for, a CPU must have */
+    llm_backend *(*create)(const llm_model *m, int path, char *err);
+} llm_cpu_variant;
+
+/* Which of variants (best first, NULL-ended) to start on a CPU that has what has says: the one named by
+ * wanted (when not NULL or ""), else the first the CPU can run. Returns its index; -1 when none fits (the
+ * caller's own build then runs); -2 with the reason when wanted is unknown or needs what the CPU lacks. */
+static __attribute__((unused)) int llm_cpu_pick_variant(const llm_cpu_variant *const *variants,
+                                                        const char *wanted, int (*has)(const char *feature),
+                                                        char *err) {
+    char names[128] = "";
+    for (int i = 0; variants[i]; i++) {
+        const char *missing = llm_cpu_missing_feature(variants[i]->built_for, has);
+        if (wanted && wanted[0] && strcmp(wanted, variants[i]->name)) {
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
+                     variants[i]->name);
+            continue;
+        }
+        if (!missing) return i;
+        if (wanted && wanted[0]) {
+            llm_fail(err, "LLM_CPU_VARIANT=%s needs a CPU with %s, which this one lacks", wanted, missing);
+            return -2;
+        }
+    }
+    if (wanted && wanted[0]) {
+        llm_fail(err, "LLM_CPU_VARIANT=%s is none of this build's CPU variants (%s)", wanted, names);
+        return -2;
+    }
+    return -1;
+}
+
+#ifdef LLM_CPU_DISPATCH
+extern const llm_cpu_variant llm_cpu_variant_avx512vnni, llm_cpu_variant_avx512, llm_cpu_variant_avx2;
+static const llm_cpu_variant *const llm_cpu_variants[] = {
+    &llm_cpu_variant_avx512vnni, &llm_cpu_variant_avx512, &llm_cpu_variant_avx2, NULL};
+#endif
+#define LLM_STRING(x) LLM_STRING_OF(x)
+#define LLM_STRING_OF(x) #x
+
 static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err) {
-    const char *missing = llm_cpu_missing_feature(llm_cpu_supports);
+#ifdef LLM_CPU_DISPATCH
+    int variant = llm_cpu_pick_variant(llm_cpu_variants, getenv("LLM_CPU_VARIANT"), llm_cpu_supports, err);
+    if (variant == -2) return NULL;
+    if (variant >= 0) return llm_cpu_variants[variant]->create(m, path, err);
+#endif
+    const char *missing = llm_cpu_missing_feature(llm_cpu_built_for, llm_cpu_supports);
     if (missing) {
         llm_fail(err, "this build needs a CPU with %s, which this one lacks: build it on this machine "
                       "(make), or for any x86-64 CPU (make ARCH=)", missing);
@@ -7061,6 +7124,19 @@ static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err)
     c->max_threads = 1;
 #endif
     be->name = path == LLM_PATH_EXACT ? "cpu-exact" : path == LLM_PATH_ACT8 ? "cpu-int8" : "cpu"; be->ctx = c;
+#if defined(LLM_CPU_VARIANT)
+    be->kernels = LLM_STRING(LLM_CPU_VARIANT);
+#elif defined(LLM_AVX512VNNI) && defined(LLM_AVX512BW)
+    be->kernels = "avx512vnni";
+#elif defined(LLM_AVX512F)
+    be->kernels = "avx512";
+#elif defined(LLM_AVX2)
+    be->kernels = "avx2";
+#elif defined(LLM_NEON_DOT)
+    be->kernels = "neon";
+#else
+    be->kernels = "plain C";
+#endif
     be->kv_head_bytes = (int)llm_cpu_kv_head_bytes(c);
     be->set_kv_dtype = llm_cpu_set_kv_dtype;
     long pages = sysconf(_SC_AVPHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
@@ -7082,6 +7158,13 @@ llm_backend *llm_cpu_exact_backend_create(const llm_model *m, char *err) {
 llm_backend *llm_cpu_int8_backend_create(const llm_model *m, char *err) {
     return llm_cpu_backend_new(m, LLM_PATH_ACT8, err);
 }
+#ifdef LLM_CPU_VARIANT /* this copy is the variant LLM_CPU_VARIANT of a distribution build: its one global */
+#define LLM_CPU_VARIANT_SYMBOL(v) LLM_CPU_VARIANT_JOIN(llm_cpu_variant_, v)
+#define LLM_CPU_VARIANT_JOIN(a, b) a##b
+extern const llm_cpu_variant LLM_CPU_VARIANT_SYMBOL(LLM_CPU_VARIANT);
+const llm_cpu_variant LLM_CPU_VARIANT_SYMBOL(LLM_CPU_VARIANT) = {LLM_STRING(LLM_CPU_VARIANT),
+                                                                  llm_cpu_built_for, llm_cpu_backend_new};
+#endif
 
 /* ===========================================================================================================
  * 8. Sampler
@@ -9294,7 +9377,7 @@ int llm_engine_step(llm_engine *e, const llm_output **outputs) {
  * server.c copies it after each step for its other threads. backend and backend_note live as long as e. */
 llm_engine_stats llm_engine_get_stats(llm_engine *e) {
     llm_engine_stats s = e->stats;
-    s.backend = e->backend->name; s.backend_note = e->backend_note;
+    s.backend = e->backend->name; s.backend_kernels = e->backend->kernels; s.backend_note = e->backend_note;
     s.block_size = e->cfg.block_size; s.max_model_len = e->max_model_len;
     s.kv_bytes_per_block = llm_kv_bytes_per_block(&e->model.cfg, s.block_size, e->backend->kv_head_bytes);
     s.kv_groups = e->sched.n_kv_groups; s.spec_tokens = e->sched.spec_tokens;
@@ -13366,7 +13449,9 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  * preamble then sets LLM_AVX2 (and LLM_AVX512F, _VL, _BW and _VNNI where the target has those too),
  * section 7 sets LLM_CPU_SIMD, and this section is compiled. The kernels are chosen when the file is
  * compiled, not at run time: a binary built for AVX-512 needs a CPU that has it (the CPU backend refuses to
- * start on one without, saying so: llm_cpu_missing_feature). What is here, in the order the core calls it:
+ * start on one without, saying so: llm_cpu_missing_feature); make llm-dist compiles this file once per
+ * variant and picks one when the program starts (llm_cpu_variant, section 7). What is here, in the order the
+ * core calls it:
  *   f16 and bf16 values  llm_half8 (8 values as f32), llm_half_row_avx2 (section 1's rows of them)
  *   f32 dot products     llm_dot_n_avx2 (8 running sums a vector in one register); with AVX-512,
  *                        llm_dot_pairs (two queries' sums in one 512-bit register: a prompt's attention)
@@ -13395,9 +13480,9 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  * the fast path's logits against the exact path's ("quant fast path"). make test-core builds without this
  * section (LLM_NO_SIMD) and runs the core's tests on the plain C alone.
  * At the end, 64-bit ARM's part (LLM_NEON_DOT, with the dot product instructions): llm_q8_quantize_neon,
- * llm_q8_dot32_neon (q8_0, q4_0, q4_1) and llm_q8_dotk_neon (the k-quants), shaped like their AVX2 twins
- * and held to the same tests (make test-variants runs them under qemu-aarch64); every other kernel is plain
- * C there.
+ * llm_q8_dot32_neon (q8_0, q4_0 to q5_1, mxfp4) and llm_q8_dotk_neon (the k-quants), shaped like their AVX2
+ * twins and held to the same tests (make test-variants runs them under qemu-aarch64); every other kernel is
+ * plain C there.
  * ======================================================================================================== */
 #if defined(LLM_AVX2)
 /* ---- f16 and bf16 values (section 1's rows, the f16/bf16 tiles below) ---------------------------------- */
@@ -14598,7 +14683,7 @@ static void llm_weighted_rows(int ng, int nv, const float *rows, int64_t row_str
 #endif /* LLM_AVX2 */
 
 #if defined(LLM_NEON_DOT)
-/* ---- 64-bit ARM: NEON (section 7's fast path, its simplest types) -------------------------------------- */
+/* ---- 64-bit ARM: NEON (section 7's fast path, its quantized types) ------------------------------------- */
 #include <arm_neon.h>
 static inline int8x16_t llm_neon_bytes(const int32x4_t v[4]) { /* 16 integers within +-127, as bytes */
     return vcombine_s8(vmovn_s16(vcombine_s16(vmovn_s32(v[0]), vmovn_s32(v[1]))),
@@ -14646,24 +14731,43 @@ static void llm_q8_quantize_neon(const float *x, llm_q8 *out, int64_t n, int wid
  * the weights widened to 16 bits against 256 q + r (two sums of 4 products a lane: at most 4 x 128 x 32,639
  * < 2^24 each, exact as floats, as llm_q8_block32_avx2's); even and odd blocks into two sets of
  * accumulators */
+static inline uint8x16_t llm_neon_bits16(uint32_t bits) { /* bit j of 16 as byte j: 16 where set, else 0 */
+    static const uint8_t bit[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    uint8x16_t v = vcombine_u8(vdup_n_u8((uint8_t)bits), vdup_n_u8((uint8_t)(bits >> 8)));
+    return vandq_u8(vtstq_u8(v, vld1q_u8(bit)), vdupq_n_u8(16));
+}
 static inline __attribute__((always_inline)) void llm_q8_block32_neon(uint32_t type, int wide,
                                                                       const uint8_t *p, const llm_q8 *x,
                                                                       int64_t x_stride, int nc,
                                                                       float32x4_t acc[4], float mins[4]) {
-    const int has_min = type == LLM_Q4_1;
-    float d = llm_f16_to_f32(*(const uint16_t *)p);
+    const int has_min = type == LLM_Q4_1 || type == LLM_Q5_1;
+    float d = type == LLM_MXFP4 ? llm_e8m0_half(p[0]) : llm_f16_to_f32(*(const uint16_t *)p);
     float m = has_min ? llm_f16_to_f32(*(const uint16_t *)(p + 2)) : 0;
     int8x16_t w[2];
     if (type == LLM_Q8_0) {
         w[0] = vld1q_s8((const int8_t *)p + 2);
         w[1] = vld1q_s8((const int8_t *)p + 18);
-    } else {
-        uint8x16_t packed = vld1q_u8(p + (has_min ? 4 : 2));
-        w[0] = vreinterpretq_s8_u8(vandq_u8(packed, vdupq_n_u8(15)));
-        w[1] = vreinterpretq_s8_u8(vshrq_n_u8(packed, 4));
-        if (type == LLM_Q4_0) {
-            w[0] = vsubq_s8(w[0], vdupq_n_s8(8));
-            w[1] = vsubq_s8(w[1], vdupq_n_s8(8));
+    } else if (type == LLM_MXFP4) { /* the nibbles index the e2m1 values, doubled (llm_mxfp4_values) */
+        uint8x16_t packed = vld1q_u8(p + 1);
+        int8x16_t values = vld1q_s8(llm_mxfp4_values);
+        w[0] = vqtbl1q_s8(values, vandq_u8(packed, vdupq_n_u8(15)));
+        w[1] = vqtbl1q_s8(values, vshrq_n_u8(packed, 4));
+    } else { /* nibbles after d (and m, and q5's 32 fifth bits), values j and j + 16 sharing byte j */
+        const int qs_at = type == LLM_Q4_0 ? 2 : type == LLM_Q4_1 ? 4 : type == LLM_Q5_0 ? 6 : 8;
+        uint8x16_t packed = vld1q_u8(p + qs_at), lo = vandq_u8(packed, vdupq_n_u8(15));
+        uint8x16_t hi = vshrq_n_u8(packed, 4);
+        if (type == LLM_Q5_0 || type == LLM_Q5_1) {
+            uint32_t qh;
+            memcpy(&qh, p + qs_at - 4, 4);
+            lo = vorrq_u8(lo, llm_neon_bits16(qh));
+            hi = vorrq_u8(hi, llm_neon_bits16(qh >> 16));
+        }
+        w[0] = vreinterpretq_s8_u8(lo); /* below 32: the same as signed bytes */
+        w[1] = vreinterpretq_s8_u8(hi);
+        if (type == LLM_Q4_0 || type == LLM_Q5_0) {
+            int8x16_t offset = vdupq_n_s8(type == LLM_Q4_0 ? 8 : 16);
+            w[0] = vsubq_s8(w[0], offset);
+            w[1] = vsubq_s8(w[1], offset);
         }
     }
     if (wide) {
@@ -14694,7 +14798,8 @@ static inline __attribute__((always_inline)) void llm_q8_block32_neon(uint32_t t
 static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t type, int wide, const uint8_t *p,
                                                                     const llm_q8 *x, int64_t n_blocks,
                                                                     int64_t x_stride, int nc, float *out) {
-    const size_t bytes = type == LLM_Q8_0 ? 34 : type == LLM_Q4_0 ? 18 : 20;
+    const size_t bytes = type == LLM_Q8_0 ? 34 : type == LLM_Q4_0 ? 18 : type == LLM_Q4_1 ? 20 :
+                         type == LLM_Q5_0 ? 22 : type == LLM_MXFP4 ? 17 : 24;
     float32x4_t even[4], odd[4];
     float mins_even[4], mins_odd[4];
     for (int c = 0; c < nc; c++) {

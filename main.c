@@ -1645,8 +1645,9 @@ int main(int argc, char **argv) {
         const char *cpu = !strcmp(st.backend, "cpu") ? "CPU" :
                           !strcmp(st.backend, "cpu-int8") ? "CPU with 8-bit activations (cpu-int8)" :
                           !strcmp(st.backend, "cpu-exact") ? "CPU's exact path (cpu-exact)" : st.backend;
-        int at = snprintf(where, sizeof where, "the %s, %s%d thread%s (%s)%s%s%s%s",
-                          cpu, fixed ? "" : "up to ", n_threads,
+        int at = snprintf(where, sizeof where, "the %s%s%s%s, %s%d thread%s (%s)%s%s%s%s",
+                          cpu, st.backend_kernels ? " (" : "", st.backend_kernels ? st.backend_kernels : "",
+                          st.backend_kernels ? " kernels)" : "", fixed ? "" : "up to ", n_threads,
                           n_threads == 1 ? "" : "s",
                           fixed ? "OMP_NUM_THREADS" : "fewer while other processes keep cores busy; "
                                                       "OMP_NUM_THREADS=N fixes how many",

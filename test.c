@@ -1954,7 +1954,7 @@ static void quant_dots_check(int wide) {
 #ifdef LLM_CPU_SIMD
     printf("  (SIMD dot products: %s, %s activations)\n", LLM_CPU_SIMD, width);
 #else
-    printf("  (SIMD dot products: NEON for q8_0, q4_0, q4_1 and the k-quants, %s activations)\n", width);
+    printf("  (SIMD dot products: NEON for every quantized type, %s activations)\n", width);
 #endif
 #else
     printf("  (no SIMD in this build: quantized rows are converted to f32, as the exact path does)\n");
@@ -5516,8 +5516,46 @@ static const char *cpu_denied;
 static int cpu_has_but_denied(const char *feature) {
     return strcmp(feature, cpu_denied) && llm_cpu_supports(feature);
 }
+/* A distribution build's choice of CPU variant (llm_cpu_pick_variant, make llm-dist), on made-up CPUs: the
+ * best the CPU has, none when it has none (the program's own plain C), one named by LLM_CPU_VARIANT only when
+ * the CPU has what it needs, and an unknown name refused; tools/dist_check.sh runs the real build */
+static const char *cpu_made_up; /* the features of a made-up CPU, each between spaces */
+static int cpu_made_up_has(const char *feature) {
+    char word[32];
+    snprintf(word, sizeof word, " %s ", feature);
+    return strstr(cpu_made_up, word) != NULL;
+}
+static void cpu_variants_check(void) {
+    static const char *const vnni_needs[] = {"avx2", "avx512f", "avx512vnni", NULL};
+    static const char *const avx512_needs[] = {"avx2", "avx512f", NULL}, *const avx2_needs[] = {"avx2", NULL};
+    const llm_cpu_variant vnni = {"avx512vnni", vnni_needs, NULL}, avx512 = {"avx512", avx512_needs, NULL},
+                          avx2 = {"avx2", avx2_needs, NULL};
+    const llm_cpu_variant *const variants[] = {&vnni, &avx512, &avx2, NULL};
+    static const struct { const char *cpu, *wanted; int pick; const char *error; } cases[] = {
+        {" avx2 avx512f avx512vnni ", NULL, 0, NULL},
+        {" avx2 avx512f ", NULL, 1, NULL},
+        {" avx2 avx512vnni ", "", 2, NULL}, /* "" is no name */
+        {" sse4_2 ", NULL, -1, NULL},
+        {" avx2 avx512f avx512vnni ", "avx2", 2, NULL},
+        {" avx2 ", "avx512vnni", -2, "LLM_CPU_VARIANT=avx512vnni needs a CPU with avx512f, which this one "
+                                     "lacks"},
+        {" avx2 avx512f ", "avx512vnni", -2, "needs a CPU with avx512vnni"},
+        {" avx2 ", "sse9", -2, "LLM_CPU_VARIANT=sse9 is none of this build's CPU variants (avx512vnni, "
+                               "avx512, avx2)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[LLM_ERR_LEN] = "";
+        cpu_made_up = cases[i].cpu;
+        int pick = llm_cpu_pick_variant(variants, cases[i].wanted, cpu_made_up_has, err);
+        CHECK(pick == cases[i].pick && (cases[i].error ? strstr(err, cases[i].error) != NULL : !err[0]),
+              "a CPU with%s, LLM_CPU_VARIANT %s: picked %d (%s), want %d (%s)", cases[i].cpu,
+              cases[i].wanted ? cases[i].wanted : "unset", pick, err, cases[i].pick,
+              cases[i].error ? cases[i].error : "no error");
+    }
+}
+
 static void test_cpu_features(void) {
-    const char *missing = llm_cpu_missing_feature(llm_cpu_supports);
+    const char *missing = llm_cpu_missing_feature(llm_cpu_built_for, llm_cpu_supports);
     CHECK(!missing, "this CPU runs this build: %s missing", missing ? missing : "");
     static const struct { const char *name; int built_for; } features[] = {
         {"avx2", 0
@@ -5550,7 +5588,7 @@ static void test_cpu_features(void) {
     char named[80] = "";
     for (size_t i = 0; i < sizeof features / sizeof features[0]; i++) {
         cpu_denied = features[i].name;
-        const char *m = llm_cpu_missing_feature(cpu_has_but_denied);
+        const char *m = llm_cpu_missing_feature(llm_cpu_built_for, cpu_has_but_denied);
         CHECK(features[i].built_for ? m && !strcmp(m, features[i].name) : !m,
               "a CPU without %s (the build %s it): %s named", features[i].name,
               features[i].built_for ? "uses" : "does not use", m ? m : "nothing");
@@ -5575,8 +5613,24 @@ static void test_cpu_features(void) {
     CHECK(be && llm_prefetch_ahead[0] == want[0] && llm_prefetch_ahead[1] == want[1],
           "prefetch distances %d and %d bytes on this %s CPU, want %d and %d", llm_prefetch_ahead[0],
           llm_prefetch_ahead[1], amd ? "AMD" : "non-AMD", want[0], want[1]);
+    /* the backend names its kernels by what the compiler was told (the load line shows it) */
+    const char *kernels = "plain C";
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(LLM_NO_SIMD)
+    kernels = "avx2";
+#if defined(__AVX512F__)
+    kernels = "avx512";
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+    kernels = "avx512vnni";
+#endif
+#elif defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD) && !defined(LLM_NO_SIMD)
+    kernels = "neon";
+#endif
+    CHECK(be && be->kernels && !strcmp(be->kernels, kernels), "the CPU backend's kernels: %s, want %s",
+          be && be->kernels ? be->kernels : "(none)", kernels);
     if (be) be->destroy(be);
     llm_model_free(&m);
+    cpu_variants_check();
 }
 
 static void test_backend_errors(void) {
