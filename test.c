@@ -2513,6 +2513,27 @@ static void test_kv_quant_blocks(void) {
         if (llm_round_away(v) != (int)roundf(v)) { wrong++; worst = v; }
     }
     CHECK(!wrong, "llm_round_away is roundf: %d differ (%.9g)", wrong, worst);
+    /* the rotation of a quantized cache's blocks: against the matrix written out (entry i, j of the
+     * Walsh-Hadamard matrix is -1 to the number of bits i and j share), its own inverse, and one large value
+     * spread evenly over the block */
+    float block[32], rotated[32], spike[32] = {[5] = 4.0f};
+    double off = 0, back_off = 0, flat_off = 0;
+    for (int i = 0; i < 32; i++) block[i] = sinf(1.3f * (float)i) + (i == 7 ? 9.0f : 0.0f);
+    memcpy(rotated, block, sizeof block);
+    llm_hadamard32(rotated);
+    for (int i = 0; i < 32; i++) {
+        double want = 0;
+        for (int j = 0; j < 32; j++) want += (__builtin_popcount(i & j) % 2 ? -1 : 1) * (double)block[j];
+        off = fmax(off, fabs(rotated[i] - want / sqrt(32.0)));
+    }
+    llm_hadamard32(rotated);
+    llm_hadamard32(spike);
+    for (int i = 0; i < 32; i++) {
+        back_off = fmax(back_off, fabs(rotated[i] - block[i]));
+        flat_off = fmax(flat_off, fabs(fabs(spike[i]) - 4.0 / sqrt(32.0)));
+    }
+    CHECK(off < 1e-5 && back_off < 1e-5 && flat_off < 1e-6, "the blocks' rotation: %g from the matrix's, %g "
+          "from the block after two, a spike's values %g from 4 / sqrt(32)", off, back_off, flat_off);
 #ifdef LLM_CPU_SIMD
     /* the quantized cache's weighted V sum (llm_weighted_rows: o in registers over a block's converted rows)
      * is the plain loop's, bit for bit: every tile of 1 to 3 heads and 1 to LLM_VRUNS runs, 1 to 16 rows */
@@ -2569,14 +2590,17 @@ static void test_kv_quant_capacity(void) {
 /* The quantized KV cache against the f16 cache, teacher-forced on the tests' texts (each model's prompt
  * logprobs, top 20, up to 256 tokens): SmolLM2 on the fidelity test's prose, stories260K on a story, two
  * random models on the prose. Measured (x86-64, AVX-512; top-1 agreement, mean KL over f16's top 20):
- *   q8_0: SmolLM2 98.4% (2 of 123 differ, near ties: f16's top two within 0.045 nats), KL ~0 (-0.00008:
- *         the top-20 estimate); stories260K 98.8%, 0.0042; random-llama3-gqa 99.2%, 0.0007;
+ *   q8_0: SmolLM2 99.2% (1 of 123 differs, a near tie: f16's top two within 0.022 nats), 0.0002 (unrotated
+ *         blocks: 98.4%, ~0); stories260K 98.8%, 0.0042; random-llama3-gqa 99.2%, 0.0007;
  *         random-qwen3-qknorm 98.4%, 0.0008.
- *   q4_0: SmolLM2 77.2%, 0.126; stories260K 57.7%, 0.652; random-llama3-gqa 72.0%, 0.207;
- *         random-qwen3-qknorm 78.2%, 0.127: 16 levels a block of 32 lose much of K's detail (as llama.cpp's
- *         q4_0 K cache does on small models).
- * The bounds: q8_0 at least 96% and a mean KL under 0.01 (2.4 times the worst); q4_0 at least 50% and under
- * 1.0 nats (1.5 times the worst), which still fails a cache that mixes up its blocks or heads. */
+ *   q4_0: SmolLM2 84.6%, 0.045 (unrotated: 77.2%, 0.126); stories260K 57.7%, 0.652; random-llama3-gqa
+ *         72.0%, 0.207; random-qwen3-qknorm 78.2%, 0.127: 16 levels a block of 32 lose much of K's detail
+ *         (as llama.cpp's q4_0 K cache does on small models).
+ * SmolLM2's heads are whole blocks, rotated before they are rounded (llm_hadamard32); the other three models'
+ * (8 and 16 values) are not. The bounds: q8_0 at least 96% (SmolLM2 98%) and a mean KL under 0.01 (2.4
+ * times the worst); q4_0 at least 50% and under 1.0 nats (1.5 times the worst), which still fails a cache
+ * that mixes up its blocks or heads, and on SmolLM2 80% and 0.08 nats, which fails unrotated blocks.
+ * tools/kv_fidelity.c measures against the exact path over 4,088 positions. */
 static void story_prompt(char *out, size_t cap, int i, int n_words);
 static void test_kv_quant_fidelity(void) {
     char story[2048];
@@ -2605,7 +2629,10 @@ static void test_kv_quant_fidelity(void) {
             fidelity_run(path, llm_cpu_backend_create, q ? LLM_KV_Q4_0 : LLM_KV_Q8_0, ids, P, ids_q, lp_q);
             double kl, kl_max, margin;
             int agree = fidelity_compare(P - 1, ids_f16, lp_f16, ids_q, lp_q, &kl, &kl_max, &margin);
-            double agree_bound = q ? 0.50 : 0.96, kl_bound = q ? 1.0 : 0.01;
+            /* heads of whole blocks (SmolLM2's 64) are rotated before they are rounded (llm_hadamard32):
+             * q4_0 there 84.6% and 0.045 nats, 77.2% and 0.126 unrotated */
+            double agree_bound = q ? (hd % 32 ? 0.50 : 0.80) : (hd % 32 ? 0.96 : 0.98);
+            double kl_bound = q ? (hd % 32 ? 1.0 : 0.08) : 0.01;
             printf("kv fidelity: %s (head_dim %d), %s cache against f16 over %d positions: top-1 agreement "
                    "%.2f%% (bound %.0f%%), mean KL %.6f nats (bound %g; worst %.5f), differing where f16's "
                    "top two are within %.3f\n", models[m], hd, q ? "q4_0" : "q8_0", P - 1,
@@ -5516,6 +5543,23 @@ static const char *cpu_denied;
 static int cpu_has_but_denied(const char *feature) {
     return strcmp(feature, cpu_denied) && llm_cpu_supports(feature);
 }
+/* The CPU backend's kernels by what the compiler was told, which the backend must name (its kernels) */
+static const char *cpu_kernels_built(void) {
+    const char *kernels = "plain C";
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(LLM_NO_SIMD)
+    kernels = "avx2";
+#if defined(__AVX512F__)
+    kernels = "avx512";
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
+    kernels = "avx512vnni";
+#endif
+#elif defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD) && !defined(LLM_NO_SIMD)
+    kernels = "neon";
+#endif
+    return kernels;
+}
+
 /* A distribution build's choice of CPU variant (llm_cpu_pick_variant, make llm-dist), on made-up CPUs: the
  * best the CPU has, none when it has none (the program's own plain C), one named by LLM_CPU_VARIANT only when
  * the CPU has what it needs, and an unknown name refused; tools/dist_check.sh runs the real build */
@@ -5614,18 +5658,7 @@ static void test_cpu_features(void) {
           "prefetch distances %d and %d bytes on this %s CPU, want %d and %d", llm_prefetch_ahead[0],
           llm_prefetch_ahead[1], amd ? "AMD" : "non-AMD", want[0], want[1]);
     /* the backend names its kernels by what the compiler was told (the load line shows it) */
-    const char *kernels = "plain C";
-#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(LLM_NO_SIMD)
-    kernels = "avx2";
-#if defined(__AVX512F__)
-    kernels = "avx512";
-#endif
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
-    kernels = "avx512vnni";
-#endif
-#elif defined(__aarch64__) && defined(__ARM_FEATURE_DOTPROD) && !defined(LLM_NO_SIMD)
-    kernels = "neon";
-#endif
+    const char *kernels = cpu_kernels_built();
     CHECK(be && be->kernels && !strcmp(be->kernels, kernels), "the CPU backend's kernels: %s, want %s",
           be && be->kernels ? be->kernels : "(none)", kernels);
     if (be) be->destroy(be);
@@ -7243,7 +7276,9 @@ static void test_fault_wait_policy(void) {
     snprintf(cmd, sizeof cmd, "env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=passive ./llm -m %s -p Once -n 2 "
              "--temp 0 2>&1 >/dev/null", model_path("stories260K.gguf"));
     out = run_command(cmd, &status);
-    CHECK(status == 0 && out && strstr(out, "the CPU, up to ") &&
+    char cpu_line[96];
+    snprintf(cpu_line, sizeof cpu_line, "the CPU (%s kernels), up to ", cpu_kernels_built());
+    CHECK(status == 0 && out && strstr(out, cpu_line) &&
           strstr(out, "(fewer while other processes keep cores busy; OMP_NUM_THREADS=N fixes how many), "
                       "waiting as OMP_WAIT_POLICY=passive;"),
           "fault 8: a policy set is kept, and said: %s", out ? out : "");
@@ -7251,7 +7286,9 @@ static void test_fault_wait_policy(void) {
     snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=1 ./llm -m %s -p Once -n 2 --temp 0 2>&1 >/dev/null",
              model_path("stories260K.gguf"));
     out = run_command(cmd, &status);
-    CHECK(status == 0 && out && strstr(out, "running on the CPU, 1 thread (OMP_NUM_THREADS);"),
+    snprintf(cpu_line, sizeof cpu_line, "running on the CPU (%s kernels), 1 thread (OMP_NUM_THREADS);",
+             cpu_kernels_built());
+    CHECK(status == 0 && out && strstr(out, cpu_line),
           "fault 8: OMP_NUM_THREADS fixes the threads, and the load line says so: %s", out ? out : "");
     free(out);
 }
