@@ -45,6 +45,8 @@ static const char *usage =
     "  llm serve -m MODEL.gguf [options]              OpenAI-compatible HTTP server (vLLM's API)\n"
     "  llm bench serve [options]                      load a running server, as vLLM's bench serve\n"
     "                                                 (llm bench serve --help lists its options)\n"
+    "  llm tune -m MODEL.gguf                         (make llm-dist) time each set of CPU kernels the CPU\n"
+    "                                                 runs on the model; the fastest is run from then on\n"
     "\n"
     "generation options:\n"
     "  -m, --model PATH       GGUF model file\n"
@@ -108,6 +110,10 @@ static const char *usage =
     "                         rounding of activations (slower; what the fast path is checked against)\n"
     "  --cpu-int8             the CPU with llama.cpp's 8-bit activations instead of the default 16: faster\n"
     "                         prompts (about 1.2x), answers that part from the exact path's at near ties\n"
+    "  environment: OMP_NUM_THREADS=N fixes the CPU's threads (default: the cores other processes leave);\n"
+    "  a build by make llm-dist starts the CPU's best kernels by its features, or those llm tune measured\n"
+    "  fastest (kept in LLM_TUNE_FILE, else ~/.cache/llm/cpu-kernels), and LLM_CPU_VARIANT=avx512vnni,\n"
+    "  avx512 or avx2 names the ones to run (refused on a CPU without them)\n"
     "\n"
     "serve options:\n"
     "  --host H               address to listen on (default 127.0.0.1)\n"
@@ -1523,6 +1529,220 @@ static int bench(args_t *a) {
     return failed ? 1 : 0;
 }
 
+/* ---- llm tune: which CPU kernels to run, where the build carries several (make llm-dist) --------------- */
+/* A distribution build starts the best kernels the CPU has by its features (AVX-512 VNNI, then AVX-512, then
+ * AVX2). Where a CPU runs two, which is faster depends on the CPU (how wide its vector units really are, what
+ * its 512-bit instructions cost) and is measured, not assumed: llm tune times each variant the CPU can run on
+ * the model, a 512-token prompt then 128 tokens of decode (llama-bench's pp512 and tg128, one greedy request
+ * of random ids), the variants taking turns for 3 rounds, and writes the one whose medians take the least
+ * time for both (a chat turn: a prompt, then its answer) to the tune file, with the CPU it was measured on
+ * (cpuid's vendor and signature). Every later start on that CPU without LLM_CPU_VARIANT runs the kernels it
+ * names (tune_apply); on another CPU (a home directory shared between machines) the file is not used. */
+static const char *g_tune_file; /* the tune file whose kernels this run uses, or NULL */
+
+#ifdef LLM_CPU_DISPATCH
+#include <cpuid.h>
+#include <sys/stat.h>
+static char g_tune_path[4096];
+/* LLM_TUNE_FILE, else $XDG_CACHE_HOME/llm/cpu-kernels, else ~/.cache/llm/cpu-kernels; -1 when none is set */
+static int tune_file_path(char *out, size_t cap) {
+    const char *file = getenv("LLM_TUNE_FILE"), *cache = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int n = file && file[0] ? snprintf(out, cap, "%s", file)
+          : cache && cache[0] ? snprintf(out, cap, "%s/llm/cpu-kernels", cache)
+          : home && home[0] ? snprintf(out, cap, "%s/.cache/llm/cpu-kernels", home) : -1;
+    return n > 0 && (size_t)n < cap ? 0 : -1;
+}
+/* the CPU as cpuid names it: vendor and signature (family, model, stepping), "GenuineIntel-000806f8" */
+static void tune_cpu_id(char *out, size_t cap) {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0, vendor[3] = {0, 0, 0};
+    __get_cpuid(0, &eax, &vendor[0], &vendor[2], &vendor[1]);
+    char name[13];
+    memcpy(name, vendor, 12);
+    name[12] = 0;
+    __get_cpuid(1, &eax, &ebx, &ecx, &edx);
+    snprintf(out, cap, "%s-%08x", name, eax);
+}
+/* the variant of this build called name that this CPU can run, or NULL */
+static const llm_cpu_variant *tune_runnable(const char *name) {
+    for (int i = 0; llm_cpu_variants[i]; i++)
+        if (!strcmp(llm_cpu_variants[i]->name, name))
+            return llm_cpu_missing_feature(llm_cpu_variants[i]->built_for, llm_cpu_supports)
+                       ? NULL : llm_cpu_variants[i];
+    return NULL;
+}
+#endif
+
+/* At the start of every command: the tune file's kernels, when LLM_CPU_VARIANT is not set and the file was
+ * written on this CPU (it then sets LLM_CPU_VARIANT, which the CPU backend reads when it starts) */
+static void tune_apply(void) {
+#ifdef LLM_CPU_DISPATCH
+    const char *wanted = getenv("LLM_CPU_VARIANT");
+    if ((wanted && wanted[0]) || tune_file_path(g_tune_path, sizeof g_tune_path) != 0) return;
+    FILE *f = fopen(g_tune_path, "r");
+    if (!f) return;
+    char line[256], cpu[256] = "", kernels[256] = "", here[64];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = 0;
+        if (!strncmp(line, "cpu ", 4)) snprintf(cpu, sizeof cpu, "%s", line + 4);
+        else if (!strncmp(line, "kernels ", 8)) snprintf(kernels, sizeof kernels, "%s", line + 8);
+    }
+    fclose(f);
+    tune_cpu_id(here, sizeof here);
+    if (strcmp(cpu, here)) return; /* measured on another CPU */
+    if (tune_runnable(kernels) && setenv("LLM_CPU_VARIANT", kernels, 1) == 0) {
+        g_tune_file = g_tune_path;
+        return;
+    }
+    fprintf(stderr, "llm: warning: %s names the kernels '%s', none this build has that this CPU runs: the "
+            "CPU's best by its features run (llm tune writes the file again)\n", g_tune_path, kernels);
+#endif
+}
+
+#ifdef LLM_CPU_DISPATCH
+/* one round of llm tune on an engine: a prompt of n_prompt random ids from seed (each round its own: the
+ * prefix cache would hold a prompt seen before), then n_decode tokens, greedy; the seconds of the steps that
+ * computed the prompt and of those that decoded. -1 on an error */
+static int tune_round(llm_engine *e, uint64_t seed, int n_prompt, int n_decode, double *prompt_s,
+                      double *decode_s, int *decoded, char *err) {
+    uint64_t rng = seed;
+    int vocab_size = llm_engine_model(e)->cfg.vocab_size;
+    int32_t *ids = random_prompt(&rng, n_prompt, vocab_size);
+    if (!ids) { snprintf(err, LLM_ERR_LEN, "out of memory"); return -1; }
+    llm_sampling_params p = llm_sampling_defaults();
+    p.temperature = 0; p.ignore_eos = 1; p.max_tokens = 1 + n_decode;
+    int ok = llm_engine_add_request(e, NULL, ids, n_prompt, &p, NULL, err) != 0, failed = 0;
+    free(ids);
+    *prompt_s = *decode_s = 0; *decoded = 0;
+    while (ok && llm_engine_has_work(e)) {
+        const llm_output *out;
+        llm_engine_stats before = llm_engine_get_stats(e);
+        double t0 = now_s();
+        int n = llm_engine_step(e, &out);
+        double step_s = now_s() - t0;
+        llm_engine_stats after = llm_engine_get_stats(e);
+        if (after.prompt_tokens_computed > before.prompt_tokens_computed) *prompt_s += step_s;
+        else { *decode_s += step_s; for (int i = 0; i < n; i++) *decoded += out[i].n_tokens; }
+        for (int i = 0; i < n; i++)
+            if (out[i].finish_reason == LLM_FINISH_ERROR && !failed++)
+                snprintf(err, LLM_ERR_LEN, "%s", out[i].error);
+    }
+    return ok && !failed && *prompt_s > 0 && *decode_s > 0 ? 0 : -1;
+}
+static int tune_compare_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+#endif
+
+static int tune(args_t *a) {
+#ifndef LLM_CPU_DISPATCH
+    (void)a;
+    printf("llm tune: this build has one set of CPU kernels, chosen when it was compiled (-march): nothing "
+           "to choose between (make llm-dist builds one binary with several, which llm tune chooses from)\n");
+    return 0;
+#else
+    enum { ROUNDS = 3, MAX_VARIANTS = 8 };
+    char err[LLM_ERR_LEN], cpu[64];
+    if (!a->engine.model_path) { fprintf(stderr, "llm tune: give the model with -m MODEL.gguf\n"); return 1; }
+    if (tune_file_path(g_tune_path, sizeof g_tune_path) != 0) {
+        fprintf(stderr, "llm tune: no place for the tune file: set LLM_TUNE_FILE, XDG_CACHE_HOME or HOME\n");
+        return 1;
+    }
+    if (!a->engine.create_backend) a->engine.create_backend = llm_cpu_backend_create;
+    tune_cpu_id(cpu, sizeof cpu);
+    /* the variants this CPU runs, each its own engine (LLM_CPU_VARIANT names it as the engine starts) */
+    const char *saved = getenv("LLM_CPU_VARIANT");
+    char saved_copy[64];
+    snprintf(saved_copy, sizeof saved_copy, "%s", saved ? saved : "");
+    llm_engine *engines[MAX_VARIANTS] = {0};
+    const char *names[MAX_VARIANTS];
+    int n = 0, rc = 1;
+    for (int i = 0; llm_cpu_variants[i] && n < MAX_VARIANTS; i++) {
+        if (!tune_runnable(llm_cpu_variants[i]->name)) continue;
+        setenv("LLM_CPU_VARIANT", llm_cpu_variants[i]->name, 1);
+        names[n] = llm_cpu_variants[i]->name;
+        if (!(engines[n++] = llm_engine_create(&a->engine, err))) {
+            fprintf(stderr, "llm tune: %s\n", err);
+            goto done;
+        }
+    }
+    if (saved) setenv("LLM_CPU_VARIANT", saved_copy, 1);
+    else unsetenv("LLM_CPU_VARIANT");
+    if (n == 0) {
+        printf("llm tune: this CPU runs none of this build's kernels, only its plain C: nothing to choose\n");
+        rc = 0;
+        goto done;
+    }
+    /* the prompt: 512 tokens, or what the context leaves with the decode's 128 */
+    int n_decode = 128, max_len = llm_engine_get_stats(engines[0]).max_model_len;
+    int n_prompt = max_len - n_decode - 2 < 512 ? max_len - n_decode - 2 : 512;
+    if (n_prompt < 1) { fprintf(stderr, "llm tune: the model's context is too short\n"); goto done; }
+    printf("llm tune: %s on the CPU %s: %d kernels, each a %d-token prompt then %d tokens of decode, in "
+           "turns, %d rounds after a warmup\n", llm_engine_model(engines[0])->name, cpu, n, n_prompt,
+           n_decode, ROUNDS);
+    double seconds[MAX_VARIANTS][ROUNDS], pp[MAX_VARIANTS][ROUNDS], tg[MAX_VARIANTS][ROUNDS];
+    for (int v = 0; v < n; v++) /* the warmup: each engine's pages mapped and touched */
+        if (bench_warmup(engines[v], n_prompt, llm_engine_model(engines[v])->cfg.vocab_size, err) != 0) {
+            fprintf(stderr, "llm tune: %s\n", err);
+            goto done;
+        }
+    for (int r = 0; r < ROUNDS; r++)
+        for (int v = 0; v < n; v++) {
+            double prompt_s, decode_s;
+            int decoded;
+            if (tune_round(engines[v], 0x70e + (uint64_t)r, n_prompt, n_decode, &prompt_s, &decode_s,
+                           &decoded, err) != 0) {
+                fprintf(stderr, "llm tune: %s kernels: %s\n", names[v], err[0] ? err : "no steps timed");
+                goto done;
+            }
+            /* the time of n_prompt prompt tokens and n_decode decoded ones at the rates measured */
+            pp[v][r] = n_prompt / prompt_s; tg[v][r] = decoded / decode_s;
+            seconds[v][r] = prompt_s + decode_s / decoded * n_decode;
+        }
+    printf("| kernels | pp%d tok/s | tg%d tok/s | seconds for both | against the fastest |\n"
+           "|---|---|---|---|---|\n", n_prompt, n_decode);
+    double median[MAX_VARIANTS];
+    int best = 0;
+    for (int v = 0; v < n; v++) {
+        qsort(seconds[v], ROUNDS, sizeof(double), tune_compare_double);
+        qsort(pp[v], ROUNDS, sizeof(double), tune_compare_double);
+        qsort(tg[v], ROUNDS, sizeof(double), tune_compare_double);
+        median[v] = seconds[v][ROUNDS / 2];
+        if (median[v] < median[best]) best = v;
+    }
+    for (int v = 0; v < n; v++)
+        printf("| %s | %.1f | %.1f | %.3f | %.2fx |\n", names[v], pp[v][ROUNDS / 2], tg[v][ROUNDS / 2],
+               median[v], median[best] / median[v]);
+    /* the file: its directories made, written beside and renamed over, so a reader never sees half of it */
+    char tmp[sizeof g_tune_path + 8];
+    snprintf(tmp, sizeof tmp, "%s.tmp", g_tune_path);
+    for (char *slash = strchr(g_tune_path + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+        *slash = 0;
+        mkdir(g_tune_path, 0755); /* one that exists already stays */
+        *slash = '/';
+    }
+    FILE *f = fopen(tmp, "w");
+    int wrote = f && fprintf(f, "# written by llm tune on %s: the CPU kernels every llm start on this CPU "
+                                "runs, unless LLM_CPU_VARIANT says; delete it for the CPU's best by its "
+                                "features\ncpu %s\nkernels %s\n", llm_engine_model(engines[0])->name, cpu,
+                             names[best]) > 0;
+    if (f && fclose(f) != 0) wrote = 0;
+    if (!wrote || rename(tmp, g_tune_path) != 0) {
+        fprintf(stderr, "llm tune: cannot write %s: %s\n", g_tune_path, strerror(errno));
+        remove(tmp);
+        goto done;
+    }
+    printf("the fastest: %s; written to %s: llm runs it on this CPU unless LLM_CPU_VARIANT says otherwise\n",
+           names[best], g_tune_path);
+    rc = 0;
+done:
+    if (saved) setenv("LLM_CPU_VARIANT", saved_copy, 1);
+    else unsetenv("LLM_CPU_VARIANT");
+    for (int v = 0; v < n; v++) llm_engine_destroy(engines[v]);
+    return rc;
+#endif
+}
+
 /* llm serve, the OpenAI-compatible HTTP server, and llm bench serve, its load generator: in their own file */
 #include "server.c"
 
@@ -1544,6 +1764,7 @@ int main(int argc, char **argv) {
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT") && setenv("GOMP_SPINCOUNT", "2000", 1) == 0)
         execv("/proc/self/exe", argv); /* returns only when it fails: then run as we are */
 #endif
+    tune_apply(); /* a distribution build: the kernels llm tune chose for this CPU */
     /* 1. the defaults, then the command word, then the flags */
     args_t a;
     memset(&a, 0, sizeof a);
@@ -1553,7 +1774,7 @@ int main(int argc, char **argv) {
     a.num_prompts = 256; a.in_min = 100; a.in_max = 1024; a.out_min = 100; a.out_max = 1024;
     a.host = "127.0.0.1"; a.port = 8000; a.max_queue = 4096; a.request_timeout = 30; a.drain_timeout = 30;
     a.store_max = 1024; a.store_max_bytes = (size_t)256 << 20;
-    int cmd = 0; /* 0 generate/REPL, 1 tokenize, 2 bench, 3 chat, 4 serve, 5 grammar */
+    int cmd = 0; /* 0 generate/REPL, 1 tokenize, 2 bench, 3 chat, 4 serve, 5 grammar, 6 embed, 7 tune */
     int start = 1;
     if (argc > 1 && !strcmp(argv[1], "tokenize")) { cmd = 1; start = 2; }
     else if (argc > 2 && !strcmp(argv[1], "bench") && !strcmp(argv[2], "serve"))
@@ -1563,6 +1784,7 @@ int main(int argc, char **argv) {
     else if (argc > 1 && !strcmp(argv[1], "serve")) { cmd = 4; start = 2; }
     else if (argc > 1 && !strcmp(argv[1], "grammar")) { cmd = 5; start = 2; }
     else if (argc > 1 && !strcmp(argv[1], "embed")) { cmd = 6; start = 2; }
+    else if (argc > 1 && !strcmp(argv[1], "tune")) { cmd = 7; start = 2; }
     int pos = parse_args(argc, argv, start, &a);
     if (pos < 0) return 1;
     /* 2. the commands that need no engine of this function's: tokenize, grammar, bench, serve */
@@ -1590,6 +1812,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (cmd == 2) { int rc = bench(&a); free(gbnf); return rc; }
+    if (cmd == 7) { free(gbnf); return tune(&a); }
     if (cmd == 4) {
         if (!a.engine.model_path) {
             fprintf(stderr, "llm serve: give a model with -m MODEL.gguf\n");
@@ -1645,9 +1868,11 @@ int main(int argc, char **argv) {
         const char *cpu = !strcmp(st.backend, "cpu") ? "CPU" :
                           !strcmp(st.backend, "cpu-int8") ? "CPU with 8-bit activations (cpu-int8)" :
                           !strcmp(st.backend, "cpu-exact") ? "CPU's exact path (cpu-exact)" : st.backend;
-        int at = snprintf(where, sizeof where, "the %s%s%s%s, %s%d thread%s (%s)%s%s%s%s",
+        int at = snprintf(where, sizeof where, "the %s%s%s%s%s, %s%d thread%s (%s)%s%s%s%s",
                           cpu, st.backend_kernels ? " (" : "", st.backend_kernels ? st.backend_kernels : "",
-                          st.backend_kernels ? " kernels)" : "", fixed ? "" : "up to ", n_threads,
+                          st.backend_kernels ? " kernels" : "",
+                          !st.backend_kernels ? "" : g_tune_file ? ", chosen by llm tune)" : ")",
+                          fixed ? "" : "up to ", n_threads,
                           n_threads == 1 ? "" : "s",
                           fixed ? "OMP_NUM_THREADS" : "fewer while other processes keep cores busy; "
                                                       "OMP_NUM_THREADS=N fixes how many",

@@ -10,6 +10,14 @@ llm:       OMP_NUM_THREADS=T ./llm bench -m F --cpu --num-prompts 1 --input-len 
 llama.cpp: llama-bench -m F -t T -p 512 -n 0 -r 1 -o csv, and -p 0 -n 128
 Each runs a warmup first, left out of its figures (llama-bench's warmup run; llm bench's warmup request).
 
+With a quantized KV cache, both with the same type, decoding after a prompt of D tokens:
+
+    python3 tools/vs_llama_cpp.py --llama-bench DIR/llama-bench --cache-type q8_0 --depth 512 MODEL.gguf
+
+llm:       --kv-cache-dtype q8_0, and tg128's prompt D tokens (--input-len D:D; its "decode" line is the steps
+           after the prompt's)
+llama.cpp: -ctk q8_0 -ctv q8_0 -fa on (its quantized V cache needs flash attention) and -d D (tg128 @ dD)
+
 Building llama.cpp at its best on the machine at hand (the yardstick; never a dependency): its source ships in
 PyPI's source package llama-cpp-python (0.3.36: a 2026 llama.cpp in vendor/llama.cpp):
 
@@ -40,9 +48,12 @@ def run(cmd, threads):
     return p.stdout + p.stderr
 
 
-def llm_rate(model, threads, test):
+def llm_rate(model, threads, test, cache, depth):
+    d = max(depth, 1)
     args = ["--input-len", "512:512", "--output-len", "1:1"] if test == "pp512" else \
-           ["--input-len", "1:1", "--output-len", "128:128"]
+           ["--input-len", "%d:%d" % (d, d), "--output-len", "128:128"]
+    if cache != "f16":
+        args += ["--kv-cache-dtype", cache]
     out = run([LLM, "bench", "-m", model, "--cpu", "--num-prompts", "1"] + args, threads)
     line = "prompt processing" if test == "pp512" else "decode"
     m = re.search(r"^%s: ([0-9.]+) tok/s" % line, out, re.M)
@@ -51,8 +62,10 @@ def llm_rate(model, threads, test):
     return float(m.group(1))
 
 
-def llama_rate(bench, model, threads, test):
-    pn = ["-p", "512", "-n", "0"] if test == "pp512" else ["-p", "0", "-n", "128"]
+def llama_rate(bench, model, threads, test, cache, depth):
+    pn = ["-p", "512", "-n", "0"] if test == "pp512" else ["-p", "0", "-n", "128", "-d", str(depth)]
+    if cache != "f16":
+        pn += ["-ctk", cache, "-ctv", cache, "-fa", "on"]
     out = run([bench, "-m", model, "-t", str(threads), "-r", "1", "-o", "csv"] + pn, threads)
     rows = list(csv.DictReader(io.StringIO(out[out.index("build_commit"):])))
     return float(rows[-1]["avg_ts"])
@@ -63,18 +76,21 @@ def main():
     ap.add_argument("--llama-bench", required=True)
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--cache-type", default="f16", choices=["f16", "q8_0", "q4_0"])
+    ap.add_argument("--depth", type=int, default=0, help="tg128 after a prompt of this many tokens")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     threads = [int(t) for t in a.threads.split(",")]
+    print("KV cache %s, both" % a.cache_type)
     print("| file | threads | test | llm tok/s (pairs) | llama.cpp tok/s (pairs) | ratio, median |")
     print("|---|---|---|---|---|---|")
     for model in a.models:
         for t in threads:
-            for test in ("pp512", "tg128"):
+            for test in ("pp512", "tg128" if a.depth == 0 else "tg128@d%d" % a.depth):
                 ours, theirs = [], []
                 for _ in range(a.pairs):
-                    ours.append(llm_rate(model, t, test))
-                    theirs.append(llama_rate(a.llama_bench, model, t, test))
+                    ours.append(llm_rate(model, t, test, a.cache_type, a.depth))
+                    theirs.append(llama_rate(a.llama_bench, model, t, test, a.cache_type, a.depth))
                 ratio = statistics.median(o / l for o, l in zip(ours, theirs))
                 print("| %s | %d | %s | %s | %s | %.2fx |" % (
                     os.path.basename(model), t, test, " ".join("%.1f" % x for x in ours),
