@@ -200,7 +200,9 @@ test-variants: llm-test-haswell llm-test-x86-64 llm-test-aarch64 llm-dist llm $(
 # ---- make llm-dist: one binary, the CPU backend in variants ------------------------------------------------
 # each variant is llm.h compiled with its flags and LLM_CPU_VARIANT, then every global but its
 # llm_cpu_variant_NAME made local (objcopy), so that the copies of the library do not collide; the program
-# (LLM_CPU_DISPATCH, built for any x86-64) picks one when a CPU backend starts. Best first.
+# (LLM_CPU_DISPATCH, built for any x86-64) picks one when a CPU backend starts. Best first. Each function in a
+# section of its own, and the linker drops what nothing calls: of each copy, the CPU backend stays (the
+# binary stripped 2.3 MB, 3.4 MB with every copy whole).
 CPU_VARIANTS     = avx512vnni avx512 avx2
 MARCH_avx2       = -march=haswell
 MARCH_avx512     = -march=haswell -mavx512f -mavx512vl -mavx512bw -mavx512dq -mavx512cd
@@ -208,12 +210,13 @@ MARCH_avx512vnni = $(MARCH_avx512) -mavx512vnni
 OBJCOPY ?= objcopy
 llm-cpu-%.o: llm.h | $(STB_H) $(NEED_CC)
 	$(SAY) "compiling $@ (llm.h's CPU variant $*: $(MARCH_$*))"
-	@$(CC) $(filter-out $(ARCH),$(CFLAGS)) $(MARCH_$*) -DLLM_IMPLEMENTATION -DLLM_CPU_VARIANT=$* -x c -c \
-	    -o $@.tmp llm.h && $(OBJCOPY) --keep-global-symbol=llm_cpu_variant_$* $@.tmp $@ && rm -f $@.tmp
+	@$(CC) $(filter-out $(ARCH),$(CFLAGS)) $(MARCH_$*) -ffunction-sections -fdata-sections \
+	    -DLLM_IMPLEMENTATION -DLLM_CPU_VARIANT=$* -x c -c -o $@.tmp llm.h && \
+	    $(OBJCOPY) --keep-global-symbol=llm_cpu_variant_$* $@.tmp $@ && rm -f $@.tmp
 llm-dist: main.c server.c llm.h $(CPU_VARIANTS:%=llm-cpu-%.o) $(CUDA_OBJ) | $(STB_H) $(NEED_CC)
 	$(SAY) "compiling llm-dist (main.c, server.c, llm.h for any x86-64, and the CPU variants $(CPU_VARIANTS))"
 	@$(CC) $(filter-out $(ARCH),$(CFLAGS)) -march=x86-64 -DLLM_CPU_DISPATCH $(CUDA_DEFS) -o $@ main.c \
-	    $(CPU_VARIANTS:%=llm-cpu-%.o) $(CUDA_OBJ) $(LDFLAGS) $(LDLIBS) $(CUDA_LIBS)
+	    $(CPU_VARIANTS:%=llm-cpu-%.o) $(CUDA_OBJ) -Wl,--gc-sections $(LDFLAGS) $(LDLIBS) $(CUDA_LIBS)
 
 # the random-weight models too large to keep in git (108 MB), written once from a fixed seed with the gguf
 # package and checked against the sums of the files llama.cpp's references were made on (testdata/README.md);
