@@ -13786,33 +13786,39 @@ static inline __m256i llm_avx2_dpwssd(__m256i acc, __m256i a, __m256i b) {
 static inline __attribute__((always_inline)) void llm_q8_block32_avx2(uint32_t type, int wide,
                                                                       const uint8_t *p,
                                                                       const llm_q8 *x, int64_t x_stride,
-                                                                      int nc, __m256 acc[4], float mins[4]) {
+                                                                      int nc, __m256 acc[4], __m128 mins[4]) {
     const int has_min = type == LLM_Q4_1 || type == LLM_Q5_1;
-    float d = type == LLM_MXFP4 ? llm_e8m0_half(p[0]) : _cvtsh_ss(*(const uint16_t *)p);
-    float m = has_min ? _cvtsh_ss(*(const uint16_t *)(p + 2)) : 0;
-    if (wide) { /* 4 sums of 2 products in each 32-bit lane of each half: at most 4 x 128 x 32,639 < 2^24 */
-        __m256i hi, lo = llm_avx2_group16(type, p, &hi);
-        for (int c = 0; c < nc; c++) {
-            const llm_q8 *xb = x + c * x_stride;
-            __m256i dot = llm_avx2_dpwssd(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)xb->a)),
-                                          hi, _mm256_loadu_si256((const __m256i *)xb->a + 1));
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xb->d), acc[c]);
-            if (has_min) mins[c] += m * xb->s;
-        }
-        return;
+    /* d, and m after it for q4_1 and q5_1, converted at once; then times the activations' d and s (which
+     * follow each other too) at once: lane 0 the block's scale, lane 1 what its minimum adds, summed in mins'
+     * lane 1 (the products and sums of a scalar loop, two conversions and a multiply fewer a block: q4_1's
+     * products 1.12-1.16 times as fast, SmolLM2 Q4_1 decode 1.09 times, one thread of a Sapphire Rapids) */
+    int32_t halves = 0;
+    memcpy(&halves, p, has_min ? 4 : 2);
+    __m128 dm = type == LLM_MXFP4 ? _mm_set_ss(llm_e8m0_half(p[0])) : _mm_cvtph_ps(_mm_cvtsi32_si128(halves));
+    __m256i hi, lo, w, w_abs;
+    if (wide) lo = llm_avx2_group16(type, p, &hi);
+    else {
+        w = w_abs = llm_avx2_group(type, p, 0);
+        if (type == LLM_Q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
+        if (type == LLM_Q5_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+        if (type == LLM_MXFP4) w = _mm256_sub_epi8(w, _mm256_set1_epi8(12));
+        if (!has_min) w_abs = _mm256_sign_epi8(w, w);
     }
-    __m256i w = llm_avx2_group(type, p, 0), w_abs = w;
-    if (type == LLM_Q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
-    if (type == LLM_Q5_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
-    if (type == LLM_MXFP4) w = _mm256_sub_epi8(w, _mm256_set1_epi8(12));
-    if (!has_min) w_abs = _mm256_sign_epi8(w, w);
     for (int c = 0; c < nc; c++) {
         const llm_q8 *xb = x + c * x_stride;
-        __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);
-        if (!has_min) xq = _mm256_sign_epi8(xq, w);
-        __m256i dot = llm_avx2_dpbusd(_mm256_setzero_si256(), w_abs, xq);
-        acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xb->d), acc[c]);
-        if (has_min) mins[c] += m * xb->s;
+        __m256i dot;
+        if (wide) /* 4 sums of 2 products in each 32-bit lane of each half: at most 4 x 128 x 32,639 < 2^24 */
+            dot = llm_avx2_dpwssd(_mm256_madd_epi16(lo, _mm256_loadu_si256((const __m256i *)xb->a)),
+                                  hi, _mm256_loadu_si256((const __m256i *)xb->a + 1));
+        else {
+            __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);
+            if (!has_min) xq = _mm256_sign_epi8(xq, w);
+            dot = llm_avx2_dpbusd(_mm256_setzero_si256(), w_abs, xq);
+        }
+        __m128 scale = has_min ? _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd((const double *)&xb->d)))
+                               : _mm_mul_ss(dm, _mm_load_ss(&xb->d));
+        acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcastss_ps(scale), acc[c]);
+        if (has_min) mins[c] = _mm_add_ps(mins[c], scale);
     }
 }
 
@@ -13822,10 +13828,10 @@ static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t typ
     const size_t bytes = type == LLM_Q8_0 ? 34 : type == LLM_Q4_0 ? 18 : type == LLM_Q4_1 ? 20 :
                          type == LLM_Q5_0 ? 22 : type == LLM_MXFP4 ? 17 : 24;
     __m256 even[4], odd[4];
-    float mins_even[4], mins_odd[4];
+    __m128 mins_even[4], mins_odd[4]; /* lane 1: the minimums' part */
     for (int c = 0; c < nc; c++) {
         even[c] = odd[c] = _mm256_setzero_ps();
-        mins_even[c] = mins_odd[c] = 0;
+        mins_even[c] = mins_odd[c] = _mm_setzero_ps();
     }
     int64_t b = 0;
     const int ahead = __atomic_load_n(&llm_prefetch_ahead[0], __ATOMIC_RELAXED);
@@ -13835,8 +13841,12 @@ static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t typ
         llm_q8_block32_avx2(type, wide, p + bytes, x + b + 1, x_stride, nc, odd, mins_odd);
     }
     if (b < n_blocks) llm_q8_block32_avx2(type, wide, p, x + b, x_stride, nc, even, mins_even);
-    for (int c = 0; c < nc; c++)
-        out[c] = llm_avx2_hsum(_mm256_add_ps(even[c], odd[c])) + (mins_even[c] + mins_odd[c]);
+    for (int c = 0; c < nc; c++) {
+        float mins[2][4];
+        _mm_storeu_ps(mins[0], mins_even[c]);
+        _mm_storeu_ps(mins[1], mins_odd[c]);
+        out[c] = llm_avx2_hsum(_mm256_add_ps(even[c], odd[c])) + (mins[0][1] + mins[1][1]);
+    }
 }
 
 /* 256-value k-quant blocks: per group of 32, the products scaled by the sub-block scales in integers, then by
