@@ -5774,6 +5774,8 @@ typedef struct {
     int8_t r[32];       /* what q's rounding left, in 256ths of q's step (16-bit activations; else 0) */
     int16_t a[32];      /* 256 q + r as one 16-bit integer, what 16-bit products meet (16-bit; else 0) */
 } llm_q8;
+/* section 14's row products load d and s as one 8-byte pair */
+_Static_assert(offsetof(llm_q8, s) == offsetof(llm_q8, d) + sizeof(float), "llm_q8: s must follow d");
 
 /* One block of activations, 32 values x[0..31]:
  *     d = max |x[j]| / 127                    q[j] = round(x[j] / d)                 8 bits: x[j] ~ d q[j]
@@ -6346,7 +6348,7 @@ static void llm_kv_dequant_head(uint32_t type, const uint8_t *p, float *out, int
     int b = 0;
 #ifdef LLM_CPU_SIMD
     b = llm_kv_dequant_avx2(type, p, out, hd);
-    p += (size_t)b / 32 * (type == LLM_Q8_0 ? 34 : 18);
+    p += llm_dtype_row_bytes(type, b);
 #endif
     for (; b < hd; b += 32) {
         float d = llm_f16_at(p), v[32], *o = hd - b >= 32 ? out + b : v;
