@@ -5865,6 +5865,14 @@ static float llm_q8_dot_ref(uint32_t type, const void *row, const llm_q8 *x, int
 #else
 #define LLM_PACK_ROWS 8
 #endif
+/* A decode step's products take LLM_DOT_ROWS weight rows a call (llm_q8_dot32_avx2 says why): 4 with
+ * AVX-512's 32 registers; AVX2's 16 leave too few beside 4 rows' sums (one thread of a Sapphire Rapids,
+ * q4_1's products from memory: 4 rows 1.12 times as fast as 1 built with AVX-512, 0.95-1.0 built for AVX2) */
+#if defined(LLM_AVX512F)
+#define LLM_DOT_ROWS 4
+#else
+#define LLM_DOT_ROWS 1
+#endif
 /* f16/bf16 weights meet f32 activations in tiles of up to LLM_HALF_ROWS rows times LLM_HALF_TOKENS tokens */
 #define LLM_HALF_ROWS 4
 #if defined(LLM_AVX512F)
@@ -5874,22 +5882,22 @@ static float llm_q8_dot_ref(uint32_t type, const void *row, const llm_q8 *x, int
 #endif
 static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wide);
 static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t type, int wide, const uint8_t *p,
-                                                                    const llm_q8 *x, int64_t n_blocks,
-                                                                    int64_t x_stride, int nc, float *out);
+    size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride, int nc, float *out,
+    int64_t out_stride);
 static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type, int wide, const uint8_t *p,
-                                                                   const llm_q8 *x, int64_t n_blocks,
-                                                                   int64_t x_stride, int nc, float *out);
+    size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride, int nc, float *out,
+    int64_t out_stride);
 #elif defined(LLM_NEON_DOT)
 /* On 64-bit ARM, section 14's NEON kernels for the activations' quantization and the row products of every
  * quantized type (sdot: four bytes' products into each 32-bit lane); f16 and bf16 rows are converted to f32,
  * as in a build without SIMD, and the other kernels are plain C */
 static void llm_q8_quantize_neon(const float *x, llm_q8 *out, int64_t n, int wide);
-static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t type, int wide, const uint8_t *p,
-                                                                    const llm_q8 *x, int64_t n_blocks,
-                                                                    int64_t x_stride, int nc, float *out);
-static inline __attribute__((always_inline)) void llm_q8_dotk_neon(uint32_t type, int wide, const uint8_t *p,
-                                                                   const llm_q8 *x, int64_t n_blocks,
-                                                                   int64_t x_stride, int nc, float *out);
+static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t type, int wide,
+    const uint8_t *rows, size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride,
+    int nc, float *out, int64_t out_stride);
+static inline __attribute__((always_inline)) void llm_q8_dotk_neon(uint32_t type, int wide,
+    const uint8_t *rows, size_t row_bytes, int nr, const llm_q8 *x0, int64_t n_blocks, int64_t x_stride,
+    int nc, float *out, int64_t out_stride);
 #endif
 
 /* A row of activations quantized for the fast path: with SIMD when the build has it */
@@ -5903,19 +5911,28 @@ static void llm_q8_quantize(const float *x, llm_q8 *out, int64_t n, int wide) {
 #endif
 }
 
-/* The fast path's products of one weight row with nc (1 to 4) rows of quantized activations, x_stride blocks
- * apart, into out[0..nc-1]: SIMD when the build has it, else the plain-C reference */
+/* The fast path's products of nr weight rows (row_bytes apart) with nc rows of quantized activations
+ * (x_stride blocks apart), nr or nc 1 and the other up to 4, into out[c * out_stride + r]: SIMD when the
+ * build has it, else the plain-C reference. A row's product is the same bits whichever rows and tokens share
+ * its call. */
 #define LLM_DOT_MAX_COLS 4
-static void llm_q8_dot(uint32_t type, int wide, const void *row, const llm_q8 *x, int64_t n, int64_t x_stride,
-                       int nc, float *out) {
+#ifndef LLM_DOT_ROWS
+#define LLM_DOT_ROWS 1 /* NEON and plain C: a row a call */
+#endif
+static void llm_q8_dot(uint32_t type, int wide, const void *row, size_t row_bytes, int nr, const llm_q8 *x,
+                       int64_t n, int64_t x_stride, int nc, float *out, int64_t out_stride) {
 #if defined(LLM_CPU_SIMD) || defined(LLM_NEON_DOT)
     /* each call specializes the inlined loops to its type, its activations' width, and to 1 to 4 tokens: a
      * step of 2 or 3 (a few sequences decoding together, a short speculative proposal) then reads each weight
      * block once, not once per token (SmolLM2 Q4_1, one thread: 2 tokens 1.5 times one, was 1.8; 3 tokens
-     * 1.9, was 2.6: tools/matmul_steps.c) */
-#define LLM_Q8_CALL(k, s, T, dot, per_block, W)                                                        \
-    dot(T, W, (const uint8_t *)row, x + (s) * x_stride, n / per_block, x_stride, k, out + (s))
-#define LLM_Q8_WIDTHS(T, dot, per_block, W) LLM_BY_TOKENS(nc, LLM_Q8_CALL, T, dot, per_block, W);
+     * 1.9, was 2.6: tools/matmul_steps.c); or to 4 rows and one token (a decode step: below) */
+#define LLM_Q8_CALL(k, s, T, dot, per_block, W)                                                           \
+    dot(T, W, (const uint8_t *)row + r * row_bytes, 0, 1, x + (s) * x_stride, n / per_block, x_stride, k, \
+        out + (s) * out_stride + r, out_stride)
+#define LLM_Q8_WIDTHS(T, dot, per_block, W)                                                                 \
+    if (nr == LLM_DOT_ROWS && nc == 1)                                                                      \
+        dot(T, W, (const uint8_t *)row, row_bytes, LLM_DOT_ROWS, x, n / per_block, 0, 1, out, out_stride); \
+    else for (int r = 0; r < nr; r++) LLM_BY_TOKENS(nc, LLM_Q8_CALL, T, dot, per_block, W);
 #define LLM_Q8_CASE(T, dot, per_block)                                                                 \
     case T:                                                                                            \
         if (wide) { LLM_Q8_WIDTHS(T, dot, per_block, 1) } else { LLM_Q8_WIDTHS(T, dot, per_block, 0) } \
@@ -5942,7 +5959,10 @@ static void llm_q8_dot(uint32_t type, int wide, const void *row, const llm_q8 *x
 #undef LLM_Q8_CALL
 #endif
     /* plain C: a build without SIMD (whose llm_matmul converts the rows instead: only the tests come here) */
-    for (int c = 0; c < nc; c++) out[c] = llm_q8_dot_ref(type, row, x + c * x_stride, n, wide);
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++)
+            out[c * out_stride + r] =
+                llm_q8_dot_ref(type, (const uint8_t *)row + r * row_bytes, x + c * x_stride, n, wide);
 }
 
 /* How a matrix product reads a weight type: rows as they are (f32), quantized blocks against quantized
@@ -6092,16 +6112,20 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
             for (int t = 0; t < T; t += LLM_DOT_MAX_COLS) {
                 const float *xt = x + (size_t)t * cols;
                 int nc = T - t < LLM_DOT_MAX_COLS ? T - t : LLM_DOT_MAX_COLS;
+                if (kind == LLM_ROWS_Q8) { /* one token: 4 rows a call (llm_q8_dot32_avx2 says why) */
+                    for (int64_t r = r0, nr; r < r1; r += nr) {
+                        nr = nc == 1 && r1 - r >= LLM_DOT_ROWS ? LLM_DOT_ROWS : 1;
+                        llm_q8_dot(w->type, wide, tile_data + (size_t)(r - r0) * row_bytes, row_bytes,
+                                   (int)nr, xq + (size_t)t * (cols / 32), cols, cols / 32, nc,
+                                   out + (size_t)t * rows + r, rows);
+                    }
+                    continue;
+                }
                 for (int64_t r = r0; r < r1; r++) {
                     const void *row = tile_data + (size_t)(r - r0) * row_bytes;
                     float v[LLM_DOT_MAX_COLS];
-                    switch (kind) {
-                    case LLM_ROWS_Q8:
-                        llm_q8_dot(w->type, wide, row, xq + (size_t)t * (cols / 32), cols, cols / 32, nc, v);
-                        break;
-                    case LLM_ROWS_F32: llm_dot_rows((const float *)row, xt, cols, nc, cols, v); break;
-                    default: llm_dot_rows(converted + (size_t)(r - r0) * cols, xt, cols, nc, cols, v); break;
-                    }
+                    if (kind == LLM_ROWS_F32) llm_dot_rows((const float *)row, xt, cols, nc, cols, v);
+                    else llm_dot_rows(converted + (size_t)(r - r0) * cols, xt, cols, nc, cols, v);
                     for (int c = 0; c < nc; c++) out[(size_t)(t + c) * rows + r] = v[c];
                 }
             }
@@ -7086,23 +7110,31 @@ static const char *llm_cpu_missing_feature(const char *const *built_for, int (*h
 }
 
 /* How far ahead of the matrix products, in bytes, section 14's kernels ask for the weight rows from memory
- * ([0] quantized rows, [1] f16/bf16 ones: 2 to 4 times the bytes per value). A decode step reads every weight
- * once, in one run: the CPU's own prefetchers should have each line in cache before a load asks for it, but
- * run too little ahead on some machines. How far is best was measured per CPU, SmolLM2-135M decode on one
- * thread (tools/decode_bandwidth.c: the products' GB/s against a plain loop's over the same bytes):
- * - a virtualized Sapphire Rapids: 2 kB for quantized rows (Q4_K_M's products per token 21.3 ms without,
- *   11.4 with 2 kB, 14.9 with 1 kB; 4 kB as 2), 4 kB for f16 (1.03 to 1.05 times 2 kB's speed);
+ * ([0] quantized rows, [1] f16/bf16 ones: 2 to 4 times the bytes per value), into L1 and, further, into L2.
+ * A decode step reads every weight once, in one run: the CPU's own prefetchers should have each line in
+ * cache before a load asks for it, but run too little ahead on some machines. How far is best was measured
+ * per CPU, decode on one thread (tools/decode_bandwidth.c: the products' GB/s against a plain loop's over
+ * the same bytes, which is itself bound by the misses one core keeps in flight):
+ * - a virtualized Sapphire Rapids: 2 kB into L1 for quantized rows (SmolLM2 Q4_K_M's products per token
+ *   21.3 ms without, 11.4 with 2 kB, 14.9 with 1 kB; 4 kB as 2), 4 kB for f16 (1.03 to 1.05 times 2 kB's
+ *   speed); and 4 times as far into L2 (prefetcht1), whose queue holds more lines than L1's: q8_0's products
+ *   70-85% of the plain loop -> 97-101% (Gemma 3 270M's 262k-row output layer included), q4_1's 71 -> 73%,
+ *   f16's 89 -> 90-92%; decode tok/s (SmolLM2 Q8_0, Gemma 3 270M Q4_K_M) 1.3 times; L2 alone 2 kB further
+ *   or 4 kB into L1 alone did less;
  * - a virtualized AMD EPYC (family 26, Zen 5): 8 kB for both (Q8_0 decode 1.14 to 1.17 times 2 kB's tok/s,
  *   16 kB 1.12; F16 1.18 times 4 kB's, 16 kB 0.98, 2 kB 0.77; q4_0 to q5_1 and the k-quants alike with
- *   any: their products are bound by the instructions, not the memory).
+ *   any: their products are bound by the instructions, not the memory); the L2 prefetch asks for the same
+ *   line (not measured there yet).
  * The first for Intel's and every other CPU, the second for AMD's. Set when a CPU backend is created (each
  * time to the same values: atomic stores, so that backends made on two threads are no data race) */
-static int llm_prefetch_ahead[2] = {2048, 4096};
+static int llm_prefetch_ahead[2][2] = {{2048, 8192}, {4096, 16384}}; /* [quantized, f16/bf16][to L1, to L2] */
 static void llm_prefetch_choose(void) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     int amd = __builtin_cpu_is("amd");
-    __atomic_store_n(&llm_prefetch_ahead[0], amd ? 8192 : 2048, __ATOMIC_RELAXED);
-    __atomic_store_n(&llm_prefetch_ahead[1], amd ? 8192 : 4096, __ATOMIC_RELAXED);
+    for (int level = 0; level < 2; level++) {
+        __atomic_store_n(&llm_prefetch_ahead[0][level], amd ? 8192 : level ? 8192 : 2048, __ATOMIC_RELAXED);
+        __atomic_store_n(&llm_prefetch_ahead[1][level], amd ? 8192 : level ? 16384 : 4096, __ATOMIC_RELAXED);
+    }
 #endif
 }
 
@@ -13671,9 +13703,16 @@ static inline __m256i llm_avx2_field(const uint8_t *p, int shift, char mask) { /
 
 /* A decode step reads each weight once, from memory, in one run: loads that miss wait on DRAM unless the
  * prefetchers have fetched the line already. The hardware's run too little ahead on some machines, so the
- * products ask for the line llm_prefetch_ahead[0] bytes ahead themselves (f16/bf16 rows: [1]; section 7
- * sets them per CPU) */
-static inline void llm_prefetch(const void *p, int ahead) { __builtin_prefetch((const char *)p + ahead); }
+ * products ask for the lines llm_prefetch_ahead[0] bytes ahead themselves, into L1 and further into L2
+ * (f16/bf16 rows: [1]; section 7 sets them per CPU) */
+static inline void llm_prefetch(const void *p, const int ahead[2]) {
+    __builtin_prefetch((const char *)p + ahead[0]);       /* to L1 */
+    __builtin_prefetch((const char *)p + ahead[1], 0, 2); /* to L2 */
+}
+static inline void llm_prefetch_load(int kind, int ahead[2]) { /* kind 0: quantized rows, 1: f16/bf16 */
+    for (int level = 0; level < 2; level++)
+        ahead[level] = __atomic_load_n(&llm_prefetch_ahead[kind][level], __ATOMIC_RELAXED);
+}
 
 /* The stored values of group g (values 32g..32g+31) of a block, as llm_qblock_unpack reads them; mxfp4's
  * are its table's values plus 12 (unsigned, as the others: llm_pack_offset takes the 12 back out) */
@@ -13824,31 +13863,66 @@ static inline __attribute__((always_inline)) void llm_q8_block32_avx2(uint32_t t
     }
 }
 
+/* The sums of v[k]'s 8 lanes into lane k, in llm_avx2_hsum's order whatever the others hold (the halves
+ * added, h; then h0 + h2 and h1 + h3; then those two): a row's product is the same bits whichever rows and
+ * tokens share its call, and as one row at a time gave them (a default path's KV cache rounds to f16, where
+ * another order's last bits could tip a value to the next f16 and on through the steps) */
+static inline __m128 llm_avx2_hsum4(const __m256 v[4]) {
+    __m128 h[4], pairs[2];
+    for (int k = 0; k < 4; k++)
+        h[k] = _mm_add_ps(_mm256_castps256_ps128(v[k]), _mm256_extractf128_ps(v[k], 1));
+    for (int k = 0; k < 2; k++) /* (h0 + h2 of v[2k], of v[2k + 1], h1 + h3 of v[2k], of v[2k + 1]) */
+        pairs[k] = _mm_add_ps(_mm_unpacklo_ps(h[2 * k], h[2 * k + 1]),
+                              _mm_unpackhi_ps(h[2 * k], h[2 * k + 1]));
+    return _mm_add_ps(_mm_movelh_ps(pairs[0], pairs[1]), _mm_movehl_ps(pairs[1], pairs[0]));
+}
+
+/* nr rows times nc tokens (nr * nc <= 4). A decode step's rows are short (SmolLM2's 576 values, Gemma 3
+ * 270M's 640: 18 and 20 blocks), and one at a time a third of a row's time went to what a row costs besides
+ * its blocks (the call, the sums across lanes, the loop's start and end); 4 rows a call, their blocks in
+ * turn, share that (one thread of a Sapphire Rapids: q4_1's products from L2 1.17 times as fast, from
+ * memory 73 -> 82% of the plain read loop's speed). The 4 rows lie one after the other in memory: the
+ * prefetches follow their bytes in that order, as far ahead of where the rows' blocks have reached together
+ * as one row's would be, so that memory still sees one run (each row's own prefetch, 4 runs at once, made
+ * them slower than one row at a time). */
 static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t type, int wide, const uint8_t *p,
-                                                                    const llm_q8 *x, int64_t n_blocks,
-                                                                    int64_t x_stride, int nc, float *out) {
+    size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride, int nc, float *out,
+    int64_t out_stride) {
     const size_t bytes = type == LLM_Q8_0 ? 34 : type == LLM_Q4_0 ? 18 : type == LLM_Q4_1 ? 20 :
                          type == LLM_Q5_0 ? 22 : type == LLM_MXFP4 ? 17 : 24;
-    __m256 even[4], odd[4];
+    __m256 even[4], odd[4]; /* [row * nc + token] */
     __m128 mins_even[4], mins_odd[4]; /* lane 1: the minimums' part */
-    for (int c = 0; c < nc; c++) {
-        even[c] = odd[c] = _mm256_setzero_ps();
-        mins_even[c] = mins_odd[c] = _mm_setzero_ps();
+    for (int k = 0; k < nr * nc; k++) { /* only these: all 4 made a build for AVX2 keep them in memory */
+        even[k] = odd[k] = _mm256_setzero_ps();
+        mins_even[k] = mins_odd[k] = _mm_setzero_ps();
     }
     int64_t b = 0;
-    const int ahead = __atomic_load_n(&llm_prefetch_ahead[0], __ATOMIC_RELAXED);
-    for (; b + 2 <= n_blocks; b += 2, p += 2 * bytes) {
-        llm_prefetch(p, ahead); /* a line each 64 bytes, at most */
-        llm_q8_block32_avx2(type, wide, p, x + b, x_stride, nc, even, mins_even);
-        llm_q8_block32_avx2(type, wide, p + bytes, x + b + 1, x_stride, nc, odd, mins_odd);
+    int ahead[2];
+    llm_prefetch_load(0, ahead);
+    const uint8_t *rows = p;
+    for (; b + 2 <= n_blocks; b += 2, p += 2 * bytes)
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *pr = p + r * row_bytes;
+            llm_prefetch(rows + (b * nr + 2 * r) * bytes, ahead); /* a line each 64 bytes, at most */
+            llm_q8_block32_avx2(type, wide, pr, x + b, x_stride, nc, even + r * nc, mins_even + r * nc);
+            llm_q8_block32_avx2(type, wide, pr + bytes, x + b + 1, x_stride, nc, odd + r * nc,
+                                mins_odd + r * nc);
+        }
+    if (b < n_blocks)
+        for (int r = 0; r < nr; r++)
+            llm_q8_block32_avx2(type, wide, p + r * row_bytes, x + b, x_stride, nc, even + r * nc,
+                                mins_even + r * nc);
+    __m256 both[4];
+    __m128 mins[4];
+    for (int k = 0; k < 4; k++) {
+        both[k] = k < nr * nc ? _mm256_add_ps(even[k], odd[k]) : _mm256_setzero_ps();
+        mins[k] = k < nr * nc ? _mm_add_ps(mins_even[k], mins_odd[k]) : _mm_setzero_ps();
     }
-    if (b < n_blocks) llm_q8_block32_avx2(type, wide, p, x + b, x_stride, nc, even, mins_even);
-    for (int c = 0; c < nc; c++) {
-        float mins[2][4];
-        _mm_storeu_ps(mins[0], mins_even[c]);
-        _mm_storeu_ps(mins[1], mins_odd[c]);
-        out[c] = llm_avx2_hsum(_mm256_add_ps(even[c], odd[c])) + (mins[0][1] + mins[1][1]);
-    }
+    __m128 lane1 = _mm_movehl_ps(_mm_unpacklo_ps(mins[2], mins[3]), _mm_unpacklo_ps(mins[0], mins[1]));
+    float sums[4];
+    _mm_storeu_ps(sums, _mm_add_ps(llm_avx2_hsum4(both), lane1));
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) out[c * out_stride + r] = sums[r * nc + c];
 }
 
 /* 256-value k-quant blocks: per group of 32, the products scaled by the sub-block scales in integers, then by
@@ -13913,56 +13987,72 @@ static inline __attribute__((always_inline)) void llm_avx2_kscales(uint32_t type
 }
 
 static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type, int wide, const uint8_t *p,
-                                                                   const llm_q8 *x, int64_t n_blocks,
-                                                                   int64_t x_stride, int nc, float *out) {
+    size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride, int nc, float *out,
+    int64_t out_stride) {
     const size_t bytes = type == LLM_Q2_K ? 84 : type == LLM_Q3_K ? 110 : type == LLM_Q4_K ? 144 :
                          type == LLM_Q5_K ? 176 : 210;
-    __m256 even[4], odd[4], rest[4];
-    for (int c = 0; c < nc; c++) even[c] = odd[c] = rest[c] = _mm256_setzero_ps();
+    __m256 even[4], odd[4], rest[4]; /* [row * nc + token] */
+    for (int k = 0; k < nr * nc; k++) even[k] = odd[k] = rest[k] = _mm256_setzero_ps();
     llm_qblock b;
     int32_t half_scale[2][8], half_min[2][8]; /* [half][group] */
-    const int ahead = __atomic_load_n(&llm_prefetch_ahead[0], __ATOMIC_RELAXED);
+    int ahead[2];
+    llm_prefetch_load(0, ahead);
+    const uint8_t *rows = p;
     for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes, x += 8) {
-        for (size_t line = 0; line < bytes; line += 64) llm_prefetch(p + line, ahead);
-        llm_avx2_kscales(type, p, &b, half_scale, half_min);
-        for (int g = 0; g < 8; g += 2) {
-            llm_q8_groupk_avx2(type, wide, p, g, half_scale, b.d, x, x_stride, nc, even);
-            llm_q8_groupk_avx2(type, wide, p, g + 1, half_scale, b.d, x, x_stride, nc, odd);
-        }
-        __m256i sc[2], mn[2];
-        for (int h = 0; h < 2; h++) {
-            sc[h] = _mm256_loadu_si256((const __m256i *)half_scale[h]);
-            mn[h] = _mm256_loadu_si256((const __m256i *)half_min[h]);
-        }
-        __m256 offset = _mm256_set1_ps(b.d * (float)b.offset), dmin = _mm256_set1_ps(b.dmin);
-        for (int c = 0; c < nc; c++) {
-            const llm_q8 *xb = x + c * x_stride;
-            /* the 8 groups' activation scales and sums: each group's first 16 bytes (d, s, sum[0], sum[1])
-             * loaded and transposed (gathers took 1.33 times as long for q4_K's products alone, Zen 5) */
-            __m256 v[4], lo[2], hi[2];
-            for (int k = 0; k < 4; k++)
-                v[k] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(&xb[k].d)),
-                                            _mm_loadu_ps(&xb[k + 4].d), 1);
-            for (int k = 0; k < 2; k++) {
-                lo[k] = _mm256_unpacklo_ps(v[2 * k], v[2 * k + 1]); /* d and s of 4 groups */
-                hi[k] = _mm256_unpackhi_ps(v[2 * k], v[2 * k + 1]); /* sum[0] and sum[1] */
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *pr = p + r * row_bytes;
+            __m256 *even_r = even + r * nc, *odd_r = odd + r * nc, *rest_r = rest + r * nc;
+            for (size_t line = 0; line < bytes; line += 64) /* in the rows' order, as llm_q8_dot32_avx2's */
+                llm_prefetch(rows + (blk * nr + r) * bytes + line, ahead);
+            llm_avx2_kscales(type, pr, &b, half_scale, half_min);
+            for (int g = 0; g < 8; g += 2) {
+                llm_q8_groupk_avx2(type, wide, pr, g, half_scale, b.d, x, x_stride, nc, even_r);
+                llm_q8_groupk_avx2(type, wide, pr, g + 1, half_scale, b.d, x, x_stride, nc, odd_r);
             }
-            __m256 xd = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(lo[0]),
-                                                            _mm256_castps_pd(lo[1])));
-            __m256i sum0 = _mm256_castpd_si256(_mm256_unpacklo_pd(_mm256_castps_pd(hi[0]),
-                                                                  _mm256_castps_pd(hi[1])));
-            __m256i sum1 = _mm256_castpd_si256(_mm256_unpackhi_pd(_mm256_castps_pd(hi[0]),
-                                                                  _mm256_castps_pd(hi[1])));
-            __m256 offsets = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_mullo_epi32(sum0, sc[0]),
-                                                                 _mm256_mullo_epi32(sum1, sc[1])));
-            __m256 minimums = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_mullo_epi32(sum0, mn[0]),
-                                                                  _mm256_mullo_epi32(sum1, mn[1])));
-            __m256 per_group = _mm256_add_ps(_mm256_mul_ps(offsets, offset), _mm256_mul_ps(minimums, dmin));
-            rest[c] = _mm256_fmadd_ps(per_group, xd, rest[c]);
+            __m256i sc[2], mn[2];
+            for (int h = 0; h < 2; h++) {
+                sc[h] = _mm256_loadu_si256((const __m256i *)half_scale[h]);
+                mn[h] = _mm256_loadu_si256((const __m256i *)half_min[h]);
+            }
+            __m256 offset = _mm256_set1_ps(b.d * (float)b.offset), dmin = _mm256_set1_ps(b.dmin);
+            for (int c = 0; c < nc; c++) {
+                const llm_q8 *xb = x + c * x_stride;
+                /* the 8 groups' activation scales and sums: each group's first 16 bytes (d, s, sum[0],
+                 * sum[1]) loaded and transposed (gathers took 1.33 times as long for q4_K's products alone,
+                 * Zen 5) */
+                __m256 v[4], lo[2], hi[2];
+                for (int k = 0; k < 4; k++)
+                    v[k] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(&xb[k].d)),
+                                                _mm_loadu_ps(&xb[k + 4].d), 1);
+                for (int k = 0; k < 2; k++) {
+                    lo[k] = _mm256_unpacklo_ps(v[2 * k], v[2 * k + 1]); /* d and s of 4 groups */
+                    hi[k] = _mm256_unpackhi_ps(v[2 * k], v[2 * k + 1]); /* sum[0] and sum[1] */
+                }
+                __m256 xd = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(lo[0]),
+                                                                _mm256_castps_pd(lo[1])));
+                __m256i sum0 = _mm256_castpd_si256(_mm256_unpacklo_pd(_mm256_castps_pd(hi[0]),
+                                                                      _mm256_castps_pd(hi[1])));
+                __m256i sum1 = _mm256_castpd_si256(_mm256_unpackhi_pd(_mm256_castps_pd(hi[0]),
+                                                                      _mm256_castps_pd(hi[1])));
+                __m256 offsets = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_mullo_epi32(sum0, sc[0]),
+                                                                     _mm256_mullo_epi32(sum1, sc[1])));
+                __m256 minimums = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_mullo_epi32(sum0, mn[0]),
+                                                                      _mm256_mullo_epi32(sum1, mn[1])));
+                __m256 per_group =
+                    _mm256_add_ps(_mm256_mul_ps(offsets, offset), _mm256_mul_ps(minimums, dmin));
+                rest_r[c] = _mm256_fmadd_ps(per_group, xd, rest_r[c]);
+            }
         }
     }
-    for (int c = 0; c < nc; c++)
-        out[c] = llm_avx2_hsum(_mm256_add_ps(even[c], odd[c])) - llm_avx2_hsum(rest[c]);
+    __m256 both[4], rests[4];
+    for (int k = 0; k < 4; k++) {
+        both[k] = k < nr * nc ? _mm256_add_ps(even[k], odd[k]) : _mm256_setzero_ps();
+        rests[k] = k < nr * nc ? rest[k] : _mm256_setzero_ps();
+    }
+    float sums[4];
+    _mm_storeu_ps(sums, _mm_sub_ps(llm_avx2_hsum4(both), llm_avx2_hsum4(rests)));
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) out[c * out_stride + r] = sums[r * nc + c];
 }
 
 /* Prefill: a tile of weight rows unpacked once for every token of the step ("packing", as BLAS libraries
@@ -14431,7 +14521,8 @@ static inline __attribute__((always_inline)) int64_t llm_half_runs16(uint32_t ty
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < nc; c++) both[r][c] = _mm512_setzero_ps();
     int64_t i = 0;
-    const int ahead = __atomic_load_n(&llm_prefetch_ahead[1], __ATOMIC_RELAXED);
+    int ahead[2];
+    llm_prefetch_load(1, ahead);
     for (; i + 16 <= n; i += 16) {
         __m512 xv[LLM_HALF_TOKENS];
         for (int c = 0; c < nc; c++) {
@@ -14470,7 +14561,8 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
     }
 #else
     if (nr * nc <= 6) {
-        const int ahead = __atomic_load_n(&llm_prefetch_ahead[1], __ATOMIC_RELAXED);
+        int ahead[2];
+        llm_prefetch_load(1, ahead);
         for (; i + 16 <= n; i += 16) { /* an even run, then an odd one */
             for (int r = 0; r < nr; r++) llm_prefetch(LLM_HALF_AT(type, w, r * w_stride + i), ahead);
             llm_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
@@ -14892,26 +14984,30 @@ static inline __attribute__((always_inline)) void llm_q8_block32_neon(uint32_t t
         if (has_min) mins[c] += m * xb->s;
     }
 }
-static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t type, int wide, const uint8_t *p,
-                                                                    const llm_q8 *x, int64_t n_blocks,
-                                                                    int64_t x_stride, int nc, float *out) {
+/* nr rows one after the other (the AVX2 kernels interleave them; unmeasured here: no ARM machine) */
+static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t type, int wide,
+    const uint8_t *rows, size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride,
+    int nc, float *out, int64_t out_stride) {
     const size_t bytes = type == LLM_Q8_0 ? 34 : type == LLM_Q4_0 ? 18 : type == LLM_Q4_1 ? 20 :
                          type == LLM_Q5_0 ? 22 : type == LLM_MXFP4 ? 17 : 24;
-    float32x4_t even[4], odd[4];
-    float mins_even[4], mins_odd[4];
-    for (int c = 0; c < nc; c++) {
-        even[c] = odd[c] = vdupq_n_f32(0);
-        mins_even[c] = mins_odd[c] = 0;
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *p = rows + r * row_bytes;
+        float32x4_t even[4], odd[4];
+        float mins_even[4], mins_odd[4];
+        for (int c = 0; c < nc; c++) {
+            even[c] = odd[c] = vdupq_n_f32(0);
+            mins_even[c] = mins_odd[c] = 0;
+        }
+        int64_t b = 0;
+        for (; b + 2 <= n_blocks; b += 2, p += 2 * bytes) {
+            __builtin_prefetch(p + 2048);
+            llm_q8_block32_neon(type, wide, p, x + b, x_stride, nc, even, mins_even);
+            llm_q8_block32_neon(type, wide, p + bytes, x + b + 1, x_stride, nc, odd, mins_odd);
+        }
+        if (b < n_blocks) llm_q8_block32_neon(type, wide, p, x + b, x_stride, nc, even, mins_even);
+        for (int c = 0; c < nc; c++)
+            out[c * out_stride + r] = vaddvq_f32(vaddq_f32(even[c], odd[c])) + (mins_even[c] + mins_odd[c]);
     }
-    int64_t b = 0;
-    for (; b + 2 <= n_blocks; b += 2, p += 2 * bytes) {
-        __builtin_prefetch(p + 2048);
-        llm_q8_block32_neon(type, wide, p, x + b, x_stride, nc, even, mins_even);
-        llm_q8_block32_neon(type, wide, p + bytes, x + b + 1, x_stride, nc, odd, mins_odd);
-    }
-    if (b < n_blocks) llm_q8_block32_neon(type, wide, p, x + b, x_stride, nc, even, mins_even);
-    for (int c = 0; c < nc; c++)
-        out[c] = vaddvq_f32(vaddq_f32(even[c], odd[c])) + (mins_even[c] + mins_odd[c]);
 }
 
 /* The k-quants' 256-value blocks, as llm_q8_dotk_avx2 takes them: per group of 32, the stored values
@@ -14947,52 +15043,57 @@ static inline void llm_neon_groupk(uint32_t type, const uint8_t *p, int g, int8x
     w[0] = vreinterpretq_s8_u8(a[0]);
     w[1] = vreinterpretq_s8_u8(a[1]);
 }
-static inline __attribute__((always_inline)) void llm_q8_dotk_neon(uint32_t type, int wide, const uint8_t *p,
-                                                                   const llm_q8 *x, int64_t n_blocks,
-                                                                   int64_t x_stride, int nc, float *out) {
+static inline __attribute__((always_inline)) void llm_q8_dotk_neon(uint32_t type, int wide,
+    const uint8_t *rows, size_t row_bytes, int nr, const llm_q8 *x0, int64_t n_blocks, int64_t x_stride,
+    int nc, float *out, int64_t out_stride) {
     const int sub = type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q6_K ? 16 : 32;
     const size_t bytes = type == LLM_Q2_K ? 84 : type == LLM_Q3_K ? 110 : type == LLM_Q4_K ? 144 :
                          type == LLM_Q5_K ? 176 : 210;
-    float32x4_t acc[2][4];
-    float rest[4];
-    for (int c = 0; c < nc; c++) {
-        acc[0][c] = acc[1][c] = vdupq_n_f32(0);
-        rest[c] = 0;
-    }
-    llm_qblock b;
-    for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes, x += 8) {
-        for (size_t line = 0; line < bytes; line += 64) __builtin_prefetch(p + line + 2048);
-        llm_qblock_read_scales(type, p, &b);
-        for (int g = 0; g < 8; g++) {
-            int8x16_t w[2];
-            llm_neon_groupk(type, p, g, w);
-            int s0 = b.scale[g * 32 / sub], s1 = b.scale[(g * 32 + 16) / sub];
-            for (int c = 0; c < nc; c++) {
-                const llm_q8 *xg = x + c * x_stride + g;
-                int32x4_t q0 = vdotq_s32(vdupq_n_s32(0), w[0], vld1q_s8(xg->q));
-                int32x4_t q1 = vdotq_s32(vdupq_n_s32(0), w[1], vld1q_s8(xg->q + 16));
-                float32x4_t v = vcvtq_f32_s32(vmlaq_n_s32(vmulq_n_s32(q0, s0), q1, s1));
-                if (wide) { /* 256 times the q part would pass 2^31 with q6_k's scales: each to float */
-                    int32x4_t r0 = vdotq_s32(vdupq_n_s32(0), w[0], vld1q_s8(xg->r));
-                    int32x4_t r1 = vdotq_s32(vdupq_n_s32(0), w[1], vld1q_s8(xg->r + 16));
-                    v = vfmaq_n_f32(vcvtq_f32_s32(vmlaq_n_s32(vmulq_n_s32(r0, s0), r1, s1)), v, 256.0f);
-                }
-                acc[g % 2][c] = vfmaq_n_f32(acc[g % 2][c], v, xg->d * b.d);
-            }
+    for (int row = 0; row < nr; row++) {
+        const uint8_t *p = rows + row * row_bytes;
+        const llm_q8 *x = x0;
+        float32x4_t acc[2][4];
+        float rest[4];
+        for (int c = 0; c < nc; c++) {
+            acc[0][c] = acc[1][c] = vdupq_n_f32(0);
+            rest[c] = 0;
         }
-        for (int c = 0; c < nc; c++) { /* the offsets and minimums, with the activations' half sums */
-            const llm_q8 *xb = x + c * x_stride;
-            float r = 0;
+        llm_qblock b;
+        for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes, x += 8) {
+            for (size_t line = 0; line < bytes; line += 64) __builtin_prefetch(p + line + 2048);
+            llm_qblock_read_scales(type, p, &b);
             for (int g = 0; g < 8; g++) {
-                int h0 = g * 32 / sub, h1 = (g * 32 + 16) / sub;
-                int offsets = xb[g].sum[0] * b.scale[h0] + xb[g].sum[1] * b.scale[h1];
-                int minimums = xb[g].sum[0] * b.min[h0] + xb[g].sum[1] * b.min[h1];
-                r += xb[g].d * ((float)offsets * (b.d * (float)b.offset) + (float)minimums * b.dmin);
+                int8x16_t w[2];
+                llm_neon_groupk(type, p, g, w);
+                int s0 = b.scale[g * 32 / sub], s1 = b.scale[(g * 32 + 16) / sub];
+                for (int c = 0; c < nc; c++) {
+                    const llm_q8 *xg = x + c * x_stride + g;
+                    int32x4_t q0 = vdotq_s32(vdupq_n_s32(0), w[0], vld1q_s8(xg->q));
+                    int32x4_t q1 = vdotq_s32(vdupq_n_s32(0), w[1], vld1q_s8(xg->q + 16));
+                    float32x4_t v = vcvtq_f32_s32(vmlaq_n_s32(vmulq_n_s32(q0, s0), q1, s1));
+                    if (wide) { /* 256 times the q part would pass 2^31 with q6_k's scales: each to float */
+                        int32x4_t r0 = vdotq_s32(vdupq_n_s32(0), w[0], vld1q_s8(xg->r));
+                        int32x4_t r1 = vdotq_s32(vdupq_n_s32(0), w[1], vld1q_s8(xg->r + 16));
+                        v = vfmaq_n_f32(vcvtq_f32_s32(vmlaq_n_s32(vmulq_n_s32(r0, s0), r1, s1)), v, 256.0f);
+                    }
+                    acc[g % 2][c] = vfmaq_n_f32(acc[g % 2][c], v, xg->d * b.d);
+                }
             }
-            rest[c] += r;
+            for (int c = 0; c < nc; c++) { /* the offsets and minimums, with the activations' half sums */
+                const llm_q8 *xb = x + c * x_stride;
+                float r = 0;
+                for (int g = 0; g < 8; g++) {
+                    int h0 = g * 32 / sub, h1 = (g * 32 + 16) / sub;
+                    int offsets = xb[g].sum[0] * b.scale[h0] + xb[g].sum[1] * b.scale[h1];
+                    int minimums = xb[g].sum[0] * b.min[h0] + xb[g].sum[1] * b.min[h1];
+                    r += xb[g].d * ((float)offsets * (b.d * (float)b.offset) + (float)minimums * b.dmin);
+                }
+                rest[c] += r;
+            }
         }
+        for (int c = 0; c < nc; c++)
+            out[c * out_stride + row] = vaddvq_f32(vaddq_f32(acc[0][c], acc[1][c])) - rest[c];
     }
-    for (int c = 0; c < nc; c++) out[c] = vaddvq_f32(vaddq_f32(acc[0][c], acc[1][c])) - rest[c];
 }
 #endif /* LLM_NEON_DOT */
 

@@ -1994,7 +1994,7 @@ static void quant_dots_check(int wide) {
                 exact += (double)deq[i] * (wide ? 256 * xq[i / 32].q[i % 32] + xq[i / 32].r[i % 32]
                                                 : xq[i / 32].q[i % 32]);
             float ref = llm_q8_dot_ref(type, row, xq, n, wide), fast;
-            llm_q8_dot(type, wide, row, xq, n, 0, 1, &fast);
+            llm_q8_dot(type, wide, row, 0, 1, xq, n, 0, 1, &fast, 1);
             mismatches += ref != fast || (double)ref != exact;
             if (mismatches == 1 && (ref != fast || (double)ref != exact))
                 printf("  %s: exact %.1f, plain C %.1f, fast %.1f\n", llm_dtype_name(type), exact, ref, fast);
@@ -2019,15 +2019,27 @@ static void quant_dots_check(int wide) {
             quant_random_block(type, row + at, bb, &rng);
         float together[COLS], alone[COLS];
         const int n = bv == 32 ? N - 3 * 32 : N; /* 13 blocks of 32: 3 times 4, and one */
-        for (int c = 0; c < COLS; c++) llm_q8_dot(type, wide, row, xs + c * (N / 32), n, 0, 1, &alone[c]);
+        for (int c = 0; c < COLS; c++)
+            llm_q8_dot(type, wide, row, 0, 1, xs + c * (N / 32), n, 0, 1, &alone[c], 1);
         for (int nc = 2; nc <= COLS; nc++) {
             memset(together, 0, sizeof together);
-            llm_q8_dot(type, wide, row, xs, n, N / 32, nc, together);
+            llm_q8_dot(type, wide, row, 0, 1, xs, n, N / 32, nc, together, 1);
             CHECK(!memcmp(together, alone, (size_t)nc * sizeof(float)),
                   "%s, %s: %d tokens at once %g %g %g %g, one at a time %g %g %g %g", llm_dtype_name(type),
                   width, nc, together[0], together[1], together[2], together[3], alone[0], alone[1], alone[2],
                   alone[3]);
         }
+        /* and four rows at once (a decode step's: lying one after the other) as each by itself */
+        uint8_t rows[4][N * 4];
+        size_t row_bytes = llm_dtype_row_bytes(type, n);
+        for (size_t at = 0; at < 4 * row_bytes; at += bb) quant_random_block(type, rows[0] + at, bb, &rng);
+        float four[4], each[4];
+        llm_q8_dot(type, wide, rows[0], row_bytes, 4, xs, n, 0, 1, four, 1);
+        for (int r = 0; r < 4; r++)
+            llm_q8_dot(type, wide, rows[0] + r * row_bytes, 0, 1, xs, n, 0, 1, &each[r], 1);
+        CHECK(!memcmp(four, each, sizeof four),
+              "%s, %s: 4 rows at once %g %g %g %g, one at a time %g %g %g %g", llm_dtype_name(type), width,
+              four[0], four[1], four[2], four[3], each[0], each[1], each[2], each[3]);
     }
     free(xs);
     /* real scales: the fast dot against the plain-C one and the exact row, random blocks and activations */
@@ -2053,7 +2065,7 @@ static void quant_dots_check(int wide) {
                 size += fabs((double)deq[i] * x[i]);
             }
             float ref = llm_q8_dot_ref(type, row, xq, n, wide), fast;
-            llm_q8_dot(type, wide, row, xq, n, 0, 1, &fast);
+            llm_q8_dot(type, wide, row, 0, 1, xq, n, 0, 1, &fast, 1);
             worst_fast = fmax(worst_fast, fabs((double)fast - ref) / size);
             worst_q8 = fmax(worst_q8, fabs((double)ref - exact) / size);
         }
@@ -2113,8 +2125,8 @@ static void test_quant_tiles(void) {
             llm_weight weight = {w, type, R, N};
             for (int r = 0; r < R; r++) llm_dtype_dequant_row(type, w + r * row_bytes, deq + r * N, N);
             /* 11 tokens packed, then 3 (a decode step of a few: a row at a time, the weights unpacked to 16
-             * bits for 16-bit activations) */
-            for (int steps = T; steps >= 3; steps = steps == T ? 3 : 0) {
+             * bits for 16-bit activations), then 1 (4 rows at a time, and the last of the 21 alone) */
+            for (int steps = T; steps >= 1; steps = steps == T ? 3 : steps == 3 ? 1 : 0) {
                 CHECK(llm_matmul(out, x, &weight, steps, path) == 0, "%s: the matrix product failed",
                       llm_dtype_name(type));
                 int mismatches = 0;
@@ -5645,20 +5657,21 @@ static void test_cpu_features(void) {
     llm_model m;
     char err[LLM_ERR_LEN];
     if (llm_model_load(&m, model_path("stories260K.gguf"), err) != 0) { CHECK(0, "load: %s", err); return; }
-    __atomic_store_n(&llm_prefetch_ahead[0], 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&llm_prefetch_ahead[1], 0, __ATOMIC_RELAXED);
+    for (int k = 0; k < 4; k++) __atomic_store_n(&llm_prefetch_ahead[k / 2][k % 2], 0, __ATOMIC_RELAXED);
     llm_backend *be = llm_cpu_backend_create(&m, err);
     int amd = 0;
 #if defined(__x86_64__)
     amd = __builtin_cpu_is("amd");
 #endif
-    int want[2] = {amd ? 8192 : 2048, amd ? 8192 : 4096};
+    /* [quantized, f16/bf16][to L1, to L2]: Intel's L2 prefetches 4 times as far as its L1 ones */
+    int want[2][2] = {{amd ? 8192 : 2048, 8192}, {amd ? 8192 : 4096, amd ? 8192 : 16384}};
 #if !defined(__x86_64__)
-    want[0] = want[1] = 0; /* set only on x86-64 (NEON's kernels prefetch 2 kB ahead as written) */
+    memset(want, 0, sizeof want); /* set only on x86-64 (NEON's kernels prefetch 2 kB ahead as written) */
 #endif
-    CHECK(be && llm_prefetch_ahead[0] == want[0] && llm_prefetch_ahead[1] == want[1],
-          "prefetch distances %d and %d bytes on this %s CPU, want %d and %d", llm_prefetch_ahead[0],
-          llm_prefetch_ahead[1], amd ? "AMD" : "non-AMD", want[0], want[1]);
+    CHECK(be && !memcmp(llm_prefetch_ahead, want, sizeof want),
+          "prefetch distances %d, %d (quantized rows) and %d, %d bytes (f16) on this %s CPU, want %d, %d and "
+          "%d, %d", llm_prefetch_ahead[0][0], llm_prefetch_ahead[0][1], llm_prefetch_ahead[1][0],
+          llm_prefetch_ahead[1][1], amd ? "AMD" : "non-AMD", want[0][0], want[0][1], want[1][0], want[1][1]);
     /* the backend names its kernels by what the compiler was told (the load line shows it) */
     const char *kernels = cpu_kernels_built();
     CHECK(be && be->kernels && !strcmp(be->kernels, kernels), "the CPU backend's kernels: %s, want %s",

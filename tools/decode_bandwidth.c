@@ -2,8 +2,9 @@
  * step multiplies one token by every weight matrix, so it reads each weight once from memory, and a plain
  * loop reading the same bytes is its ceiling. For each weight type in a model file, this times llm_matmul
  * with one token (the default path: 16-bit activations) over all the file's matrices, in file order as a
- * step meets them, then a plain loop (64-bit sums) over the same bytes, and prints both in GB/s and their
- * ratio, per type and in all. Threads: OMP_NUM_THREADS, for both.
+ * step meets them, then a plain loop (64-bit sums) over the same bytes, without and with the products'
+ * prefetches, and prints all three in GB/s and the products' against the faster loop, per type and in all.
+ * Threads: OMP_NUM_THREADS, for all.
  *
  *   cc -O3 -march=native -ffp-contract=off -fno-math-errno -fopenmp -I/usr/include/stb -I. \
  *      -o decode_bandwidth tools/decode_bandwidth.c -lm -lpthread
@@ -22,16 +23,32 @@ static double now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* the plain loop: every 8 bytes added, four sums apart so that the adds overlap */
-static uint64_t read_all(const void *data, uint64_t bytes) {
+/* the plain loop: every 8 bytes added, four sums apart so that the adds overlap; with prefetch, each line
+ * asked for as the products ask for theirs (into L1 and L2, llm_prefetch_ahead's quantized distances): what
+ * the loop gains by them, the products could too, so the faster loop is the ceiling */
+static uint64_t read_all(const void *data, uint64_t bytes, int prefetch) {
     const uint64_t *w = (const uint64_t *)data;
-    int64_t n = (int64_t)(bytes / 32);
+    int64_t n = (int64_t)(bytes / 64);
+    const int near = llm_prefetch_ahead[0][0] / 8, far = llm_prefetch_ahead[0][1] / 8; /* in words */
     uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma omp parallel for reduction(+ : s0, s1, s2, s3) schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        s0 += w[4 * i]; s1 += w[4 * i + 1]; s2 += w[4 * i + 2]; s3 += w[4 * i + 3];
+        const uint64_t *line = w + 8 * i;
+        if (prefetch) {
+            __builtin_prefetch(line + near);
+            __builtin_prefetch(line + far, 0, 2);
+        }
+        s0 += line[0] + line[4]; s1 += line[1] + line[5]; s2 += line[2] + line[6]; s3 += line[3] + line[7];
     }
     return s0 + s1 + s2 + s3;
+}
+
+/* a table row: the products' speed, each loop's, and the products' against the faster loop */
+static void print_row(const char *name, double bytes, double products_s, double loop_s, double prefetched_s,
+                      int reps) {
+    printf("| %s | %.1f | %.1f | %.1f | %.1f | %.0f%% |\n", name, bytes / reps / 1e6,
+           bytes / products_s / 1e9, bytes / loop_s / 1e9, bytes / prefetched_s / 1e9,
+           100 * fmin(loop_s, prefetched_s) / products_s);
 }
 
 enum { N_TYPES = 64 };
@@ -54,39 +71,39 @@ int main(int argc, char **argv) {
     float *out = (float *)malloc((size_t)widest * sizeof(float));
     if (!x || !out || !widest) { fprintf(stderr, "decode_bandwidth: no matrices, or no memory\n"); return 1; }
     for (int64_t i = 0; i < longest; i++) x[i] = sinf(0.37f * (float)i);
-    /* per type: bytes read per pass, seconds in the products, seconds in the plain loop */
-    double bytes[N_TYPES] = {0}, product_s[N_TYPES] = {0}, loop_s[N_TYPES] = {0};
+    /* per type: bytes read per pass, seconds in the products, in the plain loop, in it with prefetch */
+    double bytes[N_TYPES] = {0}, seconds[3][N_TYPES] = {{0}};
     uint64_t sink = 0;
     for (int r = 0; r <= reps; r++) /* pass 0 warms up (pages mapped, threads started): not counted */
-        for (int loop = 0; loop < 2; loop++) /* the products over all matrices, then the plain loop */
+        for (int loop = 0; loop < 3; loop++) /* the products over all matrices, then the loops */
             for (int64_t i = 0; i < g.n_tensors; i++) {
                 const llm_gguf_tensor *t = &g.tensors[i];
                 if (t->n_dims != 2 || t->type >= N_TYPES || t->type == LLM_F32) continue;
                 llm_weight w = {t->data, t->type, (int64_t)t->ne[1], (int64_t)t->ne[0]};
                 double t0 = now_s();
-                if (loop) sink += read_all(t->data, t->nbytes);
+                if (loop) sink += read_all(t->data, t->nbytes, loop == 2);
                 else if (llm_matmul(out, x, &w, 1, LLM_PATH_ACT16) != 0) {
                     fprintf(stderr, "decode_bandwidth: no memory\n");
                     return 1;
                 }
                 double t1 = now_s();
                 if (r == 0) continue;
-                (loop ? loop_s : product_s)[t->type] += t1 - t0;
+                seconds[loop][t->type] += t1 - t0;
                 if (!loop) bytes[t->type] += (double)t->nbytes;
             }
     printf("%s, %d thread(s), %d passes (sink %llu)\n", argv[1], omp_get_max_threads(), reps,
            (unsigned long long)(sink & 1));
-    printf("| type | MB a pass | products GB/s | plain loop GB/s | products / loop |\n");
-    printf("|---|---|---|---|---|\n");
-    double all_bytes = 0, all_products = 0, all_loop = 0;
+    printf("| type | MB a pass | products GB/s | plain loop GB/s | loop with prefetch GB/s | products / "
+           "faster loop |\n");
+    printf("|---|---|---|---|---|---|\n");
+    double all_bytes = 0, all_seconds[3] = {0};
     for (int k = 0; k < N_TYPES; k++) {
         if (!bytes[k]) continue;
-        printf("| %s | %.1f | %.1f | %.1f | %.0f%% |\n", llm_dtype_name((uint32_t)k), bytes[k] / reps / 1e6,
-               bytes[k] / product_s[k] / 1e9, bytes[k] / loop_s[k] / 1e9, 100 * loop_s[k] / product_s[k]);
-        all_bytes += bytes[k]; all_products += product_s[k]; all_loop += loop_s[k];
+        print_row(llm_dtype_name((uint32_t)k), bytes[k], seconds[0][k], seconds[1][k], seconds[2][k], reps);
+        all_bytes += bytes[k];
+        for (int j = 0; j < 3; j++) all_seconds[j] += seconds[j][k];
     }
-    printf("| all | %.1f | %.1f | %.1f | %.0f%% |\n", all_bytes / reps / 1e6, all_bytes / all_products / 1e9,
-           all_bytes / all_loop / 1e9, 100 * all_loop / all_products);
+    print_row("all", all_bytes, all_seconds[0], all_seconds[1], all_seconds[2], reps);
     free(x); free(out);
     llm_gguf_close(&g);
     return 0;
