@@ -5893,10 +5893,10 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
  * as in a build without SIMD, and the other kernels are plain C */
 static void llm_q8_quantize_neon(const float *x, llm_q8 *out, int64_t n, int wide);
 static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t type, int wide,
-    const uint8_t *rows, size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride,
+    const uint8_t *p, size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride,
     int nc, float *out, int64_t out_stride);
 static inline __attribute__((always_inline)) void llm_q8_dotk_neon(uint32_t type, int wide,
-    const uint8_t *rows, size_t row_bytes, int nr, const llm_q8 *x0, int64_t n_blocks, int64_t x_stride,
+    const uint8_t *p, size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride,
     int nc, float *out, int64_t out_stride);
 #endif
 
@@ -5930,7 +5930,7 @@ static void llm_q8_dot(uint32_t type, int wide, const void *row, size_t row_byte
     dot(T, W, (const uint8_t *)row + r * row_bytes, 0, 1, x + (s) * x_stride, n / per_block, x_stride, k, \
         out + (s) * out_stride + r, out_stride)
 #define LLM_Q8_WIDTHS(T, dot, per_block, W)                                                                 \
-    if (nr == LLM_DOT_ROWS && nc == 1)                                                                      \
+    if (LLM_DOT_ROWS > 1 && nr == LLM_DOT_ROWS && nc == 1)                                                  \
         dot(T, W, (const uint8_t *)row, row_bytes, LLM_DOT_ROWS, x, n / per_block, 0, 1, out, out_stride); \
     else for (int r = 0; r < nr; r++) LLM_BY_TOKENS(nc, LLM_Q8_CALL, T, dot, per_block, W);
 #define LLM_Q8_CASE(T, dot, per_block)                                                                 \
@@ -7136,6 +7136,17 @@ static void llm_prefetch_choose(void) {
         __atomic_store_n(&llm_prefetch_ahead[1][level], amd ? 8192 : level ? 16384 : 4096, __ATOMIC_RELAXED);
     }
 #endif
+}
+/* The products' own prefetches (section 14's kernels, and tools/decode_bandwidth.c's loop that measures
+ * them): the line p + ahead[0] into L1, p + ahead[1] into L2, the distances of a kind of row (0 quantized,
+ * 1 f16/bf16) read once per call */
+static inline void llm_prefetch(const void *p, const int ahead[2]) {
+    __builtin_prefetch((const char *)p + ahead[0]);       /* to L1 */
+    __builtin_prefetch((const char *)p + ahead[1], 0, 2); /* to L2 */
+}
+static inline void llm_prefetch_load(int kind, int ahead[2]) {
+    for (int level = 0; level < 2; level++)
+        ahead[level] = __atomic_load_n(&llm_prefetch_ahead[kind][level], __ATOMIC_RELAXED);
 }
 
 /* A CPU backend on path (enum llm_cpu_path) over the model, which it reads in place and must outlive it. The
@@ -13702,19 +13713,6 @@ static inline __m256i llm_avx2_field(const uint8_t *p, int shift, char mask) { /
     return _mm256_and_si256(v, _mm256_set1_epi8(mask));
 }
 
-/* A decode step reads each weight once, from memory, in one run: loads that miss wait on DRAM unless the
- * prefetchers have fetched the line already. The hardware's run too little ahead on some machines, so the
- * products ask for the lines llm_prefetch_ahead[0] bytes ahead themselves, into L1 and further into L2
- * (f16/bf16 rows: [1]; section 7 sets them per CPU) */
-static inline void llm_prefetch(const void *p, const int ahead[2]) {
-    __builtin_prefetch((const char *)p + ahead[0]);       /* to L1 */
-    __builtin_prefetch((const char *)p + ahead[1], 0, 2); /* to L2 */
-}
-static inline void llm_prefetch_load(int kind, int ahead[2]) { /* kind 0: quantized rows, 1: f16/bf16 */
-    for (int level = 0; level < 2; level++)
-        ahead[level] = __atomic_load_n(&llm_prefetch_ahead[kind][level], __ATOMIC_RELAXED);
-}
-
 /* The stored values of group g (values 32g..32g+31) of a block, as llm_qblock_unpack reads them; mxfp4's
  * are its table's values plus 12 (unsigned, as the others: llm_pack_offset takes the 12 back out) */
 static inline __m256i llm_avx2_group(uint32_t type, const uint8_t *p, int g) {
@@ -13828,14 +13826,15 @@ static inline __m256i llm_avx2_dpwssd(__m256i acc, __m256i a, __m256i b) {
 static inline __attribute__((always_inline)) void llm_q8_block32_avx2(uint32_t type, int wide,
                                                                       const uint8_t *p,
                                                                       const llm_q8 *x, int64_t x_stride,
-                                                                      int nc, __m256 acc[4], __m128 mins[4]) {
+                                                                      int nc, __m256 acc[4], __m128 mins[4],
+                                                                      const __m256 *given_scale) {
     const int has_min = type == LLM_Q4_1 || type == LLM_Q5_1;
     /* d, and m after it for q4_1 and q5_1, converted at once; then times the activations' d and s (which
      * follow each other too) at once: lane 0 the block's scale, lane 1 what its minimum adds, summed in mins'
      * lane 1 (the products and sums of a scalar loop, two conversions and a multiply fewer a block: q4_1's
      * products 1.12-1.16 times as fast, SmolLM2 Q4_1 decode 1.09 times, one thread of a Sapphire Rapids) */
     int32_t halves = 0;
-    memcpy(&halves, p, has_min ? 4 : 2);
+    if (!given_scale) memcpy(&halves, p, has_min ? 4 : 2);
     __m128 dm = type == LLM_MXFP4 ? _mm_set_ss(llm_e8m0_half(p[0])) : _mm_cvtph_ps(_mm_cvtsi32_si128(halves));
     __m256i hi, lo, w, w_abs;
     if (wide) lo = llm_avx2_group16(type, p, &hi);
@@ -13856,6 +13855,10 @@ static inline __attribute__((always_inline)) void llm_q8_block32_avx2(uint32_t t
             __m256i xq = _mm256_loadu_si256((const __m256i *)xb->q);
             if (!has_min) xq = _mm256_sign_epi8(xq, w);
             dot = llm_avx2_dpbusd(_mm256_setzero_si256(), w_abs, xq);
+        }
+        if (given_scale) { /* the caller's, for one token and this row (llm_avx2_scales4) */
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), *given_scale, acc[c]);
+            continue;
         }
         __m128 scale = has_min ? _mm_mul_ps(dm, _mm_castpd_ps(_mm_load_sd((const double *)&xb->d)))
                                : _mm_mul_ss(dm, _mm_load_ss(&xb->d));
@@ -13878,6 +13881,20 @@ static inline __m128 llm_avx2_hsum4(const __m256 v[4]) {
     return _mm_add_ps(_mm_movelh_ps(pairs[0], pairs[1]), _mm_movehl_ps(pairs[1], pairs[0]));
 }
 
+/* Four rows' block scales at once, for one token, where the block has a minimum (q4_1, q5_1): the rows'
+ * first 4 bytes (d, m) side by side, converted and multiplied by the token's (d, s) in one instruction each,
+ * where a row at a time took four instructions a row for them: lane 2r holds row r's d times the token's
+ * d, lane 2r + 1 its m times the token's sum (llm_q8_block32_avx2's products, bit for bit). One thread of a
+ * Sapphire Rapids: SmolLM2 Q4_1's products 1.07 times as fast. For the types without m it saved less and
+ * measured mixed (q5_0 faster, Gemma 3's q8_0 output layer slower): they keep theirs a row at a time. */
+static inline __attribute__((always_inline)) __m256 llm_avx2_scales4(const uint8_t *p, size_t row_bytes,
+                                                                     const llm_q8 *xb) {
+    int32_t dm[4];
+    for (int r = 0; r < 4; r++) memcpy(&dm[r], p + r * row_bytes, 4);
+    __m256 halves = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dm));
+    return _mm256_mul_ps(halves, _mm256_castpd_ps(_mm256_broadcast_sd((const double *)&xb->d)));
+}
+
 /* nr rows times nc tokens (nr * nc <= 4). A decode step's rows are short (SmolLM2's 576 values, Gemma 3
  * 270M's 640: 18 and 20 blocks), and one at a time a third of a row's time went to what a row costs besides
  * its blocks (the call, the sums across lanes, the loop's start and end); 4 rows a call, their blocks in
@@ -13891,8 +13908,10 @@ static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t typ
     int64_t out_stride) {
     const size_t bytes = type == LLM_Q8_0 ? 34 : type == LLM_Q4_0 ? 18 : type == LLM_Q4_1 ? 20 :
                          type == LLM_Q5_0 ? 22 : type == LLM_MXFP4 ? 17 : 24;
+    const int has_min = type == LLM_Q4_1 || type == LLM_Q5_1, by4 = nr == 4 && has_min;
     __m256 even[4], odd[4]; /* [row * nc + token] */
     __m128 mins_even[4], mins_odd[4]; /* lane 1: the minimums' part */
+    __m256 mins4_even = _mm256_setzero_ps(), mins4_odd = _mm256_setzero_ps(); /* by4: lane 2r + 1, row r's */
     for (int k = 0; k < nr * nc; k++) { /* only these: all 4 made a build for AVX2 keep them in memory */
         even[k] = odd[k] = _mm256_setzero_ps();
         mins_even[k] = mins_odd[k] = _mm_setzero_ps();
@@ -13901,18 +13920,36 @@ static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t typ
     int ahead[2];
     llm_prefetch_load(0, ahead);
     const uint8_t *rows = p;
-    for (; b + 2 <= n_blocks; b += 2, p += 2 * bytes)
+    for (; b + 2 <= n_blocks; b += 2, p += 2 * bytes) {
+        __m256 scales_even = _mm256_setzero_ps(), scales_odd = _mm256_setzero_ps();
+        if (by4) {
+            scales_even = llm_avx2_scales4(p, row_bytes, x + b);
+            scales_odd = llm_avx2_scales4(p + bytes, row_bytes, x + b + 1);
+        }
         for (int r = 0; r < nr; r++) {
             const uint8_t *pr = p + r * row_bytes;
             llm_prefetch(rows + (b * nr + 2 * r) * bytes, ahead); /* a line each 64 bytes, at most */
-            llm_q8_block32_avx2(type, wide, pr, x + b, x_stride, nc, even + r * nc, mins_even + r * nc);
+            __m256 row_even = _mm256_permutevar8x32_ps(scales_even, _mm256_set1_epi32(2 * r));
+            __m256 row_odd = _mm256_permutevar8x32_ps(scales_odd, _mm256_set1_epi32(2 * r));
+            llm_q8_block32_avx2(type, wide, pr, x + b, x_stride, nc, even + r * nc, mins_even + r * nc,
+                                by4 ? &row_even : NULL);
             llm_q8_block32_avx2(type, wide, pr + bytes, x + b + 1, x_stride, nc, odd + r * nc,
-                                mins_odd + r * nc);
+                                mins_odd + r * nc, by4 ? &row_odd : NULL);
         }
-    if (b < n_blocks)
-        for (int r = 0; r < nr; r++)
+        if (by4) {
+            mins4_even = _mm256_add_ps(mins4_even, scales_even);
+            mins4_odd = _mm256_add_ps(mins4_odd, scales_odd);
+        }
+    }
+    if (b < n_blocks) {
+        __m256 scales = by4 ? llm_avx2_scales4(p, row_bytes, x + b) : _mm256_setzero_ps();
+        for (int r = 0; r < nr; r++) {
+            __m256 row_scale = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(2 * r));
             llm_q8_block32_avx2(type, wide, p + r * row_bytes, x + b, x_stride, nc, even + r * nc,
-                                mins_even + r * nc);
+                                mins_even + r * nc, by4 ? &row_scale : NULL);
+        }
+        if (by4) mins4_even = _mm256_add_ps(mins4_even, scales);
+    }
     __m256 both[4];
     __m128 mins[4];
     for (int k = 0; k < 4; k++) {
@@ -13920,6 +13957,9 @@ static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t typ
         mins[k] = k < nr * nc ? _mm_add_ps(mins_even[k], mins_odd[k]) : _mm_setzero_ps();
     }
     __m128 lane1 = _mm_movehl_ps(_mm_unpacklo_ps(mins[2], mins[3]), _mm_unpacklo_ps(mins[0], mins[1]));
+    if (by4)
+        lane1 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(_mm256_add_ps(mins4_even, mins4_odd),
+                                                                _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7)));
     float sums[4];
     _mm_storeu_ps(sums, _mm_add_ps(llm_avx2_hsum4(both), lane1));
     for (int r = 0; r < nr; r++)
@@ -13987,6 +14027,24 @@ static inline __attribute__((always_inline)) void llm_avx2_kscales(uint32_t type
     }
 }
 
+/* A k-quant block's 8 groups of activations: their scales (xd) and their halves' sums (sum0, sum1), each
+ * group's first 16 bytes (d, s, sum[0], sum[1]) loaded and transposed (gathers took 1.33 times as long for
+ * q4_K's products alone, Zen 5) */
+static inline __attribute__((always_inline)) void llm_avx2_kgroups(const llm_q8 *xb, __m256 *xd,
+                                                                   __m256i *sum0, __m256i *sum1) {
+    __m256 v[4], lo[2], hi[2];
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(&xb[k].d)),
+                                    _mm_loadu_ps(&xb[k + 4].d), 1);
+    for (int k = 0; k < 2; k++) {
+        lo[k] = _mm256_unpacklo_ps(v[2 * k], v[2 * k + 1]); /* d and s of 4 groups */
+        hi[k] = _mm256_unpackhi_ps(v[2 * k], v[2 * k + 1]); /* sum[0] and sum[1] */
+    }
+    *xd = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(lo[0]), _mm256_castps_pd(lo[1])));
+    *sum0 = _mm256_castpd_si256(_mm256_unpacklo_pd(_mm256_castps_pd(hi[0]), _mm256_castps_pd(hi[1])));
+    *sum1 = _mm256_castpd_si256(_mm256_unpackhi_pd(_mm256_castps_pd(hi[0]), _mm256_castps_pd(hi[1])));
+}
+
 static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type, int wide, const uint8_t *p,
     size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride, int nc, float *out,
     int64_t out_stride) {
@@ -14000,6 +14058,9 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
     llm_prefetch_load(0, ahead);
     const uint8_t *rows = p;
     for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes, x += 8) {
+        __m256 xd_first = _mm256_setzero_ps(); /* several rows share one token's (nc is 1 then) */
+        __m256i sum0_first = _mm256_setzero_si256(), sum1_first = _mm256_setzero_si256();
+        if (nr > 1) llm_avx2_kgroups(x, &xd_first, &sum0_first, &sum1_first);
         for (int r = 0; r < nr; r++) {
             const uint8_t *pr = p + r * row_bytes;
             __m256 *even_r = even + r * nc, *odd_r = odd + r * nc, *rest_r = rest + r * nc;
@@ -14017,24 +14078,9 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
             }
             __m256 offset = _mm256_set1_ps(b.d * (float)b.offset), dmin = _mm256_set1_ps(b.dmin);
             for (int c = 0; c < nc; c++) {
-                const llm_q8 *xb = x + c * x_stride;
-                /* the 8 groups' activation scales and sums: each group's first 16 bytes (d, s, sum[0],
-                 * sum[1]) loaded and transposed (gathers took 1.33 times as long for q4_K's products alone,
-                 * Zen 5) */
-                __m256 v[4], lo[2], hi[2];
-                for (int k = 0; k < 4; k++)
-                    v[k] = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_loadu_ps(&xb[k].d)),
-                                                _mm_loadu_ps(&xb[k + 4].d), 1);
-                for (int k = 0; k < 2; k++) {
-                    lo[k] = _mm256_unpacklo_ps(v[2 * k], v[2 * k + 1]); /* d and s of 4 groups */
-                    hi[k] = _mm256_unpackhi_ps(v[2 * k], v[2 * k + 1]); /* sum[0] and sum[1] */
-                }
-                __m256 xd = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(lo[0]),
-                                                                _mm256_castps_pd(lo[1])));
-                __m256i sum0 = _mm256_castpd_si256(_mm256_unpacklo_pd(_mm256_castps_pd(hi[0]),
-                                                                      _mm256_castps_pd(hi[1])));
-                __m256i sum1 = _mm256_castpd_si256(_mm256_unpackhi_pd(_mm256_castps_pd(hi[0]),
-                                                                      _mm256_castps_pd(hi[1])));
+                __m256 xd = xd_first;
+                __m256i sum0 = sum0_first, sum1 = sum1_first;
+                if (nr == 1) llm_avx2_kgroups(x + c * x_stride, &xd, &sum0, &sum1);
                 __m256 offsets = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_mullo_epi32(sum0, sc[0]),
                                                                      _mm256_mullo_epi32(sum1, sc[1])));
                 __m256 minimums = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_mullo_epi32(sum0, mn[0]),
@@ -14985,30 +15031,29 @@ static inline __attribute__((always_inline)) void llm_q8_block32_neon(uint32_t t
         if (has_min) mins[c] += m * xb->s;
     }
 }
-/* nr rows one after the other (the AVX2 kernels interleave them; unmeasured here: no ARM machine) */
+/* A row a call: llm_q8_dot gives NEON builds nr = 1 (LLM_DOT_ROWS; the AVX-512 build's 4 rows at once are
+ * unmeasured here: no ARM machine) */
 static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t type, int wide,
-    const uint8_t *rows, size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride,
+    const uint8_t *p, size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride,
     int nc, float *out, int64_t out_stride) {
+    (void)row_bytes, (void)nr;
     const size_t bytes = type == LLM_Q8_0 ? 34 : type == LLM_Q4_0 ? 18 : type == LLM_Q4_1 ? 20 :
                          type == LLM_Q5_0 ? 22 : type == LLM_MXFP4 ? 17 : 24;
-    for (int r = 0; r < nr; r++) {
-        const uint8_t *p = rows + r * row_bytes;
-        float32x4_t even[4], odd[4];
-        float mins_even[4], mins_odd[4];
-        for (int c = 0; c < nc; c++) {
-            even[c] = odd[c] = vdupq_n_f32(0);
-            mins_even[c] = mins_odd[c] = 0;
-        }
-        int64_t b = 0;
-        for (; b + 2 <= n_blocks; b += 2, p += 2 * bytes) {
-            __builtin_prefetch(p + 2048);
-            llm_q8_block32_neon(type, wide, p, x + b, x_stride, nc, even, mins_even);
-            llm_q8_block32_neon(type, wide, p + bytes, x + b + 1, x_stride, nc, odd, mins_odd);
-        }
-        if (b < n_blocks) llm_q8_block32_neon(type, wide, p, x + b, x_stride, nc, even, mins_even);
-        for (int c = 0; c < nc; c++)
-            out[c * out_stride + r] = vaddvq_f32(vaddq_f32(even[c], odd[c])) + (mins_even[c] + mins_odd[c]);
+    float32x4_t even[4], odd[4];
+    float mins_even[4], mins_odd[4];
+    for (int c = 0; c < nc; c++) {
+        even[c] = odd[c] = vdupq_n_f32(0);
+        mins_even[c] = mins_odd[c] = 0;
     }
+    int64_t b = 0;
+    for (; b + 2 <= n_blocks; b += 2, p += 2 * bytes) {
+        __builtin_prefetch(p + 2048);
+        llm_q8_block32_neon(type, wide, p, x + b, x_stride, nc, even, mins_even);
+        llm_q8_block32_neon(type, wide, p + bytes, x + b + 1, x_stride, nc, odd, mins_odd);
+    }
+    if (b < n_blocks) llm_q8_block32_neon(type, wide, p, x + b, x_stride, nc, even, mins_even);
+    for (int c = 0; c < nc; c++)
+        out[c * out_stride] = vaddvq_f32(vaddq_f32(even[c], odd[c])) + (mins_even[c] + mins_odd[c]);
 }
 
 /* The k-quants' 256-value blocks, as llm_q8_dotk_avx2 takes them: per group of 32, the stored values
@@ -15045,56 +15090,53 @@ static inline void llm_neon_groupk(uint32_t type, const uint8_t *p, int g, int8x
     w[1] = vreinterpretq_s8_u8(a[1]);
 }
 static inline __attribute__((always_inline)) void llm_q8_dotk_neon(uint32_t type, int wide,
-    const uint8_t *rows, size_t row_bytes, int nr, const llm_q8 *x0, int64_t n_blocks, int64_t x_stride,
-    int nc, float *out, int64_t out_stride) {
+    const uint8_t *p, size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride,
+    int nc, float *out, int64_t out_stride) { /* a row a call, as llm_q8_dot32_neon */
+    (void)row_bytes, (void)nr;
     const int sub = type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q6_K ? 16 : 32;
     const size_t bytes = type == LLM_Q2_K ? 84 : type == LLM_Q3_K ? 110 : type == LLM_Q4_K ? 144 :
                          type == LLM_Q5_K ? 176 : 210;
-    for (int row = 0; row < nr; row++) {
-        const uint8_t *p = rows + row * row_bytes;
-        const llm_q8 *x = x0;
-        float32x4_t acc[2][4];
-        float rest[4];
-        for (int c = 0; c < nc; c++) {
-            acc[0][c] = acc[1][c] = vdupq_n_f32(0);
-            rest[c] = 0;
-        }
-        llm_qblock b;
-        for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes, x += 8) {
-            for (size_t line = 0; line < bytes; line += 64) __builtin_prefetch(p + line + 2048);
-            llm_qblock_read_scales(type, p, &b);
-            for (int g = 0; g < 8; g++) {
-                int8x16_t w[2];
-                llm_neon_groupk(type, p, g, w);
-                int s0 = b.scale[g * 32 / sub], s1 = b.scale[(g * 32 + 16) / sub];
-                for (int c = 0; c < nc; c++) {
-                    const llm_q8 *xg = x + c * x_stride + g;
-                    int32x4_t q0 = vdotq_s32(vdupq_n_s32(0), w[0], vld1q_s8(xg->q));
-                    int32x4_t q1 = vdotq_s32(vdupq_n_s32(0), w[1], vld1q_s8(xg->q + 16));
-                    float32x4_t v = vcvtq_f32_s32(vmlaq_n_s32(vmulq_n_s32(q0, s0), q1, s1));
-                    if (wide) { /* 256 times the q part would pass 2^31 with q6_k's scales: each to float */
-                        int32x4_t r0 = vdotq_s32(vdupq_n_s32(0), w[0], vld1q_s8(xg->r));
-                        int32x4_t r1 = vdotq_s32(vdupq_n_s32(0), w[1], vld1q_s8(xg->r + 16));
-                        v = vfmaq_n_f32(vcvtq_f32_s32(vmlaq_n_s32(vmulq_n_s32(r0, s0), r1, s1)), v, 256.0f);
-                    }
-                    acc[g % 2][c] = vfmaq_n_f32(acc[g % 2][c], v, xg->d * b.d);
-                }
-            }
-            for (int c = 0; c < nc; c++) { /* the offsets and minimums, with the activations' half sums */
-                const llm_q8 *xb = x + c * x_stride;
-                float r = 0;
-                for (int g = 0; g < 8; g++) {
-                    int h0 = g * 32 / sub, h1 = (g * 32 + 16) / sub;
-                    int offsets = xb[g].sum[0] * b.scale[h0] + xb[g].sum[1] * b.scale[h1];
-                    int minimums = xb[g].sum[0] * b.min[h0] + xb[g].sum[1] * b.min[h1];
-                    r += xb[g].d * ((float)offsets * (b.d * (float)b.offset) + (float)minimums * b.dmin);
-                }
-                rest[c] += r;
-            }
-        }
-        for (int c = 0; c < nc; c++)
-            out[c * out_stride + row] = vaddvq_f32(vaddq_f32(acc[0][c], acc[1][c])) - rest[c];
+    float32x4_t acc[2][4];
+    float rest[4];
+    for (int c = 0; c < nc; c++) {
+        acc[0][c] = acc[1][c] = vdupq_n_f32(0);
+        rest[c] = 0;
     }
+    llm_qblock b;
+    for (int64_t blk = 0; blk < n_blocks; blk++, p += bytes, x += 8) {
+        for (size_t line = 0; line < bytes; line += 64) __builtin_prefetch(p + line + 2048);
+        llm_qblock_read_scales(type, p, &b);
+        for (int g = 0; g < 8; g++) {
+            int8x16_t w[2];
+            llm_neon_groupk(type, p, g, w);
+            int s0 = b.scale[g * 32 / sub], s1 = b.scale[(g * 32 + 16) / sub];
+            for (int c = 0; c < nc; c++) {
+                const llm_q8 *xg = x + c * x_stride + g;
+                int32x4_t q0 = vdotq_s32(vdupq_n_s32(0), w[0], vld1q_s8(xg->q));
+                int32x4_t q1 = vdotq_s32(vdupq_n_s32(0), w[1], vld1q_s8(xg->q + 16));
+                float32x4_t v = vcvtq_f32_s32(vmlaq_n_s32(vmulq_n_s32(q0, s0), q1, s1));
+                if (wide) { /* 256 times the q part would pass 2^31 with q6_k's scales: each to float */
+                    int32x4_t r0 = vdotq_s32(vdupq_n_s32(0), w[0], vld1q_s8(xg->r));
+                    int32x4_t r1 = vdotq_s32(vdupq_n_s32(0), w[1], vld1q_s8(xg->r + 16));
+                    v = vfmaq_n_f32(vcvtq_f32_s32(vmlaq_n_s32(vmulq_n_s32(r0, s0), r1, s1)), v, 256.0f);
+                }
+                acc[g % 2][c] = vfmaq_n_f32(acc[g % 2][c], v, xg->d * b.d);
+            }
+        }
+        for (int c = 0; c < nc; c++) { /* the offsets and minimums, with the activations' half sums */
+            const llm_q8 *xb = x + c * x_stride;
+            float r = 0;
+            for (int g = 0; g < 8; g++) {
+                int h0 = g * 32 / sub, h1 = (g * 32 + 16) / sub;
+                int offsets = xb[g].sum[0] * b.scale[h0] + xb[g].sum[1] * b.scale[h1];
+                int minimums = xb[g].sum[0] * b.min[h0] + xb[g].sum[1] * b.min[h1];
+                r += xb[g].d * ((float)offsets * (b.d * (float)b.offset) + (float)minimums * b.dmin);
+            }
+            rest[c] += r;
+        }
+    }
+    for (int c = 0; c < nc; c++)
+        out[c * out_stride] = vaddvq_f32(vaddq_f32(acc[0][c], acc[1][c])) - rest[c];
 }
 #endif /* LLM_NEON_DOT */
 

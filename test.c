@@ -1909,6 +1909,14 @@ static void quant_unit_scales(uint32_t type, uint8_t *block) {
         put16(block + d_at + 2, 0x3C00);
 }
 
+/* A block's d (and dmin) random, each its own: rows that differ in both */
+static void quant_random_scales(uint32_t type, uint8_t *block, uint64_t *rng) {
+    quant_set_scale(type, block, (float)(llm_splitmix64(rng) % 1000 + 1) / 3000.0f);
+    size_t d_at = type == LLM_Q2_K ? 80 : type == LLM_Q3_K ? 108 : type == LLM_Q6_K ? 208 : 0;
+    if (type == LLM_Q2_K || type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q4_1 || type == LLM_Q5_1)
+        put16(block + d_at + 2, llm_f32_to_f16((float)(llm_splitmix64(rng) % 1000 + 1) / 3000.0f));
+}
+
 /* One block of type with random stored bytes, d (and dmin) 1 */
 static void quant_random_block(uint32_t type, uint8_t *block, size_t bytes, uint64_t *rng) {
     for (size_t i = 0; i < bytes; i++) block[i] = (uint8_t)(llm_splitmix64(rng) >> 24);
@@ -2029,10 +2037,15 @@ static void quant_dots_check(int wide) {
                   width, nc, together[0], together[1], together[2], together[3], alone[0], alone[1], alone[2],
                   alone[3]);
         }
-        /* and four rows at once (a decode step's: lying one after the other) as each by itself */
+#if LLM_DOT_ROWS > 1
+        /* and four rows at once (a decode step's, in builds that take them so: one after the other in
+         * memory) as each by itself */
         uint8_t rows[4][N * 4];
         size_t row_bytes = llm_dtype_row_bytes(type, n);
-        for (size_t at = 0; at < 4 * row_bytes; at += bb) quant_random_block(type, rows[0] + at, bb, &rng);
+        for (size_t at = 0; at < 4 * row_bytes; at += bb) { /* each row and block its own d and dmin */
+            quant_random_block(type, rows[0] + at, bb, &rng);
+            quant_random_scales(type, rows[0] + at, &rng);
+        }
         float four[4], each[4];
         llm_q8_dot(type, wide, rows[0], row_bytes, 4, xs, n, 0, 1, four, 1);
         for (int r = 0; r < 4; r++)
@@ -2040,6 +2053,7 @@ static void quant_dots_check(int wide) {
         CHECK(!memcmp(four, each, sizeof four),
               "%s, %s: 4 rows at once %g %g %g %g, one at a time %g %g %g %g", llm_dtype_name(type), width,
               four[0], four[1], four[2], four[3], each[0], each[1], each[2], each[3]);
+#endif
     }
     free(xs);
     /* real scales: the fast dot against the plain-C one and the exact row, random blocks and activations */

@@ -29,15 +29,13 @@ static double now_s(void) {
 static uint64_t read_all(const void *data, uint64_t bytes, int prefetch) {
     const uint64_t *w = (const uint64_t *)data;
     int64_t n = (int64_t)(bytes / 64);
-    const int near = llm_prefetch_ahead[0][0] / 8, far = llm_prefetch_ahead[0][1] / 8; /* in words */
+    int ahead[2];
+    llm_prefetch_load(0, ahead);
     uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
 #pragma omp parallel for reduction(+ : s0, s1, s2, s3) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         const uint64_t *line = w + 8 * i;
-        if (prefetch) {
-            __builtin_prefetch(line + near);
-            __builtin_prefetch(line + far, 0, 2);
-        }
+        if (prefetch) llm_prefetch(line, ahead);
         s0 += line[0] + line[4]; s1 += line[1] + line[5]; s2 += line[2] + line[6]; s3 += line[3] + line[7];
     }
     return s0 + s1 + s2 + s3;
