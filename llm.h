@@ -5866,12 +5866,13 @@ static float llm_q8_dot_ref(uint32_t type, const void *row, const llm_q8 *x, int
 #define LLM_PACK_ROWS 8
 #endif
 /* A decode step's products take LLM_DOT_ROWS weight rows a call (llm_q8_dot32_avx2 says why): 4 with
- * AVX-512's 32 registers; AVX2's 16 leave too few beside 4 rows' sums (one thread of a Sapphire Rapids,
- * q4_1's products from memory: 4 rows 1.12 times as fast as 1 built with AVX-512, 0.95-1.0 built for AVX2) */
+ * AVX-512's 32 registers, 2 with AVX2's 16, which leave too few beside 4 rows' sums (one thread of a
+ * Sapphire Rapids, q4_1's products from memory: 4 rows 1.12 times as fast as 1 built with AVX-512, 0.95-1.0
+ * built for AVX2; 2 rows built for AVX2 1.03-1.07, SmolLM2 Q4_1 tg128 1.05 times, Gemma 3 270M 1.01) */
 #if defined(LLM_AVX512F)
 #define LLM_DOT_ROWS 4
 #else
-#define LLM_DOT_ROWS 1
+#define LLM_DOT_ROWS 2
 #endif
 /* f16/bf16 weights meet f32 activations in tiles of up to LLM_HALF_ROWS rows times LLM_HALF_TOKENS tokens */
 #define LLM_HALF_ROWS 4
@@ -5925,7 +5926,7 @@ static void llm_q8_dot(uint32_t type, int wide, const void *row, size_t row_byte
     /* each call specializes the inlined loops to its type, its activations' width, and to 1 to 4 tokens: a
      * step of 2 or 3 (a few sequences decoding together, a short speculative proposal) then reads each weight
      * block once, not once per token (SmolLM2 Q4_1, one thread: 2 tokens 1.5 times one, was 1.8; 3 tokens
-     * 1.9, was 2.6: tools/matmul_steps.c); or to 4 rows and one token (a decode step: below) */
+     * 1.9, was 2.6: tools/matmul_steps.c); or to LLM_DOT_ROWS rows and one token (a decode step: below) */
 #define LLM_Q8_CALL(k, s, T, dot, per_block, W)                                                           \
     dot(T, W, (const uint8_t *)row + r * row_bytes, 0, 1, x + (s) * x_stride, n / per_block, x_stride, k, \
         out + (s) * out_stride + r, out_stride)
@@ -6112,7 +6113,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
             for (int t = 0; t < T; t += LLM_DOT_MAX_COLS) {
                 const float *xt = x + (size_t)t * cols;
                 int nc = T - t < LLM_DOT_MAX_COLS ? T - t : LLM_DOT_MAX_COLS;
-                if (kind == LLM_ROWS_Q8) { /* one token: 4 rows a call (llm_q8_dot32_avx2 says why) */
+                if (kind == LLM_ROWS_Q8) { /* one token: LLM_DOT_ROWS rows a call (llm_q8_dot32_avx2: why) */
                     for (int64_t r = r0, nr; r < r1; r += nr) {
                         nr = nc == 1 && r1 - r >= LLM_DOT_ROWS ? LLM_DOT_ROWS : 1;
                         llm_q8_dot(w->type, wide, tile_data + (size_t)(r - r0) * row_bytes, row_bytes,
@@ -13897,12 +13898,12 @@ static inline __attribute__((always_inline)) __m256 llm_avx2_scales4(const uint8
 
 /* nr rows times nc tokens (nr * nc <= 4). A decode step's rows are short (SmolLM2's 576 values, Gemma 3
  * 270M's 640: 18 and 20 blocks), and one at a time a third of a row's time went to what a row costs besides
- * its blocks (the call, the sums across lanes, the loop's start and end); 4 rows a call, their blocks in
- * turn, share that (one thread of a Sapphire Rapids: q4_1's products from L2 1.17 times as fast, from
- * memory 73 -> 82% of the plain read loop's speed). The 4 rows lie one after the other in memory: the
- * prefetches follow their bytes in that order, as far ahead of where the rows' blocks have reached together
- * as one row's would be, so that memory still sees one run (each row's own prefetch, 4 runs at once, made
- * them slower than one row at a time). */
+ * its blocks (the call, the sums across lanes, the loop's start and end); LLM_DOT_ROWS rows a call (4, AVX2
+ * 2), their blocks in turn, share that (one thread of a Sapphire Rapids: q4_1's products from L2 1.17 times
+ * as fast, from memory 73 -> 82% of the plain read loop's speed). The rows lie one after the other in
+ * memory: the prefetches follow their bytes in that order, as far ahead of where the rows' blocks have
+ * reached together as one row's would be, so that memory still sees one run (each row's own prefetch, 4
+ * runs at once, made them slower than one row at a time). */
 static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t type, int wide, const uint8_t *p,
     size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride, int nc, float *out,
     int64_t out_stride) {
@@ -15031,7 +15032,7 @@ static inline __attribute__((always_inline)) void llm_q8_block32_neon(uint32_t t
         if (has_min) mins[c] += m * xb->s;
     }
 }
-/* A row a call: llm_q8_dot gives NEON builds nr = 1 (LLM_DOT_ROWS; the AVX-512 build's 4 rows at once are
+/* A row a call: llm_q8_dot gives NEON builds nr = 1 (LLM_DOT_ROWS; the x86 builds' 2 or 4 rows at once are
  * unmeasured here: no ARM machine) */
 static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t type, int wide,
     const uint8_t *p, size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride,

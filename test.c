@@ -2038,21 +2038,24 @@ static void quant_dots_check(int wide) {
                   alone[3]);
         }
 #if LLM_DOT_ROWS > 1
-        /* and four rows at once (a decode step's, in builds that take them so: one after the other in
-         * memory) as each by itself */
-        uint8_t rows[4][N * 4];
+        /* and LLM_DOT_ROWS rows at once (a decode step's, in builds that take more than one: one after the
+         * other in memory) as each by itself, bit for bit */
+        enum { ROWS = LLM_DOT_ROWS };
+        uint8_t rows[ROWS][N * 4];
         size_t row_bytes = llm_dtype_row_bytes(type, n);
-        for (size_t at = 0; at < 4 * row_bytes; at += bb) { /* each row and block its own d and dmin */
+        for (size_t at = 0; at < ROWS * row_bytes; at += bb) { /* each row and block its own d and dmin */
             quant_random_block(type, rows[0] + at, bb, &rng);
             quant_random_scales(type, rows[0] + at, &rng);
         }
-        float four[4], each[4];
-        llm_q8_dot(type, wide, rows[0], row_bytes, 4, xs, n, 0, 1, four, 1);
-        for (int r = 0; r < 4; r++)
+        float at_once[ROWS], each[ROWS];
+        llm_q8_dot(type, wide, rows[0], row_bytes, ROWS, xs, n, 0, 1, at_once, 1);
+        int differ = 0;
+        for (int r = 0; r < ROWS; r++) {
             llm_q8_dot(type, wide, rows[0] + r * row_bytes, 0, 1, xs, n, 0, 1, &each[r], 1);
-        CHECK(!memcmp(four, each, sizeof four),
-              "%s, %s: 4 rows at once %g %g %g %g, one at a time %g %g %g %g", llm_dtype_name(type), width,
-              four[0], four[1], four[2], four[3], each[0], each[1], each[2], each[3]);
+            differ += memcmp(&at_once[r], &each[r], sizeof(float)) != 0;
+        }
+        CHECK(!differ, "%s, %s: %d rows at once, %d differ from one at a time (row 1: %g against %g)",
+              llm_dtype_name(type), width, ROWS, differ, at_once[1], each[1]);
 #endif
     }
     free(xs);
