@@ -13562,9 +13562,9 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *                        llm_dot_pairs (two queries' sums in one 512-bit register: a prompt's attention)
  *   quantized weights    llm_q8_quantize_avx2 (activations to blocks of 8- or 16-bit integers);
  *                        llm_q8_dot32_avx2 and llm_q8_dotk_avx2 (a weight row times 1 to 4 tokens, or 4
- *                        rows times one with AVX-512; 32-value blocks and k-quants); llm_pack_rows,
- *                        llm_pack_dot and llm_matmul_packed (a prefill: 8 rows, 16 with AVX-512 VNNI,
- *                        unpacked side by side once for every token)
+ *                        rows times one with AVX-512, 2 with AVX2; 32-value blocks and k-quants);
+ *                        llm_pack_rows, llm_pack_dot and llm_matmul_packed (a prefill: 8 rows, 16 with
+ *                        AVX-512 VNNI, unpacked side by side once for every token)
  *   f16 and bf16 weights llm_dot_half (tiles of up to 4 rows times 3 tokens, 6 with AVX-512)
  *   the row kernels      llm_exp_avx2 (glibc's expf, bit for bit; the sampler's too), llm_max_avx2,
  *                        llm_softmax_exp_avx2, llm_swiglu_avx2, llm_f16_store_avx2 (the KV cache in f16),
