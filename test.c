@@ -1894,33 +1894,25 @@ static void test_quant_reference(void) {
                             llm_cpu_exact_backend_create, "float64's");
 }
 
-/* A block's scale d: f16 where the type keeps it, or mxfp4's E8M0 byte (a power of two: the nearest) */
-static void quant_set_scale(uint32_t type, uint8_t *block, float d) {
+/* A block's scale d and, where the type keeps one, its dmin: f16, or mxfp4's E8M0 byte for d (a power of
+ * two: the nearest) */
+static void quant_set_scales(uint32_t type, uint8_t *block, float d, float dmin) {
     if (type == LLM_MXFP4) { block[0] = (uint8_t)(128 + lrintf(log2f(d))); return; } /* value 2^(e - 128) */
     size_t d_at = type == LLM_Q2_K ? 80 : type == LLM_Q3_K ? 108 : type == LLM_Q6_K ? 208 : 0;
     put16(block + d_at, llm_f32_to_f16(d));
+    if (type == LLM_Q2_K || type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q4_1 || type == LLM_Q5_1)
+        put16(block + d_at + 2, llm_f32_to_f16(dmin));
 }
 
-/* A block's d (and dmin) set to 1: its dot products are integers */
-static void quant_unit_scales(uint32_t type, uint8_t *block) {
-    quant_set_scale(type, block, 1);
-    size_t d_at = type == LLM_Q2_K ? 80 : type == LLM_Q3_K ? 108 : type == LLM_Q6_K ? 208 : 0;
-    if (type == LLM_Q2_K || type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q4_1 || type == LLM_Q5_1)
-        put16(block + d_at + 2, 0x3C00);
-}
-
-/* A block's d (and dmin) random, each its own: rows that differ in both */
-static void quant_random_scales(uint32_t type, uint8_t *block, uint64_t *rng) {
-    quant_set_scale(type, block, (float)(llm_splitmix64(rng) % 1000 + 1) / 3000.0f);
-    size_t d_at = type == LLM_Q2_K ? 80 : type == LLM_Q3_K ? 108 : type == LLM_Q6_K ? 208 : 0;
-    if (type == LLM_Q2_K || type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q4_1 || type == LLM_Q5_1)
-        put16(block + d_at + 2, llm_f32_to_f16((float)(llm_splitmix64(rng) % 1000 + 1) / 3000.0f));
+/* A random scale: 1 to 1000 over denominator */
+static float quant_random_scale(uint64_t *rng, float denominator) {
+    return (float)(llm_splitmix64(rng) % 1000 + 1) / denominator;
 }
 
 /* One block of type with random stored bytes, d (and dmin) 1 */
 static void quant_random_block(uint32_t type, uint8_t *block, size_t bytes, uint64_t *rng) {
     for (size_t i = 0; i < bytes; i++) block[i] = (uint8_t)(llm_splitmix64(rng) >> 24);
-    quant_unit_scales(type, block);
+    quant_set_scales(type, block, 1, 1); /* its dot products are integers */
 }
 
 /* The quantized dot products with 8-bit activations (wide 0: llama.cpp's) and 16-bit ones (wide 1: q and
@@ -2045,7 +2037,8 @@ static void quant_dots_check(int wide) {
         size_t row_bytes = llm_dtype_row_bytes(type, n);
         for (size_t at = 0; at < ROWS * row_bytes; at += bb) { /* each row and block its own d and dmin */
             quant_random_block(type, rows[0] + at, bb, &rng);
-            quant_random_scales(type, rows[0] + at, &rng);
+            float d = quant_random_scale(&rng, 3000), dmin = quant_random_scale(&rng, 3000);
+            quant_set_scales(type, rows[0] + at, d, dmin);
         }
         float at_once[ROWS], each[ROWS];
         llm_q8_dot(type, wide, rows[0], row_bytes, ROWS, xs, n, 0, 1, at_once, 1);
@@ -2070,7 +2063,7 @@ static void quant_dots_check(int wide) {
         for (int trial = 0; trial < 50; trial++) {
             for (size_t at = 0; at < llm_dtype_row_bytes(type, N); at += bb) {
                 quant_random_block(type, row + at, bb, &rng);
-                quant_set_scale(type, row + at, (float)(llm_splitmix64(&rng) % 1000 + 1) / 30000.0f);
+                quant_set_scales(type, row + at, quant_random_scale(&rng, 30000), 1);
             }
             for (int i = 0; i < N; i++) x[i] = (float)((int)(llm_splitmix64(&rng) % 2001) - 1000) / 700.0f;
             llm_q8_quantize(x, xq, N, wide);
@@ -2127,10 +2120,10 @@ static void test_quant_tiles(void) {
              * largest, every activation q = +-126 with r = +-127 (126 + 127/256), a token's sign each */
             for (size_t at = 0; at < R * row_bytes; at += bb) {
                 quant_random_block(type, w + at, bb, &rng);
-                if (real) quant_set_scale(type, w + at, (float)(llm_splitmix64(&rng) % 1000 + 1) / 30000.0f);
+                if (real) quant_set_scales(type, w + at, quant_random_scale(&rng, 30000), 1);
                 if (extreme) {
                     memset(w + at, type == LLM_Q8_0 ? 0x80 : type == LLM_MXFP4 ? 0x77 : 0xff, bb);
-                    quant_unit_scales(type, w + at);
+                    quant_set_scales(type, w + at, 1, 1);
                 }
             }
             for (int i = 0; i < T * N; i++) {
