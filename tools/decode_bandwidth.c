@@ -1,10 +1,11 @@
 /* tools/decode_bandwidth.c - how close a decode step's matrix products come to the memory's speed. A decode
  * step multiplies one token by every weight matrix, so it reads each weight once from memory, and a plain
  * loop reading the same bytes is its ceiling. For each weight type in a model file, this times llm_matmul
- * with one token (the default path: 16-bit activations) over all the file's matrices, in file order as a
- * step meets them, then a plain loop (64-bit sums) over the same bytes, without and with the products'
- * prefetches, and prints all three in GB/s and the products' against the faster loop, per type and in all.
- * Threads: OMP_NUM_THREADS, for all.
+ * with one token (the default path: 16-bit activations) over all the file's matrices (q4_0's and q4_1's in
+ * decode tiles, as the CPU backend holds them), in file order as a step meets them, then a plain loop
+ * (64-bit sums) over the same bytes, without and with the products' prefetches, and prints all three in
+ * GB/s and the products' against the faster loop, per type and in all. Threads: OMP_NUM_THREADS, for all.
+ * Built for a CPU with AVX2 at least (the tiles are section 14's).
  *
  *   cc -O3 -march=native -ffp-contract=off -fno-math-errno -fopenmp -I/usr/include/stb -I. \
  *      -o decode_bandwidth tools/decode_bandwidth.c -lm -lpthread
@@ -65,6 +66,17 @@ int main(int argc, char **argv) {
         widest = (int64_t)t->ne[1] > widest ? (int64_t)t->ne[1] : widest;
         longest = (int64_t)t->ne[0] > longest ? (int64_t)t->ne[0] : longest;
     }
+    /* q4_0's and q4_1's matrices in decode tiles, as the CPU backend reads them (llm_cpu_make_tiles) */
+    uint8_t **tiles = (uint8_t **)calloc((size_t)g.n_tensors, sizeof *tiles);
+    for (int64_t i = 0; tiles && i < g.n_tensors; i++) {
+        const llm_gguf_tensor *t = &g.tensors[i];
+        if (t->n_dims != 2 || !llm_tiles_type(t->type) || t->ne[1] % LLM_TILE_ROWS) continue;
+        if (!(tiles[i] = (uint8_t *)malloc(t->nbytes))) {
+            fprintf(stderr, "decode_bandwidth: no memory\n");
+            return 1;
+        }
+        llm_tiles_copy(t->type, (uint8_t *)t->data, tiles[i], (int64_t)t->ne[1], (int64_t)t->ne[0], 1);
+    }
     float *x = (float *)malloc((size_t)longest * sizeof(float));
     float *out = (float *)malloc((size_t)widest * sizeof(float));
     if (!x || !out || !widest) { fprintf(stderr, "decode_bandwidth: no matrices, or no memory\n"); return 1; }
@@ -77,9 +89,9 @@ int main(int argc, char **argv) {
             for (int64_t i = 0; i < g.n_tensors; i++) {
                 const llm_gguf_tensor *t = &g.tensors[i];
                 if (t->n_dims != 2 || t->type >= N_TYPES || t->type == LLM_F32) continue;
-                llm_weight w = {t->data, t->type, (int64_t)t->ne[1], (int64_t)t->ne[0]};
+                llm_weight w = {t->data, t->type, (int64_t)t->ne[1], (int64_t)t->ne[0], tiles[i]};
                 double t0 = now_s();
-                if (loop) sink += read_all(t->data, t->nbytes, loop == 2);
+                if (loop) sink += read_all(tiles[i] ? tiles[i] : t->data, t->nbytes, loop == 2);
                 else if (llm_matmul(out, x, &w, 1, LLM_PATH_ACT16) != 0) {
                     fprintf(stderr, "decode_bandwidth: no memory\n");
                     return 1;
@@ -102,7 +114,8 @@ int main(int argc, char **argv) {
         for (int j = 0; j < 3; j++) all_seconds[j] += seconds[j][k];
     }
     print_row("all", all_bytes, all_seconds[0], all_seconds[1], all_seconds[2], reps);
-    free(x); free(out);
+    for (int64_t i = 0; i < g.n_tensors; i++) free(tiles[i]);
+    free(tiles); free(x); free(out);
     llm_gguf_close(&g);
     return 0;
 }
