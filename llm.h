@@ -6019,8 +6019,8 @@ static int llm_matmul_kind(uint32_t type, int path) {
 /* Section 14's: a tile of rows packed and multiplied by every token (from LLM_PACK_MIN_TOKENS on), the
  * bytes a packed group takes, and the f16/bf16 tiles */
 static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t type,
-                              const uint8_t *tile_data, const uint8_t *stored, size_t row_bytes, int64_t r0,
-                              int64_t r1, int64_t rows, int64_t cols, int T, uint8_t *pack);
+                              const uint8_t *tile_data, int tiled, size_t row_bytes, int64_t r0, int64_t r1,
+                              int64_t rows, int64_t cols, int T, uint8_t *pack);
 static inline __attribute__((always_inline)) size_t llm_pack_group_bytes(int wide);
 static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
                          int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride);
@@ -6082,11 +6082,10 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
             failed = 1;
         }
 #ifdef LLM_CPU_SIMD
-        uint8_t *pack = NULL, *untiled = NULL; /* the tile's rows, packed: 8 at a time; from decode tiles */
+        uint8_t *pack = NULL; /* the tile's rows, packed: 8 at a time */
         if (kind == LLM_ROWS_PACKED &&
-            (!(pack = (uint8_t *)malloc((size_t)LLM_MATMUL_TILE * (size_t)(cols / 32) *
-                                        llm_pack_group_bytes(wide) / LLM_PACK_ROWS)) ||
-             (w->tiles && !(untiled = (uint8_t *)malloc((size_t)LLM_MATMUL_TILE * row_bytes))))) {
+            !(pack = (uint8_t *)malloc((size_t)LLM_MATMUL_TILE * (size_t)(cols / 32) *
+                                       llm_pack_group_bytes(wide) / LLM_PACK_ROWS))) {
             #pragma omp atomic write
             failed = 1;
         }
@@ -6111,14 +6110,10 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
 #ifdef LLM_CPU_SIMD
             /* a prefill's packed tiles, and the f16/bf16 tiles: section 14's kernels */
             if (kind == LLM_ROWS_PACKED) {
-                if (!pack || (w->tiles && !untiled)) continue;
-                if (w->tiles) { /* the rows back from the decode tiles (the file's stay unread) */
-                    uint8_t *tiles = (uint8_t *)w->tiles + (size_t)r0 * row_bytes; /* only read */
-                    llm_tiles_copy(w->type, untiled, tiles, r1 - r0, cols, 0);
-                    tile_data = untiled;
-                }
-                llm_matmul_packed(out, xq, wide, w->type, tile_data, w->tiles ? w->tiles : w->data, row_bytes,
-                                  r0, r1, rows, cols, T, pack);
+                if (!pack) continue;
+                if (w->tiles) tile_data = (const uint8_t *)w->tiles + (size_t)r0 * row_bytes;
+                llm_matmul_packed(out, xq, wide, w->type, tile_data, w->tiles != NULL, row_bytes, r0, r1,
+                                  rows, cols, T, pack);
                 continue;
             }
             if (kind == LLM_ROWS_HALF) { /* tiles of up to 4 rows and 3 tokens (AVX-512: 6) */
@@ -6169,7 +6164,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
         }
         free(converted);
 #ifdef LLM_CPU_SIMD
-        free(pack); free(untiled);
+        free(pack);
 #endif
     }
     free(xq);
@@ -7193,8 +7188,9 @@ static inline void llm_prefetch_load(int kind, int ahead[2]) {
 /* The model as the CPU backend's forward pass reads it (c->model): model's struct, copied with its layers
  * when the backend starts (the model is not changed: another backend may read it), where every layer's q4_0
  * and q4_1 matrix (of rows in eights) and the output layer are given their rows again in decode tiles
- * (section 14), in memory, which steps of up to LLM_TILES_MAX_TOKENS tokens read; a longer one unpacks rows
- * from them. The experts' matrices of a mixture stay rows (a step reads slices of them). */
+ * (section 14), in memory, which steps of up to LLM_TILES_MAX_TOKENS tokens read; a longer one packs its
+ * rows from them (llm_pack_tiles). The experts' matrices of a mixture stay rows (a step reads slices of
+ * them). */
 static int llm_cpu_make_tiles(llm_cpu *c, const llm_model *m, char *err) {
     c->view = *m;
     c->model = &c->view;
@@ -13664,8 +13660,9 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *                        rows times one with AVX-512, 2 with AVX2; 32-value blocks and k-quants);
  *                        llm_tiles_copy and llm_tiles_dot (q4_0's and q4_1's matrices with 8 rows side by
  *                        side, the decode tiles the CPU backend keeps them in: steps of up to 16 tokens);
- *                        llm_pack_rows, llm_pack_dot and llm_matmul_packed (a prefill: 8 rows, 16 with
- *                        AVX-512 VNNI, unpacked side by side once for every token)
+ *                        llm_pack_rows, llm_pack_tiles (from decode tiles), llm_pack_dot and
+ *                        llm_matmul_packed (a prefill: 8 rows, 16 with AVX-512 VNNI, unpacked side by side
+ *                        once for every token)
  *   f16 and bf16 weights llm_dot_half (tiles of up to 4 rows times 3 tokens, 6 with AVX-512)
  *   the row kernels      llm_exp_avx2 (glibc's expf, bit for bit; the sampler's too), llm_max_avx2,
  *                        llm_softmax_exp_avx2, llm_swiglu_avx2, llm_f16_store_avx2 (the KV cache in f16),
@@ -14660,23 +14657,70 @@ static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_gr
 #undef LLM_PACK_CALL
 }
 
-/* One tile of rows r0..r1 (of rows, at tile_data), packed 8 rows at a time, times every token's quantized
- * activations; stored: the matrix as it lies in memory (its rows, or its decode tiles: the same bytes at the
- * same offsets), whose next tile is read ahead */
+/* Rows packed (as llm_pack_rows packs them) straight from their decode tiles (q4_0, q4_1; n_rows a multiple
+ * of 8): a tile's runs are the packed group's chunks already, 4 values of each of 8 rows side by side, run c
+ * holding chunk c in its low nibbles and chunk 4 + c in its high ones; and its 8 d's (m's) lie together */
+static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t row_bytes, int n_rows,
+                           int64_t n, void *pack) {
+    const int has_min = type == LLM_Q4_1, block_bytes = has_min ? 20 : 18, runs_at = has_min ? 32 : 16;
+    const __m256i low4 = _mm256_set1_epi8(15), pairs_order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    for (int64_t g = 0; g < n / 32; g++) {
+        uint8_t *at = (uint8_t *)pack + (size_t)g * llm_pack_group_bytes(wide);
+        llm_pack_pairs *pairs = (llm_pack_pairs *)at;
+        llm_pack_group *group = (llm_pack_group *)at;
+        llm_pack_scales *s = llm_pack_pairs_of(wide) ? &pairs->s : &group->s;
+        for (int r0 = 0; r0 < LLM_PACK_ROWS; r0 += 8) { /* a tile: rows r0 .. r0 + 7 */
+            const uint8_t *tile = tiles + (size_t)r0 * row_bytes + (size_t)g * LLM_TILE_ROWS * block_bytes;
+            __m256i chunk[8];
+            __m256 d = _mm256_setzero_ps(), m = _mm256_setzero_ps();
+            for (int c = 0; c < 4; c++) {
+                __m256i w = r0 < n_rows ? _mm256_loadu_si256((const __m256i *)(tile + runs_at + 32 * c))
+                                        : _mm256_setzero_si256();
+                chunk[c] = _mm256_and_si256(w, low4);
+                chunk[4 + c] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+            }
+            if (r0 < n_rows) {
+                d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
+                if (has_min) m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)));
+            }
+            if (llm_pack_pairs_of(wide)) /* chunk j's 4 values of a row as pairs 2j and 2j + 1, in 16 bits */
+                for (int j = 0; j < 8; j++) {
+                    __m256i rows03 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(chunk[j]));
+                    __m256i rows47 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(chunk[j], 1));
+                    /* pair 2j of rows 0-3, then pair 2j + 1; rows 4-7 the same */
+                    rows03 = _mm256_permutevar8x32_epi32(rows03, pairs_order);
+                    rows47 = _mm256_permutevar8x32_epi32(rows47, pairs_order);
+                    _mm256_storeu_si256((__m256i *)pairs->q[2 * j][r0],
+                                        _mm256_permute2x128_si256(rows03, rows47, 0x20));
+                    _mm256_storeu_si256((__m256i *)pairs->q[2 * j + 1][r0],
+                                        _mm256_permute2x128_si256(rows03, rows47, 0x31));
+                }
+            else
+                for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)group->q[j][r0], chunk[j]);
+            _mm256_storeu_ps(s->scale[0] + r0, d);
+            _mm256_storeu_ps(s->min[0] + r0, _mm256_sub_ps(_mm256_setzero_ps(), m));
+        }
+    }
+}
+
+/* One tile of rows r0..r1 (of rows, at tile_data: rows, or decode tiles where tiled), packed 8 rows at a
+ * time, times every token's quantized activations */
 static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t type,
-                              const uint8_t *tile_data, const uint8_t *stored, size_t row_bytes, int64_t r0,
-                              int64_t r1, int64_t rows, int64_t cols, int T, uint8_t *pack) {
+                              const uint8_t *tile_data, int tiled, size_t row_bytes, int64_t r0, int64_t r1,
+                              int64_t rows, int64_t cols, int T, uint8_t *pack) {
     int64_t n_groups = cols / 32;
     size_t pack_bytes = (size_t)n_groups * llm_pack_group_bytes(wide); /* 8 rows' */
     int n_packs = (int)((r1 - r0 + LLM_PACK_ROWS - 1) / LLM_PACK_ROWS);
     for (int i = 0; i < n_packs; i++) {
         int64_t n_rows = r1 - r0 - i * LLM_PACK_ROWS;
-        llm_pack(type, wide, tile_data + (size_t)i * LLM_PACK_ROWS * row_bytes, row_bytes,
-                 n_rows < LLM_PACK_ROWS ? (int)n_rows : LLM_PACK_ROWS, cols, pack + i * pack_bytes);
+        const uint8_t *first = tile_data + (size_t)i * LLM_PACK_ROWS * row_bytes;
+        int n_packed = n_rows < LLM_PACK_ROWS ? (int)n_rows : LLM_PACK_ROWS;
+        if (tiled) llm_pack_tiles(type, wide, first, row_bytes, n_packed, cols, pack + i * pack_bytes);
+        else llm_pack(type, wide, first, row_bytes, n_packed, cols, pack + i * pack_bytes);
     }
     /* the next tile's rows are asked for from memory a few cache lines at a time between the products, so
      * that their reads overlap this tile's work rather than stall its packing */
-    const char *next = (const char *)stored + (size_t)r1 * row_bytes;
+    const char *next = (const char *)tile_data + (size_t)(r1 - r0) * row_bytes;
     size_t next_bytes = r1 < rows ? (size_t)(r1 - r0) * row_bytes : 0, next_at = 0;
     size_t next_step = next_bytes / (size_t)(n_packs * ((T + LLM_DOT_MAX_COLS - 1) / LLM_DOT_MAX_COLS)) + 64;
     for (int t = 0; t < T; t += LLM_DOT_MAX_COLS) {

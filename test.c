@@ -1984,6 +1984,10 @@ static void quant_tiles_check(int wide, uint64_t *rng) {
                 for (int r = 0; r < ROWS; r++) {
                     const uint8_t *row = rows + r * row_bytes;
                     float ref = llm_q8_dot_ref(type, row, xq[c], N, wide), deq[N];
+                    if (!real) { /* integers: exactly */
+                        mismatches += ref != alone[c][r];
+                        continue;
+                    }
                     llm_dtype_dequant_row(type, row, deq, N);
                     double size = 0;
                     for (int i = 0; i < N; i++) {
@@ -1991,7 +1995,6 @@ static void quant_tiles_check(int wide, uint64_t *rng) {
                         size += fabs(deq[i] * xb->d * (wide ? 256.0 * xb->q[i % 32] + xb->r[i % 32]
                                                              : xb->q[i % 32]));
                     }
-                    mismatches += ref != alone[c][r];
                     worst = fmax(worst, fabs((double)alone[c][r] - ref) / size);
                 }
             if (real)
@@ -2003,6 +2006,32 @@ static void quant_tiles_check(int wide, uint64_t *rng) {
                       "products differ from the plain C; %d of 3 counts of tokens at once differ",
                       llm_dtype_name(type), wide ? "16-bit" : "8-bit", mismatches, TOKENS * ROWS, differ);
         }
+        /* a prefill (more tokens than the tiles take) packs its rows straight from the tiles: the same
+         * products, bit for bit, as packed from the rows. The tiled weight's own rows are other random bytes,
+         * so that reading them would show; 40 rows: two threads' tiles of 16, then one of 8 (half a pack of
+         * 16 with AVX-512 VNNI) */
+        enum { R = 40, T = LLM_TILES_MAX_TOKENS + 4 };
+        uint8_t *from_rows = (uint8_t *)malloc(R * row_bytes), *tiled = (uint8_t *)malloc(R * row_bytes),
+                *other = (uint8_t *)malloc(R * row_bytes);
+        float *x = (float *)malloc(T * N * sizeof(float)), *packed[2];
+        packed[0] = (float *)malloc(T * R * sizeof(float));
+        packed[1] = (float *)malloc(T * R * sizeof(float));
+        for (size_t at = 0; at < R * row_bytes; at += bb) {
+            quant_random_block(type, from_rows + at, bb, rng);
+            quant_set_scales(type, from_rows + at, quant_random_scale(rng, 3000),
+                             quant_random_scale(rng, 3000));
+            quant_random_block(type, other + at, bb, rng);
+        }
+        for (int i = 0; i < T * N; i++) x[i] = (float)((int)(llm_splitmix64(rng) % 2001) - 1000) / 300.0f;
+        llm_tiles_copy(type, from_rows, tiled, R, N, 1);
+        llm_weight from_weight = {from_rows, type, R, N, NULL}, tiles_weight = {other, type, R, N, tiled};
+        int path = wide ? LLM_PATH_ACT16 : LLM_PATH_ACT8;
+        CHECK(llm_matmul(packed[0], x, &from_weight, T, path) == 0 &&
+              llm_matmul(packed[1], x, &tiles_weight, T, path) == 0 &&
+              !memcmp(packed[0], packed[1], T * R * sizeof(float)),
+              "%s, %s activations: %d tokens' products packed from the decode tiles differ from the rows'",
+              llm_dtype_name(type), wide ? "16-bit" : "8-bit", T);
+        free(from_rows); free(tiled); free(other); free(x); free(packed[0]); free(packed[1]);
     }
 }
 #endif
