@@ -255,7 +255,7 @@ typedef struct {
 } llm_config;
 
 /* rows of cols values; tiles: the same in a CPU backend's layout for decode steps (section 14's decode tiles:
- * q4_0's and q4_1's rows 8 side by side), or NULL */
+ * q4_0's, q4_1's and q4_K's rows 8 side by side), or NULL */
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; const void *tiles; } llm_weight;
 
 typedef struct {
@@ -657,8 +657,8 @@ void llm_rope_freqs(const llm_config *c, float base, float freq_scale, float *fr
  * experts, best first, and their weights ([T][n_experts_used] each) */
 void llm_moe_route(const llm_config *cf, const float *router_bias, float *scores, int T, int *chosen,
                    float *weight);
-/* The CPU: quantized weights as stored (q4_0's and q4_1's matrices copied, 8 rows side by side, when it
- * starts), times activations rounded to 16 bits (see llm_cpu_path) */
+/* The CPU: quantized weights as stored (q4_0's, q4_1's and q4_K's matrices copied, 8 rows side by side, when
+ * it starts), times activations rounded to 16 bits (see llm_cpu_path) */
 llm_backend *llm_cpu_backend_create(const llm_model *m, char *err);
 /* The plain-C reference: each weight row converted to f32 exactly (llm_dtype_dequant_row) and multiplied in
  * f32, activations as they are. Slower; what the fast path and the CUDA kernels are checked against. */
@@ -6010,10 +6010,10 @@ static int llm_matmul_kind(uint32_t type, int path) {
  * 1.93, 2.71 and 2.21; Q4_K_M 2.09 and 1.99, 3.10 and 2.29; built for AVX2, T = 5 costs 4.16 and 3.02 on
  * Q4_1, 2.65 and 2.58 on Q8_0) */
 #define LLM_PACK_MIN_TOKENS 5
-/* A matrix in decode tiles (q4_0, q4_1: section 14) is read through them up to 16 tokens, its rows 8 side by
- * side meeting 4 tokens a call, each 16 rows' tile from cache after the first 4: SmolLM2 Q4_1, one thread
- * of a Sapphire Rapids, a step of 4 sequences 1.46 times as fast as the rows a row at a time, 16 sequences
- * 1.02-1.06 times as packing (which then unpacks the rows from the tiles first), 32 sequences 0.94-0.99 */
+/* A matrix in decode tiles (q4_0, q4_1, q4_K: section 14) is read through them up to 16 tokens, its rows 8
+ * side by side meeting 4 tokens a call, each 16 rows' tile from cache after the first 4: SmolLM2 Q4_1, one
+ * thread of a Sapphire Rapids, a step of 4 sequences 1.46 times as fast as the rows a row at a time, 16
+ * sequences 1.02-1.06 times as packing (then from rows unpacked from the tiles), 32 sequences 0.94-0.99 */
 #define LLM_TILES_MAX_TOKENS 16
 #ifdef LLM_CPU_SIMD
 /* Section 14's: a tile of rows packed and multiplied by every token (from LLM_PACK_MIN_TOKENS on), the
@@ -6024,14 +6024,14 @@ static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t t
 static inline __attribute__((always_inline)) size_t llm_pack_group_bytes(int wide);
 static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
                          int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride);
-/* and the decode tiles: q4_0's and q4_1's matrices with their rows 8 side by side, which the CPU backend
- * copies them into when it starts (llm_weight's tiles), and what a step of up to LLM_TILES_MAX_TOKENS
- * tokens reads */
+/* and the decode tiles: q4_0's, q4_1's and q4_K's matrices with their rows 8 side by side, which the CPU
+ * backend copies them into when it starts (llm_weight's tiles), and what a step of up to
+ * LLM_TILES_MAX_TOKENS tokens reads */
 #define LLM_TILE_ROWS 8
 static int llm_tiles_type(uint32_t type);
 static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t n_rows, int64_t cols,
                            int into_tiles);
-static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t n_blocks, const llm_q8 *x,
+static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t cols, const llm_q8 *x,
                           int64_t x_stride, int nc, float *out, int64_t out_stride);
 #endif
 static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, int path) {
@@ -6138,7 +6138,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
                 if (kind == LLM_ROWS_Q8 && w->tiles) { /* the decode tiles: 8 rows a call (section 14) */
                     const uint8_t *tiles = (const uint8_t *)w->tiles + (size_t)r0 * row_bytes;
                     for (int64_t r = r0; r < r1; r += LLM_TILE_ROWS)
-                        llm_tiles_dot(w->type, wide, tiles + (size_t)(r - r0) * row_bytes, cols / 32,
+                        llm_tiles_dot(w->type, wide, tiles + (size_t)(r - r0) * row_bytes, cols,
                                       xq + (size_t)t * (cols / 32), cols / 32, nc, out + (size_t)t * rows + r,
                                       rows);
                     continue;
@@ -6296,7 +6296,7 @@ static void llm_rope(float *x, const float *cs, const float *sn, const llm_confi
 typedef struct {
     const llm_model *model;         /* &view: the model as the forward pass reads it (llm_cpu_make_tiles) */
     llm_model view;                 /* the model's struct, but for its layers' array: view_layers */
-    llm_layer *view_layers;         /* the model's layers, their q4_0 and q4_1 matrices with decode tiles */
+    llm_layer *view_layers;         /* the model's layers, their q4_0/q4_1/q4_K matrices with decode tiles */
     uint8_t *tiles;                 /* those tiles (and the output layer's), one allocation */
     int num_blocks, block_size;
     void *k, *v;                    /* kv_bytes each, mapped: on a page, so that rows of 16 floats never
@@ -7185,9 +7185,26 @@ static inline void llm_prefetch_load(int kind, int ahead[2]) {
         ahead[level] = __atomic_load_n(&llm_prefetch_ahead[kind][level], __ATOMIC_RELAXED);
 }
 
+#ifdef LLM_CPU_SIMD
+/* Memory for the decode tiles, in 2 MB pages where the kernel has them (NULL if none is left): Linux gives
+ * anonymous memory transparent huge pages only where asked in its common "madvise" mode, and a model file's
+ * pages in the page cache come in large folios mapped 2 MB at a time, so that the same bytes read in 4 kB
+ * pages cost a TLB miss every 4 kB: the tiles read 8-25% slower than the file's rows, and a prefill through
+ * them 5% slower (one thread of a Sapphire Rapids VM) */
+static void *llm_alloc_huge(size_t bytes) {
+    size_t huge = (size_t)2 << 20;
+    void *p = NULL;
+    if (posix_memalign(&p, huge, (bytes + huge - 1) / huge * huge) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE); /* before the first touch; a kernel without them: 4 kB pages */
+#endif
+    return p;
+}
+#endif
+
 /* The model as the CPU backend's forward pass reads it (c->model): model's struct, copied with its layers
- * when the backend starts (the model is not changed: another backend may read it), where every layer's q4_0
- * and q4_1 matrix (of rows in eights) and the output layer are given their rows again in decode tiles
+ * when the backend starts (the model is not changed: another backend may read it), where every layer's q4_0,
+ * q4_1 and q4_K matrix (of rows in eights) and the output layer are given their rows again in decode tiles
  * (section 14), in memory, which steps of up to LLM_TILES_MAX_TOKENS tokens read; a longer one packs its
  * rows from them (llm_pack_tiles). The experts' matrices of a mixture stay rows (a step reads slices of
  * them). */
@@ -7233,7 +7250,7 @@ static int llm_cpu_make_tiles(llm_cpu *c, const llm_model *m, char *err) {
             at += (bytes + 63) / 64 * 64;
         }
         total = at;
-        if (!pass && total && !(c->tiles = (uint8_t *)aligned_alloc(64, total)))
+        if (!pass && total && !(c->tiles = (uint8_t *)llm_alloc_huge(total)))
             return llm_fail(err, "out of memory for the decode tiles (%zu bytes)", total);
         if (!total) break;
     }
@@ -13658,8 +13675,9 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *   quantized weights    llm_q8_quantize_avx2 (activations to blocks of 8- or 16-bit integers);
  *                        llm_q8_dot32_avx2 and llm_q8_dotk_avx2 (a weight row times 1 to 4 tokens, or 4
  *                        rows times one with AVX-512, 2 with AVX2; 32-value blocks and k-quants);
- *                        llm_tiles_copy and llm_tiles_dot (q4_0's and q4_1's matrices with 8 rows side by
- *                        side, the decode tiles the CPU backend keeps them in: steps of up to 16 tokens);
+ *                        llm_tiles_copy and llm_tiles_dot (q4_0's, q4_1's and q4_K's matrices with 8 rows
+ *                        side by side, the decode tiles the CPU backend keeps them in: steps of up to 16
+ *                        tokens);
  *                        llm_pack_rows, llm_pack_tiles (from decode tiles), llm_pack_dot and
  *                        llm_matmul_packed (a prefill: 8 rows, 16 with AVX-512 VNNI, unpacked side by side
  *                        once for every token)
@@ -14201,27 +14219,32 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
         for (int c = 0; c < nc; c++) out[c * out_stride + r] = sums[r * nc + c];
 }
 
-/* ---- Decode tiles: q4_0's and q4_1's rows 8 side by side (llm_matmul's decode steps) ------------------- */
+/* ---- Decode tiles: q4_0's, q4_1's and q4_K's rows 8 side by side (llm_matmul's decode steps) ---------- */
 /* A decode step meets each weight row with one token (or a few), and a row at a time a q4_0 or q4_1 block
  * costs about 10 instructions for its 18 or 20 bytes: the nibbles widened and split, two multiply-adds, the
  * scale converted and applied, and at the row's end sums across lanes. That bounds the products at 11-12
  * GB/s on one core of a Sapphire Rapids, where a plain loop reads the same bytes at 17-24. Stored 8 rows
  * side by side instead, a row sits in each 32-bit lane: one vpdpbusd adds 4 products for each of 8 rows,
  * a block's 8 scales convert in one instruction, and nothing is summed across lanes (about 4 instructions
- * a row and block). The CPU backend copies each q4_0 and q4_1 matrix into this layout when it starts
- * (llm_cpu_make_tiles), as llama.cpp's CPU backend repacks Q4_0; one tile of 8 rows and one block of 32
- * values takes the 8 rows' block bytes, in this order:
- *     d of rows 0..7 (f16); for q4_1 then m of rows 0..7 (f16)
- *     4 runs of 32 bytes: run c holds bytes 4c..4c+3 of each row's 16 nibble bytes, row i's at 4i
- *     (low nibbles: the row's values 4c..4c+3; high nibbles: values 16 + 4c..16 + 4c + 3)
+ * a row and block). The CPU backend copies each q4_0, q4_1 and q4_K matrix into this layout when it starts
+ * (llm_cpu_make_tiles), as llama.cpp's CPU backend repacks Q4_0; one tile of 8 rows and one block takes the
+ * 8 rows' block bytes, in this order:
+ *     the block's f16 scales, each of rows 0..7 side by side: d (q4_0); d, then m (q4_1); d, then dmin (q4_K)
+ *     the rest of the block in runs of 32 bytes: run u holds the rest's bytes 4u..4u+3 of each row, row i's
+ *     at 4i. q4_0, q4_1: 4 runs, run c holding nibble bytes 4c..4c+3 (low nibbles: the row's values
+ *     4c..4c+3; high: 16 + 4c..16 + 4c + 3). q4_K: 3 runs of the 12 bytes of 6-bit scales and mins, then
+ *     32 of nibbles, run 3 + 8k + c holding values 64k + 4c.. (low) and 64k + 32 + 4c.. (high)
  * so that a matrix's tiles take its rows' bytes, and rows r..r+7 start at byte r * row_bytes, as rows do.
  * One thread of a Sapphire Rapids, SmolLM2 Q4_1's matrices from memory, one token: 61-75% -> 88-91% of a
  * plain read loop's speed (results/2026-12-05-decode-tiles-spr-cpu.log). */
-/* the types stored in tiles: q4_0 and q4_1 (a block's bytes: 18, 20) */
-static int llm_tiles_type(uint32_t type) { return type == LLM_Q4_0 || type == LLM_Q4_1; }
+/* the types stored in tiles: q4_0, q4_1 and q4_K (a block's bytes: 18, 20, 144) */
+static int llm_tiles_type(uint32_t type) { return type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q4_K; }
+/* the f16 scales a block of the type begins with, which a tile holds 8 rows side by side: q4_0's d; q4_1's
+ * d and m; q4_K's d and dmin */
+static int llm_tiles_halves(uint32_t type) { return type == LLM_Q4_0 ? 1 : 2; }
 
-/* 4 x 4 dwords transposed in each 128-bit half (dword j of v[k] <-> dword k of v[j]): a tile's 4 runs of a
- * block become its rows' nibbles (row k in v[k]'s low half, row k + 4 in its high half), and back */
+/* 4 x 4 dwords transposed in each 128-bit half (dword j of v[k] <-> dword k of v[j]): 4 of a tile's runs
+ * become 16 bytes of each of its rows (row k in v[k]'s low half, row k + 4 in its high half), and back */
 static inline void llm_avx2_transpose4x4(__m256i v[4]) {
     __m256i t0 = _mm256_unpacklo_epi32(v[0], v[1]), t1 = _mm256_unpackhi_epi32(v[0], v[1]);
     __m256i t2 = _mm256_unpacklo_epi32(v[2], v[3]), t3 = _mm256_unpackhi_epi32(v[2], v[3]);
@@ -14233,30 +14256,40 @@ static inline void llm_avx2_transpose4x4(__m256i v[4]) {
  * a prefill's packing reads rows (llm_matmul), and the rows in the file stay unread */
 static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t n_rows, int64_t cols,
                            int into_tiles) {
-    const int has_min = type == LLM_Q4_1, block_bytes = has_min ? 20 : 18, scales = 2 + 2 * has_min;
+    uint64_t block_bytes, block_values;
+    llm_dtype_info(type, &block_bytes, &block_values);
+    const int halves = llm_tiles_halves(type), n_runs = ((int)block_bytes - 2 * halves) / 4;
     size_t row_bytes = llm_dtype_row_bytes(type, cols);
-    int64_t n_blocks = cols / 32;
+    int64_t n_blocks = cols / (int64_t)block_values;
     for (int64_t t = 0; t < n_rows / LLM_TILE_ROWS; t++)
         for (int64_t b = 0; b < n_blocks; b++) {
             uint8_t *tile = tiles + (size_t)(t * n_blocks + b) * LLM_TILE_ROWS * block_bytes, *row[8];
             for (int i = 0; i < LLM_TILE_ROWS; i++) {
                 row[i] = rows + (size_t)(t * LLM_TILE_ROWS + i) * row_bytes + (size_t)b * block_bytes;
-                for (int k = 0; k < scales / 2; k++) /* d, then m: 8 rows' each */
+                for (int k = 0; k < halves; k++) /* d, then m or dmin: 8 rows' each */
                     memcpy(into_tiles ? tile + 16 * k + 2 * i : row[i] + 2 * k,
                            into_tiles ? row[i] + 2 * k : tile + 16 * k + 2 * i, 2);
             }
-            __m256i v[4]; /* the nibbles: 4 runs, or rows k and k + 4 in v[k] */
-            uint8_t *runs = tile + 8 * scales;
-            for (int k = 0; k < 4; k++)
-                v[k] = into_tiles ? _mm256_loadu2_m128i((const __m128i *)(row[k + 4] + scales),
-                                                        (const __m128i *)(row[k] + scales))
-                                  : _mm256_loadu_si256((const __m256i *)(runs + 32 * k));
-            llm_avx2_transpose4x4(v);
-            for (int k = 0; k < 4; k++) {
-                if (into_tiles) _mm256_storeu_si256((__m256i *)(runs + 32 * k), v[k]);
-                else _mm256_storeu2_m128i((__m128i *)(row[k + 4] + scales), (__m128i *)(row[k] + scales),
-                                          v[k]);
+            uint8_t *runs = tile + 16 * halves;
+            int u = 0;
+            for (; u + 4 <= n_runs; u += 4) { /* 4 runs at a time: rows k and k + 4 in v[k], or the runs */
+                __m256i v[4];
+                int rest = 2 * halves + 4 * u; /* the rows' bytes from here */
+                for (int k = 0; k < 4; k++)
+                    v[k] = into_tiles ? _mm256_loadu2_m128i((const __m128i *)(row[k + 4] + rest),
+                                                            (const __m128i *)(row[k] + rest))
+                                      : _mm256_loadu_si256((const __m256i *)(runs + 32 * (u + k)));
+                llm_avx2_transpose4x4(v);
+                for (int k = 0; k < 4; k++) {
+                    if (into_tiles) _mm256_storeu_si256((__m256i *)(runs + 32 * (u + k)), v[k]);
+                    else _mm256_storeu2_m128i((__m128i *)(row[k + 4] + rest), (__m128i *)(row[k] + rest),
+                                              v[k]);
+                }
             }
+            for (; u < n_runs; u++) /* the last runs (q4_K: 35 in all) one at a time */
+                for (int i = 0; i < LLM_TILE_ROWS; i++)
+                    memcpy(into_tiles ? runs + 32 * u + 4 * i : row[i] + 2 * halves + 4 * u,
+                           into_tiles ? row[i] + 2 * halves + 4 * u : runs + 32 * u + 4 * i, 4);
         }
 }
 
@@ -14309,6 +14342,88 @@ static inline __attribute__((always_inline)) void llm_tiles_dot_avx2(uint32_t ty
     for (int c = 0; c < nc; c++) _mm256_storeu_ps(out + c * out_stride, _mm256_add_ps(acc[c], mins[c]));
 }
 
+/* q4_K's 6-bit scale and min of sub-block j (0..7) for a tile's 8 rows, from the 3 runs that hold them
+ * (runs[0..2]): byte j of a row's first run is its scale j < 4, of its second its min j < 4; scales and mins
+ * 4..7 lie in the third run's nibbles, their top 2 bits in the first two runs' top bits (llama.cpp's
+ * get_scale_min_k4 reads one row's the same way) */
+static inline __attribute__((always_inline)) void llm_tiles_scale_min(const __m256i runs[3], int j,
+                                                                      __m256i *scale, __m256i *min) {
+    const __m256i six = _mm256_set1_epi32(63), four = _mm256_set1_epi32(15), two = _mm256_set1_epi32(3);
+    int at = 8 * (j & 3);
+    if (j < 4) {
+        *scale = _mm256_and_si256(_mm256_srli_epi32(runs[0], at), six);
+        *min = _mm256_and_si256(_mm256_srli_epi32(runs[1], at), six);
+        return;
+    }
+    __m256i top_scale = _mm256_and_si256(_mm256_srli_epi32(runs[0], at + 6), two);
+    __m256i top_min = _mm256_and_si256(_mm256_srli_epi32(runs[1], at + 6), two);
+    *scale = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(runs[2], at), four),
+                             _mm256_slli_epi32(top_scale, 4));
+    *min = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(runs[2], at + 4), four),
+                           _mm256_slli_epi32(top_min, 4));
+}
+
+/* q4_K's tile (8 rows, n_blocks blocks of 256 values) times nc tokens, as above: sub-block j's integer
+ * w . (256 q + r) times d scale_j and the token's d of those 32 values, less dmin min_j times their sum s */
+static inline __attribute__((always_inline)) void llm_tiles_dotk_avx2(int wide, const uint8_t *p,
+                                                                      int64_t n_blocks, const llm_q8 *x,
+                                                                      int64_t x_stride, int nc, float *out,
+                                                                      int64_t out_stride) {
+    const int tile_bytes = LLM_TILE_ROWS * 144;
+    const __m256i low4 = _mm256_set1_epi8(15);
+    __m256 acc[4], mins[4];
+    for (int c = 0; c < nc; c++) acc[c] = mins[c] = _mm256_setzero_ps();
+    int ahead[2];
+    llm_prefetch_load(0, ahead);
+    for (int64_t b = 0; b < n_blocks; b++, p += tile_bytes) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));
+        __m256i scale_runs[3];
+        for (int u = 0; u < 3; u++) scale_runs[u] = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * u));
+        for (int k = 0; k < 4; k++) { /* sub-blocks 2k (the low nibbles of runs 3 + 8k..) and 2k + 1 (high) */
+            /* a quarter of the tile's 18 cache lines asked for at a time: all at once, their requests
+             * stalled the loop while the 4 sub-block pairs' work waited (41% -> 62% of the read loop's speed
+             * spread: a quarter of the tile) */
+            for (int at = tile_bytes / 4 * k; at < tile_bytes / 4 * (k + 1); at += 64)
+                llm_prefetch(p + at, ahead);
+            const uint8_t *nibbles = p + 128 + 256 * k;
+            __m256i dq[2][4], dr[2][4]; /* [sub-block 2k + h][token]: the products with q, with r */
+            for (int c = 0; c < nc; c++) dq[0][c] = dq[1][c] = dr[0][c] = dr[1][c] = _mm256_setzero_si256();
+            for (int run = 0; run < 8; run++) {
+                __m256i w = _mm256_loadu_si256((const __m256i *)(nibbles + 32 * run));
+                __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                for (int c = 0; c < nc; c++) {
+                    const llm_q8 *xb = x + c * x_stride + 8 * b + 2 * k; /* sub-block 2k's 32 values */
+                    int32_t q_lo, q_hi, r_lo, r_hi;
+                    memcpy(&q_lo, xb[0].q + 4 * run, 4); memcpy(&q_hi, xb[1].q + 4 * run, 4);
+                    dq[0][c] = llm_avx2_dpbusd(dq[0][c], lo, _mm256_set1_epi32(q_lo));
+                    dq[1][c] = llm_avx2_dpbusd(dq[1][c], hi, _mm256_set1_epi32(q_hi));
+                    if (!wide) continue;
+                    memcpy(&r_lo, xb[0].r + 4 * run, 4); memcpy(&r_hi, xb[1].r + 4 * run, 4);
+                    dr[0][c] = llm_avx2_dpbusd(dr[0][c], lo, _mm256_set1_epi32(r_lo));
+                    dr[1][c] = llm_avx2_dpbusd(dr[1][c], hi, _mm256_set1_epi32(r_hi));
+                }
+            }
+            for (int h = 0; h < 2; h++) {
+                int j = 2 * k + h;
+                __m256i scale, min;
+                llm_tiles_scale_min(scale_runs, j, &scale, &min);
+                __m256 d_scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(scale));
+                __m256 dmin_min = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(min));
+                for (int c = 0; c < nc; c++) {
+                    const llm_q8 *xb = x + c * x_stride + 8 * b + j;
+                    __m256i dot = wide ? _mm256_add_epi32(_mm256_slli_epi32(dq[h][c], 8), dr[h][c])
+                                       : dq[h][c];
+                    __m256 times = _mm256_mul_ps(d_scale, _mm256_set1_ps(xb->d));
+                    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), times, acc[c]);
+                    mins[c] = _mm256_fmadd_ps(dmin_min, _mm256_set1_ps(xb->s), mins[c]);
+                }
+            }
+        }
+    }
+    for (int c = 0; c < nc; c++) _mm256_storeu_ps(out + c * out_stride, _mm256_sub_ps(acc[c], mins[c]));
+}
+
 /* The kernel specialized to its type, activations and tokens: up to 4 tokens a call with AVX-512's 32
  * registers, 2 with AVX2's 16 (each token's sums are its own: the same bits however many share a call) */
 #if defined(LLM_AVX512F)
@@ -14316,11 +14431,13 @@ static inline __attribute__((always_inline)) void llm_tiles_dot_avx2(uint32_t ty
 #else
 #define LLM_TILE_TOKENS 2
 #endif
-static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t n_blocks, const llm_q8 *x,
+static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t cols, const llm_q8 *x,
                           int64_t x_stride, int nc, float *out, int64_t out_stride) {
 #define LLM_TILES_CALL(k, s, T, W)                                                                         \
-    llm_tiles_dot_avx2(T, W, tile, n_blocks, x + (s) * x_stride, x_stride, k, out + (s) * out_stride,      \
-                       out_stride)
+    (T == LLM_Q4_K ? llm_tiles_dotk_avx2(W, tile, cols / 256, x + (s) * x_stride, x_stride, k,             \
+                                         out + (s) * out_stride, out_stride)                               \
+                   : llm_tiles_dot_avx2(T, W, tile, cols / 32, x + (s) * x_stride, x_stride, k,            \
+                                        out + (s) * out_stride, out_stride))
 #if LLM_TILE_TOKENS == 4
 #define LLM_TILES_TOKENS(T, W) LLM_BY_TOKENS(nc, LLM_TILES_CALL, T, W)
 #else
@@ -14332,8 +14449,10 @@ static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t 
 #endif
     if (type == LLM_Q4_0 && wide) { LLM_TILES_TOKENS(LLM_Q4_0, 1); }
     else if (type == LLM_Q4_0) { LLM_TILES_TOKENS(LLM_Q4_0, 0); }
-    else if (wide) { LLM_TILES_TOKENS(LLM_Q4_1, 1); }
-    else { LLM_TILES_TOKENS(LLM_Q4_1, 0); }
+    else if (type == LLM_Q4_1 && wide) { LLM_TILES_TOKENS(LLM_Q4_1, 1); }
+    else if (type == LLM_Q4_1) { LLM_TILES_TOKENS(LLM_Q4_1, 0); }
+    else if (wide) { LLM_TILES_TOKENS(LLM_Q4_K, 1); }
+    else { LLM_TILES_TOKENS(LLM_Q4_K, 0); }
 #undef LLM_TILES_TOKENS
 #undef LLM_TILES_CALL
 }
@@ -14657,31 +14776,48 @@ static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_gr
 #undef LLM_PACK_CALL
 }
 
-/* Rows packed (as llm_pack_rows packs them) straight from their decode tiles (q4_0, q4_1; n_rows a multiple
- * of 8): a tile's runs are the packed group's chunks already, 4 values of each of 8 rows side by side, run c
- * holding chunk c in its low nibbles and chunk 4 + c in its high ones; and its 8 d's (m's) lie together */
+/* Rows packed (as llm_pack_rows packs them) straight from their decode tiles (n_rows a multiple of 8): a
+ * tile's runs are the packed group's chunks already, 4 values of each of 8 rows side by side (q4_0, q4_1:
+ * run c holds chunk c in its low nibbles, chunk 4 + c in its high ones; q4_K: runs 3 + 8k.. hold sub-block
+ * 2k's chunks in their low nibbles, 2k + 1's in their high ones), and its 8 rows' scales lie together */
 static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t row_bytes, int n_rows,
                            int64_t n, void *pack) {
-    const int has_min = type == LLM_Q4_1, block_bytes = has_min ? 20 : 18, runs_at = has_min ? 32 : 16;
+    uint64_t block_bytes, block_values;
+    llm_dtype_info(type, &block_bytes, &block_values);
+    const int halves = llm_tiles_halves(type), groups_per_block = (int)block_values / 32;
     const __m256i low4 = _mm256_set1_epi8(15), pairs_order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     for (int64_t g = 0; g < n / 32; g++) {
         uint8_t *at = (uint8_t *)pack + (size_t)g * llm_pack_group_bytes(wide);
         llm_pack_pairs *pairs = (llm_pack_pairs *)at;
         llm_pack_group *group = (llm_pack_group *)at;
         llm_pack_scales *s = llm_pack_pairs_of(wide) ? &pairs->s : &group->s;
+        int sub = (int)(g % groups_per_block); /* the group's sub-block in its block (q4_K) */
         for (int r0 = 0; r0 < LLM_PACK_ROWS; r0 += 8) { /* a tile: rows r0 .. r0 + 7 */
-            const uint8_t *tile = tiles + (size_t)r0 * row_bytes + (size_t)g * LLM_TILE_ROWS * block_bytes;
+            const uint8_t *tile = tiles + (size_t)r0 * row_bytes +
+                                  (size_t)(g / groups_per_block) * LLM_TILE_ROWS * block_bytes;
+            const uint8_t *runs = tile + 16 * halves;
             __m256i chunk[8];
-            __m256 d = _mm256_setzero_ps(), m = _mm256_setzero_ps();
-            for (int c = 0; c < 4; c++) {
-                __m256i w = r0 < n_rows ? _mm256_loadu_si256((const __m256i *)(tile + runs_at + 32 * c))
+            __m256 scale = _mm256_setzero_ps(), min = _mm256_setzero_ps(); /* as llm_pack_rows stores them */
+            for (int c = 0; c < 8; c++) {
+                int run = type == LLM_Q4_K ? 3 + 8 * (sub / 2) + c : c & 3;
+                int shift = type == LLM_Q4_K ? 4 * (sub & 1) : c < 4 ? 0 : 4;
+                __m256i w = r0 < n_rows ? _mm256_loadu_si256((const __m256i *)(runs + 32 * run))
                                         : _mm256_setzero_si256();
-                chunk[c] = _mm256_and_si256(w, low4);
-                chunk[4 + c] = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                chunk[c] = _mm256_and_si256(_mm256_srli_epi16(w, shift), low4);
             }
             if (r0 < n_rows) {
-                d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
-                if (has_min) m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16)));
+                __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
+                __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16))); /* q4_0: unused */
+                scale = d;
+                if (type == LLM_Q4_1) min = _mm256_sub_ps(_mm256_setzero_ps(), m); /* values d q + m */
+                if (type == LLM_Q4_K) { /* values d scale_j q - dmin min_j */
+                    __m256i scale_runs[3], scale_j, min_j;
+                    for (int u = 0; u < 3; u++)
+                        scale_runs[u] = _mm256_loadu_si256((const __m256i *)(runs + 32 * u));
+                    llm_tiles_scale_min(scale_runs, sub, &scale_j, &min_j);
+                    scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(scale_j));
+                    min = _mm256_mul_ps(m, _mm256_cvtepi32_ps(min_j));
+                }
             }
             if (llm_pack_pairs_of(wide)) /* chunk j's 4 values of a row as pairs 2j and 2j + 1, in 16 bits */
                 for (int j = 0; j < 8; j++) {
@@ -14697,8 +14833,8 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
                 }
             else
                 for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)group->q[j][r0], chunk[j]);
-            _mm256_storeu_ps(s->scale[0] + r0, d);
-            _mm256_storeu_ps(s->min[0] + r0, _mm256_sub_ps(_mm256_setzero_ps(), m));
+            _mm256_storeu_ps(s->scale[0] + r0, scale);
+            _mm256_storeu_ps(s->min[0] + r0, min);
         }
     }
 }

@@ -1934,14 +1934,14 @@ static void quant_integer_activations(llm_q8 *xq, int n_blocks, int wide, uint64
 }
 
 #ifdef LLM_CPU_SIMD
-/* The decode tiles (q4_0's and q4_1's rows 8 side by side, section 14): 16 rows packed, times 4 tokens. With
+/* The decode tiles (q4_0's, q4_1's, q4_K's rows 8 side by side, section 14): 16 rows, times 4 tokens. With
  * unit scales and integer activations every product is an integer, which the tiles must give exactly as the
  * plain-C dot does; with random scales and activations, within the fast path's bound of the plain C; and 2
  * to 4 tokens at once give each token the same bits as one at a time */
 static void quant_tiles_check(int wide, uint64_t *rng) {
     enum { N = 512, ROWS = 16, TOKENS = 4 };
-    const uint32_t types[] = {LLM_Q4_0, LLM_Q4_1};
-    for (int ti = 0; ti < 2; ti++) {
+    const uint32_t types[] = {LLM_Q4_0, LLM_Q4_1, LLM_Q4_K};
+    for (int ti = 0; ti < 3; ti++) {
         uint32_t type = types[ti];
         uint64_t bb, bv;
         llm_dtype_info(type, &bb, &bv);
@@ -1968,13 +1968,13 @@ static void quant_tiles_check(int wide, uint64_t *rng) {
             float alone[TOKENS][ROWS], together[TOKENS][ROWS];
             for (int c = 0; c < TOKENS; c++)
                 for (int r = 0; r < ROWS; r += LLM_TILE_ROWS)
-                    llm_tiles_dot(type, wide, tiles + r * row_bytes, N / 32, xq[c], N / 32, 1, &alone[c][r],
+                    llm_tiles_dot(type, wide, tiles + r * row_bytes, N, xq[c], N / 32, 1, &alone[c][r],
                                   ROWS);
             int differ = 0;
             for (int nc = 2; nc <= TOKENS; nc++) {
                 memset(together, 0, sizeof together);
                 for (int r = 0; r < ROWS; r += LLM_TILE_ROWS)
-                    llm_tiles_dot(type, wide, tiles + r * row_bytes, N / 32, xq[0], N / 32, nc,
+                    llm_tiles_dot(type, wide, tiles + r * row_bytes, N, xq[0], N / 32, nc,
                                   &together[0][r], ROWS);
                 differ += memcmp(together, alone, (size_t)nc * sizeof together[0]) != 0;
             }
@@ -2439,37 +2439,40 @@ static void test_quant_smollm2(void) {
     llm_model_free(&m);
 }
 
-/* The decode tiles on the default model: the CPU backend gives every layer's q4_1 matrix of SmolLM2 its
- * tiles, and decode steps (1 and 3 tokens) through them give the logits that the rows give (a second
- * backend whose matrices have their tiles taken away), after the same prefill */
-static void test_decode_tiles_smollm2(void) {
-    if (access(CHAT_MODEL, R_OK) != 0) { CHECK(0, "%s missing (make model fetches it)", CHAT_MODEL); return; }
+/* The decode tiles on a model: the CPU backend gives every layer's matrix of the type its tiles (all 7 a
+ * layer where every_matrix, else at least one), a prefill packed from them gives the logits bit for bit that
+ * the rows give (a second backend whose matrices have their tiles taken away), and decode steps (1 and 3
+ * tokens) through them within a bound of the rows' */
+static void decode_tiles_check(const char *path, const char *name, uint32_t type, int every_matrix) {
+    if (access(path, R_OK) != 0) { CHECK(0, "%s missing (make model fetches it)", path); return; }
     llm_model m;
     char err[LLM_ERR_LEN];
-    if (llm_model_load(&m, CHAT_MODEL, err) != 0) { CHECK(0, "load: %s", err); return; }
+    if (llm_model_load(&m, path, err) != 0) { CHECK(0, "load: %s", err); return; }
     llm_backend *tiled = cpu_backend(&m, 8, 16), *plain = cpu_backend(&m, 8, 16);
     if (!tiled || !plain) { llm_model_free(&m); return; }
 #ifdef LLM_CPU_SIMD
-    int n_tiled = 0, n_q4 = 0;
+    int n_tiled = 0, n_type = 0;
     llm_cpu *c = (llm_cpu *)tiled->ctx, *p = (llm_cpu *)plain->ctx;
     for (int l = 0; l < m.cfg.n_layers; l++) {
         const llm_layer *L = &c->view_layers[l];
         const llm_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (int k = 0; k < 7; k++) {
-            n_q4 += ws[k]->type == LLM_Q4_1;
+            n_type += ws[k]->type == type;
             n_tiled += ws[k]->tiles != NULL;
         }
     }
-    CHECK(n_q4 == 7 * m.cfg.n_layers && n_tiled == n_q4, "SmolLM2: %d of its %d q4_1 matrices have decode "
-          "tiles", n_tiled, n_q4);
+    CHECK((every_matrix ? n_type == 7 * m.cfg.n_layers : n_type > 0) && n_tiled == n_type,
+          "%s: %d of its %d %s matrices have decode tiles", name, n_tiled, n_type, llm_dtype_name(type));
     memcpy(p->view_layers, m.layers, (size_t)m.cfg.n_layers * sizeof(llm_layer)); /* the rows only */
     p->view.output = m.output;
+#else
+    (void)type; (void)every_matrix;
 #endif
     const char *text = "The lighthouse keeper climbed the stairs every evening, counting the steps as his "
                        "father had, and lit the lamp before the fishing boats came home.";
-    int32_t toks[64];
-    int T = llm_tokenize_prompt(m.tok, text, (int)strlen(text), toks, 64), V = m.cfg.vocab_size, P = T - 9;
-    int32_t pos[64], rows[64], block[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    int32_t toks[128];
+    int T = llm_tokenize_prompt(m.tok, text, (int)strlen(text), toks, 128), V = m.cfg.vocab_size, P = T - 9;
+    int32_t pos[128], rows[128], block[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     const int32_t *tables[3] = {block, block, block};
     for (int i = 0; i < T; i++) { pos[i] = i; rows[i] = i; }
     float *a = (float *)malloc((size_t)3 * V * sizeof(float));
@@ -2478,9 +2481,9 @@ static void test_decode_tiles_smollm2(void) {
     llm_batch prefill = {.n_tokens = P, .tokens = toks, .positions = pos, .n_seqs = 1, .seq_start = start,
                          .block_tables = tables, .n_logits = 1, .logit_rows = rows + P - 1};
     CHECK(tiled->forward(tiled, &prefill, a, err) == 0 && plain->forward(plain, &prefill, b, err) == 0,
-          "SmolLM2 prefill: %s", err);
-    CHECK(!memcmp(a, b, (size_t)V * sizeof(float)), "SmolLM2 prefill: the rows back from the tiles give "
-          "other logits than the file's rows");
+          "%s prefill: %s", name, err);
+    CHECK(P > LLM_TILES_MAX_TOKENS && !memcmp(a, b, (size_t)V * sizeof(float)), "%s prefill of %d tokens: "
+          "packed from the tiles, other logits than the file's rows give", name, P);
     double worst = 0;
     int same = 0, steps = 0;
     for (int at = P; at < T; steps++) { /* a token a step, then three at once (three rows of one sequence) */
@@ -2489,7 +2492,7 @@ static void test_decode_tiles_smollm2(void) {
         llm_batch step = {.n_tokens = n, .tokens = toks + at, .positions = pos + at, .n_seqs = 1,
                           .seq_start = one, .block_tables = tables, .n_logits = n, .logit_rows = logit_rows};
         if (tiled->forward(tiled, &step, a, err) != 0 || plain->forward(plain, &step, b, err) != 0) {
-            CHECK(0, "SmolLM2 decode: %s", err);
+            CHECK(0, "%s decode: %s", name, err);
             break;
         }
         for (int i = 0; i < n; i++) {
@@ -2507,15 +2510,23 @@ static void test_decode_tiles_smollm2(void) {
         }
         at += n;
     }
-    printf("  SmolLM2 decode steps, tiles against rows: logits within %.2g (of the largest)\n", worst);
-    /* measured: 3.1e-4 (7.4e-5 at the first step). The products differ in their last bits (a block's sum
-     * in one lane, not 8), and a last bit can move the f16 rounding of a K/V value (a 2048th) or of an
-     * activation's r (a 32,768th of the block's largest): the steps after carry that on */
-    CHECK(worst < 1e-3 && same == T - P, "SmolLM2 decode steps through the tiles: logits within %.2g of the "
-          "rows', %d of %d argmaxes the same", worst, same, T - P);
+    printf("  %s decode steps, tiles against rows: logits within %.2g (of the largest)\n", name, worst);
+    /* measured: SmolLM2 3.1e-4 (7.4e-5 at the first step). The products differ in their last bits (a
+     * block's sum in one lane, not 8), and a last bit can move the f16 rounding of a K/V value (a 2048th)
+     * or of an activation's r (a 32,768th of the block's largest): the steps after carry that on */
+    CHECK(worst < 1e-3 && same == T - P, "%s decode steps through the tiles: logits within %.2g of the "
+          "rows', %d of %d argmaxes the same", name, worst, same, T - P);
     free(a); free(b);
     tiled->destroy(tiled); plain->destroy(plain);
     llm_model_free(&m);
+}
+
+static void test_decode_tiles_smollm2(void) {
+    decode_tiles_check(CHAT_MODEL, "SmolLM2", LLM_Q4_1, 1);
+}
+/* q4_K's tiles: a Q4_K_M file's q4_K matrices (its others q6_K) */
+static void test_decode_tiles_q4_k(void) {
+    decode_tiles_check(model_path("random-quant-q4_k_m.gguf"), "random Q4_K_M", LLM_Q4_K, 0);
 }
 
 /* Fidelity of the default CPU path: a real text teacher-forced through SmolLM2 on the default backend (16-bit
@@ -13872,6 +13883,7 @@ int main(int argc, char **argv) {
         {"quant dot products", test_quant_dots}, {"quant prefill tiles", test_quant_tiles},
         {"quant fast path", test_quant_fast_path},
         {"quant SmolLM2", test_quant_smollm2}, {"decode tiles SmolLM2", test_decode_tiles_smollm2},
+        {"decode tiles q4_K", test_decode_tiles_q4_k},
         {"fidelity of the default path", test_fidelity_smollm2},
         {"kv quant blocks", test_kv_quant_blocks}, {"kv quant capacity", test_kv_quant_capacity},
         {"kv quant fidelity", test_kv_quant_fidelity}, {"kv quant speculative", test_kv_quant_speculative},

@@ -1,9 +1,9 @@
 /* tools/decode_bandwidth.c - how close a decode step's matrix products come to the memory's speed. A decode
  * step multiplies one token by every weight matrix, so it reads each weight once from memory, and a plain
  * loop reading the same bytes is its ceiling. For each weight type in a model file, this times llm_matmul
- * with one token (the default path: 16-bit activations) over all the file's matrices (q4_0's and q4_1's in
- * decode tiles, as the CPU backend holds them), in file order as a step meets them, then a plain loop
- * (64-bit sums) over the same bytes, without and with the products' prefetches, and prints all three in
+ * with one token (the default path: 16-bit activations) over all the file's matrices (q4_0's, q4_1's and
+ * q4_K's in decode tiles, as the CPU backend holds them), in file order as a step meets them, then a plain
+ * loop (64-bit sums) over the same bytes, without and with the products' prefetches, and prints all three in
  * GB/s and the products' against the faster loop, per type and in all. Threads: OMP_NUM_THREADS, for all.
  * Built for a CPU with AVX2 at least (the tiles are section 14's).
  *
@@ -66,17 +66,21 @@ int main(int argc, char **argv) {
         widest = (int64_t)t->ne[1] > widest ? (int64_t)t->ne[1] : widest;
         longest = (int64_t)t->ne[0] > longest ? (int64_t)t->ne[0] : longest;
     }
-    /* q4_0's and q4_1's matrices in decode tiles, as the CPU backend reads them (llm_cpu_make_tiles) */
-    uint8_t **tiles = (uint8_t **)calloc((size_t)g.n_tensors, sizeof *tiles);
-    for (int64_t i = 0; tiles && i < g.n_tensors; i++) {
-        const llm_gguf_tensor *t = &g.tensors[i];
-        if (t->n_dims != 2 || !llm_tiles_type(t->type) || t->ne[1] % LLM_TILE_ROWS) continue;
-        if (!(tiles[i] = (uint8_t *)malloc(t->nbytes))) {
-            fprintf(stderr, "decode_bandwidth: no memory\n");
-            return 1;
+    /* the matrices of the types kept in decode tiles, as the CPU backend reads them (llm_cpu_make_tiles) */
+    uint8_t **tiles = (uint8_t **)calloc((size_t)g.n_tensors, sizeof *tiles), *all_tiles = NULL;
+    size_t total = 0;
+    for (int pass = 0; pass < 2; pass++) /* the bytes, then the tiles: in one block, as the backend's */
+        for (int64_t i = 0; tiles && i < g.n_tensors; i++) {
+            const llm_gguf_tensor *t = &g.tensors[i];
+            if (t->n_dims != 2 || !llm_tiles_type(t->type) || t->ne[1] % LLM_TILE_ROWS) continue;
+            if (!pass) { total += (t->nbytes + 63) / 64 * 64; continue; }
+            if (!all_tiles && !(all_tiles = (uint8_t *)llm_alloc_huge(total))) {
+                fprintf(stderr, "decode_bandwidth: no memory\n");
+                return 1;
+            }
+            tiles[i] = all_tiles + (total -= (t->nbytes + 63) / 64 * 64);
+            llm_tiles_copy(t->type, (uint8_t *)t->data, tiles[i], (int64_t)t->ne[1], (int64_t)t->ne[0], 1);
         }
-        llm_tiles_copy(t->type, (uint8_t *)t->data, tiles[i], (int64_t)t->ne[1], (int64_t)t->ne[0], 1);
-    }
     float *x = (float *)malloc((size_t)longest * sizeof(float));
     float *out = (float *)malloc((size_t)widest * sizeof(float));
     if (!x || !out || !widest) { fprintf(stderr, "decode_bandwidth: no matrices, or no memory\n"); return 1; }
@@ -114,8 +118,7 @@ int main(int argc, char **argv) {
         for (int j = 0; j < 3; j++) all_seconds[j] += seconds[j][k];
     }
     print_row("all", all_bytes, all_seconds[0], all_seconds[1], all_seconds[2], reps);
-    for (int64_t i = 0; i < g.n_tensors; i++) free(tiles[i]);
-    free(tiles); free(x); free(out);
+    free(all_tiles); free(tiles); free(x); free(out);
     llm_gguf_close(&g);
     return 0;
 }
