@@ -52,7 +52,7 @@
  * Their sizes in the implementation (lines, a quarter of the core's comments; a test keeps them within a
  * fifth of the truth): 1 GGUF 590, 2 Model 540, 3 Tokenizer 1320, 4 Chat 900, 5 Requests 740, 6 Blocks 140,
  * 7 Forward 1570, 8 Sampler 410, 9 Detokenizer 220, 10 Engine 1520: the core, 7950; then the layers:
- * 11 JSON 310, 12 Grammar 2500, 13 Tools 980, 14 SIMD 1840 (1460, then the appendix's 380). A first
+ * 11 JSON 310, 12 Grammar 2500, 13 Tools 980, 14 SIMD 2380 (2000, then the appendix's 380). A first
  * reading: the engine's API below, then 5 Requests, 6 Blocks, 10 Engine (llm_engine_step), 7 Forward
  * (llm_cpu_forward) and 8 Sampler; the rest as needed.
  *
@@ -255,7 +255,7 @@ typedef struct {
 } llm_config;
 
 /* rows of cols values; tiles: the same in a CPU backend's layout for decode steps (section 14's decode tiles:
- * q4_0's, q4_1's and q4_K's rows 8 side by side), or NULL */
+ * q4_0's, q4_1's, q4_K's and q6_K's rows 8 side by side), or NULL */
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; const void *tiles; } llm_weight;
 
 typedef struct {
@@ -657,8 +657,8 @@ void llm_rope_freqs(const llm_config *c, float base, float freq_scale, float *fr
  * experts, best first, and their weights ([T][n_experts_used] each) */
 void llm_moe_route(const llm_config *cf, const float *router_bias, float *scores, int T, int *chosen,
                    float *weight);
-/* The CPU: quantized weights as stored (q4_0's, q4_1's and q4_K's matrices copied, 8 rows side by side, when
- * it starts), times activations rounded to 16 bits (see llm_cpu_path) */
+/* The CPU: quantized weights as stored (q4_0's, q4_1's, q4_K's and q6_K's matrices copied, 8 rows side by
+ * side, when it starts), times activations rounded to 16 bits (see llm_cpu_path) */
 llm_backend *llm_cpu_backend_create(const llm_model *m, char *err);
 /* The plain-C reference: each weight row converted to f32 exactly (llm_dtype_dequant_row) and multiplied in
  * f32, activations as they are. Slower; what the fast path and the CUDA kernels are checked against. */
@@ -6010,10 +6010,11 @@ static int llm_matmul_kind(uint32_t type, int path) {
  * 1.93, 2.71 and 2.21; Q4_K_M 2.09 and 1.99, 3.10 and 2.29; built for AVX2, T = 5 costs 4.16 and 3.02 on
  * Q4_1, 2.65 and 2.58 on Q8_0) */
 #define LLM_PACK_MIN_TOKENS 5
-/* A matrix in decode tiles (q4_0, q4_1, q4_K: section 14) is read through them up to 16 tokens, its rows 8
- * side by side meeting 4 tokens a call, each 16 rows' tile from cache after the first 4: SmolLM2 Q4_1, one
- * thread of a Sapphire Rapids, a step of 4 sequences 1.46 times as fast as the rows a row at a time, 16
- * sequences 1.02-1.06 times as packing (then from rows unpacked from the tiles), 32 sequences 0.94-0.99 */
+/* A matrix in decode tiles (q4_0, q4_1, q4_K, q6_K: section 14) is read through them up to 16 tokens, its
+ * rows 8 side by side meeting 4 tokens a call, each 16 rows' tile from cache after the first 4: SmolLM2
+ * Q4_1, one thread of a Sapphire Rapids, a step of 4 sequences 1.46 times as fast as the rows a row at a
+ * time, 16 sequences 1.02-1.06 times as packing (then from rows unpacked from the tiles), 32 sequences
+ * 0.94-0.99 */
 #define LLM_TILES_MAX_TOKENS 16
 #ifdef LLM_CPU_SIMD
 /* Section 14's: a tile of rows packed and multiplied by every token (from LLM_PACK_MIN_TOKENS on), the
@@ -6024,8 +6025,8 @@ static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t t
 static inline __attribute__((always_inline)) size_t llm_pack_group_bytes(int wide);
 static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
                          int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride);
-/* and the decode tiles: q4_0's, q4_1's and q4_K's matrices with their rows 8 side by side, which the CPU
- * backend copies them into when it starts (llm_weight's tiles), and what a step of up to
+/* and the decode tiles: q4_0's, q4_1's, q4_K's and q6_K's matrices with their rows 8 side by side, which the
+ * CPU backend copies them into when it starts (llm_weight's tiles), and what a step of up to
  * LLM_TILES_MAX_TOKENS tokens reads */
 #define LLM_TILE_ROWS 8
 static int llm_tiles_type(uint32_t type);
@@ -6296,7 +6297,7 @@ static void llm_rope(float *x, const float *cs, const float *sn, const llm_confi
 typedef struct {
     const llm_model *model;         /* &view: the model as the forward pass reads it (llm_cpu_make_tiles) */
     llm_model view;                 /* the model's struct, but for its layers' array: view_layers */
-    llm_layer *view_layers;         /* the model's layers, their q4_0/q4_1/q4_K matrices with decode tiles */
+    llm_layer *view_layers;         /* the model's layers, their matrices of tiled types with decode tiles */
     uint8_t *tiles;                 /* those tiles (and the output layer's), one allocation */
     int num_blocks, block_size;
     void *k, *v;                    /* kv_bytes each, mapped: on a page, so that rows of 16 floats never
@@ -7203,11 +7204,11 @@ static void *llm_alloc_huge(size_t bytes) {
 #endif
 
 /* The model as the CPU backend's forward pass reads it (c->model): model's struct, copied with its layers
- * when the backend starts (the model is not changed: another backend may read it), where every layer's q4_0,
- * q4_1 and q4_K matrix (of rows in eights) and the output layer are given their rows again in decode tiles
- * (section 14), in memory, which steps of up to LLM_TILES_MAX_TOKENS tokens read; a longer one packs its
- * rows from them (llm_pack_tiles). The experts' matrices of a mixture stay rows (a step reads slices of
- * them). */
+ * when the backend starts (the model is not changed: another backend may read it), where every layer's
+ * q4_0, q4_1, q4_K and q6_K matrix (of rows in eights) and the output layer are given their rows again in
+ * decode tiles (section 14), in memory, which steps of up to LLM_TILES_MAX_TOKENS tokens read; a longer one
+ * packs its rows from them (llm_pack_tiles). The experts' matrices of a mixture stay rows (a step reads
+ * slices of them). */
 static int llm_cpu_make_tiles(llm_cpu *c, const llm_model *m, char *err) {
     c->view = *m;
     c->model = &c->view;
@@ -13675,9 +13676,9 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *   quantized weights    llm_q8_quantize_avx2 (activations to blocks of 8- or 16-bit integers);
  *                        llm_q8_dot32_avx2 and llm_q8_dotk_avx2 (a weight row times 1 to 4 tokens, or 4
  *                        rows times one with AVX-512, 2 with AVX2; 32-value blocks and k-quants);
- *                        llm_tiles_copy and llm_tiles_dot (q4_0's, q4_1's and q4_K's matrices with 8 rows
- *                        side by side, the decode tiles the CPU backend keeps them in: steps of up to 16
- *                        tokens);
+ *                        llm_tiles_copy and llm_tiles_dot (q4_0's, q4_1's, q4_K's and q6_K's matrices
+ *                        with 8 rows side by side, the decode tiles the CPU backend keeps them in: steps of
+ *                        up to 16 tokens);
  *                        llm_pack_rows, llm_pack_tiles (from decode tiles), llm_pack_dot and
  *                        llm_matmul_packed (a prefill: 8 rows, 16 with AVX-512 VNNI, unpacked side by side
  *                        once for every token)
@@ -14219,29 +14220,33 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
         for (int c = 0; c < nc; c++) out[c * out_stride + r] = sums[r * nc + c];
 }
 
-/* ---- Decode tiles: q4_0's, q4_1's and q4_K's rows 8 side by side (llm_matmul's decode steps) ---------- */
+/* ---- Decode tiles: q4_0's, q4_1's, q4_K's and q6_K's rows 8 side by side (llm_matmul's decode steps) --- */
 /* A decode step meets each weight row with one token (or a few), and a row at a time a q4_0 or q4_1 block
  * costs about 10 instructions for its 18 or 20 bytes: the nibbles widened and split, two multiply-adds, the
  * scale converted and applied, and at the row's end sums across lanes. That bounds the products at 11-12
  * GB/s on one core of a Sapphire Rapids, where a plain loop reads the same bytes at 17-24. Stored 8 rows
  * side by side instead, a row sits in each 32-bit lane: one vpdpbusd adds 4 products for each of 8 rows,
  * a block's 8 scales convert in one instruction, and nothing is summed across lanes (about 4 instructions
- * a row and block). The CPU backend copies each q4_0, q4_1 and q4_K matrix into this layout when it starts
- * (llm_cpu_make_tiles), as llama.cpp's CPU backend repacks Q4_0; one tile of 8 rows and one block takes the
- * 8 rows' block bytes, in this order:
- *     the block's f16 scales, each of rows 0..7 side by side: d (q4_0); d, then m (q4_1); d, then dmin (q4_K)
+ * a row and block). The CPU backend copies each q4_0, q4_1, q4_K and q6_K matrix into this layout when it
+ * starts (llm_cpu_make_tiles), as llama.cpp's CPU backend repacks Q4_0; one tile of 8 rows and one block
+ * takes the 8 rows' block bytes, in this order:
+ *     the block's f16 scales, each of rows 0..7 side by side: d (q4_0, q6_K); d, then m (q4_1); d, then dmin
+ *     (q4_K)
  *     the rest of the block in runs of 32 bytes: run u holds the rest's bytes 4u..4u+3 of each row, row i's
  *     at 4i. q4_0, q4_1: 4 runs, run c holding nibble bytes 4c..4c+3 (low nibbles: the row's values
  *     4c..4c+3; high: 16 + 4c..16 + 4c + 3). q4_K: 3 runs of the 12 bytes of 6-bit scales and mins, then
- *     32 of nibbles, run 3 + 8k + c holding values 64k + 4c.. (low) and 64k + 32 + 4c.. (high)
+ *     32 of nibbles, run 3 + 8k + c holding values 64k + 4c.. (low) and 64k + 32 + 4c.. (high). q6_K (its
+ *     d is its block's last 2 bytes): 32 runs of low nibbles, 16 of 2-bit high parts, 4 of 8-bit scales
  * so that a matrix's tiles take its rows' bytes, and rows r..r+7 start at byte r * row_bytes, as rows do.
  * One thread of a Sapphire Rapids, SmolLM2 Q4_1's matrices from memory, one token: 61-75% -> 88-91% of a
  * plain read loop's speed (results/2026-12-05-decode-tiles-spr-cpu.log). */
-/* the types stored in tiles: q4_0, q4_1 and q4_K (a block's bytes: 18, 20, 144) */
-static int llm_tiles_type(uint32_t type) { return type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q4_K; }
-/* the f16 scales a block of the type begins with, which a tile holds 8 rows side by side: q4_0's d; q4_1's
- * d and m; q4_K's d and dmin */
-static int llm_tiles_halves(uint32_t type) { return type == LLM_Q4_0 ? 1 : 2; }
+/* the types stored in tiles: q4_0, q4_1, q4_K and q6_K (a block's bytes: 18, 20, 144, 210) */
+static int llm_tiles_type(uint32_t type) {
+    return type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q4_K || type == LLM_Q6_K;
+}
+/* the f16 scales of a block of the type, which a tile holds 8 rows side by side: q4_0's d; q4_1's d and m;
+ * q4_K's d and dmin, the block's first bytes; q6_K's d, its last two (its rest: the bytes before) */
+static int llm_tiles_halves(uint32_t type) { return type == LLM_Q4_0 || type == LLM_Q6_K ? 1 : 2; }
 
 /* 4 x 4 dwords transposed in each 128-bit half (dword j of v[k] <-> dword k of v[j]): 4 of a tile's runs
  * become 16 bytes of each of its rows (row k in v[k]'s low half, row k + 4 in its high half), and back */
@@ -14259,6 +14264,7 @@ static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t
     uint64_t block_bytes, block_values;
     llm_dtype_info(type, &block_bytes, &block_values);
     const int halves = llm_tiles_halves(type), n_runs = ((int)block_bytes - 2 * halves) / 4;
+    const int halves_at = type == LLM_Q6_K ? (int)block_bytes - 2 : 0, rest_at = halves_at ? 0 : 2 * halves;
     size_t row_bytes = llm_dtype_row_bytes(type, cols);
     int64_t n_blocks = cols / (int64_t)block_values;
     for (int64_t t = 0; t < n_rows / LLM_TILE_ROWS; t++)
@@ -14267,14 +14273,14 @@ static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t
             for (int i = 0; i < LLM_TILE_ROWS; i++) {
                 row[i] = rows + (size_t)(t * LLM_TILE_ROWS + i) * row_bytes + (size_t)b * block_bytes;
                 for (int k = 0; k < halves; k++) /* d, then m or dmin: 8 rows' each */
-                    memcpy(into_tiles ? tile + 16 * k + 2 * i : row[i] + 2 * k,
-                           into_tiles ? row[i] + 2 * k : tile + 16 * k + 2 * i, 2);
+                    memcpy(into_tiles ? tile + 16 * k + 2 * i : row[i] + halves_at + 2 * k,
+                           into_tiles ? row[i] + halves_at + 2 * k : tile + 16 * k + 2 * i, 2);
             }
             uint8_t *runs = tile + 16 * halves;
             int u = 0;
             for (; u + 4 <= n_runs; u += 4) { /* 4 runs at a time: rows k and k + 4 in v[k], or the runs */
                 __m256i v[4];
-                int rest = 2 * halves + 4 * u; /* the rows' bytes from here */
+                int rest = rest_at + 4 * u; /* the rows' bytes from here */
                 for (int k = 0; k < 4; k++)
                     v[k] = into_tiles ? _mm256_loadu2_m128i((const __m128i *)(row[k + 4] + rest),
                                                             (const __m128i *)(row[k] + rest))
@@ -14288,8 +14294,8 @@ static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t
             }
             for (; u < n_runs; u++) /* the last runs (q4_K: 35 in all) one at a time */
                 for (int i = 0; i < LLM_TILE_ROWS; i++)
-                    memcpy(into_tiles ? runs + 32 * u + 4 * i : row[i] + 2 * halves + 4 * u,
-                           into_tiles ? row[i] + 2 * halves + 4 * u : runs + 32 * u + 4 * i, 4);
+                    memcpy(into_tiles ? runs + 32 * u + 4 * i : row[i] + rest_at + 4 * u,
+                           into_tiles ? row[i] + rest_at + 4 * u : runs + 32 * u + 4 * i, 4);
         }
 }
 
@@ -14382,8 +14388,7 @@ static inline __attribute__((always_inline)) void llm_tiles_dotk_avx2(int wide, 
         for (int u = 0; u < 3; u++) scale_runs[u] = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * u));
         for (int k = 0; k < 4; k++) { /* sub-blocks 2k (the low nibbles of runs 3 + 8k..) and 2k + 1 (high) */
             /* a quarter of the tile's 18 cache lines asked for at a time: all at once, their requests
-             * stalled the loop while the 4 sub-block pairs' work waited (41% -> 62% of the read loop's speed
-             * spread: a quarter of the tile) */
+             * stalled the loop (a pure q4_K file, one thread: 62-65% -> 72-74% of the read loop's speed) */
             for (int at = tile_bytes / 4 * k; at < tile_bytes / 4 * (k + 1); at += 64)
                 llm_prefetch(p + at, ahead);
             const uint8_t *nibbles = p + 128 + 256 * k;
@@ -14424,6 +14429,78 @@ static inline __attribute__((always_inline)) void llm_tiles_dotk_avx2(int wide, 
     for (int c = 0; c < nc; c++) _mm256_storeu_ps(out + c * out_stride, _mm256_sub_ps(acc[c], mins[c]));
 }
 
+/* q6_K's values of a tile's 8 rows, 4 of each (0..63, stored + 32), for quarters j and j + 2 (j = 0, 1) of
+ * half n of a block, ql bytes 4c..4c+3 (values 128n + 32j + 4c.. and 128n + 64 + 32j + 4c.., as llama.cpp
+ * orders a block): run 16n + 8j + c (at the tile's runs) holds their low 4 bits (quarter j's in the low
+ * nibbles, j + 2's in the high), run 32 + 8n + c their top 2 (quarter q's: bits 2q, 2q + 1) */
+static inline __attribute__((always_inline)) void llm_tiles_q6(const uint8_t *runs, int n, int j, int c,
+                                                               __m256i w[2]) {
+    const __m256i low4 = _mm256_set1_epi8(15), top2 = _mm256_set1_epi8(0x30);
+    __m256i ql = _mm256_loadu_si256((const __m256i *)(runs + 32 * (16 * n + 8 * j + c)));
+    __m256i qh = _mm256_loadu_si256((const __m256i *)(runs + 32 * (32 + 8 * n + c)));
+    w[0] = _mm256_or_si256(_mm256_and_si256(ql, low4),
+                           _mm256_and_si256(_mm256_slli_epi16(qh, 4 - 2 * j), top2));
+    w[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql, 4), low4),
+                           _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), top2));
+}
+
+/* q6_K's tile (8 rows, n_blocks blocks of 256 values) times nc tokens, as above: sub-block i of 16 values
+ * (quarter q's 4 runs c = 4g..4g + 3, i = 8n + 2q + g) gives w . (256 q + r) less 32 times the sum of its
+ * 16 activations, times d, its signed 8-bit scale (byte i % 4 of run 48 + i / 4) and the token's d */
+static inline __attribute__((always_inline)) void llm_tiles_dot6_avx2(int wide, const uint8_t *p,
+                                                                      int64_t n_blocks, const llm_q8 *x,
+                                                                      int64_t x_stride, int nc, float *out,
+                                                                      int64_t out_stride) {
+    const int tile_bytes = LLM_TILE_ROWS * 210;
+    __m256 acc[4];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    int ahead[2];
+    llm_prefetch_load(0, ahead);
+    for (int64_t b = 0; b < n_blocks; b++, p += tile_bytes) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        const uint8_t *runs = p + 16;
+        for (int part = 0; part < 4; part++) { /* half n's quarters j and j + 2, which share their runs */
+            for (int at = tile_bytes / 4 * part; at < tile_bytes / 4 * (part + 1); at += 64)
+                llm_prefetch(p + at, ahead); /* a quarter of the tile's lines at a time, as q4_K's */
+            int n = part / 2, j = part % 2;
+            for (int g = 0; g < 2; g++) {
+                __m256i dq[2][4], dr[2][4]; /* [quarter j, j + 2][token] */
+                for (int c = 0; c < nc; c++)
+                    dq[0][c] = dq[1][c] = dr[0][c] = dr[1][c] = _mm256_setzero_si256();
+                for (int c4 = 4 * g; c4 < 4 * g + 4; c4++) {
+                    __m256i w[2];
+                    llm_tiles_q6(runs, n, j, c4, w);
+                    for (int c = 0; c < nc; c++)
+                        for (int h = 0; h < 2; h++) {
+                            const llm_q8 *xb = x + c * x_stride + 8 * b + 4 * n + j + 2 * h; /* 32 values */
+                            int32_t q4, r4;
+                            memcpy(&q4, xb->q + 4 * c4, 4);
+                            dq[h][c] = llm_avx2_dpbusd(dq[h][c], w[h], _mm256_set1_epi32(q4));
+                            if (!wide) continue;
+                            memcpy(&r4, xb->r + 4 * c4, 4);
+                            dr[h][c] = llm_avx2_dpbusd(dr[h][c], w[h], _mm256_set1_epi32(r4));
+                        }
+                }
+                for (int h = 0; h < 2; h++) {
+                    int i = 8 * n + 2 * (j + 2 * h) + g;
+                    __m256i scale_run = _mm256_loadu_si256((const __m256i *)(runs + 32 * (48 + i / 4)));
+                    __m256i scale = _mm256_srai_epi32(_mm256_slli_epi32(scale_run, 24 - 8 * (i % 4)), 24);
+                    __m256 d_scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(scale));
+                    for (int c = 0; c < nc; c++) {
+                        const llm_q8 *xb = x + c * x_stride + 8 * b + 4 * n + j + 2 * h;
+                        __m256i dot = wide ? _mm256_add_epi32(_mm256_slli_epi32(dq[h][c], 8), dr[h][c])
+                                           : dq[h][c];
+                        dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(32 * xb->sum[g]));
+                        __m256 times = _mm256_mul_ps(d_scale, _mm256_set1_ps(xb->d));
+                        acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), times, acc[c]);
+                    }
+                }
+            }
+        }
+    }
+    for (int c = 0; c < nc; c++) _mm256_storeu_ps(out + c * out_stride, acc[c]);
+}
+
 /* The kernel specialized to its type, activations and tokens: up to 4 tokens a call with AVX-512's 32
  * registers, 2 with AVX2's 16 (each token's sums are its own: the same bits however many share a call) */
 #if defined(LLM_AVX512F)
@@ -14434,10 +14511,12 @@ static inline __attribute__((always_inline)) void llm_tiles_dotk_avx2(int wide, 
 static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t cols, const llm_q8 *x,
                           int64_t x_stride, int nc, float *out, int64_t out_stride) {
 #define LLM_TILES_CALL(k, s, T, W)                                                                         \
-    (T == LLM_Q4_K ? llm_tiles_dotk_avx2(W, tile, cols / 256, x + (s) * x_stride, x_stride, k,             \
-                                         out + (s) * out_stride, out_stride)                               \
-                   : llm_tiles_dot_avx2(T, W, tile, cols / 32, x + (s) * x_stride, x_stride, k,            \
-                                        out + (s) * out_stride, out_stride))
+    (T == LLM_Q4_K   ? llm_tiles_dotk_avx2(W, tile, cols / 256, x + (s) * x_stride, x_stride, k,           \
+                                           out + (s) * out_stride, out_stride)                             \
+     : T == LLM_Q6_K ? llm_tiles_dot6_avx2(W, tile, cols / 256, x + (s) * x_stride, x_stride, k,           \
+                                           out + (s) * out_stride, out_stride)                             \
+                     : llm_tiles_dot_avx2(T, W, tile, cols / 32, x + (s) * x_stride, x_stride, k,          \
+                                          out + (s) * out_stride, out_stride))
 #if LLM_TILE_TOKENS == 4
 #define LLM_TILES_TOKENS(T, W) LLM_BY_TOKENS(nc, LLM_TILES_CALL, T, W)
 #else
@@ -14451,8 +14530,10 @@ static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t 
     else if (type == LLM_Q4_0) { LLM_TILES_TOKENS(LLM_Q4_0, 0); }
     else if (type == LLM_Q4_1 && wide) { LLM_TILES_TOKENS(LLM_Q4_1, 1); }
     else if (type == LLM_Q4_1) { LLM_TILES_TOKENS(LLM_Q4_1, 0); }
-    else if (wide) { LLM_TILES_TOKENS(LLM_Q4_K, 1); }
-    else { LLM_TILES_TOKENS(LLM_Q4_K, 0); }
+    else if (type == LLM_Q4_K && wide) { LLM_TILES_TOKENS(LLM_Q4_K, 1); }
+    else if (type == LLM_Q4_K) { LLM_TILES_TOKENS(LLM_Q4_K, 0); }
+    else if (wide) { LLM_TILES_TOKENS(LLM_Q6_K, 1); }
+    else { LLM_TILES_TOKENS(LLM_Q6_K, 0); }
 #undef LLM_TILES_TOKENS
 #undef LLM_TILES_CALL
 }
@@ -14779,7 +14860,8 @@ static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_gr
 /* Rows packed (as llm_pack_rows packs them) straight from their decode tiles (n_rows a multiple of 8): a
  * tile's runs are the packed group's chunks already, 4 values of each of 8 rows side by side (q4_0, q4_1:
  * run c holds chunk c in its low nibbles, chunk 4 + c in its high ones; q4_K: runs 3 + 8k.. hold sub-block
- * 2k's chunks in their low nibbles, 2k + 1's in their high ones), and its 8 rows' scales lie together */
+ * 2k's chunks in their low nibbles, 2k + 1's in their high ones; q6_K: llm_tiles_q6), and its 8 rows'
+ * scales lie together */
 static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t row_bytes, int n_rows,
                            int64_t n, void *pack) {
     uint64_t block_bytes, block_values;
@@ -14791,33 +14873,52 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
         llm_pack_pairs *pairs = (llm_pack_pairs *)at;
         llm_pack_group *group = (llm_pack_group *)at;
         llm_pack_scales *s = llm_pack_pairs_of(wide) ? &pairs->s : &group->s;
-        int sub = (int)(g % groups_per_block); /* the group's sub-block in its block (q4_K) */
+        int sub = (int)(g % groups_per_block); /* the group's 32 values in their block (q4_K, q6_K) */
         for (int r0 = 0; r0 < LLM_PACK_ROWS; r0 += 8) { /* a tile: rows r0 .. r0 + 7 */
             const uint8_t *tile = tiles + (size_t)r0 * row_bytes +
                                   (size_t)(g / groups_per_block) * LLM_TILE_ROWS * block_bytes;
             const uint8_t *runs = tile + 16 * halves;
             __m256i chunk[8];
-            __m256 scale = _mm256_setzero_ps(), min = _mm256_setzero_ps(); /* as llm_pack_rows stores them */
             for (int c = 0; c < 8; c++) {
+                if (r0 >= n_rows) { chunk[c] = _mm256_setzero_si256(); continue; }
+                if (type == LLM_Q6_K) { /* quarter sub % 4 of half sub / 4 */
+                    __m256i w[2];
+                    llm_tiles_q6(runs, sub / 4, sub % 2, c, w);
+                    chunk[c] = w[sub % 4 / 2];
+                    continue;
+                }
                 int run = type == LLM_Q4_K ? 3 + 8 * (sub / 2) + c : c & 3;
                 int shift = type == LLM_Q4_K ? 4 * (sub & 1) : c < 4 ? 0 : 4;
-                __m256i w = r0 < n_rows ? _mm256_loadu_si256((const __m256i *)(runs + 32 * run))
-                                        : _mm256_setzero_si256();
+                __m256i w = _mm256_loadu_si256((const __m256i *)(runs + 32 * run));
                 chunk[c] = _mm256_and_si256(_mm256_srli_epi16(w, shift), low4);
             }
+            /* the scales and mins as llm_pack_rows stores them: one pair for the 32 values, or (q6_K) one for
+             * each sub-block of 16 */
+            __m256 scale[2], min[2];
+            scale[0] = scale[1] = min[0] = min[1] = _mm256_setzero_ps();
             if (r0 < n_rows) {
                 __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
-                __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16))); /* q4_0: unused */
-                scale = d;
-                if (type == LLM_Q4_1) min = _mm256_sub_ps(_mm256_setzero_ps(), m); /* values d q + m */
+                __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16))); /* q4_1, q4_K */
+                scale[0] = d;
+                if (type == LLM_Q4_1) min[0] = _mm256_sub_ps(_mm256_setzero_ps(), m); /* values d q + m */
                 if (type == LLM_Q4_K) { /* values d scale_j q - dmin min_j */
                     __m256i scale_runs[3], scale_j, min_j;
                     for (int u = 0; u < 3; u++)
                         scale_runs[u] = _mm256_loadu_si256((const __m256i *)(runs + 32 * u));
                     llm_tiles_scale_min(scale_runs, sub, &scale_j, &min_j);
-                    scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(scale_j));
-                    min = _mm256_mul_ps(m, _mm256_cvtepi32_ps(min_j));
+                    scale[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(scale_j));
+                    min[0] = _mm256_mul_ps(m, _mm256_cvtepi32_ps(min_j));
                 }
+                for (int h = 0; type == LLM_Q6_K && h < 2; h++) { /* d times sub-block i's signed scale */
+                    int i = 2 * sub + h;
+                    __m256i run = _mm256_loadu_si256((const __m256i *)(runs + 32 * (48 + i / 4)));
+                    __m256i scale_i = _mm256_srai_epi32(_mm256_slli_epi32(run, 24 - 8 * (i % 4)), 24);
+                    scale[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(scale_i));
+                }
+            }
+            for (int h = 0; h < (type == LLM_Q6_K ? 2 : 1); h++) {
+                _mm256_storeu_ps(s->scale[h] + r0, scale[h]);
+                _mm256_storeu_ps(s->min[h] + r0, min[h]);
             }
             if (llm_pack_pairs_of(wide)) /* chunk j's 4 values of a row as pairs 2j and 2j + 1, in 16 bits */
                 for (int j = 0; j < 8; j++) {
@@ -14833,8 +14934,6 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
                 }
             else
                 for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)group->q[j][r0], chunk[j]);
-            _mm256_storeu_ps(s->scale[0] + r0, scale);
-            _mm256_storeu_ps(s->min[0] + r0, min);
         }
     }
 }

@@ -1934,14 +1934,14 @@ static void quant_integer_activations(llm_q8 *xq, int n_blocks, int wide, uint64
 }
 
 #ifdef LLM_CPU_SIMD
-/* The decode tiles (q4_0's, q4_1's, q4_K's rows 8 side by side, section 14): 16 rows, times 4 tokens. With
+/* The decode tiles (q4_0's, q4_1's, q4_K's, q6_K's rows 8 side by side, section 14): 16 rows, 4 tokens. With
  * unit scales and integer activations every product is an integer, which the tiles must give exactly as the
  * plain-C dot does; with random scales and activations, within the fast path's bound of the plain C; and 2
  * to 4 tokens at once give each token the same bits as one at a time */
 static void quant_tiles_check(int wide, uint64_t *rng) {
     enum { N = 512, ROWS = 16, TOKENS = 4 };
-    const uint32_t types[] = {LLM_Q4_0, LLM_Q4_1, LLM_Q4_K};
-    for (int ti = 0; ti < 3; ti++) {
+    const uint32_t types[] = {LLM_Q4_0, LLM_Q4_1, LLM_Q4_K, LLM_Q6_K};
+    for (int ti = 0; ti < 4; ti++) {
         uint32_t type = types[ti];
         uint64_t bb, bv;
         llm_dtype_info(type, &bb, &bv);
@@ -2439,11 +2439,11 @@ static void test_quant_smollm2(void) {
     llm_model_free(&m);
 }
 
-/* The decode tiles on a model: the CPU backend gives every layer's matrix of the type its tiles (all 7 a
+/* The decode tiles on a model: the CPU backend gives every layer's matrix of a tiled type its tiles (all 7 a
  * layer where every_matrix, else at least one), a prefill packed from them gives the logits bit for bit that
  * the rows give (a second backend whose matrices have their tiles taken away), and decode steps (1 and 3
  * tokens) through them within a bound of the rows' */
-static void decode_tiles_check(const char *path, const char *name, uint32_t type, int every_matrix) {
+static void decode_tiles_check(const char *path, const char *name, int every_matrix) {
     if (access(path, R_OK) != 0) { CHECK(0, "%s missing (make model fetches it)", path); return; }
     llm_model m;
     char err[LLM_ERR_LEN];
@@ -2451,22 +2451,22 @@ static void decode_tiles_check(const char *path, const char *name, uint32_t type
     llm_backend *tiled = cpu_backend(&m, 8, 16), *plain = cpu_backend(&m, 8, 16);
     if (!tiled || !plain) { llm_model_free(&m); return; }
 #ifdef LLM_CPU_SIMD
-    int n_tiled = 0, n_type = 0;
+    int n_tiled = 0, n_tileable = 0;
     llm_cpu *c = (llm_cpu *)tiled->ctx, *p = (llm_cpu *)plain->ctx;
     for (int l = 0; l < m.cfg.n_layers; l++) {
         const llm_layer *L = &c->view_layers[l];
         const llm_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
         for (int k = 0; k < 7; k++) {
-            n_type += ws[k]->type == type;
+            n_tileable += ws[k]->data && llm_tiles_type(ws[k]->type) && ws[k]->rows % LLM_TILE_ROWS == 0;
             n_tiled += ws[k]->tiles != NULL;
         }
     }
-    CHECK((every_matrix ? n_type == 7 * m.cfg.n_layers : n_type > 0) && n_tiled == n_type,
-          "%s: %d of its %d %s matrices have decode tiles", name, n_tiled, n_type, llm_dtype_name(type));
+    CHECK((every_matrix ? n_tileable == 7 * m.cfg.n_layers : n_tileable > 0) && n_tiled == n_tileable,
+          "%s: %d of its %d matrices of tiled types have decode tiles", name, n_tiled, n_tileable);
     memcpy(p->view_layers, m.layers, (size_t)m.cfg.n_layers * sizeof(llm_layer)); /* the rows only */
     p->view.output = m.output;
 #else
-    (void)type; (void)every_matrix;
+    (void)every_matrix;
 #endif
     const char *text = "The lighthouse keeper climbed the stairs every evening, counting the steps as his "
                        "father had, and lit the lamp before the fishing boats came home.";
@@ -2475,15 +2475,16 @@ static void decode_tiles_check(const char *path, const char *name, uint32_t type
     int32_t pos[128], rows[128], block[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     const int32_t *tables[3] = {block, block, block};
     for (int i = 0; i < T; i++) { pos[i] = i; rows[i] = i; }
-    float *a = (float *)malloc((size_t)3 * V * sizeof(float));
-    float *b = (float *)malloc((size_t)3 * V * sizeof(float));
+    /* every prompt token's logits, so that the output layer too takes the P tokens packed */
+    float *a = (float *)malloc((size_t)P * V * sizeof(float));
+    float *b = (float *)malloc((size_t)P * V * sizeof(float));
     int32_t start[2] = {0, P};
     llm_batch prefill = {.n_tokens = P, .tokens = toks, .positions = pos, .n_seqs = 1, .seq_start = start,
-                         .block_tables = tables, .n_logits = 1, .logit_rows = rows + P - 1};
+                         .block_tables = tables, .n_logits = P, .logit_rows = rows};
     CHECK(tiled->forward(tiled, &prefill, a, err) == 0 && plain->forward(plain, &prefill, b, err) == 0,
           "%s prefill: %s", name, err);
-    CHECK(P > LLM_TILES_MAX_TOKENS && !memcmp(a, b, (size_t)V * sizeof(float)), "%s prefill of %d tokens: "
-          "packed from the tiles, other logits than the file's rows give", name, P);
+    CHECK(P > LLM_TILES_MAX_TOKENS && !memcmp(a, b, (size_t)P * V * sizeof(float)), "%s prefill of %d "
+          "tokens: packed from the tiles, other logits than the file's rows give", name, P);
     double worst = 0;
     int same = 0, steps = 0;
     for (int at = P; at < T; steps++) { /* a token a step, then three at once (three rows of one sequence) */
@@ -2522,11 +2523,11 @@ static void decode_tiles_check(const char *path, const char *name, uint32_t type
 }
 
 static void test_decode_tiles_smollm2(void) {
-    decode_tiles_check(CHAT_MODEL, "SmolLM2", LLM_Q4_1, 1);
+    decode_tiles_check(CHAT_MODEL, "SmolLM2", 1);
 }
-/* q4_K's tiles: a Q4_K_M file's q4_K matrices (its others q6_K) */
-static void test_decode_tiles_q4_k(void) {
-    decode_tiles_check(model_path("random-quant-q4_k_m.gguf"), "random Q4_K_M", LLM_Q4_K, 0);
+/* q4_K's and q6_K's tiles: a Q4_K_M file's matrices (q4_K, and q6_K where llama-quantize gives more bits) */
+static void test_decode_tiles_q4_k_m(void) {
+    decode_tiles_check(model_path("random-quant-q4_k_m.gguf"), "random Q4_K_M", 0);
 }
 
 /* Fidelity of the default CPU path: a real text teacher-forced through SmolLM2 on the default backend (16-bit
@@ -13883,7 +13884,7 @@ int main(int argc, char **argv) {
         {"quant dot products", test_quant_dots}, {"quant prefill tiles", test_quant_tiles},
         {"quant fast path", test_quant_fast_path},
         {"quant SmolLM2", test_quant_smollm2}, {"decode tiles SmolLM2", test_decode_tiles_smollm2},
-        {"decode tiles q4_K", test_decode_tiles_q4_k},
+        {"decode tiles Q4_K_M", test_decode_tiles_q4_k_m},
         {"fidelity of the default path", test_fidelity_smollm2},
         {"kv quant blocks", test_kv_quant_blocks}, {"kv quant capacity", test_kv_quant_capacity},
         {"kv quant fidelity", test_kv_quant_fidelity}, {"kv quant speculative", test_kv_quant_speculative},
