@@ -7187,11 +7187,11 @@ static inline void llm_prefetch_load(int kind, int ahead[2]) {
 }
 
 #ifdef LLM_CPU_SIMD
-/* Memory for the decode tiles, in 2 MB pages where the kernel has them (NULL if none is left): Linux gives
- * anonymous memory transparent huge pages only where asked in its common "madvise" mode, and a model file's
- * pages in the page cache come in large folios mapped 2 MB at a time, so that the same bytes read in 4 kB
- * pages cost a TLB miss every 4 kB: the tiles read 8-25% slower than the file's rows, and a prefill through
- * them 5% slower (one thread of a Sapphire Rapids VM) */
+/* Memory for the decode tiles, in 2 MB pages where the kernel has them (NULL if none is left). Linux gives
+ * anonymous memory transparent huge pages only where asked in its common "madvise" mode, else 4 kB pages
+ * from anywhere, while a model file's page cache comes in large folios (runs of contiguous pages, a few
+ * mapped 2 MB at a time): in 4 kB pages the tiles read 8-25% slower than the file's rows, in 2 MB pages as
+ * fast or faster (a plain read loop, one thread of a Sapphire Rapids VM) */
 static void *llm_alloc_huge(size_t bytes) {
     size_t huge = (size_t)2 << 20;
     void *p = NULL;
