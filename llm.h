@@ -6013,8 +6013,7 @@ static int llm_matmul_kind(uint32_t type, int path) {
 /* A matrix in decode tiles (q4_0, q4_1, q4_K, q6_K: section 14) is read through them up to 16 tokens, its
  * rows 8 side by side meeting 4 tokens a call, each 16 rows' tile from cache after the first 4: SmolLM2
  * Q4_1, one thread of a Sapphire Rapids, a step of 4 sequences 1.46 times as fast as the rows a row at a
- * time, 16 sequences 1.02-1.06 times as packing (then from rows unpacked from the tiles), 32 sequences
- * 0.94-0.99 */
+ * time, 16 sequences 1.02-1.06 times as packing (measured when packing unpacked rows from the tiles first) */
 #define LLM_TILES_MAX_TOKENS 16
 #ifdef LLM_CPU_SIMD
 /* Section 14's: a tile of rows packed and multiplied by every token (from LLM_PACK_MIN_TOKENS on), the
@@ -14444,6 +14443,12 @@ static inline __attribute__((always_inline)) void llm_tiles_q6(const uint8_t *ru
                            _mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), top2));
 }
 
+/* q6_K's signed 8-bit scale of sub-block i (0..15) for a tile's 8 rows: byte i % 4 of run 48 + i / 4 */
+static inline __attribute__((always_inline)) __m256i llm_tiles_scale6(const uint8_t *runs, int i) {
+    __m256i run = _mm256_loadu_si256((const __m256i *)(runs + 32 * (48 + i / 4)));
+    return _mm256_srai_epi32(_mm256_slli_epi32(run, 24 - 8 * (i % 4)), 24);
+}
+
 /* q6_K's tile (8 rows, n_blocks blocks of 256 values) times nc tokens, as above: sub-block i of 16 values
  * (quarter q's 4 runs c = 4g..4g + 3, i = 8n + 2q + g) gives w . (256 q + r) less 32 times the sum of its
  * 16 activations, times d, its signed 8-bit scale (byte i % 4 of run 48 + i / 4) and the token's d */
@@ -14483,9 +14488,7 @@ static inline __attribute__((always_inline)) void llm_tiles_dot6_avx2(int wide, 
                 }
                 for (int h = 0; h < 2; h++) {
                     int i = 8 * n + 2 * (j + 2 * h) + g;
-                    __m256i scale_run = _mm256_loadu_si256((const __m256i *)(runs + 32 * (48 + i / 4)));
-                    __m256i scale = _mm256_srai_epi32(_mm256_slli_epi32(scale_run, 24 - 8 * (i % 4)), 24);
-                    __m256 d_scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(scale));
+                    __m256 d_scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(llm_tiles_scale6(runs, i)));
                     for (int c = 0; c < nc; c++) {
                         const llm_q8 *xb = x + c * x_stride + 8 * b + 4 * n + j + 2 * h;
                         __m256i dot = wide ? _mm256_add_epi32(_mm256_slli_epi32(dq[h][c], 8), dr[h][c])
@@ -14911,9 +14914,7 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
                 }
                 for (int h = 0; type == LLM_Q6_K && h < 2; h++) { /* d times sub-block i's signed scale */
                     int i = 2 * sub + h;
-                    __m256i run = _mm256_loadu_si256((const __m256i *)(runs + 32 * (48 + i / 4)));
-                    __m256i scale_i = _mm256_srai_epi32(_mm256_slli_epi32(run, 24 - 8 * (i % 4)), 24);
-                    scale[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(scale_i));
+                    scale[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(llm_tiles_scale6(runs, i)));
                 }
             }
             for (int h = 0; h < (type == LLM_Q6_K ? 2 : 1); h++) {
