@@ -193,7 +193,7 @@ aarch64-installed:
 	$(call APT_INSTALL,gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user) || \
 	    { echo "make: apt-get install gcc-aarch64-linux-gnu qemu-user failed (above)" >&2; exit 1; }
 test-variants: llm-test-haswell llm-test-x86-64 llm-test-aarch64 llm-dist llm $(MODEL) testdata
-	LLM_TEST="$(VARIANT_TESTS),decode tiles SmolLM2,decode tiles Q4_K_M" ./llm-test-haswell $(TESTDATA)
+	LLM_TEST="$(VARIANT_TESTS),decode tiles SmolLM2,decode tiles Q4_K_M,decode tiles Q5_0" ./llm-test-haswell $(TESTDATA)
 	LLM_TEST="$(VARIANT_TESTS)" ./llm-test-x86-64 $(TESTDATA)
 	LLM_TEST="$(VARIANT_TESTS)" $(QEMU_AARCH64) ./llm-test-aarch64 $(TESTDATA)
 	tools/dist_check.sh ./llm-dist ./llm $(TESTDATA) $(MODEL) $(CPU_VARIANTS)

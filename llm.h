@@ -255,7 +255,7 @@ typedef struct {
 } llm_config;
 
 /* rows of cols values; tiles: the same in a CPU backend's layout for decode steps (section 14's decode tiles:
- * q4_0's, q4_1's, q4_K's and q6_K's rows 8 side by side), or NULL */
+ * q4_0's, q4_1's, q5_0's, q4_K's and q6_K's rows 8 side by side), or NULL */
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; const void *tiles; } llm_weight;
 
 typedef struct {
@@ -657,8 +657,8 @@ void llm_rope_freqs(const llm_config *c, float base, float freq_scale, float *fr
  * experts, best first, and their weights ([T][n_experts_used] each) */
 void llm_moe_route(const llm_config *cf, const float *router_bias, float *scores, int T, int *chosen,
                    float *weight);
-/* The CPU: quantized weights as stored (q4_0's, q4_1's, q4_K's and q6_K's matrices copied, 8 rows side by
- * side, when it starts), times activations rounded to 16 bits (see llm_cpu_path) */
+/* The CPU: quantized weights as stored (q4_0's, q4_1's, q5_0's, q4_K's and q6_K's matrices copied, 8 rows
+ * side by side, when it starts), times activations rounded to 16 bits (see llm_cpu_path) */
 llm_backend *llm_cpu_backend_create(const llm_model *m, char *err);
 /* The plain-C reference: each weight row converted to f32 exactly (llm_dtype_dequant_row) and multiplied in
  * f32, activations as they are. Slower; what the fast path and the CUDA kernels are checked against. */
@@ -6010,10 +6010,11 @@ static int llm_matmul_kind(uint32_t type, int path) {
  * 1.93, 2.71 and 2.21; Q4_K_M 2.09 and 1.99, 3.10 and 2.29; built for AVX2, T = 5 costs 4.16 and 3.02 on
  * Q4_1, 2.65 and 2.58 on Q8_0) */
 #define LLM_PACK_MIN_TOKENS 5
-/* A matrix in decode tiles (q4_0, q4_1, q4_K, q6_K: section 14) is read through them up to 16 tokens, its
- * rows 8 side by side meeting 4 tokens a call, each 16 rows' tile from cache after the first 4: SmolLM2
- * Q4_1, one thread of a Sapphire Rapids, a step of 4 sequences 1.46 times as fast as the rows a row at a
- * time, 16 sequences 1.02-1.06 times as packing (measured when packing unpacked rows from the tiles first) */
+/* A matrix in decode tiles (q4_0, q4_1, q5_0, q4_K, q6_K: section 14) is read through them up to 16
+ * tokens, its rows 8 side by side meeting 4 tokens a call, each 16 rows' tile from cache after the first 4:
+ * SmolLM2 Q4_1, one thread of a Sapphire Rapids, a step of 4 sequences 1.46 times as fast as the rows a row
+ * at a time, 16 sequences 1.02-1.06 times as packing (measured when packing unpacked rows from the tiles
+ * first) */
 #define LLM_TILES_MAX_TOKENS 16
 #ifdef LLM_CPU_SIMD
 /* Section 14's: a tile of rows packed and multiplied by every token (from LLM_PACK_MIN_TOKENS on), the
@@ -6024,8 +6025,8 @@ static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t t
 static inline __attribute__((always_inline)) size_t llm_pack_group_bytes(int wide);
 static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
                          int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride);
-/* and the decode tiles: q4_0's, q4_1's, q4_K's and q6_K's matrices with their rows 8 side by side, which the
- * CPU backend copies them into when it starts (llm_weight's tiles), and what a step of up to
+/* and the decode tiles: q4_0's, q4_1's, q5_0's, q4_K's and q6_K's matrices with their rows 8 side by side,
+ * which the CPU backend copies them into when it starts (llm_weight's tiles), and what a step of up to
  * LLM_TILES_MAX_TOKENS tokens reads */
 #define LLM_TILE_ROWS 8
 static int llm_tiles_type(uint32_t type);
@@ -7204,9 +7205,9 @@ static void *llm_alloc_huge(size_t bytes) {
 
 /* The model as the CPU backend's forward pass reads it (c->model): model's struct, copied with its layers
  * when the backend starts (the model is not changed: another backend may read it), where every layer's
- * q4_0, q4_1, q4_K and q6_K matrix (of rows in eights) and the output layer are given their rows again in
- * decode tiles (section 14), in memory, which steps of up to LLM_TILES_MAX_TOKENS tokens read; a longer one
- * packs its rows from them (llm_pack_tiles). The experts' matrices of a mixture stay rows (a step reads
+ * q4_0, q4_1, q5_0, q4_K and q6_K matrix (of rows in eights) and the output layer are given their rows again
+ * in decode tiles (section 14), in memory, which steps of up to LLM_TILES_MAX_TOKENS tokens read; a longer
+ * one packs its rows from them (llm_pack_tiles). The experts' matrices of a mixture stay rows (a step reads
  * slices of them). */
 static int llm_cpu_make_tiles(llm_cpu *c, const llm_model *m, char *err) {
     c->view = *m;
@@ -13675,7 +13676,7 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *   quantized weights    llm_q8_quantize_avx2 (activations to blocks of 8- or 16-bit integers);
  *                        llm_q8_dot32_avx2 and llm_q8_dotk_avx2 (a weight row times 1 to 4 tokens, or 4
  *                        rows times one with AVX-512, 2 with AVX2; 32-value blocks and k-quants);
- *                        llm_tiles_copy and llm_tiles_dot (q4_0's, q4_1's, q4_K's and q6_K's matrices
+ *                        llm_tiles_copy and llm_tiles_dot (q4_0's, q4_1's, q5_0's, q4_K's and q6_K's matrices
  *                        with 8 rows side by side, the decode tiles the CPU backend keeps them in: steps of
  *                        up to 16 tokens);
  *                        llm_pack_rows, llm_pack_tiles (from decode tiles), llm_pack_dot and
@@ -14219,33 +14220,36 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
         for (int c = 0; c < nc; c++) out[c * out_stride + r] = sums[r * nc + c];
 }
 
-/* ---- Decode tiles: q4_0's, q4_1's, q4_K's and q6_K's rows 8 side by side (llm_matmul's decode steps) --- */
+/* ---- Decode tiles: q4_0's, q4_1's, q5_0's, q4_K's and q6_K's rows 8 side by side (decode steps) ---- */
 /* A decode step meets each weight row with one token (or a few), and a row at a time a q4_0 or q4_1 block
  * costs about 10 instructions for its 18 or 20 bytes: the nibbles widened and split, two multiply-adds, the
  * scale converted and applied, and at the row's end sums across lanes. That bounds the products at 11-12
  * GB/s on one core of a Sapphire Rapids, where a plain loop reads the same bytes at 17-24. Stored 8 rows
  * side by side instead, a row sits in each 32-bit lane: one vpdpbusd adds 4 products for each of 8 rows,
  * a block's 8 scales convert in one instruction, and nothing is summed across lanes (about 4 instructions
- * a row and block). The CPU backend copies each q4_0, q4_1, q4_K and q6_K matrix into this layout when it
- * starts (llm_cpu_make_tiles), as llama.cpp's CPU backend repacks Q4_0; one tile of 8 rows and one block
+ * a row and block). The CPU backend copies each q4_0, q4_1, q5_0, q4_K and q6_K matrix into this layout when
+ * it starts (llm_cpu_make_tiles), as llama.cpp's CPU backend repacks Q4_0; one tile of 8 rows and one block
  * takes the 8 rows' block bytes, in this order:
- *     the block's f16 scales, each of rows 0..7 side by side: d (q4_0, q6_K); d, then m (q4_1); d, then dmin
- *     (q4_K)
+ *     the block's f16 scales, each of rows 0..7 side by side: d (q4_0, q5_0, q6_K); d, then m (q4_1); d,
+ *     then dmin (q4_K)
  *     the rest of the block in runs of 32 bytes: run u holds the rest's bytes 4u..4u+3 of each row, row i's
  *     at 4i. q4_0, q4_1: 4 runs, run c holding nibble bytes 4c..4c+3 (low nibbles: the row's values
- *     4c..4c+3; high: 16 + 4c..16 + 4c + 3). q4_K: 3 runs of the 12 bytes of 6-bit scales and mins, then
+ *     4c..4c+3; high: 16 + 4c..16 + 4c + 3). q5_0: a run of its 32-bit words of fifth bits, then 4 runs of
+ *     nibbles as q4_0's. q4_K: 3 runs of the 12 bytes of 6-bit scales and mins, then
  *     32 of nibbles, run 3 + 8k + c holding values 64k + 4c.. (low) and 64k + 32 + 4c.. (high). q6_K (its
  *     d is its block's last 2 bytes): 32 runs of low nibbles, 16 of 2-bit high parts, 4 of 8-bit scales
  * so that a matrix's tiles take its rows' bytes, and rows r..r+7 start at byte r * row_bytes, as rows do.
  * One thread of a Sapphire Rapids, SmolLM2 Q4_1's matrices from memory, one token: 61-75% -> 88-91% of a
  * plain read loop's speed (results/2026-12-05-decode-tiles-spr-cpu.log). */
-/* the types stored in tiles: q4_0, q4_1, q4_K and q6_K (a block's bytes: 18, 20, 144, 210) */
+/* the types stored in tiles: q4_0, q4_1, q5_0, q4_K and q6_K (a block's bytes: 18, 20, 22, 144, 210) */
 static int llm_tiles_type(uint32_t type) {
-    return type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q4_K || type == LLM_Q6_K;
+    return type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q5_0 || type == LLM_Q4_K || type == LLM_Q6_K;
 }
-/* the f16 scales of a block of the type, which a tile holds 8 rows side by side: q4_0's d; q4_1's d and m;
- * q4_K's d and dmin, the block's first bytes; q6_K's d, its last two (its rest: the bytes before) */
-static int llm_tiles_halves(uint32_t type) { return type == LLM_Q4_0 || type == LLM_Q6_K ? 1 : 2; }
+/* the f16 scales of a block of the type, which a tile holds 8 rows side by side: q4_0's and q5_0's d; q4_1's
+ * d and m; q4_K's d and dmin, the block's first bytes; q6_K's d, its last two (its rest: the bytes before) */
+static int llm_tiles_halves(uint32_t type) {
+    return type == LLM_Q4_0 || type == LLM_Q5_0 || type == LLM_Q6_K ? 1 : 2;
+}
 
 /* 4 x 4 dwords transposed in each 128-bit half (dword j of v[k] <-> dword k of v[j]): 4 of a tile's runs
  * become 16 bytes of each of its rows (row k in v[k]'s low half, row k + 4 in its high half), and back */
@@ -14298,16 +14302,30 @@ static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t
         }
 }
 
+/* q5_0's fifth bits of values 4c..4c+3 (c 0..7) of a tile's 8 rows, as 16 or 0 in byte k of each row's lane,
+ * from the run of their 32-bit words (bit j: value j's): the byte that holds the four bits copied into the
+ * lane's 4 bytes, byte k tested against its bit */
+static inline __attribute__((always_inline)) __m256i llm_tiles_fifth(__m256i qh, int c) {
+    const __m256i lanes = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0c0c0c0c, /* a lane's first byte */
+                                            0, 0x04040404, 0x08080808, 0x0c0c0c0c);
+    const __m256i which = _mm256_add_epi32(lanes, _mm256_set1_epi32(c / 2 * 0x01010101)); /* its byte c / 2 */
+    const __m256i bit = _mm256_set1_epi32(c & 1 ? (int)0x80402010 : 0x08040201); /* bits 4 (c % 2) + k */
+    __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, which), bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
 /* A tile (8 rows, n_blocks blocks) times nc tokens (x_stride blocks apart): out[c * out_stride + i], row i's.
  * A block's integer for row i is w . (256 q + r) (16-bit activations; 8-bit: w . q), as vpdpbusd adds
- * unsigned nibbles times signed bytes: 256 times the products with q plus those with r (at most 32 x 15 x
- * 32,639 in size, under 2^24: exact in a float), less 8 times the activations' sum for q4_0's offset; then
- * times d and the token's d, and q4_1's m times the token's s, each row in its lane. */
+ * unsigned stored values (nibbles; q5_0's with their fifth bits) times signed bytes: 256 times the products
+ * with q plus those with r, less the offset (q4_0's 8, q5_0's 16) times the activations' sum, at most 32 x
+ * 16 x 32,639 in size (under 2^24: exact in a float); then times d and the token's d, and q4_1's m times the
+ * token's s, each row in its lane. */
 static inline __attribute__((always_inline)) void llm_tiles_dot_avx2(uint32_t type, int wide,
                                                                      const uint8_t *p, int64_t n_blocks,
                                                                      const llm_q8 *x, int64_t x_stride,
                                                                      int nc, float *out, int64_t out_stride) {
-    const int has_min = type == LLM_Q4_1, tile_bytes = LLM_TILE_ROWS * (has_min ? 20 : 18);
+    const int has_min = type == LLM_Q4_1, fifth = type == LLM_Q5_0, offset = fifth ? 16 : 8;
+    const int tile_bytes = LLM_TILE_ROWS * (has_min ? 20 : fifth ? 22 : 18);
     const __m256i low4 = _mm256_set1_epi8(15);
     __m256 acc[4], mins[4];
     for (int c = 0; c < nc; c++) acc[c] = mins[c] = _mm256_setzero_ps();
@@ -14315,12 +14333,17 @@ static inline __attribute__((always_inline)) void llm_tiles_dot_avx2(uint32_t ty
     llm_prefetch_load(0, ahead);
     for (int64_t b = 0; b < n_blocks; b++, p += tile_bytes) {
         for (int at = 0; at < tile_bytes; at += 64) llm_prefetch(p + at, ahead);
-        const uint8_t *nibbles = p + (has_min ? 32 : 16);
+        const uint8_t *nibbles = p + (has_min ? 32 : fifth ? 48 : 16); /* q5_0: after the run of fifth bits */
         __m256i dq[4], dr[4]; /* per token: the products with q, with r */
         for (int c = 0; c < nc; c++) dq[c] = dr[c] = _mm256_setzero_si256();
+        __m256i qh = fifth ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
         for (int run = 0; run < 4; run++) {
             __m256i w = _mm256_loadu_si256((const __m256i *)(nibbles + 32 * run));
             __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+            if (fifth) {
+                lo = _mm256_or_si256(lo, llm_tiles_fifth(qh, run));
+                hi = _mm256_or_si256(hi, llm_tiles_fifth(qh, 4 + run));
+            }
             for (int c = 0; c < nc; c++) {
                 const llm_q8 *xb = x + c * x_stride + b;
                 int32_t q_lo, q_hi, r_lo, r_hi; /* the token's values 4 run.. and 16 + 4 run..: 4 bytes */
@@ -14338,7 +14361,8 @@ static inline __attribute__((always_inline)) void llm_tiles_dot_avx2(uint32_t ty
         for (int c = 0; c < nc; c++) {
             const llm_q8 *xb = x + c * x_stride + b;
             __m256i dot = wide ? _mm256_add_epi32(_mm256_slli_epi32(dq[c], 8), dr[c]) : dq[c];
-            if (!has_min) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * (xb->sum[0] + xb->sum[1])));
+            if (!has_min)
+                dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(offset * (xb->sum[0] + xb->sum[1])));
             __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(xb->d));
             acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[c]);
             if (has_min) mins[c] = _mm256_fmadd_ps(m, _mm256_set1_ps(xb->s), mins[c]);
@@ -14533,6 +14557,8 @@ static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t 
     else if (type == LLM_Q4_0) { LLM_TILES_TOKENS(LLM_Q4_0, 0); }
     else if (type == LLM_Q4_1 && wide) { LLM_TILES_TOKENS(LLM_Q4_1, 1); }
     else if (type == LLM_Q4_1) { LLM_TILES_TOKENS(LLM_Q4_1, 0); }
+    else if (type == LLM_Q5_0 && wide) { LLM_TILES_TOKENS(LLM_Q5_0, 1); }
+    else if (type == LLM_Q5_0) { LLM_TILES_TOKENS(LLM_Q5_0, 0); }
     else if (type == LLM_Q4_K && wide) { LLM_TILES_TOKENS(LLM_Q4_K, 1); }
     else if (type == LLM_Q4_K) { LLM_TILES_TOKENS(LLM_Q4_K, 0); }
     else if (wide) { LLM_TILES_TOKENS(LLM_Q6_K, 1); }
@@ -14862,9 +14888,9 @@ static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_gr
 
 /* Rows packed (as llm_pack_rows packs them) straight from their decode tiles (n_rows a multiple of 8): a
  * tile's runs are the packed group's chunks already, 4 values of each of 8 rows side by side (q4_0, q4_1:
- * run c holds chunk c in its low nibbles, chunk 4 + c in its high ones; q4_K: runs 3 + 8k.. hold sub-block
- * 2k's chunks in their low nibbles, 2k + 1's in their high ones; q6_K: llm_tiles_q6), and its 8 rows'
- * scales lie together */
+ * run c holds chunk c in its low nibbles, chunk 4 + c in its high ones; q5_0: run 1 + c, with the fifth
+ * bits of run 0; q4_K: runs 3 + 8k.. hold sub-block 2k's chunks in their low nibbles, 2k + 1's in their
+ * high ones; q6_K: llm_tiles_q6), and its 8 rows' scales lie together */
 static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t row_bytes, int n_rows,
                            int64_t n, void *pack) {
     uint64_t block_bytes, block_values;
@@ -14881,7 +14907,8 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
             const uint8_t *tile = tiles + (size_t)r0 * row_bytes +
                                   (size_t)(g / groups_per_block) * LLM_TILE_ROWS * block_bytes;
             const uint8_t *runs = tile + 16 * halves;
-            __m256i chunk[8];
+            __m256i chunk[8], qh = _mm256_setzero_si256(); /* q5_0's fifth bits: its run 0 */
+            if (type == LLM_Q5_0 && r0 < n_rows) qh = _mm256_loadu_si256((const __m256i *)runs);
             for (int c = 0; c < 8; c++) {
                 if (r0 >= n_rows) { chunk[c] = _mm256_setzero_si256(); continue; }
                 if (type == LLM_Q6_K) { /* quarter sub % 4 of half sub / 4 */
@@ -14890,10 +14917,11 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
                     chunk[c] = w[sub % 4 / 2];
                     continue;
                 }
-                int run = type == LLM_Q4_K ? 3 + 8 * (sub / 2) + c : c & 3;
+                int run = type == LLM_Q4_K ? 3 + 8 * (sub / 2) + c : type == LLM_Q5_0 ? 1 + (c & 3) : c & 3;
                 int shift = type == LLM_Q4_K ? 4 * (sub & 1) : c < 4 ? 0 : 4;
                 __m256i w = _mm256_loadu_si256((const __m256i *)(runs + 32 * run));
                 chunk[c] = _mm256_and_si256(_mm256_srli_epi16(w, shift), low4);
+                if (type == LLM_Q5_0) chunk[c] = _mm256_or_si256(chunk[c], llm_tiles_fifth(qh, c));
             }
             /* the scales and mins as llm_pack_rows stores them: one pair for the 32 values, or (q6_K) one for
              * each sub-block of 16 */

@@ -1934,14 +1934,14 @@ static void quant_integer_activations(llm_q8 *xq, int n_blocks, int wide, uint64
 }
 
 #ifdef LLM_CPU_SIMD
-/* The decode tiles (q4_0's, q4_1's, q4_K's, q6_K's rows 8 side by side, section 14): 16 rows, 4 tokens. With
- * unit scales and integer activations every product is an integer, which the tiles must give exactly as the
- * plain-C dot does; with random scales and activations, within the fast path's bound of the plain C; and 2
- * to 4 tokens at once give each token the same bits as one at a time */
+/* The decode tiles (q4_0's, q4_1's, q5_0's, q4_K's, q6_K's rows 8 side by side, section 14): 16 rows, 4
+ * tokens. With unit scales and integer activations every product is an integer, which the tiles must give
+ * exactly as the plain-C dot does; with random scales and activations, within the fast path's bound of the
+ * plain C; and 2 to 4 tokens at once give each token the same bits as one at a time */
 static void quant_tiles_check(int wide, uint64_t *rng) {
     enum { N = 512, ROWS = 16, TOKENS = 4 };
-    const uint32_t types[] = {LLM_Q4_0, LLM_Q4_1, LLM_Q4_K, LLM_Q6_K};
-    for (int ti = 0; ti < 4; ti++) {
+    const uint32_t types[] = {LLM_Q4_0, LLM_Q4_1, LLM_Q5_0, LLM_Q4_K, LLM_Q6_K};
+    for (int ti = 0; ti < 5; ti++) {
         uint32_t type = types[ti];
         uint64_t bb, bv;
         llm_dtype_info(type, &bb, &bv);
@@ -2528,6 +2528,10 @@ static void test_decode_tiles_smollm2(void) {
 /* q4_K's and q6_K's tiles: a Q4_K_M file's matrices (q4_K, and q6_K where llama-quantize gives more bits) */
 static void test_decode_tiles_q4_k_m(void) {
     decode_tiles_check(model_path("random-quant-q4_k_m.gguf"), "random Q4_K_M", 0);
+}
+/* q5_0's tiles: a Q5_0 file's every layer matrix (Gemma 3 270M's Q4_K_M gives most of its matrices q5_0) */
+static void test_decode_tiles_q5_0(void) {
+    decode_tiles_check(model_path("random-quant-q5_0.gguf"), "random Q5_0", 1);
 }
 
 /* Fidelity of the default CPU path: a real text teacher-forced through SmolLM2 on the default backend (16-bit
@@ -13885,6 +13889,7 @@ int main(int argc, char **argv) {
         {"quant fast path", test_quant_fast_path},
         {"quant SmolLM2", test_quant_smollm2}, {"decode tiles SmolLM2", test_decode_tiles_smollm2},
         {"decode tiles Q4_K_M", test_decode_tiles_q4_k_m},
+        {"decode tiles Q5_0", test_decode_tiles_q5_0},
         {"fidelity of the default path", test_fidelity_smollm2},
         {"kv quant blocks", test_kv_quant_blocks}, {"kv quant capacity", test_kv_quant_capacity},
         {"kv quant fidelity", test_kv_quant_fidelity}, {"kv quant speculative", test_kv_quant_speculative},
