@@ -165,11 +165,13 @@ test-core: llm-test-core $(MODEL) testdata
 # ---- make test-variants ------------------------------------------------------------------------------------
 # the tests that check the kernels against the plain C, and the forward pass against llama.cpp's references,
 # on other targets: each build's own kernels (or none) against the same C and the same references (and the
-# AVX2 build's decode tiles on the default model and a Q4_K_M one, two tokens a call there). The ARM build is
-# static (qemu-user then needs no ARM libraries) and armv8.2-a (dotprod: Graviton 2 on, Apple M1 on)
+# AVX2 build's decode tiles on the default model, Q4_K_M and Q5_0 ones and Gemma 3, two tokens a call there).
+# The ARM build is static (qemu-user then needs no ARM libraries) and armv8.2-a (dotprod: Graviton 2 on,
+# Apple M1 on)
 VARIANT_TESTS = test data,gguf values,stories260K references,random model references,paged forward,\
 	half floats,weight types,quant dequantization,quant references,mxfp4,quant dot products,quant prefill tiles,\
 	quant fast path,kv quant blocks,sampler,batch invariance,prefix cache,cpu features
+TILES_TESTS = decode tiles SmolLM2,decode tiles Q4_K_M,decode tiles Q5_0,decode tiles Gemma 3
 AARCH64_CC ?= aarch64-linux-gnu-gcc
 QEMU_AARCH64 ?= qemu-aarch64
 VARIANT_FLAGS = -O2 -Wall -Wextra -Wno-missing-field-initializers -std=gnu11 -ffp-contract=off \
@@ -192,8 +194,9 @@ aarch64-installed:
 	echo "make: installing gcc-aarch64-linux-gnu and qemu-user with apt-get (a cross compiler: a minute)" >&2; \
 	$(call APT_INSTALL,gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user) || \
 	    { echo "make: apt-get install gcc-aarch64-linux-gnu qemu-user failed (above)" >&2; exit 1; }
-test-variants: llm-test-haswell llm-test-x86-64 llm-test-aarch64 llm-dist llm $(MODEL) testdata
-	LLM_TEST="$(VARIANT_TESTS),decode tiles SmolLM2,decode tiles Q4_K_M,decode tiles Q5_0" ./llm-test-haswell $(TESTDATA)
+test-variants: llm-test-haswell llm-test-x86-64 llm-test-aarch64 llm-dist llm $(MODEL) $(GEMMA3_MODEL) \
+               testdata
+	LLM_TEST="$(VARIANT_TESTS),$(TILES_TESTS)" ./llm-test-haswell $(TESTDATA)
 	LLM_TEST="$(VARIANT_TESTS)" ./llm-test-x86-64 $(TESTDATA)
 	LLM_TEST="$(VARIANT_TESTS)" $(QEMU_AARCH64) ./llm-test-aarch64 $(TESTDATA)
 	tools/dist_check.sh ./llm-dist ./llm $(TESTDATA) $(MODEL) $(CPU_VARIANTS)

@@ -255,7 +255,7 @@ typedef struct {
 } llm_config;
 
 /* rows of cols values; tiles: the same in a CPU backend's layout for decode steps (section 14's decode tiles:
- * q4_0's, q4_1's, q5_0's, q4_K's and q6_K's rows 8 side by side), or NULL */
+ * q4_0's, q4_1's, q5_0's, q8_0's, q4_K's and q6_K's rows 8 side by side), or NULL */
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; const void *tiles; } llm_weight;
 
 typedef struct {
@@ -657,8 +657,8 @@ void llm_rope_freqs(const llm_config *c, float base, float freq_scale, float *fr
  * experts, best first, and their weights ([T][n_experts_used] each) */
 void llm_moe_route(const llm_config *cf, const float *router_bias, float *scores, int T, int *chosen,
                    float *weight);
-/* The CPU: quantized weights as stored (q4_0's, q4_1's, q5_0's, q4_K's and q6_K's matrices copied, 8 rows
- * side by side, when it starts), times activations rounded to 16 bits (see llm_cpu_path) */
+/* The CPU: quantized weights as stored (q4_0's, q4_1's, q5_0's, q8_0's, q4_K's and q6_K's matrices copied, 8
+ * rows side by side, when it starts), times activations rounded to 16 bits (see llm_cpu_path) */
 llm_backend *llm_cpu_backend_create(const llm_model *m, char *err);
 /* The plain-C reference: each weight row converted to f32 exactly (llm_dtype_dequant_row) and multiplied in
  * f32, activations as they are. Slower; what the fast path and the CUDA kernels are checked against. */
@@ -6010,7 +6010,7 @@ static int llm_matmul_kind(uint32_t type, int path) {
  * 1.93, 2.71 and 2.21; Q4_K_M 2.09 and 1.99, 3.10 and 2.29; built for AVX2, T = 5 costs 4.16 and 3.02 on
  * Q4_1, 2.65 and 2.58 on Q8_0) */
 #define LLM_PACK_MIN_TOKENS 5
-/* A matrix in decode tiles (q4_0, q4_1, q5_0, q4_K, q6_K: section 14) is read through them up to 16
+/* A matrix in decode tiles (q4_0, q4_1, q5_0, q8_0, q4_K, q6_K: section 14) is read through them up to 16
  * tokens, its rows 8 side by side meeting 4 tokens a call, each 16 rows' tile from cache after the first 4:
  * SmolLM2 Q4_1, one thread of a Sapphire Rapids, a step of 4 sequences 1.46 times as fast as the rows a row
  * at a time, 16 sequences 1.02-1.06 times as packing (measured when packing unpacked rows from the tiles
@@ -6025,8 +6025,8 @@ static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t t
 static inline __attribute__((always_inline)) size_t llm_pack_group_bytes(int wide);
 static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
                          int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride);
-/* and the decode tiles: q4_0's, q4_1's, q5_0's, q4_K's and q6_K's matrices with their rows 8 side by side,
- * which the CPU backend copies them into when it starts (llm_weight's tiles), and what a step of up to
+/* and the decode tiles: q4_0's, q4_1's, q5_0's, q8_0's, q4_K's and q6_K's matrices with their rows 8 side by
+ * side, which the CPU backend copies them into when it starts (llm_weight's tiles), and what a step of up to
  * LLM_TILES_MAX_TOKENS tokens reads */
 #define LLM_TILE_ROWS 8
 static int llm_tiles_type(uint32_t type);
@@ -7204,8 +7204,8 @@ static void *llm_alloc_huge(size_t bytes) {
 #endif
 
 /* The model as the CPU backend's forward pass reads it (c->model): model's struct, copied with its layers
- * when the backend starts (the model is not changed: another backend may read it), where every layer's
- * q4_0, q4_1, q5_0, q4_K and q6_K matrix (of rows in eights) and the output layer are given their rows again
+ * when the backend starts (the model is not changed: another backend may read it), where every layer's q4_0,
+ * q4_1, q5_0, q8_0, q4_K and q6_K matrix (of rows in eights) and the output layer are given their rows again
  * in decode tiles (section 14), in memory, which steps of up to LLM_TILES_MAX_TOKENS tokens read; a longer
  * one packs its rows from them (llm_pack_tiles). The experts' matrices of a mixture stay rows (a step reads
  * slices of them). */
@@ -7233,20 +7233,31 @@ static int llm_cpu_make_tiles(llm_cpu *c, const llm_model *m, char *err) {
             if (!w->data || !llm_tiles_type(w->type) || w->rows % LLM_TILE_ROWS) continue;
             size_t row_bytes = llm_dtype_row_bytes(w->type, w->cols), bytes = (size_t)w->rows * row_bytes;
             if (pass) {
+                /* the rows in the mapped file, which this backend reads no more, leave the process's memory
+                 * as they are copied: their whole pages given back (the kernel maps them again from the file
+                 * if anything reads them, as another backend on the model may), 8 MB of rows at a time, so
+                 * that the tiles do not double the weights, not even for a while (Gemma 3 270M's output
+                 * layer, 178 MB: a peak RSS of 446 MB when it was given back whole, 280 in slices) */
                 uint8_t *rows = (uint8_t *)w->data; /* only read (into_tiles) */
-                #pragma omp parallel for schedule(static)
-                for (int64_t r = 0; r < w->rows; r += LLM_TILE_ROWS)
-                    llm_tiles_copy(w->type, rows + (size_t)r * row_bytes,
-                                   c->tiles + at + (size_t)r * row_bytes, LLM_TILE_ROWS, w->cols, 1);
+                int mapped = m->gguf.mapped && rows >= m->gguf.base &&
+                             rows + bytes <= m->gguf.base + m->gguf.size;
+                uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)rows;
+                uintptr_t given = (start + page - 1) / page * page; /* the pages before are given back */
+                int64_t slice = (int64_t)((8u << 20) / row_bytes) / LLM_TILE_ROWS * LLM_TILE_ROWS;
+                if (slice < LLM_TILE_ROWS) slice = LLM_TILE_ROWS;
+                for (int64_t r0 = 0; r0 < w->rows; r0 += slice) {
+                    int64_t r1 = r0 + slice < w->rows ? r0 + slice : w->rows;
+                    #pragma omp parallel for schedule(static)
+                    for (int64_t r = r0; r < r1; r += LLM_TILE_ROWS)
+                        llm_tiles_copy(w->type, rows + (size_t)r * row_bytes,
+                                       c->tiles + at + (size_t)r * row_bytes, LLM_TILE_ROWS, w->cols, 1);
+                    uintptr_t end = (start + (size_t)r1 * row_bytes) / page * page;
+                    if (mapped && end > given) {
+                        madvise((void *)given, end - given, MADV_DONTNEED);
+                        given = end;
+                    }
+                }
                 w->tiles = c->tiles + at;
-                /* the rows in the mapped file, which this backend reads no more, leave the process's memory:
-                 * their whole pages given back (the kernel maps them again from the file if anything reads
-                 * them, as another backend on the model may), so that the tiles do not double the weights */
-                uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), start = (uintptr_t)w->data;
-                uintptr_t first = (start + page - 1) / page * page, end = (start + bytes) / page * page;
-                if (m->gguf.mapped && rows >= m->gguf.base && rows + bytes <= m->gguf.base + m->gguf.size &&
-                    end > first)
-                    madvise((void *)first, end - first, MADV_DONTNEED);
             }
             at += (bytes + 63) / 64 * 64;
         }
@@ -13676,9 +13687,9 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *   quantized weights    llm_q8_quantize_avx2 (activations to blocks of 8- or 16-bit integers);
  *                        llm_q8_dot32_avx2 and llm_q8_dotk_avx2 (a weight row times 1 to 4 tokens, or 4
  *                        rows times one with AVX-512, 2 with AVX2; 32-value blocks and k-quants);
- *                        llm_tiles_copy and llm_tiles_dot (q4_0's, q4_1's, q5_0's, q4_K's and q6_K's matrices
- *                        with 8 rows side by side, the decode tiles the CPU backend keeps them in: steps of
- *                        up to 16 tokens);
+ *                        llm_tiles_copy and llm_tiles_dot (q4_0's, q4_1's, q5_0's, q8_0's, q4_K's and
+ *                        q6_K's matrices with 8 rows side by side, the decode tiles the CPU backend keeps
+ *                        them in: steps of up to 16 tokens);
  *                        llm_pack_rows, llm_pack_tiles (from decode tiles), llm_pack_dot and
  *                        llm_matmul_packed (a prefill: 8 rows, 16 with AVX-512 VNNI, unpacked side by side
  *                        once for every token)
@@ -14220,35 +14231,39 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
         for (int c = 0; c < nc; c++) out[c * out_stride + r] = sums[r * nc + c];
 }
 
-/* ---- Decode tiles: q4_0's, q4_1's, q5_0's, q4_K's and q6_K's rows 8 side by side (decode steps) ---- */
+/* ---- Decode tiles: q4_0's, q4_1's, q5_0's, q8_0's, q4_K's and q6_K's rows 8 side by side --------------- */
 /* A decode step meets each weight row with one token (or a few), and a row at a time a q4_0 or q4_1 block
  * costs about 10 instructions for its 18 or 20 bytes: the nibbles widened and split, two multiply-adds, the
  * scale converted and applied, and at the row's end sums across lanes. That bounds the products at 11-12
  * GB/s on one core of a Sapphire Rapids, where a plain loop reads the same bytes at 17-24. Stored 8 rows
  * side by side instead, a row sits in each 32-bit lane: one vpdpbusd adds 4 products for each of 8 rows,
  * a block's 8 scales convert in one instruction, and nothing is summed across lanes (about 4 instructions
- * a row and block). The CPU backend copies each q4_0, q4_1, q5_0, q4_K and q6_K matrix into this layout when
- * it starts (llm_cpu_make_tiles), as llama.cpp's CPU backend repacks Q4_0; one tile of 8 rows and one block
- * takes the 8 rows' block bytes, in this order:
- *     the block's f16 scales, each of rows 0..7 side by side: d (q4_0, q5_0, q6_K); d, then m (q4_1); d,
- *     then dmin (q4_K)
+ * a row and block). The CPU backend copies each q4_0, q4_1, q5_0, q8_0, q4_K and q6_K matrix into this
+ * layout when it starts (llm_cpu_make_tiles), as llama.cpp's CPU backend repacks Q4_0; one tile of 8 rows
+ * and one block takes the 8 rows' block bytes, in this order:
+ *     the block's f16 scales, each of rows 0..7 side by side: d (q4_0, q5_0, q8_0, q6_K); d, then m (q4_1);
+ *     d, then dmin (q4_K)
  *     the rest of the block in runs of 32 bytes: run u holds the rest's bytes 4u..4u+3 of each row, row i's
  *     at 4i. q4_0, q4_1: 4 runs, run c holding nibble bytes 4c..4c+3 (low nibbles: the row's values
  *     4c..4c+3; high: 16 + 4c..16 + 4c + 3). q5_0: a run of its 32-bit words of fifth bits, then 4 runs of
- *     nibbles as q4_0's. q4_K: 3 runs of the 12 bytes of 6-bit scales and mins, then
- *     32 of nibbles, run 3 + 8k + c holding values 64k + 4c.. (low) and 64k + 32 + 4c.. (high). q6_K (its
- *     d is its block's last 2 bytes): 32 runs of low nibbles, 16 of 2-bit high parts, 4 of 8-bit scales
+ *     nibbles as q4_0's. q8_0: 8 runs, run c holding values 4c..4c+3. q4_K: 3 runs of the 12 bytes of 6-bit
+ *     scales and mins, then 32 of nibbles, run 3 + 8k + c holding values 64k + 4c.. (low) and 64k + 32 +
+ *     4c.. (high). q6_K (its d is its block's last 2 bytes): 32 runs of low nibbles, 16 of 2-bit high parts,
+ *     4 of 8-bit scales
  * so that a matrix's tiles take its rows' bytes, and rows r..r+7 start at byte r * row_bytes, as rows do.
  * One thread of a Sapphire Rapids, SmolLM2 Q4_1's matrices from memory, one token: 61-75% -> 88-91% of a
  * plain read loop's speed (results/2026-12-05-decode-tiles-spr-cpu.log). */
-/* the types stored in tiles: q4_0, q4_1, q5_0, q4_K and q6_K (a block's bytes: 18, 20, 22, 144, 210) */
+/* the types stored in tiles: q4_0, q4_1, q5_0, q8_0, q4_K and q6_K (a block's bytes: 18, 20, 22, 34, 144,
+ * 210) */
 static int llm_tiles_type(uint32_t type) {
-    return type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q5_0 || type == LLM_Q4_K || type == LLM_Q6_K;
+    return type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q5_0 || type == LLM_Q8_0 || type == LLM_Q4_K ||
+           type == LLM_Q6_K;
 }
-/* the f16 scales of a block of the type, which a tile holds 8 rows side by side: q4_0's and q5_0's d; q4_1's
- * d and m; q4_K's d and dmin, the block's first bytes; q6_K's d, its last two (its rest: the bytes before) */
+/* the f16 scales of a block of the type, which a tile holds 8 rows side by side: q4_0's, q5_0's and q8_0's d;
+ * q4_1's d and m; q4_K's d and dmin, the block's first bytes; q6_K's d, its last two (its rest: the bytes
+ * before) */
 static int llm_tiles_halves(uint32_t type) {
-    return type == LLM_Q4_0 || type == LLM_Q5_0 || type == LLM_Q6_K ? 1 : 2;
+    return type == LLM_Q4_1 || type == LLM_Q4_K ? 2 : 1;
 }
 
 /* 4 x 4 dwords transposed in each 128-bit half (dword j of v[k] <-> dword k of v[j]): 4 of a tile's runs
@@ -14369,6 +14384,52 @@ static inline __attribute__((always_inline)) void llm_tiles_dot_avx2(uint32_t ty
         }
     }
     for (int c = 0; c < nc; c++) _mm256_storeu_ps(out + c * out_stride, _mm256_add_ps(acc[c], mins[c]));
+}
+
+/* The same for q8_0, whose 8 runs hold values 4c..4c+3 as signed bytes: with VNNI stored + 128 (unsigned, as
+ * vpdpbusd takes them; 128 times the activations' sum taken off), else as |w| times x with w's sign (at most
+ * 2 x 128 x 127 a pair: _mm256_maddubs_epi16's 16 bits hold it). The block's integer for a row, up to 32 x
+ * 128 x 32,639, is converted to float once, as the plain C converts it. */
+static inline __attribute__((always_inline)) void llm_tiles_dot8_avx2(int wide, const uint8_t *p,
+                                                                      int64_t n_blocks, const llm_q8 *x,
+                                                                      int64_t x_stride, int nc, float *out,
+                                                                      int64_t out_stride) {
+    const int tile_bytes = LLM_TILE_ROWS * 34;
+    __m256 acc[4];
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    int ahead[2];
+    llm_prefetch_load(0, ahead);
+    for (int64_t b = 0; b < n_blocks; b++, p += tile_bytes) {
+        for (int at = 0; at < tile_bytes; at += 64) llm_prefetch(p + at, ahead);
+        __m256i dq[4], dr[4]; /* per token: the products with q, with r */
+        for (int c = 0; c < nc; c++) dq[c] = dr[c] = _mm256_setzero_si256();
+        for (int run = 0; run < 8; run++) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * run));
+            __m256i u = LLM_AVX2_VNNI ? _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)) /* w + 128 */
+                                      : _mm256_abs_epi8(w);
+            for (int c = 0; c < nc; c++) {
+                const llm_q8 *xb = x + c * x_stride + b;
+                int32_t q4, r4; /* the token's values 4 run..4 run + 3 */
+                memcpy(&q4, xb->q + 4 * run, 4);
+                __m256i xq = _mm256_set1_epi32(q4);
+                dq[c] = llm_avx2_dpbusd(dq[c], u, LLM_AVX2_VNNI ? xq : _mm256_sign_epi8(xq, w));
+                if (!wide) continue;
+                memcpy(&r4, xb->r + 4 * run, 4);
+                __m256i xr = _mm256_set1_epi32(r4);
+                dr[c] = llm_avx2_dpbusd(dr[c], u, LLM_AVX2_VNNI ? xr : _mm256_sign_epi8(xr, w));
+            }
+        }
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        for (int c = 0; c < nc; c++) {
+            const llm_q8 *xb = x + c * x_stride + b;
+            __m256i dot = wide ? _mm256_add_epi32(_mm256_slli_epi32(dq[c], 8), dr[c]) : dq[c];
+            if (LLM_AVX2_VNNI)
+                dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(128 * (xb->sum[0] + xb->sum[1])));
+            __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(xb->d));
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[c]);
+        }
+    }
+    for (int c = 0; c < nc; c++) _mm256_storeu_ps(out + c * out_stride, acc[c]);
 }
 
 /* q4_K's 6-bit scale and min of sub-block j (0..7) for a tile's 8 rows, from the 3 runs that hold them
@@ -14542,6 +14603,8 @@ static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t 
                                            out + (s) * out_stride, out_stride)                             \
      : T == LLM_Q6_K ? llm_tiles_dot6_avx2(W, tile, cols / 256, x + (s) * x_stride, x_stride, k,           \
                                            out + (s) * out_stride, out_stride)                             \
+     : T == LLM_Q8_0 ? llm_tiles_dot8_avx2(W, tile, cols / 32, x + (s) * x_stride, x_stride, k,            \
+                                           out + (s) * out_stride, out_stride)                             \
                      : llm_tiles_dot_avx2(T, W, tile, cols / 32, x + (s) * x_stride, x_stride, k,          \
                                           out + (s) * out_stride, out_stride))
 #if LLM_TILE_TOKENS == 4
@@ -14559,6 +14622,8 @@ static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t 
     else if (type == LLM_Q4_1) { LLM_TILES_TOKENS(LLM_Q4_1, 0); }
     else if (type == LLM_Q5_0 && wide) { LLM_TILES_TOKENS(LLM_Q5_0, 1); }
     else if (type == LLM_Q5_0) { LLM_TILES_TOKENS(LLM_Q5_0, 0); }
+    else if (type == LLM_Q8_0 && wide) { LLM_TILES_TOKENS(LLM_Q8_0, 1); }
+    else if (type == LLM_Q8_0) { LLM_TILES_TOKENS(LLM_Q8_0, 0); }
     else if (type == LLM_Q4_K && wide) { LLM_TILES_TOKENS(LLM_Q4_K, 1); }
     else if (type == LLM_Q4_K) { LLM_TILES_TOKENS(LLM_Q4_K, 0); }
     else if (wide) { LLM_TILES_TOKENS(LLM_Q6_K, 1); }
@@ -14889,8 +14954,8 @@ static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_gr
 /* Rows packed (as llm_pack_rows packs them) straight from their decode tiles (n_rows a multiple of 8): a
  * tile's runs are the packed group's chunks already, 4 values of each of 8 rows side by side (q4_0, q4_1:
  * run c holds chunk c in its low nibbles, chunk 4 + c in its high ones; q5_0: run 1 + c, with the fifth
- * bits of run 0; q4_K: runs 3 + 8k.. hold sub-block 2k's chunks in their low nibbles, 2k + 1's in their
- * high ones; q6_K: llm_tiles_q6), and its 8 rows' scales lie together */
+ * bits of run 0; q8_0: run c holds chunk c; q4_K: runs 3 + 8k.. hold sub-block 2k's chunks in their low
+ * nibbles, 2k + 1's in their high ones; q6_K: llm_tiles_q6), and its 8 rows' scales lie together */
 static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t row_bytes, int n_rows,
                            int64_t n, void *pack) {
     uint64_t block_bytes, block_values;
@@ -14915,6 +14980,11 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
                     __m256i w[2];
                     llm_tiles_q6(runs, sub / 4, sub % 2, c, w);
                     chunk[c] = w[sub % 4 / 2];
+                    continue;
+                }
+                if (type == LLM_Q8_0) { /* run c, signed bytes (stored + 128 with VNNI, as llm_pack_rows) */
+                    chunk[c] = _mm256_loadu_si256((const __m256i *)(runs + 32 * c));
+                    if (LLM_AVX2_VNNI) chunk[c] = _mm256_xor_si256(chunk[c], _mm256_set1_epi8((char)0x80));
                     continue;
                 }
                 int run = type == LLM_Q4_K ? 3 + 8 * (sub / 2) + c : type == LLM_Q5_0 ? 1 + (c & 3) : c & 3;
@@ -14950,9 +15020,9 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
                 _mm256_storeu_ps(s->min[h] + r0, min[h]);
             }
             if (llm_pack_pairs_of(wide)) /* chunk j's 4 values of a row as pairs 2j and 2j + 1, in 16 bits */
-                for (int j = 0; j < 8; j++) {
-                    __m256i rows03 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(chunk[j]));
-                    __m256i rows47 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(chunk[j], 1));
+                for (int j = 0; j < 8; j++) { /* (sign-extended: q8_0's are signed, the others under 64) */
+                    __m256i rows03 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(chunk[j]));
+                    __m256i rows47 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(chunk[j], 1));
                     /* pair 2j of rows 0-3, then pair 2j + 1; rows 4-7 the same */
                     rows03 = _mm256_permutevar8x32_epi32(rows03, pairs_order);
                     rows47 = _mm256_permutevar8x32_epi32(rows47, pairs_order);

@@ -1934,19 +1934,19 @@ static void quant_integer_activations(llm_q8 *xq, int n_blocks, int wide, uint64
 }
 
 #ifdef LLM_CPU_SIMD
-/* The decode tiles (q4_0's, q4_1's, q5_0's, q4_K's, q6_K's rows 8 side by side, section 14): 16 rows, 4
- * tokens. With unit scales and integer activations every product is an integer, which the tiles must give
+/* The decode tiles (q4_0's, q4_1's, q5_0's, q8_0's, q4_K's, q6_K's rows 8 side by side, section 14): 16 rows,
+ * 4 tokens. With unit scales and integer activations every product is an integer, which the tiles must give
  * exactly as the plain-C dot does; with random scales and activations, within the fast path's bound of the
  * plain C; and 2 to 4 tokens at once give each token the same bits as one at a time */
 static void quant_tiles_check(int wide, uint64_t *rng) {
-    enum { N = 512, ROWS = 16, TOKENS = 4 };
-    const uint32_t types[] = {LLM_Q4_0, LLM_Q4_1, LLM_Q5_0, LLM_Q4_K, LLM_Q6_K};
-    for (int ti = 0; ti < 5; ti++) {
+    enum { N = 512, ROWS = 16, TOKENS = 4, ROW_MAX = N / 32 * 34 }; /* q8_0's row, the longest */
+    const uint32_t types[] = {LLM_Q4_0, LLM_Q4_1, LLM_Q5_0, LLM_Q8_0, LLM_Q4_K, LLM_Q6_K};
+    for (int ti = 0; ti < 6; ti++) {
         uint32_t type = types[ti];
         uint64_t bb, bv;
         llm_dtype_info(type, &bb, &bv);
         size_t row_bytes = llm_dtype_row_bytes(type, N);
-        uint8_t rows[ROWS * N], tiles[ROWS * N];
+        uint8_t rows[ROWS * ROW_MAX], tiles[ROWS * ROW_MAX];
         llm_q8 xq[TOKENS][N / 32];
         for (int real = 0; real < 2; real++) {
             for (size_t at = 0; at < ROWS * row_bytes; at += bb) {
@@ -1960,7 +1960,7 @@ static void quant_tiles_check(int wide, uint64_t *rng) {
                 if (real) llm_q8_quantize(x, xq[c], N, wide);
                 else quant_integer_activations(xq[c], N / 32, wide, rng);
             }
-            uint8_t back[ROWS * N];
+            uint8_t back[ROWS * ROW_MAX];
             llm_tiles_copy(type, rows, tiles, ROWS, N, 1);
             llm_tiles_copy(type, back, tiles, ROWS, N, 0);
             CHECK(!memcmp(back, rows, ROWS * row_bytes), "%s decode tiles: the rows back from them differ",
@@ -2448,7 +2448,10 @@ static void decode_tiles_check(const char *path, const char *name, int every_mat
     llm_model m;
     char err[LLM_ERR_LEN];
     if (llm_model_load(&m, path, err) != 0) { CHECK(0, "load: %s", err); return; }
-    llm_backend *tiled = cpu_backend(&m, 8, 16), *plain = cpu_backend(&m, 8, 16);
+    /* 8 blocks of 16 positions for each group of layers (Gemma 3 270M: 6 groups, each its own blocks) */
+    int n_groups = llm_kv_groups(&m.cfg);
+    if (n_groups > 8) { CHECK(0, "%s: %d groups of layers", name, n_groups); llm_model_free(&m); return; }
+    llm_backend *tiled = cpu_backend(&m, 8 * n_groups, 16), *plain = cpu_backend(&m, 8 * n_groups, 16);
     if (!tiled || !plain) { llm_model_free(&m); return; }
 #ifdef LLM_CPU_SIMD
     int n_tiled = 0, n_tileable = 0;
@@ -2472,8 +2475,10 @@ static void decode_tiles_check(const char *path, const char *name, int every_mat
                        "father had, and lit the lamp before the fishing boats came home.";
     int32_t toks[128];
     int T = llm_tokenize_prompt(m.tok, text, (int)strlen(text), toks, 128), V = m.cfg.vocab_size, P = T - 9;
-    int32_t pos[128], rows[128], block[8] = {0, 1, 2, 3, 4, 5, 6, 7};
-    const int32_t *tables[3] = {block, block, block};
+    int32_t pos[128], rows[128], block[8 * 8];
+    const int32_t *tables[8];
+    for (int i = 0; i < 8 * n_groups; i++) block[i] = i;
+    for (int g = 0; g < n_groups; g++) tables[g] = block + 8 * g;
     for (int i = 0; i < T; i++) { pos[i] = i; rows[i] = i; }
     /* every prompt token's logits, so that the output layer too takes the P tokens packed */
     float *a = (float *)malloc((size_t)P * V * sizeof(float));
@@ -2532,6 +2537,11 @@ static void test_decode_tiles_q4_k_m(void) {
 /* q5_0's tiles: a Q5_0 file's every layer matrix (Gemma 3 270M's Q4_K_M gives most of its matrices q5_0) */
 static void test_decode_tiles_q5_0(void) {
     decode_tiles_check(model_path("random-quant-q5_0.gguf"), "random Q5_0", 1);
+}
+/* every tiled type in one real file: Gemma 3 270M Q4_K_M (q5_0, q8_0, q4_K, q6_K; its output layer, the
+ * embedding of 262,144 rows, q8_0) */
+static void test_decode_tiles_gemma3(void) {
+    decode_tiles_check(GEMMA3_MODEL, "Gemma 3 270M", 1);
 }
 
 /* Fidelity of the default CPU path: a real text teacher-forced through SmolLM2 on the default backend (16-bit
@@ -13890,6 +13900,7 @@ int main(int argc, char **argv) {
         {"quant SmolLM2", test_quant_smollm2}, {"decode tiles SmolLM2", test_decode_tiles_smollm2},
         {"decode tiles Q4_K_M", test_decode_tiles_q4_k_m},
         {"decode tiles Q5_0", test_decode_tiles_q5_0},
+        {"decode tiles Gemma 3", test_decode_tiles_gemma3},
         {"fidelity of the default path", test_fidelity_smollm2},
         {"kv quant blocks", test_kv_quant_blocks}, {"kv quant capacity", test_kv_quant_capacity},
         {"kv quant fidelity", test_kv_quant_fidelity}, {"kv quant speculative", test_kv_quant_speculative},
