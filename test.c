@@ -1941,7 +1941,7 @@ static void quant_integer_activations(llm_q8 *xq, int n_blocks, int wide, uint64
 static void quant_tiles_check(int wide, uint64_t *rng) {
     enum { N = 512, ROWS = 16, TOKENS = 4, ROW_MAX = N / 32 * 34 }; /* q8_0's row, the longest */
     const uint32_t types[] = {LLM_Q4_0, LLM_Q4_1, LLM_Q5_0, LLM_Q8_0, LLM_Q4_K, LLM_Q6_K};
-    for (int ti = 0; ti < 6; ti++) {
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];
         uint64_t bb, bv;
         llm_dtype_info(type, &bb, &bv);
@@ -2466,6 +2466,12 @@ static void decode_tiles_check(const char *path, const char *name, int every_mat
     }
     CHECK((every_matrix ? n_tileable == 7 * m.cfg.n_layers : n_tileable > 0) && n_tiled == n_tileable,
           "%s: %d of its %d matrices of tiled types have decode tiles", name, n_tiled, n_tileable);
+    /* and the output layer (Gemma 3's 262,144 q8_0 rows, SmolLM2's tied q8_0 embeddings) when its type has
+     * tiles: the logits below are its products */
+    const llm_weight *out = &c->view.output;
+    int out_tileable = out->data && llm_tiles_type(out->type) && out->rows % LLM_TILE_ROWS == 0;
+    CHECK(out_tileable == (out->tiles != NULL), "%s: output layer (%s, %lld rows) %s decode tiles", name,
+          llm_dtype_name(out->type), (long long)out->rows, out->tiles ? "has" : "has no");
     memcpy(p->view_layers, m.layers, (size_t)m.cfg.n_layers * sizeof(llm_layer)); /* the rows only */
     p->view.output = m.output;
 #else
