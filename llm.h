@@ -255,7 +255,7 @@ typedef struct {
 } llm_config;
 
 /* rows of cols values; tiles: the same in a CPU backend's layout for decode steps (section 14's decode tiles:
- * q4_0's, q4_1's, q5_0's, q8_0's, q4_K's and q6_K's rows 8 side by side), or NULL */
+ * q4_0's, q4_1's, q5_0's, q8_0's, q4_K's, q5_K's and q6_K's rows 8 side by side), or NULL */
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; const void *tiles; } llm_weight;
 
 typedef struct {
@@ -657,8 +657,8 @@ void llm_rope_freqs(const llm_config *c, float base, float freq_scale, float *fr
  * experts, best first, and their weights ([T][n_experts_used] each) */
 void llm_moe_route(const llm_config *cf, const float *router_bias, float *scores, int T, int *chosen,
                    float *weight);
-/* The CPU: quantized weights as stored (q4_0's, q4_1's, q5_0's, q8_0's, q4_K's and q6_K's matrices copied, 8
- * rows side by side, when it starts), times activations rounded to 16 bits (see llm_cpu_path) */
+/* The CPU: quantized weights as stored (q4_0's, q4_1's, q5_0's, q8_0's, q4_K's, q5_K's and q6_K's matrices
+ * copied, 8 rows side by side, when it starts), times activations rounded to 16 bits (see llm_cpu_path) */
 llm_backend *llm_cpu_backend_create(const llm_model *m, char *err);
 /* The plain-C reference: each weight row converted to f32 exactly (llm_dtype_dequant_row) and multiplied in
  * f32, activations as they are. Slower; what the fast path and the CUDA kernels are checked against. */
@@ -6010,11 +6010,11 @@ static int llm_matmul_kind(uint32_t type, int path) {
  * 1.93, 2.71 and 2.21; Q4_K_M 2.09 and 1.99, 3.10 and 2.29; built for AVX2, T = 5 costs 4.16 and 3.02 on
  * Q4_1, 2.65 and 2.58 on Q8_0) */
 #define LLM_PACK_MIN_TOKENS 5
-/* A matrix in decode tiles (q4_0, q4_1, q5_0, q8_0, q4_K, q6_K: section 14) is read through them up to 16
- * tokens, its rows 8 side by side meeting 4 tokens a call, each 16 rows' tile from cache after the first 4:
- * SmolLM2 Q4_1, one thread of a Sapphire Rapids, a step of 4 sequences 1.46 times as fast as the rows a row
- * at a time, 16 sequences 1.02-1.06 times as packing (measured when packing unpacked rows from the tiles
- * first) */
+/* A matrix in decode tiles (q4_0, q4_1, q5_0, q8_0, q4_K, q5_K, q6_K: section 14) is read through them up to
+ * 16 tokens, its rows 8 side by side meeting 4 tokens a call, each 16 rows' tile from cache after the first
+ * 4: SmolLM2 Q4_1, one thread of a Sapphire Rapids, a step of 4 sequences 1.46 times as fast as the rows a
+ * row at a time, 16 sequences 1.02-1.06 times as packing (measured when packing unpacked rows from the
+ * tiles first) */
 #define LLM_TILES_MAX_TOKENS 16
 #ifdef LLM_CPU_SIMD
 /* Section 14's: a tile of rows packed and multiplied by every token (from LLM_PACK_MIN_TOKENS on), the
@@ -6025,9 +6025,9 @@ static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t t
 static inline __attribute__((always_inline)) size_t llm_pack_group_bytes(int wide);
 static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
                          int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride);
-/* and the decode tiles: q4_0's, q4_1's, q5_0's, q8_0's, q4_K's and q6_K's matrices with their rows 8 side by
- * side, which the CPU backend copies them into when it starts (llm_weight's tiles), and what a step of up to
- * LLM_TILES_MAX_TOKENS tokens reads */
+/* and the decode tiles: q4_0's, q4_1's, q5_0's, q8_0's, q4_K's, q5_K's and q6_K's matrices with their rows 8
+ * side by side, which the CPU backend copies them into when it starts (llm_weight's tiles), and what a step
+ * of up to LLM_TILES_MAX_TOKENS tokens reads */
 #define LLM_TILE_ROWS 8
 static int llm_tiles_type(uint32_t type);
 static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t n_rows, int64_t cols,
@@ -7205,10 +7205,10 @@ static void *llm_alloc_huge(size_t bytes) {
 
 /* The model as the CPU backend's forward pass reads it (c->model): model's struct, copied with its layers
  * when the backend starts (the model is not changed: another backend may read it), where every layer's q4_0,
- * q4_1, q5_0, q8_0, q4_K and q6_K matrix (of rows in eights) and the output layer are given their rows again
- * in decode tiles (section 14), in memory, which steps of up to LLM_TILES_MAX_TOKENS tokens read; a longer
- * one packs its rows from them (llm_pack_tiles). The experts' matrices of a mixture stay rows (a step reads
- * slices of them). */
+ * q4_1, q5_0, q8_0, q4_K, q5_K and q6_K matrix (of rows in eights) and the output layer are given their rows
+ * again in decode tiles (section 14), in memory, which steps of up to LLM_TILES_MAX_TOKENS tokens read; a
+ * longer one packs its rows from them (llm_pack_tiles). The experts' matrices of a mixture stay rows (a step
+ * reads slices of them). */
 static int llm_cpu_make_tiles(llm_cpu *c, const llm_model *m, char *err) {
     c->view = *m;
     c->model = &c->view;
@@ -14231,39 +14231,41 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
         for (int c = 0; c < nc; c++) out[c * out_stride + r] = sums[r * nc + c];
 }
 
-/* ---- Decode tiles: q4_0's, q4_1's, q5_0's, q8_0's, q4_K's and q6_K's rows 8 side by side --------------- */
+/* ---- Decode tiles: q4_0's, q4_1's, q5_0's, q8_0's, q4_K's, q5_K's and q6_K's rows 8 side by side ------- */
 /* A decode step meets each weight row with one token (or a few), and a row at a time a q4_0 or q4_1 block
  * costs about 10 instructions for its 18 or 20 bytes: the nibbles widened and split, two multiply-adds, the
  * scale converted and applied, and at the row's end sums across lanes. That bounds the products at 11-12
  * GB/s on one core of a Sapphire Rapids, where a plain loop reads the same bytes at 17-24. Stored 8 rows
  * side by side instead, a row sits in each 32-bit lane: one vpdpbusd adds 4 products for each of 8 rows,
  * a block's 8 scales convert in one instruction, and nothing is summed across lanes (about 4 instructions
- * a row and block). The CPU backend copies each q4_0, q4_1, q5_0, q8_0, q4_K and q6_K matrix into this
+ * a row and block). The CPU backend copies each q4_0, q4_1, q5_0, q8_0, q4_K, q5_K and q6_K matrix into this
  * layout when it starts (llm_cpu_make_tiles), as llama.cpp's CPU backend repacks Q4_0; one tile of 8 rows
  * and one block takes the 8 rows' block bytes, in this order:
  *     the block's f16 scales, each of rows 0..7 side by side: d (q4_0, q5_0, q8_0, q6_K); d, then m (q4_1);
- *     d, then dmin (q4_K)
+ *     d, then dmin (q4_K, q5_K)
  *     the rest of the block in runs of 32 bytes: run u holds the rest's bytes 4u..4u+3 of each row, row i's
  *     at 4i. q4_0, q4_1: 4 runs, run c holding nibble bytes 4c..4c+3 (low nibbles: the row's values
  *     4c..4c+3; high: 16 + 4c..16 + 4c + 3). q5_0: a run of its 32-bit words of fifth bits, then 4 runs of
  *     nibbles as q4_0's. q8_0: 8 runs, run c holding values 4c..4c+3. q4_K: 3 runs of the 12 bytes of 6-bit
  *     scales and mins, then 32 of nibbles, run 3 + 8k + c holding values 64k + 4c.. (low) and 64k + 32 +
- *     4c.. (high). q6_K (its d is its block's last 2 bytes): 32 runs of low nibbles, 16 of 2-bit high parts,
- *     4 of 8-bit scales
+ *     4c.. (high). q5_K: d, then dmin; 3 runs of scales and mins as q4_K's, 8 runs of fifth bits (run 3 + c
+ *     holding the bytes qh[4c..4c+3], bit 2k of qh[l] value 64k + l's, bit 2k + 1 value 64k + 32 + l's), then
+ *     32 of nibbles as q4_K's. q6_K (its d is its block's last 2 bytes): 32 runs of low nibbles, 16 of 2-bit
+ *     high parts, 4 of 8-bit scales
  * so that a matrix's tiles take its rows' bytes, and rows r..r+7 start at byte r * row_bytes, as rows do.
  * One thread of a Sapphire Rapids, SmolLM2 Q4_1's matrices from memory, one token: 61-75% -> 88-91% of a
  * plain read loop's speed (results/2026-12-05-decode-tiles-spr-cpu.log). */
-/* the types stored in tiles: q4_0, q4_1, q5_0, q8_0, q4_K and q6_K (a block's bytes: 18, 20, 22, 34, 144,
- * 210) */
+/* the types stored in tiles: q4_0, q4_1, q5_0, q8_0, q4_K, q5_K and q6_K (a block's bytes: 18, 20, 22, 34,
+ * 144, 176, 210) */
 static int llm_tiles_type(uint32_t type) {
     return type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q5_0 || type == LLM_Q8_0 || type == LLM_Q4_K ||
-           type == LLM_Q6_K;
+           type == LLM_Q5_K || type == LLM_Q6_K;
 }
 /* the f16 scales of a block of the type, which a tile holds 8 rows side by side: q4_0's, q5_0's and q8_0's d;
- * q4_1's d and m; q4_K's d and dmin, the block's first bytes; q6_K's d, its last two (its rest: the bytes
- * before) */
+ * q4_1's d and m; q4_K's and q5_K's d and dmin, the block's first bytes; q6_K's d, its last two (its rest:
+ * the bytes before) */
 static int llm_tiles_halves(uint32_t type) {
-    return type == LLM_Q4_1 || type == LLM_Q4_K ? 2 : 1;
+    return type == LLM_Q4_1 || type == LLM_Q4_K || type == LLM_Q5_K ? 2 : 1;
 }
 
 /* 4 x 4 dwords transposed in each 128-bit half (dword j of v[k] <-> dword k of v[j]): 4 of a tile's runs
@@ -14453,13 +14455,21 @@ static inline __attribute__((always_inline)) void llm_tiles_scale_min(const __m2
                            _mm256_slli_epi32(top_min, 4));
 }
 
-/* q4_K's tile (8 rows, n_blocks blocks of 256 values) times nc tokens, as above: sub-block j's integer
- * w . (256 q + r) times d scale_j and the token's d of those 32 values, less dmin min_j times their sum s */
-static inline __attribute__((always_inline)) void llm_tiles_dotk_avx2(int wide, const uint8_t *p,
+/* q5_K's fifth bits of sub-block j (bit j of each byte of a run of them) as 16 or 0 in each byte: moved to
+ * bit 4 by a 16-bit shift (at most 4 places, so no byte takes a bit of its neighbour's) */
+static inline __attribute__((always_inline)) __m256i llm_tiles_fifth_k(__m256i qh, int j) {
+    __m256i at4 = j <= 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
+    return _mm256_and_si256(at4, _mm256_set1_epi8(16));
+}
+
+/* q4_K's (q5_K's) tile (8 rows, n_blocks blocks of 256 values) times nc tokens, as above: sub-block j's
+ * integer w . (256 q + r) times d scale_j and the token's d of those 32 values, less dmin min_j times their
+ * sum s. q5_K: each value's fifth bit (16) or'ed into its nibble from the run of fifth bits */
+static inline __attribute__((always_inline)) void llm_tiles_dotk_avx2(int fifth, int wide, const uint8_t *p,
                                                                       int64_t n_blocks, const llm_q8 *x,
                                                                       int64_t x_stride, int nc, float *out,
                                                                       int64_t out_stride) {
-    const int tile_bytes = LLM_TILE_ROWS * 144;
+    const int tile_bytes = LLM_TILE_ROWS * (fifth ? 176 : 144), nibbles_at = fifth ? 384 : 128;
     const __m256i low4 = _mm256_set1_epi8(15);
     __m256 acc[4], mins[4];
     for (int c = 0; c < nc; c++) acc[c] = mins[c] = _mm256_setzero_ps();
@@ -14475,12 +14485,17 @@ static inline __attribute__((always_inline)) void llm_tiles_dotk_avx2(int wide, 
              * stalled the loop (a pure q4_K file, one thread: 62-65% -> 72-74% of the read loop's speed) */
             for (int at = tile_bytes / 4 * k; at < tile_bytes / 4 * (k + 1); at += 64)
                 llm_prefetch(p + at, ahead);
-            const uint8_t *nibbles = p + 128 + 256 * k;
+            const uint8_t *nibbles = p + nibbles_at + 256 * k;
             __m256i dq[2][4], dr[2][4]; /* [sub-block 2k + h][token]: the products with q, with r */
             for (int c = 0; c < nc; c++) dq[0][c] = dq[1][c] = dr[0][c] = dr[1][c] = _mm256_setzero_si256();
             for (int run = 0; run < 8; run++) {
                 __m256i w = _mm256_loadu_si256((const __m256i *)(nibbles + 32 * run));
                 __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+                if (fifth) { /* qh[4 run..]: bit 2k for the low nibbles' values, 2k + 1 for the high */
+                    __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * run));
+                    lo = _mm256_or_si256(lo, llm_tiles_fifth_k(qh, 2 * k));
+                    hi = _mm256_or_si256(hi, llm_tiles_fifth_k(qh, 2 * k + 1));
+                }
                 for (int c = 0; c < nc; c++) {
                     const llm_q8 *xb = x + c * x_stride + 8 * b + 2 * k; /* sub-block 2k's 32 values */
                     int32_t q_lo, q_hi, r_lo, r_hi;
@@ -14599,7 +14614,9 @@ static inline __attribute__((always_inline)) void llm_tiles_dot6_avx2(int wide, 
 static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t cols, const llm_q8 *x,
                           int64_t x_stride, int nc, float *out, int64_t out_stride) {
 #define LLM_TILES_CALL(k, s, T, W)                                                                         \
-    (T == LLM_Q4_K   ? llm_tiles_dotk_avx2(W, tile, cols / 256, x + (s) * x_stride, x_stride, k,           \
+    (T == LLM_Q4_K   ? llm_tiles_dotk_avx2(0, W, tile, cols / 256, x + (s) * x_stride, x_stride, k,        \
+                                           out + (s) * out_stride, out_stride)                             \
+     : T == LLM_Q5_K ? llm_tiles_dotk_avx2(1, W, tile, cols / 256, x + (s) * x_stride, x_stride, k,        \
                                            out + (s) * out_stride, out_stride)                             \
      : T == LLM_Q6_K ? llm_tiles_dot6_avx2(W, tile, cols / 256, x + (s) * x_stride, x_stride, k,           \
                                            out + (s) * out_stride, out_stride)                             \
@@ -14626,6 +14643,8 @@ static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t 
     else if (type == LLM_Q8_0) { LLM_TILES_TOKENS(LLM_Q8_0, 0); }
     else if (type == LLM_Q4_K && wide) { LLM_TILES_TOKENS(LLM_Q4_K, 1); }
     else if (type == LLM_Q4_K) { LLM_TILES_TOKENS(LLM_Q4_K, 0); }
+    else if (type == LLM_Q5_K && wide) { LLM_TILES_TOKENS(LLM_Q5_K, 1); }
+    else if (type == LLM_Q5_K) { LLM_TILES_TOKENS(LLM_Q5_K, 0); }
     else if (wide) { LLM_TILES_TOKENS(LLM_Q6_K, 1); }
     else { LLM_TILES_TOKENS(LLM_Q6_K, 0); }
 #undef LLM_TILES_TOKENS
@@ -14955,7 +14974,8 @@ static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_gr
  * tile's runs are the packed group's chunks already, 4 values of each of 8 rows side by side (q4_0, q4_1:
  * run c holds chunk c in its low nibbles, chunk 4 + c in its high ones; q5_0: run 1 + c, with the fifth
  * bits of run 0; q8_0: run c holds chunk c; q4_K: runs 3 + 8k.. hold sub-block 2k's chunks in their low
- * nibbles, 2k + 1's in their high ones; q6_K: llm_tiles_q6), and its 8 rows' scales lie together */
+ * nibbles, 2k + 1's in their high ones; q5_K: runs 11 + 8k.. the same, with the fifth bits of runs 3 + c;
+ * q6_K: llm_tiles_q6), and its 8 rows' scales lie together */
 static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t row_bytes, int n_rows,
                            int64_t n, void *pack) {
     uint64_t block_bytes, block_values;
@@ -14967,7 +14987,7 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
         llm_pack_pairs *pairs = (llm_pack_pairs *)at;
         llm_pack_group *group = (llm_pack_group *)at;
         llm_pack_scales *s = llm_pack_pairs_of(wide) ? &pairs->s : &group->s;
-        int sub = (int)(g % groups_per_block); /* the group's 32 values in their block (q4_K, q6_K) */
+        int sub = (int)(g % groups_per_block); /* the group's 32 values in their block (q4_K, q5_K, q6_K) */
         for (int r0 = 0; r0 < LLM_PACK_ROWS; r0 += 8) { /* a tile: rows r0 .. r0 + 7 */
             const uint8_t *tile = tiles + (size_t)r0 * row_bytes +
                                   (size_t)(g / groups_per_block) * LLM_TILE_ROWS * block_bytes;
@@ -14987,11 +15007,16 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
                     if (LLM_AVX2_VNNI) chunk[c] = _mm256_xor_si256(chunk[c], _mm256_set1_epi8((char)0x80));
                     continue;
                 }
-                int run = type == LLM_Q4_K ? 3 + 8 * (sub / 2) + c : type == LLM_Q5_0 ? 1 + (c & 3) : c & 3;
-                int shift = type == LLM_Q4_K ? 4 * (sub & 1) : c < 4 ? 0 : 4;
+                int k_quant = type == LLM_Q4_K || type == LLM_Q5_K;
+                int run = type == LLM_Q4_K ? 3 + 8 * (sub / 2) + c : type == LLM_Q5_K ? 11 + 8 * (sub / 2) + c
+                        : type == LLM_Q5_0 ? 1 + (c & 3) : c & 3;
+                int shift = k_quant ? 4 * (sub & 1) : c < 4 ? 0 : 4;
                 __m256i w = _mm256_loadu_si256((const __m256i *)(runs + 32 * run));
                 chunk[c] = _mm256_and_si256(_mm256_srli_epi16(w, shift), low4);
                 if (type == LLM_Q5_0) chunk[c] = _mm256_or_si256(chunk[c], llm_tiles_fifth(qh, c));
+                if (type == LLM_Q5_K) /* bit sub of the run of fifth bits 3 + c */
+                    chunk[c] = _mm256_or_si256(chunk[c], llm_tiles_fifth_k(_mm256_loadu_si256(
+                                                             (const __m256i *)(runs + 32 * (3 + c))), sub));
             }
             /* the scales and mins as llm_pack_rows stores them: one pair for the 32 values, or (q6_K) one for
              * each sub-block of 16 */
@@ -14999,10 +15024,10 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
             scale[0] = scale[1] = min[0] = min[1] = _mm256_setzero_ps();
             if (r0 < n_rows) {
                 __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
-                __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16))); /* q4_1, q4_K */
+                __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16))); /* q4_1, q4/5_K */
                 scale[0] = d;
                 if (type == LLM_Q4_1) min[0] = _mm256_sub_ps(_mm256_setzero_ps(), m); /* values d q + m */
-                if (type == LLM_Q4_K) { /* values d scale_j q - dmin min_j */
+                if (type == LLM_Q4_K || type == LLM_Q5_K) { /* values d scale_j q - dmin min_j */
                     __m256i scale_runs[3], scale_j, min_j;
                     for (int u = 0; u < 3; u++)
                         scale_runs[u] = _mm256_loadu_si256((const __m256i *)(runs + 32 * u));
