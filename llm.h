@@ -255,7 +255,7 @@ typedef struct {
 } llm_config;
 
 /* rows of cols values; tiles: the same in a CPU backend's layout for decode steps (section 14's decode tiles:
- * q4_0's, q4_1's, q5_0's, q8_0's, q4_K's, q5_K's and q6_K's rows 8 side by side), or NULL */
+ * q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q4_K's, q5_K's and q6_K's rows 8 side by side), or NULL */
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; const void *tiles; } llm_weight;
 
 typedef struct {
@@ -657,8 +657,9 @@ void llm_rope_freqs(const llm_config *c, float base, float freq_scale, float *fr
  * experts, best first, and their weights ([T][n_experts_used] each) */
 void llm_moe_route(const llm_config *cf, const float *router_bias, float *scores, int T, int *chosen,
                    float *weight);
-/* The CPU: quantized weights as stored (q4_0's, q4_1's, q5_0's, q8_0's, q4_K's, q5_K's and q6_K's matrices
- * copied, 8 rows side by side, when it starts), times activations rounded to 16 bits (see llm_cpu_path) */
+/* The CPU: quantized weights as stored (q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q4_K's, q5_K's and q6_K's
+ * matrices copied, 8 rows side by side, when it starts), times activations rounded to 16 bits (see
+ * llm_cpu_path) */
 llm_backend *llm_cpu_backend_create(const llm_model *m, char *err);
 /* The plain-C reference: each weight row converted to f32 exactly (llm_dtype_dequant_row) and multiplied in
  * f32, activations as they are. Slower; what the fast path and the CUDA kernels are checked against. */
@@ -6010,10 +6011,10 @@ static int llm_matmul_kind(uint32_t type, int path) {
  * 1.93, 2.71 and 2.21; Q4_K_M 2.09 and 1.99, 3.10 and 2.29; built for AVX2, T = 5 costs 4.16 and 3.02 on
  * Q4_1, 2.65 and 2.58 on Q8_0) */
 #define LLM_PACK_MIN_TOKENS 5
-/* A matrix in decode tiles (q4_0, q4_1, q5_0, q8_0, q4_K, q5_K, q6_K: section 14) is read through them up to
- * 16 tokens, its rows 8 side by side meeting 4 tokens a call, each 16 rows' tile from cache after the first
- * 4: SmolLM2 Q4_1, one thread of a Sapphire Rapids, a step of 4 sequences 1.46 times as fast as the rows a
- * row at a time, 16 sequences 1.02-1.06 times as packing (measured when packing unpacked rows from the
+/* A matrix in decode tiles (q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K: section 14) is read through them
+ * up to 16 tokens, its rows 8 side by side meeting 4 tokens a call, each 16 rows' tile from cache after the
+ * first 4: SmolLM2 Q4_1, one thread of a Sapphire Rapids, a step of 4 sequences 1.46 times as fast as the
+ * rows a row at a time, 16 sequences 1.02-1.06 times as packing (measured when packing unpacked rows from the
  * tiles first) */
 #define LLM_TILES_MAX_TOKENS 16
 #ifdef LLM_CPU_SIMD
@@ -6025,9 +6026,9 @@ static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t t
 static inline __attribute__((always_inline)) size_t llm_pack_group_bytes(int wide);
 static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
                          int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride);
-/* and the decode tiles: q4_0's, q4_1's, q5_0's, q8_0's, q4_K's, q5_K's and q6_K's matrices with their rows 8
- * side by side, which the CPU backend copies them into when it starts (llm_weight's tiles), and what a step
- * of up to LLM_TILES_MAX_TOKENS tokens reads */
+/* and the decode tiles: q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q4_K's, q5_K's and q6_K's matrices with their
+ * rows 8 side by side, which the CPU backend copies them into when it starts (llm_weight's tiles), and what a
+ * step of up to LLM_TILES_MAX_TOKENS tokens reads */
 #define LLM_TILE_ROWS 8
 static int llm_tiles_type(uint32_t type);
 static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t n_rows, int64_t cols,
@@ -7205,10 +7206,10 @@ static void *llm_alloc_huge(size_t bytes) {
 
 /* The model as the CPU backend's forward pass reads it (c->model): model's struct, copied with its layers
  * when the backend starts (the model is not changed: another backend may read it), where every layer's q4_0,
- * q4_1, q5_0, q8_0, q4_K, q5_K and q6_K matrix (of rows in eights) and the output layer are given their rows
- * again in decode tiles (section 14), in memory, which steps of up to LLM_TILES_MAX_TOKENS tokens read; a
- * longer one packs its rows from them (llm_pack_tiles). The experts' matrices of a mixture stay rows (a step
- * reads slices of them). */
+ * q4_1, q5_0, q5_1, q8_0, q4_K, q5_K and q6_K matrix (of rows in eights) and the output layer are given their
+ * rows again in decode tiles (section 14), in memory, which steps of up to LLM_TILES_MAX_TOKENS tokens read;
+ * a longer one packs its rows from them (llm_pack_tiles). The experts' matrices of a mixture stay rows (a
+ * step reads slices of them). */
 static int llm_cpu_make_tiles(llm_cpu *c, const llm_model *m, char *err) {
     c->view = *m;
     c->model = &c->view;
@@ -13687,7 +13688,7 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *   quantized weights    llm_q8_quantize_avx2 (activations to blocks of 8- or 16-bit integers);
  *                        llm_q8_dot32_avx2 and llm_q8_dotk_avx2 (a weight row times 1 to 4 tokens, or 4
  *                        rows times one with AVX-512, 2 with AVX2; 32-value blocks and k-quants);
- *                        llm_tiles_copy and llm_tiles_dot (q4_0's, q4_1's, q5_0's, q8_0's, q4_K's and
+ *                        llm_tiles_copy and llm_tiles_dot (q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q4_K's and
  *                        q6_K's matrices with 8 rows side by side, the decode tiles the CPU backend keeps
  *                        them in: steps of up to 16 tokens);
  *                        llm_pack_rows, llm_pack_tiles (from decode tiles), llm_pack_dot and
@@ -14231,41 +14232,41 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
         for (int c = 0; c < nc; c++) out[c * out_stride + r] = sums[r * nc + c];
 }
 
-/* ---- Decode tiles: q4_0's, q4_1's, q5_0's, q8_0's, q4_K's, q5_K's and q6_K's rows 8 side by side ------- */
+/* ---- Decode tiles: q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q4_K's, q5_K's, q6_K's rows 8 side by side -- */
 /* A decode step meets each weight row with one token (or a few), and a row at a time a q4_0 or q4_1 block
  * costs about 10 instructions for its 18 or 20 bytes: the nibbles widened and split, two multiply-adds, the
  * scale converted and applied, and at the row's end sums across lanes. That bounds the products at 11-12
  * GB/s on one core of a Sapphire Rapids, where a plain loop reads the same bytes at 17-24. Stored 8 rows
  * side by side instead, a row sits in each 32-bit lane: one vpdpbusd adds 4 products for each of 8 rows,
  * a block's 8 scales convert in one instruction, and nothing is summed across lanes (about 4 instructions
- * a row and block). The CPU backend copies each q4_0, q4_1, q5_0, q8_0, q4_K, q5_K and q6_K matrix into this
- * layout when it starts (llm_cpu_make_tiles), as llama.cpp's CPU backend repacks Q4_0; one tile of 8 rows
- * and one block takes the 8 rows' block bytes, in this order:
- *     the block's f16 scales, each of rows 0..7 side by side: d (q4_0, q5_0, q8_0, q6_K); d, then m (q4_1);
- *     d, then dmin (q4_K, q5_K)
+ * a row and block). The CPU backend copies each q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K and q6_K matrix
+ * into this layout when it starts (llm_cpu_make_tiles), as llama.cpp's CPU backend repacks Q4_0; one tile of
+ * 8 rows and one block takes the 8 rows' block bytes, in this order:
+ *     the block's f16 scales, each of rows 0..7 side by side: d (q4_0, q5_0, q8_0, q6_K); d, then m (q4_1,
+ *     q5_1); d, then dmin (q4_K, q5_K)
  *     the rest of the block in runs of 32 bytes: run u holds the rest's bytes 4u..4u+3 of each row, row i's
  *     at 4i. q4_0, q4_1: 4 runs, run c holding nibble bytes 4c..4c+3 (low nibbles: the row's values
- *     4c..4c+3; high: 16 + 4c..16 + 4c + 3). q5_0: a run of its 32-bit words of fifth bits, then 4 runs of
- *     nibbles as q4_0's. q8_0: 8 runs, run c holding values 4c..4c+3. q4_K: 3 runs of the 12 bytes of 6-bit
- *     scales and mins, then 32 of nibbles, run 3 + 8k + c holding values 64k + 4c.. (low) and 64k + 32 +
- *     4c.. (high). q5_K: d, then dmin; 3 runs of scales and mins as q4_K's, 8 runs of fifth bits (run 3 + c
- *     holding the bytes qh[4c..4c+3], bit 2k of qh[l] value 64k + l's, bit 2k + 1 value 64k + 32 + l's), then
- *     32 of nibbles as q4_K's. q6_K (its d is its block's last 2 bytes): 32 runs of low nibbles, 16 of 2-bit
- *     high parts, 4 of 8-bit scales
+ *     4c..4c+3; high: 16 + 4c..16 + 4c + 3). q5_0, q5_1: a run of the 32-bit words of fifth bits, then 4
+ *     runs of nibbles as q4_0's. q8_0: 8 runs, run c holding values 4c..4c+3. q4_K: 3 runs of the 12 bytes
+ *     of 6-bit scales and mins, then 32 of nibbles, run 3 + 8k + c holding values 64k + 4c.. (low) and 64k +
+ *     32 + 4c.. (high). q5_K: 3 runs of scales and mins as q4_K's, 8 runs of fifth bits (run 3 + c holding
+ *     the bytes qh[4c..4c+3], bit 2k of qh[l] value 64k + l's, bit 2k + 1 value 64k + 32 + l's), then 32 of
+ *     nibbles as q4_K's. q6_K (its d is its block's last 2 bytes): 32 runs of low nibbles, 16 of 2-bit high
+ *     parts, 4 of 8-bit scales
  * so that a matrix's tiles take its rows' bytes, and rows r..r+7 start at byte r * row_bytes, as rows do.
  * One thread of a Sapphire Rapids, SmolLM2 Q4_1's matrices from memory, one token: 61-75% -> 88-91% of a
  * plain read loop's speed (results/2026-12-05-decode-tiles-spr-cpu.log). */
-/* the types stored in tiles: q4_0, q4_1, q5_0, q8_0, q4_K, q5_K and q6_K (a block's bytes: 18, 20, 22, 34,
- * 144, 176, 210) */
+/* the types stored in tiles: q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K and q6_K (a block's bytes: 18, 20, 22,
+ * 24, 34, 144, 176, 210) */
 static int llm_tiles_type(uint32_t type) {
-    return type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q5_0 || type == LLM_Q8_0 || type == LLM_Q4_K ||
-           type == LLM_Q5_K || type == LLM_Q6_K;
+    return type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q5_0 || type == LLM_Q5_1 || type == LLM_Q8_0 ||
+           type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q6_K;
 }
 /* the f16 scales of a block of the type, which a tile holds 8 rows side by side: q4_0's, q5_0's and q8_0's d;
- * q4_1's d and m; q4_K's and q5_K's d and dmin, the block's first bytes; q6_K's d, its last two (its rest:
- * the bytes before) */
+ * q4_1's and q5_1's d and m; q4_K's and q5_K's d and dmin, the block's first bytes; q6_K's d, its last two
+ * (its rest: the bytes before) */
 static int llm_tiles_halves(uint32_t type) {
-    return type == LLM_Q4_1 || type == LLM_Q4_K || type == LLM_Q5_K ? 2 : 1;
+    return type == LLM_Q4_1 || type == LLM_Q5_1 || type == LLM_Q4_K || type == LLM_Q5_K ? 2 : 1;
 }
 
 /* 4 x 4 dwords transposed in each 128-bit half (dword j of v[k] <-> dword k of v[j]): 4 of a tile's runs
@@ -14333,16 +14334,17 @@ static inline __attribute__((always_inline)) __m256i llm_tiles_fifth(__m256i qh,
 
 /* A tile (8 rows, n_blocks blocks) times nc tokens (x_stride blocks apart): out[c * out_stride + i], row i's.
  * A block's integer for row i is w . (256 q + r) (16-bit activations; 8-bit: w . q), as vpdpbusd adds
- * unsigned stored values (nibbles; q5_0's with their fifth bits) times signed bytes: 256 times the products
- * with q plus those with r, less the offset (q4_0's 8, q5_0's 16) times the activations' sum, at most 32 x
- * 16 x 32,639 in size (under 2^24: exact in a float); then times d and the token's d, and q4_1's m times the
- * token's s, each row in its lane. */
+ * unsigned stored values (nibbles; q5_0's and q5_1's with their fifth bits) times signed bytes: 256 times
+ * the products with q plus those with r, less the offset (q4_0's 8, q5_0's 16) times the activations' sum
+ * (at most 32 x 31 x 32,639 in size, converted to float once, as the plain C converts it); then times d and
+ * the token's d, and q4_1's and q5_1's m times the token's s, each row in its lane. */
 static inline __attribute__((always_inline)) void llm_tiles_dot_avx2(uint32_t type, int wide,
                                                                      const uint8_t *p, int64_t n_blocks,
                                                                      const llm_q8 *x, int64_t x_stride,
                                                                      int nc, float *out, int64_t out_stride) {
-    const int has_min = type == LLM_Q4_1, fifth = type == LLM_Q5_0, offset = fifth ? 16 : 8;
-    const int tile_bytes = LLM_TILE_ROWS * (has_min ? 20 : fifth ? 22 : 18);
+    const int has_min = type == LLM_Q4_1 || type == LLM_Q5_1, fifth = type == LLM_Q5_0 || type == LLM_Q5_1;
+    const int offset = fifth ? 16 : 8; /* of the types without m */
+    const int tile_bytes = LLM_TILE_ROWS * (2 * has_min + 4 * fifth + 18);
     const __m256i low4 = _mm256_set1_epi8(15);
     __m256 acc[4], mins[4];
     for (int c = 0; c < nc; c++) acc[c] = mins[c] = _mm256_setzero_ps();
@@ -14350,10 +14352,11 @@ static inline __attribute__((always_inline)) void llm_tiles_dot_avx2(uint32_t ty
     llm_prefetch_load(0, ahead);
     for (int64_t b = 0; b < n_blocks; b++, p += tile_bytes) {
         for (int at = 0; at < tile_bytes; at += 64) llm_prefetch(p + at, ahead);
-        const uint8_t *nibbles = p + (has_min ? 32 : fifth ? 48 : 16); /* q5_0: after the run of fifth bits */
+        const uint8_t *nibbles = p + 16 * (1 + has_min) + 32 * fifth; /* after the run of fifth bits */
         __m256i dq[4], dr[4]; /* per token: the products with q, with r */
         for (int c = 0; c < nc; c++) dq[c] = dr[c] = _mm256_setzero_si256();
-        __m256i qh = fifth ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
+        __m256i qh = _mm256_setzero_si256();
+        if (fifth) qh = _mm256_loadu_si256((const __m256i *)(p + 16 * (1 + has_min)));
         for (int run = 0; run < 4; run++) {
             __m256i w = _mm256_loadu_si256((const __m256i *)(nibbles + 32 * run));
             __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
@@ -14639,6 +14642,8 @@ static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t 
     else if (type == LLM_Q4_1) { LLM_TILES_TOKENS(LLM_Q4_1, 0); }
     else if (type == LLM_Q5_0 && wide) { LLM_TILES_TOKENS(LLM_Q5_0, 1); }
     else if (type == LLM_Q5_0) { LLM_TILES_TOKENS(LLM_Q5_0, 0); }
+    else if (type == LLM_Q5_1 && wide) { LLM_TILES_TOKENS(LLM_Q5_1, 1); }
+    else if (type == LLM_Q5_1) { LLM_TILES_TOKENS(LLM_Q5_1, 0); }
     else if (type == LLM_Q8_0 && wide) { LLM_TILES_TOKENS(LLM_Q8_0, 1); }
     else if (type == LLM_Q8_0) { LLM_TILES_TOKENS(LLM_Q8_0, 0); }
     else if (type == LLM_Q4_K && wide) { LLM_TILES_TOKENS(LLM_Q4_K, 1); }
@@ -14971,8 +14976,8 @@ static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_gr
 }
 
 /* Rows packed (as llm_pack_rows packs them) straight from their decode tiles (n_rows a multiple of 8): a
- * tile's runs are the packed group's chunks already, 4 values of each of 8 rows side by side (q4_0, q4_1:
- * run c holds chunk c in its low nibbles, chunk 4 + c in its high ones; q5_0: run 1 + c, with the fifth
+ * tile's runs are the packed group's chunks already, 4 values of each of 8 rows side by side (q4_0, q4_1: run
+ * c holds chunk c in its low nibbles, chunk 4 + c in its high ones; q5_0, q5_1: run 1 + c, with the fifth
  * bits of run 0; q8_0: run c holds chunk c; q4_K: runs 3 + 8k.. hold sub-block 2k's chunks in their low
  * nibbles, 2k + 1's in their high ones; q5_K: runs 11 + 8k.. the same, with the fifth bits of runs 3 + c;
  * q6_K: llm_tiles_q6), and its 8 rows' scales lie together */
@@ -14992,8 +14997,9 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
             const uint8_t *tile = tiles + (size_t)r0 * row_bytes +
                                   (size_t)(g / groups_per_block) * LLM_TILE_ROWS * block_bytes;
             const uint8_t *runs = tile + 16 * halves;
-            __m256i chunk[8], qh = _mm256_setzero_si256(); /* q5_0's fifth bits: its run 0 */
-            if (type == LLM_Q5_0 && r0 < n_rows) qh = _mm256_loadu_si256((const __m256i *)runs);
+            __m256i chunk[8], qh = _mm256_setzero_si256(); /* q5_0's and q5_1's fifth bits: their run 0 */
+            int five = type == LLM_Q5_0 || type == LLM_Q5_1;
+            if (five && r0 < n_rows) qh = _mm256_loadu_si256((const __m256i *)runs);
             for (int c = 0; c < 8; c++) {
                 if (r0 >= n_rows) { chunk[c] = _mm256_setzero_si256(); continue; }
                 if (type == LLM_Q6_K) { /* quarter sub % 4 of half sub / 4 */
@@ -15009,11 +15015,11 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
                 }
                 int k_quant = type == LLM_Q4_K || type == LLM_Q5_K;
                 int run = type == LLM_Q4_K ? 3 + 8 * (sub / 2) + c : type == LLM_Q5_K ? 11 + 8 * (sub / 2) + c
-                        : type == LLM_Q5_0 ? 1 + (c & 3) : c & 3;
+                        : five ? 1 + (c & 3) : c & 3;
                 int shift = k_quant ? 4 * (sub & 1) : c < 4 ? 0 : 4;
                 __m256i w = _mm256_loadu_si256((const __m256i *)(runs + 32 * run));
                 chunk[c] = _mm256_and_si256(_mm256_srli_epi16(w, shift), low4);
-                if (type == LLM_Q5_0) chunk[c] = _mm256_or_si256(chunk[c], llm_tiles_fifth(qh, c));
+                if (five) chunk[c] = _mm256_or_si256(chunk[c], llm_tiles_fifth(qh, c));
                 if (type == LLM_Q5_K) /* bit sub of the run of fifth bits 3 + c */
                     chunk[c] = _mm256_or_si256(chunk[c], llm_tiles_fifth_k(_mm256_loadu_si256(
                                                              (const __m256i *)(runs + 32 * (3 + c))), sub));
@@ -15024,9 +15030,10 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
             scale[0] = scale[1] = min[0] = min[1] = _mm256_setzero_ps();
             if (r0 < n_rows) {
                 __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
-                __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16))); /* q4_1, q4/5_K */
+                __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16))); /* m, dmin */
                 scale[0] = d;
-                if (type == LLM_Q4_1) min[0] = _mm256_sub_ps(_mm256_setzero_ps(), m); /* values d q + m */
+                if (type == LLM_Q4_1 || type == LLM_Q5_1) /* values d q + m */
+                    min[0] = _mm256_sub_ps(_mm256_setzero_ps(), m);
                 if (type == LLM_Q4_K || type == LLM_Q5_K) { /* values d scale_j q - dmin min_j */
                     __m256i scale_runs[3], scale_j, min_j;
                     for (int u = 0; u < 3; u++)

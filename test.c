@@ -1934,13 +1934,13 @@ static void quant_integer_activations(llm_q8 *xq, int n_blocks, int wide, uint64
 }
 
 #ifdef LLM_CPU_SIMD
-/* The decode tiles (q4_0's, q4_1's, q5_0's, q8_0's, q4_K's, q5_K's, q6_K's rows 8 side by side, section 14):
- * 16 rows, 4 tokens. With unit scales and integer activations every product is an integer, which the tiles
- * must give exactly as the plain-C dot does; with random scales and activations, within the fast path's bound
- * of the plain C; and 2 to 4 tokens at once give each token the same bits as one at a time */
+/* The decode tiles (q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q4_K's, q5_K's, q6_K's rows 8 side by side,
+ * section 14): 16 rows, 4 tokens. With unit scales and integer activations every product is an integer, which
+ * the tiles must give exactly as the plain-C dot does; with random scales and activations, within the fast
+ * path's bound of the plain C; and 2 to 4 tokens at once give each token the same bits as one at a time */
 static void quant_tiles_check(int wide, uint64_t *rng) {
     enum { N = 512, ROWS = 16, TOKENS = 4, ROW_MAX = N / 32 * 34 }; /* q8_0's row, the longest */
-    const uint32_t types[] = {LLM_Q4_0, LLM_Q4_1, LLM_Q5_0, LLM_Q8_0, LLM_Q4_K, LLM_Q5_K, LLM_Q6_K};
+    const uint32_t types[] = {LLM_Q4_0, LLM_Q4_1, LLM_Q5_0, LLM_Q5_1, LLM_Q8_0, LLM_Q4_K, LLM_Q5_K, LLM_Q6_K};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];
         uint64_t bb, bv;
@@ -2543,6 +2543,11 @@ static void test_decode_tiles_q4_k_m(void) {
 /* q5_0's tiles: a Q5_0 file's every layer matrix (Gemma 3 270M's Q4_K_M gives most of its matrices q5_0) */
 static void test_decode_tiles_q5_0(void) {
     decode_tiles_check(model_path("random-quant-q5_0.gguf"), "random Q5_0", 1);
+}
+/* q5_1's tiles: a Q5_1 file's every layer matrix (llama-quantize's Q5_K_M gives q5_1 where a width is not a
+ * multiple of 256: SmolLM2's, Gemma 3 270M's, Qwen2.5 0.5B's) */
+static void test_decode_tiles_q5_1(void) {
+    decode_tiles_check(model_path("random-quant-q5_1.gguf"), "random Q5_1", 1);
 }
 /* q5_K's tiles: a Q5_K_M file's every layer matrix (q5_K; its output layer q6_K) */
 static void test_decode_tiles_q5_k_m(void) {
@@ -13909,7 +13914,8 @@ int main(int argc, char **argv) {
         {"quant fast path", test_quant_fast_path},
         {"quant SmolLM2", test_quant_smollm2}, {"decode tiles SmolLM2", test_decode_tiles_smollm2},
         {"decode tiles Q4_K_M", test_decode_tiles_q4_k_m},
-        {"decode tiles Q5_0", test_decode_tiles_q5_0}, {"decode tiles Q5_K_M", test_decode_tiles_q5_k_m},
+        {"decode tiles Q5_0", test_decode_tiles_q5_0}, {"decode tiles Q5_1", test_decode_tiles_q5_1},
+        {"decode tiles Q5_K_M", test_decode_tiles_q5_k_m},
         {"decode tiles Gemma 3", test_decode_tiles_gemma3},
         {"fidelity of the default path", test_fidelity_smollm2},
         {"kv quant blocks", test_kv_quant_blocks}, {"kv quant capacity", test_kv_quant_capacity},
