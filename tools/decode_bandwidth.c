@@ -2,11 +2,11 @@
  * step multiplies one token by every weight matrix, so it reads each weight once from memory, and a plain
  * loop reading the same bytes is its ceiling. For each weight type in a model file, this times llm_matmul
  * with one token (the default path: 16-bit activations) over all the file's matrices (q4_0's, q4_1's, q5_0's,
- * q8_0's, q4_K's and q6_K's in decode tiles, as the CPU backend holds them), in file order as a step meets
- * them, then a plain loop (64-bit sums) over the same bytes, without and with the products' prefetches, and
- * prints all three in GB/s and the products' against the faster loop, per type and in all. Threads:
- * OMP_NUM_THREADS, for all. Built for a CPU with AVX2 at least (the tiles are section 14's, in one block of
- * 2 MB pages as the backend's).
+ * q5_1's, q8_0's, q4_K's, q5_K's and q6_K's in decode tiles, as the CPU backend holds them), in file order as
+ * a step meets them, then a plain loop (64-bit sums) over the same bytes, without and with the products'
+ * prefetches, and prints all three in GB/s and the products' against the faster loop, per type and in all.
+ * Threads: OMP_NUM_THREADS, for all. Built for a CPU with AVX2 at least (the tiles are section 14's, in one
+ * block of 2 MB pages as the backend's).
  *
  *   cc -O3 -march=native -ffp-contract=off -fno-math-errno -fopenmp -I/usr/include/stb -I. \
  *      -o decode_bandwidth tools/decode_bandwidth.c -lm -lpthread
