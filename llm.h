@@ -13688,9 +13688,9 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *   quantized weights    llm_q8_quantize_avx2 (activations to blocks of 8- or 16-bit integers);
  *                        llm_q8_dot32_avx2 and llm_q8_dotk_avx2 (a weight row times 1 to 4 tokens, or 4
  *                        rows times one with AVX-512, 2 with AVX2; 32-value blocks and k-quants);
- *                        llm_tiles_copy and llm_tiles_dot (q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q4_K's and
- *                        q6_K's matrices with 8 rows side by side, the decode tiles the CPU backend keeps
- *                        them in: steps of up to 16 tokens);
+ *                        llm_tiles_copy and llm_tiles_dot (q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q4_K's,
+ *                        q5_K's and q6_K's matrices with 8 rows side by side, the decode tiles the CPU
+ *                        backend keeps them in: steps of up to 16 tokens);
  *                        llm_pack_rows, llm_pack_tiles (from decode tiles), llm_pack_dot and
  *                        llm_matmul_packed (a prefill: 8 rows, 16 with AVX-512 VNNI, unpacked side by side
  *                        once for every token)
@@ -14998,8 +14998,8 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
                                   (size_t)(g / groups_per_block) * LLM_TILE_ROWS * block_bytes;
             const uint8_t *runs = tile + 16 * halves;
             __m256i chunk[8], qh = _mm256_setzero_si256(); /* q5_0's and q5_1's fifth bits: their run 0 */
-            int five = type == LLM_Q5_0 || type == LLM_Q5_1;
-            if (five && r0 < n_rows) qh = _mm256_loadu_si256((const __m256i *)runs);
+            int fifth_run = type == LLM_Q5_0 || type == LLM_Q5_1;
+            if (fifth_run && r0 < n_rows) qh = _mm256_loadu_si256((const __m256i *)runs);
             for (int c = 0; c < 8; c++) {
                 if (r0 >= n_rows) { chunk[c] = _mm256_setzero_si256(); continue; }
                 if (type == LLM_Q6_K) { /* quarter sub % 4 of half sub / 4 */
@@ -15015,11 +15015,11 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
                 }
                 int k_quant = type == LLM_Q4_K || type == LLM_Q5_K;
                 int run = type == LLM_Q4_K ? 3 + 8 * (sub / 2) + c : type == LLM_Q5_K ? 11 + 8 * (sub / 2) + c
-                        : five ? 1 + (c & 3) : c & 3;
+                        : fifth_run ? 1 + (c & 3) : c & 3;
                 int shift = k_quant ? 4 * (sub & 1) : c < 4 ? 0 : 4;
                 __m256i w = _mm256_loadu_si256((const __m256i *)(runs + 32 * run));
                 chunk[c] = _mm256_and_si256(_mm256_srli_epi16(w, shift), low4);
-                if (five) chunk[c] = _mm256_or_si256(chunk[c], llm_tiles_fifth(qh, c));
+                if (fifth_run) chunk[c] = _mm256_or_si256(chunk[c], llm_tiles_fifth(qh, c));
                 if (type == LLM_Q5_K) /* bit sub of the run of fifth bits 3 + c */
                     chunk[c] = _mm256_or_si256(chunk[c], llm_tiles_fifth_k(_mm256_loadu_si256(
                                                              (const __m256i *)(runs + 32 * (3 + c))), sub));
