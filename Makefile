@@ -212,7 +212,9 @@ test-variants: llm-test-haswell llm-test-x86-64 llm-test-aarch64 llm-dist llm $(
 CPU_VARIANTS     = avx512vnni avx512 avx2
 MARCH_avx2       = -march=haswell
 MARCH_avx512     = -march=haswell -mavx512f -mavx512vl -mavx512bw -mavx512dq -mavx512cd
-MARCH_avx512vnni = $(MARCH_avx512) -mavx512vnni
+# (with AMX's tiles and int8 products: a prefill's packed products use them where the CPU has them and Linux
+# grants them, llm_amx_usable)
+MARCH_avx512vnni = $(MARCH_avx512) -mavx512vnni -mamx-tile -mamx-int8
 OBJCOPY ?= objcopy
 llm-cpu-%.o: llm.h | $(STB_H) $(NEED_CC)
 	$(SAY) "compiling $@ (llm.h's CPU variant $*: $(MARCH_$*))"

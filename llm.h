@@ -1110,6 +1110,13 @@ void llm_chat_reply_free(llm_chat_reply *reply);
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define LLM_AVX512VNNI 1
 #endif
+/* AMX (Sapphire Rapids on): one instruction multiplies a tile of 16 x 64 bytes by one of 64 x 16, what a
+ * prefill's packed products use where the CPU has it and Linux lets the process use it (llm_amx_usable) */
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__) && defined(LLM_AVX512VNNI) && \
+    defined(__AVX512BW__)
+#define LLM_AMX 1
+#include <cpuid.h>
+#endif
 #endif
 /* 64-bit ARM converts half floats in one instruction (fcvt, through the compiler's __fp16), which the
  * compiler also vectorizes in the loops over rows of them (fcvtl); with the dot product instructions
@@ -6022,8 +6029,23 @@ static int llm_matmul_kind(uint32_t type, int path) {
  * bytes a packed group takes, and the f16/bf16 tiles */
 static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t type,
                               const uint8_t *tile_data, int tiled, size_t row_bytes, int64_t r0, int64_t r1,
-                              int64_t rows, int64_t cols, int T, uint8_t *pack);
+                              int64_t rows, int64_t cols, int T, uint8_t *pack, const void *amx_x);
 static inline __attribute__((always_inline)) size_t llm_pack_group_bytes(int wide);
+#if defined(LLM_AMX)
+/* with AMX: the packed products 16 tokens at a time, their activations laid out for its tiles */
+enum { LLM_AMX_TOKENS = 16 };
+/* a group of 16 tokens' activations, laid out for the tiles: their bytes a token a row (tile rows 32 bytes
+ * apart, not a llm_q8's 144 times the groups: a few cache lines, not 16 pages), and the numbers that
+ * llm_pack_dot computes as it goes, 16 tokens side by side. llm_matmul lays out every token's once */
+typedef struct {
+    int8_t q[LLM_AMX_TOKENS][32], r[LLM_AMX_TOKENS][32];
+    float d[LLM_AMX_TOKENS];               /* the token's step */
+    float ds[2][LLM_AMX_TOKENS];           /* per half (in blocks of 32: both): d times its integers' sum */
+    int32_t offset_sum[2][LLM_AMX_TOKENS]; /* per half: the type's offset times that sum */
+} llm_amx_group;
+static int llm_amx_usable(void);
+static void llm_amx_layout(uint32_t type, const llm_q8 *x, int64_t n_groups, llm_amx_group *numbers);
+#endif
 static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
                          int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride);
 /* and the decode tiles: q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q4_K's, q5_K's and q6_K's matrices with their
@@ -6073,6 +6095,26 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
     if (kind == LLM_ROWS_Q8 && T >= LLM_PACK_MIN_TOKENS && !(w->tiles && T <= LLM_TILES_MAX_TOKENS))
         kind = LLM_ROWS_PACKED;
 #endif
+    /* with AMX, every 16 tokens' activations laid out for its tiles (section 14), and tiles of more rows: the
+     * products are so fast that reading the activations again for every 16 rows would take longer than
+     * them; a thread's share in tiles whose packed rows stay in L2 (256 kB) while 16 tokens' activations
+     * pass through once per tile */
+    void *amx_x = NULL;
+#if defined(LLM_AMX)
+    if (kind == LLM_ROWS_PACKED && T >= LLM_AMX_TOKENS && llm_amx_usable() &&
+        (amx_x = malloc((size_t)(T / LLM_AMX_TOKENS) * (size_t)(cols / 32) * sizeof(llm_amx_group)))) {
+        int threads = 1;
+#ifdef _OPENMP
+        threads = omp_get_max_threads();
+#endif
+        int64_t share = (rows + threads - 1) / threads;
+        size_t row_packed = (size_t)(cols / 32) * llm_pack_group_bytes(wide) / LLM_PACK_ROWS;
+        int64_t fit = (int64_t)(256 * 1024 / row_packed);
+        tile_rows = (share < fit ? share : fit) / LLM_PACK_ROWS * LLM_PACK_ROWS;
+        if (tile_rows < LLM_MATMUL_TILE) tile_rows = LLM_MATMUL_TILE;
+        n_tiles = (rows + tile_rows - 1) / tile_rows;
+    }
+#endif
     /* 3. each thread: its buffers (a tile's rows converted to f32, or packed), then its share of the tiles,
      * each tile's rows times every token */
     #pragma omp parallel
@@ -6086,8 +6128,8 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
 #ifdef LLM_CPU_SIMD
         uint8_t *pack = NULL; /* the tile's rows, packed: 8 at a time */
         if (kind == LLM_ROWS_PACKED &&
-            !(pack = (uint8_t *)malloc((size_t)LLM_MATMUL_TILE * (size_t)(cols / 32) *
-                                       llm_pack_group_bytes(wide) / LLM_PACK_ROWS))) {
+            !(pack = (uint8_t *)malloc((size_t)(tile_rows + LLM_PACK_ROWS - 1) / LLM_PACK_ROWS *
+                                       (size_t)(cols / 32) * llm_pack_group_bytes(wide)))) {
             #pragma omp atomic write
             failed = 1;
         }
@@ -6098,6 +6140,14 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
             for (int t = 0; t < T; t++)
                 llm_q8_quantize(x + (size_t)t * cols, xq + (size_t)t * (cols / 32), cols, wide);
         }
+#if defined(LLM_AMX)
+        if (amx_x) {
+            #pragma omp for schedule(static)
+            for (int b = 0; b < T / LLM_AMX_TOKENS; b++)
+                llm_amx_layout(w->type, xq + (size_t)b * LLM_AMX_TOKENS * (cols / 32), cols / 32,
+                               (llm_amx_group *)amx_x + (size_t)b * (cols / 32));
+        }
+#endif
         #pragma omp for schedule(static)
         for (int64_t tile = 0; tile < n_tiles; tile++) {
             int64_t r0 = tile * tile_rows;
@@ -6115,7 +6165,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
                 if (!pack) continue;
                 if (w->tiles) tile_data = (const uint8_t *)w->tiles + (size_t)r0 * row_bytes;
                 llm_matmul_packed(out, xq, wide, w->type, tile_data, w->tiles != NULL, row_bytes, r0, r1,
-                                  rows, cols, T, pack);
+                                  rows, cols, T, pack, amx_x);
                 continue;
             }
             if (kind == LLM_ROWS_HALF) { /* tiles of up to 4 rows and 3 tokens (AVX-512: 6) */
@@ -6170,6 +6220,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
 #endif
     }
     free(xq);
+    free(amx_x);
     return failed ? -1 : 0;
 }
 
@@ -14870,6 +14921,139 @@ static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, in
     }
     for (int c = 0; c < nc; c++) _mm512_storeu_ps(out + c * out_stride, acc[c]);
 }
+
+#if defined(LLM_AMX)
+/* A prefill's packed products with AMX, 16 tokens at a time. The 16 tokens' activation bytes of a group
+ * (32 values; 16, a half, in sub-blocks of 16) are a 16-row tile; the packed group's chunks, 16 rows' 4
+ * bytes side by side, are already the tile the multiply's other side takes; and one tdpbsud (signed
+ * activations times unsigned stored values) gives the 16 x 16 integer sums that the vpdpbusd above take 8
+ * instructions a token for (16 with 16-bit activations). The same integers, then the same float steps in
+ * the same order: the same bits as llm_pack_dot. Each group's sums go through memory (a tile store, then
+ * vector loads) for its scales: the float steps, not the multiply, set the pace (one thread of a Sapphire
+ * Rapids, q5_K, 16-bit activations: a step of 16 tokens and 16 rows 47 ns, 30 of them the tiles' loads,
+ * products and stores alone, 25 the floats alone; vpdpbusd's 97). The multiplier works beside the vector
+ * ports: each step's products are asked for before the previous step's floats, into the other of two pairs
+ * of result tiles. */
+
+/* AMX is used where the CPU has it (cpuid leaf 7: tiles and their int8 products) and Linux grants the
+ * process the tiles' state (arch_prctl's ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, 18): a virtual machine
+ * may advertise AMX and not grant it. Asked once; llm_amx_state is 1 (used), -1 (not), 0 (not asked yet),
+ * which a test sets to -1 to compare with the vpdpbusd products */
+static int llm_amx_state;
+static int llm_amx_usable(void) {
+    int state = __atomic_load_n(&llm_amx_state, __ATOMIC_RELAXED);
+    if (state) return state > 0;
+    unsigned eax, ebx, ecx, edx;
+    state = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 24 & 1) && (edx >> 25 & 1) &&
+            syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 1 : -1;
+    __atomic_store_n(&llm_amx_state, state, __ATOMIC_RELAXED);
+    return state > 0;
+}
+
+/* The tiles, for products of k values (32; 16 in sub-blocks of 16): 0 and 1 the tokens' q and r bytes (16
+ * rows of k), 2 the packed chunks (k / 4 rows of 16 x 4 bytes), 3 and 4 the products with q and with r (16
+ * x 16 32-bit sums), 5 and 6 the next step's */
+static void llm_amx_configure(int k) {
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t bytes_per_row[16];
+        uint8_t rows[16];
+    } config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < 7; t++) {
+        config.rows[t] = (uint8_t)(t == 2 ? k / 4 : 16);
+        config.bytes_per_row[t] = (uint16_t)(t < 2 ? k : 64);
+    }
+    /* not _tile_loadconfig: GCC 12's tells the compiler that it reads 8 bytes of the 64, and the stores of
+     * the rest can go */
+    __asm__ volatile("ldtilecfg %0" ::"m"(config));
+}
+
+/* 16 tokens' activations (x: n_groups blocks apart) laid out for the tiles, every group's */
+static void llm_amx_layout(uint32_t type, const llm_q8 *x, int64_t n_groups, llm_amx_group *numbers) {
+    const int halves = llm_pack_two_halves(type) ? 2 : 1, offset = llm_pack_offset(type);
+    for (int64_t g = 0; g < n_groups; g++)
+        for (int c = 0; c < LLM_AMX_TOKENS; c++) {
+            const llm_q8 *xg = x + c * n_groups + g;
+            memcpy(numbers[g].q[c], xg->q, 32);
+            memcpy(numbers[g].r[c], xg->r, 32);
+            numbers[g].d[c] = xg->d;
+            for (int h = 0; h < halves; h++) {
+                int sum = halves == 2 ? xg->sum[h] : xg->sum[0] + xg->sum[1];
+                numbers[g].ds[h][c] = xg->d * (float)sum;
+                numbers[g].offset_sum[h][c] = offset * sum;
+            }
+        }
+}
+
+/* one step's products into result tiles 3, 4 (set 0) or 5, 6 (set 1); then, a step later, out of them */
+static inline __attribute__((always_inline)) void llm_amx_products(int set, int wide, const int8_t *q,
+                                                                   const int8_t *r, size_t stride,
+                                                                   const void *chunks) {
+    _tile_loadd(0, q, stride);
+    _tile_loadd(2, chunks, 64);
+    if (set) { _tile_zero(5); _tile_dpbsud(5, 0, 2); }
+    else { _tile_zero(3); _tile_dpbsud(3, 0, 2); }
+    if (!wide) return;
+    _tile_loadd(1, r, stride);
+    if (set) { _tile_zero(6); _tile_dpbsud(6, 1, 2); }
+    else { _tile_zero(4); _tile_dpbsud(4, 1, 2); }
+}
+static inline __attribute__((always_inline)) void llm_amx_sums(int set, int wide, int32_t (*q)[16],
+                                                               int32_t (*r)[16]) {
+    if (set) _tile_stored(5, q, 64);
+    else _tile_stored(3, q, 64);
+    if (wide && set) _tile_stored(6, r, 64);
+    else if (wide) _tile_stored(4, r, 64);
+}
+
+/* 16 packed rows times 16 tokens (x: their groups, llm_amx_layout's): out[c * out_stride + r]. The tiles are
+ * configured (llm_amx_configure) */
+static inline __attribute__((always_inline)) void llm_pack_dot_amx(uint32_t type, int wide, const void *pack,
+                                                                   int64_t n_groups, const llm_amx_group *x,
+                                                                   float *out, int64_t out_stride) {
+    const int halves = llm_pack_two_halves(type) ? 2 : 1, k = 32 / halves;
+    const size_t stride = 32;
+    const llm_pack_group *groups = (const llm_pack_group *)pack;
+    const int64_t steps = n_groups * halves;
+    /* the tile loads' asm does not tell the compiler what they read: every store before them is made first */
+    __asm__ volatile("" ::: "memory");
+    int32_t sum_q[2][16][16] __attribute__((aligned(64))), sum_r[2][16][16] __attribute__((aligned(64)));
+    __m512 acc[LLM_AMX_TOKENS];
+    for (int c = 0; c < LLM_AMX_TOKENS; c++) acc[c] = _mm512_setzero_ps();
+    llm_amx_products(0, wide, x[0].q[0], x[0].r[0], stride, groups[0].q[0]);
+    for (int64_t s = 0; s < steps; s++) {
+        const int set = (int)(s & 1);
+        if (s + 1 < steps) { /* the next step's products, into the other set */
+            int64_t g = (s + 1) / halves;
+            int h = (int)((s + 1) % halves);
+            const int8_t *q = x[g].q[0] + h * k, *r = x[g].r[0] + h * k;
+            if (set) llm_amx_products(0, wide, q, r, stride, groups[g].q[h * 4]);
+            else llm_amx_products(1, wide, q, r, stride, groups[g].q[h * 4]);
+        }
+        if (set) llm_amx_sums(1, wide, sum_q[1], sum_r[1]);
+        else llm_amx_sums(0, wide, sum_q[0], sum_r[0]);
+        /* llm_pack_dot's float steps, token by token */
+        int64_t g = s / halves;
+        int h = (int)(s % halves);
+        const llm_amx_group *xg = x + g;
+        __m512 scale = _mm512_loadu_ps(groups[g].s.scale[h]), min = _mm512_loadu_ps(groups[g].s.min[h]);
+#pragma GCC unroll 16
+        for (int c = 0; c < LLM_AMX_TOKENS; c++) { /* unrolled: the 16 sums stay in registers */
+            __m512i dot = _mm512_load_si512(sum_q[set][c]);
+            if (wide) /* 256 (w . q) + w . r */
+                dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), _mm512_load_si512(sum_r[set][c]));
+            if (llm_pack_offset(type)) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(xg->offset_sum[h][c]));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(scale, _mm512_set1_ps(xg->d[c])),
+                                     acc[c]);
+            if (llm_pack_has_min(type))
+                acc[c] = _mm512_fnmadd_ps(min, _mm512_set1_ps(xg->ds[h][c]), acc[c]);
+        }
+    }
+    for (int c = 0; c < LLM_AMX_TOKENS; c++) _mm512_storeu_ps(out + c * out_stride, acc[c]);
+}
+#endif
 #else
 /* 8 packed rows times nc tokens (1 to 4, x_stride blocks apart): out[c * out_stride + r]. With 16-bit
  * activations each weight register meets q and r: two products, joined as 256 (w . q) + w . r; or, packed in
@@ -14974,6 +15158,22 @@ static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_gr
 #undef LLM_PACK_WIDTHS
 #undef LLM_PACK_CALL
 }
+#if defined(LLM_AMX)
+static void llm_pack_mul_amx(uint32_t type, int wide, const void *pack, int64_t n_groups,
+                             const llm_amx_group *x, float *out, int64_t out_stride) {
+#define LLM_AMX_CASE(T)                                                                                    \
+    case T:                                                                                                \
+        if (wide) llm_pack_dot_amx(T, 1, pack, n_groups, x, out, out_stride);                             \
+        else llm_pack_dot_amx(T, 0, pack, n_groups, x, out, out_stride);                                  \
+        return;
+    switch (type) {
+    LLM_AMX_CASE(LLM_Q8_0) LLM_AMX_CASE(LLM_Q4_0) LLM_AMX_CASE(LLM_Q4_1) LLM_AMX_CASE(LLM_Q5_0)
+    LLM_AMX_CASE(LLM_Q5_1) LLM_AMX_CASE(LLM_Q2_K) LLM_AMX_CASE(LLM_Q3_K) LLM_AMX_CASE(LLM_Q4_K)
+    LLM_AMX_CASE(LLM_Q5_K) LLM_AMX_CASE(LLM_Q6_K) LLM_AMX_CASE(LLM_MXFP4)
+    }
+#undef LLM_AMX_CASE
+}
+#endif
 
 /* Rows packed (as llm_pack_rows packs them) straight from their decode tiles (n_rows a multiple of 8): a
  * tile's runs are the packed group's chunks already, 4 values of each of 8 rows side by side (q4_0, q4_1: run
@@ -15073,7 +15273,7 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
  * time, times every token's quantized activations */
 static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t type,
                               const uint8_t *tile_data, int tiled, size_t row_bytes, int64_t r0, int64_t r1,
-                              int64_t rows, int64_t cols, int T, uint8_t *pack) {
+                              int64_t rows, int64_t cols, int T, uint8_t *pack, const void *amx_x) {
     int64_t n_groups = cols / 32;
     size_t pack_bytes = (size_t)n_groups * llm_pack_group_bytes(wide); /* 8 rows' */
     int n_packs = (int)((r1 - r0 + LLM_PACK_ROWS - 1) / LLM_PACK_ROWS);
@@ -15084,12 +15284,39 @@ static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t t
         if (tiled) llm_pack_tiles(type, wide, first, row_bytes, n_packed, cols, pack + i * pack_bytes);
         else llm_pack(type, wide, first, row_bytes, n_packed, cols, pack + i * pack_bytes);
     }
+    /* with AMX (amx_x: llm_amx_layout's, else NULL), 16 tokens at a time while 16 are left; the rest below */
+    int amx_tokens = amx_x ? T / 16 * 16 : 0;
     /* the next tile's rows are asked for from memory a few cache lines at a time between the products, so
      * that their reads overlap this tile's work rather than stall its packing */
     const char *next = (const char *)tile_data + (size_t)(r1 - r0) * row_bytes;
     size_t next_bytes = r1 < rows ? (size_t)(r1 - r0) * row_bytes : 0, next_at = 0;
-    size_t next_step = next_bytes / (size_t)(n_packs * ((T + LLM_DOT_MAX_COLS - 1) / LLM_DOT_MAX_COLS)) + 64;
-    for (int t = 0; t < T; t += LLM_DOT_MAX_COLS) {
+    size_t calls = (size_t)n_packs *
+                   (size_t)(amx_tokens / 16 + (T - amx_tokens + LLM_DOT_MAX_COLS - 1) / LLM_DOT_MAX_COLS);
+    size_t next_step = next_bytes / calls + 64;
+#if defined(LLM_AMX)
+    if (amx_tokens) {
+        llm_amx_configure(llm_pack_two_halves(type) ? 16 : 32);
+        for (int t = 0; t < amx_tokens; t += LLM_AMX_TOKENS) {
+            const llm_amx_group *x = (const llm_amx_group *)amx_x + (size_t)t / LLM_AMX_TOKENS * n_groups;
+            for (int i = 0; i < n_packs; i++) {
+                int64_t first = r0 + i * LLM_PACK_ROWS, n_rows = r1 - first;
+                for (size_t end = next_at + next_step; next_at < next_bytes && next_at < end; next_at += 64)
+                    _mm_prefetch(next + next_at, _MM_HINT_T0);
+                if (n_rows >= LLM_PACK_ROWS) { /* straight into out */
+                    llm_pack_mul_amx(type, wide, pack + i * pack_bytes, n_groups, x,
+                                     out + (size_t)t * rows + first, rows);
+                    continue;
+                }
+                float v[LLM_AMX_TOKENS][LLM_PACK_ROWS];
+                llm_pack_mul_amx(type, wide, pack + i * pack_bytes, n_groups, x, v[0], LLM_PACK_ROWS);
+                for (int c = 0; c < LLM_AMX_TOKENS; c++)
+                    memcpy(out + (size_t)(t + c) * rows + first, v[c], (size_t)n_rows * sizeof(float));
+            }
+        }
+        _tile_release();
+    }
+#endif
+    for (int t = amx_tokens; t < T; t += LLM_DOT_MAX_COLS) {
         int nc = T - t < LLM_DOT_MAX_COLS ? T - t : LLM_DOT_MAX_COLS;
         for (int i = 0; i < n_packs; i++) {
             int64_t first = r0 + i * LLM_PACK_ROWS, n_rows = r1 - first;

@@ -2294,6 +2294,71 @@ static void test_quant_tiles(void) {
     free(x); free(out); free(deq); free(xq); free(w);
 }
 
+/* A prefill's packed products with AMX (16 tokens at a time, where the CPU has it and Linux grants it): for
+ * every type, 16-bit and 8-bit activations, integer parts, random scales and the extremes, the same bits as
+ * the vpdpbusd products (llm_amx_state -1: AMX refused), and on integers the plain C's exactly. 40 rows: a
+ * tile of 32 and one of 8 (half a pack); 37 tokens: two of 16 with AMX, then 5 without */
+static void test_quant_amx(void) {
+#if defined(LLM_AMX)
+    if (!llm_amx_usable()) {
+        printf("    AMX: this CPU does not have it, or Linux does not grant it: its products were not run\n");
+        return;
+    }
+    enum { N = 512, R = 40, T = 37 };
+    uint64_t rng = 13;
+    float *x = (float *)malloc(T * N * sizeof(float)), *out[2];
+    out[0] = (float *)malloc(T * R * sizeof(float));
+    out[1] = (float *)malloc(T * R * sizeof(float));
+    llm_q8 *xq = (llm_q8 *)malloc(T * (N / 32) * sizeof(llm_q8));
+    uint8_t *w = (uint8_t *)malloc(R * N * 2);
+    for (int ti = 0; ti < N_QUANT_TYPES; ti++) {
+        uint32_t type = quant_types[ti];
+        uint64_t bb, bv;
+        llm_dtype_info(type, &bb, &bv);
+        size_t row_bytes = llm_dtype_row_bytes(type, N);
+        for (int variant = 0; variant < 6; variant++) { /* as test_quant_tiles' */
+            int extreme = variant >= 4, real = !extreme && variant % 2;
+            int path = variant < 2 || variant == 4 ? LLM_PATH_ACT16 : LLM_PATH_ACT8;
+            for (size_t at = 0; at < R * row_bytes; at += bb) {
+                quant_random_block(type, w + at, bb, &rng);
+                if (real) quant_set_scales(type, w + at, quant_random_scale(&rng, 30000), 1);
+                if (extreme) {
+                    memset(w + at, type == LLM_Q8_0 ? 0x80 : type == LLM_MXFP4 ? 0x77 : 0xff, bb);
+                    quant_set_scales(type, w + at, 1, 1);
+                }
+            }
+            for (int i = 0; i < T * N; i++) {
+                int v = (int)(llm_splitmix64(&rng) % 255) - 127;
+                x[i] = real ? (float)v / 70.0f : (float)(i % 32 == 5 ? 127 : v);
+                if (extreme) x[i] = (i / N % 2 ? -1.0f : 1.0f) * (i % 32 == 5 ? 127.0f : 126.49609375f);
+            }
+            llm_weight weight = {w, type, R, N};
+            int failed = llm_matmul(out[0], x, &weight, T, path) != 0;
+            llm_amx_state = -1;
+            failed |= llm_matmul(out[1], x, &weight, T, path) != 0;
+            llm_amx_state = 1;
+            int mismatches = 0;
+            for (int t = 0; t < T && !real && !extreme; t++) {
+                llm_q8_quantize(x + t * N, xq + t * (N / 32), N, path == LLM_PATH_ACT16);
+                for (int r = 0; r < R; r++)
+                    mismatches += out[0][t * R + r] != llm_q8_dot_ref(type, w + r * row_bytes,
+                                                                      xq + t * (N / 32), N,
+                                                                      path == LLM_PATH_ACT16);
+            }
+            int differ = 0;
+            for (int i = 0; i < T * R; i++) differ += memcmp(&out[0][i], &out[1][i], sizeof(float)) != 0;
+            CHECK(!failed && !differ && !mismatches, "%s, %s activations%s: %d of %d AMX products differ "
+                  "from vpdpbusd's, %d from the plain C's", llm_dtype_name(type),
+                  path == LLM_PATH_ACT16 ? "16-bit" : "8-bit",
+                  extreme ? ", the extremes" : real ? ", random scales" : "", differ, T * R, mismatches);
+        }
+    }
+    free(x); free(out[0]); free(out[1]); free(xq); free(w);
+#else
+    printf("    AMX: not in this build (it needs -mamx-tile -mamx-int8 with AVX-512 VNNI, and Linux)\n");
+#endif
+}
+
 /* The fast paths' logits stay close to the exact path's on every quantized model: the default (16-bit
  * activations) and cpu-int8 (llama.cpp's 8 bits) */
 static void test_quant_fast_path(void) {
@@ -13911,6 +13976,7 @@ int main(int argc, char **argv) {
         {"quant dequantization", test_quant_dequant}, {"quant references", test_quant_reference},
         {"mxfp4", test_mxfp4},
         {"quant dot products", test_quant_dots}, {"quant prefill tiles", test_quant_tiles},
+        {"quant prefill AMX", test_quant_amx},
         {"quant fast path", test_quant_fast_path},
         {"quant SmolLM2", test_quant_smollm2}, {"decode tiles SmolLM2", test_decode_tiles_smollm2},
         {"decode tiles Q4_K_M", test_decode_tiles_q4_k_m},
