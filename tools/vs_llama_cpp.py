@@ -28,7 +28,10 @@ PyPI's source package llama-cpp-python (0.3.36: a 2026 llama.cpp in vendor/llama
           -DGGML_BMI2=ON -DLLAMA_CURL=OFF      # AVX2-only CPUs
     # where /proc/cpuinfo shows avx512f, avx512_vnni (and avx_vnni), add:
     #     -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX_VNNI=ON
-    # never -DGGML_NATIVE=ON on a VM that advertises AMX it cannot run (its prompt path dies with SIGILL)
+    # where it shows amx_tile and amx_int8 (Sapphire Rapids on; llm's prompts use AMX there), add
+    #     -DGGML_AMX_TILE=ON -DGGML_AMX_INT8=ON  and build with clang (CC=clang CXX=clang++ cmake ...): built
+    # by GCC 12 its AMX kernels die of SIGILL at their first tile instruction (GCC 12's _tile_loadconfig tells
+    # the compiler it reads 8 of the config's 64 bytes, and the stores of the rest are dropped)
     cmake --build build -j --target llama-bench llama-quantize
 
 The model files: llama-quantize --allow-requantize models/SmolLM2-135M-Instruct.Q4_1.gguf OUT.gguf TYPE, for
