@@ -15140,11 +15140,18 @@ static void llm_pack(uint32_t type, int wide, const uint8_t *rows, size_t row_by
     }
 #undef LLM_PACK_ROWS_CASE
 }
+/* nc tokens (1 to 4), or, with amx (their activations laid out by llm_amx_layout), 16 through AMX's tiles */
 static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_groups, const llm_q8 *x,
-                         int64_t x_stride, int nc, float *out, int64_t out_stride) {
+                         int64_t x_stride, int nc, const void *amx, float *out, int64_t out_stride) {
 #define LLM_PACK_CALL(k, s, T, W) \
     llm_pack_dot(T, W, pack, n_groups, x + (s) * x_stride, x_stride, k, out + (s) * out_stride, out_stride)
-#define LLM_PACK_WIDTHS(T, W) LLM_BY_TOKENS(nc, LLM_PACK_CALL, T, W);
+#if defined(LLM_AMX)
+#define LLM_PACK_WIDTHS(T, W)                                                                              \
+    if (amx) llm_pack_dot_amx(T, W, pack, n_groups, (const llm_amx_group *)amx, out, out_stride);         \
+    else LLM_BY_TOKENS(nc, LLM_PACK_CALL, T, W);
+#else
+#define LLM_PACK_WIDTHS(T, W) LLM_BY_TOKENS(nc, LLM_PACK_CALL, T, W); (void)amx;
+#endif
 #define LLM_PACK_CASE(T)                                                                                   \
     case T:                                                                                                \
         if (wide) { LLM_PACK_WIDTHS(T, 1) } else { LLM_PACK_WIDTHS(T, 0) }                                 \
@@ -15158,22 +15165,6 @@ static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_gr
 #undef LLM_PACK_WIDTHS
 #undef LLM_PACK_CALL
 }
-#if defined(LLM_AMX)
-static void llm_pack_mul_amx(uint32_t type, int wide, const void *pack, int64_t n_groups,
-                             const llm_amx_group *x, float *out, int64_t out_stride) {
-#define LLM_AMX_CASE(T)                                                                                    \
-    case T:                                                                                                \
-        if (wide) llm_pack_dot_amx(T, 1, pack, n_groups, x, out, out_stride);                             \
-        else llm_pack_dot_amx(T, 0, pack, n_groups, x, out, out_stride);                                  \
-        return;
-    switch (type) {
-    LLM_AMX_CASE(LLM_Q8_0) LLM_AMX_CASE(LLM_Q4_0) LLM_AMX_CASE(LLM_Q4_1) LLM_AMX_CASE(LLM_Q5_0)
-    LLM_AMX_CASE(LLM_Q5_1) LLM_AMX_CASE(LLM_Q2_K) LLM_AMX_CASE(LLM_Q3_K) LLM_AMX_CASE(LLM_Q4_K)
-    LLM_AMX_CASE(LLM_Q5_K) LLM_AMX_CASE(LLM_Q6_K) LLM_AMX_CASE(LLM_MXFP4)
-    }
-#undef LLM_AMX_CASE
-}
-#endif
 
 /* Rows packed (as llm_pack_rows packs them) straight from their decode tiles (n_rows a multiple of 8): a
  * tile's runs are the packed group's chunks already, 4 values of each of 8 rows side by side (q4_0, q4_1: run
@@ -15294,45 +15285,35 @@ static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t t
                    (size_t)(amx_tokens / 16 + (T - amx_tokens + LLM_DOT_MAX_COLS - 1) / LLM_DOT_MAX_COLS);
     size_t next_step = next_bytes / calls + 64;
 #if defined(LLM_AMX)
-    if (amx_tokens) {
-        llm_amx_configure(llm_pack_two_halves(type) ? 16 : 32);
-        for (int t = 0; t < amx_tokens; t += LLM_AMX_TOKENS) {
-            const llm_amx_group *x = (const llm_amx_group *)amx_x + (size_t)t / LLM_AMX_TOKENS * n_groups;
-            for (int i = 0; i < n_packs; i++) {
-                int64_t first = r0 + i * LLM_PACK_ROWS, n_rows = r1 - first;
-                for (size_t end = next_at + next_step; next_at < next_bytes && next_at < end; next_at += 64)
-                    _mm_prefetch(next + next_at, _MM_HINT_T0);
-                if (n_rows >= LLM_PACK_ROWS) { /* straight into out */
-                    llm_pack_mul_amx(type, wide, pack + i * pack_bytes, n_groups, x,
-                                     out + (size_t)t * rows + first, rows);
-                    continue;
-                }
-                float v[LLM_AMX_TOKENS][LLM_PACK_ROWS];
-                llm_pack_mul_amx(type, wide, pack + i * pack_bytes, n_groups, x, v[0], LLM_PACK_ROWS);
-                for (int c = 0; c < LLM_AMX_TOKENS; c++)
-                    memcpy(out + (size_t)(t + c) * rows + first, v[c], (size_t)n_rows * sizeof(float));
-            }
-        }
-        _tile_release();
-    }
+    if (amx_tokens) llm_amx_configure(llm_pack_two_halves(type) ? 16 : 32);
 #endif
-    for (int t = amx_tokens; t < T; t += LLM_DOT_MAX_COLS) {
-        int nc = T - t < LLM_DOT_MAX_COLS ? T - t : LLM_DOT_MAX_COLS;
+    for (int t = 0, nc; t < T; t += nc) {
+        const void *amx = NULL; /* these 16 tokens' activations laid out for AMX's tiles */
+        nc = T - t < LLM_DOT_MAX_COLS ? T - t : LLM_DOT_MAX_COLS;
+#if defined(LLM_AMX)
+        if (t < amx_tokens) {
+            amx = (const llm_amx_group *)amx_x + (size_t)t / LLM_AMX_TOKENS * n_groups;
+            nc = LLM_AMX_TOKENS;
+        }
+#endif
         for (int i = 0; i < n_packs; i++) {
             int64_t first = r0 + i * LLM_PACK_ROWS, n_rows = r1 - first;
             for (size_t end = next_at + next_step; next_at < next_bytes && next_at < end; next_at += 64)
                 _mm_prefetch(next + next_at, _MM_HINT_T0);
-            float v[LLM_DOT_MAX_COLS][LLM_PACK_ROWS];
+            float v[16][LLM_PACK_ROWS];
             if (n_rows >= LLM_PACK_ROWS) { /* straight into out */
                 llm_pack_mul(type, wide, pack + i * pack_bytes, n_groups, xq + (size_t)t * n_groups,
-                             n_groups, nc, out + (size_t)t * rows + first, rows);
+                             n_groups, nc, amx, out + (size_t)t * rows + first, rows);
                 continue;
             }
             llm_pack_mul(type, wide, pack + i * pack_bytes, n_groups, xq + (size_t)t * n_groups,
-                         n_groups, nc, v[0], LLM_PACK_ROWS);
+                         n_groups, nc, amx, v[0], LLM_PACK_ROWS);
             for (int c = 0; c < nc; c++)
                 memcpy(out + (size_t)(t + c) * rows + first, v[c], (size_t)n_rows * sizeof(float));
         }
+#if defined(LLM_AMX)
+        if (t + nc == amx_tokens) _tile_release();
+#endif
     }
 }
 

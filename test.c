@@ -2201,6 +2201,29 @@ static void test_quant_dots(void) {
     quant_dots_check(1);
 }
 
+/* A case of the products' tests: rows (bytes of them) and T tokens' activations of n values. Integers (real 0):
+ * d = dmin = 1, and every activation block holds a 127 so that its scale is 1; real: random scales. At the
+ * extremes (where sums kept in 16 bits would overflow first): every stored value the type's largest, every
+ * activation q = +-126 with r = +-127 (126 + 127/256), a token's sign each */
+static void quant_products_case(uint32_t type, int real, int extreme, uint8_t *w, size_t bytes, float *x,
+                                int T, int n, uint64_t *rng) {
+    uint64_t bb, bv;
+    llm_dtype_info(type, &bb, &bv);
+    for (size_t at = 0; at < bytes; at += bb) {
+        quant_random_block(type, w + at, bb, rng);
+        if (real) quant_set_scales(type, w + at, quant_random_scale(rng, 30000), 1);
+        if (extreme) {
+            memset(w + at, type == LLM_Q8_0 ? 0x80 : type == LLM_MXFP4 ? 0x77 : 0xff, bb);
+            quant_set_scales(type, w + at, 1, 1);
+        }
+    }
+    for (int i = 0; i < T * n; i++) {
+        int v = (int)(llm_splitmix64(rng) % 255) - 127;
+        x[i] = real ? (float)v / 70.0f : (float)(i % 32 == 5 ? 127 : v);
+        if (extreme) x[i] = (i / n % 2 ? -1.0f : 1.0f) * (i % 32 == 5 ? 127.0f : 126.49609375f);
+    }
+}
+
 /* A prefill's matrix product (from LLM_PACK_MIN_TOKENS on, weights packed 8 rows at a time, 16 with AVX-512
  * VNNI), and a step of 3 tokens' (a row at a time), against the plain-C dot of every row with every token:
  * integer parts exactly, real scales closely, the extremes included. 21 rows and 11 tokens leave a pack of 5
@@ -2225,22 +2248,7 @@ static void test_quant_tiles(void) {
             int path = variant < 2 || variant == 4 ? LLM_PATH_ACT16 : LLM_PATH_ACT8,
                 wide = path == LLM_PATH_ACT16;
             const char *width = wide ? "16-bit" : "8-bit";
-            /* integers: d = dmin = 1, and every activation block holds a 127 so that its scale is 1. At the
-             * extremes (where sums kept in 16 bits would overflow first): every stored value the type's
-             * largest, every activation q = +-126 with r = +-127 (126 + 127/256), a token's sign each */
-            for (size_t at = 0; at < R * row_bytes; at += bb) {
-                quant_random_block(type, w + at, bb, &rng);
-                if (real) quant_set_scales(type, w + at, quant_random_scale(&rng, 30000), 1);
-                if (extreme) {
-                    memset(w + at, type == LLM_Q8_0 ? 0x80 : type == LLM_MXFP4 ? 0x77 : 0xff, bb);
-                    quant_set_scales(type, w + at, 1, 1);
-                }
-            }
-            for (int i = 0; i < T * N; i++) {
-                int v = (int)(llm_splitmix64(&rng) % 255) - 127;
-                x[i] = real ? (float)v / 70.0f : (float)(i % 32 == 5 ? 127 : v);
-                if (extreme) x[i] = (i / N % 2 ? -1.0f : 1.0f) * (i % 32 == 5 ? 127.0f : 126.49609375f);
-            }
+            quant_products_case(type, real, extreme, w, R * row_bytes, x, T, N, &rng);
             for (int t = 0; t < T; t++) llm_q8_quantize(x + t * N, xq + t * (N / 32), N, wide);
             llm_weight weight = {w, type, R, N};
             for (int r = 0; r < R; r++) llm_dtype_dequant_row(type, w + r * row_bytes, deq + r * N, N);
@@ -2313,25 +2321,11 @@ static void test_quant_amx(void) {
     uint8_t *w = (uint8_t *)malloc(R * N * 2);
     for (int ti = 0; ti < N_QUANT_TYPES; ti++) {
         uint32_t type = quant_types[ti];
-        uint64_t bb, bv;
-        llm_dtype_info(type, &bb, &bv);
         size_t row_bytes = llm_dtype_row_bytes(type, N);
         for (int variant = 0; variant < 6; variant++) { /* as test_quant_tiles' */
             int extreme = variant >= 4, real = !extreme && variant % 2;
             int path = variant < 2 || variant == 4 ? LLM_PATH_ACT16 : LLM_PATH_ACT8;
-            for (size_t at = 0; at < R * row_bytes; at += bb) {
-                quant_random_block(type, w + at, bb, &rng);
-                if (real) quant_set_scales(type, w + at, quant_random_scale(&rng, 30000), 1);
-                if (extreme) {
-                    memset(w + at, type == LLM_Q8_0 ? 0x80 : type == LLM_MXFP4 ? 0x77 : 0xff, bb);
-                    quant_set_scales(type, w + at, 1, 1);
-                }
-            }
-            for (int i = 0; i < T * N; i++) {
-                int v = (int)(llm_splitmix64(&rng) % 255) - 127;
-                x[i] = real ? (float)v / 70.0f : (float)(i % 32 == 5 ? 127 : v);
-                if (extreme) x[i] = (i / N % 2 ? -1.0f : 1.0f) * (i % 32 == 5 ? 127.0f : 126.49609375f);
-            }
+            quant_products_case(type, real, extreme, w, R * row_bytes, x, T, N, &rng);
             llm_weight weight = {w, type, R, N};
             int failed = llm_matmul(out[0], x, &weight, T, path) != 0;
             llm_amx_state = -1;
