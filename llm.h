@@ -13731,8 +13731,9 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  * section 7 sets LLM_CPU_SIMD, and this section is compiled. The kernels are chosen when the file is
  * compiled, not at run time: a binary built for AVX-512 needs a CPU that has it (the CPU backend refuses to
  * start on one without, saying so: llm_cpu_missing_feature); make llm-dist compiles this file once per
- * variant and picks one when the program starts (llm_cpu_variant, section 7). What is here, in the order the
- * core calls it:
+ * variant and picks one when the program starts (llm_cpu_variant, section 7). AMX alone is asked for at run
+ * time, where the build has it (llm_amx_usable: the CPU and Linux). What is here, in the order the core
+ * calls it:
  *   f16 and bf16 values  llm_half8 (8 values as f32), llm_half_row_avx2 (section 1's rows of them)
  *   f32 dot products     llm_dot_n_avx2 (8 running sums a vector in one register); with AVX-512,
  *                        llm_dot_pairs (two queries' sums in one 512-bit register: a prompt's attention)
@@ -13744,7 +13745,8 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *                        backend keeps them in: steps of up to 16 tokens);
  *                        llm_pack_rows, llm_pack_tiles (from decode tiles), llm_pack_dot and
  *                        llm_matmul_packed (a prefill: 8 rows, 16 with AVX-512 VNNI, unpacked side by side
- *                        once for every token)
+ *                        once for every token); with AMX, llm_amx_layout and llm_pack_dot_amx (16 tokens
+ *                        at a time through its tiles, the same bits)
  *   f16 and bf16 weights llm_dot_half (tiles of up to 4 rows times 3 tokens, 6 with AVX-512)
  *   the row kernels      llm_exp_avx2 (glibc's expf, bit for bit; the sampler's too), llm_max_avx2,
  *                        llm_softmax_exp_avx2, llm_swiglu_avx2, llm_f16_store_avx2 (the KV cache in f16),

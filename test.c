@@ -2201,10 +2201,10 @@ static void test_quant_dots(void) {
     quant_dots_check(1);
 }
 
-/* A case of the products' tests: rows (bytes of them) and T tokens' activations of n values. Integers (real 0):
- * d = dmin = 1, and every activation block holds a 127 so that its scale is 1; real: random scales. At the
- * extremes (where sums kept in 16 bits would overflow first): every stored value the type's largest, every
- * activation q = +-126 with r = +-127 (126 + 127/256), a token's sign each */
+/* A case of the products' tests: rows (bytes of them) and T tokens' activations of n values. Integers
+ * (real 0): d = dmin = 1, and every activation block holds a 127 so that its scale is 1; real: random
+ * scales. At the extremes (where sums kept in 16 bits would overflow first): every stored value the type's
+ * largest, every activation q = +-126 with r = +-127 (126 + 127/256), a token's sign each */
 static void quant_products_case(uint32_t type, int real, int extreme, uint8_t *w, size_t bytes, float *x,
                                 int T, int n, uint64_t *rng) {
     uint64_t bb, bv;
