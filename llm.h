@@ -14299,13 +14299,13 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
  *     q5_1); d, then dmin (q4_K, q5_K)
  *     the rest of the block in runs of 32 bytes: run u holds the rest's bytes 4u..4u+3 of each row, row i's
  *     at 4i. q4_0, q4_1: 4 runs, run c holding nibble bytes 4c..4c+3 (low nibbles: the row's values
- *     4c..4c+3; high: 16 + 4c..16 + 4c + 3). q5_0, q5_1: a run of the 32-bit words of fifth bits, then 4
- *     runs of nibbles as q4_0's. q8_0: 8 runs, run c holding values 4c..4c+3. q4_K: 3 runs of the 12 bytes
- *     of 6-bit scales and mins, then 32 of nibbles, run 3 + 8k + c holding values 64k + 4c.. (low) and 64k +
- *     32 + 4c.. (high). q5_K: 3 runs of scales and mins as q4_K's, 8 runs of fifth bits (run 3 + c holding
- *     the bytes qh[4c..4c+3], bit 2k of qh[l] value 64k + l's, bit 2k + 1 value 64k + 32 + l's), then 32 of
- *     nibbles as q4_K's. q6_K (its d is its block's last 2 bytes): 32 runs of low nibbles, 16 of 2-bit high
- *     parts, 4 of 8-bit scales
+ *     4c..4c+3; high: 16 + 4c..16 + 4c + 3). q5_0, q5_1: a run of the fifth bits, each row's 32 regrouped
+ *     (byte k's bit c that of value 4c + k: llm_tiles_fifth_order), then 4 runs of nibbles as q4_0's. q8_0:
+ *     8 runs, run c holding values 4c..4c+3. q4_K: 3 runs of the 12 bytes of 6-bit scales and mins, then 32
+ *     of nibbles, run 3 + 8k + c holding values 64k + 4c.. (low) and 64k + 32 + 4c.. (high). q5_K: 3 runs
+ *     of scales and mins as q4_K's, 8 runs of fifth bits (run 3 + c holding the bytes qh[4c..4c+3], bit 2k
+ *     of qh[l] value 64k + l's, bit 2k + 1 value 64k + 32 + l's), then 32 of nibbles as q4_K's. q6_K (its
+ *     d is its block's last 2 bytes): 32 runs of low nibbles, 16 of 2-bit high parts, 4 of 8-bit scales
  * so that a matrix's tiles take its rows' bytes, and rows r..r+7 start at byte r * row_bytes, as rows do.
  * One thread of a Sapphire Rapids, SmolLM2 Q4_1's matrices from memory, one token: 61-75% -> 88-91% of a
  * plain read loop's speed (results/2026-12-05-decode-tiles-spr-cpu.log). */
@@ -14331,6 +14331,36 @@ static inline void llm_avx2_transpose4x4(__m256i v[4]) {
     v[2] = _mm256_unpacklo_epi64(t1, t3); v[3] = _mm256_unpackhi_epi64(t1, t3);
 }
 
+/* q5_0's and q5_1's 32 fifth bits of a row (bit v: value v's), 8 rows' at once, regrouped for the tiles:
+ * byte k gets the bits of values k, 4 + k, .. 28 + k (bit c: value 4c + k), so that one 16-bit shift puts
+ * the bits of a run's 4 values 4c..4c+3 at bit 4 of their bytes (llm_tiles_fifth_k), where testing each
+ * took a shuffle, an and, a compare (q5_0's products in L2, one thread of a Sapphire Rapids: 28 -> 32
+ * GB/s; q5_1's 30 -> 37). Bit k of each nibble gathered into byte k, by halving the gaps 3 times (or back:
+ * into_tiles 0) */
+static inline __m256i llm_tiles_fifth_order(__m256i v, int into_tiles) {
+    const __m256i nibble_bit = _mm256_set1_epi32(0x11111111), pairs = _mm256_set1_epi32(0x03030303);
+    const __m256i fours = _mm256_set1_epi32(0x000f000f), byte = _mm256_set1_epi32(0xff);
+    __m256i out = _mm256_setzero_si256();
+    for (int k = 0; k < 4; k++) {
+        __m256i t;
+        if (into_tiles) {
+            /* bit k of nibble c at 4c, then at 8 (c / 2) + c % 2, at 16 (c / 4) + c % 4, at c */
+            t = _mm256_and_si256(_mm256_srli_epi32(v, k), nibble_bit);
+            t = _mm256_and_si256(_mm256_or_si256(t, _mm256_srli_epi32(t, 3)), pairs);
+            t = _mm256_and_si256(_mm256_or_si256(t, _mm256_srli_epi32(t, 6)), fours);
+            t = _mm256_and_si256(_mm256_or_si256(t, _mm256_srli_epi32(t, 12)), byte);
+            out = _mm256_or_si256(out, _mm256_slli_epi32(t, 8 * k));
+        } else {
+            t = _mm256_and_si256(_mm256_srli_epi32(v, 8 * k), byte);
+            t = _mm256_and_si256(_mm256_or_si256(t, _mm256_slli_epi32(t, 12)), fours);
+            t = _mm256_and_si256(_mm256_or_si256(t, _mm256_slli_epi32(t, 6)), pairs);
+            t = _mm256_and_si256(_mm256_or_si256(t, _mm256_slli_epi32(t, 3)), nibble_bit);
+            out = _mm256_or_si256(out, _mm256_slli_epi32(t, k));
+        }
+    }
+    return out;
+}
+
 /* n_rows (a multiple of 8) rows of cols values into their tiles (as many bytes), or (into_tiles 0) back:
  * a prefill's packing reads rows (llm_matmul), and the rows in the file stay unread */
 static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t n_rows, int64_t cols,
@@ -14352,6 +14382,18 @@ static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t
             }
             uint8_t *runs = tile + 16 * halves;
             int u = 0;
+            if (type == LLM_Q5_0 || type == LLM_Q5_1) { /* run 0: the 8 rows' fifth bits, regrouped */
+                uint32_t words[LLM_TILE_ROWS];
+                if (into_tiles)
+                    for (int i = 0; i < LLM_TILE_ROWS; i++) memcpy(&words[i], row[i] + rest_at, 4);
+                __m256i v = into_tiles ? _mm256_loadu_si256((const __m256i *)words)
+                                       : _mm256_loadu_si256((const __m256i *)runs);
+                v = llm_tiles_fifth_order(v, into_tiles);
+                if (into_tiles) _mm256_storeu_si256((__m256i *)runs, v);
+                else _mm256_storeu_si256((__m256i *)words, v);
+                for (int i = 0; !into_tiles && i < LLM_TILE_ROWS; i++) memcpy(row[i] + rest_at, &words[i], 4);
+                u = 1;
+            }
             for (; u + 4 <= n_runs; u += 4) { /* 4 runs at a time: rows k and k + 4 in v[k], or the runs */
                 __m256i v[4];
                 int rest = rest_at + 4 * u; /* the rows' bytes from here */
@@ -14373,16 +14415,12 @@ static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t
         }
 }
 
-/* q5_0's fifth bits of values 4c..4c+3 (c 0..7) of a tile's 8 rows, as 16 or 0 in byte k of each row's lane,
- * from the run of their 32-bit words (bit j: value j's): the byte that holds the four bits copied into the
- * lane's 4 bytes, byte k tested against its bit */
-static inline __attribute__((always_inline)) __m256i llm_tiles_fifth(__m256i qh, int c) {
-    const __m256i lanes = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0c0c0c0c, /* a lane's first byte */
-                                            0, 0x04040404, 0x08080808, 0x0c0c0c0c);
-    const __m256i which = _mm256_add_epi32(lanes, _mm256_set1_epi32(c / 2 * 0x01010101)); /* its byte c / 2 */
-    const __m256i bit = _mm256_set1_epi32(c & 1 ? (int)0x80402010 : 0x08040201); /* bits 4 (c % 2) + k */
-    __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(qh, which), bit), bit);
-    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+/* Bit j of each byte of a run of fifth bits as 16 or 0 in the byte: moved to bit 4 by a 16-bit shift (at most
+ * 4 places, so no byte takes a bit of its neighbour's). q5_0's and q5_1's runs: j = c for values 4c..4c+3;
+ * q5_K's: j the sub-block */
+static inline __attribute__((always_inline)) __m256i llm_tiles_fifth_k(__m256i qh, int j) {
+    __m256i at4 = j <= 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
+    return _mm256_and_si256(at4, _mm256_set1_epi8(16));
 }
 
 /* A tile (8 rows, n_blocks blocks) times nc tokens (x_stride blocks apart): out[c * out_stride + i], row i's.
@@ -14414,8 +14452,8 @@ static inline __attribute__((always_inline)) void llm_tiles_dot_avx2(uint32_t ty
             __m256i w = _mm256_loadu_si256((const __m256i *)(nibbles + 32 * run));
             __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
             if (fifth) {
-                lo = _mm256_or_si256(lo, llm_tiles_fifth(qh, run));
-                hi = _mm256_or_si256(hi, llm_tiles_fifth(qh, 4 + run));
+                lo = _mm256_or_si256(lo, llm_tiles_fifth_k(qh, run));
+                hi = _mm256_or_si256(hi, llm_tiles_fifth_k(qh, 4 + run));
             }
             for (int c = 0; c < nc; c++) {
                 const llm_q8 *xb = x + c * x_stride + b;
@@ -14525,12 +14563,6 @@ static inline __attribute__((always_inline)) void llm_tiles_scale_min(const __m2
     *min = llm_avx2_lane_byte(bytes[2 + j / 4], j % 4);
 }
 
-/* q5_K's fifth bits of sub-block j (bit j of each byte of a run of them) as 16 or 0 in each byte: moved to
- * bit 4 by a 16-bit shift (at most 4 places, so no byte takes a bit of its neighbour's) */
-static inline __attribute__((always_inline)) __m256i llm_tiles_fifth_k(__m256i qh, int j) {
-    __m256i at4 = j <= 4 ? _mm256_slli_epi16(qh, 4 - j) : _mm256_srli_epi16(qh, j - 4);
-    return _mm256_and_si256(at4, _mm256_set1_epi8(16));
-}
 
 /* q4_K's (q5_K's) tile (8 rows, n_blocks blocks of 256 values) times nc tokens, as above: sub-block j's
  * integer w . (256 q + r) times d scale_j and the token's d of those 32 values, less dmin min_j times their
@@ -15268,7 +15300,7 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
                 int shift = k_quant ? 4 * (sub & 1) : c < 4 ? 0 : 4;
                 __m256i w = _mm256_loadu_si256((const __m256i *)(runs + 32 * run));
                 chunk[c] = _mm256_and_si256(_mm256_srli_epi16(w, shift), low4);
-                if (fifth_run) chunk[c] = _mm256_or_si256(chunk[c], llm_tiles_fifth(qh, c));
+                if (fifth_run) chunk[c] = _mm256_or_si256(chunk[c], llm_tiles_fifth_k(qh, c));
                 if (type == LLM_Q5_K) /* bit sub of the run of fifth bits 3 + c */
                     chunk[c] = _mm256_or_si256(chunk[c], llm_tiles_fifth_k(_mm256_loadu_si256(
                                                              (const __m256i *)(runs + 32 * (3 + c))), sub));
