@@ -2327,9 +2327,12 @@ static void test_quant_amx(void) {
             int path = variant < 2 || variant == 4 ? LLM_PATH_ACT16 : LLM_PATH_ACT8;
             quant_products_case(type, real, extreme, w, R * row_bytes, x, T, N, &rng);
             llm_weight weight = {w, type, R, N};
+            size_t before = llm_amx_matmuls;
             int failed = llm_matmul(out[0], x, &weight, T, path) != 0;
+            int through_amx = llm_amx_matmuls == before + 1; /* and not by the vector kernel alone */
             llm_amx_state = -1;
             failed |= llm_matmul(out[1], x, &weight, T, path) != 0;
+            through_amx &= llm_amx_matmuls == before + 1;
             llm_amx_state = 1;
             int mismatches = 0;
             for (int t = 0; t < T && !real && !extreme; t++) {
@@ -2341,10 +2344,12 @@ static void test_quant_amx(void) {
             }
             int differ = 0;
             for (int i = 0; i < T * R; i++) differ += memcmp(&out[0][i], &out[1][i], sizeof(float)) != 0;
-            CHECK(!failed && !differ && !mismatches, "%s, %s activations%s: %d of %d AMX products differ "
-                  "from vpdpbusd's, %d from the plain C's", llm_dtype_name(type),
+            CHECK(!failed && through_amx && !differ && !mismatches, "%s, %s activations%s: %s; %d of %d AMX "
+                  "products differ from vpdpbusd's, %d from the plain C's", llm_dtype_name(type),
                   path == LLM_PATH_ACT16 ? "16-bit" : "8-bit",
-                  extreme ? ", the extremes" : real ? ", random scales" : "", differ, T * R, mismatches);
+                  extreme ? ", the extremes" : real ? ", random scales" : "",
+                  through_amx ? "through AMX" : "not through AMX once, nor the vector kernel alone once",
+                  differ, T * R, mismatches);
         }
     }
     free(x); free(out[0]); free(out[1]); free(xq); free(w);
