@@ -14337,9 +14337,9 @@ static inline void llm_avx2_transpose4x4(__m256i v[4]) {
 /* q5_0's and q5_1's 32 fifth bits of a row (bit v: value v's), 8 rows' at once, regrouped for the tiles:
  * byte k gets the bits of values k, 4 + k, .. 28 + k (bit c: value 4c + k), so that one 16-bit shift puts
  * the bits of a run's 4 values 4c..4c+3 at bit 4 of their bytes (llm_tiles_fifth_k), where testing each
- * took a shuffle, an and, a compare (q5_0's products in L2, one thread of a Sapphire Rapids: 28 -> 32
- * GB/s; q5_1's 30 -> 37). Bit k of each nibble gathered into byte k, by halving the gaps 3 times (or back:
- * into_tiles 0) */
+ * took a shuffle, an and, a compare (q5_0's products in L2, one thread of a Sapphire Rapids: 27 -> 30-31
+ * GB/s; q5_1's 30 -> 34-35). Bit k of each nibble gathered into byte k, by halving the gaps 3 times (or
+ * back: into_tiles 0) */
 static inline __m256i llm_tiles_fifth_order(__m256i v, int into_tiles) {
     const __m256i nibble_bit = _mm256_set1_epi32(0x11111111), pairs = _mm256_set1_epi32(0x03030303);
     const __m256i fours = _mm256_set1_epi32(0x000f000f), byte = _mm256_set1_epi32(0xff);
