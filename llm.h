@@ -14316,13 +14316,14 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
  * 24, 34, 144, 176, 210) */
 static int llm_tiles_type(uint32_t type) {
     return type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q5_0 || type == LLM_Q5_1 || type == LLM_Q8_0 ||
-           type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q6_K;
+           type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q6_K || type == LLM_Q2_K || type == LLM_Q3_K;
 }
 /* the f16 scales of a block of the type, which a tile holds 8 rows side by side: q4_0's, q5_0's and q8_0's d;
  * q4_1's and q5_1's d and m; q4_K's and q5_K's d and dmin, the block's first bytes; q6_K's d, its last two
  * (its rest: the bytes before) */
 static int llm_tiles_halves(uint32_t type) {
-    return type == LLM_Q4_1 || type == LLM_Q5_1 || type == LLM_Q4_K || type == LLM_Q5_K ? 2 : 1;
+    return type == LLM_Q4_1 || type == LLM_Q5_1 || type == LLM_Q2_K || type == LLM_Q4_K || type == LLM_Q5_K
+           ? 2 : 1;
 }
 
 /* 4 x 4 dwords transposed in each 128-bit half (dword j of v[k] <-> dword k of v[j]): 4 of a tile's runs
@@ -14371,7 +14372,8 @@ static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t
     uint64_t block_bytes, block_values;
     llm_dtype_info(type, &block_bytes, &block_values);
     const int halves = llm_tiles_halves(type), n_runs = ((int)block_bytes - 2 * halves) / 4;
-    const int halves_at = type == LLM_Q6_K ? (int)block_bytes - 2 : 0, rest_at = halves_at ? 0 : 2 * halves;
+    const int at_end = type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q6_K; /* their d (dmin) last */
+    const int halves_at = at_end ? (int)block_bytes - 2 * halves : 0, rest_at = at_end ? 0 : 2 * halves;
     size_t row_bytes = llm_dtype_row_bytes(type, cols);
     int64_t n_blocks = cols / (int64_t)block_values;
     for (int64_t t = 0; t < n_rows / LLM_TILE_ROWS; t++)
@@ -14751,6 +14753,121 @@ static inline __attribute__((always_inline)) void llm_tiles_dot6_avx2(int wide, 
     for (int c = 0; c < nc; c++) _mm256_storeu_ps(out + c * out_stride, acc[c]);
 }
 
+/* q2_K's and q3_K's 2-bit parts: value 128n + 32j + l of a block is bits 2j, 2j + 1 of qs[32n + l], which
+ * run 8n + c of the tile's qs runs holds for l = 4c..4c+3 (q2_K's qs runs from run 4, after its 16 scale
+ * bytes; q3_K's from run 8, after its 32 bytes of high bits: run c holds hmask[4c..4c+3], whose bit 4n + j is
+ * that value's third bit). The 8 rows' 4 values (0..3; q3_K 0..7, stored + 4) in bytes: 2 to 4 instructions
+ * (a 16-bit shift and a mask each part: the bits from the byte above fall outside it) */
+static inline __attribute__((always_inline)) __m256i llm_tiles_q23(int three, const uint8_t *runs, int n,
+                                                                int j, int c) {
+    const __m256i low2 = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
+    __m256i qs = _mm256_loadu_si256((const __m256i *)(runs + 32 * ((three ? 8 : 4) + 8 * n + c)));
+    if (j) qs = _mm256_srli_epi16(qs, 2 * j);
+    if (!three) return _mm256_and_si256(qs, low2);
+    __m256i hm = _mm256_loadu_si256((const __m256i *)(runs + 32 * c)); /* bit 4n + j to bit 2 */
+    int k = 4 * n + j;
+    hm = k >= 2 ? _mm256_srli_epi16(hm, k - 2) : _mm256_slli_epi16(hm, 2 - k);
+    return llm_avx2_and_or(qs, low2, _mm256_and_si256(hm, bit2));
+}
+
+/* q2_K's and q3_K's 16 sub-blocks' scale bytes of a tile's 8 rows, byte s % 4 of bytes[s / 4] sub-block s's
+ * (as llm_avx2_lane_byte picks it). q2_K: runs 0..3 as they lie (a byte: the 4-bit scale, the 4-bit min
+ * above it). q3_K: its 6-bit scales (stored + 32) from runs 24..26, a row's 12 bytes as 3 words a, b, c:
+ * scales 0..3 the low nibbles of a's bytes, 4..7 of b's, 8..11 and 12..15 their high nibbles, each with 2
+ * top bits from c's bytes (bits 0-1, 2-3, 4-5, 6-7), as llama.cpp's kmask1/kmask2 take them apart */
+static inline __attribute__((always_inline)) void llm_tiles_scales23(int three, const uint8_t *runs,
+                                                                   __m256i bytes[4]) {
+    if (!three) {
+        for (int k = 0; k < 4; k++) bytes[k] = _mm256_loadu_si256((const __m256i *)(runs + 32 * k));
+        return;
+    }
+    const __m256i low4 = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
+    __m256i a = _mm256_loadu_si256((const __m256i *)(runs + 32 * 24));
+    __m256i b = _mm256_loadu_si256((const __m256i *)(runs + 32 * 25));
+    __m256i c = _mm256_loadu_si256((const __m256i *)(runs + 32 * 26));
+    bytes[0] = _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_and_si256(_mm256_slli_epi16(c, 4), top));
+    bytes[1] = _mm256_or_si256(_mm256_and_si256(b, low4), _mm256_and_si256(_mm256_slli_epi16(c, 2), top));
+    bytes[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4), _mm256_and_si256(c, top));
+    bytes[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), low4),
+                               _mm256_and_si256(_mm256_srli_epi16(c, 2), top));
+}
+/* sub-block s's scale (q3_K: signed, -32..31) and min (q2_K; q3_K has none: 0) of the 8 rows, one in each
+ * 32-bit lane */
+static inline __attribute__((always_inline)) void llm_tiles_scale23(int three, const __m256i bytes[4], int s,
+                                                                  __m256i *scale, __m256i *min) {
+    __m256i byte = llm_avx2_lane_byte(bytes[s / 4], s % 4);
+    if (three) {
+        *scale = _mm256_sub_epi32(byte, _mm256_set1_epi32(32));
+        *min = _mm256_setzero_si256();
+    } else {
+        *scale = _mm256_and_si256(byte, _mm256_set1_epi32(15));
+        *min = _mm256_srli_epi32(byte, 4);
+    }
+}
+
+/* q2_K's (three 0) or q3_K's (three 1) tile (8 rows, n_blocks blocks of 256 values) times nc tokens, as
+ * q6_K's above: the 32 values 128n + 32j.. (the token's block 4n + j) in two sub-blocks of 16 (runs c < 4,
+ * then c >= 4), each w . (256 q + r) times d, its scale and the token's d; q3_K's less 4 times the sum of
+ * its 16 activations (the stored values' offset), q2_K's minimum as q4_K's: dmin min_s times the token's d
+ * times that sum. A row at a time the third bits (llm_q8_dotk_avx2) held q3_K's products to 3.7 GB/s from
+ * memory, q2_K's to 3.1, where a read loop gets 23-27 (one thread of a Sapphire Rapids) */
+static inline __attribute__((always_inline)) void llm_tiles_dot23_avx2(int three, int wide, const uint8_t *p,
+                                                                     int64_t n_blocks, const llm_q8 *x,
+                                                                     int64_t x_stride, int nc, float *out,
+                                                                     int64_t out_stride) {
+    const int tile_bytes = LLM_TILE_ROWS * (three ? 110 : 84);
+    __m256 acc[4], mins[4];
+    for (int c = 0; c < nc; c++) acc[c] = mins[c] = _mm256_setzero_ps();
+    int ahead[2];
+    llm_prefetch_load(0, ahead);
+    for (int64_t b = 0; b < n_blocks; b++, p += tile_bytes) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        const __m256 dmin = three ? _mm256_setzero_ps()
+                                  : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));
+        const uint8_t *runs = p + (three ? 16 : 32);
+        __m256i scale_bytes[4];
+        llm_tiles_scales23(three, runs, scale_bytes);
+#pragma GCC unroll 8
+        for (int quarter = 0; quarter < 8; quarter++) { /* values 32 quarter..: n, j its / 4, % 4 */
+            for (int at = tile_bytes / 8 * quarter; at < tile_bytes / 8 * (quarter + 1); at += 64)
+                llm_prefetch(p + at, ahead); /* an eighth of the tile's lines at a time, as q4_K's quarters */
+            __m256i dq[2][4], dr[2][4]; /* [sub-block][token] */
+            for (int c = 0; c < nc; c++) dq[0][c] = dq[1][c] = dr[0][c] = dr[1][c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int run = 0; run < 8; run++) {
+                __m256i w = llm_tiles_q23(three, runs, quarter / 4, quarter % 4, run);
+                const int h = run / 4;
+                for (int c = 0; c < nc; c++) {
+                    const llm_q8 *xb = x + c * x_stride + 8 * b + quarter;
+                    int32_t q4, r4;
+                    memcpy(&q4, xb->q + 4 * run, 4);
+                    dq[h][c] = llm_avx2_dpbusd(dq[h][c], w, _mm256_set1_epi32(q4));
+                    if (!wide) continue;
+                    memcpy(&r4, xb->r + 4 * run, 4);
+                    dr[h][c] = llm_avx2_dpbusd(dr[h][c], w, _mm256_set1_epi32(r4));
+                }
+            }
+            for (int h = 0; h < 2; h++) {
+                __m256i scale, min;
+                llm_tiles_scale23(three, scale_bytes, 2 * quarter + h, &scale, &min);
+                __m256 d_scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(scale));
+                __m256 dmin_min = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(min));
+                for (int c = 0; c < nc; c++) {
+                    const llm_q8 *xb = x + c * x_stride + 8 * b + quarter;
+                    __m256i dot = wide ? _mm256_add_epi32(_mm256_slli_epi32(dq[h][c], 8), dr[h][c])
+                                       : dq[h][c];
+                    if (three) dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(4 * xb->sum[h]));
+                    __m256 times = _mm256_mul_ps(d_scale, _mm256_set1_ps(xb->d));
+                    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), times, acc[c]);
+                    if (three) continue;
+                    mins[c] = _mm256_fmadd_ps(dmin_min, _mm256_set1_ps(xb->d * (float)xb->sum[h]), mins[c]);
+                }
+            }
+        }
+    }
+    for (int c = 0; c < nc; c++) _mm256_storeu_ps(out + c * out_stride, _mm256_sub_ps(acc[c], mins[c]));
+}
+
 /* The kernel specialized to its type, activations and tokens: up to 4 tokens a call with AVX-512's 32
  * registers, 2 with AVX2's 16 (each token's sums are its own: the same bits however many share a call) */
 #if defined(LLM_AVX512F)
@@ -14767,6 +14884,10 @@ static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t 
                                            out + (s) * out_stride, out_stride)                             \
      : T == LLM_Q6_K ? llm_tiles_dot6_avx2(W, tile, cols / 256, x + (s) * x_stride, x_stride, k,           \
                                            out + (s) * out_stride, out_stride)                             \
+     : T == LLM_Q3_K ? llm_tiles_dot23_avx2(1, W, tile, cols / 256, x + (s) * x_stride, x_stride, k,       \
+                                            out + (s) * out_stride, out_stride)                            \
+     : T == LLM_Q2_K ? llm_tiles_dot23_avx2(0, W, tile, cols / 256, x + (s) * x_stride, x_stride, k,       \
+                                            out + (s) * out_stride, out_stride)                            \
      : T == LLM_Q8_0 ? llm_tiles_dot8_avx2(W, tile, cols / 32, x + (s) * x_stride, x_stride, k,            \
                                            out + (s) * out_stride, out_stride)                             \
                      : llm_tiles_dot_avx2(T, W, tile, cols / 32, x + (s) * x_stride, x_stride, k,          \
@@ -14794,6 +14915,10 @@ static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t 
     else if (type == LLM_Q4_K) { LLM_TILES_TOKENS(LLM_Q4_K, 0); }
     else if (type == LLM_Q5_K && wide) { LLM_TILES_TOKENS(LLM_Q5_K, 1); }
     else if (type == LLM_Q5_K) { LLM_TILES_TOKENS(LLM_Q5_K, 0); }
+    else if (type == LLM_Q3_K && wide) { LLM_TILES_TOKENS(LLM_Q3_K, 1); }
+    else if (type == LLM_Q3_K) { LLM_TILES_TOKENS(LLM_Q3_K, 0); }
+    else if (type == LLM_Q2_K && wide) { LLM_TILES_TOKENS(LLM_Q2_K, 1); }
+    else if (type == LLM_Q2_K) { LLM_TILES_TOKENS(LLM_Q2_K, 0); }
     else if (wide) { LLM_TILES_TOKENS(LLM_Q6_K, 1); }
     else { LLM_TILES_TOKENS(LLM_Q6_K, 0); }
 #undef LLM_TILES_TOKENS
@@ -15286,6 +15411,10 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
             if (fifth_run && r0 < n_rows) qh = _mm256_loadu_si256((const __m256i *)runs);
             for (int c = 0; c < 8; c++) {
                 if (r0 >= n_rows) { chunk[c] = _mm256_setzero_si256(); continue; }
+                if (type == LLM_Q2_K || type == LLM_Q3_K) { /* quarter sub % 4 of half sub / 4 */
+                    chunk[c] = llm_tiles_q23(type == LLM_Q3_K, runs, sub / 4, sub % 4, c);
+                    continue;
+                }
                 if (type == LLM_Q6_K) { /* quarter sub % 4 of half sub / 4 */
                     __m256i w[2];
                     llm_tiles_q6(runs, sub / 4, sub % 2, c, w);
@@ -15330,8 +15459,17 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
                     int i = 2 * sub + h;
                     scale[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(llm_tiles_scale6(runs, i)));
                 }
+                if (type == LLM_Q2_K || type == LLM_Q3_K) { /* d scale_i, and q2_K's dmin min_i */
+                    __m256i scale_bytes[4], scale_i, min_i;
+                    llm_tiles_scales23(type == LLM_Q3_K, runs, scale_bytes);
+                    for (int h = 0; h < 2; h++) {
+                        llm_tiles_scale23(type == LLM_Q3_K, scale_bytes, 2 * sub + h, &scale_i, &min_i);
+                        scale[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(scale_i));
+                        if (type == LLM_Q2_K) min[h] = _mm256_mul_ps(m, _mm256_cvtepi32_ps(min_i));
+                    }
+                }
             }
-            for (int h = 0; h < (type == LLM_Q6_K ? 2 : 1); h++) {
+            for (int h = 0; h < (llm_pack_two_halves(type) ? 2 : 1); h++) {
                 _mm256_storeu_ps(s->scale[h] + r0, scale[h]);
                 _mm256_storeu_ps(s->min[h] + r0, min[h]);
             }

@@ -1940,7 +1940,8 @@ static void quant_integer_activations(llm_q8 *xq, int n_blocks, int wide, uint64
  * path's bound of the plain C; and 2 to 4 tokens at once give each token the same bits as one at a time */
 static void quant_tiles_check(int wide, uint64_t *rng) {
     enum { N = 512, ROWS = 16, TOKENS = 4, ROW_MAX = N / 32 * 34 }; /* q8_0's row, the longest */
-    const uint32_t types[] = {LLM_Q4_0, LLM_Q4_1, LLM_Q5_0, LLM_Q5_1, LLM_Q8_0, LLM_Q4_K, LLM_Q5_K, LLM_Q6_K};
+    const uint32_t types[] = {LLM_Q4_0, LLM_Q4_1, LLM_Q5_0, LLM_Q5_1, LLM_Q8_0, LLM_Q4_K, LLM_Q5_K, LLM_Q6_K,
+                              LLM_Q2_K, LLM_Q3_K};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];
         uint64_t bb, bv;
@@ -2603,6 +2604,14 @@ static void test_decode_tiles_smollm2(void) {
 /* q4_K's and q6_K's tiles: a Q4_K_M file's matrices (q4_K, and q6_K where llama-quantize gives more bits) */
 static void test_decode_tiles_q4_k_m(void) {
     decode_tiles_check(model_path("random-quant-q4_k_m.gguf"), "random Q4_K_M", 0);
+}
+/* q3_K's and q2_K's tiles: a Q3_K_M file's every layer matrix (q3_K, with q4_K and q5_K where llama-quantize
+ * gives more bits) and a Q2_K file's (q2_K, and q3_K) */
+static void test_decode_tiles_q3_k_m(void) {
+    decode_tiles_check(model_path("random-quant-q3_k_m.gguf"), "random Q3_K_M", 1);
+}
+static void test_decode_tiles_q2_k(void) {
+    decode_tiles_check(model_path("random-quant-q2_k.gguf"), "random Q2_K", 1);
 }
 /* q5_0's tiles: a Q5_0 file's every layer matrix (Gemma 3 270M's Q4_K_M gives most of its matrices q5_0) */
 static void test_decode_tiles_q5_0(void) {
@@ -13980,7 +13989,8 @@ int main(int argc, char **argv) {
         {"quant SmolLM2", test_quant_smollm2}, {"decode tiles SmolLM2", test_decode_tiles_smollm2},
         {"decode tiles Q4_K_M", test_decode_tiles_q4_k_m},
         {"decode tiles Q5_0", test_decode_tiles_q5_0}, {"decode tiles Q5_1", test_decode_tiles_q5_1},
-        {"decode tiles Q5_K_M", test_decode_tiles_q5_k_m},
+        {"decode tiles Q5_K_M", test_decode_tiles_q5_k_m}, {"decode tiles Q3_K_M", test_decode_tiles_q3_k_m},
+        {"decode tiles Q2_K", test_decode_tiles_q2_k},
         {"decode tiles Gemma 3", test_decode_tiles_gemma3},
         {"fidelity of the default path", test_fidelity_smollm2},
         {"kv quant blocks", test_kv_quant_blocks}, {"kv quant capacity", test_kv_quant_capacity},
