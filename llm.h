@@ -14365,6 +14365,8 @@ static inline __m256i llm_tiles_fifth_order(__m256i v, int into_tiles) {
     return out;
 }
 
+static void llm_tiles_q3_order(uint8_t *runs, int into_tiles); /* q3_K's values regrouped: below */
+
 /* n_rows (a multiple of 8) rows of cols values into their tiles (as many bytes), or (into_tiles 0) back:
  * a prefill's packing reads rows (llm_matmul), and the rows in the file stay unread */
 static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t n_rows, int64_t cols,
@@ -14385,7 +14387,12 @@ static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t
                     memcpy(into_tiles ? tile + 16 * k + 2 * i : row[i] + halves_at + 2 * k,
                            into_tiles ? row[i] + halves_at + 2 * k : tile + 16 * k + 2 * i, 2);
             }
-            uint8_t *runs = tile + 16 * halves;
+            uint8_t *runs = tile + 16 * halves, q3_runs[27 * 32];
+            if (type == LLM_Q3_K && !into_tiles) { /* the tile's values as the rows order them, to copy out */
+                memcpy(q3_runs, runs, sizeof q3_runs);
+                llm_tiles_q3_order(q3_runs, 0);
+                runs = q3_runs;
+            }
             int u = 0;
             if (type == LLM_Q5_0 || type == LLM_Q5_1) { /* run 0: the 8 rows' fifth bits, regrouped */
                 uint32_t words[LLM_TILE_ROWS];
@@ -14417,6 +14424,7 @@ static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t
                 for (int i = 0; i < LLM_TILE_ROWS; i++)
                     memcpy(into_tiles ? runs + 32 * u + 4 * i : row[i] + rest_at + 4 * u,
                            into_tiles ? row[i] + rest_at + 4 * u : runs + 32 * u + 4 * i, 4);
+            if (type == LLM_Q3_K && into_tiles) llm_tiles_q3_order(runs, 1);
         }
 }
 
@@ -14753,21 +14761,71 @@ static inline __attribute__((always_inline)) void llm_tiles_dot6_avx2(int wide, 
     for (int c = 0; c < nc; c++) _mm256_storeu_ps(out + c * out_stride, acc[c]);
 }
 
-/* q2_K's and q3_K's 2-bit parts: value 128n + 32j + l of a block is bits 2j, 2j + 1 of qs[32n + l], which
- * run 8n + c of the tile's qs runs holds for l = 4c..4c+3 (q2_K's qs runs from run 4, after its 16 scale
- * bytes; q3_K's from run 8, after its 32 bytes of high bits: run c holds hmask[4c..4c+3], whose bit 4n + j is
- * that value's third bit). The 8 rows' 4 values (0..3; q3_K 0..7, stored + 4) in bytes: 2 to 4 instructions
- * (a 16-bit shift and a mask each part: the bits from the byte above fall outside it) */
+/* q2_K's values in its tiles: value 128n + 32j + l of a block is bits 2j, 2j + 1 of qs[32n + l], which run
+ * 4 + 8n + c (after the 4 runs of its 16 scale bytes) holds for l = 4c..4c+3. q3_K's 2-bit parts lie so too
+ * in its rows, with a third bit per value in hmask (bit 4n + j of hmask[l]), which took 4 instructions a
+ * value to join (a fifth of its products' time); its tiles hold the values regrouped instead
+ * (llm_tiles_q3_order), 3 runs for each c of 8: run 3c holds quarters (the block's 32-value parts) 0 and 1 in
+ * bits 0-2 and 3-5 of its bytes, run 3c + 1 quarters 2 and 3, run 3c + 2 quarters 4 and 5, and quarters 6
+ * and 7 have their low 2 bits in bits 6-7 of the first two, their third bits in bits 6 and 7 of the third.
+ * The 8 rows' 4 values of quarter 4n + j (0..3; q3_K 0..7, stored + 4) in bytes: 1, 2 or 4 instructions (a
+ * 16-bit shift, then a mask: the bits from the byte above fall outside it) */
 static inline __attribute__((always_inline)) __m256i llm_tiles_q23(int three, const uint8_t *runs, int n,
                                                                 int j, int c) {
-    const __m256i low2 = _mm256_set1_epi8(3), bit2 = _mm256_set1_epi8(4);
-    __m256i qs = _mm256_loadu_si256((const __m256i *)(runs + 32 * ((three ? 8 : 4) + 8 * n + c)));
-    if (j) qs = _mm256_srli_epi16(qs, 2 * j);
-    if (!three) return _mm256_and_si256(qs, low2);
-    __m256i hm = _mm256_loadu_si256((const __m256i *)(runs + 32 * c)); /* bit 4n + j to bit 2 */
-    int k = 4 * n + j;
-    hm = k >= 2 ? _mm256_srli_epi16(hm, k - 2) : _mm256_slli_epi16(hm, 2 - k);
-    return llm_avx2_and_or(qs, low2, _mm256_and_si256(hm, bit2));
+    const __m256i low2 = _mm256_set1_epi8(3), low3 = _mm256_set1_epi8(7), bit2 = _mm256_set1_epi8(4);
+    if (!three) {
+        __m256i qs = _mm256_loadu_si256((const __m256i *)(runs + 32 * (4 + 8 * n + c)));
+        return _mm256_and_si256(j ? _mm256_srli_epi16(qs, 2 * j) : qs, low2);
+    }
+    const int quarter = 4 * n + j;
+    const __m256i *three_runs = (const __m256i *)(runs + 32 * 3 * c);
+    if (quarter < 6) {
+        __m256i run = _mm256_loadu_si256(three_runs + quarter / 2);
+        return _mm256_and_si256(quarter % 2 ? _mm256_srli_epi16(run, 3) : run, low3);
+    }
+    __m256i low = _mm256_srli_epi16(_mm256_loadu_si256(three_runs + quarter - 6), 6);
+    __m256i third = _mm256_srli_epi16(_mm256_loadu_si256(three_runs + 2), quarter - 2); /* bit 6 or 7 */
+    return llm_avx2_and_or(low, low2, _mm256_and_si256(third, bit2));
+}
+
+/* q3_K's 24 runs of values (hmask's 8, then qs's 16, 8 rows side by side) regrouped in place into the
+ * layout above, or (into_tiles 0) back */
+static void llm_tiles_q3_order(uint8_t *runs, int into_tiles) {
+    const __m256i low2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), bit2 = _mm256_set1_epi8(4);
+    __m256i out[24];
+    for (int c = 0; c < 8; c++) {
+        __m256i v[8]; /* quarter q's values 4c..4c+3, 0..7 */
+        if (into_tiles) {
+            __m256i hm = _mm256_loadu_si256((const __m256i *)(runs + 32 * c));
+            for (int q = 0; q < 8; q++) {
+                __m256i qs = _mm256_loadu_si256((const __m256i *)(runs + 32 * (8 + 8 * (q / 4) + c)));
+                __m256i third = _mm256_and_si256(_mm256_srli_epi16(hm, q), one);
+                v[q] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2 * (q % 4)), low2),
+                                       _mm256_slli_epi16(third, 2));
+            }
+            out[3 * c] = _mm256_or_si256(_mm256_or_si256(v[0], _mm256_slli_epi16(v[1], 3)),
+                                         _mm256_slli_epi16(_mm256_and_si256(v[6], low2), 6));
+            out[3 * c + 1] = _mm256_or_si256(_mm256_or_si256(v[2], _mm256_slli_epi16(v[3], 3)),
+                                             _mm256_slli_epi16(_mm256_and_si256(v[7], low2), 6));
+            __m256i thirds = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(v[6], bit2), 4),
+                                             _mm256_slli_epi16(_mm256_and_si256(v[7], bit2), 5));
+            out[3 * c + 2] = _mm256_or_si256(_mm256_or_si256(v[4], _mm256_slli_epi16(v[5], 3)), thirds);
+        } else {
+            for (int q = 0; q < 8; q++) v[q] = llm_tiles_q23(1, runs, q / 4, q % 4, c);
+            __m256i hm = _mm256_setzero_si256();
+            for (int q = 0; q < 8; q++) /* third bit q of each byte: quarter q's */
+                hm = _mm256_or_si256(hm, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(v[q], 2), one),
+                                                           q));
+            out[c] = hm;
+            for (int n = 0; n < 2; n++) {
+                __m256i qs = _mm256_setzero_si256();
+                for (int j = 0; j < 4; j++)
+                    qs = _mm256_or_si256(qs, _mm256_slli_epi16(_mm256_and_si256(v[4 * n + j], low2), 2 * j));
+                out[8 + 8 * n + c] = qs;
+            }
+        }
+    }
+    for (int u = 0; u < 24; u++) _mm256_storeu_si256((__m256i *)(runs + 32 * u), out[u]);
 }
 
 /* q2_K's and q3_K's 16 sub-blocks' scale bytes of a tile's 8 rows, byte s % 4 of bytes[s / 4] sub-block s's
