@@ -5783,6 +5783,7 @@ typedef struct {
     float s;            /* d * (the sum of those integers): what a block minimum (q4_1, q5_1) multiplies */
     int32_t sum[2];     /* the integers of values 0..15 and 16..31 added up: what sub-block minimums
                          * multiply */
+    float ds[2];        /* d * sum[h]: what they multiply in float (once here, not once a row) */
     int8_t q[32];
     int8_t r[32];       /* what q's rounding left, in 256ths of q's step (16-bit activations; else 0) */
     int16_t a[32];      /* 256 q + r as one 16-bit integer, what 16-bit products meet (16-bit; else 0) */
@@ -5818,6 +5819,7 @@ static __attribute__((unused)) void llm_q8_quantize_ref(const float *x, llm_q8 *
             out[b].sum[h] = sum;
         }
         out[b].s = out[b].d * (float)(out[b].sum[0] + out[b].sum[1]);
+        for (int h = 0; h < 2; h++) out[b].ds[h] = out[b].d * (float)out[b].sum[h];
     }
 }
 
@@ -14918,7 +14920,7 @@ static inline __attribute__((always_inline)) void llm_tiles_dot23_avx2(int three
                     __m256 times = _mm256_mul_ps(d_scale, _mm256_set1_ps(xb->d));
                     acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), times, acc[c]);
                     if (three) continue;
-                    mins[c] = _mm256_fmadd_ps(dmin_min, _mm256_set1_ps(xb->d * (float)xb->sum[h]), mins[c]);
+                    mins[c] = _mm256_fmadd_ps(dmin_min, _mm256_set1_ps(xb->ds[h]), mins[c]);
                 }
             }
         }
@@ -15191,7 +15193,7 @@ static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, in
                 __m512 xd = _mm512_set1_ps(xg->d);
                 acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[c]), _mm512_mul_ps(scale, xd), acc[c]);
                 if (llm_pack_has_min(type))
-                    acc[c] = _mm512_fnmadd_ps(min, _mm512_set1_ps(xg->d * (float)sum), acc[c]);
+                    acc[c] = _mm512_fnmadd_ps(min, _mm512_set1_ps(halves == 2 ? xg->ds[h] : xg->s), acc[c]);
             }
         }
     }
@@ -15257,7 +15259,7 @@ static void llm_amx_layout(uint32_t type, const llm_q8 *x, int64_t n_groups, llm
             numbers[g].d[c] = xg->d;
             for (int h = 0; h < halves; h++) {
                 int sum = halves == 2 ? xg->sum[h] : xg->sum[0] + xg->sum[1];
-                numbers[g].ds[h][c] = xg->d * (float)sum;
+                numbers[g].ds[h][c] = halves == 2 ? xg->ds[h] : xg->s;
                 numbers[g].offset_sum[h][c] = offset * sum;
             }
         }
@@ -15392,7 +15394,7 @@ static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, in
                 __m256 xd = _mm256_set1_ps(xg->d);
                 acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[c]), _mm256_mul_ps(scale, xd), acc[c]);
                 if (llm_pack_has_min(type))
-                    acc[c] = _mm256_fnmadd_ps(min, _mm256_set1_ps(xg->d * (float)sum), acc[c]);
+                    acc[c] = _mm256_fnmadd_ps(min, _mm256_set1_ps(halves == 2 ? xg->ds[h] : xg->s), acc[c]);
             }
         }
     }
@@ -15658,6 +15660,7 @@ static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wid
         out[b].d = wide ? fine : d;
         out[b].sum[0] = sum0; out[b].sum[1] = sum1;
         out[b].s = out[b].d * (float)(sum0 + sum1);
+        out[b].ds[0] = out[b].d * (float)sum0; out[b].ds[1] = out[b].d * (float)sum1;
     }
 }
 
@@ -16107,6 +16110,7 @@ static void llm_q8_quantize_neon(const float *x, llm_q8 *out, int64_t n, int wid
             out[b].sum[h] = vaddvq_s32(vaddq_s32(vaddq_s32(q[4 * h], q[4 * h + 1]),
                                                  vaddq_s32(q[4 * h + 2], q[4 * h + 3])));
         out[b].s = out[b].d * (float)(out[b].sum[0] + out[b].sum[1]);
+        for (int h = 0; h < 2; h++) out[b].ds[h] = out[b].d * (float)out[b].sum[h];
     }
 }
 

@@ -1930,6 +1930,7 @@ static void quant_integer_activations(llm_q8 *xq, int n_blocks, int wide, uint64
         }
         xq[b].sum[0] = sum[0]; xq[b].sum[1] = sum[1];
         xq[b].s = (float)(sum[0] + sum[1]);
+        xq[b].ds[0] = (float)sum[0]; xq[b].ds[1] = (float)sum[1];
     }
 }
 
