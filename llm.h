@@ -255,7 +255,7 @@ typedef struct {
 } llm_config;
 
 /* rows of cols values; tiles: the same in a CPU backend's layout for decode steps (section 14's decode tiles:
- * q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q4_K's, q5_K's and q6_K's rows 8 side by side), or NULL */
+ * q4_0's, q4_1's, q5_0's, q5_1's, q8_0's and the k-quants' rows 8 side by side), or NULL */
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; const void *tiles; } llm_weight;
 
 typedef struct {
@@ -657,8 +657,8 @@ void llm_rope_freqs(const llm_config *c, float base, float freq_scale, float *fr
  * experts, best first, and their weights ([T][n_experts_used] each) */
 void llm_moe_route(const llm_config *cf, const float *router_bias, float *scores, int T, int *chosen,
                    float *weight);
-/* The CPU: quantized weights as stored (q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q4_K's, q5_K's and q6_K's
- * matrices copied, 8 rows side by side, when it starts), times activations rounded to 16 bits (see
+/* The CPU: quantized weights as stored (q4_0's, q4_1's, q5_0's, q5_1's, q8_0's and the k-quants' (q2_K to
+ * q6_K) matrices copied, 8 rows side by side, when it starts), times activations rounded to 16 bits (see
  * llm_cpu_path) */
 llm_backend *llm_cpu_backend_create(const llm_model *m, char *err);
 /* The plain-C reference: each weight row converted to f32 exactly (llm_dtype_dequant_row) and multiplied in
@@ -6051,7 +6051,7 @@ static void llm_amx_layout(uint32_t type, const llm_q8 *x, int64_t n_groups, llm
 #endif
 static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
                          int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride);
-/* and the decode tiles: q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q4_K's, q5_K's and q6_K's matrices with their
+/* and the decode tiles: q4_0's, q4_1's, q5_0's, q5_1's, q8_0's and q2_K's to q6_K's matrices with their
  * rows 8 side by side, which the CPU backend copies them into when it starts (llm_weight's tiles), and what a
  * step of up to LLM_TILES_MAX_TOKENS tokens reads */
 #define LLM_TILE_ROWS 8
@@ -13745,8 +13745,8 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *   quantized weights    llm_q8_quantize_avx2 (activations to blocks of 8- or 16-bit integers);
  *                        llm_q8_dot32_avx2 and llm_q8_dotk_avx2 (a weight row times 1 to 4 tokens, or 4
  *                        rows times one with AVX-512, 2 with AVX2; 32-value blocks and k-quants);
- *                        llm_tiles_copy and llm_tiles_dot (q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q4_K's,
- *                        q5_K's and q6_K's matrices with 8 rows side by side, the decode tiles the CPU
+ *                        llm_tiles_copy and llm_tiles_dot (q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q2_K's
+ *                        to q6_K's matrices with 8 rows side by side, the decode tiles the CPU
  *                        backend keeps them in: steps of up to 16 tokens);
  *                        llm_pack_rows, llm_pack_tiles (from decode tiles), llm_pack_dot and
  *                        llm_matmul_packed (a prefill: 8 rows, 16 with AVX-512 VNNI, unpacked side by side
@@ -14290,18 +14290,18 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
         for (int c = 0; c < nc; c++) out[c * out_stride + r] = sums[r * nc + c];
 }
 
-/* ---- Decode tiles: q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q4_K's, q5_K's, q6_K's rows 8 side by side -- */
+/* ---- Decode tiles: q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q2_K's to q6_K's rows 8 side by side ------- */
 /* A decode step meets each weight row with one token (or a few), and a row at a time a q4_0 or q4_1 block
  * costs about 10 instructions for its 18 or 20 bytes: the nibbles widened and split, two multiply-adds, the
  * scale converted and applied, and at the row's end sums across lanes. That bounds the products at 11-12
  * GB/s on one core of a Sapphire Rapids, where a plain loop reads the same bytes at 17-24. Stored 8 rows
  * side by side instead, a row sits in each 32-bit lane: one vpdpbusd adds 4 products for each of 8 rows,
  * a block's 8 scales convert in one instruction, and nothing is summed across lanes (about 4 instructions
- * a row and block). The CPU backend copies each q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K and q6_K matrix
+ * a row and block). The CPU backend copies each q4_0, q4_1, q5_0, q5_1, q8_0 and q2_K to q6_K matrix
  * into this layout when it starts (llm_cpu_make_tiles), as llama.cpp's CPU backend repacks Q4_0; one tile of
  * 8 rows and one block takes the 8 rows' block bytes, in this order:
- *     the block's f16 scales, each of rows 0..7 side by side: d (q4_0, q5_0, q8_0, q6_K); d, then m (q4_1,
- *     q5_1); d, then dmin (q4_K, q5_K)
+ *     the block's f16 scales, each of rows 0..7 side by side: d (q4_0, q5_0, q8_0, q3_K, q6_K); d, then m
+ *     (q4_1, q5_1); d, then dmin (q2_K, q4_K, q5_K)
  *     the rest of the block in runs of 32 bytes: run u holds the rest's bytes 4u..4u+3 of each row, row i's
  *     at 4i. q4_0, q4_1: 4 runs, run c holding nibble bytes 4c..4c+3 (low nibbles: the row's values
  *     4c..4c+3; high: 16 + 4c..16 + 4c + 3). q5_0, q5_1: a run of the fifth bits, each row's 32 regrouped
@@ -14310,19 +14310,22 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
  *     of nibbles, run 3 + 8k + c holding values 64k + 4c.. (low) and 64k + 32 + 4c.. (high). q5_K: 3 runs
  *     of scales and mins as q4_K's, 8 runs of fifth bits (run 3 + c holding the bytes qh[4c..4c+3], bit 2k
  *     of qh[l] value 64k + l's, bit 2k + 1 value 64k + 32 + l's), then 32 of nibbles as q4_K's. q6_K (its
- *     d is its block's last 2 bytes): 32 runs of low nibbles, 16 of 2-bit high parts, 4 of 8-bit scales
+ *     d is its block's last 2 bytes): 32 runs of low nibbles, 16 of 2-bit high parts, 4 of 8-bit scales.
+ *     q2_K (d and dmin its last 4): 4 runs of 16 scale bytes, 16 of 2-bit values. q3_K (d its last 2): 24
+ *     runs of 3-bit values, its 8 of third bits and 16 of 2-bit parts regrouped (llm_tiles_q3_order), then
+ *     3 of 6-bit scales
  * so that a matrix's tiles take its rows' bytes, and rows r..r+7 start at byte r * row_bytes, as rows do.
  * One thread of a Sapphire Rapids, SmolLM2 Q4_1's matrices from memory, one token: 61-75% -> 88-91% of a
  * plain read loop's speed (results/2026-12-05-decode-tiles-spr-cpu.log). */
-/* the types stored in tiles: q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K and q6_K (a block's bytes: 18, 20, 22,
- * 24, 34, 144, 176, 210) */
+/* the types stored in tiles: q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K and q6_K (a block's bytes:
+ * 18, 20, 22, 24, 34, 84, 110, 144, 176, 210) */
 static int llm_tiles_type(uint32_t type) {
     return type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q5_0 || type == LLM_Q5_1 || type == LLM_Q8_0 ||
-           type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q6_K || type == LLM_Q2_K || type == LLM_Q3_K;
+           type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q6_K;
 }
 /* the f16 scales of a block of the type, which a tile holds 8 rows side by side: q4_0's, q5_0's and q8_0's d;
- * q4_1's and q5_1's d and m; q4_K's and q5_K's d and dmin, the block's first bytes; q6_K's d, its last two
- * (its rest: the bytes before) */
+ * q4_1's and q5_1's d and m; q4_K's and q5_K's d and dmin, the block's first bytes; q6_K's and q3_K's d, its
+ * last two, q2_K's d and dmin its last four (their rest: the bytes before) */
 static int llm_tiles_halves(uint32_t type) {
     return type == LLM_Q4_1 || type == LLM_Q5_1 || type == LLM_Q2_K || type == LLM_Q4_K || type == LLM_Q5_K
            ? 2 : 1;

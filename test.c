@@ -1935,7 +1935,7 @@ static void quant_integer_activations(llm_q8 *xq, int n_blocks, int wide, uint64
 }
 
 #ifdef LLM_CPU_SIMD
-/* The decode tiles (q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q4_K's, q5_K's, q6_K's rows 8 side by side,
+/* The decode tiles (q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q2_K's to q6_K's rows 8 side by side,
  * section 14): 16 rows, 4 tokens. With unit scales and integer activations every product is an integer, which
  * the tiles must give exactly as the plain-C dot does; with random scales and activations, within the fast
  * path's bound of the plain C; and 2 to 4 tokens at once give each token the same bits as one at a time */

@@ -2,7 +2,7 @@
  * step multiplies one token by every weight matrix, so it reads each weight once from memory, and a plain
  * loop reading the same bytes is its ceiling. For each weight type in a model file, this times llm_matmul
  * with one token (the default path: 16-bit activations) over all the file's matrices (q4_0's, q4_1's, q5_0's,
- * q5_1's, q8_0's, q4_K's, q5_K's and q6_K's in decode tiles, as the CPU backend holds them), in file order as
+ * q5_1's, q8_0's and q2_K's to q6_K's in decode tiles, as the CPU backend holds them), in file order as
  * a step meets them, then a plain loop (64-bit sums) over the same bytes, without and with the products'
  * prefetches, and prints all three in GB/s and the products' against the faster loop, per type and in all.
  * Threads: OMP_NUM_THREADS, for all. Built for a CPU with AVX2 at least (the tiles are section 14's, in one
