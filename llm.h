@@ -14572,11 +14572,9 @@ static inline __attribute__((always_inline)) void llm_tiles_scales_mins(const __
     bytes[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(runs[2], 4), four),
                                _mm256_and_si256(_mm256_srli_epi32(runs[1], 2), top));
 }
-/* sub-block j's (0..7) scale and min of the 8 rows, one in each 32-bit lane */
-static inline __attribute__((always_inline)) void llm_tiles_scale_min(const __m256i runs[3], int j,
+/* sub-block j's (0..7) scale and min of the 8 rows, one in each 32-bit lane, from the bytes above */
+static inline __attribute__((always_inline)) void llm_tiles_scale_min(const __m256i bytes[4], int j,
                                                                       __m256i *scale, __m256i *min) {
-    __m256i bytes[4];
-    llm_tiles_scales_mins(runs, bytes);
     *scale = llm_avx2_lane_byte(bytes[j / 4], j % 4);
     *min = llm_avx2_lane_byte(bytes[2 + j / 4], j % 4);
 }
@@ -14652,9 +14650,9 @@ static inline __attribute__((always_inline)) void llm_tiles_dotk_avx2(int fifth,
             }
             for (int h = 0; h < 2; h++) {
                 int j = 2 * k + h;
-                __m256 d_scale =
-                    _mm256_mul_ps(d, _mm256_cvtepi32_ps(llm_avx2_lane_byte(scales_mins[j / 4], j % 4)));
-                __m256i min = llm_avx2_lane_byte(scales_mins[2 + j / 4], j % 4);
+                __m256i scale, min;
+                llm_tiles_scale_min(scales_mins, j, &scale, &min);
+                __m256 d_scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(scale));
                 __m256 dmin_min = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(min));
                 for (int c = 0; c < nc; c++) {
                     const llm_q8 *xb = x + c * x_stride + 8 * b + j;
@@ -15511,10 +15509,11 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
                 if (type == LLM_Q4_1 || type == LLM_Q5_1) /* values d q + m */
                     min[0] = _mm256_sub_ps(_mm256_setzero_ps(), m);
                 if (type == LLM_Q4_K || type == LLM_Q5_K) { /* values d scale_j q - dmin min_j */
-                    __m256i scale_runs[3], scale_j, min_j;
+                    __m256i scale_runs[3], scales_mins[4], scale_j, min_j;
                     for (int u = 0; u < 3; u++)
                         scale_runs[u] = _mm256_loadu_si256((const __m256i *)(runs + 32 * u));
-                    llm_tiles_scale_min(scale_runs, sub, &scale_j, &min_j);
+                    llm_tiles_scales_mins(scale_runs, scales_mins);
+                    llm_tiles_scale_min(scales_mins, sub, &scale_j, &min_j);
                     scale[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(scale_j));
                     min[0] = _mm256_mul_ps(m, _mm256_cvtepi32_ps(min_j));
                 }
