@@ -2061,6 +2061,7 @@ static void quant_dots_check(int wide) {
             sum[j / 16] += v;
         }
         sums_ok &= sum[0] == xq[b].sum[0] && sum[1] == xq[b].sum[1] && xq[b].s == xq[b].d * (sum[0] + sum[1]);
+        sums_ok &= xq[b].ds[0] == xq[b].d * (float)sum[0] && xq[b].ds[1] == xq[b].d * (float)sum[1];
     }
     CHECK(worst <= (wide ? 1.0001f : 0.5001f) && sums_ok, "%s activations: off by %g of a step, sums %s",
           width, worst, sums_ok ? "right" : "wrong");
