@@ -255,8 +255,10 @@ typedef struct {
 } llm_config;
 
 /* rows of cols values; tiles: the same in a CPU backend's layout for decode steps (section 14's decode tiles:
- * q4_0's, q4_1's, q5_0's, q5_1's, q8_0's and the k-quants' rows 8 side by side), or NULL */
+ * q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, mxfp4's and the k-quants' rows LLM_TILE_ROWS side by side, in as
+ * many bytes as the rows), or NULL */
 typedef struct { const void *data; uint32_t type; int64_t rows, cols; const void *tiles; } llm_weight;
+#define LLM_TILE_ROWS 8
 
 typedef struct {
     llm_weight attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm; /* b*, *_norm: data NULL when absent */
@@ -1979,9 +1981,12 @@ void llm_kv_place(const llm_config *c, int layer, int *group, int *index) {
 /* Rows [first, first + n) of w, as a weight of their own (where a file fuses several matrices in one),
  * without decode tiles (a slice need not start where a tile does) */
 static llm_weight llm_weight_rows(llm_weight w, int64_t first, int64_t n) {
-    w.data = (const uint8_t *)w.data + (size_t)first * llm_dtype_row_bytes(w.type, w.cols);
+    size_t row_bytes = llm_dtype_row_bytes(w.type, w.cols);
+    w.data = (const uint8_t *)w.data + (size_t)first * row_bytes;
     w.rows = n;
-    w.tiles = NULL;
+    /* decode tiles (an expert's rows of a stacked matrix) hold 8 rows in as many bytes: whole tiles slice */
+    int whole_tiles = first % LLM_TILE_ROWS == 0 && n % LLM_TILE_ROWS == 0;
+    w.tiles = w.tiles && whole_tiles ? (const uint8_t *)w.tiles + (size_t)first * row_bytes : NULL;
     return w;
 }
 
@@ -6051,10 +6056,9 @@ static void llm_amx_layout(uint32_t type, const llm_q8 *x, int64_t n_groups, llm
 #endif
 static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
                          int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride);
-/* and the decode tiles: q4_0's, q4_1's, q5_0's, q5_1's, q8_0's and q2_K's to q6_K's matrices with their
- * rows 8 side by side, which the CPU backend copies them into when it starts (llm_weight's tiles), and what a
- * step of up to LLM_TILES_MAX_TOKENS tokens reads */
-#define LLM_TILE_ROWS 8
+/* and the decode tiles: q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, mxfp4's and q2_K's to q6_K's matrices with
+ * their rows LLM_TILE_ROWS side by side, which the CPU backend copies them into when it starts (llm_weight's
+ * tiles), and what a step of up to LLM_TILES_MAX_TOKENS tokens reads */
 static int llm_tiles_type(uint32_t type);
 static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t n_rows, int64_t cols,
                            int into_tiles);
@@ -7261,11 +7265,11 @@ static void *llm_alloc_huge(size_t bytes) {
 #endif
 
 /* The model as the CPU backend's forward pass reads it (c->model): model's struct, copied with its layers
- * when the backend starts (the model is not changed: another backend may read it), where every layer's q4_0,
- * q4_1, q5_0, q5_1, q8_0, q4_K, q5_K and q6_K matrix (of rows in eights) and the output layer are given their
- * rows again in decode tiles (section 14), in memory, which steps of up to LLM_TILES_MAX_TOKENS tokens read;
- * a longer one packs its rows from them (llm_pack_tiles). The experts' matrices of a mixture stay rows (a
- * step reads slices of them). */
+ * when the backend starts (the model is not changed: another backend may read it), where every layer's
+ * matrix of a tiled type (llm_tiles_type; rows in eights) and the output layer are given their rows again in
+ * decode tiles (section 14), in memory, which steps of up to LLM_TILES_MAX_TOKENS tokens read; a longer one
+ * packs its rows from them (llm_pack_tiles). The experts' stacked matrices of a mixture too, where each
+ * expert's rows are whole tiles: a step reads an expert's slice (llm_weight_rows slices the tiles too). */
 static int llm_cpu_make_tiles(llm_cpu *c, const llm_model *m, char *err) {
     c->view = *m;
     c->model = &c->view;
@@ -7275,7 +7279,9 @@ static int llm_cpu_make_tiles(llm_cpu *c, const llm_model *m, char *err) {
                                    offsetof(llm_layer, wo), offsetof(llm_layer, w_gate),
                                    offsetof(llm_layer, w_up), offsetof(llm_layer, w_down),
                                    offsetof(llm_layer, shared_gate), offsetof(llm_layer, shared_up),
-                                   offsetof(llm_layer, shared_down)};
+                                   offsetof(llm_layer, shared_down), offsetof(llm_layer, gate_exps),
+                                   offsetof(llm_layer, up_exps), offsetof(llm_layer, down_exps)};
+    const int first_experts = 10; /* tiled[10..12]: the experts' matrices, n_experts stacked */
     int n_layers = m->cfg.n_layers, n_tiled = (int)(sizeof tiled / sizeof tiled[0]);
     if (!(c->view_layers = (llm_layer *)calloc(n_layers ? (size_t)n_layers : 1, sizeof(llm_layer))))
         return llm_fail(err, "out of memory");
@@ -7287,7 +7293,10 @@ static int llm_cpu_make_tiles(llm_cpu *c, const llm_model *m, char *err) {
         for (int k = 0; k <= n_layers * n_tiled; k++) { /* the last: the output layer */
             llm_weight *w = k == n_layers * n_tiled ? &c->view.output
                           : (llm_weight *)((char *)&c->view_layers[k / n_tiled] + tiled[k % n_tiled]);
-            if (!w->data || !llm_tiles_type(w->type) || w->rows % LLM_TILE_ROWS) continue;
+            int experts = k < n_layers * n_tiled && k % n_tiled >= first_experts ? m->cfg.n_experts : 1;
+            if (!w->data || !llm_tiles_type(w->type) || experts < 1 || w->rows % experts ||
+                w->rows / experts % LLM_TILE_ROWS)
+                continue;
             size_t row_bytes = llm_dtype_row_bytes(w->type, w->cols), bytes = (size_t)w->rows * row_bytes;
             if (pass) {
                 /* the rows in the mapped file, which this backend reads no more, leave the process's memory

@@ -1,0 +1,52 @@
+"""Writes random-quant-moe-f32.gguf: a small random-weight mixture of experts (Mixtral's shape: arch llama with
+expert_count 4, expert_used_count 2, experts as wide as feed_forward_length) with stories260K's vocabulary,
+dim 256 and experts of width 256 so that llama-quantize gives its experts k-quants (which need rows of 256s).
+testdata/models/random-quant-moe-q4_k_m.gguf is this file quantized by llama.cpp's llama-quantize:
+    python3 testdata/make_quant_moe.py testdata/models/stories260K.gguf /tmp/random-quant-moe-f32.gguf
+    llama-quantize /tmp/random-quant-moe-f32.gguf testdata/models/random-quant-moe-q4_k_m.gguf Q4_K_M
+(llama-cpp-python 0.3.36's vendored llama.cpp). The stored file is what the tests read; llama-quantize is not
+something a test may need.
+"""
+import sys, numpy as np
+from gguf import GGUFReader, GGUFWriter, GGUFValueType
+
+vocab_file, out = sys.argv[1], sys.argv[2]
+rng = np.random.default_rng(23)
+dim, n_layer, n_head, n_kv, ffn, n_expert, n_used = 256, 2, 4, 2, 256, 4, 2
+hd = dim // n_head
+w = GGUFWriter(out, "llama")
+r = GGUFReader(vocab_file)
+for f in r.fields.values():
+    if not f.name.startswith("tokenizer."): continue
+    t = f.types[0]
+    if t == GGUFValueType.ARRAY:
+        sub = f.types[-1]
+        val = ([bytes(f.parts[i]).decode("utf-8") for i in f.data] if sub == GGUFValueType.STRING
+               else [f.parts[i].tolist()[0] for i in f.data])
+        w.add_key_value(f.name, val, GGUFValueType.ARRAY, sub_type=sub)
+    elif t == GGUFValueType.STRING: w.add_key_value(f.name, bytes(f.parts[-1]).decode("utf-8"), t)
+    else: w.add_key_value(f.name, f.parts[-1].tolist()[0], t)
+n_vocab = len(r.fields["tokenizer.ggml.tokens"].data)
+w.add_name("random-quant-moe")
+w.add_context_length(2048); w.add_embedding_length(dim); w.add_block_count(n_layer)
+w.add_feed_forward_length(ffn); w.add_head_count(n_head); w.add_head_count_kv(n_kv)
+w.add_rope_freq_base(10000.0); w.add_layer_norm_rms_eps(1e-5); w.add_rope_dimension_count(hd)
+w.add_expert_count(n_expert); w.add_expert_used_count(n_used)
+w.add_file_type(0)
+f32 = lambda *s, std=1.0: (rng.standard_normal(s) * std).astype(np.float32)
+w.add_tensor("token_embd.weight", f32(n_vocab, dim))
+for i in range(n_layer):
+    p = f"blk.{i}."
+    w.add_tensor(p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+    w.add_tensor(p + "attn_q.weight", f32(n_head * hd, dim, std=dim ** -0.5))
+    w.add_tensor(p + "attn_k.weight", f32(n_kv * hd, dim, std=dim ** -0.5))
+    w.add_tensor(p + "attn_v.weight", f32(n_kv * hd, dim, std=dim ** -0.5))
+    w.add_tensor(p + "attn_output.weight", f32(dim, n_head * hd, std=4 * (n_head * hd) ** -0.5))
+    w.add_tensor(p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
+    w.add_tensor(p + "ffn_gate_inp.weight", f32(n_expert, dim, std=dim ** -0.5 * 3))
+    w.add_tensor(p + "ffn_gate_exps.weight", f32(n_expert, ffn, dim, std=dim ** -0.5))
+    w.add_tensor(p + "ffn_up_exps.weight", f32(n_expert, ffn, dim, std=dim ** -0.5))
+    w.add_tensor(p + "ffn_down_exps.weight", f32(n_expert, dim, ffn, std=4 * ffn ** -0.5))
+w.add_tensor("output_norm.weight", np.ones(dim, dtype=np.float32))
+w.add_tensor("output.weight", f32(n_vocab, dim))
+w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
