@@ -165,15 +165,16 @@ test-core: llm-test-core $(MODEL) testdata
 # ---- make test-variants ------------------------------------------------------------------------------------
 # the tests that check the kernels against the plain C, and the forward pass against llama.cpp's references,
 # on other targets: each build's own kernels (or none) against the same C and the same references (and the
-# AVX2 build's decode tiles on the default model, Q4_K_M, Q5_0, Q5_1, Q5_K_M, Q3_K_M, Q2_K and MoE
-# ones and Gemma 3, two tokens a call there).
+# AVX2 build's decode tiles on the default model, Q4_K_M, Q5_0, Q5_1, Q5_K_M, Q3_K_M, Q2_K, MoE and
+# MXFP4 ones and Gemma 3, two tokens a call there).
 # The ARM build is static (qemu-user then needs no ARM libraries) and armv8.2-a (dotprod: Graviton 2 on,
 # Apple M1 on)
 VARIANT_TESTS = test data,gguf values,stories260K references,random model references,paged forward,\
 	half floats,weight types,quant dequantization,quant references,mxfp4,quant dot products,quant prefill tiles,\
 	quant fast path,kv quant blocks,sampler,batch invariance,prefix cache,cpu features
 TILES_TESTS = decode tiles SmolLM2,decode tiles Q4_K_M,decode tiles Q5_0,decode tiles Q5_1,\
-	decode tiles Q5_K_M,decode tiles Q3_K_M,decode tiles Q2_K,decode tiles MoE,decode tiles Gemma 3
+	decode tiles Q5_K_M,decode tiles Q3_K_M,decode tiles Q2_K,decode tiles MoE,decode tiles MXFP4,\
+	decode tiles Gemma 3
 AARCH64_CC ?= aarch64-linux-gnu-gcc
 QEMU_AARCH64 ?= qemu-aarch64
 VARIANT_FLAGS = -O2 -Wall -Wextra -Wno-missing-field-initializers -std=gnu11 -ffp-contract=off \

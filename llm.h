@@ -52,7 +52,7 @@
  * Their sizes in the implementation (lines, a quarter of the core's comments; a test keeps them within a
  * fifth of the truth): 1 GGUF 590, 2 Model 540, 3 Tokenizer 1320, 4 Chat 900, 5 Requests 740, 6 Blocks 140,
  * 7 Forward 1570, 8 Sampler 410, 9 Detokenizer 220, 10 Engine 1520: the core, 7950; then the layers:
- * 11 JSON 310, 12 Grammar 2500, 13 Tools 980, 14 SIMD 2380 (2000, then the appendix's 380). A first
+ * 11 JSON 310, 12 Grammar 2500, 13 Tools 980, 14 SIMD 2980 (2600, then the appendix's 380). A first
  * reading: the engine's API below, then 5 Requests, 6 Blocks, 10 Engine (llm_engine_step), 7 Forward
  * (llm_cpu_forward) and 8 Sampler; the rest as needed.
  *
@@ -13910,17 +13910,21 @@ static inline __m256i llm_avx2_field(const uint8_t *p, int shift, char mask) { /
     return _mm256_and_si256(v, _mm256_set1_epi8(mask));
 }
 
-/* The stored values of group g (values 32g..32g+31) of a block, as llm_qblock_unpack reads them; mxfp4's
- * are its table's values plus 12 (unsigned, as the others: llm_pack_offset takes the 12 back out) */
+/* mxfp4's stored values: each nibble (its bytes' index in llm_mxfp4_values) as its value plus 12 (unsigned,
+ * as the other types' stored values: llm_pack_offset takes the 12 back out), by one shuffle */
+static inline __m256i llm_avx2_mxfp4(__m256i nibbles) {
+    const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                           12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    return _mm256_shuffle_epi8(table, nibbles);
+}
+
+/* The stored values of group g (values 32g..32g+31) of a block, as llm_qblock_unpack reads them (mxfp4's
+ * plus 12: llm_avx2_mxfp4) */
 static inline __m256i llm_avx2_group(uint32_t type, const uint8_t *p, int g) {
     uint32_t qh;
     switch (type) {
     case LLM_Q4_0: return llm_avx2_nibbles(p + 2);
-    case LLM_MXFP4: {
-        const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
-                                               12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-        return _mm256_shuffle_epi8(table, llm_avx2_nibbles(p + 1));
-    }
+    case LLM_MXFP4: return llm_avx2_mxfp4(llm_avx2_nibbles(p + 1));
     case LLM_Q4_1: return llm_avx2_nibbles(p + 4);
     case LLM_Q5_0: memcpy(&qh, p + 2, 4);
         return _mm256_or_si256(llm_avx2_nibbles(p + 6), llm_avx2_bits(qh, 16));
@@ -14299,20 +14303,20 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
         for (int c = 0; c < nc; c++) out[c * out_stride + r] = sums[r * nc + c];
 }
 
-/* ---- Decode tiles: q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q2_K's to q6_K's rows 8 side by side ------- */
+/* ---- Decode tiles: q4_0's to q8_0's, mxfp4's, q2_K's to q6_K's rows 8 side by side ------------------- */
 /* A decode step meets each weight row with one token (or a few), and a row at a time a q4_0 or q4_1 block
  * costs about 10 instructions for its 18 or 20 bytes: the nibbles widened and split, two multiply-adds, the
  * scale converted and applied, and at the row's end sums across lanes. That bounds the products at 11-12
  * GB/s on one core of a Sapphire Rapids, where a plain loop reads the same bytes at 17-24. Stored 8 rows
  * side by side instead, a row sits in each 32-bit lane: one vpdpbusd adds 4 products for each of 8 rows,
  * a block's 8 scales convert in one instruction, and nothing is summed across lanes (about 4 instructions
- * a row and block). The CPU backend copies each q4_0, q4_1, q5_0, q5_1, q8_0 and q2_K to q6_K matrix
- * into this layout when it starts (llm_cpu_make_tiles), as llama.cpp's CPU backend repacks Q4_0; one tile of
- * 8 rows and one block takes the 8 rows' block bytes, in this order:
- *     the block's f16 scales, each of rows 0..7 side by side: d (q4_0, q5_0, q8_0, q3_K, q6_K); d, then m
- *     (q4_1, q5_1); d, then dmin (q2_K, q4_K, q5_K)
+ * a row and block). The CPU backend copies each q4_0, q4_1, q5_0, q5_1, q8_0, mxfp4 and q2_K to q6_K
+ * matrix into this layout when it starts (llm_cpu_make_tiles), as llama.cpp's CPU backend repacks Q4_0; one
+ * tile of 8 rows and one block takes the 8 rows' block bytes, in this order:
+ *     the block's scales, each of rows 0..7 side by side: f16 d (q4_0, q5_0, q8_0, q3_K, q6_K); d, then m
+ *     (q4_1, q5_1); d, then dmin (q2_K, q4_K, q5_K); mxfp4's exponent byte
  *     the rest of the block in runs of 32 bytes: run u holds the rest's bytes 4u..4u+3 of each row, row i's
- *     at 4i. q4_0, q4_1: 4 runs, run c holding nibble bytes 4c..4c+3 (low nibbles: the row's values
+ *     at 4i. q4_0, q4_1, mxfp4: 4 runs, run c holding nibble bytes 4c..4c+3 (low nibbles: the row's values
  *     4c..4c+3; high: 16 + 4c..16 + 4c + 3). q5_0, q5_1: a run of the fifth bits, each row's 32 regrouped
  *     (byte k's bit c that of value 4c + k: llm_tiles_fifth_order), then 4 runs of nibbles as q4_0's. q8_0:
  *     8 runs, run c holding values 4c..4c+3. q4_K: 3 runs of the 12 bytes of 6-bit scales and mins, then 32
@@ -14326,18 +14330,23 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
  * so that a matrix's tiles take its rows' bytes, and rows r..r+7 start at byte r * row_bytes, as rows do.
  * One thread of a Sapphire Rapids, SmolLM2 Q4_1's matrices from memory, one token: 61-75% -> 88-91% of a
  * plain read loop's speed (results/2026-12-05-decode-tiles-spr-cpu.log). */
-/* the types stored in tiles: q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K and q6_K (a block's bytes:
- * 18, 20, 22, 24, 34, 84, 110, 144, 176, 210) */
+/* the types stored in tiles: q4_0, q4_1, q5_0, q5_1, q8_0, mxfp4, q2_K, q3_K, q4_K, q5_K and q6_K (a block's
+ * bytes: 18, 20, 22, 24, 34, 17, 84, 110, 144, 176, 210) */
 static int llm_tiles_type(uint32_t type) {
-    return type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q5_0 || type == LLM_Q5_1 || type == LLM_Q8_0 ||
-           type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q6_K;
+    return type == LLM_Q4_0 || type == LLM_Q4_1 || type == LLM_Q5_0 || type == LLM_Q5_1 ||
+           type == LLM_Q8_0 || type == LLM_MXFP4 || type == LLM_Q2_K || type == LLM_Q3_K ||
+           type == LLM_Q4_K || type == LLM_Q5_K || type == LLM_Q6_K;
 }
-/* the f16 scales of a block of the type, which a tile holds 8 rows side by side: q4_0's, q5_0's and q8_0's d;
+/* the scales of a block of the type, which a tile holds 8 rows side by side: q4_0's, q5_0's and q8_0's d;
  * q4_1's and q5_1's d and m; q4_K's and q5_K's d and dmin, the block's first bytes; q6_K's and q3_K's d, its
- * last two, q2_K's d and dmin its last four (their rest: the bytes before) */
+ * last two, q2_K's d and dmin its last four (their rest: the bytes before); mxfp4's exponent, its first byte.
+ * How many (halves), and the bytes of each: f16s, or mxfp4's one byte */
 static int llm_tiles_halves(uint32_t type) {
     return type == LLM_Q4_1 || type == LLM_Q5_1 || type == LLM_Q2_K || type == LLM_Q4_K || type == LLM_Q5_K
            ? 2 : 1;
+}
+static int llm_tiles_scale_bytes(uint32_t type) {
+    return type == LLM_MXFP4 ? 1 : 2;
 }
 
 /* 4 x 4 dwords transposed in each 128-bit half (dword j of v[k] <-> dword k of v[j]): 4 of a tile's runs
@@ -14387,9 +14396,10 @@ static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t
                            int into_tiles) {
     uint64_t block_bytes, block_values;
     llm_dtype_info(type, &block_bytes, &block_values);
-    const int halves = llm_tiles_halves(type), n_runs = ((int)block_bytes - 2 * halves) / 4;
+    const int halves = llm_tiles_halves(type), size = llm_tiles_scale_bytes(type);
+    const int n_runs = ((int)block_bytes - size * halves) / 4;
     const int at_end = type == LLM_Q2_K || type == LLM_Q3_K || type == LLM_Q6_K; /* their d (dmin) last */
-    const int halves_at = at_end ? (int)block_bytes - 2 * halves : 0, rest_at = at_end ? 0 : 2 * halves;
+    const int halves_at = at_end ? (int)block_bytes - size * halves : 0, rest_at = at_end ? 0 : size * halves;
     size_t row_bytes = llm_dtype_row_bytes(type, cols);
     int64_t n_blocks = cols / (int64_t)block_values;
     for (int64_t t = 0; t < n_rows / LLM_TILE_ROWS; t++)
@@ -14398,10 +14408,10 @@ static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t
             for (int i = 0; i < LLM_TILE_ROWS; i++) {
                 row[i] = rows + (size_t)(t * LLM_TILE_ROWS + i) * row_bytes + (size_t)b * block_bytes;
                 for (int k = 0; k < halves; k++) /* d, then m or dmin: 8 rows' each */
-                    memcpy(into_tiles ? tile + 16 * k + 2 * i : row[i] + halves_at + 2 * k,
-                           into_tiles ? row[i] + halves_at + 2 * k : tile + 16 * k + 2 * i, 2);
+                    memcpy(into_tiles ? tile + 8 * size * k + size * i : row[i] + halves_at + size * k,
+                           into_tiles ? row[i] + halves_at + size * k : tile + 8 * size * k + size * i, size);
             }
-            uint8_t *runs = tile + 16 * halves, q3_runs[27 * 32];
+            uint8_t *runs = tile + 8 * size * halves, q3_runs[27 * 32];
             if (type == LLM_Q3_K && !into_tiles) { /* the tile's values as the rows order them, to copy out */
                 memcpy(q3_runs, runs, sizeof q3_runs);
                 llm_tiles_q3_order(q3_runs, 0);
@@ -14450,19 +14460,30 @@ static inline __attribute__((always_inline)) __m256i llm_tiles_fifth_k(__m256i q
     return _mm256_and_si256(at4, _mm256_set1_epi8(16));
 }
 
+/* mxfp4's scales of a tile's 8 rows (8 exponent bytes) as llm_e8m0_half gives each: 2^(e - 128), the float
+ * whose exponent field is e - 1, or below e = 2 a denormal (bit 21 + e) */
+static inline __m256 llm_avx2_e8m0_half8(const uint8_t *e) {
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)e));
+    __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(v, _mm256_set1_epi32(1)), 23);
+    __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), v);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), v)));
+}
+
 /* A tile (8 rows, n_blocks blocks) times nc tokens (x_stride blocks apart): out[c * out_stride + i], row i's.
  * A block's integer for row i is w . (256 q + r) (16-bit activations; 8-bit: w . q), as vpdpbusd adds
- * unsigned stored values (nibbles; q5_0's and q5_1's with their fifth bits) times signed bytes: 256 times
- * the products with q plus those with r, less the offset (q4_0's 8, q5_0's 16) times the activations' sum
- * (at most 32 x 31 x 32,639 in size, converted to float once, as the plain C converts it); then times d and
- * the token's d, and q4_1's and q5_1's m times the token's s, each row in its lane. */
+ * unsigned stored values (nibbles; q5_0's and q5_1's with their fifth bits; mxfp4's table values plus 12)
+ * times signed bytes: 256 times the products with q plus those with r, less the offset (q4_0's 8, q5_0's 16,
+ * mxfp4's 12) times the activations' sum (at most 32 x 31 x 32,639 in size, converted to float once, as the
+ * plain C converts it); then times d and the token's d, and q4_1's and q5_1's m times the token's s, each
+ * row in its lane. */
 static inline __attribute__((always_inline)) void llm_tiles_dot_avx2(uint32_t type, int wide,
                                                                      const uint8_t *p, int64_t n_blocks,
                                                                      const llm_q8 *x, int64_t x_stride,
                                                                      int nc, float *out, int64_t out_stride) {
     const int has_min = type == LLM_Q4_1 || type == LLM_Q5_1, fifth = type == LLM_Q5_0 || type == LLM_Q5_1;
-    const int offset = fifth ? 16 : 8; /* of the types without m */
-    const int tile_bytes = LLM_TILE_ROWS * (2 * has_min + 4 * fifth + 18);
+    const int mx = type == LLM_MXFP4, offset = mx ? 12 : fifth ? 16 : 8; /* of the types without m */
+    const int scales = mx ? 8 : 16 * (1 + has_min); /* a tile's bytes of scales: its 8 rows' */
+    const int tile_bytes = scales + 32 * fifth + 128;
     const __m256i low4 = _mm256_set1_epi8(15);
     __m256 acc[4], mins[4];
     for (int c = 0; c < nc; c++) acc[c] = mins[c] = _mm256_setzero_ps();
@@ -14470,14 +14491,18 @@ static inline __attribute__((always_inline)) void llm_tiles_dot_avx2(uint32_t ty
     llm_prefetch_load(0, ahead);
     for (int64_t b = 0; b < n_blocks; b++, p += tile_bytes) {
         for (int at = 0; at < tile_bytes; at += 64) llm_prefetch(p + at, ahead);
-        const uint8_t *nibbles = p + 16 * (1 + has_min) + 32 * fifth; /* after the run of fifth bits */
+        const uint8_t *nibbles = p + scales + 32 * fifth; /* after the run of fifth bits */
         __m256i dq[4], dr[4]; /* per token: the products with q, with r */
         for (int c = 0; c < nc; c++) dq[c] = dr[c] = _mm256_setzero_si256();
         __m256i qh = _mm256_setzero_si256();
-        if (fifth) qh = _mm256_loadu_si256((const __m256i *)(p + 16 * (1 + has_min)));
+        if (fifth) qh = _mm256_loadu_si256((const __m256i *)(p + scales));
         for (int run = 0; run < 4; run++) {
             __m256i w = _mm256_loadu_si256((const __m256i *)(nibbles + 32 * run));
             __m256i lo = _mm256_and_si256(w, low4), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
+            if (mx) {
+                lo = llm_avx2_mxfp4(lo);
+                hi = llm_avx2_mxfp4(hi);
+            }
             if (fifth) {
                 lo = _mm256_or_si256(lo, llm_tiles_fifth_k(qh, run));
                 hi = _mm256_or_si256(hi, llm_tiles_fifth_k(qh, 4 + run));
@@ -14494,7 +14519,7 @@ static inline __attribute__((always_inline)) void llm_tiles_dot_avx2(uint32_t ty
                 dr[c] = llm_avx2_dpbusd(dr[c], hi, _mm256_set1_epi32(r_hi));
             }
         }
-        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        __m256 d = mx ? llm_avx2_e8m0_half8(p) : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
         __m256 m = has_min ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16))) : d;
         for (int c = 0; c < nc; c++) {
             const llm_q8 *xb = x + c * x_stride + b;
@@ -14981,6 +15006,8 @@ static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t 
     else if (type == LLM_Q5_1) { LLM_TILES_TOKENS(LLM_Q5_1, 0); }
     else if (type == LLM_Q8_0 && wide) { LLM_TILES_TOKENS(LLM_Q8_0, 1); }
     else if (type == LLM_Q8_0) { LLM_TILES_TOKENS(LLM_Q8_0, 0); }
+    else if (type == LLM_MXFP4 && wide) { LLM_TILES_TOKENS(LLM_MXFP4, 1); }
+    else if (type == LLM_MXFP4) { LLM_TILES_TOKENS(LLM_MXFP4, 0); }
     else if (type == LLM_Q4_K && wide) { LLM_TILES_TOKENS(LLM_Q4_K, 1); }
     else if (type == LLM_Q4_K) { LLM_TILES_TOKENS(LLM_Q4_K, 0); }
     else if (type == LLM_Q5_K && wide) { LLM_TILES_TOKENS(LLM_Q5_K, 1); }
@@ -15455,11 +15482,11 @@ static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_gr
 }
 
 /* Rows packed (as llm_pack_rows packs them) straight from their decode tiles (n_rows a multiple of 8): a
- * tile's runs are the packed group's chunks already, 4 values of each of 8 rows side by side (q4_0, q4_1: run
- * c holds chunk c in its low nibbles, chunk 4 + c in its high ones; q5_0, q5_1: run 1 + c, with the fifth
- * bits of run 0; q8_0: run c holds chunk c; q4_K: runs 3 + 8k.. hold sub-block 2k's chunks in their low
- * nibbles, 2k + 1's in their high ones; q5_K: runs 11 + 8k.. the same, with the fifth bits of runs 3 + c;
- * q6_K: llm_tiles_q6), and its 8 rows' scales lie together */
+ * tile's runs are the packed group's chunks already, 4 values of each of 8 rows side by side (q4_0, q4_1,
+ * mxfp4: run c holds chunk c in its low nibbles, chunk 4 + c in its high ones, mxfp4's looked up in its
+ * table; q5_0, q5_1: run 1 + c, with the fifth bits of run 0; q8_0: run c holds chunk c; q4_K: runs 3 + 8k..
+ * hold sub-block 2k's chunks in their low nibbles, 2k + 1's in their high ones; q5_K: runs 11 + 8k.. the
+ * same, with the fifth bits of runs 3 + c; q6_K: llm_tiles_q6), and its 8 rows' scales lie together */
 static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t row_bytes, int n_rows,
                            int64_t n, void *pack) {
     uint64_t block_bytes, block_values;
@@ -15475,7 +15502,7 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
         for (int r0 = 0; r0 < LLM_PACK_ROWS; r0 += 8) { /* a tile: rows r0 .. r0 + 7 */
             const uint8_t *tile = tiles + (size_t)r0 * row_bytes +
                                   (size_t)(g / groups_per_block) * LLM_TILE_ROWS * block_bytes;
-            const uint8_t *runs = tile + 16 * halves;
+            const uint8_t *runs = tile + 8 * llm_tiles_scale_bytes(type) * halves;
             __m256i chunk[8], qh = _mm256_setzero_si256(); /* q5_0's and q5_1's fifth bits: their run 0 */
             int fifth_run = type == LLM_Q5_0 || type == LLM_Q5_1;
             if (fifth_run && r0 < n_rows) qh = _mm256_loadu_si256((const __m256i *)runs);
@@ -15502,6 +15529,7 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
                 int shift = k_quant ? 4 * (sub & 1) : c < 4 ? 0 : 4;
                 __m256i w = _mm256_loadu_si256((const __m256i *)(runs + 32 * run));
                 chunk[c] = _mm256_and_si256(_mm256_srli_epi16(w, shift), low4);
+                if (type == LLM_MXFP4) chunk[c] = llm_avx2_mxfp4(chunk[c]);
                 if (fifth_run) chunk[c] = _mm256_or_si256(chunk[c], llm_tiles_fifth_k(qh, c));
                 if (type == LLM_Q5_K) /* bit sub of the run of fifth bits 3 + c */
                     chunk[c] = _mm256_or_si256(chunk[c], llm_tiles_fifth_k(_mm256_loadu_si256(
@@ -15512,7 +15540,8 @@ static void llm_pack_tiles(uint32_t type, int wide, const uint8_t *tiles, size_t
             __m256 scale[2], min[2];
             scale[0] = scale[1] = min[0] = min[1] = _mm256_setzero_ps();
             if (r0 < n_rows) {
-                __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
+                __m256 d = type == LLM_MXFP4 ? llm_avx2_e8m0_half8(tile)
+                                             : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)tile));
                 __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(tile + 16))); /* m, dmin */
                 scale[0] = d;
                 if (type == LLM_Q4_1 || type == LLM_Q5_1) /* values d q + m */

@@ -1935,14 +1935,29 @@ static void quant_integer_activations(llm_q8 *xq, int n_blocks, int wide, uint64
 }
 
 #ifdef LLM_CPU_SIMD
-/* The decode tiles (q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, q2_K's to q6_K's rows 8 side by side,
+/* The decode tiles (q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, mxfp4's, q2_K's to q6_K's rows 8 side by side,
  * section 14): 16 rows, 4 tokens. With unit scales and integer activations every product is an integer, which
  * the tiles must give exactly as the plain-C dot does; with random scales and activations, within the fast
  * path's bound of the plain C; and 2 to 4 tokens at once give each token the same bits as one at a time */
 static void quant_tiles_check(int wide, uint64_t *rng) {
     enum { N = 512, ROWS = 16, TOKENS = 4, ROW_MAX = N / 32 * 34 }; /* q8_0's row, the longest */
     const uint32_t types[] = {LLM_Q4_0, LLM_Q4_1, LLM_Q5_0, LLM_Q5_1, LLM_Q8_0, LLM_Q4_K, LLM_Q5_K, LLM_Q6_K,
-                              LLM_Q2_K, LLM_Q3_K};
+                              LLM_Q2_K, LLM_Q3_K, LLM_MXFP4};
+    /* mxfp4's tiles convert 8 rows' exponents at once: every exponent byte, denormals (0, 1) and 255
+     * included, the float llm_e8m0_half gives */
+    int e8m0_differ = 0;
+    for (int e = 0; e < 256; e += 8) {
+        uint8_t bytes[8];
+        float eight[8];
+        for (int k = 0; k < 8; k++) bytes[k] = (uint8_t)(e + k);
+        _mm256_storeu_ps(eight, llm_avx2_e8m0_half8(bytes));
+        for (int k = 0; k < 8; k++) {
+            float one = llm_e8m0_half(bytes[k]);
+            e8m0_differ += memcmp(&one, &eight[k], 4) != 0;
+        }
+    }
+    CHECK(!e8m0_differ, "mxfp4 tiles: %d of 256 exponents converted 8 at once differ from one at a time",
+          e8m0_differ);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];
         uint64_t bb, bv;
@@ -2655,6 +2670,11 @@ static void test_decode_tiles_q5_k_m(void) {
  * each expert's rows a slice of its stacked matrix's tiles */
 static void test_decode_tiles_moe(void) {
     decode_tiles_check(model_path("random-quant-moe-q4_k_m.gguf"), "random MoE Q4_K_M", 1);
+}
+/* mxfp4's tiles: the random gpt-oss whose experts' down projections and attention outputs are mxfp4 (its
+ * other matrices f32) */
+static void test_decode_tiles_mxfp4(void) {
+    decode_tiles_check(model_path("random-gpt-oss-mxfp4.gguf"), "random gpt-oss MXFP4", 0);
 }
 static void test_decode_tiles_gemma3(void) {
     decode_tiles_check(GEMMA3_MODEL, "Gemma 3 270M", 1);
@@ -14019,7 +14039,7 @@ int main(int argc, char **argv) {
         {"decode tiles Q5_0", test_decode_tiles_q5_0}, {"decode tiles Q5_1", test_decode_tiles_q5_1},
         {"decode tiles Q5_K_M", test_decode_tiles_q5_k_m}, {"decode tiles Q3_K_M", test_decode_tiles_q3_k_m},
         {"decode tiles Q2_K", test_decode_tiles_q2_k},
-        {"decode tiles MoE", test_decode_tiles_moe},
+        {"decode tiles MoE", test_decode_tiles_moe}, {"decode tiles MXFP4", test_decode_tiles_mxfp4},
         {"decode tiles Gemma 3", test_decode_tiles_gemma3},
         {"fidelity of the default path", test_fidelity_smollm2},
         {"kv quant blocks", test_kv_quant_blocks}, {"kv quant capacity", test_kv_quant_capacity},

@@ -2,7 +2,8 @@
  * step multiplies one token by every weight matrix, so it reads each weight once from memory, and a plain
  * loop reading the same bytes is its ceiling. For each weight type in a model file, this times llm_matmul
  * with one token (the default path: 16-bit activations) over all the file's matrices (q4_0's, q4_1's, q5_0's,
- * q5_1's, q8_0's and q2_K's to q6_K's in decode tiles, as the CPU backend holds them), in file order as
+ * q5_1's, q8_0's, mxfp4's and q2_K's to q6_K's in decode tiles, as the CPU backend holds them; a mixture's
+ * experts too, each stacked matrix whole), in file order as
  * a step meets them, then a plain loop (64-bit sums) over the same bytes, without and with the products'
  * prefetches, and prints all three in GB/s and the products' against the faster loop, per type and in all.
  * Threads: OMP_NUM_THREADS, for all. Built for a CPU with AVX2 at least (the tiles are section 14's, in one
@@ -52,6 +53,15 @@ static void print_row(const char *name, double bytes, double products_s, double 
 }
 
 enum { N_TYPES = 64 };
+/* the weights a decode step multiplies: matrices, and a mixture's experts stacked (3-D: ne[2] matrices of
+ * ne[1] rows, here taken whole, as one tall matrix, though a step reads only its chosen experts' rows) */
+static int is_matrix(const llm_gguf_tensor *t) {
+    return (t->n_dims == 2 || t->n_dims == 3) && t->type < N_TYPES && t->type != LLM_F32;
+}
+static int64_t rows_of(const llm_gguf_tensor *t) {
+    return (int64_t)t->ne[1] * (t->n_dims == 3 ? (int64_t)t->ne[2] : 1);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) { fprintf(stderr, "usage: decode_bandwidth MODEL.gguf REPS\n"); return 2; }
     llm_gguf g;
@@ -63,8 +73,8 @@ int main(int argc, char **argv) {
     int64_t widest = 0, longest = 0;
     for (int64_t i = 0; i < g.n_tensors; i++) {
         const llm_gguf_tensor *t = &g.tensors[i];
-        if (t->n_dims != 2 || t->type >= N_TYPES || t->type == LLM_F32) continue;
-        widest = (int64_t)t->ne[1] > widest ? (int64_t)t->ne[1] : widest;
+        if (!is_matrix(t)) continue;
+        widest = rows_of(t) > widest ? rows_of(t) : widest;
         longest = (int64_t)t->ne[0] > longest ? (int64_t)t->ne[0] : longest;
     }
     /* the matrices of the types kept in decode tiles, as the CPU backend reads them (llm_cpu_make_tiles) */
@@ -73,14 +83,14 @@ int main(int argc, char **argv) {
     for (int pass = 0; pass < 2; pass++) /* the bytes, then the tiles: in one block, as the backend's */
         for (int64_t i = 0; tiles && i < g.n_tensors; i++) {
             const llm_gguf_tensor *t = &g.tensors[i];
-            if (t->n_dims != 2 || !llm_tiles_type(t->type) || t->ne[1] % LLM_TILE_ROWS) continue;
+            if (!is_matrix(t) || !llm_tiles_type(t->type) || t->ne[1] % LLM_TILE_ROWS) continue;
             if (!pass) { total += (t->nbytes + 63) / 64 * 64; continue; }
             if (!all_tiles && !(all_tiles = (uint8_t *)llm_alloc_huge(total))) {
                 fprintf(stderr, "decode_bandwidth: no memory\n");
                 return 1;
             }
             tiles[i] = all_tiles + (total -= (t->nbytes + 63) / 64 * 64);
-            llm_tiles_copy(t->type, (uint8_t *)t->data, tiles[i], (int64_t)t->ne[1], (int64_t)t->ne[0], 1);
+            llm_tiles_copy(t->type, (uint8_t *)t->data, tiles[i], rows_of(t), (int64_t)t->ne[0], 1);
         }
     float *x = (float *)malloc((size_t)longest * sizeof(float));
     float *out = (float *)malloc((size_t)widest * sizeof(float));
@@ -93,8 +103,8 @@ int main(int argc, char **argv) {
         for (int loop = 0; loop < 3; loop++) /* the products over all matrices, then the loops */
             for (int64_t i = 0; i < g.n_tensors; i++) {
                 const llm_gguf_tensor *t = &g.tensors[i];
-                if (t->n_dims != 2 || t->type >= N_TYPES || t->type == LLM_F32) continue;
-                llm_weight w = {t->data, t->type, (int64_t)t->ne[1], (int64_t)t->ne[0], tiles[i]};
+                if (!is_matrix(t)) continue;
+                llm_weight w = {t->data, t->type, rows_of(t), (int64_t)t->ne[0], tiles[i]};
                 double t0 = now_s();
                 if (loop) sink += read_all(tiles[i] ? tiles[i] : t->data, t->nbytes, loop == 2);
                 else if (llm_matmul(out, x, &w, 1, LLM_PATH_ACT16) != 0) {
