@@ -7328,6 +7328,12 @@ static int llm_cpu_make_tiles(llm_cpu *c, const llm_model *m, char *err) {
             at += (bytes + 63) / 64 * 64;
         }
         total = at;
+        /* the tiles are in memory, where the file's rows were pages the kernel could drop and map again: a
+         * model near the machine's RAM (a large mixture's experts, mapped to run in little memory) keeps its
+         * rows, read from the mapped file, rather than be killed for want of memory */
+        long phys_pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
+        size_t ram = phys_pages > 0 && page_size > 0 ? (size_t)phys_pages * (size_t)page_size : 0;
+        if (!pass && ram && total + ((size_t)1 << 30) > ram) return 0;
         if (!pass && total && !(c->tiles = (uint8_t *)llm_alloc_huge(total)))
             return llm_fail(err, "out of memory for the decode tiles (%zu bytes)", total);
         if (!total) break;
