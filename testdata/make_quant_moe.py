@@ -34,19 +34,18 @@ w.add_rope_freq_base(10000.0); w.add_layer_norm_rms_eps(1e-5); w.add_rope_dimens
 w.add_expert_count(n_expert); w.add_expert_used_count(n_used)
 w.add_file_type(0)
 f32 = lambda *s, std=1.0: (rng.standard_normal(s) * std).astype(np.float32)
+norm = lambda: (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32)
 w.add_tensor("token_embd.weight", f32(n_vocab, dim))
+# each layer's tensors in file order: a norm, or a matrix's shape (its last, the input width) and how much
+# larger than 1/sqrt(input width) its values are (the output projections larger, as make_random_models.py's)
+layer = [("attn_norm", None, 0), ("attn_q", (n_head * hd, dim), 1), ("attn_k", (n_kv * hd, dim), 1),
+         ("attn_v", (n_kv * hd, dim), 1), ("attn_output", (dim, n_head * hd), 4), ("ffn_norm", None, 0),
+         ("ffn_gate_inp", (n_expert, dim), 3), ("ffn_gate_exps", (n_expert, ffn, dim), 1),
+         ("ffn_up_exps", (n_expert, ffn, dim), 1), ("ffn_down_exps", (n_expert, dim, ffn), 4)]
 for i in range(n_layer):
-    p = f"blk.{i}."
-    w.add_tensor(p + "attn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
-    w.add_tensor(p + "attn_q.weight", f32(n_head * hd, dim, std=dim ** -0.5))
-    w.add_tensor(p + "attn_k.weight", f32(n_kv * hd, dim, std=dim ** -0.5))
-    w.add_tensor(p + "attn_v.weight", f32(n_kv * hd, dim, std=dim ** -0.5))
-    w.add_tensor(p + "attn_output.weight", f32(dim, n_head * hd, std=4 * (n_head * hd) ** -0.5))
-    w.add_tensor(p + "ffn_norm.weight", (1 + 0.1 * rng.standard_normal(dim)).astype(np.float32))
-    w.add_tensor(p + "ffn_gate_inp.weight", f32(n_expert, dim, std=dim ** -0.5 * 3))
-    w.add_tensor(p + "ffn_gate_exps.weight", f32(n_expert, ffn, dim, std=dim ** -0.5))
-    w.add_tensor(p + "ffn_up_exps.weight", f32(n_expert, ffn, dim, std=dim ** -0.5))
-    w.add_tensor(p + "ffn_down_exps.weight", f32(n_expert, dim, ffn, std=4 * ffn ** -0.5))
+    for name, shape, scale in layer:
+        w.add_tensor(f"blk.{i}.{name}.weight",
+                     norm() if shape is None else f32(*shape, std=scale * shape[-1] ** -0.5))
 w.add_tensor("output_norm.weight", np.ones(dim, dtype=np.float32))
 w.add_tensor("output.weight", f32(n_vocab, dim))
 w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
