@@ -1,5 +1,5 @@
-"""Writes random-quant-moe-f32.gguf: a small random-weight mixture of experts (Mixtral's shape: arch llama with
-expert_count 4, expert_used_count 2, experts as wide as feed_forward_length) with stories260K's vocabulary,
+"""Writes a small random-weight mixture of experts in f32 (Mixtral's shape: arch llama with expert_count 4,
+expert_used_count 2, experts as wide as feed_forward_length) with stories260K's vocabulary,
 dim 256 and experts of width 256 so that llama-quantize gives its experts k-quants (which need rows of 256s).
 testdata/models/random-quant-moe-q4_k_m.gguf is this file quantized by llama.cpp's llama-quantize:
     python3 testdata/make_quant_moe.py testdata/models/stories260K.gguf /tmp/random-quant-moe-f32.gguf
