@@ -2563,7 +2563,7 @@ static void decode_tiles_check(const char *path, const char *name, int every_mat
         const llm_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
                                   &L->gate_exps, &L->up_exps, &L->down_exps}; /* an FFN's or experts' */
         for (int k = 0; k < 10; k++) {
-            int64_t rows = k >= 7 ? ws[k]->rows / E : ws[k]->rows; /* an expert's rows: slices of tiles */
+            int64_t rows = k < 7 ? ws[k]->rows : E ? ws[k]->rows / E : 0; /* an expert's: slices of tiles */
             n_matrices += ws[k]->data != NULL;
             n_tileable += ws[k]->data && llm_tiles_type(ws[k]->type) && rows % LLM_TILE_ROWS == 0;
             n_tiled += ws[k]->tiles != NULL;
