@@ -237,7 +237,7 @@ RANDOM_MODELS = random-llama3-gqa random-qwen2-bias random-qwen3-qknorm random-l
                 random-qwen3-embed random-qwen3-rerank
 RANDOM_STAMP  = testdata/models/.random-ok
 testdata: $(RANDOM_STAMP)
-$(RANDOM_STAMP): testdata/make_random_models.py testdata/models/random-models.sha256 \
+$(RANDOM_STAMP): testdata/make_random_models.py testdata/gguf_fields.py testdata/models/random-models.sha256 \
                  testdata/models/random-gpt-oss.gguf testdata/models/random-phi3.gguf | $(VENV)
 	@echo "make: writing testdata/models/random-*.gguf (11 random-weight models, 301 MB, about a minute)" >&2
 	@$(VENV_PY) testdata/make_random_models.py testdata/tokenizer testdata/models >/dev/null

@@ -7275,13 +7275,16 @@ static int llm_cpu_make_tiles(llm_cpu *c, const llm_model *m, char *err) {
     c->model = &c->view;
 #ifdef LLM_CPU_SIMD
     if (c->path == LLM_PATH_EXACT) return 0;
-    static const size_t tiled[] = {offsetof(llm_layer, wq), offsetof(llm_layer, wk), offsetof(llm_layer, wv),
-                                   offsetof(llm_layer, wo), offsetof(llm_layer, w_gate),
-                                   offsetof(llm_layer, w_up), offsetof(llm_layer, w_down),
-                                   offsetof(llm_layer, shared_gate), offsetof(llm_layer, shared_up),
-                                   offsetof(llm_layer, shared_down), offsetof(llm_layer, gate_exps),
-                                   offsetof(llm_layer, up_exps), offsetof(llm_layer, down_exps)};
-    const int first_experts = 10; /* tiled[10..12]: the experts' matrices, n_experts stacked */
+    static const struct {
+        size_t at;   /* where in llm_layer */
+        int stacked; /* the experts' matrices: n_experts stacked */
+    } tiled[] = {{offsetof(llm_layer, wq), 0}, {offsetof(llm_layer, wk), 0}, {offsetof(llm_layer, wv), 0},
+                 {offsetof(llm_layer, wo), 0}, {offsetof(llm_layer, w_gate), 0},
+                 {offsetof(llm_layer, w_up), 0}, {offsetof(llm_layer, w_down), 0},
+                 {offsetof(llm_layer, shared_gate), 0},
+                 {offsetof(llm_layer, shared_up), 0}, {offsetof(llm_layer, shared_down), 0},
+                 {offsetof(llm_layer, gate_exps), 1}, {offsetof(llm_layer, up_exps), 1},
+                 {offsetof(llm_layer, down_exps), 1}};
     int n_layers = m->cfg.n_layers, n_tiled = (int)(sizeof tiled / sizeof tiled[0]);
     if (!(c->view_layers = (llm_layer *)calloc(n_layers ? (size_t)n_layers : 1, sizeof(llm_layer))))
         return llm_fail(err, "out of memory");
@@ -7292,8 +7295,8 @@ static int llm_cpu_make_tiles(llm_cpu *c, const llm_model *m, char *err) {
         size_t at = 0;
         for (int k = 0; k <= n_layers * n_tiled; k++) { /* the last: the output layer */
             llm_weight *w = k == n_layers * n_tiled ? &c->view.output
-                          : (llm_weight *)((char *)&c->view_layers[k / n_tiled] + tiled[k % n_tiled]);
-            int experts = k < n_layers * n_tiled && k % n_tiled >= first_experts ? m->cfg.n_experts : 1;
+                          : (llm_weight *)((char *)&c->view_layers[k / n_tiled] + tiled[k % n_tiled].at);
+            int experts = k < n_layers * n_tiled && tiled[k % n_tiled].stacked ? m->cfg.n_experts : 1;
             if (!w->data || !llm_tiles_type(w->type) || experts < 1 || w->rows % experts ||
                 w->rows / experts % LLM_TILE_ROWS)
                 continue;

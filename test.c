@@ -2376,6 +2376,25 @@ static void test_quant_amx(void) {
 #endif
 }
 
+/* n rows of V logits, x against y: the largest difference (of y's largest magnitude); how many rows'
+ * argmaxes agree is added to *same */
+static double logits_apart(const float *x, const float *y, int n, int V, int *same) {
+    double worst = 0;
+    for (int i = 0; i < n; i++, x += V, y += V) {
+        int best_x = 0, best_y = 0;
+        double mx = 0, d = 0;
+        for (int v = 0; v < V; v++) {
+            mx = fmax(mx, fabs(y[v]));
+            d = fmax(d, fabs(x[v] - y[v]));
+            best_x = x[v] > x[best_x] ? v : best_x;
+            best_y = y[v] > y[best_y] ? v : best_y;
+        }
+        worst = fmax(worst, d / mx);
+        *same += best_x == best_y;
+    }
+    return worst;
+}
+
 /* The fast paths' logits stay close to the exact path's on every quantized model: the default (16-bit
  * activations) and cpu-int8 (llama.cpp's 8 bits) */
 static void test_quant_fast_path(void) {
@@ -2404,21 +2423,8 @@ static void test_quant_fast_path(void) {
             CHECK(fast && (!f32 || fast->set_kv_dtype(fast, LLM_KV_F32, err) == 0) &&
                   fast->alloc_kv(fast, 2, 16, err) == 0 && fast->forward(fast, &b, got, err) == 0,
                   "%s %s%s: %s", quant_models[f], wide ? "default" : "cpu-int8", f32 ? ", f32 KV" : "", err);
-            double worst = 0;
             int same_top = 0;
-            for (int i = 0; i < T; i++) {
-                double mx = 0, d = 0;
-                int top_ref = 0, top_got = 0;
-                for (int v = 0; v < V; v++) {
-                    float a = ref[(size_t)i * V + v], c = got[(size_t)i * V + v];
-                    mx = fmax(mx, fabs(a));
-                    d = fmax(d, fabs(a - c));
-                    if (a > ref[(size_t)i * V + top_ref]) top_ref = v;
-                    if (c > got[(size_t)i * V + top_got]) top_got = v;
-                }
-                worst = fmax(worst, d / mx);
-                same_top += top_ref == top_got;
-            }
+            double worst = logits_apart(got, ref, T, V, &same_top);
             /* measured: 8-bit activations, as llama.cpp rounds them, 0.023 to 0.035 of the largest logit and
              * 17 to 20 argmaxes the same, on random weights whose logits lie close together; 16-bit ones
              * 0.0005 to 0.0006 (with an f32 KV cache 0.00009 to 0.00012), all 20 the same. Where no matrix
@@ -2521,24 +2527,6 @@ static void test_quant_smollm2(void) {
     llm_model_free(&m);
 }
 
-/* n rows of V logits, x against y: the largest difference (of y's largest magnitude); how many rows'
- * argmaxes agree is added to *same */
-static double logits_apart(const float *x, const float *y, int n, int V, int *same) {
-    double worst = 0;
-    for (int i = 0; i < n; i++, x += V, y += V) {
-        int best_x = 0, best_y = 0;
-        double mx = 0, d = 0;
-        for (int v = 0; v < V; v++) {
-            mx = fmax(mx, fabs(y[v]));
-            d = fmax(d, fabs(x[v] - y[v]));
-            best_x = x[v] > x[best_x] ? v : best_x;
-            best_y = y[v] > y[best_y] ? v : best_y;
-        }
-        worst = fmax(worst, d / mx);
-        *same += best_x == best_y;
-    }
-    return worst;
-}
 
 /* The decode tiles on a model: the CPU backend gives every layer's matrix of a tiled type its tiles (all 7 a
  * layer where every_matrix, else at least one), a prefill packed from them gives the logits bit for bit that

@@ -8,25 +8,15 @@ testdata/models/random-quant-moe-q4_k_m.gguf is this file quantized by llama.cpp
 something a test may need.
 """
 import sys, numpy as np
-from gguf import GGUFReader, GGUFWriter, GGUFValueType
+from gguf import GGUFWriter
+from gguf_fields import copy_tokenizer
 
 vocab_file, out = sys.argv[1], sys.argv[2]
 rng = np.random.default_rng(23)
 dim, n_layer, n_head, n_kv, ffn, n_expert, n_used = 256, 2, 4, 2, 256, 4, 2
 hd = dim // n_head
 w = GGUFWriter(out, "llama")
-r = GGUFReader(vocab_file)
-for f in r.fields.values():
-    if not f.name.startswith("tokenizer."): continue
-    t = f.types[0]
-    if t == GGUFValueType.ARRAY:
-        sub = f.types[-1]
-        val = ([bytes(f.parts[i]).decode("utf-8") for i in f.data] if sub == GGUFValueType.STRING
-               else [f.parts[i].tolist()[0] for i in f.data])
-        w.add_key_value(f.name, val, GGUFValueType.ARRAY, sub_type=sub)
-    elif t == GGUFValueType.STRING: w.add_key_value(f.name, bytes(f.parts[-1]).decode("utf-8"), t)
-    else: w.add_key_value(f.name, f.parts[-1].tolist()[0], t)
-n_vocab = len(r.fields["tokenizer.ggml.tokens"].data)
+n_vocab = copy_tokenizer(w, vocab_file)
 w.add_name("random-quant-moe")
 w.add_context_length(2048); w.add_embedding_length(dim); w.add_block_count(n_layer)
 w.add_feed_forward_length(ffn); w.add_head_count(n_head); w.add_head_count_kv(n_kv)
