@@ -6414,6 +6414,22 @@ static uint8_t *llm_cpu_kv_at(const llm_cpu *c, void *cache, int index, const in
     return (uint8_t *)cache + ((size_t)index * c->num_blocks * c->block_size + slot) * per_slot;
 }
 
+/* The block of position pos asked for from memory ahead of its use: bytes of each of its slots' rows from
+ * offset on (one head's; of its values, those a pass reads). A head's row is one part in n_kv_heads of a
+ * slot, a few cache lines out of every few more, and a sequence's blocks lie apart in the pool: the
+ * hardware's prefetcher, which follows runs of lines, leaves attention waiting on each block. Asked for one
+ * block ahead (SmolLM2 Q8_0, one thread of a Sapphire Rapids, decode after a 2,048-token prompt: 1.2 times as
+ * fast, K's f16 rows converted in a sixth of the time; two blocks ahead, no faster). Inlined: a call, its
+ * count of lines not known where it is made, took the gain away */
+static inline __attribute__((always_inline)) void llm_cpu_kv_prefetch(const llm_cpu *c, void *cache,
+                                                                       int index, const int32_t *block_table,
+                                                                       int pos, size_t offset, size_t bytes) {
+    const uint8_t *at = llm_cpu_kv_at(c, cache, index, block_table, pos - pos % c->block_size) + offset;
+    size_t per_slot = (size_t)c->model->cfg.n_kv_heads * llm_cpu_kv_head_bytes(c);
+    for (int r = 0; r < c->block_size; r++, at += per_slot)
+        for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(at + b);
+}
+
 #ifdef LLM_CPU_SIMD
 /* Section 14's: the f16 values below, 8 at a time; a quantized head's whole blocks back as f32 */
 static inline __attribute__((always_inline)) int llm_f16_store_avx2(void *dst, const float *src, int n);
@@ -6656,6 +6672,8 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
         const uint8_t *kp = llm_cpu_kv_at(c, c->k, index, block_table, lo) + kv_head * head_bytes;
         const float *k = (const float *)kp; /* position lo's K row, the next k_stride floats on */
         int64_t k_stride = (int64_t)(per_slot / sizeof(float));
+        if (p0 + bs < n_ctx) llm_cpu_kv_prefetch(c, c->k, index, block_table, p0 + bs, kv_head * head_bytes,
+                                                 head_bytes);
         if (c->kv_half || c->kv_quant) {
             for (int p = lo; p < hi; p++)
                 if (c->kv_quant)
@@ -6710,6 +6728,8 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
         for (int p0 = first - first % bs; p0 < n_ctx; p0 += bs) {
             int lo = p0 > first ? p0 : first, hi = p0 + bs < n_ctx ? p0 + bs : n_ctx;
             const uint8_t *vp = llm_cpu_kv_at(c, c->v, index, block_table, p0) + kv_head * head_bytes;
+            if (p0 + bs < n_ctx)
+                llm_cpu_kv_prefetch(c, c->v, index, block_table, p0 + bs, kv_head * head_bytes, head_bytes);
             for (int p = lo; p < hi; p++)
                 llm_kv_dequant_head(c->kv_quant, vp + (size_t)(p - p0) * per_slot,
                                     k_rows + (size_t)(p - p0) * hd, hd);
@@ -6759,6 +6779,8 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
             for (int k = i0; k < hd; k++) o[(size_t)g * hd + k] = 0;
         for (int p0 = first_i - first_i % bs; i0 < hd && p0 <= last; p0 += bs) {
             const uint8_t *vp = llm_cpu_kv_at(c, c->v, index, block_table, p0) + kv_head * head_bytes;
+            if (p0 + bs <= last)
+                llm_cpu_kv_prefetch(c, c->v, index, block_table, p0 + bs, kv_head * head_bytes, head_bytes);
             for (int p = p0; p <= last && p < p0 + bs; p++, vp += per_slot) {
                 if (p < first_i) continue;
                 for (int g = 0; g < nq; g++)
@@ -16046,6 +16068,10 @@ static inline __attribute__((always_inline)) void llm_cpu_weighted_v_tile(const 
         for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_zero();
     for (int p0 = first - first % bs; p0 <= last; p0 += bs) {
         const uint8_t *vp = llm_cpu_kv_at(c, c->v, index, block_table, p0) + head_offset;
+        size_t value_bytes = half ? 2 : 4; /* the runs' values of the next block */
+        if (p0 + bs <= last)
+            llm_cpu_kv_prefetch(c, c->v, index, block_table, p0 + bs, head_offset + (size_t)i0 * value_bytes,
+                                (size_t)nv * LLM_VRUN * value_bytes);
         for (int p = p0; p <= last && p < p0 + bs; p++, vp += per_slot) {
             if (p < first) continue;
             llm_vrun v[LLM_VRUNS];
