@@ -7303,10 +7303,9 @@ static int llm_cpu_make_tiles(llm_cpu *c, const llm_model *m, char *err) {
     } tiled[] = {{offsetof(llm_layer, wq), 0}, {offsetof(llm_layer, wk), 0}, {offsetof(llm_layer, wv), 0},
                  {offsetof(llm_layer, wo), 0}, {offsetof(llm_layer, w_gate), 0},
                  {offsetof(llm_layer, w_up), 0}, {offsetof(llm_layer, w_down), 0},
-                 {offsetof(llm_layer, shared_gate), 0},
-                 {offsetof(llm_layer, shared_up), 0}, {offsetof(llm_layer, shared_down), 0},
-                 {offsetof(llm_layer, gate_exps), 1}, {offsetof(llm_layer, up_exps), 1},
-                 {offsetof(llm_layer, down_exps), 1}};
+                 {offsetof(llm_layer, shared_gate), 0}, {offsetof(llm_layer, shared_up), 0},
+                 {offsetof(llm_layer, shared_down), 0}, {offsetof(llm_layer, gate_exps), 1},
+                 {offsetof(llm_layer, up_exps), 1}, {offsetof(llm_layer, down_exps), 1}};
     int n_layers = m->cfg.n_layers, n_tiled = (int)(sizeof tiled / sizeof tiled[0]);
     if (!(c->view_layers = (llm_layer *)calloc(n_layers ? (size_t)n_layers : 1, sizeof(llm_layer))))
         return llm_fail(err, "out of memory");
