@@ -2527,7 +2527,6 @@ static void test_quant_smollm2(void) {
     llm_model_free(&m);
 }
 
-
 /* The decode tiles on a model: the CPU backend gives every layer's matrix of a tiled type its tiles (all 7 a
  * layer where every_matrix, else at least one), a prefill packed from them gives the logits bit for bit that
  * the rows give (a second backend whose matrices have their tiles taken away), and decode steps (1 and 3
