@@ -8969,14 +8969,21 @@ static void test_server_sampling_keys(void) {
     remove(path);
 }
 
-static int tcp_connect(int port) {
+/* A loopback connection to port. A client that reads nothing (the backpressure tests) asks for a small
+ * receive buffer before it connects: else Linux's autotuning lets the kernel hold up to net.ipv4.tcp_rmem's
+ * maximum of the stream unread (32 MiB on some machines: a test's whole stream, which then never stalls the
+ * server) */
+static int tcp_connect_buffered(int port, int receive_buffer) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd >= 0 && receive_buffer > 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
     struct sockaddr_in a;
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET; a.sin_port = htons((uint16_t)port); a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) { close(fd); fd = -1; }
     return fd;
 }
+static int tcp_connect(int port) { return tcp_connect_buffered(port, 0); }
 
 static int send_all(int fd, const char *data, size_t n) {
     while (n) {
@@ -11986,7 +11993,10 @@ static void test_server_backpressure(void) {
     int m = snprintf(rq, sizeof rq, "POST /v1/completions HTTP/1.1\r\n" JSON_CT "Content-Length: %zu\r\n"
                      "\r\n%s", strlen(sbody), sbody);
     int fds[4];
-    for (int i = 0; i < 4; i++) { fds[i] = tcp_connect(port); send_all(fds[i], rq, (size_t)m); }
+    for (int i = 0; i < 4; i++) {
+        fds[i] = tcp_connect_buffered(port, 8192);
+        send_all(fds[i], rq, (size_t)m);
+    }
     double aborted = 0, free_blocks = -1;
     for (double t0 = llm_now(); llm_now() - t0 < 120; usleep(100000)) {
         double x = proc_rss_kib(s.pid);
@@ -12166,7 +12176,7 @@ static void test_server_cross_origin(void) {
                   "\"logprobs\":20}");
     n = snprintf(sreq, sizeof sreq, "POST /v1/completions HTTP/1.1\r\nAuthorization: Bearer sesame\r\n"
                  JSON_CT "Content-Length: %zu\r\n\r\n%s", strlen(sbody), sbody);
-    int fd = tcp_connect(k.port);
+    int fd = tcp_connect_buffered(k.port, 8192);
     send_all(fd, sreq, (size_t)n);
     double t0 = llm_now(), aborted = -1, free_blocks = -1, length0 = finished(k.port, "length");
     for (; llm_now() - t0 < 60; usleep(100000)) {
