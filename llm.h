@@ -6019,6 +6019,14 @@ static int llm_matmul_kind(uint32_t type, int path) {
  * read from L3 36 times; two threads: 1.35 times, where tiles of 256 kB, 2 for one thread and 1 for the
  * other, were 1.15) */
 #define LLM_HALF_TILE_BYTES (256 * 1024)
+/* How many f16/bf16 rows a decode step's call reads side by side (a row's sum is the same bits either way).
+ * Two on Intel's: SmolLM2 F16 tg128 on a Sapphire Rapids 1.18 times one row's speed on one thread, 1.22 on
+ * two (when chosen, 459e2f0). One on AMD's: on a virtualized Zen 3 (family 25) two rows' runs, 1,152 bytes
+ * apart, came in slower than one run: the products 16.8-17.0 GB/s with one row, 12.3-13.1 with two (86% of a
+ * plain read loop against 65-72%; tools/decode_bandwidth.c, one thread, alternating); SmolLM2 F16 tg128 1.27
+ * times as fast on one thread, 1.15 on two. Zen 5 not measured: its F16 decode trailed llama.cpp's (0.89x)
+ * with two rows as Zen 3's did. Set with the prefetch distances (llm_cpu_choose_for_vendor) */
+static int llm_half_decode_rows = 2;
 /* from 5 tokens on, packing a tile costs less than what it saves: the row path's products take 4 tokens at a
  * time, so a 5th reads the weights again (tools/matmul_steps.c, one thread, Sapphire Rapids, time of T tokens
  * over one token's, row path against packed: Q4_1 T = 4 2.54 and 2.02, T = 5 3.55 and 2.34; Q8_0 1.98 and
@@ -6178,7 +6186,8 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
                 continue;
             }
             if (kind == LLM_ROWS_HALF) { /* tiles of up to 4 rows and 3 tokens (AVX-512: 6) */
-                int nr = T == 1 ? 2 : LLM_HALF_ROWS; /* a decode step: 2 rows a call */
+                /* a decode step: 1 or 2 rows a call, by the CPU (llm_half_decode_rows) */
+                int nr = T == 1 ? __atomic_load_n(&llm_half_decode_rows, __ATOMIC_RELAXED) : LLM_HALF_ROWS;
                 uint32_t type = convert ? LLM_F32 : w->type;
                 const uint8_t *half_rows = convert ? (const uint8_t *)converted : tile_data;
                 size_t stride = convert ? (size_t)cols * sizeof(float) : row_bytes;
@@ -7245,17 +7254,21 @@ static const char *llm_cpu_missing_feature(const char *const *built_for, int (*h
  *   16 kB 1.12; F16 1.18 times 4 kB's, 16 kB 0.98, 2 kB 0.77; q4_0 to q5_1 and the k-quants alike with
  *   any: their products are bound by the instructions, not the memory); the L2 prefetch asks for the same
  *   line (not measured there yet).
- * The first for Intel's and every other CPU, the second for AMD's. Set when a CPU backend is created (each
- * time to the same values: atomic stores, so that backends made on two threads are no data race) */
+ * The first for Intel's and every other CPU, the second for AMD's. */
 static int llm_prefetch_ahead[2][2] = {{2048, 8192}, {4096, 16384}}; /* [quantized, f16/bf16][to L1, to L2] */
-static void llm_prefetch_choose(void) {
+/* What is chosen by the CPU's maker (the distances above, llm_half_decode_rows): set when a CPU backend is
+ * created (each time to the same values: atomic stores, so that backends made on two threads are no data
+ * race) */
+static void llm_cpu_choose_for_vendor(void) {
+    int amd = 0;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    int amd = __builtin_cpu_is("amd");
+    amd = __builtin_cpu_is("amd");
     for (int level = 0; level < 2; level++) {
         __atomic_store_n(&llm_prefetch_ahead[0][level], amd ? 8192 : level ? 8192 : 2048, __ATOMIC_RELAXED);
         __atomic_store_n(&llm_prefetch_ahead[1][level], amd ? 8192 : level ? 16384 : 4096, __ATOMIC_RELAXED);
     }
 #endif
+    __atomic_store_n(&llm_half_decode_rows, amd ? 1 : 2, __ATOMIC_RELAXED);
 }
 /* The products' own prefetches (section 14's kernels, and tools/decode_bandwidth.c's loop that measures
  * them): the line p + ahead[0] into L1, p + ahead[1] into L2, the distances of a kind of row (0 quantized,
@@ -7435,7 +7448,7 @@ static llm_backend *llm_cpu_backend_new(const llm_model *m, int path, char *err)
                       "(make), or for any x86-64 CPU (make ARCH=)", missing);
         return NULL;
     }
-    llm_prefetch_choose();
+    llm_cpu_choose_for_vendor();
     llm_backend *be = (llm_backend *)calloc(1, sizeof *be);
     llm_cpu *c = (llm_cpu *)calloc(1, sizeof *c);
     if (!be || !c) { free(be); free(c); llm_fail(err, "out of memory"); return NULL; }

@@ -6006,6 +6006,7 @@ static void test_cpu_features(void) {
     char err[LLM_ERR_LEN];
     if (llm_model_load(&m, model_path("stories260K.gguf"), err) != 0) { CHECK(0, "load: %s", err); return; }
     for (int k = 0; k < 4; k++) __atomic_store_n(&llm_prefetch_ahead[k / 2][k % 2], 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&llm_half_decode_rows, 0, __ATOMIC_RELAXED);
     llm_backend *be = llm_cpu_backend_create(&m, err);
     int amd = 0;
 #if defined(__x86_64__)
@@ -6020,6 +6021,10 @@ static void test_cpu_features(void) {
           "prefetch distances %d, %d (quantized rows) and %d, %d bytes (f16) on this %s CPU, want %d, %d and "
           "%d, %d", llm_prefetch_ahead[0][0], llm_prefetch_ahead[0][1], llm_prefetch_ahead[1][0],
           llm_prefetch_ahead[1][1], amd ? "AMD" : "non-AMD", want[0][0], want[0][1], want[1][0], want[1][1]);
+    /* and how many f16/bf16 rows a decode step's call reads: AMD's one, the others two */
+    int want_rows = amd ? 1 : 2;
+    CHECK(be && llm_half_decode_rows == want_rows, "f16 decode rows a call %d on this %s CPU, want %d",
+          llm_half_decode_rows, amd ? "AMD" : "non-AMD", want_rows);
     /* the backend names its kernels by what the compiler was told (the load line shows it) */
     const char *kernels = cpu_kernels_built();
     CHECK(be && be->kernels && !strcmp(be->kernels, kernels), "the CPU backend's kernels: %s, want %s",

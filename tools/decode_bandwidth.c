@@ -69,7 +69,7 @@ int main(int argc, char **argv) {
     if (llm_gguf_open(&g, argv[1], err) != 0) { fprintf(stderr, "decode_bandwidth: %s\n", err); return 1; }
     int reps = atoi(argv[2]);
     if (reps < 1) { fprintf(stderr, "decode_bandwidth: REPS is a count of passes, 1 or more\n"); return 2; }
-    llm_prefetch_choose(); /* as a CPU backend does */
+    llm_cpu_choose_for_vendor(); /* as a CPU backend does */
     int64_t widest = 0, longest = 0;
     for (int64_t i = 0; i < g.n_tensors; i++) {
         const llm_gguf_tensor *t = &g.tensors[i];
