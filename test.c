@@ -12014,7 +12014,10 @@ static void test_server_backpressure(void) {
     int behind = 0;
     for (const char *p = log; p && (p = strstr(p, "the client is more than 4 MiB behind its stream")); p++)
         behind++;
-    CHECK(peak - rss0 < 32 * 1024 && aborted == 4 && free_blocks == blocks && behind == 4,
+    /* each stream up to its 4 MiB in the server (the clients' small windows keep the rest there); under
+     * ThreadSanitizer its shadow memory counts in RSS as much again (measured: 32.8 MiB) */
+    double rss_bound = (UNDER_TSAN ? 2 : 1) * 32 * 1024;
+    CHECK(peak - rss0 < rss_bound && aborted == 4 && free_blocks == blocks && behind == 4,
           "serve: 4 streams that nobody reads: RSS %.0f -> peak %.0f KiB, %g aborted (%d logged), %g of %g "
           "blocks free", rss0, peak, aborted, behind, free_blocks, blocks);
     free(log);
