@@ -61,6 +61,7 @@ VENV      = .venv/ok-$(shell echo '$(PY_PKGS)' | cksum | cut -d' ' -f1)
 STB_H     = $(STB_INC)/stb/stb_ds.h
 
 HAVE_NVCC := $(shell command -v $(NVCC) 2>/dev/null)
+NPROC     := $(shell nproc 2>/dev/null || echo 1)
 # what each long step does, on stderr, one line: stdout is the program's alone (make run: the chat's)
 SAY       = @echo >&2 "make:"
 # apt-get and dpkg, quiet: their 260 lines go to a log that is shown only when they fail; recommended
@@ -85,8 +86,13 @@ ifeq ($(TSAN),1)
   OPENMP    =
   CFLAGS   += -O1 -fno-omit-frame-pointer -fsanitize=thread -Wno-unknown-pragmas
   LDFLAGS  += -fsanitize=thread
-  TEST_ONLY = LLM_TEST=thread,wait,backend,server
+  TEST_ENV  = LLM_TEST=thread,wait,backend,server
   NEED_CC   = fuzz-clang
+endif
+# under the sanitizers a test process keeps one core busy, and its tests take most of CI's time: llm-test
+# runs them in as many processes as the machine has cores (LLM_TEST_JOBS, test.c's run_tests)
+ifneq ($(SANITIZE)$(TSAN),)
+  TEST_ENV += LLM_TEST_JOBS=$(NPROC)
 endif
 CUDA ?= $(if $(HAVE_NVCC),1,0)
 
@@ -134,11 +140,15 @@ llm-example: llm.h | $(STB_H) $(NEED_CC)
 	@sed -n '/^#if 0 \/\* LLM_EXAMPLE/,/^#endif \/\* LLM_EXAMPLE/p' llm.h | sed '1d;$$d' | \
 	    $(CC) $(CFLAGS) -x c -o $@ - $(LDFLAGS) $(LDLIBS)
 
-# (first: test.c's GPU checks, which only a CUDA build links, compile; a machine without nvcc checks them so)
-test: llm llm-test llm-example $(if $(SANITIZE)$(TSAN),,llm-test-core) $(MODEL) $(GEMMA3_MODEL) $(VENV) \
-      testdata
+# The programs the tests run are built side by side, as many at once as the machine has cores (unless make was
+# given its own -j), once what the builds install (stb_ds.h, clang) is there: one at a time, nvcc's llm.cu and
+# the four programs were the first 8 minutes of a 2-core machine's make test. Then test.c's GPU checks, which
+# only a CUDA build links, compile (a machine without nvcc checks them so).
+TEST_PROGRAMS = llm llm-test llm-example $(if $(SANITIZE)$(TSAN),,llm-test-core)
+test: $(MODEL) $(GEMMA3_MODEL) $(VENV) testdata | $(STB_H) $(NEED_CC)
+	@$(MAKE) --no-print-directory $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(NPROC)) $(TEST_PROGRAMS)
 	@$(CC) $(CFLAGS) -DLLM_CUDA -fsyntax-only test.c
-	$(TEST_ONLY) ./llm-test $(TESTDATA)
+	$(TEST_ENV) ./llm-test $(TESTDATA)
 	$(if $(SANITIZE)$(TSAN),,LLM_TEST="$(CORE_TESTS)" ./llm-test-core $(TESTDATA))
 	$(VENV_PY) tools/pretok_check.py ./llm-test
 	$(VENV_PY) tools/openai_test.py $(TESTDATA)

@@ -13828,7 +13828,33 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  * llm_q8_dot32_neon (q8_0, q4_0 to q5_1, mxfp4) and llm_q8_dotk_neon (the k-quants), shaped like their AVX2
  * twins and held to the same tests (make test-variants runs them under qemu-aarch64); every other kernel is
  * plain C there.
+ * Under AddressSanitizer every 32-byte load of a kernel goes through the sanitizer's slow check
+ * (__asan_loadN): 65% of a sanitized decode's time, and the default model's decode was most of the sanitized
+ * tests' hour. The decode tiles' kernel and the prefill's packed products (llm_tiles_dot, llm_pack_mul) are
+ * compiled unchecked (LLM_UNCHECKED_LOADS), and check the whole regions they read and write once a call
+ * instead (LLM_ASAN_READS, LLM_ASAN_WRITES: the sanitizer's own call, so a region out of bounds is reported
+ * as a load from it would be). The kernels they inline are marked too: GCC marks a checked function's locals
+ * in and out of scope as it compiles it, inlined or not, and an unchecked caller, which never clears its
+ * frame's marks, left them on the stack for the next checked call to trip on (a false use-after-scope).
  * ======================================================================================================== */
+#if defined(__SANITIZE_ADDRESS__)
+#define LLM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define LLM_ASAN 1
+#endif
+#endif
+#ifdef LLM_ASAN
+void __asan_loadN(void *at, long n);
+void __asan_storeN(void *at, long n);
+#define LLM_UNCHECKED_LOADS __attribute__((no_sanitize_address))
+#define LLM_ASAN_READS(at, n) __asan_loadN((void *)(at), (long)(n))
+#define LLM_ASAN_WRITES(at, n) __asan_storeN((void *)(at), (long)(n))
+#else
+#define LLM_UNCHECKED_LOADS
+#define LLM_ASAN_READS(at, n) ((void)0)
+#define LLM_ASAN_WRITES(at, n) ((void)0)
+#endif
 #if defined(LLM_AVX2)
 /* ---- f16 and bf16 values (section 1's rows, the f16/bf16 tiles below) ---------------------------------- */
 /* 8 values of type f16, bf16 or f32 at at, as f32 (exact) */
@@ -14519,6 +14545,7 @@ static inline __m256 llm_avx2_e8m0_half8(const uint8_t *e) {
  * mxfp4's 12) times the activations' sum (at most 32 x 31 x 32,639 in size, converted to float once, as the
  * plain C converts it); then times d and the token's d, and q4_1's and q5_1's m times the token's s, each
  * row in its lane. */
+LLM_UNCHECKED_LOADS
 static inline __attribute__((always_inline)) void llm_tiles_dot_avx2(uint32_t type, int wide,
                                                                      const uint8_t *p, int64_t n_blocks,
                                                                      const llm_q8 *x, int64_t x_stride,
@@ -14581,6 +14608,7 @@ static inline __attribute__((always_inline)) void llm_tiles_dot_avx2(uint32_t ty
  * vpdpbusd takes them; 128 times the activations' sum taken off), else as |w| times x with w's sign (at most
  * 2 x 128 x 127 a pair: _mm256_maddubs_epi16's 16 bits hold it). The block's integer for a row, up to 32 x
  * 128 x 32,639, is converted to float once, as the plain C converts it. */
+LLM_UNCHECKED_LOADS
 static inline __attribute__((always_inline)) void llm_tiles_dot8_avx2(int wide, const uint8_t *p,
                                                                       int64_t n_blocks, const llm_q8 *x,
                                                                       int64_t x_stride, int nc, float *out,
@@ -14637,6 +14665,7 @@ static inline __attribute__((always_inline)) __m256i llm_avx2_lane_byte(__m256i 
  * reads one row's the same way). bytes[0]: scales 0..3 (byte j of each row's lane), [1] scales 4..7, [2]
  * mins 0..3, [3] mins 4..7: 11 instructions for the block's 16 (then a shuffle each), where taken apart a
  * sub-block at a time its scale and min took 4 to 12 */
+LLM_UNCHECKED_LOADS
 static inline __attribute__((always_inline)) void llm_tiles_scales_mins(const __m256i runs[3],
                                                                         __m256i bytes[4]) {
     const __m256i six = _mm256_set1_epi8(63), four = _mm256_set1_epi8(15), top = _mm256_set1_epi8(0x30);
@@ -14665,6 +14694,7 @@ static inline __attribute__((always_inline)) void llm_tiles_scale_min(const __m2
  * shift there rather than one a run. The same integers and floats as taking each nibble apart: the same
  * bits. One thread of a Sapphire Rapids, a token against q4_K tiles in L2: 26.3 -> 35.1 GB/s, q5_K 24.0 ->
  * 29.8, with the chains below (results/2026-12-06-k-quant-decode-chains-spr-cpu.log) */
+LLM_UNCHECKED_LOADS
 static inline __attribute__((always_inline)) void llm_tiles_dotk_avx2(int fifth, int wide, const uint8_t *p,
                                                                       int64_t n_blocks, const llm_q8 *x,
                                                                       int64_t x_stride, int nc, float *out,
@@ -14759,6 +14789,7 @@ static inline __attribute__((always_inline)) __m256i llm_avx2_and_or(__m256i a, 
  * half n of a block, ql bytes 4c..4c+3 (values 128n + 32j + 4c.. and 128n + 64 + 32j + 4c.., as llama.cpp
  * orders a block): run 16n + 8j + c (at the tile's runs) holds their low 4 bits (quarter j's in the low
  * nibbles, j + 2's in the high), run 32 + 8n + c their top 2 (quarter q's: bits 2q, 2q + 1) */
+LLM_UNCHECKED_LOADS
 static inline __attribute__((always_inline)) void llm_tiles_q6(const uint8_t *runs, int n, int j, int c,
                                                                __m256i w[2]) {
     const __m256i low4 = _mm256_set1_epi8(15), top2 = _mm256_set1_epi8(0x30);
@@ -14779,6 +14810,7 @@ static inline __attribute__((always_inline)) __m256i llm_tiles_scale6(const uint
  * (quarter q's 4 runs c = 4g..4g + 3, i = 8n + 2q + g) gives w . (256 q + r) less 32 times the sum of its
  * 16 activations, times d, its signed 8-bit scale (byte i % 4 of run 48 + i / 4) and the token's d. One
  * token's products in two parts (the even runs', the odd's), as q4_K's: 8 chains of vpdpbusd, not 4 */
+LLM_UNCHECKED_LOADS
 static inline __attribute__((always_inline)) void llm_tiles_dot6_avx2(int wide, const uint8_t *p,
                                                                       int64_t n_blocks, const llm_q8 *x,
                                                                       int64_t x_stride, int nc, float *out,
@@ -14913,6 +14945,7 @@ static void llm_tiles_q3_order(uint8_t *runs, int into_tiles) {
  * above it). q3_K: its 6-bit scales (stored + 32) from runs 24..26, a row's 12 bytes as 3 words a, b, c:
  * scales 0..3 the low nibbles of a's bytes, 4..7 of b's, 8..11 and 12..15 their high nibbles, each with 2
  * top bits from c's bytes (bits 0-1, 2-3, 4-5, 6-7), as llama.cpp's kmask1/kmask2 take them apart */
+LLM_UNCHECKED_LOADS
 static inline __attribute__((always_inline)) void llm_tiles_scales23(int three, const uint8_t *runs,
                                                                    __m256i bytes[4]) {
     if (!three) {
@@ -14949,6 +14982,7 @@ static inline __attribute__((always_inline)) void llm_tiles_scale23(int three, c
  * its 16 activations (the stored values' offset), q2_K's minimum as q4_K's: dmin min_s times the token's d
  * times that sum. A row at a time the third bits (llm_q8_dotk_avx2) held q3_K's products to 3.7 GB/s from
  * memory, q2_K's to 3.1, where a read loop gets 23-27 (one thread of a Sapphire Rapids) */
+LLM_UNCHECKED_LOADS
 static inline __attribute__((always_inline)) void llm_tiles_dot23_avx2(int three, int wide, const uint8_t *p,
                                                                      int64_t n_blocks, const llm_q8 *x,
                                                                      int64_t x_stride, int nc, float *out,
@@ -15013,8 +15047,12 @@ static inline __attribute__((always_inline)) void llm_tiles_dot23_avx2(int three
 #else
 #define LLM_TILE_TOKENS 2
 #endif
-static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t cols, const llm_q8 *x,
-                          int64_t x_stride, int nc, float *out, int64_t out_stride) {
+static LLM_UNCHECKED_LOADS void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t cols,
+                                              const llm_q8 *x, int64_t x_stride, int nc, float *out,
+                                              int64_t out_stride) {
+    LLM_ASAN_READS(tile, LLM_TILE_ROWS * llm_dtype_row_bytes(type, cols));
+    LLM_ASAN_READS(x, ((nc - 1) * x_stride + cols / 32) * (int64_t)sizeof *x);
+    LLM_ASAN_WRITES(out, ((nc - 1) * out_stride + LLM_TILE_ROWS) * (int64_t)sizeof *out);
 #define LLM_TILES_CALL(k, s, T, W)                                                                         \
     (T == LLM_Q4_K   ? llm_tiles_dotk_avx2(0, W, tile, cols / 256, x + (s) * x_stride, x_stride, k,        \
                                            out + (s) * out_stride, out_stride)                             \
@@ -15238,6 +15276,7 @@ static inline __attribute__((always_inline)) __m256i llm_pack_chunk(uint32_t typ
  * 512-bit registers: one vpdpbusd per 4 values of the 16 rows and a token (and one more for r with 16-bit
  * activations), lane by lane the same integers and floats as the 8-row version (SmolLM2 Q8_0, 512 tokens,
  * one thread: pp512 1.28 to 1.39 times as fast) */
+LLM_UNCHECKED_LOADS
 static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, int wide, const void *pack,
                                                                int64_t n_groups, const llm_q8 *x,
                                                                int64_t x_stride, int nc,
@@ -15368,6 +15407,7 @@ static inline __attribute__((always_inline)) void llm_amx_sums(int set, int wide
 
 /* 16 packed rows times 16 tokens (x: their groups, llm_amx_layout's): out[c * out_stride + r]. The tiles are
  * configured (llm_amx_configure) */
+LLM_UNCHECKED_LOADS
 static inline __attribute__((always_inline)) void llm_pack_dot_amx(uint32_t type, int wide, const void *pack,
                                                                    int64_t n_groups, const llm_amx_group *x,
                                                                    float *out, int64_t out_stride) {
@@ -15416,6 +15456,7 @@ static inline __attribute__((always_inline)) void llm_pack_dot_amx(uint32_t type
 /* 8 packed rows times nc tokens (1 to 4, x_stride blocks apart): out[c * out_stride + r]. With 16-bit
  * activations each weight register meets q and r: two products, joined as 256 (w . q) + w . r; or, packed in
  * pairs, it meets a, 256 q + r as 16-bit integers */
+LLM_UNCHECKED_LOADS
 static inline __attribute__((always_inline)) void llm_pack_dot(uint32_t type, int wide, const void *pack,
                                                                int64_t n_groups, const llm_q8 *x,
                                                                int64_t x_stride, int nc,
@@ -15499,8 +15540,16 @@ static void llm_pack(uint32_t type, int wide, const uint8_t *rows, size_t row_by
 #undef LLM_PACK_ROWS_CASE
 }
 /* nc tokens (1 to 4), or, with amx (their activations laid out by llm_amx_layout), 16 through AMX's tiles */
-static void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_groups, const llm_q8 *x,
-                         int64_t x_stride, int nc, const void *amx, float *out, int64_t out_stride) {
+static LLM_UNCHECKED_LOADS void llm_pack_mul(uint32_t type, int wide, const void *pack, int64_t n_groups,
+                                             const llm_q8 *x, int64_t x_stride, int nc, const void *amx,
+                                             float *out, int64_t out_stride) {
+    LLM_ASAN_READS(pack, n_groups * (int64_t)llm_pack_group_bytes(wide));
+    LLM_ASAN_WRITES(out, ((nc - 1) * out_stride + LLM_PACK_ROWS) * (int64_t)sizeof *out);
+#if defined(LLM_AMX)
+    if (amx) LLM_ASAN_READS(amx, n_groups * (int64_t)sizeof(llm_amx_group));
+    else
+#endif
+        LLM_ASAN_READS(x, ((nc - 1) * x_stride + n_groups) * (int64_t)sizeof *x);
 #define LLM_PACK_CALL(k, s, T, W) \
     llm_pack_dot(T, W, pack, n_groups, x + (s) * x_stride, x_stride, k, out + (s) * out_stride, out_stride)
 #if defined(LLM_AMX)

@@ -3,7 +3,9 @@
  *
  *   ./llm-test [TESTDATA_DIR]         everything that runs on the CPU (make test)
  *   ./llm-test --gpu [TESTDATA_DIR]   the CUDA kernels against the CPU reference (make test-gpu, built
- *                                     with CUDA) */
+ *                                     with CUDA)
+ *   LLM_TEST=server,chat              only the tests whose names hold one of these words
+ *   LLM_TEST_JOBS=N                   the tests in N processes at once (make test under the sanitizers) */
 #define _GNU_SOURCE  /* memmem */
 #define LLM_IMPLEMENTATION
 static void (*test_after_add)(void);  /* the hardening tests' hook in llm_engine_add_request */
@@ -2214,9 +2216,52 @@ static void quant_dots_check(int wide) {
     quant_tiles_check(wide, &rng);
 #endif
 }
+#ifdef LLM_CPU_SIMD
+/* Under AddressSanitizer the decode tiles' kernel loads unchecked and checks its regions once a call
+ * (llm.h's LLM_UNCHECKED_LOADS): a tile one byte short of its 8 rows is still reported, in llm_tiles_dot, as
+ * a load past its end would be. In a child process, whose stderr the report goes to. */
+static void tiles_asan_check(void) {
+    enum { N = 256 };
+    size_t tile_bytes = LLM_TILE_ROWS * llm_dtype_row_bytes(LLM_Q4_1, N);
+    int fds[2];
+    if (pipe(fds) != 0) { CHECK(0, "pipe: %s", strerror(errno)); return; }
+    fflush(stdout); fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        uint8_t *short_tile = (uint8_t *)calloc(tile_bytes - 1, 1);
+        llm_q8 xq[N / 32];
+        float out[LLM_TILE_ROWS];
+        memset(xq, 0, sizeof xq);
+        llm_tiles_dot(LLM_Q4_1, 0, short_tile, N, xq, N / 32, 1, out, LLM_TILE_ROWS);
+        free(short_tile);
+        _exit(0);
+    }
+    close(fds[1]);
+    char report[16384];
+    size_t got = 0;
+    for (ssize_t n; got + 1 < sizeof report && (n = read(fds[0], report + got, sizeof report - 1 - got)) > 0;)
+        got += (size_t)n;
+    report[got] = 0;
+    close(fds[0]);
+    int status = 0;
+    if (pid > 0) waitpid(pid, &status, 0);
+    char read_line[64];
+    snprintf(read_line, sizeof read_line, "READ of size %zu at", tile_bytes);
+    int failed = pid > 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(failed && strstr(report, "ERROR: AddressSanitizer") && strstr(report, read_line) &&
+          strstr(report, "in llm_tiles_dot"),
+          "a tile 1 byte short of %zu, under AddressSanitizer: reported in llm_tiles_dot (status %d): %.600s",
+          tile_bytes, status, report);
+}
+#endif
 static void test_quant_dots(void) {
     quant_dots_check(0);
     quant_dots_check(1);
+#ifdef LLM_CPU_SIMD
+    if (UNDER_ASAN) tiles_asan_check();
+#endif
 }
 
 /* A case of the products' tests: rows (bytes of them) and T tokens' activations of n values. Integers
@@ -14005,6 +14050,81 @@ static void test_testdata_present(void) {
     CHECK(access(CHAT_MODEL, R_OK) == 0, "%s is missing: 'make model' fetches it from PyPI", CHAT_MODEL);
 }
 
+/* One test, and its line: name, ok or FAILED, seconds. */
+struct test_entry { const char *name; void (*fn)(void); };
+static void run_test(const struct test_entry *t) {
+    int failed_before = n_failed;
+    double t0 = llm_now();
+    t->fn();
+    printf("%-28s %s (%.1f s)\n", t->name, n_failed == failed_before ? "ok" : "FAILED", llm_now() - t0);
+}
+
+/* Runs the picked tests (indices into tests, in order) and prints "N passed, N failed". With jobs > 1
+ * (LLM_TEST_JOBS=N) that many forked processes share them, each taking the next test nobody has taken: the
+ * tests hold nothing across each other (each loads what it reads, servers take --port 0, files are
+ * mkstemp's), and a build under AddressSanitizer runs one core of the machine's. A process holds a test's
+ * stdout in a file and prints it whole when the test ends, so the lines of two tests never mix; a process
+ * that dies (a sanitizer's report, a crash) counts as a failure, named with the test it was running. */
+static int run_tests(const struct test_entry *tests, const int *picked, int n_picked, int jobs) {
+    if (jobs <= 1) {
+        for (int k = 0; k < n_picked; k++) run_test(&tests[picked[k]]);
+        printf("%d passed, %d failed\n", n_passed, n_failed);
+        return n_failed ? 1 : 0;
+    }
+    if (jobs > 64) jobs = 64;
+    struct { pthread_mutex_t print; int next, passed, failed, running[64]; } *shared =
+        mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (shared == MAP_FAILED) { perror("llm-test: mmap"); return 1; }
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    pthread_mutex_init(&shared->print, &attr);
+    fflush(stdout); fflush(stderr);
+    pid_t pids[64];
+    for (int j = 0; j < jobs; j++) {
+        shared->running[j] = -1;
+        pids[j] = fork();
+        if (pids[j] < 0) { perror("llm-test: fork"); jobs = j; break; }
+        if (pids[j] > 0) continue;
+        for (;;) {
+            int k = __atomic_fetch_add(&shared->next, 1, __ATOMIC_SEQ_CST);
+            if (k >= n_picked) break;
+            shared->running[j] = picked[k];
+            FILE *held = tmpfile();
+            int out = held ? dup(1) : -1;
+            if (out >= 0) dup2(fileno(held), 1);
+            run_test(&tests[picked[k]]);
+            fflush(stdout);
+            if (out < 0) { if (held) fclose(held); continue; }
+            dup2(out, 1); close(out);
+            rewind(held);
+            pthread_mutex_lock(&shared->print);
+            char buf[8192];
+            for (size_t got; (got = fread(buf, 1, sizeof buf, held)) > 0;) fwrite(buf, 1, got, stdout);
+            fflush(stdout);
+            pthread_mutex_unlock(&shared->print);
+            fclose(held);
+        }
+        shared->running[j] = -1;
+        __atomic_fetch_add(&shared->passed, n_passed, __ATOMIC_SEQ_CST);
+        __atomic_fetch_add(&shared->failed, n_failed, __ATOMIC_SEQ_CST);
+        exit(0); /* exit, not _exit: LeakSanitizer's check runs at exit, and a leak makes the status 23 */
+    }
+    for (int j = 0; j < jobs; j++) {
+        int status = 0;
+        while (waitpid(pids[j], &status, 0) < 0 && errno == EINTR) {}
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+        int t = shared->running[j];
+        shared->failed++;
+        printf("FAIL llm-test process %d of %d (pid %d) %s %d%s%s\n", j + 1, jobs, (int)pids[j],
+               WIFSIGNALED(status) ? "died of signal" : "exited with", WIFSIGNALED(status) ?
+               WTERMSIG(status) : WEXITSTATUS(status), t >= 0 ? " in the test " : " after its tests",
+               t >= 0 ? tests[t].name : "");
+    }
+    printf("%d passed, %d failed\n", shared->passed, shared->failed);
+    return shared->failed ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--split")) return split_mode(argv[2]);
     int gpu = argc > 1 && !strcmp(argv[1], "--gpu");
@@ -14017,7 +14137,7 @@ int main(int argc, char **argv) {
     }
 #endif
     if (gpu) { printf("llm-test --gpu: built without CUDA\n"); return 1; }
-    static const struct { const char *name; void (*fn)(void); } tests[] = {
+    static const struct test_entry tests[] = {
         {"test data", test_testdata_present},
         {"tokenizer fixtures", test_tokenizer_fixtures},
         {"streaming detokenizer", test_detokenizer_streaming},
@@ -14113,7 +14233,9 @@ int main(int argc, char **argv) {
     };
     /* LLM_TEST=server,chat runs the tests whose names hold "server" or "chat" */
     const char *only = getenv("LLM_TEST");
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+    int n_tests = (int)(sizeof tests / sizeof tests[0]), picked_tests[sizeof tests / sizeof tests[0]];
+    int n_picked = 0;
+    for (int i = 0; i < n_tests; i++) {
         int picked = !only;
         for (const char *w = only; w && *w && !picked; w += strcspn(w, ",")) {
             w += *w == ',';
@@ -14123,13 +14245,22 @@ int main(int argc, char **argv) {
             snprintf(word, sizeof word, "%.*s", (int)(n < 63 ? n : 63), w);
             picked = n > 0 && strstr(tests[i].name, word) != NULL;
         }
-        if (!picked) continue;
-        int failed_before = n_failed;
-        double t0 = llm_now();
-        tests[i].fn();
-        printf("%-28s %s (%.1f s)\n", tests[i].name, n_failed == failed_before ? "ok" : "FAILED",
-               llm_now() - t0);
+        if (picked) picked_tests[n_picked++] = i;
     }
-    printf("%d passed, %d failed\n", n_passed, n_failed);
-    return n_failed ? 1 : 0;
+    const char *jobs_env = getenv("LLM_TEST_JOBS");
+    int jobs = jobs_env ? atoi(jobs_env) : 1;
+    if (jobs > 1) {
+        /* the slowest first, so that no process is left with one of them at the end while the others wait */
+        static const char *slowest[] = {"grammar: generation", "README's commands", "grammar: JSON Schema",
+                                        "speculative decoding", "Gemma 3 270M", "kv quant speculative"};
+        int order[sizeof tests / sizeof tests[0]], n = 0;
+        for (size_t s = 0; s < sizeof slowest / sizeof *slowest; s++)
+            for (int k = 0; k < n_picked; k++)
+                if (picked_tests[k] >= 0 && strstr(tests[picked_tests[k]].name, slowest[s]))
+                    order[n++] = picked_tests[k], picked_tests[k] = -1;
+        for (int k = 0; k < n_picked; k++)
+            if (picked_tests[k] >= 0) order[n++] = picked_tests[k];
+        memcpy(picked_tests, order, sizeof(int) * n_picked);
+    }
+    return run_tests(tests, picked_tests, n_picked, jobs);
 }
