@@ -5,7 +5,8 @@
  *   ./llm-test --gpu [TESTDATA_DIR]   the CUDA kernels against the CPU reference (make test-gpu, built
  *                                     with CUDA)
  *   LLM_TEST=server,chat              only the tests whose names hold one of these words
- *   LLM_TEST_JOBS=N                   the tests in N processes at once (make test under the sanitizers) */
+ *   LLM_TEST_JOBS=N                   the tests in N processes at once, 1 to 64 (make test under the
+ *                                     sanitizers: nproc) */
 #define _GNU_SOURCE  /* memmem */
 #define LLM_IMPLEMENTATION
 static void (*test_after_add)(void);  /* the hardening tests' hook in llm_engine_add_request */
@@ -43,14 +44,9 @@ static const char *testdata_dir = "testdata";
 /* Under AddressSanitizer (make test SANITIZE=1) the slowest numeric tests check a part of their cases (fewer
  * runs, positions or tokens): the memory checks need the same paths, not the same count, and all of them take
  * over half an hour there. The plain make test checks every case. */
-#if defined(__SANITIZE_ADDRESS__)
+#ifdef LLM_ASAN /* llm.h's test for AddressSanitizer (GCC's and Clang's) */
 #define UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define UNDER_ASAN 1
-#endif
-#endif
-#ifndef UNDER_ASAN
+#else
 #define UNDER_ASAN 0
 #endif
 #if defined(__SANITIZE_THREAD__)
@@ -14071,7 +14067,6 @@ static int run_tests(const struct test_entry *tests, const int *picked, int n_pi
         printf("%d passed, %d failed\n", n_passed, n_failed);
         return n_failed ? 1 : 0;
     }
-    if (jobs > 64) jobs = 64;
     struct { pthread_mutex_t print; int next, passed, failed, running[64]; } *shared =
         mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (shared == MAP_FAILED) { perror("llm-test: mmap"); return 1; }
@@ -14248,7 +14243,12 @@ int main(int argc, char **argv) {
         if (picked) picked_tests[n_picked++] = i;
     }
     const char *jobs_env = getenv("LLM_TEST_JOBS");
-    int jobs = jobs_env ? atoi(jobs_env) : 1;
+    char *jobs_end = NULL;
+    long jobs = jobs_env ? strtol(jobs_env, &jobs_end, 10) : 1;
+    if (jobs_env && (jobs_end == jobs_env || *jobs_end || jobs < 1 || jobs > 64)) {
+        fprintf(stderr, "llm-test: LLM_TEST_JOBS=%s: want a count of processes, 1 to 64\n", jobs_env);
+        return 2;
+    }
     if (jobs > 1) {
         /* the slowest first, so that no process is left with one of them at the end while the others wait */
         static const char *slowest[] = {"grammar: generation", "README's commands", "grammar: JSON Schema",
@@ -14262,5 +14262,5 @@ int main(int argc, char **argv) {
             if (picked_tests[k] >= 0) order[n++] = picked_tests[k];
         memcpy(picked_tests, order, sizeof(int) * n_picked);
     }
-    return run_tests(tests, picked_tests, n_picked, jobs);
+    return run_tests(tests, picked_tests, n_picked, (int)jobs);
 }
