@@ -90,9 +90,9 @@ ifeq ($(TSAN),1)
   NEED_CC   = fuzz-clang
 endif
 # under the sanitizers a test process keeps one core busy, and its tests take most of CI's time: llm-test
-# runs them in as many processes as the machine has cores (LLM_TEST_JOBS, test.c's run_tests)
+# runs them in as many processes as the machine has cores, 64 at most (LLM_TEST_JOBS, test.c's run_tests)
 ifneq ($(SANITIZE)$(TSAN),)
-  TEST_ENV += LLM_TEST_JOBS=$(NPROC)
+  TEST_ENV += LLM_TEST_JOBS=$(shell echo $$(( $(NPROC) > 64 ? 64 : $(NPROC) )))
 endif
 CUDA ?= $(if $(HAVE_NVCC),1,0)
 
