@@ -177,14 +177,14 @@ __global__ void argmax_kernel(int *out, const float *logits, int V) {
 
 /* act[t][i] = silu(gu[t][i]) * gu[t][F + i] (gate and up came out of one GEMM side by side), bf16, row stride
  * lda; the padding columns [F, lda) get zeros, as in rmsnorm_kernel. gelu: GELU's tanh form instead of SiLU
- * (Gemma's GeGLU) */
+ * (Gemma's GeGLU), as llm_gelu computes it: 0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)) */
 __global__ void swiglu_kernel(bf16 *act, int lda, const float *gu, int F, int gelu, int T) {
     for (int t = blockIdx.y; t < T; t += gridDim.y) /* rows past the grid's 65535 (a step's expert rows) */
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < lda; i += gridDim.x * blockDim.x) {
             float v = 0.0f;
             if (i < F) {
                 float g = gu[(size_t)t * 2 * F + i], u = gu[(size_t)t * 2 * F + F + i];
-                v = gelu ? 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * u
+                v = gelu ? g / (1.0f + __expf(-2.0f * (0.7978845608f * (g + 0.044715f * g * g * g)))) * u
                          : g / (1.0f + __expf(-g)) * u;
             }
             act[(size_t)t * lda + i] = __float2bfloat16(v);
