@@ -14084,13 +14084,14 @@ static void run_test(const struct test_entry *t) {
  * mkstemp's), and a build under AddressSanitizer runs one core of the machine's. A process holds a test's
  * stdout in a file and prints it whole when the test ends, so the lines of two tests never mix; a process
  * that dies (a sanitizer's report, a crash) counts as a failure, named with the test it was running. */
+enum { TEST_MAX_JOBS = 64 }; /* the processes' slots in the shared page (main refuses more) */
 static int run_tests(const struct test_entry *tests, const int *picked, int n_picked, int jobs) {
     if (jobs <= 1) {
         for (int k = 0; k < n_picked; k++) run_test(&tests[picked[k]]);
         printf("%d passed, %d failed\n", n_passed, n_failed);
         return n_failed ? 1 : 0;
     }
-    struct { pthread_mutex_t print; int next, passed, failed, running[64]; } *shared =
+    struct { pthread_mutex_t print; int next, passed, failed, running[TEST_MAX_JOBS]; } *shared =
         mmap(NULL, sizeof *shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (shared == MAP_FAILED) { perror("llm-test: mmap"); return 1; }
     pthread_mutexattr_t attr;
@@ -14268,8 +14269,9 @@ int main(int argc, char **argv) {
     const char *jobs_env = getenv("LLM_TEST_JOBS");
     char *jobs_end = NULL;
     long jobs = jobs_env ? strtol(jobs_env, &jobs_end, 10) : 1;
-    if (jobs_env && (jobs_end == jobs_env || *jobs_end || jobs < 1 || jobs > 64)) {
-        fprintf(stderr, "llm-test: LLM_TEST_JOBS=%s: want a count of processes, 1 to 64\n", jobs_env);
+    if (jobs_env && (jobs_end == jobs_env || *jobs_end || jobs < 1 || jobs > TEST_MAX_JOBS)) {
+        fprintf(stderr, "llm-test: LLM_TEST_JOBS=%s: want a count of processes, 1 to %d\n", jobs_env,
+                TEST_MAX_JOBS);
         return 2;
     }
     if (jobs > 1) {
