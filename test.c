@@ -1634,6 +1634,36 @@ static void test_weight_types(void) {
                 }
             }
         CHECK(bad == 0, "f32 dot products: %d of %d differ from the plain-C ones", bad, n);
+        /* a prompt's attention scores (llm_scores: with AVX2, from 4 queries on, 8 rows' sums added up at
+         * once, stored masked where a block has fewer than 8 rows left): (q_j . k_p) * scale, llm_dot_n's sum
+         * times the scale, bit for bit, for 1 to 12 queries, 1 to 13 rows, lengths with and without a rest;
+         * the row's value just past the rows is left as it was */
+        {
+            static float out[12 * 16], queries[12 * 108];
+            const float scale = 0.125f, fill = 1234.5f;
+            int bad_scores = 0, n_scores = 0, overwritten = 0;
+            for (int li = 0; li < 4; li++)
+                for (int nq = 1; nq <= 12; nq++)
+                    for (int nk = 1; nk <= 13; nk += 3) { /* k_p: rows of b, 108 apart; queries: a's */
+                        for (int i = 0; i < 12 * 16; i++) out[i] = fill;
+                        for (int j = 0; j < nq; j++) /* query j: b's row 11 - j (6: the -0 one) */
+                            memcpy(queries + j * lengths[li], b + (11 - j) * 108,
+                                   (size_t)lengths[li] * sizeof(float));
+                        llm_scores(b, 108, nk, queries, nq, lengths[li], scale, out, 16);
+                        for (int j = 0; j < nq; j++) {
+                            overwritten += out[j * 16 + nk] != fill;
+                            for (int p = 0; p < nk; p++, n_scores++) {
+                                float one;
+                                llm_dot_n(b + p * 108, queries + j * lengths[li], 0, 1, lengths[li], &one);
+                                one *= scale;
+                                bad_scores += memcmp(&one, &out[j * 16 + p], sizeof one) != 0;
+                            }
+                        }
+                    }
+            CHECK(bad_scores == 0 && overwritten == 0 && n_scores == 4 * 78 * 35,
+                  "attention scores: %d of %d differ from the plain-C ones, %d values past the rows written",
+                  bad_scores, n_scores, overwritten);
+        }
 #if defined(LLM_CPU_SIMD) && defined(LLM_AVX512F)
         /* AVX-512: a prompt's queries side by side in pairs (llm_dot_pairs), 2 to 6 pairs, the same bits */
         static float side[12 * 104];
