@@ -14185,6 +14185,13 @@ static inline __m256i llm_avx2_maddubs_add(__m256i acc16, __m256i u, __m256i x) 
 static inline __m256i llm_avx2_widen16(__m256i acc, __m256i acc16) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(acc16, _mm256_set1_epi16(1)));
 }
+/* The tiles' step: the 8 rows' 4 stored values u times 4 activations (four, as bytes): into acc with VNNI,
+ * else into the 16-bit acc16 */
+static inline __attribute__((always_inline)) void llm_avx2_tile_step(__m256i *acc, __m256i *acc16, __m256i u,
+                                                                     int32_t four) {
+    if (LLM_AVX2_VNNI) *acc = llm_avx2_dpbusd(*acc, u, _mm256_set1_epi32(four));
+    else *acc16 = llm_avx2_maddubs_add(*acc16, u, _mm256_set1_epi32(four));
+}
 /* acc plus 8 sums of 2 products of signed 16-bit integers: one instruction with VNNI, else two */
 static inline __m256i llm_avx2_dpwssd(__m256i acc, __m256i a, __m256i b) {
 #if defined(LLM_AVX512VNNI)
@@ -14694,22 +14701,12 @@ static inline __attribute__((always_inline)) void llm_tiles_dot_avx2(uint32_t ty
                 const llm_q8 *xb = x + c * x_stride + b;
                 int32_t q_lo, q_hi, r_lo, r_hi; /* the token's values 4 run.. and 16 + 4 run..: 4 bytes */
                 memcpy(&q_lo, xb->q + 4 * run, 4); memcpy(&q_hi, xb->q + 16 + 4 * run, 4);
-                if (LLM_AVX2_VNNI) {
-                    dq[c] = llm_avx2_dpbusd(dq[c], lo, _mm256_set1_epi32(q_lo));
-                    dq[c] = llm_avx2_dpbusd(dq[c], hi, _mm256_set1_epi32(q_hi));
-                } else {
-                    hq[c] = llm_avx2_maddubs_add(hq[c], lo, _mm256_set1_epi32(q_lo));
-                    hq[c] = llm_avx2_maddubs_add(hq[c], hi, _mm256_set1_epi32(q_hi));
-                }
+                llm_avx2_tile_step(&dq[c], &hq[c], lo, q_lo);
+                llm_avx2_tile_step(&dq[c], &hq[c], hi, q_hi);
                 if (!wide) continue;
                 memcpy(&r_lo, xb->r + 4 * run, 4); memcpy(&r_hi, xb->r + 16 + 4 * run, 4);
-                if (LLM_AVX2_VNNI) {
-                    dr[c] = llm_avx2_dpbusd(dr[c], lo, _mm256_set1_epi32(r_lo));
-                    dr[c] = llm_avx2_dpbusd(dr[c], hi, _mm256_set1_epi32(r_hi));
-                } else {
-                    hr[c] = llm_avx2_maddubs_add(hr[c], lo, _mm256_set1_epi32(r_lo));
-                    hr[c] = llm_avx2_maddubs_add(hr[c], hi, _mm256_set1_epi32(r_hi));
-                }
+                llm_avx2_tile_step(&dr[c], &hr[c], lo, r_lo);
+                llm_avx2_tile_step(&dr[c], &hr[c], hi, r_hi);
             }
             /* the 16-bit sums widened before they could overflow: a pair of products is at most 2 x 15 x
              * 128 = 3,840 with nibbles (8 pairs fit: 30,720), 2 x 31 x 128 with fifth bits and 2 x 24 x 128
@@ -14876,22 +14873,12 @@ static inline __attribute__((always_inline)) void llm_tiles_dotk_avx2(int fifth,
                     const llm_q8 *xb = x + c * x_stride + 8 * b + 2 * k; /* sub-block 2k's 32 values */
                     int32_t q_lo, q_hi, r_lo, r_hi;
                     memcpy(&q_lo, xb[0].q + 4 * run, 4); memcpy(&q_hi, xb[1].q + 4 * run, 4);
-                    if (LLM_AVX2_VNNI) {
-                        dq[u][0][c] = llm_avx2_dpbusd(dq[u][0][c], lo, _mm256_set1_epi32(q_lo));
-                        dq[u][1][c] = llm_avx2_dpbusd(dq[u][1][c], hi, _mm256_set1_epi32(q_hi));
-                    } else {
-                        hq[u][0][c] = llm_avx2_maddubs_add(hq[u][0][c], lo, _mm256_set1_epi32(q_lo));
-                        hq[u][1][c] = llm_avx2_maddubs_add(hq[u][1][c], hi, _mm256_set1_epi32(q_hi));
-                    }
+                    llm_avx2_tile_step(&dq[u][0][c], &hq[u][0][c], lo, q_lo);
+                    llm_avx2_tile_step(&dq[u][1][c], &hq[u][1][c], hi, q_hi);
                     if (!wide) continue;
                     memcpy(&r_lo, xb[0].r + 4 * run, 4); memcpy(&r_hi, xb[1].r + 4 * run, 4);
-                    if (LLM_AVX2_VNNI) {
-                        dr[u][0][c] = llm_avx2_dpbusd(dr[u][0][c], lo, _mm256_set1_epi32(r_lo));
-                        dr[u][1][c] = llm_avx2_dpbusd(dr[u][1][c], hi, _mm256_set1_epi32(r_hi));
-                    } else {
-                        hr[u][0][c] = llm_avx2_maddubs_add(hr[u][0][c], lo, _mm256_set1_epi32(r_lo));
-                        hr[u][1][c] = llm_avx2_maddubs_add(hr[u][1][c], hi, _mm256_set1_epi32(r_hi));
-                    }
+                    llm_avx2_tile_step(&dr[u][0][c], &hr[u][0][c], lo, r_lo);
+                    llm_avx2_tile_step(&dr[u][1][c], &hr[u][1][c], hi, r_hi);
                 }
                 /* without VNNI, the 16-bit sums widened before they could overflow: a part's 8 runs of
                  * nibbles (8 x 2 x 15 x 128 = 30,720), 4 with fifth bits (4 x 2 x 31 x 128 = 31,744) */
