@@ -2010,36 +2010,40 @@ static void quant_tiles_check(int wide, uint64_t *rng) {
     CHECK(!e8m0_differ, "mxfp4 tiles: %d of 256 exponents converted 8 at once differ from one at a time",
           e8m0_differ);
     /* Without VNNI the tiles keep pairs of products in 16 bits over several runs before widening them: the
-     * largest stored values (nibbles 15, fifth bits set, mxfp4's 6) against the largest activations (q -127,
-     * r -128), every product of one sign, must not overflow them. 8 rows of one block, scales 1, m 0 */
-    const uint32_t sixteen_bit_types[] = {LLM_Q4_0, LLM_Q4_1, LLM_Q5_0, LLM_Q5_1, LLM_MXFP4};
-    for (int ti = 0; ti < 5; ti++) {
+     * largest stored values (nibbles 15, fifth bits set, mxfp4's 6; the k-quants' 6-bit scales 63) against
+     * the largest activations (q -127, r -128), every product of one sign, must not overflow them. 8 rows of
+     * one block, scales 1, m and dmin 0 */
+    const uint32_t sixteen_bit_types[] = {LLM_Q4_0, LLM_Q4_1, LLM_Q5_0, LLM_Q5_1, LLM_MXFP4, LLM_Q4_K,
+                                          LLM_Q5_K};
+    for (int ti = 0; ti < 7; ti++) {
         uint32_t type = sixteen_bit_types[ti];
         uint64_t bb, bv;
         llm_dtype_info(type, &bb, &bv);
-        uint8_t rows[8 * 24], tiles[8 * 24];
-        int value_at = type == LLM_MXFP4 ? 1 : type == LLM_Q4_1 || type == LLM_Q5_1 ? 4 : 2;
+        uint8_t rows[8 * 176], tiles[8 * 176];
+        int value_at = type == LLM_MXFP4 ? 1 : type == LLM_Q4_0 || type == LLM_Q5_0 ? 2 : 4;
         for (int r = 0; r < 8; r++) {
             memset(rows + r * bb + value_at, type == LLM_MXFP4 ? 0x77 : 0xff, bb - (size_t)value_at);
             quant_set_scales(type, rows + r * bb, 1, 0);
         }
-        llm_q8 xq;
-        memset(&xq, 0, sizeof xq);
-        xq.d = 1;
-        for (int j = 0; j < 32; j++) {
-            xq.q[j] = -127;
-            xq.r[j] = (int8_t)(wide ? -128 : 0);
-            xq.a[j] = (int16_t)(wide ? 256 * xq.q[j] + xq.r[j] : 0);
-            xq.sum[j / 16] += wide ? xq.a[j] : xq.q[j];
+        llm_q8 xq[8];
+        memset(xq, 0, sizeof xq);
+        for (uint64_t b = 0; b < bv / 32; b++) {
+            xq[b].d = 1;
+            for (int j = 0; j < 32; j++) {
+                xq[b].q[j] = -127;
+                xq[b].r[j] = (int8_t)(wide ? -128 : 0);
+                xq[b].a[j] = (int16_t)(wide ? 256 * xq[b].q[j] + xq[b].r[j] : 0);
+                xq[b].sum[j / 16] += wide ? xq[b].a[j] : xq[b].q[j];
+            }
+            xq[b].s = (float)(xq[b].sum[0] + xq[b].sum[1]);
+            xq[b].ds[0] = (float)xq[b].sum[0]; xq[b].ds[1] = (float)xq[b].sum[1];
         }
-        xq.s = (float)(xq.sum[0] + xq.sum[1]);
-        xq.ds[0] = (float)xq.sum[0]; xq.ds[1] = (float)xq.sum[1];
         float out[8];
-        llm_tiles_copy(type, rows, tiles, 8, 32, 1);
-        llm_tiles_dot(type, wide, tiles, 32, &xq, 1, 1, out, 8);
+        llm_tiles_copy(type, rows, tiles, 8, (int64_t)bv, 1);
+        llm_tiles_dot(type, wide, tiles, (int64_t)bv, xq, (int64_t)bv / 32, 1, out, 8);
         double worst = 0;
         for (int r = 0; r < 8; r++) {
-            double ref = llm_q8_dot_ref(type, rows + r * bb, &xq, 32, wide);
+            double ref = llm_q8_dot_ref(type, rows + r * bb, xq, (int64_t)bv, wide);
             worst = fmax(worst, fabs(out[r] - ref) / fabs(ref));
         }
         CHECK(worst < 1e-6, "%s decode tiles, %s activations, the largest values: %.2g from the plain C",
