@@ -14882,7 +14882,7 @@ static inline __attribute__((always_inline)) void llm_tiles_dotk_avx2(int fifth,
                 }
                 /* without VNNI, the 16-bit sums widened before they could overflow: a part's 8 runs of
                  * nibbles (8 x 2 x 15 x 128 = 30,720), 4 with fifth bits (4 x 2 x 31 x 128 = 31,744) */
-                if (!LLM_AVX2_VNNI && (run == 7 || (run == 3 && fifth && parts == 1)))
+                if (!LLM_AVX2_VNNI && (run == 7 || (run == 3 && fifth))) /* one part without VNNI */
                     for (int v = 0; v < parts; v++)
                         for (int h = 0; h < 2; h++)
                             for (int c = 0; c < nc; c++) {
