@@ -1122,7 +1122,8 @@ void llm_chat_reply_free(llm_chat_reply *reply);
 #endif
 /* 64-bit ARM converts half floats in one instruction (fcvt, through the compiler's __fp16), which the
  * compiler also vectorizes in the loops over rows of them (fcvtl); with the dot product instructions
- * (armv8.2-a+dotprod: Graviton 2 on, Apple M1 on) the fast path's quantized types have NEON kernels */
+ * (armv8.2-a+dotprod: Graviton 2 on, Apple M1 on) the fast path's quantized types and f16/bf16 rows have
+ * NEON kernels */
 #if !defined(LLM_NO_SIMD) && defined(__aarch64__)
 #define LLM_ARM64 1
 #ifdef __ARM_FEATURE_DOTPROD
@@ -5917,13 +5918,6 @@ static float llm_q8_dot_ref(uint32_t type, const void *row, const llm_q8 *x, int
 #else
 #define LLM_DOT_ROWS 2
 #endif
-/* f16/bf16 weights meet f32 activations in tiles of up to LLM_HALF_ROWS rows times LLM_HALF_TOKENS tokens */
-#define LLM_HALF_ROWS 4
-#if defined(LLM_AVX512F)
-#define LLM_HALF_TOKENS 6 /* 24 sums of 512 bits in 32 registers: llm_half_runs16 */
-#else
-#define LLM_HALF_TOKENS 3
-#endif
 static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wide);
 static inline __attribute__((always_inline)) void llm_q8_dot32_avx2(uint32_t type, int wide, const uint8_t *p,
     size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride, int nc, float *out,
@@ -5932,9 +5926,9 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
     size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride, int nc, float *out,
     int64_t out_stride);
 #elif defined(LLM_NEON_DOT)
-/* On 64-bit ARM, section 14's NEON kernels for the activations' quantization and the row products of every
- * quantized type (sdot: four bytes' products into each 32-bit lane); f16 and bf16 rows are converted to f32,
- * as in a build without SIMD, and the other kernels are plain C */
+/* On 64-bit ARM, section 14's NEON kernels for the activations' quantization, the row products of every
+ * quantized type (sdot: four bytes' products into each 32-bit lane) and the f16/bf16 tiles; the other
+ * kernels are plain C */
 static void llm_q8_quantize_neon(const float *x, llm_q8 *out, int64_t n, int wide);
 static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t type, int wide,
     const uint8_t *p, size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride,
@@ -5942,6 +5936,17 @@ static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t typ
 static inline __attribute__((always_inline)) void llm_q8_dotk_neon(uint32_t type, int wide,
     const uint8_t *p, size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride,
     int nc, float *out, int64_t out_stride);
+#endif
+/* f16/bf16 weights meet f32 activations in tiles of up to LLM_HALF_ROWS rows times LLM_HALF_TOKENS tokens
+ * (section 14's llm_dot_half_tile: AVX2, AVX-512, NEON) */
+#if defined(LLM_CPU_SIMD) || defined(LLM_NEON_DOT)
+#define LLM_HALF_TILES 1
+#define LLM_HALF_ROWS 4
+#if defined(LLM_AVX512F)
+#define LLM_HALF_TOKENS 6 /* 24 sums of 512 bits in 32 registers: llm_half_runs16 */
+#else
+#define LLM_HALF_TOKENS 3
+#endif
 #endif
 
 /* A row of activations quantized for the fast path: with SIMD when the build has it */
@@ -6010,20 +6015,17 @@ static void llm_q8_dot(uint32_t type, int wide, const void *row, size_t row_byte
 }
 
 /* How a matrix product reads a weight type: rows as they are (f32), quantized blocks against quantized
- * activations (the fast path, with SIMD), f16/bf16 rows converted on the fly (with SIMD), or rows converted
- * to f32 (the exact path; and every type in a build without SIMD, where the compiler's vectorized f32 loops
- * beat plain-C integer products: SmolLM2 Q4_1 on one thread, decode 30 against 18 tok/s, prompt 118
- * against 22) */
+ * activations (the fast path, with SIMD or NEON), f16/bf16 rows converted on the fly (the same), or rows
+ * converted to f32 (the exact path; and every type in a build without SIMD, where the compiler's vectorized
+ * f32 loops beat plain-C integer products: SmolLM2 Q4_1 on one thread, decode 30 against 18 tok/s, prompt
+ * 118 against 22) */
 enum { LLM_ROWS_F32, LLM_ROWS_Q8, LLM_ROWS_HALF, LLM_ROWS_CONVERT, LLM_ROWS_PACKED };
 static int llm_matmul_kind(uint32_t type, int path) {
     if (type == LLM_F32) return LLM_ROWS_F32;
-#ifdef LLM_CPU_SIMD
+#if defined(LLM_CPU_SIMD) || defined(LLM_NEON_DOT)
+    /* (NEON: a prefill's quantized products too go 4 tokens a row, no packed tiles yet) */
     if (path == LLM_PATH_EXACT) return LLM_ROWS_CONVERT;
     return type == LLM_F16 || type == LLM_BF16 ? LLM_ROWS_HALF : LLM_ROWS_Q8;
-#elif defined(LLM_NEON_DOT)
-    /* every quantized type has NEON products (a prefill's too: 4 tokens a row, no packed tiles yet) */
-    int neon = type != LLM_F16 && type != LLM_BF16;
-    return path != LLM_PATH_EXACT && neon ? LLM_ROWS_Q8 : LLM_ROWS_CONVERT;
 #else
     (void)path;
     return LLM_ROWS_CONVERT;
@@ -6064,7 +6066,7 @@ static int llm_half_decode_rows = 2;
 #define LLM_TILES_MAX_TOKENS 16
 #ifdef LLM_CPU_SIMD
 /* Section 14's: a tile of rows packed and multiplied by every token (from LLM_PACK_MIN_TOKENS on), the
- * bytes a packed group takes, and the f16/bf16 tiles */
+ * bytes a packed group takes */
 static void llm_matmul_packed(float *out, const llm_q8 *xq, int wide, uint32_t type,
                               const uint8_t *tile_data, int tiled, size_t row_bytes, int64_t r0, int64_t r1,
                               int64_t rows, int64_t cols, int T, uint8_t *pack, const void *amx_x);
@@ -6085,8 +6087,6 @@ static int llm_amx_usable(void);
 static size_t llm_amx_matmuls; /* the products llm_matmul took through AMX: a test reads it to know it did */
 static void llm_amx_layout(uint32_t type, const llm_q8 *x, int64_t n_groups, llm_amx_group *numbers);
 #endif
-static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
-                         int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride);
 /* and the decode tiles: q4_0's, q4_1's, q5_0's, q5_1's, q8_0's, mxfp4's and q2_K's to q6_K's matrices with
  * their rows LLM_TILE_ROWS side by side, which the CPU backend copies them into when it starts (llm_weight's
  * tiles), and what a step of up to LLM_TILES_MAX_TOKENS tokens reads */
@@ -6096,6 +6096,40 @@ static void llm_tiles_copy(uint32_t type, uint8_t *rows, uint8_t *tiles, int64_t
 static void llm_tiles_dot(uint32_t type, int wide, const uint8_t *tile, int64_t cols, const llm_q8 *x,
                           int64_t x_stride, int nc, float *out, int64_t out_stride);
 #endif
+#ifdef LLM_HALF_TILES
+/* f16/bf16 rows times f32 activations: section 14's tile of nr rows and nc tokens (AVX2, AVX-512 or NEON),
+ * specialized here to each shape and type. Value k of rows w is at LLM_HALF_AT: f16, bf16, or f32 (a tile's
+ * rows converted for a prompt: llm_matmul) */
+#define LLM_HALF_AT(type, w, k) ((const char *)(w) + (k) * ((type) == LLM_F32 ? 4 : 2))
+static inline float llm_half_value(uint32_t type, const void *w, int64_t k) {
+    return type == LLM_F32 ? ((const float *)w)[k] : llm_half_to_f32(type, ((const uint16_t *)w)[k]);
+}
+static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t type, int nr, int nc,
+                                                                   const void *w, int64_t w_stride,
+                                                                   const float *x, int64_t x_stride,
+                                                                   int64_t n, float *out, int64_t out_stride);
+static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
+                         int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride) {
+#define LLM_HALF_TILE(R, C)                                                                                 \
+    case (R) * 8 + (C):                                                                                    \
+        if (type == LLM_F16) llm_dot_half_tile(LLM_F16, R, C, w, w_stride, x, x_stride, n, out, out_stride); \
+        else if (type == LLM_BF16) llm_dot_half_tile(LLM_BF16, R, C, w, w_stride, x, x_stride, n, out,      \
+                                                     out_stride);                                          \
+        else llm_dot_half_tile(LLM_F32, R, C, w, w_stride, x, x_stride, n, out, out_stride);               \
+        return;
+    switch (nr * 8 + nc) {
+    LLM_HALF_TILE(1, 1) LLM_HALF_TILE(1, 2) LLM_HALF_TILE(1, 3) LLM_HALF_TILE(2, 1) LLM_HALF_TILE(2, 2)
+    LLM_HALF_TILE(2, 3) LLM_HALF_TILE(3, 1) LLM_HALF_TILE(3, 2) LLM_HALF_TILE(3, 3) LLM_HALF_TILE(4, 1)
+    LLM_HALF_TILE(4, 2) LLM_HALF_TILE(4, 3)
+#if LLM_HALF_TOKENS == 6
+    LLM_HALF_TILE(1, 4) LLM_HALF_TILE(1, 5) LLM_HALF_TILE(1, 6) LLM_HALF_TILE(2, 4) LLM_HALF_TILE(2, 5)
+    LLM_HALF_TILE(2, 6) LLM_HALF_TILE(3, 4) LLM_HALF_TILE(3, 5) LLM_HALF_TILE(3, 6) LLM_HALF_TILE(4, 4)
+    LLM_HALF_TILE(4, 5) LLM_HALF_TILE(4, 6)
+#endif
+    }
+#undef LLM_HALF_TILE
+}
+#endif
 static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, int path) {
     /* 1. how the rows are read (the kind), and the tiles the threads share */
     int64_t rows = w->rows, cols = w->cols;
@@ -6103,7 +6137,7 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
     int kind = llm_matmul_kind(w->type, path), failed = 0, wide = path == LLM_PATH_ACT16;
     int64_t tile_rows = LLM_MATMUL_TILE;
     int convert = kind == LLM_ROWS_CONVERT; /* each thread converts a tile's rows to f32 */
-#ifdef LLM_CPU_SIMD
+#ifdef LLM_HALF_TILES
 #if defined(LLM_AVX512F)
     /* with AVX-512, a prompt's f16/bf16 tile too, once (exact: the same products, bit for bit), where the
      * 4 x 6 tile converted its 4 rows' values again for every 6 tokens, 2 micro-ops each on the ports of the
@@ -6208,6 +6242,8 @@ static int llm_matmul(float *out, const float *x, const llm_weight *w, int T, in
                                   rows, cols, T, pack, amx_x);
                 continue;
             }
+#endif
+#ifdef LLM_HALF_TILES
             if (kind == LLM_ROWS_HALF) { /* tiles of up to 4 rows and 3 tokens (AVX-512: 6) */
                 /* a decode step: 1 or 2 rows a call, by the CPU (llm_half_decode_rows) */
                 int nr = T == 1 ? __atomic_load_n(&llm_half_decode_rows, __ATOMIC_RELAXED) : LLM_HALF_ROWS;
@@ -13890,9 +13926,9 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  * the fast path's logits against the exact path's ("quant fast path"). make test-core builds without this
  * section (LLM_NO_SIMD) and runs the core's tests on the plain C alone.
  * At the end, 64-bit ARM's part (LLM_NEON_DOT, with the dot product instructions): llm_q8_quantize_neon,
- * llm_q8_dot32_neon (q8_0, q4_0 to q5_1, mxfp4) and llm_q8_dotk_neon (the k-quants), shaped like their AVX2
- * twins and held to the same tests (make test-variants runs them under qemu-aarch64); every other kernel is
- * plain C there.
+ * llm_q8_dot32_neon (q8_0, q4_0 to q5_1, mxfp4), llm_q8_dotk_neon (the k-quants) and llm_dot_half_tile
+ * (f16/bf16), shaped like their AVX2 twins and held to the same tests (make test-variants runs them under
+ * qemu-aarch64); every other kernel is plain C there.
  * Under AddressSanitizer every 32-byte load of a kernel goes through the sanitizer's slow check
  * (__asan_loadN): 65% of a sanitized decode's time, and the default model's decode was most of the sanitized
  * tests' hour. The decode tiles' kernel and the prefill's packed products (llm_tiles_dot, llm_pack_mul) are
@@ -15952,11 +15988,6 @@ static void llm_q8_quantize_avx2(const float *x, llm_q8 *out, int64_t n, int wid
  * times on Zen 3, with the prefetch nearer). Rows are w_stride values apart, tokens x_stride; out[c *
  * out_stride + r] */
 typedef __m256 llm_half_sums[2][LLM_HALF_ROWS][LLM_HALF_TOKENS]; /* [even, odd][row][token] */
-/* value k of rows w of type f16, bf16 or f32 (a tile's f16/bf16 rows converted for a prompt: llm_matmul) */
-#define LLM_HALF_AT(type, w, k) ((const char *)(w) + (k) * ((type) == LLM_F32 ? 4 : 2))
-static inline float llm_half_value(uint32_t type, const void *w, int64_t k) {
-    return type == LLM_F32 ? ((const float *)w)[k] : llm_half_to_f32(type, ((const uint16_t *)w)[k]);
-}
 /* one run of 8 values of the tile's rows and tokens, into sums */
 static inline __attribute__((always_inline)) void llm_half_run(uint32_t type, int nr, int nc, const void *w,
                                                               int64_t w_stride, const float *x,
@@ -16063,28 +16094,6 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
                 s += llm_half_value(type, w, r * w_stride + k) * x[c * x_stride + k];
             out[c * out_stride + r] = s;
         }
-}
-/* llm_dot_half_tile specialized to each tile shape and type */
-static void llm_dot_half(uint32_t type, const void *w, int64_t w_stride, int nr, const float *x,
-                         int64_t x_stride, int nc, int64_t n, float *out, int64_t out_stride) {
-#define LLM_HALF_TILE(R, C)                                                                                 \
-    case (R) * 8 + (C):                                                                                    \
-        if (type == LLM_F16) llm_dot_half_tile(LLM_F16, R, C, w, w_stride, x, x_stride, n, out, out_stride); \
-        else if (type == LLM_BF16) llm_dot_half_tile(LLM_BF16, R, C, w, w_stride, x, x_stride, n, out,      \
-                                                     out_stride);                                          \
-        else llm_dot_half_tile(LLM_F32, R, C, w, w_stride, x, x_stride, n, out, out_stride);               \
-        return;
-    switch (nr * 8 + nc) {
-    LLM_HALF_TILE(1, 1) LLM_HALF_TILE(1, 2) LLM_HALF_TILE(1, 3) LLM_HALF_TILE(2, 1) LLM_HALF_TILE(2, 2)
-    LLM_HALF_TILE(2, 3) LLM_HALF_TILE(3, 1) LLM_HALF_TILE(3, 2) LLM_HALF_TILE(3, 3) LLM_HALF_TILE(4, 1)
-    LLM_HALF_TILE(4, 2) LLM_HALF_TILE(4, 3)
-#if LLM_HALF_TOKENS == 6
-    LLM_HALF_TILE(1, 4) LLM_HALF_TILE(1, 5) LLM_HALF_TILE(1, 6) LLM_HALF_TILE(2, 4) LLM_HALF_TILE(2, 5)
-    LLM_HALF_TILE(2, 6) LLM_HALF_TILE(3, 4) LLM_HALF_TILE(3, 5) LLM_HALF_TILE(3, 6) LLM_HALF_TILE(4, 4)
-    LLM_HALF_TILE(4, 5) LLM_HALF_TILE(4, 6)
-#endif
-    }
-#undef LLM_HALF_TILE
 }
 
 /* ---- exp, and the row kernels of the norms, softmax, SwiGLU and attention ------------------------------ */
@@ -16579,6 +16588,86 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_neon(uint32_t type
     }
     for (int c = 0; c < nc; c++)
         out[c * out_stride] = vaddvq_f32(vaddq_f32(acc[0][c], acc[1][c])) - rest[c];
+}
+
+/* f16 and bf16 rows times f32 activations: llm_dot_half_tile's tiles (its comment above says why they are
+ * shaped so), each of AVX2's 8-lane sums in two 4-lane registers (low and high lanes), 32 registers for its
+ * 16: the same fused multiply-adds in the same order, the even and the odd runs' sums added, then their lanes
+ * as llm_avx2_hsum adds them, then the rest of the row one value at a time: a product is the same bits on
+ * ARM as on x86 (test.c's half_dot_ref). Speed not measured: no ARM machine has run it */
+typedef struct { float32x4_t lo, hi; } llm_neon8;
+static inline __attribute__((always_inline)) llm_neon8 llm_neon_half8(uint32_t type, const void *at) {
+    llm_neon8 v;
+    if (type == LLM_F32) {
+        v.lo = vld1q_f32((const float *)at);
+        v.hi = vld1q_f32((const float *)at + 4);
+        return v;
+    }
+    uint16x8_t h = vld1q_u16((const uint16_t *)at);
+    if (type == LLM_F16) { /* exact, subnormals too */
+        v.lo = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h)));
+        v.hi = vcvt_high_f32_f16(vreinterpretq_f16_u16(h));
+    } else { /* bf16: the high half of an f32 */
+        v.lo = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16));
+        v.hi = vreinterpretq_f32_u32(vshll_high_n_u16(h, 16));
+    }
+    return v;
+}
+/* one run of 8 values of the tile's rows and tokens, into sums (llm_half_run's) */
+static inline __attribute__((always_inline)) void llm_neon_half_run(uint32_t type, int nr, int nc,
+                                                                   const void *w, int64_t w_stride,
+                                                                   const float *x, int64_t x_stride,
+                                                                   llm_neon8 sums[LLM_HALF_ROWS]
+                                                                                 [LLM_HALF_TOKENS]) {
+    llm_neon8 xv[LLM_HALF_TOKENS];
+    for (int c = 0; c < nc; c++) {
+        xv[c].lo = vld1q_f32(x + c * x_stride);
+        xv[c].hi = vld1q_f32(x + c * x_stride + 4);
+    }
+    for (int r = 0; r < nr; r++) {
+        llm_neon8 wv = llm_neon_half8(type, LLM_HALF_AT(type, w, r * w_stride));
+        for (int c = 0; c < nc; c++) {
+            sums[r][c].lo = vfmaq_f32(sums[r][c].lo, wv.lo, xv[c].lo);
+            sums[r][c].hi = vfmaq_f32(sums[r][c].hi, wv.hi, xv[c].hi);
+        }
+    }
+}
+static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t type, int nr, int nc,
+                                                                   const void *w, int64_t w_stride,
+                                                                   const float *x, int64_t x_stride,
+                                                                   int64_t n,
+                                                                   float *out, int64_t out_stride) {
+    llm_neon8 sums[2][LLM_HALF_ROWS][LLM_HALF_TOKENS]; /* [even, odd][row][token] */
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < nr; r++)
+            for (int c = 0; c < nc; c++) sums[h][r][c].lo = sums[h][r][c].hi = vdupq_n_f32(0);
+    int64_t i = 0;
+    if (nr * nc <= 6) { /* both sums in registers: 24 of the 32 */
+        for (; i + 16 <= n; i += 16) { /* an even run, then an odd one */
+            llm_neon_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
+            llm_neon_half_run(type, nr, nc, LLM_HALF_AT(type, w, i + 8), w_stride, x + i + 8, x_stride,
+                              sums[1]);
+        }
+        if (i + 8 <= n) {
+            llm_neon_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
+            i += 8;
+        }
+    } else { /* the even runs, then the odd ones */
+        for (int h = 0; h < 2; h++)
+            for (int64_t j = 8 * h; j + 8 <= n; j += 16)
+                llm_neon_half_run(type, nr, nc, LLM_HALF_AT(type, w, j), w_stride, x + j, x_stride, sums[h]);
+        i = n / 8 * 8;
+    }
+    for (int r = 0; r < nr; r++)
+        for (int c = 0; c < nc; c++) {
+            float32x4_t s = vaddq_f32(vaddq_f32(sums[0][r][c].lo, sums[1][r][c].lo),
+                                      vaddq_f32(sums[0][r][c].hi, sums[1][r][c].hi));
+            s = vaddq_f32(s, vextq_f32(s, s, 2)); /* lanes 0 + 2 and 1 + 3 */
+            float sum = vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 1);
+            for (int64_t k = i; k < n; k++)
+                sum += llm_half_value(type, w, r * w_stride + k) * x[c * x_stride + k];
+            out[c * out_stride + r] = sum;
+        }
 }
 #endif /* LLM_NEON_DOT */
 

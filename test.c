@@ -1471,11 +1471,11 @@ static void test_paged_forward(const char *model) {
  * -------------------------------------------------------------------------------------------------------- */
 static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 
-/* The default path's f16/bf16 product of one row and one token in plain C, in the order llm.h's SIMD tile
- * computes it: two sets of 8 running sums, fused multiply-adds, for the even and the odd runs of 8 along the
- * row; then the two added, lanes i and i + 4 added, those sums 0 + 2 and 1 + 3, then the two; then the rest
- * of the row one value at a time */
-#ifdef LLM_CPU_SIMD
+/* The default path's f16/bf16 product of one row and one token in plain C, in the order llm.h's tile (AVX2,
+ * AVX-512, NEON) computes it: two sets of 8 running sums, fused multiply-adds, for the even and the odd runs
+ * of 8 along the row; then the two added, lanes i and i + 4 added, those sums 0 + 2 and 1 + 3, then the two;
+ * then the rest of the row one value at a time */
+#ifdef LLM_HALF_TILES
 static float half_dot_ref(uint32_t type, const uint16_t *w, const float *x, int64_t n) {
     float sums[2][8] = {{0}}, s4[4];
     int64_t i = 0;
@@ -1753,8 +1753,8 @@ static void test_weight_types(void) {
      * converted to f32, the tile then reading those): 2, 3, 5 and 7 tokens give each
      * token's products bit for bit as one at a time, on the default and the exact paths (21 rows: a share
      * of 16 and one of 5; 108 values a row: 13 runs of 8 and a rest of 4). On the
-     * default path with SIMD each f16/bf16 product is also half_dot_ref's, bit for bit: the kernel's order of
-     * operations, written in plain C */
+     * default path with SIMD or NEON each f16/bf16 product is also half_dot_ref's, bit for bit: the kernel's
+     * order of operations, written in plain C (the same on x86 and ARM) */
     {
         enum { N = 108, R = 21, TT = 7 };
         static float x[TT * N], wf[R * N], many[TT * R], one[R];
@@ -1781,7 +1781,7 @@ static void test_weight_types(void) {
                         CHECK(llm_matmul(one, x + t * N, &w, 1, cpu_path) == 0, "%s: the product failed",
                               llm_dtype_name(type));
                         bad += memcmp(one, many + t * R, sizeof one) != 0;
-#ifdef LLM_CPU_SIMD
+#ifdef LLM_HALF_TILES
                         for (int r = 0; r < R && type != LLM_F32 && !path; r++) {
                             float ref = half_dot_ref(type, wh + r * N, x + t * N, N);
                             off_ref += memcmp(&ref, &one[r], sizeof ref) != 0;
