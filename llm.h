@@ -16591,45 +16591,30 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_neon(uint32_t type
 }
 
 /* f16 and bf16 rows times f32 activations: llm_dot_half_tile's tiles (its comment above says why they are
- * shaped so), each of AVX2's 8-lane sums in two 4-lane registers (low and high lanes), 32 registers for its
- * 16: the same fused multiply-adds in the same order, the even and the odd runs' sums added, then their lanes
- * as llm_avx2_hsum adds them, then the rest of the row one value at a time: a product is the same bits on
- * ARM as on x86 (test.c's half_dot_ref). Speed not measured: no ARM machine has run it */
-typedef struct { float32x4_t lo, hi; } llm_neon8;
-static inline __attribute__((always_inline)) llm_neon8 llm_neon_half8(uint32_t type, const void *at) {
-    llm_neon8 v;
-    if (type == LLM_F32) {
-        v.lo = vld1q_f32((const float *)at);
-        v.hi = vld1q_f32((const float *)at + 4);
-        return v;
-    }
-    uint16x8_t h = vld1q_u16((const uint16_t *)at);
-    if (type == LLM_F16) { /* exact, subnormals too */
-        v.lo = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(h)));
-        v.hi = vcvt_high_f32_f16(vreinterpretq_f16_u16(h));
-    } else { /* bf16: the high half of an f32 */
-        v.lo = vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(h), 16));
-        v.hi = vreinterpretq_f32_u32(vshll_high_n_u16(h, 16));
-    }
-    return v;
+ * shaped so), each of AVX2's 8-lane sums in two 4-lane registers (lanes 0-3 and 4-7): the same fused
+ * multiply-adds in the same order, the even and the odd runs' sums added, then their lanes as llm_avx2_hsum
+ * adds them, then the rest of the row one value at a time: a product is the same bits on ARM as on x86
+ * (test.c's half_dot_ref). Up to 3 (row, token) pairs keep their 4 sums in registers (12); a larger tile
+ * runs four times over its rows, once for each quarter of the 16 lanes, 12 sums at most (with all 24 of a
+ * 4 x 3 tile's in registers GCC ran short, and 5 of them went to the stack and back every run). Speed not
+ * measured: no ARM machine has run it */
+static inline __attribute__((always_inline)) float32x4_t llm_neon_half4(uint32_t type, const void *at) {
+    if (type == LLM_F32) return vld1q_f32((const float *)at);
+    if (type == LLM_F16) /* exact, subnormals too */
+        return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)at)));
+    return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16((const uint16_t *)at), 16)); /* bf16: an f32's top */
 }
-/* one run of 8 values of the tile's rows and tokens, into sums (llm_half_run's) */
-static inline __attribute__((always_inline)) void llm_neon_half_run(uint32_t type, int nr, int nc,
-                                                                   const void *w, int64_t w_stride,
-                                                                   const float *x, int64_t x_stride,
-                                                                   llm_neon8 sums[LLM_HALF_ROWS]
-                                                                                 [LLM_HALF_TOKENS]) {
-    llm_neon8 xv[LLM_HALF_TOKENS];
-    for (int c = 0; c < nc; c++) {
-        xv[c].lo = vld1q_f32(x + c * x_stride);
-        xv[c].hi = vld1q_f32(x + c * x_stride + 4);
-    }
+/* 4 values of the tile's rows and tokens, into sums */
+static inline __attribute__((always_inline)) void llm_neon_half_quarter(uint32_t type, int nr, int nc,
+                                                                       const void *w, int64_t w_stride,
+                                                                       const float *x, int64_t x_stride,
+                                                                       float32x4_t sums[LLM_HALF_ROWS]
+                                                                                       [LLM_HALF_TOKENS]) {
+    float32x4_t xv[LLM_HALF_TOKENS];
+    for (int c = 0; c < nc; c++) xv[c] = vld1q_f32(x + c * x_stride);
     for (int r = 0; r < nr; r++) {
-        llm_neon8 wv = llm_neon_half8(type, LLM_HALF_AT(type, w, r * w_stride));
-        for (int c = 0; c < nc; c++) {
-            sums[r][c].lo = vfmaq_f32(sums[r][c].lo, wv.lo, xv[c].lo);
-            sums[r][c].hi = vfmaq_f32(sums[r][c].hi, wv.hi, xv[c].hi);
-        }
+        float32x4_t wv = llm_neon_half4(type, LLM_HALF_AT(type, w, r * w_stride));
+        for (int c = 0; c < nc; c++) sums[r][c] = vfmaq_f32(sums[r][c], wv, xv[c]);
     }
 }
 static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t type, int nr, int nc,
@@ -16637,31 +16622,48 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
                                                                    const float *x, int64_t x_stride,
                                                                    int64_t n,
                                                                    float *out, int64_t out_stride) {
-    llm_neon8 sums[2][LLM_HALF_ROWS][LLM_HALF_TOKENS]; /* [even, odd][row][token] */
-    for (int h = 0; h < 2; h++)
-        for (int r = 0; r < nr; r++)
-            for (int c = 0; c < nc; c++) sums[h][r][c].lo = sums[h][r][c].hi = vdupq_n_f32(0);
+    /* sums[even, odd][lanes 0-3, 4-7][row][token]; each quarter summed in q[k] and kept in sums after its
+     * loop (with sums[h][part] in the loops GCC kept them all in memory) */
+    float32x4_t sums[2][2][LLM_HALF_ROWS][LLM_HALF_TOKENS], q[4][LLM_HALF_ROWS][LLM_HALF_TOKENS];
+#define LLM_NEON_QUARTER(at, into) \
+    llm_neon_half_quarter(type, nr, nc, LLM_HALF_AT(type, w, at), w_stride, x + (at), x_stride, into)
+#define LLM_NEON_ZERO(k)                   \
+    for (int r = 0; r < nr; r++)          \
+        for (int c = 0; c < nc; c++) q[k][r][c] = vdupq_n_f32(0)
+#define LLM_NEON_KEEP(k, from)             \
+    for (int r = 0; r < nr; r++)          \
+        for (int c = 0; c < nc; c++) sums[(k) / 2][(k) % 2][r][c] = q[from][r][c]
     int64_t i = 0;
-    if (nr * nc <= 6) { /* both sums in registers: 24 of the 32 */
+    if (nr * nc <= 3) {
+        LLM_NEON_ZERO(0); LLM_NEON_ZERO(1); LLM_NEON_ZERO(2); LLM_NEON_ZERO(3);
         for (; i + 16 <= n; i += 16) { /* an even run, then an odd one */
-            llm_neon_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
-            llm_neon_half_run(type, nr, nc, LLM_HALF_AT(type, w, i + 8), w_stride, x + i + 8, x_stride,
-                              sums[1]);
+            LLM_NEON_QUARTER(i, q[0]);
+            LLM_NEON_QUARTER(i + 4, q[1]);
+            LLM_NEON_QUARTER(i + 8, q[2]);
+            LLM_NEON_QUARTER(i + 12, q[3]);
         }
         if (i + 8 <= n) {
-            llm_neon_half_run(type, nr, nc, LLM_HALF_AT(type, w, i), w_stride, x + i, x_stride, sums[0]);
+            LLM_NEON_QUARTER(i, q[0]);
+            LLM_NEON_QUARTER(i + 4, q[1]);
             i += 8;
         }
-    } else { /* the even runs, then the odd ones */
-        for (int h = 0; h < 2; h++)
-            for (int64_t j = 8 * h; j + 8 <= n; j += 16)
-                llm_neon_half_run(type, nr, nc, LLM_HALF_AT(type, w, j), w_stride, x + j, x_stride, sums[h]);
+        LLM_NEON_KEEP(0, 0); LLM_NEON_KEEP(1, 1); LLM_NEON_KEEP(2, 2); LLM_NEON_KEEP(3, 3);
+    } else {
+        for (int k = 0; k < 4; k++) { /* quarter k: the even (k < 2) or odd runs' lanes 0-3 or 4-7 */
+            LLM_NEON_ZERO(0);
+            for (int64_t run = 8 * (k / 2); run + 8 <= n; run += 16)
+                LLM_NEON_QUARTER(run + 4 * (k % 2), q[0]);
+            LLM_NEON_KEEP(k, 0);
+        }
         i = n / 8 * 8;
     }
+#undef LLM_NEON_KEEP
+#undef LLM_NEON_ZERO
+#undef LLM_NEON_QUARTER
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < nc; c++) {
-            float32x4_t s = vaddq_f32(vaddq_f32(sums[0][r][c].lo, sums[1][r][c].lo),
-                                      vaddq_f32(sums[0][r][c].hi, sums[1][r][c].hi));
+            float32x4_t s = vaddq_f32(vaddq_f32(sums[0][0][r][c], sums[1][0][r][c]),
+                                      vaddq_f32(sums[0][1][r][c], sums[1][1][r][c]));
             s = vaddq_f32(s, vextq_f32(s, s, 2)); /* lanes 0 + 2 and 1 + 3 */
             float sum = vgetq_lane_f32(s, 0) + vgetq_lane_f32(s, 1);
             for (int64_t k = i; k < n; k++)

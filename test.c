@@ -1849,9 +1849,11 @@ static void test_weight_types(void) {
         double worst = 0;
         for (int i = 0; i < T; i++) {
             double mx = 0, d = 0;
-            for (int v = 0; v < V; v++) {
-                mx = fmax(mx, fabs(ref[(size_t)i * V + v]));
-                d = fmax(d, fabs(ref[(size_t)i * V + v] - got[(size_t)i * V + v]));
+            for (int v = 0; v < V; v++) { /* as fmax (which GCC 12 -O3 for ARM crashed vectorizing) */
+                double a = fabs(ref[(size_t)i * V + v]);
+                double e = fabs(ref[(size_t)i * V + v] - got[(size_t)i * V + v]);
+                mx = a > mx ? a : mx;
+                d = e > d ? e : d;
             }
             worst = fmax(worst, d / mx);
         }
@@ -3646,7 +3648,7 @@ static void test_sample_rows(void) {
         if (p->logprobs < 0 || rows[d].token < 0) continue;
         /* float64's log-softmax, and the top ones by a full sort */
         double mx = -INFINITY, sum = 0;
-        for (int v = 0; v < V; v++) mx = fmax(mx, row[v]);
+        for (int v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx; /* not fmax: GCC 12 -O3 for ARM crashed */
         for (int v = 0; v < V; v++) sum += exp((double)row[v] - mx);
         double lse = mx + log(sum);
         int ok = fabs(rows[d].logprob - (row[rows[d].token] - lse)) <= 1e-5;
@@ -3686,7 +3688,7 @@ static void test_sample_rows(void) {
         const float *row = logits + (size_t)(5 + q) * V;
         int32_t t = history[q][HIST - 1];
         double mx = -INFINITY, sum = 0;
-        for (int v = 0; v < V; v++) mx = fmax(mx, row[v]);
+        for (int v = 0; v < V; v++) mx = row[v] > mx ? row[v] : mx; /* not fmax: GCC 12 -O3 for ARM crashed */
         for (int v = 0; v < V; v++) sum += exp((double)row[v] - mx);
         double lse = mx + log(sum);
         int rank = 1, best = 0, ok = rows[q].token == t && gen[q] == 99;
