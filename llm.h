@@ -13904,7 +13904,8 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *                        llm_matmul_packed (a prefill: 8 rows, 16 with AVX-512 VNNI, unpacked side by side
  *                        once for every token); with AMX, llm_amx_layout and llm_pack_dot_amx (16 tokens
  *                        at a time through its tiles, the same bits)
- *   f16 and bf16 weights llm_dot_half (tiles of up to 4 rows times 3 tokens, 6 with AVX-512)
+ *   f16 and bf16 weights llm_dot_half_tile (tiles of up to 4 rows times 3 tokens, 6 with AVX-512; section
+ *                        7's llm_dot_half specializes it to each shape)
  *   the row kernels      llm_exp_avx2 (glibc's expf, bit for bit; the sampler's too), llm_max_avx2,
  *                        llm_softmax_exp_avx2, llm_swiglu_avx2, llm_gelu_avx2, llm_f16_store_avx2 (the KV
  *                        cache in f16),
