@@ -50,9 +50,9 @@
  *                                                        forward (LLM_NO_SIMD: none; the plain C runs)
  *   Appendix        the Unicode table the tokenizer's pre-tokenizers read
  * Their sizes in the implementation (lines, a quarter of the core's comments; a test keeps them within a
- * fifth of the truth): 1 GGUF 590, 2 Model 540, 3 Tokenizer 1320, 4 Chat 900, 5 Requests 740, 6 Blocks 140,
- * 7 Forward 1570, 8 Sampler 410, 9 Detokenizer 220, 10 Engine 1520: the core, 7950; then the layers:
- * 11 JSON 310, 12 Grammar 2500, 13 Tools 980, 14 SIMD 2980 (2600, then the appendix's 380). A first
+ * fifth of the truth): 1 GGUF 590, 2 Model 560, 3 Tokenizer 1400, 4 Chat 940, 5 Requests 770, 6 Blocks 140,
+ * 7 Forward 1960, 8 Sampler 440, 9 Detokenizer 220, 10 Engine 1620: the core, 8650; then the layers:
+ * 11 JSON 310, 12 Grammar 2700, 13 Tools 980, 14 SIMD 3300 (2920, then the appendix's 380). A first
  * reading: the engine's API below, then 5 Requests, 6 Blocks, 10 Engine (llm_engine_step), 7 Forward
  * (llm_cpu_forward) and 8 Sampler; the rest as needed.
  *
@@ -5927,8 +5927,9 @@ static inline __attribute__((always_inline)) void llm_q8_dotk_avx2(uint32_t type
     int64_t out_stride);
 #elif defined(LLM_NEON_DOT)
 /* On 64-bit ARM, section 14's NEON kernels for the activations' quantization, the row products of every
- * quantized type (sdot: four bytes' products into each 32-bit lane) and the f16/bf16 tiles; the other
- * kernels are plain C */
+ * quantized type (sdot: four bytes' products into each 32-bit lane) and the f16/bf16 tiles; its row kernels
+ * (exp, softmax, SwiGLU, GELU, attention's weighted V, the sampler's weights) need no dot products: any
+ * 64-bit ARM CPU runs them (LLM_ARM64); the f32 products and scores are the compiler's vectorized loops */
 static void llm_q8_quantize_neon(const float *x, llm_q8 *out, int64_t n, int wide);
 static inline __attribute__((always_inline)) void llm_q8_dot32_neon(uint32_t type, int wide,
     const uint8_t *p, size_t row_bytes, int nr, const llm_q8 *x, int64_t n_blocks, int64_t x_stride,
@@ -6319,6 +6320,12 @@ static inline __attribute__((always_inline)) int llm_max_avx2(const float *x, in
 static inline __attribute__((always_inline)) void llm_softmax_exp_avx2(float *row, int n, float mx);
 static inline __attribute__((always_inline)) size_t llm_swiglu_avx2(float *gate, const float *up, size_t n);
 static inline __attribute__((always_inline)) size_t llm_gelu_avx2(float *gate, const float *up, size_t n);
+#elif defined(LLM_ARM64)
+/* and ARM's, 4 at a time in NEON (section 14's ARM part), the same bits */
+static inline __attribute__((always_inline)) int llm_max_neon(const float *x, int n, float *mx);
+static inline __attribute__((always_inline)) void llm_softmax_exp_neon(float *row, int n, float mx);
+static inline __attribute__((always_inline)) size_t llm_swiglu_neon(float *gate, const float *up, size_t n);
+static inline __attribute__((always_inline)) size_t llm_gelu_neon(float *gate, const float *up, size_t n);
 #endif
 /* The largest of x[0..n-1] and mx, NaNs passed over: with SIMD 8 lanes at a time (a largest value is the
  * same in any order, but for a zero's sign, which exp(x - mx) does not see) */
@@ -6326,6 +6333,8 @@ static float llm_max(const float *x, int n, float mx) {
     int i = 0;
 #ifdef LLM_CPU_SIMD
     i = llm_max_avx2(x, n, &mx);
+#elif defined(LLM_ARM64)
+    i = llm_max_neon(x, n, &mx);
 #endif
     for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
     return mx;
@@ -6334,6 +6343,8 @@ static float llm_max(const float *x, int n, float mx) {
 static void llm_softmax_exp(float *row, int n, float mx) {
 #ifdef LLM_CPU_SIMD
     llm_softmax_exp_avx2(row, n, mx);
+#elif defined(LLM_ARM64)
+    llm_softmax_exp_neon(row, n, mx);
 #else
     for (int p = 0; p < n; p++) row[p] = expf(row[p] - mx);
 #endif
@@ -6345,6 +6356,8 @@ static void llm_swiglu(float *gate, const float *up, size_t n) {
     size_t i = 0;
 #ifdef LLM_CPU_SIMD
     i = llm_swiglu_avx2(gate, up, n);
+#elif defined(LLM_ARM64)
+    i = llm_swiglu_neon(gate, up, n);
 #endif
     for (; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
@@ -6360,6 +6373,8 @@ static void llm_gelu(float *gate, const float *up, size_t n) {
     size_t i = 0;
 #ifdef LLM_CPU_SIMD
     i = llm_gelu_avx2(gate, up, n);
+#elif defined(LLM_ARM64)
+    i = llm_gelu_neon(gate, up, n);
 #endif
     for (; i < n; i++) {
         float z = gate[i], u = 0.7978845608f * (z + 0.044715f * z * z * z);
@@ -6704,16 +6719,20 @@ static void llm_cpu_copy_block(llm_cpu *c, int src, int dst) {
     }
 }
 
-#ifdef LLM_CPU_SIMD
+#if defined(LLM_CPU_SIMD) || defined(LLM_ARM64)
 /* Section 14's: o = sum_p w_p v_p for ng (1 to 3) heads, over nv runs of LLM_VRUN values from i0, in
- * registers (with AVX-512 up to 4 runs of 16, a 64-value head at once; with AVX2 3 runs of 8): from the f16
- * cache's blocks (llm_cpu_weighted_v), or from a quantized cache's rows once converted (llm_weighted_rows) */
+ * registers (with AVX-512 up to 4 runs of 16, a 64-value head at once; with AVX2 3 runs of 8; with NEON 4
+ * runs of 4): from the f16 or f32 cache's blocks (llm_cpu_weighted_v), or from a quantized cache's rows once
+ * converted (llm_weighted_rows) */
 #if defined(LLM_AVX512F)
 #define LLM_VRUN 16
 #define LLM_VRUNS 4
-#else
+#elif defined(LLM_CPU_SIMD)
 #define LLM_VRUN 8
 #define LLM_VRUNS 3
+#else
+#define LLM_VRUN 4
+#define LLM_VRUNS 4
 #endif
 static void llm_weighted_rows(int ng, int nv, const float *rows, int64_t row_stride, int n_rows,
                               const float *w, int64_t w_stride, int i0, float *o, int hd);
@@ -6851,7 +6870,7 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
                 float *o = out + i * stride;
                 if (from > to) continue;
                 int k0 = 0; /* with SIMD: runs of LLM_VRUN values, o in registers over the block's rows */
-#ifdef LLM_CPU_SIMD
+#ifdef LLM_VRUN
                 while (k0 + LLM_VRUN <= hd) {
                     int nv = (hd - k0) / LLM_VRUN < LLM_VRUNS ? (hd - k0) / LLM_VRUN : LLM_VRUNS;
                     for (int g0 = 0; g0 < nq; g0 += 3)
@@ -6876,7 +6895,7 @@ static void llm_cpu_attention(const llm_cpu *c, int index, const int32_t *block_
         int last = pos + i, first_i = window > 0 && last + 1 > window ? last + 1 - window : 0;
         float *sc = scores + (size_t)i * nq * ss, *o = out + i * stride;
         int i0 = 0; /* with SIMD: llm_cpu_weighted_v, runs of LLM_VRUN values */
-#ifdef LLM_CPU_SIMD
+#ifdef LLM_VRUN
         while (i0 + LLM_VRUN <= hd) { /* nv runs of LLM_VRUN values at a time */
             int nv = (hd - i0) / LLM_VRUN < LLM_VRUNS ? (hd - i0) / LLM_VRUN : LLM_VRUNS;
             for (int g0 = 0; g0 < nq; g0 += 3)
@@ -7802,12 +7821,19 @@ static inline __attribute__((always_inline)) int llm_sampler_weights_avx2(const 
                                                                           float inv_t, float *w,
                                                                           double part[8]);
 static inline __attribute__((always_inline)) int llm_sampler_normalize_avx2(float *w, int n, double sum);
+#elif defined(LLM_ARM64)
+/* (ARM: the weights and their sums 8 at a time in NEON; the division is the compiler's) */
+static inline __attribute__((always_inline)) int llm_sampler_weights_neon(const float *x, int n, float mx,
+                                                                          float inv_t, float *w,
+                                                                          double part[8]);
 #endif
 static double llm_sampler_weights(const float *x, int n, float mx, float inv_t, float *w) {
     double part[8] = {0};
     int i = 0;
 #ifdef LLM_CPU_SIMD
     i = llm_sampler_weights_avx2(x, n, mx, inv_t, w, part);
+#elif defined(LLM_ARM64)
+    i = llm_sampler_weights_neon(x, n, mx, inv_t, w, part);
 #endif
     for (; i < n; i += 8)
         for (int j = 0; j < 8 && i + j < n; j++) {
@@ -13908,10 +13934,11 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *                        7's llm_dot_half specializes it to each shape)
  *   the row kernels      llm_exp_avx2 (glibc's expf, bit for bit; the sampler's too), llm_max_avx2,
  *                        llm_softmax_exp_avx2, llm_swiglu_avx2, llm_gelu_avx2, llm_f16_store_avx2 (the KV
- *                        cache in f16),
- *                        llm_cpu_weighted_v and llm_weighted_rows (attention's sum of V weighted by the
- *                        softmax, from the f16 cache and from a quantized cache's converted rows)
+ *                        cache in f16)
  *   the sampler's rows   llm_sampler_weights_avx2, llm_sampler_normalize_avx2 (section 8)
+ *   attention's V sums   llm_cpu_weighted_v and llm_weighted_rows (V weighted by the softmax, from the f16
+ *                        cache and from a quantized cache's converted rows: at the section's end, after
+ *                        ARM's part, one code for both)
  * The hook: section 7 (1 and 8 for theirs) declares each kernel (a prototype under #ifdef LLM_CPU_SIMD, or
  * LLM_AVX2: the same test) just before the plain-C function that calls it, and that function is the
  * dispatch: with SIMD it calls the kernel, without it runs its own loop (llm_dot_many, llm_scores,
@@ -13926,10 +13953,13 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  * ("quant dot products", "quant prefill tiles"); the whole forward pass through the model references, and
  * the fast path's logits against the exact path's ("quant fast path"). make test-core builds without this
  * section (LLM_NO_SIMD) and runs the core's tests on the plain C alone.
- * At the end, 64-bit ARM's part (LLM_NEON_DOT, with the dot product instructions): llm_q8_quantize_neon,
- * llm_q8_dot32_neon (q8_0, q4_0 to q5_1, mxfp4), llm_q8_dotk_neon (the k-quants) and llm_dot_half_tile
- * (f16/bf16), shaped like their AVX2 twins and held to the same tests (make test-variants runs them under
- * qemu-aarch64); every other kernel is plain C there.
+ * Then 64-bit ARM's part, shaped like the AVX2 kernels and held to the same tests (make test-variants runs
+ * them under qemu-aarch64): the row kernels in NEON (LLM_ARM64, every 64-bit ARM CPU: llm_exp_neon,
+ * llm_max_neon, llm_softmax_exp_neon, llm_gelu_neon, llm_swiglu_neon, llm_sampler_weights_neon, 4 floats a
+ * register); with the dot product instructions (LLM_NEON_DOT) llm_q8_quantize_neon, llm_q8_dot32_neon (q8_0,
+ * q4_0 to q5_1, mxfp4), llm_q8_dotk_neon (the k-quants) and llm_dot_half_tile (f16/bf16). Last, for both,
+ * attention's weighted V (llm_cpu_weighted_v, llm_weighted_rows: one code over llm_vrun, a register of
+ * LLM_VRUN floats in each). The f32 products and scores on ARM are the compiler's vectorized plain loops.
  * Under AddressSanitizer every 32-byte load of a kernel goes through the sanitizer's slow check
  * (__asan_loadN): 65% of a sanitized decode's time, and the default model's decode was most of the sanitized
  * tests' hour. The decode tiles' kernel and the prefill's packed products (llm_tiles_dot, llm_pack_mul) are
@@ -13956,6 +13986,25 @@ void __asan_storeN(void *at, long n);
 #define LLM_UNCHECKED_LOADS
 #define LLM_ASAN_READS(at, n) ((void)0)
 #define LLM_ASAN_WRITES(at, n) ((void)0)
+#endif
+#if defined(LLM_AVX2) || defined(LLM_ARM64)
+/* ---- exp's table (the row kernels' exp: x86's and ARM's) --------------------------------------------
+ * exp(x) of 8 floats at a time (llm_exp_avx2; 4 with NEON, llm_exp_neon), bit for bit what glibc's expf
+ * gives on a machine with FMA (the algorithm of Arm's optimized routines, glibc's since 2.27; a NaN's bits
+ * aside): x / ln2 = (k + r) / 32 with k whole and r in [-1/2, 1/2]; exp(x) = 2^(k/32) 2^(r/32), 2^(k/32)
+ * from a table of 2^(j/32), j = k mod 32, and 2^(r/32) a cubic in r, in double. Attention's softmax takes
+ * one for every score (libm's, a call each, were a fifth of a prompt's attention), SwiGLU one for every value
+ * of the FFN. test.c holds it to a plain-C copy and to expf. */
+static const double llm_exp2_32nds[32] = { /* 2^(j/32), rounded to nearest */
+    0x1.0000000000000p+0, 0x1.059b0d3158574p+0, 0x1.0b5586cf9890fp+0, 0x1.11301d0125b51p+0,
+    0x1.172b83c7d517bp+0, 0x1.1d4873168b9aap+0, 0x1.2387a6e756238p+0, 0x1.29e9df51fdee1p+0,
+    0x1.306fe0a31b715p+0, 0x1.371a7373aa9cbp+0, 0x1.3dea64c123422p+0, 0x1.44e086061892dp+0,
+    0x1.4bfdad5362a27p+0, 0x1.5342b569d4f82p+0, 0x1.5ab07dd485429p+0, 0x1.6247eb03a5585p+0,
+    0x1.6a09e667f3bcdp+0, 0x1.71f75e8ec5f74p+0, 0x1.7a11473eb0187p+0, 0x1.82589994cce13p+0,
+    0x1.8ace5422aa0dbp+0, 0x1.93737b0cdc5e5p+0, 0x1.9c49182a3f090p+0, 0x1.a5503b23e255dp+0,
+    0x1.ae89f995ad3adp+0, 0x1.b7f76f2fb5e47p+0, 0x1.c199bdd85529cp+0, 0x1.cb720dcef9069p+0,
+    0x1.d5818dcfba487p+0, 0x1.dfc97337b9b5fp+0, 0x1.ea4afa2a490dap+0, 0x1.f50765b6e4540p+0,
+};
 #endif
 #if defined(LLM_AVX2)
 /* ---- f16 and bf16 values (section 1's rows, the f16/bf16 tiles below) ---------------------------------- */
@@ -16098,22 +16147,7 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
 }
 
 /* ---- exp, and the row kernels of the norms, softmax, SwiGLU and attention ------------------------------ */
-/* exp(x) of 8 floats, bit for bit what glibc's expf gives on a machine with FMA (the algorithm of Arm's
- * optimized routines, glibc's since 2.27; a NaN's bits aside): x / ln2 = (k + r) / 32 with k whole and r in
- * [-1/2, 1/2]; exp(x) = 2^(k/32) 2^(r/32), 2^(k/32) from a table of 2^(j/32), j = k mod 32, and 2^(r/32) a
- * cubic in r, in double. Attention's softmax takes one for every score (libm's, a call each, were a fifth of
- * a prompt's attention), SwiGLU one for every value of the FFN. test.c holds it to a plain-C copy and to
- * expf. */
-static const double llm_exp2_32nds[32] = { /* 2^(j/32), rounded to nearest */
-    0x1.0000000000000p+0, 0x1.059b0d3158574p+0, 0x1.0b5586cf9890fp+0, 0x1.11301d0125b51p+0,
-    0x1.172b83c7d517bp+0, 0x1.1d4873168b9aap+0, 0x1.2387a6e756238p+0, 0x1.29e9df51fdee1p+0,
-    0x1.306fe0a31b715p+0, 0x1.371a7373aa9cbp+0, 0x1.3dea64c123422p+0, 0x1.44e086061892dp+0,
-    0x1.4bfdad5362a27p+0, 0x1.5342b569d4f82p+0, 0x1.5ab07dd485429p+0, 0x1.6247eb03a5585p+0,
-    0x1.6a09e667f3bcdp+0, 0x1.71f75e8ec5f74p+0, 0x1.7a11473eb0187p+0, 0x1.82589994cce13p+0,
-    0x1.8ace5422aa0dbp+0, 0x1.93737b0cdc5e5p+0, 0x1.9c49182a3f090p+0, 0x1.a5503b23e255dp+0,
-    0x1.ae89f995ad3adp+0, 0x1.b7f76f2fb5e47p+0, 0x1.c199bdd85529cp+0, 0x1.cb720dcef9069p+0,
-    0x1.d5818dcfba487p+0, 0x1.dfc97337b9b5fp+0, 0x1.ea4afa2a490dap+0, 0x1.f50765b6e4540p+0,
-};
+/* exp of 8 floats: above the x86 part, the algorithm and its table */
 static inline __attribute__((always_inline)) __m256 llm_exp_avx2(__m256 x) {
     const __m256d invln2_32 = _mm256_set1_pd(0x1.71547652b82fep+5), shift = _mm256_set1_pd(0x1.8p+52);
     const __m256d c0 = _mm256_set1_pd(0x1.c6af84b912394p-20), c1 = _mm256_set1_pd(0x1.ebfce50fac4f3p-13);
@@ -16252,126 +16286,116 @@ static inline __attribute__((always_inline)) int llm_sampler_normalize_avx2(floa
                                                             _mm256_set1_pd(sum))));
     return i;
 }
-/* A token's o = sum_p w_p v_p, p = first..last, for ng (1 to 3) heads (weights w_stride apart, outputs hd)
- * and nv (1 to LLM_VRUNS) runs of LLM_VRUN values from i0: a multiply then an add for each p in turn, the
- * roundings of the plain loop, with the sums in registers over all p. Specialized to each ng and nv and to
- * the cache's type: with them variables, GCC kept the sums and v in memory, each add waiting on the store
- * before it (40% of a SmolLM2 prompt's attention went there once). Each value's sum is its own, so the
- * runs are as wide as the registers: with AVX-512, 3 heads by 4 runs of 16 (a 64-value head at once: 12
- * sums, 4 v and a weight in the 32 registers); with AVX2, 3 runs of 8 (3 by 4 would need 18 of 16) */
-#if defined(LLM_AVX512F)
-typedef __m512 llm_vrun;
-#define llm_vrun_zero _mm512_setzero_ps
-#define llm_vrun_set1 _mm512_set1_ps
-#define llm_vrun_add _mm512_add_ps
-#define llm_vrun_mul _mm512_mul_ps
-#define llm_vrun_store _mm512_storeu_ps
-#define llm_vrun_load(half, at) ((half) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(at))) \
-                                        : _mm512_loadu_ps((const float *)(at)))
-#else
-typedef __m256 llm_vrun;
-#define llm_vrun_zero _mm256_setzero_ps
-#define llm_vrun_set1 _mm256_set1_ps
-#define llm_vrun_add _mm256_add_ps
-#define llm_vrun_mul _mm256_mul_ps
-#define llm_vrun_store _mm256_storeu_ps
-#define llm_vrun_load(half, at) ((half) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(at))) \
-                                        : _mm256_loadu_ps((const float *)(at)))
-#endif
-static inline __attribute__((always_inline)) void llm_cpu_weighted_v_tile(const llm_cpu *c, int half, int ng,
-                                                                         int nv, int index,
-                                                                         const int32_t *block_table,
-                                                                         size_t head_offset, int first,
-                                                                         int last, const float *w,
-                                                                         int64_t w_stride, int i0, float *o,
-                                                                         int hd) {
-    int bs = c->block_size;
-    size_t per_slot = (size_t)c->model->cfg.n_kv_heads * hd * (half ? sizeof(uint16_t) : sizeof(float));
-    llm_vrun acc[3][LLM_VRUNS];
-    for (int g = 0; g < ng; g++)
-        for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_zero();
-    for (int p0 = first - first % bs; p0 <= last; p0 += bs) {
-        const uint8_t *vp = llm_cpu_kv_at(c, c->v, index, block_table, p0) + head_offset;
-        size_t value_bytes = half ? 2 : 4; /* the runs' values of the next block */
-        if (p0 + bs <= last)
-            llm_cpu_kv_prefetch(c, c->v, index, block_table, p0 + bs, head_offset + (size_t)i0 * value_bytes,
-                                (size_t)nv * LLM_VRUN * value_bytes);
-        for (int p = p0; p <= last && p < p0 + bs; p++, vp += per_slot) {
-            if (p < first) continue;
-            llm_vrun v[LLM_VRUNS];
-            for (int j = 0; j < nv; j++)
-                v[j] = llm_vrun_load(half, vp + (size_t)(i0 + LLM_VRUN * j) * (half ? 2 : 4));
-            for (int g = 0; g < ng; g++) {
-                llm_vrun wg = llm_vrun_set1(w[g * w_stride + p]);
-                for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_add(acc[g][j], llm_vrun_mul(wg, v[j]));
-            }
-        }
-    }
-    for (int g = 0; g < ng; g++)
-        for (int j = 0; j < nv; j++) llm_vrun_store(o + (size_t)g * hd + i0 + LLM_VRUN * j, acc[g][j]);
-}
-static void llm_cpu_weighted_v(const llm_cpu *c, int ng, int nv, int index, const int32_t *block_table,
-                               size_t head_offset, int first, int last, const float *w, int64_t w_stride,
-                               int i0, float *o, int hd) {
-#define LLM_WEIGHTED_V(G, V)                                                                               \
-    case (G) * 4 + (V):                                                                                    \
-        if (c->kv_half)                                                                                    \
-            llm_cpu_weighted_v_tile(c, 1, G, V, index, block_table, head_offset, first, last, w, w_stride, \
-                                    i0, o, hd);                                                            \
-        else                                                                                               \
-            llm_cpu_weighted_v_tile(c, 0, G, V, index, block_table, head_offset, first, last, w, w_stride, \
-                                    i0, o, hd);                                                            \
-        return;
-    switch (ng * 4 + nv) {
-    LLM_WEIGHTED_V(1, 1) LLM_WEIGHTED_V(1, 2) LLM_WEIGHTED_V(1, 3) LLM_WEIGHTED_V(2, 1) LLM_WEIGHTED_V(2, 2)
-    LLM_WEIGHTED_V(2, 3) LLM_WEIGHTED_V(3, 1) LLM_WEIGHTED_V(3, 2) LLM_WEIGHTED_V(3, 3)
-#if LLM_VRUNS == 4
-    LLM_WEIGHTED_V(1, 4) LLM_WEIGHTED_V(2, 4) LLM_WEIGHTED_V(3, 4)
-#endif
-    }
-#undef LLM_WEIGHTED_V
-}
-/* o += sum_p w_p v_p over n_rows f32 rows (a quantized cache's rows, converted), for ng heads and nv runs
- * from i0: o loaded into registers, each row's product added in turn, stored once: the plain loop's bits */
-static inline __attribute__((always_inline)) void llm_weighted_rows_tile(int ng, int nv, const float *rows,
-                                                                        int64_t row_stride, int n_rows,
-                                                                        const float *w, int64_t w_stride,
-                                                                        int i0, float *o, int hd) {
-    llm_vrun acc[3][LLM_VRUNS];
-    for (int g = 0; g < ng; g++)
-        for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_load(0, o + (size_t)g * hd + i0 + LLM_VRUN * j);
-    for (int p = 0; p < n_rows; p++, rows += row_stride) {
-        llm_vrun v[LLM_VRUNS];
-        for (int j = 0; j < nv; j++) v[j] = llm_vrun_load(0, rows + i0 + LLM_VRUN * j);
-        for (int g = 0; g < ng; g++) {
-            llm_vrun wg = llm_vrun_set1(w[g * w_stride + p]);
-            for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_add(acc[g][j], llm_vrun_mul(wg, v[j]));
-        }
-    }
-    for (int g = 0; g < ng; g++)
-        for (int j = 0; j < nv; j++) llm_vrun_store(o + (size_t)g * hd + i0 + LLM_VRUN * j, acc[g][j]);
-}
-static void llm_weighted_rows(int ng, int nv, const float *rows, int64_t row_stride, int n_rows,
-                              const float *w, int64_t w_stride, int i0, float *o, int hd) {
-#define LLM_WEIGHTED_ROWS(G, V)                                                                          \
-    case (G) * 4 + (V):                                                                                      \
-        llm_weighted_rows_tile(G, V, rows, row_stride, n_rows, w, w_stride, i0, o, hd);                      \
-        return;
-    switch (ng * 4 + nv) {
-    LLM_WEIGHTED_ROWS(1, 1) LLM_WEIGHTED_ROWS(1, 2) LLM_WEIGHTED_ROWS(1, 3) LLM_WEIGHTED_ROWS(2, 1)
-    LLM_WEIGHTED_ROWS(2, 2) LLM_WEIGHTED_ROWS(2, 3) LLM_WEIGHTED_ROWS(3, 1) LLM_WEIGHTED_ROWS(3, 2)
-    LLM_WEIGHTED_ROWS(3, 3)
-#if LLM_VRUNS == 4
-    LLM_WEIGHTED_ROWS(1, 4) LLM_WEIGHTED_ROWS(2, 4) LLM_WEIGHTED_ROWS(3, 4)
-#endif
-    }
-#undef LLM_WEIGHTED_ROWS
-}
 #endif /* LLM_AVX2 */
 
+#if defined(LLM_ARM64)
+/* ---- 64-bit ARM: the row kernels (NEON, which every 64-bit ARM CPU has) --------------------------------
+ * The x86 part's row kernels, 4 floats a register where AVX2 has 8: the same operations in the same order,
+ * so the same bits as the plain loops they stand in for (test.c's "weight types" holds them to those) */
+#include <arm_neon.h>
+/* llm_exp_avx2's exp of 4 floats, in two halves of 2 doubles: the same fused multiply-adds (a + b c with
+ * one rounding: vfmaq_f64(a, b, c)), the table's 2^(j/32) loaded a lane at a time (NEON has no gather) */
+static inline __attribute__((always_inline)) float32x4_t llm_exp_neon(float32x4_t x) {
+    const float64x2_t invln2_32 = vdupq_n_f64(0x1.71547652b82fep+5), shift = vdupq_n_f64(0x1.8p+52);
+    const float64x2_t c0 = vdupq_n_f64(0x1.c6af84b912394p-20), c1 = vdupq_n_f64(0x1.ebfce50fac4f3p-13);
+    const float64x2_t c2 = vdupq_n_f64(0x1.62e42ff0c52d6p-6), one = vdupq_n_f64(1.0);
+    float32x2_t half[2];
+    for (int h = 0; h < 2; h++) {
+        float64x2_t xd = vcvt_f64_f32(h ? vget_high_f32(x) : vget_low_f32(x));
+        float64x2_t kd = vfmaq_f64(shift, invln2_32, xd); /* k in the low bits: rounded to nearest */
+        uint64x2_t ki = vreinterpretq_u64_f64(kd);
+        kd = vsubq_f64(kd, shift);
+        float64x2_t r = vfmaq_f64(vnegq_f64(kd), invln2_32, xd); /* x / ln2 32 - k, one rounding */
+        /* 2^(k/32): the table's 2^(j/32) with k div 32 added to its exponent */
+        uint64x2_t j = vandq_u64(ki, vdupq_n_u64(31));
+        float64x2_t t = vcombine_f64(vld1_f64(&llm_exp2_32nds[vgetq_lane_u64(j, 0)]),
+                                     vld1_f64(&llm_exp2_32nds[vgetq_lane_u64(j, 1)]));
+        uint64x2_t s = vaddq_u64(vreinterpretq_u64_f64(t), vshlq_n_u64(vsubq_u64(ki, j), 47));
+        float64x2_t z = vfmaq_f64(c1, c0, r), r2 = vmulq_f64(r, r);
+        float64x2_t y = vfmaq_f64(vfmaq_f64(one, r, c2), z, r2);
+        half[h] = vcvt_f32_f64(vmulq_f64(y, vreinterpretq_f64_u64(s)));
+    }
+    float32x4_t e = vcombine_f32(half[0], half[1]);
+    /* below -0x1.9fe368p6f (-inf too) the result is 0, above 0x1.62e42ep6f infinity */
+    uint32x4_t under = vcltq_f32(x, vdupq_n_f32(-0x1.9fe368p6f));
+    e = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(e), under));
+    return vbslq_f32(vcgtq_f32(x, vdupq_n_f32(0x1.62e42ep6f)), vdupq_n_f32(INFINITY), e);
+}
+/* llm_max's first n / 4 * 4 values (when n >= 4), 4 lanes at a time: into *mx; returns how many */
+static inline __attribute__((always_inline)) int llm_max_neon(const float *x, int n, float *mx_io) {
+    int i = 0;
+    float mx = *mx_io;
+    if (n >= 4) {
+        float32x4_t m = vdupq_n_f32(mx);
+        for (; i + 4 <= n; i += 4) { /* x > m ? x : m (vmaxq would keep a NaN) */
+            float32x4_t v = vld1q_f32(x + i);
+            m = vbslq_f32(vcgtq_f32(v, m), v, m);
+        }
+        float lanes[4];
+        vst1q_f32(lanes, m);
+        for (int j = 0; j < 4; j++) mx = lanes[j] > mx ? lanes[j] : mx;
+    }
+    *mx_io = mx;
+    return i;
+}
+/* llm_softmax_exp's whole row, 4 at a time, the last 4 padded with zeros */
+static inline __attribute__((always_inline)) void llm_softmax_exp_neon(float *row, int n, float mx) {
+    int p = 0;
+    for (; p + 4 <= n; p += 4)
+        vst1q_f32(row + p, llm_exp_neon(vsubq_f32(vld1q_f32(row + p), vdupq_n_f32(mx))));
+    if (p < n) {
+        float tail[4] = {0};
+        memcpy(tail, row + p, (size_t)(n - p) * sizeof(float));
+        vst1q_f32(tail, llm_exp_neon(vsubq_f32(vld1q_f32(tail), vdupq_n_f32(mx))));
+        memcpy(row + p, tail, (size_t)(n - p) * sizeof(float));
+    }
+}
+/* llm_gelu's first n / 4 * 4 values, 4 at a time, the same roundings in the same order: returns how many */
+static inline __attribute__((always_inline)) size_t llm_gelu_neon(float *gate, const float *up, size_t n) {
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t z = vld1q_f32(gate + i);
+        float32x4_t cube = vmulq_f32(vmulq_f32(vmulq_n_f32(z, 0.044715f), z), z);
+        float32x4_t u = vmulq_n_f32(vaddq_f32(z, cube), 0.7978845608f);
+        float32x4_t e = llm_exp_neon(vmulq_n_f32(u, -2.0f));
+        float32x4_t gelu = vdivq_f32(z, vaddq_f32(vdupq_n_f32(1.0f), e));
+        vst1q_f32(gate + i, vmulq_f32(gelu, vld1q_f32(up + i)));
+    }
+    return i;
+}
+/* llm_swiglu's first n / 4 * 4 values, 4 at a time, the same roundings: returns how many */
+static inline __attribute__((always_inline)) size_t llm_swiglu_neon(float *gate, const float *up, size_t n) {
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t g = vld1q_f32(gate + i), e = llm_exp_neon(vnegq_f32(g));
+        float32x4_t silu = vdivq_f32(g, vaddq_f32(vdupq_n_f32(1.0f), e));
+        vst1q_f32(gate + i, vmulq_f32(silu, vld1q_f32(up + i)));
+    }
+    return i;
+}
+/* llm_sampler_weights' first n / 8 * 8 values, 8 at a time (two registers): w[i] = exp((x[i] - mx) inv_t),
+ * a NaN weighing 0, and lane j's values added into part[j] in double, in the plain loop's order. Returns how
+ * many */
+static inline __attribute__((always_inline)) int llm_sampler_weights_neon(const float *x, int n, float mx,
+                                                                          float inv_t, float *w,
+                                                                          double part[8]) {
+    int i = 0;
+    float64x2_t sums[4] = {vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0), vdupq_n_f64(0)};
+    for (; i + 8 <= n; i += 8)
+        for (int h = 0; h < 2; h++) {
+            float32x4_t t = vsubq_f32(vld1q_f32(x + i + 4 * h), vdupq_n_f32(mx));
+            float32x4_t e = llm_exp_neon(vmulq_n_f32(t, inv_t));
+            e = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(e), vceqq_f32(e, e))); /* a NaN: 0 */
+            if (w) vst1q_f32(w + i + 4 * h, e);
+            sums[2 * h] = vaddq_f64(sums[2 * h], vcvt_f64_f32(vget_low_f32(e)));
+            sums[2 * h + 1] = vaddq_f64(sums[2 * h + 1], vcvt_high_f64_f32(e));
+        }
+    for (int k = 0; k < 4; k++) vst1q_f64(part + 2 * k, sums[k]);
+    return i;
+}
+#endif /* LLM_ARM64 */
 #if defined(LLM_NEON_DOT)
 /* ---- 64-bit ARM: NEON (section 7's fast path, its quantized types) ------------------------------------- */
-#include <arm_neon.h>
 static inline int8x16_t llm_neon_bytes(const int32x4_t v[4]) { /* 16 integers within +-127, as bytes */
     return vcombine_s8(vmovn_s16(vcombine_s16(vmovn_s32(v[0]), vmovn_s32(v[1]))),
                        vmovn_s16(vcombine_s16(vmovn_s32(v[2]), vmovn_s32(v[3]))));
@@ -16673,6 +16697,135 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
         }
 }
 #endif /* LLM_NEON_DOT */
+/* ---- attention's weighted sums of V (x86 and ARM: the same code in each one's registers) -------------- */
+/* A token's o = sum_p w_p v_p, p = first..last, for ng (1 to 3) heads (weights w_stride apart, outputs hd)
+ * and nv (1 to LLM_VRUNS) runs of LLM_VRUN values from i0: a multiply then an add for each p in turn, the
+ * roundings of the plain loop, with the sums in registers over all p. Specialized to each ng and nv and to
+ * the cache's type: with them variables, GCC kept the sums and v in memory, each add waiting on the store
+ * before it (40% of a SmolLM2 prompt's attention went there once). Each value's sum is its own, so the
+ * runs are as wide as the registers: with AVX-512, 3 heads by 4 runs of 16 (a 64-value head at once: 12
+ * sums, 4 v and a weight in the 32 registers); with AVX2, 3 runs of 8 (3 by 4 would need 18 of 16); with
+ * NEON 3 heads by 4 runs of 4 (17 of its 32). llm_vrun is one register of LLM_VRUN floats. */
+#if defined(LLM_VRUN)
+#if defined(LLM_AVX512F)
+typedef __m512 llm_vrun;
+#define llm_vrun_zero _mm512_setzero_ps
+#define llm_vrun_set1 _mm512_set1_ps
+#define llm_vrun_add _mm512_add_ps
+#define llm_vrun_mul _mm512_mul_ps
+#define llm_vrun_store _mm512_storeu_ps
+#define llm_vrun_load(half, at) ((half) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(at))) \
+                                        : _mm512_loadu_ps((const float *)(at)))
+#elif defined(LLM_AVX2)
+typedef __m256 llm_vrun;
+#define llm_vrun_zero _mm256_setzero_ps
+#define llm_vrun_set1 _mm256_set1_ps
+#define llm_vrun_add _mm256_add_ps
+#define llm_vrun_mul _mm256_mul_ps
+#define llm_vrun_store _mm256_storeu_ps
+#define llm_vrun_load(half, at) ((half) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(at))) \
+                                        : _mm256_loadu_ps((const float *)(at)))
+#else
+typedef float32x4_t llm_vrun;
+#define llm_vrun_zero() vdupq_n_f32(0)
+#define llm_vrun_set1 vdupq_n_f32
+#define llm_vrun_add vaddq_f32
+#define llm_vrun_mul vmulq_f32
+#define llm_vrun_store vst1q_f32
+#define llm_vrun_load(half, at)                                                        \
+    ((half) ? vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t *)(at)))) \
+            : vld1q_f32((const float *)(at)))
+#endif
+static inline __attribute__((always_inline)) void llm_cpu_weighted_v_tile(const llm_cpu *c, int half, int ng,
+                                                                         int nv, int index,
+                                                                         const int32_t *block_table,
+                                                                         size_t head_offset, int first,
+                                                                         int last, const float *w,
+                                                                         int64_t w_stride, int i0, float *o,
+                                                                         int hd) {
+    int bs = c->block_size;
+    size_t per_slot = (size_t)c->model->cfg.n_kv_heads * hd * (half ? sizeof(uint16_t) : sizeof(float));
+    llm_vrun acc[3][LLM_VRUNS];
+    for (int g = 0; g < ng; g++)
+        for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_zero();
+    for (int p0 = first - first % bs; p0 <= last; p0 += bs) {
+        const uint8_t *vp = llm_cpu_kv_at(c, c->v, index, block_table, p0) + head_offset;
+        size_t value_bytes = half ? 2 : 4; /* the runs' values of the next block */
+        if (p0 + bs <= last)
+            llm_cpu_kv_prefetch(c, c->v, index, block_table, p0 + bs, head_offset + (size_t)i0 * value_bytes,
+                                (size_t)nv * LLM_VRUN * value_bytes);
+        for (int p = p0; p <= last && p < p0 + bs; p++, vp += per_slot) {
+            if (p < first) continue;
+            llm_vrun v[LLM_VRUNS];
+            for (int j = 0; j < nv; j++)
+                v[j] = llm_vrun_load(half, vp + (size_t)(i0 + LLM_VRUN * j) * (half ? 2 : 4));
+            for (int g = 0; g < ng; g++) {
+                llm_vrun wg = llm_vrun_set1(w[g * w_stride + p]);
+                for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_add(acc[g][j], llm_vrun_mul(wg, v[j]));
+            }
+        }
+    }
+    for (int g = 0; g < ng; g++)
+        for (int j = 0; j < nv; j++) llm_vrun_store(o + (size_t)g * hd + i0 + LLM_VRUN * j, acc[g][j]);
+}
+static void llm_cpu_weighted_v(const llm_cpu *c, int ng, int nv, int index, const int32_t *block_table,
+                               size_t head_offset, int first, int last, const float *w, int64_t w_stride,
+                               int i0, float *o, int hd) {
+#define LLM_WEIGHTED_V(G, V)                                                                               \
+    case (G) * 4 + (V):                                                                                    \
+        if (c->kv_half)                                                                                    \
+            llm_cpu_weighted_v_tile(c, 1, G, V, index, block_table, head_offset, first, last, w, w_stride, \
+                                    i0, o, hd);                                                            \
+        else                                                                                               \
+            llm_cpu_weighted_v_tile(c, 0, G, V, index, block_table, head_offset, first, last, w, w_stride, \
+                                    i0, o, hd);                                                            \
+        return;
+    switch (ng * 4 + nv) {
+    LLM_WEIGHTED_V(1, 1) LLM_WEIGHTED_V(1, 2) LLM_WEIGHTED_V(1, 3) LLM_WEIGHTED_V(2, 1) LLM_WEIGHTED_V(2, 2)
+    LLM_WEIGHTED_V(2, 3) LLM_WEIGHTED_V(3, 1) LLM_WEIGHTED_V(3, 2) LLM_WEIGHTED_V(3, 3)
+#if LLM_VRUNS == 4
+    LLM_WEIGHTED_V(1, 4) LLM_WEIGHTED_V(2, 4) LLM_WEIGHTED_V(3, 4)
+#endif
+    }
+#undef LLM_WEIGHTED_V
+}
+/* o += sum_p w_p v_p over n_rows f32 rows (a quantized cache's rows, converted), for ng heads and nv runs
+ * from i0: o loaded into registers, each row's product added in turn, stored once: the plain loop's bits */
+static inline __attribute__((always_inline)) void llm_weighted_rows_tile(int ng, int nv, const float *rows,
+                                                                        int64_t row_stride, int n_rows,
+                                                                        const float *w, int64_t w_stride,
+                                                                        int i0, float *o, int hd) {
+    llm_vrun acc[3][LLM_VRUNS];
+    for (int g = 0; g < ng; g++)
+        for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_load(0, o + (size_t)g * hd + i0 + LLM_VRUN * j);
+    for (int p = 0; p < n_rows; p++, rows += row_stride) {
+        llm_vrun v[LLM_VRUNS];
+        for (int j = 0; j < nv; j++) v[j] = llm_vrun_load(0, rows + i0 + LLM_VRUN * j);
+        for (int g = 0; g < ng; g++) {
+            llm_vrun wg = llm_vrun_set1(w[g * w_stride + p]);
+            for (int j = 0; j < nv; j++) acc[g][j] = llm_vrun_add(acc[g][j], llm_vrun_mul(wg, v[j]));
+        }
+    }
+    for (int g = 0; g < ng; g++)
+        for (int j = 0; j < nv; j++) llm_vrun_store(o + (size_t)g * hd + i0 + LLM_VRUN * j, acc[g][j]);
+}
+static void llm_weighted_rows(int ng, int nv, const float *rows, int64_t row_stride, int n_rows,
+                              const float *w, int64_t w_stride, int i0, float *o, int hd) {
+#define LLM_WEIGHTED_ROWS(G, V)                                                                          \
+    case (G) * 4 + (V):                                                                                      \
+        llm_weighted_rows_tile(G, V, rows, row_stride, n_rows, w, w_stride, i0, o, hd);                      \
+        return;
+    switch (ng * 4 + nv) {
+    LLM_WEIGHTED_ROWS(1, 1) LLM_WEIGHTED_ROWS(1, 2) LLM_WEIGHTED_ROWS(1, 3) LLM_WEIGHTED_ROWS(2, 1)
+    LLM_WEIGHTED_ROWS(2, 2) LLM_WEIGHTED_ROWS(2, 3) LLM_WEIGHTED_ROWS(3, 1) LLM_WEIGHTED_ROWS(3, 2)
+    LLM_WEIGHTED_ROWS(3, 3)
+#if LLM_VRUNS == 4
+    LLM_WEIGHTED_ROWS(1, 4) LLM_WEIGHTED_ROWS(2, 4) LLM_WEIGHTED_ROWS(3, 4)
+#endif
+    }
+#undef LLM_WEIGHTED_ROWS
+}
+#endif /* LLM_VRUN */
 
 
 /* ===========================================================================================================

@@ -3034,7 +3034,7 @@ static void test_kv_quant_blocks(void) {
     }
     CHECK(off < 1e-5 && back_off < 1e-5 && flat_off < 1e-6, "the blocks' rotation: %g from the matrix's, %g "
           "from the block after two, a spike's values %g from 4 / sqrt(32)", off, back_off, flat_off);
-#ifdef LLM_CPU_SIMD
+#ifdef LLM_VRUN
     /* the quantized cache's weighted V sum (llm_weighted_rows: o in registers over a block's converted rows)
      * is the plain loop's, bit for bit: every tile of 1 to 3 heads and 1 to LLM_VRUNS runs, 1 to 16 rows */
     enum { HD = 128, ROWS = 16 };
@@ -3260,6 +3260,9 @@ static void test_attention_f16_cache(void) {
     enum { BS = 16, NB = 5, KVH = 2, NQ = 3, MAXT = 4 };
     int32_t table[NB] = {3, 0, 4, 1, 2};
     int hds[3] = {64, 40, 20}, same = 0, cases = 0;
+#ifdef LLM_VRUN
+    int v_same = 0, v_cases = 0;
+#endif
     uint64_t rng = 11;
     for (int h = 0; h < 3; h++) {
         int hd = hds[h];
@@ -3300,10 +3303,45 @@ static void test_attention_f16_cache(void) {
                 same += !memcmp(o32, o16, (size_t)nt * NQ * hd * 4);
                 cases++;
             }
+#ifdef LLM_VRUN
+        /* the weighted sums of V (llm_cpu_weighted_v: o in registers over the blocks, from either cache)
+         * are the plain loop's, bit for bit: every tile of 1 to 3 heads and 1 to LLM_VRUNS runs, the runs
+         * ending at the head's end, positions 5 to 70 of the second K/V head through the table (heads of
+         * 64 values) */
+        for (int half = 0; half < 2 && hd == 64; half++) {
+            const llm_cpu *cc = half ? &c16 : &c32;
+            size_t head_bytes = (size_t)hd * (half ? 2 : 4);
+            float w[3 * NB * BS], tile[3 * 64], plain[3 * 64];
+            for (int i = 0; i < 3 * NB * BS; i++)
+                w[i] = (float)((double)(llm_splitmix64(&rng) >> 11) / (double)(1ull << 53));
+            for (int ng = 1; ng <= 3; ng++)
+                for (int nv = 1; nv <= LLM_VRUNS; nv++, v_cases++) {
+                    int i0 = hd - LLM_VRUN * nv;
+                    llm_cpu_weighted_v(cc, ng, nv, 0, table, head_bytes, 5, 70, w, NB * BS, i0, tile, hd);
+                    for (int g = 0; g < ng; g++)
+                        for (int k = i0; k < hd; k++) {
+                            float o = 0;
+                            for (int p = 5; p <= 70; p++) {
+                                const uint8_t *v = llm_cpu_kv_at(cc, cc->v, 0, table, p) + head_bytes;
+                                o += w[g * NB * BS + p] * llm_cpu_kv_value(cc, v, k);
+                            }
+                            plain[g * hd + k] = o;
+                        }
+                    int differ = 0;
+                    for (int g = 0; g < ng; g++)
+                        differ |= memcmp(tile + g * hd + i0, plain + g * hd + i0, (size_t)(hd - i0) * 4) != 0;
+                    v_same += !differ;
+                }
+        }
+#endif
         free(c32.k); free(c32.v); free(c16.k); free(c16.v); free(q); free(o32); free(o16); free(scratch);
     }
     CHECK(same == cases, "attention over an f16 KV cache against an f32 one holding the same values: %d of "
           "%d runs the same bit for bit", same, cases);
+#ifdef LLM_VRUN
+    CHECK(v_same == v_cases && v_cases == 2 * 3 * LLM_VRUNS, "attention's weighted V sums against the plain "
+          "loop: %d of %d tiles the same bit for bit", v_same, v_cases);
+#endif
     /* and the store's rounding (8 at a time with F16C) against llm_f32_to_f16: any bits, ties, subnormals */
     enum { N = 1 << 16 };
     float *x = malloc(N * sizeof(float));
