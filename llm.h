@@ -16147,7 +16147,7 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
 }
 
 /* ---- exp, and the row kernels of the norms, softmax, SwiGLU and attention ------------------------------ */
-/* exp of 8 floats: above the x86 part, the algorithm and its table */
+/* exp of 8 floats (its algorithm and table: above the x86 part, shared with ARM's llm_exp_neon) */
 static inline __attribute__((always_inline)) __m256 llm_exp_avx2(__m256 x) {
     const __m256d invln2_32 = _mm256_set1_pd(0x1.71547652b82fep+5), shift = _mm256_set1_pd(0x1.8p+52);
     const __m256d c0 = _mm256_set1_pd(0x1.c6af84b912394p-20), c1 = _mm256_set1_pd(0x1.ebfce50fac4f3p-13);
