@@ -1752,11 +1752,12 @@ static void test_weight_types(void) {
      * rows and 6 tokens, an even and an odd run in each 512-bit sum; over 6 tokens, the tile's rows first
      * converted to f32, the tile then reading those): 2, 3, 5 and 7 tokens give each
      * token's products bit for bit as one at a time, on the default and the exact paths (21 rows: a share
-     * of 16 and one of 5; 108 values a row: 13 runs of 8 and a rest of 4). On the
+     * of 16 and one of 5; 124 values a row: 15 runs of 8 and a rest of 4; AVX-512: 3 pairs of runs of 16,
+     * the decode's prefetch a pair, then one run of 16, one of 8 and the rest). On the
      * default path with SIMD or NEON each f16/bf16 product is also half_dot_ref's, bit for bit: the kernel's
      * order of operations, written in plain C (the same on x86 and ARM) */
     {
-        enum { N = 108, R = 21, TT = 7 };
+        enum { N = 124, R = 21, TT = 7 };
         static float x[TT * N], wf[R * N], many[TT * R], one[R];
         static uint16_t wh[R * N];
         uint64_t rng = 5;
