@@ -6312,39 +6312,33 @@ static void llm_rmsnorm(float *out, const float *x, const float *weight, int n, 
 }
 
 #ifdef LLM_CPU_SIMD
-/* Section 14's: exp of 8 floats, glibc's expf bit for bit (the sampler's too), and the row kernels below
- * in vectors. Each does the first values of the row and returns how many it did, and the plain loop after
- * it does the rest; llm_softmax_exp_avx2 does the whole row (the last 8 padded) */
+/* Section 14's: exp of 8 floats, glibc's expf bit for bit (the sampler's and the row kernels') */
 static inline __attribute__((always_inline)) __m256 llm_exp_avx2(__m256 x);
-static inline __attribute__((always_inline)) int llm_max_avx2(const float *x, int n, float *mx);
-static inline __attribute__((always_inline)) void llm_softmax_exp_avx2(float *row, int n, float mx);
-static inline __attribute__((always_inline)) size_t llm_swiglu_avx2(float *gate, const float *up, size_t n);
-static inline __attribute__((always_inline)) size_t llm_gelu_avx2(float *gate, const float *up, size_t n);
-#elif defined(LLM_ARM64)
-/* and ARM's, 4 at a time in NEON (section 14's ARM part), the same bits */
-static inline __attribute__((always_inline)) int llm_max_neon(const float *x, int n, float *mx);
-static inline __attribute__((always_inline)) void llm_softmax_exp_neon(float *row, int n, float mx);
-static inline __attribute__((always_inline)) size_t llm_swiglu_neon(float *gate, const float *up, size_t n);
-static inline __attribute__((always_inline)) size_t llm_gelu_neon(float *gate, const float *up, size_t n);
+#endif
+#if defined(LLM_CPU_SIMD) || defined(LLM_ARM64)
+/* and the row kernels below in vectors, one code for x86 (8 floats a register) and ARM (NEON: 4): section
+ * 14's llm_lanes. Each does the first values of the row and returns how many it did, and the plain loop
+ * after it does the rest; llm_softmax_exp_lanes does the whole row (the last values padded) */
+#define LLM_ROW_LANES 1
+static inline __attribute__((always_inline)) int llm_max_lanes(const float *x, int n, float *mx);
+static inline __attribute__((always_inline)) void llm_softmax_exp_lanes(float *row, int n, float mx);
+static inline __attribute__((always_inline)) size_t llm_swiglu_lanes(float *gate, const float *up, size_t n);
+static inline __attribute__((always_inline)) size_t llm_gelu_lanes(float *gate, const float *up, size_t n);
 #endif
 /* The largest of x[0..n-1] and mx, NaNs passed over: with SIMD 8 lanes at a time (a largest value is the
  * same in any order, but for a zero's sign, which exp(x - mx) does not see) */
 static float llm_max(const float *x, int n, float mx) {
     int i = 0;
-#ifdef LLM_CPU_SIMD
-    i = llm_max_avx2(x, n, &mx);
-#elif defined(LLM_ARM64)
-    i = llm_max_neon(x, n, &mx);
+#ifdef LLM_ROW_LANES
+    i = llm_max_lanes(x, n, &mx);
 #endif
     for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
     return mx;
 }
 /* row[p] = exp(row[p] - mx) for p < n: with SIMD 8 at a time (the last 8 padded), else libm's expf */
 static void llm_softmax_exp(float *row, int n, float mx) {
-#ifdef LLM_CPU_SIMD
-    llm_softmax_exp_avx2(row, n, mx);
-#elif defined(LLM_ARM64)
-    llm_softmax_exp_neon(row, n, mx);
+#ifdef LLM_ROW_LANES
+    llm_softmax_exp_lanes(row, n, mx);
 #else
     for (int p = 0; p < n; p++) row[p] = expf(row[p] - mx);
 #endif
@@ -6354,10 +6348,8 @@ static void llm_softmax_exp(float *row, int n, float mx) {
  * time, the same roundings */
 static void llm_swiglu(float *gate, const float *up, size_t n) {
     size_t i = 0;
-#ifdef LLM_CPU_SIMD
-    i = llm_swiglu_avx2(gate, up, n);
-#elif defined(LLM_ARM64)
-    i = llm_swiglu_neon(gate, up, n);
+#ifdef LLM_ROW_LANES
+    i = llm_swiglu_lanes(gate, up, n);
 #endif
     for (; i < n; i++) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
@@ -6371,10 +6363,8 @@ static void llm_swiglu(float *gate, const float *up, size_t n) {
  * With SIMD 8 at a time, the same roundings */
 static void llm_gelu(float *gate, const float *up, size_t n) {
     size_t i = 0;
-#ifdef LLM_CPU_SIMD
-    i = llm_gelu_avx2(gate, up, n);
-#elif defined(LLM_ARM64)
-    i = llm_gelu_neon(gate, up, n);
+#ifdef LLM_ROW_LANES
+    i = llm_gelu_lanes(gate, up, n);
 #endif
     for (; i < n; i++) {
         float z = gate[i], u = 0.7978845608f * (z + 0.044715f * z * z * z);
@@ -13932,9 +13922,8 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  *                        at a time through its tiles, the same bits)
  *   f16 and bf16 weights llm_dot_half_tile (tiles of up to 4 rows times 3 tokens, 6 with AVX-512; section
  *                        7's llm_dot_half specializes it to each shape)
- *   the row kernels      llm_exp_avx2 (glibc's expf, bit for bit; the sampler's too), llm_max_avx2,
- *                        llm_softmax_exp_avx2, llm_swiglu_avx2, llm_gelu_avx2, llm_f16_store_avx2 (the KV
- *                        cache in f16)
+ *   the row kernels      llm_exp_avx2 (glibc's expf, bit for bit; the sampler's and the row kernels'),
+ *                        llm_f16_store_avx2 (the KV cache in f16)
  *   the sampler's rows   llm_sampler_weights_avx2, llm_sampler_normalize_avx2 (section 8)
  *   attention's V sums   llm_cpu_weighted_v and llm_weighted_rows (V weighted by the softmax, from the f16
  *                        cache and from a quantized cache's converted rows: at the section's end, after
@@ -13945,7 +13934,7 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  * llm_q8_quantize, llm_q8_dot, llm_matmul, llm_max, llm_softmax_exp, llm_swiglu, llm_gelu, llm_cpu_kv_store,
  * llm_cpu_attention, llm_dtype_dequant_row, llm_sampler_weights, llm_sampler_normalize). A row kernel does
  * the first values of a row and returns how many it did, and the plain loop does the rest
- * (llm_softmax_exp_avx2 does the whole row). The always_inline kernels are compiled into their callers as
+ * (llm_softmax_exp_lanes does the whole row). The always_inline kernels are compiled into their callers as
  * if written there (GCC and Clang read the whole file before they inline, so a body may follow its call).
  * The plain C stays the reference, and test.c holds the kernels to it: the f32 products, the pairs, the
  * f16/bf16 tiles, exp, softmax, SwiGLU and GELU bit for bit ("weight types"); the quantization byte for byte
@@ -13954,12 +13943,14 @@ char *llm_chat_answer_grammar(const llm_chat_template *ct, const char *gbnf, cha
  * the fast path's logits against the exact path's ("quant fast path"). make test-core builds without this
  * section (LLM_NO_SIMD) and runs the core's tests on the plain C alone.
  * Then 64-bit ARM's part, shaped like the AVX2 kernels and held to the same tests (make test-variants runs
- * them under qemu-aarch64): the row kernels in NEON (LLM_ARM64, every 64-bit ARM CPU: llm_exp_neon,
- * llm_max_neon, llm_softmax_exp_neon, llm_gelu_neon, llm_swiglu_neon, llm_sampler_weights_neon, 4 floats a
- * register); with the dot product instructions (LLM_NEON_DOT) llm_q8_quantize_neon, llm_q8_dot32_neon (q8_0,
- * q4_0 to q5_1, mxfp4), llm_q8_dotk_neon (the k-quants) and llm_dot_half_tile (f16/bf16). Last, for both,
- * attention's weighted V (llm_cpu_weighted_v, llm_weighted_rows: one code over llm_vrun, a register of
- * LLM_VRUN floats in each). The f32 products and scores on ARM are the compiler's vectorized plain loops.
+ * them under qemu-aarch64): exp and the sampler's weights in NEON (LLM_ARM64, every 64-bit ARM CPU:
+ * llm_exp_neon, llm_sampler_weights_neon, 4 floats a register); then, for both, the row kernels of
+ * softmax, SwiGLU and GELU (llm_max_lanes, llm_softmax_exp_lanes, llm_swiglu_lanes, llm_gelu_lanes: one code
+ * over llm_lanes, a register of 8 floats on x86, 4 on ARM); with the dot product instructions
+ * (LLM_NEON_DOT) llm_q8_quantize_neon, llm_q8_dot32_neon (q8_0, q4_0 to q5_1, mxfp4), llm_q8_dotk_neon (the
+ * k-quants) and llm_dot_half_tile (f16/bf16). Last, for both, attention's weighted V (llm_cpu_weighted_v,
+ * llm_weighted_rows: one code over llm_vrun, a register of LLM_VRUN floats in each). The f32 products and
+ * scores on ARM are the compiler's vectorized plain loops.
  * Under AddressSanitizer every 32-byte load of a kernel goes through the sanitizer's slow check
  * (__asan_loadN): 65% of a sanitized decode's time, and the default model's decode was most of the sanitized
  * tests' hour. The decode tiles' kernel and the prefill's packed products (llm_tiles_dot, llm_pack_mul) are
@@ -16164,7 +16155,7 @@ static inline __attribute__((always_inline)) void llm_dot_half_tile(uint32_t typ
         }
 }
 
-/* ---- exp, and the row kernels of the norms, softmax, SwiGLU and attention ------------------------------ */
+/* ---- exp, and the row kernels of the KV cache (the softmax's, SwiGLU's and GELU's: after ARM's part) --- */
 /* exp of 8 floats (its algorithm and table: above the x86 part, shared with ARM's llm_exp_neon) */
 static inline __attribute__((always_inline)) __m256 llm_exp_avx2(__m256 x) {
     const __m256d invln2_32 = _mm256_set1_pd(0x1.71547652b82fep+5), shift = _mm256_set1_pd(0x1.8p+52);
@@ -16190,56 +16181,6 @@ static inline __attribute__((always_inline)) __m256 llm_exp_avx2(__m256 x) {
     e = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-0x1.9fe368p6f), _CMP_LT_OQ), e);
     __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ);
     return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), over);
-}
-/* llm_max's first n / 8 * 8 values (when n >= 8), 8 lanes at a time: into *mx; returns how many */
-static inline __attribute__((always_inline)) int llm_max_avx2(const float *x, int n, float *mx_io) {
-    int i = 0;
-    float mx = *mx_io;
-    if (n >= 8) {
-        __m256 m = _mm256_set1_ps(mx);
-        for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + i), m); /* x > m ? x : m */
-        float lanes[8];
-        _mm256_storeu_ps(lanes, m);
-        for (int j = 0; j < 8; j++) mx = lanes[j] > mx ? lanes[j] : mx;
-    }
-    *mx_io = mx;
-    return i;
-}
-/* llm_softmax_exp's whole row, 8 at a time, the last 8 padded with zeros */
-static inline __attribute__((always_inline)) void llm_softmax_exp_avx2(float *row, int n, float mx) {
-    int p = 0;
-    for (; p + 8 <= n; p += 8)
-        _mm256_storeu_ps(row + p, llm_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(row + p), _mm256_set1_ps(mx))));
-    if (p < n) {
-        float tail[8] = {0};
-        memcpy(tail, row + p, (size_t)(n - p) * sizeof(float));
-        _mm256_storeu_ps(tail, llm_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(tail), _mm256_set1_ps(mx))));
-        memcpy(row + p, tail, (size_t)(n - p) * sizeof(float));
-        return;
-    }
-}
-/* llm_gelu's first n / 8 * 8 values, 8 at a time, the same roundings in the same order: returns how many */
-static inline __attribute__((always_inline)) size_t llm_gelu_avx2(float *gate, const float *up, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 z = _mm256_loadu_ps(gate + i);
-        __m256 cube = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), z), z), z);
-        __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608f), _mm256_add_ps(z, cube));
-        __m256 e = llm_exp_avx2(_mm256_mul_ps(_mm256_set1_ps(-2.0f), u));
-        __m256 gelu = _mm256_div_ps(z, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-        _mm256_storeu_ps(gate + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(up + i)));
-    }
-    return i;
-}
-/* llm_swiglu's first n / 8 * 8 values, 8 at a time, the same roundings: returns how many */
-static inline __attribute__((always_inline)) size_t llm_swiglu_avx2(float *gate, const float *up, size_t n) {
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 g = _mm256_loadu_ps(gate + i), e = llm_exp_avx2(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
-        __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-        _mm256_storeu_ps(gate + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
-    }
-    return i;
 }
 /* llm_cpu_kv_store's f16 values, n / 8 * 8 of them, 8 at a time with F16C: rounded to nearest even, the same
  * bits as llm_f32_to_f16. Returns how many */
@@ -16307,9 +16248,10 @@ static inline __attribute__((always_inline)) int llm_sampler_normalize_avx2(floa
 #endif /* LLM_AVX2 */
 
 #if defined(LLM_ARM64)
-/* ---- 64-bit ARM: the row kernels (NEON, which every 64-bit ARM CPU has) --------------------------------
- * The x86 part's row kernels, 4 floats a register where AVX2 has 8: the same operations in the same order,
- * so the same bits as the plain loops they stand in for (test.c's "weight types" holds them to those) */
+/* ---- 64-bit ARM: exp and the sampler's weights (NEON, which every 64-bit ARM CPU has) -------------------
+ * The x86 part's, 4 floats a register where AVX2 has 8: the same operations in the same order, so the same
+ * bits as the plain loops they stand in for (test.c's "weight types" and "sampler" hold them to those); the
+ * row kernels built on exp follow, one code for both */
 #include <arm_neon.h>
 /* llm_exp_avx2's exp of 4 floats, in two halves of 2 doubles: the same fused multiply-adds (a + b c with
  * one rounding: vfmaq_f64(a, b, c)), the table's 2^(j/32) loaded a lane at a time (NEON has no gather) */
@@ -16339,58 +16281,6 @@ static inline __attribute__((always_inline)) float32x4_t llm_exp_neon(float32x4_
     e = vreinterpretq_f32_u32(vbicq_u32(vreinterpretq_u32_f32(e), under));
     return vbslq_f32(vcgtq_f32(x, vdupq_n_f32(0x1.62e42ep6f)), vdupq_n_f32(INFINITY), e);
 }
-/* llm_max's first n / 4 * 4 values (when n >= 4), 4 lanes at a time: into *mx; returns how many */
-static inline __attribute__((always_inline)) int llm_max_neon(const float *x, int n, float *mx_io) {
-    int i = 0;
-    float mx = *mx_io;
-    if (n >= 4) {
-        float32x4_t m = vdupq_n_f32(mx);
-        for (; i + 4 <= n; i += 4) { /* x > m ? x : m (vmaxq would keep a NaN) */
-            float32x4_t v = vld1q_f32(x + i);
-            m = vbslq_f32(vcgtq_f32(v, m), v, m);
-        }
-        float lanes[4];
-        vst1q_f32(lanes, m);
-        for (int j = 0; j < 4; j++) mx = lanes[j] > mx ? lanes[j] : mx;
-    }
-    *mx_io = mx;
-    return i;
-}
-/* llm_softmax_exp's whole row, 4 at a time, the last 4 padded with zeros */
-static inline __attribute__((always_inline)) void llm_softmax_exp_neon(float *row, int n, float mx) {
-    int p = 0;
-    for (; p + 4 <= n; p += 4)
-        vst1q_f32(row + p, llm_exp_neon(vsubq_f32(vld1q_f32(row + p), vdupq_n_f32(mx))));
-    if (p < n) {
-        float tail[4] = {0};
-        memcpy(tail, row + p, (size_t)(n - p) * sizeof(float));
-        vst1q_f32(tail, llm_exp_neon(vsubq_f32(vld1q_f32(tail), vdupq_n_f32(mx))));
-        memcpy(row + p, tail, (size_t)(n - p) * sizeof(float));
-    }
-}
-/* llm_gelu's first n / 4 * 4 values, 4 at a time, the same roundings in the same order: returns how many */
-static inline __attribute__((always_inline)) size_t llm_gelu_neon(float *gate, const float *up, size_t n) {
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        float32x4_t z = vld1q_f32(gate + i);
-        float32x4_t cube = vmulq_f32(vmulq_f32(vmulq_n_f32(z, 0.044715f), z), z);
-        float32x4_t u = vmulq_n_f32(vaddq_f32(z, cube), 0.7978845608f);
-        float32x4_t e = llm_exp_neon(vmulq_n_f32(u, -2.0f));
-        float32x4_t gelu = vdivq_f32(z, vaddq_f32(vdupq_n_f32(1.0f), e));
-        vst1q_f32(gate + i, vmulq_f32(gelu, vld1q_f32(up + i)));
-    }
-    return i;
-}
-/* llm_swiglu's first n / 4 * 4 values, 4 at a time, the same roundings: returns how many */
-static inline __attribute__((always_inline)) size_t llm_swiglu_neon(float *gate, const float *up, size_t n) {
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        float32x4_t g = vld1q_f32(gate + i), e = llm_exp_neon(vnegq_f32(g));
-        float32x4_t silu = vdivq_f32(g, vaddq_f32(vdupq_n_f32(1.0f), e));
-        vst1q_f32(gate + i, vmulq_f32(silu, vld1q_f32(up + i)));
-    }
-    return i;
-}
 /* llm_sampler_weights' first n / 8 * 8 values, 8 at a time (two registers): w[i] = exp((x[i] - mx) inv_t),
  * a NaN weighing 0, and lane j's values added into part[j] in double, in the plain loop's order. Returns how
  * many */
@@ -16412,6 +16302,91 @@ static inline __attribute__((always_inline)) int llm_sampler_weights_neon(const 
     return i;
 }
 #endif /* LLM_ARM64 */
+
+#if defined(LLM_ROW_LANES)
+/* ---- the row kernels of softmax, SwiGLU and GELU: one code for x86 and ARM ----------------------------
+ * Over llm_lanes, one register of LLM_LANES floats (AVX2's __m256: 8; NEON's float32x4_t: 4) and its
+ * operations, each one IEEE rounding as in the plain loop: the same operations in the same order as the plain
+ * loops they stand in for, so the same bits (test.c's "weight types" and "paged forward" hold them to
+ * those). Each does the first values of a row and returns how many; the plain loop does the rest. */
+#if defined(LLM_AVX2)
+typedef __m256 llm_lanes;
+#define LLM_LANES 8
+#define llm_lanes_load _mm256_loadu_ps
+#define llm_lanes_store _mm256_storeu_ps
+#define llm_lanes_set1 _mm256_set1_ps
+#define llm_lanes_add _mm256_add_ps
+#define llm_lanes_sub _mm256_sub_ps
+#define llm_lanes_mul _mm256_mul_ps
+#define llm_lanes_div _mm256_div_ps
+#define llm_lanes_neg(v) _mm256_xor_ps(v, _mm256_set1_ps(-0.0f))
+#define llm_lanes_max(v, m) _mm256_max_ps(v, m) /* v > m ? v : m: m where either is a NaN */
+#define llm_lanes_exp llm_exp_avx2
+#else
+typedef float32x4_t llm_lanes;
+#define LLM_LANES 4
+#define llm_lanes_load vld1q_f32
+#define llm_lanes_store vst1q_f32
+#define llm_lanes_set1 vdupq_n_f32
+#define llm_lanes_add vaddq_f32
+#define llm_lanes_sub vsubq_f32
+#define llm_lanes_mul vmulq_f32
+#define llm_lanes_div vdivq_f32
+#define llm_lanes_neg vnegq_f32
+#define llm_lanes_max(v, m) vbslq_f32(vcgtq_f32(v, m), v, m) /* v > m ? v : m (vmaxq would keep a NaN) */
+#define llm_lanes_exp llm_exp_neon
+#endif
+/* llm_max's first values, a multiple of LLM_LANES (when n >= LLM_LANES), a lane each: into *mx; returns how
+ * many */
+static inline __attribute__((always_inline)) int llm_max_lanes(const float *x, int n, float *mx_io) {
+    int i = 0;
+    float mx = *mx_io;
+    if (n >= LLM_LANES) {
+        llm_lanes m = llm_lanes_set1(mx);
+        for (; i + LLM_LANES <= n; i += LLM_LANES) m = llm_lanes_max(llm_lanes_load(x + i), m);
+        float lanes[LLM_LANES];
+        llm_lanes_store(lanes, m);
+        for (int j = 0; j < LLM_LANES; j++) mx = lanes[j] > mx ? lanes[j] : mx;
+    }
+    *mx_io = mx;
+    return i;
+}
+/* llm_softmax_exp's whole row, LLM_LANES at a time, the last ones padded with zeros */
+static inline __attribute__((always_inline)) void llm_softmax_exp_lanes(float *row, int n, float mx) {
+    int p = 0;
+    for (; p + LLM_LANES <= n; p += LLM_LANES)
+        llm_lanes_store(row + p, llm_lanes_exp(llm_lanes_sub(llm_lanes_load(row + p), llm_lanes_set1(mx))));
+    if (p < n) {
+        float tail[LLM_LANES] = {0};
+        memcpy(tail, row + p, (size_t)(n - p) * sizeof(float));
+        llm_lanes_store(tail, llm_lanes_exp(llm_lanes_sub(llm_lanes_load(tail), llm_lanes_set1(mx))));
+        memcpy(row + p, tail, (size_t)(n - p) * sizeof(float));
+    }
+}
+/* llm_gelu's first values, a multiple of LLM_LANES, the same roundings in the same order: returns how many */
+static inline __attribute__((always_inline)) size_t llm_gelu_lanes(float *gate, const float *up, size_t n) {
+    size_t i = 0;
+    for (; i + LLM_LANES <= n; i += LLM_LANES) {
+        llm_lanes z = llm_lanes_load(gate + i);
+        llm_lanes cube = llm_lanes_mul(llm_lanes_mul(llm_lanes_mul(llm_lanes_set1(0.044715f), z), z), z);
+        llm_lanes u = llm_lanes_mul(llm_lanes_set1(0.7978845608f), llm_lanes_add(z, cube));
+        llm_lanes e = llm_lanes_exp(llm_lanes_mul(llm_lanes_set1(-2.0f), u));
+        llm_lanes gelu = llm_lanes_div(z, llm_lanes_add(llm_lanes_set1(1.0f), e));
+        llm_lanes_store(gate + i, llm_lanes_mul(gelu, llm_lanes_load(up + i)));
+    }
+    return i;
+}
+/* llm_swiglu's first values, a multiple of LLM_LANES, the same roundings: returns how many */
+static inline __attribute__((always_inline)) size_t llm_swiglu_lanes(float *gate, const float *up, size_t n) {
+    size_t i = 0;
+    for (; i + LLM_LANES <= n; i += LLM_LANES) {
+        llm_lanes g = llm_lanes_load(gate + i), e = llm_lanes_exp(llm_lanes_neg(g));
+        llm_lanes silu = llm_lanes_div(g, llm_lanes_add(llm_lanes_set1(1.0f), e));
+        llm_lanes_store(gate + i, llm_lanes_mul(silu, llm_lanes_load(up + i)));
+    }
+    return i;
+}
+#endif
 #if defined(LLM_NEON_DOT)
 /* ---- 64-bit ARM: NEON (section 7's fast path, its quantized types) ------------------------------------- */
 static inline int8x16_t llm_neon_bytes(const int32x4_t v[4]) { /* 16 integers within +-127, as bytes */
