@@ -15294,28 +15294,17 @@ static LLM_UNCHECKED_LOADS void llm_tiles_dot(uint32_t type, int wide, const uin
         else LLM_TILES_CALL(1, s, T, W);                                                                   \
     }
 #endif
-    if (type == LLM_Q4_0 && wide) { LLM_TILES_TOKENS(LLM_Q4_0, 1); }
-    else if (type == LLM_Q4_0) { LLM_TILES_TOKENS(LLM_Q4_0, 0); }
-    else if (type == LLM_Q4_1 && wide) { LLM_TILES_TOKENS(LLM_Q4_1, 1); }
-    else if (type == LLM_Q4_1) { LLM_TILES_TOKENS(LLM_Q4_1, 0); }
-    else if (type == LLM_Q5_0 && wide) { LLM_TILES_TOKENS(LLM_Q5_0, 1); }
-    else if (type == LLM_Q5_0) { LLM_TILES_TOKENS(LLM_Q5_0, 0); }
-    else if (type == LLM_Q5_1 && wide) { LLM_TILES_TOKENS(LLM_Q5_1, 1); }
-    else if (type == LLM_Q5_1) { LLM_TILES_TOKENS(LLM_Q5_1, 0); }
-    else if (type == LLM_Q8_0 && wide) { LLM_TILES_TOKENS(LLM_Q8_0, 1); }
-    else if (type == LLM_Q8_0) { LLM_TILES_TOKENS(LLM_Q8_0, 0); }
-    else if (type == LLM_MXFP4 && wide) { LLM_TILES_TOKENS(LLM_MXFP4, 1); }
-    else if (type == LLM_MXFP4) { LLM_TILES_TOKENS(LLM_MXFP4, 0); }
-    else if (type == LLM_Q4_K && wide) { LLM_TILES_TOKENS(LLM_Q4_K, 1); }
-    else if (type == LLM_Q4_K) { LLM_TILES_TOKENS(LLM_Q4_K, 0); }
-    else if (type == LLM_Q5_K && wide) { LLM_TILES_TOKENS(LLM_Q5_K, 1); }
-    else if (type == LLM_Q5_K) { LLM_TILES_TOKENS(LLM_Q5_K, 0); }
-    else if (type == LLM_Q3_K && wide) { LLM_TILES_TOKENS(LLM_Q3_K, 1); }
-    else if (type == LLM_Q3_K) { LLM_TILES_TOKENS(LLM_Q3_K, 0); }
-    else if (type == LLM_Q2_K && wide) { LLM_TILES_TOKENS(LLM_Q2_K, 1); }
-    else if (type == LLM_Q2_K) { LLM_TILES_TOKENS(LLM_Q2_K, 0); }
-    else if (wide) { LLM_TILES_TOKENS(LLM_Q6_K, 1); }
-    else { LLM_TILES_TOKENS(LLM_Q6_K, 0); }
+#define LLM_TILES_TYPE(T)                                                                                  \
+    case T:                                                                                                \
+        if (wide) { LLM_TILES_TOKENS(T, 1); }                                                              \
+        else { LLM_TILES_TOKENS(T, 0); }                                                                   \
+        return;
+    switch (type) {
+    LLM_TILES_TYPE(LLM_Q4_0) LLM_TILES_TYPE(LLM_Q4_1) LLM_TILES_TYPE(LLM_Q5_0) LLM_TILES_TYPE(LLM_Q5_1)
+    LLM_TILES_TYPE(LLM_Q8_0) LLM_TILES_TYPE(LLM_MXFP4) LLM_TILES_TYPE(LLM_Q2_K) LLM_TILES_TYPE(LLM_Q3_K)
+    LLM_TILES_TYPE(LLM_Q4_K) LLM_TILES_TYPE(LLM_Q5_K) LLM_TILES_TYPE(LLM_Q6_K)
+    }
+#undef LLM_TILES_TYPE
 #undef LLM_TILES_TOKENS
 #undef LLM_TILES_CALL
 }

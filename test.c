@@ -2790,8 +2790,6 @@ static void test_decode_tiles_q5_1(void) {
 static void test_decode_tiles_q5_k_m(void) {
     decode_tiles_check(model_path("random-quant-q5_k_m.gguf"), "random Q5_K_M", 1);
 }
-/* every tiled type in one real file: Gemma 3 270M Q4_K_M (q5_0, q8_0, q4_K, q6_K; its output layer, the
- * embedding of 262,144 rows, q8_0) */
 /* a mixture's experts in tiles: a Q4_K_M mixture of experts (Mixtral's shape; its experts q4_K and q6_K),
  * each expert's rows a slice of its stacked matrix's tiles */
 static void test_decode_tiles_moe(void) {
@@ -2802,6 +2800,8 @@ static void test_decode_tiles_moe(void) {
 static void test_decode_tiles_mxfp4(void) {
     decode_tiles_check(model_path("random-gpt-oss-mxfp4.gguf"), "random gpt-oss MXFP4", 0);
 }
+/* every tiled type in one real file: Gemma 3 270M Q4_K_M (q5_0, q8_0, q4_K, q6_K; its output layer, the
+ * embedding of 262,144 rows, q8_0) */
 static void test_decode_tiles_gemma3(void) {
     decode_tiles_check(GEMMA3_MODEL, "Gemma 3 270M", 1);
 }
