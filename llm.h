@@ -6325,8 +6325,8 @@ static inline __attribute__((always_inline)) void llm_softmax_exp_lanes(float *r
 static inline __attribute__((always_inline)) size_t llm_swiglu_lanes(float *gate, const float *up, size_t n);
 static inline __attribute__((always_inline)) size_t llm_gelu_lanes(float *gate, const float *up, size_t n);
 #endif
-/* The largest of x[0..n-1] and mx, NaNs passed over: with SIMD 8 lanes at a time (a largest value is the
- * same in any order, but for a zero's sign, which exp(x - mx) does not see) */
+/* The largest of x[0..n-1] and mx, NaNs passed over: with SIMD a register's lanes at a time (a largest value
+ * is the same in any order, but for a zero's sign, which exp(x - mx) does not see) */
 static float llm_max(const float *x, int n, float mx) {
     int i = 0;
 #ifdef LLM_ROW_LANES
@@ -6335,7 +6335,8 @@ static float llm_max(const float *x, int n, float mx) {
     for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
     return mx;
 }
-/* row[p] = exp(row[p] - mx) for p < n: with SIMD 8 at a time (the last 8 padded), else libm's expf */
+/* row[p] = exp(row[p] - mx) for p < n: with SIMD a register at a time (the last one padded), else libm's
+ * expf */
 static void llm_softmax_exp(float *row, int n, float mx) {
 #ifdef LLM_ROW_LANES
     llm_softmax_exp_lanes(row, n, mx);
@@ -6344,8 +6345,8 @@ static void llm_softmax_exp(float *row, int n, float mx) {
 #endif
 }
 
-/* gate[i] = silu(gate[i]) up[i] = gate[i] / (1 + exp(-gate[i])) up[i] for i < n (SwiGLU): with SIMD 8 at a
- * time, the same roundings */
+/* gate[i] = silu(gate[i]) up[i] = gate[i] / (1 + exp(-gate[i])) up[i] for i < n (SwiGLU): with SIMD a
+ * register at a time, the same roundings */
 static void llm_swiglu(float *gate, const float *up, size_t n) {
     size_t i = 0;
 #ifdef LLM_ROW_LANES
@@ -6360,7 +6361,7 @@ static void llm_swiglu(float *gate, const float *up, size_t n) {
  * call a value: it and the expm1f it calls were 13% of the samples of a Gemma 3 270M prompt (Zen 3, two
  * threads); 8 at a time, its pp512 1.1-1.5 times as fast on one thread, 1.1-1.3 on two. No less accurate:
  * within 2.8e-6 of the tanh form in double for |z| up to 5, where 1 + tanhf(u) cancelled (0.3 off at -5).
- * With SIMD 8 at a time, the same roundings */
+ * With SIMD a register at a time, the same roundings */
 static void llm_gelu(float *gate, const float *up, size_t n) {
     size_t i = 0;
 #ifdef LLM_ROW_LANES
@@ -16070,7 +16071,8 @@ static inline __attribute__((always_inline)) int64_t llm_half_runs16(uint32_t ty
     } while (0)
     /* f16/bf16 rows: two runs, a cache line of each row, per prefetch. Asking for each line twice (once a
      * run) made a decode step's products 1.15 times as slow (SmolLM2 F16, one thread, a Sapphire Rapids VM:
-     * 81-83% of a plain read loop's bytes a second, 91-95% with one prefetch a line). f32 rows (a prompt's
+     * 81-83% of a plain read loop's bytes a second, 91-95% with one prefetch a line; one loop with a prefetch
+     * every other run, as AVX2's below, decoded 0.98 times as fast as these pairs). f32 rows (a prompt's
      * tile, converted, in L2) are not prefetched */
     if (type != LLM_F32)
         for (; i + 32 <= n; i += 32) {
